@@ -1,0 +1,197 @@
+"""Actions for the world model from every trajectory form a user may have (SPEC §3).
+
+The model's action for frame ``t`` is ``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the
+ego trajectory that starts at frame ``t``: 60 points at 20 Hz over 3 s in frame ``t``'s ego frame (x forward,
+y left). ``a_t`` says where the car goes from frame ``t`` on, so it conditions frame ``t + 1``.
+
+Accepted inputs, all turned into ``actions [T, 6, 3]`` (float32):
+
+* per-frame instruction trajectories ``[T, >=60, 2|3]`` (ACT-Bench / Terra's format);
+* a world-frame ego trajectory: columns ``x, y[, yaw]`` sampled at 10 Hz, or with timestamps ``t``;
+* an actions array ``[T, 6, 3]``;
+* a named manoeuvre (see :data:`terra.trajectory.MANOEUVRES`).
+
+Files: ``.npy`` (arrays, told apart by shape), ``.json`` (an object with one of the keys ``actions``,
+``instruction_trajs``, ``trajectory`` or ``manoeuvre``, or a bare array), ``.csv`` (a header row naming
+``x, y`` and optionally ``t``/``timestamp`` and ``yaw``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from terra.errors import TerraInputError
+from terra.trajectory import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, EgoTrajectory, manoeuvre_trajectory
+
+NUM_ACTION_TOKENS = 6
+PATH_START = 9  # index of the first sampled point (0.45 s)
+PATH_STEP = 10  # points between samples (0.5 s)
+ACTION_POINT_INDICES = PATH_START + PATH_STEP * np.arange(NUM_ACTION_TOKENS)  # 9, 19, ..., 59
+ACTION_TIMES = (ACTION_POINT_INDICES / FUTURE_RATE_HZ).astype(np.float32)  # 0.45, 0.95, ..., 2.95
+
+
+def actions_from_instruction_trajs(trajs: Any, source: str = "instruction_trajs") -> np.ndarray:
+    """``[T, 6, 3]`` actions ``[y, x, time]`` from per-frame 60-point future trajectories ``[T, N>=60, 2|3]``."""
+    arr = _finite_array(trajs, source)
+    if arr.ndim != 3 or arr.shape[1] < FUTURE_POINTS or arr.shape[2] < 2:
+        raise TerraInputError(
+            f"{source}: instruction trajectories must have shape [frames, >={FUTURE_POINTS} points, 2 or 3 "
+            f"(x, y[, z])], got {list(arr.shape)}; give 3 s of future points at 20 Hz per frame"
+        )
+    points = arr[:, ACTION_POINT_INDICES, :2]  # [T, 6, (x, y)]
+    times = np.broadcast_to(ACTION_TIMES[None, :, None], (len(arr), NUM_ACTION_TOKENS, 1))
+    return np.concatenate([points[..., ::-1], times], axis=-1).astype(np.float32)
+
+
+def actions_from_trajectory(trajectory: EgoTrajectory, num_frames: int | None = None) -> np.ndarray:
+    """``[T, 6, 3]`` actions from a world-frame ego trajectory (frames at 10 Hz from its first sample)."""
+    return actions_from_instruction_trajs(trajectory.instruction_trajs(num_frames))
+
+
+def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.ndarray:
+    """``[num_frames, 6, 3]`` actions for a named manoeuvre (parameters as :func:`manoeuvre_trajectory`)."""
+    if num_frames < 1:
+        raise TerraInputError(f"a manoeuvre needs at least 1 frame (got {num_frames})")
+    trajectory = manoeuvre_trajectory(name, (num_frames - 1) / FRAME_RATE_HZ + 3.0, **params)
+    return actions_from_trajectory(trajectory, num_frames)
+
+
+def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1) -> np.ndarray:
+    """Check an actions array ``[T, 6, 3]`` with ``T >= min_frames`` and return it as float32."""
+    arr = _finite_array(actions, source)
+    if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
+        raise TerraInputError(
+            f"{source}: actions must have shape [frames, {NUM_ACTION_TOKENS}, 3] ([y, x, time] per slot), "
+            f"got {list(arr.shape)}"
+        )
+    if len(arr) < min_frames:
+        raise TerraInputError(
+            f"{source}: covers {len(arr)} frames but the rollout needs actions for {min_frames}; "
+            "give a longer trajectory or generate fewer frames"
+        )
+    return arr.astype(np.float32)
+
+
+def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
+    """Read any supported trajectory file and return ``[T, 6, 3]`` actions.
+
+    ``num_frames`` is the number of frames that need an action; it sizes a manoeuvre and is checked against
+    the file's length for the other forms.
+    """
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise TerraInputError(f"trajectory file {source} does not exist; check the path")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            actions = _actions_from_value(np.load(path, allow_pickle=False), source, num_frames)
+        elif suffix == ".json":
+            actions = _actions_from_value(json.loads(path.read_text()), source, num_frames)
+        elif suffix == ".csv":
+            actions = actions_from_trajectory(_trajectory_from_csv(path), None)
+        else:
+            raise TerraInputError(f"trajectory file {source} has an unknown type; use .json, .csv or .npy")
+    except TerraInputError:
+        raise
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {err}); "
+                              "check that it is a valid .json, .csv or .npy file") from None
+    return validate_actions(actions, source, num_frames or 1)
+
+
+def _actions_from_value(value: Any, source: str, num_frames: int | None) -> np.ndarray:
+    """Actions from a decoded JSON value or array, told apart by keys or shape."""
+    if isinstance(value, dict):
+        keys = [k for k in ("actions", "instruction_trajs", "trajectory", "manoeuvre") if k in value]
+        if len(keys) != 1:
+            raise TerraInputError(
+                f"{source}: expected exactly one of the keys actions, instruction_trajs, trajectory, manoeuvre "
+                f"(found {sorted(value)})"
+            )
+        key = keys[0]
+        if key == "actions":
+            return validate_actions(value[key], source)
+        if key == "instruction_trajs":
+            return actions_from_instruction_trajs(value[key], source)
+        if key == "trajectory":
+            return actions_from_trajectory(_trajectory_from_mapping(value[key], source))
+        spec = value[key]
+        spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+        name = spec.pop("name", None)
+        frames = int(spec.pop("num_frames", num_frames or 0))
+        if not frames:
+            raise TerraInputError(f"{source}: the manoeuvre needs num_frames; add it to the object or the command")
+        try:
+            return actions_for_manoeuvre(str(name), frames, **{k: float(v) for k, v in spec.items()})
+        except TypeError as err:
+            raise TerraInputError(f"{source}: bad manoeuvre parameter ({err})") from None
+    arr = _finite_array(value, source)
+    if arr.ndim == 3 and arr.shape[1:] == (NUM_ACTION_TOKENS, 3):
+        return arr
+    if arr.ndim == 3:
+        return actions_from_instruction_trajs(arr, source)
+    if arr.ndim == 2 and arr.shape[1] in (2, 3):
+        return actions_from_trajectory(
+            EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None, source=source)
+        )
+    raise TerraInputError(
+        f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
+        "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz"
+    )
+
+
+def _trajectory_from_mapping(spec: Any, source: str) -> EgoTrajectory:
+    """``{"x": [...], "y": [...], "yaw"?: [...], "t"?: [...], "rate_hz"?: 10}`` or a list of points."""
+    if not isinstance(spec, dict):
+        arr = _finite_array(spec, source)
+        if arr.ndim != 2 or arr.shape[1] not in (2, 3):
+            raise TerraInputError(f"{source}: trajectory points must be [N, 2|3] (x, y[, yaw]), got {list(arr.shape)}")
+        return EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None, source=source)
+    missing = [k for k in ("x", "y") if k not in spec]
+    if missing:
+        raise TerraInputError(f"{source}: trajectory lacks {', '.join(missing)}; give x and y lists in metres")
+    t = spec.get("t", spec.get("timestamp"))
+    return EgoTrajectory.from_arrays(
+        _finite_array(spec["x"], source), _finite_array(spec["y"], source),
+        None if spec.get("yaw") is None else _finite_array(spec["yaw"], source),
+        None if t is None else _finite_array(t, source),
+        rate_hz=float(spec.get("rate_hz", FRAME_RATE_HZ)), source=source,
+    )
+
+
+def _trajectory_from_csv(path: Path) -> EgoTrajectory:
+    """A world-frame trajectory from a CSV whose header names x, y and optionally t/timestamp and yaw."""
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows:
+        raise TerraInputError(f"trajectory file {path} is empty; add a header row (t,x,y[,yaw]) and points")
+    header = [h.strip().lower() for h in rows[0]]
+    if "x" not in header or "y" not in header:
+        raise TerraInputError(f"trajectory file {path}: the header {rows[0]} must name columns x and y (and t, yaw)")
+    try:
+        data = np.array([[float(v) for v in row] for row in rows[1:] if row], dtype=np.float64)
+    except ValueError as err:
+        raise TerraInputError(f"trajectory file {path}: a value is not a number ({err}); fix that row") from None
+    if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] != len(header):
+        raise TerraInputError(f"trajectory file {path}: needs at least 2 rows of {len(header)} values each")
+    col = {name: data[:, i] for i, name in enumerate(header)}
+    return EgoTrajectory.from_arrays(
+        col["x"], col["y"], col.get("yaw"), col.get("t", col.get("timestamp")), source=str(path)
+    )
+
+
+def _finite_array(value: Any, source: str) -> np.ndarray:
+    """``value`` as a float64 array with only finite numbers."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TerraInputError(f"{source}: holds values that are not numbers or rows of unequal length") from None
+    if not np.all(np.isfinite(arr)):
+        raise TerraInputError(f"{source}: holds NaN or inf; replace them with finite numbers")
+    return arr

@@ -1,0 +1,94 @@
+"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys (SPEC §5).
+
+Terra's published ``config.json`` (``model_type: llama_action``) loads unchanged. Keys added by this toolkit
+all have defaults derived from that file, so they never need to be present in it:
+
+* ``codebook_size``: image codes are ``[0, codebook_size)``; default ``vocab_size - 1`` (Terra: 2^18 codes
+  plus one special id).
+* ``action_token_id``: the placeholder id of an action slot; default ``codebook_size`` (the special id).
+* ``action_projection_type``: ``"linear"`` (v1, ``LlamaActionForCausalLM``) or ``"mlp"`` (v2,
+  ``LlamaActionV2ForCausalLM``: Linear-ReLU-Linear-ReLU-Linear); default read from ``architectures``.
+* ``action_mlp_hidden_size``: width of the v2 MLP's hidden layers; default ``hidden_size``.
+"""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig
+
+ACTION_PROJECTION_TYPES = ("linear", "mlp")
+
+
+@strict
+class LlamaActionConfig(LlamaConfig):
+    """Llama decoder config plus Terra's frame layout and action projection."""
+
+    model_type = "llama_action"
+
+    # Defaults are Terra's published shape (about 2.0 B parameters).
+    vocab_size: int = 262145
+    hidden_size: int = 2048
+    intermediate_size: int = 5632
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = 4
+    max_position_embeddings: int = 14550
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    num_spatio_embeddings: int = 582
+    num_temporal_embeddings: int = 25
+    num_image_patches: int = 576
+    num_action_tokens: int = 6
+    action_dim: int = 3
+    codebook_size: int | None = None
+    action_token_id: int | None = None
+    action_projection_type: str | None = None
+    action_mlp_hidden_size: int | None = None
+
+    def __post_init__(self, **kwargs):
+        # Terra's own code reads the slot count as `num_action_embeddings`; accept it as an alias in files.
+        if "num_action_embeddings" in kwargs:
+            self.num_action_tokens = int(kwargs.pop("num_action_embeddings"))
+        if self.codebook_size is None:
+            self.codebook_size = self.vocab_size - 1
+        if self.action_token_id is None:
+            self.action_token_id = self.codebook_size
+        if self.action_projection_type is None:
+            self.action_projection_type = "mlp" if "LlamaActionV2ForCausalLM" in (self.architectures or []) else "linear"
+        if self.action_mlp_hidden_size is None:
+            self.action_mlp_hidden_size = self.hidden_size
+        if self.rope_parameters is None and "rope_theta" not in kwargs:
+            kwargs["rope_theta"] = 10000.0
+        super().__post_init__(**kwargs)
+
+    @property
+    def num_action_embeddings(self) -> int:
+        """Action slots per frame, under the name Terra's code uses."""
+        return self.num_action_tokens
+
+    def validate_architecture(self):
+        """Check the frame layout on top of Llama's own checks."""
+        super().validate_architecture()
+        if self.num_spatio_embeddings != self.num_image_patches + self.num_action_tokens:
+            raise ValueError(
+                f"num_spatio_embeddings ({self.num_spatio_embeddings}) must equal num_image_patches "
+                f"({self.num_image_patches}) + num_action_tokens ({self.num_action_tokens})"
+            )
+        if not 0 < self.codebook_size <= self.action_token_id < self.vocab_size:
+            raise ValueError(
+                f"need 0 < codebook_size ({self.codebook_size}) <= action_token_id ({self.action_token_id}) "
+                f"< vocab_size ({self.vocab_size}): the action placeholder must be a non-image id in the vocab"
+            )
+        if self.action_projection_type not in ACTION_PROJECTION_TYPES:
+            raise ValueError(
+                f"action_projection_type must be one of {ACTION_PROJECTION_TYPES}, got {self.action_projection_type!r}"
+            )
+        if self.max_position_embeddings < self.num_spatio_embeddings * self.num_temporal_embeddings:
+            raise ValueError(
+                f"max_position_embeddings ({self.max_position_embeddings}) is smaller than a window "
+                f"({self.num_temporal_embeddings} frames x {self.num_spatio_embeddings} positions)"
+            )
+
+
+__all__ = ["LlamaActionConfig"]

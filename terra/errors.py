@@ -1,0 +1,15 @@
+"""Typed errors for user mistakes.
+
+Every entry point (CLI, scripts, Python API) raises :class:`TerraInputError` for bad input: its message is
+one line that names the offending input and says how to fix it. The CLI prints that line and exits with
+code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TerraInputError(ValueError):
+    """Bad user input (file, array, config value); ``str(err)`` is one line naming the input and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
