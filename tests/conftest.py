@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny world models built in the test session (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import terra
+from terra import LlamaActionConfig, LlamaActionForCausalLM
+
+# A small layout that keeps every rule of Terra's: 8x8 = 64 image tokens + 6 action slots per frame,
+# 6 frames per window (so rollover is cheap to reach), codebook 512 + 1 special id, head_dim 64
+# (vLLM's CPU engine supports it).
+TINY = dict(
+    vocab_size=513,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    num_image_patches=64,
+    num_action_tokens=6,
+    num_spatio_embeddings=70,
+    num_temporal_embeddings=6,
+    max_position_embeddings=420,
+    architectures=["LlamaActionForCausalLM"],
+)
+
+
+def tiny_config(**overrides) -> LlamaActionConfig:
+    """Tiny config in Terra's format; ``overrides`` change any key."""
+    return LlamaActionConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> LlamaActionForCausalLM:
+    """Randomly initialised tiny world model in fp32, eval mode; position/action tables scaled up so they matter."""
+    torch.manual_seed(seed)
+    model = LlamaActionForCausalLM(tiny_config(**overrides)).eval()
+    with torch.no_grad():
+        model.pos_embedding_spatio_temporal.spatio_embeddings.weight.normal_(0, 1.0)
+        model.pos_embedding_spatio_temporal.temporal_embeddings.weight.normal_(0, 1.0)
+        model.lm_head.weight.normal_(0, 0.5)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A saved tiny world model (config.json + model.safetensors), shared by the whole session."""
+    path = tmp_path_factory.mktemp("tiny_world_model")
+    tiny_model().save_pretrained(path)
+    return str(path)
