@@ -33,13 +33,15 @@ def tiny_config(**overrides) -> LlamaActionConfig:
 
 
 def tiny_model(seed: int = 0, **overrides) -> LlamaActionForCausalLM:
-    """Randomly initialised tiny world model in fp32, eval mode; position/action tables scaled up so they matter."""
+    """Randomly initialised tiny world model in fp32, eval mode; position/action/head weights scaled up so they matter."""
     torch.manual_seed(seed)
     model = LlamaActionForCausalLM(tiny_config(**overrides)).eval()
     with torch.no_grad():
         model.pos_embedding_spatio_temporal.spatio_embeddings.weight.normal_(0, 1.0)
         model.pos_embedding_spatio_temporal.temporal_embeddings.weight.normal_(0, 1.0)
         model.lm_head.weight.normal_(0, 0.5)
+        for param in model.action_projection.parameters():
+            param.normal_(0, 0.5)
     return model
 
 
