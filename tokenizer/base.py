@@ -1,0 +1,285 @@
+"""The interface of every image tokenizer, and saving/loading in the ``config.json`` + safetensors format.
+
+An :class:`ImageTokenizer` maps images ``[B, 3, H, W]`` in [-1, 1] to integer codes ``[B, h, w]`` and back.
+A saved tokenizer is a folder with ``config.json`` (its ``model_type`` picks the class) and
+``model.safetensors``; :func:`load_tokenizer` opens such a folder, a Hub id (``org/name`` or
+``org/name/subfolder``, only when a network exists) or, for VQ-16, LlamaGen's original ``.pt`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABCMeta, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from terra.errors import TerraInputError
+from tokenizer import checkpoint_keys
+from tokenizer.atomic import atomic_path, write_text
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # older checkpoints (read only)
+
+_REGISTRY: dict[str, type["ImageTokenizer"]] = {}
+
+
+@dataclass
+class TrainOutput:
+    """What a training forward pass returns: reconstruction, codes, weighted quantiser loss, statistics."""
+
+    reconstruction: torch.Tensor  # [B, 3, H, W]
+    codes: torch.Tensor  # [B, h, w] int64
+    quantizer_loss: torch.Tensor  # scalar, already weighted
+    stats: dict[str, torch.Tensor]  # unweighted parts, for logging
+
+
+class ImageTokenizer(nn.Module, metaclass=ABCMeta):
+    """Base class: conv encoder → quantiser → codes; codes → embedding → conv decoder.
+
+    Subclasses set ``model_type``, build ``encoder``/``decoder`` from ``config`` and implement
+    :meth:`latent_to_codes` / :meth:`codes_to_latent` and :meth:`forward` (training).
+    """
+
+    model_type: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.model_type:
+            _REGISTRY[cls.model_type] = cls
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.config = json.loads(json.dumps(dict(config)))  # a plain, JSON-safe copy
+        self.config["model_type"] = self.model_type
+
+    # ------------------------------------------------------------------------------------------ sizes
+    @property
+    @abstractmethod
+    def downsample_factor(self) -> int:
+        """Pixels per code along each axis."""
+
+    @property
+    @abstractmethod
+    def codebook_size(self) -> int:
+        """Codes are integers in ``[0, codebook_size)``."""
+
+    @property
+    @abstractmethod
+    def image_size(self) -> tuple[int, int]:
+        """``(H, W)`` the tokenizer works at."""
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """``(h, w)`` codes per image at :attr:`image_size`."""
+        height, width = self.image_size
+        return height // self.downsample_factor, width // self.downsample_factor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def _check_image_size(self) -> None:
+        height, width = self.image_size
+        if height % self.downsample_factor or width % self.downsample_factor:
+            raise TerraInputError(
+                f"tokenizer image_size {height}x{width} is not a multiple of its downsampling factor "
+                f"{self.downsample_factor}; set image_size in config.json to multiples of it"
+            )
+
+    # --------------------------------------------------------------------------------- quantisation
+    @abstractmethod
+    def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
+        """Encoder output ``[B, C, h, w]`` → codes ``[B, h, w]`` (int64)."""
+
+    @abstractmethod
+    def codes_to_latent(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h, w]`` → decoder input ``[B, C, h, w]`` in the model's dtype."""
+
+    def encode_latent(self, images: torch.Tensor) -> torch.Tensor:
+        """Images → continuous latent before quantisation (``[B, C, h, w]``)."""
+        return self.encoder(images)
+
+    def decode_latent(self, latent: torch.Tensor) -> torch.Tensor:
+        """Quantised latent → images (no clamping)."""
+        return self.decoder(latent)
+
+    # ------------------------------------------------------------------------------ public encode/decode
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
+        """Images ``[B, 3, H, W]`` in [-1, 1] → codes ``[B, h, w]`` (int64, on the model's device).
+
+        ``batch_size`` bounds how many images go through the network at once (memory on large inputs).
+        """
+        if not torch.is_tensor(images) or images.ndim != 4 or images.shape[1] != 3:
+            shape = list(images.shape) if torch.is_tensor(images) else type(images).__name__
+            raise TerraInputError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got {shape}; "
+                                  "load files with tokenizer.images.load_images")
+        factor = self.downsample_factor
+        if images.shape[2] % factor or images.shape[3] % factor:
+            raise TerraInputError(
+                f"image size {images.shape[2]}x{images.shape[3]} is not a multiple of {factor}; "
+                f"resize to {self.image_size[0]}x{self.image_size[1]} (load_images does it)"
+            )
+        out = []
+        for chunk in images.split(batch_size or len(images) or 1):
+            chunk = chunk.to(device=self.device, dtype=self.dtype)
+            out.append(self.latent_to_codes(self.encode_latent(chunk)))
+        return torch.cat(out) if out else torch.empty(0, *self.grid_shape, dtype=torch.long, device=self.device)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
+        """Codes ``[B, h, w]`` (or ``[B, h * w]`` at :attr:`grid_shape`) → images ``[B, 3, H, W]`` in [-1, 1]."""
+        codes = self.check_codes(codes)
+        out = []
+        for chunk in codes.split(batch_size or len(codes) or 1):
+            out.append(self.decode_latent(self.codes_to_latent(chunk.to(self.device))).clamp(-1, 1))
+        if not out:
+            return torch.empty(0, 3, *self.image_size, dtype=self.dtype, device=self.device)
+        return torch.cat(out)
+
+    def check_codes(self, codes: Any) -> torch.Tensor:
+        """Validate codes and return them as int64 ``[B, h, w]``; bad codes raise :class:`TerraInputError`."""
+        codes = torch.as_tensor(codes)
+        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+            raise TerraInputError(f"codes must be integers, got dtype {codes.dtype}; pass the tokenizer's codes")
+        if codes.ndim == 2 and codes.shape[1] == self.grid_shape[0] * self.grid_shape[1]:
+            codes = codes.reshape(len(codes), *self.grid_shape)
+        if codes.ndim != 3:
+            raise TerraInputError(
+                f"codes must have shape [B, h, w] (grid {self.grid_shape[0]}x{self.grid_shape[1]}), got {list(codes.shape)}"
+            )
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise TerraInputError(
+                f"codes hold values in [{int(codes.min())}, {int(codes.max())}] outside the codebook "
+                f"[0, {self.codebook_size}); decode only image codes of this tokenizer"
+            )
+        return codes.long()
+
+    # ------------------------------------------------------------------------------------ save / load
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (the current dtype) into ``directory``, atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        with atomic_path(directory / WEIGHTS_NAME) as tmp:
+            save_file(tensors, tmp, metadata={"format": "pt", "model_type": self.model_type})
+        write_text(directory / CONFIG_NAME, json.dumps(self.config, indent=2) + "\n")
+        return directory
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> "ImageTokenizer":
+        """Load a saved tokenizer folder (or Hub id); calling it on the base class picks the class from config."""
+        folder = _resolve_folder(str(path))
+        config = _read_config(folder / CONFIG_NAME)
+        klass = _class_for(config, folder / CONFIG_NAME)
+        if cls is not ImageTokenizer and not issubclass(klass, cls):
+            raise TerraInputError(
+                f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was asked for; "
+                "use load_tokenizer to open any tokenizer"
+            )
+        model = klass(config)
+        model.load_weights(_read_weights(folder), source=str(folder))
+        return model.to(device=device, dtype=dtype).eval()
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Load weights in any supported key layout (see :mod:`tokenizer.checkpoint_keys`), strictly."""
+        num_levels = len(self.encoder.conv_blocks)
+        converted = checkpoint_keys.to_ours(state_dict, num_levels)
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(converted))
+        unexpected = sorted(set(converted) - set(expected))
+        if missing or unexpected:
+            raise TerraInputError(
+                f"{source}: weights do not match the config ({len(missing)} missing, e.g. {missing[:3]}; "
+                f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}); check config.json or adjust "
+                "tokenizer/checkpoint_keys.py to the checkpoint's key names"
+            )
+        bad = [k for k in expected if tuple(expected[k].shape) != tuple(converted[k].shape)]
+        if bad:
+            k = bad[0]
+            raise TerraInputError(
+                f"{source}: {len(bad)} weights have the wrong shape (e.g. {k}: {list(converted[k].shape)} vs "
+                f"{list(expected[k].shape)} from config.json); the config does not describe these weights"
+            )
+        self.load_state_dict(converted, strict=True)
+
+
+def load_tokenizer(
+    path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> ImageTokenizer:
+    """Open any saved tokenizer: a folder, a Hub id, or LlamaGen's original VQ-16 ``.pt`` file."""
+    path_str = str(path)
+    if Path(path_str).is_file() and Path(path_str).suffix in (".pt", ".pth", ".ckpt"):
+        from tokenizer.vq import VQTokenizer
+
+        return VQTokenizer.from_llamagen(path_str).to(device=device, dtype=dtype)
+    return ImageTokenizer.from_pretrained(path_str, device=device, dtype=dtype)
+
+
+def _resolve_folder(path: str) -> Path:
+    """A local folder holding config.json, downloading a Hub id first when the path is no local folder."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / CONFIG_NAME).is_file():
+            raise TerraInputError(f"tokenizer folder {local} has no {CONFIG_NAME}; pass a folder written by save_pretrained")
+        return local
+    if local.exists():
+        raise TerraInputError(f"tokenizer path {local} is a file; pass the folder holding {CONFIG_NAME} and {WEIGHTS_NAME}")
+    parts = path.strip("/").split("/")
+    if len(parts) < 2 or path.startswith((".", "/", "~")):
+        raise TerraInputError(f"tokenizer folder {path} does not exist; check the path")
+    repo_id, subfolder = "/".join(parts[:2]), "/".join(parts[2:]) or None
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = [f"{subfolder}/*" if subfolder else "*"]
+        root = Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as err:  # any Hub failure (no network, unknown repo) is the user's input to fix
+        raise TerraInputError(
+            f"tokenizer {path} is not a local folder and the Hub download failed ({type(err).__name__}); "
+            "pass a local folder with config.json and model.safetensors"
+        ) from None
+    folder = root / subfolder if subfolder else root
+    if not (folder / CONFIG_NAME).is_file():
+        raise TerraInputError(f"Hub tokenizer {path} has no {CONFIG_NAME}; check the repository and subfolder")
+    return folder
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TerraInputError(f"{path} cannot be read as JSON ({err}); fix or re-save the tokenizer") from None
+    if not isinstance(config, dict):
+        raise TerraInputError(f"{path} must hold a JSON object; re-save the tokenizer")
+    return config
+
+
+def _class_for(config: Mapping[str, Any], source: Path) -> type[ImageTokenizer]:
+    model_type = config.get("model_type")
+    if model_type not in _REGISTRY:
+        raise TerraInputError(
+            f"{source}: model_type {model_type!r} is not a known tokenizer; use one of {sorted(_REGISTRY)}"
+        )
+    return _REGISTRY[model_type]
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / WEIGHTS_NAME).is_file():
+        return load_file(folder / WEIGHTS_NAME)
+    if (folder / TORCH_WEIGHTS_NAME).is_file():
+        return torch.load(folder / TORCH_WEIGHTS_NAME, map_location="cpu", weights_only=True)
+    raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")

@@ -1,0 +1,170 @@
+"""Vector-quantised tokenizer in LlamaGen's VQ-16 layout (also used by Valeo's VaViM).
+
+``encoder → quant_conv (1x1, z_channels → codebook_embed_dim) → nearest l2-normalised codebook entry →
+post_quant_conv (1x1) → decoder``. Attention sits at the coarsest level of encoder and decoder, as in
+LlamaGen. The config mirrors LlamaGen's ``ModelArgs`` field names, plus ``ch``, ``num_res_blocks`` and
+``image_size``::
+
+    {"model_type": "vq_tokenizer", "codebook_size": 16384, "codebook_embed_dim": 8, "codebook_l2_norm": true,
+     "commit_loss_beta": 0.25, "entropy_loss_ratio": 0.0, "encoder_ch_mult": [1, 1, 2, 2, 4],
+     "decoder_ch_mult": [1, 1, 2, 2, 4], "z_channels": 256, "dropout_p": 0.0, "ch": 128, "num_res_blocks": 2,
+     "image_size": [288, 512]}
+
+Weights load strictly from our ``model.safetensors`` and from LlamaGen's original checkpoint (a torch file
+``{"model": state_dict}``, see :meth:`VQTokenizer.from_llamagen`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from terra.errors import TerraInputError
+from tokenizer.base import ImageTokenizer, TrainOutput
+from tokenizer.modules import Decoder, Encoder
+
+VQ16_CONFIG: dict[str, Any] = {
+    "codebook_size": 16384,
+    "codebook_embed_dim": 8,
+    "codebook_l2_norm": True,
+    "commit_loss_beta": 0.25,
+    "entropy_loss_ratio": 0.0,
+    "encoder_ch_mult": [1, 1, 2, 2, 4],
+    "decoder_ch_mult": [1, 1, 2, 2, 4],
+    "z_channels": 256,
+    "dropout_p": 0.0,
+    "ch": 128,
+    "num_res_blocks": 2,
+    "image_size": [288, 512],
+}
+
+
+class VectorQuantizer(nn.Module):
+    """The codebook (``embedding``, ``[codebook_size, embed_dim]``) and its nearest-entry lookup."""
+
+    def __init__(self, codebook_size: int, embed_dim: int, l2_norm: bool) -> None:
+        super().__init__()
+        self.l2_norm = l2_norm
+        self.embedding = nn.Embedding(codebook_size, embed_dim)
+        with torch.no_grad():
+            self.embedding.weight.uniform_(-1.0 / codebook_size, 1.0 / codebook_size)
+            if l2_norm:
+                self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
+
+    def codebook(self) -> torch.Tensor:
+        """Entries as used for lookup and decoding (l2-normalised when configured)."""
+        weight = self.embedding.weight
+        return F.normalize(weight, dim=-1) if self.l2_norm else weight
+
+    def affinity(self, z: torch.Tensor) -> torch.Tensor:
+        """``[N, D]`` vectors → ``[N, K]`` negative squared distances to every entry (fp32)."""
+        z = z.float()
+        book = self.codebook().float()
+        if self.l2_norm:
+            z = F.normalize(z, dim=-1)
+        return 2 * z @ book.T - z.pow(2).sum(-1, keepdim=True) - book.pow(2).sum(-1)
+
+
+class VQTokenizer(ImageTokenizer):
+    """LlamaGen-compatible VQ tokenizer with an l2-normalised codebook."""
+
+    model_type = "vq_tokenizer"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__({**VQ16_CONFIG, **dict(config)})
+        c = self.config
+        if len(c["encoder_ch_mult"]) != len(c["decoder_ch_mult"]):
+            raise TerraInputError("encoder_ch_mult and decoder_ch_mult need the same length (same down/upsampling)")
+        for key in ("encoder_ch_mult", "decoder_ch_mult"):
+            attn = [len(c[key]) - 1]  # LlamaGen: attention at the coarsest level
+            common = dict(ch=int(c["ch"]), ch_mult=list(c[key]), num_res_blocks=int(c["num_res_blocks"]),
+                          z_channels=int(c["z_channels"]), attn_levels=attn, dropout=float(c["dropout_p"]))
+            if key == "encoder_ch_mult":
+                self.encoder = Encoder(**common)
+            else:
+                self.decoder = Decoder(**common)
+        self.quantize = VectorQuantizer(int(c["codebook_size"]), int(c["codebook_embed_dim"]), bool(c["codebook_l2_norm"]))
+        self.quant_conv = nn.Conv2d(int(c["z_channels"]), int(c["codebook_embed_dim"]), 1)
+        self.post_quant_conv = nn.Conv2d(int(c["codebook_embed_dim"]), int(c["z_channels"]), 1)
+        self._image_size = tuple(int(v) for v in c["image_size"])
+        self._check_image_size()
+
+    @property
+    def downsample_factor(self) -> int:
+        return 2 ** (len(self.encoder.conv_blocks) - 1)
+
+    @property
+    def codebook_size(self) -> int:
+        return int(self.config["codebook_size"])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return self._image_size
+
+    def encode_latent(self, images: torch.Tensor) -> torch.Tensor:
+        return self.quant_conv(self.encoder(images))
+
+    def decode_latent(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.post_quant_conv(latent))
+
+    def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = latent.shape
+        flat = rearrange(latent, "b d h w -> (b h w) d")
+        return self.quantize.affinity(flat).argmax(-1).reshape(b, h, w)
+
+    def codes_to_latent(self, codes: torch.Tensor) -> torch.Tensor:
+        entries = self.quantize.codebook()[codes]
+        return rearrange(entries, "b h w d -> b d h w").to(self.dtype)
+
+    def forward(self, images: torch.Tensor) -> TrainOutput:
+        """Training pass: straight-through reconstruction, codebook + commitment (+ entropy) losses."""
+        vq = self.quantize
+        z = self.encode_latent(images)
+        b, _, h, w = z.shape
+        flat = rearrange(z, "b d h w -> (b h w) d").float()
+        affinity = vq.affinity(flat)
+        codes = affinity.argmax(-1)
+        if vq.l2_norm:
+            flat = F.normalize(flat, dim=-1)
+        z_q = vq.codebook().float()[codes]
+        codebook_loss = (z_q - flat.detach()).pow(2).mean()
+        commitment = (z_q.detach() - flat).pow(2).mean()
+        z_q = flat + (z_q - flat).detach()
+        latent = rearrange(z_q, "(b h w) d -> b d h w", b=b, h=h, w=w).to(z.dtype)
+        recon = self.decode_latent(latent)
+        loss = codebook_loss + float(self.config["commit_loss_beta"]) * commitment
+        stats = {"codebook": codebook_loss.detach(), "commitment": commitment.detach()}
+        ratio = float(self.config["entropy_loss_ratio"])
+        if ratio > 0:
+            entropy = _entropy_loss(affinity)
+            loss = loss + ratio * entropy
+            stats["entropy"] = entropy.detach()
+        return TrainOutput(recon, codes.reshape(b, h, w), loss, stats)
+
+    @classmethod
+    def from_llamagen(cls, path: str | os.PathLike, **config: Any) -> "VQTokenizer":
+        """Load LlamaGen's original checkpoint (``torch.save({"model": state_dict, ...})``); ``config`` overrides VQ-16."""
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError) as err:
+            raise TerraInputError(f"{path} cannot be read as a torch checkpoint ({type(err).__name__}); "
+                                  "pass LlamaGen's vq_ds16_*.pt file") from None
+        state_dict = checkpoint.get("model", checkpoint) if isinstance(checkpoint, dict) else None
+        if not isinstance(state_dict, dict):
+            raise TerraInputError(f"{path} holds no state dict under 'model'; pass LlamaGen's original checkpoint")
+        model = cls(config)
+        model.load_weights(state_dict, source=str(path))
+        return model.eval()
+
+
+def _entropy_loss(affinity: torch.Tensor, temperature: float = 0.01) -> torch.Tensor:
+    """LlamaGen's codebook entropy loss: per-sample entropy minus entropy of the average assignment."""
+    probs = F.softmax(affinity / temperature, dim=-1)
+    log_probs = F.log_softmax(affinity / temperature, dim=-1)
+    avg = probs.mean(0)
+    return -(probs * log_probs).sum(-1).mean() + (avg * (avg + 1e-5).log()).sum()
