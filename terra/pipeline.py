@@ -1,0 +1,154 @@
+"""The end-to-end pipeline: tokenizer → generation backend → frames.
+
+``WorldModelPipeline`` owns an image tokenizer and a :class:`~terra.rollout.WorldModelBackend`; it encodes
+context images, runs rollouts on whichever backend it was given (it never asks which), and decodes the
+codes back to frames. Video files are written by :mod:`decoder`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from terra.backends import create_backend, resolve_device
+from terra.errors import TerraInputError
+from terra.rollout import FrameCallback, RolloutRequest, WorldModelBackend
+from terra.sampling import SamplingConfig
+
+
+@dataclass
+class RolloutResult:
+    """Codes and frames of one finished rollout, context frames first."""
+
+    request: RolloutRequest
+    codes: np.ndarray  # [n_ctx + num_frames, h, w]
+    frames: np.ndarray  # uint8 [n_ctx + num_frames, H, W, 3]
+    num_context: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def read_world_model_config(path: str | Path) -> dict:
+    """The world model's ``config.json`` as a dict; one clear error when the folder is not a checkpoint."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise TerraInputError(f"world model {path} has no config.json; point model.world_model at a checkpoint folder")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
+        raise TerraInputError(f"world model config {config_file} cannot be read ({err}); restore the file") from None
+    missing = [k for k in ("num_image_patches", "vocab_size") if k not in config]
+    if config.get("model_type") != "llama_action" or missing:
+        raise TerraInputError(
+            f"{config_file} is not a Terra world model config (model_type {config.get('model_type')!r}, "
+            f"missing {missing}); use a llama_action checkpoint"
+        )
+    weights = list(Path(path).glob("*.safetensors"))
+    if not weights:
+        raise TerraInputError(f"world model {path} has no .safetensors weights; copy model.safetensors next to config.json")
+    return config
+
+
+def check_compatible(world_model_config: dict, tokenizer) -> None:
+    """Raise when the tokenizer's grid or codebook does not fit the world model (checked before loading it)."""
+    h, w = tokenizer.grid_shape
+    patches = world_model_config["num_image_patches"]
+    codebook = world_model_config.get("codebook_size") or world_model_config["vocab_size"] - 1
+    if h * w != patches:
+        raise TerraInputError(
+            f"tokenizer grid {h}x{w} = {h * w} tokens per frame but the world model expects {patches}; "
+            "pair the world model with the tokenizer it was trained with"
+        )
+    if tokenizer.codebook_size > codebook:
+        raise TerraInputError(
+            f"tokenizer codebook ({tokenizer.codebook_size} codes) is larger than the world model's image "
+            f"codebook ({codebook}); pair the world model with the tokenizer it was trained with"
+        )
+
+
+class WorldModelPipeline:
+    """Context images + actions → generated codes → frames, on any backend."""
+
+    def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu", decode_batch_size: int = 16) -> None:
+        self.tokenizer = tokenizer.to(device).eval()
+        self.backend = backend
+        self.device = device
+        self.decode_batch_size = decode_batch_size
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        world_model: str | Path,
+        tokenizer: str | Path,
+        backend: str = "auto",
+        device: str = "auto",
+        dtype: str = "auto",
+        **backend_options,
+    ) -> "WorldModelPipeline":
+        """Load a tokenizer and a world model checkpoint, check they fit together, build the backend."""
+        from tokenizer import load_tokenizer
+
+        config = read_world_model_config(world_model)
+        device = resolve_device(device)
+        tok = load_tokenizer(str(tokenizer))
+        check_compatible(config, tok)
+        return cls(tok, create_backend(backend, world_model, device=device, dtype=dtype, **backend_options), device)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return tuple(self.tokenizer.image_size)
+
+    @torch.inference_mode()
+    def encode(self, images: torch.Tensor) -> np.ndarray:
+        """Images ``[N, 3, H, W]`` in [-1, 1] → codes ``[N, h, w]`` (int64)."""
+        if images.shape[-2:] != self.image_size:
+            raise TerraInputError(
+                f"images are {tuple(images.shape[-2:])} but the tokenizer expects {self.image_size}; "
+                "load them with tokenizer.images.load_images, which resizes and crops"
+            )
+        codes = [
+            self.tokenizer.encode(images[i : i + self.decode_batch_size].to(self.device)).cpu()
+            for i in range(0, len(images), self.decode_batch_size)
+        ]
+        return torch.cat(codes).numpy().astype(np.int64)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """Codes ``[T, h, w]`` → uint8 frames ``[T, H, W, 3]``."""
+        from decoder import codes_to_frames
+
+        return codes_to_frames(self.tokenizer, codes, batch_size=self.decode_batch_size)
+
+    def generate(
+        self,
+        requests: Sequence[RolloutRequest],
+        sampling: SamplingConfig,
+        progress: bool = True,
+        on_frame: FrameCallback | None = None,
+    ) -> list[RolloutResult]:
+        """Run all rollouts together on the backend, then decode each to frames."""
+        start = time.perf_counter()
+        generated = self.backend.generate(requests, sampling, progress=progress, on_frame=on_frame)
+        generate_s = time.perf_counter() - start
+        grid = self.tokenizer.grid_shape
+        results = []
+        for request, new in zip(requests, generated):
+            context = np.asarray(request.context).reshape(len(request.context), *grid)
+            codes = np.concatenate([context, new.reshape(len(new), *grid)])
+            t0 = time.perf_counter()
+            frames = self.decode(codes)
+            timings = {
+                "generate_s": generate_s,
+                "generate_s_per_frame": generate_s / max(1, sum(r.num_frames for r in requests)),
+                "decode_s": time.perf_counter() - t0,
+            }
+            results.append(RolloutResult(request, codes, frames, len(context), timings))
+        return results
+
+    def close(self) -> None:
+        """Release the backend (frees an engine's GPU memory)."""
+        self.backend.close()
