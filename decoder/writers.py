@@ -1,0 +1,128 @@
+"""Video writers: GIF, MP4 (H.264), PNG sequences and grids of several rollouts. Every write is atomic.
+
+Frames are uint8 ``[T, H, W, 3]`` RGB. Files are written under a temporary name in the target folder and
+renamed when complete, so an interrupted run never leaves a truncated video under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import imageio.v3 as iio
+import imageio_ffmpeg
+import numpy as np
+
+from terra.errors import TerraInputError
+from tokenizer.atomic import atomic_path
+
+PNG_PATTERN = "frame_{:05d}.png"
+
+
+def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
+    """Validate uint8 ``[T, H, W, 3]`` frames (T >= 1) and return them contiguous."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
+        raise TerraInputError(
+            f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
+            "convert with decoder.frames.images_to_uint8"
+        )
+    return np.ascontiguousarray(frames)
+
+
+def _check_fps(fps: float) -> float:
+    if not (np.isfinite(fps) and fps > 0):
+        raise TerraInputError(f"fps must be a positive number (got {fps})")
+    return float(fps)
+
+
+def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, loop: int = 0) -> Path:
+    """Looping GIF (``loop=0``: forever). GIF stores delays in 1/100 s, so fps is rounded to that grid;
+    Pillow merges consecutive identical frames into one longer frame."""
+    frames, fps = check_frames(frames), _check_fps(fps)
+    with atomic_path(path) as tmp:
+        iio.imwrite(tmp, frames, extension=".gif", plugin="pillow", duration=round(1000.0 / fps), loop=loop)
+    return Path(path)
+
+
+def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, quality: float = 8.0) -> Path:
+    """H.264 MP4 (yuv420p, via imageio-ffmpeg). Odd sizes are padded by one edge row/column to even."""
+    frames, fps = check_frames(frames), _check_fps(fps)
+    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
+    if pad_h or pad_w:
+        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    height, width = frames.shape[1:3]
+    with atomic_path(path) as tmp:
+        writer = imageio_ffmpeg.write_frames(
+            str(tmp), (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p", quality=quality,
+            macro_block_size=1, output_params=["-movflags", "+faststart"], ffmpeg_log_level="error",
+        )
+        writer.send(None)
+        for frame in frames:
+            writer.send(frame)
+        writer.close()
+    return Path(path)
+
+
+def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list[Path]:
+    """``directory/frame_00000.png, ...``; leftover frames of an earlier, longer sequence are removed."""
+    frames = check_frames(frames)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, frame in enumerate(frames):
+        target = directory / PNG_PATTERN.format(index)
+        with atomic_path(target) as tmp:
+            iio.imwrite(tmp, frame, extension=".png")
+        paths.append(target)
+    stale = re.compile(r"^frame_(\d{5})\.png$")
+    for old in directory.iterdir():
+        match = stale.match(old.name)
+        if match and int(match.group(1)) >= len(frames):
+            old.unlink()
+    return paths
+
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) -> Path:
+    """Write by suffix: ``.gif``, ``.mp4``, or a folder of PNGs when the path has no suffix."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".gif":
+        return write_gif(path, frames, fps)
+    if suffix == ".mp4":
+        return write_mp4(path, frames, fps)
+    if suffix == "":
+        write_png_sequence(path, frames)
+        return Path(path)
+    raise TerraInputError(f"output {path} has an unsupported type {suffix}; use .gif, .mp4 or a folder name")
+
+
+def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: int = 4) -> np.ndarray:
+    """Tile rollouts ``[T_i, H, W, 3]`` frame by frame into one video (row-major, ``gap`` black pixels).
+
+    Shorter rollouts hold their last frame; empty cells of the last row stay black.
+    """
+    if not rollouts:
+        raise TerraInputError("a grid needs at least one rollout")
+    videos = [check_frames(v, f"rollout {i}") for i, v in enumerate(rollouts)]
+    if len({v.shape[1:] for v in videos}) != 1:
+        raise TerraInputError(f"grid rollouts differ in frame size {sorted({v.shape[1:3] for v in videos})}; decode all at one size")
+    columns = columns or int(np.ceil(np.sqrt(len(videos))))
+    rows = int(np.ceil(len(videos) / columns))
+    length = max(len(v) for v in videos)
+    height, width = videos[0].shape[1:3]
+    grid = np.zeros((length, rows * height + (rows - 1) * gap, columns * width + (columns - 1) * gap, 3), np.uint8)
+    for i, video in enumerate(videos):
+        r, c = divmod(i, columns)
+        held = np.concatenate([video, np.repeat(video[-1:], length - len(video), axis=0)])
+        y, x = r * (height + gap), c * (width + gap)
+        grid[:, y : y + height, x : x + width] = held
+    return grid
+
+
+def write_grid(
+    path: str | os.PathLike, rollouts: Sequence[np.ndarray], fps: float = 10.0, columns: int | None = None, gap: int = 4
+) -> Path:
+    """Tile several rollouts side by side (see :func:`tile_grid`) and write them with :func:`write_video`."""
+    return write_video(path, tile_grid(rollouts, columns, gap), fps)

@@ -1,0 +1,138 @@
+"""Loading context frames: image files, folders, globs, video files or arrays → model-sized tensors.
+
+Every frame is converted to RGB, resized to cover the target size and center-cropped to it (aspect ratio
+kept), then scaled to [-1, 1]. Folders and globs are read in sorted file-name order. Bad input raises
+:class:`terra.errors.TerraInputError` naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections import deque
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence, Union
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from terra.errors import TerraInputError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
+# 8-bit colour modes PIL converts to RGB without guessing (alpha dropped, grey replicated, palette expanded).
+RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
+
+Source = Union[str, Path, np.ndarray, Image.Image]
+
+
+def load_images(
+    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None
+) -> torch.Tensor:
+    """Frames from files/folders/globs/videos/arrays → float tensor ``[N, 3, H, W]`` in [-1, 1].
+
+    ``image_size`` is ``(H, W)`` (pass ``tokenizer.image_size``); ``last_n`` keeps only the last N frames.
+    """
+    return frames_to_tensor(load_frames(sources, image_size, last_n))
+
+
+def load_frames(
+    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None
+) -> np.ndarray:
+    """Like :func:`load_images` but returns uint8 ``[N, H, W, 3]`` (compact, for training data)."""
+    if last_n is not None and last_n < 1:
+        raise TerraInputError(f"last_n must be at least 1 (got {last_n})")
+    items = [sources] if isinstance(sources, (str, Path, np.ndarray, Image.Image)) else list(sources)
+    if not items:
+        raise TerraInputError("no images given; pass image files, a folder, a glob or a video file")
+    frames: deque[np.ndarray] = deque(maxlen=last_n)
+    for item in items:
+        for frame in _expand(item):
+            frames.append(fit_frame(frame, image_size))
+    return np.stack(frames)
+
+
+def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
+    """uint8 ``[N, H, W, 3]`` → float32 ``[N, 3, H, W]`` in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+
+
+def fit_frame(frame: Image.Image, image_size: tuple[int, int]) -> np.ndarray:
+    """Resize to cover ``(H, W)`` and center-crop → uint8 ``[H, W, 3]``."""
+    height, width = image_size
+    return np.asarray(ImageOps.fit(frame, (width, height), method=Image.Resampling.BICUBIC), dtype=np.uint8)
+
+
+def _expand(item: Source) -> Iterator[Image.Image]:
+    """One source → RGB PIL frames."""
+    if isinstance(item, Image.Image):
+        yield _to_rgb(item, "image")
+    elif isinstance(item, np.ndarray):
+        yield from _from_array(item)
+    else:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not files:
+                raise TerraInputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
+            for file in files:
+                yield _read_image(file)
+        elif path.is_file():
+            yield from (_read_video(path) if path.suffix.lower() in VIDEO_SUFFIXES else [_read_image(path)])
+        elif glob.has_magic(str(item)):
+            files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+            if not files:
+                raise TerraInputError(f"pattern {item} matches no files; check the glob")
+            for file in files:
+                yield from (_read_video(file) if file.suffix.lower() in VIDEO_SUFFIXES else [_read_image(file)])
+        else:
+            raise TerraInputError(f"image path {item} does not exist; check the path")
+
+
+def _read_image(path: Path) -> Image.Image:
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise TerraInputError(
+            f"{path} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
+        ) from None
+    return _to_rgb(image, str(path))
+
+
+def _to_rgb(image: Image.Image, source: str) -> Image.Image:
+    if image.mode not in RGB_COMPATIBLE_MODES:
+        raise TerraInputError(
+            f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an 8-bit colour "
+            "image; save it as an 8-bit RGB PNG or JPEG"
+        )
+    return image.convert("RGB")  # alpha is dropped
+
+
+def _from_array(array: np.ndarray) -> Iterable[Image.Image]:
+    """uint8 ``[H, W, 3]`` or ``[N, H, W, 3]`` arrays (RGB)."""
+    arr = array[None] if array.ndim == 3 else array
+    if arr.ndim != 4 or arr.shape[-1] != 3:
+        raise TerraInputError(f"image array of shape {list(array.shape)} is not RGB; give [H, W, 3] or [N, H, W, 3]")
+    if arr.dtype != np.uint8:
+        raise TerraInputError(f"image array has dtype {arr.dtype}; give uint8 pixels in [0, 255]")
+    return [Image.fromarray(frame, "RGB") for frame in arr]
+
+
+def _read_video(path: Path) -> Iterator[Image.Image]:
+    import imageio.v3 as iio
+
+    try:
+        count = 0
+        for frame in iio.imiter(path):
+            frame = np.asarray(frame)
+            if frame.ndim == 2:
+                frame = np.repeat(frame[..., None], 3, axis=-1)
+            count += 1
+            yield Image.fromarray(np.ascontiguousarray(frame[..., :3]).astype(np.uint8), "RGB")
+    except (OSError, ValueError, RuntimeError, IndexError) as err:
+        raise TerraInputError(
+            f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or extracted frames"
+        ) from None
+    if count == 0:
+        raise TerraInputError(f"video {path} has no frames; pass a video with at least one frame")
