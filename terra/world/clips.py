@@ -1,0 +1,180 @@
+"""Clips of the synthetic world at 10 Hz: rendered frames plus exact ego poses, instruction trajectories, actions.
+
+A manoeuvre is synthesised in the car's own frame by :func:`terra.trajectory.manoeuvre_trajectory` and then
+placed in the world at a lane pose of the road (rotate + translate), so ``curve_left`` turns left relative to
+the road and the clip's actions are exactly the ones :mod:`terra.actions` computes for that manoeuvre.
+:func:`random_clip` draws a training distribution: single manoeuvres, a straight stretch followed by a
+manoeuvre, and lane keeping along the road's own bends. :func:`sample_frames` draws single frames from
+diverse poses (off-centre, yawed) for tokenizer training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from terra.actions import actions_from_instruction_trajs
+from terra.errors import TerraInputError
+from terra.trajectory import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MANOEUVRES, EgoTrajectory, manoeuvre_trajectory
+from terra.world.renderer import render
+from terra.world.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
+
+FOLLOW_LANE = "follow_lane"  # random_clip's lane keeping along the road's bends
+FUTURE_S = FUTURE_POINTS / FUTURE_RATE_HZ  # 3 s of future needed by the last frame's instruction trajectory
+SAMPLE_RATE_HZ = 100.0  # resolution of synthesised trajectories
+SCENE_LENGTH_M = 600.0
+VIEW_MARGIN_M = 150.0  # road kept ahead of the last frame so the road's end stays in the haze
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A rendered clip and its exact ground truth (frames at 10 Hz)."""
+
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    poses: np.ndarray  # float64 [T, 3] world x, y, yaw of each frame
+    instruction_trajs: np.ndarray  # float32 [T, 60, 3] ACT-Bench future trajectories in each frame's ego frame
+    actions: np.ndarray  # float32 [T, 6, 3] the world model's actions ([y, x, time] per slot)
+    manoeuvre: str  # a name from terra.trajectory.MANOEUVRES, "follow_lane", or "straight>NAME"
+    seed: int  # scene seed: Scene.generate(seed, scene_length_m) rebuilds the scene
+    start_s: float  # arc length of the road pose the clip starts at
+    speed_kmh: float  # initial speed
+    scene_length_m: float = SCENE_LENGTH_M
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.frames)
+
+
+def place(trajectory: EgoTrajectory, pose: np.ndarray) -> EgoTrajectory:
+    """The trajectory moved rigidly so that its frame (origin, +x) lands on the world pose ``(x, y, yaw)``."""
+    c, s = np.cos(pose[2]), np.sin(pose[2])
+    return EgoTrajectory(
+        t=trajectory.t,
+        x=pose[0] + c * trajectory.x - s * trajectory.y,
+        y=pose[1] + s * trajectory.x + c * trajectory.y,
+        yaw=trajectory.yaw + pose[2],
+    )
+
+
+def clip_from_trajectory(
+    scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
+    manoeuvre: str, start_s: float, speed_kmh: float,
+) -> Clip:
+    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth."""
+    poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
+    trajs = trajectory.instruction_trajs(num_frames)
+    frames = np.stack([render(scene, p, height, width) for p in poses])
+    return Clip(
+        frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
+        manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),
+        scene_length_m=scene.length_m,
+    )
+
+
+def make_clip(
+    scene: Scene,
+    manoeuvre: str,
+    num_frames: int,
+    height: int,
+    width: int,
+    speed_kmh: float = 30.0,
+    start_s: float = 0.0,
+    lateral_m: float = EGO_LANE_OFFSET_M,
+    **manoeuvre_params: float,
+) -> Clip:
+    """A clip of ``manoeuvre`` starting in the lane at arc length ``start_s`` (``lateral_m`` left of centre).
+
+    ``manoeuvre_params`` go to :func:`terra.trajectory.manoeuvre_trajectory` (radius_m, accel_mps2, ...).
+    """
+    if num_frames < 1:
+        raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
+    duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
+    local = manoeuvre_trajectory(manoeuvre, duration, speed_kmh=speed_kmh, rate_hz=SAMPLE_RATE_HZ, **manoeuvre_params)
+    world = place(local, scene.lane_pose(start_s, lateral_m))
+    return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)
+
+
+def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int) -> Clip:
+    """A clip from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
+
+    Half are single manoeuvres of :data:`terra.trajectory.MANOEUVRES`; a quarter drive straight for 0.5-2 s
+    and then perform one; a quarter keep their lane along the road's own bends. The start is jittered
+    inside the lane (offset and heading) so the model sees the road from varied positions.
+    """
+    if num_frames < 1:
+        raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
+    scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M)
+    speed = float(rng.uniform(15.0, 60.0))
+    duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
+    travel = (speed / 3.6 + 3.5 * duration) * duration
+    start_s = float(rng.uniform(10.0, max(10.0, scene.length_m - travel - VIEW_MARGIN_M)))
+    lateral = EGO_LANE_OFFSET_M + float(rng.uniform(-0.4, 0.4))
+    kind = rng.random()
+    if kind < 0.25:
+        trajectory = _lane_keeping(scene, start_s, lateral, speed, float(rng.uniform(-1.5, 1.5)), duration)
+        name = FOLLOW_LANE
+    else:
+        name = str(rng.choice(MANOEUVRES))
+        params = _random_params(rng, name, speed)
+        start = scene.lane_pose(start_s, lateral) + np.array([0.0, 0.0, rng.normal(0.0, 0.03)])
+        local = manoeuvre_trajectory(name, duration, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ, **params)
+        if kind < 0.5:
+            lead = float(rng.uniform(0.5, 2.0))
+            straight = manoeuvre_trajectory("straight", lead, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ)
+            local = _chain(straight, local, duration)
+            name = f"straight>{name}"
+        trajectory = place(local, start)
+    return clip_from_trajectory(scene, trajectory, num_frames, height, width, name, start_s, speed)
+
+
+def sample_frames(num: int, height: int, width: int, seed: int) -> np.ndarray:
+    """``uint8 [num, H, W, 3]`` single frames from random scenes and poses (off-centre and yawed too)."""
+    rng = np.random.default_rng([int(seed), 0xF4A3E5])
+    frames = np.empty((num, height, width, 3), dtype=np.uint8)
+    scene = None
+    for i in range(num):
+        if i % 8 == 0:  # a new scene every 8 frames
+            scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M)
+        s = rng.uniform(5.0, scene.length_m - VIEW_MARGIN_M)
+        d = np.clip(rng.normal(EGO_LANE_OFFSET_M, 1.2), -2.5 * LANE_WIDTH_M, 2.5 * LANE_WIDTH_M)
+        yaw = rng.normal(0.0, 0.08) if rng.random() < 0.7 else rng.uniform(-0.6, 0.6)
+        frames[i] = render(scene, scene.lane_pose(s, d) + np.array([0.0, 0.0, yaw]), height, width)
+    return frames
+
+
+def _random_params(rng: np.random.Generator, name: str, speed_kmh: float) -> dict[str, float]:
+    """Manoeuvre parameters that look plausible at ``speed_kmh`` and change the view clearly."""
+    v = speed_kmh / 3.6
+    if name.startswith("curve"):
+        tightest = max(12.0, v * v / 6.0)  # lateral acceleration at most ~6 m/s^2
+        return {"radius_m": float(rng.uniform(tightest, 2.5 * tightest + 20.0))}
+    if name in ("accelerate", "decelerate", "stop"):
+        return {"accel_mps2": float(rng.uniform(1.0, 4.0))}
+    if name.startswith("lane_change"):
+        return {"change_s": float(rng.uniform(1.5, 4.0)), "lane_width_m": LANE_WIDTH_M}
+    return {}
+
+
+def _chain(first: EgoTrajectory, second: EgoTrajectory, duration: float) -> EgoTrajectory:
+    """``first`` followed by ``second`` started from ``first``'s final pose, cut to ``duration`` seconds."""
+    moved = place(second, np.array([first.x[-1], first.y[-1], first.yaw[-1]]))
+    keep = moved.t[1:] + first.t[-1] <= duration + 1e-9
+    return EgoTrajectory(
+        t=np.concatenate([first.t, moved.t[1:][keep] + first.t[-1]]),
+        x=np.concatenate([first.x, moved.x[1:][keep]]),
+        y=np.concatenate([first.y, moved.y[1:][keep]]),
+        yaw=np.concatenate([first.yaw, moved.yaw[1:][keep]]),
+    )
+
+
+def _lane_keeping(
+    scene: Scene, start_s: float, lateral: float, speed_kmh: float, accel: float, duration: float
+) -> EgoTrajectory:
+    """Drive along the lane at offset ``lateral`` following the road's bends, speed changing by ``accel``."""
+    t = np.arange(int(np.ceil(duration * SAMPLE_RATE_HZ)) + 1) / SAMPLE_RATE_HZ
+    speed = np.maximum(speed_kmh / 3.6 + accel * t, 1.0)
+    s = start_s + np.concatenate([[0.0], np.cumsum(speed[1:] / SAMPLE_RATE_HZ)])
+    # Speed is measured along the centreline; on a bend the lane's own speed differs by a few percent.
+    poses = scene.lane_pose(s, lateral)
+    return EgoTrajectory(t=t, x=poses[:, 0], y=poses[:, 1], yaw=np.unwrap(poses[:, 2]))

@@ -1,0 +1,262 @@
+"""A procedural driving scene: a curving two-lane road, roadside objects, parked cars and distant hills.
+
+World frame as in :mod:`terra.trajectory`: x forward at yaw 0, y to the left, yaw counter-clockwise, metres
+and radians. The road's centreline starts at the origin heading +x and is a chain of straight and
+constant-curvature segments; ``s`` is arc length along it and ``d`` the signed lateral offset from it
+(positive to the left). Traffic drives on the right: the ego lane's centre is ``d = -LANE_WIDTH_M / 2``.
+Everything is drawn from one seed, so a seed fully determines the scene.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from terra.errors import TerraInputError
+
+LANE_WIDTH_M = 3.5
+ROAD_HALF_WIDTH_M = LANE_WIDTH_M  # two lanes
+EGO_LANE_OFFSET_M = -LANE_WIDTH_M / 2
+SHOULDER_M = 0.9  # gravel band outside each road edge
+MAX_HEADING_RAD = 1.2  # the road never turns further than this from +x, so it cannot cross itself
+
+# Object kinds (rows of Scene.objects).
+TREE, POLE, SIGN, BUILDING, CAR = range(5)
+
+
+@dataclass(frozen=True)
+class Objects:
+    """Roadside objects as parallel arrays; each is drawn as a camera-facing billboard."""
+
+    kind: np.ndarray  # [M] int, one of TREE, POLE, SIGN, BUILDING, CAR
+    xy: np.ndarray  # [M, 2] world position of the object's foot
+    size: np.ndarray  # [M, 2] width, height in metres
+    colour: np.ndarray  # [M, 3] main colour (canopy, plate, facade, body), RGB in [0, 1]
+    colour2: np.ndarray  # [M, 3] second colour (trunk, pole, roof, cabin)
+
+
+@dataclass(frozen=True)
+class Palette:
+    """Colours of one scene (RGB in [0, 1]); varied slightly between seeds."""
+
+    sky_top: np.ndarray
+    haze: np.ndarray  # sky at the horizon and the colour far ground fades to
+    hills_far: np.ndarray
+    hills_near: np.ndarray
+    grass: np.ndarray
+    grass_alt: np.ndarray  # second shade of the field checkerboard
+    shoulder: np.ndarray
+    asphalt: np.ndarray
+    edge_line: np.ndarray
+    centre_line: np.ndarray
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A road (centreline segments), objects along it, hills on the horizon and the colours to draw them."""
+
+    seed: int
+    length_m: float
+    seg_s0: np.ndarray  # [K] arc length at each segment's start
+    seg_len: np.ndarray  # [K] segment lengths
+    seg_curv: np.ndarray  # [K] signed curvature (1/m, positive turns left; 0 = straight)
+    seg_xyh: np.ndarray  # [K, 3] x, y, heading at each segment's start
+    objects: Objects
+    hills: np.ndarray  # [2, F, 3] per range: (frequency, amplitude rad, phase) of the skyline's sinusoids
+    hills_base: np.ndarray  # [2] mean elevation (rad) of the far and near range
+    palette: Palette
+
+    @classmethod
+    def generate(cls, seed: int, length_m: float = 600.0) -> "Scene":
+        """Draw a scene from ``seed``: the same seed always gives the same scene."""
+        if not (np.isfinite(length_m) and length_m >= 50.0):
+            raise TerraInputError(f"scene length_m must be at least 50 m (got {length_m})")
+        rng = np.random.default_rng([int(seed), 0x7E88A])
+        s0, lens, curvs, xyh = _road_segments(rng, float(length_m))
+        scene = cls(
+            seed=int(seed), length_m=float(length_m), seg_s0=s0, seg_len=lens, seg_curv=curvs, seg_xyh=xyh,
+            objects=Objects(np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 2)), np.zeros((0, 3)), np.zeros((0, 3))),
+            hills=np.zeros((2, 0, 3)), hills_base=np.zeros(2), palette=_palette(rng),
+        )
+        objects = _objects(rng, scene)
+        hills, base = _hills(rng)
+        return cls(**{**scene.__dict__, "objects": objects, "hills": hills, "hills_base": base})
+
+    # ------------------------------------------------------------------------------------------ road geometry
+
+    def road_pose(self, s: np.ndarray | float) -> np.ndarray:
+        """``[..., 3]`` centreline pose (x, y, heading) at arc length ``s`` (clamped to the road's ends)."""
+        s = np.clip(np.asarray(s, dtype=np.float64), 0.0, self.length_m)
+        i = np.clip(np.searchsorted(self.seg_s0, s, side="right") - 1, 0, len(self.seg_s0) - 1)
+        u = s - self.seg_s0[i]
+        x0, y0, h0 = self.seg_xyh[i, 0], self.seg_xyh[i, 1], self.seg_xyh[i, 2]
+        k = self.seg_curv[i]
+        straight = np.abs(k) < 1e-12
+        k_safe = np.where(straight, 1.0, k)
+        h = h0 + k * u
+        x = np.where(straight, x0 + u * np.cos(h0), x0 + (np.sin(h) - np.sin(h0)) / k_safe)
+        y = np.where(straight, y0 + u * np.sin(h0), y0 - (np.cos(h) - np.cos(h0)) / k_safe)
+        return np.stack([x, y, h], axis=-1)
+
+    def lane_pose(self, s: np.ndarray | float, d: np.ndarray | float = EGO_LANE_OFFSET_M) -> np.ndarray:
+        """``[..., 3]`` pose at arc length ``s`` and lateral offset ``d`` (left positive), heading along the road."""
+        pose = self.road_pose(s)
+        d = np.asarray(d, dtype=np.float64)
+        return np.stack(
+            [pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]), pose[..., 2]], axis=-1
+        )
+
+    def road_coords(
+        self, x: np.ndarray, y: np.ndarray, segments: list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset.
+
+        Exact per segment (line or circle); a point takes the segment it lies closest to. ``segments``
+        restricts the search (see :meth:`segments_in_view`), which keeps rendering fast. Points beyond the
+        road's ends get ``d = inf`` so nothing of the road is drawn there.
+        """
+        dtype = np.result_type(x, y)
+        best = np.full(x.shape, np.inf, dtype=dtype)
+        s_out = np.zeros(x.shape, dtype=dtype)
+        d_out = np.full(x.shape, np.inf, dtype=dtype)
+        for i in range(len(self.seg_len)) if segments is None else segments:
+            x0, y0, h0 = (float(v) for v in self.seg_xyh[i])
+            k, length, s0 = float(self.seg_curv[i]), float(self.seg_len[i]), float(self.seg_s0[i])
+            dx, dy = x - x0, y - y0
+            if k == 0.0:
+                along = dx * np.cos(h0) + dy * np.sin(h0)
+                lat = dy * np.cos(h0) - dx * np.sin(h0)
+            else:
+                # The arc's centre lies 1/k to the left of its start; phi is the angle swept from the start.
+                cx, cy = -np.sin(h0) / k, np.cos(h0) / k
+                wx, wy = dx - cx, dy - cy
+                phi = np.arctan2(cy * wx - cx * wy, -cx * wx - cy * wy)
+                along = phi / k
+                lat = (1.0 - abs(k) * np.sqrt(wx * wx + wy * wy)) / k
+            clipped = np.clip(along, 0.0, length)
+            excess = along - clipped
+            dist = excess * excess + lat * lat
+            take = dist < best
+            np.copyto(best, dist, where=take)
+            np.copyto(s_out, clipped + s0, where=take)
+            np.copyto(d_out, np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
+        return s_out, d_out
+
+    def segments_in_view(self, pose: np.ndarray, far: float, half_fov: float) -> list[int]:
+        """Segments that may hold road seen from ``pose`` (x, y, yaw) within ``far`` metres and ``half_fov``."""
+        s = np.arange(0.0, self.length_m + 5.0, 5.0)
+        pts = self.road_pose(s)
+        dx, dy = pts[:, 0] - pose[0], pts[:, 1] - pose[1]
+        fwd = dx * np.cos(pose[2]) + dy * np.sin(pose[2])
+        left = dy * np.cos(pose[2]) - dx * np.sin(pose[2])
+        dist = np.hypot(fwd, left)
+        margin = 2 * ROAD_HALF_WIDTH_M + 5.0  # sample spacing and road width
+        seen = (dist < far + margin) & ((np.abs(np.arctan2(left, fwd)) < half_fov + 0.1) | (dist < 4 * margin))
+        seg = np.clip(np.searchsorted(self.seg_s0, s, side="right") - 1, 0, len(self.seg_len) - 1)
+        return [int(i) for i in np.unique(seg[seen])]
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+def _road_segments(rng: np.random.Generator, length: float):
+    """Alternating straights and arcs from the origin heading +x, covering ``length`` metres."""
+    lens, curvs = [], []
+    total, heading = 0.0, 0.0
+    straight = True
+    while total < length:
+        if straight:
+            seg_len, k = rng.uniform(30.0, 110.0), 0.0
+        else:
+            radius = rng.uniform(60.0, 300.0)
+            seg_len = rng.uniform(30.0, 120.0)
+            sign = rng.choice([-1.0, 1.0])
+            if abs(heading + sign * seg_len / radius) > MAX_HEADING_RAD:
+                sign = -sign  # turn back towards +x rather than curl up
+            seg_len = min(seg_len, radius * MAX_HEADING_RAD)
+            k = sign / radius
+        seg_len = min(seg_len, length - total)
+        lens.append(seg_len)
+        curvs.append(k)
+        total += seg_len
+        heading += k * seg_len
+        straight = not straight
+    lens, curvs = np.array(lens), np.array(curvs)
+    s0 = np.concatenate([[0.0], np.cumsum(lens)[:-1]])
+    xyh = np.zeros((len(lens), 3))
+    for i in range(1, len(lens)):
+        x0, y0, h0 = xyh[i - 1]
+        k, u = curvs[i - 1], lens[i - 1]
+        if k == 0.0:
+            xyh[i] = x0 + u * np.cos(h0), y0 + u * np.sin(h0), h0
+        else:
+            h = h0 + k * u
+            xyh[i] = x0 + (np.sin(h) - np.sin(h0)) / k, y0 - (np.cos(h) - np.cos(h0)) / k, h
+    return s0, lens, curvs, xyh
+
+
+def _jitter(rng: np.random.Generator, rgb: tuple[float, float, float], amount: float = 0.04) -> np.ndarray:
+    return np.clip(np.array(rgb) + rng.uniform(-amount, amount, 3), 0.0, 1.0)
+
+
+def _palette(rng: np.random.Generator) -> Palette:
+    grass = _jitter(rng, (0.30, 0.55, 0.20), 0.06)
+    return Palette(
+        sky_top=_jitter(rng, (0.25, 0.45, 0.85)),
+        haze=_jitter(rng, (0.78, 0.85, 0.92), 0.03),
+        hills_far=_jitter(rng, (0.55, 0.62, 0.75)),
+        hills_near=_jitter(rng, (0.28, 0.40, 0.30)),
+        grass=grass,
+        grass_alt=np.clip(grass * 0.78 + np.array([0.06, 0.02, 0.0]), 0, 1),
+        shoulder=_jitter(rng, (0.70, 0.62, 0.45)),
+        asphalt=_jitter(rng, (0.27, 0.27, 0.29), 0.03),
+        edge_line=np.array([0.97, 0.97, 0.97]),
+        centre_line=_jitter(rng, (0.98, 0.85, 0.25), 0.02),
+    )
+
+
+def _objects(rng: np.random.Generator, scene: Scene) -> Objects:
+    """Trees, poles, signs and buildings beside the road; parked cars on the oncoming lane's edge."""
+    rows: list[tuple[int, float, float, float, float, np.ndarray, np.ndarray]] = []
+    sign_colours = [(0.85, 0.12, 0.12), (0.12, 0.30, 0.85), (0.95, 0.80, 0.10), (0.10, 0.60, 0.30)]
+    car_colours = [(0.85, 0.15, 0.15), (0.15, 0.35, 0.80), (0.92, 0.92, 0.92), (0.95, 0.65, 0.10), (0.12, 0.12, 0.14)]
+    for side in (-1.0, 1.0):
+        s = rng.uniform(0.0, 10.0)
+        while s < scene.length_m:
+            r = rng.random()
+            edge = ROAD_HALF_WIDTH_M + SHOULDER_M
+            if r < 0.45:
+                h = rng.uniform(5.0, 9.0)
+                rows.append((TREE, s, side * (edge + rng.uniform(2.0, 9.0)), rng.uniform(2.5, 4.5), h,
+                             _jitter(rng, (0.12, 0.38, 0.12), 0.06), _jitter(rng, (0.40, 0.26, 0.14))))
+            elif r < 0.70:
+                rows.append((POLE, s, side * (edge + rng.uniform(0.5, 1.5)), 0.3, rng.uniform(6.0, 8.0),
+                             _jitter(rng, (0.55, 0.55, 0.58)), _jitter(rng, (0.55, 0.55, 0.58))))
+            elif r < 0.85:
+                rows.append((SIGN, s, side * (edge + rng.uniform(0.3, 1.0)), 1.0, 3.0,
+                             np.array(sign_colours[rng.integers(len(sign_colours))]), np.array([0.6, 0.6, 0.62])))
+            else:
+                rows.append((BUILDING, s, side * (edge + rng.uniform(14.0, 30.0)), rng.uniform(8.0, 16.0),
+                             rng.uniform(4.0, 9.0), _jitter(rng, (0.80, 0.70, 0.55), 0.12),
+                             _jitter(rng, (0.55, 0.20, 0.15), 0.08)))
+            s += rng.uniform(10.0, 28.0)
+    s = rng.uniform(20.0, 80.0)
+    while s < scene.length_m:
+        rows.append((CAR, s, LANE_WIDTH_M - 0.6, 1.8, 1.5, np.array(car_colours[rng.integers(len(car_colours))]),
+                     np.array([0.15, 0.18, 0.22])))
+        s += rng.uniform(60.0, 200.0)
+    kind, s_arr, d_arr, w, h, c1, c2 = zip(*rows)
+    return Objects(
+        kind=np.array(kind), xy=scene.lane_pose(np.array(s_arr), np.array(d_arr))[:, :2],
+        size=np.stack([w, h], axis=1), colour=np.stack(c1), colour2=np.stack(c2),
+    )
+
+
+def _hills(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Skylines of a far and a near range: sums of sinusoids of azimuth with integer frequencies (seamless)."""
+    ranges = []
+    for amp in (0.035, 0.025):
+        freq = rng.choice(np.arange(2, 16), size=5, replace=False).astype(float)
+        ranges.append(np.stack([freq, amp * rng.uniform(0.3, 1.0, 5) / np.sqrt(freq / 2), rng.uniform(0, 2 * np.pi, 5)], 1))
+    return np.stack(ranges), np.array([0.045, 0.02])
