@@ -1,0 +1,182 @@
+"""A folder of synthetic clips on disk: :func:`write_dataset` renders them (in parallel), :class:`ClipDataset` reads.
+
+Layout of a dataset folder::
+
+    meta.json            version, sizes, seed, the shard list and every clip's manoeuvre / scene seed / start
+    shard-00000.npz      frames uint8 [n, T, H, W, 3], poses float64 [n, T, 3],
+    shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3]
+    ...
+
+Clip ``i`` is drawn from ``numpy.random.default_rng([seed, i])``, so a dataset is the same whatever the number
+of worker processes. Every file is written to a temporary name and renamed, and ``meta.json`` comes last, so
+a folder with a ``meta.json`` is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from terra.errors import TerraInputError
+from terra.trajectory import FRAME_RATE_HZ
+from terra.world.clips import Clip, random_clip
+
+DATASET_VERSION = 1
+META_FILE = "meta.json"
+ARRAYS = ("frames", "poses", "instruction_trajs", "actions")
+
+
+def write_dataset(
+    out_dir: str | Path,
+    num_clips: int,
+    num_frames: int,
+    height: int,
+    width: int,
+    seed: int = 0,
+    clips_per_shard: int = 64,
+    workers: int = 1,
+    compress: bool = True,
+    progress: bool = True,
+) -> Path:
+    """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
+
+    ``workers`` processes render shards in parallel (0 = one per CPU core). Returns the folder.
+    """
+    for name, value, low in (("num_clips", num_clips, 1), ("num_frames", num_frames, 1), ("height", height, 8),
+                             ("width", width, 8), ("clips_per_shard", clips_per_shard, 1), ("workers", workers, 0)):
+        if int(value) < low:
+            raise TerraInputError(f"dataset {name} must be at least {low} (got {value})")
+    out = Path(out_dir)
+    if (out / META_FILE).exists():
+        raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
+         seed, compress)
+        for k, start in enumerate(range(0, num_clips, clips_per_shard))
+    ]
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    bar = tqdm(total=num_clips, desc="rendering clips", unit="clip", disable=not progress)
+    clips_meta: list[dict] = []
+    if workers == 1:
+        for job in jobs:
+            clips_meta += _write_shard(*job)
+            bar.update(job[2] - job[1])
+    else:
+        # fork: workers inherit the imported modules instead of re-importing torch/transformers.
+        context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            for job, metas in zip(jobs, pool.map(_write_shard, *zip(*jobs))):
+                clips_meta += metas
+                bar.update(job[2] - job[1])
+    bar.close()
+    meta = {
+        "version": DATASET_VERSION,
+        "num_clips": num_clips,
+        "num_frames": num_frames,
+        "height": height,
+        "width": width,
+        "fps": FRAME_RATE_HZ,
+        "seed": seed,
+        "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
+        "clips": clips_meta,
+    }
+    _atomic_write(out / META_FILE, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
+    return out
+
+
+def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, width: int, seed: int,
+                 compress: bool) -> list[dict]:
+    """Render clips ``[start, end)`` into one shard file; return their metadata."""
+    clips = [random_clip(np.random.default_rng([seed, i]), num_frames, height, width) for i in range(start, end)]
+    arrays = {name: np.stack([getattr(c, name) for c in clips]) for name in ARRAYS}
+    save = np.savez_compressed if compress else np.savez
+    _atomic_write(Path(path), lambda fh: save(fh, **arrays))
+    return [
+        {"manoeuvre": c.manoeuvre, "scene_seed": c.seed, "start_s": c.start_s, "speed_kmh": c.speed_kmh,
+         "scene_length_m": c.scene_length_m}
+        for c in clips
+    ]
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file through ``write(file_object)`` to a temporary name, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+class ClipDataset:
+    """Read a folder written by :func:`write_dataset`; ``dataset[i]`` is a :class:`~terra.world.clips.Clip`.
+
+    The most recently used shard stays in memory, so reading clips in order loads each shard once.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        meta_path = self.path / META_FILE
+        if not meta_path.is_file():
+            raise TerraInputError(f"{self.path} is not a clip dataset (no {META_FILE}); run scripts/make_dataset.py")
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("version") != DATASET_VERSION:
+            raise TerraInputError(
+                f"{meta_path} has dataset version {self.meta.get('version')}, this code reads {DATASET_VERSION}; "
+                "regenerate the dataset"
+            )
+        counts = [s["num_clips"] for s in self.meta["shards"]]
+        self._shard_start = np.concatenate([[0], np.cumsum(counts)])
+        self._cached: tuple[int, dict[str, np.ndarray]] | None = None
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.meta["num_frames"])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) of every frame."""
+        return int(self.meta["height"]), int(self.meta["width"])
+
+    def __len__(self) -> int:
+        return int(self.meta["num_clips"])
+
+    def __getitem__(self, index: int) -> Clip:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"clip index {index} out of range for {len(self)} clips")
+        index %= len(self)
+        shard = int(np.searchsorted(self._shard_start, index, side="right") - 1)
+        arrays = self.shard(shard)
+        row = index - int(self._shard_start[shard])
+        info = self.meta["clips"][index]
+        return Clip(
+            **{name: arrays[name][row] for name in ARRAYS},
+            manoeuvre=info["manoeuvre"], seed=info["scene_seed"], start_s=info["start_s"],
+            speed_kmh=info["speed_kmh"], scene_length_m=info["scene_length_m"],
+        )
+
+    def __iter__(self) -> Iterator[Clip]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.meta["shards"])
+
+    def shard(self, k: int) -> dict[str, np.ndarray]:
+        """All arrays of shard ``k`` (``frames [n, T, H, W, 3]``, ...), loaded once and kept until the next."""
+        if self._cached is None or self._cached[0] != k:
+            with np.load(self.path / self.meta["shards"][k]["file"], allow_pickle=False) as data:
+                self._cached = (k, {name: data[name] for name in ARRAYS})
+        return self._cached[1]
