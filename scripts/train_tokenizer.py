@@ -1,0 +1,291 @@
+"""Train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic world.
+
+Losses: L1 (+ optional L2 and image-gradient L1) reconstruction, the family's quantiser losses
+(LFQ: commitment + entropy; VQ: codebook + commitment), and optionally a PatchGAN hinge loss that starts
+after ``disc.start_step``. EMA weights, bf16 autocast on CUDA, logs of loss, PSNR and codebook usage to
+stdout and ``train_log.jsonl``.
+
+Runs are resumable: ``train.max_minutes`` bounds one invocation; the run then saves
+``<output_dir>/checkpoint/`` (tokenizer folders ``model/`` and ``ema/`` in the ``save_pretrained`` format plus
+``training_state.pt``) and exits 0; the same command continues from there. At ``train.max_steps`` the
+tokenizer (EMA weights when enabled) is exported to ``train.export_dir``. ``summary.json`` says whether the
+run is finished.
+
+    python scripts/train_tokenizer.py train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file
+
+from terra.errors import TerraInputError
+from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
+from tokenizer.atomic import atomic_path, write_text
+from tokenizer.base import WEIGHTS_NAME
+from tokenizer.images import load_frames
+from tokenizer.training import (
+    CodeUsage,
+    PatchDiscriminator,
+    gradient_l1,
+    hinge_d_loss,
+    hinge_g_loss,
+    lr_factor,
+    make_ema,
+    psnr,
+    render_synthetic_frames,
+    sample_batch,
+)
+
+FAMILIES: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}
+CHECKPOINT = "checkpoint"
+
+
+def build_tokenizer(model_cfg: DictConfig) -> ImageTokenizer:
+    """A freshly initialised tokenizer of ``model.family`` with ``model.config``."""
+    family = model_cfg.family
+    if family not in FAMILIES:
+        raise TerraInputError(f"model.family {family!r} is unknown; use one of {sorted(FAMILIES)}")
+    return FAMILIES[family](OmegaConf.to_container(model_cfg.config, resolve=True))
+
+
+def training_frames(data: DictConfig, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
+    """All training frames, uint8 ``[N, H, W, 3]`` at the tokenizer's size."""
+    if data.source == "folder":
+        if not data.path:
+            raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
+        return load_frames(str(data.path), image_size)
+    if data.source != "synthetic":
+        raise TerraInputError(f"data.source {data.source!r} is unknown; use synthetic or folder")
+    height, width = image_size
+    cache = output_dir / f"synthetic_{data.num_frames}x{height}x{width}_seed{data.seed}.npy"
+    if cache.is_file():
+        return np.load(cache)
+    start = time.monotonic()
+    frames = render_synthetic_frames(int(data.num_frames), image_size, int(data.seed), int(data.workers))
+    with atomic_path(cache) as tmp:
+        np.save(tmp, frames)
+    print(f"rendered {len(frames)} synthetic frames in {time.monotonic() - start:.1f} s (cached in {cache})", flush=True)
+    return frames
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@torch.no_grad()
+def evaluate(model: ImageTokenizer, images: torch.Tensor) -> dict[str, float]:
+    """Reconstruction L1 and PSNR of fixed frames through encode → decode (eval mode)."""
+    was_training = model.training
+    model.eval()
+    recon = model.decode(model.encode(images)).float()
+    model.train(was_training)
+    return {"l1": (recon - images).abs().mean().item(), "psnr": psnr(recon, images)}
+
+
+def save_checkpoint(output_dir: Path, model, ema, optimizer, disc, disc_opt, state: dict[str, Any]) -> None:
+    """Write ``checkpoint/`` as a whole: build ``checkpoint.tmp/`` then swap it in."""
+    tmp, final, old = (output_dir / name for name in (f"{CHECKPOINT}.tmp", CHECKPOINT, f"{CHECKPOINT}.old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp / "model")
+    if ema is not None:
+        ema.module.save_pretrained(tmp / "ema")
+        state["ema_n_averaged"] = int(ema.n_averaged)
+    state["optimizer"] = optimizer.state_dict()
+    if disc is not None:
+        state["disc"] = disc.state_dict()
+        state["disc_optimizer"] = disc_opt.state_dict()
+    torch.save(state, tmp / "training_state.pt")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_checkpoint(output_dir: Path) -> Path | None:
+    """The latest complete checkpoint (``checkpoint/``, or ``checkpoint.old/`` if a swap was interrupted)."""
+    for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
+        if (output_dir / name / "training_state.pt").is_file():
+            return output_dir / name
+    return None
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume) training as configured; returns the summary also written to ``summary.json``."""
+    t0 = time.monotonic()
+    tc, lc, dc = cfg.train, cfg.loss, cfg.disc
+    output_dir = Path(tc.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    device = _device(tc.device)
+    torch.manual_seed(int(tc.seed))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+
+    model = build_tokenizer(cfg.model).to(device=device, memory_format=memory_format).train()
+    frames_np = training_frames(cfg.data, model.image_size, output_dir)
+    frames = torch.from_numpy(frames_np)
+    if device.type == "cuda" and frames.numel() <= float(cfg.data.device_cache_gb) * 2**30:
+        frames = frames.to(device)
+    eval_index = np.linspace(0, len(frames_np) - 1, min(int(tc.eval_frames), len(frames_np))).astype(int)
+    eval_images = sample_eval(frames_np, eval_index, device)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(tc.lr), betas=tuple(tc.betas), weight_decay=float(tc.weight_decay))
+    ema = make_ema(model, float(tc.ema_decay)) if tc.ema_decay else None
+    disc = disc_opt = None
+    if dc.enabled:
+        disc = PatchDiscriminator(ch=int(dc.ch), num_layers=int(dc.layers)).to(device=device, memory_format=memory_format)
+        disc_opt = torch.optim.AdamW(disc.parameters(), lr=float(dc.lr), betas=tuple(tc.betas))
+
+    state: dict[str, Any] = {"step": 0, "train_seconds": 0.0}
+    checkpoint = find_checkpoint(output_dir) if tc.resume else None
+    if checkpoint is not None:
+        saved = torch.load(checkpoint / "training_state.pt", map_location=device, weights_only=False)
+        model.load_weights(load_file(checkpoint / "model" / WEIGHTS_NAME), source=str(checkpoint / "model"))
+        optimizer.load_state_dict(saved["optimizer"])
+        if ema is not None and (checkpoint / "ema").is_dir():
+            ema.module.load_weights(load_file(checkpoint / "ema" / WEIGHTS_NAME), source=str(checkpoint / "ema"))
+            ema.n_averaged.fill_(saved.get("ema_n_averaged", 0))
+        if disc is not None and "disc" in saved:
+            disc.load_state_dict(saved["disc"])
+            disc_opt.load_state_dict(saved["disc_optimizer"])
+        state = {k: v for k, v in saved.items() if k not in ("optimizer", "disc", "disc_optimizer")}
+        print(f"resumed from {checkpoint} at step {state['step']}", flush=True)
+    else:
+        state["eval_initial"] = evaluate(model, eval_images)
+        _log(output_dir, {"event": "eval", "step": 0, **state["eval_initial"]})
+
+    forward = torch.compile(model) if tc.compile else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16 else nullcontext()
+    usage = CodeUsage(model.codebook_size)
+    budget_s = float(tc.max_minutes) * 60 if tc.max_minutes else math.inf
+    step_time, save_time, window = 0.0, 1.0, []
+    start_step = step = int(state["step"])
+    max_steps = int(tc.max_steps)
+    clock = {"run_start": time.monotonic(), "trained_before": float(state["train_seconds"])}
+    window_t0 = time.monotonic()
+
+    while step < max_steps:
+        elapsed = time.monotonic() - t0
+        if step > start_step and elapsed + 3 * step_time + 2 * save_time > budget_s:
+            break
+        tick = time.monotonic()
+        factor = lr_factor(step, int(tc.warmup_steps), max_steps, float(tc.min_lr_ratio))
+        for group in optimizer.param_groups:
+            group["lr"] = float(tc.lr) * factor
+        batch = sample_batch(frames, int(tc.batch_size), step, int(cfg.data.seed), bool(cfg.data.hflip))
+        batch = batch.to(device, non_blocking=True).contiguous(memory_format=memory_format)
+        with autocast:
+            out = forward(batch)
+        recon = out.reconstruction.float()
+        l1 = (recon - batch).abs().mean()
+        loss = float(lc.l1) * l1 + float(lc.quantizer) * out.quantizer_loss.float()
+        if lc.l2:
+            loss = loss + float(lc.l2) * (recon - batch).pow(2).mean()
+        if lc.gradient:
+            loss = loss + float(lc.gradient) * gradient_l1(recon, batch)
+        gan = disc is not None and step >= int(dc.start_step)
+        if gan:
+            with autocast:
+                g_loss = hinge_g_loss(disc(recon).float())
+            loss = loss + float(dc.weight) * g_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if tc.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(tc.grad_clip))
+        optimizer.step()
+        record = {"loss": loss.detach(), "l1": l1.detach(), **{k: v for k, v in out.stats.items()}}
+        if gan:
+            disc_opt.zero_grad(set_to_none=True)
+            with autocast:
+                d_loss = hinge_d_loss(disc(batch).float(), disc(recon.detach()).float())
+            d_loss.backward()
+            disc_opt.step()
+            record.update(g_loss=g_loss.detach(), d_loss=d_loss.detach())
+        if ema is not None:
+            ema.update_parameters(model)
+        usage.update(out.codes)
+        step += 1
+        window.append(record)
+        if step % int(tc.log_every) == 0 or step == max_steps:
+            stats = {k: torch.stack([r[k] for r in window if k in r]).float().mean().item() for k in window[-1]}
+            entry = {"event": "train", "step": step, **stats, "psnr": psnr(recon, batch), "lr": float(tc.lr) * factor,
+                     "code_usage": usage.fraction_used(), "code_perplexity": usage.perplexity(),
+                     "steps_per_s": len(window) / max(1e-9, time.monotonic() - window_t0)}
+            _log(output_dir, entry)
+            window, window_t0 = [], time.monotonic()
+            usage.reset()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        step_time = 0.9 * step_time + 0.1 * (time.monotonic() - tick) if step - start_step > 1 else time.monotonic() - tick
+        if step % int(tc.checkpoint_every) == 0 and step < max_steps:
+            save_time = _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
+
+    finished = step >= max_steps
+    save_time = _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
+    summary: dict[str, Any] = {"step": step, "max_steps": max_steps, "finished": finished,
+                               "train_seconds": state["train_seconds"], "eval_initial": state.get("eval_initial"),
+                               "eval": evaluate(model, eval_images)}
+    if finished:
+        export = ema.module if ema is not None else model
+        summary["eval_export"] = evaluate(export, eval_images)
+        export.save_pretrained(tc.export_dir)
+        summary["export_dir"] = str(tc.export_dir)
+    _log(output_dir, {"event": "eval", "step": step, **summary["eval"]})
+    write_text(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    print(f"{'finished' if finished else 'stopped (budget)'} at step {step}/{max_steps}; "
+          + (f"exported to {tc.export_dir}" if finished else "run the same command again to resume"), flush=True)
+    return summary
+
+
+def sample_eval(frames: np.ndarray, index: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Fixed evaluation frames as float ``[n, 3, H, W]`` in [-1, 1]."""
+    return torch.from_numpy(frames[index]).to(device).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+
+
+def _timed_save(output_dir: Path, model, ema, optimizer, disc, disc_opt, state: dict, step: int, clock: dict) -> float:
+    """Save a checkpoint at ``step`` (with the total training time so far); returns how long it took."""
+    start = time.monotonic()
+    state["train_seconds"] = clock["trained_before"] + start - clock["run_start"]
+    state["step"] = step
+    save_checkpoint(output_dir, model, ema, optimizer, disc, disc_opt, dict(state))
+    return time.monotonic() - start
+
+
+def _log(output_dir: Path, entry: dict[str, Any]) -> None:
+    """One JSON line in ``train_log.jsonl`` and a compact line on stdout."""
+    entry = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in entry.items()}
+    with open(output_dir / "train_log.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry) + "\n")
+    print(" ".join(f"{k}={v}" for k, v in entry.items()), flush=True)
+
+
+@hydra.main(config_path="../conf", config_name="train_tokenizer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except TerraInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
