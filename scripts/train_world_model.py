@@ -1,0 +1,318 @@
+"""Train Terra's world model (``LlamaActionForCausalLM``) on tokenized clips, resumably and on a time budget.
+
+    python scripts/train_world_model.py data.tokens=data/tokens.safetensors output_dir=runs/wm train.max_minutes=9
+
+Each step samples random windows of ``train.window`` frames from the clips and runs the model training-style
+(``input_ids`` = image tokens ``[B, W*P]``, ``actions`` = ``[B, W*6, 3]``). The loss is next-token cross-entropy
+on image-token targets only: the logit at position i predicts token i+1; targets that are action slots are
+skipped, and so is the first frame of the window (context) unless ``train.loss_on_first_frame``.
+
+``output_dir`` receives ``checkpoint/`` (full-precision weights, optimizer, scheduler, step, sampler state;
+rewritten atomically every ``train.ckpt_every`` steps, when the budget ``train.max_minutes`` is spent and on
+SIGTERM), ``train_log.jsonl`` (loss, image-token accuracy, learning rate, throughput, validation loss) and,
+at ``train.max_steps``, ``model/``: the ``save_pretrained`` export in ``export.dtype`` with every weight file
+below ``export.max_shard_size``. Running the same command again resumes from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+from terra import LlamaActionConfig, LlamaActionForCausalLM
+from terra.actions import NUM_ACTION_TOKENS
+from terra.errors import TerraInputError
+from terra.world.tokens import TokenizedClips, load_tokens
+
+CHECKPOINT_DIR = "checkpoint"
+EXPORT_DIR = "model"
+LOG_FILE = "train_log.jsonl"
+STATE_FILE = "trainer_state.pt"
+
+
+def build_config(net: DictConfig, clips: TokenizedClips) -> LlamaActionConfig:
+    """World-model config: the shape from ``net``, the token layout from the tokenized data."""
+    h, w = clips.grid_shape
+    patches = h * w
+    frames = int(net.num_temporal_embeddings)
+    mlp = net.action_projection_type == "mlp"
+    try:
+        return LlamaActionConfig(
+            vocab_size=clips.codebook_size + 1,
+            codebook_size=clips.codebook_size,
+            action_token_id=clips.codebook_size,
+            hidden_size=int(net.hidden_size),
+            intermediate_size=int(net.intermediate_size),
+            num_hidden_layers=int(net.num_hidden_layers),
+            num_attention_heads=int(net.num_attention_heads),
+            num_key_value_heads=int(net.num_key_value_heads),
+            rms_norm_eps=float(net.rms_norm_eps),
+            rope_theta=float(net.rope_theta),
+            num_image_patches=patches,
+            num_action_tokens=NUM_ACTION_TOKENS,
+            num_spatio_embeddings=patches + NUM_ACTION_TOKENS,
+            num_temporal_embeddings=frames,
+            max_position_embeddings=frames * (patches + NUM_ACTION_TOKENS),
+            action_projection_type=str(net.action_projection_type),
+            tie_word_embeddings=False,
+            architectures=["LlamaActionV2ForCausalLM" if mlp else "LlamaActionForCausalLM"],
+        )
+    except (ValueError, TypeError) as err:
+        raise TerraInputError(f"net: invalid world-model shape ({err}); fix the net.* settings") from None
+
+
+def target_positions(patches: int, frames: int, loss_on_first_frame: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]``.
+
+    The interleaved window has ``frames * (patches + 6)`` positions; the logit at ``i`` predicts token
+    ``i + 1``, which counts only when it is an image token (of a frame after the first, unless asked).
+    """
+    span = patches + NUM_ACTION_TOKENS
+    nxt = torch.arange(1, frames * span)
+    frame, slot = nxt // span, nxt % span
+    keep = (slot < patches) & ((frame > 0) | loss_on_first_frame)
+    return nxt[keep] - 1, (frame * patches + slot)[keep]
+
+
+class WindowSampler:
+    """Random windows of ``window`` consecutive frames from random clips; its generator state is checkpointed."""
+
+    def __init__(self, codes: torch.Tensor, actions: torch.Tensor, window: int, seed: int) -> None:
+        self.codes, self.actions, self.window = codes, actions, window
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image tokens ``[B, W*P]`` (int64) and actions ``[B, W*6, 3]`` on the data's device."""
+        num_clips, clip_frames = self.codes.shape[:2]
+        clip = torch.randint(num_clips, (batch_size,), generator=self.generator)
+        start = torch.randint(clip_frames - self.window + 1, (batch_size,), generator=self.generator)
+        return windows(self.codes, self.actions, clip, start, self.window)
+
+
+def windows(codes: torch.Tensor, actions: torch.Tensor, clip: torch.Tensor, start: torch.Tensor, window: int):
+    """Gather windows ``[start, start + window)`` of the given clips, flattened for the training-style forward."""
+    frames = (start[:, None] + torch.arange(window)[None, :]).to(codes.device)
+    clip = clip.to(codes.device)[:, None]
+    ids = codes[clip, frames].flatten(1).long()  # [B, W*P]
+    acts = actions[clip, frames].flatten(1, 2)  # [B, W*6, 3]
+    return ids, acts
+
+
+def step_loss(model, ids, acts, keep, target_idx, codebook_size, autocast_dtype):
+    """Cross-entropy and accuracy over image-token targets for one batch of windows."""
+    with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        logits = model(input_ids=ids, actions=acts, logits_to_keep=keep).logits
+    logits = logits.float()
+    targets = ids[:, target_idx]
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    with torch.no_grad():
+        acc = (logits[..., :codebook_size].argmax(-1) == targets).float().mean()
+    return loss, acc
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_for(precision: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA when ``auto``; fp32 (no autocast) on CPU or when asked."""
+    if precision not in ("auto", "bf16", "fp32"):
+        raise TerraInputError(f"train.precision must be auto, bf16 or fp32 (got {precision!r})")
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def make_optimizer(model: torch.nn.Module, cfg: DictConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    other = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": float(cfg.weight_decay)}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=float(cfg.lr), betas=tuple(cfg.betas), fused=device.type == "cuda")
+
+
+def atomic_dir(final: Path, write) -> None:
+    """Fill a fresh temporary folder with ``write(folder)``, then swap it in place of ``final``."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@torch.no_grad()
+def evaluate(model, codes, actions, window, batch_size, keep, target_idx, codebook_size, autocast_dtype):
+    """Mean loss and accuracy over the first window of every held-out clip."""
+    model.eval()
+    total_loss = total_acc = 0.0
+    n = len(codes)
+    for lo in range(0, n, batch_size):
+        clip = torch.arange(lo, min(lo + batch_size, n))
+        ids, acts = windows(codes, actions, clip, torch.zeros_like(clip), window)
+        loss, acc = step_loss(model, ids, acts, keep, target_idx, codebook_size, autocast_dtype)
+        total_loss += float(loss) * len(clip)
+        total_acc += float(acc) * len(clip)
+    model.train()
+    return total_loss / n, total_acc / n
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume) training as configured; return a summary of where it stopped."""
+    tcfg = cfg.train
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(str(tcfg.device))
+    autocast_dtype = autocast_for(str(tcfg.precision), device)
+    torch.manual_seed(int(tcfg.seed))
+
+    clips = load_tokens(cfg.data.tokens)
+    config = build_config(cfg.net, clips)
+    num_clips, clip_frames = clips.codes.shape[:2]
+    window = int(tcfg.window or config.num_temporal_embeddings)
+    window = min(window, clip_frames)
+    if not 2 <= window <= config.num_temporal_embeddings:
+        raise TerraInputError(
+            f"train.window {window} must be in [2, net.num_temporal_embeddings={config.num_temporal_embeddings}] "
+            f"and clips have {clip_frames} frames; use clips of at least 2 frames"
+        )
+    val_clips = int(cfg.data.val_clips)
+    if not 0 <= val_clips < num_clips:
+        raise TerraInputError(f"data.val_clips must be in [0, {num_clips - 1}] for {num_clips} clips (got {val_clips})")
+    patches = config.num_image_patches
+    codes = torch.from_numpy(clips.codes.reshape(num_clips, clip_frames, patches).astype(np.int32)).to(device)
+    actions = torch.from_numpy(clips.actions).to(device)
+    train_codes, val_codes = codes[: num_clips - val_clips], codes[num_clips - val_clips :]
+    train_actions, val_actions = actions[: num_clips - val_clips], actions[num_clips - val_clips :]
+    keep, target_idx = target_positions(patches, window, bool(tcfg.loss_on_first_frame))
+    keep, target_idx = keep.to(device), target_idx.to(device)
+
+    model = LlamaActionForCausalLM(config).to(device)
+    optimizer = make_optimizer(model, tcfg, device)
+    max_steps = int(tcfg.max_steps)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, int(tcfg.warmup_steps), max_steps, min_lr_rate=float(tcfg.min_lr_ratio)
+    )
+    sampler = WindowSampler(train_codes, train_actions, window, int(tcfg.seed))
+    step = 0
+    ckpt = out / CHECKPOINT_DIR
+    if bool(cfg.resume) and (ckpt / STATE_FILE).is_file():
+        loaded = LlamaActionForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.generator.set_state(state["sampler"])
+        step = int(state["step"])
+        print(f"resumed from {ckpt} at step {step}")
+    model.train()
+    if bool(tcfg.compile):
+        model.model.compile()
+
+    def save_checkpoint() -> None:
+        def write(folder: Path) -> None:
+            model.save_pretrained(folder, max_shard_size="10GB")
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                        "sampler": sampler.generator.get_state(), "step": step,
+                        "config": OmegaConf.to_container(cfg, resolve=True)}, folder / STATE_FILE)
+        atomic_dir(ckpt, write)
+
+    stop = {"signal": False}
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"world model: {params / 1e6:.2f} M parameters, {len(train_codes)} training clips, window {window} "
+          f"frames x {patches + NUM_ACTION_TOKENS} positions, {len(keep)} targets per window, device {device}")
+    log = (out / LOG_FILE).open("a")
+    start_time = time.perf_counter()
+    budget_s = math.inf if tcfg.max_minutes is None else float(tcfg.max_minutes) * 60.0
+    batch_size = int(tcfg.batch_size)
+    sum_loss = sum_acc = 0.0
+    interval_steps, interval_start = 0, time.perf_counter()
+    last: dict[str, Any] = {}
+    reason = "max_steps"
+    try:
+        while step < max_steps:
+            ids, acts = sampler.sample(batch_size)
+            loss, acc = step_loss(model, ids, acts, keep, target_idx, config.codebook_size, autocast_dtype)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(tcfg.grad_clip))
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            sum_loss = sum_loss + loss.detach()  # summed on the device: no sync per step
+            sum_acc = sum_acc + acc
+            interval_steps += 1
+            do_eval = val_clips > 0 and (step % int(tcfg.eval_every) == 0 or step == max_steps)
+            if step % int(tcfg.log_every) == 0 or step == max_steps or do_eval:
+                elapsed = time.perf_counter() - interval_start
+                last = {"step": step, "loss": float(sum_loss) / interval_steps, "acc": float(sum_acc) / interval_steps,
+                        "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                        "tokens_per_s": interval_steps * batch_size * len(keep) / elapsed,
+                        "time_s": time.perf_counter() - start_time}
+                if do_eval:
+                    last["val_loss"], last["val_acc"] = evaluate(
+                        model, val_codes, val_actions, window, batch_size, keep, target_idx,
+                        config.codebook_size, autocast_dtype)
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()),
+                      flush=True)
+                log.write(json.dumps(last) + "\n")
+                log.flush()
+                sum_loss = sum_acc = 0.0
+                interval_steps, interval_start = 0, time.perf_counter()
+            if step % int(tcfg.ckpt_every) == 0 and step < max_steps:
+                save_checkpoint()
+            if stop["signal"] or time.perf_counter() - start_time >= budget_s:
+                reason = "SIGTERM" if stop["signal"] else "max_minutes"
+                break
+        save_checkpoint()
+    finally:
+        log.close()
+        signal.signal(signal.SIGTERM, previous_handler)
+    summary = {"step": step, "max_steps": max_steps, "stopped": reason, **{k: v for k, v in last.items() if k != "step"}}
+    if step >= max_steps:
+        export = out / EXPORT_DIR
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(str(cfg.export.dtype))
+        if dtype is None:
+            raise TerraInputError(f"export.dtype must be bfloat16 or float32 (got {cfg.export.dtype!r})")
+        exported = copy.deepcopy(model).to(dtype)
+        atomic_dir(export, lambda folder: exported.save_pretrained(folder, max_shard_size=str(cfg.export.max_shard_size)))
+        summary["export"] = str(export)
+        print(f"training finished at step {step}; exported {export}")
+    else:
+        print(f"stopped at step {step}/{max_steps} ({reason}); run the same command again to resume")
+    return summary
+
+
+@hydra.main(config_path="../conf", config_name="train_world_model", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: train, printing bad settings as one line (exit code 2)."""
+    try:
+        train(cfg)
+    except TerraInputError as err:
+        print(f"train_world_model: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

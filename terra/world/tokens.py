@@ -1,0 +1,90 @@
+"""Tokenized clips on disk: one safetensors file with every clip's image codes, actions and poses.
+
+Written by ``scripts/tokenize_dataset.py``, read by ``scripts/train_world_model.py`` (and evaluation):
+
+* ``codes``: int16 (int32 when the codebook needs it) ``[N, T, h, w]``;
+* ``actions``: float32 ``[N, T, 6, 3]``; ``poses``: float64 ``[N, T, 3]``;
+* metadata (strings): ``version``, ``codebook_size``, ``image_height``/``image_width``, ``source`` (the clip
+  dataset) and ``tokenizer`` (the tokenizer's path).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file, save_file
+
+from terra.errors import TerraInputError
+
+TOKENS_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class TokenizedClips:
+    """Codes and actions of N clips of T frames."""
+
+    codes: np.ndarray  # [N, T, h, w] integer codes in [0, codebook_size)
+    actions: np.ndarray  # [N, T, 6, 3] float32
+    poses: np.ndarray  # [N, T, 3] float64 world poses
+    codebook_size: int
+    image_size: tuple[int, int]  # (H, W) of the frames that were encoded
+    source: str = ""
+    tokenizer: str = ""
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return int(self.codes.shape[2]), int(self.codes.shape[3])
+
+
+def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
+    """Write ``clips`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtype = np.int16 if clips.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
+    tensors = {
+        "codes": np.ascontiguousarray(clips.codes, dtype=dtype),
+        "actions": np.ascontiguousarray(clips.actions, dtype=np.float32),
+        "poses": np.ascontiguousarray(clips.poses, dtype=np.float64),
+    }
+    metadata = {
+        "version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
+        "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
+        "source": clips.source, "tokenizer": clips.tokenizer,
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def load_tokens(path: str | Path) -> TokenizedClips:
+    """Read a file written by :func:`save_tokens`; codes come back as int64."""
+    path = Path(path)
+    if not path.is_file():
+        raise TerraInputError(f"tokenized clips {path} do not exist; run scripts/tokenize_dataset.py first")
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            meta = fh.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise TerraInputError(f"tokenized clips {path} cannot be read ({err}); re-run scripts/tokenize_dataset.py") from None
+    if meta.get("version") != TOKENS_VERSION or not {"codes", "actions", "poses"} <= tensors.keys():
+        raise TerraInputError(f"{path} is not a tokenized-clips file of version {TOKENS_VERSION}; re-run "
+                              "scripts/tokenize_dataset.py")
+    return TokenizedClips(
+        codes=tensors["codes"].astype(np.int64), actions=tensors["actions"], poses=tensors["poses"],
+        codebook_size=int(meta["codebook_size"]),
+        image_size=(int(meta["image_height"]), int(meta["image_width"])),
+        source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""),
+    )

@@ -1,0 +1,165 @@
+"""Tokenizing a clip dataset and training the world model on it (tiny sizes, CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+
+from terra import LlamaActionForCausalLM
+from terra.errors import TerraInputError
+from terra.world.dataset import ClipDataset, write_dataset
+from terra.world.tokens import TokenizedClips, load_tokens, save_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+H, W = 24, 40
+
+
+def load_script(name: str):
+    """Import a script from scripts/ as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tokenize_script = load_script("tokenize_dataset")
+train_script = load_script("train_world_model")
+
+
+class PoolTokenizer:
+    """Stand-in tokenizer: 8x8 average pooling, each colour channel quantised to 6 levels (216 codes)."""
+
+    codebook_size = 216
+    image_size = (H, W)
+    grid_shape = (H // 8, W // 8)
+    device = torch.device("cpu")
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        levels = ((F.avg_pool2d(images, 8) + 1) / 2 * 6).long().clamp(0, 5)  # [B, 3, h, w]
+        return levels[:, 0] * 36 + levels[:, 1] * 6 + levels[:, 2]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> ClipDataset:
+    out = tmp_path_factory.mktemp("clips") / "ds"
+    return ClipDataset(write_dataset(out, num_clips=12, num_frames=6, height=H, width=W, seed=5,
+                                     clips_per_shard=5, workers=1, progress=False))
+
+
+@pytest.fixture(scope="module")
+def tokens(dataset, tmp_path_factory) -> Path:
+    clips = tokenize_script.tokenize_dataset(dataset, PoolTokenizer(), batch_size=7, progress=False)
+    return save_tokens(tmp_path_factory.mktemp("tokens") / "tokens.safetensors", clips)
+
+
+def train_config(tokens: Path, out: Path, *overrides: str):
+    """The real conf/train_world_model.yaml with a tiny network and the given overrides."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("train_world_model", overrides=[
+            f"data.tokens={tokens}", f"output_dir={out}", "data.val_clips=2",
+            "net.hidden_size=64", "net.intermediate_size=128", "net.num_hidden_layers=2",
+            "net.num_attention_heads=1", "net.num_key_value_heads=1", "net.num_temporal_embeddings=4",
+            "train.batch_size=8", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",
+            "train.eval_every=20", "train.ckpt_every=20", "train.device=cpu", "export.dtype=float32",
+            *overrides,
+        ])
+
+
+def test_tokenize_dataset_matches_direct_encoding(dataset, tokens):
+    clips = load_tokens(tokens)
+    assert clips.codes.shape == (12, 6, 3, 5) and clips.actions.shape == (12, 6, 6, 3)
+    assert clips.codebook_size == 216 and clips.image_size == (H, W) and clips.grid_shape == (3, 5)
+    tok = PoolTokenizer()
+    for i in (0, 7, 11):
+        clip = dataset[i]
+        images = torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1
+        np.testing.assert_array_equal(clips.codes[i], tok.encode(images).numpy())
+        np.testing.assert_array_equal(clips.actions[i], clip.actions)
+        np.testing.assert_array_equal(clips.poses[i], clip.poses)
+    assert len(np.unique(clips.codes)) > 10
+
+
+def test_tokenize_rejects_a_tokenizer_of_another_size(dataset):
+    class Wrong(PoolTokenizer):
+        image_size = (32, 32)
+
+    with pytest.raises(TerraInputError, match="render the dataset"):
+        tokenize_script.tokenize_dataset(dataset, Wrong(), progress=False)
+
+
+def test_tokens_round_trip_keeps_large_codebooks(tmp_path):
+    codes = np.random.default_rng(0).integers(0, 2**18, (2, 3, 2, 2))
+    clips = TokenizedClips(codes=codes, actions=np.zeros((2, 3, 6, 3), np.float32), poses=np.zeros((2, 3, 3)),
+                           codebook_size=2**18, image_size=(32, 32), source="x", tokenizer="t")
+    back = load_tokens(save_tokens(tmp_path / "t.safetensors", clips))
+    np.testing.assert_array_equal(back.codes, codes)
+    assert (back.codebook_size, back.source, back.tokenizer) == (2**18, "x", "t")
+    with pytest.raises(TerraInputError, match="tokenize_dataset"):
+        load_tokens(tmp_path / "missing.safetensors")
+
+
+def test_loss_targets_skip_action_slots_and_the_first_frame():
+    keep, target = train_script.target_positions(patches=4, frames=3, loss_on_first_frame=False)
+    # Window of 3 frames x (4 image + 6 action) positions; targets are the image tokens of frames 1 and 2.
+    np.testing.assert_array_equal(keep + 1, [10, 11, 12, 13, 20, 21, 22, 23])
+    np.testing.assert_array_equal(target, [4, 5, 6, 7, 8, 9, 10, 11])
+    keep, target = train_script.target_positions(patches=4, frames=3, loss_on_first_frame=True)
+    np.testing.assert_array_equal(target[:3], [1, 2, 3])
+
+
+def test_training_lowers_the_loss_and_exports(tokens, tmp_path):
+    summary = train_script.train(train_config(tokens, tmp_path, "train.max_steps=40"))
+    assert summary["step"] == 40 and summary["stopped"] == "max_steps"
+    rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(5, 45, 5))
+    assert rows[0]["loss"] < np.log(217) + 0.5
+    assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
+    assert rows[-1]["acc"] > rows[0]["acc"] + 0.2
+    assert "val_loss" in rows[-1] and rows[-1]["val_loss"] < rows[0]["loss"]
+    model = LlamaActionForCausalLM.from_pretrained(tmp_path / "model")
+    assert model.config.num_image_patches == 15 and model.config.vocab_size == 217
+    assert model.config.num_spatio_embeddings == 21 and model.config.num_temporal_embeddings == 4
+    clips = load_tokens(tokens)
+    ids = torch.from_numpy(clips.codes[:1, :2].reshape(1, -1))
+    acts = torch.from_numpy(clips.actions[:1, :2].reshape(1, -1, 3))
+    with torch.no_grad():
+        assert model(input_ids=ids, actions=acts).logits.shape == (1, 42, 217)
+
+
+def test_resumed_training_equals_uninterrupted_training(tokens, tmp_path):
+    whole = train_script.train(train_config(tokens, tmp_path / "whole", "train.max_steps=4"))
+    for expected_step in (1, 2, 3):  # a zero budget stops after one step; each call resumes the last
+        part = train_script.train(train_config(tokens, tmp_path / "parts", "train.max_steps=4", "train.max_minutes=0"))
+        assert part["step"] == expected_step and part["stopped"] == "max_minutes"
+        assert not (tmp_path / "parts" / "model").exists()
+    part = train_script.train(train_config(tokens, tmp_path / "parts", "train.max_steps=4", "train.max_minutes=0"))
+    assert part["step"] == whole["step"] == 4
+    a = LlamaActionForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
+    b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_trains_and_rejects_bad_settings(tokens, tmp_path):
+    args = [sys.executable, str(ROOT / "scripts" / "train_world_model.py"), f"data.tokens={tokens}",
+            f"output_dir={tmp_path}", "net.hidden_size=64", "net.num_attention_heads=1", "net.num_key_value_heads=1",
+            "net.num_hidden_layers=1", "net.num_temporal_embeddings=3", "data.val_clips=0", "train.max_steps=2",
+            "train.log_every=1", "export.dtype=bfloat16", "export.max_shard_size=100KB"]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "training finished at step 2" in done.stdout
+    weights = list((tmp_path / "model").glob("*.safetensors"))
+    assert len(weights) > 1 and all(w.stat().st_size < 100_000 for w in weights)  # sharded below the limit
+    assert LlamaActionForCausalLM.from_pretrained(tmp_path / "model").dtype == torch.bfloat16
+    bad = subprocess.run(args + ["train.precision=fp8", "output_dir=" + str(tmp_path / "bad")], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "train.precision" in bad.stderr
