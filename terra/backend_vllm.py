@@ -1,0 +1,184 @@
+"""The vLLM backend: many rollouts on one vLLM engine, each advancing the moment its last frame is done.
+
+Every frame is one engine request: the current window's prompt (token ids with action placeholders, plus
+one ``"actions"`` item per frame, see :mod:`terra.vllm_model`) and exactly ``P`` sampled tokens. The backend
+drives the engine's step loop itself, so a rollout whose frame finishes submits its next frame at once while
+the others keep decoding (no barrier across rollouts). Prefix caching keeps resubmitting the growing prompt
+cheap: only the new frame's action slots and the last partial KV block are recomputed. Each frame request's
+prompt and cached token counts are recorded in :attr:`VLLMBackend.frame_stats`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from terra.errors import TerraInputError
+from terra.layout import TokenLayout
+from terra.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
+from terra.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class FrameStat:
+    """Prefix-cache use of one frame request."""
+
+    rollout: int  # index of the request in the generate() call
+    frame: int  # index of the generated frame within that rollout
+    prompt_tokens: int  # prompt length submitted
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    window_start: bool  # first frame of a window (fresh prompt, nothing to reuse but shared contexts)
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens
+
+
+def frame_seed(rollout_seed: int, frame_index: int) -> int:
+    """Seed of one frame request, derived from the rollout's seed and the frame's index (not the batch)."""
+    return int(np.random.SeedSequence([rollout_seed, frame_index]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+class VLLMBackend(WorldModelBackend):
+    """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm_plugin` makes vLLM know it).
+
+    ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
+    ``engine_kwargs`` go to :class:`vllm.LLM` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
+    ``async_scheduling``, ``max_num_batched_tokens``).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "auto",
+        max_num_seqs: int = 64,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        enable_prefix_caching: bool = True,
+        kv_cache_dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
+        import terra  # noqa: F401  (AutoConfig must know "llama_action")
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        from terra import vllm_compat
+
+        try:
+            config = AutoConfig.from_pretrained(model_path)
+        except (OSError, ValueError) as err:
+            raise TerraInputError(f"cannot read a world model config from {model_path!r} ({err}); "
+                                  "pass a folder with Terra's config.json and safetensors") from err
+        if getattr(config, "model_type", None) != "llama_action":
+            raise TerraInputError(
+                f"{model_path!r} holds a {getattr(config, 'model_type', '?')!r} model, not a Terra world model "
+                "(model_type llama_action); pass the world model's folder"
+            )
+        self.layout = TokenLayout.from_config(config)
+        self.seed = seed
+        self.frame_stats: list[FrameStat] = []
+        options = vllm_compat.supported_engine_kwargs(generation_config="vllm")
+        options.update(engine_kwargs)
+        self.llm = LLM(
+            model=model_path,
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            max_model_len=self.layout.window_positions,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            seed=seed,
+            limit_mm_per_prompt={"actions": self.layout.max_frames},
+            **options,
+        )
+        self.engine = self.llm.llm_engine
+        self._cached_tokens = vllm_compat.num_cached_tokens
+        self._ids = itertools.count()
+
+    def _sampling_params(self, sampling: SamplingConfig, seed: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            top_p=sampling.top_p,
+            seed=None if sampling.greedy else seed,
+            max_tokens=self.layout.image_tokens,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def generate(
+        self,
+        requests: Sequence[RolloutRequest],
+        sampling: SamplingConfig,
+        progress: bool = True,
+        on_frame: FrameCallback | None = None,
+    ) -> list[np.ndarray]:
+        """Run every rollout to completion on the engine; return each one's generated codes ``[num_frames, P]``."""
+        states = [RolloutState(r, self.layout) for r in requests]
+        seeds = [r.seed if r.seed is not None else self.seed + i for i, r in enumerate(requests)]
+        pending: dict[str, tuple[int, int, int, bool]] = {}  # request id -> rollout, frame, prompt length, start
+
+        def submit(index: int) -> None:
+            state = states[index]
+            ids, actions, _ = state.prompt()
+            frame = state.next_frame - state.num_context
+            request_id = f"terra-{next(self._ids)}"
+            prompt = {"prompt_token_ids": ids, "multi_modal_data": {"actions": np.ascontiguousarray(actions, np.float32)}}
+            self.engine.add_request(request_id, prompt, self._sampling_params(sampling, frame_seed(seeds[index], frame)))
+            pending[request_id] = (index, frame, len(ids), state.window_starts)
+
+        total = sum(r.num_frames for r in requests)
+        try:
+            with tqdm(total=total, unit="frame", disable=not progress, desc="vLLM rollouts") as bar:
+                for index in range(len(states)):
+                    submit(index)
+                while pending:
+                    for output in self.engine.step():
+                        if not output.finished or output.request_id not in pending:
+                            continue
+                        index, frame, prompt_tokens, window_start = pending.pop(output.request_id)
+                        codes = np.asarray(output.outputs[0].token_ids, dtype=np.int64)
+                        states[index].add_frame(codes)
+                        self.frame_stats.append(
+                            FrameStat(index, frame, prompt_tokens, self._cached_tokens(output), window_start)
+                        )
+                        bar.update(1)
+                        if on_frame is not None:
+                            on_frame(index, frame, codes)
+                        if not states[index].finished:
+                            submit(index)
+        except BaseException:
+            if pending:
+                self.engine.abort_request(list(pending))
+            raise
+        return [s.generated() for s in states]
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        self.engine = None
+        self.llm = None
+
+
+__all__ = ["FrameStat", "VLLMBackend", "frame_seed"]
