@@ -30,6 +30,7 @@ import hydra
 import numpy as np
 import torch
 import torch.nn.functional as F
+from huggingface_hub.errors import StrictDataclassError
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
@@ -71,8 +72,9 @@ def build_config(net: DictConfig, clips: TokenizedClips) -> LlamaActionConfig:
             tie_word_embeddings=False,
             architectures=["LlamaActionV2ForCausalLM" if mlp else "LlamaActionForCausalLM"],
         )
-    except (ValueError, TypeError) as err:
-        raise TerraInputError(f"net: invalid world-model shape ({err}); fix the net.* settings") from None
+    except (ValueError, TypeError, StrictDataclassError) as err:
+        cause = err.__cause__ or err  # the strict-dataclass wrapper keeps the readable message as its cause
+        raise TerraInputError(f"net: invalid world-model shape ({cause}); fix the net.* settings") from None
 
 
 def target_positions(patches: int, frames: int, loss_on_first_frame: bool) -> tuple[torch.Tensor, torch.Tensor]:

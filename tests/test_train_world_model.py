@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,15 @@ class PoolTokenizer:
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         levels = ((F.avg_pool2d(images, 8) + 1) / 2 * 6).long().clamp(0, 5)  # [B, 3, h, w]
         return levels[:, 0] * 36 + levels[:, 1] * 6 + levels[:, 2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train far faster on one thread than on two contended ones."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -149,17 +159,27 @@ def test_resumed_training_equals_uninterrupted_training(tokens, tmp_path):
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
 
-def test_cli_trains_and_rejects_bad_settings(tokens, tmp_path):
+def test_cli_trains_and_exports_sharded_bf16(tokens, tmp_path):
     args = [sys.executable, str(ROOT / "scripts" / "train_world_model.py"), f"data.tokens={tokens}",
             f"output_dir={tmp_path}", "net.hidden_size=64", "net.num_attention_heads=1", "net.num_key_value_heads=1",
             "net.num_hidden_layers=1", "net.num_temporal_embeddings=3", "data.val_clips=0", "train.max_steps=2",
             "train.log_every=1", "export.dtype=bfloat16", "export.max_shard_size=100KB"]
-    done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     assert "training finished at step 2" in done.stdout
     weights = list((tmp_path / "model").glob("*.safetensors"))
     assert len(weights) > 1 and all(w.stat().st_size < 100_000 for w in weights)  # sharded below the limit
     assert LlamaActionForCausalLM.from_pretrained(tmp_path / "model").dtype == torch.bfloat16
-    bad = subprocess.run(args + ["train.precision=fp8", "output_dir=" + str(tmp_path / "bad")], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=300)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "train.precision" in bad.stderr
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.precision=fp8", "train.precision"),
+    ("data.val_clips=12", "data.val_clips"),
+    ("net.num_attention_heads=3", "net"),
+    ("train.window=9", "train.window"),
+])
+def test_bad_settings_raise_one_line_errors(tokens, tmp_path, override, match):
+    with pytest.raises(TerraInputError, match=match) as err:
+        train_script.train(train_config(tokens, tmp_path, "train.max_steps=1", override))
+    assert "\n" not in str(err.value)
