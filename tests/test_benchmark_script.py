@@ -1,0 +1,126 @@
+"""Smoke tests of scripts/benchmark.py (Transformers part on a tiny model, on the CPU) and scripts/benchmark_memory.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from terra.backend_vllm import FrameStat
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+# One thread per process: on a small shared CI machine torch's spinning worker threads make tiny models crawl.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=180, env=ENV)
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("benchmark")
+
+
+def test_hf_part_runs_in_a_subprocess_and_reports(tmp_path):
+    """The whole CLI path: parent writes the config, the worker subprocess times 2 frames, the table prints."""
+    out = tmp_path / "bench"
+    proc = run_script("benchmark", "--tiny", "--device", "cpu", "--parts", "hf", "--hf-frames", "2",
+                      "--context", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((out / "hf.json").read_text())
+    single = record["single"]
+    assert single["rollouts"] == 1 and single["frames_per_rollout"] == 2
+    assert single["s_per_frame"] > 0 and single["first_frame_s"] <= single["wall_s"]
+    assert single["frames_per_s"] * single["wall_s"] == pytest.approx(2, rel=1e-6)
+    assert single["s_per_frame"] * 2 == pytest.approx(single["wall_s"], rel=0.05)
+    assert record["settings"]["tokens_per_frame"] == 64 and record["settings"]["sampling"]["temperature"] == 1.0
+    assert record["env"]["torch"] and record["env"]["device"] == "cpu"
+    config = json.loads((out / "models" / "terra" / "config.json").read_text())
+    plain = json.loads((out / "models" / "plain_llama" / "config.json").read_text())
+    assert config["model_type"] == "llama_action" and plain["model_type"] == "llama"
+    assert plain["architectures"] == ["LlamaForCausalLM"] and "num_image_patches" not in plain
+    assert {k: plain[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")} == {
+        k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")
+    }
+    assert "Transformers, KV-cached frame loop" in proc.stdout
+    assert json.loads((out / "summary.json").read_text())["failures"] == {}
+
+
+def test_bad_arguments_give_one_line_and_exit_2(bench, capsys):
+    assert bench.main(["--parts", "hf,warp"]) == 2
+    assert bench.main(["--batch-sizes", "8,x"]) == 2
+    assert bench.main(["--engine-arg", "async_scheduling"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "warp" in err[0] and "--batch-sizes" in err[1] and "KEY=VALUE" in err[2]
+    assert "Traceback" not in "".join(err)
+
+
+def test_engine_args_are_parsed_as_yaml(bench):
+    args = bench.parse_args(["--engine-arg", "async_scheduling=true", "--engine-arg", "block_size=32", "--device", "cpu"])
+    assert args.engine_kwargs == {"async_scheduling": True, "block_size": 32}
+    assert args.max_num_seqs == 64 and args.dtype == "float32"
+
+
+def test_prefix_summary_ignores_window_starts(bench):
+    stats = [FrameStat(0, 0, 1746, 0, True), FrameStat(0, 1, 2328, 2320, False), FrameStat(0, 2, 2910, 2896, False)]
+    summary = bench.prefix_summary(stats, block_size=16, action_tokens=6)
+    assert summary["later_requests"] == 2 and summary["computed_tokens_max"] == 14
+    assert summary["target_computed_max"] == 22
+    assert summary["hit_rate_mean"] == pytest.approx((2320 / 2328 + 2896 / 2910) / 2)
+
+
+def test_derived_ratios_and_table(bench):
+    env = {"gpu": "GPU X", "cpu": "x86", "torch": "2", "vllm": "0.26.0", "transformers": "5", "date_utc": "today"}
+
+    def row(b, s, fps):
+        return {"rollouts": b, "frames_per_rollout": 22, "s_per_frame": s, "frames_per_s": fps}
+
+    records = {
+        "hf": {"description": "hf", "env": env, "single": row(1, 50.0, 0.02)},
+        "vllm": {"description": "terra", "env": env, "single": row(1, 1.0, 1.0)},
+        "plain": {"description": "plain", "env": env, "single": row(1, 0.8, 1.25), "batched": [row(64, 3.0, 20.0)]},
+        "batched": {"description": "bf16", "env": env, "batched": [row(8, 1.0, 8.0), row(64, 3.2, 16.0)],
+                    "greedy_tokens": [1, 2, 3, 4]},
+        "fp8": {"description": "fp8", "env": env, "batched": [row(64, 2.5, 20.0)], "greedy_tokens": [1, 2, 9, 4]},
+    }
+    d = bench.derived(records)
+    assert d["vllm_speedup_vs_hf"] == pytest.approx(50.0)
+    assert d["terra_overhead_single_pct"] == pytest.approx(25.0)
+    assert d["terra_overhead_batched_pct"] == {64: pytest.approx(25.0)}
+    assert d["fp8_speedup"] == {64: pytest.approx(1.25)}
+    assert d["fp8_greedy"] == {"tokens": 4, "agreement": 0.75, "first_mismatch": 2, "distinct_tokens_bf16": 4}
+    text = bench.table(records, {"eager": "exit 1"})
+    assert "GPU X" in text and "eager    FAILED: exit 1" in text and text.count("\nbatched ") == 2
+
+
+def test_memory_script_flat_over_sequential_calls(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = run_script("benchmark_memory", "--iterations", "6", "--warmup", "2", "--frames", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "objects alive after their call: 0" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["leaked_objects"] == 0 and len(report["rss_mb"]) == 6 and report["ok"]
+
+
+def test_memory_analysis_flags_growth():
+    memory = load_script("benchmark_memory")
+    leaking = [500.0 + 2.0 * i for i in range(40)]
+    verdict = memory.analyse(leaking, warmup=5, max_growth_mb=20.0)
+    assert verdict["slope_mb_per_call"] == pytest.approx(2.0) and verdict["growth_mb"] == pytest.approx(50.0)
+    assert not verdict["ok"]
+    assert memory.analyse([500.0] * 5 + [510.0] * 35, warmup=5, max_growth_mb=20.0)["ok"]
