@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -42,16 +43,16 @@ def load_context(source, num_context: int, image_size: tuple[int, int]) -> torch
     """The last ``num_context`` frames of a folder, glob, list of images or video, resized to the model."""
     from tokenizer.images import load_images
 
-    sources = list(source) if isinstance(source, (list, tuple)) or OmegaConf.is_list(source) else str(source)
-    images = load_images(sources, image_size, last_n=num_context)
-    return images
+    sources = list(source) if OmegaConf.is_list(source) else str(source)
+    return load_images(sources, image_size, last_n=num_context)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """Generate the rollouts of one configuration and write them under ``out_dir``; return the summary."""
-    from decoder import write_outputs
+    from terra.outputs import check_output_formats, prepare_output_dir, write_outputs
 
     t_start = time.perf_counter()
+    check_output_formats(cfg.output.formats)
     if cfg.num_frames < 1:
         raise TerraInputError(f"num_frames must be at least 1 (got {cfg.num_frames}); e.g. num_frames=16")
     if cfg.num_samples < 1:
@@ -65,6 +66,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.num_context >= window:
         raise TerraInputError(f"num_context={cfg.num_context} does not fit a window of {window} frames; use at most {window - 1}")
     device = resolve_device(cfg.device)
+    if cfg.context is None and cfg.trajectory is None:
+        from terra.trajectory import MANOEUVRES
+
+        if cfg.manoeuvre not in MANOEUVRES:
+            raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}")
+    prepare_output_dir(out_dir)
 
     from tokenizer import load_tokenizer
 
@@ -100,7 +107,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     finally:
         pipeline.close()
     files = write_outputs(
-        out_dir, cfg.output, results, actions=actions, ground_truth=ground_truth,
+        out_dir, cfg.output, results, actions=actions,
+        ground_truth=None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy(),
         config=OmegaConf.to_container(cfg, resolve=True),
         timings={"generate_s": generate_s, "total_s": time.perf_counter() - t_start,
                  "s_per_frame": generate_s / (cfg.num_frames * cfg.num_samples)},
@@ -115,25 +123,28 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     }
 
 
-def _remove_new_outputs(out_dir: Path, existed: bool) -> None:
-    """After a failed run: delete the run folder it created (or nothing, if the folder was there before)."""
-    if not existed and out_dir.exists():
-        shutil.rmtree(out_dir, ignore_errors=True)
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
 
 
 @hydra.main(config_path=CONF_DIR, config_name="generate", version_base=None)
 def _main(cfg: DictConfig) -> None:
-    out_dir = Path(cfg.output.dir)
-    existed = out_dir.exists() and any(out_dir.iterdir())
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    out_dir = Path(cfg.output.dir) if cfg.output.dir else hydra_dir
+    fresh = not out_dir.exists() or _is_empty_dir(out_dir)
     try:
         summary = run(cfg, out_dir)
-    except TerraInputError as err:
-        _remove_new_outputs(out_dir, existed)
-        print(f"terra-generate: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except BaseException:
-        _remove_new_outputs(out_dir, existed)
+    except BaseException as err:
+        if fresh and out_dir.exists():  # a failed run leaves nothing behind
+            shutil.rmtree(out_dir, ignore_errors=True)
+        if _is_empty_dir(hydra_dir):
+            hydra_dir.rmdir()
+        if isinstance(err, TerraInputError):
+            print(f"terra-generate: error: {err}", file=sys.stderr)
+            sys.exit(2)
         raise
+    if out_dir != hydra_dir and _is_empty_dir(hydra_dir):
+        hydra_dir.rmdir()
     print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "
           f"({summary['frames']} frames per video) with {summary['backend']}: "
           f"{summary['s_per_frame']:.3f} s per generated frame")

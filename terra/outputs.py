@@ -1,0 +1,88 @@
+"""Write the files of a generation run: videos per rollout (and a grid of them), PNG frames, the JSON sidecar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from decoder import draw_trajectory, mark_frames, write_grid, write_png_sequence, write_sidecar, write_video
+from terra.errors import TerraInputError
+from terra.metrics import psnr
+from terra.pipeline import RolloutResult
+
+FORMATS = ("gif", "mp4", "png")
+
+
+def check_output_formats(formats: Sequence[str]) -> list[str]:
+    """Validate ``output.formats`` before any work is done."""
+    formats = list(formats)
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise TerraInputError(f"output.formats {formats} must be a non-empty list drawn from {list(FORMATS)}")
+    return formats
+
+
+def prepare_output_dir(out_dir: Path) -> None:
+    """Create ``out_dir`` or fail with one clear line when it cannot be written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".terra-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise TerraInputError(f"output folder {out_dir} is not writable ({err.strerror}); choose another output.dir") from None
+
+
+def write_outputs(
+    out_dir: Path,
+    output,
+    results: Sequence[RolloutResult],
+    actions: np.ndarray,
+    config: dict,
+    timings: dict[str, float],
+    ground_truth: np.ndarray | None = None,
+) -> list[Path]:
+    """Write every rollout's videos and one sidecar describing the run; return the written paths.
+
+    ``output`` carries ``name``, ``formats``, ``fps``, ``mark_context`` and ``overlay_trajectory``;
+    ``ground_truth`` (uint8 ``[num_frames, H, W, 3]``), when known, adds per-frame PSNR to the sidecar.
+    """
+    formats = check_output_formats(output.formats)
+    prepare_output_dir(out_dir)
+    files: list[Path] = []
+    shown = []
+    for i, result in enumerate(results):
+        frames = result.frames
+        if output.overlay_trajectory:
+            frames = draw_trajectory(frames, actions[: len(frames)])
+        if output.mark_context:
+            frames = mark_frames(frames, result.num_context)
+        shown.append(frames)
+        stem = output.name if len(results) == 1 else f"{output.name}_{i:02d}"
+        for fmt in formats:
+            if fmt == "png":
+                files += write_png_sequence(out_dir / f"{stem}_frames", frames)
+            else:
+                files.append(write_video(out_dir / f"{stem}.{fmt}", frames, fps=output.fps))
+    if len(results) > 1:
+        for fmt in (f for f in formats if f != "png"):
+            files.append(write_grid(out_dir / f"{output.name}_grid.{fmt}", shown, fps=output.fps))
+    rollouts: list[dict[str, Any]] = []
+    for result in results:
+        entry = {"seed": result.request.seed, "num_context": result.num_context,
+                 "num_generated": len(result.codes) - result.num_context, "codes": result.codes}
+        if ground_truth is not None:
+            entry["psnr_db_per_generated_frame"] = psnr(result.frames[result.num_context :], ground_truth)
+        rollouts.append(entry)
+    sidecar = write_sidecar(
+        out_dir / f"{output.name}.json",
+        config=config,
+        seed=results[0].request.seed,
+        actions=actions,
+        timings=timings,
+        rollouts=rollouts,
+        files=[str(f.relative_to(out_dir)) for f in files],
+    )
+    return files + [sidecar]
