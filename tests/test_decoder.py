@@ -29,6 +29,15 @@ from tokenizer import LFQTokenizer
 from tokenizer.atomic import atomic_path
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    """One intra-op thread: the CI machine's 2 cores are shared, and OpenMP spinning on them is slow."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def random_frames(t=7, h=30, w=42, seed=0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (t, h, w, 3), dtype=np.uint8)
 

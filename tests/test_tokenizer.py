@@ -13,6 +13,15 @@ from tokenizer.checkpoint_keys import to_taming
 from tokenizer.lfq import TERRA_CONFIG, bits_to_codes, codes_to_bits
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    """One intra-op thread: the CI machine's 2 cores are shared, and OpenMP spinning on them is slow."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_lfq(seed: int = 0, bits: int = 6) -> LFQTokenizer:
     """3 levels (4x down), 32 channels, attention at the coarsest level, 32x48 images → 8x12 codes."""
     torch.manual_seed(seed)
