@@ -46,7 +46,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 @torch.no_grad()
-def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64, progress: bool = True) -> TokenizedClips:
+def tokenize_dataset(
+    dataset: ClipDataset, tokenizer: Any, batch_size: int = 64, progress: bool = True
+) -> TokenizedClips:
     """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``)."""
     if tuple(tokenizer.image_size) != dataset.image_size:
         raise TerraInputError(
@@ -90,7 +92,9 @@ def main(cfg: DictConfig) -> None:
     try:
         dataset = ClipDataset(cfg.dataset)
         if not Path(str(cfg.tokenizer_path)).exists():
-            raise TerraInputError(f"tokenizer {cfg.tokenizer_path} does not exist; pass tokenizer_path=<saved tokenizer folder>")
+            raise TerraInputError(
+                f"tokenizer {cfg.tokenizer_path} does not exist; pass tokenizer_path=<saved tokenizer folder>"
+            )
         tok = load_tokenizer(str(cfg.tokenizer_path), device=resolve_device(str(cfg.device))).eval()
         clips = tokenize_dataset(dataset, tok, int(cfg.batch_size))
         clips = TokenizedClips(**{**clips.__dict__, "tokenizer": str(cfg.tokenizer_path)})

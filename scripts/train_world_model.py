@@ -291,14 +291,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     finally:
         log.close()
         signal.signal(signal.SIGTERM, previous_handler)
-    summary = {"step": step, "max_steps": max_steps, "stopped": reason, **{k: v for k, v in last.items() if k != "step"}}
+    summary = {"step": step, "max_steps": max_steps, "stopped": reason}
+    summary.update({k: v for k, v in last.items() if k != "step"})
     if step >= max_steps:
         export = out / EXPORT_DIR
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(str(cfg.export.dtype))
         if dtype is None:
             raise TerraInputError(f"export.dtype must be bfloat16 or float32 (got {cfg.export.dtype!r})")
         exported = copy.deepcopy(model).to(dtype)
-        atomic_dir(export, lambda folder: exported.save_pretrained(folder, max_shard_size=str(cfg.export.max_shard_size)))
+        shard = str(cfg.export.max_shard_size)
+        atomic_dir(export, lambda folder: exported.save_pretrained(folder, max_shard_size=shard))
         summary["export"] = str(export)
         print(f"training finished at step {step}; exported {export}")
     else:

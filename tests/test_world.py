@@ -65,6 +65,23 @@ def test_ground_rays_and_point_projection_agree():
     np.testing.assert_allclose(depth, cam.depth[r, c], rtol=1e-5)
 
 
+def test_view_culling_leaves_pixels_unchanged(monkeypatch):
+    import terra.world.renderer  # noqa: F401  (the module, not the function terra.world.render)
+    import sys
+
+    module = sys.modules["terra.world.renderer"]
+    rng = np.random.default_rng(1)
+    for seed in (0, 1):
+        scene = Scene.generate(seed)
+        poses = [scene.lane_pose(rng.uniform(5, 450), rng.normal(EGO_LANE_OFFSET_M, 2)) + [0, 0, rng.normal(0, 0.3)]
+                 for _ in range(3)]
+        culled = [render(scene, p, H, W) for p in poses]
+        with monkeypatch.context() as m:
+            m.setattr(module, "_segment_rows", lambda cam, scene, pose: None)  # every segment, every row
+            for p, img in zip(poses, culled):
+                np.testing.assert_array_equal(img, render(scene, p, H, W))
+
+
 def test_road_coordinates_invert_lane_poses(scene):
     rng = np.random.default_rng(0)
     s = rng.uniform(1.0, scene.length_m - 1.0, 200)

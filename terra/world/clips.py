@@ -16,7 +16,9 @@ import numpy as np
 
 from terra.actions import actions_from_instruction_trajs
 from terra.errors import TerraInputError
-from terra.trajectory import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MANOEUVRES, EgoTrajectory, manoeuvre_trajectory
+from terra.trajectory import (
+    FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MANOEUVRES, EgoTrajectory, manoeuvre_trajectory,
+)
 from terra.world.renderer import render
 from terra.world.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
 

@@ -128,6 +128,17 @@ def _draw_hills(img: np.ndarray, cam: Camera, scene: Scene, yaw: float) -> None:
         img[:rows_end] += cover * (colour.astype(np.float32) - img[:rows_end])
 
 
+def _segment_rows(cam: Camera, scene: Scene, pose: np.ndarray) -> list[tuple[int, slice]]:
+    """For each road segment in view, the band of ground rows whose forward distance it can cover."""
+    row_fwd = cam.fwd[:, 0]  # decreasing with the row; 0 beyond FAR_M
+    bands = []
+    for i, nearest, farthest in scene.segments_in_view(pose, FAR_M, CAMERA_HFOV_RAD / 2):
+        rows = np.flatnonzero((row_fwd >= nearest) & (row_fwd <= farthest) & np.isfinite(cam.depth[:, 0]))
+        if rows.size:
+            bands.append((i, slice(int(rows[0]), int(rows[-1]) + 1)))
+    return bands
+
+
 def _fog(depth: np.ndarray) -> np.ndarray:
     """Haze coverage at optical ``depth``: 0 at the camera, 1 at ``FAR_M`` and beyond."""
     return np.minimum(np.expm1(-depth / np.float32(FOG_M)) / np.float32(np.expm1(-FAR_M / FOG_M)), 1.0)
@@ -164,7 +175,7 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray) -
     cos_y, sin_y = np.cos(yaw), np.sin(yaw)
     wx = x0 + cam.fwd * cos_y - cam.left * sin_y
     wy = y0 + cam.fwd * sin_y + cam.left * cos_y
-    s, d = scene.road_coords(wx, wy, scene.segments_in_view(pose, FAR_M, CAMERA_HFOV_RAD / 2))
+    s, d = scene.road_coords(wx, wy, _segment_rows(cam, scene, pose))
     ad = np.abs(d)
     foot = np.maximum(cam.foot_lat, cam.foot_long) + np.float32(0.05)
     foot_d = cam.foot_lat * np.float32(1.5) + np.float32(0.02)

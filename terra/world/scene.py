@@ -108,22 +108,25 @@ class Scene:
         )
 
     def road_coords(
-        self, x: np.ndarray, y: np.ndarray, segments: list[int] | None = None
+        self, x: np.ndarray, y: np.ndarray, segments: list[tuple[int, slice]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset.
 
         Exact per segment (line or circle); a point takes the segment it lies closest to. ``segments``
-        restricts the search (see :meth:`segments_in_view`), which keeps rendering fast. Points beyond the
-        road's ends get ``d = inf`` so nothing of the road is drawn there.
+        restricts the search to ``(segment index, slice of the points' first axis)`` pairs, which keeps
+        rendering fast (see :meth:`segments_in_view`); points no segment covers get ``d = inf``, and so do
+        points beyond the road's ends, so nothing of the road is drawn there.
         """
         dtype = np.result_type(x, y)
         best = np.full(x.shape, np.inf, dtype=dtype)
         s_out = np.zeros(x.shape, dtype=dtype)
         d_out = np.full(x.shape, np.inf, dtype=dtype)
-        for i in range(len(self.seg_len)) if segments is None else segments:
+        if segments is None:
+            segments = [(i, slice(None)) for i in range(len(self.seg_len))]
+        for i, rows in segments:
             x0, y0, h0 = (float(v) for v in self.seg_xyh[i])
             k, length, s0 = float(self.seg_curv[i]), float(self.seg_len[i]), float(self.seg_s0[i])
-            dx, dy = x - x0, y - y0
+            dx, dy = x[rows] - x0, y[rows] - y0
             if k == 0.0:
                 along = dx * np.cos(h0) + dy * np.sin(h0)
                 lat = dy * np.cos(h0) - dx * np.sin(h0)
@@ -137,24 +140,33 @@ class Scene:
             clipped = np.clip(along, 0.0, length)
             excess = along - clipped
             dist = excess * excess + lat * lat
-            take = dist < best
-            np.copyto(best, dist, where=take)
-            np.copyto(s_out, clipped + s0, where=take)
-            np.copyto(d_out, np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
+            take = dist < best[rows]
+            np.copyto(best[rows], dist, where=take)
+            np.copyto(s_out[rows], clipped + s0, where=take)
+            np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
-    def segments_in_view(self, pose: np.ndarray, far: float, half_fov: float) -> list[int]:
-        """Segments that may hold road seen from ``pose`` (x, y, yaw) within ``far`` metres and ``half_fov``."""
-        s = np.arange(0.0, self.length_m + 5.0, 5.0)
-        pts = self.road_pose(s)
-        dx, dy = pts[:, 0] - pose[0], pts[:, 1] - pose[1]
-        fwd = dx * np.cos(pose[2]) + dy * np.sin(pose[2])
-        left = dy * np.cos(pose[2]) - dx * np.sin(pose[2])
-        dist = np.hypot(fwd, left)
-        margin = 2 * ROAD_HALF_WIDTH_M + 5.0  # sample spacing and road width
-        seen = (dist < far + margin) & ((np.abs(np.arctan2(left, fwd)) < half_fov + 0.1) | (dist < 4 * margin))
-        seg = np.clip(np.searchsorted(self.seg_s0, s, side="right") - 1, 0, len(self.seg_len) - 1)
-        return [int(i) for i in np.unique(seg[seen])]
+    def segments_in_view(
+        self, pose: np.ndarray, far: float, half_fov: float, margin: float = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
+    ) -> list[tuple[int, float, float]]:
+        """Segments that may show road seen from ``pose`` (x, y, yaw) within ``far`` metres and ``half_fov``.
+
+        Returns ``(index, nearest, farthest)``: the range of forward distances (ego frame) that the segment's
+        road, widened by ``margin`` metres on each side and at its ends, covers.
+        """
+        found = []
+        cos_y, sin_y = np.cos(pose[2]), np.sin(pose[2])
+        for i in range(len(self.seg_len)):
+            s = np.linspace(self.seg_s0[i], self.seg_s0[i] + self.seg_len[i], int(self.seg_len[i] // 2.0) + 2)
+            pts = self.lane_pose(np.concatenate([s, s]), np.repeat([-margin, margin], len(s)))
+            dx, dy = pts[:, 0] - pose[0], pts[:, 1] - pose[1]
+            fwd = dx * cos_y + dy * sin_y
+            left = dy * cos_y - dx * sin_y
+            in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
+            seen = (fwd > -margin) & (fwd < far + margin) & in_cone
+            if np.any(seen):
+                found.append((i, float(fwd[seen].min()) - margin, float(fwd[seen].max()) + margin))
+        return found
 
 
 # ---------------------------------------------------------------------------------------------- generation
@@ -258,5 +270,6 @@ def _hills(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     ranges = []
     for amp in (0.035, 0.025):
         freq = rng.choice(np.arange(2, 16), size=5, replace=False).astype(float)
-        ranges.append(np.stack([freq, amp * rng.uniform(0.3, 1.0, 5) / np.sqrt(freq / 2), rng.uniform(0, 2 * np.pi, 5)], 1))
+        amps = amp * rng.uniform(0.3, 1.0, 5) / np.sqrt(freq / 2)  # higher frequencies, smaller bumps
+        ranges.append(np.stack([freq, amps, rng.uniform(0, 2 * np.pi, 5)], 1))
     return np.stack(ranges), np.array([0.045, 0.02])
