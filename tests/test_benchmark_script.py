@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import imageio.v3 as iio
 import pytest
 
 from terra.backend_vllm import FrameStat
@@ -36,11 +37,12 @@ def bench():
     return load_script("benchmark")
 
 
-def test_hf_part_runs_in_a_subprocess_and_reports(tmp_path):
-    """The whole CLI path: parent writes the config, the worker subprocess times 2 frames, the table prints."""
+@pytest.mark.slow
+def test_hf_and_e2e_parts_run_in_subprocesses_and_report(tmp_path):
+    """The whole CLI path: the parent writes the configs, one worker subprocess per part, the table prints."""
     out = tmp_path / "bench"
-    proc = run_script("benchmark", "--tiny", "--device", "cpu", "--parts", "hf", "--hf-frames", "2",
-                      "--context", "2", "--out", str(out))
+    proc = run_script("benchmark", "--tiny", "--device", "cpu", "--parts", "hf,e2e", "--e2e-backend", "hf",
+                      "--hf-frames", "2", "--batched-frames", "2", "--context", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((out / "hf.json").read_text())
     single = record["single"]
@@ -58,6 +60,13 @@ def test_hf_part_runs_in_a_subprocess_and_reports(tmp_path):
         k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")
     }
     assert "Transformers, KV-cached frame loop" in proc.stdout
+    e2e = json.loads((out / "e2e.json").read_text())
+    assert e2e["e2e"]["frames"] == 4 and e2e["tokenizer"]["image_size"] == [64, 64]
+    parts = sum(e2e["e2e"][k] for k in ("encode_s", "generate_s", "decode_s", "write_s"))
+    assert parts <= e2e["e2e"]["total_s"] + 1e-6 and e2e["tokenizer"]["decode_frames_per_s"] > 0
+    video = out / "e2e_rollout.mp4"
+    assert video.stat().st_size > 0 and len(iio.imread(video)) == 4
+    assert "4-frame rollout end to end (hf)" in proc.stdout
     assert json.loads((out / "summary.json").read_text())["failures"] == {}
 
 
@@ -108,6 +117,7 @@ def test_derived_ratios_and_table(bench):
     assert "GPU X" in text and "eager    FAILED: exit 1" in text and text.count("\nbatched ") == 2
 
 
+@pytest.mark.slow
 def test_memory_script_flat_over_sequential_calls(tmp_path):
     out = tmp_path / "memory.json"
     proc = run_script("benchmark_memory", "--iterations", "6", "--warmup", "2", "--frames", "1", "--out", str(out))
