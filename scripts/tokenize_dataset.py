@@ -83,27 +83,33 @@ def tokenize_dataset(
                           image_size=dataset.image_size, source=str(dataset.path))
 
 
-@hydra.main(config_path="../conf", config_name="tokenize_dataset", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Load the tokenizer named in ``cfg``, encode the dataset and write the tokens file."""
+def run(cfg: DictConfig) -> TokenizedClips:
+    """Load the tokenizer named in ``cfg``, encode the dataset and write the tokens file; return the clips."""
     from tokenizer import load_tokenizer
 
+    dataset = ClipDataset(cfg.dataset)
+    if not Path(str(cfg.tokenizer_path)).exists():
+        raise TerraInputError(
+            f"tokenizer {cfg.tokenizer_path} does not exist; pass tokenizer_path=<saved tokenizer folder>"
+        )
+    tok = load_tokenizer(str(cfg.tokenizer_path), device=resolve_device(str(cfg.device))).eval()
+    clips = tokenize_dataset(dataset, tok, int(cfg.batch_size))
+    clips = TokenizedClips(**{**clips.__dict__, "tokenizer": str(cfg.tokenizer_path)})
+    save_tokens(cfg.out, clips)
+    return clips
+
+
+@hydra.main(config_path="../conf", config_name="tokenize_dataset", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: tokenize, printing bad settings as one line (exit code 2)."""
     start = time.perf_counter()
     try:
-        dataset = ClipDataset(cfg.dataset)
-        if not Path(str(cfg.tokenizer_path)).exists():
-            raise TerraInputError(
-                f"tokenizer {cfg.tokenizer_path} does not exist; pass tokenizer_path=<saved tokenizer folder>"
-            )
-        tok = load_tokenizer(str(cfg.tokenizer_path), device=resolve_device(str(cfg.device))).eval()
-        clips = tokenize_dataset(dataset, tok, int(cfg.batch_size))
-        clips = TokenizedClips(**{**clips.__dict__, "tokenizer": str(cfg.tokenizer_path)})
-        out = save_tokens(cfg.out, clips)
+        clips = run(cfg)
     except TerraInputError as err:
         print(f"tokenize_dataset: error: {err}", file=sys.stderr)
         sys.exit(2)
     n, t, h, w = clips.codes.shape
-    print(f"wrote codes of {n} clips x {t} frames ({h}x{w} codes, codebook {clips.codebook_size}) to {out} "
+    print(f"wrote codes of {n} clips x {t} frames ({h}x{w} codes, codebook {clips.codebook_size}) to {cfg.out} "
           f"in {time.perf_counter() - start:.1f} s")
 
 

@@ -98,6 +98,26 @@ def test_tokenize_dataset_matches_direct_encoding(dataset, tokens):
     assert len(np.unique(clips.codes)) > 10
 
 
+def test_tokenize_script_uses_a_saved_tokenizer(dataset, tmp_path):
+    from tokenizer import LFQTokenizer
+
+    tok = LFQTokenizer({"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 1, 2], "num_res_blocks": 1,
+                                                   "z_channels": 6}, "image_size": [H, W]}).eval()
+    tok.save_pretrained(tmp_path / "tok")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("tokenize_dataset", overrides=[
+            f"dataset={dataset.path}", f"tokenizer_path={tmp_path / 'tok'}", f"out={tmp_path / 'codes.safetensors'}",
+            "batch_size=16", "device=cpu"])
+    tokenize_script.run(cfg)
+    clips = load_tokens(tmp_path / "codes.safetensors")
+    assert clips.codes.shape == (12, 6, 6, 10) and clips.codebook_size == 64 and clips.tokenizer == str(tmp_path / "tok")
+    images = torch.from_numpy(dataset[3].frames).permute(0, 3, 1, 2).float() / 127.5 - 1
+    np.testing.assert_array_equal(clips.codes[3], tok.encode(images).numpy())
+    cfg.tokenizer_path = str(tmp_path / "missing")
+    with pytest.raises(TerraInputError, match="tokenizer_path"):
+        tokenize_script.run(cfg)
+
+
 def test_tokenize_rejects_a_tokenizer_of_another_size(dataset):
     class Wrong(PoolTokenizer):
         image_size = (32, 32)
