@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -177,6 +178,25 @@ def test_resumed_training_equals_uninterrupted_training(tokens, tmp_path):
     b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_sigterm_checkpoints_and_stops(tokens, tmp_path, monkeypatch):
+    sample = train_script.WindowSampler.sample
+    calls = []
+
+    def sample_then_signal(self, batch_size):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives during step 3
+        return sample(self, batch_size)
+
+    monkeypatch.setattr(train_script.WindowSampler, "sample", sample_then_signal)
+    handler = signal.getsignal(signal.SIGTERM)
+    summary = train_script.train(train_config(tokens, tmp_path, "train.max_steps=10"))
+    assert summary["step"] == 3 and summary["stopped"] == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is handler  # the previous handler is back
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 3
 
 
 def test_cli_trains_and_exports_sharded_bf16(tokens, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -66,10 +68,7 @@ def test_ground_rays_and_point_projection_agree():
 
 
 def test_view_culling_leaves_pixels_unchanged(monkeypatch):
-    import terra.world.renderer  # noqa: F401  (the module, not the function terra.world.render)
-    import sys
-
-    module = sys.modules["terra.world.renderer"]
+    module = importlib.import_module("terra.world.renderer")  # the module; terra.world.render is the function
     rng = np.random.default_rng(1)
     for seed in (0, 1):
         scene = Scene.generate(seed)
