@@ -104,3 +104,22 @@ def test_find_action_slots():
     assert find_action_slots(ids, 9, 3) == [2, 6, 9]
     with pytest.raises(ValueError, match="whole number of frames"):
         find_action_slots([1, 9, 9, 2], 9, 3)
+
+
+def test_prompt_and_items_must_match(vllm_backend):
+    from vllm import SamplingParams
+
+    layout = vllm_backend.layout
+    ids, actions, _ = RolloutState(make_requests(layout, 1, 2, 1)[0], layout).prompt()
+    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"actions": actions[:1]}}
+    with pytest.raises(ValueError, match="2 frames of action slots but 1 'actions' items"):
+        vllm_backend.engine.add_request("mismatch", prompt, SamplingParams(max_tokens=1))
+
+
+def test_rejects_a_folder_without_a_world_model(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from terra.backend_vllm import VLLMBackend
+    from terra.errors import TerraInputError
+
+    with pytest.raises(TerraInputError, match="world model config"):
+        VLLMBackend(str(tmp_path))
