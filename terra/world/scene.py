@@ -229,7 +229,7 @@ def _palette(rng: np.random.Generator) -> Palette:
 
 
 def _objects(rng: np.random.Generator, scene: Scene) -> Objects:
-    """Trees, poles, signs and buildings beside the road; parked cars on the oncoming lane's edge."""
+    """Trees, poles, signs and buildings beside the road; cars parked on the far (left) shoulder."""
     rows: list[tuple[int, float, float, float, float, np.ndarray, np.ndarray]] = []
     sign_colours = [(0.85, 0.12, 0.12), (0.12, 0.30, 0.85), (0.95, 0.80, 0.10), (0.10, 0.60, 0.30)]
     car_colours = [(0.85, 0.15, 0.15), (0.15, 0.35, 0.80), (0.92, 0.92, 0.92), (0.95, 0.65, 0.10), (0.12, 0.12, 0.14)]
@@ -255,7 +255,7 @@ def _objects(rng: np.random.Generator, scene: Scene) -> Objects:
             s += rng.uniform(10.0, 28.0)
     s = rng.uniform(20.0, 80.0)
     while s < scene.length_m:
-        rows.append((CAR, s, LANE_WIDTH_M - 0.6, 1.8, 1.5, np.array(car_colours[rng.integers(len(car_colours))]),
+        rows.append((CAR, s, ROAD_HALF_WIDTH_M + 0.45, 1.8, 1.5, np.array(car_colours[rng.integers(len(car_colours))]),
                      np.array([0.15, 0.18, 0.22])))
         s += rng.uniform(60.0, 200.0)
     kind, s_arr, d_arr, w, h, c1, c2 = zip(*rows)
