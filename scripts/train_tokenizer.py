@@ -272,7 +272,7 @@ def _timed_save(output_dir: Path, model, ema, optimizer, disc, disc_opt, state: 
 
 def _log(output_dir: Path, entry: dict[str, Any]) -> None:
     """One JSON line in ``train_log.jsonl`` and a compact line on stdout."""
-    entry = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in entry.items()}
+    entry = {k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in entry.items()}
     with open(output_dir / "train_log.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
     print(" ".join(f"{k}={v}" for k, v in entry.items()), flush=True)

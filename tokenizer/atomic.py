@@ -24,9 +24,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    tmp_path.chmod(0o644)  # mkstemp creates 0600; outputs are ordinary shared files
     try:
         yield tmp_path
+        tmp_path.chmod(0o644)  # mkstemp creates 0600 (and some writers recreate the file); outputs are shared
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
