@@ -7,6 +7,8 @@ Each step samples random windows of ``train.window`` frames from the clips and r
 on image-token targets only: the logit at position i predicts token i+1; targets that are action slots are
 skipped, and so is the first frame of the window (context) unless ``train.loss_on_first_frame``.
 
+The log's ``tokens_per_s`` counts every position of the interleaved sequence (image tokens and action slots).
+
 ``output_dir`` receives ``checkpoint/`` (full-precision weights, optimizer, scheduler, step, sampler state;
 rewritten atomically every ``train.ckpt_every`` steps, when the budget ``train.max_minutes`` is spent and on
 SIGTERM), ``train_log.jsonl`` (loss, image-token accuracy, learning rate, throughput, validation loss) and,
@@ -43,6 +45,7 @@ CHECKPOINT_DIR = "checkpoint"
 EXPORT_DIR = "model"
 LOG_FILE = "train_log.jsonl"
 STATE_FILE = "trainer_state.pt"
+EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def build_config(net: DictConfig, clips: TokenizedClips) -> LlamaActionConfig:
@@ -163,6 +166,18 @@ def atomic_dir(final: Path, write) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further)."""
+    if not path.is_file():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line)["step"] <= step]
+    if len(kept) < len(rows):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+
+
 @torch.no_grad()
 def evaluate(model, codes, actions, window, batch_size, keep, target_idx, codebook_size, autocast_dtype):
     """Mean loss and accuracy over the first window of every held-out clip."""
@@ -186,6 +201,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(str(tcfg.device))
     autocast_dtype = autocast_for(str(tcfg.precision), device)
+    dtype = EXPORT_DTYPES.get(str(cfg.export.dtype))
+    if dtype is None:
+        raise TerraInputError(f"export.dtype must be bfloat16 or float32 (got {cfg.export.dtype!r})")
+    torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
     torch.manual_seed(int(tcfg.seed))
 
     clips = load_tokens(cfg.data.tokens)
@@ -201,7 +220,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     val_clips = int(cfg.data.val_clips)
     if not 0 <= val_clips < num_clips:
         raise TerraInputError(f"data.val_clips must be in [0, {num_clips - 1}] for {num_clips} clips (got {val_clips})")
-    patches = config.num_image_patches
+    patches, span = config.num_image_patches, config.num_spatio_embeddings
     codes = torch.from_numpy(clips.codes.reshape(num_clips, clip_frames, patches).astype(np.int32)).to(device)
     actions = torch.from_numpy(clips.actions).to(device)
     train_codes, val_codes = codes[: num_clips - val_clips], codes[num_clips - val_clips :]
@@ -220,12 +239,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt = out / CHECKPOINT_DIR
     if bool(cfg.resume) and (ckpt / STATE_FILE).is_file():
         loaded = LlamaActionForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict())
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+        try:
+            model.load_state_dict(loaded.state_dict())
+        except RuntimeError:
+            raise TerraInputError(
+                f"the checkpoint in {ckpt} has another network shape or token layout than net.* and the data; "
+                "pick a new output_dir or set resume=false"
+            ) from None
+        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         sampler.generator.set_state(state["sampler"])
         step = int(state["step"])
+        _truncate_log(out / LOG_FILE, step)
         print(f"resumed from {ckpt} at step {step}")
     model.train()
     if bool(tcfg.compile):
@@ -265,12 +291,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             sum_loss = sum_loss + loss.detach()  # summed on the device: no sync per step
             sum_acc = sum_acc + acc
             interval_steps += 1
+            stopping = stop["signal"] or time.perf_counter() - start_time >= budget_s
             do_eval = val_clips > 0 and (step % int(tcfg.eval_every) == 0 or step == max_steps)
-            if step % int(tcfg.log_every) == 0 or step == max_steps or do_eval:
+            if step % int(tcfg.log_every) == 0 or step == max_steps or do_eval or stopping:
                 elapsed = time.perf_counter() - interval_start
                 last = {"step": step, "loss": float(sum_loss) / interval_steps, "acc": float(sum_acc) / interval_steps,
                         "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                        "tokens_per_s": interval_steps * batch_size * len(keep) / elapsed,
+                        "tokens_per_s": interval_steps * batch_size * ids.shape[1] * span / patches / elapsed,
                         "time_s": time.perf_counter() - start_time}
                 if do_eval:
                     last["val_loss"], last["val_acc"] = evaluate(
@@ -282,11 +309,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 log.flush()
                 sum_loss = sum_acc = 0.0
                 interval_steps, interval_start = 0, time.perf_counter()
-            if step % int(tcfg.ckpt_every) == 0 and step < max_steps:
-                save_checkpoint()
-            if stop["signal"] or time.perf_counter() - start_time >= budget_s:
+            if stopping:
                 reason = "SIGTERM" if stop["signal"] else "max_minutes"
                 break
+            if step % int(tcfg.ckpt_every) == 0 and step < max_steps:
+                save_checkpoint()
         save_checkpoint()
     finally:
         log.close()
@@ -295,9 +322,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary.update({k: v for k, v in last.items() if k != "step"})
     if step >= max_steps:
         export = out / EXPORT_DIR
-        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(str(cfg.export.dtype))
-        if dtype is None:
-            raise TerraInputError(f"export.dtype must be bfloat16 or float32 (got {cfg.export.dtype!r})")
         exported = copy.deepcopy(model).to(dtype)
         shard = str(cfg.export.max_shard_size)
         atomic_dir(export, lambda folder: exported.save_pretrained(folder, max_shard_size=shard))

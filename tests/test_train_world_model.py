@@ -174,10 +174,27 @@ def test_resumed_training_equals_uninterrupted_training(tokens, tmp_path):
         assert not (tmp_path / "parts" / "model").exists()
     part = train_script.train(train_config(tokens, tmp_path / "parts", "train.max_steps=4", "train.max_minutes=0"))
     assert part["step"] == whole["step"] == 4
+    steps = [json.loads(line)["step"] for line in (tmp_path / "parts" / "train_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]  # every stop logs its interval; no step twice
     a = LlamaActionForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
     b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_resume_drops_log_rows_after_the_checkpoint_and_checks_the_shape(tokens, tmp_path):
+    train_script.train(train_config(tokens, tmp_path, "train.max_steps=12", "train.ckpt_every=5",
+                                    "train.max_minutes=0"))  # one step, checkpointed at step 1
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=True)
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(log.read_text() + json.dumps({"step": 5, "loss": 1.0}) + "\n")  # a killed run logged further
+    summary = train_script.train(train_config(tokens, tmp_path, "train.max_steps=12", "train.log_every=1",
+                                              "train.max_minutes=0"))
+    assert state["step"] == 1 and summary["step"] == 2
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    with pytest.raises(TerraInputError, match="another network shape"):
+        train_script.train(train_config(tokens, tmp_path, "train.max_steps=12", "net.hidden_size=128",
+                                        "net.num_attention_heads=2", "net.num_key_value_heads=2"))
 
 
 def test_sigterm_checkpoints_and_stops(tokens, tmp_path, monkeypatch):
@@ -218,6 +235,7 @@ def test_cli_trains_and_exports_sharded_bf16(tokens, tmp_path):
     ("data.val_clips=12", "data.val_clips"),
     ("net.num_attention_heads=3", "net"),
     ("train.window=9", "train.window"),
+    ("export.dtype=float16", "export.dtype"),
 ])
 def test_bad_settings_raise_one_line_errors(tokens, tmp_path, override, match):
     with pytest.raises(TerraInputError, match=match) as err:
