@@ -237,6 +237,8 @@ def environment(device: str) -> dict[str, Any]:
             break
         except importlib.metadata.PackageNotFoundError:
             continue
+    if vllm_version is None and "vllm" in sys.modules:  # an unpacked copy on PYTHONPATH has no metadata
+        vllm_version = sys.modules["vllm"].__version__
     return {
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": device,
@@ -501,7 +503,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
     """Build the part's backend, run its measurements, return its record (the worker writes it)."""
     part = PARTS[name]
     layout = read_layout(args)
-    record: dict[str, Any] = {"part": name, "description": part.description, "env": environment(args.device)}
+    record: dict[str, Any] = {"part": name, "description": part.description}
     record["settings"] = {
         "model": args.model or ("tiny random" if args.tiny else "Terra shape, random weights"),
         "dtype": args.dtype, "context_frames": args.context, "tokens_per_frame": layout.image_tokens,
@@ -525,6 +527,7 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
     if args.device.startswith("cuda") and torch.cuda.is_initialized():
         record["memory"]["torch_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9  # this process only
     record["elapsed_s"] = time.perf_counter() - t0
+    record["env"] = environment(args.device)  # after the run: vLLM is imported by then
     return record
 
 
@@ -569,7 +572,6 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
             out["single"]["engine_steps"] = step.calls
             out["single"]["engine_step_s"] = step.seconds
             out["single"]["add_request_s"] = add.seconds
-            out["single"]["ms_per_step"] = 1e3 * step.seconds / max(step.calls, 1)
         if stats is not None:
             out["single"]["prefix"] = prefix_summary(stats, block_size, layout.action_tokens)
             out["single"]["prefix_per_frame"] = [
@@ -751,6 +753,17 @@ def table(records: dict[str, dict], failures: dict[str, str]) -> str:
     for name, why in failures.items():
         lines.append(f"{name:8} FAILED: {why}")
     lines.append("computed = max prompt tokens recomputed per later frame request / target (block size + action slots)")
+    for name, r in records.items():  # where the time goes: inside engine.step vs our loop and add_request
+        for row in ([r["single"]] if "single" in r else []) + r.get("batched", []):
+            if "engine_steps" in row:
+                rest = row["wall_s"] - row["engine_step_s"] - row["add_request_s"]
+                lines.append(
+                    f"time {name} B={row['rollouts']}: {row['engine_steps']} engine steps, "
+                    f"{1e3 * row['engine_step_s'] / max(row['engine_steps'], 1):.2f} ms/step, "
+                    f"{100 * row['engine_step_s'] / row['wall_s']:.1f}% in step, "
+                    f"{100 * row['add_request_s'] / row['wall_s']:.1f}% in add_request, "
+                    f"{100 * rest / row['wall_s']:.1f}% in our loop"
+                )
     e2e = records.get("e2e", {})
     if "e2e" in e2e:
         t, e = e2e["tokenizer"], e2e["e2e"]

@@ -101,7 +101,9 @@ def test_derived_ratios_and_table(bench):
 
     records = {
         "hf": {"description": "hf", "env": env, "single": row(1, 50.0, 0.02)},
-        "vllm": {"description": "terra", "env": env, "single": row(1, 1.0, 1.0)},
+        "vllm": {"description": "terra", "env": env,
+                 "single": {**row(1, 1.0, 1.0), "wall_s": 8.0, "engine_steps": 4000, "engine_step_s": 6.0,
+                            "add_request_s": 0.4}},
         "plain": {"description": "plain", "env": env, "single": row(1, 0.8, 1.25), "batched": [row(64, 3.0, 20.0)]},
         "batched": {"description": "bf16", "env": env, "batched": [row(8, 1.0, 8.0), row(64, 3.2, 16.0)],
                     "greedy_tokens": [1, 2, 3, 4]},
@@ -115,6 +117,11 @@ def test_derived_ratios_and_table(bench):
     assert d["fp8_greedy"] == {"tokens": 4, "agreement": 0.75, "first_mismatch": 2, "distinct_tokens_bf16": 4}
     text = bench.table(records, {"eager": "exit 1"})
     assert "GPU X" in text and "eager    FAILED: exit 1" in text and text.count("\nbatched ") == 2
+    assert "time vllm B=1: 4000 engine steps, 1.50 ms/step, 75.0% in step, 5.0% in add_request, 20.0% in our loop" in text
+    met = {name: t["met"] for name, t in d["targets"].items()}
+    assert met == {"terra single stream s/frame <= 0.8": False, "vLLM speed-up over Transformers >= 40": True,
+                   "64 rollouts x 22 frames, frames/s >= 18": False,
+                   "action/position overhead vs plain Llama % <= 3": False}
 
 
 @pytest.mark.slow
