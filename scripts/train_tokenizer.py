@@ -158,7 +158,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     state: dict[str, Any] = {"step": 0, "train_seconds": 0.0}
     checkpoint = find_checkpoint(output_dir) if tc.resume else None
     if checkpoint is not None:
-        saved = torch.load(checkpoint / "training_state.pt", map_location=device, weights_only=False)
+        saved = torch.load(checkpoint / "training_state.pt", map_location=device, weights_only=True)
         model.load_weights(load_file(checkpoint / "model" / WEIGHTS_NAME), source=str(checkpoint / "model"))
         optimizer.load_state_dict(saved["optimizer"])
         if ema is not None and (checkpoint / "ema").is_dir():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -141,7 +142,9 @@ def test_llamagen_checkpoint_loads_strictly(tmp_path):
     assert set(source.state_dict()) == expected
     state = {k: v.clone() for k, v in source.state_dict().items()}
     state["quantize.codebook_used"] = torch.zeros(65536)  # LlamaGen's usage buffer is dropped on load
-    torch.save({"model": state, "optimizer": {}, "steps": 10}, tmp_path / "vq_ds16_c2i.pt")
+    raw = {k: torch.randn_like(v) for k, v in state.items()}  # the non-EMA weights, which LlamaGen's loader skips
+    torch.save({"model": raw, "ema": state, "optimizer": {}, "steps": 10, "args": argparse.Namespace(vq_model="VQ-16")},
+               tmp_path / "vq_ds16_c2i.pt")
     loaded = VQTokenizer.from_llamagen(
         tmp_path / "vq_ds16_c2i.pt", **{k: source.config[k] for k in ("ch", "z_channels", "codebook_size",
                                                                         "codebook_embed_dim", "image_size")}

@@ -16,7 +16,9 @@ Weights load strictly from our ``model.safetensors`` and from LlamaGen's origina
 
 from __future__ import annotations
 
+import argparse
 import os
+import pickle
 from typing import Any, Mapping
 
 import torch
@@ -148,19 +150,26 @@ class VQTokenizer(ImageTokenizer):
 
     @classmethod
     def from_llamagen(cls, path: str | os.PathLike, **config: Any) -> "VQTokenizer":
-        """Load LlamaGen's original checkpoint (``torch.save({"model": state_dict, ...})``); ``config`` overrides VQ-16."""
+        """Load LlamaGen's original checkpoint; ``config`` overrides the VQ-16 defaults.
+
+        The file is a torch pickle ``{"ema"?: sd, "model": sd, "optimizer": ..., "args": Namespace, ...}``
+        (or ``{"state_dict": sd}``); like LlamaGen's own loader this prefers ``ema`` over ``model``. It is
+        read with ``weights_only=True``, allowing only ``argparse.Namespace`` beyond plain data.
+        """
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError) as err:
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
             raise TerraInputError(f"{path} cannot be read as a torch checkpoint ({type(err).__name__}); "
                                   "pass LlamaGen's vq_ds16_*.pt file") from None
-        state_dict = checkpoint.get("model", checkpoint) if isinstance(checkpoint, dict) else None
-        if not isinstance(state_dict, dict):
-            raise TerraInputError(f"{path} holds no state dict under 'model'; pass LlamaGen's original checkpoint")
+        key = next((k for k in ("ema", "model", "state_dict") if isinstance(checkpoint, dict) and k in checkpoint), None)
+        state_dict = checkpoint[key] if key else checkpoint
+        if not isinstance(state_dict, dict) or not all(torch.is_tensor(v) for v in state_dict.values()):
+            raise TerraInputError(f"{path} holds no state dict under ema, model or state_dict; "
+                                  "pass LlamaGen's original checkpoint")
         model = cls(config)
         model.load_weights(state_dict, source=str(path))
         return model.eval()
-
 
 def _entropy_loss(affinity: torch.Tensor, temperature: float = 0.01) -> torch.Tensor:
     """LlamaGen's codebook entropy loss: per-sample entropy minus entropy of the average assignment."""
