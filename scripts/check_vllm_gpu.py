@@ -86,6 +86,13 @@ def run_vllm(path: Path, dtype: str, requests, device: str, args) -> dict:
     backend = VLLMBackend(str(path), dtype=dtype, max_num_seqs=16, gpu_memory_utilization=args.gpu_memory_utilization,
                           enforce_eager=False, **extra)
     startup = time.perf_counter() - start
+    config = backend.engine.vllm_config
+    engine = {
+        "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", "?")),
+        "async_scheduling": getattr(config.scheduler_config, "async_scheduling", None),
+        "block_size": config.cache_config.block_size,
+        "prefix_caching": config.cache_config.enable_prefix_caching,
+    }
     try:
         start = time.perf_counter()
         codes = backend.generate(requests, SamplingConfig(temperature=0), progress=False)
@@ -96,6 +103,7 @@ def run_vllm(path: Path, dtype: str, requests, device: str, args) -> dict:
     later = [s["hit_rate"] for s in stats if not s["window_start"]]
     return {
         "codes": codes,
+        "engine": engine,
         "startup_s": startup,
         "generate_s": seconds,
         "frames_per_s": sum(len(c) for c in codes) / seconds,
@@ -144,13 +152,20 @@ def bf16_logit_difference(path: Path, request: RolloutRequest, codes: np.ndarray
     }
 
 
+def print_cache_stats(stats: list[dict]) -> None:
+    """One line per frame request: prompt tokens, tokens served from the prefix cache."""
+    for s in stats:
+        print(f"  rollout {s['rollout']} frame {s['frame']}: prompt {s['prompt_tokens']}, cached {s['cached_tokens']} "
+              f"({s['hit_rate']:.1%}){' [window start]' if s['window_start'] else ''}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write the results to")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rollouts", type=int, default=3)
     parser.add_argument("--context", type=int, default=2)
-    parser.add_argument("--frames", type=int, default=6, help="generated frames per rollout (6 crosses a window)")
+    parser.add_argument("--frames", type=int, default=5, help="generated frames per rollout (5 crosses a window)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--skip-bf16", action="store_true")
     args = parser.parse_args()
@@ -175,31 +190,41 @@ def main() -> None:
         requests = make_requests(layout, args.rollouts, args.context, args.frames)
 
         hf32 = run_hf(path, torch.float32, requests, args.device)
-        vl32 = run_vllm(path, "float32", requests, args.device, args)
-        results["fp32"] = {
-            "vllm_vs_hf": agreement(vl32["codes"], hf32["codes"]),
-            "hf_generate_s": hf32["generate_s"],
-            **{k: v for k, v in vl32.items() if k != "codes"},
-        }
-        print(f"fp32: vLLM vs Transformers greedy agreement {results['fp32']['vllm_vs_hf']['token_agreement']:.4%}")
+        try:
+            vl32 = run_vllm(path, "float32", requests, args.device, args)
+            results["fp32"] = {
+                "vllm_vs_hf": agreement(vl32["codes"], hf32["codes"]),
+                "hf_generate_s": hf32["generate_s"],
+                **{k: v for k, v in vl32.items() if k != "codes"},
+            }
+            print(f"fp32: vLLM vs Transformers greedy agreement {results['fp32']['vllm_vs_hf']['token_agreement']:.4%}")
+            print_cache_stats(results["fp32"]["frame_stats"])
+        except Exception as err:  # keep going: the bf16 half of the check is still worth having
+            results["fp32"] = {"error": f"{type(err).__name__}: {err}"}
+            print(f"fp32 vLLM run failed: {results['fp32']['error']}")
         if not args.skip_bf16:
             hf16 = run_hf(path, torch.bfloat16, requests, args.device)
-            vl16 = run_vllm(path, "bfloat16", requests, args.device, args)
             results["bf16"] = {
-                "vllm_vs_hf_bf16": agreement(vl16["codes"], hf16["codes"]),
-                "vllm_bf16_vs_hf_fp32": agreement(vl16["codes"], hf32["codes"]),
                 "hf_bf16_vs_hf_fp32": agreement(hf16["codes"], hf32["codes"]),
                 "hf_logits_bf16_vs_fp32": bf16_logit_difference(path, requests[0], hf32["codes"][0], args.device),
                 "hf_generate_s": hf16["generate_s"],
-                **{k: v for k, v in vl16.items() if k != "codes"},
             }
-            print(f"bf16: vLLM vs Transformers(bf16) {results['bf16']['vllm_vs_hf_bf16']['token_agreement']:.4%}, "
-                  f"vs fp32 reference {results['bf16']['vllm_bf16_vs_hf_fp32']['token_agreement']:.4%}; "
-                  f"max |logit| change bf16 vs fp32 {results['bf16']['hf_logits_bf16_vs_fp32']['max_abs_logit_diff']:.4f}")
+            try:
+                vl16 = run_vllm(path, "bfloat16", requests, args.device, args)
+                results["bf16"].update(
+                    vllm_vs_hf_bf16=agreement(vl16["codes"], hf16["codes"]),
+                    vllm_bf16_vs_hf_fp32=agreement(vl16["codes"], hf32["codes"]),
+                    **{k: v for k, v in vl16.items() if k != "codes"},
+                )
+                print(f"bf16: vLLM vs Transformers(bf16) {results['bf16']['vllm_vs_hf_bf16']['token_agreement']:.4%}, "
+                      f"vs fp32 reference {results['bf16']['vllm_bf16_vs_hf_fp32']['token_agreement']:.4%}")
+                print_cache_stats(results["bf16"]["frame_stats"])
+            except Exception as err:
+                results["bf16"]["error"] = f"{type(err).__name__}: {err}"
+                print(f"bf16 vLLM run failed: {results['bf16']['error']}")
+            print(f"bf16 vs fp32 in Transformers: max |logit| change "
+                  f"{results['bf16']['hf_logits_bf16_vs_fp32']['max_abs_logit_diff']:.4f}")
 
-    for s in results["fp32"]["frame_stats"]:
-        print(f"  rollout {s['rollout']} frame {s['frame']}: prompt {s['prompt_tokens']}, cached {s['cached_tokens']} "
-              f"({s['hit_rate']:.1%}){' [window start]' if s['window_start'] else ''}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_suffix(out.suffix + ".tmp")
