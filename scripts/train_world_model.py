@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +118,39 @@ def windows(codes: torch.Tensor, actions: torch.Tensor, clip: torch.Tensor, star
     return ids, acts
 
 
-def step_loss(model, ids, acts, keep, target_idx, codebook_size, autocast_dtype):
-    """Cross-entropy and accuracy over image-token targets for one batch of windows."""
-    with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        logits = model(input_ids=ids, actions=acts, logits_to_keep=keep).logits
-    logits = logits.float()
-    targets = ids[:, target_idx]
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    with torch.no_grad():
-        acc = (logits[..., :codebook_size].argmax(-1) == targets).float().mean()
-    return loss, acc
+@dataclass(frozen=True)
+class Objective:
+    """Next-token cross-entropy on image-token targets (see :func:`target_positions`), with bf16 autocast or not."""
+
+    keep: torch.Tensor  # positions whose logits are trained
+    target_idx: torch.Tensor  # where their targets sit in the flat image tokens
+    codebook_size: int
+    autocast_dtype: torch.dtype | None
+
+    def __call__(self, model: torch.nn.Module, ids: torch.Tensor, acts: torch.Tensor):
+        """Loss and image-token accuracy (greedy over the codebook) of one batch of windows."""
+        enabled = self.autocast_dtype is not None
+        with torch.autocast(ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
+            logits = model(input_ids=ids, actions=acts, logits_to_keep=self.keep).logits
+        logits = logits.float()
+        targets = ids[:, self.target_idx]
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        with torch.no_grad():
+            acc = (logits[..., : self.codebook_size].argmax(-1) == targets).float().mean()
+        return loss, acc
+
+    @torch.no_grad()
+    def evaluate(self, model, codes: torch.Tensor, actions: torch.Tensor, window: int, batch_size: int):
+        """Mean loss and accuracy over the first window of every clip in ``codes`` (held-out clips)."""
+        model.eval()
+        total_loss = total_acc = 0.0
+        for lo in range(0, len(codes), batch_size):
+            clip = torch.arange(lo, min(lo + batch_size, len(codes)))
+            loss, acc = self(model, *windows(codes, actions, clip, torch.zeros_like(clip), window))
+            total_loss += float(loss) * len(clip)
+            total_acc += float(acc) * len(clip)
+        model.train()
+        return total_loss / len(codes), total_acc / len(codes)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -178,20 +202,53 @@ def _truncate_log(path: Path, step: int) -> None:
         tmp.replace(path)
 
 
-@torch.no_grad()
-def evaluate(model, codes, actions, window, batch_size, keep, target_idx, codebook_size, autocast_dtype):
-    """Mean loss and accuracy over the first window of every held-out clip."""
-    model.eval()
-    total_loss = total_acc = 0.0
-    n = len(codes)
-    for lo in range(0, n, batch_size):
-        clip = torch.arange(lo, min(lo + batch_size, n))
-        ids, acts = windows(codes, actions, clip, torch.zeros_like(clip), window)
-        loss, acc = step_loss(model, ids, acts, keep, target_idx, codebook_size, autocast_dtype)
-        total_loss += float(loss) * len(clip)
-        total_acc += float(acc) * len(clip)
-    model.train()
-    return total_loss / n, total_acc / n
+@dataclass
+class TrainingState:
+    """What a checkpoint holds: weights (``save_pretrained`` format), optimizer, scheduler, sampler and step."""
+
+    model: LlamaActionForCausalLM
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: WindowSampler
+    step: int = 0
+
+    def save(self, folder: Path, cfg: DictConfig) -> None:
+        """Write the checkpoint atomically (a new folder swapped in), so a kill never leaves half of one."""
+
+        def write(tmp: Path) -> None:
+            self.model.save_pretrained(tmp, max_shard_size="10GB")
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "sampler": self.sampler.generator.get_state(), "step": self.step,
+                        "config": OmegaConf.to_container(cfg, resolve=True)}, tmp / STATE_FILE)
+
+        atomic_dir(folder, write)
+
+    def restore(self, folder: Path) -> None:
+        """Load a checkpoint written by :meth:`save` into this state."""
+        loaded = LlamaActionForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        try:
+            self.model.load_state_dict(loaded.state_dict())
+        except RuntimeError:
+            raise TerraInputError(
+                f"the checkpoint in {folder} has another network shape or token layout than net.* and the data; "
+                "pick a new output_dir or set resume=false"
+            ) from None
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.generator.set_state(state["sampler"])
+        self.step = int(state["step"])
+
+
+def split_clips(clips: TokenizedClips, val_clips: int, device: torch.device):
+    """Codes ``[N, T, P]`` and actions on ``device``, split into (train codes, train actions, val codes, val actions)."""
+    num_clips, clip_frames = clips.codes.shape[:2]
+    if not 0 <= val_clips < num_clips:
+        raise TerraInputError(f"data.val_clips must be in [0, {num_clips - 1}] for {num_clips} clips (got {val_clips})")
+    codes = torch.from_numpy(clips.codes.reshape(num_clips, clip_frames, -1).astype(np.int32)).to(device)
+    actions = torch.from_numpy(clips.actions).to(device)
+    cut = num_clips - val_clips
+    return codes[:cut], actions[:cut], codes[cut:], actions[cut:]
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -218,15 +275,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             f"and clips have {clip_frames} frames; use clips of at least 2 frames"
         )
     val_clips = int(cfg.data.val_clips)
-    if not 0 <= val_clips < num_clips:
-        raise TerraInputError(f"data.val_clips must be in [0, {num_clips - 1}] for {num_clips} clips (got {val_clips})")
+    train_codes, train_actions, val_codes, val_actions = split_clips(clips, val_clips, device)
     patches, span = config.num_image_patches, config.num_spatio_embeddings
-    codes = torch.from_numpy(clips.codes.reshape(num_clips, clip_frames, patches).astype(np.int32)).to(device)
-    actions = torch.from_numpy(clips.actions).to(device)
-    train_codes, val_codes = codes[: num_clips - val_clips], codes[num_clips - val_clips :]
-    train_actions, val_actions = actions[: num_clips - val_clips], actions[num_clips - val_clips :]
     keep, target_idx = target_positions(patches, window, bool(tcfg.loss_on_first_frame))
-    keep, target_idx = keep.to(device), target_idx.to(device)
+    objective = Objective(keep.to(device), target_idx.to(device), config.codebook_size, autocast_dtype)
 
     model = LlamaActionForCausalLM(config).to(device)
     optimizer = make_optimizer(model, tcfg, device)
@@ -235,35 +287,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         optimizer, int(tcfg.warmup_steps), max_steps, min_lr_rate=float(tcfg.min_lr_ratio)
     )
     sampler = WindowSampler(train_codes, train_actions, window, int(tcfg.seed))
-    step = 0
+    state = TrainingState(model, optimizer, scheduler, sampler)
     ckpt = out / CHECKPOINT_DIR
     if bool(cfg.resume) and (ckpt / STATE_FILE).is_file():
-        loaded = LlamaActionForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-        try:
-            model.load_state_dict(loaded.state_dict())
-        except RuntimeError:
-            raise TerraInputError(
-                f"the checkpoint in {ckpt} has another network shape or token layout than net.* and the data; "
-                "pick a new output_dir or set resume=false"
-            ) from None
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.generator.set_state(state["sampler"])
-        step = int(state["step"])
-        _truncate_log(out / LOG_FILE, step)
-        print(f"resumed from {ckpt} at step {step}")
+        state.restore(ckpt)
+        _truncate_log(out / LOG_FILE, state.step)
+        print(f"resumed from {ckpt} at step {state.step}")
     model.train()
     if bool(tcfg.compile):
         model.model.compile()
-
-    def save_checkpoint() -> None:
-        def write(folder: Path) -> None:
-            model.save_pretrained(folder, max_shard_size="10GB")
-            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.generator.get_state(), "step": step,
-                        "config": OmegaConf.to_container(cfg, resolve=True)}, folder / STATE_FILE)
-        atomic_dir(ckpt, write)
 
     stop = {"signal": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
@@ -279,15 +311,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     last: dict[str, Any] = {}
     reason = "max_steps"
     try:
-        while step < max_steps:
+        while state.step < max_steps:
             ids, acts = sampler.sample(batch_size)
-            loss, acc = step_loss(model, ids, acts, keep, target_idx, config.codebook_size, autocast_dtype)
+            loss, acc = objective(model, ids, acts)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(tcfg.grad_clip))
             optimizer.step()
             scheduler.step()
-            step += 1
+            state.step += 1
+            step = state.step
             sum_loss = sum_loss + loss.detach()  # summed on the device: no sync per step
             sum_acc = sum_acc + acc
             interval_steps += 1
@@ -300,9 +333,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "tokens_per_s": interval_steps * batch_size * ids.shape[1] * span / patches / elapsed,
                         "time_s": time.perf_counter() - start_time}
                 if do_eval:
-                    last["val_loss"], last["val_acc"] = evaluate(
-                        model, val_codes, val_actions, window, batch_size, keep, target_idx,
-                        config.codebook_size, autocast_dtype)
+                    last["val_loss"], last["val_acc"] = objective.evaluate(
+                        model, val_codes, val_actions, window, batch_size)
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()),
                       flush=True)
                 log.write(json.dumps(last) + "\n")
@@ -313,11 +345,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 reason = "SIGTERM" if stop["signal"] else "max_minutes"
                 break
             if step % int(tcfg.ckpt_every) == 0 and step < max_steps:
-                save_checkpoint()
-        save_checkpoint()
+                state.save(ckpt, cfg)
+        state.save(ckpt, cfg)
     finally:
         log.close()
         signal.signal(signal.SIGTERM, previous_handler)
+    step = state.step
     summary = {"step": step, "max_steps": max_steps, "stopped": reason}
     summary.update({k: v for k, v in last.items() if k != "step"})
     if step >= max_steps:
