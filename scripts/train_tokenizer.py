@@ -240,7 +240,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             save_time = _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
 
     finished = step >= max_steps
-    save_time = _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
+    _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
     summary: dict[str, Any] = {"step": step, "max_steps": max_steps, "finished": finished,
                                "train_seconds": state["train_seconds"], "eval_initial": state.get("eval_initial"),
                                "eval": evaluate(model, eval_images)}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,8 @@ from terra.errors import TerraInputError
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
 from tokenizer.checkpoint_keys import to_taming
 from tokenizer.lfq import TERRA_CONFIG, bits_to_codes, codes_to_bits
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +80,19 @@ def test_lfq_bits_and_codes_are_inverse_with_msb_first():
     assert tok.latent_to_codes(latent).tolist() == [[[32, 1]]]
     embedded = tok.codes_to_latent(torch.tensor([[[32, 1]]]))
     assert torch.equal(embedded, torch.where(latent > 0, 1.0, -1.0))
+
+
+@pytest.mark.parametrize("bits", [6, 13])  # exact codebook entropy, and the per-bit bound above 12 bits
+def test_lfq_entropy_terms(bits):
+    tok = tiny_lfq(bits=bits)
+    confident = torch.randn(64, bits, 4, 4, generator=torch.Generator().manual_seed(0)).sign()  # |z| = 1, random
+    sample, codebook = tok._entropies(confident)
+    assert float(sample) < 1e-3  # each position is sure of its code
+    assert float(codebook) == pytest.approx(bits * math.log(2), rel=0.1 if bits == 6 else 0.02)  # spread over codes
+    collapsed = torch.ones(64, bits, 4, 4)  # every position picks the same code
+    assert float(tok._entropies(collapsed)[1]) < 1e-3
+    out = tok(images(2))
+    assert set(out.stats) == {"commitment", "sample_entropy", "codebook_entropy"} and out.quantizer_loss.requires_grad
 
 
 def test_decode_rejects_codes_outside_the_codebook():
@@ -214,3 +232,12 @@ def test_load_errors_are_one_line(tmp_path):
     tiny_lfq().save_pretrained(tmp_path / "lfq")
     with pytest.raises(TerraInputError, match="VQTokenizer"):
         VQTokenizer.from_pretrained(tmp_path / "lfq")
+
+
+def test_benchmark_script_measures_the_demo_tokenizer():
+    spec = importlib.util.spec_from_file_location("benchmark_tokenizer", ROOT / "scripts" / "benchmark_tokenizer.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.benchmark("lfq_demo", torch.device("cpu"), torch.float32, batch=1, frames=1, warmup=0)
+    assert row["input"] == "144x256" and row["codes"] == "9x16" and row["codebook"] == 1024
+    assert row["encode_fps"] > 0 and row["decode_fps"] > 0
