@@ -486,14 +486,13 @@ def build_backend(part: Part, args: argparse.Namespace, layout: TokenLayout) -> 
         enforce_eager=part.enforce_eager,
         enable_prefix_caching=True,
         kv_cache_dtype=part.kv_cache_dtype,
-        **({} if args.model else {"load_format": "dummy"}),
         **args.engine_kwargs,
     )
-    if kind == "plain":
-        return PlainLlamaBackend(str(plain_dir), layout, **engine)
+    if kind == "plain":  # always random weights: speed does not depend on their values
+        return PlainLlamaBackend(str(plain_dir), layout, load_format="dummy", **engine)
     from terra.backend_vllm import VLLMBackend
 
-    return VLLMBackend(str(terra_dir), **engine)
+    return VLLMBackend(str(terra_dir), **({} if args.model else {"load_format": "dummy"}), **engine)
 
 
 # ------------------------------------------------------------------------------------------------ one part
