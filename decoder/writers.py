@@ -107,7 +107,8 @@ def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: i
         raise TerraInputError("a grid needs at least one rollout")
     videos = [check_frames(v, f"rollout {i}") for i, v in enumerate(rollouts)]
     if len({v.shape[1:] for v in videos}) != 1:
-        raise TerraInputError(f"grid rollouts differ in frame size {sorted({v.shape[1:3] for v in videos})}; decode all at one size")
+        sizes = sorted({v.shape[1:3] for v in videos})
+        raise TerraInputError(f"grid rollouts differ in frame size {sizes}; decode all at one size")
     columns = columns or int(np.ceil(np.sqrt(len(videos))))
     rows = int(np.ceil(len(videos) / columns))
     length = max(len(v) for v in videos)

@@ -109,9 +109,10 @@ def main() -> None:
         parser.error(f"unknown models {unknown}; choose from {sorted(MODELS)}")
 
     rows = []
-    header = "| model | family | input | codes | codebook | params (M) | device | dtype | batch | encode frames/s | decode frames/s |"
-    print(header)
-    print("|" + "|".join(["---"] * 11) + "|")
+    columns = ["model", "family", "input", "codes", "codebook", "params (M)", "device", "dtype", "batch",
+               "encode frames/s", "decode frames/s"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "|".join(["---"] * len(columns)) + "|")
     for name in names:
         row = benchmark(name, device, getattr(torch, args.dtype), batch, frames, args.warmup)
         rows.append(row)

@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from safetensors.torch import load_file
 from terra.errors import TerraInputError
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from tokenizer.atomic import atomic_path, write_text
-from tokenizer.base import WEIGHTS_NAME
+from tokenizer.base import WEIGHTS_NAME, TrainOutput
 from tokenizer.images import load_frames
 from tokenizer.training import (
     CodeUsage,
@@ -98,24 +99,61 @@ def evaluate(model: ImageTokenizer, images: torch.Tensor) -> dict[str, float]:
     return {"l1": (recon - images).abs().mean().item(), "psnr": psnr(recon, images)}
 
 
-def save_checkpoint(output_dir: Path, model, ema, optimizer, disc, disc_opt, state: dict[str, Any]) -> None:
-    """Write ``checkpoint/`` as a whole: build ``checkpoint.tmp/`` then swap it in."""
-    tmp, final, old = (output_dir / name for name in (f"{CHECKPOINT}.tmp", CHECKPOINT, f"{CHECKPOINT}.old"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model")
-    if ema is not None:
-        ema.module.save_pretrained(tmp / "ema")
-        state["ema_n_averaged"] = int(ema.n_averaged)
-    state["optimizer"] = optimizer.state_dict()
-    if disc is not None:
-        state["disc"] = disc.state_dict()
-        state["disc_optimizer"] = disc_opt.state_dict()
-    torch.save(state, tmp / "training_state.pt")
-    if final.exists():
+@dataclass
+class Trainees:
+    """Everything that learns, and its optimiser state."""
+
+    model: ImageTokenizer
+    optimizer: torch.optim.Optimizer
+    ema: torch.optim.swa_utils.AveragedModel | None
+    disc: PatchDiscriminator | None
+    disc_optimizer: torch.optim.Optimizer | None
+
+    @classmethod
+    def build(cls, cfg: DictConfig, device: torch.device, memory_format: torch.memory_format) -> "Trainees":
+        tc, dc = cfg.train, cfg.disc
+        model = build_tokenizer(cfg.model).to(device=device, memory_format=memory_format).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=float(tc.lr), betas=tuple(tc.betas),
+                                      weight_decay=float(tc.weight_decay))
+        ema = make_ema(model, float(tc.ema_decay)) if tc.ema_decay else None
+        disc = disc_optimizer = None
+        if dc.enabled:
+            disc = PatchDiscriminator(ch=int(dc.ch), num_layers=int(dc.layers))
+            disc = disc.to(device=device, memory_format=memory_format)
+            disc_optimizer = torch.optim.AdamW(disc.parameters(), lr=float(dc.lr), betas=tuple(tc.betas))
+        return cls(model, optimizer, ema, disc, disc_optimizer)
+
+    def save(self, output_dir: Path, state: dict[str, Any]) -> None:
+        """Write ``checkpoint/`` as a whole: build ``checkpoint.tmp/`` then swap it in."""
+        tmp, final, old = (output_dir / name for name in (f"{CHECKPOINT}.tmp", CHECKPOINT, f"{CHECKPOINT}.old"))
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp / "model")
+        state = {**state, "optimizer": self.optimizer.state_dict()}
+        if self.ema is not None:
+            self.ema.module.save_pretrained(tmp / "ema")
+            state["ema_n_averaged"] = int(self.ema.n_averaged)
+        if self.disc is not None:
+            state.update(disc=self.disc.state_dict(), disc_optimizer=self.disc_optimizer.state_dict())
+        torch.save(state, tmp / "training_state.pt")
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, checkpoint: Path, device: torch.device) -> dict[str, Any]:
+        """Restore from ``checkpoint``; returns the saved progress (step, timings, initial eval)."""
+        saved = torch.load(checkpoint / "training_state.pt", map_location=device, weights_only=True)
+        self.model.load_weights(load_file(checkpoint / "model" / WEIGHTS_NAME), source=str(checkpoint / "model"))
+        self.optimizer.load_state_dict(saved.pop("optimizer"))
+        if self.ema is not None and (checkpoint / "ema").is_dir():
+            self.ema.module.load_weights(load_file(checkpoint / "ema" / WEIGHTS_NAME), source=str(checkpoint / "ema"))
+            self.ema.n_averaged.fill_(saved.get("ema_n_averaged", 0))
+        disc, disc_optimizer = saved.pop("disc", None), saved.pop("disc_optimizer", None)
+        if self.disc is not None and disc is not None:
+            self.disc.load_state_dict(disc)
+            self.disc_optimizer.load_state_dict(disc_optimizer)
+        return saved
 
 
 def find_checkpoint(output_dir: Path) -> Path | None:
@@ -126,10 +164,47 @@ def find_checkpoint(output_dir: Path) -> Path | None:
     return None
 
 
+def train_step(
+    t: Trainees, forward, batch: torch.Tensor, step: int, cfg: DictConfig, autocast
+) -> tuple[dict[str, torch.Tensor], TrainOutput]:
+    """One optimisation step (tokenizer, then discriminator once it is active); returns logged values."""
+    lc, dc = cfg.loss, cfg.disc
+    with autocast:
+        out = forward(batch)
+    recon = out.reconstruction.float()
+    l1 = (recon - batch).abs().mean()
+    loss = float(lc.l1) * l1 + float(lc.quantizer) * out.quantizer_loss.float()
+    if lc.l2:
+        loss = loss + float(lc.l2) * (recon - batch).pow(2).mean()
+    if lc.gradient:
+        loss = loss + float(lc.gradient) * gradient_l1(recon, batch)
+    gan = t.disc is not None and step >= int(dc.start_step)
+    if gan:
+        with autocast:
+            g_loss = hinge_g_loss(t.disc(recon).float())
+        loss = loss + float(dc.weight) * g_loss
+    t.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.train.grad_clip:
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), float(cfg.train.grad_clip))
+    t.optimizer.step()
+    record = {"loss": loss.detach(), "l1": l1.detach(), **out.stats}
+    if gan:
+        t.disc_optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            d_loss = hinge_d_loss(t.disc(batch).float(), t.disc(recon.detach()).float())
+        d_loss.backward()
+        t.disc_optimizer.step()
+        record.update(g_loss=g_loss.detach(), d_loss=d_loss.detach())
+    if t.ema is not None:
+        t.ema.update_parameters(t.model)
+    return record, out
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume) training as configured; returns the summary also written to ``summary.json``."""
     t0 = time.monotonic()
-    tc, lc, dc = cfg.train, cfg.loss, cfg.disc
+    tc = cfg.train
     output_dir = Path(tc.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     device = _device(tc.device)
@@ -140,37 +215,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         torch.backends.cudnn.benchmark = True
     memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
-    model = build_tokenizer(cfg.model).to(device=device, memory_format=memory_format).train()
+    t = Trainees.build(cfg, device, memory_format)
+    model = t.model
     frames_np = training_frames(cfg.data, model.image_size, output_dir)
     frames = torch.from_numpy(frames_np)
     if device.type == "cuda" and frames.numel() <= float(cfg.data.device_cache_gb) * 2**30:
         frames = frames.to(device)
     eval_index = np.linspace(0, len(frames_np) - 1, min(int(tc.eval_frames), len(frames_np))).astype(int)
-    eval_images = sample_eval(frames_np, eval_index, device)
+    eval_images = torch.from_numpy(frames_np[eval_index]).to(device).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(tc.lr), betas=tuple(tc.betas), weight_decay=float(tc.weight_decay))
-    ema = make_ema(model, float(tc.ema_decay)) if tc.ema_decay else None
-    disc = disc_opt = None
-    if dc.enabled:
-        disc = PatchDiscriminator(ch=int(dc.ch), num_layers=int(dc.layers)).to(device=device, memory_format=memory_format)
-        disc_opt = torch.optim.AdamW(disc.parameters(), lr=float(dc.lr), betas=tuple(tc.betas))
-
-    state: dict[str, Any] = {"step": 0, "train_seconds": 0.0}
     checkpoint = find_checkpoint(output_dir) if tc.resume else None
     if checkpoint is not None:
-        saved = torch.load(checkpoint / "training_state.pt", map_location=device, weights_only=True)
-        model.load_weights(load_file(checkpoint / "model" / WEIGHTS_NAME), source=str(checkpoint / "model"))
-        optimizer.load_state_dict(saved["optimizer"])
-        if ema is not None and (checkpoint / "ema").is_dir():
-            ema.module.load_weights(load_file(checkpoint / "ema" / WEIGHTS_NAME), source=str(checkpoint / "ema"))
-            ema.n_averaged.fill_(saved.get("ema_n_averaged", 0))
-        if disc is not None and "disc" in saved:
-            disc.load_state_dict(saved["disc"])
-            disc_opt.load_state_dict(saved["disc_optimizer"])
-        state = {k: v for k, v in saved.items() if k not in ("optimizer", "disc", "disc_optimizer")}
+        state = t.load(checkpoint, device)
         print(f"resumed from {checkpoint} at step {state['step']}", flush=True)
     else:
-        state["eval_initial"] = evaluate(model, eval_images)
+        state = {"step": 0, "train_seconds": 0.0, "eval_initial": evaluate(model, eval_images)}
         _log(output_dir, {"event": "eval", "step": 0, **state["eval_initial"]})
 
     forward = torch.compile(model) if tc.compile else model
@@ -180,72 +239,50 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     step_time, save_time, window = 0.0, 1.0, []
     start_step = step = int(state["step"])
     max_steps = int(tc.max_steps)
-    clock = {"run_start": time.monotonic(), "trained_before": float(state["train_seconds"])}
-    window_t0 = time.monotonic()
+    run_start, trained_before = time.monotonic(), float(state["train_seconds"])
 
+    def save() -> float:
+        begin = time.monotonic()
+        state.update(step=step, train_seconds=trained_before + begin - run_start)
+        t.save(output_dir, state)
+        return time.monotonic() - begin
+
+    window_t0 = time.monotonic()
     while step < max_steps:
-        elapsed = time.monotonic() - t0
-        if step > start_step and elapsed + 3 * step_time + 2 * save_time > budget_s:
+        if step > start_step and time.monotonic() - t0 + 3 * step_time + 2 * save_time > budget_s:
             break
         tick = time.monotonic()
         factor = lr_factor(step, int(tc.warmup_steps), max_steps, float(tc.min_lr_ratio))
-        for group in optimizer.param_groups:
+        for group in t.optimizer.param_groups:
             group["lr"] = float(tc.lr) * factor
         batch = sample_batch(frames, int(tc.batch_size), step, int(cfg.data.seed), bool(cfg.data.hflip))
         batch = batch.to(device, non_blocking=True).contiguous(memory_format=memory_format)
-        with autocast:
-            out = forward(batch)
-        recon = out.reconstruction.float()
-        l1 = (recon - batch).abs().mean()
-        loss = float(lc.l1) * l1 + float(lc.quantizer) * out.quantizer_loss.float()
-        if lc.l2:
-            loss = loss + float(lc.l2) * (recon - batch).pow(2).mean()
-        if lc.gradient:
-            loss = loss + float(lc.gradient) * gradient_l1(recon, batch)
-        gan = disc is not None and step >= int(dc.start_step)
-        if gan:
-            with autocast:
-                g_loss = hinge_g_loss(disc(recon).float())
-            loss = loss + float(dc.weight) * g_loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if tc.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), float(tc.grad_clip))
-        optimizer.step()
-        record = {"loss": loss.detach(), "l1": l1.detach(), **{k: v for k, v in out.stats.items()}}
-        if gan:
-            disc_opt.zero_grad(set_to_none=True)
-            with autocast:
-                d_loss = hinge_d_loss(disc(batch).float(), disc(recon.detach()).float())
-            d_loss.backward()
-            disc_opt.step()
-            record.update(g_loss=g_loss.detach(), d_loss=d_loss.detach())
-        if ema is not None:
-            ema.update_parameters(model)
+        record, out = train_step(t, forward, batch, step, cfg, autocast)
         usage.update(out.codes)
         step += 1
         window.append(record)
         if step % int(tc.log_every) == 0 or step == max_steps:
             stats = {k: torch.stack([r[k] for r in window if k in r]).float().mean().item() for k in window[-1]}
-            entry = {"event": "train", "step": step, **stats, "psnr": psnr(recon, batch), "lr": float(tc.lr) * factor,
-                     "code_usage": usage.fraction_used(), "code_perplexity": usage.perplexity(),
-                     "steps_per_s": len(window) / max(1e-9, time.monotonic() - window_t0)}
-            _log(output_dir, entry)
+            _log(output_dir, {"event": "train", "step": step, **stats, "psnr": psnr(out.reconstruction, batch),
+                              "lr": float(tc.lr) * factor, "code_usage": usage.fraction_used(),
+                              "code_perplexity": usage.perplexity(),
+                              "steps_per_s": len(window) / max(1e-9, time.monotonic() - window_t0)})
             window, window_t0 = [], time.monotonic()
             usage.reset()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        step_time = 0.9 * step_time + 0.1 * (time.monotonic() - tick) if step - start_step > 1 else time.monotonic() - tick
+        took = time.monotonic() - tick
+        step_time = took if step - start_step == 1 else 0.9 * step_time + 0.1 * took
         if step % int(tc.checkpoint_every) == 0 and step < max_steps:
-            save_time = _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
+            save_time = save()
 
     finished = step >= max_steps
-    _timed_save(output_dir, model, ema, optimizer, disc, disc_opt, state, step, clock)
+    save()
     summary: dict[str, Any] = {"step": step, "max_steps": max_steps, "finished": finished,
                                "train_seconds": state["train_seconds"], "eval_initial": state.get("eval_initial"),
                                "eval": evaluate(model, eval_images)}
     if finished:
-        export = ema.module if ema is not None else model
+        export = t.ema.module if t.ema is not None else model
         summary["eval_export"] = evaluate(export, eval_images)
         export.save_pretrained(tc.export_dir)
         summary["export_dir"] = str(tc.export_dir)
@@ -254,20 +291,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     print(f"{'finished' if finished else 'stopped (budget)'} at step {step}/{max_steps}; "
           + (f"exported to {tc.export_dir}" if finished else "run the same command again to resume"), flush=True)
     return summary
-
-
-def sample_eval(frames: np.ndarray, index: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Fixed evaluation frames as float ``[n, 3, H, W]`` in [-1, 1]."""
-    return torch.from_numpy(frames[index]).to(device).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
-
-
-def _timed_save(output_dir: Path, model, ema, optimizer, disc, disc_opt, state: dict, step: int, clock: dict) -> float:
-    """Save a checkpoint at ``step`` (with the total training time so far); returns how long it took."""
-    start = time.monotonic()
-    state["train_seconds"] = clock["trained_before"] + start - clock["run_start"]
-    state["step"] = step
-    save_checkpoint(output_dir, model, ema, optimizer, disc, disc_opt, dict(state))
-    return time.monotonic() - start
 
 
 def _log(output_dir: Path, entry: dict[str, Any]) -> None:

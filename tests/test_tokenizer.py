@@ -186,7 +186,8 @@ def test_terra_taming_layout_maps_to_ours():
     tok = tiny_lfq(seed=2)
     theirs = to_taming(tok.state_dict(), num_levels=3)
     # taming: decoder.up[0] is the finest level, which is our last decoder block
-    assert torch.equal(theirs["decoder.up.0.block.0.conv1.weight"], tok.state_dict()["decoder.conv_blocks.2.res.0.conv1.weight"])
+    ours = tok.state_dict()
+    assert torch.equal(theirs["decoder.up.0.block.0.conv1.weight"], ours["decoder.conv_blocks.2.res.0.conv1.weight"])
     assert "encoder.mid.attn_1.q.weight" in theirs and "encoder.down.0.downsample.conv.weight" in theirs
     assert "decoder.up.2.attn.0.proj_out.weight" in theirs  # attention at the coarsest level
     fresh = tiny_lfq(seed=3)

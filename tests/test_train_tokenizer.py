@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ def single_thread():
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("train_tokenizer", ROOT / "scripts" / "train_tokenizer.py")
 train_tokenizer = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = train_tokenizer  # dataclasses look their module up there
 spec.loader.exec_module(train_tokenizer)
 
 TINY_LFQ = [
@@ -88,12 +90,12 @@ def test_training_reduces_reconstruction_loss_and_exports(tmp_path, image_folder
 
 
 def test_time_budget_stops_cleanly_and_a_second_run_resumes(tmp_path, image_folder):
-    first = train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, "train.max_steps=12",
-                                         "train.max_minutes=1e-6", "disc.enabled=true", "disc.start_step=0", "disc.layers=1"))
+    gan = ["disc.enabled=true", "disc.start_step=0", "disc.layers=1"]
+    first = train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, *gan, "train.max_steps=12",
+                                         "train.max_minutes=1e-6"))
     assert not first["finished"] and first["step"] == 1  # one step always runs, then the budget stops it
     assert (tmp_path / "checkpoint" / "model" / "model.safetensors").is_file() and not (tmp_path / "final").exists()
-    second = train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, "train.max_steps=12",
-                                          "disc.enabled=true", "disc.start_step=0", "disc.layers=1"))
+    second = train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, *gan, "train.max_steps=12"))
     assert second["finished"] and second["step"] == 12
     assert second["eval_initial"] == first["eval_initial"]  # carried over from the first invocation
     assert json.loads((tmp_path / "summary.json").read_text())["finished"]

@@ -106,7 +106,10 @@ class _Level(nn.Module):
 
 
 def _mid(channels: int, dropout: float) -> nn.ModuleList:
-    return nn.ModuleList([ResnetBlock(channels, channels, dropout), AttnBlock(channels), ResnetBlock(channels, channels, dropout)])
+    """LlamaGen's ``mid``: residual block, attention, residual block."""
+    return nn.ModuleList(
+        [ResnetBlock(channels, channels, dropout), AttnBlock(channels), ResnetBlock(channels, channels, dropout)]
+    )
 
 
 class Encoder(nn.Module):
