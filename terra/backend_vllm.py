@@ -5,7 +5,12 @@ one ``"actions"`` item per frame, see :mod:`terra.vllm_model`) and exactly ``P``
 drives the engine's step loop itself, so a rollout whose frame finishes submits its next frame at once while
 the others keep decoding (no barrier across rollouts). Prefix caching keeps resubmitting the growing prompt
 cheap: only the new frame's action slots and the last partial KV block are recomputed. Each frame request's
-prompt and cached token counts are recorded in :attr:`VLLMBackend.frame_stats`.
+prompt and cached token counts are appended to :attr:`VLLMBackend.frame_stats` (kept across calls, so a
+benchmark can slice out one configuration's requests).
+
+vLLM's streaming-input sessions are not used: they exist only on the asyncio engine, cannot return final-only
+outputs, and a window rollover starts a fresh prompt anyway; resubmission already recomputes at most one KV
+block plus the 6 action slots per frame.
 """
 
 from __future__ import annotations
@@ -68,7 +73,6 @@ class VLLMBackend(WorldModelBackend):
         seed: int = 0,
         **engine_kwargs: Any,
     ) -> None:
-        import terra  # noqa: F401  (AutoConfig must know "llama_action")
         from transformers import AutoConfig
         from vllm import LLM
 
@@ -115,7 +119,7 @@ class VLLMBackend(WorldModelBackend):
 
         return SamplingParams(
             temperature=sampling.temperature,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            top_k=sampling.top_k,  # 0 = off, as in SamplingConfig
             top_p=sampling.top_p,
             seed=None if sampling.greedy else seed,
             max_tokens=self.layout.image_tokens,

@@ -123,3 +123,14 @@ def test_rejects_a_folder_without_a_world_model(tmp_path):
 
     with pytest.raises(TerraInputError, match="world model config"):
         VLLMBackend(str(tmp_path))
+
+
+def test_plugin_entry_point_registers_both_architectures():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from importlib.metadata import entry_points
+
+    from vllm import ModelRegistry
+
+    (plugin,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "terra"]
+    plugin.load()()
+    assert {"LlamaActionForCausalLM", "LlamaActionV2ForCausalLM"} <= set(ModelRegistry.get_supported_archs())
