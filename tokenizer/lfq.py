@@ -143,12 +143,13 @@ class LFQTokenizer(ImageTokenizer):
         is the sum of the entropies of the average bit marginals (an upper bound that still rewards
         balanced, independent bits) since the full 2**C distribution would not fit in memory.
         """
-        temperature = float(self.quantizer_config.get("entropy_temperature", 0.01))
-        p = torch.sigmoid(4 * self.scale * rearrange(z, "b c h w -> (b h w) c") / temperature)  # [N, C]
-        sample_entropy = _binary_entropy(p).sum(-1).mean()
-        if self.num_bits > EXACT_ENTROPY_MAX_BITS:
-            return sample_entropy, _binary_entropy(p.mean(0)).sum()
-        bits = codes_to_bits(torch.arange(self.codebook_size, device=z.device), self.num_bits).float()  # [K, C]
-        log_p = p.clamp_min(1e-8).log() @ bits.T + (1 - p).clamp_min(1e-8).log() @ (1 - bits).T  # [N, K]
-        avg = log_p.exp().mean(0)
-        return sample_entropy, -(avg * avg.clamp_min(1e-8).log()).sum()
+        with torch.autocast(z.device.type, enabled=False):  # log-probabilities need fp32 matmuls
+            temperature = float(self.quantizer_config.get("entropy_temperature", 0.01))
+            p = torch.sigmoid(4 * self.scale * rearrange(z.float(), "b c h w -> (b h w) c") / temperature)  # [N, C]
+            sample_entropy = _binary_entropy(p).sum(-1).mean()
+            if self.num_bits > EXACT_ENTROPY_MAX_BITS:
+                return sample_entropy, _binary_entropy(p.mean(0)).sum()
+            bits = codes_to_bits(torch.arange(self.codebook_size, device=z.device), self.num_bits).float()  # [K, C]
+            log_p = p.clamp_min(1e-8).log() @ bits.T + (1 - p).clamp_min(1e-8).log() @ (1 - bits).T  # [N, K]
+            avg = log_p.exp().mean(0)
+            return sample_entropy, -(avg * avg.clamp_min(1e-8).log()).sum()

@@ -64,12 +64,13 @@ class VectorQuantizer(nn.Module):
         return F.normalize(weight, dim=-1) if self.l2_norm else weight
 
     def affinity(self, z: torch.Tensor) -> torch.Tensor:
-        """``[N, D]`` vectors → ``[N, K]`` negative squared distances to every entry (fp32)."""
-        z = z.float()
-        book = self.codebook().float()
-        if self.l2_norm:
-            z = F.normalize(z, dim=-1)
-        return 2 * z @ book.T - z.pow(2).sum(-1, keepdim=True) - book.pow(2).sum(-1)
+        """``[N, D]`` vectors → ``[N, K]`` negative squared distances to every entry (fp32, even under autocast)."""
+        with torch.autocast(z.device.type, enabled=False):
+            z = z.float()
+            book = self.codebook().float()
+            if self.l2_norm:
+                z = F.normalize(z, dim=-1)
+            return 2 * z @ book.T - z.pow(2).sum(-1, keepdim=True) - book.pow(2).sum(-1)
 
 
 class VQTokenizer(ImageTokenizer):
