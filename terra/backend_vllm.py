@@ -145,8 +145,10 @@ class VLLMBackend(WorldModelBackend):
             ids, actions, _ = state.prompt()
             frame = state.next_frame - state.num_context
             request_id = f"terra-{next(self._ids)}"
-            prompt = {"prompt_token_ids": ids, "multi_modal_data": {"actions": np.ascontiguousarray(actions, np.float32)}}
-            self.engine.add_request(request_id, prompt, self._sampling_params(sampling, frame_seed(seeds[index], frame)))
+            items = np.ascontiguousarray(actions, dtype=np.float32)
+            prompt = {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
+            params = self._sampling_params(sampling, frame_seed(seeds[index], frame))
+            self.engine.add_request(request_id, prompt, params)
             pending[request_id] = (index, frame, len(ids), state.window_starts)
 
         total = sum(r.num_frames for r in requests)

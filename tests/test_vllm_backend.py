@@ -31,8 +31,9 @@ def make_requests(layout, num_rollouts: int, num_context: int, num_frames: int, 
     rng = np.random.default_rng(seed)
     context = rng.integers(0, layout.codebook_size, (num_context, layout.image_tokens))
     steps = num_context + num_frames - 1
+    shape = (steps, layout.action_tokens, 3)
     return [
-        RolloutRequest(context, rng.normal(0, 2, (steps, layout.action_tokens, 3)).astype(np.float32), num_frames, seed=i)
+        RolloutRequest(context, rng.normal(0, 2, shape).astype(np.float32), num_frames, seed=i)
         for i in range(num_rollouts)
     ]
 
@@ -134,3 +135,12 @@ def test_plugin_entry_point_registers_both_architectures():
     (plugin,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "terra"]
     plugin.load()()
     assert {"LlamaActionForCausalLM", "LlamaActionV2ForCausalLM"} <= set(ModelRegistry.get_supported_archs())
+
+
+def test_identical_actions_in_one_prompt(vllm_backend, hf_backend):
+    """A constant manoeuvre gives every frame the same action item (same content hash) in one prompt."""
+    layout = vllm_backend.layout
+    request = make_requests(layout, num_rollouts=1, num_context=3, num_frames=3, seed=3)[0]
+    request.actions = np.broadcast_to(request.actions[:1], request.actions.shape).copy()
+    ours = vllm_backend.generate([request], GREEDY, progress=False)
+    np.testing.assert_array_equal(ours[0], hf_backend.generate([request], GREEDY, progress=False)[0])
