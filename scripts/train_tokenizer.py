@@ -284,7 +284,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if finished:
         export = t.ema.module if t.ema is not None else model
         summary["eval_export"] = evaluate(export, eval_images)
-        export.save_pretrained(tc.export_dir)
+        export.to(getattr(torch, tc.export_dtype)).save_pretrained(tc.export_dir)  # after the fp32 checkpoint
         summary["export_dir"] = str(tc.export_dir)
     _log(output_dir, {"event": "eval", "step": step, **summary["eval"]})
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
+from safetensors.torch import load_file
 
 from terra.errors import TerraInputError
 from tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
@@ -95,11 +96,15 @@ def test_time_budget_stops_cleanly_and_a_second_run_resumes(tmp_path, image_fold
                                          "train.max_minutes=1e-6"))
     assert not first["finished"] and first["step"] == 1  # one step always runs, then the budget stops it
     assert (tmp_path / "checkpoint" / "model" / "model.safetensors").is_file() and not (tmp_path / "final").exists()
-    second = train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, *gan, "train.max_steps=12"))
+    second = train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, *gan, "train.max_steps=12",
+                                          "train.export_dtype=bfloat16"))
     assert second["finished"] and second["step"] == 12
     assert second["eval_initial"] == first["eval_initial"]  # carried over from the first invocation
     assert json.loads((tmp_path / "summary.json").read_text())["finished"]
-    assert (tmp_path / "final" / "config.json").is_file()
+    stored = load_file(tmp_path / "final" / "model.safetensors")
+    assert {v.dtype for v in stored.values()} == {torch.bfloat16}
+    exported = load_tokenizer(tmp_path / "final")
+    assert exported.dtype == torch.float32 and exported.encode(torch.zeros(1, 3, 16, 16)).shape == (1, 8, 8)
 
 
 def test_bad_data_source_is_a_one_line_error(tmp_path, image_folder):
