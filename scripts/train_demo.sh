@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Train the demo models shipped in terra/assets/demo (see MODEL_CARD.md), stage by stage.
+# Every stage resumes where an earlier invocation stopped, so a stage can span several time-limited runs.
+#
+#   bash scripts/train_demo.sh data          # render the world-model clips (CPU, all cores)
+#   bash scripts/train_demo.sh tokenizer     # train the LFQ tokenizer (GPU), export it when done or out of budget
+#   bash scripts/train_demo.sh tokens        # encode the clips with the trained tokenizer
+#   bash scripts/train_demo.sh world_model   # train the world model, export it when done or out of budget
+#   bash scripts/train_demo.sh install       # copy both exports into terra/assets/demo
+#
+# Environment: RUN (work folder, default runs/demo), PY (python), MINUTES (budget of a training stage),
+# CLIPS, FRAMES (dataset size), TOK_STEPS, WM_STEPS (schedule lengths), EXTRA (more Hydra overrides).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${RUN:-runs/demo}
+PY=${PY:-python}
+MINUTES=${MINUTES:-15}
+EXTRA=${EXTRA:-}
+
+last_step() {  # last "step" of a JSON-lines training log
+  "$PY" -c "import json,sys; print(max(json.loads(l).get('step', 0) for l in open(sys.argv[1])))" "$1"
+}
+
+case "${1:-}" in
+  data)
+    "$PY" scripts/make_dataset.py out_dir="$RUN/clips" num_clips="${CLIPS:-4000}" num_frames="${FRAMES:-20}" \
+      height=144 width=256 seed=0 workers=0 $EXTRA
+    ;;
+  tokenizer)
+    args=(train.output_dir="$RUN/tokenizer" train.max_steps="${TOK_STEPS:-8000}" model.config.encoder_decoder_config.ch=32)
+    "$PY" scripts/train_tokenizer.py "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
+    if [ ! -f "$RUN/tokenizer/final/config.json" ]; then  # out of budget: end the schedule here and export
+      "$PY" scripts/train_tokenizer.py "${args[@]}" train.max_steps="$(last_step "$RUN/tokenizer/train_log.jsonl")" $EXTRA
+    fi
+    ;;
+  tokens)
+    "$PY" scripts/tokenize_dataset.py dataset="$RUN/clips" tokenizer_path="$RUN/tokenizer/final" \
+      out="$RUN/tokens.safetensors" $EXTRA
+    ;;
+  world_model)
+    args=(data.tokens="$RUN/tokens.safetensors" output_dir="$RUN/world_model" train.max_steps="${WM_STEPS:-6000}"
+          train.batch_size=32 net.num_temporal_embeddings=16)
+    "$PY" scripts/train_world_model.py "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
+    if [ ! -f "$RUN/world_model/model/config.json" ]; then  # out of budget: end the schedule here and export
+      "$PY" scripts/train_world_model.py "${args[@]}" train.max_steps="$(last_step "$RUN/world_model/train_log.jsonl")" $EXTRA
+    fi
+    ;;
+  install)
+    rm -rf terra/assets/demo/tokenizer terra/assets/demo/world_model
+    mkdir -p terra/assets/demo
+    cp -r "$RUN/tokenizer/final" terra/assets/demo/tokenizer
+    cp -r "$RUN/world_model/model" terra/assets/demo/world_model
+    du -sh terra/assets/demo/*
+    ;;
+  *)
+    echo "usage: bash scripts/train_demo.sh data|tokenizer|tokens|world_model|install" >&2
+    exit 2
+    ;;
+esac
