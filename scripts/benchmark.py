@@ -427,7 +427,7 @@ class PlainLlamaBackend(WorldModelBackend):
             frame = state.next_frame - state.num_context
             seed = requests[index].seed if requests[index].seed is not None else self.seed + index
             params = SamplingParams(
-                temperature=sampling.temperature, top_k=sampling.top_k or -1, top_p=sampling.top_p,
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 seed=None if sampling.greedy else frame_seed(seed, frame), max_tokens=self.layout.image_tokens,
                 ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
             )
@@ -534,64 +534,52 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
     """The part's timings on an already built backend (warm-up first, then fresh contexts per measurement)."""
     out: dict[str, Any] = {}
     engine = getattr(backend, "engine", None)
-    step = add = None
+    sizes = {"batch": args.batch_list, "compare": args.compare_list}.get(part.batch_sizes, [])
     if engine is not None:
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
         per_token = kv_bytes_per_token(engine.vllm_config.model_config.hf_config, part.kv_cache_dtype, args.dtype)
-        rollouts = max([1] + {"batch": args.batch_list, "compare": args.compare_list}.get(part.batch_sizes, []))
-        longest = args.context + max(args.single_frames, args.batched_frames if part.batch_sizes else 0)
+        longest = args.context + max(args.single_frames, args.batched_frames if sizes else 0)
         out["engine"] = {
             "block_size": cache.block_size, "kv_cache_blocks": cache.num_gpu_blocks, "kv_cache_tokens": tokens,
             "kv_bytes_per_token": per_token, "kv_cache_gb": tokens * per_token / 1e9,
             # what the largest measurement holds at its end (no sharing across rollouts): the memory it needs
-            "kv_needed_gb": rollouts * min(longest * layout.frame_span, layout.window_positions) * per_token / 1e9,
+            "kv_needed_gb": max([1, *sizes]) * min(longest * layout.frame_span, layout.window_positions) * per_token / 1e9,
         }
         step, add = CallTimer(engine, "step"), CallTimer(engine, "add_request")
-    stats = getattr(backend, "frame_stats", None)
-    block_size = out.get("engine", {}).get("block_size", 0)
+    stats = getattr(backend, "frame_stats", None)  # grows over calls; each measurement takes its own slice
 
-    def reset() -> None:
-        """Start a measurement: forget earlier frame stats and engine call times."""
-        if stats is not None:
-            stats.clear()
-        if step is not None:
+    def measured(count: int, frames: int, seed: int) -> dict:
+        """Time ``count`` rollouts of ``frames`` frames; add engine call times and their prefix-cache use."""
+        first_stat = len(stats) if stats is not None else 0
+        if engine is not None:
             step.reset()
             add.reset()
+        row = timed_generate(backend, make_requests(layout, count, args.context, frames, seed), SAMPLING)
+        if engine is not None:
+            row.update(engine_steps=step.calls, engine_step_s=step.seconds, add_request_s=add.seconds)
+        if stats is not None:
+            row["prefix"] = prefix_summary(stats[first_stat:], out["engine"]["block_size"], layout.action_tokens)
+            if count == 1:
+                row["prefix_per_frame"] = [
+                    {"frame": s.frame, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens}
+                    for s in stats[first_stat:]
+                ]
+        return row
 
     if part.backend == "hf":
         _warm_up_hf(backend, layout)
     else:
         timed_generate(backend, make_requests(layout, 1, args.context, 1, seed=10_000), SAMPLING)
     if part.single:
-        frames = args.hf_frames if part.backend == "hf" else args.single_frames
-        reset()
-        out["single"] = timed_generate(backend, make_requests(layout, 1, args.context, frames, seed=0), SAMPLING)
-        if step is not None:
-            out["single"]["engine_steps"] = step.calls
-            out["single"]["engine_step_s"] = step.seconds
-            out["single"]["add_request_s"] = add.seconds
-        if stats is not None:
-            out["single"]["prefix"] = prefix_summary(stats, block_size, layout.action_tokens)
-            out["single"]["prefix_per_frame"] = [
-                {"frame": s.frame, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
-                 "computed_tokens": s.computed_tokens} for s in stats
-            ]
-    sizes = {"batch": args.batch_list, "compare": args.compare_list}.get(part.batch_sizes, [])
+        out["single"] = measured(1, args.hf_frames if part.backend == "hf" else args.single_frames, seed=0)
     out["batched"] = []
     for b in sizes:
-        reset()
-        row = timed_generate(backend, make_requests(layout, b, args.context, args.batched_frames, seed=1000 * b), SAMPLING)
-        if step is not None:
-            row.update(engine_steps=step.calls, engine_step_s=step.seconds, add_request_s=add.seconds)
-        if stats is not None:
-            row["prefix"] = prefix_summary(stats, block_size, layout.action_tokens)
-        out["batched"].append(row)
-        print(f"[benchmark] {b} rollouts: {row['frames_per_s']:.2f} frames/s", flush=True)
+        out["batched"].append(measured(b, args.batched_frames, seed=1000 * b))
+        print(f"[benchmark] {b} rollouts: {out['batched'][-1]['frames_per_s']:.2f} frames/s", flush=True)
     if part.greedy:
         request = make_requests(layout, 1, args.context, args.greedy_frames, seed=7)
-        tokens = backend.generate(request, GREEDY, progress=False)[0]
-        out["greedy_tokens"] = tokens.reshape(-1).tolist()
+        out["greedy_tokens"] = backend.generate(request, GREEDY, progress=False)[0].reshape(-1).tolist()
     return out
 
 
