@@ -154,14 +154,16 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
         return {MODALITY: MultiModalFieldConfig.batched(MODALITY)}
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs) -> Sequence[PromptReplacement]:
+        """Each item stands for one frame's slots (the base class requires this; :meth:`apply` finds them)."""
         config = self.info.get_hf_config()
         slots = [config.action_token_id] * config.num_action_tokens
         return [PromptReplacement(modality=MODALITY, target=slots, replacement=slots)]
 
     def apply(self, inputs: Any, timing_ctx: Any, *args: Any, **kwargs: Any):
+        """Token ids as given, one action item per placeholder group, content hashes for prefix caching."""
         config = self.info.get_hf_config()
         slot_id, slots = config.action_token_id, config.num_action_tokens
-        items = inputs.mm_data_items.get(MODALITY) if MODALITY in inputs.mm_data_items else None
+        items = inputs.mm_data_items.get(MODALITY)
         actions = items.data if items is not None else torch.zeros((0, slots, config.action_dim))
         ids = vllm_compat.prompt_token_ids(inputs.prompt)
         if not ids:
