@@ -790,7 +790,7 @@ def run_parent(argv: list[str], args: argparse.Namespace) -> dict[str, str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            rc = f"timed out after {args.part_timeout:.0f} s"
+            rc = f"timed out after {args.part_timeout:g} s"
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
