@@ -7,14 +7,21 @@ See conf/make_dataset.yaml for every option and terra/world/dataset.py for the f
 
 from __future__ import annotations
 
-import sys
-import time
+import os
 
-import hydra
-from omegaconf import DictConfig
+# Every worker process renders single-threaded; BLAS thread pools in each of them would only contend.
+# (Set before numpy is imported; an explicit setting in the environment wins.)
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from terra.errors import TerraInputError
-from terra.world.dataset import ClipDataset, write_dataset
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from terra.errors import TerraInputError  # noqa: E402
+from terra.world.dataset import ClipDataset, write_dataset  # noqa: E402
 
 
 @hydra.main(config_path="../conf", config_name="make_dataset", version_base=None)

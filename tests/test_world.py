@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,3 +178,15 @@ def test_dataset_round_trip(tmp_path):
         write_dataset(out, 1, 1, 24, 40, progress=False)
     with pytest.raises(TerraInputError, match="not a clip dataset"):
         ClipDataset(tmp_path)
+
+
+def test_make_dataset_script(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_dataset.py"
+    done = subprocess.run([sys.executable, str(script), f"out_dir={tmp_path / 'ds'}", "num_clips=3", "num_frames=2",
+                           "height=16", "width=32", "workers=2", "clips_per_shard=2"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "wrote 3 clips x 2 frames at 16x32" in done.stdout
+    data = ClipDataset(tmp_path / "ds")
+    np.testing.assert_array_equal(data[2].frames, random_clip(np.random.default_rng([0, 2]), 2, 16, 32).frames)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no Hydra outputs or logs left behind
