@@ -23,10 +23,10 @@ Weights are random unless ``--model PATH`` is given: only ``config.json`` of Ter
 written, vLLM initialises the weights itself (``load_format="dummy"``) and the Transformers model is built
 directly on the GPU. Sampling is temperature 1 over the full image codebook. Examples::
 
-    python scripts/benchmark.py --parts hf --hf-frames 1 --out bench     # one 10-minute GPU call each
-    python scripts/benchmark.py --parts vllm,eager,plain --out bench
-    python scripts/benchmark.py --parts batched,fp8 --out bench
-    python scripts/benchmark.py --parts e2e --out bench
+    python scripts/benchmark.py --parts hf,vllm --hf-frames 1 --out bench   # each line: one GPU call of
+    python scripts/benchmark.py --parts eager,plain --out bench              # at most 10 minutes (estimated)
+    python scripts/benchmark.py --parts batched --out bench
+    python scripts/benchmark.py --parts fp8,e2e --out bench
     python scripts/benchmark.py --table --out bench                       # the table of what is in bench/
     python scripts/benchmark.py --tiny --parts hf,vllm --out /tmp/bench   # CPU: tiny model, vLLM's CPU engine
 """
@@ -773,27 +773,34 @@ def table(records: dict[str, dict], failures: dict[str, str]) -> str:
 
 def run_worker(args: argparse.Namespace) -> None:
     """Subprocess side: run one part and write ``OUT/<part>.json`` atomically."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated part still shuts its engine down
     record = run_part(args.worker, args)
     write_text(args.out / f"{args.worker}.json", json.dumps(record, indent=1))
 
 
 def run_parent(argv: list[str], args: argparse.Namespace) -> dict[str, str]:
-    """Run each part in its own subprocess (own process group, killed whole on timeout); return failures."""
+    """Run each part in its own subprocess, stopped at ``--part-timeout``; return the failures.
+
+    Workers stay in our process group, so a time limit that kills this command's group (``timeout``, a job
+    runner) also ends them and the engines they started, leaving the GPU free for the next command.
+    """
     write_model_configs(args)
     failures: dict[str, str] = {}
     for name in args.part_names:
         print(f"[benchmark] part {name}: {PARTS[name].description}", flush=True)
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", name],
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", name])
         try:
             rc = proc.wait(timeout=args.part_timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             rc = f"timed out after {args.part_timeout:g} s"
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         if rc != 0:
             failures[name] = f"exit {rc}" if isinstance(rc, int) else rc
     return failures
