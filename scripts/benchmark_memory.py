@@ -73,7 +73,7 @@ def one_call(world_model: Path, tokenizer: Path, video: Path, device: str, num_c
         request = RolloutRequest(pipeline.encode(images), actions, num_frames, seed=seed)
         result = pipeline.generate([request], SamplingConfig(), progress=False)[0]
         write_video(video, result.frames)
-        return [weakref.ref(pipeline.backend), weakref.ref(pipeline.tokenizer)]
+        return [weakref.ref(obj) for obj in (pipeline.backend, pipeline.backend.model, pipeline.tokenizer)]
     finally:
         pipeline.close()
 

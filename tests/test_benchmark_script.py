@@ -161,6 +161,19 @@ def test_memory_script_flat_over_sequential_calls(tmp_path):
     assert report["leaked_objects"] == 0 and len(report["rss_mb"]) == 6 and report["ok"]
 
 
+def test_memory_script_catches_pipelines_kept_alive(monkeypatch, single_thread, capsys):
+    memory = load_script("benchmark_memory")
+    kept, load = [], memory.WorldModelPipeline.from_pretrained
+
+    def leaky(*args, **kwargs):
+        kept.append(load(*args, **kwargs))
+        return kept[-1]
+
+    monkeypatch.setattr(memory.WorldModelPipeline, "from_pretrained", leaky)
+    assert memory.main(["--iterations", "4", "--warmup", "1", "--frames", "1"]) == 1
+    assert "objects alive after their call: 12; LEAK" in capsys.readouterr().out
+
+
 def test_memory_analysis_flags_growth():
     memory = load_script("benchmark_memory")
     leaking = [500.0 + 2.0 * i for i in range(40)]
