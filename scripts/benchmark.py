@@ -459,6 +459,13 @@ class PlainLlamaBackend(WorldModelBackend):
         self.engine = self.llm = None
 
 
+def memory_share(part: Part, args: argparse.Namespace) -> float:
+    """vLLM's ``gpu_memory_utilization`` for a part: its own on a GPU when it sets one, else the command line's."""
+    if args.device.startswith("cuda") and part.gpu_memory_utilization is not None:
+        return part.gpu_memory_utilization
+    return args.gpu_memory_utilization
+
+
 def build_backend(part: Part, args: argparse.Namespace, layout: TokenLayout) -> WorldModelBackend:
     """The backend of one part, with random weights unless ``--model``."""
     terra_dir, plain_dir = model_dirs(args)
@@ -477,12 +484,10 @@ def build_backend(part: Part, args: argparse.Namespace, layout: TokenLayout) -> 
         with torch.device(args.device):  # random init straight on the GPU: no 8 GB fp32 copy on the host
             model = LlamaActionForCausalLM._from_config(AutoConfig.from_pretrained(terra_dir), dtype=dtype)
         return HFBackend(model, device=args.device, dtype=dtype)
-    on_gpu = args.device.startswith("cuda")
     engine = dict(
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
-        gpu_memory_utilization=part.gpu_memory_utilization if on_gpu and part.gpu_memory_utilization
-        else args.gpu_memory_utilization,
+        gpu_memory_utilization=memory_share(part, args),
         enforce_eager=part.enforce_eager,
         enable_prefix_caching=True,
         kv_cache_dtype=part.kv_cache_dtype,
@@ -512,7 +517,8 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
     if part.backend == "e2e":
         record["settings"]["backend"] = args.e2e_backend
     if part.backend in ("terra", "plain") or (part.backend == "e2e" and args.e2e_backend == "vllm"):
-        record["settings"].update(max_num_seqs=args.max_num_seqs, engine_kwargs=args.engine_kwargs)
+        record["settings"].update(max_num_seqs=args.max_num_seqs, gpu_memory_utilization=memory_share(part, args),
+                                  engine_kwargs=args.engine_kwargs)
     monitor = GpuMemoryMonitor(args.device)
     with monitor:
         t0 = time.perf_counter()
