@@ -515,6 +515,8 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
         "sampling": dataclasses.asdict(SAMPLING),
     }
     if part.backend == "e2e":
+        import decoder  # noqa: F401  (fail before the engine starts when a video writer's dependency is missing)
+
         record["settings"]["backend"] = args.e2e_backend
     if part.backend in ("terra", "plain") or (part.backend == "e2e" and args.e2e_backend == "vllm"):
         record["settings"].update(max_num_seqs=args.max_num_seqs, gpu_memory_utilization=memory_share(part, args),
