@@ -97,7 +97,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
             if actions is None or actions.shape[0] * actions.shape[1] != num_slots:
                 got = 0 if actions is None else actions.shape[0] * actions.shape[1]
                 raise ValueError(f"input_ids hold {num_slots} action slots but {got} actions were given")
-            projected = self.action_projection(actions.to(embeds.dtype)).reshape(-1, embeds.shape[-1])
+            projected = self.action_projection(actions.to(embeds.dtype)).to(embeds.dtype).reshape(-1, embeds.shape[-1])
             embeds = embeds.masked_scatter(is_action.unsqueeze(-1), projected)
         return embeds + self.pos_embedding_spatio_temporal(position_ids).to(embeds.dtype)
 
