@@ -45,9 +45,26 @@ def supported_engine_kwargs(**optional: Any) -> dict[str, Any]:
     return {k: v for k, v in optional.items() if k in known}
 
 
+def use_spawn_if_cuda_initialized() -> None:
+    """Make vLLM spawn (not fork) its workers when this process already holds a CUDA context.
+
+    A forked child cannot re-initialise CUDA; vLLM 0.26 does not always notice that the parent touched the
+    GPU (e.g. a Transformers model built first in the same process) and its engine then fails to start.
+    """
+    import os
+
+    import torch
+
+    if torch.cuda.is_initialized():
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
 def num_cached_tokens(request_output: Any) -> int:
     """Prompt tokens served from the prefix cache for one finished request (0 when not reported)."""
     return int(getattr(request_output, "num_cached_tokens", None) or 0)
 
 
-__all__ = ["VLLM_VERSION", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "supported_engine_kwargs"]
+__all__ = [
+    "VLLM_VERSION", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "supported_engine_kwargs",
+    "use_spawn_if_cuda_initialized",
+]
