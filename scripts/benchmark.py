@@ -123,6 +123,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--model", help="benchmark this checkpoint folder instead of random weights of Terra's shape")
     p.add_argument("--tokenizer", help="tokenizer folder for the e2e part (default: random, sized for the model)")
     p.add_argument("--e2e-backend", choices=("vllm", "hf"), default="vllm", help="backend of the e2e part")
+    p.add_argument("--e2e-video", default="e2e_rollout.mp4",
+                   help="file the e2e part writes (.mp4, or .gif where ffmpeg is not installed)")
     p.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke runs)")
     p.add_argument("--device", default="auto", help="auto | cuda | cpu")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
@@ -615,7 +617,7 @@ def make_tokenizer(args: argparse.Namespace):
 
 
 def measure_e2e(backend: WorldModelBackend, layout: TokenLayout, args: argparse.Namespace) -> dict:
-    """Tokenizer frames/s at full size, then one rollout end to end: encode, generate, decode, write an MP4."""
+    """Tokenizer frames/s at full size, then one rollout end to end: encode, generate, decode, write the video."""
     from decoder import write_video
     from terra.pipeline import WorldModelPipeline, check_compatible
 
@@ -645,7 +647,7 @@ def measure_e2e(backend: WorldModelBackend, layout: TokenLayout, args: argparse.
     request = RolloutRequest(context, actions, args.batched_frames, seed=0)
     result = pipeline.generate([request], SAMPLING, progress=False)[0]
     written = time.perf_counter()
-    write_video(args.out / "e2e_rollout.mp4", result.frames)
+    write_video(args.out / args.e2e_video, result.frames)
     end = time.perf_counter()
     out["e2e"] = {
         "frames": total, "generated_frames": args.batched_frames, "encode_s": encode_s,
