@@ -26,7 +26,15 @@ from typing import Any
 import numpy as np
 
 from terra.errors import TerraInputError
-from terra.trajectory import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, EgoTrajectory, manoeuvre_trajectory
+from terra.trajectory import (
+    FRAME_RATE_HZ,
+    FUTURE_POINTS,
+    FUTURE_RATE_HZ,
+    MANOEUVRES,
+    EgoTrajectory,
+    check_manoeuvre_params,
+    manoeuvre_trajectory,
+)
 
 NUM_ACTION_TOKENS = 6
 PATH_START = 9  # index of the first sampled point (0.45 s)
@@ -55,8 +63,9 @@ def actions_from_trajectory(trajectory: EgoTrajectory, num_frames: int | None = 
 
 def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.ndarray:
     """``[num_frames, 6, 3]`` actions for a named manoeuvre (parameters as :func:`manoeuvre_trajectory`)."""
-    if num_frames < 1:
-        raise TerraInputError(f"a manoeuvre needs at least 1 frame (got {num_frames})")
+    if isinstance(num_frames, bool) or not isinstance(num_frames, (int, np.integer)) or num_frames < 1:
+        raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 (got {num_frames!r})")
+    params = check_manoeuvre_params(params)
     trajectory = manoeuvre_trajectory(name, (num_frames - 1) / FRAME_RATE_HZ + 3.0, **params)
     return actions_from_trajectory(trajectory, num_frames)
 
@@ -99,7 +108,7 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
             raise TerraInputError(f"trajectory file {source} has an unknown type; use .json, .csv or .npy")
     except TerraInputError:
         raise
-    except (OSError, ValueError, UnicodeDecodeError) as err:
+    except (OSError, ValueError, TypeError, EOFError) as err:  # malformed content (UnicodeDecodeError is a ValueError)
         raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {err}); "
                               "check that it is a valid .json, .csv or .npy file") from None
     return validate_actions(actions, source, num_frames or 1)
@@ -122,15 +131,18 @@ def _actions_from_value(value: Any, source: str, num_frames: int | None) -> np.n
         if key == "trajectory":
             return actions_from_trajectory(_trajectory_from_mapping(value[key], source))
         spec = value[key]
+        if not isinstance(spec, (str, dict)):
+            raise TerraInputError(
+                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} (got {spec!r})"
+            )
         spec = {"name": spec} if isinstance(spec, str) else dict(spec)
         name = spec.pop("name", None)
+        if name not in MANOEUVRES:
+            raise TerraInputError(f"{source}: unknown manoeuvre {name!r}; choose one of: {', '.join(MANOEUVRES)}")
         frames = int(spec.pop("num_frames", num_frames or 0))
         if not frames:
             raise TerraInputError(f"{source}: the manoeuvre needs num_frames; add it to the object or the command")
-        try:
-            return actions_for_manoeuvre(str(name), frames, **{k: float(v) for k, v in spec.items()})
-        except TypeError as err:
-            raise TerraInputError(f"{source}: bad manoeuvre parameter ({err})") from None
+        return actions_for_manoeuvre(str(name), frames, **check_manoeuvre_params(spec, source))
     arr = _finite_array(value, source)
     if arr.ndim == 3 and arr.shape[1:] == (NUM_ACTION_TOKENS, 3):
         return arr

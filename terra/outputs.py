@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -15,13 +17,26 @@ from terra.pipeline import RolloutResult
 FORMATS = ("gif", "mp4", "png")
 
 
-def check_output_formats(formats: Sequence[str]) -> list[str]:
-    """Validate ``output.formats`` before any work is done."""
-    formats = list(formats)
+def check_output_formats(formats: Sequence[str] | str) -> list[str]:
+    """Validate ``output.formats`` before any work is done (a single name counts as a list of one)."""
+    formats = [formats] if isinstance(formats, str) else list(formats)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise TerraInputError(f"output.formats {formats} must be a non-empty list drawn from {list(FORMATS)}")
     return formats
+
+
+def check_output(output) -> None:
+    """Validate the ``output`` settings (formats, fps, name) before any work is done."""
+    check_output_formats(output.formats)
+    fps = output.fps
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not (math.isfinite(fps) and fps > 0):
+        raise TerraInputError(f"output.fps must be a positive number (got {fps!r}); e.g. output.fps=10")
+    name = output.name
+    if not isinstance(name, str) or name.strip(".") == "" or "/" in name or "\\" in name:
+        raise TerraInputError(
+            f"output.name {name!r} must be a plain file name such as rollout; choose the folder with output.dir"
+        )
 
 
 def prepare_output_dir(out_dir: Path) -> None:

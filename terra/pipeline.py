@@ -51,7 +51,65 @@ def read_world_model_config(path: str | Path) -> dict:
     weights = list(Path(path).glob("*.safetensors"))
     if not weights:
         raise TerraInputError(f"world model {path} has no .safetensors weights; copy model.safetensors next to config.json")
+    check_world_model_weights(path)
     return config
+
+
+def check_world_model_weights(path: str | Path) -> None:
+    """Check, without loading any tensor, that the checkpoint's weights are readable and fit its config.json.
+
+    Reads only the safetensors headers and builds the model on the meta device, so truncated or foreign
+    weight files and a config that does not describe the weights (missing layers, another hidden size) fail
+    here with one line, before any backend loads the model (Transformers would re-initialise such weights).
+    """
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import terra  # noqa: F401  (registers llama_action with the Auto classes)
+
+    folder = Path(path)
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except Exception as err:  # transformers / huggingface_hub raise their own validation error types
+        message = " ".join(line.strip() for line in str(err).strip().splitlines()[:2]) or type(err).__name__
+        raise TerraInputError(
+            f"world model config {folder / 'config.json'} is invalid ({message}); fix config.json"
+        ) from None
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    if getattr(config, "tie_word_embeddings", False):
+        expected.pop("lm_head.weight", None)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted({folder / name for name in json.loads(index.read_text())["weight_map"].values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise TerraInputError(
+                f"{index} cannot be read ({type(err).__name__}); restore the checkpoint's index file"
+            ) from None
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    found: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                for key in weights.keys():
+                    found[key] = tuple(weights.get_slice(key).get_shape())
+        except Exception as err:  # safetensors raises its own error type for truncated or foreign files
+            raise TerraInputError(
+                f"world model weights {file} cannot be read ({str(err).strip() or type(err).__name__}); "
+                "the file is truncated or not safetensors: download or copy it again"
+            ) from None
+    missing = sorted(set(expected) - set(found))
+    wrong = sorted(k for k in expected if k in found and found[k] != expected[k])
+    if missing or wrong:
+        detail = (f"{len(missing)} missing, e.g. {missing[:2]}" if missing else
+                  f"{len(wrong)} of the wrong shape, e.g. {wrong[0]}: {list(found[wrong[0]])} in the weights vs "
+                  f"{list(expected[wrong[0]])} from config.json")
+        raise TerraInputError(
+            f"world model {folder}: the weights do not match config.json ({detail}); "
+            "use the config.json that was saved with these weights"
+        )
 
 
 def check_compatible(world_model_config: dict, tokenizer) -> None:
@@ -106,7 +164,21 @@ class WorldModelPipeline:
     @torch.inference_mode()
     def encode(self, images: torch.Tensor) -> np.ndarray:
         """Images ``[N, 3, H, W]`` in [-1, 1] → codes ``[N, h, w]`` (int64)."""
-        if images.shape[-2:] != self.image_size:
+        if isinstance(images, np.ndarray):
+            images = torch.from_numpy(images)
+        if not torch.is_tensor(images) or images.ndim != 4 or images.shape[1] != 3:
+            shape = list(images.shape) if torch.is_tensor(images) else type(images).__name__
+            raise TerraInputError(f"images must be a tensor [N, 3, H, W] in [-1, 1], got {shape}; "
+                                  "load files with tokenizer.images.load_images")
+        if not images.is_floating_point():
+            raise TerraInputError(f"images have dtype {images.dtype}; give floats in [-1, 1] (pixels / 127.5 - 1), "
+                                  "as tokenizer.images.load_images returns")
+        if not bool(torch.isfinite(images).all()):
+            raise TerraInputError("images hold NaN or inf; give finite floats in [-1, 1]")
+        if images.numel() and float(images.abs().max()) > 1.01:
+            raise TerraInputError(f"images hold values up to {float(images.abs().max()):g}, outside [-1, 1]; "
+                                  "scale pixels as pixels / 127.5 - 1 (tokenizer.images.load_images does it)")
+        if tuple(images.shape[-2:]) != self.image_size:
             raise TerraInputError(
                 f"images are {tuple(images.shape[-2:])} but the tokenizer expects {self.image_size}; "
                 "load them with tokenizer.images.load_images, which resizes and crops"

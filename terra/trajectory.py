@@ -137,6 +137,33 @@ MANOEUVRES = (
 )
 
 
+MANOEUVRE_PARAMS = ("speed_kmh", "radius_m", "accel_mps2", "lane_width_m", "change_s")  # user-settable parameters
+
+
+def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str, float]:
+    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers) and return them as floats.
+
+    Parameters set to ``None`` are left out (the manoeuvre's default applies).
+    """
+    if params is None:
+        return {}
+    if not hasattr(params, "items"):
+        raise TerraInputError(f"{source} must be a mapping such as {{speed_kmh: 40, radius_m: 25}} (got {params!r})")
+    checked = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        if key not in MANOEUVRE_PARAMS:
+            raise TerraInputError(f"{source}: unknown manoeuvre parameter {key!r}; use {', '.join(MANOEUVRE_PARAMS)}")
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            checked[key] = float(value)
+        except (TypeError, ValueError):
+            raise TerraInputError(f"{source}: {key}={value!r} is not a number; e.g. {key}=30") from None
+    return checked
+
+
 def manoeuvre_trajectory(
     name: str,
     duration_s: float,

@@ -190,7 +190,15 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
                 f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was asked for; "
                 "use load_tokenizer to open any tokenizer"
             )
-        model = klass(config)
+        try:
+            model = klass(config)
+        except TerraInputError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as err:  # a config the modules cannot be built from
+            raise TerraInputError(
+                f"{folder / CONFIG_NAME} describes a tokenizer that cannot be built ({type(err).__name__}: "
+                f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); fix or re-save config.json"
+            ) from None
         model.load_weights(_read_weights(folder), source=str(folder))
         return model.to(device=device, dtype=dtype).eval()
 
@@ -278,8 +286,18 @@ def _class_for(config: Mapping[str, Any], source: Path) -> type[ImageTokenizer]:
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / WEIGHTS_NAME).is_file():
-        return load_file(folder / WEIGHTS_NAME)
-    if (folder / TORCH_WEIGHTS_NAME).is_file():
-        return torch.load(folder / TORCH_WEIGHTS_NAME, map_location="cpu", weights_only=True)
+    for name in (WEIGHTS_NAME, TORCH_WEIGHTS_NAME):
+        file = folder / name
+        if not file.is_file():
+            continue
+        try:
+            if name == WEIGHTS_NAME:
+                return load_file(file)
+            return torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise TerraInputError(
+                f"tokenizer weights {file} cannot be read ({reason}); the file is truncated or corrupt: "
+                "download or copy it again"
+            ) from None
     raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")

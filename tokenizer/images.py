@@ -1,7 +1,8 @@
 """Loading context frames: image files, folders, globs, video files or arrays → model-sized tensors.
 
 Every frame is converted to RGB, resized to cover the target size and center-cropped to it (aspect ratio
-kept), then scaled to [-1, 1]. Folders and globs are read in sorted file-name order. Bad input raises
+kept), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than :data:`MAX_UPSCALE`,
+e.g. a 1x1 image) are rejected. Folders and globs are read in sorted file-name order. Bad input raises
 :class:`terra.errors.TerraInputError` naming the file and the fix.
 """
 
@@ -22,6 +23,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
 # 8-bit colour modes PIL converts to RGB without guessing (alpha dropped, grey replicated, palette expanded).
 RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
+
+MAX_UPSCALE = 8.0  # larger enlargements (a 1x1 or thumbnail image) carry no usable scene
 
 Source = Union[str, Path, np.ndarray, Image.Image]
 
@@ -47,8 +50,8 @@ def load_frames(
         raise TerraInputError("no images given; pass image files, a folder, a glob or a video file")
     frames: deque[np.ndarray] = deque(maxlen=last_n)
     for item in items:
-        for frame in _expand(item):
-            frames.append(fit_frame(frame, image_size))
+        for source, frame in _expand(item):
+            frames.append(fit_frame(frame, image_size, source))
     return np.stack(frames)
 
 
@@ -57,18 +60,25 @@ def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
-def fit_frame(frame: Image.Image, image_size: tuple[int, int]) -> np.ndarray:
+def fit_frame(frame: Image.Image, image_size: tuple[int, int], source: str = "image") -> np.ndarray:
     """Resize to cover ``(H, W)`` and center-crop → uint8 ``[H, W, 3]``."""
     height, width = image_size
+    scale = max(width / frame.width, height / frame.height)
+    if scale > MAX_UPSCALE:
+        raise TerraInputError(
+            f"{source} is {frame.width}x{frame.height} pixels, too small for {width}x{height} frames (it would be "
+            f"enlarged {scale:.0f}x); pass frames of at least {-(-width // int(MAX_UPSCALE))}x"
+            f"{-(-height // int(MAX_UPSCALE))} pixels, ideally {width}x{height}"
+        )
     return np.asarray(ImageOps.fit(frame, (width, height), method=Image.Resampling.BICUBIC), dtype=np.uint8)
 
 
-def _expand(item: Source) -> Iterator[Image.Image]:
-    """One source → RGB PIL frames."""
+def _expand(item: Source) -> Iterator[tuple[str, Image.Image]]:
+    """One source → (name for messages, RGB PIL frame) pairs."""
     if isinstance(item, Image.Image):
-        yield _to_rgb(item, "image")
+        yield "image", _to_rgb(item, "image")
     elif isinstance(item, np.ndarray):
-        yield from _from_array(item)
+        yield from (("image array", frame) for frame in _from_array(item))
     else:
         path = Path(item).expanduser()
         if path.is_dir():
@@ -76,17 +86,25 @@ def _expand(item: Source) -> Iterator[Image.Image]:
             if not files:
                 raise TerraInputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
             for file in files:
-                yield _read_image(file)
+                yield str(file), _read_image(file)
         elif path.is_file():
-            yield from (_read_video(path) if path.suffix.lower() in VIDEO_SUFFIXES else [_read_image(path)])
+            yield from _read_file(path)
         elif glob.has_magic(str(item)):
             files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
             if not files:
                 raise TerraInputError(f"pattern {item} matches no files; check the glob")
             for file in files:
-                yield from (_read_video(file) if file.suffix.lower() in VIDEO_SUFFIXES else [_read_image(file)])
+                yield from _read_file(file)
         else:
             raise TerraInputError(f"image path {item} does not exist; check the path")
+
+
+def _read_file(path: Path) -> Iterator[tuple[str, Image.Image]]:
+    """An image or video file → (name, frame) pairs."""
+    if path.suffix.lower() in VIDEO_SUFFIXES:
+        yield from ((str(path), frame) for frame in _read_video(path))
+    else:
+        yield str(path), _read_image(path)
 
 
 def _read_image(path: Path) -> Image.Image:

@@ -1,0 +1,188 @@
+"""``terra-generate`` end to end (issue 6): the console script run as a subprocess from another working directory.
+
+Every run uses the shipped demo model on the CPU with the Transformers backend and a few frames. Each process
+costs several seconds of start-up, so each test makes one run and checks everything about it.
+
+"Wrong image size" is not an error by itself: context frames of any size are resized to cover the tokenizer's
+size and center-cropped. What cannot be used is a frame that would have to be enlarged more than
+``tokenizer.images.MAX_UPSCALE`` times (a 1x1 image, a thumbnail) or a file that is no image at all; both
+exit with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+TERRA_GENERATE = Path(sys.executable).with_name("terra-generate")
+SIZE = (144, 256)  # the demo tokenizer's (H, W)
+CODEBOOK = 1024  # the demo tokenizer's codebook
+FAST = ["backend=hf", "device=cpu"]
+# One BLAS thread: on a small shared CPU, oversubscribed threads make generation ten times slower.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV.pop("HYDRA_FULL_ERROR", None)
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(str(TERRA_GENERATE)) is None, reason="terra-generate is not installed next to this Python"
+)
+
+
+def terra_generate(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the console script in ``cwd`` (created if needed) and return the finished process."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([str(TERRA_GENERATE), *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_video(path: Path, num_frames: int) -> np.ndarray:
+    """Read a GIF/MP4 back and check frame count and size; return the frames."""
+    frames = iio.imread(path)
+    assert frames.shape == (num_frames, *SIZE, 3), (path, frames.shape)
+    assert frames.dtype == np.uint8 and frames.std() > 1  # real pictures, not a blank canvas
+    return frames
+
+
+def check_sidecar(path: Path, num_context: int, num_frames: int, files: list[str]) -> dict:
+    """The JSON sidecar is complete: config, seed, actions, timings, files and codes."""
+    data = json.loads(path.read_text())
+    config = data["config"]
+    assert config["num_frames"] == num_frames and config["backend"]["name"] == "hf"
+    assert isinstance(data["seed"], int) and data["seed"] == config["seed"]
+    actions = np.asarray(data["actions"])
+    assert actions.ndim == 3 and actions.shape[1:] == (6, 3) and len(actions) >= num_context + num_frames - 1
+    timings = data["timings_s"]
+    assert {"generate_s", "total_s", "s_per_frame"} <= set(timings) and all(v > 0 for v in timings.values())
+    assert sorted(data["files"]) == sorted(files)
+    for name in data["files"]:
+        assert (path.parent / name).is_file()
+    [rollout] = data["rollouts"]
+    codes = np.asarray(rollout["codes"])
+    assert codes.shape == (num_context + num_frames, 9, 16)
+    assert codes.min() >= 0 and codes.max() < CODEBOOK
+    assert rollout["num_context"] == num_context and rollout["num_generated"] == num_frames
+    assert rollout["seed"] == data["seed"]
+    assert len(rollout["psnr_db_per_generated_frame"]) == num_frames  # built-in context: ground truth is known
+    return data
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_help_and_cfg_work_without_writing_anything(tmp_path):
+    cwd = tmp_path / "cwd"
+    result = terra_generate(cwd, "--help")
+    assert result.returncode == 0, result.stderr
+    for word in ("model", "tokenizer", "backend", "sampling", "output", "manoeuvre", "num_frames"):
+        assert word in result.stdout
+    assert "Traceback" not in result.stderr
+
+    result = terra_generate(cwd, "--cfg", "job", "manoeuvre=curve_right", "sampling=greedy", "num_frames=2")
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    assert config["manoeuvre"] == "curve_right" and config["num_frames"] == 2
+    assert config["sampling"]["temperature"] == 0.0
+    assert listing(cwd) == []  # neither run left a Hydra folder behind
+
+
+def test_default_run_writes_readable_gif_mp4_and_complete_sidecar(tmp_path):
+    cwd = tmp_path / "cwd"  # outputs go to the Hydra run folder under the working directory
+    result = terra_generate(cwd, *FAST, "num_frames=2")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    [sidecar] = cwd.glob("outputs/*/*/rollout.json")
+    run_dir = sidecar.parent
+    assert sorted(p.name for p in run_dir.iterdir()) == ["rollout.gif", "rollout.json", "rollout.mp4"]
+    for name in ("rollout.gif", "rollout.mp4", "rollout.json"):
+        assert str(run_dir / name) in result.stdout  # the summary names every file it wrote
+    gif = check_video(run_dir / "rollout.gif", 3 + 2)
+    mp4 = check_video(run_dir / "rollout.mp4", 3 + 2)
+    assert np.abs(gif.astype(int) - mp4.astype(int)).mean() < 20  # the same video (mp4 is lossy)
+    data = check_sidecar(sidecar, num_context=3, num_frames=2, files=["rollout.gif", "rollout.mp4"])
+    assert data["config"]["manoeuvre"] == "curve_left" and data["seed"] == 0
+    assert np.asarray(data["actions"])[0, -1, 0] > 1  # y of the last action slot: curving to the left
+
+
+def test_overrides_take_effect(tmp_path):
+    out = tmp_path / "out"
+    result = terra_generate(tmp_path / "cwd", *FAST, "manoeuvre=curve_right", "sampling=greedy", "num_frames=2",
+                            "num_context=2", "seed=5", "output.formats=[gif]", f"output.dir={out}")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["rollout.gif", "rollout.json"]  # no mp4 asked for
+    check_video(out / "rollout.gif", 2 + 2)
+    data = check_sidecar(out / "rollout.json", num_context=2, num_frames=2, files=["rollout.gif"])
+    config = data["config"]
+    assert config["manoeuvre"] == "curve_right" and config["output"]["formats"] == ["gif"]
+    assert config["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    assert data["seed"] == 5
+    assert np.asarray(data["actions"])[0, -1, 0] < -1  # curving to the right
+    assert listing(tmp_path / "cwd") == []  # output.dir given: no Hydra run folder left in the working directory
+
+
+def test_multirun_writes_one_complete_output_per_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = terra_generate(tmp_path / "cwd", "--multirun", *FAST, "manoeuvre=curve_left,curve_right",
+                            "num_frames=2", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stderr
+    lateral = {}
+    for job in ("0", "1"):
+        folder = sweep / job
+        assert sorted(p.name for p in folder.iterdir()) == ["rollout.gif", "rollout.json", "rollout.mp4"]
+        check_video(folder / "rollout.gif", 3 + 2)
+        check_video(folder / "rollout.mp4", 3 + 2)
+        data = check_sidecar(folder / "rollout.json", 3, 2, files=["rollout.gif", "rollout.mp4"])
+        lateral[data["config"]["manoeuvre"]] = np.asarray(data["actions"])[0, -1, 0]
+    assert lateral["curve_left"] > 1 and lateral["curve_right"] < -1  # each job got its own override
+    assert listing(tmp_path / "cwd") == []
+
+
+def write_inputs(folder: Path) -> dict[str, Path]:
+    """Bad inputs on disk: a 1x1 image, a 'PNG' that is text, a trajectory that is not JSON."""
+    folder.mkdir()
+    Image.new("RGB", (1, 1), (90, 90, 90)).save(folder / "tiny.png")
+    (folder / "notes.png").write_text("these are my notes, not a picture")
+    (folder / "traj.json").write_text("{not json")
+    return {"tiny": folder / "tiny.png", "notes": folder / "notes.png", "traj": folder / "traj.json",
+            "missing": folder / "no_such_frames"}
+
+
+# case → (overrides built from the input paths, text the error line must contain)
+BAD_CLI_INPUTS = {
+    "missing_context_path": (lambda p: [f"context={p['missing']}"], "does not exist"),
+    "context_image_too_small": (lambda p: [f"context={p['tiny']}"], "too small"),
+    "context_not_an_image": (lambda p: [f"context={p['notes']}"], "cannot be read as an image"),
+    "unreadable_trajectory": (lambda p: [f"trajectory={p['traj']}"], "cannot be read"),
+    "unknown_manoeuvre": (lambda p: ["manoeuvre=barrel_roll"], "barrel_roll"),
+    "zero_frames": (lambda p: ["num_frames=0"], "num_frames"),
+    "negative_frames": (lambda p: ["num_frames=-3"], "num_frames"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CLI_INPUTS))
+def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case):
+    paths = write_inputs(tmp_path / "inputs")
+    overrides, expected = BAD_CLI_INPUTS[case]
+    out = tmp_path / "out"
+    cwd = tmp_path / "cwd"
+    result = terra_generate(cwd, *FAST, "num_frames=2", *overrides(paths), f"output.dir={out}")
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("terra-generate: error: ") and expected in lines[0]
+    for name in ("missing", "tiny", "notes", "traj"):  # the line names the offending file
+        if f"={paths[name]}" in " ".join(overrides(paths)):
+            assert str(paths[name]) in lines[0]
+    assert not out.exists() or listing(out) == []
+    assert listing(cwd) == []  # no Hydra run folder left behind
