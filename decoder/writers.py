@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Sequence
 
 import imageio.v3 as iio
-import imageio_ffmpeg
 import numpy as np
 
 from terra.errors import TerraInputError
@@ -48,7 +47,14 @@ def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, lo
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, quality: float = 8.0) -> Path:
-    """H.264 MP4 (yuv420p, via imageio-ffmpeg). Odd sizes are padded by one edge row/column to even."""
+    """H.264 MP4 (yuv420p, via imageio-ffmpeg). Odd sizes are padded by one edge row/column to even.
+
+    imageio-ffmpeg is imported here, not at module load, so GIF and PNG output work where it is missing.
+    """
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise TerraInputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
     frames, fps = check_frames(frames), _check_fps(fps)
     pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
     if pad_h or pad_w:
