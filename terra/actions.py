@@ -99,9 +99,9 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
-            actions = _actions_from_value(np.load(path, allow_pickle=False), source, num_frames)
+            actions = actions_from_value(np.load(path, allow_pickle=False), source, num_frames)
         elif suffix == ".json":
-            actions = _actions_from_value(json.loads(path.read_text()), source, num_frames)
+            actions = actions_from_value(json.loads(path.read_text()), source, num_frames)
         elif suffix == ".csv":
             actions = actions_from_trajectory(_trajectory_from_csv(path), None)
         else:
@@ -114,7 +114,7 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
     return validate_actions(actions, source, num_frames or 1)
 
 
-def _actions_from_value(value: Any, source: str, num_frames: int | None) -> np.ndarray:
+def actions_from_value(value: Any, source: str, num_frames: int | None) -> np.ndarray:
     """Actions from a decoded JSON value or array, told apart by keys or shape."""
     if isinstance(value, dict):
         keys = [k for k in ("actions", "instruction_trajs", "trajectory", "manoeuvre") if k in value]

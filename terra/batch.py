@@ -692,7 +692,7 @@ def _resolve(path: str, base: Path) -> str:
 def _prepare(item: Item, pipeline, config: BatchConfig, started: float) -> _Prepared:
     """Load and encode a sample's context, build its actions and request (raises on bad input)."""
     from terra.actions import (
-        _actions_from_value,
+        actions_from_value,
         actions_for_manoeuvre,
         actions_from_instruction_trajs,
         load_actions,
@@ -731,7 +731,7 @@ def _prepare(item: Item, pipeline, config: BatchConfig, started: float) -> _Prep
         else:
             key = given[0]
             source = f"{where}: {key}"
-            actions = validate_actions(_actions_from_value({key: record[key]}, source, need), source, need)
+            actions = validate_actions(actions_from_value({key: record[key]}, source, need), source, need)
     codes = pipeline.encode(images)
     request = RolloutRequest(codes, actions, item.num_frames, seed=item.seed, overlap=config.overlap)
     RolloutState(request, pipeline.backend.layout)  # validates codes, windows and action length now
