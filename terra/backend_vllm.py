@@ -94,7 +94,7 @@ class VLLMBackend(WorldModelBackend):
         self.frame_stats: list[FrameStat] = []
         options = vllm_compat.supported_engine_kwargs(generation_config="vllm")
         options.update(engine_kwargs)
-        vllm_compat.use_spawn_if_cuda_initialized()
+        vllm_compat.use_spawn_workers()
         self.llm = LLM(
             model=model_path,
             skip_tokenizer_init=True,

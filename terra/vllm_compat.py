@@ -45,18 +45,17 @@ def supported_engine_kwargs(**optional: Any) -> dict[str, Any]:
     return {k: v for k, v in optional.items() if k in known}
 
 
-def use_spawn_if_cuda_initialized() -> None:
-    """Make vLLM spawn (not fork) its workers when this process already holds a CUDA context.
+def use_spawn_workers() -> None:
+    """Make vLLM spawn (not fork) its engine processes unless the user chose otherwise.
 
-    A forked child cannot re-initialise CUDA; vLLM 0.26 does not always notice that the parent touched the
-    GPU (e.g. a Transformers model built first in the same process) and its engine then fails to start.
+    A forked child cannot re-initialise CUDA, and vLLM 0.26 does not always notice that the parent already
+    touched the GPU (seen on the H100: a benchmark part whose engine core died with "Cannot re-initialize
+    CUDA in forked subprocess"). Spawn is always safe; it needs the ``if __name__ == "__main__":`` guard
+    that scripts using vLLM keep anyway.
     """
     import os
 
-    import torch
-
-    if torch.cuda.is_initialized():
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 def num_cached_tokens(request_output: Any) -> int:
@@ -66,5 +65,5 @@ def num_cached_tokens(request_output: Any) -> int:
 
 __all__ = [
     "VLLM_VERSION", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "supported_engine_kwargs",
-    "use_spawn_if_cuda_initialized",
+    "use_spawn_workers",
 ]
