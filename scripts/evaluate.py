@@ -1,0 +1,452 @@
+"""Evaluate a world model + tokenizer on held-out clips of the synthetic world → report.json and a table.
+
+    python scripts/evaluate.py                                       # the shipped demo models, Transformers backend
+    python scripts/evaluate.py quality.num_clips=32 adherence.num_cases=20 num_threads=1 out_dir=outputs/eval/demo
+    python scripts/evaluate.py backend=vllm sampling=terra           # sampled rollouts on vLLM
+
+Everything is rendered on the fly by :mod:`terra.world` from scene seeds that the training data never used
+(``quality.scene_seed`` / ``adherence.scene_seed`` and up; the scene seeds of the world model's training clips,
+``numpy.random.default_rng([exclude_training.seed, i])``'s first draw in ``scripts/make_dataset.py``, are
+skipped), so the ground truth is exact.
+
+Frame quality
+    For each clip (manoeuvres cycled, speed and manoeuvre parameters drawn as for training), the first
+    ``num_context`` ground-truth frames are encoded, ``horizon`` frames are generated under the clip's own
+    actions, decoded, and compared with the ground-truth renders: PSNR and SSIM per horizon step. Two
+    references come with it: the tokenizer's reconstruction of the same ground-truth frames (encode → decode,
+    the ceiling the world model can reach) and repeating the last context frame (a model that ignores motion).
+
+Manoeuvre adherence
+    For each case and pair of opposite manoeuvres (``curve_left`` / ``curve_right``, ``accelerate`` /
+    ``decelerate``), one context of ``num_context`` frames driving straight along the lane is followed by
+    each manoeuvre in turn. Both rollouts start from the same context codes; each generated frame at
+    ``adherence.horizons`` is compared (MSE) with the scene rendered at the ground-truth poses of either
+    manoeuvre, and the rollout is attributed to the closer one. A case is correct when both rollouts match
+    their own command. A stricter three-way score also offers "kept driving straight" as a candidate.
+
+All rollouts of a measurement go to the backend in one ``pipeline.generate`` call (it batches them); rollout
+``k`` of a call samples with seed ``seed + k``. Bad settings end with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import terra.cli  # noqa: F401  (registers the ${terra_asset:...} resolver used by conf/model and conf/tokenizer)
+from terra.errors import TerraInputError
+from terra.metrics import psnr, ssim
+from terra.rollout import RolloutRequest
+from terra.sampling import SamplingConfig
+from terra.trajectory import FRAME_RATE_HZ, MANOEUVRES, manoeuvre_trajectory
+from terra.world import Clip, Scene, make_clip
+from terra.world.clips import (
+    FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, _chain, _random_params, clip_from_trajectory, place,
+)
+from terra.world.scene import EGO_LANE_OFFSET_M
+
+PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; averages use this instead
+TARGET_STEPS = 10  # the PSNR target covers the first 10 generated frames
+DIRECTION_PAIR = "curve_left/curve_right"
+PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "accel_mps2", "stop": "accel_mps2",
+               "lane_change": "change_s"}  # manoeuvre name prefix → the adherence range it draws from
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+def _range(value, name: str) -> tuple[float, float]:
+    """A ``[low, high]`` setting of positive numbers."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TerraInputError(
+            f"{name} must be a [low, high] pair of numbers (got {value}); e.g. {name}=[20,40]") from None
+    if not (np.isfinite(low) and np.isfinite(high) and 0 < low <= high):
+        raise TerraInputError(f"{name} must satisfy 0 < low <= high (got [{low}, {high}])")
+    return low, high
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise :class:`TerraInputError` for a bad setting, before anything is loaded or rendered."""
+    for key in ("num_context", "horizon"):
+        if int(cfg[key]) < 1:
+            raise TerraInputError(f"{key} must be at least 1 (got {cfg[key]})")
+    if int(cfg.quality.num_clips) < 0 or int(cfg.adherence.num_cases) < 0:
+        raise TerraInputError("quality.num_clips and adherence.num_cases must be >= 0")
+    if int(cfg.quality.num_clips) == 0 and int(cfg.adherence.num_cases) == 0:
+        raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")
+    names = _quality_manoeuvres(cfg)
+    for name in names + [n for pair in _pairs(cfg) for n in pair]:
+        if name not in MANOEUVRES:
+            raise TerraInputError(f"unknown manoeuvre {name!r}; choose from: {', '.join(MANOEUVRES)}")
+    if int(cfg.adherence.num_cases) > 0 and not _pairs(cfg):
+        raise TerraInputError("adherence.pairs is empty; e.g. adherence.pairs=[[curve_left,curve_right]]")
+    horizons = list(cfg.adherence.horizons or [])
+    if any(int(h) < 1 for h in horizons):
+        raise TerraInputError(f"adherence.horizons are 1-based generated frames (got {horizons}); e.g. [4,7,10]")
+    for key in ("speed_kmh", "radius_m", "accel_mps2", "change_s"):
+        _range(cfg.adherence[key], f"adherence.{key}")
+    _range(cfg.quality.speed_kmh, "quality.speed_kmh")
+    if cfg.num_threads is not None and int(cfg.num_threads) < 1:
+        raise TerraInputError(f"num_threads must be at least 1 or null (got {cfg.num_threads})")
+
+
+def _quality_manoeuvres(cfg: DictConfig) -> list[str]:
+    names = cfg.quality.manoeuvres
+    if names is None:
+        return list(MANOEUVRES)
+    names = [names] if isinstance(names, str) else [str(n) for n in names]
+    if not names:
+        raise TerraInputError("quality.manoeuvres is empty; use null for every manoeuvre")
+    return names
+
+
+def _pairs(cfg: DictConfig) -> list[tuple[str, str]]:
+    pairs = []
+    for pair in cfg.adherence.pairs or []:
+        if isinstance(pair, str) or len(pair) != 2 or pair[0] == pair[1]:
+            raise TerraInputError(f"adherence.pairs holds two different manoeuvres per entry (got {pair}); "
+                                  "e.g. adherence.pairs=[[curve_left,curve_right]]")
+        pairs.append((str(pair[0]), str(pair[1])))
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------- held-out data
+
+
+def training_scene_seeds(seed: int, num_clips: int) -> set[int]:
+    """Scene seeds of ``make_dataset.py``'s clips: clip i's scene is the first draw of ``default_rng([seed, i])``."""
+    return {int(np.random.default_rng([seed, i]).integers(2**31)) for i in range(num_clips)}
+
+
+def held_out_seeds(start: int, count: int, exclude: set[int]) -> list[int]:
+    """``count`` scene seeds from ``start`` up, skipping ``exclude``."""
+    seeds, candidate = [], int(start)
+    while len(seeds) < count:
+        if candidate not in exclude:
+            seeds.append(candidate)
+        candidate += 1
+    return seeds
+
+
+def quality_clips(cfg: DictConfig, seeds: list[int], image_size: tuple[int, int]) -> list[Clip]:
+    """One clip of ``num_context + horizon`` frames per scene seed, manoeuvres cycled, as drawn for training."""
+    names = _quality_manoeuvres(cfg)
+    low, high = _range(cfg.quality.speed_kmh, "quality.speed_kmh")
+    frames = int(cfg.num_context) + int(cfg.horizon)
+    duration = (frames - 1) / FRAME_RATE_HZ + FUTURE_S
+    clips = []
+    for i, seed in enumerate(seeds):
+        rng = np.random.default_rng([seed, 0xE7A1])
+        scene = Scene.generate(seed, SCENE_LENGTH_M)
+        name = names[i % len(names)]
+        speed = float(rng.uniform(low, high))
+        travel = (speed / 3.6 + 3.5 * duration) * duration
+        start_s = float(rng.uniform(10.0, max(10.0, scene.length_m - travel - VIEW_MARGIN_M)))
+        lateral = EGO_LANE_OFFSET_M + float(rng.uniform(-0.4, 0.4))
+        params = _random_params(rng, name, speed)  # the training distribution's parameters for this manoeuvre
+        clips.append(make_clip(scene, name, frames, *image_size, speed_kmh=speed, start_s=start_s, lateral_m=lateral,
+                               **params))
+    return clips
+
+
+@dataclass
+class AdherenceCase:
+    """One scene and start: the same straight context followed by each manoeuvre of a pair (and by straight)."""
+
+    seed: int
+    pair: tuple[str, str]
+    clips: dict[str, Clip]  # pair members and "straight": frames [num_context + horizon, H, W, 3]
+    params: dict[str, float]
+
+
+def straight_then(scene: Scene, name: str, start_s: float, speed: float, lead_s: float, num_frames: int,
+                  image_size: tuple[int, int], params: dict[str, float]) -> Clip:
+    """Lane keeping on a straight road for ``lead_s`` seconds, then ``name``, rendered for ``num_frames`` frames."""
+    duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
+    local = manoeuvre_trajectory(name, duration - lead_s, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ, **params)
+    if lead_s > 0:
+        lead = manoeuvre_trajectory("straight", lead_s, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ)
+        local = _chain(lead, local, duration)
+    world = place(local, scene.lane_pose(start_s, EGO_LANE_OFFSET_M))
+    return clip_from_trajectory(scene, world, num_frames, *image_size, f"straight>{name}", start_s, speed)
+
+
+def adherence_cases(cfg: DictConfig, seeds: list[int], image_size: tuple[int, int]) -> list[AdherenceCase]:
+    """Cases for every pair and scene seed; the context starts on the road's first (straight) segment."""
+    ad = cfg.adherence
+    n_ctx, frames = int(cfg.num_context), int(cfg.num_context) + int(cfg.horizon)
+    lead_s = (n_ctx - 1) / FRAME_RATE_HZ
+    cases = []
+    for p, pair in enumerate(_pairs(cfg)):
+        for seed in seeds:
+            rng = np.random.default_rng([seed, 0xAD7E, p])
+            scene = Scene.generate(seed, SCENE_LENGTH_M)
+            speed = float(rng.uniform(*_range(ad.speed_kmh, "adherence.speed_kmh")))
+            # The scene's road starts with a straight of at least 30 m; the context stays on it.
+            start_s = float(rng.uniform(10.0, max(10.0, min(20.0, scene.seg_len[0] - speed / 3.6 * lead_s - 1.0))))
+            drawn = {key: float(rng.uniform(*_range(ad[key], f"adherence.{key}")))
+                     for key in dict.fromkeys(PAIR_PARAMS.values())}
+            # Both members share the parameters that concern them (one radius for left and right, ...).
+            params = {PAIR_PARAMS[k]: drawn[PAIR_PARAMS[k]] for k in PAIR_PARAMS if any(n.startswith(k) for n in pair)}
+            clips = {name: straight_then(scene, name, start_s, speed, lead_s, frames, image_size, params)
+                     for name in dict.fromkeys((*pair, "straight"))}
+            cases.append(AdherenceCase(seed, pair, clips, params))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------- measurements
+
+
+def _to_images(frames: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def _capped(values: list[float]) -> list[float]:
+    return [min(v, PSNR_CAP_DB) for v in values]
+
+
+def _stats(rows: np.ndarray) -> dict:
+    """Per-step mean/std over rollouts (``rows [N, T]``) and the overall mean."""
+    return {"mean": rows.mean(axis=0).round(4).tolist(), "std": rows.std(axis=0).round(4).tolist(),
+            "overall": round(float(rows.mean()), 4)}
+
+
+def evaluate_quality(pipeline, clips: list[Clip], n_ctx: int, sampling: SamplingConfig, seed: int,
+                     progress: bool) -> dict:
+    """PSNR/SSIM per horizon step of generated vs ground-truth frames, with the tokenizer and copy-last references."""
+    horizon = clips[0].num_frames - n_ctx
+    codes = pipeline.encode(_to_images(np.concatenate([c.frames for c in clips])))
+    codes = codes.reshape(len(clips), n_ctx + horizon, *codes.shape[1:])
+    requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, horizon, seed=seed + i) for i, clip in enumerate(clips)]
+    t0 = time.perf_counter()
+    results = pipeline.generate(requests, sampling, progress=progress)
+    generate_s = time.perf_counter() - t0
+    recon = pipeline.decode(codes[:, n_ctx:].reshape(-1, *codes.shape[2:]))  # the tokenizer's own reconstruction
+    recon = recon.reshape(len(clips), horizon, *recon.shape[1:])
+    gen_psnr, gen_ssim, tok_psnr, tok_ssim, copy_psnr, per_clip = [], [], [], [], [], []
+    for clip, result, rec in zip(clips, results, recon):
+        truth = clip.frames[n_ctx:]
+        generated = result.frames[result.num_context :]
+        gen_psnr.append(_capped(psnr(generated, truth)))
+        gen_ssim.append(ssim(generated, truth))
+        tok_psnr.append(_capped(psnr(rec, truth)))
+        tok_ssim.append(ssim(rec, truth))
+        copy_psnr.append(_capped(psnr(np.repeat(clip.frames[n_ctx - 1 : n_ctx], horizon, axis=0), truth)))
+        per_clip.append({"seed": clip.seed, "manoeuvre": clip.manoeuvre, "speed_kmh": round(clip.speed_kmh, 2),
+                         "psnr": [round(v, 3) for v in gen_psnr[-1]], "ssim": [round(v, 4) for v in gen_ssim[-1]],
+                         "tokenizer_psnr": round(float(np.mean(tok_psnr[-1])), 3)})
+    gen_psnr, copy_psnr = np.array(gen_psnr), np.array(copy_psnr)
+    by_manoeuvre = {}
+    for name in dict.fromkeys(c.manoeuvre for c in clips):
+        rows = [i for i, c in enumerate(clips) if c.manoeuvre == name]
+        by_manoeuvre[name] = {"clips": len(rows), "psnr": round(float(gen_psnr[rows].mean()), 4),
+                              "ssim": round(float(np.mean([gen_ssim[i] for i in rows])), 4)}
+    steps = min(TARGET_STEPS, horizon)
+    return {
+        "num_clips": len(clips),
+        "horizon": horizon,
+        "psnr": _stats(gen_psnr),
+        "ssim": _stats(np.array(gen_ssim)),
+        "tokenizer_psnr": _stats(np.array(tok_psnr)),
+        "tokenizer_ssim": _stats(np.array(tok_ssim)),
+        "copy_last_psnr": _stats(copy_psnr),
+        "target_frames": steps,  # the PSNR target covers the first min(10, horizon) generated frames
+        "mean_psnr_target_frames": round(float(gen_psnr[:, :steps].mean()), 4),
+        "by_manoeuvre": by_manoeuvre,
+        "clips": per_clip,
+        "generate_s": round(generate_s, 2),
+        "s_per_frame": round(generate_s / (len(clips) * horizon), 4),
+    }
+
+
+def _mse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+
+
+def _psnr_of(mse: float) -> float:
+    return PSNR_CAP_DB if mse <= 0 else min(PSNR_CAP_DB, float(10 * np.log10(255.0**2 / mse)))
+
+
+def evaluate_adherence(pipeline, cases: list[AdherenceCase], n_ctx: int, horizons: list[int],
+                       sampling: SamplingConfig, seed: int, progress: bool) -> dict:
+    """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right)."""
+    horizon = next(iter(cases[0].clips.values())).num_frames - n_ctx
+    steps = sorted({h for h in horizons if h <= horizon}) or [horizon]
+    contexts = pipeline.encode(_to_images(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))
+    contexts = contexts.reshape(len(cases), n_ctx, *contexts.shape[1:])
+    requests = [RolloutRequest(contexts[j], case.clips[name].actions, horizon, seed=seed + 2 * j + k)
+                for j, case in enumerate(cases) for k, name in enumerate(case.pair)]
+    t0 = time.perf_counter()
+    results = iter(pipeline.generate(requests, sampling, progress=progress))
+    generate_s = time.perf_counter() - t0
+    idx = [n_ctx + h - 1 for h in steps]
+    pairs: dict[str, dict] = {}
+    for case in cases:
+        key = "/".join(case.pair)
+        entry = pairs.setdefault(key, {"cases": []})
+        record = {"seed": case.seed, "speed_kmh": round(case.clips[case.pair[0]].speed_kmh, 2),
+                  "params": {k: round(v, 3) for k, v in case.params.items()}, "rollouts": {}}
+        for name in case.pair:
+            generated = next(results).frames[idx]
+            mse = {cand: float(np.mean([_mse(g, clip.frames[i]) for g, i in zip(generated, idx)]))
+                   for cand, clip in case.clips.items()}
+            chosen = min(case.pair, key=lambda c: mse[c])
+            record["rollouts"][name] = {
+                "matched": chosen,
+                "matched_with_straight": min(mse, key=mse.get),
+                "psnr_to": {cand: round(_psnr_of(m), 3) for cand, m in mse.items()},
+                "margin_db": round(_psnr_of(mse[name]) - _psnr_of(mse[next(c for c in case.pair if c != name)]), 3),
+            }
+        rollouts = record["rollouts"]
+        record["correct"] = all(r["matched"] == n for n, r in rollouts.items())
+        record["correct_with_straight"] = all(r["matched_with_straight"] == n for n, r in rollouts.items())
+        entry["cases"].append(record)
+    for key, entry in pairs.items():
+        cases_ = entry["cases"]
+        names = key.split("/")
+        entry.update({
+            "num_cases": len(cases_),
+            "accuracy_pct": round(100.0 * np.mean([c["correct"] for c in cases_]), 2),
+            "rollout_accuracy_pct": {n: round(100.0 * np.mean([c["rollouts"][n]["matched"] == n for c in cases_]), 2)
+                                     for n in names},
+            "accuracy_with_straight_pct": round(100.0 * np.mean([c["correct_with_straight"] for c in cases_]), 2),
+            "mean_margin_db": round(float(np.mean([r["margin_db"] for c in cases_
+                                                   for r in c["rollouts"].values()])), 3),
+        })
+        pairs[key] = {k: entry[k] for k in (*[k for k in entry if k != "cases"], "cases")}  # cases last
+    return {"horizons": steps, "pairs": pairs, "generate_s": round(generate_s, 2),
+            "s_per_frame": round(generate_s / (len(requests) * horizon), 4)}
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def run(cfg: DictConfig, pipeline=None) -> dict:
+    """Evaluate as configured, write ``<out_dir>/report.json`` atomically and return the report.
+
+    ``pipeline`` (a :class:`terra.pipeline.WorldModelPipeline`) is built from ``cfg`` when not given; a
+    pipeline built here is closed at the end.
+    """
+    from terra.pipeline import WorldModelPipeline
+    from tokenizer.atomic import write_text
+
+    t_start = time.perf_counter()
+    check_config(cfg)
+    sampling = SamplingConfig(**OmegaConf.to_container(cfg.sampling))
+    if cfg.num_threads is not None:
+        torch.set_num_threads(int(cfg.num_threads))
+    exclude = training_scene_seeds(int(cfg.exclude_training.seed), int(cfg.exclude_training.num_clips))
+    own = pipeline is None
+    if own:
+        pipeline = WorldModelPipeline.from_pretrained(
+            cfg.model.world_model, cfg.tokenizer.path, backend=cfg.backend.name, device=cfg.device, dtype=cfg.dtype,
+            **OmegaConf.to_container(cfg.backend.options))
+    window = getattr(getattr(pipeline.backend, "layout", None), "max_frames", None)
+    if window is not None and int(cfg.num_context) >= window:
+        raise TerraInputError(f"num_context={cfg.num_context} does not fit a window of {window} frames; "
+                              f"use at most {window - 1}")
+    load_s = time.perf_counter() - t_start
+    image_size = tuple(pipeline.image_size)
+    n_ctx = int(cfg.num_context)
+    report: dict = {
+        "world_model": str(cfg.model.world_model),
+        "tokenizer": str(cfg.tokenizer.path),
+        "backend": type(pipeline.backend).__name__,
+        "device": str(pipeline.device),
+        "sampling": OmegaConf.to_container(cfg.sampling),
+        "num_context": n_ctx,
+        "horizon": int(cfg.horizon),
+        "image_size": list(image_size),
+    }
+    try:
+        if int(cfg.quality.num_clips) > 0:
+            seeds = held_out_seeds(int(cfg.quality.scene_seed), int(cfg.quality.num_clips), exclude)
+            clips = quality_clips(cfg, seeds, image_size)
+            report["quality"] = evaluate_quality(pipeline, clips, n_ctx, sampling, int(cfg.seed), bool(cfg.progress))
+            report["quality"]["scene_seeds"] = [seeds[0], seeds[-1]]
+        if int(cfg.adherence.num_cases) > 0:
+            seeds = held_out_seeds(int(cfg.adherence.scene_seed), int(cfg.adherence.num_cases), exclude)
+            cases = adherence_cases(cfg, seeds, image_size)
+            horizons = [int(h) for h in cfg.adherence.horizons or []]
+            report["adherence"] = evaluate_adherence(pipeline, cases, n_ctx, horizons, sampling, int(cfg.seed),
+                                                     bool(cfg.progress))
+            report["adherence"]["scene_seeds"] = [seeds[0], seeds[-1]]
+    finally:
+        if own:
+            pipeline.close()
+    report["targets"] = _targets(cfg, report)
+    report["timings"] = {"load_s": round(load_s, 2), "total_s": round(time.perf_counter() - t_start, 2)}
+    out = Path(cfg.out_dir) / "report.json"
+    write_text(out, json.dumps(report, indent=1) + "\n")
+    report["path"] = str(out)
+    return report
+
+
+def _targets(cfg: DictConfig, report: dict) -> dict:
+    targets = {}
+    quality = report.get("quality")
+    if quality is not None:
+        value, target = quality["mean_psnr_target_frames"], float(cfg.targets.mean_psnr_db)
+        targets["mean_psnr_db"] = {"value": value, "target": target, "frames": quality["target_frames"],
+                                   "passed": bool(value >= target)}
+    pair = report.get("adherence", {}).get("pairs", {}).get(DIRECTION_PAIR)
+    if pair is not None:
+        target = float(cfg.targets.direction_accuracy_pct)
+        targets["direction_accuracy_pct"] = {"value": pair["accuracy_pct"], "target": target,
+                                             "passed": bool(pair["accuracy_pct"] >= target)}
+    return targets
+
+
+def format_table(report: dict) -> str:
+    """A compact text summary of a report."""
+    lines = [f"{report['world_model']} + {report['tokenizer']} on {report['backend']} ({report['device']}), "
+             f"sampling {report['sampling']}"]
+    quality = report.get("quality")
+    if quality is not None:
+        lines.append(f"frame quality: {quality['num_clips']} held-out clips, {report['num_context']} context frames, "
+                     f"{quality['horizon']} generated ({quality['s_per_frame']:.3f} s/frame incl. decoding)")
+        lines.append(f"{'step':>5} {'PSNR':>7} {'SSIM':>6} {'tok PSNR':>9} {'copy-last':>10}")
+        for t in range(quality["horizon"]):
+            lines.append(f"{t + 1:>5} {quality['psnr']['mean'][t]:>7.2f} {quality['ssim']['mean'][t]:>6.3f} "
+                         f"{quality['tokenizer_psnr']['mean'][t]:>9.2f} {quality['copy_last_psnr']['mean'][t]:>10.2f}")
+        lines.append(f"{'mean':>5} {quality['psnr']['overall']:>7.2f} {quality['ssim']['overall']:>6.3f} "
+                     f"{quality['tokenizer_psnr']['overall']:>9.2f} {quality['copy_last_psnr']['overall']:>10.2f}")
+        lines.append("  PSNR by manoeuvre: "
+                     + ", ".join(f"{k} {v['psnr']:.1f} dB" for k, v in quality["by_manoeuvre"].items()))
+    adherence = report.get("adherence")
+    if adherence is not None:
+        lines.append(f"manoeuvre adherence: generated frames {adherence['horizons']} vs renders of each candidate")
+        lines.append(f"{'pair':<24} {'cases':>5} {'correct':>8} {'per rollout':>22} {'3-way':>7} {'margin':>8}")
+        for key, pair in adherence["pairs"].items():
+            per = " ".join(f"{v:.0f}%" for v in pair["rollout_accuracy_pct"].values())
+            lines.append(f"{key:<24} {pair['num_cases']:>5} {pair['accuracy_pct']:>7.1f}% {per:>22} "
+                         f"{pair['accuracy_with_straight_pct']:>6.1f}% {pair['mean_margin_db']:>6.2f}dB")
+    for name, t in report["targets"].items():
+        lines.append(f"target {name}: {t['value']:.2f} vs {t['target']:.2f} → {'PASS' if t['passed'] else 'FAIL'}")
+    lines.append(f"report: {report['path']} ({report['timings']['total_s']:.0f} s)")
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../conf", config_name="evaluate", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: evaluate and print the table; bad settings end with one line (exit code 2)."""
+    try:
+        report = run(cfg)
+    except TerraInputError as err:
+        print(f"evaluate: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(format_table(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""scripts/evaluate.py on a tiny held-out set, and the shipped demo models loading and generating on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from terra.errors import TerraInputError
+from terra.world import Scene, make_clip
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "terra" / "assets" / "demo"
+
+
+def load_script(name: str):
+    """Import a script from scripts/ as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+evaluate = load_script("evaluate")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The demo model decodes token by token: one thread beats two contended ones."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def eval_config(out: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("evaluate", overrides=[
+            f"out_dir={out}", "quality.num_clips=2", "horizon=2", "adherence.num_cases=1",
+            "device=cpu", "progress=false", *overrides])
+
+
+def test_tiny_evaluation_writes_a_complete_report(tmp_path):
+    report = evaluate.run(eval_config(tmp_path))
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved == {k: v for k, v in report.items() if k != "path"}
+    assert report["backend"] == "HFBackend" and report["num_context"] == 3 and report["image_size"] == [144, 256]
+
+    quality = report["quality"]
+    assert quality["num_clips"] == 2 and quality["horizon"] == 2 and len(quality["clips"]) == 2
+    for key in ("psnr", "tokenizer_psnr", "copy_last_psnr"):
+        assert len(quality[key]["mean"]) == 2 and all(5.0 < v < 60.0 for v in quality[key]["mean"])
+    for key in ("ssim", "tokenizer_ssim"):
+        assert all(0.0 < v <= 1.0 for v in quality[key]["mean"])
+    assert quality["tokenizer_psnr"]["overall"] > 20.0  # the trained tokenizer, not random weights
+    assert quality["target_frames"] == 2
+    assert quality["mean_psnr_target_frames"] == pytest.approx(quality["psnr"]["overall"], abs=1e-3)
+    assert quality["scene_seeds"][0] >= 10_000_000
+    assert set(quality["by_manoeuvre"]) == {"straight", "curve_left"}  # manoeuvres cycled in MANOEUVRES order
+
+    adherence = report["adherence"]
+    assert adherence["horizons"] == [2]  # 4, 7, 10 are beyond the horizon: the last frame is used
+    assert set(adherence["pairs"]) == {"curve_left/curve_right", "accelerate/decelerate"}
+    for key, pair in adherence["pairs"].items():
+        assert pair["num_cases"] == 1 and 0.0 <= pair["accuracy_pct"] <= 100.0
+        (case,) = pair["cases"]
+        assert set(case["rollouts"]) == set(key.split("/"))
+        for name, rollout in case["rollouts"].items():
+            assert set(rollout["psnr_to"]) == {*key.split("/"), "straight"}
+            assert rollout["matched"] in key.split("/")
+        assert case["correct"] == all(r["matched"] == n for n, r in case["rollouts"].items())
+    assert set(adherence["pairs"]["curve_left/curve_right"]["cases"][0]["params"]) == {"radius_m"}
+    assert set(report["targets"]) == {"mean_psnr_db", "direction_accuracy_pct"}
+    assert all(isinstance(t["passed"], bool) for t in report["targets"].values())
+    table = evaluate.format_table(report)
+    assert "curve_left/curve_right" in table and "target direction_accuracy_pct" in table
+
+
+def test_held_out_scenes_skip_the_training_scenes():
+    train = evaluate.training_scene_seeds(0, 50)
+    assert len(train) == 50
+    first = sorted(train)[0]
+    seeds = evaluate.held_out_seeds(first - 1, 3, train)
+    assert first not in seeds and seeds[0] == first - 1 and len(set(seeds)) == 3
+
+
+def test_adherence_contexts_are_shared_and_the_commands_differ():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("evaluate", overrides=["adherence.pairs=[[curve_left,curve_right]]", "horizon=4"])
+    (case,) = evaluate.adherence_cases(cfg, [12_345_678], (36, 64))
+    left, right, straight = (case.clips[n] for n in ("curve_left", "curve_right", "straight"))
+    np.testing.assert_array_equal(left.frames[:3], right.frames[:3])  # one context for both commands
+    np.testing.assert_allclose(left.poses[:3], straight.poses[:3], atol=1e-9)
+    assert left.poses[-1, 2] > straight.poses[-1, 2] + 0.02 > right.poses[-1, 2] + 0.04  # yaw: left turns left
+    assert np.abs(left.actions[2:] - right.actions[2:]).max() > 0.5
+
+
+@pytest.mark.parametrize("override, match", [
+    ("horizon=0", "horizon"),
+    ("adherence.pairs=[[curve_left,fly]]", "unknown manoeuvre"),
+    ("adherence.pairs=[[curve_left,curve_left]]", "two different manoeuvres"),
+    ("adherence.radius_m=[40,20]", "adherence.radius_m"),
+    ("quality.num_clips=0 adherence.num_cases=0", "nothing to evaluate"),
+])
+def test_bad_settings_raise_one_line_errors(tmp_path, override, match):
+    cfg = eval_config(tmp_path, *override.split())
+    with pytest.raises(TerraInputError, match=match) as err:
+        evaluate.run(cfg)
+    assert "\n" not in str(err.value) and not (tmp_path / "report.json").exists()
+
+
+def test_shipped_demo_models_load_and_generate_on_cpu():
+    from transformers import AutoModelForCausalLM
+
+    import terra  # noqa: F401  (registers llama_action with the Auto classes)
+    from terra import LlamaActionForCausalLM
+    from terra.backend_hf import HFBackend
+    from terra.pipeline import WorldModelPipeline
+    from terra.rollout import RolloutRequest
+    from terra.sampling import SamplingConfig
+    from tokenizer import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(DEMO / "world_model"), dtype=torch.float32)
+    assert isinstance(model, LlamaActionForCausalLM)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (256, 6, 4)
+    assert (cfg.num_image_patches, cfg.num_spatio_embeddings, cfg.num_temporal_embeddings) == (144, 150, 16)
+    assert 5.6e6 < sum(p.numel() for p in model.parameters()) < 5.8e6
+    tokenizer = load_tokenizer(str(DEMO / "tokenizer"))
+    assert tuple(tokenizer.image_size) == (144, 256) and tuple(tokenizer.grid_shape) == (9, 16)
+    assert tokenizer.codebook_size == 1024
+
+    clip = make_clip(Scene.generate(12_000_000), "straight", 3, 144, 256, start_s=15.0)
+    pipeline = WorldModelPipeline(tokenizer, HFBackend(model), "cpu")
+    codes = pipeline.encode(torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1)
+    assert codes.shape == (3, 9, 16) and codes.min() >= 0 and codes.max() < 1024
+    [result] = pipeline.generate([RolloutRequest(codes[:2], clip.actions, 1, seed=0)], SamplingConfig(0.9),
+                                 progress=False)
+    assert result.codes.shape == (3, 9, 16) and result.frames.shape == (3, 144, 256, 3)
+    assert result.frames.dtype == np.uint8 and result.codes.max() < 1024
+    # A trained pair: the predicted frame resembles the real one far better than noise would.
+    from terra.metrics import psnr
+
+    assert psnr(result.frames[2:], clip.frames[2:])[0] > 15.0
