@@ -62,7 +62,14 @@ def create_backend(
     if kind == "vllm":
         from terra.backend_vllm import VLLMBackend
 
-        return VLLMBackend(str(world_model), dtype=dtype, **options)
-    from terra.backend_hf import HFBackend
+        build = lambda: VLLMBackend(str(world_model), dtype=dtype, **options)  # noqa: E731
+    else:
+        from terra.backend_hf import HFBackend
 
-    return HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), **options)
+        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), **options)  # noqa: E731
+    try:
+        return build()
+    except TypeError as err:  # an unknown key in backend.options (ours or vLLM's engine arguments)
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise TerraInputError(f"backend.options of backend={kind}: {err}; remove or rename that option") from None

@@ -205,6 +205,8 @@ API_CASES = {
                                    None),
     "unknown_backend": (lambda b, t, p: _from_pretrained(DEMO / "world_model", backend="tensorflow"),
                         "unknown backend", None),
+    "unknown_backend_option": (lambda b, t, p: _from_pretrained(DEMO / "world_model", backend="hf", bogus=1),
+                               "backend.options", None),
     # tokenizer / world-model pairs (terra.pipeline.check_compatible)
     "pair_codebook_mismatch": (lambda b, t, p: _from_pretrained(DEMO / "world_model", b.tok_codebook), "codebook",
                                None),
