@@ -23,7 +23,7 @@ last_step() {  # last "step" of a JSON-lines training log
 
 case "${1:-}" in
   data)
-    "$PY" scripts/make_dataset.py out_dir="$RUN/clips" num_clips="${CLIPS:-4000}" num_frames="${FRAMES:-20}" \
+    "$PY" scripts/make_dataset.py out_dir="$RUN/clips" num_clips="${CLIPS:-5000}" num_frames="${FRAMES:-20}" \
       height=144 width=256 seed=0 workers=0 $EXTRA
     ;;
   tokenizer)
@@ -38,7 +38,7 @@ case "${1:-}" in
       out="$RUN/tokens.safetensors" $EXTRA
     ;;
   world_model)
-    args=(data.tokens="$RUN/tokens.safetensors" output_dir="$RUN/world_model" train.max_steps="${WM_STEPS:-6000}"
+    args=(data.tokens="$RUN/tokens.safetensors" output_dir="$RUN/world_model" train.max_steps="${WM_STEPS:-4800}"
           train.batch_size=32 net.num_temporal_embeddings=16)
     "$PY" scripts/train_world_model.py "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
     if [ ! -f "$RUN/world_model/model/config.json" ]; then  # out of budget: end the schedule here and export
