@@ -49,7 +49,8 @@ from terra.sampling import SamplingConfig
 from terra.trajectory import FRAME_RATE_HZ, MANOEUVRES, manoeuvre_trajectory
 from terra.world import Clip, Scene, make_clip
 from terra.world.clips import (
-    FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, _chain, _random_params, clip_from_trajectory, place,
+    FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, chain_trajectories, clip_from_trajectory, place,
+    random_manoeuvre_params,
 )
 from terra.world.scene import EGO_LANE_OFFSET_M
 
@@ -153,7 +154,7 @@ def quality_clips(cfg: DictConfig, seeds: list[int], image_size: tuple[int, int]
         travel = (speed / 3.6 + 3.5 * duration) * duration
         start_s = float(rng.uniform(10.0, max(10.0, scene.length_m - travel - VIEW_MARGIN_M)))
         lateral = EGO_LANE_OFFSET_M + float(rng.uniform(-0.4, 0.4))
-        params = _random_params(rng, name, speed)  # the training distribution's parameters for this manoeuvre
+        params = random_manoeuvre_params(rng, name, speed)  # the training distribution's parameters for this manoeuvre
         clips.append(make_clip(scene, name, frames, *image_size, speed_kmh=speed, start_s=start_s, lateral_m=lateral,
                                **params))
     return clips
@@ -176,7 +177,7 @@ def straight_then(scene: Scene, name: str, start_s: float, speed: float, lead_s:
     local = manoeuvre_trajectory(name, duration - lead_s, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ, **params)
     if lead_s > 0:
         lead = manoeuvre_trajectory("straight", lead_s, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ)
-        local = _chain(lead, local, duration)
+        local = chain_trajectories(lead, local, duration)
     world = place(local, scene.lane_pose(start_s, EGO_LANE_OFFSET_M))
     return clip_from_trajectory(scene, world, num_frames, *image_size, f"straight>{name}", start_s, speed)
 

@@ -118,13 +118,13 @@ def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: i
         name = FOLLOW_LANE
     else:
         name = str(rng.choice(MANOEUVRES))
-        params = _random_params(rng, name, speed)
+        params = random_manoeuvre_params(rng, name, speed)
         start = scene.lane_pose(start_s, lateral) + np.array([0.0, 0.0, rng.normal(0.0, 0.03)])
         local = manoeuvre_trajectory(name, duration, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ, **params)
         if kind < 0.5:
             lead = float(rng.uniform(0.5, 2.0))
             straight = manoeuvre_trajectory("straight", lead, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ)
-            local = _chain(straight, local, duration)
+            local = chain_trajectories(straight, local, duration)
             name = f"straight>{name}"
         trajectory = place(local, start)
     return clip_from_trajectory(scene, trajectory, num_frames, height, width, name, start_s, speed)
@@ -145,7 +145,7 @@ def sample_frames(num: int, height: int, width: int, seed: int) -> np.ndarray:
     return frames
 
 
-def _random_params(rng: np.random.Generator, name: str, speed_kmh: float) -> dict[str, float]:
+def random_manoeuvre_params(rng: np.random.Generator, name: str, speed_kmh: float) -> dict[str, float]:
     """Manoeuvre parameters that look plausible at ``speed_kmh`` and change the view clearly."""
     v = speed_kmh / 3.6
     if name.startswith("curve"):
@@ -158,7 +158,7 @@ def _random_params(rng: np.random.Generator, name: str, speed_kmh: float) -> dic
     return {}
 
 
-def _chain(first: EgoTrajectory, second: EgoTrajectory, duration: float) -> EgoTrajectory:
+def chain_trajectories(first: EgoTrajectory, second: EgoTrajectory, duration: float) -> EgoTrajectory:
     """``first`` followed by ``second`` started from ``first``'s final pose, cut to ``duration`` seconds."""
     moved = place(second, np.array([first.x[-1], first.y[-1], first.yaw[-1]]))
     keep = moved.t[1:] + first.t[-1] <= duration + 1e-9
