@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import terra
 from terra import LlamaActionConfig, LlamaActionForCausalLM
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """Import ``scripts/<name>.py`` as a module (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+    spec.loader.exec_module(module)
+    return module
+
 
 # A small layout that keeps every rule of Terra's: 8x8 = 64 image tokens + 6 action slots per frame,
 # 6 frames per window (so rollover is cheap to reach), codebook 512 + 1 special id, head_dim 64

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,8 @@ import pytest
 import torch
 
 from terra.backend_vllm import FrameStat
+from conftest import load_script
+
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 # One thread per process: on a small shared CI machine torch's spinning worker threads make tiny models crawl.
@@ -23,14 +24,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], capture_output=True, text=True,
                           timeout=180, env=ENV)
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

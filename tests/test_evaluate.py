@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,18 +12,11 @@ from hydra import compose, initialize_config_dir
 
 from terra.errors import TerraInputError
 from terra.world import Scene, make_clip
+from conftest import load_script
+
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "terra" / "assets" / "demo"
-
-
-def load_script(name: str):
-    """Import a script from scripts/ as a module (they are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 evaluate = load_script("evaluate")

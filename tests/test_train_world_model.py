@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,18 +19,11 @@ from terra import LlamaActionForCausalLM
 from terra.errors import TerraInputError
 from terra.world.dataset import ClipDataset, write_dataset
 from terra.world.tokens import TokenizedClips, load_tokens, save_tokens
+from conftest import load_script
+
 
 ROOT = Path(__file__).resolve().parents[1]
 H, W = 24, 40
-
-
-def load_script(name: str):
-    """Import a script from scripts/ as a module (they are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 tokenize_script = load_script("tokenize_dataset")
