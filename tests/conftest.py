@@ -24,6 +24,16 @@ def load_script(name: str):
     return module
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch intra-op thread for a whole test module: on the CI machine's 2 shared cores, OpenMP threads
+    spinning against each other make small models many times slower than one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # A small layout that keeps every rule of Terra's: 8x8 = 64 image tokens + 6 action slots per frame,
 # 6 frames per window (so rollover is cheap to reach), codebook 512 + 1 special id, head_dim 64
 # (vLLM's CPU engine supports it).

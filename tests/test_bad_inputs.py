@@ -262,7 +262,7 @@ def test_incompatible_pair_is_caught_before_the_world_model_loads(bad, monkeypat
         check_compatible(config, load_tokenizer(bad.tok_grid))
 
 
-def test_same_seed_gives_the_same_tokens_twice_with_transformers(tiny_model_dir):
+def test_same_seed_gives_the_same_tokens_twice_with_transformers(tiny_model_dir, single_thread):
     """Reproducibility: temperature 1, no top-k / top-p, fresh backends, the global RNG disturbed in between."""
     from terra.backend_hf import HFBackend
 
@@ -271,15 +271,10 @@ def test_same_seed_gives_the_same_tokens_twice_with_transformers(tiny_model_dir)
     actions = rng.normal(0, 2, (12, 6, 3)).astype(np.float32)
     sampling = SamplingConfig(temperature=1.0)
     runs = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small shared CPUs: oversubscribed threads only slow this down
-    try:
-        for global_seed, seed in ((1, 11), (2, 11), (3, 12)):
-            torch.manual_seed(global_seed)
-            backend = HFBackend(tiny_model_dir)
-            runs.append(backend.generate([RolloutRequest(context, actions, 3, seed=seed)], sampling, progress=False)[0])
-    finally:
-        torch.set_num_threads(threads)
+    for global_seed, seed in ((1, 11), (2, 11), (3, 12)):
+        torch.manual_seed(global_seed)
+        backend = HFBackend(tiny_model_dir)
+        runs.append(backend.generate([RolloutRequest(context, actions, 3, seed=seed)], sampling, progress=False)[0])
     assert runs[0].shape == (3, 64)
     np.testing.assert_array_equal(runs[0], runs[1])
     assert not np.array_equal(runs[0], runs[2])  # another seed samples other tokens

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
-import torch
 
 from terra.backend_vllm import FrameStat
 from conftest import load_script
@@ -64,15 +63,6 @@ def test_a_part_over_its_time_limit_is_killed_and_reported(tmp_path):
     assert "hf       FAILED: timed out after 0.5 s" in proc.stdout
     assert not (tmp_path / "hf.json").exists()
     assert json.loads((tmp_path / "summary.json").read_text())["failures"] == {"hf": "timed out after 0.5 s"}
-
-
-@pytest.fixture
-def single_thread():
-    """One intra-op thread: on a small shared machine OpenMP spinning makes tiny models crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_e2e_measures_tokenizer_and_one_rollout(bench, tmp_path, single_thread):

@@ -28,14 +28,7 @@ from terra.errors import TerraInputError
 from tokenizer import LFQTokenizer
 from tokenizer.atomic import atomic_path
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: the CI machine's 2 cores are shared, and OpenMP spinning on them is slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
 
 def random_frames(t=7, h=30, w=42, seed=0) -> np.ndarray:

@@ -14,21 +14,14 @@ from terra.errors import TerraInputError
 from terra.world import Scene, make_clip
 from conftest import load_script
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
+
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "terra" / "assets" / "demo"
 
 
 evaluate = load_script("evaluate")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The demo model decodes token by token: one thread beats two contended ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def eval_config(out: Path, *overrides: str):

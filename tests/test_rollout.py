@@ -225,15 +225,12 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
 
 
 @pytest.fixture(scope="module")
-def demo_pipeline():
+def demo_pipeline(single_thread):
     from terra.batch import build_pipeline
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     pipeline = build_pipeline(BatchConfig(samples="unused", output_dir="unused", backend="hf", device="cpu"))
     yield pipeline
     pipeline.close()
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

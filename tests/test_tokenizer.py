@@ -16,16 +16,9 @@ from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
 from tokenizer.checkpoint_keys import to_taming
 from tokenizer.lfq import TERRA_CONFIG, bits_to_codes, codes_to_bits
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: the CI machine's 2 cores are shared, and OpenMP spinning on them is slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_lfq(seed: int = 0, bits: int = 6) -> LFQTokenizer:

@@ -17,14 +17,7 @@ from safetensors.torch import load_file
 from terra.errors import TerraInputError
 from tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: the CI machine's 2 cores are shared, and OpenMP spinning on them is slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
 
 ROOT = Path(__file__).resolve().parents[1]

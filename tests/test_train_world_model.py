@@ -21,6 +21,8 @@ from terra.world.dataset import ClipDataset, write_dataset
 from terra.world.tokens import TokenizedClips, load_tokens, save_tokens
 from conftest import load_script
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
+
 
 ROOT = Path(__file__).resolve().parents[1]
 H, W = 24, 40
@@ -41,15 +43,6 @@ class PoolTokenizer:
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         levels = ((F.avg_pool2d(images, 8) + 1) / 2 * 6).long().clamp(0, 5)  # [B, 3, h, w]
         return levels[:, 0] * 36 + levels[:, 1] * 6 + levels[:, 2]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train far faster on one thread than on two contended ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
