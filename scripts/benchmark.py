@@ -15,6 +15,9 @@ Parts:
 * ``batched`` Terra on vLLM, B concurrent rollouts for every B in ``--batch-sizes``, plus a greedy rollout.
 * ``fp8``     ``batched`` with ``kv_cache_dtype="fp8"`` at ``--compare-batch-sizes``; its greedy rollout is
               compared token by token with ``batched``'s.
+* ``profile`` ``vllm`` with vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): its
+              single-stream speed, then where one decode step's time goes: vLLM's scheduler, model runner,
+              sampler and output processing timed on the CPU, and the GPU's kernel time (torch.profiler).
 * ``e2e``     one rollout of ``--context`` + ``--batched-frames`` frames through :class:`WorldModelPipeline`
               with a random Terra-sized LFQ tokenizer (or ``--tokenizer``): encode, generate, decode, MP4;
               plus the tokenizer's encode/decode frames/s at its full size (288x512 for Terra).
@@ -98,6 +101,8 @@ class Part:
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None  # overrides --gpu-memory-utilization on a GPU
+    in_process: bool = False  # vLLM's engine core in the benchmark's process (no engine-core subprocess)
+    profile: bool = False  # per-step CPU/GPU breakdown of a single-stream frame (needs in_process)
 
 
 PARTS: dict[str, Part] = {
@@ -107,6 +112,7 @@ PARTS: dict[str, Part] = {
     "plain": Part("plain", "vLLM plain Llama (no actions/pos-emb)", single=True, batch_sizes="compare"),
     "batched": Part("terra", "vLLM, CUDA graphs, bf16 KV", batch_sizes="batch", greedy=True),
     "fp8": Part("terra", "vLLM, CUDA graphs, FP8 KV", batch_sizes="compare", greedy=True, kv_cache_dtype="fp8"),
+    "profile": Part("terra", "vLLM, engine core in-process, profiled", single=True, in_process=True, profile=True),
     # The tokenizer shares the GPU with the engine; one rollout's KV cache needs well under 1 GB.
     "e2e": Part("e2e", "pipeline: encode + generate + decode + MP4", gpu_memory_utilization=0.5),
 }
@@ -583,6 +589,8 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
         timed_generate(backend, make_requests(layout, 1, args.context, 1, seed=10_000), SAMPLING)
     if part.single:
         out["single"] = measured(1, args.hf_frames if part.backend == "hf" else args.single_frames, seed=0)
+    if part.profile:
+        out["profile"] = profile_steps(backend, layout, args)
     out["batched"] = []
     for b in sizes:
         out["batched"].append(measured(b, args.batched_frames, seed=1000 * b))
@@ -591,6 +599,72 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
         request = make_requests(layout, 1, args.context, args.greedy_frames, seed=7)
         out["greedy_tokens"] = backend.generate(request, GREEDY, progress=False)[0].reshape(-1).tolist()
     return out
+
+
+def profile_steps(backend: WorldModelBackend, layout: TokenLayout, args: argparse.Namespace) -> dict:
+    """Where a single-stream decode step's time goes, per generated token, with the engine core in-process.
+
+    One frame with vLLM's scheduler, model runner (input preparation + CUDA-graph launch), sampler and output
+    processing wrapped in timers (what is left of ``engine.step`` is mostly waiting for the GPU), then one frame
+    under torch.profiler: the GPU's kernel time, busy (union of kernel intervals) against the frame's span.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = backend.engine
+    core = getattr(engine.engine_core, "engine_core", None)
+    if core is None:
+        raise RuntimeError("the profile part needs vLLM's engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    timers = {
+        "scheduler.schedule": CallTimer(core.scheduler, "schedule"),
+        "executor.execute_model": CallTimer(core.model_executor, "execute_model"),
+        "executor.sample_tokens": CallTimer(core.model_executor, "sample_tokens"),
+        "scheduler.update_from_output": CallTimer(core.scheduler, "update_from_output"),
+        "output_processor.process_outputs": CallTimer(engine.output_processor, "process_outputs"),
+    }
+    step = CallTimer(engine, "step")
+    row = timed_generate(backend, make_requests(layout, 1, args.context, 1, seed=20_000), SAMPLING)
+    tokens = layout.image_tokens
+    cpu = {name: 1e3 * t.seconds / tokens for name, t in timers.items()}
+    cpu["rest of engine.step (waiting for the GPU, glue)"] = 1e3 * step.seconds / tokens - sum(cpu.values())
+
+    result: dict[str, Any] = {
+        "tokens": tokens,
+        "ms_per_token_unprofiled": 1e3 * row["wall_s"] / tokens,
+        "engine_step_ms_per_token": 1e3 * step.seconds / tokens,
+        "engine_steps_per_token": step.calls / tokens,
+        "cpu_ms_per_token": cpu,
+    }
+    if not args.device.startswith("cuda"):
+        return result
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        timed_generate(backend, make_requests(layout, 1, args.context, 1, seed=20_001), SAMPLING)
+    trace = args.out / "profile_trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text())["traceEvents"]
+              if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    trace.unlink()
+    busy, span = busy_time([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events])
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e["name"][:90], []).append(float(e["dur"]))
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:10]
+    result.update(
+        gpu_busy_ms_per_token=busy / 1e3 / tokens,
+        gpu_span_ms_per_token=span / 1e3 / tokens,
+        gpu_kernels_per_token=len(events) / tokens,
+        top_kernels=[{"name": n, "ms_per_token": sum(d) / 1e3 / tokens, "calls_per_token": len(d) / tokens}
+                     for n, d in top],
+    )
+    return result
+
+
+def busy_time(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """Length of the union of ``(start, end)`` intervals (overlapping kernels count once) and their overall span."""
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return busy, (end - min(a for a, _ in intervals)) if intervals else 0.0
 
 
 def _warm_up_hf(backend: WorldModelBackend, layout: TokenLayout) -> None:
@@ -761,6 +835,15 @@ def table(records: dict[str, dict], failures: dict[str, str]) -> str:
                     f"{100 * row['add_request_s'] / row['wall_s']:.1f}% in add_request, "
                     f"{100 * rest / row['wall_s']:.1f}% in our loop"
                 )
+    prof = records.get("profile", {}).get("profile")
+    if prof:
+        gpu = (f", GPU busy {prof['gpu_busy_ms_per_token']:.2f} ms of a {prof['gpu_span_ms_per_token']:.2f} ms span, "
+               f"{prof['gpu_kernels_per_token']:.0f} kernels" if "gpu_busy_ms_per_token" in prof else "")
+        lines.append(f"profile (engine core in-process, per generated token): "
+                     f"{prof['ms_per_token_unprofiled']:.2f} ms wall{gpu}")
+        lines.append("  CPU: " + ", ".join(f"{k} {v:.3f} ms" for k, v in prof["cpu_ms_per_token"].items()))
+        for k in prof.get("top_kernels", []):
+            lines.append(f"  GPU {k['ms_per_token']:.3f} ms ({k['calls_per_token']:.0f}x) {k['name']}")
     e2e = records.get("e2e", {})
     if "e2e" in e2e:
         t, e = e2e["tokenizer"], e2e["e2e"]
@@ -798,7 +881,8 @@ def run_parent(argv: list[str], args: argparse.Namespace) -> dict[str, str]:
     failures: dict[str, str] = {}
     for name in args.part_names:
         print(f"[benchmark] part {name}: {PARTS[name].description}", flush=True)
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", name])
+        env = dict(os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if PARTS[name].in_process else {}))
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", name], env=env)
         try:
             rc = proc.wait(timeout=args.part_timeout)
         except subprocess.TimeoutExpired:

@@ -38,8 +38,9 @@ Outputs (under ``output_dir``)
 * Manifest: ``manifest.jsonl`` (``manifest.shard-<i>-of-<n>.jsonl`` when sharded), rewritten by every run, one
   record per sample as it finishes: ``sample_id``, ``line``, ``file``, ``status`` (``ok`` | ``failed`` |
   ``skipped`` = already complete), ``stage`` of a failure (``parse`` | ``input`` | ``generate`` | ``write``),
-  ``error`` (one line), ``seconds``, ``seed``, ``files``. ``<manifest stem>.summary.json`` holds the counts.
-  Malformed lines are recorded as failed with stage ``parse`` (``sample_id`` null, ``line`` set).
+  ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time).
+  ``<manifest stem>.summary.json`` holds the counts. Malformed lines are recorded as failed with stage ``parse``
+  (``sample_id`` null, ``line`` set).
 
 Concurrency and scale-out
 -------------------------
@@ -499,6 +500,7 @@ def _record(sample: Sample, status: str, *, error: str | None = None, stage: str
         "sample_id": sample.sample_id, "line": sample.line, "file": sample.file, "index": sample.index,
         "status": status, "stage": stage, "error": error,
         "seconds": None if seconds is None else round(seconds, 3), "seed": seed, "files": list(files),
+        "finished_at": round(time.time(), 3),  # Unix time; with seconds, when the sample's work ran
     }
     label = None if sample.record is None else sample.record.get("label")
     if label is not None:

@@ -134,6 +134,43 @@ def test_derived_ratios_and_table(bench):
                    "action/position overhead vs plain Llama % <= 3": False}
 
 
+def test_busy_time_counts_overlapping_kernels_once(bench):
+    assert bench.busy_time([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]) == (4.0, 6.0)
+    assert bench.busy_time([]) == (0.0, 0.0)
+
+
+def test_profile_record_in_table(bench):
+    env = {"gpu": "GPU X", "cpu": "x86", "torch": "2", "vllm": "0.26.0", "transformers": "5", "date_utc": "today"}
+    profile = {"ms_per_token_unprofiled": 2.3, "gpu_busy_ms_per_token": 1.6, "gpu_span_ms_per_token": 2.2,
+               "gpu_kernels_per_token": 250, "cpu_ms_per_token": {"scheduler.schedule": 0.1, "rest": 1.9},
+               "top_kernels": [{"name": "gemv", "ms_per_token": 0.4, "calls_per_token": 1}]}
+    text = bench.table({"profile": {"description": "p", "env": env, "profile": profile}}, {})
+    assert "2.30 ms wall, GPU busy 1.60 ms of a 2.20 ms span, 250 kernels" in text
+    assert "CPU: scheduler.schedule 0.100 ms, rest 1.900 ms" in text and "GPU 0.400 ms (1x) gemv" in text
+
+
+@pytest.mark.slow
+def test_rollout_benchmark_runs_a_jsonl_and_reports_span(tmp_path):
+    """scripts/benchmark_rollout.py end to end on the CPU: samples written, one rollout run, rates from the manifest."""
+    out = tmp_path / "br"
+    proc = run_script("benchmark_rollout", "--demo", "--backend", "hf", "--gpus", "0", "--samples", "2",
+                      "--frames", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    (run,) = summary["runs"]
+    assert (run["num_gpus"], run["ok"], run["failed"], run["gpus_used"]) == (0, 2, 0, ["in-process"])
+    assert 0 < run["span_s"] < run["wall_s"] and run["frames_per_s"] == pytest.approx(2 / run["span_s"])
+    assert len(list((out / "run_gpus0").glob("*.gif"))) == 2 and "speed-up" in proc.stdout
+
+
+def test_rollout_benchmark_bad_arguments(capsys):
+    rollout_bench = load_script("benchmark_rollout")
+    assert rollout_bench.main(["--gpus", "one"]) == 2
+    assert rollout_bench.main(["--demo", "--model", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--gpus" in err[0] and "--demo" in err[1]
+
+
 @pytest.mark.slow
 def test_memory_script_flat_over_sequential_calls(tmp_path):
     out = tmp_path / "memory.json"
