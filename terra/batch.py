@@ -45,7 +45,8 @@ Outputs (under ``output_dir``)
 Concurrency and scale-out
 -------------------------
 Samples go to the backend in chunks of ``max_concurrent`` rollouts per ``generate`` call; a sample's video is
-decoded and written by a writer thread as soon as its last frame is generated, while the others keep going.
+decoded and written by one of ``writer_threads`` threads as soon as its last frame is generated, while the
+others keep going (video encoding releases the GIL, so several samples are written at once).
 ``shard_index``/``num_shards`` split the input by line index modulo ``num_shards`` (every line in exactly one
 shard, malformed ones included). ``num_gpus``/``gpus`` start one engine per GPU (or per group of
 ``tensor_parallel_size`` GPUs) in spawned worker processes with ``CUDA_VISIBLE_DEVICES`` set; worker ``w`` of
@@ -124,6 +125,7 @@ class BatchConfig:
     sidecar_pattern: str | None = None
     formats: Sequence[str] = ("mp4",)
     fps: float = 10.0
+    writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
     mark_context: bool = False  # border + label on context frames
     overlay_trajectory: bool = False  # draw the commanded path
     save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
@@ -195,7 +197,7 @@ def config_from_omegaconf(cfg) -> BatchConfig:
         max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index, num_shards=cfg.num_shards,
         num_gpus=cfg.num_gpus, gpus=plain(cfg.gpus), num_threads=cfg.num_threads, naming=out.naming,
         video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
-        fps=out.fps, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
+        fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
         save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
         record=OmegaConf.to_container(cfg, resolve=True),
     )
@@ -214,6 +216,7 @@ def check_config(config: BatchConfig) -> None:
     _whole(config.overlap, "model.overlap", 1, "model.overlap=3")
     _whole(config.seed, "seed", 0, "seed=0")
     _whole(config.max_concurrent, "max_concurrent", 1, "max_concurrent=32")
+    _whole(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")
     _whole(config.num_shards, "num_shards", 1, "num_shards=4")
     _whole(config.shard_index, "shard_index", 0, "shard_index=0")
     if config.shard_index >= config.num_shards:
@@ -741,11 +744,11 @@ def _prepare(item: Item, pipeline, config: BatchConfig, started: float) -> _Prep
 
 
 class _Writer:
-    """Decodes finished rollouts and writes their videos, codes and sidecar (sidecar last) on one thread."""
+    """Decodes finished rollouts and writes their videos, codes and sidecar (sidecar last) on its threads."""
 
     def __init__(self, pipeline, config: BatchConfig, emit: Callable[[dict], None]) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terra-batch-writer")
+        self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
     def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> None:
         self.pool.submit(self._write, prepared, generated, generate_s)
@@ -809,7 +812,7 @@ def run_items(items: Sequence[Item], config: BatchConfig, pipeline, emit: Callab
     """Run ``items`` on ``pipeline`` in chunks of ``max_concurrent``; ``emit`` receives one record per item.
 
     Per chunk: load + encode every sample (a failing one is emitted as failed), then one ``generate`` call
-    with all requests; each rollout is handed to the writer thread the moment its last frame arrives.
+    with all requests; each rollout is handed to the writer threads the moment its last frame arrives.
     """
     from terra.sampling import SamplingConfig
 

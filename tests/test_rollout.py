@@ -211,6 +211,7 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
     for bad, message in [
         (dict(shard_index=2, num_shards=2), "shard_index=2"),
         (dict(max_concurrent=0), "max_concurrent"),
+        (dict(writer_threads=0), "output.writer_threads"),
         (dict(naming="nope"), "naming"),
         (dict(video_pattern="video.{ext}"), "{sample_id}"),
         (dict(formats=["avi"]), "output.formats"),
