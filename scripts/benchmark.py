@@ -726,7 +726,7 @@ def measure_e2e(backend: WorldModelBackend, layout: TokenLayout, args: argparse.
     out["e2e"] = {
         "frames": total, "generated_frames": args.batched_frames, "encode_s": encode_s,
         "generate_s": result.timings["generate_s"], "decode_s": result.timings["decode_s"],
-        "write_s": end - written, "total_s": end - start,
+        "write_s": end - written, "total_s": end - start, "video": args.e2e_video,
     }
     return out
 
@@ -851,7 +851,7 @@ def table(records: dict[str, dict], failures: dict[str, str]) -> str:
                      f"frames/s, decode {t['decode_frames_per_s']:.1f} frames/s")
         lines.append(f"one {e['frames']}-frame rollout end to end ({e2e['settings']['backend']}): {e['total_s']:.2f} s = "
                      f"encode {e['encode_s']:.2f} + generate {e['generate_s']:.2f} + decode {e['decode_s']:.2f} "
-                     f"+ write MP4 {e['write_s']:.2f}")
+                     f"+ write {Path(e.get('video', '.mp4')).suffix[1:].upper()} {e['write_s']:.2f}")
     result = derived(records)
     for key, value in result.items():
         if key != "targets" and (value or value == 0):

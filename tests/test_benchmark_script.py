@@ -77,7 +77,8 @@ def test_e2e_measures_tokenizer_and_one_rollout(bench, tmp_path, single_thread):
     assert len(iio.imread(tmp_path / "e2e_rollout.mp4")) == 4
     record = {"description": "e2e", "env": {"gpu": None, "cpu": "x86", "torch": "2", "vllm": None, "transformers": "5",
                                            "date_utc": "now"}, "settings": {"backend": "hf"}, **result}
-    assert "one 4-frame rollout end to end (hf)" in bench.table({"e2e": record}, {})
+    text = bench.table({"e2e": record}, {})
+    assert "one 4-frame rollout end to end (hf)" in text and "+ write MP4 " in text
 
 
 def test_bad_arguments_give_one_line_and_exit_2(bench, capsys):
