@@ -44,9 +44,9 @@ Outputs (under ``output_dir``)
 
 Concurrency and scale-out
 -------------------------
-Samples go to the backend in chunks of ``max_concurrent`` rollouts per ``generate`` call; a sample's video is
-decoded and written by one of ``writer_threads`` threads as soon as its last frame is generated, while the
-others keep going (video encoding releases the GIL, so several samples are written at once).
+Samples go to the backend in chunks of ``max_concurrent`` rollouts per ``generate`` call; the next chunk is read
+and encoded on a helper thread while the current one generates. A sample's video is decoded and written by one
+of ``writer_threads`` threads as soon as its last frame is generated, while the others keep going.
 ``shard_index``/``num_shards`` split the input by line index modulo ``num_shards`` (every line in exactly one
 shard, malformed ones included). ``num_gpus``/``gpus`` start one engine per GPU (or per group of
 ``tensor_parallel_size`` GPUs) in spawned worker processes with ``CUDA_VISIBLE_DEVICES`` set; worker ``w`` of
@@ -808,27 +808,38 @@ class _Writer:
         self.pool.shutdown(wait=True)
 
 
+def _prepare_chunk(chunk: Sequence[Item], pipeline, config: BatchConfig, emit: Callable[[dict], None]) -> list[_Prepared]:
+    """Load and encode a chunk's samples; a failing one is emitted as failed and left out."""
+    started = time.perf_counter()
+    ready: list[_Prepared] = []
+    for item in chunk:
+        try:
+            ready.append(_prepare(item, pipeline, config, started))
+        except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
+            emit(_record(item.sample, "failed", error=one_line(err), stage="input", seed=item.seed,
+                         seconds=time.perf_counter() - started))
+    return ready
+
+
 def run_items(items: Sequence[Item], config: BatchConfig, pipeline, emit: Callable[[dict], None]) -> None:
     """Run ``items`` on ``pipeline`` in chunks of ``max_concurrent``; ``emit`` receives one record per item.
 
-    Per chunk: load + encode every sample (a failing one is emitted as failed), then one ``generate`` call
-    with all requests; each rollout is handed to the writer threads the moment its last frame arrives.
+    Per chunk: load + encode every sample (a failing one is emitted as failed; a helper thread prepares the
+    next chunk while this one generates), then one ``generate`` call with all requests; each rollout is
+    handed to the writer threads the moment its last frame arrives.
     """
     from terra.sampling import SamplingConfig
 
     sampling = SamplingConfig(**config.sampling)
+    chunks = [items[i : i + config.max_concurrent] for i in range(0, len(items), config.max_concurrent)]
     writer = _Writer(pipeline, config, emit)
+    preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terra-batch-prepare")
     try:
-        for start in range(0, len(items), config.max_concurrent):
-            chunk = items[start : start + config.max_concurrent]
-            started = time.perf_counter()
-            ready: list[_Prepared] = []
-            for item in chunk:
-                try:
-                    ready.append(_prepare(item, pipeline, config, started))
-                except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
-                    emit(_record(item.sample, "failed", error=one_line(err), stage="input", seed=item.seed,
-                                 seconds=time.perf_counter() - started))
+        upcoming = preparer.submit(_prepare_chunk, chunks[0], pipeline, config, emit) if chunks else None
+        for k in range(len(chunks)):
+            ready = upcoming.result()
+            if k + 1 < len(chunks):
+                upcoming = preparer.submit(_prepare_chunk, chunks[k + 1], pipeline, config, emit)
             if not ready:
                 continue
             image_tokens = pipeline.backend.layout.image_tokens
@@ -852,13 +863,14 @@ def run_items(items: Sequence[Item], config: BatchConfig, pipeline, emit: Callab
                 for prepared, done in zip(ready, handed):
                     if not done:
                         emit(_record(prepared.item.sample, "failed", error=one_line(err), stage="generate",
-                                     seed=prepared.item.seed, seconds=time.perf_counter() - started))
+                                     seed=prepared.item.seed, seconds=time.perf_counter() - prepared.started))
                 continue
             for i, prepared in enumerate(ready):  # rollouts whose last frame was not reported through on_frame
                 if not handed[i]:
                     handed[i] = True
                     writer.submit(prepared, generated[i], time.perf_counter() - t_gen)
     finally:
+        preparer.shutdown(wait=True, cancel_futures=True)
         writer.close()
 
 

@@ -258,3 +258,45 @@ def test_two_shards_with_actbench_names(tmp_path, scenes, demo_pipeline):
     assert longer.counts == {"ok": 2, "failed": 0, "skipped": 0}
     assert iio.imread(out / "NUSCENES_ACTION_000003.mp4", index=None).shape[0] == NUM_CONTEXT + 2
     assert iio.imread(out / "NUSCENES_ACTION_000002.mp4", index=None).shape[0] == NUM_CONTEXT + 1  # shard 0's
+
+
+def test_next_chunk_is_prepared_while_the_current_one_generates(monkeypatch):
+    """run_items overlaps chunk k+1's read/encode with chunk k's generate; every item is recorded exactly once."""
+    import threading
+    from types import SimpleNamespace
+
+    from terra import batch
+
+    events: dict[tuple[str, int], float] = {}
+    lock = threading.Lock()
+
+    def log(kind: str, key: int) -> None:
+        with lock:
+            events[(kind, key)] = time.perf_counter()
+
+    def fake_prepare(item, pipeline, config, started):
+        log("prepare", item.sample)
+        time.sleep(0.05)
+        if item.sample == 5:
+            raise ValueError("unreadable frame")
+        return batch._Prepared(item, SimpleNamespace(num_frames=1, key=item.sample), None, [], 1, started)
+
+    def generate(requests, sampling, progress, on_frame):
+        log("generate start", requests[0].key)
+        time.sleep(0.3)
+        log("generate end", requests[0].key)
+        return [np.zeros((1, 1), np.int64) for _ in requests]
+
+    monkeypatch.setattr(batch, "_prepare", fake_prepare)
+    monkeypatch.setattr(batch._Writer, "write", lambda self, prepared, generated, generate_s: [])
+    monkeypatch.setattr(batch, "_record", lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
+    backend = SimpleNamespace(layout=SimpleNamespace(image_tokens=1), generate=generate)
+    records: list[dict] = []
+    items = [SimpleNamespace(sample=i, seed=i) for i in range(6)]
+    batch.run_items(items, BatchConfig(samples="unused", output_dir="unused", max_concurrent=2),
+                    SimpleNamespace(backend=backend), records.append)
+
+    assert sorted((r["sample"], r["status"]) for r in records) == [(i, "failed" if i == 5 else "ok") for i in range(6)]
+    assert next(r for r in records if r["sample"] == 5)["error"] == "ValueError: unreadable frame"
+    for first, second in ((0, 2), (2, 4)):  # chunk [2, 3] is read while chunk [0, 1] generates, and so on
+        assert events[("prepare", second)] < events[("generate end", first)] < events[("generate start", second)]
