@@ -101,8 +101,7 @@ class Part:
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None  # overrides --gpu-memory-utilization on a GPU
-    in_process: bool = False  # vLLM's engine core in the benchmark's process (no engine-core subprocess)
-    profile: bool = False  # per-step CPU/GPU breakdown of a single-stream frame (needs in_process)
+    profile: bool = False  # per-step CPU/GPU breakdown of a single-stream frame; runs vLLM's engine core in-process
 
 
 PARTS: dict[str, Part] = {
@@ -112,7 +111,7 @@ PARTS: dict[str, Part] = {
     "plain": Part("plain", "vLLM plain Llama (no actions/pos-emb)", single=True, batch_sizes="compare"),
     "batched": Part("terra", "vLLM, CUDA graphs, bf16 KV", batch_sizes="batch", greedy=True),
     "fp8": Part("terra", "vLLM, CUDA graphs, FP8 KV", batch_sizes="compare", greedy=True, kv_cache_dtype="fp8"),
-    "profile": Part("terra", "vLLM, engine core in-process, profiled", single=True, in_process=True, profile=True),
+    "profile": Part("terra", "vLLM, engine core in-process, profiled", single=True, profile=True),
     # The tokenizer shares the GPU with the engine; one rollout's KV cache needs well under 1 GB.
     "e2e": Part("e2e", "pipeline: encode + generate + decode + MP4", gpu_memory_utilization=0.5),
 }
@@ -881,7 +880,7 @@ def run_parent(argv: list[str], args: argparse.Namespace) -> dict[str, str]:
     failures: dict[str, str] = {}
     for name in args.part_names:
         print(f"[benchmark] part {name}: {PARTS[name].description}", flush=True)
-        env = dict(os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if PARTS[name].in_process else {}))
+        env = dict(os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if PARTS[name].profile else {}))
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", name], env=env)
         try:
             rc = proc.wait(timeout=args.part_timeout)

@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
-from terra.batch import DEMO
+from terra.batch import DEMO, read_manifest
 from terra.errors import TerraInputError
 from terra.trajectory import MANOEUVRES
 from tokenizer.atomic import write_text
@@ -129,7 +128,7 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT)
     wall = time.perf_counter() - start
-    records = [json.loads(line) for line in (run_dir / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    records = read_manifest(run_dir / "manifest.jsonl")
     ok = [r for r in records if r["status"] == "ok"]
     row: dict[str, Any] = {
         "num_gpus": num_gpus, "exit_code": proc.returncode, "command": shlex.join(["scripts/rollout.py", *overrides]),
