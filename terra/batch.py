@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.errors import TerraInputError, check_whole_number
 
 FORMATS = ("gif", "mp4", "png")
 NAMING = {
@@ -203,29 +203,23 @@ def config_from_omegaconf(cfg) -> BatchConfig:
     )
 
 
-def _whole(value: Any, name: str, minimum: int, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise TerraInputError(f"{name} must be a whole number >= {minimum} (got {value!r}); e.g. {example}")
-    return int(value)
-
-
 def check_config(config: BatchConfig) -> None:
     """Validate every setting that can be checked before any work (user errors → :class:`TerraInputError`)."""
-    _whole(config.num_frames, "num_frames", 1, "num_frames=16")
-    _whole(config.num_context, "num_context", 1, "num_context=3")
-    _whole(config.overlap, "model.overlap", 1, "model.overlap=3")
-    _whole(config.seed, "seed", 0, "seed=0")
-    _whole(config.max_concurrent, "max_concurrent", 1, "max_concurrent=32")
-    _whole(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")
-    _whole(config.num_shards, "num_shards", 1, "num_shards=4")
-    _whole(config.shard_index, "shard_index", 0, "shard_index=0")
+    check_whole_number(config.num_frames, "num_frames", 1, "num_frames=16")
+    check_whole_number(config.num_context, "num_context", 1, "num_context=3")
+    check_whole_number(config.overlap, "model.overlap", 1, "model.overlap=3")
+    check_whole_number(config.seed, "seed", 0, "seed=0")
+    check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=32")
+    check_whole_number(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")
+    check_whole_number(config.num_shards, "num_shards", 1, "num_shards=4")
+    check_whole_number(config.shard_index, "shard_index", 0, "shard_index=0")
     if config.shard_index >= config.num_shards:
         raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
                               f"(shards are numbered 0..{config.num_shards - 1})")
     if isinstance(config.num_gpus, bool) or not isinstance(config.num_gpus, numbers.Integral) or config.num_gpus < -1:
         raise TerraInputError(f"num_gpus must be -1 (all), 0 or a positive whole number (got {config.num_gpus!r})")
     if config.num_threads is not None:
-        _whole(config.num_threads, "num_threads", 1, "num_threads=4")
+        check_whole_number(config.num_threads, "num_threads", 1, "num_threads=4")
     if config.naming not in NAMING:
         raise TerraInputError(f"unknown output.naming {config.naming!r}; choose one of: {', '.join(NAMING)}")
     formats = [config.formats] if isinstance(config.formats, str) else list(config.formats)

@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from terra.actions import actions_for_manoeuvre, load_actions
 from terra.backends import create_backend, resolve_device
-from terra.errors import TerraInputError
+from terra.errors import TerraInputError, check_whole_number
 from terra.pipeline import WorldModelPipeline, check_compatible, read_world_model_config
 from terra.rollout import RolloutRequest
 from terra.sampling import SamplingConfig
@@ -55,12 +55,7 @@ def load_context(source, num_context: int, image_size: tuple[int, int]) -> torch
 
 def _whole_number(cfg: DictConfig, key: str, minimum: int, example: int) -> int:
     """``cfg[key]`` (a dotted key) checked to be an integer of at least ``minimum``."""
-    value = OmegaConf.select(cfg, key, throw_on_missing=True)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TerraInputError(
-            f"{key} must be a whole number of at least {minimum} (got {value!r}); e.g. {key}={example}"
-        )
-    return value
+    return check_whole_number(OmegaConf.select(cfg, key, throw_on_missing=True), key, minimum, f"{key}={example}")
 
 
 def _required_path(group: DictConfig, key: str, name: str) -> str:
