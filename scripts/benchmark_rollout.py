@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-
 from terra.batch import DEMO, read_manifest
 from terra.errors import TerraInputError
 from terra.trajectory import MANOEUVRES
