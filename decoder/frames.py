@@ -23,7 +23,7 @@ def codes_to_frames(
     """Codes ``[T, h, w]`` or ``[T, h * w]`` (tensor or array) → frames uint8 ``[T, H, W, 3]``.
 
     Decodes ``batch_size`` frames at a time on the tokenizer's device and dtype, so long rollouts fit in
-    memory; codes outside the codebook raise :class:`terra.errors.TerraInputError`.
+    memory; codes outside the codebook raise :class:`tokenizer.errors.InputError`.
     """
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
     chunks = codes.split(max(1, batch_size))

@@ -14,7 +14,7 @@ from typing import Sequence
 import imageio.v3 as iio
 import numpy as np
 
-from terra.errors import TerraInputError
+from tokenizer.errors import InputError
 from tokenizer.atomic import atomic_path
 
 PNG_PATTERN = "frame_{:05d}.png"
@@ -24,7 +24,7 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
     """Validate uint8 ``[T, H, W, 3]`` frames (T >= 1) and return them contiguous."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
-        raise TerraInputError(
+        raise InputError(
             f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
             "convert with decoder.frames.images_to_uint8"
         )
@@ -33,7 +33,7 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
 
 def _check_fps(fps: float) -> float:
     if not (np.isfinite(fps) and fps > 0):
-        raise TerraInputError(f"fps must be a positive number (got {fps})")
+        raise InputError(f"fps must be a positive number (got {fps})")
     return float(fps)
 
 
@@ -54,7 +54,7 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, qu
     try:
         import imageio_ffmpeg
     except ImportError:
-        raise TerraInputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
+        raise InputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
     frames, fps = check_frames(frames), _check_fps(fps)
     pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
     if pad_h or pad_w:
@@ -101,7 +101,7 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) 
     if suffix == "":
         write_png_sequence(path, frames)
         return Path(path)
-    raise TerraInputError(f"output {path} has an unsupported type {suffix}; use .gif, .mp4 or a folder name")
+    raise InputError(f"output {path} has an unsupported type {suffix}; use .gif, .mp4 or a folder name")
 
 
 def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: int = 4) -> np.ndarray:
@@ -110,11 +110,11 @@ def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: i
     Shorter rollouts hold their last frame; empty cells of the last row stay black.
     """
     if not rollouts:
-        raise TerraInputError("a grid needs at least one rollout")
+        raise InputError("a grid needs at least one rollout")
     videos = [check_frames(v, f"rollout {i}") for i, v in enumerate(rollouts)]
     if len({v.shape[1:] for v in videos}) != 1:
         sizes = sorted({v.shape[1:3] for v in videos})
-        raise TerraInputError(f"grid rollouts differ in frame size {sizes}; decode all at one size")
+        raise InputError(f"grid rollouts differ in frame size {sizes}; decode all at one size")
     columns = columns or int(np.ceil(np.sqrt(len(videos))))
     rows = int(np.ceil(len(videos) / columns))
     length = max(len(v) for v in videos)

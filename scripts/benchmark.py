@@ -58,11 +58,11 @@ import torch
 import yaml
 
 from terra.actions import actions_for_manoeuvre
-from terra.configuration_llama_action import LlamaActionConfig
+from terra.models.configuration_llama_action import LlamaActionConfig
 from terra.errors import TerraInputError
-from terra.layout import TokenLayout
-from terra.rollout import RolloutRequest, RolloutState, WorldModelBackend
-from terra.sampling import SamplingConfig
+from terra.generation.layout import TokenLayout
+from terra.generation.rollout import RolloutRequest, RolloutState, WorldModelBackend
+from terra.generation.sampling import SamplingConfig
 from terra.trajectory import MANOEUVRES
 from tokenizer.atomic import write_text
 
@@ -169,7 +169,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if not sep or not key:
             raise TerraInputError(f"--engine-arg {item!r} is not KEY=VALUE; e.g. --engine-arg async_scheduling=true")
         args.engine_kwargs[key] = yaml.safe_load(value)
-    from terra.backends import resolve_device
+    from terra.generation.backends import resolve_device
 
     args.device = resolve_device(args.device)
     if args.dtype == "auto":
@@ -391,7 +391,7 @@ def prefix_summary(stats: list, block_size: int, action_tokens: int) -> dict:
 
 
 class PlainLlamaBackend(WorldModelBackend):
-    """vLLM's own ``LlamaForCausalLM`` driven like :class:`terra.backend_vllm.VLLMBackend` drives Terra.
+    """vLLM's own ``LlamaForCausalLM`` driven like :class:`terra.generation.vllm_backend.VLLMBackend` drives Terra.
 
     Same prompts (action slots hold the placeholder id as an ordinary token, no action items), same
     one-request-per-frame step loop and prefix caching: the difference to Terra's numbers is what the action
@@ -401,7 +401,7 @@ class PlainLlamaBackend(WorldModelBackend):
     def __init__(self, model_path: str, layout: TokenLayout, seed: int = 0, **llm_kwargs: Any) -> None:
         from vllm import LLM
 
-        from terra import vllm_compat
+        from terra.vllm import compat
 
         self.layout = layout
         self.seed = seed
@@ -411,11 +411,11 @@ class PlainLlamaBackend(WorldModelBackend):
             skip_tokenizer_init=True,
             max_model_len=layout.window_positions,
             seed=seed,
-            **vllm_compat.supported_engine_kwargs(generation_config="vllm"),
+            **compat.supported_engine_kwargs(generation_config="vllm"),
             **llm_kwargs,
         )
         self.engine = self.llm.llm_engine
-        self._cached_tokens = vllm_compat.num_cached_tokens
+        self._cached_tokens = compat.num_cached_tokens
         self._next_id = 0
 
     def generate(self, requests, sampling, progress=True, on_frame=None) -> list[np.ndarray]:
@@ -423,7 +423,7 @@ class PlainLlamaBackend(WorldModelBackend):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from terra.backend_vllm import FrameStat, frame_seed
+        from terra.generation.vllm_backend import FrameStat, frame_seed
 
         states = [RolloutState(r, self.layout) for r in requests]
         pending: dict[str, tuple[int, int, int, bool]] = {}
@@ -478,14 +478,14 @@ def build_backend(part: Part, args: argparse.Namespace, layout: TokenLayout) -> 
     terra_dir, plain_dir = model_dirs(args)
     kind = {"vllm": "terra", "hf": "hf"}[args.e2e_backend] if part.backend == "e2e" else part.backend
     if kind == "hf":
-        from terra.backend_hf import HFBackend
+        from terra.generation.hf_backend import HFBackend
 
         dtype = getattr(torch, args.dtype)
         if args.model:
             return HFBackend(args.model, device=args.device, dtype=dtype)
         from transformers import AutoConfig
 
-        from terra.modeling_llama_action import LlamaActionForCausalLM
+        from terra.models.modeling_llama_action import LlamaActionForCausalLM
 
         torch.manual_seed(0)
         with torch.device(args.device):  # random init straight on the GPU: no 8 GB fp32 copy on the host
@@ -502,7 +502,7 @@ def build_backend(part: Part, args: argparse.Namespace, layout: TokenLayout) -> 
     )
     if kind == "plain":  # always random weights: speed does not depend on their values
         return PlainLlamaBackend(str(plain_dir), layout, load_format="dummy", **engine)
-    from terra.backend_vllm import VLLMBackend
+    from terra.generation.vllm_backend import VLLMBackend
 
     return VLLMBackend(str(terra_dir), **({} if args.model else {"load_format": "dummy"}), **engine)
 

@@ -31,13 +31,13 @@ import torch
 import transformers
 
 from decoder import write_video
-from terra import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.actions import actions_for_manoeuvre
-from terra.backends import resolve_device
+from terra.generation.backends import resolve_device
 from terra.errors import TerraInputError
 from terra.pipeline import WorldModelPipeline
-from terra.rollout import RolloutRequest
-from terra.sampling import SamplingConfig
+from terra.generation.rollout import RolloutRequest
+from terra.generation.sampling import SamplingConfig
 from tokenizer import LFQTokenizer
 from tokenizer.atomic import write_text
 

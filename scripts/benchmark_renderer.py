@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from terra.world import Scene, render
+from terra.sim import Scene, render
 
 SIZES = ((288, 512), (144, 256))
 

@@ -72,8 +72,8 @@ def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[
     """The given folders, else a Terra-shaped world model (random bf16 weights) and LFQ tokenizer under ``out``."""
     import torch
 
-    from terra.configuration_llama_action import LlamaActionConfig
-    from terra.modeling_llama_action import LlamaActionForCausalLM
+    from terra.models.configuration_llama_action import LlamaActionConfig
+    from terra.models.modeling_llama_action import LlamaActionForCausalLM
     from tokenizer import LFQTokenizer
     from tokenizer.lfq import TERRA_CONFIG
 
@@ -93,7 +93,7 @@ def write_samples(out: Path, count: int, height: int, width: int) -> Path:
     """``count`` Terra-format samples: three rendered context frames each (PNG) and a named manoeuvre."""
     from PIL import Image
 
-    from terra.world import sample_frames
+    from terra.sim import sample_frames
 
     path = out / "samples.jsonl"
     frames_dir = out / "context"

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra.layout import TokenLayout
-from terra import LlamaActionConfig, LlamaActionForCausalLM
-from terra.rollout import RolloutRequest, RolloutState
-from terra.sampling import SamplingConfig
+from terra.generation.layout import TokenLayout
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.generation.rollout import RolloutRequest, RolloutState
+from terra.generation.sampling import SamplingConfig
 
 # Terra's frame layout on a small decoder (GPU) / a tiny one (CPU engine: 2 cores in CI).
 SHAPES = {
@@ -79,7 +79,7 @@ def agreement(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
 
 def run_vllm(path: Path, dtype: str, requests, device: str, args) -> dict:
     """Generate greedily on a fresh engine; return codes, timings and per-frame prefix-cache use."""
-    from terra.backend_vllm import VLLMBackend
+    from terra.generation.vllm_backend import VLLMBackend
 
     extra = dict(block_size=32, kv_cache_memory_bytes=256 << 20) if device == "cpu" else {}
     start = time.perf_counter()
@@ -116,7 +116,7 @@ def run_vllm(path: Path, dtype: str, requests, device: str, args) -> dict:
 
 
 def run_hf(path: Path, dtype: torch.dtype, requests, device: str) -> dict:
-    from terra.backend_hf import HFBackend
+    from terra.generation.hf_backend import HFBackend
 
     backend = HFBackend(str(path), device=device, dtype=dtype)
     start = time.perf_counter()

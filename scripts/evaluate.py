@@ -4,7 +4,7 @@
     python scripts/evaluate.py quality.num_clips=32 adherence.num_cases=20 num_threads=1 out_dir=outputs/eval/demo
     python scripts/evaluate.py backend=vllm sampling=terra           # sampled rollouts on vLLM
 
-Everything is rendered on the fly by :mod:`terra.world` from scene seeds that the training data never used
+Everything is rendered on the fly by :mod:`terra.sim` from scene seeds that the training data never used
 (``quality.scene_seed`` / ``adherence.scene_seed`` and up; the scene seeds of the world model's training clips,
 ``numpy.random.default_rng([exclude_training.seed, i])``'s first draw in ``scripts/make_dataset.py``, are
 skipped), so the ground truth is exact.
@@ -44,15 +44,15 @@ from omegaconf import DictConfig, OmegaConf
 import terra.cli  # noqa: F401  (registers the ${terra_asset:...} resolver used by conf/model and conf/tokenizer)
 from terra.errors import TerraInputError
 from terra.metrics import psnr, ssim
-from terra.rollout import RolloutRequest
-from terra.sampling import SamplingConfig
+from terra.generation.rollout import RolloutRequest
+from terra.generation.sampling import SamplingConfig
 from terra.trajectory import FRAME_RATE_HZ, MANOEUVRES, manoeuvre_trajectory
-from terra.world import Clip, Scene, make_clip
-from terra.world.clips import (
+from terra.sim import Clip, Scene, make_clip
+from terra.sim.clips import (
     FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, chain_trajectories, clip_from_trajectory, place,
     random_manoeuvre_params,
 )
-from terra.world.scene import EGO_LANE_OFFSET_M
+from terra.sim.scene import EGO_LANE_OFFSET_M
 
 PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; averages use this instead
 TARGET_STEPS = 10  # the PSNR target covers the first 10 generated frames

@@ -2,7 +2,7 @@
 
     python scripts/make_dataset.py out_dir=data/clips num_clips=4000 num_frames=25 height=144 width=256
 
-See conf/make_dataset.yaml for every option and terra/world/dataset.py for the folder format.
+See conf/make_dataset.yaml for every option and terra/sim/dataset.py for the folder format.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from terra.errors import TerraInputError  # noqa: E402
-from terra.world.dataset import ClipDataset, write_dataset  # noqa: E402
+from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 
 
 @hydra.main(config_path="../conf", config_name="make_dataset", version_base=None)

@@ -2,7 +2,7 @@
 
     python scripts/tokenize_dataset.py dataset=data/clips tokenizer_path=models/tokenizer out=data/tokens.safetensors
 
-Writes ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]`` and ``poses [N, T, 3]`` (see terra/world/tokens.py) for
+Writes ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]`` and ``poses [N, T, 3]`` (see terra/sim/tokens.py) for
 scripts/train_world_model.py. The config is defined below (no YAML file): every key can be overridden.
 """
 
@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from terra.actions import NUM_ACTION_TOKENS
 from terra.errors import TerraInputError
-from terra.world.dataset import ClipDataset
-from terra.world.tokens import TokenizedClips, save_tokens
+from terra.sim.dataset import ClipDataset
+from terra.sim.tokens import TokenizedClips, save_tokens
 
 CONFIG = {
     "defaults": [{"override hydra/job_logging": "stdout"}, "_self_"],

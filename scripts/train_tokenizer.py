@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
 from terra.errors import TerraInputError
+from terra.sim import render_frames
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from tokenizer.atomic import atomic_path, write_text
 from tokenizer.base import WEIGHTS_NAME, TrainOutput
@@ -47,7 +48,6 @@ from tokenizer.training import (
     lr_factor,
     make_ema,
     psnr,
-    render_synthetic_frames,
     sample_batch,
 )
 
@@ -76,7 +76,7 @@ def training_frames(data: DictConfig, image_size: tuple[int, int], output_dir: P
     if cache.is_file():
         return np.load(cache)
     start = time.monotonic()
-    frames = render_synthetic_frames(int(data.num_frames), image_size, int(data.seed), int(data.workers))
+    frames = render_frames(int(data.num_frames), image_size, int(data.seed), int(data.workers))
     with atomic_path(cache) as tmp:
         np.save(tmp, frames)
     print(f"rendered {len(frames)} synthetic frames in {time.monotonic() - start:.1f} s (cached in {cache})", flush=True)

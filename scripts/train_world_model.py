@@ -37,10 +37,10 @@ from huggingface_hub.errors import StrictDataclassError
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from terra import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.actions import NUM_ACTION_TOKENS
 from terra.errors import TerraInputError
-from terra.world.tokens import TokenizedClips, load_tokens
+from terra.sim.tokens import TokenizedClips, load_tokens
 
 CHECKPOINT_DIR = "checkpoint"
 EXPORT_DIR = "model"

@@ -1,16 +1,13 @@
 """Terra toolkit: action-conditioned autoregressive world-model video generation.
 
-Importing ``terra`` registers the world model with Transformers' Auto classes, so
-``AutoModelForCausalLM.from_pretrained(folder)`` loads Terra's checkpoints without ``trust_remote_code``.
+Importing ``terra`` is light (no torch, no Transformers). The parts, by data flow (docs/ARCHITECTURE.md):
+:mod:`terra.inputs` (context frames + trajectory → rollout requests), :mod:`terra.generation` (backends),
+:mod:`terra.pipeline` (tokenizer → backend → frames), :mod:`terra.outputs`; the world model itself is in
+:mod:`terra.models` (importing it registers ``llama_action`` with Transformers' Auto classes), its vLLM
+port in :mod:`terra.vllm`, batch rollouts in :mod:`terra.batch`, the synthetic driving world in
+:mod:`terra.sim`.
 """
 
-from transformers import AutoConfig, AutoModelForCausalLM
-
-from terra.configuration_llama_action import LlamaActionConfig
 from terra.errors import TerraInputError
-from terra.modeling_llama_action import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 
-AutoConfig.register(LlamaActionConfig.model_type, LlamaActionConfig, exist_ok=True)
-AutoModelForCausalLM.register(LlamaActionConfig, LlamaActionForCausalLM, exist_ok=True)
-
-__all__ = ["LlamaActionConfig", "LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "TerraInputError"]
+__all__ = ["TerraInputError"]

@@ -23,11 +23,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from terra.actions import actions_for_manoeuvre, load_actions
-from terra.backends import create_backend, resolve_device
+from terra.generation.backends import create_backend, resolve_device
 from terra.errors import TerraInputError, check_whole_number
 from terra.pipeline import WorldModelPipeline, check_compatible, read_world_model_config
-from terra.rollout import RolloutRequest
-from terra.sampling import SamplingConfig
+from terra.generation.rollout import RolloutRequest
+from terra.generation.sampling import SamplingConfig
 from terra.trajectory import MANOEUVRES, check_manoeuvre_params
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -38,7 +38,7 @@ OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), 
 
 def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):
     """Frames rendered by the synthetic world driving ``manoeuvre``, with their actions (exact ground truth)."""
-    from terra.world import Scene, make_clip
+    from terra.sim import Scene, make_clip
 
     clip = make_clip(Scene.generate(seed), manoeuvre, num_frames, image_size[0], image_size[1], **params)
     images = torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0

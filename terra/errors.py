@@ -1,8 +1,8 @@
-"""Typed errors for user mistakes.
+"""Errors for user mistakes and the checks that raise them.
 
-Every entry point (CLI, scripts, Python API) raises :class:`TerraInputError` for bad input: its message is
-one line that names the offending input and says how to fix it. The CLI prints that line and exits with
-code 2; anything else is a bug and keeps its traceback.
+:class:`TerraInputError` is :class:`tokenizer.errors.InputError` (one class for the whole toolkit, defined in
+the tokenizer package, which stands alone): one line naming the input and the fix; the CLI prints it and
+exits with code 2.
 """
 
 from __future__ import annotations
@@ -10,12 +10,9 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from tokenizer.errors import InputError as TerraInputError
 
-class TerraInputError(ValueError):
-    """Bad user input (file, array, config value); ``str(err)`` is one line naming the input and the fix."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+__all__ = ["TerraInputError", "check_whole_number"]
 
 
 def check_whole_number(value: Any, name: str, minimum: int, example: str) -> int:

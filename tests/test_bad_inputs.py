@@ -26,8 +26,8 @@ from terra.actions import actions_for_manoeuvre, load_actions
 from terra.errors import TerraInputError
 from terra.outputs import prepare_output_dir
 from terra.pipeline import WorldModelPipeline, check_compatible, read_world_model_config
-from terra.rollout import RolloutRequest
-from terra.sampling import SamplingConfig
+from terra.generation.rollout import RolloutRequest
+from terra.generation.sampling import SamplingConfig
 from tokenizer import LFQTokenizer, load_tokenizer
 from tokenizer.images import load_images
 
@@ -264,7 +264,7 @@ def test_incompatible_pair_is_caught_before_the_world_model_loads(bad, monkeypat
 
 def test_same_seed_gives_the_same_tokens_twice_with_transformers(tiny_model_dir, single_thread):
     """Reproducibility: temperature 1, no top-k / top-p, fresh backends, the global RNG disturbed in between."""
-    from terra.backend_hf import HFBackend
+    from terra.generation.hf_backend import HFBackend
 
     rng = np.random.default_rng(0)
     context = rng.integers(0, 512, (2, 64))

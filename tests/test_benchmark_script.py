@@ -11,7 +11,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 
-from terra.backend_vllm import FrameStat
+from terra.generation.vllm_backend import FrameStat
 from conftest import load_script
 
 

@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from terra.errors import TerraInputError
-from terra.world import Scene, make_clip
+from terra.sim import Scene, make_clip
 from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
@@ -103,12 +103,12 @@ def test_bad_settings_raise_one_line_errors(tmp_path, override, match):
 def test_shipped_demo_models_load_and_generate_on_cpu():
     from transformers import AutoModelForCausalLM
 
-    import terra  # noqa: F401  (registers llama_action with the Auto classes)
-    from terra import LlamaActionForCausalLM
-    from terra.backend_hf import HFBackend
+    import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
+    from terra.models import LlamaActionForCausalLM
+    from terra.generation.hf_backend import HFBackend
     from terra.pipeline import WorldModelPipeline
-    from terra.rollout import RolloutRequest
-    from terra.sampling import SamplingConfig
+    from terra.generation.rollout import RolloutRequest
+    from terra.generation.sampling import SamplingConfig
     from tokenizer import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(DEMO / "world_model"), dtype=torch.float32)

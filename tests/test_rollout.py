@@ -35,7 +35,7 @@ TEMP_NAME = re.compile(r"^\..*\.tmp(\.[^.]*)?$")
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory) -> dict:
     """Context PNGs of two synthetic-world clips (folder ``root``) with their trajectories and actions."""
-    from terra.world import Scene, make_clip
+    from terra.sim import Scene, make_clip
 
     root = tmp_path_factory.mktemp("rollout_images")
     scenes = {}

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from terra import LlamaActionForCausalLM
+from terra.models import LlamaActionForCausalLM
 from terra.errors import TerraInputError
-from terra.world.dataset import ClipDataset, write_dataset
-from terra.world.tokens import TokenizedClips, load_tokens, save_tokens
+from terra.sim.dataset import ClipDataset, write_dataset
+from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import VLLM_BLOCK_SIZE
-from terra.rollout import RolloutRequest, RolloutState
-from terra.sampling import SamplingConfig
+from terra.generation.rollout import RolloutRequest, RolloutState
+from terra.generation.sampling import SamplingConfig
 
 pytestmark = pytest.mark.vllm
 
@@ -21,7 +21,7 @@ GREEDY = SamplingConfig(temperature=0)
 
 @pytest.fixture(scope="module")
 def hf_backend(vllm_backend):
-    from terra.backend_hf import HFBackend
+    from terra.generation.hf_backend import HFBackend
 
     return HFBackend(vllm_backend.model_path, dtype=torch.float32)
 
@@ -99,7 +99,7 @@ def test_seeded_sampling_is_independent_of_batching(vllm_backend):
 
 def test_find_action_slots():
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    from terra.vllm_model import find_action_slots
+    from terra.vllm.llama_action import find_action_slots
 
     ids = [1, 2, 9, 9, 9, 3, 9, 9, 9, 9, 9, 9]
     assert find_action_slots(ids, 9, 3) == [2, 6, 9]
@@ -119,7 +119,7 @@ def test_prompt_and_items_must_match(vllm_backend):
 
 def test_rejects_a_folder_without_a_world_model(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    from terra.backend_vllm import VLLMBackend
+    from terra.generation.vllm_backend import VLLMBackend
     from terra.errors import TerraInputError
 
     with pytest.raises(TerraInputError, match="world model config"):

@@ -13,10 +13,10 @@ import pytest
 from terra.actions import actions_for_manoeuvre
 from terra.errors import TerraInputError
 from terra.trajectory import MANOEUVRES
-from terra.world import Clip, Scene, make_clip, random_clip, render, sample_frames
-from terra.world.dataset import ClipDataset, write_dataset
-from terra.world.renderer import camera
-from terra.world.scene import EGO_LANE_OFFSET_M
+from terra.sim import Clip, Scene, make_clip, random_clip, render, sample_frames
+from terra.sim.dataset import ClipDataset, write_dataset
+from terra.sim.renderer import camera
+from terra.sim.scene import EGO_LANE_OFFSET_M
 
 H, W = 72, 128
 
@@ -71,7 +71,7 @@ def test_ground_rays_and_point_projection_agree():
 
 
 def test_view_culling_leaves_pixels_unchanged(monkeypatch):
-    module = importlib.import_module("terra.world.renderer")  # the module; terra.world.render is the function
+    module = importlib.import_module("terra.sim.renderer")  # the module; terra.sim.render is the function
     rng = np.random.default_rng(1)
     for seed in (0, 1):
         scene = Scene.generate(seed)

@@ -11,11 +11,11 @@ from conftest import TINY, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from terra import LlamaActionConfig, LlamaActionForCausalLM, TerraInputError
-from terra.backend_hf import HFBackend
-from terra.layout import TokenLayout, plan_windows
-from terra.rollout import RolloutRequest, RolloutState
-from terra.sampling import SamplingConfig
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM, TerraInputError
+from terra.generation.hf_backend import HFBackend
+from terra.generation.layout import TokenLayout, plan_windows
+from terra.generation.rollout import RolloutRequest, RolloutState
+from terra.generation.sampling import SamplingConfig
 
 P, A, S, WINDOW = 64, 6, 70, 6
 PLACEHOLDER = 512

@@ -3,7 +3,7 @@
 Every frame is converted to RGB, resized to cover the target size and center-cropped to it (aspect ratio
 kept), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than :data:`MAX_UPSCALE`,
 e.g. a 1x1 image) are rejected. Folders and globs are read in sorted file-name order. Bad input raises
-:class:`terra.errors.TerraInputError` naming the file and the fix.
+:class:`tokenizer.errors.InputError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from terra.errors import TerraInputError
+from tokenizer.errors import InputError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
@@ -44,10 +44,10 @@ def load_frames(
 ) -> np.ndarray:
     """Like :func:`load_images` but returns uint8 ``[N, H, W, 3]`` (compact, for training data)."""
     if last_n is not None and last_n < 1:
-        raise TerraInputError(f"last_n must be at least 1 (got {last_n})")
+        raise InputError(f"last_n must be at least 1 (got {last_n})")
     items = [sources] if isinstance(sources, (str, Path, np.ndarray, Image.Image)) else list(sources)
     if not items:
-        raise TerraInputError("no images given; pass image files, a folder, a glob or a video file")
+        raise InputError("no images given; pass image files, a folder, a glob or a video file")
     frames: deque[np.ndarray] = deque(maxlen=last_n)
     for item in items:
         for source, frame in _expand(item):
@@ -65,7 +65,7 @@ def fit_frame(frame: Image.Image, image_size: tuple[int, int], source: str = "im
     height, width = image_size
     scale = max(width / frame.width, height / frame.height)
     if scale > MAX_UPSCALE:
-        raise TerraInputError(
+        raise InputError(
             f"{source} is {frame.width}x{frame.height} pixels, too small for {width}x{height} frames (it would be "
             f"enlarged {scale:.0f}x); pass frames of at least {-(-width // int(MAX_UPSCALE))}x"
             f"{-(-height // int(MAX_UPSCALE))} pixels, ideally {width}x{height}"
@@ -84,7 +84,7 @@ def _expand(item: Source) -> Iterator[tuple[str, Image.Image]]:
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
-                raise TerraInputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
+                raise InputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
             for file in files:
                 yield str(file), _read_image(file)
         elif path.is_file():
@@ -92,11 +92,11 @@ def _expand(item: Source) -> Iterator[tuple[str, Image.Image]]:
         elif glob.has_magic(str(item)):
             files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
             if not files:
-                raise TerraInputError(f"pattern {item} matches no files; check the glob")
+                raise InputError(f"pattern {item} matches no files; check the glob")
             for file in files:
                 yield from _read_file(file)
         else:
-            raise TerraInputError(f"image path {item} does not exist; check the path")
+            raise InputError(f"image path {item} does not exist; check the path")
 
 
 def _read_file(path: Path) -> Iterator[tuple[str, Image.Image]]:
@@ -112,7 +112,7 @@ def _read_image(path: Path) -> Image.Image:
         with Image.open(path) as image:
             image.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise TerraInputError(
+        raise InputError(
             f"{path} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
         ) from None
     return _to_rgb(image, str(path))
@@ -120,7 +120,7 @@ def _read_image(path: Path) -> Image.Image:
 
 def _to_rgb(image: Image.Image, source: str) -> Image.Image:
     if image.mode not in RGB_COMPATIBLE_MODES:
-        raise TerraInputError(
+        raise InputError(
             f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an 8-bit colour "
             "image; save it as an 8-bit RGB PNG or JPEG"
         )
@@ -131,9 +131,9 @@ def _from_array(array: np.ndarray) -> Iterable[Image.Image]:
     """uint8 ``[H, W, 3]`` or ``[N, H, W, 3]`` arrays (RGB)."""
     arr = array[None] if array.ndim == 3 else array
     if arr.ndim != 4 or arr.shape[-1] != 3:
-        raise TerraInputError(f"image array of shape {list(array.shape)} is not RGB; give [H, W, 3] or [N, H, W, 3]")
+        raise InputError(f"image array of shape {list(array.shape)} is not RGB; give [H, W, 3] or [N, H, W, 3]")
     if arr.dtype != np.uint8:
-        raise TerraInputError(f"image array has dtype {arr.dtype}; give uint8 pixels in [0, 255]")
+        raise InputError(f"image array has dtype {arr.dtype}; give uint8 pixels in [0, 255]")
     return [Image.fromarray(frame, "RGB") for frame in arr]
 
 
@@ -149,8 +149,8 @@ def _read_video(path: Path) -> Iterator[Image.Image]:
             count += 1
             yield Image.fromarray(np.ascontiguousarray(frame[..., :3]).astype(np.uint8), "RGB")
     except (OSError, ValueError, RuntimeError, IndexError) as err:
-        raise TerraInputError(
+        raise InputError(
             f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or extracted frames"
         ) from None
     if count == 0:
-        raise TerraInputError(f"video {path} has no frames; pass a video with at least one frame")
+        raise InputError(f"video {path} has no frames; pass a video with at least one frame")

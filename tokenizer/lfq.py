@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import torch
 from einops import rearrange
 
-from terra.errors import TerraInputError
+from tokenizer.errors import InputError
 from tokenizer.base import ImageTokenizer, TrainOutput
 from tokenizer.modules import Decoder, Encoder
 
@@ -73,15 +73,15 @@ class LFQTokenizer(ImageTokenizer):
         super().__init__(config)
         edc = self.config.get("encoder_decoder_config")
         if not isinstance(edc, dict):
-            raise TerraInputError("LFQ tokenizer config lacks encoder_decoder_config; add it (see tokenizer/lfq.py)")
+            raise InputError("LFQ tokenizer config lacks encoder_decoder_config; add it (see tokenizer/lfq.py)")
         missing = [k for k in ("ch", "ch_mult", "num_res_blocks", "z_channels") if k not in edc]
         if missing:
-            raise TerraInputError(f"encoder_decoder_config lacks {', '.join(missing)}; add them to config.json")
+            raise InputError(f"encoder_decoder_config lacks {', '.join(missing)}; add them to config.json")
         self.quantizer_config = dict(self.config.get("quantizer_config") or {})
         self.num_bits = int(edc["z_channels"])
         stated = self.quantizer_config.get("codebook_size")
         if stated is not None and int(stated) != 2**self.num_bits:
-            raise TerraInputError(
+            raise InputError(
                 f"quantizer_config.codebook_size {stated} differs from 2**z_channels = {2 ** self.num_bits}; fix config.json"
             )
         ch_mult = list(edc["ch_mult"])

@@ -6,8 +6,6 @@ The loop itself lives in ``scripts/train_tokenizer.py``; what is here is small a
 from __future__ import annotations
 
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
@@ -111,26 +109,3 @@ class CodeUsage:
 
     def reset(self) -> None:
         self.counts = None
-
-
-def render_synthetic_frames(num: int, image_size: tuple[int, int], seed: int, workers: int = 1) -> np.ndarray:
-    """``num`` frames uint8 ``[num, H, W, 3]`` of the synthetic world, rendered in ``workers`` processes.
-
-    Work is split into chunks with seeds ``seed * 100_000 + chunk``, so the result does not depend on
-    ``workers``.
-    """
-    chunk = max(1, min(256, math.ceil(num / max(1, 4 * workers))))
-    jobs = [(min(chunk, num - start), image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
-    if workers <= 1:
-        parts = [_render_chunk(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(_render_chunk, jobs))
-    return np.concatenate(parts)
-
-
-def _render_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
-    from terra.world import sample_frames
-
-    count, (height, width), seed = job
-    return np.asarray(sample_frames(count, height, width, seed), dtype=np.uint8)

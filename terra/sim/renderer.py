@@ -1,4 +1,4 @@
-"""Render a :class:`~terra.world.scene.Scene` from an ego pose with a pinhole front camera, vectorised in numpy.
+"""Render a :class:`~terra.sim.scene.Scene` from an ego pose with a pinhole front camera, vectorised in numpy.
 
 The camera sits ``CAMERA_HEIGHT_M`` above the ego pose, looks along its yaw, pitched down by
 ``CAMERA_PITCH_RAD``, with a horizontal field of view of ``CAMERA_HFOV_RAD`` at any resolution. Drawing order:
@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 
 from terra.errors import TerraInputError
-from terra.world.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, TREE, Scene
+from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, TREE, Scene
 
 CAMERA_HEIGHT_M = 1.6
 CAMERA_PITCH_RAD = np.deg2rad(4.0)  # downwards

@@ -1,7 +1,7 @@
 """The vLLM backend: many rollouts on one vLLM engine, each advancing the moment its last frame is done.
 
 Every frame is one engine request: the current window's prompt (token ids with action placeholders, plus
-one ``"actions"`` item per frame, see :mod:`terra.vllm_model`) and exactly ``P`` sampled tokens. The backend
+one ``"actions"`` item per frame, see :mod:`terra.vllm.llama_action`) and exactly ``P`` sampled tokens. The backend
 drives the engine's step loop itself, so a rollout whose frame finishes submits its next frame at once while
 the others keep decoding (no barrier across rollouts). Prefix caching keeps resubmitting the growing prompt
 cheap: only the new frame's action slots and the last partial KV block are recomputed. Each frame request's
@@ -23,9 +23,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from terra.errors import TerraInputError
-from terra.layout import TokenLayout
-from terra.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
-from terra.sampling import SamplingConfig
+from terra.generation.layout import TokenLayout
+from terra.generation.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
+from terra.generation.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def frame_seed(rollout_seed: int, frame_index: int) -> int:
 
 
 class VLLMBackend(WorldModelBackend):
-    """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm_plugin` makes vLLM know it).
+    """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it).
 
     ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
     ``engine_kwargs`` go to :class:`vllm.LLM` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
@@ -79,7 +79,7 @@ class VLLMBackend(WorldModelBackend):
 
         from vllm.platforms import current_platform
 
-        from terra import vllm_compat
+        from terra.vllm import compat
 
         try:
             config = AutoConfig.from_pretrained(model_path)
@@ -95,11 +95,11 @@ class VLLMBackend(WorldModelBackend):
         self.model_path = model_path
         self.seed = seed
         self.frame_stats: list[FrameStat] = []
-        options = vllm_compat.supported_engine_kwargs(generation_config="vllm")
+        options = compat.supported_engine_kwargs(generation_config="vllm")
         options.update(engine_kwargs)
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
-        vllm_compat.use_spawn_workers()
+        compat.use_spawn_workers()
         self.llm = LLM(
             model=model_path,
             skip_tokenizer_init=True,
@@ -116,7 +116,7 @@ class VLLMBackend(WorldModelBackend):
             **options,
         )
         self.engine = self.llm.llm_engine
-        self._cached_tokens = vllm_compat.num_cached_tokens
+        self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
 
     def _sampling_params(self, sampling: SamplingConfig, seed: int):

@@ -106,7 +106,7 @@ class BatchConfig:
     backend_options: dict = field(default_factory=dict)  # e.g. max_num_seqs, tensor_parallel_size, max_batch_size
     device: str = "auto"
     dtype: str = "auto"
-    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p (terra.sampling.SamplingConfig)
+    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p (terra.generation.sampling.SamplingConfig)
     num_frames: int = 16  # frames generated after the context (a sample's "num_frames" overrides it)
     num_context: int = 3  # context frames used: the last ones of a sample's context
     overlap: int = 3  # frames carried into the next window for rollouts longer than one window
@@ -164,7 +164,7 @@ class BatchConfig:
 
     def generation_settings(self) -> dict:
         """The settings that shape a sample's outputs (part of its fingerprint)."""
-        from terra.sampling import SamplingConfig
+        from terra.generation.sampling import SamplingConfig
 
         return {
             "num_context": self.num_context, "overlap": self.overlap,
@@ -237,7 +237,7 @@ def check_config(config: BatchConfig) -> None:
         raise TerraInputError(f"output.sidecar_pattern {sidecar!r} must end with .json")
     if not isinstance(config.manifest, str) or "/" in config.manifest or not config.manifest.endswith(".jsonl"):
         raise TerraInputError(f"output.manifest {config.manifest!r} must be a file name ending in .jsonl")
-    from terra.sampling import SamplingConfig
+    from terra.generation.sampling import SamplingConfig
 
     SamplingConfig(**config.sampling)  # raises TerraInputError on bad values
     if config.default_manoeuvre is not None:
@@ -697,7 +697,7 @@ def _prepare(item: Item, pipeline, config: BatchConfig, started: float) -> _Prep
         load_actions,
         validate_actions,
     )
-    from terra.rollout import RolloutRequest, RolloutState
+    from terra.generation.rollout import RolloutRequest, RolloutState
     from tokenizer.images import load_images
 
     sample, record = item.sample, item.sample.record
@@ -822,7 +822,7 @@ def run_items(items: Sequence[Item], config: BatchConfig, pipeline, emit: Callab
     next chunk while this one generates), then one ``generate`` call with all requests; each rollout is
     handed to the writer threads the moment its last frame arrives.
     """
-    from terra.sampling import SamplingConfig
+    from terra.generation.sampling import SamplingConfig
 
     sampling = SamplingConfig(**config.sampling)
     chunks = [items[i : i + config.max_concurrent] for i in range(0, len(items), config.max_concurrent)]

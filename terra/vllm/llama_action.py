@@ -8,7 +8,7 @@ placeholder slots (:meth:`TerraForCausalLM.embed_input_ids`); the decoder then a
 (no data-dependent shapes, so CUDA graphs and torch.compile apply). Logits at ids ``>= codebook_size`` are
 ``-inf``, so only image codes are ever sampled.
 
-vLLM finds these classes through the plugin in :mod:`terra.vllm_plugin`; nothing here is imported by
+vLLM finds these classes through the plugin in :mod:`terra.vllm.plugin`; nothing here is imported by
 ``import terra``.
 """
 
@@ -41,8 +41,8 @@ from vllm.multimodal.processing import (
 )
 from vllm.sequence import IntermediateTensors
 
-from terra import vllm_compat
-from terra.modeling_llama_action import SpatioTemporalEmbedding, build_action_projection
+from terra.vllm import compat
+from terra.models.modeling_llama_action import SpatioTemporalEmbedding, build_action_projection
 
 MODALITY = "actions"
 
@@ -143,7 +143,7 @@ def find_action_slots(token_ids: Sequence[int], action_token_id: int, action_tok
 class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
     """Pairs the i-th action item with the i-th group of placeholder slots; needs no text tokenizer.
 
-    The prompt already holds the placeholders (ids are built by :class:`terra.layout.TokenLayout`), so
+    The prompt already holds the placeholders (ids are built by :class:`terra.generation.layout.TokenLayout`), so
     :meth:`apply` only locates them; it is overridden as a whole because no Hugging Face processor exists.
     An empty prompt (the profiling dummy) becomes one placeholder group per item.
     """
@@ -165,7 +165,7 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
         slot_id, slots = config.action_token_id, config.num_action_tokens
         items = inputs.mm_data_items.get(MODALITY)
         actions = items.data if items is not None else torch.zeros((0, slots, config.action_dim))
-        ids = vllm_compat.prompt_token_ids(inputs.prompt)
+        ids = compat.prompt_token_ids(inputs.prompt)
         if not ids:
             ids = [slot_id] * (slots * len(actions))
         offsets = find_action_slots(ids, slot_id, slots)
@@ -175,7 +175,7 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
             )
         data = BatchFeature({MODALITY: actions})
         mm_kwargs = MultiModalKwargsItems.from_hf_inputs(data, self._get_mm_fields_config(data, {}))
-        hashes = vllm_compat.mm_hashes(inputs, self.info.model_id, self.info.ctx.get_mm_config())
+        hashes = compat.mm_hashes(inputs, self.info.model_id, self.info.ctx.get_mm_config())
         return mm_input(
             prompt_token_ids=ids,
             mm_kwargs=mm_kwargs,

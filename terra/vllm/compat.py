@@ -1,6 +1,6 @@
 """The only place that knows how vLLM releases differ (0.26 on the GPU machine, 0.32 in CI, later ones).
 
-Everything else in :mod:`terra.vllm_model` and :mod:`terra.backend_vllm` uses names that are the same in
+Everything else in :mod:`terra.vllm.llama_action` and :mod:`terra.generation.vllm_backend` uses names that are the same in
 every supported release (``SupportsMultiModal``, ``embed_input_ids``/``embed_multimodal``,
 ``BaseMultiModalProcessor.apply``, ``LLMEngine.add_request``/``step``). The differences handled here:
 

@@ -28,7 +28,7 @@ class TokenLayout:
 
     @classmethod
     def from_config(cls, config) -> "TokenLayout":
-        """Read the layout from a :class:`~terra.configuration_llama_action.LlamaActionConfig`."""
+        """Read the layout from a :class:`~terra.models.configuration_llama_action.LlamaActionConfig`."""
         return cls(
             image_tokens=config.num_image_patches,
             action_tokens=config.num_action_tokens,

@@ -17,8 +17,8 @@ import numpy as np
 
 from terra.actions import validate_actions
 from terra.errors import TerraInputError
-from terra.layout import TokenLayout, Window, plan_windows
-from terra.sampling import SamplingConfig
+from terra.generation.layout import TokenLayout, Window, plan_windows
+from terra.generation.sampling import SamplingConfig
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
 

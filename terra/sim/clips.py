@@ -10,6 +10,9 @@ diverse poses (off-centre, yawed) for tokenizer training.
 
 from __future__ import annotations
 
+import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,8 +22,8 @@ from terra.errors import TerraInputError
 from terra.trajectory import (
     FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MANOEUVRES, EgoTrajectory, manoeuvre_trajectory,
 )
-from terra.world.renderer import render
-from terra.world.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
+from terra.sim.renderer import render
+from terra.sim.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
 
 FOLLOW_LANE = "follow_lane"  # random_clip's lane keeping along the road's bends
 FUTURE_S = FUTURE_POINTS / FUTURE_RATE_HZ  # 3 s of future needed by the last frame's instruction trajectory
@@ -180,3 +183,24 @@ def _lane_keeping(
     # Speed is measured along the centreline; on a bend the lane's own speed differs by a few percent.
     poses = scene.lane_pose(s, lateral)
     return EgoTrajectory(t=t, x=poses[:, 0], y=poses[:, 1], yaw=np.unwrap(poses[:, 2]))
+
+
+def render_frames(num: int, image_size: tuple[int, int], seed: int, workers: int = 1) -> np.ndarray:
+    """``num`` frames uint8 ``[num, H, W, 3]`` of the synthetic world, rendered in ``workers`` processes.
+
+    Work is split into chunks with seeds ``seed * 100_000 + chunk``, so the result does not depend on
+    ``workers``.
+    """
+    chunk = max(1, min(256, math.ceil(num / max(1, 4 * workers))))
+    jobs = [(min(chunk, num - start), image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
+    if workers <= 1:
+        parts = [_render_frames_chunk(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(_render_frames_chunk, jobs))
+    return np.concatenate(parts)
+
+
+def _render_frames_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
+    count, (height, width), seed = job
+    return np.asarray(sample_frames(count, height, width, seed), dtype=np.uint8)

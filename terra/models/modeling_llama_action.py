@@ -23,7 +23,7 @@ from torch import nn
 from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from terra.configuration_llama_action import LlamaActionConfig
+from terra.models.configuration_llama_action import LlamaActionConfig
 
 
 class SpatioTemporalEmbedding(nn.Module):

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from terra.errors import TerraInputError
-from terra.rollout import WorldModelBackend
+from terra.generation.rollout import WorldModelBackend
 
 BACKENDS = ("auto", "vllm", "hf")
 
@@ -60,11 +60,11 @@ def create_backend(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise TerraInputError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
     if kind == "vllm":
-        from terra.backend_vllm import VLLMBackend
+        from terra.generation.vllm_backend import VLLMBackend
 
         build = lambda: VLLMBackend(str(world_model), dtype=dtype, **options)  # noqa: E731
     else:
-        from terra.backend_hf import HFBackend
+        from terra.generation.hf_backend import HFBackend
 
         build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), **options)  # noqa: E731
     try:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from terra.errors import TerraInputError
 from terra.trajectory import FRAME_RATE_HZ
-from terra.world.clips import Clip, random_clip
+from terra.sim.clips import Clip, random_clip
 
 DATASET_VERSION = 1
 META_FILE = "meta.json"
@@ -121,7 +121,7 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
 
 
 class ClipDataset:
-    """Read a folder written by :func:`write_dataset`; ``dataset[i]`` is a :class:`~terra.world.clips.Clip`.
+    """Read a folder written by :func:`write_dataset`; ``dataset[i]`` is a :class:`~terra.sim.clips.Clip`.
 
     The most recently used shard stays in memory, so reading clips in order loads each shard once.
     """

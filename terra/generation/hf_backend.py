@@ -18,11 +18,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
-import terra  # noqa: F401  (registers llama_action with the Auto classes)
-from terra.layout import TokenLayout
-from terra.modeling_llama_action import LlamaActionForCausalLM
-from terra.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
-from terra.sampling import SamplingConfig, sample_image_tokens
+import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
+from terra.generation.layout import TokenLayout
+from terra.models.modeling_llama_action import LlamaActionForCausalLM
+from terra.generation.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
+from terra.generation.sampling import SamplingConfig, sample_image_tokens
 
 
 class HFBackend(WorldModelBackend):

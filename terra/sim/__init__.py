@@ -1,0 +1,13 @@
+"""A procedural driving world with exact ground truth, for training and evaluating Terra's demo models.
+
+``Scene.generate(seed)`` builds a road with roadside objects, :func:`render` draws it from any ego pose at any
+resolution, :func:`make_clip` / :func:`random_clip` produce 10 Hz clips with their instruction trajectories
+and actions, :func:`sample_frames` / :func:`render_frames` draw single frames for tokenizer training, and
+:mod:`terra.sim.dataset` stores clips on disk.
+"""
+
+from terra.sim.clips import Clip, make_clip, random_clip, render_frames, sample_frames
+from terra.sim.renderer import render
+from terra.sim.scene import Scene
+
+__all__ = ["Clip", "Scene", "make_clip", "random_clip", "render", "render_frames", "sample_frames"]
