@@ -11,7 +11,8 @@ from conftest import TINY, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM, TerraInputError
+from terra.errors import TerraInputError
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout, plan_windows
 from terra.generation.rollout import RolloutRequest, RolloutState
