@@ -18,39 +18,26 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from terra.actions import actions_for_manoeuvre, load_actions
-from terra.generation.backends import create_backend, resolve_device
 from terra.errors import TerraInputError, check_whole_number
-from terra.pipeline import WorldModelPipeline, check_compatible, read_world_model_config
-from terra.generation.rollout import RolloutRequest
+from terra.generation.backends import resolve_device
 from terra.generation.sampling import SamplingConfig
+from terra.inputs import (
+    builtin_context,
+    check_window,
+    load_context,
+    manoeuvre_actions,
+    rollout_requests,
+    trajectory_actions,
+)
+from terra.models.checkpoint import read_world_model_config
+from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.trajectory import MANOEUVRES, check_manoeuvre_params
+from tokenizer import load_tokenizer
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-
-OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), replace=True)
-
-
-def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):
-    """Frames rendered by the synthetic world driving ``manoeuvre``, with their actions (exact ground truth)."""
-    from terra.sim import Scene, make_clip
-
-    clip = make_clip(Scene.generate(seed), manoeuvre, num_frames, image_size[0], image_size[1], **params)
-    images = torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-    return images, clip.actions
-
-
-def load_context(source, num_context: int, image_size: tuple[int, int]) -> torch.Tensor:
-    """The last ``num_context`` frames of a folder, glob, list of images or video, resized to the model."""
-    from tokenizer.images import load_images
-
-    sources = list(source) if OmegaConf.is_list(source) else str(source)
-    return load_images(sources, image_size, last_n=num_context)
+from terra.hydra_app import ASSETS, CONF_DIR, CONFIG_PATH, run_app  # noqa: F401  (ASSETS, CONF_DIR: notebooks, tests)
 
 
 def _whole_number(cfg: DictConfig, key: str, minimum: int, example: int) -> int:
@@ -103,44 +90,38 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     sampling, params = check_config(cfg)
     world_model_path = _required_path(cfg.model, "world_model", "model")
     tokenizer_path = _required_path(cfg.tokenizer, "path", "tokenizer")
-    world_model_config = read_world_model_config(world_model_path)
-    window = world_model_config.get("num_temporal_embeddings", 25)
-    if cfg.num_context >= window:
-        raise TerraInputError(f"num_context={cfg.num_context} does not fit a window of {window} frames; use at most {window - 1}")
-    if cfg.model.overlap >= window:
-        raise TerraInputError(f"model.overlap={cfg.model.overlap} does not fit a window of {window} frames; "
-                              f"use at most {window - 1} (Terra: 3)")
+    config = read_world_model_config(world_model_path)
+    check_window(config.num_temporal_embeddings, cfg.num_context, cfg.model.overlap, "model.overlap")
     device = resolve_device(str(cfg.device))
     prepare_output_dir(out_dir)
 
-    from tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(tokenizer_path)
-    check_compatible(world_model_config, tokenizer)
+    check_compatible(config, tokenizer)
     image_size = tuple(tokenizer.image_size)
-    total = cfg.num_context + cfg.num_frames
+    ground_truth = None
     if cfg.context is None:
-        images, actions = builtin_context(cfg.manoeuvre if cfg.trajectory is None else "straight", total,
-                                          image_size, cfg.seed, params if cfg.trajectory is None else {})
+        manoeuvre = cfg.manoeuvre if cfg.trajectory is None else "straight"
+        images, actions = builtin_context(manoeuvre, cfg.num_context + cfg.num_frames, image_size, cfg.seed,
+                                          params if cfg.trajectory is None else {})
         ground_truth, images = images[cfg.num_context :], images[: cfg.num_context]
     else:
-        images, ground_truth = load_context(cfg.context, cfg.num_context, image_size), None
+        context = list(cfg.context) if OmegaConf.is_list(cfg.context) else str(cfg.context)
+        images, _ = load_context(context, image_size, cfg.num_context)
         actions = None
     num_context = len(images)
     if cfg.trajectory is not None:
-        actions = load_actions(cfg.trajectory, num_frames=num_context + cfg.num_frames - 1)
+        actions = trajectory_actions(str(cfg.trajectory), num_context, cfg.num_frames)
     elif actions is None:
-        actions = actions_for_manoeuvre(cfg.manoeuvre, num_context + cfg.num_frames, **params)
+        actions = manoeuvre_actions(cfg.manoeuvre, num_context, cfg.num_frames, **params)
 
-    backend = create_backend(str(cfg.backend.name), world_model_path, device=device, dtype=str(cfg.dtype),
-                             **OmegaConf.to_container(cfg.backend.options))
-    pipeline = WorldModelPipeline(tokenizer, backend, device)
+    pipeline = WorldModelPipeline.from_pretrained(
+        world_model_path, tokenizer, backend=str(cfg.backend.name), device=device, dtype=str(cfg.dtype),
+        config=config, **OmegaConf.to_container(cfg.backend.options),
+    )
     try:
-        context_codes = pipeline.encode(images)
-        requests = [
-            RolloutRequest(context_codes, actions, cfg.num_frames, seed=cfg.seed + i, overlap=cfg.model.overlap)
-            for i in range(cfg.num_samples)
-        ]
+        seeds = [cfg.seed + i for i in range(cfg.num_samples)]
+        requests = rollout_requests(pipeline.encode(images), actions, cfg.num_frames, seeds, cfg.model.overlap,
+                                    pipeline.backend.layout)
         t_gen = time.perf_counter()
         results = pipeline.generate(requests, sampling)
         generate_s = time.perf_counter() - t_gen
@@ -159,7 +140,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "generated_frames": int(cfg.num_frames),
         "samples": int(cfg.num_samples),
         "s_per_frame": generate_s / (cfg.num_frames * cfg.num_samples),
-        "backend": type(backend).__name__,
+        "backend": type(pipeline.backend).__name__,
     }
 
 
@@ -182,7 +163,7 @@ def _remove_empty_run_dir(hydra_dir: Path) -> None:
         path = path.parent
 
 
-@hydra.main(config_path=CONF_DIR, config_name="generate", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="generate", version_base=None)
 def _main(cfg: DictConfig) -> None:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     out_dir = Path(str(cfg.output.dir)) if cfg.output.dir else hydra_dir
@@ -205,37 +186,10 @@ def _main(cfg: DictConfig) -> None:
         print(f"  {f}")
 
 
-def _one_line(err: BaseException) -> str:
-    """Hydra's / OmegaConf's multi-line message on one line, without the config search path and key details."""
-    message, previous_item = "", False
-    for line in str(err).splitlines():
-        text = line.strip()
-        if text.startswith("Config search path"):
-            break
-        if not text or text.startswith(("full_key:", "object_type=", "reference_type=")):
-            continue
-        item = line[:1].isspace()  # Hydra lists options as indented lines
-        message = f"{message}{', ' if item and previous_item else ' '}{text}" if message else text
-        previous_item = item
-    return message or type(err).__name__
-
-
 def main() -> None:
     """Console-script entry point; a bad override or config value exits with code 2 and one line on stderr."""
     np.set_printoptions(precision=3)
-    user_wants_traces = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
-    try:
-        _main()
-    except (HydraException, OmegaConfBaseException) as err:
-        if user_wants_traces:
-            raise
-        message = _one_line(err)
-        unknown = re.match(r"Could not override '([^']+)'", message)
-        if unknown and isinstance(err.__cause__, (ConfigKeyError, ConfigAttributeError)):
-            message = f"unknown setting {unknown.group(1)!r} (`terra-generate --cfg job` lists the settings)"
-        print(f"terra-generate: error: {message}; see terra-generate --help", file=sys.stderr)
-        sys.exit(2)
+    run_app(_main, "terra-generate")
 
 
 if __name__ == "__main__":

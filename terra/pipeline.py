@@ -7,7 +7,6 @@ codes back to frames. Video files are written by :mod:`decoder`.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +15,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from terra.generation.backends import create_backend, resolve_device
+from decoder import codes_to_frames
 from terra.errors import TerraInputError
+from terra.generation.backends import create_backend, resolve_device
 from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
 from terra.generation.sampling import SamplingConfig
+from terra.models import LlamaActionConfig
+from terra.models.checkpoint import read_world_model_config
+from tokenizer import ImageTokenizer, load_tokenizer
 
 
 @dataclass
@@ -33,90 +36,11 @@ class RolloutResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def read_world_model_config(path: str | Path) -> dict:
-    """The world model's ``config.json`` as a dict; one clear error when the folder is not a checkpoint."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise TerraInputError(f"world model {path} has no config.json; point model.world_model at a checkpoint folder")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as err:
-        raise TerraInputError(f"world model config {config_file} cannot be read ({err}); restore the file") from None
-    missing = [k for k in ("num_image_patches", "vocab_size") if k not in config]
-    if config.get("model_type") != "llama_action" or missing:
-        raise TerraInputError(
-            f"{config_file} is not a Terra world model config (model_type {config.get('model_type')!r}, "
-            f"missing {missing}); use a llama_action checkpoint"
-        )
-    weights = list(Path(path).glob("*.safetensors"))
-    if not weights:
-        raise TerraInputError(f"world model {path} has no .safetensors weights; copy model.safetensors next to config.json")
-    check_world_model_weights(path)
-    return config
-
-
-def check_world_model_weights(path: str | Path) -> None:
-    """Check, without loading any tensor, that the checkpoint's weights are readable and fit its config.json.
-
-    Reads only the safetensors headers and builds the model on the meta device, so truncated or foreign
-    weight files and a config that does not describe the weights (missing layers, another hidden size) fail
-    here with one line, before any backend loads the model (Transformers would re-initialise such weights).
-    """
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
-
-    folder = Path(path)
-    try:
-        config = AutoConfig.from_pretrained(str(folder))
-    except Exception as err:  # transformers / huggingface_hub raise their own validation error types
-        message = " ".join(line.strip() for line in str(err).strip().splitlines()[:2]) or type(err).__name__
-        raise TerraInputError(
-            f"world model config {folder / 'config.json'} is invalid ({message}); fix config.json"
-        ) from None
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
-    if getattr(config, "tie_word_embeddings", False):
-        expected.pop("lm_head.weight", None)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted({folder / name for name in json.loads(index.read_text())["weight_map"].values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise TerraInputError(
-                f"{index} cannot be read ({type(err).__name__}); restore the checkpoint's index file"
-            ) from None
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    found: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as weights:
-                for key in weights.keys():
-                    found[key] = tuple(weights.get_slice(key).get_shape())
-        except Exception as err:  # safetensors raises its own error type for truncated or foreign files
-            raise TerraInputError(
-                f"world model weights {file} cannot be read ({str(err).strip() or type(err).__name__}); "
-                "the file is truncated or not safetensors: download or copy it again"
-            ) from None
-    missing = sorted(set(expected) - set(found))
-    wrong = sorted(k for k in expected if k in found and found[k] != expected[k])
-    if missing or wrong:
-        detail = (f"{len(missing)} missing, e.g. {missing[:2]}" if missing else
-                  f"{len(wrong)} of the wrong shape, e.g. {wrong[0]}: {list(found[wrong[0]])} in the weights vs "
-                  f"{list(expected[wrong[0]])} from config.json")
-        raise TerraInputError(
-            f"world model {folder}: the weights do not match config.json ({detail}); "
-            "use the config.json that was saved with these weights"
-        )
-
-
-def check_compatible(world_model_config: dict, tokenizer) -> None:
+def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
     """Raise when the tokenizer's grid or codebook does not fit the world model (checked before loading it)."""
     h, w = tokenizer.grid_shape
-    patches = world_model_config["num_image_patches"]
-    codebook = world_model_config.get("codebook_size") or world_model_config["vocab_size"] - 1
+    patches = world_model_config.num_image_patches
+    codebook = world_model_config.codebook_size
     if h * w != patches:
         raise TerraInputError(
             f"tokenizer grid {h}x{w} = {h * w} tokens per frame but the world model expects {patches}; "
@@ -142,20 +66,24 @@ class WorldModelPipeline:
     def from_pretrained(
         cls,
         world_model: str | Path,
-        tokenizer: str | Path,
+        tokenizer: str | Path | ImageTokenizer,
         backend: str = "auto",
         device: str = "auto",
         dtype: str = "auto",
+        config: LlamaActionConfig | None = None,
         **backend_options,
     ) -> "WorldModelPipeline":
-        """Load a tokenizer and a world model checkpoint, check they fit together, build the backend."""
-        from tokenizer import load_tokenizer
+        """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend.
 
-        config = read_world_model_config(world_model)
+        ``config`` is the world model's config when the caller has already read it
+        (:func:`~terra.models.checkpoint.read_world_model_config`), so config.json is parsed once per run.
+        """
+        config = config or read_world_model_config(world_model)
         device = resolve_device(device)
-        tok = load_tokenizer(str(tokenizer))
+        tok = tokenizer if isinstance(tokenizer, ImageTokenizer) else load_tokenizer(str(tokenizer))
         check_compatible(config, tok)
-        return cls(tok, create_backend(backend, world_model, device=device, dtype=dtype, **backend_options), device)
+        backend = create_backend(backend, world_model, device=device, dtype=dtype, config=config, **backend_options)
+        return cls(tok, backend, device)
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -191,8 +119,6 @@ class WorldModelPipeline:
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[T, h, w]`` → uint8 frames ``[T, H, W, 3]``."""
-        from decoder import codes_to_frames
-
         return codes_to_frames(self.tokenizer, codes, batch_size=self.decode_batch_size)
 
     def generate(

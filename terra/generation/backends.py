@@ -46,12 +46,13 @@ def resolve_backend(kind: str, device: str) -> str:
 
 
 def create_backend(
-    kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", **options
+    kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", config=None, **options
 ) -> WorldModelBackend:
     """Build the backend ``kind`` (auto | vllm | hf) for the checkpoint folder ``world_model``.
 
-    ``dtype`` is ``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``; ``options``
-    go to the backend's constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers).
+    ``dtype`` is ``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``; ``config`` is
+    the world model's already-read config (None: the backend reads config.json); ``options`` go to the
+    backend's constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers).
     """
     device = resolve_device(device)
     kind = resolve_backend(kind, device)
@@ -62,11 +63,12 @@ def create_backend(
     if kind == "vllm":
         from terra.generation.vllm_backend import VLLMBackend
 
-        build = lambda: VLLMBackend(str(world_model), dtype=dtype, **options)  # noqa: E731
+        build = lambda: VLLMBackend(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:
         from terra.generation.hf_backend import HFBackend
 
-        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), **options)  # noqa: E731
+        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), config=config,
+                                **options)  # noqa: E731
     try:
         return build()
     except TypeError as err:  # an unknown key in backend.options (ours or vLLM's engine arguments)

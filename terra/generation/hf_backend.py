@@ -18,9 +18,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
-import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
 from terra.generation.layout import TokenLayout
-from terra.models.modeling_llama_action import LlamaActionForCausalLM
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.generation.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
 from terra.generation.sampling import SamplingConfig, sample_image_tokens
 
@@ -34,9 +33,10 @@ class HFBackend(WorldModelBackend):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 16,
+        config: LlamaActionConfig | None = None,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
+        if not isinstance(model, torch.nn.Module):  # a folder; ``config``, when given, spares re-reading it
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, config=config)
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = torch.device(device)
         self.layout = TokenLayout.from_config(self.model.config)

@@ -72,6 +72,7 @@ class VLLMBackend(WorldModelBackend):
         kv_cache_dtype: str = "auto",
         tensor_parallel_size: int = 1,
         seed: int = 0,
+        config: Any = None,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -81,8 +82,8 @@ class VLLMBackend(WorldModelBackend):
 
         from terra.vllm import compat
 
-        try:
-            config = AutoConfig.from_pretrained(model_path)
+        try:  # ``config``, when given, is the already-read LlamaActionConfig (vLLM's engine reads its own)
+            config = config or AutoConfig.from_pretrained(model_path)
         except (OSError, ValueError) as err:
             raise TerraInputError(f"cannot read a world model config from {model_path!r} ({err}); "
                                   "pass a folder with Terra's config.json and safetensors") from err
