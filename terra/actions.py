@@ -1,4 +1,4 @@
-"""Actions for the world model from every trajectory form a user may have (SPEC §3).
+"""Actions for the world model from every trajectory form a user may have (docs/ARCHITECTURE.md, "Actions").
 
 The model's action for frame ``t`` is ``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the
 ego trajectory that starts at frame ``t``: 60 points at 20 Hz over 3 s in frame ``t``'s ego frame (x forward,

@@ -2,7 +2,7 @@
 
 An :class:`EgoTrajectory` is a time-stamped 2-D pose track ``(t, x, y, yaw)`` (metres, radians, x forward
 at yaw 0, y to the left). :meth:`EgoTrajectory.instruction_trajs` turns it into the per-frame future
-trajectories of ACT-Bench (SPEC §3) from which :mod:`terra.actions` takes the model's actions. Beyond its
+trajectories of ACT-Bench (docs/ARCHITECTURE.md, "Actions") from which :mod:`terra.actions` takes the model's actions. Beyond its
 last sample a trajectory continues at its final speed and yaw rate, so a clip of ``T`` frames needs only
 ``T`` frames' worth of poses rather than 3 s more.
 """

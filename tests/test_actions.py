@@ -1,4 +1,4 @@
-"""Trajectory → action conversion (SPEC §3) and the trajectory file loaders."""
+"""Trajectory → action conversion (docs/ARCHITECTURE.md, "Actions") and the trajectory file loaders."""
 
 from __future__ import annotations
 

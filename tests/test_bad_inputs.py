@@ -1,4 +1,4 @@
-"""A catalogue of malformed inputs across the entry points (issue 8).
+"""A catalogue of malformed inputs across the entry points.
 
 Python API (image loading, trajectories, tokenizer, world-model checkpoints, pipeline): every case raises
 :class:`terra.errors.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
@@ -25,7 +25,8 @@ from PIL import Image
 from terra.actions import actions_for_manoeuvre, load_actions
 from terra.errors import TerraInputError
 from terra.outputs import prepare_output_dir
-from terra.pipeline import WorldModelPipeline, check_compatible, read_world_model_config
+from terra.models.checkpoint import read_world_model_config
+from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.generation.rollout import RolloutRequest
 from terra.generation.sampling import SamplingConfig
 from tokenizer import LFQTokenizer, load_tokenizer

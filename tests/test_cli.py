@@ -1,4 +1,4 @@
-"""``terra-generate`` end to end (issue 6): the console script run as a subprocess from another working directory.
+"""``terra-generate`` end to end: the console script run as a subprocess from another working directory.
 
 Every run uses the shipped demo model on the CPU with the Transformers backend and a few frames. Each process
 costs several seconds of start-up, so each test makes one run and checks everything about it.

@@ -1,4 +1,4 @@
-"""The Transformers world model, the token layout and the Transformers backend (SPEC §2, §4, §5)."""
+"""The Transformers world model, the token layout and the Transformers backend (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_v2_mlp_action_projection():
 
 
 def terra_config_json(**overrides) -> dict:
-    """Terra's published config.json with reduced sizes (keys as in SPEC §5, incl. the remote-code map)."""
+    """Terra's published config.json with reduced sizes (Terra's published keys, incl. the remote-code map)."""
     cfg = {
         "architectures": ["LlamaActionForCausalLM"],
         "auto_map": {"AutoConfig": "configuration_llama_action.LlamaActionConfig",
@@ -230,7 +230,7 @@ def test_bad_layout_config_is_rejected():
 
 @torch.no_grad()
 def reference_greedy(model, context: np.ndarray, actions: np.ndarray, num_frames: int, overlap: int) -> np.ndarray:
-    """Greedy rollout by full recomputation of every prefix, windows as SPEC §4 written out independently."""
+    """Greedy rollout by full recomputation of every prefix, windows as docs/ARCHITECTURE.md ("Windows") describes them, written out independently."""
     frames = [f.reshape(-1) for f in context]
     target = len(context) + num_frames
     start = 0

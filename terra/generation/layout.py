@@ -1,4 +1,4 @@
-"""The token layout of a Terra window (SPEC §2) and the plan of windows for long rollouts (SPEC §4).
+"""The token layout of a Terra window and the plan of windows for long rollouts (docs/ARCHITECTURE.md).
 
 A window holds up to ``max_frames`` frames. Frame ``j`` of a window occupies positions
 ``[j * S, (j + 1) * S)`` with ``S = image_tokens + action_tokens``: first its image tokens (row-major), then
@@ -103,7 +103,7 @@ class Window:
 
 
 def plan_windows(num_context: int, num_generate: int, max_frames: int, overlap: int) -> list[Window]:
-    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (SPEC §4).
+    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md, "Windows").
 
     The first window starts with the given context; each later one starts with the last ``overlap`` frames
     of the previous window as context, so every frame is generated exactly once.

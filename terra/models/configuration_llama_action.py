@@ -1,4 +1,4 @@
-"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys (SPEC §5).
+"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys (docs/ARCHITECTURE.md, "Terra's files").
 
 Terra's published ``config.json`` (``model_type: llama_action``) loads unchanged. Keys added by this toolkit
 all have defaults derived from that file, so they never need to be present in it:
