@@ -116,7 +116,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
     pipeline = WorldModelPipeline.from_pretrained(
         world_model_path, tokenizer, backend=str(cfg.backend.name), device=device, dtype=str(cfg.dtype),
-        config=config, **OmegaConf.to_container(cfg.backend.options),
+        config=config, zero_embed_code_0=bool(cfg.model.get("zero_embed_code_0", False)),
+        **OmegaConf.to_container(cfg.backend.options),
     )
     try:
         seeds = [cfg.seed + i for i in range(cfg.num_samples)]

@@ -71,14 +71,18 @@ class WorldModelPipeline:
         device: str = "auto",
         dtype: str = "auto",
         config: LlamaActionConfig | None = None,
+        zero_embed_code_0: bool = False,
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend.
 
         ``config`` is the world model's config when the caller has already read it
         (:func:`~terra.models.checkpoint.read_world_model_config`), so config.json is parsed once per run.
+        ``zero_embed_code_0`` reproduces Terra's vLLM port, which embeds image code 0 as zeros
+        (:mod:`terra.models.configuration_llama_action`); off, code 0 is an ordinary code.
         """
         config = config or read_world_model_config(world_model)
+        config.zero_embed_code_0 = bool(zero_embed_code_0)
         device = resolve_device(device)
         tok = tokenizer if isinstance(tokenizer, ImageTokenizer) else load_tokenizer(str(tokenizer))
         check_compatible(config, tok)

@@ -100,6 +100,8 @@ class VLLMBackend(WorldModelBackend):
         options.update(engine_kwargs)
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
+        if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
+            options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()
         self.llm = LLM(
             model=model_path,
@@ -113,12 +115,27 @@ class VLLMBackend(WorldModelBackend):
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
             seed=seed,
-            limit_mm_per_prompt={"actions": self.layout.max_frames},
+            **self.prompt_limits(),
             **options,
         )
         self.engine = self.llm.llm_engine
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
+
+    def prompt_limits(self) -> dict[str, Any]:
+        """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
+        return {"limit_mm_per_prompt": {"actions": self.layout.max_frames}}
+
+    def frame_prompt(self, state: RolloutState) -> dict[str, Any]:
+        """The engine prompt of a rollout's next frame: the window's token ids and its frames' actions.
+
+        :meth:`generate`'s step loop submits whatever this returns. It is the one place that says what a frame
+        request carries, so a baseline of Terra's shape fed the same ids without the action items
+        (scripts/bench/plain_llama.py) overrides it, together with :meth:`prompt_limits`.
+        """
+        ids, actions, _ = state.prompt()
+        items = np.ascontiguousarray(actions, dtype=np.float32)
+        return {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
 
     def _sampling_params(self, sampling: SamplingConfig, seed: int):
         from vllm import SamplingParams
@@ -149,14 +166,12 @@ class VLLMBackend(WorldModelBackend):
 
         def submit(index: int) -> None:
             state = states[index]
-            ids, actions, _ = state.prompt()
+            prompt = self.frame_prompt(state)
             frame = state.next_frame - state.num_context
             request_id = f"terra-{next(self._ids)}"
-            items = np.ascontiguousarray(actions, dtype=np.float32)
-            prompt = {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
             params = self._sampling_params(sampling, frame_seed(seeds[index], frame))
             self.engine.add_request(request_id, prompt, params)
-            pending[request_id] = (index, frame, len(ids), state.window_starts)
+            pending[request_id] = (index, frame, len(prompt["prompt_token_ids"]), state.window_starts)
 
         total = sum(r.num_frames for r in requests)
         try:

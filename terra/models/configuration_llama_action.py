@@ -9,6 +9,9 @@ all have defaults derived from that file, so they never need to be present in it
 * ``action_projection_type``: ``"linear"`` (v1, ``LlamaActionForCausalLM``) or ``"mlp"`` (v2,
   ``LlamaActionV2ForCausalLM``: Linear-ReLU-Linear-ReLU-Linear); default read from ``architectures``.
 * ``action_mlp_hidden_size``: width of the v2 MLP's hidden layers; default ``hidden_size``.
+* ``zero_embed_code_0``: give image code 0 a zero input embedding, as Terra's vLLM port does (it embeds only
+  ids > 0; its README says that port produced the paper's numbers). Off by default: code 0 is an ordinary
+  image code of the checkpoint's embedding table. Both backends honour it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class LlamaActionConfig(LlamaConfig):
     action_token_id: int | None = None
     action_projection_type: str | None = None
     action_mlp_hidden_size: int | None = None
+    zero_embed_code_0: bool = False
 
     def __post_init__(self, **kwargs):
         # Terra's own code reads the slot count as `num_action_embeddings`; accept it as an alias in files.

@@ -67,6 +67,16 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         self.action_projection = build_action_projection(config)
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, *args, config: LlamaActionConfig | None = None, **kwargs):
+        """As Transformers' ``from_pretrained``; the Auto classes (which pass ``config``) get the class that
+        the checkpoint's ``architectures`` names, so a Terra v2 folder loads as :class:`LlamaActionV2ForCausalLM`."""
+        return super(LlamaActionForCausalLM, _class_for(cls, config)).from_pretrained(*args, config=config, **kwargs)
+
+    @classmethod
+    def _from_config(cls, config: LlamaActionConfig, **kwargs):
+        return super(LlamaActionForCausalLM, _class_for(cls, config))._from_config(config, **kwargs)
+
     def interleave(self, image_ids: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training-style inputs → interleaved ids ``[B, T*(P+A)]`` (placeholders at action slots), actions.
 
@@ -92,6 +102,8 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         """Input embeddings: token embedding, or projected action at placeholder ids; plus the position table."""
         is_action = input_ids == self.config.action_token_id
         embeds = self.model.embed_tokens(input_ids)  # placeholders embed as their (unused) vocab row
+        if self.config.zero_embed_code_0:
+            embeds = embeds.masked_fill((input_ids == 0).unsqueeze(-1), 0.0)
         num_slots = int(is_action.sum())
         if num_slots:
             if actions is None or actions.shape[0] * actions.shape[1] != num_slots:
@@ -141,6 +153,13 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
 
 class LlamaActionV2ForCausalLM(LlamaActionForCausalLM):
     """Terra v2's class name; the MLP action projection comes from ``action_projection_type: mlp``."""
+
+
+def _class_for(cls: type, config: LlamaActionConfig | None) -> type:
+    """The v2 class for a config whose ``architectures`` names it, when ``cls`` is the generic v1 class."""
+    if cls is LlamaActionForCausalLM and "LlamaActionV2ForCausalLM" in (getattr(config, "architectures", None) or []):
+        return LlamaActionV2ForCausalLM
+    return cls
 
 
 __all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "SpatioTemporalEmbedding"]

@@ -199,6 +199,14 @@ class TerraLlamaModel(LlamaModel):
         self.pos_embedding_spatio_temporal = SpatioTemporalEmbedding(
             config.num_spatio_embeddings, config.num_temporal_embeddings, config.hidden_size
         )
+        self.zero_embed_code_0 = bool(getattr(config, "zero_embed_code_0", False))
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; image code 0 embeds as zeros when ``zero_embed_code_0`` (Terra's vLLM port)."""
+        embeds = super().embed_input_ids(input_ids)
+        if self.zero_embed_code_0:
+            embeds = torch.where((input_ids == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
+        return embeds
 
     def forward(
         self,
