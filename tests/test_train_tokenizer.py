@@ -31,6 +31,7 @@ TINY_LFQ = [
     "model.config.encoder_decoder_config.ch_mult=[1,2]",
     "model.config.encoder_decoder_config.num_res_blocks=1",
     "model.config.encoder_decoder_config.z_channels=6",
+    "model.config.quantizer_config.dim=6",
     "model.config.quantizer_config.codebook_size=64",
     "model.config.image_size=[16,16]",
 ]

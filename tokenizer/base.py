@@ -203,17 +203,16 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return model.to(device=device, dtype=dtype).eval()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Load weights in any supported key layout (see :mod:`tokenizer.checkpoint_keys`), strictly."""
-        num_levels = len(self.encoder.conv_blocks)
-        converted = checkpoint_keys.to_ours(state_dict, num_levels)
+        """Load weights strictly (after :func:`tokenizer.checkpoint_keys.clean`); mismatches raise one line."""
+        converted = checkpoint_keys.clean(state_dict)
         expected = self.state_dict()
         missing = sorted(set(expected) - set(converted))
         unexpected = sorted(set(converted) - set(expected))
         if missing or unexpected:
             raise InputError(
                 f"{source}: weights do not match the config ({len(missing)} missing, e.g. {missing[:3]}; "
-                f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}); check config.json or adjust "
-                "tokenizer/checkpoint_keys.py to the checkpoint's key names"
+                f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}); check that config.json describes these "
+                "weights (or map other key names in tokenizer/checkpoint_keys.py)"
             )
         bad = [k for k in expected if tuple(expected[k].shape) != tuple(converted[k].shape)]
         if bad:

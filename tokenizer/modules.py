@@ -1,12 +1,12 @@
-"""Convolutional encoder and decoder shared by both tokenizer families (VQGAN / LlamaGen layout).
+"""Convolutional encoder and decoder of LlamaGen's VQ-16 (VQGAN layout), used by tokenizer/vq.py.
 
 The module tree follows LlamaGen's VQ-16 exactly, so its checkpoints load with ``strict=True``:
 ``conv_in``, ``conv_blocks.{i}.res.{j}`` (ResNet blocks: ``norm1, conv1, norm2, conv2`` and ``nin_shortcut``
 where channels change), ``conv_blocks.{i}.attn.{j}`` (``norm, q, k, v, proj_out``),
 ``conv_blocks.{i}.downsample.conv`` / ``upsample.conv``, ``mid.{0,1,2}`` (res, attn, res), ``norm_out``,
 ``conv_out``. The encoder's ``conv_blocks[i]`` is resolution level ``i`` (full resolution first); the
-decoder's ``conv_blocks[0]`` is the coarsest level, as in LlamaGen. Which levels hold attention is a
-parameter: LlamaGen puts it at the coarsest level only, taming-style configs name ``attn_resolutions``.
+decoder's ``conv_blocks[0]`` is the coarsest level, as in LlamaGen, and attention sits at the coarsest level
+only. (Terra's LFQ tokenizer is a different network: tokenizer/magvit2.py.)
 """
 
 from __future__ import annotations
@@ -122,7 +122,6 @@ class Encoder(nn.Module):
         num_res_blocks: int = 2,
         z_channels: int = 256,
         in_channels: int = 3,
-        attn_levels: Sequence[int] = (4,),
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
@@ -134,7 +133,7 @@ class Encoder(nn.Module):
             for _ in range(num_res_blocks):
                 res.append(ResnetBlock(block_in, ch * mult, dropout))
                 block_in = ch * mult
-                if level in attn_levels:
+                if level == len(ch_mult) - 1:
                     attn.append(AttnBlock(block_in))
             block = _Level(res, attn)
             if level != len(ch_mult) - 1:
@@ -163,7 +162,6 @@ class Decoder(nn.Module):
         num_res_blocks: int = 2,
         z_channels: int = 256,
         out_channels: int = 3,
-        attn_levels: Sequence[int] = (4,),
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
@@ -176,7 +174,7 @@ class Decoder(nn.Module):
             for _ in range(num_res_blocks + 1):
                 res.append(ResnetBlock(block_in, ch * ch_mult[level], dropout))
                 block_in = ch * ch_mult[level]
-                if level in attn_levels:
+                if level == len(ch_mult) - 1:
                     attn.append(AttnBlock(block_in))
             block = _Level(res, attn)
             if level != 0:

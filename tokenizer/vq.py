@@ -84,9 +84,8 @@ class VQTokenizer(ImageTokenizer):
         if len(c["encoder_ch_mult"]) != len(c["decoder_ch_mult"]):
             raise InputError("encoder_ch_mult and decoder_ch_mult need the same length (same down/upsampling)")
         for key in ("encoder_ch_mult", "decoder_ch_mult"):
-            attn = [len(c[key]) - 1]  # LlamaGen: attention at the coarsest level
             common = dict(ch=int(c["ch"]), ch_mult=list(c[key]), num_res_blocks=int(c["num_res_blocks"]),
-                          z_channels=int(c["z_channels"]), attn_levels=attn, dropout=float(c["dropout_p"]))
+                          z_channels=int(c["z_channels"]), dropout=float(c["dropout_p"]))
             if key == "encoder_ch_mult":
                 self.encoder = Encoder(**common)
             else:

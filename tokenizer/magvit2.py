@@ -1,0 +1,159 @@
+"""Open-MAGVIT2 (v1) convolutional encoder and decoder: the network of Terra's LFQ image tokenizer.
+
+Written after TencentARC/Open-MAGVIT2 ``taming/modules/diffusionmodules/improved_model.py`` (commit ec8fba5a).
+Unlike the VQGAN backbone of LlamaGen's VQ-16 (tokenizer/modules.py) it has residual blocks whose convs carry
+no bias, no attention anywhere, stride-2 3x3 convs (padding 1) for downsampling, depth-to-space for upsampling,
+``num_res_blocks`` residual blocks in the middle and at every level of encoder and decoder, and a 1x1 encoder
+output conv.
+
+The module tree carries the published state-dict names, so Terra's ``model.safetensors`` loads unrenamed::
+
+    encoder.conv_in, encoder.down.{i}.block.{j}.*, encoder.down.{i}.downsample, encoder.mid_block.{j}.*,
+    encoder.norm_out, encoder.conv_out,
+    decoder.conv_in, decoder.mid_block.{j}.*, decoder.up.{i}.block.{j}.*, decoder.up.{i}.upsample.conv1,
+    decoder.norm_out, decoder.conv_out
+
+with residual blocks ``norm1, conv1, norm2, conv2`` (+ ``nin_shortcut`` where the width changes). In both
+``down`` and ``up``, index ``i`` is resolution level ``i`` (0 = full resolution); the decoder runs ``up``
+from the coarsest level to the finest.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with 32 groups and eps 1e-6, the only normalisation of the v1 network."""
+    return nn.GroupNorm(32, channels, eps=1e-6)
+
+
+def depth_to_space(x: torch.Tensor, block_size: int = 2) -> torch.Tensor:
+    """``[B, s*s*C, H, W]`` → ``[B, C, s*H, s*W]`` in DCR order (depth, column, row).
+
+    Input channel ``(i * s + j) * C + c`` becomes output pixel ``(s*h + i, s*w + j)`` of channel ``c``. This
+    is not ``torch.nn.functional.pixel_shuffle``, whose channel order is ``c * s * s + i * s + j`` (CRD).
+    """
+    return rearrange(x, "b (i j c) h w -> b c (h i) (w j)", i=block_size, j=block_size)
+
+
+class ResBlock(nn.Module):
+    """Pre-activation residual block with bias-free 3x3 convs and a bias-free 1x1 shortcut where widths differ."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.norm1 = group_norm(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False)
+        self.norm2 = group_norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1, bias=False) if in_channels != out_channels else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
+
+
+class Upsampler(nn.Module):
+    """x2 upsampling: a 3x3 conv to four times the channels, then :func:`depth_to_space`."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 4 * channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return depth_to_space(self.conv1(x))
+
+
+class EncoderLevel(nn.Module):
+    """Residual blocks (``block``) of one resolution, then a stride-2 conv (``downsample``) except at the last."""
+
+    def __init__(self, blocks: list[ResBlock], downsample: nn.Conv2d | None) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.block:
+            x = block(x)
+        return x if self.downsample is None else self.downsample(x)
+
+
+class DecoderLevel(nn.Module):
+    """Residual blocks (``block``) of one resolution, then an :class:`Upsampler` except at full resolution."""
+
+    def __init__(self, blocks: list[ResBlock], upsample: Upsampler | None) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.upsample = upsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.block:
+            x = block(x)
+        return x if self.upsample is None else self.upsample(x)
+
+
+class Encoder(nn.Module):
+    """Images ``[B, in_channels, H, W]`` → latent ``[B, z_channels, H / 2^(L-1), W / 2^(L-1)]``, L = len(ch_mult)."""
+
+    def __init__(
+        self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, in_channels: int = 3
+    ) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv2d(in_channels, ch, 3, padding=1, bias=False)
+        width = ch
+        levels = []
+        for level, mult in enumerate(ch_mult):
+            blocks = []
+            for _ in range(num_res_blocks):
+                blocks.append(ResBlock(width, ch * mult))
+                width = ch * mult
+            last = level == len(ch_mult) - 1
+            levels.append(EncoderLevel(blocks, None if last else nn.Conv2d(width, width, 3, stride=2, padding=1)))
+        self.down = nn.ModuleList(levels)
+        self.mid_block = nn.ModuleList(ResBlock(width, width) for _ in range(num_res_blocks))
+        self.norm_out = group_norm(width)
+        self.conv_out = nn.Conv2d(width, z_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_in(x)
+        for level in self.down:
+            x = level(x)
+        for block in self.mid_block:
+            x = block(x)
+        return self.conv_out(F.silu(self.norm_out(x)))
+
+
+class Decoder(nn.Module):
+    """Latent ``[B, z_channels, h, w]`` → images ``[B, out_channels, h * 2^(L-1), w * 2^(L-1)]``."""
+
+    def __init__(
+        self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, out_channels: int = 3
+    ) -> None:
+        super().__init__()
+        width = ch * ch_mult[-1]
+        self.conv_in = nn.Conv2d(z_channels, width, 3, padding=1)
+        self.mid_block = nn.ModuleList(ResBlock(width, width) for _ in range(num_res_blocks))
+        levels = []
+        for level in reversed(range(len(ch_mult))):  # built coarsest first, the order they run in
+            blocks = []
+            for _ in range(num_res_blocks):
+                blocks.append(ResBlock(width, ch * ch_mult[level]))
+                width = ch * ch_mult[level]
+            levels.append(DecoderLevel(blocks, Upsampler(width) if level > 0 else None))
+        self.up = nn.ModuleList(reversed(levels))  # stored finest first: up[i] is resolution level i
+        self.norm_out = group_norm(width)
+        self.conv_out = nn.Conv2d(width, out_channels, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.conv_in(z)
+        for block in self.mid_block:
+            x = block(x)
+        for level in reversed(self.up):
+            x = level(x)
+        return self.conv_out(F.silu(self.norm_out(x)))
