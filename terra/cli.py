@@ -34,6 +34,7 @@ from terra.inputs import (
 )
 from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
+from terra.snapshot import checkpoint_path
 from terra.trajectory import MANOEUVRES, check_manoeuvre_params
 from tokenizer import load_tokenizer
 
@@ -43,15 +44,6 @@ from terra.hydra_app import ASSETS, CONF_DIR, CONFIG_PATH, run_app  # noqa: F401
 def _whole_number(cfg: DictConfig, key: str, minimum: int, example: int) -> int:
     """``cfg[key]`` (a dotted key) checked to be an integer of at least ``minimum``."""
     return check_whole_number(OmegaConf.select(cfg, key, throw_on_missing=True), key, minimum, f"{key}={example}")
-
-
-def _required_path(group: DictConfig, key: str, name: str) -> str:
-    """A path setting that a config group (``model=terra_v1``, ...) leaves to the user (``???``)."""
-    if OmegaConf.is_missing(group, key):
-        raise TerraInputError(
-            f"{name}={group.get('name', '?')} needs a checkpoint folder; add {name}.{key}=/path/to/it"
-        )
-    return str(group[key])
 
 
 def check_config(cfg: DictConfig) -> tuple[SamplingConfig, dict]:
@@ -88,8 +80,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
     t_start = time.perf_counter()
     sampling, params = check_config(cfg)
-    world_model_path = _required_path(cfg.model, "world_model", "model")
-    tokenizer_path = _required_path(cfg.tokenizer, "path", "tokenizer")
+    world_model_path = checkpoint_path(cfg, "model", "world_model")
+    tokenizer_path = checkpoint_path(cfg, "tokenizer", "path")
     config = read_world_model_config(world_model_path)
     check_window(config.num_temporal_embeddings, cfg.num_context, cfg.model.overlap, "model.overlap")
     device = resolve_device(str(cfg.device))
@@ -106,7 +98,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         ground_truth, images = images[cfg.num_context :], images[: cfg.num_context]
     else:
         context = list(cfg.context) if OmegaConf.is_list(cfg.context) else str(cfg.context)
-        images, _ = load_context(context, image_size, cfg.num_context)
+        images, _ = load_context(context, image_size, cfg.num_context, resize=str(cfg.tokenizer.get("resize", "crop")))
         actions = None
     num_context = len(images)
     if cfg.trajectory is not None:

@@ -3,8 +3,9 @@
 * The configs: the repository's ``conf/`` folder is installed as the package ``terra.conf`` (``pyproject.toml``
   maps it; a wheel holds it as ``terra/conf/``), so ``@hydra.main(config_path=CONFIG_PATH, ...)`` finds the same
   files in an editable install, where they are ``conf/`` itself, and in a wheel install.
-* The ``${terra_asset:NAME}`` resolver, registered on import: a path under ``terra/assets/`` (the demo
-  checkpoints named by ``conf/model/demo.yaml`` and ``conf/tokenizer/demo.yaml``).
+* The resolvers, registered on import: ``${terra_asset:NAME}``, a path under ``terra/assets/`` (the demo
+  checkpoints named by ``conf/model/demo.yaml`` and ``conf/tokenizer/demo.yaml``), and
+  ``${terra_snapshot:FOLDER}``, a folder of the downloaded Terra snapshot ``terra_root`` (:mod:`terra.snapshot`).
 * :func:`run_app`: Hydra's and OmegaConf's errors (an unknown setting, a malformed override) as one line on
   stderr and exit code 2, like every other user mistake.
 """
@@ -22,12 +23,14 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
+from terra.snapshot import snapshot_folder
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), replace=True)
+OmegaConf.register_new_resolver("terra_snapshot", snapshot_folder, replace=True)
 
 
 def one_line(err: BaseException) -> str:

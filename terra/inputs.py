@@ -46,12 +46,13 @@ def resolve_path(path: str | os.PathLike, base: Path) -> str:
 
 def load_context(
     sources: str | os.PathLike | Sequence[str], image_size: tuple[int, int], num_context: int | None,
-    base: Path | None = None,
+    base: Path | None = None, resize: str = "crop",
 ) -> tuple[torch.Tensor, list[str]]:
     """The last ``num_context`` frames (None: all) of a folder, glob, video or list of images, resized for the
     tokenizer: images ``[N, 3, H, W]`` in [-1, 1] and the sources read.
 
-    With ``base`` (batch samples), ``sources`` are image paths, relative ones taken from ``base``.
+    With ``base`` (batch samples), ``sources`` are image paths, relative ones taken from ``base``. ``resize``
+    is ``crop`` or ``stretch`` (:func:`tokenizer.images.fit_frame`; the tokenizer's config group says which).
     """
     from tokenizer.images import load_images
 
@@ -62,7 +63,7 @@ def load_context(
         sources = str(sources)
     else:
         sources = [str(s) for s in sources]
-    images = load_images(sources, image_size, last_n=num_context)
+    images = load_images(sources, image_size, last_n=num_context, resize=resize)
     return images, [sources] if isinstance(sources, str) else sources
 
 

@@ -24,34 +24,41 @@ VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
 # 8-bit colour modes PIL converts to RGB without guessing (alpha dropped, grey replicated, palette expanded).
 RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
 
+RESIZE_MODES = ("crop", "stretch")  # see fit_frame
 MAX_UPSCALE = 8.0  # larger enlargements (a 1x1 or thumbnail image) carry no usable scene
 
 Source = Union[str, Path, np.ndarray, Image.Image]
 
 
 def load_images(
-    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None
+    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
+    resize: str = "crop",
 ) -> torch.Tensor:
     """Frames from files/folders/globs/videos/arrays → float tensor ``[N, 3, H, W]`` in [-1, 1].
 
-    ``image_size`` is ``(H, W)`` (pass ``tokenizer.image_size``); ``last_n`` keeps only the last N frames.
+    ``image_size`` is ``(H, W)`` (pass ``tokenizer.image_size``); ``last_n`` keeps only the last N frames;
+    ``resize`` is ``crop`` (cover, then center-crop: keeps the aspect ratio) or ``stretch`` (straight to the
+    size, as Terra's own code feeds its tokenizer).
     """
-    return frames_to_tensor(load_frames(sources, image_size, last_n))
+    return frames_to_tensor(load_frames(sources, image_size, last_n, resize))
 
 
 def load_frames(
-    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None
+    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
+    resize: str = "crop",
 ) -> np.ndarray:
     """Like :func:`load_images` but returns uint8 ``[N, H, W, 3]`` (compact, for training data)."""
     if last_n is not None and last_n < 1:
         raise InputError(f"last_n must be at least 1 (got {last_n})")
+    if resize not in RESIZE_MODES:
+        raise InputError(f"unknown resize mode {resize!r}; choose one of: {', '.join(RESIZE_MODES)}")
     items = [sources] if isinstance(sources, (str, Path, np.ndarray, Image.Image)) else list(sources)
     if not items:
         raise InputError("no images given; pass image files, a folder, a glob or a video file")
     frames: deque[np.ndarray] = deque(maxlen=last_n)
     for item in items:
         for source, frame in _expand(item):
-            frames.append(fit_frame(frame, image_size, source))
+            frames.append(fit_frame(frame, image_size, source, resize))
     return np.stack(frames)
 
 
@@ -60,8 +67,10 @@ def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
-def fit_frame(frame: Image.Image, image_size: tuple[int, int], source: str = "image") -> np.ndarray:
-    """Resize to cover ``(H, W)`` and center-crop → uint8 ``[H, W, 3]``."""
+def fit_frame(
+    frame: Image.Image, image_size: tuple[int, int], source: str = "image", resize: str = "crop"
+) -> np.ndarray:
+    """Resize to ``(H, W)`` → uint8 ``[H, W, 3]``: cover and center-crop (``crop``) or straight (``stretch``)."""
     height, width = image_size
     scale = max(width / frame.width, height / frame.height)
     if scale > MAX_UPSCALE:
@@ -70,6 +79,8 @@ def fit_frame(frame: Image.Image, image_size: tuple[int, int], source: str = "im
             f"enlarged {scale:.0f}x); pass frames of at least {-(-width // int(MAX_UPSCALE))}x"
             f"{-(-height // int(MAX_UPSCALE))} pixels, ideally {width}x{height}"
         )
+    if resize == "stretch":
+        return np.asarray(frame.resize((width, height), Image.Resampling.BICUBIC), dtype=np.uint8)
     return np.asarray(ImageOps.fit(frame, (width, height), method=Image.Resampling.BICUBIC), dtype=np.uint8)
 
 

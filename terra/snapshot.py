@@ -1,0 +1,52 @@
+"""A downloaded Terra snapshot: the folder layout of the Hugging Face repo ``turing-motors/Terra``.
+
+``model=terra_v1 terra_root=/path/to/Terra`` (or ``terra_v2``) picks the world model and the tokenizer it was
+trained with (``conf/model/terra_v1.yaml``, ``conf/tokenizer/terra_v1.yaml``); the configs name the folders
+through the ``${terra_snapshot:FOLDER}`` resolver below. :func:`checkpoint_path` turns a config group's path
+into a checked folder, so a missing or partial snapshot fails with one line before anything loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from terra.errors import TerraInputError
+
+DOWNLOAD_HINT = "a download of huggingface.co/turing-motors/Terra, e.g. `huggingface-cli download turing-motors/Terra --local-dir Terra`"
+
+
+def snapshot_folder(folder: str, *, _root_: DictConfig) -> str | None:
+    """``${terra_snapshot:FOLDER}``: ``<terra_root>/FOLDER``, or None while ``terra_root`` is unset."""
+    root = _root_.get("terra_root")
+    return None if root is None else str(Path(str(root)).expanduser() / folder)
+
+
+def checkpoint_path(cfg: DictConfig, group: str, key: str) -> str:
+    """The checkpoint folder that config group ``group`` names in ``key``, checked to exist.
+
+    One line names what is missing and how to give it: a path the group leaves to the user (``???``), a
+    Terra config without ``terra_root``, or a ``terra_root`` without the folder the model needs.
+    """
+    node = cfg[group]
+    name = node.get("name", "?")
+    if OmegaConf.is_missing(node, key):
+        raise TerraInputError(f"{group}={name} needs a checkpoint folder; add {group}.{key}=/path/to/it")
+    value: Any = node[key]
+    if value is None:
+        raise TerraInputError(
+            f"{group}={name} needs Terra's weights: add terra_root=/path/to/Terra ({DOWNLOAD_HINT}), "
+            f"or {group}.{key}=/path/to/the/folder"
+        )
+    path = Path(str(value)).expanduser()
+    root = cfg.get("terra_root")
+    if root is not None and not path.is_dir() and path.parent == Path(str(root)).expanduser():
+        if not path.parent.is_dir():
+            raise TerraInputError(f"terra_root={root} does not exist; point it at {DOWNLOAD_HINT}")
+        raise TerraInputError(
+            f"terra_root={root} has no {path.name}/ folder, which {group}={name} needs; download the whole "
+            f"repo ({DOWNLOAD_HINT}) or set {group}.{key}=/path/to/it"
+        )
+    return str(path)
