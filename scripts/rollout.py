@@ -18,9 +18,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import terra.cli  # noqa: F401  (registers the ${terra_asset:...} resolver used by conf/model and conf/tokenizer)
 from terra.batch import config_from_omegaconf, run_batch
 from terra.errors import TerraInputError
+from terra.hydra_app import CONFIG_PATH, run_app
 
 
 def _terminate(signum, frame) -> None:
@@ -28,8 +28,9 @@ def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-@hydra.main(config_path="../conf", config_name="rollout", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="rollout", version_base=None)
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point: run the batch and print its summary; exit code as in the module docstring."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
         result = run_batch(config_from_omegaconf(cfg))
@@ -41,4 +42,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "rollout", "python scripts/rollout.py")

@@ -1,0 +1,114 @@
+"""The layering of the packages, read from the source with ``ast`` (every import statement, those inside
+functions included), and the size limit of a source file.
+
+tokenizer/ stands alone; decoder/ builds on tokenizer/ only; the world model (terra/models/) runs without
+vLLM; the pipeline and the CLI reach a backend only through terra.generation.backends; the synthetic world
+(terra/sim/) knows nothing of generation; ``import tokenizer`` and ``import terra`` stay light.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 400
+BACKEND_MODULES = ("terra.generation.hf_backend", "terra.generation.vllm_backend")
+SKIPPED_DIRS = {"tests", "build", "dist", "outputs", "multirun", "runs", "__pycache__"}
+
+
+def module_name(path: Path) -> str:
+    """``terra/generation/rollout.py`` → ``terra.generation.rollout`` (a package's ``__init__`` → the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module an import statement of ``source`` (the code of ``module``) names, relative imports resolved;
+    for ``from a import b`` both ``a`` and ``a.b`` (``b`` may be a submodule)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def imported_modules(path: Path) -> set[str]:
+    """:func:`imports_of` a file of the repository."""
+    return imports_of(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def sources(*parts: str) -> list[Path]:
+    """The Python files of a folder (recursively) or one file, relative to the repository root."""
+    path = ROOT.joinpath(*parts)
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    assert files, f"{path} has no Python files"
+    return files
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+# folder or file → modules it must not import (a name and everything below it)
+RULES = {
+    "tokenizer": ("terra", "decoder"),
+    "decoder": ("terra",),
+    "terra/models": ("vllm", "terra.vllm"),
+    "terra/pipeline.py": BACKEND_MODULES,
+    "terra/cli.py": BACKEND_MODULES,
+    "terra/sim": ("terra.generation",),
+}
+
+
+@pytest.mark.parametrize("where", list(RULES))
+def test_layering(where):
+    forbidden = RULES[where]
+    broken = [f"{path.relative_to(ROOT)} imports {name}"
+              for path in sources(*where.split("/")) for name in sorted(imported_modules(path))
+              if within(name, forbidden)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
+    source = "def f():\n    from ..generation import hf_backend\n    import vllm.engine\nfrom . import scene\n"
+    assert imports_of(source, "terra.sim.probe") == {
+        "terra.generation", "terra.generation.hf_backend", "vllm.engine", "terra.sim", "terra.sim.scene"}
+    assert imports_of("from .clips import Clip", "terra.sim", is_package=True) == {"terra.sim.clips",
+                                                                                  "terra.sim.clips.Clip"}
+
+
+@pytest.mark.parametrize("package", ["tokenizer", "terra"])
+def test_import_is_light(package):
+    code = f"import sys, {package}; assert 'transformers' not in sys.modules, 'transformers was imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def repository_sources() -> list[Path]:
+    """The Python files of the repository outside tests/, hidden folders and build or run outputs."""
+    files = []
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]
+        files += [Path(folder) / name for name in names if name.endswith(".py")]
+    return files
+
+
+def test_no_source_file_is_over_the_line_limit():
+    files = repository_sources()
+    assert len(files) > 20
+    too_long = {str(path.relative_to(ROOT)): n for path in files
+                if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not too_long, f"over {MAX_LINES} lines: {too_long}"
