@@ -17,12 +17,16 @@ from terra.pipeline import RolloutResult
 FORMATS = ("gif", "mp4", "png")
 
 
-def check_output_formats(formats: Sequence[str] | str) -> list[str]:
-    """Validate ``output.formats`` before any work is done (a single name counts as a list of one)."""
+def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -> list[str]:
+    """Validate ``output.formats`` before any work is done (a single name counts as a list of one).
+
+    ``distinct``: each name at most once (batch rollouts write one file per format and sample).
+    """
     formats = [formats] if isinstance(formats, str) else list(formats)
     unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise TerraInputError(f"output.formats {formats} must be a non-empty list drawn from {list(FORMATS)}")
+    if unknown or not formats or (distinct and len(set(formats)) != len(formats)):
+        what = "a non-empty list of distinct names from" if distinct else "a non-empty list drawn from"
+        raise TerraInputError(f"output.formats {formats} must be {what} {list(FORMATS)}")
     return formats
 
 

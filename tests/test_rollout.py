@@ -265,7 +265,7 @@ def test_next_chunk_is_prepared_while_the_current_one_generates(monkeypatch):
     import threading
     from types import SimpleNamespace
 
-    from terra import batch
+    from terra.batch import engine
 
     events: dict[tuple[str, int], float] = {}
     lock = threading.Lock()
@@ -279,7 +279,7 @@ def test_next_chunk_is_prepared_while_the_current_one_generates(monkeypatch):
         time.sleep(0.05)
         if item.sample == 5:
             raise ValueError("unreadable frame")
-        return batch._Prepared(item, SimpleNamespace(num_frames=1, key=item.sample), None, [], 1, started)
+        return engine._Prepared(item, SimpleNamespace(num_frames=1, key=item.sample), None, [], 1, started)
 
     def generate(requests, sampling, progress, on_frame):
         log("generate start", requests[0].key)
@@ -287,14 +287,15 @@ def test_next_chunk_is_prepared_while_the_current_one_generates(monkeypatch):
         log("generate end", requests[0].key)
         return [np.zeros((1, 1), np.int64) for _ in requests]
 
-    monkeypatch.setattr(batch, "_prepare", fake_prepare)
-    monkeypatch.setattr(batch._Writer, "write", lambda self, prepared, generated, generate_s: [])
-    monkeypatch.setattr(batch, "_record", lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
+    monkeypatch.setattr(engine, "_prepare", fake_prepare)
+    monkeypatch.setattr(engine._Writer, "write", lambda self, prepared, generated, generate_s: [])
+    monkeypatch.setattr(engine, "sample_record",
+                        lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
     backend = SimpleNamespace(layout=SimpleNamespace(image_tokens=1), generate=generate)
     records: list[dict] = []
     items = [SimpleNamespace(sample=i, seed=i) for i in range(6)]
-    batch.run_items(items, BatchConfig(samples="unused", output_dir="unused", max_concurrent=2),
-                    SimpleNamespace(backend=backend), records.append)
+    engine.run_items(items, BatchConfig(samples="unused", output_dir="unused", max_concurrent=2),
+                     SimpleNamespace(backend=backend), records.append)
 
     assert sorted((r["sample"], r["status"]) for r in records) == [(i, "failed" if i == 5 else "ok") for i in range(6)]
     assert next(r for r in records if r["sample"] == 5)["error"] == "ValueError: unreadable frame"

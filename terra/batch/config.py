@@ -1,0 +1,196 @@
+"""A batch run's settings (:class:`BatchConfig`), built from ``conf/rollout.yaml`` and checked before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from terra.errors import TerraInputError, check_whole_number
+from terra.generation.sampling import SamplingConfig
+from terra.outputs import check_output_formats
+from terra.trajectory import MANOEUVRES
+
+DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
+NAMING = {
+    "default": ("{sample_id}.{ext}", "{sample_id}.json"),
+    "actbench": ("NUSCENES_ACTION_{sample_id:06d}.{ext}", "NUSCENES_ACTION_{sample_id:06d}.json"),
+}
+PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
+
+
+@dataclass
+class BatchConfig:
+    """Everything a batch run needs; ``scripts/rollout.py`` builds it from ``conf/rollout.yaml``."""
+
+    samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
+    output_dir: str
+    world_model: str = ""  # default: the shipped demo model
+    tokenizer: str = ""  # default: the shipped demo tokenizer
+    backend: str = "auto"  # auto | vllm | hf
+    backend_options: dict = field(default_factory=dict)  # e.g. max_num_seqs, tensor_parallel_size, max_batch_size
+    device: str = "auto"
+    dtype: str = "auto"
+    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p (terra.generation.sampling.SamplingConfig)
+    num_frames: int = 16  # frames generated after the context (a sample's "num_frames" overrides it)
+    num_context: int = 3  # context frames used: the last ones of a sample's context
+    overlap: int = 3  # frames carried into the next window for rollouts longer than one window
+    seed: int = 0  # sample at input index i uses seed + i unless it sets "seed"
+    image_root: str | None = None  # relative image paths resolve against it; None = the JSONL's folder
+    default_manoeuvre: str | None = None  # for samples of Terra's format that give no trajectory
+    max_concurrent: int = 64  # rollouts per backend.generate call
+    resume: bool = True  # skip samples whose outputs are complete
+    shard_index: int = 0
+    num_shards: int = 1
+    num_gpus: int = 1  # engines on this machine (one per GPU); -1 = every visible GPU; 0/1 = in-process
+    gpus: Sequence[int | str] | None = None  # explicit GPU ids (overrides num_gpus)
+    num_threads: int | None = None  # torch CPU threads (None = torch's default)
+    naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
+    video_pattern: str | None = None  # overrides the naming preset
+    sidecar_pattern: str | None = None
+    formats: Sequence[str] = ("mp4",)
+    fps: float = 10.0
+    writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
+    mark_context: bool = False  # border + label on context frames
+    overlay_trajectory: bool = False  # draw the commanded path
+    save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
+    manifest: str = "manifest.jsonl"
+    progress: bool = True
+    record: dict | None = None  # run configuration stored in every sidecar (default: this config)
+
+    def __post_init__(self) -> None:
+        if not self.world_model:
+            self.world_model = str(DEMO / "world_model")
+        if not self.tokenizer:
+            self.tokenizer = str(DEMO / "tokenizer")
+
+    @property
+    def sample_files(self) -> list[Path]:
+        """The JSONL file(s), in reading order."""
+        files = [self.samples] if isinstance(self.samples, (str, os.PathLike)) else list(self.samples)
+        return [Path(f).expanduser() for f in files]
+
+    @property
+    def patterns(self) -> tuple[str, str]:
+        """``(video_pattern, sidecar_pattern)``: the naming preset unless overridden."""
+        video, sidecar = NAMING[self.naming]
+        return self.video_pattern or video, self.sidecar_pattern or sidecar
+
+    @property
+    def manifest_path(self) -> Path:
+        """``output_dir/manifest.jsonl``, or ``manifest.shard-<i>-of-<n>.jsonl`` when sharded."""
+        name = self.manifest
+        if self.num_shards > 1:
+            name = f"{name[: -len('.jsonl')]}.shard-{self.shard_index}-of-{self.num_shards}.jsonl"
+        return Path(self.output_dir) / name
+
+    @property
+    def summary_path(self) -> Path:
+        """``manifest.jsonl`` → ``manifest.summary.json`` (per shard like the manifest)."""
+        path = self.manifest_path
+        return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
+
+    def generation_settings(self) -> dict:
+        """The settings that shape a sample's outputs (part of its fingerprint)."""
+        return {
+            "num_context": self.num_context, "overlap": self.overlap,
+            "sampling": dataclasses.asdict(SamplingConfig(**self.sampling)),
+            "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
+            "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
+            "default_manoeuvre": self.default_manoeuvre,
+        }
+
+
+def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
+    """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchConfig`."""
+
+    def plain(value: Any) -> Any:
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    out = cfg.output
+    samples = plain(cfg.samples)
+    if samples is None or samples == "":
+        raise TerraInputError("no samples file given; pass samples=path/to/samples.jsonl")
+    first = samples if isinstance(samples, str) else samples[0]
+    output_dir = out.dir or str(Path("outputs") / "rollouts" / Path(first).stem)
+    return BatchConfig(
+        samples=samples, output_dir=str(output_dir), world_model=str(cfg.model.world_model),
+        tokenizer=str(cfg.tokenizer.path), backend=cfg.backend.name, backend_options=plain(cfg.backend.options) or {},
+        device=cfg.device, dtype=cfg.dtype, sampling=plain(cfg.sampling) or {}, num_frames=cfg.num_frames,
+        num_context=cfg.num_context, overlap=cfg.model.overlap, seed=cfg.seed,
+        image_root=None if cfg.image_root is None else str(cfg.image_root), default_manoeuvre=cfg.default_manoeuvre,
+        max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index, num_shards=cfg.num_shards,
+        num_gpus=cfg.num_gpus, gpus=plain(cfg.gpus), num_threads=cfg.num_threads, naming=out.naming,
+        video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
+        fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
+        save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
+        record=OmegaConf.to_container(cfg, resolve=True),
+    )
+
+
+def check_config(config: BatchConfig) -> None:
+    """Validate every setting that can be checked before any work (user errors → :class:`TerraInputError`)."""
+    check_whole_number(config.num_frames, "num_frames", 1, "num_frames=16")
+    check_whole_number(config.num_context, "num_context", 1, "num_context=3")
+    check_whole_number(config.overlap, "model.overlap", 1, "model.overlap=3")
+    check_whole_number(config.seed, "seed", 0, "seed=0")
+    check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=32")
+    check_whole_number(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")
+    check_whole_number(config.num_shards, "num_shards", 1, "num_shards=4")
+    check_whole_number(config.shard_index, "shard_index", 0, "shard_index=0")
+    if config.shard_index >= config.num_shards:
+        raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
+                              f"(shards are numbered 0..{config.num_shards - 1})")
+    if isinstance(config.num_gpus, bool) or not isinstance(config.num_gpus, numbers.Integral) or config.num_gpus < -1:
+        raise TerraInputError(f"num_gpus must be -1 (all), 0 or a positive whole number (got {config.num_gpus!r})")
+    if config.num_threads is not None:
+        check_whole_number(config.num_threads, "num_threads", 1, "num_threads=4")
+    if config.naming not in NAMING:
+        raise TerraInputError(f"unknown output.naming {config.naming!r}; choose one of: {', '.join(NAMING)}")
+    config.formats = check_output_formats(config.formats, distinct=True)
+    fps = config.fps
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not (math.isfinite(fps) and fps > 0):
+        raise TerraInputError(f"output.fps must be a positive number (got {fps!r}); e.g. output.fps=10")
+    video, sidecar = config.patterns
+    _check_pattern(video, "output.video_pattern", needs_ext=True)
+    _check_pattern(sidecar, "output.sidecar_pattern", needs_ext=False)
+    if not sidecar.endswith(".json"):
+        raise TerraInputError(f"output.sidecar_pattern {sidecar!r} must end with .json")
+    if not isinstance(config.manifest, str) or "/" in config.manifest or not config.manifest.endswith(".jsonl"):
+        raise TerraInputError(f"output.manifest {config.manifest!r} must be a file name ending in .jsonl")
+    SamplingConfig(**config.sampling)  # raises TerraInputError on bad values
+    if config.default_manoeuvre is not None and config.default_manoeuvre not in MANOEUVRES:
+        raise TerraInputError(f"unknown default_manoeuvre {config.default_manoeuvre!r}; "
+                              f"choose one of: {', '.join(MANOEUVRES)}")
+    for file in config.sample_files:
+        if not file.is_file():
+            raise TerraInputError(f"samples file {file} does not exist; pass samples=path/to/samples.jsonl")
+    if config.image_root is not None and not Path(config.image_root).expanduser().is_dir():
+        raise TerraInputError(f"image_root {config.image_root} is not a folder; point it at the images' root")
+
+
+def _check_pattern(pattern: Any, name: str, needs_ext: bool) -> None:
+    """Raise unless ``pattern`` is a file name pattern of known fields, with ``{sample_id}``, inside output.dir."""
+    if not isinstance(pattern, str) or not pattern:
+        raise TerraInputError(f"{name} must be a file name pattern such as '{{sample_id}}.{{ext}}' (got {pattern!r})")
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None}
+    except ValueError as err:
+        raise TerraInputError(f"{name} {pattern!r} is not a valid pattern ({err})") from None
+    unknown = fields - PATTERN_FIELDS
+    if unknown:
+        raise TerraInputError(f"{name} {pattern!r} uses unknown fields {sorted(unknown)}; "
+                              f"available: {sorted(PATTERN_FIELDS)}")
+    if "sample_id" not in fields:
+        raise TerraInputError(f"{name} {pattern!r} must contain {{sample_id}} so that samples get distinct files")
+    if needs_ext and "ext" not in fields:
+        raise TerraInputError(f"{name} {pattern!r} must contain {{ext}} (e.g. '{{sample_id}}.{{ext}}')")
+    if pattern.startswith("/") or ".." in Path(pattern).parts:
+        raise TerraInputError(f"{name} {pattern!r} must stay inside output.dir (no leading / or ..)")

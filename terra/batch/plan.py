@@ -1,0 +1,197 @@
+"""Planning a batch run: each sample's output files and fingerprint, which samples are already complete
+(resume), and the temporary files a killed run left behind.
+
+A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from terra.batch.config import BatchConfig, check_config
+from terra.batch.manifest import sample_record
+from terra.batch.samples import Sample, in_shard, read_samples
+from terra.errors import TerraInputError
+
+# tokenizer.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
+_TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
+
+
+@dataclass
+class Item:
+    """A valid sample of this shard with its seed, frame count and output files."""
+
+    sample: Sample
+    seed: int
+    num_frames: int
+    videos: dict[str, Path]  # format -> file (png: folder)
+    sidecar: Path
+    codes: Path | None
+    fingerprint: str
+
+    @property
+    def targets(self) -> list[Path]:
+        """Every output path: videos, sidecar, codes."""
+        return [*self.videos.values(), self.sidecar] + ([self.codes] if self.codes else [])
+
+
+@dataclass
+class BatchPlan:
+    """What one run will do: samples of this shard to run, already complete ones, unusable lines."""
+
+    config: BatchConfig
+    samples: list[Sample]  # every line of this shard (blank lines excluded)
+    to_run: list[Item]
+    skipped: list[dict]  # manifest records of complete samples
+    failed: list[dict]  # manifest records of malformed/invalid lines and unusable outputs
+    items: list[Item] = field(default_factory=list)  # every valid sample of this shard (to run or complete)
+    stale: int = 0  # samples with an earlier sidecar that is outdated (other settings) or lacks files: rerun
+
+
+def _file_name(pattern: str, sample: Sample, ext: str) -> str:
+    """``pattern`` filled in for ``sample``; a digit-string id also fits ``{sample_id:06d}`` (ACT-Bench naming)."""
+    sid = sample.sample_id
+    fields = dict(ext=ext, line=sample.line, label=str(sample.record.get("label", "")))
+    try:
+        return pattern.format(sample_id=sid, **fields)
+    except (ValueError, TypeError):
+        if isinstance(sid, str) and sid.isdigit():
+            return pattern.format(sample_id=int(sid), **fields)
+        raise TerraInputError(f"sample_id {sid!r} does not fit the file name pattern {pattern!r} "
+                              "(ACT-Bench naming needs integer sample ids)") from None
+
+
+def _outputs(config: BatchConfig, sample: Sample) -> tuple[dict[str, Path], Path, Path | None]:
+    """``(videos by format, sidecar, codes or None)`` of ``sample``; raises when one falls outside output_dir."""
+    out = Path(config.output_dir)
+    video_pattern, sidecar_pattern = config.patterns
+    videos = {}
+    for fmt in config.formats:
+        name = _file_name(video_pattern, sample, fmt)
+        if fmt == "png":
+            name = (name[: -len(".png")] if name.endswith(".png") else name) + "_frames"
+        videos[fmt] = out / name
+    sidecar = out / _file_name(sidecar_pattern, sample, "json")
+    codes = sidecar.with_name(sidecar.name[: -len(".json")] + ".codes.npy") if config.save_codes else None
+    for path in [*videos.values(), sidecar]:
+        if ".." in Path(os.path.relpath(path, out)).parts:
+            raise TerraInputError(f"output file {path} of sample {sample.sample_id!r} falls outside output.dir")
+    return videos, sidecar, codes
+
+
+def fingerprint(config: BatchConfig, sample: Sample, seed: int, num_frames: int) -> str:
+    """Hash of the sample's record and the settings that shape its outputs."""
+    payload = {"record": sample.record, "seed": seed, "num_frames": num_frames,
+               "image_root": config.image_root, **config.generation_settings()}
+    text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _read_sidecar(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_complete(item: Item) -> tuple[bool, dict | None]:
+    """``(complete, sidecar)``: the sidecar exists with this item's fingerprint and every file it lists exists."""
+    sidecar = _read_sidecar(item.sidecar) if item.sidecar.is_file() else None
+    if sidecar is None:
+        return False, None
+    batch = sidecar.get("batch") or {}
+    if batch.get("fingerprint") != item.fingerprint or not batch.get("complete"):
+        return False, sidecar
+    out = item.sidecar.parent
+    frames = batch.get("frames")
+    for path in item.targets:
+        if path == item.sidecar:
+            continue
+        if path.is_dir():
+            if frames is not None and len(list(path.glob("frame_*.png"))) < frames:
+                return False, sidecar
+        elif not path.is_file() or path.stat().st_size == 0:
+            return False, sidecar
+    listed = [out / f for f in sidecar.get("files", [])]
+    return all(p.exists() for p in listed), sidecar
+
+
+def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
+    """Read the samples of this shard, work out their outputs and which are already complete."""
+    check_config(config)
+    all_samples = read_samples(config.sample_files) if samples is None else samples
+    if samples is None and not all_samples:
+        raise TerraInputError(f"samples file(s) {', '.join(map(str, config.sample_files))} hold no samples")
+    # Output collisions are decided over all lines, so that every shard agrees.
+    owners: dict[str, Sample] = {}
+    collisions: dict[int, str] = {}  # sample index -> why its output files cannot be used
+    for sample in all_samples:
+        if sample.error is not None:
+            continue
+        try:
+            videos, sidecar, codes = _outputs(config, sample)
+        except TerraInputError as err:
+            collisions[sample.index] = str(err)
+            continue
+        for path in [*videos.values(), sidecar]:
+            key = os.path.normcase(os.path.abspath(path))
+            if key in owners and collisions.get(sample.index) is None:
+                other = owners[key]
+                collisions[sample.index] = (f"output file {path.name} is also that of sample {other.sample_id!r} "
+                                            f"(line {other.line}); make sample ids distinct")
+            owners.setdefault(key, sample)
+    mine = [s for s in all_samples if in_shard(s.index, config.shard_index, config.num_shards)]
+    result = BatchPlan(config, mine, [], [], [])
+    for sample in mine:
+        if sample.error is not None:
+            result.failed.append(sample_record(sample, "failed", error=sample.error, stage="parse"))
+            continue
+        if sample.index in collisions:
+            result.failed.append(sample_record(sample, "failed", error=collisions[sample.index], stage="input"))
+            continue
+        seed = sample.record.get("seed")
+        seed = config.seed + sample.index if seed is None else int(seed)
+        num_frames = int(sample.record.get("num_frames") or config.num_frames)
+        videos, sidecar, codes = _outputs(config, sample)
+        item = Item(sample, seed, num_frames, videos, sidecar, codes, fingerprint(config, sample, seed, num_frames))
+        result.items.append(item)
+        complete, old = is_complete(item) if config.resume else (False, None)
+        if complete:
+            result.skipped.append(sample_record(sample, "skipped", seed=seed, files=old.get("files", []) + [
+                os.path.relpath(sidecar, config.output_dir)]))
+        else:
+            result.stale += old is not None
+            result.to_run.append(item)
+    return result
+
+
+def remove_stale_temporaries(items: Iterable[Item]) -> int:
+    """Delete temporary files that a killed run left next to (or inside PNG folders of) these items' outputs."""
+    targets: dict[Path, set[str]] = {}
+    folders: list[Path] = []
+    for item in items:
+        for path in item.targets:
+            targets.setdefault(path.parent, set()).add(path.name)
+        folders += [p for fmt, p in item.videos.items() if fmt == "png"]
+    removed = 0
+    for folder, names in targets.items():
+        if not folder.is_dir():
+            continue
+        for entry in os.scandir(folder):
+            match = _TEMP_NAME.match(entry.name)
+            if match and match["stem"] + match["suffix"] in names and entry.is_file():
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+    for folder in folders:
+        if folder.is_dir():
+            for entry in os.scandir(folder):
+                if _TEMP_NAME.match(entry.name) and entry.is_file():
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
+    return removed

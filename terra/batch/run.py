@@ -1,0 +1,133 @@
+"""A whole batch run: plan, check, then run the pending samples in this process or on GPU workers, with the
+manifest, progress bar and summary file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from terra.batch.config import BatchConfig
+from terra.batch.engine import build_pipeline, run_items, set_threads
+from terra.batch.manifest import Manifest, count_statuses
+from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries
+from terra.batch.samples import Sample
+from terra.batch.workers import gpu_groups, run_workers
+from terra.inputs import check_window
+from terra.models.checkpoint import read_world_model_config
+from terra.outputs import prepare_output_dir
+from terra.pipeline import WorldModelPipeline
+from tokenizer.atomic import write_text
+
+
+@dataclass
+class BatchResult:
+    """Outcome of :func:`run_batch`."""
+
+    records: list[dict]
+    manifest: Path
+    summary: Path
+    seconds: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """``{"ok": ..., "failed": ..., "skipped": ...}``."""
+        return count_statuses(self.records)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every sample succeeded (or was already complete), 1 when some failed."""
+        return 1 if self.counts["failed"] else 0
+
+    def summary_line(self) -> str:
+        """One line for the end of a run."""
+        c = self.counts
+        return (f"{c['ok']} succeeded, {c['failed']} failed, {c['skipped']} skipped (already complete) "
+                f"of {len(self.records)} samples in {self.seconds:.1f} s; manifest: {self.manifest}")
+
+
+def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
+              samples: list[Sample] | None = None) -> BatchResult:
+    """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline`.
+
+    User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded.
+    """
+    started = time.perf_counter()
+    the_plan = plan(config, samples)
+    groups = gpu_groups(config) if the_plan.to_run else None
+    model_config = None
+    if the_plan.to_run and pipeline is None:
+        model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
+        check_window(model_config.num_temporal_embeddings, config.num_context)
+    prepare_output_dir(Path(config.output_dir))
+    remove_stale_temporaries(the_plan.items)
+    manifest = Manifest(config.manifest_path)
+    for record in the_plan.failed + the_plan.skipped:
+        manifest.add(record)
+        if record["stage"] == "parse":  # the error starts with "line N:"
+            tqdm.write(f"rollout: {Path(record['file']).name}: {record['error']}; skipping the line", file=sys.stderr)
+        elif record["status"] == "failed":
+            tqdm.write(f"rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
+    if the_plan.stale:
+        tqdm.write(f"rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings or with "
+                   "files missing; generating them again", file=sys.stderr)
+    bar = tqdm(total=len(the_plan.to_run), unit="sample", desc="rollouts", disable=not config.progress,
+               dynamic_ncols=True, smoothing=0.1)
+
+    def on_record(record: dict) -> None:
+        if record["status"] == "failed":
+            tqdm.write(f"rollout: {_describe(record)} failed ({record['stage']}): {record['error']}", file=sys.stderr)
+        counts = count_statuses(manifest.records)
+        bar.set_postfix(ok=counts["ok"], failed=counts["failed"], refresh=False)
+        bar.update(1)
+
+    manifest.on_record = on_record
+    try:
+        if the_plan.to_run:
+            set_threads(config)
+            if groups is not None and len(groups) > 1:
+                run_workers(the_plan.to_run, config, model_config, groups, manifest.add)
+            else:
+                own = pipeline is None
+                if own:
+                    device = config.device
+                    if groups is not None:  # a single GPU (group) chosen explicitly
+                        device = f"cuda:{groups[0][0]}" if len(groups[0]) == 1 else config.device
+                        if len(groups[0]) > 1:
+                            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(groups[0])
+                    pipeline = build_pipeline(config, device=device, model_config=model_config)
+                try:
+                    run_items(the_plan.to_run, config, pipeline, manifest.add)
+                finally:
+                    if own:
+                        pipeline.close()
+    finally:
+        bar.close()
+        manifest.close()
+        seconds = time.perf_counter() - started
+        result = BatchResult(manifest.records, config.manifest_path, config.summary_path, seconds)
+        _write_summary(config, result, the_plan)
+    return result
+
+
+def _describe(record: dict) -> str:
+    """``sample 'x' (samples.jsonl line 3)``, or the line alone for a record without a sample id."""
+    where = f"{Path(record['file']).name} line {record['line']}"
+    return where if record["sample_id"] is None else f"sample {record['sample_id']!r} ({where})"
+
+
+def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan) -> None:
+    """Write ``<manifest stem>.summary.json``: counts, timing, shard, exit code."""
+    ran = [r for r in result.records if r["status"] == "ok" and r.get("seconds") is not None]
+    summary = {
+        "counts": result.counts, "samples": len(result.records), "seconds": round(result.seconds, 3),
+        "mean_seconds_per_ok_sample": round(sum(r["seconds"] for r in ran) / len(ran), 3) if ran else None,
+        "shard_index": config.shard_index, "num_shards": config.num_shards, "replaced_stale": the_plan.stale,
+        "manifest": result.manifest.name, "exit_code": result.exit_code,
+    }
+    write_text(result.summary, json.dumps(summary, indent=2) + "\n")
