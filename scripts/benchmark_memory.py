@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Memory stays flat across many sequential generate calls in one process (issue 8): no leaked engines or caches.
+"""Memory stays flat across many sequential generate calls in one process: no leaked engines or caches.
 
 Each iteration is what one ``terra-generate`` call does through the Python API: load the tokenizer and the
 world model (:meth:`WorldModelPipeline.from_pretrained`, Transformers backend), encode the context frames,
@@ -31,34 +31,26 @@ import torch
 import transformers
 
 from decoder import write_video
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.actions import actions_for_manoeuvre
-from terra.generation.backends import resolve_device
 from terra.errors import TerraInputError
-from terra.pipeline import WorldModelPipeline
+from terra.generation.backends import resolve_device
 from terra.generation.rollout import RolloutRequest
 from terra.generation.sampling import SamplingConfig
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.presets import TINY, TINY_TOKENIZER, with_window
+from terra.pipeline import WorldModelPipeline
 from tokenizer import LFQTokenizer
 from tokenizer.atomic import write_text
 
-IMAGE_SIZE = (64, 64)  # 8x downsampling -> 8x8 = 64 codes per frame
-WORLD_MODEL = dict(  # Terra's layout rules at toy size: 64 image tokens + 6 action slots, 9-bit codebook
-    vocab_size=513, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-    num_key_value_heads=1, num_image_patches=64, num_spatio_embeddings=70, num_temporal_embeddings=8,
-    max_position_embeddings=560, architectures=["LlamaActionForCausalLM"],
-)
-TOKENIZER = {
-    "encoder_decoder_config": {"ch": 32, "ch_mult": [1, 1, 2, 2], "num_res_blocks": 1, "z_channels": 9,
-                               "resolution": 64, "attn_resolutions": []},
-    "image_size": list(IMAGE_SIZE),
-}
+WORLD_MODEL = with_window(TINY, 8)  # Terra's layout rules at toy size, 8 frames per window
+IMAGE_SIZE = tuple(TINY_TOKENIZER["image_size"])  # 8x downsampling -> 8x8 = 64 codes per frame
 
 
 def build_models(folder: Path) -> tuple[Path, Path]:
     """Save a tiny random world model and a matching LFQ tokenizer (2^9 codes, 8x8 grid) under ``folder``."""
     torch.manual_seed(0)
     LlamaActionForCausalLM(LlamaActionConfig(**WORLD_MODEL)).save_pretrained(folder / "world_model")
-    LFQTokenizer(TOKENIZER).save_pretrained(folder / "tokenizer")
+    LFQTokenizer(TINY_TOKENIZER).save_pretrained(folder / "tokenizer")
     return folder / "world_model", folder / "tokenizer"
 
 
@@ -99,6 +91,7 @@ def analyse(rss_mb: Sequence[float], warmup: int, max_growth_mb: float) -> dict:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Command line; bad values raise :class:`TerraInputError`."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10, help="first iterations left out of slope and growth")
@@ -110,8 +103,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = p.parse_args(list(argv))
     if args.iterations < args.warmup + 2:
         raise TerraInputError(f"--iterations ({args.iterations}) must exceed --warmup ({args.warmup}) by at least 2")
-    if args.frames < 1 or args.context < 1 or args.context + args.frames > WORLD_MODEL["num_temporal_embeddings"]:
-        raise TerraInputError("--context and --frames must be >= 1 and fit one window of 8 frames together")
+    window = WORLD_MODEL["num_temporal_embeddings"]
+    if args.frames < 1 or args.context < 1 or args.context + args.frames > window:
+        raise TerraInputError(f"--context and --frames must be >= 1 and fit one window of {window} frames together")
     args.device = resolve_device(args.device)
     return args
 

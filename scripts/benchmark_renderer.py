@@ -36,6 +36,7 @@ def benchmark(frames: int, seed: int) -> dict[tuple[int, int], np.ndarray]:
 
 
 def main() -> None:
+    """Print wall-clock and CPU milliseconds per frame for each size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=50, help="frames per size")
     parser.add_argument("--seed", type=int, default=0, help="scene seed")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Batch-rollout throughput on one GPU against several (issue 7): one JSONL through ``scripts/rollout.py`` per count.
+"""Batch-rollout throughput on one GPU against several: one JSONL through ``scripts/rollout.py`` per count.
 
 Builds, unless ``--model``/``--tokenizer``/``--demo`` name existing ones, a world model of Terra's published shape
 with random bf16 weights and a random LFQ tokenizer of Terra's size (288x512 → 18x32 codes, 2^18 codes), writes
@@ -27,10 +27,18 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+from PIL import Image
+
 from terra.batch import DEMO, read_manifest
 from terra.errors import TerraInputError
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.presets import TERRA
+from terra.sim import sample_frames
 from terra.trajectory import MANOEUVRES
+from tokenizer import LFQTokenizer, load_tokenizer
 from tokenizer.atomic import write_text
+from tokenizer.lfq import TERRA_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,17 +78,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[str, str]:
     """The given folders, else a Terra-shaped world model (random bf16 weights) and LFQ tokenizer under ``out``."""
-    import torch
-
-    from terra.models.configuration_llama_action import LlamaActionConfig
-    from terra.models.modeling_llama_action import LlamaActionForCausalLM
-    from tokenizer import LFQTokenizer
-    from tokenizer.lfq import TERRA_CONFIG
-
     model_dir, tokenizer_dir = out / "models" / "world_model", out / "models" / "tokenizer"
     if model is None and not (model_dir / "config.json").is_file():
         torch.manual_seed(0)
-        config = LlamaActionConfig(architectures=["LlamaActionForCausalLM"])
+        config = LlamaActionConfig(**TERRA)
         with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
             LlamaActionForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
     if tokenizer is None and not (tokenizer_dir / "config.json").is_file():
@@ -91,10 +92,6 @@ def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[
 
 def write_samples(out: Path, count: int, height: int, width: int) -> Path:
     """``count`` Terra-format samples: three rendered context frames each (PNG) and a named manoeuvre."""
-    from PIL import Image
-
-    from terra.sim import sample_frames
-
     path = out / "samples.jsonl"
     frames_dir = out / "context"
     frames_dir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +158,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"benchmark_rollout: error: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    from tokenizer import load_tokenizer
-
     if args.demo:
         model = ("", "")
         height, width = load_tokenizer(str(DEMO / "tokenizer")).image_size

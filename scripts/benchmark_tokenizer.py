@@ -83,6 +83,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def main() -> None:
+    """Benchmark the models named by ``--models`` and print one Markdown row each."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="lfq_terra,vq16,lfq_demo", help=f"comma list of {sorted(MODELS)}")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")

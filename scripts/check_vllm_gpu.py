@@ -1,4 +1,4 @@
-"""GPU check of the vLLM backend (issue 4): it starts with CUDA graphs, matches the Transformers reference.
+"""GPU check of the vLLM backend: it starts with CUDA graphs, matches the Transformers reference.
 
 Builds a small random world model with Terra's frame layout (576 image tokens + 6 action slots, vocab 4097),
 then in one process:
@@ -19,36 +19,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import vllm
+from transformers import AutoModelForCausalLM
 
+from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.sampling import SamplingConfig
+from terra.generation.vllm_backend import VLLMBackend
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.presets import SMALL, TINY
+from tokenizer.atomic import write_text
 
 # Terra's frame layout on a small decoder (GPU) / a tiny one (CPU engine: 2 cores in CI).
-SHAPES = {
-    "cuda": dict(vocab_size=4097, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, num_image_patches=576, num_action_tokens=6,
-                 num_spatio_embeddings=582, num_temporal_embeddings=6, max_position_embeddings=582 * 6),
-    "cpu": dict(vocab_size=513, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                num_attention_heads=2, num_key_value_heads=1, num_image_patches=64, num_action_tokens=6,
-                num_spatio_embeddings=70, num_temporal_embeddings=6, max_position_embeddings=70 * 6),
-}
+SHAPES = {"cuda": SMALL, "cpu": TINY}
 
 
 def build_model(device: str, directory: Path, seed: int = 0) -> Path:
     """Random world model (fp32 weights) saved as safetensors; position/action weights scaled so they matter."""
     torch.manual_seed(seed)
-    config = LlamaActionConfig(**SHAPES[device], architectures=["LlamaActionForCausalLM"])
+    config = LlamaActionConfig(**SHAPES[device])
     model = LlamaActionForCausalLM(config).eval()
     with torch.no_grad():
         model.pos_embedding_spatio_temporal.spatio_embeddings.weight.normal_(0, 1.0)
@@ -59,7 +58,7 @@ def build_model(device: str, directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def make_requests(layout, rollouts: int, context: int, frames: int) -> list[RolloutRequest]:
+def make_requests(layout: TokenLayout, rollouts: int, context: int, frames: int) -> list[RolloutRequest]:
     """Rollouts sharing one random context, each with its own random actions."""
     rng = np.random.default_rng(0)
     codes = rng.integers(0, layout.codebook_size, (context, layout.image_tokens))
@@ -77,10 +76,8 @@ def agreement(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
     return {"token_agreement": float((flat_a == flat_b).mean()), "first_difference": first}
 
 
-def run_vllm(path: Path, dtype: str, requests, device: str, args) -> dict:
+def run_vllm(path: Path, dtype: str, requests: list[RolloutRequest], device: str, args: argparse.Namespace) -> dict:
     """Generate greedily on a fresh engine; return codes, timings and per-frame prefix-cache use."""
-    from terra.generation.vllm_backend import VLLMBackend
-
     extra = dict(block_size=32, kv_cache_memory_bytes=256 << 20) if device == "cpu" else {}
     start = time.perf_counter()
     backend = VLLMBackend(str(path), dtype=dtype, max_num_seqs=16, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -115,9 +112,8 @@ def run_vllm(path: Path, dtype: str, requests, device: str, args) -> dict:
     }
 
 
-def run_hf(path: Path, dtype: torch.dtype, requests, device: str) -> dict:
-    from terra.generation.hf_backend import HFBackend
-
+def run_hf(path: Path, dtype: torch.dtype, requests: list[RolloutRequest], device: str) -> dict[str, Any]:
+    """Generate greedily with the Transformers backend (the reference); return codes and seconds."""
     backend = HFBackend(str(path), device=device, dtype=dtype)
     start = time.perf_counter()
     codes = backend.generate(requests, SamplingConfig(temperature=0), progress=False)
@@ -129,8 +125,6 @@ def run_hf(path: Path, dtype: torch.dtype, requests, device: str) -> dict:
 @torch.no_grad()
 def bf16_logit_difference(path: Path, request: RolloutRequest, codes: np.ndarray, device: str) -> dict:
     """Teacher-forced logits of one full first window in fp32 vs bf16 (Transformers model, image codebook only)."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
     layout = TokenLayout.from_config(model.config)
     state = RolloutState(request, layout)
@@ -160,6 +154,7 @@ def print_cache_stats(stats: list[dict]) -> None:
 
 
 def main() -> None:
+    """Run the checks and write their results to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write the results to")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -171,8 +166,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = 0.3 if args.device == "cuda" else 0.1
-
-    import vllm
 
     results: dict = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
@@ -225,12 +218,8 @@ def main() -> None:
             print(f"bf16 vs fp32 in Transformers: max |logit| change "
                   f"{results['bf16']['hf_logits_bf16_vs_fp32']['max_abs_logit_diff']:.4f}")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(out.suffix + ".tmp")
-    tmp_out.write_text(json.dumps(results, indent=2))
-    os.replace(tmp_out, out)
-    print(f"wrote {out}")
+    write_text(args.out, json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

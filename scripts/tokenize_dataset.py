@@ -25,6 +25,7 @@ from terra.actions import NUM_ACTION_TOKENS
 from terra.errors import TerraInputError
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips, save_tokens
+from tokenizer import load_tokenizer
 
 CONFIG = {
     "defaults": [{"override hydra/job_logging": "stdout"}, "_self_"],
@@ -85,8 +86,6 @@ def tokenize_dataset(
 
 def run(cfg: DictConfig) -> TokenizedClips:
     """Load the tokenizer named in ``cfg``, encode the dataset and write the tokens file; return the clips."""
-    from tokenizer import load_tokenizer
-
     dataset = ClipDataset(cfg.dataset)
     if not Path(str(cfg.tokenizer_path)).exists():
         raise TerraInputError(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 import signal
 import sys
 import time
@@ -41,6 +40,7 @@ from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.actions import NUM_ACTION_TOKENS
 from terra.errors import TerraInputError
 from terra.sim.tokens import TokenizedClips, load_tokens
+from tokenizer.atomic import atomic_dir, write_text
 
 CHECKPOINT_DIR = "checkpoint"
 EXPORT_DIR = "model"
@@ -109,7 +109,8 @@ class WindowSampler:
         return windows(self.codes, self.actions, clip, start, self.window)
 
 
-def windows(codes: torch.Tensor, actions: torch.Tensor, clip: torch.Tensor, start: torch.Tensor, window: int):
+def windows(codes: torch.Tensor, actions: torch.Tensor, clip: torch.Tensor, start: torch.Tensor,
+            window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather windows ``[start, start + window)`` of the given clips, flattened for the training-style forward."""
     frames = (start[:, None] + torch.arange(window)[None, :]).to(codes.device)
     clip = clip.to(codes.device)[:, None]
@@ -127,7 +128,7 @@ class Objective:
     codebook_size: int
     autocast_dtype: torch.dtype | None
 
-    def __call__(self, model: torch.nn.Module, ids: torch.Tensor, acts: torch.Tensor):
+    def __call__(self, model: torch.nn.Module, ids: torch.Tensor, acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and image-token accuracy (greedy over the codebook) of one batch of windows."""
         enabled = self.autocast_dtype is not None
         with torch.autocast(ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
@@ -140,7 +141,8 @@ class Objective:
         return loss, acc
 
     @torch.no_grad()
-    def evaluate(self, model, codes: torch.Tensor, actions: torch.Tensor, window: int, batch_size: int):
+    def evaluate(self, model: torch.nn.Module, codes: torch.Tensor, actions: torch.Tensor, window: int,
+                 batch_size: int) -> tuple[float, float]:
         """Mean loss and accuracy over the first window of every clip in ``codes`` (held-out clips)."""
         model.eval()
         total_loss = total_acc = 0.0
@@ -154,6 +156,7 @@ class Objective:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` → the first GPU when there is one, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -176,20 +179,6 @@ def make_optimizer(model: torch.nn.Module, cfg: DictConfig, device: torch.device
     return torch.optim.AdamW(groups, lr=float(cfg.lr), betas=tuple(cfg.betas), fused=device.type == "cuda")
 
 
-def atomic_dir(final: Path, write) -> None:
-    """Fill a fresh temporary folder with ``write(folder)``, then swap it in place of ``final``."""
-    tmp = final.with_name(f".{final.name}.tmp")
-    old = final.with_name(f".{final.name}.old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _truncate_log(path: Path, step: int) -> None:
     """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further)."""
     if not path.is_file():
@@ -197,9 +186,7 @@ def _truncate_log(path: Path, step: int) -> None:
     rows = [line for line in path.read_text().splitlines() if line.strip()]
     kept = [line for line in rows if json.loads(line)["step"] <= step]
     if len(kept) < len(rows):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
+        write_text(path, "".join(line + "\n" for line in kept))
 
 
 @dataclass
@@ -214,14 +201,11 @@ class TrainingState:
 
     def save(self, folder: Path, cfg: DictConfig) -> None:
         """Write the checkpoint atomically (a new folder swapped in), so a kill never leaves half of one."""
-
-        def write(tmp: Path) -> None:
+        with atomic_dir(folder) as tmp:
             self.model.save_pretrained(tmp, max_shard_size="10GB")
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                         "sampler": self.sampler.generator.get_state(), "step": self.step,
                         "config": OmegaConf.to_container(cfg, resolve=True)}, tmp / STATE_FILE)
-
-        atomic_dir(folder, write)
 
     def restore(self, folder: Path) -> None:
         """Load a checkpoint written by :meth:`save` into this state."""
@@ -240,7 +224,8 @@ class TrainingState:
         self.step = int(state["step"])
 
 
-def split_clips(clips: TokenizedClips, val_clips: int, device: torch.device):
+def split_clips(clips: TokenizedClips, val_clips: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes ``[N, T, P]`` and actions on ``device``, split into (train codes, train actions, val codes, val actions)."""
     num_clips, clip_frames = clips.codes.shape[:2]
     if not 0 <= val_clips < num_clips:
@@ -357,7 +342,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         export = out / EXPORT_DIR
         exported = copy.deepcopy(model).to(dtype)
         shard = str(cfg.export.max_shard_size)
-        atomic_dir(export, lambda folder: exported.save_pretrained(folder, max_shard_size=shard))
+        with atomic_dir(export) as folder:
+            exported.save_pretrained(folder, max_shard_size=shard)
         summary["export"] = str(export)
         print(f"training finished at step {step}; exported {export}")
     else:

@@ -11,6 +11,7 @@ import torch
 
 import terra.models
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.presets import TINY  # Terra's layout rules at toy size; tests import it from here
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -32,25 +33,6 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-# A small layout that keeps every rule of Terra's: 8x8 = 64 image tokens + 6 action slots per frame,
-# 6 frames per window (so rollover is cheap to reach), codebook 512 + 1 special id, head_dim 64
-# (vLLM's CPU engine supports it).
-TINY = dict(
-    vocab_size=513,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    num_image_patches=64,
-    num_action_tokens=6,
-    num_spatio_embeddings=70,
-    num_temporal_embeddings=6,
-    max_position_embeddings=420,
-    architectures=["LlamaActionForCausalLM"],
-)
 
 
 def tiny_config(**overrides) -> LlamaActionConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -11,8 +12,10 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 
-from terra.generation.vllm_backend import FrameStat
-from conftest import load_script
+from terra.generation.layout import TokenLayout
+from terra.generation.rollout import RolloutState
+from terra.generation.vllm_backend import FrameStat, VLLMBackend
+from conftest import load_script, tiny_config
 
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -26,8 +29,15 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def bench():
+def benchmark():
+    """scripts/benchmark.py, loaded as a module; loading it puts scripts/ on sys.path for its package bench/."""
     return load_script("benchmark")
+
+
+@pytest.fixture(scope="module")
+def bench(benchmark):
+    """The package scripts/bench/ that holds the benchmark's code."""
+    return importlib.import_module("bench")
 
 
 @pytest.mark.slow
@@ -69,7 +79,7 @@ def test_e2e_measures_tokenizer_and_one_rollout(bench, tmp_path, single_thread):
     args = bench.parse_args(["--tiny", "--device", "cpu", "--context", "2", "--batched-frames", "2", "--out", str(tmp_path)])
     bench.write_model_configs(args)
     layout = bench.read_layout(args)
-    backend = bench.build_backend(bench.PARTS["hf"], args, layout)
+    backend = bench.build_backend(bench.PARTS["hf"], args)
     result = bench.measure_e2e(backend, layout, args)
     e2e, tok = result["e2e"], result["tokenizer"]
     assert e2e["frames"] == 4 and tok["image_size"] == [64, 64] and tok["decode_frames_per_s"] > 0
@@ -81,10 +91,10 @@ def test_e2e_measures_tokenizer_and_one_rollout(bench, tmp_path, single_thread):
     assert "one 4-frame rollout end to end (hf)" in text and "+ write MP4 " in text
 
 
-def test_bad_arguments_give_one_line_and_exit_2(bench, capsys):
-    assert bench.main(["--parts", "hf,warp"]) == 2
-    assert bench.main(["--batch-sizes", "8,x"]) == 2
-    assert bench.main(["--engine-arg", "async_scheduling"]) == 2
+def test_bad_arguments_give_one_line_and_exit_2(benchmark, capsys):
+    assert benchmark.main(["--parts", "hf,warp"]) == 2
+    assert benchmark.main(["--batch-sizes", "8,x"]) == 2
+    assert benchmark.main(["--engine-arg", "async_scheduling"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and "warp" in err[0] and "--batch-sizes" in err[1] and "KEY=VALUE" in err[2]
     assert "Traceback" not in "".join(err)
@@ -102,6 +112,18 @@ def test_prefix_summary_ignores_window_starts(bench):
     assert summary["later_requests"] == 2 and summary["computed_tokens_max"] == 14
     assert summary["target_computed_max"] == 22
     assert summary["hit_rate_mean"] == pytest.approx((2320 / 2328 + 2896 / 2910) / 2)
+
+
+def test_plain_baseline_is_the_vllm_step_loop_with_prompts_minus_action_items(bench):
+    """The baseline overrides only VLLMBackend's prompt hooks (neither uses the engine, so none is started)."""
+    plain = importlib.import_module("bench.plain_llama").PlainLlamaBackend
+    layout = TokenLayout.from_config(tiny_config())
+    [request] = importlib.import_module("bench.rollouts").make_requests(layout, 1, 2, 1, seed=0)
+    state = RolloutState(request, layout)
+    terra = VLLMBackend.frame_prompt(None, state)
+    assert terra["multi_modal_data"]["actions"].shape == (2, 6, 3)
+    assert plain.frame_prompt(None, state) == {"prompt_token_ids": terra["prompt_token_ids"]}
+    assert plain.prompt_limits(None) == {} and plain.generate is VLLMBackend.generate
 
 
 def test_derived_ratios_and_table(bench):

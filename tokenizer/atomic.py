@@ -1,12 +1,13 @@
-"""Atomic file writes: write to a temporary file in the target's folder, then ``os.replace`` it.
+"""Atomic writes: write to a temporary file (or folder) beside the target, then ``os.replace`` it.
 
-An interrupted run therefore never leaves a truncated file under the final name; a crashed write leaves
-no temporary file behind either.
+An interrupted run therefore never leaves a truncated file (or a half-written folder) under the final name;
+a crashed write leaves no temporary file behind either.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,3 +37,27 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh, empty temporary folder next to ``path``; on normal exit it takes ``path``'s place.
+
+    A folder already at ``path`` is moved aside first and deleted once the new one is in place; on an exception
+    the temporary folder is deleted and ``path`` is left as it was.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)

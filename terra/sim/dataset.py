@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -28,6 +27,7 @@ from tqdm import tqdm
 from terra.errors import TerraInputError
 from terra.trajectory import FRAME_RATE_HZ
 from terra.sim.clips import Clip, random_clip
+from tokenizer.atomic import atomic_path, write_text
 
 DATASET_VERSION = 1
 META_FILE = "meta.json"
@@ -89,7 +89,7 @@ def write_dataset(
         "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
         "clips": clips_meta,
     }
-    _atomic_write(out / META_FILE, lambda fh: fh.write(json.dumps(meta, indent=1).encode()))
+    write_text(out / META_FILE, json.dumps(meta, indent=1))
     return out
 
 
@@ -99,25 +99,13 @@ def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, 
     clips = [random_clip(np.random.default_rng([seed, i]), num_frames, height, width) for i in range(start, end)]
     arrays = {name: np.stack([getattr(c, name) for c in clips]) for name in ARRAYS}
     save = np.savez_compressed if compress else np.savez
-    _atomic_write(Path(path), lambda fh: save(fh, **arrays))
+    with atomic_path(path) as tmp:  # keeps the .npz suffix, so numpy adds none
+        save(tmp, **arrays)
     return [
         {"manoeuvre": c.manoeuvre, "scene_seed": c.seed, "start_s": c.start_s, "speed_kmh": c.speed_kmh,
          "scene_length_m": c.scene_length_m}
         for c in clips
     ]
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write a file through ``write(file_object)`` to a temporary name, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 class ClipDataset:

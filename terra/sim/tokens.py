@@ -10,8 +10,6 @@ Written by ``scripts/tokenize_dataset.py``, read by ``scripts/train_world_model.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from terra.errors import TerraInputError
+from tokenizer.atomic import atomic_path
 
 TOKENS_VERSION = "1"
 
@@ -44,7 +43,6 @@ class TokenizedClips:
 def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
     """Write ``clips`` to ``path`` atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.int16 if clips.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
     tensors = {
         "codes": np.ascontiguousarray(clips.codes, dtype=dtype),
@@ -56,15 +54,8 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
         "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
         "source": clips.source, "tokenizer": clips.tokenizer,
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
     return path
 
 

@@ -1,0 +1,85 @@
+"""The command line of scripts/benchmark.py: flags, their checks and the values derived from them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from bench.parts import PARTS
+from terra.errors import TerraInputError
+from terra.generation.backends import resolve_device
+
+DESCRIPTION = "Speed of Terra's world model: Transformers vs vLLM, single stream and batched, on one GPU."
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Command line; bad values raise :class:`TerraInputError`."""
+    p = argparse.ArgumentParser(description=DESCRIPTION)
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="folder for <part>.json and summary.json")
+    p.add_argument("--model", help="benchmark this checkpoint folder instead of random weights of Terra's shape")
+    p.add_argument("--tokenizer", help="tokenizer folder for the e2e part (default: random, sized for the model)")
+    p.add_argument("--e2e-backend", choices=("vllm", "hf"), default="vllm", help="backend of the e2e part")
+    p.add_argument("--e2e-video", default="e2e_rollout.mp4",
+                   help="file the e2e part writes (.mp4, or .gif where ffmpeg is not installed)")
+    p.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke runs)")
+    p.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
+    p.add_argument("--context", type=int, default=3, help="context frames per rollout")
+    p.add_argument("--single-frames", type=int, default=8, help="generated frames, single stream")
+    p.add_argument("--hf-frames", type=int, default=8, help="generated frames for the Transformers part (~54 s each on an H100)")
+    p.add_argument("--batch-sizes", default="1,8,32,64", help="concurrent rollouts of the batched part")
+    p.add_argument("--compare-batch-sizes", default="64", help="batch sizes of the plain and fp8 parts")
+    p.add_argument("--batched-frames", type=int, default=22, help="generated frames per rollout when batched")
+    p.add_argument("--greedy-frames", type=int, default=2, help="frames of the greedy rollout (FP8 agreement)")
+    p.add_argument("--max-num-seqs", type=int, help="vLLM max_num_seqs (default: the largest batch size)")
+    p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's share of device memory (default 0.9; 0.1 on CPU)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra vllm.LLM argument (YAML value), e.g. async_scheduling=true; repeatable")
+    p.add_argument("--part-timeout", type=float, default=3600, help="seconds before a part's subprocess is killed")
+    p.add_argument("--table", action="store_true", help="only print the table of the JSON files already in --out")
+    p.add_argument("--worker", choices=sorted(PARTS), help=argparse.SUPPRESS)
+    args = p.parse_args(list(argv))
+
+    args.part_names = [x for x in args.parts.split(",") if x]
+    unknown = [x for x in args.part_names if x not in PARTS]
+    if unknown:
+        raise TerraInputError(f"--parts has unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    args.batch_list = _int_list(args.batch_sizes, "--batch-sizes")
+    args.compare_list = _int_list(args.compare_batch_sizes, "--compare-batch-sizes")
+    for flag in ("context", "single_frames", "hf_frames", "batched_frames", "greedy_frames"):
+        if getattr(args, flag) < 1:
+            raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    if args.model and args.tiny:
+        raise TerraInputError("--model and --tiny exclude each other; drop one")
+    for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):
+        if path and not (Path(path) / "config.json").is_file():
+            raise TerraInputError(f"{flag} {path} has no config.json; pass a saved checkpoint folder")
+    args.engine_kwargs = {}
+    for item in args.engine_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TerraInputError(f"--engine-arg {item!r} is not KEY=VALUE; e.g. --engine-arg async_scheduling=true")
+        args.engine_kwargs[key] = yaml.safe_load(value)
+    args.device = resolve_device(args.device)
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.9 if args.device.startswith("cuda") else 0.1
+    if args.max_num_seqs is None:
+        args.max_num_seqs = max(args.batch_list + args.compare_list)
+    return args
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    """``1,8,32`` as integers; anything else (or a value below 1) is a one-line error naming ``flag``."""
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise TerraInputError(f"{flag} must be a comma list of positive integers (got {text!r}), e.g. 1,8,32,64")
+    return values

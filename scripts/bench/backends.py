@@ -1,0 +1,48 @@
+"""The backend each part measures: Transformers, Terra on vLLM or the plain-Llama baseline, with its engine settings."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.models import model_dirs, read_config
+from bench.parts import Part
+from bench.plain_llama import PlainLlamaBackend
+from terra.generation.hf_backend import HFBackend
+from terra.generation.rollout import WorldModelBackend
+from terra.generation.vllm_backend import VLLMBackend
+from terra.models.modeling_llama_action import LlamaActionForCausalLM
+
+
+def memory_share(part: Part, args: argparse.Namespace) -> float:
+    """vLLM's ``gpu_memory_utilization`` for a part: its own on a GPU when it sets one, else the command line's."""
+    if args.device.startswith("cuda") and part.gpu_memory_utilization is not None:
+        return part.gpu_memory_utilization
+    return args.gpu_memory_utilization
+
+
+def build_backend(part: Part, args: argparse.Namespace) -> WorldModelBackend:
+    """The backend of one part, with random weights unless ``--model``."""
+    terra_dir, plain_dir = model_dirs(args)
+    kind = {"vllm": "terra", "hf": "hf"}[args.e2e_backend] if part.backend == "e2e" else part.backend
+    if kind == "hf":
+        dtype = getattr(torch, args.dtype)
+        if args.model:
+            return HFBackend(args.model, device=args.device, dtype=dtype)
+        torch.manual_seed(0)
+        with torch.device(args.device):  # random init straight on the GPU: no 8 GB fp32 copy on the host
+            model = LlamaActionForCausalLM._from_config(read_config(args), dtype=dtype)
+        return HFBackend(model, device=args.device, dtype=dtype)
+    engine = dict(
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        gpu_memory_utilization=memory_share(part, args),
+        enforce_eager=part.enforce_eager,
+        enable_prefix_caching=True,
+        kv_cache_dtype=part.kv_cache_dtype,
+        **args.engine_kwargs,
+    )
+    if kind == "plain":  # always random weights: speed does not depend on their values
+        return PlainLlamaBackend(str(plain_dir), read_config(args), load_format="dummy", **engine)
+    return VLLMBackend(str(terra_dir), **({} if args.model else {"load_format": "dummy"}), **engine)

@@ -1,0 +1,56 @@
+"""What the vLLM engine did during a measurement: time in its calls, KV-cache size, prefix-cache reuse."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from terra.generation.vllm_backend import FrameStat
+
+
+class CallTimer:
+    """Wraps one method of an object (e.g. the engine's ``step``) and adds up calls and seconds spent in it."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.wrapped: Callable = getattr(obj, name)
+        self.calls = 0
+        self.seconds = 0.0
+        setattr(obj, name, self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.wrapped(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+
+    def reset(self) -> None:
+        """Start counting from zero (one measurement's calls only)."""
+        self.calls, self.seconds = 0, 0.0
+
+
+def kv_bytes_per_token(config: Any, kv_cache_dtype: str, dtype: str) -> int:
+    """KV-cache bytes per token: K and V of every layer (Terra in bf16: 2 x 22 x 4 x 64 x 2 = 22.5 KiB)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    item = 1 if kv_cache_dtype.startswith("fp8") else torch.finfo(getattr(torch, dtype)).bits // 8
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * item
+
+
+def prefix_summary(stats: list[FrameStat], block_size: int, action_tokens: int) -> dict:
+    """Prompt tokens computed vs served from cache over the frame requests after each window's first."""
+    later = [s for s in stats if not s.window_start]
+    if not later:
+        return {"frame_requests": len(stats), "later_requests": 0}
+    computed = [s.computed_tokens for s in later]
+    return {
+        "frame_requests": len(stats),
+        "later_requests": len(later),
+        "computed_tokens_max": int(max(computed)),
+        "computed_tokens_mean": float(np.mean(computed)),
+        "hit_rate_mean": float(np.mean([s.hit_rate for s in later])),
+        "target_computed_max": block_size + action_tokens,
+    }

