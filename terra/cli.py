@@ -7,23 +7,20 @@ on stderr naming the input and the fix, and no output files left behind.
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 import numpy as np
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from terra.errors import TerraInputError, check_whole_number
 from terra.generation.backends import resolve_device
 from terra.generation.sampling import SamplingConfig
+from terra.hydra_app import CONFIG_PATH, run_app
 from terra.inputs import (
     builtin_context,
     check_window,
@@ -37,8 +34,6 @@ from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.snapshot import checkpoint_path
 from terra.trajectory import MANOEUVRES, check_manoeuvre_params
 from tokenizer import load_tokenizer
-
-from terra.hydra_app import ASSETS, CONF_DIR, CONFIG_PATH, run_app  # noqa: F401  (ASSETS, CONF_DIR: notebooks, tests)
 
 
 def _whole_number(cfg: DictConfig, key: str, minimum: int, example: int) -> int:

@@ -308,7 +308,7 @@ def test_cli_config_checks_fail_before_anything_is_written(case, tmp_path):
     import terra.cli
 
     overrides, expected = CONFIG_CASES[case]
-    with initialize_config_dir(config_dir=terra.cli.CONF_DIR, version_base=None):
+    with initialize_config_dir(config_dir=terra.hydra_app.CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", *overrides])
     with pytest.raises(TerraInputError) as err:
         terra.cli.run(cfg, tmp_path / "out")

@@ -12,12 +12,12 @@ from hydra import compose, initialize_config_dir
 
 from terra.errors import TerraInputError
 from terra.sim import Scene, make_clip
-from conftest import load_script
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "terra" / "assets" / "demo"
 
 

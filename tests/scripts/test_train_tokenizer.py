@@ -20,7 +20,7 @@ from tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("train_tokenizer", ROOT / "scripts" / "train_tokenizer.py")
 train_tokenizer = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = train_tokenizer  # dataclasses look their module up there

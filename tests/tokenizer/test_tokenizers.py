@@ -19,7 +19,7 @@ from tokenizer.lfq_quantizer import bits_to_codes, codes_to_bits
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_lfq(seed: int = 0, bits: int = 6) -> LFQTokenizer:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VLLM_BLOCK_SIZE
+from tests.conftest import VLLM_BLOCK_SIZE
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.sampling import SamplingConfig
 

@@ -19,12 +19,12 @@ from terra.models import LlamaActionForCausalLM
 from terra.errors import TerraInputError
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
-from conftest import load_script
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H, W = 24, 40
 
 

@@ -15,10 +15,10 @@ import pytest
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutState
 from terra.generation.vllm_backend import FrameStat, VLLMBackend
-from conftest import load_script, tiny_config
+from tests.conftest import load_script, tiny_config
 
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # One thread per process: on a small shared CI machine torch's spinning worker threads make tiny models crawl.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

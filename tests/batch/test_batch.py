@@ -24,7 +24,7 @@ import torch
 from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
 from terra.errors import TerraInputError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rollout.py"
 NUM_CONTEXT = 3
 NUM_FRAMES = 2

@@ -181,7 +181,7 @@ def test_dataset_round_trip(tmp_path):
 
 
 def test_make_dataset_script(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_dataset.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_dataset.py"
     done = subprocess.run([sys.executable, str(script), f"out_dir={tmp_path / 'ds'}", "num_clips=3", "num_frames=2",
                            "height=16", "width=32", "workers=2", "clips_per_shard=2"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)

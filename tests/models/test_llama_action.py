@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, tiny_model
+from tests.conftest import TINY, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
