@@ -5,15 +5,23 @@ A :class:`RolloutRequest` holds context frame codes, actions and the number of f
 the current window's prompt and records each generated frame. Backends (Transformers, vLLM) implement
 :class:`WorldModelBackend` on top of it, so they agree on layout and windowing by construction and the
 pipeline never needs to know which one it holds.
+
+Backends work frame by frame: :meth:`WorldModelBackend.submit` queues the next frame of a state and
+:meth:`WorldModelBackend.poll` advances every queued frame, returning those that finished. Batch rollouts
+(:meth:`WorldModelBackend.generate`) and closed-loop sessions (:mod:`terra.session`, which choose each frame's
+action only after seeing the previous frame) both run on that one loop, so a session's frames equal a batch
+rollout's given the same actions and seed.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from terra.actions import validate_actions
 from terra.errors import TerraInputError
@@ -40,9 +48,14 @@ class RolloutRequest:
 
 
 class RolloutState:
-    """Progress of one rollout through its windows."""
+    """Progress of one rollout through its windows.
 
-    def __init__(self, request: RolloutRequest, layout: TokenLayout) -> None:
+    ``seed`` is the rollout's sampling seed as the backend resolved it (:meth:`WorldModelBackend.start`);
+    ``cache`` is whatever the backend keeps for the rollout between two frames (the Transformers backend: its
+    KV cache and random generator; vLLM: nothing, its prefix cache is the engine's).
+    """
+
+    def __init__(self, request: RolloutRequest, layout: TokenLayout, seed: int | None = None) -> None:
         context = np.asarray(request.context, dtype=np.int64).reshape(len(request.context), -1)
         if context.shape[1] != layout.image_tokens:
             raise TerraInputError(
@@ -57,6 +70,8 @@ class RolloutState:
         self.frames: list[np.ndarray] = list(context)
         self.num_context = len(context)
         self.window_index = 0
+        self.seed = request.seed if seed is None else seed
+        self.cache: Any = None
 
     @property
     def window(self) -> Window:
@@ -96,9 +111,30 @@ class RolloutState:
         if len(self.frames) == self.window.end and self.window_index + 1 < len(self.windows):
             self.window_index += 1
 
+    def set_next_action(self, action: np.ndarray) -> None:
+        """Replace the action of the newest frame, the one that conditions the next frame (closed loop)."""
+        self.actions[self.next_frame - 1] = validate_actions(np.asarray(action)[None], "action")[0]
+
     def generated(self) -> np.ndarray:
         """The generated frames ``[num_frames, P]`` (context excluded, overlap frames once)."""
         return np.stack(self.frames[self.num_context :])
+
+    def copy(self) -> "RolloutState":
+        """An independent state at the same point (frames shared, they are never changed); ``cache`` not copied."""
+        twin = copy.copy(self)
+        twin.frames, twin.actions, twin.cache = list(self.frames), self.actions.copy(), None
+        return twin
+
+
+@dataclass
+class FrameDone:
+    """A frame :meth:`WorldModelBackend.poll` finished; it is already added to ``state``."""
+
+    state: RolloutState
+    codes: np.ndarray  # [P]
+    prompt_tokens: int  # tokens of the frame's prompt (the window so far)
+    cached_tokens: int  # of those, served from a cache instead of being computed
+    window_start: bool  # the first frame of a window (a fresh prompt)
 
 
 FrameCallback = Callable[[int, int, np.ndarray], None]
@@ -106,11 +142,49 @@ FrameCallback = Callable[[int, int, np.ndarray], None]
 
 
 class WorldModelBackend(ABC):
-    """A world model that generates rollouts; implemented by the Transformers and vLLM backends."""
+    """A world model that advances rollouts frame by frame; implemented by the Transformers and vLLM backends.
+
+    One thread drives a backend at a time (:meth:`generate`, or the driver thread of
+    :class:`terra.session.SessionEngine`).
+    """
 
     layout: TokenLayout
 
+    def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:
+        """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed."""
+        return RolloutState(request, self.layout, self.default_seed(request, index))
+
+    def default_seed(self, request: RolloutRequest, index: int) -> int | None:
+        """The seed of a rollout whose request has none (None: the backend draws one)."""
+        return request.seed
+
     @abstractmethod
+    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+        """Queue the next frame of ``state`` (not finished, not already queued)."""
+
+    @abstractmethod
+    def poll(self) -> list[FrameDone]:
+        """Advance the queued frames; return those that finished (added to their states), possibly none."""
+
+    @property
+    @abstractmethod
+    def num_queued(self) -> int:
+        """Frames submitted and not yet returned by :meth:`poll`."""
+
+    def cancel(self, states: Sequence[RolloutState]) -> None:
+        """Drop the queued frames of ``states``; their states stay as they were."""
+
+    def fork(self, state: RolloutState) -> RolloutState:
+        """A second rollout continuing from ``state``'s point, sharing its past (not while a frame is queued)."""
+        return state.copy()
+
+    def release(self, state: RolloutState) -> None:
+        """Free what the backend keeps for ``state`` (it is not advanced again)."""
+        state.cache = None
+
+    def record(self, done: FrameDone, rollout: int) -> None:
+        """Hook for per-frame statistics of :meth:`generate` (``rollout``: index of the request)."""
+
     def generate(
         self,
         requests: Sequence[RolloutRequest],
@@ -118,7 +192,40 @@ class WorldModelBackend(ABC):
         progress: bool = True,
         on_frame: FrameCallback | None = None,
     ) -> list[np.ndarray]:
-        """Run every request to completion; return each one's generated codes ``[num_frames, P]`` in order."""
+        """Run every request to completion; return each one's generated codes ``[num_frames, P]`` in order.
+
+        Each rollout's next frame is submitted the moment its last one is done (no barrier across rollouts).
+        """
+        states = [self.start(r, i) for i, r in enumerate(requests)]
+        index = {id(s): i for i, s in enumerate(states)}
+        total = sum(r.num_frames for r in requests)
+        try:
+            with tqdm(total=total, unit="frame", desc=f"generating ({self.name})", disable=not progress) as bar:
+                for state in states:
+                    self.submit(state, sampling)
+                while self.num_queued:
+                    for done in self.poll():
+                        state = done.state
+                        self.record(done, index[id(state)])
+                        bar.update(1)
+                        if on_frame is not None:
+                            on_frame(index[id(state)], state.next_frame - 1 - state.num_context, done.codes)
+                        if state.finished:
+                            self.release(state)
+                        else:
+                            self.submit(state, sampling)
+        except BaseException:
+            self.cancel(states)
+            raise
+        finally:
+            for state in states:
+                self.release(state)
+        return [s.generated() for s in states]
+
+    @property
+    def name(self) -> str:
+        """Short name for progress bars and logs."""
+        return type(self).__name__
 
     def close(self) -> None:
         """Release the engine and its memory; the backend is unusable afterwards."""

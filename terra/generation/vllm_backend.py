@@ -1,9 +1,11 @@
 """The vLLM backend: many rollouts on one vLLM engine, each advancing the moment its last frame is done.
 
 Every frame is one engine request: the current window's prompt (token ids with action placeholders, plus
-one ``"actions"`` item per frame, see :mod:`terra.vllm.llama_action`) and exactly ``P`` sampled tokens. The backend
-drives the engine's step loop itself, so a rollout whose frame finishes submits its next frame at once while
-the others keep decoding (no barrier across rollouts). Prefix caching keeps resubmitting the growing prompt
+one ``"actions"`` item per frame, see :mod:`terra.vllm.llama_action`) and exactly ``P`` sampled tokens.
+:meth:`VLLMBackend.submit` adds it to the engine and :meth:`VLLMBackend.poll` runs one engine step, so a
+rollout whose frame finishes submits its next frame at once while the others keep decoding (no barrier across
+rollouts), and closed-loop sessions (:mod:`terra.session`) join the running batch whenever their next action
+arrives (continuous batching). Prefix caching keeps resubmitting the growing prompt
 cheap: only the new frame's action slots and the last partial KV block are recomputed. Each frame request's
 prompt and cached token counts are appended to :attr:`VLLMBackend.frame_stats` (kept across calls, so a
 benchmark can slice out one configuration's requests).
@@ -20,11 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from terra.errors import TerraInputError
 from terra.generation.layout import TokenLayout
-from terra.generation.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
+from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 from terra.generation.sampling import SamplingConfig
 
 
@@ -121,6 +122,11 @@ class VLLMBackend(WorldModelBackend):
         self.engine = self.llm.llm_engine
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
+        self._pending: dict[str, tuple[RolloutState, int, bool]] = {}  # request id -> state, prompt length, start
+
+    @property
+    def name(self) -> str:
+        return "vLLM"
 
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
@@ -129,7 +135,7 @@ class VLLMBackend(WorldModelBackend):
     def frame_prompt(self, state: RolloutState) -> dict[str, Any]:
         """The engine prompt of a rollout's next frame: the window's token ids and its frames' actions.
 
-        :meth:`generate`'s step loop submits whatever this returns. It is the one place that says what a frame
+        :meth:`submit` sends whatever this returns. It is the one place that says what a frame
         request carries, so a baseline of Terra's shape fed the same ids without the action items
         (scripts/bench/plain_llama.py) overrides it, together with :meth:`prompt_limits`.
         """
@@ -152,52 +158,43 @@ class VLLMBackend(WorldModelBackend):
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    def generate(
-        self,
-        requests: Sequence[RolloutRequest],
-        sampling: SamplingConfig,
-        progress: bool = True,
-        on_frame: FrameCallback | None = None,
-    ) -> list[np.ndarray]:
-        """Run every rollout to completion on the engine; return each one's generated codes ``[num_frames, P]``."""
-        states = [RolloutState(r, self.layout) for r in requests]
-        seeds = [r.seed if r.seed is not None else self.seed + i for i, r in enumerate(requests)]
-        pending: dict[str, tuple[int, int, int, bool]] = {}  # request id -> rollout, frame, prompt length, start
+    def default_seed(self, request: RolloutRequest, index: int) -> int:
+        return request.seed if request.seed is not None else self.seed + index
 
-        def submit(index: int) -> None:
-            state = states[index]
-            prompt = self.frame_prompt(state)
-            frame = state.next_frame - state.num_context
-            request_id = f"terra-{next(self._ids)}"
-            params = self._sampling_params(sampling, frame_seed(seeds[index], frame))
-            self.engine.add_request(request_id, prompt, params)
-            pending[request_id] = (index, frame, len(prompt["prompt_token_ids"]), state.window_starts)
+    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+        prompt = self.frame_prompt(state)
+        request_id = f"terra-{next(self._ids)}"
+        params = self._sampling_params(sampling, frame_seed(state.seed, state.next_frame - state.num_context))
+        self.engine.add_request(request_id, prompt, params)
+        self._pending[request_id] = (state, len(prompt["prompt_token_ids"]), state.window_starts)
 
-        total = sum(r.num_frames for r in requests)
-        try:
-            with tqdm(total=total, unit="frame", disable=not progress, desc="vLLM rollouts") as bar:
-                for index in range(len(states)):
-                    submit(index)
-                while pending:
-                    for output in self.engine.step():
-                        if not output.finished or output.request_id not in pending:
-                            continue
-                        index, frame, prompt_tokens, window_start = pending.pop(output.request_id)
-                        codes = np.asarray(output.outputs[0].token_ids, dtype=np.int64)
-                        states[index].add_frame(codes)
-                        self.frame_stats.append(
-                            FrameStat(index, frame, prompt_tokens, self._cached_tokens(output), window_start)
-                        )
-                        bar.update(1)
-                        if on_frame is not None:
-                            on_frame(index, frame, codes)
-                        if not states[index].finished:
-                            submit(index)
-        except BaseException:
-            if pending:
-                self.engine.abort_request(list(pending))
-            raise
-        return [s.generated() for s in states]
+    @property
+    def num_queued(self) -> int:
+        return len(self._pending)
+
+    def poll(self) -> list[FrameDone]:
+        """One engine step; the frames it finished."""
+        done = []
+        for output in self.engine.step():
+            if not output.finished or output.request_id not in self._pending:
+                continue
+            state, prompt_tokens, window_start = self._pending.pop(output.request_id)
+            codes = np.asarray(output.outputs[0].token_ids, dtype=np.int64)
+            state.add_frame(codes)
+            done.append(FrameDone(state, codes, prompt_tokens, self._cached_tokens(output), window_start))
+        return done
+
+    def cancel(self, states: Sequence[RolloutState]) -> None:
+        drop = {id(s) for s in states}
+        ids = [request_id for request_id, (state, _, _) in self._pending.items() if id(state) in drop]
+        if ids:
+            self.engine.abort_request(ids)
+        for request_id in ids:
+            del self._pending[request_id]
+
+    def record(self, done: FrameDone, rollout: int) -> None:
+        frame = done.state.next_frame - 1 - done.state.num_context
+        self.frame_stats.append(FrameStat(rollout, frame, done.prompt_tokens, done.cached_tokens, done.window_start))
 
     def close(self) -> None:
         """Shut the engine down and free its memory."""
