@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from terra.generation.sampling import SamplingConfig
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 from tokenizer import ImageTokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from decoder.refiner.model import VideoRefiner
 
 
 @dataclass
@@ -150,6 +153,16 @@ class WorldModelPipeline:
             }
             results.append(RolloutResult(request, codes, frames, len(context), timings))
         return results
+
+    def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
+               progress: bool = False) -> list[RolloutResult]:
+        """Replace each result's frames by Terra's video refiner's (``decoding=refiner``: 384x640), seeded with its
+        request's seed; ``timings`` gain the refiner's stages (``refine_*``). See :mod:`decoder.refiner`."""
+        for result in results:
+            video = refiner.refine(result.codes, self.tokenizer, seed=result.request.seed, progress=progress)
+            result.frames = video.frames
+            result.timings.update({f"refine_{key}": value for key, value in video.timings.items()})
+        return list(results)
 
     def close(self) -> None:
         """Release the backend (frees an engine's GPU memory)."""

@@ -1,0 +1,73 @@
+"""Reading ``refiner_model.pt`` and checking it against the refiner's tensors, with one-line errors.
+
+The published file is ``{"module": state_dict}`` (DeepSpeed/Lightning), its names prefixed ``_forward_module.``;
+Terra's ``load_video_refiner`` strips the prefix. It is read with ``weights_only=True`` (no code runs from the
+file) and memory-mapped, so loading does not copy 1.7 B parameters through RAM twice.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
+from tokenizer.errors import InputError
+
+DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing-motors/Terra "
+                 "(`huggingface-cli download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`)")
+
+
+def check_file(path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`Path` when it names a non-empty file; else one line saying where to get it."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        candidate = file / "refiner_model.pt"
+        if not candidate.is_file():
+            raise InputError(f"refiner folder {file} has no refiner_model.pt; pass the file, {DOWNLOAD_HINT}")
+        file = candidate
+    if not file.is_file():
+        raise InputError(f"refiner weights {file} not found; download {DOWNLOAD_HINT}, or point refiner.path at it")
+    if file.stat().st_size == 0:
+        raise InputError(f"refiner weights {file} are empty; download {DOWNLOAD_HINT} again")
+    return file
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a published refiner file, ``_forward_module.`` stripped (mmap'd, on the CPU)."""
+    file = check_file(path)
+    try:
+        data = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # truncated zip, foreign pickle, ... : torch raises many types
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"refiner weights {file} cannot be read ({reason[:160]}); the file is truncated, corrupt or "
+                         f"not a PyTorch checkpoint: download {DOWNLOAD_HINT} again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("module"), dict):
+        keys = sorted(data)[:5] if isinstance(data, dict) else type(data).__name__
+        raise InputError(f"{file} is not Terra's video refiner: it holds {keys}, not a {{'module': state_dict}} "
+                         f"checkpoint; download {DOWNLOAD_HINT}")
+    return strip_wrapper(data["module"])
+
+
+def match_tensors(state_dict: Mapping[str, torch.Tensor], table: Mapping[str, tuple[str, tuple[int, ...]]],
+                  source: str) -> dict[str, torch.Tensor]:
+    """The refiner's tensors of ``state_dict`` under module names (still in their published shapes); missing,
+    unknown (under the refiner's prefixes) or misshapen tensors raise one line."""
+    ours = {k: v for k, v in state_dict.items() if k.startswith(CHECKED_PREFIXES)}
+    missing = sorted(set(table) - set(ours))
+    unexpected = sorted(set(ours) - set(table))
+    if len(missing) == len(table):
+        raise InputError(f"{source} is not Terra's video refiner: none of its {len(state_dict)} tensors is one of the "
+                         f"refiner's {len(table)} (e.g. it has {sorted(state_dict)[:2]}); download {DOWNLOAD_HINT}")
+    if missing or unexpected:
+        raise InputError(f"{source} does not match the refiner's architecture: {len(missing)} tensors missing "
+                         f"(e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]}); it is another "
+                         "model or the refiner preset is wrong (refiner.preset=terra for Terra's file)")
+    bad = [k for k, (_, shape) in table.items() if tuple(ours[k].shape) != shape]
+    if bad:
+        k = bad[0]
+        raise InputError(f"{source}: {len(bad)} tensors have other shapes than the refiner's architecture (e.g. {k}: "
+                         f"{list(ours[k].shape)}, expected {list(table[k][1])}); check refiner.preset")
+    return {name: ours[published] for published, (name, _) in table.items()}

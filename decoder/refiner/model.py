@@ -1,0 +1,184 @@
+"""Terra's video refiner built from diffusers modules: :class:`VideoRefiner` (networks, loading, saving, refine).
+
+One refinement (Terra's ``video_refiner_decode``): the codes of every frame are decoded by the image tokenizer,
+resized to the refiner's size and clamped to [-1, 1]; the conditioning encoder (SD's autoencoder, distribution
+mode, unscaled) turns each frame into a latent that is concatenated to the noisy latent (8 UNet input channels).
+Each pass of ``num_frames`` frames is sampled by :mod:`decoder.refiner.sampler`; frames repeated by the next
+pass are dropped; the temporal autoencoder decodes the joined latents (divided by ``scale_factor``) to frames.
+The temporal decoder runs in float32, as the published first stage (never cast to bf16); the UNet and the
+conditioning encoder run in the refiner's dtype (bf16 on a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers import AutoencoderKL, AutoencoderKLTemporalDecoder, UNetSpatioTemporalConditionModel
+from diffusers.models.embeddings import TimestepEmbedding
+from torch import nn
+
+from decoder.frames import images_to_uint8
+from decoder.refiner.checkpoint import match_tensors, read_state_dict
+from decoder.refiner.config import RefinerConfig
+from decoder.refiner.keys import WRAPPER_PREFIX, key_table, published_shape
+from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
+from decoder.refiner.sampler import sample_pass
+from tokenizer.atomic import atomic_path
+from tokenizer.base import ImageTokenizer
+
+
+@dataclass
+class RefinedVideo:
+    """Frames of a refined video (uint8 ``[T, height, width, 3]``) and seconds per stage."""
+
+    frames: np.ndarray
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class VideoRefiner(nn.Module):
+    """The refiner's networks (see :mod:`decoder.refiner.keys` for their published names) and its sampling."""
+
+    def __init__(self, config: RefinerConfig) -> None:
+        super().__init__()
+        config.check()
+        self.config = config
+        self.unet = UNetSpatioTemporalConditionModel(**config.unet_kwargs())
+        width = config.unet_channels[0]
+        self.cond_time_stack_embed = TimestepEmbedding(width, 4 * width)  # published, unused at inference
+        self.cond_encoder = AutoencoderKL(**config.encoder_kwargs())
+        self.temporal_vae = AutoencoderKLTemporalDecoder(**config.temporal_vae_kwargs())
+        self.temporal_vae.quant_conv = nn.Identity()  # the published first stage has no quant_conv
+
+    # ------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_published(cls, path: str | os.PathLike, config: RefinerConfig, device: str | torch.device = "cpu",
+                       dtype: torch.dtype = torch.float32) -> "VideoRefiner":
+        """Load Terra's ``refiner_model.pt`` (or a file in its format) built as ``config`` describes."""
+        state = read_state_dict(path)
+        with torch.device("meta"):
+            refiner = cls(config)
+        shapes = {k: v.shape for k, v in refiner.state_dict().items()}
+        tensors = match_tensors(state, key_table(shapes, config), str(path))
+        refiner.load_state_dict({k: v.reshape(shapes[k]) for k, v in tensors.items()}, strict=True, assign=True)
+        return refiner.prepare(device, dtype)
+
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """Tensors under their published names, ``_forward_module.``-prefixed, as Terra's file stores them."""
+        table = key_table({k: v.shape for k, v in self.state_dict().items()}, self.config)
+        own = self.state_dict()
+        return {WRAPPER_PREFIX + published: own[name].detach().reshape(shape).contiguous().cpu()
+                for published, (name, shape) in table.items()}
+
+    def save_published(self, path: str | os.PathLike) -> None:
+        """Write ``{"module": published_state_dict()}`` atomically (the published file's format)."""
+        with atomic_path(path) as tmp:
+            torch.save({"module": self.published_state_dict()}, tmp)
+
+    def prepare(self, device: str | torch.device, dtype: torch.dtype) -> "VideoRefiner":
+        """Move to ``device``: the UNet and conditioning encoder in ``dtype``, the temporal decoder in float32;
+        channels-last and ``torch.compile`` of the UNet as the config asks."""
+        self.eval().requires_grad_(False)
+        self.to(device=device, dtype=dtype)
+        self.temporal_vae.float()
+        if self.config.channels_last:
+            self.unet.to(memory_format=torch.channels_last)
+            self.cond_encoder.to(memory_format=torch.channels_last)
+        if self.config.compile:
+            self.unet = torch.compile(self.unet, fullgraph=False, dynamic=False)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.cond_encoder.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.cond_encoder.dtype
+
+    # ------------------------------------------------------------------------------------ refining
+    @torch.inference_mode()
+    def refine(self, codes: torch.Tensor | np.ndarray, tokenizer: ImageTokenizer, seed: int = 0,
+               progress: bool = False) -> RefinedVideo:
+        """Codes ``[T, h, w]`` of a whole video (context frames included) → refined frames ``[T, H, W, 3]``.
+
+        The noise comes from a CPU generator seeded with ``seed``: the same seed gives the same frames.
+        """
+        config = self.config
+        codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
+        timings: dict[str, float] = {}
+        with self._timed(timings, "token_decode_s"):
+            images = self.decode_tokens(tokenizer, codes)
+        with self._timed(timings, "cond_encode_s"):
+            cond = self.encode_frames(images)
+        generator = torch.Generator().manual_seed(int(seed))
+        latents = []
+        with self._timed(timings, "unet_s"):
+            for start, end, drop in plan_passes(len(codes), config.num_frames, config.min_overlap):
+                scales = guidance_scales(end - start, config.num_frames, config.min_guidance, config.max_guidance)
+                latents.append(sample_pass(self, cond[start:end], scales, generator, progress)[drop:])
+        with self._timed(timings, "temporal_decode_s"):
+            frames = self.decode_latents(torch.cat(latents)) if latents else torch.zeros(0, 3, config.height, config.width)
+        timings["total_s"] = sum(timings.values())
+        return RefinedVideo(images_to_uint8(frames), timings)
+
+    def decode_tokens(self, tokenizer: ImageTokenizer, codes: torch.Tensor) -> torch.Tensor:
+        """Codes → tokenizer images, resized (bilinear) to the refiner's size and clamped, on the refiner's device.
+
+        Decoded ``decode_batch`` frames at a time; on a GPU under autocast to the refiner's dtype (Terra decodes
+        under autocast too).
+        """
+        size = (self.config.height, self.config.width)
+        on_gpu = tokenizer.device.type == "cuda" and self.dtype != torch.float32
+        out = []
+        for chunk in codes.split(self.config.decode_batch):
+            with torch.autocast("cuda", dtype=self.dtype, enabled=on_gpu):
+                images = tokenizer.decode(chunk).float()
+            images = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+            out.append(images.clamp(-1, 1).to(self.device))
+        return torch.cat(out) if out else torch.zeros(0, 3, *size, device=self.device)
+
+    def encode_frames(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[T, 3, H, W]`` → conditioning latents ``[T, C, h, w]`` (the encoder's distribution mode)."""
+        out = []
+        for chunk in images.split(self.config.decode_batch):
+            chunk = chunk.to(self.dtype)
+            if self.config.channels_last:
+                chunk = chunk.contiguous(memory_format=torch.channels_last)
+            out.append(self.cond_encoder.encode(chunk).latent_dist.mode())
+        return torch.cat(out) if out else images.new_zeros(0, self.config.latent_channels, *self.config.latent_size)
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Diffusion latents ``[T, C, h, w]`` → frames ``[T, 3, H, W]`` in [-1, 1] by the temporal decoder.
+
+        Windows of ``decode_frames`` frames sharing ``decode_overlap`` (averaged), as Vista's
+        ``decode_first_stage``; with Terra's one frame per call, ``decode_batch`` calls run as one batch.
+        """
+        config = self.config
+        z = latents.float() / config.scale_factor
+        if config.decode_frames == 1:  # independent single-frame calls: batch them
+            frames = [self.temporal_vae.decode(chunk, num_frames=1).sample for chunk in z.split(config.decode_batch)]
+            return torch.cat(frames).clamp(-1, 1)
+        frames: list[torch.Tensor] = []
+        for start, end, blend in decode_windows(len(z), config.decode_frames, config.decode_overlap):
+            out = list(self.temporal_vae.decode(z[start:end], num_frames=end - start).sample)
+            for k in range(blend):
+                frames[len(frames) - blend + k] = (frames[len(frames) - blend + k] + out[k]) / 2
+            frames += out[blend:]
+        return torch.stack(frames).clamp(-1, 1)
+
+    @contextmanager
+    def _timed(self, timings: dict[str, float], key: str) -> Iterator[None]:
+        """Add the seconds of the block to ``timings[key]`` (waiting for the GPU first, so stages do not blur)."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        yield
+        sync()
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - start
