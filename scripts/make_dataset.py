@@ -21,10 +21,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from terra.errors import TerraInputError  # noqa: E402
+from terra.hydra_app import CONFIG_PATH, run_app  # noqa: E402
 from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 
 
-@hydra.main(config_path="../conf", config_name="make_dataset", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="make_dataset", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Write the dataset described by ``cfg`` and print a one-line summary."""
     start = time.perf_counter()
@@ -44,4 +45,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "make_dataset", "python scripts/make_dataset.py")

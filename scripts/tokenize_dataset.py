@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from terra.actions import NUM_ACTION_TOKENS
 from terra.errors import TerraInputError
+from terra.hydra_app import CONFIG_PATH, run_app
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips, save_tokens
 from tokenizer import load_tokenizer
@@ -98,7 +99,7 @@ def run(cfg: DictConfig) -> TokenizedClips:
     return clips
 
 
-@hydra.main(config_path="../conf", config_name="tokenize_dataset", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="tokenize_dataset", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: tokenize, printing bad settings as one line (exit code 2)."""
     start = time.perf_counter()
@@ -113,4 +114,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "tokenize_dataset", "python scripts/tokenize_dataset.py")

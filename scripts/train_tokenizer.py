@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
 from terra.errors import TerraInputError
+from terra.hydra_app import CONFIG_PATH, run_app
 from terra.sim import render_frames
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from tokenizer.atomic import atomic_path, write_text
@@ -301,7 +302,7 @@ def _log(output_dir: Path, entry: dict[str, Any]) -> None:
     print(" ".join(f"{k}={v}" for k, v in entry.items()), flush=True)
 
 
-@hydra.main(config_path="../conf", config_name="train_tokenizer", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="train_tokenizer", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
         train(cfg)
@@ -311,4 +312,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "train_tokenizer", "python scripts/train_tokenizer.py")

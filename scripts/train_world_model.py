@@ -36,9 +36,10 @@ from huggingface_hub.errors import StrictDataclassError
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.actions import NUM_ACTION_TOKENS
 from terra.errors import TerraInputError
+from terra.hydra_app import CONFIG_PATH, run_app
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.sim.tokens import TokenizedClips, load_tokens
 from tokenizer.atomic import atomic_dir, write_text
 
@@ -351,7 +352,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-@hydra.main(config_path="../conf", config_name="train_world_model", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="train_world_model", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: train, printing bad settings as one line (exit code 2)."""
     try:
@@ -362,4 +363,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "train_world_model", "python scripts/train_world_model.py")
