@@ -157,9 +157,11 @@ class WorldModelPipeline:
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
                progress: bool = False) -> list[RolloutResult]:
         """Replace each result's frames by Terra's video refiner's (``decoding=refiner``: 384x640), seeded with its
-        request's seed; ``timings`` gain the refiner's stages (``refine_*``). See :mod:`decoder.refiner`."""
+        request's seed (0 when it has none); ``timings`` gain the refiner's stages (``refine_*``). See
+        :mod:`decoder.refiner`."""
         for result in results:
-            video = refiner.refine(result.codes, self.tokenizer, seed=result.request.seed, progress=progress)
+            seed = result.request.seed or 0
+            video = refiner.refine(result.codes, self.tokenizer, seed=seed, progress=progress)
             result.frames = video.frames
             result.timings.update({f"refine_{key}": value for key, value in video.timings.items()})
         return list(results)

@@ -1,0 +1,90 @@
+"""decoding=refiner wired into the toolkit: ``terra.refiner`` checks, ``WorldModelPipeline.refine``, ``terra-generate``
+end to end with a tiny random refiner, and diffusers staying unimported unless the refiner is used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip install '.[refiner]')")
+
+from decoder.refiner import TINY, load_refiner  # noqa: E402
+from decoder.refiner.model import VideoRefiner  # noqa: E402
+from terra.errors import TerraInputError  # noqa: E402
+from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
+from terra.refiner import check_decoding  # noqa: E402
+from tests.decoder.test_refiner import tiny_tokenizer  # noqa: E402
+from tests.test_cli import TERRA_GENERATE, terra_generate  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("refiner") / "refiner_model.pt"
+    VideoRefiner(TINY).save_published(path)
+    return path
+
+
+def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
+    assert check_decoding("framewise", None, "cpu") is None
+    settings = check_decoding("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None},
+                              "cpu")
+    assert settings.path == tiny_file and settings.config.num_steps == 2 and settings.device.type == "cpu"
+    cases = {
+        "unknown": ("bogus", {}, "decoding='bogus' is unknown"),
+        "no weights": ("refiner", {"path": None}, "add terra_root=/path/to/Terra"),
+        "missing file": ("refiner", {"path": str(tmp_path / "x.pt"), "preset": "tiny"}, "not found"),
+        "cpu": ("refiner", {"path": str(tiny_file), "preset": "terra"}, "needs a CUDA GPU"),
+        "bad setting": ("refiner", {"path": str(tiny_file), "preset": "tiny", "guidance": "x"}, "guidance 'x'"),
+    }
+    for name, (decoding, node, message) in cases.items():
+        with pytest.raises(TerraInputError, match=message) as err:
+            check_decoding(decoding, node, "cpu")
+        assert "\n" not in str(err.value), name
+
+
+def test_pipeline_refine_replaces_frames_and_adds_timings(tiny_file):
+    tokenizer = tiny_tokenizer()
+    pipeline = WorldModelPipeline(tokenizer, backend=None)
+    codes = np.random.default_rng(0).integers(0, 32, (6, 8, 12))
+    request = type("Request", (), {"seed": 7})()
+    result = RolloutResult(request, codes, np.zeros((6, 16, 24, 3), np.uint8), 3, {"generate_s": 1.0})
+    [refined] = pipeline.refine([result], load_refiner(tiny_file, "tiny", device="cpu"))
+    assert refined.frames.shape == (6, TINY.height, TINY.width, 3)
+    assert {"generate_s", "refine_unet_s", "refine_total_s"} <= set(refined.timings)
+
+
+def test_only_the_refiner_imports_diffusers():
+    code = ("import sys, decoder, decoder.refiner, terra.cli, terra.pipeline, terra.refiner, terra.outputs; "
+            "assert 'diffusers' not in sys.modules, 'diffusers imported'; "
+            "import decoder.refiner.model; assert 'diffusers' in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(not TERRA_GENERATE.exists(), reason="terra-generate is not installed next to this Python")
+def test_terra_generate_writes_refined_videos(tiny_file, tmp_path):
+    out = tmp_path / "out"
+    result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "num_frames=2", "decoding=refiner",
+                            f"refiner.path={tiny_file}", "refiner.preset=tiny", "output.formats=[mp4]",
+                            f"output.dir={out}")
+    assert result.returncode == 0, result.stderr
+    frames = iio.imread(out / "rollout.mp4")
+    assert frames.shape == (5, TINY.height, TINY.width, 3)  # 3 context + 2 generated, at the refiner's size
+    sidecar = json.loads((out / "rollout.json").read_text())
+    assert sidecar["config"]["decoding"] == "refiner"
+    assert "psnr_db_per_generated_frame" not in sidecar["rollouts"][0]  # ground truth is at the tokenizer's size
+
+    result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "decoding=refiner", f"output.dir={out}2")
+    assert result.returncode == 2 and "refiner weights" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out2").exists()
