@@ -1,0 +1,85 @@
+"""Where a session starts: context frames as codes, the actions between them and the speed at the last one.
+
+Three sources: the built-in synthetic world (:func:`terra.inputs.builtin_context`, with its exact actions),
+images (encoded by the pipeline's tokenizer), or codes. Images and codes without actions are taken as driving
+straight at ``speed_kmh``. ``actions[t]`` conditions context frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"),
+so ``n`` context frames carry ``n - 1`` actions; the session's first step gives the action of the last one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from terra.actions import validate_actions
+from terra.errors import TerraInputError
+from terra.inputs import builtin_context
+from terra.session.controls import MAX_SPEED_KMH, check_number, drive_action, speed_of
+from terra.trajectory import MANOEUVRES
+from tokenizer.images import load_images
+
+
+@dataclass
+class SessionContext:
+    """Context frames of a session and what they imply."""
+
+    codes: np.ndarray  # [n, h, w] int64
+    actions: np.ndarray  # [n - 1, 6, 3] float32
+    speed_kmh: float  # at the last context frame; key driving starts from it
+    source: str  # a short description for listings
+
+
+def _context_actions(actions: Any, num_context: int, speed_kmh: float) -> np.ndarray:
+    """The actions between ``num_context`` frames: the last ``num_context - 1`` rows given, or straight driving."""
+    if actions is None:
+        return np.repeat(drive_action(0.0, speed_kmh)[None], num_context - 1, axis=0)
+    actions = validate_actions(actions, "context actions", num_context - 1)
+    return actions[len(actions) - (num_context - 1):] if num_context > 1 else actions[:0]
+
+
+def builtin(pipeline, num_context: int, manoeuvre: str = "straight", scene: int = 0,
+            speed_kmh: float = 30.0) -> SessionContext:
+    """Context rendered by the synthetic world: scene ``scene`` driven by ``manoeuvre`` at ``speed_kmh``."""
+    if manoeuvre not in MANOEUVRES:
+        raise TerraInputError(f"unknown manoeuvre {manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}")
+    if isinstance(scene, bool) or not isinstance(scene, int) or not 0 <= scene < 2**31:
+        raise TerraInputError(f"scene must be a whole number in [0, 2**31) (got {scene!r})")
+    speed = check_number(speed_kmh, "speed_kmh", 1.0, MAX_SPEED_KMH)
+    images, actions = builtin_context(manoeuvre, num_context, pipeline.image_size, scene, {"speed_kmh": speed})
+    codes = pipeline.encode(images)
+    return SessionContext(codes, actions[: num_context - 1], speed_of(actions[-1]),
+                          f"built-in {manoeuvre}, scene {scene}")
+
+
+def from_images(pipeline, images: torch.Tensor | Sequence[Any], num_context: int | None = None,
+                actions: Any = None, speed_kmh: float = 30.0, resize: str = "crop") -> SessionContext:
+    """Context from images: a tensor ``[N, 3, H, W]`` in [-1, 1], or files / PIL images / uint8 arrays (the last
+    ``num_context`` are used, resized for the tokenizer)."""
+    if not torch.is_tensor(images):
+        images = load_images(list(images), pipeline.image_size, last_n=num_context, resize=resize)
+    elif num_context is not None:
+        images = images[-num_context:]
+    speed = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH)
+    codes = pipeline.encode(images)
+    return SessionContext(codes, _context_actions(actions, len(codes), speed), speed,
+                          f"{len(codes)} image{'s' if len(codes) > 1 else ''}")
+
+
+def from_codes(codes: Any, grid: tuple[int, int], actions: Any = None, speed_kmh: float = 30.0) -> SessionContext:
+    """Context from image codes ``[N, h, w]`` or ``[N, h * w]`` (checked against the model when the session opens)."""
+    try:
+        arr = np.asarray(codes)
+    except (TypeError, ValueError):
+        arr = np.zeros(0)
+    if arr.ndim not in (2, 3) or not len(arr) or not np.issubdtype(arr.dtype, np.integer):
+        raise TerraInputError(f"context codes must be whole numbers of shape [frames, {grid[0]}, {grid[1]}] "
+                              f"or [frames, {grid[0] * grid[1]}] (got {list(arr.shape)} of {arr.dtype})")
+    if arr[0].size != grid[0] * grid[1]:
+        raise TerraInputError(f"context codes have {arr[0].size} codes per frame but the tokenizer's grid is "
+                              f"{grid[0]}x{grid[1]}; encode the frames with the tokenizer that matches the model")
+    speed = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH)
+    arr = arr.reshape(len(arr), *grid).astype(np.int64)
+    return SessionContext(arr, _context_actions(actions, len(arr), speed), speed, f"{len(arr)} frames of codes")

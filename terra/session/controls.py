@@ -1,0 +1,170 @@
+"""One frame's action from what a driver gives: an actions array, a short ego trajectory, steering and speed,
+a named manoeuvre, or the state of arrow keys; and the ego motion an action implies (for a top-down view).
+
+Every form ends as ``[6, 3]`` actions ``[y, x, time]`` of the frame just seen (docs/ARCHITECTURE.md,
+"Actions"): six points of where the car goes over the next 3 s, in that frame's ego frame (x forward, y left).
+Steering follows a circular arc whose tightest radius keeps the lateral acceleration near what the demo model's
+training world drives (:func:`terra.sim.clips.random_manoeuvre_params`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from terra.actions import ACTION_TIMES, actions_for_manoeuvre, actions_from_value, validate_actions
+from terra.errors import TerraInputError
+from terra.trajectory import FRAME_RATE_HZ
+
+MAX_SPEED_KMH = 130.0
+ACCEL_RANGE = (-8.0, 4.0)  # m/s^2 a drive action may ask for
+KEY_ACCEL = 2.5  # m/s^2 while the up key is held
+KEY_BRAKE = -4.0  # m/s^2 while the down key is held
+KEY_STEER_RATE = 0.25  # steering change per frame towards the held arrow (full lock in 0.4 s)
+KEYS = ("up", "down", "left", "right")
+ACTION_KINDS = ("actions", "trajectory", "steer", "manoeuvre")
+
+
+def check_number(value: Any, name: str, low: float, high: float) -> float:
+    """``value`` as a float in ``[low, high]`` (finite, not a bool), else a one-line error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TerraInputError(f"{name} must be a finite number (got {value!r})")
+    if not low <= value <= high:
+        raise TerraInputError(f"{name} must be in [{low:g}, {high:g}] (got {value:g})")
+    return float(value)
+
+
+def max_curvature(speed_mps: float) -> float:
+    """Curvature (1/m) of full steering at ``speed_mps``: radius at least 12 m and lateral acceleration <= 6 m/s^2."""
+    return min(1.0 / 12.0, 6.0 / max(speed_mps, 1e-3) ** 2)
+
+
+def drive_action(steer: float, speed_kmh: float, accel_mps2: float = 0.0) -> np.ndarray:
+    """``[6, 3]`` action of driving an arc: ``steer`` in [-1, 1] (positive = left) at ``speed_kmh``, changing
+    speed at ``accel_mps2`` (braking stops at standstill, never reverses)."""
+    steer = check_number(steer, "steer", -1.0, 1.0)
+    v0 = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH) / 3.6
+    accel = check_number(accel_mps2, "accel_mps2", *ACCEL_RANGE)
+    t = ACTION_TIMES.astype(np.float64)
+    if accel < 0:
+        t = np.minimum(t, v0 / -accel)
+    distance = v0 * t + 0.5 * accel * t * t
+    curvature = steer * max_curvature(max(v0, 1.0))
+    if abs(curvature) < 1e-9:
+        x, y = distance, np.zeros_like(distance)
+    else:
+        x, y = np.sin(curvature * distance) / curvature, (1.0 - np.cos(curvature * distance)) / curvature
+    return np.stack([y, x, ACTION_TIMES], axis=-1).astype(np.float32)
+
+
+def parse_action(value: Any) -> np.ndarray:
+    """One frame's ``[6, 3]`` action from an array or a mapping with exactly one of :data:`ACTION_KINDS`:
+
+    * ``{"actions": [[y, x, t], ...6]}`` or a bare ``[6, 3]`` array;
+    * ``{"trajectory": {"x": [...], "y": [...]}}`` (or ``[[x, y], ...]``): the car's path from now on in the current
+      ego frame at 10 Hz (or with ``t``), as :func:`terra.actions.actions_from_value` reads trajectories;
+    * ``{"steer": s, "speed_kmh": v, "accel_mps2": a}`` (:func:`drive_action`);
+    * ``{"manoeuvre": "curve_left", "speed_kmh": 30}``: the first frame of a named manoeuvre.
+    """
+    if not isinstance(value, dict):
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TerraInputError(f"an action must be a [6, 3] array of numbers or an object with one of "
+                                  f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})") from None
+        if arr.shape != (6, 3):
+            raise TerraInputError(f"an action array must have shape [6, 3] ([y, x, time] per slot), got {list(arr.shape)}")
+        return validate_actions(arr[None], "action")[0]
+    kinds = [k for k in ACTION_KINDS if k in value]
+    if len(kinds) != 1:
+        raise TerraInputError(f"an action needs exactly one of {', '.join(ACTION_KINDS)} (got keys {sorted(value)})")
+    kind = kinds[0]
+    if kind == "actions":
+        _only(value, {"actions"})
+        return parse_action(value["actions"])
+    if kind == "trajectory":
+        _only(value, {"trajectory"})
+        return actions_from_value({"trajectory": value["trajectory"]}, "action trajectory", 1)[0]
+    if kind == "steer":
+        _only(value, {"steer", "speed_kmh", "accel_mps2"})
+        if "speed_kmh" not in value:
+            raise TerraInputError("a steer action needs speed_kmh too, e.g. {\"steer\": 0.2, \"speed_kmh\": 30}")
+        return drive_action(value["steer"], value["speed_kmh"], value.get("accel_mps2", 0.0))
+    _only(value, {"manoeuvre", "speed_kmh"})
+    speed = check_number(value.get("speed_kmh", 30.0), "speed_kmh", 0.0, MAX_SPEED_KMH)
+    if not isinstance(value["manoeuvre"], str):
+        raise TerraInputError(f"manoeuvre must be a name (got {value['manoeuvre']!r})")
+    return actions_for_manoeuvre(value["manoeuvre"], 1, speed_kmh=speed)[0]
+
+
+def _only(value: dict, allowed: set[str]) -> None:
+    extra = sorted(set(value) - allowed)
+    if extra:
+        raise TerraInputError(f"unknown action keys {extra}; this kind of action takes {sorted(allowed)}")
+
+
+def _arc(action: np.ndarray) -> tuple[float, float, float]:
+    """Curvature, arc length and time of the circular arc from the origin (heading +x) to the first point."""
+    y0, x0, t0 = (float(v) for v in action[0])
+    chord = math.hypot(x0, y0)
+    if chord < 1e-6 or t0 <= 0:
+        return 0.0, 0.0, max(t0, 1e-6)
+    curvature = 2.0 * y0 / chord**2
+    length = chord if abs(curvature) < 1e-9 else 2.0 * math.atan2(y0, x0) / curvature
+    return curvature, length, t0
+
+
+def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> tuple[float, float, float]:
+    """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame.
+
+    Follows the arc through the origin and the action's first point at the speed that reaches it in time:
+    exact for :func:`drive_action` at constant speed, an estimate for any other action.
+    """
+    curvature, length, t0 = _arc(action)
+    step = length / t0 * dt
+    if abs(curvature) < 1e-9:
+        return step, 0.0, 0.0
+    return math.sin(curvature * step) / curvature, (1.0 - math.cos(curvature * step)) / curvature, curvature * step
+
+
+def speed_of(action: np.ndarray) -> float:
+    """Speed in km/h an action starts with (arc length to its first point over its time)."""
+    _, length, t0 = _arc(action)
+    return 3.6 * length / t0
+
+
+def advance_pose(pose: tuple[float, float, float], action: np.ndarray) -> tuple[float, float, float]:
+    """The world pose ``(x, y, yaw)`` one frame later under ``action``."""
+    x, y, yaw = pose
+    dx, dy, dyaw = ego_motion(action)
+    c, s = math.cos(yaw), math.sin(yaw)
+    return x + c * dx - s * dy, y + s * dx + c * dy, yaw + dyaw
+
+
+class KeyDriver:
+    """Arrow keys → drive actions: up accelerates, down brakes, left/right steer (eased over a few frames)."""
+
+    def __init__(self, speed_kmh: float = 30.0) -> None:
+        self.speed_kmh = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH)
+        self.steer = 0.0
+        self.keys = dict.fromkeys(KEYS, False)
+
+    def set_keys(self, keys: Any) -> None:
+        """Update held keys from ``{"up": bool, "down": bool, "left": bool, "right": bool}`` (missing: kept)."""
+        if not isinstance(keys, dict) or not set(keys) <= set(KEYS) or \
+                not all(isinstance(v, bool) for v in keys.values()):
+            raise TerraInputError(f"keys must map some of {', '.join(KEYS)} to true/false (got {keys!r})")
+        self.keys.update(keys)
+
+    def action(self) -> np.ndarray:
+        """The next frame's action under the held keys; updates speed and steering."""
+        accel = KEY_ACCEL * self.keys["up"] + KEY_BRAKE * self.keys["down"]
+        target = float(self.keys["left"]) - float(self.keys["right"])
+        self.steer += float(np.clip(target - self.steer, -KEY_STEER_RATE, KEY_STEER_RATE))
+        action = drive_action(self.steer, self.speed_kmh, accel)
+        dt = 1.0 / FRAME_RATE_HZ
+        self.speed_kmh = float(np.clip(self.speed_kmh + 3.6 * accel * dt, 0.0, MAX_SPEED_KMH))
+        return action

@@ -1,0 +1,190 @@
+"""Closed-loop sessions: open one from context frames, then ``step(action)`` → the next frame, fork, reset, close.
+
+A :class:`SessionHost` holds a pipeline (tokenizer + backend) and one :class:`~terra.session.engine.SessionEngine`
+that advances every open session on the backend. A session is an open-ended rollout: its
+:class:`~terra.generation.rollout.RolloutRequest` has room for ``max_frames`` frames and each step writes the
+action of the newest frame just before the next one is generated, so windows roll over exactly as in a batch
+rollout (terra/generation/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's given the
+same actions and seed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from terra.errors import TerraInputError, check_whole_number
+from terra.generation.rollout import DEFAULT_OVERLAP, RolloutRequest
+from terra.generation.sampling import SamplingConfig
+from terra.session import context as contexts
+from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of
+from terra.session.engine import Rollout, SessionEngine, StepResult
+
+Pose = tuple[float, float, float]  # x, y (metres), yaw (radians) in the ego frame of the last context frame
+
+
+@dataclass
+class Frame:
+    """A generated frame of a session."""
+
+    index: int  # frames generated before it since the last reset
+    codes: np.ndarray  # [h, w]
+    rgb: np.ndarray | None  # uint8 [H, W, 3], None when not decoded
+    action: np.ndarray  # [6, 3] that conditioned it
+    pose: Pose  # where the car is at this frame
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def speed_kmh(self) -> float:
+        return speed_of(self.action)
+
+
+class Session:
+    """One closed-loop rollout; methods may be called from any thread, steps run in the order given."""
+
+    def __init__(self, host: "SessionHost", rollout: Rollout, context: contexts.SessionContext,
+                 sampling: SamplingConfig, poses: list[Pose] | None = None) -> None:
+        self.id = secrets.token_urlsafe(8)
+        self.host = host
+        self.rollout = rollout
+        self.context = context
+        self.sampling = sampling
+        self.poses: list[Pose] = list(poses or [])  # poses[k]: at generated frame k
+        self.driver = KeyDriver(context.speed_kmh)
+        self.created = time.time()
+
+    @property
+    def num_context(self) -> int:
+        return len(self.context.codes)
+
+    @property
+    def max_frames(self) -> int:
+        return self.rollout.request.num_frames
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.poses)
+
+    def step_async(self, action: Any) -> Future:
+        """Queue the next frame under ``action`` (any form :func:`~terra.session.controls.parse_action` reads);
+        resolves to a :class:`~terra.session.engine.StepResult`. Bad actions raise here."""
+        future = self.host.engine.step(self.rollout, parse_action(action), self.sampling)
+        future.add_done_callback(self._track_pose)  # runs on the driver thread, in step order
+        return future
+
+    def step(self, action: Any, decode: bool = True) -> Frame:
+        """Generate the next frame under ``action`` and wait for it (decoded to RGB unless ``decode`` is False)."""
+        return self.frame(self.step_async(action).result(), decode)
+
+    def frame(self, result: StepResult, decode: bool = True) -> Frame:
+        """The :class:`Frame` of a finished step (decoding it here, on the calling thread)."""
+        start = time.perf_counter()
+        grid = self.context.codes.shape[1:]
+        codes = result.codes.reshape(grid)
+        rgb = self.host.decode(codes[None])[0] if decode else None
+        timings = {"queue_s": result.queue_s, "generate_s": result.generate_s,
+                   "decode_s": time.perf_counter() - start if decode else 0.0}
+        # the previous step's pose is tracked by now (the driver ran its callback before finishing this step)
+        pose = advance_pose(self.pose_at(result.index - 1), result.action)
+        return Frame(result.index, codes, rgb, result.action, pose, timings)
+
+    def pose_at(self, index: int) -> Pose:
+        poses = self.poses
+        return poses[index] if 0 <= index < len(poses) else (0.0, 0.0, 0.0)
+
+    def fork(self) -> "Session":
+        """A new session continuing from this one's latest frame (after its queued steps); the past is shared."""
+        rollout = self.host.engine.fork(self.rollout).result()
+        twin = Session(self.host, rollout, self.context, self.sampling, self.poses[: rollout.state.next_frame
+                                                                                 - rollout.state.num_context])
+        twin.driver.speed_kmh, twin.driver.steer = self.driver.speed_kmh, self.driver.steer
+        return twin
+
+    def reset(self) -> None:
+        """Back to the context frames; the same actions then give the same frames again."""
+        self.host.engine.reset(self.rollout).result()
+        self.poses.clear()
+        self.driver = KeyDriver(self.context.speed_kmh)
+
+    def close(self) -> None:
+        """Free the session's rollout (a step in flight finishes first)."""
+        self.host.engine.close_rollout(self.rollout).result()
+
+    def codes(self) -> np.ndarray:
+        """Every frame's codes so far ``[n_ctx + generated, h, w]``, context first."""
+        frames = list(self.rollout.state.frames)
+        return np.stack(frames).reshape(len(frames), *self.context.codes.shape[1:])
+
+    def video(self) -> np.ndarray:
+        """Every frame so far decoded to uint8 RGB ``[T, H, W, 3]``, context first."""
+        return self.host.decode(self.codes())
+
+    def _track_pose(self, future: Future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        result = future.result()
+        del self.poses[result.index:]
+        self.poses.append(advance_pose(self.pose_at(result.index - 1), result.action))
+
+
+class SessionHost:
+    """Opens sessions on a :class:`~terra.pipeline.WorldModelPipeline` and advances them on its backend.
+
+    ``max_frames`` caps the frames of one session (its rollout is planned for that many); ``overlap`` is the
+    window overlap (docs/ARCHITECTURE.md, "Windows"); ``sampling`` is the default of :meth:`open`.
+    """
+
+    def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), max_frames: int = 1000,
+                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3) -> None:
+        self.pipeline = pipeline
+        self.sampling = sampling
+        self.max_frames = check_whole_number(max_frames, "max_frames", 1, "max_frames=600")
+        self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3")
+        self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3")
+        self.engine = SessionEngine(pipeline.backend)
+
+    @property
+    def layout(self):
+        return self.pipeline.backend.layout
+
+    def open(self, images: Any = None, codes: Any = None, builtin: dict | None = None, actions: Any = None,
+             speed_kmh: float = 30.0, seed: int | None = None, sampling: SamplingConfig | None = None,
+             num_context: int | None = None) -> Session:
+        """A session from ``images``, ``codes`` or the built-in world (``builtin``: manoeuvre, scene, speed_kmh;
+        the default when neither images nor codes are given). ``actions``: the context's own actions
+        (default: straight at ``speed_kmh``). ``seed`` fixes sampling (None: the backend picks one)."""
+        if images is not None and codes is not None:
+            raise TerraInputError("give context images or codes, not both")
+        num_context = self.num_context if num_context is None else \
+            check_whole_number(num_context, "num_context", 1, "num_context=3")
+        if seed is not None:
+            check_whole_number(seed, "seed", 0, "seed=0")
+        if images is not None:
+            context = contexts.from_images(self.pipeline, images, num_context, actions, speed_kmh)
+        elif codes is not None:
+            context = contexts.from_codes(codes, self.pipeline.tokenizer.grid_shape, actions, speed_kmh)
+        else:
+            context = contexts.builtin(self.pipeline, num_context, **(builtin or {}))
+        return self.open_context(context, seed, sampling)
+
+    def open_context(self, context: contexts.SessionContext, seed: int | None = None,
+                     sampling: SamplingConfig | None = None) -> Session:
+        """A session from an already built :class:`~terra.session.context.SessionContext`."""
+        n = len(context.codes)
+        actions = np.zeros((n + self.max_frames - 1, 6, 3), dtype=np.float32)
+        actions[: n - 1] = context.actions
+        request = RolloutRequest(context.codes, actions, self.max_frames, seed=seed, overlap=self.overlap)
+        return Session(self, self.engine.open(request), context, sampling or self.sampling)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """Codes ``[T, h, w]`` → uint8 RGB ``[T, H, W, 3]``."""
+        return self.pipeline.decode(codes)
+
+    def close(self) -> None:
+        """Stop the engine (sessions end); the pipeline stays open for its owner."""
+        self.engine.close()
