@@ -88,3 +88,16 @@ def test_terra_generate_writes_refined_videos(tiny_file, tmp_path):
     result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "decoding=refiner", f"output.dir={out}2")
     assert result.returncode == 2 and "refiner weights" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out2").exists()
+
+
+def test_benchmark_script_reports_the_split_and_unet_throughput(tmp_path):
+    from tests.conftest import load_script
+
+    out = tmp_path / "bench.json"
+    report = load_script("benchmark_refiner").main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32",
+                                                    "--frames", "5,8", "--out", str(out)])
+    assert json.loads(out.read_text()) == report and not report["full_size"]
+    five, eight = report["cases"]
+    assert five["output_shape"] == [5, TINY.height, TINY.width, 3] and eight["passes"] == [[0, 5], [3, 8]]
+    assert eight["unet_calls"] == 2 * TINY.num_steps and eight["unet_tflop"] > five["unet_tflop"] > 0
+    assert set(eight["split_s"]) == {"token_decode_s", "cond_encode_s", "unet_s", "temporal_decode_s", "total_s"}
