@@ -2,7 +2,10 @@
 
     python scripts/rollout.py samples=samples.jsonl output.dir=out/run1 num_frames=16
     python scripts/rollout.py samples=act_bench.jsonl image_root=/data/nuscenes output.naming=actbench \
-        num_frames=44 output.dir=generated_videos/terra model=terra_v1 tokenizer=terra_lfq backend=vllm
+        num_frames=44 output.dir=generated_videos/terra model=terra_v1 terra_root=/data/Terra backend=vllm
+
+``model=terra_v1`` / ``terra_v2`` with ``terra_root`` (a download of turing-motors/Terra) picks the world model
+and its tokenizer, as in ``terra-generate`` (terra/snapshot.py).
 
 A thin Hydra wrapper (conf/rollout.yaml) around :mod:`terra.batch`, which documents the sample formats, the
 output naming, resuming, sharding and multi-GPU runs. Rerunning the same command resumes: finished samples are

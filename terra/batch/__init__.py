@@ -53,8 +53,9 @@ shard, malformed ones included). ``num_gpus``/``gpus`` start one engine per GPU 
 ``tensor_parallel_size`` GPUs) in spawned worker processes with ``CUDA_VISIBLE_DEVICES`` set; worker ``w`` of
 ``n`` takes every n-th pending sample. Only the parent writes the manifest.
 
-Changing the model or tokenizer does not invalidate finished samples: use a new ``output_dir`` (or
-``resume=False``) for another checkpoint.
+Changing the model or tokenizer folder does not invalidate finished samples: use a new ``output_dir`` (or
+``resume=False``) for another checkpoint. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
+(``conf/model``, ``conf/tokenizer``) are part of the fingerprint: changing them regenerates finished samples.
 
 Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (JSONL lines,
 shards), :mod:`~terra.batch.plan` (output files, fingerprints, resume), :mod:`~terra.batch.manifest`,

@@ -16,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from terra.errors import TerraInputError, check_whole_number
 from terra.generation.sampling import SamplingConfig
 from terra.outputs import check_output_formats
+from terra.snapshot import checkpoint_path
 from terra.trajectory import MANOEUVRES
+from tokenizer.images import RESIZE_MODES
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {
@@ -42,6 +44,8 @@ class BatchConfig:
     num_frames: int = 16  # frames generated after the context (a sample's "num_frames" overrides it)
     num_context: int = 3  # context frames used: the last ones of a sample's context
     overlap: int = 3  # frames carried into the next window for rollouts longer than one window
+    zero_embed_code_0: bool = False  # Terra's vLLM port: code 0 embeds as zeros (models/configuration_llama_action.py)
+    resize: str = "crop"  # context frames: crop (cover + center-crop) | stretch (as Terra does); tokenizer/images.py
     seed: int = 0  # sample at input index i uses seed + i unless it sets "seed"
     image_root: str | None = None  # relative image paths resolve against it; None = the JSONL's folder
     default_manoeuvre: str | None = None  # for samples of Terra's format that give no trajectory
@@ -100,7 +104,8 @@ class BatchConfig:
     def generation_settings(self) -> dict:
         """The settings that shape a sample's outputs (part of its fingerprint)."""
         return {
-            "num_context": self.num_context, "overlap": self.overlap,
+            "num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
+            "resize": self.resize,
             "sampling": dataclasses.asdict(SamplingConfig(**self.sampling)),
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
             "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
@@ -109,7 +114,11 @@ class BatchConfig:
 
 
 def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
-    """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchConfig`."""
+    """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchConfig`.
+
+    The checkpoint folders are checked to exist here (:func:`terra.snapshot.checkpoint_path`), so a missing
+    ``terra_root`` or a snapshot without the model's folders fails with one line before anything loads.
+    """
 
     def plain(value: Any) -> Any:
         return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
@@ -121,10 +130,12 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     first = samples if isinstance(samples, str) else samples[0]
     output_dir = out.dir or str(Path("outputs") / "rollouts" / Path(first).stem)
     return BatchConfig(
-        samples=samples, output_dir=str(output_dir), world_model=str(cfg.model.world_model),
-        tokenizer=str(cfg.tokenizer.path), backend=cfg.backend.name, backend_options=plain(cfg.backend.options) or {},
-        device=cfg.device, dtype=cfg.dtype, sampling=plain(cfg.sampling) or {}, num_frames=cfg.num_frames,
-        num_context=cfg.num_context, overlap=cfg.model.overlap, seed=cfg.seed,
+        samples=samples, output_dir=str(output_dir), world_model=checkpoint_path(cfg, "model", "world_model"),
+        tokenizer=checkpoint_path(cfg, "tokenizer", "path"), backend=cfg.backend.name,
+        backend_options=plain(cfg.backend.options) or {}, device=cfg.device, dtype=cfg.dtype,
+        sampling=plain(cfg.sampling) or {}, num_frames=cfg.num_frames, num_context=cfg.num_context,
+        overlap=cfg.model.overlap, zero_embed_code_0=cfg.model.get("zero_embed_code_0", False),
+        resize=cfg.tokenizer.get("resize", "crop"), seed=cfg.seed,
         image_root=None if cfg.image_root is None else str(cfg.image_root), default_manoeuvre=cfg.default_manoeuvre,
         max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index, num_shards=cfg.num_shards,
         num_gpus=cfg.num_gpus, gpus=plain(cfg.gpus), num_threads=cfg.num_threads, naming=out.naming,
@@ -140,6 +151,10 @@ def check_config(config: BatchConfig) -> None:
     check_whole_number(config.num_frames, "num_frames", 1, "num_frames=16")
     check_whole_number(config.num_context, "num_context", 1, "num_context=3")
     check_whole_number(config.overlap, "model.overlap", 1, "model.overlap=3")
+    if not isinstance(config.zero_embed_code_0, bool):
+        raise TerraInputError(f"model.zero_embed_code_0 must be true or false (got {config.zero_embed_code_0!r})")
+    if config.resize not in RESIZE_MODES:
+        raise TerraInputError(f"unknown tokenizer.resize {config.resize!r}; choose one of: {', '.join(RESIZE_MODES)}")
     check_whole_number(config.seed, "seed", 0, "seed=0")
     check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=32")
     check_whole_number(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")

@@ -28,20 +28,23 @@ from terra.generation.sampling import SamplingConfig
 from terra.inputs import TRAJECTORY_KEYS, load_context, manoeuvre_actions, rollout_requests, trajectory_actions
 from terra.models import LlamaActionConfig
 from terra.pipeline import WorldModelPipeline
+from tokenizer import ImageTokenizer
 from tokenizer.atomic import atomic_path
 
 SIDECAR_VERSION = 1  # of the sidecar's "batch" block
 
 
-def build_pipeline(config: BatchConfig, device: str | None = None,
-                   model_config: LlamaActionConfig | None = None) -> WorldModelPipeline:
+def build_pipeline(config: BatchConfig, device: str | None = None, model_config: LlamaActionConfig | None = None,
+                   tokenizer: ImageTokenizer | None = None) -> WorldModelPipeline:
     """Load the tokenizer and world model of ``config`` on ``device`` (default ``config.device``).
 
-    ``model_config``: the world model's config as the run already read it (else it is read here).
+    ``model_config``, ``tokenizer``: the world model's config and the tokenizer as the run already read them
+    (else they are loaded here).
     """
     return WorldModelPipeline.from_pretrained(
-        config.world_model, config.tokenizer, backend=config.backend, device=device or config.device,
-        dtype=config.dtype, config=model_config, **dict(config.backend_options),
+        config.world_model, tokenizer or config.tokenizer, backend=config.backend, device=device or config.device,
+        dtype=config.dtype, config=model_config, zero_embed_code_0=config.zero_embed_code_0,
+        **dict(config.backend_options),
     )
 
 
@@ -70,13 +73,15 @@ def _prepare(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, star
     image_base = Path(config.image_root).expanduser() if config.image_root else jsonl_dir
     where = f"sample {sample.sample_id!r}"
     if sample.kind == "actbench":
-        images, sources = load_context(record["context_frames"], pipeline.image_size, None, base=image_base)
+        images, sources = load_context(record["context_frames"], pipeline.image_size, None, base=image_base,
+                                       resize=config.resize)
         drop = max(0, len(images) - config.num_context)  # instruction_trajs[0] belongs to context_frames[0]
         images = images[drop:]
         actions = trajectory_actions({"instruction_trajs": record["instruction_trajs"]}, len(images), item.num_frames,
                                      f"{where}: instruction_trajs", skip=drop)
     else:
-        images, sources = load_context(record["context"], pipeline.image_size, config.num_context, base=image_base)
+        images, sources = load_context(record["context"], pipeline.image_size, config.num_context, base=image_base,
+                                       resize=config.resize)
         given = [k for k in TRAJECTORY_KEYS if k in record]
         if not given:
             if config.default_manoeuvre is None:

@@ -21,7 +21,8 @@ from terra.batch.workers import gpu_groups, run_workers
 from terra.inputs import check_window
 from terra.models.checkpoint import read_world_model_config
 from terra.outputs import prepare_output_dir
-from terra.pipeline import WorldModelPipeline
+from terra.pipeline import WorldModelPipeline, check_compatible
+from tokenizer import load_tokenizer
 from tokenizer.atomic import write_text
 
 
@@ -60,10 +61,12 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     started = time.perf_counter()
     the_plan = plan(config, samples)
     groups = gpu_groups(config) if the_plan.to_run else None
-    model_config = None
+    model_config = tokenizer = None
     if the_plan.to_run and pipeline is None:
         model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
-        check_window(model_config.num_temporal_embeddings, config.num_context)
+        check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap, "model.overlap")
+        tokenizer = load_tokenizer(config.tokenizer)  # the pair is checked before any output is written
+        check_compatible(model_config, tokenizer)
     prepare_output_dir(Path(config.output_dir))
     remove_stale_temporaries(the_plan.items)
     manifest = Manifest(config.manifest_path)
@@ -91,6 +94,7 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
         if the_plan.to_run:
             set_threads(config)
             if groups is not None and len(groups) > 1:
+                tokenizer = None  # each worker loads its own
                 run_workers(the_plan.to_run, config, model_config, groups, manifest.add)
             else:
                 own = pipeline is None
@@ -100,7 +104,7 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
                         device = f"cuda:{groups[0][0]}" if len(groups[0]) == 1 else config.device
                         if len(groups[0]) > 1:
                             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(groups[0])
-                    pipeline = build_pipeline(config, device=device, model_config=model_config)
+                    pipeline = build_pipeline(config, device=device, model_config=model_config, tokenizer=tokenizer)
                 try:
                     run_items(the_plan.to_run, config, pipeline, manifest.add)
                 finally:
