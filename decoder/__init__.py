@@ -1,20 +1,32 @@
-"""From codes to videos: batched decoding, GIF/MP4/PNG writers, grids, overlays and the JSON sidecar."""
+"""From codes to videos: batched decoding, GIF/MP4/PNG writers, grids, overlays and the JSON sidecar.
 
-from decoder.frames import codes_to_frames, images_to_uint8
-from decoder.overlay import draw_trajectory, mark_frames
-from decoder.sidecar import write_sidecar
-from decoder.writers import tile_grid, write_gif, write_grid, write_mp4, write_png_sequence, write_video
+The names load on first use, so the writers (and their fps and output checks) are importable without torch,
+which only :mod:`decoder.frames` needs.
+"""
 
-__all__ = [
-    "codes_to_frames",
-    "draw_trajectory",
-    "images_to_uint8",
-    "mark_frames",
-    "tile_grid",
-    "write_gif",
-    "write_grid",
-    "write_mp4",
-    "write_png_sequence",
-    "write_sidecar",
-    "write_video",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "codes_to_frames": "decoder.frames",
+    "images_to_uint8": "decoder.frames",
+    "draw_trajectory": "decoder.overlay",
+    "mark_frames": "decoder.overlay",
+    "write_sidecar": "decoder.sidecar",
+    "tile_grid": "decoder.writers",
+    "write_gif": "decoder.writers",
+    "write_grid": "decoder.writers",
+    "write_mp4": "decoder.writers",
+    "write_png_sequence": "decoder.writers",
+    "write_video": "decoder.writers",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'decoder' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

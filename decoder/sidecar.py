@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from tokenizer.atomic import write_text
+from decoder.writers import atomic_output
 
 
 def to_jsonable(value: Any) -> Any:
@@ -47,7 +47,8 @@ def write_sidecar(
     timings: dict[str, float] | None = None,
     **extra: Any,
 ) -> Path:
-    """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds any further fields."""
+    """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds any further fields (the CLI adds
+    the backend, device and dtype that ran, which the config may give as ``auto``)."""
     record = {
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seed": seed,
@@ -57,5 +58,7 @@ def write_sidecar(
         "timings_s": timings,
         **extra,
     }
-    write_text(path, json.dumps(to_jsonable(record), indent=2) + "\n")
+    text = json.dumps(to_jsonable(record), indent=2) + "\n"
+    with atomic_output(path) as tmp:  # a full disk: one error line naming the file
+        tmp.write_text(text, encoding="utf-8")
     return Path(path)

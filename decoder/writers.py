@@ -1,15 +1,20 @@
 """Video writers: GIF, MP4 (H.264), PNG sequences and grids of several rollouts. Every write is atomic.
 
-Frames are uint8 ``[T, H, W, 3]`` RGB. Files are written under a temporary name in the target folder and
-renamed when complete, so an interrupted run never leaves a truncated video under the final name.
+Frames are uint8 ``[T, H, W, 3]`` RGB at :data:`MIN_FPS` to :data:`MAX_FPS` frames per second. Files are
+written under a temporary name in the target folder and renamed when complete, so an interrupted run never
+leaves a truncated video under the final name. A write the system refuses (a full disk, a file-size limit, a
+read-only folder) raises :class:`InputError` naming the file, and leaves no temporary file behind.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+from contextlib import contextmanager
+from fractions import Fraction
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import imageio.v3 as iio
 import numpy as np
@@ -18,6 +23,7 @@ from tokenizer.errors import InputError
 from tokenizer.atomic import atomic_path
 
 PNG_PATTERN = "frame_{:05d}.png"
+MIN_FPS, MAX_FPS = 1.0, 60.0  # slower is a slide show; faster than GIF delays (1/100 s) and most players
 
 
 def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
@@ -31,44 +37,73 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
     return np.ascontiguousarray(frames)
 
 
-def _check_fps(fps: float) -> float:
-    if not (np.isfinite(fps) and fps > 0):
-        raise InputError(f"fps must be a positive number (got {fps})")
+def check_fps(fps: float, name: str = "fps") -> float:
+    """``fps`` as a float if it is a number from :data:`MIN_FPS` to :data:`MAX_FPS`; ``name`` is the setting."""
+    try:
+        ok = not isinstance(fps, (bool, str)) and MIN_FPS <= float(fps) <= MAX_FPS
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise InputError(f"{name} must be a number from {MIN_FPS:g} to {MAX_FPS:g} (got {str(fps)[:40]}); "
+                         f"e.g. {name}=10")
     return float(fps)
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """:func:`atomic_path` whose OS errors (no space, file too large, not writable) become one-line errors."""
+    try:
+        with atomic_path(path) as tmp:
+            yield tmp
+    except OSError as err:
+        raise InputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another "
+                         "output folder") from None
 
 
 def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, loop: int = 0) -> Path:
     """Looping GIF (``loop=0``: forever). GIF stores delays in 1/100 s, so fps is rounded to that grid;
     Pillow merges consecutive identical frames into one longer frame."""
-    frames, fps = check_frames(frames), _check_fps(fps)
-    with atomic_path(path) as tmp:
+    frames, fps = check_frames(frames), check_fps(fps)
+    with atomic_output(path) as tmp:
         iio.imwrite(tmp, frames, extension=".gif", plugin="pillow", duration=round(1000.0 / fps), loop=loop)
     return Path(path)
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, quality: float = 8.0) -> Path:
-    """H.264 MP4 (yuv420p, via imageio-ffmpeg). Odd sizes are padded by one edge row/column to even.
+    """H.264 MP4 (yuv420p, by imageio-ffmpeg's ffmpeg binary). Odd sizes are padded by one edge row/column to
+    even. ``quality`` is imageio's scale, 1 to 10 (8: CRF 10).
 
-    imageio-ffmpeg is imported here, not at module load, so GIF and PNG output work where it is missing.
+    ffmpeg runs here with its messages captured, so a failed encode (a full disk) is one error line naming
+    the file, never a truncated video or ffmpeg's log on stderr. imageio-ffmpeg is imported here, not at
+    module load, so GIF and PNG output work where it is missing.
     """
     try:
         import imageio_ffmpeg
     except ImportError:
         raise InputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
-    frames, fps = check_frames(frames), _check_fps(fps)
+    frames, fps = check_frames(frames), check_fps(fps)
     pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
     if pad_h or pad_w:
         frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
     height, width = frames.shape[1:3]
-    with atomic_path(path) as tmp:
-        writer = imageio_ffmpeg.write_frames(
-            str(tmp), (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p", quality=quality,
-            macro_block_size=1, output_params=["-movflags", "+faststart"], ffmpeg_log_level="error",
-        )
-        writer.send(None)
-        for frame in frames:
-            writer.send(frame)
-        writer.close()
+    crf = int((1 - quality / 10.0) * 51)
+    with atomic_output(path) as tmp:
+        command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                   "-s", f"{width}x{height}", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
+                   "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", str(crf), "-movflags", "+faststart", str(tmp)]
+        # A session of its own: a Ctrl-C meant for this program reaches ffmpeg only through the kill below.
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _, log = process.communicate(np.ascontiguousarray(frames).tobytes())
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        if process.returncode != 0:
+            reason = (log.decode(errors="replace").strip().splitlines() or [f"exit code {process.returncode}"])[-1]
+            raise InputError(f"cannot write {path} (ffmpeg: {reason[:200]}); free disk space or choose another "
+                             "output folder")
     return Path(path)
 
 
@@ -76,11 +111,10 @@ def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list
     """``directory/frame_00000.png, ...``; leftover frames of an earlier, longer sequence are removed."""
     frames = check_frames(frames)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for index, frame in enumerate(frames):
         target = directory / PNG_PATTERN.format(index)
-        with atomic_path(target) as tmp:
+        with atomic_output(target) as tmp:  # creates the folder
             iio.imwrite(tmp, frame, extension=".png")
         paths.append(target)
     stale = re.compile(r"^frame_(\d{5})\.png$")

@@ -23,76 +23,101 @@ Manoeuvre adherence
     each manoeuvre in turn; each rollout is attributed to the manoeuvre whose ground-truth render its frames at
     ``adherence.horizons`` are closer to.
 
-Bad settings end with one line on stderr and exit code 2.
+Every setting is checked (ranges in ``SETTINGS`` below and :mod:`terra.validation`) before torch is imported or
+any model loads, the output folder included; a bad one ends with one line on stderr and exit code 2
+(terra/hydra_app.py).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from terra.errors import TerraInputError
-from terra.evaluation import AdherenceCase, evaluate_adherence, evaluate_quality
-from terra.generation.sampling import SamplingConfig
-from terra.hydra_app import CONFIG_PATH, run_app
-from terra.trajectory import FRAME_RATE_HZ, MANOEUVRES, manoeuvre_trajectory
+from terra.hydra_app import CONFIG_PATH, check_added_settings, run_app, task
 from terra.sim import Clip, Scene, make_clip
 from terra.sim.clips import (
     FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, chain_trajectories, clip_from_trajectory, place,
     random_manoeuvre_params,
 )
 from terra.sim.scene import EGO_LANE_OFFSET_M
+from terra.trajectory import FRAME_RATE_HZ, MANOEUVRE_RANGES, MANOEUVRES, manoeuvre_trajectory
+from terra.validation import (
+    DTYPES, Range, check_backend, check_choice, check_device, check_flag, check_output_dir, check_sampling,
+    check_settings, select,
+)
+
+if TYPE_CHECKING:
+    from terra.evaluation import AdherenceCase
 
 DIRECTION_PAIR = "curve_left/curve_right"
 PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "accel_mps2", "stop": "accel_mps2",
                "lane_change": "change_s"}  # manoeuvre name prefix → the adherence range it draws from
+SEED = Range(0, 2**62 - 1, 0, whole=True)
+SETTINGS = {
+    "num_context": Range(1, 64, 3, whole=True),
+    "horizon": Range(1, 1000, 10, whole=True),
+    "seed": SEED,
+    "num_threads": Range(1, 1024, 1, whole=True, nullable=True),
+    "quality.num_clips": Range(0, 100_000, 32, whole=True),
+    "quality.scene_seed": SEED,
+    "adherence.num_cases": Range(0, 100_000, 20, whole=True),
+    "adherence.scene_seed": SEED,
+    "exclude_training.seed": SEED,
+    "exclude_training.num_clips": Range(0, 1_000_000, 5000, whole=True),
+    "targets.direction_accuracy_pct": Range(0, 100, 90),
+    "targets.mean_psnr_db": Range(0, 100, 20),
+}
 
 
 # ---------------------------------------------------------------------------------------------- settings
 
 
-def _range(value, name: str) -> tuple[float, float]:
-    """A ``[low, high]`` setting of positive numbers."""
+def _range(value, name: str, key: str) -> tuple[float, float]:
+    """A ``[low, high]`` setting of numbers inside manoeuvre parameter ``key``'s range, ``0 < low <= high``."""
     try:
         low, high = (float(v) for v in value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TerraInputError(
             f"{name} must be a [low, high] pair of numbers (got {value}); e.g. {name}=[20,40]") from None
-    if not (np.isfinite(low) and np.isfinite(high) and 0 < low <= high):
+    for bound in (low, high):
+        MANOEUVRE_RANGES[key].check(bound, name)
+    if not 0 < low <= high:
         raise TerraInputError(f"{name} must satisfy 0 < low <= high (got [{low}, {high}])")
     return low, high
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise :class:`TerraInputError` for a bad setting, before anything is loaded or rendered."""
-    for key in ("num_context", "horizon"):
-        if int(cfg[key]) < 1:
-            raise TerraInputError(f"{key} must be at least 1 (got {cfg[key]})")
-    if int(cfg.quality.num_clips) < 0 or int(cfg.adherence.num_cases) < 0:
-        raise TerraInputError("quality.num_clips and adherence.num_cases must be >= 0")
-    if int(cfg.quality.num_clips) == 0 and int(cfg.adherence.num_cases) == 0:
+    """Raise :class:`TerraInputError` for a bad setting, before anything is imported, loaded or rendered."""
+    values = check_settings(cfg, SETTINGS)
+    if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:
         raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")
     names = _quality_manoeuvres(cfg)
     for name in names + [n for pair in _pairs(cfg) for n in pair]:
         if name not in MANOEUVRES:
             raise TerraInputError(f"unknown manoeuvre {name!r}; choose from: {', '.join(MANOEUVRES)}")
-    if int(cfg.adherence.num_cases) > 0 and not _pairs(cfg):
+    if values["adherence.num_cases"] > 0 and not _pairs(cfg):
         raise TerraInputError("adherence.pairs is empty; e.g. adherence.pairs=[[curve_left,curve_right]]")
-    horizons = list(cfg.adherence.horizons or [])
-    if any(int(h) < 1 for h in horizons):
-        raise TerraInputError(f"adherence.horizons are 1-based generated frames (got {horizons}); e.g. [4,7,10]")
+    horizons = select(cfg, "adherence.horizons") or []
+    if not isinstance(horizons, list):
+        raise TerraInputError(f"adherence.horizons must be a list (got {horizons!r}); e.g. [4,7,10]")
+    for horizon in horizons:
+        Range(1, 1000, "[4,7,10]", whole=True).check(horizon, "adherence.horizons")
     for key in ("speed_kmh", "radius_m", "accel_mps2", "change_s"):
-        _range(cfg.adherence[key], f"adherence.{key}")
-    _range(cfg.quality.speed_kmh, "quality.speed_kmh")
-    if cfg.num_threads is not None and int(cfg.num_threads) < 1:
-        raise TerraInputError(f"num_threads must be at least 1 or null (got {cfg.num_threads})")
+        _range(cfg.adherence[key], f"adherence.{key}", key)
+    _range(cfg.quality.speed_kmh, "quality.speed_kmh", "speed_kmh")
+    check_flag(cfg.progress, "progress")
+    check_device(cfg.device)
+    check_choice(cfg.dtype, "dtype", DTYPES)
+    check_backend(cfg.backend.name, select(cfg, "backend.options"))
+    check_sampling(select(cfg, "sampling"))
+    check_output_dir(str(cfg.out_dir), ["report.json"], "out_dir")
 
 
 def _quality_manoeuvres(cfg: DictConfig) -> list[str]:
@@ -136,7 +161,7 @@ def held_out_seeds(start: int, count: int, exclude: set[int]) -> list[int]:
 def quality_clips(cfg: DictConfig, seeds: list[int], image_size: tuple[int, int]) -> list[Clip]:
     """One clip of ``num_context + horizon`` frames per scene seed, manoeuvres cycled, as drawn for training."""
     names = _quality_manoeuvres(cfg)
-    low, high = _range(cfg.quality.speed_kmh, "quality.speed_kmh")
+    low, high = _range(cfg.quality.speed_kmh, "quality.speed_kmh", "speed_kmh")
     frames = int(cfg.num_context) + int(cfg.horizon)
     duration = (frames - 1) / FRAME_RATE_HZ + FUTURE_S
     clips = []
@@ -168,6 +193,8 @@ def straight_then(scene: Scene, name: str, start_s: float, speed: float, lead_s:
 
 def adherence_cases(cfg: DictConfig, seeds: list[int], image_size: tuple[int, int]) -> list[AdherenceCase]:
     """Cases for every pair and scene seed; the context starts on the road's first (straight) segment."""
+    from terra.evaluation import AdherenceCase  # imports torch
+
     ad = cfg.adherence
     n_ctx, frames = int(cfg.num_context), int(cfg.num_context) + int(cfg.horizon)
     lead_s = (n_ctx - 1) / FRAME_RATE_HZ
@@ -176,10 +203,10 @@ def adherence_cases(cfg: DictConfig, seeds: list[int], image_size: tuple[int, in
         for seed in seeds:
             rng = np.random.default_rng([seed, 0xAD7E, p])
             scene = Scene.generate(seed, SCENE_LENGTH_M)
-            speed = float(rng.uniform(*_range(ad.speed_kmh, "adherence.speed_kmh")))
+            speed = float(rng.uniform(*_range(ad.speed_kmh, "adherence.speed_kmh", "speed_kmh")))
             # The scene's road starts with a straight of at least 30 m; the context stays on it.
             start_s = float(rng.uniform(10.0, max(10.0, min(20.0, scene.seg_len[0] - speed / 3.6 * lead_s - 1.0))))
-            drawn = {key: float(rng.uniform(*_range(ad[key], f"adherence.{key}")))
+            drawn = {key: float(rng.uniform(*_range(ad[key], f"adherence.{key}", key)))
                      for key in dict.fromkeys(PAIR_PARAMS.values())}
             # Both members share the parameters that concern them (one radius for left and right, ...).
             params = {PAIR_PARAMS[k]: drawn[PAIR_PARAMS[k]] for k in PAIR_PARAMS if any(n.startswith(k) for n in pair)}
@@ -198,24 +225,32 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
     ``pipeline`` (a :class:`terra.pipeline.WorldModelPipeline`) is built from ``cfg`` when not given; a
     pipeline built here is closed at the end.
     """
-    from terra.pipeline import WorldModelPipeline
-    from tokenizer.atomic import write_text
-
     t_start = time.perf_counter()
     check_config(cfg)
-    sampling = SamplingConfig(**OmegaConf.to_container(cfg.sampling))
+    import torch  # every setting is fine: now the heavy modules
+
+    from terra.evaluation import evaluate_adherence, evaluate_quality
+    from terra.generation.sampling import SamplingConfig
+    from terra.inputs import check_window
+    from terra.models.checkpoint import read_world_model_config
+    from terra.pipeline import WorldModelPipeline
+    from terra.snapshot import checkpoint_path
+    from tokenizer.atomic import write_text
+
+    sampling = SamplingConfig(**select(cfg, "sampling"))
     if cfg.num_threads is not None:
         torch.set_num_threads(int(cfg.num_threads))
     exclude = training_scene_seeds(int(cfg.exclude_training.seed), int(cfg.exclude_training.num_clips))
     own = pipeline is None
     if own:
+        world_model = checkpoint_path(cfg, "model", "world_model")
+        config = read_world_model_config(world_model)
+        check_window(config.num_temporal_embeddings, int(cfg.num_context))
         pipeline = WorldModelPipeline.from_pretrained(
-            cfg.model.world_model, cfg.tokenizer.path, backend=cfg.backend.name, device=cfg.device, dtype=cfg.dtype,
-            **OmegaConf.to_container(cfg.backend.options))
-    window = getattr(getattr(pipeline.backend, "layout", None), "max_frames", None)
-    if window is not None and int(cfg.num_context) >= window:
-        raise TerraInputError(f"num_context={cfg.num_context} does not fit a window of {window} frames; "
-                              f"use at most {window - 1}")
+            world_model, checkpoint_path(cfg, "tokenizer", "path"), backend=cfg.backend.name, device=cfg.device,
+            dtype=cfg.dtype, config=config, **select(cfg, "backend.options"))
+    else:
+        check_window(pipeline.backend.layout.max_frames, int(cfg.num_context))
     load_s = time.perf_counter() - t_start
     image_size = tuple(pipeline.image_size)
     n_ctx = int(cfg.num_context)
@@ -299,14 +334,11 @@ def format_table(report: dict) -> str:
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base=None)
+@task
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: evaluate and print the table; bad settings end with one line (exit code 2)."""
-    try:
-        report = run(cfg)
-    except TerraInputError as err:
-        print(f"evaluate: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    print(format_table(report))
+    """Hydra entry point: evaluate and print the table (errors and exit codes: terra/hydra_app.run_app)."""
+    check_added_settings("python scripts/evaluate.py", allowed=("backend.options.",))
+    print(format_table(run(cfg)))
 
 
 if __name__ == "__main__":

@@ -13,34 +13,42 @@ Accepted inputs, all turned into ``actions [T, 6, 3]`` (float32):
 
 Files: ``.npy`` (arrays, told apart by shape), ``.json`` (an object with one of the keys ``actions``,
 ``instruction_trajs``, ``trajectory`` or ``manoeuvre``, or a bare array), ``.csv`` (a header row naming
-``x, y`` and optionally ``t``/``timestamp`` and ``yaw``).
+``x, y`` and optionally ``t``/``timestamp`` and ``yaw``; UTF-8 with or without a byte-order mark). Files are
+read through :mod:`terra.validation` (regular files of bounded size, strict JSON); every number must be
+finite and within the ranges of :mod:`terra.trajectory` and :data:`MAX_ACTION_M`.
 """
 
 from __future__ import annotations
 
 import csv
-import json
+import numbers
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.errors import TerraInputError, shown
 from terra.trajectory import (
     FRAME_RATE_HZ,
     FUTURE_POINTS,
     FUTURE_RATE_HZ,
     MANOEUVRES,
+    MAX_SPEED_MPS,
+    RATE_HZ,
     EgoTrajectory,
     check_manoeuvre_params,
     manoeuvre_trajectory,
 )
+from terra.validation import MAX_FRAMES, MAX_TRAJECTORY_BYTES, Range, load_json, open_input_file, read_input_text
 
 NUM_ACTION_TOKENS = 6
 PATH_START = 9  # index of the first sampled point (0.45 s)
 PATH_STEP = 10  # points between samples (0.5 s)
 ACTION_POINT_INDICES = PATH_START + PATH_STEP * np.arange(NUM_ACTION_TOKENS)  # 9, 19, ..., 59
 ACTION_TIMES = (ACTION_POINT_INDICES / FUTURE_RATE_HZ).astype(np.float32)  # 0.45, 0.95, ..., 2.95
+MAX_ACTION_M = 2 * MAX_SPEED_MPS * FUTURE_POINTS / FUTURE_RATE_HZ  # |value| of actions / instruction points (600 m)
+FRAMES = Range(1, MAX_FRAMES, 16, whole=True)  # frames a trajectory or manoeuvre may be asked for
 
 
 def actions_from_instruction_trajs(trajs: Any, source: str = "instruction_trajs") -> np.ndarray:
@@ -51,7 +59,7 @@ def actions_from_instruction_trajs(trajs: Any, source: str = "instruction_trajs"
             f"{source}: instruction trajectories must have shape [frames, >={FUTURE_POINTS} points, 2 or 3 "
             f"(x, y[, z])], got {list(arr.shape)}; give 3 s of future points at 20 Hz per frame"
         )
-    points = arr[:, ACTION_POINT_INDICES, :2]  # [T, 6, (x, y)]
+    points = _in_reach(arr[:, ACTION_POINT_INDICES, :2], source)  # [T, 6, (x, y)]
     times = np.broadcast_to(ACTION_TIMES[None, :, None], (len(arr), NUM_ACTION_TOKENS, 1))
     return np.concatenate([points[..., ::-1], times], axis=-1).astype(np.float32)
 
@@ -63,8 +71,9 @@ def actions_from_trajectory(trajectory: EgoTrajectory, num_frames: int | None = 
 
 def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.ndarray:
     """``[num_frames, 6, 3]`` actions for a named manoeuvre (parameters as :func:`manoeuvre_trajectory`)."""
-    if isinstance(num_frames, bool) or not isinstance(num_frames, (int, np.integer)) or num_frames < 1:
-        raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 (got {num_frames!r})")
+    if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or not 1 <= num_frames <= MAX_FRAMES:
+        raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 and at most {MAX_FRAMES} "
+                              f"(got {shown(num_frames)})")
     params = check_manoeuvre_params(params)
     trajectory = manoeuvre_trajectory(name, (num_frames - 1) / FRAME_RATE_HZ + 3.0, **params)
     return actions_from_trajectory(trajectory, num_frames)
@@ -83,7 +92,7 @@ def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1)
             f"{source}: covers {len(arr)} frames but the rollout needs actions for {min_frames}; "
             "give a longer trajectory or generate fewer frames"
         )
-    return arr.astype(np.float32)
+    return _in_reach(arr, source).astype(np.float32)
 
 
 def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
@@ -94,24 +103,50 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
     """
     path = Path(path)
     source = str(path)
-    if not path.is_file():
-        raise TerraInputError(f"trajectory file {source} does not exist; check the path")
     suffix = path.suffix.lower()
+    if suffix not in (".npy", ".json", ".csv"):
+        raise TerraInputError(f"trajectory file {source} has an unknown type; use .json, .csv or .npy")
     try:
         if suffix == ".npy":
-            actions = actions_from_value(np.load(path, allow_pickle=False), source, num_frames)
+            actions = actions_from_value(_load_npy(path), source, num_frames)
         elif suffix == ".json":
-            actions = actions_from_value(json.loads(path.read_text()), source, num_frames)
-        elif suffix == ".csv":
-            actions = actions_from_trajectory(_trajectory_from_csv(path), None)
+            actions = actions_from_value(load_json(path, "trajectory file"), source, num_frames)
         else:
-            raise TerraInputError(f"trajectory file {source} has an unknown type; use .json, .csv or .npy")
+            trajectory = _trajectory_from_csv(path)
+            actions = actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames))
     except TerraInputError:
         raise
     except (OSError, ValueError, TypeError, EOFError) as err:  # malformed content (UnicodeDecodeError is a ValueError)
-        raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {err}); "
+        message = str(err).splitlines()[0] if str(err).strip() else ""
+        raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {message[:200]}); "
                               "check that it is a valid .json, .csv or .npy file") from None
     return validate_actions(actions, source, num_frames or 1)
+
+
+def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None) -> int:
+    """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more (the length
+    check in :func:`validate_actions` still sees a trajectory that is too short)."""
+    own = trajectory.num_frames()
+    return own if num_frames is None else min(own, num_frames)
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """A ``.npy`` array of real numbers whose header matches the file's size (checked before reading it)."""
+    with open_input_file(path, "trajectory file", MAX_TRAJECTORY_BYTES) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"unsupported .npy format version {version}")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fh)
+        if dtype.kind not in "biuf":
+            raise TerraInputError(f"trajectory file {path} holds {dtype} values, not real numbers; save a float array")
+        expected = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        remaining = os.fstat(fh.fileno()).st_size - fh.tell()
+        if remaining != expected:
+            raise TerraInputError(f"trajectory file {path} has {remaining} bytes of data but its header promises "
+                                  f"{expected}; the file is truncated or damaged")
+        fh.seek(0)
+        return np.load(fh, allow_pickle=False)
 
 
 def actions_from_value(value: Any, source: str, num_frames: int | None) -> np.ndarray:
@@ -129,19 +164,21 @@ def actions_from_value(value: Any, source: str, num_frames: int | None) -> np.nd
         if key == "instruction_trajs":
             return actions_from_instruction_trajs(value[key], source)
         if key == "trajectory":
-            return actions_from_trajectory(_trajectory_from_mapping(value[key], source))
+            trajectory = _trajectory_from_mapping(value[key], source)
+            return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames))
         spec = value[key]
         if not isinstance(spec, (str, dict)):
             raise TerraInputError(
-                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} (got {spec!r})"
+                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} (got {shown(spec)})"
             )
         spec = {"name": spec} if isinstance(spec, str) else dict(spec)
         name = spec.pop("name", None)
         if name not in MANOEUVRES:
-            raise TerraInputError(f"{source}: unknown manoeuvre {name!r}; choose one of: {', '.join(MANOEUVRES)}")
-        frames = int(spec.pop("num_frames", num_frames or 0))
-        if not frames:
+            raise TerraInputError(f"{source}: unknown manoeuvre {shown(name)}; choose one of: {', '.join(MANOEUVRES)}")
+        frames = spec.pop("num_frames", num_frames)
+        if frames is None:
             raise TerraInputError(f"{source}: the manoeuvre needs num_frames; add it to the object or the command")
+        frames = FRAMES.check(frames, "num_frames", f"{source}: manoeuvre ")
         return actions_for_manoeuvre(str(name), frames, **check_manoeuvre_params(spec, source))
     arr = _finite_array(value, source)
     if arr.ndim == 3 and arr.shape[1:] == (NUM_ACTION_TOKENS, 3):
@@ -149,9 +186,9 @@ def actions_from_value(value: Any, source: str, num_frames: int | None) -> np.nd
     if arr.ndim == 3:
         return actions_from_instruction_trajs(arr, source)
     if arr.ndim == 2 and arr.shape[1] in (2, 3):
-        return actions_from_trajectory(
-            EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None, source=source)
-        )
+        trajectory = EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
+                                               source=source)
+        return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames))
     raise TerraInputError(
         f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
         "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz"
@@ -173,14 +210,13 @@ def _trajectory_from_mapping(spec: Any, source: str) -> EgoTrajectory:
         _finite_array(spec["x"], source), _finite_array(spec["y"], source),
         None if spec.get("yaw") is None else _finite_array(spec["yaw"], source),
         None if t is None else _finite_array(t, source),
-        rate_hz=float(spec.get("rate_hz", FRAME_RATE_HZ)), source=source,
+        rate_hz=RATE_HZ.check(spec.get("rate_hz", FRAME_RATE_HZ), "rate_hz", f"{source}: "), source=source,
     )
 
 
 def _trajectory_from_csv(path: Path) -> EgoTrajectory:
     """A world-frame trajectory from a CSV whose header names x, y and optionally t/timestamp and yaw."""
-    with path.open(newline="") as fh:
-        rows = list(csv.reader(fh))
+    rows = list(csv.reader(read_input_text(path, "trajectory file").splitlines()))
     if not rows:
         raise TerraInputError(f"trajectory file {path} is empty; add a header row (t,x,y[,yaw]) and points")
     header = [h.strip().lower() for h in rows[0]]
@@ -199,11 +235,22 @@ def _trajectory_from_csv(path: Path) -> EgoTrajectory:
 
 
 def _finite_array(value: Any, source: str) -> np.ndarray:
-    """``value`` as a float64 array with only finite numbers."""
+    """``value`` as a float64 array with only finite real numbers (complex, text or object arrays are refused
+    rather than converted with a warning)."""
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "biuf":
+        raise TerraInputError(f"{source}: holds {value.dtype} values, not real numbers; give a float array")
     try:
         arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TerraInputError(f"{source}: holds values that are not numbers or rows of unequal length") from None
     if not np.all(np.isfinite(arr)):
         raise TerraInputError(f"{source}: holds NaN or inf; replace them with finite numbers")
     return arr
+
+
+def _in_reach(values: np.ndarray, source: str) -> np.ndarray:
+    """``values`` (action or instruction-trajectory entries, metres within 3 s) if none exceeds :data:`MAX_ACTION_M`."""
+    if values.size and np.abs(values).max() > MAX_ACTION_M:
+        raise TerraInputError(f"{source}: holds {np.abs(values).max():.3g}, but points 3 s ahead lie within "
+                              f"{MAX_ACTION_M:g} m; give positions in metres")
+    return values

@@ -9,15 +9,24 @@ last sample a trajectory continues at its final speed and yaw rate, so a clip of
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.errors import TerraInputError, shown
+from terra.validation import MAX_FRAMES, Range
 
 FRAME_RATE_HZ = 10.0  # frames of a Terra clip
 FUTURE_RATE_HZ = 20.0  # points of an instruction trajectory
 FUTURE_POINTS = 60  # 3 s at 20 Hz
+
+# Sane world-frame trajectories: a car, in metres and seconds (wrong units fail here, not as odd videos).
+MAX_SPEED_MPS = 100.0  # 360 km/h between two samples
+MAX_COORDINATE_M = 1e7  # x, y (projected map coordinates included)
+MAX_TIME_S = 1e10  # timestamps (Unix seconds included)
+MAX_YAW_RAD = 1e4  # unwrapped yaw
+RATE_HZ = Range(0.1, 1000, 10)  # samples per second of a trajectory given without timestamps
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,9 @@ class EgoTrajectory:
         n = len(x)
         if n < 2 or len(y) != n:
             raise TerraInputError(f"{source}: needs at least 2 points with as many x as y values (got {n} x, {len(y)} y)")
-        t = np.arange(n) / rate_hz if t is None else np.asarray(t, dtype=np.float64).reshape(-1)
+        if t is None:
+            t = np.arange(n) / RATE_HZ.check(rate_hz, "rate_hz", f"{source}: ")
+        t = np.asarray(t, dtype=np.float64).reshape(-1)
         if len(t) != n:
             raise TerraInputError(f"{source}: has {len(t)} timestamps for {n} points; give one timestamp per point")
         if yaw is None:
@@ -53,11 +64,23 @@ class EgoTrajectory:
         yaw = np.asarray(yaw, dtype=np.float64).reshape(-1)
         if len(yaw) != n:
             raise TerraInputError(f"{source}: has {len(yaw)} yaw values for {n} points; give one per point or none")
-        for name, arr in (("t", t), ("x", x), ("y", y), ("yaw", yaw)):
+        for name, arr, limit, unit in (("t", t, MAX_TIME_S, "s"), ("x", x, MAX_COORDINATE_M, "m"),
+                                       ("y", y, MAX_COORDINATE_M, "m"), ("yaw", yaw, MAX_YAW_RAD, "rad")):
             if not np.all(np.isfinite(arr)):
                 raise TerraInputError(f"{source}: column {name} holds NaN or inf; replace them with finite values")
-        if np.any(np.diff(t) <= 0):
+            if np.abs(arr).max() > limit:
+                raise TerraInputError(f"{source}: column {name} holds {np.abs(arr).max():.3g}, beyond +-{limit:g} "
+                                      f"{unit}; give metres, seconds and radians")
+        dt = np.diff(t)
+        if np.any(dt <= 0):
             raise TerraInputError(f"{source}: timestamps must increase strictly; sort the points by time")
+        speed = np.hypot(np.diff(x), np.diff(y)) / dt
+        if speed.max() > MAX_SPEED_MPS:
+            i = int(np.argmax(speed))
+            raise TerraInputError(
+                f"{source}: the car would move at {speed[i]:.3g} m/s between points {i} and {i + 1}, faster than "
+                f"{MAX_SPEED_MPS:g} m/s; give positions in metres and times in seconds"
+            )
         return cls(t=t, x=x, y=y, yaw=np.unwrap(yaw))
 
     @property
@@ -88,6 +111,9 @@ class EgoTrajectory:
     def instruction_trajs(self, num_frames: int | None = None, fps: float = FRAME_RATE_HZ) -> np.ndarray:
         """Per-frame future trajectories ``[T, 60, 3]`` in each frame's ego frame (x fwd, y left, z=0)."""
         num_frames = self.num_frames(fps) if num_frames is None else num_frames
+        if num_frames > MAX_FRAMES:
+            raise TerraInputError(f"the trajectory spans {num_frames} frames at {fps:g} Hz, more than the "
+                                  f"{MAX_FRAMES} a rollout may have; trim it")
         frame_t = self.t[0] + np.arange(num_frames) / fps
         future_t = frame_t[:, None] + np.arange(FUTURE_POINTS)[None, :] / FUTURE_RATE_HZ
         ego = self.poses_at(frame_t)  # [T, 3]
@@ -137,13 +163,24 @@ MANOEUVRES = (
 )
 
 
-MANOEUVRE_PARAMS = ("speed_kmh", "radius_m", "accel_mps2", "lane_width_m", "change_s")  # user-settable parameters
+# User-settable manoeuvre parameters and their sane ranges (a car on a road; conf/generate.yaml lists them).
+MANOEUVRE_RANGES = {
+    "speed_kmh": Range(0, 250, 30),
+    "radius_m": Range(2, 10_000, 30),
+    "accel_mps2": Range(0, 15, 2),
+    "lane_width_m": Range(0, 10, 3.5),
+    "change_s": Range(0.5, 30, 3),
+}
+MANOEUVRE_PARAMS = tuple(MANOEUVRE_RANGES)
+MAX_MANOEUVRE_S = MAX_FRAMES / FRAME_RATE_HZ + 10.0  # longest synthesised trajectory (rollout + lookahead)
 
 
 def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str, float]:
-    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers) and return them as floats.
+    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers in :data:`MANOEUVRE_RANGES`)
+    and return them as floats.
 
-    Parameters set to ``None`` are left out (the manoeuvre's default applies).
+    Parameters set to ``None`` are left out (the manoeuvre's default applies). ``source`` names where they
+    came from: ``manoeuvre_params`` (the CLI's settings, named ``manoeuvre_params.KEY``) or a file.
     """
     if params is None:
         return {}
@@ -155,12 +192,11 @@ def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str
             continue
         if key not in MANOEUVRE_PARAMS:
             raise TerraInputError(f"{source}: unknown manoeuvre parameter {key!r}; use {', '.join(MANOEUVRE_PARAMS)}")
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            checked[key] = float(value)
-        except (TypeError, ValueError):
-            raise TerraInputError(f"{source}: {key}={value!r} is not a number; e.g. {key}=30") from None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TerraInputError(f"{source}: {key}={shown(value)} is not a number; e.g. {key}=30")
+        named = source == "manoeuvre_params"
+        checked[key] = MANOEUVRE_RANGES[key].check(value, f"{source}.{key}" if named else key,
+                                                   "" if named else f"{source}: ")
     return checked
 
 
@@ -177,22 +213,20 @@ def manoeuvre_trajectory(
     """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x.
 
     ``straight`` keeps ``speed_kmh``; ``curve_left/right`` follow a circle of ``radius_m``;
-    ``accelerate``/``decelerate`` change speed by ``accel_mps2`` (never below 0); ``stop`` brakes to a
-    standstill at ``accel_mps2``; ``lane_change_left/right`` move one ``lane_width_m`` sideways over
-    ``change_s`` seconds along a smooth S-curve.
+    ``accelerate``/``decelerate`` change speed by ``accel_mps2`` (between 0 and the top speed of
+    :data:`MANOEUVRE_RANGES`); ``stop`` brakes to a standstill at ``accel_mps2``; ``lane_change_left/right``
+    move one ``lane_width_m`` sideways over ``change_s`` seconds along a smooth S-curve.
     """
     if name not in MANOEUVRES:
-        raise TerraInputError(f"unknown manoeuvre {name!r}; choose one of: {', '.join(MANOEUVRES)}")
-    if not (np.isfinite(duration_s) and duration_s > 0):
-        raise TerraInputError(f"manoeuvre duration must be positive (got {duration_s})")
-    for label, value in (("speed_kmh", speed_kmh), ("radius_m", radius_m), ("accel_mps2", accel_mps2),
-                         ("lane_width_m", lane_width_m), ("change_s", change_s)):
-        if not np.isfinite(value) or value < 0 or (value == 0 and label in ("radius_m", "change_s")):
-            raise TerraInputError(f"manoeuvre parameter {label} must be a positive number (got {value})")
+        raise TerraInputError(f"unknown manoeuvre {shown(name)}; choose one of: {', '.join(MANOEUVRES)}")
+    Range(0, MAX_MANOEUVRE_S, 10, low_open=True).check(duration_s, "manoeuvre duration_s")
+    Range(1, 1000, 100).check(rate_hz, "manoeuvre rate_hz")
+    check_manoeuvre_params({"speed_kmh": speed_kmh, "radius_m": radius_m, "accel_mps2": accel_mps2,
+                            "lane_width_m": lane_width_m, "change_s": change_s}, "manoeuvre parameters")
     t = np.arange(int(np.ceil(duration_s * rate_hz)) + 1) / rate_hz
     v0 = speed_kmh / 3.6
     if name == "accelerate":
-        speed = v0 + accel_mps2 * t
+        speed = np.minimum(v0 + accel_mps2 * t, MANOEUVRE_RANGES["speed_kmh"].high / 3.6)
     elif name in ("decelerate", "stop"):
         speed = np.maximum(v0 - accel_mps2 * t, 0.0)
     else:

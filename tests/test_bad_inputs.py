@@ -109,7 +109,7 @@ def bad(tmp_path_factory) -> SimpleNamespace:
     ns.tok_grid = _copy_with_config(DEMO / "tokenizer", root / "tok_grid", lambda c: c.update(image_size=[128, 256]))
     config = json.loads((DEMO / "tokenizer" / "config.json").read_text())
     config["encoder_decoder_config"]["z_channels"] = 11
-    config["quantizer_config"]["codebook_size"] = 2048
+    config["quantizer_config"].update(codebook_size=2048, dim=11)
     torch.manual_seed(0)
     ns.tok_codebook = LFQTokenizer(config).save_pretrained(root / "tok_codebook_2048")
     # world models
@@ -172,7 +172,7 @@ API_CASES = {
                                      "traj_manoeuvre"),
     "trajectory_manoeuvre_not_a_name": (lambda b, t, p: load_actions(b.traj_manoeuvre_int, 4), "manoeuvre must be",
                                         "traj_manoeuvre_int"),
-    "trajectory_rate_null": (lambda b, t, p: load_actions(b.traj_rate_null, 4), "cannot be read", "traj_rate_null"),
+    "trajectory_rate_null": (lambda b, t, p: load_actions(b.traj_rate_null, 4), "rate_hz", "traj_rate_null"),
     "trajectory_empty_npy": (lambda b, t, p: load_actions(b.traj_empty_npy, 4), "cannot be read", "traj_empty_npy"),
     "trajectory_broken_json": (lambda b, t, p: load_actions(b.traj_broken, 4), "cannot be read", "traj_broken"),
     "manoeuvre_unknown": (lambda b, t, p: actions_for_manoeuvre("barrel_roll", 4), "unknown manoeuvre", None),

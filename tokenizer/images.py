@@ -2,16 +2,21 @@
 
 Every frame is converted to RGB, resized to cover the target size and center-cropped to it (aspect ratio
 kept), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than :data:`MAX_UPSCALE`,
-e.g. a 1x1 image) are rejected. Folders and globs are read in sorted file-name order. Bad input raises
-:class:`tokenizer.errors.InputError` naming the file and the fix.
+e.g. a 1x1 image) are rejected, and so are images whose header claims more than :data:`MAX_PIXELS` pixels
+(checked before they are decoded). Only regular files are opened (a FIFO or a device would block forever).
+Folders and globs are read in sorted file-name order; with ``last_n`` only the frames kept are decoded. Bad
+input raises :class:`tokenizer.errors.InputError` naming the file and the fix.
 """
 
 from __future__ import annotations
 
 import glob
+import os
+import stat
+import warnings
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence, Union
+from typing import IO, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import torch
@@ -26,6 +31,7 @@ RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YC
 
 RESIZE_MODES = ("crop", "stretch")  # see fit_frame
 MAX_UPSCALE = 8.0  # larger enlargements (a 1x1 or thumbnail image) carry no usable scene
+MAX_PIXELS = 8192 * 8192  # larger frames are no camera image (and a "decompression bomb" claims billions)
 
 Source = Union[str, Path, np.ndarray, Image.Image]
 
@@ -55,11 +61,11 @@ def load_frames(
     items = [sources] if isinstance(sources, (str, Path, np.ndarray, Image.Image)) else list(sources)
     if not items:
         raise InputError("no images given; pass image files, a folder, a glob or a video file")
-    frames: deque[np.ndarray] = deque(maxlen=last_n)
+    frames: deque[tuple[str, Image.Image | Path]] = deque(maxlen=last_n)  # image files are read once kept
     for item in items:
-        for source, frame in _expand(item):
-            frames.append(fit_frame(frame, image_size, source, resize))
-    return np.stack(frames)
+        frames.extend(_expand(item))
+    return np.stack([fit_frame(_read_image(frame) if isinstance(frame, Path) else frame, image_size, source, resize)
+                     for source, frame in frames])
 
 
 def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
@@ -84,8 +90,8 @@ def fit_frame(
     return np.asarray(ImageOps.fit(frame, (width, height), method=Image.Resampling.BICUBIC), dtype=np.uint8)
 
 
-def _expand(item: Source) -> Iterator[tuple[str, Image.Image]]:
-    """One source → (name for messages, RGB PIL frame) pairs."""
+def _expand(item: Source) -> Iterator[tuple[str, Image.Image | Path]]:
+    """One source → (name for messages, RGB PIL frame, or the path of an image file still to read) pairs."""
     if isinstance(item, Image.Image):
         yield "image", _to_rgb(item, "image")
     elif isinstance(item, np.ndarray):
@@ -96,12 +102,11 @@ def _expand(item: Source) -> Iterator[tuple[str, Image.Image]]:
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
                 raise InputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
-            for file in files:
-                yield str(file), _read_image(file)
-        elif path.is_file():
+            yield from ((str(file), file) for file in files)
+        elif os.path.lexists(path):
             yield from _read_file(path)
         elif glob.has_magic(str(item)):
-            files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+            files = sorted(Path(p) for p in glob.glob(str(path)) if not Path(p).is_dir())
             if not files:
                 raise InputError(f"pattern {item} matches no files; check the glob")
             for file in files:
@@ -110,23 +115,56 @@ def _expand(item: Source) -> Iterator[tuple[str, Image.Image]]:
             raise InputError(f"image path {item} does not exist; check the path")
 
 
-def _read_file(path: Path) -> Iterator[tuple[str, Image.Image]]:
-    """An image or video file → (name, frame) pairs."""
+def _read_file(path: Path) -> Iterator[tuple[str, Image.Image | Path]]:
+    """An image or video file → (name, frame or path) pairs."""
     if path.suffix.lower() in VIDEO_SUFFIXES:
+        _open_regular(path).close()  # imageio would block on a FIFO
         yield from ((str(path), frame) for frame in _read_video(path))
     else:
-        yield str(path), _read_image(path)
+        yield str(path), path
+
+
+def _open_regular(path: Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file; opened without blocking, so a FIFO, a device or a
+    socket is refused at once instead of blocking the reader forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InputError(f"image path {path} does not exist; check the path") from None
+    except OSError as err:
+        raise InputError(f"{path} cannot be opened ({err.strerror}); check the path and its permissions") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path} is not a regular file (a FIFO, device or socket); pass an image or video file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _read_image(path: Path) -> Image.Image:
-    try:
-        with Image.open(path) as image:
-            image.load()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise InputError(
-            f"{path} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
-        ) from None
+    """Decode one image file, after checking from its header that it is of a sane size."""
+    with _open_regular(path) as fh:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(fh) as image:
+                    _check_pixels(image.width, image.height, str(path))
+                    image.load()
+        except InputError:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise InputError(f"{path} claims more than {MAX_PIXELS} pixels; pass camera frames, "
+                             "e.g. 1920x1080") from None
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as err:
+            raise InputError(
+                f"{path} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
+            ) from None
     return _to_rgb(image, str(path))
+
+
+def _check_pixels(width: int, height: int, source: str) -> None:
+    if width * height > MAX_PIXELS:
+        raise InputError(f"{source} is {width}x{height} pixels, more than the {MAX_PIXELS} a frame may have; "
+                         "pass camera frames, e.g. 1920x1080")
 
 
 def _to_rgb(image: Image.Image, source: str) -> Image.Image:
@@ -155,10 +193,13 @@ def _read_video(path: Path) -> Iterator[Image.Image]:
         count = 0
         for frame in iio.imiter(path):
             frame = np.asarray(frame)
+            _check_pixels(frame.shape[1], frame.shape[0], str(path))
             if frame.ndim == 2:
                 frame = np.repeat(frame[..., None], 3, axis=-1)
             count += 1
             yield Image.fromarray(np.ascontiguousarray(frame[..., :3]).astype(np.uint8), "RGB")
+    except InputError:
+        raise
     except (OSError, ValueError, RuntimeError, IndexError) as err:
         raise InputError(
             f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or extracted frames"

@@ -6,12 +6,11 @@ placeholder, special ids) are never sampled, whatever the logits say. ``temperat
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-from terra.errors import TerraInputError
+from terra.validation import SAMPLING
 
 
 @dataclass(frozen=True)
@@ -23,19 +22,8 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        for name, kind in (("temperature", numbers.Real), ("top_k", numbers.Integral), ("top_p", numbers.Real)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise TerraInputError(
-                    f"sampling.{name} must be {'a whole number' if kind is numbers.Integral else 'a number'} "
-                    f"(got {value!r}); e.g. sampling.{name}={getattr(SamplingConfig, name)}"
-                )
-        if not self.temperature >= 0:
-            raise TerraInputError(f"sampling.temperature must be >= 0 (got {self.temperature}); use 0 for greedy")
-        if self.top_k < 0:
-            raise TerraInputError(f"sampling.top_k must be >= 0 (got {self.top_k}); use 0 to turn it off")
-        if not 0 < self.top_p <= 1:
-            raise TerraInputError(f"sampling.top_p must be in (0, 1] (got {self.top_p}); use 1.0 to turn it off")
+        for name, limits in SAMPLING.items():  # documented ranges: terra/validation.py
+            limits.check(getattr(self, name), f"sampling.{name}")
 
     @property
     def greedy(self) -> bool:

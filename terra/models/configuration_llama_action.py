@@ -73,6 +73,14 @@ class LlamaActionConfig(LlamaConfig):
 
     def validate_architecture(self):
         """Check the frame layout on top of Llama's own checks."""
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "max_position_embeddings", "num_spatio_embeddings",
+                 "num_temporal_embeddings", "num_image_patches", "num_action_tokens", "action_dim",
+                 "action_mlp_hidden_size")
+        values = {key: getattr(self, key, None) for key in sizes}
+        bad = [f"{key}={value}" for key, value in values.items() if value is not None and value < 1]
+        if bad:  # a table or layer of negative or zero size cannot be built
+            raise ValueError(f"sizes must be positive: {', '.join(bad)}")
         super().validate_architecture()
         if self.num_spatio_embeddings != self.num_image_patches + self.num_action_tokens:
             raise ValueError(
