@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from terra.errors import TerraInputError, check_whole_number
 from terra.generation.sampling import SamplingConfig
 from terra.outputs import check_output_formats
+from terra.refiner import check_decoding
 from terra.snapshot import checkpoint_path
 from terra.trajectory import MANOEUVRES
 from tokenizer.images import RESIZE_MODES
@@ -62,6 +63,8 @@ class BatchConfig:
     formats: Sequence[str] = ("mp4",)
     fps: float = 10.0
     writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
+    decoding: str = "framewise"  # framewise | refiner: Terra's video refiner (terra/refiner.py), 384x640
+    refiner: dict = field(default_factory=dict)  # the keys of conf/refiner/terra.yaml (decoding=refiner)
     mark_context: bool = False  # border + label on context frames
     overlay_trajectory: bool = False  # draw the commanded path
     save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
@@ -110,6 +113,8 @@ class BatchConfig:
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
             "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
             "default_manoeuvre": self.default_manoeuvre,
+            **({"decoding": "refiner", "refiner": {k: self.refiner.get(k) for k in ("preset", "num_steps", "guidance")}}
+               if self.decoding == "refiner" else {}),
         }
 
 
@@ -142,6 +147,7 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
         video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
         fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
         save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
+        decoding=cfg.get("decoding", "framewise"), refiner=plain(cfg.get("refiner")) or {},
         record=OmegaConf.to_container(cfg, resolve=True),
     )
 
@@ -181,6 +187,7 @@ def check_config(config: BatchConfig) -> None:
     if not isinstance(config.manifest, str) or "/" in config.manifest or not config.manifest.endswith(".jsonl"):
         raise TerraInputError(f"output.manifest {config.manifest!r} must be a file name ending in .jsonl")
     SamplingConfig(**config.sampling)  # raises TerraInputError on bad values
+    check_decoding(config.decoding, config.refiner, config.device)  # refiner file and GPU, before any load
     if config.default_manoeuvre is not None and config.default_manoeuvre not in MANOEUVRES:
         raise TerraInputError(f"unknown default_manoeuvre {config.default_manoeuvre!r}; "
                               f"choose one of: {', '.join(MANOEUVRES)}")

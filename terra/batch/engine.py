@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from terra.generation.sampling import SamplingConfig
 from terra.inputs import TRAJECTORY_KEYS, load_context, manoeuvre_actions, rollout_requests, trajectory_actions
 from terra.models import LlamaActionConfig
 from terra.pipeline import WorldModelPipeline
+from terra.refiner import check_decoding
 from tokenizer import ImageTokenizer
 from tokenizer.atomic import atomic_path
 
@@ -105,6 +107,10 @@ class _Writer:
     def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None]) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
+        self.refiner = None  # decoding=refiner: Terra's video refiner beside the engine (terra/refiner.py)
+        if config.decoding == "refiner":
+            self.refiner = check_decoding(config.decoding, config.refiner, pipeline.device).load()
+        self.refiner_lock = threading.Lock()  # one refinement at a time on the GPU
 
     def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> None:
         self.pool.submit(self._write, prepared, generated, generate_s)
@@ -127,7 +133,11 @@ class _Writer:
         grid = pipeline.tokenizer.grid_shape
         context = np.asarray(prepared.request.context).reshape(-1, *grid)
         codes = np.concatenate([context, np.asarray(generated).reshape(-1, *grid)])
-        frames = pipeline.decode(codes)
+        if self.refiner is None:
+            frames = pipeline.decode(codes)
+        else:
+            with self.refiner_lock:
+                frames = self.refiner.refine(codes, pipeline.tokenizer, seed=item.seed).frames
         decode_s = time.perf_counter() - t0
         shown = frames
         if config.overlay_trajectory:

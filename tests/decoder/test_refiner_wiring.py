@@ -3,6 +3,7 @@ end to end with a tiny random refiner, and diffusers staying unimported unless t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,9 +18,11 @@ pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip instal
 
 from decoder.refiner import TINY, load_refiner  # noqa: E402
 from decoder.refiner.model import VideoRefiner  # noqa: E402
+from terra.batch import BatchConfig, check_config, run_batch  # noqa: E402
 from terra.errors import TerraInputError  # noqa: E402
 from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
 from terra.refiner import check_decoding  # noqa: E402
+from tests.batch.test_batch import NUM_CONTEXT, actbench_line, demo_pipeline, scenes  # noqa: E402,F401 (fixtures)
 from tests.decoder.test_refiner import tiny_tokenizer  # noqa: E402
 from tests.test_cli import TERRA_GENERATE, terra_generate  # noqa: E402
 
@@ -101,3 +104,20 @@ def test_benchmark_script_reports_the_split_and_unet_throughput(tmp_path):
     assert five["output_shape"] == [5, TINY.height, TINY.width, 3] and eight["passes"] == [[0, 5], [3, 8]]
     assert eight["unet_calls"] == 2 * TINY.num_steps and eight["unet_tflop"] > five["unet_tflop"] > 0
     assert set(eight["split_s"]) == {"token_decode_s", "cond_encode_s", "unet_s", "temporal_decode_s", "total_s"}
+
+
+def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_pipeline):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(actbench_line(scenes, 0))
+    out = tmp_path / "out"
+    config = BatchConfig(samples=str(samples), output_dir=str(out), image_root=scenes["root"], backend="hf",
+                         num_frames=1, num_context=NUM_CONTEXT, progress=False, decoding="refiner",
+                         refiner={"path": str(tiny_file), "preset": "tiny", "num_steps": 2})
+    check_config(config)
+    assert run_batch(config, pipeline=demo_pipeline).counts["ok"] == 1
+    assert iio.imread(out / "0.mp4").shape == (NUM_CONTEXT + 1, TINY.height, TINY.width, 3)
+    framewise = run_batch(dataclasses.replace(config, decoding="framewise"), pipeline=demo_pipeline)
+    assert framewise.counts["ok"] == 1  # another decoding: the sample is made again, at the tokenizer's size
+    assert iio.imread(out / "0.mp4").shape[1:3] == tuple(demo_pipeline.tokenizer.image_size)
+    with pytest.raises(TerraInputError, match="not found"):
+        check_config(dataclasses.replace(config, refiner={"path": str(tmp_path / "x.pt"), "preset": "tiny"}))
