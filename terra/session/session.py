@@ -154,31 +154,36 @@ class SessionHost:
 
     def open(self, images: Any = None, codes: Any = None, builtin: dict | None = None, actions: Any = None,
              speed_kmh: float = 30.0, seed: int | None = None, sampling: SamplingConfig | None = None,
-             num_context: int | None = None) -> Session:
+             num_context: int | None = None, max_frames: int | None = None) -> Session:
         """A session from ``images``, ``codes`` or the built-in world (``builtin``: manoeuvre, scene, speed_kmh;
         the default when neither images nor codes are given). ``actions``: the context's own actions
-        (default: straight at ``speed_kmh``). ``seed`` fixes sampling (None: the backend picks one)."""
+        (default: straight at ``speed_kmh``). ``seed`` fixes sampling (None: the backend picks one);
+        ``max_frames`` lowers the host's cap for this session."""
         if images is not None and codes is not None:
             raise TerraInputError("give context images or codes, not both")
         num_context = self.num_context if num_context is None else \
             check_whole_number(num_context, "num_context", 1, "num_context=3")
         if seed is not None:
             check_whole_number(seed, "seed", 0, "seed=0")
+        if max_frames is not None:
+            check_whole_number(max_frames, "max_frames", 1, "max_frames=100")
+            if max_frames > self.max_frames:
+                raise TerraInputError(f"max_frames={max_frames} is over this host's limit of {self.max_frames}")
         if images is not None:
             context = contexts.from_images(self.pipeline, images, num_context, actions, speed_kmh)
         elif codes is not None:
             context = contexts.from_codes(codes, self.pipeline.tokenizer.grid_shape, actions, speed_kmh)
         else:
             context = contexts.builtin(self.pipeline, num_context, **(builtin or {}))
-        return self.open_context(context, seed, sampling)
+        return self.open_context(context, seed, sampling, max_frames)
 
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
-                     sampling: SamplingConfig | None = None) -> Session:
+                     sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
         """A session from an already built :class:`~terra.session.context.SessionContext`."""
-        n = len(context.codes)
-        actions = np.zeros((n + self.max_frames - 1, 6, 3), dtype=np.float32)
+        n, frames = len(context.codes), max_frames or self.max_frames
+        actions = np.zeros((n + frames - 1, 6, 3), dtype=np.float32)
         actions[: n - 1] = context.actions
-        request = RolloutRequest(context.codes, actions, self.max_frames, seed=seed, overlap=self.overlap)
+        request = RolloutRequest(context.codes, actions, frames, seed=seed, overlap=self.overlap)
         return Session(self, self.engine.open(request), context, sampling or self.sampling)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:

@@ -1,0 +1,194 @@
+"""The HTTP and WebSocket interface of ``terra-serve`` (FastAPI), and the page at ``/``.
+
+REST (JSON; with ``serve.token`` set, every route but ``/``, ``/static`` and ``/health`` needs
+``Authorization: Bearer <token>``):
+
+* ``GET /health``, ``GET /metrics``: liveness (200 once the model is loaded) and sessions, frames/s, queue.
+* ``GET /sessions``, ``POST /sessions`` (a spec: terra/serve/service.py), ``GET|DELETE /sessions/{id}``.
+* ``POST /sessions/{id}/step`` ``{"action": ..., "codes": false}`` → the frame's header, image (data URL) and
+  optionally its codes; ``POST /sessions/{id}/fork``, ``POST /sessions/{id}/reset``.
+* ``GET /sessions/{id}/video?format=mp4|gif``: the session so far as a file.
+* ``WS /sessions/{id}/ws``: terra/serve/sockets.py. Browsers pass the token as the subprotocol
+  ``bearer.<token>`` next to ``terra``.
+
+Errors are ``{"error": "one line"}``: 400 bad input, 401 token, 404 no session, 413 too large, 429 a limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import secrets
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
+from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from terra.errors import TerraInputError
+from terra.serve.media import VIDEO_FORMATS, video_bytes
+from terra.serve.service import LimitError, NotFoundError, SessionService
+from terra.serve.sockets import SocketConnection, parse_json
+
+log = logging.getLogger("terra.serve")
+STATIC = Path(str(files("terra.serve") / "static"))
+SUBPROTOCOL = "terra"
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _status(err: TerraInputError) -> int:
+    return 404 if isinstance(err, NotFoundError) else 429 if isinstance(err, LimitError) else 400
+
+
+def create_app(service: SessionService) -> FastAPI:
+    """The FastAPI app serving ``service``'s sessions (the model is loaded: ``/health`` answers 200)."""
+    settings = service.settings
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        yield
+        await service.shutdown()
+
+    app = FastAPI(title="terra-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    def authorized(header: str | None, offered: list[str] = ()) -> bool:
+        if settings.token is None:
+            return True
+        wanted = [f"Bearer {settings.token}", f"bearer.{settings.token}"]
+        given = [header or "", *offered]
+        return any(secrets.compare_digest(g.encode(), w.encode()) for g in given for w in wanted)
+
+    def require_token(request: Request) -> None:
+        if not authorized(request.headers.get("authorization")):
+            raise HTTPException(401, "missing or wrong bearer token; send the header Authorization: Bearer <token>",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_json(request: Request) -> Any:
+        """The request body as JSON, at most ``serve.max_request_bytes`` (413 beyond, before reading it all)."""
+        limit = settings.max_request_bytes
+        too_large = HTTPException(413, f"request body over serve.max_request_bytes={limit} bytes; send fewer or "
+                                       "smaller context images")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return parse_json(bytes(body)) if body.strip() else {}
+
+    @app.exception_handler(TerraInputError)
+    async def input_error(request: Request, err: TerraInputError) -> JSONResponse:
+        return _error(_status(err), str(err))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        return _error(err.status_code, str(err.detail), getattr(err, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(422, f"{where}: {first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return _error(500, f"internal error ({type(err).__name__}); the server log has the details")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "backend": service.host.pipeline.backend.name, "sessions": len(service.entries),
+                "token_required": settings.token is not None}
+
+    api = APIRouter(dependencies=[Depends(require_token)])
+
+    @api.get("/metrics")
+    async def metrics() -> dict:
+        return service.metrics()
+
+    @api.get("/sessions")
+    async def list_sessions() -> dict:
+        return {"sessions": [entry.info() for entry in service.entries.values()]}
+
+    @api.post("/sessions", status_code=201)
+    async def create_session(request: Request) -> dict:
+        entry = await service.create(await read_json(request))
+        return entry.info()
+
+    @api.get("/sessions/{session_id}")
+    async def get_session(session_id: str) -> dict:
+        return service.get(session_id).info()
+
+    @api.delete("/sessions/{session_id}", status_code=204)
+    async def delete_session(session_id: str) -> Response:
+        await service.delete(session_id, "session deleted")
+        return Response(status_code=204)
+
+    @api.post("/sessions/{session_id}/step")
+    async def step(session_id: str, request: Request) -> dict:
+        entry = service.get(session_id)
+        body = await read_json(request)
+        if not isinstance(body, dict) or "action" not in body or not set(body) <= {"action", "codes"}:
+            raise TerraInputError("the body must be {\"action\": ..., \"codes\": false}, e.g. "
+                                  "{\"action\": {\"steer\": 0, \"speed_kmh\": 30}}")
+        frame, image, header = await service.step(entry, body["action"])
+        mime = "image/jpeg" if settings.image_format == "jpeg" else "image/png"
+        header["image"] = f"data:{mime};base64,{base64.b64encode(image).decode()}"
+        if body.get("codes") is True:
+            header["codes"] = frame.codes.tolist()
+        return header
+
+    @api.post("/sessions/{session_id}/fork", status_code=201)
+    async def fork(session_id: str) -> dict:
+        return (await service.fork(service.get(session_id))).info()
+
+    @api.post("/sessions/{session_id}/reset")
+    async def reset(session_id: str) -> dict:
+        entry = service.get(session_id)
+        await service.reset(entry)
+        return entry.info()
+
+    @api.get("/sessions/{session_id}/video")
+    async def video(session_id: str, format: str = "mp4") -> Response:
+        entry = service.get(session_id)
+        if format not in VIDEO_FORMATS:
+            raise TerraInputError(f"format must be one of {', '.join(VIDEO_FORMATS)} (got {format!r})")
+        session = entry.session
+        data = await asyncio.get_running_loop().run_in_executor(
+            service.pool, lambda: video_bytes(session.video(), session.num_context, format))
+        headers = {"Content-Disposition": f'attachment; filename="terra-{session.id}.{format}"'}
+        return Response(data, media_type=VIDEO_FORMATS[format], headers=headers)
+
+    app.include_router(api)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.websocket("/sessions/{session_id}/ws")
+    async def socket(websocket: WebSocket, session_id: str) -> None:
+        offered = list(websocket.scope.get("subprotocols", []))
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        if not authorized(websocket.headers.get("authorization"), offered):
+            await websocket.send_json({"type": "error", "message": "missing or wrong token; offer the subprotocol "
+                                       "bearer.<token> or send Authorization: Bearer <token>"})
+            return await websocket.close(1008, "unauthorized")
+        entry = service.entries.get(session_id)
+        if entry is None:
+            await websocket.send_json({"type": "error", "message": f"no session {session_id!r}"})
+            return await websocket.close(1008, "no such session")
+        await SocketConnection(websocket, entry, service).run()
+
+    return app

@@ -1,0 +1,78 @@
+"""Bytes in and out of the server: frames as JPEG/PNG, the binary frame message, uploads, session videos.
+
+A frame message (WebSocket, binary) is ``uint32 big-endian header length | header JSON (UTF-8) | image bytes``,
+so one message carries a frame and what it is (index, timings, pose) and a reader needs no pairing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import re
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from decoder import mark_frames, write_gif, write_mp4
+from terra.errors import TerraInputError
+
+MAX_UPLOAD_PIXELS = 4096 * 4096  # one uploaded frame; a decompression bomb fails before it is decoded
+VIDEO_FORMATS = {"mp4": "video/mp4", "gif": "image/gif"}
+_DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,", re.ASCII)
+
+
+def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes:
+    """uint8 ``[H, W, 3]`` → JPEG or PNG bytes."""
+    buffer = io.BytesIO()
+    if image_format == "jpeg":
+        Image.fromarray(rgb).save(buffer, format="JPEG", quality=quality)
+    else:
+        Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def frame_message(header: dict[str, Any], image: bytes) -> bytes:
+    """The binary WebSocket message of one frame (module docstring)."""
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack(">I", len(text)) + text + image
+
+
+def read_frame_message(message: bytes) -> tuple[dict[str, Any], bytes]:
+    """Inverse of :func:`frame_message` (for Python clients and tests)."""
+    (length,) = struct.unpack(">I", message[:4])
+    return json.loads(message[4 : 4 + length]), message[4 + length :]
+
+
+def decode_upload(value: Any, index: int) -> Image.Image:
+    """An uploaded frame: a base64 string or ``data:image/...;base64,`` URL of a PNG/JPEG/... file → PIL image."""
+    where = f"context image {index}"
+    if not isinstance(value, str):
+        raise TerraInputError(f"{where} must be a base64 string or a data:image URL (got {type(value).__name__})")
+    try:
+        data = base64.b64decode(_DATA_URL.sub("", value, count=1), validate=True)
+    except (binascii.Error, ValueError):
+        raise TerraInputError(f"{where} is not valid base64; send the file's bytes base64-encoded") from None
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.width * image.height > MAX_UPLOAD_PIXELS:
+            raise TerraInputError(f"{where} is {image.width}x{image.height} pixels; send at most "
+                                  f"{MAX_UPLOAD_PIXELS} pixels (e.g. 4096x4096)")
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError) as err:
+        raise TerraInputError(f"{where} is not a readable image ({type(err).__name__}); send PNG or JPEG") from None
+    return image
+
+
+def video_bytes(frames: np.ndarray, num_context: int, video_format: str, fps: float = 10.0) -> bytes:
+    """A session's frames as an MP4 or GIF file (context frames marked, as terra-generate marks them)."""
+    marked = mark_frames(frames, num_context)
+    with tempfile.TemporaryDirectory(prefix="terra-serve-") as folder:
+        path = Path(folder) / f"session.{video_format}"
+        (write_mp4 if video_format == "mp4" else write_gif)(path, marked, fps=fps)
+        return path.read_bytes()

@@ -1,0 +1,82 @@
+"""``terra-serve`` settings (the ``serve`` block of conf/serve.yaml), checked before any model loads."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from terra.errors import TerraInputError, check_whole_number
+
+IMAGE_FORMATS = ("jpeg", "png")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+-]{8,256}")  # sent as a WebSocket subprotocol, so token characters only
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Where the server listens and the limits that keep one client from hurting the others."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None
+    max_sessions: int = 16
+    idle_timeout_s: float = 300.0
+    max_frames: int = 600
+    max_request_bytes: int = 16_000_000
+    max_message_bytes: int = 65536
+    max_queued_steps: int = 8
+    drive_window: int = 3
+    send_timeout_s: float = 20.0
+    image_format: str = "jpeg"
+    jpeg_quality: int = 90
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("port", 0), ("max_sessions", 1), ("max_frames", 1), ("max_request_bytes", 1024),
+                              ("max_message_bytes", 256), ("max_queued_steps", 1), ("drive_window", 1),
+                              ("jpeg_quality", 1)):
+            check_whole_number(getattr(self, name), f"serve.{name}", minimum,
+                               f"serve.{name}={getattr(ServeSettings, name)}")
+        if self.port > 65535:
+            raise TerraInputError(f"serve.port must be at most 65535 (got {self.port}); e.g. serve.port=8000")
+        if self.jpeg_quality > 100:
+            raise TerraInputError(f"serve.jpeg_quality must be in [1, 100] (got {self.jpeg_quality})")
+        for name in ("idle_timeout_s", "send_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise TerraInputError(f"serve.{name} must be a positive number of seconds (got {value!r})")
+        if self.image_format not in IMAGE_FORMATS:
+            raise TerraInputError(f"serve.image_format must be one of {', '.join(IMAGE_FORMATS)} "
+                                  f"(got {self.image_format!r})")
+        if self.log_level not in LOG_LEVELS:
+            raise TerraInputError(f"serve.log_level must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
+        if not isinstance(self.host, str) or not self.host:
+            raise TerraInputError(f"serve.host must be an address or host name (got {self.host!r})")
+        if self.token is not None and (not isinstance(self.token, str) or not TOKEN_PATTERN.fullmatch(self.token)):
+            raise TerraInputError("serve.token must be 8 to 256 letters, digits or - . _ ~ + (it travels as a "
+                                  "WebSocket subprotocol); e.g. serve.token=$(openssl rand -hex 16)")
+        if self.token is None and not is_loopback(self.host):
+            raise TerraInputError(f"serve.host={self.host} is reachable beyond this machine, so a token is "
+                                  "required: set serve.token=... or TERRA_SERVE_TOKEN, or bind serve.host=127.0.0.1")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "ServeSettings":
+        """Settings from a plain mapping (the ``serve`` config block); unknown keys fail with one line."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TerraInputError(f"unknown serve settings {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**values)

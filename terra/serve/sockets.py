@@ -1,0 +1,191 @@
+"""One WebSocket per session: actions or key states in, frames out as soon as each is generated.
+
+Client → server, JSON text messages:
+
+* ``{"type": "step", "action": ACTION}``: one frame under ``ACTION`` (any form of terra/session/controls.py).
+* ``{"type": "keys", "keys": {"up": true, "left": false, ...}}``: held arrow keys for driving.
+* ``{"type": "drive", "on": true}``: generate frames continuously under the held keys, at most
+  ``serve.drive_window`` ahead of the client's acknowledgements ``{"type": "ack", "index": N}``; a client that
+  stops acknowledging (or reading) stops costing model time.
+* ``{"type": "reset"}``: back to the context frames.
+
+Server → client: a binary frame message per frame (terra/serve/media.py: header JSON with ``index``, ``pose``,
+``timings`` + JPEG/PNG bytes), and JSON text ``{"type": "ready" | "reset" | "error", ...}``. Bad input gets an
+error frame and the socket stays open; the session, the server and other sockets are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from terra.errors import TerraInputError
+from terra.serve.media import frame_message
+from terra.serve.service import Entry, SessionService
+from terra.session.controls import parse_action
+
+log = logging.getLogger("terra.serve")
+MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")
+
+
+def parse_json(text: str | bytes) -> object:
+    """JSON without NaN/Infinity (Python's json accepts them; they are not JSON)."""
+    def reject(constant: str) -> None:
+        raise TerraInputError(f"{constant} is not a number JSON allows; send finite numbers")
+
+    try:
+        return json.loads(text, parse_constant=reject)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TerraInputError(f"malformed JSON ({err}); send one JSON object") from None
+
+
+class SocketConnection:
+    """A session's socket: a receiver that reads messages and a producer that generates and sends frames."""
+
+    def __init__(self, websocket: WebSocket, entry: Entry, service: SessionService) -> None:
+        self.websocket = websocket
+        self.entry = entry
+        self.service = service
+        self.settings = service.settings
+        self.steps: asyncio.Queue = asyncio.Queue(maxsize=self.settings.max_queued_steps)
+        self.wakeup = asyncio.Event()
+        self.driving = False
+        self.sent = -1  # index of the last frame sent
+        self.acked = -1  # of the last frame acknowledged (frames before driving started count as acknowledged)
+        self.closing = False
+        self._send_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task] = []
+
+    async def run(self) -> None:
+        """Serve the socket until the client leaves, stops reading, or the session closes."""
+        self.entry.sockets.add(self)
+        try:
+            await self._send_text({"type": "ready", "session": self.entry.info()})
+            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._produce())]
+            await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+        except (WebSocketDisconnect, RuntimeError):  # the client left (RuntimeError: sending after it did)
+            pass
+        finally:
+            self.entry.sockets.discard(self)
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def close(self, code: int, reason: str) -> None:
+        """Send a close frame (at most ``send_timeout_s`` waiting on a client that does not read)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.entry.sockets.discard(self)
+        if self.websocket.application_state == WebSocketState.CONNECTED:
+            async with self._send_lock:  # after a frame being sent
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.websocket.close(code, reason[:120]), self.settings.send_timeout_s)
+        for task in self._tasks:
+            task.cancel()
+
+    async def _receive(self) -> None:
+        while not self.closing:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            try:
+                self._handle(message)
+            except TerraInputError as err:
+                await self._send_text({"type": "error", "message": str(err)})
+
+    def _handle(self, message: dict) -> None:
+        """Act on one client message; bad input raises :class:`TerraInputError`."""
+        if message.get("text") is None:
+            raise TerraInputError("send JSON text messages, not binary ones")
+        value = parse_json(message["text"])
+        if not isinstance(value, dict) or value.get("type") not in MESSAGE_TYPES:
+            raise TerraInputError(f"a message must be an object whose type is one of {', '.join(MESSAGE_TYPES)}")
+        kind = value["type"]
+        if kind == "step":
+            if "action" not in value:
+                raise TerraInputError("a step message needs an action, e.g. {\"type\": \"step\", \"action\": "
+                                      "{\"steer\": 0, \"speed_kmh\": 30}}")
+            self._queue(("step", parse_action(value["action"])))
+        elif kind == "keys":
+            self.entry.session.driver.set_keys(value.get("keys"))
+        elif kind == "drive":
+            if not isinstance(value.get("on"), bool):
+                raise TerraInputError("a drive message needs on: true or false")
+            self.driving = value["on"]
+            self.acked = self.sent
+        elif kind == "ack":
+            index = value.get("index")
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise TerraInputError("an ack message needs the index of the frame it acknowledges")
+            self.acked = max(self.acked, min(index, self.sent))
+        else:
+            self._queue(("reset", None))
+        self.wakeup.set()
+
+    def _queue(self, item: tuple) -> None:
+        try:
+            self.steps.put_nowait(item)
+        except asyncio.QueueFull:
+            raise TerraInputError(f"{self.steps.maxsize} steps are already queued on this socket; wait for their "
+                                  "frames") from None
+
+    def _next(self) -> tuple | None:
+        """The next job: a queued step or reset, else a driving frame when the client keeps up."""
+        if not self.steps.empty():
+            return self.steps.get_nowait()
+        if self.driving and self.sent - self.acked < self.settings.drive_window:
+            return ("drive", None)
+        return None
+
+    async def _produce(self) -> None:
+        while True:
+            job = self._next()
+            if job is None:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            kind, action = job
+            try:
+                if kind == "reset":
+                    await self.service.reset(self.entry)
+                    self.sent = self.acked = -1
+                    await self._send_text({"type": "reset", "session": self.entry.info()})
+                    continue
+                if kind == "drive":
+                    action = self.entry.session.driver.action()
+                _, image, header = await self.service.step(self.entry, action)
+            except TerraInputError as err:
+                if kind == "drive":
+                    self.driving = False
+                await self._send_text({"type": "error", "message": str(err)})
+                continue
+            self.sent = header["index"]
+            await self._send_bytes(frame_message(header, image))
+
+    async def _send_text(self, value: dict) -> None:
+        await self._send(lambda: self.websocket.send_text(json.dumps(value)))
+
+    async def _send_bytes(self, data: bytes) -> None:
+        await self._send(lambda: self.websocket.send_bytes(data))
+
+    async def _send(self, send) -> None:
+        """Send within ``send_timeout_s``; a client that does not take it in time is disconnected."""
+        if self.closing:
+            return
+        async with self._send_lock:
+            try:
+                await asyncio.wait_for(send(), self.settings.send_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("session %s: a socket did not read for %s s; closing it", self.entry.session.id,
+                            self.settings.send_timeout_s)
+                self.closing = True
+                with contextlib.suppress(Exception):
+                    await self.websocket.close(1008, "client does not read its frames")
+                raise WebSocketDisconnect(1008) from None
