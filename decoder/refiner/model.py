@@ -176,7 +176,8 @@ class VideoRefiner(nn.Module):
     @contextmanager
     def _timed(self, timings: dict[str, float], key: str) -> Iterator[None]:
         """Add the seconds of the block to ``timings[key]`` (waiting for the GPU first, so stages do not blur)."""
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        device = self.device
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         sync()
         start = time.perf_counter()
         yield
