@@ -216,6 +216,9 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
         (dict(video_pattern="video.{ext}"), "{sample_id}"),
         (dict(formats=["avi"]), "output.formats"),
         (dict(samples=str(tmp_path / "missing.jsonl")), "does not exist"),
+        (dict(resize="squash"), "tokenizer.resize 'squash'"),
+        (dict(zero_embed_code_0="no"), "model.zero_embed_code_0 must be true or false"),
+        (dict(overlap=16), "model.overlap=16 does not fit a window of 16 frames"),  # the demo model's window
     ] + ([] if torch.cuda.is_available() else [(dict(gpus=[0, 1]), "no CUDA GPU")]):
         with pytest.raises(TerraInputError, match=re.escape(message)):
             config = BatchConfig(**{**good, **bad})
@@ -223,6 +226,17 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
             run_batch(config)
     assert not (tmp_path / "out").exists()
     assert [s.error for s in read_samples(samples)] == [None]
+
+
+def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scenes):
+    """Both change a sample's codes, so finished samples made with the other value are generated again."""
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(actbench_line(scenes, 0) + "\n")
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
+    fingerprints = {plan(dataclasses.replace(config, **change)).items[0].fingerprint
+                    for change in ({}, {"zero_embed_code_0": True}, {"resize": "stretch"})}
+    assert len(fingerprints) == 3
+    assert plan(dataclasses.replace(config)).items[0].fingerprint in fingerprints  # stable for equal settings
 
 
 @pytest.fixture(scope="module")

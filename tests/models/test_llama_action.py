@@ -162,6 +162,35 @@ def test_v2_mlp_action_projection():
     assert out.logits.shape == (1, S, TINY["vocab_size"])
 
 
+@torch.no_grad()
+def test_zero_embed_code_0_changes_only_code_0s_embedding():
+    """Terra's vLLM port embeds image code 0 as zeros (terra/models/configuration_llama_action.py): on, the
+    token embedding of code 0 is gone (its position embedding stays); every other input embedding is unchanged."""
+    model = tiny_model()
+    assert not model.config.zero_embed_code_0  # off by default
+    rng = np.random.default_rng(6)
+    codes = rng.integers(1, 512, (2, P))
+    codes[0, [5, 9, 40]] = 0
+    codes[1, 63] = 0
+    ids = torch.tensor(interleaved(codes))[None]  # two frames, each with its action slots
+    actions = torch.from_numpy(rng.normal(size=(1, 2 * A, 3)).astype(np.float32))
+    positions = torch.arange(ids.shape[1])[None]
+    plain = model.embed(ids, actions, positions)[0]
+    model.config.zero_embed_code_0 = True
+    zeroed = model.embed(ids, actions, positions)[0]
+    is_zero = ids[0] == 0
+    assert int(is_zero.sum()) == 4
+    torch.testing.assert_close(zeroed[~is_zero], plain[~is_zero], rtol=0, atol=0)  # codes 1.., action slots
+    torch.testing.assert_close(zeroed[is_zero], model.pos_embedding_spatio_temporal(positions[0])[is_zero])
+    assert (zeroed[is_zero] - plain[is_zero]).abs().amax(-1).min() > 0  # code 0's token embedding is not zero
+    logits = model(input_ids=ids, actions=actions, position_ids=positions).logits[0]
+    model.config.zero_embed_code_0 = False
+    first_zero = int(is_zero.nonzero()[0])
+    reference = model(input_ids=ids, actions=actions, position_ids=positions).logits[0]
+    torch.testing.assert_close(logits[:first_zero], reference[:first_zero], rtol=0, atol=0)
+    assert (logits[first_zero:] - reference[first_zero:]).abs().max() > 1e-3
+
+
 # ------------------------------------------------------------------------------------ checkpoint format
 
 

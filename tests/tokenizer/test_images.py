@@ -1,4 +1,4 @@
-"""Image loading: files, folders, globs, videos, arrays; resize + center crop; one-line errors."""
+"""Image loading: files, folders, globs, videos, arrays; resize + center crop or straight resize; one-line errors."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from terra.errors import TerraInputError
-from tokenizer.images import load_frames, load_images
+from tokenizer.images import frames_to_tensor, load_frames, load_images
 
 
 def solid(color, size=(20, 40)) -> np.ndarray:
@@ -23,6 +23,28 @@ def test_center_crop_keeps_the_middle_and_scales_to_unit_range(tmp_path):
     out = load_images(tmp_path / "wide.png", (16, 16))
     assert out.shape == (1, 3, 16, 16) and out.dtype == torch.float32
     assert torch.allclose(out[0, :, 2:-2, 2:-2], torch.tensor([1.0, -1.0, -1.0])[:, None, None], atol=0.02)
+
+
+def test_stretch_resizes_straight_and_crop_stays_the_default(tmp_path):
+    """``stretch`` (Terra's tokenizer configs) is PIL's bicubic resize to the size, aspect ratio not kept."""
+    picture = np.random.default_rng(0).integers(0, 256, (30, 100, 3), np.uint8)  # 10:3, not the target's 16:9
+    Image.fromarray(picture).save(tmp_path / "wide.png")
+    stretched = load_frames(tmp_path / "wide.png", (18, 32), resize="stretch")
+    expected = np.array(Image.fromarray(picture).resize((32, 18), Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(stretched[0], expected)
+    torch.testing.assert_close(load_images(tmp_path / "wide.png", (18, 32), resize="stretch"),
+                               frames_to_tensor(expected[None]))
+    cropped = np.asarray(ImageOps.fit(Image.fromarray(picture), (32, 18), method=Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(load_frames(tmp_path / "wide.png", (18, 32))[0], cropped)  # the default
+    assert np.abs(cropped.astype(int) - expected.astype(int)).mean() > 10  # the two modes differ here
+
+
+def test_unknown_resize_mode_is_one_line(tmp_path):
+    Image.fromarray(solid((10, 20, 30))).save(tmp_path / "frame.png")
+    with pytest.raises(TerraInputError) as err:
+        load_images(tmp_path / "frame.png", (8, 8), resize="squash")
+    text = str(err.value)
+    assert "'squash'" in text and "crop" in text and "stretch" in text and "\n" not in text
 
 
 def test_folder_glob_list_video_and_arrays(tmp_path):
