@@ -2,29 +2,27 @@
 
 Settings are checked before the model loads; a mistake exits with code 2 and one line on stderr. The model
 loads before the port opens, so ``GET /health`` answers 200 as soon as anything answers. On SIGINT/SIGTERM
-open sockets get a close frame (1001, "server shutting down") before the server stops.
+open sockets get a close frame (1001, "server shutting down") before the server stops; then the process ends
+as every app does on an interrupt (terra/hydra_app.py, ``run_app``: exit 130 / 143).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
+from typing import TYPE_CHECKING
 
 import hydra
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from terra.errors import TerraInputError, check_whole_number
-from terra.generation.sampling import SamplingConfig
-from terra.hydra_app import CONFIG_PATH, run_app
-from terra.inputs import check_window
-from terra.models.checkpoint import read_world_model_config
-from terra.serve.app import create_app
-from terra.serve.service import SessionService
+from terra.hydra_app import CONFIG_PATH, check_added_settings, run_app, task
 from terra.serve.settings import ServeSettings
-from terra.session import SessionHost
-from terra.snapshot import checkpoint_path
+
+if TYPE_CHECKING:
+    from terra.generation.sampling import SamplingConfig
+    from terra.serve.service import SessionService
 
 
 class GracefulServer(uvicorn.Server):
@@ -41,6 +39,8 @@ class GracefulServer(uvicorn.Server):
 
 def sampling_from(cfg: DictConfig) -> SamplingConfig:
     """The ``sampling`` group as a :class:`SamplingConfig` (unknown keys fail with one line)."""
+    from terra.generation.sampling import SamplingConfig  # torch: after the settings are checked
+
     options = OmegaConf.to_container(cfg.sampling) if OmegaConf.is_dict(cfg.sampling) else None
     names = {f.name for f in dataclasses.fields(SamplingConfig)}
     if options is None or not set(options) <= names:
@@ -50,12 +50,18 @@ def sampling_from(cfg: DictConfig) -> SamplingConfig:
 
 def load_service(cfg: DictConfig) -> SessionService:
     """Check the configuration, load tokenizer and world model, and build the session service."""
-    from terra.pipeline import WorldModelPipeline
-
     settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
-    sampling = sampling_from(cfg)
     num_context = check_whole_number(cfg.num_context, "num_context", 1, "num_context=3")
     overlap = check_whole_number(cfg.model.overlap, "model.overlap", 1, "model.overlap=3")
+    # torch, Transformers and FastAPI load only once the settings above are known to be good
+    from terra.inputs import check_window
+    from terra.models.checkpoint import read_world_model_config
+    from terra.pipeline import WorldModelPipeline
+    from terra.serve.service import SessionService
+    from terra.session import SessionHost
+    from terra.snapshot import checkpoint_path
+
+    sampling = sampling_from(cfg)
     world_model = checkpoint_path(cfg, "model", "world_model")
     tokenizer = checkpoint_path(cfg, "tokenizer", "path")
     config = read_world_model_config(world_model)
@@ -71,6 +77,8 @@ def load_service(cfg: DictConfig) -> SessionService:
 
 def serve(service: SessionService) -> None:
     """Run the server until interrupted; the pipeline is closed afterwards."""
+    from terra.serve.app import create_app
+
     settings = service.settings
     config = uvicorn.Config(
         create_app(service), host=settings.host, port=settings.port, log_level=settings.log_level,
@@ -84,13 +92,11 @@ def serve(service: SessionService) -> None:
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="serve", version_base=None)
+@task
 def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
-    try:
-        service = load_service(cfg)
-    except TerraInputError as err:
-        print(f"terra-serve: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    check_added_settings("terra-serve", allowed=("backend.options.",))
+    service = load_service(cfg)
     settings = service.settings
     print(f"terra-serve: {service.host.pipeline.backend.name} backend ready; open http://{settings.host}:"
           f"{settings.port}/", flush=True)
@@ -98,7 +104,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; a bad override or setting exits with code 2 and one line on stderr."""
+    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/hydra_app.run_app's."""
     run_app(_main, "terra-serve")
 
 

@@ -58,14 +58,18 @@ def decode_upload(value: Any, index: int) -> Image.Image:
         data = base64.b64decode(_DATA_URL.sub("", value, count=1), validate=True)
     except (binascii.Error, ValueError):
         raise TerraInputError(f"{where} is not valid base64; send the file's bytes base64-encoded") from None
+    unreadable = (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError)
     try:
-        image = Image.open(io.BytesIO(data))
-        if image.width * image.height > MAX_UPLOAD_PIXELS:
-            raise TerraInputError(f"{where} is {image.width}x{image.height} pixels; send at most "
-                                  f"{MAX_UPLOAD_PIXELS} pixels (e.g. 4096x4096)")
-        image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError) as err:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+    except unreadable as err:
         raise TerraInputError(f"{where} is not a readable image ({type(err).__name__}); send PNG or JPEG") from None
+    if image.width * image.height > MAX_UPLOAD_PIXELS:
+        raise TerraInputError(f"{where} is {image.width}x{image.height} pixels; send at most "
+                              f"{MAX_UPLOAD_PIXELS} pixels (e.g. 4096x4096)")
+    try:
+        image.load()
+    except unreadable as err:
+        raise TerraInputError(f"{where} is a broken image ({type(err).__name__}); send PNG or JPEG") from None
     return image
 
 

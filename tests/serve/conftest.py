@@ -17,9 +17,10 @@ TOKEN = "test-token-0123456789"
 SERVE = Path(sys.executable).parent / "terra-serve"
 ENV = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TERRA_SERVE_TOKEN")}
 ENV.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-# Limits small enough to reach in a test: 10 sessions, 10 s idle timeout, 64 KiB messages, 2 MB bodies.
+# Limits small enough to reach in a test: 10 sessions, 10 s idle timeout, 64 KiB messages, 2 MB bodies, 3 steps
+# queued on a socket.
 LIMITS = ("serve.max_sessions=10", "serve.idle_timeout_s=10", "serve.max_request_bytes=2000000",
-          "serve.max_message_bytes=65536", "serve.max_frames=40", "serve.drive_window=3")
+          "serve.max_message_bytes=65536", "serve.max_frames=40", "serve.drive_window=3", "serve.max_queued_steps=3")
 
 
 def free_port() -> int:

@@ -1,0 +1,194 @@
+"""Bad input never takes ``terra-serve`` down: each mistake gets one clear error (HTTP 4xx or a WebSocket error
+frame) and the other sessions keep stepping. Also the token, the session limit and the idle timeout."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.serve.test_server import PROTOCOLS, STRAIGHT, open_socket, receive_frame
+
+
+@pytest.fixture
+def session_id(client) -> str:
+    return client.post("/sessions", json={"seed": 0}).json()["id"]
+
+
+def error_of(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    message = response.json()["error"]
+    assert message and "\n" not in message and "Traceback" not in message
+    return message
+
+
+def still_serving(client, sid: str) -> None:
+    """The server is up and a session still steps."""
+    assert client.get("/health").status_code == 200
+    assert client.post(f"/sessions/{sid}/step", json={"action": STRAIGHT}).status_code == 200
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "malformed JSON"),
+    (b'{"action": {"steer": NaN, "speed_kmh": 30}}', 400, "NaN is not a number"),
+    (b'{"action": [[0, 1, 0.45]]}', 400, r"shape [6, 3]"),
+    (b'{"action": {"steer": 0.1, "speed_kmh": 1e309}}', 400, "speed_kmh must be a finite number"),
+    (b'{"action": {"steer": "left", "speed_kmh": 30}}', 400, "steer must be a finite number"),
+    (b'{"action": {"fly": true}}', 400, "exactly one of"),
+    (b'{"act": 1}', 400, "the body must be"),
+    (b'[1, 2, 3]', 400, "the body must be"),
+])
+def test_bad_steps_are_400_with_one_line(client, session_id, body, status, message):
+    response = client.post(f"/sessions/{session_id}/step", content=body)
+    assert message in error_of(response, status)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"context": {"builtin": {"manoeuvre": "fly"}}}, "unknown manoeuvre"),
+    ({"context": {"images": ["bm90IGFuIGltYWdl"]}}, "not a readable image"),
+    ({"context": {"images": ["%%%"]}}, "not valid base64"),
+    ({"context": {"images": []}}, "list of 1 to 15 images"),
+    ({"context": {"codes": [[1, 2, 3]]}}, "codes per frame"),
+    ({"context": {"codes": [[[5000] * 16] * 9]}}, "codebook"),
+    ({"context": {"builtin": {}, "codes": []}}, "one of builtin"),
+    ({"sampling": {"temperature": -1}}, "sampling.temperature must be"),
+    ({"sampling": {"temp": 1}}, "sampling must be an object"),
+    ({"seed": -3}, "seed must be a whole number"),
+    ({"max_frames": 10_000}, "over this host's limit of 40"),
+    ({"colour": "red"}, "unknown session settings"),
+])
+def test_bad_session_specs_are_400(client, spec, message):
+    assert message in error_of(client.post("/sessions", json=spec), 400)
+
+
+def test_huge_uploads_are_413_and_image_bombs_400(client, session_id):
+    big = b'{"context": {"images": ["' + b"A" * 2_100_000 + b'"]}}'
+    assert "max_request_bytes" in error_of(client.post("/sessions", content=big), 413)
+
+    def chunks():  # no Content-Length: the server counts while reading
+        yield b'{"context": {"images": ["'
+        for _ in range(30):
+            yield b"A" * 100_000
+
+    assert "max_request_bytes" in error_of(client.post("/sessions", content=chunks()), 413)
+    buffer = io.BytesIO()
+    Image.new("L", (5000, 5000)).save(buffer, format="PNG")  # 25 Mpx, a few kB compressed
+    bomb = base64.b64encode(buffer.getvalue()).decode()
+    assert "5000x5000 pixels" in error_of(client.post("/sessions", json={"context": {"images": [bomb]}}), 400)
+    still_serving(client, session_id)
+
+
+def test_unknown_sessions_and_formats(client, session_id):
+    assert "no session" in error_of(client.post("/sessions/nope/step", json={"action": STRAIGHT}), 404)
+    assert "no session" in error_of(client.delete("/sessions/nope"), 404)
+    assert "format must be" in error_of(client.get(f"/sessions/{session_id}/video", params={"format": "avi"}), 400)
+
+
+def test_token_is_enforced(server, session_id):
+    anonymous = httpx.Client(base_url=server.url, timeout=30)
+    assert "bearer token" in error_of(anonymous.get("/sessions"), 401)
+    assert anonymous.get("/metrics").status_code == 401
+    assert anonymous.post(f"/sessions/{session_id}/step", json={"action": STRAIGHT}).status_code == 401
+    wrong = anonymous.get("/sessions", headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+    assert anonymous.get("/health").status_code == 200
+    for protocols in (["terra"], ["terra", "bearer.not-the-token"]):
+        with connect(f"{server.ws_url}/sessions/{session_id}/ws", subprotocols=protocols) as ws:
+            assert "token" in json.loads(ws.recv(timeout=30))["message"]
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd.code == 1008
+
+
+def test_socket_errors_are_frames_and_the_socket_keeps_working(server, client, session_id):
+    bad = [
+        "{not json",
+        json.dumps({"type": "fly"}),
+        json.dumps({"type": "step"}),
+        json.dumps({"type": "step", "action": [[1, 2]]}),
+        '{"type": "step", "action": {"steer": NaN, "speed_kmh": 30}}',
+        json.dumps({"type": "keys", "keys": {"jump": True}}),
+        json.dumps({"type": "drive", "on": "yes"}),
+        json.dumps({"type": "ack"}),
+        b"\x00\x01binary",
+    ]
+    with open_socket(server, session_id) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        for message in bad:
+            ws.send(message)
+            reply = json.loads(ws.recv(timeout=30))
+            assert reply["type"] == "error" and reply["message"] and "\n" not in reply["message"], (message, reply)
+        ws.send(json.dumps({"type": "step", "action": STRAIGHT}))
+        assert receive_frame(ws)[0]["index"] == 0
+        ws.send("x" * 70_000)  # over serve.max_message_bytes: the server closes this socket (1009)
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is None or closed.value.rcvd.code == 1009
+    still_serving(client, session_id)
+
+
+def test_too_many_queued_steps_on_a_socket(server, session_id):
+    with open_socket(server, session_id) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        for _ in range(6):  # one in flight + serve.max_queued_steps=3 queued; the rest are refused
+            ws.send(json.dumps({"type": "step", "action": STRAIGHT}))
+        errors = frames = 0
+        while frames + errors < 6:
+            message = ws.recv(timeout=300)
+            if isinstance(message, bytes):
+                frames += 1
+            else:
+                assert "already queued" in json.loads(message)["message"]
+                errors += 1
+        assert 4 <= frames <= 5 and errors == 6 - frames
+
+
+def test_disconnect_mid_frame_and_a_socket_that_never_reads(server, client, session_id):
+    other = client.post("/sessions", json={"seed": 1}).json()["id"]
+    with connect(f"{server.ws_url}/sessions/{other}/ws", subprotocols=PROTOCOLS) as ws:
+        ws.send(json.dumps({"type": "step", "action": STRAIGHT}))
+    # that client is gone while its frame is being generated; the next one never reads nor acknowledges
+    with connect(f"{server.ws_url}/sessions/{other}/ws", subprotocols=PROTOCOLS, max_queue=1) as silent:
+        silent.send(json.dumps({"type": "keys", "keys": {"up": True}}))
+        silent.send(json.dumps({"type": "drive", "on": True}))
+        start = time.monotonic()
+        still_serving(client, session_id)  # another session is served while both of them misbehave
+        assert time.monotonic() - start < 60
+        time.sleep(6)
+        frames = client.get(f"/sessions/{other}").json()["frames"]
+        assert 1 <= frames <= 1 + 3  # the step of the closed socket, then at most serve.drive_window frames
+        time.sleep(3)
+        assert client.get(f"/sessions/{other}").json()["frames"] == frames  # stalled: costs no model time
+        deadline = time.monotonic() + 30
+        while client.get(f"/sessions/{other}").status_code != 404:  # and it expires like any idle session
+            assert time.monotonic() < deadline, "the stalled session did not expire"
+            time.sleep(1)
+    still_serving(client, client.post("/sessions", json={}).json()["id"])  # (session_id expired meanwhile too)
+
+
+def test_session_limit(client, session_id):
+    opened = len(client.get("/sessions").json()["sessions"])
+    for _ in range(10 - opened):
+        assert client.post("/sessions", json={}).status_code == 201
+    message = error_of(client.post("/sessions", json={}), 429)
+    assert "serve.max_sessions=10" in message
+    assert error_of(client.post(f"/sessions/{session_id}/fork"), 429)
+    still_serving(client, session_id)
+
+
+def test_idle_sessions_expire_and_their_sockets_get_a_close_frame(server, client):
+    sid = client.post("/sessions", json={}).json()["id"]
+    with open_socket(server, sid) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)  # idle timeout 10 s, checked every 2.5 s
+    assert closed.value.rcvd.code == 1000 and "idle timeout" in closed.value.rcvd.reason
+    assert client.get(f"/sessions/{sid}").status_code == 404

@@ -1,0 +1,59 @@
+"""``terra-serve`` as a command: settings checked before the model loads (exit 2, one line), and a graceful
+shutdown that sends open sockets a close frame."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
+from terra.serve.settings import ServeSettings, is_loopback
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["serve.host=0.0.0.0"], "serve.host=0.0.0.0 is reachable beyond this machine, so a token is required"),
+    (["serve.host=192.168.1.20", "serve.token=short"], "serve.token must be 8 to 256"),
+    (["serve.port=70000"], "serve.port must be at most 65535"),
+    (["serve.max_sessions=0"], "serve.max_sessions must be a whole number of at least 1"),
+    (["serve.image_format=bmp"], "serve.image_format must be one of jpeg, png"),
+    (["serve.idle_timeout_s=-1"], "serve.idle_timeout_s must be a positive number"),
+    (["+serve.colour=red"], "unknown setting 'serve.colour'"),
+    (["serve.colour=red"], "unknown setting 'serve.colour'"),
+    (["num_context=16"], "num_context=16 does not fit a window of 16 frames"),
+])
+def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
+    result = subprocess.run([str(SERVE), *overrides], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("terra-serve: error: ") and message in lines[0], result.stderr
+    assert list(tmp_path.iterdir()) == []  # no run folder
+
+
+def test_token_rules():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.0.0.5")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+    assert ServeSettings(host="0.0.0.0", token=TOKEN).token == TOKEN
+    assert ServeSettings(host="127.0.0.1").token is None
+
+
+def test_shutdown_sends_open_sockets_a_close_frame(tmp_path):
+    server = start_server(tmp_path, token=None)
+    try:
+        with server.client() as http:
+            sid = http.post("/sessions", json={}).json()["id"]
+        with connect(f"{server.ws_url}/sessions/{sid}/ws") as ws:
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=60)
+        assert closed.value.rcvd.code == 1001 and closed.value.rcvd.reason == "server shutting down"
+        assert server.process.wait(60) == 143  # as every app ends on SIGTERM (terra/hydra_app.py, run_app)
+        assert server.log.read_text().strip().splitlines()[-1] == "terra-serve: interrupted by SIGTERM"
+    finally:
+        server.stop()
