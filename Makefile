@@ -4,8 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_LOG := $(VENV)/pip.log
+# Headless Chromium for the browser test of terra-serve's page (tests/serve/test_browser.py): Debian's packages.
+BROWSER_PACKAGES := chromium chromium-driver
+APT_LOG := $(VENV)/apt.log
 
-.PHONY: demo test install clean
+.PHONY: demo test install browser clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +19,22 @@ $(STAMP): pyproject.toml Makefile
 	@$(PY) -c "import terra, tokenizer, decoder, vllm; print('environment ready: vllm', vllm.__version__)"
 	@touch $@
 
-install: $(STAMP)
+install: $(STAMP) browser
 
-test: $(STAMP)
+# apt-get as root, or through sudo; non-interactive, so it runs in CI and on a fresh Debian machine.
+browser: $(STAMP)
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "no apt-get here: install Chromium and chromedriver yourself, or tests/serve/test_browser.py skips" >&2; \
+		exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	echo "installing $(BROWSER_PACKAGES) with apt-get (log: $(APT_LOG)) ..."; \
+	{ $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES); \
+	} > $(APT_LOG) 2>&1 || { tail -20 $(APT_LOG); exit 1; }; \
+	chromium --version
+
+test: install
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)

@@ -151,6 +151,7 @@ function setDriving(on) {
   state.driving = on;
   $("drive").textContent = on ? "Pause" : "Drive";
   $("drive").classList.toggle("on", on);
+  if (state.session) setStatus(`session ${state.session.id}: ${on ? "driving (arrow keys steer and change speed)" : "paused"}`);
   send({ type: "drive", on });
 }
 
