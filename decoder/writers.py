@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from contextlib import contextmanager
 from fractions import Fraction
@@ -18,6 +19,7 @@ from typing import Iterator, Sequence
 
 import imageio.v3 as iio
 import numpy as np
+from PIL import Image
 
 from tokenizer.errors import InputError
 from tokenizer.atomic import atomic_path
@@ -64,8 +66,10 @@ def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, lo
     """Looping GIF (``loop=0``: forever). GIF stores delays in 1/100 s, so fps is rounded to that grid;
     Pillow merges consecutive identical frames into one longer frame."""
     frames, fps = check_frames(frames), check_fps(fps)
-    with atomic_output(path) as tmp:
-        iio.imwrite(tmp, frames, extension=".gif", plugin="pillow", duration=round(1000.0 / fps), loop=loop)
+    images = [Image.fromarray(frame, "RGB") for frame in frames]
+    with atomic_output(path) as tmp, tmp.open("wb") as fh:  # Pillow itself: a failed write raises once, here
+        images[0].save(fh, format="GIF", save_all=True, append_images=images[1:], duration=round(1000.0 / fps),
+                       loop=loop)
     return Path(path)
 
 
@@ -101,7 +105,9 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, qu
             process.wait()
             raise
         if process.returncode != 0:
-            reason = (log.decode(errors="replace").strip().splitlines() or [f"exit code {process.returncode}"])[-1]
+            code = process.returncode
+            stopped = f"stopped: {signal.strsignal(-code)}" if code < 0 else f"exit code {code}"
+            reason = (log.decode(errors="replace").strip().splitlines() or [stopped])[-1]
             raise InputError(f"cannot write {path} (ffmpeg: {reason[:200]}); free disk space or choose another "
                              "output folder")
     return Path(path)

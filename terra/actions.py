@@ -113,7 +113,7 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
             actions = actions_from_value(load_json(path, "trajectory file"), source, num_frames)
         else:
             trajectory = _trajectory_from_csv(path)
-            actions = actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames))
+            actions = actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
     except TerraInputError:
         raise
     except (OSError, ValueError, TypeError, EOFError) as err:  # malformed content (UnicodeDecodeError is a ValueError)
@@ -123,10 +123,13 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
     return validate_actions(actions, source, num_frames or 1)
 
 
-def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None) -> int:
+def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None, source: str) -> int:
     """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more (the length
     check in :func:`validate_actions` still sees a trajectory that is too short)."""
     own = trajectory.num_frames()
+    if num_frames is None and own > MAX_FRAMES:
+        raise TerraInputError(f"{source}: spans {own} frames at {FRAME_RATE_HZ:g} Hz, more than the {MAX_FRAMES} "
+                              "a rollout may have; trim it or check the timestamps (seconds)")
     return own if num_frames is None else min(own, num_frames)
 
 
@@ -165,7 +168,7 @@ def actions_from_value(value: Any, source: str, num_frames: int | None) -> np.nd
             return actions_from_instruction_trajs(value[key], source)
         if key == "trajectory":
             trajectory = _trajectory_from_mapping(value[key], source)
-            return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames))
+            return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
         spec = value[key]
         if not isinstance(spec, (str, dict)):
             raise TerraInputError(
@@ -188,7 +191,7 @@ def actions_from_value(value: Any, source: str, num_frames: int | None) -> np.nd
     if arr.ndim == 2 and arr.shape[1] in (2, 3):
         trajectory = EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
                                                source=source)
-        return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames))
+        return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
     raise TerraInputError(
         f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
         "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz"

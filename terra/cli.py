@@ -83,7 +83,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from terra.generation.backends import resolve_backend, resolve_device
     from terra.generation.sampling import SamplingConfig
     from terra.inputs import (
-        builtin_context, check_window, load_context, manoeuvre_actions, rollout_requests, trajectory_actions,
+        builtin_context, check_context_paths, check_window, load_context, manoeuvre_actions, rollout_requests,
+        trajectory_actions,
     )
     from terra.models.checkpoint import read_world_model_config
     from terra.outputs import write_outputs
@@ -92,6 +93,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from tokenizer import load_tokenizer
     from tokenizer.images import RESIZE_MODES
 
+    if not sys.stderr.isatty():  # no progress bars in logs: stderr holds at most the one error line
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     device = resolve_device(str(cfg.device))
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
         raise TerraInputError(f"device={device} does not exist: {torch.cuda.device_count()} GPU(s) are visible "
@@ -100,6 +105,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     resize = check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES)
     sampling = SamplingConfig(**sampling_options)
     refiner = check_run_decoding(cfg, device)  # decoding=refiner: its file and device, checked before any load
+    if cfg.context is not None:
+        check_context_paths(select(cfg, "context"))  # no decoding yet: a FIFO or a typo fails before any load
     config = read_world_model_config(world_model_path)
     check_window(config.num_temporal_embeddings, cfg.num_context, cfg.model.overlap, "model.overlap")
     prepare_output_dir(out_dir, file_names)

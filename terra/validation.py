@@ -269,8 +269,9 @@ def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), se
         if size > name_max:
             what = "the output file name" if extra else "the folder name"
             fix = "a shorter output.name" if extra else f"a shorter {setting}"
-            raise TerraInputError(f"{what} {shown(name)} is {size} bytes long{' with its temporary suffix' * bool(extra)}, "
-                                  f"more than the file system allows ({name_max}); choose {fix}")
+            raise TerraInputError(f"{what} {shown(name)} is too long: {size} bytes"
+                                  f"{' with its temporary suffix' * bool(extra)}, more than the file system allows "
+                                  f"({name_max}); choose {fix}")
     longest = max([len(os.fsencode(n)) + ATOMIC_EXTRA for n in file_names] or [0])
     if len(os.fsencode(str(folder))) + 1 + longest > path_max:
         raise TerraInputError(f"output folder {shown(str(path))} makes paths longer than the file system allows "

@@ -59,6 +59,7 @@ def check_sidecar(path: Path, num_context: int, num_frames: int, files: list[str
     data = json.loads(path.read_text())
     config = data["config"]
     assert config["num_frames"] == num_frames and config["backend"]["name"] == backend
+    assert data["backend"]["name"] == backend and data["device"] == config["device"] == "cpu"  # what ran, not auto
     assert isinstance(data["seed"], int) and data["seed"] == config["seed"]
     actions = np.asarray(data["actions"])
     assert actions.ndim == 3 and actions.shape[1:] == (6, 3) and len(actions) >= num_context + num_frames - 1
@@ -85,8 +86,9 @@ def test_help_and_cfg_work_without_writing_anything(tmp_path):
     cwd = tmp_path / "cwd"
     result = terra_generate(cwd, "--help")
     assert result.returncode == 0, result.stderr
-    for word in ("model", "tokenizer", "backend", "sampling", "output", "manoeuvre", "num_frames"):
-        assert word in result.stdout
+    for word in ("model", "tokenizer", "backend", "sampling", "output", "manoeuvre", "num_frames",
+                 "instruction_trajs", ".csv", ".npy", "lane_change_right", "radius_m", "Exit codes"):
+        assert word in result.stdout, word  # the app's own help: trajectory formats, manoeuvres, exit codes
     assert "Traceback" not in result.stderr
 
     result = terra_generate(cwd, "--cfg", "job", "manoeuvre=curve_right", "sampling=greedy", "num_frames=2")
@@ -99,7 +101,7 @@ def test_help_and_cfg_work_without_writing_anything(tmp_path):
 
 def test_default_run_writes_readable_gif_mp4_and_complete_sidecar(tmp_path):
     cwd = tmp_path / "cwd"  # outputs go to the Hydra run folder under the working directory
-    result = terra_generate(cwd, *FAST, "num_frames=2")
+    result = terra_generate(cwd, "device=cpu", "num_frames=2")  # backend=auto: the sidecar records hf
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     [sidecar] = cwd.glob("outputs/*/*/rollout.json")
