@@ -1,18 +1,19 @@
-"""The Transformers backend: frame-by-frame generation with a KV cache per rollout, queued frames batched.
+"""The Transformers backend: a KV cache per rollout, and continuous batching of the frames in flight.
 
-Each rollout keeps its own KV cache between frames (in :attr:`RolloutState.cache`). :meth:`HFBackend.poll`
-generates one frame for up to ``max_batch_size`` queued rollouts at once. A frame starts with one forward pass:
-the window's whole prompt at a window start, else the previous frame's last token together with its action
-slots; rollouts whose caches are equally long share that pass. Then ``P`` single-token decode steps run for
-all of them together, caches of unequal length left-padded and masked. Rollouts that advance in lock step (a
-batch of equal window plans) never need padding, so their numbers are those of one batched rollout.
+Each rollout keeps its own KV cache between frames (in :attr:`RolloutState.cache`). Frames in flight share
+one batched cache: every :meth:`HFBackend.poll` is one decode step for all of them. A frame joins at the next
+poll after it is submitted, with one forward pass that yields its first token's logits: the window's whole
+prompt at a window start, else the previous frame's last token together with its action slots (frames whose
+caches are equally long share that pass). A frame leaves once its ``P`` image tokens are sampled. Caches of
+unequal length are left-padded and masked; rollouts that advance in lock step (a batch of equal window plans)
+never need padding, so their numbers are those of one batched rollout.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -32,12 +33,23 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, head
 class _Slot:
     """What a rollout keeps between frames: its KV cache (batch of one) and its random generator.
 
-    The cache tensors are never written in place (a :class:`DynamicCache` grows by concatenation and merging
+    The cache tensors are never written in place (a :class:`DynamicCache` grows by concatenation, merging
     copies), so a forked rollout may share them with its parent.
     """
 
     kv: KV | None
     generator: torch.Generator
+
+
+@dataclass
+class _Row:
+    """A frame in flight: its rollout, sampling, tokens so far and what :class:`FrameDone` reports."""
+
+    state: RolloutState
+    sampling: SamplingConfig
+    prompt_tokens: int
+    window_start: bool
+    tokens: list[torch.Tensor] = field(default_factory=list)
 
 
 class HFBackend(WorldModelBackend):
@@ -58,6 +70,10 @@ class HFBackend(WorldModelBackend):
         self.layout = TokenLayout.from_config(self.model.config)
         self.max_batch_size = max_batch_size
         self._queue: list[tuple[RolloutState, SamplingConfig]] = []
+        self._rows: list[_Row] = []  # frames in flight, in the order of the batch
+        self._cache = DynamicCache()  # their batched cache
+        self._pads: list[int] = []  # left padding of each row in it
+        self._logits: torch.Tensor | None = None  # [rows, vocab] of each row's next token
 
     @property
     def name(self) -> str:
@@ -73,11 +89,12 @@ class HFBackend(WorldModelBackend):
 
     @property
     def num_queued(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._rows)
 
     def cancel(self, states: Sequence[RolloutState]) -> None:
         drop = {id(s) for s in states}
         self._queue = [(s, c) for s, c in self._queue if id(s) not in drop]
+        self._keep([i for i, row in enumerate(self._rows) if id(row.state) not in drop])
 
     def fork(self, state: RolloutState) -> RolloutState:
         twin = state.copy()
@@ -89,31 +106,61 @@ class HFBackend(WorldModelBackend):
 
     @torch.inference_mode()
     def poll(self) -> list[FrameDone]:
-        """Generate one frame for each of the first ``max_batch_size`` queued rollouts."""
-        batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
-        if not batch:
+        """Admit queued frames (up to ``max_batch_size`` in flight), then one decode step for every frame."""
+        self._admit()
+        if not self._rows:
             return []
-        states = [s for s, _ in batch]
-        logits, kv, prompt_tokens = [None] * len(states), [None] * len(states), [0] * len(states)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, s in enumerate(states):  # equal cache and input lengths share the first pass
-            groups[(s.window_starts, len(s.prompt()[0]))].append(i)
-        for members in groups.values():
-            first, group_kv, tokens = self._first_pass([states[i] for i in members])
-            for row, i in enumerate(members):
-                logits[i], kv[i], prompt_tokens[i] = first[row], group_kv[row], tokens
-        codes, kv = self._decode_frame(states, [c for _, c in batch], torch.stack(logits), kv)
-        done = []
-        for i, (state, frame) in enumerate(zip(states, codes)):
-            window_start = state.window_starts
-            computed = len(state.prompt()[0]) if window_start else self.layout.action_tokens + 1
-            state.add_frame(frame)
-            state.cache.kv = None if state.window_starts else kv[i]  # a new window starts from a fresh prompt
-            done.append(FrameDone(state, frame, prompt_tokens[i], prompt_tokens[i] - computed, window_start))
+        layout = self.layout
+        tokens = torch.empty(len(self._rows), dtype=torch.long, device=self.device)
+        by_config: dict[SamplingConfig, list[int]] = defaultdict(list)
+        for i, row in enumerate(self._rows):
+            by_config[row.sampling].append(i)
+        for config, rows in by_config.items():
+            generators = [self._rows[i].state.cache.generator for i in rows]
+            tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, generators)
+        for row, token in zip(self._rows, tokens):
+            row.tokens.append(token)
+        finished = [i for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
+        done = [self._finish(i) for i in finished]
+        going = [i for i in range(len(self._rows)) if len(self._rows[i].tokens) < layout.image_tokens]
+        self._keep(going)
+        if self._rows:  # feed the sampled token; a finished frame's last token waits for its action slots
+            self._logits = self._decode_step(tokens[going][:, None])
         return done
 
-    def _first_pass(self, states: list[RolloutState]) -> tuple[torch.Tensor, list[KV], int]:
-        """The logits of the first token of each state's next frame and their caches after the pass.
+    def _finish(self, index: int) -> FrameDone:
+        """Hand a complete frame to its state, with the state's own cache cut out of the batch."""
+        row, pad = self._rows[index], self._pads[index]
+        state = row.state
+        codes = torch.stack(row.tokens).cpu().numpy()
+        state.add_frame(codes)
+        kv = [(k[index : index + 1, :, pad:].clone(), v[index : index + 1, :, pad:].clone()) for k, v in _kv(self._cache)]
+        state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
+        computed = row.prompt_tokens if row.window_start else self.layout.action_tokens + 1
+        return FrameDone(state, codes, row.prompt_tokens, row.prompt_tokens - computed, row.window_start)
+
+    def _admit(self) -> None:
+        """First passes of queued frames (equal lengths together); they join the batch with their logits."""
+        room = self.max_batch_size - len(self._rows)
+        admitted, self._queue = self._queue[:room], self._queue[room:]
+        if not admitted:
+            return
+        groups: dict[tuple, list[tuple[RolloutState, SamplingConfig]]] = defaultdict(list)
+        for state, sampling in admitted:
+            groups[(state.window_starts, len(state.prompt()[0]))].append((state, sampling))
+        parts = [(_kv(self._cache), self._pads)] if self._rows else []
+        logits = [self._logits] if self._rows else []
+        for (window_start, prompt_tokens), members in groups.items():
+            group_logits, kv = self._first_pass([s for s, _ in members])
+            parts.append((kv, [0] * len(members)))
+            logits.append(group_logits)
+            self._rows += [_Row(s, c, prompt_tokens, window_start) for s, c in members]
+        kv, self._pads = self._join(parts)
+        self._cache = _cache(kv)
+        self._logits = torch.cat(logits)
+
+    def _first_pass(self, states: list[RolloutState]) -> tuple[torch.Tensor, KV]:
+        """Logits of the first token of each state's next frame, and the group's cache after the pass.
 
         At a window start the pass is the window's prompt on an empty cache; otherwise it is the previous
         frame's last token and action slots (every state here has a cache of the same length).
@@ -123,66 +170,62 @@ class HFBackend(WorldModelBackend):
             prompts = [s.prompt() for s in states]
             ids = torch.tensor([p[0] for p in prompts], device=self.device)
             actions = torch.from_numpy(np.stack([p[1] for p in prompts])).to(self.device).flatten(1, 2)
-            positions = torch.from_numpy(prompts[0][2]).to(self.device).expand(len(states), -1)
-            cache = DynamicCache()
-        else:
-            cache, _ = self._merge([s.cache.kv for s in states])
-            last = torch.tensor([[int(s.frames[-1][-1])] for s in states], device=self.device)
-            ids = torch.cat([last, torch.full((len(states), layout.action_tokens), layout.action_token_id,
-                                              device=self.device)], dim=1)
-            actions = torch.from_numpy(np.stack([s.actions[s.next_frame - 1] for s in states])).to(self.device)
-            start = cache.get_seq_length()
-            positions = torch.arange(start, start + ids.shape[1], device=self.device).expand(len(states), -1)
-        logits = self._step(ids, actions, positions, cache, None)
-        tokens = int(positions[0, -1]) + 1
-        return logits, self._split(cache, [0] * len(states)), tokens
+            return self._forward_new(ids, actions, torch.from_numpy(prompts[0][2]).to(self.device), [])
+        kv, _ = self._join([(s.cache.kv, [0]) for s in states])
+        last = torch.tensor([[int(s.frames[-1][-1])] for s in states], device=self.device)
+        ids = torch.cat([last, torch.full((len(states), layout.action_tokens), layout.action_token_id,
+                                          device=self.device)], dim=1)
+        actions = torch.from_numpy(np.stack([s.actions[s.next_frame - 1] for s in states])).to(self.device)
+        start = kv[0][0].shape[2]
+        return self._forward_new(ids, actions, torch.arange(start, start + ids.shape[1], device=self.device), kv)
 
-    def _decode_frame(
-        self, states: list[RolloutState], samplings: list[SamplingConfig], logits: torch.Tensor, kv: list[KV]
-    ) -> tuple[np.ndarray, list[KV]]:
-        """Sample the ``P`` image tokens of every state's next frame; return them and the grown caches."""
-        layout, n = self.layout, len(states)
-        cache, pads = self._merge(kv)
-        lengths = torch.tensor([k[0][0].shape[2] for k in kv], device=self.device)
+    def _forward_new(self, ids: torch.Tensor, actions: torch.Tensor, positions: torch.Tensor,
+                     kv: KV) -> tuple[torch.Tensor, KV]:
+        """A first pass over unpadded rows sharing ``positions``; the last logits and the grown cache."""
+        cache = _cache(kv)
+        logits = self._model(ids, actions, positions.expand(len(ids), -1), cache, None)
+        return logits, _kv(cache)
+
+    def _decode_step(self, ids: torch.Tensor) -> torch.Tensor:
+        """One token per row on the batched cache (left padding masked); the next logits."""
+        length = self._cache.get_seq_length()
+        pad = torch.tensor(self._pads, device=self.device)
+        positions = (length - pad)[:, None]  # each row's own position: its unpadded cache length
         mask = None
-        if any(pads):  # left padding: pad positions masked out of attention
-            width = cache.get_seq_length()
-            mask = (torch.arange(width, device=self.device)[None] >= torch.tensor(pads, device=self.device)[:, None])
-            mask = mask.long()
-        by_config: dict[SamplingConfig, list[int]] = defaultdict(list)
-        for i, config in enumerate(samplings):
-            by_config[config].append(i)
-        generators = [s.cache.generator for s in states]
-        frame = torch.empty(n, layout.image_tokens, dtype=torch.long, device=self.device)
-        for i in range(layout.image_tokens):
-            for config, rows in by_config.items():
-                frame[rows, i] = sample_image_tokens(logits[rows], layout.codebook_size, config,
-                                                     [generators[r] for r in rows])
-            if i < layout.image_tokens - 1:
-                if mask is not None:
-                    mask = torch.cat([mask, mask.new_ones(n, 1)], dim=1)
-                logits = self._step(frame[:, i : i + 1], None, (lengths + i)[:, None], cache, mask)
-        return frame.cpu().numpy(), self._split(cache, pads)
+        if any(self._pads):
+            mask = (torch.arange(length + 1, device=self.device)[None] >= pad[:, None]).long()
+        return self._model(ids, None, positions, self._cache, mask)
 
-    def _merge(self, kv: list[KV]) -> tuple[DynamicCache, list[int]]:
-        """One batched cache from per-rollout caches, shorter ones left-padded; the padding of each."""
-        longest = max(k[0][0].shape[2] for k in kv)
-        pads = [longest - k[0][0].shape[2] for k in kv]
-        cache = DynamicCache()
-        for layer in range(len(kv[0])):
-            keys = [torch.nn.functional.pad(k[layer][0], (0, 0, p, 0)) for k, p in zip(kv, pads)]
-            values = [torch.nn.functional.pad(k[layer][1], (0, 0, p, 0)) for k, p in zip(kv, pads)]
-            cache.update(torch.cat(keys), torch.cat(values), layer)
-        return cache, pads
+    def _keep(self, rows: list[int]) -> None:
+        """Keep only these rows of the batch (and drop left padding that every remaining row has)."""
+        if len(rows) == len(self._rows):
+            return
+        self._rows = [self._rows[i] for i in rows]
+        if not rows:
+            self._cache, self._pads, self._logits = DynamicCache(), [], None
+            return
+        index = torch.tensor(rows, device=self.device)
+        trim = min(self._pads[i] for i in rows)
+        self._cache = _cache([(k[index, :, trim:], v[index, :, trim:]) for k, v in _kv(self._cache)])
+        self._pads = [self._pads[i] - trim for i in rows]
+        if self._logits is not None:
+            self._logits = self._logits[index]
 
     @staticmethod
-    def _split(cache: DynamicCache, pads: list[int]) -> list[KV]:
-        """Per-rollout caches (batch of one, padding dropped) from a batched cache."""
-        return [[(layer.keys[b : b + 1, :, pad:], layer.values[b : b + 1, :, pad:]) for layer in cache.layers]
-                for b, pad in enumerate(pads)]
+    def _join(parts: list[tuple[KV, list[int]]]) -> tuple[KV, list[int]]:
+        """One batched cache from several (each with its rows' left padding), shorter ones padded on the left."""
+        longest = max(kv[0][0].shape[2] for kv, _ in parts)
+        pads = [p + longest - kv[0][0].shape[2] for kv, part_pads in parts for p in part_pads]
+        layers = []
+        for layer in range(len(parts[0][0])):
+            keys, values = zip(*[(torch.nn.functional.pad(kv[layer][0], (0, 0, longest - kv[0][0].shape[2], 0)),
+                                  torch.nn.functional.pad(kv[layer][1], (0, 0, longest - kv[0][0].shape[2], 0)))
+                                 for kv, _ in parts])
+            layers.append((torch.cat(keys), torch.cat(values)))
+        return layers, pads
 
-    def _step(self, ids: torch.Tensor, actions: torch.Tensor | None, positions: torch.Tensor, cache: DynamicCache,
-              mask: torch.Tensor | None) -> torch.Tensor:
+    def _model(self, ids: torch.Tensor, actions: torch.Tensor | None, positions: torch.Tensor, cache: DynamicCache,
+               mask: torch.Tensor | None) -> torch.Tensor:
         """Run new tokens through the model with the cache; return the last position's logits ``[B, vocab]``."""
         out = self.model(
             input_ids=ids,
@@ -194,3 +237,15 @@ class HFBackend(WorldModelBackend):
             logits_to_keep=1,
         )
         return out.logits[:, -1]
+
+
+def _kv(cache: DynamicCache) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cache(kv: KV) -> DynamicCache:
+    """A :class:`DynamicCache` holding ``kv`` (copied: the cache grows by concatenation)."""
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(kv):
+        cache.update(keys, values, layer)
+    return cache

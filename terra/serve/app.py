@@ -112,7 +112,7 @@ def create_app(service: SessionService) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "backend": service.host.pipeline.backend.name, "sessions": len(service.entries),
+        return {"status": "ok", "backend": service.host.backend.name, "sessions": len(service.entries),
                 "token_required": settings.token is not None}
 
     api = APIRouter(dependencies=[Depends(require_token)])

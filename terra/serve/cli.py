@@ -98,7 +98,7 @@ def _main(cfg: DictConfig) -> None:
     check_added_settings("terra-serve", allowed=("backend.options.",))
     service = load_service(cfg)
     settings = service.settings
-    print(f"terra-serve: {service.host.pipeline.backend.name} backend ready; open http://{settings.host}:"
+    print(f"terra-serve: {service.host.backend.name} backend ready; open http://{settings.host}:"
           f"{settings.port}/", flush=True)
     serve(service)
 

@@ -210,7 +210,7 @@ class SessionService:
         return {
             "sessions": len(self.entries), "max_sessions": self.settings.max_sessions,
             "sockets": sum(len(e.sockets) for e in self.entries.values()),
-            "uptime_s": round(time.monotonic() - self.started, 1), "backend": self.host.pipeline.backend.name,
+            "uptime_s": round(time.monotonic() - self.started, 1), "backend": self.host.backend.name,
             **self.host.engine.metrics(),
         }
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from terra.errors import TerraInputError, check_whole_number
-from terra.generation.rollout import DEFAULT_OVERLAP, RolloutRequest
+from terra.generation.rollout import DEFAULT_OVERLAP, RolloutRequest, WorldModelBackend
 from terra.generation.sampling import SamplingConfig
 from terra.session import context as contexts
 from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of
@@ -135,22 +135,31 @@ class Session:
 class SessionHost:
     """Opens sessions on a :class:`~terra.pipeline.WorldModelPipeline` and advances them on its backend.
 
+    Given a bare :class:`~terra.generation.rollout.WorldModelBackend` instead (no tokenizer: benchmarks, policies
+    that work on codes), sessions open from codes through :meth:`open_context` and frames are not decoded.
     ``max_frames`` caps the frames of one session (its rollout is planned for that many); ``overlap`` is the
     window overlap (docs/ARCHITECTURE.md, "Windows"); ``sampling`` is the default of :meth:`open`.
     """
 
     def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), max_frames: int = 1000,
                  overlap: int = DEFAULT_OVERLAP, num_context: int = 3) -> None:
-        self.pipeline = pipeline
+        self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
+        self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
         self.sampling = sampling
         self.max_frames = check_whole_number(max_frames, "max_frames", 1, "max_frames=600")
         self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3")
         self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3")
-        self.engine = SessionEngine(pipeline.backend)
+        self.engine = SessionEngine(self.backend)
 
     @property
     def layout(self):
-        return self.pipeline.backend.layout
+        return self.backend.layout
+
+    def _tokenizer_pipeline(self):
+        if self.pipeline is None:
+            raise TerraInputError("this session host has a backend but no tokenizer: open sessions from codes "
+                                  "with open_context, or build the host from a WorldModelPipeline")
+        return self.pipeline
 
     def open(self, images: Any = None, codes: Any = None, builtin: dict | None = None, actions: Any = None,
              speed_kmh: float = 30.0, seed: int | None = None, sampling: SamplingConfig | None = None,
@@ -169,12 +178,13 @@ class SessionHost:
             check_whole_number(max_frames, "max_frames", 1, "max_frames=100")
             if max_frames > self.max_frames:
                 raise TerraInputError(f"max_frames={max_frames} is over this host's limit of {self.max_frames}")
+        pipeline = self._tokenizer_pipeline()
         if images is not None:
-            context = contexts.from_images(self.pipeline, images, num_context, actions, speed_kmh)
+            context = contexts.from_images(pipeline, images, num_context, actions, speed_kmh)
         elif codes is not None:
-            context = contexts.from_codes(codes, self.pipeline.tokenizer.grid_shape, actions, speed_kmh)
+            context = contexts.from_codes(codes, pipeline.tokenizer.grid_shape, actions, speed_kmh)
         else:
-            context = contexts.builtin(self.pipeline, num_context, **(builtin or {}))
+            context = contexts.builtin(pipeline, num_context, **(builtin or {}))
         return self.open_context(context, seed, sampling, max_frames)
 
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
@@ -188,7 +198,7 @@ class SessionHost:
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[T, h, w]`` → uint8 RGB ``[T, H, W, 3]``."""
-        return self.pipeline.decode(codes)
+        return self._tokenizer_pipeline().decode(codes)
 
     def close(self) -> None:
         """Stop the engine (sessions end); the pipeline stays open for its owner."""

@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""Closed-loop sessions (terra/session/): frame latency and frames/s with N concurrent sessions, against batch
+rollouts of the same frames on the same engine.
+
+For every N in ``--sessions``, N sessions open (built-in context scenes with the demo model, random codes
+otherwise) and each is stepped ``--frames`` times from its own thread with drive actions (a slow steering sine);
+the first frame of a session carries its context's prefill and is reported apart. With ``--batch`` the same N
+rollouts (same contexts, actions and seeds) then run as one ``backend.generate`` call, and the codes of both
+are compared (they must be equal: one code path). Examples::
+
+    python scripts/benchmark_sessions.py                                     # CPU: demo model, Transformers
+    python scripts/benchmark_sessions.py --decode --sessions 1               # latency with RGB decoding
+    python scripts/benchmark_sessions.py --model terra --backend vllm --sessions 1,16,64 --frames 16 --batch \\
+        --out bench/sessions_h100.json                                       # GPU: Terra's shape, random bf16
+
+``--model terra`` writes only Terra's config.json and lets vLLM initialise random weights
+(``load_format=dummy``); ``--model tiny`` is a toy model for smoke runs; a folder is a real checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from terra.errors import TerraInputError
+from terra.generation.backends import create_backend
+from terra.generation.rollout import RolloutRequest
+from terra.generation.sampling import SamplingConfig
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.presets import TERRA, TINY
+from terra.pipeline import WorldModelPipeline
+from terra.session import SessionHost, drive_action
+from terra.session.context import SessionContext, builtin
+from tokenizer.atomic import write_text
+
+DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="demo", help="demo | terra (random weights) | tiny | a checkpoint folder")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the demo tokenizer with --model demo)")
+    parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--sessions", default="1,4,8", help="comma-separated session counts")
+    parser.add_argument("--frames", type=int, default=6, help="frames each session steps")
+    parser.add_argument("--num-context", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--batch", action="store_true", help="also run the same rollouts as one generate() call")
+    parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--max-num-seqs", type=int, help="vLLM: sequences per step (default: the largest N)")
+    parser.add_argument("--out", type=Path, help="write the records as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        args.sessions = [int(n) for n in args.sessions.split(",")]
+    except ValueError:
+        parser.error(f"--sessions must be comma-separated whole numbers (got {args.sessions!r})")
+    if min(args.sessions) < 1 or args.frames < 1 or args.num_context < 1:
+        parser.error("--sessions, --frames and --num-context must be at least 1")
+    return args
+
+
+def build_host(args: argparse.Namespace, folder: Path) -> SessionHost:
+    """A session host over the chosen model and backend (a pipeline when there is a tokenizer)."""
+    options = {}
+    if args.backend == "vllm":
+        options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
+    if args.model in ("terra", "tiny"):
+        config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
+        if args.backend == "vllm":  # config.json only; the engine makes up the weights
+            write_text(folder / "config.json", config.to_json_string())
+            options["load_format"] = "dummy"
+        elif args.model == "terra":
+            raise TerraInputError("--model terra runs on --backend vllm, which makes up its random weights")
+        else:
+            torch.manual_seed(0)
+            LlamaActionForCausalLM(config).save_pretrained(folder)
+        backend = create_backend(args.backend, folder, args.device, args.dtype, **options)
+        return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+    world_model = DEMO / "world_model" if args.model == "demo" else Path(args.model)
+    tokenizer = args.tokenizer or (DEMO / "tokenizer" if args.model == "demo" else None)
+    if tokenizer is None:
+        backend = create_backend(args.backend, world_model, args.device, args.dtype, **options)
+        return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+    pipeline = WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
+                                                  dtype=args.dtype, **options)
+    return SessionHost(pipeline, max_frames=args.frames, num_context=args.num_context)
+
+
+def contexts(host: SessionHost, count: int, num_context: int) -> list[SessionContext]:
+    """Built-in scenes when the host has a tokenizer, else random codes; straight at 30 km/h in between."""
+    if host.pipeline is not None:
+        return [builtin(host.pipeline, num_context, scene=i) for i in range(count)]
+    layout = host.layout
+    rng = np.random.default_rng(0)
+    between = np.repeat(drive_action(0.0, 30.0)[None], num_context - 1, axis=0)
+    return [SessionContext(rng.integers(0, layout.codebook_size, (num_context, layout.image_tokens)), between, 30.0,
+                           "random codes") for _ in range(count)]
+
+
+def drive_actions(session_index: int, frames: int, speed_kmh: float) -> np.ndarray:
+    """``[frames, 6, 3]``: steering along a slow sine, a different phase per session."""
+    steer = 0.6 * np.sin(0.3 * np.arange(frames) + session_index)
+    return np.stack([drive_action(float(s), speed_kmh) for s in steer])
+
+
+def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampling: SamplingConfig) -> dict:
+    """N sessions stepped concurrently from N threads; latencies, frames/s and each one's codes."""
+    starts = contexts(host, count, args.num_context)
+    actions = [drive_actions(i, args.frames, c.speed_kmh) for i, c in enumerate(starts)]
+    sessions = [host.open_context(c, seed=i, sampling=sampling) for i, c in enumerate(starts)]
+    latencies: list[list[float]] = [[] for _ in range(count)]
+    errors: list[BaseException] = []
+
+    def drive(i: int) -> None:
+        try:
+            for action in actions[i]:
+                start = time.perf_counter()
+                sessions[i].step(action, decode=args.decode)
+                latencies[i].append(time.perf_counter() - start)
+        except BaseException as err:  # noqa: BLE001  (reported by the main thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(count)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    codes = [s.codes()[args.num_context :].reshape(args.frames, -1) for s in sessions]
+    for session in sessions:
+        session.close()
+    first = [lat[0] for lat in latencies]
+    steady = [x for lat in latencies for x in lat[1:]]
+    return {
+        "frames_per_s": count * args.frames / wall, "wall_s": wall,
+        "first_frame_s": statistics.mean(first),
+        "latency_mean_s": statistics.mean(steady) if steady else None,
+        "latency_p50_s": float(np.percentile(steady, 50)) if steady else None,
+        "latency_p90_s": float(np.percentile(steady, 90)) if steady else None,
+        "codes": codes, "contexts": starts, "actions": actions,
+    }
+
+
+def run_batch(host: SessionHost, args: argparse.Namespace, sessions: dict, sampling: SamplingConfig) -> dict:
+    """The same rollouts as one ``generate`` call on the same backend."""
+    requests = []
+    for i, (context, actions) in enumerate(zip(sessions["contexts"], sessions["actions"])):
+        full = np.concatenate([context.actions, actions])
+        requests.append(RolloutRequest(context.codes.reshape(len(context.codes), -1), full, args.frames, seed=i))
+    start = time.perf_counter()
+    generated = host.backend.generate(requests, sampling, progress=False)
+    wall = time.perf_counter() - start
+    equal = all(np.array_equal(g, s) for g, s in zip(generated, sessions["codes"]))
+    return {"batch_frames_per_s": len(requests) * args.frames / wall, "batch_wall_s": wall, "identical": equal}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sampling = SamplingConfig(temperature=args.temperature)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="terra-bench-sessions-") as folder:
+        host = build_host(args, Path(folder))
+        try:
+            run_sessions(host, args, 1, sampling)  # warm-up: first calls, CUDA graphs, caches
+            for count in args.sessions:
+                result = run_sessions(host, args, count, sampling)
+                record = {"sessions": count, "frames": args.frames, "backend": host.backend.name,
+                          "model": args.model, "decode": args.decode,
+                          **{k: v for k, v in result.items() if k not in ("codes", "contexts", "actions")}}
+                if args.batch:
+                    record.update(run_batch(host, args, result, sampling))
+                records.append(record)
+                print(format_record(record), flush=True)
+        finally:
+            host.close()
+            host.backend.close()
+    if args.out:
+        write_text(args.out, json.dumps({"command": " ".join(sys.argv), "records": records}, indent=2))
+    return records
+
+
+def format_record(record: dict) -> str:
+    text = (f"{record['sessions']:>3} session(s): {record['frames_per_s']:7.2f} frames/s, first frame "
+            f"{record['first_frame_s'] * 1000:7.0f} ms")
+    if record["latency_mean_s"] is not None:
+        text += (f", then {record['latency_mean_s'] * 1000:6.0f} ms per frame (p50 {record['latency_p50_s'] * 1000:.0f},"
+                 f" p90 {record['latency_p90_s'] * 1000:.0f})")
+    if "batch_frames_per_s" in record:
+        text += f"; batch {record['batch_frames_per_s']:7.2f} frames/s, identical codes: {record['identical']}"
+    return text
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except TerraInputError as err:
+        sys.exit(f"benchmark_sessions: error: {err}")
