@@ -144,3 +144,18 @@ def test_limits_and_bad_input(host):
         host.open(codes=np.full((2, 8, 8), 10_000))
     with pytest.raises(TerraInputError, match="no room"):
         host.open(codes=np.zeros((6, 8, 8), dtype=np.int64))
+
+
+def test_a_host_over_a_bare_backend_takes_codes(pipeline):
+    """No tokenizer (benchmarks, policies on codes): sessions open from codes, frames stay undecoded."""
+    from terra.session.context import SessionContext
+
+    host = SessionHost(pipeline.backend, GREEDY, max_frames=3)
+    try:
+        context = SessionContext(np.zeros((2, 64), dtype=np.int64), np.zeros((1, 6, 3), np.float32), 30.0, "codes")
+        frame = host.open_context(context, seed=0).step(drive_action(0.0, 30.0), decode=False)
+        assert frame.codes.shape == (64,) and frame.rgb is None
+        with pytest.raises(TerraInputError, match="no tokenizer"):
+            host.open()
+    finally:
+        host.close()
