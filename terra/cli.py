@@ -19,6 +19,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from terra.actions import load_actions
 from terra.errors import TerraInputError
 from terra.hydra_app import CONFIG_PATH, check_added_settings, run_app, shielded, task
 from terra.outputs import check_output, output_file_names, prepare_output_dir
@@ -30,6 +31,7 @@ from terra.validation import (
     Range,
     check_backend,
     check_choice,
+    check_context_paths,
     check_device,
     check_flag,
     check_output_dir,
@@ -76,6 +78,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     tokenizer_path = checkpoint_path(cfg, "tokenizer", "path")
     file_names = output_file_names(cfg.output, cfg.num_samples)
     check_output_dir(out_dir, file_names)
+    if cfg.context is not None:
+        check_context_paths(select(cfg, "context"))  # no decoding yet: a FIFO or a typo fails at once
+    if cfg.trajectory is not None:  # read and checked now; sized again once the context frames are counted
+        load_actions(str(cfg.trajectory), cfg.num_frames)
 
     # Every setting is fine: now the heavy modules (torch, Transformers).
     import torch
@@ -83,8 +89,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from terra.generation.backends import resolve_backend, resolve_device
     from terra.generation.sampling import SamplingConfig
     from terra.inputs import (
-        builtin_context, check_context_paths, check_window, load_context, manoeuvre_actions, rollout_requests,
-        trajectory_actions,
+        builtin_context, check_window, load_context, manoeuvre_actions, rollout_requests, trajectory_actions,
     )
     from terra.models.checkpoint import read_world_model_config
     from terra.outputs import write_outputs
@@ -105,8 +110,6 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     resize = check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES)
     sampling = SamplingConfig(**sampling_options)
     refiner = check_run_decoding(cfg, device)  # decoding=refiner: its file and device, checked before any load
-    if cfg.context is not None:
-        check_context_paths(select(cfg, "context"))  # no decoding yet: a FIFO or a typo fails before any load
     config = read_world_model_config(world_model_path)
     check_window(config.num_temporal_embeddings, cfg.num_context, cfg.model.overlap, "model.overlap")
     prepare_output_dir(out_dir, file_names)

@@ -8,9 +8,7 @@ frame ``t``; ``actions[t]`` conditions frame ``t + 1`` (docs/ARCHITECTURE.md, "A
 
 from __future__ import annotations
 
-import glob
 import os
-import stat
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,27 +42,6 @@ def resolve_path(path: str | os.PathLike, base: Path) -> str:
     """``path`` with ``~`` expanded; a relative one is taken from ``base``."""
     p = Path(path).expanduser()
     return str(p if p.is_absolute() else base / p)
-
-
-def check_context_paths(sources: str | os.PathLike | Sequence[str], base: Path | None = None) -> list[str]:
-    """Context sources checked without decoding anything: each must be a folder, a regular file or a glob that
-    matches (a FIFO or a device would block the reader). Returns them resolved (relative ones from ``base``);
-    batch runs can check every sample of a chunk this way before any image is read."""
-    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    if not items:
-        raise TerraInputError("no context frames given; pass image files, a folder, a glob or a video file")
-    resolved = [resolve_path(s, base) if base is not None else str(Path(s).expanduser()) for s in items]
-    for path in resolved:
-        if os.path.isdir(path):
-            continue
-        if os.path.lexists(path):
-            mode = os.stat(path).st_mode if os.path.exists(path) else 0
-            if not stat.S_ISREG(mode):
-                raise TerraInputError(f"{path} is not a regular file (a FIFO, device, socket or broken link); "
-                                      "pass an image or video file")
-        elif not (glob.has_magic(path) and glob.glob(path)):
-            raise TerraInputError(f"image path {path} does not exist; check the path")
-    return resolved
 
 
 def load_context(

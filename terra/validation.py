@@ -19,6 +19,7 @@ Limits, in one place:
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Mapping
+from typing import IO, Any, Iterable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
@@ -70,7 +71,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
     "hf": {"max_batch_size": Range(1, 4096, 16, whole=True)},
     "vllm": {
         "max_num_seqs": Range(1, 4096, 64, whole=True),
-        "gpu_memory_utilization": Range(0, 1, 0.9, low_open=True),
+        "gpu_memory_utilization": Range(0, 1, 0.9, low_open=True, nullable=True),  # null: 0.9 on a GPU
         "enforce_eager": bool,
         "enable_prefix_caching": bool,
         "kv_cache_dtype": str,
@@ -240,6 +241,27 @@ def parse_json(text: str, source: str) -> Any:
 def load_json(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> Any:
     """A regular JSON file of at most ``max_bytes``, decoded by :func:`parse_json`."""
     return parse_json(read_input_text(path, what, max_bytes), str(path))
+
+
+def check_context_paths(sources: str | os.PathLike | Sequence[str], base: Path | None = None) -> list[str]:
+    """Context sources checked without decoding anything: each must be a folder, a regular file or a glob that
+    matches (a FIFO or a device would block the reader). Returns them resolved (relative ones from ``base``);
+    batch runs can check every sample of a chunk this way before any image is read."""
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not items:
+        raise TerraInputError("no context frames given; pass image files, a folder, a glob or a video file")
+    resolved = [str(Path(base) / Path(s).expanduser() if base is not None else Path(s).expanduser()) for s in items]
+    for path in resolved:
+        if os.path.isdir(path):
+            continue
+        if os.path.lexists(path):
+            mode = os.stat(path).st_mode if os.path.exists(path) else 0
+            if not stat.S_ISREG(mode):
+                raise TerraInputError(f"{path} is not a regular file (a FIFO, device, socket or broken link); "
+                                      "pass an image or video file")
+        elif not (glob.has_magic(path) and glob.glob(path)):
+            raise TerraInputError(f"image path {path} does not exist; check the path")
+    return resolved
 
 
 # ---------------------------------------------------------------------------------------------- output paths

@@ -35,10 +35,10 @@ from decoder.writers import write_gif, write_mp4
 from terra.actions import actions_for_manoeuvre, load_actions, validate_actions
 from terra.errors import TerraInputError, check_number
 from terra.generation.sampling import SamplingConfig
-from terra.inputs import check_context_paths, trajectory_actions
+from terra.inputs import trajectory_actions
 from terra.models.checkpoint import read_world_model_config
 from terra.trajectory import EgoTrajectory
-from terra.validation import check_backend, check_device, check_output_dir
+from terra.validation import check_backend, check_context_paths, check_device, check_output_dir
 from tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,7 +320,7 @@ def test_full_disk_is_one_line_and_keeps_the_users_empty_folder(fmt, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which(str(TERRA_GENERATE)) is None, reason="terra-generate is not installed")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_while_generating_stops_with_one_line_and_no_files(signum, tmp_path):
     out, cwd = tmp_path / "out", tmp_path / "cwd"
     cwd.mkdir()
