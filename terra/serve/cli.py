@@ -71,7 +71,8 @@ def load_service(cfg: DictConfig) -> SessionService:
         config=config, zero_embed_code_0=bool(cfg.model.get("zero_embed_code_0", False)),
         **OmegaConf.to_container(cfg.backend.options),
     )
-    host = SessionHost(pipeline, sampling, max_frames=settings.max_frames, overlap=overlap, num_context=num_context)
+    host = SessionHost(pipeline, sampling, max_frames=settings.max_frames, overlap=overlap, num_context=num_context,
+                       resize=str(cfg.tokenizer.get("resize", "crop")))
     return SessionService(host, settings)
 
 

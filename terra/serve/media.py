@@ -21,6 +21,7 @@ from PIL import Image, UnidentifiedImageError
 
 from decoder import mark_frames, write_gif, write_mp4
 from terra.errors import TerraInputError
+from tokenizer.images import RGB_COMPATIBLE_MODES, fit_frame
 
 MAX_UPLOAD_PIXELS = 4096 * 4096  # one uploaded frame; a decompression bomb fails before it is decoded
 VIDEO_FORMATS = {"mp4": "video/mp4", "gif": "image/gif"}
@@ -49,8 +50,9 @@ def read_frame_message(message: bytes) -> tuple[dict[str, Any], bytes]:
     return json.loads(message[4 : 4 + length]), message[4 + length :]
 
 
-def decode_upload(value: Any, index: int) -> Image.Image:
-    """An uploaded frame: a base64 string or ``data:image/...;base64,`` URL of a PNG/JPEG/... file → PIL image."""
+def decode_upload(value: Any, index: int, image_size: tuple[int, int], resize: str) -> np.ndarray:
+    """An uploaded frame (a base64 string or ``data:image/...;base64,`` URL of a PNG/JPEG/... file) → uint8
+    ``[H, W, 3]`` at the tokenizer's ``image_size``, so the full-size picture is held only while it is resized."""
     where = f"context image {index}"
     if not isinstance(value, str):
         raise TerraInputError(f"{where} must be a base64 string or a data:image URL (got {type(value).__name__})")
@@ -66,11 +68,13 @@ def decode_upload(value: Any, index: int) -> Image.Image:
     if image.width * image.height > MAX_UPLOAD_PIXELS:
         raise TerraInputError(f"{where} is {image.width}x{image.height} pixels; send at most "
                               f"{MAX_UPLOAD_PIXELS} pixels (e.g. 4096x4096)")
+    if image.mode not in RGB_COMPATIBLE_MODES:
+        raise TerraInputError(f"{where} has pixel mode {image.mode}; send an 8-bit colour PNG or JPEG")
     try:
-        image.load()
+        image = image.convert("RGB")
     except unreadable as err:
         raise TerraInputError(f"{where} is a broken image ({type(err).__name__}); send PNG or JPEG") from None
-    return image
+    return fit_frame(image, image_size, where, resize)
 
 
 def video_bytes(frames: np.ndarray, num_context: int, video_format: str, fps: float = 10.0) -> bytes:

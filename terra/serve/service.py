@@ -124,7 +124,8 @@ class SessionService:
         window = host.layout.max_frames - 1
         if not isinstance(images, list) or not 1 <= len(images) <= window:
             raise TerraInputError(f"context.images must be a list of 1 to {window} images (base64 or data URLs)")
-        frames = [decode_upload(value, i) for i, value in enumerate(images)]
+        size = host.pipeline.image_size
+        frames = [decode_upload(value, i, size, host.resize) for i, value in enumerate(images)]
         return host.open(images=frames, num_context=num_context, **common, **options)
 
     @staticmethod

@@ -138,17 +138,19 @@ class SessionHost:
     Given a bare :class:`~terra.generation.rollout.WorldModelBackend` instead (no tokenizer: benchmarks, policies
     that work on codes), sessions open from codes through :meth:`open_context` and frames are not decoded.
     ``max_frames`` caps the frames of one session (its rollout is planned for that many); ``overlap`` is the
-    window overlap (docs/ARCHITECTURE.md, "Windows"); ``sampling`` is the default of :meth:`open`.
+    window overlap (docs/ARCHITECTURE.md, "Windows"); ``sampling`` is the default of :meth:`open`; ``resize``
+    fits context images to the tokenizer (``crop`` or ``stretch``, as the tokenizer's config says).
     """
 
     def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), max_frames: int = 1000,
-                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3) -> None:
+                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3, resize: str = "crop") -> None:
         self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
         self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
         self.sampling = sampling
         self.max_frames = check_whole_number(max_frames, "max_frames", 1, "max_frames=600")
         self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3")
         self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3")
+        self.resize = resize  # how context images fit the tokenizer: crop | stretch (tokenizer/images.py)
         self.engine = SessionEngine(self.backend)
 
     @property
@@ -180,7 +182,7 @@ class SessionHost:
                 raise TerraInputError(f"max_frames={max_frames} is over this host's limit of {self.max_frames}")
         pipeline = self._tokenizer_pipeline()
         if images is not None:
-            context = contexts.from_images(pipeline, images, num_context, actions, speed_kmh)
+            context = contexts.from_images(pipeline, images, num_context, actions, speed_kmh, self.resize)
         elif codes is not None:
             context = contexts.from_codes(codes, pipeline.tokenizer.grid_shape, actions, speed_kmh)
         else:

@@ -83,6 +83,10 @@ def test_huge_uploads_are_413_and_image_bombs_400(client, session_id):
     Image.new("L", (5000, 5000)).save(buffer, format="PNG")  # 25 Mpx, a few kB compressed
     bomb = base64.b64encode(buffer.getvalue()).decode()
     assert "5000x5000 pixels" in error_of(client.post("/sessions", json={"context": {"images": [bomb]}}), 400)
+    buffer = io.BytesIO()
+    Image.new("I;16", (256, 144)).save(buffer, format="PNG")  # 16-bit grey: not a colour photo
+    deep = base64.b64encode(buffer.getvalue()).decode()
+    assert "pixel mode" in error_of(client.post("/sessions", json={"context": {"images": [deep]}}), 400)
     still_serving(client, session_id)
 
 
