@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import secrets
 from importlib.resources import files
@@ -27,7 +28,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.exceptions import HTTPException, RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from terra.errors import TerraInputError
@@ -40,8 +41,10 @@ STATIC = Path(str(files("terra.serve") / "static"))
 SUBPROTOCOL = "terra"
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def _error(status: int, message: str, headers: dict | None = None) -> Response:
+    """``{"error": message}``, ASCII-escaped (a message may quote a client's string, lone surrogates and all)."""
+    return Response(json.dumps({"error": message}), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 def _status(err: TerraInputError) -> int:
@@ -88,21 +91,21 @@ def create_app(service: SessionService) -> FastAPI:
         return parse_json(bytes(body)) if body.strip() else {}
 
     @app.exception_handler(TerraInputError)
-    async def input_error(request: Request, err: TerraInputError) -> JSONResponse:
+    async def input_error(request: Request, err: TerraInputError) -> Response:
         return _error(_status(err), str(err))
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, err: HTTPException) -> Response:
         return _error(err.status_code, str(err.detail), getattr(err, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, err: RequestValidationError) -> Response:
         first = err.errors()[0] if err.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return _error(422, f"{where}: {first.get('msg', 'invalid request')}")
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+    async def internal_error(request: Request, err: Exception) -> Response:
         log.exception("internal error on %s", request.url.path)
         return _error(500, f"internal error ({type(err).__name__}); the server log has the details")
 

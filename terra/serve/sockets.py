@@ -33,14 +33,23 @@ MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")
 
 
 def parse_json(text: str | bytes) -> object:
-    """JSON without NaN/Infinity (Python's json accepts them; they are not JSON)."""
+    """Strict JSON: no NaN/Infinity (Python's json accepts them), no integers beyond a float's range, no
+    nesting deeper than the parser's recursion limit; any violation is one :class:`TerraInputError` line."""
     def reject(constant: str) -> None:
         raise TerraInputError(f"{constant} is not a number JSON allows; send finite numbers")
 
+    def whole(digits: str) -> int:
+        if len(digits.lstrip("-")) > 300:
+            raise TerraInputError(f"a number of {len(digits)} digits is out of range; send ordinary numbers")
+        return int(digits)
+
     try:
-        return json.loads(text, parse_constant=reject)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TerraInputError(f"malformed JSON ({err}); send one JSON object") from None
+        return json.loads(text, parse_constant=reject, parse_int=whole)
+    except TerraInputError:
+        raise
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise TerraInputError(f"malformed JSON ({type(err).__name__}: {str(err)[:120]}); send one JSON "
+                              "object") from None
 
 
 class SocketConnection:
@@ -99,6 +108,9 @@ class SocketConnection:
                 self._handle(message)
             except TerraInputError as err:
                 await self._send_text({"type": "error", "message": str(err)})
+            except Exception:  # noqa: BLE001  (a bug: logged; the socket and the server go on)
+                log.exception("session %s: a socket message failed", self.entry.session.id)
+                await self._send_text({"type": "error", "message": "internal error; the server log has it"})
 
     def _handle(self, message: dict) -> None:
         """Act on one client message; bad input raises :class:`TerraInputError`."""
@@ -161,10 +173,13 @@ class SocketConnection:
                 if kind == "drive":
                     action = self.entry.session.driver.action()
                 _, image, header = await self.service.step(self.entry, action)
-            except TerraInputError as err:
+            except Exception as err:  # noqa: BLE001  (input errors are one line; a bug is logged, the socket goes on)
                 if kind == "drive":
                     self.driving = False
-                await self._send_text({"type": "error", "message": str(err)})
+                if not isinstance(err, TerraInputError):
+                    log.exception("session %s: a step failed", self.entry.session.id)
+                message = str(err) if isinstance(err, TerraInputError) else "internal error; the server log has it"
+                await self._send_text({"type": "error", "message": message})
                 continue
             self.sent = header["index"]
             await self._send_bytes(frame_message(header, image))

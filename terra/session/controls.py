@@ -30,8 +30,8 @@ ACTION_KINDS = ("actions", "trajectory", "steer", "manoeuvre")
 
 def check_number(value: Any, name: str, low: float, high: float) -> float:
     """``value`` as a float in ``[low, high]`` (finite, not a bool), else a one-line error."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise TerraInputError(f"{name} must be a finite number (got {value!r})")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not -1e300 < value < 1e300:  # NaN fails
+        raise TerraInputError(f"{name} must be a finite number (got {value!r:.40})")
     if not low <= value <= high:
         raise TerraInputError(f"{name} must be in [{low:g}, {high:g}] (got {value:g})")
     return float(value)
@@ -72,7 +72,7 @@ def parse_action(value: Any) -> np.ndarray:
     if not isinstance(value, dict):
         try:
             arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise TerraInputError(f"an action must be a [6, 3] array of numbers or an object with one of "
                                   f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})") from None
         if arr.shape != (6, 3):

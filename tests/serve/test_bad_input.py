@@ -45,6 +45,12 @@ def still_serving(client, sid: str) -> None:
     (b'{"action": {"fly": true}}', 400, "exactly one of"),
     (b'{"act": 1}', 400, "the body must be"),
     (b'[1, 2, 3]', 400, "the body must be"),
+    pytest.param(b'{"action": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "malformed JSON (RecursionError",
+                 id="deep-nesting"),
+    pytest.param(b'{"action": {"steer": 0, "speed_kmh": ' + b"9" * 400 + b"}}", 400, "a number of 400 digits",
+                 id="huge-integer"),
+    (b'{"action": {"manoeuvre": "\\ud800"}}', 400, "unknown manoeuvre"),
+    (b"\xff\xfe{}", 400, "malformed JSON"),
 ])
 def test_bad_steps_are_400_with_one_line(client, session_id, body, status, message):
     response = client.post(f"/sessions/{session_id}/step", content=body)
@@ -123,6 +129,8 @@ def test_socket_errors_are_frames_and_the_socket_keeps_working(server, client, s
         json.dumps({"type": "drive", "on": "yes"}),
         json.dumps({"type": "ack"}),
         b"\x00\x01binary",
+        '{"type": "step", "action": ' + "[" * 20_000 + "]" * 20_000 + "}",
+        '{"type": "step", "action": {"steer": 0, "speed_kmh": ' + "9" * 400 + "}}",
     ]
     with open_socket(server, session_id) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
