@@ -24,7 +24,7 @@ import logging
 import secrets
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.exceptions import HTTPException, RequestValidationError
@@ -63,7 +63,7 @@ def create_app(service: SessionService) -> FastAPI:
 
     app = FastAPI(title="terra-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    def authorized(header: str | None, offered: list[str] = ()) -> bool:
+    def authorized(header: str | None, offered: Sequence[str] = ()) -> bool:
         if settings.token is None:
             return True
         wanted = [f"Bearer {settings.token}", f"bearer.{settings.token}"]

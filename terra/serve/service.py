@@ -21,7 +21,6 @@ from terra.generation.sampling import SamplingConfig
 from terra.serve.media import decode_upload, encode_image
 from terra.serve.settings import ServeSettings
 from terra.session import Frame, Session, SessionHost
-from terra.session import context as contexts
 
 log = logging.getLogger("terra.serve")
 CONTEXT_KINDS = ("builtin", "images", "codes")

@@ -9,7 +9,6 @@ import json
 import time
 
 import httpx
-import numpy as np
 import pytest
 from PIL import Image
 from websockets.exceptions import ConnectionClosed
