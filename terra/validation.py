@@ -306,3 +306,42 @@ def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), se
         raise TerraInputError(f"output folder {path} is on a full disk ({free >> 10} KiB free); free some space "
                               f"or choose another {setting}")
     return folder
+
+
+def check_output_names(folder: str | os.PathLike, names: Iterable[str], what: str = "output file") -> None:
+    """Raise unless each of ``names`` (paths relative to ``folder``, e.g. from a naming pattern) is text the file
+    system takes there: no NUL or lone surrogate, each part at most ``NAME_MAX`` bytes (the last with the
+    temporary suffix of an atomic write) and the whole path at most ``PATH_MAX``. Nothing is created."""
+    base = Path(os.path.abspath(Path(folder).expanduser()))
+    existing = base
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+    for name in names:
+        try:
+            encoded = os.fsencode(name)
+        except UnicodeEncodeError:
+            raise TerraInputError(f"{what} name {shown(name)} is not valid text (a lone surrogate escape)") from None
+        if b"\0" in encoded:
+            raise TerraInputError(f"{what} name {shown(name)} holds a NUL character")
+        parts = Path(name).parts
+        for i, part in enumerate(parts):
+            size = len(os.fsencode(part)) + (ATOMIC_EXTRA if i == len(parts) - 1 else 0)
+            if size > name_max:
+                raise TerraInputError(f"{what} name {shown(part)} is too long: {size} bytes with its temporary "
+                                      f"suffix, more than the file system allows ({name_max})")
+        if len(os.fsencode(str(base))) + 1 + len(encoded) + ATOMIC_EXTRA > path_max:
+            raise TerraInputError(f"{what} {shown(name)} makes a path longer than the file system allows "
+                                  f"({path_max} bytes) in {shown(str(base))}")
+
+
+def check_inside(path: str | os.PathLike, root: str | os.PathLike, what: str, allow: str) -> str:
+    """``path`` as an absolute path (``~`` expanded, a relative one taken from ``root``, ``.`` and ``..``
+    resolved without following links) if it lies inside ``root``; otherwise one line naming ``what`` and the
+    setting ``allow`` that lets such paths through."""
+    base = os.path.abspath(Path(root).expanduser())
+    resolved = os.path.abspath(os.path.join(base, Path(path).expanduser()))
+    if os.path.commonpath([base, resolved]) != base:
+        raise TerraInputError(f"{what} {shown(str(path), 120)} lies outside {base}; keep it under that folder or "
+                              f"set {allow}=true")
+    return resolved

@@ -36,16 +36,35 @@ def sample_record(sample: Sample, status: str, *, error: str | None = None, stag
     return record
 
 
+MAX_ERROR_CHARS = 500  # a manifest's error is one line, cut to this length
+
+# Errors whose own text is no help in a manifest (RecursionError's names a Python internal; MemoryError has none).
+_PLAIN = {
+    RecursionError: "the input nests too deeply to be read (RecursionError); simplify it",
+    MemoryError: "ran out of memory (MemoryError); lower max_concurrent or give smaller inputs",
+}
+
+
 def one_line(err: BaseException) -> str:
-    """An exception as one line (user errors keep their message; others get their type name)."""
+    """An exception as one line of at most :data:`MAX_ERROR_CHARS` characters (user errors keep their message;
+    others get their type name, RecursionError and MemoryError a plain sentence)."""
+    plain = next((text for kind, text in _PLAIN.items() if isinstance(err, kind)), None)
     text = " ".join(str(err).split())
-    if isinstance(err, TerraInputError):
-        return text
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    if plain is not None:
+        text = plain
+    elif not isinstance(err, TerraInputError):
+        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[: MAX_ERROR_CHARS - 3]}..."
 
 
 class Manifest:
-    """The run's manifest: JSONL records appended (and flushed) as samples finish; thread-safe."""
+    """The run's manifest: JSONL records appended as samples finish, from any thread.
+
+    Each record is one ``write()`` of a complete line to a file opened with ``O_APPEND``, under a lock, then
+    fsynced: a record is either whole in the file or absent, never spliced into another (a write cut short,
+    e.g. by a full disk, is ended with a newline first, so the next record starts a line of its own). Records
+    that arrive after :meth:`close` (a helper thread finishing after an interrupt) are dropped.
+    """
 
     def __init__(self, path: Path, on_record: Callable[[dict], None] | None = None) -> None:
         self.path = path
@@ -53,21 +72,41 @@ class Manifest:
         self._lock = threading.Lock()
         self.on_record = on_record  # called (under the lock) after each record is written
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(path, "w", encoding="utf-8")
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
+                                       0o644)
+        self._torn = False  # the last write stopped mid-line
 
     def add(self, record: dict) -> None:
-        """Append ``record`` to the file (flushed at once) and to :attr:`records`."""
+        """Append ``record`` to the file (synced at once) and to :attr:`records`."""
+        line = (json.dumps(to_jsonable(record)) + "\n").encode("utf-8")
         with self._lock:
-            self.records.append(record)
-            self._fh.write(json.dumps(to_jsonable(record)) + "\n")
-            self._fh.flush()
-            if self.on_record is not None:
-                self.on_record(record)
+            if self._fd is None:
+                return
+            self.records.append(record)  # counted even when a full disk keeps it from the file
+            try:
+                self._append(b"\n" + line if self._torn else line)
+            finally:
+                if self.on_record is not None:
+                    self.on_record(record)
+
+    def _append(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self._fd, view)
+            except OSError:
+                self._torn = len(view) < len(data)
+                raise
+            view = view[written:]
+        self._torn = False
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file; later records are dropped."""
         with self._lock:
-            self._fh.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict]:

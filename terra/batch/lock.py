@@ -1,0 +1,138 @@
+"""One batch run per output folder and shard: an exclusive ``flock`` on a lock file inside the folder.
+
+The lock file (``.<manifest stem>.lock``, so the shards of one run can share a folder) holds the holder's pid,
+host and start time, which a second run names in its one-line refusal (:class:`TerraInputError`, exit 2)
+before it touches anything. The kernel drops the lock when its holder exits in any way, SIGKILL included; a
+lock file left by a killed run is simply taken over. On release the holder deletes the file, and the folders
+it created when they are still empty (a run refused for bad input leaves nothing behind).
+
+Deleting a lock file races with a second run that opened it just before: that run then holds a lock on a file
+no longer in the folder. :func:`_acquire` checks, once locked, that the path still names the file it locked,
+and starts over otherwise. Locks are re-entrant within a process (``scripts/rollout.py`` locks before it imports
+torch; :func:`terra.batch.run_batch` locks again), and this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from terra.errors import TerraInputError
+
+_HELD: dict[str, tuple[int, int, list[Path]]] = {}  # lock path -> (fd, depth, folders created for it)
+_GUARD = threading.Lock()
+
+
+def lock_path(manifest_path: str | os.PathLike) -> Path:
+    """The lock file of the run that writes ``manifest_path``: ``.<manifest stem>.lock`` beside it."""
+    manifest = Path(manifest_path)
+    return manifest.with_name(f".{manifest.stem}.lock")
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _holder(fd: int) -> str:
+    """``pid 12 on host h since 2026-01-01 10:00:00 UTC`` from a lock file's content (or a vaguer phrase)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["started_at"])))
+        return f"pid {int(info['pid'])} on host {info['host']} since {started}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a run that is starting"
+
+
+def _acquire(path: Path, setting: str) -> int:
+    """Open and lock ``path`` (created if needed, with its folder); the locked descriptor."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except FileNotFoundError:  # the folder was removed by a run that just finished: make it again
+            continue
+        except OSError as err:
+            raise TerraInputError(f"output folder {path.parent} cannot hold the run's lock file {path.name} "
+                                  f"({err.strerror}); choose another {setting}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise TerraInputError(f"output folder {path.parent} is in use by another batch run ({holder}; lock "
+                                  f"file {path.name}); wait for it to finish or choose another {setting}") from None
+        except OSError as err:
+            os.close(fd)
+            raise TerraInputError(f"output folder {path.parent} cannot be locked ({err.strerror}); choose another "
+                                  f"{setting} on a local or lock-capable file system") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the file was deleted by its previous holder after we opened it: take the new one
+
+
+def _write_holder(fd: int) -> None:
+    """Say who holds the lock (advisory: a full disk leaves the file empty and the lock held)."""
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": round(time.time(), 3)}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+    except OSError:
+        pass
+
+
+@contextmanager
+def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -> Iterator[Path]:
+    """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block;
+    a second holder fails at once with one line naming the first. Yields the lock file's path."""
+    path = Path(os.path.abspath(lock_path(manifest_path)))
+    key = str(path)
+    with _GUARD:
+        if key in _HELD:
+            fd, depth, created = _HELD[key]
+            _HELD[key] = (fd, depth + 1, created)
+        else:
+            created = _missing_folders(path.parent)
+            try:
+                fd = _acquire(path, setting)
+            except BaseException:
+                _remove_empty(created)
+                raise
+            _HELD[key] = (fd, 1, created)
+            _write_holder(fd)
+    try:
+        yield path
+    finally:
+        with _GUARD:
+            fd, depth, created = _HELD[key]
+            if depth > 1:
+                _HELD[key] = (fd, depth - 1, created)
+            else:
+                del _HELD[key]
+                path.unlink(missing_ok=True)  # while still locked: see the module docstring
+                os.close(fd)
+                _remove_empty(created)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are empty; stop at the first that is not."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
