@@ -7,8 +7,11 @@
 ``model=terra_v1`` / ``terra_v2`` with ``terra_root`` (a download of turing-motors/Terra) picks the world model
 and its tokenizer, as in ``terra-generate`` (terra/snapshot.py).
 
+``executor=ray`` runs one engine per GPU on a Ray cluster (a local one for the run unless ``ray.address`` is
+set; README, "Running across nodes").
+
 A thin Hydra wrapper (conf/rollout.yaml) around :mod:`terra.batch`, which documents the sample formats, the
-output naming, resuming, sharding and multi-GPU runs. Rerunning the same command resumes: finished samples are
+output naming, resuming, sharding and Ray runs. Rerunning the same command resumes: finished samples are
 skipped. Exit code: 0 when every sample succeeded (or was already complete), 1 when some failed (each failure
 is in the manifest with its one-line error), 2 for a configuration or input error found before any work.
 """
@@ -41,6 +44,10 @@ def main(cfg: DictConfig) -> None:
         print(f"rollout: error: {err}", file=sys.stderr)
         sys.exit(2)
     print(f"rollout: {result.summary_line()}")
+    for actor, counts in result.per_actor.items():
+        where = "CPU" if counts["gpus"] == "cpu" else f"GPU {counts['gpus']}"
+        print(f"rollout: actor {actor} on {counts['node']} ({where}): {counts['ok']} succeeded, {counts['failed']} "
+              f"failed, {counts['retried']} of them after a retry")
     sys.exit(result.exit_code)
 
 

@@ -1,4 +1,4 @@
-"""Batch rollouts: a JSONL of samples → one video (+ JSON sidecar) per sample, resumable, sharded, multi-GPU.
+"""Batch rollouts: a JSONL of samples → one video (+ JSON sidecar) per sample, resumable, sharded, on Ray.
 
 The Python API behind ``scripts/rollout.py``; notebooks call it directly::
 
@@ -45,13 +45,18 @@ Outputs (under ``output_dir``)
 
 Concurrency and scale-out
 -------------------------
-Samples go to the backend in chunks of ``max_concurrent`` rollouts per ``generate`` call; the next chunk is read
-and encoded on a helper thread while the current one generates. A sample's video is decoded and written by one
-of ``writer_threads`` threads as soon as its last frame is generated, while the others keep going.
-``shard_index``/``num_shards`` split the input by line index modulo ``num_shards`` (every line in exactly one
-shard, malformed ones included). ``num_gpus``/``gpus`` start one engine per GPU (or per group of
-``tensor_parallel_size`` GPUs) in spawned worker processes with ``CUDA_VISIBLE_DEVICES`` set; worker ``w`` of
-``n`` takes every n-th pending sample. Only the parent writes the manifest.
+Each engine keeps ``max_concurrent`` rollouts in flight (``auto``: what vLLM's KV cache holds for the run's
+window, :mod:`~terra.batch.concurrency`): samples are read and encoded on a helper thread ahead of the engine, a
+finished rollout's slot goes to the next sample at once (no barrier between samples), and a sample's video is
+decoded and written by one of ``writer_threads`` threads as soon as its last frame is generated.
+``executor=local`` runs one engine in this process. ``executor=ray`` runs one engine per GPU (or per group of
+``tensor_parallel_size`` GPUs; on a cluster without GPUs, ``ray.num_actors`` CPU engines) as Ray actors on the
+cluster at ``ray.address`` (a local one for the run when unset); samples stream to the actors, Ray restarts an
+actor that dies and its unfinished samples are retried (``ray.max_retries``, then failed with the error).
+Records go back to the driver, which alone writes the manifest (with ``actor``, ``node`` and ``gpus`` fields;
+the summary counts per actor). Outputs go to ``output_dir`` from every node, so on several machines it must be
+a shared folder, as must the images. ``shard_index``/``num_shards`` split the input by line index modulo
+``num_shards`` (every line in exactly one shard, malformed ones included) for runs split by hand.
 
 Changing the model or tokenizer folder does not invalidate finished samples: use a new ``output_dir`` (or
 ``resume=False``) for another checkpoint. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
@@ -59,21 +64,51 @@ Changing the model or tokenizer folder does not invalidate finished samples: use
 
 Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (JSONL lines,
 shards), :mod:`~terra.batch.plan` (output files, fingerprints, resume), :mod:`~terra.batch.manifest`,
-:mod:`~terra.batch.engine` (prepare → generate → write on one engine), :mod:`~terra.batch.workers` (one process
-per GPU), :mod:`~terra.batch.run` (:func:`run_batch`).
+:mod:`~terra.batch.engine` (prepare, decode and write), :mod:`~terra.batch.stream` (the loop that keeps one engine
+full), :mod:`~terra.batch.concurrency` (``max_concurrent=auto``), :mod:`~terra.batch.ray_settings`,
+:mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``), :mod:`~terra.batch.run`
+(:func:`run_batch`).
 """
 
-from terra.batch.config import DEMO, NAMING, BatchConfig, check_config, config_from_omegaconf
-from terra.batch.engine import build_pipeline, run_items
-from terra.batch.manifest import STATUSES, Manifest, count_statuses, read_manifest
-from terra.batch.plan import BatchPlan, Item, fingerprint, is_complete, plan, remove_stale_temporaries
-from terra.batch.run import BatchResult, run_batch
-from terra.batch.samples import Sample, in_shard, read_samples, shard_indices
-from terra.batch.workers import gpu_groups
+from __future__ import annotations
 
-__all__ = [
-    "DEMO", "NAMING", "STATUSES", "BatchConfig", "BatchPlan", "BatchResult", "Item", "Manifest", "Sample",
-    "build_pipeline", "check_config", "config_from_omegaconf", "count_statuses", "fingerprint", "gpu_groups",
-    "in_shard", "is_complete", "plan", "read_manifest", "read_samples", "remove_stale_temporaries", "run_batch",
-    "run_items", "shard_indices",
-]
+import importlib
+from typing import Any
+
+# The names load on first use, so ``terra.batch.config`` (and scripts/rollout.py's checks) import no torch.
+_HOMES = {
+    "BatchConfig": "terra.batch.config",
+    "DEMO": "terra.batch.config",
+    "NAMING": "terra.batch.config",
+    "check_config": "terra.batch.config",
+    "config_from_omegaconf": "terra.batch.config",
+    "build_pipeline": "terra.batch.engine",
+    "Manifest": "terra.batch.manifest",
+    "STATUSES": "terra.batch.manifest",
+    "count_statuses": "terra.batch.manifest",
+    "read_manifest": "terra.batch.manifest",
+    "BatchPlan": "terra.batch.plan",
+    "Item": "terra.batch.plan",
+    "fingerprint": "terra.batch.plan",
+    "is_complete": "terra.batch.plan",
+    "plan": "terra.batch.plan",
+    "remove_stale_temporaries": "terra.batch.plan",
+    "EXECUTORS": "terra.batch.ray_settings",
+    "RaySettings": "terra.batch.ray_settings",
+    "BatchResult": "terra.batch.run",
+    "run_batch": "terra.batch.run",
+    "Sample": "terra.batch.samples",
+    "in_shard": "terra.batch.samples",
+    "read_samples": "terra.batch.samples",
+    "shard_indices": "terra.batch.samples",
+    "StreamingEngine": "terra.batch.stream",
+    "run_items": "terra.batch.stream",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'terra.batch' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

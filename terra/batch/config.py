@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from terra.batch.ray_settings import check_executor, removed_setting
 from terra.errors import TerraInputError, check_whole_number
 from terra.generation.sampling import SamplingConfig
 from terra.outputs import check_output_formats
@@ -50,12 +51,12 @@ class BatchConfig:
     seed: int = 0  # sample at input index i uses seed + i unless it sets "seed"
     image_root: str | None = None  # relative image paths resolve against it; None = the JSONL's folder
     default_manoeuvre: str | None = None  # for samples of Terra's format that give no trajectory
-    max_concurrent: int = 64  # rollouts per backend.generate call
+    max_concurrent: int | str = "auto"  # rollouts in flight per engine; auto: terra/batch/concurrency.py
     resume: bool = True  # skip samples whose outputs are complete
     shard_index: int = 0
     num_shards: int = 1
-    num_gpus: int = 1  # engines on this machine (one per GPU); -1 = every visible GPU; 0/1 = in-process
-    gpus: Sequence[int | str] | None = None  # explicit GPU ids (overrides num_gpus)
+    executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
+    ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/batch/ray_settings.py)
     num_threads: int | None = None  # torch CPU threads (None = torch's default)
     naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
     video_pattern: str | None = None  # overrides the naming preset
@@ -133,6 +134,8 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     if samples is None or samples == "":
         raise TerraInputError("no samples file given; pass samples=path/to/samples.jsonl")
     first = samples if isinstance(samples, str) else samples[0]
+    for name in ("num_gpus", "gpus"):  # the per-GPU worker processes gave way to executor=ray
+        removed_setting(name, plain(cfg.get(name)))
     output_dir = out.dir or str(Path("outputs") / "rollouts" / Path(first).stem)
     return BatchConfig(
         samples=samples, output_dir=str(output_dir), world_model=checkpoint_path(cfg, "model", "world_model"),
@@ -143,7 +146,7 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
         resize=cfg.tokenizer.get("resize", "crop"), seed=cfg.seed,
         image_root=None if cfg.image_root is None else str(cfg.image_root), default_manoeuvre=cfg.default_manoeuvre,
         max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index, num_shards=cfg.num_shards,
-        num_gpus=cfg.num_gpus, gpus=plain(cfg.gpus), num_threads=cfg.num_threads, naming=out.naming,
+        executor=cfg.executor, ray=plain(cfg.ray) or {}, num_threads=cfg.num_threads, naming=out.naming,
         video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
         fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
         save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
@@ -162,15 +165,15 @@ def check_config(config: BatchConfig) -> None:
     if config.resize not in RESIZE_MODES:
         raise TerraInputError(f"unknown tokenizer.resize {config.resize!r}; choose one of: {', '.join(RESIZE_MODES)}")
     check_whole_number(config.seed, "seed", 0, "seed=0")
-    check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=32")
+    if config.max_concurrent != "auto":
+        check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=auto or max_concurrent=32")
     check_whole_number(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")
     check_whole_number(config.num_shards, "num_shards", 1, "num_shards=4")
     check_whole_number(config.shard_index, "shard_index", 0, "shard_index=0")
     if config.shard_index >= config.num_shards:
         raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
                               f"(shards are numbered 0..{config.num_shards - 1})")
-    if isinstance(config.num_gpus, bool) or not isinstance(config.num_gpus, numbers.Integral) or config.num_gpus < -1:
-        raise TerraInputError(f"num_gpus must be -1 (all), 0 or a positive whole number (got {config.num_gpus!r})")
+    check_executor(config.executor, config.ray)
     if config.num_threads is not None:
         check_whole_number(config.num_threads, "num_threads", 1, "num_threads=4")
     if config.naming not in NAMING:

@@ -1,8 +1,8 @@
-"""Running planned samples on one engine: prepare (load, encode, actions) → generate → decode and write.
+"""What one engine does per sample: prepare (load, encode, actions), then decode and write once generated.
 
-Samples go to the backend in chunks of ``max_concurrent`` rollouts per ``generate`` call; the next chunk is
-read and encoded on a helper thread while the current one generates, and each rollout is decoded and written
-by one of ``writer_threads`` threads as soon as its last frame is generated.
+:func:`build_pipeline` loads the tokenizer and world model of a run; :func:`_prepare` turns a sample into a
+rollout request; :class:`_Writer` decodes each finished rollout and writes its files on ``writer_threads``
+threads. The loop that keeps the engine full between the two is terra/batch/stream.py.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import torch
 
 from decoder import draw_trajectory, mark_frames, write_sidecar, write_video
+from terra.batch.concurrency import engine_options
 from terra.batch.config import BatchConfig
 from terra.batch.manifest import one_line, sample_record
 from terra.batch.plan import Item
-from terra.errors import TerraInputError
+from terra.batch.samples import context_paths, sample_actions
 from terra.generation.rollout import RolloutRequest
-from terra.generation.sampling import SamplingConfig
-from terra.inputs import TRAJECTORY_KEYS, load_context, manoeuvre_actions, rollout_requests, trajectory_actions
+from terra.inputs import load_context, rollout_requests
 from terra.models import LlamaActionConfig
 from terra.pipeline import WorldModelPipeline
 from terra.refiner import check_decoding
@@ -46,7 +46,7 @@ def build_pipeline(config: BatchConfig, device: str | None = None, model_config:
     return WorldModelPipeline.from_pretrained(
         config.world_model, tokenizer or config.tokenizer, backend=config.backend, device=device or config.device,
         dtype=config.dtype, config=model_config, zero_embed_code_0=config.zero_embed_code_0,
-        **dict(config.backend_options),
+        **engine_options(config, device or config.device),
     )
 
 
@@ -65,36 +65,18 @@ class _Prepared:
     actions: np.ndarray
     context: list[str]  # the context sources read
     num_context: int
-    started: float  # perf_counter when its chunk began preparing
+    started: float  # perf_counter when it began preparing
 
 
 def _prepare(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, started: float) -> _Prepared:
-    """Load and encode a sample's context, build its actions and request (raises on bad input)."""
-    sample, record = item.sample, item.sample.record
-    jsonl_dir = Path(sample.file).resolve().parent
-    image_base = Path(config.image_root).expanduser() if config.image_root else jsonl_dir
-    where = f"sample {sample.sample_id!r}"
-    if sample.kind == "actbench":
-        images, sources = load_context(record["context_frames"], pipeline.image_size, None, base=image_base,
-                                       resize=config.resize)
-        drop = max(0, len(images) - config.num_context)  # instruction_trajs[0] belongs to context_frames[0]
-        images = images[drop:]
-        actions = trajectory_actions({"instruction_trajs": record["instruction_trajs"]}, len(images), item.num_frames,
-                                     f"{where}: instruction_trajs", skip=drop)
-    else:
-        images, sources = load_context(record["context"], pipeline.image_size, config.num_context, base=image_base,
-                                       resize=config.resize)
-        given = [k for k in TRAJECTORY_KEYS if k in record]
-        if not given:
-            if config.default_manoeuvre is None:
-                raise TerraInputError(f"{where} has no trajectory; add one of {', '.join(TRAJECTORY_KEYS)} "
-                                      "or set default_manoeuvre")
-            actions = manoeuvre_actions(config.default_manoeuvre, len(images), item.num_frames)
-        else:
-            key = given[0]
-            # a "trajectory" string is a file next to the JSONL; everything else is inline
-            trajectory = record[key] if key == "trajectory" and isinstance(record[key], str) else {key: record[key]}
-            actions = trajectory_actions(trajectory, len(images), item.num_frames, f"{where}: {key}", base=jsonl_dir)
+    """Load and encode a sample's context, build its actions and request (raises on bad input; the checks of
+    terra/batch/samples.py ran when the run was planned)."""
+    sample = item.sample
+    every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
+    images, sources = load_context(context_paths(sample, config), pipeline.image_size,
+                                   None if every else config.num_context, resize=config.resize)
+    actions = sample_actions(sample, config, len(images), item.num_frames)
+    images = images[max(0, len(images) - config.num_context) :]
     codes = pipeline.encode(images)
     [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.overlap,
                                  pipeline.backend.layout)
@@ -171,69 +153,3 @@ class _Writer:
     def close(self) -> None:
         """Wait for every submitted write."""
         self.pool.shutdown(wait=True)
-
-
-def _prepare_chunk(chunk: Sequence[Item], pipeline: WorldModelPipeline, config: BatchConfig,
-                   emit: Callable[[dict], None]) -> list[_Prepared]:
-    """Load and encode a chunk's samples; a failing one is emitted as failed and left out."""
-    started = time.perf_counter()
-    ready: list[_Prepared] = []
-    for item in chunk:
-        try:
-            ready.append(_prepare(item, pipeline, config, started))
-        except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
-            emit(sample_record(item.sample, "failed", error=one_line(err), stage="input", seed=item.seed,
-                               seconds=time.perf_counter() - started))
-    return ready
-
-
-def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPipeline,
-              emit: Callable[[dict], None]) -> None:
-    """Run ``items`` on ``pipeline`` in chunks of ``max_concurrent``; ``emit`` receives one record per item.
-
-    Per chunk: load + encode every sample (a failing one is emitted as failed; a helper thread prepares the
-    next chunk while this one generates), then one ``generate`` call with all requests; each rollout is
-    handed to the writer threads the moment its last frame arrives.
-    """
-    sampling = SamplingConfig(**config.sampling)
-    chunks = [items[i : i + config.max_concurrent] for i in range(0, len(items), config.max_concurrent)]
-    writer = _Writer(pipeline, config, emit)
-    preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terra-batch-prepare")
-    try:
-        upcoming = preparer.submit(_prepare_chunk, chunks[0], pipeline, config, emit) if chunks else None
-        for k in range(len(chunks)):
-            ready = upcoming.result()
-            if k + 1 < len(chunks):
-                upcoming = preparer.submit(_prepare_chunk, chunks[k + 1], pipeline, config, emit)
-            if not ready:
-                continue
-            image_tokens = pipeline.backend.layout.image_tokens
-            buffers = [np.zeros((p.request.num_frames, image_tokens), np.int64) for p in ready]
-            handed = [False] * len(ready)
-            t_gen = time.perf_counter()
-
-            def frame_done(index: int, frame: int, codes: np.ndarray) -> None:
-                try:
-                    buffers[index][frame] = np.asarray(codes).reshape(-1)
-                    if frame == ready[index].request.num_frames - 1 and not handed[index]:
-                        handed[index] = True
-                        writer.submit(ready[index], buffers[index], time.perf_counter() - t_gen)
-                except Exception:  # noqa: BLE001  (never break the engine loop; the rollout is written below)
-                    handed[index] = False
-
-            try:
-                generated = pipeline.backend.generate([p.request for p in ready], sampling, progress=False,
-                                                      on_frame=frame_done)
-            except Exception as err:  # noqa: BLE001  (the engine failed this chunk; record and go on)
-                for prepared, done in zip(ready, handed):
-                    if not done:
-                        emit(sample_record(prepared.item.sample, "failed", error=one_line(err), stage="generate",
-                                           seed=prepared.item.seed, seconds=time.perf_counter() - prepared.started))
-                continue
-            for i, prepared in enumerate(ready):  # rollouts whose last frame was not reported through on_frame
-                if not handed[i]:
-                    handed[i] = True
-                    writer.submit(prepared, generated[i], time.perf_counter() - t_gen)
-    finally:
-        preparer.shutdown(wait=True, cancel_futures=True)
-        writer.close()

@@ -1,10 +1,9 @@
-"""A whole batch run: plan, check, then run the pending samples in this process or on GPU workers, with the
-manifest, progress bar and summary file."""
+"""A whole batch run: plan, check, then run the pending samples in this process (``executor=local``) or on Ray
+actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progress bar and summary file."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -13,11 +12,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from terra.batch.config import BatchConfig
-from terra.batch.engine import build_pipeline, run_items, set_threads
+from terra.batch.engine import build_pipeline, set_threads
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries
 from terra.batch.samples import Sample
-from terra.batch.workers import gpu_groups, run_workers
+from terra.batch.stream import run_items
 from terra.inputs import check_window
 from terra.models.checkpoint import read_world_model_config
 from terra.outputs import prepare_output_dir
@@ -45,6 +44,18 @@ class BatchResult:
         """0 when every sample succeeded (or was already complete), 1 when some failed."""
         return 1 if self.counts["failed"] else 0
 
+    @property
+    def per_actor(self) -> dict[str, dict]:
+        """``executor=ray``: each actor's node, GPUs and counts of the samples it ran (from the records)."""
+        actors: dict[str, dict] = {}
+        for record in self.records:
+            if record.get("actor") is not None:
+                entry = actors.setdefault(str(record["actor"]), {"node": record["node"], "gpus": record["gpus"],
+                                                                 "ok": 0, "failed": 0, "retried": 0})
+                entry["ok" if record["status"] == "ok" else "failed"] += 1
+                entry["retried"] += "attempts" in record
+        return dict(sorted(actors.items(), key=lambda kv: int(kv[0])))
+
     def summary_line(self) -> str:
         """One line for the end of a run."""
         c = self.counts
@@ -60,13 +71,13 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     """
     started = time.perf_counter()
     the_plan = plan(config, samples)
-    groups = gpu_groups(config) if the_plan.to_run else None
     model_config = tokenizer = None
     if the_plan.to_run and pipeline is None:
         model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
         check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap, "model.overlap")
         tokenizer = load_tokenizer(config.tokenizer)  # the pair is checked before any output is written
         check_compatible(model_config, tokenizer)
+    executor = _ray_executor(config) if the_plan.to_run and config.executor == "ray" else None
     prepare_output_dir(Path(config.output_dir))
     remove_stale_temporaries(the_plan.items)
     manifest = Manifest(config.manifest_path)
@@ -93,30 +104,35 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     try:
         if the_plan.to_run:
             set_threads(config)
-            if groups is not None and len(groups) > 1:
-                tokenizer = None  # each worker loads its own
-                run_workers(the_plan.to_run, config, model_config, groups, manifest.add)
+            if executor is not None:
+                executor.run(the_plan.to_run, model_config, manifest.add)
             else:
                 own = pipeline is None
                 if own:
-                    device = config.device
-                    if groups is not None:  # a single GPU (group) chosen explicitly
-                        device = f"cuda:{groups[0][0]}" if len(groups[0]) == 1 else config.device
-                        if len(groups[0]) > 1:
-                            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(groups[0])
-                    pipeline = build_pipeline(config, device=device, model_config=model_config, tokenizer=tokenizer)
+                    pipeline = build_pipeline(config, model_config=model_config, tokenizer=tokenizer)
                 try:
                     run_items(the_plan.to_run, config, pipeline, manifest.add)
                 finally:
                     if own:
                         pipeline.close()
     finally:
+        if executor is not None:
+            executor.close()
         bar.close()
         manifest.close()
         seconds = time.perf_counter() - started
         result = BatchResult(manifest.records, config.manifest_path, config.summary_path, seconds)
         _write_summary(config, result, the_plan)
     return result
+
+
+def _ray_executor(config: BatchConfig):
+    """A :class:`~terra.batch.ray_executor.RayExecutor` joined to its cluster (Ray is imported only here)."""
+    from terra.batch.ray_executor import RayExecutor
+
+    executor = RayExecutor(config)
+    executor.connect()
+    return executor
 
 
 def _describe(record: dict) -> str:
@@ -132,6 +148,7 @@ def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan
         "counts": result.counts, "samples": len(result.records), "seconds": round(result.seconds, 3),
         "mean_seconds_per_ok_sample": round(sum(r["seconds"] for r in ran) / len(ran), 3) if ran else None,
         "shard_index": config.shard_index, "num_shards": config.num_shards, "replaced_stale": the_plan.stale,
-        "manifest": result.manifest.name, "exit_code": result.exit_code,
+        "manifest": result.manifest.name, "exit_code": result.exit_code, "executor": config.executor,
+        **({"actors": result.per_actor} if config.executor == "ray" else {}),
     }
     write_text(result.summary, json.dumps(summary, indent=2) + "\n")

@@ -19,7 +19,6 @@ from pathlib import Path
 import imageio.v3 as iio
 import numpy as np
 import pytest
-import torch
 
 from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
 from terra.errors import TerraInputError
@@ -219,7 +218,13 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
         (dict(resize="squash"), "tokenizer.resize 'squash'"),
         (dict(zero_embed_code_0="no"), "model.zero_embed_code_0 must be true or false"),
         (dict(overlap=16), "model.overlap=16 does not fit a window of 16 frames"),  # the demo model's window
-    ] + ([] if torch.cuda.is_available() else [(dict(gpus=[0, 1]), "no CUDA GPU")]):
+        (dict(max_concurrent="all"), "max_concurrent must be a whole number"),
+        (dict(executor="dask"), "unknown executor 'dask'; choose one of: local, ray"),
+        (dict(executor="ray", ray={"num_actor": 2}), "unknown ray setting(s) ['num_actor']"),
+        (dict(executor="ray", ray={"max_retries": -1}), "ray.max_retries must be a whole number of at least 0"),
+        (dict(executor="ray", ray={"cpus_per_actor": 0}), "ray.cpus_per_actor must be a number above 0"),
+        (dict(executor="ray", ray={"runtime_env": "env.yaml"}), "ray.runtime_env must be a mapping"),
+    ]:
         with pytest.raises(TerraInputError, match=re.escape(message)):
             config = BatchConfig(**{**good, **bad})
             check_config(config)
@@ -272,46 +277,3 @@ def test_two_shards_with_actbench_names(tmp_path, scenes, demo_pipeline):
     assert longer.counts == {"ok": 2, "failed": 0, "skipped": 0}
     assert iio.imread(out / "NUSCENES_ACTION_000003.mp4", index=None).shape[0] == NUM_CONTEXT + 2
     assert iio.imread(out / "NUSCENES_ACTION_000002.mp4", index=None).shape[0] == NUM_CONTEXT + 1  # shard 0's
-
-
-def test_next_chunk_is_prepared_while_the_current_one_generates(monkeypatch):
-    """run_items overlaps chunk k+1's read/encode with chunk k's generate; every item is recorded exactly once."""
-    import threading
-    from types import SimpleNamespace
-
-    from terra.batch import engine
-
-    events: dict[tuple[str, int], float] = {}
-    lock = threading.Lock()
-
-    def log(kind: str, key: int) -> None:
-        with lock:
-            events[(kind, key)] = time.perf_counter()
-
-    def fake_prepare(item, pipeline, config, started):
-        log("prepare", item.sample)
-        time.sleep(0.05)
-        if item.sample == 5:
-            raise ValueError("unreadable frame")
-        return engine._Prepared(item, SimpleNamespace(num_frames=1, key=item.sample), None, [], 1, started)
-
-    def generate(requests, sampling, progress, on_frame):
-        log("generate start", requests[0].key)
-        time.sleep(0.3)
-        log("generate end", requests[0].key)
-        return [np.zeros((1, 1), np.int64) for _ in requests]
-
-    monkeypatch.setattr(engine, "_prepare", fake_prepare)
-    monkeypatch.setattr(engine._Writer, "write", lambda self, prepared, generated, generate_s: [])
-    monkeypatch.setattr(engine, "sample_record",
-                        lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
-    backend = SimpleNamespace(layout=SimpleNamespace(image_tokens=1), generate=generate)
-    records: list[dict] = []
-    items = [SimpleNamespace(sample=i, seed=i) for i in range(6)]
-    engine.run_items(items, BatchConfig(samples="unused", output_dir="unused", max_concurrent=2),
-                     SimpleNamespace(backend=backend), records.append)
-
-    assert sorted((r["sample"], r["status"]) for r in records) == [(i, "failed" if i == 5 else "ok") for i in range(6)]
-    assert next(r for r in records if r["sample"] == 5)["error"] == "ValueError: unreadable frame"
-    for first, second in ((0, 2), (2, 4)):  # chunk [2, 3] is read while chunk [0, 1] generates, and so on
-        assert events[("prepare", second)] < events[("generate end", first)] < events[("generate start", second)]

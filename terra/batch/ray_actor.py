@@ -1,0 +1,96 @@
+"""The Ray actor of ``executor=ray``: one pipeline and its engine, kept full by samples streaming in.
+
+The driver (terra/batch/ray_executor.py) wraps :class:`RolloutActor` with ``ray.remote`` and calls
+:meth:`RolloutActor.run` once per sample, keeping a few more calls outstanding than the engine runs at once;
+each call returns the sample's manifest record when its files are written. The calls wait on an asyncio loop
+while :class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on
+one engine. The actor never raises from its constructor: a start-up failure (a missing vLLM plugin, a model that
+does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.metadata
+import os
+import threading
+
+import ray
+
+from terra.batch.concurrency import resolve_max_concurrent
+from terra.batch.config import BatchConfig
+from terra.batch.engine import build_pipeline, set_threads
+from terra.batch.manifest import one_line
+from terra.batch.plan import Item
+from terra.batch.stream import StreamingEngine, prefetch
+from terra.errors import TerraInputError
+from terra.generation.backends import resolve_backend, resolve_device
+from terra.models import LlamaActionConfig
+
+PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.entry-points."vllm.general_plugins"]
+
+
+def check_vllm_plugin() -> None:
+    """Raise unless this node's environment has the project's vLLM plugin entry point (vLLM finds the world
+    model only through it, in every process it starts); code shipped by a runtime_env working_dir lacks it."""
+    found = {(ep.name, ep.value) for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    if PLUGIN not in found:
+        raise TerraInputError("backend=vllm needs the project installed on this node (its vLLM plugin is the entry "
+                              "point vllm.general_plugins: terra): pip install 'terra-world-model[vllm,ray]' there, "
+                              "or pass it with ray.runtime_env.pip")
+
+
+class RolloutActor:
+    """One engine on the GPU(s) Ray gave this actor (or the CPU); :meth:`run` one sample at a time, many at once."""
+
+    def __init__(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
+        self.error: str | None = None
+        self.max_concurrent = 0
+        self.gpus = [str(g) for g in ray.get_gpu_ids()]
+        self.device = "cuda" if self.gpus else ("cpu" if config.device == "auto" else config.device)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[int, asyncio.Future] = {}  # sample index -> the call waiting for its record
+        self._lock = threading.Lock()
+        try:
+            self._start(config, model_config, longest)
+        except Exception as err:  # noqa: BLE001  (reported by info(), which the driver calls first)
+            self.error = one_line(err)
+
+    def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
+        backend = resolve_backend(config.backend, resolve_device(self.device))
+        if backend == "vllm":
+            check_vllm_plugin()
+            options = dict(config.backend_options)
+            if int(options.get("tensor_parallel_size", 1) or 1) > 1:  # its workers on this actor's GPUs, not Ray's
+                options.setdefault("distributed_executor_backend", "mp")
+            config = dataclasses.replace(config, backend_options=options)
+        set_threads(config)
+        self.pipeline = build_pipeline(config, device=self.device, model_config=model_config)
+        self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
+        self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent)
+        threading.Thread(target=self.engine.run, name="terra-batch-engine", daemon=True).start()
+
+    def info(self) -> dict:
+        """Where this actor runs and how many samples it wants outstanding (``error``: why it could not start)."""
+        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "gpus": self.gpus, "device": self.device,
+                "max_concurrent": self.max_concurrent, "depth": self.max_concurrent + prefetch(self.max_concurrent),
+                "error": self.error}
+
+    async def run(self, item: Item) -> dict:
+        """Generate, decode and write ``item``; its manifest record once its files are written."""
+        if self.error is not None:
+            raise RuntimeError(f"the actor could not start: {self.error}")
+        self._loop = asyncio.get_running_loop()
+        future = self._loop.create_future()
+        with self._lock:
+            self._waiting[item.sample.index] = future
+        self.engine.put(item)
+        return await future
+
+    def _emit(self, record: dict) -> None:
+        """A record from the engine or a writer thread: hand it to the call waiting for it."""
+        with self._lock:
+            future = self._waiting.pop(record["index"], None)
+        if future is not None:
+            self._loop.call_soon_threadsafe(future.set_result, record)

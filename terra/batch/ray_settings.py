@@ -1,0 +1,70 @@
+"""The ``ray`` block of a batch run (``conf/rollout.yaml``), checked without importing Ray.
+
+``executor=ray`` runs the batch on the Ray cluster at ``address`` (terra/batch/ray_executor.py); these settings
+say which cluster, how many actors with what resources, and how hard to try when actors die.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from terra.errors import TerraInputError, check_number, check_whole_number
+
+EXECUTORS = ("local", "ray")
+# The settings that replaced the per-GPU worker processes (num_gpus, gpus), for the message that says so.
+REMOVED = ("executor=ray runs one engine per GPU (or per tensor_parallel_size GPUs) as Ray actors, on a local "
+           "Ray cluster when ray.address is unset; ray.num_actors=N caps the engines and CUDA_VISIBLE_DEVICES "
+           "picks this machine's GPUs")
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """Where and how ``executor=ray`` runs."""
+
+    address: str | None = None  # None: a local cluster for this run; "auto": the node's running cluster; host:port
+    num_actors: int | None = None  # None: one per GPU group of the cluster (a cluster without GPUs: 1)
+    cpus_per_actor: float = 1.0  # CPU cores Ray reserves for each actor
+    max_restarts: int = 3  # times Ray restarts an actor that died
+    max_retries: int = 2  # times a sample whose actor died is run again before it is recorded as failed
+    runtime_env: dict | None = None  # Ray's runtime_env for the workers (README: "Running across nodes")
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any] | None) -> "RaySettings":
+        """Check ``values`` (the ``ray`` block) and build the settings; a user error raises
+        :class:`TerraInputError`."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TerraInputError(f"unknown ray setting(s) {unknown}; known: {sorted(known)}")
+        address = values.get("address")
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise TerraInputError(f"ray.address must be auto or host:port (got {address!r}); leave it unset "
+                                  "to start a local Ray cluster for the run")
+        num_actors = values.get("num_actors")
+        if num_actors is not None:
+            check_whole_number(num_actors, "ray.num_actors", 1, "ray.num_actors=2")
+        cpus = check_number(values.get("cpus_per_actor", 1.0), "ray.cpus_per_actor", 0, 1024,
+                            "ray.cpus_per_actor=1", low_open=True)
+        restarts = check_whole_number(values.get("max_restarts", 3), "ray.max_restarts", 0, "ray.max_restarts=3")
+        retries = check_whole_number(values.get("max_retries", 2), "ray.max_retries", 0, "ray.max_retries=2")
+        runtime_env = values.get("runtime_env")
+        if runtime_env is not None and not isinstance(runtime_env, Mapping):
+            raise TerraInputError(f"ray.runtime_env must be a mapping such as {{working_dir: .}} "
+                                  f"(got {type(runtime_env).__name__})")
+        return cls(address.strip() if address else None, None if num_actors is None else int(num_actors), cpus,
+                   restarts, retries, dict(runtime_env) if runtime_env is not None else None)
+
+
+def check_executor(executor: Any, ray: Mapping[str, Any] | None) -> None:
+    """Raise :class:`TerraInputError` unless ``executor`` is known and the ``ray`` block is valid."""
+    if executor not in EXECUTORS:
+        raise TerraInputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    RaySettings.parse(ray)
+
+
+def removed_setting(name: str, value: Any) -> None:
+    """Raise a :class:`TerraInputError` that explains the replacement when the removed ``num_gpus``/``gpus`` is set."""
+    if value is not None:
+        raise TerraInputError(f"{name} was removed: {REMOVED}")

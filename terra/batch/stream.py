@@ -1,0 +1,180 @@
+"""One engine kept full: samples stream in, each becomes a rollout the moment a slot is free.
+
+A helper thread reads and encodes samples ahead of the engine (:func:`terra.batch.engine._prepare`); the
+engine loop admits prepared samples while fewer than ``max_concurrent`` rollouts are in flight, advances every
+rollout frame by frame on the backend's submit/poll interface (terra/generation/rollout.py) and hands a rollout
+to the writer threads (:class:`terra.batch.engine._Writer`) as soon as its last frame is generated. There is
+no barrier between samples: a finished rollout's slot goes to the next sample at once. The in-process run
+(:func:`run_items`) and each Ray actor (terra/batch/ray_actor.py) run this same loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterable, Sequence
+
+from terra.batch.concurrency import resolve_max_concurrent
+from terra.batch.config import BatchConfig
+from terra.batch.engine import _prepare, _Prepared, _Writer
+from terra.batch.manifest import one_line, sample_record
+from terra.batch.plan import Item
+from terra.generation.rollout import RolloutState
+from terra.generation.sampling import SamplingConfig
+from terra.pipeline import WorldModelPipeline
+
+_END = object()  # no more samples
+
+
+def prefetch(max_concurrent: int) -> int:
+    """Samples read and encoded ahead of the engine: enough to refill freed slots without waiting."""
+    return max(2, max_concurrent // 4)
+
+
+class StreamingEngine:
+    """Runs samples on one pipeline, at most ``max_concurrent`` rollouts in flight; ``emit`` gets one manifest
+    record per sample (from the engine or a writer thread).
+
+    :meth:`put` feeds samples (any thread), :meth:`end` says no more will come, :meth:`run` drives the engine
+    on the calling thread until every sample is recorded (or :meth:`stop` is called).
+    """
+
+    def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
+                 max_concurrent: int) -> None:
+        self.pipeline, self.config, self.emit = pipeline, config, emit
+        self.max_concurrent = max_concurrent
+        self.sampling = SamplingConfig(**config.sampling)
+        self._inbox: queue.Queue = queue.Queue()
+        self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
+        self._stopped = threading.Event()
+        self._preparer = threading.Thread(target=self._prepare_loop, name="terra-batch-prepare", daemon=True)
+
+    def put(self, item: Item) -> None:
+        """Queue a sample."""
+        self._inbox.put(item)
+
+    def end(self) -> None:
+        """No more samples: :meth:`run` returns once the queued ones are recorded."""
+        self._inbox.put(_END)
+
+    def stop(self) -> None:
+        """Make :meth:`run` return soon; rollouts in flight are dropped without a record."""
+        self._stopped.set()
+        self._inbox.put(_END)
+
+    def _prepare_loop(self) -> None:
+        while not self._stopped.is_set():
+            item = self._inbox.get()
+            if item is _END:
+                self._handoff(_END)
+                return
+            started = time.perf_counter()
+            try:
+                prepared = _prepare(item, self.pipeline, self.config, started)
+            except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
+                self.emit(sample_record(item.sample, "failed", error=one_line(err), stage="input", seed=item.seed,
+                                        seconds=time.perf_counter() - started))
+                continue
+            self._handoff(prepared)
+
+    def _handoff(self, entry: object) -> None:
+        """Put ``entry`` on the ready queue, waiting for room unless the engine has stopped."""
+        while not self._stopped.is_set():
+            try:
+                self._ready.put(entry, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        """Drive the engine until :meth:`end`'s marker is reached and nothing is in flight (or :meth:`stop`);
+        wait for the writers. An interrupt drops the rollouts in flight and lets finished writes complete."""
+        backend = self.pipeline.backend
+        writer = _Writer(self.pipeline, self.config, self.emit)
+        active: dict[int, tuple[_Prepared, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
+        ended = False
+        self._preparer.start()
+        try:
+            while not self._stopped.is_set() and not (ended and not active):
+                while not ended and len(active) < self.max_concurrent:
+                    try:
+                        entry = self._ready.get(block=not active, timeout=0.2)
+                    except queue.Empty:
+                        break
+                    if entry is _END:
+                        ended = True
+                    else:
+                        self._admit(entry, active)
+                if not active:
+                    continue
+                try:
+                    finished = backend.poll()
+                except Exception as err:  # noqa: BLE001  (the engine failed its rollouts; record them and go on)
+                    self._fail_all(active, err)
+                    continue
+                for done in finished:
+                    prepared, state, admitted = active[id(done.state)]
+                    if state.finished:
+                        del active[id(state)]
+                        backend.release(state)
+                        writer.submit(prepared, state.generated(), time.perf_counter() - admitted)
+                    else:
+                        self._next_frame(state, active)
+        finally:
+            self.stop()
+            if active:
+                backend.cancel([state for _, state, _ in active.values()])
+                for _, state, _ in active.values():
+                    backend.release(state)
+            writer.close()
+
+    def _admit(self, prepared: _Prepared, active: dict) -> None:
+        """Start ``prepared``'s rollout and queue its first frame (a request the backend refuses is recorded)."""
+        backend = self.pipeline.backend
+        try:
+            state = backend.start(prepared.request)
+            backend.submit(state, self.sampling)
+        except Exception as err:  # noqa: BLE001
+            self._failed(prepared, err)
+            return
+        active[id(state)] = (prepared, state, time.perf_counter())
+
+    def _failed(self, prepared: _Prepared, err: Exception) -> None:
+        self.emit(sample_record(prepared.item.sample, "failed", error=one_line(err), stage="generate",
+                                seed=prepared.item.seed, seconds=time.perf_counter() - prepared.started))
+
+    def _next_frame(self, state: RolloutState, active: dict) -> None:
+        """Queue ``state``'s next frame; a frame the backend refuses fails that rollout alone."""
+        try:
+            self.pipeline.backend.submit(state, self.sampling)
+        except Exception as err:  # noqa: BLE001
+            prepared, _, _ = active.pop(id(state))
+            self.pipeline.backend.release(state)
+            self._failed(prepared, err)
+
+    def _fail_all(self, active: dict, err: Exception) -> None:
+        """Record every rollout in flight as failed (stage ``generate``) after the engine raised ``err``."""
+        backend = self.pipeline.backend
+        states = [state for _, state, _ in active.values()]
+        backend.cancel(states)
+        for prepared, state, _ in active.values():
+            backend.release(state)
+            self._failed(prepared, err)
+        active.clear()
+
+
+def longest_rollout(items: Iterable[Item]) -> int:
+    """Frames generated by the longest rollout of ``items`` (0 for none)."""
+    return max((item.num_frames for item in items), default=0)
+
+
+def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPipeline,
+              emit: Callable[[dict], None]) -> None:
+    """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
+    item. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
+    engine = StreamingEngine(pipeline, config, emit, resolve_max_concurrent(config, pipeline, longest_rollout(items)))
+    for item in items:
+        engine.put(item)
+    engine.end()
+    engine.run()

@@ -1,0 +1,195 @@
+"""executor=ray (terra/batch/ray_executor.py, ray_actor.py) on a local Ray cluster of 2 CPUs without a dashboard,
+with the demo model on the Transformers backend: the same outputs as executor=local, every sample recorded once,
+an actor killed mid-run, the driver SIGKILLed and rerun, a malformed sample, and the one-line errors (no Ray, no
+cluster at the address, workers that cannot import the project).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+from terra.batch import BatchConfig, read_manifest, run_batch
+from terra.errors import TerraInputError
+from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
+    NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> str:
+    """A local Ray cluster for this module (2 CPUs, no dashboard); its address, for scripts that join it."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def config(samples: Path, out: Path, scenes: dict, **changes) -> BatchConfig:
+    return BatchConfig(samples=str(samples), output_dir=str(out), image_root=scenes["root"], backend="hf",
+                       device="cpu", num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, num_threads=1, progress=False,
+                       **changes)
+
+
+def write_samples(tmp_path: Path, lines: list[str]) -> Path:
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("\n".join(lines) + "\n")
+    return samples
+
+
+def wait_for_first_ok(manifest: Path, proc: subprocess.Popen | None = None, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not (manifest.is_file() and any(r["status"] == "ok" for r in read_manifest(manifest))):
+        assert proc is None or proc.poll() is None, f"finished before it could be killed:\n{proc.stdout.read()}"
+        assert time.monotonic() < deadline, "no sample finished in time"
+        time.sleep(0.05)
+
+
+def test_two_actors_write_what_the_local_executor_writes(tmp_path, scenes, ray_cluster):
+    lines = mixed_lines(scenes, 6) + [actbench_line(scenes, "bad", context_frames=["curve_left/missing.png"])]
+    samples = write_samples(tmp_path, lines)
+    local = run_batch(config(samples, tmp_path / "local", scenes, save_codes=True))
+    ran = run_batch(config(samples, tmp_path / "ray", scenes, save_codes=True, executor="ray", max_concurrent=1,
+                           ray={"num_actors": 2}))
+    ids = [f"s{i}" for i in range(6)]
+    for result in (local, ran):
+        assert result.counts == {"ok": 6, "failed": 1, "skipped": 0} and result.exit_code == 1
+        assert sorted(r["sample_id"] for r in result.records) == sorted(ids + ["bad"])  # each exactly once
+        [bad] = [r for r in result.records if r["status"] == "failed"]
+        assert bad["sample_id"] == "bad" and bad["stage"] == "input" and "missing.png" in bad["error"]
+    for sample_id in ids:  # the same codes and videos, whichever actor ran the sample
+        assert np.array_equal(np.load(tmp_path / "local" / f"{sample_id}.codes.npy"),
+                              np.load(tmp_path / "ray" / f"{sample_id}.codes.npy")), sample_id
+        assert (tmp_path / "ray" / f"{sample_id}.mp4").stat().st_size > 0
+    assert {r["actor"] for r in ran.records if r["status"] == "ok"} == {0, 1}
+    summary = json.loads((tmp_path / "ray" / "manifest.summary.json").read_text())
+    assert summary["executor"] == "ray" and set(summary["actors"]) == {"0", "1"}
+    assert sum(a["ok"] for a in summary["actors"].values()) == 6
+    assert all(a["gpus"] == "cpu" and a["retried"] == 0 for a in summary["actors"].values())
+    assert "actors" not in json.loads((tmp_path / "local" / "manifest.summary.json").read_text())
+
+
+def test_a_killed_actor_is_restarted_and_its_samples_run_again(tmp_path, scenes, ray_cluster):
+    ids = [f"s{i}" for i in range(8)]
+    samples = write_samples(tmp_path, mixed_lines(scenes, 8))
+    out = tmp_path / "out"
+    killed: list[str] = []
+
+    def kill_an_actor() -> None:
+        wait_for_first_ok(out / "manifest.jsonl")
+        name = sorted(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                      if n["name"].startswith("terra-batch-"))[0]
+        ray.kill(ray.get_actor(name), no_restart=False)  # as if its process died: Ray restarts it
+        killed.append(name)
+
+    killer = threading.Thread(target=kill_an_actor, daemon=True)
+    killer.start()
+    result = run_batch(config(samples, out, scenes, executor="ray", max_concurrent=1, ray={"num_actors": 2}))
+    killer.join(timeout=1)
+    assert killed, "the actor was not killed before the run ended"
+    assert result.counts == {"ok": 8, "failed": 0, "skipped": 0} and result.exit_code == 0
+    assert sorted(r["sample_id"] for r in result.records) == ids  # each exactly once
+    assert any(r.get("attempts", 1) >= 2 for r in result.records)  # what the dead actor held ran again
+    check_outputs(out, ids, formats=("mp4",))  # complete videos, no temporary file left behind
+
+
+def test_sigkilled_driver_then_rerun_resumes(tmp_path, scenes, ray_cluster):
+    ids = [f"s{i}" for i in range(6)]
+    samples = write_samples(tmp_path, mixed_lines(scenes, 6))
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    args = script_args(samples, out, scenes, "executor=ray", "ray.num_actors=2", "max_concurrent=1")
+    # The first run joins the module's cluster; the rerun starts a local cluster of its own (ray.address unset).
+    proc = subprocess.Popen([*args, f"ray.address={ray_cluster}"], cwd=ROOT, env=script_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_first_ok(manifest, proc)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    done = {r["sample_id"] for r in read_manifest(manifest) if r["status"] == "ok"}
+    assert 1 <= len(done) < len(ids)
+
+    rerun = subprocess.run(args, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    records = read_manifest(manifest)
+    assert sorted(r["sample_id"] for r in records) == ids  # each exactly once
+    final = {r["sample_id"]: r["status"] for r in records}
+    assert {i for i, s in final.items() if s == "skipped"} >= done and set(final.values()) <= {"ok", "skipped"}
+    assert "rollout: actor 0 on " in rerun.stdout and "(CPU)" in rerun.stdout
+    check_outputs(out, ids, formats=("mp4",))
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rollout: error: "), result.stderr
+    return lines[0]
+
+
+def hiding(tmp_path: Path, module: str) -> Path:
+    """A folder whose sitecustomize.py makes ``import <module>`` fail in any Python started with it on PYTHONPATH."""
+    folder = tmp_path / f"without_{module}"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_no_ray_or_no_cluster_is_one_line_and_exit_2(tmp_path, scenes):
+    samples = write_samples(tmp_path, mixed_lines(scenes, 1))
+    out = tmp_path / "out"
+    no_ray = {**script_env(), "PYTHONPATH": str(hiding(tmp_path, "ray"))}
+    line = one_error_line(subprocess.run(script_args(samples, out, scenes, "executor=ray"), cwd=ROOT, env=no_ray,
+                                         capture_output=True, text=True, timeout=120))
+    assert "executor=ray needs Ray" in line and "pip install 'terra-world-model[ray]'" in line
+    assert not out.exists()
+
+    started = time.monotonic()
+    address = f"127.0.0.1:{free_port()}"
+    line = one_error_line(subprocess.run(script_args(samples, out, scenes, "executor=ray", f"ray.address={address}"),
+                                         cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120))
+    assert f"ray.address={address}: no Ray cluster answers there" in line and "ray start --head" in line
+    assert time.monotonic() - started < 60 and not out.exists()
+
+    # executor=local never imports Ray: it runs where Ray cannot be imported.
+    local = subprocess.run(script_args(samples, out, scenes, "num_frames=1"), cwd=ROOT, env=no_ray,
+                           capture_output=True, text=True, timeout=240)
+    assert local.returncode == 0, local.stderr
+    assert "1 succeeded, 0 failed" in local.stdout
+
+
+def test_removed_num_gpus_is_one_line(tmp_path, scenes):
+    samples = write_samples(tmp_path, mixed_lines(scenes, 1))
+    line = one_error_line(subprocess.run(script_args(samples, tmp_path / "out", scenes, "num_gpus=2"), cwd=ROOT,
+                                         env=script_env(), capture_output=True, text=True, timeout=120))
+    assert "num_gpus was removed: executor=ray runs one engine per GPU" in line
+
+
+def test_workers_that_cannot_import_the_project_fail_fast(tmp_path, scenes, ray_cluster):
+    samples = write_samples(tmp_path, mixed_lines(scenes, 2))
+    env = {"env_vars": {"PYTHONPATH": str(hiding(tmp_path, "terra"))}}  # these workers lack the project
+    started = time.monotonic()
+    with pytest.raises(TerraInputError, match=r"Ray workers on \S+ cannot import the project \(") as err:
+        run_batch(config(samples, tmp_path / "out", scenes, executor="ray", ray={"runtime_env": env}))
+    assert "ray.runtime_env" in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - started < 120
+    assert not [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]
+    assert os.listdir(tmp_path / "out") == ["manifest.jsonl", "manifest.summary.json"]
