@@ -14,35 +14,42 @@ A thin Hydra wrapper (conf/rollout.yaml) around :mod:`terra.batch`, which docume
 output naming, resuming, sharding and Ray runs. Rerunning the same command resumes: finished samples are
 skipped. Exit code: 0 when every sample succeeded (or was already complete), 1 when some failed (each failure
 is in the manifest with its one-line error), 2 for a configuration or input error found before any work.
+
+It ends as every Hydra app does (terra/hydra_app.py): a user error is one line and exit code 2, an internal one
+one line and exit code 1 (the traceback under ``--verbose``), and Ctrl-C or SIGTERM stop the engine, keep the
+samples finished so far with their manifest records and exit 130 / 143 (a rerun resumes). The settings are
+checked before torch is imported (terra/batch/config.py), and the output folder is locked before any work
+(terra/batch/lock.py): a second run into it fails at once, naming the first.
 """
 
 from __future__ import annotations
 
-import signal
+import dataclasses
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from terra.batch import config_from_omegaconf, run_batch
-from terra.errors import TerraInputError
-from terra.hydra_app import CONFIG_PATH, run_app
+from terra.batch.config import check_settings, config_from_omegaconf
+from terra.batch.lock import output_lock
+from terra.hydra_app import CONFIG_PATH, check_added_settings, run_app, task
 
-
-def _terminate(signum, frame) -> None:
-    """SIGTERM ends the run like Ctrl-C: finished rollouts are still written and the manifest is closed."""
-    raise SystemExit(128 + signum)
+COMMAND = "python scripts/rollout.py"
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="rollout", version_base=None)
+@task
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: run the batch and print its summary; exit code as in the module docstring."""
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        result = run_batch(config_from_omegaconf(cfg))
-    except TerraInputError as err:
-        print(f"rollout: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    check_added_settings(COMMAND, allowed=("backend.options.", "ray.runtime_env."))
+    config = config_from_omegaconf(cfg)
+    check_settings(config)  # no torch yet: a bad setting is one line in about a second
+    if not sys.stderr.isatty():  # no progress bar in logs: stderr holds the failures' lines only
+        config = dataclasses.replace(config, progress=False)
+    with output_lock(config.manifest_path):  # a second run into this folder stops here
+        from terra.batch.run import run_batch  # torch and the models
+
+        result = run_batch(config)
     print(f"rollout: {result.summary_line()}")
     for actor, counts in result.per_actor.items():
         where = "CPU" if counts["gpus"] == "cpu" else f"GPU {counts['gpus']}"
@@ -52,4 +59,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_app(main, "rollout", "python scripts/rollout.py")
+    run_app(main, "rollout", COMMAND)

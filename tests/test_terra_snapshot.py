@@ -162,7 +162,7 @@ def rollout_command(terra_root: Path, samples: Path, out: Path, *extra: str) -> 
     return [sys.executable, str(ROLLOUT), f"samples={samples}", "model=terra_v2", f"terra_root={terra_root}",
             "sampling=greedy", "device=cpu", f"num_frames={NUM_FRAMES}", f"num_context={NUM_CONTEXT}",
             "num_threads=1", "progress=false", "output.formats=[gif]", "output.save_codes=true", f"output.dir={out}",
-            *extra]
+            "allow_paths_outside_image_root=true", *extra]  # the samples name the frames' folder by absolute path
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,8 @@ full), :mod:`~terra.batch.concurrency` (``max_concurrent=auto``), :mod:`~terra.b
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # The names load on first use, so ``terra.batch.config`` (and scripts/rollout.py's checks) import no torch.
@@ -112,3 +114,15 @@ def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'terra.batch' has no attribute {name!r}")
     return getattr(importlib.import_module(_HOMES[name]), name)
+
+
+class _Package(types.ModuleType):
+    """Loading a submodule binds it on its package; ``terra.batch.plan`` stays the function (as it was when these
+    names were imported eagerly), not the module of the same name."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not (name in _HOMES and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

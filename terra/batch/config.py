@@ -1,9 +1,12 @@
-"""A batch run's settings (:class:`BatchConfig`), built from ``conf/rollout.yaml`` and checked before any work."""
+"""A batch run's settings (:class:`BatchConfig`), built from ``conf/rollout.yaml`` and checked before any work.
+
+This module imports no torch: ``scripts/rollout.py`` checks every setting (:func:`check_settings`; the sane
+ranges of the numbers are :data:`RANGES`, documented in conf/rollout.yaml) before the heavy imports.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import os
 import string
@@ -13,14 +16,16 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
-from terra.errors import TerraInputError, check_whole_number
-from terra.generation.sampling import SamplingConfig
+from terra.errors import TerraInputError, check_whole_number, shown
 from terra.outputs import check_output_formats
-from terra.refiner import check_decoding
 from terra.snapshot import checkpoint_path
 from terra.trajectory import MANOEUVRES
-from tokenizer.images import RESIZE_MODES
+from terra.validation import (
+    DTYPES, MAX_FRAMES, Range, check_backend, check_choice, check_device, check_flag, check_output_dir,
+    check_sampling, open_input_file,
+)
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {
@@ -28,6 +33,25 @@ NAMING = {
     "actbench": ("NUSCENES_ACTION_{sample_id:06d}.{ext}", "NUSCENES_ACTION_{sample_id:06d}.json"),
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
+MAX_SEED = 2**62 - 1  # as terra-generate's seed (terra/cli.py)
+MAX_SAMPLES_FILE_BYTES = 2 << 30  # a JSONL file of samples (ACT-Bench's 2286 samples: about 150 MB)
+# The numeric settings' sane ranges (conf/rollout.yaml documents them): BatchConfig field -> (setting, range).
+RANGES = {
+    "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
+    "num_context": ("num_context", Range(1, MAX_FRAMES, 3, whole=True)),
+    "overlap": ("model.overlap", Range(1, MAX_FRAMES, 3, whole=True)),
+    "seed": ("seed", Range(0, MAX_SEED, 0, whole=True)),
+    "max_concurrent": ("max_concurrent", Range(1, 4096, 32, whole=True)),  # or "auto"
+    "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
+    "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
+    "shard_index": ("shard_index", Range(0, (1 << 20) - 1, 0, whole=True)),
+    "num_threads": ("num_threads", Range(1, 1024, 4, whole=True, nullable=True)),
+    "fps": ("output.fps", Range(MIN_FPS, MAX_FPS, 10)),
+}
+FLAGS = {"zero_embed_code_0": "model.zero_embed_code_0", "resume": "resume", "progress": "progress",
+         "mark_context": "output.mark_context", "overlay_trajectory": "output.overlay_trajectory",
+         "save_codes": "output.save_codes", "allow_paths_outside_image_root": "allow_paths_outside_image_root"}
+SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"][1]}  # a sample's own
 
 
 @dataclass
@@ -50,6 +74,7 @@ class BatchConfig:
     resize: str = "crop"  # context frames: crop (cover + center-crop) | stretch (as Terra does); tokenizer/images.py
     seed: int = 0  # sample at input index i uses seed + i unless it sets "seed"
     image_root: str | None = None  # relative image paths resolve against it; None = the JSONL's folder
+    allow_paths_outside_image_root: bool = False  # absolute or ../ context paths may leave image_root
     default_manoeuvre: str | None = None  # for samples of Terra's format that give no trajectory
     max_concurrent: int | str = "auto"  # rollouts in flight per engine; auto: terra/batch/concurrency.py
     resume: bool = True  # skip samples whose outputs are complete
@@ -107,10 +132,12 @@ class BatchConfig:
 
     def generation_settings(self) -> dict:
         """The settings that shape a sample's outputs (part of its fingerprint)."""
+        from terra.generation.sampling import SamplingConfig  # imports torch
+
         return {
             "num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
             "resize": self.resize,
-            "sampling": dataclasses.asdict(SamplingConfig(**self.sampling)),
+            "sampling": dataclasses.asdict(SamplingConfig(**self.sampling)),  # defaults filled in
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
             "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
             "default_manoeuvre": self.default_manoeuvre,
@@ -145,6 +172,7 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
         overlap=cfg.model.overlap, zero_embed_code_0=cfg.model.get("zero_embed_code_0", False),
         resize=cfg.tokenizer.get("resize", "crop"), seed=cfg.seed,
         image_root=None if cfg.image_root is None else str(cfg.image_root), default_manoeuvre=cfg.default_manoeuvre,
+        allow_paths_outside_image_root=cfg.allow_paths_outside_image_root,
         max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index, num_shards=cfg.num_shards,
         executor=cfg.executor, ray=plain(cfg.ray) or {}, num_threads=cfg.num_threads, naming=out.naming,
         video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
@@ -156,49 +184,62 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
 
 
 def check_config(config: BatchConfig) -> None:
-    """Validate every setting that can be checked before any work (user errors → :class:`TerraInputError`)."""
-    check_whole_number(config.num_frames, "num_frames", 1, "num_frames=16")
-    check_whole_number(config.num_context, "num_context", 1, "num_context=3")
-    check_whole_number(config.overlap, "model.overlap", 1, "model.overlap=3")
-    if not isinstance(config.zero_embed_code_0, bool):
-        raise TerraInputError(f"model.zero_embed_code_0 must be true or false (got {config.zero_embed_code_0!r})")
-    if config.resize not in RESIZE_MODES:
-        raise TerraInputError(f"unknown tokenizer.resize {config.resize!r}; choose one of: {', '.join(RESIZE_MODES)}")
-    check_whole_number(config.seed, "seed", 0, "seed=0")
+    """Validate every setting that can be checked before any work (user errors → :class:`TerraInputError`):
+    :func:`check_settings`, then the tokenizer's resize mode and the refiner (both import torch)."""
+    from tokenizer.images import RESIZE_MODES
+
+    check_settings(config)
+    check_choice(config.resize, "tokenizer.resize", RESIZE_MODES)
+    if config.decoding != "framewise":
+        from terra.refiner import check_decoding
+
+        check_decoding(config.decoding, config.refiner, config.device)  # refiner file and GPU, before any load
+
+
+def check_settings(config: BatchConfig) -> None:
+    """Every check of :func:`check_config` that needs no torch: numbers in :data:`RANGES`, flags, device, dtype,
+    backend and sampling options, output names and folder, the samples files and ``image_root``."""
+    for name, (setting, limits) in RANGES.items():
+        value = getattr(config, name)
+        if not (name == "max_concurrent" and value == "auto"):
+            limits.check(value, setting)
+    for name, setting in FLAGS.items():
+        check_flag(getattr(config, name), setting)
+    check_device(config.device)
+    check_choice(config.dtype, "dtype", DTYPES)
+    check_backend(config.backend, config.backend_options)
+    check_sampling(config.sampling)
     if config.max_concurrent != "auto":
         check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=auto or max_concurrent=32")
-    check_whole_number(config.writer_threads, "output.writer_threads", 1, "output.writer_threads=4")
-    check_whole_number(config.num_shards, "num_shards", 1, "num_shards=4")
-    check_whole_number(config.shard_index, "shard_index", 0, "shard_index=0")
     if config.shard_index >= config.num_shards:
         raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
                               f"(shards are numbered 0..{config.num_shards - 1})")
     check_executor(config.executor, config.ray)
-    if config.num_threads is not None:
-        check_whole_number(config.num_threads, "num_threads", 1, "num_threads=4")
     if config.naming not in NAMING:
         raise TerraInputError(f"unknown output.naming {config.naming!r}; choose one of: {', '.join(NAMING)}")
     config.formats = check_output_formats(config.formats, distinct=True)
-    fps = config.fps
-    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not (math.isfinite(fps) and fps > 0):
-        raise TerraInputError(f"output.fps must be a positive number (got {fps!r}); e.g. output.fps=10")
     video, sidecar = config.patterns
     _check_pattern(video, "output.video_pattern", needs_ext=True)
     _check_pattern(sidecar, "output.sidecar_pattern", needs_ext=False)
     if not sidecar.endswith(".json"):
         raise TerraInputError(f"output.sidecar_pattern {sidecar!r} must end with .json")
-    if not isinstance(config.manifest, str) or "/" in config.manifest or not config.manifest.endswith(".jsonl"):
-        raise TerraInputError(f"output.manifest {config.manifest!r} must be a file name ending in .jsonl")
-    SamplingConfig(**config.sampling)  # raises TerraInputError on bad values
-    check_decoding(config.decoding, config.refiner, config.device)  # refiner file and GPU, before any load
+    if (not isinstance(config.manifest, str) or not config.manifest.endswith(".jsonl") or config.manifest.startswith(".")
+            or any(c in config.manifest for c in "/\\\0")):
+        raise TerraInputError(f"output.manifest {shown(config.manifest)} must be a file name ending in .jsonl")
     if config.default_manoeuvre is not None and config.default_manoeuvre not in MANOEUVRES:
         raise TerraInputError(f"unknown default_manoeuvre {config.default_manoeuvre!r}; "
                               f"choose one of: {', '.join(MANOEUVRES)}")
+    samples = config.samples
+    if not (isinstance(samples, (str, os.PathLike)) and str(samples)) and not (
+            isinstance(samples, Sequence) and samples and all(isinstance(f, (str, os.PathLike)) for f in samples)):
+        raise TerraInputError(f"samples must be a JSONL file or a list of them (got {shown(samples)})")
     for file in config.sample_files:
-        if not file.is_file():
-            raise TerraInputError(f"samples file {file} does not exist; pass samples=path/to/samples.jsonl")
-    if config.image_root is not None and not Path(config.image_root).expanduser().is_dir():
-        raise TerraInputError(f"image_root {config.image_root} is not a folder; point it at the images' root")
+        open_input_file(file, "samples file", MAX_SAMPLES_FILE_BYTES).close()  # regular, readable, bounded
+    if config.image_root is not None and not (isinstance(config.image_root, (str, os.PathLike))
+                                              and Path(config.image_root).expanduser().is_dir()):
+        raise TerraInputError(f"image_root {shown(config.image_root)} is not a folder; point it at the images' root")
+    names = [config.manifest_path.name, config.summary_path.name, f".{config.manifest_path.stem}.lock"]
+    check_output_dir(config.output_dir, names)  # writable (or creatable), names fit, disk not full
 
 
 def _check_pattern(pattern: Any, name: str, needs_ext: bool) -> None:

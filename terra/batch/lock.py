@@ -58,8 +58,8 @@ def _holder(fd: int) -> str:
 def _acquire(path: Path, setting: str) -> int:
     """Open and lock ``path`` (created if needed, with its folder); the locked descriptor."""
     while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:  # the folder was removed by a run that just finished: make it again
             continue

@@ -2,6 +2,8 @@
 (resume), and the temporary files a killed run left behind.
 
 A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists exists.
+Every sample still to run has its inputs checked here (terra/batch/samples.py: ``check_inputs``) and its file
+names fitted to the file system, so a bad sample is recorded as failed before the model loads.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from pathlib import Path
 from typing import Iterable
 
 from terra.batch.config import BatchConfig, check_config
-from terra.batch.manifest import sample_record
-from terra.batch.samples import Sample, in_shard, read_samples
-from terra.errors import TerraInputError
+from terra.batch.manifest import one_line, sample_record
+from terra.batch.samples import Sample, check_inputs, in_shard, read_samples
+from terra.errors import TerraInputError, shown
+from terra.validation import MAX_TRAJECTORY_BYTES, check_output_names, load_json
 
 # tokenizer.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
 _TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
@@ -79,9 +82,12 @@ def _outputs(config: BatchConfig, sample: Sample) -> tuple[dict[str, Path], Path
         videos[fmt] = out / name
     sidecar = out / _file_name(sidecar_pattern, sample, "json")
     codes = sidecar.with_name(sidecar.name[: -len(".json")] + ".codes.npy") if config.save_codes else None
-    for path in [*videos.values(), sidecar]:
-        if ".." in Path(os.path.relpath(path, out)).parts:
-            raise TerraInputError(f"output file {path} of sample {sample.sample_id!r} falls outside output.dir")
+    names = [os.path.relpath(path, out) for path in [*videos.values(), sidecar] + ([codes] if codes else [])]
+    for name in names:
+        if ".." in Path(name).parts:
+            raise TerraInputError(f"output file {out / name} of sample {shown(sample.sample_id)} falls outside "
+                                  "output.dir")
+    check_output_names(out, names, f"sample {shown(sample.sample_id)}: output file")
     return videos, sidecar, codes
 
 
@@ -94,10 +100,12 @@ def fingerprint(config: BatchConfig, sample: Sample, seed: int, num_frames: int)
 
 
 def _read_sidecar(path: Path) -> dict | None:
+    """A sidecar's content, or None for one that is not a regular JSON file of sane size (it is rewritten)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        sidecar = load_json(path, "sidecar", MAX_TRAJECTORY_BYTES)
+    except TerraInputError:
         return None
+    return sidecar if isinstance(sidecar, dict) else None
 
 
 def is_complete(item: Item) -> tuple[bool, dict | None]:
@@ -165,9 +173,14 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
         if complete:
             result.skipped.append(sample_record(sample, "skipped", seed=seed, files=old.get("files", []) + [
                 os.path.relpath(sidecar, config.output_dir)]))
-        else:
-            result.stale += old is not None
-            result.to_run.append(item)
+            continue
+        try:
+            check_inputs(sample, config, num_frames)
+        except Exception as err:  # noqa: BLE001  (one bad sample fails alone)
+            result.failed.append(sample_record(sample, "failed", error=one_line(err), stage="input", seed=seed))
+            continue
+        result.stale += old is not None
+        result.to_run.append(item)
     return result
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchConfig, check_config
 from terra.batch.engine import build_pipeline, set_threads
+from terra.batch.lock import output_lock
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries
 from terra.batch.samples import Sample
 from terra.batch.stream import run_items
+from terra.errors import shown
 from terra.inputs import check_window
 from terra.models.checkpoint import read_world_model_config
 from terra.outputs import prepare_output_dir
@@ -67,14 +69,23 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
               samples: list[Sample] | None = None) -> BatchResult:
     """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline`.
 
-    User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded.
+    User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The run
+    holds its output folder's lock throughout (terra/batch/lock.py): a second run into the folder fails at once.
+    An interrupt stops the engine and leaves the samples written so far, their records and no temporaries.
     """
+    check_config(config)  # before the output folder and its lock are made
+    with output_lock(config.manifest_path):
+        return _run_locked(config, pipeline, samples)
+
+
+def _run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None, samples: list[Sample] | None) -> BatchResult:
     started = time.perf_counter()
     the_plan = plan(config, samples)
     model_config = tokenizer = None
-    if the_plan.to_run and pipeline is None:
+    if pipeline is None:  # the settings fit the model even when no sample is left to run
         model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
         check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap, "model.overlap")
+    if the_plan.to_run and pipeline is None:
         tokenizer = load_tokenizer(config.tokenizer)  # the pair is checked before any output is written
         check_compatible(model_config, tokenizer)
     executor = _ray_executor(config) if the_plan.to_run and config.executor == "ray" else None
@@ -120,6 +131,7 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
             executor.close()
         bar.close()
         manifest.close()
+        remove_stale_temporaries(the_plan.items)  # of writes cut short (an interrupt, a killed worker)
         seconds = time.perf_counter() - started
         result = BatchResult(manifest.records, config.manifest_path, config.summary_path, seconds)
         _write_summary(config, result, the_plan)
@@ -138,7 +150,7 @@ def _ray_executor(config: BatchConfig):
 def _describe(record: dict) -> str:
     """``sample 'x' (samples.jsonl line 3)``, or the line alone for a record without a sample id."""
     where = f"{Path(record['file']).name} line {record['line']}"
-    return where if record["sample_id"] is None else f"sample {record['sample_id']!r} ({where})"
+    return where if record["sample_id"] is None else f"sample {shown(record['sample_id'])} ({where})"
 
 
 def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan) -> None:
