@@ -1,18 +1,23 @@
 #!/usr/bin/env python
-"""Batch-rollout throughput on one GPU against several: one JSONL through ``scripts/rollout.py`` per count.
+"""Batch-rollout throughput: one JSONL through ``scripts/rollout.py`` per engine count, in process or on Ray.
 
 Builds, unless ``--model``/``--tokenizer``/``--demo`` name existing ones, a world model of Terra's published shape
 with random bf16 weights and a random LFQ tokenizer of Terra's size (288x512 → 18x32 codes, 2^18 codes), writes
 a JSONL of ``--samples`` samples in Terra's format (three rendered context frames each from the synthetic world,
 manoeuvres cycling through the named ones), then runs ``scripts/rollout.py`` once per entry of ``--gpus``
-(``num_gpus`` values; 1 = in-process, 2 = two spawned engines, one per GPU), each into a fresh output folder.
+(``executor=local``: 0 = the CPU, 1 = one GPU) or of ``--actors`` (``executor=ray``: that many actors, one per
+GPU, on a local Ray cluster the run starts), each into a fresh output folder. ``--actbench`` shapes the run
+like Terra's ACT-Bench generation: 3 context + 44 generated frames per sample, MP4 written.
 
 Per run it reports the wall time of the whole command (engine start-up included) and, from the manifest, the
 generation span: from the earliest sample's start to the last sample written. Samples/s and generated
-frames/s are over that span, so the speed-up compares the rollout work, not start-up. Writes ``OUT/<run>.json``
-and ``OUT/summary.json`` and prints a table::
+frames/s are over that span, so the speed-up compares the rollout work, not start-up; the projected wall time
+of ``--project`` samples (ACT-Bench: 2,286) is the run's start-up plus that many samples at the span's rate.
+Writes ``OUT/<run>.json`` and ``OUT/summary.json`` and prints a table::
 
-    python scripts/benchmark_rollout.py --gpus 1,2 --samples 256 --frames 8 --out bench_rollout
+    python scripts/benchmark_rollout.py --executor ray --actors 1,2 --samples 512 --frames 8 --out bench_ray
+    python scripts/benchmark_rollout.py --executor ray --actors 1,2 --actbench --samples 256 --out bench_actbench
+    python scripts/benchmark_rollout.py --gpus 1 --samples 256 --frames 8 --out bench_rollout   # in process
     python scripts/benchmark_rollout.py --demo --backend hf --gpus 0 --samples 4 --frames 2 --out /tmp/br  # CPU
 """
 
@@ -41,16 +46,22 @@ from tokenizer.atomic import write_text
 from tokenizer.lfq import TERRA_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
+ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 generated, scored as MP4
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command line; bad values raise :class:`TerraInputError`."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmark_rollout"), help="folder for models, samples, runs, JSON")
-    p.add_argument("--gpus", default="1,2", help="comma list of num_gpus values, one run each (0 = CPU)")
+    p.add_argument("--executor", default="local", choices=("local", "ray"), help="scripts/rollout.py's executor")
+    p.add_argument("--gpus", default="1", help="executor=local: comma list of runs, 1 = one GPU, 0 = the CPU")
+    p.add_argument("--actors", default="1,2", help="executor=ray: comma list of actor counts, one run each")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu"), help="cpu: CPU actors (executor=ray)")
     p.add_argument("--samples", type=int, default=256, help="samples in the JSONL")
     p.add_argument("--frames", type=int, default=8, help="frames generated per sample")
-    p.add_argument("--max-concurrent", type=int, default=64, help="rollouts per generate call (per engine)")
+    p.add_argument("--actbench", action="store_true", help="ACT-Bench's shape: 44 generated frames, MP4 written")
+    p.add_argument("--project", type=int, default=2286, help="samples whose wall time is projected (ACT-Bench's)")
+    p.add_argument("--max-concurrent", default="auto", help="rollouts in flight per engine (auto: what fits)")
     p.add_argument("--backend", default="vllm", choices=("vllm", "hf", "auto"), help="rollout backend")
     p.add_argument("--format", default="gif", choices=("gif", "mp4", "png"), help="video format written per sample")
     p.add_argument("--model", help="world model folder (default: Terra's shape, random weights, written under OUT)")
@@ -59,21 +70,38 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Hydra override for scripts/rollout.py, e.g. +backend.options.kv_cache_dtype=fp8")
     args = p.parse_args(list(argv))
-    try:
-        args.gpu_list = [int(x) for x in args.gpus.split(",") if x]
-    except ValueError:
-        args.gpu_list = []
-    if not args.gpu_list or min(args.gpu_list) < 0:
-        raise TerraInputError(f"--gpus must be a comma list of GPU counts >= 0 (got {args.gpus!r}), e.g. 1,2")
-    for flag in ("samples", "frames", "max_concurrent"):
-        if getattr(args, flag) < 1:
-            raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    if args.actbench:
+        args.frames, args.format = ACTBENCH_FRAMES, "mp4"
+    if args.executor == "local":
+        args.runs = _counts(args.gpus, "--gpus", 0, "1 (one GPU) or 0 (CPU)")
+        if max(args.runs) > 1:
+            raise TerraInputError("--gpus takes 0 or 1 with executor=local; compare GPUs with --executor ray "
+                                  f"--actors {args.gpus}")
+    else:
+        args.runs = _counts(args.actors, "--actors", 1, "1,2")
+    if args.max_concurrent != "auto" and not args.max_concurrent.isdigit():
+        raise TerraInputError(f"--max-concurrent must be auto or a whole number (got {args.max_concurrent!r})")
+    for flag in ("samples", "frames", "project", "max_concurrent"):
+        value = getattr(args, flag)
+        if value != "auto" and int(value) < 1:
+            raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
     if args.demo and (args.model or args.tokenizer):
         raise TerraInputError("--demo uses the shipped model and tokenizer; drop --model/--tokenizer or --demo")
     for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):
         if path and not (Path(path) / "config.json").is_file():
             raise TerraInputError(f"{flag} {path} has no config.json; pass a saved checkpoint folder")
     return args
+
+
+def _counts(text: str, flag: str, minimum: int, example: str) -> list[int]:
+    """A comma list of whole numbers >= ``minimum`` (raises :class:`TerraInputError`)."""
+    try:
+        counts = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < minimum:
+        raise TerraInputError(f"{flag} must be a comma list of counts >= {minimum} (got {text!r}), e.g. {example}")
+    return counts
 
 
 def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[str, str]:
@@ -107,46 +135,63 @@ def write_samples(out: Path, count: int, height: int, width: int) -> Path:
     return path
 
 
-def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str], num_gpus: int) -> dict[str, Any]:
-    """One ``scripts/rollout.py`` run; its wall time, counts and the manifest's generation span."""
-    run_dir = args.out / f"run_gpus{num_gpus}"
+def run_name(args: argparse.Namespace, count: int) -> str:
+    """``run_gpus<n>`` (executor=local) or ``run_ray<n>`` (executor=ray): the run's folder and JSON file."""
+    return f"run_gpus{count}" if args.executor == "local" else f"run_ray{count}"
+
+
+def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str], count: int) -> dict[str, Any]:
+    """One ``scripts/rollout.py`` run; its wall time, counts, the manifest's generation span and projection."""
+    run_dir = args.out / run_name(args, count)
+    on_cpu = count == 0 if args.executor == "local" else args.device == "cpu"
     overrides = [
-        f"samples={samples}", f"output.dir={run_dir}", f"num_frames={args.frames}", f"num_gpus={num_gpus}",
+        f"samples={samples}", f"output.dir={run_dir}", f"num_frames={args.frames}", f"executor={args.executor}",
         f"max_concurrent={args.max_concurrent}", f"backend={args.backend}", f"output.formats=[{args.format}]",
         "resume=false", "progress=false",
-        *(("device=cpu",) if num_gpus == 0 else ()),
+        *((f"ray.num_actors={count}",) if args.executor == "ray" else ()),
+        *(("device=cpu",) if on_cpu else ()),
         *(("model=demo", "tokenizer=demo") if args.demo else
           ("model=terra_v1", f"model.world_model={model[0]}", "tokenizer=terra_lfq", f"tokenizer.path={model[1]}")),
         *args.override,
     ]
     command = [sys.executable, str(ROOT / "scripts" / "rollout.py"), *overrides]
-    print(f"[benchmark_rollout] num_gpus={num_gpus}: {shlex.join(command)}", flush=True)
+    print(f"[benchmark_rollout] {run_name(args, count)}: {shlex.join(command)}", flush=True)
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT)
     wall = time.perf_counter() - start
     records = read_manifest(run_dir / "manifest.jsonl")
     ok = [r for r in records if r["status"] == "ok"]
     row: dict[str, Any] = {
-        "num_gpus": num_gpus, "exit_code": proc.returncode, "command": shlex.join(["scripts/rollout.py", *overrides]),
+        "executor": args.executor, ("num_gpus" if args.executor == "local" else "actors"): count,
+        "exit_code": proc.returncode, "command": shlex.join(["scripts/rollout.py", *overrides]),
         "wall_s": wall, "samples": len(records), "ok": len(ok), "failed": len(records) - len(ok),
         "frames_per_sample": args.frames, "gpus_used": sorted({str(r.get("gpus", "in-process")) for r in ok}),
     }
+    summary = run_dir / "manifest.summary.json"
+    if args.executor == "ray" and summary.is_file():
+        row["per_actor"] = json.loads(summary.read_text()).get("actors", {})
     if ok:
         span = max(r["finished_at"] for r in ok) - min(r["finished_at"] - r["seconds"] for r in ok)
-        row.update(span_s=span, samples_per_s=len(ok) / span, frames_per_s=len(ok) * args.frames / span)
+        rate = len(ok) / span
+        row.update(span_s=span, samples_per_s=rate, frames_per_s=rate * args.frames,
+                   projected_samples=args.project, projected_wall_s=max(wall - span, 0.0) + args.project / rate)
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """One line per run plus the speed-up of each against the first."""
-    header = f"{'num_gpus':>8} {'ok':>5} {'failed':>6} {'wall s':>8} {'span s':>8} {'samples/s':>10} {'frames/s':>9} {'speed-up':>8}"
+    project = f"{rows[0].get('projected_samples', '-')} samples"
+    header = (f"{'run':>10} {'ok':>5} {'failed':>6} {'wall s':>8} {'span s':>8} {'samples/s':>10} {'frames/s':>9} "
+              f"{'speed-up':>8} {project:>14}")
     lines = [header, "-" * len(header)]
     base = rows[0].get("frames_per_s")
     for r in rows:
         fps = r.get("frames_per_s")
         speedup = f"{fps / base:.2f}x" if fps and base else "-"
-        lines.append(f"{r['num_gpus']:>8} {r['ok']:>5} {r['failed']:>6} {r['wall_s']:>8.1f} {r.get('span_s', 0):>8.1f} "
-                     f"{r.get('samples_per_s', 0):>10.2f} {fps or 0:>9.2f} {speedup:>8}")
+        name = f"gpus {r['num_gpus']}" if "num_gpus" in r else f"ray x{r['actors']}"
+        projected = f"{r['projected_wall_s'] / 60:.1f} min" if "projected_wall_s" in r else "-"
+        lines.append(f"{name:>10} {r['ok']:>5} {r['failed']:>6} {r['wall_s']:>8.1f} {r.get('span_s', 0):>8.1f} "
+                     f"{r.get('samples_per_s', 0):>10.2f} {fps or 0:>9.2f} {speedup:>8} {projected:>14}")
     return "\n".join(lines)
 
 
@@ -166,13 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         height, width = load_tokenizer(model[1]).image_size
     samples = write_samples(args.out, args.samples, height, width)
     rows = []
-    for num_gpus in args.gpu_list:
-        rows.append(run_rollouts(args, samples.resolve(), model, num_gpus))
-        write_text(args.out / f"run_gpus{num_gpus}.json", json.dumps(rows[-1], indent=1))
+    for count in args.runs:
+        rows.append(run_rollouts(args, samples.resolve(), model, count))
+        write_text(args.out / f"{run_name(args, count)}.json", json.dumps(rows[-1], indent=1))
     summary = {"command": shlex.join(["scripts/benchmark_rollout.py", *(sys.argv[1:] if argv is None else argv)]),
                "runs": rows}
     if len(rows) > 1 and rows[0].get("frames_per_s"):
-        summary["speedup_vs_first"] = {r["num_gpus"]: r.get("frames_per_s", 0) / rows[0]["frames_per_s"] for r in rows}
+        summary["speedup_vs_first"] = {run_name(args, count): r.get("frames_per_s", 0) / rows[0]["frames_per_s"]
+                                       for count, r in zip(args.runs, rows)}
     write_text(args.out / "summary.json", json.dumps(summary, indent=1))
     print(table(rows))
     return 0 if all(r["exit_code"] == 0 and r["failed"] == 0 for r in rows) else 1

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import ray
 
 from terra.batch import BatchConfig, read_manifest, run_batch
 from terra.errors import TerraInputError
+from tests.conftest import load_script
 from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
     NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
 )
@@ -191,5 +193,41 @@ def test_workers_that_cannot_import_the_project_fail_fast(tmp_path, scenes, ray_
         run_batch(config(samples, tmp_path / "out", scenes, executor="ray", ray={"runtime_env": env}))
     assert "ray.runtime_env" in str(err.value) and "\n" not in str(err.value)
     assert time.monotonic() - started < 120
-    assert not [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]
-    assert os.listdir(tmp_path / "out") == ["manifest.jsonl", "manifest.summary.json"]
+    deadline = time.monotonic() + 30  # the actors are killed on the way out
+    while [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]:
+        assert time.monotonic() < deadline, "the actors were left running"
+        time.sleep(0.1)
+    assert sorted(os.listdir(tmp_path / "out")) == ["manifest.jsonl", "manifest.summary.json"]
+
+
+def test_a_node_without_the_vllm_plugin_is_named(monkeypatch):
+    """backend=vllm finds the world model only through the project's entry point, which a runtime_env
+    working_dir does not install: the actor says so instead of failing inside vLLM."""
+    import importlib.metadata
+
+    from terra.batch import ray_actor
+
+    ray_actor.check_vllm_plugin()  # this environment has the project installed
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    with pytest.raises(TerraInputError, match=r"backend=vllm needs the project installed on this node"):
+        ray_actor.check_vllm_plugin()
+
+
+def test_benchmark_compares_actor_counts_and_projects_actbench(tmp_path):
+    """scripts/benchmark_rollout.py --executor ray on the CPU: one run per actor count (each starts its own local
+    Ray cluster), per-actor counts and the projected wall time of ACT-Bench's 2,286 samples."""
+    bench = load_script("benchmark_rollout")
+    args = bench.parse_args(["--executor", "ray", "--actors", "1,2", "--actbench"])
+    assert (args.runs, args.frames, args.format, args.project) == ([1, 2], 44, "mp4", 2286)
+    assert bench.main(["--gpus", "2"]) == 2  # several GPUs are Ray's: --executor ray --actors
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_rollout.py"), "--demo", "--backend",
+                           "hf", "--executor", "ray", "--actors", "2", "--device", "cpu", "--samples", "4",
+                           "--frames", "1", "--format", "mp4", "--out", str(out)],
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert (run["executor"], run["actors"], run["ok"], run["failed"], run["gpus_used"]) == ("ray", 2, 4, 0, ["cpu"])
+    assert sum(a["ok"] for a in run["per_actor"].values()) == 4
+    assert run["projected_wall_s"] == pytest.approx(run["wall_s"] - run["span_s"] + 2286 / run["samples_per_s"])
+    assert len(list((out / "run_ray2").glob("*.mp4"))) == 4 and "ray x2" in proc.stdout

