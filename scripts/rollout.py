@@ -44,11 +44,16 @@ def main(cfg: DictConfig) -> None:
     check_added_settings(COMMAND, allowed=("backend.options.", "ray.runtime_env."))
     config = config_from_omegaconf(cfg)
     check_settings(config)  # no torch yet: a bad setting is one line in about a second
-    if not sys.stderr.isatty():  # no progress bar in logs: stderr holds the failures' lines only
+    quiet = not sys.stderr.isatty()  # no progress bars in logs: stderr holds one line per failure only
+    if quiet:
         config = dataclasses.replace(config, progress=False)
     with output_lock(config.manifest_path):  # a second run into this folder stops here
         from terra.batch.run import run_batch  # torch and the models
 
+        if quiet:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
         result = run_batch(config)
     print(f"rollout: {result.summary_line()}")
     for actor, counts in result.per_actor.items():

@@ -7,7 +7,6 @@ ranges of the numbers are :data:`RANGES`, documented in conf/rollout.yaml) befor
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 import string
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
-from terra.errors import TerraInputError, check_whole_number, shown
+from terra.errors import TerraInputError, shown
 from terra.outputs import check_output_formats
 from terra.snapshot import checkpoint_path
 from terra.trajectory import MANOEUVRES
@@ -41,7 +40,7 @@ RANGES = {
     "num_context": ("num_context", Range(1, MAX_FRAMES, 3, whole=True)),
     "overlap": ("model.overlap", Range(1, MAX_FRAMES, 3, whole=True)),
     "seed": ("seed", Range(0, MAX_SEED, 0, whole=True)),
-    "max_concurrent": ("max_concurrent", Range(1, 4096, 32, whole=True)),  # or "auto"
+    "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
     "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
     "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
     "shard_index": ("shard_index", Range(0, (1 << 20) - 1, 0, whole=True)),
@@ -209,8 +208,6 @@ def check_settings(config: BatchConfig) -> None:
     check_choice(config.dtype, "dtype", DTYPES)
     check_backend(config.backend, config.backend_options)
     check_sampling(config.sampling)
-    if config.max_concurrent != "auto":
-        check_whole_number(config.max_concurrent, "max_concurrent", 1, "max_concurrent=auto or max_concurrent=32")
     if config.shard_index >= config.num_shards:
         raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
                               f"(shards are numbered 0..{config.num_shards - 1})")
@@ -223,9 +220,10 @@ def check_settings(config: BatchConfig) -> None:
     _check_pattern(sidecar, "output.sidecar_pattern", needs_ext=False)
     if not sidecar.endswith(".json"):
         raise TerraInputError(f"output.sidecar_pattern {sidecar!r} must end with .json")
-    if (not isinstance(config.manifest, str) or not config.manifest.endswith(".jsonl") or config.manifest.startswith(".")
-            or any(c in config.manifest for c in "/\\\0")):
-        raise TerraInputError(f"output.manifest {shown(config.manifest)} must be a file name ending in .jsonl")
+    manifest = config.manifest
+    if (not isinstance(manifest, str) or not manifest.endswith(".jsonl") or manifest.startswith(".")
+            or any(c in manifest for c in "/\\\0")):
+        raise TerraInputError(f"output.manifest {shown(manifest)} must be a file name ending in .jsonl")
     if config.default_manoeuvre is not None and config.default_manoeuvre not in MANOEUVRES:
         raise TerraInputError(f"unknown default_manoeuvre {config.default_manoeuvre!r}; "
                               f"choose one of: {', '.join(MANOEUVRES)}")
