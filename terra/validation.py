@@ -13,6 +13,7 @@ Limits, in one place:
   no NaN or infinity (image limits are in :mod:`tokenizer.images`);
 * output names must fit the file system with the temporary suffix of an atomic write (:data:`ATOMIC_EXTRA`),
   and the output disk must have :data:`MIN_FREE_BYTES` free (a disk that fills up later fails at the write);
+* paths a batch sample names stay inside the folder the user gave for them (:func:`check_inside`);
 * ``device``, ``dtype``, ``backend`` and ``backend.options``: the values in :data:`DEVICE_PATTERN`,
   :data:`DTYPES` and :data:`BACKEND_OPTIONS`.
 """

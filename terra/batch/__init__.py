@@ -23,6 +23,12 @@ Sample formats (one JSON object per line; blank lines are ignored)
 
 ``sample_id`` is an integer or a string without path separators; it must be unique.
 
+Lines are strict JSON (no NaN, ``1e400``, 400-digit integers or nesting past the parser). Context paths must lie
+inside ``image_root`` (absolute and ``../`` paths that leave it are refused unless
+``allow_paths_outside_image_root``). Every sample still to run has its inputs checked before the model loads
+(terra/batch/samples.py: files regular, image headers within the pixel limit, the trajectory built;
+terra/batch/plan.py: output names that fit the file system): a bad sample is recorded as failed, the others run.
+
 Outputs (under ``output_dir``)
 ------------------------------
 * Videos: ``video_pattern`` per format (fields ``sample_id``, ``ext``, ``line``, ``label``), every frame of the
@@ -41,7 +47,10 @@ Outputs (under ``output_dir``)
   ``skipped`` = already complete), ``stage`` of a failure (``parse`` | ``input`` | ``generate`` | ``write``),
   ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time).
   ``<manifest stem>.summary.json`` holds the counts. Malformed lines are recorded as failed with stage ``parse``
-  (``sample_id`` null, ``line`` set).
+  (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
+* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.batch.lock`): a second run of the
+  same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples
+  finished so far with their records and leaves no partial file; rerunning finishes it.
 
 Concurrency and scale-out
 -------------------------

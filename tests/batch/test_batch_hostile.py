@@ -136,7 +136,9 @@ def test_hostile_run_exits_2_with_one_line_and_leaves_nothing(case, hostile, tmp
     assert not out.exists() and list(cwd.iterdir()) == []
 
 
-TORCH_PROBE = ("import runpy, sys\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+# Runs the script (argv[1]) in this process and says on stdout whether torch was imported by the time it ended.
+TORCH_PROBE = ("import runpy, sys\nsys.argv = sys.argv[1:]\n"
+               "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
                "finally:\n    print('torch imported:', 'torch' in sys.modules, flush=True)\n")
 
 
