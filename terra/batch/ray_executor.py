@@ -190,6 +190,9 @@ class _Dispatcher:
             return
         self.infos[a] = info
         self.usable.add(a)
+        where = f"GPU {','.join(info['gpus'])}" if info["gpus"] else "CPU"
+        tqdm.write(f"rollout: Ray actor {a} on {info['node']} ({where}) {'started' if first else 'is back'}: "
+                   f"{info['max_concurrent']} rollouts at once", file=sys.stderr)
 
     def _returned(self, ref: Any, queue: deque) -> None:
         """A run() call ended: emit its record, or retry its sample when the actor died."""

@@ -111,9 +111,9 @@ def test_sigkilled_driver_then_rerun_resumes(tmp_path, scenes, ray_cluster):
     samples = write_samples(tmp_path, mixed_lines(scenes, 6))
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
-    args = script_args(samples, out, scenes, "executor=ray", "ray.num_actors=2", "max_concurrent=1")
-    # The first run joins the module's cluster; the rerun starts a local cluster of its own (ray.address unset).
-    proc = subprocess.Popen([*args, f"ray.address={ray_cluster}"], cwd=ROOT, env=script_env(),
+    args = script_args(samples, out, scenes, "executor=ray", "ray.num_actors=2", "max_concurrent=1",
+                       f"ray.address={ray_cluster}")  # the rerun's actors start once Ray has removed the first's
+    proc = subprocess.Popen(args, cwd=ROOT, env=script_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_first_ok(manifest, proc)
@@ -231,3 +231,28 @@ def test_benchmark_compares_actor_counts_and_projects_actbench(tmp_path):
     assert sum(a["ok"] for a in run["per_actor"].values()) == 4
     assert run["projected_wall_s"] == pytest.approx(run["wall_s"] - run["span_s"] + 2286 / run["samples_per_s"])
     assert len(list((out / "run_ray2").glob("*.mp4"))) == 4 and "ray x2" in proc.stdout
+
+
+def test_ctrl_c_stops_the_actors_on_the_cluster(tmp_path, scenes, ray_cluster):
+    samples = write_samples(tmp_path, mixed_lines(scenes, 6))
+    out = tmp_path / "out"
+    args = script_args(samples, out, scenes, "executor=ray", "ray.num_actors=2", "max_concurrent=1",
+                       f"ray.address={ray_cluster}")
+    proc = subprocess.Popen(args, cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for_first_ok(out / "manifest.jsonl", proc)
+        assert [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "rollout: interrupted by SIGINT"
+    deadline = time.monotonic() + 30  # the run's actors leave the cluster, which goes on serving others
+    while [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]:
+        assert time.monotonic() < deadline, "the actors were left running"
+        time.sleep(0.1)
+    records = read_manifest(out / "manifest.jsonl")
+    assert records and all(r["status"] == "ok" for r in records)  # what finished before the interrupt
+    assert ray.cluster_resources().get("CPU") == 2
