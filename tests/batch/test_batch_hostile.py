@@ -328,7 +328,7 @@ def test_a_killed_holder_frees_the_lock(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_resumes(signum, scenes, hostile,
                                                                                        tmp_path):
-    count = 12
+    count = 6
     samples, out = many_samples(scenes, hostile.jsonl, count), tmp_path / "out"
     manifest = out / "manifest.jsonl"
     args = [sys.executable, str(SCRIPT), *fast_args(), f"samples={samples}", f"image_root={hostile.root}",
