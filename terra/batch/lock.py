@@ -8,8 +8,9 @@ it created when they are still empty (a run refused for bad input leaves nothing
 
 Deleting a lock file races with a second run that opened it just before: that run then holds a lock on a file
 no longer in the folder. :func:`_acquire` checks, once locked, that the path still names the file it locked,
-and starts over otherwise. Locks are re-entrant within a process (``scripts/rollout.py`` locks before it imports
-torch; :func:`terra.batch.run_batch` locks again), and this module imports nothing heavy.
+and starts over otherwise. Locks are re-entrant within a thread (``scripts/rollout.py`` locks before it imports
+torch; :func:`terra.batch.run_batch` locks again); another thread is refused like another process. This module
+imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from terra.errors import TerraInputError
 
-_HELD: dict[str, tuple[int, int, list[Path]]] = {}  # lock path -> (fd, depth, folders created for it)
+_HELD: dict[str, tuple[int, int, int, list[Path]]] = {}  # lock path -> (thread, fd, depth, folders it created)
 _GUARD = threading.Lock()
 
 
@@ -102,10 +103,14 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
     a second holder fails at once with one line naming the first. Yields the lock file's path."""
     path = Path(os.path.abspath(lock_path(manifest_path)))
     key = str(path)
+    thread = threading.get_ident()
     with _GUARD:
         if key in _HELD:
-            fd, depth, created = _HELD[key]
-            _HELD[key] = (fd, depth + 1, created)
+            owner, fd, depth, created = _HELD[key]
+            if owner != thread:
+                raise TerraInputError(f"output folder {path.parent} is in use by another batch run in this process "
+                                      f"(lock file {path.name}); wait for it to finish or choose another {setting}")
+            _HELD[key] = (owner, fd, depth + 1, created)
         else:
             created = _missing_folders(path.parent)
             try:
@@ -113,15 +118,15 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
             except BaseException:
                 _remove_empty(created)
                 raise
-            _HELD[key] = (fd, 1, created)
+            _HELD[key] = (thread, fd, 1, created)
             _write_holder(fd)
     try:
         yield path
     finally:
         with _GUARD:
-            fd, depth, created = _HELD[key]
+            owner, fd, depth, created = _HELD[key]
             if depth > 1:
-                _HELD[key] = (fd, depth - 1, created)
+                _HELD[key] = (owner, fd, depth - 1, created)
             else:
                 del _HELD[key]
                 path.unlink(missing_ok=True)  # while still locked: see the module docstring

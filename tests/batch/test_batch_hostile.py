@@ -407,3 +407,23 @@ def test_a_write_cut_short_leaves_the_next_record_whole(tmp_path, monkeypatch):
     assert [r["n"] for r in manifest.records] == [1, 2, 3]  # counted all the same
     assert re.fullmatch(r'\{"n": 1\}\n\{"n": 2, "pad": "y+\n\{"n": 3\}\n',
                         (tmp_path / "manifest.jsonl").read_text())
+
+
+def test_the_lock_is_re_entrant_in_one_thread_and_refuses_another(tmp_path):
+    manifest = tmp_path / "out" / "manifest.jsonl"
+    refused = []
+
+    def other_thread() -> None:
+        with pytest.raises(TerraInputError, match="in use by another batch run in this process") as err:
+            with output_lock(manifest):
+                pass
+        refused.append(str(err.value))
+
+    with output_lock(manifest) as path:
+        with output_lock(manifest):  # scripts/rollout.py holds it when run_batch takes it again
+            assert path.exists()
+        assert path.exists()
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert len(refused) == 1 and not (tmp_path / "out").exists()  # the folder it made is gone with the lock
