@@ -5,7 +5,8 @@ The driver (terra/batch/ray_executor.py) wraps :class:`RolloutActor` with ``ray.
 each call returns the sample's manifest record when its files are written. The calls wait on an asyncio loop
 while :class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on
 one engine. The actor never raises from its constructor: a start-up failure (a missing vLLM plugin, a model that
-does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print.
+does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print. An engine loop that
+fails later ends the actor's process, so that Ray restarts it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import dataclasses
 import importlib.metadata
 import os
+import sys
 import threading
 
 import ray
@@ -69,7 +71,17 @@ class RolloutActor:
         self.pipeline = build_pipeline(config, device=self.device, model_config=model_config)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent)
-        threading.Thread(target=self.engine.run, name="terra-batch-engine", daemon=True).start()
+        threading.Thread(target=self._drive, name="terra-batch-engine", daemon=True).start()
+
+    def _drive(self) -> None:
+        """Run the engine loop; if it fails (a CUDA error, say), end the process: Ray restarts the actor and the
+        driver retries its samples, as for any other death."""
+        try:
+            self.engine.run()
+        except BaseException as err:  # noqa: BLE001
+            print(f"terra batch actor: the engine stopped ({one_line(err)}); exiting for Ray to restart it",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
 
     def info(self) -> dict:
         """Where this actor runs and how many samples it wants outstanding (``error``: why it could not start)."""

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from terra.batch.config import BatchConfig
 from terra.batch.manifest import one_line, sample_record
-from terra.batch.plan import Item, remove_stale_temporaries
+from terra.batch.plan import Item
 from terra.batch.ray_settings import RaySettings
 from terra.batch.stream import longest_rollout
 from terra.errors import TerraInputError
@@ -48,10 +48,20 @@ class RayExecutor:
         self.settings = RaySettings.parse(config.ray)
         self.ray: Any = None
         self.joined = False  # this run called ray.init (and so calls ray.shutdown)
+        self.count, self.options = 0, {}  # the actors: how many, their ray.remote options (set by connect)
 
     def connect(self) -> None:
-        """Import Ray and join the cluster (or start a local one); a missing Ray or an address where no cluster
-        answers raise :class:`TerraInputError`. A process that already joined one (a notebook, a test) keeps it."""
+        """Import Ray, join the cluster (or start a local one) and check that it has room for the actors; a missing
+        Ray, an address where no cluster answers or too few GPUs/CPUs raise :class:`TerraInputError`. A process
+        that already joined a cluster (a notebook, a test) keeps it."""
+        self._join()
+        try:
+            self.count, self.options = self.actor_options()
+        except BaseException:
+            self.close()
+            raise
+
+    def _join(self) -> None:
         try:
             import ray
         except ImportError as err:
@@ -64,7 +74,7 @@ class RayExecutor:
         if address not in (None, "auto", "local"):
             _check_reachable(address)
         options: dict[str, Any] = {"logging_level": logging.WARNING}
-        if address is None:
+        if address in (None, "local"):  # a cluster of this machine, for this run
             options["include_dashboard"] = False
         try:
             ray.init(address=address, **options)
@@ -111,12 +121,11 @@ class RayExecutor:
         from terra.batch.ray_actor import RolloutActor  # imports Ray
 
         ray = self.ray
-        count, options = self.actor_options()
         token = secrets.token_hex(4)
-        remote = ray.remote(**options)(RolloutActor)
+        remote = ray.remote(**self.options)(RolloutActor)
         actors = [remote.options(name=f"terra-batch-{token}-{a}").remote(self.config, model_config,
                                                                          longest_rollout(items))
-                  for a in range(count)]
+                  for a in range(self.count)]
         try:
             _Dispatcher(ray, actors, self.settings, emit).run(items)
         finally:
@@ -135,7 +144,6 @@ class _Dispatcher:
         self.calls: dict[Any, tuple[Item, int]] = {}  # run() call → its item and actor
         self.pings: dict[Any, tuple[int, bool]] = {}  # info() call → its actor, and whether it is the first start
         self.attempts: dict[int, int] = {}  # sample index → runs that ended with the actor's death
-        self.retried: list[Item] = []
         self.last_death = ""
 
     def run(self, items: Sequence[Item]) -> None:
@@ -145,7 +153,7 @@ class _Dispatcher:
         started, noticed = time.monotonic(), False
         while queue or self.calls:
             self._hand_out(queue)
-            if not self.usable and not self.pings:  # every actor is gone for good
+            if not (self.usable or self.pings or self.calls):  # every actor is gone for good
                 for item in queue:
                     self._fail(item, f"no Ray actor left to run it; the last one died: {self.last_death}")
                 return
@@ -159,7 +167,6 @@ class _Dispatcher:
                 noticed = True
                 tqdm.write(f"rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or the "
                            "cluster lacks free resources: `ray status` shows them)", file=sys.stderr)
-        remove_stale_temporaries(self.retried)  # what a killed actor left half-written
 
     def _hand_out(self, queue: deque) -> None:
         """Give queued samples to the usable actors with room, least loaded first, one at a time."""
@@ -204,7 +211,6 @@ class _Dispatcher:
         except self.ray.exceptions.RayActorError as err:  # died, or unreachable (ActorUnavailableError)
             self._actor_lost(a, err)
             tries = self.attempts[item.sample.index] = self.attempts.get(item.sample.index, 0) + 1
-            self.retried.append(item)
             if tries > self.settings.max_retries:
                 self._fail(item, f"its Ray actor died {tries} times while running it: {_cause(err)}")
             else:

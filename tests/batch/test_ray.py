@@ -6,8 +6,10 @@ cluster at the address, workers that cannot import the project).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -256,3 +258,40 @@ def test_ctrl_c_stops_the_actors_on_the_cluster(tmp_path, scenes, ray_cluster):
     records = read_manifest(out / "manifest.jsonl")
     assert records and all(r["status"] == "ok" for r in records)  # what finished before the interrupt
     assert ray.cluster_resources().get("CPU") == 2
+
+
+def test_actors_the_cluster_cannot_hold_are_refused_before_any_output(tmp_path, scenes, ray_cluster):
+    samples = write_samples(tmp_path, mixed_lines(scenes, 1))
+    for ray_settings, device, message in [
+        ({"num_actors": 3}, "cpu", "ray.num_actors=3 x ray.cpus_per_actor=1 needs more CPUs than the Ray cluster"),
+        ({"num_actors": 1, "cpus_per_actor": 2.5}, "cpu", "needs more CPUs than the Ray cluster has (2)"),
+        ({}, "cuda", "device=cuda but the Ray cluster has no GPUs"),
+    ]:
+        changes = dict(executor="ray", ray=ray_settings)
+        with pytest.raises(TerraInputError, match=re.escape(message)):
+            run_batch(dataclasses.replace(config(samples, tmp_path / "out", scenes, **changes), device=device))
+        assert not (tmp_path / "out").exists() and ray.is_initialized()  # the test's own cluster stays
+
+
+def test_samples_are_failed_once_no_actor_is_left(tmp_path, scenes, ray_cluster):
+    """ray.max_restarts=0: the one actor, killed mid-run, stays dead; the run ends (no hang) with every sample
+    recorded once: those written before, the rest failed with the reason."""
+    ids = [f"s{i}" for i in range(6)]
+    samples = write_samples(tmp_path, mixed_lines(scenes, 6))
+    out = tmp_path / "out"
+
+    def kill_the_actor() -> None:
+        wait_for_first_ok(out / "manifest.jsonl")
+        [name] = [n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                  if n["name"].startswith("terra-batch-")]
+        ray.kill(ray.get_actor(name), no_restart=False)
+
+    killer = threading.Thread(target=kill_the_actor, daemon=True)
+    killer.start()
+    result = run_batch(config(samples, out, scenes, executor="ray", max_concurrent=1,
+                              ray={"num_actors": 1, "max_restarts": 0}))
+    killer.join(timeout=1)
+    assert sorted(r["sample_id"] for r in result.records) == ids and result.exit_code == 1
+    failed = [r for r in result.records if r["status"] == "failed"]
+    assert failed and result.counts["ok"] >= 1
+    assert all(r["stage"] == "generate" and "no Ray actor left to run it" in r["error"] for r in failed)

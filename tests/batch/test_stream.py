@@ -75,8 +75,9 @@ def fakes(monkeypatch):
 
     monkeypatch.setattr(stream, "_prepare", prepare)
     monkeypatch.setattr(engine._Writer, "write", write)
-    monkeypatch.setattr(stream, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
-    monkeypatch.setattr(engine, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status, **kw})
+    for module in (stream, engine):
+        monkeypatch.setattr(module, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status,
+                                                                                   **kw})
     return written
 
 
