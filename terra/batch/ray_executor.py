@@ -73,7 +73,7 @@ class RayExecutor:
         address = self.settings.address
         if address not in (None, "auto", "local"):
             _check_reachable(address)
-        options: dict[str, Any] = {"logging_level": logging.WARNING}
+        options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": self.settings.log_to_driver}
         if address in (None, "local"):  # a cluster of this machine, for this run
             options["include_dashboard"] = False
         try:

@@ -28,6 +28,7 @@ class RaySettings:
     max_restarts: int = 3  # times Ray restarts an actor that died
     max_retries: int = 2  # times a sample whose actor died is run again before it is recorded as failed
     runtime_env: dict | None = None  # Ray's runtime_env for the workers (README: "Running across nodes")
+    log_to_driver: bool = False  # the actors' own output on the driver's terminal (else in Ray's session logs)
 
     @classmethod
     def parse(cls, values: Mapping[str, Any] | None) -> "RaySettings":
@@ -49,12 +50,15 @@ class RaySettings:
                             "ray.cpus_per_actor=1", low_open=True)
         restarts = check_whole_number(values.get("max_restarts", 3), "ray.max_restarts", 0, "ray.max_restarts=3")
         retries = check_whole_number(values.get("max_retries", 2), "ray.max_retries", 0, "ray.max_retries=2")
+        log_to_driver = values.get("log_to_driver", False)
+        if not isinstance(log_to_driver, bool):
+            raise TerraInputError(f"ray.log_to_driver must be true or false (got {log_to_driver!r})")
         runtime_env = values.get("runtime_env")
         if runtime_env is not None and not isinstance(runtime_env, Mapping):
             raise TerraInputError(f"ray.runtime_env must be a mapping such as {{working_dir: .}} "
                                   f"(got {type(runtime_env).__name__})")
         return cls(address.strip() if address else None, None if num_actors is None else int(num_actors), cpus,
-                   restarts, retries, dict(runtime_env) if runtime_env is not None else None)
+                   restarts, retries, dict(runtime_env) if runtime_env is not None else None, log_to_driver)
 
 
 def check_executor(executor: Any, ray: Mapping[str, Any] | None) -> None:

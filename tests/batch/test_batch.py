@@ -224,6 +224,7 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
         (dict(executor="ray", ray={"max_retries": -1}), "ray.max_retries must be a whole number of at least 0"),
         (dict(executor="ray", ray={"cpus_per_actor": 0}), "ray.cpus_per_actor must be a number above 0"),
         (dict(executor="ray", ray={"runtime_env": "env.yaml"}), "ray.runtime_env must be a mapping"),
+        (dict(executor="ray", ray={"log_to_driver": "yes"}), "ray.log_to_driver must be true or false"),
     ]:
         with pytest.raises(TerraInputError, match=re.escape(message)):
             config = BatchConfig(**{**good, **bad})
