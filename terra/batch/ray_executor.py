@@ -34,7 +34,7 @@ from terra.batch.stream import longest_rollout
 from terra.errors import TerraInputError
 from terra.models import LlamaActionConfig
 
-WAIT_NOTICE_S = 60.0  # say so once when no actor has started after this long (the cluster may be busy)
+WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long (vLLM starts in 1-2 min)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 _HELP = "README.md, \"Running across nodes\""
@@ -194,6 +194,7 @@ class _Dispatcher:
                 raise TerraInputError(f"Ray actor {a} on {info['node']} could not start: {info['error']}")
             tqdm.write(f"rollout: Ray actor {a} did not come back ({info['error']}); going on without it",
                        file=sys.stderr)
+            self.ray.kill(self.actors[a], no_restart=True)  # it holds its GPU(s) for nothing
             return
         self.infos[a] = info
         self.usable.add(a)
