@@ -7,6 +7,7 @@ codes back to frames. Video files are written by :mod:`decoder`.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,10 @@ class WorldModelPipeline:
         self.backend = backend
         self.device = device
         self.decode_batch_size = decode_batch_size
+        # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
+        # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
+        # writer threads decoding 288x512 frames at once ran the H100 out of memory: BENCHMARKS.md).
+        self._tokenizer_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(
@@ -118,15 +123,17 @@ class WorldModelPipeline:
                 f"images are {tuple(images.shape[-2:])} but the tokenizer expects {self.image_size}; "
                 "load them with tokenizer.images.load_images, which resizes and crops"
             )
-        codes = [
-            self.tokenizer.encode(images[i : i + self.decode_batch_size].to(self.device)).cpu()
-            for i in range(0, len(images), self.decode_batch_size)
-        ]
+        with self._tokenizer_lock:
+            codes = [
+                self.tokenizer.encode(images[i : i + self.decode_batch_size].to(self.device)).cpu()
+                for i in range(0, len(images), self.decode_batch_size)
+            ]
         return torch.cat(codes).numpy().astype(np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[T, h, w]`` → uint8 frames ``[T, H, W, 3]``."""
-        return codes_to_frames(self.tokenizer, codes, batch_size=self.decode_batch_size)
+        with self._tokenizer_lock:
+            return codes_to_frames(self.tokenizer, codes, batch_size=self.decode_batch_size)
 
     def generate(
         self,
