@@ -123,6 +123,7 @@ class StreamingEngine:
                         self._next_frame(state, active)
         finally:
             self.stop()
+            self._preparer.join(timeout=30)  # a sample being prepared records nothing after the run has returned
             if active:
                 backend.cancel([state for _, state, _ in active.values()])
                 for _, state, _ in active.values():
