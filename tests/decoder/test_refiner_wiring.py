@@ -12,30 +12,20 @@ from pathlib import Path
 import imageio.v3 as iio
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip install '.[refiner]')")
 
 from decoder.refiner import TINY, load_refiner  # noqa: E402
-from decoder.refiner.model import VideoRefiner  # noqa: E402
 from terra.batch import BatchConfig, check_config, run_batch  # noqa: E402
 from terra.errors import TerraInputError  # noqa: E402
 from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
 from terra.refiner import check_decoding  # noqa: E402
 from tests.batch.test_batch import NUM_CONTEXT, actbench_line, demo_pipeline, scenes  # noqa: E402,F401 (fixtures)
-from tests.decoder.test_refiner import tiny_tokenizer  # noqa: E402
+from tests.decoder.test_refiner import tiny_file, tiny_tokenizer  # noqa: E402,F401 (fixtures)
 from tests.test_cli import TERRA_GENERATE, terra_generate  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny_file(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("refiner") / "refiner_model.pt"
-    VideoRefiner(TINY).save_published(path)
-    return path
 
 
 def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
