@@ -1,10 +1,11 @@
 """The Ray actor of ``executor=ray``: one pipeline and its engine, kept full by samples streaming in.
 
-The driver (terra/batch/ray_executor.py) wraps :class:`RolloutActor` with ``ray.remote`` and calls
-:meth:`RolloutActor.run` once per sample, keeping a few more calls outstanding than the engine runs at once;
-each call returns the sample's manifest record when its files are written. The calls wait on an asyncio loop
-while :class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on
-one engine. The actor never raises from its constructor: a start-up failure (a missing vLLM plugin, a model that
+The driver (terra/batch/ray_executor.py) wraps :class:`RolloutActor` with ``ray.remote`` and makes two calls
+per sample: :meth:`RolloutActor.run` returns once the sample's rollout has left the engine (its slot is free, so
+the driver sends the next sample while this one is still being written), :meth:`RolloutActor.record` once its
+files are written, with its manifest record. The calls wait on an asyncio loop while
+:class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on one
+engine. The actor never raises from its constructor: a start-up failure (a missing vLLM plugin, a model that
 does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print. An engine loop that
 fails later ends the actor's process, so that Ray restarts it.
 """
@@ -52,7 +53,8 @@ class RolloutActor:
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
         self.device = "cuda" if self.gpus else ("cpu" if config.device == "auto" else config.device)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiting: dict[int, asyncio.Future] = {}  # sample index -> the call waiting for its record
+        self._generated: dict[int, asyncio.Future] = {}  # sample index -> resolved when its rollout left the engine
+        self._records: dict[int, asyncio.Future] = {}  # sample index -> resolved with its manifest record
         self._lock = threading.Lock()
         try:
             self._start(config, model_config, longest)
@@ -70,7 +72,8 @@ class RolloutActor:
         set_threads(config)
         self.pipeline = build_pipeline(config, device=self.device, model_config=model_config)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
-        self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent)
+        self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,
+                                      on_generated=self._left_engine)
         threading.Thread(target=self._drive, name="terra-batch-engine", daemon=True).start()
 
     def _drive(self) -> None:
@@ -89,20 +92,48 @@ class RolloutActor:
                 "max_concurrent": self.max_concurrent, "depth": self.max_concurrent + prefetch(self.max_concurrent),
                 "error": self.error}
 
-    async def run(self, item: Item) -> dict:
-        """Generate, decode and write ``item``; its manifest record once its files are written."""
+    async def run(self, item: Item) -> int:
+        """Queue ``item``; return its index once its rollout has left the engine (generated, or failed before)."""
         if self.error is not None:
             raise RuntimeError(f"the actor could not start: {self.error}")
         self._loop = asyncio.get_running_loop()
-        future = self._loop.create_future()
+        index = item.sample.index
+        generated, record = self._loop.create_future(), self._loop.create_future()
         with self._lock:
-            self._waiting[item.sample.index] = future
+            self._generated[index], self._records[index] = generated, record
         self.engine.put(item)
-        return await future
+        await generated
+        return index
+
+    async def record(self, index: int) -> dict | None:
+        """The manifest record of the sample ``index`` (a :meth:`run` call returned it), once its files are
+        written; None when this actor does not hold it (it restarted since, and the sample is lost)."""
+        with self._lock:
+            record = self._records.get(index)
+        if record is None:
+            return None
+        try:
+            return await record
+        finally:
+            with self._lock:
+                self._records.pop(index, None)
+
+    def _left_engine(self, item: Item) -> None:
+        """The engine handed ``item``'s rollout to the writers: its :meth:`run` call returns."""
+        with self._lock:
+            future = self._generated.pop(item.sample.index, None)
+        self._resolve(future, None)
 
     def _emit(self, record: dict) -> None:
-        """A record from the engine or a writer thread: hand it to the call waiting for it."""
+        """A record from the engine or a writer thread: the sample's :meth:`record` call returns it (and its
+        :meth:`run` call, when the sample failed before leaving the engine)."""
         with self._lock:
-            future = self._waiting.pop(record["index"], None)
+            generated = self._generated.pop(record["index"], None)
+            future = self._records.get(record["index"])
+        self._resolve(generated, None)
+        self._resolve(future, record)
+
+    def _resolve(self, future: asyncio.Future | None, value: object) -> None:
+        """Set ``future``'s result on the actor's event loop (from any thread)."""
         if future is not None:
-            self._loop.call_soon_threadsafe(future.set_result, record)
+            self._loop.call_soon_threadsafe(lambda: future.done() or future.set_result(value))

@@ -2,8 +2,9 @@
 ``tensor_parallel_size`` GPUs (on a cluster without GPUs, ``ray.num_actors`` CPU actors).
 
 The driver joins the cluster at ``ray.address`` (or starts a local one for the run), starts the actors and
-streams samples to them: each actor has a few more samples outstanding than its engine runs at once, and gets the
-next one the moment it returns a record, so a faster actor takes more. Only the driver writes the manifest, from
+streams samples to them: each actor holds a few more samples not yet generated than its engine runs at once, and
+gets the next one the moment a rollout leaves its engine (while that one is still being written), so a faster
+actor takes more. Only the driver writes the manifest, from
 the records the actors return: with the plan's resume and skip-if-complete, every sample is recorded exactly
 once. An actor that dies is restarted by Ray (``ray.max_restarts``); its unfinished samples go back to the queue
 for any live actor, at most ``ray.max_retries`` more times each, then they are recorded as failed with the
@@ -134,14 +135,22 @@ class RayExecutor:
 
 
 class _Dispatcher:
-    """The driver's loop: samples out to the actors as they have room, records back, deaths retried."""
+    """The driver's loop: samples out to the actors as their engines have room, records back, deaths retried.
+
+    Each sample takes two calls (terra/batch/ray_actor.py): ``run`` returns when its rollout has left the engine,
+    ``record`` when its files are written. An actor's room counts only samples not yet generated, so writing never
+    holds an engine slot. While an actor is still starting, the others take no more than their engines run at once
+    (no read-ahead), so the late one still gets its share of a short run.
+    """
 
     def __init__(self, ray: Any, actors: list, settings: RaySettings, emit: Callable[[dict], None]) -> None:
         self.ray, self.actors, self.settings, self.emit = ray, actors, settings, emit
         self.infos: list[dict | None] = [None] * len(actors)  # from info(); None until the actor is up
         self.usable: set[int] = set()  # actors taking samples
-        self.load = [0] * len(actors)  # samples outstanding per actor
+        self.starting = set(range(len(actors)))  # actors whose first info() has not answered yet
+        self.load = [0] * len(actors)  # samples given to each actor and not yet generated
         self.calls: dict[Any, tuple[Item, int]] = {}  # run() call → its item and actor
+        self.records: dict[Any, tuple[Item, int]] = {}  # record() call → its item and actor
         self.pings: dict[Any, tuple[int, bool]] = {}  # info() call → its actor, and whether it is the first start
         self.attempts: dict[int, int] = {}  # sample index → runs that ended with the actor's death
         self.last_death = ""
@@ -151,27 +160,35 @@ class _Dispatcher:
         for a, actor in enumerate(self.actors):
             self.pings[actor.info.remote()] = (a, True)
         started, noticed = time.monotonic(), False
-        while queue or self.calls:
+        while queue or self.calls or self.records:
             self._hand_out(queue)
-            if not (self.usable or self.pings or self.calls):  # every actor is gone for good
+            if not (self.usable or self.pings or self.calls or self.records):  # every actor is gone for good
                 for item in queue:
                     self._fail(item, f"no Ray actor left to run it; the last one died: {self.last_death}")
                 return
-            ready, _ = self.ray.wait([*self.calls, *self.pings], num_returns=1, timeout=1.0)
+            ready, _ = self.ray.wait([*self.calls, *self.records, *self.pings], num_returns=1, timeout=1.0)
             for ref in ready:
                 if ref in self.pings:
                     self._actor_up(ref, *self.pings.pop(ref))
+                elif ref in self.calls:
+                    self._generated(ref, queue)
                 else:
-                    self._returned(ref, queue)
+                    self._written(ref, queue)
             if not noticed and not any(self.infos) and time.monotonic() - started > WAIT_NOTICE_S:
                 noticed = True
                 tqdm.write(f"rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or the "
                            "cluster lacks free resources: `ray status` shows them)", file=sys.stderr)
 
+    def _room(self, a: int) -> int:
+        """Samples actor ``a`` may hold before they are generated: its engine's rollouts, plus read-ahead once every
+        actor has started."""
+        info = self.infos[a]
+        return info["max_concurrent"] if self.starting else info["depth"]
+
     def _hand_out(self, queue: deque) -> None:
         """Give queued samples to the usable actors with room, least loaded first, one at a time."""
         while queue:
-            room = [a for a in self.usable if self.load[a] < self.infos[a]["depth"]]
+            room = [a for a in self.usable if self.load[a] < self._room(a)]
             if not room:
                 return
             a = min(room, key=lambda k: self.load[k])
@@ -198,31 +215,51 @@ class _Dispatcher:
             return
         self.infos[a] = info
         self.usable.add(a)
+        self.starting.discard(a)
         where = f"GPU {','.join(info['gpus'])}" if info["gpus"] else "CPU"
         tqdm.write(f"rollout: Ray actor {a} on {info['node']} ({where}) {'started' if first else 'is back'}: "
                    f"{info['max_concurrent']} rollouts at once", file=sys.stderr)
 
-    def _returned(self, ref: Any, queue: deque) -> None:
-        """A run() call ended: emit its record, or retry its sample when the actor died."""
+    def _generated(self, ref: Any, queue: deque) -> None:
+        """A run() call ended: the sample left its actor's engine; ask for its record (or retry on a death)."""
         item, a = self.calls.pop(ref)
         self.load[a] -= 1
-        info = self.infos[a]
-        try:
-            record = self.ray.get(ref)
-        except self.ray.exceptions.RayActorError as err:  # died, or unreachable (ActorUnavailableError)
-            self._actor_lost(a, err)
-            tries = self.attempts[item.sample.index] = self.attempts.get(item.sample.index, 0) + 1
-            if tries > self.settings.max_retries:
-                self._fail(item, f"its Ray actor died {tries} times while running it: {_cause(err)}")
-            else:
-                queue.appendleft(item)
+        if self._answer(ref, item, a, queue) is not None:
+            self.records[self.actors[a].record.remote(item.sample.index)] = (item, a)
+
+    def _written(self, ref: Any, queue: deque) -> None:
+        """A record() call ended: emit the sample's record (or retry when its actor died or restarted meanwhile)."""
+        item, a = self.records.pop(ref)
+        answer = self._answer(ref, item, a, queue)
+        if answer is None:
             return
-        except self.ray.exceptions.RayTaskError as err:  # the actor's own error, not a death: no retry
-            self._fail(item, f"Ray actor {a}: {_cause(err)}")
+        record = answer[0]
+        if record is None:  # the actor restarted after generating it: the rollout went with the old process
+            self._retry(item, queue, "it restarted before writing the sample")
             return
         tries = self.attempts.get(item.sample.index, 0)
-        self.emit({**record, "actor": a, "node": info["node"], "gpus": ",".join(info["gpus"]) or "cpu",
-                   **({"attempts": tries + 1} if tries else {})})
+        self.emit({**record, "actor": a, "node": self.infos[a]["node"], "gpus": ",".join(self.infos[a]["gpus"]) or
+                   "cpu", **({"attempts": tries + 1} if tries else {})})
+
+    def _answer(self, ref: Any, item: Item, a: int, queue: deque) -> tuple[Any] | None:
+        """``(value,)`` of a finished call; None after handling its failure: a dead actor's sample is retried, the
+        actor's own error fails the sample."""
+        try:
+            return (self.ray.get(ref),)
+        except self.ray.exceptions.RayActorError as err:  # died, or unreachable (ActorUnavailableError)
+            self._actor_lost(a, err)
+            self._retry(item, queue, _cause(err))
+        except self.ray.exceptions.RayTaskError as err:  # the actor's own error, not a death: no retry
+            self._fail(item, f"Ray actor {a}: {_cause(err)}")
+        return None
+
+    def _retry(self, item: Item, queue: deque, cause: str) -> None:
+        """Queue ``item`` again after its actor lost it, unless it has used up ``ray.max_retries``."""
+        tries = self.attempts[item.sample.index] = self.attempts.get(item.sample.index, 0) + 1
+        if tries > self.settings.max_retries:
+            self._fail(item, f"its Ray actor died {tries} times while running it: {cause}")
+        else:
+            queue.appendleft(item)
 
     def _actor_lost(self, a: int, err: Exception) -> None:
         """Stop handing ``a`` samples until Ray has restarted it (an info() call answers then)."""

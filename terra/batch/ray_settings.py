@@ -12,6 +12,9 @@ from typing import Any, Mapping
 from terra.errors import TerraInputError, check_number, check_whole_number
 
 EXECUTORS = ("local", "ray")
+MAX_ACTORS = 100_000  # far beyond any cluster: a typo such as 10000000 is refused, not waited for
+MAX_RESTARTS = 1000
+MAX_RETRIES = 100
 # The settings that replaced the per-GPU worker processes (num_gpus, gpus), for the message that says so.
 REMOVED = ("executor=ray runs one engine per GPU (or per tensor_parallel_size GPUs) as Ray actors, on a local "
            "Ray cluster when ray.address is unset; ray.num_actors=N caps the engines and CUDA_VISIBLE_DEVICES "
@@ -45,11 +48,13 @@ class RaySettings:
                                   "to start a local Ray cluster for the run")
         num_actors = values.get("num_actors")
         if num_actors is not None:
-            check_whole_number(num_actors, "ray.num_actors", 1, "ray.num_actors=2")
+            check_whole_number(num_actors, "ray.num_actors", 1, "ray.num_actors=2", MAX_ACTORS)
         cpus = check_number(values.get("cpus_per_actor", 1.0), "ray.cpus_per_actor", 0, 1024,
                             "ray.cpus_per_actor=1", low_open=True)
-        restarts = check_whole_number(values.get("max_restarts", 3), "ray.max_restarts", 0, "ray.max_restarts=3")
-        retries = check_whole_number(values.get("max_retries", 2), "ray.max_retries", 0, "ray.max_retries=2")
+        restarts = check_whole_number(values.get("max_restarts", 3), "ray.max_restarts", 0, "ray.max_restarts=3",
+                                      MAX_RESTARTS)
+        retries = check_whole_number(values.get("max_retries", 2), "ray.max_retries", 0, "ray.max_retries=2",
+                                     MAX_RETRIES)
         log_to_driver = values.get("log_to_driver", False)
         if not isinstance(log_to_driver, bool):
             raise TerraInputError(f"ray.log_to_driver must be true or false (got {log_to_driver!r})")

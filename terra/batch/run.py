@@ -4,6 +4,7 @@ actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progr
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ class BatchResult:
     manifest: Path
     summary: Path
     seconds: float
+    interrupted_by: int | None = None  # the signal that stopped the run (Ctrl-C: SIGINT), if one did
 
     @property
     def counts(self) -> dict[str, int]:
@@ -43,7 +45,10 @@ class BatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every sample succeeded (or was already complete), 1 when some failed."""
+        """0 when every sample succeeded (or was already complete), 1 when some failed, 128 + the signal's number
+        when a signal stopped the run (130 for Ctrl-C, 143 for SIGTERM: what the command exits with)."""
+        if self.interrupted_by is not None:
+            return 128 + self.interrupted_by
         return 1 if self.counts["failed"] else 0
 
     @property
@@ -112,6 +117,7 @@ def _run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None, sample
         bar.update(1)
 
     manifest.on_record = on_record
+    interrupted_by = None
     try:
         if the_plan.to_run:
             set_threads(config)
@@ -126,6 +132,9 @@ def _run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None, sample
                 finally:
                     if own:
                         pipeline.close()
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as terra/hydra_app.py's Interrupted (it has signum)
+        interrupted_by = int(getattr(err, "signum", signal.SIGINT))
+        raise
     finally:
         if executor is not None:
             executor.close()
@@ -133,7 +142,7 @@ def _run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None, sample
         manifest.close()
         remove_stale_temporaries(the_plan.items)  # of writes cut short (an interrupt, a killed worker)
         seconds = time.perf_counter() - started
-        result = BatchResult(manifest.records, config.manifest_path, config.summary_path, seconds)
+        result = BatchResult(manifest.records, config.manifest_path, config.summary_path, seconds, interrupted_by)
         _write_summary(config, result, the_plan)
     return result
 
@@ -161,6 +170,7 @@ def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan
         "mean_seconds_per_ok_sample": round(sum(r["seconds"] for r in ran) / len(ran), 3) if ran else None,
         "shard_index": config.shard_index, "num_shards": config.num_shards, "replaced_stale": the_plan.stale,
         "manifest": result.manifest.name, "exit_code": result.exit_code, "executor": config.executor,
+        **({"interrupted_by": signal.Signals(result.interrupted_by).name} if result.interrupted_by else {}),
         **({"actors": result.per_actor} if config.executor == "ray" else {}),
     }
     write_text(result.summary, json.dumps(summary, indent=2) + "\n")

@@ -34,15 +34,17 @@ def prefetch(max_concurrent: int) -> int:
 
 class StreamingEngine:
     """Runs samples on one pipeline, at most ``max_concurrent`` rollouts in flight; ``emit`` gets one manifest
-    record per sample (from the engine or a writer thread).
+    record per sample (from the engine or a writer thread), ``on_generated`` (if given) each sample whose rollout
+    left the engine for the writers: its slot is free before its files are written.
 
     :meth:`put` feeds samples (any thread), :meth:`end` says no more will come, :meth:`run` drives the engine
     on the calling thread until every sample is recorded (or :meth:`stop` is called).
     """
 
     def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
-                 max_concurrent: int) -> None:
+                 max_concurrent: int, on_generated: Callable[[Item], None] | None = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
+        self.on_generated = on_generated
         self.max_concurrent = max_concurrent
         self.sampling = SamplingConfig(**config.sampling)
         self._inbox: queue.Queue = queue.Queue()
@@ -119,6 +121,8 @@ class StreamingEngine:
                         del active[id(state)]
                         backend.release(state)
                         writer.submit(prepared, state.generated(), time.perf_counter() - admitted)
+                        if self.on_generated is not None:
+                            self.on_generated(prepared.item)
                     else:
                         self._next_frame(state, active)
         finally:

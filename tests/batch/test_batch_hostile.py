@@ -352,6 +352,9 @@ def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_re
     for sample_id in done:
         assert len(list((out / f"{sample_id}_frames").glob("frame_*.png"))) == TOTAL
     assert not [p for p in out.rglob("*") if TEMP_NAME.match(p.name) or p.name.endswith(".tmp")]
+    summary = json.loads((out / "manifest.summary.json").read_text())
+    assert summary["exit_code"] == 128 + signum and summary["interrupted_by"] == signal.Signals(signum).name
+    assert summary["counts"]["ok"] == len(records)
 
     rerun = subprocess.run(args, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -359,6 +362,8 @@ def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_re
     assert sorted(r["sample_id"] for r in final) == sorted(f"s{i}" for i in range(count))
     assert {r["sample_id"] for r in final if r["status"] == "skipped"} == done
     assert {r["status"] for r in final} == {"ok", "skipped"}
+    summary = json.loads((out / "manifest.summary.json").read_text())
+    assert summary["exit_code"] == 0 and "interrupted_by" not in summary
 
 
 # ---------------------------------------------------------------------------------------------- the manifest
