@@ -50,9 +50,10 @@ def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
             f"tokenizer grid {h}x{w} = {h * w} tokens per frame but the world model expects {patches}; "
             "pair the world model with the tokenizer it was trained with"
         )
-    if tokenizer.codebook_size > codebook:
+    if tokenizer.codebook_size != codebook:  # smaller: generated codes beyond it could not be decoded
+        relation = "larger" if tokenizer.codebook_size > codebook else "smaller"
         raise TerraInputError(
-            f"tokenizer codebook ({tokenizer.codebook_size} codes) is larger than the world model's image "
+            f"tokenizer codebook ({tokenizer.codebook_size} codes) is {relation} than the world model's image "
             f"codebook ({codebook}); pair the world model with the tokenizer it was trained with"
         )
 

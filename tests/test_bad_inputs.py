@@ -112,6 +112,9 @@ def bad(tmp_path_factory) -> SimpleNamespace:
     config["quantizer_config"].update(codebook_size=2048, dim=11)
     torch.manual_seed(0)
     ns.tok_codebook = LFQTokenizer(config).save_pretrained(root / "tok_codebook_2048")
+    config["encoder_decoder_config"]["z_channels"] = 9
+    config["quantizer_config"].update(codebook_size=512, dim=9)
+    ns.tok_small_codebook = LFQTokenizer(config).save_pretrained(root / "tok_codebook_512")
     # world models
     ns.wm_missing = root / "no_world_model"
     ns.wm_truncated = _truncated_copy(DEMO / "world_model", root / "wm_truncated")
@@ -211,6 +214,10 @@ API_CASES = {
     # tokenizer / world-model pairs (terra.pipeline.check_compatible)
     "pair_codebook_mismatch": (lambda b, t, p: _from_pretrained(DEMO / "world_model", b.tok_codebook), "codebook",
                                None),
+    # a smaller codebook cannot decode every code the world model samples
+    "pair_codebook_smaller": (lambda b, t, p: _from_pretrained(DEMO / "world_model", b.tok_small_codebook),
+                              "tokenizer codebook (512 codes) is smaller than the world model's image codebook (1024)",
+                              None),
     "pair_grid_mismatch": (lambda b, t, p: _from_pretrained(DEMO / "world_model", b.tok_grid), "tokens per frame",
                            None),
     # pipeline.encode / generate, sampling
