@@ -221,7 +221,7 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
         (dict(max_concurrent="all"), "max_concurrent must be a whole number"),
         (dict(executor="dask"), "unknown executor 'dask'; choose one of: local, ray"),
         (dict(executor="ray", ray={"num_actor": 2}), "unknown ray setting(s) ['num_actor']"),
-        (dict(executor="ray", ray={"max_retries": -1}), "ray.max_retries must be a whole number of at least 0"),
+        (dict(executor="ray", ray={"max_retries": -1}), "ray.max_retries must be a whole number from 0 to 100"),
         (dict(executor="ray", ray={"cpus_per_actor": 0}), "ray.cpus_per_actor must be a number above 0"),
         (dict(executor="ray", ray={"runtime_env": "env.yaml"}), "ray.runtime_env must be a mapping"),
         (dict(executor="ray", ray={"log_to_driver": "yes"}), "ray.log_to_driver must be true or false"),
