@@ -237,9 +237,9 @@ class _Dispatcher:
         if record is None:  # the actor restarted after generating it: the rollout went with the old process
             self._retry(item, queue, "it restarted before writing the sample")
             return
-        tries = self.attempts.get(item.sample.index, 0)
-        self.emit({**record, "actor": a, "node": self.infos[a]["node"], "gpus": ",".join(self.infos[a]["gpus"]) or
-                   "cpu", **({"attempts": tries + 1} if tries else {})})
+        tries, info = self.attempts.get(item.sample.index, 0), self.infos[a]
+        self.emit({**record, "actor": a, "node": info["node"], "gpus": ",".join(info["gpus"]) or "cpu",
+                   **({"attempts": tries + 1} if tries else {})})
 
     def _answer(self, ref: Any, item: Item, a: int, queue: deque) -> tuple[Any] | None:
         """``(value,)`` of a finished call; None after handling its failure: a dead actor's sample is retried, the

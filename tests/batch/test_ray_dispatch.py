@@ -107,6 +107,11 @@ def first_of(kind: str, refs: list[Ref], actor: int | None = None) -> Ref | None
     return next((r for r in refs if r.kind == kind and (actor is None or r.actor == actor)), None)
 
 
+def any_ready(refs: list[Ref], step: int) -> Ref:
+    """Answers in the order a fast actor gives them: starts first, then generations, then records."""
+    return first_of("info", refs) or first_of("run", refs) or first_of("record", refs)
+
+
 def test_an_actor_still_starting_keeps_its_share_of_a_short_run():
     # Actor 0 is up first; actor 1 answers a step later. 8 samples, 4 rollouts per engine, read-ahead of 1.
     seen: dict[int, dict[int, int]] = {}
@@ -145,10 +150,6 @@ def test_a_generated_sample_frees_its_slot_before_its_record_arrives():
     assert [name for name, *_ in ray.calls].count("record") == 6
     assert sorted(r["index"] for r in records) == list(range(6))
     assert all("attempts" not in r for r in records)
-
-
-def any_ready(refs: list[Ref], step: int) -> Ref:
-    return first_of("info", refs) or first_of("run", refs) or first_of("record", refs)
 
 
 def test_a_sample_lost_between_generation_and_record_runs_again():
