@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +25,18 @@ def load_script(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
     spec.loader.exec_module(module)
     return module
+
+
+def spawn_interruptible(args: list[str], **kwargs) -> subprocess.Popen:
+    """``Popen`` whose child starts with SIGINT at its default, also when this test run itself ignores SIGINT
+    (started in the background by a non-interactive shell: ``nohup make test &``), so interrupt tests test the
+    program, not the caller's shell. exec resets handled signals to the default but keeps ignored ones ignored,
+    so SIGINT is handled here while the child starts."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="module")

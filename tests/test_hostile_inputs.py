@@ -39,6 +39,7 @@ from terra.inputs import trajectory_actions
 from terra.models.checkpoint import read_world_model_config
 from terra.trajectory import EgoTrajectory
 from terra.validation import check_backend, check_context_paths, check_device, check_output_dir
+from tests.conftest import spawn_interruptible
 from tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,8 +325,9 @@ def test_full_disk_is_one_line_and_keeps_the_users_empty_folder(fmt, tmp_path):
 def test_interrupt_while_generating_stops_with_one_line_and_no_files(signum, tmp_path):
     out, cwd = tmp_path / "out", tmp_path / "cwd"
     cwd.mkdir()
-    proc = subprocess.Popen([str(TERRA_GENERATE), "backend=hf", "device=cpu", "num_frames=200", f"output.dir={out}"],
-                            cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn_interruptible([str(TERRA_GENERATE), "backend=hf", "device=cpu", "num_frames=200",
+                                f"output.dir={out}"], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
         started = proc.stdout.readline()  # printed (and flushed) just before the first frame is generated
         assert started.startswith("terra-generate: generating 200 frames"), (started, proc.stderr.read())

@@ -11,7 +11,12 @@ REST (JSON; with ``serve.token`` set, every route but ``/``, ``/static`` and ``/
 * ``WS /sessions/{id}/ws``: terra/serve/sockets.py. Browsers pass the token as the subprotocol
   ``bearer.<token>`` next to ``terra``.
 
-Errors are ``{"error": "one line"}``: 400 bad input, 401 token, 404 no session, 413 too large, 429 a limit.
+Before any route, terra/serve/guard.py refuses requests from other web pages (Host, Origin and Content-Type
+checks; ``serve.allowed_hosts``, ``serve.allowed_origins``); ``serve.cors=true`` adds CORS headers for the allowed
+origins.
+
+Errors are ``{"error": "one line"}``: 400 bad input or a Host not served, 401 token, 403 another page's origin,
+404 no session, 413 too large, 415 not JSON, 429 a limit.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from typing import Any, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from terra.errors import TerraInputError
+from terra.serve.guard import RequestGuard
 from terra.serve.media import VIDEO_FORMATS, video_bytes
 from terra.serve.service import LimitError, NotFoundError, SessionService
 from terra.serve.sockets import SocketConnection, parse_json
@@ -62,6 +69,10 @@ def create_app(service: SessionService) -> FastAPI:
         await service.shutdown()
 
     app = FastAPI(title="terra-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if settings.cors:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(RequestGuard, settings=settings)  # added last, so it runs first
 
     def authorized(header: str | None, offered: Sequence[str] = ()) -> bool:
         if settings.token is None:

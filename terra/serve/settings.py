@@ -7,12 +7,14 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from terra.errors import TerraInputError, check_whole_number
 
 IMAGE_FORMATS = ("jpeg", "png")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+-]{8,256}")  # sent as a WebSocket subprotocol, so token characters only
+HOST_NAME = re.compile(r"[a-z0-9_.-]+|[0-9a-f:.]+")  # a DNS name or an IPv4 address; or an IPv6 one (brackets dropped)
 
 
 def is_loopback(host: str) -> bool:
@@ -23,6 +25,42 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """``name[:port]`` or ``[v6]:port`` → (lower-case name, v6 in brackets; port or None); None when malformed."""
+    try:
+        parts = urlsplit(f"//{value}")
+        name, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not name or not HOST_NAME.fullmatch(name) or parts.path or parts.query or parts.fragment \
+            or parts.username is not None:
+        return None
+    return (f"[{name}]" if ":" in name else name), port
+
+
+def web_origin(value: str) -> str | None:
+    """``scheme://host[:port]`` as browsers send it in ``Origin`` (lower case, no default port); None if not one."""
+    try:
+        parts = urlsplit(value.strip().lower())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query \
+            or parts.fragment or parts.username is not None:
+        return None
+    name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{name}" + (f":{port}" if port not in (None, default) else "")
+
+
+def _entries(value: Any, name: str, example: str) -> tuple[str, ...]:
+    """A setting that lists strings (one string is a list of one)."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) and v for v in values):
+        raise TerraInputError(f"serve.{name} must be a list of strings (got {value!r}); e.g. serve.{name}=[{example}]")
+    return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -43,6 +81,9 @@ class ServeSettings:
     image_format: str = "jpeg"
     jpeg_quality: int = 90
     log_level: str = "info"
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    cors: bool = False
 
     def __post_init__(self) -> None:
         for name, minimum in (("port", 0), ("max_sessions", 1), ("max_frames", 1), ("max_request_bytes", 1024),
@@ -71,6 +112,24 @@ class ServeSettings:
         if self.token is None and not is_loopback(self.host):
             raise TerraInputError(f"serve.host={self.host} is reachable beyond this machine, so a token is "
                                   "required: set serve.token=... or TERRA_SERVE_TOKEN, or bind serve.host=127.0.0.1")
+        hosts = _entries(self.allowed_hosts, "allowed_hosts", "terra.example.org")
+        for entry in hosts:
+            if split_host(entry) is None:
+                raise TerraInputError(f"serve.allowed_hosts: {entry!r} is not a host name, with or without a port; "
+                                      "e.g. terra.example.org or terra.example.org:8000")
+        origins = _entries(self.allowed_origins, "allowed_origins", "https://terra.example.org")
+        normalised = tuple(web_origin(entry) for entry in origins)
+        for entry, origin in zip(origins, normalised):
+            if origin is None:
+                raise TerraInputError(f"serve.allowed_origins: {entry!r} is not a web origin; give scheme://host"
+                                      "[:port] without a path, e.g. http://localhost:3000")
+        if not isinstance(self.cors, bool):
+            raise TerraInputError(f"serve.cors must be true or false (got {self.cors!r})")
+        if self.cors and not normalised:
+            raise TerraInputError("serve.cors=true sends CORS headers to serve.allowed_origins, which is empty; "
+                                  "list the pages' origins, e.g. serve.allowed_origins=[http://localhost:3000]")
+        object.__setattr__(self, "allowed_hosts", hosts)
+        object.__setattr__(self, "allowed_origins", normalised)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "ServeSettings":

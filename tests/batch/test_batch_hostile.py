@@ -35,6 +35,7 @@ from terra.errors import TerraInputError
 from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
     NUM_CONTEXT, TEMP_NAME, TOTAL, actbench_line, scenes, terra_line,
 )
+from tests.conftest import spawn_interruptible
 from tests.test_hostile_inputs import png_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -333,7 +334,8 @@ def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_re
     manifest = out / "manifest.jsonl"
     args = [sys.executable, str(SCRIPT), *fast_args(), f"samples={samples}", f"image_root={hostile.root}",
             f"output.dir={out}", "max_concurrent=1", "output.formats=[mp4,png]"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn_interruptible(args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
         wait_for(lambda: ok_records(manifest), proc, "a finished sample")
         proc.send_signal(signum)

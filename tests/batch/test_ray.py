@@ -24,7 +24,7 @@ import ray
 
 from terra.batch import BatchConfig, read_manifest, run_batch
 from terra.errors import TerraInputError
-from tests.conftest import load_script
+from tests.conftest import load_script, spawn_interruptible
 from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
     NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
 )
@@ -240,8 +240,8 @@ def test_ctrl_c_stops_the_actors_on_the_cluster(tmp_path, scenes, ray_cluster):
     out = tmp_path / "out"
     args = script_args(samples, out, scenes, "executor=ray", "ray.num_actors=2", "max_concurrent=1",
                        f"ray.address={ray_cluster}")
-    proc = subprocess.Popen(args, cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = spawn_interruptible(args, cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
         wait_for_first_ok(out / "manifest.jsonl", proc)
         assert [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]

@@ -330,3 +330,20 @@ def test_hf_backend_rejects_bad_requests():
         backend.generate([RolloutRequest(np.zeros((1, 4, 4)), actions, 2)], SamplingConfig(), progress=False)
     with pytest.raises(TerraInputError, match="needs actions for 12"):
         backend.generate([RolloutRequest(np.zeros((2, P)), actions, 11)], SamplingConfig(), progress=False)
+
+
+def test_auto_classes_register_on_import_terra_models_as_documented():
+    """MODEL_CARD.md: the Auto classes load the demo world model after ``import terra.models``, not ``import terra``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import terra
+
+    folder = Path(terra.__file__).parent / "assets" / "demo" / "world_model"
+    probe = (f"import terra; from transformers import AutoModelForCausalLM as A; folder = {str(folder)!r}\n"
+             "try:\n    A.from_pretrained(folder); print('loaded without terra.models')\n"
+             "except ValueError:\n    print('unknown before')\n"
+             "import terra.models; print(type(A.from_pretrained(folder)).__name__)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.stdout.splitlines() == ["unknown before", "LlamaActionForCausalLM"], result.stderr[-2000:]

@@ -16,6 +16,8 @@ from websockets.sync.client import connect
 
 from tests.serve.test_server import PROTOCOLS, STRAIGHT, open_socket, receive_frame
 
+JSON = {"Content-Type": "application/json"}  # raw bodies below say what they are (others get 415: test_guard.py)
+
 
 @pytest.fixture
 def session_id(client) -> str:
@@ -52,7 +54,7 @@ def still_serving(client, sid: str) -> None:
     (b"\xff\xfe{}", 400, "malformed JSON"),
 ])
 def test_bad_steps_are_400_with_one_line(client, session_id, body, status, message):
-    response = client.post(f"/sessions/{session_id}/step", content=body)
+    response = client.post(f"/sessions/{session_id}/step", content=body, headers=JSON)
     assert message in error_of(response, status)
 
 
@@ -76,14 +78,14 @@ def test_bad_session_specs_are_400(client, spec, message):
 
 def test_huge_uploads_are_413_and_image_bombs_400(client, session_id):
     big = b'{"context": {"images": ["' + b"A" * 2_100_000 + b'"]}}'
-    assert "max_request_bytes" in error_of(client.post("/sessions", content=big), 413)
+    assert "max_request_bytes" in error_of(client.post("/sessions", content=big, headers=JSON), 413)
 
     def chunks():  # no Content-Length: the server counts while reading
         yield b'{"context": {"images": ["'
         for _ in range(30):
             yield b"A" * 100_000
 
-    assert "max_request_bytes" in error_of(client.post("/sessions", content=chunks()), 413)
+    assert "max_request_bytes" in error_of(client.post("/sessions", content=chunks(), headers=JSON), 413)
     buffer = io.BytesIO()
     Image.new("L", (5000, 5000)).save(buffer, format="PNG")  # 25 Mpx, a few kB compressed
     bomb = base64.b64encode(buffer.getvalue()).decode()

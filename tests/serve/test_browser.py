@@ -1,6 +1,7 @@
 """The page at ``/`` in a real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``, which
 ``make install`` installs) opens it, starts a session on the built-in context, drives with the arrow keys and
-sees frames arrive and change. The screenshot is saved as ``page.png`` in the test's tmp folder."""
+sees frames arrive and change, then narrows the window to a phone's 400 px, where nothing may scroll sideways. The
+screenshots are saved as ``page.png`` and ``page-400px.png`` in the test's tmp folder."""
 
 from __future__ import annotations
 
@@ -67,3 +68,13 @@ def test_drive_the_page_with_arrow_keys(server, browser, tmp_path):
     screenshot = tmp_path / "page.png"
     assert browser.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+    browser.set_window_size(400, 900)
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return window.innerWidth") <= 400)
+    widths = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], f"the page scrolls sideways at 400 px: {widths}"
+    view = browser.find_element(By.ID, "view").rect
+    assert 0 <= view["x"] and view["x"] + view["width"] <= widths[1]  # the video shrinks to fit, whole
+    narrow = tmp_path / "page-400px.png"
+    assert browser.save_screenshot(str(narrow)) and narrow.stat().st_size > 5_000
+    print(f"screenshot: {narrow}")

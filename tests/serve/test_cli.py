@@ -25,6 +25,9 @@ from terra.serve.settings import ServeSettings, is_loopback
     (["+serve.colour=red"], "unknown setting 'serve.colour'"),
     (["serve.colour=red"], "unknown setting 'serve.colour'"),
     (["num_context=16"], "num_context=16 does not fit a window of 16 frames"),
+    (["serve.allowed_origins=[ftp://files.example]"], "'ftp://files.example' is not a web origin"),
+    (["serve.allowed_hosts=[terra.test/page]"], "'terra.test/page' is not a host name"),
+    (["serve.cors=true"], "serve.cors=true sends CORS headers to serve.allowed_origins, which is empty"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
     result = subprocess.run([str(SERVE), *overrides], cwd=tmp_path, env=ENV, capture_output=True, text=True,

@@ -1,0 +1,115 @@
+"""Which requests ``terra-serve`` answers at all: the checks that keep web pages from reaching a local server.
+
+Browsers let any page send requests to ``127.0.0.1``, so a server without a token (the loopback default) must
+tell its own page from another site's. Three checks run before any route, for HTTP and WebSocket alike:
+
+* **Host** (DNS rebinding: a site whose name re-resolves to 127.0.0.1 sends its own name as ``Host``): the name
+  must be ``localhost`` or the bound address on the server's port (any loopback address when bound to loopback,
+  any IP address when bound to all interfaces: a rebinding needs a name), or one of ``serve.allowed_hosts``
+  (``name`` on any port, ``name:port``). Anything else is 400.
+* **Origin** (cross-site WebSocket hijacking and request forgery): a WebSocket handshake or a POST/PUT/PATCH/DELETE
+  whose ``Origin`` is present and is neither the server's own origin (the scheme and ``Host`` of the request,
+  or ``http://localhost|127.0.0.1|[::1]:PORT`` when bound to loopback) nor one of ``serve.allowed_origins`` is
+  refused: 403 for HTTP, 403 before the upgrade for a WebSocket. Requests without ``Origin`` (curl, Python
+  clients) pass: no browser omits it on those requests.
+* **Content-Type**: a POST that names a content type other than ``application/json``, or sends a body without
+  one, is 415 (a form or ``text/plain`` POST is what a page may send without asking the server first).
+
+The bearer token (terra/serve/app.py) applies on top of these.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from typing import Awaitable, Callable
+
+from terra.serve.settings import ServeSettings, is_loopback, split_host, web_origin
+
+Scope = dict
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+class RequestGuard:
+    """ASGI middleware applying the Host, Origin and Content-Type checks of this module to every request."""
+
+    def __init__(self, app: ASGIApp, settings: ServeSettings) -> None:
+        self.app = app
+        bound = settings.host.lower()
+        self.bound = f"[{bound}]" if ":" in bound else bound
+        self.any_address = self.bound in ("0.0.0.0", "[::]")  # every interface: any IP literal reaches it
+        self.loopback = is_loopback(settings.host)
+        self.hosts = [split_host(entry) for entry in settings.allowed_hosts]
+        self.origins = set(settings.allowed_origins)  # normalised as browsers send them (terra/serve/settings.py)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        problem = self._problem(scope, headers)
+        if problem is None:
+            return await self.app(scope, receive, send)
+        status, message = problem
+        if scope["type"] == "websocket":  # closing before accepting: the server answers the handshake with 403
+            await receive()
+            return await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+        body = json.dumps({"error": message}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _problem(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
+        """(status, one line) for a request this server must not answer, else None."""
+        port = scope["server"][1] if scope.get("server") else None
+        host = headers.get("host", "")
+        if not self._host_allowed(host, port):
+            return 400, (f"Host {ascii(host[:100])} is not a name this server answers to; serving under a name? add it to "
+                         "serve.allowed_hosts")
+        origin = headers.get("origin")
+        websocket = scope["type"] == "websocket"
+        if origin is not None and (websocket or scope["method"] in STATE_CHANGING):
+            scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+            if not self._origin_allowed(web_origin(origin), web_origin(f"{scheme}://{host}"), port):
+                return 403, (f"requests from the web page at {ascii(origin[:100])} are refused; to let that page drive this "
+                             "server, add it to serve.allowed_origins")
+        if not websocket and scope["method"] == "POST":
+            kind = headers.get("content-type")
+            has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+            if (kind is not None or has_body) and (kind or "").split(";")[0].strip().lower() != "application/json":
+                return 415, (f"request bodies must be JSON; send Content-Type: application/json (got "
+                             f"{ascii(kind[:60]) if kind else 'none'})")
+        return None
+
+    def _host_allowed(self, host: str, port: int | None) -> bool:
+        parsed = split_host(host)
+        if parsed is None:
+            return False
+        name, given = parsed
+        for entry in self.hosts:  # serve.allowed_hosts: "name" on any port, "name:port" on that one
+            if entry[0] == name and entry[1] in (None, given):
+                return True
+        if given not in (None, port):
+            return False
+        if name in ("localhost", self.bound):
+            return True
+        return _is_ip(name) and (self.any_address or (self.loopback and is_loopback(name.strip("[]"))))
+
+    def _origin_allowed(self, origin: str | None, own: str | None, port: int | None) -> bool:
+        if origin is None:  # "null" (a sandboxed or file:// page) or malformed
+            return False
+        if origin in self.origins or origin == own:
+            return True
+        return self.loopback and origin in {f"http://{name}:{port}" for name in LOOPBACK_NAMES}
