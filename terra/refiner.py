@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from decoder.refiner.model import VideoRefiner
 
 DECODINGS = ("framewise", "refiner")
-SETTINGS = ("num_steps", "guidance", "decode_batch", "channels_last", "compile")  # RefinerConfig fields a run sets
+SETTINGS = ("num_steps", "guidance", "arithmetic", "decode_batch", "channels_last", "compile")  # RefinerConfig fields a run sets
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 The second decoding method of Terra's published generation (``--decoding_method video_refiner``): a Stable
 Video Diffusion network (via Vista) conditioned on the tokenizer's frames, 25 frames per pass, about 5 minutes
 per sample on an H100 in Terra's code. Built from diffusers' modules (``UNetSpatioTemporalConditionModel``,
-``AutoencoderKL``, ``AutoencoderKLTemporalDecoder``, ``EDMEulerScheduler``); this package adds what Terra does
-beyond them: the conditioning path, per-frame guidance, the names of ``refiner_model.pt`` and overlapping passes.
+``AutoencoderKL``, ``AutoencoderKLTemporalDecoder``); this package adds what Terra does beyond them: the
+conditioning path, the Euler sampler in Terra's dtypes, per-frame guidance, the names of ``refiner_model.pt`` and
+overlapping passes.
 
     from decoder.refiner import load_refiner
     refiner = load_refiner("Terra/video_refiner/refiner_model.pt", device="cuda")   # bf16 on a GPU

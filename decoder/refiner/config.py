@@ -7,7 +7,10 @@ Stable Video Diffusion network (via OpenDriveLab/Vista) at 384x640, 25 frames pe
 vector (three 256-wide sinusoidal embeddings); SD's autoencoder (ch 128, ch_mult [1, 2, 4, 4], 2 res blocks,
 4 latent channels) as the conditioning encoder, and SVD's temporal autoencoder, latent scale 0.18215.
 Sampling: EDM sigmas (0.002 .. 700, rho 7), 15 Euler steps, v-prediction with EDM noise conditioning,
-LinearPredictionGuider 1.5 → 3.0 over the 25 frames, fps_id 9, motion_bucket_id 127, cond_aug 0.
+LinearPredictionGuider 1.5 → 3.0 over the 25 frames, fps_id 9, motion_bucket_id 127, cond_aug 0; the sampler
+keeps its sigmas as bf16 tensors and runs inside ``torch.autocast("cuda")`` (the dtypes this gives each quantity:
+decoder/refiner/sampler.py). The temporal decoder (``VideoDecoder``) has two res blocks in its mid block at any
+``num_res_blocks``.
 
 Nothing here imports diffusers: the dictionaries below are the keyword arguments of its classes.
 """
@@ -21,6 +24,8 @@ from typing import Any
 from tokenizer.errors import InputError
 
 GUIDANCE_MODES = ("published", "zero_frames")
+ARITHMETIC_MODES = ("published", "float32")
+DECODER_MID_RES_BLOCKS = 2  # the temporal decoder's mid block, whatever vae_layers_per_block is
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class RefinerConfig:
     min_guidance: float = 1.5  # guidance scale of the first frame of a pass ...
     max_guidance: float = 3.0  # ... and of the last; linear in between
     guidance: str = "published"  # published | zero_frames (see decoder/refiner/sampler.py)
+    arithmetic: str = "published"  # published (Terra's dtypes) | float32 (see decoder/refiner/sampler.py)
     fps_id: int = 9
     motion_bucket_id: int = 127
     cond_aug: float = 0.0
@@ -92,6 +98,8 @@ class RefinerConfig:
                              f"{self.num_frames} frames of a pass; Terra uses 3")
         if self.guidance not in GUIDANCE_MODES:
             raise InputError(f"refiner.guidance {self.guidance!r} is unknown; choose one of {list(GUIDANCE_MODES)}")
+        if self.arithmetic not in ARITHMETIC_MODES:
+            raise InputError(f"refiner.arithmetic {self.arithmetic!r} is unknown; choose one of {list(ARITHMETIC_MODES)}")
         if not 0 < self.sigma_min < self.sigma_max:
             raise InputError(f"refiner sigmas need 0 < sigma_min < sigma_max (got {self.sigma_min}, {self.sigma_max})")
 

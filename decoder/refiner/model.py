@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from diffusers import AutoencoderKL, AutoencoderKLTemporalDecoder, UNetSpatioTemporalConditionModel
 from diffusers.models.embeddings import TimestepEmbedding
+from diffusers.models.unets.unet_3d_blocks import MidBlockTemporalDecoder
 from torch import nn
 
 from decoder.frames import images_to_uint8
 from decoder.refiner.checkpoint import match_tensors, read_state_dict
-from decoder.refiner.config import RefinerConfig
+from decoder.refiner.config import DECODER_MID_RES_BLOCKS, RefinerConfig
 from decoder.refiner.keys import WRAPPER_PREFIX, key_table, published_shape
 from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
 from decoder.refiner.sampler import sample_pass
@@ -55,6 +56,10 @@ class VideoRefiner(nn.Module):
         self.cond_encoder = AutoencoderKL(**config.encoder_kwargs())
         self.temporal_vae = AutoencoderKLTemporalDecoder(**config.temporal_vae_kwargs())
         self.temporal_vae.quant_conv = nn.Identity()  # the published first stage has no quant_conv
+        if config.vae_layers_per_block != DECODER_MID_RES_BLOCKS:  # diffusers sizes it by layers_per_block
+            channels = config.vae_channels[-1]
+            self.temporal_vae.decoder.mid_block = MidBlockTemporalDecoder(
+                channels, channels, attention_head_dim=channels, num_layers=DECODER_MID_RES_BLOCKS)
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod

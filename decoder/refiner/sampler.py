@@ -1,17 +1,38 @@
-"""One refinement pass: diffusers' EDM Euler scheduler over the spatio-temporal UNet, with Terra's conditioning.
+"""One refinement pass: Terra's Euler EDM sampler over the spatio-temporal UNet, with Terra's conditioning.
 
-Terra's sampler (Vista's ``EulerEDMSampler`` + ``Denoiser`` with ``VScalingWithEDMcNoise``) is diffusers'
-:class:`~diffusers.EDMEulerScheduler` with ``sigma_data=1``: c_in = 1/sqrt(s²+1), c_skip = 1/(s²+1),
-c_out = -s/sqrt(s²+1) (v-prediction), c_noise = log(s)/4, Karras/EDM sigmas, a final sigma of 0, no churn.
-Terra casts its sigmas to bf16 (``prepare_sampling_loop``); the schedule here is rounded the same way, on any
-device, so CPU and GPU runs share it. The UNet gets the noisy latent (scaled by c_in) with the conditioning
-latents concatenated on channels, a zero cross-attention context ``[B, 1, context_dim]``, and the vector of
-three sinusoidal embeddings in the published conditioner's order: cond_aug, fps_id, motion_bucket_id.
+Terra's sampler (Vista's ``EulerEDMSampler``, ``Denoiser`` with ``VScalingWithEDMcNoise`` and
+``EDMDiscretization``) is Euler's method on Karras/EDM sigmas with sigma_data 1, v-prediction, no churn and a
+final sigma of 0. With ``s`` a step's sigma and ``s'`` the next one:
+
+    c_skip = 1/(s²+1), c_out = -s/sqrt(s²+1), c_in = 1/sqrt(s²+1), c_noise = log(s)/4
+    denoised = v(x·c_in, c_noise)·c_out + x·c_skip          (guided: d_u + scale·(d_c - d_u), per frame)
+    x ← x + (s' - s)·(x - denoised)/s
+
+Arithmetic (``config.arithmetic``). ``published``: the dtypes of Terra's loop as its ``generate.py`` runs it, on a
+GPU inside ``torch.autocast("cuda")``, whose float32 list holds ``pow``, ``reciprocal`` (``1.0 / t``) and ``log``:
+
+* sigmas: the float32 schedule cast to bf16 (``prepare_sampling_loop``); ``s``, ``s'`` are bf16 tensors;
+* initial latent: the float32 noise cast to bf16, times ``sqrt(1 + s0²)`` (float32, read as bf16 by the in-place
+  bf16 product), rounded to bf16;
+* c_skip, c_out, c_in, c_noise: float32, from the bf16 sigma (autocast's float32 ``pow``/``reciprocal``/``log``);
+* UNet input ``x·c_in``, ``denoised``, the guided mix, ``(x - denoised)/s`` and the new ``x``: float32, since
+  sigma and the c_* are ``[N, 1, 1, 1]`` tensors there and bf16 with dimensions times float32 with dimensions is
+  float32 (so ``x`` is bf16 only before the first step; it is kept here as float32 holding those bf16 values);
+* ``dt = s' - s``: bf16, a bf16 subtraction (first of 4 steps: 70.5 - 700 = -628, not -629.5), then float32;
+* the UNet: Terra's bf16 weights under autocast's float16; here the refiner's dtype (not part of this setting).
+
+``float32``: the same, but the initial latent is the float32 noise times ``sqrt(1 + s0²)`` and ``dt`` is a float32
+subtraction. (On a CPU, where ``autocast("cuda")`` is off, Terra's code computes the c_* in bf16 as well; the GPU
+run is the one that made its results.)
+
+The UNet gets ``x·c_in`` with the conditioning latents concatenated on channels, a zero cross-attention context
+``[B, 1, context_dim]``, and the vector of three sinusoidal embeddings in the published conditioner's order:
+cond_aug, fps_id, motion_bucket_id.
 
 Guidance (``config.guidance``):
 
 * ``published``: Terra's ``generate.py`` builds the unconditional inputs with ``force_uc_zero_embeddings=[]``,
-  so they equal the conditional ones; LinearPredictionGuider's ``x_u + scale * (x_c - x_u)`` is then ``x_c``
+  so they equal the conditional ones; LinearPredictionGuider's ``d_u + scale * (d_c - d_u)`` is then ``d_c``
   whatever the scale. One UNet branch gives that exactly, at half the cost of two.
 * ``zero_frames``: classifier-free guidance as SVD trains for it, the unconditional branch with zeroed
   conditioning latents; both branches go through one batched UNet call, and the per-frame scale applies.
@@ -19,10 +40,9 @@ Guidance (``config.guidance``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
-from diffusers import EDMEulerScheduler
 from tqdm.auto import tqdm
 
 from decoder.refiner.config import RefinerConfig
@@ -30,23 +50,60 @@ from decoder.refiner.config import RefinerConfig
 if TYPE_CHECKING:
     from decoder.refiner.model import VideoRefiner
 
+Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-def make_scheduler(config: RefinerConfig) -> EDMEulerScheduler:
-    """The pass's scheduler, timesteps set, sigmas and noise conditioning rounded to bf16 as Terra's sampler."""
-    scheduler = EDMEulerScheduler(sigma_min=config.sigma_min, sigma_max=config.sigma_max, sigma_data=1.0,
-                                  sigma_schedule="karras", rho=config.rho, prediction_type="v_prediction",
-                                  final_sigmas_type="zero")
-    scheduler.set_timesteps(config.num_steps)
-    scheduler.sigmas = scheduler.sigmas.to(torch.bfloat16).float()
-    scheduler.timesteps = scheduler.precondition_noise(scheduler.sigmas[:-1]).to(torch.bfloat16).float()
-    scheduler.set_begin_index(0)
-    return scheduler
+
+def sigma_schedule(config: RefinerConfig) -> torch.Tensor:
+    """The pass's sigmas, bf16 ``[num_steps + 1]`` ending in 0: EDM's ramp in float32 on the CPU, then bf16."""
+    ramp = torch.linspace(0, 1, config.num_steps, dtype=torch.float32)
+    low, high = config.sigma_min ** (1 / config.rho), config.sigma_max ** (1 / config.rho)
+    sigmas = (high + ramp * (low - high)) ** config.rho
+    return torch.cat([sigmas, sigmas.new_zeros(1)]).bfloat16()
+
+
+def scalings(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``c_skip, c_out, c_in, c_noise`` of a bf16 sigma, in float32 (both arithmetics)."""
+    s = sigma.float()
+    variance = s**2 + 1.0
+    root = variance.sqrt()
+    return 1.0 / variance, -s / root, 1.0 / root, 0.25 * s.log()
+
+
+def initial_latents(noise: torch.Tensor, sigma: torch.Tensor, arithmetic: str) -> torch.Tensor:
+    """Unit-variance ``noise`` scaled to the first sigma (float32 result; bf16 values under ``published``)."""
+    scale = (sigma.float() ** 2 + 1.0).sqrt()
+    if arithmetic == "published":
+        return (noise.bfloat16() * scale.bfloat16()).float()
+    return noise * scale
+
+
+def euler_step(x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor, next_sigma: torch.Tensor,
+               arithmetic: str) -> torch.Tensor:
+    """``x + dt * (x - denoised) / sigma`` in float32; ``dt = next_sigma - sigma`` is bf16 under ``published``."""
+    dt = next_sigma - sigma if arithmetic == "published" else next_sigma.float() - sigma.float()
+    return x + dt.float() * ((x - denoised) / sigma.float())
 
 
 def conditioning_vector(config: RefinerConfig, batch: int, device: torch.device) -> torch.Tensor:
     """``added_time_ids`` ``[batch, 3]``: cond_aug, fps_id, motion_bucket_id (the published embedders' order)."""
     values = torch.tensor([[config.cond_aug, config.fps_id, config.motion_bucket_id]], dtype=torch.float32)
     return values.to(device).expand(batch, 3)
+
+
+def unet_predictor(refiner: "VideoRefiner", cond: torch.Tensor, uncond: torch.Tensor | None) -> Predictor:
+    """``(x·c_in [1, n, C, h, w], c_noise) → v [B, n, C, h, w]`` in the refiner's dtype: one branch (``cond``)
+    when ``uncond`` is None, else ``[uncond, cond]`` in one UNet batch."""
+    config, unet, dtype = refiner.config, refiner.unet, refiner.dtype
+    branches = (cond[None] if uncond is None else torch.stack([uncond, cond])).to(dtype)
+    batch = len(branches)
+    context = torch.zeros(batch, 1, config.context_dim, device=cond.device, dtype=dtype)
+    vector = conditioning_vector(config, batch, cond.device)
+
+    def predict(x_in: torch.Tensor, c_noise: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([x_in.to(dtype).expand(batch, *x_in.shape[1:]), branches], dim=2)
+        return unet(x, c_noise, encoder_hidden_states=context, added_time_ids=vector, return_dict=False)[0]
+
+    return predict
 
 
 def sample_pass(refiner: "VideoRefiner", cond: torch.Tensor, scales: torch.Tensor, generator: torch.Generator,
@@ -62,23 +119,17 @@ def sample_pass(refiner: "VideoRefiner", cond: torch.Tensor, scales: torch.Tenso
 
 def denoise(refiner: "VideoRefiner", noise: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None,
             scales: torch.Tensor, progress: bool = False) -> torch.Tensor:
-    """Euler sampling from ``noise`` ``[1, n, C, h, w]`` (unit variance); ``uncond`` None runs one branch,
-    otherwise both branches in one UNet batch, combined per frame as ``v_u + scales * (v_c - v_u)``."""
-    config, unet, dtype = refiner.config, refiner.unet, refiner.dtype
-    scheduler = make_scheduler(config)
-    latents = noise * scheduler.init_noise_sigma
-    branches = cond[None] if uncond is None else torch.stack([uncond, cond])
-    batch = len(branches)
-    branches = branches.to(dtype)
-    context = torch.zeros(batch, 1, config.context_dim, device=cond.device, dtype=dtype)
-    vector = conditioning_vector(config, batch, cond.device)
+    """Euler sampling from ``noise`` ``[1, n, C, h, w]`` (unit variance) → float32 latents of that shape;
+    ``uncond`` None runs one branch, otherwise both, their denoised latents mixed per frame by ``scales``."""
+    config = refiner.config
+    predict = unet_predictor(refiner, cond, uncond)
     scales = scales.to(cond.device).view(1, -1, 1, 1, 1)
-    for t in tqdm(scheduler.timesteps, desc="refiner steps", disable=not progress, leave=False):
-        x = scheduler.scale_model_input(latents, t).to(dtype)
-        x = torch.cat([x.expand(batch, *x.shape[1:]), branches], dim=2)
-        v = unet(x, t, encoder_hidden_states=context, added_time_ids=vector, return_dict=False)[0].float()
-        if batch == 2:
-            v_uncond, v_cond = v.chunk(2)
-            v = v_uncond + scales * (v_cond - v_uncond)
-        latents = scheduler.step(v, t, latents).prev_sample
-    return latents
+    sigmas = sigma_schedule(config)
+    x = initial_latents(noise, sigmas[0], config.arithmetic)
+    for i in tqdm(range(config.num_steps), desc="refiner steps", disable=not progress, leave=False):
+        c_skip, c_out, c_in, c_noise = scalings(sigmas[i])
+        denoised = predict(x * c_in, c_noise).float() * c_out + x * c_skip
+        if len(denoised) == 2:
+            denoised = denoised[:1] + scales * (denoised[1:] - denoised[:1])
+        x = euler_step(x, denoised, sigmas[i], sigmas[i + 1], config.arithmetic)
+    return x

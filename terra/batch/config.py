@@ -140,7 +140,8 @@ class BatchConfig:
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
             "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
             "default_manoeuvre": self.default_manoeuvre,
-            **({"decoding": "refiner", "refiner": {k: self.refiner.get(k) for k in ("preset", "num_steps", "guidance")}}
+            **({"decoding": "refiner",
+                "refiner": {k: self.refiner.get(k) for k in ("preset", "num_steps", "guidance", "arithmetic")}}
                if self.decoding == "refiner" else {}),
         }
 

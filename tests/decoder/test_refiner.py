@@ -3,7 +3,8 @@
 The full-size network is built on the meta device (no weights) and compared with the published tensor list;
 a tiny random refiner of the same architecture, saved in the published ``{"module": ...}`` format with
 ``_forward_module.`` prefixes, runs the whole refinement on the CPU. The pass plan, guidance ramp, EDM sigmas
-and decoder windows are compared with values worked out by hand from Terra's inference config.
+and decoder windows are compared with values worked out by hand from Terra's inference config, the sampler's
+latents with Terra's step formulas written out here in the published dtypes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip instal
 from decoder.refiner import TERRA, TINY, decode_windows, guidance_scales, load_refiner, plan_passes  # noqa: E402
 from decoder.refiner.keys import key_table  # noqa: E402
 from decoder.refiner.model import VideoRefiner  # noqa: E402
-from decoder.refiner.sampler import conditioning_vector, denoise, make_scheduler  # noqa: E402
+from decoder.refiner.sampler import (Predictor, conditioning_vector, denoise, euler_step,  # noqa: E402
+                                     initial_latents, scalings, sigma_schedule, unet_predictor)
 from tokenizer import LFQTokenizer  # noqa: E402
 from tokenizer.errors import InputError  # noqa: E402
 
@@ -109,19 +111,31 @@ def test_guidance_ramps_from_1_5_to_3_over_25_frames():
 
 
 def test_edm_sigmas_and_noise_conditioning_of_the_published_sampler():
-    scheduler = make_scheduler(TERRA)
-    sigmas = scheduler.sigmas
-    assert len(sigmas) == 16 and sigmas[-1] == 0  # 15 Euler steps, then sigma 0
+    sigmas = sigma_schedule(TERRA)
+    assert sigmas.dtype == torch.bfloat16 and len(sigmas) == 16 and sigmas[-1] == 0  # 15 Euler steps, then 0
     # (700^(1/7) + i/14 (0.002^(1/7) - 700^(1/7)))^7 by hand, then bf16 (8 significant bits) as Terra's sampler
-    assert sigmas[0] == 700.0 and sigmas[1] == 454.0 and sigmas[14] == pytest.approx(0.002, rel=2e-3)
-    assert sigmas[7] == pytest.approx(15.6, rel=4e-3)
-    assert all(sigmas[i] > sigmas[i + 1] for i in range(15))
-    assert scheduler.timesteps[0] == 1.640625  # log(700) / 4 = 1.6378 → bf16
-    assert scheduler.init_noise_sigma == pytest.approx(math.sqrt(700**2 + 1))
-    # v-prediction with EDM noise conditioning: c_in = 1/sqrt(s²+1), denoised = x/(s²+1) - v s/sqrt(s²+1)
-    x, v, s = torch.tensor(2.0), torch.tensor(0.5), torch.tensor(3.0)
-    assert scheduler.precondition_inputs(x, s) == pytest.approx(2 / math.sqrt(10))
-    assert scheduler.precondition_outputs(x, v, s) == pytest.approx(2 / 10 - 0.5 * 3 / math.sqrt(10))
+    values = sigmas.tolist()
+    assert values[0] == 700.0 and values[1] == 454.0 and values[14] == pytest.approx(0.002, rel=2e-3)
+    assert values[7] == pytest.approx(15.6, rel=4e-3)
+    assert all(values[i] > values[i + 1] for i in range(15))
+    # v-prediction with EDM noise conditioning, float32 from the bf16 sigma (autocast's pow, reciprocal and log)
+    c_skip, c_out, c_in, c_noise = scalings(torch.tensor(3.0, dtype=torch.bfloat16))
+    assert {c.dtype for c in (c_skip, c_out, c_in, c_noise)} == {torch.float32}
+    assert (c_skip.item(), c_out.item(), c_in.item()) == pytest.approx((1 / 10, -3 / math.sqrt(10), 1 / math.sqrt(10)))
+    assert scalings(sigmas[0])[3] == pytest.approx(math.log(700) / 4, rel=1e-7)  # 1.6378, not its bf16 1.6406
+    noise = torch.tensor([1.0, 1 / 3])
+    assert initial_latents(noise, sigmas[0], "float32").tolist() == pytest.approx([700.0007, 233.3336], rel=1e-7)
+    assert initial_latents(noise, sigmas[0], "published").tolist() == [700.0, 234.0]  # bf16(1/3) · 700 → bf16
+
+
+def test_published_euler_step_is_bf16_and_float32_is_not():
+    sigmas = sigma_schedule(TINY)  # 4 steps: 700, 70.5, 2.27, 0.002, 0
+    assert sigmas[:2].tolist() == [700.0, 70.5]
+    x, denoised = torch.full((2,), 700.0), torch.zeros(2)  # pure noise: x lands at dt + 700
+    assert euler_step(x, denoised, sigmas[0], sigmas[1], "published").tolist() == [72.0, 72.0]  # dt bf16: -628
+    assert euler_step(x, denoised, sigmas[0], sigmas[1], "float32").tolist() == [70.5, 70.5]  # dt -629.5
+    x, denoised = torch.tensor([0.5, -0.25]), torch.tensor([0.25, 0.5])
+    assert euler_step(x, denoised, sigmas[3], sigmas[4], "published").tolist() == pytest.approx([0.25, 0.5])  # sigma 0
 
 
 def test_vector_conditioning_is_cond_aug_fps_id_motion_bucket_in_that_order():
@@ -144,6 +158,8 @@ def test_saved_file_has_the_published_format(tiny_file):
     assert names and all(n.startswith("_forward_module.") for n in names)
     assert "_forward_module.model.diffusion_model.input_blocks.0.0.weight" in names
     assert "_forward_module.first_stage_model.decoder.conv_out.time_mix_conv.weight" in names
+    mid = {n.split(".")[4] for n in names if n.startswith("_forward_module.first_stage_model.decoder.mid.")}
+    assert mid == {"block_1", "attn_1", "block_2"}  # VideoDecoder's mid block at any size
 
 
 def test_refining_5_frames_gives_5_frames_at_the_configured_size(tiny):
@@ -182,6 +198,57 @@ def test_published_guidance_is_one_branch_equal_to_two_identical_branches(tiny):
     assert not torch.allclose(one, zero, atol=1e-2)
 
 
+def published_loop(predict: Predictor, noise: torch.Tensor, zero_frames: bool, scales: torch.Tensor,
+                   bf16_step: bool) -> torch.Tensor:
+    """Terra's EulerEDMSampler, Denoiser(VScalingWithEDMcNoise) and LinearPredictionGuider written out line by line
+    on ``[N]``-shaped bf16 sigmas (frames as the batch, both guider halves), ``uc = c`` unless ``zero_frames``.
+    ``.float()`` marks what autocast("cuda") computes in float32 (pow, reciprocal, log); the in-place bf16 product
+    reads its float32 factor as bf16. ``bf16_step`` False: the float32 variant (noise and dt in float32)."""
+    ramp = torch.linspace(0, 1, TINY.num_steps)
+    low, high = TINY.sigma_min ** (1 / TINY.rho), TINY.sigma_max ** (1 / TINY.rho)
+    sigmas = torch.cat([(high + ramp * (low - high)) ** TINY.rho, torch.zeros(1)]).bfloat16()
+    x = noise[0].bfloat16() if bf16_step else noise[0]
+    scale = torch.sqrt(1.0 + sigmas[0].float() ** 2)
+    x = x * (scale.bfloat16() if bf16_step else scale)
+    s_in = torch.ones(len(x), dtype=torch.bfloat16)
+    n = len(x)
+    for i in range(TINY.num_steps):
+        sigma, next_sigma = s_in * sigmas[i], s_in * sigmas[i + 1]  # gamma 0: sigma_hat = sigma
+        s = torch.cat([sigma] * 2)[:, None, None, None]
+        c_skip = 1.0 / (s.float() ** 2 + 1.0)
+        c_out = -s / (s.float() ** 2 + 1.0) ** 0.5
+        c_in = 1.0 / (s.float() ** 2 + 1.0) ** 0.5
+        c_noise = 0.25 * s.float().log()
+        doubled = torch.cat([x] * 2)
+        v = predict((doubled * c_in)[:n][None], c_noise[0, 0, 0, 0])  # [1 or 2, N, ...]: c, or uc and c
+        v = torch.cat([v[0], v[-1]]) if zero_frames else torch.cat([v[0]] * 2)
+        denoised = v * c_out + doubled * c_skip
+        x_u, x_c = denoised.chunk(2)
+        denoised = x_u + scales[:, None, None, None] * (x_c - x_u)
+        d = (x - denoised) / sigma[:, None, None, None]
+        dt = next_sigma - sigma if bf16_step else next_sigma.float() - sigma.float()
+        x = x + dt[:, None, None, None] * d
+    return x
+
+
+@pytest.mark.parametrize("guidance", ["published", "zero_frames"])
+def test_sampler_latents_equal_the_published_step_formulas(tiny, monkeypatch, guidance):
+    cond = torch.randn(5, TINY.latent_channels, *TINY.latent_size, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(1, *cond.shape, generator=torch.Generator().manual_seed(1))
+    scales = guidance_scales(5, 5, 1.5, 3.0)
+    uncond = torch.zeros_like(cond) if guidance == "zero_frames" else None
+    predict = unet_predictor(tiny, cond, uncond)
+    results = {}
+    for arithmetic in ("published", "float32"):
+        monkeypatch.setattr(tiny, "config", TINY.replace(guidance=guidance, arithmetic=arithmetic))
+        results[arithmetic] = denoise(tiny, noise, cond, uncond, scales)[0]
+        reference = published_loop(predict, noise, uncond is not None, scales, arithmetic == "published")
+        assert results[arithmetic].dtype == reference.dtype == torch.float32
+        assert torch.equal(results[arithmetic], reference), arithmetic
+    difference = (results["published"] - results["float32"]).abs().max() / results["float32"].abs().max()
+    assert difference > 0.01  # bf16 steps: about 10 % of the largest latent after 4 steps, far beyond rounding
+
+
 # ---------------------------------------------------------------------------------------- bad input, one line
 
 def test_missing_empty_truncated_or_foreign_files_fail_with_one_line(tiny_file, tmp_path):
@@ -212,3 +279,5 @@ def test_full_size_refiner_on_a_cpu_is_refused_before_anything_loads(tmp_path):
         TINY.replace(steps=3)
     with pytest.raises(InputError, match="multiple of"):
         TINY.replace(height=30)
+    with pytest.raises(InputError, match=r"arithmetic 'bf16' is unknown; choose one of \['published', 'float32'\]"):
+        TINY.replace(arithmetic="bf16")

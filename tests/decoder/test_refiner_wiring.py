@@ -30,15 +30,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
     assert check_decoding("framewise", None, "cpu") is None
-    settings = check_decoding("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None},
-                              "cpu")
+    settings = check_decoding("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None,
+                                          "arithmetic": "float32"}, "cpu")
     assert settings.path == tiny_file and settings.config.num_steps == 2 and settings.device.type == "cpu"
+    assert settings.config.arithmetic == "float32"
     cases = {
         "unknown": ("bogus", {}, "decoding='bogus' is unknown"),
         "no weights": ("refiner", {"path": None}, "add terra_root=/path/to/Terra"),
         "missing file": ("refiner", {"path": str(tmp_path / "x.pt"), "preset": "tiny"}, "not found"),
         "cpu": ("refiner", {"path": str(tiny_file), "preset": "terra"}, "needs a CUDA GPU"),
         "bad setting": ("refiner", {"path": str(tiny_file), "preset": "tiny", "guidance": "x"}, "guidance 'x'"),
+        "bad arithmetic": ("refiner", {"path": str(tiny_file), "preset": "tiny", "arithmetic": "bf16"},
+                           r"arithmetic 'bf16' is unknown; choose one of \['published', 'float32'\]"),
     }
     for name, (decoding, node, message) in cases.items():
         with pytest.raises(TerraInputError, match=message) as err:
@@ -75,7 +78,7 @@ def test_terra_generate_writes_refined_videos(tiny_file, tmp_path):
     frames = iio.imread(out / "rollout.mp4")
     assert frames.shape == (5, TINY.height, TINY.width, 3)  # 3 context + 2 generated, at the refiner's size
     sidecar = json.loads((out / "rollout.json").read_text())
-    assert sidecar["config"]["decoding"] == "refiner"
+    assert sidecar["config"]["decoding"] == "refiner" and sidecar["config"]["refiner"]["arithmetic"] == "published"
     assert "psnr_db_per_generated_frame" not in sidecar["rollouts"][0]  # ground truth is at the tokenizer's size
 
     result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "decoding=refiner", f"output.dir={out}2")
@@ -106,6 +109,9 @@ def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_p
     check_config(config)
     assert run_batch(config, pipeline=demo_pipeline).counts["ok"] == 1
     assert iio.imread(out / "0.mp4").shape == (NUM_CONTEXT + 1, TINY.height, TINY.width, 3)
+    assert run_batch(config, pipeline=demo_pipeline).counts["skipped"] == 1
+    float32 = dataclasses.replace(config, refiner={**config.refiner, "arithmetic": "float32"})
+    assert run_batch(float32, pipeline=demo_pipeline).counts["ok"] == 1  # another arithmetic: made again
     framewise = run_batch(dataclasses.replace(config, decoding="framewise"), pipeline=demo_pipeline)
     assert framewise.counts["ok"] == 1  # another decoding: the sample is made again, at the tokenizer's size
     assert iio.imread(out / "0.mp4").shape[1:3] == tuple(demo_pipeline.tokenizer.image_size)
