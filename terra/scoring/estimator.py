@@ -1,0 +1,397 @@
+"""ACT-Bench's ACT-Estimator: ``VideoActionEstimator`` with its Inception-I3D backbone, in plain torch, and
+:meth:`VideoActionEstimator.from_pretrained` for a folder of published weights (no remote code).
+
+The weight-name map: every module below carries its state-dict name in ACT-Bench's ``act_bench/model.py``.
+
+==========================  ==================================================================================
+``backbone.``               Inception-I3D up to ``Mixed_5c``, no logits: ``Conv3d_1a_7x7``, ``Conv3d_2b_1x1``,
+                            ``Conv3d_2c_3x3``, the blocks of :data:`MIXED` (``b0``, ``b1a``, ``b1b``, ``b2a``,
+                            ``b2b``, ``b3b``); each a ``Unit3D``: ``conv3d.weight`` (no bias), ``bn.*``
+``squeeze_linear.``         Linear 1024 → ``d_model`` over the features pooled to ``feature_map_size``²
+``positional_encoding.pe``  sinusoidal positions ``[1, memory_len, d_model]`` (a buffer, recomputed if absent)
+``self_attn.layers.{0,1}.`` torch ``TransformerEncoderLayer`` (post-norm, GELU, feed-forward 512)
+``classifier.{0,3}.``       Linear-Dropout-GELU-Linear on the mean token → ``num_classes`` logits
+``visual_odmetry.``         (sic) the GRU waypoint predictor: ``hidden_state``, ``pos_embedding``,
+                            ``pre_gru_layer.*``, ``gru.*`` (GRUCell), ``head.{0,3}.``
+==========================  ==================================================================================
+
+The Hub repository wraps this module in a Transformers model whose file ACT-Bench does not publish, so the
+weights may carry one prefix before these names (e.g. ``model.``): :func:`match_weights` takes the names as
+above or all under one prefix and refuses anything else with one line naming the first unmatched keys.
+BatchNorm's ``num_batches_tracked`` and the positional table may be absent (neither changes the output in eval).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Mapping, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from terra.config.checks import Range, TerraInputError, shown
+from terra.config.files import load_json, open_input_file
+
+MAX_WEIGHTS_BYTES = 2 << 30  # the published estimator is about 0.1 GB in fp32
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")  # looked for in this order
+OPTIONAL = ("positional_encoding.pe", ".num_batches_tracked")  # name endings a weights file may leave out
+ANCHOR = "squeeze_linear.weight"  # a name only the estimator has: where the wrapper prefix is read from
+FEATURES = 1024  # channels of Mixed_5c
+# Inception blocks: name → (input channels, (1x1, 3x3 reduce, 3x3, 3x3 reduce, 3x3, pool projection)), and the
+# max-pools that come before a block: block → (name, kernel, stride).
+MIXED = {
+    "Mixed_3b": (192, (64, 96, 128, 16, 32, 32)),
+    "Mixed_3c": (256, (128, 128, 192, 32, 96, 64)),
+    "Mixed_4b": (480, (192, 96, 208, 16, 48, 64)),
+    "Mixed_4c": (512, (160, 112, 224, 24, 64, 64)),
+    "Mixed_4d": (512, (128, 128, 256, 24, 64, 64)),
+    "Mixed_4e": (512, (112, 144, 288, 32, 64, 64)),
+    "Mixed_4f": (528, (256, 160, 320, 32, 128, 128)),
+    "Mixed_5b": (832, (256, 160, 320, 32, 128, 128)),
+    "Mixed_5c": (832, (384, 192, 384, 48, 128, 128)),
+}
+POOLS_BEFORE = {"Mixed_4b": ("MaxPool3d_4a_3x3", (3, 3, 3), (2, 2, 2)),
+                "Mixed_5b": ("MaxPool3d_5a_2x2", (1, 2, 2), (1, 2, 2))}
+CONFIG_RANGES = {
+    "num_classes": Range(1, 1000, 9, whole=True),
+    "max_seq_len": Range(1, 1000, 44, whole=True),
+    "timestamp_dim": Range(0, 1, 1, whole=True),  # ACT-Bench feeds one timestamp per waypoint, or none
+    "d_model": Range(2, 8192, 512, whole=True),
+    "num_heads": Range(1, 256, 8, whole=True),
+    "feature_map_size": Range(1, 64, 4, whole=True),
+    "dropout": Range(0, 1, 0.1),
+}
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    """``VideoActionEstimator``'s constructor arguments; the defaults are the published ACT-Estimator's."""
+
+    input_shape: tuple[int, int, int, int] = (3, 44, 224, 224)  # channels, frames, height, width
+    num_classes: int = 9
+    max_seq_len: int = 44
+    timestamp_dim: int = 1
+    d_model: int = 512
+    num_heads: int = 8
+    feature_map_size: int = 4
+    dropout: float = 0.1
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> EstimatorConfig:
+        """A ``config.json``: known keys checked, missing ones published, others (Transformers' own) ignored."""
+        data = load_json(path, "estimator config", 1 << 20)
+        if not isinstance(data, dict):
+            raise TerraInputError(f"estimator config {path} must be a JSON object of VideoActionEstimator's arguments")
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for key, limits in CONFIG_RANGES.items():
+            if key in values:
+                values[key] = limits.check(values[key], key, f"{path}: ")
+        if "input_shape" in values:
+            shape = values["input_shape"]
+            if not (isinstance(shape, list) and len(shape) == 4):
+                raise TerraInputError(f"{path}: input_shape must be [3, frames, height, width] (got {shown(shape)})")
+            values["input_shape"] = tuple(Range(1, 4096, 224, whole=True).check(n, "input_shape", f"{path}: ")
+                                          for n in shape)
+        config = cls(**values)
+        channels, frames = config.input_shape[:2]
+        if channels != 3 or frames != config.max_seq_len:
+            raise TerraInputError(f"{path}: input_shape {list(config.input_shape)} must be [3, max_seq_len "
+                                  f"({config.max_seq_len}), height, width]")
+        if config.d_model % config.num_heads or config.d_model % 2:
+            raise TerraInputError(f"{path}: d_model ({config.d_model}) must be even and a multiple of num_heads "
+                                  f"({config.num_heads})")
+        return config
+
+    @property
+    def memory_len(self) -> int:
+        """Tokens the encoder sees: the backbone's output frames x ``feature_map_size``²."""
+        frames = self.input_shape[1]
+        for stride in (2, 2):  # Conv3d_1a_7x7 and MaxPool3d_4a_3x3 halve time (same padding: rounded up)
+            frames = math.ceil(frames / stride)
+        return frames * self.feature_map_size**2
+
+
+class Estimate(NamedTuple):
+    """The estimator's output: ``command`` logits ``[B, num_classes]``, ``waypoints`` ``[B, frames, 2]``."""
+
+    command: Tensor
+    waypoints: Tensor
+
+
+# ---------------------------------------------------------------------------------------------- Inception-I3D
+
+
+def same_padding(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:
+    """Zero-pad ``[B, C, T, H, W]`` as TensorFlow's SAME does (the extra cell after), as I3D's port computes it."""
+    pads = []
+    for size, k, s in zip(reversed(x.shape[2:]), reversed(kernel), reversed(stride)):
+        total = max(k - (s if size % s == 0 else size % s), 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads)
+
+
+class MaxPool3dSamePadding(nn.MaxPool3d):
+    """Max-pooling after :func:`same_padding`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(same_padding(x, self.kernel_size, self.stride))
+
+
+class Unit3D(nn.Module):
+    """Convolution without bias (SAME padding), BatchNorm (eps 1e-3), ReLU."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: tuple[int, int, int] = (1, 1, 1),
+                 stride: tuple[int, int, int] = (1, 1, 1)) -> None:
+        super().__init__()
+        self.kernel, self.stride = kernel, stride
+        self.conv3d = nn.Conv3d(in_channels, out_channels, kernel, stride, padding=0, bias=False)
+        self.bn = nn.BatchNorm3d(out_channels, eps=0.001, momentum=0.01)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(self.bn(self.conv3d(same_padding(x, self.kernel, self.stride))))
+
+
+class InceptionModule(nn.Module):
+    """Four branches concatenated: 1x1; 1x1 → 3x3x3; 1x1 → 3x3x3; 3x3x3 max-pool → 1x1."""
+
+    def __init__(self, in_channels: int, out: tuple[int, int, int, int, int, int]) -> None:
+        super().__init__()
+        self.b0 = Unit3D(in_channels, out[0])
+        self.b1a = Unit3D(in_channels, out[1])
+        self.b1b = Unit3D(out[1], out[2], (3, 3, 3))
+        self.b2a = Unit3D(in_channels, out[3])
+        self.b2b = Unit3D(out[3], out[4], (3, 3, 3))
+        self.b3a = MaxPool3dSamePadding(kernel_size=(3, 3, 3), stride=(1, 1, 1), padding=0)
+        self.b3b = Unit3D(in_channels, out[5])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([self.b0(x), self.b1b(self.b1a(x)), self.b2b(self.b2a(x)), self.b3b(self.b3a(x))], dim=1)
+
+
+class InceptionI3d(nn.Module):
+    """Inception-v1 I3D (Carreira & Zisserman, 2017) from RGB to the ``Mixed_5c`` end point: ``[B, 1024, T', H', W']``
+    with ``T' = ceil(T / 4)``, ``H' = ceil(H / 32)``. Children are registered under the end-point names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_module("Conv3d_1a_7x7", Unit3D(3, 64, (7, 7, 7), (2, 2, 2)))
+        self.add_module("MaxPool3d_2a_3x3", MaxPool3dSamePadding(kernel_size=(1, 3, 3), stride=(1, 2, 2), padding=0))
+        self.add_module("Conv3d_2b_1x1", Unit3D(64, 64))
+        self.add_module("Conv3d_2c_3x3", Unit3D(64, 192, (3, 3, 3)))
+        self.add_module("MaxPool3d_3a_3x3", MaxPool3dSamePadding(kernel_size=(1, 3, 3), stride=(1, 2, 2), padding=0))
+        for block, (in_channels, out) in MIXED.items():
+            if block in POOLS_BEFORE:
+                name, kernel, stride = POOLS_BEFORE[block]
+                self.add_module(name, MaxPool3dSamePadding(kernel_size=kernel, stride=stride, padding=0))
+            self.add_module(block, InceptionModule(in_channels, out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.children():
+            x = layer(x)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------- heads
+
+
+class PositionalEncoding(nn.Module):
+    """The sinusoidal table of "Attention is all you need" added to ``[B, L, d]`` (sin on even, cos on odd)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        position = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
+        frequency = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_len, d_model)
+        table[:, 0::2] = torch.sin(position * frequency)
+        table[:, 1::2] = torch.cos(position * frequency)
+        self.register_buffer("pe", table.unsqueeze(0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.pe[:, : x.size(1)]
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention with separate query/key/value projections (no dropout); returns the output only."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.query_proj, self.key_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.value_proj, self.out_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        def heads(x: Tensor) -> Tensor:
+            return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.query_proj(query)), heads(self.key_proj(key)), heads(self.value_proj(value))
+        weights = (torch.matmul(q, k.transpose(-2, -1)) * self.head_dim**-0.5).softmax(dim=-1)
+        out = torch.matmul(weights, v).transpose(1, 2).reshape(v.size(0), -1, self.num_heads * self.head_dim)
+        return self.out_proj(out)
+
+
+class FeedForward(nn.Module):
+    """Linear-GELU-Dropout-Linear."""
+
+    def __init__(self, d_model: int, hidden: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
+        self.gelu, self.dropout = nn.GELU(), nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.gelu(self.linear1(x))))
+
+
+class PreGRULayer(nn.Module):
+    """The GRU's input at each step: the hidden state attends to the memory; the ``[B, 1, d]`` result is added
+    to every memory token, then self-attention and a feed-forward run over the memory (pre-norm residuals)."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.pre_norm0 = nn.LayerNorm(d_model)
+        self.self_attention = nn.MultiheadAttention(d_model, num_heads, dropout=dropout, batch_first=True)
+        self.dropout0 = nn.Dropout(dropout)
+        self.pre_norm1 = nn.LayerNorm(d_model)
+        self.cross_attention = CrossAttention(d_model, num_heads)
+        self.dropout1 = nn.Dropout(dropout)
+        self.pre_norm2 = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_model // 2)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(self, q: Tensor, x: Tensor) -> Tensor:
+        memory = self.pre_norm1(x)
+        x = self.dropout1(self.cross_attention(q, memory, memory)) + x
+        normed = self.pre_norm0(x)
+        x = self.dropout0(self.self_attention(normed, normed, normed)[0]) + x
+        return self.dropout2(self.ffn(self.pre_norm2(x))) + x
+
+
+class WaypointPredictor(nn.Module):
+    """``num_waypoints`` (x, y) points from the origin: a GRU whose input is the previous point, the pooled
+    :class:`PreGRULayer` output and the step's timestamp; each step adds the head's offset."""
+
+    def __init__(self, d_model: int, memory_len: int, timestamp_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.hidden_state = nn.Parameter(torch.randn(1, d_model))
+        self.pos_embedding = nn.Parameter(torch.randn(1, memory_len, d_model))
+        self.pre_gru_layer = PreGRULayer(d_model, num_heads)
+        self.gru = nn.GRUCell(2 + d_model + timestamp_dim, d_model)
+        self.head = nn.Sequential(nn.Linear(d_model, d_model // 2), nn.Dropout(0.1), nn.ReLU(),
+                                  nn.Linear(d_model // 2, 2))
+
+    def forward(self, memory: Tensor, num_waypoints: int, timestamps: Tensor | None = None) -> Tensor:
+        batch, dtype = memory.shape[0], memory.dtype
+        point = memory.new_zeros((batch, 2))
+        h = self.hidden_state.repeat(batch, 1).to(dtype)
+        memory = memory + self.pos_embedding.repeat(batch, 1, 1).to(dtype)
+        points = [memory.new_zeros((batch, 2))]  # the first waypoint is the origin
+        for t in range(num_waypoints - 1):
+            inputs = torch.cat([point, self.pre_gru_layer(h.unsqueeze(1), memory).mean(1)], dim=1)
+            if timestamps is not None:
+                inputs = torch.cat([inputs, timestamps[:, t].reshape(batch, -1)], dim=1)
+            h = self.gru(inputs, h)
+            point = point + self.head(h)
+            points.append(point)
+        return torch.stack(points, dim=1)
+
+
+class VideoActionEstimator(nn.Module):
+    """Frames ``[B, 3, T, H, W]`` in [0, 1] (and timestamps ``[B, T, 1]``) → :class:`Estimate`."""
+
+    def __init__(self, config: EstimatorConfig = EstimatorConfig()) -> None:
+        super().__init__()
+        self.config = config
+        d_model, size = config.d_model, config.feature_map_size
+        self.backbone = InceptionI3d()
+        self.avg_pool = nn.AdaptiveAvgPool3d((None, size, size))
+        self.squeeze_linear = nn.Linear(FEATURES, d_model)
+        self.positional_encoding = PositionalEncoding(d_model, config.memory_len)
+        layer = nn.TransformerEncoderLayer(d_model, config.num_heads, dim_feedforward=512, batch_first=True,
+                                           activation=F.gelu)
+        self.self_attn = nn.TransformerEncoder(layer, num_layers=2)
+        self.classifier = nn.Sequential(nn.Linear(d_model, d_model), nn.Dropout(config.dropout), nn.GELU(),
+                                        nn.Linear(d_model, config.num_classes))
+        self.visual_odmetry = WaypointPredictor(d_model, config.memory_len, config.timestamp_dim, config.num_heads)
+
+    def forward(self, frames: Tensor, timestamps: Tensor | None = None) -> Estimate:
+        x = self.avg_pool(self.backbone(frames))  # [B, 1024, T', size, size]
+        b, c, t, h, w = x.shape
+        # The published layout: the [B, C, T', h, w] memory read as [B, T'·h·w, C] (a view, not a permute).
+        x = self.positional_encoding(self.squeeze_linear(x.contiguous().view(b, t * h * w, c)))
+        x = self.self_attn(x)
+        return Estimate(self.classifier(x.mean(1)), self.visual_odmetry(x, frames.size(2), timestamps))
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike) -> VideoActionEstimator:
+        """The estimator of ``folder`` (``config.json`` and one file of :data:`WEIGHT_FILES`), on the CPU in
+        fp32, in eval mode. Files are read without running code from them (safetensors, or ``torch.load``
+        with ``weights_only``); a mismatch with the architecture is one :class:`TerraInputError` line."""
+        folder = Path(folder).expanduser()
+        if not (folder / "config.json").exists():
+            raise TerraInputError(f"estimator folder {folder} has no config.json (VideoActionEstimator's arguments, "
+                                  f"e.g. {json.dumps(asdict(EstimatorConfig()))})")
+        model = cls(EstimatorConfig.from_json(folder / "config.json"))
+        path = weights_file(folder)
+        state = model.state_dict()
+        state.update(match_weights(read_weights(path), {k: tuple(v.shape) for k, v in state.items()}, str(path)))
+        model.load_state_dict(state)
+        return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def weights_file(folder: Path) -> Path:
+    """The first of :data:`WEIGHT_FILES` in ``folder``, checked to be a regular file of a sane size."""
+    for name in WEIGHT_FILES:
+        if os.path.lexists(folder / name):
+            open_input_file(folder / name, "estimator weights", MAX_WEIGHTS_BYTES).close()
+            return folder / name
+    raise TerraInputError(f"estimator folder {folder} has none of {', '.join(WEIGHT_FILES)}; download "
+                          "turing-motors/ACT-Estimator into it")
+
+
+def read_weights(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file, or of a torch file (a state dict, or ``{"state_dict": ...}``)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            data = load_file(str(path), device="cpu")
+        else:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, corrupt or foreign files: each reader raises its own types
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise TerraInputError(f"estimator weights {path} cannot be read ({reason}); the file is truncated, corrupt "
+                              "or not a checkpoint: download it again") from None
+    if isinstance(data, dict) and isinstance(data.get("state_dict"), dict):
+        data = data["state_dict"]
+    if not isinstance(data, dict) or not data or not all(isinstance(v, Tensor) for v in data.values()):
+        raise TerraInputError(f"estimator weights {path} hold no state dict of tensors")
+    return data
+
+
+def match_weights(tensors: Mapping[str, Tensor], shapes: Mapping[str, tuple[int, ...]],
+                  source: str) -> dict[str, Tensor]:
+    """``tensors`` under the estimator's names (``shapes``): the names as published or all under one prefix;
+    every required tensor present with its shape, nothing else. Raises one line naming the first mismatches."""
+    anchors = [k for k in tensors if k == ANCHOR or k.endswith("." + ANCHOR)]
+    prefix = anchors[0][: -len(ANCHOR)] if len(anchors) == 1 else ""
+    unmatched = sorted(k for k in tensors if not k.startswith(prefix) or k[len(prefix):] not in shapes)
+    named = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    missing = sorted(k for k in shapes if k not in named and not k.endswith(OPTIONAL))
+    if unmatched or missing:
+        raise TerraInputError(
+            f"{source} is not ACT-Bench's VideoActionEstimator"
+            f"{f' (prefix {prefix!r})' if prefix else ''}: {len(unmatched)} unmatched tensors (first: "
+            f"{', '.join(unmatched[:3]) or '-'}), {len(missing)} missing (first: {', '.join(missing[:3]) or '-'}); "
+            "check that config.json matches the weights")
+    for name, shape in shapes.items():  # in the model's order: the first mismatch is the earliest layer's
+        if name in named and tuple(named[name].shape) != shape:
+            raise TerraInputError(f"{source}: {prefix}{name} has shape {list(named[name].shape)}, the architecture "
+                                  f"of config.json needs {list(shape)}; check config.json")
+    return named

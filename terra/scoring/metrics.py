@@ -1,0 +1,71 @@
+"""ACT-Bench's metrics (``act_bench/metrics.py``, ``act_bench/compute_score.py``), in numpy.
+
+* Instruction fidelity: accuracy (estimated class = commanded class) over all scored samples, and per commanded
+  class the share estimated right (ACT-Bench calls it recall).
+* Action fidelity: per sample, ADE is the mean over the waypoints of the Euclidean distance between the estimated
+  and the reference trajectory (the origin at point 0 included), FDE the distance at the last waypoint; the means
+  over all samples and per commanded class.
+* The 9x9 confusion matrix of commanded (rows) against estimated (columns) classes, in
+  :data:`~terra.scoring.labels.SUMMARY_ORDER`, as counts and normalised per row (a row without samples is 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from terra.scoring.labels import SUMMARY_ORDER
+
+
+def displacement_errors(estimated: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ADE and FDE of each sample: ``[N]`` each, for trajectories ``[N, T, 2]``."""
+    distances = np.sqrt(((np.asarray(estimated, np.float64) - reference) ** 2).sum(axis=-1))
+    return distances.mean(axis=1), distances[:, -1]
+
+
+def confusion_counts(commanded: Sequence[str], estimated: Sequence[str]) -> np.ndarray:
+    """Counts ``[9, 9]``: row = commanded class, column = estimated class, both in ``SUMMARY_ORDER``."""
+    index = {label: i for i, label in enumerate(SUMMARY_ORDER)}
+    counts = np.zeros((len(SUMMARY_ORDER), len(SUMMARY_ORDER)), dtype=np.int64)
+    np.add.at(counts, ([index[c] for c in commanded], [index[e] for e in estimated]), 1)
+    return counts
+
+
+def row_normalized(counts: np.ndarray) -> np.ndarray:
+    """Each row divided by its sum (rows without samples stay 0)."""
+    totals = counts.sum(axis=1, keepdims=True)
+    return np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The score of a run. Per-class values are keyed by label in ``SUMMARY_ORDER``; None where a class has no
+    sample (ACT-Bench writes ``"N/A"``)."""
+
+    num_samples: int
+    counts: dict[str, int]
+    accuracy: float
+    recall: dict[str, float | None]
+    ade: float
+    fde: float
+    ade_per_class: dict[str, float | None]
+    fde_per_class: dict[str, float | None]
+    confusion: np.ndarray  # counts [9, 9]
+
+
+def compute_metrics(commanded: Sequence[str], estimated: Sequence[str], ade: np.ndarray, fde: np.ndarray) -> Metrics:
+    """:class:`Metrics` of samples given their commanded and estimated labels and their ADE and FDE."""
+    commanded, estimated = np.asarray(commanded), np.asarray(estimated)
+    correct = commanded == estimated
+    counts, recall, ade_per, fde_per = {}, {}, {}, {}
+    for label in SUMMARY_ORDER:
+        members = commanded == label
+        counts[label] = int(members.sum())
+        empty = counts[label] == 0
+        recall[label] = None if empty else float(correct[members].mean())
+        ade_per[label] = None if empty else float(ade[members].mean())
+        fde_per[label] = None if empty else float(fde[members].mean())
+    return Metrics(len(commanded), counts, float(correct.mean()), recall, float(ade.mean()), float(fde.mean()),
+                   ade_per, fde_per, confusion_counts(list(commanded), list(estimated)))

@@ -1,0 +1,80 @@
+"""The settings of a scoring run, checked once, before torch is imported (conf/score_actbench.yaml).
+
+:func:`scoring_settings` turns the Hydra config into a frozen :class:`ScoringSettings`; everything after it takes
+the values as given. Inputs that need reading (the samples' rows, the videos, the estimator's files) are checked
+where they are read (terra/scoring/samples.py, videos.py, estimator.py), still before any video is decoded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from terra.config.backend import DTYPES, check_device
+from terra.config.checks import Range, TerraInputError, check_choice, check_flag, select, shown
+from terra.config.files import open_input_file
+from terra.config.outputs import check_output_dir
+from terra.scoring.report import FILES
+from terra.scoring.samples import MAX_SAMPLES_BYTES, sample_files
+
+RANGES = {
+    "batch_size": Range(1, 1024, 16, whole=True),
+    "num_workers": Range(0, 256, 8, whole=True),
+    "num_threads": Range(1, 1024, 1, whole=True, nullable=True),
+}
+NEEDED = {"av": "PyAV (video decoding)", "matplotlib": "matplotlib (the confusion matrix)"}
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """What :func:`terra.scoring.run.score` needs, checked."""
+
+    videos: Path  # folder of <name>_<sample_id>.mp4
+    samples: tuple[Path, ...]  # JSONL files of ACT-Bench samples
+    estimator: Path  # folder: config.json + weights
+    output_dir: Path  # absolute; summary.json, results.jsonl, confusion_matrix.png
+    batch_size: int = 16
+    num_workers: int = 8  # DataLoader workers decoding videos (0: in this process; at most the CPUs usable)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bf16 autocast on a GPU, fp32 on a CPU) | float32 | bfloat16
+    progress: bool = True
+    num_threads: int | None = None  # torch CPU threads; None: torch's default
+
+
+def _folder(value: Any, name: str, what: str) -> Path:
+    if value is None or value == "":
+        raise TerraInputError(f"no {name} given; pass {name}=DIR ({what})")
+    path = Path(str(value)).expanduser()
+    if not path.is_dir():
+        raise TerraInputError(f"{name}={shown(str(value), 80)} is not a folder; pass {name}=DIR ({what})")
+    return path
+
+
+def scoring_settings(cfg: Any) -> ScoringSettings:
+    """The checked settings of ``cfg`` (an OmegaConf config or nested mappings); one line for a bad one."""
+    missing = [what for module, what in NEEDED.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise TerraInputError(f"scoring needs {' and '.join(missing)}: pip install 'terra-world-model[score]'")
+    values = {key: limits.check(select(cfg, key), key) for key, limits in RANGES.items()}
+    videos = _folder(select(cfg, "videos"), "videos", "the generated videos, <name>_<sample_id>.mp4")
+    estimator = _folder(select(cfg, "estimator"), "estimator",
+                        "a download of turing-motors/ACT-Estimator: config.json and model.safetensors")
+    samples = select(cfg, "samples")
+    if samples is None or samples == "":
+        raise TerraInputError("no samples given; pass samples=FILE (ACT-Bench's act_bench.jsonl) or a folder of them")
+    files = sample_files(Path(str(samples)).expanduser())
+    for file in files:
+        open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
+    output_dir = select(cfg, "output_dir")
+    if output_dir is None or output_dir == "":
+        raise TerraInputError("no output_dir given; pass output_dir=DIR (summary.json, results.jsonl, "
+                              "confusion_matrix.png go there)")
+    return ScoringSettings(
+        videos=videos, samples=files, estimator=estimator,
+        output_dir=check_output_dir(str(output_dir), FILES, "output_dir"),
+        batch_size=values["batch_size"], num_workers=values["num_workers"],
+        device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
+        progress=check_flag(select(cfg, "progress"), "progress"), num_threads=values["num_threads"],
+    )

@@ -1,0 +1,128 @@
+"""The videos to score: finding them, matching them to samples, decoding and preprocessing them.
+
+Matching (ACT-Bench's ``act_bench/compute_score.py``): every ``*.mp4`` of the folder (not below it) is named
+``<anything>_<sample_id>.mp4``, the id being the number at the end of the stem: ``NUSCENES_ACTION_000123.mp4``,
+what ``output.naming=actbench`` of ``scripts/rollout.py`` writes, and the names of ACT-Bench's published Terra
+and Vista videos. Hidden files (an interrupted write's temporary files, tokenizer/atomic.py) are not videos.
+
+Decoding and preprocessing (ACT-Bench's ``GeneratedVideosDataset``): PyAV decodes every frame to RGB, as
+``torchvision.io.read_video`` does; the last ``frames`` of them are kept, each is resized to 256x256 (bilinear
+with antialiasing on the float values of the uint8 pixels, then rounded: torchvision's ``Resize`` on a uint8
+tensor) and centre-cropped to 224x224. Another crop size (a small estimator's ``input_shape``) is resized by the
+same 256/224 ratio first. :class:`VideoClips` does this in DataLoader workers and hands errors back as text, so a
+short or broken video ends the run with one line naming it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from terra.config.checks import TerraInputError
+from terra.scoring.samples import BenchSample
+
+SAMPLE_ID = re.compile(r"_(\d+)$")
+RESIZE_RATIO = 256 / 224  # ACT-Bench resizes to 256x256 and crops 224x224
+
+
+def find_videos(folder: Path) -> dict[int, Path]:
+    """``{sample_id: path}`` of the ``*.mp4`` files in ``folder``; one line for a badly named or unreadable one."""
+    videos: dict[int, Path] = {}
+    for path in sorted(folder.glob("*.mp4")):
+        if path.name.startswith("."):
+            continue
+        match = SAMPLE_ID.search(path.stem)
+        if match is None:
+            raise TerraInputError(f"video {path} is not named <name>_<sample_id>.mp4 (e.g. NUSCENES_ACTION_000123.mp4, "
+                                  "as output.naming=actbench writes); rename it or move it out of the folder")
+        if not path.is_file():
+            raise TerraInputError(f"video {path} is not a regular file")
+        sample_id = int(match.group(1))
+        if sample_id in videos:
+            raise TerraInputError(f"videos {videos[sample_id].name} and {path.name} both end in sample id {sample_id}; "
+                                  "keep one")
+        videos[sample_id] = path
+    return videos
+
+
+def match_videos(samples: Sequence[BenchSample], videos: dict[int, Path], folder: Path) -> list[Path]:
+    """The video of each sample, in order; one line listing the first samples that have none."""
+    missing = [s.sample_id for s in samples if s.sample_id not in videos]
+    if missing:
+        first = ", ".join(map(str, missing[:5]))
+        raise TerraInputError(f"{len(missing)} of {len(samples)} samples have no video in {folder} (first: sample "
+                              f"{first}; expected e.g. NUSCENES_ACTION_{missing[0]:06d}.mp4); generate them or pass "
+                              "the folder that holds them")
+    return [videos[s.sample_id] for s in samples]
+
+
+def resize_size(crop: tuple[int, int]) -> tuple[int, int]:
+    """The size frames are resized to before the centre crop ``crop`` (256x256 for 224x224)."""
+    return round(crop[0] * RESIZE_RATIO), round(crop[1] * RESIZE_RATIO)
+
+
+def decode_last(path: Path, num_frames: int) -> np.ndarray:
+    """The last ``num_frames`` frames of a video, uint8 RGB ``[num_frames, H, W, 3]``. Raises
+    :class:`TerraInputError` for a video that is short or cannot be decoded."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise TerraInputError(f"video {path} cannot be decoded (it has no video stream); generate it again")
+            kept: deque = deque(maxlen=num_frames)
+            count = 0
+            for frame in container.decode(container.streams.video[0]):
+                kept.append(frame)
+                count += 1
+            frames = [frame.to_ndarray(format="rgb24") for frame in kept]
+    except av.FFmpegError as err:
+        raise TerraInputError(f"video {path} cannot be decoded ({type(err).__name__}: {err.strerror or err}); "
+                              "generate it again") from None
+    if count < num_frames:
+        raise TerraInputError(f"video {path} has {count} frames; scoring needs at least {num_frames} (it scores the "
+                              f"last {num_frames}: num_frames={num_frames} after the context frames)")
+    return np.stack(frames)
+
+
+def preprocess(frames: np.ndarray, crop: tuple[int, int]) -> Tensor:
+    """uint8 ``[T, H, W, 3]`` → uint8 ``[3, T, crop_h, crop_w]``: resized by :func:`resize_size` as torchvision's
+    ``Resize`` does a uint8 tensor, then centre-cropped as its ``CenterCrop`` does."""
+    size = resize_size(crop)
+    images = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+    images = F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    images = images.round_().to(torch.uint8)
+    top, left = int(round((size[0] - crop[0]) / 2.0)), int(round((size[1] - crop[1]) / 2.0))
+    images = images[:, :, top: top + crop[0], left: left + crop[1]]
+    return images.permute(1, 0, 2, 3).contiguous()
+
+
+class VideoClips(Dataset):
+    """Item ``i``: ``(i, frames uint8 [3, T, h, w], None)``, or ``(i, None, error line)`` for a bad video."""
+
+    def __init__(self, paths: Sequence[Path], num_frames: int, crop: tuple[int, int]) -> None:
+        self.paths, self.num_frames, self.crop = list(paths), num_frames, crop
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[int, Tensor | None, str | None]:
+        try:
+            return index, preprocess(decode_last(self.paths[index], self.num_frames), self.crop), None
+        except TerraInputError as err:
+            return index, None, str(err)
+
+
+def collate(items: list[tuple[int, Tensor | None, str | None]]) -> tuple[list[int], Tensor | None, list[str]]:
+    """A batch of :class:`VideoClips` items: indices, stacked frames (None when an item failed), error lines."""
+    errors = [error for _, _, error in items if error is not None]
+    frames = None if errors else torch.stack([clip for _, clip, _ in items])
+    return [index for index, _, _ in items], frames, errors

@@ -1,0 +1,183 @@
+"""``scripts/score_actbench.py`` end to end on the tiny estimator and small synthetic videos (tests/scoring/
+conftest.py): the files ACT-Bench writes, metrics equal to a plain numpy computation from ``results.jsonl``, and
+bad input ending with exit code 2, one line on stderr and nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from terra.config.checks import TerraInputError
+from terra.scoring.report import COLUMNS
+from terra.scoring.run import score
+from terra.scoring.settings import ScoringSettings, scoring_settings
+from tests.scoring.conftest import ENV, SAMPLE_IDS, SCRIPT, copy_inputs, run_score
+
+SUMMARY_KEYS = {"number_of_samples": None, "number_of_samples_per_action_class": None,
+                "instruction_fidelity": {"recall", "accuracy"},
+                "action_fidelity": {"ADE_per_cond_class", "ADE", "FDE_per_cond_class", "FDE"}}
+
+
+@pytest.fixture(scope="module")
+def scored(inputs, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("scored") / "results"
+    return run_score(inputs, out, "batch_size=4", cwd=out.parent), out
+
+
+def test_the_script_writes_actbenchs_files(scored):
+    result, out = scored
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert sorted(p.name for p in out.iterdir()) == ["confusion_matrix.png", "results.jsonl", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    keys = {k: (set(v) if isinstance(v, dict) and SUMMARY_KEYS[k] else None) for k, v in summary.items()}
+    assert keys == SUMMARY_KEYS
+    assert summary["number_of_samples"] == len(SAMPLE_IDS)  # the row of another class is left out
+    assert list(summary["instruction_fidelity"]["recall"]) == sorted(summary["instruction_fidelity"]["recall"])
+    assert len(summary["action_fidelity"]["ADE_per_cond_class"]) == 9
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["sample_id"] for r in rows] == SAMPLE_IDS and all(tuple(r) == COLUMNS for r in rows)
+    assert all(len(r["estimated_traj"]) == 44 and r["estimated_traj"][0] == [0.0, 0.0] for r in rows)
+    assert Path(rows[0]["video_path"]).name == f"NUSCENES_ACTION_{SAMPLE_IDS[0]:06d}.mp4"
+    assert (out / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"ACT-Bench score of {len(SAMPLE_IDS)} samples (1 rows of other classes left out, 1 videos of no " \
+           "scored sample" in result.stdout
+    assert f"instruction accuracy {summary['instruction_fidelity']['accuracy'] * 100:.2f} %" in result.stdout
+
+
+def test_metrics_equal_numpy_on_the_written_results(scored):
+    _, out = scored
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    estimated = np.array([r["estimated_traj"] for r in rows])
+    reference = np.array([r["reference_traj_transformed"] for r in rows])
+    assert np.array_equal(reference[:, :, 0], -np.array([r["reference_traj"] for r in rows])[:, :44, 1])
+    distance = np.linalg.norm(estimated - reference, axis=-1)
+    assert np.allclose([r["ade"] for r in rows], distance.mean(axis=1), rtol=1e-12)
+    assert np.allclose([r["fde"] for r in rows], distance[:, -1], rtol=1e-12)
+    correct = np.array([r["cond_class"] == r["estimated_class"] for r in rows])
+    assert summary["instruction_fidelity"]["accuracy"] == pytest.approx(correct.mean(), rel=1e-12)
+    assert summary["action_fidelity"]["ADE"] == pytest.approx(distance.mean(), rel=1e-12)
+    assert summary["action_fidelity"]["FDE"] == pytest.approx(distance[:, -1].mean(), rel=1e-12)
+    for label, recall in summary["instruction_fidelity"]["recall"].items():
+        members = [r for r in rows if r["cond_label"] == label]
+        expected = np.mean([r["estimated_label"] == label for r in members]) if members else "N/A"
+        assert recall == (pytest.approx(expected) if members else expected)
+
+
+def test_the_same_videos_score_the_same_in_process_with_a_worker(inputs, scored, tmp_path):
+    """Decoding in a DataLoader worker and another batch size change nothing."""
+    _, out = scored
+    settings = ScoringSettings(videos=inputs.videos, samples=(inputs.samples,), estimator=inputs.estimator,
+                               output_dir=tmp_path / "again", batch_size=3, num_workers=1, device="cpu")
+    again = score(settings)
+    first = json.loads((out / "summary.json").read_text())
+    assert again.metrics.accuracy == first["instruction_fidelity"]["accuracy"]
+    assert again.metrics.ade == pytest.approx(first["action_fidelity"]["ADE"], rel=1e-6)
+    assert [p.name for p in again.paths] == ["summary.json", "results.jsonl", "confusion_matrix.png"]
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+
+
+def spoil(case: str, copy) -> str:
+    """Spoil ``copy`` (tests/scoring/conftest.py: copy_inputs) as ``case`` says; returns text the error names."""
+    video = copy.videos / f"NUSCENES_ACTION_{SAMPLE_IDS[5]:06d}.mp4"
+    if case == "missing video":
+        video.unlink()
+        return f"1 of {len(SAMPLE_IDS)} samples have no video"
+    if case == "short video":  # the sixth of nine: a later batch, after some were estimated
+        frames = np.zeros((40, 48, 80, 3), np.uint8)
+        video.unlink()
+        from decoder.writers import write_mp4
+
+        write_mp4(video, frames)
+        return f"{video} has 40 frames; scoring needs at least 44"
+    if case == "wrong naming":
+        (copy.videos / "rollout.mp4").symlink_to(video)
+        return "rollout.mp4 is not named <name>_<sample_id>.mp4"
+    if case == "row without reference_traj":
+        rows = [json.loads(line) for line in copy.samples.read_text().splitlines()]
+        del rows[2]["reference_traj"]
+        copy.samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return f"line 3: sample {SAMPLE_IDS[2]} has no reference_traj"
+    weights = copy.estimator / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()
+    if case == "foreign weights":
+        weights.write_bytes(data.replace(b"squeeze_linear", b"squeeze_layers"))  # same lengths: a valid file
+        return "is not ACT-Bench's VideoActionEstimator: 2 unmatched tensors (first: squeeze_layers.bias"
+    assert case == "truncated weights"
+    weights.write_bytes(data[: len(data) // 3])
+    return "cannot be read"
+
+
+CASES = ["missing video", "short video", "wrong naming", "row without reference_traj", "foreign weights",
+         "truncated weights"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_writes_nothing(inputs, tmp_path, case):
+    copy = copy_inputs(inputs, tmp_path / "inputs")
+    expected = spoil(case, copy)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("old")  # a previous run's file stays as it was
+    settings = ScoringSettings(videos=copy.videos, samples=(copy.samples,), estimator=copy.estimator,
+                               output_dir=out, batch_size=2, num_workers=int(case == "short video"), device="cpu")
+    with pytest.raises(TerraInputError) as err:
+        score(settings)
+    assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert [p.name for p in out.iterdir()] == ["summary.json"] and (out / "summary.json").read_text() == "old"
+
+
+@pytest.mark.parametrize("case", ["short video", "wrong naming"])
+def test_the_script_exits_2_with_one_line(inputs, tmp_path, case):
+    copy = copy_inputs(inputs, tmp_path / "inputs")
+    expected = spoil(case, copy)
+    result = run_score(copy, tmp_path / "out", "num_workers=1", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("score_actbench: error: "), result.stderr
+    assert expected in result.stderr
+    assert not (tmp_path / "out").exists() and result.stdout == ""
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([], "no videos given; pass videos=DIR"),
+    (["videos=/nonexistent"], "videos='/nonexistent' is not a folder"),
+    (["videos=.", "estimator=.", "samples=missing.jsonl"], "samples file missing.jsonl does not exist"),
+    (["videos=.", "estimator=.", "samples=empty"], "samples folder empty has no *.jsonl file"),
+    (["videos=.", "estimator=.", "samples=s.jsonl"], "no output_dir given"),
+    (["videos=.", "estimator=.", "samples=s.jsonl", "output_dir=o", "batch_size=0"], "batch_size must be a whole"),
+    (["videos=.", "estimator=.", "samples=s.jsonl", "output_dir=o", "device=gpu"], "device='gpu' is not a device"),
+    (["videos=.", "estimator=.", "samples=s.jsonl", "output_dir=o", "dtype=float16"], "unknown dtype 'float16'"),
+])
+def test_settings_are_checked_before_anything_loads(tmp_path, monkeypatch, overrides, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.jsonl").write_text("")
+    (tmp_path / "empty").mkdir()
+    cfg = {"videos": None, "samples": None, "estimator": None, "output_dir": None, "batch_size": 16,
+           "num_workers": 8, "device": "auto", "dtype": "auto", "num_threads": None, "progress": True}
+    cfg.update(dict(o.split("=", 1) for o in overrides))
+    cfg["batch_size"] = int(cfg["batch_size"])
+    with pytest.raises(TerraInputError) as err:
+        scoring_settings(cfg)
+    assert message in str(err.value)
+
+
+def test_an_unknown_setting_exits_2_before_torch(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "+score=true"], cwd=tmp_path, env=ENV, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "unknown setting 'score'" in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_settings_check_loads_no_torch():
+    code = "import sys, terra.scoring.settings; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
