@@ -1,1 +1,1 @@
-"""The Hydra configs, installed as the package ``terra.conf`` (see ``pyproject.toml`` and ``terra/hydra_app.py``)."""
+"""The Hydra configs, installed as the package ``terra.conf`` (see ``pyproject.toml`` and ``terra/apps/runner.py``)."""

@@ -21,8 +21,8 @@ import imageio.v3 as iio
 import numpy as np
 from PIL import Image
 
-from tokenizer.errors import InputError
 from tokenizer.atomic import atomic_path
+from tokenizer.errors import InputError
 
 PNG_PATTERN = "frame_{:05d}.png"
 MIN_FPS, MAX_FPS = 1.0, 60.0  # slower is a slide show; faster than GIF delays (1/100 s) and most players

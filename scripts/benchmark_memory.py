@@ -31,11 +31,11 @@ import torch
 import transformers
 
 from decoder import write_video
-from terra.actions import actions_for_manoeuvre
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.generation.backends import resolve_device
 from terra.generation.rollout import RolloutRequest
-from terra.generation.sampling import SamplingConfig
+from terra.inputs.actions import actions_for_manoeuvre
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TINY, TINY_TOKENIZER, with_window
 from terra.pipeline import WorldModelPipeline

@@ -36,11 +36,11 @@ import torch
 from PIL import Image
 
 from terra.batch import DEMO, read_manifest
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.inputs.trajectory import MANOEUVRES
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA
 from terra.sim import sample_frames
-from terra.trajectory import MANOEUVRES
 from tokenizer import LFQTokenizer, load_tokenizer
 from tokenizer.atomic import write_text
 from tokenizer.lfq import TERRA_CONFIG

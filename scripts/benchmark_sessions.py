@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.generation.backends import create_backend
 from terra.generation.rollout import RolloutRequest
-from terra.generation.sampling import SamplingConfig
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
 from terra.pipeline import WorldModelPipeline

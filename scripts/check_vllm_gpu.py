@@ -31,10 +31,10 @@ import torch
 import vllm
 from transformers import AutoModelForCausalLM
 
+from terra.config.sampling import SamplingConfig
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
-from terra.generation.sampling import SamplingConfig
 from terra.generation.vllm_backend import VLLMBackend
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import SMALL, TINY

@@ -23,9 +23,9 @@ Manoeuvre adherence
     each manoeuvre in turn; each rollout is attributed to the manoeuvre whose ground-truth render its frames at
     ``adherence.horizons`` are closer to.
 
-Every setting is checked (ranges in ``SETTINGS`` below and :mod:`terra.validation`) before torch is imported or
+Every setting is checked (ranges in ``SETTINGS`` below and terra/config/) before torch is imported or
 any model loads, the output folder included; a bad one ends with one line on stderr and exit code 2
-(terra/hydra_app.py).
+(terra/apps/runner.py).
 """
 
 from __future__ import annotations
@@ -39,19 +39,19 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from terra.errors import TerraInputError
-from terra.hydra_app import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.config.backend import DTYPES, check_backend, check_device
+from terra.config.checks import Range, TerraInputError, check_choice, check_flag, check_settings, select
+from terra.config.outputs import check_output_dir
+from terra.config.sampling import SamplingConfig
+from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.trajectory import MANOEUVRES, MANOEUVRE_RANGES, manoeuvre_trajectory
 from terra.sim import Clip, Scene, make_clip
 from terra.sim.clips import (
     FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, chain_trajectories, clip_from_trajectory, place,
     random_manoeuvre_params,
 )
 from terra.sim.scene import EGO_LANE_OFFSET_M
-from terra.trajectory import FRAME_RATE_HZ, MANOEUVRE_RANGES, MANOEUVRES, manoeuvre_trajectory
-from terra.validation import (
-    DTYPES, Range, check_backend, check_choice, check_device, check_flag, check_output_dir, check_sampling,
-    check_settings, select,
-)
 
 if TYPE_CHECKING:
     from terra.evaluation import AdherenceCase
@@ -93,8 +93,9 @@ def _range(value, name: str, key: str) -> tuple[float, float]:
     return low, high
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Raise :class:`TerraInputError` for a bad setting, before anything is imported, loaded or rendered."""
+def check_config(cfg: DictConfig) -> SamplingConfig:
+    """Raise :class:`TerraInputError` for a bad setting, before anything is imported, loaded or rendered; return
+    the checked sampling settings."""
     values = check_settings(cfg, SETTINGS)
     if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:
         raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")
@@ -116,8 +117,8 @@ def check_config(cfg: DictConfig) -> None:
     check_device(cfg.device)
     check_choice(cfg.dtype, "dtype", DTYPES)
     check_backend(cfg.backend.name, select(cfg, "backend.options"))
-    check_sampling(select(cfg, "sampling"))
     check_output_dir(str(cfg.out_dir), ["report.json"], "out_dir")
+    return SamplingConfig.from_mapping(select(cfg, "sampling"))
 
 
 def _quality_manoeuvres(cfg: DictConfig) -> list[str]:
@@ -226,18 +227,16 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
     pipeline built here is closed at the end.
     """
     t_start = time.perf_counter()
-    check_config(cfg)
+    sampling = check_config(cfg)
     import torch  # every setting is fine: now the heavy modules
 
     from terra.evaluation import evaluate_adherence, evaluate_quality
-    from terra.generation.sampling import SamplingConfig
-    from terra.inputs import check_window
+    from terra.config.spec import check_window
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
-    from terra.snapshot import checkpoint_path
+    from terra.config.snapshot import checkpoint_path
     from tokenizer.atomic import write_text
 
-    sampling = SamplingConfig(**select(cfg, "sampling"))
     if cfg.num_threads is not None:
         torch.set_num_threads(int(cfg.num_threads))
     exclude = training_scene_seeds(int(cfg.exclude_training.seed), int(cfg.exclude_training.num_clips))

@@ -20,8 +20,8 @@ import time  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from terra.errors import TerraInputError  # noqa: E402
-from terra.hydra_app import CONFIG_PATH, run_app  # noqa: E402
+from terra.config.checks import TerraInputError  # noqa: E402
+from terra.apps.runner import CONFIG_PATH, run_app  # noqa: E402
 from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 
 

@@ -21,9 +21,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from terra.actions import NUM_ACTION_TOKENS
-from terra.errors import TerraInputError
-from terra.hydra_app import CONFIG_PATH, run_app
+from terra.apps.runner import CONFIG_PATH, run_app
+from terra.config.checks import TerraInputError
+from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.generation.backends import resolve_device
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips, save_tokens
 from tokenizer import load_tokenizer
@@ -38,13 +39,6 @@ CONFIG = {
     "hydra": {"run": {"dir": "."}, "output_subdir": None, "job": {"chdir": False}},
 }
 ConfigStore.instance().store(name="tokenize_dataset", node=CONFIG)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → the first GPU when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 @torch.no_grad()
@@ -92,7 +86,7 @@ def run(cfg: DictConfig) -> TokenizedClips:
         raise TerraInputError(
             f"tokenizer {cfg.tokenizer_path} does not exist; pass tokenizer_path=<saved tokenizer folder>"
         )
-    tok = load_tokenizer(str(cfg.tokenizer_path), device=resolve_device(str(cfg.device))).eval()
+    tok = load_tokenizer(str(cfg.tokenizer_path), device=torch.device(resolve_device(str(cfg.device)))).eval()
     clips = tokenize_dataset(dataset, tok, int(cfg.batch_size))
     clips = TokenizedClips(**{**clips.__dict__, "tokenizer": str(cfg.tokenizer_path)})
     save_tokens(cfg.out, clips)

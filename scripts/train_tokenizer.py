@@ -33,23 +33,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
-from terra.errors import TerraInputError
-from terra.hydra_app import CONFIG_PATH, run_app
+from terra.apps.runner import CONFIG_PATH, run_app
+from terra.config.checks import TerraInputError
 from terra.sim import render_frames
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from tokenizer.atomic import atomic_path, write_text
-from tokenizer.base import WEIGHTS_NAME, TrainOutput
+from tokenizer.base import TrainOutput, WEIGHTS_NAME
 from tokenizer.images import load_frames
 from tokenizer.training import (
-    CodeUsage,
-    PatchDiscriminator,
-    gradient_l1,
-    hinge_d_loss,
-    hinge_g_loss,
-    lr_factor,
-    make_ema,
-    psnr,
-    sample_batch,
+    CodeUsage, PatchDiscriminator, gradient_l1, hinge_d_loss, hinge_g_loss, lr_factor, make_ema, psnr, sample_batch,
 )
 
 FAMILIES: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}

@@ -36,9 +36,10 @@ from huggingface_hub.errors import StrictDataclassError
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from terra.actions import NUM_ACTION_TOKENS
-from terra.errors import TerraInputError
-from terra.hydra_app import CONFIG_PATH, run_app
+from terra.apps.runner import CONFIG_PATH, run_app
+from terra.config.checks import TerraInputError
+from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.generation.backends import resolve_device
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.sim.tokens import TokenizedClips, load_tokens
 from tokenizer.atomic import atomic_dir, write_text
@@ -156,13 +157,6 @@ class Objective:
         return total_loss / len(codes), total_acc / len(codes)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → the first GPU when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def autocast_for(precision: str, device: torch.device) -> torch.dtype | None:
     """bf16 autocast on CUDA when ``auto``; fp32 (no autocast) on CPU or when asked."""
     if precision not in ("auto", "bf16", "fp32"):
@@ -242,7 +236,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tcfg = cfg.train
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(str(tcfg.device))
+    device = torch.device(resolve_device(str(tcfg.device)))
     autocast_dtype = autocast_for(str(tcfg.precision), device)
     dtype = EXPORT_DTYPES.get(str(cfg.export.dtype))
     if dtype is None:

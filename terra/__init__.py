@@ -8,6 +8,6 @@ port in :mod:`terra.vllm`, batch rollouts in :mod:`terra.batch`, the synthetic d
 :mod:`terra.sim`.
 """
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 
 __all__ = ["TerraInputError"]

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
-from terra.generation.sampling import SamplingConfig
 from terra.metrics import psnr, ssim
 from terra.sim import Clip
 

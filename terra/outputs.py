@@ -1,84 +1,51 @@
-"""Write the files of a generation run: videos per rollout (and a grid of them), PNG frames, the JSON sidecar.
-
-The checks (:func:`check_output`, :func:`output_file_names`, :func:`prepare_output_dir`) run before any model
-loads and import nothing heavy; :func:`write_outputs` leaves nothing of a run that fails or is interrupted
-while writing.
+"""Frames → files, for ``terra-generate`` and the batch writer alike: what is drawn on the frames
+(:func:`shown_frames`), one file per format (:func:`write_formats`), and a ``terra-generate`` run's videos, grid
+and sidecar (:func:`write_outputs`), of which nothing stays when the run fails or is interrupted while writing.
+The names and checks are terra/config/outputs.py's.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from decoder.overlay import draw_trajectory, mark_frames
 from decoder.sidecar import write_sidecar
-from decoder.writers import check_fps, write_grid, write_png_sequence, write_video
-from terra.errors import TerraInputError
+from decoder.writers import write_grid, write_png_sequence, write_video
+from terra.config.outputs import OutputSpec
 from terra.metrics import psnr
-from terra.validation import check_output_dir
 
 if TYPE_CHECKING:
     from terra.pipeline import RolloutResult
 
-FORMATS = ("gif", "mp4", "png")
+
+def shown_frames(frames: np.ndarray, actions: np.ndarray, num_context: int, mark_context: bool,
+                 overlay_trajectory: bool) -> np.ndarray:
+    """The frames as written: with the commanded path drawn on (``overlay_trajectory``) and the context frames
+    marked (``mark_context``)."""
+    if overlay_trajectory:
+        frames = draw_trajectory(frames, actions[: len(frames)])
+    if mark_context:
+        frames = mark_frames(frames, num_context)
+    return frames
 
 
-def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -> list[str]:
-    """Validate ``output.formats`` before any work is done (a single name counts as a list of one).
-
-    ``distinct``: each name at most once (batch rollouts write one file per format and sample).
-    """
-    formats = [formats] if isinstance(formats, str) else list(formats)
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats or (distinct and len(set(formats)) != len(formats)):
-        what = "a non-empty list of distinct names from" if distinct else "a non-empty list drawn from"
-        raise TerraInputError(f"output.formats {formats} must be {what} {list(FORMATS)}")
-    return formats
-
-
-def check_output(output) -> None:
-    """Validate the ``output`` settings (formats, fps, name, flags) before any work is done."""
-    check_output_formats(output.formats)
-    check_fps(output.fps, "output.fps")
-    name = output.name
-    if not isinstance(name, str) or name.strip(".") == "" or "/" in name or "\\" in name or "\0" in name:
-        raise TerraInputError(
-            f"output.name {name!r} must be a plain file name such as rollout; choose the folder with output.dir"
-        )
-    for flag in ("mark_context", "overlay_trajectory"):
-        if not isinstance(output[flag], bool):
-            raise TerraInputError(f"output.{flag} must be true or false (got {output[flag]!r})")
-
-
-def output_file_names(output, num_samples: int) -> list[str]:
-    """The names :func:`write_outputs` gives its files and folders in the output folder."""
-    formats = check_output_formats(output.formats)
-    stems = [output.name] if num_samples == 1 else [f"{output.name}_{i:02d}" for i in range(num_samples)]
-    names = [f"{stem}_frames" if fmt == "png" else f"{stem}.{fmt}" for stem in stems for fmt in formats]
-    if num_samples > 1:
-        names += [f"{output.name}_grid.{fmt}" for fmt in formats if fmt != "png"]
-    return names + [f"{output.name}.json"]
-
-
-def prepare_output_dir(out_dir: Path, file_names: Sequence[str] = ()) -> None:
-    """Create ``out_dir`` or fail with one clear line when it cannot be written or ``file_names`` do not fit
-    the file system there."""
-    check_output_dir(out_dir, file_names)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".terra-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise TerraInputError(f"output folder {out_dir} is not writable ({err.strerror}); choose another output.dir") from None
+def write_formats(paths: Mapping[str, Path], frames: np.ndarray, fps: float, written: list[Path]) -> None:
+    """Write ``frames`` once per format, ``{"mp4": file, "gif": file, "png": folder}``; each file is added to
+    ``written`` as soon as it exists (a PNG folder's frames one by one), so a failure can remove what was made."""
+    for fmt, path in paths.items():
+        if fmt == "png":
+            written += write_png_sequence(path, frames)
+        else:
+            written.append(write_video(path, frames, fps=fps))
 
 
 def write_outputs(
     out_dir: Path,
-    output,
+    output: OutputSpec,
     results: Sequence[RolloutResult],
     actions: np.ndarray,
     config: dict,
@@ -88,18 +55,16 @@ def write_outputs(
 ) -> list[Path]:
     """Write every rollout's videos and one sidecar describing the run; return the written paths.
 
-    ``output`` carries ``name``, ``formats``, ``fps``, ``mark_context`` and ``overlay_trajectory``;
     ``ground_truth`` (uint8 ``[num_frames, H, W, 3]``), when known, adds per-frame PSNR to the sidecar;
     ``record`` adds fields to the sidecar. When a write fails or is interrupted, the files and frame folders
     written so far are removed before the error propagates.
     """
-    formats = check_output_formats(output.formats)
-    prepare_output_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)  # checked by the app (terra/config/outputs.py, prepare_output_dir)
     files: list[Path] = []
-    new_folders = [out_dir / name for name in output_file_names(output, len(results))
+    new_folders = [out_dir / name for name in output.file_names(len(results))
                    if name.endswith("_frames") and not (out_dir / name).exists()]
     try:
-        _write_videos(out_dir, output, formats, results, actions, files)
+        _write_videos(out_dir, output, results, actions, files)
         rollouts: list[dict[str, Any]] = []
         for result in results:
             entry = {"seed": result.request.seed, "num_context": result.num_context,
@@ -120,23 +85,16 @@ def write_outputs(
     return files + [sidecar]
 
 
-def _write_videos(out_dir: Path, output, formats: list[str], results: Sequence[RolloutResult],
-                  actions: np.ndarray, files: list[Path]) -> None:
+def _write_videos(out_dir: Path, output: OutputSpec, results: Sequence[RolloutResult], actions: np.ndarray,
+                  files: list[Path]) -> None:
     """Each rollout's videos / PNG frames and the grid; every path is added to ``files`` once written."""
     shown = []
-    for i, result in enumerate(results):
-        frames = result.frames
-        if output.overlay_trajectory:
-            frames = draw_trajectory(frames, actions[: len(frames)])
-        if output.mark_context:
-            frames = mark_frames(frames, result.num_context)
+    for result, stem in zip(results, output.stems(len(results))):
+        frames = shown_frames(result.frames, actions, result.num_context, output.mark_context,
+                              output.overlay_trajectory)
         shown.append(frames)
-        stem = output.name if len(results) == 1 else f"{output.name}_{i:02d}"
-        for fmt in formats:
-            if fmt == "png":
-                files += write_png_sequence(out_dir / f"{stem}_frames", frames)
-            else:
-                files.append(write_video(out_dir / f"{stem}.{fmt}", frames, fps=output.fps))
+        write_formats({fmt: out_dir / output.file_name(stem, fmt) for fmt in output.formats}, frames, output.fps,
+                      files)
     if len(results) > 1:
-        for fmt in (f for f in formats if f != "png"):
+        for fmt in (f for f in output.formats if f != "png"):
             files.append(write_grid(out_dir / f"{output.name}_grid.{fmt}", shown, fps=output.fps))

@@ -7,6 +7,7 @@ codes back to frames. Video files are written by :mod:`decoder`.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,10 +18,12 @@ import numpy as np
 import torch
 
 from decoder import codes_to_frames
-from terra.errors import TerraInputError
-from terra.generation.backends import create_backend, resolve_device
+from terra.config.backend import DTYPES, check_backend, check_device
+from terra.config.checks import TerraInputError, check_choice, check_flag
+from terra.config.sampling import SamplingConfig
+from terra.config.spec import RunSpec
+from terra.generation.backends import create_backend, resolve_spec
 from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
-from terra.generation.sampling import SamplingConfig
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 from tokenizer import ImageTokenizer, load_tokenizer
@@ -35,7 +38,7 @@ class RolloutResult:
 
     request: RolloutRequest
     codes: np.ndarray  # [n_ctx + num_frames, h, w]
-    frames: np.ndarray  # uint8 [n_ctx + num_frames, H, W, 3]
+    frames: np.ndarray | None  # uint8 [n_ctx + num_frames, H, W, 3]; None until decoded (generate(decode=False))
     num_context: int
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -70,6 +73,29 @@ class WorldModelPipeline:
         # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
         # writer threads decoding 288x512 frames at once ran the H100 out of memory: BENCHMARKS.md).
         self._tokenizer_lock = threading.Lock()
+        self._refiner_lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec, tokenizer: ImageTokenizer | None = None,
+                  config: LlamaActionConfig | None = None) -> "WorldModelPipeline":
+        """The pipeline a checked and resolved :class:`~terra.config.spec.RunSpec` names
+        (terra/generation/backends.py, ``resolve_spec``: a concrete device and backend): the tokenizer loaded
+        (or the one given), the pair checked, then the world model loaded.
+
+        ``config`` is the world model's config when the caller has already read it
+        (:func:`~terra.models.checkpoint.read_world_model_config`), so config.json is parsed once per run; it is
+        not changed (the spec's ``zero_embed_code_0``, Terra's vLLM port embedding image code 0 as zeros, goes
+        into a copy).
+        """
+        if spec.device == "auto" or spec.backend == "auto":
+            raise ValueError("from_spec takes a resolved spec: pass terra.generation.backends.resolve_spec(spec)")
+        config = copy.deepcopy(config or read_world_model_config(spec.world_model))
+        config.zero_embed_code_0 = spec.zero_embed_code_0
+        tok = tokenizer or load_tokenizer(spec.tokenizer)
+        check_compatible(config, tok)
+        backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config,
+                                 **spec.backend_options)
+        return cls(tok, backend, spec.device)
 
     @classmethod
     def from_pretrained(
@@ -83,20 +109,14 @@ class WorldModelPipeline:
         zero_embed_code_0: bool = False,
         **backend_options,
     ) -> "WorldModelPipeline":
-        """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend.
-
-        ``config`` is the world model's config when the caller has already read it
-        (:func:`~terra.models.checkpoint.read_world_model_config`), so config.json is parsed once per run.
-        ``zero_embed_code_0`` reproduces Terra's vLLM port, which embeds image code 0 as zeros
-        (:mod:`terra.models.configuration_llama_action`); off, code 0 is an ordinary code.
-        """
-        config = config or read_world_model_config(world_model)
-        config.zero_embed_code_0 = bool(zero_embed_code_0)
-        device = resolve_device(device)
-        tok = tokenizer if isinstance(tokenizer, ImageTokenizer) else load_tokenizer(str(tokenizer))
-        check_compatible(config, tok)
-        backend = create_backend(backend, world_model, device=device, dtype=dtype, config=config, **backend_options)
-        return cls(tok, backend, device)
+        """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
+        the Python API's edge, so the arguments are checked here, then :meth:`from_spec` runs."""
+        backend, options = check_backend(backend, backend_options)
+        spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
+                       backend=backend, backend_options=options, device=check_device(device),
+                       dtype=check_choice(dtype, "dtype", DTYPES),
+                       zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
+        return cls.from_spec(resolve_spec(spec), tokenizer if isinstance(tokenizer, ImageTokenizer) else None, config)
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -132,9 +152,21 @@ class WorldModelPipeline:
         return torch.cat(codes).numpy().astype(np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Codes ``[T, h, w]`` → uint8 frames ``[T, H, W, 3]``."""
+        """Codes ``[T, h, w]`` → uint8 frames ``[T, H, W, 3]``, frame by frame with the tokenizer."""
         with self._tokenizer_lock:
             return codes_to_frames(self.tokenizer, codes, batch_size=self.decode_batch_size)
+
+    def frames(self, codes: np.ndarray, seed: int | None = None, refiner: "VideoRefiner | None" = None,
+               progress: bool = False) -> tuple[np.ndarray, dict[str, float]]:
+        """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding: the one place where
+        ``decoding=framewise`` (the tokenizer, frame by frame) and ``decoding=refiner`` (``refiner``, Terra's
+        video refiner at 384x640, seeded with ``seed`` or 0: decoder/refiner/) part ways."""
+        start = time.perf_counter()
+        if refiner is None:
+            return self.decode(codes), {"decode_s": time.perf_counter() - start}
+        with self._refiner_lock:  # one refinement at a time on the GPU
+            video = refiner.refine(codes, self.tokenizer, seed=seed or 0, progress=progress)
+        return video.frames, {f"refine_{key}": value for key, value in video.timings.items()}
 
     def generate(
         self,
@@ -142,8 +174,10 @@ class WorldModelPipeline:
         sampling: SamplingConfig,
         progress: bool = True,
         on_frame: FrameCallback | None = None,
+        decode: bool = True,
     ) -> list[RolloutResult]:
-        """Run all rollouts together on the backend, then decode each to frames."""
+        """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
+        without it ``frames`` stay None for :meth:`refine` once the engine is closed)."""
         start = time.perf_counter()
         generated = self.backend.generate(requests, sampling, progress=progress, on_frame=on_frame)
         generate_s = time.perf_counter() - start
@@ -152,26 +186,20 @@ class WorldModelPipeline:
         for request, new in zip(requests, generated):
             context = np.asarray(request.context).reshape(len(request.context), *grid)
             codes = np.concatenate([context, new.reshape(len(new), *grid)])
-            t0 = time.perf_counter()
-            frames = self.decode(codes)
-            timings = {
-                "generate_s": generate_s,
-                "generate_s_per_frame": generate_s / max(1, sum(r.num_frames for r in requests)),
-                "decode_s": time.perf_counter() - t0,
-            }
+            frames, decoding = self.frames(codes, request.seed) if decode else (None, {})
+            timings = {"generate_s": generate_s,
+                       "generate_s_per_frame": generate_s / max(1, sum(r.num_frames for r in requests)), **decoding}
             results.append(RolloutResult(request, codes, frames, len(context), timings))
         return results
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
                progress: bool = False) -> list[RolloutResult]:
-        """Replace each result's frames by Terra's video refiner's (``decoding=refiner``: 384x640), seeded with its
+        """Give each result the frames of Terra's video refiner (``decoding=refiner``: 384x640), seeded with its
         request's seed (0 when it has none); ``timings`` gain the refiner's stages (``refine_*``). See
         :mod:`decoder.refiner`."""
         for result in results:
-            seed = result.request.seed or 0
-            video = refiner.refine(result.codes, self.tokenizer, seed=seed, progress=progress)
-            result.frames = video.frames
-            result.timings.update({f"refine_{key}": value for key, value in video.timings.items()})
+            result.frames, timings = self.frames(result.codes, result.request.seed, refiner, progress)
+            result.timings.update(timings)
         return list(results)
 
     def close(self) -> None:

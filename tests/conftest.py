@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,18 @@ from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TINY  # Terra's layout rules at toy size; tests import it from here
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SHARED = Path(__file__).resolve().parents[2] / "shared"  # the project's shared/ folder, beside the checkout
+
+
+def shared_reference(name: str) -> Path:
+    """``shared/terra-reference/<name>`` (the published tensor lists). Where it is absent the test skips, except
+    under CI (``CI`` set), where shared/ always lies beside the clone: there a missing file fails loudly."""
+    path = SHARED / "terra-reference" / name
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} is missing under CI; the comparison with the published file cannot run")
+        pytest.skip(f"{path} is absent (shared/ is not beside this checkout)")
+    return path
 
 
 def load_script(name: str):

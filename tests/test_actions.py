@@ -8,13 +8,10 @@ import numpy as np
 import pytest
 
 from terra import TerraInputError
-from terra.actions import (
-    actions_for_manoeuvre,
-    actions_from_instruction_trajs,
-    actions_from_trajectory,
-    load_actions,
+from terra.inputs.actions import (
+    actions_for_manoeuvre, actions_from_instruction_trajs, actions_from_trajectory, load_actions,
 )
-from terra.trajectory import MANOEUVRES, EgoTrajectory
+from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES
 
 
 def linear_trajs(frames: int = 2) -> np.ndarray:

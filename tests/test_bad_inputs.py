@@ -1,7 +1,7 @@
 """A catalogue of malformed inputs across the entry points.
 
 Python API (image loading, trajectories, tokenizer, world-model checkpoints, pipeline): every case raises
-:class:`terra.errors.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
+:class:`terra.config.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
 (``terra-generate``, a subset that needs the process: config errors, checkpoints, output folder): exit code 2,
 exactly one line on stderr, no traceback, no output file and no Hydra run folder left behind. Most cases fail
 before any model loads; the demo models are loaded at most once per module.
@@ -22,13 +22,13 @@ import pytest
 import torch
 from PIL import Image
 
-from terra.actions import actions_for_manoeuvre, load_actions
-from terra.errors import TerraInputError
-from terra.outputs import prepare_output_dir
+from terra.config.checks import TerraInputError
+from terra.config.outputs import prepare_output_dir
+from terra.config.sampling import SamplingConfig
+from terra.generation.rollout import RolloutRequest
+from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
-from terra.generation.rollout import RolloutRequest
-from terra.generation.sampling import SamplingConfig
 from tokenizer import LFQTokenizer, load_tokenizer
 from tokenizer.images import load_images
 
@@ -166,7 +166,7 @@ API_CASES = {
     "image_array_two_channels": (lambda b, t, p: load_images(np.zeros((*SIZE, 2), np.uint8), SIZE), "not RGB", None),
     "image_1x1_too_small": (lambda b, t, p: load_images(b.tiny_png, SIZE), "too small", "tiny_png"),
     "image_empty_folder": (lambda b, t, p: load_images(b.empty_dir, SIZE), "holds no images", "empty_dir"),
-    # terra.actions
+    # terra.inputs.actions
     "trajectory_wrong_shape": (lambda b, t, p: load_actions(b.traj_shape, 4), "not a trajectory", "traj_shape"),
     "trajectory_nan": (lambda b, t, p: load_actions(b.traj_nan, 4), "NaN", "traj_nan"),
     "trajectory_inf": (lambda b, t, p: load_actions(b.traj_inf, 2), "NaN or inf", "traj_inf"),
@@ -312,13 +312,13 @@ CONFIG_CASES = {
 def test_cli_config_checks_fail_before_anything_is_written(case, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    import terra.cli
+    import terra.apps.generate
 
     overrides, expected = CONFIG_CASES[case]
-    with initialize_config_dir(config_dir=terra.hydra_app.CONF_DIR, version_base=None):
+    with initialize_config_dir(config_dir=terra.apps.runner.CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", *overrides])
     with pytest.raises(TerraInputError) as err:
-        terra.cli.run(cfg, tmp_path / "out")
+        terra.apps.generate.run(cfg, tmp_path / "out")
     assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "out").exists()
 

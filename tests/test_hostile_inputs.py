@@ -1,6 +1,6 @@
 """Hostile inputs at every entry point: no traceback, no hang, no warning, nothing left behind.
 
-One table per entry point, each row a class of hostile input (terra/validation.py and the ranges it points to):
+One table per entry point, each row a class of hostile input (terra/config/ and the ranges it points to):
 
 * the Python API (in-process): one :class:`TerraInputError` line that names the input, no warning first;
 * ``terra-generate`` and ``scripts/evaluate.py`` (subprocesses): exit code 2, exactly one line on stderr, no
@@ -32,13 +32,16 @@ import pytest
 from PIL import Image
 
 from decoder.writers import write_gif, write_mp4
-from terra.actions import actions_for_manoeuvre, load_actions, validate_actions
-from terra.errors import TerraInputError, check_number
-from terra.generation.sampling import SamplingConfig
-from terra.inputs import trajectory_actions
+from terra.config.backend import check_backend, check_device
+from terra.config.checks import TerraInputError, check_number
+from terra.config.files import check_context_paths
+from terra.config.outputs import check_output_dir
+from terra.config.sampling import SamplingConfig
+from terra.generation.actions import validate_actions
+from terra.inputs.actions import actions_for_manoeuvre, load_actions
+from terra.inputs.requests import trajectory_actions
+from terra.inputs.trajectory import EgoTrajectory
 from terra.models.checkpoint import read_world_model_config
-from terra.trajectory import EgoTrajectory
-from terra.validation import check_backend, check_context_paths, check_device, check_output_dir
 from tests.conftest import spawn_interruptible
 from tokenizer.images import load_images
 
@@ -277,7 +280,8 @@ def test_evaluate_hostile_setting_exits_2_with_one_line_before_any_work(case, ho
 
 
 def test_settings_are_checked_before_torch_is_imported(tmp_path):
-    code = ("import sys, terra.cli\nsys.argv = ['terra-generate', 'device=banana']\ntry:\n    terra.cli.main()\n"
+    code = ("import sys, terra.apps.generate\nsys.argv = ['terra-generate', 'device=banana']\ntry:\n"
+            "    terra.apps.generate.main()\n"
             "except SystemExit as exit:\n    assert exit.code == 2, exit.code\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported before the check'\n")
     result = run_entry([sys.executable, "-c", code], tmp_path / "cwd")
@@ -287,10 +291,11 @@ def test_settings_are_checked_before_torch_is_imported(tmp_path):
 
 @pytest.mark.skipif(shutil.which(str(TERRA_GENERATE)) is None, reason="terra-generate is not installed")
 def test_internal_error_is_one_line_exit_1_and_verbose_shows_the_traceback(tmp_path):
-    patch = "import terra.cli\ndef broken(cfg, out_dir):\n    raise RuntimeError('boom\\nsecond line')\nterra.cli.run = broken\n"
+    patch = ("import terra.apps.generate\ndef broken(cfg, out_dir):\n    raise RuntimeError('boom\\nsecond line')\n"
+             "terra.apps.generate.run = broken\n")
     for verbose in (False, True):
         argv = ["terra-generate", "--verbose"] if verbose else ["terra-generate"]
-        code = patch + f"import sys\nsys.argv = {argv!r}\nterra.cli.main()\n"
+        code = patch + f"import sys\nsys.argv = {argv!r}\nterra.apps.generate.main()\n"
         result = run_entry([sys.executable, "-c", code], tmp_path / "cwd")
         if verbose:
             assert result.returncode == 1 and "Traceback" in result.stderr and "RuntimeError: boom" in result.stderr

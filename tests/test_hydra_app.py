@@ -1,4 +1,4 @@
-"""The Hydra apps' shared error handling (terra/hydra_app.py) in the scripts: an unknown setting or a malformed
+"""The Hydra apps' shared error handling (terra/apps/runner.py) in the scripts: an unknown setting or a malformed
 override ends ``scripts/rollout.py`` and ``scripts/evaluate.py`` with exit code 2, exactly one line on stderr
 and no traceback, as it does ``terra-generate`` (tests/test_bad_inputs.py). Each case is one process that stops
 before any model loads.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from terra.hydra_app import one_line
+from terra.apps.runner import hydra_error_line
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -45,7 +45,7 @@ def test_hydra_errors_exit_2_with_one_line(script, case, tmp_path):
 def test_one_line_joins_hydras_option_list_and_drops_key_details():
     err = ValueError("Could not find 'model/nope'\nAvailable options in 'model':\n\tdemo\n\tterra_v1\n"
                      "Config search path:\n\tprovider=main, path=pkg://terra.conf")
-    assert one_line(err) == "Could not find 'model/nope' Available options in 'model': demo, terra_v1"
-    assert one_line(ValueError("Key 'x' is not in struct\n    full_key: x\n    object_type=dict")) == (
+    assert hydra_error_line(err) == "Could not find 'model/nope' Available options in 'model': demo, terra_v1"
+    assert hydra_error_line(ValueError("Key 'x' is not in struct\n    full_key: x\n    object_type=dict")) == (
         "Key 'x' is not in struct")
-    assert one_line(KeyError()) == "KeyError"
+    assert hydra_error_line(KeyError()) == "KeyError"

@@ -47,7 +47,7 @@ def test_pyproject_names_every_package_folder():
 
 def test_the_editable_install_reads_the_repositorys_conf():
     import terra
-    from terra.hydra_app import CONF_DIR
+    from terra.apps.runner import CONF_DIR
 
     if Path(terra.__file__).resolve().parent != ROOT / "terra":
         pytest.skip("terra is not imported from this checkout")

@@ -1,4 +1,4 @@
-"""A downloaded Terra snapshot end to end: ``model=terra_v1|terra_v2 terra_root=...`` (terra/snapshot.py).
+"""A downloaded Terra snapshot end to end: ``model=terra_v1|terra_v2 terra_root=...`` (terra/config/snapshot.py).
 
 The snapshot is faked at toy size in Terra's published layouts (terra/models/configuration_llama_action.py,
 tokenizer/lfq.py): ``world_model/`` and ``world_model_v2/`` with Terra's config.json keys (``auto_map``
@@ -368,15 +368,15 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
     written; scripts/rollout.py prints that error as its one line (checked below in a subprocess)."""
     from hydra import compose, initialize_config_dir
 
-    import terra.batch.run
+    import terra.pipeline
     from terra.batch import config_from_omegaconf, run_batch
-    from terra.errors import TerraInputError
-    from terra.hydra_app import CONF_DIR
+    from terra.config.checks import TerraInputError
+    from terra.apps.runner import CONF_DIR
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the world model was loaded before the snapshot was checked")
 
-    monkeypatch.setattr(terra.batch.run, "build_pipeline", must_not_load)
+    monkeypatch.setattr(terra.pipeline, "create_backend", must_not_load)
     root = broken_snapshot(snapshot, tmp_path / "Terra", case)
     out = tmp_path / "out"
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):

@@ -4,7 +4,7 @@ Two families share one interface (:class:`ImageTokenizer`): :class:`LFQTokenizer
 and :class:`VQTokenizer` (LlamaGen's VQ-16 layout). :func:`load_tokenizer` opens any saved one.
 
 The names load on first use, so ``tokenizer.errors`` (the toolkit's error type) is importable without torch:
-the entry points check their settings before the heavy imports (terra/validation.py).
+the entry points check their settings before the heavy imports (terra/config/).
 """
 
 from __future__ import annotations

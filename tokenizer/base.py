@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tokenizer.errors import InputError
 from tokenizer import checkpoint_keys
 from tokenizer.atomic import atomic_path, write_text
+from tokenizer.errors import InputError
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

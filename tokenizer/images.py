@@ -1,11 +1,11 @@
 """Loading context frames: image files, folders, globs, video files or arrays → model-sized tensors.
 
-Every frame is converted to RGB, resized to cover the target size and center-cropped to it (aspect ratio
-kept), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than :data:`MAX_UPSCALE`,
-e.g. a 1x1 image) are rejected, and so are images whose header claims more than :data:`MAX_PIXELS` pixels
-(checked before they are decoded). Only regular files are opened (a FIFO or a device would block forever).
-Folders and globs are read in sorted file-name order; with ``last_n`` only the frames kept are decoded. Bad
-input raises :class:`tokenizer.errors.InputError` naming the file and the fix.
+Every frame is converted to RGB, fitted to the target size (tokenizer/resize.py: cover and centre-crop, or
+stretch), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than
+:data:`tokenizer.resize.MAX_UPSCALE`, e.g. a 1x1 image) are rejected, and so are images whose header claims
+more than :data:`MAX_PIXELS` pixels (checked before they are decoded). Only regular files are opened (a FIFO
+or a device would block forever). Folders and globs are read in sorted file-name order; with ``last_n`` only
+the frames kept are decoded. Bad input raises :class:`tokenizer.errors.InputError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ from typing import IO, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from tokenizer.errors import InputError
+from tokenizer.resize import RESIZE_MODES, fit_frame
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
 # 8-bit colour modes PIL converts to RGB without guessing (alpha dropped, grey replicated, palette expanded).
 RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
 
-RESIZE_MODES = ("crop", "stretch")  # see fit_frame
-MAX_UPSCALE = 8.0  # larger enlargements (a 1x1 or thumbnail image) carry no usable scene
 MAX_PIXELS = 8192 * 8192  # larger frames are no camera image (and a "decompression bomb" claims billions)
 
 Source = Union[str, Path, np.ndarray, Image.Image]
@@ -71,23 +70,6 @@ def load_frames(
 def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
     """uint8 ``[N, H, W, 3]`` → float32 ``[N, 3, H, W]`` in [-1, 1]."""
     return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
-
-
-def fit_frame(
-    frame: Image.Image, image_size: tuple[int, int], source: str = "image", resize: str = "crop"
-) -> np.ndarray:
-    """Resize to ``(H, W)`` → uint8 ``[H, W, 3]``: cover and center-crop (``crop``) or straight (``stretch``)."""
-    height, width = image_size
-    scale = max(width / frame.width, height / frame.height)
-    if scale > MAX_UPSCALE:
-        raise InputError(
-            f"{source} is {frame.width}x{frame.height} pixels, too small for {width}x{height} frames (it would be "
-            f"enlarged {scale:.0f}x); pass frames of at least {-(-width // int(MAX_UPSCALE))}x"
-            f"{-(-height // int(MAX_UPSCALE))} pixels, ideally {width}x{height}"
-        )
-    if resize == "stretch":
-        return np.asarray(frame.resize((width, height), Image.Resampling.BICUBIC), dtype=np.uint8)
-    return np.asarray(ImageOps.fit(frame, (width, height), method=Image.Resampling.BICUBIC), dtype=np.uint8)
 
 
 def _expand(item: Source) -> Iterator[tuple[str, Image.Image | Path]]:

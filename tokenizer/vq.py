@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from tokenizer.errors import InputError
 from tokenizer.base import ImageTokenizer, TrainOutput
+from tokenizer.errors import InputError
 from tokenizer.modules import Decoder, Encoder
 
 VQ16_CONFIG: dict[str, Any] = {

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from decoder.refiner.checkpoint import check_file
-from decoder.refiner.config import PRESETS, TERRA, TINY, RefinerConfig, preset
+from decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
 from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
 from tokenizer.errors import InputError
 
@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from decoder.refiner.model import VideoRefiner
 
 __all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_device", "check_file", "decode_windows",
-           "guidance_scales", "load_refiner", "plan_passes", "preset", "resolve_device"]
+           "guidance_scales", "load_refiner", "plan_passes", "preset", "refiner_device"]
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
+def refiner_device(device: str | torch.device | None) -> torch.device:
     """``auto``/None → ``cuda`` when a GPU is visible, else ``cpu``; other names as given."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -64,7 +64,7 @@ def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra",
     """
     config = preset(config) if isinstance(config, str) else config
     config.check()
-    device = resolve_device(device)
+    device = refiner_device(device)
     check_device(config, device, allow_cpu)
     path = check_file(path)
     if dtype in (None, "auto"):

@@ -28,7 +28,7 @@ from torch import nn
 from decoder.frames import images_to_uint8
 from decoder.refiner.checkpoint import match_tensors, read_state_dict
 from decoder.refiner.config import DECODER_MID_RES_BLOCKS, RefinerConfig
-from decoder.refiner.keys import WRAPPER_PREFIX, key_table, published_shape
+from decoder.refiner.keys import WRAPPER_PREFIX, key_table
 from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
 from decoder.refiner.sampler import sample_pass
 from tokenizer.atomic import atomic_path

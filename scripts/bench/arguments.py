@@ -9,7 +9,7 @@ from typing import Sequence
 import yaml
 
 from bench.parts import PARTS
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from terra.generation.backends import resolve_device
 
 DESCRIPTION = "Speed of Terra's world model: Transformers vs vLLM, single stream and batched, on one GPU."

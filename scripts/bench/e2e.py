@@ -12,9 +12,9 @@ from bench.models import read_config
 from bench.parts import SAMPLING
 from bench.rollouts import make_requests, timed_generate
 from decoder import write_video
-from terra.actions import actions_for_manoeuvre
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, WorldModelBackend
+from terra.inputs.actions import actions_for_manoeuvre
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline, check_compatible
 from tokenizer import ImageTokenizer, LFQTokenizer, load_tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from terra.generation.sampling import SamplingConfig
+from terra.config.sampling import SamplingConfig
 
 SAMPLING = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0)  # temperature 1 over the full image codebook
 GREEDY = SamplingConfig(temperature=0.0)

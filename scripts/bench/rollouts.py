@@ -6,11 +6,11 @@ import time
 
 import numpy as np
 
-from terra.actions import actions_for_manoeuvre
+from terra.config.sampling import SamplingConfig
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, WorldModelBackend
-from terra.generation.sampling import SamplingConfig
-from terra.trajectory import MANOEUVRES
+from terra.inputs.actions import actions_for_manoeuvre
+from terra.inputs.trajectory import MANOEUVRES
 
 
 def make_requests(layout: TokenLayout, count: int, num_context: int, num_frames: int, seed: int) -> list[RolloutRequest]:

@@ -14,20 +14,19 @@ import math
 from typing import Any
 
 from terra.batch.config import BatchConfig
-from terra.generation.backends import resolve_backend, resolve_device
+from terra.config.spec import RunSpec
 from terra.pipeline import WorldModelPipeline
 
 AUTO_CEILING_GPU = 512  # vLLM's largest CUDA-graph batch by default; more sequences per step gain little
 AUTO_FALLBACK = 64  # Transformers, vLLM's CPU engine, or a vLLM release that does not report its cache size
 
 
-def engine_options(config: BatchConfig, device: str) -> dict[str, Any]:
-    """``backend.options`` for an engine of this run on ``device``: on vLLM ``max_num_seqs`` follows
-    ``max_concurrent`` (an explicit number, or the ceiling of ``auto``)."""
-    options = dict(config.backend_options)
-    resolved = resolve_device(device)
-    if resolve_backend(config.backend, resolved) == "vllm":
-        ceiling = AUTO_CEILING_GPU if resolved.startswith("cuda") else AUTO_FALLBACK
+def engine_options(config: BatchConfig, spec: RunSpec) -> dict[str, Any]:
+    """``backend.options`` for an engine of this run as ``spec`` (resolved: device and backend) runs it: on vLLM
+    ``max_num_seqs`` follows ``max_concurrent`` (an explicit number, or the ceiling of ``auto``)."""
+    options = dict(spec.backend_options)
+    if spec.backend == "vllm":
+        ceiling = AUTO_CEILING_GPU if spec.device.startswith("cuda") else AUTO_FALLBACK
         options["max_num_seqs"] = ceiling if config.max_concurrent == "auto" else int(config.max_concurrent)
     return options
 

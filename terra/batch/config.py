@@ -1,7 +1,9 @@
 """A batch run's settings (:class:`BatchConfig`), built from ``conf/rollout.yaml`` and checked before any work.
 
-This module imports no torch: ``scripts/rollout.py`` checks every setting (:func:`check_settings`; the sane
-ranges of the numbers are :data:`RANGES`, documented in conf/rollout.yaml) before the heavy imports.
+This module imports no torch: a run checks every setting once (:func:`check_config`; the sane ranges of the
+numbers are :data:`RANGES`, documented in conf/rollout.yaml) before the heavy imports, and carries the checked
+:class:`BatchConfig` on; its model and engine part is a :class:`~terra.config.spec.RunSpec`
+(:meth:`BatchConfig.run_spec`).
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
-from terra.errors import TerraInputError, shown
-from terra.outputs import check_output_formats
-from terra.snapshot import checkpoint_path
-from terra.trajectory import MANOEUVRES
-from terra.validation import (
-    DTYPES, MAX_FRAMES, Range, check_backend, check_choice, check_device, check_flag, check_output_dir,
-    check_sampling, open_input_file,
-)
+from terra.config.backend import DTYPES, check_backend, check_device
+from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, shown
+from terra.config.files import open_input_file
+from terra.config.outputs import check_output_dir, check_output_formats
+from terra.config.sampling import SamplingConfig
+from terra.config.snapshot import checkpoint_path
+from terra.config.spec import RunSpec, check_decoding_name
+from terra.inputs.trajectory import MANOEUVRES
+from tokenizer.resize import RESIZE_MODES
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {
@@ -32,7 +35,7 @@ NAMING = {
     "actbench": ("NUSCENES_ACTION_{sample_id:06d}.{ext}", "NUSCENES_ACTION_{sample_id:06d}.json"),
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-MAX_SEED = 2**62 - 1  # as terra-generate's seed (terra/cli.py)
+MAX_SEED = 2**62 - 1  # as terra-generate's seed (terra/apps/generate.py)
 MAX_SAMPLES_FILE_BYTES = 2 << 30  # a JSONL file of samples (ACT-Bench's 2286 samples: about 150 MB)
 # The numeric settings' sane ranges (conf/rollout.yaml documents them): BatchConfig field -> (setting, range).
 RANGES = {
@@ -129,10 +132,14 @@ class BatchConfig:
         path = self.manifest_path
         return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
 
+    def run_spec(self) -> RunSpec:
+        """The model and engine settings as a :class:`RunSpec` (values as :func:`check_config` checked them)."""
+        return RunSpec(self.world_model, self.tokenizer, self.backend, dict(self.backend_options), self.device,
+                       self.dtype, SamplingConfig(**self.sampling), self.num_context, self.overlap,
+                       self.zero_embed_code_0, self.resize, self.decoding, dict(self.refiner))
+
     def generation_settings(self) -> dict:
         """The settings that shape a sample's outputs (part of its fingerprint)."""
-        from terra.generation.sampling import SamplingConfig  # imports torch
-
         return {
             "num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
             "resize": self.resize,
@@ -149,7 +156,7 @@ class BatchConfig:
 def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchConfig`.
 
-    The checkpoint folders are checked to exist here (:func:`terra.snapshot.checkpoint_path`), so a missing
+    The checkpoint folders are checked to exist here (:func:`terra.config.snapshot.checkpoint_path`), so a missing
     ``terra_root`` or a snapshot without the model's folders fails with one line before anything loads.
     """
 
@@ -184,21 +191,10 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
 
 
 def check_config(config: BatchConfig) -> None:
-    """Validate every setting that can be checked before any work (user errors → :class:`TerraInputError`):
-    :func:`check_settings`, then the tokenizer's resize mode and the refiner (both import torch)."""
-    from tokenizer.images import RESIZE_MODES
-
-    check_settings(config)
-    check_choice(config.resize, "tokenizer.resize", RESIZE_MODES)
-    if config.decoding != "framewise":
-        from terra.refiner import check_decoding
-
-        check_decoding(config.decoding, config.refiner, config.device)  # refiner file and GPU, before any load
-
-
-def check_settings(config: BatchConfig) -> None:
-    """Every check of :func:`check_config` that needs no torch: numbers in :data:`RANGES`, flags, device, dtype,
-    backend and sampling options, output names and folder, the samples files and ``image_root``."""
+    """Check every setting once, before any work and without torch (user errors → :class:`TerraInputError`):
+    numbers in :data:`RANGES`, flags, device, dtype, backend and sampling options, output names and folder, the
+    samples files and ``image_root``. The refiner's weights and device are checked once the run's device is
+    known (terra/refiner.py, ``check_decoding``)."""
     for name, (setting, limits) in RANGES.items():
         value = getattr(config, name)
         if not (name == "max_concurrent" and value == "auto"):
@@ -208,7 +204,9 @@ def check_settings(config: BatchConfig) -> None:
     check_device(config.device)
     check_choice(config.dtype, "dtype", DTYPES)
     check_backend(config.backend, config.backend_options)
-    check_sampling(config.sampling)
+    SamplingConfig.from_mapping(config.sampling)
+    check_choice(config.resize, "tokenizer.resize", RESIZE_MODES)
+    check_decoding_name(config.decoding)
     if config.shard_index >= config.num_shards:
         raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
                               f"(shards are numbered 0..{config.num_shards - 1})")

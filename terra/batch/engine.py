@@ -9,45 +9,47 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from decoder import draw_trajectory, mark_frames, write_sidecar, write_video
+from decoder import write_sidecar
 from terra.batch.concurrency import engine_options
 from terra.batch.config import BatchConfig
-from terra.batch.manifest import one_line, sample_record
+from terra.batch.manifest import error_line, sample_record
 from terra.batch.plan import Item
 from terra.batch.samples import context_paths, sample_actions
 from terra.generation.rollout import RolloutRequest
-from terra.inputs import load_context, rollout_requests
+from terra.inputs.context import load_context
+from terra.inputs.requests import rollout_requests
 from terra.models import LlamaActionConfig
+from terra.config.spec import RunSpec
 from terra.pipeline import WorldModelPipeline
-from terra.refiner import check_decoding
+from terra.outputs import shown_frames, write_formats
 from tokenizer import ImageTokenizer
 from tokenizer.atomic import atomic_path
+
+if TYPE_CHECKING:
+    from decoder.refiner.model import VideoRefiner
 
 SIDECAR_VERSION = 1  # of the sidecar's "batch" block
 
 
-def build_pipeline(config: BatchConfig, device: str | None = None, model_config: LlamaActionConfig | None = None,
+def build_pipeline(config: BatchConfig, spec: RunSpec, model_config: LlamaActionConfig | None = None,
                    tokenizer: ImageTokenizer | None = None) -> WorldModelPipeline:
-    """Load the tokenizer and world model of ``config`` on ``device`` (default ``config.device``).
+    """Load the tokenizer and world model of ``config`` as ``spec`` (its run spec, resolved: a device and a
+    backend) says, with the engine options of :func:`~terra.batch.concurrency.engine_options`.
 
     ``model_config``, ``tokenizer``: the world model's config and the tokenizer as the run already read them
     (else they are loaded here).
     """
-    return WorldModelPipeline.from_pretrained(
-        config.world_model, tokenizer or config.tokenizer, backend=config.backend, device=device or config.device,
-        dtype=config.dtype, config=model_config, zero_embed_code_0=config.zero_embed_code_0,
-        **engine_options(config, device or config.device),
-    )
+    spec = spec.replace(backend_options=engine_options(config, spec))
+    return WorldModelPipeline.from_spec(spec, tokenizer, model_config)
 
 
 def set_threads(config: BatchConfig) -> None:
@@ -75,24 +77,23 @@ def _prepare(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, star
     every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
     images, sources = load_context(context_paths(sample, config), pipeline.image_size,
                                    None if every else config.num_context, resize=config.resize)
-    actions = sample_actions(sample, config, len(images), item.num_frames)
+    actions = item.actions  # built when the run was planned, unless the context is a video (counted only now)
+    if actions is None:
+        actions = sample_actions(sample, config, len(images), item.num_frames)
     images = images[max(0, len(images) - config.num_context) :]
     codes = pipeline.encode(images)
-    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.overlap,
-                                 pipeline.backend.layout)
+    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.overlap)
     return _Prepared(item, request, actions, sources, len(images), started)
 
 
 class _Writer:
     """Decodes finished rollouts and writes their videos, codes and sidecar (sidecar last) on its threads."""
 
-    def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None]) -> None:
+    def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
+                 refiner: "VideoRefiner | None" = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
+        self.refiner = refiner  # decoding=refiner: Terra's video refiner beside the engine (terra/refiner.py)
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
-        self.refiner = None  # decoding=refiner: Terra's video refiner beside the engine (terra/refiner.py)
-        if config.decoding == "refiner":
-            self.refiner = check_decoding(config.decoding, config.refiner, pipeline.device).load()
-        self.refiner_lock = threading.Lock()  # one refinement at a time on the GPU
 
     def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> None:
         self.pool.submit(self._write, prepared, generated, generate_s)
@@ -102,7 +103,7 @@ class _Writer:
         try:
             files = self.write(prepared, generated, generate_s)
         except Exception as err:  # noqa: BLE001  (recorded; the other samples go on)
-            self.emit(sample_record(item.sample, "failed", error=one_line(err), stage="write", seed=item.seed,
+            self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="write", seed=item.seed,
                                     seconds=time.perf_counter() - prepared.started))
             return
         self.emit(sample_record(item.sample, "ok", seconds=time.perf_counter() - prepared.started, seed=item.seed,
@@ -115,22 +116,13 @@ class _Writer:
         grid = pipeline.tokenizer.grid_shape
         context = np.asarray(prepared.request.context).reshape(-1, *grid)
         codes = np.concatenate([context, np.asarray(generated).reshape(-1, *grid)])
-        if self.refiner is None:
-            frames = pipeline.decode(codes)
-        else:
-            with self.refiner_lock:
-                frames = self.refiner.refine(codes, pipeline.tokenizer, seed=item.seed).frames
+        frames, _ = pipeline.frames(codes, item.seed, self.refiner)
         decode_s = time.perf_counter() - t0
-        shown = frames
-        if config.overlay_trajectory:
-            shown = draw_trajectory(shown, prepared.actions[: len(shown)])
-        if config.mark_context:
-            shown = mark_frames(shown, prepared.num_context)
+        shown = shown_frames(frames, prepared.actions, prepared.num_context, config.mark_context,
+                             config.overlay_trajectory)
         out = Path(config.output_dir)
-        files = []
-        for path in item.videos.values():
-            write_video(path, shown, fps=config.fps)
-            files.append(os.path.relpath(path, out))
+        write_formats(item.videos, shown, config.fps, [])
+        files = [os.path.relpath(path, out) for path in item.videos.values()]
         if item.codes is not None:
             with atomic_path(item.codes) as tmp:
                 np.save(tmp, codes.astype(np.int32))

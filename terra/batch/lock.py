@@ -8,9 +8,9 @@ it created when they are still empty (a run refused for bad input leaves nothing
 
 Deleting a lock file races with a second run that opened it just before: that run then holds a lock on a file
 no longer in the folder. :func:`_acquire` checks, once locked, that the path still names the file it locked,
-and starts over otherwise. Locks are re-entrant within a thread (``scripts/rollout.py`` locks before it imports
-torch; :func:`terra.batch.run_batch` locks again); another thread is refused like another process. This module
-imports nothing heavy.
+and starts over otherwise. A run takes its lock once (terra/apps/rollout.py, or :func:`terra.batch.run_batch`
+from Python); a second acquisition, even in the same process, is refused like another run. This module imports
+nothing heavy.
 """
 
 from __future__ import annotations
@@ -19,17 +19,12 @@ import fcntl
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from terra.errors import TerraInputError
-
-_HELD: dict[str, tuple[int, int, int, list[Path]]] = {}  # lock path -> (thread, fd, depth, folders it created)
-_GUARD = threading.Lock()
-
+from terra.config.checks import TerraInputError
 
 def lock_path(manifest_path: str | os.PathLike) -> Path:
     """The lock file of the run that writes ``manifest_path``: ``.<manifest stem>.lock`` beside it."""
@@ -102,36 +97,19 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
     """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block;
     a second holder fails at once with one line naming the first. Yields the lock file's path."""
     path = Path(os.path.abspath(lock_path(manifest_path)))
-    key = str(path)
-    thread = threading.get_ident()
-    with _GUARD:
-        if key in _HELD:
-            owner, fd, depth, created = _HELD[key]
-            if owner != thread:
-                raise TerraInputError(f"output folder {path.parent} is in use by another batch run in this process "
-                                      f"(lock file {path.name}); wait for it to finish or choose another {setting}")
-            _HELD[key] = (owner, fd, depth + 1, created)
-        else:
-            created = _missing_folders(path.parent)
-            try:
-                fd = _acquire(path, setting)
-            except BaseException:
-                _remove_empty(created)
-                raise
-            _HELD[key] = (thread, fd, 1, created)
-            _write_holder(fd)
+    created = _missing_folders(path.parent)
+    try:
+        fd = _acquire(path, setting)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    _write_holder(fd)
     try:
         yield path
     finally:
-        with _GUARD:
-            owner, fd, depth, created = _HELD[key]
-            if depth > 1:
-                _HELD[key] = (owner, fd, depth - 1, created)
-            else:
-                del _HELD[key]
-                path.unlink(missing_ok=True)  # while still locked: see the module docstring
-                os.close(fd)
-                _remove_empty(created)
+        path.unlink(missing_ok=True)  # while still locked: see the module docstring
+        os.close(fd)
+        _remove_empty(created)
 
 
 def _remove_empty(folders: list[Path]) -> None:

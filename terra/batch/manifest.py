@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from decoder.sidecar import to_jsonable
 from terra.batch.samples import Sample
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 
 STATUSES = ("ok", "failed", "skipped")
 
@@ -45,7 +45,7 @@ _PLAIN = {
 }
 
 
-def one_line(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
     """An exception as one line of at most :data:`MAX_ERROR_CHARS` characters (user errors keep their message;
     others get their type name, RecursionError and MemoryError a plain sentence)."""
     plain = next((text for kind, text in _PLAIN.items() if isinstance(err, kind)), None)

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from terra.batch.config import BatchConfig, check_config
-from terra.batch.manifest import one_line, sample_record
+import numpy as np
+
+from terra.batch.config import BatchConfig
+from terra.batch.manifest import error_line, sample_record
 from terra.batch.samples import Sample, check_inputs, in_shard, read_samples
-from terra.errors import TerraInputError, shown
-from terra.validation import MAX_TRAJECTORY_BYTES, check_output_names, load_json
+from terra.config.checks import TerraInputError, shown
+from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
+from terra.config.outputs import check_output_names
 
 # tokenizer.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
 _TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
@@ -37,6 +40,7 @@ class Item:
     sidecar: Path
     codes: Path | None
     fingerprint: str
+    actions: np.ndarray | None = None  # built when planned (None: a video context, whose frames count when read)
 
     @property
     def targets(self) -> list[Path]:
@@ -131,8 +135,8 @@ def is_complete(item: Item) -> tuple[bool, dict | None]:
 
 
 def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
-    """Read the samples of this shard, work out their outputs and which are already complete."""
-    check_config(config)
+    """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
+    :func:`~terra.batch.config.check_config` checked it)."""
     all_samples = read_samples(config.sample_files) if samples is None else samples
     if samples is None and not all_samples:
         raise TerraInputError(f"samples file(s) {', '.join(map(str, config.sample_files))} hold no samples")
@@ -175,9 +179,9 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
                 os.path.relpath(sidecar, config.output_dir)]))
             continue
         try:
-            check_inputs(sample, config, num_frames)
+            item.actions = check_inputs(sample, config, num_frames)
         except Exception as err:  # noqa: BLE001  (one bad sample fails alone)
-            result.failed.append(sample_record(sample, "failed", error=one_line(err), stage="input", seed=seed))
+            result.failed.append(sample_record(sample, "failed", error=error_line(err), stage="input", seed=seed))
             continue
         result.stale += old is not None
         result.to_run.append(item)

@@ -13,7 +13,6 @@ fails later ends the actor's process, so that Ray restarts it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.metadata
 import os
 import sys
@@ -24,11 +23,12 @@ import ray
 from terra.batch.concurrency import resolve_max_concurrent
 from terra.batch.config import BatchConfig
 from terra.batch.engine import build_pipeline, set_threads
-from terra.batch.manifest import one_line
+from terra.batch.manifest import error_line
 from terra.batch.plan import Item
 from terra.batch.stream import StreamingEngine, prefetch
-from terra.errors import TerraInputError
-from terra.generation.backends import resolve_backend, resolve_device
+from terra.config.checks import TerraInputError
+from terra.generation.backends import resolve_spec
+from terra.refiner import check_decoding
 from terra.models import LlamaActionConfig
 
 PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.entry-points."vllm.general_plugins"]
@@ -59,21 +59,23 @@ class RolloutActor:
         try:
             self._start(config, model_config, longest)
         except Exception as err:  # noqa: BLE001  (reported by info(), which the driver calls first)
-            self.error = one_line(err)
+            self.error = error_line(err)
 
     def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
-        backend = resolve_backend(config.backend, resolve_device(self.device))
-        if backend == "vllm":
+        spec = resolve_spec(config.run_spec().replace(device=self.device))  # this actor's device, resolved once
+        if spec.backend == "vllm":
             check_vllm_plugin()
-            options = dict(config.backend_options)
+            options = dict(spec.backend_options)
             if int(options.get("tensor_parallel_size", 1) or 1) > 1:  # its workers on this actor's GPUs, not Ray's
                 options.setdefault("distributed_executor_backend", "mp")
-            config = dataclasses.replace(config, backend_options=options)
+            spec = spec.replace(backend_options=options)
+        refiner = check_decoding(spec)
         set_threads(config)
-        self.pipeline = build_pipeline(config, device=self.device, model_config=model_config)
+        self.pipeline = build_pipeline(config, spec, model_config)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,
-                                      on_generated=self._left_engine)
+                                      on_generated=self._left_engine,
+                                      refiner=None if refiner is None else refiner.load())
         threading.Thread(target=self._drive, name="terra-batch-engine", daemon=True).start()
 
     def _drive(self) -> None:
@@ -82,7 +84,7 @@ class RolloutActor:
         try:
             self.engine.run()
         except BaseException as err:  # noqa: BLE001
-            print(f"terra batch actor: the engine stopped ({one_line(err)}); exiting for Ray to restart it",
+            print(f"terra batch actor: the engine stopped ({error_line(err)}); exiting for Ray to restart it",
                   file=sys.stderr, flush=True)
             os._exit(1)
 

@@ -28,11 +28,11 @@ from typing import Any, Callable, Sequence
 from tqdm.auto import tqdm
 
 from terra.batch.config import BatchConfig
-from terra.batch.manifest import one_line, sample_record
+from terra.batch.manifest import error_line, sample_record
 from terra.batch.plan import Item
 from terra.batch.ray_settings import RaySettings
 from terra.batch.stream import longest_rollout
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from terra.models import LlamaActionConfig
 
 WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long (vLLM starts in 1-2 min)
@@ -66,7 +66,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError as err:
-            raise TerraInputError(f"executor=ray needs Ray ({one_line(err)}): pip install 'terra-world-model[ray]' "
+            raise TerraInputError(f"executor=ray needs Ray ({error_line(err)}): pip install 'terra-world-model[ray]' "
                                   "on this machine and every node, or use executor=local") from None
         self.ray = ray
         if ray.is_initialized():
@@ -80,7 +80,7 @@ class RayExecutor:
         try:
             ray.init(address=address, **options)
         except (ConnectionError, TimeoutError) as err:
-            raise TerraInputError(f"ray.address={address}: no Ray cluster to join ({one_line(err)}); start one with "
+            raise TerraInputError(f"ray.address={address}: no Ray cluster to join ({error_line(err)}); start one with "
                                   "`ray start --head`, or leave ray.address unset for a local one") from None
         self.joined = True
 

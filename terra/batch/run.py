@@ -19,11 +19,13 @@ from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries
 from terra.batch.samples import Sample
 from terra.batch.stream import run_items
-from terra.errors import shown
-from terra.inputs import check_window
+from terra.config.checks import shown
+from terra.config.outputs import prepare_output_dir
+from terra.config.spec import check_window
+from terra.generation.backends import resolve_spec
 from terra.models.checkpoint import read_world_model_config
-from terra.outputs import prepare_output_dir
 from terra.pipeline import WorldModelPipeline, check_compatible
+from terra.refiner import RefinerSettings, check_decoding
 from tokenizer import load_tokenizer
 from tokenizer.atomic import write_text
 
@@ -74,26 +76,50 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
               samples: list[Sample] | None = None) -> BatchResult:
     """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline`.
 
-    User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The run
-    holds its output folder's lock throughout (terra/batch/lock.py): a second run into the folder fails at once.
-    An interrupt stops the engine and leaves the samples written so far, their records and no temporaries.
+    User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
+    settings are checked once here (terra/batch/config.py), and the run holds its output folder's lock throughout
+    (terra/batch/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
+    the samples written so far, their records and no temporaries.
     """
     check_config(config)  # before the output folder and its lock are made
     with output_lock(config.manifest_path):
-        return _run_locked(config, pipeline, samples)
+        return run_locked(config, pipeline, samples)
 
 
-def _run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None, samples: list[Sample] | None) -> BatchResult:
+def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
+               samples: list[Sample] | None = None) -> BatchResult:
+    """:func:`run_batch` for a ``config`` that :func:`~terra.batch.config.check_config` checked, while its caller
+    holds the output folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
     started = time.perf_counter()
     the_plan = plan(config, samples)
-    model_config = tokenizer = None
+    model_config = executor = refiner = None
+    own = False  # whether this run built the pipeline (and closes it)
+    spec = config.run_spec()
     if pipeline is None:  # the settings fit the model even when no sample is left to run
         model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
-        check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap, "model.overlap")
-    if the_plan.to_run and pipeline is None:
-        tokenizer = load_tokenizer(config.tokenizer)  # the pair is checked before any output is written
-        check_compatible(model_config, tokenizer)
-    executor = _ray_executor(config) if the_plan.to_run and config.executor == "ray" else None
+        check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap)
+    if config.executor == "ray":  # the actors choose their devices
+        refiner = check_decoding(spec)
+    else:
+        spec = resolve_spec(spec) if pipeline is None else spec.replace(device=pipeline.device)
+        refiner = check_decoding(spec)  # decoding=refiner: its weights and device, before any output
+    if the_plan.to_run:
+        set_threads(config)
+        if config.executor == "ray":
+            check_compatible(model_config, load_tokenizer(config.tokenizer))  # the actors load their own
+            executor = _ray_executor(config)
+        elif pipeline is None:  # the pair is checked before any output is written
+            pipeline, own = build_pipeline(config, spec, model_config), True
+    try:
+        return _run_planned(config, the_plan, started, pipeline, executor, refiner, model_config)
+    finally:
+        if own:
+            pipeline.close()
+
+
+def _run_planned(config: BatchConfig, the_plan: BatchPlan, started: float, pipeline: WorldModelPipeline | None,
+                 executor, refiner: RefinerSettings | None, model_config) -> BatchResult:
+    """Write the plan's records, run its samples (here or on Ray's actors), write the summary."""
     prepare_output_dir(Path(config.output_dir))
     remove_stale_temporaries(the_plan.items)
     manifest = Manifest(config.manifest_path)
@@ -119,20 +145,11 @@ def _run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None, sample
     manifest.on_record = on_record
     interrupted_by = None
     try:
-        if the_plan.to_run:
-            set_threads(config)
-            if executor is not None:
-                executor.run(the_plan.to_run, model_config, manifest.add)
-            else:
-                own = pipeline is None
-                if own:
-                    pipeline = build_pipeline(config, model_config=model_config, tokenizer=tokenizer)
-                try:
-                    run_items(the_plan.to_run, config, pipeline, manifest.add)
-                finally:
-                    if own:
-                        pipeline.close()
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as terra/hydra_app.py's Interrupted (it has signum)
+        if executor is not None:
+            executor.run(the_plan.to_run, model_config, manifest.add)
+        elif the_plan.to_run:
+            run_items(the_plan.to_run, config, pipeline, manifest.add, None if refiner is None else refiner.load())
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as terra/apps/runner.py's Interrupted (it has signum)
         interrupted_by = int(getattr(err, "signum", signal.SIGINT))
         raise
     finally:

@@ -2,7 +2,7 @@
 each sample's inputs checked before any model loads.
 
 The two sample formats (ACT-Bench and Terra's own) are described in terra/batch/__init__.py. Lines are read
-with terra/validation.py's strict JSON (no NaN, no ``1e400``, no 400-digit integers, no nesting deeper than the
+with terra/config/'s strict JSON (no NaN, no ``1e400``, no 400-digit integers, no nesting deeper than the
 stack); :func:`check_inputs` checks a sample's context files (inside ``image_root``, regular, image headers
 within :data:`tokenizer.images.MAX_PIXELS`) and builds its actions, all without decoding an image, so a bad
 sample fails alone before the run generates anything.
@@ -21,10 +21,11 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from terra.batch.config import MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS, BatchConfig
-from terra.errors import TerraInputError, shown
-from terra.inputs import TRAJECTORY_KEYS, manoeuvre_actions, resolve_path, trajectory_actions
-from terra.validation import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
+from terra.batch.config import BatchConfig, MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS
+from terra.config.checks import TerraInputError, shown
+from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
+from terra.inputs.context import resolve_path
+from terra.inputs.requests import TRAJECTORY_KEYS, manoeuvre_actions, trajectory_actions
 from tokenizer.images import IMAGE_SUFFIXES, MAX_PIXELS, VIDEO_SUFFIXES
 
 MAX_LINE_BYTES = MAX_TRAJECTORY_BYTES  # one sample, its inline trajectory included
@@ -224,16 +225,18 @@ def sample_actions(sample: Sample, config: BatchConfig, loaded: int, num_frames:
     return trajectory_actions(trajectory, loaded, num_frames, f"{where}: {key}", base=jsonl_dir)
 
 
-def check_inputs(sample: Sample, config: BatchConfig, num_frames: int) -> None:
+def check_inputs(sample: Sample, config: BatchConfig, num_frames: int) -> np.ndarray | None:
     """Check everything of ``sample`` that can be checked without a model: its context paths and files (image
-    headers, not pixels) and its trajectory, built into actions. Raises :class:`TerraInputError`."""
+    headers, not pixels) and its trajectory, built into the actions the rollout takes (None with a video
+    context: its frames are counted only when decoded, so its actions are built again then). Raises
+    :class:`TerraInputError`."""
     files, video = _image_files(context_paths(sample, config))
     # ACT-Bench samples read every context frame; Terra's the last num_context (with a video: unknown which)
     used = files if sample.kind == "actbench" or video else files[-config.num_context :]
     for file in used:
         _check_image(file)
-    loaded = 1 if video else len(used)  # with a video the frame count is known once decoded: check the values
-    sample_actions(sample, config, loaded, num_frames)
+    actions = sample_actions(sample, config, 1 if video else len(used), num_frames)
+    return None if video else actions
 
 
 def shard_indices(num_lines: int, shard_index: int, num_shards: int) -> list[int]:

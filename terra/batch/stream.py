@@ -13,16 +13,19 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from terra.batch.concurrency import resolve_max_concurrent
 from terra.batch.config import BatchConfig
-from terra.batch.engine import _prepare, _Prepared, _Writer
-from terra.batch.manifest import one_line, sample_record
+from terra.batch.engine import _Prepared, _Writer, _prepare
+from terra.batch.manifest import error_line, sample_record
 from terra.batch.plan import Item
+from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutState
-from terra.generation.sampling import SamplingConfig
 from terra.pipeline import WorldModelPipeline
+
+if TYPE_CHECKING:
+    from decoder.refiner.model import VideoRefiner
 
 _END = object()  # no more samples
 
@@ -42,11 +45,13 @@ class StreamingEngine:
     """
 
     def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
-                 max_concurrent: int, on_generated: Callable[[Item], None] | None = None) -> None:
+                 max_concurrent: int, on_generated: Callable[[Item], None] | None = None,
+                 refiner: "VideoRefiner | None" = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.on_generated = on_generated
+        self.refiner = refiner  # decoding=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
-        self.sampling = SamplingConfig(**config.sampling)
+        self.sampling = SamplingConfig(**config.sampling)  # checked by check_config: this only builds it
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
         self._stopped = threading.Event()
@@ -75,7 +80,7 @@ class StreamingEngine:
             try:
                 prepared = _prepare(item, self.pipeline, self.config, started)
             except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
-                self.emit(sample_record(item.sample, "failed", error=one_line(err), stage="input", seed=item.seed,
+                self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="input", seed=item.seed,
                                         seconds=time.perf_counter() - started))
                 continue
             self._handoff(prepared)
@@ -93,7 +98,7 @@ class StreamingEngine:
         """Drive the engine until :meth:`end`'s marker is reached and nothing is in flight (or :meth:`stop`);
         wait for the writers. An interrupt drops the rollouts in flight and lets finished writes complete."""
         backend = self.pipeline.backend
-        writer = _Writer(self.pipeline, self.config, self.emit)
+        writer = _Writer(self.pipeline, self.config, self.emit, self.refiner)
         active: dict[int, tuple[_Prepared, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
         ended = False
         self._preparer.start()
@@ -146,7 +151,7 @@ class StreamingEngine:
         active[id(state)] = (prepared, state, time.perf_counter())
 
     def _failed(self, prepared: _Prepared, err: Exception) -> None:
-        self.emit(sample_record(prepared.item.sample, "failed", error=one_line(err), stage="generate",
+        self.emit(sample_record(prepared.item.sample, "failed", error=error_line(err), stage="generate",
                                 seed=prepared.item.seed, seconds=time.perf_counter() - prepared.started))
 
     def _next_frame(self, state: RolloutState, active: dict) -> None:
@@ -175,10 +180,12 @@ def longest_rollout(items: Iterable[Item]) -> int:
 
 
 def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPipeline,
-              emit: Callable[[dict], None]) -> None:
+              emit: Callable[[dict], None], refiner: "VideoRefiner | None" = None) -> None:
     """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
-    item. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
-    engine = StreamingEngine(pipeline, config, emit, resolve_max_concurrent(config, pipeline, longest_rollout(items)))
+    item; ``refiner`` decodes with ``decoding=refiner``. ``max_concurrent=auto`` is resolved against the engine
+    (terra/batch/concurrency.py)."""
+    engine = StreamingEngine(pipeline, config, emit, resolve_max_concurrent(config, pipeline, longest_rollout(items)),
+                             refiner=refiner)
     for item in items:
         engine.put(item)
     engine.end()

@@ -1,12 +1,31 @@
-"""Generation: rollout requests and their windows, the token layout, sampling, and the backends that run them.
+"""Generation: the action contract, rollout requests and their windows, the token layout, sampling, and the
+backends that run them.
 
-:mod:`terra.generation.rollout` defines what a rollout is (:class:`RolloutRequest`, :class:`RolloutState`)
-and the :class:`WorldModelBackend` interface; :mod:`terra.generation.backends` picks and builds a backend;
-:mod:`terra.generation.hf_backend` (Transformers) and :mod:`terra.generation.vllm_backend` (vLLM) implement
-it. Nothing outside :mod:`terra.generation.backends` names a backend class.
+:mod:`terra.generation.actions` states the model's action layout and rates; :mod:`terra.generation.rollout`
+defines what a rollout is (:class:`RolloutRequest`, :class:`RolloutState`) and the :class:`WorldModelBackend`
+interface; :mod:`terra.generation.backends` picks and builds a backend; :mod:`terra.generation.hf_backend`
+(Transformers) and :mod:`terra.generation.vllm_backend` (vLLM) implement it. Nothing outside
+:mod:`terra.generation.backends` names a backend class. The names below load on first use, so the action
+contract is importable without torch.
 """
 
-from terra.generation.rollout import FrameCallback, RolloutRequest, RolloutState, WorldModelBackend
-from terra.generation.sampling import SamplingConfig
+from __future__ import annotations
 
-__all__ = ["FrameCallback", "RolloutRequest", "RolloutState", "SamplingConfig", "WorldModelBackend"]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "FrameCallback": "terra.generation.rollout",
+    "RolloutRequest": "terra.generation.rollout",
+    "RolloutState": "terra.generation.rollout",
+    "WorldModelBackend": "terra.generation.rollout",
+    "SamplingConfig": "terra.config.sampling",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'terra.generation' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

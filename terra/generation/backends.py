@@ -7,19 +7,31 @@ from pathlib import Path
 
 import torch
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.spec import RunSpec
 from terra.generation.rollout import WorldModelBackend
 
 BACKENDS = ("auto", "vllm", "hf")
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``."""
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise).
+    ``device`` is a checked name (terra/config/backend.py); a run resolves it once."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise TerraInputError(f"device={device} was asked for but no CUDA GPU is visible; use device=cpu or auto")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise TerraInputError(f"device={device} does not exist: {torch.cuda.device_count()} GPU(s) are visible "
+                              "(cuda:0 is the first); use another index or device=auto")
     return device
+
+
+def resolve_spec(spec: RunSpec) -> RunSpec:
+    """``spec`` with its device and backend chosen (``auto`` → what this machine has), once per run: the
+    pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is."""
+    device = resolve_device(spec.device)
+    return spec.replace(device=device, backend=resolve_backend(spec.backend, device))
 
 
 def vllm_available() -> bool:
@@ -50,16 +62,17 @@ def create_backend(
 ) -> WorldModelBackend:
     """Build the backend ``kind`` (auto | vllm | hf) for the checkpoint folder ``world_model``.
 
-    ``dtype`` is ``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``; ``config`` is
-    the world model's already-read config (None: the backend reads config.json); ``options`` go to the
-    backend's constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers).
+    ``kind`` and ``device`` are resolved here unless the caller resolved them already (then this is a no-op:
+    :meth:`terra.pipeline.WorldModelPipeline.from_spec` resolves once and passes the result). ``dtype`` is a
+    checked name (terra/config/backend.py): ``auto`` means bf16 on a GPU, fp32 on a CPU. ``config`` is the world
+    model's already-read config (None: the backend reads config.json); ``options`` go to the backend's
+    constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers).
     """
-    device = resolve_device(device)
-    kind = resolve_backend(kind, device)
+    if kind not in ("hf", "vllm") or device == "auto":
+        device = resolve_device(device)
+        kind = resolve_backend(kind, device)
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise TerraInputError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
     if kind == "vllm":
         from terra.generation.vllm_backend import VLLMBackend
 

@@ -21,9 +21,10 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from terra.config.sampling import SamplingConfig
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
-from terra.generation.sampling import SamplingConfig, sample_image_tokens
+from terra.generation.sampling import sample_image_tokens
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, length, head_dim]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from terra.actions import validate_actions
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
+from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.generation.layout import TokenLayout, Window, plan_windows
-from terra.generation.sampling import SamplingConfig
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
 
@@ -47,6 +47,18 @@ class RolloutRequest:
     overlap: int = DEFAULT_OVERLAP
 
 
+def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
+    """``actions`` as float32 if shaped ``[>= needed, 6, 3]``: a cheap shape check; their values were checked where
+    they entered (terra/generation/actions.py, ``validate_actions``)."""
+    arr = np.asarray(actions, dtype=np.float32)
+    if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
+        raise TerraInputError(f"actions must have shape [frames, {NUM_ACTION_TOKENS}, 3], got {list(arr.shape)}")
+    if len(arr) < needed:
+        raise TerraInputError(f"actions cover {len(arr)} frames but the rollout needs actions for {needed}; "
+                              "give a longer trajectory or generate fewer frames")
+    return arr
+
+
 class RolloutState:
     """Progress of one rollout through its windows.
 
@@ -64,7 +76,7 @@ class RolloutState:
             )
         layout.validate_codes(context, "context codes")
         self.windows: list[Window] = plan_windows(len(context), request.num_frames, layout.max_frames, request.overlap)
-        self.actions = validate_actions(request.actions, "actions", len(context) + request.num_frames - 1)
+        self.actions = _sized_actions(request.actions, len(context) + request.num_frames - 1)
         self.layout = layout
         self.request = request
         self.frames: list[np.ndarray] = list(context)
@@ -112,8 +124,9 @@ class RolloutState:
             self.window_index += 1
 
     def set_next_action(self, action: np.ndarray) -> None:
-        """Replace the action of the newest frame, the one that conditions the next frame (closed loop)."""
-        self.actions[self.next_frame - 1] = validate_actions(np.asarray(action)[None], "action")[0]
+        """Replace the action of the newest frame, the one that conditions the next frame (closed loop); ``action``
+        is a checked ``[6, 3]`` array (terra/session/controls.py, ``parse_action``)."""
+        self.actions[self.next_frame - 1] = action
 
     def generated(self) -> np.ndarray:
         """The generated frames ``[num_frames, P]`` (context excluded, overlap frames once)."""

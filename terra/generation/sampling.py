@@ -1,4 +1,4 @@
-"""Sampling settings shared by every backend, and the Transformers backend's sampler.
+"""The Transformers backend's sampler (the settings, :class:`SamplingConfig`, are in terra/config/sampling.py).
 
 Image tokens are drawn only from the image codebook ``[0, codebook_size)``: ids at or above it (the action
 placeholder, special ids) are never sampled, whatever the logits say. ``temperature == 0`` means greedy.
@@ -6,28 +6,9 @@ placeholder, special ids) are never sampled, whatever the logits say. ``temperat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from terra.validation import SAMPLING
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off); Terra's authors used 0.9 / 0 / 1.0."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name, limits in SAMPLING.items():  # documented ranges: terra/validation.py
-            limits.check(getattr(self, name), f"sampling.{name}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from terra.config.sampling import SamplingConfig
 
 
 def sample_image_tokens(

@@ -23,10 +23,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
-from terra.generation.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)

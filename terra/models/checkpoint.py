@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from terra.models import LlamaActionConfig
 
 

@@ -2,5 +2,5 @@
 
 :mod:`terra.serve.settings` (limits, token), :mod:`terra.serve.service` (sessions and their limits),
 :mod:`terra.serve.sockets` (the WebSocket protocol), :mod:`terra.serve.media` (frames, uploads, videos),
-:mod:`terra.serve.app` (routes), :mod:`terra.serve.cli` (the Hydra app); the page is ``static/``.
+:mod:`terra.serve.app` (routes), :mod:`terra.apps.serve` (the Hydra app); the page is ``static/``.
 """

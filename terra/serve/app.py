@@ -37,11 +37,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.files import parse_json
 from terra.serve.guard import RequestGuard
 from terra.serve.media import VIDEO_FORMATS, video_bytes
 from terra.serve.service import LimitError, NotFoundError, SessionService
-from terra.serve.sockets import SocketConnection, parse_json
+from terra.serve.sockets import MAX_DIGITS, SocketConnection
+from terra.session.controls import parse_action
 
 log = logging.getLogger("terra.serve")
 STATIC = Path(str(files("terra.serve") / "static"))
@@ -99,7 +101,7 @@ def create_app(service: SessionService) -> FastAPI:
             body += chunk
             if len(body) > limit:
                 raise too_large
-        return parse_json(bytes(body)) if body.strip() else {}
+        return parse_json(bytes(body), "request body", MAX_DIGITS, finite=False) if body.strip() else {}
 
     @app.exception_handler(TerraInputError)
     async def input_error(request: Request, err: TerraInputError) -> Response:
@@ -160,7 +162,7 @@ def create_app(service: SessionService) -> FastAPI:
         if not isinstance(body, dict) or "action" not in body or not set(body) <= {"action", "codes"}:
             raise TerraInputError("the body must be {\"action\": ..., \"codes\": false}, e.g. "
                                   "{\"action\": {\"steer\": 0, \"speed_kmh\": 30}}")
-        frame, image, header = await service.step(entry, body["action"])
+        frame, image, header = await service.step(entry, parse_action(body["action"]))
         mime = "image/jpeg" if settings.image_format == "jpeg" else "image/png"
         header["image"] = f"data:{mime};base64,{base64.b64encode(image).decode()}"
         if body.get("codes") is True:

@@ -82,13 +82,15 @@ class RequestGuard:
         websocket = scope["type"] == "websocket"
         if origin is not None and (websocket or scope["method"] in STATE_CHANGING):
             scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
-            if not self._origin_allowed(web_origin(origin), web_origin(f"{scheme}://{host}"), port):
+            own = web_origin(f"{scheme}://{host}")
+            if not self._origin_allowed(web_origin(origin), own, port):
                 return 403, (f"requests from the web page at {ascii(origin[:100])} are refused; to let that page drive this "
                              "server, add it to serve.allowed_origins")
         if not websocket and scope["method"] == "POST":
             kind = headers.get("content-type")
             has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
-            if (kind is not None or has_body) and (kind or "").split(";")[0].strip().lower() != "application/json":
+            media_type = (kind or "").split(";")[0].strip().lower()
+            if (kind is not None or has_body) and media_type != "application/json":
                 return 415, (f"request bodies must be JSON; send Content-Type: application/json (got "
                              f"{ascii(kind[:60]) if kind else 'none'})")
         return None

@@ -16,8 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from terra.errors import TerraInputError
-from terra.generation.sampling import SamplingConfig
+import numpy as np
+
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.serve.media import decode_upload, encode_image
 from terra.serve.settings import ServeSettings
 from terra.session import Frame, Session, SessionHost
@@ -83,7 +85,7 @@ class SessionService:
         unknown = sorted(set(spec) - SPEC_KEYS)
         if unknown:
             raise TerraInputError(f"unknown session settings {unknown}; use {', '.join(sorted(SPEC_KEYS))}")
-        sampling = self._sampling(spec.get("sampling"))
+        sampling = None if spec.get("sampling") is None else SamplingConfig.from_mapping(spec["sampling"])
         if len(self.entries) + self._opening >= self.settings.max_sessions:
             raise LimitError(f"too many sessions ({len(self.entries)} open, serve.max_sessions="
                              f"{self.settings.max_sessions}); close one (DELETE /sessions/ID) or wait for idle ones "
@@ -127,15 +129,6 @@ class SessionService:
         frames = [decode_upload(value, i, size, host.resize) for i, value in enumerate(images)]
         return host.open(images=frames, num_context=num_context, **common, **options)
 
-    @staticmethod
-    def _sampling(value: Any) -> SamplingConfig | None:
-        if value is None:
-            return None
-        names = {f.name for f in dataclasses.fields(SamplingConfig)}
-        if not isinstance(value, dict) or not set(value) <= names:
-            raise TerraInputError(f"sampling must be an object with some of {', '.join(sorted(names))}")
-        return SamplingConfig(**value)
-
     def get(self, session_id: str) -> Entry:
         entry = self.entries.get(session_id)
         if entry is None:
@@ -169,8 +162,9 @@ class SessionService:
             await self._run(entry.session.reset)
             entry.touch()
 
-    async def step(self, entry: Entry, action: Any) -> tuple[Frame, bytes, dict[str, Any]]:
-        """Generate the entry's next frame under ``action``; the frame, its image bytes and its header."""
+    async def step(self, entry: Entry, action: np.ndarray) -> tuple[Frame, bytes, dict[str, Any]]:
+        """Generate the entry's next frame under ``action`` (a checked ``[6, 3]`` array: the routes parse what
+        clients send once, terra/session/controls.py); the frame, its image bytes and its header."""
         if entry.waiting >= MAX_WAITING_STEPS:
             raise LimitError(f"session {entry.session.id} already has {entry.waiting} steps waiting; "
                              "wait for their frames")
@@ -179,7 +173,7 @@ class SessionService:
             async with entry.lock:
                 entry.touch()
                 started = time.perf_counter()
-                future = entry.session.step_async(action)  # a bad action raises here
+                future = entry.session.step_async(action)
                 result = await asyncio.wrap_future(future)
                 frame, image, encode_s = await self._run(lambda: self._render(entry.session, result))
                 entry.touch()

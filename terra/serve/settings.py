@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from terra.errors import TerraInputError, check_whole_number
+from terra.config.checks import TerraInputError, check_whole_number
 
 IMAGE_FORMATS = ("jpeg", "png")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

@@ -23,33 +23,15 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.files import parse_json
 from terra.serve.media import frame_message
 from terra.serve.service import Entry, SessionService
 from terra.session.controls import parse_action
 
 log = logging.getLogger("terra.serve")
 MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")
-
-
-def parse_json(text: str | bytes) -> object:
-    """Strict JSON: no NaN/Infinity (Python's json accepts them), no integers beyond a float's range, no
-    nesting deeper than the parser's recursion limit; any violation is one :class:`TerraInputError` line."""
-    def reject(constant: str) -> None:
-        raise TerraInputError(f"{constant} is not a number JSON allows; send finite numbers")
-
-    def whole(digits: str) -> int:
-        if len(digits.lstrip("-")) > 300:
-            raise TerraInputError(f"a number of {len(digits)} digits is out of range; send ordinary numbers")
-        return int(digits)
-
-    try:
-        return json.loads(text, parse_constant=reject, parse_int=whole)
-    except TerraInputError:
-        raise
-    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise TerraInputError(f"malformed JSON ({type(err).__name__}: {str(err)[:120]}); send one JSON "
-                              "object") from None
+MAX_DIGITS = 300  # JSON integers from clients: a number's own range check names the setting beyond this
 
 
 class SocketConnection:
@@ -116,7 +98,7 @@ class SocketConnection:
         """Act on one client message; bad input raises :class:`TerraInputError`."""
         if message.get("text") is None:
             raise TerraInputError("send JSON text messages, not binary ones")
-        value = parse_json(message["text"])
+        value = parse_json(message["text"], "message", MAX_DIGITS, finite=False)
         if not isinstance(value, dict) or value.get("type") not in MESSAGE_TYPES:
             raise TerraInputError(f"a message must be an object whose type is one of {', '.join(MESSAGE_TYPES)}")
         kind = value["type"]

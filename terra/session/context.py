@@ -14,11 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from terra.actions import validate_actions
-from terra.errors import TerraInputError
-from terra.inputs import builtin_context
+from terra.config.checks import TerraInputError
+from terra.generation.actions import validate_actions
+from terra.inputs.trajectory import MANOEUVRES
 from terra.session.controls import MAX_SPEED_KMH, check_number, drive_action, speed_of
-from terra.trajectory import MANOEUVRES
+from terra.sim import builtin_context
 from tokenizer.images import load_images
 
 

@@ -10,14 +10,13 @@ training world drives (:func:`terra.sim.clips.random_manoeuvre_params`).
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 
-from terra.actions import ACTION_TIMES, actions_for_manoeuvre, actions_from_value, validate_actions
-from terra.errors import TerraInputError
-from terra.trajectory import FRAME_RATE_HZ
+from terra.config.checks import TerraInputError, check_number
+from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
+from terra.inputs.actions import actions_for_manoeuvre, actions_from_value
 
 MAX_SPEED_KMH = 130.0
 ACCEL_RANGE = (-8.0, 4.0)  # m/s^2 a drive action may ask for
@@ -26,15 +25,6 @@ KEY_BRAKE = -4.0  # m/s^2 while the down key is held
 KEY_STEER_RATE = 0.25  # steering change per frame towards the held arrow (full lock in 0.4 s)
 KEYS = ("up", "down", "left", "right")
 ACTION_KINDS = ("actions", "trajectory", "steer", "manoeuvre")
-
-
-def check_number(value: Any, name: str, low: float, high: float) -> float:
-    """``value`` as a float in ``[low, high]`` (finite, not a bool), else a one-line error."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not -1e300 < value < 1e300:  # NaN fails
-        raise TerraInputError(f"{name} must be a finite number (got {value!r:.40})")
-    if not low <= value <= high:
-        raise TerraInputError(f"{name} must be in [{low:g}, {high:g}] (got {value:g})")
-    return float(value)
 
 
 def max_curvature(speed_mps: float) -> float:
@@ -65,26 +55,19 @@ def parse_action(value: Any) -> np.ndarray:
 
     * ``{"actions": [[y, x, t], ...6]}`` or a bare ``[6, 3]`` array;
     * ``{"trajectory": {"x": [...], "y": [...]}}`` (or ``[[x, y], ...]``): the car's path from now on in the current
-      ego frame at 10 Hz (or with ``t``), as :func:`terra.actions.actions_from_value` reads trajectories;
+      ego frame at 10 Hz (or with ``t``), as :func:`terra.inputs.actions.actions_from_value` reads trajectories;
     * ``{"steer": s, "speed_kmh": v, "accel_mps2": a}`` (:func:`drive_action`);
     * ``{"manoeuvre": "curve_left", "speed_kmh": 30}``: the first frame of a named manoeuvre.
     """
     if not isinstance(value, dict):
-        try:
-            arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError, OverflowError):
-            raise TerraInputError(f"an action must be a [6, 3] array of numbers or an object with one of "
-                                  f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})") from None
-        if arr.shape != (6, 3):
-            raise TerraInputError(f"an action array must have shape [6, 3] ([y, x, time] per slot), got {list(arr.shape)}")
-        return validate_actions(arr[None], "action")[0]
+        return _action_array(value)
     kinds = [k for k in ACTION_KINDS if k in value]
     if len(kinds) != 1:
         raise TerraInputError(f"an action needs exactly one of {', '.join(ACTION_KINDS)} (got keys {sorted(value)})")
     kind = kinds[0]
     if kind == "actions":
         _only(value, {"actions"})
-        return parse_action(value["actions"])
+        return _action_array(value["actions"])
     if kind == "trajectory":
         _only(value, {"trajectory"})
         return actions_from_value({"trajectory": value["trajectory"]}, "action trajectory", 1)[0]
@@ -98,6 +81,18 @@ def parse_action(value: Any) -> np.ndarray:
     if not isinstance(value["manoeuvre"], str):
         raise TerraInputError(f"manoeuvre must be a name (got {value['manoeuvre']!r})")
     return actions_for_manoeuvre(value["manoeuvre"], 1, speed_kmh=speed)[0]
+
+
+def _action_array(value: Any) -> np.ndarray:
+    """A ``[6, 3]`` array of finite numbers in reach, checked once (terra/generation/actions.py)."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise TerraInputError(f"an action must be a [6, 3] array of numbers or an object with one of "
+                              f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})") from None
+    if arr.shape != (6, 3):
+        raise TerraInputError(f"an action array must have shape [6, 3] ([y, x, time] per slot), got {list(arr.shape)}")
+    return validate_actions(arr[None], "action")[0]
 
 
 def _only(value: dict, allowed: set[str]) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
-from terra.generation.sampling import SamplingConfig
 
 RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from terra.errors import TerraInputError, check_whole_number
+from terra.config.checks import TerraInputError, check_whole_number
+from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import DEFAULT_OVERLAP, RolloutRequest, WorldModelBackend
-from terra.generation.sampling import SamplingConfig
 from terra.session import context as contexts
 from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of
 from terra.session.engine import Rollout, SessionEngine, StepResult
@@ -70,16 +70,21 @@ class Session:
     def num_generated(self) -> int:
         return len(self.poses)
 
-    def step_async(self, action: Any) -> Future:
-        """Queue the next frame under ``action`` (any form :func:`~terra.session.controls.parse_action` reads);
-        resolves to a :class:`~terra.session.engine.StepResult`. Bad actions raise here."""
-        future = self.host.engine.step(self.rollout, parse_action(action), self.sampling)
-        future.add_done_callback(self._track_pose)  # runs on the driver thread, in step order
-        return future
+    def step_async(self, action: np.ndarray) -> Future:
+        """Queue the next frame under ``action``, a checked ``[6, 3]`` array (what
+        :func:`~terra.session.controls.parse_action` returns); resolves to a
+        :class:`~terra.session.engine.StepResult`."""
+        assert action.shape == (6, 3), action.shape
+        step = self.host.engine.step(self.rollout, action, self.sampling)
+        done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
+        done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
+        step.add_done_callback(lambda f: self._track_pose(f, done))  # runs on the driver thread, in step order
+        return done
 
     def step(self, action: Any, decode: bool = True) -> Frame:
-        """Generate the next frame under ``action`` and wait for it (decoded to RGB unless ``decode`` is False)."""
-        return self.frame(self.step_async(action).result(), decode)
+        """Generate the next frame under ``action``, any form :func:`~terra.session.controls.parse_action` reads
+        (bad ones raise here), and wait for it (decoded to RGB unless ``decode`` is False)."""
+        return self.frame(self.step_async(parse_action(action)).result(), decode)
 
     def frame(self, result: StepResult, decode: bool = True) -> Frame:
         """The :class:`Frame` of a finished step (decoding it here, on the calling thread)."""
@@ -89,9 +94,8 @@ class Session:
         rgb = self.host.decode(codes[None])[0] if decode else None
         timings = {"queue_s": result.queue_s, "generate_s": result.generate_s,
                    "decode_s": time.perf_counter() - start if decode else 0.0}
-        # the previous step's pose is tracked by now (the driver ran its callback before finishing this step)
-        pose = advance_pose(self.pose_at(result.index - 1), result.action)
-        return Frame(result.index, codes, rgb, result.action, pose, timings)
+        # this step's pose is tracked by now (the driver ran its callback before finishing the step)
+        return Frame(result.index, codes, rgb, result.action, self.pose_at(result.index), timings)
 
     def pose_at(self, index: int) -> Pose:
         poses = self.poses
@@ -124,12 +128,22 @@ class Session:
         """Every frame so far decoded to uint8 RGB ``[T, H, W, 3]``, context first."""
         return self.host.decode(self.codes())
 
-    def _track_pose(self, future: Future) -> None:
-        if future.cancelled() or future.exception() is not None:
+    def _track_pose(self, step: Future, done: Future) -> None:
+        """Record where a finished step leaves the car, then resolve ``done`` with the step's outcome."""
+        if step.cancelled():
+            done.cancel()
             return
-        result = future.result()
-        del self.poses[result.index:]
-        self.poses.append(advance_pose(self.pose_at(result.index - 1), result.action))
+        if step.exception() is None:
+            result = step.result()
+            del self.poses[result.index:]
+            self.poses.append(advance_pose(self.pose_at(result.index - 1), result.action))
+        try:
+            if step.exception() is None:
+                done.set_result(step.result())
+            else:
+                done.set_exception(step.exception())
+        except InvalidStateError:  # the caller cancelled it while the step was already running
+            pass
 
 
 class SessionHost:

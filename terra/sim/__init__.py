@@ -2,12 +2,13 @@
 
 ``Scene.generate(seed)`` builds a road with roadside objects, :func:`render` draws it from any ego pose at any
 resolution, :func:`make_clip` / :func:`random_clip` produce 10 Hz clips with their instruction trajectories
-and actions, :func:`sample_frames` / :func:`render_frames` draw single frames for tokenizer training, and
+and actions, :func:`sample_frames` / :func:`render_frames` draw single frames for tokenizer training,
+:func:`builtin_context` gives a run without frames of its own a rendered context, and
 :mod:`terra.sim.dataset` stores clips on disk.
 """
 
-from terra.sim.clips import Clip, make_clip, random_clip, render_frames, sample_frames
+from terra.sim.clips import Clip, builtin_context, make_clip, random_clip, render_frames, sample_frames
 from terra.sim.renderer import render
 from terra.sim.scene import Scene
 
-__all__ = ["Clip", "Scene", "make_clip", "random_clip", "render", "render_frames", "sample_frames"]
+__all__ = ["Clip", "Scene", "builtin_context", "make_clip", "random_clip", "render", "render_frames", "sample_frames"]

@@ -1,8 +1,8 @@
 """Clips of the synthetic world at 10 Hz: rendered frames plus exact ego poses, instruction trajectories, actions.
 
-A manoeuvre is synthesised in the car's own frame by :func:`terra.trajectory.manoeuvre_trajectory` and then
+A manoeuvre is synthesised in the car's own frame by :func:`terra.inputs.trajectory.manoeuvre_trajectory` and then
 placed in the world at a lane pose of the road (rotate + translate), so ``curve_left`` turns left relative to
-the road and the clip's actions are exactly the ones :mod:`terra.actions` computes for that manoeuvre.
+the road and the clip's actions are exactly the ones :mod:`terra.inputs.actions` computes for that manoeuvre.
 :func:`random_clip` draws a training distribution: single manoeuvres, a straight stretch followed by a
 manoeuvre, and lane keeping along the road's own bends. :func:`sample_frames` draws single frames from
 diverse poses (off-centre, yawed) for tokenizer training.
@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.actions import actions_from_instruction_trajs
-from terra.errors import TerraInputError
-from terra.trajectory import (
-    FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MANOEUVRES, EgoTrajectory, manoeuvre_trajectory,
-)
+from terra.config.checks import TerraInputError
+from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ
+from terra.inputs.actions import actions_from_instruction_trajs
+from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, manoeuvre_trajectory
 from terra.sim.renderer import render
 from terra.sim.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
 
@@ -40,7 +39,7 @@ class Clip:
     poses: np.ndarray  # float64 [T, 3] world x, y, yaw of each frame
     instruction_trajs: np.ndarray  # float32 [T, 60, 3] ACT-Bench future trajectories in each frame's ego frame
     actions: np.ndarray  # float32 [T, 6, 3] the world model's actions ([y, x, time] per slot)
-    manoeuvre: str  # a name from terra.trajectory.MANOEUVRES, "follow_lane", or "straight>NAME"
+    manoeuvre: str  # a name from terra.inputs.trajectory.MANOEUVRES, "follow_lane", or "straight>NAME"
     seed: int  # scene seed: Scene.generate(seed, scene_length_m) rebuilds the scene
     start_s: float  # arc length of the road pose the clip starts at
     speed_kmh: float  # initial speed
@@ -90,7 +89,7 @@ def make_clip(
 ) -> Clip:
     """A clip of ``manoeuvre`` starting in the lane at arc length ``start_s`` (``lateral_m`` left of centre).
 
-    ``manoeuvre_params`` go to :func:`terra.trajectory.manoeuvre_trajectory` (radius_m, accel_mps2, ...).
+    ``manoeuvre_params`` go to :func:`terra.inputs.trajectory.manoeuvre_trajectory` (radius_m, accel_mps2, ...).
     """
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
@@ -103,7 +102,7 @@ def make_clip(
 def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int) -> Clip:
     """A clip from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
 
-    Half are single manoeuvres of :data:`terra.trajectory.MANOEUVRES`; a quarter drive straight for 0.5-2 s
+    Half are single manoeuvres of :data:`terra.inputs.trajectory.MANOEUVRES`; a quarter drive straight for 0.5-2 s
     and then perform one; a quarter keep their lane along the road's own bends. The start is jittered
     inside the lane (offset and heading) so the model sees the road from varied positions.
     """
@@ -204,3 +203,12 @@ def render_frames(num: int, image_size: tuple[int, int], seed: int, workers: int
 def _render_frames_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
     count, (height, width), seed = job
     return np.asarray(sample_frames(count, height, width, seed), dtype=np.uint8)
+
+
+def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):
+    """Frames the synthetic world renders driving ``manoeuvre`` (a torch tensor ``[N, 3, H, W]`` in [-1, 1], as
+    tokenizers take them) with their exact actions: the context of a run that gives no frames of its own."""
+    import torch  # the world itself is numpy; only this hand-over to a tokenizer needs torch
+
+    clip = make_clip(Scene.generate(seed), manoeuvre, num_frames, image_size[0], image_size[1], **params)
+    return torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0, clip.actions

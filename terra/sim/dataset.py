@@ -24,8 +24,8 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from terra.errors import TerraInputError
-from terra.trajectory import FRAME_RATE_HZ
+from terra.config.checks import TerraInputError
+from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import Clip, random_clip
 from tokenizer.atomic import atomic_path, write_text
 

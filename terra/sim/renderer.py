@@ -16,8 +16,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from terra.errors import TerraInputError
-from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, TREE, Scene
+from terra.config.checks import TerraInputError
+from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, Scene, TREE
 
 CAMERA_HEIGHT_M = 1.6
 CAMERA_PITCH_RAD = np.deg2rad(4.0)  # downwards

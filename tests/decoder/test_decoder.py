@@ -11,20 +11,12 @@ import pytest
 import torch
 
 from decoder import (
-    codes_to_frames,
-    draw_trajectory,
-    mark_frames,
-    tile_grid,
-    write_gif,
-    write_grid,
-    write_mp4,
-    write_png_sequence,
-    write_sidecar,
-    write_video,
+    codes_to_frames, draw_trajectory, mark_frames, tile_grid, write_gif, write_grid, write_mp4, write_png_sequence,
+    write_sidecar, write_video,
 )
 from decoder.overlay import CONTEXT_COLOR, GENERATED_COLOR
-from terra.actions import actions_for_manoeuvre
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.inputs.actions import actions_for_manoeuvre
 from tokenizer import LFQTokenizer
 from tokenizer.atomic import atomic_path
 

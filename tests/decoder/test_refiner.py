@@ -24,12 +24,12 @@ from decoder.refiner.keys import key_table  # noqa: E402
 from decoder.refiner.model import VideoRefiner  # noqa: E402
 from decoder.refiner.sampler import (Predictor, conditioning_vector, denoise, euler_step,  # noqa: E402
                                      initial_latents, scalings, sigma_schedule, unet_predictor)
+from tests.conftest import shared_reference  # noqa: E402
 from tokenizer import LFQTokenizer  # noqa: E402
 from tokenizer.errors import InputError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "terra-reference" / "video_refiner.tensors.json"
 # Parameters of the published refiner by state-dict prefix (Terra's inference.yaml, counted from its tensors).
 UNET_PARAMETERS = 1_526_673_642  # model.* (VideoUNet, cond_time_stack_embed included)
 FIRST_STAGE_PARAMETERS = 97_742_775  # first_stage_model.* (temporal autoencoder)
@@ -73,9 +73,8 @@ def test_full_size_refiner_has_exactly_the_published_tensors():
     assert counts["cond_encoder"] == CONDITIONER_PARAMETERS
     table = key_table({k: v.shape for k, v in refiner.state_dict().items()}, TERRA)
     assert len(table) == len(refiner.state_dict())
-    if not REFERENCE.is_file():
-        pytest.skip(f"{REFERENCE} is absent; the parameter counts were checked")
-    published = {name: tuple(shape) for name, shape in json.loads(REFERENCE.read_text())["tensors"].items()}
+    reference = shared_reference("video_refiner.tensors.json")  # the parameter counts above are checked anyway
+    published = {name: tuple(shape) for name, shape in json.loads(reference.read_text())["tensors"].items()}
     assert sorted(set(published) - set(table)) == []  # missing from the refiner
     assert sorted(set(table) - set(published)) == []  # unexpected
     assert [k for k in published if table[k][1] != published[k]] == []  # reshaped

@@ -17,8 +17,9 @@ pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip instal
 
 from decoder.refiner import TINY, load_refiner  # noqa: E402
 from terra.batch import BatchConfig, check_config, run_batch  # noqa: E402
-from terra.errors import TerraInputError  # noqa: E402
+from terra.config.checks import TerraInputError  # noqa: E402
 from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
+from terra.config.spec import RunSpec, check_decoding_name  # noqa: E402
 from terra.refiner import check_decoding  # noqa: E402
 from tests.batch.test_batch import NUM_CONTEXT, actbench_line, demo_pipeline, scenes  # noqa: E402,F401 (fixtures)
 from tests.decoder.test_refiner import tiny_file, tiny_tokenizer  # noqa: E402,F401 (fixtures)
@@ -28,10 +29,18 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thr
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def checked_decoding(decoding: str, node: dict | None):
+    """terra/refiner.py's check of a run whose spec asks for ``decoding`` with the refiner block ``node``, on
+    the CPU (the name checked as terra/config/spec.py checks it)."""
+    spec = RunSpec("world_model", "tokenizer", device="cpu", decoding=check_decoding_name(decoding),
+                   refiner=dict(node or {}))
+    return check_decoding(spec)
+
+
 def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
-    assert check_decoding("framewise", None, "cpu") is None
-    settings = check_decoding("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None,
-                                          "arithmetic": "float32"}, "cpu")
+    assert checked_decoding("framewise", None) is None
+    settings = checked_decoding("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None,
+                                            "arithmetic": "float32"})
     assert settings.path == tiny_file and settings.config.num_steps == 2 and settings.device.type == "cpu"
     assert settings.config.arithmetic == "float32"
     cases = {
@@ -45,7 +54,7 @@ def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tm
     }
     for name, (decoding, node, message) in cases.items():
         with pytest.raises(TerraInputError, match=message) as err:
-            check_decoding(decoding, node, "cpu")
+            checked_decoding(decoding, node)
         assert "\n" not in str(err.value), name
 
 
@@ -61,7 +70,7 @@ def test_pipeline_refine_replaces_frames_and_adds_timings(tiny_file):
 
 
 def test_only_the_refiner_imports_diffusers():
-    code = ("import sys, decoder, decoder.refiner, terra.cli, terra.pipeline, terra.refiner, terra.outputs; "
+    code = ("import sys, decoder, decoder.refiner, terra.apps.generate, terra.pipeline, terra.refiner, terra.outputs; "
             "assert 'diffusers' not in sys.modules, 'diffusers imported'; "
             "import decoder.refiner.model; assert 'diffusers' in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -115,5 +124,6 @@ def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_p
     framewise = run_batch(dataclasses.replace(config, decoding="framewise"), pipeline=demo_pipeline)
     assert framewise.counts["ok"] == 1  # another decoding: the sample is made again, at the tokenizer's size
     assert iio.imread(out / "0.mp4").shape[1:3] == tuple(demo_pipeline.tokenizer.image_size)
-    with pytest.raises(TerraInputError, match="not found"):
-        check_config(dataclasses.replace(config, refiner={"path": str(tmp_path / "x.pt"), "preset": "tiny"}))
+    with pytest.raises(TerraInputError, match="not found"):  # checked before the run, complete samples or not
+        run_batch(dataclasses.replace(config, refiner={"path": str(tmp_path / "x.pt"), "preset": "tiny"}),
+                  pipeline=demo_pipeline)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import VLLM_BLOCK_SIZE
+from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest, RolloutState
-from terra.generation.sampling import SamplingConfig
+from tests.conftest import VLLM_BLOCK_SIZE
 
 pytestmark = pytest.mark.vllm
 
@@ -120,7 +120,7 @@ def test_prompt_and_items_must_match(vllm_backend):
 def test_rejects_a_folder_without_a_world_model(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed")
     from terra.generation.vllm_backend import VLLMBackend
-    from terra.errors import TerraInputError
+    from terra.config.checks import TerraInputError
 
     with pytest.raises(TerraInputError, match="world model config"):
         VLLMBackend(str(tmp_path))

@@ -11,12 +11,12 @@ from tests.conftest import TINY, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from terra.errors import TerraInputError
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout, plan_windows
 from terra.generation.rollout import RolloutRequest, RolloutState
-from terra.generation.sampling import SamplingConfig
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 
 P, A, S, WINDOW = 64, 6, 70, 6
 PLACEHOLDER = 512

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from terra.sim import Scene, make_clip
 from tests.conftest import load_script
 
@@ -108,7 +108,7 @@ def test_shipped_demo_models_load_and_generate_on_cpu():
     from terra.generation.hf_backend import HFBackend
     from terra.pipeline import WorldModelPipeline
     from terra.generation.rollout import RolloutRequest
-    from terra.generation.sampling import SamplingConfig
+    from terra.config.sampling import SamplingConfig
     from tokenizer import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(DEMO / "world_model"), dtype=torch.float32)

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
+from terra.config.checks import TerraInputError
 from terra.models import LlamaActionForCausalLM
-from terra.errors import TerraInputError
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from tests.conftest import load_script

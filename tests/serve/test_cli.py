@@ -11,8 +11,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
 from terra.serve.settings import ServeSettings, is_loopback
+from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -56,7 +56,7 @@ def test_shutdown_sends_open_sockets_a_close_frame(tmp_path):
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=60)
         assert closed.value.rcvd.code == 1001 and closed.value.rcvd.reason == "server shutting down"
-        assert server.process.wait(60) == 143  # as every app ends on SIGTERM (terra/hydra_app.py, run_app)
+        assert server.process.wait(60) == 143  # as every app ends on SIGTERM (terra/apps/runner.py, run_app)
         assert server.log.read_text().strip().splitlines()[-1] == "terra-serve: interrupted by SIGTERM"
     finally:
         server.stop()

@@ -12,8 +12,8 @@ from PIL import Image
 from websockets.asyncio.client import connect as connect_async
 from websockets.sync.client import connect
 
-from tests.serve.conftest import TOKEN
 from terra.serve.media import read_frame_message
+from tests.serve.conftest import TOKEN
 
 STRAIGHT = {"steer": 0.0, "speed_kmh": 30}
 LEFT = {"steer": 1.0, "speed_kmh": 30}

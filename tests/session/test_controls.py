@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from terra.actions import ACTION_TIMES, actions_for_manoeuvre
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.generation.actions import ACTION_TIMES
+from terra.inputs.actions import actions_for_manoeuvre
 from terra.session.controls import KeyDriver, advance_pose, drive_action, ego_motion, parse_action, speed_of
 
 
@@ -57,7 +58,7 @@ def test_parse_action_forms():
     ({"steer": 0.1}, "needs speed_kmh"),
     ({"steer": float("nan"), "speed_kmh": 30}, "finite number"),
     ({"steer": True, "speed_kmh": 30}, "finite number"),
-    ({"steer": 0, "speed_kmh": 500}, r"speed_kmh must be in \[0, 130\]"),
+    ({"steer": 0, "speed_kmh": 500}, "speed_kmh must be a number from 0 to 130"),
     ({"steer": 0, "speed_kmh": 30, "gear": 2}, "unknown action keys"),
     ({"steer": 0, "actions": []}, "exactly one of"),
     ({"manoeuvre": "fly"}, "unknown manoeuvre"),

@@ -11,14 +11,14 @@ import threading
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_model
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
-from terra.generation.sampling import SamplingConfig
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost, drive_action
+from tests.conftest import tiny_model
 from tokenizer.lfq import LFQTokenizer
 
 GREEDY = SamplingConfig(temperature=0)

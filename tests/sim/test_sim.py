@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from terra.actions import actions_for_manoeuvre
-from terra.errors import TerraInputError
-from terra.trajectory import MANOEUVRES
+from terra.config.checks import TerraInputError
+from terra.inputs.actions import actions_for_manoeuvre
+from terra.inputs.trajectory import MANOEUVRES
 from terra.sim import Clip, Scene, make_clip, random_clip, render, sample_frames
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.renderer import camera

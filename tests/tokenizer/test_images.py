@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from tokenizer.images import frames_to_tensor, load_frames, load_images
 
 

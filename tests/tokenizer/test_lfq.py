@@ -2,9 +2,9 @@
 
 :func:`published_shapes` writes the state-dict names and shapes out from Open-MAGVIT2's ``improved_model.py``
 rules for any config; at Terra's config they are also compared with the published list (175 tensors,
-65,490,709 parameters of ``lfq_tokenizer_B_256/model.safetensors``) where the machine holds it under
-/work/shared/terra-reference. :func:`reference_forward` recomputes encode/decode from a raw state dict with
-torch.nn.functional alone.
+65,490,709 parameters of ``lfq_tokenizer_B_256/model.safetensors``) in shared/terra-reference
+(tests/conftest.py, ``shared_reference``). :func:`reference_forward` recomputes encode/decode from a raw state
+dict with torch.nn.functional alone.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from tests.conftest import shared_reference
 from tokenizer import LFQTokenizer, load_tokenizer
 from tokenizer.errors import InputError
 from tokenizer.lfq import TERRA_CONFIG
@@ -26,7 +27,6 @@ from tokenizer.magvit2 import depth_to_space
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
-REFERENCE = Path("/work/shared/terra-reference/lfq_tokenizer_B_256.tensors.json")
 TERRA_NUM_PARAMETERS = 65_490_709
 
 
@@ -163,11 +163,10 @@ def test_terra_layout_equals_the_published_tensors():
     assert ours == published_shapes(published_config(128, [1, 1, 2, 2, 4], 2, 18))
     assert len(ours) == 175 and sum(p.numel() for p in tok.parameters()) == TERRA_NUM_PARAMETERS
     assert tok.image_size == (288, 512) and tok.grid_shape == (18, 32) and tok.codebook_size == 2**18
-    if REFERENCE.is_file():  # the published list itself, where this machine has it
-        reference = json.loads(REFERENCE.read_text())
-        assert ours == reference["tensors"]  # same names, same shapes, nothing missing or extra
-        assert reference["num_tensors"] == 175 and reference["num_parameters"] == TERRA_NUM_PARAMETERS
-        assert sum(math.prod(s) for s in reference["tensors"].values()) == TERRA_NUM_PARAMETERS
+    reference = json.loads(shared_reference("lfq_tokenizer_B_256.tensors.json").read_text())  # the published list
+    assert ours == reference["tensors"]  # same names, same shapes, nothing missing or extra
+    assert reference["num_tensors"] == 175 and reference["num_parameters"] == TERRA_NUM_PARAMETERS
+    assert sum(math.prod(s) for s in reference["tensors"].values()) == TERRA_NUM_PARAMETERS
 
 
 def test_published_folder_with_auto_map_loads_and_computes_open_magvit2(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from terra.errors import TerraInputError
+from terra.config.checks import TerraInputError
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
 from tokenizer.lfq_quantizer import bits_to_codes, codes_to_bits
 

@@ -3,12 +3,11 @@
 Settings are checked before the model loads; a mistake exits with code 2 and one line on stderr. The model
 loads before the port opens, so ``GET /health`` answers 200 as soon as anything answers. On SIGINT/SIGTERM
 open sockets get a close frame (1001, "server shutting down") before the server stops; then the process ends
-as every app does on an interrupt (terra/hydra_app.py, ``run_app``: exit 130 / 143).
+as every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -16,12 +15,11 @@ import hydra
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
-from terra.errors import TerraInputError, check_whole_number
-from terra.hydra_app import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.config.spec import check_window, run_spec
 from terra.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
-    from terra.generation.sampling import SamplingConfig
     from terra.serve.service import SessionService
 
 
@@ -37,42 +35,23 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def sampling_from(cfg: DictConfig) -> SamplingConfig:
-    """The ``sampling`` group as a :class:`SamplingConfig` (unknown keys fail with one line)."""
-    from terra.generation.sampling import SamplingConfig  # torch: after the settings are checked
-
-    options = OmegaConf.to_container(cfg.sampling) if OmegaConf.is_dict(cfg.sampling) else None
-    names = {f.name for f in dataclasses.fields(SamplingConfig)}
-    if options is None or not set(options) <= names:
-        raise TerraInputError(f"sampling settings {cfg.sampling} are unknown; use temperature, top_k, top_p")
-    return SamplingConfig(**options)
-
-
 def load_service(cfg: DictConfig) -> SessionService:
-    """Check the configuration, load tokenizer and world model, and build the session service."""
+    """(1) the settings, (2) the window and the pipeline, (3) the session service."""
     settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
-    num_context = check_whole_number(cfg.num_context, "num_context", 1, "num_context=3")
-    overlap = check_whole_number(cfg.model.overlap, "model.overlap", 1, "model.overlap=3")
+    spec = run_spec(cfg)
     # torch, Transformers and FastAPI load only once the settings above are known to be good
-    from terra.inputs import check_window
+    from terra.generation.backends import resolve_spec
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
     from terra.serve.service import SessionService
     from terra.session import SessionHost
-    from terra.snapshot import checkpoint_path
 
-    sampling = sampling_from(cfg)
-    world_model = checkpoint_path(cfg, "model", "world_model")
-    tokenizer = checkpoint_path(cfg, "tokenizer", "path")
-    config = read_world_model_config(world_model)
-    check_window(config.num_temporal_embeddings, num_context, overlap, "model.overlap")
-    pipeline = WorldModelPipeline.from_pretrained(
-        world_model, tokenizer, backend=str(cfg.backend.name), device=str(cfg.device), dtype=str(cfg.dtype),
-        config=config, zero_embed_code_0=bool(cfg.model.get("zero_embed_code_0", False)),
-        **OmegaConf.to_container(cfg.backend.options),
-    )
-    host = SessionHost(pipeline, sampling, max_frames=settings.max_frames, overlap=overlap, num_context=num_context,
-                       resize=str(cfg.tokenizer.get("resize", "crop")))
+    spec = resolve_spec(spec)
+    config = read_world_model_config(spec.world_model)
+    check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
+    pipeline = WorldModelPipeline.from_spec(spec, config=config)
+    host = SessionHost(pipeline, spec.sampling, max_frames=settings.max_frames, overlap=spec.overlap,
+                       num_context=spec.num_context, resize=spec.resize)
     return SessionService(host, settings)
 
 
@@ -105,7 +84,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/hydra_app.run_app's."""
+    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
     run_app(_main, "terra-serve")
 
 

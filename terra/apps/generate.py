@@ -1,0 +1,209 @@
+"""``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, ``conf/generate.yaml``).
+
+:func:`run` reads as its steps, each input checked once where it enters: (1) the settings, the output folder
+and names, the context paths (before torch or Transformers is imported); (2) the world model's window, the
+tokenizer, the context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files.
+A user mistake ends with exit code 2 and one line on stderr naming the input and the fix; Ctrl-C or SIGTERM
+stops the engine and exits with 130 / 143; either way no output file of the run is left behind
+(terra/apps/runner.py prints the line and sets the exit code).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, task
+from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_settings, select
+from terra.config.files import check_context_paths
+from terra.config.outputs import OutputSpec, check_output_dir, prepare_output_dir
+from terra.config.spec import RunSpec, check_window, run_spec
+from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
+
+SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_num_frames
+    "num_frames": Range(1, 2**62, 16, whole=True),
+    "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
+    "num_samples": Range(1, 256, 4, whole=True),
+    "seed": Range(0, 2**62 - 1, 0, whole=True),
+}
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """A ``terra-generate`` run, checked: the shared :class:`RunSpec` and this app's own settings."""
+
+    run: RunSpec
+    output: OutputSpec
+    num_frames: int
+    num_samples: int
+    seed: int
+    context: str | list[str] | None  # None: frames rendered by terra.sim
+    trajectory: str | None  # a trajectory file; None: the manoeuvre
+    manoeuvre: str
+    manoeuvre_params: dict[str, float]
+
+
+def generate_spec(cfg: DictConfig) -> GenerateSpec:
+    """Every setting of ``conf/generate.yaml`` checked once, without reading a file or importing torch."""
+    output = OutputSpec.from_mapping(select(cfg, "output"))
+    values = check_settings(cfg, SETTINGS)
+    if values["num_frames"] > values["max_num_frames"]:
+        raise TerraInputError(
+            f"num_frames={values['num_frames']} is more than max_num_frames={values['max_num_frames']}; generate "
+            f"fewer frames or raise the cap, e.g. max_num_frames={values['num_frames']}"
+        )
+    params = check_manoeuvre_params(select(cfg, "manoeuvre_params"))
+    if cfg.trajectory is None and cfg.manoeuvre not in MANOEUVRES:
+        raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}")
+    context = select(cfg, "context")
+    return GenerateSpec(run_spec(cfg), output, values["num_frames"], values["num_samples"], values["seed"],
+                        context if context is None or isinstance(context, list) else str(context),
+                        None if cfg.trajectory is None else str(cfg.trajectory), str(cfg.manoeuvre), params)
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Generate the rollouts of one configuration and write them under ``out_dir``; return the summary."""
+    t_start = time.perf_counter()
+    # 1. the settings, the output folder and names, the context paths: no file read, nothing heavy imported
+    spec = generate_spec(cfg)
+    file_names = spec.output.file_names(spec.num_samples)
+    check_output_dir(out_dir, file_names)
+    if spec.context is not None:
+        check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
+
+    from terra.generation.backends import resolve_spec
+    from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
+    from terra.models.checkpoint import read_world_model_config
+    from terra.outputs import write_outputs
+    from terra.pipeline import WorldModelPipeline
+    from terra.refiner import check_decoding
+    from terra.sim import builtin_context
+    from tokenizer import load_tokenizer
+
+    if not sys.stderr.isatty():  # no progress bars in logs: stderr holds at most the one error line
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    # 2. the engine, the window, the tokenizer, the context frames and the trajectory
+    run_settings = resolve_spec(spec.run)  # device and backend chosen once
+    refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
+    config = read_world_model_config(run_settings.world_model)
+    check_window(config.num_temporal_embeddings, run_settings.num_context, run_settings.overlap)
+    prepare_output_dir(out_dir)
+    tokenizer = load_tokenizer(run_settings.tokenizer)
+    image_size = tuple(tokenizer.image_size)
+    num_context, num_frames = run_settings.num_context, spec.num_frames
+    ground_truth = actions = None
+    if spec.context is None:
+        manoeuvre = spec.manoeuvre if spec.trajectory is None else "straight"
+        images, actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed,
+                                          spec.manoeuvre_params if spec.trajectory is None else {})
+        ground_truth, images = images[num_context:], images[:num_context]
+    else:
+        images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
+    if spec.trajectory is not None:  # read once, sized for the context frames there are
+        actions = trajectory_actions(spec.trajectory, len(images), num_frames)
+    elif actions is None:
+        actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
+
+    # 3. the world model
+    pipeline = WorldModelPipeline.from_spec(run_settings, tokenizer, config)
+    # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
+    try:
+        seeds = [spec.seed + i for i in range(spec.num_samples)]
+        requests = rollout_requests(pipeline.encode(images), actions, num_frames, seeds, run_settings.overlap)
+        backend_class = type(pipeline.backend).__name__
+        print(f"terra-generate: generating {num_frames} frames x {spec.num_samples} sample(s) with "
+              f"{backend_class} on {pipeline.device}", flush=True)
+        t_gen = time.perf_counter()
+        results = pipeline.generate(requests, run_settings.sampling, progress=sys.stderr.isatty(),
+                                    decode=refiner is None)
+        generate_s = time.perf_counter() - t_gen
+    finally:
+        pipeline.close()
+    if refiner is not None:
+        results = pipeline.refine(results, refiner.load(), progress=sys.stderr.isatty())
+        ground_truth = None  # frames at the refiner's size
+    # 5. the files
+    record = OmegaConf.to_container(cfg, resolve=True)
+    record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
+    s_per_frame = generate_s / (num_frames * spec.num_samples)
+    truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
+    files = write_outputs(
+        out_dir, spec.output, results, actions=actions, ground_truth=truth, config=record,
+        timings={"generate_s": generate_s, "total_s": time.perf_counter() - t_start, "s_per_frame": s_per_frame},
+        backend={"name": run_settings.backend, "class": backend_class}, device=run_settings.device,
+    )
+    return {"files": [str(f) for f in files], "frames": int(len(images) + num_frames),
+            "generated_frames": int(num_frames), "samples": int(spec.num_samples), "s_per_frame": s_per_frame,
+            "backend": backend_class}
+
+
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first (what a run may create and must remove)."""
+    missing = []
+    path = path.expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty_run_dir(hydra_dir: Path) -> None:
+    """Remove Hydra's run folder when nothing was written there, with its empty parents below the working
+    directory (``outputs/<date>/<time>`` → nothing left of ``outputs/``)."""
+    cwd = Path.cwd().resolve()
+    path = hydra_dir.resolve()
+    if _is_empty_dir(path):
+        path.rmdir()
+    if cwd not in path.parents:  # a run folder outside the working directory: leave its parents alone
+        return
+    path = path.parent
+    while path != cwd and _is_empty_dir(path):
+        path.rmdir()
+        path = path.parent
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="generate", version_base=None)
+@task
+def _main(cfg: DictConfig) -> None:
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    out_dir = Path(str(cfg.output.dir)).expanduser() if cfg.output.dir else hydra_dir
+    created = _missing_folders(out_dir)
+    try:
+        check_added_settings("terra-generate", allowed=("backend.options.",))
+        summary = run(cfg, out_dir)
+    except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
+        with shielded():
+            for folder in created:
+                if _is_empty_dir(folder):
+                    folder.rmdir()
+            _remove_empty_run_dir(hydra_dir)
+        raise
+    _remove_empty_run_dir(hydra_dir)
+    print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "
+          f"({summary['frames']} frames per video) with {summary['backend']}: "
+          f"{summary['s_per_frame']:.3f} s per generated frame")
+    for f in summary["files"]:
+        print(f"  {f}")
+
+
+def main() -> None:
+    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
+    np.set_printoptions(precision=3)
+    run_app(_main, "terra-generate")
+
+
+if __name__ == "__main__":
+    main()

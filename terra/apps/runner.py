@@ -1,0 +1,174 @@
+"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve`` (terra/apps/), and the
+Hydra scripts of scripts/ (evaluation, training, scoring).
+
+* The configs: the repository's ``conf/`` folder is installed as the package ``terra.conf`` (``pyproject.toml``
+  maps it; a wheel holds it as ``terra/conf/``), so ``@hydra.main(config_path=CONFIG_PATH, ...)`` finds the same
+  files in an editable install, where they are ``conf/`` itself, and in a wheel install.
+* The resolvers, registered on import: ``${terra_asset:NAME}``, a path under ``terra/assets/`` (the demo
+  checkpoints named by ``conf/model/demo.yaml`` and ``conf/tokenizer/demo.yaml``), and
+  ``${terra_snapshot:FOLDER}``, a folder of the downloaded Terra snapshot ``terra_root``
+  (:mod:`terra.config.snapshot`).
+* :func:`run_app`: how every app ends on stderr. A user mistake (:class:`TerraInputError`, Hydra's and
+  OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
+  SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
+  error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
+  ``HYDRA_FULL_ERROR=1``.
+* :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
+  instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+import terra.conf
+from terra.config.checks import TerraInputError
+from terra.config.snapshot import snapshot_folder
+
+CONFIG_PATH = "pkg://terra.conf"
+CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), replace=True)
+OmegaConf.register_new_resolver("terra_snapshot", snapshot_folder, replace=True)
+
+
+def hydra_error_line(err: BaseException) -> str:
+    """Hydra's / OmegaConf's multi-line message on one line, without the config search path and key details."""
+    message, previous_item = "", False
+    for line in str(err).splitlines():
+        text = line.strip()
+        if text.startswith("Config search path"):
+            break
+        if not text or text.startswith(("full_key:", "object_type=", "reference_type=")):
+            continue
+        item = line[:1].isspace()  # Hydra lists options as indented lines
+        message = f"{message}{', ' if item and previous_item else ' '}{text}" if message else text
+        previous_item = item
+    return message or type(err).__name__
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's :class:`KeyboardInterrupt`, so the same clean-up runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while the block runs (an app's clean-up after a failure or an interrupt)."""
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def check_added_settings(command: str, allowed: Sequence[str] = ()) -> None:
+    """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have
+    (the app would ignore it), except under the prefixes ``allowed`` (free-form mappings such as
+    ``backend.options.``). ``command`` is how users start the app."""
+    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    for override in overrides:
+        key = override.key_or_group
+        if override.type == OverrideType.ADD and not override.is_hydra_override() and not key.startswith(tuple(allowed)):
+            raise TerraInputError(f"unknown setting {key!r} (`{command} --cfg job` lists the settings)")
+
+
+def _hydra_message(err: BaseException, command: str) -> str:
+    message = hydra_error_line(err)
+    unknown = re.match(r"Could not override '([^']+)'", message)
+    if unknown and isinstance(err.__cause__, (ConfigKeyError, ConfigAttributeError)):
+        return f"unknown setting {unknown.group(1)!r} (`{command} --cfg job` lists the settings)"
+    if isinstance(err, OverrideParseException) and "=" in err.override and (
+            "LexerNoViableAlt" in err.message or not err.override.isascii()):
+        key, value = err.override.split("=", 1)
+        return (f"cannot parse the override {err.override!r}: quote a value with spaces, non-ASCII letters or "
+                f"special characters for Hydra, e.g. \"{key}='{value}'\"")
+    return message
+
+
+class _TaskFailed(BaseException):
+    """An exception of a :func:`task`, carried past Hydra's job runner (which catches only ``Exception`` and
+    writes "Error executing job ..." on stderr) to :func:`run_app`."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Decorate an app's task function (under ``@hydra.main``) so that :func:`run_app` alone reports its errors."""
+
+    @functools.wraps(function)
+    def wrapper(cfg: Any) -> None:
+        try:
+            function(cfg)
+        except Exception as err:
+            raise _TaskFailed(err) from None
+
+    return wrapper
+
+
+def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> None:
+    """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
+    docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
+    or ``<prog>: internal error: ...`` (exit 1). ``command`` is how users start the app (default ``prog``);
+    Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
+    or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error."""
+    command = command or prog
+    verbose = "--verbose" in sys.argv[1:]
+    sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
+    user_wants_traces = verbose or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        app()
+        return
+    except _TaskFailed as failed:
+        error: BaseException = failed.error
+    except (KeyboardInterrupt, Exception) as err:  # Hydra's own errors, and interrupts
+        error = err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if isinstance(error, (HydraException, OmegaConfBaseException)) and not user_wants_traces:
+        print(f"{prog}: error: {_hydra_message(error, command)}; see {command} --help", file=sys.stderr)
+        sys.exit(2)
+    if isinstance(error, TerraInputError):
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if isinstance(error, KeyboardInterrupt):
+        signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
+        print(f"{prog}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        sys.exit(128 + signum)
+    if isinstance(error, BrokenPipeError):  # stdout went to a pager or `head` that has quit: nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
+    if user_wants_traces:
+        raise error
+    detail = (str(error).strip().splitlines() or [""])[0][:300]
+    print(f"{prog}: internal error: {type(error).__name__}{': ' * bool(detail)}{detail} (a bug; rerun with "
+          "--verbose for the traceback)", file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,65 @@
+"""Which engine runs the world model, and where: ``backend`` with its options, ``device`` and ``dtype``.
+
+Checked without torch (whether a GPU exists is known only once torch is loaded: terra/generation/backends.py
+resolves ``auto`` there, once per run).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from terra.config.checks import Range, TerraInputError, check_choice, shown
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,2})?")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Options each backend's constructor takes (terra/generation/hf_backend.py, vllm_backend.py): a Range, or
+# bool / str for flags and names. vLLM passes further options to its engine, which checks them itself.
+BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
+    "hf": {"max_batch_size": Range(1, 4096, 16, whole=True)},
+    "vllm": {
+        "max_num_seqs": Range(1, 4096, 64, whole=True),
+        "gpu_memory_utilization": Range(0, 1, 0.9, low_open=True, nullable=True),  # null: 0.9 on a GPU
+        "enforce_eager": bool,
+        "enable_prefix_caching": bool,
+        "kv_cache_dtype": str,
+        "tensor_parallel_size": Range(1, 64, 1, whole=True),
+        "seed": Range(0, 2**31 - 1, 0, whole=True),
+        "kv_cache_memory_bytes": Range(1 << 20, 1 << 44, 1 << 30, whole=True),
+        "block_size": Range(1, 1024, 16, whole=True),
+        "max_model_len": Range(1, 1 << 24, 16384, whole=True),
+    },
+}
+BACKENDS = ("auto", *BACKEND_OPTIONS)
+
+
+def check_device(value: Any) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether that GPU exists is checked when torch is loaded)."""
+    if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
+        raise TerraInputError(f"device={shown(value)} is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)")
+    return value
+
+
+def check_backend(name: Any, options: Any) -> tuple[str, dict]:
+    """The backend name and its options, checked: known names, and for the options the backend takes, their
+    types and ranges. ``auto`` checks every option that either backend knows."""
+    name = check_choice(name, "backend", BACKENDS)
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise TerraInputError(f"backend.options must be a mapping of option names to values (got {shown(options)})")
+    options = dict(options)
+    known = ({k: v for table in BACKEND_OPTIONS.values() for k, v in table.items()} if name == "auto"
+             else BACKEND_OPTIONS[name])
+    for key, value in options.items():
+        rule = known.get(key)
+        setting = f"backend.options.{key}"
+        if rule is None:
+            if name == "hf":
+                raise TerraInputError(f"{setting} is not an option of backend=hf; it takes {', '.join(known)}")
+        elif isinstance(rule, Range):
+            rule.check(value, setting)
+        elif not isinstance(value, rule) or (rule is not bool and isinstance(value, bool)):
+            kind = "true or false" if rule is bool else "a name"
+            raise TerraInputError(f"{setting} must be {kind} (got {shown(value)})")
+    return name, options

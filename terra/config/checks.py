@@ -1,0 +1,118 @@
+"""The toolkit's error type and the one check of each kind that every entry point uses on its settings.
+
+:class:`TerraInputError` is :class:`tokenizer.errors.InputError` (one class for the whole toolkit, defined in
+the tokenizer package, which stands alone): one line naming the input and the fix; the entry points print it
+and exit with code 2 (terra/apps/runner.py). The checks return the value they checked, typed (an ``int``
+for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from omegaconf import OmegaConf
+
+from tokenizer.errors import InputError as TerraInputError
+
+__all__ = ["MAX_FRAMES", "Range", "TerraInputError", "check_choice", "check_flag", "check_number",
+           "check_settings", "check_whole_number", "select", "shown"]
+
+MAX_FRAMES = 10_000  # frames of a rollout or trajectory: 1000 s at 10 Hz
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a 400-digit number cannot swamp a one-line message."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) >= 10**limit:
+        return f"a {len(str(abs(int(value))))}-digit number"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def check_whole_number(
+    value: Any, name: str, minimum: int, example: str, maximum: int | None = None, where: str = ""
+) -> int:
+    """``value`` as an ``int`` if it is a whole number (not a bool) of at least ``minimum`` and at most
+    ``maximum`` (None: no cap); ``example`` shows a fix, ``where`` (e.g. a file name) starts the message."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum
+            or (maximum is not None and value > maximum)):
+        bounds = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise TerraInputError(f"{where}{name} must be a whole number {bounds} (got {shown(value)}); e.g. {example}")
+    return int(value)
+
+
+def check_number(
+    value: Any, name: str, low: float, high: float, example: str | None = None, low_open: bool = False,
+    where: str = "",
+) -> float:
+    """``value`` as a ``float`` if it is a finite real number (not a bool) in ``[low, high]`` (``(low, high]``
+    when ``low_open``); ``example`` (e.g. ``speed_kmh=30``) shows a fix, ``where`` starts the message."""
+    finite = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if finite:
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float range
+            finite = False
+        else:
+            finite = math.isfinite(number)
+    if finite and (low < number if low_open else low <= number) and number <= high:
+        return number
+    bounds = f"above {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
+    kind = "a number" if finite else "a finite number"
+    fix = f"; e.g. {example}" if example else ""
+    raise TerraInputError(f"{where}{name} must be {kind} {bounds} (got {shown(value)}){fix}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The sane values of a numeric setting: ``[low, high]`` (``(low, high]`` with ``low_open``), whole numbers
+    only with ``whole``, None allowed with ``nullable``; ``example`` goes into the error line."""
+
+    low: float
+    high: float
+    example: Any
+    whole: bool = False
+    low_open: bool = False
+    nullable: bool = False
+
+    def check(self, value: Any, name: str, where: str = "") -> Any:
+        """``value`` checked against the range (an ``int`` for whole numbers, else a ``float``); ``where``
+        (e.g. ``"traj.json: "``) starts the error line."""
+        if value is None and self.nullable:
+            return None
+        example = f"{name}={self.example}"
+        if self.whole:
+            return check_whole_number(value, name, int(self.low), example, int(self.high), where)
+        return check_number(value, name, self.low, self.high, example, self.low_open, where)
+
+
+def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
+    """``value`` if it is one of ``choices`` (strings)."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise TerraInputError(f"unknown {name} {shown(value)}; choose one of: {', '.join(choices)}")
+    return value
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` if it is true or false (a YAML ``yes`` or ``1`` is no flag)."""
+    if not isinstance(value, bool):
+        raise TerraInputError(f"{name} must be true or false (got {shown(value)})")
+    return value
+
+
+def select(cfg: Any, key: str) -> Any:
+    """``cfg``'s value at the dotted ``key`` (an OmegaConf config or nested mappings), plain Python values."""
+    if OmegaConf.is_config(cfg):
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def check_settings(cfg: Any, ranges: Mapping[str, Range]) -> dict[str, Any]:
+    """Check each dotted key of ``ranges`` in ``cfg``; return the checked values by key."""
+    return {key: limits.check(select(cfg, key), key) for key, limits in ranges.items()}

@@ -1,0 +1,144 @@
+"""Input files as every entry point reads them: regular files of bounded size, strict JSON, context paths.
+
+Hostile input ends with one :class:`TerraInputError` line instead of a traceback, a hang or minutes of wasted
+generation. Limits, in one place:
+
+* input files must be regular files (a FIFO or a device would block the reader forever), JSON/CSV/NPY
+  trajectories at most :data:`MAX_TRAJECTORY_BYTES`; JSON holds no NaN or infinity and, in files, integers of at
+  most :data:`MAX_JSON_DIGITS` digits (:func:`parse_json` takes its limits as arguments: the server allows more);
+* paths a batch sample names stay inside the folder the user gave for them (:func:`check_inside`).
+
+Image limits are in tokenizer/images.py. This module is light (no torch).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import stat
+from pathlib import Path
+from typing import IO, Any, Sequence
+
+from terra.config.checks import TerraInputError, shown
+
+MAX_TRAJECTORY_BYTES = 64 << 20  # a [1000, 60, 3] trajectory is about 3 MB of JSON
+MAX_JSON_DIGITS = 20  # longer integers in a file are no coordinates, counts or seeds
+
+
+# ---------------------------------------------------------------------------------------------- input files
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+def open_input_file(path: str | os.PathLike, what: str, max_bytes: int) -> IO[bytes]:
+    """Open ``path`` for reading if it is a regular file of at most ``max_bytes``; ``what`` names it in errors.
+
+    The file is opened without blocking and checked on its descriptor, so a FIFO, a device or a socket is
+    refused at once instead of blocking the reader forever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise TerraInputError(f"{what} {path} does not exist; check the path") from None
+    except OSError as err:
+        raise TerraInputError(f"{what} {path} cannot be opened ({err.strerror}); check the path and its "
+                              "permissions") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise TerraInputError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; pass a file")
+    if info.st_size > max_bytes:
+        os.close(fd)
+        raise TerraInputError(f"{what} {path} is {info.st_size / 2**20:.0f} MiB, more than the "
+                              f"{max_bytes / 2**20:.0f} MiB a {what} may have; trim it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_input_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> str:
+    """A regular text file (UTF-8, with or without a byte-order mark) as a string."""
+    with open_input_file(path, what, max_bytes) as fh:
+        data = fh.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TerraInputError(f"{what} {path} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+
+
+def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS, finite: bool = True) -> Any:
+    """Decode strict JSON: no NaN / Infinity (Python's json takes them), no integers of more than ``max_digits``
+    digits, no nesting deeper than Python's stack and, with ``finite``, no numbers beyond float range
+    (``1e400``; without it they decode as infinities for the caller's range check to name). ``source`` (a file,
+    ``line 3``, ``request body``) starts every error line."""
+
+    def whole(token: str) -> int:
+        digits = len(token.lstrip("-"))
+        if digits > max_digits:
+            raise TerraInputError(f"{source}: holds a number of {digits} digits; numbers must have at most "
+                                  f"{max_digits}")
+        return int(token)
+
+    def real(token: str) -> float:
+        value = float(token)
+        if finite and value in (float("inf"), float("-inf")):
+            raise TerraInputError(f"{source}: holds {shown(token)}, beyond the range of numbers; fix that value")
+        return value
+
+    def constant(token: str) -> float:
+        raise TerraInputError(f"{source}: {token} is not a number JSON allows; replace it with a finite number")
+
+    try:
+        return json.loads(text, parse_int=whole, parse_float=real, parse_constant=constant)
+    except TerraInputError:
+        raise
+    except RecursionError:
+        raise TerraInputError(f"{source}: cannot be read, malformed JSON (RecursionError: lists or objects nested "
+                              "too deeply); check that it is valid JSON") from None
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise TerraInputError(f"{source}: cannot be read, malformed JSON ({type(err).__name__}: {str(err)[:120]}); "
+                              "check that it is valid JSON") from None
+
+
+def load_json(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> Any:
+    """A regular JSON file of at most ``max_bytes``, decoded by :func:`parse_json`."""
+    return parse_json(read_input_text(path, what, max_bytes), str(path))
+
+
+def check_context_paths(sources: str | os.PathLike | Sequence[str], base: Path | None = None) -> list[str]:
+    """Context sources checked without decoding anything: each must be a folder, a regular file or a glob that
+    matches (a FIFO or a device would block the reader). Returns them resolved (relative ones from ``base``);
+    batch runs can check every sample of a chunk this way before any image is read."""
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not items:
+        raise TerraInputError("no context frames given; pass image files, a folder, a glob or a video file")
+    resolved = [str(Path(base) / Path(s).expanduser() if base is not None else Path(s).expanduser()) for s in items]
+    for path in resolved:
+        if os.path.isdir(path):
+            continue
+        if os.path.lexists(path):
+            mode = os.stat(path).st_mode if os.path.exists(path) else 0
+            if not stat.S_ISREG(mode):
+                raise TerraInputError(f"{path} is not a regular file (a FIFO, device, socket or broken link); "
+                                      "pass an image or video file")
+        elif not (glob.has_magic(path) and glob.glob(path)):
+            raise TerraInputError(f"image path {path} does not exist; check the path")
+    return resolved
+
+
+def check_inside(path: str | os.PathLike, root: str | os.PathLike, what: str, allow: str) -> str:
+    """``path`` as an absolute path (``~`` expanded, a relative one taken from ``root``, ``.`` and ``..``
+    resolved without following links) if it lies inside ``root``; otherwise one line naming ``what`` and the
+    setting ``allow`` that lets such paths through."""
+    base = os.path.abspath(Path(root).expanduser())
+    resolved = os.path.abspath(os.path.join(base, Path(path).expanduser()))
+    if os.path.commonpath([base, resolved]) != base:
+        raise TerraInputError(f"{what} {shown(str(path), 120)} lies outside {base}; keep it under that folder or "
+                              f"set {allow}=true")
+    return resolved

@@ -1,0 +1,104 @@
+"""What every app runs, checked once: :class:`RunSpec`, built from a Hydra config by :func:`run_spec`.
+
+``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
+``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``,
+``decoding``, ``terra_root``). :func:`run_spec` checks them once, before torch is imported, and returns a
+frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``WorldModelPipeline.from_spec``); nothing
+downstream reads the raw config again. What needs torch or a file's contents (whether a GPU exists, the
+world model's window, the refiner's weights) is checked once each where it is first known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from terra.config.backend import DTYPES, check_backend, check_device
+from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, select
+from terra.config.sampling import SamplingConfig
+from terra.config.snapshot import checkpoint_path
+from tokenizer.resize import RESIZE_MODES
+
+DECODINGS = ("framewise", "refiner")
+WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),
+                   "model.overlap": Range(1, MAX_FRAMES, 3, whole=True)}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A run's model pair, engine and generation settings, each checked once (:func:`run_spec`)."""
+
+    world_model: str  # checkpoint folder (exists)
+    tokenizer: str  # checkpoint folder (exists)
+    backend: str = "auto"  # auto | hf | vllm
+    backend_options: dict[str, Any] = field(default_factory=dict)  # checked against the backend's table
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (resolved once torch loads: terra/generation/backends.py)
+    dtype: str = "auto"
+    sampling: SamplingConfig = SamplingConfig()
+    num_context: int = 3
+    overlap: int = 3  # frames carried into the next window
+    zero_embed_code_0: bool = False  # Terra's vLLM port: code 0 embeds as zeros (models/configuration_llama_action.py)
+    resize: str = "crop"  # context frames: crop | stretch (tokenizer/resize.py)
+    decoding: str = "framewise"  # framewise | refiner (terra/refiner.py)
+    refiner: dict[str, Any] = field(default_factory=dict)  # conf/refiner/terra.yaml's keys, for decoding=refiner
+    terra_root: str | None = None  # a downloaded Terra snapshot, named in error lines
+
+    def replace(self, **changes: Any) -> "RunSpec":
+        """A copy with ``changes`` (already checked values)."""
+        return dataclasses.replace(self, **changes)
+
+
+def run_spec(cfg: DictConfig) -> RunSpec:
+    """Check the shared settings of a Hydra run config once and return them as a :class:`RunSpec`.
+
+    Checkpoint folders must exist (terra/config/snapshot.py names a missing ``terra_root`` or folder); every
+    other value is checked without reading a file or importing torch.
+    """
+    window = {key: limits.check(select(cfg, key), key) for key, limits in WINDOW_SETTINGS.items()}
+    decoding = check_decoding_name(cfg.get("decoding", "framewise"))
+    backend, options = check_backend(select(cfg, "backend.name"), select(cfg, "backend.options"))
+    refiner = select(cfg, "refiner") if decoding == "refiner" and "refiner" in cfg else {}
+    return RunSpec(
+        world_model=checkpoint_path(cfg, "model", "world_model"),
+        tokenizer=checkpoint_path(cfg, "tokenizer", "path"),
+        backend=backend,
+        backend_options=options,
+        device=check_device(select(cfg, "device")),
+        dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES),
+        sampling=SamplingConfig.from_mapping(select(cfg, "sampling")),
+        num_context=window["num_context"],
+        overlap=window["model.overlap"],
+        zero_embed_code_0=check_flag(cfg.model.get("zero_embed_code_0", False), "model.zero_embed_code_0"),
+        resize=check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES),
+        decoding=decoding,
+        refiner=dict(refiner or {}),
+        terra_root=None if cfg.get("terra_root") is None else str(cfg.terra_root),
+    )
+
+
+def check_decoding_name(decoding: Any) -> str:
+    """``decoding`` if it is ``framewise`` or ``refiner`` (the refiner's own settings: terra/refiner.py)."""
+    if decoding not in DECODINGS:
+        raise TerraInputError(f"decoding={decoding!r} is unknown; use decoding=framewise (the tokenizer's frames) "
+                              "or decoding=refiner (Terra's video refiner, GPU)")
+    return decoding
+
+
+def check_window(window: int, num_context: int, overlap: int | None = None,
+                 overlap_name: str = "model.overlap") -> None:
+    """Raise when ``num_context`` (or the window ``overlap``) leaves no room to generate in a ``window`` of frames
+    (the world model's ``num_temporal_embeddings``, known once its config.json is read)."""
+    if num_context >= window:
+        raise TerraInputError(f"num_context={num_context} does not fit a window of {window} frames; "
+                              f"use at most {window - 1}")
+    if overlap is not None and overlap >= window:
+        raise TerraInputError(f"{overlap_name}={overlap} does not fit a window of {window} frames; "
+                              f"use at most {window - 1} (Terra: 3)")
+
+
+def plain(value: Any) -> Any:
+    """An OmegaConf node as plain Python values (anything else as it is)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value

@@ -1,0 +1,65 @@
+"""The world model's action contract: each frame's action is ``[6, 3]`` floats ``[y, x, time]``.
+
+The action of frame ``t`` holds points ``9 + 10 k`` (k = 0..5) of the ego trajectory that starts at frame
+``t``: 60 points at 20 Hz over 3 s in frame ``t``'s ego frame (x forward, y left), so it says where the car
+goes from frame ``t`` on and conditions frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"). The rates and the
+layout are stated here once; terra/inputs/ turns what users give into such arrays and checks them with
+:func:`validate_actions` at the edge, so lower layers take them as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from terra.config.checks import TerraInputError
+
+FRAME_RATE_HZ = 10.0  # frames of a Terra clip
+FUTURE_RATE_HZ = 20.0  # points of an instruction trajectory
+FUTURE_POINTS = 60  # 3 s at 20 Hz
+MAX_SPEED_MPS = 100.0  # 360 km/h: the fastest a trajectory may move between two samples
+NUM_ACTION_TOKENS = 6
+PATH_START = 9  # index of the first sampled point (0.45 s)
+PATH_STEP = 10  # points between samples (0.5 s)
+ACTION_POINT_INDICES = PATH_START + PATH_STEP * np.arange(NUM_ACTION_TOKENS)  # 9, 19, ..., 59
+ACTION_TIMES = (ACTION_POINT_INDICES / FUTURE_RATE_HZ).astype(np.float32)  # 0.45, 0.95, ..., 2.95
+MAX_ACTION_M = 2 * MAX_SPEED_MPS * FUTURE_POINTS / FUTURE_RATE_HZ  # |value| of actions / instruction points (600 m)
+
+
+def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1) -> np.ndarray:
+    """Check an actions array ``[T, 6, 3]`` with ``T >= min_frames`` and return it as float32."""
+    arr = finite_array(actions, source)
+    if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
+        raise TerraInputError(
+            f"{source}: actions must have shape [frames, {NUM_ACTION_TOKENS}, 3] ([y, x, time] per slot), "
+            f"got {list(arr.shape)}"
+        )
+    if len(arr) < min_frames:
+        raise TerraInputError(
+            f"{source}: covers {len(arr)} frames but the rollout needs actions for {min_frames}; "
+            "give a longer trajectory or generate fewer frames"
+        )
+    return in_reach(arr, source).astype(np.float32)
+
+
+def finite_array(value: Any, source: str) -> np.ndarray:
+    """``value`` as a float64 array with only finite real numbers (complex, text or object arrays are refused
+    rather than converted with a warning)."""
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "biuf":
+        raise TerraInputError(f"{source}: holds {value.dtype} values, not real numbers; give a float array")
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise TerraInputError(f"{source}: holds values that are not numbers or rows of unequal length") from None
+    if not np.all(np.isfinite(arr)):
+        raise TerraInputError(f"{source}: holds NaN or inf; replace them with finite numbers")
+    return arr
+
+
+def in_reach(values: np.ndarray, source: str) -> np.ndarray:
+    """``values`` (action or instruction-trajectory entries, metres within 3 s) if none exceeds :data:`MAX_ACTION_M`."""
+    if values.size and np.abs(values).max() > MAX_ACTION_M:
+        raise TerraInputError(f"{source}: holds {np.abs(values).max():.3g}, but points 3 s ahead lie within "
+                              f"{MAX_ACTION_M:g} m; give positions in metres")
+    return values

@@ -1,0 +1,34 @@
+"""What a user gives, turned into what the model takes: trajectories and actions in every accepted form
+(:mod:`terra.inputs.actions`, :mod:`terra.inputs.trajectory`), context frames (:mod:`terra.inputs.context`) and
+rollout requests (:mod:`terra.inputs.requests`). Each input is read and checked once here, at the edge; the
+model's side of the contract is terra/generation/actions.py. Nothing here names a backend. The names below load
+on first use, so the trajectory checks are importable without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+_HOMES = {
+    "TRAJECTORY_KEYS": "terra.inputs.requests",
+    "actions_needed": "terra.inputs.requests",
+    "load_context": "terra.inputs.context",
+    "manoeuvre_actions": "terra.inputs.requests",
+    "resolve_path": "terra.inputs.context",
+    "rollout_requests": "terra.inputs.requests",
+    "trajectory_actions": "terra.inputs.requests",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "builtin_context":  # moved (README, "Moved names"); this alias goes in the next release
+        warnings.warn("terra.inputs.builtin_context moved to terra.sim.builtin_context", DeprecationWarning,
+                      stacklevel=2)
+        return importlib.import_module("terra.sim").builtin_context
+    if name not in _HOMES:
+        raise AttributeError(f"module 'terra.inputs' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
