@@ -79,11 +79,11 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
         raise TerraInputError(f"trajectory file {source} has an unknown type; use .json, .csv or .npy")
     try:
         if suffix == ".npy":
-            actions = _actions_of(_load_npy(path), source, num_frames)
+            actions = _actions_of(load_npy(path), source, num_frames)
         elif suffix == ".json":
             actions = _actions_of(load_json(path, "trajectory file"), source, num_frames)
         else:
-            trajectory = _trajectory_from_csv(path)
+            trajectory = trajectory_from_csv(path)
             actions = actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
     except TerraInputError:
         raise
@@ -104,7 +104,7 @@ def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None, source
     return own if num_frames is None else min(own, num_frames)
 
 
-def _load_npy(path: Path) -> np.ndarray:
+def load_npy(path: Path) -> np.ndarray:
     """A ``.npy`` array of real numbers whose header matches the file's size (checked before reading it)."""
     with open_input_file(path, "trajectory file", MAX_TRAJECTORY_BYTES) as fh:
         version = np.lib.format.read_magic(fh)
@@ -146,7 +146,7 @@ def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
         if key == "instruction_trajs":
             return actions_from_instruction_trajs(value[key], source)
         if key == "trajectory":
-            trajectory = _trajectory_from_mapping(value[key], source)
+            trajectory = trajectory_from_mapping(value[key], source)
             return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
         spec = value[key]
         if not isinstance(spec, (str, dict)):
@@ -177,7 +177,7 @@ def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
     )
 
 
-def _trajectory_from_mapping(spec: Any, source: str) -> EgoTrajectory:
+def trajectory_from_mapping(spec: Any, source: str) -> EgoTrajectory:
     """``{"x": [...], "y": [...], "yaw"?: [...], "t"?: [...], "rate_hz"?: 10}`` or a list of points."""
     if not isinstance(spec, dict):
         arr = finite_array(spec, source)
@@ -196,7 +196,7 @@ def _trajectory_from_mapping(spec: Any, source: str) -> EgoTrajectory:
     )
 
 
-def _trajectory_from_csv(path: Path) -> EgoTrajectory:
+def trajectory_from_csv(path: Path) -> EgoTrajectory:
     """A world-frame trajectory from a CSV whose header names x, y and optionally t/timestamp and yaw."""
     rows = list(csv.reader(read_input_text(path, "trajectory file").splitlines()))
     if not rows:

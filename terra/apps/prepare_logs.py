@@ -1,0 +1,78 @@
+"""``python scripts/prepare_driving_logs.py``: a folder of driving clips → tokenized training shards.
+
+    python scripts/prepare_driving_logs.py logs=/data/drives output_dir=data/shards
+    python scripts/prepare_driving_logs.py logs=/data/drives output_dir=data/terra_shards \
+        model=terra_v1 terra_root=/data/Terra device=cuda batch_size=128
+
+``model=terra_v1`` / ``terra_v2`` with ``terra_root`` picks the tokenizer that world model was trained with, as
+in ``terra-generate``; ``tokenizer=...`` / ``tokenizer.path=...`` name one directly (default: the demo
+tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/training/driving_logs.py's;
+the shard format terra/training/shards.py's. Rerunning the same command resumes: clips already in
+``index.json`` are skipped. A clip that cannot be used is one line on stderr and the run goes on.
+
+It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
+torch is imported and before anything is written; Ctrl-C or SIGTERM keep the shards written so far (exit 130 /
+143; a rerun resumes). One run per output folder at a time (terra/batch/lock.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.batch.lock import output_lock
+from terra.config.checks import TerraInputError
+from terra.training.prepare import prepare_spec
+from terra.training.shards import INDEX_FILE
+
+COMMAND = "python scripts/prepare_driving_logs.py"
+PROG = "prepare_driving_logs"
+_command = COMMAND
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="prepare_driving_logs", version_base=None)
+@task
+def _main(cfg: DictConfig) -> None:
+    """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
+    (4) tokenize them and write the shards; (5) the summary."""
+    # 1. the settings, checked once: no torch yet, nothing written
+    check_added_settings(_command)
+    spec = prepare_spec(cfg)
+    with output_lock(spec.output / INDEX_FILE, "output_dir"):  # a second run into this folder stops here
+        # 2. the tokenizer, on the device chosen once, and the index it must match
+        from tqdm import tqdm
+
+        from terra.generation.backends import resolve_device
+        from terra.training.prepare import assign_splits, open_index, prepare_shards
+        from tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
+        index = open_index(spec, tokenizer)
+        # 3. the clips: those the index lists are done; each new one gets its split
+        done = index.clip_ids()
+        todo = [folder for folder in spec.clips if folder.name not in done]
+        splits = assign_splits([folder.name for folder in todo], index, spec.val_fraction)
+        # 4. read, resample, tokenize, write shards as they fill
+        bar = tqdm(todo, desc="clips", unit="clip", disable=not (spec.progress and sys.stderr.isatty()))
+        summary = prepare_shards(spec, tokenizer, index, bar, splits,
+                                 report=lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr))
+        bar.close()
+    # 5. the summary
+    print(f"{PROG}: {summary.line(index, spec.output)}")
+    if not index.shards:
+        raise TerraInputError(f"no clip of logs={spec.logs} could be used; the lines above say why")
+
+
+def main(command: str = COMMAND) -> None:
+    """Entry point (``command`` is how the user started it, named in error lines); how it ends is
+    terra/apps/runner.py's ``run_app``."""
+    global _command
+    _command = command
+    run_app(_main, PROG, command)
+
+
+if __name__ == "__main__":
+    main()

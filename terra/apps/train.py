@@ -1,0 +1,42 @@
+"""``python scripts/train_world_model.py``: train a world model, or fine-tune Terra (full or LoRA) on tokenized
+driving logs, on one process or under ``torchrun`` (README, "Fine-tuning on your own drives").
+
+    python scripts/train_world_model.py data.tokens=data/tokens.safetensors output_dir=runs/wm
+    python scripts/train_world_model.py model=terra_v1 terra_root=/data/Terra data.tokens=shards/ finetune=lora
+    torchrun --nproc_per_node=8 scripts/train_world_model.py init=/data/Terra/world_model data.tokens=shards/
+
+A thin Hydra wrapper (conf/train_world_model.yaml) around :mod:`terra.training`, which documents the data, the
+objective, the checkpoints and the export. It ends as every Hydra app does (terra/apps/runner.py): a bad setting
+is one line and exit code 2, found before torch is imported; SIGTERM checkpoints and stops (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+
+COMMAND = "python scripts/train_world_model.py"
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="train_world_model", version_base=None)
+@task
+def _main(cfg: DictConfig) -> None:
+    """(1) the settings, checked once; (2) train, checkpoint and export (terra/training/run.py)."""
+    check_added_settings(COMMAND)
+    from terra.training.settings import train_spec
+
+    spec = train_spec(cfg)  # no torch yet: a bad setting is one line in about a second
+    from terra.training.run import train  # torch and the model
+
+    train(spec)
+
+
+def main(command: str = COMMAND) -> None:
+    """Entry point; ``command`` is how the user started it, named in error lines."""
+    run_app(_main, "train_world_model", command)
+
+
+if __name__ == "__main__":
+    main()

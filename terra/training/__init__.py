@@ -1,0 +1,1 @@
+"""Fine-tuning and its data: driving logs → shards → training runs."""

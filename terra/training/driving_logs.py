@@ -1,0 +1,281 @@
+"""Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame.
+
+The rules of ``scripts/prepare_driving_logs.py logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
+
+* **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
+  clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
+* **Frames.** A clip folder holds either its frames as images (``*.jpg``, ``*.jpeg``, ``*.png``; in file-name
+  order) or exactly one video (``*.mp4``), never both. A video's frames carry the container's timestamps. An
+  image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s, unless the folder
+  holds ``timestamps.txt``: one time in seconds per line (blank lines ignored), the n-th line for the n-th
+  image in name order, strictly increasing. A video clip holding ``timestamps.txt`` is refused.
+* **Trajectory.** One file per clip: ``trajectory.json``, ``trajectory.csv`` or ``trajectory.npy`` (at most
+  one of them); without such a file, the clip's only ``*.json``/``*.csv``/``*.npy`` file. Its forms are those
+  of terra/inputs/actions.py, except a manoeuvre (no recording):
+
+  - a world-frame ego trajectory (``x, y[, yaw]`` in metres and radians, with timestamps ``t`` in seconds or
+    at 10 Hz: a CSV, a JSON ``{"trajectory": ...}``, an ``[N, 2|3]`` array). Its clock: with
+    ``timestamps.txt`` the frames' times and the trajectory's ``t`` are on one clock as given (e.g. both Unix
+    seconds); otherwise the trajectory's first sample is taken at the clip's first frame. The trajectory must
+    cover every kept frame (from the first to the last 10 Hz tick below, 1 ms of slack), and beyond its last
+    sample it continues at its final speed and yaw rate (terra/inputs/trajectory.py), so it needs no 3 s of
+    poses past the clip;
+  - per-frame ``instruction_trajs`` ``[T, 60, 2|3]`` or actions ``[T, 6, 3]`` (JSON key or ``.npy`` array):
+    one entry per **source** frame (per image or per decoded video frame), resampled with the frames.
+* **Resampling.** The kept frames are the 10 Hz ticks (terra/generation/actions.py, ``FRAME_RATE_HZ``) from the
+  clip's first frame to its last: at each tick, the source frame nearest in time (the earlier on a tie), which
+  must lie within 0.06 s of the tick (else the clip has dropped frames, or fewer than about 8 per second). A
+  clip spans at most 10,000 ticks (1000 s) and needs at least ``min_frames`` (default 2).
+* **Actions.** The action of kept frame ``t`` is the model's ``[6, 3]`` (docs/ARCHITECTURE.md, "Actions"):
+  where the car goes from frame ``t`` on, computed from the trajectory at tick ``t``'s time (the nominal 10 Hz
+  time, not the picked frame's own), exactly as ``load_actions`` computes a trajectory's frames; a per-frame
+  form gives the entry of the picked source frame. ``actions[t]`` is stored beside frame ``t``'s codes.
+* **Resizing.** Kept frames are fitted to the tokenizer's size by tokenizer/resize.py (``tokenizer.resize``:
+  ``crop`` or ``stretch``), as ``terra-generate`` fits its context frames.
+* **Splits.** A clip is ``val`` when the first 8 bytes of the SHA-256 of its id, read as a fraction of 2^64,
+  fall below ``val_fraction`` (default 0.05), else ``train``: the same on every run and machine, whatever the
+  other clips. When a run would leave the folder with no ``val`` clip among at least 2 clips (and
+  ``val_fraction`` > 0), its new clip of the smallest such fraction goes to ``val`` (terra/training/prepare.py).
+* **Shards.** terra/training/shards.py: ``index.json`` and ``{train,val}-NNNNN.safetensors`` of up to
+  ``shard_clips`` clips each. A rerun skips the clips the index lists; a clip that cannot be used (a rule
+  above broken, a file unreadable) is skipped with one line and written nowhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from terra.config.checks import MAX_FRAMES, TerraInputError
+from terra.config.files import load_json, open_input_file, read_input_text
+from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.actions import (
+    actions_from_trajectory, actions_from_value, load_npy, trajectory_from_csv, trajectory_from_mapping,
+)
+from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
+from tokenizer.resize import fit_frame
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+VIDEO_SUFFIX = ".mp4"
+TRAJECTORY_SUFFIXES = (".json", ".csv", ".npy")
+TRAJECTORY_STEM = "trajectory"
+TIMESTAMPS_FILE = "timestamps.txt"
+MAX_TICK_OFFSET_S = 0.06  # a kept frame lies at most this far from its 10 Hz tick
+TIME_SLACK_S = 1e-3  # how much of the frames' span a trajectory may miss at either end
+MAX_VIDEO_BYTES = 1 << 40
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One clip folder's files, laid out as the module docstring says."""
+
+    images: tuple[Path, ...]  # in name order; empty for a video clip
+    video: Path | None
+    trajectory: Path
+    timestamps: Path | None  # timestamps.txt of an image clip
+
+    @property
+    def shared_clock(self) -> bool:
+        """True when the frames' times and the trajectory's are on one clock (``timestamps.txt``)."""
+        return self.timestamps is not None
+
+
+@dataclass
+class Resampled:
+    """What :func:`clip_frames` kept, filled while it runs: each tick's time and its source frame."""
+
+    times: list[float] = field(default_factory=list)  # the 10 Hz ticks (the clip's clock), seconds
+    indices: list[int] = field(default_factory=list)  # source frame nearest to each tick
+    source_frames: int = 0  # frames the clip holds
+
+
+def clip_folders(logs: Path) -> list[Path]:
+    """The clip folders of ``logs``: its sub-folders that are not hidden, in name order."""
+    return sorted(p for p in logs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def open_clip(folder: Path) -> Clip:
+    """The frames, video, trajectory and timestamps of a clip folder; one line for a folder off the rules."""
+    files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
+    images = tuple(p for p in files if p.suffix.lower() in IMAGE_SUFFIXES)
+    videos = [p for p in files if p.suffix.lower() == VIDEO_SUFFIX]
+    timestamps = folder / TIMESTAMPS_FILE if (folder / TIMESTAMPS_FILE) in files else None
+    if images and videos:
+        raise TerraInputError(f"holds both images and a video ({videos[0].name}); keep one of them per clip")
+    if len(videos) > 1:
+        names = ", ".join(p.name for p in videos[:3])
+        raise TerraInputError(f"holds {len(videos)} videos ({names}); keep one per clip")
+    if not images and not videos:
+        raise TerraInputError(f"holds no frames ({', '.join('*' + s for s in IMAGE_SUFFIXES)}) and no video "
+                              f"(*{VIDEO_SUFFIX})")
+    if videos and timestamps is not None:
+        raise TerraInputError(f"holds a video and {TIMESTAMPS_FILE}; a video's frames carry their own timestamps, "
+                              f"remove {TIMESTAMPS_FILE}")
+    candidates = [p for p in files if p.suffix.lower() in TRAJECTORY_SUFFIXES]
+    named = [p for p in candidates if p.stem.lower() == TRAJECTORY_STEM]
+    chosen = named or candidates
+    if len(chosen) != 1:
+        names = ", ".join(p.name for p in chosen[:4])
+        raise TerraInputError(
+            "has no trajectory file (trajectory.json, .csv or .npy)" if not chosen else
+            f"holds {len(chosen)} possible trajectory files ({names}); keep one, or name the one to use "
+            "trajectory.json, .csv or .npy")
+    return Clip(images, videos[0] if videos else None, chosen[0], timestamps)
+
+
+def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
+    """A clip's trajectory file: a world-frame :class:`EgoTrajectory`, or checked per-frame actions
+    ``[T, 6, 3]`` (from actions or instruction trajectories), read by terra/inputs/actions.py's readers."""
+    source = str(path)
+    try:
+        if path.suffix.lower() == ".csv":
+            return trajectory_from_csv(path)
+        value: Any = load_json(path, "trajectory file") if path.suffix.lower() == ".json" else load_npy(path)
+        if isinstance(value, dict):
+            keys = [k for k in ("actions", "instruction_trajs", "trajectory", "manoeuvre") if k in value]
+            if keys == ["manoeuvre"]:
+                raise TerraInputError(f"{source}: names a manoeuvre; a driving log needs the recorded trajectory")
+            if keys == ["trajectory"]:
+                return trajectory_from_mapping(value["trajectory"], source)
+        elif np.ndim(value) == 2:
+            arr = np.asarray(value, dtype=np.float64)
+            if arr.shape[1] in (2, 3):
+                return EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
+                                                 source=source)
+        return actions_from_value(value, source, None)
+    except TerraInputError:
+        raise
+    except (OSError, ValueError, TypeError, EOFError) as err:  # malformed content, as load_actions reports it
+        message = (str(err).strip().splitlines() or [""])[0][:200]
+        raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {message})") from None
+
+
+def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate_hz: float,
+                kept: Resampled) -> Iterator[Callable[[], np.ndarray]]:
+    """The clip's frames at 10 Hz (module docstring) as they are kept, each as a call that reads it and fits it
+    to ``image_size`` (uint8 ``[H, W, 3]``), so that a caller may run several at once; ``kept`` records their
+    ticks and source frames. A bad frame or video raises one line (from the call, for an image)."""
+    if clip.video is not None:
+        for frame in resample(_video_frames(clip.video), kept):
+            yield partial(_fit_video_frame, frame, str(clip.video), image_size, resize)
+    else:
+        times = _image_times(clip, frame_rate_hz)
+        for path in resample(zip(times, clip.images), kept):
+            yield partial(_read_image, path, image_size, resize)
+
+
+def _fit_video_frame(frame: Any, source: str, image_size: tuple[int, int], resize: str) -> np.ndarray:
+    """A decoded PyAV frame fitted by tokenizer/resize.py."""
+    return fit_frame(frame.to_image(), image_size, source, resize)
+
+
+def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndarray:
+    """An image file read and fitted as context frames are (tokenizer/images.py, which loads torch)."""
+    from tokenizer.images import load_frames
+
+    return load_frames([path], image_size, resize=resize)[0]
+
+
+def resample(frames: Iterable[tuple[float | None, Any]], kept: Resampled) -> Iterator[Any]:
+    """Of ``(time, frame)`` pairs in time order, the frame nearest each 10 Hz tick from the first frame's time
+    up to the last's (the earlier on a tie), as they arrive; ``kept`` records each tick and frame index."""
+    first = previous = None  # previous: (time, index, frame)
+    tick = 0
+    for index, (time, frame) in enumerate(frames):
+        kept.source_frames = index + 1
+        if time is None or not np.isfinite(time):
+            raise TerraInputError(f"frame {index} has no timestamp")
+        if previous is None:
+            first = time
+        elif time <= previous[0]:
+            raise TerraInputError(f"frame times must increase, but frame {index} is at {time:.6g} s after "
+                                  f"{previous[0]:.6g} s")
+        while (at := first + tick / FRAME_RATE_HZ) <= time + 1e-6:  # 1 us: float error of Unix times
+            if tick >= MAX_FRAMES:
+                raise TerraInputError(f"spans more than {MAX_FRAMES} frames at {FRAME_RATE_HZ:g} Hz; split it")
+            near = previous if previous is not None and at - previous[0] <= time - at else (time, index, frame)
+            if abs(near[0] - at) > MAX_TICK_OFFSET_S:
+                raise TerraInputError(f"has no frame within {MAX_TICK_OFFSET_S:g} s of {at - first:.2f} s into the "
+                                      f"clip (dropped frames, or fewer than about 8 per second)")
+            kept.times.append(at)
+            kept.indices.append(near[1])
+            yield near[2]
+            tick += 1
+        previous = (time, index, frame)
+
+
+def clip_actions(motion: EgoTrajectory | np.ndarray, kept: Resampled, shared_clock: bool) -> np.ndarray:
+    """Actions ``[T, 6, 3]`` of the kept frames from :func:`read_motion`'s result (module docstring)."""
+    if isinstance(motion, np.ndarray):
+        if len(motion) != kept.source_frames:
+            raise TerraInputError(f"its trajectory file holds {len(motion)} per-frame entries for "
+                                  f"{kept.source_frames} frames; give one per image or video frame")
+        return motion[kept.indices]
+    ticks = np.asarray(kept.times)
+    if not shared_clock:
+        ticks = ticks - ticks[0] + motion.t[0]
+    if motion.t[0] > ticks[0] + TIME_SLACK_S or motion.t[-1] < ticks[-1] - TIME_SLACK_S:
+        span = (f"spans {motion.duration:.3f} s but the frames {ticks[-1] - ticks[0]:.3f} s" if not shared_clock
+                else f"covers {motion.t[0]:.3f} to {motion.t[-1]:.3f} s but the frames {ticks[0]:.3f} to "
+                     f"{ticks[-1]:.3f} s")
+        raise TerraInputError(f"its trajectory {span}; give poses for the whole clip")
+    return actions_from_trajectory(_starting_at(motion, ticks[0]), len(ticks))
+
+
+def _starting_at(trajectory: EgoTrajectory, start: float) -> EgoTrajectory:
+    """The same motion from ``start`` on (an interpolated first pose, then the later samples), so that
+    :meth:`EgoTrajectory.instruction_trajs` puts frame 0 at ``start``; poses from ``start`` on are unchanged."""
+    if start <= trajectory.t[0] + TIME_SLACK_S:
+        return trajectory
+    later = trajectory.t > start
+    x, y, yaw = trajectory.poses_at(np.array([start]))[0]
+    return EgoTrajectory(t=np.r_[start, trajectory.t[later]], x=np.r_[x, trajectory.x[later]],
+                         y=np.r_[y, trajectory.y[later]], yaw=np.r_[yaw, trajectory.yaw[later]])
+
+
+def _image_times(clip: Clip, frame_rate_hz: float) -> np.ndarray:
+    """Each image's time: from ``timestamps.txt``, else at ``frame_rate_hz`` from 0 s."""
+    if clip.timestamps is None:
+        return np.arange(len(clip.images)) / frame_rate_hz
+    times = []
+    for number, line in enumerate(read_input_text(clip.timestamps, "timestamps file").splitlines(), 1):
+        try:
+            times += [float(line)] if line.strip() else []
+        except ValueError:
+            raise TerraInputError(f"{clip.timestamps}: line {number} is not a number of seconds") from None
+    if len(times) != len(clip.images):
+        raise TerraInputError(f"{clip.timestamps} holds {len(times)} times for {len(clip.images)} images; give one "
+                              "per image, in file-name order")
+    times = np.array(times, dtype=np.float64)
+    if not np.all(np.isfinite(times)) or np.abs(times).max() > MAX_TIME_S:
+        raise TerraInputError(f"{clip.timestamps} holds a time that is not finite or beyond {MAX_TIME_S:g}; give "
+                              "seconds")
+    return times
+
+
+def _video_frames(path: Path) -> Iterator[tuple[float | None, Any]]:
+    """``(time in seconds, PyAV frame)`` of every frame of a video, in presentation order; one line for a video
+    that cannot be decoded or holds fewer frames than its header says (a truncated file)."""
+    import av
+
+    with open_input_file(path, "video", MAX_VIDEO_BYTES) as fh:
+        try:
+            with av.open(fh) as container:
+                if not container.streams.video:
+                    raise TerraInputError(f"video {path} has no video stream")
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                count = 0
+                for frame in container.decode(stream):
+                    count += 1
+                    yield frame.time, frame
+                if count == 0 or count < stream.frames:
+                    raise TerraInputError(f"video {path} holds {count} of the {stream.frames} frames its header "
+                                          "lists; the file is truncated or damaged")
+        except av.FFmpegError as err:
+            raise TerraInputError(f"video {path} cannot be decoded ({type(err).__name__}); the file is truncated "
+                                  "or damaged") from None

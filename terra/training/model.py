@@ -1,0 +1,102 @@
+"""The model a run trains: a new one of ``net.*``'s shape or a checkpoint, fully trainable or with LoRA adapters.
+
+:func:`build_model` checks that the model and the data share one token layout (the tokenizer's grid and
+codebook), :func:`add_lora` puts PEFT's LoRA adapters on it, and :func:`standalone_model` turns what was trained
+back into a plain :class:`LlamaActionForCausalLM` in Terra's layout (LoRA merged), for export and sample rollouts.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from terra.config.checks import TerraInputError
+from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.checkpoint import read_world_model_config
+from terra.training.data import TrainingData
+from terra.training.settings import LoraSpec, TrainSpec
+
+LORA_EXTRA_MODULES = {"train_action_projection": "action_projection",
+                      "train_position_embeddings": "pos_embedding_spatio_temporal"}
+
+
+def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
+    """A world-model config: the shape from ``net``, the token layout from the data."""
+    patches, frames = data.patches, net["net.num_temporal_embeddings"]
+    mlp = net["action_projection_type"] == "mlp"
+    try:
+        config = LlamaActionConfig(
+            vocab_size=data.codebook_size + 1, codebook_size=data.codebook_size, action_token_id=data.codebook_size,
+            hidden_size=net["net.hidden_size"], intermediate_size=net["net.intermediate_size"],
+            num_hidden_layers=net["net.num_hidden_layers"], num_attention_heads=net["net.num_attention_heads"],
+            num_key_value_heads=net["net.num_key_value_heads"], rms_norm_eps=net["net.rms_norm_eps"],
+            rope_theta=net["net.rope_theta"], num_image_patches=patches, num_action_tokens=NUM_ACTION_TOKENS,
+            num_spatio_embeddings=patches + NUM_ACTION_TOKENS, num_temporal_embeddings=frames,
+            max_position_embeddings=frames * (patches + NUM_ACTION_TOKENS),
+            action_projection_type=net["action_projection_type"], tie_word_embeddings=False,
+            architectures=["LlamaActionV2ForCausalLM" if mlp else "LlamaActionForCausalLM"],
+        )
+        config.validate_architecture()
+    except Exception as err:  # Transformers' strict dataclasses raise their own error types
+        cause = err.__cause__ or err  # the strict-dataclass wrapper keeps the readable message as its cause
+        raise TerraInputError(f"net: invalid world-model shape ({cause}); fix the net.* settings") from None
+    return config
+
+
+def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
+    """The model to train, in float32 on the CPU: ``init``'s checkpoint, or a new one of ``net``'s shape."""
+    if spec.init is None:
+        config = new_config(spec.net, data)
+        return AutoModelForCausalLM.from_config(config, attn_implementation=spec.attn_implementation)
+    config = read_world_model_config(spec.init)
+    if config.num_image_patches != data.patches or config.codebook_size != data.codebook_size:
+        raise TerraInputError(
+            f"data.tokens were made by another tokenizer ({data.patches} codes per frame from a codebook of "
+            f"{data.codebook_size}) than the model in {spec.init} takes ({config.num_image_patches} from "
+            f"{config.codebook_size}); prepare the data with that model's tokenizer"
+        )
+    return AutoModelForCausalLM.from_pretrained(spec.init, config=config, dtype=torch.float32,
+                                                attn_implementation=spec.attn_implementation)
+
+
+def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
+    """Wrap ``model`` in PEFT LoRA adapters (only those, and the extra modules asked for, stay trainable)."""
+    from peft import LoraConfig, get_peft_model
+
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
+    unknown = [t for t in lora.target_modules if t not in linear]
+    if unknown:
+        raise TerraInputError(f"lora.target_modules: {', '.join(unknown)} is not a linear layer of the world model; "
+                              f"choose from {', '.join(linear)}")
+    extra = [module for flag, module in LORA_EXTRA_MODULES.items() if getattr(lora, flag)]
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), modules_to_save=extra or None)
+    return get_peft_model(model, config)
+
+
+def freeze_to(module: nn.Module, dtype: torch.dtype) -> None:
+    """Store the frozen weights (LoRA's base model) in ``dtype``: half the memory, trained weights stay float32."""
+    for param in module.parameters():
+        if not param.requires_grad:
+            param.data = param.data.to(dtype)
+
+
+def standalone_model(trained: nn.Module, full_state: dict[str, torch.Tensor] | None,
+                     config: LlamaActionConfig, dtype: torch.dtype) -> LlamaActionForCausalLM:
+    """A plain model in ``dtype`` on the CPU from what was trained.
+
+    ``trained`` is the PEFT model (``finetune=lora``: a copy is merged, the run's model is left as it is) or
+    the plain model; ``full_state`` is the gathered state dict of a sharded model (terra/training/distributed.py),
+    keys relative to the model.
+    """
+    if full_state is None:
+        source = copy.deepcopy(trained).to("cpu")
+        model = source.merge_and_unload() if hasattr(source, "merge_and_unload") else source
+        return model.to(dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict(full_state)
+    return model

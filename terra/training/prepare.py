@@ -1,0 +1,224 @@
+"""Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips
+finish, resuming, and the summary (``scripts/prepare_driving_logs.py``; the data rules are
+terra/training/driving_logs.py's, the shard format terra/training/shards.py's).
+
+Importing this module loads no torch: :func:`prepare_spec` checks the settings first (terra/apps/prepare_logs.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from omegaconf import DictConfig
+
+from terra.config.backend import check_device
+from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, select
+from terra.config.outputs import check_output_dir
+from terra.config.snapshot import checkpoint_path
+from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.trajectory import RATE_HZ
+from terra.training.driving_logs import (
+    VIDEO_SUFFIX, Resampled, clip_actions, clip_folders, clip_frames, open_clip, read_motion,
+)
+from terra.training.shards import INDEX_FILE, ShardIndex, read_index, write_shard
+from tokenizer.resize import RESIZE_MODES
+
+RANGES = {  # documented in conf/prepare_driving_logs.yaml
+    "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
+    "val_fraction": Range(0, 0.5, 0.05),
+    "shard_clips": Range(1, 100_000, 64, whole=True),
+    "batch_size": Range(1, 4096, 64, whole=True),
+    "read_threads": Range(1, 256, 8, whole=True),
+}
+SHARD_FILE = re.compile(r"(train|val)-\d{5}\.safetensors")
+
+
+@dataclass(frozen=True)
+class PrepareSpec:
+    """A preparation run, checked once (:func:`prepare_spec`)."""
+
+    logs: Path
+    clips: tuple[Path, ...]  # the clip folders of ``logs``, in name order
+    output: Path  # absolute
+    tokenizer: str  # checkpoint folder (exists)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    resize: str = "crop"  # crop | stretch (tokenizer/resize.py)
+    frame_rate_hz: float = 10.0  # image clips without timestamps.txt
+    min_frames: int = 2
+    val_fraction: float = 0.05
+    shard_clips: int = 64
+    batch_size: int = 64
+    read_threads: int = 8  # threads reading and resizing frames while the tokenizer works
+    progress: bool = True
+
+
+@dataclass
+class PrepareSummary:
+    """What a run did: clips used, skipped and found done, and the frames and clips written per split."""
+
+    used: int = 0
+    skipped: int = 0
+    already_done: int = 0
+    frames: int = 0
+    train: int = 0
+    val: int = 0
+
+    def line(self, index: ShardIndex, output: Path) -> str:
+        """The closing line: this run's counts, then what the folder holds."""
+        held = {split: sum(len(e.clips) for e in index.shards if e.split == split) for split in ("train", "val")}
+        return (f"{self.used} clips used ({self.train} train, {self.val} val; {self.frames} frames written), "
+                f"{self.skipped} skipped, {self.already_done} already done; {output} holds {held['train']} train "
+                f"and {held['val']} val clips in {len(index.shards)} shards")
+
+
+def prepare_spec(cfg: DictConfig) -> PrepareSpec:
+    """Every setting of ``conf/prepare_driving_logs.yaml`` checked once, without importing torch; the tokenizer
+    folder, device and resize mode as :func:`terra.config.spec.run_spec` checks them."""
+    values = check_settings(cfg, RANGES)
+    logs = _required(cfg, "logs", "the folder of clip folders")
+    if not logs.is_dir():
+        raise TerraInputError(f"logs={logs} is not a folder; pass logs=DIR, a folder of clip folders")
+    clips = tuple(clip_folders(logs))
+    if not clips:
+        raise TerraInputError(f"logs={logs} holds no clip folders; put each clip's frames or video and its "
+                              "trajectory in a sub-folder of its own")
+    output = check_output_dir(_required(cfg, "output_dir", "the shard folder"),
+                              [INDEX_FILE, "train-00000.safetensors"], "output_dir")
+    real = Path(os.path.realpath(output))
+    if real == logs.resolve() or logs.resolve() in real.parents:
+        raise TerraInputError(f"output_dir={output} lies inside logs={logs}, where it would be read as a clip; choose "
+                              "a folder outside it")
+    if output.is_dir() and not (output / INDEX_FILE).is_file():
+        foreign = [p.name for p in output.iterdir() if not p.name.startswith(".") and not SHARD_FILE.fullmatch(p.name)]
+        if foreign:
+            raise TerraInputError(f"output_dir={output} holds other files ({', '.join(sorted(foreign)[:3])}) and no "
+                                  f"{INDEX_FILE}; choose a new or empty folder, or one written by this script")
+    if importlib.util.find_spec("av") is None and any(_holds_video(folder) for folder in clips):
+        raise TerraInputError("reading the clips' videos needs PyAV: pip install av (or give the frames as images)")
+    return PrepareSpec(
+        logs=logs, clips=clips, output=output,
+        tokenizer=checkpoint_path(cfg, "tokenizer", "path"),
+        device=check_device(select(cfg, "device")),
+        resize=check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES),
+        frame_rate_hz=RATE_HZ.check(select(cfg, "frame_rate_hz"), "frame_rate_hz"),
+        min_frames=values["min_frames"], val_fraction=values["val_fraction"], shard_clips=values["shard_clips"],
+        batch_size=values["batch_size"], read_threads=values["read_threads"],
+        progress=check_flag(select(cfg, "progress"), "progress"),
+    )
+
+
+def open_index(spec: PrepareSpec, tokenizer: Any) -> ShardIndex:
+    """The output's index (a rerun resumes it), or a new one for ``tokenizer``; one line when the folder holds
+    shards of another tokenizer, grid or codebook."""
+    wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
+                        FRAME_RATE_HZ, os.path.realpath(spec.tokenizer))
+    if not (spec.output / INDEX_FILE).is_file():
+        return wanted
+    index = read_index(spec.output)
+    keys = ("tokenizer", "codebook_size", "grid", "image_size", "frame_rate_hz")
+    if any(getattr(index, k) != getattr(wanted, k) for k in keys):
+        def held(i: ShardIndex) -> str:
+            return (f"tokenizer {i.tokenizer}, {i.grid[0]}x{i.grid[1]} codes of {i.codebook_size}, frames "
+                    f"{i.image_size[0]}x{i.image_size[1]} at {i.frame_rate_hz:g} Hz")
+        raise TerraInputError(f"output_dir={spec.output} holds shards of another tokenizer ({held(index)}), not this "
+                              f"run's ({held(wanted)}); choose another output_dir or the tokenizer it was made with")
+    return index
+
+
+def clip_score(clip_id: str) -> float:
+    """The clip's place in [0, 1): the first 8 bytes of the SHA-256 of its id (UTF-8) over 2^64."""
+    return int.from_bytes(hashlib.sha256(clip_id.encode("utf-8")).digest()[:8], "big") / 2.0**64
+
+
+def assign_splits(new: list[str], index: ShardIndex, val_fraction: float) -> dict[str, str]:
+    """``train`` or ``val`` for each new clip id (the rule of terra/training/driving_logs.py): by
+    :func:`clip_score` against ``val_fraction``; when the folder would end with no val clip among at least 2,
+    the new clip of the smallest score is val."""
+    splits = {clip: "val" if clip_score(clip) < val_fraction else "train" for clip in new}
+    has_val = any(e.split == "val" for e in index.shards) or "val" in splits.values()
+    if val_fraction > 0 and new and not has_val and len(index.clip_ids()) + len(new) >= 2:
+        splits[min(new, key=clip_score)] = "val"
+    return splits
+
+
+def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders: Iterable[Path],
+                   splits: dict[str, str], report: Callable[[str], None]) -> PrepareSummary:
+    """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that
+    cannot be used is reported (``report``, one line naming it) and written nowhere."""
+    summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
+    pending: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {"train": [], "val": []}
+    with ThreadPoolExecutor(spec.read_threads, thread_name_prefix="read-frames") as pool:
+        for folder in folders:
+            try:
+                codes, actions = tokenize_clip(folder, tokenizer, spec, pool)
+            except TerraInputError as err:
+                report(f"skipped clip {folder.name}: {err}")
+                summary.skipped += 1
+                continue
+            split = splits[folder.name]
+            pending[split].append((folder.name, codes, actions))
+            summary.used += 1
+            summary.frames += len(codes)
+            setattr(summary, split, getattr(summary, split) + 1)
+            if len(pending[split]) == spec.shard_clips:
+                _write(spec.output, index, split, pending[split])
+                pending[split] = []
+    for split, clips in pending.items():
+        if clips:
+            _write(spec.output, index, split, clips)
+    return summary
+
+
+def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec,
+                  pool: ThreadPoolExecutor) -> tuple[np.ndarray, np.ndarray]:
+    """Codes ``[T, h, w]`` and actions ``[T, 6, 3]`` of one clip folder at 10 Hz, its frames read by ``pool``
+    and encoded ``spec.batch_size`` at a time; one line (:class:`TerraInputError`) says why a clip cannot be used."""
+    clip = open_clip(folder)
+    motion = read_motion(clip.trajectory)  # before any frame is decoded
+    kept, batch, codes = Resampled(), [], []
+    for read in clip_frames(clip, tuple(tokenizer.image_size), spec.resize, spec.frame_rate_hz, kept):
+        batch.append(read)
+        if len(batch) == spec.batch_size:
+            codes.append(_encode(tokenizer, pool, batch))
+            batch = []
+    if batch:
+        codes.append(_encode(tokenizer, pool, batch))
+    if len(kept.times) < spec.min_frames:
+        raise TerraInputError(f"has {len(kept.times)} frame(s) at {FRAME_RATE_HZ:g} Hz, fewer than "
+                              f"min_frames={spec.min_frames}")
+    return np.concatenate(codes), clip_actions(motion, kept, clip.shared_clock)
+
+
+def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], np.ndarray]]) -> np.ndarray:
+    """Codes ``[B, h, w]`` of a batch of frames, read and resized by ``pool``'s threads."""
+    from tokenizer.images import frames_to_tensor
+
+    frames = np.stack(list(pool.map(lambda read: read(), reads)))
+    return tokenizer.encode(frames_to_tensor(frames)).cpu().numpy()
+
+
+def _write(output: Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+    try:
+        write_shard(output, index, split, clips)
+    except OSError as err:
+        raise TerraInputError(f"cannot write a shard into output_dir={output} ({err.strerror or err}); free some space "
+                              "or choose another output_dir, then rerun to resume") from None
+
+
+def _required(cfg: DictConfig, key: str, what: str) -> Path:
+    value = select(cfg, key)
+    if value is None or value == "":
+        raise TerraInputError(f"no {key} given; pass {key}=DIR ({what})")
+    return Path(str(value)).expanduser()
+
+
+def _holds_video(folder: Path) -> bool:
+    return any(p.suffix.lower() == VIDEO_SUFFIX for p in folder.iterdir())

@@ -1,0 +1,278 @@
+"""A training run from a checked :class:`~terra.training.settings.TrainSpec`: data → model → steps → export.
+
+Each step draws ``batch_size`` windows (the same on every process; each takes its slice), runs them in
+micro-batches of ``micro_batch_size`` with gradients accumulated, clips the gradient norm and steps AdamW on a
+cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged and a sample
+rollout GIF is written (terra/training/preview.py); every ``ckpt_every`` steps, when ``max_minutes`` is spent and
+on SIGTERM the run checkpoints (terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
+``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
+merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+from terra.config.checks import TerraInputError
+from terra.training import checkpoint as ckpt
+from terra.training.data import TrainingData, WindowSampler, load_training_data, stack_windows, validation_windows
+from terra.training.distributed import (
+    Processes, all_sum, barrier, gradient_sync, parallelize, start_processes, stop_processes,
+)
+from terra.training.model import add_lora, build_model, freeze_to, standalone_model
+from terra.training.objective import WindowLoss
+from terra.training.runlog import RunLog
+from terra.training.settings import TrainSpec
+from tokenizer.atomic import atomic_dir
+
+CHECKPOINT_DIR = "checkpoint"
+EXPORT_DIR = "model"
+ADAPTER_DIR = "adapter"
+SAMPLES_DIR = "samples"
+EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class Trainee:
+    """What a run trains and how: the loss module (possibly wrapped for several processes), the PEFT model
+    when ``finetune=lora``, the window size and the micro-batching of this process."""
+
+    module: torch.nn.Module
+    loss: WindowLoss
+    peft: torch.nn.Module | None
+    frames: int
+    micro_batch: int
+    accumulation: int
+
+
+def train(spec: TrainSpec) -> dict[str, Any]:
+    """Run (or resume) training; return a summary of where it stopped."""
+    processes = start_processes(spec.device)
+    try:
+        return _train(spec, processes)
+    finally:
+        stop_processes(processes)
+
+
+def autocast_dtype(spec: TrainSpec, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA with ``precision=auto``, or when asked; float32 otherwise."""
+    return torch.bfloat16 if spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda") else None
+
+
+def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> Trainee:
+    """The model on this process's device, LoRA added and wrapped for data parallelism as the spec says."""
+    model = build_model(spec, data)
+    config = model.config
+    longest = int(data.train.lengths.max())
+    frames = spec.window or min(config.num_temporal_embeddings, longest)
+    if not 2 <= frames <= config.num_temporal_embeddings:
+        raise TerraInputError(f"train.window {frames} must be in [2, {config.num_temporal_embeddings}] (the model's "
+                              f"window) and clips have up to {longest} frames; use clips of at least 2 frames")
+    per_process, rest = divmod(spec.batch_size, processes.world_size)
+    micro = spec.micro_batch_size or per_process
+    if rest or per_process % micro:
+        raise TerraInputError(f"train.batch_size={spec.batch_size} must split evenly into {processes.world_size} "
+                              f"process(es) x micro-batches of {micro}; change train.batch_size or "
+                              "train.micro_batch_size")
+    compute = autocast_dtype(spec, processes.device)
+    peft = None
+    if spec.lora is not None:
+        peft = add_lora(model, spec.lora)
+        model = peft.get_base_model()
+        if compute is not None:
+            freeze_to(model, compute)
+    if spec.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute).to(processes.device)
+    if spec.compile:
+        for layer in model.model.layers:
+            layer.compile()
+    module = parallelize(loss, model.model.layers, processes, sharded=spec.lora is None, compute_dtype=compute)
+    return Trainee(module, loss, peft, frames, micro, per_process // micro)
+
+
+def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the trained weights, with weight decay on matrices only (not on norms and biases)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=device.type == "cuda")
+
+
+def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
+    out = spec.output_dir
+    if processes.main:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
+    torch.manual_seed(spec.seed)
+    data = load_training_data(spec.data, spec.val_clips)
+    trainee = build_trainee(spec, data, processes)
+    module, device = trainee.module, processes.device
+    optimizer = make_optimizer(module, spec, device)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, spec.warmup_steps, spec.max_steps,
+                                                            min_lr_rate=spec.min_lr_ratio)
+    sampler = WindowSampler(data.train, trainee.frames, spec.seed)
+    step = 0
+    folder = out / CHECKPOINT_DIR
+    if spec.resume and ckpt.has_checkpoint(folder):
+        state = ckpt.load_checkpoint(folder, module, optimizer, processes)
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.generator.set_state(state["sampler"])
+        step = int(state["step"])
+        if processes.main:
+            print(f"resumed from {folder} at step {step}")
+    val = validation_windows(data.val, trainee.frames)
+    preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
+    if spec.sample_gif and val and not preview and processes.main:
+        print(f"no sample rollouts: the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here")
+    config = trainee.loss.lm.config
+    positions = trainee.frames * config.num_spatio_embeddings
+    trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    if processes.main:
+        print(f"world model: {sum(p.numel() for p in trainee.loss.lm.parameters()) / 1e6:.2f} M parameters "
+              f"({trained / 1e6:.2f} M trained, finetune={spec.finetune}), {len(data.train)} training clips, "
+              f"{len(val)} validation clips, window {trainee.frames} frames x {config.num_spatio_embeddings} "
+              f"positions, {processes.world_size} process(es) on {device.type}")
+
+    def save() -> None:
+        state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler.generator.get_state()}
+        ckpt.save_checkpoint(folder, module, optimizer, state, processes)
+
+    stop = {"signal": False}
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
+    log = RunLog(out, step, spec.max_steps, spec.tensorboard, progress=False) if processes.main else None
+    start = time.perf_counter()
+    budget_s = math.inf if spec.max_minutes is None else spec.max_minutes * 60.0
+    sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
+    interval_start, reason, last = time.perf_counter(), "max_steps", {}
+    try:
+        while step < spec.max_steps:
+            ids, acts = sampler.sample(spec.batch_size)
+            mine = slice(processes.rank * trainee.micro_batch * trainee.accumulation,
+                         (processes.rank + 1) * trainee.micro_batch * trainee.accumulation)
+            ids, acts = ids[mine].to(device), acts[mine].to(device)
+            for k in range(trainee.accumulation):
+                part = slice(k * trainee.micro_batch, (k + 1) * trainee.micro_batch)
+                with gradient_sync(module, k == trainee.accumulation - 1):
+                    loss, acc = module(ids[part], acts[part])
+                    (loss / trainee.accumulation).backward()
+                sums[:2] += torch.stack([loss.detach(), acc]) / trainee.accumulation
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad],
+                                                       spec.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            sums[2] += 1
+            stopping = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, processes)
+            evaluate = step % spec.eval_every == 0 or step == spec.max_steps
+            if step % spec.log_every == 0 or step == spec.max_steps or evaluate or stopping:
+                totals = all_sum(sums, processes).tolist()
+                elapsed = time.perf_counter() - interval_start
+                last = {"step": step, "loss": totals[0] / totals[2], "acc": totals[1] / totals[2],
+                        "lr": scheduler.get_last_lr()[0],
+                        "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+                        "tokens_per_s": totals[2] / processes.world_size * spec.batch_size * positions / elapsed,
+                        "time_s": time.perf_counter() - start}
+                if evaluate and val:
+                    last.update(_validate(trainee, data, val, processes))
+                    if preview:
+                        _preview(spec, trainee, data, val[0], processes, out / SAMPLES_DIR / f"step{step:07d}.gif")
+                if log is not None:
+                    log.write(last)
+                sums.zero_()
+                interval_start = time.perf_counter()
+            if stopping:
+                reason = "SIGTERM" if stop["signal"] else "max_minutes"
+                break
+            if step % spec.ckpt_every == 0 and step < spec.max_steps:
+                save()
+        save()
+    finally:
+        if log is not None:
+            log.close()
+        signal.signal(signal.SIGTERM, previous)
+    summary = {"step": step, "max_steps": spec.max_steps, "stopped": reason,
+               **{k: v for k, v in last.items() if k != "step"}}
+    if step >= spec.max_steps:
+        summary["export"] = str(export(spec, trainee, processes))
+        if processes.main:
+            print(f"training finished at step {step}; exported {out / EXPORT_DIR}")
+    elif processes.main:
+        print(f"stopped at step {step}/{spec.max_steps} ({reason}); run the same command again to resume")
+    return summary
+
+
+def _agree(flag: bool, processes: Processes) -> bool:
+    """Whether any process wants to stop (a signal or the time budget), so all stop after the same step."""
+    return bool(all_sum(torch.tensor([float(flag)], device=processes.device), processes).item())
+
+
+@torch.no_grad()
+def _validate(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
+    """Mean loss and accuracy over the first window of every validation clip (every process scores all)."""
+    trainee.module.eval()
+    total_loss = total_acc = 0.0
+    for lo in range(0, len(val), trainee.micro_batch):
+        clips = val[lo:lo + trainee.micro_batch]
+        ids, acts = stack_windows(data.val, clips, [0] * len(clips), trainee.frames)
+        loss, acc = trainee.module(ids.to(processes.device), acts.to(processes.device))
+        total_loss += float(loss) * len(clips)
+        total_acc += float(acc) * len(clips)
+    trainee.module.train()
+    return {"val_loss": total_loss / len(val), "val_acc": total_acc / len(val)}
+
+
+def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):
+    """The trained model as a plain :class:`LlamaActionForCausalLM` in ``dtype`` on the main process (None on the
+    others); a collective call when the model is sharded."""
+    sharded = processes.distributed and trainee.peft is None
+    full_state = None
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        gathered = get_model_state_dict(trainee.module, options=StateDictOptions(full_state_dict=True,
+                                                                                 cpu_offload=True))
+        full_state = {k.removeprefix("lm."): v for k, v in gathered.items()}
+    if not processes.main:
+        return None
+    source = trainee.peft if trainee.peft is not None else trainee.loss.lm
+    return standalone_model(source, full_state, trainee.loss.lm.config, dtype)
+
+
+def _preview(spec: TrainSpec, trainee: Trainee, data: TrainingData, clip: int, processes: Processes,
+             path: Path) -> None:
+    """A sample rollout GIF of a validation clip (terra/training/preview.py), written by the main process."""
+    model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
+    if model is not None:
+        from terra.training.preview import write_preview
+        from tokenizer import load_tokenizer
+
+        context = min(spec.sample_context, trainee.frames - 1)
+        write_preview(path, model, load_tokenizer(data.tokenizer, device=processes.device), data.val,
+                      clip, trainee.frames, context, processes.device)
+    barrier(processes)
+
+
+def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
+    """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, for LoRA with ``export.adapter``,
+    ``adapter/`` (PEFT's unmerged adapter), atomically."""
+    target = spec.output_dir / EXPORT_DIR
+    model = trained_model(trainee, processes, EXPORT_DTYPES[spec.export_dtype])
+    if model is not None:
+        with atomic_dir(target) as folder:
+            model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
+        if trainee.peft is not None and spec.export_adapter:
+            with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
+                trainee.peft.save_pretrained(folder)
+    barrier(processes)
+    return target

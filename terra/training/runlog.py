@@ -1,0 +1,65 @@
+"""What a run reports as it goes: ``train_log.jsonl`` (one row per logged step), TensorBoard events beside it
+(``tensorboard/``), and a progress bar with tokens/s and the time left. Only the main process writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenizer.atomic import write_text
+
+LOG_FILE = "train_log.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class RunLog:
+    """The run's JSONL log, TensorBoard writer and progress bar."""
+
+    def __init__(self, out: Path, start_step: int, max_steps: int, tensorboard: bool, progress: bool) -> None:
+        self.path = out / LOG_FILE
+        _drop_rows_after(self.path, start_step)
+        self.file = self.path.open("a")
+        self.board = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(str(out / TENSORBOARD_DIR), purge_step=start_step + 1)
+        self.bar = tqdm(total=max_steps, initial=start_step, unit="step", desc="training", disable=not progress,
+                        dynamic_ncols=True)
+
+    def step(self, loss: float, tokens_per_s: float) -> None:
+        """Advance the progress bar by one step."""
+        self.bar.set_postfix_str(f"loss {loss:.3f}, {tokens_per_s:,.0f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Add one row (a dict with ``step``) to the log and to TensorBoard, and print it when no bar is shown."""
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.board is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.board.add_scalar(f"train/{key}" if not key.startswith("val_") else f"val/{key[4:]}",
+                                          value, row["step"])
+            self.board.flush()
+        if self.bar.disable:
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.file.close()
+        if self.board is not None:
+            self.board.close()
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further)."""
+    if not path.is_file():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line)["step"] <= step]
+    if len(kept) < len(rows):
+        write_text(path, "".join(line + "\n" for line in kept))

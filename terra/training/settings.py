@@ -1,0 +1,200 @@
+"""A training run's settings, checked once: :class:`TrainSpec`, built from ``conf/train_world_model.yaml`` by
+:func:`train_spec` before torch is imported.
+
+Where the weights start (``init``):
+
+* a new model of the ``net.*`` shape (the default when no ``model`` group is chosen);
+* ``init=<folder>``: a checkpoint in Terra's layout (``config.json`` with ``model_type: llama_action``,
+  safetensors) — Terra's own ``world_model/``, or a run's ``model/`` export;
+* ``model=terra_v1|terra_v2 terra_root=...`` (or ``model=demo``): the world model that group names.
+
+``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules``
+(plus the action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
+``lora.train_position_embeddings``). What needs the model or the data (their shapes, the GPU count) is checked
+once where it is first known: terra/training/model.py and terra/training/data.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from terra.config.backend import check_device
+from terra.config.checks import Range, TerraInputError, check_choice, check_flag, check_settings, select, shown
+from terra.config.snapshot import checkpoint_path
+
+FINETUNE_MODES = ("full", "lora")
+PRECISIONS = ("auto", "bf16", "fp32")
+EXPORT_DTYPES = ("bfloat16", "float32")
+ATTENTION = ("sdpa", "eager", "flash_attention_2")
+
+NET_RANGES = {
+    "net.hidden_size": Range(8, 16384, 256, whole=True),
+    "net.intermediate_size": Range(8, 65536, 768, whole=True),
+    "net.num_hidden_layers": Range(1, 256, 6, whole=True),
+    "net.num_attention_heads": Range(1, 256, 4, whole=True),
+    "net.num_key_value_heads": Range(1, 256, 4, whole=True),
+    "net.num_temporal_embeddings": Range(2, 1024, 16, whole=True),
+    "net.rms_norm_eps": Range(0, 1, 1e-6, low_open=True),
+    "net.rope_theta": Range(1, 1e9, 10000.0),
+}
+TRAIN_RANGES = {
+    "train.batch_size": Range(1, 65536, 16, whole=True),
+    "train.micro_batch_size": Range(1, 65536, 1, whole=True, nullable=True),
+    "train.window": Range(2, 1024, 25, whole=True, nullable=True),
+    "train.lr": Range(0, 1, 1e-4, low_open=True),
+    "train.min_lr_ratio": Range(0, 1, 0.1),
+    "train.warmup_steps": Range(0, 10**7, 100, whole=True),
+    "train.max_steps": Range(1, 10**8, 1000, whole=True),
+    "train.weight_decay": Range(0, 10, 0.1),
+    "train.grad_clip": Range(0, 1e6, 1.0, low_open=True),
+    "train.seed": Range(0, 2**63 - 1, 0, whole=True),
+    "train.max_minutes": Range(0, 10**7, 60, nullable=True),
+    "train.log_every": Range(1, 10**8, 25, whole=True),
+    "train.eval_every": Range(1, 10**8, 500, whole=True),
+    "train.ckpt_every": Range(1, 10**8, 500, whole=True),
+    "train.loss_chunk": Range(1, 10**7, 2048, whole=True),
+    "data.val_clips": Range(0, 10**7, 32, whole=True),
+    "sample.num_context": Range(1, 1023, 3, whole=True),
+}
+LORA_RANGES = {
+    "lora.rank": Range(1, 4096, 16, whole=True),
+    "lora.alpha": Range(0, 1e6, 32, low_open=True),
+    "lora.dropout": Range(0, 0.99, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """PEFT LoRA settings (``finetune=lora``)."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: tuple[str, ...]
+    train_action_projection: bool
+    train_position_embeddings: bool
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything a training run reads, each value checked once (:func:`train_spec`)."""
+
+    data: str  # a tokenized-clips file (scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)
+    val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
+    output_dir: Path
+    resume: bool
+    init: str | None  # checkpoint folder to start from; None: a new model of ``net``
+    net: dict[str, Any]  # checked shape of a new model
+    finetune: str  # full | lora
+    lora: LoraSpec | None
+    batch_size: int  # windows per optimizer step, over all processes
+    micro_batch_size: int | None  # windows per process per forward; None: batch_size / processes
+    window: int | None  # frames per window; None: the model's num_temporal_embeddings
+    loss_on_first_frame: bool
+    loss_chunk: int  # positions whose logits are computed at once
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    max_steps: int
+    weight_decay: float
+    betas: tuple[float, float]
+    grad_clip: float
+    seed: int
+    max_minutes: float | None
+    log_every: int
+    eval_every: int
+    ckpt_every: int
+    device: str
+    precision: str  # auto | bf16 | fp32
+    activation_checkpointing: bool
+    attn_implementation: str
+    compile: bool
+    tensorboard: bool
+    sample_gif: bool  # a rollout GIF of a validation clip at every evaluation
+    sample_context: int
+    export_dtype: str
+    export_max_shard_size: str
+    export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
+
+
+def train_spec(cfg: DictConfig) -> TrainSpec:
+    """Check a training config once and return it as a :class:`TrainSpec` (no torch, no file read but the
+    existence of folders)."""
+    values = check_settings(cfg, TRAIN_RANGES)
+    finetune = check_choice(select(cfg, "finetune"), "finetune", FINETUNE_MODES)
+    init = _init_folder(cfg)
+    if finetune == "lora" and init is None:
+        raise TerraInputError("finetune=lora adapts an existing model; add init=/path/to/checkpoint or "
+                              "model=terra_v1 terra_root=/path/to/Terra")
+    betas = select(cfg, "train.betas")
+    if not (isinstance(betas, list) and len(betas) == 2):
+        raise TerraInputError(f"train.betas must be two numbers (got {shown(betas)}); e.g. train.betas=[0.9,0.95]")
+    betas = tuple(Range(0, 0.999999, 0.9).check(b, "train.betas") for b in betas)
+    batch, micro = values["train.batch_size"], values["train.micro_batch_size"]
+    if micro is not None and batch % micro:
+        raise TerraInputError(f"train.batch_size={batch} is not a multiple of train.micro_batch_size={micro}")
+    data = select(cfg, "data.tokens")
+    if not isinstance(data, str) or not Path(data).exists():
+        raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
+                              "(scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)")
+    return TrainSpec(
+        data=data, val_clips=values["data.val_clips"], output_dir=Path(str(select(cfg, "output_dir"))),
+        resume=check_flag(select(cfg, "resume"), "resume"), init=init,
+        net=check_settings(cfg, NET_RANGES) | {
+            "action_projection_type": check_choice(select(cfg, "net.action_projection_type"),
+                                                   "net.action_projection_type", ("linear", "mlp"))},
+        finetune=finetune, lora=_lora(cfg) if finetune == "lora" else None,
+        batch_size=batch, micro_batch_size=micro, window=values["train.window"],
+        loss_on_first_frame=check_flag(select(cfg, "train.loss_on_first_frame"), "train.loss_on_first_frame"),
+        loss_chunk=values["train.loss_chunk"], lr=values["train.lr"], min_lr_ratio=values["train.min_lr_ratio"],
+        warmup_steps=values["train.warmup_steps"], max_steps=values["train.max_steps"],
+        weight_decay=values["train.weight_decay"], betas=betas, grad_clip=values["train.grad_clip"],
+        seed=values["train.seed"], max_minutes=values["train.max_minutes"], log_every=values["train.log_every"],
+        eval_every=values["train.eval_every"], ckpt_every=values["train.ckpt_every"],
+        device=check_device(select(cfg, "train.device")),
+        precision=check_choice(select(cfg, "train.precision"), "train.precision", PRECISIONS),
+        activation_checkpointing=check_flag(select(cfg, "train.activation_checkpointing"),
+                                            "train.activation_checkpointing"),
+        attn_implementation=check_choice(select(cfg, "train.attn_implementation"), "train.attn_implementation",
+                                         ATTENTION),
+        compile=check_flag(select(cfg, "train.compile"), "train.compile"),
+        tensorboard=check_flag(select(cfg, "train.tensorboard"), "train.tensorboard"),
+        sample_gif=check_flag(select(cfg, "sample.gif"), "sample.gif"),
+        sample_context=values["sample.num_context"],
+        export_dtype=check_choice(select(cfg, "export.dtype"), "export.dtype", EXPORT_DTYPES),
+        export_max_shard_size=str(select(cfg, "export.max_shard_size")),
+        export_adapter=check_flag(select(cfg, "export.adapter"), "export.adapter"),
+    )
+
+
+def _init_folder(cfg: DictConfig) -> str | None:
+    """The checkpoint folder training starts from: ``init``, else the ``model`` group's world model, else None."""
+    init = cfg.get("init")
+    if init is not None:
+        if not isinstance(init, str) or not Path(init).is_dir():
+            raise TerraInputError(f"init={shown(init)} is not a folder; point it at a checkpoint (config.json + "
+                                  "safetensors), or use model=terra_v1 terra_root=/path/to/Terra")
+        return init
+    if cfg.get("model") is None:
+        return None
+    return checkpoint_path(cfg, "model", "world_model")
+
+
+def _lora(cfg: DictConfig) -> LoraSpec:
+    values = check_settings(cfg, LORA_RANGES)
+    targets = select(cfg, "lora.target_modules")
+    if not (isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)):
+        raise TerraInputError(f"lora.target_modules must be a list of module names (got {shown(targets)}); "
+                              "e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]")
+    return LoraSpec(
+        rank=values["lora.rank"], alpha=values["lora.alpha"], dropout=values["lora.dropout"],
+        target_modules=tuple(targets),
+        train_action_projection=check_flag(select(cfg, "lora.train_action_projection"),
+                                           "lora.train_action_projection"),
+        train_position_embeddings=check_flag(select(cfg, "lora.train_position_embeddings"),
+                                             "lora.train_position_embeddings"),
+    )

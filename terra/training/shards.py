@@ -1,0 +1,130 @@
+"""Training shards: tokenized clips of any length, grouped in safetensors files, with one index per folder.
+
+Written by :mod:`terra.training.driving_logs` (``scripts/prepare_driving_logs.py``), read by the trainer
+(:mod:`terra.training.data`). A shard folder holds:
+
+* ``index.json`` — ``version``, ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames
+  the tokenizer saw), ``frame_rate_hz``, ``tokenizer`` (its folder), and ``shards``: one entry per shard file,
+  ``{"file", "split", "clips": [{"id", "frames"}, ...]}``. It is rewritten atomically after each shard, so it
+  lists only shards that are whole on disk;
+* ``<split>-NNNNN.safetensors`` — ``codes`` ``[F, h, w]`` (int16, int32 for codebooks past 32,768),
+  ``actions`` float32 ``[F, 6, 3]`` and ``clip_lengths`` int64 ``[n]``: the frames of ``n`` clips one after
+  another, in the order the index lists them. ``split`` is ``train`` or ``val``; a clip is in one split only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
+
+from terra.config.checks import TerraInputError
+from terra.generation.actions import NUM_ACTION_TOKENS
+from tokenizer.atomic import atomic_path, write_text
+
+SHARDS_VERSION = 1
+INDEX_FILE = "index.json"
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class ShardClip:
+    """One clip of a shard: its id (the clip folder's name) and how many frames it holds."""
+
+    id: str
+    frames: int
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard file of the index."""
+
+    file: str
+    split: str
+    clips: tuple[ShardClip, ...]
+
+
+@dataclass
+class ShardIndex:
+    """The folder's ``index.json``: what every shard holds and what tokenized it."""
+
+    codebook_size: int
+    grid: tuple[int, int]
+    image_size: tuple[int, int]
+    frame_rate_hz: float
+    tokenizer: str
+    shards: list[ShardEntry] = field(default_factory=list)
+
+    def clip_ids(self) -> set[str]:
+        """Ids of every clip already in a shard (a rerun skips them)."""
+        return {clip.id for entry in self.shards for clip in entry.clips}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": SHARDS_VERSION, "codebook_size": self.codebook_size, "grid": list(self.grid),
+                "image_size": list(self.image_size), "frame_rate_hz": self.frame_rate_hz,
+                "tokenizer": self.tokenizer,
+                "shards": [{"file": e.file, "split": e.split,
+                            "clips": [{"id": c.id, "frames": c.frames} for c in e.clips]} for e in self.shards]}
+
+
+def read_index(folder: str | Path) -> ShardIndex:
+    """Read ``folder/index.json``; one line names a missing or foreign index."""
+    path = Path(folder) / INDEX_FILE
+    if not path.is_file():
+        raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with scripts/prepare_driving_logs.py")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw["version"] != SHARDS_VERSION:
+            raise ValueError(f"version {raw['version']}, expected {SHARDS_VERSION}")
+        shards = [ShardEntry(str(e["file"]), str(e["split"]),
+                             tuple(ShardClip(str(c["id"]), int(c["frames"])) for c in e["clips"]))
+                  for e in raw["shards"]]
+        if any(e.split not in SPLITS for e in shards):
+            raise ValueError(f"a shard's split is not one of {SPLITS}")
+        return ShardIndex(int(raw["codebook_size"]), tuple(raw["grid"]), tuple(raw["image_size"]),
+                          float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards)
+    except (ValueError, KeyError, TypeError) as err:
+        raise TerraInputError(f"{path} is not a shard index of version {SHARDS_VERSION} ({err}); "
+                              "prepare the shards again with scripts/prepare_driving_logs.py") from None
+
+
+def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]) -> ShardEntry:
+    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``) and add it to the index.
+
+    The shard file is written atomically first, then the index that names it, so an interrupted run leaves
+    either both or an unlisted file that the next run overwrites.
+    """
+    folder = Path(folder)
+    number = sum(1 for e in index.shards if e.split == split)
+    name = f"{split}-{number:05d}.safetensors"
+    dtype = np.int16 if index.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
+    tensors = {
+        "codes": np.ascontiguousarray(np.concatenate([c for _, c, _ in clips]), dtype=dtype),
+        "actions": np.ascontiguousarray(np.concatenate([a for _, _, a in clips]), dtype=np.float32),
+        "clip_lengths": np.array([len(c) for _, c, _ in clips], dtype=np.int64),
+    }
+    with atomic_path(folder / name) as tmp:
+        save_file(tensors, str(tmp))
+    entry = ShardEntry(name, split, tuple(ShardClip(cid, len(codes)) for cid, codes, _ in clips))
+    index.shards.append(entry)
+    write_text(folder / INDEX_FILE, json.dumps(index.to_json(), indent=1) + "\n")
+    return entry
+
+
+def read_shard(folder: str | Path, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray]:
+    """Codes ``[F, h, w]`` (int64) and actions ``[F, 6, 3]`` of one shard, checked against its index entry."""
+    path = Path(folder) / entry.file
+    try:
+        tensors = load_file(str(path))
+        codes, actions, lengths = tensors["codes"], tensors["actions"], tensors["clip_lengths"]
+    except (SafetensorError, OSError, KeyError) as err:
+        raise TerraInputError(f"shard {path} cannot be read ({err}); prepare the shards again") from None
+    expected = [c.frames for c in entry.clips]
+    if lengths.tolist() != expected or len(codes) != sum(expected) or actions.shape != (len(codes), NUM_ACTION_TOKENS, 3):
+        raise TerraInputError(f"shard {path} does not hold what {INDEX_FILE} lists; prepare the shards again")
+    return codes.astype(np.int64), actions

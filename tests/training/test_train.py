@@ -1,0 +1,137 @@
+"""Training and fine-tuning runs (terra/training/run.py) on tiny models and the CPU: the loss falls, a resumed run
+equals an uninterrupted one, SIGTERM checkpoints, bad settings are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from terra.config.checks import TerraInputError
+from terra.models import LlamaActionForCausalLM
+from terra.sim.tokens import load_tokens
+from terra.training import data as training_data
+from terra.training.objective import target_positions
+from terra.training.run import train as run_training
+from terra.training.settings import train_spec
+from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train(cfg):
+    """Check the config as the app does, then run."""
+    return run_training(train_spec(cfg))
+
+
+def train_config(tokens: Path, out: Path, *overrides: str):
+    """The real conf/train_world_model.yaml with a tiny network and the given overrides."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("train_world_model", overrides=[
+            f"data.tokens={tokens}", f"output_dir={out}", "data.val_clips=2",
+            "net.hidden_size=64", "net.intermediate_size=128", "net.num_hidden_layers=2",
+            "net.num_attention_heads=1", "net.num_key_value_heads=1", "net.num_temporal_embeddings=4",
+            "train.batch_size=8", "train.lr=3e-3", "train.warmup_steps=5", "train.log_every=5",
+            "train.eval_every=20", "train.ckpt_every=20", "train.device=cpu", "export.dtype=float32",
+            "train.tensorboard=false", "sample.gif=false",
+            *overrides,
+        ])
+
+
+def test_loss_targets_skip_action_slots_and_the_first_frame():
+    keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=False)
+    # Window of 3 frames x (4 image + 6 action) positions; targets are the image tokens of frames 1 and 2.
+    np.testing.assert_array_equal(keep + 1, [10, 11, 12, 13, 20, 21, 22, 23])
+    np.testing.assert_array_equal(target, [4, 5, 6, 7, 8, 9, 10, 11])
+    keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=True)
+    np.testing.assert_array_equal(target[:3], [1, 2, 3])
+
+
+def test_training_lowers_the_loss_and_exports(tokens, tmp_path):
+    summary = train(train_config(tokens, tmp_path, "train.max_steps=40"))
+    assert summary["step"] == 40 and summary["stopped"] == "max_steps"
+    rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(5, 45, 5))
+    assert rows[0]["loss"] < np.log(217) + 0.5
+    assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
+    assert rows[-1]["acc"] > rows[0]["acc"] + 0.2
+    assert "val_loss" in rows[-1] and rows[-1]["val_loss"] < rows[0]["loss"]
+    model = LlamaActionForCausalLM.from_pretrained(tmp_path / "model")
+    assert model.config.num_image_patches == 15 and model.config.vocab_size == 217
+    assert model.config.num_spatio_embeddings == 21 and model.config.num_temporal_embeddings == 4
+    clips = load_tokens(tokens)
+    ids = torch.from_numpy(clips.codes[:1, :2].reshape(1, -1))
+    acts = torch.from_numpy(clips.actions[:1, :2].reshape(1, -1, 3))
+    with torch.no_grad():
+        assert model(input_ids=ids, actions=acts).logits.shape == (1, 42, 217)
+
+
+def test_resumed_training_equals_uninterrupted_training(tokens, tmp_path):
+    whole = train(train_config(tokens, tmp_path / "whole", "train.max_steps=4"))
+    for expected_step in (1, 2, 3):  # a zero budget stops after one step; each call resumes the last
+        part = train(train_config(tokens, tmp_path / "parts", "train.max_steps=4", "train.max_minutes=0"))
+        assert part["step"] == expected_step and part["stopped"] == "max_minutes"
+        assert not (tmp_path / "parts" / "model").exists()
+    part = train(train_config(tokens, tmp_path / "parts", "train.max_steps=4", "train.max_minutes=0"))
+    assert part["step"] == whole["step"] == 4
+    steps = [json.loads(line)["step"] for line in (tmp_path / "parts" / "train_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]  # every stop logs its interval; no step twice
+    a = LlamaActionForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
+    b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_resume_drops_log_rows_after_the_checkpoint_and_checks_the_shape(tokens, tmp_path):
+    train(train_config(tokens, tmp_path, "train.max_steps=12", "train.ckpt_every=5",
+                                    "train.max_minutes=0"))  # one step, checkpointed at step 1
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=True)
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(log.read_text() + json.dumps({"step": 5, "loss": 1.0}) + "\n")  # a killed run logged further
+    summary = train(train_config(tokens, tmp_path, "train.max_steps=12", "train.log_every=1",
+                                              "train.max_minutes=0"))
+    assert state["step"] == 1 and summary["step"] == 2
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    with pytest.raises(TerraInputError, match="another network shape"):
+        train(train_config(tokens, tmp_path, "train.max_steps=12", "net.hidden_size=128",
+                                        "net.num_attention_heads=2", "net.num_key_value_heads=2"))
+
+
+def test_sigterm_checkpoints_and_stops(tokens, tmp_path, monkeypatch):
+    sample = training_data.WindowSampler.sample
+    calls = []
+
+    def sample_then_signal(self, batch_size):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives during step 3
+        return sample(self, batch_size)
+
+    monkeypatch.setattr(training_data.WindowSampler, "sample", sample_then_signal)
+    handler = signal.getsignal(signal.SIGTERM)
+    summary = train(train_config(tokens, tmp_path, "train.max_steps=10"))
+    assert summary["step"] == 3 and summary["stopped"] == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is handler  # the previous handler is back
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 3
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.precision=fp8", "train.precision"),
+    ("data.val_clips=12", "data.val_clips"),
+    ("net.num_attention_heads=3", "net"),
+    ("train.window=9", "train.window"),
+    ("export.dtype=float16", "export.dtype"),
+])
+def test_bad_settings_raise_one_line_errors(tokens, tmp_path, override, match):
+    with pytest.raises(TerraInputError, match=match) as err:
+        train(train_config(tokens, tmp_path, "train.max_steps=1", override))
+    assert "\n" not in str(err.value)
