@@ -101,7 +101,8 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
 
 
 def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over the trained weights, with weight decay on matrices only (not on norms and biases)."""
+    """AdamW over the trained weights, with weight decay on matrices only (not on norms and biases); fused on
+    GPUs."""
     params = [p for p in module.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
@@ -159,18 +160,10 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             ids, acts = sampler.sample(spec.batch_size)
             mine = slice(processes.rank * trainee.micro_batch * trainee.accumulation,
                          (processes.rank + 1) * trainee.micro_batch * trainee.accumulation)
-            ids, acts = ids[mine].to(device), acts[mine].to(device)
-            for k in range(trainee.accumulation):
-                part = slice(k * trainee.micro_batch, (k + 1) * trainee.micro_batch)
-                with gradient_sync(module, k == trainee.accumulation - 1):
-                    loss, acc = module(ids[part], acts[part])
-                    (loss / trainee.accumulation).backward()
-                sums[:2] += torch.stack([loss.detach(), acc]) / trainee.accumulation
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad],
-                                                       spec.grad_clip)
-            optimizer.step()
+            loss, acc, grad_norm = train_step(trainee, optimizer, ids[mine].to(device), acts[mine].to(device),
+                                              spec.grad_clip)
             scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            sums[:2] += torch.stack([loss, acc])
             step += 1
             sums[2] += 1
             stopping = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, processes)
@@ -210,6 +203,23 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     elif processes.main:
         print(f"stopped at step {step}/{spec.max_steps} ({reason}); run the same command again to resume")
     return summary
+
+
+def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, ids: torch.Tensor, acts: torch.Tensor,
+               grad_clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step over this process's windows (``accumulation`` micro-batches); returns the mean loss and
+    accuracy (on the device, unsynchronised) and the gradient norm before clipping."""
+    loss_sum = acc_sum = torch.zeros((), device=ids.device)
+    for k in range(trainee.accumulation):
+        part = slice(k * trainee.micro_batch, (k + 1) * trainee.micro_batch)
+        with gradient_sync(trainee.module, k == trainee.accumulation - 1):
+            loss, acc = trainee.module(ids[part], acts[part])
+            (loss / trainee.accumulation).backward()
+        loss_sum, acc_sum = loss_sum + loss.detach(), acc_sum + acc
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in trainee.module.parameters() if p.requires_grad], grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum / trainee.accumulation, acc_sum / trainee.accumulation, grad_norm
 
 
 def _agree(flag: bool, processes: Processes) -> bool:

@@ -1,0 +1,148 @@
+"""Training speed at Terra's shape (2.0 B parameters, random init): the trainer's own step (terra/training/run.py,
+``train_step``) on whole 25-frame windows (14,550 positions), one variant per call, one JSON line out.
+
+    python scripts/benchmark_training.py --variant full --micro-batch 1 --out bench/train.jsonl
+    python scripts/benchmark_training.py --variant full --activation-checkpointing --micro-batch 2 --out ...
+    python scripts/benchmark_training.py --variant lora --out ...
+    torchrun --standalone --nproc_per_node=2 scripts/benchmark_training.py --variant full --out ...
+
+Model FLOPs per window (the MFU numerator; recomputation is not counted): 6 x (decoder weights) x positions +
+6 x (output layer) x trained positions + 6 x layers x hidden x positions^2 (causal attention, forward and
+backward), against a dense bf16 peak of 989 TFLOP/s per H100 (``--peak-tflops``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from terra.models.presets import TERRA
+from terra.training.data import ClipSet, TrainingData
+from terra.training.distributed import start_processes, stop_processes
+from terra.training.run import build_trainee, make_optimizer, train_step
+from terra.training.settings import train_spec
+
+CONF = Path(__file__).resolve().parents[1] / "conf"  # read directly: Hydra need not be installed
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", choices=("full", "lora"), default="full")
+    parser.add_argument("--micro-batch", type=int, default=1, help="windows per GPU per step")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps (after 2 warm-up steps)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU")
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines file to append the result to")
+    parser.add_argument("--profile", type=Path, help="one process: also write the GPU kernels of two more steps, by time, here")
+    return parser.parse_args()
+
+
+def terra_spec(args: argparse.Namespace, world_size: int):
+    """The trainer's settings for Terra's shape (conf/train_world_model.yaml with the benchmark's overrides)."""
+    cfg = OmegaConf.load(CONF / "train_world_model.yaml")
+    net = {f"net.{k}": TERRA[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                          "num_attention_heads", "num_key_value_heads", "num_temporal_embeddings",
+                                          "rms_norm_eps")}
+    overrides = {**net, "net.rope_theta": 10000.0, "data.tokens": ".", "finetune": "full",
+                 "train.batch_size": args.micro_batch * world_size, "train.micro_batch_size": args.micro_batch,
+                 "train.activation_checkpointing": args.activation_checkpointing, "train.compile": args.compile,
+                 "train.precision": "bf16", "train.device": "cuda"}
+    cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+    return train_spec(cfg)
+
+
+def random_data(clips: int) -> TrainingData:
+    """``clips`` random 25-frame clips of Terra's token layout (a codebook of 2^18, 24 x 24 codes per frame)."""
+    frames, codebook = TERRA["num_temporal_embeddings"], TERRA["vocab_size"] - 1
+    rng = torch.Generator().manual_seed(0)
+    parts = [(str(i), torch.randint(codebook, (frames, 576), generator=rng).numpy(),
+              (torch.rand(frames, 6, 3, generator=rng) * 10).numpy()) for i in range(clips)]
+    return TrainingData(ClipSet.concat(parts), ClipSet.concat(parts[:1]), codebook, (24, 24), "")
+
+
+def model_flops_per_window(config, frames: int, trained_positions: int) -> float:
+    """Forward + backward FLOPs of one window (module docstring)."""
+    positions = frames * config.num_spatio_embeddings
+    layer = sum(p.numel() for p in _layer_shapes(config).parameters())
+    head = config.hidden_size * config.vocab_size
+    attention = 6 * config.num_hidden_layers * config.hidden_size * positions**2
+    return 6 * layer * config.num_hidden_layers * positions + 6 * head * trained_positions + attention
+
+
+def _layer_shapes(config) -> torch.nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    with torch.device("meta"):
+        return LlamaDecoderLayer(config, 0)
+
+
+def write_profile(path: Path, step) -> None:
+    """The CUDA kernels of two calls of ``step``, grouped by name and sorted by total GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90))
+
+
+def main() -> None:
+    args = parse_args()
+    processes = start_processes("cuda")
+    spec = terra_spec(args, processes.world_size)
+    if args.variant == "lora":
+        from dataclasses import replace
+
+        from terra.training.settings import LoraSpec
+
+        lora = LoraSpec(16, 32.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                        True, True)
+        spec = replace(spec, finetune="lora", lora=lora)
+    data = random_data(8)
+    torch.cuda.reset_peak_memory_stats()
+    with torch.device(processes.device):  # weights initialised on the GPU (the trainer builds on the CPU)
+        trainee = build_trainee(spec, data, processes)
+    optimizer = make_optimizer(trainee.module, spec, processes.device)
+    config = trainee.loss.lm.config
+    result = {"variant": args.variant, "gpus": processes.world_size, "micro_batch": args.micro_batch,
+              "activation_checkpointing": args.activation_checkpointing, "compile": args.compile,
+              "device": torch.cuda.get_device_name(), "parameters": sum(p.numel() for p in trainee.loss.lm.parameters())}
+    times = []
+    try:
+        ids = torch.randint(TERRA["vocab_size"] - 1, (args.micro_batch, 25 * 576), device=processes.device)
+        acts = torch.rand(args.micro_batch, 25 * 6, 3, device=processes.device) * 10
+        for i in range(args.steps + 2):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss, _, _ = train_step(trainee, optimizer, ids, acts, 1.0)
+            float(loss)
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        if args.profile is not None and not processes.distributed:
+            write_profile(args.profile, lambda: float(train_step(trainee, optimizer, ids, acts, 1.0)[0]))
+    except torch.OutOfMemoryError:
+        result["error"] = "out of memory"
+    if times:
+        step_s = statistics.median(times)
+        flops = model_flops_per_window(config, 25, trainee.loss.targets_per_window)
+        windows_per_s = args.micro_batch * processes.world_size / step_s
+        result.update(step_s=step_s, windows_per_s=windows_per_s, tokens_per_s=windows_per_s * 25 * 582,
+                      model_tflops_per_window=flops / 1e12,
+                      mfu=windows_per_s * flops / processes.world_size / (args.peak_tflops * 1e12))
+    result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if processes.main:
+        print(json.dumps(result), flush=True)
+        with args.out.open("a") as fh:
+            fh.write(json.dumps(result) + "\n")
+    stop_processes(processes)
+
+
+if __name__ == "__main__":
+    main()
