@@ -54,7 +54,7 @@ def _main(cfg: DictConfig) -> None:
         # 3. the clips: those the index lists are done; each new one gets its split
         done = index.clip_ids()
         todo = [folder for folder in spec.clips if folder.name not in done]
-        splits = assign_splits([folder.name for folder in todo], index, spec.val_fraction)
+        splits = assign_splits([folder.name for folder in todo], spec.val_fraction)
         # 4. read, resample, tokenize, write shards as they fill
         bar = tqdm(todo, desc="clips", unit="clip", disable=not (spec.progress and sys.stderr.isatty()))
         summary = prepare_shards(spec, tokenizer, index, bar, splits,

@@ -1,8 +1,8 @@
 """Resumable checkpoints of a training run, sharded by ``torch.distributed.checkpoint`` (DCP).
 
 ``output_dir/checkpoint/`` holds the trained weights and the optimizer state as DCP writes them (one file per
-process, loadable by any number of processes) and ``trainer_state.pt``: step, learning-rate schedule, the
-window sampler's generator and the settings. LoRA runs save only what they train (the base weights come
+process, loadable by any number of processes) and ``trainer_state.pt``: step, learning-rate schedule and the
+window sampler's generator. LoRA runs save only what they train (the base weights come
 from ``init`` again). Every process writes into ``.checkpoint.tmp/``, then the main process swaps it in, so a
 run killed while saving keeps its previous checkpoint whole.
 """

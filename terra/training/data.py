@@ -8,7 +8,7 @@ Two sources, told apart by what ``data.tokens`` names:
   length, of which the last ``data.val_clips`` are held out.
 
 Every process draws the same global batch of windows from one seeded generator and takes its own slice, so a
-run on N processes trains on exactly the windows a one-process run would (terra/training/loop.py).
+run on N processes trains on exactly the windows a one-process run would (terra/training/run.py).
 """
 
 from __future__ import annotations

@@ -138,23 +138,31 @@ def clip_score(clip_id: str) -> float:
     return int.from_bytes(hashlib.sha256(clip_id.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
 
-def assign_splits(new: list[str], index: ShardIndex, val_fraction: float) -> dict[str, str]:
-    """``train`` or ``val`` for each new clip id (the rule of terra/training/driving_logs.py): by
-    :func:`clip_score` against ``val_fraction``; when the folder would end with no val clip among at least 2,
-    the new clip of the smallest score is val."""
-    splits = {clip: "val" if clip_score(clip) < val_fraction else "train" for clip in new}
-    has_val = any(e.split == "val" for e in index.shards) or "val" in splits.values()
-    if val_fraction > 0 and new and not has_val and len(index.clip_ids()) + len(new) >= 2:
-        splits[min(new, key=clip_score)] = "val"
-    return splits
+def assign_splits(new: list[str], val_fraction: float) -> dict[str, str]:
+    """``train`` or ``val`` for each new clip id by :func:`clip_score` against ``val_fraction`` (the rule of
+    terra/training/driving_logs.py; :func:`prepare_shards` adds the one exception)."""
+    return {clip: "val" if clip_score(clip) < val_fraction else "train" for clip in new}
 
 
 def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders: Iterable[Path],
                    splits: dict[str, str], report: Callable[[str], None]) -> PrepareSummary:
     """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that
-    cannot be used is reported (``report``, one line naming it) and written nowhere."""
+    cannot be used is reported (``report``, one line naming it) and written nowhere.
+
+    When the folder would end with no ``val`` clip among at least 2 (and ``val_fraction`` > 0), the usable new clip
+    of the smallest :func:`clip_score` goes to ``val``: the train clip of the smallest score so far is held back
+    until the end, so a clip that turns out unusable is never the one chosen."""
     summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
     pending: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {"train": [], "val": []}
+    held: tuple[str, np.ndarray, np.ndarray] | None = None  # the val candidate while no val clip exists
+
+    def add(split: str, clip: tuple[str, np.ndarray, np.ndarray]) -> None:
+        pending[split].append(clip)
+        setattr(summary, split, getattr(summary, split) + 1)
+        if len(pending[split]) == spec.shard_clips:
+            _write(spec.output, index, split, pending[split])
+            pending[split] = []
+
     with ThreadPoolExecutor(spec.read_threads, thread_name_prefix="read-frames") as pool:
         for folder in folders:
             try:
@@ -163,14 +171,18 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
                 report(f"skipped clip {folder.name}: {err}")
                 summary.skipped += 1
                 continue
-            split = splits[folder.name]
-            pending[split].append((folder.name, codes, actions))
             summary.used += 1
             summary.frames += len(codes)
-            setattr(summary, split, getattr(summary, split) + 1)
-            if len(pending[split]) == spec.shard_clips:
-                _write(spec.output, index, split, pending[split])
-                pending[split] = []
+            clip, split = (folder.name, codes, actions), splits[folder.name]
+            if split == "train" and spec.val_fraction > 0:
+                if held is None or clip_score(clip[0]) < clip_score(held[0]):
+                    clip, held = held, clip
+                if clip is None:
+                    continue
+            add(split, clip)
+    if held is not None:
+        has_val = summary.val > 0 or any(e.split == "val" for e in index.shards)
+        add("train" if has_val or len(index.clip_ids()) + summary.used < 2 else "val", held)
     for split, clips in pending.items():
         if clips:
             _write(spec.output, index, split, clips)

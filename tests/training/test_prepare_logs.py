@@ -28,6 +28,7 @@ from terra.config.checks import TerraInputError
 from terra.inputs.actions import load_actions
 from terra.training.driving_logs import Resampled, resample
 from terra.training.shards import read_index, read_shard
+from terra.training.prepare import clip_score
 from tokenizer import load_tokenizer
 from tokenizer.images import frames_to_tensor, load_frames
 from tokenizer.resize import fit_frame
@@ -245,6 +246,23 @@ def test_bad_clips_are_skipped_with_one_line_each(tmp_path):
     assert "1 clips used (1 train, 0 val; 10 frames written), 6 skipped" in result.stdout
     assert [c.id for e in read_index(tmp_path / "shards").shards for c in e.clips] == ["good"]
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["index.json", "train-00000.safetensors"]
+
+
+def test_the_val_clip_of_a_run_without_one_is_a_usable_clip(tmp_path):
+    """No clip falls under val_fraction by its hash: the usable clip of the smallest hash becomes val, not the
+    unusable clip whose hash is smaller still."""
+    names = sorted((f"drive{i}" for i in range(40) if clip_score(f"drive{i}") >= 0.05), key=clip_score)[:3]
+    bad, first, second = names
+    logs, ten = tmp_path / "logs", np.arange(10) / 10
+    for seed, name in enumerate(names):
+        write_pngs(logs / name, scene(10, seed))
+    for name in (first, second):
+        write_csv(logs / name / "trajectory.csv", ten)  # the bad clip has no trajectory
+    result = prepare(f"logs={logs}", f"output_dir={tmp_path / 'shards'}", cwd=tmp_path)
+    assert result.returncode == 0 and f"skipped clip {bad}: " in result.stderr, result.stderr
+    assert "2 clips used (1 train, 1 val; 20 frames written), 1 skipped" in result.stdout
+    splits = {c.id: e.split for e in read_index(tmp_path / "shards").shards for c in e.clips}
+    assert splits == {first: "val", second: "train"}
 
 
 @pytest.fixture
