@@ -69,6 +69,12 @@ def autocast_dtype(spec: TrainSpec, device: torch.device) -> torch.dtype | None:
 
 def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> Trainee:
     """The model on this process's device, LoRA added and wrapped for data parallelism as the spec says."""
+    per_process, rest = divmod(spec.batch_size, processes.world_size)
+    micro = spec.micro_batch_size or per_process
+    if rest or per_process % micro:
+        raise TerraInputError(f"train.batch_size={spec.batch_size} must split evenly into {processes.world_size} "
+                              f"process(es) x micro-batches of {micro}; change train.batch_size or "
+                              "train.micro_batch_size")
     model = build_model(spec, data)
     config = model.config
     longest = int(data.train.lengths.max())
@@ -76,12 +82,6 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
     if not 2 <= frames <= config.num_temporal_embeddings:
         raise TerraInputError(f"train.window {frames} must be in [2, {config.num_temporal_embeddings}] (the model's "
                               f"window) and clips have up to {longest} frames; use clips of at least 2 frames")
-    per_process, rest = divmod(spec.batch_size, processes.world_size)
-    micro = spec.micro_batch_size or per_process
-    if rest or per_process % micro:
-        raise TerraInputError(f"train.batch_size={spec.batch_size} must split evenly into {processes.world_size} "
-                              f"process(es) x micro-batches of {micro}; change train.batch_size or "
-                              "train.micro_batch_size")
     compute = autocast_dtype(spec, processes.device)
     peft = None
     if spec.lora is not None:

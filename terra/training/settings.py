@@ -134,9 +134,6 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     if not (isinstance(betas, list) and len(betas) == 2):
         raise TerraInputError(f"train.betas must be two numbers (got {shown(betas)}); e.g. train.betas=[0.9,0.95]")
     betas = tuple(Range(0, 0.999999, 0.9).check(b, "train.betas") for b in betas)
-    batch, micro = values["train.batch_size"], values["train.micro_batch_size"]
-    if micro is not None and batch % micro:
-        raise TerraInputError(f"train.batch_size={batch} is not a multiple of train.micro_batch_size={micro}")
     data = select(cfg, "data.tokens")
     if not isinstance(data, str) or not Path(data).exists():
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
@@ -148,7 +145,8 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
             "action_projection_type": check_choice(select(cfg, "net.action_projection_type"),
                                                    "net.action_projection_type", ("linear", "mlp"))},
         finetune=finetune, lora=_lora(cfg) if finetune == "lora" else None,
-        batch_size=batch, micro_batch_size=micro, window=values["train.window"],
+        batch_size=values["train.batch_size"], micro_batch_size=values["train.micro_batch_size"],
+        window=values["train.window"],
         loss_on_first_frame=check_flag(select(cfg, "train.loss_on_first_frame"), "train.loss_on_first_frame"),
         loss_chunk=values["train.loss_chunk"], lr=values["train.lr"], min_lr_ratio=values["train.min_lr_ratio"],
         warmup_steps=values["train.warmup_steps"], max_steps=values["train.max_steps"],

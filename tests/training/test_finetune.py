@@ -132,7 +132,7 @@ def test_lora_resumed_equals_uninterrupted(shards, tmp_path):
     ("lora.target_modules=[q_proj,qkv_proj]", "qkv_proj is not a linear layer of the world model"),
     ("lora.target_modules=[]", "lora.target_modules must be a list"),
     ("init=/nonexistent", "init='/nonexistent' is not a folder"),
-    ("train.batch_size=6", "train.batch_size=6 is not a multiple"),
+    ("train.batch_size=6", r"train.batch_size=6 must split evenly into 1 process\(es\) x micro-batches of 4"),
 ])
 def test_bad_finetune_settings_are_one_line(shards, tmp_path, override, match):
     with pytest.raises(TerraInputError, match=match) as err:
