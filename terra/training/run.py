@@ -133,6 +133,11 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             print(f"resumed from {folder} at step {step}")
     val = validation_windows(data.val, trainee.frames)
     preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
+    tokenizer = None  # the main process's, for the sample rollouts (loaded once)
+    if preview and processes.main:
+        from tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
     if spec.sample_gif and val and not preview and processes.main:
         print(f"no sample rollouts: the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here")
     config = trainee.loss.lm.config
@@ -179,7 +184,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                 if evaluate and val:
                     last.update(_validate(trainee, data, val, processes))
                     if preview:
-                        _preview(spec, trainee, data, val[0], processes, out / SAMPLES_DIR / f"step{step:07d}.gif")
+                        _preview(spec, trainee, tokenizer, data, val[0], processes,
+                                 out / SAMPLES_DIR / f"step{step:07d}.gif")
                 if log is not None:
                     log.write(last)
                 sums.zero_()
@@ -259,17 +265,15 @@ def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):
     return standalone_model(source, full_state, trainee.loss.lm.config, dtype)
 
 
-def _preview(spec: TrainSpec, trainee: Trainee, data: TrainingData, clip: int, processes: Processes,
+def _preview(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, clip: int, processes: Processes,
              path: Path) -> None:
     """A sample rollout GIF of a validation clip (terra/training/preview.py), written by the main process."""
     model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
     if model is not None:
         from terra.training.preview import write_preview
-        from tokenizer import load_tokenizer
 
         context = min(spec.sample_context, trainee.frames - 1)
-        write_preview(path, model, load_tokenizer(data.tokenizer, device=processes.device), data.val,
-                      clip, trainee.frames, context, processes.device)
+        write_preview(path, model, tokenizer, data.val, clip, trainee.frames, context, processes.device)
     barrier(processes)
 
 
