@@ -87,10 +87,17 @@ def write_profile(path: Path, step) -> None:
     """The CUDA kernels of two calls of ``step``, grouped by name and sorted by total GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
+    torch.cuda.synchronize()
+    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(2):
             step()
-    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90))
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    head = f"two steps: {wall:.3f} s wall, {busy:.3f} s in GPU kernels ({100 * busy / wall:.1f} % busy)\n"
+    path.write_text(head + events.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90))
 
 
 def main() -> None:

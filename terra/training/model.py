@@ -67,7 +67,8 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
     """Wrap ``model`` in PEFT LoRA adapters (only those, and the extra modules asked for, stay trainable)."""
     from peft import LoraConfig, get_peft_model
 
-    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                     if isinstance(module, nn.Linear) and module is not model.lm_head})  # the loss reads its weight
     unknown = [t for t in lora.target_modules if t not in linear]
     if unknown:
         raise TerraInputError(f"lora.target_modules: {', '.join(unknown)} is not a linear layer of the world model; "

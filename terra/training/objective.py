@@ -3,19 +3,26 @@
 A window of ``W`` frames is ``W * (P + 6)`` positions (docs/ARCHITECTURE.md, "Token layout"); the logit at
 position ``i`` predicts token ``i + 1``, which counts only when it is an image token of a frame after the first
 (the first frame is context, unless ``loss_on_first_frame``). With Terra's 262,145-entry vocabulary one window's
-logits would be 15 GB in float32, so :class:`WindowLoss` runs the backbone once and then the output layer and
-the loss over ``chunk`` positions at a time, each chunk recomputed in the backward pass instead of kept.
+logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the output layer and the loss over ``chunk``
+positions at a time and computes each chunk's gradients in the same pass (nothing is kept or recomputed for the
+backward). The softmax of a chunk is one function (:func:`softmax_step`) that ``torch.compile`` fuses into two
+passes over the logits when ``train.compile`` is on. The output layer is used padded with zero rows to a multiple
+of ``ALIGNED_ROWS``: with 262,145 rows cuBLAS falls back to unaligned kernels about 7x slower on an H100
+(BENCHMARKS.md, "Fine-tuning at Terra's shape").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.models import LlamaActionForCausalLM
+
+ALIGNED_ROWS = 64  # the output layer's rows are padded to a multiple of this (16-byte alignment needs 8)
 
 
 def target_positions(patches: int, frames: int, loss_on_first_frame: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +42,7 @@ class WindowLoss(nn.Module):
     """
 
     def __init__(self, model: LlamaActionForCausalLM, frames: int, loss_on_first_frame: bool, chunk: int,
-                 autocast_dtype: torch.dtype | None) -> None:
+                 autocast_dtype: torch.dtype | None, compile_softmax: bool = False) -> None:
         super().__init__()
         self.lm = model
         cfg = model.config
@@ -44,6 +51,7 @@ class WindowLoss(nn.Module):
         self.register_buffer("target_idx", target_idx, persistent=False)
         self.register_buffer("positions", torch.arange(frames * cfg.num_spatio_embeddings), persistent=False)
         self.chunk, self.codebook_size, self.autocast_dtype = chunk, cfg.codebook_size, autocast_dtype
+        self.softmax_step = torch.compile(softmax_step, dynamic=False) if compile_softmax else softmax_step
 
     @property
     def targets_per_window(self) -> int:
@@ -57,19 +65,74 @@ class WindowLoss(nn.Module):
             positions = self.positions.unsqueeze(0).expand(ids.shape[0], -1)
             embeds = self.lm.embed(ids, actions, positions)
             hidden = self.lm.model(inputs_embeds=embeds, position_ids=positions).last_hidden_state[:, self.keep]
-            targets = image_ids[:, self.target_idx]
-            loss = hidden.new_zeros((), dtype=torch.float32)
-            correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
-            for lo in range(0, hidden.shape[1], self.chunk):
-                part, hit = checkpoint(self._chunk, hidden[:, lo:lo + self.chunk], targets[:, lo:lo + self.chunk],
-                                       use_reentrant=False)
-                loss, correct = loss + part, correct + hit
+        targets = image_ids[:, self.target_idx]
+        head = HeadLoss(self.autocast_dtype or self.lm.lm_head.weight.dtype, self.chunk, self.codebook_size,
+                        torch.is_grad_enabled(), self.softmax_step)
+        loss, correct = FusedHeadLoss.apply(hidden.flatten(0, 1), self.lm.lm_head.weight, targets.flatten(), head)
         return loss / targets.numel(), correct.float() / targets.numel()
 
-    def _chunk(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed cross-entropy and the count of correct greedy codes over a chunk of positions."""
-        logits = self.lm.lm_head(hidden).float()
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
-        with torch.no_grad():
-            correct = (logits[..., : self.codebook_size].argmax(-1) == targets).sum()
+
+def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebook: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For logits ``[N, V']`` whose columns from ``vocab`` on are padding: the summed cross-entropy, the count of
+    targets that are the greedy code among the first ``codebook``, and the gradient of the summed loss by the
+    logits (softmax minus one-hot, in the logits' dtype). In place where it can be (eager memory); ``torch.compile``
+    fuses it into two passes."""
+    columns = torch.arange(logits.shape[1], device=logits.device)
+    z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill_(columns >= vocab, float("-inf"))
+    lse = torch.logsumexp(z, -1)
+    loss = (lse - z.gather(1, targets[:, None]).squeeze(1)).sum()
+    correct = (z[:, :codebook].argmax(-1) == targets).sum()
+    probs = z.sub_(lse[:, None]).exp_().scatter_add_(1, targets[:, None], z.new_full((len(targets), 1), -1.0))
+    return loss, correct, probs.to(logits.dtype)
+
+
+@dataclass(frozen=True)
+class HeadLoss:
+    """How :class:`FusedHeadLoss` runs: matrix products in ``dtype``, ``chunk`` positions at a time, gradients
+    only when ``grads`` (not under ``torch.no_grad``), the softmax by ``step`` (:func:`softmax_step`, compiled
+    or not)."""
+
+    dtype: torch.dtype
+    chunk: int
+    codebook: int
+    grads: bool
+    step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+class FusedHeadLoss(torch.autograd.Function):
+    """Summed cross-entropy of ``hidden [N, D] @ weight[V, D].T`` against ``targets [N]`` and the count of correct
+    greedy codes; the gradients of the hidden states and the weight are computed in the forward pass, chunk by
+    chunk, and the backward only scales them. The weight is used as a copy in the compute dtype padded with zero
+    rows to a multiple of ``ALIGNED_ROWS`` (their logits are masked out of the softmax)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, head: HeadLoss
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        want_hidden, want_weight = (head.grads and ctx.needs_input_grad[i] for i in (0, 1))
+        vocab = weight.shape[0]
+        w = weight.new_zeros((-(-vocab // ALIGNED_ROWS) * ALIGNED_ROWS, weight.shape[1]), dtype=head.dtype)
+        w[:vocab] = weight
+        acc = torch.promote_types(torch.float32, head.dtype)  # loss and weight gradient: float32 or wider
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros_like(w, dtype=acc) if want_weight else None
+        loss = torch.zeros((), dtype=acc, device=hidden.device)
+        correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
+        for lo in range(0, hidden.shape[0], head.chunk):
+            h = hidden[lo:lo + head.chunk].to(head.dtype)
+            part, hits, grad = head.step(h @ w.T, targets[lo:lo + head.chunk], vocab, head.codebook)
+            loss += part
+            correct += hits
+            if want_hidden:
+                grad_hidden[lo:lo + head.chunk] = grad @ w
+            if want_weight:
+                grad_weight += grad.T @ h
+        ctx.save_for_backward(grad_hidden, None if grad_weight is None else grad_weight[:vocab])
+        ctx.mark_non_differentiable(correct)
         return loss, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_correct: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = lambda g: None if g is None else g * grad_loss.to(g.dtype)  # noqa: E731
+        return scale(grad_hidden), scale(grad_weight), None, None

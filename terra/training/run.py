@@ -92,7 +92,8 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
     if spec.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute).to(processes.device)
+    loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute,
+                      compile_softmax=spec.compile).to(processes.device)
     if spec.compile:
         for layer in model.model.layers:
             layer.compile()

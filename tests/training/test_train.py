@@ -17,7 +17,7 @@ from terra.config.checks import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.tokens import load_tokens
 from terra.training import data as training_data
-from terra.training.objective import target_positions
+from terra.training.objective import FusedHeadLoss, HeadLoss, softmax_step, target_positions
 from terra.training.run import train as run_training
 from terra.training.settings import train_spec
 from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
@@ -53,6 +53,48 @@ def test_loss_targets_skip_action_slots_and_the_first_frame():
     np.testing.assert_array_equal(target, [4, 5, 6, 7, 8, 9, 10, 11])
     keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=True)
     np.testing.assert_array_equal(target[:3], [1, 2, 3])
+
+
+@pytest.mark.parametrize("vocab, codebook", [(1025, 1024), (200, 190), (50, 49)])
+def test_fused_head_loss_equals_the_loss_of_the_whole_logits(vocab, codebook):
+    # The output layer is padded to a multiple of 64 rows: by 63 (1025), 56 (200) and 14 (50) rows.
+    gen = torch.Generator().manual_seed(vocab)
+    hidden = torch.randn(37, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(vocab, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    targets = torch.randint(codebook, (37,), generator=gen)
+    targets[:2] = torch.tensor([codebook - 1, 0])
+    loss, correct = FusedHeadLoss.apply(hidden, weight, targets, HeadLoss(torch.float64, 8, codebook, True, softmax_step))
+    (0.5 * loss).backward()
+    fused = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    logits = hidden @ weight.T
+    reference = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
+    (0.5 * reference).backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-12, atol=0)
+    torch.testing.assert_close(fused[0], hidden.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fused[1], weight.grad, rtol=1e-10, atol=1e-12)
+    assert int(correct) == int((logits[:, :codebook].argmax(-1) == targets).sum())
+
+
+def test_fused_head_loss_computes_only_the_gradients_needed():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hidden, weight = torch.randn(10, 8, requires_grad=True), torch.randn(70, 8, requires_grad=True)
+    targets = torch.randint(69, (10,))
+
+    def flops(grads: bool) -> int:
+        with FlopCounterMode(display=False) as counter:
+            FusedHeadLoss.apply(hidden, weight, targets, HeadLoss(torch.float32, 4, 69, grads, softmax_step))
+        return counter.get_total_flops()
+
+    logits_only = 2 * 10 * 8 * 128  # the output layer padded to 128 rows
+    assert flops(False) == logits_only  # under torch.no_grad (validation)
+    assert flops(True) == 3 * logits_only  # logits, hidden and weight gradients
+    weight.requires_grad_(False)
+    assert flops(True) == 2 * logits_only  # a frozen output layer (LoRA)
+    loss, _ = FusedHeadLoss.apply(hidden, weight, targets, HeadLoss(torch.float32, 4, 69, True, softmax_step))
+    loss.backward()
+    assert hidden.grad is not None and weight.grad is None
 
 
 def test_training_lowers_the_loss_and_exports(tokens, tmp_path):
