@@ -7,7 +7,8 @@
 Everything is rendered on the fly by :mod:`terra.sim` from scene seeds that the training data never used
 (``quality.scene_seed`` / ``adherence.scene_seed`` and up; the scene seeds of the world model's training clips,
 ``numpy.random.default_rng([exclude_training.seed, i])``'s first draw in ``scripts/make_dataset.py``, are
-skipped), so the ground truth is exact.
+skipped), so the ground truth is exact. ``domain`` (terra/sim/scene.py: ``day``, the demo models' world, or
+``night``) lights the scenes of both measurements; the same seeds give the same roads in either domain.
 
 This script draws the clips; :mod:`terra.evaluation` measures (details there):
 
@@ -51,7 +52,7 @@ from terra.sim.clips import (
     FUTURE_S, SAMPLE_RATE_HZ, SCENE_LENGTH_M, VIEW_MARGIN_M, chain_trajectories, clip_from_trajectory, place,
     random_manoeuvre_params,
 )
-from terra.sim.scene import EGO_LANE_OFFSET_M
+from terra.sim.scene import DOMAINS
 
 if TYPE_CHECKING:
     from terra.evaluation import AdherenceCase
@@ -113,6 +114,7 @@ def check_config(cfg: DictConfig) -> SamplingConfig:
     for key in ("speed_kmh", "radius_m", "accel_mps2", "change_s"):
         _range(cfg.adherence[key], f"adherence.{key}", key)
     _range(cfg.quality.speed_kmh, "quality.speed_kmh", "speed_kmh")
+    check_choice(cfg.domain, "domain", DOMAINS)
     check_flag(cfg.progress, "progress")
     check_device(cfg.device)
     check_choice(cfg.dtype, "dtype", DTYPES)
@@ -168,12 +170,12 @@ def quality_clips(cfg: DictConfig, seeds: list[int], image_size: tuple[int, int]
     clips = []
     for i, seed in enumerate(seeds):
         rng = np.random.default_rng([seed, 0xE7A1])
-        scene = Scene.generate(seed, SCENE_LENGTH_M)
+        scene = Scene.generate(seed, SCENE_LENGTH_M, cfg.domain)
         name = names[i % len(names)]
         speed = float(rng.uniform(low, high))
         travel = (speed / 3.6 + 3.5 * duration) * duration
         start_s = float(rng.uniform(10.0, max(10.0, scene.length_m - travel - VIEW_MARGIN_M)))
-        lateral = EGO_LANE_OFFSET_M + float(rng.uniform(-0.4, 0.4))
+        lateral = scene.ego_lane_offset_m + float(rng.uniform(-0.4, 0.4))
         params = random_manoeuvre_params(rng, name, speed)  # the training distribution's parameters for this manoeuvre
         clips.append(make_clip(scene, name, frames, *image_size, speed_kmh=speed, start_s=start_s, lateral_m=lateral,
                                **params))
@@ -188,7 +190,7 @@ def straight_then(scene: Scene, name: str, start_s: float, speed: float, lead_s:
     if lead_s > 0:
         lead = manoeuvre_trajectory("straight", lead_s, speed_kmh=speed, rate_hz=SAMPLE_RATE_HZ)
         local = chain_trajectories(lead, local, duration)
-    world = place(local, scene.lane_pose(start_s, EGO_LANE_OFFSET_M))
+    world = place(local, scene.lane_pose(start_s))
     return clip_from_trajectory(scene, world, num_frames, *image_size, f"straight>{name}", start_s, speed)
 
 
@@ -203,7 +205,7 @@ def adherence_cases(cfg: DictConfig, seeds: list[int], image_size: tuple[int, in
     for p, pair in enumerate(_pairs(cfg)):
         for seed in seeds:
             rng = np.random.default_rng([seed, 0xAD7E, p])
-            scene = Scene.generate(seed, SCENE_LENGTH_M)
+            scene = Scene.generate(seed, SCENE_LENGTH_M, cfg.domain)
             speed = float(rng.uniform(*_range(ad.speed_kmh, "adherence.speed_kmh", "speed_kmh")))
             # The scene's road starts with a straight of at least 30 m; the context stays on it.
             start_s = float(rng.uniform(10.0, max(10.0, min(20.0, scene.seg_len[0] - speed / 3.6 * lead_s - 1.0))))
@@ -262,6 +264,7 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
         "num_context": n_ctx,
         "horizon": int(cfg.horizon),
         "image_size": list(image_size),
+        "domain": str(cfg.domain),
     }
     try:
         if int(cfg.quality.num_clips) > 0:
@@ -308,7 +311,8 @@ def format_table(report: dict) -> str:
              f"sampling {report['sampling']}"]
     quality = report.get("quality")
     if quality is not None:
-        lines.append(f"frame quality: {quality['num_clips']} held-out clips, {report['num_context']} context frames, "
+        lines.append(f"frame quality: {quality['num_clips']} held-out {report['domain']} clips, "
+                     f"{report['num_context']} context frames, "
                      f"{quality['horizon']} generated ({quality['s_per_frame']:.3f} s/frame incl. decoding)")
         lines.append(f"{'step':>5} {'PSNR':>7} {'SSIM':>6} {'tok PSNR':>9} {'copy-last':>10}")
         for t in range(quality["horizon"]):
@@ -320,7 +324,8 @@ def format_table(report: dict) -> str:
                      + ", ".join(f"{k} {v['psnr']:.1f} dB" for k, v in quality["by_manoeuvre"].items()))
     adherence = report.get("adherence")
     if adherence is not None:
-        lines.append(f"manoeuvre adherence: generated frames {adherence['horizons']} vs renders of each candidate")
+        lines.append(f"manoeuvre adherence ({report['domain']}): generated frames {adherence['horizons']} vs renders "
+                     "of each candidate")
         lines.append(f"{'pair':<24} {'cases':>5} {'correct':>8} {'per rollout':>22} {'3-way':>7} {'margin':>8}")
         for key, pair in adherence["pairs"].items():
             per = " ".join(f"{v:.0f}%" for v in pair["rollout_accuracy_pct"].values())

@@ -4,8 +4,9 @@ A manoeuvre is synthesised in the car's own frame by :func:`terra.inputs.traject
 placed in the world at a lane pose of the road (rotate + translate), so ``curve_left`` turns left relative to
 the road and the clip's actions are exactly the ones :mod:`terra.inputs.actions` computes for that manoeuvre.
 :func:`random_clip` draws a training distribution: single manoeuvres, a straight stretch followed by a
-manoeuvre, and lane keeping along the road's own bends. :func:`sample_frames` draws single frames from
-diverse poses (off-centre, yawed) for tokenizer training.
+manoeuvre, and lane keeping along the road's own bends (:func:`random_drive` draws one, unrendered, in any
+domain of terra/sim/scene.py). :func:`sample_frames` draws single frames from diverse poses (off-centre, yawed)
+for tokenizer training.
 """
 
 from __future__ import annotations
@@ -44,10 +45,27 @@ class Clip:
     start_s: float  # arc length of the road pose the clip starts at
     speed_kmh: float  # initial speed
     scene_length_m: float = SCENE_LENGTH_M
+    domain: str = "day"  # the scene's, terra.sim.scene.DOMAINS
 
     @property
     def num_frames(self) -> int:
         return len(self.frames)
+
+
+@dataclass(frozen=True)
+class Drive:
+    """A drive drawn by :func:`random_drive`, not rendered yet: its scene and world-frame trajectory."""
+
+    scene: Scene
+    trajectory: EgoTrajectory  # from the first frame to FUTURE_S past the last
+    manoeuvre: str
+    start_s: float
+    speed_kmh: float
+
+    def render(self, num_frames: int, height: int, width: int) -> Clip:
+        """The drive's first ``num_frames`` frames at 10 Hz with their ground truth."""
+        return clip_from_trajectory(self.scene, self.trajectory, num_frames, height, width, self.manoeuvre,
+                                    self.start_s, self.speed_kmh)
 
 
 def place(trajectory: EgoTrajectory, pose: np.ndarray) -> EgoTrajectory:
@@ -72,7 +90,7 @@ def clip_from_trajectory(
     return Clip(
         frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
         manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),
-        scene_length_m=scene.length_m,
+        scene_length_m=scene.length_m, domain=scene.domain,
     )
 
 
@@ -84,10 +102,11 @@ def make_clip(
     width: int,
     speed_kmh: float = 30.0,
     start_s: float = 0.0,
-    lateral_m: float = EGO_LANE_OFFSET_M,
+    lateral_m: float | None = None,
     **manoeuvre_params: float,
 ) -> Clip:
-    """A clip of ``manoeuvre`` starting in the lane at arc length ``start_s`` (``lateral_m`` left of centre).
+    """A clip of ``manoeuvre`` starting at arc length ``start_s``, ``lateral_m`` left of the road's centre (None:
+    in the ego lane's centre).
 
     ``manoeuvre_params`` go to :func:`terra.inputs.trajectory.manoeuvre_trajectory` (radius_m, accel_mps2, ...).
     """
@@ -99,21 +118,27 @@ def make_clip(
     return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)
 
 
-def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int) -> Clip:
-    """A clip from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
+def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int, domain: str = "day") -> Clip:
+    """A clip from the training distribution (:func:`random_drive`), rendered."""
+    return random_drive(rng, num_frames, domain).render(num_frames, height, width)
+
+
+def random_drive(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
+    """A drive from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
 
     Half are single manoeuvres of :data:`terra.inputs.trajectory.MANOEUVRES`; a quarter drive straight for 0.5-2 s
     and then perform one; a quarter keep their lane along the road's own bends. The start is jittered
-    inside the lane (offset and heading) so the model sees the road from varied positions.
+    inside the lane (offset and heading) so the model sees the road from varied positions. The draws are the
+    same in every ``domain``: the same ``rng`` gives the same drive by day and by night.
     """
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
-    scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M)
+    scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M, domain)
     speed = float(rng.uniform(15.0, 60.0))
     duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
     travel = (speed / 3.6 + 3.5 * duration) * duration
     start_s = float(rng.uniform(10.0, max(10.0, scene.length_m - travel - VIEW_MARGIN_M)))
-    lateral = EGO_LANE_OFFSET_M + float(rng.uniform(-0.4, 0.4))
+    lateral = scene.ego_lane_offset_m + float(rng.uniform(-0.4, 0.4))
     kind = rng.random()
     if kind < 0.25:
         trajectory = _lane_keeping(scene, start_s, lateral, speed, float(rng.uniform(-1.5, 1.5)), duration)
@@ -129,7 +154,7 @@ def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: i
             local = chain_trajectories(straight, local, duration)
             name = f"straight>{name}"
         trajectory = place(local, start)
-    return clip_from_trajectory(scene, trajectory, num_frames, height, width, name, start_s, speed)
+    return Drive(scene, trajectory, name, start_s, speed)
 
 
 def sample_frames(num: int, height: int, width: int, seed: int) -> np.ndarray:

@@ -2,14 +2,15 @@
 
 Layout of a dataset folder::
 
-    meta.json            version, sizes, seed, the shard list and every clip's manoeuvre / scene seed / start
+    meta.json            version, sizes, seed, domain, the shard list and every clip's manoeuvre / scene seed / start
     shard-00000.npz      frames uint8 [n, T, H, W, 3], poses float64 [n, T, 3],
     shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3]
     ...
 
 Clip ``i`` is drawn from ``numpy.random.default_rng([seed, i])``, so a dataset is the same whatever the number
 of worker processes. Every file is written to a temporary name and renamed, and ``meta.json`` comes last, so
-a folder with a ``meta.json`` is complete.
+a folder with a ``meta.json`` is complete. :func:`map_in_processes` runs the writers of this module and of
+terra/sim/logs.py in worker processes.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError
+from terra.config.checks import TerraInputError, check_choice
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import Clip, random_clip
+from terra.sim.scene import DOMAINS
 from tokenizer.atomic import atomic_path, write_text
 
 DATASET_VERSION = 1
@@ -45,38 +47,30 @@ def write_dataset(
     workers: int = 1,
     compress: bool = True,
     progress: bool = True,
+    domain: str = "day",
 ) -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
 
-    ``workers`` processes render shards in parallel (0 = one per CPU core). Returns the folder.
+    ``workers`` processes render shards in parallel (0 = one per CPU core); ``domain`` (terra/sim/scene.py) lights
+    every clip. Returns the folder.
     """
-    for name, value, low in (("num_clips", num_clips, 1), ("num_frames", num_frames, 1), ("height", height, 8),
-                             ("width", width, 8), ("clips_per_shard", clips_per_shard, 1), ("workers", workers, 0)):
-        if int(value) < low:
-            raise TerraInputError(f"dataset {name} must be at least {low} (got {value})")
+    check_sizes(num_clips=num_clips, num_frames=num_frames, height=height, width=width,
+                clips_per_shard=clips_per_shard, workers=workers)
+    check_choice(domain, "domain", DOMAINS)
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
         (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
-         seed, compress)
+         seed, compress, domain)
         for k, start in enumerate(range(0, num_clips, clips_per_shard))
     ]
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
     bar = tqdm(total=num_clips, desc="rendering clips", unit="clip", disable=not progress)
     clips_meta: list[dict] = []
-    if workers == 1:
-        for job in jobs:
-            clips_meta += _write_shard(*job)
-            bar.update(job[2] - job[1])
-    else:
-        # fork: workers inherit the imported modules instead of re-importing torch/transformers.
-        context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            for job, metas in zip(jobs, pool.map(_write_shard, *zip(*jobs))):
-                clips_meta += metas
-                bar.update(job[2] - job[1])
+    for job, metas in zip(jobs, map_in_processes(_write_shard, jobs, workers)):
+        clips_meta += metas
+        bar.update(job[2] - job[1])
     bar.close()
     meta = {
         "version": DATASET_VERSION,
@@ -86,6 +80,7 @@ def write_dataset(
         "width": width,
         "fps": FRAME_RATE_HZ,
         "seed": seed,
+        "domain": domain,
         "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
         "clips": clips_meta,
     }
@@ -93,10 +88,34 @@ def write_dataset(
     return out
 
 
+def check_sizes(**values: int) -> None:
+    """Raise one line for a count or size below its least value (8 pixels, 0 workers, else 1)."""
+    for name, value in values.items():
+        low = {"height": 8, "width": 8, "workers": 0}.get(name, 1)
+        if int(value) < low:
+            raise TerraInputError(f"dataset {name} must be at least {low} (got {value})")
+
+
+def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterable[Any]:
+    """``function(*job)`` of each job, in order, run in ``workers`` processes (0 = one per CPU core; 1 = here)."""
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    if workers <= 1:
+        return (function(*job) for job in jobs)
+    # fork: workers inherit the imported modules instead of re-importing torch/transformers.
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    return _pool_map(function, jobs, workers, context)
+
+
+def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, context) -> Iterator[Any]:
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        yield from pool.map(function, *zip(*jobs))
+
+
 def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, width: int, seed: int,
-                 compress: bool) -> list[dict]:
+                 compress: bool, domain: str) -> list[dict]:
     """Render clips ``[start, end)`` into one shard file; return their metadata."""
-    clips = [random_clip(np.random.default_rng([seed, i]), num_frames, height, width) for i in range(start, end)]
+    clips = [random_clip(np.random.default_rng([seed, i]), num_frames, height, width, domain)
+             for i in range(start, end)]
     arrays = {name: np.stack([getattr(c, name) for c in clips]) for name in ARRAYS}
     save = np.savez_compressed if compress else np.savez
     with atomic_path(path) as tmp:  # keeps the .npz suffix, so numpy adds none
@@ -134,6 +153,11 @@ class ClipDataset:
         return int(self.meta["num_frames"])
 
     @property
+    def domain(self) -> str:
+        """How the clips are lit (terra/sim/scene.py); datasets written before domains existed are day."""
+        return str(self.meta.get("domain", "day"))
+
+    @property
     def image_size(self) -> tuple[int, int]:
         """(height, width) of every frame."""
         return int(self.meta["height"]), int(self.meta["width"])
@@ -152,7 +176,7 @@ class ClipDataset:
         return Clip(
             **{name: arrays[name][row] for name in ARRAYS},
             manoeuvre=info["manoeuvre"], seed=info["scene_seed"], start_s=info["start_s"],
-            speed_kmh=info["speed_kmh"], scene_length_m=info["scene_length_m"],
+            speed_kmh=info["speed_kmh"], scene_length_m=info["scene_length_m"], domain=self.domain,
         )
 
     def __iter__(self) -> Iterator[Clip]:

@@ -6,7 +6,8 @@ sky gradient, two ranges of hills (far away, so they move only when the car turn
 ray meets the ground plane; the hit point's road coordinates pick asphalt, lane markings, shoulder or a
 field checkerboard), then roadside objects as camera-facing billboards from far to near. Markings and
 textures are box-filtered by the pixel's ground footprint, so far details fade instead of aliasing, and
-everything fades into haze with distance. Pure function of (scene, pose, size): identical pixels every call.
+everything fades into haze with distance. A night scene's ground and objects are lit by terra/sim/lighting.py.
+Pure function of (scene, pose, size): identical pixels every call.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from terra.config.checks import TerraInputError
+from terra.sim.lighting import NightLights, glow, headlight, night_lights
 from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, Scene, TREE
 
 CAMERA_HEIGHT_M = 1.6
@@ -49,6 +51,7 @@ class Camera:
     foot_lat: np.ndarray  # [Hg, W] ground size of a pixel across the view (m)
     foot_long: np.ndarray  # [Hg, W] ground size of a pixel along the view (m)
     col_azimuth: np.ndarray  # [W] horizontal angle of each column at the horizon (rad, left positive)
+    headlight: np.ndarray  # [Hg, W] the ego car's headlights' illuminance of the ground hit point (at night)
 
     def project(self, fwd: np.ndarray, left: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Image coordinates (u, v) and optical depth of ego-frame points (up measured from the ground)."""
@@ -81,7 +84,8 @@ def camera(height: int, width: int) -> Camera:
         foot_long = np.where(near, CAMERA_HEIGHT_M / (focal * down**2), 1e3)[:, None] * ones
     foot_lat = np.where(near, t / focal, 1e3)[:, None] * ones
     col_azimuth = -np.arctan(a * c)
-    arrays = (fwd, left, depth, foot_lat.astype(np.float32), foot_long.astype(np.float32), col_azimuth)
+    arrays = (fwd, left, depth, foot_lat.astype(np.float32), foot_long.astype(np.float32), col_azimuth,
+              headlight(fwd, left))
     for arr in arrays:
         arr.setflags(write=False)
     return Camera(height, width, focal, cx, cy, horizon, row0, *arrays)
@@ -96,11 +100,12 @@ def render(scene: Scene, pose: np.ndarray, height: int, width: int) -> np.ndarra
         raise TerraInputError(f"render size must be at least 8x8 pixels (got {height}x{width})")
     cam = camera(int(height), int(width))
     pal = scene.palette
+    lights = night_lights(scene, pose)
     img = np.empty((cam.height, cam.width, 3), dtype=np.float32)
     _draw_sky(img, cam, pal)
     _draw_hills(img, cam, scene, pose[2])
-    _draw_ground(img, cam, scene, pose)
-    _draw_objects(img, cam, scene, pose)
+    _draw_ground(img, cam, scene, pose, lights)
+    _draw_objects(img, cam, scene, pose, lights)
     return np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
 
 
@@ -164,11 +169,11 @@ def _periodic(x: np.ndarray, period: float, on: float, width: np.ndarray) -> np.
     return (integral(x + half) - integral(x - half)) / width
 
 
-def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray) -> None:
+def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, lights: NightLights | None) -> None:
     """Ground pixels: fields, shoulder, asphalt and markings at the ray's hit point, faded into haze.
 
     Each layer gets a coverage in [0, 1]; layers are composited front to back into weights per palette
-    colour, then one matrix product turns the weights into RGB.
+    colour, then one matrix product turns the weights into RGB (at night, ``lights`` light the colours).
     """
     r0 = cam.ground_row0
     x0, y0, yaw = (float(v) for v in pose)
@@ -203,7 +208,10 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray) -
         remaining -= weights[..., k]
     weights[..., 0] = remaining
     palette = np.stack([pal.grass] + [colour for _, colour in layers]).astype(np.float32)
-    colour = weights @ palette
+    if lights is None:
+        colour = weights @ palette
+    else:  # rows 4 and 5 of the palette: the markings
+        colour = lights.ground(weights, palette, cam.fwd, cam.left, cam.headlight, retro=(4, 5))
     # Blend the first ground row with the sky by how much of it lies below the horizon.
     cover = np.clip(np.arange(r0, cam.height) + 1.0 - cam.horizon, 0.0, 1.0).astype(np.float32)[:, None, None]
     img[r0:] += cover * (colour - img[r0:])
@@ -212,7 +220,7 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray) -
 # ------------------------------------------------------------------------------------------------ objects
 
 
-def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray) -> None:
+def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, lights: NightLights | None) -> None:
     """Billboards of the objects in view, painted from far to near so nearer ones cover farther ones."""
     obj = scene.objects
     rel = obj.xy - pose[None, :2]
@@ -224,37 +232,46 @@ def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray) 
     half_w = obj.size[:, 0] / 2 * scale
     visible = (depth > 1.0) & (depth < FAR_M) & (u + half_w > 0) & (u - half_w < cam.width)
     visible &= obj.size[:, 1] * scale > 0.5
-    for i in np.flatnonzero(visible)[np.argsort(-depth[visible])]:
+    shown = np.flatnonzero(visible)[np.argsort(-depth[visible])]
+    light = lights.objects(obj.kind[shown], fwd[shown], left[shown]) if lights is not None else [1.0] * len(shown)
+    for i, lit in zip(shown, light):
         fog = float(_fog(depth[i]))
         _draw_object(img, obj.kind[i], u[i], v[i], scale[i], obj.size[i], obj.colour[i], obj.colour2[i],
-                     scene.palette.haze, fog)
+                     scene.palette.haze, fog, lit, glow(obj.kind[i], scene.lit[i]) if lights is not None else None)
 
 
-def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog) -> None:
-    """One billboard from its parts: rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres."""
+def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog, light=1.0, glow_colour=None) -> None:
+    """One billboard from its parts: rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres.
+
+    The parts' colours are multiplied by ``light`` (1 by day; RGB at night) before fading into ``haze``;
+    ``glow_colour`` is the colour a lit lamp head or lit windows shine in (night), None for their unlit colour.
+    """
     w, h = size
+    c1, c2, white = c1 * light, c2 * light, np.full(3, 0.95) * light
     c1 = c1 + fog * (haze - c1)
     c2 = c2 + fog * (haze - c2)
+    if glow_colour is not None:
+        glow_colour = glow_colour + fog * (haze - glow_colour)
     if kind == TREE:
         _rect(img, u, v, scale, 0.0, 0.35, 0.0, 0.45 * h, c2)
         _ellipse(img, u, v, scale, 0.0, 0.62 * h, w / 2, 0.4 * h, c1)
     elif kind == POLE:
         _rect(img, u, v, scale, 0.0, 0.25, 0.0, h, c2)
-        _rect(img, u, v, scale, 0.0, 0.7, h - 0.25, h, c2 * 0.8)
+        _rect(img, u, v, scale, 0.0, 0.7, h - 0.25, h, c2 * 0.8 if glow_colour is None else glow_colour)
     elif kind == SIGN:
         _rect(img, u, v, scale, 0.0, 0.12, 0.0, h - 0.5 * w, c2)
-        _rect(img, u, v, scale, 0.0, w, h - w, h, np.full(3, 0.95) * (1 - fog) + fog * haze)
+        _rect(img, u, v, scale, 0.0, w, h - w, h, white * (1 - fog) + fog * haze)
         _rect(img, u, v, scale, 0.0, 0.75 * w, h - 0.875 * w, h - 0.125 * w, c1)
     elif kind == BUILDING:
         _rect(img, u, v, scale, 0.0, w, 0.0, h, c1)
         _rect(img, u, v, scale, 0.0, w * 1.05, h, h + 0.25 * h, c2)
-        _rect(img, u, v, scale, 0.0, w * 0.7, 0.45 * h, 0.7 * h, c1 * 0.55)
+        _rect(img, u, v, scale, 0.0, w * 0.7, 0.45 * h, 0.7 * h, c1 * 0.55 if glow_colour is None else glow_colour)
     elif kind == CAR:
         _rect(img, u, v, scale, 0.0, w, 0.25, 0.95, c1)
         _rect(img, u, v, scale, 0.0, 0.75 * w, 0.95, h, c1 * 0.85)
         _rect(img, u, v, scale, 0.0, 0.6 * w, 1.0, h - 0.08, c2)
         for side in (-1.0, 1.0):
-            _rect(img, u, v, scale, side * 0.35 * w, 0.3, 0.0, 0.35, np.full(3, 0.08))
+            _rect(img, u, v, scale, side * 0.35 * w, 0.3, 0.0, 0.35, np.full(3, 0.08) * light)
     else:
         raise ValueError(f"unknown object kind {kind}")
 

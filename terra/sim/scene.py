@@ -3,8 +3,12 @@
 World frame as in :mod:`terra.inputs.trajectory`: x forward at yaw 0, y to the left, yaw counter-clockwise, metres
 and radians. The road's centreline starts at the origin heading +x and is a chain of straight and
 constant-curvature segments; ``s`` is arc length along it and ``d`` the signed lateral offset from it
-(positive to the left). Traffic drives on the right: the ego lane's centre is ``d = -LANE_WIDTH_M / 2``.
-Everything is drawn from one seed, so a seed fully determines the scene.
+(positive to the left). Traffic drives on the right: the ego lane's centre is ``d = -LANE_WIDTH_M / 2`` (on the
+left, ``+LANE_WIDTH_M / 2``, in the ``left_hand`` domain).
+Everything is drawn from one seed, so a seed fully determines the scene. A scene's domain (:data:`DOMAINS`) sets
+its light or its side of the road: a night scene has the same road and objects as the day scene of its seed,
+under a night sky (terra/sim/lighting.py); a ``left_hand`` scene is the day scene of its seed mirrored left to
+right (road, objects), driven in its left lane.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.config.checks import TerraInputError, check_choice
 
 LANE_WIDTH_M = 3.5
 ROAD_HALF_WIDTH_M = LANE_WIDTH_M  # two lanes
 EGO_LANE_OFFSET_M = -LANE_WIDTH_M / 2
 SHOULDER_M = 0.9  # gravel band outside each road edge
 MAX_HEADING_RAD = 1.2  # the road never turns further than this from +x, so it cannot cross itself
+
+DOMAINS = ("day", "night", "left_hand")  # day is the world the demo models were trained on
+LIT_SHARE = 0.6  # at night, the share of street lamps switched on and of buildings with lit windows
 
 # Object kinds (rows of Scene.objects).
 TREE, POLE, SIGN, BUILDING, CAR = range(5)
@@ -38,10 +45,14 @@ class Objects:
 
 @dataclass(frozen=True)
 class Palette:
-    """Colours of one scene (RGB in [0, 1]); varied slightly between seeds."""
+    """Colours of one scene (RGB in [0, 1]); varied slightly between seeds.
+
+    The sky, haze and hills are the colours seen; the ground's colours are what it reflects, seen as they are by
+    day and under the night's lights at night (terra/sim/lighting.py).
+    """
 
     sky_top: np.ndarray
-    haze: np.ndarray  # sky at the horizon and the colour far ground fades to
+    haze: np.ndarray  # sky at the horizon and the colour far ground and objects fade to
     hills_far: np.ndarray
     hills_near: np.ndarray
     grass: np.ndarray
@@ -66,22 +77,34 @@ class Scene:
     hills: np.ndarray  # [2, F, 3] per range: (frequency, amplitude rad, phase) of the skyline's sinusoids
     hills_base: np.ndarray  # [2] mean elevation (rad) of the far and near range
     palette: Palette
+    lit: np.ndarray  # [M] bool: at night, the object's lamp is on or its windows are lit (poles, buildings)
+    domain: str  # one of DOMAINS
 
     @classmethod
-    def generate(cls, seed: int, length_m: float = 600.0) -> "Scene":
-        """Draw a scene from ``seed``: the same seed always gives the same scene."""
+    def generate(cls, seed: int, length_m: float = 600.0, domain: str = "day") -> "Scene":
+        """Draw a scene from ``seed``: the same seed always gives the same scene, in either domain."""
         if not (np.isfinite(length_m) and length_m >= 50.0):
             raise TerraInputError(f"scene length_m must be at least 50 m (got {length_m})")
+        check_choice(domain, "domain", DOMAINS)
         rng = np.random.default_rng([int(seed), 0x7E88A])
         s0, lens, curvs, xyh = _road_segments(rng, float(length_m))
+        palette = _palette(rng)
         scene = cls(
             seed=int(seed), length_m=float(length_m), seg_s0=s0, seg_len=lens, seg_curv=curvs, seg_xyh=xyh,
             objects=Objects(np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 2)), np.zeros((0, 3)), np.zeros((0, 3))),
-            hills=np.zeros((2, 0, 3)), hills_base=np.zeros(2), palette=_palette(rng),
+            hills=np.zeros((2, 0, 3)), hills_base=np.zeros(2), palette=palette, lit=np.zeros(0, bool), domain=domain,
         )
         objects = _objects(rng, scene)
         hills, base = _hills(rng)
-        return cls(**{**scene.__dict__, "objects": objects, "hills": hills, "hills_base": base})
+        lit = rng.random(len(objects.kind)) < LIT_SHARE  # drawn last: the draws above are the same in every domain
+        scene = cls(**{**scene.__dict__, "objects": objects, "hills": hills, "hills_base": base, "lit": lit,
+                       "palette": _night_palette(palette) if domain == "night" else palette})
+        return _mirrored(scene) if domain == "left_hand" else scene
+
+    @property
+    def ego_lane_offset_m(self) -> float:
+        """Lateral offset ``d`` of the ego lane's centre: the right lane, or the left one in ``left_hand`` scenes."""
+        return -EGO_LANE_OFFSET_M if self.domain == "left_hand" else EGO_LANE_OFFSET_M
 
     # ------------------------------------------------------------------------------------------ road geometry
 
@@ -99,10 +122,11 @@ class Scene:
         y = np.where(straight, y0 + u * np.sin(h0), y0 - (np.cos(h) - np.cos(h0)) / k_safe)
         return np.stack([x, y, h], axis=-1)
 
-    def lane_pose(self, s: np.ndarray | float, d: np.ndarray | float = EGO_LANE_OFFSET_M) -> np.ndarray:
-        """``[..., 3]`` pose at arc length ``s`` and lateral offset ``d`` (left positive), heading along the road."""
+    def lane_pose(self, s: np.ndarray | float, d: np.ndarray | float | None = None) -> np.ndarray:
+        """``[..., 3]`` pose at arc length ``s`` and lateral offset ``d`` (left positive; None: the ego lane's
+        centre), heading along the road."""
         pose = self.road_pose(s)
-        d = np.asarray(d, dtype=np.float64)
+        d = np.asarray(self.ego_lane_offset_m if d is None else d, dtype=np.float64)
         return np.stack(
             [pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]), pose[..., 2]], axis=-1
         )
@@ -172,6 +196,14 @@ class Scene:
 # ---------------------------------------------------------------------------------------------- generation
 
 
+def _mirrored(scene: Scene) -> Scene:
+    """``scene`` mirrored across the road's starting axis (y -> -y): curves, positions and headings change side."""
+    xyh = scene.seg_xyh * np.array([1.0, -1.0, -1.0])
+    objects = Objects(scene.objects.kind, scene.objects.xy * np.array([1.0, -1.0]), scene.objects.size,
+                      scene.objects.colour, scene.objects.colour2)
+    return Scene(**{**scene.__dict__, "seg_curv": -scene.seg_curv, "seg_xyh": xyh, "objects": objects})
+
+
 def _road_segments(rng: np.random.Generator, length: float):
     """Alternating straights and arcs from the origin heading +x, covering ``length`` metres."""
     lens, curvs = [], []
@@ -226,6 +258,19 @@ def _palette(rng: np.random.Generator) -> Palette:
         edge_line=np.array([0.97, 0.97, 0.97]),
         centre_line=_jitter(rng, (0.98, 0.85, 0.25), 0.02),
     )
+
+
+def _night_palette(day: Palette) -> Palette:
+    """The night's colours of a scene: a deep blue sky over a faintly lighter horizon, hills as dark silhouettes,
+    the ground's colours unchanged (they are lit by terra/sim/lighting.py). Derived from the day's, so the seed's
+    variation carries over without a draw."""
+    return Palette(**{
+        **day.__dict__,
+        "sky_top": day.sky_top * np.array([0.04, 0.05, 0.10]),
+        "haze": day.haze * np.array([0.07, 0.08, 0.14]),
+        "hills_far": day.hills_far * 0.06,
+        "hills_near": day.hills_near * 0.04,
+    })
 
 
 def _objects(rng: np.random.Generator, scene: Scene) -> Objects:

@@ -76,15 +76,15 @@ def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebo
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For logits ``[N, V']`` whose columns from ``vocab`` on are padding: the summed cross-entropy, the count of
     targets that are the greedy code among the first ``codebook``, and the gradient of the summed loss by the
-    logits (softmax minus one-hot, in the logits' dtype). In place where it can be (eager memory); ``torch.compile``
-    fuses it into two passes."""
+    logits (softmax minus one-hot, in the logits' dtype). Written for ``torch.compile`` to fuse into two passes."""
     columns = torch.arange(logits.shape[1], device=logits.device)
-    z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill_(columns >= vocab, float("-inf"))
+    z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill(columns >= vocab, float("-inf"))
     lse = torch.logsumexp(z, -1)
     loss = (lse - z.gather(1, targets[:, None]).squeeze(1)).sum()
     correct = (z[:, :codebook].argmax(-1) == targets).sum()
-    probs = z.sub_(lse[:, None]).exp_().scatter_add_(1, targets[:, None], z.new_full((len(targets), 1), -1.0))
-    return loss, correct, probs.to(logits.dtype)
+    probs = torch.exp(z - lse[:, None])
+    grad = torch.where(columns == targets[:, None], probs - 1.0, probs)
+    return loss, correct, grad.to(logits.dtype)
 
 
 @dataclass(frozen=True)

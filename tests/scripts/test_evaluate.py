@@ -36,6 +36,7 @@ def test_tiny_evaluation_writes_a_complete_report(tmp_path):
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved == {k: v for k, v in report.items() if k != "path"}
     assert report["backend"] == "HFBackend" and report["num_context"] == 3 and report["image_size"] == [144, 256]
+    assert report["domain"] == "day"
 
     quality = report["quality"]
     assert quality["num_clips"] == 2 and quality["horizon"] == 2 and len(quality["clips"]) == 2
@@ -67,6 +68,27 @@ def test_tiny_evaluation_writes_a_complete_report(tmp_path):
     assert "curve_left/curve_right" in table and "target direction_accuracy_pct" in table
 
 
+def test_a_night_evaluation_says_so_in_its_report(tmp_path):
+    report = evaluate.run(eval_config(tmp_path, "domain=night", "adherence.num_cases=0"))
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["domain"] == "night" and saved["quality"]["num_clips"] == 2 and "adherence" not in saved
+    assert saved["quality"]["scene_seeds"][0] >= 10_000_000
+    assert "2 held-out night clips" in evaluate.format_table(report)
+
+
+def test_both_measurements_draw_the_same_drives_lit_by_the_domain():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        day, night = (compose("evaluate", overrides=["adherence.pairs=[[curve_left,curve_right]]", "horizon=2",
+                                                     f"domain={domain}"]) for domain in ("day", "night"))
+    (day_clip,), (night_clip,) = (evaluate.quality_clips(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
+    (day_case,), (night_case,) = (evaluate.adherence_cases(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
+    for a, b in [(day_clip, night_clip), *((day_case.clips[n], night_case.clips[n]) for n in day_case.clips)]:
+        assert (a.domain, b.domain) == ("day", "night")
+        np.testing.assert_array_equal(a.poses, b.poses)
+        np.testing.assert_array_equal(a.actions, b.actions)
+        assert b.frames.mean() < 0.6 * a.frames.mean()
+
+
 def test_held_out_scenes_skip_the_training_scenes():
     train = evaluate.training_scene_seeds(0, 50)
     assert len(train) == 50
@@ -92,6 +114,7 @@ def test_adherence_contexts_are_shared_and_the_commands_differ():
     ("adherence.pairs=[[curve_left,curve_left]]", "two different manoeuvres"),
     ("adherence.radius_m=[40,20]", "adherence.radius_m"),
     ("quality.num_clips=0 adherence.num_cases=0", "nothing to evaluate"),
+    ("domain=dusk", "unknown domain 'dusk'; choose one of: day, night"),
 ])
 def test_bad_settings_raise_one_line_errors(tmp_path, override, match):
     cfg = eval_config(tmp_path, *override.split())
