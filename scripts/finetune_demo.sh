@@ -81,7 +81,7 @@ print(f"{'model':<10} {'domain':<10} {'PSNR 1-10':>9} {'tok PSNR':>8} {'left/rig
 for report in sorted(Path(sys.argv[1]).glob("*/report.json")):
     r = json.loads(report.read_text())
     pairs = r["adherence"]["pairs"]
-    print(f"{report.parent.name.rsplit('_', 1)[0]:<10} {r['domain']:<10} {r['quality']['mean_psnr_target_frames']:>9.2f} "
+    print(f"{report.parent.name[:-len(r['domain']) - 1]:<10} {r['domain']:<10} {r['quality']['mean_psnr_target_frames']:>9.2f} "
           f"{r['quality']['tokenizer_psnr']['overall']:>8.2f} "
           + " ".join(f"{p['accuracy_pct']:>10.1f}" for p in pairs.values()))
 EOF
