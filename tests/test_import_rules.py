@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
-BACKEND_MODULES = ("terra.generation.hf_backend", "terra.generation.vllm_backend")
+BACKEND_MODULES = ("terra.generation.hf_backend", "terra.generation.vllm_backend", "terra.generation.vllm_streaming")
 SKIPPED_DIRS = {"tests", "build", "dist", "outputs", "multirun", "runs", "__pycache__"}
 
 

@@ -175,7 +175,7 @@ def generated(snapshot, frames, tmp_path_factory):
             out = tmp_path_factory.mktemp(f"generate_{backend}") / "out"
             result = run(generate_command(snapshot, frames, out, f"backend={backend}"), out.parent / "cwd")
             assert result.returncode == 0, result.stderr[-3000:]
-            assert f"with {'VLLMBackend' if backend == 'vllm' else 'HFBackend'}:" in result.stdout
+            assert f"{'VLLMBackend' if backend == 'vllm' else 'with HFBackend'}:" in result.stdout  # or Streaming...
             assert os.listdir(out.parent / "cwd") == []  # output.dir given: no Hydra run folder
             runs[backend] = out
         return runs[backend]

@@ -39,6 +39,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's share of device memory (default 0.9; 0.1 on CPU)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra vllm.LLM argument (YAML value), e.g. async_scheduling=true; repeatable")
+    p.add_argument("--requests", choices=("per_frame", "streaming"), default="per_frame",
+                   help="vLLM request path of the Terra parts: a request per frame, or a streaming-input request per "
+                        "window (terra/generation/vllm_streaming.py)")
     p.add_argument("--part-timeout", type=float, default=3600, help="seconds before a part's subprocess is killed")
     p.add_argument("--table", action="store_true", help="only print the table of the JSON files already in --out")
     p.add_argument("--worker", choices=sorted(PARTS), help=argparse.SUPPRESS)
@@ -53,6 +56,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for flag in ("context", "single_frames", "hf_frames", "batched_frames", "greedy_frames"):
         if getattr(args, flag) < 1:
             raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    if args.requests == "streaming" and "profile" in args.part_names:
+        raise TerraInputError("the profile part times the synchronous engine's steps; run it with --requests per_frame")
     if args.model and args.tiny:
         raise TerraInputError("--model and --tiny exclude each other; drop one")
     for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):

@@ -12,6 +12,7 @@ from bench.plain_llama import PlainLlamaBackend
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import WorldModelBackend
 from terra.generation.vllm_backend import VLLMBackend
+from terra.generation.vllm_streaming import StreamingVLLMBackend
 from terra.models.modeling_llama_action import LlamaActionForCausalLM
 
 
@@ -45,4 +46,5 @@ def build_backend(part: Part, args: argparse.Namespace) -> WorldModelBackend:
     )
     if kind == "plain":  # always random weights: speed does not depend on their values
         return PlainLlamaBackend(str(plain_dir), read_config(args), load_format="dummy", **engine)
-    return VLLMBackend(str(terra_dir), **({} if args.model else {"load_format": "dummy"}), **engine)
+    terra = StreamingVLLMBackend if args.requests == "streaming" else VLLMBackend  # --requests
+    return terra(str(terra_dir), **({} if args.model else {"load_format": "dummy"}), **engine)

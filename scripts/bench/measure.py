@@ -37,7 +37,8 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
         record["settings"]["backend"] = args.e2e_backend
     if part.backend in ("terra", "plain") or (part.backend == "e2e" and args.e2e_backend == "vllm"):
         record["settings"].update(max_num_seqs=args.max_num_seqs, gpu_memory_utilization=memory_share(part, args),
-                                  engine_kwargs=args.engine_kwargs)
+                                  engine_kwargs=args.engine_kwargs,
+                                  requests="per_frame" if part.backend == "plain" else args.requests)
     monitor = GpuMemoryMonitor(args.device)
     with monitor:
         t0 = time.perf_counter()
@@ -71,17 +72,19 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
             # what the largest measurement holds at its end (no sharing across rollouts): the memory it needs
             "kv_needed_gb": max([1, *sizes]) * min(longest * layout.frame_span, layout.window_positions) * per_token / 1e9,
         }
+    timed = engine is not None and hasattr(engine, "step")  # the synchronous engine (not --requests streaming)
+    if timed:
         step, add = CallTimer(engine, "step"), CallTimer(engine, "add_request")
     stats = getattr(backend, "frame_stats", None)  # grows over calls; each measurement takes its own slice
 
     def measured(count: int, frames: int, seed: int) -> dict:
         """Time ``count`` rollouts of ``frames`` frames; add engine call times and their prefix-cache use."""
         first_stat = len(stats) if stats is not None else 0
-        if engine is not None:
+        if timed:
             step.reset()
             add.reset()
         row = timed_generate(backend, make_requests(layout, count, args.context, frames, seed), SAMPLING)
-        if engine is not None:
+        if timed:
             row.update(engine_steps=step.calls, engine_step_s=step.seconds, add_request_s=add.seconds)
         if stats is not None:
             row["prefix"] = prefix_summary(stats[first_stat:], out["engine"]["block_size"], layout.action_tokens)

@@ -13,8 +13,11 @@ from terra.config.checks import Range, TerraInputError, check_choice, shown
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,2})?")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# Options each backend's constructor takes (terra/generation/hf_backend.py, vllm_backend.py): a Range, or
-# bool / str for flags and names. vLLM passes further options to its engine, which checks them itself.
+# vLLM's request paths (terra/generation/vllm_streaming.py, resolve_requests): one streaming-input request per
+# rollout window, or a new request per frame; auto is streaming where the installed vLLM has it.
+REQUEST_PATHS = ("auto", "streaming", "per_frame")
+# Options each backend's constructor takes (terra/generation/hf_backend.py, vllm_backend.py): a Range, a tuple of
+# choices, or bool / str for flags and names. vLLM passes further options to its engine, which checks them itself.
 BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
     "hf": {"max_batch_size": Range(1, 4096, 16, whole=True)},
     "vllm": {
@@ -28,6 +31,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "kv_cache_memory_bytes": Range(1 << 20, 1 << 44, 1 << 30, whole=True),
         "block_size": Range(1, 1024, 16, whole=True),
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
+        "requests": REQUEST_PATHS,
     },
 }
 BACKENDS = ("auto", *BACKEND_OPTIONS)
@@ -59,6 +63,8 @@ def check_backend(name: Any, options: Any) -> tuple[str, dict]:
                 raise TerraInputError(f"{setting} is not an option of backend=hf; it takes {', '.join(known)}")
         elif isinstance(rule, Range):
             rule.check(value, setting)
+        elif isinstance(rule, tuple):
+            check_choice(value, setting, rule)
         elif not isinstance(value, rule) or (rule is not bool and isinstance(value, bool)):
             kind = "true or false" if rule is bool else "a name"
             raise TerraInputError(f"{setting} must be {kind} (got {shown(value)})")

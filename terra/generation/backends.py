@@ -66,7 +66,8 @@ def create_backend(
     :meth:`terra.pipeline.WorldModelPipeline.from_spec` resolves once and passes the result). ``dtype`` is a
     checked name (terra/config/backend.py): ``auto`` means bf16 on a GPU, fp32 on a CPU. ``config`` is the world
     model's already-read config (None: the backend reads config.json); ``options`` go to the backend's
-    constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers).
+    constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers); vLLM's ``requests``
+    (auto | streaming | per_frame) picks its request path here, once (terra/generation/vllm_streaming.py).
     """
     if kind not in ("hf", "vllm") or device == "auto":
         device = resolve_device(device)
@@ -75,8 +76,12 @@ def create_backend(
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     if kind == "vllm":
         from terra.generation.vllm_backend import VLLMBackend
+        from terra.generation.vllm_streaming import StreamingVLLMBackend, resolve_requests
 
-        build = lambda: VLLMBackend(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
+        options = dict(options)
+        streaming = resolve_requests(options.pop("requests", "per_frame")) == "streaming"
+        backend_class = StreamingVLLMBackend if streaming else VLLMBackend
+        build = lambda: backend_class(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:
         from terra.generation.hf_backend import HFBackend
 

@@ -10,9 +10,9 @@ cheap: only the new frame's action slots and the last partial KV block are recom
 prompt and cached token counts are appended to :attr:`VLLMBackend.frame_stats` (kept across calls, so a
 benchmark can slice out one configuration's requests).
 
-vLLM's streaming-input sessions are not used: they exist only on the asyncio engine, cannot return final-only
-outputs, and a window rollover starts a fresh prompt anyway; resubmission already recomputes at most one KV
-block plus the 6 action slots per frame.
+This is the ``per_frame`` request path (``backend.options.requests``). The ``streaming`` path,
+:mod:`terra.generation.vllm_streaming`, keeps one vLLM streaming-input request open per rollout window instead;
+it shares this class's engine settings, prompts and sampling parameters.
 """
 
 from __future__ import annotations
@@ -77,8 +77,6 @@ class VLLMBackend(WorldModelBackend):
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
-        from vllm import LLM
-
         from vllm.platforms import current_platform
 
         from terra.vllm import compat
@@ -96,6 +94,7 @@ class VLLMBackend(WorldModelBackend):
         self.layout = TokenLayout.from_config(config)
         self.model_path = model_path
         self.seed = seed
+        self.max_num_seqs = max_num_seqs
         self.frame_stats: list[FrameStat] = []
         options = compat.supported_engine_kwargs(generation_config="vllm")
         options.update(engine_kwargs)
@@ -104,7 +103,10 @@ class VLLMBackend(WorldModelBackend):
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()
-        self.llm = LLM(
+        self._cached_tokens = compat.num_cached_tokens
+        self._ids = itertools.count()
+        self._pending: dict[str, tuple[RolloutState, int, bool]] = {}  # request id -> state, prompt length, start
+        self._start_engine(dict(
             model=model_path,
             skip_tokenizer_init=True,
             dtype=dtype,
@@ -118,11 +120,15 @@ class VLLMBackend(WorldModelBackend):
             seed=seed,
             **self.prompt_limits(),
             **options,
-        )
+        ))
+
+    def _start_engine(self, engine_args: dict[str, Any]) -> None:
+        """Build the engine from ``engine_args`` (``vllm.LLM``'s keyword arguments): the synchronous engine,
+        stepped by :meth:`poll`."""
+        from vllm import LLM
+
+        self.llm = LLM(**engine_args)
         self.engine = self.llm.llm_engine
-        self._cached_tokens = compat.num_cached_tokens
-        self._ids = itertools.count()
-        self._pending: dict[str, tuple[RolloutState, int, bool]] = {}  # request id -> state, prompt length, start
 
     @property
     def name(self) -> str:
@@ -143,10 +149,13 @@ class VLLMBackend(WorldModelBackend):
         items = np.ascontiguousarray(actions, dtype=np.float32)
         return {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
 
-    def _sampling_params(self, sampling: SamplingConfig, seed: int):
+    def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False):
+        """Parameters of ``state``'s next frame: exactly ``P`` image codes, seeded with :func:`frame_seed` (the
+        rollout's seed and the frame's index) unless greedy; final-only output, or deltas (``delta``)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        seed = frame_seed(state.seed, state.next_frame - state.num_context)
         return SamplingParams(
             temperature=sampling.temperature,
             top_k=sampling.top_k,  # 0 = off, as in SamplingConfig
@@ -155,7 +164,7 @@ class VLLMBackend(WorldModelBackend):
             max_tokens=self.layout.image_tokens,
             ignore_eos=True,
             detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
         )
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
@@ -164,8 +173,7 @@ class VLLMBackend(WorldModelBackend):
     def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
         prompt = self.frame_prompt(state)
         request_id = f"terra-{next(self._ids)}"
-        params = self._sampling_params(sampling, frame_seed(state.seed, state.next_frame - state.num_context))
-        self.engine.add_request(request_id, prompt, params)
+        self.engine.add_request(request_id, prompt, self._sampling_params(sampling, state))
         self._pending[request_id] = (state, len(prompt["prompt_token_ids"]), state.window_starts)
 
     @property
@@ -193,6 +201,7 @@ class VLLMBackend(WorldModelBackend):
             del self._pending[request_id]
 
     def record(self, done: FrameDone, rollout: int) -> None:
+        """Append the frame's prompt and cached token counts to :attr:`frame_stats`."""
         frame = done.state.next_frame - 1 - done.state.num_context
         self.frame_stats.append(FrameStat(rollout, frame, done.prompt_tokens, done.cached_tokens, done.window_start))
 

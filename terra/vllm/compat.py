@@ -8,6 +8,10 @@ every supported release (``SupportsMultiModal``, ``embed_input_ids``/``embed_mul
   (``model_id`` only in 0.26).
 * ``EngineArgs`` fields come and go; :func:`supported_engine_kwargs` drops the optional ones a release
   does not know, so one set of defaults serves every release.
+* Streaming-input requests (``vllm.engine.protocol.StreamingInput`` with ``AsyncLLM.generate``, used by
+  :mod:`terra.generation.vllm_streaming`) exist in 0.26 and 0.32 alike (:func:`has_streaming_input` says whether
+  a release has them); in both, the V1 model runner keeps a streaming request's random generator across input
+  chunks, which :func:`reseed_streaming_updates` corrects.
 """
 
 from __future__ import annotations
@@ -58,12 +62,62 @@ def use_spawn_workers() -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
+def has_streaming_input() -> bool:
+    """True when this vLLM release takes streaming-input requests (``StreamingInput`` chunks fed to
+    ``AsyncLLM.generate`` through an async generator)."""
+    try:
+        from vllm.engine.protocol import StreamingInput  # noqa: F401
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError:
+        return False
+    return hasattr(AsyncLLM, "_add_streaming_input_request")
+
+
+def reseed_streaming_updates() -> None:
+    """Make the V1 model runner reseed a streaming request's sampler from each input chunk's parameters.
+
+    A new request gets a ``torch.Generator`` seeded from its ``SamplingParams.seed``
+    (``GPUModelRunner._update_states``); a later chunk of a streaming-input request replaces the request's
+    sampling parameters (``_update_streaming_request``, 0.26 and 0.32, also the CPU runner's) but keeps the
+    generator of the first chunk, so a per-chunk seed would not take effect. Wrapped here, the update builds the
+    generator as a new request would: seeded from the chunk's seed, none without one. Each frame of a streaming
+    rollout therefore samples from the same random stream as the per-frame request of the same seed
+    (:func:`terra.generation.vllm_backend.frame_seed`), so both request paths give the same codes.
+
+    :class:`terra.vllm.llama_action.TerraForCausalLM` calls this when it is built, i.e. in every process that
+    runs the model, before any request. Only an already imported V1 runner is patched: the V2 model runner
+    (``vllm/v1/worker/gpu/``, the default on a GPU for this model) re-adds a streaming request on every chunk and
+    draws its noise from ``(seed, position)``, so it needs nothing. Idempotent.
+    """
+    import sys
+
+    runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    cls = getattr(runner, "GPUModelRunner", None)
+    update = getattr(cls, "_update_streaming_request", None)
+    if update is None or getattr(update, "terra_reseeds", False):
+        return
+    import torch
+    from vllm.sampling_params import SamplingType
+
+    def reseeding_update(self, req_id, new_req_data):
+        state = update(self, req_id, new_req_data)
+        params = state.sampling_params
+        state.generator = None
+        if params is not None and params.sampling_type == SamplingType.RANDOM_SEED:
+            state.generator = torch.Generator(device=self.device)
+            state.generator.manual_seed(params.seed)
+        return state
+
+    reseeding_update.terra_reseeds = True
+    cls._update_streaming_request = reseeding_update
+
+
 def num_cached_tokens(request_output: Any) -> int:
     """Prompt tokens served from the prefix cache for one finished request (0 when not reported)."""
     return int(getattr(request_output, "num_cached_tokens", None) or 0)
 
 
 __all__ = [
-    "VLLM_VERSION", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "supported_engine_kwargs",
-    "use_spawn_workers",
+    "VLLM_VERSION", "has_streaming_input", "mm_hashes", "num_cached_tokens", "prompt_token_ids",
+    "reseed_streaming_updates", "supported_engine_kwargs", "use_spawn_workers",
 ]

@@ -237,6 +237,7 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        compat.reseed_streaming_updates()  # this process runs the model: per-chunk seeds must take effect
         config = vllm_config.model_config.hf_config
         self.config = config
         self.codebook_size = config.codebook_size

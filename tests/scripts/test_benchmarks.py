@@ -12,6 +12,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 
+from terra.config.checks import TerraInputError
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutState
 from terra.generation.vllm_backend import FrameStat, VLLMBackend
@@ -190,8 +191,17 @@ def test_rollout_benchmark_bad_arguments(capsys):
     rollout_bench = load_script("benchmark_rollout")
     assert rollout_bench.main(["--gpus", "one"]) == 2
     assert rollout_bench.main(["--demo", "--model", "x"]) == 2
+    assert rollout_bench.main(["--backend", "hf", "--requests", "streaming"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "--gpus" in err[0] and "--demo" in err[1]
+    assert len(err) == 3 and "--gpus" in err[0] and "--demo" in err[1] and "--backend vllm" in err[2]
+    assert rollout_bench.parse_args(["--requests", "per_frame"]).requests == "per_frame"
+
+
+def test_benchmark_picks_the_request_path(bench):
+    assert bench.parse_args(["--device", "cpu"]).requests == "per_frame"
+    assert bench.parse_args(["--device", "cpu", "--requests", "streaming", "--parts", "vllm"]).requests == "streaming"
+    with pytest.raises(TerraInputError, match="profile part"):
+        bench.parse_args(["--device", "cpu", "--requests", "streaming", "--parts", "vllm,profile"])
 
 
 @pytest.mark.slow

@@ -1,0 +1,279 @@
+"""vLLM with streaming-input requests: one engine request per rollout window, fed a frame at a time.
+
+The ``streaming`` request path (``backend.options.requests``, see :func:`resolve_requests`). Where
+:class:`~terra.generation.vllm_backend.VLLMBackend` sends every frame as a new request carrying the whole window
+(prefix caching makes that cheap), :class:`StreamingVLLMBackend` keeps one request open per rollout window
+(``AsyncLLM.generate`` over an async generator of ``StreamingInput`` chunks) and its KV stays in the engine:
+
+* the window's first frame is a chunk with the whole window prompt (:meth:`VLLMBackend.frame_prompt`);
+* each later frame is a chunk of the previous frame's last code plus the six action slots (and that frame's
+  ``"actions"`` item). vLLM pauses a chunk at ``max_tokens`` keeping only the tokens it computed, so the last
+  sampled code is not in the KV and must lead the next chunk; the action item's offset is shifted by vLLM;
+* at a window rollover the old stream is closed (its generator ends) and a new request opens; a fork
+  (:meth:`fork`) has no stream, so its next frame opens one too, its past served from the prefix cache.
+
+vLLM counts a paused stream (waiting for its next chunk) against ``max_num_seqs`` and keeps its KV blocks, so
+when a new stream would exceed ``max_num_seqs`` the least recently used stream without a queued frame is closed
+first (an idle closed-loop session, say); its next frame opens a new request, served by the prefix cache.
+
+Every chunk carries the frame's own :func:`~terra.generation.vllm_backend.frame_seed`;
+:func:`terra.vllm.compat.reseed_streaming_updates` makes vLLM's V1 model runner honour it, so the same seeds give
+the same codes on both paths. The asyncio engine runs on an event loop in a thread this backend owns;
+:meth:`submit` and :meth:`poll` (on the driver thread, as for every backend) talk to it through thread-safe
+queues, and a stream's delta outputs are gathered on the loop until a frame's ``P`` codes are complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+
+from terra.config.backend import REQUEST_PATHS
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
+from terra.generation.rollout import FrameDone, RolloutState
+from terra.generation.vllm_backend import VLLMBackend
+
+POLL_WAIT_S = 0.05  # poll() returns empty-handed after this long, so a driver can take in new work meanwhile
+CALL_TIMEOUT_S = 600.0  # for work handed to the loop thread (engine start-up, aborts, shutdown)
+
+
+def resolve_requests(requests: str) -> str:
+    """``auto`` → ``streaming`` where this vLLM takes streaming-input requests, else ``per_frame``; ``streaming``
+    asked for where it does not is one error line. ``requests`` is a checked name (terra/config/backend.py)."""
+    from terra.vllm import compat
+
+    if requests == "per_frame":
+        return requests
+    if compat.has_streaming_input():
+        return "streaming"
+    if requests == "streaming":
+        raise TerraInputError(f"backend.options.requests=streaming needs vLLM's streaming-input requests, which "
+                              f"vLLM {compat.VLLM_VERSION} lacks; use requests=per_frame (or auto)")
+    return "per_frame"
+
+
+class _Stream:
+    """One open streaming request: the current window of one rollout (kept in its state's ``cache``)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.inputs: asyncio.Queue | None = None  # StreamingInput chunks, then None (loop thread only)
+        self.task: asyncio.Task | None = None  # runs generate() (loop thread only)
+        self.codes: list[int] = []  # sampled codes not yet handed over (loop thread only)
+        self.closing = False  # its input has ended (loop thread only)
+        self.last_code = -1  # last code of the newest frame: it leads the next chunk (driver thread)
+
+
+class StreamingVLLMBackend(VLLMBackend):
+    """:class:`VLLMBackend` (same arguments) on vLLM's asyncio engine with streaming-input requests.
+
+    :attr:`engine` is the ``AsyncLLM``; it is only touched on the loop thread. :attr:`frame_stats` counts for a
+    frame after a window's first the window prompt so far as its prompt, of which all but the new chunk's
+    tokens were kept in the stream's KV (cached); a window's first frame reports the prefix cache's hits.
+    """
+
+    def _start_engine(self, engine_args: dict[str, Any]) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._done: queue.SimpleQueue = queue.SimpleQueue()  # (request id, codes | None, cached, error | None)
+        self._error: BaseException | None = None
+        self._streams: set[_Stream] = set()  # running generate(), loop thread only
+        self._open: OrderedDict[str, RolloutState] = OrderedDict()  # request id -> state, least recently used first
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="terra-vllm-streaming", daemon=True)
+        self._thread.start()
+        args = {"disable_log_stats": True, **engine_args}  # as vllm.LLM
+
+        async def build() -> Any:  # on the loop: the engine's client binds to the loop it is created on
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+        try:
+            self.engine = self._call(build())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def name(self) -> str:
+        return "vLLM streaming"
+
+    # ------------------------------------------------------------------ driver thread
+
+    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+        from vllm.engine.protocol import StreamingInput
+
+        params = self._sampling_params(sampling, state, delta=True)
+        stream = state.cache
+        window_tokens = (state.next_frame - state.window.start) * self.layout.frame_span
+        if stream is None or state.window_starts:  # a new window, or a rollout without an open stream
+            if stream is not None:
+                self._close_stream(state)
+            self._make_room()
+            stream = state.cache = _Stream(f"terra-stream-{next(self._ids)}")
+            prompt = self.frame_prompt(state)
+            self._loop.call_soon_threadsafe(self._start, stream, StreamingInput(prompt, params), params)
+            self._open[stream.request_id] = state
+            self._pending[stream.request_id] = (state, window_tokens, True)
+            return
+        self._open.move_to_end(stream.request_id)
+        layout, frame = self.layout, state.next_frame
+        ids = [stream.last_code] + [layout.action_token_id] * layout.action_tokens
+        actions = np.ascontiguousarray(state.actions[frame - 1 : frame], dtype=np.float32)
+        chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": actions}}, params)
+        self._loop.call_soon_threadsafe(self._feed, stream, chunk)
+        self._pending[stream.request_id] = (state, window_tokens, False)
+
+    def poll(self) -> list[FrameDone]:
+        """The frames finished so far; waits for one up to :data:`POLL_WAIT_S` when frames are queued."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if not self._pending:
+            return []
+        try:
+            items = [self._done.get(timeout=POLL_WAIT_S)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                items.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        done = []
+        for request_id, codes, cached, error in items:
+            entry = self._pending.pop(request_id, None)
+            if entry is None:  # a frame cancelled meanwhile
+                continue
+            state, prompt_tokens, window_start = entry
+            if error is not None:
+                self._drop_stream(state)
+                self._error = self._error or error
+                continue
+            state.cache.last_code = int(codes[-1])  # the stream is open: a window's last frame closes it later
+            state.add_frame(codes)
+            if not window_start:  # all but this chunk's tokens were in the stream's KV
+                cached = prompt_tokens - 1 - self.layout.action_tokens
+            done.append(FrameDone(state, codes, prompt_tokens, cached, window_start))
+        if not done and self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return done
+
+    def cancel(self, states: Sequence[RolloutState]) -> None:
+        """Abort the requests of ``states``' queued frames (their streams end; a later frame opens a new one)."""
+        for state in states:
+            stream = state.cache
+            if isinstance(stream, _Stream) and self._pending.pop(stream.request_id, None) is not None:
+                self._drop_stream(state)
+
+    def release(self, state: RolloutState) -> None:
+        """Close ``state``'s stream (aborted if a frame of it is still queued)."""
+        stream = state.cache
+        if isinstance(stream, _Stream):
+            if self._pending.pop(stream.request_id, None) is not None:
+                self._drop_stream(state)
+            else:
+                self._close_stream(state)
+
+    def close(self) -> None:
+        """Abort open streams, shut the engine down and end the loop thread."""
+        loop = getattr(self, "_loop", None)
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if self.engine is not None:
+                self._call(self._shutdown())
+        finally:
+            self.engine = None
+            self._pending.clear()
+            self._open.clear()
+            self._stop_loop()
+
+    def _close_stream(self, state: RolloutState) -> None:
+        """End the input of ``state``'s stream: vLLM finishes the request and frees its KV (full blocks stay
+        cached)."""
+        stream, state.cache = state.cache, None
+        self._open.pop(stream.request_id, None)
+        self._loop.call_soon_threadsafe(self._feed, stream, None)
+
+    def _drop_stream(self, state: RolloutState) -> None:
+        """Abort ``state``'s stream and wait until vLLM has dropped the request."""
+        stream, state.cache = state.cache, None
+        self._open.pop(stream.request_id, None)
+        self._call(self._abort(stream))
+
+    def _make_room(self) -> None:
+        """Close the least recently used stream without a queued frame if one more would pass ``max_num_seqs``."""
+        if len(self._open) >= self.max_num_seqs:
+            idle = next((s for request_id, s in self._open.items() if request_id not in self._pending), None)
+            if idle is not None:
+                self._close_stream(idle)
+
+    def _call(self, coroutine) -> Any:
+        """Run ``coroutine`` on the loop thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(CALL_TIMEOUT_S)
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(CALL_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    # ------------------------------------------------------------------ loop thread
+
+    def _start(self, stream: _Stream, first: Any, params: Any) -> None:
+        stream.inputs = asyncio.Queue()
+        stream.inputs.put_nowait(first)
+        stream.task = self._loop.create_task(self._run(stream, params))
+        self._streams.add(stream)
+
+    def _feed(self, stream: _Stream, chunk: Any) -> None:
+        if stream.inputs is not None:
+            stream.closing = chunk is None
+            stream.inputs.put_nowait(chunk)
+
+    async def _inputs(self, stream: _Stream):
+        while (chunk := await stream.inputs.get()) is not None:
+            yield chunk
+
+    async def _run(self, stream: _Stream, params: Any) -> None:
+        """Drive one streaming request; hand each frame's ``P`` codes to :meth:`poll` as they complete."""
+        frame = self.layout.image_tokens
+        try:
+            async for output in self.engine.generate(self._inputs(stream), params, stream.request_id):
+                stream.codes.extend(output.outputs[0].token_ids)
+                if len(stream.codes) >= frame:
+                    codes, stream.codes = stream.codes[:frame], stream.codes[frame:]
+                    item = (stream.request_id, np.asarray(codes, dtype=np.int64), self._cached_tokens(output), None)
+                    self._done.put(item)
+            if not stream.closing:  # vLLM ended the request: a frame it owed fails rather than waits forever
+                self._done.put((stream.request_id, None, 0, RuntimeError(f"vLLM ended {stream.request_id} early")))
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001  (raised by poll on the driver thread)
+            self._done.put((stream.request_id, None, 0, err))
+        finally:
+            stream.inputs = None
+            self._streams.discard(stream)
+
+    async def _abort(self, stream: _Stream) -> None:
+        """Cancel ``stream``'s generate() (which aborts its request in vLLM) and wait for it to end."""
+        task = stream.task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _shutdown(self) -> None:
+        for stream in list(self._streams):
+            await self._abort(stream)
+        self.engine.shutdown()
+
+
+__all__ = ["REQUEST_PATHS", "StreamingVLLMBackend", "resolve_requests"]
