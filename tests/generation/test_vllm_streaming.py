@@ -35,6 +35,21 @@ def requests_of_lengths(layout, lengths: list[int], num_context: int = 2, seed: 
             for i, n in enumerate(lengths)]
 
 
+def drain(backend) -> None:
+    """Poll until no frame is queued."""
+    while backend.num_queued:
+        backend.poll()
+
+
+def finish_one_by_one(backend, states) -> None:
+    """Run each state to its end, a frame at a time, then release it."""
+    for state in states:
+        while not state.finished:
+            backend.submit(state, SAMPLED)
+            drain(backend)
+        backend.release(state)
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_streaming_gives_the_per_frame_codes(vllm_backend, vllm_streaming_backend, sampling):
     """Rollouts of different lengths in one batch, the longest past a window rollover (6 frames, overlap 3)."""
@@ -70,21 +85,14 @@ def test_cancel_and_release_leave_the_engine_usable(vllm_backend, vllm_streaming
     states = [backend.start(r, i) for i, r in enumerate(requests)]
     for state in states:  # one frame each: both streams open
         backend.submit(state, SAMPLED)
-    while backend.num_queued:
-        backend.poll()
+    drain(backend)
     for state in states:
         backend.submit(state, SAMPLED)
     backend.cancel(states[:1])  # aborts its stream mid-frame; the state stays at frame 1
     assert states[0].cache is None and backend.num_queued == 1
-    while backend.num_queued:
-        backend.poll()
+    drain(backend)
     backend.release(states[1])  # closes its stream; the next frame opens a new request
-    for state in states:
-        while not state.finished:
-            backend.submit(state, SAMPLED)
-            while backend.num_queued:
-                backend.poll()
-        backend.release(state)
+    finish_one_by_one(backend, states)
     for state, expected in zip(states, want):
         np.testing.assert_array_equal(state.generated(), expected)
     np.testing.assert_array_equal(backend.generate(requests, SAMPLED, progress=False)[0], want[0])
@@ -99,16 +107,10 @@ def test_idle_streams_make_room_for_new_ones(vllm_backend, vllm_streaming_backen
     states = [backend.start(r, i) for i, r in enumerate(requests)]
     for state in states:  # one frame each, one after the other: the first stream is the least recently used
         backend.submit(state, SAMPLED)
-        while backend.num_queued:
-            backend.poll()
+        drain(backend)
     assert states[0].cache is None and all(s.cache is not None for s in states[1:])
     assert len(backend._open) == backend.max_num_seqs
-    for state in states:
-        while not state.finished:
-            backend.submit(state, SAMPLED)
-            while backend.num_queued:
-                backend.poll()
-        backend.release(state)
+    finish_one_by_one(backend, states)
     assert not backend._open
     for state, expected in zip(states, want):
         np.testing.assert_array_equal(state.generated(), expected)
@@ -123,8 +125,7 @@ def test_a_streaming_error_reaches_poll_and_the_engine_goes_on(vllm_streaming_ba
     try:
         backend.submit(state, GREEDY)
         with pytest.raises(ValueError, match="2 frames of action slots but 1 'actions' items"):
-            while backend.num_queued:
-                backend.poll()
+            drain(backend)
     finally:
         del backend.frame_prompt
     assert backend.num_queued == 0 and state.cache is None
