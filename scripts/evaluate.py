@@ -7,8 +7,9 @@
 Everything is rendered on the fly by :mod:`terra.sim` from scene seeds that the training data never used
 (``quality.scene_seed`` / ``adherence.scene_seed`` and up; the scene seeds of the world model's training clips,
 ``numpy.random.default_rng([exclude_training.seed, i])``'s first draw in ``scripts/make_dataset.py``, are
-skipped), so the ground truth is exact. ``domain`` (terra/sim/scene.py: ``day``, the demo models' world, or
-``night``) lights the scenes of both measurements; the same seeds give the same roads in either domain.
+skipped), so the ground truth is exact. ``domain`` (terra/sim/scene.py: ``day``, the demo models' world, ``night``
+or ``left_hand``) sets the scenes of both measurements; the same seeds give the same roads by day and at night,
+and those roads mirrored in ``left_hand``.
 
 This script draws the clips; :mod:`terra.evaluation` measures (details there):
 

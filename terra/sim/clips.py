@@ -129,7 +129,8 @@ def random_drive(rng: np.random.Generator, num_frames: int, domain: str = "day")
     Half are single manoeuvres of :data:`terra.inputs.trajectory.MANOEUVRES`; a quarter drive straight for 0.5-2 s
     and then perform one; a quarter keep their lane along the road's own bends. The start is jittered
     inside the lane (offset and heading) so the model sees the road from varied positions. The draws are the
-    same in every ``domain``: the same ``rng`` gives the same drive by day and by night.
+    same in every ``domain``: the same ``rng`` gives the same drive by day and by night (and its
+    counterpart in the mirrored ``left_hand`` scene, started in the left lane).
     """
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")

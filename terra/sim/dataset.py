@@ -51,8 +51,8 @@ def write_dataset(
 ) -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
 
-    ``workers`` processes render shards in parallel (0 = one per CPU core); ``domain`` (terra/sim/scene.py) lights
-    every clip. Returns the folder.
+    ``workers`` processes render shards in parallel (0 = one per CPU core); ``domain`` (terra/sim/scene.py) is
+    every clip's. Returns the folder.
     """
     check_sizes(num_clips=num_clips, num_frames=num_frames, height=height, width=width,
                 clips_per_shard=clips_per_shard, workers=workers)
@@ -154,7 +154,7 @@ class ClipDataset:
 
     @property
     def domain(self) -> str:
-        """How the clips are lit (terra/sim/scene.py); datasets written before domains existed are day."""
+        """The clips' domain (terra/sim/scene.py); datasets written before domains existed are day."""
         return str(self.meta.get("domain", "day"))
 
     @property

@@ -82,7 +82,7 @@ class Scene:
 
     @classmethod
     def generate(cls, seed: int, length_m: float = 600.0, domain: str = "day") -> "Scene":
-        """Draw a scene from ``seed``: the same seed always gives the same scene, in either domain."""
+        """Draw a scene from ``seed``: the same seed always gives the same scene in a domain."""
         if not (np.isfinite(length_m) and length_m >= 50.0):
             raise TerraInputError(f"scene length_m must be at least 50 m (got {length_m})")
         check_choice(domain, "domain", DOMAINS)
