@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 from contextlib import contextmanager
@@ -73,18 +74,32 @@ def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, lo
     return Path(path)
 
 
+def ffmpeg_exe() -> str:
+    """The ffmpeg binary MP4 output runs (imageio-ffmpeg's, or ``IMAGEIO_FFMPEG_EXE``); one error line when there is
+    none that runs. Imported here, not at module load, so GIF and PNG output work where imageio-ffmpeg is missing;
+    runs check it before any work when MP4 is asked for (terra/config/outputs.py)."""
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise InputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
+    try:
+        exe = imageio_ffmpeg.get_ffmpeg_exe()  # IMAGEIO_FFMPEG_EXE is returned unchecked: which() checks it runs
+    except RuntimeError:  # its binary is missing or not executable (a copy that lost its permissions, say)
+        exe = None
+    if exe is None or shutil.which(exe) is None:
+        raise InputError("MP4 output needs an ffmpeg binary that runs and imageio-ffmpeg found none; reinstall "
+                         "imageio-ffmpeg, point IMAGEIO_FFMPEG_EXE at an ffmpeg, or write GIF/PNG")
+    return exe
+
+
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, quality: float = 8.0) -> Path:
     """H.264 MP4 (yuv420p, by imageio-ffmpeg's ffmpeg binary). Odd sizes are padded by one edge row/column to
     even. ``quality`` is imageio's scale, 1 to 10 (8: CRF 10).
 
     ffmpeg runs here with its messages captured, so a failed encode (a full disk) is one error line naming
-    the file, never a truncated video or ffmpeg's log on stderr. imageio-ffmpeg is imported here, not at
-    module load, so GIF and PNG output work where it is missing.
+    the file, never a truncated video or ffmpeg's log on stderr. The binary is found by :func:`ffmpeg_exe`.
     """
-    try:
-        import imageio_ffmpeg
-    except ImportError:
-        raise InputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
+    exe = ffmpeg_exe()
     frames, fps = check_frames(frames), check_fps(fps)
     pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
     if pad_h or pad_w:
@@ -92,7 +107,7 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, qu
     height, width = frames.shape[1:3]
     crf = int((1 - quality / 10.0) * 51)
     with atomic_output(path) as tmp:
-        command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
+        command = [exe, "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
                    "-s", f"{width}x{height}", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
                    "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", str(crf), "-movflags", "+faststart", str(tmp)]
         # A session of its own: a Ctrl-C meant for this program reaches ffmpeg only through the kill below.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from decoder.writers import check_fps
+from decoder.writers import check_fps, ffmpeg_exe
 from terra.config.checks import TerraInputError, check_flag, shown
 
 MIN_FREE_BYTES = 1 << 20  # an output folder's disk needs at least this much room before any work starts
@@ -27,13 +27,17 @@ FORMATS = ("gif", "mp4", "png")
 def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -> list[str]:
     """Validate ``output.formats`` before any work is done (a single name counts as a list of one).
 
-    ``distinct``: each name at most once (batch rollouts write one file per format and sample).
+    ``distinct``: each name at most once (batch rollouts write one file per format and sample). ``mp4`` needs an
+    ffmpeg that runs (:func:`decoder.writers.ffmpeg_exe`): without one a run would generate and then fail every
+    write.
     """
     formats = [formats] if isinstance(formats, str) else list(formats)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats or (distinct and len(set(formats)) != len(formats)):
         what = "a non-empty list of distinct names from" if distinct else "a non-empty list drawn from"
         raise TerraInputError(f"output.formats {formats} must be {what} {list(FORMATS)}")
+    if "mp4" in formats:
+        ffmpeg_exe()
     return formats
 
 

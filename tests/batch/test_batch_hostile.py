@@ -433,3 +433,16 @@ def test_the_lock_is_taken_once_and_refuses_a_second_holder_in_this_process_too(
         thread.join()
         assert path.exists()
     assert len(refused) == 2 and not (tmp_path / "out").exists()  # the folder it made is gone with the lock
+
+
+def test_mp4_without_an_ffmpeg_that_runs_exits_2_before_generating(hostile, tmp_path, monkeypatch):
+    """A run asked for MP4 where ffmpeg cannot run (here a file that is no program) would generate every rollout
+    and fail every write: it stops at the settings check instead."""
+    stub = tmp_path / "ffmpeg"
+    stub.write_text("not a program")
+    monkeypatch.setitem(ENV, "IMAGEIO_FFMPEG_EXE", str(stub))
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    line = one_error_line(rollout(f"samples={hostile.good}", f"image_root={hostile.root}", f"output.dir={out}",
+                                  "output.formats=[mp4]", cwd=cwd, timeout=120))
+    assert line.startswith("rollout: error: MP4 output needs an ffmpeg") and "IMAGEIO_FFMPEG_EXE" in line, line
+    assert not out.exists() and list(cwd.iterdir()) == []
