@@ -10,9 +10,11 @@ GPU, on a local Ray cluster the run starts), each into a fresh output folder. ``
 like Terra's ACT-Bench generation: 3 context + 44 generated frames per sample, MP4 written.
 
 Per run it reports the wall time of the whole command (engine start-up included) and, from the manifest, the
-generation span: from the earliest sample's start to the last sample written. Samples/s and generated
-frames/s are over that span, so the speed-up compares the rollout work, not start-up; the projected wall time
-of ``--project`` samples (ACT-Bench: 2,286) is the run's start-up plus that many samples at the span's rate.
+span: from the earliest sample's start to the last sample written. Samples/s and generated frames/s are over
+that span, so the speed-up compares the rollout work, not start-up; the projected wall time of ``--project``
+samples (ACT-Bench: 2,286) is the run's start-up plus that many samples at the span's rate. The generation
+(from the same start to the last rollout leaving the engine, the manifest's ``generated_at``) gets its own
+frames/s, and on a GPU the share of it in which a kernel ran (NVML, every 0.5 s; the trace is kept too).
 Writes ``OUT/<run>.json`` and ``OUT/summary.json`` and prints a table::
 
     python scripts/benchmark_rollout.py --executor ray --actors 1,2 --samples 512 --frames 8 --out bench_ray
@@ -36,17 +38,21 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from terra.batch import DEMO, read_manifest
-from terra.config.checks import TerraInputError
-from terra.inputs.trajectory import MANOEUVRES
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
-from terra.models.presets import TERRA
-from terra.sim import sample_frames
-from tokenizer import LFQTokenizer, load_tokenizer
-from tokenizer.atomic import write_text
-from tokenizer.lfq import TERRA_CONFIG
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(ROOT / "scripts"))
+
+from bench.environment import GpuBusyMonitor  # noqa: E402
+from terra.batch import DEMO, read_manifest  # noqa: E402
+from terra.config.checks import TerraInputError  # noqa: E402
+from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
+from terra.models.presets import TERRA  # noqa: E402
+from terra.sim import sample_frames  # noqa: E402
+from tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
+from tokenizer.atomic import write_text  # noqa: E402
+from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
+
 ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 generated, scored as MP4
 
 
@@ -164,7 +170,8 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
     command = [sys.executable, str(ROOT / "scripts" / "rollout.py"), *overrides]
     print(f"[benchmark_rollout] {run_name(args, count)}: {shlex.join(command)}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT)
+    with GpuBusyMonitor() as busy:
+        proc = subprocess.run(command, cwd=ROOT)
     wall = time.perf_counter() - start
     records = read_manifest(run_dir / "manifest.jsonl")
     ok = [r for r in records if r["status"] == "ok"]
@@ -179,10 +186,17 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
     if args.executor == "ray" and summary.is_file():
         row["per_actor"] = json.loads(summary.read_text()).get("actors", {})
     if ok:
-        span = max(r["finished_at"] for r in ok) - min(r["finished_at"] - r["seconds"] for r in ok)
+        first = min(r["finished_at"] - r["seconds"] for r in ok)
+        last, generated = max(r["finished_at"] for r in ok), max(r["generated_at"] for r in ok)
+        span = last - first
         rate = len(ok) / span
         row.update(span_s=span, samples_per_s=rate, frames_per_s=rate * args.frames,
-                   projected_samples=args.project, projected_wall_s=max(wall - span, 0.0) + args.project / rate)
+                   projected_samples=args.project, projected_wall_s=max(wall - span, 0.0) + args.project / rate,
+                   generation_s=generated - first, generated_frames_per_s=len(ok) * args.frames / (generated - first),
+                   gpu_busy_pct_generation=busy.busy_pct(first, generated), gpu_busy_pct_span=busy.busy_pct(first, last))
+    if busy.trace:  # seconds since the command started, utilisation %
+        t0 = busy.trace[0][0] - busy.period_s
+        row["gpu_busy_trace"] = [[round(t - t0, 1), u] for t, u in busy.trace]
     return row
 
 

@@ -11,7 +11,7 @@ are compared (they must be equal: one code path). Examples::
     python scripts/benchmark_sessions.py                                     # CPU: demo model, Transformers
     python scripts/benchmark_sessions.py --decode --sessions 1               # latency with RGB decoding
     python scripts/benchmark_sessions.py --model terra --backend vllm --sessions 1,16,64 --frames 16 --batch \\
-        --out bench/sessions_h100.json                                       # GPU: Terra's shape, random bf16
+        --requests streaming --out bench/sessions_h100.json                  # GPU: Terra's shape, random bf16
 
 ``--model terra`` writes only Terra's config.json and lets vLLM initialise random weights
 (``load_format=dummy``); ``--model tiny`` is a toy model for smoke runs; a folder is a real checkpoint.
@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--max-num-seqs", type=int, help="vLLM: sequences per step (default: the largest N)")
+    parser.add_argument("--requests", choices=("auto", "streaming", "per_frame"),
+                        help="vLLM's request path (backend.options.requests; default per_frame)")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--sessions must be comma-separated whole numbers (got {args.sessions!r})")
     if min(args.sessions) < 1 or args.frames < 1 or args.num_context < 1:
         parser.error("--sessions, --frames and --num-context must be at least 1")
+    if args.requests and args.backend != "vllm":
+        parser.error(f"--requests picks vLLM's request path; it needs --backend vllm (got {args.backend})")
     return args
 
 
@@ -77,6 +81,8 @@ def build_host(args: argparse.Namespace, folder: Path) -> SessionHost:
     options = {}
     if args.backend == "vllm":
         options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
+        if args.requests:
+            options["requests"] = args.requests
     if args.model in ("terra", "tiny"):
         config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
         if args.backend == "vllm":  # config.json only; the engine makes up the weights

@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from types import ModuleType
 from typing import Any
@@ -99,3 +100,39 @@ class GpuMemoryMonitor:
         if self.nvml is None:
             return {"gpu_peak_used_gb": None, "gpu_baseline_used_gb": None}
         return {"gpu_peak_used_gb": self.peak / 1e9, "gpu_baseline_used_gb": self.baseline / 1e9}
+
+
+class GpuBusyMonitor:
+    """GPU 0's utilisation (NVML: the share of the last sample period in which any kernel ran) every ``period_s``
+    seconds, with Unix times, so a run's busy share can be taken over the span its manifest names; vLLM's
+    engine process counts too. Without NVML it records nothing."""
+
+    def __init__(self, period_s: float = 0.5) -> None:
+        self.nvml = GpuMemoryMonitor._nvml() if torch.cuda.is_available() else None
+        self.period_s = period_s
+        self.trace: list[tuple[float, int]] = []  # (Unix time, utilisation %)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.nvml is not None:
+            self.nvml.nvmlInit()
+            self.handle = self.nvml.nvmlDeviceGetHandleByIndex(0)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.trace.append((time.time(), int(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)))
+
+    def __enter__(self) -> "GpuBusyMonitor":
+        if self.nvml is not None:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def busy_pct(self, start: float, end: float) -> float | None:
+        """Mean utilisation of the samples taken between the Unix times ``start`` and ``end``; None if none."""
+        values = [u for t, u in self.trace if start <= t <= end]
+        return sum(values) / len(values) if values else None

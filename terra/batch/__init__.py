@@ -45,7 +45,8 @@ Outputs (under ``output_dir``)
 * Manifest: ``manifest.jsonl`` (``manifest.shard-<i>-of-<n>.jsonl`` when sharded), rewritten by every run, one
   record per sample as it finishes: ``sample_id``, ``line``, ``file``, ``status`` (``ok`` | ``failed`` |
   ``skipped`` = already complete), ``stage`` of a failure (``parse`` | ``input`` | ``generate`` | ``write``),
-  ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time).
+  ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time); an ``ok`` record also has
+  ``generate_s`` and ``generated_at`` (Unix time its rollout left the engine, before decoding and writing).
   ``<manifest stem>.summary.json`` holds the counts. Malformed lines are recorded as failed with stage ``parse``
   (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
 * While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.batch.lock`): a second run of the

@@ -96,9 +96,9 @@ class _Writer:
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
     def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> None:
-        self.pool.submit(self._write, prepared, generated, generate_s)
+        self.pool.submit(self._write, prepared, generated, generate_s, time.time())
 
-    def _write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> None:
+    def _write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, generated_at: float) -> None:
         item = prepared.item
         try:
             files = self.write(prepared, generated, generate_s)
@@ -107,7 +107,7 @@ class _Writer:
                                     seconds=time.perf_counter() - prepared.started))
             return
         self.emit(sample_record(item.sample, "ok", seconds=time.perf_counter() - prepared.started, seed=item.seed,
-                                files=files, generate_s=round(generate_s, 3)))
+                                files=files, generate_s=round(generate_s, 3), generated_at=round(generated_at, 3)))
 
     def write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> list[str]:
         """Decode context + generated codes and write the sample's files; return them relative to output_dir."""

@@ -232,6 +232,9 @@ def test_benchmark_compares_actor_counts_and_projects_actbench(tmp_path):
     assert (run["executor"], run["actors"], run["ok"], run["failed"], run["gpus_used"]) == ("ray", 2, 4, 0, ["cpu"])
     assert sum(a["ok"] for a in run["per_actor"].values()) == 4
     assert run["projected_wall_s"] == pytest.approx(run["wall_s"] - run["span_s"] + 2286 / run["samples_per_s"])
+    # the generation ends when the last rollout leaves the engine, before its files are written; no GPU, no busy share
+    assert 0 < run["generation_s"] < run["span_s"] and run["generated_frames_per_s"] > run["frames_per_s"]
+    assert run["gpu_busy_pct_generation"] is None and "gpu_busy_trace" not in run
     assert len(list((out / "run_ray2").glob("*.mp4"))) == 4 and "ray x2" in proc.stdout
 
 

@@ -97,8 +97,11 @@ def run(backend: FakeBackend, count: int, max_concurrent: int) -> list[dict]:
 
 def test_slots_are_refilled_as_rollouts_finish(fakes):
     backend = FakeBackend()
+    started = time.time()
     records = run(backend, 12, max_concurrent=3)
     assert sorted((r["sample"], r["status"]) for r in records) == [(i, "failed" if i == 5 else "ok") for i in range(12)]
+    # an ok record says when its rollout left the engine (benchmarks take the generation's span from it)
+    assert all(started <= r["generated_at"] <= time.time() for r in records if r["status"] == "ok")
     assert next(r for r in records if r["sample"] == 5) | {"seconds": 0} == {
         "sample": 5, "status": "failed", "error": "ValueError: unreadable frame", "stage": "input", "seed": 5,
         "seconds": 0}

@@ -24,5 +24,8 @@ def test_bad_arguments():
     bench = load_script("benchmark_sessions")
     with pytest.raises(SystemExit):
         bench.parse_args(["--sessions", "1,x"])
+    with pytest.raises(SystemExit):  # a request path is vLLM's
+        bench.parse_args(["--requests", "streaming"])
+    assert bench.parse_args(["--backend", "vllm", "--requests", "streaming"]).requests == "streaming"
     with pytest.raises(bench.TerraInputError, match="--backend vllm"):
         bench.main(["--model", "terra", "--backend", "hf"])
