@@ -6,11 +6,14 @@ cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' los
 rollout GIF is written (terra/training/preview.py); every ``ckpt_every`` steps, when ``max_minutes`` is spent and
 on SIGTERM the run checkpoints (terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
 ``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
-merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are.
+merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are. With
+``export.best`` every validation that lowers the held-out loss (the one before the first step included) rewrites
+``best/`` the same way, so a run that overfits still leaves the weights it was best at.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
@@ -35,6 +38,8 @@ from tokenizer.atomic import atomic_dir
 
 CHECKPOINT_DIR = "checkpoint"
 EXPORT_DIR = "model"
+BEST_DIR = "best"
+BEST_FILE = "best.json"  # in best/: the step and validation loss of its weights
 ADAPTER_DIR = "adapter"
 SAMPLES_DIR = "samples"
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -161,7 +166,22 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     budget_s = math.inf if spec.max_minutes is None else spec.max_minutes * 60.0
     sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
     interval_start, reason, last = time.perf_counter(), "max_steps", {}
+    best = _best_val_loss(out) if step > 0 else math.inf
+
+    def validate() -> dict[str, float]:
+        nonlocal best
+        scores = _validate(trainee, data, val, processes)
+        if spec.export_best and scores["val_loss"] < best:  # every process scored the same clips: all agree
+            best = scores["val_loss"]
+            export(spec, trainee, processes, BEST_DIR, {"step": step, **scores})
+        return scores
+
     try:
+        if step == 0 and val:  # where the run starts from: every later validation reads against this row
+            first = {"step": 0, **validate()}
+            if log is not None:
+                log.write(first)
+            interval_start = time.perf_counter()
         while step < spec.max_steps:
             ids, acts = sampler.sample(spec.batch_size)
             mine = slice(processes.rank * trainee.micro_batch * trainee.accumulation,
@@ -183,7 +203,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                         "tokens_per_s": totals[2] / processes.world_size * spec.batch_size * positions / elapsed,
                         "time_s": time.perf_counter() - start}
                 if evaluate and val:
-                    last.update(_validate(trainee, data, val, processes))
+                    last.update(validate())
                     if preview:
                         _preview(spec, trainee, tokenizer, data, val[0], processes,
                                  out / SAMPLES_DIR / f"step{step:07d}.gif")
@@ -203,10 +223,13 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
         signal.signal(signal.SIGTERM, previous)
     summary = {"step": step, "max_steps": spec.max_steps, "stopped": reason,
                **{k: v for k, v in last.items() if k != "step"}}
+    if spec.export_best and (out / BEST_DIR / BEST_FILE).is_file():
+        summary["best"] = json.loads((out / BEST_DIR / BEST_FILE).read_text())
     if step >= spec.max_steps:
         summary["export"] = str(export(spec, trainee, processes))
         if processes.main:
-            print(f"training finished at step {step}; exported {out / EXPORT_DIR}")
+            kept = f"; {out / BEST_DIR} holds step {summary['best']['step']}" if "best" in summary else ""
+            print(f"training finished at step {step}; exported {out / EXPORT_DIR}{kept}")
     elif processes.main:
         print(f"stopped at step {step}/{spec.max_steps} ({reason}); run the same command again to resume")
     return summary
@@ -278,16 +301,26 @@ def _preview(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, c
     barrier(processes)
 
 
-def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
+def export(spec: TrainSpec, trainee: Trainee, processes: Processes, name: str = EXPORT_DIR,
+           best: dict[str, float] | None = None) -> Path:
     """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, for LoRA with ``export.adapter``,
-    ``adapter/`` (PEFT's unmerged adapter), atomically."""
-    target = spec.output_dir / EXPORT_DIR
+    ``adapter/`` (PEFT's unmerged adapter), atomically; or, with ``best`` (its step and scores), the same model
+    as ``best/`` with :data:`BEST_FILE` beside its weights."""
+    target = spec.output_dir / name
     model = trained_model(trainee, processes, EXPORT_DTYPES[spec.export_dtype])
     if model is not None:
         with atomic_dir(target) as folder:
             model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
-        if trainee.peft is not None and spec.export_adapter:
+            if best is not None:
+                (folder / BEST_FILE).write_text(json.dumps(best) + "\n")
+        if best is None and trainee.peft is not None and spec.export_adapter:
             with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
                 trainee.peft.save_pretrained(folder)
     barrier(processes)
     return target
+
+
+def _best_val_loss(out: Path) -> float:
+    """The validation loss of a resumed run's ``best/`` (infinity when it has none)."""
+    path = out / BEST_DIR / BEST_FILE
+    return float(json.loads(path.read_text())["val_loss"]) if path.is_file() else math.inf

@@ -56,10 +56,11 @@ class RunLog:
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
-    """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further)."""
+    """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further); a
+    run that starts at step 0 has no checkpoint and starts its log anew (its step-0 validation row included)."""
     if not path.is_file():
         return
     rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] <= step]
+    kept = [line for line in rows if json.loads(line)["step"] <= step] if step > 0 else []
     if len(kept) < len(rows):
         write_text(path, "".join(line + "\n" for line in kept))

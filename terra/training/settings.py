@@ -119,6 +119,7 @@ class TrainSpec:
     export_dtype: str
     export_max_shard_size: str
     export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
+    export_best: bool  # also keep best/: the export at the lowest validation loss so far
 
 
 def train_spec(cfg: DictConfig) -> TrainSpec:
@@ -166,6 +167,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         export_dtype=check_choice(select(cfg, "export.dtype"), "export.dtype", EXPORT_DTYPES),
         export_max_shard_size=str(select(cfg, "export.max_shard_size")),
         export_adapter=check_flag(select(cfg, "export.adapter"), "export.adapter"),
+        export_best=check_flag(select(cfg, "export.best"), "export.best"),
     )
 
 

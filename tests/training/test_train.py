@@ -19,6 +19,7 @@ from terra.sim.tokens import load_tokens
 from terra.training import data as training_data
 from terra.training.objective import FusedHeadLoss, HeadLoss, softmax_step, target_positions
 from terra.training.run import train as run_training
+from terra.training.runlog import RunLog
 from terra.training.settings import train_spec
 from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
 
@@ -100,12 +101,17 @@ def test_fused_head_loss_computes_only_the_gradients_needed():
 def test_training_lowers_the_loss_and_exports(tokens, tmp_path):
     summary = train(train_config(tokens, tmp_path, "train.max_steps=40"))
     assert summary["step"] == 40 and summary["stopped"] == "max_steps"
-    rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    start, *rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert set(start) == {"step", "val_loss", "val_acc"} and start["step"] == 0  # validation before the first step
     assert [r["step"] for r in rows] == list(range(5, 45, 5))
     assert rows[0]["loss"] < np.log(217) + 0.5
     assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
     assert rows[-1]["acc"] > rows[0]["acc"] + 0.2
-    assert "val_loss" in rows[-1] and rows[-1]["val_loss"] < rows[0]["loss"]
+    assert "val_loss" in rows[-1] and rows[-1]["val_loss"] < min(rows[0]["loss"], start["val_loss"])
+    best = json.loads((tmp_path / "best" / "best.json").read_text())  # export.best: the lowest validation kept
+    lowest = min((r for r in [start, *rows] if "val_loss" in r), key=lambda r: r["val_loss"])
+    assert best == {"step": lowest["step"], "val_loss": lowest["val_loss"], "val_acc": lowest["val_acc"]}
+    assert summary["best"] == best
     model = LlamaActionForCausalLM.from_pretrained(tmp_path / "model")
     assert model.config.num_image_patches == 15 and model.config.vocab_size == 217
     assert model.config.num_spatio_embeddings == 21 and model.config.num_temporal_embeddings == 4
@@ -125,7 +131,7 @@ def test_resumed_training_equals_uninterrupted_training(tokens, tmp_path):
     part = train(train_config(tokens, tmp_path / "parts", "train.max_steps=4", "train.max_minutes=0"))
     assert part["step"] == whole["step"] == 4
     steps = [json.loads(line)["step"] for line in (tmp_path / "parts" / "train_log.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]  # every stop logs its interval; no step twice
+    assert steps == [0, 1, 2, 3, 4]  # the start's validation, then every stop's interval; no step twice
     a = LlamaActionForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
     b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
     for key in a:
@@ -141,7 +147,7 @@ def test_resume_drops_log_rows_after_the_checkpoint_and_checks_the_shape(tokens,
     summary = train(train_config(tokens, tmp_path, "train.max_steps=12", "train.log_every=1",
                                               "train.max_minutes=0"))
     assert state["step"] == 1 and summary["step"] == 2
-    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0, 1, 2]
     with pytest.raises(TerraInputError, match="another network shape"):
         train(train_config(tokens, tmp_path, "train.max_steps=12", "net.hidden_size=128",
                                         "net.num_attention_heads=2", "net.num_key_value_heads=2"))
@@ -177,3 +183,11 @@ def test_bad_settings_raise_one_line_errors(tokens, tmp_path, override, match):
     with pytest.raises(TerraInputError, match=match) as err:
         train(train_config(tokens, tmp_path, "train.max_steps=1", override))
     assert "\n" not in str(err.value)
+
+
+def test_a_run_log_keeps_rows_up_to_its_checkpoint_and_starts_anew_without_one(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    for start, kept in ((1, [0, 1]), (0, [])):  # resumed at step 1 / started again with no checkpoint
+        log.write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 1, 5)))
+        RunLog(tmp_path, start, 10, tensorboard=False, progress=False).close()
+        assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == kept
