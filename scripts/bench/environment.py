@@ -39,20 +39,19 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
-class GpuMemoryMonitor:
-    """Peak device memory in use, from NVML every 20 ms: it sees vLLM's engine process too, not just ours."""
+class _NvmlPoller:
+    """Reads NVML for the first visible GPU every ``period_s`` seconds on a thread while the ``with`` block runs
+    (:meth:`_sample`); does nothing where NVML or the GPU is missing (``nvml`` is None)."""
 
-    def __init__(self, device: str) -> None:
-        self.nvml = self._nvml() if device.startswith("cuda") else None
-        self.peak = 0
-        self.baseline: int | None = None
+    def __init__(self, enabled: bool, period_s: float) -> None:
+        self.nvml = self._nvml() if enabled else None
+        self.period_s = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self.nvml is not None:
             self.nvml.nvmlInit()
             index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
             self.handle = self.nvml.nvmlDeviceGetHandleByIndex(int(index) if index.isdigit() else 0)
-            self.baseline = self._used()
 
     @staticmethod
     def _nvml() -> ModuleType | None:
@@ -65,6 +64,34 @@ class GpuMemoryMonitor:
             except ImportError:
                 return None
         return pynvml
+
+    def _sample(self) -> None:
+        raise NotImplementedError
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def __enter__(self) -> "_NvmlPoller":
+        if self.nvml is not None:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+
+
+class GpuMemoryMonitor(_NvmlPoller):
+    """Peak device memory in use, from NVML every 20 ms: it sees vLLM's engine process too, not just ours."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__(device.startswith("cuda"), 0.02)
+        self.peak = 0
+        self.baseline: int | None = self._used() if self.nvml is not None else None
 
     @classmethod
     def gpu_name(cls) -> str | None:
@@ -79,21 +106,8 @@ class GpuMemoryMonitor:
     def _used(self) -> int:
         return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
 
-    def _poll(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._used())
-
-    def __enter__(self) -> "GpuMemoryMonitor":
-        if self.nvml is not None:
-            self._thread = threading.Thread(target=self._poll, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, self._used())
+    def _sample(self) -> None:
+        self.peak = max(self.peak, self._used())
 
     def report(self) -> dict[str, float | None]:
         """Peak and baseline (before the part) device memory in use, in GB; None without NVML."""
@@ -102,35 +116,17 @@ class GpuMemoryMonitor:
         return {"gpu_peak_used_gb": self.peak / 1e9, "gpu_baseline_used_gb": self.baseline / 1e9}
 
 
-class GpuBusyMonitor:
-    """GPU 0's utilisation (NVML: the share of the last sample period in which any kernel ran) every ``period_s``
+class GpuBusyMonitor(_NvmlPoller):
+    """GPU utilisation (NVML: the share of the last sample period in which any kernel ran) every ``period_s``
     seconds, with Unix times, so a run's busy share can be taken over the span its manifest names; vLLM's
     engine process counts too. Without NVML it records nothing."""
 
     def __init__(self, period_s: float = 0.5) -> None:
-        self.nvml = GpuMemoryMonitor._nvml() if torch.cuda.is_available() else None
-        self.period_s = period_s
+        super().__init__(torch.cuda.is_available(), period_s)
         self.trace: list[tuple[float, int]] = []  # (Unix time, utilisation %)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if self.nvml is not None:
-            self.nvml.nvmlInit()
-            self.handle = self.nvml.nvmlDeviceGetHandleByIndex(0)
 
-    def _poll(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.trace.append((time.time(), int(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)))
-
-    def __enter__(self) -> "GpuBusyMonitor":
-        if self.nvml is not None:
-            self._thread = threading.Thread(target=self._poll, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
+    def _sample(self) -> None:
+        self.trace.append((time.time(), int(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)))
 
     def busy_pct(self, start: float, end: float) -> float | None:
         """Mean utilisation of the samples taken between the Unix times ``start`` and ``end``; None if none."""
