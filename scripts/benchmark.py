@@ -18,6 +18,10 @@ Parts:
 * ``profile`` ``vllm`` with vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): its
               single-stream speed, then where one decode step's time goes: vLLM's scheduler, model runner,
               sampler and output processing timed on the CPU, and the GPU's kernel time (torch.profiler).
+* ``boundary`` the engine core in this process too: ``--compare-batch-sizes``' first count of rollouts, ``--context``
+              frames, ``--batched-frames`` generated in lockstep; where the wall time goes: our request building,
+              vLLM's input processing and hashing, its scheduler, model runner, sampler, output processing, waiting
+              for the GPU (bench/profiling.py ``boundary_split``), and NVML's GPU busy share.
 * ``e2e``     one rollout of ``--context`` + ``--batched-frames`` frames through :class:`WorldModelPipeline`
               with a random Terra-sized LFQ tokenizer (or ``--tokenizer``): encode, generate, decode, MP4;
               plus the tokenizer's encode/decode frames/s at its full size (288x512 for Terra).
@@ -75,7 +79,7 @@ def run_parent(argv: list[str], args: argparse.Namespace) -> dict[str, str]:
     failures: dict[str, str] = {}
     for name in args.part_names:
         print(f"[benchmark] part {name}: {PARTS[name].description}", flush=True)
-        env = dict(os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if PARTS[name].profile else {}))
+        env = dict(os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if PARTS[name].in_process else {}))
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--worker", name], env=env)
         try:
             rc = proc.wait(timeout=args.part_timeout)

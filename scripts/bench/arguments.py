@@ -56,8 +56,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for flag in ("context", "single_frames", "hf_frames", "batched_frames", "greedy_frames"):
         if getattr(args, flag) < 1:
             raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
-    if args.requests == "streaming" and "profile" in args.part_names:
-        raise TerraInputError("the profile part times the synchronous engine's steps; run it with --requests per_frame")
+    timed = [name for name in args.part_names if PARTS[name].in_process]
+    if args.requests == "streaming" and timed:
+        raise TerraInputError(f"the {' and '.join(timed)} part(s) time the synchronous engine's steps; run them with "
+                              "--requests per_frame")
     if args.model and args.tiny:
         raise TerraInputError("--model and --tiny exclude each other; drop one")
     for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):

@@ -15,7 +15,7 @@ from bench.engine_stats import CallTimer, kv_bytes_per_token, prefix_summary
 from bench.environment import GpuMemoryMonitor, environment
 from bench.models import read_layout
 from bench.parts import GREEDY, PARTS, SAMPLING, Part
-from bench.profiling import profile_steps
+from bench.profiling import boundary_split, profile_steps
 from bench.rollouts import make_requests, timed_generate
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
@@ -103,6 +103,8 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
         out["single"] = measured(1, args.hf_frames if part.backend == "hf" else args.single_frames, seed=0)
     if part.profile:
         out["profile"] = profile_steps(backend, layout, args)
+    if part.boundary:
+        out["boundary"] = boundary_split(backend, layout, args)
     out["batched"] = []
     for b in sizes:
         out["batched"].append(measured(b, args.batched_frames, seed=1000 * b))

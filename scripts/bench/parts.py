@@ -23,6 +23,12 @@ class Part:
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None  # overrides --gpu-memory-utilization on a GPU
     profile: bool = False  # per-step CPU/GPU breakdown of a single-stream frame; runs vLLM's engine core in-process
+    boundary: bool = False  # where a batched run's time goes (frame boundaries included); engine core in-process
+
+    @property
+    def in_process(self) -> bool:
+        """Its engine core runs in the measuring process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), to be timed."""
+        return self.profile or self.boundary
 
 
 PARTS: dict[str, Part] = {
@@ -33,6 +39,7 @@ PARTS: dict[str, Part] = {
     "batched": Part("terra", "vLLM, CUDA graphs, bf16 KV", batch_sizes="batch", greedy=True),
     "fp8": Part("terra", "vLLM, CUDA graphs, FP8 KV", batch_sizes="compare", greedy=True, kv_cache_dtype="fp8"),
     "profile": Part("terra", "vLLM, engine core in-process, profiled", single=True, profile=True),
+    "boundary": Part("terra", "vLLM, engine core in-process, a batched run's time split", boundary=True),
     # The tokenizer shares the GPU with the engine; one rollout's KV cache needs well under 1 GB.
     "e2e": Part("e2e", "pipeline: encode + generate + decode + MP4", gpu_memory_utilization=0.5),
 }

@@ -121,6 +121,12 @@ def table(records: dict[str, dict], failures: dict[str, str]) -> str:
         lines.append("  CPU: " + ", ".join(f"{k} {v:.3f} ms" for k, v in prof["cpu_ms_per_token"].items()))
         for k in prof.get("top_kernels", []):
             lines.append(f"  GPU {k['ms_per_token']:.3f} ms ({k['calls_per_token']:.0f}x) {k['name']}")
+    split = records.get("boundary", {}).get("boundary")
+    if split:
+        busy = "" if split["gpu_busy_pct"] is None else f", GPU busy {split['gpu_busy_pct']:.0f} %"
+        lines.append(f"boundary (engine core in-process): {split['rollouts']} rollouts x {split['frames_per_rollout']} "
+                     f"frames after {split['context']}, {split['frames_per_s']:.2f} frames/s{busy}; share of the wall time:")
+        lines.append("  " + ", ".join(f"{k} {v:.1f} %" for k, v in split["share_pct"].items()))
     e2e = records.get("e2e", {})
     if "e2e" in e2e:
         t, e = e2e["tokenizer"], e2e["e2e"]

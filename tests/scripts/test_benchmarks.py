@@ -173,6 +173,15 @@ def test_profile_record_in_table(bench):
     assert "CPU: scheduler.schedule 0.100 ms, rest 1.900 ms" in text and "GPU 0.400 ms (1x) gemv" in text
 
 
+def test_boundary_record_in_table(bench):
+    env = {"gpu": "GPU X", "cpu": "x86", "torch": "2", "vllm": "0.26.0", "transformers": "5", "date_utc": "today"}
+    split = {"rollouts": 256, "context": 3, "frames_per_rollout": 22, "frames_per_s": 21.5, "gpu_busy_pct": 78.0,
+             "share_pct": {"ours: frame_prompt (request building)": 4.25, "vLLM: rest of engine.step": 60.0}}
+    text = bench.table({"boundary": {"description": "b", "env": env, "boundary": split}}, {})
+    assert "boundary (engine core in-process): 256 rollouts x 22 frames after 3, 21.50 frames/s, GPU busy 78 %" in text
+    assert "ours: frame_prompt (request building) 4.2 %, vLLM: rest of engine.step 60.0 %" in text
+
+
 @pytest.mark.slow
 def test_rollout_benchmark_runs_a_jsonl_and_reports_span(tmp_path):
     """scripts/benchmark_rollout.py end to end on the CPU: samples written, one rollout run, rates from the manifest."""
@@ -202,6 +211,8 @@ def test_benchmark_picks_the_request_path(bench):
     assert bench.parse_args(["--device", "cpu", "--requests", "streaming", "--parts", "vllm"]).requests == "streaming"
     with pytest.raises(TerraInputError, match="profile part"):
         bench.parse_args(["--device", "cpu", "--requests", "streaming", "--parts", "vllm,profile"])
+    with pytest.raises(TerraInputError, match="the profile and boundary part"):
+        bench.parse_args(["--device", "cpu", "--requests", "streaming", "--parts", "profile,boundary"])
 
 
 @pytest.mark.slow
