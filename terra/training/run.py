@@ -173,7 +173,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
         scores = _validate(trainee, data, val, processes)
         if spec.export_best and scores["val_loss"] < best:  # every process scored the same clips: all agree
             best = scores["val_loss"]
-            export(spec, trainee, processes, BEST_DIR, {"step": step, **scores})
+            export_best(spec, trainee, processes, {"step": step, **scores})
         return scores
 
     try:
@@ -301,23 +301,36 @@ def _preview(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, c
     barrier(processes)
 
 
-def export(spec: TrainSpec, trainee: Trainee, processes: Processes, name: str = EXPORT_DIR,
-           best: dict[str, float] | None = None) -> Path:
+def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
     """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, for LoRA with ``export.adapter``,
-    ``adapter/`` (PEFT's unmerged adapter), atomically; or, with ``best`` (its step and scores), the same model
-    as ``best/`` with :data:`BEST_FILE` beside its weights."""
-    target = spec.output_dir / name
-    model = trained_model(trainee, processes, EXPORT_DTYPES[spec.export_dtype])
-    if model is not None:
-        with atomic_dir(target) as folder:
-            model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
-            if best is not None:
-                (folder / BEST_FILE).write_text(json.dumps(best) + "\n")
-        if best is None and trainee.peft is not None and spec.export_adapter:
-            with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
-                trainee.peft.save_pretrained(folder)
+    ``adapter/`` (PEFT's unmerged adapter), atomically."""
+    target = spec.output_dir / EXPORT_DIR
+    if _write_model(spec, trainee, processes, target) and trainee.peft is not None and spec.export_adapter:
+        with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
+            trainee.peft.save_pretrained(folder)
     barrier(processes)
     return target
+
+
+def export_best(spec: TrainSpec, trainee: Trainee, processes: Processes, scores: dict[str, float]) -> None:
+    """Write ``best/``: the current weights as :func:`export` writes ``model/``, with :data:`BEST_FILE` (``scores``:
+    the step and its validation) beside them."""
+    _write_model(spec, trainee, processes, spec.output_dir / BEST_DIR, scores)
+    barrier(processes)
+
+
+def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target: Path,
+                 scores: dict[str, float] | None = None) -> bool:
+    """The trained model in Terra's layout at ``target``, atomically, with ``scores`` as :data:`BEST_FILE` when
+    given; a collective call (a sharded model is gathered). True on the process that wrote it."""
+    model = trained_model(trainee, processes, EXPORT_DTYPES[spec.export_dtype])
+    if model is None:
+        return False
+    with atomic_dir(target) as folder:
+        model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
+        if scores is not None:
+            (folder / BEST_FILE).write_text(json.dumps(scores) + "\n")
+    return True
 
 
 def _best_val_loss(out: Path) -> float:
