@@ -166,14 +166,15 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     budget_s = math.inf if spec.max_minutes is None else spec.max_minutes * 60.0
     sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
     interval_start, reason, last = time.perf_counter(), "max_steps", {}
-    best = _best_val_loss(out) if step > 0 else math.inf
+    best = _saved_best(out) if spec.export_best and step > 0 else None  # best/'s step and scores so far
 
     def validate() -> dict[str, float]:
         nonlocal best
         scores = _validate(trainee, data, val, processes)
-        if spec.export_best and scores["val_loss"] < best:  # every process scored the same clips: all agree
-            best = scores["val_loss"]
-            export_best(spec, trainee, processes, {"step": step, **scores})
+        # every process scored the same clips: all agree on an improvement
+        if spec.export_best and (best is None or scores["val_loss"] < best["val_loss"]):
+            best = {"step": step, **scores}
+            export_best(spec, trainee, processes, best)
         return scores
 
     try:
@@ -223,8 +224,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
         signal.signal(signal.SIGTERM, previous)
     summary = {"step": step, "max_steps": spec.max_steps, "stopped": reason,
                **{k: v for k, v in last.items() if k != "step"}}
-    if spec.export_best and (out / BEST_DIR / BEST_FILE).is_file():
-        summary["best"] = json.loads((out / BEST_DIR / BEST_FILE).read_text())
+    if best is not None:
+        summary["best"] = best
     if step >= spec.max_steps:
         summary["export"] = str(export(spec, trainee, processes))
         if processes.main:
@@ -333,7 +334,7 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
     return True
 
 
-def _best_val_loss(out: Path) -> float:
-    """The validation loss of a resumed run's ``best/`` (infinity when it has none)."""
+def _saved_best(out: Path) -> dict[str, float] | None:
+    """The step and scores of a resumed run's ``best/`` (None when it has none)."""
     path = out / BEST_DIR / BEST_FILE
-    return float(json.loads(path.read_text())["val_loss"]) if path.is_file() else math.inf
+    return json.loads(path.read_text()) if path.is_file() else None
