@@ -12,6 +12,10 @@ from bench.parts import PARTS
 from terra.config.checks import TerraInputError
 from terra.generation.backends import resolve_device
 
+# Engine arguments set from flags of their own (bench/backends.py engine_settings); --engine-arg sets any other,
+# the parts' own kv_cache_dtype and enforce_eager included.
+FLAGGED_ENGINE_ARGS = {"dtype": "--dtype", "max_num_seqs": "--max-num-seqs",
+                       "gpu_memory_utilization": "--gpu-memory-utilization"}
 DESCRIPTION = "Speed of Terra's world model: Transformers vs vLLM, single stream and batched, on one GPU."
 
 
@@ -70,6 +74,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise TerraInputError(f"--engine-arg {item!r} is not KEY=VALUE; e.g. --engine-arg async_scheduling=true")
+        if key in FLAGGED_ENGINE_ARGS:
+            raise TerraInputError(f"--engine-arg {key} has its own flag; use {FLAGGED_ENGINE_ARGS[key]} instead")
         args.engine_kwargs[key] = yaml.safe_load(value)
     args.device = resolve_device(args.device)
     if args.dtype == "auto":

@@ -23,6 +23,14 @@ def memory_share(part: Part, args: argparse.Namespace) -> float:
     return args.gpu_memory_utilization
 
 
+def engine_settings(part: Part, args: argparse.Namespace) -> dict:
+    """The vLLM engine arguments of a part: the command line's dtype and sizes, the part's own settings, and
+    ``--engine-arg`` over those (e.g. ``kv_cache_dtype=fp8`` for a part that runs a bf16 KV cache by default)."""
+    own = dict(enforce_eager=part.enforce_eager, enable_prefix_caching=True, kv_cache_dtype=part.kv_cache_dtype)
+    return dict(dtype=args.dtype, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=memory_share(part, args),
+                **{**own, **args.engine_kwargs})
+
+
 def build_backend(part: Part, args: argparse.Namespace) -> WorldModelBackend:
     """The backend of one part, with random weights unless ``--model``."""
     terra_dir, plain_dir = model_dirs(args)
@@ -35,15 +43,7 @@ def build_backend(part: Part, args: argparse.Namespace) -> WorldModelBackend:
         with torch.device(args.device):  # random init straight on the GPU: no 8 GB fp32 copy on the host
             model = LlamaActionForCausalLM._from_config(read_config(args), dtype=dtype)
         return HFBackend(model, device=args.device, dtype=dtype)
-    engine = dict(
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        gpu_memory_utilization=memory_share(part, args),
-        enforce_eager=part.enforce_eager,
-        enable_prefix_caching=True,
-        kv_cache_dtype=part.kv_cache_dtype,
-        **args.engine_kwargs,
-    )
+    engine = engine_settings(part, args)
     if kind == "plain":  # always random weights: speed does not depend on their values
         return PlainLlamaBackend(str(plain_dir), read_config(args), load_format="dummy", **engine)
     terra = StreamingVLLMBackend if args.requests == "streaming" else VLLMBackend  # --requests

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from bench.backends import build_backend, memory_share
+from bench.backends import build_backend, engine_settings
 from bench.e2e import measure_e2e
 from bench.engine_stats import CallTimer, kv_bytes_per_token, prefix_summary
 from bench.environment import GpuMemoryMonitor, environment
@@ -26,17 +26,18 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
     """Build the part's backend, run its measurements, return its record (the worker writes it)."""
     part = PARTS[name]
     layout = read_layout(args)
+    engine = engine_settings(part, args)
     record: dict[str, Any] = {"part": name, "description": part.description}
     record["settings"] = {
         "model": args.model or ("tiny random" if args.tiny else "Terra shape, random weights"),
         "dtype": args.dtype, "context_frames": args.context, "tokens_per_frame": layout.image_tokens,
-        "enforce_eager": part.enforce_eager, "kv_cache_dtype": part.kv_cache_dtype,
+        "enforce_eager": engine["enforce_eager"], "kv_cache_dtype": engine["kv_cache_dtype"],
         "sampling": dataclasses.asdict(SAMPLING),
     }
     if part.backend == "e2e":
         record["settings"]["backend"] = args.e2e_backend
     if part.backend in ("terra", "plain") or (part.backend == "e2e" and args.e2e_backend == "vllm"):
-        record["settings"].update(max_num_seqs=args.max_num_seqs, gpu_memory_utilization=memory_share(part, args),
+        record["settings"].update(max_num_seqs=args.max_num_seqs, gpu_memory_utilization=engine["gpu_memory_utilization"],
                                   engine_kwargs=args.engine_kwargs,
                                   requests="per_frame" if part.backend == "plain" else args.requests)
     monitor = GpuMemoryMonitor(args.device)
@@ -64,7 +65,7 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
     if engine is not None:
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
-        per_token = kv_bytes_per_token(engine.vllm_config.model_config.hf_config, part.kv_cache_dtype, args.dtype)
+        per_token = kv_bytes_per_token(engine.vllm_config.model_config.hf_config, cache.cache_dtype, args.dtype)
         longest = args.context + max(args.single_frames, args.batched_frames if sizes else 0)
         out["engine"] = {
             "block_size": cache.block_size, "kv_cache_blocks": cache.num_gpu_blocks, "kv_cache_tokens": tokens,

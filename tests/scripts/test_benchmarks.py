@@ -96,8 +96,10 @@ def test_bad_arguments_give_one_line_and_exit_2(benchmark, capsys):
     assert benchmark.main(["--parts", "hf,warp"]) == 2
     assert benchmark.main(["--batch-sizes", "8,x"]) == 2
     assert benchmark.main(["--engine-arg", "async_scheduling"]) == 2
+    assert benchmark.main(["--engine-arg", "gpu_memory_utilization=0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and "warp" in err[0] and "--batch-sizes" in err[1] and "KEY=VALUE" in err[2]
+    assert len(err) == 4 and "warp" in err[0] and "--batch-sizes" in err[1] and "KEY=VALUE" in err[2]
+    assert "use --gpu-memory-utilization" in err[3]
     assert "Traceback" not in "".join(err)
 
 
@@ -105,6 +107,20 @@ def test_engine_args_are_parsed_as_yaml(bench):
     args = bench.parse_args(["--engine-arg", "async_scheduling=true", "--engine-arg", "block_size=32", "--device", "cpu"])
     assert args.engine_kwargs == {"async_scheduling": True, "block_size": 32}
     assert args.max_num_seqs == 64 and args.dtype == "float32"
+
+
+def test_engine_args_override_a_parts_own_settings(bench):
+    """``--engine-arg kv_cache_dtype=fp8`` runs a bf16-KV part (boundary) on FP8, as ACT-Bench-shaped runs do;
+    the flags' values stay."""
+    from bench.backends import engine_settings
+    from bench.parts import PARTS
+
+    args = bench.parse_args(["--engine-arg", "kv_cache_dtype=fp8", "--engine-arg", "max_num_batched_tokens=8192",
+                             "--max-num-seqs", "256", "--device", "cpu"])
+    engine = engine_settings(PARTS["boundary"], args)
+    assert engine["kv_cache_dtype"] == "fp8" and engine["max_num_batched_tokens"] == 8192
+    assert engine["max_num_seqs"] == 256 and engine["dtype"] == "float32" and engine["enforce_eager"] is False
+    assert engine_settings(PARTS["boundary"], bench.parse_args(["--device", "cpu"]))["kv_cache_dtype"] == "auto"
 
 
 def test_prefix_summary_ignores_window_starts(bench):
