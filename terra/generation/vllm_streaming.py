@@ -82,6 +82,8 @@ class StreamingVLLMBackend(VLLMBackend):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from terra.vllm import compat
+
         self._done: queue.SimpleQueue = queue.SimpleQueue()  # (request id, codes | None, cached, error | None)
         self._error: BaseException | None = None
         self._streams: set[_Stream] = set()  # running generate(), loop thread only
@@ -89,7 +91,10 @@ class StreamingVLLMBackend(VLLMBackend):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="terra-vllm-streaming", daemon=True)
         self._thread.start()
-        args = {"disable_log_stats": True, **engine_args}  # as vllm.LLM
+        # As vllm.LLM, and a stream's tokens handed over once a frame (vLLM's stream_interval: a chunk's end always
+        # flushes), not one at a time: the loop thread wakes once per frame, not once per code.
+        args = {"disable_log_stats": True, **compat.supported_engine_kwargs(stream_interval=self.layout.image_tokens),
+                **engine_args}
 
         async def build() -> Any:  # on the loop: the engine's client binds to the loop it is created on
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))

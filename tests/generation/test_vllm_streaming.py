@@ -70,6 +70,8 @@ def test_streaming_gives_the_per_frame_codes(vllm_backend, vllm_streaming_backen
         assert not np.array_equal(other, ours[1])
 
     assert len(stats) == sum(lengths)
+    # a stream's codes reach the loop thread a frame at a time (the chunk's end flushes them), not one by one
+    assert vllm_streaming_backend.engine.vllm_config.scheduler_config.stream_interval == layout.image_tokens
     windows = [len(vllm_streaming_backend.start(r).windows) for r in requests]
     assert windows == [3, 1, 2] and sum(s.window_start for s in stats) == sum(windows)  # a request per window
     for s in stats:
