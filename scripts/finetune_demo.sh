@@ -12,15 +12,15 @@
 #
 # Environment: RUN (work folder, default runs/left_hand), PY (python), DOMAIN (the new domain: left_hand | night;
 # night needs a tokenizer trained on night frames, MODEL_CARD.md says why), NEW_CLIPS, DAY_CLIPS, FRAMES (logs),
-# STEPS (optimizer steps per run; each run keeps best/, its weights at the lowest validation loss, and the
-# evaluation reads those), JOBS (evaluations at once), EXTRA / EVAL_EXTRA (more Hydra overrides for
+# STEPS (optimizer steps per run; each run keeps best/, its weights at the highest PSNR of greedy rollouts of 8
+# validation clips, and the evaluation reads those), JOBS (evaluations at once), EXTRA / EVAL_EXTRA (more Hydra overrides for
 # training / evaluation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DOMAIN=${DOMAIN:-left_hand}
 RUN=${RUN:-runs/$DOMAIN}
 PY=${PY:-python}
-STEPS=${STEPS:-500}
+STEPS=${STEPS:-1000}
 JOBS=${JOBS:-4}
 EXTRA=${EXTRA:-}
 EVAL_EXTRA=${EVAL_EXTRA:-}
@@ -54,15 +54,15 @@ train() {
     *) echo "train: NAME must be one of: $RUNS" >&2; exit 2 ;;
   esac
   "$PY" scripts/train_world_model.py init="$BASE" data.tokens="$RUN/shards_$data" output_dir="$RUN/$name" \
-    "${args[@]}" train.batch_size=32 train.max_steps="$STEPS" train.warmup_steps=50 train.eval_every=50 \
-    train.ckpt_every=500 train.log_every=50 $EXTRA
+    "${args[@]}" train.batch_size=32 train.max_steps="$STEPS" train.warmup_steps=50 train.eval_every=100 \
+    train.ckpt_every=500 train.log_every=50 sample.clips=8 export.best_by=val_psnr $EXTRA
 }
 
 evaluate() {
   local jobs=() model name domain
   for name in base $RUNS; do
     model=$BASE
-    [ "$name" = base ] || model="$RUN/$name/best"  # the run's weights at its lowest validation loss
+    [ "$name" = base ] || model="$RUN/$name/best"  # the run's weights at its best validation rollouts
     [ -f "$model/config.json" ] || continue
     for domain in day "$DOMAIN"; do
       "$PY" scripts/evaluate.py model.world_model="$model" domain="$domain" out_dir="$RUN/eval/${name}_$domain" \

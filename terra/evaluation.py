@@ -29,13 +29,12 @@ import torch
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
-from terra.metrics import psnr, ssim
+from terra.metrics import PSNR_CAP_DB, psnr, ssim
 from terra.sim import Clip
 
 if TYPE_CHECKING:
     from terra.pipeline import WorldModelPipeline
 
-PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; averages use this instead
 TARGET_STEPS = 10  # the PSNR target covers the first 10 generated frames
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; averages use this instead
+
 
 def psnr(frames: np.ndarray, reference: np.ndarray) -> list[float]:
     """Per-frame PSNR in dB of uint8 ``frames [T, H, W, 3]`` against ``reference`` of the same shape."""

@@ -1,9 +1,11 @@
-"""A sample rollout while training: the first validation clip's opening frames as context, its actions, the
-model's greedy continuation beside the clip's own frames, as one GIF in the run folder (``samples/``)."""
+"""Validation rollouts while training: the opening frames of a few validation clips as context, their actions, the
+model's greedy continuation. Their PSNR against the clips (``val_psnr``) scores the run on what a world model is
+used for, and the first clip beside its rollout is written as a GIF in the run folder (``samples/``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -12,6 +14,7 @@ from decoder.writers import write_grid
 from terra.config.sampling import SamplingConfig
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
+from terra.metrics import PSNR_CAP_DB, psnr
 from terra.models import LlamaActionForCausalLM
 from terra.pipeline import WorldModelPipeline
 from terra.training.data import ClipSet
@@ -20,17 +23,23 @@ from tokenizer.atomic import atomic_path
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-def write_preview(path: Path, model: LlamaActionForCausalLM, tokenizer, clips: ClipSet, clip: int, frames: int,
-                  num_context: int, device: torch.device) -> Path:
-    """Roll ``model`` out over ``clips[clip]``'s first ``frames`` frames from ``num_context`` of them; write the
-    clip (left) and the rollout (right) side by side to ``path``, atomically."""
-    codes, actions = clips.window(clip, 0, frames)
+def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, clips: ClipSet, ids: Sequence[int],
+                        frames: int, num_context: int, device: torch.device) -> float:
+    """Roll ``model`` out over the first ``frames`` frames of each clip in ``ids`` from ``num_context`` of them;
+    return the mean PSNR (dB) of the generated frames against the clips' own (both decoded by ``tokenizer``),
+    and write the first clip (left) beside its rollout (right) to ``path``, atomically."""
     grid = tokenizer.grid_shape
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     pipeline = WorldModelPipeline(tokenizer, HFBackend(model, device, dtype), str(device))
-    request = RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context, seed=0)
-    (result,) = pipeline.generate([request], GREEDY, progress=False)
-    truth = pipeline.decode(codes.numpy().astype(np.int64).reshape(frames, *grid))
+    windows = [clips.window(clip, 0, frames) for clip in ids]
+    requests = [RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context,
+                               seed=0) for codes, actions in windows]
+    results = pipeline.generate(requests, GREEDY, progress=False)
+    scores, first = [], None
+    for (codes, _), result in zip(windows, results):
+        truth = pipeline.decode(codes.numpy().astype(np.int64).reshape(frames, *grid))
+        scores.extend(min(v, PSNR_CAP_DB) for v in psnr(result.frames[num_context:], truth[num_context:]))
+        first = first if first is not None else (truth, result.frames)
     with atomic_path(path) as tmp:
-        write_grid(tmp, [truth, result.frames])
-    return path
+        write_grid(tmp, list(first))
+    return float(np.mean(scores))

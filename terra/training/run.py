@@ -2,13 +2,15 @@
 
 Each step draws ``batch_size`` windows (the same on every process; each takes its slice), runs them in
 micro-batches of ``micro_batch_size`` with gradients accumulated, clips the gradient norm and steps AdamW on a
-cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged and a sample
-rollout GIF is written (terra/training/preview.py); every ``ckpt_every`` steps, when ``max_minutes`` is spent and
+cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged, and greedy rollouts of
+a few of them are scored (``val_psnr``) with the first written as a GIF (terra/training/preview.py); every
+``ckpt_every`` steps, when ``max_minutes`` is spent and
 on SIGTERM the run checkpoints (terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
 ``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
 merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are. With
-``export.best`` every validation that lowers the held-out loss (the one before the first step included) rewrites
-``best/`` the same way, so a run that overfits still leaves the weights it was best at.
+``export.best`` every validation that improves on ``export.best_by`` (a lower loss, or a higher rollout PSNR; the
+validation before the first step included) rewrites ``best/`` the same way, so a run that overfits still leaves
+the weights it was best at.
 """
 
 from __future__ import annotations
@@ -144,8 +146,13 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
         from tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
-    if spec.sample_gif and val and not preview and processes.main:
-        print(f"no sample rollouts: the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here")
+    if spec.sample_gif and val and not preview:
+        missing = f"the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here"
+        if spec.export_best and spec.best_by == "val_psnr":
+            raise TerraInputError(f"export.best_by=val_psnr scores validation rollouts, and {missing}; "
+                                  "use export.best_by=val_loss")
+        if processes.main:
+            print(f"no sample rollouts: {missing}")
     config = trainee.loss.lm.config
     positions = trainee.frames * config.num_spatio_embeddings
     trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -171,8 +178,11 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     def validate() -> dict[str, float]:
         nonlocal best
         scores = _validate(trainee, data, val, processes)
-        # every process scored the same clips: all agree on an improvement
-        if spec.export_best and (best is None or scores["val_loss"] < best["val_loss"]):
+        if preview:
+            scores["val_psnr"] = _rollouts(spec, trainee, tokenizer, data, val[:spec.sample_clips], processes,
+                                           out / SAMPLES_DIR / f"step{step:07d}.gif")
+        # every process has the same scores: all agree on an improvement
+        if spec.export_best and (best is None or _improves(scores, best, spec.best_by)):
             best = {"step": step, **scores}
             export_best(spec, trainee, processes, best)
         return scores
@@ -205,9 +215,6 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                         "time_s": time.perf_counter() - start}
                 if evaluate and val:
                     last.update(validate())
-                    if preview:
-                        _preview(spec, trainee, tokenizer, data, val[0], processes,
-                                 out / SAMPLES_DIR / f"step{step:07d}.gif")
                 if log is not None:
                     log.write(last)
                 sums.zero_()
@@ -290,16 +297,23 @@ def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):
     return standalone_model(source, full_state, trainee.loss.lm.config, dtype)
 
 
-def _preview(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, clip: int, processes: Processes,
-             path: Path) -> None:
-    """A sample rollout GIF of a validation clip (terra/training/preview.py), written by the main process."""
+def _rollouts(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, clips: list[int],
+              processes: Processes, path: Path) -> float:
+    """The validation rollouts' PSNR (terra/training/preview.py), run by the main process and shared with every
+    process; the first clip's GIF written to ``path``."""
     model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
+    score = torch.zeros(1, device=processes.device)
     if model is not None:
-        from terra.training.preview import write_preview
+        from terra.training.preview import validation_rollouts
 
         context = min(spec.sample_context, trainee.frames - 1)
-        write_preview(path, model, tokenizer, data.val, clip, trainee.frames, context, processes.device)
-    barrier(processes)
+        score += validation_rollouts(path, model, tokenizer, data.val, clips, trainee.frames, context, processes.device)
+    return float(all_sum(score, processes).item())
+
+
+def _improves(scores: dict[str, float], best: dict[str, float], metric: str) -> bool:
+    """Whether ``scores`` beat ``best`` on ``metric``: a lower ``val_loss``, a higher ``val_psnr``."""
+    return scores[metric] < best[metric] if metric == "val_loss" else scores[metric] > best[metric]
 
 
 def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:

@@ -27,6 +27,7 @@ from terra.config.checks import Range, TerraInputError, check_choice, check_flag
 from terra.config.snapshot import checkpoint_path
 
 FINETUNE_MODES = ("full", "lora")
+BEST_METRICS = ("val_loss", "val_psnr")  # what best/ keeps the best of: the lowest val_loss, the highest val_psnr
 PRECISIONS = ("auto", "bf16", "fp32")
 EXPORT_DTYPES = ("bfloat16", "float32")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
@@ -59,6 +60,7 @@ TRAIN_RANGES = {
     "train.loss_chunk": Range(1, 10**7, 2048, whole=True),
     "data.val_clips": Range(0, 10**7, 32, whole=True),
     "sample.num_context": Range(1, 1023, 3, whole=True),
+    "sample.clips": Range(1, 10**5, 4, whole=True),
 }
 LORA_RANGES = {
     "lora.rank": Range(1, 4096, 16, whole=True),
@@ -114,12 +116,14 @@ class TrainSpec:
     attn_implementation: str
     compile: bool
     tensorboard: bool
-    sample_gif: bool  # a rollout GIF of a validation clip at every evaluation
+    sample_gif: bool  # validation rollouts at every evaluation: val_psnr, and the first as a GIF
     sample_context: int
+    sample_clips: int  # validation clips rolled out
     export_dtype: str
     export_max_shard_size: str
     export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
-    export_best: bool  # also keep best/: the export at the lowest validation loss so far
+    export_best: bool  # also keep best/: the export at the best validation score so far
+    best_by: str  # that score: val_loss (lowest) | val_psnr (highest; needs sample_gif)
 
 
 def train_spec(cfg: DictConfig) -> TrainSpec:
@@ -139,6 +143,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     if not isinstance(data, str) or not Path(data).exists():
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
                               "(scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)")
+    sample_gif = check_flag(select(cfg, "sample.gif"), "sample.gif")
     return TrainSpec(
         data=data, val_clips=values["data.val_clips"], output_dir=Path(str(select(cfg, "output_dir"))),
         resume=check_flag(select(cfg, "resume"), "resume"), init=init,
@@ -162,13 +167,23 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
                                          ATTENTION),
         compile=check_flag(select(cfg, "train.compile"), "train.compile"),
         tensorboard=check_flag(select(cfg, "train.tensorboard"), "train.tensorboard"),
-        sample_gif=check_flag(select(cfg, "sample.gif"), "sample.gif"),
-        sample_context=values["sample.num_context"],
+        sample_gif=sample_gif,
+        sample_context=values["sample.num_context"], sample_clips=values["sample.clips"],
         export_dtype=check_choice(select(cfg, "export.dtype"), "export.dtype", EXPORT_DTYPES),
         export_max_shard_size=str(select(cfg, "export.max_shard_size")),
         export_adapter=check_flag(select(cfg, "export.adapter"), "export.adapter"),
         export_best=check_flag(select(cfg, "export.best"), "export.best"),
+        best_by=_best_by(cfg, sample_gif),
     )
+
+
+def _best_by(cfg: DictConfig, sample_gif: bool) -> str:
+    """``export.best_by``; ``val_psnr`` needs the validation rollouts (``sample.gif``)."""
+    metric = check_choice(select(cfg, "export.best_by"), "export.best_by", BEST_METRICS)
+    if metric == "val_psnr" and not sample_gif:
+        raise TerraInputError("export.best_by=val_psnr scores the validation rollouts, which sample.gif=false turns "
+                              "off; set sample.gif=true or export.best_by=val_loss")
+    return metric
 
 
 def _init_folder(cfg: DictConfig) -> str | None:

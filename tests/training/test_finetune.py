@@ -95,6 +95,29 @@ def test_lora_lowers_the_loss_and_exports_merged_weights_and_the_adapter(shards,
     assert (tmp_path / "tensorboard").is_dir() and list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     gif = iio.imread(tmp_path / "samples" / "step0000030.gif", index=None)
     assert gif.shape[0] == 4 and gif.shape[2] == 2 * 256 + 4  # 4 frames: the clip | the rollout, 4 px apart
+    assert (tmp_path / "samples" / "step0000000.gif").is_file()  # the starting model's rollout, for comparison
+    assert 5 < start["val_psnr"] < 60 and all(5 < r["val_psnr"] < 60 for r in rows if "val_loss" in r)
+
+
+def test_best_by_rollout_psnr_keeps_the_highest_scoring_weights(shards, tmp_path):
+    """``export.best_by=val_psnr``: best/ holds the weights of the validation with the highest rollout PSNR, which
+    re-scored from best/ itself gives the same number."""
+    summary = train(finetune_config(shards, tmp_path, "train.max_steps=8", "train.eval_every=2", "sample.clips=2",
+                                    "export.best_by=val_psnr", "train.tensorboard=false"))
+    scored = {r["step"]: r["val_psnr"] for r in log_rows(tmp_path) if "val_psnr" in r}
+    assert list(scored) == [0, 2, 4, 6, 8]
+    top = max(scored, key=scored.get)
+    best = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert best["step"] == top and best["val_psnr"] == scored[top] and summary["best"] == best
+    assert set(best) == {"step", "val_loss", "val_acc", "val_psnr"}
+    from terra.training.data import load_training_data
+    from terra.training.preview import validation_rollouts
+
+    data = load_training_data(str(shards), 0)
+    model = LlamaActionForCausalLM.from_pretrained(tmp_path / "best").eval()
+    again = validation_rollouts(tmp_path / "again.gif", model, load_tokenizer(DEMO_TOKENIZER), data.val, [0, 1], 4, 3,
+                                torch.device("cpu"))
+    assert again == pytest.approx(best["val_psnr"], abs=1e-6)
 
 
 def test_full_finetune_from_the_model_group_checkpoints_and_resumes(shards, tmp_path):
@@ -146,11 +169,13 @@ def test_lora_resumed_equals_uninterrupted(shards, tmp_path):
     ("lora.target_modules=[]", "lora.target_modules must be a list"),
     ("init=/nonexistent", "init='/nonexistent' is not a folder"),
     ("train.batch_size=6", r"train.batch_size=6 must split evenly into 1 process\(es\) x micro-batches of 4"),
+    ("export.best_by=val_acc", "unknown export.best_by .val_acc.; choose one of: val_loss, val_psnr"),
+    ("sample.gif=false export.best_by=val_psnr", "which sample.gif=false turns off; set sample.gif=true"),
 ])
 def test_bad_finetune_settings_are_one_line(shards, tmp_path, override, match):
     with pytest.raises(TerraInputError, match=match) as err:
         train(finetune_config(shards, tmp_path, "finetune=lora", "train.max_steps=1", "train.micro_batch_size=4",
-                              override))
+                              *override.split()))
     assert "\n" not in str(err.value) and not (tmp_path / "model").exists()
 
 
