@@ -4,8 +4,8 @@ Each step draws ``batch_size`` windows (the same on every process; each takes it
 micro-batches of ``micro_batch_size`` with gradients accumulated, clips the gradient norm and steps AdamW on a
 cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged, and greedy rollouts of
 a few of them are scored (``val_psnr``) with the first written as a GIF (terra/training/preview.py); every
-``ckpt_every`` steps, when ``max_minutes`` is spent and
-on SIGTERM the run checkpoints (terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
+``ckpt_every`` steps, when ``max_minutes`` is spent and on SIGTERM the run checkpoints
+(terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
 ``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
 merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are. With
 ``export.best`` every validation that improves on ``export.best_by`` (a lower loss, or a higher rollout PSNR; the

@@ -187,6 +187,20 @@ def test_shards_of_another_tokenizer_are_refused(tmp_path):
         train(finetune_config(folder, tmp_path / "out", "train.max_steps=1"))
 
 
+def test_rollout_scores_without_the_tokenizer_are_refused(shards, tmp_path):
+    """Shards whose tokenizer folder is gone: best/ by val_psnr cannot be kept, one line before any step."""
+    moved = tmp_path / "shards"
+    moved.mkdir()
+    for file in shards.iterdir():
+        (moved / file.name).write_bytes(file.read_bytes())
+    index = json.loads((moved / "index.json").read_text())
+    (moved / "index.json").write_text(json.dumps({**index, "tokenizer": str(tmp_path / "gone")}))
+    with pytest.raises(TerraInputError, match="export.best_by=val_psnr scores validation rollouts, and the data's "
+                                              "tokenizer .*gone is not a folder here; use export.best_by=val_loss"):
+        train(finetune_config(moved, tmp_path / "out", "train.max_steps=1", "export.best_by=val_psnr"))
+    assert not (tmp_path / "out" / "best").exists()
+
+
 def run_script(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     done = subprocess.run(args, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
