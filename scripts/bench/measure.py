@@ -37,7 +37,8 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
     if part.backend == "e2e":
         record["settings"]["backend"] = args.e2e_backend
     if part.backend in ("terra", "plain") or (part.backend == "e2e" and args.e2e_backend == "vllm"):
-        record["settings"].update(max_num_seqs=args.max_num_seqs, gpu_memory_utilization=engine["gpu_memory_utilization"],
+        record["settings"].update(max_num_seqs=args.max_num_seqs,
+                                  gpu_memory_utilization=engine["gpu_memory_utilization"],
                                   engine_kwargs=args.engine_kwargs,
                                   requests="per_frame" if part.backend == "plain" else args.requests)
     monitor = GpuMemoryMonitor(args.device)
