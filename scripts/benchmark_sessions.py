@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from terra.config.backend import REQUEST_PATHS
 from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
 from terra.generation.backends import create_backend
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--max-num-seqs", type=int, help="vLLM: sequences per step (default: the largest N)")
-    parser.add_argument("--requests", choices=("auto", "streaming", "per_frame"),
+    parser.add_argument("--requests", choices=REQUEST_PATHS,
                         help="vLLM's request path (backend.options.requests; default per_frame)")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)

@@ -29,17 +29,14 @@ def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, cl
     return the mean PSNR (dB) of the generated frames against the clips' own (both decoded by ``tokenizer``),
     and write the first clip (left) beside its rollout (right) to ``path``, atomically."""
     grid = tokenizer.grid_shape
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    pipeline = WorldModelPipeline(tokenizer, HFBackend(model, device, dtype), str(device))
+    pipeline = WorldModelPipeline(tokenizer, HFBackend(model, device, model.dtype), str(device))
     windows = [clips.window(clip, 0, frames) for clip in ids]
     requests = [RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context,
                                seed=0) for codes, actions in windows]
-    results = pipeline.generate(requests, GREEDY, progress=False)
-    scores, first = [], None
-    for (codes, _), result in zip(windows, results):
-        truth = pipeline.decode(codes.numpy().astype(np.int64).reshape(frames, *grid))
-        scores.extend(min(v, PSNR_CAP_DB) for v in psnr(result.frames[num_context:], truth[num_context:]))
-        first = first if first is not None else (truth, result.frames)
+    rollouts = [result.frames for result in pipeline.generate(requests, GREEDY, progress=False)]
+    truths = [pipeline.decode(codes.numpy().astype(np.int64).reshape(frames, *grid)) for codes, _ in windows]
+    scores = [min(v, PSNR_CAP_DB) for rollout, truth in zip(rollouts, truths)
+              for v in psnr(rollout[num_context:], truth[num_context:])]
     with atomic_path(path) as tmp:
-        write_grid(tmp, list(first))
+        write_grid(tmp, [truths[0], rollouts[0]])
     return float(np.mean(scores))

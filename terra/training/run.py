@@ -41,7 +41,7 @@ from tokenizer.atomic import atomic_dir
 CHECKPOINT_DIR = "checkpoint"
 EXPORT_DIR = "model"
 BEST_DIR = "best"
-BEST_FILE = "best.json"  # in best/: the step and validation loss of its weights
+BEST_FILE = "best.json"  # in best/: the step and validation scores of its weights
 ADAPTER_DIR = "adapter"
 SAMPLES_DIR = "samples"
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
