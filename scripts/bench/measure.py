@@ -61,13 +61,12 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
 def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: argparse.Namespace) -> dict:
     """The part's timings on an already built backend (warm-up first, then fresh contexts per measurement)."""
     out: dict[str, Any] = {}
-    engine = getattr(backend, "engine", None)  # the per-frame path's synchronous engine
+    engine = getattr(backend, "engine", None)
     sizes = {"batch": args.batch_list, "compare": args.compare_list}.get(part.batch_sizes, [])
-    if hasattr(backend, "engine_configs"):  # a vLLM backend: its first engine (--requests streaming: of several)
-        config = backend.engine_configs()[0]
-        cache = config.cache_config
+    if engine is not None:
+        cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
-        per_token = kv_bytes_per_token(config.model_config.hf_config, cache.cache_dtype, args.dtype)
+        per_token = kv_bytes_per_token(engine.vllm_config.model_config.hf_config, cache.cache_dtype, args.dtype)
         longest = args.context + max(args.single_frames, args.batched_frames if sizes else 0)
         out["engine"] = {
             "block_size": cache.block_size, "kv_cache_blocks": cache.num_gpu_blocks, "kv_cache_tokens": tokens,

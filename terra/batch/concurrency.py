@@ -32,30 +32,27 @@ def engine_options(config: BatchConfig, spec: RunSpec) -> dict[str, Any]:
 
 
 def kv_cache_rollouts(pipeline: WorldModelPipeline, window_frames: int) -> int | None:
-    """Rollouts of ``window_frames`` frames the vLLM engines' KV caches hold at once, summed over the backend's
-    engines (None: not a vLLM backend, or an engine that does not report its cache)."""
-    configs = getattr(pipeline.backend, "engine_configs", None)
-    if configs is None:
+    """Rollouts of ``window_frames`` frames the vLLM engine's KV cache holds at once (None: not a vLLM engine,
+    or it does not report its cache)."""
+    engine = getattr(pipeline.backend, "engine", None)
+    cache = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
+    blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    if not blocks or not block_size:
         return None
-    tokens = window_frames * pipeline.backend.layout.frame_span
-    fits = 0
-    for config in configs():
-        cache = getattr(config, "cache_config", None)
-        blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
-        if not blocks or not block_size:
-            return None
-        fits += int(blocks) // math.ceil(tokens / int(block_size))
-    return max(1, fits)
+    layout = pipeline.backend.layout
+    tokens = window_frames * layout.frame_span
+    return max(1, int(blocks) // math.ceil(tokens / int(block_size)))
 
 
 def resolve_max_concurrent(config: BatchConfig, pipeline: WorldModelPipeline, longest: int) -> int:
-    """Rollouts in flight on ``pipeline``'s engines: ``config.max_concurrent``, or for ``auto`` what the KV caches
-    hold for windows of the run's longest rollout (``longest`` generated frames), capped by ``max_num_seqs``."""
+    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` what the KV cache
+    holds for windows of the run's longest rollout (``longest`` generated frames), capped by ``max_num_seqs``."""
     if config.max_concurrent != "auto":
         return int(config.max_concurrent)
     window_frames = min(pipeline.backend.layout.max_frames, config.num_context + longest)
     fits = kv_cache_rollouts(pipeline, window_frames)
     if fits is None:
         return AUTO_FALLBACK
-    seqs = sum(int(c.scheduler_config.max_num_seqs) for c in pipeline.backend.engine_configs())
-    return max(1, min(fits, seqs))
+    engine = pipeline.backend.engine
+    seqs = getattr(getattr(engine.vllm_config, "scheduler_config", None), "max_num_seqs", None) or fits
+    return max(1, min(fits, int(seqs)))

@@ -32,9 +32,6 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "block_size": Range(1, 1024, 16, whole=True),
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
         "requests": REQUEST_PATHS,
-        # vLLM engines sharing the device, each with its own engine-core process (streaming requests only):
-        # terra/generation/vllm_streaming.py says when more than one pays
-        "engines": Range(1, 16, 1, whole=True),
     },
 }
 BACKENDS = ("auto", *BACKEND_OPTIONS)
@@ -71,7 +68,4 @@ def check_backend(name: Any, options: Any) -> tuple[str, dict]:
         elif not isinstance(value, rule) or (rule is not bool and isinstance(value, bool)):
             kind = "true or false" if rule is bool else "a name"
             raise TerraInputError(f"{setting} must be {kind} (got {shown(value)})")
-    if options.get("engines", 1) > 1 and options.get("requests", "per_frame") == "per_frame":
-        raise TerraInputError(f"backend.options.engines={options['engines']} runs streaming requests only; add "
-                              "backend.options.requests=streaming (or auto), or set engines=1")
     return name, options

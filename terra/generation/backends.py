@@ -79,11 +79,7 @@ def create_backend(
         from terra.generation.vllm_streaming import StreamingVLLMBackend, resolve_requests
 
         options = dict(options)
-        requests = options.pop("requests", "per_frame")
-        streaming = resolve_requests(requests) == "streaming"
-        if not streaming and options.pop("engines", 1) > 1:  # requests=auto on a vLLM without streaming input
-            raise TerraInputError(f"backend.options.engines > 1 needs vLLM's streaming-input requests, which "
-                                  f"requests={requests} did not give here; set engines=1")
+        streaming = resolve_requests(options.pop("requests", "per_frame")) == "streaming"
         backend_class = StreamingVLLMBackend if streaming else VLLMBackend
         build = lambda: backend_class(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:

@@ -151,11 +151,6 @@ class VLLMBackend(WorldModelBackend):
     def name(self) -> str:
         return "vLLM"
 
-    def engine_configs(self) -> list[Any]:
-        """The ``VllmConfig`` of each engine this backend runs (one here), as vLLM resolved it: KV cache blocks,
-        ``max_num_seqs`` and the rest."""
-        return [self.engine.vllm_config]
-
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
         return {"limit_mm_per_prompt": {"actions": self.layout.max_frames}}

@@ -16,13 +16,6 @@ vLLM counts a paused stream (waiting for its next chunk) against ``max_num_seqs`
 when a new stream would exceed ``max_num_seqs`` the least recently used stream without a queued frame is closed
 first (an idle closed-loop session, say); its next frame opens a new request, served by the prefix cache.
 
-``engines`` > 1 runs that many engines on the one device, each with its own engine-core process (scheduler, model
-runner, output processing) and ``1/engines`` of ``gpu_memory_utilization``, ``max_num_seqs`` and
-``kv_cache_memory_bytes``. vLLM's engine core is one Python thread whose work per step grows with the requests it
-runs; with hundreds of rollouts on a fast GPU that work, not the GPU, sets the pace (BENCHMARKS.md, "ACT-Bench's
-shape"), and two engine cores do it side by side while the GPU runs the other's step. A rollout stays on the engine
-its first frame went to (its home, kept by forks too), so its prefix-cache entries are where its next request looks.
-
 Every chunk carries the frame's own :func:`~terra.generation.vllm_backend.frame_seed`;
 :func:`terra.vllm.compat.reseed_streaming_updates` makes vLLM's V1 model runner honour it, so the same seeds give
 the same codes on both paths. The asyncio engine runs on an event loop in a thread this backend owns;
@@ -33,10 +26,8 @@ queues, and a stream's delta outputs are gathered on the loop until a frame's ``
 from __future__ import annotations
 
 import asyncio
-import math
 import queue
 import threading
-import weakref
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -70,9 +61,8 @@ def resolve_requests(requests: str) -> str:
 class _Stream:
     """One open streaming request: the current window of one rollout (kept in its state's ``cache``)."""
 
-    def __init__(self, request_id: str, engine: int) -> None:
+    def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        self.engine = engine  # index into the backend's engines
         self.inputs: asyncio.Queue | None = None  # StreamingInput chunks, then None (loop thread only)
         self.task: asyncio.Task | None = None  # runs generate() (loop thread only)
         self.codes: list[int] = []  # sampled codes not yet handed over (loop thread only)
@@ -81,17 +71,12 @@ class _Stream:
 
 
 class StreamingVLLMBackend(VLLMBackend):
-    """:class:`VLLMBackend` (same arguments, plus ``engines``) on vLLM's asyncio engine with streaming-input requests.
+    """:class:`VLLMBackend` (same arguments) on vLLM's asyncio engine with streaming-input requests.
 
-    :attr:`engines` are the ``AsyncLLM`` instances (one unless ``engines`` > 1); they are only touched on the loop
-    thread. :attr:`frame_stats` counts for a frame after a window's first the window prompt so far as its prompt,
-    of which all but the new chunk's tokens were kept in the stream's KV (cached); a window's first frame reports
-    the prefix cache's hits.
+    :attr:`engine` is the ``AsyncLLM``; it is only touched on the loop thread. :attr:`frame_stats` counts for a
+    frame after a window's first the window prompt so far as its prompt, of which all but the new chunk's
+    tokens were kept in the stream's KV (cached); a window's first frame reports the prefix cache's hits.
     """
-
-    def __init__(self, model_path: str, engines: int = 1, **kwargs: Any) -> None:
-        self.num_engines = engines  # checked at the edge (terra/config/backend.py)
-        super().__init__(model_path, **kwargs)
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -102,34 +87,23 @@ class StreamingVLLMBackend(VLLMBackend):
         self._done: queue.SimpleQueue = queue.SimpleQueue()  # (request id, codes | None, cached, error | None)
         self._error: BaseException | None = None
         self._streams: set[_Stream] = set()  # running generate(), loop thread only
-        # per engine: request id -> state of its open streams, least recently used first
-        self._open: list[OrderedDict[str, RolloutState]] = [OrderedDict() for _ in range(self.num_engines)]
-        self._home: weakref.WeakKeyDictionary[RolloutState, int] = weakref.WeakKeyDictionary()  # rollout -> engine
-        self.engine_seqs = math.ceil(self.max_num_seqs / self.num_engines)  # max_num_seqs of each engine
-        self.engines: list[Any] = []
+        self._open: OrderedDict[str, RolloutState] = OrderedDict()  # request id -> state, least recently used first
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="terra-vllm-streaming", daemon=True)
         self._thread.start()
         # As vllm.LLM, and a stream's tokens handed over once a frame (vLLM's stream_interval: a chunk's end always
         # flushes), not one at a time: the loop thread wakes once per frame, not once per code.
         args = {"disable_log_stats": True, **compat.supported_engine_kwargs(stream_interval=self.layout.image_tokens),
-                **engine_args, "max_num_seqs": self.engine_seqs}
-        args["gpu_memory_utilization"] /= self.num_engines
-        if args.get("kv_cache_memory_bytes"):
-            args["kv_cache_memory_bytes"] //= self.num_engines
+                **engine_args}
 
         async def build() -> Any:  # on the loop: the engine's client binds to the loop it is created on
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
-        try:  # one after the other: vLLM sizes an engine's KV cache from the memory free when it starts
-            for _ in range(self.num_engines):
-                self.engines.append(self._call(build()))
+        try:
+            self.engine = self._call(build())
         except BaseException:
-            self.close()
+            self._stop_loop()
             raise
-
-    def engine_configs(self) -> list[Any]:
-        return [engine.vllm_config for engine in self.engines]
 
     @property
     def name(self) -> str:
@@ -146,15 +120,14 @@ class StreamingVLLMBackend(VLLMBackend):
         if stream is None or state.window_starts:  # a new window, or a rollout without an open stream
             if stream is not None:
                 self._close_stream(state)
-            engine = self._home_engine(state)
-            self._make_room(engine)
-            stream = state.cache = _Stream(f"terra-stream-{next(self._ids)}", engine)
+            self._make_room()
+            stream = state.cache = _Stream(f"terra-stream-{next(self._ids)}")
             prompt = self.frame_prompt(state)
             self._loop.call_soon_threadsafe(self._start, stream, StreamingInput(prompt, params), params)
-            self._open[engine][stream.request_id] = state
+            self._open[stream.request_id] = state
             self._pending[stream.request_id] = (state, window_tokens, True)
             return
-        self._open[stream.engine].move_to_end(stream.request_id)
+        self._open.move_to_end(stream.request_id)
         layout, frame = self.layout, state.next_frame
         ids = [stream.last_code] + [layout.action_token_id] * layout.action_tokens
         actions = np.ascontiguousarray(state.actions[frame - 1 : frame], dtype=np.float32)
@@ -214,54 +187,37 @@ class StreamingVLLMBackend(VLLMBackend):
             else:
                 self._close_stream(state)
 
-    def fork(self, state: RolloutState) -> RolloutState:
-        """A twin of ``state`` (no stream) at home on ``state``'s engine, whose prefix cache holds their past."""
-        twin = super().fork(state)
-        if state in self._home:
-            self._home[twin] = self._home[state]
-        return twin
-
     def close(self) -> None:
-        """Abort open streams, shut the engines down and end the loop thread."""
+        """Abort open streams, shut the engine down and end the loop thread."""
         loop = getattr(self, "_loop", None)
         if loop is None or loop.is_closed():
             return
         try:
-            if self.engines:
+            if self.engine is not None:
                 self._call(self._shutdown())
         finally:
-            self.engines = []
+            self.engine = None
             self._pending.clear()
-            for streams in self._open:
-                streams.clear()
+            self._open.clear()
             self._stop_loop()
 
     def _close_stream(self, state: RolloutState) -> None:
         """End the input of ``state``'s stream: vLLM finishes the request and frees its KV (full blocks stay
         cached)."""
         stream, state.cache = state.cache, None
-        self._open[stream.engine].pop(stream.request_id, None)
+        self._open.pop(stream.request_id, None)
         self._loop.call_soon_threadsafe(self._feed, stream, None)
 
     def _drop_stream(self, state: RolloutState) -> None:
         """Abort ``state``'s stream and wait until vLLM has dropped the request."""
         stream, state.cache = state.cache, None
-        self._open[stream.engine].pop(stream.request_id, None)
+        self._open.pop(stream.request_id, None)
         self._call(self._abort(stream))
 
-    def _home_engine(self, state: RolloutState) -> int:
-        """The engine ``state``'s streams go to: its home, or for a new rollout the engine with fewest open streams."""
-        home = self._home.get(state)
-        if home is None:
-            home = self._home[state] = min(range(self.num_engines), key=lambda i: len(self._open[i]))
-        return home
-
-    def _make_room(self, engine: int) -> None:
-        """Close ``engine``'s least recently used stream without a queued frame if one more would pass its
-        ``max_num_seqs``."""
-        streams = self._open[engine]
-        if len(streams) >= self.engine_seqs:
-            idle = next((s for request_id, s in streams.items() if request_id not in self._pending), None)
+    def _make_room(self) -> None:
+        """Close the least recently used stream without a queued frame if one more would pass ``max_num_seqs``."""
+        if len(self._open) >= self.max_num_seqs:
+            idle = next((s for request_id, s in self._open.items() if request_id not in self._pending), None)
             if idle is not None:
                 self._close_stream(idle)
 
@@ -296,8 +252,7 @@ class StreamingVLLMBackend(VLLMBackend):
         """Drive one streaming request; hand each frame's ``P`` codes to :meth:`poll` as they complete."""
         frame = self.layout.image_tokens
         try:
-            engine = self.engines[stream.engine]
-            async for output in engine.generate(self._inputs(stream), params, stream.request_id):
+            async for output in self.engine.generate(self._inputs(stream), params, stream.request_id):
                 stream.codes.extend(output.outputs[0].token_ids)
                 if len(stream.codes) >= frame:
                     codes, stream.codes = stream.codes[:frame], stream.codes[frame:]
@@ -323,8 +278,7 @@ class StreamingVLLMBackend(VLLMBackend):
     async def _shutdown(self) -> None:
         for stream in list(self._streams):
             await self._abort(stream)
-        for engine in self.engines:
-            engine.shutdown()
+        self.engine.shutdown()
 
 
 __all__ = ["REQUEST_PATHS", "StreamingVLLMBackend", "resolve_requests"]

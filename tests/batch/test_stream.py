@@ -130,12 +130,12 @@ def test_an_interrupt_cancels_the_rollouts_in_flight_and_lets_writes_finish(fake
     assert fakes and not set(fakes) & set(backend.cancelled)  # finished rollouts were written, cancelled ones not
 
 
-def fake_vllm(blocks: int, block_size: int = 16, max_num_seqs: int = 512, engines: int = 1):
-    """A pipeline whose backend runs ``engines`` vLLM engines, each with ``blocks`` KV blocks and ``max_num_seqs``."""
+def fake_vllm(blocks: int, block_size: int = 16, max_num_seqs: int = 512):
     cache = SimpleNamespace(num_gpu_blocks=blocks, block_size=block_size)
-    config = SimpleNamespace(cache_config=cache, scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+    engine_ = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache,
+                                                          scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)))
     layout = TokenLayout(image_tokens=576, action_tokens=6, max_frames=25, codebook_size=2**18, action_token_id=2**18)
-    return SimpleNamespace(backend=SimpleNamespace(engine_configs=lambda: [config] * engines, layout=layout))
+    return SimpleNamespace(backend=SimpleNamespace(engine=engine_, layout=layout))
 
 
 def test_auto_max_concurrent_is_what_the_kv_cache_holds_for_the_window():
@@ -146,12 +146,6 @@ def test_auto_max_concurrent_is_what_the_kv_cache_holds_for_the_window():
     assert concurrency.resolve_max_concurrent(config, h100, longest=44) == 198_125 // 910 == 217
     assert concurrency.resolve_max_concurrent(config, fake_vllm(198_125, max_num_seqs=256), longest=8) == 256
     assert concurrency.resolve_max_concurrent(config, fake_vllm(100), longest=8) == 1  # one rollout at least
-    # two engines sharing the device: what each cache holds, summed (a rollout lives on one engine), and the sum
-    # of their max_num_seqs
-    halves = fake_vllm(3_170_000 // 32, max_num_seqs=256, engines=2)
-    assert concurrency.resolve_max_concurrent(config, halves, longest=44) == 2 * (99_062 // 910) == 216
-    assert concurrency.resolve_max_concurrent(config, halves, longest=8) == 2 * (99_062 // 401) == 494
-    assert concurrency.resolve_max_concurrent(config, fake_vllm(99_062, max_num_seqs=128, engines=2), longest=8) == 256
     fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=32)
     assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
     transformers = SimpleNamespace(backend=SimpleNamespace(layout=LAYOUT))  # no KV cache of fixed size

@@ -71,7 +71,7 @@ def test_streaming_gives_the_per_frame_codes(vllm_backend, vllm_streaming_backen
 
     assert len(stats) == sum(lengths)
     # a stream's codes reach the loop thread a frame at a time (the chunk's end flushes them), not one by one
-    assert vllm_streaming_backend.engine_configs()[0].scheduler_config.stream_interval == layout.image_tokens
+    assert vllm_streaming_backend.engine.vllm_config.scheduler_config.stream_interval == layout.image_tokens
     windows = [len(vllm_streaming_backend.start(r).windows) for r in requests]
     assert windows == [3, 1, 2] and sum(s.window_start for s in stats) == sum(windows)  # a request per window
     for s in stats:
@@ -120,15 +120,15 @@ def test_idle_streams_make_room_for_new_ones(vllm_backend, vllm_streaming_backen
     backend = vllm_streaming_backend
     requests = requests_of_lengths(backend.layout, [3] * (backend.max_num_seqs + 1), seed=4)
     want = vllm_backend.generate(requests, SAMPLED, progress=False)
-    assert not any(backend._open)  # nothing left open by earlier tests
+    assert not backend._open  # nothing left open by earlier tests
     states = [backend.start(r, i) for i, r in enumerate(requests)]
     for state in states:  # one frame each, one after the other: the first stream is the least recently used
         backend.submit(state, SAMPLED)
         drain(backend)
     assert states[0].cache is None and all(s.cache is not None for s in states[1:])
-    assert len(backend._open[0]) == backend.max_num_seqs
+    assert len(backend._open) == backend.max_num_seqs
     finish_one_by_one(backend, states)
-    assert not any(backend._open)
+    assert not backend._open
     for state, expected in zip(states, want):
         np.testing.assert_array_equal(state.generated(), expected)
 
@@ -168,7 +168,7 @@ def test_closed_loop_session_equals_the_batch_rollout(vllm_backend, vllm_streami
         np.testing.assert_array_equal(np.stack(twin_codes).reshape(num_frames - 2, -1), want[2:])
         for each in (session, twin):  # releases their streams
             each.close()
-        assert not any(vllm_streaming_backend._open)
+        assert not vllm_streaming_backend._open
     finally:
         host.close()
 
