@@ -23,12 +23,31 @@ def codes_to_frames(
     """Codes ``[T, h, w]`` or ``[T, h * w]`` (tensor or array) → frames uint8 ``[T, H, W, 3]``.
 
     Decodes ``batch_size`` frames at a time on the tokenizer's device and dtype, so long rollouts fit in
-    memory; codes outside the codebook raise :class:`tokenizer.errors.InputError`.
+    memory; a batch the device has no memory for is decoded in halves (:func:`_decode_fitting`); codes outside the
+    codebook raise :class:`tokenizer.errors.InputError`.
     """
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
     chunks = codes.split(max(1, batch_size))
-    frames = [images_to_uint8(tokenizer.decode(chunk)) for chunk in tqdm(chunks, desc="decoding", disable=not progress)]
+    chunks = tqdm(chunks, desc="decoding", disable=not progress)
+    frames = [part for chunk in chunks for part in _decode_fitting(tokenizer, chunk)]
     if not frames:
         height, width = tokenizer.image_size
         return np.zeros((0, height, width, 3), dtype=np.uint8)
     return np.concatenate(frames)
+
+
+def _decode_fitting(tokenizer: ImageTokenizer, codes: torch.Tensor) -> list[np.ndarray]:
+    """Frames of checked ``codes`` ``[B, ...]``, decoded in one call or, when the device runs out of memory, in two
+    halves (recursively, down to single frames; a single frame that does not fit raises). A batch writer decodes
+    beside a vLLM engine that holds most of the GPU: a decode that does not fit must cost time, not the rollout
+    (BENCHMARKS.md, "ACT-Bench's shape")."""
+    try:
+        return [images_to_uint8(tokenizer.decode(codes))]
+    except torch.OutOfMemoryError:
+        if len(codes) == 1:
+            raise
+    # outside the handler: the failed call's tensors (held by the exception's traceback) are free again
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    half = (len(codes) + 1) // 2
+    return _decode_fitting(tokenizer, codes[:half]) + _decode_fitting(tokenizer, codes[half:])

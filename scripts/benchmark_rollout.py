@@ -117,13 +117,15 @@ def _counts(text: str, flag: str, minimum: int, example: str) -> list[int]:
 
 
 def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[str, str]:
-    """The given folders, else a Terra-shaped world model (random bf16 weights) and LFQ tokenizer under ``out``."""
+    """The given folders, else a Terra-shaped world model (random bf16 weights) and LFQ tokenizer under ``out``.
+
+    Both are made on the CPU: this process only waits for ``scripts/rollout.py`` and must hold no GPU memory beside
+    its engine and writers (a model made on the GPU kept 4.5 GiB there for the whole run: BENCHMARKS.md)."""
     model_dir, tokenizer_dir = out / "models" / "world_model", out / "models" / "tokenizer"
     if model is None and not (model_dir / "config.json").is_file():
         torch.manual_seed(0)
         config = LlamaActionConfig(**TERRA)
-        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-            LlamaActionForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
+        LlamaActionForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
     if tokenizer is None and not (tokenizer_dir / "config.json").is_file():
         torch.manual_seed(1)
         LFQTokenizer(TERRA_CONFIG).save_pretrained(tokenizer_dir)

@@ -40,6 +40,39 @@ def test_codes_to_frames_batches_match_one_pass():
         codes_to_frames(tok, np.full((1, 8, 12), 32))
 
 
+def test_a_batch_the_device_cannot_hold_is_decoded_in_halves(monkeypatch):
+    """A writer decoding beside a vLLM engine that holds most of the GPU: out of memory costs smaller calls, not the
+    rollout; only a single frame that does not fit is an error."""
+    torch.manual_seed(0)
+    tok = LFQTokenizer({"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "z_channels": 5},
+                        "image_size": [16, 24]}).eval()
+    codes = torch.randint(0, 32, (7, 8, 12))
+    expected = codes_to_frames(tok, codes, batch_size=7)
+    decode, sizes = tok.decode, []
+
+    def short_of_memory(chunk: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(chunk))
+        if len(chunk) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.12 GiB")
+        return decode(chunk)
+
+    monkeypatch.setattr(tok, "decode", short_of_memory)
+    assert np.array_equal(codes_to_frames(tok, codes, batch_size=8), expected)
+    assert sizes == [7, 4, 2, 2, 3, 2, 1]  # 7 did not fit: 4 (in 2 + 2) and 3 (in 2 + 1)
+    sizes.clear()
+    assert np.array_equal(codes_to_frames(tok, codes, batch_size=2), expected) and sizes == [2, 2, 2, 1]
+    sizes.clear()
+
+    def no_memory(chunk: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(chunk))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 0.16 GiB")
+
+    monkeypatch.setattr(tok, "decode", no_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        codes_to_frames(tok, codes[:3])
+    assert sizes == [3, 2, 1]  # halved down to one frame, which still did not fit
+
+
 def test_gif_reads_back_with_count_size_fps_and_loop(tmp_path):
     frames = random_frames()
     path = write_gif(tmp_path / "out.gif", frames, fps=10)
