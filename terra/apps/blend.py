@@ -1,0 +1,45 @@
+"""``python scripts/blend_world_models.py``: a fine-tune blended with its starting checkpoint (terra/training/blend.py).
+
+    python scripts/blend_world_models.py base=terra/assets/demo/world_model tuned=runs/left_hand/full_mix/model \
+        weight=0.8 output_dir=runs/left_hand/full_mix/blend80
+
+The blend loads wherever a world model does (``model.world_model=<output_dir>`` in ``terra-generate``, batch,
+sessions and the server, ``scripts/evaluate.py``). It ends as every Hydra app does (terra/apps/runner.py): a bad
+setting, or two models that are not one architecture, is one line and exit code 2 with nothing written.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.training.blend import blend_spec
+
+COMMAND = "python scripts/blend_world_models.py"
+PROG = "blend_world_models"
+_command = COMMAND
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="blend_world_models", version_base=None)
+@task
+def _main(cfg: DictConfig) -> None:
+    check_added_settings(_command)
+    spec = blend_spec(cfg)  # checked once: no torch yet, nothing written
+    from terra.training.blend import blend
+
+    done = blend(spec)
+    print(f"{PROG}: wrote {spec.output}: {done['tensors']} tensors ({done['parameters'] / 1e6:.2f} M parameters), "
+          f"{spec.base} + {spec.weight:g} x ({spec.tuned} - {spec.base}), {spec.dtype}")
+
+
+def main(command: str = COMMAND) -> None:
+    """Entry point (``command`` is how the user started it, named in error lines); how it ends is
+    terra/apps/runner.py's ``run_app``."""
+    global _command
+    _command = command
+    run_app(_main, PROG, command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Blending a fine-tuned world model with the checkpoint it started from, in weight space.
+
+Every tensor becomes ``base + weight * (tuned - base)`` (weight-space ensembling, "WiSE-FT": Wortsman et al.,
+*Robust fine-tuning of zero-shot models*, CVPR 2022). Between 0 (the starting model) and 1 (the fine-tune), a blend
+gives back part of the new domain's gain for a smaller loss on the domain the model knew, with no training and no
+data: the demo's left-hand-traffic fine-tune and its blends are in MODEL_CARD.md, "Fine-tuning on a new domain".
+
+:func:`blend_spec` checks the settings without torch; :func:`blend` checks that both folders hold world models of
+one architecture and token layout (config.json alike but for bookkeeping keys, the same tensors), and writes the
+blend in Terra's layout (``config.json``, safetensors shards below ``max_shard_size``) atomically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from terra.config.checks import Range, TerraInputError, check_choice, select
+
+WEIGHT = Range(0, 1, 0.8)
+DTYPES = ("bfloat16", "float32")
+# config.json keys that say how a file was written, not what the model is
+BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache")
+
+
+@dataclass(frozen=True)
+class BlendSpec:
+    """What to blend: the starting checkpoint, its fine-tune, the fine-tune's weight, where the blend goes."""
+
+    base: Path
+    tuned: Path
+    weight: float
+    output: Path
+    dtype: str
+    max_shard_size: str
+
+
+def blend_spec(cfg: DictConfig) -> BlendSpec:
+    """The settings of ``scripts/blend_world_models.py``, checked (one :class:`TerraInputError` line each)."""
+    folders = {}
+    for key, what in (("base", "the checkpoint the fine-tune started from"), ("tuned", "the fine-tuned model/")):
+        value = select(cfg, key)
+        if value is None or value == "":
+            raise TerraInputError(f"no {key} given; pass {key}=DIR ({what})")
+        folder = Path(str(value)).expanduser()
+        if not (folder / "config.json").is_file():
+            raise TerraInputError(f"{key}={folder} has no config.json; pass a world model's folder ({what})")
+        folders[key] = folder
+    output = select(cfg, "output_dir")
+    if output is None or output == "":
+        raise TerraInputError("no output_dir given; pass output_dir=DIR (the blend's folder, Terra's layout)")
+    output = Path(str(output)).expanduser()
+    for key, folder in folders.items():
+        if output.resolve() == folder.resolve():
+            raise TerraInputError(f"output_dir={output} is the {key} model's folder; write the blend elsewhere")
+    return BlendSpec(
+        base=folders["base"], tuned=folders["tuned"], weight=float(WEIGHT.check(select(cfg, "weight"), "weight")),
+        output=output, dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES),
+        max_shard_size=str(select(cfg, "max_shard_size")),
+    )
+
+
+def blend(spec: BlendSpec) -> dict[str, Any]:
+    """Write ``base + weight * (tuned - base)`` to ``spec.output``; return what was blended."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from terra.models.checkpoint import read_world_model_config
+    from tokenizer.atomic import atomic_dir
+
+    configs = {key: read_world_model_config(folder) for key, folder in (("base", spec.base), ("tuned", spec.tuned))}
+    described = {key: {k: v for k, v in config.to_dict().items() if k not in BOOKKEEPING}
+                 for key, config in configs.items()}
+    keys = list(described["base"]) + [k for k in described["tuned"] if k not in described["base"]]
+    differ = [k for k in keys if described["base"].get(k) != described["tuned"].get(k)]
+    if differ:
+        shown = ", ".join(f"{k} {described['base'].get(k)!r} vs {described['tuned'].get(k)!r}" for k in differ[:3])
+        raise TerraInputError(
+            f"base and tuned are not one architecture (config.json: {shown}{', ...' if len(differ) > 3 else ''}); "
+            "blend a fine-tune only with the checkpoint it started from")
+    base, tuned = (AutoModelForCausalLM.from_pretrained(folder, config=configs[key], dtype=torch.float32)
+                   for key, folder in (("base", spec.base), ("tuned", spec.tuned)))
+    start, blended = base.state_dict(), set()
+    with torch.no_grad():
+        for name, tensor in tuned.state_dict().items():
+            if tensor.data_ptr() in blended:  # a tied weight: its storage is blended already
+                continue
+            blended.add(tensor.data_ptr())
+            tensor.copy_(start[name] + spec.weight * (tensor - start[name]))
+    with atomic_dir(spec.output) as folder:
+        tuned.to(getattr(torch, spec.dtype)).save_pretrained(folder, max_shard_size=spec.max_shard_size)
+    return {"tensors": len(start), "parameters": sum(t.numel() for t in tuned.parameters()), "weight": spec.weight}
