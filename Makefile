@@ -34,8 +34,12 @@ browser: $(STAMP)
 	} > $(APT_LOG) 2>&1 || { tail -20 $(APT_LOG); exit 1; }; \
 	chromium --version
 
+# Two pytest workers (pytest-xdist), one test file each at a time: a file's module fixtures stay in one process and
+# each worker starts its own session engines. Most tests run one torch thread, so two cores halve the suite
+# (40 -> 22 min on 2 cores). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: $(STAMP)
 	$(VENV)/bin/terra-generate

@@ -136,13 +136,14 @@ def vllm_backend(vllm_model_dir):
 @pytest.fixture(scope="session")
 def vllm_streaming_backend(vllm_model_dir):
     """A :class:`terra.generation.vllm_streaming.StreamingVLLMBackend` (a streaming-input request per window) on a
-    second engine of the same model and settings; its shutdown must leave no thread behind."""
+    second engine of the same model and settings, eager (the per-frame engine above runs vLLM's compiled graph; on
+    2 CPU cores compiling costs ~30 s an engine); its shutdown must leave no thread behind."""
     from terra.generation.vllm_streaming import StreamingVLLMBackend
     from terra.vllm import compat
 
     if not compat.has_streaming_input():
         pytest.skip(f"vLLM {compat.VLLM_VERSION} has no streaming-input requests")
-    backend = StreamingVLLMBackend(vllm_model_dir, **VLLM_ENGINE)
+    backend = StreamingVLLMBackend(vllm_model_dir, enforce_eager=True, **VLLM_ENGINE)
     yield backend
     backend.close()
     assert not backend._thread.is_alive()

@@ -152,6 +152,12 @@ def run(command: list[str], cwd: Path, timeout: float = 900) -> subprocess.Compl
     return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
+def backend_args(backend: str) -> list[str]:
+    """``backend=...``; vLLM eager: compiling its graph costs ~30 s an engine on 2 CPU cores, and the compiled path
+    is covered by tests/test_cli.py and conftest's per-frame engine."""
+    return [f"backend={backend}"] + (["backend.options.enforce_eager=true"] if backend == "vllm" else [])
+
+
 def generate_command(terra_root: Path, frames: Path, out: Path, *extra: str) -> list[str]:
     return [str(TERRA_GENERATE), "model=terra_v1", f"terra_root={terra_root}", "sampling=greedy", "device=cpu",
             f"context={frames}", "manoeuvre=curve_left", f"num_frames={NUM_FRAMES}", "output.formats=[gif]",
@@ -173,7 +179,7 @@ def generated(snapshot, frames, tmp_path_factory):
     def get(backend: str) -> Path:
         if backend not in runs:
             out = tmp_path_factory.mktemp(f"generate_{backend}") / "out"
-            result = run(generate_command(snapshot, frames, out, f"backend={backend}"), out.parent / "cwd")
+            result = run(generate_command(snapshot, frames, out, *backend_args(backend)), out.parent / "cwd")
             assert result.returncode == 0, result.stderr[-3000:]
             assert f"{'VLLMBackend' if backend == 'vllm' else 'with HFBackend'}:" in result.stdout  # or Streaming...
             assert os.listdir(out.parent / "cwd") == []  # output.dir given: no Hydra run folder
@@ -193,7 +199,7 @@ def rolled_out(snapshot, samples, tmp_path_factory):
         if key not in runs:
             out = tmp_path_factory.mktemp(f"rollout_{backend}_{zero_embed_code_0}") / "out"
             switch = f"model.zero_embed_code_0={str(zero_embed_code_0).lower()}"
-            result = run(rollout_command(snapshot, samples, out, f"backend={backend}", switch), ROOT)
+            result = run(rollout_command(snapshot, samples, out, *backend_args(backend), switch), ROOT)
             assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
             assert "2 succeeded, 0 failed, 0 skipped" in result.stdout
             runs[key] = out

