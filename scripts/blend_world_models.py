@@ -5,4 +5,4 @@
 from terra.apps.blend import main
 
 if __name__ == "__main__":
-    main("python scripts/blend_world_models.py")
+    main()

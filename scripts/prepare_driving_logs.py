@@ -4,4 +4,4 @@ terra/apps/prepare_logs.py (the clip layout and the rules: terra/training/drivin
 from terra.apps.prepare_logs import main
 
 if __name__ == "__main__":
-    main("python scripts/prepare_driving_logs.py")
+    main()

@@ -18,13 +18,12 @@ from terra.training.blend import blend_spec
 
 COMMAND = "python scripts/blend_world_models.py"
 PROG = "blend_world_models"
-_command = COMMAND
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="blend_world_models", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    check_added_settings(_command)
+    check_added_settings(COMMAND)
     spec = blend_spec(cfg)  # checked once: no torch yet, nothing written
     from terra.training.blend import blend
 
@@ -33,12 +32,10 @@ def _main(cfg: DictConfig) -> None:
           f"{spec.base} + {spec.weight:g} x ({spec.tuned} - {spec.base}), {spec.dtype}")
 
 
-def main(command: str = COMMAND) -> None:
-    """Entry point (``command`` is how the user started it, named in error lines); how it ends is
-    terra/apps/runner.py's ``run_app``."""
-    global _command
-    _command = command
-    run_app(_main, PROG, command)
+def main() -> None:
+    """Entry point of the script (:data:`COMMAND`, named in error lines); how it ends is terra/apps/runner.py's
+    ``run_app``."""
+    run_app(_main, PROG, COMMAND)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from terra.training.shards import INDEX_FILE
 
 COMMAND = "python scripts/prepare_driving_logs.py"
 PROG = "prepare_driving_logs"
-_command = COMMAND
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_driving_logs", version_base=None)
@@ -39,7 +38,7 @@ def _main(cfg: DictConfig) -> None:
     """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
     (4) tokenize them and write the shards; (5) the summary."""
     # 1. the settings, checked once: no torch yet, nothing written
-    check_added_settings(_command)
+    check_added_settings(COMMAND)
     spec = prepare_spec(cfg)
     with output_lock(spec.output / INDEX_FILE, "output_dir"):  # a second run into this folder stops here
         # 2. the tokenizer, on the device chosen once, and the index it must match
@@ -66,12 +65,10 @@ def _main(cfg: DictConfig) -> None:
         raise TerraInputError(f"no clip of logs={spec.logs} could be used; the lines above say why")
 
 
-def main(command: str = COMMAND) -> None:
-    """Entry point (``command`` is how the user started it, named in error lines); how it ends is
-    terra/apps/runner.py's ``run_app``."""
-    global _command
-    _command = command
-    run_app(_main, PROG, command)
+def main() -> None:
+    """Entry point of the script (:data:`COMMAND`, named in error lines); how it ends is terra/apps/runner.py's
+    ``run_app``."""
+    run_app(_main, PROG, COMMAND)
 
 
 if __name__ == "__main__":
