@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from omegaconf import OmegaConf
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from tokenizer.errors import InputError as TerraInputError
 
 __all__ = ["MAX_FRAMES", "Range", "TerraInputError", "check_choice", "check_flag", "check_number",
-           "check_settings", "check_whole_number", "select", "shown"]
+           "check_settings", "check_whole_number", "required_path", "select", "shown"]
 
 MAX_FRAMES = 10_000  # frames of a rollout or trajectory: 1000 s at 10 Hz
 
@@ -111,6 +112,14 @@ def select(cfg: Any, key: str) -> Any:
     for part in key.split("."):
         cfg = cfg[part]
     return cfg
+
+
+def required_path(cfg: Any, key: str, what: str) -> Path:
+    """``cfg``'s path setting ``key`` (``~`` expanded); missing or empty is one line naming ``what`` it should be."""
+    value = select(cfg, key)
+    if value is None or value == "":
+        raise TerraInputError(f"no {key} given; pass {key}=DIR ({what})")
+    return Path(str(value)).expanduser()
 
 
 def check_settings(cfg: Any, ranges: Mapping[str, Range]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from terra.config.backend import DTYPES, check_device
-from terra.config.checks import Range, TerraInputError, check_choice, check_flag, select, shown
+from terra.config.checks import Range, TerraInputError, check_choice, check_flag, required_path, select, shown
 from terra.config.files import open_input_file
 from terra.config.outputs import check_output_dir
 from terra.scoring.report import FILES
@@ -43,12 +43,10 @@ class ScoringSettings:
     num_threads: int | None = None  # torch CPU threads; None: torch's default
 
 
-def _folder(value: Any, name: str, what: str) -> Path:
-    if value is None or value == "":
-        raise TerraInputError(f"no {name} given; pass {name}=DIR ({what})")
-    path = Path(str(value)).expanduser()
+def _folder(cfg: Any, name: str, what: str) -> Path:
+    path = required_path(cfg, name, what)
     if not path.is_dir():
-        raise TerraInputError(f"{name}={shown(str(value), 80)} is not a folder; pass {name}=DIR ({what})")
+        raise TerraInputError(f"{name}={shown(str(select(cfg, name)), 80)} is not a folder; pass {name}=DIR ({what})")
     return path
 
 
@@ -58,8 +56,8 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     if missing:
         raise TerraInputError(f"scoring needs {' and '.join(missing)}: pip install 'terra-world-model[score]'")
     values = {key: limits.check(select(cfg, key), key) for key, limits in RANGES.items()}
-    videos = _folder(select(cfg, "videos"), "videos", "the generated videos, <name>_<sample_id>.mp4")
-    estimator = _folder(select(cfg, "estimator"), "estimator",
+    videos = _folder(cfg, "videos", "the generated videos, <name>_<sample_id>.mp4")
+    estimator = _folder(cfg, "estimator",
                         "a download of turing-motors/ACT-Estimator: config.json and model.safetensors")
     samples = select(cfg, "samples")
     if samples is None or samples == "":
@@ -67,13 +65,10 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     files = sample_files(Path(str(samples)).expanduser())
     for file in files:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
-    output_dir = select(cfg, "output_dir")
-    if output_dir is None or output_dir == "":
-        raise TerraInputError("no output_dir given; pass output_dir=DIR (summary.json, results.jsonl, "
-                              "confusion_matrix.png go there)")
+    output_dir = required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there")
     return ScoringSettings(
         videos=videos, samples=files, estimator=estimator,
-        output_dir=check_output_dir(str(output_dir), FILES, "output_dir"),
+        output_dir=check_output_dir(output_dir, FILES, "output_dir"),
         batch_size=values["batch_size"], num_workers=values["num_workers"],
         device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
         progress=check_flag(select(cfg, "progress"), "progress"), num_threads=values["num_threads"],

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from terra.config.checks import Range, TerraInputError, check_choice, select
+from terra.config.checks import Range, TerraInputError, check_choice, required_path, select
 
 WEIGHT = Range(0, 1, 0.8)
 DTYPES = ("bfloat16", "float32")
@@ -42,17 +42,11 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
     """The settings of ``scripts/blend_world_models.py``, checked (one :class:`TerraInputError` line each)."""
     folders = {}
     for key, what in (("base", "the checkpoint the fine-tune started from"), ("tuned", "the fine-tuned model/")):
-        value = select(cfg, key)
-        if value is None or value == "":
-            raise TerraInputError(f"no {key} given; pass {key}=DIR ({what})")
-        folder = Path(str(value)).expanduser()
+        folder = required_path(cfg, key, what)
         if not (folder / "config.json").is_file():
             raise TerraInputError(f"{key}={folder} has no config.json; pass a world model's folder ({what})")
         folders[key] = folder
-    output = select(cfg, "output_dir")
-    if output is None or output == "":
-        raise TerraInputError("no output_dir given; pass output_dir=DIR (the blend's folder, Terra's layout)")
-    output = Path(str(output)).expanduser()
+    output = required_path(cfg, "output_dir", "the blend's folder, Terra's layout")
     for key, folder in folders.items():
         if output.resolve() == folder.resolve():
             raise TerraInputError(f"output_dir={output} is the {key} model's folder; write the blend elsewhere")
@@ -92,4 +86,4 @@ def blend(spec: BlendSpec) -> dict[str, Any]:
             tensor.copy_(start[name] + spec.weight * (tensor - start[name]))
     with atomic_dir(spec.output) as folder:
         tuned.to(getattr(torch, spec.dtype)).save_pretrained(folder, max_shard_size=spec.max_shard_size)
-    return {"tensors": len(start), "parameters": sum(t.numel() for t in tuned.parameters()), "weight": spec.weight}
+    return {"tensors": len(start), "parameters": sum(t.numel() for t in tuned.parameters())}

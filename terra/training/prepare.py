@@ -20,7 +20,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from terra.config.backend import check_device
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, select
+from terra.config.checks import (MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings,
+                                 required_path, select)
 from terra.config.outputs import check_output_dir
 from terra.config.snapshot import checkpoint_path
 from terra.generation.actions import FRAME_RATE_HZ
@@ -83,14 +84,14 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     """Every setting of ``conf/prepare_driving_logs.yaml`` checked once, without importing torch; the tokenizer
     folder, device and resize mode as :func:`terra.config.spec.run_spec` checks them."""
     values = check_settings(cfg, RANGES)
-    logs = _required(cfg, "logs", "the folder of clip folders")
+    logs = required_path(cfg, "logs", "the folder of clip folders")
     if not logs.is_dir():
         raise TerraInputError(f"logs={logs} is not a folder; pass logs=DIR, a folder of clip folders")
     clips = tuple(clip_folders(logs))
     if not clips:
         raise TerraInputError(f"logs={logs} holds no clip folders; put each clip's frames or video and its "
                               "trajectory in a sub-folder of its own")
-    output = check_output_dir(_required(cfg, "output_dir", "the shard folder"),
+    output = check_output_dir(required_path(cfg, "output_dir", "the shard folder"),
                               [INDEX_FILE, "train-00000.safetensors"], "output_dir")
     real = Path(os.path.realpath(output))
     if real == logs.resolve() or logs.resolve() in real.parents:
@@ -223,13 +224,6 @@ def _write(output: Path, index: ShardIndex, split: str, clips: list[tuple[str, n
     except OSError as err:
         raise TerraInputError(f"cannot write a shard into output_dir={output} ({err.strerror or err}); free some space "
                               "or choose another output_dir, then rerun to resume") from None
-
-
-def _required(cfg: DictConfig, key: str, what: str) -> Path:
-    value = select(cfg, key)
-    if value is None or value == "":
-        raise TerraInputError(f"no {key} given; pass {key}=DIR ({what})")
-    return Path(str(value)).expanduser()
 
 
 def _holds_video(folder: Path) -> bool:
