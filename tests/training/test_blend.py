@@ -75,19 +75,26 @@ def test_the_blend_lies_on_the_line_from_base_to_tuned(pair, tmp_path):
     (["weight=1.5"], "weight must be a number from 0 to 1"),
     (["tuned=/nonexistent"], "tuned=/nonexistent has no config.json"),
     (["output_dir=BASE"], "is the base model's folder; write the blend elsewhere"),
+    (["output_dir=PARENT"], "holds the base model, which writing the blend there would delete"),
+    (["output_dir=NOTES"], "holds files that are not a world model, which writing the blend there would delete"),
     (["tuned=OTHER"], "base and tuned are not one architecture (config.json: hidden_size 128 vs 32"),
     (["alpha=0.5"], "unknown setting 'alpha' (`python scripts/blend_world_models.py --cfg job` lists the settings)"),
-], ids=["weight", "missing", "into-base", "architecture", "unknown"])
+], ids=["weight", "missing", "into-base", "over-base", "over-files", "architecture", "unknown"])
 def test_bad_settings_are_one_line_and_write_nothing(pair, tmp_path, settings, message):
     base_dir, tuned_dir = pair
     other = tmp_path / "other"
     tiny_model(seed=1, hidden_size=32, intermediate_size=64).save_pretrained(other)
+    notes = tmp_path / "notes"  # a folder of the user's that the blend must not replace
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
     args = {"base": str(base_dir), "tuned": str(tuned_dir), "weight": "0.8", "output_dir": str(tmp_path / "out")}
     for setting in settings:
         key, value = setting.split("=", 1)
-        args[key] = {"BASE": str(base_dir), "OTHER": str(other)}.get(value, value)
+        args[key] = {"BASE": str(base_dir), "PARENT": str(base_dir.parent), "NOTES": str(notes),
+                     "OTHER": str(other)}.get(value, value)
     done = blend(*(f"{k}={v}" for k, v in args.items()), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("blend_world_models: error: ") and message in lines[0], lines
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and (notes / "todo.txt").read_text() == "keep me"
+    assert (base_dir / "config.json").is_file() and (tuned_dir / "config.json").is_file()
