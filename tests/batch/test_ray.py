@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -91,9 +92,17 @@ def test_a_killed_actor_is_restarted_and_its_samples_run_again(tmp_path, scenes,
     killed: list[str] = []
 
     def kill_an_actor() -> None:
-        wait_for_first_ok(out / "manifest.jsonl")
-        name = sorted(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
-                      if n["name"].startswith("terra-batch-"))[0]
+        # An actor holds samples (its engine's rollout and read-ahead) while the queue lasts, but may be idle for a
+        # moment after its first start: wait until both have written one and kill the one that wrote fewer.
+        deadline = time.monotonic() + 240
+        manifest = out / "manifest.jsonl"
+        while len(written := Counter(r["actor"] for r in (read_manifest(manifest) if manifest.is_file() else [])
+                                     if r["status"] == "ok")) < 2:
+            assert time.monotonic() < deadline, "both actors did not write a sample in time"
+            time.sleep(0.05)
+        actor = min(written, key=written.get)
+        name = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                    if n["name"].startswith("terra-batch-") and n["name"].endswith(f"-{actor}"))
         ray.kill(ray.get_actor(name), no_restart=False)  # as if its process died: Ray restarts it
         killed.append(name)
 
