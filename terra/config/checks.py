@@ -114,11 +114,12 @@ def select(cfg: Any, key: str) -> Any:
     return cfg
 
 
-def required_path(cfg: Any, key: str, what: str) -> Path:
-    """``cfg``'s path setting ``key`` (``~`` expanded); missing or empty is one line naming ``what`` it should be."""
+def required_path(cfg: Any, key: str, what: str, form: str = "DIR") -> Path:
+    """``cfg``'s path setting ``key`` (``~`` expanded); missing or empty is one line naming ``what`` it should be
+    (``form``: how the line writes the value, DIR or FILE)."""
     value = select(cfg, key)
     if value is None or value == "":
-        raise TerraInputError(f"no {key} given; pass {key}=DIR ({what})")
+        raise TerraInputError(f"no {key} given; pass {key}={form} ({what})")
     return Path(str(value)).expanduser()
 
 

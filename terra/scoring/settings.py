@@ -59,10 +59,7 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     videos = _folder(cfg, "videos", "the generated videos, <name>_<sample_id>.mp4")
     estimator = _folder(cfg, "estimator",
                         "a download of turing-motors/ACT-Estimator: config.json and model.safetensors")
-    samples = select(cfg, "samples")
-    if samples is None or samples == "":
-        raise TerraInputError("no samples given; pass samples=FILE (ACT-Bench's act_bench.jsonl) or a folder of them")
-    files = sample_files(Path(str(samples)).expanduser())
+    files = sample_files(required_path(cfg, "samples", "ACT-Bench's act_bench.jsonl, or a folder of them", "FILE"))
     for file in files:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
     output_dir = required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there")
