@@ -11,10 +11,11 @@
 #   bash scripts/finetune_demo.sh all        # every stage in order
 #
 # Environment: RUN (work folder, default runs/left_hand), PY (python), DOMAIN (the new domain: left_hand | night;
-# night needs a tokenizer trained on night frames, MODEL_CARD.md says why), NEW_CLIPS, DAY_CLIPS, FRAMES (frames per
-# clip: 60, six-second drives), STEPS (optimizer steps per run; validation loss every 100, no validation rollouts:
-# four runs sharing an H100 spent about 3 minutes in each round of them; the evaluation reads each run's final
-# model/), JOBS (evaluations at once), EXTRA / EVAL_EXTRA (more Hydra overrides for training / evaluation).
+# night needs a tokenizer trained on night frames, MODEL_CARD.md says why), NEW_CLIPS and DAY_CLIPS (800 and 400;
+# half as many new-domain drives overfit and missed a target, MODEL_CARD.md), FRAMES (frames per clip: 60,
+# six-second drives), STEPS (optimizer steps per run; validation loss every 100, no validation rollouts: four runs
+# sharing an H100 spent about 3 minutes in each round of them; the evaluation reads each run's final model/), JOBS
+# (evaluations at once), EXTRA / EVAL_EXTRA (more Hydra overrides for training / evaluation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DOMAIN=${DOMAIN:-left_hand}
@@ -29,9 +30,9 @@ RUNS="full lora full_mix lora_mix"
 
 logs() {
   "$PY" scripts/make_dataset.py format=driving_logs out_dir="$RUN/logs_new" domain="$DOMAIN" seed=1 \
-    num_clips="${NEW_CLIPS:-400}" num_frames="${FRAMES:-60}" height=144 width=256
+    num_clips="${NEW_CLIPS:-800}" num_frames="${FRAMES:-60}" height=144 width=256
   "$PY" scripts/make_dataset.py format=driving_logs out_dir="$RUN/logs_day" domain=day seed=2 \
-    num_clips="${DAY_CLIPS:-200}" num_frames="${FRAMES:-60}" height=144 width=256
+    num_clips="${DAY_CLIPS:-400}" num_frames="${FRAMES:-60}" height=144 width=256
   mkdir -p "$RUN/logs_mix"  # new domain + day: links to the clip folders of both
   for clip in "$RUN"/logs_new/*/ "$RUN"/logs_day/*/; do
     ln -sfn "$(realpath "$clip")" "$RUN/logs_mix/$(basename "$clip")"
