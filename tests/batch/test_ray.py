@@ -53,12 +53,16 @@ def write_samples(tmp_path: Path, lines: list[str]) -> Path:
     return samples
 
 
-def wait_for_first_ok(manifest: Path, proc: subprocess.Popen | None = None, timeout: float = 240) -> None:
+def wait_for_ok(manifest: Path, proc: subprocess.Popen | None = None, actors: int = 1,
+                timeout: float = 240) -> Counter:
+    """Wait until ``actors`` different actors have written a sample; the samples written so far, per actor."""
     deadline = time.monotonic() + timeout
-    while not (manifest.is_file() and any(r["status"] == "ok" for r in read_manifest(manifest))):
+    while len(written := Counter(r["actor"] for r in (read_manifest(manifest) if manifest.is_file() else [])
+                                 if r["status"] == "ok")) < actors:
         assert proc is None or proc.poll() is None, f"finished before it could be killed:\n{proc.stdout.read()}"
-        assert time.monotonic() < deadline, "no sample finished in time"
+        assert time.monotonic() < deadline, f"fewer than {actors} actor(s) wrote a sample in time"
         time.sleep(0.05)
+    return written
 
 
 def test_two_actors_write_what_the_local_executor_writes(tmp_path, scenes, ray_cluster):
@@ -94,12 +98,7 @@ def test_a_killed_actor_is_restarted_and_its_samples_run_again(tmp_path, scenes,
     def kill_an_actor() -> None:
         # An actor holds samples (its engine's rollout and read-ahead) while the queue lasts, but may be idle for a
         # moment after its first start: wait until both have written one and kill the one that wrote fewer.
-        deadline = time.monotonic() + 240
-        manifest = out / "manifest.jsonl"
-        while len(written := Counter(r["actor"] for r in (read_manifest(manifest) if manifest.is_file() else [])
-                                     if r["status"] == "ok")) < 2:
-            assert time.monotonic() < deadline, "both actors did not write a sample in time"
-            time.sleep(0.05)
+        written = wait_for_ok(out / "manifest.jsonl", actors=2)
         actor = min(written, key=written.get)
         name = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
                     if n["name"].startswith("terra-batch-") and n["name"].endswith(f"-{actor}"))
@@ -127,7 +126,7 @@ def test_sigkilled_driver_then_rerun_resumes(tmp_path, scenes, ray_cluster):
     proc = subprocess.Popen(args, cwd=ROOT, env=script_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for_first_ok(manifest, proc)
+        wait_for_ok(manifest, proc)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
@@ -255,7 +254,7 @@ def test_ctrl_c_stops_the_actors_on_the_cluster(tmp_path, scenes, ray_cluster):
     proc = spawn_interruptible(args, cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     try:
-        wait_for_first_ok(out / "manifest.jsonl", proc)
+        wait_for_ok(out / "manifest.jsonl", proc)
         assert [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
@@ -293,7 +292,7 @@ def test_samples_are_failed_once_no_actor_is_left(tmp_path, scenes, ray_cluster)
     out = tmp_path / "out"
 
     def kill_the_actor() -> None:
-        wait_for_first_ok(out / "manifest.jsonl")
+        wait_for_ok(out / "manifest.jsonl")
         [name] = [n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
                   if n["name"].startswith("terra-batch-")]
         ray.kill(ray.get_actor(name), no_restart=False)
