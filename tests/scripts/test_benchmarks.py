@@ -261,3 +261,15 @@ def test_memory_analysis_flags_growth():
     assert verdict["slope_mb_per_call"] == pytest.approx(2.0) and verdict["growth_mb"] == pytest.approx(50.0)
     assert not verdict["ok"]
     assert memory.analyse([500.0] * 5 + [510.0] * 35, warmup=5, max_growth_mb=20.0)["ok"]
+
+
+def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
+    attention = load_script("benchmark_attention")
+    lengths = attention.cached_lengths(5)
+    assert lengths.tolist() == [1746, 4947, 8148, 11348, 14549]  # 3 frames of 582 .. a full 25-frame window
+    assert attention.main(["--page-sizes", "16,24"]) == 2
+    assert attention.main(["--kv-dtypes", "fp16"]) == 2
+    assert attention.main(["--splits", "a"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "multiples of 16" in err[0] and "fp8" in err[1] and "comma lists" in err[2]
+    assert "Traceback" not in "".join(err)
