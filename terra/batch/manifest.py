@@ -43,13 +43,25 @@ _PLAIN = {
     RecursionError: "the input nests too deeply to be read (RecursionError); simplify it",
     MemoryError: "ran out of memory (MemoryError); lower max_concurrent or give smaller inputs",
 }
+# torch's CUDA out-of-memory names the bytes but not the cause: the tokenizer and the writers share the GPU with the
+# engine, whose vLLM KV cache takes gpu_memory_utilization of it. Matched by name: settings are checked before torch
+# is imported (tests/batch/test_batch_hostile.py).
+_GPU_FULL = ("the GPU ran out of memory beside the engine: lower backend.options.gpu_memory_utilization (vLLM's "
+             "share), writer_threads or max_concurrent (torch.OutOfMemoryError: {detail})")
+
+
+def _gpu_out_of_memory(err: BaseException) -> bool:
+    kind = type(err)
+    return kind.__name__ == "OutOfMemoryError" and kind.__module__.split(".")[0] == "torch"
 
 
 def error_line(err: BaseException) -> str:
     """An exception as one line of at most :data:`MAX_ERROR_CHARS` characters (user errors keep their message;
-    others get their type name, RecursionError and MemoryError a plain sentence)."""
+    others get their type name; RecursionError, MemoryError and torch's GPU out-of-memory a plain sentence)."""
     plain = next((text for kind, text in _PLAIN.items() if isinstance(err, kind)), None)
     text = " ".join(str(err).split())
+    if _gpu_out_of_memory(err):
+        plain = _GPU_FULL.format(detail=text or "no detail")  # the fix first: a long detail is what gets cut
     if plain is not None:
         text = plain
     elif not isinstance(err, TerraInputError):

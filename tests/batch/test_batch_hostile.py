@@ -30,7 +30,7 @@ import imageio.v3 as iio
 import pytest
 
 from terra.batch.lock import output_lock
-from terra.batch.manifest import Manifest, read_manifest
+from terra.batch.manifest import MAX_ERROR_CHARS, Manifest, error_line, read_manifest
 from terra.config.checks import TerraInputError
 from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
     NUM_CONTEXT, TEMP_NAME, TOTAL, actbench_line, scenes, terra_line,
@@ -390,6 +390,20 @@ def test_manifest_records_from_many_threads_are_whole_lines(tmp_path):
     records = [json.loads(line) for line in lines]
     assert len(records) == 800 and sorted((r["thread"], r["i"]) for r in records) == [
         (t, i) for t in range(8) for i in range(100)]
+
+
+def test_a_gpu_out_of_memory_is_recorded_with_the_setting_that_frees_the_gpu():
+    import torch
+
+    detail = ("CUDA out of memory. Tried to allocate 216.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
+              "72.56 MiB is free. " + "Of the allocated memory 1.2 GiB is allocated by PyTorch. " * 12)
+    line = error_line(torch.OutOfMemoryError(detail))
+    assert len(line) == MAX_ERROR_CHARS and "\n" not in line  # one line, the detail cut, the fix kept
+    assert line.startswith("the GPU ran out of memory beside the engine: lower backend.options.gpu_memory_utilization "
+                           "(vLLM's share), writer_threads or max_concurrent (torch.OutOfMemoryError: CUDA out of "
+                           "memory. Tried to allocate 216.00 MiB.")
+    assert error_line(RuntimeError("CUDA error: an illegal memory access")) == (
+        "RuntimeError: CUDA error: an illegal memory access")  # other GPU errors keep their own text
 
 
 def test_a_write_cut_short_leaves_the_next_record_whole(tmp_path, monkeypatch):
