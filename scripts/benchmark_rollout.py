@@ -12,7 +12,9 @@ like Terra's ACT-Bench generation: 3 context + 44 generated frames per sample, M
 Per run it reports the wall time of the whole command (engine start-up included) and, from the manifest, the
 span: from the earliest sample's start to the last sample written. Samples/s and generated frames/s are over
 that span, so the speed-up compares the rollout work, not start-up; the projected wall time of ``--project``
-samples (ACT-Bench: 2,286) is the run's start-up plus that many samples at the span's rate. The generation
+samples (ACT-Bench: 2,286) is the run's start-up plus that many samples at the span's rate; where the run had a
+first, full wave of rollouts and a smaller second one, it is also projected by waves (:func:`projection_by_waves`),
+which does not count the small wave's slower steps against every sample. The generation
 (from the same start to the last rollout leaving the engine, the manifest's ``generated_at``) gets its own
 frames/s, and on a GPU the share of it in which a kernel ran (NVML, every 0.5 s; the trace is kept too).
 Writes ``OUT/<run>.json`` and ``OUT/summary.json`` and prints a table::
@@ -196,17 +198,46 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
                    projected_samples=args.project, projected_wall_s=max(wall - span, 0.0) + args.project / rate,
                    generation_s=generated - first, generated_frames_per_s=len(ok) * args.frames / (generated - first),
                    gpu_busy_pct_generation=busy.busy_pct(first, generated), gpu_busy_pct_span=busy.busy_pct(first, last))
+        waves = projection_by_waves(ok, max(wall - span, 0.0), args.project)
+        if waves is not None:
+            row["waves"] = waves
     if busy.trace:  # seconds since the command started, utilisation %
         t0 = busy.trace[0][0] - busy.period_s
         row["gpu_busy_trace"] = [[round(t - t0, 1), u] for t, u in busy.trace]
     return row
 
 
+def projection_by_waves(ok: Sequence[dict[str, Any]], startup_s: float, project: int) -> dict[str, float] | None:
+    """Wall time of ``project`` samples run as this run ran them: ``startup_s``, full waves as long as the first,
+    a last, smaller wave timed between the two measured ones, and the last wave's writing.
+
+    Rollouts of one length advance together, so an engine holding ``n1`` runs ``project`` samples as waves of
+    ``n1``; a wave's steps cost a fixed part plus a part per rollout, so its time is linear in its rollouts and the
+    last wave's follows from the first (``n1`` rollouts: those admitted before any left the engine) and the second
+    (the rest, fewer). ``None`` without such a second wave (all samples in one wave, or two full ones)."""
+    admitted = sorted((r["generated_at"] - r["generate_s"], r["generated_at"]) for r in ok)
+    first_out = min(out for _, out in admitted)
+    first = [w for w in admitted if w[0] < first_out]
+    second = admitted[len(first):]
+    if not second or len(second) >= len(first):
+        return None
+
+    def span(wave: list[tuple[float, float]]) -> float:
+        return max(out for _, out in wave) - wave[0][0]
+
+    n1, n2, t1, t2 = len(first), len(second), span(first), span(second)
+    full, rest = divmod(project, n1)
+    last = t2 + (t1 - t2) * (rest - n2) / (n1 - n2) if rest else 0.0
+    writing = max(r["finished_at"] for r in ok) - max(out for _, out in admitted)
+    return {"in_flight": n1, "first_wave_s": t1, "second_wave": n2, "second_wave_s": t2,
+            "projected_wall_s": startup_s + full * t1 + last + writing}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """One line per run plus the speed-up of each against the first."""
     project = f"{rows[0].get('projected_samples', '-')} samples"
     header = (f"{'run':>10} {'ok':>5} {'failed':>6} {'wall s':>8} {'span s':>8} {'samples/s':>10} {'frames/s':>9} "
-              f"{'speed-up':>8} {project:>14}")
+              f"{'speed-up':>8} {project:>14} {'by waves':>9}")
     lines = [header, "-" * len(header)]
     base = rows[0].get("frames_per_s")
     for r in rows:
@@ -214,8 +245,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         speedup = f"{fps / base:.2f}x" if fps and base else "-"
         name = f"gpus {r['num_gpus']}" if "num_gpus" in r else f"ray x{r['actors']}"
         projected = f"{r['projected_wall_s'] / 60:.1f} min" if "projected_wall_s" in r else "-"
+        by_waves = f"{r['waves']['projected_wall_s'] / 60:.1f} min" if "waves" in r else "-"
         lines.append(f"{name:>10} {r['ok']:>5} {r['failed']:>6} {r['wall_s']:>8.1f} {r.get('span_s', 0):>8.1f} "
-                     f"{r.get('samples_per_s', 0):>10.2f} {fps or 0:>9.2f} {speedup:>8} {projected:>14}")
+                     f"{r.get('samples_per_s', 0):>10.2f} {fps or 0:>9.2f} {speedup:>8} {projected:>14} {by_waves:>9}")
     return "\n".join(lines)
 
 

@@ -212,6 +212,23 @@ def test_rollout_benchmark_runs_a_jsonl_and_reports_span(tmp_path):
     assert len(list((out / "run_gpus0").glob("*.gif"))) == 2 and "speed-up" in proc.stdout
 
 
+def test_rollout_benchmark_projects_by_waves():
+    """Four rollouts in flight, then a second wave of two: the last wave of a longer run is timed between them."""
+    projection = load_script("benchmark_rollout").projection_by_waves
+
+    def record(admitted: float, out: float, written: float) -> dict:
+        return {"generated_at": out, "generate_s": out - admitted, "finished_at": written}
+
+    first = [record(0.1 * i, 10.0 + 0.5 * i / 3, 11.0) for i in range(4)]  # out 10.0-10.5
+    second = [record(10.0, 15.0, 15.5), record(10.5, 16.5, 17.5)]  # admitted as the first left
+    waves = projection(first + second, 30.0, 11)  # 11 samples: two waves of 4, then one of 3
+    assert waves == pytest.approx({"in_flight": 4, "first_wave_s": 10.5, "second_wave": 2, "second_wave_s": 6.5,
+                                   "projected_wall_s": 30.0 + 2 * 10.5 + (6.5 + 4.0 * (3 - 2) / (4 - 2)) + 1.0})
+    assert projection(first + second, 30.0, 8)["projected_wall_s"] == pytest.approx(30.0 + 21.0 + 1.0)  # no last wave
+    assert projection(first, 30.0, 11) is None  # one wave: nothing to time a smaller one by
+    assert projection(first[:2] + [record(10.0, 20.0, 21.0)] * 2, 30.0, 11) is None  # second wave not smaller
+
+
 def test_rollout_benchmark_bad_arguments(capsys):
     rollout_bench = load_script("benchmark_rollout")
     assert rollout_bench.main(["--gpus", "one"]) == 2
