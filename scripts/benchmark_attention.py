@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
             raise TerraInputError("this benchmark needs a GPU of compute capability 9.0 (FA3: H100, H200)")
     except TerraInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"benchmark_attention: error: {err}", file=sys.stderr)
         return 2
     lengths = cached_lengths(args.rollouts)
     rows = []

@@ -58,10 +58,11 @@ def _gpu_out_of_memory(err: BaseException) -> bool:
 def error_line(err: BaseException) -> str:
     """An exception as one line of at most :data:`MAX_ERROR_CHARS` characters (user errors keep their message;
     others get their type name; RecursionError, MemoryError and torch's GPU out-of-memory a plain sentence)."""
-    plain = next((text for kind, text in _PLAIN.items() if isinstance(err, kind)), None)
     text = " ".join(str(err).split())
     if _gpu_out_of_memory(err):
         plain = _GPU_FULL.format(detail=text or "no detail")  # the fix first: a long detail is what gets cut
+    else:
+        plain = next((line for kind, line in _PLAIN.items() if isinstance(err, kind)), None)
     if plain is not None:
         text = plain
     elif not isinstance(err, TerraInputError):
