@@ -70,12 +70,18 @@ def test_metrics_equal_numpy_on_the_written_results(scored):
         assert recall == (pytest.approx(expected) if members else expected)
 
 
-def test_the_same_videos_score_the_same_in_process_with_a_worker(inputs, scored, tmp_path):
-    """Decoding in a DataLoader worker and another batch size change nothing."""
+def test_the_same_videos_score_the_same_in_process_with_a_worker(inputs, scored, tmp_path, capsys, monkeypatch):
+    """Decoding in a DataLoader worker and another batch size change nothing. On a terminal the run says what it
+    is doing before each long stage (loading the estimator, then the videos under their bar)."""
     _, out = scored
     settings = ScoringSettings(videos=inputs.videos, samples=(inputs.samples,), estimator=inputs.estimator,
                                output_dir=tmp_path / "again", batch_size=3, num_workers=1, device="cpu")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     again = score(settings)
+    err = capsys.readouterr().err
+    assert f"score_actbench: loading the estimator from {inputs.estimator} ..." in err
+    assert f"scoring {len(SAMPLE_IDS)} videos on cpu (1 decoding workers)" in err
+    assert f"{len(SAMPLE_IDS)}/{len(SAMPLE_IDS)}" in err  # the bar over the videos
     first = json.loads((out / "summary.json").read_text())
     assert again.metrics.accuracy == first["instruction_fidelity"]["accuracy"]
     assert again.metrics.ade == pytest.approx(first["action_fidelity"]["ADE"], rel=1e-6)
