@@ -37,12 +37,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
+from terra.config.assets import ASSETS
 from terra.config.checks import TerraInputError
 from terra.config.snapshot import snapshot_folder
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), replace=True)
 OmegaConf.register_new_resolver("terra_snapshot", snapshot_folder, replace=True)
