@@ -12,9 +12,15 @@ from tokenizer.base import ImageTokenizer
 
 
 def images_to_uint8(images: torch.Tensor) -> np.ndarray:
-    """Images ``[B, 3, H, W]`` in [-1, 1] → uint8 ``[B, H, W, 3]`` (rounded, clipped)."""
-    pixels = ((images.detach().float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-    return pixels.permute(0, 2, 3, 1).cpu().numpy()
+    """Images ``[B, 3, H, W]`` in [-1, 1] → uint8 ``[B, H, W, 3]``, quantised as Terra's code does for every model.
+
+    Terra's ``generate.py`` (``to_np_images``, and its refiner path alike) clamps to [-1, 1], maps to [0, 1] by
+    ``(x + 1) / 2``, multiplies by 255 and casts with ``astype(np.uint8)``: a floor, not a rounding (254.9 is 254).
+    The same steps run here in float32, so a frame is the byte Terra writes for the same decoded image; this is the
+    one place frames are quantised (decoder/writers.py says what each output file then gets).
+    """
+    unit = (images.detach().float().clamp(-1.0, 1.0) + 1.0) / 2.0
+    return (255 * unit.permute(0, 2, 3, 1).cpu().numpy()).astype(np.uint8)
 
 
 def codes_to_frames(

@@ -4,6 +4,17 @@ Frames are uint8 ``[T, H, W, 3]`` RGB at :data:`MIN_FPS` to :data:`MAX_FPS` fram
 written under a temporary name in the target folder and renamed when complete, so an interrupted run never
 leaves a truncated video under the final name. A write the system refuses (a full disk, a file-size limit, a
 read-only folder) raises :class:`InputError` naming the file, and leaves no temporary file behind.
+
+What each output gets, for every model and every entry point (terra-generate, batch rollouts, terra-serve's
+downloads, grids), so a toolkit run compares with Terra's published ACT-Bench videos:
+
+- **pixels**: :func:`decoder.frames.images_to_uint8`, Terra's quantisation (a floor of ``255 * (x + 1) / 2``);
+- **MP4**: :data:`MP4_ENCODING`, what Terra's ``imageio.get_writer(path, fps=10)`` runs with imageio-ffmpeg's
+  defaults: libx264 with no quality flag (x264's own CRF 23: imageio passes ``quality=None`` on, so its
+  documented quality 5 never reaches ffmpeg), yuv420p, and a frame whose width or height is not a multiple of 16
+  scaled up to one (ffmpeg's ``scale`` filter, bicubic), as imageio's ``macro_block_size=16`` does. The same
+  frames give the same bytes as imageio's writer with the same ffmpeg binary (tests/decoder/test_decoder.py);
+- **GIF**: Pillow's palette per frame (lossy colours; Terra writes no GIF); **PNG**: the pixels, lossless.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import shutil
 import signal
 import subprocess
 from contextlib import contextmanager
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -92,29 +104,58 @@ def ffmpeg_exe() -> str:
     return exe
 
 
-def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, quality: float = 8.0) -> Path:
-    """H.264 MP4 (yuv420p, by imageio-ffmpeg's ffmpeg binary). Odd sizes are padded by one edge row/column to
-    even. ``quality`` is imageio's scale, 1 to 10 (8: CRF 10).
+@dataclass(frozen=True)
+class Mp4Encoding:
+    """The encoder settings of an MP4: ffmpeg's video codec, pixel format, CRF (``None``: the codec's default, no
+    flag) and the macro-block size a frame's width and height are scaled up to a multiple of (1: never scaled)."""
+
+    codec: str
+    pix_fmt: str
+    crf: int | None
+    macro_block_size: int
+
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """The encoded ``(width, height)`` of frames of this size: each rounded up to a macro-block multiple."""
+        block = self.macro_block_size
+        return -(-width // block) * block, -(-height // block) * block
+
+
+# imageio.get_writer(path, fps=10) → imageio-ffmpeg's write_frames (imageio/plugins/ffmpeg.py, imageio_ffmpeg/_io.py)
+MP4_ENCODING = Mp4Encoding(codec="libx264", pix_fmt="yuv420p", crf=None, macro_block_size=16)
+
+
+def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.PathLike,
+                encoding: Mp4Encoding = MP4_ENCODING) -> list[str]:
+    """ffmpeg's arguments for raw RGB frames of ``width`` x ``height`` on stdin → ``path``: imageio-ffmpeg's
+    command for the same settings (log level aside: errors only, captured by :func:`write_mp4`)."""
+    command = [exe, "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}", "-pix_fmt", "rgb24",
+               "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
+               "-vcodec", encoding.codec, "-pix_fmt", encoding.pix_fmt]
+    if encoding.crf is not None:
+        command += ["-crf", str(encoding.crf)]
+    out_width, out_height = encoding.output_size(width, height)
+    if (out_width, out_height) != (width, height):
+        command += ["-vf", f"scale={out_width}:{out_height}"]
+    return command + ["-v", "error", str(path)]
+
+
+def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) -> Path:
+    """H.264 MP4 encoded as :data:`MP4_ENCODING` says (Terra's imageio writer; see the module's docstring), by
+    imageio-ffmpeg's ffmpeg binary (:func:`ffmpeg_exe`).
 
     ffmpeg runs here with its messages captured, so a failed encode (a full disk) is one error line naming
-    the file, never a truncated video or ffmpeg's log on stderr. The binary is found by :func:`ffmpeg_exe`.
+    the file, never a truncated video or ffmpeg's log on stderr.
     """
     exe = ffmpeg_exe()
     frames, fps = check_frames(frames), check_fps(fps)
-    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
-    if pad_h or pad_w:
-        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
     height, width = frames.shape[1:3]
-    crf = int((1 - quality / 10.0) * 51)
     with atomic_output(path) as tmp:
-        command = [exe, "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
-                   "-s", f"{width}x{height}", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
-                   "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", str(crf), "-movflags", "+faststart", str(tmp)]
+        command = mp4_command(exe, width, height, fps, tmp)
         # A session of its own: a Ctrl-C meant for this program reaches ffmpeg only through the kill below.
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, start_new_session=True)
         try:
-            _, log = process.communicate(np.ascontiguousarray(frames).tobytes())
+            _, log = process.communicate(frames.tobytes())
         except BaseException:
             process.kill()
             process.wait()

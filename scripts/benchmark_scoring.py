@@ -67,14 +67,13 @@ def synthetic_frames(num_frames: int, height: int, width: int, seed: int) -> np.
 
 
 def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> None:
-    """H.264 (libx264, yuv420p, CRF 10: the toolkit's MP4 quality, decoder/writers.py) by PyAV, which scoring
-    needs anyway, so the benchmark runs where imageio-ffmpeg is not installed."""
+    """H.264 (libx264 at its default CRF 23, yuv420p: the toolkit's and Terra's encoding, decoder/writers.py) by
+    PyAV, which scoring needs anyway, so the benchmark runs where imageio-ffmpeg is not installed."""
     import av
 
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        stream.options = {"crf": "10"}
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())

@@ -33,6 +33,7 @@ any model loads, the output folder included; a bad one ends with one line on std
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -267,14 +268,18 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
         "image_size": list(image_size),
         "domain": str(cfg.domain),
     }
+    say = _stage_lines(bool(cfg.progress))
+    say(f"{report['backend']} on {report['device']} loaded in {load_s:.1f} s")
     try:
         if int(cfg.quality.num_clips) > 0:
             seeds = held_out_seeds(int(cfg.quality.scene_seed), int(cfg.quality.num_clips), exclude)
+            say(f"frame quality: rendering {len(seeds)} held-out clips, then their rollouts ...")
             clips = quality_clips(cfg, seeds, image_size)
             report["quality"] = evaluate_quality(pipeline, clips, n_ctx, sampling, int(cfg.seed), bool(cfg.progress))
             report["quality"]["scene_seeds"] = [seeds[0], seeds[-1]]
         if int(cfg.adherence.num_cases) > 0:
             seeds = held_out_seeds(int(cfg.adherence.scene_seed), int(cfg.adherence.num_cases), exclude)
+            say(f"manoeuvre adherence: rendering {len(seeds)} cases, then their rollouts ...")
             cases = adherence_cases(cfg, seeds, image_size)
             horizons = [int(h) for h in cfg.adherence.horizons or []]
             report["adherence"] = evaluate_adherence(pipeline, cases, n_ctx, horizons, sampling, int(cfg.seed),
@@ -289,6 +294,14 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
     write_text(out, json.dumps(report, indent=1) + "\n")
     report["path"] = str(out)
     return report
+
+
+def _stage_lines(progress: bool):
+    """A function printing a stage's line on stderr above the generation bars, when they show (a terminal)."""
+    from tqdm import tqdm
+
+    shown = progress and sys.stderr.isatty()
+    return lambda line: tqdm.write(f"evaluate: {line}", file=sys.stderr) if shown else None
 
 
 def _targets(cfg: DictConfig, report: dict) -> dict:

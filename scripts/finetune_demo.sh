@@ -10,7 +10,8 @@
 #   bash scripts/finetune_demo.sh table      # one line per model and domain from the evaluation reports
 #   bash scripts/finetune_demo.sh all        # every stage in order
 #
-# Environment: RUN (work folder, default runs/left_hand), PY (python), DOMAIN (the new domain: left_hand | night;
+# Environment: RUN (work folder, default runs/left_hand), PY (the Python to run: default .venv/bin/python, the
+# environment `make` builds, else python3), DOMAIN (the new domain: left_hand | night;
 # night needs a tokenizer trained on night frames, MODEL_CARD.md says why), NEW_CLIPS and DAY_CLIPS (800 and 400;
 # half as many new-domain drives overfit and missed a target, MODEL_CARD.md), FRAMES (frames per clip: 60,
 # six-second drives), STEPS (optimizer steps per run; validation loss every 100, no validation rollouts: four runs
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DOMAIN=${DOMAIN:-left_hand}
 RUN=${RUN:-runs/$DOMAIN}
-PY=${PY:-python}
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 STEPS=${STEPS:-1000}
 JOBS=${JOBS:-4}
 EXTRA=${EXTRA:-}

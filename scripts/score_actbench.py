@@ -4,7 +4,8 @@
         estimator=ACT-Estimator output_dir=results/terra [batch_size=16 num_workers=8 device=auto]
 
 → ``<output_dir>/summary.json`` (ACT-Bench's keys), ``results.jsonl`` (one row per sample, ACT-Bench's
-columns), ``confusion_matrix.png`` and a one-screen summary on stdout. A thin Hydra wrapper
+columns), ``confusion_matrix.png`` and a one-screen summary on stdout. ``dry_run=true`` checks the samples, the
+videos and the estimator folder without loading weights and reports what is missing (terra/scoring/check.py). A thin Hydra wrapper
 (conf/score_actbench.yaml) around :mod:`terra.scoring`, which documents the matching, the preprocessing and the
 metrics. The settings are checked before torch is imported (terra/scoring/settings.py); like every Hydra app
 (terra/apps/runner.py) a user error, a missing or short video included, is one line and exit code 2, and nothing
@@ -28,6 +29,15 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: check the settings, score, print the summary."""
     check_added_settings(COMMAND)
     settings = scoring_settings(cfg)  # no torch yet: a bad setting is one line in about a second
+    if settings.dry_run:  # samples, videos and the estimator folder; no weights loaded, nothing written
+        from terra.config.checks import TerraInputError
+        from terra.scoring.check import dry_run
+
+        report = dry_run(settings)
+        print(report.text())
+        if not report.ready:
+            raise TerraInputError(f"the dry run found {len(report.problems)} problem(s), listed above")
+        return
     from terra.scoring.run import score  # torch and the estimator
 
     print(score(settings).text)

@@ -8,12 +8,13 @@
 #   bash scripts/train_demo.sh world_model   # train the world model, export it when done or out of budget
 #   bash scripts/train_demo.sh install       # copy both exports into terra/assets/demo
 #
-# Environment: RUN (work folder, default runs/demo), PY (python), MINUTES (budget of a training stage),
+# Environment: RUN (work folder, default runs/demo), PY (the Python to run: default .venv/bin/python, the
+# environment `make` builds, else python3), MINUTES (budget of a training stage),
 # CLIPS, FRAMES (dataset size), TOK_STEPS, WM_STEPS (schedule lengths), EXTRA (more Hydra overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/demo}
-PY=${PY:-python}
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 MINUTES=${MINUTES:-15}
 EXTRA=${EXTRA:-}
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from decoder import codes_to_frames
+from terra.config.assets import DEMO, demo_checkpoints
 from terra.config.backend import DTYPES, check_backend, check_device
 from terra.config.checks import TerraInputError, check_choice, check_flag
 from terra.config.sampling import SamplingConfig
@@ -61,6 +62,28 @@ def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
         )
 
 
+def _pretrained_paths(world_model: str | Path, tokenizer: str | Path | ImageTokenizer | None,
+                      ) -> tuple[str, str | Path | ImageTokenizer]:
+    """:meth:`WorldModelPipeline.from_pretrained`'s ``world_model`` and ``tokenizer`` as folders (or the loaded
+    tokenizer); one line for a name that is neither ``"demo"`` nor a folder here."""
+    if str(world_model) == DEMO:
+        demo_model, demo_tokenizer = demo_checkpoints()
+        return str(demo_model), demo_tokenizer if tokenizer is None else tokenizer
+    folder = Path(world_model).expanduser()
+    if not folder.is_dir():
+        name = str(world_model)
+        hub = "/" in name and not name.startswith(("/", ".", "~")) and len(Path(name).parts) == 2
+        hint = (f"it looks like a Hugging Face repo id: download it first, e.g. `hf download {name} --local-dir "
+                f"{Path(name).name}`, and pass the world model's folder (Terra: {Path(name).name}/world_model)"
+                if hub else "pass a checkpoint folder (config.json + safetensors)")
+        raise TerraInputError(f"world_model={name!r} is not a folder here; from_pretrained takes {DEMO!r} (the shipped "
+                              f"demo model) or a local checkpoint folder, and downloads nothing: {hint}")
+    if tokenizer is None:
+        raise TerraInputError(f"from_pretrained({str(world_model)!r}) needs the tokenizer the world model was trained "
+                              "with: tokenizer=its folder (Terra v1: Terra/lfq_tokenizer_B_256) or a loaded tokenizer")
+    return str(folder), tokenizer
+
+
 class WorldModelPipeline:
     """Context images + actions → generated codes → frames, on any backend."""
 
@@ -100,8 +123,8 @@ class WorldModelPipeline:
     @classmethod
     def from_pretrained(
         cls,
-        world_model: str | Path,
-        tokenizer: str | Path | ImageTokenizer,
+        world_model: str | Path = DEMO,
+        tokenizer: str | Path | ImageTokenizer | None = None,
         backend: str = "auto",
         device: str = "auto",
         dtype: str = "auto",
@@ -110,7 +133,15 @@ class WorldModelPipeline:
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
-        the Python API's edge, so the arguments are checked here, then :meth:`from_spec` runs."""
+        the Python API's edge, so the arguments are checked here, then :meth:`from_spec` runs.
+
+        ``world_model`` is ``"demo"`` (the demo model shipped in the package, with its tokenizer: no
+        ``tokenizer`` needed) or a local checkpoint folder in Terra's layout (``config.json`` and safetensors:
+        Terra's ``world_model/``, a fine-tune's ``model/``); ``tokenizer`` is the folder of the tokenizer it was
+        trained with (Terra's ``lfq_tokenizer_B_256``) or a loaded :class:`ImageTokenizer`. Nothing is downloaded:
+        a Hub id is one line saying how to download it first (``hf download``).
+        """
+        world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
                        backend=backend, backend_options=options, device=check_device(device),

@@ -49,3 +49,26 @@ def test_one_line_joins_hydras_option_list_and_drops_key_details():
     assert hydra_error_line(ValueError("Key 'x' is not in struct\n    full_key: x\n    object_type=dict")) == (
         "Key 'x' is not in struct")
     assert hydra_error_line(KeyError()) == "KeyError"
+
+
+@pytest.mark.parametrize("app", ["generate", "rollout", "serve", "evaluate", "train_world_model",
+                                 "prepare_driving_logs"])
+def test_terras_models_sample_as_terra_unless_told_otherwise(app):
+    """model=terra_v1|terra_v2 select conf/sampling/terra.yaml (Terra's generate.py: temperature 0.9, no top-k,
+    top-p 1); a sampling choice or value on the command line still wins; the demo model keeps the app's own."""
+    from hydra import compose, initialize_config_dir
+
+    from terra.apps.runner import CONF_DIR
+
+    def sampling(*overrides: str) -> dict | None:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose(app, overrides=list(overrides))
+        return None if cfg.get("sampling") is None else dict(cfg.sampling)
+
+    terra = {"temperature": 0.9, "top_k": 0, "top_p": 1.0}
+    assert sampling("model=terra_v1") == sampling("model=terra_v2") == terra
+    if app in ("train_world_model", "prepare_driving_logs"):  # they do not sample (the key is left unused)
+        return
+    assert sampling("model=terra_v1", "sampling=default")["temperature"] == 1.0
+    assert sampling("model=terra_v2", "sampling.temperature=0.5") == {**terra, "temperature": 0.5}
+    assert sampling()["temperature"] == (0.0 if app == "evaluate" else 1.0)  # the demo model: greedy / default

@@ -103,3 +103,19 @@ def test_notebook_runs(path: Path, kernel_dir: Path, monkeypatch):
         out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs if out.output_type == "error"
     ]
     assert not errors, f"{path.name}: error outputs {errors}"
+    warned = [out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+              if out.output_type == "stream" and "IProgress not found" in out.get("text", "")]
+    assert not warned, f"{path.name}: tqdm's notebook bars need ipywidgets (the notebooks extra): {warned[0][:200]}"
+
+
+def test_readme_notebook_commands_are_installed_by_the_notebooks_extra():
+    """README runs a notebook into a file with its outputs (nbconvert) and opens them in JupyterLab: the
+    notebooks extra installs both, and ipywidgets for the notebooks' progress bars."""
+    import tomllib
+
+    readme = (NOTEBOOK_DIR.parent / "README.md").read_text()
+    assert "jupyter nbconvert --to html --execute notebooks/quickstart.ipynb" in readme
+    assert "jupyter lab notebooks/" in readme and "pip install -e '.[notebooks]'" in readme
+    extra = tomllib.loads((NOTEBOOK_DIR.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[]", req)[0] for req in extra["notebooks"]}
+    assert {"jupyterlab", "nbconvert", "ipywidgets", "ipykernel"} <= names

@@ -3,17 +3,26 @@ at a time, so the tokenizer's activations stay one batch beside an engine that h
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import imageio.v3 as iio
 import numpy as np
+import pytest
 import torch
 
 from terra.generation.backends import create_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from tokenizer import LFQTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_concurrent_encode_and_decode_never_overlap_in_the_tokenizer(tiny_model_dir, single_thread) -> None:
@@ -48,3 +57,33 @@ def test_concurrent_encode_and_decode_never_overlap_in_the_tokenizer(tiny_model_
     assert all(np.array_equal(frames, decoded[0]) for frames in decoded)
     assert all(np.array_equal(c, codes) for c in encoded)
     assert decoded[0].shape == (4, *pipeline.image_size, 3)
+
+
+def test_the_readme_python_snippet_runs_as_pasted_from_any_folder(tmp_path) -> None:
+    """README's "From Python" block, run from a folder outside the repository (two frames instead of 16)."""
+    snippet = re.search(r"From Python:\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    assert snippet.count("16") == 2  # the only two places that say how many frames
+    code = snippet.replace("len(codes) + 16", "len(codes) + 2").replace("num_frames=16", "num_frames=2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "(5, 144, 256, 3)"  # 3 context + 2 generated frames at the demo's size
+    assert iio.imread(tmp_path / "rollout.mp4", index=None).shape == (5, 144, 256, 3)
+
+
+@pytest.mark.parametrize("world_model, tokenizer, message", [
+    ("turing-motors/Terra", None, "it looks like a Hugging Face repo id: download it first, e.g. `hf download "
+                                  "turing-motors/Terra --local-dir Terra`, and pass the world model's folder "
+                                  "(Terra: Terra/world_model)"),
+    ("no/such/folder", None, "is not a folder here; from_pretrained takes 'demo' (the shipped demo model) or a local "
+                             "checkpoint folder, and downloads nothing: pass a checkpoint folder"),
+    ("WORLD", None, "needs the tokenizer the world model was trained with: tokenizer=its folder"),
+])
+def test_from_pretrained_says_what_it_takes_in_one_line(tiny_model_dir, world_model, tokenizer, message) -> None:
+    from terra.config.checks import TerraInputError
+
+    world_model = str(tiny_model_dir) if world_model == "WORLD" else world_model
+    with pytest.raises(TerraInputError) as err:
+        WorldModelPipeline.from_pretrained(world_model, tokenizer, device="cpu")
+    assert message in str(err.value) and "\n" not in str(err.value)

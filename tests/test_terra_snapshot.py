@@ -398,3 +398,18 @@ def test_rollout_script_exits_2_with_one_line_for_a_missing_snapshot(samples, tm
     result = run(rollout_command(tmp_path / "no_such_Terra", samples, out, "backend=hf"), ROOT)
     check_one_line(result, "rollout", f"terra_root={tmp_path / 'no_such_Terra'} does not exist")
     assert not out.exists()
+
+
+def test_download_lines_name_the_hf_command_the_environment_has(tmp_path):
+    """huggingface_hub ships `hf` (no `huggingface-cli` any more): every line that says how to download names it."""
+    from decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
+    from terra.config.checks import TerraInputError
+    from terra.config.snapshot import DOWNLOAD_HINT
+    from terra.scoring.estimator import weights_file
+
+    assert "`hf download turing-motors/Terra --local-dir Terra`" in DOWNLOAD_HINT
+    assert "`hf download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`" in REFINER_HINT
+    with pytest.raises(TerraInputError, match="hf download turing-motors/ACT-Estimator --local-dir "):
+        weights_file(tmp_path)
+    assert shutil.which("hf", path=str(Path(sys.executable).parent))
+    assert "huggingface-cli" not in (ROOT / "README.md").read_text()

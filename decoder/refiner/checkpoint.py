@@ -17,7 +17,7 @@ from decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
 from tokenizer.errors import InputError
 
 DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing-motors/Terra "
-                 "(`huggingface-cli download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`)")
+                 "(`hf download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`)")
 
 
 def check_file(path: str | os.PathLike) -> Path:

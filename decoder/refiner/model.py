@@ -27,7 +27,7 @@ from torch import nn
 
 from decoder.frames import images_to_uint8
 from decoder.refiner.checkpoint import match_tensors, read_state_dict
-from decoder.refiner.config import DECODER_MID_RES_BLOCKS, RefinerConfig
+from decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, RefinerConfig
 from decoder.refiner.keys import WRAPPER_PREFIX, key_table
 from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
 from decoder.refiner.sampler import sample_pass
@@ -51,6 +51,10 @@ class VideoRefiner(nn.Module):
         config.check()
         self.config = config
         self.unet = UNetSpatioTemporalConditionModel(**config.unet_kwargs())
+        for block in (*self.unet.down_blocks, self.unet.mid_block, *self.unet.up_blocks):
+            for resnet in block.resnets:
+                for part in (resnet.spatial_res_block, resnet.temporal_res_block):
+                    part.norm1.eps = part.norm2.eps = UNET_RES_BLOCK_EPS
         width = config.unet_channels[0]
         self.cond_time_stack_embed = TimestepEmbedding(width, 4 * width)  # published, unused at inference
         self.cond_encoder = AutoencoderKL(**config.encoder_kwargs())

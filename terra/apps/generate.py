@@ -78,7 +78,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if spec.context is not None:
         check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
 
-    from terra.generation.backends import resolve_spec
+    from terra.generation.backends import resolve_spec, set_torch_threads
     from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
     from terra.models.checkpoint import read_world_model_config
     from terra.outputs import write_outputs
@@ -92,6 +92,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
         transformers_logging.disable_progress_bar()
     # 2. the engine, the window, the tokenizer, the context frames and the trajectory
+    set_torch_threads(spec.run.num_threads)
     run_settings = resolve_spec(spec.run)  # device and backend chosen once
     refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
     config = read_world_model_config(run_settings.world_model)

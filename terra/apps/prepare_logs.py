@@ -55,9 +55,13 @@ def _main(cfg: DictConfig) -> None:
         todo = [folder for folder in spec.clips if folder.name not in done]
         splits = assign_splits([folder.name for folder in todo], spec.val_fraction)
         # 4. read, resample, tokenize, write shards as they fill
-        bar = tqdm(todo, desc="clips", unit="clip", disable=not (spec.progress and sys.stderr.isatty()))
+        shown = spec.progress and sys.stderr.isatty()
+        bar = tqdm(todo, desc="clips", unit="clip", disable=not shown, position=0)
+        frames = tqdm(desc="frames tokenized", unit="frame", disable=not shown, position=1)  # moves within a clip
         summary = prepare_shards(spec, tokenizer, index, bar, splits,
-                                 report=lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr))
+                                 report=lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr),
+                                 on_frames=frames.update)
+        frames.close()
         bar.close()
     # 5. the summary
     print(f"{PROG}: {summary.line(index, spec.output)}")

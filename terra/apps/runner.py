@@ -12,7 +12,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
   SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
   error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
-  ``HYDRA_FULL_ERROR=1``.
+  ``HYDRA_FULL_ERROR=1``. Without ``--verbose`` vLLM logs warnings and errors only (``VLLM_LOGGING_LEVEL``, unless
+  the environment sets it).
 * :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
   instead of silently ignored.
 """
@@ -20,6 +21,7 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import signal
@@ -37,12 +39,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
+from terra.config.assets import ASSETS
 from terra.config.checks import TerraInputError
 from terra.config.snapshot import snapshot_folder
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), replace=True)
 OmegaConf.register_new_resolver("terra_snapshot", snapshot_folder, replace=True)
@@ -141,6 +143,10 @@ def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> N
     command = command or prog
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
+    if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported, and by its processes
+        if os.environ["VLLM_LOGGING_LEVEL"].upper() == "WARNING":  # also what it logs while importing, before that
+            logging.getLogger("vllm").setLevel(logging.WARNING)
     user_wants_traces = verbose or os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)

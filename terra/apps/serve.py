@@ -40,12 +40,13 @@ def load_service(cfg: DictConfig) -> SessionService:
     settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
     spec = run_spec(cfg)
     # torch, Transformers and FastAPI load only once the settings above are known to be good
-    from terra.generation.backends import resolve_spec
+    from terra.generation.backends import resolve_spec, set_torch_threads
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
     from terra.serve.service import SessionService
     from terra.session import SessionHost
 
+    set_torch_threads(spec.num_threads)
     spec = resolve_spec(spec)
     config = read_world_model_config(spec.world_model)
     check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)

@@ -3,7 +3,8 @@
 The driver (terra/batch/ray_executor.py) wraps :class:`RolloutActor` with ``ray.remote`` and makes two calls
 per sample: :meth:`RolloutActor.run` returns once the sample's rollout has left the engine (its slot is free, so
 the driver sends the next sample while this one is still being written), :meth:`RolloutActor.record` once its
-files are written, with its manifest record. The calls wait on an asyncio loop while
+files are written, with its manifest record; :meth:`RolloutActor.progress` answers the driver's polls for the
+frames generated so far. The calls wait on an asyncio loop while
 :class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on one
 engine. The actor never raises from its constructor: a start-up failure (a missing vLLM plugin, a model that
 does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print. An engine loop that
@@ -55,6 +56,7 @@ class RolloutActor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._generated: dict[int, asyncio.Future] = {}  # sample index -> resolved when its rollout left the engine
         self._records: dict[int, asyncio.Future] = {}  # sample index -> resolved with its manifest record
+        self._frames: dict[int, int] = {}  # sample index -> frames generated so far, until its record is taken
         self._lock = threading.Lock()
         try:
             self._start(config, model_config, longest)
@@ -75,7 +77,7 @@ class RolloutActor:
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,
                                       on_generated=self._left_engine,
-                                      refiner=None if refiner is None else refiner.load())
+                                      refiner=None if refiner is None else refiner.load(), on_frame=self._frame)
         threading.Thread(target=self._drive, name="terra-batch-engine", daemon=True).start()
 
     def _drive(self) -> None:
@@ -119,6 +121,16 @@ class RolloutActor:
         finally:
             with self._lock:
                 self._records.pop(index, None)
+                self._frames.pop(index, None)
+
+    def progress(self) -> dict[int, int]:
+        """Frames generated so far of each sample this actor holds (the driver's frame bar polls it)."""
+        with self._lock:
+            return dict(self._frames)
+
+    def _frame(self, index: int, count: int) -> None:
+        with self._lock:
+            self._frames[index] = count
 
     def _left_engine(self, item: Item) -> None:
         """The engine handed ``item``'s rollout to the writers: its :meth:`run` call returns."""

@@ -35,6 +35,7 @@ from terra.batch.stream import longest_rollout
 from terra.config.checks import TerraInputError
 from terra.models import LlamaActionConfig
 
+POLL_S = 1.0  # how often the driver asks each actor for its frames so far (the frame bar)
 WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long (vLLM starts in 1-2 min)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
@@ -117,8 +118,10 @@ class RayExecutor:
             options["runtime_env"] = settings.runtime_env
         return count, options
 
-    def run(self, items: Sequence[Item], model_config: LlamaActionConfig, emit: Callable[[dict], None]) -> None:
-        """Run ``items`` on the actors; ``emit`` gets one record per item (with ``actor``, ``node``, ``gpus``)."""
+    def run(self, items: Sequence[Item], model_config: LlamaActionConfig, emit: Callable[[dict], None],
+            on_frames: Callable[[int, int], None] | None = None) -> None:
+        """Run ``items`` on the actors; ``emit`` gets one record per item (with ``actor``, ``node``, ``gpus``),
+        ``on_frames`` a sample's index and its frames generated so far, as the actors' progress polls tell."""
         from terra.batch.ray_actor import RolloutActor  # imports Ray
 
         ray = self.ray
@@ -128,7 +131,7 @@ class RayExecutor:
                                                                          longest_rollout(items))
                   for a in range(self.count)]
         try:
-            _Dispatcher(ray, actors, self.settings, emit).run(items)
+            _Dispatcher(ray, actors, self.settings, emit, on_frames).run(items)
         finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
@@ -143,8 +146,12 @@ class _Dispatcher:
     (no read-ahead), so the late one still gets its share of a short run.
     """
 
-    def __init__(self, ray: Any, actors: list, settings: RaySettings, emit: Callable[[dict], None]) -> None:
+    def __init__(self, ray: Any, actors: list, settings: RaySettings, emit: Callable[[dict], None],
+                 on_frames: Callable[[int, int], None] | None = None) -> None:
         self.ray, self.actors, self.settings, self.emit = ray, actors, settings, emit
+        self.on_frames = on_frames  # None: no progress polls
+        self.polls: dict[Any, int] = {}  # progress() call → its actor
+        self.polled = [0.0] * len(actors)  # when each actor was last asked
         self.infos: list[dict | None] = [None] * len(actors)  # from info(); None until the actor is up
         self.usable: set[int] = set()  # actors taking samples
         self.starting = set(range(len(actors)))  # actors whose first info() has not answered yet
@@ -166,10 +173,14 @@ class _Dispatcher:
                 for item in queue:
                     self._fail(item, f"no Ray actor left to run it; the last one died: {self.last_death}")
                 return
-            ready, _ = self.ray.wait([*self.calls, *self.records, *self.pings], num_returns=1, timeout=1.0)
+            self._poll_progress()
+            ready, _ = self.ray.wait([*self.calls, *self.records, *self.pings, *self.polls], num_returns=1,
+                                     timeout=1.0)
             for ref in ready:
                 if ref in self.pings:
                     self._actor_up(ref, *self.pings.pop(ref))
+                elif ref in self.polls:
+                    self._progress(ref)
                 elif ref in self.calls:
                     self._generated(ref, queue)
                 else:
@@ -178,6 +189,28 @@ class _Dispatcher:
                 noticed = True
                 tqdm.write(f"rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or the "
                            "cluster lacks free resources: `ray status` shows them)", file=sys.stderr)
+
+    def _poll_progress(self) -> None:
+        """Ask each working actor for its samples' frames so far, at most every :data:`POLL_S` seconds."""
+        if self.on_frames is None:
+            return
+        asked = set(self.polls.values())
+        now = time.monotonic()
+        for a in self.usable:
+            if a not in asked and self.load[a] and now - self.polled[a] >= POLL_S:
+                self.polled[a] = now
+                self.polls[self.actors[a].progress.remote()] = a
+
+    def _progress(self, ref: Any) -> None:
+        """A progress() call returned: report each sample's frames (an actor that died meanwhile answers nothing;
+        its death reaches the driver through its other calls)."""
+        self.polls.pop(ref)
+        try:
+            frames = self.ray.get(ref)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.RayTaskError):
+            return
+        for index, count in frames.items():
+            self.on_frames(index, count)
 
     def _room(self, a: int) -> int:
         """Samples actor ``a`` may hold before they are generated: its engine's rollouts, plus read-ahead once every
@@ -259,6 +292,8 @@ class _Dispatcher:
         if tries > self.settings.max_retries:
             self._fail(item, f"its Ray actor died {tries} times while running it: {cause}")
         else:
+            if self.on_frames is not None:
+                self.on_frames(item.sample.index, 0)  # its frames went with the actor
             queue.appendleft(item)
 
     def _actor_lost(self, a: int, err: Exception) -> None:

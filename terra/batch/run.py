@@ -1,5 +1,5 @@
 """A whole batch run: plan, check, then run the pending samples in this process (``executor=local``) or on Ray
-actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progress bar and summary file."""
+actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progress bars (terra/batch/progress.py) and summary file."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from terra.batch.engine import build_pipeline, set_threads
 from terra.batch.lock import output_lock
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries
+from terra.batch.progress import BatchProgress
 from terra.batch.samples import Sample
 from terra.batch.stream import run_items
 from terra.config.checks import shown
@@ -132,30 +133,28 @@ def _run_planned(config: BatchConfig, the_plan: BatchPlan, started: float, pipel
     if the_plan.stale:
         tqdm.write(f"rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings or with "
                    "files missing; generating them again", file=sys.stderr)
-    bar = tqdm(total=len(the_plan.to_run), unit="sample", desc="rollouts", disable=not config.progress,
-               dynamic_ncols=True, smoothing=0.1)
+    progress = BatchProgress(the_plan.to_run, config.progress)
 
     def on_record(record: dict) -> None:
         if record["status"] == "failed":
             tqdm.write(f"rollout: {_describe(record)} failed ({record['stage']}): {record['error']}", file=sys.stderr)
-        counts = count_statuses(manifest.records)
-        bar.set_postfix(ok=counts["ok"], failed=counts["failed"], refresh=False)
-        bar.update(1)
+        progress.recorded(record, manifest.records)
 
     manifest.on_record = on_record
     interrupted_by = None
     try:
         if executor is not None:
-            executor.run(the_plan.to_run, model_config, manifest.add)
+            executor.run(the_plan.to_run, model_config, manifest.add, progress.generated)
         elif the_plan.to_run:
-            run_items(the_plan.to_run, config, pipeline, manifest.add, None if refiner is None else refiner.load())
+            run_items(the_plan.to_run, config, pipeline, manifest.add, None if refiner is None else refiner.load(),
+                      on_frame=progress.generated)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as terra/apps/runner.py's Interrupted (it has signum)
         interrupted_by = int(getattr(err, "signum", signal.SIGINT))
         raise
     finally:
         if executor is not None:
             executor.close()
-        bar.close()
+        progress.close()
         manifest.close()
         remove_stale_temporaries(the_plan.items)  # of writes cut short (an interrupt, a killed worker)
         seconds = time.perf_counter() - started

@@ -38,7 +38,8 @@ def prefetch(max_concurrent: int) -> int:
 class StreamingEngine:
     """Runs samples on one pipeline, at most ``max_concurrent`` rollouts in flight; ``emit`` gets one manifest
     record per sample (from the engine or a writer thread), ``on_generated`` (if given) each sample whose rollout
-    left the engine for the writers: its slot is free before its files are written.
+    left the engine for the writers: its slot is free before its files are written, ``on_frame`` (if given) a
+    sample's index and its frames generated so far after each of its frames (terra/batch/progress.py).
 
     :meth:`put` feeds samples (any thread), :meth:`end` says no more will come, :meth:`run` drives the engine
     on the calling thread until every sample is recorded (or :meth:`stop` is called).
@@ -46,9 +47,9 @@ class StreamingEngine:
 
     def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
                  max_concurrent: int, on_generated: Callable[[Item], None] | None = None,
-                 refiner: "VideoRefiner | None" = None) -> None:
+                 refiner: "VideoRefiner | None" = None, on_frame: Callable[[int, int], None] | None = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
-        self.on_generated = on_generated
+        self.on_generated, self.on_frame = on_generated, on_frame
         self.refiner = refiner  # decoding=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
         self.sampling = SamplingConfig(**config.sampling)  # checked by check_config: this only builds it
@@ -122,6 +123,8 @@ class StreamingEngine:
                     continue
                 for done in finished:
                     prepared, state, admitted = active[id(done.state)]
+                    if self.on_frame is not None:
+                        self.on_frame(prepared.item.sample.index, state.num_generated)
                     if state.finished:
                         del active[id(state)]
                         backend.release(state)
@@ -180,12 +183,13 @@ def longest_rollout(items: Iterable[Item]) -> int:
 
 
 def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPipeline,
-              emit: Callable[[dict], None], refiner: "VideoRefiner | None" = None) -> None:
+              emit: Callable[[dict], None], refiner: "VideoRefiner | None" = None,
+              on_frame: Callable[[int, int], None] | None = None) -> None:
     """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
-    item; ``refiner`` decodes with ``decoding=refiner``. ``max_concurrent=auto`` is resolved against the engine
-    (terra/batch/concurrency.py)."""
+    item, ``on_frame`` each generated frame (:class:`StreamingEngine`); ``refiner`` decodes with
+    ``decoding=refiner``. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
     engine = StreamingEngine(pipeline, config, emit, resolve_max_concurrent(config, pipeline, longest_rollout(items)),
-                             refiner=refiner)
+                             refiner=refiner, on_frame=on_frame)
     for item in items:
         engine.put(item)
     engine.end()

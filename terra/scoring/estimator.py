@@ -352,7 +352,7 @@ def weights_file(folder: Path) -> Path:
             open_input_file(folder / name, "estimator weights", MAX_WEIGHTS_BYTES).close()
             return folder / name
     raise TerraInputError(f"estimator folder {folder} has none of {', '.join(WEIGHT_FILES)}; download "
-                          "turing-motors/ACT-Estimator into it")
+                          f"ACT-Bench's estimator into it: hf download turing-motors/ACT-Estimator --local-dir {folder}")
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:

@@ -96,9 +96,12 @@ def results_lines(samples: list[BenchSample], paths: list[Path], classes: np.nda
 def score(settings: ScoringSettings) -> ScoreResult:
     """Score the videos of ``settings`` and write the report (terra/scoring/report.py)."""
     start = time.perf_counter()
+    shown = settings.progress and sys.stderr.isatty()  # the bar's terminal also gets the stages' lines
+    say = (lambda line: tqdm.write(f"score_actbench: {line}", file=sys.stderr)) if shown else (lambda line: None)
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     device = torch.device(resolve_device(settings.device))
+    say(f"loading the estimator from {settings.estimator} ...")
     estimator = VideoActionEstimator.from_pretrained(settings.estimator)
     if estimator.config.num_classes != len(LABELS):
         raise TerraInputError(f"the estimator in {settings.estimator} has {estimator.config.num_classes} classes; "
@@ -108,6 +111,8 @@ def score(settings: ScoringSettings) -> ScoreResult:
     paths = match_videos(samples, videos, settings.videos)
     estimator.to(device)
     loaded = time.perf_counter()
+    say(f"estimator loaded in {loaded - start:.1f} s; scoring {len(paths)} videos on {device} "
+        f"({settings.num_workers} decoding workers)")
     classes, waypoints = estimate(estimator, paths, settings, device)
     estimated = time.perf_counter()
     ade, fde = displacement_errors(waypoints, np.stack([s.reference for s in samples]))

@@ -33,14 +33,15 @@ class ScoringSettings:
 
     videos: Path  # folder of <name>_<sample_id>.mp4
     samples: tuple[Path, ...]  # JSONL files of ACT-Bench samples
-    estimator: Path  # folder: config.json + weights
-    output_dir: Path  # absolute; summary.json, results.jsonl, confusion_matrix.png
+    estimator: Path | None  # folder: config.json + weights (a dry run may have none)
+    output_dir: Path | None  # absolute; summary.json, results.jsonl, confusion_matrix.png (None: a dry run)
     batch_size: int = 16
     num_workers: int = 8  # DataLoader workers decoding videos (0: in this process; at most the CPUs usable)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 autocast on a GPU, fp32 on a CPU) | float32 | bfloat16
     progress: bool = True
     num_threads: int | None = None  # torch CPU threads; None: torch's default
+    dry_run: bool = False  # check samples, videos and the estimator folder only (terra/scoring/check.py)
 
 
 def _folder(cfg: Any, name: str, what: str) -> Path:
@@ -56,16 +57,23 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     if missing:
         raise TerraInputError(f"scoring needs {' and '.join(missing)}: pip install 'terra-world-model[score]'")
     values = {key: limits.check(select(cfg, key), key) for key, limits in RANGES.items()}
+    dry_run = check_flag(select(cfg, "dry_run"), "dry_run")
     videos = _folder(cfg, "videos", "the generated videos, <name>_<sample_id>.mp4")
-    estimator = _folder(cfg, "estimator",
-                        "a download of turing-motors/ACT-Estimator: config.json and model.safetensors")
+    estimator_help = "config.json and model.safetensors: hf download turing-motors/ACT-Estimator --local-dir " \
+                     "ACT-Estimator"
+    if dry_run:  # the dry run reports a missing estimator instead of stopping at it
+        estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", estimator_help)
+    else:
+        estimator = _folder(cfg, "estimator", estimator_help)
     files = sample_files(required_path(cfg, "samples", "ACT-Bench's act_bench.jsonl, or a folder of them", "FILE"))
     for file in files:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
-    output_dir = required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there")
+    output_dir = None
+    if not dry_run:  # a dry run writes nothing
+        output_dir = check_output_dir(required_path(cfg, "output_dir", "summary.json, results.jsonl, "
+                                                    "confusion_matrix.png go there"), FILES, "output_dir")
     return ScoringSettings(
-        videos=videos, samples=files, estimator=estimator,
-        output_dir=check_output_dir(output_dir, FILES, "output_dir"),
+        videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
         batch_size=values["batch_size"], num_workers=values["num_workers"],
         device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
         progress=check_flag(select(cfg, "progress"), "progress"), num_threads=values["num_threads"],

@@ -69,6 +69,20 @@ def resize_size(crop: tuple[int, int]) -> tuple[int, int]:
     return round(crop[0] * RESIZE_RATIO), round(crop[1] * RESIZE_RATIO)
 
 
+def count_frames(path: Path) -> int:
+    """The frames of a video, counted from its container's packets without decoding them (a dry run's check,
+    terra/scoring/check.py); raises :class:`TerraInputError` for a file PyAV cannot open as a video."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise TerraInputError(f"video {path} has no video stream")
+            return sum(1 for packet in container.demux(container.streams.video[0]) if packet.size)
+    except av.FFmpegError as err:
+        raise TerraInputError(f"video {path} cannot be read ({type(err).__name__}: {err.strerror or err})") from None
+
+
 def decode_last(path: Path, num_frames: int) -> np.ndarray:
     """The last ``num_frames`` frames of a video, uint8 RGB ``[num_frames, H, W, 3]``. Raises
     :class:`TerraInputError` for a video that is short or cannot be decoded."""

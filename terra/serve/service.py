@@ -9,6 +9,7 @@ HTTP layer answers with 4xx and the WebSocket layer with an error frame.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 import time
@@ -188,6 +189,15 @@ class SessionService:
                         "total_s": round(time.perf_counter() - started, 4)},
         }
         return frame, image, header
+
+    async def context_image(self, entry: Entry) -> str:
+        """The session's last context frame as the model sees it (decoded from its codes), encoded as the frames
+        are, as a data URL: the page shows it from the start, before any frame is generated."""
+        session = entry.session
+        rgb = await self._run(lambda: self.host.decode(session.context.codes[-1:])[0])
+        image = await self._run(lambda: encode_image(rgb, self.settings.image_format, self.settings.jpeg_quality))
+        mime = "image/jpeg" if self.settings.image_format == "jpeg" else "image/png"
+        return f"data:{mime};base64,{base64.b64encode(image).decode()}"
 
     def _render(self, session: Session, result) -> tuple[Frame, bytes, float]:
         frame = session.frame(result)

@@ -10,7 +10,8 @@ Client → server, JSON text messages:
 * ``{"type": "reset"}``: back to the context frames.
 
 Server → client: a binary frame message per frame (terra/serve/media.py: header JSON with ``index``, ``pose``,
-``timings`` + JPEG/PNG bytes), and JSON text ``{"type": "ready" | "reset" | "error", ...}``. Bad input gets an
+``timings`` + JPEG/PNG bytes), and JSON text ``{"type": "ready" | "reset" | "error", ...}``; ``ready`` and
+``reset`` carry ``context_frame``, the last context frame as a data URL (what the car sees before it moves). Bad input gets an
 error frame and the socket stays open; the session, the server and other sockets are unaffected.
 """
 
@@ -55,7 +56,8 @@ class SocketConnection:
         """Serve the socket until the client leaves, stops reading, or the session closes."""
         self.entry.sockets.add(self)
         try:
-            await self._send_text({"type": "ready", "session": self.entry.info()})
+            await self._send_text({"type": "ready", "session": self.entry.info(),
+                                   "context_frame": await self.service.context_image(self.entry)})
             self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._produce())]
             await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
         except (WebSocketDisconnect, RuntimeError):  # the client left (RuntimeError: sending after it did)
@@ -150,7 +152,8 @@ class SocketConnection:
                 if kind == "reset":
                     await self.service.reset(self.entry)
                     self.sent = self.acked = -1
-                    await self._send_text({"type": "reset", "session": self.entry.info()})
+                    await self._send_text({"type": "reset", "session": self.entry.info(),
+                                           "context_frame": await self.service.context_image(self.entry)})
                     continue
                 if kind == "drive":
                     action = self.entry.session.driver.action()

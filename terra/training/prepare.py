@@ -146,9 +146,11 @@ def assign_splits(new: list[str], val_fraction: float) -> dict[str, str]:
 
 
 def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders: Iterable[Path],
-                   splits: dict[str, str], report: Callable[[str], None]) -> PrepareSummary:
+                   splits: dict[str, str], report: Callable[[str], None],
+                   on_frames: Callable[[int], None] = lambda count: None) -> PrepareSummary:
     """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that
-    cannot be used is reported (``report``, one line naming it) and written nowhere.
+    cannot be used is reported (``report``, one line naming it) and written nowhere; ``on_frames`` hears each
+    tokenized batch's frame count (a long clip's progress).
 
     When the folder would end with no ``val`` clip among at least 2 (and ``val_fraction`` > 0), the usable new clip
     of the smallest :func:`clip_score` goes to ``val``: the train clip of the smallest score so far is held back
@@ -167,7 +169,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
     with ThreadPoolExecutor(spec.read_threads, thread_name_prefix="read-frames") as pool:
         for folder in folders:
             try:
-                codes, actions = tokenize_clip(folder, tokenizer, spec, pool)
+                codes, actions = tokenize_clip(folder, tokenizer, spec, pool, on_frames)
             except TerraInputError as err:
                 report(f"skipped clip {folder.name}: {err}")
                 summary.skipped += 1
@@ -190,10 +192,11 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
     return summary
 
 
-def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec,
-                  pool: ThreadPoolExecutor) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadPoolExecutor,
+                  on_frames: Callable[[int], None] = lambda count: None) -> tuple[np.ndarray, np.ndarray]:
     """Codes ``[T, h, w]`` and actions ``[T, 6, 3]`` of one clip folder at 10 Hz, its frames read by ``pool``
-    and encoded ``spec.batch_size`` at a time; one line (:class:`TerraInputError`) says why a clip cannot be used."""
+    and encoded ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line
+    (:class:`TerraInputError`) says why a clip cannot be used."""
     clip = open_clip(folder)
     motion = read_motion(clip.trajectory)  # before any frame is decoded
     kept, batch, codes = Resampled(), [], []
@@ -201,9 +204,11 @@ def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec,
         batch.append(read)
         if len(batch) == spec.batch_size:
             codes.append(_encode(tokenizer, pool, batch))
+            on_frames(len(batch))
             batch = []
     if batch:
         codes.append(_encode(tokenizer, pool, batch))
+        on_frames(len(batch))
     if len(kept.times) < spec.min_frames:
         raise TerraInputError(f"has {len(kept.times)} frame(s) at {FRAME_RATE_HZ:g} Hz, fewer than "
                               f"min_frames={spec.min_frames}")

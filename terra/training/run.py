@@ -168,7 +168,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
 
     stop = {"signal": False}
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
-    log = RunLog(out, step, spec.max_steps, spec.tensorboard, progress=False) if processes.main else None
+    log = RunLog(out, step, spec.max_steps, spec.tensorboard, spec.progress) if processes.main else None
     start = time.perf_counter()
     budget_s = math.inf if spec.max_minutes is None else spec.max_minutes * 60.0
     sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
@@ -177,10 +177,17 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
 
     def validate() -> dict[str, float]:
         nonlocal best
+        began = time.perf_counter()
+        if log is not None:
+            rollouts = f" and greedy rollouts of {min(len(val), spec.sample_clips)}" if preview else ""
+            log.say(f"validation at step {step}/{spec.max_steps}: loss on {len(val)} clips{rollouts} ...")
         scores = _validate(trainee, data, val, processes)
         if preview:
             scores["val_psnr"] = _rollouts(spec, trainee, tokenizer, data, val[:spec.sample_clips], processes,
                                            out / SAMPLES_DIR / f"step{step:07d}.gif")
+        if log is not None:
+            log.say(f"validation at step {step}/{spec.max_steps} done in {time.perf_counter() - began:.1f} s: "
+                    + " ".join(f"{k}={v:.4g}" for k, v in scores.items()))
         # every process has the same scores: all agree on an improvement
         if spec.export_best and (best is None or _improves(scores, best, spec.best_by)):
             best = {"step": step, **scores}
@@ -202,6 +209,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             scheduler.step()
             sums[:2] += torch.stack([loss, acc])
             step += 1
+            if log is not None:
+                log.step()
             sums[2] += 1
             stopping = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, processes)
             evaluate = step % spec.eval_every == 0 or step == spec.max_steps

@@ -1,5 +1,6 @@
 """What a run reports as it goes: ``train_log.jsonl`` (one row per logged step), TensorBoard events beside it
-(``tensorboard/``), and a progress bar with tokens/s and the time left. Only the main process writes."""
+(``tensorboard/``), a tqdm bar over the steps (``N/max_steps``, loss, tokens/s, the time left) on a terminal, and
+a line per logged row and per validation (when it starts and when it ends). Only the main process writes."""
 
 from __future__ import annotations
 
@@ -27,16 +28,20 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.board = SummaryWriter(str(out / TENSORBOARD_DIR), purge_step=start_step + 1)
+        self.max_steps = max_steps
         self.bar = tqdm(total=max_steps, initial=start_step, unit="step", desc="training", disable=not progress,
                         dynamic_ncols=True)
 
-    def step(self, loss: float, tokens_per_s: float) -> None:
-        """Advance the progress bar by one step."""
-        self.bar.set_postfix_str(f"loss {loss:.3f}, {tokens_per_s:,.0f} tok/s", refresh=False)
+    def step(self) -> None:
+        """Advance the bar by one step (its loss and tokens/s are the last logged row's: no GPU sync per step)."""
         self.bar.update(1)
 
+    def say(self, line: str) -> None:
+        """Print ``line`` on stdout above the bar."""
+        tqdm.write(line)
+
     def write(self, row: dict[str, Any]) -> None:
-        """Add one row (a dict with ``step``) to the log and to TensorBoard, and print it when no bar is shown."""
+        """Add one row (a dict with ``step``) to the log and to TensorBoard, and print it (``step=N/max_steps``)."""
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.board is not None:
@@ -45,8 +50,10 @@ class RunLog:
                     self.board.add_scalar(f"train/{key}" if not key.startswith("val_") else f"val/{key[4:]}",
                                           value, row["step"])
             self.board.flush()
-        if self.bar.disable:
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        if "loss" in row:
+            self.bar.set_postfix_str(f"loss {row['loss']:.3f}, {row['tokens_per_s']:,.0f} tok/s", refresh=False)
+        shown = {**row, "step": f"{row['step']}/{self.max_steps}"}
+        self.say(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
 
     def close(self) -> None:
         self.bar.close()

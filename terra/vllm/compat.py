@@ -62,6 +62,28 @@ def use_spawn_workers() -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
+ENGINE_EXIT_S = 60.0  # how long vLLM's engine processes may take to exit on shutdown before vLLM kills them
+
+
+def allow_clean_exit() -> None:
+    """Give the engine's worker processes time to exit on their own at shutdown (set before they start: they read
+    it from the environment). vLLM's grace periods are 5 s, for the engine core and then for its workers
+    (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``); on a busy CPU the engine core and its worker took longer, and vLLM
+    force-killed them, leaking shared memory. A process that exits sooner is not waited for."""
+    import os
+
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(int(ENGINE_EXIT_S / 2)))
+
+
+def shutdown_engine(engine: Any) -> None:
+    """Shut an engine's processes down (``engine``: an ``EngineCoreClient`` or an ``AsyncLLM``), waiting up to
+    :data:`ENGINE_EXIT_S` for them to exit, where this vLLM's ``shutdown`` takes a timeout."""
+    if "timeout" in inspect.signature(engine.shutdown).parameters:
+        engine.shutdown(timeout=ENGINE_EXIT_S)
+    else:
+        engine.shutdown()
+
+
 def has_streaming_input() -> bool:
     """True when this vLLM release takes streaming-input requests (``StreamingInput`` chunks fed to
     ``AsyncLLM.generate`` through an async generator)."""
@@ -118,6 +140,6 @@ def num_cached_tokens(request_output: Any) -> int:
 
 
 __all__ = [
-    "VLLM_VERSION", "has_streaming_input", "mm_hashes", "num_cached_tokens", "prompt_token_ids",
-    "reseed_streaming_updates", "supported_engine_kwargs", "use_spawn_workers",
+    "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "has_streaming_input", "mm_hashes", "num_cached_tokens",
+    "prompt_token_ids", "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs", "use_spawn_workers",
 ]

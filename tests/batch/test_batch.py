@@ -280,3 +280,14 @@ def test_two_shards_with_actbench_names(tmp_path, scenes, demo_pipeline):
     assert longer.counts == {"ok": 2, "failed": 0, "skipped": 0}
     assert iio.imread(out / "NUSCENES_ACTION_000003.mp4", index=None).shape[0] == NUM_CONTEXT + 2
     assert iio.imread(out / "NUSCENES_ACTION_000002.mp4", index=None).shape[0] == NUM_CONTEXT + 1  # shard 0's
+
+
+def test_a_run_shows_generated_frames_and_samples_written(tmp_path, scenes, demo_pipeline, capsys):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("\n".join(mixed_lines(scenes, 3)) + "\n")
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"],
+                         backend="hf", num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, progress=True)
+    assert run_batch(config, pipeline=demo_pipeline).exit_code == 0
+    err = capsys.readouterr().err
+    assert "generated frames: 100%" in err and f"| {3 * NUM_FRAMES}/{3 * NUM_FRAMES} [" in err and "frame/s" in err
+    assert "samples written: 100%" in err and "| 3/3 [" in err and "ok=3, failed=0" in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from terra.batch import ray_executor
 from terra.batch.plan import Item
 from terra.batch.ray_executor import _Dispatcher
 from terra.batch.ray_settings import RaySettings
@@ -69,21 +70,27 @@ class FakeActor:
         self.ray, self.number, self.max_concurrent, self.depth = ray, number, max_concurrent, depth
         self.lose: list[int] = []
         self.die: list[int] = []
+        self.running: set[int] = set()  # samples handed to run() whose record() was not called yet
         self.info, self.run, self.record = _Method(self, "info"), _Method(self, "run"), _Method(self, "record")
+        self.progress = _Method(self, "progress")
 
     def call(self, name: str, *args: Any) -> Ref:
         self.ray.calls.append((name, self.number, *args))
+        if name == "progress":  # two frames of each sample it holds
+            return Ref("progress", self.number, {index: 2 for index in self.running})
         if name == "info":
             return Ref("info", self.number, {"node": "10.0.0.1", "pid": 1, "gpus": [str(self.number)],
                                              "device": "cuda", "max_concurrent": self.max_concurrent,
                                              "depth": self.depth, "error": None})
         if name == "run":
             index = args[0].sample.index
+            self.running.add(index)
             if index in self.die:
                 self.die.remove(index)
                 return Ref("run", self.number, ActorDied("ActorDiedError: the actor died unexpectedly"))
             return Ref("run", self.number, index)
         index = args[0]
+        self.running.discard(index)
         if index in self.lose:
             self.lose.remove(index)
             return Ref("record", self.number, None)
@@ -176,3 +183,24 @@ def test_a_sample_that_keeps_losing_its_actor_fails_with_the_cause():
     _Dispatcher(ray, [actor], RaySettings(max_retries=1), records.append).run(items(1))
     assert len(records) == 1 and records[0]["status"] == "failed" and records[0]["attempts"] == 2
     assert records[0]["error"] == "its Ray actor died 2 times while running it: ActorDiedError: the actor died unexpectedly"
+
+
+def test_progress_polls_report_frames_and_a_lost_sample_counts_again(monkeypatch):
+    """The driver's frame bar (terra/batch/progress.py) hears each actor's frames through progress() polls; a
+    sample that goes back to the queue after its actor died counts from zero again."""
+    monkeypatch.setattr(ray_executor, "POLL_S", 0.0)
+    ray = FakeRay(lambda refs, step: (step % 2 and first_of("progress", refs)) or any_ready(refs, step)
+                  or first_of("progress", refs))
+    actor = FakeActor(ray, 0, max_concurrent=2, depth=2)
+    actor.die = [1]
+    records: list[dict] = []
+    reports: list[tuple[int, int]] = []
+    _Dispatcher(ray, [actor], RaySettings(max_retries=1), records.append,
+                lambda index, count: reports.append((index, count))).run(items(3))
+    assert sorted(r["index"] for r in records) == [0, 1, 2]
+    assert {index for index, count in reports if count == 2} == {0, 1, 2}  # each heard while it ran
+    assert (1, 0) in reports  # sample 1 lost its actor: its frames went with it
+    assert [name for name, *_ in ray.calls].count("progress") >= 3
+    quiet = FakeRay(any_ready)
+    _Dispatcher(quiet, [FakeActor(quiet, 0, 2, 2)], RaySettings(), records.append).run(items(2))
+    assert "progress" not in [name for name, *_ in quiet.calls]  # no bar, no polls

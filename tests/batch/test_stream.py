@@ -45,6 +45,7 @@ class FakeBackend:
         done, self.queued = self.queued, []
         for state in done:
             state.frames += 1
+            state.num_generated = state.frames
             state.finished = state.frames == state.total
             state.generated = lambda state=state: np.zeros((state.total, 1), np.int64)
         return [SimpleNamespace(state=s) for s in done]
@@ -81,7 +82,7 @@ def fakes(monkeypatch):
     return written
 
 
-def run(backend: FakeBackend, count: int, max_concurrent: int) -> list[dict]:
+def run(backend: FakeBackend, count: int, max_concurrent: int, on_frame=None) -> list[dict]:
     records: list[dict] = []
     lock = threading.Lock()
 
@@ -89,10 +90,18 @@ def run(backend: FakeBackend, count: int, max_concurrent: int) -> list[dict]:
         with lock:
             records.append(record)
 
-    items = [SimpleNamespace(sample=i, seed=i, num_frames=1 + i % 3) for i in range(count)]
+    items = [SimpleNamespace(sample=SampleStub(i), seed=i, num_frames=1 + i % 3) for i in range(count)]
     config = BatchConfig(samples="unused", output_dir="unused", max_concurrent=max_concurrent)
-    stream.run_items(items, config, SimpleNamespace(backend=backend), emit)
+    stream.run_items(items, config, SimpleNamespace(backend=backend), emit, on_frame=on_frame)
     return records
+
+
+class SampleStub(int):
+    """A sample number that also has the index the progress reports carry."""
+
+    @property
+    def index(self) -> int:
+        return int(self)
 
 
 def test_slots_are_refilled_as_rollouts_finish(fakes):
@@ -111,6 +120,18 @@ def test_slots_are_refilled_as_rollouts_finish(fakes):
     # No barrier: rollouts join while others are halfway (a fresh one beside one with frames done).
     assert any(0 in step.values() and max(step.values()) > 0 for step in backend.in_flight)
     assert backend.polls < sum(1 + i % 3 for i in range(12))  # frames of different rollouts share polls
+
+
+def test_every_frame_of_every_rollout_in_flight_is_reported(fakes):
+    """The frame bar (terra/batch/progress.py) moves with the first engine step, not when the first sample is
+    written: each poll reports a frame of every rollout in flight."""
+    reports: list[tuple[int, int]] = []
+    backend = FakeBackend()
+    records = run(backend, 6, max_concurrent=6, on_frame=lambda index, count: reports.append((index, count)))
+    assert sorted(reports) == sorted((i, k) for i in range(6) if i != 5 for k in range(1, 2 + i % 3))
+    at = {report: n for n, report in enumerate(reports)}
+    assert any(reports[n][0] != 2 for n in range(at[2, 1] + 1, at[2, 3]))  # others counted while sample 2 runs
+    assert len(records) == 6
 
 
 def test_a_failing_engine_step_fails_only_the_rollouts_in_flight(fakes):

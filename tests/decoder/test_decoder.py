@@ -14,7 +14,9 @@ from decoder import (
     codes_to_frames, draw_trajectory, mark_frames, tile_grid, write_gif, write_grid, write_mp4, write_png_sequence,
     write_sidecar, write_video,
 )
+from decoder.frames import images_to_uint8
 from decoder.overlay import CONTEXT_COLOR, GENERATED_COLOR
+from decoder.writers import mp4_command
 from terra.config.checks import TerraInputError
 from terra.inputs.actions import actions_for_manoeuvre
 from tokenizer import LFQTokenizer
@@ -34,7 +36,7 @@ def test_codes_to_frames_batches_match_one_pass():
     codes = torch.randint(0, 32, (5, 8, 12))
     frames = codes_to_frames(tok, codes.numpy().reshape(5, -1), batch_size=2)
     assert frames.shape == (5, 16, 24, 3) and frames.dtype == np.uint8
-    expected = ((tok.decode(codes) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    expected = images_to_uint8(tok.decode(codes))
     assert np.array_equal(frames, expected)
     with pytest.raises(TerraInputError):
         codes_to_frames(tok, np.full((1, 8, 12), 32))
@@ -83,14 +85,46 @@ def test_gif_reads_back_with_count_size_fps_and_loop(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.gif"]  # no temporary file left
 
 
-def test_mp4_reads_back_with_count_even_size_and_fps(tmp_path):
-    frames = random_frames(t=9, h=31, w=45)  # odd sizes are padded to even
+def test_frames_are_quantised_as_terras_to_np_images():
+    """Terra's generate.py: clamp to [-1, 1], (x + 1) / 2, times 255, astype(uint8), a floor; rounding (the old rule)
+    would make about half of all values one level brighter."""
+    images = torch.tensor([-3.0, -1.0, -0.999, 0.0, 0.0039, 0.5, 0.99, 1.0, 2.0]).reshape(1, 1, 3, 3).repeat(1, 3, 1, 1)
+    levels = images_to_uint8(images)[0, :, :, 0].ravel().tolist()
+    assert levels == [0, 0, 0, 127, 127, 191, 253, 255, 255]  # 127.5 → 127, 191.25 → 191, 253.7 → 253
+    noise = torch.rand(4, 3, 18, 32, generator=torch.Generator().manual_seed(0)) * 2.2 - 1.1
+    unit = (np.clip(noise.permute(0, 2, 3, 1).numpy(), -1, 1) + 1) / 2  # Terra's steps, in numpy float32
+    terra = (255 * unit).astype(np.uint8)
+    assert np.array_equal(images_to_uint8(noise), terra)
+    rounded = np.round((np.clip(noise.permute(0, 2, 3, 1).numpy(), -1, 1) + 1) * 127.5)
+    assert 0.4 < float(np.mean(rounded != terra)) < 0.6  # the rule matters: the old rounding differs half the time
+
+
+def test_mp4_reads_back_with_count_macro_block_size_and_fps(tmp_path):
+    frames = random_frames(t=9, h=31, w=45)  # scaled up to multiples of 16, as imageio's writer does
     path = write_mp4(tmp_path / "out.mp4", frames, fps=12)
     reader = iio2.get_reader(path, format="FFMPEG")
     meta = reader.get_meta_data()
-    assert reader.count_frames() == 9 and meta["size"] == (46, 32) and meta["fps"] == 12
+    assert reader.count_frames() == 9 and meta["size"] == (48, 32) and meta["fps"] == 12
     assert meta["codec"] == "h264" and meta["pix_fmt"].startswith("yuv420p")
     reader.close()
+
+
+@pytest.mark.parametrize("height, width", [(288, 512), (144, 256), (31, 45)])  # Terra's, the demo's, scaled
+def test_mp4_is_what_terras_imageio_writer_writes(tmp_path, height, width):
+    """Terra's generate.py writes with imageio.get_writer(path, fps=10) and imageio-ffmpeg's defaults: the same
+    frames give the same file (same ffmpeg binary), so the decoded pixels ACT-Bench's estimator sees are equal."""
+    rng = np.random.default_rng(height)
+    frames = np.cumsum(rng.integers(0, 9, (6, height, width, 3)), axis=2).astype(np.uint8)  # gradients, some noise
+    ours = write_mp4(tmp_path / "ours.mp4", frames, fps=10)
+    writer = iio2.get_writer(tmp_path / "terra.mp4", fps=10)
+    for frame in frames:
+        writer.append_data(frame)
+    writer.close()
+    decoded = [iio.imread(path, plugin="pyav") for path in (ours, tmp_path / "terra.mp4")]
+    assert decoded[0].shape == (6, -(-height // 16) * 16, -(-width // 16) * 16, 3)
+    assert np.array_equal(decoded[0], decoded[1])
+    assert ours.read_bytes() == (tmp_path / "terra.mp4").read_bytes()
+    assert "-crf" not in mp4_command("ffmpeg", width, height, 10, "x.mp4")  # x264's default, as imageio's
 
 
 def test_png_sequence_is_complete_and_exact(tmp_path):

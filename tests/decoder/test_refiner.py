@@ -80,6 +80,23 @@ def test_full_size_refiner_has_exactly_the_published_tensors():
     assert [k for k in published if table[k][1] != published[k]] == []  # reshaped
 
 
+def test_group_norm_epsilons_are_the_published_networks():
+    """Terra's UNet res blocks normalise with GroupNorm32 (torch's 1e-5), its transformers and autoencoders with
+    1e-6; diffusers builds 72 of the 88 res-block norms with 1e-6 unless told otherwise."""
+    with torch.device("meta"):
+        refiner = VideoRefiner(TERRA)
+    found: dict[tuple[str, float], int] = {}
+    for name, module in refiner.unet.named_modules():
+        if isinstance(module, torch.nn.GroupNorm):
+            part = "res_block" if ".resnets." in name else "transformer" if ".attentions." in name else name
+            found[part, module.eps] = found.get((part, module.eps), 0) + 1
+    assert found == {("res_block", 1e-5): 88, ("transformer", 1e-6): 16, ("conv_norm_out", 1e-5): 1}
+    decoder_norms = {(".time_stack." in name or "temporal_res_block" in name, module.eps)
+                     for name, module in refiner.temporal_vae.decoder.named_modules()
+                     if isinstance(module, torch.nn.GroupNorm)}
+    assert decoder_norms == {(False, 1e-6), (True, 1e-5)}  # Normalize vs the time stack's GroupNorm32
+
+
 def test_attention_is_pytorch_sdpa():
     with torch.device("meta"):
         refiner = VideoRefiner(TINY)

@@ -70,12 +70,18 @@ def test_metrics_equal_numpy_on_the_written_results(scored):
         assert recall == (pytest.approx(expected) if members else expected)
 
 
-def test_the_same_videos_score_the_same_in_process_with_a_worker(inputs, scored, tmp_path):
-    """Decoding in a DataLoader worker and another batch size change nothing."""
+def test_the_same_videos_score_the_same_in_process_with_a_worker(inputs, scored, tmp_path, capsys, monkeypatch):
+    """Decoding in a DataLoader worker and another batch size change nothing. On a terminal the run says what it
+    is doing before each long stage (loading the estimator, then the videos under their bar)."""
     _, out = scored
     settings = ScoringSettings(videos=inputs.videos, samples=(inputs.samples,), estimator=inputs.estimator,
                                output_dir=tmp_path / "again", batch_size=3, num_workers=1, device="cpu")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     again = score(settings)
+    err = capsys.readouterr().err
+    assert f"score_actbench: loading the estimator from {inputs.estimator} ..." in err
+    assert f"scoring {len(SAMPLE_IDS)} videos on cpu (1 decoding workers)" in err
+    assert f"{len(SAMPLE_IDS)}/{len(SAMPLE_IDS)}" in err  # the bar over the videos
     first = json.loads((out / "summary.json").read_text())
     assert again.metrics.accuracy == first["instruction_fidelity"]["accuracy"]
     assert again.metrics.ade == pytest.approx(first["action_fidelity"]["ADE"], rel=1e-6)
@@ -162,7 +168,8 @@ def test_settings_are_checked_before_anything_loads(tmp_path, monkeypatch, overr
     (tmp_path / "s.jsonl").write_text("")
     (tmp_path / "empty").mkdir()
     cfg = {"videos": None, "samples": None, "estimator": None, "output_dir": None, "batch_size": 16,
-           "num_workers": 8, "device": "auto", "dtype": "auto", "num_threads": None, "progress": True}
+           "num_workers": 8, "device": "auto", "dtype": "auto", "num_threads": None, "progress": True,
+           "dry_run": False}
     cfg.update(dict(o.split("=", 1) for o in overrides))
     cfg["batch_size"] = int(cfg["batch_size"])
     with pytest.raises(TerraInputError) as err:
@@ -181,3 +188,45 @@ def test_the_settings_check_loads_no_torch():
     code = "import sys, terra.scoring.settings; assert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+# ------------------------------------------------------------------------------------------------- dry run
+
+
+def dry_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "dry_run=true", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_dry_run_checks_videos_and_estimator_without_weights_or_output(inputs, tmp_path):
+    result = dry_run(f"videos={inputs.videos}", f"samples={inputs.samples}", f"estimator={inputs.estimator}",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and list(tmp_path.iterdir()) == []  # no output_dir needed, nothing written
+    lines = result.stdout.splitlines()
+    assert lines[0] == "score_actbench dry run: ready to score"
+    assert lines[1].startswith(f"estimator: {inputs.estimator} has model.safetensors (not loaded); 44 frames")
+    assert f"samples: {len(SAMPLE_IDS)} of 9 classes in {inputs.samples} (1 rows of other classes left out" in lines[2]
+    assert lines[3].startswith(f"videos: {len(SAMPLE_IDS)} of {len(SAMPLE_IDS)} samples' videos in {inputs.videos}, "
+                               f"{len(SAMPLE_IDS)} with at least 44 frames; 1 videos of no scored sample")
+
+
+def test_a_dry_run_lists_what_is_missing_and_points_to_the_measure_without_weights(inputs, tmp_path, bench):
+    copy = copy_inputs(inputs, tmp_path / "spoiled")
+    (copy.videos / f"NUSCENES_ACTION_{SAMPLE_IDS[0]:06d}.mp4").unlink()
+    short = copy.videos / f"NUSCENES_ACTION_{SAMPLE_IDS[1]:06d}.mp4"
+    short.unlink()
+    bench.write_mp4(short, bench.synthetic_frames(30, 48, 80, seed=1))  # 30 frames: the estimator scores 44
+    broken = copy.videos / f"NUSCENES_ACTION_{SAMPLE_IDS[2]:06d}.mp4"
+    broken.unlink()  # a hard link to the shared input: replaced, not written into
+    broken.write_bytes(b"not a video")
+    result = dry_run(f"videos={copy.videos}", f"samples={copy.samples}", cwd=tmp_path)  # no estimator at all
+    assert result.returncode == 2
+    assert result.stderr == "score_actbench: error: the dry run found 4 problem(s), listed above\n"
+    head = result.stdout.splitlines()[0]
+    assert head.startswith("score_actbench dry run: not ready, 4 problem(s): no estimator (not given): hf download "
+                           "turing-motors/ACT-Estimator --local-dir ACT-Estimator; ")
+    assert f"1 samples have no video (first: sample {SAMPLE_IDS[0]}; expected e.g. NUSCENES_ACTION_" in head
+    assert f"1 videos are shorter than the 44 frames the estimator scores (first: {short.name} (30 frames))" in head
+    assert f"1 videos cannot be read (first: video {broken} cannot be read (" in head, head
+    assert "python scripts/evaluate.py measures a world model against the synthetic world" in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +69,17 @@ def test_tiny_evaluation_writes_a_complete_report(tmp_path):
     assert "curve_left/curve_right" in table and "target direction_accuracy_pct" in table
 
 
-def test_a_night_evaluation_says_so_in_its_report(tmp_path):
-    report = evaluate.run(eval_config(tmp_path, "domain=night", "adherence.num_cases=0"))
+def test_a_night_evaluation_says_so_in_its_report(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # on a terminal: the stages' lines and the bars
+    report = evaluate.run(eval_config(tmp_path, "domain=night", "adherence.num_cases=0", "progress=true"))
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["domain"] == "night" and saved["quality"]["num_clips"] == 2 and "adherence" not in saved
     assert saved["quality"]["scene_seeds"][0] >= 10_000_000
     assert "2 held-out night clips" in evaluate.format_table(report)
+    err = capsys.readouterr().err
+    assert "evaluate: HFBackend on cpu loaded in " in err
+    assert "evaluate: frame quality: rendering 2 held-out clips, then their rollouts ..." in err
+    assert "generating (transformers)" in err and "4/4" in err  # the generation bar: 2 clips x 2 frames
 
 
 def test_both_measurements_draw_the_same_drives_lit_by_the_domain():

@@ -124,3 +124,24 @@ def test_cli_trains_and_exports_sharded_bf16(tokens, tmp_path):
     assert LlamaActionForCausalLM.from_pretrained(tmp_path / "model").dtype == torch.bfloat16
 
 
+
+
+def test_finetune_demo_runs_the_environments_python_when_py_is_unset(tmp_path):
+    """scripts/finetune_demo.sh without PY runs .venv/bin/python (the environment `make` builds), not a bare
+    python that lacks the project's packages: here no other Python is on PATH at all."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("dirname", "mkdir"):
+        os.symlink(next(Path(d) / name for d in ("/usr/bin", "/bin") if (Path(d) / name).exists()), tools / name)
+    report = tmp_path / "run" / "eval" / "full_left_hand" / "report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"domain": "left_hand", "quality": {"mean_psnr_target_frames": 21.5,
+                                                                     "tokenizer_psnr": {"overall": 30.25}},
+                                  "adherence": {"pairs": {"a/b": {"accuracy_pct": 75.0}}}}))
+    env = {"PATH": str(tools), "RUN": str(tmp_path / "run")}
+    result = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "finetune_demo.sh"), "table"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].split() == ["full", "left_hand", "21.50", "30.25", "75.0"]

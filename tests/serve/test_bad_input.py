@@ -31,6 +31,12 @@ def error_of(response: httpx.Response, status: int) -> str:
     return message
 
 
+def idle_engine(client) -> bool:
+    """Nothing queued or generating in the server's engine (``GET /metrics``)."""
+    metrics = client.get("/metrics").json()
+    return metrics["queued"] == 0 and metrics["in_flight"] == 0
+
+
 def still_serving(client, sid: str) -> None:
     """The server is up and a session still steps."""
     assert client.get("/health").status_code == 200
@@ -175,11 +181,15 @@ def test_disconnect_mid_frame_and_a_socket_that_never_reads(server, client, sess
         start = time.monotonic()
         still_serving(client, session_id)  # another session is served while both of them misbehave
         assert time.monotonic() - start < 60
-        time.sleep(6)
-        frames = client.get(f"/sessions/{other}").json()["frames"]
-        assert 1 <= frames <= 1 + 3  # the step of the closed socket, then at most serve.drive_window frames
-        time.sleep(3)
-        assert client.get(f"/sessions/{other}").json()["frames"] == frames  # stalled: costs no model time
+        # Driving runs serve.drive_window (3) frames ahead of the acknowledgements that never come: the frame
+        # indices of the session reach 0, 1, 2 (the closed socket's step, if it ran, was frame 0), then it stalls.
+        # Wait on that state, not on a clock: 3 frames, and the engine with nothing queued or in flight.
+        deadline = time.monotonic() + 180
+        while not (client.get(f"/sessions/{other}").json()["frames"] == 3 and idle_engine(client)):
+            assert client.get(f"/sessions/{other}").json()["frames"] <= 3, "drove past the drive window"
+            assert time.monotonic() < deadline, "the drive window's frames did not come"
+            time.sleep(0.2)
+        assert client.get(f"/sessions/{other}").json()["frames"] == 3  # stalled: costs no model time
         deadline = time.monotonic() + 30
         while client.get(f"/sessions/{other}").status_code != 404:  # and it expires like any idle session
             assert time.monotonic() < deadline, "the stalled session did not expire"

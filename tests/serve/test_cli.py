@@ -28,6 +28,7 @@ from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
     (["serve.allowed_origins=[ftp://files.example]"], "'ftp://files.example' is not a web origin"),
     (["serve.allowed_hosts=[terra.test/page]"], "'terra.test/page' is not a host name"),
     (["serve.cors=true"], "serve.cors=true sends CORS headers to serve.allowed_origins, which is empty"),
+    (["num_threads=many"], "num_threads must be auto, a whole number from 1 to 1024 or null (got 'many')"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
     result = subprocess.run([str(SERVE), *overrides], cwd=tmp_path, env=ENV, capture_output=True, text=True,

@@ -168,6 +168,21 @@ def test_the_shards_hold_the_resampled_frames_codes_and_actions(prepared, tokeni
         np.testing.assert_array_equal(stored, actions, err_msg=clip_id)
 
 
+def test_a_clip_reports_each_tokenized_batch(prepared, tokenizer):
+    """The frames bar of a run moves within a long clip: tokenize_clip reports every batch it encodes."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from terra.training.prepare import tokenize_clip
+
+    root, _, _ = prepared
+    spec = SimpleNamespace(batch_size=5, resize="crop", frame_rate_hz=10.0, min_frames=2)
+    batches: list[int] = []
+    with ThreadPoolExecutor(2) as pool:
+        codes, _ = tokenize_clip(root / "logs" / "frames_10hz_actions", tokenizer, spec, pool, batches.append)
+    assert batches == [5, 5, 2] and len(codes) == 12
+
+
 def test_the_index_and_the_split_by_clip(prepared):
     root, result, _ = prepared
     index = json.loads((root / "shards" / "index.json").read_text())

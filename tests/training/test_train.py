@@ -98,9 +98,14 @@ def test_fused_head_loss_computes_only_the_gradients_needed():
     assert hidden.grad is not None and weight.grad is None
 
 
-def test_training_lowers_the_loss_and_exports(tokens, tmp_path):
+def test_training_lowers_the_loss_and_exports(tokens, tmp_path, capsys):
     summary = train(train_config(tokens, tmp_path, "train.max_steps=40"))
     assert summary["step"] == 40 and summary["stopped"] == "max_steps"
+    lines = capsys.readouterr().out.splitlines()
+    assert "validation at step 0/40: loss on 2 clips ..." in lines  # the step-0 validation says when it starts
+    assert any(line.startswith("validation at step 0/40 done in ") and "val_loss=" in line for line in lines)
+    assert any(line.startswith("step=5/40 loss=") for line in lines) and any(
+        line.startswith("validation at step 40/40 done in ") for line in lines)
     start, *rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert set(start) == {"step", "val_loss", "val_acc"} and start["step"] == 0  # validation before the first step
     assert [r["step"] for r in rows] == list(range(5, 45, 5))
@@ -191,3 +196,15 @@ def test_a_run_log_keeps_rows_up_to_its_checkpoint_and_starts_anew_without_one(t
         log.write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 1, 5)))
         RunLog(tmp_path, start, 10, tensorboard=False, progress=False).close()
         assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == kept
+
+
+def test_the_step_bar_counts_to_max_steps_with_the_time_left(tmp_path, capsys):
+    log = RunLog(tmp_path, 2, 10, tensorboard=False, progress=True)  # resumed at step 2
+    for _ in range(3):
+        log.step()
+    log.write({"step": 5, "loss": 1.25, "tokens_per_s": 1234.0})
+    log.close()
+    captured = capsys.readouterr()
+    assert "training:  50%" in captured.err and "| 5/10 [" in captured.err and "<" in captured.err  # ETA after "<"
+    assert "loss 1.250, 1,234 tok/s" in captured.err
+    assert "step=5/10 loss=1.25 tokens_per_s=1234" in captured.out

@@ -9,7 +9,7 @@ const state = { token: new URLSearchParams(location.search).get("token") || sess
                 session: null, socket: null, driving: false, keys: { up: false, down: false, left: false, right: false },
                 poses: [], path: [], times: [], speed: 30 };
 // Read by the browser test (tests/serve/test_browser.py) and handy in the console.
-window.terraStats = { frames: 0, lastIndex: -1, errors: [], connected: false };
+window.terraStats = { frames: 0, lastIndex: -1, errors: [], connected: false, contextShown: false };
 
 function showError(message) {
   $("error").textContent = message || "";
@@ -87,14 +87,26 @@ function connect(id) {
   };
 }
 
+async function drawContext(dataUrl) {
+  // The last context frame: the view shows where the car stands before the first generated frame arrives.
+  if (!dataUrl) return;
+  const bitmap = await createImageBitmap(await (await fetch(dataUrl)).blob());
+  const view = $("view");
+  view.getContext("2d").drawImage(bitmap, 0, 0, view.width, view.height);
+  window.terraStats.contextShown = true;
+  drawMap();
+}
+
 function onText(message) {
   if (message.type === "ready") {
     state.speed = message.session.speed_kmh;
     setStatus(`session ${message.session.id}: ${message.session.context}. Press an arrow key to drive.`);
     enable(true);
+    drawContext(message.context_frame);
   } else if (message.type === "reset") {
     state.poses = []; state.path = []; window.terraStats.lastIndex = -1;
     setStatus(`session ${message.session.id} reset`);
+    drawContext(message.context_frame);
   } else if (message.type === "error") {
     showError(message.message);
   }

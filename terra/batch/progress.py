@@ -1,0 +1,68 @@
+"""What a batch run shows while it runs: two tqdm bars on stderr, one over the generated frames of every sample
+(all rollouts in flight at once advance it, so it moves from the first engine step, with frames/s and an ETA) and
+one over the samples written (with ok / failed counts).
+
+The frame bar counts each sample's frames as the engine reports them: in this process through
+:class:`terra.batch.stream.StreamingEngine`'s ``on_frame``, from Ray actors through the driver's polls
+(terra/batch/ray_executor.py). A sample that fails takes its frames not generated off the total, so the ETA stays
+the time to the last frame; a sample run again after its actor died counts from zero again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from terra.batch.manifest import count_statuses
+from terra.batch.plan import Item
+
+
+class BatchProgress:
+    """The two bars of a run over ``items``; ``enabled=False`` shows nothing (``progress=false``). Thread-safe."""
+
+    def __init__(self, items: Sequence[Item], enabled: bool = True) -> None:
+        self._frames_of = {item.sample.index: item.num_frames for item in items}
+        self._done: dict[int, int] = {}  # sample index -> frames generated so far (while not yet recorded)
+        self._recorded: set[int] = set()
+        self._lock = threading.Lock()
+        self.frames_total = sum(self._frames_of.values())  # what the frame bar shows (the bars count nothing when
+        self.frames_done = 0  # they are disabled)
+        common = {"disable": not enabled, "dynamic_ncols": True, "smoothing": 0.1}
+        self.frames = tqdm(total=self.frames_total, unit="frame", desc="generated frames", position=0, **common)
+        self.samples = tqdm(total=len(items), unit="sample", desc="samples written", position=1, **common)
+
+    def generated(self, index: int, count: int) -> None:
+        """Sample ``index`` has ``count`` frames generated so far (0: it starts again)."""
+        with self._lock:
+            if index in self._recorded or index not in self._frames_of:
+                return  # a late report of a sample already recorded
+            self._add(count - self._done.get(index, 0))
+            self._done[index] = count
+
+    def _add(self, frames: int) -> None:
+        self.frames_done += frames
+        self.frames.update(frames)
+
+    def recorded(self, record: dict, records: Sequence[dict]) -> None:
+        """A sample's manifest ``record`` was written (``records``: all of them so far, for the counts)."""
+        with self._lock:
+            index = record.get("index")
+            full = self._frames_of.get(index)
+            if full is not None and index not in self._recorded:
+                self._recorded.add(index)
+                done = self._done.pop(index, 0)
+                if record["status"] == "ok":
+                    self._add(full - done)
+                else:  # its frames will never come: the ETA is for the others
+                    self.frames_total -= full - done
+                    self.frames.total = self.frames_total
+                    self.frames.refresh()
+            counts = count_statuses(records)
+            self.samples.set_postfix({"ok": counts["ok"], "failed": counts["failed"]}, refresh=False)
+            self.samples.update(1)
+
+    def close(self) -> None:
+        self.frames.close()
+        self.samples.close()
