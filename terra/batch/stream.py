@@ -51,7 +51,8 @@ class StreamingEngine:
         self.on_generated = on_generated
         self.refiner = refiner  # decoding=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
-        self.sampling = SamplingConfig(**config.sampling)  # checked by check_config: this only builds it
+        # checked by check_config: this only builds it, with decoding=auto resolved for this many rollouts in flight
+        self.sampling = pipeline.backend.decoding_for(SamplingConfig(**config.sampling), max_concurrent)
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
         self._stopped = threading.Event()
@@ -98,7 +99,7 @@ class StreamingEngine:
         """Drive the engine until :meth:`end`'s marker is reached and nothing is in flight (or :meth:`stop`);
         wait for the writers. An interrupt drops the rollouts in flight and lets finished writes complete."""
         backend = self.pipeline.backend
-        writer = _Writer(self.pipeline, self.config, self.emit, self.refiner)
+        writer = _Writer(self.pipeline, self.config, self.emit, self.sampling, self.refiner)
         active: dict[int, tuple[_Prepared, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
         ended = False
         self._preparer.start()
@@ -125,7 +126,8 @@ class StreamingEngine:
                     if state.finished:
                         del active[id(state)]
                         backend.release(state)
-                        writer.submit(prepared, state.generated(), time.perf_counter() - admitted)
+                        writer.submit(prepared, state.generated(), time.perf_counter() - admitted,
+                                      state.decode_stats())
                         if self.on_generated is not None:
                             self.on_generated(prepared.item)
                     else:
@@ -184,8 +186,8 @@ def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPi
     """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
     item; ``refiner`` decodes with ``decoding=refiner``. ``max_concurrent=auto`` is resolved against the engine
     (terra/batch/concurrency.py)."""
-    engine = StreamingEngine(pipeline, config, emit, resolve_max_concurrent(config, pipeline, longest_rollout(items)),
-                             refiner=refiner)
+    in_flight = min(resolve_max_concurrent(config, pipeline, longest_rollout(items)), max(1, len(items)))
+    engine = StreamingEngine(pipeline, config, emit, in_flight, refiner=refiner)
     for item in items:
         engine.put(item)
     engine.end()
