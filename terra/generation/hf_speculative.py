@@ -20,8 +20,8 @@ import torch
 from transformers import DynamicCache
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.kv import crop, kv_cache, kv_tensors
+from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.speculative import SpeculativeFrame
 
 
