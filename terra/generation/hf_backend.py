@@ -60,7 +60,6 @@ class HFBackend(WorldModelBackend):
     """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device)."""
 
     decodes_speculatively = True
-    speculative_streams = 4  # decoding=auto: speculative up to 4 rollouts in flight (BENCHMARKS.md, "Speculative decoding")
 
     def __init__(
         self,
@@ -82,6 +81,10 @@ class HFBackend(WorldModelBackend):
         self._pads: list[int] = []  # left padding of each row in it
         self._logits: torch.Tensor | None = None  # [rows, vocab] of each row's next token
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
+        # decoding=auto (BENCHMARKS.md, "Speculative decoding"): on a CPU a pass costs about what its tokens cost,
+        # and speculative rollouts one at a time beat sequential ones batched at every count measured (1-16); on a
+        # GPU a sequential step batches rollouts nearly free, so speculative only for a few.
+        self.speculative_streams = None if self.device.type == "cpu" else 4
 
     @property
     def name(self) -> str:

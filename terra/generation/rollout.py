@@ -221,11 +221,12 @@ class WorldModelBackend(ABC):
 
     layout: TokenLayout
     decodes_speculatively = False  # sampling.decoding=speculative is available (terra/generation/speculative.py)
-    speculative_streams = 0  # decoding=auto is speculative for runs of at most this many rollouts in flight
+    speculative_streams: int | None = 0  # decoding=auto is speculative up to this many rollouts in flight (None: any)
 
     def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
         """``sampling`` with ``decoding=auto`` made concrete for a run of ``streams`` rollouts in flight:
-        speculative where this backend has it and ``streams <= speculative_streams``, else sequential. A run
+        speculative where this backend has it and ``streams <= speculative_streams`` (None: any number), else
+        sequential. A run
         resolves it once (:meth:`generate`, batch runs, session hosts), so a seed's frames depend on the run's
         settings, never on what happens to be in flight; :meth:`submit` takes a lone ``auto`` as one stream.
         ``decoding=speculative`` on a backend without it is one line (:class:`TerraInputError`)."""
@@ -234,7 +235,8 @@ class WorldModelBackend(ABC):
                                   "speculatively; use backend=hf, or sampling.decoding=sequential or auto")
         if sampling.decoding != "auto":
             return sampling
-        fast = self.decodes_speculatively and streams <= self.speculative_streams
+        limit = self.speculative_streams
+        fast = self.decodes_speculatively and (limit is None or streams <= limit)
         return sampling.replace(decoding="speculative" if fast else "sequential")
 
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:

@@ -75,12 +75,14 @@ def test_sampled_rollouts_do_not_depend_on_batching_or_forks(backend):
     np.testing.assert_array_equal(state.generated(), backend.generate([short], SAMPLED, progress=False)[0])
 
 
-def test_auto_is_speculative_for_few_rollouts_and_sequential_for_many(backend):
+def test_auto_is_speculative_for_few_rollouts_and_sequential_for_many(backend, monkeypatch):
     auto = SamplingConfig(temperature=0.9)
-    assert auto.decoding == "auto"
+    assert auto.decoding == "auto" and backend.speculative_streams is None  # a CPU: speculative at any count
+    assert backend.decoding_for(auto, 10_000).decoding == "speculative"
+    monkeypatch.setattr(backend, "speculative_streams", 4)  # what a GPU sets
     assert backend.decoding_for(auto).decoding == "speculative"
-    assert backend.decoding_for(auto, backend.speculative_streams).decoding == "speculative"
-    assert backend.decoding_for(auto, backend.speculative_streams + 1).decoding == "sequential"
+    assert backend.decoding_for(auto, 4).decoding == "speculative"
+    assert backend.decoding_for(auto, 5).decoding == "sequential"
     assert backend.decoding_for(auto.replace(decoding="sequential"), 1).decoding == "sequential"
 
 
