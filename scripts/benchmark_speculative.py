@@ -126,7 +126,8 @@ def run_one_at_a_time(pipeline: WorldModelPipeline, reqs: list[RolloutRequest],
 def passes_record(passes: list[int], image_tokens: int, wall: float) -> dict:
     stats = DecodeStats(len(passes), sum(passes), image_tokens)
     return {**stats.as_dict(), "passes_min": min(passes), "passes_max": max(passes),
-            "fewer_passes": round(image_tokens / stats.passes_per_frame, 2), "s_per_frame": round(wall / len(passes), 4)}
+            "fewer_passes": round(image_tokens / stats.passes_per_frame, 2),
+            "s_per_frame": round(wall / len(passes), 4)}
 
 
 def main(argv: list[str] | None = None) -> dict:

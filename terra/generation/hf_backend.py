@@ -154,7 +154,8 @@ class HFBackend(WorldModelBackend):
         state = row.state
         codes = torch.stack(row.tokens).cpu().numpy()
         state.add_frame(codes)
-        kv = [(k[index : index + 1, :, pad:].clone(), v[index : index + 1, :, pad:].clone()) for k, v in kv_tensors(self._cache)]
+        kv = [(k[index : index + 1, :, pad:].clone(), v[index : index + 1, :, pad:].clone())
+              for k, v in kv_tensors(self._cache)]
         state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
         computed = row.prompt_tokens if row.window_start else self.layout.action_tokens + 1
         return FrameDone(state, codes, row.prompt_tokens, row.prompt_tokens - computed, row.window_start)

@@ -171,8 +171,8 @@ class DecodeStats:
 
     def as_dict(self, sampling: SamplingConfig | None = None) -> dict[str, Any]:
         """The figures for a sidecar, a manifest or a benchmark's JSON; with ``sampling``, the decoding that ran."""
-        record: dict[str, Any] = {"frames": self.frames, "image_tokens": self.image_tokens, "forward_passes": self.passes,
-                                  "passes_per_frame": _rounded(self.passes_per_frame),
+        record: dict[str, Any] = {"frames": self.frames, "image_tokens": self.image_tokens,
+                                  "forward_passes": self.passes, "passes_per_frame": _rounded(self.passes_per_frame),
                                   "tokens_per_pass": _rounded(self.tokens_per_pass)}
         if sampling is not None:
             record = {"decoding": sampling.decoding,

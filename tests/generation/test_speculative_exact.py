@@ -4,7 +4,8 @@ The verdict of one pass on hand-made logits (greedy), and a statistical test on 
 distributions are known exactly: a fake five-token frame over four codes whose logits depend on the position and
 the previous token (so the Jacobi drafts and their coupling matter), sampled with temperature, top-k and top-p.
 The frame's exact law under sequential decoding is enumerated; speculative decoding is run from many seeds and
-compared with it by a chi-squared test, and the same test must reject two deliberately wrong rules.
+its frames compared with it by a chi-squared test on the joint law of all five positions (so every position's
+law, given the ones before it, is tested at once), and the same test must reject two deliberately wrong rules.
 """
 
 from __future__ import annotations
