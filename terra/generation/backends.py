@@ -35,9 +35,26 @@ def set_torch_threads(num_threads: int | None) -> None:
 
 def resolve_spec(spec: RunSpec) -> RunSpec:
     """``spec`` with its device and backend chosen (``auto`` → what this machine has), once per run: the
-    pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is."""
+    pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is. A backend that cannot
+    decode speculatively refuses ``sampling.decoding=speculative`` here, before anything loads."""
     device = resolve_device(spec.device)
-    return spec.replace(device=device, backend=resolve_backend(spec.backend, device))
+    backend = resolve_backend(spec.backend, device)
+    if spec.sampling.decoding == "speculative" and not backend_class(backend).decodes_speculatively:
+        raise TerraInputError(f"sampling.decoding=speculative: backend={backend} cannot decode speculatively yet; "
+                              "use backend=hf, or sampling.decoding=sequential or auto")
+    return spec.replace(device=device, backend=backend)
+
+
+def backend_class(kind: str) -> type[WorldModelBackend]:
+    """The class of backend ``kind`` (``hf`` or ``vllm``; vLLM's request paths share its capabilities), imported
+    without building an engine."""
+    if kind == "vllm":
+        from terra.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend
+    from terra.generation.hf_backend import HFBackend
+
+    return HFBackend
 
 
 def vllm_available() -> bool:
@@ -86,8 +103,8 @@ def create_backend(
 
         options = dict(options)
         streaming = resolve_requests(options.pop("requests", "per_frame")) == "streaming"
-        backend_class = StreamingVLLMBackend if streaming else VLLMBackend
-        build = lambda: backend_class(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
+        chosen = StreamingVLLMBackend if streaming else VLLMBackend
+        build = lambda: chosen(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:
         from terra.generation.hf_backend import HFBackend
 
