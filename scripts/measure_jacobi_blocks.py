@@ -100,7 +100,7 @@ def demo_requests(layout: TokenLayout, count: int, frames: int, seed: int = 0) -
     """Rollouts of drives in the synthetic world: two context frames rendered and encoded by the demo tokenizer,
     the drives' own actions (what the demo model was trained on)."""
     from terra.sim.clips import random_clip
-    from tokenizer.base import load_tokenizer
+    from tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(DEMO.parent / "tokenizer")
     height, width = tokenizer.image_size
