@@ -175,6 +175,55 @@ def test_previous_frame_guess_falls_back_to_the_last_known_token():
     assert codes.tolist() == [[9, 8, 9]]  # 1 - 3 < 0 and 6 - 3 is not known yet: last token; 4 - 3 = 1
 
 
+def test_sampler_reads_vllms_batch_layout_and_fills_the_draft_table(v2, monkeypatch):
+    """:class:`JacobiSampler` on a batch laid out as Model Runner V2 lays it out: a request with 3 draft slots, one
+    finishing its prompt (1 logits row), one with only 2 slots (near the model's length limit). vLLM's sampler and
+    its Triton kernel for the counts are stood in for by their definitions (they need a GPU)."""
+    from terra.vllm import jacobi_state
+
+    def counts(num_sampled, seq_lens, cu_num_logits, idx_mapping, prefill_len):  # vLLM's kernel, in torch
+        chunked = seq_lens < prefill_len[idx_mapping.long()]
+        num_sampled = torch.where(chunked, 0, num_sampled)
+        rows = (cu_num_logits[1:] - cu_num_logits[:-1]).to(num_sampled.dtype)
+        return num_sampled, torch.where(chunked, 0, rows - num_sampled)
+
+    monkeypatch.setattr(jacobi_state, "get_num_sampled_and_rejected", counts)
+    draws = torch.tensor([11, 12, 99, 14, 21, 31, 32, 33])  # what vLLM's sampler draws from each logits row
+
+    class Base:
+        req_states = SimpleNamespace(
+            prefill_len=SimpleNamespace(gpu=torch.tensor([0, 0, 50, 0, 0, 0], dtype=torch.int32)),
+            all_token_ids=SimpleNamespace(gpu=torch.arange(6 * 100).reshape(6, 100) % 97),
+            draft_tokens=torch.full((6, 3), -1))
+
+        def __call__(self, logits, input_batch):
+            return SimpleNamespace(sampled_token_ids=draws.view(-1, 1), num_nans=None)
+
+    base = Base()
+    sampler = jacobi_state.JacobiSampler(base, frame_span=20, num_drafts=3)
+    # request slot 4: x=10 at 40, drafts 11 12 13 (41..43); slot 2: prompt ends at 49; slot 5: x at 60, drafts 31 9
+    fed = torch.tensor([10, 11, 12, 13, 7, 30, 31, 9])
+    batch = SimpleNamespace(
+        num_reqs=3, cu_num_logits=torch.tensor([0, 4, 5, 8], dtype=torch.int32),
+        expanded_local_pos=torch.tensor([0, 1, 2, 3, 0, 0, 1, 2], dtype=torch.int32),
+        logits_indices=torch.arange(8), input_ids=fed.to(torch.int32),
+        positions=torch.tensor([40, 41, 42, 43, 49, 60, 61, 62]),
+        seq_lens=torch.tensor([44, 50, 63], dtype=torch.int32), idx_mapping=torch.tensor([4, 2, 5], dtype=torch.int32))
+    out = sampler(torch.zeros(8, 5), batch)
+    # slot 4: 11, 12 accepted, 13 != 99: emits 11 12 99; slot 2: its first token; slot 5: 31 == 31, 9 != 32
+    assert out.num_sampled.tolist() == [3, 1, 2] and out.num_rejected.tolist() == [1, 0, 1]
+    assert out.sampled_token_ids[0, :3].tolist() == [11, 12, 99] and out.sampled_token_ids[1, 0] == 21
+    assert out.sampled_token_ids[2, :2].tolist() == [31, 32]
+    table, history = base.req_states.draft_tokens, base.req_states.all_token_ids.gpu
+    # slot 4 emitted up to position 43: next guesses for 44 (row 3 drew 14), then 45, 46 a frame earlier (25, 26)
+    assert table[4].tolist() == [14, int(history[4, 25]), int(history[4, 26])]
+    # slot 2 emitted position 50: guesses for 51..53 are the previous frame's 31..33
+    assert table[2].tolist() == history[2, 31:34].tolist()
+    # slot 5 emitted up to 62: row 2 drew 33 for position 63; 64, 65 from 44, 45
+    assert table[5].tolist() == [33, int(history[5, 44]), int(history[5, 45])]
+    assert table[[0, 1, 3]].eq(-1).all()
+
+
 # ---------------------------------------------------------------- the rule driven by a model, as an engine step
 
 
