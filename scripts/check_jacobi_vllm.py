@@ -163,7 +163,8 @@ def main() -> None:
             run["agreement_single"] = agreement(run["codes"]["single"], ref)
             run["agreement_batched"] = agreement(run["codes"]["batched"], ref)
             run["identical"] = run["agreement_single"] == 1.0 and run["agreement_batched"] == 1.0
-    report = {"vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    report = {"vllm": vllm.__version__, "torch": torch.__version__, "device": device,
               "model": model, "dtype": args.dtype, "rollouts": args.rollouts, "frames": args.frames,
               "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
