@@ -75,6 +75,9 @@ class VLLMBackend(WorldModelBackend):
     ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
     ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left at ``None`` is 0.9 on a GPU
     and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would take nearly all of it).
+    ``speculative_block`` > 0 verifies that many guessed image tokens per request and engine step (speculative
+    Jacobi decoding, :mod:`terra.vllm.jacobi_state`; the same codes as sequential decoding); it needs vLLM's Model
+    Runner V2 (a GPU) and is one error line elsewhere.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class VLLMBackend(WorldModelBackend):
         tensor_parallel_size: int = 1,
         seed: int = 0,
         config: Any = None,
+        speculative_block: int = 0,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -117,6 +121,8 @@ class VLLMBackend(WorldModelBackend):
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         if current_platform.is_cpu():
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
+        if speculative_block:
+            options.update(compat.jacobi_engine_kwargs(speculative_block))
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()
@@ -139,6 +145,12 @@ class VLLMBackend(WorldModelBackend):
             **self.prompt_limits(),
             **options,
         ))
+        if speculative_block:
+            try:
+                compat.check_jacobi_engine(self.engine.vllm_config)
+            except TerraInputError:
+                self.close()
+                raise
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         """Build the synchronous engine, stepped by :meth:`poll`, from ``engine_args`` (``EngineArgs``' fields).
