@@ -15,7 +15,7 @@ clip count of the training data) are skipped.
 Passes are counted where every forward pass goes through: a pre-hook on the first decoder layer adds the rows of
 each call, one row being one rollout's pass. Passes per frame = rows / frames generated; sequential decoding takes
 exactly one per image token (576 at Terra's layout: a frame's first pass also carries the previous frame's action
-slots). Each mode also reports seconds per frame (the whole batch's wall time / frames) and the PSNR of its decoded
+slots). Where the pipeline's results carry the backend's own count (``decode_stats``), it is recorded beside. Each mode also reports seconds per frame (the whole batch's wall time / frames) and the PSNR of its decoded
 frames against the exact renders, as scripts/evaluate.py computes it; under greedy decoding the speculative codes
 are compared token by token with the sequential ones (they must be equal).
 
@@ -138,6 +138,7 @@ def run_mode(pipeline, clips: list[Clip], codes: np.ndarray, sampling: SamplingC
                        for r, clip in zip(results, clips)])
     passes = counter.rows / frames
     record = {"rollouts": len(clips), "frames": frames, "forward_passes": counter.rows, "batched_calls": counter.calls,
+              **backend_reported(results),
               "passes_per_frame": round(passes, 3),
               "image_tokens_per_pass": round(pipeline.backend.layout.image_tokens / passes, 3),
               "generate_s": round(generate_s, 3), "s_per_frame": round(generate_s / frames, 4),
@@ -153,6 +154,14 @@ def modes(args: argparse.Namespace) -> list[tuple[str, float, dict[str, Any]]]:
     return [(name, temperature, {"temperature": temperature, **settings})
             for temperature in parse_temperatures(args.temperatures)
             for name, settings in [("sequential", sequential), *((text, parse_settings(text)) for text in sets)]]
+
+
+def backend_reported(results: list) -> dict[str, Any]:
+    """The backend's own count of the passes, where the pipeline's results carry one (``decode_stats``)."""
+    stats = [r.decode_stats for r in results if getattr(r, "decode_stats", None) is not None]
+    if not stats:
+        return {}
+    return {"backend_reported": sum(stats[1:], stats[0]).as_dict(results[0].sampling)}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -64,6 +64,9 @@ def test_speculative_greedy_codes_equal_sequential_in_fewer_passes(measure, pair
     assert row["greedy_codes_equal"] and row["fewer_passes"] >= 1
     sequential = next(m for m in report["modes"] if m["mode"] == "sequential")
     assert sequential["sampling"]["decoding"] == "sequential" and sequential["passes_per_frame"] == 64
+    for mode in report["modes"]:  # the passes counted at the first decoder layer are the backend's own
+        assert mode["backend_reported"]["forward_passes"] == mode["forward_passes"]
+        assert mode["backend_reported"]["decoding"] == mode["sampling"]["decoding"]
 
 
 def test_held_out_clips_skip_the_training_scenes(measure):
