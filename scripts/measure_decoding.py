@@ -15,9 +15,10 @@ clip count of the training data) are skipped.
 Passes are counted where every forward pass goes through: a pre-hook on the first decoder layer adds the rows of
 each call, one row being one rollout's pass. Passes per frame = rows / frames generated; sequential decoding takes
 exactly one per image token (576 at Terra's layout: a frame's first pass also carries the previous frame's action
-slots). Where the pipeline's results carry the backend's own count (``decode_stats``), it is recorded beside. Each mode also reports seconds per frame (the whole batch's wall time / frames) and the PSNR of its decoded
-frames against the exact renders, as scripts/evaluate.py computes it; under greedy decoding the speculative codes
-are compared token by token with the sequential ones (they must be equal).
+slots). Where the pipeline's results carry the backend's own count (``decode_stats``), it is recorded beside.
+Each mode also reports seconds per frame (the whole batch's wall time / frames) and the PSNR of its decoded frames
+against the exact renders, as scripts/evaluate.py computes it; under greedy decoding the speculative codes are
+compared token by token with the sequential ones (they must be equal).
 
 Sequential modes set ``sampling.decoding=sequential`` where the sampling settings have ``decoding``. A settings
 set that this checkout's sampling settings do not take is recorded as unavailable, with the reason, and the

@@ -5,7 +5,7 @@
 # recipe's sizes and results; BENCHMARKS.md, "Reproducing the Terra-layout model", the GPU machine's calls.
 #
 #   bash scripts/train_terra_layout.sh start     # copy the tree to $WORK/tree, run `all` there in the background
-#   bash scripts/train_terra_layout.sh poll      # status, log tail, results copied to $OUT; WAIT_S=540 waits for the end
+#   bash scripts/train_terra_layout.sh poll      # status, log tail, results copied to $OUT (WAIT_S=540: wait)
 #   bash scripts/train_terra_layout.sh stop      # SIGTERM to the background run (the trainers checkpoint)
 #   bash scripts/train_terra_layout.sh all       # the stages below in order (data alongside tokenizer)
 #   bash scripts/train_terra_layout.sh data|tokenizer|tokens|world_model|measure|collect
@@ -37,7 +37,8 @@ fi
 RUN=${RUN:-runs/terra_layout}; DEVICE=${DEVICE:-cuda}
 CLIPS=${CLIPS:-2000}; FRAMES=${FRAMES:-25}; DATA_WORKERS=${DATA_WORKERS:-12}; COMPRESS=${COMPRESS:-auto}
 TOK_FRAMES=${TOK_FRAMES:-6000}; TOK_RENDER_WORKERS=${TOK_RENDER_WORKERS:-4}; TOK_BATCH=${TOK_BATCH:-16}
-TOK_CH=${TOK_CH:-32}; TOK_STEPS=${TOK_STEPS:-auto}; TOK_WARMUP=${TOK_WARMUP:-300}; TOK_EVAL_FRAMES=${TOK_EVAL_FRAMES:-16}
+TOK_CH=${TOK_CH:-32}; TOK_STEPS=${TOK_STEPS:-auto}; TOK_WARMUP=${TOK_WARMUP:-300}
+TOK_EVAL_FRAMES=${TOK_EVAL_FRAMES:-16}
 TOK_LOG_EVERY=${TOK_LOG_EVERY:-50}; TOK_MINUTES=${TOK_MINUTES:-4.5}; TOK_CALIBRATE_MINUTES=${TOK_CALIBRATE_MINUTES:-1.5}
 WM_HIDDEN=${WM_HIDDEN:-512}; WM_INTERMEDIATE=${WM_INTERMEDIATE:-1408}; WM_LAYERS=${WM_LAYERS:-12}
 WM_HEADS=${WM_HEADS:-8}; WM_KV_HEADS=${WM_KV_HEADS:-4}; WM_WINDOW=${WM_WINDOW:-25}; WM_BATCH=${WM_BATCH:-4}
@@ -47,7 +48,7 @@ WM_VAL_CLIPS=${WM_VAL_CLIPS:-32}; WM_LOSS_CHUNK=${WM_LOSS_CHUNK:-2048}; WM_COMPI
 EVAL_CLIPS=${EVAL_CLIPS:-32}; ADHERENCE_CASES=${ADHERENCE_CASES:-8}; EVAL_CONTEXT=${EVAL_CONTEXT:-3}
 EVAL_HORIZON=${EVAL_HORIZON:-10}; EVAL_DTYPE=${EVAL_DTYPE:-float32}; ROLLOUTS=${ROLLOUTS:-32}
 DECODE_FRAMES=${DECODE_FRAMES:-5}; TEMPERATURES=${TEMPERATURES:-0,0.9}
-SPECULATIVE=${SPECULATIVE:-decoding=speculative}  # the speculative modes' sampling settings, sets split by ';'
+SPECULATIVE=${SPECULATIVE:-decoding=speculative,block_size=32}  # speculative modes' settings; ';' splits sets
 DECODING_OUT=${DECODING_OUT:-decoding.json}  # in $RUN/results; another name measures again (other settings)
 RUN=$(realpath -m "$RUN"); RESULTS=$RUN/results; export RUN
 
@@ -130,7 +131,8 @@ write_settings() {
 stage() {  # NAME: run one stage as its own process, marked in the status file
   local begin=$SECONDS
   mark "$1" start
-  if bash "$SELF" "$1"; then mark "$1" done "$((SECONDS - begin))s"; else mark "$1" failed "$((SECONDS - begin))s"; return 1; fi
+  if bash "$SELF" "$1"; then mark "$1" done "$((SECONDS - begin))s"; return; fi
+  mark "$1" failed "$((SECONDS - begin))s"; return 1
 }
 
 case "${1:-}" in
@@ -147,8 +149,9 @@ case "${1:-}" in
     ;;
   tokenizer)
     budgeted tokenizer "$RUN/tokenizer" "$RUN/tokenizer/final/config.json" "$TOK_STEPS" 20000 "$TOK_CALIBRATE_MINUTES" \
-      "$TOK_MINUTES" scripts/train_tokenizer.py train_tokenizer/model=lfq_terra_small train.output_dir="$RUN/tokenizer" \
-      model.config.encoder_decoder_config.ch="$TOK_CH" data.num_frames="$TOK_FRAMES" data.workers="$TOK_RENDER_WORKERS" \
+      "$TOK_MINUTES" scripts/train_tokenizer.py train_tokenizer/model=lfq_terra_small \
+      train.output_dir="$RUN/tokenizer" model.config.encoder_decoder_config.ch="$TOK_CH" \
+      data.num_frames="$TOK_FRAMES" data.workers="$TOK_RENDER_WORKERS" \
       train.batch_size="$TOK_BATCH" train.warmup_steps="$TOK_WARMUP" train.device="$DEVICE" \
       train.eval_frames="$TOK_EVAL_FRAMES" train.log_every="$TOK_LOG_EVERY" train.checkpoint_every=100000
     ;;
@@ -203,7 +206,9 @@ case "${1:-}" in
     mark all done; collect
     ;;
   start)
-    if [ -f "$RUN/pid" ] && kill -0 "$(cat "$RUN/pid")" 2>/dev/null; then echo "already running: pid $(cat "$RUN/pid")"; exit 0; fi
+    if [ -f "$RUN/pid" ] && kill -0 "$(cat "$RUN/pid")" 2>/dev/null; then
+      echo "already running: pid $(cat "$RUN/pid")"; exit 0
+    fi
     rm -rf "$WORK/tree"; mkdir -p "$WORK/tree" "$RUN"; rm -f "$RUN/pid"
     tar -cf - --exclude=./.git --exclude=./.venv --exclude=./.vllm-bundle --exclude=./.whl --exclude=./runs \
       --exclude=./outputs . | tar -xf - -C "$WORK/tree"
@@ -230,7 +235,8 @@ case "${1:-}" in
     pid=$(cat "$RUN/pid"); kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"; echo "sent SIGTERM to $pid"
     ;;
   *)
-    echo "usage: bash scripts/train_terra_layout.sh start|poll|stop|all|data|tokenizer|tokens|world_model|measure|collect" >&2
+    echo "usage: bash scripts/train_terra_layout.sh COMMAND, one of: start poll stop all data tokenizer tokens" \
+      "world_model measure collect" >&2
     exit 2
     ;;
 esac
