@@ -210,7 +210,7 @@ case "${1:-}" in
       echo "already running: pid $(cat "$RUN/pid")"; exit 0
     fi
     rm -rf "$WORK/tree"; mkdir -p "$WORK/tree" "$RUN"; rm -f "$RUN/pid"
-    tar -cf - --exclude=./.git --exclude=./.venv --exclude=./.vllm-bundle --exclude=./.whl --exclude=./runs \
+    tar -cf - --exclude=./.git --exclude=./.venv --exclude="./.vllm*" --exclude=./.whl --exclude=./runs \
       --exclude=./outputs . | tar -xf - -C "$WORK/tree"
     [ -e "$WORK/tree/terra/conf" ] || ln -s ../conf "$WORK/tree/terra/conf"  # conf/ is the package terra.conf
     # OUT is the calling command's folder: the job outlives it, so only `poll` writes there
