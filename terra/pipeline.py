@@ -122,7 +122,7 @@ class WorldModelPipeline:
         config.zero_embed_code_0 = spec.zero_embed_code_0
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(config, tok)
-        backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config,
+        backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
                                  **spec.backend_options)
         return cls(tok, backend, spec.device)
 
@@ -136,6 +136,8 @@ class WorldModelPipeline:
         dtype: str = "auto",
         config: LlamaActionConfig | None = None,
         zero_embed_code_0: bool = False,
+        decoding: str = "auto",
+        block_size: int = 32,
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
@@ -146,12 +148,17 @@ class WorldModelPipeline:
         Terra's ``world_model/``, a fine-tune's ``model/``); ``tokenizer`` is the folder of the tokenizer it was
         trained with (Terra's ``lfq_tokenizer_B_256``) or a loaded :class:`ImageTokenizer`. Nothing is downloaded:
         a Hub id is one line saying how to download it first (``hf download``).
+
+        ``decoding`` and ``block_size`` (as ``sampling.decoding`` / ``sampling.block_size``) start a vLLM engine
+        for sequential or speculative decoding, which it then does for every call (``auto``: speculative on a GPU
+        with Model Runner V2, taking one stream); the Transformers backend follows each call's ``sampling``.
         """
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
                        backend=backend, backend_options=options, device=check_device(device),
                        dtype=check_choice(dtype, "dtype", DTYPES),
+                       sampling=SamplingConfig(decoding=decoding, block_size=block_size),
                        zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
         return cls.from_spec(resolve_spec(spec), tokenizer if isinstance(tokenizer, ImageTokenizer) else None, config)
 

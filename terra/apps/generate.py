@@ -94,7 +94,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         transformers_logging.disable_progress_bar()
     # 2. the engine, the window, the tokenizer, the context frames and the trajectory
     set_torch_threads(spec.run.num_threads)
-    run_settings = resolve_spec(spec.run)  # device and backend chosen once
+    run_settings = resolve_spec(spec.run, spec.num_samples)  # device, backend (and vLLM's decoding) chosen once
     refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
     config = read_world_model_config(run_settings.world_model)
     check_window(config.num_temporal_embeddings, run_settings.num_context, run_settings.overlap)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from terra.batch.concurrency import planned_streams
 from terra.batch.config import BatchConfig, check_config
 from terra.batch.engine import build_pipeline, set_threads
 from terra.batch.lock import output_lock
@@ -114,7 +115,8 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     if config.executor == "ray":  # the actors choose their devices
         refiner = check_decoding(spec)
     else:
-        spec = resolve_spec(spec) if pipeline is None else spec.replace(device=pipeline.device)
+        spec = (resolve_spec(spec, planned_streams(config, len(the_plan.to_run))) if pipeline is None
+                else spec.replace(device=pipeline.device))
         refiner = check_decoding(spec)  # decoding=refiner: its weights and device, before any output
     if the_plan.to_run:
         set_threads(config)

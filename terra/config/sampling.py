@@ -27,11 +27,11 @@ class SamplingConfig:
     """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off); Terra's authors used 0.9 / 0 / 1.0.
 
     ``decoding``: ``sequential`` samples one image token per forward pass; ``speculative`` scores a block of
-    ``block_size`` guessed tokens per pass and keeps the same distribution (terra/generation/speculative.py);
-    ``auto`` is speculative where the backend has it and few rollouts are in flight
-    (terra/generation/rollout.py, ``WorldModelBackend.decoding_for``). The distribution is the same either way;
-    the random draws are not, so a seed reproduces its frames under the same ``decoding`` (and, under
-    ``speculative``, the same ``block_size``).
+    ``block_size`` guessed tokens per pass (terra/generation/speculative.py); ``auto`` is speculative where that is
+    faster (few rollouts in flight: terra/generation/rollout.py, ``WorldModelBackend.decoding_for``, and for vLLM
+    terra/generation/backends.py, ``vllm_decoding``). They decide how fast the tokens come, not which: for the
+    same seed a backend gives the same codes whatever ``decoding`` and ``block_size`` are
+    (:meth:`draw_settings` are the ones that shape the codes).
     """
 
     temperature: float = 1.0
@@ -48,6 +48,11 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def draw_settings(self) -> dict[str, Any]:
+        """The settings that decide which codes a seed gives (temperature, top-k, top-p): ``decoding`` and
+        ``block_size`` only change the speed (a batch run's fingerprint leaves them out)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     def replace(self, **changes: Any) -> "SamplingConfig":
         """A copy with ``changes`` (checked again: a config is never out of range)."""

@@ -8,8 +8,10 @@ caches are equally long share that pass). A frame leaves once its ``P`` image to
 unequal length are left-padded and masked; rollouts that advance in lock step (a batch of equal window plans)
 never need padding, so their numbers are those of one batched rollout.
 
-Frames submitted with ``sampling.decoding=speculative`` take the speculative path instead
-(terra/generation/hf_speculative.py): each poll is one forward pass per such frame, scoring a block of drafts.
+Tokens are drawn by the Gumbel-max trick with noise keyed by the rollout's seed, the frame and the position
+(terra/generation/sampling.py), so a rollout's codes depend on its seed alone, not on its batch. Frames submitted
+with ``sampling.decoding=speculative`` take the speculative path instead (terra/generation/hf_speculative.py): each
+poll is one forward pass per such frame, scoring a block of guesses, and gives the same codes.
 """
 
 from __future__ import annotations
@@ -29,20 +31,20 @@ from terra.generation.hf_speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
-from terra.generation.sampling import sample_image_tokens
+from terra.generation.sampling import gumbel_noise, sample_image_tokens
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 
 
 @dataclass
 class _Slot:
-    """What a rollout keeps between frames: its KV cache (batch of one) and its random generator.
+    """What a rollout keeps between frames: its KV cache (batch of one). Its random draws need no state: the noise
+    of every position is keyed by the rollout's seed, the frame and the position (terra/generation/sampling.py).
 
     The cache tensors are never written in place (a :class:`DynamicCache` grows by concatenation, merging
     copies), so a forked rollout may share them with its parent.
     """
 
     kv: KV | None
-    generator: torch.Generator
 
 
 @dataclass
@@ -58,8 +60,6 @@ class _Row:
 
 class HFBackend(WorldModelBackend):
     """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device)."""
-
-    decodes_speculatively = True
 
     def __init__(
         self,
@@ -96,7 +96,7 @@ class HFBackend(WorldModelBackend):
     def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
         sampling = self.decoding_for(sampling)
         if state.cache is None:
-            state.cache = _Slot(None, torch.Generator(self.device).manual_seed(state.seed))
+            state.cache = _Slot(None)
         if sampling.decoding == "speculative":
             self._speculative.add(state, sampling)
         else:
@@ -115,9 +115,7 @@ class HFBackend(WorldModelBackend):
     def fork(self, state: RolloutState) -> RolloutState:
         twin = state.copy()
         if state.cache is not None:
-            generator = torch.Generator(self.device)
-            generator.set_state(state.cache.generator.get_state())
-            twin.cache = _Slot(state.cache.kv, generator)
+            twin.cache = _Slot(state.cache.kv)
         return twin
 
     @torch.inference_mode()
@@ -136,8 +134,8 @@ class HFBackend(WorldModelBackend):
         for i, row in enumerate(self._rows):
             by_config[row.sampling].append(i)
         for config, rows in by_config.items():
-            generators = [self._rows[i].state.cache.generator for i in rows]
-            tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, generators)
+            noise = None if config.greedy else torch.cat([self._noise(self._rows[i]) for i in rows])
+            tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
         finished = [i for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
@@ -147,6 +145,12 @@ class HFBackend(WorldModelBackend):
         if self._rows:  # feed the sampled token; a finished frame's last token waits for its action slots
             self._logits = self._decode_step(tokens[going][:, None])
         return done
+
+    def _noise(self, row: _Row) -> torch.Tensor:
+        """The Gumbel noise ``[1, codebook_size]`` of the token ``row`` samples now (its rollout's seed, frame and
+        position: the noise speculative decoding draws that token with too)."""
+        state = row.state
+        return gumbel_noise(state.seed, state.next_frame, [len(row.tokens)], self.layout.codebook_size, self.device)
 
     def _finish(self, index: int) -> FrameDone:
         """Hand a complete frame to its state, with the state's own cache cut out of the batch."""

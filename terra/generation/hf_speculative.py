@@ -1,12 +1,12 @@
-"""The Transformers backend's speculative path: a forward pass per rollout per poll, a block of drafts in each.
+"""The Transformers backend's speculative path: a forward pass per rollout per poll, a block of guesses in each.
 
 :class:`SpeculativeRows` holds the frames that :class:`~terra.generation.hf_backend.HFBackend` decodes with
-``sampling.decoding=speculative`` (terra/generation/speculative.py has the method and why it is exact). Each
-:meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time (their caches
-diverge after the first rejection, and a single stream is the case this path is for): the frame's first pass
-is its prompt (the window's frames at a window start, else the previous frame's last token and action slots)
-followed by the block; later passes are the last committed token followed by the block. After each pass the
-rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
+``sampling.decoding=speculative`` (terra/generation/speculative.py has the rule and why its codes are sequential
+decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
+(their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
+first pass is its prompt (the window's frames at a window start, else the previous frame's last token and action
+slots) followed by the block; later passes are the last committed token followed by the block. After each pass
+the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
 input), so between frames the cache is exactly what sequential decoding leaves.
 """
 
@@ -41,7 +41,7 @@ class _Frame:
 
 class SpeculativeRows:
     """The speculative frames of one :class:`~terra.generation.hf_backend.HFBackend` (``model`` in eval mode on
-    ``device``; rollouts' ``cache`` is the backend's slot: a KV list and a generator)."""
+    ``device``; rollouts' ``cache`` is the backend's slot, holding their KV between frames)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model = model
@@ -54,8 +54,9 @@ class SpeculativeRows:
     def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
         """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
-        guess = torch.as_tensor(state.frames[-1], device=self.device)
-        frame = SpeculativeFrame(guess, sampling.block_size, layout.codebook_size, sampling, state.cache.generator)
+        previous = torch.as_tensor(state.frames[-1], device=self.device)
+        frame = SpeculativeFrame(previous, sampling.block_size, layout.codebook_size, sampling, state.seed,
+                                 state.next_frame)
         if state.window_starts:
             ids, actions, _ = state.prompt()
             cache, prompt = DynamicCache(), len(ids)

@@ -225,23 +225,18 @@ class WorldModelBackend(ABC):
     """
 
     layout: TokenLayout
-    decodes_speculatively = False  # sampling.decoding=speculative is available (terra/generation/speculative.py)
     speculative_streams: int | None = 0  # decoding=auto is speculative up to this many rollouts in flight (None: any)
 
     def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
-        """``sampling`` with ``decoding=auto`` made concrete for a run of ``streams`` rollouts in flight:
-        speculative where this backend has it and ``streams <= speculative_streams`` (None: any number), else
-        sequential. A run
-        resolves it once (:meth:`generate`, batch runs, session hosts), so a seed's frames depend on the run's
-        settings, never on what happens to be in flight; :meth:`submit` takes a lone ``auto`` as one stream.
-        ``decoding=speculative`` on a backend without it is one line (:class:`TerraInputError`)."""
-        if sampling.decoding == "speculative" and not self.decodes_speculatively:
-            raise TerraInputError(f"sampling.decoding=speculative: the {self.name} backend cannot decode "
-                                  "speculatively; use backend=hf, or sampling.decoding=sequential or auto")
+        """``sampling`` as this backend decodes it in a run of ``streams`` rollouts in flight: ``decoding=auto``
+        made concrete, speculative up to :attr:`speculative_streams` rollouts (None: any number), else sequential.
+        A run resolves it once (:meth:`run_rollouts`, batch runs, session hosts); :meth:`submit` takes a lone
+        ``auto`` as one stream. The codes do not depend on it (terra/generation/speculative.py): only the speed
+        and the forward passes reported do."""
         if sampling.decoding != "auto":
             return sampling
         limit = self.speculative_streams
-        fast = self.decodes_speculatively and (limit is None or streams <= limit)
+        fast = limit is None or streams <= limit
         return sampling.replace(decoding="speculative" if fast else "sequential")
 
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:

@@ -1,189 +1,144 @@
-"""Speculative Jacobi decoding with coupled drafts: several image tokens per forward pass, same distribution.
+"""Speculative Jacobi decoding with Gumbel-coupled drafts: several image tokens per forward pass, the same codes.
 
-A frame's ``P`` image tokens are decoded left to right. Past the committed prefix sits a *block* of up to
-``block_size`` guessed tokens (drafts); one forward pass scores the whole block (row ``j`` of its logits is the
-model's next-token distribution after the prefix and drafts ``0 .. j-1``), :func:`verify_block` decides how many
-tokens that pass commits, and the block is refilled from the same pass's predictions (Jacobi iteration, SJD:
-arXiv 2410.01699). Each refilled draft is *coupled* to the draft it replaces (Speculative Coupled Decoding,
-arXiv 2510.24211): it keeps the old token with probability ``min(1, p(d) / q(d))`` and else draws from the
-residual, so a position whose distribution did not change keeps its token and the block settles instead of
-being redrawn every pass. Drafts of positions that enter the block are the previous frame's codes at the same
-positions, as point masses (video is temporally redundant). A block never crosses the frame's end, so frames
-stay whole and no action slot is ever sampled.
+The one rule both backends run: the Transformers backend through :class:`SpeculativeFrame`
+(terra/generation/hf_speculative.py), vLLM through its model-owned sampler (terra/vllm/jacobi_state.py), both
+calling :func:`accepted_guesses` and :func:`next_guesses`. Method: speculative Jacobi decoding (SJD, arXiv
+2410.01699) with the Gumbel coupling of Speculative Coupled Decoding (SCD, arXiv 2510.24211, its "GS" variant).
 
-Exactness. Let ``p_i = p(. | x_<i)`` be the warped distribution (temperature, top-k, top-p:
-terra/generation/sampling.py, ``image_token_probs``) of image position ``i`` after the committed tokens.
-Speculative decoding commits each ``x_i`` with law ``p_i`` given ``x_<i``, as sequential decoding draws it:
+The sampler. Sequential decoding draws image position ``i`` of a frame as ``x_i = argmax(s_i(x_<i) + g_i)``:
+``s_i`` the warped scores after the tokens before it (temperature, top-k, top-p), ``g_i`` standard Gumbel noise
+fixed by the rollout's seed and the position (terra/generation/sampling.py: by seed, frame index and position in
+the frame; vLLM's sampler: by the request's seed and position). Since ``g_i`` is independent of the noise of
+earlier positions, and so of ``x_<i``, ``x_i`` given ``x_<i`` has law ``softmax(s_i)`` exactly (Gumbel-max).
 
-1. *Ownership.* Everything random that concerns position ``i`` (its guess, and in every pass the coin and the
-   residual draw of the coupling below) is drawn fresh for ``i``; nothing at positions below ``i`` (the logits
-   there, what is committed, where the block ends) reads anything at or above ``i``: the model is causal and
-   the rule goes left to right. Let ``H_i`` be the whole history of the positions below ``i``.
-2. *Invariant.* Whenever position ``i`` holds a draft ``d`` with recorded proposal ``q`` (fixed by ``H_i``),
-   ``d ~ q`` given ``H_i``. A guess is a point mass (``q = delta_g``). A pass computes a target ``p`` for
-   the position from the tokens below it (fixed by ``H_i``) and replaces ``d`` by ``Y``: ``Y = d`` when a fresh
-   uniform ``u`` has ``u q(d) < p(d)``, else a draw from the residual ``(p - q)+`` normalised. For ``d ~ q``
-   this gives ``Y ~ p`` exactly (the maximal coupling of ``q`` and ``p``), so ``p``, the law ``Y`` was drawn
-   from, is recorded as ``Y``'s proposal and the invariant holds again. The coin that produced ``Y`` is spent;
-   the next pass tests ``Y`` with a fresh one. (Keeping ``q`` as the proposal of a kept token would be wrong:
-   given that it survived the coin, the token no longer has law ``q``.)
-3. *Commit.* In a pass, the first position past the committed prefix has the true ``p_i`` as its target (every
-   input below it is committed), so its ``Y ~ p_i`` is committed. The next position's target is true again if
-   and only if the draft below was kept (``Y = d``), and so on: the pass commits every ``Y`` up to and
-   including the first rejected position (at which ``Y`` is the residual draw), or all drafts and then one
-   token drawn straight from the row after the block (the bonus row, when the block ends before the frame).
-   Conditioned on ``H_i``, which fixes ``x_<i`` and whether ``i`` is committed in this pass, ``x_i = Y ~ p_i``;
-   averaging over ``H_i`` gives the claim. Uncommitted ``Y`` stay as the next pass's drafts (step 2).
+One pass. Past the last committed token sit ``K`` guesses ``d_0 .. d_{K-1}`` for the next positions ``n ..
+n+K-1``. One forward pass over ``[last committed token (or the frame's prompt), d_0 .. d_{K-1}]`` gives, in row
+``j``, the scores of position ``n + j`` after the committed prefix and ``d_0 .. d_{j-1}``; every row is drawn
+with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+j})``.
 
-Temperature 0 makes every ``p`` a point mass at the argmax: a draft is kept iff it is the argmax, every
-refilled draft is the argmax, no random number is drawn, and the frame equals greedy sequential decoding token
-for token. Each rollout draws from its own seeded generator, so its tokens do not depend on what it is batched
-with (tests/generation/test_speculative_exact.py tests all of this).
+* **Accept** (:func:`accepted_guesses`): ``a`` = the number of leading guesses with ``d_j = y_j``. The pass
+  commits ``y_0 .. y_a`` (the ``a`` accepted guesses and the token drawn at the first mismatch, or after the
+  last guess), never past the frame's last image token.
+* **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
+  (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
+  and past the pass the code of the same position in the previous frame (video is temporally redundant).
 
-The core is backend-agnostic plain torch: :func:`verify_block` is one pass's decision on any device, and
-:class:`SpeculativeFrame` keeps one frame's block between passes; a backend only runs the forward passes
-(terra/generation/hf_speculative.py for Transformers).
+Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
+induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
+sequential decoding's ``x_n``. If ``d_0 .. d_{j-1}`` were accepted, they equal ``x_n .. x_{n+j-1}``, so row
+``j`` saw sequential decoding's prefix and ``y_j = x_{n+j}`` (the same scores and the same noise). Every
+committed token is therefore ``x_i``, a deterministic function of the noise that does not involve the guesses
+(they only decide how many tokens a pass commits, at least one), so the frames equal sequential decoding's for
+every draw of the noise, and have its law. Temperature 0 is the same argument without noise (both argmax).
+Equality holds up to floating point: a pass of ``K + 1`` tokens may round a logit differently from a pass of
+one, which matters only where two codes tie to within that rounding. Nothing here draws a random number: each
+rollout's noise is its own, so its codes do not depend on what it is batched with or on the block size.
+tests/generation/test_speculative_exact.py checks the sampler and the rule against the enumerated law of a small
+model and rejects wrong rules; tests/generation/test_speculative_hf.py checks the equality on the backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.sampling import image_token_probs
+from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
-@dataclass(frozen=True)
-class BlockVerdict:
-    """What one pass decided for one block (see :func:`verify_block`)."""
+def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
+    """The number of leading guesses equal to the draw of their row, per request ``[R]`` (int32).
 
-    tokens: torch.Tensor  # [m] committed tokens, in order: accepted drafts, then the resampled or bonus token
-    num_accepted: int  # drafts accepted: the first num_accepted of ``tokens``
-    drafts: torch.Tensor  # [r] refilled drafts of the positions right after the committed ones
-    draft_probs: torch.Tensor | None  # [r, V] the law each refilled draft was drawn from; None: point masses
-
-
-def verify_block(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
-                 codebook_size: int, sampling: SamplingConfig, generator: torch.Generator | None) -> BlockVerdict:
-    """One pass of speculative decoding for one block: accept, resample at the first rejection, refill.
-
-    Inputs (``n`` drafts, image codebook of ``V = codebook_size`` codes):
-
-    * ``draft_tokens [n]`` (long): the guesses for the ``n`` positions right after the committed prefix;
-    * ``draft_probs [n, V]``: the distribution each draft was drawn from (a one-hot row for a point mass, e.g. a
-      previous-frame guess), or None when every draft is a point mass. A draft must lie in its law's support.
-    * ``logits [n + 1, vocab]`` or ``[n, vocab]``: row ``j`` is the model's logits for block position ``j``
-      given the committed prefix and drafts ``0 .. j-1`` (the row of the last committed token, then one row per
-      draft). The extra row ``n`` (the bonus row) is the position after the block; leave it out when the block
-      ends the frame (that position is an action slot). Columns from ``codebook_size`` on are never sampled.
-    * ``sampling``: temperature (0: greedy), top-k, top-p; the warped distribution is the target.
-    * ``generator``: the rollout's own generator (unused when greedy).
-
-    Returns a :class:`BlockVerdict`: the ``m >= 1`` committed tokens (``m = num_accepted + 1``, or ``n`` when
-    every draft is accepted and there is no bonus row), and the refilled drafts of block positions
-    ``m .. rows - 1`` with the laws they were drawn from (coupled to the old drafts; the bonus row's a fresh
-    draw), to be scored by the next pass after the new committed tokens. Random numbers drawn: ``n`` uniforms,
-    one residual draw per rejected draft, one draw from the bonus row; none when greedy.
+    ``samples [R, K+1]``: the token drawn from each logits row of the pass (row ``j`` is the position of guess
+    ``j``); ``guesses [R, K]``: the guesses the pass was fed, of which the first ``num_guesses [R]`` are real.
+    The request commits ``samples[:, :accepted + 1]`` (capped at the frame's remaining tokens).
     """
-    n, rows = len(draft_tokens), logits.shape[0]
-    if rows not in (n, n + 1):
-        raise ValueError(f"a block of {n} drafts needs {n} or {n + 1} rows of logits, got {rows}")
-    if sampling.greedy:  # every target a point mass at the argmax: keep a draft iff it is the argmax
-        target = logits[:, :codebook_size].float().argmax(dim=-1)
-        kept = torch.cat([target[:n] == draft_tokens, target.new_zeros(1, dtype=torch.bool)])
-        accepted = int(kept.long().argmin())
-        committed = min(accepted + 1, rows)
-        tokens = torch.cat([draft_tokens[:accepted], target[accepted:committed]])
-        return BlockVerdict(tokens, accepted, target[committed:], None)
-    probs = image_token_probs(logits, codebook_size, sampling)
-    index = draft_tokens[:, None]
-    p_draft = probs[:n].gather(1, index)[:, 0]
-    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(1, index)[:, 0]
-    coin = torch.rand(n, generator=generator, device=probs.device)
-    kept = coin * q_draft < p_draft  # probability min(1, p(d) / q(d))
-    refilled = draft_tokens.clone()
-    rejected = (~kept).nonzero()[:, 0]
-    if len(rejected):
-        old = (torch.nn.functional.one_hot(draft_tokens[rejected], probs.shape[1]).to(probs.dtype)
-               if draft_probs is None else draft_probs[rejected])
-        refilled[rejected] = torch.multinomial(residual(probs[rejected], old), 1, generator=generator)[:, 0]
-    if rows > n:
-        refilled = torch.cat([refilled, torch.multinomial(probs[n], 1, generator=generator)])
-    accepted = int(torch.cat([kept, kept.new_zeros(1)]).long().argmin())
-    committed = min(accepted + 1, rows)
-    return BlockVerdict(refilled[:committed], accepted, refilled[committed:], probs[committed:])
+    width = guesses.shape[1]
+    real = torch.arange(width, device=guesses.device)[None, :] < num_guesses[:, None]
+    match = (guesses == samples[:, :width]) & real
+    return match.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32)
 
 
-def residual(target: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
-    """Rows of ``(target - proposal)+``: what a rejected draft is redrawn from (unnormalised; ``torch.multinomial``
-    normalises). Where rounding leaves a row empty (``target <= proposal`` everywhere), the target itself."""
-    rows = (target - proposal).clamp(min=0)
-    empty = rows.sum(dim=1) <= 0
-    rows[empty] = target[empty]
-    return rows
+def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
+                 later: torch.Tensor) -> torch.Tensor:
+    """The ``K`` guesses each request is fed next pass, for the ``K`` positions after its last committed token.
+
+    Guess ``j`` (0-based) is for the position ``accepted + 1 + j`` rows after row 0's: the pass's own draw there
+    (row ``accepted + 1 + j``) while that row was scored (``<= num_guesses``), else ``later[:, j]``, the caller's
+    guess for that position (the same position of the previous frame). All tensors are ``[R, ...]``;
+    ``samples [R, K+1]``, ``later [R, K]``.
+    """
+    width = later.shape[1]
+    row = accepted[:, None].to(torch.int64) + 1 + torch.arange(width, device=samples.device)[None, :]
+    from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
+    return torch.where(row <= num_guesses[:, None], from_pass, later)
 
 
 class SpeculativeFrame:
-    """One frame being decoded speculatively: its committed tokens and its block of drafts between passes.
+    """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
 
-    ``guess [P]`` (long) holds the previous frame's codes: the point-mass draft of every position when it enters
-    the block. Each pass, a backend feeds the last committed token (or, in the frame's first pass, the frame's
-    prompt) followed by :meth:`block`, and hands the logits of those ``len(block) + 1`` positions to
-    :meth:`advance`; only :attr:`scores_bonus` says whether the last of them is wanted (the block ends before the
-    frame's end) or dropped (it would be an action slot).
+    ``previous [P]`` (long) are the previous frame's codes: each position's first guess. ``seed`` and ``frame``
+    (the frame's index in the rollout) key the Gumbel noise of its positions (terra/generation/sampling.py), drawn
+    once per position and kept while the position is in a pass. Each pass, a backend feeds the last committed
+    token (or, in the frame's first pass, the frame's prompt) followed by :meth:`block`, and hands the logits of
+    those ``len(block) + 1`` positions to :meth:`advance`.
     """
 
-    def __init__(self, guess: torch.Tensor, block_size: int, codebook_size: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None) -> None:
-        self.guess = guess
+    def __init__(self, previous: torch.Tensor, block_size: int, codebook_size: int, sampling: SamplingConfig,
+                 seed: int, frame: int) -> None:
+        self.previous = previous
+        self.size = len(previous)
         self.block_size = block_size
         self.codebook_size = codebook_size
         self.sampling = sampling
-        self.generator = generator
+        self.seed, self.frame = seed, frame
         self.committed: list[torch.Tensor] = []
         self.count = 0  # tokens committed
-        self.drafts = guess.new_empty(0)
-        self.draft_probs: torch.Tensor | None = None
+        self.guesses = self._later(0, block_size)
         self.passes = 0
-        self.accepted = 0  # drafts accepted over all passes
+        self._noise = torch.empty(0, codebook_size, device=previous.device)  # of positions count .. count + rows - 1
 
     @property
     def done(self) -> bool:
-        return self.count == len(self.guess)
+        return self.count == self.size
 
     def block(self) -> torch.Tensor:
-        """The drafts the next pass scores: the refilled ones, topped up with guesses to ``block_size`` drafts (at
-        most the frame's remaining tokens)."""
-        size = min(self.block_size, len(self.guess) - self.count)
-        have = len(self.drafts)
-        if have < size:
-            new = self.guess[self.count + have : self.count + size]
-            self.drafts = torch.cat([self.drafts, new])
-            if self.draft_probs is not None:
-                point = torch.nn.functional.one_hot(new, self.draft_probs.shape[1]).to(self.draft_probs.dtype)
-                self.draft_probs = torch.cat([self.draft_probs, point])
-        return self.drafts
-
-    @property
-    def scores_bonus(self) -> bool:
-        """Whether the position after the block is an image token of this frame (its row is used)."""
-        return self.count + len(self.drafts) < len(self.guess)
+        """The guesses the next pass scores, for positions ``count ..``: at most ``block_size``, never past the
+        frame's last image token."""
+        return self.guesses[: min(self.block_size, self.size - self.count)]
 
     def advance(self, logits: torch.Tensor) -> int:
-        """Take one pass's logits ``[len(block) + 1, vocab]`` (the last row is ignored unless
-        :attr:`scores_bonus`); commit what :func:`verify_block` accepts; return the number of tokens committed."""
-        rows = len(self.drafts) + self.scores_bonus
-        verdict = verify_block(self.drafts, self.draft_probs, logits[:rows], self.codebook_size, self.sampling,
-                               self.generator)
-        self.committed.append(verdict.tokens)
-        self.count += len(verdict.tokens)
-        self.drafts, self.draft_probs = verdict.drafts, verdict.draft_probs
+        """Take one pass's logits ``[len(block) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
+        refill with :func:`next_guesses`; return the number of tokens committed."""
+        width = len(self.block())
+        rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
+        samples = torch.full((1, width + 1), -1, dtype=torch.long, device=logits.device)
+        samples[0, :rows] = sample_image_tokens(logits[:rows], self.codebook_size, self.sampling, self._rows(rows))
+        num_guesses = torch.tensor([width], device=logits.device)
+        accepted = accepted_guesses(samples, self.guesses[None, :width], num_guesses)
+        emitted = min(int(accepted[0]) + 1, rows)
+        self.committed.append(samples[0, :emitted])
+        self.count += emitted
+        self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.block_size)[None])[0]
+        self._noise = self._noise[emitted:]
         self.passes += 1
-        self.accepted += verdict.num_accepted
-        return len(verdict.tokens)
+        return emitted
 
     def codes(self) -> torch.Tensor:
         """The frame's ``P`` committed codes (once :attr:`done`)."""
         return torch.cat(self.committed)
+
+    def _later(self, start: int, count: int) -> torch.Tensor:
+        """The previous frame's codes at positions ``start .. start + count - 1`` (the last one past the frame)."""
+        positions = torch.arange(start, start + count, device=self.previous.device).clamp(max=self.size - 1)
+        return self.previous[positions]
+
+    def _rows(self, rows: int) -> torch.Tensor | None:
+        """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""
+        if self.sampling.greedy:
+            return None
+        have = len(self._noise)
+        if have < rows:
+            fresh = gumbel_noise(self.seed, self.frame, range(self.count + have, self.count + rows),
+                                 self.codebook_size, self._noise.device)
+            self._noise = torch.cat([self._noise, fresh])
+        return self._noise[:rows]

