@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=80, help="terra part: engine steps before the timing")
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:block": one engine, in a subprocess
     args = parser.parse_args(argv)
     try:
@@ -119,6 +119,8 @@ def engine_record(backend, block: int) -> dict[str, Any]:
 
 def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of the demo model: passes, seconds per frame and codes per temperature."""
+    import torch
+
     from terra.config.sampling import SamplingConfig
     from terra.generation.vllm_backend import VLLMBackend
     from terra.pipeline import WorldModelPipeline
@@ -129,7 +131,8 @@ def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
                           speculative_block=block, gpu_memory_utilization=args.gpu_memory_utilization)
     record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
     try:
-        pipeline = WorldModelPipeline(load_tokenizer(DEMO / "tokenizer"), backend, "cuda")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        pipeline = WorldModelPipeline(load_tokenizer(DEMO / "tokenizer"), backend, device)
         requests = benchmark_speculative().requests(pipeline, args.rollouts, args.frames, 3)
         counter = StepCounter(backend)
         for temperature in args.temperatures:
