@@ -289,12 +289,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.worker:
         worker(args)
         return {}
-    import torch
-    import vllm
-
     report = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    report.update(vllm=vllm.__version__, torch=torch.__version__,
-                  device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+    if args.parts:  # the machine the engines run on
+        import torch
+        import vllm
+
+        report.update(vllm=vllm.__version__, torch=torch.__version__,
+                      device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         records = report[part] = []
@@ -307,7 +308,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if part == "demo":
                 report["demo_summary"] = demo_summary(records)
             args.out.write_text(json.dumps(report))
-    if args.passes and report.get("terra"):
+    if args.passes and not args.passes.is_file():
+        print(f"no projection: {args.passes} does not exist (rerun with --parts \"\" once it does)", flush=True)
+    elif args.passes and report.get("terra"):
         report["projection"] = projection(report["terra"], args.passes)
         args.out.write_text(json.dumps(report))
     for row in report.get("demo_summary", []):

@@ -51,3 +51,13 @@ def test_bad_arguments_are_refused(check, tmp_path):
         check.parse_args(["--out", str(tmp_path / "x.json"), "--parts", "demo,other"])
     with pytest.raises(SystemExit):
         check.parse_args(["--out", str(tmp_path / "x.json"), "--terra-blocks", "0,eight"])
+
+
+def test_projection_alone_from_a_finished_json(check, tmp_path):
+    passes = tmp_path / "decoding.json"
+    passes.write_text(json.dumps({"layout": {"image_tokens": 576}, "modes": []}))
+    out = tmp_path / "jacobi.json"
+    out.write_text(json.dumps({"terra": [{"block": 0, "runs": [{"streams": 1, "step_s": 0.0025}]}]}))
+    report = check.main(["--parts", "", "--passes", str(passes), "--out", str(out)])
+    assert report["projection"]["rows"] == [{"block": 0, "passes_per_frame": 576, "one_stream_s_per_frame": 1.44}]
+    assert json.loads(out.read_text())["projection"] == report["projection"]
