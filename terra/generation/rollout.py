@@ -64,7 +64,8 @@ class RolloutState:
 
     ``seed`` is the rollout's sampling seed as the backend resolved it (:meth:`WorldModelBackend.start`);
     ``cache`` is whatever the backend keeps for the rollout between two frames (the Transformers backend: its
-    KV cache and random generator; vLLM: nothing, its prefix cache is the engine's).
+    KV cache; vLLM: nothing, its prefix cache is the engine's). Random draws need no state: they are keyed by
+    ``seed``, the frame and the position (terra/generation/sampling.py).
     """
 
     def __init__(self, request: RolloutRequest, layout: TokenLayout, seed: int | None = None) -> None:
