@@ -15,7 +15,7 @@ from typing import Any
 from terra.config.backend import DTYPES, check_device
 from terra.config.checks import Range, TerraInputError, check_choice, check_flag, required_path, select, shown
 from terra.config.files import open_input_file
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import claim_output_dir
 from terra.scoring.report import FILES
 from terra.scoring.samples import MAX_SAMPLES_BYTES, sample_files
 
@@ -62,10 +62,12 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     files = sample_files(required_path(cfg, "samples", "ACT-Bench's act_bench.jsonl, or a folder of them", "FILE"))
     for file in files:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
-    output_dir = required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there")
+    output_dir = claim_output_dir(
+        required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there"), "output_dir",
+        files=FILES, inputs=[("videos folder", videos), ("samples", select(cfg, "samples")), ("samples file", files),
+                             ("estimator folder", estimator)])
     return ScoringSettings(
-        videos=videos, samples=files, estimator=estimator,
-        output_dir=check_output_dir(output_dir, FILES, "output_dir"),
+        videos=videos, samples=files, estimator=estimator, output_dir=output_dir.path,
         batch_size=values["batch_size"], num_workers=values["num_workers"],
         device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
         progress=check_flag(select(cfg, "progress"), "progress"), num_threads=values["num_threads"],
