@@ -3,7 +3,9 @@
 :class:`TerraInputError` is :class:`tokenizer.errors.InputError` (one class for the whole toolkit, defined in
 the tokenizer package, which stands alone): one line naming the input and the fix; the entry points print it
 and exit with code 2 (terra/apps/runner.py). The checks return the value they checked, typed (an ``int``
-for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again.
+for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again. What goes
+into a line stays one line: :func:`shown` and :func:`one_line` escape values and names, :func:`error_reason`
+turns a third-party reader's exception into a short phrase.
 """
 
 from __future__ import annotations
