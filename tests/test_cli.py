@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
+
 from tokenizer.atomic import MARKER
 
 TERRA_GENERATE = Path(sys.executable).with_name("terra-generate")

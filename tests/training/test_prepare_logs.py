@@ -30,9 +30,9 @@ from terra.training.driving_logs import Resampled, resample
 from terra.training.shards import read_index, read_shard
 from terra.training.prepare import clip_score
 from tokenizer import load_tokenizer
+from tokenizer.atomic import MARKER
 from tokenizer.images import frames_to_tensor, load_frames
 from tokenizer.resize import fit_frame
-from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "prepare_driving_logs.py"
