@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from terra.config.checks import TerraInputError
-from terra.config.outputs import prepare_output_dir
+from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
@@ -236,7 +236,7 @@ API_CASES = {
                                    None),
     "sampling_negative_temperature": (lambda b, t, p: SamplingConfig(temperature=-1.0), "temperature", None),
     "sampling_temperature_not_a_number": (lambda b, t, p: SamplingConfig(temperature="hot"), "temperature", None),
-    "output_dir_not_writable": (lambda b, t, p: prepare_output_dir(b.a_file / "videos"), "not writable", "a_file"),
+    "output_dir_not_writable": (lambda b, t, p: check_output_dir(b.a_file / "videos"), "not writable", "a_file"),
 }
 
 

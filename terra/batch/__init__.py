@@ -49,7 +49,7 @@ Outputs (under ``output_dir``)
   ``generate_s`` and ``generated_at`` (Unix time its rollout left the engine, before decoding and writing).
   ``<manifest stem>.summary.json`` holds the counts. Malformed lines are recorded as failed with stage ``parse``
   (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
-* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.batch.lock`): a second run of the
+* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.config.lock`): a second run of the
   same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples
   finished so far with their records and leaves no partial file; rerunning finishes it.
 
