@@ -198,7 +198,7 @@ API_CASES = {
     "decode_negative_code": (lambda b, t, p: t.decode(torch.full((1, 9, 16), -1)), "outside the codebook", None),
     "decode_float_codes": (lambda b, t, p: t.decode(torch.zeros(1, 9, 16)), "integers", None),
     # world-model checkpoints (checked before any backend loads them)
-    "world_model_missing": (lambda b, t, p: _from_pretrained(b.wm_missing), "no config.json", "wm_missing"),
+    "world_model_missing": (lambda b, t, p: _from_pretrained(b.wm_missing), "is not a folder here", "wm_missing"),
     "world_model_truncated_weights": (lambda b, t, p: _from_pretrained(b.wm_truncated), "truncated", "wm_truncated"),
     "world_model_hidden_size_mismatch": (lambda b, t, p: read_world_model_config(b.wm_hidden), "wrong shape",
                                          "wm_hidden"),
