@@ -73,6 +73,18 @@ class Drive:
         """``[steps + 1, 3]`` world poses (the scenario's start pose composed with the drive's own)."""
         return compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), np.stack(self.poses))
 
+    def command(self, plan: Plan, action: np.ndarray, seconds: float = 0.0) -> None:
+        """Record the plan for the next frame and the action it became."""
+        self.plans.append(plan)
+        self.actions.append(action)
+        self.policy_s.append(seconds)
+
+    def advance(self, frame: np.ndarray) -> None:
+        """Record the next frame; the pose moves as the last action commanded."""
+        self.frames.append(np.asarray(frame))
+        self.poses.append(np.array(advance_pose(tuple(self.poses[-1]), self.actions[-1])))
+        self.speeds.append(speed_of(self.actions[-1]) / 3.6)
+
     def fail(self, stage: str, message: str) -> None:
         if self.error is None:
             self.stage, self.error = stage, message
@@ -95,7 +107,8 @@ class Drive:
                            now.copy())
 
 
-def _start(world: World, spec: DriveSpec, num_steps: int) -> Drive:
+def start_drive(world: World, spec: DriveSpec, num_steps: int) -> Drive:
+    """Build the drive's policy and open the drive in ``world``; a failure is recorded on the drive (stage setup)."""
     drive = Drive(spec, world.name)
     try:
         drive.policy = spec.make_policy()
@@ -111,9 +124,9 @@ def _start(world: World, spec: DriveSpec, num_steps: int) -> Drive:
 
 
 def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_timeout_s: float = 30.0,
-               history: int = 4, progress: Callable[[int], None] | None = None) -> list[Drive]:
+               history: int = 16, progress: Callable[[int], None] | None = None) -> list[Drive]:
     """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep); return the drives."""
-    drives = [_start(world, spec, num_steps) for spec in specs]
+    drives = [start_drive(world, spec, num_steps) for spec in specs]
     pool = ThreadPoolExecutor(max_workers=max(1, len(drives)), thread_name_prefix="terra-policy")
     try:
         for step in range(num_steps):
@@ -128,15 +141,13 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                     drive.fail("world", f"the {world.name} world failed at step {step}: {error_line(frame)}")
                     del drive.actions[-1], drive.plans[-1], drive.policy_s[-1]
                     continue
-                drive.frames.append(np.asarray(frame))
-                drive.poses.append(np.array(advance_pose(tuple(drive.poses[-1]), drive.actions[-1])))
-                drive.speeds.append(speed_of(drive.actions[-1]) / 3.6)
+                drive.advance(frame)
             if progress is not None:
                 progress(step + 1)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         for drive in drives:
-            _close(world, drive)
+            close_drive(world, drive)
     return drives
 
 
@@ -161,9 +172,7 @@ def _plan_all(pool: ThreadPoolExecutor, drives: list[Drive], step: int, timeout_
         except Exception as err:  # noqa: BLE001
             drive.fail("policy", f"policy {name} returned a bad plan at step {step}: {error_line(err)}")
             continue
-        drive.plans.append(plan)
-        drive.actions.append(action)
-        drive.policy_s.append(seconds)
+        drive.command(plan, action, seconds)
 
 
 def _timed_plan(policy: Policy, observation: Observation) -> tuple[Any, float]:
@@ -172,7 +181,7 @@ def _timed_plan(policy: Policy, observation: Observation) -> tuple[Any, float]:
     return value, time.perf_counter() - start
 
 
-def _close(world: World, drive: Drive) -> None:
+def close_drive(world: World, drive: Drive) -> None:
     """Free the drive's session and policy; a failure here is recorded only when the drive had none."""
     for what, close in (("world", lambda: world.close(drive.handle) if drive.handle is not None else None),
                         ("policy", lambda: drive.policy.close() if drive.policy is not None else None)):

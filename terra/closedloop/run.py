@@ -30,7 +30,7 @@ class RunSettings:
     output_dir: Path
     num_steps: int = 20
     policy_timeout_s: float = 30.0
-    history: int = 4  # frames a policy sees
+    history: int = 16  # newest frames a policy sees (1.5 s: NAVSIM's history at 2 Hz)
     max_concurrent: int = 64  # drives in the world at once
     resume: bool = True
     fps: float = 10.0
