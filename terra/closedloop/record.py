@@ -47,14 +47,14 @@ def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
 def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
     """The JSON of a complete earlier drive with fingerprint ``print_``, or None."""
     video, sidecar = paths(output_dir, spec)
-    if not sidecar.is_file() or not video.is_file():
+    if not sidecar.is_file():
         return None
     try:
         record = load_json(sidecar, "drive record")
     except TerraInputError:
         return None
     ok = isinstance(record, dict) and record.get("fingerprint") == print_ and record.get("complete")
-    return record if ok else None
+    return record if ok and all((output_dir / name).is_file() for name in record.get("files", [])) else None
 
 
 def metrics_of(drive: Drive) -> dict:
@@ -82,11 +82,11 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
-def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float = 10.0) -> dict:
-    """Write the drive's video and JSON (atomically, the JSON last); return the JSON's content."""
+def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0) -> dict:
+    """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
-    if drive.frames:
+    if drive.frames and fps is not None:
         write_video(video, np.stack(drive.frames), fps)
         files.append(video.name)
     content = drive_json(drive, metrics_of(drive), print_, files)

@@ -35,6 +35,7 @@ class RunSettings:
     resume: bool = True
     fps: float = 10.0
     progress: bool = True
+    videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
 
 
 @dataclass
@@ -89,7 +90,7 @@ def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSett
                 seconds = (time.perf_counter() - chunk_start) / max(1, len(chunk))
                 for drive in drives:
                     result.policy_s += sum(drive.policy_s)
-                    content = write_drive(out, drive, prints[drive.spec.id], settings.fps)
+                    content = write_drive(out, drive, prints[drive.spec.id], settings.fps if settings.videos else None)
                     result.drives[drive.spec.id] = content
                     record = manifest_record(content, "ok" if drive.ok else "failed", seconds)
                     manifest.add(record)
