@@ -4,8 +4,8 @@
   driven over that contract in this process (terra/closedloop/egodriver.py): the first tracks the route (in the
   synthetic world the ego lane's centre ahead), the second plans straight ahead whatever the road does;
 * ``lane_follower``: camera only, lane markings found in the frame's pixels (terra/closedloop/vision.py);
-* degraded lane followers: ``lane_follower_latency`` (plans on the frame 3 steps old), ``lane_follower_noisy``
-  (each plan turned by a random angle, 0.06 rad standard deviation, seeded per scenario) and
+* degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
+  (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
   ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
 
 The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`.
@@ -109,8 +109,8 @@ REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
     "route_follower": _contract("route_follower"),
     "constant_speed": _contract("constant_speed"),
     "lane_follower": lambda: LaneFollower(CRUISE_SPEED_MPS),
-    "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 3, "lane_follower_latency"),
-    "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.06, "lane_follower_noisy"),
+    "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 5, "lane_follower_latency"),
+    "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
     "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
 }
 
