@@ -21,7 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, select
+from terra.config.checks import (
+    MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, required_path, select,
+)
 from terra.config.spec import RunSpec, run_spec
 
 SETTINGS = {
@@ -54,6 +56,7 @@ class DriveAppSpec:
     resume: bool
     num_threads: int | None
     progress: bool
+    estimator: Path | None  # an ACT-Estimator folder: plan following
 
 
 def policy_factory(entry: str) -> Callable[[], object]:
@@ -110,12 +113,15 @@ def drive_spec(cfg: DictConfig) -> DriveAppSpec:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
     threads = select(cfg, "num_threads")
     image_root = select(cfg, "image_root")
+    estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
+    if estimator is not None and not (estimator / "config.json").is_file():
+        raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
     return DriveAppSpec(
         run_spec(cfg), tuple(expanded), scenarios, values["num_scenarios"], values["scenario_seed"],
         None if image_root is None else str(image_root), world, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         None if threads is None else Range(1, 1024, 1, whole=True).check(threads, "num_threads"),
-        check_flag(select(cfg, "progress"), "progress"))
+        check_flag(select(cfg, "progress"), "progress"), estimator)
 
 
 def run(spec: DriveAppSpec, out_dir: Path) -> int:
@@ -152,6 +158,11 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
                            resume=spec.resume, progress=spec.progress and sys.stderr.isatty())
     model = {"world_model": run_settings.world_model, "tokenizer": run_settings.tokenizer,
              "sampling": run_settings.sampling.__dict__, "backend": run_settings.backend}
+    following = None
+    if spec.estimator is not None:
+        from terra.closedloop.plan_following import PlanFollowing
+
+        following = PlanFollowing(spec.estimator, str(run_settings.device) if spec.world != "truth" else "cpu")
     host = None
     if spec.world != "truth":
         config = read_world_model_config(run_settings.world_model)
@@ -161,7 +172,8 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
                            num_context=run_settings.num_context, resize=run_settings.resize)
     try:
         if spec.world == "both":
-            report = run_fidelity(ModelWorld(host), TrueWorld(size), scenarios, factories, settings, spec.seed, model)
+            report = run_fidelity(ModelWorld(host), TrueWorld(size), scenarios, factories, settings, spec.seed, model,
+                                  following)
             print(report.table())
             print(f"terra-drive: wrote {out_dir}/fidelity.md, fidelity.json, model/ and truth/")
             failed = sum(row["failed"] for row in report.policies.values())
@@ -169,7 +181,7 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
             world = ModelWorld(host) if host is not None else TrueWorld(size)
             specs = [DriveSpec(s, name, factory, seed=spec.seed + i) for i, s in enumerate(scenarios)
                      for name, factory in factories.items()]
-            result = drive_and_record(world, specs, settings, model if host is not None else {})
+            result = drive_and_record(world, specs, settings, model if host is not None else {}, following)
             c = result.counts
             print(f"terra-drive: {c['ok']} drives ok, {c['failed']} failed, {c['skipped']} already complete in "
                   f"{result.seconds:.1f} s (world {result.generate_s:.1f} s, policies {result.policy_s:.1f} s); "

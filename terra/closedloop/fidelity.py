@@ -92,15 +92,17 @@ def compare(model: dict[str, dict], truth: dict[str, dict]) -> FidelityReport:
 
 def run_fidelity(model_world: World, true_world: World, scenarios: Sequence[Scenario],
                  policies: dict[str, Callable[[], Policy]], settings: RunSettings, seed: int = 0,
-                 model_settings: dict | None = None) -> FidelityReport:
+                 model_settings: dict | None = None, plan_following=None) -> FidelityReport:
     """Drive every scenario x policy in both worlds (``settings.output_dir``/model and /truth), compare, and write
-    ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``."""
+    ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores both worlds'
+    clips (terra/closedloop/plan_following.py)."""
     specs = [DriveSpec(s, name, factory, seed=seed + i) for i, s in enumerate(scenarios)
              for name, factory in policies.items()]
     out = Path(settings.output_dir).expanduser()
     runs = {}
     for name, world, extra in (("model", model_world, model_settings or {}), ("truth", true_world, {})):
-        result = drive_and_record(world, specs, RunSettings(**{**settings.__dict__, "output_dir": out / name}), extra)
+        result = drive_and_record(world, specs, RunSettings(**{**settings.__dict__, "output_dir": out / name}), extra,
+                                  plan_following)
         runs[name] = result.drives
     report = compare(runs["model"], runs["truth"])
     write_text(out / "fidelity.json", json.dumps({"policies": report.policies,

@@ -82,14 +82,16 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
-def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0) -> dict:
-    """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON."""
+def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
+                extra_metrics: dict | None = None) -> dict:
+    """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
+    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/plan_following.py)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:
         write_video(video, np.stack(drive.frames), fps)
         files.append(video.name)
-    content = drive_json(drive, metrics_of(drive), print_, files)
+    content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
     write_text(sidecar, json.dumps(to_jsonable(content)) + "\n")
     return content
 

@@ -54,8 +54,9 @@ class RunResult:
 
 
 def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSettings,
-                     model_settings: dict[str, Any] | None = None) -> RunResult:
-    """Drive every spec not already complete in ``settings.output_dir`` and record it; return the run's records."""
+                     model_settings: dict[str, Any] | None = None, plan_following=None) -> RunResult:
+    """Drive every spec not already complete in ``settings.output_dir`` and record it; return the run's records.
+    ``plan_following``: a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip."""
     started = time.perf_counter()
     out = Path(settings.output_dir).expanduser()
     prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, model_settings or {}) for spec in specs}
@@ -88,9 +89,11 @@ def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSett
                                     advance)
                 bar.update((settings.num_steps - counted[0]) * len(chunk))
                 seconds = (time.perf_counter() - chunk_start) / max(1, len(chunk))
-                for drive in drives:
+                scores = plan_following.score(drives) if plan_following is not None else [None] * len(drives)
+                for drive, score in zip(drives, scores):
                     result.policy_s += sum(drive.policy_s)
-                    content = write_drive(out, drive, prints[drive.spec.id], settings.fps if settings.videos else None)
+                    content = write_drive(out, drive, prints[drive.spec.id], settings.fps if settings.videos else None,
+                                          None if plan_following is None else {"plan_following": score})
                     result.drives[drive.spec.id] = content
                     record = manifest_record(content, "ok" if drive.ok else "failed", seconds)
                     manifest.add(record)

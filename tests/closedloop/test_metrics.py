@@ -96,3 +96,36 @@ def test_synthetic_scenarios_are_reproducible_and_start_in_lane():
         assert s.images.shape == (3, 144, 256, 3) and s.actions.shape == (2, 6, 3)
         route = s.route(s.start_pose)
         assert abs(route[0, 1]) < 0.01 and route[-1, 0] > 50.0  # the lane's centre ahead, in the ego frame
+
+
+def test_plan_following_compares_the_estimator_with_the_commanded_path(tmp_path):
+    """The reference is the drive's own path over the estimator's 44 frames in ACT-Bench's (-y, x) frame; the
+    ADE / FDE are the distances to the estimate (a random-weight tiny estimator: any numbers, finite)."""
+    from terra.closedloop.loop import DriveSpec, run_drives
+    from terra.closedloop.plan_following import PlanFollowing
+    from terra.closedloop.worlds import TrueWorld
+    from tests.conftest import load_script
+
+    bench = load_script("benchmark_scoring")
+    scorer = PlanFollowing(bench.write_estimator(tmp_path / "estimator", bench.PRESETS["tiny"]))
+
+    class Straight:
+        name = "straight"
+
+        def reset(self, scenario):
+            pass
+
+        def plan(self, obs):
+            return np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))]  # 8 m/s ahead
+
+        def close(self):
+            pass
+
+    scenario = synthetic_scenarios(1, 2, (72, 128))[0]
+    long = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 43)[0]
+    short = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 10)[0]
+    reference = scorer.reference(long)
+    np.testing.assert_allclose(reference[:, 0], 0.0, atol=1e-9)  # straight ahead: no lateral motion
+    np.testing.assert_allclose(reference[:, 1], 0.8 * np.arange(44), atol=1e-6)  # 0.8 m a frame
+    [score, none] = scorer.score([long, short])
+    assert none is None and np.isfinite(score["ade_m"]) and score["fde_m"] >= 0 and score["estimated_class"]
