@@ -24,16 +24,34 @@ COMMANDS = ("left", "straight", "right", "unknown")  # NAVSIM's driving command,
 
 @dataclass(frozen=True)
 class Plan:
-    """A policy's plan: ``poses [N, 3]`` (x, y, heading) at ``times [N]`` seconds after now, or ``actions [6, 3]``."""
+    """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` seconds after now, or ``actions
+    [6, 3]``. Shapes and times are checked when it is built; the numbers when it becomes an action."""
 
     poses: np.ndarray | None = None
     times: np.ndarray | None = None
     actions: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        if self.actions is not None:
+            actions = _array(self.actions, "plan actions")
+            if actions.shape != (6, 3) or self.poses is not None:
+                raise TerraInputError(f"plan actions must have shape [6, 3] and come alone, got {list(actions.shape)}")
+            object.__setattr__(self, "actions", actions)
+            return
+        poses = _array(self.poses, "plan poses")
+        if poses.ndim != 2 or poses.shape[1] not in (2, 3) or not len(poses):
+            raise TerraInputError(f"plan poses must have shape [N, 2|3] (x, y[, heading]), got {list(poses.shape)}")
+        times = _array(self.times, "plan times").reshape(-1)
+        if len(times) != len(poses) or not np.all(np.isfinite(times)) or times[0] <= 0 or np.any(np.diff(times) <= 0):
+            raise TerraInputError(f"plan times must be {len(poses)} increasing seconds after now, the first above 0")
+        object.__setattr__(self, "poses", poses)
+        object.__setattr__(self, "times", times)
+
     @classmethod
     def trajectory(cls, poses: Any, dt: float = NAVSIM_DT_S, times: Any = None) -> "Plan":
         """Poses ``[N, 2|3]`` (heading along the path when left out) at ``dt, 2 dt, ...`` or at ``times``."""
-        return as_plan({"poses": poses, "dt": dt} if times is None else {"poses": poses, "times": times})
+        poses = _array(poses, "plan poses")
+        return cls(poses=poses, times=np.arange(1, len(poses) + 1) * float(dt) if times is None else times)
 
     def to_action(self) -> np.ndarray:
         """The ``[6, 3]`` action of the plan (terra/inputs/actions.py), checked: finite, in reach."""
@@ -52,35 +70,21 @@ class Plan:
 
 
 def as_plan(value: Any) -> Plan:
-    """A policy's answer as a :class:`Plan`: a Plan, an action array ``[6, 3]``, NAVSIM-like poses ``[8, 3]`` at
-    0.5 s, or a mapping ``{"poses": [N, 2|3], "times": [N]}`` (or ``"dt"``) / ``{"actions": [6, 3]}``. Shapes and
-    times are checked here; the numbers when the plan becomes an action (:meth:`Plan.to_action`)."""
+    """A policy's answer as a :class:`Plan`: a Plan (as it is), an action array ``[6, 3]``, NAVSIM-like poses
+    ``[8, 2|3]`` at 0.5 s, or a mapping ``{"poses": [N, 2|3], "times": [N]}`` (or ``"dt"``) / ``{"actions": [6, 3]}``."""
     if isinstance(value, Plan):
-        value = {"actions": value.actions} if value.actions is not None else \
-            {"poses": value.poses, "times": value.times}
-    elif not isinstance(value, dict):
-        arr = _array(value, "a plan")
-        if arr.shape == (6, 3):
-            value = {"actions": arr}
-        elif arr.ndim == 2 and arr.shape[1] in (2, 3) and len(arr) == NAVSIM_POSES:
-            value = {"poses": arr, "dt": NAVSIM_DT_S}
-        else:
-            raise TerraInputError(f"a plan array must be [6, 3] actions or [{NAVSIM_POSES}, 3] poses at "
-                                  f"{NAVSIM_DT_S} s (got shape {list(arr.shape)}); return a Plan for other timings")
-    if "actions" in value:
-        actions = _array(value["actions"], "plan actions")
-        if actions.shape != (6, 3):
-            raise TerraInputError(f"plan actions must have shape [6, 3], got {list(actions.shape)}")
-        return Plan(actions=actions)
-    poses = _array(value.get("poses"), "plan poses")
-    if poses.ndim != 2 or poses.shape[1] not in (2, 3) or not len(poses):
-        raise TerraInputError(f"plan poses must have shape [N, 2|3] (x, y[, heading]), got {list(poses.shape)}")
-    times = value.get("times")
-    times = (np.arange(1, len(poses) + 1) * float(value.get("dt", NAVSIM_DT_S)) if times is None
-             else _array(times, "plan times").reshape(-1))
-    if len(times) != len(poses) or not np.all(np.isfinite(times)) or times[0] <= 0 or np.any(np.diff(times) <= 0):
-        raise TerraInputError(f"plan times must be {len(poses)} increasing seconds after now, the first above 0")
-    return Plan(poses=poses, times=times)
+        return value
+    if isinstance(value, dict):
+        if "actions" in value:
+            return Plan(actions=value["actions"])
+        return Plan.trajectory(value.get("poses"), float(value.get("dt", NAVSIM_DT_S)), value.get("times"))
+    arr = _array(value, "a plan")
+    if arr.shape == (6, 3):
+        return Plan(actions=arr)
+    if arr.ndim == 2 and arr.shape[1] in (2, 3) and len(arr) == NAVSIM_POSES:
+        return Plan.trajectory(arr, NAVSIM_DT_S)
+    raise TerraInputError(f"a plan array must be [6, 3] actions or [{NAVSIM_POSES}, 3] poses at {NAVSIM_DT_S} s "
+                          f"(got shape {list(arr.shape)}); return a Plan for other timings")
 
 
 def _array(value: Any, what: str) -> np.ndarray:
