@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FuturesTimeout
+import threading
+from concurrent.futures import Future, TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -127,13 +128,12 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                history: int = 16, progress: Callable[[int], None] | None = None) -> list[Drive]:
     """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep); return the drives."""
     drives = [start_drive(world, spec, num_steps) for spec in specs]
-    pool = ThreadPoolExecutor(max_workers=max(1, len(drives)), thread_name_prefix="terra-policy")
     try:
         for step in range(num_steps):
             going = [d for d in drives if d.ok]
             if not going:
                 break
-            _plan_all(pool, going, step, policy_timeout_s, history)
+            _plan_all(going, step, policy_timeout_s, history)
             going = [d for d in going if d.ok]
             frames = world.step([d.handle for d in going], [d.actions[-1] for d in going]) if going else []
             for drive, frame in zip(going, frames):
@@ -145,16 +145,31 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
             if progress is not None:
                 progress(step + 1)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
         for drive in drives:
             close_drive(world, drive)
     return drives
 
 
-def _plan_all(pool: ThreadPoolExecutor, drives: list[Drive], step: int, timeout_s: float, history: int) -> None:
+def _in_thread(function: Callable, *args: Any) -> Future:
+    """``function(*args)`` on a daemon thread of its own: a policy that never returns cannot keep the process
+    from exiting (a pool's threads are joined at exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(function(*args))
+            except BaseException as err:  # noqa: BLE001  (handed to the caller)
+                future.set_exception(err)
+
+    threading.Thread(target=run, name="terra-policy", daemon=True).start()
+    return future
+
+
+def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int) -> None:
     """Ask every drive's policy for its plan at once; each answer is checked and becomes the drive's action."""
     started = time.perf_counter()
-    calls = [(drive, pool.submit(_timed_plan, drive.policy, drive.observation(history))) for drive in drives]
+    calls = [(drive, _in_thread(_timed_plan, drive.policy, drive.observation(history))) for drive in drives]
     deadline = started + timeout_s
     for drive, call in calls:
         name = drive.spec.policy
