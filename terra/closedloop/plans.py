@@ -71,7 +71,8 @@ class Plan:
 
 def as_plan(value: Any) -> Plan:
     """A policy's answer as a :class:`Plan`: a Plan (as it is), an action array ``[6, 3]``, NAVSIM-like poses
-    ``[8, 2|3]`` at 0.5 s, or a mapping ``{"poses": [N, 2|3], "times": [N]}`` (or ``"dt"``) / ``{"actions": [6, 3]}``."""
+    ``[8, 2|3]`` at 0.5 s, or a mapping ``{"poses": [N, 2|3], "times": [N]}`` (or ``"dt"``) or
+    ``{"actions": [6, 3]}``."""
     if isinstance(value, Plan):
         return value
     if isinstance(value, dict):
