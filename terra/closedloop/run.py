@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from terra.batch.lock import output_lock
+from terra.config.lock import output_lock
 from terra.batch.manifest import Manifest, count_statuses
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.record import MANIFEST, completed, fingerprint, manifest_record, write_drive
