@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from decoder.writers import atomic_output
+from tokenizer.atomic import json_text
 
 
 def to_jsonable(value: Any) -> Any:
@@ -58,7 +58,7 @@ def write_sidecar(
         "timings_s": timings,
         **extra,
     }
-    text = json.dumps(to_jsonable(record), indent=2) + "\n"
+    text = json_text(to_jsonable(record), indent=2) + "\n"
     with atomic_output(path) as tmp:  # a full disk: one error line naming the file
         tmp.write_text(text, encoding="utf-8")
     return Path(path)

@@ -44,7 +44,6 @@ file is the command itself: the parent process, the worker subprocesses and the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -59,14 +58,14 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
 
 from bench import PARTS, derived, load_records, parse_args, run_part, table, write_model_configs  # noqa: E402
 from terra.config.checks import TerraInputError  # noqa: E402
-from tokenizer.atomic import write_text  # noqa: E402
+from tokenizer.atomic import json_text, write_text  # noqa: E402
 
 
 def run_worker(args: argparse.Namespace) -> None:
     """Subprocess side: run one part and write ``OUT/<part>.json`` atomically."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated part still shuts its engine down
     record = run_part(args.worker, args)
-    write_text(args.out / f"{args.worker}.json", json.dumps(record, indent=1))
+    write_text(args.out / f"{args.worker}.json", json_text(record, indent=1))
 
 
 def run_parent(argv: list[str], args: argparse.Namespace) -> dict[str, str]:
@@ -111,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     failures = {} if args.table else run_parent(argv, args)
     records = load_records(args.out)
-    write_text(args.out / "summary.json", json.dumps(
+    write_text(args.out / "summary.json", json_text(
         {"command": shlex.join(["scripts/benchmark.py", *argv]), "failures": failures, "derived": derived(records)},
         indent=1))
     print(table(records, failures))

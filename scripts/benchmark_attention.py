@@ -18,7 +18,6 @@ Needs a GPU of compute capability 9.0 (FA3) and vLLM with its ``vllm_flash_attn`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,6 +30,7 @@ if str(ROOT) not in sys.path:
 
 from terra.config.checks import TerraInputError  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
+from tokenizer.atomic import json_text
 
 FRAME_POSITIONS = TERRA["num_spatio_embeddings"]  # 576 image + 6 action positions
 WINDOW_FRAMES = TERRA["num_temporal_embeddings"]  # 25 frames
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{row['kv_read_tb_per_s']:>13.2f}", flush=True)
                 torch.cuda.empty_cache()
     if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        args.out.write_text(json_text({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0
 
 

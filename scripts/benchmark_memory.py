@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TINY, TINY_TOKENIZER, with_window
 from terra.pipeline import WorldModelPipeline
 from tokenizer import LFQTokenizer
-from tokenizer.atomic import write_text
+from tokenizer.atomic import json_text, write_text
 
 WORLD_MODEL = with_window(TINY, 8)  # Terra's layout rules at toy size, 8 frames per window
 IMAGE_SIZE = tuple(TINY_TOKENIZER["image_size"])  # 8x downsampling -> 8x8 = 64 codes per frame
@@ -146,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.iterations} calls in {report['seconds']:.1f} s; objects alive after their call: {leaked}; "
           f"{'flat' if ok else 'LEAK'} (limit {args.max_growth_mb} MB)")
     if args.out:
-        write_text(args.out, json.dumps(report, indent=1))
+        write_text(args.out, json_text(report, indent=1))
     return 0 if ok else 1
 
 

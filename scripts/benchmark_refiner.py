@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import sys
 import time
@@ -31,7 +30,7 @@ from decoder.refiner import TERRA, plan_passes, preset  # noqa: E402
 from decoder.refiner.model import VideoRefiner  # noqa: E402
 from decoder.refiner.sampler import conditioning_vector  # noqa: E402
 from tokenizer import LFQTokenizer  # noqa: E402
-from tokenizer.atomic import write_text  # noqa: E402
+from tokenizer.atomic import json_text, write_text  # noqa: E402
 from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
 TINY_TOKENIZER = {"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "z_channels": 5},
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
         "full_size": config.unet_channels == TERRA.unet_channels, "warmup_s": round(warmup_s, 2),
         "cases": [run_case(refiner, tokenizer, int(n), seed=i) for i, n in enumerate(args.frames.split(","))],
     }
-    text = json.dumps(report, indent=2)
+    text = json_text(report, indent=2)
     print(text)
     if args.out is not None:
         write_text(args.out, text + "\n")

@@ -52,7 +52,7 @@ from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 from terra.sim import sample_frames  # noqa: E402
 from tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
-from tokenizer.atomic import write_text  # noqa: E402
+from tokenizer.atomic import json_text, write_text  # noqa: E402
 from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
 ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 generated, scored as MP4
@@ -145,7 +145,7 @@ def write_samples(out: Path, count: int, height: int, width: int) -> Path:
         if not all((frames_dir / n).is_file() for n in names):
             for name, frame in zip(names, sample_frames(3, height, width, seed=i)):
                 Image.fromarray(frame).save(frames_dir / name)
-        lines.append(json.dumps({"sample_id": i, "context": [f"context/{n}" for n in names],
+        lines.append(json_text({"sample_id": i, "context": [f"context/{n}" for n in names],
                                  "manoeuvre": MANOEUVRES[i % len(MANOEUVRES)]}))
     write_text(path, "\n".join(lines) + "\n")
     return path
@@ -272,13 +272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for count in args.runs:
         rows.append(run_rollouts(args, samples.resolve(), model, count))
-        write_text(args.out / f"{run_name(args, count)}.json", json.dumps(rows[-1], indent=1))
+        write_text(args.out / f"{run_name(args, count)}.json", json_text(rows[-1], indent=1))
     summary = {"command": shlex.join(["scripts/benchmark_rollout.py", *(sys.argv[1:] if argv is None else argv)]),
                "runs": rows}
     if len(rows) > 1 and rows[0].get("frames_per_s"):
         summary["speedup_vs_first"] = {run_name(args, count): r.get("frames_per_s", 0) / rows[0]["frames_per_s"]
                                        for count, r in zip(args.runs, rows)}
-    write_text(args.out / "summary.json", json.dumps(summary, indent=1))
+    write_text(args.out / "summary.json", json_text(summary, indent=1))
     print(table(rows))
     return 0 if all(r["exit_code"] == 0 and r["failed"] == 0 for r in rows) else 1
 

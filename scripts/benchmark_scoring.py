@@ -15,7 +15,6 @@ values). The run is :func:`terra.scoring.run.score`, exactly as ``scripts/score_
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator  # noqa: E402
 from terra.scoring.run import score  # noqa: E402
 from terra.scoring.settings import ScoringSettings  # noqa: E402
-from tokenizer.atomic import write_text  # noqa: E402
+from tokenizer.atomic import json_text, write_text  # noqa: E402
 
 PRESETS = {"full": EstimatorConfig(),  # the published ACT-Estimator
            "tiny": EstimatorConfig(input_shape=(3, 44, 32, 32), d_model=16, num_heads=2, feature_map_size=2)}
@@ -49,7 +48,7 @@ def write_estimator(folder: Path, config: EstimatorConfig, seed: int = 0) -> Pat
     folder.mkdir(parents=True, exist_ok=True)
     state = VideoActionEstimator(config).state_dict()
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(asdict(config)) + "\n")
+    (folder / "config.json").write_text(json_text(asdict(config)) + "\n")
     return folder
 
 
@@ -110,7 +109,7 @@ def write_samples(path: Path, sample_ids: list[int], num_frames: int, seed: int 
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for i, sample_id in enumerate(sample_ids):
-            fh.write(json.dumps(sample_row(sample_id, LABELS[i % len(LABELS)], num_frames, rng)) + "\n")
+            fh.write(json_text(sample_row(sample_id, LABELS[i % len(LABELS)], num_frames, rng)) + "\n")
     return path
 
 
@@ -164,9 +163,9 @@ def main(argv: list[str] | None = None) -> dict:
                                 else None),
         "accuracy": result.metrics.accuracy,
     }
-    print(json.dumps(record, indent=1))
+    print(json_text(record, indent=1))
     if args.out is not None:
-        write_text(args.out, json.dumps(record, indent=1) + "\n")
+        write_text(args.out, json_text(record, indent=1) + "\n")
     return record
 
 

@@ -20,7 +20,6 @@ are compared (they must be equal: one code path). Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from terra.models.presets import TERRA, TINY
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost, drive_action
 from terra.session.context import SessionContext, builtin
-from tokenizer.atomic import write_text
+from tokenizer.atomic import json_text, write_text
 
 DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
 
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             host.close()
             host.backend.close()
     if args.out:
-        write_text(args.out, json.dumps({"command": " ".join(sys.argv), "records": records}, indent=2))
+        write_text(args.out, json_text({"command": " ".join(sys.argv), "records": records}, indent=2))
     return records
 
 

@@ -11,7 +11,6 @@ Prints a Markdown table (for BENCHMARKS.md); ``--json`` also writes the rows to 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.atomic import write_text
+from tokenizer.atomic import json_text, write_text
 from tokenizer.lfq import TERRA_CONFIG
 from tokenizer.vq import VQ16_CONFIG
 
@@ -121,7 +120,7 @@ def main() -> None:
               f"{row['params_m']} | {row['device']} | {row['dtype']} | {row['batch']} | {row['encode_fps']} | "
               f"{row['decode_fps']} |", flush=True)
     if args.json:
-        write_text(args.json, json.dumps(rows, indent=2) + "\n")
+        write_text(args.json, json_text(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ backward), against a dense bf16 peak of 989 TFLOP/s per H100 (``--peak-tflops``)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from terra.training.data import ClipSet, TrainingData
 from terra.training.distributed import start_processes, stop_processes
 from terra.training.run import build_trainee, make_optimizer, train_step
 from terra.training.settings import train_spec
+from tokenizer.atomic import json_text
 
 CONF = Path(__file__).resolve().parents[1] / "conf"  # read directly: Hydra need not be installed
 
@@ -145,9 +145,9 @@ def main() -> None:
                       mfu=windows_per_s * flops / processes.world_size / (args.peak_tflops * 1e12))
     result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if processes.main:
-        print(json.dumps(result), flush=True)
+        print(json_text(result), flush=True)
         with args.out.open("a") as fh:
-            fh.write(json.dumps(result) + "\n")
+            fh.write(json_text(result) + "\n")
     stop_processes(processes)
 
 

@@ -18,7 +18,6 @@ Writes everything as JSON to ``--out``. ``--device cpu`` runs a smaller layout o
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
@@ -38,7 +37,7 @@ from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import SMALL, TINY
-from tokenizer.atomic import write_text
+from tokenizer.atomic import json_text, write_text
 
 # Terra's frame layout on a small decoder (GPU) / a tiny one (CPU engine: 2 cores in CI).
 SHAPES = {"cuda": SMALL, "cpu": TINY}
@@ -218,7 +217,7 @@ def main() -> None:
             print(f"bf16 vs fp32 in Transformers: max |logit| change "
                   f"{results['bf16']['hf_logits_bf16_vs_fp32']['max_abs_logit_diff']:.4f}")
 
-    write_text(args.out, json.dumps(results, indent=2))
+    write_text(args.out, json_text(results, indent=2))
     print(f"wrote {args.out}")
 
 

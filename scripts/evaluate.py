@@ -32,7 +32,6 @@ any model loads, the output folder included; a bad one ends with one line on std
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -45,8 +44,9 @@ from omegaconf import DictConfig, OmegaConf
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
 from terra.config.backend import DTYPES, check_backend, check_device
 from terra.config.checks import Range, TerraInputError, check_choice, check_flag, check_settings, select
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import claim_output_dir
 from terra.config.sampling import SamplingConfig
+from terra.config.snapshot import checkpoint_path
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import MANOEUVRES, MANOEUVRE_RANGES, manoeuvre_trajectory
 from terra.sim import Clip, Scene, make_clip
@@ -55,6 +55,7 @@ from terra.sim.clips import (
     random_manoeuvre_params,
 )
 from terra.sim.scene import DOMAINS
+from tokenizer.atomic import json_text
 
 if TYPE_CHECKING:
     from terra.evaluation import AdherenceCase
@@ -63,6 +64,7 @@ DIRECTION_PAIR = "curve_left/curve_right"
 PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "accel_mps2", "stop": "accel_mps2",
                "lane_change": "change_s"}  # manoeuvre name prefix → the adherence range it draws from
 SEED = Range(0, 2**62 - 1, 0, whole=True)
+REPORT = "report.json"  # in out_dir
 SETTINGS = {
     "num_context": Range(1, 64, 3, whole=True),
     "horizon": Range(1, 1000, 10, whole=True),
@@ -121,7 +123,9 @@ def check_config(cfg: DictConfig) -> SamplingConfig:
     check_device(cfg.device)
     check_choice(cfg.dtype, "dtype", DTYPES)
     check_backend(cfg.backend.name, select(cfg, "backend.options"))
-    check_output_dir(str(cfg.out_dir), ["report.json"], "out_dir")
+    claim_output_dir(str(cfg.out_dir), "out_dir", files=[REPORT], inputs=[
+        ("world model", checkpoint_path(cfg, "model", "world_model")),
+        ("tokenizer", checkpoint_path(cfg, "tokenizer", "path"))])
     return SamplingConfig.from_mapping(select(cfg, "sampling"))
 
 
@@ -238,8 +242,7 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
     from terra.config.spec import check_window
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
-    from terra.config.snapshot import checkpoint_path
-    from tokenizer.atomic import write_text
+    from tokenizer.atomic import mark, write_text
 
     if cfg.num_threads is not None:
         torch.set_num_threads(int(cfg.num_threads))
@@ -290,8 +293,10 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
             pipeline.close()
     report["targets"] = _targets(cfg, report)
     report["timings"] = {"load_s": round(load_s, 2), "total_s": round(time.perf_counter() - t_start, 2)}
-    out = Path(cfg.out_dir) / "report.json"
-    write_text(out, json.dumps(report, indent=1) + "\n")
+    out = Path(cfg.out_dir) / REPORT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mark(out.parent, [REPORT])
+    write_text(out, json_text(report, indent=1) + "\n")
     report["path"] = str(out)
     return report
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from terra.apps.runner import CONFIG_PATH, run_app
 from terra.config.checks import TerraInputError
+from terra.config.output_dir import claim_output_file
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.generation.backends import resolve_device
 from terra.sim.dataset import ClipDataset
@@ -86,10 +87,12 @@ def run(cfg: DictConfig) -> TokenizedClips:
         raise TerraInputError(
             f"tokenizer {cfg.tokenizer_path} does not exist; pass tokenizer_path=<saved tokenizer folder>"
         )
+    out = Path(str(cfg.out)).expanduser()
+    claim_output_file(out, "out", inputs=[("dataset", dataset.path), ("tokenizer", str(cfg.tokenizer_path))])
     tok = load_tokenizer(str(cfg.tokenizer_path), device=torch.device(resolve_device(str(cfg.device)))).eval()
     clips = tokenize_dataset(dataset, tok, int(cfg.batch_size))
     clips = TokenizedClips(**{**clips.__dict__, "tokenizer": str(cfg.tokenizer_path)})
-    save_tokens(cfg.out, clips)
+    save_tokens(out, clips)  # replaces only a file the toolkit wrote (checked above)
     return clips
 
 

@@ -16,7 +16,6 @@ run is finished.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -35,9 +34,11 @@ from safetensors.torch import load_file
 
 from terra.apps.runner import CONFIG_PATH, run_app
 from terra.config.checks import TerraInputError
+from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.sim import render_frames
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.atomic import atomic_path, write_text
+from tokenizer.atomic import atomic_path, json_text, mark, write_text
+from tokenizer.errors import error_reason
 from tokenizer.base import TrainOutput, WEIGHTS_NAME
 from tokenizer.images import load_frames
 from tokenizer.training import (
@@ -46,6 +47,8 @@ from tokenizer.training import (
 
 FAMILIES: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}
 CHECKPOINT = "checkpoint"
+STATE = "training_state.pt"  # in a checkpoint, written last
+LOG = "train_log.jsonl"
 
 
 def build_tokenizer(model_cfg: DictConfig) -> ImageTokenizer:
@@ -69,6 +72,7 @@ def training_frames(data: DictConfig, image_size: tuple[int, int], output_dir: P
     if cache.is_file():
         return np.load(cache)
     start = time.monotonic()
+    mark(output_dir, [cache.name])
     frames = render_frames(int(data.num_frames), image_size, int(data.seed), int(data.workers))
     with atomic_path(cache) as tmp:
         np.save(tmp, frames)
@@ -119,7 +123,7 @@ class Trainees:
     def save(self, output_dir: Path, state: dict[str, Any]) -> None:
         """Write ``checkpoint/`` as a whole: build ``checkpoint.tmp/`` then swap it in."""
         tmp, final, old = (output_dir / name for name in (f"{CHECKPOINT}.tmp", CHECKPOINT, f"{CHECKPOINT}.old"))
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         self.model.save_pretrained(tmp / "model")
         state = {**state, "optimizer": self.optimizer.state_dict()}
         if self.ema is not None:
@@ -127,16 +131,18 @@ class Trainees:
             state["ema_n_averaged"] = int(self.ema.n_averaged)
         if self.disc is not None:
             state.update(disc=self.disc.state_dict(), disc_optimizer=self.disc_optimizer.state_dict())
-        torch.save(state, tmp / "training_state.pt")
+        mark(tmp, [entry.name for entry in os.scandir(tmp)] + [STATE])
+        with atomic_path(tmp / STATE) as part:  # last: a folder holding it is complete
+            torch.save(state, part)
         if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old)
             os.replace(final, old)
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
 
     def load(self, checkpoint: Path, device: torch.device) -> dict[str, Any]:
         """Restore from ``checkpoint``; returns the saved progress (step, timings, initial eval)."""
-        saved = torch.load(checkpoint / "training_state.pt", map_location=device, weights_only=True)
+        saved = torch.load(checkpoint / STATE, map_location=device, weights_only=True)
         self.model.load_weights(load_file(checkpoint / "model" / WEIGHTS_NAME), source=str(checkpoint / "model"))
         self.optimizer.load_state_dict(saved.pop("optimizer"))
         if self.ema is not None and (checkpoint / "ema").is_dir():
@@ -149,12 +155,25 @@ class Trainees:
         return saved
 
 
+def _discard(folder: Path) -> None:
+    """Delete a checkpoint folder, its state file first (a kill half-way leaves no complete-looking one)."""
+    (folder / STATE).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def find_checkpoint(output_dir: Path) -> Path | None:
-    """The latest complete checkpoint (``checkpoint/``, or ``checkpoint.old/`` if a swap was interrupted)."""
-    for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
-        if (output_dir / name / "training_state.pt").is_file():
-            return output_dir / name
-    return None
+    """The newest complete checkpoint: ``checkpoint/``, or ``checkpoint.tmp/`` or ``checkpoint.old/`` when a run
+    was killed while swapping them."""
+    found = []
+    for name in (CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"):
+        if (output_dir / name / STATE).is_file():
+            try:
+                step = int(torch.load(output_dir / name / STATE, map_location="cpu", weights_only=True)["step"])
+            except Exception as err:  # noqa: BLE001  (a damaged file)
+                raise TerraInputError(f"the checkpoint in {output_dir / name} is damaged ({STATE}: "
+                                      f"{error_reason(err)}); restore it or set train.resume=false") from None
+            found.append((step, output_dir / name))
+    return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
 def train_step(
@@ -195,11 +214,22 @@ def train_step(
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Run (or resume) training as configured; returns the summary also written to ``summary.json``."""
+    """Run (or resume) training as configured, one run per output folder; returns the summary also written to
+    ``summary.json``."""
+    tc = cfg.train
+    data = cfg.data.path if cfg.data.source == "folder" else None
+    output = claim_output_dir(tc.output_dir, "train.output_dir", files=[LOG, "summary.json", "synthetic_*.npy"],
+                              whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"],
+                              inputs=[("data.path", data)])
+    export = claim_output_dir(tc.export_dir, "train.export_dir", files=["config.json", "model.safetensors"],
+                              inputs=[("data.path", data)])
+    with output.hold(LOG):
+        return _train(cfg, output.path, export)
+
+
+def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str, Any]:
     t0 = time.monotonic()
     tc = cfg.train
-    output_dir = Path(tc.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     device = _device(tc.device)
     torch.manual_seed(int(tc.seed))
     if device.type == "cuda":
@@ -277,10 +307,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if finished:
         export = t.ema.module if t.ema is not None else model
         summary["eval_export"] = evaluate(export, eval_images)
+        export_dir.record()
         export.to(getattr(torch, tc.export_dtype)).save_pretrained(tc.export_dir)  # after the fp32 checkpoint
         summary["export_dir"] = str(tc.export_dir)
     _log(output_dir, {"event": "eval", "step": step, **summary["eval"]})
-    write_text(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_text(output_dir / "summary.json", json_text(summary, indent=2) + "\n")
     print(f"{'finished' if finished else 'stopped (budget)'} at step {step}/{max_steps}; "
           + (f"exported to {tc.export_dir}" if finished else "run the same command again to resume"), flush=True)
     return summary
@@ -289,8 +320,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _log(output_dir: Path, entry: dict[str, Any]) -> None:
     """One JSON line in ``train_log.jsonl`` and a compact line on stdout."""
     entry = {k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in entry.items()}
-    with open(output_dir / "train_log.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry) + "\n")
+    with open(output_dir / LOG, "a", encoding="utf-8") as fh:
+        fh.write(json_text(entry) + "\n")
     print(" ".join(f"{k}={v}" for k, v in entry.items()), flush=True)
 
 

@@ -59,7 +59,7 @@ def write_outputs(
     ``record`` adds fields to the sidecar. When a write fails or is interrupted, the files and frame folders
     written so far are removed before the error propagates.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)  # checked by the app (terra/config/outputs.py, prepare_output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app (terra/config/output_dir.py)
     files: list[Path] = []
     new_folders = [out_dir / name for name in output.file_names(len(results))
                    if name.endswith("_frames") and not (out_dir / name).exists()]

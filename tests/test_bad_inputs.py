@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from terra.config.checks import TerraInputError
-from terra.config.outputs import prepare_output_dir
+from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
@@ -198,7 +198,7 @@ API_CASES = {
     "decode_negative_code": (lambda b, t, p: t.decode(torch.full((1, 9, 16), -1)), "outside the codebook", None),
     "decode_float_codes": (lambda b, t, p: t.decode(torch.zeros(1, 9, 16)), "integers", None),
     # world-model checkpoints (checked before any backend loads them)
-    "world_model_missing": (lambda b, t, p: _from_pretrained(b.wm_missing), "no config.json", "wm_missing"),
+    "world_model_missing": (lambda b, t, p: _from_pretrained(b.wm_missing), "is not a folder here", "wm_missing"),
     "world_model_truncated_weights": (lambda b, t, p: _from_pretrained(b.wm_truncated), "truncated", "wm_truncated"),
     "world_model_hidden_size_mismatch": (lambda b, t, p: read_world_model_config(b.wm_hidden), "wrong shape",
                                          "wm_hidden"),
@@ -236,7 +236,7 @@ API_CASES = {
                                    None),
     "sampling_negative_temperature": (lambda b, t, p: SamplingConfig(temperature=-1.0), "temperature", None),
     "sampling_temperature_not_a_number": (lambda b, t, p: SamplingConfig(temperature="hot"), "temperature", None),
-    "output_dir_not_writable": (lambda b, t, p: prepare_output_dir(b.a_file / "videos"), "not writable", "a_file"),
+    "output_dir_not_writable": (lambda b, t, p: check_output_dir(b.a_file / "videos"), "not writable", "a_file"),
 }
 
 

@@ -25,6 +25,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from tokenizer.atomic import MARKER
+
 TERRA_GENERATE = Path(sys.executable).with_name("terra-generate")
 SIZE = (144, 256)  # the demo tokenizer's (H, W)
 CODEBOOK = 1024  # the demo tokenizer's codebook
@@ -106,7 +108,7 @@ def test_default_run_writes_readable_gif_mp4_and_complete_sidecar(tmp_path):
     assert "Traceback" not in result.stderr
     [sidecar] = cwd.glob("outputs/*/*/rollout.json")
     run_dir = sidecar.parent
-    assert sorted(p.name for p in run_dir.iterdir()) == ["rollout.gif", "rollout.json", "rollout.mp4"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [MARKER, "rollout.gif", "rollout.json", "rollout.mp4"]
     for name in ("rollout.gif", "rollout.mp4", "rollout.json"):
         assert str(run_dir / name) in result.stdout  # the summary names every file it wrote
     gif = check_video(run_dir / "rollout.gif", 3 + 2)
@@ -149,7 +151,7 @@ def test_overrides_take_effect(tmp_path):
     result = terra_generate(tmp_path / "cwd", *FAST, "manoeuvre=curve_right", "sampling=greedy", "num_frames=2",
                             "num_context=2", "seed=5", "output.formats=[gif]", f"output.dir={out}")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["rollout.gif", "rollout.json"]  # no mp4 asked for
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "rollout.gif", "rollout.json"]  # no mp4 asked for
     check_video(out / "rollout.gif", 2 + 2)
     data = check_sidecar(out / "rollout.json", num_context=2, num_frames=2, files=["rollout.gif"])
     config = data["config"]
@@ -172,7 +174,7 @@ def test_multirun_writes_one_complete_output_per_job(tmp_path):
     lateral = {}
     for job in ("0", "1"):
         folder = sweep / job
-        assert sorted(p.name for p in folder.iterdir()) == ["rollout.gif", "rollout.json", "rollout.mp4"]
+        assert sorted(p.name for p in folder.iterdir()) == [MARKER, "rollout.gif", "rollout.json", "rollout.mp4"]
         check_video(folder / "rollout.gif", 3 + 2)
         check_video(folder / "rollout.mp4", 3 + 2)
         data = check_sidecar(folder / "rollout.json", 3, 2, files=["rollout.gif", "rollout.mp4"])

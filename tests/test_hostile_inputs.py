@@ -246,10 +246,27 @@ def test_terra_generate_hostile_input_exits_2_with_one_line(case, hostile, tmp_p
     assert not out.exists() and list(cwd.iterdir()) == []  # no output folder, no Hydra run folder
 
 
+@pytest.mark.skipif(shutil.which(str(TERRA_GENERATE)) is None, reason="terra-generate is not installed")
+def test_terra_generate_writes_nothing_into_its_inputs(tmp_path):
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for t in range(3):
+        Image.fromarray(np.full((*SIZE, 3), 40 * t, np.uint8)).save(frames / f"{t}.png")
+    for out, expected in ((frames, f"output.dir={frames} is the context ({frames})"),
+                          (frames / "out", f"output.dir={frames / 'out'} lies inside the context {frames}"),
+                          (tmp_path, f"output.dir={tmp_path} holds the context {frames}")):
+        result = run_entry([str(TERRA_GENERATE), *FAST, f"context={frames}", f"output.dir={out}"], tmp_path / "cwd")
+        assert expected in one_error_line(result, "terra-generate")
+    assert sorted(p.name for p in frames.iterdir()) == ["0.png", "1.png", "2.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "frames"]
+    assert list((tmp_path / "cwd").iterdir()) == []  # nor a Hydra run folder
+
+
 # case → (overrides from `hostile`, text the error line must contain)
 EVALUATE_CASES = {
     "out_dir_under_a_file": (lambda h: [f"out_dir={h.a_file}/eval"], "not writable"),
     "out_dir_name_too_long": (lambda h: [f"out_dir={h.root}/{h.long_name}"], "too long"),
+    "out_dir_in_the_world_model": (lambda h: [f"out_dir={DEMO}/world_model/eval"], "lies inside the world model"),
     "device_banana": (lambda h: ["device=banana"], "device='banana'"),
     "max_batch_size_zero": (lambda h: ["backend.options.max_batch_size=0"], "backend.options.max_batch_size"),
     "temperature_inf": (lambda h: ["sampling.temperature=inf"], "sampling.temperature"),
@@ -306,9 +323,10 @@ def test_internal_error_is_one_line_exit_1_and_verbose_shows_the_traceback(tmp_p
 
 
 def limit_file_size() -> None:
-    """In the child: files may grow to 20 kB (and writing more fails with EFBIG instead of killing the process)."""
+    """In the child: files may grow to 4 kB (and writing more fails with EFBIG instead of killing the process): the
+    demo's 2-frame MP4 at Terra's encoding is about 6.5 kB, its GIF about 86 kB."""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4_000, 4_000))
 
 
 @pytest.mark.slow

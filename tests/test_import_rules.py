@@ -73,6 +73,7 @@ RULES = {
     "terra/models": ("vllm", "terra.vllm"),
     "terra/pipeline.py": BACKEND_MODULES,
     "terra/apps": BACKEND_MODULES,
+    "terra/closedloop": BACKEND_MODULES,
     "terra/sim": ("terra.generation",),
     "terra/config": ("torch", "transformers", "vllm", "terra.apps", "terra.batch", "terra.generation", "terra.inputs",
                      "terra.models", "terra.pipeline", "terra.serve", "terra.session", "terra.sim", "terra.vllm"),

@@ -94,7 +94,7 @@ def test_wheel_install_generates_from_an_empty_folder(wheel_venv, tmp_path):
     result = run(wheel_venv / "terra-generate", "backend=hf", "device=cpu", "num_frames=2", "output.formats=[gif]",
                  f"output.dir={out}", cwd=cwd)
     assert "Traceback" not in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["rollout.gif", "rollout.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".terra-output.json", "rollout.gif", "rollout.json"]
     sidecar = json.loads((out / "rollout.json").read_text())["config"]
     for path in (sidecar["model"]["world_model"], sidecar["tokenizer"]["path"]):  # ${terra_asset:...}: the wheel's
         assert Path(path).is_relative_to(venv), path

@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 from tokenizer import LFQTokenizer, load_tokenizer
+from tokenizer.atomic import MARKER
 from tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,7 +245,7 @@ def test_auto_classes_load_the_published_layouts(snapshot, single_thread):
 @pytest.mark.slow
 def test_generate_runs_terra_v1_from_the_snapshot(generated, snapshot, frames):
     out = generated("hf")
-    assert sorted(os.listdir(out)) == ["rollout.gif", "rollout.json"]
+    assert sorted(os.listdir(out)) == [MARKER, "rollout.gif", "rollout.json"]
     config = json.loads((out / "rollout.json").read_text())["config"]
     assert config["model"] == {"name": "terra_v1", "world_model": str(snapshot / "world_model"), "overlap": 3,
                                "zero_embed_code_0": False}
@@ -278,7 +279,7 @@ def batch_codes(out: Path) -> dict[str, np.ndarray]:
 def test_rollout_runs_terra_v2_from_the_snapshot_with_zero_embed_code_0(rolled_out, snapshot, frames):
     out = rolled_out("hf", True)
     files = [f"{s}.{ext}" for s in ("left", "right") for ext in ("gif", "json", "codes.npy")]
-    assert sorted(os.listdir(out)) == sorted(files + ["manifest.jsonl", "manifest.summary.json"])
+    assert sorted(os.listdir(out)) == sorted(files + ["manifest.jsonl", "manifest.summary.json", MARKER])
     sidecar = json.loads((out / "left.json").read_text())
     assert sidecar["config"]["model"] == {"name": "terra_v2", "world_model": str(snapshot / "world_model_v2"),
                                           "overlap": 3, "zero_embed_code_0": True}

@@ -2,16 +2,28 @@
 
 An interrupted run therefore never leaves a truncated file (or a half-written folder) under the final name;
 a crashed write leaves no temporary file behind either.
+
+Every JSON the toolkit writes goes through :func:`json_text`: valid JSON, a non-finite number written as
+``null`` (Python's ``NaN`` / ``Infinity`` are not JSON).
+
+The marker (:data:`MARKER`, a small JSON file in a folder) lists the names of what the toolkit wrote there: a
+run replaces an existing file or folder only when the marker lists it (terra/config/output_dir.py checks this
+before any work). :func:`atomic_dir` marks every folder it puts in place with its whole content.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import math
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
+
+MARKER = ".terra-output.json"  # in a folder: the names of what the toolkit wrote there
 
 
 @contextmanager
@@ -33,6 +45,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+def _finite(value):
+    """``value`` with every non-finite float (NaN, infinities) replaced by None, in dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_text(value, indent: int | None = None, **options) -> str:
+    """``value`` as strict JSON text (no NaN or Infinity: such numbers become ``null``); ``options`` go to
+    :func:`json.dumps` (``sort_keys``, ``separators``, ``ensure_ascii``)."""
+    return json.dumps(_finite(value), indent=indent, allow_nan=False, **options)
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
@@ -44,7 +73,9 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh, empty temporary folder next to ``path``; on normal exit it takes ``path``'s place.
 
     A folder already at ``path`` is moved aside first and deleted once the new one is in place; on an exception
-    the temporary folder is deleted and ``path`` is left as it was.
+    the temporary folder is deleted and ``path`` is left as it was. The new folder's :data:`MARKER` lists its
+    whole content (the caller checked, before any work, that the folder it replaces held only what a marker
+    listed: terra/config/output_dir.py).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -53,6 +84,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        mark(tmp, [entry.name for entry in os.scandir(tmp) if entry.name != MARKER])
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -61,3 +93,28 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def marked(folder: str | os.PathLike) -> frozenset[str]:
+    """The names ``folder``'s :data:`MARKER` lists (none without a marker, or with one that is not the toolkit's
+    JSON)."""
+    try:
+        names = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))["names"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
+
+
+def mark(folder: str | os.PathLike, names: Iterable[str]) -> None:
+    """Add ``names`` (of files or folders the toolkit writes in ``folder``) to its :data:`MARKER`, atomically,
+    one writer at a time."""
+    folder = Path(folder)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # shards of one batch run may share a folder
+        listed, names = marked(folder), set(names)
+        if not names <= listed or not (folder / MARKER).is_file():  # a rerun rewrites nothing
+            text = json_text({"written_by": "terra-world-model", "names": sorted(listed | set(names))})
+            write_text(folder / MARKER, text + "\n")
+    finally:
+        os.close(fd)

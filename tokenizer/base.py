@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tokenizer import checkpoint_keys
-from tokenizer.atomic import atomic_path, write_text
-from tokenizer.errors import InputError
+from tokenizer.atomic import atomic_path, json_text, write_text
+from tokenizer.errors import InputError, error_reason
+from tokenizer.tensors import check_like
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -174,7 +175,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         with atomic_path(directory / WEIGHTS_NAME) as tmp:
             save_file(tensors, tmp, metadata={"format": "pt", "model_type": self.model_type})
-        write_text(directory / CONFIG_NAME, json.dumps(self.config, indent=2) + "\n")
+        write_text(directory / CONFIG_NAME, json_text(self.config, indent=2) + "\n")
         return directory
 
     @classmethod
@@ -203,7 +204,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return model.to(device=device, dtype=dtype).eval()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Load weights strictly (after :func:`tokenizer.checkpoint_keys.clean`); mismatches raise one line."""
+        """Load weights strictly (after :func:`tokenizer.checkpoint_keys.clean`); mismatches, integer or
+        non-finite weights raise one line."""
         converted = checkpoint_keys.clean(state_dict)
         expected = self.state_dict()
         missing = sorted(set(expected) - set(converted))
@@ -221,6 +223,9 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
                 f"{source}: {len(bad)} weights have the wrong shape (e.g. {k}: {list(converted[k].shape)} vs "
                 f"{list(expected[k].shape)} from config.json); the config does not describe these weights"
             )
+        for key, value in expected.items():  # the values: floating point where the model's are, and finite
+            check_like(converted[key], value, f"{source}: tensor {key}",
+                       "the tokenizer's weights are damaged: download or copy them again")
         self.load_state_dict(converted, strict=True)
 
 
@@ -294,9 +299,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
                 return load_file(file)
             return torch.load(file, map_location="cpu", weights_only=True)
         except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise InputError(
-                f"tokenizer weights {file} cannot be read ({reason}); the file is truncated or corrupt: "
+                f"tokenizer weights {file} cannot be read ({error_reason(err)}); the file is truncated or corrupt: "
                 "download or copy it again"
             ) from None
     raise InputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")

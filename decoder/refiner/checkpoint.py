@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 
 from decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
-from tokenizer.errors import InputError
+from tokenizer.errors import InputError, error_reason
 
 DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing-motors/Terra "
                  "(`hf download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`)")
@@ -41,9 +41,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         data = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # truncated zip, foreign pickle, ... : torch raises many types
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"refiner weights {file} cannot be read ({reason[:160]}); the file is truncated, corrupt or "
-                         f"not a PyTorch checkpoint: download {DOWNLOAD_HINT} again") from None
+        raise InputError(f"refiner weights {file} cannot be read ({error_reason(err)}); the file is truncated, "
+                         f"corrupt or not a PyTorch checkpoint: download {DOWNLOAD_HINT} again") from None
     if not isinstance(data, dict) or not isinstance(data.get("module"), dict):
         keys = sorted(data)[:5] if isinstance(data, dict) else type(data).__name__
         raise InputError(f"{file} is not Terra's video refiner: it holds {keys}, not a {{'module': state_dict}} "

@@ -7,7 +7,6 @@ the Transformers model is built directly on the device (:mod:`bench.backends`).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from transformers import AutoConfig, LlamaConfig
@@ -15,7 +14,7 @@ from transformers import AutoConfig, LlamaConfig
 from terra.generation.layout import TokenLayout
 from terra.models.configuration_llama_action import LlamaActionConfig
 from terra.models.presets import TERRA, TINY, with_window
-from tokenizer.atomic import write_text
+from tokenizer.atomic import json_text, write_text
 
 # --tiny: TINY with Terra's 25-frame window, so the default frame counts fit one window as they do for Terra.
 TINY_TERRA_WINDOW = with_window(TINY, TERRA["num_temporal_embeddings"])
@@ -38,7 +37,7 @@ def write_model_configs(args: argparse.Namespace) -> None:
     terra_only = set(LlamaActionConfig().to_dict()) - set(LlamaConfig().to_dict())
     plain = {k: v for k, v in config.to_dict().items() if k not in terra_only}
     plain.update(model_type="llama", architectures=["LlamaForCausalLM"])
-    write_text(plain_dir / "config.json", json.dumps(plain, indent=2))
+    write_text(plain_dir / "config.json", json_text(plain, indent=2))
 
 
 def read_config(args: argparse.Namespace) -> LlamaActionConfig:

@@ -21,9 +21,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, task
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_settings, select
+from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, TerraInputError, check_settings, select
 from terra.config.files import check_context_paths
-from terra.config.outputs import OutputSpec, check_output_dir, prepare_output_dir
+from terra.config.output_dir import claim_output_dir, unmark_unused
+from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, check_window, run_spec
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
 
@@ -31,7 +32,7 @@ SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_nu
     "num_frames": Range(1, 2**62, 16, whole=True),
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
-    "seed": Range(0, 2**62 - 1, 0, whole=True),
+    "seed": Range(0, MAX_SEED, 0, whole=True),
 }
 
 
@@ -73,10 +74,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     t_start = time.perf_counter()
     # 1. the settings, the output folder and names, the context paths: no file read, nothing heavy imported
     spec = generate_spec(cfg)
-    file_names = spec.output.file_names(spec.num_samples)
-    check_output_dir(out_dir, file_names)
     if spec.context is not None:
         check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
+    names = spec.output.file_names(spec.num_samples)
+    output = claim_output_dir(out_dir, "output.dir", files=[n for n in names if not n.endswith("_frames")],
+                              folders=[n for n in names if n.endswith("_frames")], inputs=[
+                                  ("context", spec.context), ("trajectory file", spec.trajectory),
+                                  ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
+                                  ("refiner weights", spec.run.refiner.get("path"))])
 
     from terra.generation.backends import resolve_spec, set_torch_threads
     from terra.generation.rollout import DecodeStats
@@ -88,17 +93,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from terra.sim import builtin_context
     from tokenizer import load_tokenizer
 
-    if not sys.stderr.isatty():  # no progress bars in logs: stderr holds at most the one error line
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
     # 2. the engine, the window, the tokenizer, the context frames and the trajectory
     set_torch_threads(spec.run.num_threads)
     run_settings = resolve_spec(spec.run, spec.num_samples)  # device, backend (and vLLM's decoding) chosen once
     refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
     config = read_world_model_config(run_settings.world_model)
     check_window(config.num_temporal_embeddings, run_settings.num_context, run_settings.overlap)
-    prepare_output_dir(out_dir)
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
@@ -134,6 +134,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         results = pipeline.refine(results, refiner.load(), progress=sys.stderr.isatty())
         ground_truth = None  # frames at the refiner's size
     # 5. the files
+    output.record()
     record = OmegaConf.to_container(cfg, resolve=True)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
     s_per_frame = generate_s / (num_frames * spec.num_samples)
@@ -189,6 +190,7 @@ def _main(cfg: DictConfig) -> None:
         summary = run(cfg, out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
+            unmark_unused(out_dir)  # the files of a failed run are gone; so goes the marker that lists them
             for folder in created:
                 if _is_empty_dir(folder):
                     folder.rmdir()

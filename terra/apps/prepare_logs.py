@@ -12,7 +12,7 @@ the shard format terra/training/shards.py's. Rerunning the same command resumes:
 
 It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
 torch is imported and before anything is written; Ctrl-C or SIGTERM keep the shards written so far (exit 130 /
-143; a rerun resumes). One run per output folder at a time (terra/batch/lock.py).
+143; a rerun resumes). One run per output folder at a time (terra/config/output_dir.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import hydra
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.batch.lock import output_lock
 from terra.config.checks import TerraInputError
 from terra.training.prepare import prepare_spec
 from terra.training.shards import INDEX_FILE
@@ -40,7 +39,7 @@ def _main(cfg: DictConfig) -> None:
     # 1. the settings, checked once: no torch yet, nothing written
     check_added_settings(COMMAND)
     spec = prepare_spec(cfg)
-    with output_lock(spec.output / INDEX_FILE, "output_dir"):  # a second run into this folder stops here
+    with spec.output.hold(INDEX_FILE):  # one run into this folder at a time: a second one stops here
         # 2. the tokenizer, on the device chosen once, and the index it must match
         from tqdm import tqdm
 
@@ -64,7 +63,7 @@ def _main(cfg: DictConfig) -> None:
         frames.close()
         bar.close()
     # 5. the summary
-    print(f"{PROG}: {summary.line(index, spec.output)}")
+    print(f"{PROG}: {summary.line(index, spec.output.path)}")
     if not index.shards:
         raise TerraInputError(f"no clip of logs={spec.logs} could be used; the lines above say why")
 

@@ -20,7 +20,7 @@ It ends as every Hydra app does (terra/apps/runner.py): a user error is one line
 one line and exit code 1 (the traceback under ``--verbose``), and Ctrl-C or SIGTERM stop the engine, keep the
 samples finished so far with their manifest records and exit 130 / 143 (a rerun resumes). The settings are
 checked once, before torch is imported (terra/batch/config.py), and the output folder is locked once, before
-any work (terra/batch/lock.py): a second run into it fails at once, naming the first.
+any work (terra/config/lock.py): a second run into it fails at once, naming the first.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
 from terra.batch.config import check_config, config_from_omegaconf
-from terra.batch.lock import output_lock
 
 COMMAND = "terra-rollout"  # how users start it; scripts/rollout.py passes its own
 _command = COMMAND
@@ -46,17 +45,13 @@ def _main(cfg: DictConfig) -> None:
     (4) the summary. Exit code as in the module docstring."""
     check_added_settings(_command, allowed=("backend.options.", "ray.runtime_env."))
     config = config_from_omegaconf(cfg)
-    check_config(config)  # no torch yet: a bad setting is one line in about a second
+    output = check_config(config)  # no torch yet: a bad setting is one line in about a second
     quiet = not sys.stderr.isatty()  # no progress bars in logs: stderr holds one line per failure only
     if quiet:
         config = dataclasses.replace(config, progress=False)
-    with output_lock(config.manifest_path):  # a second run into this folder stops here
+    with output.hold(config.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models
 
-        if quiet:
-            from transformers.utils import logging as transformers_logging
-
-            transformers_logging.disable_progress_bar()
         result = run_locked(config)
     print(f"rollout: {result.summary_line()}")
     if result.decoding is not None:

@@ -8,7 +8,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   checkpoints named by ``conf/model/demo.yaml`` and ``conf/tokenizer/demo.yaml``), and
   ``${terra_snapshot:FOLDER}``, a folder of the downloaded Terra snapshot ``terra_root``
   (:mod:`terra.config.snapshot`).
-* :func:`run_app`: how every app ends on stderr. A user mistake (:class:`TerraInputError`, Hydra's and
+* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars when stderr is not a
+  terminal). A user mistake (:class:`TerraInputError`, Hydra's and
   OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
   SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
   error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
@@ -149,6 +150,8 @@ def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> N
             logging.getLogger("vllm").setLevel(logging.WARNING)
     user_wants_traces = verbose or os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
+    if not sys.stderr.isatty():  # no third-party progress bars in logs: an error's one line stands alone
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         app()

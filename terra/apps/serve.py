@@ -1,7 +1,9 @@
 """``terra-serve``: the world model behind HTTP and WebSocket, and a page to drive it (Hydra app, conf/serve.yaml).
 
-Settings are checked before the model loads; a mistake exits with code 2 and one line on stderr. The model
-loads before the port opens, so ``GET /health`` answers 200 as soon as anything answers. On SIGINT/SIGTERM
+Settings are checked and the port is bound before the model loads; a mistake, or a port in use, exits with code 2
+and one line on stderr. The server listens once the model is loaded (connections are refused until then), so
+``GET /health`` answers 200 as soon as anything answers, and ``ready; open http://...`` is printed once it
+listens. On SIGINT/SIGTERM
 open sockets get a close frame (1001, "server shutting down") before the server stops; then the process ends
 as every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143).
 """
@@ -9,6 +11,7 @@ as every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 /
 from __future__ import annotations
 
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 import hydra
@@ -16,7 +19,8 @@ import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.spec import check_window, run_spec
+from terra.config.checks import TerraInputError
+from terra.config.spec import RunSpec, check_window, run_spec
 from terra.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -24,22 +28,44 @@ if TYPE_CHECKING:
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server that first sends every open socket a close frame naming the reason."""
+    """uvicorn's server that says where it listens once it does, and on shutdown first sends every open socket a
+    close frame naming the reason."""
 
     def __init__(self, config: uvicorn.Config, service: SessionService) -> None:
         super().__init__(config)
         self.service = service
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(f"terra-serve: {self.service.host.backend.name} backend ready; open http://{shown}:{port}/",
+                  flush=True)
 
     async def shutdown(self, sockets=None) -> None:
         await self.service.close_sockets(1001, "server shutting down")
         await super().shutdown(sockets)
 
 
-def load_service(cfg: DictConfig) -> SessionService:
-    """(1) the settings, (2) the window and the pipeline, (3) the session service."""
-    settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
-    spec = run_spec(cfg)
-    # torch, Transformers and FastAPI load only once the settings above are known to be good
+def bind(settings: ServeSettings) -> socket.socket:
+    """The server's socket, bound to ``serve.host:serve.port`` but not yet listening; a port in use or an address
+    this machine does not have is one line."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+    except OSError as err:
+        raise TerraInputError(f"cannot listen on {settings.host}:{settings.port} ({err.strerror or err}); stop the "
+                              "program that uses the port or choose another serve.port / serve.host") from None
+    return sock
+
+
+def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
+    """(1) the window and the pipeline, (2) the session service, for checked settings."""
+    # torch, Transformers and FastAPI load only once the settings are known to be good
     from terra.generation.backends import resolve_spec, set_torch_threads
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
@@ -56,8 +82,8 @@ def load_service(cfg: DictConfig) -> SessionService:
     return SessionService(host, settings)
 
 
-def serve(service: SessionService) -> None:
-    """Run the server until interrupted; the pipeline is closed afterwards."""
+def serve(service: SessionService, sock: socket.socket) -> None:
+    """Run the server on ``sock`` until interrupted; the pipeline is closed afterwards."""
     from terra.serve.app import create_app
 
     settings = service.settings
@@ -67,7 +93,7 @@ def serve(service: SessionService) -> None:
     )
     server = GracefulServer(config, service)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         service.host.pipeline.close()
 
@@ -77,11 +103,10 @@ def serve(service: SessionService) -> None:
 def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     check_added_settings("terra-serve", allowed=("backend.options.",))
-    service = load_service(cfg)
-    settings = service.settings
-    print(f"terra-serve: {service.host.backend.name} backend ready; open http://{settings.host}:"
-          f"{settings.port}/", flush=True)
-    serve(service)
+    settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
+    spec = run_spec(cfg)
+    with bind(settings) as sock:  # before the model loads: a port in use is one line at once
+        serve(load_service(spec, settings), sock)
 
 
 def main() -> None:

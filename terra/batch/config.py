@@ -19,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
 from terra.config.backend import DTYPES, check_backend, check_device
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, shown
+from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, TerraInputError, check_choice, check_flag, shown
 from terra.config.files import open_input_file
-from terra.config.outputs import check_output_dir, check_output_formats
+from terra.config.output_dir import OutputDir, claim_output_dir
+from terra.config.outputs import check_output_formats
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, check_decoding_name
@@ -34,7 +35,6 @@ NAMING = {
     "actbench": ("NUSCENES_ACTION_{sample_id:06d}.{ext}", "NUSCENES_ACTION_{sample_id:06d}.json"),
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-MAX_SEED = 2**62 - 1  # as terra-generate's seed (terra/apps/generate.py)
 MAX_SAMPLES_FILE_BYTES = 2 << 30  # a JSONL file of samples (ACT-Bench's 2286 samples: about 150 MB)
 # The numeric settings' sane ranges (conf/rollout.yaml documents them): BatchConfig field -> (setting, range).
 RANGES = {
@@ -189,11 +189,11 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     )
 
 
-def check_config(config: BatchConfig) -> None:
+def check_config(config: BatchConfig) -> OutputDir:
     """Check every setting once, before any work and without torch (user errors → :class:`TerraInputError`):
-    numbers in :data:`RANGES`, flags, device, dtype, backend and sampling options, output names and folder, the
-    samples files and ``image_root``. The refiner's weights and device are checked once the run's device is
-    known (terra/refiner.py, ``check_decoding``)."""
+    numbers in :data:`RANGES`, flags, device, dtype, backend and sampling options, output names, the samples files
+    and ``image_root``; return the output folder, claimed (terra/config/output_dir.py). The refiner's weights and
+    device are checked once the run's device is known (terra/refiner.py, ``check_decoding``)."""
     for name, (setting, limits) in RANGES.items():
         value = getattr(config, name)
         if not (name == "max_concurrent" and value == "auto"):
@@ -234,8 +234,12 @@ def check_config(config: BatchConfig) -> None:
     if config.image_root is not None and not (isinstance(config.image_root, (str, os.PathLike))
                                               and Path(config.image_root).expanduser().is_dir()):
         raise TerraInputError(f"image_root {shown(config.image_root)} is not a folder; point it at the images' root")
-    names = [config.manifest_path.name, config.summary_path.name, f".{config.manifest_path.stem}.lock"]
-    check_output_dir(config.output_dir, names)  # writable (or creatable), names fit, disk not full
+    refiner = config.refiner.get("path") if config.decoding == "refiner" else None
+    # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
+    return claim_output_dir(config.output_dir, "output.dir", files=[config.manifest_path.name,
+                                                                   config.summary_path.name], inputs=[
+        ("samples file", config.sample_files), ("world model", config.world_model),
+        ("tokenizer", config.tokenizer), ("refiner weights", refiner)])
 
 
 def _check_pattern(pattern: Any, name: str, needs_ext: bool) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 from decoder.sidecar import to_jsonable
 from terra.batch.samples import Sample
 from terra.config.checks import TerraInputError
+from tokenizer.atomic import json_text
 
 STATUSES = ("ok", "failed", "skipped")
 
@@ -91,7 +92,7 @@ class Manifest:
 
     def add(self, record: dict) -> None:
         """Append ``record`` to the file (synced at once) and to :attr:`records`."""
-        line = (json.dumps(to_jsonable(record)) + "\n").encode("utf-8")
+        line = (json_text(to_jsonable(record)) + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:
                 return

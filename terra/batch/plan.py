@@ -24,6 +24,7 @@ from terra.batch.samples import Sample, check_inputs, in_shard, read_samples
 from terra.config.checks import TerraInputError, shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
 from terra.config.outputs import check_output_names
+from tokenizer.atomic import marked
 
 # tokenizer.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
 _TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
@@ -97,8 +98,9 @@ def _outputs(config: BatchConfig, sample: Sample) -> tuple[dict[str, Path], Path
 
 def fingerprint(config: BatchConfig, sample: Sample, seed: int, num_frames: int) -> str:
     """Hash of the sample's record and the settings that shape its outputs."""
+    root = None if config.image_root is None else os.path.realpath(os.path.expanduser(config.image_root))
     payload = {"record": sample.record, "seed": seed, "num_frames": num_frames,
-               "image_root": config.image_root, **config.generation_settings()}
+               "image_root": root, **config.generation_settings()}  # a path as resolved, however it was typed
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -134,6 +136,21 @@ def is_complete(item: Item) -> tuple[bool, dict | None]:
     return all(p.exists() for p in listed), sidecar
 
 
+def top_names(item: Item, out: Path) -> set[str]:
+    """The names in ``out`` (files or first folders) that ``item`` writes."""
+    return {Path(os.path.relpath(target, out)).parts[0] for target in item.targets}
+
+
+def check_outputs(item: Item, config: BatchConfig, listed: frozenset[str]) -> None:
+    """Raise unless every file ``item`` would write over was written by the toolkit (``listed`` by output.dir's
+    marker; terra/config/output_dir.py)."""
+    out = Path(config.output_dir)
+    for top in top_names(item, out):
+        if os.path.lexists(out / top) and top not in listed:
+            raise TerraInputError(f"output.dir holds {shown(top, 80)}, which the sample would overwrite and which "
+                                  "the toolkit did not write there; move it away or choose another output.dir")
+
+
 def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
     """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
     :func:`~terra.batch.config.check_config` checked it)."""
@@ -159,6 +176,7 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
                                             f"(line {other.line}); make sample ids distinct")
             owners.setdefault(key, sample)
     mine = [s for s in all_samples if in_shard(s.index, config.shard_index, config.num_shards)]
+    listed = marked(Path(config.output_dir))  # what the toolkit wrote there: a sample may replace only that
     result = BatchPlan(config, mine, [], [], [])
     for sample in mine:
         if sample.error is not None:
@@ -180,6 +198,7 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
             continue
         try:
             item.actions = check_inputs(sample, config, num_frames)
+            check_outputs(item, config, listed)
         except Exception as err:  # noqa: BLE001  (one bad sample fails alone)
             result.failed.append(sample_record(sample, "failed", error=error_line(err), stage="input", seed=seed))
             continue

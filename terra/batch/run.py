@@ -3,7 +3,6 @@ actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progr
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -15,14 +14,12 @@ from tqdm.auto import tqdm
 from terra.batch.concurrency import planned_streams
 from terra.batch.config import BatchConfig, check_config
 from terra.batch.engine import build_pipeline, set_threads
-from terra.batch.lock import output_lock
 from terra.batch.manifest import Manifest, count_statuses
-from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries
+from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.samples import Sample
 from terra.batch.stream import run_items
 from terra.config.checks import shown
-from terra.config.outputs import prepare_output_dir
 from terra.config.spec import check_window
 from terra.generation.backends import resolve_spec
 from terra.generation.rollout import DecodeStats
@@ -30,7 +27,7 @@ from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.refiner import RefinerSettings, check_decoding
 from tokenizer import load_tokenizer
-from tokenizer.atomic import write_text
+from tokenizer.atomic import json_text, mark, write_text
 
 
 @dataclass
@@ -92,11 +89,11 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
 
     User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
     settings are checked once here (terra/batch/config.py), and the run holds its output folder's lock throughout
-    (terra/batch/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
+    (terra/config/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
     the samples written so far, their records and no temporaries.
     """
-    check_config(config)  # before the output folder and its lock are made
-    with output_lock(config.manifest_path):
+    output = check_config(config)  # before the output folder and its lock are made
+    with output.hold(config.manifest_path.name):
         return run_locked(config, pipeline, samples)
 
 
@@ -135,7 +132,8 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
 def _run_planned(config: BatchConfig, the_plan: BatchPlan, started: float, pipeline: WorldModelPipeline | None,
                  executor, refiner: RefinerSettings | None, model_config) -> BatchResult:
     """Write the plan's records, run its samples (here or on Ray's actors), write the summary."""
-    prepare_output_dir(Path(config.output_dir))
+    out = Path(config.output_dir)  # the samples' files were checked (terra/batch/plan.py): now they are the toolkit's
+    mark(out, {name for item in the_plan.to_run for name in top_names(item, out)})
     remove_stale_temporaries(the_plan.items)
     manifest = Manifest(config.manifest_path)
     for record in the_plan.failed + the_plan.skipped:
@@ -205,4 +203,4 @@ def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan
         "decoding": None if result.decoding is None else {"decoding": result.decoding[0],
                                                            **result.decoding[1].as_dict()},
     }
-    write_text(result.summary, json.dumps(summary, indent=2) + "\n")
+    write_text(result.summary, json_text(summary, indent=2) + "\n")

@@ -24,6 +24,7 @@ from PIL import Image, UnidentifiedImageError
 from terra.batch.config import BatchConfig, MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS
 from terra.config.checks import TerraInputError, shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
+from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path
 from terra.inputs.requests import TRAJECTORY_KEYS, manoeuvre_actions, trajectory_actions
 from tokenizer.images import IMAGE_SUFFIXES, MAX_PIXELS, VIDEO_SUFFIXES
@@ -226,11 +227,14 @@ def sample_actions(sample: Sample, config: BatchConfig, loaded: int, num_frames:
 
 
 def check_inputs(sample: Sample, config: BatchConfig, num_frames: int) -> np.ndarray | None:
-    """Check everything of ``sample`` that can be checked without a model: its context paths and files (image
-    headers, not pixels) and its trajectory, built into the actions the rollout takes (None with a video
-    context: its frames are counted only when decoded, so its actions are built again then). Raises
-    :class:`TerraInputError`."""
-    files, video = _image_files(context_paths(sample, config))
+    """Check everything of ``sample`` that can be checked without a model: its context paths (apart from
+    output.dir) and files (image headers, not pixels) and its trajectory, built into the actions the rollout
+    takes (None with a video context: its frames are counted only when decoded, so its actions are built again
+    then). Raises :class:`TerraInputError`."""
+    sources = context_paths(sample, config)
+    for source in sources:  # no output may land on an input (terra/config/output_dir.py)
+        check_apart(Path(config.output_dir), "output.dir", "context", source)
+    files, video = _image_files(sources)
     # ACT-Bench samples read every context frame; Terra's the last num_context (with a video: unknown which)
     used = files if sample.kind == "actbench" or video else files[-config.num_context :]
     for file in used:

@@ -3,13 +3,16 @@
 :class:`TerraInputError` is :class:`tokenizer.errors.InputError` (one class for the whole toolkit, defined in
 the tokenizer package, which stands alone): one line naming the input and the fix; the entry points print it
 and exit with code 2 (terra/apps/runner.py). The checks return the value they checked, typed (an ``int``
-for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again.
+for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again. What goes
+into a line stays one line: :func:`shown` and :func:`one_line` escape values and names, :func:`error_reason`
+turns a third-party reader's exception into a short phrase.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -17,11 +20,14 @@ from typing import Any, Iterable, Mapping
 from omegaconf import OmegaConf
 
 from tokenizer.errors import InputError as TerraInputError
+from tokenizer.errors import error_reason
 
-__all__ = ["MAX_FRAMES", "Range", "TerraInputError", "check_choice", "check_flag", "check_number",
-           "check_settings", "check_whole_number", "required_path", "select", "shown"]
+__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "TerraInputError", "check_choice", "check_file_size", "check_flag",
+           "check_number", "check_settings", "check_whole_number", "error_reason", "one_line", "required_path",
+           "select", "shown"]
 
 MAX_FRAMES = 10_000  # frames of a rollout or trajectory: 1000 s at 10 Hz
+MAX_SEED = 2**62 - 1  # a rollout's seed (and seed + sample index) stays inside torch's 64-bit generator seed
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -30,6 +36,13 @@ def shown(value: Any, limit: int = 40) -> str:
         return f"a {len(str(abs(int(value))))}-digit number"
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def one_line(text: Any) -> str:
+    """``text`` for a one-line message: as it is when printable, else escaped as ``repr`` writes it (a newline
+    or other control character in a file name or id then shows as ``\\n``, never breaking the line)."""
+    text = str(text)
+    return text if text.isprintable() else repr(text)
 
 
 def check_whole_number(
@@ -95,6 +108,23 @@ def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise TerraInputError(f"unknown {name} {shown(value)}; choose one of: {', '.join(choices)}")
     return value
+
+
+_SIZE = re.compile(r"(\d{1,15})(KB|MB|GB|KIB|MIB|GIB)", re.IGNORECASE)
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+FILE_SIZES = (10**4, 10**12)  # a file size setting's range in bytes: 10 KB .. 1 TB
+
+
+def check_file_size(value: Any, name: str) -> int:
+    """A size setting such as ``15MB``, ``500KB`` or ``2GiB`` (or a whole number of bytes) as bytes, in
+    :data:`FILE_SIZES`; the units are Transformers' (``save_pretrained``'s ``max_shard_size``), bytes only."""
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    size = int(match.group(1)) * _UNITS[match.group(2).upper()] if match else value
+    low, high = FILE_SIZES
+    if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:
+        raise TerraInputError(f"{name} must be a size from 10KB to 1000GB such as 15MB, 500KB or 2GiB (got "
+                              f"{shown(value)}); e.g. {name}=15MB")
+    return size
 
 
 def check_flag(value: Any, name: str) -> bool:

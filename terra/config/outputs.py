@@ -4,7 +4,7 @@
 naming (terra/batch/config.py) with :func:`check_output_formats` and :func:`check_output_names`. Output names
 must fit the file system with the temporary suffix of an atomic write (:data:`ATOMIC_EXTRA`), and the output
 disk must have :data:`MIN_FREE_BYTES` free (a disk that fills up later fails at the write). Nothing here
-creates a file but :func:`prepare_output_dir`.
+creates a file; the rule on what an output folder may hold and replace is terra/config/output_dir.py's.
 """
 
 from __future__ import annotations
@@ -81,19 +81,6 @@ class OutputSpec:
         return names + [f"{self.name}.json"]
 
 
-def prepare_output_dir(out_dir: Path, file_names: Sequence[str] = ()) -> None:
-    """Create ``out_dir`` or fail with one clear line when it cannot be written or ``file_names`` do not fit
-    the file system there."""
-    check_output_dir(out_dir, file_names)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".terra-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise TerraInputError(f"output folder {out_dir} is not writable ({err.strerror}); choose another output.dir") from None
-
-
 def _limit(folder: Path, name: str, default: int) -> int:
     try:
         return os.pathconf(folder, name)
@@ -128,7 +115,11 @@ def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), se
     if not os.access(existing, os.W_OK | os.X_OK):
         raise TerraInputError(f"output folder {path} is not writable ({existing} cannot be written); "
                               f"choose another {setting}")
-    free = shutil.disk_usage(existing).free
+    usage = shutil.disk_usage(existing)
+    if usage.total == 0:  # /proc, /sys: a kernel interface, not storage
+        raise TerraInputError(f"output folder {path} is not on a disk ({existing} is on a virtual file system that "
+                              f"holds no files); choose another {setting}")
+    free = usage.free
     if free < MIN_FREE_BYTES:
         raise TerraInputError(f"output folder {path} is on a full disk ({free >> 10} KiB free); free some space "
                               f"or choose another {setting}")

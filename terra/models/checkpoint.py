@@ -1,8 +1,9 @@
-"""Opening a world-model checkpoint folder safely: its config read once, its weights checked without loading.
+"""Opening a world-model checkpoint folder safely: its config read once, its weights checked before any load.
 
 Every entry point calls :func:`read_world_model_config` before any backend loads the model, so a folder
-that is not a Terra checkpoint, a truncated or foreign weight file, or a config.json that does not describe
-the weights fails with one line (Transformers would silently re-initialise mismatched weights).
+that is not a Terra checkpoint, a truncated or foreign weight file, a config.json that does not describe
+the weights (Transformers would silently re-initialise mismatched weights), integer weights (it would cast
+them) or a NaN weight fails with one line naming the file and the tensor.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from terra.config.checks import TerraInputError
+from terra.config.checks import TerraInputError, error_reason
 from terra.models import LlamaActionConfig
+from tokenizer.tensors import check_floats
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the floating-point dtypes
 
 
 def read_world_model_config(path: str | Path) -> LlamaActionConfig:
@@ -49,9 +53,10 @@ def read_world_model_config(path: str | Path) -> LlamaActionConfig:
 
 
 def check_world_model_weights(folder: str | Path, config: LlamaActionConfig) -> None:
-    """Check, reading only the safetensors headers, that the checkpoint's weights fit ``config``.
+    """Check that the checkpoint's weights fit ``config`` (names, shapes and floating-point dtypes, from the
+    safetensors headers) and are finite (each tensor read once, the only time before a backend loads them).
 
-    The model is built on the meta device for its expected names and shapes; no tensor is loaded.
+    The model is built on the meta device for its expected names and shapes.
     """
     folder = Path(folder)
     with torch.device("meta"):
@@ -68,24 +73,49 @@ def check_world_model_weights(folder: str | Path, config: LlamaActionConfig) -> 
             ) from None
     else:
         files = sorted(folder.glob("*.safetensors"))
-    found: dict[str, tuple[int, ...]] = {}
+    found: dict[str, tuple[tuple[int, ...], str, Path]] = {}  # name -> (shape, dtype, file)
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as weights:
                 for key in weights.keys():
-                    found[key] = tuple(weights.get_slice(key).get_shape())
+                    part = weights.get_slice(key)
+                    found[key] = (tuple(part.get_shape()), part.get_dtype(), file)
         except Exception as err:  # safetensors raises its own error type for truncated or foreign files
             raise TerraInputError(
-                f"world model weights {file} cannot be read ({str(err).strip() or type(err).__name__}); "
-                "the file is truncated or not safetensors: download or copy it again"
+                f"world model weights {file} cannot be read ({error_reason(err)}); the file is truncated or not "
+                "safetensors: download or copy it again"
             ) from None
     missing = sorted(set(expected) - set(found))
-    wrong = sorted(k for k in expected if k in found and found[k] != expected[k])
+    wrong = sorted(k for k in expected if k in found and found[k][0] != expected[k])
     if missing or wrong:
         detail = (f"{len(missing)} missing, e.g. {missing[:2]}" if missing else
-                  f"{len(wrong)} of the wrong shape, e.g. {wrong[0]}: {list(found[wrong[0]])} in the weights vs "
+                  f"{len(wrong)} of the wrong shape, e.g. {wrong[0]}: {list(found[wrong[0]][0])} in the weights vs "
                   f"{list(expected[wrong[0]])} from config.json")
         raise TerraInputError(
             f"world model {folder}: the weights do not match config.json ({detail}); "
             "use the config.json that was saved with these weights"
         )
+    integer = sorted(k for k in expected if found[k][1] not in FLOAT_DTYPES)
+    if integer:
+        key = integer[0]
+        raise TerraInputError(f"world model weights {found[key][2]}: tensor {key} is {found[key][1]}, not floating "
+                              f"point ({len(integer)} such tensors); the file is not a world model's weights")
+    _check_values(expected, found)
+
+
+def _check_values(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[tuple[int, ...], str, Path]]) -> None:
+    """Every weight finite, one tensor in memory at a time (a NaN weight makes every rollout garbage)."""
+    by_file: dict[Path, list[str]] = {}
+    for key in expected:
+        by_file.setdefault(found[key][2], []).append(key)
+    for file, keys in by_file.items():
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                for key in keys:
+                    check_floats(weights.get_tensor(key), f"world model weights {file}: tensor {key}",
+                                 "the checkpoint is damaged or its training diverged: use another checkpoint")
+        except TerraInputError:
+            raise
+        except Exception as err:  # a file cut short after its header
+            raise TerraInputError(f"world model weights {file} cannot be read ({error_reason(err)}); the file is "
+                                  "truncated: download or copy it again") from None

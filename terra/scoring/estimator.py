@@ -15,9 +15,9 @@ The weight-name map: every module below carries its state-dict name in ACT-Bench
                             ``pre_gru_layer.*``, ``gru.*`` (GRUCell), ``head.{0,3}.``
 ==========================  ==================================================================================
 
-The Hub repository wraps this module in a Transformers model whose file ACT-Bench does not publish, so the
-weights may carry one prefix before these names (e.g. ``model.``): :func:`match_weights` takes the names as
-above or all under one prefix and refuses anything else with one line naming the first unmatched keys.
+The Hub repository wraps this module in a Transformers model whose file ACT-Bench does not publish, so the weights
+may carry one prefix before these names (``model.``): :func:`match_weights` takes them as above or all under one
+prefix, and refuses anything else naming the first unmatched keys; integer or NaN weights are refused too.
 BatchNorm's ``num_batches_tracked`` and the positional table may be absent (neither changes the output in eval).
 """
 
@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from terra.config.checks import Range, TerraInputError, shown
+from terra.config.checks import Range, TerraInputError, error_reason, shown
 from terra.config.files import load_json, open_input_file
+from tokenizer.tensors import check_like
 
 MAX_WEIGHTS_BYTES = 2 << 30  # the published estimator is about 0.1 GB in fp32
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")  # looked for in this order
@@ -337,7 +338,10 @@ class VideoActionEstimator(nn.Module):
         model = cls(EstimatorConfig.from_json(folder / "config.json"))
         path = weights_file(folder)
         state = model.state_dict()
-        state.update(match_weights(read_weights(path), {k: tuple(v.shape) for k, v in state.items()}, str(path)))
+        named = match_weights(read_weights(path), {k: tuple(v.shape) for k, v in state.items()}, str(path))
+        for name, tensor in named.items():  # load_state_dict would cast integers and keep NaNs
+            check_like(tensor, state[name], f"estimator weights {path}: tensor {name}", "download them again")
+        state.update(named)
         model.load_state_dict(state)
         return model.eval()
 
@@ -365,9 +369,8 @@ def read_weights(path: Path) -> dict[str, Tensor]:
         else:
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated, corrupt or foreign files: each reader raises its own types
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        raise TerraInputError(f"estimator weights {path} cannot be read ({reason}); the file is truncated, corrupt "
-                              "or not a checkpoint: download it again") from None
+        raise TerraInputError(f"estimator weights {path} cannot be read ({error_reason(err)}); the file is "
+                              "truncated, corrupt or not a checkpoint: download it again") from None
     if isinstance(data, dict) and isinstance(data.get("state_dict"), dict):
         data = data["state_dict"]
     if not isinstance(data, dict) or not data or not all(isinstance(v, Tensor) for v in data.values()):

@@ -9,7 +9,8 @@
   decimals, as ACT-Bench's figure), titled with the sample count and the accuracy.
 
 The three files are written to temporary names first and renamed together at the end (tokenizer/atomic.py), so
-a run that fails or is interrupted leaves the folder as it was. :func:`text_summary` is the screen's version.
+a run that fails or is interrupted leaves the folder as it was; the folder's marker lists them (a rerun may
+replace them: terra/config/output_dir.py). :func:`text_summary` is the screen's version.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from terra.scoring.labels import SHORT_NAMES, SUMMARY_ORDER
 from terra.scoring.metrics import Metrics, row_normalized
-from tokenizer.atomic import atomic_path
+from tokenizer.atomic import atomic_path, json_text, mark
 
 FILES = ("summary.json", "results.jsonl", "confusion_matrix.png")
 COLUMNS = ("sample_id", "context_frames", "cond_label", "cond_class", "instruction_trajs", "reference_traj",
@@ -86,9 +87,11 @@ def write_report(output_dir: Path, metrics: Metrics, lines: Iterable[str]) -> li
     """Write :data:`FILES` into ``output_dir``, renamed into place only once all three are complete."""
     png = confusion_png(metrics)
     paths = [output_dir / name for name in FILES]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    mark(output_dir, FILES)
     with ExitStack() as stack:
         summary_tmp, results_tmp, png_tmp = (stack.enter_context(atomic_path(path)) for path in paths)
-        summary_tmp.write_text(json.dumps(summary(metrics), indent=4) + "\n", encoding="utf-8")
+        summary_tmp.write_text(json_text(summary(metrics), indent=4) + "\n", encoding="utf-8")
         with results_tmp.open("w", encoding="utf-8") as fh:
             fh.writelines(lines)
         png_tmp.write_bytes(png)

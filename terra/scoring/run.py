@@ -11,7 +11,6 @@ softmax of the logits, taken on the CPU in float32 as ACT-Bench does.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from terra.scoring.report import result_line, text_summary, write_report
 from terra.scoring.samples import BenchSample, read_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import VideoClips, collate, find_videos, match_videos
+from tokenizer.atomic import json_text
 
 FRAME_INTERVAL_S = 0.1  # ACT-Bench's videos are at 10 Hz: timestamps 0 .. 4.3 s for 44 frames
 
@@ -85,11 +85,11 @@ def results_lines(samples: list[BenchSample], paths: list[Path], classes: np.nda
     for i, sample in enumerate(samples):
         label = LABELS[classes[i]]
         yield result_line({
-            **sample.passed_on, "sample_id": str(sample.sample_id), "cond_label": json.dumps(sample.cond_label),
-            "cond_class": str(sample.cond_class), "reference_traj_transformed": json.dumps(sample.reference.tolist()),
-            "video_path": json.dumps(str(paths[i].resolve())), "estimated_class": str(int(classes[i])),
-            "estimated_label": json.dumps(label), "estimated_traj": json.dumps(waypoints[i].tolist()),
-            "ade": json.dumps(float(ade[i])), "fde": json.dumps(float(fde[i])),
+            **sample.passed_on, "sample_id": str(sample.sample_id), "cond_label": json_text(sample.cond_label),
+            "cond_class": str(sample.cond_class), "reference_traj_transformed": json_text(sample.reference.tolist()),
+            "video_path": json_text(str(paths[i].resolve())), "estimated_class": str(int(classes[i])),
+            "estimated_label": json_text(label), "estimated_traj": json_text(waypoints[i].tolist()),
+            "ade": json_text(float(ade[i])), "fde": json_text(float(fde[i])),
         })
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from terra.config.backend import DTYPES, check_device
 from terra.config.checks import Range, TerraInputError, check_choice, check_flag, required_path, select, shown
 from terra.config.files import open_input_file
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import claim_output_dir
 from terra.scoring.report import FILES
 from terra.scoring.samples import MAX_SAMPLES_BYTES, sample_files
 
@@ -70,8 +70,10 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
     output_dir = None
     if not dry_run:  # a dry run writes nothing
-        output_dir = check_output_dir(required_path(cfg, "output_dir", "summary.json, results.jsonl, "
-                                                    "confusion_matrix.png go there"), FILES, "output_dir")
+        output_dir = claim_output_dir(
+            required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there"),
+            "output_dir", files=FILES, inputs=[("videos folder", videos), ("samples", select(cfg, "samples")),
+                                               ("samples file", files), ("estimator folder", estimator)]).path
     return ScoringSettings(
         videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
         batch_size=values["batch_size"], num_workers=values["num_workers"],

@@ -8,8 +8,9 @@ and Vista videos. Hidden files (an interrupted write's temporary files, tokenize
 Decoding and preprocessing (ACT-Bench's ``GeneratedVideosDataset``): PyAV decodes every frame to RGB, as
 ``torchvision.io.read_video`` does; the last ``frames`` of them are kept, each is resized to 256x256 (bilinear
 with antialiasing on the float values of the uint8 pixels, then rounded: torchvision's ``Resize`` on a uint8
-tensor) and centre-cropped to 224x224. Another crop size (a small estimator's ``input_shape``) is resized by the
-same 256/224 ratio first. :class:`VideoClips` does this in DataLoader workers and hands errors back as text, so a
+tensor) and centre-cropped to 224x224, one frame at a time (a 2560x1440 video needs no more memory than its last
+frames in the video's own pixel format). Another crop size (a small estimator's ``input_shape``) is resized by
+the same 256/224 ratio first. :class:`VideoClips` does this in DataLoader workers and hands errors back as text, so a
 short or broken video ends the run with one line naming it.
 """
 
@@ -83,9 +84,10 @@ def count_frames(path: Path) -> int:
         raise TerraInputError(f"video {path} cannot be read ({type(err).__name__}: {err.strerror or err})") from None
 
 
-def decode_last(path: Path, num_frames: int) -> np.ndarray:
-    """The last ``num_frames`` frames of a video, uint8 RGB ``[num_frames, H, W, 3]``. Raises
-    :class:`TerraInputError` for a video that is short or cannot be decoded."""
+def decode_last(path: Path, num_frames: int) -> list:
+    """The last ``num_frames`` frames of a video as PyAV frames, still in the video's own pixel format (a
+    1440p frame in YUV 4:2:0 is 5.5 MB; as RGB 11 MB, as floats 44 MB). Raises :class:`TerraInputError` for a
+    video that is short or cannot be decoded."""
     import av
 
     try:
@@ -97,26 +99,29 @@ def decode_last(path: Path, num_frames: int) -> np.ndarray:
             for frame in container.decode(container.streams.video[0]):
                 kept.append(frame)
                 count += 1
-            frames = [frame.to_ndarray(format="rgb24") for frame in kept]
     except av.FFmpegError as err:
         raise TerraInputError(f"video {path} cannot be decoded ({type(err).__name__}: {err.strerror or err}); "
                               "generate it again") from None
     if count < num_frames:
         raise TerraInputError(f"video {path} has {count} frames; scoring needs at least {num_frames} (it scores the "
                               f"last {num_frames}: num_frames={num_frames} after the context frames)")
-    return np.stack(frames)
+    return list(kept)
 
 
-def preprocess(frames: np.ndarray, crop: tuple[int, int]) -> Tensor:
-    """uint8 ``[T, H, W, 3]`` → uint8 ``[3, T, crop_h, crop_w]``: resized by :func:`resize_size` as torchvision's
-    ``Resize`` does a uint8 tensor, then centre-cropped as its ``CenterCrop`` does."""
+def preprocess(frames: Sequence, crop: tuple[int, int]) -> Tensor:
+    """Frames (uint8 RGB ``[H, W, 3]`` arrays, or PyAV frames turned to RGB as torchvision's ``read_video``
+    does) → uint8 ``[3, T, crop_h, crop_w]``: resized by :func:`resize_size` as torchvision's ``Resize`` does a
+    uint8 tensor, then centre-cropped as its ``CenterCrop`` does. One frame at a time, so memory stays that of
+    one full-size frame whatever the video's size."""
     size = resize_size(crop)
-    images = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
-    images = F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
-    images = images.round_().to(torch.uint8)
     top, left = int(round((size[0] - crop[0]) / 2.0)), int(round((size[1] - crop[1]) / 2.0))
-    images = images[:, :, top: top + crop[0], left: left + crop[1]]
-    return images.permute(1, 0, 2, 3).contiguous()
+    clip = torch.empty((3, len(frames), *crop), dtype=torch.uint8)
+    for t, frame in enumerate(frames):
+        rgb = frame if isinstance(frame, np.ndarray) else frame.to_ndarray(format="rgb24")
+        image = torch.from_numpy(rgb).permute(2, 0, 1)[None].float()
+        image = F.interpolate(image, size=size, mode="bilinear", align_corners=False, antialias=True)
+        clip[:, t] = image[0, :, top: top + crop[0], left: left + crop[1]].round_().to(torch.uint8)
+    return clip
 
 
 class VideoClips(Dataset):

@@ -16,7 +16,8 @@ checks; ``serve.allowed_hosts``, ``serve.allowed_origins``); ``serve.cors=true``
 origins.
 
 Errors are ``{"error": "one line"}``: 400 bad input or a Host not served, 401 token, 403 another page's origin,
-404 no session, 413 too large, 415 not JSON, 429 a limit.
+404 no session or route, 405 a method a route does not take, 413 too large, 415 not JSON, 422 a malformed query,
+429 a limit. A client that disconnects is no error of the server's: one info line in the log, no traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import secrets
 from importlib.resources import files
@@ -36,6 +36,8 @@ from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from terra.config.checks import TerraInputError
 from terra.config.files import parse_json
@@ -44,6 +46,7 @@ from terra.serve.media import VIDEO_FORMATS, video_bytes
 from terra.serve.service import LimitError, NotFoundError, SessionService
 from terra.serve.sockets import MAX_DIGITS, SocketConnection
 from terra.session.controls import parse_action
+from tokenizer.atomic import json_text
 
 log = logging.getLogger("terra.serve")
 STATIC = Path(str(files("terra.serve") / "static"))
@@ -52,7 +55,7 @@ SUBPROTOCOL = "terra"
 
 def _error(status: int, message: str, headers: dict | None = None) -> Response:
     """``{"error": message}``, ASCII-escaped (a message may quote a client's string, lone surrogates and all)."""
-    return Response(json.dumps({"error": message}), status_code=status, headers=headers,
+    return Response(json_text({"error": message}), status_code=status, headers=headers,
                     media_type="application/json")
 
 
@@ -107,9 +110,14 @@ def create_app(service: SessionService) -> FastAPI:
     async def input_error(request: Request, err: TerraInputError) -> Response:
         return _error(_status(err), str(err))
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, err: HTTPException) -> Response:
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's, and the router's own 404 / 405
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
         return _error(err.status_code, str(err.detail), getattr(err, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, err: ClientDisconnect) -> Response:
+        log.info("client left before its request was read: %s %s", request.method, request.url.path)  # no error
+        return _error(400, "the client disconnected before its request was read")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, err: RequestValidationError) -> Response:

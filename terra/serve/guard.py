@@ -21,10 +21,10 @@ The bearer token (terra/serve/app.py) applies on top of these.
 from __future__ import annotations
 
 import ipaddress
-import json
 from typing import Awaitable, Callable
 
 from terra.serve.settings import ServeSettings, is_loopback, split_host, web_origin
+from tokenizer.atomic import json_text
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
@@ -66,7 +66,7 @@ class RequestGuard:
         if scope["type"] == "websocket":  # closing before accepting: the server answers the handshake with 403
             await receive()
             return await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
-        body = json.dumps({"error": message}).encode()
+        body = json_text({"error": message}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

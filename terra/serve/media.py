@@ -23,6 +23,7 @@ from decoder import mark_frames, write_gif, write_mp4
 from terra.config.checks import TerraInputError
 from tokenizer.images import RGB_COMPATIBLE_MODES
 from tokenizer.resize import fit_frame
+from tokenizer.atomic import json_text
 
 MAX_UPLOAD_PIXELS = 4096 * 4096  # one uploaded frame; a decompression bomb fails before it is decoded
 VIDEO_FORMATS = {"mp4": "video/mp4", "gif": "image/gif"}
@@ -41,7 +42,7 @@ def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes
 
 def frame_message(header: dict[str, Any], image: bytes) -> bytes:
     """The binary WebSocket message of one frame (module docstring)."""
-    text = json.dumps(header, separators=(",", ":")).encode()
+    text = json_text(header, separators=(",", ":")).encode()
     return struct.pack(">I", len(text)) + text + image
 
 

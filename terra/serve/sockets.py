@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -29,6 +28,7 @@ from terra.config.files import parse_json
 from terra.serve.media import frame_message
 from terra.serve.service import Entry, SessionService
 from terra.session.controls import parse_action
+from tokenizer.atomic import json_text
 
 log = logging.getLogger("terra.serve")
 MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")
@@ -170,7 +170,7 @@ class SocketConnection:
             await self._send_bytes(frame_message(header, image))
 
     async def _send_text(self, value: dict) -> None:
-        await self._send(lambda: self.websocket.send_text(json.dumps(value)))
+        await self._send(lambda: self.websocket.send_text(json_text(value)))
 
     async def _send_bytes(self, data: bytes) -> None:
         await self._send(lambda: self.websocket.send_bytes(data))

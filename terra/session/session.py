@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import TerraInputError, check_whole_number
+from terra.config.checks import MAX_SEED, TerraInputError, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, RolloutRequest, WorldModelBackend
 from terra.session import context as contexts
@@ -191,10 +191,10 @@ class SessionHost:
         ``max_frames`` lowers the host's cap for this session."""
         if images is not None and codes is not None:
             raise TerraInputError("give context images or codes, not both")
-        num_context = self.num_context if num_context is None else \
-            check_whole_number(num_context, "num_context", 1, "num_context=3")
+        num_context = self.num_context if num_context is None else check_whole_number(  # within the model's window
+            num_context, "num_context", 1, "num_context=3", self.layout.max_frames - 1)
         if seed is not None:
-            check_whole_number(seed, "seed", 0, "seed=0")
+            check_whole_number(seed, "seed", 0, "seed=0", MAX_SEED)
         if max_frames is not None:
             check_whole_number(max_frames, "max_frames", 1, "max_frames=100")
             if max_frames > self.max_frames:

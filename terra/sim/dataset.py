@@ -26,14 +26,16 @@ import numpy as np
 from tqdm import tqdm
 
 from terra.config.checks import TerraInputError, check_choice
+from terra.config.output_dir import claim_output_dir
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import Clip, random_clip
 from terra.sim.scene import DOMAINS
-from tokenizer.atomic import atomic_path, write_text
+from tokenizer.atomic import atomic_path, json_text, mark, write_text
 
 DATASET_VERSION = 1
 META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions")
+SHARD_FILES = "shard-*.npz"
 
 
 def write_dataset(
@@ -60,12 +62,13 @@ def write_dataset(
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "out_dir", files=[META_FILE, SHARD_FILES]).record()
     jobs = [
         (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
          seed, compress, domain)
         for k, start in enumerate(range(0, num_clips, clips_per_shard))
     ]
+    mark(out, [Path(job[0]).name for job in jobs])
     bar = tqdm(total=num_clips, desc="rendering clips", unit="clip", disable=not progress)
     clips_meta: list[dict] = []
     for job, metas in zip(jobs, map_in_processes(_write_shard, jobs, workers)):
@@ -84,7 +87,7 @@ def write_dataset(
         "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
         "clips": clips_meta,
     }
-    write_text(out / META_FILE, json.dumps(meta, indent=1))
+    write_text(out / META_FILE, json_text(meta, indent=1))
     return out
 
 

@@ -22,7 +22,6 @@ clips already there and writes the rest.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,12 @@ from PIL import Image
 from tqdm import tqdm
 
 from terra.config.checks import TerraInputError, check_choice
+from terra.config.output_dir import claim_output_dir
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import random_drive
 from terra.sim.dataset import check_sizes, map_in_processes
 from terra.sim.scene import DOMAINS
-from tokenizer.atomic import atomic_dir, write_text
+from tokenizer.atomic import atomic_dir, json_text, mark, write_text
 
 LOGS_META_FILE = "clips.json"
 TRAJECTORY_FILE = "trajectory.csv"
@@ -72,13 +72,14 @@ def write_driving_logs(
         if others:
             raise TerraInputError(f"{out} holds clip folders of other settings ({', '.join(others[:3])}); choose a "
                                   "new out_dir or delete them")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "out_dir", files=[LOGS_META_FILE], folders=[clip_id(domain, seed, 0)[:-5] + "*"]).record()
+    mark(out, ids)
     jobs = [(str(out / name), i, num_frames, height, width, seed, domain) for i, name in enumerate(ids)]
     clips = list(tqdm(map_in_processes(_write_clip, jobs, workers), total=len(jobs), desc="rendering clips",
                       unit="clip", disable=not progress))
     meta = {"format": "driving_logs", "num_clips": num_clips, "num_frames": num_frames, "height": height,
             "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "clips": clips}
-    write_text(out / LOGS_META_FILE, json.dumps(meta, indent=1))
+    write_text(out / LOGS_META_FILE, json_text(meta, indent=1))
     return out
 
 

@@ -18,7 +18,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from terra.config.checks import TerraInputError
-from tokenizer.atomic import atomic_path
+from tokenizer.atomic import atomic_path, mark
+from tokenizer.tensors import check_codes, check_floats
 
 TOKENS_VERSION = "1"
 
@@ -54,13 +55,16 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
         "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
         "source": clips.source, "tokenizer": clips.tokenizer,
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mark(path.parent, [path.name])  # the toolkit's file: a later run may replace it (terra/config/output_dir.py)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return path
 
 
 def load_tokens(path: str | Path) -> TokenizedClips:
-    """Read a file written by :func:`save_tokens`; codes come back as int64."""
+    """Read a file written by :func:`save_tokens`, its codes (in the codebook, as int64), actions and poses
+    (finite) checked."""
     path = Path(path)
     if not path.is_file():
         raise TerraInputError(f"tokenized clips {path} do not exist; run scripts/tokenize_dataset.py first")
@@ -75,9 +79,17 @@ def load_tokens(path: str | Path) -> TokenizedClips:
     if meta.get("version") != TOKENS_VERSION or not {"codes", "actions", "poses"} <= tensors.keys():
         raise TerraInputError(f"{path} is not a tokenized-clips file of version {TOKENS_VERSION}; re-run "
                               "scripts/tokenize_dataset.py")
+    try:
+        codebook_size = int(meta["codebook_size"])
+    except (KeyError, ValueError):
+        raise TerraInputError(f"{path} names no codebook size; re-run scripts/tokenize_dataset.py") from None
+    fix = "the file is damaged: re-run scripts/tokenize_dataset.py"
+    check_codes(tensors["codes"], f"tokenized clips {path}: tensor codes", codebook_size, fix)
+    for name in ("actions", "poses"):
+        check_floats(tensors[name], f"tokenized clips {path}: tensor {name}", fix)
     return TokenizedClips(
         codes=tensors["codes"].astype(np.int64), actions=tensors["actions"], poses=tensors["poses"],
-        codebook_size=int(meta["codebook_size"]),
+        codebook_size=codebook_size,
         image_size=(int(meta["image_height"]), int(meta["image_width"])),
         source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""),
     )

@@ -18,8 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from terra.config.checks import Range, TerraInputError, check_choice, required_path, select
-from terra.config.outputs import check_output_dir
+from terra.config.checks import Range, TerraInputError, check_choice, check_file_size, required_path, select
+from terra.config.output_dir import claim_output_dir
 
 WEIGHT = Range(0, 1, 0.8)
 DTYPES = ("bfloat16", "float32")
@@ -36,7 +36,7 @@ class BlendSpec:
     weight: float
     output: Path
     dtype: str
-    max_shard_size: str
+    max_shard_size: int  # bytes
 
 
 def blend_spec(cfg: DictConfig) -> BlendSpec:
@@ -47,22 +47,14 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
         if not (folder / "config.json").is_file():
             raise TerraInputError(f"{key}={folder} has no config.json; pass a world model's folder ({what})")
         folders[key] = folder
-    output = check_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"),
-                              ["config.json", "model.safetensors"], "output_dir")
-    # the blend replaces output_dir whole (tokenizer/atomic.py): it may only be new, empty or an earlier blend
-    for key, folder in folders.items():
-        if output.resolve() == folder.resolve():
-            raise TerraInputError(f"output_dir={output} is the {key} model's folder; write the blend elsewhere")
-        if output.resolve() in folder.resolve().parents:
-            raise TerraInputError(f"output_dir={output} holds the {key} model, which writing the blend there would "
-                                  "delete; write the blend elsewhere")
-    if output.is_dir() and any(output.iterdir()) and not (output / "config.json").is_file():
-        raise TerraInputError(f"output_dir={output} holds files that are not a world model, which writing the blend "
-                              "there would delete; choose a new folder")
+    # the blend replaces output_dir whole (tokenizer/atomic.py): new, empty or an earlier blend, apart from the inputs
+    output = claim_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"), "output_dir",
+                              files=["config.json", "model.safetensors"], replaced=True,
+                              inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()]).path
     return BlendSpec(
         base=folders["base"], tuned=folders["tuned"], weight=float(WEIGHT.check(select(cfg, "weight"), "weight")),
         output=output, dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES),
-        max_shard_size=str(select(cfg, "max_shard_size")),
+        max_shard_size=check_file_size(select(cfg, "max_shard_size"), "max_shard_size"),
     )
 
 

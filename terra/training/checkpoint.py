@@ -3,8 +3,9 @@
 ``output_dir/checkpoint/`` holds the trained weights and the optimizer state as DCP writes them (one file per
 process, loadable by any number of processes) and ``trainer_state.pt``: step, learning-rate schedule and the
 window sampler's generator. LoRA runs save only what they train (the base weights come
-from ``init`` again). Every process writes into ``.checkpoint.tmp/``, then the main process swaps it in, so a
-run killed while saving keeps its previous checkpoint whole.
+from ``init`` again). Every process writes into ``.checkpoint.tmp/``; the main process writes the trainer state
+last and swaps the folder in, so a run killed at any instant of a save resumes from the newest complete
+checkpoint (:func:`find_checkpoint`).
 """
 
 from __future__ import annotations
@@ -22,37 +23,76 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from terra.config.checks import TerraInputError
+from terra.config.checks import TerraInputError, error_reason
 from terra.training.distributed import Processes, barrier
+from tokenizer.atomic import atomic_path, mark
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.pt"  # written last, atomically: a folder holding it is a complete checkpoint
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
 LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)  # the frozen weights are not in the file
 
 
-def has_checkpoint(folder: Path) -> bool:
+def _aside(folder: Path) -> tuple[Path, Path]:
+    """The folder a save writes first (``.checkpoint.tmp``) and the one the previous checkpoint moves to while
+    the new one takes its place (``.checkpoint.old``)."""
+    return folder.with_name(f".{folder.name}.tmp"), folder.with_name(f".{folder.name}.old")
+
+
+def _discard(folder: Path) -> None:
+    """Delete a checkpoint folder, its state file first, so that a kill half-way leaves no complete-looking one."""
+    (folder / STATE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _step(folder: Path) -> int | None:
+    """The step of a complete checkpoint folder; None when it has no state file (never written whole)."""
+    if not (folder / STATE_FILE).is_file():
+        return None
+    try:
+        return int(torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)["step"])
+    except Exception as err:  # noqa: BLE001  (a damaged file: each reader raises its own types)
+        raise TerraInputError(f"the checkpoint in {folder} is damaged ({STATE_FILE}: {error_reason(err)}); restore "
+                              "it, or set resume=false to start afresh") from None
+
+
+def find_checkpoint(folder: Path, processes: Processes) -> bool:
+    """Whether ``folder`` holds a checkpoint to resume from, after the main process made it the newest complete
+    one: a run killed inside :func:`save_checkpoint` leaves it in ``folder`` or in one of :func:`_aside`'s."""
+    if processes.main:
+        found = [(step, path) for path in (folder, *_aside(folder)) if (step := _step(path)) is not None]
+        if found:
+            newest = max(found, key=lambda pair: pair[0])[1]  # on a tie, folder itself (listed first)
+            if newest != folder:
+                _discard(folder)
+                os.replace(newest, folder)
+        for path in _aside(folder):
+            _discard(path)
+    barrier(processes)
     return (folder / STATE_FILE).is_file()
 
 
 def save_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
                     processes: Processes) -> None:
-    """Write weights, optimizer state and ``state`` (the main process's) to ``folder``, atomically."""
-    tmp = folder.with_name(f".{folder.name}.tmp")
+    """Write weights, optimizer state and ``state`` (the main process's) to ``folder``, so that at every instant
+    a complete checkpoint exists (:func:`find_checkpoint` finds the newest): the new one is written beside the
+    old, its state file last, then swapped in by two renames."""
+    tmp, old = _aside(folder)
     if processes.main:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while saving
+        _discard(tmp)  # left by a run killed while saving
         tmp.mkdir(parents=True)
     barrier(processes)
     model_state, optim_state = get_state_dict(module, optimizer, options=OPTIONS)
     with _quiet():
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=not processes.distributed)
     if processes.main:
-        torch.save(state, tmp / STATE_FILE)
-        old = folder.with_name(f".{folder.name}.old")
+        mark(tmp, [entry.name for entry in os.scandir(tmp)] + [STATE_FILE])
+        with atomic_path(tmp / STATE_FILE) as part:
+            torch.save(state, part)
         if folder.exists():
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old)
             os.replace(folder, old)
         os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     barrier(processes)
 
 
@@ -64,20 +104,24 @@ def load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Opti
         with _quiet():
             dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
                      no_dist=not processes.distributed)
-    except (CheckpointException, ValueError, RuntimeError) as err:  # a missing key, a size mismatch
-        raise TerraInputError(
-            f"the checkpoint in {folder} does not fit this run's model ({_cause(err)[:160]}): it has another "
-            "network shape, init or finetune mode; pick a new output_dir or set resume=false"
-        ) from None
+    except (CheckpointException, ValueError, RuntimeError) as err:
+        cause = _cause(err)
+        if isinstance(cause, ValueError) or "key" in str(cause).lower():  # a size mismatch, a missing key
+            raise TerraInputError(
+                f"the checkpoint in {folder} does not fit this run's model ({error_reason(cause)}): it has another "
+                "network shape, init or finetune mode; pick a new output_dir or set resume=false") from None
+        raise TerraInputError(f"the checkpoint in {folder} cannot be read ({error_reason(cause)}); the file is "
+                              "damaged: restore it, or set resume=false to start afresh") from None
     set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=LOAD_OPTIONS)
     return torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
 
 
-def _cause(err: BaseException) -> str:
-    """The first line of what went wrong, unwrapped from DCP's per-rank exception."""
+def _cause(err: BaseException) -> BaseException:
+    """The exception itself, or the first rank's, unwrapped from DCP's per-rank exception."""
     if isinstance(err, CheckpointException) and err.failures:
-        err = getattr(next(iter(err.failures.values())), "exc", err)
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+        failure = next(iter(err.failures.values()))
+        return failure[0] if isinstance(failure, tuple) else getattr(failure, "exc", failure)
+    return err
 
 
 @contextmanager

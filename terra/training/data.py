@@ -75,7 +75,7 @@ def load_training_data(path: str, val_clips: int) -> TrainingData:
         index = read_index(path)
         splits: dict[str, list] = {"train": [], "val": []}
         for entry in index.shards:
-            codes, actions = read_shard(path, entry)
+            codes, actions = read_shard(path, index, entry)
             codes = codes.reshape(len(codes), -1)
             offset = 0
             for clip in entry.clips:

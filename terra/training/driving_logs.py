@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, TerraInputError
+from terra.config.checks import MAX_FRAMES, TerraInputError, one_line
 from terra.config.files import load_json, open_input_file, read_input_text
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.actions import (
@@ -65,6 +65,7 @@ TRAJECTORY_SUFFIXES = (".json", ".csv", ".npy")
 TRAJECTORY_STEM = "trajectory"
 TIMESTAMPS_FILE = "timestamps.txt"
 MAX_TICK_OFFSET_S = 0.06  # a kept frame lies at most this far from its 10 Hz tick
+MILLISECONDS_HINT_S = 10.0  # images this far apart (median) were timed in milliseconds, not seconds
 TIME_SLACK_S = 1e-3  # how much of the frames' span a trajectory may miss at either end
 MAX_VIDEO_BYTES = 1 << 40
 
@@ -254,6 +255,16 @@ def _image_times(clip: Clip, frame_rate_hz: float) -> np.ndarray:
     if not np.all(np.isfinite(times)) or np.abs(times).max() > MAX_TIME_S:
         raise TerraInputError(f"{clip.timestamps} holds a time that is not finite or beyond {MAX_TIME_S:g}; give "
                               "seconds")
+    steps = np.diff(times)
+    if np.any(steps <= 0):  # said before resampling, which would find a gap around the misplaced time
+        i = int(np.argmax(steps <= 0)) + 1
+        raise TerraInputError(f"{clip.timestamps}: times must increase in the images' file-name order, but "
+                              f"{one_line(clip.images[i].name)} is at {times[i]:.6g} s, not after "
+                              f"{one_line(clip.images[i - 1].name)} at {times[i - 1]:.6g} s; put the times in "
+                              "that order")
+    if len(steps) and np.median(steps) >= MILLISECONDS_HINT_S:
+        raise TerraInputError(f"{clip.timestamps}: the images are {np.median(steps):.6g} s apart (median), which "
+                              "looks like milliseconds; give the times in seconds")
     return times
 
 

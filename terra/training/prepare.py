@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +19,16 @@ import numpy as np
 from omegaconf import DictConfig
 
 from terra.config.backend import check_device
-from terra.config.checks import (MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings,
+from terra.config.checks import (MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, one_line,
                                  required_path, select)
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import RATE_HZ
 from terra.training.driving_logs import (
     VIDEO_SUFFIX, Resampled, clip_actions, clip_folders, clip_frames, open_clip, read_motion,
 )
-from terra.training.shards import INDEX_FILE, ShardIndex, read_index, write_shard
+from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, read_index, write_shard
 from tokenizer.resize import RESIZE_MODES
 
 RANGES = {  # documented in conf/prepare_driving_logs.yaml
@@ -39,7 +38,6 @@ RANGES = {  # documented in conf/prepare_driving_logs.yaml
     "batch_size": Range(1, 4096, 64, whole=True),
     "read_threads": Range(1, 256, 8, whole=True),
 }
-SHARD_FILE = re.compile(r"(train|val)-\d{5}\.safetensors")
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class PrepareSpec:
 
     logs: Path
     clips: tuple[Path, ...]  # the clip folders of ``logs``, in name order
-    output: Path  # absolute
+    output: OutputDir  # claimed: apart from logs and the tokenizer
     tokenizer: str  # checkpoint folder (exists)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     resize: str = "crop"  # crop | stretch (tokenizer/resize.py)
@@ -91,22 +89,14 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     if not clips:
         raise TerraInputError(f"logs={logs} holds no clip folders; put each clip's frames or video and its "
                               "trajectory in a sub-folder of its own")
-    output = check_output_dir(required_path(cfg, "output_dir", "the shard folder"),
-                              [INDEX_FILE, "train-00000.safetensors"], "output_dir")
-    real = Path(os.path.realpath(output))
-    if real == logs.resolve() or logs.resolve() in real.parents:
-        raise TerraInputError(f"output_dir={output} lies inside logs={logs}, where it would be read as a clip; choose "
-                              "a folder outside it")
-    if output.is_dir() and not (output / INDEX_FILE).is_file():
-        foreign = [p.name for p in output.iterdir() if not p.name.startswith(".") and not SHARD_FILE.fullmatch(p.name)]
-        if foreign:
-            raise TerraInputError(f"output_dir={output} holds other files ({', '.join(sorted(foreign)[:3])}) and no "
-                                  f"{INDEX_FILE}; choose a new or empty folder, or one written by this script")
+    tokenizer = checkpoint_path(cfg, "tokenizer", "path")
+    output = claim_output_dir(required_path(cfg, "output_dir", "the shard folder"), "output_dir",
+                              files=[INDEX_FILE, *SHARD_FILES],
+                              inputs=[("logs folder", logs), ("tokenizer", tokenizer)])
     if importlib.util.find_spec("av") is None and any(_holds_video(folder) for folder in clips):
         raise TerraInputError("reading the clips' videos needs PyAV: pip install av (or give the frames as images)")
     return PrepareSpec(
-        logs=logs, clips=clips, output=output,
-        tokenizer=checkpoint_path(cfg, "tokenizer", "path"),
+        logs=logs, clips=clips, output=output, tokenizer=tokenizer,
         device=check_device(select(cfg, "device")),
         resize=check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES),
         frame_rate_hz=RATE_HZ.check(select(cfg, "frame_rate_hz"), "frame_rate_hz"),
@@ -121,16 +111,17 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> ShardIndex:
     shards of another tokenizer, grid or codebook."""
     wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
                         FRAME_RATE_HZ, os.path.realpath(spec.tokenizer))
-    if not (spec.output / INDEX_FILE).is_file():
+    if not (spec.output.path / INDEX_FILE).is_file():
         return wanted
-    index = read_index(spec.output)
+    index = read_index(spec.output.path)
     keys = ("tokenizer", "codebook_size", "grid", "image_size", "frame_rate_hz")
     if any(getattr(index, k) != getattr(wanted, k) for k in keys):
         def held(i: ShardIndex) -> str:
             return (f"tokenizer {i.tokenizer}, {i.grid[0]}x{i.grid[1]} codes of {i.codebook_size}, frames "
                     f"{i.image_size[0]}x{i.image_size[1]} at {i.frame_rate_hz:g} Hz")
-        raise TerraInputError(f"output_dir={spec.output} holds shards of another tokenizer ({held(index)}), not this "
-                              f"run's ({held(wanted)}); choose another output_dir or the tokenizer it was made with")
+        raise TerraInputError(f"output_dir={spec.output.path} holds shards of another tokenizer ({held(index)}), not "
+                              f"this run's ({held(wanted)}); choose another output_dir or the tokenizer it was made "
+                              "with")
     return index
 
 
@@ -163,7 +154,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
         pending[split].append(clip)
         setattr(summary, split, getattr(summary, split) + 1)
         if len(pending[split]) == spec.shard_clips:
-            _write(spec.output, index, split, pending[split])
+            _write(spec.output.path, index, split, pending[split])
             pending[split] = []
 
     with ThreadPoolExecutor(spec.read_threads, thread_name_prefix="read-frames") as pool:
@@ -171,7 +162,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
             try:
                 codes, actions = tokenize_clip(folder, tokenizer, spec, pool, on_frames)
             except TerraInputError as err:
-                report(f"skipped clip {folder.name}: {err}")
+                report(f"skipped clip {one_line(folder.name)}: {err}")
                 summary.skipped += 1
                 continue
             summary.used += 1
@@ -188,7 +179,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
         add("train" if has_val or len(index.clip_ids()) + summary.used < 2 else "val", held)
     for split, clips in pending.items():
         if clips:
-            _write(spec.output, index, split, clips)
+            _write(spec.output.path, index, split, clips)
     return summary
 
 

@@ -15,6 +15,7 @@ the weights it was best at.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -35,15 +36,12 @@ from terra.training.distributed import (
 from terra.training.model import add_lora, build_model, freeze_to, standalone_model
 from terra.training.objective import WindowLoss
 from terra.training.runlog import RunLog
-from terra.training.settings import TrainSpec
-from tokenizer.atomic import atomic_dir
+from terra.training.settings import (
+    ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, SAMPLES_DIR, TrainSpec,
+)
+from tokenizer.atomic import atomic_dir, json_text
 
-CHECKPOINT_DIR = "checkpoint"
-EXPORT_DIR = "model"
-BEST_DIR = "best"
 BEST_FILE = "best.json"  # in best/: the step and validation scores of its weights
-ADAPTER_DIR = "adapter"
-SAMPLES_DIR = "samples"
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -64,7 +62,9 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     """Run (or resume) training; return a summary of where it stopped."""
     processes = start_processes(spec.device)
     try:
-        return _train(spec, processes)
+        # one run per output folder: the main process holds its lock (the folder created, its names recorded)
+        with spec.output.hold(LOG_FILE) if processes.main else contextlib.nullcontext():
+            return _train(spec, processes)
     finally:
         stop_processes(processes)
 
@@ -118,9 +118,7 @@ def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.devic
 
 
 def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
-    out = spec.output_dir
-    if processes.main:
-        out.mkdir(parents=True, exist_ok=True)
+    out = spec.output_dir  # created and locked by the main process (terra/apps/train.py)
     torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
     torch.manual_seed(spec.seed)
     data = load_training_data(spec.data, spec.val_clips)
@@ -132,7 +130,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     sampler = WindowSampler(data.train, trainee.frames, spec.seed)
     step = 0
     folder = out / CHECKPOINT_DIR
-    if spec.resume and ckpt.has_checkpoint(folder):
+    if spec.resume and ckpt.find_checkpoint(folder, processes):
         state = ckpt.load_checkpoint(folder, module, optimizer, processes)
         scheduler.load_state_dict(state["scheduler"])
         sampler.generator.set_state(state["sampler"])
@@ -212,7 +210,10 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             if log is not None:
                 log.step()
             sums[2] += 1
-            stopping = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, processes)
+            stopping, diverged = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, loss, processes)
+            if diverged:  # before the NaN weights reach a log row, a checkpoint or an export
+                raise TerraInputError(f"training diverged at step {step}: the loss is not finite; rerun to resume "
+                                      "from the last checkpoint with a lower train.lr or train.grad_clip")
             evaluate = step % spec.eval_every == 0 or step == spec.max_steps
             if step % spec.log_every == 0 or step == spec.max_steps or evaluate or stopping:
                 totals = all_sum(sums, processes).tolist()
@@ -269,9 +270,12 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, ids: torch.Te
     return loss_sum / trainee.accumulation, acc_sum / trainee.accumulation, grad_norm
 
 
-def _agree(flag: bool, processes: Processes) -> bool:
-    """Whether any process wants to stop (a signal or the time budget), so all stop after the same step."""
-    return bool(all_sum(torch.tensor([float(flag)], device=processes.device), processes).item())
+def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, bool]:
+    """Whether any process wants to stop (a signal or the time budget) and whether any process's loss is not
+    finite, so all stop after the same step."""
+    flags = torch.stack([torch.tensor(float(flag), device=processes.device), (~torch.isfinite(loss)).float()])
+    stopping, diverged = all_sum(flags, processes).tolist()
+    return stopping > 0, diverged > 0
 
 
 @torch.no_grad()
@@ -354,7 +358,7 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
     with atomic_dir(target) as folder:
         model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
         if scores is not None:
-            (folder / BEST_FILE).write_text(json.dumps(scores) + "\n")
+            (folder / BEST_FILE).write_text(json_text(scores) + "\n")
     return True
 
 

@@ -10,10 +10,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tokenizer.atomic import write_text
-
-LOG_FILE = "train_log.jsonl"
-TENSORBOARD_DIR = "tensorboard"
+from terra.training.settings import LOG_FILE, TENSORBOARD_DIR
+from tokenizer.atomic import json_text, write_text
 
 
 class RunLog:
@@ -42,7 +40,7 @@ class RunLog:
 
     def write(self, row: dict[str, Any]) -> None:
         """Add one row (a dict with ``step``) to the log and to TensorBoard, and print it (``step=N/max_steps``)."""
-        self.file.write(json.dumps(row) + "\n")
+        self.file.write(json_text(row) + "\n")
         self.file.flush()
         if self.board is not None:
             for key, value in row.items():

@@ -25,9 +25,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from terra.config.backend import check_device
-from terra.config.checks import Range, TerraInputError, check_choice, check_flag, check_settings, select, shown
+from terra.config.checks import (Range, TerraInputError, check_choice, check_file_size, check_flag, check_settings,
+                                 required_path, select, shown)
+from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 
+# The run folder (README, "The run folder"): what a run writes in output_dir
+CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR = "checkpoint", "model", "best", "adapter"  # each replaced whole
+SAMPLES_DIR, TENSORBOARD_DIR, LOG_FILE = "samples", "tensorboard", "train_log.jsonl"
 FINETUNE_MODES = ("full", "lora")
 BEST_METRICS = ("val_loss", "val_psnr")  # what best/ keeps the best of: the lowest val_loss, the highest val_psnr
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -89,7 +94,7 @@ class TrainSpec:
 
     data: str  # a tokenized-clips file (scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
-    output_dir: Path
+    output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
     init: str | None  # checkpoint folder to start from; None: a new model of ``net``
     net: dict[str, Any]  # checked shape of a new model
@@ -122,11 +127,15 @@ class TrainSpec:
     sample_context: int
     sample_clips: int  # validation clips rolled out
     export_dtype: str
-    export_max_shard_size: str
+    export_max_shard_size: int  # bytes
     export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
     export_best: bool  # also keep best/: the export at the best validation score so far
     best_by: str  # that score: val_loss (lowest) | val_psnr (highest; needs sample_gif)
     progress: bool  # the step bar (terra/training/runlog.py), when stderr is a terminal
+
+    @property
+    def output_dir(self) -> Path:
+        return self.output.path
 
 
 def train_spec(cfg: DictConfig) -> TrainSpec:
@@ -147,8 +156,12 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
                               "(scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)")
     sample_gif = check_flag(select(cfg, "sample.gif"), "sample.gif")
+    output = claim_output_dir(required_path(cfg, "output_dir", "the run folder"), "output_dir", files=[LOG_FILE],
+                              folders=[SAMPLES_DIR, TENSORBOARD_DIR],
+                              whole=[CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR],
+                              inputs=[("data.tokens", data), ("init checkpoint", init)])
     return TrainSpec(
-        data=data, val_clips=values["data.val_clips"], output_dir=Path(str(select(cfg, "output_dir"))),
+        data=data, val_clips=values["data.val_clips"], output=output,
         resume=check_flag(select(cfg, "resume"), "resume"), init=init,
         net=check_settings(cfg, NET_RANGES) | {
             "action_projection_type": check_choice(select(cfg, "net.action_projection_type"),
@@ -173,7 +186,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         sample_gif=sample_gif,
         sample_context=values["sample.num_context"], sample_clips=values["sample.clips"],
         export_dtype=check_choice(select(cfg, "export.dtype"), "export.dtype", EXPORT_DTYPES),
-        export_max_shard_size=str(select(cfg, "export.max_shard_size")),
+        export_max_shard_size=check_file_size(select(cfg, "export.max_shard_size"), "export.max_shard_size"),
         export_adapter=check_flag(select(cfg, "export.adapter"), "export.adapter"),
         export_best=check_flag(select(cfg, "export.best"), "export.best"),
         best_by=_best_by(cfg, sample_gif),

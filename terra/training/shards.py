@@ -15,6 +15,7 @@ Written by :mod:`terra.training.driving_logs` (``scripts/prepare_driving_logs.py
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,16 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from terra.config.checks import TerraInputError
+from terra.config.checks import TerraInputError, shown
 from terra.generation.actions import NUM_ACTION_TOKENS
-from tokenizer.atomic import atomic_path, write_text
+from tokenizer.atomic import atomic_path, json_text, mark, write_text
+from tokenizer.tensors import check_codes, check_floats
 
 SHARDS_VERSION = 1
 INDEX_FILE = "index.json"
 SPLITS = ("train", "val")
+SHARD_FILE = re.compile(r"(train|val)-\d{5}\.safetensors")
+SHARD_FILES = tuple(f"{split}-*.safetensors" for split in SPLITS)  # the same names as file-name patterns
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class ShardIndex:
 
 
 def read_index(folder: str | Path) -> ShardIndex:
-    """Read ``folder/index.json``; one line names a missing or foreign index."""
+    """Read ``folder/index.json``; one line names a missing or foreign index, a listed shard that is missing, or a
+    clip listed twice."""
     path = Path(folder) / INDEX_FILE
     if not path.is_file():
         raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with scripts/prepare_driving_logs.py")
@@ -84,13 +89,26 @@ def read_index(folder: str | Path) -> ShardIndex:
         shards = [ShardEntry(str(e["file"]), str(e["split"]),
                              tuple(ShardClip(str(c["id"]), int(c["frames"])) for c in e["clips"]))
                   for e in raw["shards"]]
-        if any(e.split not in SPLITS for e in shards):
-            raise ValueError(f"a shard's split is not one of {SPLITS}")
-        return ShardIndex(int(raw["codebook_size"]), tuple(raw["grid"]), tuple(raw["image_size"]),
-                          float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards)
+        for entry in shards:
+            match = SHARD_FILE.fullmatch(entry.file)
+            if not match or match.group(1) != entry.split:
+                raise ValueError(f"shard file {shown(entry.file)} of split {shown(entry.split)} is not a shard's name")
+        index = ShardIndex(int(raw["codebook_size"]), tuple(raw["grid"]), tuple(raw["image_size"]),
+                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards)
     except (ValueError, KeyError, TypeError) as err:
         raise TerraInputError(f"{path} is not a shard index of version {SHARDS_VERSION} ({err}); "
                               "prepare the shards again with scripts/prepare_driving_logs.py") from None
+    seen: dict[str, str] = {}
+    for entry in shards:
+        if not (Path(folder) / entry.file).is_file():
+            raise TerraInputError(f"{path} lists shard {entry.file}, which is missing from {folder}; restore it, or "
+                                  "prepare the shards again into a new folder")
+        for clip in entry.clips:
+            if clip.id in seen:
+                raise TerraInputError(f"{path} lists clip {shown(clip.id)} in two shards ({seen[clip.id]} and "
+                                      f"{entry.file}); prepare the shards again into a new folder")
+            seen[clip.id] = entry.file
+    return index
 
 
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]) -> ShardEntry:
@@ -108,16 +126,19 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
         "actions": np.ascontiguousarray(np.concatenate([a for _, _, a in clips]), dtype=np.float32),
         "clip_lengths": np.array([len(c) for _, c, _ in clips], dtype=np.int64),
     }
+    folder.mkdir(parents=True, exist_ok=True)
+    mark(folder, (INDEX_FILE, name))
     with atomic_path(folder / name) as tmp:
         save_file(tensors, str(tmp))
     entry = ShardEntry(name, split, tuple(ShardClip(cid, len(codes)) for cid, codes, _ in clips))
     index.shards.append(entry)
-    write_text(folder / INDEX_FILE, json.dumps(index.to_json(), indent=1) + "\n")
+    write_text(folder / INDEX_FILE, json_text(index.to_json(), indent=1) + "\n")
     return entry
 
 
-def read_shard(folder: str | Path, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray]:
-    """Codes ``[F, h, w]`` (int64) and actions ``[F, 6, 3]`` of one shard, checked against its index entry."""
+def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray]:
+    """Codes ``[F, h, w]`` (int64) and actions ``[F, 6, 3]`` of one shard, checked against ``index`` and its
+    entry: the clips' frames, the codes whole numbers of the codebook on the index's grid, the actions finite."""
     path = Path(folder) / entry.file
     try:
         tensors = load_file(str(path))
@@ -125,6 +146,10 @@ def read_shard(folder: str | Path, entry: ShardEntry) -> tuple[np.ndarray, np.nd
     except (SafetensorError, OSError, KeyError) as err:
         raise TerraInputError(f"shard {path} cannot be read ({err}); prepare the shards again") from None
     expected = [c.frames for c in entry.clips]
-    if lengths.tolist() != expected or len(codes) != sum(expected) or actions.shape != (len(codes), NUM_ACTION_TOKENS, 3):
+    if (lengths.tolist() != expected or codes.shape != (sum(expected), *index.grid)
+            or actions.shape != (len(codes), NUM_ACTION_TOKENS, 3)):
         raise TerraInputError(f"shard {path} does not hold what {INDEX_FILE} lists; prepare the shards again")
+    fix = "the shard is damaged: prepare the shards again"
+    check_codes(codes, f"shard {path}: tensor codes", index.codebook_size, fix)
+    check_floats(actions, f"shard {path}: tensor actions", fix)
     return codes.astype(np.int64), actions

@@ -22,6 +22,7 @@ import pytest
 
 from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
 from terra.config.checks import TerraInputError
+from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rollout.py"
@@ -85,7 +86,8 @@ def script_env() -> dict:
 
 def check_outputs(out: Path, ids: list[str], formats=("mp4", "gif")) -> None:
     """Every sample has complete videos (TOTAL frames) and a sidecar; nothing else but the manifest is there."""
-    expected = {f"{i}.{ext}" for i in ids for ext in (*formats, "json")} | {"manifest.jsonl", "manifest.summary.json"}
+    expected = {f"{i}.{ext}" for i in ids for ext in (*formats, "json")} | {"manifest.jsonl", "manifest.summary.json",
+                                                                           MARKER}  # what the toolkit wrote there
     names = set(os.listdir(out))
     assert names == expected, (sorted(names - expected), sorted(expected - names))
     assert not [n for n in names if TEMP_NAME.match(n)]
@@ -179,7 +181,7 @@ def test_failures_are_recorded_and_the_rest_succeeds(tmp_path, scenes):
     assert all("\n" not in r["error"] for r in records if r["error"])
     assert by_line[1]["status"] == by_line[6]["status"] == "ok" and by_line[1]["seconds"] > 0
     assert sorted(os.listdir(out)) == sorted(["0.mp4", "0.json", "5.mp4", "5.json", "manifest.jsonl",
-                                              "manifest.summary.json"])
+                                              "manifest.summary.json", MARKER])
     for sample_id in (0, 5):
         assert iio.imread(out / f"{sample_id}.mp4", index=None).shape[0] == TOTAL
 

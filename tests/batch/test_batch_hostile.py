@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from types import SimpleNamespace
 import imageio.v3 as iio
 import pytest
 
-from terra.batch.lock import output_lock
+from terra.config.lock import output_lock
 from terra.batch.manifest import MAX_ERROR_CHARS, Manifest, error_line, read_manifest
 from terra.config.checks import TerraInputError
 from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
@@ -37,9 +38,11 @@ from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
 )
 from tests.conftest import spawn_interruptible
 from tests.test_hostile_inputs import png_header
+from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rollout.py"
+DEMO = ROOT / "terra" / "assets" / "demo"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 ENV.pop("HYDRA_FULL_ERROR", None)
@@ -124,6 +127,10 @@ WHOLE_RUN_CASES = {
     "output_dir_name_too_long": (lambda h: [f"output.dir={h.jsonl}/{'n' * 300}"], "too long"),
     "manifest_outside_the_folder": (lambda h: ["output.manifest=../m.jsonl"], "output.manifest"),
     "video_pattern_without_ext": (lambda h: ["output.video_pattern='{sample_id}'"], "must contain {ext}"),
+    # the output folder (terra/config/output_dir.py): apart from every input
+    "output_dir_holds_the_samples": (lambda h: [f"output.dir={h.jsonl}"], "holds the samples file"),
+    "output_dir_in_the_world_model": (lambda h: [f"output.dir={DEMO}/world_model/out"], "lies inside the world model"),
+    "output_dir_in_proc": (lambda h: ["output.dir=/proc/terra"], "is not on a disk"),
 }
 
 
@@ -241,7 +248,7 @@ def test_bad_samples_fail_alone_before_generation(scenes, hostile, tmp_path):
     assert statuses.index("ok") > max(i for i, s in enumerate(statuses) if s == "failed")
     names = sorted(os.listdir(out))
     assert names == sorted(["ok_act.mp4", "ok_act.json", "ok_terra.mp4", "ok_terra.json", "manifest.jsonl",
-                            "manifest.summary.json"]), names
+                            "manifest.summary.json", MARKER]), names
     for sample_id in ("ok_act", "ok_terra"):
         assert iio.imread(out / f"{sample_id}.mp4", index=None).shape[0] == TOTAL
         assert json.loads((out / f"{sample_id}.json").read_text())["batch"]["complete"]
@@ -281,7 +288,7 @@ def test_a_second_run_into_the_same_folder_exits_2_at_once_and_the_first_complet
         second = rollout(f"samples={samples}", f"image_root={hostile.root}", f"output.dir={out}", cwd=tmp_path / "cwd",
                          wrapper=TORCH_PROBE)
         line = one_error_line(second)
-        assert f"is in use by another batch run (pid {first.pid} on host " in line and "output.dir" in line, line
+        assert f"is in use by another run (pid {first.pid} on host " in line and "output.dir" in line, line
         assert second.stdout.strip() == "torch imported: False" and time.monotonic() - started < 30
         stdout, stderr = first.communicate(timeout=300)
     finally:
@@ -292,7 +299,7 @@ def test_a_second_run_into_the_same_folder_exits_2_at_once_and_the_first_complet
     assert sorted(r["sample_id"] for r in records) == [f"s{i}" for i in range(4)]
     assert {r["status"] for r in records} == {"ok"}
     assert sorted(os.listdir(out)) == sorted([f"s{i}.{ext}" for i in range(4) for ext in ("mp4", "json")]
-                                             + ["manifest.jsonl", "manifest.summary.json"])  # the lock file is gone
+                                             + ["manifest.jsonl", "manifest.summary.json", MARKER])  # no lock file
 
 
 def read_text(path: Path) -> str:
@@ -305,7 +312,7 @@ def read_text(path: Path) -> str:
 def test_a_killed_holder_frees_the_lock(tmp_path):
     manifest = tmp_path / "out" / "manifest.jsonl"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom terra.batch.lock import output_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom terra.config.lock import output_lock\n"
          f"with output_lock({str(manifest)!r}):\n    print('held', flush=True)\n    time.sleep(600)\n"],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     try:
@@ -349,7 +356,7 @@ def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_re
     assert 1 <= len(records) < count and {r["status"] for r in records} == {"ok"}
     assert len({r["sample_id"] for r in records}) == len(records)
     done = {r["sample_id"] for r in records}
-    expected = {f for r in records for f in r["files"]} | {"manifest.jsonl", "manifest.summary.json"}
+    expected = {f for r in records for f in r["files"]} | {"manifest.jsonl", "manifest.summary.json", MARKER}
     assert set(os.listdir(out)) == expected  # the finished samples' files, no partial ones, no lock file
     for sample_id in done:
         assert len(list((out / f"{sample_id}_frames").glob("frame_*.png"))) == TOTAL
@@ -435,7 +442,7 @@ def test_the_lock_is_taken_once_and_refuses_a_second_holder_in_this_process_too(
     refused = []
 
     def acquire_again() -> None:
-        with pytest.raises(TerraInputError, match=f"in use by another batch run \\(pid {os.getpid()} ") as err:
+        with pytest.raises(TerraInputError, match=f"in use by another run \\(pid {os.getpid()} ") as err:
             with output_lock(manifest):
                 pass
         refused.append(str(err.value))
@@ -460,3 +467,32 @@ def test_mp4_without_an_ffmpeg_that_runs_exits_2_before_generating(hostile, tmp_
                                   "output.formats=[mp4]", cwd=cwd, timeout=120))
     assert line.startswith("rollout: error: MP4 output needs an ffmpeg") and "IMAGEIO_FFMPEG_EXE" in line, line
     assert not out.exists() and list(cwd.iterdir()) == []
+
+
+def test_samples_write_over_nothing_of_the_users_and_resume_whatever_the_paths_typed(scenes, hostile, tmp_path):
+    """A sample whose file name is a user's file, or whose context lies in output.dir, fails alone; a rerun with
+    image_root typed absolute instead of relative finds the finished sample complete (fingerprints of resolved
+    paths)."""
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    out.mkdir()
+    (out / "mine.mp4").write_bytes(b"the user's video")
+    shutil.copytree(scenes["straight"]["folder"], out / "context")
+    actions = scenes["straight"]["actions"]
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"sample_id": "rel", "context": "straight", "actions": actions},
+        {"sample_id": "mine", "context": "straight", "actions": actions},
+        {"sample_id": "inside", "context": str(out / "context"), "actions": actions}]))
+    cwd.mkdir()
+    runs = [rollout(f"samples={samples}", f"image_root={root}", f"output.dir={out}",
+                    "allow_paths_outside_image_root=true", cwd=cwd)
+            for root in (os.path.relpath(hostile.root, cwd), hostile.root)]
+    for result, counts in zip(runs, ("1 succeeded, 2 failed, 0 skipped", "0 succeeded, 2 failed, 1 skipped")):
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert counts in result.stdout, result.stdout
+        assert ("output.dir holds 'mine.mp4', which the sample would overwrite and which the toolkit did not write "
+                "there") in result.stderr
+        assert f"output.dir={out} holds the context {out / 'context'}" in result.stderr
+    assert (out / "mine.mp4").read_bytes() == b"the user's video" and (out / "rel.mp4").is_file()
+    assert sorted(p.name for p in (out / "context").iterdir()) == sorted(
+        p.name for p in Path(scenes["straight"]["folder"]).iterdir())

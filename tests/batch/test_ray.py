@@ -29,6 +29,7 @@ from tests.conftest import load_script, spawn_interruptible
 from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
     NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
 )
+from tokenizer.atomic import MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -207,7 +208,7 @@ def test_workers_that_cannot_import_the_project_fail_fast(tmp_path, scenes, ray_
     while [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]:
         assert time.monotonic() < deadline, "the actors were left running"
         time.sleep(0.1)
-    assert sorted(os.listdir(tmp_path / "out")) == ["manifest.jsonl", "manifest.summary.json"]
+    assert sorted(os.listdir(tmp_path / "out")) == [MARKER, "manifest.jsonl", "manifest.summary.json"]
 
 
 def test_a_node_without_the_vllm_plugin_is_named(monkeypatch):

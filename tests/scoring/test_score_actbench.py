@@ -5,12 +5,15 @@ bad input ending with exit code 2, one line on stderr and nothing written."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
+import torch
 
 from terra.config.checks import TerraInputError
 from terra.scoring.report import COLUMNS
@@ -33,7 +36,8 @@ def test_the_script_writes_actbenchs_files(scored):
     result, out = scored
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
-    assert sorted(p.name for p in out.iterdir()) == ["confusion_matrix.png", "results.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".terra-output.json", "confusion_matrix.png", "results.jsonl",
+                                                     "summary.json"]  # the marker: what the toolkit wrote
     summary = json.loads((out / "summary.json").read_text())
     keys = {k: (set(v) if isinstance(v, dict) and SUMMARY_KEYS[k] else None) for k, v in summary.items()}
     assert keys == SUMMARY_KEYS
@@ -118,13 +122,34 @@ def spoil(case: str, copy) -> str:
     if case == "foreign weights":
         weights.write_bytes(data.replace(b"squeeze_linear", b"squeeze_layers"))  # same lengths: a valid file
         return "is not ACT-Bench's VideoActionEstimator: 2 unmatched tensors (first: squeeze_layers.bias"
+    if case in ("nan weights", "int32 weights"):
+        tensors = safetensors.torch.load(data)
+        name = "classifier.3.weight"
+        if case == "nan weights":
+            tensors[name][1, 2] = float("nan")
+        else:
+            tensors[name] = tensors[name].int()
+        safetensors.torch.save_file(tensors, weights)
+        return (f"estimator weights {weights}: tensor {name} holds "
+                + ("1 NaN or infinite value(s) of" if case == "nan weights" else "torch.int32 numbers where floating"))
+    if case == "pickle that runs code":
+        torch.save({"state_dict": RunsCode()}, copy.estimator / "pytorch_model.bin")
+        return ("cannot be read (a pickle that would run code, refused: Trying to load unsupported GLOBAL "
+                "posix.system whose module posix is blocked.)")
     assert case == "truncated weights"
     weights.write_bytes(data[: len(data) // 3])
     return "cannot be read"
 
 
+class RunsCode:
+    """What a malicious checkpoint holds: unpickling it would run a shell command."""
+
+    def __reduce__(self):
+        return os.system, ("echo unpickled",)
+
+
 CASES = ["missing video", "short video", "wrong naming", "row without reference_traj", "foreign weights",
-         "truncated weights"]
+         "truncated weights", "nan weights", "int32 weights", "pickle that runs code"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -159,14 +184,22 @@ def test_the_script_exits_2_with_one_line(inputs, tmp_path, case):
     (["videos=.", "estimator=.", "samples=missing.jsonl"], "samples file missing.jsonl does not exist"),
     (["videos=.", "estimator=.", "samples=empty"], "samples folder empty has no *.jsonl file"),
     (["videos=.", "estimator=.", "samples=s.jsonl"], "no output_dir given"),
-    (["videos=.", "estimator=.", "samples=s.jsonl", "output_dir=o", "batch_size=0"], "batch_size must be a whole"),
-    (["videos=.", "estimator=.", "samples=s.jsonl", "output_dir=o", "device=gpu"], "device='gpu' is not a device"),
-    (["videos=.", "estimator=.", "samples=s.jsonl", "output_dir=o", "dtype=float16"], "unknown dtype 'float16'"),
+    (["videos=v", "estimator=e", "samples=s.jsonl", "output_dir=o", "batch_size=0"], "batch_size must be a whole"),
+    (["videos=v", "estimator=e", "samples=s.jsonl", "output_dir=o", "device=gpu"], "device='gpu' is not a device"),
+    (["videos=v", "estimator=e", "samples=s.jsonl", "output_dir=o", "dtype=float16"], "unknown dtype 'float16'"),
+    # the output folder (terra/config/output_dir.py): apart from the inputs, replacing only the toolkit's files
+    (["videos=v", "estimator=e", "samples=in/results.jsonl", "output_dir=in"], "holds the samples in/results.jsonl"),
+    (["videos=v", "estimator=e", "samples=in", "output_dir=in"], "is the samples (in), which the run reads"),
+    (["videos=v", "estimator=e", "samples=s.jsonl", "output_dir=v/scores"], "lies inside the videos folder v"),
+    (["videos=v", "estimator=e", "samples=s.jsonl", "output_dir=p"], "holds a folder 'summary.json' where the run"),
+    (["videos=v", "estimator=e", "samples=s.jsonl", "output_dir=/proc"], "is not on a disk"),
 ])
 def test_settings_are_checked_before_anything_loads(tmp_path, monkeypatch, overrides, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.jsonl").write_text("")
-    (tmp_path / "empty").mkdir()
+    for folder in ("empty", "v", "e", "in", "p/summary.json"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "in" / "results.jsonl").write_text("")
     cfg = {"videos": None, "samples": None, "estimator": None, "output_dir": None, "batch_size": 16,
            "num_workers": 8, "device": "auto", "dtype": "auto", "num_threads": None, "progress": True,
            "dry_run": False}

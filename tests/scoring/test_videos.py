@@ -60,7 +60,7 @@ def test_the_last_frames_are_decoded(tmp_path):
     frames = np.zeros((6, 16, 32, 3), np.uint8)  # multiples of 16: imageio's encoding keeps the size
     frames[:, :, :, 0] = np.arange(6)[:, None, None] * 40  # red level tells the frame
     write_mp4(tmp_path / "a_1.mp4", frames)
-    last = decode_last(tmp_path / "a_1.mp4", 4)
+    last = np.stack([frame.to_ndarray(format="rgb24") for frame in decode_last(tmp_path / "a_1.mp4", 4)])
     assert last.shape == (4, 16, 32, 3) and last.dtype == np.uint8
     assert np.abs(last[..., 0].mean(axis=(1, 2)) - [80, 120, 160, 200]).max() < 6  # H.264 is lossy
     with pytest.raises(TerraInputError, match=r"a_1.mp4 has 6 frames; scoring needs at least 7"):

@@ -104,5 +104,8 @@ def test_time_budget_stops_cleanly_and_a_second_run_resumes(tmp_path, image_fold
 def test_bad_data_source_is_a_one_line_error(tmp_path, image_folder):
     with pytest.raises(TerraInputError, match="data.path"):
         train_tokenizer.train(config(tmp_path, image_folder, *TINY_LFQ, "data.path=null"))
+    (tmp_path / "empty").mkdir()
     with pytest.raises(TerraInputError, match="holds no images"):
-        train_tokenizer.train(config(tmp_path, tmp_path, *TINY_LFQ))
+        train_tokenizer.train(config(tmp_path / "run", tmp_path / "empty", *TINY_LFQ))
+    with pytest.raises(TerraInputError, match=r"train.output_dir=.* is the data.path"):  # outputs among the images
+        train_tokenizer.train(config(image_folder, image_folder, *TINY_LFQ))

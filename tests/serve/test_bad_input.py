@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import time
 
 import httpx
@@ -215,3 +216,41 @@ def test_idle_sessions_expire_and_their_sockets_get_a_close_frame(server, client
             ws.recv(timeout=30)  # idle timeout 10 s, checked every 2.5 s
     assert closed.value.rcvd.code == 1000 and "idle timeout" in closed.value.rcvd.reason
     assert client.get(f"/sessions/{sid}").status_code == 404
+
+
+# ------------------------------------------------------------- round 4: numbers, disconnects, error shapes
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"seed": 10**30}, "seed must be a whole number from 0 to 4611686018427387903 (got 10000000000000000000000000"),
+    ({"seed": 2**62}, "seed must be a whole number from 0 to 4611686018427387903"),
+    ({"num_context": 1000}, "num_context must be a whole number from 1 to 15 (got 1000)"),  # the demo's window: 16
+    ({"num_context": 16, "context": {"builtin": {"scene": 3}}}, "num_context must be a whole number from 1 to 15"),
+])
+def test_numbers_beyond_their_range_are_400_before_any_work(client, session_id, spec, message):
+    opened = len(client.get("/sessions").json()["sessions"])
+    assert message in error_of(client.post("/sessions", json=spec), 400)
+    assert len(client.get("/sessions").json()["sessions"]) == opened
+    still_serving(client, session_id)
+
+
+@pytest.mark.parametrize("method, path, status", [("GET", "/no/such/route", 404), ("PUT", "/health", 405),
+                                                  ("DELETE", "/sessions", 405)])
+def test_every_error_body_has_the_documented_shape(client, method, path, status):
+    response = client.request(method, path)
+    assert set(response.json()) == {"error"}
+    error_of(response, status)
+
+
+def test_a_client_that_leaves_mid_request_is_no_error(server, client, session_id):
+    log_size = server.log.stat().st_size
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:  # a body promised, half sent, then gone
+        raw.sendall(f"POST /sessions/{session_id}/step HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                    f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
+                    "Content-Length: 100\r\n\r\n{\"action\"".encode())
+    deadline = time.monotonic() + 60
+    while "client left before its request was read" not in (text := server.log.read_text()[log_size:]):
+        assert time.monotonic() < deadline, text
+        assert client.get("/health").status_code == 200  # a request of its own while waiting: no sleep
+    assert "Traceback" not in text and "internal error" not in text and "ERROR" not in text, text
+    still_serving(client, session_id)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
+import time
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -59,5 +61,32 @@ def test_shutdown_sends_open_sockets_a_close_frame(tmp_path):
         assert closed.value.rcvd.code == 1001 and closed.value.rcvd.reason == "server shutting down"
         assert server.process.wait(60) == 143  # as every app ends on SIGTERM (terra/apps/runner.py, run_app)
         assert server.log.read_text().strip().splitlines()[-1] == "terra-serve: interrupted by SIGTERM"
+    finally:
+        server.stop()
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([str(SERVE), "backend=hf", "device=cpu", f"serve.port={port}"], cwd=tmp_path, env=ENV,
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", (result.stdout, result.stderr)  # never "ready"
+    assert result.stderr.strip() == (f"terra-serve: error: cannot listen on 127.0.0.1:{port} (Address already in "
+                                     "use); stop the program that uses the port or choose another serve.port / "
+                                     "serve.host")
+
+
+def test_ready_is_printed_once_the_server_listens(tmp_path):
+    server = start_server(tmp_path, token=None)  # waits for GET /health
+    try:
+        ready = f"terra-serve: transformers backend ready; open http://127.0.0.1:{server.port}/"
+        deadline = time.monotonic() + 60
+        while ready not in (text := server.log.read_text()).splitlines():  # printed as the server starts serving
+            assert time.monotonic() < deadline and server.process.poll() is None, text
+            with server.client() as http:
+                assert http.get("/health").status_code == 200
+        assert "Loading weights" not in text  # no third-party progress bar in a log
     finally:
         server.stop()

@@ -18,6 +18,7 @@ from terra.config.checks import TerraInputError
 from terra.sim import random_clip
 from terra.sim.logs import LOGS_META_FILE, write_driving_logs
 from terra.training.shards import read_index, read_shard
+from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -41,14 +42,14 @@ def logs(tmp_path_factory) -> Path:
 
 
 def test_the_logs_hold_each_clips_frames_times_and_trajectory(logs):
-    assert sorted(p.name for p in logs.iterdir()) == sorted([*IDS, LOGS_META_FILE])  # no temporary folders left
+    assert sorted(p.name for p in logs.iterdir()) == sorted([*IDS, LOGS_META_FILE, MARKER])  # no temporaries
     meta = json.loads((logs / LOGS_META_FILE).read_text())
     assert (meta["domain"], meta["seed"], meta["num_clips"], meta["format"]) == ("night", 1, 3, "driving_logs")
     for i, clip_id in enumerate(IDS):
         clip = random_clip(np.random.default_rng([1, i]), 3, 144, 256, domain="night")
         folder = logs / clip_id
-        assert sorted(p.name for p in folder.iterdir()) == [
-            "frame_000.png", "frame_001.png", "frame_002.png", "timestamps.txt", "trajectory.csv"]
+        assert sorted(p.name for p in folder.iterdir()) == [  # the marker: what the toolkit wrote there
+            MARKER, "frame_000.png", "frame_001.png", "frame_002.png", "timestamps.txt", "trajectory.csv"]
         frames = np.stack([np.asarray(Image.open(folder / f"frame_{t:03d}.png")) for t in range(3)])
         np.testing.assert_array_equal(frames, clip.frames)
         assert (folder / "timestamps.txt").read_text().split() == ["0.0", "0.1", "0.2"]
@@ -65,8 +66,9 @@ def test_prepare_driving_logs_uses_every_clip_with_its_own_actions(logs):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert "3 clips used" in done.stdout and "0 skipped" in done.stdout
     seen = {}
-    for entry in read_index(logs.parent / "shards").shards:
-        _, actions = read_shard(logs.parent / "shards", entry)
+    index = read_index(logs.parent / "shards")
+    for entry in index.shards:
+        _, actions = read_shard(logs.parent / "shards", index, entry)
         start = 0
         for clip in entry.clips:
             seen[clip.id] = actions[start:start + clip.frames]
@@ -86,7 +88,7 @@ def test_a_rerun_finishes_an_interrupted_run_and_refuses_a_finished_or_foreign_f
     shutil.rmtree(out / "day-4-00001")
     write_driving_logs(out, 2, 2, 36, 64, seed=4, progress=False)
     assert (out / "day-4-00000" / "frame_000.png").stat().st_mtime_ns == kept  # kept, not rendered again
-    assert sorted(p.name for p in (out / "day-4-00001").iterdir())[0] == "frame_000.png"
+    assert sorted(p.name for p in (out / "day-4-00001").iterdir())[1] == "frame_000.png"
     (out / LOGS_META_FILE).unlink()
     with pytest.raises(TerraInputError, match="clip folders of other settings .day-4-00000"):
         write_driving_logs(out, 2, 2, 36, 64, seed=5, progress=False)

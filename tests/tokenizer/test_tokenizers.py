@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from terra.config.checks import TerraInputError
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
@@ -161,6 +162,21 @@ def test_weights_with_wrong_keys_give_one_line_error(tmp_path):
     with pytest.raises(TerraInputError) as err:
         tiny_vq().load_weights(state)
     assert "extra.weight" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda t: t.fill_(float("nan")), r"holds \d+ NaN or infinite value\(s\) of \d+; the tokenizer's weights are "),
+    (lambda t: t.int(), "holds torch.int32 numbers where floating point is needed"),
+])
+def test_nan_or_integer_weights_are_refused_at_load(tmp_path, spoil, message):
+    tiny_vq().save_pretrained(tmp_path / "tok")
+    weights = load_file(tmp_path / "tok" / "model.safetensors")
+    name = next(k for k, v in weights.items() if v.is_floating_point() and v.ndim == 4)
+    weights[name] = spoil(weights[name])
+    save_file(weights, tmp_path / "tok" / "model.safetensors", metadata={"format": "pt", "model_type": "vq_tokenizer"})
+    with pytest.raises(TerraInputError, match=f"{tmp_path / 'tok'}: tensor {name} {message}") as err:
+        load_tokenizer(tmp_path / "tok")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("make", [tiny_lfq, tiny_vq])

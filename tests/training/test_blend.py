@@ -74,9 +74,9 @@ def test_the_blend_lies_on_the_line_from_base_to_tuned(pair, tmp_path):
 @pytest.mark.parametrize("settings, message", [
     (["weight=1.5"], "weight must be a number from 0 to 1"),
     (["tuned=/nonexistent"], "tuned=/nonexistent has no config.json"),
-    (["output_dir=BASE"], "is the base model's folder; write the blend elsewhere"),
-    (["output_dir=PARENT"], "holds the base model, which writing the blend there would delete"),
-    (["output_dir=NOTES"], "holds files that are not a world model, which writing the blend there would delete"),
+    (["output_dir=BASE"], "is the base model's folder ("),
+    (["output_dir=PARENT"], "holds the base model's folder "),
+    (["output_dir=NOTES"], "holds files the toolkit did not write ('todo.txt'), which writing there would delete"),
     (["tuned=OTHER"], "base and tuned are not one architecture (config.json: hidden_size 128 vs 32"),
     (["alpha=0.5"], "unknown setting 'alpha' (`python scripts/blend_world_models.py --cfg job` lists the settings)"),
 ], ids=["weight", "missing", "into-base", "over-base", "over-files", "architecture", "unknown"])

@@ -30,6 +30,7 @@ from terra.training.driving_logs import Resampled, resample
 from terra.training.shards import read_index, read_shard
 from terra.training.prepare import clip_score
 from tokenizer import load_tokenizer
+from tokenizer.atomic import MARKER
 from tokenizer.images import frames_to_tensor, load_frames
 from tokenizer.resize import fit_frame
 
@@ -141,8 +142,9 @@ def prepared(tmp_path_factory):
 def clips_in(folder: Path) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     """``{id: (split, codes, actions)}`` of every clip of a shard folder."""
     out = {}
-    for entry in read_index(folder).shards:
-        codes, actions = read_shard(folder, entry)
+    index = read_index(folder)
+    for entry in index.shards:
+        codes, actions = read_shard(folder, index, entry)
         start = 0
         for clip in entry.clips:
             out[clip.id] = (entry.split, codes[start:start + clip.frames], actions[start:start + clip.frames])
@@ -201,7 +203,8 @@ def test_the_index_and_the_split_by_clip(prepared):
     got = [(e["split"], e["file"], [c["id"] for c in e["clips"]]) for e in index["shards"]]
     assert sorted(got) == sorted(expected_shards)
     assert all(c["frames"] == frames[c["id"]] for e in index["shards"] for c in e["clips"])
-    assert sorted(p.name for p in (root / "shards").iterdir()) == sorted(["index.json", *(f for _, f, _ in got)])
+    assert sorted(p.name for p in (root / "shards").iterdir()) == sorted(["index.json", MARKER,
+                                                                          *(f for _, f, _ in got)])
     train, val = (sum(v == s for v in split.values()) for s in ("train", "val"))
     assert result.stdout.strip().splitlines()[-1] == (
         f"{PROG}: 3 clips used ({train} train, {val} val; 52 frames written), 0 skipped, 0 already done; "
@@ -260,7 +263,7 @@ def test_bad_clips_are_skipped_with_one_line_each(tmp_path):
         assert line.startswith(f"{PROG}: skipped clip {clip}: ") and reason in line, line
     assert "1 clips used (1 train, 0 val; 10 frames written), 6 skipped" in result.stdout
     assert [c.id for e in read_index(tmp_path / "shards").shards for c in e.clips] == ["good"]
-    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["index.json", "train-00000.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == [MARKER, "index.json", "train-00000.safetensors"]
 
 
 def test_the_val_clip_of_a_run_without_one_is_a_usable_clip(tmp_path):
@@ -280,6 +283,28 @@ def test_the_val_clip_of_a_run_without_one_is_a_usable_clip(tmp_path):
     assert splits == {first: "val", second: "train"}
 
 
+def test_misplaced_times_and_odd_clip_names_get_the_right_one_line(tmp_path):
+    logs, ten = tmp_path / "logs", np.arange(10) / 10
+    write_pngs(logs / "good", scene(10, 4))
+    write_csv(logs / "good" / "trajectory.csv", ten)
+    for clip, times in (("swapped", ten[[0, 1, 2, 4, 3, 5, 6, 7, 8, 9]]), ("milliseconds", ten * 1000)):
+        write_pngs(logs / clip, scene(10, 5))
+        (logs / clip / "timestamps.txt").write_text("".join(f"{float(t)!r}\n" for t in times))
+        write_csv(logs / clip / "trajectory.csv", ten)
+    write_pngs(logs / "two\nlines", scene(10, 6))  # no trajectory: skipped, and named on one line
+
+    result = prepare(f"logs={logs}", f"output_dir={tmp_path / 'shards'}", cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3 and not any("dropped frames" in line for line in lines), result.stderr
+    assert lines[0].startswith(f"{PROG}: skipped clip milliseconds: ") and "looks like milliseconds" in lines[0]
+    assert lines[1].startswith(f"{PROG}: skipped clip swapped: ") and (
+        "times must increase in the images' file-name order, but 00004.png is at 0.3 s, not after 00003.png at "
+        "0.4 s") in lines[1], lines[1]
+    assert lines[2].startswith(f"{PROG}: skipped clip 'two\\nlines': has no trajectory file"), lines[2]
+    assert "1 clips used" in result.stdout
+
+
 @pytest.fixture
 def settings_case(tmp_path):
     logs = tmp_path / "logs"
@@ -287,7 +312,7 @@ def settings_case(tmp_path):
     write_csv(logs / "clip" / "trajectory.csv", np.arange(3) / 10)
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "busy").mkdir()
-    (tmp_path / "busy" / "thesis.tex").write_text("x")
+    (tmp_path / "busy" / "index.json").write_text("{}")  # the user's, not a shard index this toolkit wrote
     (tmp_path / "empty_logs").mkdir()
     return tmp_path
 
@@ -298,8 +323,8 @@ def settings_case(tmp_path):
     (["logs=empty_logs", "output_dir=out"], "logs=empty_logs holds no clip folders"),
     (["logs=logs"], "no output_dir given"),
     (["logs=logs", "output_dir=a_file/shards"], "output folder a_file/shards is not writable"),
-    (["logs=logs", "output_dir=logs/shards"], "lies inside logs=logs"),
-    (["logs=logs", "output_dir=busy"], "holds other files (thesis.tex) and no index.json"),
+    (["logs=logs", "output_dir=logs/shards"], "lies inside the logs folder logs, which the run reads"),
+    (["logs=logs", "output_dir=busy"], "holds 'index.json', which this run would overwrite and which the toolkit"),
     (["logs=logs", "output_dir=out", "val_fraction=0.9"], "val_fraction must be a number from 0 to 0.5"),
     (["logs=logs", "output_dir=out", "min_frames=1"], "min_frames must be a whole number from 2 to 10000"),
     (["logs=logs", "output_dir=out", "device=banana"], "device='banana' is not a device"),

@@ -1,6 +1,8 @@
-"""One batch run per output folder and shard: an exclusive ``flock`` on a lock file inside the folder.
+"""One run per output folder (per shard of a batch run): an exclusive ``flock`` on a lock file inside the folder.
 
-The lock file (``.<manifest stem>.lock``, so the shards of one run can share a folder) holds the holder's pid,
+Batch rollouts, log preparation and training take it (terra/config/output_dir.py, ``OutputDir.hold``). The lock
+file (``.<stem>.lock`` of the run's main file, e.g. the batch manifest, so the shards of one batch run can share a
+folder) holds the holder's pid,
 host and start time, which a second run names in its one-line refusal (:class:`TerraInputError`, exit 2)
 before it touches anything. The kernel drops the lock when its holder exits in any way, SIGKILL included; a
 lock file left by a killed run is simply taken over. On release the holder deletes the file, and the folders
@@ -8,9 +10,8 @@ it created when they are still empty (a run refused for bad input leaves nothing
 
 Deleting a lock file races with a second run that opened it just before: that run then holds a lock on a file
 no longer in the folder. :func:`_acquire` checks, once locked, that the path still names the file it locked,
-and starts over otherwise. A run takes its lock once (terra/apps/rollout.py, or :func:`terra.batch.run_batch`
-from Python); a second acquisition, even in the same process, is refused like another run. This module imports
-nothing heavy.
+and starts over otherwise. A run takes its lock once; a second acquisition, even in the same process, is refused
+like another run. This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from terra.config.checks import TerraInputError
 
 def lock_path(manifest_path: str | os.PathLike) -> Path:
-    """The lock file of the run that writes ``manifest_path``: ``.<manifest stem>.lock`` beside it."""
+    """The lock file of the run that writes ``manifest_path`` (its main file): ``.<stem>.lock`` beside it."""
     manifest = Path(manifest_path)
     return manifest.with_name(f".{manifest.stem}.lock")
 
@@ -67,7 +68,7 @@ def _acquire(path: Path, setting: str) -> int:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise TerraInputError(f"output folder {path.parent} is in use by another batch run ({holder}; lock "
+            raise TerraInputError(f"output folder {path.parent} is in use by another run ({holder}; lock "
                                   f"file {path.name}); wait for it to finish or choose another {setting}") from None
         except OSError as err:
             os.close(fd)

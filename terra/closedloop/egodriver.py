@@ -1,0 +1,135 @@
+"""AlpaSim's driver contract (``egodriver.EgodriverService``, gRPC): any driver that speaks it drives here.
+
+:class:`EgodriverPolicy` plays AlpaSim's runtime and sensor simulator for one drive, through the client end of
+``carla-driver-interface`` (the contract's messages and stubs, vendored from NVlabs/alpasim unchanged): it
+negotiates the contract revision, opens a session declaring the front camera (the synthetic world's pinhole:
+70 degrees across, 1.6 m up, pitched 4 degrees down), and each step submits the newest frame, the ego pose and
+speed in the drive's ``local`` frame and the route in the rig frame, then asks ``drive`` for a plan. The answer,
+in the local frame and led by the pose now, comes back to the loop in the rig frame (x forward, y left).
+
+The driver may run anywhere gRPC reaches (``"host:port"``, ``unix:///path``) or in this process
+(:func:`in_process`, over ``carla_driver_interface.inprocess``: the same bytes, no socket); the contract's own
+reference policies ``constant_speed`` and ``route_follower`` are :func:`reference_driver`.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from typing import Any
+
+import numpy as np
+
+from terra.closedloop.plans import Observation, Plan
+from terra.config.checks import TerraInputError
+
+US = 1_000_000
+STEP_US = 100_000  # 10 Hz
+CAMERA_ID = "camera_front"
+
+
+def _camera(width: int, height: int):
+    """The synthetic world's front camera as a pinhole the contract declares (terra/sim/renderer.py)."""
+    from carla_driver_interface.testing import FakeCamera
+    from terra.sim.renderer import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
+
+    return FakeCamera(CAMERA_ID, width, height, float(np.degrees(CAMERA_HFOV_RAD)), x=0.0, y=0.0,
+                      z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
+
+
+class EgodriverPolicy:
+    """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive)."""
+
+    def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, image_format: str = "PNG",
+                 own_channel: bool | None = None) -> None:
+        import grpc
+        from carla_driver_interface.protocol import EgodriverServiceStub, channel_options
+
+        self.name = name
+        self._channel = grpc.insecure_channel(target, options=channel_options()) if isinstance(target, str) \
+            else target
+        self._own = isinstance(target, str) if own_channel is None else own_channel
+        self._stub = EgodriverServiceStub(self._channel)
+        self.timeout_s = timeout_s
+        self.image_format = image_format
+        self.session = ""
+
+    def reset(self, scenario) -> None:
+        from carla_driver_interface.contract import contract_metadata, negotiate
+        from carla_driver_interface.protocol import DriveSessionRequest
+
+        height, width = scenario.images.shape[1:3]
+        _, revision = negotiate(self._stub, timeout=self.timeout_s)
+        self.session = str(uuid.uuid4())
+        request = DriveSessionRequest(session_uuid=self.session, random_seed=0)
+        request.debug_info.scene_id = scenario.id
+        request.rollout_spec.vehicle.available_cameras.append(_camera(width, height).available_camera(revision))
+        self._stub.start_session(request, timeout=self.timeout_s, metadata=contract_metadata(revision))
+
+    def plan(self, observation: Observation) -> Plan:
+        from carla_driver_interface.geometry import Pose, Trajectory, waypoints_to_proto
+        from carla_driver_interface.protocol import (
+            DriveRequest, DynamicState, RolloutCameraImage, RolloutEgoTrajectory, Route, RouteRequest, Vec3,
+        )
+
+        now_us = observation.step * STEP_US
+        x, y, yaw = (float(v) for v in observation.pose)
+        pose = Pose.from_xyz_yaw(x, y, 0.0, yaw)
+        image = RolloutCameraImage(session_uuid=self.session)
+        image.camera_image.logical_id = CAMERA_ID
+        image.camera_image.frame_start_us = image.camera_image.frame_end_us = now_us
+        image.camera_image.image_bytes = self._encode(observation.frame)
+        self._stub.submit_image_observation(image, timeout=self.timeout_s)
+        ego = observation.ego
+        motion = RolloutEgoTrajectory(session_uuid=self.session)
+        motion.trajectory.CopyFrom(Trajectory([now_us], [pose]).to_proto())
+        motion.dynamic_states.append(DynamicState(linear_velocity=Vec3(x=ego.speed_mps),
+                                                  angular_velocity=Vec3(z=ego.yaw_rate),
+                                                  linear_acceleration=Vec3(x=ego.accel_mps2)))
+        self._stub.submit_egomotion_observation(motion, timeout=self.timeout_s)
+        route = np.concatenate([observation.route, np.zeros((len(observation.route), 1))], axis=-1)
+        self._stub.submit_route(RouteRequest(session_uuid=self.session, route=Route(
+            timestamp_us=now_us, waypoints=waypoints_to_proto(route))), timeout=self.timeout_s)
+        answer = self._stub.drive(DriveRequest(session_uuid=self.session, time_now_us=now_us,
+                                               time_query_us=now_us + STEP_US), timeout=self.timeout_s)
+        if answer.terminate_session:
+            raise TerraInputError(f"driver {self.name} ended the session (terminate_session)")
+        plan = Trajectory.from_proto(answer.trajectory)
+        later = [(t, p) for t, p in zip(plan.timestamps_us, plan.poses) if t > now_us]
+        if not later:  # the contract's "hold": stand still
+            return Plan.trajectory(np.zeros((40, 3)), dt=STEP_US / US)
+        inverse = pose.inverse()
+        rig = [inverse @ p for _, p in later]
+        poses = np.array([[p.position[0], p.position[1], p.yaw] for p in rig])
+        return Plan.trajectory(poses, times=np.array([(t - now_us) / US for t, _ in later]))
+
+    def close(self) -> None:
+        from carla_driver_interface.protocol import DriveSessionCloseRequest
+
+        try:
+            if self.session:
+                self._stub.close_session(DriveSessionCloseRequest(session_uuid=self.session), timeout=self.timeout_s)
+        finally:
+            if self._own:
+                self._channel.close()
+
+    def _encode(self, rgb: np.ndarray) -> bytes:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.fromarray(np.asarray(rgb, dtype=np.uint8)).save(buffer, format=self.image_format)
+        return buffer.getvalue()
+
+
+def in_process(driver, name: str, timeout_s: float = 30.0) -> EgodriverPolicy:
+    """A ``carla_driver_interface`` ``BaseDriver`` served in this process (alpasim mode) as a policy."""
+    from carla_driver_interface.inprocess import in_process_channel
+
+    return EgodriverPolicy(in_process_channel(driver, mode="alpasim"), name, timeout_s, own_channel=True)
+
+
+def reference_driver(name: str, cruise_speed_mps: float = 8.0):
+    """The contract's reference policy ``constant_speed`` or ``route_follower`` (carla_driver_interface.policies)."""
+    from carla_driver_interface.policies import load_policy
+
+    return load_policy(name, cruise_speed_mps=cruise_speed_mps)

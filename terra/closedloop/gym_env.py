@@ -1,0 +1,199 @@
+"""The loop as a ``gymnasium`` environment: :class:`DriveEnv` (one drive) and :class:`DriveVectorEnv` (many drives
+stepped together on one world, so a world model's engine batches them).
+
+* ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
+  the world model's sampling seeded from ``seed``;
+* ``step(plan)``: the action space is NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame
+  (any form :func:`~terra.closedloop.plans.as_plan` reads is taken too); it becomes the next frame's action as in
+  the loop (terra/closedloop/loop.py);
+* observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2],
+  "command": NAVSIM's one-hot [left, straight, right, unknown]}``;
+* reward: metres driven forward in the step (along the previous heading); ``terminated`` when the car leaves the
+  road or hits a parked car (synthetic scenarios: terra/closedloop/truth.py), ``truncated`` after ``num_steps``;
+  ``info`` holds the pose and, in the synthetic world, the lane offset;
+* ``render()``: the newest frame (``render_mode="rgb_array"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+
+from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
+from terra.closedloop.plans import NAVSIM_POSES, as_plan
+from terra.closedloop.scenarios import Scenario
+from terra.closedloop.truth import truth_metrics
+from terra.closedloop.worlds import World
+from terra.config.checks import TerraInputError
+
+# Plans a random sample of the action space gives stay within a car's reach (100 m/s between samples).
+PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
+PLAN_HIGH = np.tile(np.array([30.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
+# Largest speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) between two frames any plan can command.
+EGO_LIMIT = np.array([100.0, 100.0, 2000.0], dtype=np.float32)
+
+
+class _Driver:
+    """The env's stand-in policy: the plan comes from ``step``."""
+
+    name = "gym"
+
+    def reset(self, scenario) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _spaces(height: int, width: int) -> tuple[spaces.Dict, spaces.Box]:
+    observation = spaces.Dict({
+        "frame": spaces.Box(0, 255, (height, width, 3), np.uint8),
+        "ego": spaces.Box(np.array([0.0, -EGO_LIMIT[1], -EGO_LIMIT[2]], np.float32), EGO_LIMIT),
+        "command": spaces.Box(0, 1, (4,), np.int64),
+    })
+    return observation, spaces.Box(PLAN_LOW, PLAN_HIGH, dtype=np.float32)
+
+
+def _observation(drive: Drive) -> dict[str, np.ndarray]:
+    obs = drive.observation(1)
+    return {"frame": np.array(obs.frame, dtype=np.uint8),  # a copy: users keep what they are given
+            "ego": np.array([obs.ego.speed_mps, obs.ego.yaw_rate, obs.ego.accel_mps2], dtype=np.float32),
+            "command": obs.ego.command_one_hot()}
+
+
+class _Drives:
+    """What both envs share: opening a drive on a scenario, stepping drives with plans, their outcome."""
+
+    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int) -> None:
+        if not scenarios:
+            raise TerraInputError("a driving env needs at least one scenario")
+        self.world, self.scenarios, self.num_steps = world, list(scenarios), int(num_steps)
+        self.size = scenarios[0].images.shape[1:3]
+
+    def open(self, rng: np.random.Generator, options: dict | None) -> Drive:
+        index = (options or {}).get("scenario")
+        index = int(rng.integers(len(self.scenarios))) if index is None else int(index)
+        spec = DriveSpec(self.scenarios[index], "gym", _Driver, seed=int(rng.integers(2**31)))
+        drive = start_drive(self.world, spec, self.num_steps)
+        if not drive.ok:
+            raise TerraInputError(f"scenario {spec.scenario.id} cannot be driven: {drive.error}")
+        return drive
+
+    def step(self, drives: list[Drive], plans: Sequence[Any]) -> list[tuple[float, bool, bool, dict]]:
+        for drive, plan in zip(drives, plans):
+            plan = as_plan(np.asarray(plan, dtype=np.float64) if isinstance(plan, np.ndarray) else plan)
+            drive.command(plan, plan.to_action())
+        frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives])
+        out = []
+        for drive, frame in zip(drives, frames):
+            if isinstance(frame, BaseException):
+                raise frame
+            before = drive.poses[-1]
+            drive.advance(frame)
+            after = drive.poses[-1]
+            reward = float(np.cos(before[2]) * (after[0] - before[0]) + np.sin(before[2]) * (after[1] - before[1]))
+            info: dict[str, Any] = {"pose": after.copy()}
+            terminated = False
+            scene = drive.spec.scenario.scene
+            if scene is not None:
+                truth = truth_metrics(scene, drive.world_poses()[-2:])
+                info["lane_offset_m"] = truth["mean_abs_lane_offset_m"]
+                terminated = truth["off_road"] or truth["collision"]
+            out.append((reward, bool(terminated), drive.steps >= self.num_steps, info))
+        return out
+
+
+class DriveEnv(gym.Env):
+    """One drive at a time in ``world`` over ``scenarios`` (see the module docstring)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int = 20,
+                 render_mode: str | None = "rgb_array") -> None:
+        self._drives = _Drives(world, scenarios, num_steps)
+        self.observation_space, self.action_space = _spaces(*self._drives.size)
+        self.render_mode = render_mode
+        self.drive: Drive | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.close()
+        self.drive = self._drives.open(self.np_random, options)
+        return _observation(self.drive), {"scenario": self.drive.spec.scenario.id}
+
+    def step(self, action):
+        if self.drive is None:
+            raise TerraInputError("call reset() before step()")
+        [(reward, terminated, truncated, info)] = self._drives.step([self.drive], [action])
+        return _observation(self.drive), reward, terminated, truncated, info
+
+    def render(self) -> np.ndarray | None:
+        return None if self.drive is None else np.array(self.drive.frames[-1])
+
+    def close(self) -> None:
+        if self.drive is not None:
+            close_drive(self._drives.world, self.drive)
+            self.drive = None
+
+
+class DriveVectorEnv(VectorEnv):
+    """``num_envs`` drives stepped together in one ``world`` (one batched world step per ``step``); a drive that
+    ends is reset on its next step (gymnasium's next-step autoreset)."""
+
+    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, world: World, scenarios: Sequence[Scenario], num_envs: int, num_steps: int = 20,
+                 render_mode: str | None = "rgb_array") -> None:
+        self._drives = _Drives(world, scenarios, num_steps)
+        self.num_envs = int(num_envs)
+        self.single_observation_space, self.single_action_space = _spaces(*self._drives.size)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.render_mode = render_mode
+        self.drives: list[Drive | None] = [None] * self.num_envs
+        self._ended = np.zeros(self.num_envs, dtype=bool)
+        self._rngs: list[np.random.Generator] = []
+
+    def _batch(self, observations: list[dict]) -> dict:
+        return concatenate(self.single_observation_space, observations,
+                           create_empty_array(self.single_observation_space, self.num_envs))
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        seeds = seed if isinstance(seed, list) else [None if seed is None else seed + i for i in range(self.num_envs)]
+        self._rngs = [np.random.default_rng(s) for s in seeds]
+        for i in range(self.num_envs):
+            self._reopen(i, options)
+        self._ended[:] = False
+        return self._batch([_observation(d) for d in self.drives]), {}
+
+    def _reopen(self, i: int, options: dict | None = None) -> None:
+        if self.drives[i] is not None:
+            close_drive(self._drives.world, self.drives[i])
+        self.drives[i] = self._drives.open(self._rngs[i], options)
+
+    def step(self, actions):
+        rewards = np.zeros(self.num_envs)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        going = [i for i in range(self.num_envs) if not self._ended[i]]
+        for i in np.flatnonzero(self._ended):
+            self._reopen(int(i))
+        outcomes = self._drives.step([self.drives[i] for i in going], [actions[i] for i in going]) if going else []
+        for i, (reward, term, trunc, _) in zip(going, outcomes):
+            rewards[i], terminated[i], truncated[i] = reward, term, trunc
+        self._ended = terminated | truncated
+        return self._batch([_observation(d) for d in self.drives]), rewards, terminated, truncated, {}
+
+    def render(self) -> tuple[np.ndarray, ...] | None:
+        return tuple(np.asarray(d.frames[-1]) for d in self.drives if d is not None)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for i, drive in enumerate(self.drives):
+            if drive is not None:
+                close_drive(self._drives.world, drive)
+                self.drives[i] = None

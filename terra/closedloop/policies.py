@@ -1,0 +1,122 @@
+"""Reference policies, good to bad, so that a ranking of policies means something.
+
+* ``route_follower`` and ``constant_speed``: the egodriver contract's own (carla_driver_interface.policies),
+  driven over that contract in this process (terra/closedloop/egodriver.py): the first tracks the route (in the
+  synthetic world the ego lane's centre ahead), the second plans straight ahead whatever the road does;
+* ``lane_follower``: camera only, lane markings found in the frame's pixels (terra/closedloop/vision.py);
+* degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
+  (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
+  ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
+
+The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from terra.closedloop.plans import Observation, Plan, Policy, as_plan
+from terra.closedloop.vision import LaneFollower
+from terra.config.checks import TerraInputError
+
+CRUISE_SPEED_MPS = 8.0
+
+
+class Latency:
+    """``policy`` seeing the world ``frames`` steps late (the plan of an old observation is used now)."""
+
+    def __init__(self, policy: Policy, frames: int = 3, name: str | None = None) -> None:
+        self.policy, self.frames = policy, frames
+        self.name = name or f"{policy.name}_latency{frames}"
+        self.seen: deque[Observation] = deque(maxlen=frames + 1)
+
+    def reset(self, scenario) -> None:
+        self.seen.clear()
+        self.policy.reset(scenario)
+
+    def plan(self, observation: Observation):
+        self.seen.append(observation)
+        return self.policy.plan(self.seen[0])
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+def _poses(plan: Plan) -> np.ndarray:
+    if plan.poses is None:
+        raise TerraInputError("this degradation needs a trajectory plan, not actions")
+    return plan.poses if plan.poses.shape[1] == 3 else np.c_[plan.poses, np.zeros(len(plan.poses))]
+
+
+class Noise:
+    """``policy`` with each plan turned about the car by a random angle (``std_rad``), seeded by the scenario."""
+
+    def __init__(self, policy: Policy, std_rad: float = 0.06, name: str | None = None) -> None:
+        self.policy, self.std_rad = policy, std_rad
+        self.name = name or f"{policy.name}_noisy"
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, scenario) -> None:
+        self.rng = np.random.default_rng(int.from_bytes(hashlib.sha256(scenario.id.encode()).digest()[:8], "little"))
+        self.policy.reset(scenario)
+
+    def plan(self, observation: Observation) -> Plan:
+        plan = as_plan(self.policy.plan(observation))
+        poses = _poses(plan)
+        angle = float(self.rng.normal(0.0, self.std_rad))
+        c, s = np.cos(angle), np.sin(angle)
+        turned = np.c_[c * poses[:, 0] - s * poses[:, 1], s * poses[:, 0] + c * poses[:, 1], poses[:, 2] + angle]
+        return Plan(poses=turned, times=plan.times)
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+class Bias:
+    """``policy`` with each plan shifted ``metres`` to the left (negative: right), reached within ``ramp_s``."""
+
+    def __init__(self, policy: Policy, metres: float = 1.0, ramp_s: float = 1.0, name: str | None = None) -> None:
+        self.policy, self.metres, self.ramp_s = policy, metres, ramp_s
+        self.name = name or f"{policy.name}_bias_{'left' if metres > 0 else 'right'}"
+
+    def reset(self, scenario) -> None:
+        self.policy.reset(scenario)
+
+    def plan(self, observation: Observation) -> Plan:
+        plan = as_plan(self.policy.plan(observation))
+        poses = _poses(plan).copy()
+        poses[:, 1] += self.metres * np.minimum(plan.times / self.ramp_s, 1.0)
+        return Plan(poses=poses, times=plan.times)
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+def _contract(name: str) -> Callable[[], Policy]:
+    def make() -> Policy:
+        from terra.closedloop.egodriver import in_process, reference_driver
+
+        return in_process(reference_driver(name, CRUISE_SPEED_MPS), name)
+
+    return make
+
+
+REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
+    "route_follower": _contract("route_follower"),
+    "constant_speed": _contract("constant_speed"),
+    "lane_follower": lambda: LaneFollower(CRUISE_SPEED_MPS),
+    "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 5, "lane_follower_latency"),
+    "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
+    "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
+}
+
+
+def reference_policy(name: str) -> Callable[[], Policy]:
+    """The factory of a reference policy by name (one line naming the choices otherwise)."""
+    if name not in REFERENCE_POLICIES:
+        raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(REFERENCE_POLICIES)}")
+    return REFERENCE_POLICIES[name]

@@ -1,0 +1,105 @@
+"""Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
+
+Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
+generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
+failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last;
+``manifest.jsonl``, one record per drive as it is written (``status`` ok | failed | skipped = already complete,
+``stage`` and ``error`` of a failure); ``manifest.summary.json``; and while a run goes, the folder's lock
+(terra/batch/lock.py). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
+steps, world and model settings), says it is complete and its video exists: a rerun skips it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from decoder.sidecar import to_jsonable
+from decoder.writers import write_video
+from terra.closedloop.loop import Drive, DriveSpec
+from terra.closedloop.metrics import drive_metrics
+from terra.closedloop.truth import truth_metrics
+from terra.config.checks import TerraInputError
+from terra.config.files import load_json
+from tokenizer.atomic import write_text
+
+MANIFEST = "manifest.jsonl"
+
+
+def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
+    """Hash of what shapes a drive's outputs."""
+    payload = {"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
+               "seed": spec.seed, "num_steps": num_steps, "world": world, **settings}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
+    """``(video, sidecar)`` of a drive."""
+    name = spec.id.replace(os.sep, "_")
+    return output_dir / f"{name}.mp4", output_dir / f"{name}.json"
+
+
+def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
+    """The JSON of a complete earlier drive with fingerprint ``print_``, or None."""
+    video, sidecar = paths(output_dir, spec)
+    if not sidecar.is_file():
+        return None
+    try:
+        record = load_json(sidecar, "drive record")
+    except TerraInputError:
+        return None
+    ok = isinstance(record, dict) and record.get("fingerprint") == print_ and record.get("complete")
+    return record if ok and all((output_dir / name).is_file() for name in record.get("files", [])) else None
+
+
+def metrics_of(drive: Drive) -> dict:
+    """The drive's map-free metrics and, in the synthetic world, its ground truth."""
+    poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
+    metrics = drive_metrics(poses, drive.plans)
+    if drive.spec.scenario.scene is not None and drive.poses:
+        metrics["truth"] = truth_metrics(drive.spec.scenario.scene, drive.world_poses())
+    return metrics
+
+
+def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> dict:
+    """The drive's JSON file."""
+    scenario = drive.spec.scenario
+    return {
+        "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
+        "world": drive.world, "seed": drive.spec.seed, "status": "ok" if drive.ok else "failed",
+        "stage": drive.stage, "error": drive.error, "num_context": drive.num_context, "steps": drive.steps,
+        "frames": len(drive.frames), "files": files, "metrics": metrics,
+        "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
+        "poses": np.round(np.array(drive.poses), 4).tolist(),
+        "world_poses": np.round(drive.world_poses(), 4).tolist() if drive.poses else [],
+        "speeds_mps": np.round(drive.speeds, 4).tolist(), "policy_s": np.round(drive.policy_s, 5).tolist(),
+        "fingerprint": print_, "complete": drive.ok,  # a failed drive runs again on a rerun
+    }
+
+
+def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
+                extra_metrics: dict | None = None) -> dict:
+    """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
+    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/plan_following.py)."""
+    video, sidecar = paths(output_dir, drive.spec)
+    files = []
+    if drive.frames and fps is not None:
+        write_video(video, np.stack(drive.frames), fps)
+        files.append(video.name)
+    content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
+    write_text(sidecar, json.dumps(to_jsonable(content)) + "\n")
+    return content
+
+
+def manifest_record(content: dict, status: str, seconds: float | None = None) -> dict:
+    """The manifest's line for a drive's JSON content."""
+    truth = content.get("metrics", {}).get("truth") or {}
+    return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
+            "world": content["world"], "status": status, "stage": content.get("stage"),
+            "error": content.get("error"), "steps": content.get("steps"), "time_in_lane": truth.get("time_in_lane"),
+            "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}

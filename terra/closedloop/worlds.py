@@ -1,0 +1,123 @@
+"""The two worlds a policy can drive in, behind one interface: the world model, and the synthetic world itself.
+
+:class:`ModelWorld` runs each drive as a session of a :class:`~terra.session.SessionHost` (continuous batching:
+every drive's next frame is submitted at once and the backend batches them); its frames are the world model's,
+decoded by the tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose the
+commanded actions lead to: an exact simulator of the world the demo model was trained on, for ground truth.
+Both advance the pose by :func:`terra.session.controls.advance_pose`, the rule a session tracks its pose with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from terra.config.checks import TerraInputError
+from terra.closedloop.scenarios import Scenario, compose
+from terra.session.controls import advance_pose
+from terra.sim.renderer import render
+
+
+class World(Protocol):
+    """Opens a drive on a scenario and steps many drives at once."""
+
+    name: str
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any: ...
+
+    def context_frames(self, drive: Any) -> np.ndarray: ...
+
+    def step(self, drives: Sequence[Any], actions: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]: ...
+
+    def close(self, drive: Any) -> None: ...
+
+
+class ModelWorld:
+    """The world model as a simulator: one session per drive on ``host`` (a :class:`~terra.session.SessionHost`
+    over a :class:`~terra.pipeline.WorldModelPipeline`)."""
+
+    name = "model"
+
+    def __init__(self, host) -> None:
+        self.host = host
+        self.generate_s = 0.0  # time in the engine, summed over steps (policy time excluded)
+        self.decode_s = 0.0
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int):
+        import torch
+
+        from terra.session.context import SessionContext
+
+        images = torch.from_numpy(scenario.images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        codes = self.host.pipeline.encode(images)
+        context = SessionContext(codes, scenario.actions, scenario.speed_kmh, scenario.source)
+        return self.host.open_context(context, seed=seed, max_frames=max_frames)
+
+    def context_frames(self, drive) -> np.ndarray:
+        """The context as the model sees it: the tokenizer's reconstruction of the context codes."""
+        return self.host.decode(drive.context.codes)
+
+    def step(self, drives, actions) -> list[np.ndarray | BaseException]:
+        import time
+
+        start = time.perf_counter()
+        futures = [drive.step_async(action) for drive, action in zip(drives, actions)]
+        results: list[Any] = []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except Exception as err:  # noqa: BLE001  (one drive's failure ends that drive only)
+                results.append(err)
+        self.generate_s += time.perf_counter() - start
+        start = time.perf_counter()
+        done = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
+        if done:
+            grid = drives[done[0]].context.codes.shape[1:]
+            rgb = self.host.decode(np.stack([results[i].codes.reshape(grid) for i in done]))
+            for k, i in enumerate(done):
+                results[i] = rgb[k]
+        self.decode_s += time.perf_counter() - start
+        return results
+
+    def close(self, drive) -> None:
+        drive.close()
+
+
+@dataclass
+class _TrueDrive:
+    scenario: Scenario
+    pose: np.ndarray  # world pose
+
+
+class TrueWorld:
+    """The synthetic world rendered at the commanded poses (``image_size``: the frames' height and width)."""
+
+    name = "truth"
+
+    def __init__(self, image_size: Sequence[int]) -> None:
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> _TrueDrive:
+        if scenario.scene is None:
+            raise TerraInputError(f"scenario {scenario.id} has no synthetic scene: the true world drives only the "
+                                  "synthetic world's scenarios")
+        return _TrueDrive(scenario, np.asarray(scenario.start_pose, dtype=np.float64))
+
+    def context_frames(self, drive: _TrueDrive) -> np.ndarray:
+        return drive.scenario.images
+
+    def step(self, drives, actions) -> list[np.ndarray | BaseException]:
+        frames: list[np.ndarray | BaseException] = []
+        for drive, action in zip(drives, actions):
+            try:
+                relative = np.array(advance_pose((0.0, 0.0, 0.0), action))
+                drive.pose = compose(drive.pose, relative)
+                frames.append(render(drive.scenario.scene, drive.pose, *self.image_size))
+            except Exception as err:  # noqa: BLE001
+                frames.append(err)
+        return frames
+
+    def close(self, drive) -> None:
+        pass

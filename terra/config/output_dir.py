@@ -1,0 +1,177 @@
+"""The one rule for every app's output folder, checked before any work: nothing a user has is lost.
+
+* The output folder may not be, contain or lie inside any input of the run (the files and folders it reads:
+  samples, videos, frames, checkpoints, shards, ...), so no output can overwrite an input and no input folder
+  fills with outputs.
+* A run replaces only what the toolkit wrote: an existing file or folder that the run would write over (its name
+  matches one of the run's names or name patterns) must be listed in the folder's marker (tokenizer/atomic.py,
+  :data:`~tokenizer.atomic.MARKER`), and a folder the run replaces whole (a blend, a training run's ``model/``,
+  ...) must hold nothing its own marker does not list. A folder the run did not create is never replaced, and a
+  user's file beside the outputs is never deleted.
+
+:func:`claim_output_dir` checks both (and :func:`~terra.config.outputs.check_output_dir`: writable, names fit,
+on a disk) and returns an :class:`OutputDir`; :meth:`OutputDir.hold` then takes the folder's lock for runs that
+write over time (terra/config/lock.py), creates it and records the run's names in its marker. Nothing here
+imports torch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from terra.config.checks import TerraInputError, one_line, shown
+from terra.config.lock import output_lock
+from terra.config.outputs import check_output_dir
+from tokenizer.atomic import MARKER, mark, marked
+
+Inputs = Iterable[tuple[str, "str | os.PathLike | Iterable[str | os.PathLike] | None"]]
+
+
+@dataclass(frozen=True)
+class OutputDir:
+    """An output folder that passed :func:`claim_output_dir`: where, under which setting, what the run writes."""
+
+    path: Path  # absolute
+    setting: str  # the setting that named it, for error lines (output_dir, output.dir, ...)
+    names: tuple[str, ...]  # file-name patterns the run writes in it (recorded in its marker)
+
+    def record(self) -> None:
+        """Create the folder and list the run's names in its marker; names given as patterns are listed by their
+        writers, each file as it is written (a pattern would claim a user's file that matches it)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        mark(self.path, [name for name in self.names if not glob.has_magic(name)])
+
+    @contextmanager
+    def hold(self, main_file: str) -> Iterator[Path]:
+        """For the block: the folder's lock (one run at a time; ``main_file`` names the lock file,
+        ``.<stem>.lock``), the folder created and the run's names recorded. A folder this call created that
+        holds nothing but the marker at the end is removed again (a run refused after the lock leaves nothing)."""
+        existed = self.path.is_dir()
+        with output_lock(self.path / main_file, self.setting) as lock:
+            self.record()
+            try:
+                yield self.path
+            finally:
+                if not existed:
+                    unmark_unused(self.path, lock.name)  # the lock then removes the empty folder
+
+
+def unmark_unused(folder: Path, *also: str) -> None:
+    """Remove ``folder``'s marker when nothing else is in it (besides the entries ``also``), so that a run that
+    created the folder and failed before writing can leave nothing behind."""
+    if folder.is_dir() and {entry.name for entry in os.scandir(folder)} <= {MARKER, *also}:
+        (folder / MARKER).unlink(missing_ok=True)
+
+
+def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str] = (), folders: Iterable[str] = (),
+                     whole: Iterable[str] = (), inputs: Inputs = (), replaced: bool = False) -> OutputDir:
+    """Check output folder ``path`` (named by ``setting``) before any work; nothing is created.
+
+    ``files`` and ``folders``: the name patterns (fnmatch, one path component each) of the files and of the
+    sub-folders the run writes into; an existing entry they match must be of that kind and listed in the folder's
+    marker. ``whole``: sub-folders the run replaces whole (each may hold only what its own marker lists);
+    ``replaced``: the run replaces the folder itself whole. ``inputs``: ``(what, path or glob or paths)`` that the
+    run reads (None: nothing).
+    """
+    files, folders, whole = tuple(files), tuple(folders), tuple(whole)
+    names = files + folders + whole
+    folder = check_output_dir(path, [n for n in names if not glob.has_magic(n)], setting)
+    for what, given in inputs:
+        for item in _paths(given):
+            check_apart(folder, setting, what, item)
+    where = f"{setting}={one_line(folder)}"
+    if replaced:
+        _check_replaceable(folder, setting, where)
+    elif folder.is_dir():
+        foreign, misplaced, listed = [], [], marked(folder)
+        for entry in os.scandir(folder):
+            kinds = [kind for kind, patterns in (("file", files), ("folder", folders + whole))
+                     if any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)]
+            if not kinds or entry.name == MARKER:
+                continue
+            if (entry.is_dir() and "folder" not in kinds) or (not entry.is_dir() and "file" not in kinds):
+                misplaced.append((shown(entry.name, 60), "a folder" if entry.is_dir() else "a file",
+                                  "a file" if entry.is_dir() else "a folder"))
+            elif entry.name not in whole and entry.name not in listed:
+                foreign.append(entry.name)
+        if misplaced:
+            name, found, wanted = misplaced[0]
+            raise TerraInputError(f"{where} holds {found} {name} where the run writes {wanted} of that name; move "
+                                  f"it away or choose another {setting}")
+        if foreign:
+            raise TerraInputError(
+                f"{where} holds {_listed(foreign)}, which this run would overwrite and which the toolkit did not "
+                f"write there; move {'it' if len(foreign) == 1 else 'them'} away or choose another {setting}")
+        for name in whole:
+            _check_replaceable(folder / name, setting, f"{where}: {name}/")
+    return OutputDir(folder, setting, names)
+
+
+def claim_output_file(path: str | os.PathLike, setting: str, inputs: Inputs = ()) -> OutputDir:
+    """:func:`claim_output_dir` for a run that writes one file, ``path``: the file may not be or lie inside an
+    input, and replaces only a file the toolkit wrote; the claim is its folder's."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    for what, given in inputs:
+        for item in _paths(given):
+            check_apart(path, setting, what, item)
+    return claim_output_dir(path.parent, setting, files=[path.name])
+
+
+def _paths(given) -> list[Path]:
+    """An input as paths: one path, a glob's matches, or a list of them."""
+    if given is None:
+        return []
+    if isinstance(given, (str, os.PathLike)):
+        text = os.path.expanduser(str(given))
+        matches = glob.glob(text) if glob.has_magic(text) and not os.path.lexists(text) else [text]
+        return [Path(m) for m in matches]
+    return [p for item in given for p in _paths(item)]
+
+
+def check_apart(folder: Path, setting: str, what: str, given: str | os.PathLike) -> None:
+    """Refuse output folder ``folder`` (named by ``setting``) when it is, holds or lies inside input ``given``
+    (``what`` it is); symbolic links are followed."""
+    real, inp = Path(os.path.realpath(folder)), Path(os.path.realpath(given))
+    where = f"{setting}={one_line(folder)}"
+    if real == inp:
+        raise TerraInputError(f"{where} is the {what} ({one_line(given)}), which the run reads; write the outputs to "
+                              "another folder")
+    if inp in real.parents:
+        raise TerraInputError(f"{where} lies inside the {what} {one_line(given)}, which the run reads; write the "
+                              "outputs to a folder outside it")
+    if real in inp.parents:
+        raise TerraInputError(f"{where} holds the {what} {one_line(given)}, which the run reads and its outputs could "
+                              f"overwrite; choose another {setting} or move the input out of it")
+
+
+def _check_replaceable(folder: Path, setting: str, shown_as: str) -> None:
+    """Refuse to replace ``folder`` whole unless it is not there, empty, or holds only what its marker lists."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise TerraInputError(f"{shown_as} is a file, not a folder; choose another {setting}")
+    entries = [entry.name for entry in os.scandir(folder) if entry.name != MARKER]
+    if not entries:
+        return
+    listed = marked(folder)
+    if not listed:
+        raise TerraInputError(f"{shown_as} holds files the toolkit did not write ({_listed(entries)}), which "
+                              f"writing there would delete; move them away or choose another {setting}")
+    foreign = [name for name in entries if name not in listed]
+    if foreign:
+        raise TerraInputError(f"{shown_as} holds {_listed(foreign)} beside what the toolkit wrote there, which "
+                              f"rewriting the folder would delete; move {'it' if len(foreign) == 1 else 'them'} "
+                              f"away or choose another {setting}")
+
+
+def _listed(names: list[str]) -> str:
+    """Up to three names, shown escaped, and how many more."""
+    names = sorted(names)
+    text = ", ".join(shown(n, 60) for n in names[:3])
+    return text + (f" and {len(names) - 3} more" if len(names) > 3 else "")

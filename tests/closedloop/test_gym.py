@@ -1,0 +1,71 @@
+"""The gymnasium environments pass gymnasium's own checker, on the true frames and on a world model."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium")
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from terra.closedloop.gym_env import DriveEnv, DriveVectorEnv  # noqa: E402
+from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
+from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
+from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.generation.hf_backend import HFBackend  # noqa: E402
+from terra.models.presets import TINY_TOKENIZER  # noqa: E402
+from terra.pipeline import WorldModelPipeline  # noqa: E402
+from terra.session import SessionHost  # noqa: E402
+from tests.conftest import tiny_model  # noqa: E402
+from tokenizer.lfq import LFQTokenizer  # noqa: E402
+
+SIZE = (72, 128)
+
+
+def checked(env) -> list[str]:
+    """Run check_env; the checker's warnings about the env itself (spaces, determinism), not about gym.make."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=False)
+    return [str(w.message) for w in caught if "spec" not in str(w.message)]
+
+
+def test_drive_env_passes_check_env_on_true_frames():
+    env = DriveEnv(TrueWorld(SIZE), synthetic_scenarios(3, 1, SIZE), num_steps=4)
+    assert checked(env) == []
+    obs, info = env.reset(seed=5, options={"scenario": 2})
+    assert obs["frame"].shape == (*SIZE, 3) and info["scenario"].endswith("002")
+    straight = np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))]  # 8 m/s straight ahead
+    rewards, truncated = [], False
+    while not truncated:
+        obs, reward, terminated, truncated, info = env.step(straight)
+        rewards.append(reward)
+    assert len(rewards) == 4 and np.allclose(rewards, 0.8, atol=1e-6) and not terminated
+    assert env.render().shape == (*SIZE, 3)
+    env.close()
+
+
+def test_drive_env_passes_check_env_on_a_world_model(single_thread):
+    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=4))
+    host = SessionHost(pipeline, SamplingConfig(temperature=1.0), max_frames=8)
+    try:
+        env = DriveEnv(ModelWorld(host), synthetic_scenarios(2, 1, TINY_TOKENIZER["image_size"]), num_steps=3)
+        assert checked(env) == []
+        env.close()
+    finally:
+        host.close()
+
+
+def test_vector_env_steps_drives_together_and_resets_ended_ones():
+    env = DriveVectorEnv(TrueWorld(SIZE), synthetic_scenarios(2, 1, SIZE), num_envs=3, num_steps=2)
+    obs, _ = env.reset(seed=0)
+    assert obs["frame"].shape == (3, *SIZE, 3) and obs["ego"].shape == (3, 3)
+    straight = np.broadcast_to(np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))], (3, 8, 3))
+    outcomes = [env.step(straight)[1:4] for _ in range(3)]
+    (r1, _, t1), (r2, _, t2), (r3, _, t3) = outcomes
+    assert not t1.any() and t2.all()  # two steps each, then truncated
+    np.testing.assert_allclose(r3, 0.0)  # the next step resets them (no motion, no reward)
+    assert env.drives[0].steps == 0 and len(env.render()) == 3
+    env.close()

@@ -1,0 +1,124 @@
+"""The driving loop on the synthetic world's true frames (fast, no model): bad policies end their own drive with
+one reason, a drive along the lane centre has zero lane offset, a recorded run resumes without repeating a drive."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from terra.closedloop.loop import DriveSpec, run_drives
+from terra.closedloop.plans import Plan
+from terra.closedloop.policies import reference_policy
+from terra.closedloop.record import metrics_of
+from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.scenarios import compose, synthetic_scenarios, to_ego
+from terra.closedloop.worlds import TrueWorld
+
+SIZE = (72, 128)
+
+
+class LaneCentre:
+    """An oracle: plans the true lane centre ahead at 8 m/s, 10 Hz over 4 s."""
+
+    name = "lane_centre"
+
+    def reset(self, scenario):
+        self.scenario = scenario
+
+    def plan(self, obs):
+        scene = self.scenario.scene
+        pose = compose(self.scenario.start_pose, obs.pose)
+        s, _ = scene.road_coords(pose[:1], pose[1:2])
+        ahead = scene.lane_pose(s[0] + 0.8 * np.arange(1, 41))
+        local = to_ego(ahead[:, :2], pose)
+        return Plan.trajectory(np.c_[local, ahead[:, 2] - pose[2]], dt=0.1)
+
+    def close(self):
+        pass
+
+
+class Broken:
+    """Fails as told at step 2: raise, hang (until released), NaN, wrong shape."""
+
+    def __init__(self, how: str, release: threading.Event):
+        self.name, self.how, self.release = f"broken_{how}", how, release
+
+    def reset(self, scenario):
+        pass
+
+    def plan(self, obs):
+        good = np.c_[8.0 * 0.5 * np.arange(1, 9), np.zeros((8, 2))]
+        if obs.step < 2:
+            return good
+        if self.how == "raise":
+            raise RuntimeError("boom")
+        if self.how == "hang":
+            self.release.wait()
+            return good
+        if self.how == "nan":
+            good[3, 1] = np.nan
+            return good
+        return np.zeros((5, 7))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def scenarios():
+    return synthetic_scenarios(2, 11, SIZE)
+
+
+def test_a_drive_along_the_lane_centre_has_zero_lane_offset(scenarios):
+    [drive] = run_drives(TrueWorld(SIZE), [DriveSpec(scenarios[0], "lane_centre", LaneCentre)], 30)
+    truth = metrics_of(drive)["truth"]
+    assert drive.ok and drive.steps == 30
+    assert truth["max_abs_lane_offset_m"] < 0.01 and truth["time_in_lane"] == 1.0
+    assert truth["progress_along_road_m"] == pytest.approx(24.0, abs=0.1)
+
+
+def test_bad_policies_end_their_own_drive_with_one_reason(scenarios):
+    release = threading.Event()
+    specs = [DriveSpec(scenarios[0], f"broken_{how}", lambda how=how: Broken(how, release))
+             for how in ("raise", "hang", "nan", "shape")]
+    specs.append(DriveSpec(scenarios[0], "lane_follower", reference_policy("lane_follower")))
+    specs.append(DriveSpec(scenarios[1], "missing", lambda: (_ for _ in ()).throw(ValueError("no such policy"))))
+    try:
+        drives = {d.spec.policy: d for d in run_drives(TrueWorld(SIZE), specs, 5, policy_timeout_s=2.0)}
+    finally:
+        release.set()
+    assert drives["lane_follower"].ok and drives["lane_follower"].steps == 5
+    expected = {"broken_raise": "failed at step 2: RuntimeError: boom", "broken_hang": "timed out after 2 s at step 2",
+                "broken_nan": "bad plan at step 2: action trajectory: holds NaN or inf",
+                "broken_shape": "bad plan at step 2: a plan array must be [6, 3]"}
+    for name, text in expected.items():
+        drive = drives[name]
+        assert drive.stage == "policy" and text in drive.error and drive.steps == 2, (name, drive.error)
+        assert len(drive.frames) == drive.num_context + 2
+    assert drives["missing"].stage == "setup" and "no such policy" in drives["missing"].error
+
+
+def test_recorded_run_resumes_without_repeating_a_drive(scenarios, tmp_path):
+    calls = []
+
+    class Counting(LaneCentre):
+        def reset(self, scenario):
+            calls.append(scenario.id)
+            super().reset(scenario)
+
+    specs = [DriveSpec(s, "lane_centre", Counting) for s in scenarios]
+    settings = RunSettings(tmp_path / "run", num_steps=4, progress=False)
+    first = drive_and_record(TrueWorld(SIZE), specs[:1], settings)
+    assert first.counts == {"ok": 1, "failed": 0, "skipped": 0} and len(calls) == 1
+    second = drive_and_record(TrueWorld(SIZE), specs, settings)
+    assert second.counts == {"ok": 1, "failed": 0, "skipped": 1} and len(calls) == 2
+    assert calls == [s.id for s in scenarios]
+    record = json.loads((tmp_path / "run" / f"{specs[1].id}.json").read_text())
+    assert record["status"] == "ok" and record["steps"] == 4 and len(record["plans"]) == 4
+    assert len(record["poses"]) == 5 and record["metrics"]["truth"]["time_in_lane"] == 1.0
+    assert (tmp_path / "run" / f"{specs[1].id}.mp4").stat().st_size > 0
+    manifest = [json.loads(line) for line in (tmp_path / "run" / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(r["status"] for r in manifest) == ["ok", "skipped"]

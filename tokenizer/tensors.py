@@ -1,0 +1,79 @@
+"""Checks of tensors read from files, done once where a file is loaded: the dtype, finiteness and range.
+
+Weights (a world model's, the tokenizer's, the ACT-Estimator's) must be floating point where the model's are and
+finite; image codes (shards, tokenized clips) whole numbers inside the codebook; actions finite. A failure is one
+:class:`~tokenizer.errors.InputError` line naming the file and the tensor. The functions take torch tensors and
+numpy arrays alike (torch is not imported here); large tensors are scanned in chunks, so no full-size temporary
+is made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenizer.errors import InputError
+
+CHUNK = 1 << 24  # elements scanned at a time
+
+
+def _is_torch(value: Any) -> bool:
+    return hasattr(value, "is_floating_point") and hasattr(value, "detach")
+
+
+def is_floating(value: Any) -> bool:
+    """Whether ``value`` (a torch tensor or numpy array) holds floating-point numbers."""
+    return value.is_floating_point() if _is_torch(value) else np.issubdtype(value.dtype, np.floating)
+
+
+def _chunks(value: Any):
+    flat = value.detach().reshape(-1) if _is_torch(value) else np.asarray(value).reshape(-1)
+    for start in range(0, flat.shape[0], CHUNK):
+        yield flat[start:start + CHUNK]
+
+
+def count_non_finite(value: Any) -> int:
+    """How many elements of a floating-point ``value`` are NaN or infinite. A chunk whose float64 sum is finite
+    has none (a NaN or infinity makes the sum non-finite), so only a bad chunk is counted element by element."""
+    if _is_torch(value):
+        import torch
+
+        return sum(int((~torch.isfinite(part)).sum()) for part in _chunks(value)
+                   if not bool(torch.isfinite(part.sum(dtype=torch.float64))))
+    return sum(int((~np.isfinite(part)).sum()) for part in _chunks(value)
+               if not np.isfinite(np.sum(part, dtype=np.float64)))
+
+
+def check_floats(value: Any, where: str, fix: str) -> None:
+    """Raise unless ``value`` is floating point and finite; ``where`` names the file and tensor, ``fix`` ends
+    the line."""
+    if not is_floating(value):
+        raise InputError(f"{where} holds {value.dtype} numbers where floating point is needed; {fix}")
+    bad = count_non_finite(value)
+    if bad:
+        raise InputError(f"{where} holds {bad} NaN or infinite value(s) of {_numel(value)}; {fix}")
+
+
+def check_like(value: Any, model: Any, where: str, fix: str) -> None:
+    """Raise unless weight ``value`` may load into the model's tensor ``model``: floating point and finite where
+    the model's is floating point (a cast would hide integers), whole numbers where it holds counts."""
+    if is_floating(model):
+        check_floats(value, where, fix)
+    elif is_floating(value):
+        raise InputError(f"{where} holds {value.dtype} numbers where the model keeps {model.dtype} counts; {fix}")
+
+
+def check_codes(value: Any, where: str, codebook_size: int, fix: str) -> None:
+    """Raise unless ``value`` holds whole numbers in ``[0, codebook_size)``."""
+    if is_floating(value) or str(value.dtype) in ("bool", "torch.bool") or "complex" in str(value.dtype):
+        raise InputError(f"{where} holds {value.dtype} values where image codes (whole numbers) are needed; {fix}")
+    if _numel(value):
+        low, high = int(value.min()), int(value.max())
+        if low < 0 or high >= codebook_size:
+            raise InputError(f"{where} holds codes from {low} to {high}, outside the codebook [0, {codebook_size}); "
+                             f"{fix}")
+
+
+def _numel(value: Any) -> int:
+    return int(value.numel()) if _is_torch(value) else int(np.asarray(value).size)
