@@ -276,7 +276,8 @@ def projection(terra: list[dict[str, Any]], passes_file: Path) -> dict[str, Any]
             row["sessions_frames_per_s"] = round(SESSIONS / (passes[block] * step[SESSIONS]), 2)
         if ACTBENCH_STREAMS in step:
             rate = ACTBENCH_STREAMS / (passes[block] * step[ACTBENCH_STREAMS])
-            row.update(actbench_frames_per_s=round(rate, 2), actbench_h100_hours=round(ACTBENCH_FRAMES / rate / 3600, 3))
+            row.update(actbench_frames_per_s=round(rate, 2),
+                       actbench_h100_hours=round(ACTBENCH_FRAMES / rate / 3600, 3))
         rows.append(row)
     return {"label": "projection: passes per frame of the trained Terra-layout model (measure_decoding, T=0.9, + 1) "
                      "x step time of Terra's 2 B shape (random weights) on this GPU",

@@ -190,6 +190,6 @@ def num_cached_tokens(request_output: Any) -> int:
 
 __all__ = [
     "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine", "has_streaming_input",
-    "jacobi_engine_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens", "prompt_token_ids", "reseed_streaming_updates",
-    "shutdown_engine", "supported_engine_kwargs", "use_spawn_workers",
+    "jacobi_engine_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens", "prompt_token_ids",
+    "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs", "use_spawn_workers",
 ]
