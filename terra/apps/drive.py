@@ -143,7 +143,7 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
     if spec.num_threads is not None:
         torch.set_num_threads(spec.num_threads)
     factories = {entry: policy_factory(entry) for entry in spec.policies}
-    run_settings = resolve_spec(spec.run)
+    run_settings = resolve_spec(spec.run, spec.max_concurrent)  # a vLLM engine's decoding: for the drives at once
     tokenizer = load_tokenizer(run_settings.tokenizer)
     size = tuple(tokenizer.image_size)
     if spec.scenarios == "synthetic":
