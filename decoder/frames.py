@@ -30,7 +30,7 @@ def codes_to_frames(
 
     Decodes ``batch_size`` frames at a time on the tokenizer's device and dtype, so long rollouts fit in
     memory; a batch the device has no memory for is decoded in halves (:func:`_decode_fitting`); codes outside the
-    codebook raise :class:`tokenizer.errors.InputError`.
+    codebook raise :class:`terra.core.errors.TerraInputError`.
     """
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
     chunks = codes.split(max(1, batch_size))

@@ -12,7 +12,7 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from decoder.writers import atomic_output
-from tokenizer.atomic import json_text
+from terra.core.atomic import json_text
 
 
 def to_jsonable(value: Any) -> Any:

@@ -37,9 +37,9 @@ from terra.closedloop.policies import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.core.atomic import write_text  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.session.context import SessionContext  # noqa: E402
-from tokenizer.atomic import write_text  # noqa: E402
 
 BLANK_SIZE = (288, 512)  # Terra's frames, for policies when there is no tokenizer
 

@@ -46,13 +46,13 @@ if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already 
 
 from bench.environment import GpuBusyMonitor  # noqa: E402
 from terra.batch import DEMO, read_manifest  # noqa: E402
-from terra.config.checks import TerraInputError  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 from terra.sim import sample_frames  # noqa: E402
 from tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
 from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
 ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 generated, scored as MP4

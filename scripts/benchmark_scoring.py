@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator  # noqa: E402
 from terra.scoring.run import score  # noqa: E402
 from terra.scoring.settings import ScoringSettings  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
 
 PRESETS = {"full": EstimatorConfig(),  # the published ACT-Estimator
            "tiny": EstimatorConfig(input_shape=(3, 44, 32, 32), d_model=16, num_heads=2, feature_map_size=2)}

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 from omegaconf import OmegaConf
 
+from terra.core.atomic import json_text, write_text
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.atomic import json_text, write_text
 from tokenizer.lfq import TERRA_CONFIG
 from tokenizer.vq import VQ16_CONFIG
 

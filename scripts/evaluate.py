@@ -42,8 +42,10 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.backend import DTYPES, check_backend, check_device
-from terra.config.checks import Range, TerraInputError, check_choice, check_flag, check_settings, select
+from terra.config.backend import DTYPES, check_backend
+from terra.core.device import check_device
+from terra.config.checks import Range, check_choice, check_flag, check_settings, select
+from terra.core.errors import TerraInputError
 from terra.config.output_dir import claim_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
@@ -55,7 +57,7 @@ from terra.sim.clips import (
     random_manoeuvre_params,
 )
 from terra.sim.scene import DOMAINS
-from tokenizer.atomic import json_text
+from terra.core.atomic import json_text
 
 if TYPE_CHECKING:
     from terra.evaluation import AdherenceCase
@@ -236,16 +238,15 @@ def run(cfg: DictConfig, pipeline=None) -> dict:
     """
     t_start = time.perf_counter()
     sampling = check_config(cfg)
-    import torch  # every setting is fine: now the heavy modules
-
+    # every setting is fine: now the heavy modules
     from terra.evaluation import evaluate_adherence, evaluate_quality
     from terra.config.spec import check_window
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
-    from tokenizer.atomic import mark, write_text
+    from terra.core.atomic import mark, write_text
+    from terra.core.device import set_threads
 
-    if cfg.num_threads is not None:
-        torch.set_num_threads(int(cfg.num_threads))
+    set_threads(None if cfg.num_threads is None else int(cfg.num_threads))
     exclude = training_scene_seeds(int(cfg.exclude_training.seed), int(cfg.exclude_training.num_clips))
     own = pipeline is None
     if own:

@@ -23,7 +23,8 @@ import time  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from terra.config.checks import TerraInputError, check_choice  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
+from terra.config.checks import check_choice  # noqa: E402
 from terra.apps.runner import CONFIG_PATH, run_app  # noqa: E402
 from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 from terra.sim.logs import write_driving_logs  # noqa: E402

@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.atomic import write_text
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.sim.clips import Clip, random_drive
-from tokenizer.atomic import write_text
 
 SPECULATIVE_SETTINGS = "decoding=speculative"  # the speculative modes' sampling settings (``--speculative``)
 

@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> None:
     check_added_settings(COMMAND)
     settings = scoring_settings(cfg)  # no torch yet: a bad setting is one line in about a second
     if settings.dry_run:  # samples, videos and the estimator folder; no weights loaded, nothing written
-        from terra.config.checks import TerraInputError
+        from terra.core.errors import TerraInputError
         from terra.scoring.check import dry_run
 
         report = dry_run(settings)

@@ -22,10 +22,10 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from terra.apps.runner import CONFIG_PATH, run_app
-from terra.config.checks import TerraInputError
 from terra.config.output_dir import claim_output_file
+from terra.core.device import resolve_device
+from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
-from terra.generation.backends import resolve_device
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips, save_tokens
 from tokenizer import load_tokenizer

@@ -33,12 +33,12 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
 from terra.apps.runner import CONFIG_PATH, run_app
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.sim import render_frames
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.atomic import atomic_path, json_text, mark, write_text
-from tokenizer.errors import error_reason
+from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.errors import error_reason
 from tokenizer.base import TrainOutput, WEIGHTS_NAME
 from tokenizer.images import load_frames
 from tokenizer.training import (

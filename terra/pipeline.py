@@ -19,10 +19,12 @@ import torch
 
 from decoder import codes_to_frames
 from terra.config.assets import DEMO, demo_checkpoints
-from terra.config.backend import DTYPES, check_backend, check_device
-from terra.config.checks import TerraInputError, check_choice, check_flag
+from terra.config.backend import DTYPES, check_backend
+from terra.config.checks import check_choice, check_flag
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
 from terra.generation.backends import create_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig

@@ -1,7 +1,7 @@
 """A catalogue of malformed inputs across the entry points.
 
 Python API (image loading, trajectories, tokenizer, world-model checkpoints, pipeline): every case raises
-:class:`terra.config.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
+:class:`terra.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
 (``terra-generate``, a subset that needs the process: config errors, checkpoints, output folder): exit code 2,
 exactly one line on stderr, no traceback, no output file and no Hydra run folder left behind. Most cases fail
 before any model loads; the demo models are loaded at most once per module.
@@ -22,9 +22,9 @@ import pytest
 import torch
 from PIL import Image
 
-from terra.config.checks import TerraInputError
 from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.models.checkpoint import read_world_model_config

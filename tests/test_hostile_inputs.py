@@ -32,11 +32,13 @@ import pytest
 from PIL import Image
 
 from decoder.writers import write_gif, write_mp4
-from terra.config.backend import check_backend, check_device
-from terra.config.checks import TerraInputError, check_number
+from terra.config.backend import check_backend
+from terra.config.checks import check_number
 from terra.config.files import check_context_paths
 from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
 from terra.generation.actions import validate_actions
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.inputs.requests import trajectory_actions

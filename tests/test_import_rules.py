@@ -1,7 +1,8 @@
 """The layering of the packages, read from the source with ``ast`` (every import statement, those inside
 functions included), and the size limit of a source file.
 
-tokenizer/ stands alone; decoder/ builds on tokenizer/ only; the world model (terra/models/) runs without
+terra/core/ (the ground floor) imports nothing of the project's; tokenizer/ stands alone on it; decoder/ builds on
+tokenizer/ and terra/core/ only; the world model (terra/models/) runs without
 vLLM; the pipeline and the apps reach a backend only through terra.generation.backends; the synthetic world
 (terra/sim/) knows nothing of generation but the action contract (terra/generation/actions.py); the light
 layer (terra/config/) imports no torch, Transformers or any other part of terra; terra/inputs/ names no backend;
@@ -68,6 +69,7 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
 MOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
 # folder or file → modules it must not import (a name and everything below it)
 RULES = {
+    "terra/core": ("terra", "tokenizer", "decoder", "numpy", "omegaconf", "hydra"),  # torch: inside functions
     "tokenizer": ("terra", "decoder"),
     "decoder": ("terra",),
     "terra/models": ("vllm", "terra.vllm"),
@@ -80,7 +82,8 @@ RULES = {
     "terra/inputs": ("terra.generation.backends", *BACKEND_MODULES, "terra.pipeline"),
 }
 # modules a rule's folder may import although a forbidden name covers them
-ALLOWED = {"terra/sim": ("terra.generation.actions",)}
+ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core",), "decoder": ("terra.core",),
+           "terra/sim": ("terra.generation.actions",)}
 
 
 @pytest.mark.parametrize("where", list(RULES))
@@ -102,6 +105,13 @@ def test_nothing_imports_the_aliases_of_moved_modules():
 
 def test_the_light_layer_loads_no_torch():
     code = "import sys, terra.config; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_ground_floor_loads_no_torch():
+    code = ("import sys, terra.core.errors, terra.core.atomic, terra.core.lock, terra.core.folders, terra.core.device;"
+            " assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

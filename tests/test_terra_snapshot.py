@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 from tokenizer import LFQTokenizer, load_tokenizer
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
 from tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -377,7 +377,7 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
 
     import terra.pipeline
     from terra.batch import config_from_omegaconf, run_batch
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
     from terra.apps.runner import CONF_DIR
 
     def must_not_load(*args, **kwargs):
@@ -404,7 +404,7 @@ def test_rollout_script_exits_2_with_one_line_for_a_missing_snapshot(samples, tm
 def test_download_lines_name_the_hf_command_the_environment_has(tmp_path):
     """huggingface_hub ships `hf` (no `huggingface-cli` any more): every line that says how to download names it."""
     from decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
     from terra.config.snapshot import DOWNLOAD_HINT
     from terra.scoring.estimator import weights_file
 

@@ -26,33 +26,23 @@ import torch
 from decoder.refiner.checkpoint import check_file
 from decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
 from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
-from tokenizer.errors import InputError
+from terra.core.device import auto_dtype, check_device, resolve_device
+from terra.core.errors import TerraInputError
 
 if TYPE_CHECKING:
     from decoder.refiner.model import VideoRefiner
 
-__all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_device", "check_file", "decode_windows",
-           "guidance_scales", "load_refiner", "plan_passes", "preset", "refiner_device"]
+__all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_file", "check_refiner_device", "decode_windows",
+           "guidance_scales", "load_refiner", "plan_passes", "preset"]
 
 
-def refiner_device(device: str | torch.device | None) -> torch.device:
-    """``auto``/None → ``cuda`` when a GPU is visible, else ``cpu``; other names as given."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise InputError(f"refiner device {device!r} is not a device name; use auto, cpu, cuda or cuda:N") from None
-
-
-def check_device(config: RefinerConfig, device: torch.device, allow_cpu: bool = False) -> None:
-    """Refuse Terra's full-size refiner off a GPU (hours per video on a CPU) unless ``allow_cpu``."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"refiner device {device} asked for but no CUDA GPU is visible; use a GPU machine")
+def check_refiner_device(config: RefinerConfig, device: torch.device, allow_cpu: bool = False) -> None:
+    """Refuse Terra's full-size refiner off a GPU (hours per video on a CPU) unless ``allow_cpu``; ``device`` is
+    resolved (terra/core/device.py: whether it exists is checked there)."""
     if device.type != "cuda" and config.unet_channels == TERRA.unet_channels and not allow_cpu:
-        raise InputError(f"the video refiner at Terra's size needs a CUDA GPU (about 5 min per video on an H100 in "
-                         f"Terra's code; hours on {device.type}); run on a GPU, use decoding=framewise, or set "
-                         f"refiner.allow_cpu=true to run it here anyway")
+        raise TerraInputError("the video refiner at Terra's size needs a CUDA GPU (about 5 min per video on an H100 in "
+                              f"Terra's code; hours on {device.type}); run on a GPU, use decoding=framewise, or set "
+                              "refiner.allow_cpu=true to run it here anyway")
 
 
 def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra", device: str | None = "auto",
@@ -64,14 +54,13 @@ def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra",
     """
     config = preset(config) if isinstance(config, str) else config
     config.check()
-    device = refiner_device(device)
-    check_device(config, device, allow_cpu)
+    device = torch.device(resolve_device(check_device("auto" if device is None else str(device))))
+    check_refiner_device(config, device, allow_cpu)
     path = check_file(path)
-    if dtype in (None, "auto"):
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    elif isinstance(dtype, str):
+    if dtype is None or isinstance(dtype, str):
+        dtype = auto_dtype(device.type, dtype or "auto")
         if dtype not in ("float32", "bfloat16", "float16"):
-            raise InputError(f"refiner dtype {dtype!r} is unknown; use auto, bfloat16 or float32")
+            raise TerraInputError(f"refiner dtype {dtype!r} is unknown; use auto, bfloat16 or float32")
         dtype = getattr(torch, dtype)
     from decoder.refiner.model import VideoRefiner  # diffusers is imported only here
 

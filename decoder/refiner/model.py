@@ -31,7 +31,7 @@ from decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, R
 from decoder.refiner.keys import WRAPPER_PREFIX, key_table
 from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
 from decoder.refiner.sampler import sample_pass
-from tokenizer.atomic import atomic_path
+from terra.core.atomic import atomic_path
 from tokenizer.base import ImageTokenizer
 
 

@@ -21,9 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.checks import (
-    MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, required_path, select,
-)
+from terra.config.checks import MAX_FRAMES, Range, check_choice, check_flag, check_settings, required_path, select
+from terra.core.errors import TerraInputError
 from terra.config.spec import RunSpec, run_spec
 
 SETTINGS = {
@@ -126,8 +125,6 @@ def drive_spec(cfg: DictConfig) -> DriveAppSpec:
 
 def run(spec: DriveAppSpec, out_dir: Path) -> int:
     """Drive and record; the exit code (0 all drives ok, 1 some failed)."""
-    import torch
-
     from terra.closedloop import scenarios as scenario_sources
     from terra.closedloop.fidelity import run_fidelity
     from terra.closedloop.loop import DriveSpec
@@ -136,12 +133,12 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
     from terra.generation.backends import resolve_spec
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
+    from terra.core.device import set_threads
     from terra.session import SessionHost
     from terra.config.spec import check_window
     from tokenizer import load_tokenizer
 
-    if spec.num_threads is not None:
-        torch.set_num_threads(spec.num_threads)
+    set_threads(spec.num_threads)
     factories = {entry: policy_factory(entry) for entry in spec.policies}
     run_settings = resolve_spec(spec.run, spec.max_concurrent)  # a vLLM engine's decoding: for the drives at once
     tokenizer = load_tokenizer(run_settings.tokenizer)

@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.training.prepare import prepare_spec
 from terra.training.shards import INDEX_FILE
 
@@ -43,7 +43,7 @@ def _main(cfg: DictConfig) -> None:
         # 2. the tokenizer, on the device chosen once, and the index it must match
         from tqdm import tqdm
 
-        from terra.generation.backends import resolve_device
+        from terra.core.device import resolve_device
         from terra.training.prepare import assign_splits, open_index, prepare_shards
         from tokenizer import load_tokenizer
 

@@ -20,7 +20,7 @@ It ends as every Hydra app does (terra/apps/runner.py): a user error is one line
 one line and exit code 1 (the traceback under ``--verbose``), and Ctrl-C or SIGTERM stop the engine, keep the
 samples finished so far with their manifest records and exit 130 / 143 (a rerun resumes). The settings are
 checked once, before torch is imported (terra/batch/config.py), and the output folder is locked once, before
-any work (terra/config/lock.py): a second run into it fails at once, naming the first.
+any work (terra/core/lock.py): a second run into it fails at once, naming the first.
 """
 
 from __future__ import annotations

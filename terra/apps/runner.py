@@ -41,8 +41,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import terra.conf
 from terra.config.assets import ASSETS
-from terra.config.checks import TerraInputError
 from terra.config.snapshot import snapshot_folder
+from terra.core.errors import TerraInputError
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)

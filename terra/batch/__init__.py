@@ -51,7 +51,7 @@ Outputs (under ``output_dir``)
   pass; the sidecar has the same block). ``<manifest stem>.summary.json`` holds the counts and the run's
   ``decoding`` figures summed over its samples. Malformed lines are recorded as failed with stage ``parse``
   (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
-* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.config.lock`): a second run of the
+* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.core.lock`): a second run of the
   same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples
   finished so far with their records and leaves no partial file; rerunning finishes it.
 

@@ -18,14 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
-from terra.config.backend import DTYPES, check_backend, check_device
-from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, TerraInputError, check_choice, check_flag, shown
+from terra.config.backend import DTYPES, check_backend
+from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, check_choice, check_flag, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, check_decoding_name
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
 from terra.inputs.trajectory import MANOEUVRES
 from tokenizer.resize import RESIZE_MODES
 

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
 from decoder import write_sidecar
 from terra.batch.concurrency import engine_options
 from terra.batch.config import BatchConfig
-from terra.batch.manifest import error_line, sample_record
+from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
 from terra.batch.samples import context_paths, sample_actions
 from terra.config.sampling import SamplingConfig
@@ -33,7 +32,7 @@ from terra.config.spec import RunSpec
 from terra.pipeline import WorldModelPipeline
 from terra.outputs import shown_frames, write_formats
 from tokenizer import ImageTokenizer
-from tokenizer.atomic import atomic_path
+from terra.core.atomic import atomic_path
 
 if TYPE_CHECKING:
     from decoder.refiner.model import VideoRefiner
@@ -51,12 +50,6 @@ def build_pipeline(config: BatchConfig, spec: RunSpec, model_config: LlamaAction
     """
     spec = spec.replace(backend_options=engine_options(config, spec))
     return WorldModelPipeline.from_spec(spec, tokenizer, model_config)
-
-
-def set_threads(config: BatchConfig) -> None:
-    """Apply ``config.num_threads`` to torch's CPU thread pool (None: leave torch's default)."""
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
 
 
 @dataclass
@@ -106,7 +99,7 @@ class _Writer:
         try:
             files = self.write(prepared, generated, generate_s, stats)
         except Exception as err:  # noqa: BLE001  (recorded; the other samples go on)
-            self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="write", seed=item.seed,
+            self.emit(sample_record(item.sample, "failed", error=sample_error(err), stage="write", seed=item.seed,
                                     seconds=time.perf_counter() - prepared.started))
             return
         self.emit(sample_record(item.sample, "ok", seconds=time.perf_counter() - prepared.started, seed=item.seed,

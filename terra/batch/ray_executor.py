@@ -28,11 +28,11 @@ from typing import Any, Callable, Sequence
 from tqdm.auto import tqdm
 
 from terra.batch.config import BatchConfig
-from terra.batch.manifest import error_line, sample_record
+from terra.batch.manifest import sample_record
 from terra.batch.plan import Item
 from terra.batch.ray_settings import RaySettings
 from terra.batch.stream import longest_rollout
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError, error_line
 from terra.models import LlamaActionConfig
 
 POLL_S = 1.0  # how often the driver asks each actor for its frames so far (the frame bar)

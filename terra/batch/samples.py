@@ -22,7 +22,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from terra.batch.config import BatchConfig, MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS
-from terra.config.checks import TerraInputError, shown
+from terra.core.errors import TerraInputError
+from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
 from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from terra.batch.concurrency import resolve_max_concurrent
 from terra.batch.config import BatchConfig
 from terra.batch.engine import _Prepared, _Writer, _prepare
-from terra.batch.manifest import error_line, sample_record
+from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutState
@@ -82,7 +82,7 @@ class StreamingEngine:
             try:
                 prepared = _prepare(item, self.pipeline, self.config, started)
             except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
-                self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="input", seed=item.seed,
+                self.emit(sample_record(item.sample, "failed", error=sample_error(err), stage="input", seed=item.seed,
                                         seconds=time.perf_counter() - started))
                 continue
             self._handoff(prepared)
@@ -156,7 +156,7 @@ class StreamingEngine:
         active[id(state)] = (prepared, state, time.perf_counter())
 
     def _failed(self, prepared: _Prepared, err: Exception) -> None:
-        self.emit(sample_record(prepared.item.sample, "failed", error=error_line(err), stage="generate",
+        self.emit(sample_record(prepared.item.sample, "failed", error=sample_error(err), stage="generate",
                                 seed=prepared.item.seed, seconds=time.perf_counter() - prepared.started))
 
     def _next_frame(self, state: RolloutState, active: dict) -> None:

@@ -22,7 +22,7 @@ from terra.closedloop.plans import Policy
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.worlds import World
-from tokenizer.atomic import write_text
+from terra.core.atomic import write_text
 
 COLUMNS = ("time_in_lane", "mean_abs_lane_offset_m", "off_road", "collision", "progress_along_road_m")
 

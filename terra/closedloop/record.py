@@ -5,7 +5,7 @@ generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status
 failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last;
 ``manifest.jsonl``, one record per drive as it is written (``status`` ok | failed | skipped = already complete,
 ``stage`` and ``error`` of a failure); ``manifest.summary.json``; and while a run goes, the folder's lock
-(terra/batch/lock.py). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
+(terra/core/lock.py). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
 steps, world and model settings), says it is complete and its video exists: a rerun skips it.
 """
 
@@ -24,9 +24,9 @@ from decoder.writers import write_video
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
-from terra.config.checks import TerraInputError
 from terra.config.files import load_json
-from tokenizer.atomic import write_text
+from terra.core.atomic import write_text
+from terra.core.errors import TerraInputError
 
 MANIFEST = "manifest.jsonl"
 

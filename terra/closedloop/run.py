@@ -15,12 +15,12 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from terra.config.lock import output_lock
+from terra.core.lock import output_lock
 from terra.batch.manifest import Manifest, count_statuses
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.record import MANIFEST, completed, fingerprint, manifest_record, write_drive
 from terra.closedloop.worlds import World
-from tokenizer.atomic import write_text
+from terra.core.atomic import write_text
 
 
 @dataclass(frozen=True)

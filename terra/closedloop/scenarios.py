@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import EgoTrajectory
 from terra.session.controls import speed_of

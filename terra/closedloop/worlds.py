@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.closedloop.scenarios import Scenario, compose
 from terra.session.controls import advance_pose
 from terra.sim.renderer import render

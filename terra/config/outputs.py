@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from decoder.writers import check_fps, ffmpeg_exe
-from terra.config.checks import TerraInputError, check_flag, shown
+from terra.config.checks import check_flag, shown
+from terra.core.errors import TerraInputError
 
 MIN_FREE_BYTES = 1 << 20  # an output folder's disk needs at least this much room before any work starts
-ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # tokenizer/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
+ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # terra/core/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
 FORMATS = ("gif", "mp4", "png")
 
 

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from terra.config.checks import Range, TerraInputError, check_choice
+from terra.config.checks import Range, check_choice
+from terra.core.errors import TerraInputError
 
 DECODINGS = ("auto", "sequential", "speculative")
 SAMPLING = {  # SamplingConfig checks these

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from terra.config.checks import TerraInputError, error_reason
+from terra.core.errors import TerraInputError, error_reason
 from terra.models import LlamaActionConfig
 from tokenizer.tensors import check_floats
 

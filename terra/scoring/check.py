@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.estimator import EstimatorConfig, weights_file
 from terra.scoring.samples import read_samples
 from terra.scoring.settings import ScoringSettings

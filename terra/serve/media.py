@@ -20,10 +20,10 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from decoder import mark_frames, write_gif, write_mp4
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from tokenizer.images import RGB_COMPATIBLE_MODES
 from tokenizer.resize import fit_frame
-from tokenizer.atomic import json_text
+from terra.core.atomic import json_text
 
 MAX_UPLOAD_PIXELS = 4096 * 4096  # one uploaded frame; a decompression bomb fails before it is decoded
 VIDEO_FORMATS = {"mp4": "video/mp4", "gif": "image/gif"}

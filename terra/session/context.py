@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import validate_actions
 from terra.inputs.trajectory import MANOEUVRES
 from terra.session.controls import MAX_SPEED_KMH, check_number, drive_action, speed_of

@@ -28,13 +28,14 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError, check_choice
+from terra.config.checks import check_choice
 from terra.config.output_dir import claim_output_dir
+from terra.core.atomic import atomic_dir, json_text, mark, write_text
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import random_drive
 from terra.sim.dataset import check_sizes, map_in_processes
 from terra.sim.scene import DOMAINS
-from tokenizer.atomic import atomic_dir, json_text, mark, write_text
 
 LOGS_META_FILE = "clips.json"
 TRAJECTORY_FILE = "trajectory.csv"

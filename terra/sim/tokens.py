@@ -17,8 +17,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from terra.config.checks import TerraInputError
-from tokenizer.atomic import atomic_path, mark
+from terra.core.atomic import atomic_path, mark
+from terra.core.errors import TerraInputError
 from tokenizer.tensors import check_codes, check_floats
 
 TOKENS_VERSION = "1"

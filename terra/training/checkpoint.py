@@ -23,9 +23,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from terra.config.checks import TerraInputError, error_reason
+from terra.core.atomic import atomic_path, mark
+from terra.core.errors import TerraInputError, error_reason
 from terra.training.distributed import Processes, barrier
-from tokenizer.atomic import atomic_path, mark
 
 STATE_FILE = "trainer_state.pt"  # written last, atomically: a folder holding it is a complete checkpoint
 OPTIONS = StateDictOptions(ignore_frozen_params=True)

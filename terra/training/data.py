@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.sim.tokens import load_tokens
 from terra.training.shards import read_index, read_shard
 

@@ -50,7 +50,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, TerraInputError, one_line
+from terra.config.checks import MAX_FRAMES, one_line
+from terra.core.errors import TerraInputError
 from terra.config.files import load_json, open_input_file, read_input_text
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.actions import (

@@ -18,9 +18,11 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from omegaconf import DictConfig
 
-from terra.config.backend import check_device
-from terra.config.checks import (MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, one_line,
-                                 required_path, select)
+from terra.core.device import check_device
+from terra.config.checks import (
+    MAX_FRAMES, Range, check_choice, check_flag, check_settings, one_line, required_path, select,
+)
+from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 from terra.generation.actions import FRAME_RATE_HZ

@@ -12,13 +12,13 @@ import torch
 
 from decoder.writers import write_grid
 from terra.config.sampling import SamplingConfig
+from terra.core.atomic import atomic_path
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.models import LlamaActionForCausalLM
 from terra.pipeline import WorldModelPipeline
 from terra.training.data import ClipSet
-from tokenizer.atomic import atomic_path
 
 GREEDY = SamplingConfig(temperature=0.0)
 

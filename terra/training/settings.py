@@ -24,9 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from terra.config.backend import check_device
-from terra.config.checks import (Range, TerraInputError, check_choice, check_file_size, check_flag, check_settings,
-                                 required_path, select, shown)
+from terra.core.device import check_device
+from terra.config.checks import (
+    Range, check_choice, check_file_size, check_flag, check_settings, required_path, select, shown,
+)
+from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 

@@ -24,9 +24,10 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from terra.config.checks import TerraInputError, shown
+from terra.config.checks import shown
+from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
-from tokenizer.atomic import atomic_path, json_text, mark, write_text
 from tokenizer.tensors import check_codes, check_floats
 
 SHARDS_VERSION = 1

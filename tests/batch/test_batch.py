@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
-from terra.config.checks import TerraInputError
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
+from terra.core.errors import TerraInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rollout.py"

@@ -30,15 +30,16 @@ from types import SimpleNamespace
 import imageio.v3 as iio
 import pytest
 
-from terra.config.lock import output_lock
-from terra.batch.manifest import MAX_ERROR_CHARS, Manifest, error_line, read_manifest
-from terra.config.checks import TerraInputError
+from terra.core.lock import output_lock
+from terra.core.errors import MAX_ERROR_CHARS
+from terra.batch.manifest import Manifest, read_manifest, sample_error
+from terra.core.errors import TerraInputError
 from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
     NUM_CONTEXT, TEMP_NAME, TOTAL, actbench_line, scenes, terra_line,
 )
 from tests.conftest import spawn_interruptible
 from tests.test_hostile_inputs import png_header
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rollout.py"
@@ -312,7 +313,7 @@ def read_text(path: Path) -> str:
 def test_a_killed_holder_frees_the_lock(tmp_path):
     manifest = tmp_path / "out" / "manifest.jsonl"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom terra.config.lock import output_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom terra.core.lock import output_lock\n"
          f"with output_lock({str(manifest)!r}):\n    print('held', flush=True)\n    time.sleep(600)\n"],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     try:
@@ -404,12 +405,12 @@ def test_a_gpu_out_of_memory_is_recorded_with_the_setting_that_frees_the_gpu():
 
     detail = ("CUDA out of memory. Tried to allocate 216.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
               "72.56 MiB is free. " + "Of the allocated memory 1.2 GiB is allocated by PyTorch. " * 12)
-    line = error_line(torch.OutOfMemoryError(detail))
+    line = sample_error(torch.OutOfMemoryError(detail))
     assert len(line) == MAX_ERROR_CHARS and "\n" not in line  # one line, the detail cut, the fix kept
-    assert line.startswith("the GPU ran out of memory beside the engine: lower backend.options.gpu_memory_utilization "
-                           "(vLLM's share), writer_threads or max_concurrent (torch.OutOfMemoryError: CUDA out of "
-                           "memory. Tried to allocate 216.00 MiB.")
-    assert error_line(RuntimeError("CUDA error: an illegal memory access")) == (
+    assert line.startswith("the GPU ran out of memory: lower backend.options.gpu_memory_utilization (vLLM's share "
+                           "beside the engine), writer_threads or max_concurrent (torch.OutOfMemoryError: CUDA out "
+                           "of memory. Tried to allocate 216.00 MiB.")
+    assert sample_error(RuntimeError("CUDA error: an illegal memory access")) == (
         "RuntimeError: CUDA error: an illegal memory access")  # other GPU errors keep their own text
 
 

@@ -24,12 +24,12 @@ import pytest
 import ray
 
 from terra.batch import BatchConfig, read_manifest, run_batch
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from tests.conftest import load_script, spawn_interruptible
 from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
     NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
 )
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
 
 pytestmark = pytest.mark.slow
 

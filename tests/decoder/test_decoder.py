@@ -17,10 +17,10 @@ from decoder import (
 from decoder.frames import images_to_uint8
 from decoder.overlay import CONTEXT_COLOR, GENERATED_COLOR
 from decoder.writers import mp4_command
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.inputs.actions import actions_for_manoeuvre
 from tokenizer import LFQTokenizer
-from tokenizer.atomic import atomic_path
+from terra.core.atomic import atomic_path
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -17,7 +17,7 @@ pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip instal
 
 from decoder.refiner import TINY, load_refiner  # noqa: E402
 from terra.batch import BatchConfig, check_config, run_batch  # noqa: E402
-from terra.config.checks import TerraInputError  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
 from terra.config.spec import RunSpec, check_decoding_name  # noqa: E402
 from terra.refiner import check_decoding  # noqa: E402

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from terra.config.backend import check_backend
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline

@@ -15,7 +15,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.report import COLUMNS
 from terra.scoring.run import score
 from terra.scoring.settings import ScoringSettings, scoring_settings

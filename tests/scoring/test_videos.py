@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from decoder.writers import write_mp4
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.samples import BenchSample
 from terra.scoring.videos import VideoClips, collate, decode_last, find_videos, match_videos, preprocess, resize_size
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.sim import Scene, make_clip
 from tests.conftest import load_script
 

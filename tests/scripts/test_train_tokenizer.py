@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from safetensors.torch import load_file
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread

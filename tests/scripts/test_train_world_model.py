@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens

@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from terra.config.checks import TerraInputError
+from terra.core.atomic import MARKER
+from terra.core.errors import TerraInputError
 from terra.sim import random_clip
 from terra.sim.logs import LOGS_META_FILE, write_driving_logs
 from terra.training.shards import read_index, read_shard
-from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

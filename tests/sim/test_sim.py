@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.trajectory import MANOEUVRES
 from terra.sim import Clip, Scene, make_clip, random_clip, render, sample_frames

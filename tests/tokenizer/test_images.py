@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from tokenizer.images import frames_to_tensor, load_frames, load_images
 
 

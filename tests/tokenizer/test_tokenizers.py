@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
 from tokenizer.lfq_quantizer import bits_to_codes, codes_to_bits
 

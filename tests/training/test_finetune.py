@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from terra.apps.runner import ASSETS
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.training.run import train as run_training

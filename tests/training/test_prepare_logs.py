@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.inputs.actions import load_actions
 from terra.training.driving_logs import Resampled, resample
 from terra.training.shards import read_index, read_shard
 from terra.training.prepare import clip_score
 from tokenizer import load_tokenizer
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
 from tokenizer.images import frames_to_tensor, load_frames
 from tokenizer.resize import fit_frame
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.tokens import load_tokens
 from terra.training import data as training_data
