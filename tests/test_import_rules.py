@@ -6,7 +6,7 @@ tokenizer/ and terra/core/ only; the world model (terra/models/) runs without
 vLLM; the pipeline and the apps reach a backend only through terra.generation.backends; the synthetic world
 (terra/sim/) knows nothing of generation but the action contract (terra/generation/actions.py); the light
 layer (terra/config/) imports no torch, Transformers or any other part of terra; terra/inputs/ names no backend;
-nothing in the repository imports the aliases kept for moved modules; ``import tokenizer`` and ``import terra``
+the aliases of moved modules are gone; ``import tokenizer`` and ``import terra``
 stay light.
 """
 
@@ -66,7 +66,8 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
 
 
-MOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
+# Removed one-release aliases (README, "Moved names"): the modules are gone, not kept as shims.
+REMOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
 # folder or file → modules it must not import (a name and everything below it)
 RULES = {
     "terra/core": ("terra", "tokenizer", "decoder", "numpy", "omegaconf", "hydra"),  # torch: inside functions
@@ -95,11 +96,14 @@ def test_layering(where):
     assert not broken, "\n".join(broken)
 
 
-def test_nothing_imports_the_aliases_of_moved_modules():
-    aliases = {f"{name.replace('.', '/')}.py" for name in MOVED}
+def test_the_removed_aliases_are_gone():
+    kept = [name for name in REMOVED if ROOT.joinpath(*name.split(".")).with_suffix(".py").exists()]
+    assert not kept, f"aliases still in the tree: {kept}"
+    inputs = (ROOT / "terra" / "inputs" / "__init__.py").read_text()
+    assert "builtin_context" not in inputs  # moved to terra.sim: no alias on terra.inputs
     broken = [f"{path.relative_to(ROOT)} imports {name}" for path in repository_sources() + sources("tests")
-              if str(path.relative_to(ROOT)) not in aliases and path.name != "test_import_rules.py"
-              for name in sorted(imported_modules(path)) if within(name, MOVED)]
+              if path.name != "test_import_rules.py"
+              for name in sorted(imported_modules(path)) if within(name, REMOVED)]
     assert not broken, "\n".join(broken)
 
 

@@ -1,6 +1,6 @@
 """Where a session starts: context frames as codes, the actions between them and the speed at the last one.
 
-Three sources: the built-in synthetic world (:func:`terra.inputs.builtin_context`, with its exact actions),
+Three sources: the built-in synthetic world (:func:`terra.sim.builtin_context`, with its exact actions),
 images (encoded by the pipeline's tokenizer), or codes. Images and codes without actions are taken as driving
 straight at ``speed_kmh``. ``actions[t]`` conditions context frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"),
 so ``n`` context frames carry ``n - 1`` actions; the session's first step gives the action of the last one.
