@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tokenizer.base import ImageTokenizer
+from terra.tokenizer.base import ImageTokenizer
 
 
 def images_to_uint8(images: torch.Tensor) -> np.ndarray:

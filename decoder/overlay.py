@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from decoder.writers import check_frames
 from terra.core.errors import TerraInputError
+from terra.decoder.writers import check_frames
 
 CONTEXT_COLOR = (60, 140, 255)  # blue: frames given as context
 GENERATED_COLOR = (255, 140, 30)  # orange: frames the world model generated

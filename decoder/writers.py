@@ -8,7 +8,7 @@ read-only folder) raises :class:`TerraInputError` naming the file, and leaves no
 What each output gets, for every model and every entry point (terra-generate, batch rollouts, terra-serve's
 downloads, grids), so a toolkit run compares with Terra's published ACT-Bench videos:
 
-- **pixels**: :func:`decoder.frames.images_to_uint8`, Terra's quantisation (a floor of ``255 * (x + 1) / 2``);
+- **pixels**: :func:`terra.decoder.frames.images_to_uint8`, Terra's quantisation (a floor of ``255 * (x + 1) / 2``);
 - **MP4**: :data:`MP4_ENCODING`, what Terra's ``imageio.get_writer(path, fps=10)`` runs with imageio-ffmpeg's
   defaults: libx264 with no quality flag (x264's own CRF 23: imageio passes ``quality=None`` on, so its
   documented quality 5 never reaches ffmpeg), yuv420p, and a frame whose width or height is not a multiple of 16
@@ -47,7 +47,7 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
         raise TerraInputError(
             f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
-            "convert with decoder.frames.images_to_uint8"
+            "convert with terra.decoder.frames.images_to_uint8"
         )
     return np.ascontiguousarray(frames)
 

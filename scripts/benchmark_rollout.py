@@ -51,9 +51,9 @@ from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 from terra.sim import sample_frames  # noqa: E402
-from tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
+from terra.tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
-from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
+from terra.tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
 ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 generated, scored as MP4
 

@@ -20,9 +20,9 @@ import torch
 from omegaconf import OmegaConf
 
 from terra.core.atomic import json_text, write_text
-from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.lfq import TERRA_CONFIG
-from tokenizer.vq import VQ16_CONFIG
+from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
+from terra.tokenizer.lfq import TERRA_CONFIG
+from terra.tokenizer.vq import VQ16_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips, save_tokens
-from tokenizer import load_tokenizer
+from terra.tokenizer import load_tokenizer
 
 CONFIG = {
     "defaults": [{"override hydra/job_logging": "stdout"}, "_self_"],

@@ -36,12 +36,12 @@ from terra.apps.runner import CONFIG_PATH, run_app
 from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.sim import render_frames
-from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
+from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import error_reason
-from tokenizer.base import TrainOutput, WEIGHTS_NAME
-from tokenizer.images import load_frames
-from tokenizer.training import (
+from terra.tokenizer.base import TrainOutput, WEIGHTS_NAME
+from terra.tokenizer.images import load_frames
+from terra.tokenizer.training import (
     CodeUsage, PatchDiscriminator, gradient_l1, hinge_d_loss, hinge_g_loss, lr_factor, make_ema, psnr, sample_batch,
 )
 

@@ -2,7 +2,7 @@
 loads, and loaded once generation is done (the world model's memory is free by then).
 
 ``decoding=framewise`` (the default) decodes each frame with the tokenizer, at its size (Terra: 288x512);
-``decoding=refiner`` refines the whole video with Terra's video refiner (:mod:`decoder.refiner`) at 384x640.
+``decoding=refiner`` refines the whole video with Terra's video refiner (:mod:`terra.decoder.refiner`) at 384x640.
 diffusers is imported only when a refiner is loaded.
 """
 
@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decoder.refiner import RefinerConfig, check_file, check_refiner_device, load_refiner, preset
 from terra.config.snapshot import DOWNLOAD_HINT
 from terra.config.spec import RunSpec
 from terra.core.device import check_device, resolve_device
 from terra.core.errors import TerraInputError
+from terra.decoder.refiner import RefinerConfig, check_file, check_refiner_device, load_refiner, preset
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 SETTINGS = ("num_steps", "guidance", "arithmetic", "decode_batch", "channels_last",
             "compile")  # the RefinerConfig fields a run sets

@@ -5,7 +5,7 @@ costs several seconds of start-up, so each test makes one run and checks everyth
 
 "Wrong image size" is not an error by itself: context frames of any size are resized to cover the tokenizer's
 size and center-cropped. What cannot be used is a frame that would have to be enlarged more than
-``tokenizer.resize.MAX_UPSCALE`` times (a 1x1 image, a thumbnail) or a file that is no image at all; both
+``terra.tokenizer.resize.MAX_UPSCALE`` times (a 1x1 image, a thumbnail) or a file that is no image at all; both
 exit with code 2.
 """
 

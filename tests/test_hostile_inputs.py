@@ -31,7 +31,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from decoder.writers import write_gif, write_mp4
 from terra.config.backend import check_backend
 from terra.config.checks import check_number
 from terra.config.files import check_context_paths
@@ -39,13 +38,14 @@ from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.decoder.writers import write_gif, write_mp4
 from terra.generation.actions import validate_actions
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.inputs.requests import trajectory_actions
 from terra.inputs.trajectory import EgoTrajectory
 from terra.models.checkpoint import read_world_model_config
+from terra.tokenizer.images import load_images
 from tests.conftest import spawn_interruptible
-from tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "terra" / "assets" / "demo"

@@ -6,7 +6,7 @@ tokenizer/ and terra/core/ only; the world model (terra/models/) runs without
 vLLM; the pipeline and the apps reach a backend only through terra.generation.backends; the synthetic world
 (terra/sim/) knows nothing of generation but the action contract (terra/generation/actions.py); the light
 layer (terra/config/) imports no torch, Transformers or any other part of terra; terra/inputs/ names no backend;
-the aliases of moved modules are gone; ``import tokenizer`` and ``import terra``
+the aliases of moved modules are gone; ``import terra.tokenizer`` and ``import terra``
 stay light.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +27,15 @@ BACKEND_MODULES = ("terra.generation.hf_backend", "terra.generation.vllm_backend
 SKIPPED_DIRS = {"tests", "build", "dist", "outputs", "multirun", "runs", "__pycache__"}
 
 
+INSTALLED_AS = {"tokenizer": "terra.tokenizer", "decoder": "terra.decoder", "conf": "terra.conf"}  # pyproject.toml
+
+
 def module_name(path: Path) -> str:
-    """``terra/generation/rollout.py`` → ``terra.generation.rollout`` (a package's ``__init__`` → the package)."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    """``terra/generation/rollout.py`` → ``terra.generation.rollout`` (a package's ``__init__`` → the package);
+    the top-level folders installed under the namespace by their installed names (``tokenizer/base.py`` →
+    ``terra.tokenizer.base``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts[0] = INSTALLED_AS.get(parts[0], parts[0])
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -71,8 +78,8 @@ REMOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajector
 # folder or file → modules it must not import (a name and everything below it)
 RULES = {
     "terra/core": ("terra", "tokenizer", "decoder", "numpy", "omegaconf", "hydra"),  # torch: inside functions
-    "tokenizer": ("terra", "decoder"),
-    "decoder": ("terra",),
+    "tokenizer": ("terra", "tokenizer", "decoder"),
+    "decoder": ("terra", "tokenizer", "decoder"),
     "terra/models": ("vllm", "terra.vllm"),
     "terra/pipeline.py": BACKEND_MODULES,
     "terra/apps": BACKEND_MODULES,
@@ -83,7 +90,8 @@ RULES = {
     "terra/inputs": ("terra.generation.backends", *BACKEND_MODULES, "terra.pipeline"),
 }
 # modules a rule's folder may import although a forbidden name covers them
-ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core",), "decoder": ("terra.core",),
+ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
+           "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
            "terra/sim": ("terra.generation.actions",)}
 
 
@@ -104,6 +112,20 @@ def test_the_removed_aliases_are_gone():
     broken = [f"{path.relative_to(ROOT)} imports {name}" for path in repository_sources() + sources("tests")
               if path.name != "test_import_rules.py"
               for name in sorted(imported_modules(path)) if within(name, REMOVED)]
+    assert not broken, "\n".join(broken)
+
+
+OLD_TOP_LEVEL = re.compile(r"(?<![\w.])(from|import)\s+(tokenizer|decoder)\b")
+
+
+def test_nothing_imports_the_old_top_level_names():
+    """``tokenizer`` and ``decoder`` install as ``terra.tokenizer`` and ``terra.decoder`` only; from the repository
+    root the old names would still import (the folders are on ``sys.path``) and load a second copy of every module.
+    A regex over the text, so code in strings, notebooks, shell scripts and the Makefile counts too."""
+    texts = repository_sources() + sources("tests") + sorted(ROOT.glob("notebooks/*.ipynb"))
+    texts += sorted(ROOT.glob("scripts/*.sh")) + [ROOT / "Makefile", ROOT / "README.md"]
+    broken = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in texts if path.name != "test_import_rules.py"
+              for n, line in enumerate(path.read_text().splitlines(), 1) if OLD_TOP_LEVEL.search(line)]
     assert not broken, "\n".join(broken)
 
 
@@ -128,7 +150,7 @@ def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
                                                                                   "terra.sim.clips.Clip"}
 
 
-@pytest.mark.parametrize("package", ["tokenizer", "terra"])
+@pytest.mark.parametrize("package", ["terra.tokenizer", "terra"])
 def test_import_is_light(package):
     code = f"import sys, {package}; assert 'transformers' not in sys.modules, 'transformers was imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ import torch
 from terra.generation.backends import create_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from tokenizer import LFQTokenizer
+from terra.tokenizer import LFQTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,9 +28,9 @@ from PIL import Image
 from transformers import AutoModelForCausalLM
 
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM, LlamaActionV2ForCausalLM
-from tokenizer import LFQTokenizer, load_tokenizer
+from terra.tokenizer import LFQTokenizer, load_tokenizer
 from terra.core.atomic import MARKER
-from tokenizer.images import load_images
+from terra.tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
 TERRA_GENERATE = Path(sys.executable).with_name("terra-generate")
@@ -403,7 +403,7 @@ def test_rollout_script_exits_2_with_one_line_for_a_missing_snapshot(samples, tm
 
 def test_download_lines_name_the_hf_command_the_environment_has(tmp_path):
     """huggingface_hub ships `hf` (no `huggingface-cli` any more): every line that says how to download names it."""
-    from decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
+    from terra.decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
     from terra.core.errors import TerraInputError
     from terra.config.snapshot import DOWNLOAD_HINT
     from terra.scoring.estimator import weights_file

@@ -21,8 +21,8 @@ from torch import nn
 
 from terra.core.atomic import atomic_path, json_text, write_text
 from terra.core.errors import TerraInputError, error_reason
-from tokenizer import checkpoint_keys
-from tokenizer.tensors import check_like
+from terra.tokenizer import checkpoint_keys
+from terra.tokenizer.tensors import check_like
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -125,7 +125,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         if not torch.is_tensor(images) or images.ndim != 4 or images.shape[1] != 3:
             shape = list(images.shape) if torch.is_tensor(images) else type(images).__name__
             raise TerraInputError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got {shape}; "
-                                  "load files with tokenizer.images.load_images")
+                                  "load files with terra.tokenizer.images.load_images")
         factor = self.downsample_factor
         if images.shape[2] % factor or images.shape[3] % factor:
             raise TerraInputError(
@@ -205,7 +205,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return model.to(device=device, dtype=dtype).eval()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Load weights strictly (after :func:`tokenizer.checkpoint_keys.clean`); mismatches, integer or
+        """Load weights strictly (after :func:`terra.tokenizer.checkpoint_keys.clean`); mismatches, integer or
         non-finite weights raise one line."""
         converted = checkpoint_keys.clean(state_dict)
         expected = self.state_dict()
@@ -236,7 +236,7 @@ def load_tokenizer(
     """Open any saved tokenizer: a folder, a Hub id, or LlamaGen's original VQ-16 ``.pt`` file."""
     path_str = str(path)
     if Path(path_str).is_file() and Path(path_str).suffix in (".pt", ".pth", ".ckpt"):
-        from tokenizer.vq import VQTokenizer
+        from terra.tokenizer.vq import VQTokenizer
 
         return VQTokenizer.from_llamagen(path_str).to(device=device, dtype=dtype)
     return ImageTokenizer.from_pretrained(path_str, device=device, dtype=dtype)

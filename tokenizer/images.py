@@ -2,7 +2,7 @@
 
 Every frame is converted to RGB, fitted to the target size (tokenizer/resize.py: cover and centre-crop, or
 stretch), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than
-:data:`tokenizer.resize.MAX_UPSCALE`, e.g. a 1x1 image) are rejected, and so are images whose header claims
+:data:`terra.tokenizer.resize.MAX_UPSCALE`, e.g. a 1x1 image) are rejected, and so are images whose header claims
 more than :data:`MAX_PIXELS` pixels (checked before they are decoded). Only regular files are opened (a FIFO
 or a device would block forever). Folders and globs are read in sorted file-name order; with ``last_n`` only
 the frames kept are decoded. Bad input raises :class:`terra.core.errors.TerraInputError` naming the file and the fix.
@@ -23,7 +23,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from terra.core.errors import TerraInputError
-from tokenizer.resize import RESIZE_MODES, fit_frame
+from terra.tokenizer.resize import RESIZE_MODES, fit_frame
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")

@@ -26,9 +26,9 @@ from typing import Any, Mapping
 import torch
 
 from terra.core.errors import TerraInputError
-from tokenizer.base import ImageTokenizer, TrainOutput
-from tokenizer.lfq_quantizer import LookupFreeQuantizer
-from tokenizer.magvit2 import Decoder, Encoder
+from terra.tokenizer.base import ImageTokenizer, TrainOutput
+from terra.tokenizer.lfq_quantizer import LookupFreeQuantizer
+from terra.tokenizer.magvit2 import Decoder, Encoder
 
 DEFAULT_IMAGE_SIZE = (288, 512)  # Terra's input size: 18x32 codes
 

@@ -27,8 +27,8 @@ from einops import rearrange
 from torch import nn
 
 from terra.core.errors import TerraInputError
-from tokenizer.base import ImageTokenizer, TrainOutput
-from tokenizer.modules import Decoder, Encoder
+from terra.tokenizer.base import ImageTokenizer, TrainOutput
+from terra.tokenizer.modules import Decoder, Encoder
 
 VQ16_CONFIG: dict[str, Any] = {
     "codebook_size": 16384,

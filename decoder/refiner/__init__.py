@@ -7,13 +7,13 @@ per sample on an H100 in Terra's code. Built from diffusers' modules (``UNetSpat
 conditioning path, the Euler sampler in Terra's dtypes, per-frame guidance, the names of ``refiner_model.pt`` and
 overlapping passes.
 
-    from decoder.refiner import load_refiner
+    from terra.decoder.refiner import load_refiner
     refiner = load_refiner("Terra/video_refiner/refiner_model.pt", device="cuda")   # bf16 on a GPU
     video = refiner.refine(codes, tokenizer, seed=0)   # codes [T, 18, 32] → video.frames uint8 [T, 384, 640, 3]
 
 Importing this package does not import diffusers; :func:`load_refiner` does. Modules: ``config`` (sizes,
 recipe, presets), ``plan`` (passes, guidance ramp, decoder windows), ``keys`` and ``checkpoint`` (the published
-file), ``sampler`` (one pass), ``model`` (:class:`~decoder.refiner.model.VideoRefiner`).
+file), ``sampler`` (one pass), ``model`` (:class:`~terra.decoder.refiner.model.VideoRefiner`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decoder.refiner.checkpoint import check_file
-from decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
-from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
+from terra.decoder.refiner.checkpoint import check_file
+from terra.decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
+from terra.decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
 from terra.core.device import auto_dtype, check_device, resolve_device
 from terra.core.errors import TerraInputError
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 __all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_file", "check_refiner_device", "decode_windows",
            "guidance_scales", "load_refiner", "plan_passes", "preset"]
@@ -62,6 +62,6 @@ def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra",
         if dtype not in ("float32", "bfloat16", "float16"):
             raise TerraInputError(f"refiner dtype {dtype!r} is unknown; use auto, bfloat16 or float32")
         dtype = getattr(torch, dtype)
-    from decoder.refiner.model import VideoRefiner  # diffusers is imported only here
+    from terra.decoder.refiner.model import VideoRefiner  # diffusers is imported only here
 
     return VideoRefiner.from_published(path, config, device, dtype)

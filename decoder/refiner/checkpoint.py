@@ -13,8 +13,8 @@ from typing import Mapping
 
 import torch
 
-from decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
 from terra.core.errors import TerraInputError, error_reason
+from terra.decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
 
 DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing-motors/Terra "
                  "(`hf download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`)")

@@ -136,7 +136,7 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
     from terra.core.device import set_threads
     from terra.session import SessionHost
     from terra.config.spec import check_window
-    from tokenizer import load_tokenizer
+    from terra.tokenizer import load_tokenizer
 
     set_threads(spec.num_threads)
     factories = {entry: policy_factory(entry) for entry in spec.policies}

@@ -94,7 +94,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from terra.pipeline import WorldModelPipeline
     from terra.refiner import check_decoding
     from terra.sim import builtin_context
-    from tokenizer import load_tokenizer
+    from terra.tokenizer import load_tokenizer
 
     # 2. the engine, the window, the tokenizer, the context frames and the trajectory
     set_threads(spec.run.num_threads)

@@ -44,8 +44,8 @@ def _main(cfg: DictConfig) -> None:
         from tqdm import tqdm
 
         from terra.core.device import resolve_device
+        from terra.tokenizer import load_tokenizer
         from terra.training.prepare import assign_splits, open_index, prepare_shards
-        from tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index = open_index(spec, tokenizer)

@@ -38,7 +38,7 @@ Outputs (under ``output_dir``)
   so integer sample ids are needed and ``num_frames`` must leave at least 44 frames (it scores the last 44:
   ``num_frames=44`` with 3 context frames); overlays stay off for scoring. ``png`` writes a folder
   ``<stem>_frames/``.
-* Sidecar: ``sidecar_pattern`` (default ``{sample_id}.json``), :func:`decoder.write_sidecar` plus a ``batch``
+* Sidecar: ``sidecar_pattern`` (default ``{sample_id}.json``), :func:`terra.decoder.write_sidecar` plus a ``batch``
   block (fingerprint of the sample and the generation settings). It is written last: a sample is complete when
   its sidecar exists, carries the same fingerprint and every file it lists exists. All writes are atomic
   (temporary file + rename); temporary files left by a killed run are removed when the sample is planned again.

@@ -16,7 +16,6 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
 from terra.config.backend import DTYPES, check_backend
 from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, check_choice, check_flag, shown
@@ -28,8 +27,9 @@ from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, check_decoding_name
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.trajectory import MANOEUVRES
-from tokenizer.resize import RESIZE_MODES
+from terra.tokenizer.resize import RESIZE_MODES
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from decoder import write_sidecar
+from terra.decoder import write_sidecar
 from terra.batch.concurrency import engine_options
 from terra.batch.config import BatchConfig
 from terra.batch.manifest import sample_error, sample_record
@@ -31,11 +31,11 @@ from terra.models import LlamaActionConfig
 from terra.config.spec import RunSpec
 from terra.pipeline import WorldModelPipeline
 from terra.outputs import shown_frames, write_formats
-from tokenizer import ImageTokenizer
+from terra.tokenizer import ImageTokenizer
 from terra.core.atomic import atomic_path
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 SIDECAR_VERSION = 1  # of the sidecar's "batch" block
 

@@ -28,7 +28,7 @@ from terra.generation.rollout import DecodeStats
 from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.refiner import RefinerSettings, check_decoding
-from tokenizer import load_tokenizer
+from terra.tokenizer import load_tokenizer
 
 
 @dataclass

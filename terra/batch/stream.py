@@ -25,7 +25,7 @@ from terra.generation.rollout import RolloutState
 from terra.pipeline import WorldModelPipeline
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 _END = object()  # no more samples
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from decoder.sidecar import to_jsonable
-from decoder.writers import write_video
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
 from terra.config.files import load_json
 from terra.core.atomic import write_text
 from terra.core.errors import TerraInputError
+from terra.decoder.sidecar import to_jsonable
+from terra.decoder.writers import write_video
 
 MANIFEST = "manifest.jsonl"
 

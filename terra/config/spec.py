@@ -22,7 +22,7 @@ from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
-from tokenizer.resize import RESIZE_MODES
+from terra.tokenizer.resize import RESIZE_MODES
 
 DECODINGS = ("framewise", "refiner")
 WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),

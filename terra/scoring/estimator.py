@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from terra.config.checks import Range, shown
 from terra.config.files import load_json, open_input_file
 from terra.core.errors import TerraInputError, error_reason
-from tokenizer.tensors import check_like
+from terra.tokenizer.tensors import check_like
 
 MAX_WEIGHTS_BYTES = 2 << 30  # the published estimator is about 0.1 GB in fp32
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")  # looked for in this order

@@ -19,7 +19,7 @@ from terra.generation.actions import validate_actions
 from terra.inputs.trajectory import MANOEUVRES
 from terra.session.controls import MAX_SPEED_KMH, check_number, drive_action, speed_of
 from terra.sim import builtin_context
-from tokenizer.images import load_images
+from terra.tokenizer.images import load_images
 
 
 @dataclass

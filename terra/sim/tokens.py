@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from terra.core.atomic import atomic_path, mark
 from terra.core.errors import TerraInputError
-from tokenizer.tensors import check_codes, check_floats
+from terra.tokenizer.tensors import check_codes, check_floats
 
 TOKENS_VERSION = "1"
 

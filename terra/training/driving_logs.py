@@ -58,7 +58,7 @@ from terra.inputs.actions import (
     actions_from_trajectory, actions_from_value, load_npy, trajectory_from_csv, trajectory_from_mapping,
 )
 from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
-from tokenizer.resize import fit_frame
+from terra.tokenizer.resize import fit_frame
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 VIDEO_SUFFIX = ".mp4"
@@ -177,7 +177,7 @@ def _fit_video_frame(frame: Any, source: str, image_size: tuple[int, int], resiz
 
 def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndarray:
     """An image file read and fitted as context frames are (tokenizer/images.py, which loads torch)."""
-    from tokenizer.images import load_frames
+    from terra.tokenizer.images import load_frames
 
     return load_frames([path], image_size, resize=resize)[0]
 

@@ -31,7 +31,7 @@ from terra.training.driving_logs import (
     VIDEO_SUFFIX, Resampled, clip_actions, clip_folders, clip_frames, open_clip, read_motion,
 )
 from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, read_index, write_shard
-from tokenizer.resize import RESIZE_MODES
+from terra.tokenizer.resize import RESIZE_MODES
 
 RANGES = {  # documented in conf/prepare_driving_logs.yaml
     "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
@@ -210,7 +210,7 @@ def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadP
 
 def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], np.ndarray]]) -> np.ndarray:
     """Codes ``[B, h, w]`` of a batch of frames, read and resized by ``pool``'s threads."""
-    from tokenizer.images import frames_to_tensor
+    from terra.tokenizer.images import frames_to_tensor
 
     frames = np.stack(list(pool.map(lambda read: read(), reads)))
     return tokenizer.encode(frames_to_tensor(frames)).cpu().numpy()

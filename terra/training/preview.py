@@ -10,9 +10,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from decoder.writers import write_grid
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
+from terra.decoder.writers import write_grid
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr

@@ -141,7 +141,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
     tokenizer = None  # the main process's, for the sample rollouts (loaded once)
     if preview and processes.main:
-        from tokenizer import load_tokenizer
+        from terra.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
     if spec.sample_gif and val and not preview:

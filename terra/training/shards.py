@@ -28,7 +28,7 @@ from terra.config.checks import shown
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
-from tokenizer.tensors import check_codes, check_floats
+from terra.tokenizer.tensors import check_codes, check_floats
 
 SHARDS_VERSION = 1
 INDEX_FILE = "index.json"

@@ -19,13 +19,14 @@ import torch
 
 pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip install '.[refiner]')")
 
-from decoder.refiner import TERRA, TINY, decode_windows, guidance_scales, load_refiner, plan_passes  # noqa: E402
-from decoder.refiner.keys import key_table  # noqa: E402
-from decoder.refiner.model import VideoRefiner  # noqa: E402
-from decoder.refiner.sampler import (Predictor, conditioning_vector, denoise, euler_step,  # noqa: E402
-                                     initial_latents, scalings, sigma_schedule, unet_predictor)
+from terra.decoder.refiner import TERRA, TINY, decode_windows, guidance_scales, load_refiner, plan_passes  # noqa: E402
+from terra.decoder.refiner.keys import key_table  # noqa: E402
+from terra.decoder.refiner.model import VideoRefiner  # noqa: E402
+from terra.decoder.refiner.sampler import (
+    Predictor, conditioning_vector, denoise, euler_step, initial_latents, scalings, sigma_schedule, unet_predictor,
+)
 from tests.conftest import shared_reference  # noqa: E402
-from tokenizer import LFQTokenizer  # noqa: E402
+from terra.tokenizer import LFQTokenizer  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread

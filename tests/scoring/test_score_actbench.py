@@ -104,7 +104,7 @@ def spoil(case: str, copy) -> str:
     if case == "short video":  # the sixth of nine: a later batch, after some were estimated
         frames = np.zeros((40, 48, 80, 3), np.uint8)
         video.unlink()
-        from decoder.writers import write_mp4
+        from terra.decoder.writers import write_mp4
 
         write_mp4(video, frames)
         return f"{video} has 40 frames; scoring needs at least 44"

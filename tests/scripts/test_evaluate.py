@@ -138,7 +138,7 @@ def test_shipped_demo_models_load_and_generate_on_cpu():
     from terra.pipeline import WorldModelPipeline
     from terra.generation.rollout import RolloutRequest
     from terra.config.sampling import SamplingConfig
-    from tokenizer import load_tokenizer
+    from terra.tokenizer import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(DEMO / "world_model"), dtype=torch.float32)
     assert isinstance(model, LlamaActionForCausalLM)

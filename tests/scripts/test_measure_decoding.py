@@ -12,8 +12,8 @@ import torch
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.models.presets import TINY, TINY_TOKENIZER
+from terra.tokenizer import LFQTokenizer
 from tests.conftest import load_script, tiny_model
-from tokenizer import LFQTokenizer
 
 
 @pytest.fixture(scope="module")

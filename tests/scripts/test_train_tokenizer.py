@@ -15,7 +15,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from terra.core.errors import TerraInputError
-from tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
+from terra.tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

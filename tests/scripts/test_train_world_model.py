@@ -72,7 +72,7 @@ def test_tokenize_dataset_matches_direct_encoding(dataset, tokens):
 
 
 def test_tokenize_script_uses_a_saved_tokenizer(dataset, tmp_path):
-    from tokenizer import LFQTokenizer
+    from terra.tokenizer import LFQTokenizer
 
     tok = LFQTokenizer({"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 1, 2], "num_res_blocks": 1,
                                                    "z_channels": 6}, "image_size": [H, W]}).eval()

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from terra.core.errors import TerraInputError
+from terra.tokenizer import LFQTokenizer, load_tokenizer
+from terra.tokenizer.lfq import TERRA_CONFIG
+from terra.tokenizer.lfq_quantizer import ENTROPY_TEMPERATURE, bits_to_codes, entropies
+from terra.tokenizer.magvit2 import depth_to_space
 from tests.conftest import shared_reference
-from tokenizer import LFQTokenizer, load_tokenizer
-from tokenizer.lfq import TERRA_CONFIG
-from tokenizer.lfq_quantizer import ENTROPY_TEMPERATURE, bits_to_codes, entropies
-from tokenizer.magvit2 import depth_to_space
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

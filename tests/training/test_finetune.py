@@ -21,10 +21,10 @@ from terra.apps.runner import ASSETS
 from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
+from terra.tokenizer import load_tokenizer
 from terra.training.run import train as run_training
 from terra.training.settings import train_spec
 from terra.training.shards import ShardIndex, write_shard
-from tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -29,10 +29,10 @@ from terra.inputs.actions import load_actions
 from terra.training.driving_logs import Resampled, resample
 from terra.training.shards import read_index, read_shard
 from terra.training.prepare import clip_score
-from tokenizer import load_tokenizer
+from terra.tokenizer import load_tokenizer
 from terra.core.atomic import MARKER
-from tokenizer.images import frames_to_tensor, load_frames
-from tokenizer.resize import fit_frame
+from terra.tokenizer.images import frames_to_tensor, load_frames
+from terra.tokenizer.resize import fit_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "prepare_driving_logs.py"
