@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
 from terra.config.checks import MAX_FRAMES, Range, check_choice, check_flag, check_settings, required_path, select
-from terra.core.errors import TerraInputError
 from terra.config.spec import RunSpec, run_spec
+from terra.core.errors import TerraInputError
 
 SETTINGS = {
     "num_scenarios": Range(1, 100_000, 4, whole=True),
@@ -130,12 +130,12 @@ def run(spec: DriveAppSpec, out_dir: Path) -> int:
     from terra.closedloop.loop import DriveSpec
     from terra.closedloop.run import RunSettings, drive_and_record
     from terra.closedloop.worlds import ModelWorld, TrueWorld
+    from terra.config.spec import check_window
+    from terra.core.device import set_threads
     from terra.generation.backends import resolve_spec
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
-    from terra.core.device import set_threads
     from terra.session import SessionHost
-    from terra.config.spec import check_window
     from terra.tokenizer import load_tokenizer
 
     set_threads(spec.num_threads)

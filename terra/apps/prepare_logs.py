@@ -1,7 +1,7 @@
-"""``python scripts/prepare_driving_logs.py``: a folder of driving clips → tokenized training shards.
+"""``terra-prepare-logs``: a folder of driving clips → tokenized training shards.
 
-    python scripts/prepare_driving_logs.py logs=/data/drives output_dir=data/shards
-    python scripts/prepare_driving_logs.py logs=/data/drives output_dir=data/terra_shards \
+    terra-prepare-logs logs=/data/drives output_dir=data/shards
+    terra-prepare-logs logs=/data/drives output_dir=data/terra_shards \
         model=terra_v1 terra_root=/data/Terra device=cuda batch_size=128
 
 ``model=terra_v1`` / ``terra_v2`` with ``terra_root`` picks the tokenizer that world model was trained with, as
@@ -27,8 +27,7 @@ from terra.core.errors import TerraInputError
 from terra.training.prepare import prepare_spec
 from terra.training.shards import INDEX_FILE
 
-COMMAND = "python scripts/prepare_driving_logs.py"
-PROG = "prepare_driving_logs"
+PROG = "terra-prepare-logs"  # the console script, named in error lines
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_driving_logs", version_base=None)
@@ -37,7 +36,7 @@ def _main(cfg: DictConfig) -> None:
     """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
     (4) tokenize them and write the shards; (5) the summary."""
     # 1. the settings, checked once: no torch yet, nothing written
-    check_added_settings(COMMAND)
+    check_added_settings(PROG)
     spec = prepare_spec(cfg)
     with spec.output.hold(INDEX_FILE):  # one run into this folder at a time: a second one stops here
         # 2. the tokenizer, on the device chosen once, and the index it must match
@@ -69,9 +68,8 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Entry point of the script (:data:`COMMAND`, named in error lines); how it ends is terra/apps/runner.py's
-    ``run_app``."""
-    run_app(_main, PROG, COMMAND)
+    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
+    run_app(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -135,13 +135,12 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
     return wrapper
 
 
-def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> None:
+def run_app(app: Callable[[], None], prog: str) -> None:
     """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
     docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
-    or ``<prog>: internal error: ...`` (exit 1). ``command`` is how users start the app (default ``prog``);
+    or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
     or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error."""
-    command = command or prog
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
     if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
@@ -163,7 +162,7 @@ def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> N
     finally:
         signal.signal(signal.SIGTERM, previous)
     if isinstance(error, (HydraException, OmegaConfBaseException)) and not user_wants_traces:
-        print(f"{prog}: error: {_hydra_message(error, command)}; see {command} --help", file=sys.stderr)
+        print(f"{prog}: error: {_hydra_message(error, prog)}; see {prog} --help", file=sys.stderr)
         sys.exit(2)
     if isinstance(error, TerraInputError):
         print(f"{prog}: error: {error}", file=sys.stderr)

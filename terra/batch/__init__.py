@@ -1,6 +1,6 @@
 """Batch rollouts: a JSONL of samples → one video (+ JSON sidecar) per sample, resumable, sharded, on Ray.
 
-The Python API behind ``scripts/rollout.py``; notebooks call it directly::
+The Python API behind ``terra-rollout``; notebooks call it directly::
 
     from terra.batch import BatchConfig, run_batch
     result = run_batch(BatchConfig(samples="samples.jsonl", output_dir="out", backend="hf", num_frames=16))
@@ -89,7 +89,7 @@ import sys
 import types
 from typing import Any
 
-# The names load on first use, so ``terra.batch.config`` (and scripts/rollout.py's checks) import no torch.
+# The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
     "BatchConfig": "terra.batch.config",
     "DEMO": "terra.batch.config",

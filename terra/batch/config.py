@@ -59,7 +59,7 @@ SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"]
 
 @dataclass
 class BatchConfig:
-    """Everything a batch run needs; ``scripts/rollout.py`` builds it from ``conf/rollout.yaml``."""
+    """Everything a batch run needs; ``terra-rollout`` builds it from ``conf/rollout.yaml``."""
 
     samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
     output_dir: str

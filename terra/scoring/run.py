@@ -1,5 +1,5 @@
 """One scoring run: samples and videos matched, the estimator loaded, every video estimated, the metrics and the
-report written (:func:`score`). ``scripts/score_actbench.py`` calls it with checked settings.
+report written (:func:`score`). ``terra-score`` (terra/apps/score.py) calls it with checked settings.
 
 The estimator sees the last ``T`` frames of each video (``T = input_shape[1]``, 44) with timestamps
 ``linspace(0, (T - 1) / 10, T)`` (0 to 4.3 s, as ACT-Bench feeds them) under bf16 autocast on a GPU (ACT-Bench's
@@ -97,7 +97,7 @@ def score(settings: ScoringSettings) -> ScoreResult:
     """Score the videos of ``settings`` and write the report (terra/scoring/report.py)."""
     start = time.perf_counter()
     shown = settings.progress and sys.stderr.isatty()  # the bar's terminal also gets the stages' lines
-    say = (lambda line: tqdm.write(f"score_actbench: {line}", file=sys.stderr)) if shown else (lambda line: None)
+    say = (lambda line: tqdm.write(f"terra-score: {line}", file=sys.stderr)) if shown else (lambda line: None)
     set_threads(settings.num_threads)
     device = torch.device(resolve_device(settings.device))
     say(f"loading the estimator from {settings.estimator} ...")

@@ -2,7 +2,7 @@
 
 Matching (ACT-Bench's ``act_bench/compute_score.py``): every ``*.mp4`` of the folder (not below it) is named
 ``<anything>_<sample_id>.mp4``, the id being the number at the end of the stem: ``NUSCENES_ACTION_000123.mp4``,
-what ``output.naming=actbench`` of ``scripts/rollout.py`` writes, and the names of ACT-Bench's published Terra
+what ``output.naming=actbench`` of ``terra-rollout`` writes, and the names of ACT-Bench's published Terra
 and Vista videos. Hidden files (an interrupted write's temporary files, terra/core/atomic.py) are not videos.
 
 Decoding and preprocessing (ACT-Bench's ``GeneratedVideosDataset``): PyAV decodes every frame to RGB, as

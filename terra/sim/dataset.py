@@ -141,7 +141,7 @@ class ClipDataset:
         self.path = Path(path)
         meta_path = self.path / META_FILE
         if not meta_path.is_file():
-            raise TerraInputError(f"{self.path} is not a clip dataset (no {META_FILE}); run scripts/make_dataset.py")
+            raise TerraInputError(f"{self.path} is not a clip dataset (no {META_FILE}); run terra-make-dataset")
         self.meta = json.loads(meta_path.read_text())
         if self.meta.get("version") != DATASET_VERSION:
             raise TerraInputError(

@@ -1,4 +1,4 @@
-"""Synthetic clips written as driving logs, the folder layout ``scripts/prepare_driving_logs.py`` reads
+"""Synthetic clips written as driving logs, the folder layout ``terra-prepare-logs`` reads
 (terra/training/driving_logs.py), so the synthetic world can stand in for recorded drives.
 
 Layout of a logs folder::

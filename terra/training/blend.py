@@ -41,7 +41,7 @@ class BlendSpec:
 
 
 def blend_spec(cfg: DictConfig) -> BlendSpec:
-    """The settings of ``scripts/blend_world_models.py``, checked (one :class:`TerraInputError` line each)."""
+    """The settings of ``terra-blend``, checked (one :class:`TerraInputError` line each)."""
     folders = {}
     for key, what in (("base", "the checkpoint the fine-tune started from"), ("tuned", "the fine-tuned model/")):
         folder = required_path(cfg, key, what)

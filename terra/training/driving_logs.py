@@ -1,6 +1,6 @@
 """Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame.
 
-The rules of ``scripts/prepare_driving_logs.py logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
+The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
 
 * **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
   clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.

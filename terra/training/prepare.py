@@ -1,5 +1,5 @@
 """Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips
-finish, resuming, and the summary (``scripts/prepare_driving_logs.py``; the data rules are
+finish, resuming, and the summary (``terra-prepare-logs``; the data rules are
 terra/training/driving_logs.py's, the shard format terra/training/shards.py's).
 
 Importing this module loads no torch: :func:`prepare_spec` checks the settings first (terra/apps/prepare_logs.py).

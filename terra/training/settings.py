@@ -94,7 +94,7 @@ class LoraSpec:
 class TrainSpec:
     """Everything a training run reads, each value checked once (:func:`train_spec`)."""
 
-    data: str  # a tokenized-clips file (scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)
+    data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
@@ -156,7 +156,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     data = select(cfg, "data.tokens")
     if not isinstance(data, str) or not Path(data).exists():
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
-                              "(scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)")
+                              "(terra-tokenize) or a shard folder (terra-prepare-logs)")
     sample_gif = check_flag(select(cfg, "sample.gif"), "sample.gif")
     output = claim_output_dir(required_path(cfg, "output_dir", "the run folder"), "output_dir", files=[LOG_FILE],
                               folders=[SAMPLES_DIR, TENSORBOARD_DIR],

@@ -218,9 +218,9 @@ def test_two_processes_under_torchrun_match_one(shards, tmp_path, mode):
               "train.log_every=1", "train.eval_every=3", "train.device=cpu", "sample.gif=false",
               "train.tensorboard=false", "export.dtype=float32"]
     common += TINY_NET if mode == "full" else [f"init={DEMO_MODEL}", "finetune=lora"]
-    script = str(ROOT / "scripts" / "train_world_model.py")
-    run_script([sys.executable, script, f"output_dir={tmp_path / 'one'}", *common], tmp_path)
-    done = run_script([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", script,
+    app = ["-m", "terra.apps.train"]  # terra-train; under torchrun as a module
+    run_script([sys.executable, *app, f"output_dir={tmp_path / 'one'}", *common], tmp_path)
+    done = run_script([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", *app,
                        f"output_dir={tmp_path / 'two'}", *common], tmp_path)
     assert "2 process(es) on cpu" in done.stdout
     one, two = log_rows(tmp_path / "one"), log_rows(tmp_path / "two")

@@ -1,6 +1,6 @@
 """Building blocks for training a tokenizer: PatchGAN discriminator, losses, EMA, metrics, data.
 
-The loop itself lives in ``scripts/train_tokenizer.py``; what is here is small and testable on its own.
+The loop itself lives in terra/training/tokenizer_run.py; what is here is small and testable on its own.
 """
 
 from __future__ import annotations

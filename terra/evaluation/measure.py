@@ -1,4 +1,4 @@
-"""The two measurements of ``scripts/evaluate.py``: a world model + tokenizer on clips of the synthetic world.
+"""The two measurements of ``terra-evaluate``: a world model + tokenizer on clips of the synthetic world.
 
 Frame quality
     For each clip, the first ``n_ctx`` ground-truth frames are encoded, the remaining frames are generated under
