@@ -1,13 +1,14 @@
-"""The layering of the packages, read from the source with ``ast`` (every import statement, those inside
+"""The layering of the package, read from the source with ``ast`` (every import statement, those inside
 functions included), and the size limit of a source file.
 
-terra/core/ (the ground floor) imports nothing of the project's; tokenizer/ stands alone on it; decoder/ builds on
-tokenizer/ and terra/core/ only; the world model (terra/models/) runs without
-vLLM; the pipeline and the apps reach a backend only through terra.generation.backends; the synthetic world
-(terra/sim/) knows nothing of generation but the action contract (terra/generation/actions.py); the light
-layer (terra/config/) imports no torch, Transformers or any other part of terra; terra/inputs/ names no backend;
-the aliases of moved modules are gone; ``import terra.tokenizer`` and ``import terra``
-stay light.
+Every wing (docs/ARCHITECTURE.md, "Who owns what") imports only the wings of its allow-list (``MAY_IMPORT``) and of
+them only their public faces (``PUBLIC``); no module imports another's private name; an app imports no other app.
+terra/core/ (the ground floor) imports nothing of the project's; terra.tokenizer stands alone on it;
+terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (terra/models/) runs without vLLM;
+the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
+(terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; the old top-level names
+``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; ``import terra.tokenizer`` and ``import
+terra`` stay light.
 """
 
 from __future__ import annotations
@@ -93,6 +94,122 @@ RULES = {
 ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
            "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
            "terra/sim": ("terra.generation.actions",)}
+
+
+# Every wing of the package (docs/ARCHITECTURE.md, "Who owns what"): a module's wing is its second name, except the
+# pipeline's trunk (four modules at the top of terra/) and conf/ (Hydra's configs: the config wing).
+TRUNK = ("terra.pipeline", "terra.outputs", "terra.refiner", "terra.metrics")
+# wing → the only other wings it may import (an allow-list: a new import across wings is a decision, made here)
+MAY_IMPORT = {
+    "core": set(),
+    "tokenizer": {"core"},
+    "decoder": {"core", "tokenizer"},
+    "config": {"core", "tokenizer", "decoder"},
+    "models": {"core", "config", "tokenizer"},
+    "vllm": {"core", "config", "models", "generation"},
+    "generation": {"core", "config", "models", "vllm"},
+    "inputs": {"core", "config", "generation", "tokenizer"},
+    "sim": {"core", "config", "generation", "inputs", "tokenizer"},
+    "pipeline": {"core", "config", "generation", "models", "inputs", "tokenizer", "decoder"},
+    "session": {"core", "config", "generation", "inputs", "sim", "tokenizer", "pipeline"},
+    "serve": {"core", "config", "generation", "session", "tokenizer", "decoder", "pipeline"},
+    "batch": {"core", "config", "generation", "inputs", "models", "pipeline", "tokenizer", "decoder"},
+    "training": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer", "decoder"},
+    "scoring": {"core", "config", "tokenizer"},
+    "evaluation": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer"},
+    "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "session", "scoring", "batch", "pipeline",
+                   "tokenizer", "decoder"},
+    "face": {"core"},  # terra/__init__.py: the user-facing TerraInputError
+}
+MAY_IMPORT["apps"] = set(MAY_IMPORT) - {"apps", "face"}
+# wing → the modules other wings may import (its public faces); a wing not listed here is public as a whole
+PUBLIC = {
+    "tokenizer": {"terra.tokenizer", "terra.tokenizer.base", "terra.tokenizer.images", "terra.tokenizer.resize",
+                  "terra.tokenizer.tensors"},
+    "decoder": {"terra.decoder", "terra.decoder.writers", "terra.decoder.sidecar", "terra.decoder.overlay",
+                "terra.decoder.frames", "terra.decoder.refiner", "terra.decoder.refiner.model"},
+    "models": {"terra.models", "terra.models.checkpoint", "terra.models.presets", "terra.models.modeling_llama_action",
+               "terra.models.configuration_llama_action"},
+    "vllm": {"terra.vllm", "terra.vllm.compat", "terra.vllm.plugin"},
+    "generation": {"terra.generation", "terra.generation.actions", "terra.generation.rollout",
+                   "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
+                   "terra.generation.speculative"},  # the backend modules stay inside the wing
+    "session": {"terra.session", "terra.session.controls", "terra.session.context"},
+    "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
+    "batch": {"terra.batch", "terra.batch.config", "terra.batch.run", "terra.batch.manifest", "terra.batch.samples"},
+    "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
+                                                  "tokenizer_run")},
+    "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
+                                                                  "metrics", "videos"))},
+    "evaluation": {"terra.evaluation", "terra.evaluation.run"},
+    "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
+        "run", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following", "egodriver", "navsim",
+        "gym_env"))},
+    "apps": {"terra.apps.runner"},  # an app imports no other app
+}
+PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")
+
+
+def wing_of(module: str) -> str | None:
+    """The wing of a module of the package (None for a module outside it)."""
+    parts = module.split(".")
+    if parts[0] != "terra":
+        return None
+    if len(parts) == 1:
+        return "face"
+    return "pipeline" if within(module, TRUNK) else {"conf": "config"}.get(parts[1], parts[1])
+
+
+def package_sources() -> list[Path]:
+    return [path for folder in PACKAGE_FOLDERS for path in sources(folder)]
+
+
+def test_every_wing_of_the_package_has_its_rules():
+    wings = {wing_of(module_name(path)) for path in package_sources()}
+    assert wings == set(MAY_IMPORT), f"wings without rules: {wings - set(MAY_IMPORT)}; rules of no wing: " \
+                                     f"{set(MAY_IMPORT) - wings}"
+
+
+def test_each_wing_imports_only_the_public_faces_of_the_wings_it_stands_on():
+    broken = []
+    for path in package_sources():
+        home = wing_of(module_name(path))
+        for name in sorted(imported_modules(path)):
+            other = wing_of(name)
+            if other is None or other == home or name == "terra":
+                continue
+            public = PUBLIC.get(other)
+            if other not in MAY_IMPORT[home]:
+                broken.append(f"{path.relative_to(ROOT)} ({home}) imports {name} ({other})")
+            elif public is not None and name not in public and name.rpartition(".")[0] not in public:
+                broken.append(f"{path.relative_to(ROOT)} ({home}) imports {name}, private to {other}")
+    assert not broken, "\n".join(broken)
+
+
+def test_an_app_imports_no_other_app():
+    broken = [f"{path.relative_to(ROOT)} imports {name}" for path in sources("terra", "apps")
+              for name in sorted(imported_modules(path))
+              if within(name, ("terra.apps",)) and name not in ("terra.apps", module_name(path))
+              and not within(name, ("terra.apps.runner",))]
+    assert not broken, "\n".join(broken)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    broken = []
+    for path in package_sources():
+        me = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != me \
+                    and wing_of(node.module) is not None:
+                broken += [f"{path.relative_to(ROOT)} imports {node.module}.{alias.name}" for alias in node.names
+                           if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_import_reader_names_the_wings():
+    assert [wing_of(m) for m in ("terra.core.errors", "terra.tokenizer.base", "terra.conf", "terra.pipeline",
+                                 "terra.metrics", "terra", "numpy")] == [
+        "core", "tokenizer", "config", "pipeline", "pipeline", "face", None]
 
 
 @pytest.mark.parametrize("where", list(RULES))

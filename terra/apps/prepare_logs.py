@@ -6,7 +6,7 @@
 
 ``model=terra_v1`` / ``terra_v2`` with ``terra_root`` picks the tokenizer that world model was trained with, as
 in ``terra-generate``; ``tokenizer=...`` / ``tokenizer.path=...`` name one directly (default: the demo
-tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/training/driving_logs.py's;
+tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/inputs/driving_logs.py's;
 the shard format terra/training/shards.py's. Rerunning the same command resumes: clips already in
 ``index.json`` are skipped. A clip that cannot be used is one line on stderr and the run goes on.
 

@@ -106,8 +106,8 @@ def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_co
 def log_scenarios(logs: str | Path, image_size: Sequence[int], num_context: int = 3,
                   resize: str = "stretch") -> list[Scenario]:
     """A scenario per clip folder of a driving log (the first ``num_context`` frames at 10 Hz); a clip that breaks
-    the folder's rules (terra/training/driving_logs.py) is one line."""
-    from terra.training import driving_logs as logs_lib
+    the folder's rules (terra/inputs/driving_logs.py) is one line."""
+    from terra.inputs import driving_logs as logs_lib
 
     folder = Path(logs).expanduser()
     if not folder.is_dir():

@@ -76,6 +76,14 @@ def resolve_backend(kind: str, device: str) -> str:
     return kind
 
 
+def model_backend(model: torch.nn.Module, device: str | torch.device) -> WorldModelBackend:
+    """The Transformers backend over a world model already in memory, in its own dtype (training's validation
+    rollouts, terra/training/preview.py): no folder to read, no engine to start."""
+    from terra.generation.hf_backend import HFBackend
+
+    return HFBackend(model, device, model.dtype)
+
+
 def create_backend(
     kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", config=None,
     sampling: SamplingConfig | None = None, **options

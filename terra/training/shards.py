@@ -1,6 +1,6 @@
 """Training shards: tokenized clips of any length, grouped in safetensors files, with one index per folder.
 
-Written by :mod:`terra.training.driving_logs` (``terra-prepare-logs``), read by the trainer
+Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by the trainer
 (:mod:`terra.training.data`). A shard folder holds:
 
 * ``index.json`` — ``version``, ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames

@@ -1,4 +1,4 @@
-"""terra-prepare-logs on synthetic driving logs made here (terra/training/driving_logs.py: the rules).
+"""terra-prepare-logs on synthetic driving logs made here (terra/inputs/driving_logs.py: the rules).
 
 Three good clips, each run through the script as a subprocess with the demo tokenizer on the CPU: PNG frames at
 12 Hz with ``timestamps.txt`` and CSV poses on the same clock, an MP4 at 20 fps with JSON poses, PNG frames at
@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from terra.core.atomic import MARKER
 from terra.core.errors import TerraInputError
 from terra.inputs.actions import load_actions
-from terra.training.driving_logs import Resampled, resample
-from terra.training.shards import read_index, read_shard
-from terra.training.prepare import clip_score
+from terra.inputs.driving_logs import Resampled, resample
 from terra.tokenizer import load_tokenizer
-from terra.core.atomic import MARKER
 from terra.tokenizer.images import frames_to_tensor, load_frames
 from terra.tokenizer.resize import fit_frame
+from terra.training.prepare import clip_score
+from terra.training.shards import read_index, read_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "terra.apps.prepare_logs"  # terra-prepare-logs

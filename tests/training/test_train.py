@@ -21,7 +21,7 @@ from terra.training.objective import FusedHeadLoss, HeadLoss, softmax_step, targ
 from terra.training.run import train as run_training
 from terra.training.runlog import RunLog
 from terra.training.settings import train_spec
-from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
+from tests.training.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -24,7 +24,7 @@ from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from terra.training import run as run_module
 from terra.training.shards import ShardIndex, read_index, read_shard, write_shard
 from tests.conftest import tiny_model
-from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures: tokens needs dataset)
+from tests.training.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures: tokens needs dataset)
 from tests.training.test_train import train, train_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
