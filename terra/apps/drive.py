@@ -25,7 +25,7 @@ from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
 def _main(cfg: DictConfig) -> None:
     from terra.closedloop.settings import drive_settings
 
-    check_added_settings("terra-drive", allowed=("backend.options.",))
+    check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env."))
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(HydraConfig.get().runtime.output_dir)
     settings = drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line

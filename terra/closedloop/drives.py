@@ -85,29 +85,42 @@ class DriveOutcome:
 
 
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
-    """Make and record every drive of ``settings``; ``progress`` (default: the setting, on a terminal) shows the
-    frame bar."""
-    from terra.closedloop.fidelity import run_fidelity
-    from terra.closedloop.run import drive_and_record
+    """Make and record every drive of ``settings`` (here, or on Ray's actors with ``executor=ray``); ``progress``
+    (default: the setting, on a terminal) shows the frame bar."""
+    from terra.closedloop.fidelity import fidelity_run
+    from terra.closedloop.run import LocalDrives, record_run
     from terra.generation.backends import set_torch_threads
 
-    set_torch_threads(settings.run.num_threads)
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
-    opened = open_worlds(settings)
+    if settings.executor == "ray":
+        from terra.closedloop.ray_executor import RayDrives
+
+        runner = closing = RayDrives(settings)
+        runner.start()  # the actors open the worlds on their devices
+    else:
+        set_torch_threads(settings.run.num_threads)
+        closing = open_worlds(settings)
+        try:
+            specs = load_specs(settings, closing.image_size)
+        except BaseException:
+            closing.close()
+            raise
+        runner = LocalDrives(closing.worlds, specs, settings.model_settings, closing.plan_following)
     try:
-        specs = load_specs(settings, opened.image_size)
-        if settings.world == "both":
-            report = run_fidelity(opened.worlds["model"], opened.worlds["truth"], specs, run_settings,
-                                  settings.model_settings, opened.plan_following, settings.fidelity)
-            failed = sum(row["failed"] for row in report.policies.values())
-            out = settings.fidelity.top.path
-            return DriveOutcome([report.table(), f"terra-drive: wrote {out}/fidelity.md, fidelity.json, model/ and "
-                                                 "truth/"], 1 if failed else 0)
-        world = opened.worlds[settings.world]
-        result = drive_and_record(world, specs, run_settings, settings.model_settings if world.name == "model" else {},
-                                  opened.plan_following, settings.output)
-        line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
-        return DriveOutcome([line], 1 if result.counts["failed"] else 0)
+        if settings.world != "both":
+            result = record_run(runner, settings.world, settings.drive_ids, run_settings, settings.output)
+            line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
+            return DriveOutcome([line], 1 if result.counts["failed"] else 0)
+        report, runs = fidelity_run(runner, settings.drive_ids, run_settings, settings.fidelity)
+        lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
+        out = settings.fidelity.top.path
+        if report is None:
+            lines.append(f"terra-drive: shard {settings.shard_index} of {settings.num_shards}: its drives are in "
+                         f"{out}/model and truth/; the same command without shard_index/num_shards writes the "
+                         "fidelity report once every shard is done (it drives nothing again)")
+        else:
+            lines = [report.table(), *lines, f"terra-drive: wrote {out}/fidelity.md, fidelity.json, model/ and truth/"]
+        return DriveOutcome(lines, 1 if any(r.counts["failed"] for r in runs.values()) else 0)
     finally:
-        opened.close()
+        closing.close()

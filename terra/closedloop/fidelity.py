@@ -10,7 +10,7 @@ the model hold in reality?
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import MANIFEST, claim_drive_folder
-from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.worlds import World
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from tokenizer.atomic import json_text, write_text
@@ -119,22 +119,30 @@ def run_fidelity(model_world: World, true_world: World, specs: Sequence[DriveSpe
     and /truth), compare, and write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``;
     ``plan_following`` scores both worlds' clips (terra/closedloop/plan_following.py). ``folders``: as the caller
     claimed them (None: claimed here, apart from the scenarios' files). A shard's run writes no report (None)."""
+    ids = [spec.id for spec in specs]
     if folders is None:
-        folders = claim_fidelity_folders(settings.output_dir, [spec.id for spec in specs], settings.videos,
-                                         settings.manifest, [item for s in specs for item in s.scenario.reads])
-    runs = {}
+        folders = claim_fidelity_folders(settings.output_dir, ids, settings.videos, settings.manifest,
+                                         [item for spec in specs for item in spec.scenario.reads])
+    runner = LocalDrives({"model": model_world, "truth": true_world}, specs, model_settings or {}, plan_following)
+    report, _ = fidelity_run(runner, ids, settings, folders)
+    return report
+
+
+def fidelity_run(runner: DriveRunner, drive_ids: Sequence[str], settings: RunSettings,
+                 folders: FidelityFolders) -> tuple[FidelityReport | None, dict[str, RunResult]]:
+    """The drives ``drive_ids`` made by ``runner`` in both worlds, each world's run in its folder, then the report
+    (None when ``folders`` are a shard's), holding the study folder's lock throughout; the report and each world's
+    run."""
+    runs: dict[str, RunResult] = {}
     main = REPORT_FILES[0] if folders.report else settings.manifest  # names the lock of the study's folder
     with folders.top.hold(main) as out:
-        for name, world, extra in (("model", model_world, model_settings or {}), ("truth", true_world, {})):
-            folder = folders.worlds[name]
-            result = drive_and_record(world, specs, replace(settings, output_dir=folder.path), extra, plan_following,
-                                      folder)
-            runs[name] = result.drives
+        for world in WORLDS:
+            runs[world] = record_run(runner, world, drive_ids, settings, folders.worlds[world])
         if not folders.report:
-            return None
-        report = compare(runs["model"], runs["truth"])
+            return None, runs
+        report = compare(runs["model"].drives, runs["truth"].drives)
         write_text(out / "fidelity.json", json_text({"policies": report.policies,
                                                     "spearman_time_in_lane": report.spearman_time_in_lane,
                                                     "drives": report.drives}, indent=2) + "\n")
         write_text(out / "fidelity.md", report.table())
-    return report
+    return report, runs

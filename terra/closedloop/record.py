@@ -122,6 +122,15 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
+def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, error: str) -> dict:
+    """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
+    world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
+    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world, "seed": None,
+            "status": "failed", "stage": "world", "error": error, "num_context": 0, "steps": 0, "frames": 0,
+            "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [], "speeds_mps": [],
+            "policy_s": [], "fingerprint": None, "complete": False}
+
+
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
                 extra_metrics: dict | None = None) -> dict:
     """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.

@@ -1,11 +1,11 @@
 """A recorded run of many drives in one world: resume, drive in chunks of ``max_concurrent``, write, manifest, summary.
 
-:func:`drive_and_record` is what ``terra-drive`` (terra/apps/drive.py) and the fidelity study
-(terra/closedloop/fidelity.py) call. It holds the run folder's lock throughout (terra/config/output_dir.py,
-``OutputDir.hold``; a folder not claimed by the caller is claimed here first, apart from the scenarios' files);
-the drives themselves go through :func:`record_drives`, in this process or on Ray actors
-(terra/closedloop/ray_executor.py), and the driver alone writes the manifest and the summary
-(:class:`RunRecorder`). The files are terra/closedloop/record.py's.
+:func:`record_run` is a run: it holds the run folder's lock throughout (terra/config/output_dir.py,
+``OutputDir.hold``), a :class:`DriveRunner` makes the drives (:class:`LocalDrives` in this process, or Ray's actors:
+terra/closedloop/ray_executor.py), each with :func:`record_drives`, and the driver alone writes the manifest and the
+summary (:class:`RunRecorder`). :func:`drive_and_record` is the same for drives in a world of this process, its
+folder claimed first when the caller has not (apart from the scenarios' files). The files are
+terra/closedloop/record.py's.
 
 The summary (``manifest.summary.json`` and the line :meth:`RunResult.line`) reports the policies' time apart from
 the world's: ``timings_s`` splits the wall time into setup, policies (the plan phases: every drive's policy plans
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -97,8 +97,8 @@ class RunResult:
 
 
 class RunRecorder:
-    """The driver's side of a run: the manifest, the progress bar and the result, from the drives' records as they
-    come (from this process or from Ray's actors); :meth:`close` writes the summary."""
+    """The driver's side of a run in one world: the manifest, the progress bar and the result, from the drives'
+    records as they come (from this process or from Ray's actors); :meth:`close` writes the summary."""
 
     def __init__(self, folder: Path, settings: RunSettings, world: str, total: int) -> None:
         self.folder, self.settings, self.world = folder, settings, world
@@ -124,17 +124,31 @@ class RunRecorder:
         """``frames`` more frames generated (the bar counts steps of drives still going, and ends drives' whole)."""
         self.bar.update(frames)
 
-    def close(self, timings: LoopTimings, generate_s: float, decode_s: float) -> RunResult:
+    def timed(self, timings: LoopTimings, generate_s: float, decode_s: float) -> None:
+        """Where the time of some drives went: the loop's ``timings`` and the world's own split."""
+        self.result.timings.add(timings)
+        self.result.generate_s += generate_s
+        self.result.decode_s += decode_s
+
+    def close(self) -> RunResult:
         """Close the manifest and the bar, write the summary; the result."""
         self.bar.close()
         self.manifest.close()
         result = self.result
-        result.records, result.timings = self.manifest.records, timings
-        result.generate_s, result.decode_s = generate_s, decode_s
+        result.records = self.manifest.records
         result.seconds = time.perf_counter() - self.started
         summary = result.summary(self.world, self.settings.num_steps, self.settings.manifest)
         write_text(self.folder / summary_name(self.settings.manifest), json_text(summary, indent=2) + "\n")
         return result
+
+
+class DriveRunner(Protocol):
+    """Where a run's drives are made: in this process (:class:`LocalDrives`) or on Ray's actors
+    (terra/closedloop/ray_executor.py, ``RayDrives``)."""
+
+    def record(self, world: str, settings: RunSettings, folder: Path, recorder: RunRecorder) -> None:
+        """Make and write the drives of the run in ``world`` (its name) into ``folder``; every drive's record goes
+        to ``recorder``."""
 
 
 def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
@@ -142,8 +156,8 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
                   advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None) -> LoopTimings:
     """Drive every spec not already complete in ``folder`` (in chunks of ``settings.max_concurrent``) and write its
     files; ``emit`` gets each spec's manifest record and JSON content (a complete one's as ``skipped``),
-    ``advance`` the frames generated as they come. ``plan_following``: a
-    :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip. Returns the loop's timings."""
+    ``advance`` the frames generated as they come, ``timings`` (returned) where the time went. ``plan_following``:
+    a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, model_settings) for spec in specs}
@@ -180,6 +194,39 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     return timings
 
 
+@dataclass
+class LocalDrives:
+    """Drives made in this process: ``specs`` in ``worlds`` (by name); ``model_settings`` shape the world model's
+    drives (part of their fingerprint)."""
+
+    worlds: dict[str, World]
+    specs: Sequence[DriveSpec]
+    model_settings: dict[str, Any] = field(default_factory=dict)
+    plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing
+
+    def record(self, world: str, settings: RunSettings, folder: Path, recorder: RunRecorder) -> None:
+        made, timings = self.worlds[world], LoopTimings()
+        before = (made.generate_s, made.decode_s)
+        try:
+            record_drives(made, self.specs, settings, folder, self.model_settings if world == "model" else {},
+                          self.plan_following, recorder.add, recorder.advance, timings)
+        finally:
+            recorder.timed(timings, made.generate_s - before[0], made.decode_s - before[1])
+
+
+def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settings: RunSettings,
+               output: OutputDir) -> RunResult:
+    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed: terra/closedloop/record.py,
+    ``claim_drive_folder``), holding its lock throughout; its records."""
+    with output.hold(settings.manifest):
+        recorder = RunRecorder(output.path, settings, world, len(drive_ids))
+        try:
+            runner.record(world, replace(settings, output_dir=output.path), output.path, recorder)
+        finally:
+            result = recorder.close()
+    return result
+
+
 def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSettings,
                      model_settings: dict[str, Any] | None = None, plan_following=None,
                      output: OutputDir | None = None) -> RunResult:
@@ -187,16 +234,9 @@ def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSett
 
     ``output``: the folder as the caller claimed it (terra/closedloop/record.py, ``claim_drive_folder``); None
     claims ``settings.output_dir`` here, apart from the files the scenarios were read from."""
+    ids = [spec.id for spec in specs]
     if output is None:
-        output = claim_drive_folder(settings.output_dir, [spec.id for spec in specs], settings.videos,
-                                    settings.manifest, inputs=[item for s in specs for item in s.scenario.reads])
-    with output.hold(settings.manifest):
-        recorder = RunRecorder(output.path, settings, world.name, len(specs))
-        before = (world.generate_s, world.decode_s)
-        timings = LoopTimings()
-        try:
-            record_drives(world, specs, settings, output.path, model_settings or {}, plan_following, recorder.add,
-                          recorder.advance, timings)
-        finally:
-            result = recorder.close(timings, world.generate_s - before[0], world.decode_s - before[1])
-    return result
+        output = claim_drive_folder(settings.output_dir, ids, settings.videos, settings.manifest,
+                                    inputs=[item for spec in specs for item in spec.scenario.reads])
+    runner = LocalDrives({world.name: world}, specs, model_settings or {}, plan_following)
+    return record_run(runner, world.name, ids, settings, output)

@@ -1,12 +1,12 @@
 """The settings of a ``terra-drive`` run (conf/drive.yaml), checked once, before any model loads.
 
-:func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings`: the model and engine settings
-as a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
+:func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings`: the model and engine settings as
+a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
 once (a NAVSIM agent's class is imported here), the scenarios as a
-:class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing decoded), the
-drives, and the output folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the
-checkpoints and the estimator, and writing over nothing the toolkit did not write there. Everything after it takes
-the values as given.
+:class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing decoded), this
+shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output folder claimed
+(terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator, and writing over
+nothing the toolkit did not write there. Everything after it takes the values as given.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
+from terra.batch.ray_settings import check_executor
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.plans import Policy
 from terra.closedloop.policies import ALL_REFERENCE, policy_factories
-from terra.closedloop.record import claim_drive_folder
+from terra.closedloop.record import claim_drive_folder, manifest_name
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.config.checks import (
@@ -37,6 +38,8 @@ SETTINGS = {
     "seed": Range(0, MAX_SEED, 0, whole=True),
     "policy_timeout_s": Range(0.001, 3600, 30),
     "max_concurrent": Range(1, 4096, 64, whole=True),
+    "num_shards": Range(1, 1 << 20, 4, whole=True),
+    "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
 WORLDS = ("model", "truth", "both")
 
@@ -48,7 +51,7 @@ class DriveSettings:
     run: RunSpec
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
     scenarios: ScenarioSource
-    drives: tuple[tuple[int, str], ...]  # (scenario index, policy name), scenario by scenario
+    drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
     world: str  # model | truth | both
     num_steps: int
     seed: int  # the drives of scenario i sample the world model with seed + i
@@ -57,6 +60,10 @@ class DriveSettings:
     resume: bool
     progress: bool
     estimator: Path | None  # an ACT-Estimator folder: plan following
+    shard_index: int
+    num_shards: int
+    executor: str  # local | ray (terra/closedloop/ray_executor.py)
+    ray: dict[str, Any]  # executor=ray's settings (terra/batch/ray_settings.py)
     output: OutputDir | None  # world=model | truth: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
 
@@ -82,13 +89,18 @@ class DriveSettings:
         terra/closedloop/fidelity.py)."""
         folder = self.output.path if self.output is not None else self.fidelity.top.path
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
-                           resume=self.resume, progress=progress)
+                           resume=self.resume, progress=progress,
+                           manifest=manifest_name(self.shard_index, self.num_shards))
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     """Every setting of conf/drive.yaml checked once, the scenarios listed and ``output_dir`` claimed; one line for a
     bad one."""
     values = check_settings(cfg, SETTINGS)
+    shard, shards = values["shard_index"], values["num_shards"]
+    if shard >= shards:
+        raise TerraInputError(f"shard_index={shard} must be below num_shards={shards} (shards are numbered "
+                              f"0..{shards - 1})")
     entries = select(cfg, "policies")
     entries = [entries] if isinstance(entries, str) else list(entries or [])
     if not entries or not all(isinstance(e, str) and e for e in entries):
@@ -97,6 +109,8 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     policies = policy_factories(entries)
     world = check_choice(select(cfg, "world"), "world", WORLDS)
     setting = str(select(cfg, "scenarios"))
+    executor = select(cfg, "executor")
+    check_executor(executor, select(cfg, "ray"))
     image_root = select(cfg, "image_root")
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
@@ -104,7 +118,11 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
                                 None if image_root is None else str(image_root))
     if world != "model" and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
-    drives = tuple((i, name) for i in range(len(scenarios.ids)) for name in policies)
+    every = [(i, name) for i in range(len(scenarios.ids)) for name in policies]
+    drives = tuple(d for k, d in enumerate(every) if k % shards == shard)  # drive k goes to shard k % num_shards
+    if not drives:
+        raise TerraInputError(f"shard_index={shard} of num_shards={shards} has no drives (the run has "
+                              f"{len(every)}); use at most {len(every)} shards")
     estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
     if estimator is not None and not (estimator / "config.json").is_file():
         raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
@@ -113,12 +131,14 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if world != "truth":
         inputs.append(("world model", spec.world_model))
     ids = [drive_id(scenarios.ids[i], name) for i, name in drives]
+    manifest = manifest_name(shard, shards)
     output = fidelity = None
     if world == "both":
-        fidelity = claim_fidelity_folders(output_dir, ids, inputs=inputs)
+        fidelity = claim_fidelity_folders(output_dir, ids, manifest=manifest, inputs=inputs)
     else:
-        output = claim_drive_folder(output_dir, ids, inputs=inputs)
+        output = claim_drive_folder(output_dir, ids, manifest=manifest, inputs=inputs)
     return DriveSettings(
         spec, policies, scenarios, drives, world, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
-        check_flag(select(cfg, "progress"), "progress"), estimator, output, fidelity)
+        check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
+        dict(select(cfg, "ray") or {}), output, fidelity)
