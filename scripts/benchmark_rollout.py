@@ -186,9 +186,11 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
         "frames_per_sample": args.frames, "gpus_used": sorted({str(r.get("gpus", "in-process")) for r in ok}),
         "requests": args.requests or "the config's (per_frame)",
     }
-    summary = run_dir / "manifest.summary.json"
-    if args.executor == "ray" and summary.is_file():
-        row["per_actor"] = json.loads(summary.read_text()).get("actors", {})
+    summary_file = run_dir / "manifest.summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    row["decoding"] = summary.get("decoding")  # the decoding that ran, forward passes per frame, tokens per pass
+    if args.executor == "ray":
+        row["per_actor"] = summary.get("actors", {})
     if ok:
         first = min(r["finished_at"] - r["seconds"] for r in ok)
         last, generated = max(r["finished_at"] for r in ok), max(r["generated_at"] for r in ok)

@@ -33,8 +33,8 @@ import torch
 from terra.config.backend import REQUEST_PATHS
 from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
-from terra.generation.backends import create_backend
-from terra.generation.rollout import RolloutRequest
+from terra.generation.backends import create_backend, resolve_device, vllm_decoding
+from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
 from terra.pipeline import WorldModelPipeline
@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=6, help="frames each session steps")
     parser.add_argument("--num-context", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--decoding", default="auto", choices=("auto", "sequential", "speculative"),
+                        help="sampling.decoding (auto: speculative for one session on Transformers)")
+    parser.add_argument("--block-size", type=int, default=32, help="sampling.block_size of speculative decoding")
     parser.add_argument("--batch", action="store_true", help="also run the same rollouts as one generate() call")
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
@@ -76,13 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_host(args: argparse.Namespace, folder: Path) -> SessionHost:
-    """A session host over the chosen model and backend (a pipeline when there is a tokenizer)."""
+def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig) -> SessionHost:
+    """A session host over the chosen model and backend (a pipeline when there is a tokenizer); a vLLM engine is
+    started for ``sampling``'s decoding (``auto``: for the most sessions of ``--sessions``)."""
     options = {}
     if args.backend == "vllm":
         options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
         if args.requests:
             options["requests"] = args.requests
+        options["sampling"] = vllm_decoding(sampling, resolve_device(args.device), max(args.sessions),
+                                            args.requests or "per_frame")
     if args.model in ("terra", "tiny"):
         config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
         if args.backend == "vllm":  # config.json only; the engine makes up the weights
@@ -100,8 +106,10 @@ def build_host(args: argparse.Namespace, folder: Path) -> SessionHost:
     if tokenizer is None:
         backend = create_backend(args.backend, world_model, args.device, args.dtype, **options)
         return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+    engine = options.pop("sampling", sampling)
     pipeline = WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
-                                                  dtype=args.dtype, **options)
+                                                  dtype=args.dtype, decoding=engine.decoding,
+                                                  block_size=engine.block_size, **options)
     return SessionHost(pipeline, max_frames=args.frames, num_context=args.num_context)
 
 
@@ -149,6 +157,8 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
     if errors:
         raise errors[0]
     codes = [s.codes()[args.num_context :].reshape(args.frames, -1) for s in sessions]
+    stats = sum((s.decode_stats() for s in sessions), DecodeStats())
+    decoding = stats.as_dict(sessions[0].sampling)
     for session in sessions:
         session.close()
     first = [lat[0] for lat in latencies]
@@ -159,12 +169,14 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
         "latency_mean_s": statistics.mean(steady) if steady else None,
         "latency_p50_s": float(np.percentile(steady, 50)) if steady else None,
         "latency_p90_s": float(np.percentile(steady, 90)) if steady else None,
-        "codes": codes, "contexts": starts, "actions": actions,
+        "decoding": decoding, "codes": codes, "contexts": starts, "actions": actions,
+        "sampling": sessions[0].sampling,
     }
 
 
-def run_batch(host: SessionHost, args: argparse.Namespace, sessions: dict, sampling: SamplingConfig) -> dict:
-    """The same rollouts as one ``generate`` call on the same backend."""
+def run_batch(host: SessionHost, args: argparse.Namespace, sessions: dict) -> dict:
+    """The same rollouts as one ``generate`` call on the same backend, decoded as the sessions were."""
+    sampling = sessions["sampling"]
     requests = []
     for i, (context, actions) in enumerate(zip(sessions["contexts"], sessions["actions"])):
         full = np.concatenate([context.actions, actions])
@@ -180,19 +192,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    sampling = SamplingConfig(temperature=args.temperature)
+    sampling = SamplingConfig(temperature=args.temperature, decoding=args.decoding, block_size=args.block_size)
     records = []
     with tempfile.TemporaryDirectory(prefix="terra-bench-sessions-") as folder:
-        host = build_host(args, Path(folder))
+        host = build_host(args, Path(folder), sampling)
         try:
             run_sessions(host, args, 1, sampling)  # warm-up: first calls, CUDA graphs, caches
             for count in args.sessions:
                 result = run_sessions(host, args, count, sampling)
                 record = {"sessions": count, "frames": args.frames, "backend": host.backend.name,
                           "model": args.model, "decode": args.decode,
-                          **{k: v for k, v in result.items() if k not in ("codes", "contexts", "actions")}}
+                          **{k: v for k, v in result.items() if k not in ("codes", "contexts", "actions", "sampling")}}
                 if args.batch:
-                    record.update(run_batch(host, args, result, sampling))
+                    record.update(run_batch(host, args, result))
                 records.append(record)
                 print(format_record(record), flush=True)
         finally:
@@ -204,8 +216,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def format_record(record: dict) -> str:
-    text = (f"{record['sessions']:>3} session(s): {record['frames_per_s']:7.2f} frames/s, first frame "
-            f"{record['first_frame_s'] * 1000:7.0f} ms")
+    text = (f"{record['sessions']:>3} session(s), {record['decoding']['decoding']} decoding "
+            f"({record['decoding']['passes_per_frame']:.1f} passes/frame): {record['frames_per_s']:7.2f} frames/s, "
+            f"first frame {record['first_frame_s'] * 1000:7.0f} ms")
     if record["latency_mean_s"] is not None:
         text += (f", then {record['latency_mean_s'] * 1000:6.0f} ms per frame (p50 {record['latency_p50_s'] * 1000:.0f},"
                  f" p90 {record['latency_p90_s'] * 1000:.0f})")

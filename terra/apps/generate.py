@@ -84,6 +84,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                   ("refiner weights", spec.run.refiner.get("path"))])
 
     from terra.generation.backends import resolve_spec, set_torch_threads
+    from terra.generation.rollout import DecodeStats
     from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
     from terra.models.checkpoint import read_world_model_config
     from terra.outputs import write_outputs
@@ -94,7 +95,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
     # 2. the engine, the window, the tokenizer, the context frames and the trajectory
     set_torch_threads(spec.run.num_threads)
-    run_settings = resolve_spec(spec.run)  # device and backend chosen once
+    run_settings = resolve_spec(spec.run, spec.num_samples)  # device, backend (and vLLM's decoding) chosen once
     refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
     config = read_world_model_config(run_settings.world_model)
     check_window(config.num_temporal_embeddings, run_settings.num_context, run_settings.overlap)
@@ -137,6 +138,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     record = OmegaConf.to_container(cfg, resolve=True)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
     s_per_frame = generate_s / (num_frames * spec.num_samples)
+    stats = sum((result.decode_stats for result in results), DecodeStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     files = write_outputs(
         out_dir, spec.output, results, actions=actions, ground_truth=truth, config=record,
@@ -145,7 +147,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     )
     return {"files": [str(f) for f in files], "frames": int(len(images) + num_frames),
             "generated_frames": int(num_frames), "samples": int(spec.num_samples), "s_per_frame": s_per_frame,
-            "backend": backend_class}
+            "backend": backend_class, "decoding": results[0].sampling.decoding, "decode_stats": stats}
 
 
 def _is_empty_dir(path: Path) -> bool:
@@ -198,6 +200,7 @@ def _main(cfg: DictConfig) -> None:
     print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "
           f"({summary['frames']} frames per video) with {summary['backend']}: "
           f"{summary['s_per_frame']:.3f} s per generated frame")
+    print(f"  {summary['decoding']} decoding: {summary['decode_stats'].line()}")
     for f in summary["files"]:
         print(f"  {f}")
 

@@ -54,6 +54,9 @@ def _main(cfg: DictConfig) -> None:
 
         result = run_locked(config)
     print(f"rollout: {result.summary_line()}")
+    if result.decoding is not None:
+        decoding, stats = result.decoding
+        print(f"rollout: {decoding} decoding: {stats.line()}")
     for actor, counts in result.per_actor.items():
         where = "CPU" if counts["gpus"] == "cpu" else f"GPU {counts['gpus']}"
         print(f"rollout: actor {actor} on {counts['node']} ({where}): {counts['ok']} succeeded, {counts['failed']} "

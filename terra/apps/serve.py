@@ -73,7 +73,7 @@ def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
     from terra.session import SessionHost
 
     set_torch_threads(spec.num_threads)
-    spec = resolve_spec(spec)
+    spec = resolve_spec(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
     config = read_world_model_config(spec.world_model)
     check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
     pipeline = WorldModelPipeline.from_spec(spec, config=config)

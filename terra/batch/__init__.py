@@ -46,8 +46,10 @@ Outputs (under ``output_dir``)
   record per sample as it finishes: ``sample_id``, ``line``, ``file``, ``status`` (``ok`` | ``failed`` |
   ``skipped`` = already complete), ``stage`` of a failure (``parse`` | ``input`` | ``generate`` | ``write``),
   ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time); an ``ok`` record also has
-  ``generate_s`` and ``generated_at`` (Unix time its rollout left the engine, before decoding and writing).
-  ``<manifest stem>.summary.json`` holds the counts. Malformed lines are recorded as failed with stage ``parse``
+  ``generate_s``, ``generated_at`` (Unix time its rollout left the engine, before decoding and writing) and
+  ``decoding`` (``sampling.decoding`` as it ran, the block size, forward passes, passes per frame and tokens per
+  pass; the sidecar has the same block). ``<manifest stem>.summary.json`` holds the counts and the run's
+  ``decoding`` figures summed over its samples. Malformed lines are recorded as failed with stage ``parse``
   (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
 * While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.config.lock`): a second run of the
   same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples

@@ -31,6 +31,14 @@ def engine_options(config: BatchConfig, spec: RunSpec) -> dict[str, Any]:
     return options
 
 
+def planned_streams(config: BatchConfig, samples: int) -> int:
+    """The most rollouts an engine of this run keeps in flight, before it starts: ``max_concurrent`` (``auto``: its
+    ceiling on a GPU) capped by the ``samples`` to run. A vLLM engine's decoding is chosen for it
+    (terra/generation/backends.py, ``resolve_spec``)."""
+    ceiling = AUTO_CEILING_GPU if config.max_concurrent == "auto" else int(config.max_concurrent)
+    return max(1, min(ceiling, samples))
+
+
 def kv_cache_rollouts(pipeline: WorldModelPipeline, window_frames: int) -> int | None:
     """Rollouts of ``window_frames`` frames the vLLM engine's KV cache holds at once (None: not a vLLM engine,
     or it does not report its cache)."""

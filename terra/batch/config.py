@@ -8,7 +8,6 @@ numbers are :data:`RANGES`, documented in conf/rollout.yaml) before the heavy im
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import string
 from dataclasses import dataclass, field
@@ -143,7 +142,7 @@ class BatchConfig:
         return {
             "num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
             "resize": self.resize,
-            "sampling": dataclasses.asdict(SamplingConfig(**self.sampling)),  # defaults filled in
+            "sampling": SamplingConfig(**self.sampling).draw_settings(),  # defaults filled in; decoding left out
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
             "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
             "default_manoeuvre": self.default_manoeuvre,

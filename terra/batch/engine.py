@@ -24,7 +24,8 @@ from terra.batch.config import BatchConfig
 from terra.batch.manifest import error_line, sample_record
 from terra.batch.plan import Item
 from terra.batch.samples import context_paths, sample_actions
-from terra.generation.rollout import RolloutRequest
+from terra.config.sampling import SamplingConfig
+from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.inputs.context import load_context
 from terra.inputs.requests import rollout_requests
 from terra.models import LlamaActionConfig
@@ -90,26 +91,29 @@ class _Writer:
     """Decodes finished rollouts and writes their videos, codes and sidecar (sidecar last) on its threads."""
 
     def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
-                 refiner: "VideoRefiner | None" = None) -> None:
+                 sampling: SamplingConfig, refiner: "VideoRefiner | None" = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
+        self.sampling = sampling  # as the engine runs it (decoding=auto resolved)
         self.refiner = refiner  # decoding=refiner: Terra's video refiner beside the engine (terra/refiner.py)
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
-    def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> None:
-        self.pool.submit(self._write, prepared, generated, generate_s, time.time())
+    def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> None:
+        self.pool.submit(self._write, prepared, generated, generate_s, stats, time.time())
 
-    def _write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, generated_at: float) -> None:
+    def _write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, stats: DecodeStats,
+               generated_at: float) -> None:
         item = prepared.item
         try:
-            files = self.write(prepared, generated, generate_s)
+            files = self.write(prepared, generated, generate_s, stats)
         except Exception as err:  # noqa: BLE001  (recorded; the other samples go on)
             self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="write", seed=item.seed,
                                     seconds=time.perf_counter() - prepared.started))
             return
         self.emit(sample_record(item.sample, "ok", seconds=time.perf_counter() - prepared.started, seed=item.seed,
-                                files=files, generate_s=round(generate_s, 3), generated_at=round(generated_at, 3)))
+                                files=files, generate_s=round(generate_s, 3), generated_at=round(generated_at, 3),
+                                decoding=stats.as_dict(self.sampling)))
 
-    def write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float) -> list[str]:
+    def write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> list[str]:
         """Decode context + generated codes and write the sample's files; return them relative to output_dir."""
         config, item, pipeline = self.config, prepared.item, self.pipeline
         t0 = time.perf_counter()
@@ -137,8 +141,9 @@ class _Writer:
             sample_id=sample.sample_id, label=sample.record.get("label"),
             source={"file": sample.file, "line": sample.line, "format": sample.kind},
             context=prepared.context, num_context=prepared.num_context, num_generated=int(len(generated)),
-            files=files, batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint, "complete": True,
-                                "frames": int(len(codes))},
+            files=files, decoding=stats.as_dict(self.sampling),
+            batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint, "complete": True,
+                   "frames": int(len(codes))},
         )
         return files + [os.path.relpath(item.sidecar, out)]
 

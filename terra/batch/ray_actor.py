@@ -21,7 +21,7 @@ import threading
 
 import ray
 
-from terra.batch.concurrency import resolve_max_concurrent
+from terra.batch.concurrency import AUTO_CEILING_GPU, planned_streams, resolve_max_concurrent
 from terra.batch.config import BatchConfig
 from terra.batch.engine import build_pipeline, set_threads
 from terra.batch.manifest import error_line
@@ -64,7 +64,8 @@ class RolloutActor:
             self.error = error_line(err)
 
     def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
-        spec = resolve_spec(config.run_spec().replace(device=self.device))  # this actor's device, resolved once
+        # this actor's device, resolved once; its engine's decoding chosen for max_concurrent (auto: its ceiling)
+        spec = resolve_spec(config.run_spec().replace(device=self.device), planned_streams(config, AUTO_CEILING_GPU))
         if spec.backend == "vllm":
             check_vllm_plugin()
             options = dict(spec.backend_options)

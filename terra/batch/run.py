@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from terra.batch.concurrency import planned_streams
 from terra.batch.config import BatchConfig, check_config
 from terra.batch.engine import build_pipeline, set_threads
 from terra.batch.manifest import Manifest, count_statuses
@@ -21,6 +22,7 @@ from terra.batch.stream import run_items
 from terra.config.checks import shown
 from terra.config.spec import check_window
 from terra.generation.backends import resolve_spec
+from terra.generation.rollout import DecodeStats
 from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.refiner import RefinerSettings, check_decoding
@@ -63,6 +65,17 @@ class BatchResult:
                 entry["retried"] += "attempts" in record
         return dict(sorted(actors.items(), key=lambda kv: int(kv[0])))
 
+    @property
+    def decoding(self) -> tuple[str, DecodeStats] | None:
+        """The decodings that ran (``sequential``, ``speculative``, or both joined by ``+`` across resumed runs) and
+        the forward passes of the samples this run generated, summed from their records; None when it generated
+        none."""
+        blocks = [r["decoding"] for r in self.records if r.get("decoding")]
+        if not blocks:
+            return None
+        return ("+".join(sorted({b["decoding"] for b in blocks})),
+                sum((DecodeStats.from_dict(b) for b in blocks), DecodeStats()))
+
     def summary_line(self) -> str:
         """One line for the end of a run."""
         c = self.counts
@@ -99,7 +112,8 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     if config.executor == "ray":  # the actors choose their devices
         refiner = check_decoding(spec)
     else:
-        spec = resolve_spec(spec) if pipeline is None else spec.replace(device=pipeline.device)
+        spec = (resolve_spec(spec, planned_streams(config, len(the_plan.to_run))) if pipeline is None
+                else spec.replace(device=pipeline.device))
         refiner = check_decoding(spec)  # decoding=refiner: its weights and device, before any output
     if the_plan.to_run:
         set_threads(config)
@@ -186,5 +200,7 @@ def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan
         "manifest": result.manifest.name, "exit_code": result.exit_code, "executor": config.executor,
         **({"interrupted_by": signal.Signals(result.interrupted_by).name} if result.interrupted_by else {}),
         **({"actors": result.per_actor} if config.executor == "ray" else {}),
+        "decoding": None if result.decoding is None else {"decoding": result.decoding[0],
+                                                           **result.decoding[1].as_dict()},
     }
     write_text(result.summary, json_text(summary, indent=2) + "\n")

@@ -52,7 +52,8 @@ class StreamingEngine:
         self.on_generated, self.on_frame = on_generated, on_frame
         self.refiner = refiner  # decoding=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
-        self.sampling = SamplingConfig(**config.sampling)  # checked by check_config: this only builds it
+        # checked by check_config: this only builds it, with decoding=auto resolved for this many rollouts in flight
+        self.sampling = pipeline.backend.decoding_for(SamplingConfig(**config.sampling), max_concurrent)
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
         self._stopped = threading.Event()
@@ -99,7 +100,7 @@ class StreamingEngine:
         """Drive the engine until :meth:`end`'s marker is reached and nothing is in flight (or :meth:`stop`);
         wait for the writers. An interrupt drops the rollouts in flight and lets finished writes complete."""
         backend = self.pipeline.backend
-        writer = _Writer(self.pipeline, self.config, self.emit, self.refiner)
+        writer = _Writer(self.pipeline, self.config, self.emit, self.sampling, self.refiner)
         active: dict[int, tuple[_Prepared, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
         ended = False
         self._preparer.start()
@@ -128,7 +129,8 @@ class StreamingEngine:
                     if state.finished:
                         del active[id(state)]
                         backend.release(state)
-                        writer.submit(prepared, state.generated(), time.perf_counter() - admitted)
+                        writer.submit(prepared, state.generated(), time.perf_counter() - admitted,
+                                      state.decode_stats())
                         if self.on_generated is not None:
                             self.on_generated(prepared.item)
                     else:
@@ -188,8 +190,8 @@ def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPi
     """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
     item, ``on_frame`` each generated frame (:class:`StreamingEngine`); ``refiner`` decodes with
     ``decoding=refiner``. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
-    engine = StreamingEngine(pipeline, config, emit, resolve_max_concurrent(config, pipeline, longest_rollout(items)),
-                             refiner=refiner, on_frame=on_frame)
+    in_flight = min(resolve_max_concurrent(config, pipeline, longest_rollout(items)), max(1, len(items)))
+    engine = StreamingEngine(pipeline, config, emit, in_flight, refiner=refiner, on_frame=on_frame)
     for item in items:
         engine.put(item)
     engine.end()

@@ -43,7 +43,7 @@ def open_worlds(settings: DriveSettings) -> OpenWorlds:
     from terra.session import SessionHost
     from tokenizer import load_tokenizer
 
-    spec = resolve_spec(settings.run)
+    spec = resolve_spec(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
     tokenizer = load_tokenizer(spec.tokenizer)
     size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
     opened = OpenWorlds({}, size)

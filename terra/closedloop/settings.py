@@ -80,7 +80,7 @@ class DriveSettings:
     def model_settings(self) -> dict[str, Any]:
         """What shapes the world model's frames (part of each drive's fingerprint: terra/closedloop/record.py)."""
         run = self.run
-        return {"world_model": run.world_model, "tokenizer": run.tokenizer, "sampling": run.sampling.__dict__,
+        return {"world_model": run.world_model, "tokenizer": run.tokenizer, "sampling": run.sampling.draw_settings(),
                 "backend": run.backend, "dtype": run.dtype, "num_context": run.num_context, "overlap": run.overlap,
                 "zero_embed_code_0": run.zero_embed_code_0}
 

@@ -1,4 +1,5 @@
-"""How image tokens are drawn: :class:`SamplingConfig` (temperature, top-k, top-p) and its documented ranges.
+"""How image tokens are drawn: :class:`SamplingConfig` (temperature, top-k, top-p, and how the decoder walks a
+frame) and its documented ranges.
 
 Light (no torch): apps check ``sampling`` before any model loads; the backends' samplers take the config as
 it is (terra/generation/sampling.py for Transformers, vLLM's own for vLLM).
@@ -6,39 +7,63 @@ it is (terra/generation/sampling.py for Transformers, vLLM's own for vLLM).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from terra.config.checks import Range, TerraInputError
+from terra.config.checks import Range, TerraInputError, check_choice
 
+DECODINGS = ("auto", "sequential", "speculative")
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
     "top_p": Range(0, 1, 1.0, low_open=True),
+    "block_size": Range(1, 4096, 32, whole=True),
 }
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off); Terra's authors used 0.9 / 0 / 1.0."""
+    """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off); Terra's authors used 0.9 / 0 / 1.0.
+
+    ``decoding``: ``sequential`` samples one image token per forward pass; ``speculative`` scores a block of
+    ``block_size`` guessed tokens per pass (terra/generation/speculative.py); ``auto`` is speculative where that is
+    faster (few rollouts in flight: terra/generation/rollout.py, ``WorldModelBackend.decoding_for``, and for vLLM
+    terra/generation/backends.py, ``vllm_decoding``). They decide how fast the tokens come, not which: for the
+    same seed a backend gives the same codes whatever ``decoding`` and ``block_size`` are
+    (:meth:`draw_settings` are the ones that shape the codes).
+    """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    decoding: str = "auto"
+    block_size: int = 32
 
     def __post_init__(self) -> None:
         for name, limits in SAMPLING.items():
             limits.check(getattr(self, name), f"sampling.{name}")
+        check_choice(self.decoding, "sampling.decoding", DECODINGS)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def draw_settings(self) -> dict[str, Any]:
+        """The settings that decide which codes a seed gives (temperature, top-k, top-p): ``decoding`` and
+        ``block_size`` only change the speed (a batch run's fingerprint leaves them out)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    def replace(self, **changes: Any) -> "SamplingConfig":
+        """A copy with ``changes`` (checked again: a config is never out of range)."""
+        return dataclasses.replace(self, **changes)
+
     @classmethod
     def from_mapping(cls, options: Any) -> "SamplingConfig":
-        """The ``sampling`` settings (names of :data:`SAMPLING`) as a config; unknown names fail with one line."""
-        if not isinstance(options, Mapping) or not set(options) <= set(SAMPLING):
-            unknown = sorted(set(options) - set(SAMPLING)) if isinstance(options, Mapping) else options
-            raise TerraInputError(f"sampling must be an object with some of {', '.join(SAMPLING)} "
+        """The ``sampling`` settings (the fields above) as a config; unknown names fail with one line."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        if not isinstance(options, Mapping) or not set(options) <= names:
+            unknown = sorted(set(options) - names) if isinstance(options, Mapping) else options
+            raise TerraInputError(f"sampling must be an object with some of {', '.join(sorted(names))} "
                                   f"(got {unknown!r:.80})")
         return cls(**options)

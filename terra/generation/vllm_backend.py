@@ -75,7 +75,16 @@ class VLLMBackend(WorldModelBackend):
     ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
     ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left at ``None`` is 0.9 on a GPU
     and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would take nearly all of it).
+    ``speculative_block`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
+    image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
+    same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
+    elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`decoding_for`), and each
+    frame's forward passes are counted from the engine's per-step outputs.
     """
+
+    # decoding=auto is speculative up to this many rollouts in flight (terra/generation/backends.py, vllm_decoding):
+    # one stream until the H100's figures of many sessions set it (BENCHMARKS.md, "Speculative decoding on vLLM").
+    speculative_streams = 1
 
     def __init__(
         self,
@@ -89,6 +98,7 @@ class VLLMBackend(WorldModelBackend):
         tensor_parallel_size: int = 1,
         seed: int = 0,
         config: Any = None,
+        speculative_block: int = 0,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -107,6 +117,7 @@ class VLLMBackend(WorldModelBackend):
                 "(model_type llama_action); pass the world model's folder"
             )
         self.layout = TokenLayout.from_config(config)
+        self.block_size = speculative_block  # guesses per request and step; 0: sequential decoding
         self.model_path = model_path
         self.seed = seed
         self.max_num_seqs = max_num_seqs
@@ -117,6 +128,8 @@ class VLLMBackend(WorldModelBackend):
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         if current_platform.is_cpu():
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
+        if speculative_block:
+            options.update(compat.jacobi_engine_kwargs(speculative_block))
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()
@@ -124,6 +137,7 @@ class VLLMBackend(WorldModelBackend):
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
         self._pending: dict[str, tuple[RolloutState, int, bool]] = {}  # request id -> state, prompt length, start
+        self._passes: dict[str, tuple[list[int], int]] = {}  # speculative: request id -> codes so far, passes
         self._start_engine(dict(
             model=model_path,
             skip_tokenizer_init=True,
@@ -139,6 +153,12 @@ class VLLMBackend(WorldModelBackend):
             **self.prompt_limits(),
             **options,
         ))
+        if speculative_block:
+            try:
+                compat.check_jacobi_engine(self.engine.vllm_config)
+            except TerraInputError:
+                self.close()
+                raise
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         """Build the synchronous engine, stepped by :meth:`poll`, from ``engine_args`` (``EngineArgs``' fields).
@@ -158,6 +178,14 @@ class VLLMBackend(WorldModelBackend):
     def name(self) -> str:
         return "vLLM"
 
+    def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
+        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts
+        (``speculative_block``; terra/generation/backends.py, ``resolve_spec``, chooses them for a run). The codes
+        are the same either way."""
+        if self.block_size:
+            return sampling.replace(decoding="speculative", block_size=self.block_size)
+        return sampling.replace(decoding="sequential")
+
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
         return {"limit_mm_per_prompt": {"actions": self.layout.max_frames}}
@@ -175,7 +203,8 @@ class VLLMBackend(WorldModelBackend):
 
     def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False):
         """Parameters of ``state``'s next frame: exactly ``P`` image codes, seeded with :func:`frame_seed` (the
-        rollout's seed and the frame's index) unless greedy; final-only output, or deltas (``delta``)."""
+        rollout's seed and the frame's index) unless greedy; final-only output, or deltas (``delta``, and always
+        on a speculative engine: one delta per engine step is how its forward passes are counted)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -188,7 +217,7 @@ class VLLMBackend(WorldModelBackend):
             max_tokens=self.layout.image_tokens,
             ignore_eos=True,
             detokenize=False,
-            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA if delta or self.block_size else RequestOutputKind.FINAL_ONLY,
         )
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
@@ -208,11 +237,20 @@ class VLLMBackend(WorldModelBackend):
         """One engine step; the frames it finished."""
         done = []
         for output in self.engine.step():
-            if not output.finished or output.request_id not in self._pending:
+            if output.request_id not in self._pending:
                 continue
+            passes = None  # sequential: one per image token
+            tokens = list(output.outputs[0].token_ids)
+            if self.block_size:  # a delta per step that produced tokens for the request: one forward pass
+                earlier, passes = self._passes.get(output.request_id, ([], 0))
+                tokens, passes = earlier + tokens, passes + 1
+                self._passes[output.request_id] = (tokens, passes)
+            if not output.finished:
+                continue
+            self._passes.pop(output.request_id, None)
             state, prompt_tokens, window_start = self._pending.pop(output.request_id)
-            codes = np.asarray(output.outputs[0].token_ids, dtype=np.int64)
-            state.add_frame(codes)
+            codes = np.asarray(tokens, dtype=np.int64)
+            state.add_frame(codes, passes=passes)
             done.append(FrameDone(state, codes, prompt_tokens, self._cached_tokens(output), window_start))
         return done
 
@@ -223,6 +261,7 @@ class VLLMBackend(WorldModelBackend):
             self.engine.abort_request(ids)
         for request_id in ids:
             del self._pending[request_id]
+            self._passes.pop(request_id, None)
 
     def record(self, done: FrameDone, rollout: int) -> None:
         """Append the frame's prompt and cached token counts to :attr:`frame_stats`."""

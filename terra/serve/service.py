@@ -59,6 +59,7 @@ class Entry:
             "frames": session.num_generated, "max_frames": session.max_frames,
             "seed": session.rollout.state.seed,
             "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),
+            "decoding": session.decode_stats().as_dict(session.sampling),
             "idle_s": round(time.monotonic() - self.last_used, 3), "sockets": len(self.sockets),
         }
 
@@ -183,7 +184,7 @@ class SessionService:
         header = {
             "type": "frame", "session": entry.session.id, "index": frame.index,
             "format": self.settings.image_format, "pose": [round(v, 4) for v in frame.pose],
-            "speed_kmh": round(frame.speed_kmh, 2),
+            "speed_kmh": round(frame.speed_kmh, 2), "passes": frame.passes,
             "path": [[round(float(x), 3), round(float(y), 3)] for y, x, _ in frame.action],
             "timings": {**{k: round(v, 4) for k, v in frame.timings.items()}, "encode_s": round(encode_s, 4),
                         "total_s": round(time.perf_counter() - started, 4)},

@@ -22,7 +22,7 @@ import numpy as np
 
 from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
-from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
+from terra.generation.rollout import DecodeStats, FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
 RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 
@@ -38,6 +38,7 @@ class StepResult:
     generate_s: float  # in the backend
     cached_tokens: int
     prompt_tokens: int
+    passes: int  # forward passes that generated it (sequential decoding: one per image token)
 
 
 class Rollout:
@@ -76,6 +77,7 @@ class SessionEngine:
         self.frames_total = 0
         self.cached_tokens = 0
         self.prompt_tokens = 0
+        self.decode_stats = DecodeStats()  # forward passes of every frame generated
         self.last_error: str | None = None
         self._waiting = 0
         self._closed = False
@@ -118,6 +120,8 @@ class SessionEngine:
                 "queued": self._waiting,
                 "in_flight": len(self._owner),
                 "prefix_cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
+                "passes_per_frame": self.decode_stats.passes_per_frame,
+                "tokens_per_pass": self.decode_stats.tokens_per_pass,
                 "last_error": self.last_error,
             }
 
@@ -214,10 +218,12 @@ class SessionEngine:
             self._done_at.append(now)
             self.cached_tokens += done.cached_tokens
             self.prompt_tokens += done.prompt_tokens
+            self.decode_stats += DecodeStats(1, state.passes[-1], state.layout.image_tokens)
         job.future.set_result(StepResult(
             index=state.next_frame - 1 - state.num_context, codes=done.codes,
             action=state.actions[state.next_frame - 2].copy(), queue_s=job.started_at - job.queued_at,
             generate_s=now - job.started_at, cached_tokens=done.cached_tokens, prompt_tokens=done.prompt_tokens,
+            passes=state.passes[-1],
         ))
         self._drain(rollout)
 

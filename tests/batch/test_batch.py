@@ -247,6 +247,18 @@ def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scen
     assert plan(dataclasses.replace(config)).items[0].fingerprint in fingerprints  # stable for equal settings
 
 
+def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
+    """Speculative and sequential decoding give the same codes for the same seed (terra/generation/speculative.py),
+    so a run resumed with other decoding settings keeps its finished samples; the temperature does count."""
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(actbench_line(scenes, 0) + "\n")
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
+    fingerprints = {plan(dataclasses.replace(config, sampling=sampling)).items[0].fingerprint
+                    for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "block_size": 7})}
+    assert len(fingerprints) == 1
+    assert plan(dataclasses.replace(config, sampling={"temperature": 0.5})).items[0].fingerprint not in fingerprints
+
+
 @pytest.fixture(scope="module")
 def demo_pipeline(single_thread):
     from terra.batch import build_pipeline

@@ -12,6 +12,7 @@ import pytest
 
 from terra.batch import BatchConfig, concurrency, engine, stream
 from terra.generation.layout import TokenLayout
+from terra.generation.rollout import DecodeStats
 
 LAYOUT = TokenLayout(image_tokens=1, action_tokens=1, max_frames=25, codebook_size=8, action_token_id=8)
 
@@ -27,6 +28,9 @@ class FakeBackend:
         self.in_flight: list[dict[int, int]] = []  # at each poll: rollout in flight -> its frames so far
         self.fail_at_poll, self.interrupt_at_poll = fail_at_poll, interrupt_at_poll
         self.cancelled: list[int] = []
+
+    def decoding_for(self, sampling, streams: int = 1):
+        return sampling.replace(decoding="sequential")
 
     def start(self, request):
         return SimpleNamespace(key=request.key, frames=0, total=request.num_frames)
@@ -48,6 +52,7 @@ class FakeBackend:
             state.num_generated = state.frames
             state.finished = state.frames == state.total
             state.generated = lambda state=state: np.zeros((state.total, 1), np.int64)
+            state.decode_stats = lambda state=state: DecodeStats(state.frames, state.frames, 1)
         return [SimpleNamespace(state=s) for s in done]
 
     def cancel(self, states) -> None:
@@ -70,7 +75,7 @@ def fakes(monkeypatch):
         request = SimpleNamespace(key=item.sample, num_frames=1 + item.sample % 3)
         return engine._Prepared(item, request, None, [], 1, started)
 
-    def write(self, prepared, generated, generate_s):
+    def write(self, prepared, generated, generate_s, stats):
         written.append(prepared.item.sample)
         return []
 

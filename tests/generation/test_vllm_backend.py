@@ -86,6 +86,16 @@ def test_window_rollover_and_prefix_reuse(vllm_backend, hf_backend):
             assert s.computed_tokens <= VLLM_BLOCK_SIZE + layout.action_tokens, s
 
 
+def test_greedy_vllm_equals_both_transformers_decodings_across_a_rollover(vllm_backend, hf_backend):
+    """The Transformers reference gives vLLM's greedy codes whether it decodes sequentially or speculatively."""
+    requests = make_requests(vllm_backend.layout, num_rollouts=2, num_context=2, num_frames=5, seed=3)
+    ours = vllm_backend.generate(requests, GREEDY, progress=False)
+    for decoding in ("sequential", "speculative"):
+        reference = hf_backend.generate(requests, GREEDY.replace(decoding=decoding, block_size=16), progress=False)
+        for got, want in zip(ours, reference):
+            np.testing.assert_array_equal(got, want)
+
+
 def test_seeded_sampling_is_independent_of_batching(vllm_backend):
     layout = vllm_backend.layout
     sampling = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95)

@@ -210,6 +210,8 @@ def test_rollout_benchmark_runs_a_jsonl_and_reports_span(tmp_path):
     assert (run["num_gpus"], run["ok"], run["failed"], run["gpus_used"]) == (0, 2, 0, ["in-process"])
     assert 0 < run["span_s"] < run["wall_s"] and run["frames_per_s"] == pytest.approx(2 / run["span_s"])
     assert len(list((out / "run_gpus0").glob("*.gif"))) == 2 and "speed-up" in proc.stdout
+    decoding = run["decoding"]  # the manifest summary's: two rollouts in flight, auto is speculative on Transformers
+    assert decoding["decoding"] == "speculative" and decoding["frames"] == 2 and decoding["passes_per_frame"] < 144
 
 
 def test_rollout_benchmark_projects_by_waves():
@@ -290,3 +292,22 @@ def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and "multiples of 16" in err[0] and "fp8" in err[1] and "comma lists" in err[2]
     assert "Traceback" not in "".join(err)
+
+
+def test_speculative_benchmark_counts_passes_and_compares_codes(tmp_path, single_thread):
+    """scripts/benchmark_speculative.py on the demo model: one sampled frame sequential and speculative, then two
+    rollouts at once both ways; the JSON has the passes, the profile and the comparison of the codes."""
+    bench = load_script("benchmark_speculative")
+    out = tmp_path / "speculative.json"
+    result = bench.main(["--rollouts", "1", "--frames", "1", "--temperatures", "0.9", "--block-sizes", "144",
+                         "--sequential-rollouts", "1", "--streams", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    sequential, speculative, *streams = result["records"]
+    assert sequential["decoding"] == "sequential" and sequential["passes_per_frame"] == 144
+    assert speculative["codes_equal_sequential"] and speculative["passes_per_frame"] < 144
+    assert speculative["fewer_passes"] == pytest.approx(144 / speculative["passes_per_frame"], rel=1e-2)
+    assert sum(row["passes"] for row in speculative["profile"]) == speculative["forward_passes"]
+    assert [(r["streams"], r["decoding"]) for r in streams] == [(2, "sequential"), (2, "speculative")]
+    assert all(r["frames_per_s"] > 0 for r in streams)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--block-sizes", "0"])

@@ -64,6 +64,21 @@ def test_session_equals_batch_rollout_across_window_rollover(pipeline, host, sam
     np.testing.assert_array_equal(session.codes(), np.concatenate([context, got]))
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculative_session_equals_sequential_rollout(pipeline, host, sampling):
+    num_context, num_frames = 2, 9  # across two window rollovers
+    context, actions = rollout_inputs(pipeline.backend.layout, num_context, num_frames, seed=4)
+    speculative = sampling.replace(decoding="speculative", block_size=8)
+    session = host.open(codes=context, actions=actions[: num_context - 1], seed=3, sampling=speculative)
+    frames = [session.step(a, decode=False) for a in actions[num_context - 1 :]]
+    expected = batch(pipeline, context, actions, num_frames, 3, sampling.replace(decoding="sequential"))
+    np.testing.assert_array_equal(np.stack([f.codes for f in frames]), expected)
+    stats = session.decode_stats()
+    assert stats.frames == num_frames and stats.passes == sum(f.passes for f in frames) < num_frames * 64
+    assert host.engine.metrics()["tokens_per_pass"] > 1
+    assert host.open(codes=context, sampling=sampling).sampling.decoding == "speculative"  # auto: one stream
+
+
 def test_fork_branches_from_the_shared_state_and_reset_replays(pipeline, host):
     context, actions = rollout_inputs(pipeline.backend.layout, 2, 6, seed=2)
     other = np.random.default_rng(3).normal(0, 2, (6, 3)).astype(np.float32)

@@ -1,0 +1,325 @@
+#!/usr/bin/env python
+"""Speculative decoding on vLLM, on a GPU: the same codes as sequential decoding, and what an engine step costs.
+
+Every vLLM measurement of speculative decoding in one script and one JSON (``--out``; a second run with other
+``--parts`` adds to the same file). Each engine runs in its own subprocess, so its memory is gone before the next
+starts, and results are written after each engine (a run cut short keeps what it measured). Parts:
+
+* ``demo``: the demo world model on the rollouts of scripts/benchmark_speculative.py (built-in scenes, the
+  manoeuvres in turn, seed = index), an engine per block size of ``--demo-blocks`` (0 = sequential), greedy and
+  at temperature 0.9: forward passes per frame (the engine's per-step outputs, checked against its scheduler's
+  steps) and seconds per frame one rollout at a time, and the codes, one at a time and all at once, against block
+  0's (the rule emits sequential decoding's draws, so they must be equal; a difference could only be a bf16
+  near-tie between passes of 1 and K + 1 tokens, and is reported as the fraction of tokens that agree).
+* ``terra``: Terra's 2 B shape with random weights (vLLM's dummy loader), an engine per block size of
+  ``--terra-blocks``: the engine's step time at temperature 0.9 with each count of ``--streams`` rollouts in
+  flight (1: one stream; 64: sessions; 256: ACT-Bench's shape, 3 context + 44 frames), ``--steps`` steps after
+  ``--warmup``. Random weights accept almost no guess; a step still carries K + 1 tokens a request, as it does for a
+  trained model.
+* the projection, with ``--passes`` (scripts/measure_decoding.py's JSON of a trained model of Terra's layout, at
+  temperature 0.9; vLLM takes one pass more a frame than the Transformers backend counts, its prompt's): seconds
+  per frame of one stream, frames/s of 64 sessions, and the H100-hours of ACT-Bench's 2,286 samples x 44 frames at
+  256 in flight, each = passes per frame x step time at that block size. Labelled as projections.
+
+    python scripts/check_jacobi_vllm.py --parts demo --out outputs/jacobi_vllm.json                   # ~4 min
+    python scripts/check_jacobi_vllm.py --parts terra --passes decoding.json --out outputs/jacobi_vllm.json  # ~6 min
+    python scripts/check_jacobi_vllm.py --parts demo --demo-blocks 0,16 --rollouts 2 --frames 2 --out smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+DEMO = SCRIPTS.parent / "terra" / "assets" / "demo"
+ACTBENCH_FRAMES = 2286 * 44  # ACT-Bench's samples x generated frames
+SESSIONS, ACTBENCH_STREAMS = 64, 256
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file (parts already in it are kept)")
+    parser.add_argument("--parts", default="demo,terra")
+    parser.add_argument("--demo-blocks", default="0,16,32", help="block sizes of the demo part; 0 = sequential")
+    parser.add_argument("--terra-blocks", default="0,8,16,32", help="block sizes of the terra part")
+    parser.add_argument("--temperatures", default="0,0.9", help="demo part")
+    parser.add_argument("--rollouts", type=int, default=32, help="demo part")
+    parser.add_argument("--frames", type=int, default=8, help="demo part: frames per rollout")
+    parser.add_argument("--streams", default=f"1,{SESSIONS},{ACTBENCH_STREAMS}", help="terra part: rollouts in flight")
+    parser.add_argument("--steps", type=int, default=120, help="terra part: engine steps timed per stream count")
+    parser.add_argument("--warmup", type=int, default=80, help="terra part: engine steps before the timing")
+    parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:block": one engine, in a subprocess
+    args = parser.parse_args(argv)
+    try:
+        args.parts = [p for p in args.parts.split(",") if p]
+        for name in ("demo_blocks", "terra_blocks", "streams"):
+            setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
+        args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        parser.error("--demo-blocks, --terra-blocks, --streams and --temperatures are comma-separated numbers")
+    if not set(args.parts) <= {"demo", "terra"}:
+        parser.error(f"--parts takes demo and terra (got {args.parts})")
+    return args
+
+
+# ---------------------------------------------------------------- in a worker (one engine)
+
+
+def benchmark_speculative():
+    """scripts/benchmark_speculative.py (its rollouts: the CPU table's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_speculative", SCRIPTS / "benchmark_speculative.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class StepCounter:
+    """The engine scheduler's steps that ran the model (one forward pass each) and the tokens they carried; the
+    engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+
+    def __init__(self, backend) -> None:
+        scheduler = backend.engine.engine_core.engine_core.scheduler  # InprocClient -> EngineCore -> Scheduler
+        schedule = scheduler.schedule
+        self.reset()
+
+        def counting(*args, **kwargs):
+            output = schedule(*args, **kwargs)
+            if output.total_num_scheduled_tokens > 0:
+                self.steps += 1
+                self.tokens += output.total_num_scheduled_tokens
+            return output
+
+        scheduler.schedule = counting
+
+    def reset(self) -> None:
+        self.steps = self.tokens = 0
+
+
+def engine_record(backend, block: int) -> dict[str, Any]:
+    config = backend.engine.vllm_config
+    return {"block": block, "v2_runner": getattr(config, "use_v2_model_runner", None),
+            "async_scheduling": config.scheduler_config.async_scheduling,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "cudagraph_mode": str(config.compilation_config.cudagraph_mode)}
+
+
+def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine of the demo model: passes, seconds per frame and codes per temperature."""
+    import torch
+
+    from terra.config.sampling import SamplingConfig
+    from terra.generation.vllm_backend import VLLMBackend
+    from terra.pipeline import WorldModelPipeline
+    from tokenizer import load_tokenizer
+
+    started = time.perf_counter()
+    backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype, max_num_seqs=args.rollouts,
+                          speculative_block=block, gpu_memory_utilization=args.gpu_memory_utilization)
+    record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
+    try:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        pipeline = WorldModelPipeline(load_tokenizer(DEMO / "tokenizer"), backend, device)
+        requests = benchmark_speculative().requests(pipeline, args.rollouts, args.frames, 3)
+        counter = StepCounter(backend)
+        for temperature in args.temperatures:
+            sampling = SamplingConfig(temperature=temperature)  # the engine's decoding applies
+            backend.run_rollouts(requests[:1], sampling, progress=False)  # warm-up (first-use compilation)
+            run: dict[str, Any] = {"temperature": temperature}
+            if block:  # one stream at a time: passes and seconds per frame (block 0 takes 144 by construction)
+                passes, steps, codes, seconds = [], [], [], 0.0
+                for request in requests:
+                    counter.reset()
+                    start = time.perf_counter()
+                    [state] = backend.run_rollouts([request], sampling, progress=False)
+                    seconds += time.perf_counter() - start
+                    passes += state.passes
+                    steps.append(counter.steps)
+                    codes.append(state.generated().tolist())
+                frames = len(passes)
+                run.update(passes_per_frame=sum(passes) / frames, scheduler_steps_per_frame=sum(steps) / frames,
+                           s_per_frame=seconds / frames, single=codes)
+            start = time.perf_counter()
+            states = backend.run_rollouts(requests, sampling, progress=False)
+            run.update(batch_frames_per_s=sum(len(s.passes) for s in states) / (time.perf_counter() - start),
+                       batched=[s.generated().tolist() for s in states])
+            record["runs"].append(run)
+    finally:
+        backend.close()
+    return record
+
+
+def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine of Terra's shape (random weights): step time per count of rollouts in flight."""
+    import numpy as np
+
+    from terra.config.sampling import SamplingConfig
+    from terra.generation.rollout import RolloutRequest
+    from terra.generation.vllm_backend import VLLMBackend
+    from terra.models import LlamaActionConfig
+    from terra.models.presets import TERRA
+
+    folder = tempfile.mkdtemp(prefix="terra_shape_")
+    LlamaActionConfig(**TERRA).save_pretrained(folder)  # config.json only: vLLM draws the weights
+    most = max(args.streams)
+    started = time.perf_counter()
+    backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, speculative_block=block,
+                          gpu_memory_utilization=args.gpu_memory_utilization, load_format="dummy",
+                          max_num_batched_tokens=max(8192, most * (block + 1)))
+    record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
+    layout, sampling = backend.layout, SamplingConfig(temperature=0.9)
+    counter = StepCounter(backend)
+    try:
+        for streams in args.streams:
+            rng = np.random.default_rng(streams)  # contexts of their own: no prefix-cache hits across counts
+            requests = [RolloutRequest(rng.integers(0, layout.codebook_size, (3, layout.image_tokens)),
+                                       rng.normal(0, 2, (3 + 44, 6, 3)).astype(np.float32), 44, seed=i)
+                        for i in range(streams)]
+            states = [backend.start(r, i) for i, r in enumerate(requests)]
+            for state in states:
+                backend.submit(state, sampling)
+
+            def steps(count: int) -> None:
+                for _ in range(count):
+                    for done in backend.poll():
+                        if not done.state.finished:
+                            backend.submit(done.state, sampling)
+
+            steps(args.warmup)
+            counter.reset()
+            start = time.perf_counter()
+            steps(args.steps)
+            wall = time.perf_counter() - start
+            backend.cancel(states)
+            record["runs"].append({"streams": streams, "steps": counter.steps, "step_s": wall / max(counter.steps, 1),
+                                   "tokens_per_step": counter.tokens / max(counter.steps, 1)})
+            print(f"terra block {block:3d}, {streams:4d} in flight: {1000 * wall / max(counter.steps, 1):.2f} ms "
+                  f"a step, {counter.tokens / max(counter.steps, 1):.0f} tokens a step", flush=True)
+    finally:
+        backend.close()
+    return record
+
+
+def worker(args: argparse.Namespace) -> None:
+    part, block = args.worker.split(":")
+    record = (demo_worker if part == "demo" else terra_worker)(int(block), args)
+    print("RESULT " + json.dumps(record), flush=True)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def run_engine(part: str, block: int, argv: list[str]) -> dict[str, Any]:
+    """One engine in a subprocess of this script; its record (or the error that ended it)."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(SCRIPTS), str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, __file__, *argv, "--worker", f"{part}:{block}"], env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not result:
+        return {"block": block, "error": done.stdout[-3000:]}
+    return json.loads(result[-1][len("RESULT "):])
+
+
+def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per block and temperature: passes, seconds, and the codes' agreement with block 0's batched codes."""
+    import numpy as np
+
+    reference = {run["temperature"]: np.asarray(run["batched"])
+                 for record in records if record.get("block") == 0 and "runs" in record for run in record["runs"]}
+    rows = []
+    for record in records:
+        for run in record.get("runs", []):
+            ref = reference.get(run["temperature"])
+            row = {k: v for k, v in run.items() if k not in ("single", "batched")}
+            row["block"] = record["block"]
+            for name in ("single", "batched"):
+                if ref is not None and name in run:
+                    row[f"{name}_agreement"] = float((np.asarray(run[name]) == ref).mean())
+            rows.append(row)
+    return rows
+
+
+def projection(terra: list[dict[str, Any]], passes_file: Path) -> dict[str, Any]:
+    """Seconds per frame (1 stream), frames/s (64 sessions), ACT-Bench H100-hours (256 in flight) per block size:
+    vLLM's passes per frame (the Transformers count + 1) x the measured step time."""
+    report = json.loads(passes_file.read_text())
+    image_tokens = report["layout"]["image_tokens"]
+    passes = {0: float(image_tokens)}
+    for mode in report["modes"]:
+        sampling = mode.get("sampling", {})
+        if mode.get("available") and mode["temperature"] == 0.9 and sampling.get("decoding") == "speculative":
+            passes[int(sampling["block_size"])] = mode["passes_per_frame"] + 1  # + the prompt's pass on vLLM
+    rows = []
+    for record in terra:
+        block = record.get("block")
+        if block not in passes or "runs" not in record:
+            continue
+        step = {run["streams"]: run["step_s"] for run in record["runs"]}
+        row = {"block": block, "passes_per_frame": round(passes[block], 2)}
+        if 1 in step:
+            row["one_stream_s_per_frame"] = round(passes[block] * step[1], 4)
+        if SESSIONS in step:
+            row["sessions_frames_per_s"] = round(SESSIONS / (passes[block] * step[SESSIONS]), 2)
+        if ACTBENCH_STREAMS in step:
+            rate = ACTBENCH_STREAMS / (passes[block] * step[ACTBENCH_STREAMS])
+            row.update(actbench_frames_per_s=round(rate, 2),
+                       actbench_h100_hours=round(ACTBENCH_FRAMES / rate / 3600, 3))
+        rows.append(row)
+    return {"label": "projection: passes per frame of the trained Terra-layout model (measure_decoding, T=0.9, + 1) "
+                     "x step time of Terra's 2 B shape (random weights) on this GPU",
+            "passes_source": str(passes_file), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return {}
+    report = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    if args.parts:  # the machine the engines run on
+        import torch
+        import vllm
+
+        report.update(vllm=vllm.__version__, torch=torch.__version__,
+                      device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for part in args.parts:
+        records = report[part] = []
+        for block in args.demo_blocks if part == "demo" else args.terra_blocks:
+            started = time.perf_counter()
+            records.append(run_engine(part, block, argv))
+            records[-1]["wall_s"] = round(time.perf_counter() - started, 1)
+            print(f"{part} block {block}: {'error' if 'error' in records[-1] else 'done'} in {records[-1]['wall_s']} s",
+                  flush=True)
+            if part == "demo":
+                report["demo_summary"] = demo_summary(records)
+            args.out.write_text(json.dumps(report))
+    if args.passes and not args.passes.is_file():
+        print(f"no projection: {args.passes} does not exist (rerun with --parts \"\" once it does)", flush=True)
+    elif args.passes and report.get("terra"):
+        report["projection"] = projection(report["terra"], args.passes)
+        args.out.write_text(json.dumps(report))
+    for row in report.get("demo_summary", []):
+        print("demo", {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    for row in (report.get("projection") or {}).get("rows", []):
+        print("projection", row)
+    return report
+
+
+if __name__ == "__main__":
+    main()

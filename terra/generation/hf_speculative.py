@@ -1,0 +1,116 @@
+"""The Transformers backend's speculative path: a forward pass per rollout per poll, a block of guesses in each.
+
+:class:`SpeculativeRows` holds the frames that :class:`~terra.generation.hf_backend.HFBackend` decodes with
+``sampling.decoding=speculative`` (terra/generation/speculative.py has the rule and why its codes are sequential
+decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
+(their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
+first pass is its prompt (the window's frames at a window start, else the previous frame's last token and action
+slots) followed by the block; later passes are the last committed token followed by the block. After each pass
+the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
+input), so between frames the cache is exactly what sequential decoding leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from terra.config.sampling import SamplingConfig
+from terra.generation.kv import crop, kv_cache, kv_tensors
+from terra.generation.rollout import FrameDone, RolloutState
+from terra.generation.speculative import SpeculativeFrame
+
+
+@dataclass
+class _Frame:
+    """A frame in flight: its rollout, the speculative state, the rollout's cache and the first pass's inputs."""
+
+    state: RolloutState
+    frame: SpeculativeFrame
+    cache: DynamicCache
+    prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its block (None once the first pass ran)
+    prefix_actions: torch.Tensor  # [slots, action_dim] of the prefix's action slots
+    start: int  # window position of the frame's first image token
+    prompt_tokens: int
+    window_start: bool
+
+
+class SpeculativeRows:
+    """The speculative frames of one :class:`~terra.generation.hf_backend.HFBackend` (``model`` in eval mode on
+    ``device``; rollouts' ``cache`` is the backend's slot, holding their KV between frames)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self._frames: list[_Frame] = []
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
+        """Start ``state``'s next frame (its slot made by the backend)."""
+        layout = state.layout
+        previous = torch.as_tensor(state.frames[-1], device=self.device)
+        frame = SpeculativeFrame(previous, sampling.block_size, layout.codebook_size, sampling, state.seed,
+                                 state.next_frame)
+        if state.window_starts:
+            ids, actions, _ = state.prompt()
+            cache, prompt = DynamicCache(), len(ids)
+            prefix_actions = torch.from_numpy(actions).reshape(-1, layout.action_dim)
+        else:
+            cache = kv_cache(state.cache.kv)
+            ids = [int(state.frames[-1][-1])] + [layout.action_token_id] * layout.action_tokens
+            prefix_actions = torch.from_numpy(state.actions[state.next_frame - 1])
+            prompt = len(state.prompt()[0])
+        start = cache.get_seq_length() + len(ids)
+        self._frames.append(_Frame(state, frame, cache, torch.tensor(ids, device=self.device),
+                                   prefix_actions.to(self.device), start, prompt, state.window_starts))
+
+    def cancel(self, states: Sequence[RolloutState]) -> None:
+        drop = {id(s) for s in states}
+        self._frames = [f for f in self._frames if id(f.state) not in drop]
+
+    @torch.inference_mode()
+    def step(self) -> list[FrameDone]:
+        """One forward pass for every frame in flight; the frames that are complete, added to their states."""
+        done = []
+        for entry in list(self._frames):
+            self._pass(entry)
+            if entry.frame.done:
+                self._frames.remove(entry)
+                done.append(self._finish(entry))
+        return done
+
+    def _pass(self, entry: _Frame) -> None:
+        frame = entry.frame
+        block = frame.block()
+        if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the block
+            ids, actions = torch.cat([entry.prefix_ids, block]), entry.prefix_actions
+            entry.prefix_ids = None
+        else:
+            ids, actions = torch.cat([frame.committed[-1][-1:], block]), None
+        begin = entry.cache.get_seq_length()
+        out = self.model(
+            input_ids=ids[None],
+            actions=None if actions is None else actions[None].to(self.model.dtype),
+            position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
+            past_key_values=entry.cache,
+            use_cache=True,
+            logits_to_keep=len(block) + 1,
+        )
+        frame.advance(out.logits[0])
+        crop(entry.cache, entry.start + frame.count - 1)  # the last committed token is the next pass's input
+
+    def _finish(self, entry: _Frame) -> FrameDone:
+        state, frame = entry.state, entry.frame
+        codes = frame.codes().cpu().numpy().astype(np.int64)
+        state.add_frame(codes, passes=frame.passes)
+        kv = kv_tensors(entry.cache)
+        state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
+        computed = entry.prompt_tokens if entry.window_start else state.layout.action_tokens + 1
+        return FrameDone(state, codes, entry.prompt_tokens, entry.prompt_tokens - computed, entry.window_start)
+

@@ -1,0 +1,144 @@
+"""Speculative Jacobi decoding with Gumbel-coupled drafts: several image tokens per forward pass, the same codes.
+
+The one rule both backends run: the Transformers backend through :class:`SpeculativeFrame`
+(terra/generation/hf_speculative.py), vLLM through its model-owned sampler (terra/vllm/jacobi_state.py), both
+calling :func:`accepted_guesses` and :func:`next_guesses`. Method: speculative Jacobi decoding (SJD, arXiv
+2410.01699) with the Gumbel coupling of Speculative Coupled Decoding (SCD, arXiv 2510.24211, its "GS" variant).
+
+The sampler. Sequential decoding draws image position ``i`` of a frame as ``x_i = argmax(s_i(x_<i) + g_i)``:
+``s_i`` the warped scores after the tokens before it (temperature, top-k, top-p), ``g_i`` standard Gumbel noise
+fixed by the rollout's seed and the position (terra/generation/sampling.py: by seed, frame index and position in
+the frame; vLLM's sampler: by the request's seed and position). Since ``g_i`` is independent of the noise of
+earlier positions, and so of ``x_<i``, ``x_i`` given ``x_<i`` has law ``softmax(s_i)`` exactly (Gumbel-max).
+
+One pass. Past the last committed token sit ``K`` guesses ``d_0 .. d_{K-1}`` for the next positions ``n ..
+n+K-1``. One forward pass over ``[last committed token (or the frame's prompt), d_0 .. d_{K-1}]`` gives, in row
+``j``, the scores of position ``n + j`` after the committed prefix and ``d_0 .. d_{j-1}``; every row is drawn
+with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+j})``.
+
+* **Accept** (:func:`accepted_guesses`): ``a`` = the number of leading guesses with ``d_j = y_j``. The pass
+  commits ``y_0 .. y_a`` (the ``a`` accepted guesses and the token drawn at the first mismatch, or after the
+  last guess), never past the frame's last image token.
+* **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
+  (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
+  and past the pass the code of the same position in the previous frame (video is temporally redundant).
+
+Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
+induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
+sequential decoding's ``x_n``. If ``d_0 .. d_{j-1}`` were accepted, they equal ``x_n .. x_{n+j-1}``, so row
+``j`` saw sequential decoding's prefix and ``y_j = x_{n+j}`` (the same scores and the same noise). Every
+committed token is therefore ``x_i``, a deterministic function of the noise that does not involve the guesses
+(they only decide how many tokens a pass commits, at least one), so the frames equal sequential decoding's for
+every draw of the noise, and have its law. Temperature 0 is the same argument without noise (both argmax).
+Equality holds up to floating point: a pass of ``K + 1`` tokens may round a logit differently from a pass of
+one, which matters only where two codes tie to within that rounding. Nothing here draws a random number: each
+rollout's noise is its own, so its codes do not depend on what it is batched with or on the block size.
+tests/generation/test_speculative_exact.py checks the sampler and the rule against the enumerated law of a small
+model and rejects wrong rules; tests/generation/test_speculative_hf.py checks the equality on the backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from terra.config.sampling import SamplingConfig
+from terra.generation.sampling import gumbel_noise, sample_image_tokens
+
+
+def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
+    """The number of leading guesses equal to the draw of their row, per request ``[R]`` (int32).
+
+    ``samples [R, K+1]``: the token drawn from each logits row of the pass (row ``j`` is the position of guess
+    ``j``); ``guesses [R, K]``: the guesses the pass was fed, of which the first ``num_guesses [R]`` are real.
+    The request commits ``samples[:, :accepted + 1]`` (capped at the frame's remaining tokens).
+    """
+    width = guesses.shape[1]
+    real = torch.arange(width, device=guesses.device)[None, :] < num_guesses[:, None]
+    match = (guesses == samples[:, :width]) & real
+    return match.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32)
+
+
+def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
+                 later: torch.Tensor) -> torch.Tensor:
+    """The ``K`` guesses each request is fed next pass, for the ``K`` positions after its last committed token.
+
+    Guess ``j`` (0-based) is for the position ``accepted + 1 + j`` rows after row 0's: the pass's own draw there
+    (row ``accepted + 1 + j``) while that row was scored (``<= num_guesses``), else ``later[:, j]``, the caller's
+    guess for that position (the same position of the previous frame). All tensors are ``[R, ...]``;
+    ``samples [R, K+1]``, ``later [R, K]``.
+    """
+    width = later.shape[1]
+    row = accepted[:, None].to(torch.int64) + 1 + torch.arange(width, device=samples.device)[None, :]
+    from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
+    return torch.where(row <= num_guesses[:, None], from_pass, later)
+
+
+class SpeculativeFrame:
+    """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
+
+    ``previous [P]`` (long) are the previous frame's codes: each position's first guess. ``seed`` and ``frame``
+    (the frame's index in the rollout) key the Gumbel noise of its positions (terra/generation/sampling.py), drawn
+    once per position and kept while the position is in a pass. Each pass, a backend feeds the last committed
+    token (or, in the frame's first pass, the frame's prompt) followed by :meth:`block`, and hands the logits of
+    those ``len(block) + 1`` positions to :meth:`advance`.
+    """
+
+    def __init__(self, previous: torch.Tensor, block_size: int, codebook_size: int, sampling: SamplingConfig,
+                 seed: int, frame: int) -> None:
+        self.previous = previous
+        self.size = len(previous)
+        self.block_size = block_size
+        self.codebook_size = codebook_size
+        self.sampling = sampling
+        self.seed, self.frame = seed, frame
+        self.committed: list[torch.Tensor] = []
+        self.count = 0  # tokens committed
+        self.guesses = self._later(0, block_size)
+        self.passes = 0
+        self._noise = torch.empty(0, codebook_size, device=previous.device)  # of positions count .. count + rows - 1
+
+    @property
+    def done(self) -> bool:
+        return self.count == self.size
+
+    def block(self) -> torch.Tensor:
+        """The guesses the next pass scores, for positions ``count ..``: at most ``block_size``, never past the
+        frame's last image token."""
+        return self.guesses[: min(self.block_size, self.size - self.count)]
+
+    def advance(self, logits: torch.Tensor) -> int:
+        """Take one pass's logits ``[len(block) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
+        refill with :func:`next_guesses`; return the number of tokens committed."""
+        width = len(self.block())
+        rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
+        samples = torch.full((1, width + 1), -1, dtype=torch.long, device=logits.device)
+        samples[0, :rows] = sample_image_tokens(logits[:rows], self.codebook_size, self.sampling, self._rows(rows))
+        num_guesses = torch.tensor([width], device=logits.device)
+        accepted = accepted_guesses(samples, self.guesses[None, :width], num_guesses)
+        emitted = min(int(accepted[0]) + 1, rows)
+        self.committed.append(samples[0, :emitted])
+        self.count += emitted
+        self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.block_size)[None])[0]
+        self._noise = self._noise[emitted:]
+        self.passes += 1
+        return emitted
+
+    def codes(self) -> torch.Tensor:
+        """The frame's ``P`` committed codes (once :attr:`done`)."""
+        return torch.cat(self.committed)
+
+    def _later(self, start: int, count: int) -> torch.Tensor:
+        """The previous frame's codes at positions ``start .. start + count - 1`` (the last one past the frame)."""
+        positions = torch.arange(start, start + count, device=self.previous.device).clamp(max=self.size - 1)
+        return self.previous[positions]
+
+    def _rows(self, rows: int) -> torch.Tensor | None:
+        """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""
+        if self.sampling.greedy:
+            return None
+        have = len(self._noise)
+        if have < rows:
+            fresh = gumbel_noise(self.seed, self.frame, range(self.count + have, self.count + rows),
+                                 self.codebook_size, self._noise.device)
+            self._noise = torch.cat([self._noise, fresh])
+        return self._noise[:rows]

@@ -1,0 +1,121 @@
+"""Speculative Jacobi decoding inside vLLM's Model Runner V2, through hooks the model owns (no fork of vLLM).
+
+docs/ARCHITECTURE.md ("Speculative decoding on vLLM") says why this route and what each vLLM release does with it.
+In short, Model Runner V2 (``vllm/v1/worker/gpu/``, the default on a GPU for this model) asks the model for its
+per-request state class (``get_model_state_cls()``) and that state for a sampler (``custom_sampler``), and a
+``diffusion_config`` with a ``canvas_length`` makes every decode step carry that many draft slots per request
+with no speculator: the runner feeds each request ``[last sampled token, guesses...]`` from its own GPU table
+``req_states.draft_tokens`` and leaves filling that table to the sampler. :class:`JacobiSampler` is that sampler,
+and runs the rule of terra/generation/speculative.py (the one the Transformers backend runs too):
+
+* vLLM's own sampler draws one token from every logits row (temperature, top-k, top-p and Gumbel noise keyed by
+  the request's seed and the row's position: exactly the token sequential decoding draws at that position once
+  its prefix is the row's);
+* :func:`~terra.generation.speculative.accepted_guesses` keeps the leading guesses that equal those draws, so a
+  request emits 1 .. K+1 tokens a step, each the token sequential decoding draws there: the same codes;
+* :func:`~terra.generation.speculative.next_guesses` refills the table for the next step from the same draws
+  and, past the pass, from the previous frame's codes (:func:`previous_frame_codes`).
+
+Everything stays on the device and no host sync is added, so asynchronous scheduling and CUDA graphs (uniform
+decode batches of ``K + 1`` tokens a request) keep working. The model's config must not carry ``canvas_length``:
+that would mark it a diffusion model, whose steps emit no bonus token.
+
+Imported only by :meth:`terra.vllm.llama_action.TerraForCausalLM.get_model_state_cls`, i.e. by Model Runner V2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+from terra.generation.speculative import accepted_guesses, next_guesses
+
+
+def previous_frame_codes(
+    history: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, frame_span: int, known: torch.Tensor
+) -> torch.Tensor:
+    """The token one frame earlier than each of ``positions [R, K]`` (``history [slots, L]`` holds each request's
+    tokens from position 0: vLLM's ``all_token_ids``), or the request's last known token where that one is not
+    known yet or lies before 0. ``known [R]`` is how many tokens of each request ``history`` holds."""
+    earlier = positions - frame_span
+    usable = (earlier >= 0) & (earlier < known[:, None])
+    last = (known - 1).clamp(min=0)[:, None].expand_as(earlier)
+    column = torch.where(usable, earlier, last).to(torch.int64)
+    return history[slots[:, None].to(torch.int64), column].to(torch.int64)
+
+
+class JacobiSampler:
+    """vLLM's sampler over every row of a block, plus acceptance and the next block's drafts.
+
+    Everything but :meth:`__call__` (``add_request``, ``apply_staged_writes``, ``sampling_states``,
+    ``penalties_state``, ``req_states``, ...) is the wrapped sampler's, so the runner drives it as its own.
+    Logprobs are not returned for speculative steps.
+    """
+
+    def __init__(self, sampler: Any, frame_span: int, num_drafts: int) -> None:
+        self.base = sampler
+        self.frame_span = frame_span
+        self.num_drafts = num_drafts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    def __call__(self, logits: torch.Tensor, input_batch: Any) -> SamplerOutput:
+        drawn = self.base(logits, input_batch)  # one token per logits row, as sequential decoding draws it
+        flat = drawn.sampled_token_ids.reshape(-1)
+        num_reqs = input_batch.num_reqs
+        cu = input_batch.cu_num_logits[: num_reqs + 1].to(torch.int64)
+        rows = torch.arange(flat.shape[0], device=flat.device)
+        request = torch.searchsorted(cu[1:], rows, right=True)  # the batch row each logits row belongs to
+        local = input_batch.expanded_local_pos.to(torch.int64)
+        logit_rows = input_batch.logits_indices
+
+        samples = flat.new_zeros(num_reqs, self.num_drafts + 1)
+        samples[request, local] = flat
+        fed = flat.new_zeros(num_reqs, self.num_drafts + 1)
+        fed[request, local] = input_batch.input_ids[logit_rows].to(flat.dtype)
+        num_guesses = (cu[1:] - cu[:-1] - 1).to(torch.int32)
+        accepted = accepted_guesses(samples, fed[:, 1:], num_guesses)
+
+        req_states = self.base.req_states
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            (accepted + 1).to(torch.int32),
+            input_batch.seq_lens,
+            input_batch.cu_num_logits,
+            input_batch.idx_mapping,
+            req_states.prefill_len.gpu,
+        )
+        first_position = input_batch.positions[logit_rows][cu[:-1]].to(torch.int64)  # of row 0's input token
+        slots = input_batch.idx_mapping.to(torch.int64)
+        # Next step's guesses are for the positions after the last emitted token (first_position + accepted + 1).
+        step = torch.arange(1, self.num_drafts + 1, device=flat.device)[None, :]
+        positions = (first_position + accepted.to(torch.int64) + 1)[:, None] + step
+        later = previous_frame_codes(req_states.all_token_ids.gpu, slots, positions, self.frame_span,
+                                     first_position + 1)
+        req_states.draft_tokens[slots] = next_guesses(samples, accepted, num_guesses, later).to(
+            req_states.draft_tokens.dtype)
+        return SamplerOutput(
+            sampled_token_ids=samples,
+            logprobs_tensors=None,
+            num_nans=drawn.num_nans,
+            num_sampled=num_sampled,
+            num_rejected=num_rejected,
+        )
+
+
+class JacobiModelState(DefaultModelState):
+    """vLLM's default model state, with :class:`JacobiSampler` when the engine schedules draft slots."""
+
+    def custom_sampler(self, sampler: Any) -> tuple[Any, Any] | None:
+        num_drafts = self.vllm_config.num_speculative_tokens
+        if not num_drafts or self.vllm_config.speculative_config is not None:
+            return None  # sequential decoding, or vLLM's own speculators and rejection sampler
+        frame_span = self.model_config.hf_config.num_spatio_embeddings
+        return JacobiSampler(sampler, frame_span, num_drafts), None
+
+
+__all__ = ["JacobiModelState", "JacobiSampler", "previous_frame_codes"]

@@ -1,0 +1,126 @@
+"""Speculative decoding on the Transformers backend gives sequential decoding's codes, greedy and sampled.
+
+The tiny world model (8x8 codes, 6-frame windows), so a rollout of 2 context + 9 frames rolls over twice; block
+sizes from one guess to more than a frame; sampling with temperature, top-k and top-p. A rollout's codes depend
+on its seed alone: not on its batch, a fork, or the decoding. Every frame records its forward passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from terra.config.checks import TerraInputError
+from terra.config.sampling import SamplingConfig
+from terra.config.spec import RunSpec
+from terra.generation import backends
+from terra.generation.hf_backend import HFBackend
+from terra.generation.rollout import RolloutRequest
+from terra.generation.vllm_backend import VLLMBackend
+from tests.conftest import tiny_model
+
+P = 64
+GREEDY = SamplingConfig(temperature=0, decoding="sequential")
+SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="sequential")
+
+
+@pytest.fixture(scope="module")
+def backend(single_thread) -> HFBackend:
+    return HFBackend(tiny_model())
+
+
+def request(seed: int, num_context: int = 2, num_frames: int = 9) -> RolloutRequest:
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, 512, (num_context, P))
+    return RolloutRequest(context, rng.normal(size=(num_context + num_frames, 6, 3)).astype(np.float32), num_frames,
+                          seed=seed)
+
+
+@pytest.fixture(scope="module")
+def sequential(backend) -> dict[str, list[np.ndarray]]:
+    """Sequential codes of two rollouts (2 + 9 and 1 + 7 frames: two and one window rollovers), both samplings."""
+    requests = [request(3), request(4, num_context=1, num_frames=7)]
+    runs = {name: backend.run_rollouts(requests, sampling, progress=False)
+            for name, sampling in (("greedy", GREEDY), ("sampled", SAMPLED))}
+    for states in runs.values():
+        assert [s.passes for s in states] == [[P] * 9, [P] * 7]
+    return {name: [s.generated() for s in states] for name, states in runs.items()}
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("block_size", [1, 5, 64, 200])
+def test_speculative_equals_sequential_across_window_rollovers(backend, sequential, sampling, block_size):
+    requests = [request(3), request(4, num_context=1, num_frames=7)]
+    speculative = sampling.replace(decoding="speculative", block_size=block_size)
+    states = backend.run_rollouts(requests, speculative, progress=False)
+    name = "greedy" if sampling.greedy else "sampled"
+    for state, codes in zip(states, sequential[name]):
+        np.testing.assert_array_equal(state.generated(), codes)
+    passes = [p for s in states for p in s.passes]
+    assert len(passes) == 16 and all(1 <= p <= P for p in passes) and sum(passes) < 16 * P
+    stats = states[0].decode_stats()
+    assert stats.frames == 9 and stats.passes == sum(states[0].passes)
+    assert stats.tokens_per_pass == pytest.approx(9 * P / stats.passes)
+
+
+def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
+    speculative = SAMPLED.replace(decoding="speculative", block_size=16)
+    requests = [request(5), request(3), request(5)]
+    together = backend.run_rollouts(requests, speculative, progress=False)
+    np.testing.assert_array_equal(together[0].generated(), together[2].generated())  # same seed, same frames
+    assert not np.array_equal(together[0].generated(), together[1].generated())
+    np.testing.assert_array_equal(together[1].generated(), sequential["sampled"][0])  # batch-mates do not matter
+    batched = backend.run_rollouts(requests, SAMPLED, progress=False)  # nor does sequential batching
+    np.testing.assert_array_equal(batched[1].generated(), sequential["sampled"][0])
+
+    short = request(7, num_frames=2)  # a fork mid-rollout continues exactly as the rollout itself does
+    state = backend.start(short)
+    backend.submit(state, speculative)
+    while not backend.poll():
+        pass
+    twin = backend.fork(state)
+    for s, sampling in ((state, speculative), (twin, SAMPLED)):
+        backend.submit(s, sampling)
+    while backend.num_queued:
+        backend.poll()
+    np.testing.assert_array_equal(state.generated(), twin.generated())
+    np.testing.assert_array_equal(state.generated(), backend.generate([short], SAMPLED, progress=False)[0])
+
+
+def test_auto_is_speculative_for_few_rollouts_and_sequential_for_many(backend, monkeypatch):
+    auto = SamplingConfig(temperature=0.9)
+    assert auto.decoding == "auto" and backend.speculative_streams is None  # a CPU: speculative at any count
+    assert backend.decoding_for(auto, 10_000).decoding == "speculative"
+    monkeypatch.setattr(backend, "speculative_streams", 4)  # what a GPU sets
+    assert backend.decoding_for(auto).decoding == "speculative"
+    assert backend.decoding_for(auto, 4).decoding == "speculative"
+    assert backend.decoding_for(auto, 5).decoding == "sequential"
+    assert backend.decoding_for(auto.replace(decoding="sequential"), 1).decoding == "sequential"
+
+
+def test_bad_decoding_settings_are_one_line(monkeypatch):
+    for bad, name in (({"block_size": 0}, "sampling.block_size"), ({"block_size": 2.5}, "sampling.block_size"),
+                      ({"decoding": "jacobi"}, "sampling.decoding")):
+        with pytest.raises(TerraInputError, match=name) as err:
+            SamplingConfig.from_mapping(bad)
+        assert "\n" not in str(err.value)
+    speculative = SamplingConfig(decoding="speculative", block_size=16)
+    monkeypatch.setattr(backends, "vllm_available", lambda: True)  # refused before vLLM would be imported
+    spec = RunSpec("wm", "tok", backend="vllm", device="cpu", sampling=speculative)
+    with pytest.raises(TerraInputError, match="vLLM decodes speculatively only on a GPU") as err:
+        backends.resolve_spec(spec)
+    assert "\n" not in str(err.value)
+    assert backends.resolve_spec(spec.replace(sampling=speculative.replace(decoding="auto"))).sampling.decoding == (
+        "sequential")  # auto on vLLM's CPU engine
+    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative
+
+
+def test_vllm_decodes_as_its_engine_was_started():
+    """A vLLM engine's draft slots are fixed when it starts: every request gets its decoding (no engine needed)."""
+    engine = VLLMBackend.__new__(VLLMBackend)
+    engine.block_size = 0
+    for asked in ("auto", "sequential", "speculative"):
+        assert engine.decoding_for(SAMPLED.replace(decoding=asked)).decoding == "sequential"
+    engine.block_size = 24
+    ran = engine.decoding_for(SAMPLED.replace(decoding="sequential", block_size=8), streams=100)
+    assert (ran.decoding, ran.block_size, ran.temperature) == ("speculative", 24, SAMPLED.temperature)

@@ -1,0 +1,129 @@
+"""vLLM Model Runner V2's steps for one request, replayed on the CPU with a Transformers model: what
+:class:`terra.vllm.jacobi_state.JacobiSampler` is handed and what it does (tests/generation/test_vllm_jacobi.py).
+
+A frame is one request, as terra/generation/vllm_backend.py sends it: the window's prompt, seeded with
+``frame_seed``, ``max_tokens = P``. Its first step computes the prompt and draws one token from the last row;
+every later step feeds ``[last token, the request's row of req_states.draft_tokens]`` (fewer guesses near the
+window's end: vLLM's scheduler caps a request's slots at ``max_model_len``) and hands the rows to the sampler;
+the request keeps ``num_sampled`` tokens (the KV of rejected slots dropped) until it has ``P``. vLLM's own
+sampler is stood in for by terra's, keyed as vLLM keys its noise (the request's seed and the row's position), and
+vLLM's Triton kernel of the counts by that kernel's definition in torch. Block 0 is sequential decoding: vLLM's
+sampler alone, one token a step.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from terra.config.sampling import SamplingConfig
+from terra.generation.layout import TokenLayout
+from terra.generation.rollout import RolloutRequest, RolloutState
+from terra.generation.sampling import gumbel_noise, sample_image_tokens
+from terra.generation.vllm_backend import frame_seed
+
+SLOT, SLOTS = 2, 4  # the request's row in V2's per-request tables, and their rows
+
+
+def counts(num_sampled, seq_lens, cu_num_logits, idx_mapping, prefill_len):
+    """vLLM's ``get_num_sampled_and_rejected`` (a Triton kernel) in torch."""
+    chunked = seq_lens < prefill_len[idx_mapping.long()]
+    num_sampled = torch.where(chunked, 0, num_sampled)
+    rows = (cu_num_logits[1:] - cu_num_logits[:-1]).to(num_sampled.dtype)
+    return num_sampled, torch.where(chunked, 0, rows - num_sampled)
+
+
+class VLLMSampler:
+    """vLLM's sampler as the route sees it: a token per logits row, drawn with noise keyed by the request's seed and
+    the row's position; the per-request tables of ``req_states``."""
+
+    def __init__(self, sampling: SamplingConfig, layout: TokenLayout, num_drafts: int) -> None:
+        self.sampling, self.codebook = sampling, layout.codebook_size
+        self.seed = 0
+        self.req_states = SimpleNamespace(
+            prefill_len=SimpleNamespace(gpu=torch.zeros(SLOTS, dtype=torch.int32)),
+            all_token_ids=SimpleNamespace(gpu=torch.zeros(SLOTS, layout.window_positions, dtype=torch.int32)),
+            draft_tokens=torch.zeros(SLOTS, max(num_drafts, 1), dtype=torch.int32))
+
+    def __call__(self, logits: torch.Tensor, input_batch) -> SimpleNamespace:
+        positions = input_batch.positions[input_batch.logits_indices].tolist()
+        noise = None if self.sampling.greedy else torch.cat(
+            [gumbel_noise(self.seed, 0, [p], self.codebook) for p in positions])
+        tokens = sample_image_tokens(logits, self.codebook, self.sampling, noise)
+        return SimpleNamespace(sampled_token_ids=tokens[:, None], num_nans=None)
+
+
+def batch(ids: torch.Tensor, first: int, rows: int, prompt: int) -> SimpleNamespace:
+    """V2's input batch of one request in slot :data:`SLOT`: ``ids`` at positions ``first ..``, its last ``rows``
+    with logits; ``prompt`` is the request's prefill length."""
+    total = len(ids)
+    return SimpleNamespace(
+        num_reqs=1, cu_num_logits=torch.tensor([0, rows], dtype=torch.int32),
+        expanded_local_pos=torch.arange(rows, dtype=torch.int32), logits_indices=torch.arange(total - rows, total),
+        input_ids=ids.to(torch.int32), positions=torch.arange(first, first + total),
+        seq_lens=torch.tensor([first + total], dtype=torch.int32), idx_mapping=torch.tensor([SLOT], dtype=torch.int32),
+        prefill=prompt)
+
+
+@torch.no_grad()
+def replay_frame(model, state: RolloutState, num_drafts: int, sampling: SamplingConfig) -> tuple[np.ndarray, int]:
+    """The next frame's codes as V2 with ``num_drafts`` draft slots decodes it, and the engine steps it took."""
+    from terra.vllm.jacobi_state import JacobiSampler
+
+    layout = state.layout
+    base = VLLMSampler(sampling, layout, num_drafts)
+    base.seed = frame_seed(state.seed, state.next_frame - state.num_context)
+    sample = JacobiSampler(base, layout.frame_span, num_drafts) if num_drafts else None
+    tables = base.req_states
+    ids, actions, _ = state.prompt()
+    prompt = torch.tensor(ids)
+    tables.prefill_len.gpu[SLOT] = len(ids)
+    tables.all_token_ids.gpu[SLOT, : len(ids)] = prompt.to(torch.int32)
+    cache = DynamicCache()
+    fed, first, codes, steps = prompt, 0, [], 0
+    step_actions = torch.from_numpy(actions).flatten(0, 1)[None]
+    while len(codes) < layout.image_tokens:
+        rows = 1 if first == 0 else len(fed)
+        positions = torch.arange(first, first + len(fed))[None]
+        # Guesses past the frame's last code copy the previous frame's action slots (placeholder ids), which vLLM
+        # embeds as plain tokens and the Transformers model refuses without their actions; their rows are
+        # discarded either way (max_tokens), so any code stands in for them here.
+        inputs_ids = fed if step_actions is not None else fed.masked_fill(fed >= layout.codebook_size, 0)
+        logits = model(input_ids=inputs_ids[None], actions=step_actions, position_ids=positions, past_key_values=cache,
+                       use_cache=True, logits_to_keep=rows).logits[0]
+        inputs = batch(fed, first, rows, len(ids))
+        if sample is None:
+            emitted = base(logits, inputs).sampled_token_ids[:, 0].tolist()
+        else:
+            out = sample(logits, inputs)
+            emitted = out.sampled_token_ids[0, : int(out.num_sampled[0])].tolist()
+        start = first + len(fed) - rows + 1  # position of the first emitted token (after logits row 0's input)
+        position = start + len(emitted) - 1  # of the last emitted token: the next step's first input
+        cache.crop(position)  # the KV of the accepted guesses kept, of the rejected ones dropped
+        emitted = emitted[: layout.image_tokens - len(codes)]  # max_tokens
+        tables.all_token_ids.gpu[SLOT, start : start + len(emitted)] = torch.tensor(emitted, dtype=torch.int32)
+        codes += emitted
+        steps += 1
+        room = min(num_drafts, layout.window_positions - 1 - position)  # the scheduler caps slots at max_model_len
+        fed = torch.cat([torch.tensor([codes[-1]]), tables.draft_tokens[SLOT, :room].to(torch.int64)])
+        first, step_actions = position, None
+    return np.asarray(codes, dtype=np.int64), steps
+
+
+def replay_rollout(model, request: RolloutRequest, num_drafts: int, sampling: SamplingConfig
+                   ) -> tuple[np.ndarray, list[int]]:
+    """All generated frames of ``request`` (window rollovers included) and the engine steps of each."""
+    from terra.vllm import jacobi_state
+
+    state = RolloutState(request, TokenLayout.from_config(model.config))
+    steps = []
+    with mock.patch.object(jacobi_state, "get_num_sampled_and_rejected", counts):
+        while not state.finished:
+            codes, taken = replay_frame(model, state, num_drafts, sampling)
+            state.add_frame(codes)
+            steps.append(taken)
+    return state.generated(), steps
