@@ -28,7 +28,6 @@ from tqdm.auto import tqdm
 
 from terra.batch.manifest import error_line
 from terra.batch.ray_cluster import RayCluster, cause, start_failure
-from terra.batch.ray_settings import RaySettings
 from terra.closedloop.drives import load_specs, open_worlds
 from terra.closedloop.loop import LoopTimings, drive_id
 from terra.closedloop.record import lost_drive_json, manifest_record
@@ -93,7 +92,7 @@ class RayDrives:
     def __init__(self, settings: DriveSettings) -> None:
         self.settings = settings
         tp = int(settings.run.backend_options.get("tensor_parallel_size", 1) or 1)
-        self.cluster = RayCluster(RaySettings.parse(settings.ray), settings.run.device, tp)
+        self.cluster = RayCluster(settings.ray, settings.run.device, tp)
         self.actors: list[Any] = []
         self.infos: list[dict] = []
 
@@ -135,7 +134,7 @@ class RayDrives:
         for a in range(count):
             if drives[a::count]:
                 calls[self.actors[a].record.remote(world, drives[a::count], settings)] = (a, drives[a::count], 0)
-        seen = [ray.get(actor.progress.remote()) for actor in self.actors]  # frame counts before this world
+        seen = [self._frames(a) or 0 for a in range(count)]  # frame counts before this world
         while calls or pings:
             ready, _ = ray.wait([*calls, *pings], num_returns=1, timeout=POLL_S)
             self._poll(calls, seen, recorder)
@@ -185,14 +184,19 @@ class RayDrives:
 
     def _poll(self, calls: dict, seen: list[int], recorder: RunRecorder) -> None:
         """Move the frame bar by what the busy actors generated since the last poll (a dead one answers nothing)."""
-        busy = sorted({a for a, _, _ in calls.values()})
-        for a in busy:
-            try:
-                frames = ray.get(self.actors[a].progress.remote(), timeout=POLL_S)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                continue
-            recorder.advance(max(0, frames - seen[a]))
-            seen[a] = max(seen[a], frames)
+        for a in sorted({a for a, _, _ in calls.values()}):
+            frames = self._frames(a)
+            if frames is not None:
+                recorder.advance(max(0, frames - seen[a]))
+                seen[a] = max(seen[a], frames)
+
+    def _frames(self, a: int) -> int | None:
+        """The frames actor ``a`` generated so far, or None when it does not answer within a poll (dead or
+        restarting)."""
+        try:
+            return ray.get(self.actors[a].progress.remote(), timeout=POLL_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return None
 
     def _lost(self, world: str, share: tuple[tuple[int, str], ...], error: str, recorder: RunRecorder) -> None:
         """Record every drive of a share that ended without its records as failed with ``error``."""

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from terra.batch.ray_settings import check_executor
+from terra.batch.ray_settings import EXECUTORS, RaySettings
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.plans import Policy
@@ -63,7 +63,7 @@ class DriveSettings:
     shard_index: int
     num_shards: int
     executor: str  # local | ray (terra/closedloop/ray_executor.py)
-    ray: dict[str, Any]  # executor=ray's settings (terra/batch/ray_settings.py)
+    ray: RaySettings  # executor=ray's settings (terra/batch/ray_settings.py)
     output: OutputDir | None  # world=model | truth: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
 
@@ -109,8 +109,8 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     policies = policy_factories(entries)
     world = check_choice(select(cfg, "world"), "world", WORLDS)
     setting = str(select(cfg, "scenarios"))
-    executor = select(cfg, "executor")
-    check_executor(executor, select(cfg, "ray"))
+    executor = check_choice(select(cfg, "executor"), "executor", EXECUTORS)
+    ray = RaySettings.parse(select(cfg, "ray"))
     image_root = select(cfg, "image_root")
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
@@ -141,4 +141,4 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
         spec, policies, scenarios, drives, world, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
-        dict(select(cfg, "ray") or {}), output, fidelity)
+        ray, output, fidelity)
