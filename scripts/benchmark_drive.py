@@ -19,7 +19,6 @@ frames at Terra's 288x512: the engine's work is Terra's, the policies' is the sa
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -30,14 +29,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark_sessions import build_host  # noqa: E402  (scripts/: the same model and backend set-up)
+from benchmark_sessions import DEMO, build_host  # noqa: E402  (scripts/: the same model and backend set-up)
 
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
 from terra.closedloop.policies import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld  # noqa: E402
+from terra.config.output_dir import claim_output_file  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
-from terra.core.atomic import write_text  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.session.context import SessionContext  # noqa: E402
 
@@ -105,6 +106,14 @@ def main(argv: list[str] | None = None) -> dict:
     names = args.policies.split(",")
     if any(n not in REFERENCE_POLICIES for n in names) or args.drives < 1 or args.steps < 1:
         parser.error(f"--policies from {', '.join(REFERENCE_POLICIES)}; --drives and --steps at least 1")
+    output = None
+    if args.out:  # the output-folder rule (terra/config/output_dir.py), before the model loads
+        checkpoints = [DEMO] if args.model == "demo" else [Path(p) for p in (args.model, args.tokenizer)
+                                                            if p and p not in ("terra", "tiny")]
+        try:
+            output = claim_output_file(args.out, "--out", inputs=[("checkpoint", checkpoints)])
+        except TerraInputError as err:
+            parser.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)
@@ -150,9 +159,10 @@ def main(argv: list[str] | None = None) -> dict:
         "policy_p90_s": float(np.percentile(plans, 90)), "batch_s": batch_s, "identical_codes": identical,
         "command": " ".join(sys.argv),
     }
-    print(json.dumps(record, indent=2))
-    if args.out:
-        write_text(args.out, json.dumps(record, indent=2) + "\n")
+    print(json_text(record, indent=2))
+    if output is not None:
+        output.record()
+        write_text(args.out, json_text(record, indent=2) + "\n")
     return record
 
 

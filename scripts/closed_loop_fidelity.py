@@ -4,7 +4,8 @@ scenarios, driven on the world model's frames and on the renderer's true frames;
 in both worlds, the distance between the two ego paths, and the Spearman rank correlation of the policies' time in
 lane between the worlds (MODEL_CARD.md, "Closed-loop fidelity"). ``terra-drive world=both`` runs the same through
 Hydra; this script needs neither Hydra nor a video writer (``--videos`` to write them), so it runs on a bare GPU
-machine too::
+machine too. ``--out`` follows every app's output-folder rule (terra/config/output_dir.py), checked before the model
+loads: apart from the checkpoints, writing over only what the toolkit wrote there::
 
     python scripts/closed_loop_fidelity.py --scenarios 32 --steps 20 --out runs/fidelity          # CPU: hours
     python scripts/closed_loop_fidelity.py --scenarios 32 --steps 20 --device cuda --out runs/fidelity
@@ -20,12 +21,14 @@ from pathlib import Path
 
 import torch
 
-from terra.closedloop.fidelity import run_fidelity
+from terra.closedloop.fidelity import claim_fidelity_folders, run_fidelity
+from terra.closedloop.loop import drive_id, drive_specs
 from terra.closedloop.policies import REFERENCE_POLICIES
 from terra.closedloop.run import RunSettings
-from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.scenarios import synthetic_id, synthetic_scenarios
 from terra.closedloop.worlds import ModelWorld, TrueWorld
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost
 
@@ -51,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in REFERENCE_POLICIES]
     if unknown:
         parser.error(f"unknown policies {unknown}; choose from {', '.join(REFERENCE_POLICIES)}")
+    ids = [drive_id(synthetic_id(args.scenario_seed, i), name) for i in range(args.scenarios) for name in names]
+    try:
+        folders = claim_fidelity_folders(args.out, ids, args.videos, setting="--out", inputs=[
+            ("world model", args.world_model), ("tokenizer", args.tokenizer)])
+    except TerraInputError as err:
+        parser.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)
@@ -61,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     host = SessionHost(pipeline, sampling, max_frames=args.steps)
     size = tuple(pipeline.tokenizer.image_size)
     scenarios = synthetic_scenarios(args.scenarios, args.scenario_seed, size)
-    settings = RunSettings(args.out, args.steps, max_concurrent=args.max_concurrent, videos=args.videos,
+    specs = drive_specs(scenarios, {n: REFERENCE_POLICIES[n] for n in names})
+    settings = RunSettings(folders.top.path, args.steps, max_concurrent=args.max_concurrent, videos=args.videos,
                            progress=sys.stderr.isatty())
     try:
-        report = run_fidelity(ModelWorld(host), TrueWorld(size), scenarios, {n: REFERENCE_POLICIES[n] for n in names},
-                              settings, model_settings={"world_model": str(args.world_model),
-                                                        "temperature": args.temperature})
+        report = run_fidelity(ModelWorld(host), TrueWorld(size), specs, settings, model_settings={
+            "world_model": str(args.world_model), "temperature": args.temperature}, folders=folders)
     finally:
         host.close()
         pipeline.close()

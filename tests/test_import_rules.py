@@ -136,15 +136,16 @@ PUBLIC = {
                    "terra.generation.speculative"},  # the backend modules stay inside the wing
     "session": {"terra.session", "terra.session.controls", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
-    "batch": {"terra.batch", "terra.batch.config", "terra.batch.run", "terra.batch.manifest", "terra.batch.samples"},
+    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest", "samples",  # drives reuse
+                                                          "ray_settings", "ray_cluster"))},  # the formats, Ray
     "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
                                                   "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
                                                                   "metrics", "videos"))},
     "evaluation": {"terra.evaluation", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
-        "run", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following", "egodriver", "navsim",
-        "gym_env"))},
+        "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
+        "egodriver", "navsim", "gym_env"))},
     "apps": {"terra.apps.runner"},  # an app imports no other app
 }
 PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")

@@ -1,25 +1,22 @@
 """``executor=ray``: the batch on a Ray cluster, one actor (terra/batch/ray_actor.py) per GPU or per group of
 ``tensor_parallel_size`` GPUs (on a cluster without GPUs, ``ray.num_actors`` CPU actors).
 
-The driver joins the cluster at ``ray.address`` (or starts a local one for the run), starts the actors and
-streams samples to them: each actor holds a few more samples not yet generated than its engine runs at once, and
-gets the next one the moment a rollout leaves its engine (while that one is still being written), so a faster
-actor takes more. Only the driver writes the manifest, from
-the records the actors return: with the plan's resume and skip-if-complete, every sample is recorded exactly
-once. An actor that dies is restarted by Ray (``ray.max_restarts``); its unfinished samples go back to the queue
-for any live actor, at most ``ray.max_retries`` more times each, then they are recorded as failed with the
-error. Ctrl-C (or SIGTERM) kills the actors and leaves a cluster this run started shut down; files are written
-atomically, so a rerun resumes.
+The driver joins the cluster at ``ray.address`` (or starts a local one for the run: terra/batch/ray_cluster.py),
+starts the actors and streams samples to them: each actor holds a few more samples not yet generated than its engine
+runs at once, and gets the next one the moment a rollout leaves its engine (while that one is still being written),
+so a faster actor takes more. Only the driver writes the manifest, from the records the actors return: with the
+plan's resume and skip-if-complete, every sample is recorded exactly once. An actor that dies is restarted by Ray
+(``ray.max_restarts``); its unfinished samples go back to the queue for any live actor, at most ``ray.max_retries``
+more times each, then they are recorded as failed with the error. Ctrl-C (or SIGTERM) kills the actors and leaves a
+cluster this run started shut down; files are written atomically, so a rerun resumes.
 
-Ray is imported only here and in the actor's module, never by ``executor=local``.
+Ray is imported only here, in the actor's module and in terra/batch/ray_cluster.py's ``connect``, never by
+``executor=local``.
 """
 
 from __future__ import annotations
 
-import logging
-import re
 import secrets
-import socket
 import sys
 import time
 from collections import deque
@@ -30,16 +27,14 @@ from tqdm.auto import tqdm
 from terra.batch.config import BatchConfig
 from terra.batch.manifest import sample_record
 from terra.batch.plan import Item
+from terra.batch.ray_cluster import RayCluster, cause, start_failure
 from terra.batch.ray_settings import RaySettings
 from terra.batch.stream import longest_rollout
-from terra.core.errors import TerraInputError, error_line
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionConfig
 
 POLL_S = 1.0  # how often the driver asks each actor for its frames so far (the frame bar)
 WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long (vLLM starts in 1-2 min)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
-_HELP = "README.md, \"Running across nodes\""
 
 
 class RayExecutor:
@@ -47,76 +42,17 @@ class RayExecutor:
 
     def __init__(self, config: BatchConfig) -> None:
         self.config = config
-        self.settings = RaySettings.parse(config.ray)
-        self.ray: Any = None
-        self.joined = False  # this run called ray.init (and so calls ray.shutdown)
-        self.count, self.options = 0, {}  # the actors: how many, their ray.remote options (set by connect)
+        tp = int(dict(config.backend_options).get("tensor_parallel_size", 1) or 1)
+        self.cluster = RayCluster(RaySettings.parse(config.ray), str(config.device), tp)
+        self.settings = self.cluster.settings
 
     def connect(self) -> None:
-        """Import Ray, join the cluster (or start a local one) and check that it has room for the actors; a missing
-        Ray, an address where no cluster answers or too few GPUs/CPUs raise :class:`TerraInputError`. A process
-        that already joined a cluster (a notebook, a test) keeps it."""
-        self._join()
-        try:
-            self.count, self.options = self.actor_options()
-        except BaseException:
-            self.close()
-            raise
-
-    def _join(self) -> None:
-        try:
-            import ray
-        except ImportError as err:
-            raise TerraInputError(f"executor=ray needs Ray ({error_line(err)}): pip install 'terra-world-model[ray]' "
-                                  "on this machine and every node, or use executor=local") from None
-        self.ray = ray
-        if ray.is_initialized():
-            return
-        address = self.settings.address
-        if address not in (None, "auto", "local"):
-            _check_reachable(address)
-        options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": self.settings.log_to_driver}
-        if address in (None, "local"):  # a cluster of this machine, for this run
-            options["include_dashboard"] = False
-        try:
-            ray.init(address=address, **options)
-        except (ConnectionError, TimeoutError) as err:
-            raise TerraInputError(f"ray.address={address}: no Ray cluster to join ({error_line(err)}); start one with "
-                                  "`ray start --head`, or leave ray.address unset for a local one") from None
-        self.joined = True
+        """Join the cluster and size the actors (terra/batch/ray_cluster.py); a user error is one line."""
+        self.cluster.connect()
 
     def close(self) -> None:
         """Leave the cluster if this run joined it (a local cluster it started stops)."""
-        if self.joined and self.ray is not None and self.ray.is_initialized():
-            self.ray.shutdown()
-        self.joined = False
-
-    def actor_options(self) -> tuple[int, dict[str, Any]]:
-        """How many actors, and their ``ray.remote`` options, for the cluster's resources and this run's settings."""
-        ray, config, settings = self.ray, self.config, self.settings
-        resources = ray.cluster_resources()
-        gpus, cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
-        tp = int(dict(config.backend_options).get("tensor_parallel_size", 1) or 1)
-        on_gpus = str(config.device) != "cpu" and gpus > 0
-        if str(config.device).startswith("cuda") and gpus == 0:
-            raise TerraInputError(f"device={config.device} but the Ray cluster has no GPUs; use device=auto or cpu")
-        if on_gpus:
-            groups = gpus // tp
-            count = settings.num_actors or groups
-            if groups == 0 or count > groups:
-                raise TerraInputError(f"{count or 1} actor(s) of tensor_parallel_size={tp} need {(count or 1) * tp} "
-                                      f"GPU(s) but the Ray cluster has {gpus}; lower ray.num_actors")
-        else:
-            count = settings.num_actors or 1
-            if count * settings.cpus_per_actor > cpus:
-                raise TerraInputError(f"ray.num_actors={count} x ray.cpus_per_actor={settings.cpus_per_actor:g} "
-                                      f"needs more CPUs than the Ray cluster has ({cpus:g})")
-        options = {"num_cpus": settings.cpus_per_actor, "num_gpus": tp if on_gpus else 0,
-                   "max_restarts": settings.max_restarts, "max_task_retries": 0,  # the driver retries (bounded)
-                   "max_concurrency": 10_000}  # calls are coroutines waiting for their records: cheap
-        if settings.runtime_env:
-            options["runtime_env"] = settings.runtime_env
-        return count, options
+        self.cluster.close()
 
     def run(self, items: Sequence[Item], model_config: LlamaActionConfig, emit: Callable[[dict], None],
             on_frames: Callable[[int, int], None] | None = None) -> None:
@@ -124,12 +60,12 @@ class RayExecutor:
         ``on_frames`` a sample's index and its frames generated so far, as the actors' progress polls tell."""
         from terra.batch.ray_actor import RolloutActor  # imports Ray
 
-        ray = self.ray
+        ray = self.cluster.ray
         token = secrets.token_hex(4)
-        remote = ray.remote(**self.options)(RolloutActor)
+        remote = ray.remote(**self.cluster.options)(RolloutActor)
         actors = [remote.options(name=f"terra-batch-{token}-{a}").remote(self.config, model_config,
                                                                          longest_rollout(items))
-                  for a in range(self.count)]
+                  for a in range(self.cluster.count)]
         try:
             _Dispatcher(ray, actors, self.settings, emit, on_frames).run(items)
         finally:
@@ -235,8 +171,8 @@ class _Dispatcher:
             info = self.ray.get(ref)
         except self.ray.exceptions.RayActorError as err:
             if first:
-                raise _start_failure(err) from None
-            self.last_death = _cause(err)
+                raise start_failure(err) from None
+            self.last_death = cause(err)
             tqdm.write(f"rollout: Ray actor {a} is gone ({self.last_death}); going on without it", file=sys.stderr)
             return
         if info["error"] is not None:
@@ -281,9 +217,9 @@ class _Dispatcher:
             return (self.ray.get(ref),)
         except self.ray.exceptions.RayActorError as err:  # died, or unreachable (ActorUnavailableError)
             self._actor_lost(a, err)
-            self._retry(item, queue, _cause(err))
+            self._retry(item, queue, cause(err))
         except self.ray.exceptions.RayTaskError as err:  # the actor's own error, not a death: no retry
-            self._fail(item, f"Ray actor {a}: {_cause(err)}")
+            self._fail(item, f"Ray actor {a}: {cause(err)}")
         return None
 
     def _retry(self, item: Item, queue: deque, cause: str) -> None:
@@ -298,7 +234,7 @@ class _Dispatcher:
 
     def _actor_lost(self, a: int, err: Exception) -> None:
         """Stop handing ``a`` samples until Ray has restarted it (an info() call answers then)."""
-        self.last_death = _cause(err)
+        self.last_death = cause(err)
         if a in self.usable:
             self.usable.discard(a)
             tqdm.write(f"rollout: Ray actor {a} on {self.infos[a]['node']} died ({self.last_death}); its unfinished "
@@ -308,38 +244,3 @@ class _Dispatcher:
     def _fail(self, item: Item, error: str) -> None:
         self.emit(sample_record(item.sample, "failed", error=error, stage="generate", seed=item.seed,
                                 attempts=self.attempts.get(item.sample.index, 0)))
-
-
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Raise :class:`TerraInputError` unless something accepts TCP connections at ``address`` (Ray itself
-    would retry for minutes)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise TerraInputError(f"ray.address={address} is not auto or host:port (e.g. 10.0.0.1:6379)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as err:
-        raise TerraInputError(f"ray.address={address}: no Ray cluster answers there ({err.strerror or err}); start "
-                              "the head node with `ray start --head`, or fix the address") from None
-
-
-def _cause(err: BaseException) -> str:
-    """The last ``SomeError: message`` line of a Ray error's text (it carries the remote traceback)."""
-    lines = _ANSI.sub("", str(err)).splitlines()
-    for line in reversed(lines):
-        match = _CAUSE.match(line)
-        if match:
-            return f"{match.group(1)}: {match.group(2).strip()}"
-    return " ".join((lines or [type(err).__name__])[0].split())[:300]
-
-
-def _start_failure(err: BaseException) -> TerraInputError:
-    """The one line for an actor that died while starting: most often a node without the project."""
-    text = _ANSI.sub("", str(err))
-    node = re.search(r"\bip=([\w.:-]+)", text)
-    where = f" on {node.group(1)}" if node else ""
-    cause = _cause(err)
-    if "failed to import" in text or re.match(r"(ModuleNotFound|Import)Error", cause):
-        return TerraInputError(f"Ray workers{where} cannot import the project ({cause}); install it on every node "
-                               f"(pip install 'terra-world-model[ray]') or ship it with ray.runtime_env ({_HELP})")
-    return TerraInputError(f"a Ray actor{where} died while starting: {cause}")

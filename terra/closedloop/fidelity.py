@@ -10,20 +10,21 @@ the model hold in reality?
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from terra.closedloop.loop import DriveSpec
-from terra.closedloop.plans import Policy
-from terra.closedloop.run import RunSettings, drive_and_record
-from terra.closedloop.scenarios import Scenario
+from terra.closedloop.record import MANIFEST, claim_drive_folder
+from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.worlds import World
-from terra.core.atomic import write_text
+from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
+from terra.core.atomic import json_text, write_text
 
+REPORT_FILES = ("fidelity.json", "fidelity.md")
+WORLDS = ("model", "truth")  # each world's drives go to a sub-folder of this name
 COLUMNS = ("time_in_lane", "mean_abs_lane_offset_m", "off_road", "collision", "progress_along_road_m")
 
 
@@ -90,23 +91,58 @@ def compare(model: dict[str, dict], truth: dict[str, dict]) -> FidelityReport:
     return FidelityReport(policies, rho, sum(row["drives"] for row in policies.values()))
 
 
-def run_fidelity(model_world: World, true_world: World, scenarios: Sequence[Scenario],
-                 policies: dict[str, Callable[[], Policy]], settings: RunSettings, seed: int = 0,
-                 model_settings: dict | None = None, plan_following=None) -> FidelityReport:
-    """Drive every scenario x policy in both worlds (``settings.output_dir``/model and /truth), compare, and write
-    ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores both worlds'
-    clips (terra/closedloop/plan_following.py)."""
-    specs = [DriveSpec(s, name, factory, seed=seed + i) for i, s in enumerate(scenarios)
-             for name, factory in policies.items()]
-    out = Path(settings.output_dir).expanduser()
-    runs = {}
-    for name, world, extra in (("model", model_world, model_settings or {}), ("truth", true_world, {})):
-        result = drive_and_record(world, specs, RunSettings(**{**settings.__dict__, "output_dir": out / name}), extra,
-                                  plan_following)
-        runs[name] = result.drives
-    report = compare(runs["model"], runs["truth"])
-    write_text(out / "fidelity.json", json.dumps({"policies": report.policies,
-                                                  "spearman_time_in_lane": report.spearman_time_in_lane,
-                                                  "drives": report.drives}, indent=2) + "\n")
-    write_text(out / "fidelity.md", report.table())
+@dataclass(frozen=True)
+class FidelityFolders:
+    """Where a fidelity study writes, claimed (terra/config/output_dir.py): its report in ``top``, each world's
+    drives in a sub-folder of its own (``model/``, ``truth/``)."""
+
+    top: OutputDir
+    worlds: dict[str, OutputDir]
+    report: bool = True  # False for a shard of the study: its drives only (the unsharded rerun writes the report)
+
+
+def claim_fidelity_folders(path: str | Path, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
+                           inputs: Inputs = (), setting: str = "output_dir") -> FidelityFolders:
+    """The folders of a fidelity study of ``drive_ids``, checked before any work; a shard (``manifest`` not
+    ``manifest.jsonl``) writes no report."""
+    report = manifest == MANIFEST
+    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=WORLDS, inputs=inputs)
+    worlds = {world: claim_drive_folder(top.path / world, drive_ids, videos, manifest, setting=f"{setting}/{world}")
+              for world in WORLDS}
+    return FidelityFolders(top, worlds, report)
+
+
+def run_fidelity(model_world: World, true_world: World, specs: Sequence[DriveSpec], settings: RunSettings,
+                 model_settings: dict | None = None, plan_following=None,
+                 folders: FidelityFolders | None = None) -> FidelityReport | None:
+    """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in both worlds (``settings.output_dir``/model
+    and /truth), compare, and write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``;
+    ``plan_following`` scores both worlds' clips (terra/closedloop/plan_following.py). ``folders``: as the caller
+    claimed them (None: claimed here, apart from the scenarios' files). A shard's run writes no report (None)."""
+    ids = [spec.id for spec in specs]
+    if folders is None:
+        folders = claim_fidelity_folders(settings.output_dir, ids, settings.videos, settings.manifest,
+                                         [item for spec in specs for item in spec.scenario.reads])
+    runner = LocalDrives({"model": model_world, "truth": true_world}, specs, model_settings or {}, plan_following)
+    report, _ = fidelity_run(runner, ids, settings, folders)
     return report
+
+
+def fidelity_run(runner: DriveRunner, drive_ids: Sequence[str], settings: RunSettings,
+                 folders: FidelityFolders) -> tuple[FidelityReport | None, dict[str, RunResult]]:
+    """The drives ``drive_ids`` made by ``runner`` in both worlds, each world's run in its folder, then the report
+    (None when ``folders`` are a shard's), holding the study folder's lock throughout; the report and each world's
+    run."""
+    runs: dict[str, RunResult] = {}
+    main = REPORT_FILES[0] if folders.report else settings.manifest  # names the lock of the study's folder
+    with folders.top.hold(main) as out:
+        for world in WORLDS:
+            runs[world] = record_run(runner, world, drive_ids, settings, folders.worlds[world])
+        if not folders.report:
+            return None, runs
+        report = compare(runs["model"].drives, runs["truth"].drives)
+        write_text(out / "fidelity.json", json_text({"policies": report.policies,
+                                                    "spearman_time_in_lane": report.spearman_time_in_lane,
+                                                    "drives": report.drives}, indent=2) + "\n")
+        write_text(out / "fidelity.md", report.table())
+    return report, runs

@@ -11,9 +11,8 @@ one recorded reason; the other drives go on.
 
 from __future__ import annotations
 
-import math
-import time
 import threading
+import time
 from concurrent.futures import Future, TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -21,13 +20,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.core.errors import error_line
+from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
-from terra.closedloop.scenarios import Scenario, command_of, compose, to_ego
+from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.worlds import World
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.session.controls import advance_pose, speed_of
 
 DT_S = 1.0 / FRAME_RATE_HZ
+
+
+def drive_id(scenario_id: str, policy: str) -> str:
+    """The id of a drive: its scenario's and its policy's (terra/closedloop/record.py names its files by it)."""
+    return f"{scenario_id}__{policy}"
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,30 @@ class DriveSpec:
 
     @property
     def id(self) -> str:
-        return f"{self.scenario.id}__{self.policy}"
+        return drive_id(self.scenario.id, self.policy)
+
+
+def drive_specs(scenarios: Sequence[Scenario], policies: dict[str, Callable[[], Policy]], seed: int = 0,
+                indices: Sequence[int] | None = None) -> list[DriveSpec]:
+    """Every scenario x policy, scenario by scenario; the drives of scenario ``i`` (``indices[i]``, its index in
+    the run's scenarios, when given) sample the world model with seed ``seed + i``."""
+    indices = range(len(scenarios)) if indices is None else indices
+    return [DriveSpec(scenario, name, factory, seed=seed + index)
+            for scenario, index in zip(scenarios, indices) for name, factory in policies.items()]
+
+
+@dataclass
+class LoopTimings:
+    """Where the loop's wall time went, in seconds (the world's own split: its ``generate_s`` and ``decode_s``)."""
+
+    setup_s: float = 0.0  # policies built, drives opened (context frames encoded and decoded)
+    policies_s: float = 0.0  # waiting for the plans: the policies of all drives plan at once
+    world_s: float = 0.0  # the world's steps (the world model's generation and decoding, or the renderer)
+    record_s: float = 0.0  # the drives' files written (terra/closedloop/run.py)
+
+    def add(self, other: "LoopTimings") -> None:
+        for name, value in other.__dict__.items():
+            setattr(self, name, getattr(self, name) + value)
 
 
 @dataclass
@@ -125,17 +153,26 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int) -> Drive:
 
 
 def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_timeout_s: float = 30.0,
-               history: int = 16, progress: Callable[[int], None] | None = None) -> list[Drive]:
-    """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep); return the drives."""
+               history: int = 16, progress: Callable[[int], None] | None = None,
+               timings: LoopTimings | None = None) -> list[Drive]:
+    """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep); return the drives.
+    ``progress`` gets the steps done so far; ``timings`` (when given) gains where the time went."""
+    timings = LoopTimings() if timings is None else timings
+    started = time.perf_counter()
     drives = [start_drive(world, spec, num_steps) for spec in specs]
+    timings.setup_s += time.perf_counter() - started
     try:
         for step in range(num_steps):
             going = [d for d in drives if d.ok]
             if not going:
                 break
+            started = time.perf_counter()
             _plan_all(going, step, policy_timeout_s, history)
             going = [d for d in going if d.ok]
+            timings.policies_s += time.perf_counter() - started
+            started = time.perf_counter()
             frames = world.step([d.handle for d in going], [d.actions[-1] for d in going]) if going else []
+            timings.world_s += time.perf_counter() - started
             for drive, frame in zip(going, frames):
                 if isinstance(frame, BaseException):
                     drive.fail("world", f"the {world.name} world failed at step {step}: {error_line(frame)}")
@@ -207,7 +244,3 @@ def close_drive(world: World, drive: Drive) -> None:
                 drive.fail("policy", f"policy {drive.spec.policy} failed to close: {error_line(err)}")
     drive.handle = drive.policy = None
 
-
-def finite_or_none(value: float) -> float | None:
-    """A number for JSON: None for NaN or inf."""
-    return float(value) if value is not None and math.isfinite(value) else None

@@ -14,8 +14,9 @@ The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections import deque
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -115,8 +116,52 @@ REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
+ALL_REFERENCE = "all_reference"  # a policies entry: every reference policy
+
+
 def reference_policy(name: str) -> Callable[[], Policy]:
     """The factory of a reference policy by name (one line naming the choices otherwise)."""
     if name not in REFERENCE_POLICIES:
         raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(REFERENCE_POLICIES)}")
     return REFERENCE_POLICIES[name]
+
+
+def policy_factories(entries: Sequence[str]) -> dict[str, Callable[[], Policy]]:
+    """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml), by name, each a factory built and
+    checked now: a reference policy, :data:`ALL_REFERENCE`, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of
+    AlpaSim's egodriver contract, terra/closedloop/egodriver.py) or ``navsim:MODULE:CLASS`` (a NAVSIM agent class,
+    imported here and built with no arguments: terra/closedloop/navsim.py)."""
+    names = [name for entry in entries for name in (REFERENCE_POLICIES if entry == ALL_REFERENCE else [entry])]
+    if len(set(names)) != len(names):
+        raise TerraInputError(f"policies names one twice ({names}); list each once")
+    return {name: _factory(name) for name in names}
+
+
+def _factory(entry: str) -> Callable[[], Policy]:
+    if entry.startswith("grpc:") or entry.startswith("unix:"):
+        target = entry[len("grpc:"):] if entry.startswith("grpc:") else entry
+
+        def remote() -> Policy:
+            from terra.closedloop.egodriver import EgodriverPolicy
+
+            return EgodriverPolicy(target, entry)
+
+        return remote
+    if entry.startswith("navsim:"):
+        module, _, name = entry[len("navsim:"):].rpartition(":")
+        try:
+            agent_class = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise TerraInputError(f"policies: cannot load the NAVSIM agent {entry!r} ({type(err).__name__}: {err}); "
+                                  "give navsim:package.module:Class, importable here") from None
+
+        def agent() -> Policy:
+            from terra.closedloop.navsim import NavsimPolicy
+
+            return NavsimPolicy(agent_class(), name)
+
+        return agent
+    if entry not in REFERENCE_POLICIES:
+        raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
+                              f"{ALL_REFERENCE}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
+    return REFERENCE_POLICIES[entry]

@@ -2,11 +2,14 @@
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
 generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
-failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last;
-``manifest.jsonl``, one record per drive as it is written (``status`` ok | failed | skipped = already complete,
-``stage`` and ``error`` of a failure); ``manifest.summary.json``; and while a run goes, the folder's lock
-(terra/core/lock.py). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
-steps, world and model settings), says it is complete and its video exists: a rerun skips it.
+failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
+(strict JSON: tokenizer/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``),
+one record per drive as it is written (``status`` ok | failed | skipped = already complete, ``stage`` and
+``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name the run writes; and while
+a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the folder before any work
+(terra/config/output_dir.py: apart from the run's inputs, and every file it would write over one the toolkit
+wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world and
+model settings), says it is complete and its video exists: a rerun skips it.
 """
 
 from __future__ import annotations
@@ -22,13 +25,51 @@ import numpy as np
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
+from terra.config.checks import shown
 from terra.config.files import load_json
-from terra.core.atomic import write_text
+from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
+from terra.core.atomic import json_text, write_text
 from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 
 MANIFEST = "manifest.jsonl"
+
+
+def manifest_name(shard_index: int = 0, num_shards: int = 1) -> str:
+    """The manifest of a run: ``manifest.jsonl``, a shard's ``manifest.shard-<i>-of-<n>.jsonl`` (as batch runs
+    name theirs), so that the shards of one run share its folder."""
+    return MANIFEST if num_shards == 1 else f"manifest.shard-{shard_index}-of-{num_shards}.jsonl"
+
+
+def summary_name(manifest: str) -> str:
+    """``manifest.jsonl`` → ``manifest.summary.json`` (a shard's alike)."""
+    return manifest[: -len(".jsonl")] + ".summary.json"
+
+
+def file_stem(drive_id: str) -> str:
+    """The name a drive's files start with: its id, any path separator made ``_``."""
+    return drive_id.replace(os.sep, "_")
+
+
+def drive_files(drive_id: str, videos: bool = True) -> list[str]:
+    """The files a drive writes: its video (unless ``videos`` is False) and its JSON."""
+    stem = file_stem(drive_id)
+    return [f"{stem}.mp4"] * videos + [f"{stem}.json"]
+
+
+def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
+                       inputs: Inputs = (), setting: str = "output_dir") -> OutputDir:
+    """The folder a run of drives (``drive_ids``) writes, checked before any work: apart from ``inputs`` (what the
+    run reads), and every file of the run already there one the toolkit wrote (terra/config/output_dir.py)."""
+    owners: dict[str, str] = {}
+    for drive_id in drive_ids:
+        other = owners.setdefault(file_stem(drive_id), drive_id)
+        if other != drive_id:
+            raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
+                                  "give the scenarios or policies distinct names")
+    names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
+    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs)
 
 
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
@@ -40,8 +81,8 @@ def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str,
 
 def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
     """``(video, sidecar)`` of a drive."""
-    name = spec.id.replace(os.sep, "_")
-    return output_dir / f"{name}.mp4", output_dir / f"{name}.json"
+    stem = file_stem(spec.id)
+    return output_dir / f"{stem}.mp4", output_dir / f"{stem}.json"
 
 
 def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
@@ -82,6 +123,15 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
+def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, error: str) -> dict:
+    """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
+    world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
+    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world, "seed": None,
+            "status": "failed", "stage": "world", "error": error, "num_context": 0, "steps": 0, "frames": 0,
+            "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [], "speeds_mps": [],
+            "policy_s": [], "fingerprint": None, "complete": False}
+
+
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
                 extra_metrics: dict | None = None) -> dict:
     """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
@@ -92,7 +142,7 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
         write_video(video, np.stack(drive.frames), fps)
         files.append(video.name)
     content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
-    write_text(sidecar, json.dumps(to_jsonable(content)) + "\n")
+    write_text(sidecar, json_text(to_jsonable(content)) + "\n")
     return content
 
 

@@ -8,17 +8,22 @@ Three sources, one :class:`Scenario` each:
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
 * :func:`sample_scenarios`: a batch JSONL (terra/batch/), each sample's context frames and trajectory.
 
-Poses are world poses ``(x, y, yaw)``; a drive's own poses start at the last context frame (terra/closedloop/loop.py).
+:func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
+ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
+terra/closedloop/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run drives.
+Poses are world poses ``(x, y, yaw)`` (terra/closedloop/geometry.py); a drive's own poses start at the last context
+frame (terra/closedloop/loop.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from terra.closedloop.geometry import to_ego
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import EgoTrajectory
@@ -30,6 +35,8 @@ ROUTE_AHEAD_M = 60.0  # route points ahead of the car
 ROUTE_STEP_M = 2.0
 COMMAND_TURN_M = 2.0  # the route 20 m ahead this far to a side is a turn
 SCENE_LENGTH_M = 600.0
+SYNTHETIC = "synthetic"  # the scenarios setting of the synthetic world's scenarios
+Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (terra/config/output_dir.py)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class Scenario:
     scene: Scene | None = None  # the synthetic world's scene: a route and ground truth
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
     source: str = ""
+    reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
 
     def route(self, pose: np.ndarray) -> np.ndarray:
         """The route ahead of world ``pose`` in its ego frame ``[M, 2]`` (empty when none is known)."""
@@ -58,21 +66,6 @@ class Scenario:
         return to_ego(ahead, pose)
 
 
-def to_ego(points: np.ndarray, pose: np.ndarray) -> np.ndarray:
-    """World points ``[M, 2]`` in the ego frame of ``pose``."""
-    c, s = np.cos(pose[2]), np.sin(pose[2])
-    d = np.asarray(points, dtype=np.float64) - pose[:2]
-    return np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]], axis=-1)
-
-
-def compose(pose: np.ndarray, relative: np.ndarray) -> np.ndarray:
-    """World poses ``[..., 3]`` of poses ``relative [..., 3]`` given in the ego frame of world ``pose``."""
-    relative = np.asarray(relative, dtype=np.float64)
-    c, s = np.cos(pose[2]), np.sin(pose[2])
-    x, y = relative[..., 0], relative[..., 1]
-    return np.stack([pose[0] + c * x - s * y, pose[1] + s * x + c * y, pose[2] + relative[..., 2]], axis=-1)
-
-
 def command_of(route: np.ndarray) -> str:
     """NAVSIM's driving command from a route in the ego frame: where it is 20 m ahead."""
     if len(route) < 2:
@@ -82,22 +75,94 @@ def command_of(route: np.ndarray) -> str:
     return "left" if lateral > COMMAND_TURN_M else "right" if lateral < -COMMAND_TURN_M else "straight"
 
 
+@dataclass(frozen=True)
+class ScenarioSource:
+    """A run's scenarios before any frame is read: their ids, what each reads, and how to load them (:meth:`load`)."""
+
+    kind: str  # synthetic | logs | samples
+    ids: tuple[str, ...]
+    reads: tuple[Reads, ...]  # per scenario: the files and folders it reads
+    seed: int = 0  # synthetic: the scenarios drawn
+    clips: tuple[Path, ...] = ()  # driving logs: the clip folder of each scenario
+    samples: tuple[Any, ...] = ()  # a batch JSONL: the terra.batch.samples.Sample of each scenario
+    image_root: str | None = None  # a batch JSONL: where relative context paths start (None: the JSONL's folder)
+
+    @property
+    def inputs(self) -> Reads:
+        """Every file and folder the scenarios read, each once."""
+        return tuple(dict.fromkeys(item for reads in self.reads for item in reads))
+
+    def load(self, image_size: Sequence[int], num_context: int = 3, resize: str = "crop",
+             indices: Iterable[int] | None = None) -> list[Scenario]:
+        """The scenarios at ``indices`` (default: all), in index order, their context frames read and fitted to
+        ``image_size`` (driving logs and JSONL samples by ``resize``: terra/closedloop/settings.py passes the
+        tokenizer's)."""
+        chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
+        if self.kind == SYNTHETIC:
+            return synthetic_scenarios(len(self.ids), self.seed, image_size, num_context, indices=chosen)
+        if self.kind == "logs":
+            return [_log_scenario(self.clips[i], image_size, num_context, resize, self.reads[i]) for i in chosen]
+        return [_sample_scenario(self.samples[i], image_size, num_context, self.image_root, resize, self.reads[i])
+                for i in chosen]
+
+
+def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0,
+                    image_root: str | None = None) -> ScenarioSource:
+    """The scenarios a ``scenarios`` setting names: ``synthetic`` (``num_scenarios`` drawn with ``seed``), a folder
+    of driving-log clips, or a batch JSONL of samples (a malformed line is one line naming it); nothing decoded."""
+    if str(scenarios) == SYNTHETIC:
+        ids = tuple(synthetic_id(seed, i) for i in range(num_scenarios))
+        return ScenarioSource(SYNTHETIC, ids, ((),) * num_scenarios, seed=seed)
+    path = Path(scenarios).expanduser()
+    if not path.exists():
+        raise TerraInputError(f"scenarios={scenarios} does not exist; give synthetic, a folder of driving-log clips "
+                              "or a JSONL of samples")
+    if path.is_dir():
+        from terra.inputs.driving_logs import clip_folders
+
+        clips = tuple(clip_folders(path))
+        if not clips:
+            raise TerraInputError(f"scenarios: driving-log folder {path} holds no clip folders")
+        reads = ((("driving-log folder", str(path)),),) * len(clips)
+        return ScenarioSource("logs", tuple(f"log-{clip.name}" for clip in clips), reads, clips=clips)
+    from terra.batch.samples import read_samples
+
+    samples = read_samples(path)
+    for sample in samples:
+        if sample.error is not None:
+            raise TerraInputError(f"scenarios: {path.name} {sample.error}")
+    if not samples:
+        raise TerraInputError(f"scenarios: {path} holds no samples")
+    return ScenarioSource("samples", tuple(f"sample-{s.record['sample_id']}" for s in samples),
+                          tuple(_sample_reads(s, image_root) for s in samples), samples=tuple(samples),
+                          image_root=image_root)
+
+
+def synthetic_id(seed: int, index: int) -> str:
+    """The id of synthetic scenario ``index`` drawn with ``seed``."""
+    return f"synthetic-{seed}-{index:03d}"
+
+
 def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_context: int = 3,
-                        speed_kmh: tuple[float, float] = (20.0, 40.0), domain: str = "day") -> list[Scenario]:
-    """``count`` scenarios of the synthetic world: a random scene, start and speed each, the context driven along
-    the ego lane's centre (the same ``seed`` gives the same scenarios)."""
+                        speed_kmh: tuple[float, float] = (20.0, 40.0), domain: str = "day",
+                        indices: Iterable[int] | None = None) -> list[Scenario]:
+    """``count`` scenarios of the synthetic world (or those at ``indices`` of them): a random scene, start and
+    speed each, the context driven along the ego lane's centre (the same ``seed`` gives the same scenarios)."""
     rng = np.random.default_rng([int(seed), 0xD21E])
+    chosen = set(range(count) if indices is None else indices)
     out = []
     for i in range(count):
-        scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M, domain)
-        speed = float(rng.uniform(*speed_kmh))
-        start_s = float(rng.uniform(10.0, 200.0))
+        scene_seed = int(rng.integers(2**31))  # every scenario's draws, so that a subset is the same scenarios
+        speed, start_s = float(rng.uniform(*speed_kmh)), float(rng.uniform(10.0, 200.0))
+        if i not in chosen:
+            continue
+        scene = Scene.generate(scene_seed, SCENE_LENGTH_M, domain)
         t = np.arange(0.0, (num_context - 1) / FRAME_RATE_HZ + FUTURE_S + 0.05, 0.01)
         poses = scene.lane_pose(start_s + speed / 3.6 * t)
         trajectory = EgoTrajectory(t=t, x=poses[:, 0], y=poses[:, 1], yaw=np.unwrap(poses[:, 2]))
         clip = clip_from_trajectory(scene, trajectory, num_context, int(image_size[0]), int(image_size[1]),
                                     "follow_lane", start_s, speed)
-        out.append(Scenario(f"synthetic-{seed}-{i:03d}", clip.frames, clip.actions[: num_context - 1],
+        out.append(Scenario(synthetic_id(seed, i), clip.frames, clip.actions[: num_context - 1],
                             speed_of(clip.actions[-1]), clip.poses[-1], scene=scene,
                             source=f"synthetic scene {scene.seed} at s={start_s:.0f} m, {speed:.0f} km/h"))
     return out
@@ -107,72 +172,92 @@ def log_scenarios(logs: str | Path, image_size: Sequence[int], num_context: int 
                   resize: str = "stretch") -> list[Scenario]:
     """A scenario per clip folder of a driving log (the first ``num_context`` frames at 10 Hz); a clip that breaks
     the folder's rules (terra/inputs/driving_logs.py) is one line."""
-    from terra.inputs import driving_logs as logs_lib
-
     folder = Path(logs).expanduser()
     if not folder.is_dir():
         raise TerraInputError(f"scenarios: driving-log folder {folder} does not exist; give a folder of clip folders")
-    out = []
-    for clip_dir in logs_lib.clip_folders(folder):
-        try:
-            clip = logs_lib.open_clip(clip_dir)
-            kept = logs_lib.Resampled()
-            frames = []
-            for read in logs_lib.clip_frames(clip, tuple(image_size), resize, FRAME_RATE_HZ, kept):
-                frames.append(read())
-                if len(frames) == num_context:
-                    break
-            if len(frames) < num_context:
-                raise TerraInputError(f"has {len(frames)} frames at 10 Hz, fewer than num_context={num_context}")
-            motion = logs_lib.read_motion(clip.trajectory)
-            actions = logs_lib.clip_actions(motion, kept, clip.shared_clock)
-        except TerraInputError as err:
-            raise TerraInputError(f"scenarios: driving-log clip {clip_dir.name} {err}") from None
-        path = start = None
-        if isinstance(motion, EgoTrajectory):
-            times = np.asarray(kept.times) - kept.times[0] + motion.t[0] if not clip.shared_clock else \
-                np.asarray(kept.times)
-            start = motion.poses_at(np.array([times[-1]]))[0]
-            later = motion.t > times[-1]
-            path = np.stack([motion.x[later], motion.y[later]], axis=-1)
-        out.append(Scenario(f"log-{clip_dir.name}", np.stack(frames), actions[: num_context - 1],
-                            speed_of(actions[-1]), np.zeros(3) if start is None else start, path=path,
-                            source=f"driving log {clip_dir}"))
-    if not out:
-        raise TerraInputError(f"scenarios: driving-log folder {folder} holds no clip folders")
-    return out
+    return scenario_source(folder).load(image_size, num_context, resize)
+
+
+def _log_scenario(clip_dir: Path, image_size: Sequence[int], num_context: int, resize: str,
+                  reads: Reads) -> Scenario:
+    from terra.inputs import driving_logs as logs_lib
+
+    try:
+        clip = logs_lib.open_clip(clip_dir)
+        kept = logs_lib.Resampled()
+        frames = []
+        for read in logs_lib.clip_frames(clip, tuple(image_size), resize, FRAME_RATE_HZ, kept):
+            frames.append(read())
+            if len(frames) == num_context:
+                break
+        if len(frames) < num_context:
+            raise TerraInputError(f"has {len(frames)} frames at 10 Hz, fewer than num_context={num_context}")
+        motion = logs_lib.read_motion(clip.trajectory)
+        actions = logs_lib.clip_actions(motion, kept, clip.shared_clock)
+    except TerraInputError as err:
+        raise TerraInputError(f"scenarios: driving-log clip {clip_dir.name} {err}") from None
+    path = start = None
+    if isinstance(motion, EgoTrajectory):
+        times = np.asarray(kept.times) - kept.times[0] + motion.t[0] if not clip.shared_clock else \
+            np.asarray(kept.times)
+        start = motion.poses_at(np.array([times[-1]]))[0]
+        later = motion.t > times[-1]
+        path = np.stack([motion.x[later], motion.y[later]], axis=-1)
+    return Scenario(f"log-{clip_dir.name}", np.stack(frames), actions[: num_context - 1], speed_of(actions[-1]),
+                    np.zeros(3) if start is None else start, path=path, source=f"driving log {clip_dir}",
+                    reads=reads)
 
 
 def sample_scenarios(samples: str | Path, image_size: Sequence[int], num_context: int = 3,
                      image_root: str | Path | None = None, resize: str = "crop") -> list[Scenario]:
     """A scenario per sample of a batch JSONL (terra/batch/__init__.py): its last ``num_context`` context frames
     and the actions between them; a malformed line is one line naming it."""
-    from terra.batch.samples import read_samples
+    root = None if image_root is None else str(image_root)
+    return scenario_source(samples, image_root=root).load(image_size, num_context, resize)
+
+
+def _context_items(record: dict) -> list[str]:
+    items = record["context_frames"] if "context_frames" in record else record["context"]
+    return [items] if isinstance(items, str) else list(items)
+
+
+def _sample_reads(sample, image_root: str | None) -> Reads:
+    """What a JSONL sample reads: the JSONL, its context frames (relative to ``image_root``, default the JSONL's
+    folder) and a trajectory file (relative to the JSONL's folder)."""
+    from terra.inputs.context import resolve_path
+
+    jsonl_dir = Path(sample.file).resolve().parent
+    root = Path(image_root).expanduser() if image_root else jsonl_dir
+    reads = [("scenarios file", str(Path(sample.file).expanduser()))]
+    reads += [("context", resolve_path(item, root)) for item in _context_items(sample.record)]
+    trajectory = sample.record.get("trajectory")
+    if isinstance(trajectory, str):
+        reads.append(("trajectory file", resolve_path(trajectory, jsonl_dir)))
+    return tuple(reads)
+
+
+def _sample_scenario(sample, image_size: Sequence[int], num_context: int, image_root: str | None, resize: str,
+                     reads: Reads) -> Scenario:
     from terra.inputs.context import load_context
     from terra.inputs.requests import TRAJECTORY_KEYS, trajectory_actions
 
-    out = []
-    for sample in read_samples(Path(samples).expanduser()):
-        if sample.error is not None:
-            raise TerraInputError(f"scenarios: {Path(samples).name} {sample.error}")
-        record = sample.record
-        root = Path(image_root).expanduser() if image_root else Path(sample.file).resolve().parent
-        where = f"scenarios: sample {record['sample_id']!r}"
-        items = record["context_frames"] if sample.kind == "actbench" else record["context"]
-        images, _ = load_context(items, tuple(image_size), num_context, base=root, resize=resize)
-        n = len(images)
-        if sample.kind == "actbench":
-            trajs = np.asarray(record["instruction_trajs"], dtype=np.float64)
-            skip = len(items) - n
-            actions = trajectory_actions({"instruction_trajs": trajs.tolist()}, n, 1, where, skip=skip)
-        else:
-            given = [k for k in TRAJECTORY_KEYS if k in record]
-            if not given:
-                raise TerraInputError(f"{where} has no trajectory; add one of {', '.join(TRAJECTORY_KEYS)}")
-            value = record[given[0]]
-            trajectory = value if given[0] == "trajectory" and isinstance(value, str) else {given[0]: value}
-            actions = trajectory_actions(trajectory, n, 1, where, base=Path(sample.file).resolve().parent)
-        frames = ((images.permute(0, 2, 3, 1).numpy() + 1.0) * 127.5).round().clip(0, 255).astype(np.uint8)
-        out.append(Scenario(f"sample-{record['sample_id']}", frames, actions[: n - 1], speed_of(actions[n - 1]),
-                            np.zeros(3), source=f"{Path(samples).name} line {sample.line}"))
-    return out
+    record = sample.record
+    jsonl_dir = Path(sample.file).resolve().parent
+    root = Path(image_root).expanduser() if image_root else jsonl_dir
+    where = f"scenarios: sample {record['sample_id']!r}"
+    items = _context_items(record)
+    images, _ = load_context(items, tuple(image_size), num_context, base=root, resize=resize)
+    n = len(images)
+    if sample.kind == "actbench":
+        trajs = np.asarray(record["instruction_trajs"], dtype=np.float64)
+        actions = trajectory_actions({"instruction_trajs": trajs.tolist()}, n, 1, where, skip=len(items) - n)
+    else:
+        given = [k for k in TRAJECTORY_KEYS if k in record]
+        if not given:
+            raise TerraInputError(f"{where} has no trajectory; add one of {', '.join(TRAJECTORY_KEYS)}")
+        value = record[given[0]]
+        trajectory = value if given[0] == "trajectory" and isinstance(value, str) else {given[0]: value}
+        actions = trajectory_actions(trajectory, n, 1, where, base=jsonl_dir)
+    frames = ((images.permute(0, 2, 3, 1).numpy() + 1.0) * 127.5).round().clip(0, 255).astype(np.uint8)
+    return Scenario(f"sample-{record['sample_id']}", frames, actions[: n - 1], speed_of(actions[n - 1]), np.zeros(3),
+                    source=f"{Path(sample.file).name} line {sample.line}", reads=reads)

@@ -9,21 +9,26 @@ Both advance the pose by :func:`terra.session.controls.advance_pose`, the rule a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from terra.core.errors import TerraInputError
-from terra.closedloop.scenarios import Scenario, compose
+from terra.closedloop.geometry import compose
+from terra.closedloop.scenarios import Scenario
 from terra.session.controls import advance_pose
 from terra.sim.renderer import render
 
 
 class World(Protocol):
-    """Opens a drive on a scenario and steps many drives at once."""
+    """Opens a drive on a scenario and steps many drives at once; ``generate_s`` and ``decode_s`` sum the seconds
+    its steps spent making frames (the world model's generation, the renderer) and decoding them to pixels."""
 
     name: str
+    generate_s: float
+    decode_s: float
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any: ...
 
@@ -42,8 +47,8 @@ class ModelWorld:
 
     def __init__(self, host) -> None:
         self.host = host
-        self.generate_s = 0.0  # time in the engine, summed over steps (policy time excluded)
-        self.decode_s = 0.0
+        self.generate_s = 0.0  # in the engine, summed over steps
+        self.decode_s = 0.0  # in the tokenizer's decoder
 
     def open(self, scenario: Scenario, seed: int, max_frames: int):
         import torch
@@ -60,8 +65,6 @@ class ModelWorld:
         return self.host.decode(drive.context.codes)
 
     def step(self, drives, actions) -> list[np.ndarray | BaseException]:
-        import time
-
         start = time.perf_counter()
         futures = [drive.step_async(action) for drive, action in zip(drives, actions)]
         results: list[Any] = []
@@ -98,6 +101,8 @@ class TrueWorld:
 
     def __init__(self, image_size: Sequence[int]) -> None:
         self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.generate_s = 0.0  # rendering, summed over steps
+        self.decode_s = 0.0  # (nothing to decode)
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> _TrueDrive:
         if scenario.scene is None:
@@ -109,6 +114,7 @@ class TrueWorld:
         return drive.scenario.images
 
     def step(self, drives, actions) -> list[np.ndarray | BaseException]:
+        start = time.perf_counter()
         frames: list[np.ndarray | BaseException] = []
         for drive, action in zip(drives, actions):
             try:
@@ -117,6 +123,7 @@ class TrueWorld:
                 frames.append(render(drive.scenario.scene, drive.pose, *self.image_size))
             except Exception as err:  # noqa: BLE001
                 frames.append(err)
+        self.generate_s += time.perf_counter() - start
         return frames
 
     def close(self, drive) -> None:

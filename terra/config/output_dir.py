@@ -91,9 +91,10 @@ def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str]
         _check_replaceable(folder, setting, where)
     elif folder.is_dir():
         foreign, misplaced, listed = [], [], marked(folder)
+        kinds_of = (("file", *_split(files)), ("folder", *_split(folders + whole)))
         for entry in os.scandir(folder):
-            kinds = [kind for kind, patterns in (("file", files), ("folder", folders + whole))
-                     if any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)]
+            kinds = [kind for kind, exact, patterns in kinds_of
+                     if entry.name in exact or any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)]
             if not kinds or entry.name == MARKER:
                 continue
             if (entry.is_dir() and "folder" not in kinds) or (not entry.is_dir() and "file" not in kinds):
@@ -112,6 +113,11 @@ def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str]
         for name in whole:
             _check_replaceable(folder / name, setting, f"{where}: {name}/")
     return OutputDir(folder, setting, names)
+
+
+def _split(names: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
+    """``names`` as plain names (a set: a run of many drives or samples names thousands) and patterns."""
+    return frozenset(n for n in names if not glob.has_magic(n)), [n for n in names if glob.has_magic(n)]
 
 
 def claim_output_file(path: str | os.PathLike, setting: str, inputs: Inputs = ()) -> OutputDir:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from terra.config.checks import Range, check_choice
 from terra.core.errors import TerraInputError
 
+DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
@@ -51,9 +52,10 @@ class SamplingConfig:
         return self.temperature == 0
 
     def draw_settings(self) -> dict[str, Any]:
-        """The settings that decide which codes a seed gives (temperature, top-k, top-p): ``decoding`` and
-        ``block_size`` only change the speed (a batch run's fingerprint leaves them out)."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        """What decides which codes a seed gives (temperature, top-k, top-p and the draw rule): ``decoding`` and
+        ``block_size`` only change the speed (a batch run's fingerprint leaves them out). ``rule`` names the noise
+        of terra/generation/sampling.py, so files drawn by an earlier rule are made again, not kept on resume."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "rule": DRAW_RULE}
 
     def replace(self, **changes: Any) -> "SamplingConfig":
         """A copy with ``changes`` (checked again: a config is never out of range)."""

@@ -259,6 +259,19 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     assert plan(dataclasses.replace(config, sampling={"temperature": 0.5})).items[0].fingerprint not in fingerprints
 
 
+def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch):
+    """Samples drawn by another noise rule (an earlier release's) are made again on resume, never kept beside
+    samples of this rule."""
+    import terra.config.sampling
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(actbench_line(scenes, 0) + "\n")
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
+    before = plan(config).items[0].fingerprint
+    monkeypatch.setattr(terra.config.sampling, "DRAW_RULE", "an earlier rule")
+    assert plan(config).items[0].fingerprint != before
+
+
 @pytest.fixture(scope="module")
 def demo_pipeline(single_thread):
     from terra.batch import build_pipeline

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from terra.closedloop.fidelity import compare, run_fidelity
+from terra.closedloop.loop import drive_specs
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
@@ -61,7 +62,7 @@ def test_fidelity_with_the_demo_model(tmp_path):
 def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "lane_follower_bias_left", "constant_speed")}
-    report = run_fidelity(TrueWorld((72, 128)), TrueWorld((72, 128)), scenarios, policies,
+    report = run_fidelity(TrueWorld((72, 128)), TrueWorld((72, 128)), drive_specs(scenarios, policies),
                           RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["path_distance_m"] == 0.0 and row["model"] == row["truth"]

@@ -1,0 +1,152 @@
+"""The settings of a ``terra-drive`` run (conf/drive.yaml), checked once, before any model loads.
+
+:func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings`: the model and engine settings as
+a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
+once (a NAVSIM agent's class is imported here), the scenarios as a
+:class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing decoded), this
+shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output folder claimed
+(terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator, and writing over
+nothing the toolkit did not write there. Everything after it takes the values as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from terra.batch.ray_settings import EXECUTORS, RaySettings
+from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
+from terra.closedloop.loop import drive_id
+from terra.closedloop.plans import Policy
+from terra.closedloop.policies import ALL_REFERENCE, policy_factories
+from terra.closedloop.record import claim_drive_folder, manifest_name
+from terra.closedloop.run import RunSettings
+from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
+from terra.config.checks import (
+    MAX_FRAMES,
+    MAX_SEED,
+    Range,
+    check_choice,
+    check_flag,
+    check_settings,
+    required_path,
+    select,
+)
+from terra.config.output_dir import OutputDir
+from terra.config.spec import RunSpec, run_spec
+from terra.core.errors import TerraInputError
+
+SETTINGS = {
+    "num_scenarios": Range(1, 100_000, 4, whole=True),
+    "scenario_seed": Range(0, MAX_SEED, 0, whole=True),
+    "num_steps": Range(1, MAX_FRAMES, 20, whole=True),
+    "seed": Range(0, MAX_SEED, 0, whole=True),
+    "policy_timeout_s": Range(0.001, 3600, 30),
+    "max_concurrent": Range(1, 4096, 64, whole=True),
+    "num_shards": Range(1, 1 << 20, 4, whole=True),
+    "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
+}
+WORLDS = ("model", "truth", "both")
+
+
+@dataclass(frozen=True)
+class DriveSettings:
+    """A ``terra-drive`` run, checked."""
+
+    run: RunSpec
+    policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
+    scenarios: ScenarioSource
+    drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
+    world: str  # model | truth | both
+    num_steps: int
+    seed: int  # the drives of scenario i sample the world model with seed + i
+    policy_timeout_s: float
+    max_concurrent: int
+    resume: bool
+    progress: bool
+    estimator: Path | None  # an ACT-Estimator folder: plan following
+    shard_index: int
+    num_shards: int
+    executor: str  # local | ray (terra/closedloop/ray_executor.py)
+    ray: RaySettings  # executor=ray's settings (terra/batch/ray_settings.py)
+    output: OutputDir | None  # world=model | truth: the run folder, claimed
+    fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
+
+    @property
+    def drive_ids(self) -> list[str]:
+        return [drive_id(self.scenarios.ids[i], name) for i, name in self.drives]
+
+    @property
+    def scenario_indices(self) -> list[int]:
+        """The scenarios the drives start from, in index order."""
+        return sorted({i for i, _ in self.drives})
+
+    @property
+    def model_settings(self) -> dict[str, Any]:
+        """What shapes the world model's frames (part of each drive's fingerprint: terra/closedloop/record.py)."""
+        run = self.run
+        return {"world_model": run.world_model, "tokenizer": run.tokenizer, "sampling": run.sampling.draw_settings(),
+                "backend": run.backend, "dtype": run.dtype, "num_context": run.num_context, "overlap": run.overlap,
+                "zero_embed_code_0": run.zero_embed_code_0}
+
+    def run_settings(self, progress: bool) -> RunSettings:
+        """How the drives run and where they go (world=both: the study's folder; each world's sub-folder is set by
+        terra/closedloop/fidelity.py)."""
+        folder = self.output.path if self.output is not None else self.fidelity.top.path
+        return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
+                           resume=self.resume, progress=progress,
+                           manifest=manifest_name(self.shard_index, self.num_shards))
+
+
+def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
+    """Every setting of conf/drive.yaml checked once, the scenarios listed and ``output_dir`` claimed; one line for a
+    bad one."""
+    values = check_settings(cfg, SETTINGS)
+    shard, shards = values["shard_index"], values["num_shards"]
+    if shard >= shards:
+        raise TerraInputError(f"shard_index={shard} must be below num_shards={shards} (shards are numbered "
+                              f"0..{shards - 1})")
+    entries = select(cfg, "policies")
+    entries = [entries] if isinstance(entries, str) else list(entries or [])
+    if not entries or not all(isinstance(e, str) and e for e in entries):
+        raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
+                              f"(or {ALL_REFERENCE})")
+    policies = policy_factories(entries)
+    world = check_choice(select(cfg, "world"), "world", WORLDS)
+    setting = str(select(cfg, "scenarios"))
+    executor = check_choice(select(cfg, "executor"), "executor", EXECUTORS)
+    ray = RaySettings.parse(select(cfg, "ray"))
+    image_root = select(cfg, "image_root")
+    if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
+        raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
+    scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
+                                None if image_root is None else str(image_root))
+    if world != "model" and scenarios.kind != SYNTHETIC:
+        raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
+    every = [(i, name) for i in range(len(scenarios.ids)) for name in policies]
+    drives = tuple(d for k, d in enumerate(every) if k % shards == shard)  # drive k goes to shard k % num_shards
+    if not drives:
+        raise TerraInputError(f"shard_index={shard} of num_shards={shards} has no drives (the run has "
+                              f"{len(every)}); use at most {len(every)} shards")
+    estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
+    if estimator is not None and not (estimator / "config.json").is_file():
+        raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
+    spec = run_spec(cfg)
+    inputs = [*scenarios.inputs, ("tokenizer", spec.tokenizer), ("estimator folder", estimator)]
+    if world != "truth":
+        inputs.append(("world model", spec.world_model))
+    ids = [drive_id(scenarios.ids[i], name) for i, name in drives]
+    manifest = manifest_name(shard, shards)
+    output = fidelity = None
+    if world == "both":
+        fidelity = claim_fidelity_folders(output_dir, ids, manifest=manifest, inputs=inputs)
+    else:
+        output = claim_drive_folder(output_dir, ids, manifest=manifest, inputs=inputs)
+    return DriveSettings(
+        spec, policies, scenarios, drives, world, values["num_steps"], values["seed"],
+        float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
+        check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
+        ray, output, fidelity)

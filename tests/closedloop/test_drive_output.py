@@ -1,0 +1,167 @@
+"""terra-drive's output folders on the one rule of every app (terra/config/output_dir.py), checked in its settings
+before any model loads: never inside or holding what the run reads (a scenarios JSONL, its context frames, a
+driving-log folder, the checkpoints, the estimator), never over a file the toolkit did not write, not a file; the
+lock and the marker; strict JSON in every file written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+from terra.apps.runner import CONF_DIR
+from terra.closedloop.fidelity import run_fidelity
+from terra.closedloop.loop import DriveSpec, drive_specs
+from terra.closedloop.policies import reference_policy
+from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
+from terra.closedloop.settings import drive_settings
+from terra.closedloop.worlds import TrueWorld
+from terra.config.assets import ASSETS
+from terra.core.atomic import MARKER, mark, marked
+from terra.core.errors import TerraInputError
+from terra.core.lock import output_lock
+from terra.sim.logs import write_driving_logs
+from tests.conftest import load_script
+
+SIZE = (72, 128)
+LANE = "synthetic-0-000__lane_follower"  # the first drive of the default synthetic scenarios
+
+
+def settings(out: Path, *overrides: str):
+    """terra-drive's settings of ``overrides`` with ``output_dir=out`` (the edge of the app, in process)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("drive", overrides=list(overrides))
+    return drive_settings(cfg, out)
+
+
+def refused(out: Path, *overrides: str) -> str:
+    with pytest.raises(TerraInputError) as caught:
+        settings(out, *overrides)
+    return str(caught.value)
+
+
+@pytest.fixture
+def samples(tmp_path) -> Path:
+    """A JSONL of one sample (``data/s.jsonl``) whose context frames are in ``images/frames/``."""
+    (tmp_path / "images" / "frames").mkdir(parents=True)
+    for i, frame in enumerate(synthetic_scenarios(1, 5, SIZE)[0].images):
+        Image.fromarray(frame).save(tmp_path / "images" / "frames" / f"f{i}.png")
+    path = tmp_path / "data" / "s.jsonl"
+    path.parent.mkdir()
+    line = {"sample_id": "a", "context": "../images/frames", "manoeuvre": "straight"}
+    path.write_text(json.dumps(line) + "\n")
+    return path
+
+
+def test_outputs_never_inside_or_holding_what_the_run_reads(tmp_path, samples):
+    logs = write_driving_logs(tmp_path / "logs", 1, 8, *SIZE, seed=3, progress=False)
+    assert "lies inside the driving-log folder" in refused(logs / "out", f"scenarios={logs}", "num_steps=2")
+    assert "holds the scenarios file" in refused(samples.parent, f"scenarios={samples}")
+    assert "lies inside the context" in refused(tmp_path / "images" / "frames" / "out", f"scenarios={samples}")
+    assert "holds the context" in refused(tmp_path / "images", f"scenarios={samples}")
+    estimator = tmp_path / "estimator"
+    estimator.mkdir()
+    (estimator / "config.json").write_text("{}")
+    assert "lies inside the estimator folder" in refused(estimator / "out", f"estimator={estimator}")
+    demo = ASSETS / "demo"
+    assert "inside the world model" in refused(demo / "world_model" / "out", "world=both")
+    assert "inside the tokenizer" in refused(demo / "tokenizer" / "out", "world=truth")
+    assert not any(p.name == "out" for p in tmp_path.rglob("out"))  # refused before anything was made
+
+
+def test_outputs_never_over_a_file_the_toolkit_did_not_write(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"{LANE}.json").write_text("my notes")
+    assert f"holds '{LANE}.json', which this run would overwrite" in refused(out)
+    (tmp_path / "both" / "model").mkdir(parents=True)
+    assert "holds 'model', which this run would overwrite" in refused(tmp_path / "both", "world=both")
+    mark(tmp_path / "both", ["model", "truth"])  # as an earlier study left it
+    (tmp_path / "both" / "model" / f"{LANE}.mp4").write_bytes(b"my video")
+    assert f"output_dir/model={tmp_path / 'both' / 'model'} holds '{LANE}.mp4'" in refused(tmp_path / "both",
+                                                                                           "world=both")
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "fidelity.md").write_text("my report")
+    assert "fidelity.md" in refused(tmp_path / "report", "world=both")
+    (tmp_path / "clash").mkdir()
+    (tmp_path / "clash" / "truth").write_text("a file where the truth world's folder goes")
+    assert "holds a file 'truth' where the run writes a folder" in refused(tmp_path / "clash", "world=both")
+    (out / f"{LANE}.json").unlink()
+    (out / "notes.txt").write_text("beside the outputs: kept")
+    settings(out)  # a user's file under another name stays beside the outputs
+
+
+def test_output_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "out").write_text("a file")
+    assert "is not a folder" in refused(tmp_path / "out")
+    assert "is not a folder" in refused(tmp_path / "out" / "below")
+
+
+def test_the_app_refuses_before_any_model_loads(tmp_path):
+    logs = write_driving_logs(tmp_path / "logs", 1, 8, *SIZE, seed=3, progress=False)
+    result = subprocess.run([sys.executable, "-m", "terra.apps.drive", f"scenarios={logs}",
+                             f"output_dir={logs / 'out'}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("terra-drive: error: output_dir=") and "lies inside the driving-log folder" in line
+    assert not (logs / "out").exists()
+
+
+def test_a_run_marks_what_it_writes_holds_the_lock_and_writes_strict_json(tmp_path):
+    scenarios = synthetic_scenarios(1, 0, SIZE)
+    specs = [DriveSpec(scenarios[0], "lane_follower", reference_policy("lane_follower")),
+             DriveSpec(scenarios[0], "broken", lambda: (_ for _ in ()).throw(ValueError("no such policy")))]
+    run = RunSettings(tmp_path / "run", num_steps=2, progress=False)
+    with output_lock(tmp_path / "run" / "manifest.jsonl", "output_dir"):  # another run holds the folder
+        with pytest.raises(TerraInputError, match="in use by another run"):
+            drive_and_record(TrueWorld(SIZE), specs, run)
+    result = drive_and_record(TrueWorld(SIZE), specs, run)
+    assert result.counts == {"ok": 1, "failed": 1, "skipped": 0}
+    names = {"manifest.jsonl", "manifest.summary.json", f"{LANE}.json", f"{LANE}.mp4",
+             f"{scenarios[0].id}__broken.json", f"{scenarios[0].id}__broken.mp4"}
+    assert marked(tmp_path / "run") == names
+    assert {p.name for p in (tmp_path / "run").iterdir()} == names - {f"{scenarios[0].id}__broken.mp4"} | {MARKER}
+    for path in (tmp_path / "run").glob("*.json"):
+        json.loads(path.read_text(), parse_constant=pytest.fail)  # no NaN or Infinity
+
+    # a fidelity study whose every drive failed has no numbers to average: null, never NaN
+    report = run_fidelity(TrueWorld(SIZE), TrueWorld(SIZE), specs[1:], RunSettings(tmp_path / "fid", num_steps=2,
+                                                                                   progress=False))
+    text = (tmp_path / "fid" / "fidelity.json").read_text()
+    row = json.loads(text, parse_constant=pytest.fail)["policies"]["broken"]
+    assert row["model"]["time_in_lane"] is None and np.isnan(report.policies["broken"]["model"]["time_in_lane"])
+    assert marked(tmp_path / "fid") == {"fidelity.json", "fidelity.md", "model", "truth"}
+
+
+def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samples):
+    [scenario] = sample_scenarios(samples, SIZE)
+    specs = drive_specs([scenario], {"lane_follower": reference_policy("lane_follower")})
+    with pytest.raises(TerraInputError, match="lies inside the context"):
+        drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "images" / "frames" / "run", num_steps=1))
+    with pytest.raises(TerraInputError, match="holds the scenarios file"):
+        run_fidelity(TrueWorld(SIZE), TrueWorld(SIZE), specs, RunSettings(samples.parent, num_steps=1))
+
+
+def test_the_scripts_claim_their_outputs_before_the_model_loads(tmp_path, capsys):
+    fidelity, bench = load_script("closed_loop_fidelity"), load_script("benchmark_drive")
+    demo = ASSETS / "demo"
+    with pytest.raises(SystemExit) as exit_code:
+        fidelity.main(["--scenarios", "1", "--steps", "1", "--out", str(demo / "tokenizer" / "out")])
+    assert exit_code.value.code == 2 and "lies inside the tokenizer" in capsys.readouterr().err
+    (tmp_path / "bench.json").write_text("my numbers")
+    with pytest.raises(SystemExit) as exit_code:
+        bench.main(["--drives", "1", "--steps", "1", "--out", str(tmp_path / "bench.json")])
+    assert exit_code.value.code == 2 and "holds 'bench.json'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_code:
+        bench.main(["--model", str(demo / "world_model"), "--out", str(demo / "world_model" / "bench.json")])
+    assert exit_code.value.code == 2 and "lies inside the checkpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_code:
+        bench.main(["--out", str(demo / "tokenizer" / "bench.json")])  # the demo model's folders are inputs
+    assert exit_code.value.code == 2 and "lies inside the checkpoint" in capsys.readouterr().err
