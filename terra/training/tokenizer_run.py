@@ -18,8 +18,6 @@ run is finished.
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from terra.sim import render_frames
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.base import WEIGHTS_NAME, TrainOutput
 from terra.tokenizer.images import load_frames
+from terra.training.checkpoint import discard, swap_in
 from terra.training.tokenizer_losses import (
     CodeUsage,
     PatchDiscriminator,
@@ -123,7 +122,7 @@ class Trainees:
     def save(self, output_dir: Path, state: dict[str, Any]) -> None:
         """Write ``checkpoint/`` as a whole: build ``checkpoint.tmp/`` then swap it in."""
         tmp, final, old = (output_dir / name for name in (f"{CHECKPOINT}.tmp", CHECKPOINT, f"{CHECKPOINT}.old"))
-        _discard(tmp)
+        discard(tmp, STATE)
         self.model.save_pretrained(tmp / "model")
         state = {**state, "optimizer": self.optimizer.state_dict()}
         if self.ema is not None:
@@ -131,14 +130,7 @@ class Trainees:
             state["ema_n_averaged"] = int(self.ema.n_averaged)
         if self.disc is not None:
             state.update(disc=self.disc.state_dict(), disc_optimizer=self.disc_optimizer.state_dict())
-        mark(tmp, [entry.name for entry in os.scandir(tmp)] + [STATE])
-        with atomic_path(tmp / STATE) as part:  # last: a folder holding it is complete
-            torch.save(state, part)
-        if final.exists():
-            _discard(old)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _discard(old)
+        swap_in(tmp, final, old, state, STATE)  # the state file last: a folder holding it is complete
 
     def load(self, checkpoint: Path, device: torch.device) -> dict[str, Any]:
         """Restore from ``checkpoint``; returns the saved progress (step, timings, initial eval)."""
@@ -153,12 +145,6 @@ class Trainees:
             self.disc.load_state_dict(disc)
             self.disc_optimizer.load_state_dict(disc_optimizer)
         return saved
-
-
-def _discard(folder: Path) -> None:
-    """Delete a checkpoint folder, its state file first (a kill half-way leaves no complete-looking one)."""
-    (folder / STATE).unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def find_checkpoint(output_dir: Path) -> Path | None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import terra.apps.runner  # noqa: F401 (registers the resolvers conf/ uses: ${terra_asset:...})
 from terra.core.errors import TerraInputError
 from terra.evaluation import cases
 from terra.evaluation.run import format_table, run
