@@ -13,7 +13,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.training.blend import blend_spec
 
 PROG = "terra-blend"  # the console script, named in error lines
@@ -31,13 +31,7 @@ def _main(cfg: DictConfig) -> None:
           f"{spec.base} + {spec.weight:g} x ({spec.tuned} - {spec.base}), {spec.dtype}")
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
-
-
-if __name__ == "__main__":
-    main()
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 
 PROG = "terra-evaluate"  # the console script, named in error lines
 
@@ -28,9 +28,7 @@ def _main(cfg: DictConfig) -> None:
     print(format_table(run(cfg)))
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import time  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task  # noqa: E402
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task  # noqa: E402
 from terra.config.checks import check_choice  # noqa: E402
 from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 from terra.sim.logs import write_driving_logs  # noqa: E402
@@ -55,9 +55,7 @@ def _main(cfg: DictConfig) -> None:
           f"({data.domain}) to {out} ({size_mb:.1f} MiB, {data.num_shards} shards) in {elapsed:.1f} s")
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.core.errors import TerraInputError
 from terra.training.prepare import prepare_spec
 from terra.training.shards import INDEX_FILE
@@ -67,9 +67,7 @@ def _main(cfg: DictConfig) -> None:
         raise TerraInputError(f"no clip of logs={spec.logs} could be used; the lines above say why")
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

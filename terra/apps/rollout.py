@@ -31,7 +31,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.batch.config import check_config, config_from_omegaconf
 
 PROG = "terra-rollout"  # the console script, named in error lines
@@ -63,9 +63,7 @@ def _main(cfg: DictConfig) -> None:
     sys.exit(result.exit_code)
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

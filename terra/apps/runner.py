@@ -135,6 +135,17 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
     return wrapper
 
 
+def console_script(app: Callable[[], None], prog: str) -> Callable[[], None]:
+    """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
+    function ``app``: it runs :func:`run_app`, which says how the app ends."""
+
+    def main() -> None:
+        run_app(app, prog)
+
+    main.__doc__ = f"``{prog}``: runs the app and ends as terra/apps/runner.py's ``run_app`` says."
+    return main
+
+
 def run_app(app: Callable[[], None], prog: str) -> None:
     """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
     docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)

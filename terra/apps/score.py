@@ -17,7 +17,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.scoring.settings import scoring_settings
 
 PROG = "terra-score"  # the console script, named in error lines
@@ -43,9 +43,7 @@ def _main(cfg: DictConfig) -> None:
     print(score(settings).text)
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import hydra
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.config.spec import RunSpec, check_window, run_spec
 from terra.core.errors import TerraInputError
 from terra.serve.settings import ServeSettings
@@ -110,9 +110,7 @@ def _main(cfg: DictConfig) -> None:
         serve(load_service(spec, settings), sock)
 
 
-def main() -> None:
-    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
-    run_app(_main, "terra-serve")
+main = console_script(_main, "terra-serve")
 
 
 if __name__ == "__main__":

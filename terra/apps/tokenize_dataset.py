@@ -14,7 +14,7 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.training.tokenize import tokenize_spec
 
 PROG = "terra-tokenize"  # the console script, named in error lines
@@ -35,9 +35,7 @@ def _main(cfg: DictConfig) -> None:
           f"in {time.perf_counter() - start:.1f} s")
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

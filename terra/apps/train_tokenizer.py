@@ -12,7 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 
 PROG = "terra-train-tokenizer"  # the console script, named in error lines
 
@@ -27,9 +27,7 @@ def _main(cfg: DictConfig) -> None:
     train(cfg)
 
 
-def main() -> None:
-    """Console-script entry point (:data:`PROG`); how it ends is terra/apps/runner.py's ``run_app``."""
-    run_app(_main, PROG)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":
