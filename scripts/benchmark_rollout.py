@@ -171,7 +171,7 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
           ("model=terra_v1", f"model.world_model={model[0]}", "tokenizer=terra_lfq", f"tokenizer.path={model[1]}")),
         *args.override,
     ]
-    command = [sys.executable, str(ROOT / "scripts" / "rollout.py"), *overrides]
+    command = [sys.executable, "-m", "terra.apps.rollout", *overrides]  # terra-rollout
     print(f"[benchmark_rollout] {run_name(args, count)}: {shlex.join(command)}", flush=True)
     start = time.perf_counter()
     with GpuBusyMonitor() as busy:
