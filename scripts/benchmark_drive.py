@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
                                dtype=args.dtype, sessions=[args.drives], frames=args.steps, num_context=3,
                                max_num_seqs=args.drives, requests=None)
     with tempfile.TemporaryDirectory(prefix="terra-bench-drive-") as folder:
-        host = build_host(setup, Path(folder))
-        host.sampling = sampling
+        host = build_host(setup, Path(folder), sampling)
         try:
             size = tuple(host.pipeline.tokenizer.image_size) if host.pipeline is not None else (72, 128)
             scenarios = synthetic_scenarios(-(-args.drives // len(names)), 0, size)
