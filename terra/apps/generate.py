@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, task
-from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, check_settings, select
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, select
 from terra.config.files import check_context_paths
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
@@ -34,7 +34,7 @@ SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_nu
     "num_frames": Range(1, 2**62, 16, whole=True),
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
-    "seed": Range(0, MAX_SEED, 0, whole=True),
+    "seed": SEED,
 }
 
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from terra.batch.ray_settings import check_executor, removed_setting
 from terra.config.backend import DTYPES, check_backend
-from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, check_choice, check_flag, shown
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
@@ -43,7 +43,7 @@ RANGES = {
     "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
     "num_context": ("num_context", Range(1, MAX_FRAMES, 3, whole=True)),
     "overlap": ("model.overlap", Range(1, MAX_FRAMES, 3, whole=True)),
-    "seed": ("seed", Range(0, MAX_SEED, 0, whole=True)),
+    "seed": ("seed", SEED),
     "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
     "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
     "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),

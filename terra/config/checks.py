@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from terra.core.errors import TerraInputError
 
-__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "check_choice", "check_file_size", "check_flag",
+__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "SEED", "check_choice", "check_file_size", "check_flag",
            "check_number", "check_settings", "check_whole_number", "one_line", "required_path",
            "select", "shown"]
 
@@ -99,6 +99,9 @@ class Range:
         if self.whole:
             return check_whole_number(value, name, int(self.low), example, int(self.high), where)
         return check_number(value, name, self.low, self.high, example, self.low_open, where)
+
+
+SEED = Range(0, MAX_SEED, 0, whole=True)  # every seed setting (a rollout's, a scene's, a drive's)
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from terra.config.backend import DTYPES, check_backend
-from terra.config.checks import Range, check_choice, check_flag, check_settings, select
+from terra.config.checks import SEED, Range, check_choice, check_flag, check_settings, select
 from terra.config.output_dir import claim_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 DIRECTION_PAIR = "curve_left/curve_right"
 PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "accel_mps2", "stop": "accel_mps2",
                "lane_change": "change_s"}  # manoeuvre name prefix → the adherence range it draws from
-SEED = Range(0, 2**62 - 1, 0, whole=True)
 REPORT = "report.json"  # in out_dir
 SETTINGS = {
     "num_context": Range(1, 64, 3, whole=True),
