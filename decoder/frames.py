@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tokenizer.base import ImageTokenizer
+from terra.tokenizer.base import ImageTokenizer
 
 
 def images_to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -30,7 +30,7 @@ def codes_to_frames(
 
     Decodes ``batch_size`` frames at a time on the tokenizer's device and dtype, so long rollouts fit in
     memory; a batch the device has no memory for is decoded in halves (:func:`_decode_fitting`); codes outside the
-    codebook raise :class:`tokenizer.errors.InputError`.
+    codebook raise :class:`terra.core.errors.TerraInputError`.
     """
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
     chunks = codes.split(max(1, batch_size))

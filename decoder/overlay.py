@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from decoder.writers import check_frames
-from tokenizer.errors import InputError
+from terra.core.errors import TerraInputError
+from terra.decoder.writers import check_frames
 
 CONTEXT_COLOR = (60, 140, 255)  # blue: frames given as context
 GENERATED_COLOR = (255, 140, 30)  # orange: frames the world model generated
@@ -49,7 +49,7 @@ def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: flo
     frames = check_frames(frames).copy()
     actions = np.asarray(actions, dtype=np.float64)
     if actions.ndim != 3 or actions.shape[2] != 3 or not np.all(np.isfinite(actions)):
-        raise InputError(f"actions to draw must be finite [T, 6, 3] ([y, x, time]), got {list(actions.shape)}")
+        raise TerraInputError(f"actions to draw must be finite [T, 6, 3] ([y, x, time]), got {list(actions.shape)}")
     height, width = frames.shape[1:3]
     size = max(24, int(min(height, width) * inset_fraction))
     margin = 3

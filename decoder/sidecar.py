@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from decoder.writers import atomic_output
-from tokenizer.atomic import json_text
+from terra.core.atomic import json_text
+from terra.decoder.writers import atomic_output
 
 
 def to_jsonable(value: Any) -> Any:

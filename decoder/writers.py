@@ -3,12 +3,12 @@
 Frames are uint8 ``[T, H, W, 3]`` RGB at :data:`MIN_FPS` to :data:`MAX_FPS` frames per second. Files are
 written under a temporary name in the target folder and renamed when complete, so an interrupted run never
 leaves a truncated video under the final name. A write the system refuses (a full disk, a file-size limit, a
-read-only folder) raises :class:`InputError` naming the file, and leaves no temporary file behind.
+read-only folder) raises :class:`TerraInputError` naming the file, and leaves no temporary file behind.
 
 What each output gets, for every model and every entry point (terra-generate, batch rollouts, terra-serve's
 downloads, grids), so a toolkit run compares with Terra's published ACT-Bench videos:
 
-- **pixels**: :func:`decoder.frames.images_to_uint8`, Terra's quantisation (a floor of ``255 * (x + 1) / 2``);
+- **pixels**: :func:`terra.decoder.frames.images_to_uint8`, Terra's quantisation (a floor of ``255 * (x + 1) / 2``);
 - **MP4**: :data:`MP4_ENCODING`, what Terra's ``imageio.get_writer(path, fps=10)`` runs with imageio-ffmpeg's
   defaults: libx264 with no quality flag (x264's own CRF 23: imageio passes ``quality=None`` on, so its
   documented quality 5 never reaches ffmpeg), yuv420p, and a frame whose width or height is not a multiple of 16
@@ -34,8 +34,8 @@ import imageio.v3 as iio
 import numpy as np
 from PIL import Image
 
-from tokenizer.atomic import atomic_path
-from tokenizer.errors import InputError
+from terra.core.atomic import atomic_path
+from terra.core.errors import TerraInputError
 
 PNG_PATTERN = "frame_{:05d}.png"
 MIN_FPS, MAX_FPS = 1.0, 60.0  # slower is a slide show; faster than GIF delays (1/100 s) and most players
@@ -45,9 +45,9 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
     """Validate uint8 ``[T, H, W, 3]`` frames (T >= 1) and return them contiguous."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
-        raise InputError(
+        raise TerraInputError(
             f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
-            "convert with decoder.frames.images_to_uint8"
+            "convert with terra.decoder.frames.images_to_uint8"
         )
     return np.ascontiguousarray(frames)
 
@@ -59,8 +59,8 @@ def check_fps(fps: float, name: str = "fps") -> float:
     except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
-        raise InputError(f"{name} must be a number from {MIN_FPS:g} to {MAX_FPS:g} (got {str(fps)[:40]}); "
-                         f"e.g. {name}=10")
+        raise TerraInputError(f"{name} must be a number from {MIN_FPS:g} to {MAX_FPS:g} (got {str(fps)[:40]}); "
+                              f"e.g. {name}=10")
     return float(fps)
 
 
@@ -71,8 +71,8 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
         with atomic_path(path) as tmp:
             yield tmp
     except OSError as err:
-        raise InputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another "
-                         "output folder") from None
+        raise TerraInputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another "
+                              "output folder") from None
 
 
 def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, loop: int = 0) -> Path:
@@ -93,14 +93,15 @@ def ffmpeg_exe() -> str:
     try:
         import imageio_ffmpeg
     except ImportError:
-        raise InputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write GIF/PNG") from None
+        raise TerraInputError("MP4 output needs imageio-ffmpeg; `pip install imageio[ffmpeg]` or write "
+                              "GIF/PNG") from None
     try:
         exe = imageio_ffmpeg.get_ffmpeg_exe()  # IMAGEIO_FFMPEG_EXE is returned unchecked: which() checks it runs
     except RuntimeError:  # its binary is missing or not executable (a copy that lost its permissions, say)
         exe = None
     if exe is None or shutil.which(exe) is None:
-        raise InputError("MP4 output needs an ffmpeg binary that runs and imageio-ffmpeg found none; reinstall "
-                         "imageio-ffmpeg, point IMAGEIO_FFMPEG_EXE at an ffmpeg, or write GIF/PNG")
+        raise TerraInputError("MP4 output needs an ffmpeg binary that runs and imageio-ffmpeg found none; reinstall "
+                              "imageio-ffmpeg, point IMAGEIO_FFMPEG_EXE at an ffmpeg, or write GIF/PNG")
     return exe
 
 
@@ -164,8 +165,8 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) ->
             code = process.returncode
             stopped = f"stopped: {signal.strsignal(-code)}" if code < 0 else f"exit code {code}"
             reason = (log.decode(errors="replace").strip().splitlines() or [stopped])[-1]
-            raise InputError(f"cannot write {path} (ffmpeg: {reason[:200]}); free disk space or choose another "
-                             "output folder")
+            raise TerraInputError(f"cannot write {path} (ffmpeg: {reason[:200]}); free disk space or choose another "
+                                  "output folder")
     return Path(path)
 
 
@@ -197,7 +198,7 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) 
     if suffix == "":
         write_png_sequence(path, frames)
         return Path(path)
-    raise InputError(f"output {path} has an unsupported type {suffix}; use .gif, .mp4 or a folder name")
+    raise TerraInputError(f"output {path} has an unsupported type {suffix}; use .gif, .mp4 or a folder name")
 
 
 def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: int = 4) -> np.ndarray:
@@ -206,11 +207,11 @@ def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: i
     Shorter rollouts hold their last frame; empty cells of the last row stay black.
     """
     if not rollouts:
-        raise InputError("a grid needs at least one rollout")
+        raise TerraInputError("a grid needs at least one rollout")
     videos = [check_frames(v, f"rollout {i}") for i, v in enumerate(rollouts)]
     if len({v.shape[1:] for v in videos}) != 1:
         sizes = sorted({v.shape[1:3] for v in videos})
-        raise InputError(f"grid rollouts differ in frame size {sizes}; decode all at one size")
+        raise TerraInputError(f"grid rollouts differ in frame size {sizes}; decode all at one size")
     columns = columns or int(np.ceil(np.sqrt(len(videos))))
     rows = int(np.ceil(len(videos) / columns))
     length = max(len(v) for v in videos)

@@ -57,8 +57,8 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
     sys.path.append(str(SCRIPTS))
 
 from bench import PARTS, derived, load_records, parse_args, run_part, table, write_model_configs  # noqa: E402
-from terra.config.checks import TerraInputError  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
 
 
 def run_worker(args: argparse.Namespace) -> None:

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from terra.config.checks import TerraInputError  # noqa: E402
+from terra.core.atomic import json_text
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
-from tokenizer.atomic import json_text
 
 FRAME_POSITIONS = TERRA["num_spatio_embeddings"]  # 576 image + 6 action positions
 WINDOW_FRAMES = TERRA["num_temporal_embeddings"]  # 25 frames

@@ -35,12 +35,12 @@ from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
 from terra.closedloop.policies import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld  # noqa: E402
-from terra.config.checks import TerraInputError  # noqa: E402
 from terra.config.output_dir import claim_output_file  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.session.context import SessionContext  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
 
 BLANK_SIZE = (288, 512)  # Terra's frames, for policies when there is no tokenizer
 

@@ -29,17 +29,17 @@ import psutil
 import torch
 import transformers
 
-from decoder import write_video
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
-from terra.generation.backends import resolve_device
+from terra.core.atomic import json_text, write_text
+from terra.core.device import resolve_device
+from terra.core.errors import TerraInputError
+from terra.decoder import write_video
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TINY, TINY_TOKENIZER, with_window
 from terra.pipeline import WorldModelPipeline
-from tokenizer import LFQTokenizer
-from tokenizer.atomic import json_text, write_text
+from terra.tokenizer import LFQTokenizer
 
 WORLD_MODEL = with_window(TINY, 8)  # Terra's layout rules at toy size, 8 frames per window
 IMAGE_SIZE = tuple(TINY_TOKENIZER["image_size"])  # 8x downsampling -> 8x8 = 64 codes per frame

@@ -26,12 +26,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from decoder.refiner import TERRA, plan_passes, preset  # noqa: E402
-from decoder.refiner.model import VideoRefiner  # noqa: E402
-from decoder.refiner.sampler import conditioning_vector  # noqa: E402
-from tokenizer import LFQTokenizer  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
-from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.decoder.refiner import TERRA, plan_passes, preset  # noqa: E402
+from terra.decoder.refiner.model import VideoRefiner  # noqa: E402
+from terra.decoder.refiner.sampler import conditioning_vector  # noqa: E402
+from terra.tokenizer import LFQTokenizer  # noqa: E402
+from terra.tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
 TINY_TOKENIZER = {"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "z_channels": 5},
                   "image_size": [16, 24]}

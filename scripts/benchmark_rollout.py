@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Batch-rollout throughput: one JSONL through ``scripts/rollout.py`` per engine count, in process or on Ray.
+"""Batch-rollout throughput: one JSONL through ``terra-rollout`` per engine count, in process or on Ray.
 
 Builds, unless ``--model``/``--tokenizer``/``--demo`` name existing ones, a world model of Terra's published shape
 with random bf16 weights and a random LFQ tokenizer of Terra's size (288x512 → 18x32 codes, 2^18 codes), writes
 a JSONL of ``--samples`` samples in Terra's format (three rendered context frames each from the synthetic world,
-manoeuvres cycling through the named ones), then runs ``scripts/rollout.py`` once per entry of ``--gpus``
+manoeuvres cycling through the named ones), then runs ``terra-rollout`` once per entry of ``--gpus``
 (``executor=local``: 0 = the CPU, 1 = one GPU) or of ``--actors`` (``executor=ray``: that many actors, one per
 GPU, on a local Ray cluster the run starts), each into a fresh output folder. ``--actbench`` shapes the run
 like Terra's ACT-Bench generation: 3 context + 44 generated frames per sample, MP4 written.
@@ -46,14 +46,14 @@ if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already 
 
 from bench.environment import GpuBusyMonitor  # noqa: E402
 from terra.batch import DEMO, read_manifest  # noqa: E402
-from terra.config.checks import TerraInputError  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 from terra.sim import sample_frames  # noqa: E402
-from tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
-from tokenizer.lfq import TERRA_CONFIG  # noqa: E402
+from terra.tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
 ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 generated, scored as MP4
 
@@ -62,7 +62,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command line; bad values raise :class:`TerraInputError`."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmark_rollout"), help="folder for models, samples, runs, JSON")
-    p.add_argument("--executor", default="local", choices=("local", "ray"), help="scripts/rollout.py's executor")
+    p.add_argument("--executor", default="local", choices=("local", "ray"), help="terra-rollout's executor")
     p.add_argument("--gpus", default="1", help="executor=local: comma list of runs, 1 = one GPU, 0 = the CPU")
     p.add_argument("--actors", default="1,2", help="executor=ray: comma list of actor counts, one run each")
     p.add_argument("--device", default="auto", choices=("auto", "cpu"), help="cpu: CPU actors (executor=ray)")
@@ -80,7 +80,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--tokenizer", help="tokenizer folder (default: a random Terra-sized LFQ tokenizer under OUT)")
     p.add_argument("--demo", action="store_true", help="use the shipped demo model and tokenizer")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra Hydra override for scripts/rollout.py, e.g. +backend.options.kv_cache_dtype=fp8")
+                   help="extra Hydra override for terra-rollout, e.g. +backend.options.kv_cache_dtype=fp8")
     args = p.parse_args(list(argv))
     if args.actbench:
         args.frames, args.format = ACTBENCH_FRAMES, "mp4"
@@ -121,7 +121,7 @@ def _counts(text: str, flag: str, minimum: int, example: str) -> list[int]:
 def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[str, str]:
     """The given folders, else a Terra-shaped world model (random bf16 weights) and LFQ tokenizer under ``out``.
 
-    Both are made on the CPU: this process only waits for ``scripts/rollout.py`` and must hold no GPU memory beside
+    Both are made on the CPU: this process only waits for ``terra-rollout`` and must hold no GPU memory beside
     its engine and writers (a model made on the GPU kept 4.5 GiB there for the whole run: BENCHMARKS.md)."""
     model_dir, tokenizer_dir = out / "models" / "world_model", out / "models" / "tokenizer"
     if model is None and not (model_dir / "config.json").is_file():
@@ -157,7 +157,7 @@ def run_name(args: argparse.Namespace, count: int) -> str:
 
 
 def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str], count: int) -> dict[str, Any]:
-    """One ``scripts/rollout.py`` run; its wall time, counts, the manifest's generation span and projection."""
+    """One ``terra-rollout`` run; its wall time, counts, the manifest's generation span and projection."""
     run_dir = args.out / run_name(args, count)
     on_cpu = count == 0 if args.executor == "local" else args.device == "cpu"
     overrides = [
@@ -171,7 +171,7 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
           ("model=terra_v1", f"model.world_model={model[0]}", "tokenizer=terra_lfq", f"tokenizer.path={model[1]}")),
         *args.override,
     ]
-    command = [sys.executable, str(ROOT / "scripts" / "rollout.py"), *overrides]
+    command = [sys.executable, "-m", "terra.apps.rollout", *overrides]  # terra-rollout
     print(f"[benchmark_rollout] {run_name(args, count)}: {shlex.join(command)}", flush=True)
     start = time.perf_counter()
     with GpuBusyMonitor() as busy:
@@ -181,7 +181,7 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
     ok = [r for r in records if r["status"] == "ok"]
     row: dict[str, Any] = {
         "executor": args.executor, ("num_gpus" if args.executor == "local" else "actors"): count,
-        "exit_code": proc.returncode, "command": shlex.join(["scripts/rollout.py", *overrides]),
+        "exit_code": proc.returncode, "command": shlex.join(["terra-rollout", *overrides]),
         "wall_s": wall, "samples": len(records), "ok": len(ok), "failed": len(records) - len(ok),
         "frames_per_sample": args.frames, "gpus_used": sorted({str(r.get("gpus", "in-process")) for r in ok}),
         "requests": args.requests or "the config's (per_frame)",

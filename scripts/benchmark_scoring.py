@@ -1,11 +1,11 @@
 """Speed of ACT-Bench scoring (terra/scoring/): videos scored per second, decoding included, as JSON.
 
 The inputs are synthetic and ACT-Bench-shaped: ``--videos`` MP4s of ``--frames`` frames (3 context + 44
-generated, as ``scripts/rollout.py output.naming=actbench num_frames=44`` writes them) at 288x512, named
+generated, as ``terra-rollout output.naming=actbench num_frames=44`` writes them) at 288x512, named
 ``NUSCENES_ACTION_<id>.mp4``, ``--distinct`` of them encoded and the rest hard links to those (decoding costs the
 same); one ACT-Bench row per video (a label of the nine classes, a 50-point reference trajectory, per-frame
 ``instruction_trajs``); and the ACT-Estimator at full size with random weights (speed does not depend on the
-values). The run is :func:`terra.scoring.run.score`, exactly as ``scripts/score_actbench.py`` runs it.
+values). The run is :func:`terra.scoring.run.score`, exactly as ``terra-score`` runs it.
 
     python scripts/benchmark_scoring.py --out scoring.json                     # 2,286 videos: ACT-Bench on a GPU
     python scripts/benchmark_scoring.py --batch-size 32 --num-workers 16 --out scoring_b32.json
@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator  # noqa: E402
 from terra.scoring.run import score  # noqa: E402
 from terra.scoring.settings import ScoringSettings  # noqa: E402
-from tokenizer.atomic import json_text, write_text  # noqa: E402
 
 PRESETS = {"full": EstimatorConfig(),  # the published ACT-Estimator
            "tiny": EstimatorConfig(input_shape=(3, 44, 32, 32), d_model=16, num_heads=2, feature_map_size=2)}

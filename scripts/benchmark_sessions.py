@@ -31,16 +31,17 @@ import numpy as np
 import torch
 
 from terra.config.backend import REQUEST_PATHS
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
-from terra.generation.backends import create_backend, resolve_device, vllm_decoding
+from terra.core.atomic import json_text, write_text
+from terra.core.device import resolve_device
+from terra.core.errors import TerraInputError
+from terra.generation.backends import create_backend, vllm_decoding
 from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost, drive_action
 from terra.session.context import SessionContext, builtin
-from tokenizer.atomic import json_text, write_text
 
 DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
 

@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.atomic import write_text
+from terra.core.errors import TerraInputError
 from terra.generation import speculative
 from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.inputs.trajectory import MANOEUVRES
 from terra.pipeline import WorldModelPipeline
 from terra.sim import builtin_context
-from tokenizer.atomic import write_text
 
 DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
 TARGETS = {0.0: 8.0, 0.9: 4.0}  # fewer forward passes than sequential, greedy and at Terra's temperature

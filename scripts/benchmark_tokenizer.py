@@ -19,10 +19,10 @@ from typing import Callable
 import torch
 from omegaconf import OmegaConf
 
-from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.atomic import json_text, write_text
-from tokenizer.lfq import TERRA_CONFIG
-from tokenizer.vq import VQ16_CONFIG
+from terra.core.atomic import json_text, write_text
+from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
+from terra.tokenizer.lfq import TERRA_CONFIG
+from terra.tokenizer.vq import VQ16_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from terra.core.atomic import json_text
 from terra.models.presets import TERRA
 from terra.training.data import ClipSet, TrainingData
 from terra.training.distributed import start_processes, stop_processes
 from terra.training.run import build_trainee, make_optimizer, train_step
 from terra.training.settings import train_spec
-from tokenizer.atomic import json_text
 
 CONF = Path(__file__).resolve().parents[1] / "conf"  # read directly: Hydra need not be installed
 

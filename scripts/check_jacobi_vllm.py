@@ -124,7 +124,7 @@ def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
     from terra.config.sampling import SamplingConfig
     from terra.generation.vllm_backend import VLLMBackend
     from terra.pipeline import WorldModelPipeline
-    from tokenizer import load_tokenizer
+    from terra.tokenizer import load_tokenizer
 
     started = time.perf_counter()
     backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype, max_num_seqs=args.rollouts,

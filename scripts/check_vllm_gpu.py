@@ -31,13 +31,13 @@ import vllm
 from transformers import AutoModelForCausalLM
 
 from terra.config.sampling import SamplingConfig
+from terra.core.atomic import json_text, write_text
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import SMALL, TINY
-from tokenizer.atomic import json_text, write_text
 
 # Terra's frame layout on a small decoder (GPU) / a tiny one (CPU engine: 2 cores in CI).
 SHAPES = {"cuda": SMALL, "cpu": TINY}

@@ -27,8 +27,8 @@ from terra.closedloop.policies import REFERENCE_POLICIES
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import synthetic_id, synthetic_scenarios
 from terra.closedloop.worlds import ModelWorld, TrueWorld
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost
 

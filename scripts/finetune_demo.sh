@@ -30,9 +30,9 @@ BASE=terra/assets/demo/world_model
 RUNS="full lora full_mix lora_mix"
 
 logs() {
-  "$PY" scripts/make_dataset.py format=driving_logs out_dir="$RUN/logs_new" domain="$DOMAIN" seed=1 \
+  "$PY" -m terra.apps.make_dataset format=driving_logs out_dir="$RUN/logs_new" domain="$DOMAIN" seed=1 \
     num_clips="${NEW_CLIPS:-800}" num_frames="${FRAMES:-60}" height=144 width=256
-  "$PY" scripts/make_dataset.py format=driving_logs out_dir="$RUN/logs_day" domain=day seed=2 \
+  "$PY" -m terra.apps.make_dataset format=driving_logs out_dir="$RUN/logs_day" domain=day seed=2 \
     num_clips="${DAY_CLIPS:-400}" num_frames="${FRAMES:-60}" height=144 width=256
   mkdir -p "$RUN/logs_mix"  # new domain + day: links to the clip folders of both
   for clip in "$RUN"/logs_new/*/ "$RUN"/logs_day/*/; do
@@ -42,7 +42,7 @@ logs() {
 
 shards() {
   for set in new mix; do
-    "$PY" scripts/prepare_driving_logs.py logs="$RUN/logs_$set" output_dir="$RUN/shards_$set" val_fraction=0.1
+    "$PY" -m terra.apps.prepare_logs logs="$RUN/logs_$set" output_dir="$RUN/shards_$set" val_fraction=0.1
   done
 }
 
@@ -55,7 +55,7 @@ train() {
     lora_mix) args=(finetune=lora train.lr=2e-3); data=mix ;;
     *) echo "train: NAME must be one of: $RUNS" >&2; exit 2 ;;
   esac
-  "$PY" scripts/train_world_model.py init="$BASE" data.tokens="$RUN/shards_$data" output_dir="$RUN/$name" \
+  "$PY" -m terra.apps.train init="$BASE" data.tokens="$RUN/shards_$data" output_dir="$RUN/$name" \
     "${args[@]}" train.batch_size=32 train.max_steps="$STEPS" train.warmup_steps=50 train.eval_every=100 \
     train.ckpt_every=500 train.log_every=50 sample.gif=false $EXTRA
 }
@@ -67,7 +67,7 @@ evaluate() {
     [ "$name" = base ] || model="$RUN/$name/model"  # the run's final weights
     [ -f "$model/config.json" ] || continue
     for domain in day "$DOMAIN"; do
-      "$PY" scripts/evaluate.py model.world_model="$model" domain="$domain" out_dir="$RUN/eval/${name}_$domain" \
+      "$PY" -m terra.apps.evaluate model.world_model="$model" domain="$domain" out_dir="$RUN/eval/${name}_$domain" \
         progress=false $EVAL_EXTRA > "$RUN/eval_${name}_$domain.log" 2>&1 &
       jobs+=($!)
       if [ "${#jobs[@]}" -ge "$JOBS" ]; then wait "${jobs[0]}"; jobs=("${jobs[@]:1}"); fi

@@ -9,7 +9,7 @@ ground-truth frames encoded, ``--frames`` frames generated under the clip's own 
 temperature of ``--temperatures``, sequential decoding and each settings set of ``--speculative`` (``;``-separated
 sets of comma-separated ``key=value``, added to ``sampling``). Clip ``i`` is
 ``terra.sim.random_drive(numpy.random.default_rng([clip_seed, i]))``, the training distribution; clips whose scene
-is one of the training clips' (``--exclude-seed``, ``--exclude-clips``: the ``scripts/make_dataset.py`` seed and
+is one of the training clips' (``--exclude-seed``, ``--exclude-clips``: the ``terra-make-dataset`` seed and
 clip count of the training data) are skipped.
 
 Passes are counted where every forward pass goes through: a pre-hook on the first decoder layer adds the rows of
@@ -17,7 +17,7 @@ each call, one row being one rollout's pass. Passes per frame = rows / frames ge
 exactly one per image token (576 at Terra's layout: a frame's first pass also carries the previous frame's action
 slots). Where the pipeline's results carry the backend's own count (``decode_stats``), it is recorded beside.
 Each mode also reports seconds per frame (the whole batch's wall time / frames) and the PSNR of its decoded frames
-against the exact renders, as scripts/evaluate.py computes it; the speculative codes are compared token by token
+against the exact renders, as terra-evaluate computes it; the speculative codes are compared token by token
 with the sequential ones at the same temperature (for the same seeds they must be equal, greedy or sampled).
 
 Sequential modes set ``sampling.decoding=sequential`` where the sampling settings have ``decoding``. A settings
@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.atomic import write_text
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.sim.clips import Clip, random_drive
-from tokenizer.atomic import write_text
 
 SPECULATIVE_SETTINGS = "decoding=speculative"  # the speculative modes' sampling settings (``--speculative``)
 
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=3, help="ground-truth context frames per rollout")
     parser.add_argument("--frames", type=int, default=10, help="frames generated per rollout")
     parser.add_argument("--clip-seed", type=int, default=1, help="clip i: random_drive(default_rng([seed, i]))")
-    parser.add_argument("--exclude-seed", type=int, default=0, help="make_dataset.py seed of the training clips")
+    parser.add_argument("--exclude-seed", type=int, default=0, help="terra-make-dataset seed of the training clips")
     parser.add_argument("--exclude-clips", type=int, default=0, help="number of training clips whose scenes to skip")
     parser.add_argument("--seed", type=int, default=0, help="rollout k samples with seed + k")
     parser.add_argument("--device", default="auto")
@@ -94,7 +94,7 @@ def parse_settings(text: str) -> dict[str, Any]:
 
 def held_out_clips(count: int, frames: int, image_size: tuple[int, int], clip_seed: int, exclude_seed: int,
                    exclude_clips: int) -> list[Clip]:
-    """``count`` clips of the training distribution whose scenes no training clip of ``make_dataset.py`` used."""
+    """``count`` clips of the training distribution whose scenes no training clip of ``terra-make-dataset`` used."""
     training = {int(np.random.default_rng([exclude_seed, i]).integers(2**31)) for i in range(exclude_clips)}
     clips, i = [], 0
     while len(clips) < count:

@@ -24,26 +24,27 @@ last_step() {  # last "step" of a JSON-lines training log
 
 case "${1:-}" in
   data)
-    "$PY" scripts/make_dataset.py out_dir="$RUN/clips" num_clips="${CLIPS:-5000}" num_frames="${FRAMES:-20}" \
+    "$PY" -m terra.apps.make_dataset out_dir="$RUN/clips" num_clips="${CLIPS:-5000}" num_frames="${FRAMES:-20}" \
       height=144 width=256 seed=0 workers=0 $EXTRA
     ;;
   tokenizer)
     args=(train.output_dir="$RUN/tokenizer" train.max_steps="${TOK_STEPS:-8000}" model.config.encoder_decoder_config.ch=32)
-    "$PY" scripts/train_tokenizer.py "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
+    "$PY" -m terra.apps.train_tokenizer "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
     if [ ! -f "$RUN/tokenizer/final/config.json" ]; then  # out of budget: end the schedule here and export
-      "$PY" scripts/train_tokenizer.py "${args[@]}" train.max_steps="$(last_step "$RUN/tokenizer/train_log.jsonl")" $EXTRA
+      "$PY" -m terra.apps.train_tokenizer "${args[@]}" \
+        train.max_steps="$(last_step "$RUN/tokenizer/train_log.jsonl")" $EXTRA
     fi
     ;;
   tokens)
-    "$PY" scripts/tokenize_dataset.py dataset="$RUN/clips" tokenizer_path="$RUN/tokenizer/final" \
+    "$PY" -m terra.apps.tokenize_dataset dataset="$RUN/clips" tokenizer_path="$RUN/tokenizer/final" \
       out="$RUN/tokens.safetensors" $EXTRA
     ;;
   world_model)
     args=(data.tokens="$RUN/tokens.safetensors" output_dir="$RUN/world_model" train.max_steps="${WM_STEPS:-4800}"
           train.batch_size=32 net.num_temporal_embeddings=16)
-    "$PY" scripts/train_world_model.py "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
+    "$PY" -m terra.apps.train "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
     if [ ! -f "$RUN/world_model/model/config.json" ]; then  # out of budget: end the schedule here and export
-      "$PY" scripts/train_world_model.py "${args[@]}" train.max_steps="$(last_step "$RUN/world_model/train_log.jsonl")" $EXTRA
+      "$PY" -m terra.apps.train "${args[@]}" train.max_steps="$(last_step "$RUN/world_model/train_log.jsonl")" $EXTRA
     fi
     ;;
   install)

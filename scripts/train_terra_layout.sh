@@ -146,12 +146,12 @@ case "${1:-}" in
       need=$(( CLIPS * FRAMES * 288 * 512 * 3 + (16 << 30) ))
       compress=$([ "$(df --output=avail -B1 "$RUN" | tail -n 1)" -gt "$need" ] && echo false || echo true)
     fi
-    "$PY" scripts/make_dataset.py out_dir="$RUN/clips" num_clips="$CLIPS" num_frames="$FRAMES" height=288 width=512 \
+    "$PY" -m terra.apps.make_dataset out_dir="$RUN/clips" num_clips="$CLIPS" num_frames="$FRAMES" height=288 width=512 \
       seed=0 workers="$DATA_WORKERS" compress="$compress"
     ;;
   tokenizer)
     budgeted tokenizer "$RUN/tokenizer" "$RUN/tokenizer/final/config.json" "$TOK_STEPS" 20000 "$TOK_CALIBRATE_MINUTES" \
-      "$TOK_MINUTES" scripts/train_tokenizer.py train_tokenizer/model=lfq_terra_small \
+      "$TOK_MINUTES" -m terra.apps.train_tokenizer train_tokenizer/model=lfq_terra_small \
       train.output_dir="$RUN/tokenizer" model.config.encoder_decoder_config.ch="$TOK_CH" \
       data.num_frames="$TOK_FRAMES" data.workers="$TOK_RENDER_WORKERS" \
       train.batch_size="$TOK_BATCH" train.warmup_steps="$TOK_WARMUP" train.device="$DEVICE" \
@@ -159,14 +159,14 @@ case "${1:-}" in
     ;;
   tokens)
     if [ ! -f "$RUN/tokens.safetensors" ]; then
-      "$PY" scripts/tokenize_dataset.py dataset="$RUN/clips" tokenizer_path="$RUN/tokenizer/final" \
+      "$PY" -m terra.apps.tokenize_dataset dataset="$RUN/clips" tokenizer_path="$RUN/tokenizer/final" \
         out="$RUN/tokens.safetensors" batch_size=128 device="$DEVICE"
     fi
     [ "${KEEP_CLIPS:-0}" = 1 ] || rm -rf "$RUN/clips"  # 25 GB of frames; evaluation renders its own
     ;;
   world_model)
     budgeted world_model "$RUN/world_model" "$RUN/world_model/model/config.json" "$WM_STEPS" 100000 \
-      "$WM_CALIBRATE_MINUTES" "$WM_MINUTES" scripts/train_world_model.py data.tokens="$RUN/tokens.safetensors" \
+      "$WM_CALIBRATE_MINUTES" "$WM_MINUTES" -m terra.apps.train data.tokens="$RUN/tokens.safetensors" \
       output_dir="$RUN/world_model" data.val_clips="$WM_VAL_CLIPS" net.hidden_size="$WM_HIDDEN" \
       net.intermediate_size="$WM_INTERMEDIATE" net.num_hidden_layers="$WM_LAYERS" \
       net.num_attention_heads="$WM_HEADS" net.num_key_value_heads="$WM_KV_HEADS" net.num_temporal_embeddings=25 \
@@ -179,7 +179,7 @@ case "${1:-}" in
     pair=(model.world_model="$RUN/world_model/model" tokenizer=terra_lfq tokenizer.path="$RUN/tokenizer/final")
     mkdir -p "$RESULTS"
     if [ ! -f "$RUN/eval/report.json" ]; then  # frame quality as MODEL_CARD.md reports it (sequential, greedy)
-      "$PY" scripts/evaluate.py "${pair[@]}" backend=hf backend.options.max_batch_size=32 device="$DEVICE" \
+      "$PY" -m terra.apps.evaluate "${pair[@]}" backend=hf backend.options.max_batch_size=32 device="$DEVICE" \
         dtype="$EVAL_DTYPE" num_context="$EVAL_CONTEXT" horizon="$EVAL_HORIZON" quality.num_clips="$EVAL_CLIPS" \
         adherence.num_cases="$ADHERENCE_CASES" exclude_training.num_clips="$CLIPS" progress=false \
         out_dir="$RUN/eval"

@@ -8,6 +8,6 @@ port in :mod:`terra.vllm`, batch rollouts in :mod:`terra.batch`, the synthetic d
 :mod:`terra.sim`.
 """
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 __all__ = ["TerraInputError"]

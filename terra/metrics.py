@@ -7,6 +7,12 @@ import numpy as np
 PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; averages use this instead
 
 
+def psnr_db(mse: float, peak: float = 255.0) -> float:
+    """PSNR in dB of a mean squared error ``mse`` for pixel values up to ``peak`` (infinite at 0): the one formula
+    of every PSNR the toolkit reports."""
+    return float(10 * np.log10(peak**2 / mse)) if mse > 0 else float("inf")
+
+
 def psnr(frames: np.ndarray, reference: np.ndarray) -> list[float]:
     """Per-frame PSNR in dB of uint8 ``frames [T, H, W, 3]`` against ``reference`` of the same shape."""
     frames = np.asarray(frames, dtype=np.float64)
@@ -14,7 +20,7 @@ def psnr(frames: np.ndarray, reference: np.ndarray) -> list[float]:
     if frames.shape != reference.shape:
         raise ValueError(f"frames {frames.shape} and reference {reference.shape} differ in shape")
     mse = ((frames - reference) ** 2).reshape(len(frames), -1).mean(axis=1)
-    return [float(10 * np.log10(255.0**2 / m)) if m > 0 else float("inf") for m in mse]
+    return [psnr_db(m) for m in mse]
 
 
 def ssim(frames: np.ndarray, reference: np.ndarray) -> list[float]:

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from decoder.overlay import draw_trajectory, mark_frames
-from decoder.sidecar import write_sidecar
-from decoder.writers import write_grid, write_png_sequence, write_video
 from terra.config.outputs import OutputSpec
+from terra.decoder.overlay import draw_trajectory, mark_frames
+from terra.decoder.sidecar import write_sidecar
+from terra.decoder.writers import write_grid, write_png_sequence, write_video
 from terra.metrics import psnr
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 ``WorldModelPipeline`` owns an image tokenizer and a :class:`~terra.generation.rollout.WorldModelBackend`; it encodes
 context images, runs rollouts on whichever backend it was given (it never asks which), and decodes the
-codes back to frames. Video files are written by :mod:`decoder`.
+codes back to frames. Video files are written by :mod:`terra.decoder`.
 """
 
 from __future__ import annotations
@@ -17,20 +17,22 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from decoder import codes_to_frames
 from terra.config.assets import DEMO, demo_checkpoints
-from terra.config.backend import DTYPES, check_backend, check_device
-from terra.config.checks import TerraInputError, check_choice, check_flag
+from terra.config.backend import DTYPES, check_backend
+from terra.config.checks import check_choice, check_flag
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
+from terra.decoder import codes_to_frames
 from terra.generation.backends import create_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
-from tokenizer import ImageTokenizer, load_tokenizer
+from terra.tokenizer import ImageTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 
 @dataclass
@@ -174,19 +176,19 @@ class WorldModelPipeline:
         if not torch.is_tensor(images) or images.ndim != 4 or images.shape[1] != 3:
             shape = list(images.shape) if torch.is_tensor(images) else type(images).__name__
             raise TerraInputError(f"images must be a tensor [N, 3, H, W] in [-1, 1], got {shape}; "
-                                  "load files with tokenizer.images.load_images")
+                                  "load files with terra.tokenizer.images.load_images")
         if not images.is_floating_point():
             raise TerraInputError(f"images have dtype {images.dtype}; give floats in [-1, 1] (pixels / 127.5 - 1), "
-                                  "as tokenizer.images.load_images returns")
+                                  "as terra.tokenizer.images.load_images returns")
         if not bool(torch.isfinite(images).all()):
             raise TerraInputError("images hold NaN or inf; give finite floats in [-1, 1]")
         if images.numel() and float(images.abs().max()) > 1.01:
             raise TerraInputError(f"images hold values up to {float(images.abs().max()):g}, outside [-1, 1]; "
-                                  "scale pixels as pixels / 127.5 - 1 (tokenizer.images.load_images does it)")
+                                  "scale pixels as pixels / 127.5 - 1 (terra.tokenizer.images.load_images does it)")
         if tuple(images.shape[-2:]) != self.image_size:
             raise TerraInputError(
                 f"images are {tuple(images.shape[-2:])} but the tokenizer expects {self.image_size}; "
-                "load them with tokenizer.images.load_images, which resizes and crops"
+                "load them with terra.tokenizer.images.load_images, which resizes and crops"
             )
         with self._tokenizer_lock:
             codes = [
@@ -245,7 +247,7 @@ class WorldModelPipeline:
                progress: bool = False) -> list[RolloutResult]:
         """Give each result the frames of Terra's video refiner (``decoding=refiner``: 384x640), seeded with its
         request's seed (0 when it has none); ``timings`` gain the refiner's stages (``refine_*``). See
-        :mod:`decoder.refiner`."""
+        :mod:`terra.decoder.refiner`."""
         for result in results:
             result.frames, timings = self.frames(result.codes, result.request.seed, refiner, progress)
             result.timings.update(timings)

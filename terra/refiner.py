@@ -2,7 +2,7 @@
 loads, and loaded once generation is done (the world model's memory is free by then).
 
 ``decoding=framewise`` (the default) decodes each frame with the tokenizer, at its size (Terra: 288x512);
-``decoding=refiner`` refines the whole video with Terra's video refiner (:mod:`decoder.refiner`) at 384x640.
+``decoding=refiner`` refines the whole video with Terra's video refiner (:mod:`terra.decoder.refiner`) at 384x640.
 diffusers is imported only when a refiner is loaded.
 """
 
@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decoder.refiner import RefinerConfig, check_device, check_file, load_refiner, preset, refiner_device
-from terra.config.checks import TerraInputError
 from terra.config.snapshot import DOWNLOAD_HINT
 from terra.config.spec import RunSpec
+from terra.core.device import check_device, resolve_device
+from terra.core.errors import TerraInputError
+from terra.decoder.refiner import RefinerConfig, check_file, check_refiner_device, load_refiner, preset
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 SETTINGS = ("num_steps", "guidance", "arithmetic", "decode_batch", "channels_last",
             "compile")  # the RefinerConfig fields a run sets
@@ -55,7 +56,7 @@ def check_decoding(spec: RunSpec) -> RefinerSettings | None:
         raise TerraInputError(f"decoding=refiner needs Terra's refiner weights{where}: add terra_root=/path/to/Terra "
                               f"({DOWNLOAD_HINT}) or refiner.path=/path/to/refiner_model.pt")
     config = preset(str(node.get("preset", "terra"))).replace(**{k: node[k] for k in SETTINGS if k in node})
-    device = refiner_device(node.get("device") or spec.device)
+    device = torch.device(resolve_device(check_device(node.get("device") or spec.device)))
     allow_cpu = bool(node.get("allow_cpu", False))
-    check_device(config, device, allow_cpu)
+    check_refiner_device(config, device, allow_cpu)
     return RefinerSettings(check_file(path), config, device, str(node.get("dtype", "auto")), allow_cpu)

@@ -1,7 +1,7 @@
 """A catalogue of malformed inputs across the entry points.
 
 Python API (image loading, trajectories, tokenizer, world-model checkpoints, pipeline): every case raises
-:class:`terra.config.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
+:class:`terra.TerraInputError` (or a subclass) whose message is one line naming the input. CLI
 (``terra-generate``, a subset that needs the process: config errors, checkpoints, output folder): exit code 2,
 exactly one line on stderr, no traceback, no output file and no Hydra run folder left behind. Most cases fail
 before any model loads; the demo models are loaded at most once per module.
@@ -22,15 +22,15 @@ import pytest
 import torch
 from PIL import Image
 
-from terra.config.checks import TerraInputError
 from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
-from tokenizer import LFQTokenizer, load_tokenizer
-from tokenizer.images import load_images
+from terra.tokenizer import LFQTokenizer, load_tokenizer
+from terra.tokenizer.images import load_images
 
 DEMO = Path(__file__).resolve().parent.parent / "terra" / "assets" / "demo"
 SIZE = (144, 256)  # demo tokenizer (H, W); grid 9x16 = 144 codes, codebook 1024; world-model window 16 frames
@@ -157,7 +157,7 @@ def _from_pretrained(world_model, tokenizer=DEMO / "tokenizer", **kwargs):
 
 # case id → (call(bad, tokenizer, pipeline), text the message must contain, attribute of `bad` it must name)
 API_CASES = {
-    # tokenizer.images.load_images
+    # terra.tokenizer.images.load_images
     "image_missing_file": (lambda b, t, p: load_images(b.missing_image, SIZE), "does not exist", "missing_image"),
     "image_not_an_image": (lambda b, t, p: load_images(b.text_png, SIZE), "cannot be read as an image", "text_png"),
     "image_truncated": (lambda b, t, p: load_images(b.truncated_png, SIZE), "cannot be read as an image",
@@ -184,7 +184,7 @@ API_CASES = {
     "manoeuvre_parameter_not_a_number": (lambda b, t, p: actions_for_manoeuvre("straight", 4, speed_kmh="fast"),
                                          "not a number", None),
     "manoeuvre_zero_frames": (lambda b, t, p: actions_for_manoeuvre("straight", 0), "at least 1", None),
-    # tokenizer.load_tokenizer / decode
+    # terra.tokenizer.load_tokenizer / decode
     "tokenizer_missing_folder": (lambda b, t, p: load_tokenizer(b.root / "nope"), "does not exist", None),
     "tokenizer_truncated_weights": (lambda b, t, p: load_tokenizer(b.tok_truncated), "truncated", "tok_truncated"),
     "tokenizer_config_weights_mismatch": (lambda b, t, p: load_tokenizer(b.tok_mismatch), "do not match",

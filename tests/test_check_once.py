@@ -21,7 +21,7 @@ import pytest
 
 import terra.apps.generate
 import terra.batch.config
-import terra.config.lock
+import terra.core.lock
 import terra.batch.samples
 import terra.config.files
 import terra.config.spec
@@ -78,7 +78,7 @@ def test_a_batch_checks_its_settings_and_takes_its_lock_once(tmp_path, scenes, d
     samples.write_text("\n".join(terra_line(scenes, f"s{i}") for i in range(2)) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), backend="hf", device="cpu",
                          num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, image_root=scenes["root"], progress=False)
-    with calls(terra.batch.config.check_config, terra.config.lock._acquire, terra.batch.samples.sample_actions,
+    with calls(terra.batch.config.check_config, terra.core.lock._acquire, terra.batch.samples.sample_actions,
                terra.generation.actions.validate_actions) as counts:
         result = run_batch(config, pipeline=demo_pipeline)
     assert result.counts["ok"] == 2

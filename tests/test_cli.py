@@ -5,7 +5,7 @@ costs several seconds of start-up, so each test makes one run and checks everyth
 
 "Wrong image size" is not an error by itself: context frames of any size are resized to cover the tokenizer's
 size and center-cropped. What cannot be used is a frame that would have to be enlarged more than
-``tokenizer.resize.MAX_UPSCALE`` times (a 1x1 image, a thumbnail) or a file that is no image at all; both
+``terra.tokenizer.resize.MAX_UPSCALE`` times (a 1x1 image, a thumbnail) or a file that is no image at all; both
 exit with code 2.
 """
 
@@ -25,7 +25,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
 
 TERRA_GENERATE = Path(sys.executable).with_name("terra-generate")
 SIZE = (144, 256)  # the demo tokenizer's (H, W)
@@ -259,7 +259,7 @@ def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch)
     from terra.apps.generate import generate_spec
     from terra.apps.runner import CONF_DIR
     from terra.config.backend import check_num_threads
-    from terra.generation.backends import set_torch_threads
+    from terra.core.device import set_threads
 
     for cpus, threads in ((1, 1), (2, 1), (3, 1), (16, 8)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
@@ -271,9 +271,9 @@ def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch)
     assert spec.run.num_threads == 2
     before = torch.get_num_threads()
     try:
-        set_torch_threads(spec.run.num_threads)
+        set_threads(spec.run.num_threads)
         assert torch.get_num_threads() == 2
-        set_torch_threads(None)  # null: torch's default is left alone
+        set_threads(None)  # null: torch's default is left alone
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

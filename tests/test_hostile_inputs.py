@@ -3,7 +3,7 @@
 One table per entry point, each row a class of hostile input (terra/config/ and the ranges it points to):
 
 * the Python API (in-process): one :class:`TerraInputError` line that names the input, no warning first;
-* ``terra-generate`` and ``scripts/evaluate.py`` (subprocesses): exit code 2, exactly one line on stderr, no
+* ``terra-generate`` and ``terra-evaluate`` (subprocesses): exit code 2, exactly one line on stderr, no
   traceback, no output folder, no Hydra run folder.
 
 Then what needs a running ``terra-generate``: a full disk (a file-size limit, ``RLIMIT_FSIZE``, in the
@@ -31,19 +31,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from decoder.writers import write_gif, write_mp4
-from terra.config.backend import check_backend, check_device
-from terra.config.checks import TerraInputError, check_number
+from terra.config.backend import check_backend
+from terra.config.checks import check_number
 from terra.config.files import check_context_paths
 from terra.config.outputs import check_output_dir
 from terra.config.sampling import SamplingConfig
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
+from terra.decoder.writers import write_gif, write_mp4
 from terra.generation.actions import validate_actions
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.inputs.requests import trajectory_actions
 from terra.inputs.trajectory import EgoTrajectory
 from terra.models.checkpoint import read_world_model_config
+from terra.tokenizer.images import load_images
 from tests.conftest import spawn_interruptible
-from tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "terra" / "assets" / "demo"
@@ -286,9 +288,9 @@ def test_evaluate_hostile_setting_exits_2_with_one_line_before_any_work(case, ho
     args = overrides(hostile)
     if not any(a.startswith("out_dir=") for a in args):
         args.append(f"out_dir={out}")
-    result = run_entry([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "device=cpu", "quality.num_clips=1",
+    result = run_entry([sys.executable, "-m", "terra.apps.evaluate", "device=cpu", "quality.num_clips=1",
                         "adherence.num_cases=1", "horizon=1", *args], cwd)
-    line = one_error_line(result, "evaluate")
+    line = one_error_line(result, "terra-evaluate")
     assert expected in line, line
     assert not out.exists() and list(cwd.iterdir()) == []
 

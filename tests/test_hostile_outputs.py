@@ -1,4 +1,4 @@
-"""The one rule for output folders (terra/config/output_dir.py), the toolkit's marker (tokenizer/atomic.py) and
+"""The one rule for output folders (terra/config/output_dir.py), the toolkit's marker (terra/core/atomic.py) and
 strict JSON, on their own; each app's use of them is tested beside the app (test_hostile_inputs.py,
 tests/training/, tests/scoring/, tests/batch/).
 
@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError, one_line
+from terra.config.checks import one_line
 from terra.config.output_dir import claim_output_dir, claim_output_file
 from terra.config.outputs import check_output_dir
-from tokenizer.atomic import MARKER, atomic_dir, json_text, mark, marked
+from terra.core.atomic import MARKER, atomic_dir, json_text, mark, marked
+from terra.core.errors import TerraInputError
 
 
 @pytest.fixture

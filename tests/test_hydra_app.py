@@ -1,5 +1,5 @@
 """The Hydra apps' shared error handling (terra/apps/runner.py) in the scripts: an unknown setting or a malformed
-override ends ``scripts/rollout.py`` and ``scripts/evaluate.py`` with exit code 2, exactly one line on stderr
+override ends ``terra-rollout`` and ``terra-evaluate`` with exit code 2, exactly one line on stderr
 and no traceback, as it does ``terra-generate`` (tests/test_bad_inputs.py). Each case is one process that stops
 before any model loads.
 """
@@ -9,36 +9,35 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from terra.apps.runner import hydra_error_line
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ENV.pop("HYDRA_FULL_ERROR", None)
 
 # case → (override, text the error line must contain)
 HYDRA_ERRORS = {
-    "unknown_key": ("foo=1", "unknown setting 'foo' (`python scripts/{script}.py --cfg job` lists the settings)"),
+    "unknown_key": ("foo=1", "unknown setting 'foo' (`{prog} --cfg job` lists the settings)"),
     "malformed_override": ("num_context=[1,2", "'[1,2'"),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["rollout", "evaluate"])
+@pytest.mark.parametrize("app", ["rollout", "evaluate"])
 @pytest.mark.parametrize("case", list(HYDRA_ERRORS))
-def test_hydra_errors_exit_2_with_one_line(script, case, tmp_path):
+def test_hydra_errors_exit_2_with_one_line(app, case, tmp_path):
     override, expected = HYDRA_ERRORS[case]
-    result = subprocess.run([sys.executable, str(SCRIPTS / f"{script}.py"), override], cwd=tmp_path, env=ENV,
+    prog = f"terra-{app}"  # the console script of terra.apps.<app>, named in its error lines
+    result = subprocess.run([sys.executable, "-m", f"terra.apps.{app}", override], cwd=tmp_path, env=ENV,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"{script}: error: ") and expected.format(script=script) in lines[0], lines[0]
-    assert lines[0].endswith(f"; see python scripts/{script}.py --help")
+    assert lines[0].startswith(f"{prog}: error: ") and expected.format(prog=prog) in lines[0], lines[0]
+    assert lines[0].endswith(f"; see {prog} --help")
     assert list(tmp_path.iterdir()) == []  # nothing written in the working folder
 
 

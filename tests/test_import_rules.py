@@ -1,18 +1,21 @@
-"""The layering of the packages, read from the source with ``ast`` (every import statement, those inside
+"""The layering of the package, read from the source with ``ast`` (every import statement, those inside
 functions included), and the size limit of a source file.
 
-tokenizer/ stands alone; decoder/ builds on tokenizer/ only; the world model (terra/models/) runs without
-vLLM; the pipeline and the apps reach a backend only through terra.generation.backends; the synthetic world
-(terra/sim/) knows nothing of generation but the action contract (terra/generation/actions.py); the light
-layer (terra/config/) imports no torch, Transformers or any other part of terra; terra/inputs/ names no backend;
-nothing in the repository imports the aliases kept for moved modules; ``import tokenizer`` and ``import terra``
-stay light.
+Every wing (docs/ARCHITECTURE.md, "Who owns what") imports only the wings of its allow-list (``MAY_IMPORT``) and of
+them only their public faces (``PUBLIC``); no module imports another's private name; an app imports no other app.
+terra/core/ (the ground floor) imports nothing of the project's; terra.tokenizer stands alone on it;
+terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (terra/models/) runs without vLLM;
+the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
+(terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; the old top-level names
+``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; ``import terra.tokenizer`` and ``import
+terra`` stay light.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +28,15 @@ BACKEND_MODULES = ("terra.generation.hf_backend", "terra.generation.vllm_backend
 SKIPPED_DIRS = {"tests", "build", "dist", "outputs", "multirun", "runs", "__pycache__"}
 
 
+INSTALLED_AS = {"tokenizer": "terra.tokenizer", "decoder": "terra.decoder", "conf": "terra.conf"}  # pyproject.toml
+
+
 def module_name(path: Path) -> str:
-    """``terra/generation/rollout.py`` → ``terra.generation.rollout`` (a package's ``__init__`` → the package)."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    """``terra/generation/rollout.py`` → ``terra.generation.rollout`` (a package's ``__init__`` → the package);
+    the top-level folders installed under the namespace by their installed names (``tokenizer/base.py`` →
+    ``terra.tokenizer.base``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts[0] = INSTALLED_AS.get(parts[0], parts[0])
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -65,11 +74,13 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
 
 
-MOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
+# Removed one-release aliases (README, "Moved names"): the modules are gone, not kept as shims.
+REMOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
 # folder or file → modules it must not import (a name and everything below it)
 RULES = {
-    "tokenizer": ("terra", "decoder"),
-    "decoder": ("terra",),
+    "terra/core": ("terra", "tokenizer", "decoder", "numpy", "omegaconf", "hydra"),  # torch: inside functions
+    "tokenizer": ("terra", "tokenizer", "decoder"),
+    "decoder": ("terra", "tokenizer", "decoder"),
     "terra/models": ("vllm", "terra.vllm"),
     "terra/pipeline.py": BACKEND_MODULES,
     "terra/apps": BACKEND_MODULES,
@@ -80,7 +91,126 @@ RULES = {
     "terra/inputs": ("terra.generation.backends", *BACKEND_MODULES, "terra.pipeline"),
 }
 # modules a rule's folder may import although a forbidden name covers them
-ALLOWED = {"terra/sim": ("terra.generation.actions",)}
+ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
+           "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
+           "terra/sim": ("terra.generation.actions",)}
+
+
+# Every wing of the package (docs/ARCHITECTURE.md, "Who owns what"): a module's wing is its second name, except the
+# pipeline's trunk (four modules at the top of terra/) and conf/ (Hydra's configs: the config wing).
+TRUNK = ("terra.pipeline", "terra.outputs", "terra.refiner", "terra.metrics")
+# wing → the only other wings it may import (an allow-list: a new import across wings is a decision, made here)
+MAY_IMPORT = {
+    "core": set(),
+    "tokenizer": {"core"},
+    "decoder": {"core", "tokenizer"},
+    "config": {"core", "tokenizer", "decoder"},
+    "models": {"core", "config", "tokenizer"},
+    "vllm": {"core", "config", "models", "generation"},
+    "generation": {"core", "config", "models", "vllm"},
+    "inputs": {"core", "config", "generation", "tokenizer"},
+    "sim": {"core", "config", "generation", "inputs", "tokenizer"},
+    "pipeline": {"core", "config", "generation", "models", "inputs", "tokenizer", "decoder"},
+    "session": {"core", "config", "generation", "inputs", "sim", "tokenizer", "pipeline"},
+    "serve": {"core", "config", "generation", "session", "tokenizer", "decoder", "pipeline"},
+    "batch": {"core", "config", "generation", "inputs", "models", "pipeline", "tokenizer", "decoder"},
+    "training": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer", "decoder"},
+    "scoring": {"core", "config", "tokenizer"},
+    "evaluation": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer"},
+    "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "session", "scoring", "batch", "pipeline",
+                   "tokenizer", "decoder"},
+    "face": {"core"},  # terra/__init__.py: the user-facing TerraInputError
+}
+MAY_IMPORT["apps"] = set(MAY_IMPORT) - {"apps", "face"}
+# wing → the modules other wings may import (its public faces); a wing not listed here is public as a whole
+PUBLIC = {
+    "tokenizer": {"terra.tokenizer", "terra.tokenizer.base", "terra.tokenizer.images", "terra.tokenizer.resize",
+                  "terra.tokenizer.tensors"},
+    "decoder": {"terra.decoder", "terra.decoder.writers", "terra.decoder.sidecar", "terra.decoder.overlay",
+                "terra.decoder.frames", "terra.decoder.refiner", "terra.decoder.refiner.model"},
+    "models": {"terra.models", "terra.models.checkpoint", "terra.models.presets", "terra.models.modeling_llama_action",
+               "terra.models.configuration_llama_action"},
+    "vllm": {"terra.vllm", "terra.vllm.compat", "terra.vllm.plugin"},
+    "generation": {"terra.generation", "terra.generation.actions", "terra.generation.rollout",
+                   "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
+                   "terra.generation.speculative"},  # the backend modules stay inside the wing
+    "session": {"terra.session", "terra.session.controls", "terra.session.context"},
+    "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
+    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest", "samples",  # drives reuse
+                                                          "ray_settings", "ray_cluster"))},  # the formats, Ray
+    "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
+                                                  "tokenizer_run")},
+    "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
+                                                                  "metrics", "videos"))},
+    "evaluation": {"terra.evaluation", "terra.evaluation.run"},
+    "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
+        "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
+        "egodriver", "navsim", "gym_env"))},
+    "apps": {"terra.apps.runner"},  # an app imports no other app
+}
+PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")
+
+
+def wing_of(module: str) -> str | None:
+    """The wing of a module of the package (None for a module outside it)."""
+    parts = module.split(".")
+    if parts[0] != "terra":
+        return None
+    if len(parts) == 1:
+        return "face"
+    return "pipeline" if within(module, TRUNK) else {"conf": "config"}.get(parts[1], parts[1])
+
+
+def package_sources() -> list[Path]:
+    return [path for folder in PACKAGE_FOLDERS for path in sources(folder)]
+
+
+def test_every_wing_of_the_package_has_its_rules():
+    wings = {wing_of(module_name(path)) for path in package_sources()}
+    assert wings == set(MAY_IMPORT), f"wings without rules: {wings - set(MAY_IMPORT)}; rules of no wing: " \
+                                     f"{set(MAY_IMPORT) - wings}"
+
+
+def test_each_wing_imports_only_the_public_faces_of_the_wings_it_stands_on():
+    broken = []
+    for path in package_sources():
+        home = wing_of(module_name(path))
+        for name in sorted(imported_modules(path)):
+            other = wing_of(name)
+            if other is None or other == home or name == "terra":
+                continue
+            public = PUBLIC.get(other)
+            if other not in MAY_IMPORT[home]:
+                broken.append(f"{path.relative_to(ROOT)} ({home}) imports {name} ({other})")
+            elif public is not None and name not in public and name.rpartition(".")[0] not in public:
+                broken.append(f"{path.relative_to(ROOT)} ({home}) imports {name}, private to {other}")
+    assert not broken, "\n".join(broken)
+
+
+def test_an_app_imports_no_other_app():
+    broken = [f"{path.relative_to(ROOT)} imports {name}" for path in sources("terra", "apps")
+              for name in sorted(imported_modules(path))
+              if within(name, ("terra.apps",)) and name not in ("terra.apps", module_name(path))
+              and not within(name, ("terra.apps.runner",))]
+    assert not broken, "\n".join(broken)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    broken = []
+    for path in package_sources():
+        me = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != me \
+                    and wing_of(node.module) is not None:
+                broken += [f"{path.relative_to(ROOT)} imports {node.module}.{alias.name}" for alias in node.names
+                           if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_import_reader_names_the_wings():
+    assert [wing_of(m) for m in ("terra.core.errors", "terra.tokenizer.base", "terra.conf", "terra.pipeline",
+                                 "terra.metrics", "terra", "numpy")] == [
+        "core", "tokenizer", "config", "pipeline", "pipeline", "face", None]
 
 
 @pytest.mark.parametrize("where", list(RULES))
@@ -92,16 +222,40 @@ def test_layering(where):
     assert not broken, "\n".join(broken)
 
 
-def test_nothing_imports_the_aliases_of_moved_modules():
-    aliases = {f"{name.replace('.', '/')}.py" for name in MOVED}
+def test_the_removed_aliases_are_gone():
+    kept = [name for name in REMOVED if ROOT.joinpath(*name.split(".")).with_suffix(".py").exists()]
+    assert not kept, f"aliases still in the tree: {kept}"
+    inputs = (ROOT / "terra" / "inputs" / "__init__.py").read_text()
+    assert "builtin_context" not in inputs  # moved to terra.sim: no alias on terra.inputs
     broken = [f"{path.relative_to(ROOT)} imports {name}" for path in repository_sources() + sources("tests")
-              if str(path.relative_to(ROOT)) not in aliases and path.name != "test_import_rules.py"
-              for name in sorted(imported_modules(path)) if within(name, MOVED)]
+              if path.name != "test_import_rules.py"
+              for name in sorted(imported_modules(path)) if within(name, REMOVED)]
+    assert not broken, "\n".join(broken)
+
+
+OLD_TOP_LEVEL = re.compile(r"(?<![\w.])(from|import)\s+(tokenizer|decoder)\b")
+
+
+def test_nothing_imports_the_old_top_level_names():
+    """``tokenizer`` and ``decoder`` install as ``terra.tokenizer`` and ``terra.decoder`` only; from the repository
+    root the old names would still import (the folders are on ``sys.path``) and load a second copy of every module.
+    A regex over the text, so code in strings, notebooks, shell scripts and the Makefile counts too."""
+    texts = repository_sources() + sources("tests") + sorted(ROOT.glob("notebooks/*.ipynb"))
+    texts += sorted(ROOT.glob("scripts/*.sh")) + [ROOT / "Makefile", ROOT / "README.md"]
+    broken = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in texts if path.name != "test_import_rules.py"
+              for n, line in enumerate(path.read_text().splitlines(), 1) if OLD_TOP_LEVEL.search(line)]
     assert not broken, "\n".join(broken)
 
 
 def test_the_light_layer_loads_no_torch():
     code = "import sys, terra.config; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_ground_floor_loads_no_torch():
+    code = ("import sys, terra.core.errors, terra.core.atomic, terra.core.lock, terra.core.folders, terra.core.device;"
+            " assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
@@ -114,7 +268,7 @@ def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
                                                                                   "terra.sim.clips.Clip"}
 
 
-@pytest.mark.parametrize("package", ["tokenizer", "terra"])
+@pytest.mark.parametrize("package", ["terra.tokenizer", "terra"])
 def test_import_is_light(package):
     code = f"import sys, {package}; assert 'transformers' not in sys.modules, 'transformers was imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

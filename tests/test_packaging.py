@@ -23,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_INPUTS = ("pyproject.toml", "README.md", "conf", "terra", "tokenizer", "decoder")
 PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")
+INSTALLED_AS = {"terra.conf": "conf", "terra.tokenizer": "tokenizer", "terra.decoder": "decoder"}  # name → folder
 ENV = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
 ENV.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
@@ -36,22 +37,30 @@ def run(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Comple
 
 
 def test_pyproject_names_every_package_folder():
-    """``packages`` is an explicit list (it maps ``conf/`` to ``terra.conf``): a new package folder must join it."""
+    """``packages`` is an explicit list (it maps ``conf/``, ``tokenizer/`` and ``decoder/`` into the ``terra``
+    namespace): a new package folder must join it, under its installed name."""
     tomllib = pytest.importorskip("tomllib")
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    on_disk = {".".join(init.parent.relative_to(ROOT).parts)
-               for folder in PACKAGE_FOLDERS for init in (ROOT / folder).rglob("__init__.py")}
+    folders = {folder: name for name, folder in INSTALLED_AS.items()}
+    on_disk = {".".join([folders.get(parts[0], parts[0]), *parts[1:]])
+               for folder in PACKAGE_FOLDERS for init in (ROOT / folder).rglob("__init__.py")
+               for parts in [init.parent.relative_to(ROOT).parts]}
     assert set(setuptools["packages"]) == on_disk | {"terra.conf"}
-    assert setuptools["package-dir"] == {"terra.conf": "conf"}
+    assert setuptools["package-dir"] == INSTALLED_AS
+    assert {name.split(".")[0] for name in setuptools["packages"]} == {"terra"}  # one top-level import name
 
 
 def test_the_editable_install_reads_the_repositorys_conf():
     import terra
+    import terra.decoder
+    import terra.tokenizer
     from terra.apps.runner import CONF_DIR
 
     if Path(terra.__file__).resolve().parent != ROOT / "terra":
         pytest.skip("terra is not imported from this checkout")
     assert Path(CONF_DIR) == ROOT / "conf"
+    assert Path(terra.tokenizer.__file__).resolve() == ROOT / "tokenizer" / "__init__.py"
+    assert Path(terra.decoder.__file__).resolve() == ROOT / "decoder" / "__init__.py"
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +92,14 @@ def test_wheel_install_generates_from_an_empty_folder(wheel_venv, tmp_path):
     venv = wheel_venv.parent
     cwd = tmp_path / "empty"
     cwd.mkdir()
-    imported = run(wheel_venv / "python", "-c", "import terra, terra.conf; print(terra.__file__); "
-                   "print(terra.conf.__file__)", cwd=cwd).stdout.split()
+    imported = run(wheel_venv / "python", "-c", "import terra, terra.conf, terra.tokenizer, terra.decoder.refiner; "
+                   "print(terra.__file__); print(terra.conf.__file__); print(terra.tokenizer.__file__); "
+                   "print(terra.decoder.refiner.__file__)", cwd=cwd).stdout.split()
     assert all(Path(path).is_relative_to(venv) for path in imported), imported  # not the source tree
+    for old in ("tokenizer", "decoder"):  # no alias package under the old top-level names
+        gone = subprocess.run([wheel_venv / "python", "-c", f"import {old}"], cwd=cwd, env=ENV, capture_output=True,
+                              text=True, timeout=120)
+        assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, gone.stderr
 
     config = yaml.safe_load(run(wheel_venv / "terra-generate", "--cfg", "job", "num_frames=2", cwd=cwd).stdout)
     assert config["num_frames"] == 2 and config["model"]["name"] == "demo"

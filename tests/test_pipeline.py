@@ -20,7 +20,7 @@ import torch
 from terra.generation.backends import create_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from tokenizer import LFQTokenizer
+from terra.tokenizer import LFQTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_the_readme_python_snippet_runs_as_pasted_from_any_folder(tmp_path) -> N
     ("WORLD", None, "needs the tokenizer the world model was trained with: tokenizer=its folder"),
 ])
 def test_from_pretrained_says_what_it_takes_in_one_line(tiny_model_dir, world_model, tokenizer, message) -> None:
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
 
     world_model = str(tiny_model_dir) if world_model == "WORLD" else world_model
     with pytest.raises(TerraInputError) as err:

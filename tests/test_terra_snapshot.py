@@ -6,7 +6,7 @@ included) and bf16 weights in safetensors shards with an index, ``lfq_tokenizer_
 Terra's tokenizer config keys. The context frames (40x100) do not have the tokenizers' 1:2 shape, so the
 straight resize of Terra's tokenizer configs (``tokenizer.resize: stretch``) is visible in the codes.
 
-``terra-generate`` runs v1 and ``scripts/rollout.py`` runs v2 (with ``model.zero_embed_code_0=true``), each on
+``terra-generate`` runs v1 and ``terra-rollout`` runs v2 (with ``model.zero_embed_code_0=true``), each on
 both backends with greedy sampling: the codes must be identical. A broken snapshot fails with one line before
 anything loads.
 """
@@ -28,13 +28,13 @@ from PIL import Image
 from transformers import AutoModelForCausalLM
 
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM, LlamaActionV2ForCausalLM
-from tokenizer import LFQTokenizer, load_tokenizer
-from tokenizer.atomic import MARKER
-from tokenizer.images import load_images
+from terra.tokenizer import LFQTokenizer, load_tokenizer
+from terra.core.atomic import MARKER
+from terra.tokenizer.images import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
 TERRA_GENERATE = Path(sys.executable).with_name("terra-generate")
-ROLLOUT = ROOT / "scripts" / "rollout.py"
+ROLLOUT = "terra.apps.rollout"  # terra-rollout
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 ENV.pop("HYDRA_FULL_ERROR", None)
@@ -166,7 +166,7 @@ def generate_command(terra_root: Path, frames: Path, out: Path, *extra: str) -> 
 
 
 def rollout_command(terra_root: Path, samples: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROLLOUT), f"samples={samples}", "model=terra_v2", f"terra_root={terra_root}",
+    return [sys.executable, "-m", ROLLOUT, f"samples={samples}", "model=terra_v2", f"terra_root={terra_root}",
             "sampling=greedy", "device=cpu", f"num_frames={NUM_FRAMES}", f"num_context={NUM_CONTEXT}",
             "num_threads=1", "progress=false", "output.formats=[gif]", "output.save_codes=true", f"output.dir={out}",
             "allow_paths_outside_image_root=true", *extra]  # the samples name the frames' folder by absolute path
@@ -192,7 +192,7 @@ def generated(snapshot, frames, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rolled_out(snapshot, samples, tmp_path_factory):
-    """``rolled_out(backend, zero_embed_code_0)``: the output folder of ``scripts/rollout.py model=terra_v2``."""
+    """``rolled_out(backend, zero_embed_code_0)``: the output folder of ``terra-rollout model=terra_v2``."""
     runs: dict[tuple[str, bool], Path] = {}
 
     def get(backend: str, zero_embed_code_0: bool) -> Path:
@@ -268,7 +268,7 @@ def test_generate_terra_v1_greedy_codes_are_the_same_on_vllm(generated):
     np.testing.assert_array_equal(cli_codes(generated("vllm")), cli_codes(generated("hf")))
 
 
-# --------------------------------------------------------------------- scripts/rollout.py model=terra_v2
+# --------------------------------------------------------------------- terra-rollout model=terra_v2
 
 
 def batch_codes(out: Path) -> dict[str, np.ndarray]:
@@ -372,12 +372,12 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_terra_generate(sna
 def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(snapshot, samples, tmp_path, case,
                                                                             monkeypatch):
     """In-process (cheap): conf/rollout.yaml → terra.batch raises before the world model loads or a file is
-    written; scripts/rollout.py prints that error as its one line (checked below in a subprocess)."""
+    written; terra-rollout prints that error as its one line (checked below in a subprocess)."""
     from hydra import compose, initialize_config_dir
 
     import terra.pipeline
     from terra.batch import config_from_omegaconf, run_batch
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
     from terra.apps.runner import CONF_DIR
 
     def must_not_load(*args, **kwargs):
@@ -387,7 +387,7 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
     root = broken_snapshot(snapshot, tmp_path / "Terra", case)
     out = tmp_path / "out"
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("rollout", overrides=rollout_command(root, samples, out, "backend=hf")[2:])
+        cfg = compose("rollout", overrides=rollout_command(root, samples, out, "backend=hf")[3:])
     with pytest.raises(TerraInputError) as err:
         run_batch(config_from_omegaconf(cfg))
     assert BROKEN[case] in str(err.value) and "\n" not in str(err.value)
@@ -397,14 +397,14 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
 def test_rollout_script_exits_2_with_one_line_for_a_missing_snapshot(samples, tmp_path):
     out = tmp_path / "out"
     result = run(rollout_command(tmp_path / "no_such_Terra", samples, out, "backend=hf"), ROOT)
-    check_one_line(result, "rollout", f"terra_root={tmp_path / 'no_such_Terra'} does not exist")
+    check_one_line(result, "terra-rollout", f"terra_root={tmp_path / 'no_such_Terra'} does not exist")
     assert not out.exists()
 
 
 def test_download_lines_name_the_hf_command_the_environment_has(tmp_path):
     """huggingface_hub ships `hf` (no `huggingface-cli` any more): every line that says how to download names it."""
-    from decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
-    from terra.config.checks import TerraInputError
+    from terra.decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
+    from terra.core.errors import TerraInputError
     from terra.config.snapshot import DOWNLOAD_HINT
     from terra.scoring.estimator import weights_file
 

@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tokenizer import checkpoint_keys
-from tokenizer.atomic import atomic_path, json_text, write_text
-from tokenizer.errors import InputError, error_reason
-from tokenizer.tensors import check_like
+from terra.core.atomic import atomic_path, json_text, write_text
+from terra.core.errors import TerraInputError, error_reason
+from terra.tokenizer import checkpoint_keys
+from terra.tokenizer.tensors import check_like
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -93,7 +93,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
     def _check_image_size(self) -> None:
         height, width = self.image_size
         if height % self.downsample_factor or width % self.downsample_factor:
-            raise InputError(
+            raise TerraInputError(
                 f"tokenizer image_size {height}x{width} is not a multiple of its downsampling factor "
                 f"{self.downsample_factor}; set image_size in config.json to multiples of it"
             )
@@ -124,11 +124,11 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         """
         if not torch.is_tensor(images) or images.ndim != 4 or images.shape[1] != 3:
             shape = list(images.shape) if torch.is_tensor(images) else type(images).__name__
-            raise InputError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got {shape}; "
-                                  "load files with tokenizer.images.load_images")
+            raise TerraInputError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got {shape}; "
+                                  "load files with terra.tokenizer.images.load_images")
         factor = self.downsample_factor
         if images.shape[2] % factor or images.shape[3] % factor:
-            raise InputError(
+            raise TerraInputError(
                 f"image size {images.shape[2]}x{images.shape[3]} is not a multiple of {factor}; "
                 f"resize to {self.image_size[0]}x{self.image_size[1]} (load_images does it)"
             )
@@ -150,18 +150,19 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return torch.cat(out)
 
     def check_codes(self, codes: Any) -> torch.Tensor:
-        """Validate codes and return them as int64 ``[B, h, w]``; bad codes raise :class:`InputError`."""
+        """Validate codes and return them as int64 ``[B, h, w]``; bad codes raise :class:`TerraInputError`."""
         codes = torch.as_tensor(codes)
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
-            raise InputError(f"codes must be integers, got dtype {codes.dtype}; pass the tokenizer's codes")
+            raise TerraInputError(f"codes must be integers, got dtype {codes.dtype}; pass the tokenizer's codes")
         if codes.ndim == 2 and codes.shape[1] == self.grid_shape[0] * self.grid_shape[1]:
             codes = codes.reshape(len(codes), *self.grid_shape)
         if codes.ndim != 3:
-            raise InputError(
-                f"codes must have shape [B, h, w] (grid {self.grid_shape[0]}x{self.grid_shape[1]}), got {list(codes.shape)}"
+            raise TerraInputError(
+                f"codes must have shape [B, h, w] (grid {self.grid_shape[0]}x{self.grid_shape[1]}), got "
+                f"{list(codes.shape)}"
             )
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
-            raise InputError(
+            raise TerraInputError(
                 f"codes hold values in [{int(codes.min())}, {int(codes.max())}] outside the codebook "
                 f"[0, {self.codebook_size}); decode only image codes of this tokenizer"
             )
@@ -187,16 +188,16 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         config = _read_config(folder / CONFIG_NAME)
         klass = _class_for(config, folder / CONFIG_NAME)
         if cls is not ImageTokenizer and not issubclass(klass, cls):
-            raise InputError(
+            raise TerraInputError(
                 f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was asked for; "
                 "use load_tokenizer to open any tokenizer"
             )
         try:
             model = klass(config)
-        except InputError:
+        except TerraInputError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as err:  # a config the modules cannot be built from
-            raise InputError(
+            raise TerraInputError(
                 f"{folder / CONFIG_NAME} describes a tokenizer that cannot be built ({type(err).__name__}: "
                 f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); fix or re-save config.json"
             ) from None
@@ -204,14 +205,14 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return model.to(device=device, dtype=dtype).eval()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Load weights strictly (after :func:`tokenizer.checkpoint_keys.clean`); mismatches, integer or
+        """Load weights strictly (after :func:`terra.tokenizer.checkpoint_keys.clean`); mismatches, integer or
         non-finite weights raise one line."""
         converted = checkpoint_keys.clean(state_dict)
         expected = self.state_dict()
         missing = sorted(set(expected) - set(converted))
         unexpected = sorted(set(converted) - set(expected))
         if missing or unexpected:
-            raise InputError(
+            raise TerraInputError(
                 f"{source}: weights do not match the config ({len(missing)} missing, e.g. {missing[:3]}; "
                 f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}); check that config.json describes these "
                 "weights (or map other key names in tokenizer/checkpoint_keys.py)"
@@ -219,7 +220,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         bad = [k for k in expected if tuple(expected[k].shape) != tuple(converted[k].shape)]
         if bad:
             k = bad[0]
-            raise InputError(
+            raise TerraInputError(
                 f"{source}: {len(bad)} weights have the wrong shape (e.g. {k}: {list(converted[k].shape)} vs "
                 f"{list(expected[k].shape)} from config.json); the config does not describe these weights"
             )
@@ -235,7 +236,7 @@ def load_tokenizer(
     """Open any saved tokenizer: a folder, a Hub id, or LlamaGen's original VQ-16 ``.pt`` file."""
     path_str = str(path)
     if Path(path_str).is_file() and Path(path_str).suffix in (".pt", ".pth", ".ckpt"):
-        from tokenizer.vq import VQTokenizer
+        from terra.tokenizer.vq import VQTokenizer
 
         return VQTokenizer.from_llamagen(path_str).to(device=device, dtype=dtype)
     return ImageTokenizer.from_pretrained(path_str, device=device, dtype=dtype)
@@ -246,13 +247,15 @@ def _resolve_folder(path: str) -> Path:
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / CONFIG_NAME).is_file():
-            raise InputError(f"tokenizer folder {local} has no {CONFIG_NAME}; pass a folder written by save_pretrained")
+            raise TerraInputError(f"tokenizer folder {local} has no {CONFIG_NAME}; pass a folder written by "
+                                  "save_pretrained")
         return local
     if local.exists():
-        raise InputError(f"tokenizer path {local} is a file; pass the folder holding {CONFIG_NAME} and {WEIGHTS_NAME}")
+        raise TerraInputError(f"tokenizer path {local} is a file; pass the folder holding {CONFIG_NAME} and "
+                              f"{WEIGHTS_NAME}")
     parts = path.strip("/").split("/")
     if len(parts) < 2 or path.startswith((".", "/", "~")):
-        raise InputError(f"tokenizer folder {path} does not exist; check the path")
+        raise TerraInputError(f"tokenizer folder {path} does not exist; check the path")
     repo_id, subfolder = "/".join(parts[:2]), "/".join(parts[2:]) or None
     try:
         from huggingface_hub import snapshot_download
@@ -260,13 +263,13 @@ def _resolve_folder(path: str) -> Path:
         patterns = [f"{subfolder}/*" if subfolder else "*"]
         root = Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as err:  # any Hub failure (no network, unknown repo) is the user's input to fix
-        raise InputError(
+        raise TerraInputError(
             f"tokenizer {path} is not a local folder and the Hub download failed ({type(err).__name__}); "
             "pass a local folder with config.json and model.safetensors"
         ) from None
     folder = root / subfolder if subfolder else root
     if not (folder / CONFIG_NAME).is_file():
-        raise InputError(f"Hub tokenizer {path} has no {CONFIG_NAME}; check the repository and subfolder")
+        raise TerraInputError(f"Hub tokenizer {path} has no {CONFIG_NAME}; check the repository and subfolder")
     return folder
 
 
@@ -274,16 +277,16 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"{path} cannot be read as JSON ({err}); fix or re-save the tokenizer") from None
+        raise TerraInputError(f"{path} cannot be read as JSON ({err}); fix or re-save the tokenizer") from None
     if not isinstance(config, dict):
-        raise InputError(f"{path} must hold a JSON object; re-save the tokenizer")
+        raise TerraInputError(f"{path} must hold a JSON object; re-save the tokenizer")
     return config
 
 
 def _class_for(config: Mapping[str, Any], source: Path) -> type[ImageTokenizer]:
     model_type = config.get("model_type")
     if model_type not in _REGISTRY:
-        raise InputError(
+        raise TerraInputError(
             f"{source}: model_type {model_type!r} is not a known tokenizer; use one of {sorted(_REGISTRY)}"
         )
     return _REGISTRY[model_type]
@@ -299,8 +302,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
                 return load_file(file)
             return torch.load(file, map_location="cpu", weights_only=True)
         except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
-            raise InputError(
+            raise TerraInputError(
                 f"tokenizer weights {file} cannot be read ({error_reason(err)}); the file is truncated or corrupt: "
                 "download or copy it again"
             ) from None
-    raise InputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")
+    raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")

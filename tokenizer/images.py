@@ -2,10 +2,10 @@
 
 Every frame is converted to RGB, fitted to the target size (tokenizer/resize.py: cover and centre-crop, or
 stretch), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than
-:data:`tokenizer.resize.MAX_UPSCALE`, e.g. a 1x1 image) are rejected, and so are images whose header claims
+:data:`terra.tokenizer.resize.MAX_UPSCALE`, e.g. a 1x1 image) are rejected, and so are images whose header claims
 more than :data:`MAX_PIXELS` pixels (checked before they are decoded). Only regular files are opened (a FIFO
 or a device would block forever). Folders and globs are read in sorted file-name order; with ``last_n`` only
-the frames kept are decoded. Bad input raises :class:`tokenizer.errors.InputError` naming the file and the fix.
+the frames kept are decoded. Bad input raises :class:`terra.core.errors.TerraInputError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from tokenizer.errors import InputError
-from tokenizer.resize import RESIZE_MODES, fit_frame
+from terra.core.errors import TerraInputError
+from terra.tokenizer.resize import RESIZE_MODES, fit_frame
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
@@ -54,12 +54,12 @@ def load_frames(
 ) -> np.ndarray:
     """Like :func:`load_images` but returns uint8 ``[N, H, W, 3]`` (compact, for training data)."""
     if last_n is not None and last_n < 1:
-        raise InputError(f"last_n must be at least 1 (got {last_n})")
+        raise TerraInputError(f"last_n must be at least 1 (got {last_n})")
     if resize not in RESIZE_MODES:
-        raise InputError(f"unknown resize mode {resize!r}; choose one of: {', '.join(RESIZE_MODES)}")
+        raise TerraInputError(f"unknown resize mode {resize!r}; choose one of: {', '.join(RESIZE_MODES)}")
     items = [sources] if isinstance(sources, (str, Path, np.ndarray, Image.Image)) else list(sources)
     if not items:
-        raise InputError("no images given; pass image files, a folder, a glob or a video file")
+        raise TerraInputError("no images given; pass image files, a folder, a glob or a video file")
     frames: deque[tuple[str, Image.Image | Path]] = deque(maxlen=last_n)  # image files are read once kept
     for item in items:
         frames.extend(_expand(item))
@@ -83,18 +83,18 @@ def _expand(item: Source) -> Iterator[tuple[str, Image.Image | Path]]:
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
-                raise InputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
+                raise TerraInputError(f"folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); check the folder")
             yield from ((str(file), file) for file in files)
         elif os.path.lexists(path):
             yield from _read_file(path)
         elif glob.has_magic(str(item)):
             files = sorted(Path(p) for p in glob.glob(str(path)) if not Path(p).is_dir())
             if not files:
-                raise InputError(f"pattern {item} matches no files; check the glob")
+                raise TerraInputError(f"pattern {item} matches no files; check the glob")
             for file in files:
                 yield from _read_file(file)
         else:
-            raise InputError(f"image path {item} does not exist; check the path")
+            raise TerraInputError(f"image path {item} does not exist; check the path")
 
 
 def _read_file(path: Path) -> Iterator[tuple[str, Image.Image | Path]]:
@@ -112,12 +112,12 @@ def _open_regular(path: Path) -> IO[bytes]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise InputError(f"image path {path} does not exist; check the path") from None
+        raise TerraInputError(f"image path {path} does not exist; check the path") from None
     except OSError as err:
-        raise InputError(f"{path} cannot be opened ({err.strerror}); check the path and its permissions") from None
+        raise TerraInputError(f"{path} cannot be opened ({err.strerror}); check the path and its permissions") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise InputError(f"{path} is not a regular file (a FIFO, device or socket); pass an image or video file")
+        raise TerraInputError(f"{path} is not a regular file (a FIFO, device or socket); pass an image or video file")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
@@ -131,13 +131,13 @@ def _read_image(path: Path) -> Image.Image:
                 with Image.open(fh) as image:
                     _check_pixels(image.width, image.height, str(path))
                     image.load()
-        except InputError:
+        except TerraInputError:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise InputError(f"{path} claims more than {MAX_PIXELS} pixels; pass camera frames, "
-                             "e.g. 1920x1080") from None
+            raise TerraInputError(f"{path} claims more than {MAX_PIXELS} pixels; pass camera frames, "
+                                  "e.g. 1920x1080") from None
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as err:
-            raise InputError(
+            raise TerraInputError(
                 f"{path} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
             ) from None
     return _to_rgb(image, str(path))
@@ -145,13 +145,13 @@ def _read_image(path: Path) -> Image.Image:
 
 def _check_pixels(width: int, height: int, source: str) -> None:
     if width * height > MAX_PIXELS:
-        raise InputError(f"{source} is {width}x{height} pixels, more than the {MAX_PIXELS} a frame may have; "
-                         "pass camera frames, e.g. 1920x1080")
+        raise TerraInputError(f"{source} is {width}x{height} pixels, more than the {MAX_PIXELS} a frame may have; "
+                              "pass camera frames, e.g. 1920x1080")
 
 
 def _to_rgb(image: Image.Image, source: str) -> Image.Image:
     if image.mode not in RGB_COMPATIBLE_MODES:
-        raise InputError(
+        raise TerraInputError(
             f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an 8-bit colour "
             "image; save it as an 8-bit RGB PNG or JPEG"
         )
@@ -162,9 +162,9 @@ def _from_array(array: np.ndarray) -> Iterable[Image.Image]:
     """uint8 ``[H, W, 3]`` or ``[N, H, W, 3]`` arrays (RGB)."""
     arr = array[None] if array.ndim == 3 else array
     if arr.ndim != 4 or arr.shape[-1] != 3:
-        raise InputError(f"image array of shape {list(array.shape)} is not RGB; give [H, W, 3] or [N, H, W, 3]")
+        raise TerraInputError(f"image array of shape {list(array.shape)} is not RGB; give [H, W, 3] or [N, H, W, 3]")
     if arr.dtype != np.uint8:
-        raise InputError(f"image array has dtype {arr.dtype}; give uint8 pixels in [0, 255]")
+        raise TerraInputError(f"image array has dtype {arr.dtype}; give uint8 pixels in [0, 255]")
     return [Image.fromarray(frame, "RGB") for frame in arr]
 
 
@@ -180,11 +180,11 @@ def _read_video(path: Path) -> Iterator[Image.Image]:
                 frame = np.repeat(frame[..., None], 3, axis=-1)
             count += 1
             yield Image.fromarray(np.ascontiguousarray(frame[..., :3]).astype(np.uint8), "RGB")
-    except InputError:
+    except TerraInputError:
         raise
     except (OSError, ValueError, RuntimeError, IndexError) as err:
-        raise InputError(
+        raise TerraInputError(
             f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or extracted frames"
         ) from None
     if count == 0:
-        raise InputError(f"video {path} has no frames; pass a video with at least one frame")
+        raise TerraInputError(f"video {path} has no frames; pass a video with at least one frame")

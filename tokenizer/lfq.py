@@ -25,10 +25,10 @@ from typing import Any, Mapping
 
 import torch
 
-from tokenizer.base import ImageTokenizer, TrainOutput
-from tokenizer.errors import InputError
-from tokenizer.lfq_quantizer import LookupFreeQuantizer
-from tokenizer.magvit2 import Decoder, Encoder
+from terra.core.errors import TerraInputError
+from terra.tokenizer.base import ImageTokenizer, TrainOutput
+from terra.tokenizer.lfq_quantizer import LookupFreeQuantizer
+from terra.tokenizer.magvit2 import Decoder, Encoder
 
 DEFAULT_IMAGE_SIZE = (288, 512)  # Terra's input size: 18x32 codes
 
@@ -93,14 +93,14 @@ def _network_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """``encoder_decoder_config`` checked, with integer sizes and Open-MAGVIT2's channel defaults filled in."""
     net = config.get("encoder_decoder_config")
     if not isinstance(net, dict):
-        raise InputError("LFQ tokenizer config lacks encoder_decoder_config; add it (see tokenizer/lfq.py)")
+        raise TerraInputError("LFQ tokenizer config lacks encoder_decoder_config; add it (see tokenizer/lfq.py)")
     missing = [k for k in ("ch", "ch_mult", "num_res_blocks", "z_channels") if k not in net]
     if missing:
-        raise InputError(f"encoder_decoder_config lacks {', '.join(missing)}; add them to config.json")
+        raise TerraInputError(f"encoder_decoder_config lacks {', '.join(missing)}; add them to config.json")
     out = {key: int(net.get(key, 3)) for key in ("ch", "num_res_blocks", "z_channels", "in_channels", "out_ch")}
     out["ch_mult"] = [int(m) for m in net["ch_mult"]]
     if not out["ch_mult"] or out["num_res_blocks"] < 1 or out["z_channels"] < 1:
-        raise InputError(
+        raise TerraInputError(
             f"encoder_decoder_config needs a non-empty ch_mult, num_res_blocks >= 1 and z_channels >= 1 (got "
             f"{out['ch_mult']}, {out['num_res_blocks']}, {out['z_channels']}); fix config.json"
         )
@@ -111,14 +111,14 @@ def _quantizer_config(config: Mapping[str, Any], z_channels: int) -> dict[str, A
     """``quantizer_config``, checked against the encoder's ``z_channels`` (one bit per channel)."""
     quant = config.get("quantizer_config") or {}
     if not isinstance(quant, dict):
-        raise InputError("quantizer_config must be a JSON object; fix config.json")
+        raise TerraInputError("quantizer_config must be a JSON object; fix config.json")
     if "dim" in quant and int(quant["dim"]) != z_channels:
-        raise InputError(
+        raise TerraInputError(
             f"quantizer_config.dim {quant['dim']} differs from encoder_decoder_config.z_channels {z_channels}; "
             "make them equal in config.json"
         )
     if "codebook_size" in quant and int(quant["codebook_size"]) != 2**z_channels:
-        raise InputError(
+        raise TerraInputError(
             f"quantizer_config.codebook_size {quant['codebook_size']} differs from 2**z_channels = "
             f"{2**z_channels}; fix config.json"
         )

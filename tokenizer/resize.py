@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageOps
 
-from tokenizer.errors import InputError
+from terra.core.errors import TerraInputError
 
 RESIZE_MODES = ("crop", "stretch")  # see fit_frame
 MAX_UPSCALE = 8.0  # larger enlargements (a 1x1 or thumbnail image) carry no usable scene
@@ -19,7 +19,7 @@ def fit_frame(
     height, width = image_size
     scale = max(width / frame.width, height / frame.height)
     if scale > MAX_UPSCALE:
-        raise InputError(
+        raise TerraInputError(
             f"{source} is {frame.width}x{frame.height} pixels, too small for {width}x{height} frames (it would be "
             f"enlarged {scale:.0f}x); pass frames of at least {-(-width // int(MAX_UPSCALE))}x"
             f"{-(-height // int(MAX_UPSCALE))} pixels, ideally {width}x{height}"

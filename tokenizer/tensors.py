@@ -2,7 +2,7 @@
 
 Weights (a world model's, the tokenizer's, the ACT-Estimator's) must be floating point where the model's are and
 finite; image codes (shards, tokenized clips) whole numbers inside the codebook; actions finite. A failure is one
-:class:`~tokenizer.errors.InputError` line naming the file and the tensor. The functions take torch tensors and
+:class:`~terra.core.errors.TerraInputError` line naming the file and the tensor. The functions take torch tensors and
 numpy arrays alike (torch is not imported here); large tensors are scanned in chunks, so no full-size temporary
 is made.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenizer.errors import InputError
+from terra.core.errors import TerraInputError
 
 CHUNK = 1 << 24  # elements scanned at a time
 
@@ -49,10 +49,10 @@ def check_floats(value: Any, where: str, fix: str) -> None:
     """Raise unless ``value`` is floating point and finite; ``where`` names the file and tensor, ``fix`` ends
     the line."""
     if not is_floating(value):
-        raise InputError(f"{where} holds {value.dtype} numbers where floating point is needed; {fix}")
+        raise TerraInputError(f"{where} holds {value.dtype} numbers where floating point is needed; {fix}")
     bad = count_non_finite(value)
     if bad:
-        raise InputError(f"{where} holds {bad} NaN or infinite value(s) of {_numel(value)}; {fix}")
+        raise TerraInputError(f"{where} holds {bad} NaN or infinite value(s) of {_numel(value)}; {fix}")
 
 
 def check_like(value: Any, model: Any, where: str, fix: str) -> None:
@@ -61,17 +61,18 @@ def check_like(value: Any, model: Any, where: str, fix: str) -> None:
     if is_floating(model):
         check_floats(value, where, fix)
     elif is_floating(value):
-        raise InputError(f"{where} holds {value.dtype} numbers where the model keeps {model.dtype} counts; {fix}")
+        raise TerraInputError(f"{where} holds {value.dtype} numbers where the model keeps {model.dtype} counts; {fix}")
 
 
 def check_codes(value: Any, where: str, codebook_size: int, fix: str) -> None:
     """Raise unless ``value`` holds whole numbers in ``[0, codebook_size)``."""
     if is_floating(value) or str(value.dtype) in ("bool", "torch.bool") or "complex" in str(value.dtype):
-        raise InputError(f"{where} holds {value.dtype} values where image codes (whole numbers) are needed; {fix}")
+        raise TerraInputError(f"{where} holds {value.dtype} values where image codes (whole numbers) are needed; {fix}")
     if _numel(value):
         low, high = int(value.min()), int(value.max())
         if low < 0 or high >= codebook_size:
-            raise InputError(f"{where} holds codes from {low} to {high}, outside the codebook [0, {codebook_size}); "
+            raise TerraInputError(f"{where} holds codes from {low} to {high}, outside the codebook [0, "
+                                  f"{codebook_size}); "
                              f"{fix}")
 
 

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from tokenizer.base import ImageTokenizer, TrainOutput
-from tokenizer.errors import InputError
-from tokenizer.modules import Decoder, Encoder
+from terra.core.errors import TerraInputError
+from terra.tokenizer.base import ImageTokenizer, TrainOutput
+from terra.tokenizer.modules import Decoder, Encoder
 
 VQ16_CONFIG: dict[str, Any] = {
     "codebook_size": 16384,
@@ -82,7 +82,7 @@ class VQTokenizer(ImageTokenizer):
         super().__init__({**VQ16_CONFIG, **dict(config)})
         c = self.config
         if len(c["encoder_ch_mult"]) != len(c["decoder_ch_mult"]):
-            raise InputError("encoder_ch_mult and decoder_ch_mult need the same length (same down/upsampling)")
+            raise TerraInputError("encoder_ch_mult and decoder_ch_mult need the same length (same down/upsampling)")
         for key in ("encoder_ch_mult", "decoder_ch_mult"):
             common = dict(ch=int(c["ch"]), ch_mult=list(c[key]), num_res_blocks=int(c["num_res_blocks"]),
                           z_channels=int(c["z_channels"]), dropout=float(c["dropout_p"]))
@@ -160,12 +160,12 @@ class VQTokenizer(ImageTokenizer):
             with torch.serialization.safe_globals([argparse.Namespace]):
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
-            raise InputError(f"{path} cannot be read as a torch checkpoint ({type(err).__name__}); "
+            raise TerraInputError(f"{path} cannot be read as a torch checkpoint ({type(err).__name__}); "
                                   "pass LlamaGen's vq_ds16_*.pt file") from None
         key = next((k for k in ("ema", "model", "state_dict") if isinstance(checkpoint, dict) and k in checkpoint), None)
         state_dict = checkpoint[key] if key else checkpoint
         if not isinstance(state_dict, dict) or not all(torch.is_tensor(v) for v in state_dict.values()):
-            raise InputError(f"{path} holds no state dict under ema, model or state_dict; "
+            raise TerraInputError(f"{path} holds no state dict under ema, model or state_dict; "
                                   "pass LlamaGen's original checkpoint")
         model = cls(config)
         model.load_weights(state_dict, source=str(path))

@@ -7,13 +7,13 @@ per sample on an H100 in Terra's code. Built from diffusers' modules (``UNetSpat
 conditioning path, the Euler sampler in Terra's dtypes, per-frame guidance, the names of ``refiner_model.pt`` and
 overlapping passes.
 
-    from decoder.refiner import load_refiner
+    from terra.decoder.refiner import load_refiner
     refiner = load_refiner("Terra/video_refiner/refiner_model.pt", device="cuda")   # bf16 on a GPU
     video = refiner.refine(codes, tokenizer, seed=0)   # codes [T, 18, 32] → video.frames uint8 [T, 384, 640, 3]
 
 Importing this package does not import diffusers; :func:`load_refiner` does. Modules: ``config`` (sizes,
 recipe, presets), ``plan`` (passes, guidance ramp, decoder windows), ``keys`` and ``checkpoint`` (the published
-file), ``sampler`` (one pass), ``model`` (:class:`~decoder.refiner.model.VideoRefiner`).
+file), ``sampler`` (one pass), ``model`` (:class:`~terra.decoder.refiner.model.VideoRefiner`).
 """
 
 from __future__ import annotations
@@ -23,36 +23,26 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from decoder.refiner.checkpoint import check_file
-from decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
-from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
-from tokenizer.errors import InputError
+from terra.decoder.refiner.checkpoint import check_file
+from terra.decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
+from terra.decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
+from terra.core.device import auto_dtype, check_device, resolve_device
+from terra.core.errors import TerraInputError
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
-__all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_device", "check_file", "decode_windows",
-           "guidance_scales", "load_refiner", "plan_passes", "preset", "refiner_device"]
-
-
-def refiner_device(device: str | torch.device | None) -> torch.device:
-    """``auto``/None → ``cuda`` when a GPU is visible, else ``cpu``; other names as given."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise InputError(f"refiner device {device!r} is not a device name; use auto, cpu, cuda or cuda:N") from None
+__all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_file", "check_refiner_device", "decode_windows",
+           "guidance_scales", "load_refiner", "plan_passes", "preset"]
 
 
-def check_device(config: RefinerConfig, device: torch.device, allow_cpu: bool = False) -> None:
-    """Refuse Terra's full-size refiner off a GPU (hours per video on a CPU) unless ``allow_cpu``."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"refiner device {device} asked for but no CUDA GPU is visible; use a GPU machine")
+def check_refiner_device(config: RefinerConfig, device: torch.device, allow_cpu: bool = False) -> None:
+    """Refuse Terra's full-size refiner off a GPU (hours per video on a CPU) unless ``allow_cpu``; ``device`` is
+    resolved (terra/core/device.py: whether it exists is checked there)."""
     if device.type != "cuda" and config.unet_channels == TERRA.unet_channels and not allow_cpu:
-        raise InputError(f"the video refiner at Terra's size needs a CUDA GPU (about 5 min per video on an H100 in "
-                         f"Terra's code; hours on {device.type}); run on a GPU, use decoding=framewise, or set "
-                         f"refiner.allow_cpu=true to run it here anyway")
+        raise TerraInputError("the video refiner at Terra's size needs a CUDA GPU (about 5 min per video on an H100 in "
+                              f"Terra's code; hours on {device.type}); run on a GPU, use decoding=framewise, or set "
+                              "refiner.allow_cpu=true to run it here anyway")
 
 
 def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra", device: str | None = "auto",
@@ -64,15 +54,14 @@ def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra",
     """
     config = preset(config) if isinstance(config, str) else config
     config.check()
-    device = refiner_device(device)
-    check_device(config, device, allow_cpu)
+    device = torch.device(resolve_device(check_device("auto" if device is None else str(device))))
+    check_refiner_device(config, device, allow_cpu)
     path = check_file(path)
-    if dtype in (None, "auto"):
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    elif isinstance(dtype, str):
+    if dtype is None or isinstance(dtype, str):
+        dtype = auto_dtype(device.type, dtype or "auto")
         if dtype not in ("float32", "bfloat16", "float16"):
-            raise InputError(f"refiner dtype {dtype!r} is unknown; use auto, bfloat16 or float32")
+            raise TerraInputError(f"refiner dtype {dtype!r} is unknown; use auto, bfloat16 or float32")
         dtype = getattr(torch, dtype)
-    from decoder.refiner.model import VideoRefiner  # diffusers is imported only here
+    from terra.decoder.refiner.model import VideoRefiner  # diffusers is imported only here
 
     return VideoRefiner.from_published(path, config, device, dtype)

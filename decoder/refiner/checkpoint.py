@@ -13,8 +13,8 @@ from typing import Mapping
 
 import torch
 
-from decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
-from tokenizer.errors import InputError, error_reason
+from terra.core.errors import TerraInputError, error_reason
+from terra.decoder.refiner.keys import CHECKED_PREFIXES, strip_wrapper
 
 DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing-motors/Terra "
                  "(`hf download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`)")
@@ -26,12 +26,13 @@ def check_file(path: str | os.PathLike) -> Path:
     if file.is_dir():
         candidate = file / "refiner_model.pt"
         if not candidate.is_file():
-            raise InputError(f"refiner folder {file} has no refiner_model.pt; pass the file, {DOWNLOAD_HINT}")
+            raise TerraInputError(f"refiner folder {file} has no refiner_model.pt; pass the file, {DOWNLOAD_HINT}")
         file = candidate
     if not file.is_file():
-        raise InputError(f"refiner weights {file} not found; download {DOWNLOAD_HINT}, or point refiner.path at it")
+        raise TerraInputError(f"refiner weights {file} not found; download {DOWNLOAD_HINT}, or point refiner.path "
+                              "at it")
     if file.stat().st_size == 0:
-        raise InputError(f"refiner weights {file} are empty; download {DOWNLOAD_HINT} again")
+        raise TerraInputError(f"refiner weights {file} are empty; download {DOWNLOAD_HINT} again")
     return file
 
 
@@ -41,12 +42,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         data = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # truncated zip, foreign pickle, ... : torch raises many types
-        raise InputError(f"refiner weights {file} cannot be read ({error_reason(err)}); the file is truncated, "
-                         f"corrupt or not a PyTorch checkpoint: download {DOWNLOAD_HINT} again") from None
+        raise TerraInputError(f"refiner weights {file} cannot be read ({error_reason(err)}); the file is truncated, "
+                              f"corrupt or not a PyTorch checkpoint: download {DOWNLOAD_HINT} again") from None
     if not isinstance(data, dict) or not isinstance(data.get("module"), dict):
         keys = sorted(data)[:5] if isinstance(data, dict) else type(data).__name__
-        raise InputError(f"{file} is not Terra's video refiner: it holds {keys}, not a {{'module': state_dict}} "
-                         f"checkpoint; download {DOWNLOAD_HINT}")
+        raise TerraInputError(f"{file} is not Terra's video refiner: it holds {keys}, not a {{'module': state_dict}} "
+                              f"checkpoint; download {DOWNLOAD_HINT}")
     return strip_wrapper(data["module"])
 
 
@@ -58,15 +59,16 @@ def match_tensors(state_dict: Mapping[str, torch.Tensor], table: Mapping[str, tu
     missing = sorted(set(table) - set(ours))
     unexpected = sorted(set(ours) - set(table))
     if len(missing) == len(table):
-        raise InputError(f"{source} is not Terra's video refiner: none of its {len(state_dict)} tensors is one of the "
-                         f"refiner's {len(table)} (e.g. it has {sorted(state_dict)[:2]}); download {DOWNLOAD_HINT}")
+        raise TerraInputError(f"{source} is not Terra's video refiner: none of its {len(state_dict)} tensors is one "
+                              f"of the refiner's {len(table)} (e.g. it has {sorted(state_dict)[:2]}); download "
+                              f"{DOWNLOAD_HINT}")
     if missing or unexpected:
-        raise InputError(f"{source} does not match the refiner's architecture: {len(missing)} tensors missing "
-                         f"(e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]}); it is another "
-                         "model or the refiner preset is wrong (refiner.preset=terra for Terra's file)")
+        raise TerraInputError(f"{source} does not match the refiner's architecture: {len(missing)} tensors missing "
+                              f"(e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]}); it is "
+                              "another model or the refiner preset is wrong (refiner.preset=terra for Terra's file)")
     bad = [k for k, (_, shape) in table.items() if tuple(ours[k].shape) != shape]
     if bad:
         k = bad[0]
-        raise InputError(f"{source}: {len(bad)} tensors have other shapes than the refiner's architecture (e.g. {k}: "
-                         f"{list(ours[k].shape)}, expected {list(table[k][1])}); check refiner.preset")
+        raise TerraInputError(f"{source}: {len(bad)} tensors have other shapes than the refiner's architecture (e.g. "
+                              f"{k}: {list(ours[k].shape)}, expected {list(table[k][1])}); check refiner.preset")
     return {name: ours[published] for published, (name, _) in table.items()}

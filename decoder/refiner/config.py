@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizer.errors import InputError
+from terra.core.errors import TerraInputError
 
 GUIDANCE_MODES = ("published", "zero_frames")
 ARITHMETIC_MODES = ("published", "float32")
@@ -79,33 +79,37 @@ class RefinerConfig:
         return self.height // factor, self.width // factor
 
     def replace(self, **changes: Any) -> "RefinerConfig":
-        """A copy with ``changes`` applied and checked (unknown names raise :class:`InputError`)."""
+        """A copy with ``changes`` applied and checked (unknown names raise :class:`TerraInputError`)."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise InputError(f"unknown refiner settings {unknown}; known: {sorted(known)}")
+            raise TerraInputError(f"unknown refiner settings {unknown}; known: {sorted(known)}")
         config = dataclasses.replace(self, **changes)
         config.check()
         return config
 
     def check(self) -> None:
-        """Raise :class:`InputError` (one line) on settings the refiner cannot run with."""
+        """Raise :class:`TerraInputError` (one line) on settings the refiner cannot run with."""
         factor = 2 ** (len(self.vae_channels) - 1) * 2 ** (len(self.unet_channels) - 1)
         if self.height % factor or self.width % factor:
-            raise InputError(f"refiner size {self.height}x{self.width} must be a multiple of {factor} "
-                             f"(autoencoder and UNet downsampling); e.g. 384x640")
+            raise TerraInputError(f"refiner size {self.height}x{self.width} must be a multiple of {factor} "
+                                  f"(autoencoder and UNet downsampling); e.g. 384x640")
         for name in ("num_frames", "num_steps", "decode_frames", "decode_batch"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InputError(f"refiner.{name} must be a whole number of at least 1 (got {getattr(self, name)!r})")
+                raise TerraInputError(f"refiner.{name} must be a whole number of at least 1 (got "
+                                      f"{getattr(self, name)!r})")
         if not 0 <= self.min_overlap < self.num_frames:
-            raise InputError(f"refiner.min_overlap={self.min_overlap} must be at least 0 and below the "
-                             f"{self.num_frames} frames of a pass; Terra uses 3")
+            raise TerraInputError(f"refiner.min_overlap={self.min_overlap} must be at least 0 and below the "
+                                  f"{self.num_frames} frames of a pass; Terra uses 3")
         if self.guidance not in GUIDANCE_MODES:
-            raise InputError(f"refiner.guidance {self.guidance!r} is unknown; choose one of {list(GUIDANCE_MODES)}")
+            raise TerraInputError(f"refiner.guidance {self.guidance!r} is unknown; choose one of "
+                                  f"{list(GUIDANCE_MODES)}")
         if self.arithmetic not in ARITHMETIC_MODES:
-            raise InputError(f"refiner.arithmetic {self.arithmetic!r} is unknown; choose one of {list(ARITHMETIC_MODES)}")
+            raise TerraInputError(f"refiner.arithmetic {self.arithmetic!r} is unknown; choose one of "
+                                  f"{list(ARITHMETIC_MODES)}")
         if not 0 < self.sigma_min < self.sigma_max:
-            raise InputError(f"refiner sigmas need 0 < sigma_min < sigma_max (got {self.sigma_min}, {self.sigma_max})")
+            raise TerraInputError(f"refiner sigmas need 0 < sigma_min < sigma_max (got {self.sigma_min}, "
+                                  f"{self.sigma_max})")
 
     def unet_kwargs(self) -> dict[str, Any]:
         """Arguments of ``diffusers.UNetSpatioTemporalConditionModel`` for these sizes."""
@@ -146,7 +150,7 @@ PRESETS = {"terra": TERRA, "tiny": TINY}
 
 
 def preset(name: str) -> RefinerConfig:
-    """The named preset (``terra`` | ``tiny``); an unknown name raises :class:`InputError`."""
+    """The named preset (``terra`` | ``tiny``); an unknown name raises :class:`TerraInputError`."""
     if name not in PRESETS:
-        raise InputError(f"unknown refiner preset {name!r}; choose one of {sorted(PRESETS)}")
+        raise TerraInputError(f"unknown refiner preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name]

@@ -1,6 +1,6 @@
 """Tensor names of Terra's ``refiner_model.pt`` (SVD / Vista layout) ↔ the diffusers modules of the refiner.
 
-:class:`decoder.refiner.model.VideoRefiner` holds four parts; each maps to a prefix of the published state dict:
+:class:`terra.decoder.refiner.model.VideoRefiner` holds four parts; each maps to a prefix of the published state dict:
 
 =========================  ========================================  ===========================================
 part (diffusers class)     published prefix                          published module
@@ -28,7 +28,7 @@ from typing import Mapping
 
 import torch
 
-from decoder.refiner.config import RefinerConfig
+from terra.decoder.refiner.config import RefinerConfig
 
 PREFIXES = {
     "unet": "model.diffusion_model.",
@@ -122,7 +122,7 @@ def vae_name(name: str, config: RefinerConfig) -> str:
 
 
 def published_name(name: str, config: RefinerConfig) -> str:
-    """A state-dict name of :class:`~decoder.refiner.model.VideoRefiner` → its name in ``refiner_model.pt``."""
+    """A state-dict name of :class:`~terra.decoder.refiner.model.VideoRefiner` → its name in ``refiner_model.pt``."""
     part, rest = name.split(".", 1)
     if part == "unet":
         return PREFIXES[part] + unet_name(rest, config)

@@ -3,7 +3,7 @@
 One refinement (Terra's ``video_refiner_decode``): the codes of every frame are decoded by the image tokenizer,
 resized to the refiner's size and clamped to [-1, 1]; the conditioning encoder (SD's autoencoder, distribution
 mode, unscaled) turns each frame into a latent that is concatenated to the noisy latent (8 UNet input channels).
-Each pass of ``num_frames`` frames is sampled by :mod:`decoder.refiner.sampler`; frames repeated by the next
+Each pass of ``num_frames`` frames is sampled by :mod:`terra.decoder.refiner.sampler`; frames repeated by the next
 pass are dropped; the temporal autoencoder decodes the joined latents (divided by ``scale_factor``) to frames.
 The temporal decoder runs in float32, as the published first stage (never cast to bf16); the UNet and the
 conditioning encoder run in the refiner's dtype (bf16 on a GPU).
@@ -25,14 +25,14 @@ from diffusers.models.embeddings import TimestepEmbedding
 from diffusers.models.unets.unet_3d_blocks import MidBlockTemporalDecoder
 from torch import nn
 
-from decoder.frames import images_to_uint8
-from decoder.refiner.checkpoint import match_tensors, read_state_dict
-from decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, RefinerConfig
-from decoder.refiner.keys import WRAPPER_PREFIX, key_table
-from decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
-from decoder.refiner.sampler import sample_pass
-from tokenizer.atomic import atomic_path
-from tokenizer.base import ImageTokenizer
+from terra.core.atomic import atomic_path
+from terra.decoder.frames import images_to_uint8
+from terra.decoder.refiner.checkpoint import match_tensors, read_state_dict
+from terra.decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, RefinerConfig
+from terra.decoder.refiner.keys import WRAPPER_PREFIX, key_table
+from terra.decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
+from terra.decoder.refiner.sampler import sample_pass
+from terra.tokenizer.base import ImageTokenizer
 
 
 @dataclass
@@ -44,7 +44,7 @@ class RefinedVideo:
 
 
 class VideoRefiner(nn.Module):
-    """The refiner's networks (see :mod:`decoder.refiner.keys` for their published names) and its sampling."""
+    """The refiner's networks (see :mod:`terra.decoder.refiner.keys` for their published names) and its sampling."""
 
     def __init__(self, config: RefinerConfig) -> None:
         super().__init__()

@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from tqdm.auto import tqdm
 
-from decoder.refiner.config import RefinerConfig
+from terra.decoder.refiner.config import RefinerConfig
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -9,8 +9,8 @@ from typing import Sequence
 import yaml
 
 from bench.parts import PARTS
-from terra.config.checks import TerraInputError
-from terra.generation.backends import resolve_device
+from terra.core.device import resolve_device
+from terra.core.errors import TerraInputError
 
 # Engine arguments set from flags of their own (bench/backends.py engine_settings); --engine-arg sets any other,
 # the parts' own kv_cache_dtype and enforce_eager included.

@@ -11,14 +11,14 @@ import torch
 from bench.models import read_config
 from bench.parts import SAMPLING
 from bench.rollouts import make_requests, timed_generate
-from decoder import write_video
+from terra.decoder import write_video
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, WorldModelBackend
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline, check_compatible
-from tokenizer import ImageTokenizer, LFQTokenizer, load_tokenizer
-from tokenizer.lfq import TERRA_CONFIG
+from terra.tokenizer import ImageTokenizer, LFQTokenizer, load_tokenizer
+from terra.tokenizer.lfq import TERRA_CONFIG
 
 
 def make_tokenizer(args: argparse.Namespace) -> ImageTokenizer:

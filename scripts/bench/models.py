@@ -11,10 +11,10 @@ from pathlib import Path
 
 from transformers import AutoConfig, LlamaConfig
 
+from terra.core.atomic import json_text, write_text
 from terra.generation.layout import TokenLayout
 from terra.models.configuration_llama_action import LlamaActionConfig
 from terra.models.presets import TERRA, TINY, with_window
-from tokenizer.atomic import json_text, write_text
 
 # --tiny: TINY with Terra's 25-frame window, so the default frame counts fit one window as they do for Terra.
 TINY_TERRA_WINDOW = with_window(TINY, TERRA["num_temporal_embeddings"])

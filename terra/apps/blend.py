@@ -1,10 +1,10 @@
-"""``python scripts/blend_world_models.py``: a fine-tune blended with its starting checkpoint (terra/training/blend.py).
+"""``terra-blend``: a fine-tune blended with its starting checkpoint (terra/training/blend.py).
 
-    python scripts/blend_world_models.py base=terra/assets/demo/world_model tuned=runs/left_hand/full_mix/model \
+    terra-blend base=terra/assets/demo/world_model tuned=runs/left_hand/full_mix/model \
         weight=0.8 output_dir=runs/left_hand/full_mix/blend80
 
 The blend loads wherever a world model does (``model.world_model=<output_dir>`` in ``terra-generate``, batch,
-sessions and the server, ``scripts/evaluate.py``). It ends as every Hydra app does (terra/apps/runner.py): a bad
+sessions and the server, ``terra-evaluate``). It ends as every Hydra app does (terra/apps/runner.py): a bad
 setting, or two models that are not one architecture, is one line and exit code 2 with nothing written.
 """
 
@@ -13,17 +13,16 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.training.blend import blend_spec
 
-COMMAND = "python scripts/blend_world_models.py"
-PROG = "blend_world_models"
+PROG = "terra-blend"  # the console script, named in error lines
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="blend_world_models", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    check_added_settings(COMMAND)
+    check_added_settings(PROG)
     spec = blend_spec(cfg)  # checked once: no torch yet, nothing written
     from terra.training.blend import blend
 
@@ -32,10 +31,7 @@ def _main(cfg: DictConfig) -> None:
           f"{spec.base} + {spec.weight:g} x ({spec.tuned} - {spec.base}), {spec.dtype}")
 
 
-def main() -> None:
-    """Entry point of the script (:data:`COMMAND`, named in error lines); how it ends is terra/apps/runner.py's
-    ``run_app``."""
-    run_app(_main, PROG, COMMAND)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="drive", version_base=None)
@@ -38,9 +38,7 @@ def _main(cfg: DictConfig) -> None:
     sys.exit(outcome.exit_code)
 
 
-def main() -> None:
-    """Console-script entry point; how it ends is terra/apps/runner.py's run_app."""
-    run_app(_main, "terra-drive")
+main = console_script(_main, "terra-drive")
 
 
 if __name__ == "__main__":

@@ -21,18 +21,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, task
-from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, TerraInputError, check_settings, select
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, select
 from terra.config.files import check_context_paths
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, check_window, run_spec
+from terra.core.errors import TerraInputError
+from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
 
 SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_num_frames
     "num_frames": Range(1, 2**62, 16, whole=True),
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
-    "seed": Range(0, MAX_SEED, 0, whole=True),
+    "seed": SEED,
 }
 
 
@@ -83,7 +85,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                   ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
                                   ("refiner weights", spec.run.refiner.get("path"))])
 
-    from terra.generation.backends import resolve_spec, set_torch_threads
+    from terra.core.device import set_threads
+    from terra.generation.backends import resolve_spec
     from terra.generation.rollout import DecodeStats
     from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
     from terra.models.checkpoint import read_world_model_config
@@ -91,10 +94,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from terra.pipeline import WorldModelPipeline
     from terra.refiner import check_decoding
     from terra.sim import builtin_context
-    from tokenizer import load_tokenizer
+    from terra.tokenizer import load_tokenizer
 
     # 2. the engine, the window, the tokenizer, the context frames and the trajectory
-    set_torch_threads(spec.run.num_threads)
+    set_threads(spec.run.num_threads)
     run_settings = resolve_spec(spec.run, spec.num_samples)  # device, backend (and vLLM's decoding) chosen once
     refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
     config = read_world_model_config(run_settings.world_model)
@@ -154,16 +157,6 @@ def _is_empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
 
 
-def _missing_folders(path: Path) -> list[Path]:
-    """``path`` and its parents that do not exist yet, deepest first (what a run may create and must remove)."""
-    missing = []
-    path = path.expanduser().absolute()
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
 def _remove_empty_run_dir(hydra_dir: Path) -> None:
     """Remove Hydra's run folder when nothing was written there, with its empty parents below the working
     directory (``outputs/<date>/<time>`` → nothing left of ``outputs/``)."""
@@ -184,16 +177,14 @@ def _remove_empty_run_dir(hydra_dir: Path) -> None:
 def _main(cfg: DictConfig) -> None:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     out_dir = Path(str(cfg.output.dir)).expanduser() if cfg.output.dir else hydra_dir
-    created = _missing_folders(out_dir)
+    created = missing_folders(out_dir)
     try:
         check_added_settings("terra-generate", allowed=("backend.options.",))
         summary = run(cfg, out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
             unmark_unused(out_dir)  # the files of a failed run are gone; so goes the marker that lists them
-            for folder in created:
-                if _is_empty_dir(folder):
-                    folder.rmdir()
+            remove_empty_folders(created)
             _remove_empty_run_dir(hydra_dir)
         raise
     _remove_empty_run_dir(hydra_dir)

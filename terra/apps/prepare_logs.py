@@ -1,12 +1,12 @@
-"""``python scripts/prepare_driving_logs.py``: a folder of driving clips → tokenized training shards.
+"""``terra-prepare-logs``: a folder of driving clips → tokenized training shards.
 
-    python scripts/prepare_driving_logs.py logs=/data/drives output_dir=data/shards
-    python scripts/prepare_driving_logs.py logs=/data/drives output_dir=data/terra_shards \
+    terra-prepare-logs logs=/data/drives output_dir=data/shards
+    terra-prepare-logs logs=/data/drives output_dir=data/terra_shards \
         model=terra_v1 terra_root=/data/Terra device=cuda batch_size=128
 
 ``model=terra_v1`` / ``terra_v2`` with ``terra_root`` picks the tokenizer that world model was trained with, as
 in ``terra-generate``; ``tokenizer=...`` / ``tokenizer.path=...`` name one directly (default: the demo
-tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/training/driving_logs.py's;
+tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/inputs/driving_logs.py's;
 the shard format terra/training/shards.py's. Rerunning the same command resumes: clips already in
 ``index.json`` are skipped. A clip that cannot be used is one line on stderr and the run goes on.
 
@@ -22,13 +22,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.checks import TerraInputError
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.core.errors import TerraInputError
 from terra.training.prepare import prepare_spec
 from terra.training.shards import INDEX_FILE
 
-COMMAND = "python scripts/prepare_driving_logs.py"
-PROG = "prepare_driving_logs"
+PROG = "terra-prepare-logs"  # the console script, named in error lines
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_driving_logs", version_base=None)
@@ -37,15 +36,15 @@ def _main(cfg: DictConfig) -> None:
     """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
     (4) tokenize them and write the shards; (5) the summary."""
     # 1. the settings, checked once: no torch yet, nothing written
-    check_added_settings(COMMAND)
+    check_added_settings(PROG)
     spec = prepare_spec(cfg)
     with spec.output.hold(INDEX_FILE):  # one run into this folder at a time: a second one stops here
         # 2. the tokenizer, on the device chosen once, and the index it must match
         from tqdm import tqdm
 
-        from terra.generation.backends import resolve_device
+        from terra.core.device import resolve_device
+        from terra.tokenizer import load_tokenizer
         from terra.training.prepare import assign_splits, open_index, prepare_shards
-        from tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index = open_index(spec, tokenizer)
@@ -68,10 +67,7 @@ def _main(cfg: DictConfig) -> None:
         raise TerraInputError(f"no clip of logs={spec.logs} could be used; the lines above say why")
 
 
-def main() -> None:
-    """Entry point of the script (:data:`COMMAND`, named in error lines); how it ends is terra/apps/runner.py's
-    ``run_app``."""
-    run_app(_main, PROG, COMMAND)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

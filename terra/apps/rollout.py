@@ -1,5 +1,5 @@
 """``terra-rollout``: batch rollouts from a JSONL of samples (ACT-Bench or Terra's format) → videos, sidecars and
-a manifest (``python scripts/rollout.py`` runs the same app).
+a manifest.
 
     terra-rollout samples=samples.jsonl output.dir=out/run1 num_frames=16
     terra-rollout samples=act_bench.jsonl image_root=/data/nuscenes output.naming=actbench \
@@ -20,7 +20,7 @@ It ends as every Hydra app does (terra/apps/runner.py): a user error is one line
 one line and exit code 1 (the traceback under ``--verbose``), and Ctrl-C or SIGTERM stop the engine, keep the
 samples finished so far with their manifest records and exit 130 / 143 (a rerun resumes). The settings are
 checked once, before torch is imported (terra/batch/config.py), and the output folder is locked once, before
-any work (terra/config/lock.py): a second run into it fails at once, naming the first.
+any work (terra/core/lock.py): a second run into it fails at once, naming the first.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.batch.config import check_config, config_from_omegaconf
 
-COMMAND = "terra-rollout"  # how users start it; scripts/rollout.py passes its own
-_command = COMMAND
+PROG = "terra-rollout"  # the console script, named in error lines
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="rollout", version_base=None)
@@ -43,7 +42,7 @@ _command = COMMAND
 def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once; (2) the output folder's lock, taken once; (3) plan, generate and write;
     (4) the summary. Exit code as in the module docstring."""
-    check_added_settings(_command, allowed=("backend.options.", "ray.runtime_env."))
+    check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."))
     config = config_from_omegaconf(cfg)
     output = check_config(config)  # no torch yet: a bad setting is one line in about a second
     quiet = not sys.stderr.isatty()  # no progress bars in logs: stderr holds one line per failure only
@@ -53,23 +52,18 @@ def _main(cfg: DictConfig) -> None:
         from terra.batch.run import run_locked  # torch and the models
 
         result = run_locked(config)
-    print(f"rollout: {result.summary_line()}")
+    print(f"{PROG}: {result.summary_line()}")
     if result.decoding is not None:
         decoding, stats = result.decoding
-        print(f"rollout: {decoding} decoding: {stats.line()}")
+        print(f"{PROG}: {decoding} decoding: {stats.line()}")
     for actor, counts in result.per_actor.items():
         where = "CPU" if counts["gpus"] == "cpu" else f"GPU {counts['gpus']}"
-        print(f"rollout: actor {actor} on {counts['node']} ({where}): {counts['ok']} succeeded, {counts['failed']} "
+        print(f"{PROG}: actor {actor} on {counts['node']} ({where}): {counts['ok']} succeeded, {counts['failed']} "
               f"failed, {counts['retried']} of them after a retry")
     sys.exit(result.exit_code)
 
 
-def main(command: str = COMMAND) -> None:
-    """Console-script entry point (``terra-rollout``; ``command`` is how the user started it, named in error
-    lines); how it ends is terra/apps/runner.py's ``run_app``."""
-    global _command
-    _command = command
-    run_app(_main, "rollout", command)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

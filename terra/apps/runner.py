@@ -41,8 +41,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import terra.conf
 from terra.config.assets import ASSETS
-from terra.config.checks import TerraInputError
 from terra.config.snapshot import snapshot_folder
+from terra.core.errors import TerraInputError
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
@@ -135,13 +135,23 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
     return wrapper
 
 
-def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> None:
+def console_script(app: Callable[[], None], prog: str) -> Callable[[], None]:
+    """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
+    function ``app``: it runs :func:`run_app`, which says how the app ends."""
+
+    def main() -> None:
+        run_app(app, prog)
+
+    main.__doc__ = f"``{prog}``: runs the app and ends as terra/apps/runner.py's ``run_app`` says."
+    return main
+
+
+def run_app(app: Callable[[], None], prog: str) -> None:
     """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
     docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
-    or ``<prog>: internal error: ...`` (exit 1). ``command`` is how users start the app (default ``prog``);
+    or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
     or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error."""
-    command = command or prog
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
     if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
@@ -163,7 +173,7 @@ def run_app(app: Callable[[], None], prog: str, command: str | None = None) -> N
     finally:
         signal.signal(signal.SIGTERM, previous)
     if isinstance(error, (HydraException, OmegaConfBaseException)) and not user_wants_traces:
-        print(f"{prog}: error: {_hydra_message(error, command)}; see {command} --help", file=sys.stderr)
+        print(f"{prog}: error: {_hydra_message(error, prog)}; see {prog} --help", file=sys.stderr)
         sys.exit(2)
     if isinstance(error, TerraInputError):
         print(f"{prog}: error: {error}", file=sys.stderr)

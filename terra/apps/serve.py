@@ -18,9 +18,9 @@ import hydra
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
-from terra.config.checks import TerraInputError
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.config.spec import RunSpec, check_window, run_spec
+from terra.core.errors import TerraInputError
 from terra.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -66,13 +66,14 @@ def bind(settings: ServeSettings) -> socket.socket:
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
     """(1) the window and the pipeline, (2) the session service, for checked settings."""
     # torch, Transformers and FastAPI load only once the settings are known to be good
-    from terra.generation.backends import resolve_spec, set_torch_threads
+    from terra.core.device import set_threads
+    from terra.generation.backends import resolve_spec
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
     from terra.serve.service import SessionService
     from terra.session import SessionHost
 
-    set_torch_threads(spec.num_threads)
+    set_threads(spec.num_threads)
     spec = resolve_spec(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
     config = read_world_model_config(spec.world_model)
     check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
@@ -109,9 +110,7 @@ def _main(cfg: DictConfig) -> None:
         serve(load_service(spec, settings), sock)
 
 
-def main() -> None:
-    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
-    run_app(_main, "terra-serve")
+main = console_script(_main, "terra-serve")
 
 
 if __name__ == "__main__":

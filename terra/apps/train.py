@@ -1,9 +1,9 @@
-"""``python scripts/train_world_model.py``: train a world model, or fine-tune Terra (full or LoRA) on tokenized
+"""``terra-train``: train a world model, or fine-tune Terra (full or LoRA) on tokenized
 driving logs, on one process or under ``torchrun`` (README, "Fine-tuning on your own drives").
 
-    python scripts/train_world_model.py data.tokens=data/tokens.safetensors output_dir=runs/wm
-    python scripts/train_world_model.py model=terra_v1 terra_root=/data/Terra data.tokens=shards/ finetune=lora
-    torchrun --nproc_per_node=8 scripts/train_world_model.py init=/data/Terra/world_model data.tokens=shards/
+    terra-train data.tokens=data/tokens.safetensors output_dir=runs/wm
+    terra-train model=terra_v1 terra_root=/data/Terra data.tokens=shards/ finetune=lora
+    torchrun --nproc_per_node=8 -m terra.apps.train init=/data/Terra/world_model data.tokens=shards/
 
 A thin Hydra wrapper (conf/train_world_model.yaml) around :mod:`terra.training`, which documents the data, the
 objective, the checkpoints and the export. It ends as every Hydra app does (terra/apps/runner.py): a bad setting
@@ -15,16 +15,16 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 
-COMMAND = "python scripts/train_world_model.py"
+PROG = "terra-train"  # the console script, named in error lines (under torchrun: -m terra.apps.train)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train_world_model", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once; (2) train, checkpoint and export (terra/training/run.py)."""
-    check_added_settings(COMMAND)
+    check_added_settings(PROG)
     from terra.training.settings import train_spec
 
     spec = train_spec(cfg)  # no torch yet: a bad setting is one line in about a second
@@ -33,9 +33,7 @@ def _main(cfg: DictConfig) -> None:
     train(spec)
 
 
-def main(command: str = COMMAND) -> None:
-    """Entry point; ``command`` is how the user started it, named in error lines."""
-    run_app(_main, "train_world_model", command)
+main = console_script(_main, PROG)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Batch rollouts: a JSONL of samples → one video (+ JSON sidecar) per sample, resumable, sharded, on Ray.
 
-The Python API behind ``scripts/rollout.py``; notebooks call it directly::
+The Python API behind ``terra-rollout``; notebooks call it directly::
 
     from terra.batch import BatchConfig, run_batch
     result = run_batch(BatchConfig(samples="samples.jsonl", output_dir="out", backend="hf", num_frames=16))
@@ -38,7 +38,7 @@ Outputs (under ``output_dir``)
   so integer sample ids are needed and ``num_frames`` must leave at least 44 frames (it scores the last 44:
   ``num_frames=44`` with 3 context frames); overlays stay off for scoring. ``png`` writes a folder
   ``<stem>_frames/``.
-* Sidecar: ``sidecar_pattern`` (default ``{sample_id}.json``), :func:`decoder.write_sidecar` plus a ``batch``
+* Sidecar: ``sidecar_pattern`` (default ``{sample_id}.json``), :func:`terra.decoder.write_sidecar` plus a ``batch``
   block (fingerprint of the sample and the generation settings). It is written last: a sample is complete when
   its sidecar exists, carries the same fingerprint and every file it lists exists. All writes are atomic
   (temporary file + rename); temporary files left by a killed run are removed when the sample is planned again.
@@ -51,7 +51,7 @@ Outputs (under ``output_dir``)
   pass; the sidecar has the same block). ``<manifest stem>.summary.json`` holds the counts and the run's
   ``decoding`` figures summed over its samples. Malformed lines are recorded as failed with stage ``parse``
   (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
-* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.config.lock`): a second run of the
+* While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.core.lock`): a second run of the
   same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples
   finished so far with their records and leaves no partial file; rerunning finishes it.
 
@@ -89,7 +89,7 @@ import sys
 import types
 from typing import Any
 
-# The names load on first use, so ``terra.batch.config`` (and scripts/rollout.py's checks) import no torch.
+# The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
     "BatchConfig": "terra.batch.config",
     "DEMO": "terra.batch.config",

@@ -16,18 +16,20 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from decoder.writers import MAX_FPS, MIN_FPS
 from terra.batch.ray_settings import check_executor, removed_setting
-from terra.config.backend import DTYPES, check_backend, check_device
-from terra.config.checks import MAX_FRAMES, MAX_SEED, Range, TerraInputError, check_choice, check_flag, shown
+from terra.config.backend import DTYPES, check_backend
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, check_decoding_name
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
+from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.trajectory import MANOEUVRES
-from tokenizer.resize import RESIZE_MODES
+from terra.tokenizer.resize import RESIZE_MODES
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {
@@ -41,7 +43,7 @@ RANGES = {
     "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
     "num_context": ("num_context", Range(1, MAX_FRAMES, 3, whole=True)),
     "overlap": ("model.overlap", Range(1, MAX_FRAMES, 3, whole=True)),
-    "seed": ("seed", Range(0, MAX_SEED, 0, whole=True)),
+    "seed": ("seed", SEED),
     "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
     "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
     "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
@@ -57,7 +59,7 @@ SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"]
 
 @dataclass
 class BatchConfig:
-    """Everything a batch run needs; ``scripts/rollout.py`` builds it from ``conf/rollout.yaml``."""
+    """Everything a batch run needs; ``terra-rollout`` builds it from ``conf/rollout.yaml``."""
 
     samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
     output_dir: str

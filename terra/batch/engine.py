@@ -1,7 +1,7 @@
 """What one engine does per sample: prepare (load, encode, actions), then decode and write once generated.
 
-:func:`build_pipeline` loads the tokenizer and world model of a run; :func:`_prepare` turns a sample into a
-rollout request; :class:`_Writer` decodes each finished rollout and writes its files on ``writer_threads``
+:func:`build_pipeline` loads the tokenizer and world model of a run; :func:`prepare_sample` turns a sample into a
+rollout request; :class:`SampleWriter` decodes each finished rollout and writes its files on ``writer_threads``
 threads. The loop that keeps the engine full between the two is terra/batch/stream.py.
 """
 
@@ -16,27 +16,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
-from decoder import write_sidecar
 from terra.batch.concurrency import engine_options
 from terra.batch.config import BatchConfig
-from terra.batch.manifest import error_line, sample_record
+from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
 from terra.batch.samples import context_paths, sample_actions
 from terra.config.sampling import SamplingConfig
+from terra.config.spec import RunSpec
+from terra.core.atomic import atomic_path
+from terra.decoder import write_sidecar
 from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.inputs.context import load_context
 from terra.inputs.requests import rollout_requests
 from terra.models import LlamaActionConfig
-from terra.config.spec import RunSpec
-from terra.pipeline import WorldModelPipeline
 from terra.outputs import shown_frames, write_formats
-from tokenizer import ImageTokenizer
-from tokenizer.atomic import atomic_path
+from terra.pipeline import WorldModelPipeline
+from terra.tokenizer import ImageTokenizer
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 SIDECAR_VERSION = 1  # of the sidecar's "batch" block
 
@@ -53,14 +52,8 @@ def build_pipeline(config: BatchConfig, spec: RunSpec, model_config: LlamaAction
     return WorldModelPipeline.from_spec(spec, tokenizer, model_config)
 
 
-def set_threads(config: BatchConfig) -> None:
-    """Apply ``config.num_threads`` to torch's CPU thread pool (None: leave torch's default)."""
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-
-
 @dataclass
-class _Prepared:
+class PreparedSample:
     """A sample ready to generate: its request and what its sidecar and overlays need."""
 
     item: Item
@@ -71,7 +64,7 @@ class _Prepared:
     started: float  # perf_counter when it began preparing
 
 
-def _prepare(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, started: float) -> _Prepared:
+def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, started: float) -> PreparedSample:
     """Load and encode a sample's context, build its actions and request (raises on bad input; the checks of
     terra/batch/samples.py ran when the run was planned)."""
     sample = item.sample
@@ -84,10 +77,10 @@ def _prepare(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, star
     images = images[max(0, len(images) - config.num_context) :]
     codes = pipeline.encode(images)
     [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.overlap)
-    return _Prepared(item, request, actions, sources, len(images), started)
+    return PreparedSample(item, request, actions, sources, len(images), started)
 
 
-class _Writer:
+class SampleWriter:
     """Decodes finished rollouts and writes their videos, codes and sidecar (sidecar last) on its threads."""
 
     def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
@@ -97,23 +90,24 @@ class _Writer:
         self.refiner = refiner  # decoding=refiner: Terra's video refiner beside the engine (terra/refiner.py)
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
-    def submit(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> None:
+    def submit(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> None:
         self.pool.submit(self._write, prepared, generated, generate_s, stats, time.time())
 
-    def _write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, stats: DecodeStats,
+    def _write(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: DecodeStats,
                generated_at: float) -> None:
         item = prepared.item
         try:
             files = self.write(prepared, generated, generate_s, stats)
         except Exception as err:  # noqa: BLE001  (recorded; the other samples go on)
-            self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="write", seed=item.seed,
+            self.emit(sample_record(item.sample, "failed", error=sample_error(err), stage="write", seed=item.seed,
                                     seconds=time.perf_counter() - prepared.started))
             return
         self.emit(sample_record(item.sample, "ok", seconds=time.perf_counter() - prepared.started, seed=item.seed,
                                 files=files, generate_s=round(generate_s, 3), generated_at=round(generated_at, 3),
                                 decoding=stats.as_dict(self.sampling)))
 
-    def write(self, prepared: _Prepared, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> list[str]:
+    def write(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float,
+              stats: DecodeStats) -> list[str]:
         """Decode context + generated codes and write the sample's files; return them relative to output_dir."""
         config, item, pipeline = self.config, prepared.item, self.pipeline
         t0 = time.perf_counter()

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from decoder.sidecar import to_jsonable
 from terra.batch.samples import Sample
-from terra.config.checks import TerraInputError
-from tokenizer.atomic import json_text
+from terra.core.atomic import json_text
+from terra.core.errors import error_line
+from terra.decoder.sidecar import to_jsonable
 
 STATUSES = ("ok", "failed", "skipped")
 
@@ -37,38 +37,16 @@ def sample_record(sample: Sample, status: str, *, error: str | None = None, stag
     return record
 
 
-MAX_ERROR_CHARS = 500  # a manifest's error is one line, cut to this length
-
-# Errors whose own text is no help in a manifest (RecursionError's names a Python internal; MemoryError has none).
-_PLAIN = {
-    RecursionError: "the input nests too deeply to be read (RecursionError); simplify it",
-    MemoryError: "ran out of memory (MemoryError); lower max_concurrent or give smaller inputs",
-}
-# torch's CUDA out-of-memory names the bytes but not the cause: the tokenizer and the writers share the GPU with the
-# engine, whose vLLM KV cache takes gpu_memory_utilization of it. Matched by name: settings are checked before torch
-# is imported (tests/batch/test_batch_hostile.py).
-_GPU_FULL = ("the GPU ran out of memory beside the engine: lower backend.options.gpu_memory_utilization (vLLM's "
-             "share), writer_threads or max_concurrent (torch.OutOfMemoryError: {detail})")
+# What frees memory in a batch run: the tokenizer and the writers share the GPU with the engine, whose vLLM KV cache
+# takes gpu_memory_utilization of it (tests/batch/test_batch_hostile.py).
+MEMORY_ADVICE = ("lower backend.options.gpu_memory_utilization (vLLM's share beside the engine), writer_threads or "
+                 "max_concurrent")
 
 
-def _gpu_out_of_memory(err: BaseException) -> bool:
-    kind = type(err)
-    return kind.__name__ == "OutOfMemoryError" and kind.__module__.split(".")[0] == "torch"
-
-
-def error_line(err: BaseException) -> str:
-    """An exception as one line of at most :data:`MAX_ERROR_CHARS` characters (user errors keep their message;
-    others get their type name; RecursionError, MemoryError and torch's GPU out-of-memory a plain sentence)."""
-    text = " ".join(str(err).split())
-    if _gpu_out_of_memory(err):
-        plain = _GPU_FULL.format(detail=text or "no detail")  # the fix first: a long detail is what gets cut
-    else:
-        plain = next((line for kind, line in _PLAIN.items() if isinstance(err, kind)), None)
-    if plain is not None:
-        text = plain
-    elif not isinstance(err, TerraInputError):
-        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return text if len(text) <= MAX_ERROR_CHARS else f"{text[: MAX_ERROR_CHARS - 3]}..."
+def sample_error(err: BaseException) -> str:
+    """A sample's failure as its manifest record's one-line ``error`` (terra/core/errors.py, ``error_line``), a
+    lack of memory answered with the batch's settings that free it."""
+    return error_line(err, memory_advice=MEMORY_ADVICE)
 
 
 class Manifest:

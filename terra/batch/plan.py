@@ -19,14 +19,15 @@ from typing import Iterable
 import numpy as np
 
 from terra.batch.config import BatchConfig
-from terra.batch.manifest import error_line, sample_record
+from terra.batch.manifest import sample_error, sample_record
 from terra.batch.samples import Sample, check_inputs, in_shard, read_samples
-from terra.config.checks import TerraInputError, shown
+from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
 from terra.config.outputs import check_output_names
-from tokenizer.atomic import marked
+from terra.core.atomic import marked
+from terra.core.errors import TerraInputError
 
-# tokenizer.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
+# terra.core.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
 _TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
 
 
@@ -200,7 +201,7 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
             item.actions = check_inputs(sample, config, num_frames)
             check_outputs(item, config, listed)
         except Exception as err:  # noqa: BLE001  (one bad sample fails alone)
-            result.failed.append(sample_record(sample, "failed", error=error_line(err), stage="input", seed=seed))
+            result.failed.append(sample_record(sample, "failed", error=sample_error(err), stage="input", seed=seed))
             continue
         result.stale += old is not None
         result.to_run.append(item)

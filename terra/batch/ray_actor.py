@@ -23,11 +23,12 @@ import ray
 
 from terra.batch.concurrency import AUTO_CEILING_GPU, planned_streams, resolve_max_concurrent
 from terra.batch.config import BatchConfig
-from terra.batch.engine import build_pipeline, set_threads
-from terra.batch.manifest import error_line
+from terra.batch.engine import build_pipeline
+from terra.core.device import set_threads
+from terra.batch.manifest import sample_error
 from terra.batch.plan import Item
 from terra.batch.stream import StreamingEngine, prefetch
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.backends import resolve_spec
 from terra.refiner import check_decoding
 from terra.models import LlamaActionConfig
@@ -61,7 +62,7 @@ class RolloutActor:
         try:
             self._start(config, model_config, longest)
         except Exception as err:  # noqa: BLE001  (reported by info(), which the driver calls first)
-            self.error = error_line(err)
+            self.error = sample_error(err)
 
     def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
         # this actor's device, resolved once; its engine's decoding chosen for max_concurrent (auto: its ceiling)
@@ -73,7 +74,7 @@ class RolloutActor:
                 options.setdefault("distributed_executor_backend", "mp")
             spec = spec.replace(backend_options=options)
         refiner = check_decoding(spec)
-        set_threads(config)
+        set_threads(config.num_threads)
         self.pipeline = build_pipeline(config, spec, model_config)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,
@@ -87,7 +88,7 @@ class RolloutActor:
         try:
             self.engine.run()
         except BaseException as err:  # noqa: BLE001
-            print(f"terra batch actor: the engine stopped ({error_line(err)}); exiting for Ray to restart it",
+            print(f"terra batch actor: the engine stopped ({sample_error(err)}); exiting for Ray to restart it",
                   file=sys.stderr, flush=True)
             os._exit(1)
 

@@ -15,9 +15,8 @@ import re
 import socket
 from typing import Any
 
-from terra.batch.manifest import error_line
 from terra.batch.ray_settings import RaySettings
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError, error_line
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")

@@ -30,7 +30,7 @@ from terra.batch.plan import Item
 from terra.batch.ray_cluster import RayCluster, cause, start_failure
 from terra.batch.ray_settings import RaySettings
 from terra.batch.stream import longest_rollout
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionConfig
 
 POLL_S = 1.0  # how often the driver asks each actor for its frames so far (the frame bar)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from terra.config.checks import TerraInputError, check_number, check_whole_number
+from terra.config.checks import check_number, check_whole_number
+from terra.core.errors import TerraInputError
 
 EXECUTORS = ("local", "ray")
 MAX_ACTORS = 100_000  # far beyond any cluster: a typo such as 10000000 is refused, not waited for

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from terra.batch.concurrency import planned_streams
 from terra.batch.config import BatchConfig, check_config
-from terra.batch.engine import build_pipeline, set_threads
+from terra.batch.engine import build_pipeline
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
@@ -21,13 +21,14 @@ from terra.batch.samples import Sample
 from terra.batch.stream import run_items
 from terra.config.checks import shown
 from terra.config.spec import check_window
+from terra.core.atomic import json_text, mark, write_text
+from terra.core.device import set_threads
 from terra.generation.backends import resolve_spec
 from terra.generation.rollout import DecodeStats
 from terra.models.checkpoint import read_world_model_config
 from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.refiner import RefinerSettings, check_decoding
-from tokenizer import load_tokenizer
-from tokenizer.atomic import json_text, mark, write_text
+from terra.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -89,7 +90,7 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
 
     User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
     settings are checked once here (terra/batch/config.py), and the run holds its output folder's lock throughout
-    (terra/config/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
+    (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
     the samples written so far, their records and no temporaries.
     """
     output = check_config(config)  # before the output folder and its lock are made
@@ -116,7 +117,7 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
                 else spec.replace(device=pipeline.device))
         refiner = check_decoding(spec)  # decoding=refiner: its weights and device, before any output
     if the_plan.to_run:
-        set_threads(config)
+        set_threads(config.num_threads)
         if config.executor == "ray":
             check_compatible(model_config, load_tokenizer(config.tokenizer))  # the actors load their own
             executor = _ray_executor(config)

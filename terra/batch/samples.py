@@ -4,7 +4,7 @@ each sample's inputs checked before any model loads.
 The two sample formats (ACT-Bench and Terra's own) are described in terra/batch/__init__.py. Lines are read
 with terra/config/'s strict JSON (no NaN, no ``1e400``, no 400-digit integers, no nesting deeper than the
 stack); :func:`check_inputs` checks a sample's context files (inside ``image_root``, regular, image headers
-within :data:`tokenizer.images.MAX_PIXELS`) and builds its actions, all without decoding an image, so a bad
+within :data:`terra.tokenizer.images.MAX_PIXELS`) and builds its actions, all without decoding an image, so a bad
 sample fails alone before the run generates anything.
 """
 
@@ -22,12 +22,13 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from terra.batch.config import BatchConfig, MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS
-from terra.config.checks import TerraInputError, shown
+from terra.core.errors import TerraInputError
+from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
 from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path
 from terra.inputs.requests import TRAJECTORY_KEYS, manoeuvre_actions, trajectory_actions
-from tokenizer.images import IMAGE_SUFFIXES, MAX_PIXELS, VIDEO_SUFFIXES
+from terra.tokenizer.images import IMAGE_SUFFIXES, MAX_PIXELS, VIDEO_SUFFIXES
 
 MAX_LINE_BYTES = MAX_TRAJECTORY_BYTES  # one sample, its inline trajectory included
 MAX_IMAGE_BYTES = 1 << 30  # one context image file

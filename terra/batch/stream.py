@@ -1,9 +1,9 @@
 """One engine kept full: samples stream in, each becomes a rollout the moment a slot is free.
 
-A helper thread reads and encodes samples ahead of the engine (:func:`terra.batch.engine._prepare`); the
+A helper thread reads and encodes samples ahead of the engine (:func:`terra.batch.engine.prepare_sample`); the
 engine loop admits prepared samples while fewer than ``max_concurrent`` rollouts are in flight, advances every
 rollout frame by frame on the backend's submit/poll interface (terra/generation/rollout.py) and hands a rollout
-to the writer threads (:class:`terra.batch.engine._Writer`) as soon as its last frame is generated. There is
+to the writer threads (:class:`terra.batch.engine.SampleWriter`) as soon as its last frame is generated. There is
 no barrier between samples: a finished rollout's slot goes to the next sample at once. The in-process run
 (:func:`run_items`) and each Ray actor (terra/batch/ray_actor.py) run this same loop.
 """
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from terra.batch.concurrency import resolve_max_concurrent
 from terra.batch.config import BatchConfig
-from terra.batch.engine import _Prepared, _Writer, _prepare
-from terra.batch.manifest import error_line, sample_record
+from terra.batch.engine import PreparedSample, SampleWriter, prepare_sample
+from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutState
 from terra.pipeline import WorldModelPipeline
 
 if TYPE_CHECKING:
-    from decoder.refiner.model import VideoRefiner
+    from terra.decoder.refiner.model import VideoRefiner
 
 _END = object()  # no more samples
 
@@ -80,9 +80,9 @@ class StreamingEngine:
                 return
             started = time.perf_counter()
             try:
-                prepared = _prepare(item, self.pipeline, self.config, started)
+                prepared = prepare_sample(item, self.pipeline, self.config, started)
             except Exception as err:  # noqa: BLE001  (one bad sample must not stop the others)
-                self.emit(sample_record(item.sample, "failed", error=error_line(err), stage="input", seed=item.seed,
+                self.emit(sample_record(item.sample, "failed", error=sample_error(err), stage="input", seed=item.seed,
                                         seconds=time.perf_counter() - started))
                 continue
             self._handoff(prepared)
@@ -100,8 +100,8 @@ class StreamingEngine:
         """Drive the engine until :meth:`end`'s marker is reached and nothing is in flight (or :meth:`stop`);
         wait for the writers. An interrupt drops the rollouts in flight and lets finished writes complete."""
         backend = self.pipeline.backend
-        writer = _Writer(self.pipeline, self.config, self.emit, self.sampling, self.refiner)
-        active: dict[int, tuple[_Prepared, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
+        writer = SampleWriter(self.pipeline, self.config, self.emit, self.sampling, self.refiner)
+        active: dict[int, tuple[PreparedSample, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
         ended = False
         self._preparer.start()
         try:
@@ -144,7 +144,7 @@ class StreamingEngine:
                     backend.release(state)
             writer.close()
 
-    def _admit(self, prepared: _Prepared, active: dict) -> None:
+    def _admit(self, prepared: PreparedSample, active: dict) -> None:
         """Start ``prepared``'s rollout and queue its first frame (a request the backend refuses is recorded)."""
         backend = self.pipeline.backend
         try:
@@ -155,8 +155,8 @@ class StreamingEngine:
             return
         active[id(state)] = (prepared, state, time.perf_counter())
 
-    def _failed(self, prepared: _Prepared, err: Exception) -> None:
-        self.emit(sample_record(prepared.item.sample, "failed", error=error_line(err), stage="generate",
+    def _failed(self, prepared: PreparedSample, err: Exception) -> None:
+        self.emit(sample_record(prepared.item.sample, "failed", error=sample_error(err), stage="generate",
                                 seed=prepared.item.seed, seconds=time.perf_counter() - prepared.started))
 
     def _next_frame(self, state: RolloutState, active: dict) -> None:

@@ -41,7 +41,7 @@ def open_worlds(settings: DriveSettings) -> OpenWorlds:
     from terra.models.checkpoint import read_world_model_config
     from terra.pipeline import WorldModelPipeline
     from terra.session import SessionHost
-    from tokenizer import load_tokenizer
+    from terra.tokenizer import load_tokenizer
 
     spec = resolve_spec(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
     tokenizer = load_tokenizer(spec.tokenizer)
@@ -89,7 +89,7 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
     (default: the setting, on a terminal) shows the frame bar."""
     from terra.closedloop.fidelity import fidelity_run
     from terra.closedloop.run import LocalDrives, record_run
-    from terra.generation.backends import set_torch_threads
+    from terra.core.device import set_threads
 
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
@@ -99,7 +99,7 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         runner = closing = RayDrives(settings)
         runner.start()  # the actors open the worlds on their devices
     else:
-        set_torch_threads(settings.run.num_threads)
+        set_threads(settings.run.num_threads)
         closing = open_worlds(settings)
         try:
             specs = load_specs(settings, closing.image_size)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from terra.closedloop.plans import Observation, Plan
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 US = 1_000_000
 STEP_US = 100_000  # 10 Hz

@@ -21,7 +21,7 @@ from terra.closedloop.record import MANIFEST, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.worlds import World
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
-from tokenizer.atomic import json_text, write_text
+from terra.core.atomic import json_text, write_text
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 WORLDS = ("model", "truth")  # each world's drives go to a sub-folder of this name

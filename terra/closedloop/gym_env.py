@@ -29,7 +29,7 @@ from terra.closedloop.plans import NAVSIM_POSES, as_plan
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.truth import truth_metrics
 from terra.closedloop.worlds import World
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 # Plans a random sample of the action space gives stay within a car's reach (100 m/s between samples).
 PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))

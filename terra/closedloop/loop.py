@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from terra.batch.manifest import error_line
+from terra.core.errors import error_line
 from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of

@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.closedloop.plans import Plan
 from terra.closedloop.geometry import compose
+from terra.closedloop.plans import Plan
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
 
 DT_S = 1.0 / FRAME_RATE_HZ

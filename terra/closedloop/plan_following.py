@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.closedloop.loop import Drive
 from terra.closedloop.geometry import to_ego
+from terra.closedloop.loop import Drive
 
 
 class PlanFollowing:

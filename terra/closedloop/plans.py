@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.session.controls import parse_action
 
 NAVSIM_DT_S = 0.5  # NAVSIM's trajectory sampling: 8 poses over 4 s

@@ -22,7 +22,7 @@ import numpy as np
 
 from terra.closedloop.plans import Observation, Plan, Policy, as_plan
 from terra.closedloop.vision import LaneFollower
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 CRUISE_SPEED_MPS = 8.0
 

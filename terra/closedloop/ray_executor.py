@@ -26,14 +26,13 @@ from typing import Any
 import ray
 from tqdm.auto import tqdm
 
-from terra.batch.manifest import error_line
 from terra.batch.ray_cluster import RayCluster, cause, start_failure
 from terra.closedloop.drives import load_specs, open_worlds
 from terra.closedloop.loop import LoopTimings, drive_id
 from terra.closedloop.record import lost_drive_json, manifest_record
 from terra.closedloop.run import RunRecorder, RunSettings, record_drives
 from terra.closedloop.settings import DriveSettings
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError, error_line
 
 POLL_S = 1.0  # how often the driver asks the actors for their frames so far (the frame bar)
 RESTART_WAIT_S = 0.5  # between questions to an actor Ray is restarting
@@ -44,7 +43,7 @@ class DriveActor:
     Its constructor never raises: a start-up failure is :meth:`info`'s ``error``, one line for the driver."""
 
     def __init__(self, settings: DriveSettings) -> None:
-        from terra.generation.backends import set_torch_threads
+        from terra.core.device import set_threads
 
         self.error: str | None = None
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
@@ -52,7 +51,7 @@ class DriveActor:
         try:
             device = "cuda" if self.gpus else ("cpu" if settings.run.device == "auto" else settings.run.device)
             self.settings = replace(settings, run=settings.run.replace(device=device))
-            set_torch_threads(settings.run.num_threads)
+            set_threads(settings.run.num_threads)
             self.opened = open_worlds(self.settings)
         except Exception as err:  # noqa: BLE001  (reported by info(), which the driver calls first)
             self.error = error_line(err)

@@ -6,7 +6,7 @@ failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), wri
 (strict JSON: tokenizer/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``),
 one record per drive as it is written (``status`` ok | failed | skipped = already complete, ``stage`` and
 ``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name the run writes; and while
-a run goes, the folder's lock (terra/config/lock.py). :func:`claim_drive_folder` checks the folder before any work
+a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the folder before any work
 (terra/config/output_dir.py: apart from the run's inputs, and every file it would write over one the toolkit
 wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world and
 model settings), says it is complete and its video exists: a rerun skips it.
@@ -22,15 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from decoder.sidecar import to_jsonable
-from decoder.writers import write_video
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
-from terra.config.checks import TerraInputError, shown
+from terra.config.checks import shown
 from terra.config.files import load_json
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
-from tokenizer.atomic import json_text, write_text
+from terra.core.atomic import json_text, write_text
+from terra.core.errors import TerraInputError
+from terra.decoder.sidecar import to_jsonable
+from terra.decoder.writers import write_video
 
 MANIFEST = "manifest.jsonl"
 

@@ -31,7 +31,7 @@ from terra.closedloop.record import (
 )
 from terra.closedloop.worlds import World
 from terra.config.output_dir import OutputDir
-from tokenizer.atomic import json_text, write_text
+from terra.core.atomic import json_text, write_text
 
 Emit = Callable[[dict, dict], None]  # (manifest record, the drive's JSON content)
 

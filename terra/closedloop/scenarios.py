@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from terra.closedloop.geometry import to_ego
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import EgoTrajectory
 from terra.session.controls import speed_of
@@ -118,7 +118,7 @@ def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0
         raise TerraInputError(f"scenarios={scenarios} does not exist; give synthetic, a folder of driving-log clips "
                               "or a JSONL of samples")
     if path.is_dir():
-        from terra.training.driving_logs import clip_folders
+        from terra.inputs.driving_logs import clip_folders
 
         clips = tuple(clip_folders(path))
         if not clips:
@@ -171,7 +171,7 @@ def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_co
 def log_scenarios(logs: str | Path, image_size: Sequence[int], num_context: int = 3,
                   resize: str = "stretch") -> list[Scenario]:
     """A scenario per clip folder of a driving log (the first ``num_context`` frames at 10 Hz); a clip that breaks
-    the folder's rules (terra/training/driving_logs.py) is one line."""
+    the folder's rules (terra/inputs/driving_logs.py) is one line."""
     folder = Path(logs).expanduser()
     if not folder.is_dir():
         raise TerraInputError(f"scenarios: driving-log folder {folder} does not exist; give a folder of clip folders")
@@ -180,7 +180,7 @@ def log_scenarios(logs: str | Path, image_size: Sequence[int], num_context: int 
 
 def _log_scenario(clip_dir: Path, image_size: Sequence[int], num_context: int, resize: str,
                   reads: Reads) -> Scenario:
-    from terra.training import driving_logs as logs_lib
+    from terra.inputs import driving_logs as logs_lib
 
     try:
         clip = logs_lib.open_clip(clip_dir)

@@ -26,16 +26,24 @@ from terra.closedloop.record import claim_drive_folder, manifest_name
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.config.checks import (
-    MAX_FRAMES, MAX_SEED, Range, TerraInputError, check_choice, check_flag, check_settings, required_path, select,
+    MAX_FRAMES,
+    SEED,
+    Range,
+    check_choice,
+    check_flag,
+    check_settings,
+    required_path,
+    select,
 )
 from terra.config.output_dir import OutputDir
 from terra.config.spec import RunSpec, run_spec
+from terra.core.errors import TerraInputError
 
 SETTINGS = {
     "num_scenarios": Range(1, 100_000, 4, whole=True),
-    "scenario_seed": Range(0, MAX_SEED, 0, whole=True),
+    "scenario_seed": SEED,
     "num_steps": Range(1, MAX_FRAMES, 20, whole=True),
-    "seed": Range(0, MAX_SEED, 0, whole=True),
+    "seed": SEED,
     "policy_timeout_s": Range(0.001, 3600, 30),
     "max_concurrent": Range(1, 4096, 64, whole=True),
     "num_shards": Range(1, 1 << 20, 4, whole=True),

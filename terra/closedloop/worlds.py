@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.closedloop.geometry import compose
 from terra.closedloop.scenarios import Scenario
 from terra.session.controls import advance_pose

@@ -1,18 +1,17 @@
 """Which engine runs the world model, and where: ``backend`` with its options, ``device`` and ``dtype``.
 
-Checked without torch (whether a GPU exists is known only once torch is loaded: terra/generation/backends.py
-resolves ``auto`` there, once per run).
+Checked without torch (the device name by terra/core/device.py, which also resolves ``auto`` once torch is
+loaded, once per run).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Mapping
 
-from terra.config.checks import Range, TerraInputError, check_choice, shown
+from terra.config.checks import Range, check_choice, shown
+from terra.core.errors import TerraInputError
 
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,2})?")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's request paths (terra/generation/vllm_streaming.py, resolve_requests): one streaming-input request per
 # rollout window, or a new request per frame; auto is streaming where the installed vLLM has it.
@@ -52,13 +51,6 @@ def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
         raise TerraInputError(f"{name} must be auto, a whole number from 1 to 1024 or null (got {shown(value)}); "
                               f"e.g. {name}=1")
     return THREADS.check(value, name)
-
-
-def check_device(value: Any) -> str:
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether that GPU exists is checked when torch is loaded)."""
-    if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
-        raise TerraInputError(f"device={shown(value)} is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)")
-    return value
 
 
 def check_backend(name: Any, options: Any) -> tuple[str, dict]:

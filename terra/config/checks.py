@@ -1,11 +1,11 @@
-"""The toolkit's error type and the one check of each kind that every entry point uses on its settings.
+"""The one check of each kind that every entry point uses on its settings.
 
-:class:`TerraInputError` is :class:`tokenizer.errors.InputError` (one class for the whole toolkit, defined in
-the tokenizer package, which stands alone): one line naming the input and the fix; the entry points print it
-and exit with code 2 (terra/apps/runner.py). The checks return the value they checked, typed (an ``int``
+A failed check raises :class:`terra.core.errors.TerraInputError` (one class for the whole toolkit, on the ground
+floor): one line naming the input and the fix; the entry points print it and exit with code 2
+(terra/apps/runner.py). The checks return the value they checked, typed (an ``int``
 for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again. What goes
-into a line stays one line: :func:`shown` and :func:`one_line` escape values and names, :func:`error_reason`
-turns a third-party reader's exception into a short phrase.
+into a line stays one line: :func:`shown` and :func:`one_line` escape values and names; a third-party reader's
+exception becomes a short phrase with :func:`terra.core.errors.error_reason`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import Any, Iterable, Mapping
 
 from omegaconf import OmegaConf
 
-from tokenizer.errors import InputError as TerraInputError
-from tokenizer.errors import error_reason
+from terra.core.errors import TerraInputError
 
-__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "TerraInputError", "check_choice", "check_file_size", "check_flag",
-           "check_number", "check_settings", "check_whole_number", "error_reason", "one_line", "required_path",
+__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "SEED", "check_choice", "check_file_size", "check_flag",
+           "check_number", "check_settings", "check_whole_number", "one_line", "required_path",
            "select", "shown"]
 
 MAX_FRAMES = 10_000  # frames of a rollout or trajectory: 1000 s at 10 Hz
@@ -100,6 +99,9 @@ class Range:
         if self.whole:
             return check_whole_number(value, name, int(self.low), example, int(self.high), where)
         return check_number(value, name, self.low, self.high, example, self.low_open, where)
+
+
+SEED = Range(0, MAX_SEED, 0, whole=True)  # every seed setting (a rollout's, a scene's, a drive's)
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:

@@ -20,7 +20,8 @@ import stat
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from terra.config.checks import TerraInputError, shown
+from terra.config.checks import shown
+from terra.core.errors import TerraInputError
 
 MAX_TRAJECTORY_BYTES = 64 << 20  # a [1000, 60, 3] trajectory is about 3 MB of JSON
 MAX_JSON_DIGITS = 20  # longer integers in a file are no coordinates, counts or seeds

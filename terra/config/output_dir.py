@@ -4,14 +4,14 @@
   samples, videos, frames, checkpoints, shards, ...), so no output can overwrite an input and no input folder
   fills with outputs.
 * A run replaces only what the toolkit wrote: an existing file or folder that the run would write over (its name
-  matches one of the run's names or name patterns) must be listed in the folder's marker (tokenizer/atomic.py,
-  :data:`~tokenizer.atomic.MARKER`), and a folder the run replaces whole (a blend, a training run's ``model/``,
+  matches one of the run's names or name patterns) must be listed in the folder's marker (terra/core/atomic.py,
+  :data:`~terra.core.atomic.MARKER`), and a folder the run replaces whole (a blend, a training run's ``model/``,
   ...) must hold nothing its own marker does not list. A folder the run did not create is never replaced, and a
   user's file beside the outputs is never deleted.
 
 :func:`claim_output_dir` checks both (and :func:`~terra.config.outputs.check_output_dir`: writable, names fit,
 on a disk) and returns an :class:`OutputDir`; :meth:`OutputDir.hold` then takes the folder's lock for runs that
-write over time (terra/config/lock.py), creates it and records the run's names in its marker. Nothing here
+write over time (terra/core/lock.py), creates it and records the run's names in its marker. Nothing here
 imports torch.
 """
 
@@ -25,10 +25,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from terra.config.checks import TerraInputError, one_line, shown
-from terra.config.lock import output_lock
+from terra.config.checks import one_line, shown
 from terra.config.outputs import check_output_dir
-from tokenizer.atomic import MARKER, mark, marked
+from terra.core.atomic import MARKER, mark, marked
+from terra.core.errors import TerraInputError
+from terra.core.lock import output_lock
 
 Inputs = Iterable[tuple[str, "str | os.PathLike | Iterable[str | os.PathLike] | None"]]
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from decoder.writers import check_fps, ffmpeg_exe
-from terra.config.checks import TerraInputError, check_flag, shown
+from terra.config.checks import check_flag, shown
+from terra.core.errors import TerraInputError
+from terra.decoder.writers import check_fps, ffmpeg_exe
 
 MIN_FREE_BYTES = 1 << 20  # an output folder's disk needs at least this much room before any work starts
-ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # tokenizer/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
+ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # terra/core/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
 FORMATS = ("gif", "mp4", "png")
 
 
@@ -28,7 +29,7 @@ def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -
     """Validate ``output.formats`` before any work is done (a single name counts as a list of one).
 
     ``distinct``: each name at most once (batch rollouts write one file per format and sample). ``mp4`` needs an
-    ffmpeg that runs (:func:`decoder.writers.ffmpeg_exe`): without one a run would generate and then fail every
+    ffmpeg that runs (:func:`terra.decoder.writers.ffmpeg_exe`): without one a run would generate and then fail every
     write.
     """
     formats = [formats] if isinstance(formats, str) else list(formats)

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from terra.config.checks import Range, TerraInputError, check_choice
+from terra.config.checks import Range, check_choice
+from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 DOWNLOAD_HINT = "a download of huggingface.co/turing-motors/Terra, e.g. `hf download turing-motors/Terra --local-dir Terra`"
 

@@ -16,11 +16,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.config.backend import DTYPES, check_backend, check_device, check_num_threads
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, select
+from terra.config.backend import DTYPES, check_backend, check_num_threads
+from terra.config.checks import MAX_FRAMES, Range, check_choice, check_flag, select
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
-from tokenizer.resize import RESIZE_MODES
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
+from terra.tokenizer.resize import RESIZE_MODES
 
 DECODINGS = ("framewise", "refiner")
 WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 FRAME_RATE_HZ = 10.0  # frames of a Terra clip
 FUTURE_RATE_HZ = 20.0  # points of an instruction trajectory

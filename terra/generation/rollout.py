@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.generation.layout import TokenLayout, Window, plan_windows
 

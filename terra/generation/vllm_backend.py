@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 

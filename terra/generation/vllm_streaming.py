@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from terra.config.backend import REQUEST_PATHS
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
 

@@ -8,7 +8,6 @@ on first use, so the trajectory checks are importable without torch.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
 _HOMES = {
@@ -25,10 +24,6 @@ __all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "builtin_context":  # moved (README, "Moved names"); this alias goes in the next release
-        warnings.warn("terra.inputs.builtin_context moved to terra.sim.builtin_context", DeprecationWarning,
-                      stacklevel=2)
-        return importlib.import_module("terra.sim").builtin_context
     if name not in _HOMES:
         raise AttributeError(f"module 'terra.inputs' has no attribute {name!r}")
     return getattr(importlib.import_module(_HOMES[name]), name)

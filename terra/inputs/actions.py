@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, shown
+from terra.config.checks import MAX_FRAMES, Range, shown
+from terra.core.errors import TerraInputError
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json, open_input_file, read_input_text
 from terra.generation.actions import (
     ACTION_POINT_INDICES, ACTION_TIMES, FRAME_RATE_HZ, FUTURE_POINTS, NUM_ACTION_TOKENS, finite_array, in_reach,

@@ -23,9 +23,9 @@ def load_context(
     tokenizer: images ``[N, 3, H, W]`` in [-1, 1] and the sources read.
 
     With ``base`` (batch samples), ``sources`` are image paths, relative ones taken from ``base``. ``resize``
-    is ``crop`` or ``stretch`` (:func:`tokenizer.resize.fit_frame`; the tokenizer's config group says which).
+    is ``crop`` or ``stretch`` (:func:`terra.tokenizer.resize.fit_frame`; the tokenizer's config group says which).
     """
-    from tokenizer.images import load_images
+    from terra.tokenizer.images import load_images
 
     if base is not None:
         items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)

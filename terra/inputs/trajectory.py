@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, Range, TerraInputError, shown
+from terra.config.checks import MAX_FRAMES, Range, shown
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MAX_SPEED_MPS
 
 # Sane world-frame trajectories: a car, in metres and seconds (wrong units fail here, not as odd videos);

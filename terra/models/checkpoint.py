@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from terra.config.checks import TerraInputError, error_reason
+from terra.core.errors import TerraInputError, error_reason
 from terra.models import LlamaActionConfig
-from tokenizer.tensors import check_floats
+from terra.tokenizer.tensors import check_floats
 
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the floating-point dtypes
 

@@ -1,6 +1,6 @@
 """ACT-Bench scoring: generated videos → ACT-Bench's instruction and action fidelity (Terra's published table).
 
-``scripts/score_actbench.py`` runs it; from Python::
+``terra-score`` (terra/apps/score.py) runs it; from Python::
 
     from terra.scoring.settings import ScoringSettings
     from terra.scoring.run import score

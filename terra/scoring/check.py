@@ -5,7 +5,7 @@ It reads what :func:`terra.scoring.run.score` reads up to the estimator's weight
 folder can be checked on a machine that has no ACT-Estimator download (and no GPU): the samples' rows as the
 score reads them, videos matched by the number ending their names, each long enough for the frames the estimator
 takes (its ``config.json``'s, else the published 44), counted from the container's packets. The measure that needs
-no weights at all is ``scripts/evaluate.py`` (a world model against the synthetic world's ground truth).
+no weights at all is ``terra-evaluate`` (a world model against the synthetic world's ground truth).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.estimator import EstimatorConfig, weights_file
 from terra.scoring.samples import read_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import count_frames, find_videos
 
 DOWNLOAD = "hf download turing-motors/ACT-Estimator --local-dir ACT-Estimator"
-NO_WEIGHTS = ("without the estimator's weights, python scripts/evaluate.py measures a world model against the "
+NO_WEIGHTS = ("without the estimator's weights, terra-evaluate measures a world model against the "
               "synthetic world's ground truth (PSNR, SSIM, manoeuvre adherence)")
 
 
@@ -39,8 +39,8 @@ class DryRun:
         return not self.problems
 
     def text(self) -> str:
-        head = ("score_actbench dry run: ready to score" if self.ready else
-                f"score_actbench dry run: not ready, {len(self.problems)} problem(s): " + "; ".join(self.problems))
+        head = ("terra-score dry run: ready to score" if self.ready else
+                f"terra-score dry run: not ready, {len(self.problems)} problem(s): " + "; ".join(self.problems))
         return "\n".join([head, *self.lines])
 
 

@@ -1,7 +1,6 @@
 """ACT-Bench's ACT-Estimator: ``VideoActionEstimator`` with its Inception-I3D backbone, in plain torch, and
-:meth:`VideoActionEstimator.from_pretrained` for a folder of published weights (no remote code).
-
-The weight-name map: every module below carries its state-dict name in ACT-Bench's ``act_bench/model.py``.
+:meth:`VideoActionEstimator.from_pretrained` for a folder of published weights (no remote code). The weight-name
+map: every module below carries its state-dict name in ACT-Bench's ``act_bench/model.py``.
 
 ==========================  ==================================================================================
 ``backbone.``               Inception-I3D up to ``Mixed_5c``, no logits: ``Conv3d_1a_7x7``, ``Conv3d_2b_1x1``,
@@ -34,9 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from terra.config.checks import Range, TerraInputError, error_reason, shown
+from terra.config.checks import Range, shown
 from terra.config.files import load_json, open_input_file
-from tokenizer.tensors import check_like
+from terra.core.errors import TerraInputError, error_reason
+from terra.tokenizer.tensors import check_like
 
 MAX_WEIGHTS_BYTES = 2 << 30  # the published estimator is about 0.1 GB in fp32
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")  # looked for in this order

@@ -8,7 +8,7 @@
 * ``confusion_matrix.png``: the row-normalised confusion matrix, its numbers in the cells (rounded to two
   decimals, as ACT-Bench's figure), titled with the sample count and the accuracy.
 
-The three files are written to temporary names first and renamed together at the end (tokenizer/atomic.py), so
+The three files are written to temporary names first and renamed together at the end (terra/core/atomic.py), so
 a run that fails or is interrupted leaves the folder as it was; the folder's marker lists them (a rerun may
 replace them: terra/config/output_dir.py). :func:`text_summary` is the screen's version.
 """
@@ -23,9 +23,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from terra.core.atomic import atomic_path, json_text, mark
 from terra.scoring.labels import SHORT_NAMES, SUMMARY_ORDER
 from terra.scoring.metrics import Metrics, row_normalized
-from tokenizer.atomic import atomic_path, json_text, mark
 
 FILES = ("summary.json", "results.jsonl", "confusion_matrix.png")
 COLUMNS = ("sample_id", "context_frames", "cond_label", "cond_class", "instruction_trajs", "reference_traj",

@@ -1,5 +1,5 @@
 """One scoring run: samples and videos matched, the estimator loaded, every video estimated, the metrics and the
-report written (:func:`score`). ``scripts/score_actbench.py`` calls it with checked settings.
+report written (:func:`score`). ``terra-score`` (terra/apps/score.py) calls it with checked settings.
 
 The estimator sees the last ``T`` frames of each video (``T = input_shape[1]``, 44) with timestamps
 ``linspace(0, (T - 1) / 10, T)`` (0 to 4.3 s, as ACT-Bench feeds them) under bf16 autocast on a GPU (ACT-Bench's
@@ -22,8 +22,9 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError
-from terra.generation.backends import resolve_device
+from terra.core.atomic import json_text
+from terra.core.device import resolve_device, set_threads
+from terra.core.errors import TerraInputError
 from terra.scoring.estimator import VideoActionEstimator
 from terra.scoring.labels import LABELS
 from terra.scoring.metrics import Metrics, compute_metrics, displacement_errors
@@ -31,7 +32,6 @@ from terra.scoring.report import result_line, text_summary, write_report
 from terra.scoring.samples import BenchSample, read_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import VideoClips, collate, find_videos, match_videos
-from tokenizer.atomic import json_text
 
 FRAME_INTERVAL_S = 0.1  # ACT-Bench's videos are at 10 Hz: timestamps 0 .. 4.3 s for 44 frames
 
@@ -97,9 +97,8 @@ def score(settings: ScoringSettings) -> ScoreResult:
     """Score the videos of ``settings`` and write the report (terra/scoring/report.py)."""
     start = time.perf_counter()
     shown = settings.progress and sys.stderr.isatty()  # the bar's terminal also gets the stages' lines
-    say = (lambda line: tqdm.write(f"score_actbench: {line}", file=sys.stderr)) if shown else (lambda line: None)
-    if settings.num_threads is not None:
-        torch.set_num_threads(settings.num_threads)
+    say = (lambda line: tqdm.write(f"terra-score: {line}", file=sys.stderr)) if shown else (lambda line: None)
+    set_threads(settings.num_threads)
     device = torch.device(resolve_device(settings.device))
     say(f"loading the estimator from {settings.estimator} ...")
     estimator = VideoActionEstimator.from_pretrained(settings.estimator)

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from terra.config.backend import DTYPES, check_device
-from terra.config.checks import Range, TerraInputError, check_choice, check_flag, required_path, select, shown
+from terra.config.backend import DTYPES
+from terra.config.checks import Range, check_choice, check_flag, required_path, select, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import claim_output_dir
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
 from terra.scoring.report import FILES
 from terra.scoring.samples import MAX_SAMPLES_BYTES, sample_files
 

@@ -2,8 +2,8 @@
 
 Matching (ACT-Bench's ``act_bench/compute_score.py``): every ``*.mp4`` of the folder (not below it) is named
 ``<anything>_<sample_id>.mp4``, the id being the number at the end of the stem: ``NUSCENES_ACTION_000123.mp4``,
-what ``output.naming=actbench`` of ``scripts/rollout.py`` writes, and the names of ACT-Bench's published Terra
-and Vista videos. Hidden files (an interrupted write's temporary files, tokenizer/atomic.py) are not videos.
+what ``output.naming=actbench`` of ``terra-rollout`` writes, and the names of ACT-Bench's published Terra
+and Vista videos. Hidden files (an interrupted write's temporary files, terra/core/atomic.py) are not videos.
 
 Decoding and preprocessing (ACT-Bench's ``GeneratedVideosDataset``): PyAV decodes every frame to RGB, as
 ``torchvision.io.read_video`` does; the last ``frames`` of them are kept, each is resized to 256x256 (bilinear
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.samples import BenchSample
 
 SAMPLE_ID = re.compile(r"_(\d+)$")

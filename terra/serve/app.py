@@ -39,14 +39,14 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from terra.config.checks import TerraInputError
 from terra.config.files import parse_json
+from terra.core.atomic import json_text
+from terra.core.errors import TerraInputError
 from terra.serve.guard import RequestGuard
 from terra.serve.media import VIDEO_FORMATS, video_bytes
 from terra.serve.service import LimitError, NotFoundError, SessionService
 from terra.serve.sockets import MAX_DIGITS, SocketConnection
 from terra.session.controls import parse_action
-from tokenizer.atomic import json_text
 
 log = logging.getLogger("terra.serve")
 STATIC = Path(str(files("terra.serve") / "static"))

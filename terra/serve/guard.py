@@ -23,8 +23,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Awaitable, Callable
 
+from terra.core.atomic import json_text
 from terra.serve.settings import ServeSettings, is_loopback, split_host, web_origin
-from tokenizer.atomic import json_text
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]

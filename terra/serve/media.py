@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from decoder import mark_frames, write_gif, write_mp4
-from terra.config.checks import TerraInputError
-from tokenizer.images import RGB_COMPATIBLE_MODES
-from tokenizer.resize import fit_frame
-from tokenizer.atomic import json_text
+from terra.decoder import mark_frames, write_gif, write_mp4
+from terra.core.errors import TerraInputError
+from terra.tokenizer.images import RGB_COMPATIBLE_MODES
+from terra.tokenizer.resize import fit_frame
+from terra.core.atomic import json_text
 
 MAX_UPLOAD_PIXELS = 4096 * 4096  # one uploaded frame; a decompression bomb fails before it is decoded
 VIDEO_FORMATS = {"mp4": "video/mp4", "gif": "image/gif"}

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.serve.media import decode_upload, encode_image
 from terra.serve.settings import ServeSettings
 from terra.session import Frame, Session, SessionHost

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from terra.config.checks import TerraInputError, check_whole_number
+from terra.config.checks import check_whole_number
+from terra.core.errors import TerraInputError
 
 IMAGE_FORMATS = ("jpeg", "png")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

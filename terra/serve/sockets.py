@@ -23,12 +23,12 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from terra.config.checks import TerraInputError
 from terra.config.files import parse_json
+from terra.core.atomic import json_text
+from terra.core.errors import TerraInputError
 from terra.serve.media import frame_message
 from terra.serve.service import Entry, SessionService
 from terra.session.controls import parse_action
-from tokenizer.atomic import json_text
 
 log = logging.getLogger("terra.serve")
 MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")

@@ -1,6 +1,6 @@
 """Where a session starts: context frames as codes, the actions between them and the speed at the last one.
 
-Three sources: the built-in synthetic world (:func:`terra.inputs.builtin_context`, with its exact actions),
+Three sources: the built-in synthetic world (:func:`terra.sim.builtin_context`, with its exact actions),
 images (encoded by the pipeline's tokenizer), or codes. Images and codes without actions are taken as driving
 straight at ``speed_kmh``. ``actions[t]`` conditions context frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"),
 so ``n`` context frames carry ``n - 1`` actions; the session's first step gives the action of the last one.
@@ -14,12 +14,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import validate_actions
 from terra.inputs.trajectory import MANOEUVRES
 from terra.session.controls import MAX_SPEED_KMH, check_number, drive_action, speed_of
 from terra.sim import builtin_context
-from tokenizer.images import load_images
+from terra.tokenizer.images import load_images
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import TerraInputError, check_number
+from terra.config.checks import check_number
+from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 from terra.inputs.actions import actions_for_manoeuvre, actions_from_value
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import DecodeStats, FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
 RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds

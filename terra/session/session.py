@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import MAX_SEED, TerraInputError, check_whole_number
+from terra.config.checks import MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, RolloutRequest, WorldModelBackend
 from terra.session import context as contexts
 from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of

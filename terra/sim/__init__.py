@@ -5,7 +5,7 @@ mirrored for left-hand traffic (``domain``), :func:`render` draws it from any eg
 :func:`random_clip` produce 10 Hz clips with their instruction trajectories and actions, :func:`sample_frames` /
 :func:`render_frames` draw single frames for tokenizer training, :func:`builtin_context` gives a run without
 frames of its own a rendered context, :mod:`terra.sim.dataset` stores clips on disk as shards and
-:mod:`terra.sim.logs` as driving logs for scripts/prepare_driving_logs.py.
+:mod:`terra.sim.logs` as driving logs for terra-prepare-logs.
 """
 
 from terra.sim.clips import Clip, builtin_context, make_clip, random_clip, render_frames, sample_frames

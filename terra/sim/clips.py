@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ
 from terra.inputs.actions import actions_from_instruction_trajs
 from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, manoeuvre_trajectory

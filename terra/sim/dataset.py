@@ -25,12 +25,13 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError, check_choice
+from terra.config.checks import check_choice
 from terra.config.output_dir import claim_output_dir
+from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import Clip, random_clip
 from terra.sim.scene import DOMAINS
-from tokenizer.atomic import atomic_path, json_text, mark, write_text
 
 DATASET_VERSION = 1
 META_FILE = "meta.json"
@@ -140,7 +141,7 @@ class ClipDataset:
         self.path = Path(path)
         meta_path = self.path / META_FILE
         if not meta_path.is_file():
-            raise TerraInputError(f"{self.path} is not a clip dataset (no {META_FILE}); run scripts/make_dataset.py")
+            raise TerraInputError(f"{self.path} is not a clip dataset (no {META_FILE}); run terra-make-dataset")
         self.meta = json.loads(meta_path.read_text())
         if self.meta.get("version") != DATASET_VERSION:
             raise TerraInputError(

@@ -1,5 +1,5 @@
-"""Synthetic clips written as driving logs, the folder layout ``scripts/prepare_driving_logs.py`` reads
-(terra/training/driving_logs.py), so the synthetic world can stand in for recorded drives.
+"""Synthetic clips written as driving logs, the folder layout ``terra-prepare-logs`` reads
+(terra/inputs/driving_logs.py), so the synthetic world can stand in for recorded drives.
 
 Layout of a logs folder::
 
@@ -28,17 +28,18 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from terra.config.checks import TerraInputError, check_choice
+from terra.config.checks import check_choice
 from terra.config.output_dir import claim_output_dir
+from terra.core.atomic import atomic_dir, json_text, mark, write_text
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.driving_logs import TIMESTAMPS_FILE, TRAJECTORY_STEM
 from terra.sim.clips import random_drive
 from terra.sim.dataset import check_sizes, map_in_processes
 from terra.sim.scene import DOMAINS
-from tokenizer.atomic import atomic_dir, json_text, mark, write_text
 
 LOGS_META_FILE = "clips.json"
-TRAJECTORY_FILE = "trajectory.csv"
-TIMESTAMPS_FILE = "timestamps.txt"
+TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"  # the layout terra/inputs/driving_logs.py reads
 
 
 def clip_id(domain: str, seed: int, index: int) -> str:

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.sim.lighting import NightLights, glow, headlight, night_lights
 from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, Scene, TREE
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.config.checks import TerraInputError, check_choice
+from terra.config.checks import check_choice
+from terra.core.errors import TerraInputError
 
 LANE_WIDTH_M = 3.5
 ROAD_HALF_WIDTH_M = LANE_WIDTH_M  # two lanes

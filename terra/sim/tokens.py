@@ -1,6 +1,6 @@
 """Tokenized clips on disk: one safetensors file with every clip's image codes, actions and poses.
 
-Written by ``scripts/tokenize_dataset.py``, read by ``scripts/train_world_model.py`` (and evaluation):
+Written by ``terra-tokenize``, read by ``terra-train`` (and evaluation):
 
 * ``codes``: int16 (int32 when the codebook needs it) ``[N, T, h, w]``;
 * ``actions``: float32 ``[N, T, 6, 3]``; ``poses``: float64 ``[N, T, 3]``;
@@ -17,9 +17,9 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from terra.config.checks import TerraInputError
-from tokenizer.atomic import atomic_path, mark
-from tokenizer.tensors import check_codes, check_floats
+from terra.core.atomic import atomic_path, mark
+from terra.core.errors import TerraInputError
+from terra.tokenizer.tensors import check_codes, check_floats
 
 TOKENS_VERSION = "1"
 
@@ -67,23 +67,23 @@ def load_tokens(path: str | Path) -> TokenizedClips:
     (finite) checked."""
     path = Path(path)
     if not path.is_file():
-        raise TerraInputError(f"tokenized clips {path} do not exist; run scripts/tokenize_dataset.py first")
+        raise TerraInputError(f"tokenized clips {path} do not exist; run terra-tokenize first")
     try:
         with safe_open(str(path), framework="numpy") as fh:
             meta = fh.metadata() or {}
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise TerraInputError(
-            f"tokenized clips {path} cannot be read ({err}); re-run scripts/tokenize_dataset.py"
+            f"tokenized clips {path} cannot be read ({err}); re-run terra-tokenize"
         ) from None
     if meta.get("version") != TOKENS_VERSION or not {"codes", "actions", "poses"} <= tensors.keys():
         raise TerraInputError(f"{path} is not a tokenized-clips file of version {TOKENS_VERSION}; re-run "
-                              "scripts/tokenize_dataset.py")
+                              "terra-tokenize")
     try:
         codebook_size = int(meta["codebook_size"])
     except (KeyError, ValueError):
-        raise TerraInputError(f"{path} names no codebook size; re-run scripts/tokenize_dataset.py") from None
-    fix = "the file is damaged: re-run scripts/tokenize_dataset.py"
+        raise TerraInputError(f"{path} names no codebook size; re-run terra-tokenize") from None
+    fix = "the file is damaged: re-run terra-tokenize"
     check_codes(tensors["codes"], f"tokenized clips {path}: tensor codes", codebook_size, fix)
     for name in ("actions", "poses"):
         check_floats(tensors[name], f"tokenized clips {path}: tensor {name}", fix)

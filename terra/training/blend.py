@@ -18,8 +18,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from terra.config.checks import Range, TerraInputError, check_choice, check_file_size, required_path, select
+from terra.config.checks import Range, check_choice, check_file_size, required_path, select
 from terra.config.output_dir import claim_output_dir
+from terra.core.errors import TerraInputError
 
 WEIGHT = Range(0, 1, 0.8)
 DTYPES = ("bfloat16", "float32")
@@ -40,14 +41,14 @@ class BlendSpec:
 
 
 def blend_spec(cfg: DictConfig) -> BlendSpec:
-    """The settings of ``scripts/blend_world_models.py``, checked (one :class:`TerraInputError` line each)."""
+    """The settings of ``terra-blend``, checked (one :class:`TerraInputError` line each)."""
     folders = {}
     for key, what in (("base", "the checkpoint the fine-tune started from"), ("tuned", "the fine-tuned model/")):
         folder = required_path(cfg, key, what)
         if not (folder / "config.json").is_file():
             raise TerraInputError(f"{key}={folder} has no config.json; pass a world model's folder ({what})")
         folders[key] = folder
-    # the blend replaces output_dir whole (tokenizer/atomic.py): new, empty or an earlier blend, apart from the inputs
+    # the blend replaces output_dir whole (terra/core/atomic.py): new, empty or an earlier blend, apart from the inputs
     output = claim_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"), "output_dir",
                               files=["config.json", "model.safetensors"], replaced=True,
                               inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()]).path
@@ -63,8 +64,8 @@ def blend(spec: BlendSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from terra.core.atomic import atomic_dir
     from terra.models.checkpoint import read_world_model_config
-    from tokenizer.atomic import atomic_dir
 
     configs = {key: read_world_model_config(folder) for key, folder in (("base", spec.base), ("tuned", spec.tuned))}
     described = {key: {k: v for k, v in config.to_dict().items() if k not in BOOKKEEPING}

@@ -23,9 +23,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from terra.config.checks import TerraInputError, error_reason
+from terra.core.atomic import atomic_path, mark
+from terra.core.errors import TerraInputError, error_reason
 from terra.training.distributed import Processes, barrier
-from tokenizer.atomic import atomic_path, mark
 
 STATE_FILE = "trainer_state.pt"  # written last, atomically: a folder holding it is a complete checkpoint
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
@@ -38,10 +38,25 @@ def _aside(folder: Path) -> tuple[Path, Path]:
     return folder.with_name(f".{folder.name}.tmp"), folder.with_name(f".{folder.name}.old")
 
 
-def _discard(folder: Path) -> None:
+def discard(folder: Path, state_file: str = STATE_FILE) -> None:
     """Delete a checkpoint folder, its state file first, so that a kill half-way leaves no complete-looking one."""
-    (folder / STATE_FILE).unlink(missing_ok=True)
+    (folder / state_file).unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def swap_in(tmp: Path, folder: Path, old: Path, state: dict[str, Any], state_file: str = STATE_FILE) -> None:
+    """Make the checkpoint written in ``tmp`` ``folder``'s, so that at every instant a complete one exists: its
+    content marked, ``state`` written last (atomically: a folder holding ``state_file`` is complete), then two
+    renames, the previous checkpoint moved to ``old`` and discarded. The world model's and the tokenizer's
+    trainers both save this way."""
+    mark(tmp, [entry.name for entry in os.scandir(tmp)] + [state_file])
+    with atomic_path(tmp / state_file) as part:
+        torch.save(state, part)
+    if folder.exists():
+        discard(old, state_file)
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    discard(old, state_file)
 
 
 def _step(folder: Path) -> int | None:
@@ -63,10 +78,10 @@ def find_checkpoint(folder: Path, processes: Processes) -> bool:
         if found:
             newest = max(found, key=lambda pair: pair[0])[1]  # on a tie, folder itself (listed first)
             if newest != folder:
-                _discard(folder)
+                discard(folder)
                 os.replace(newest, folder)
         for path in _aside(folder):
-            _discard(path)
+            discard(path)
     barrier(processes)
     return (folder / STATE_FILE).is_file()
 
@@ -78,21 +93,14 @@ def save_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Opti
     old, its state file last, then swapped in by two renames."""
     tmp, old = _aside(folder)
     if processes.main:
-        _discard(tmp)  # left by a run killed while saving
+        discard(tmp)  # left by a run killed while saving
         tmp.mkdir(parents=True)
     barrier(processes)
     model_state, optim_state = get_state_dict(module, optimizer, options=OPTIONS)
     with _quiet():
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=not processes.distributed)
     if processes.main:
-        mark(tmp, [entry.name for entry in os.scandir(tmp)] + [STATE_FILE])
-        with atomic_path(tmp / STATE_FILE) as part:
-            torch.save(state, part)
-        if folder.exists():
-            _discard(old)
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        _discard(old)
+        swap_in(tmp, folder, old, state)
     barrier(processes)
 
 

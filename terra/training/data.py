@@ -2,9 +2,9 @@
 
 Two sources, told apart by what ``data.tokens`` names:
 
-* a folder of shards (terra/training/shards.py, written by ``scripts/prepare_driving_logs.py``): clips of any
+* a folder of shards (terra/training/shards.py, written by ``terra-prepare-logs``): clips of any
   length, already split into train and validation by clip;
-* a tokenized-clips file (terra/sim/tokens.py, written by ``scripts/tokenize_dataset.py``): clips of equal
+* a tokenized-clips file (terra/sim/tokens.py, written by ``terra-tokenize``): clips of equal
   length, of which the last ``data.val_clips`` are held out.
 
 Every process draws the same global batch of windows from one seeded generator and takes its own slice, so a
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.sim.tokens import load_tokens
 from terra.training.shards import read_index, read_shard
 

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from terra.config.checks import TerraInputError
-from terra.generation.backends import resolve_device
+from terra.core.device import resolve_device
+from terra.core.errors import TerraInputError
 
 
 @dataclass(frozen=True)

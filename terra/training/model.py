@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.checkpoint import read_world_model_config

@@ -1,6 +1,6 @@
 """Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips
-finish, resuming, and the summary (``scripts/prepare_driving_logs.py``; the data rules are
-terra/training/driving_logs.py's, the shard format terra/training/shards.py's).
+finish, resuming, and the summary (``terra-prepare-logs``; the data rules are
+terra/inputs/driving_logs.py's, the shard format terra/training/shards.py's).
 
 Importing this module loads no torch: :func:`prepare_spec` checks the settings first (terra/apps/prepare_logs.py).
 """
@@ -18,18 +18,33 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from omegaconf import DictConfig
 
-from terra.config.backend import check_device
-from terra.config.checks import (MAX_FRAMES, Range, TerraInputError, check_choice, check_flag, check_settings, one_line,
-                                 required_path, select)
+from terra.config.checks import (
+    MAX_FRAMES,
+    Range,
+    check_choice,
+    check_flag,
+    check_settings,
+    one_line,
+    required_path,
+    select,
+)
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
-from terra.inputs.trajectory import RATE_HZ
-from terra.training.driving_logs import (
-    VIDEO_SUFFIX, Resampled, clip_actions, clip_folders, clip_frames, open_clip, read_motion,
+from terra.inputs.driving_logs import (
+    VIDEO_SUFFIX,
+    Resampled,
+    clip_actions,
+    clip_folders,
+    clip_frames,
+    open_clip,
+    read_motion,
 )
+from terra.inputs.trajectory import RATE_HZ
+from terra.tokenizer.resize import RESIZE_MODES
 from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, read_index, write_shard
-from tokenizer.resize import RESIZE_MODES
 
 RANGES = {  # documented in conf/prepare_driving_logs.yaml
     "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
@@ -132,7 +147,7 @@ def clip_score(clip_id: str) -> float:
 
 def assign_splits(new: list[str], val_fraction: float) -> dict[str, str]:
     """``train`` or ``val`` for each new clip id by :func:`clip_score` against ``val_fraction`` (the rule of
-    terra/training/driving_logs.py; :func:`prepare_shards` adds the one exception)."""
+    terra/inputs/driving_logs.py; :func:`prepare_shards` adds the one exception)."""
     return {clip: "val" if clip_score(clip) < val_fraction else "train" for clip in new}
 
 
@@ -208,7 +223,7 @@ def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadP
 
 def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], np.ndarray]]) -> np.ndarray:
     """Codes ``[B, h, w]`` of a batch of frames, read and resized by ``pool``'s threads."""
-    from tokenizer.images import frames_to_tensor
+    from terra.tokenizer.images import frames_to_tensor
 
     frames = np.stack(list(pool.map(lambda read: read(), reads)))
     return tokenizer.encode(frames_to_tensor(frames)).cpu().numpy()

@@ -10,15 +10,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from decoder.writers import write_grid
 from terra.config.sampling import SamplingConfig
-from terra.generation.hf_backend import HFBackend
+from terra.core.atomic import atomic_path
+from terra.decoder.writers import write_grid
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.models import LlamaActionForCausalLM
 from terra.pipeline import WorldModelPipeline
 from terra.training.data import ClipSet
-from tokenizer.atomic import atomic_path
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -29,7 +29,7 @@ def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, cl
     return the mean PSNR (dB) of the generated frames against the clips' own (both decoded by ``tokenizer``),
     and write the first clip (left) beside its rollout (right) to ``path``, atomically."""
     grid = tokenizer.grid_shape
-    pipeline = WorldModelPipeline(tokenizer, HFBackend(model, device, model.dtype), str(device))
+    pipeline = WorldModelPipeline(tokenizer, model_backend(model, device), str(device))
     windows = [clips.window(clip, 0, frames) for clip in ids]
     requests = [RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context,
                                seed=0) for codes, actions in windows]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.training import checkpoint as ckpt
 from terra.training.data import TrainingData, WindowSampler, load_training_data, stack_windows, validation_windows
 from terra.training.distributed import (
@@ -39,7 +39,7 @@ from terra.training.runlog import RunLog
 from terra.training.settings import (
     ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, SAMPLES_DIR, TrainSpec,
 )
-from tokenizer.atomic import atomic_dir, json_text
+from terra.core.atomic import atomic_dir, json_text
 
 BEST_FILE = "best.json"  # in best/: the step and validation scores of its weights
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -141,7 +141,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
     tokenizer = None  # the main process's, for the sample rollouts (loaded once)
     if preview and processes.main:
-        from tokenizer import load_tokenizer
+        from terra.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
     if spec.sample_gif and val and not preview:

@@ -10,8 +10,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from terra.core.atomic import json_text, write_text
 from terra.training.settings import LOG_FILE, TENSORBOARD_DIR
-from tokenizer.atomic import json_text, write_text
 
 
 class RunLog:

@@ -24,9 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from terra.config.backend import check_device
-from terra.config.checks import (Range, TerraInputError, check_choice, check_file_size, check_flag, check_settings,
-                                 required_path, select, shown)
+from terra.core.device import check_device
+from terra.config.checks import (
+    Range, check_choice, check_file_size, check_flag, check_settings, required_path, select, shown,
+)
+from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 
@@ -92,7 +94,7 @@ class LoraSpec:
 class TrainSpec:
     """Everything a training run reads, each value checked once (:func:`train_spec`)."""
 
-    data: str  # a tokenized-clips file (scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)
+    data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
@@ -154,7 +156,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     data = select(cfg, "data.tokens")
     if not isinstance(data, str) or not Path(data).exists():
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
-                              "(scripts/tokenize_dataset.py) or a shard folder (scripts/prepare_driving_logs.py)")
+                              "(terra-tokenize) or a shard folder (terra-prepare-logs)")
     sample_gif = check_flag(select(cfg, "sample.gif"), "sample.gif")
     output = claim_output_dir(required_path(cfg, "output_dir", "the run folder"), "output_dir", files=[LOG_FILE],
                               folders=[SAMPLES_DIR, TENSORBOARD_DIR],

@@ -1,6 +1,6 @@
 """Training shards: tokenized clips of any length, grouped in safetensors files, with one index per folder.
 
-Written by :mod:`terra.training.driving_logs` (``scripts/prepare_driving_logs.py``), read by the trainer
+Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by the trainer
 (:mod:`terra.training.data`). A shard folder holds:
 
 * ``index.json`` — ``version``, ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames
@@ -24,10 +24,11 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from terra.config.checks import TerraInputError, shown
+from terra.config.checks import shown
+from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
-from tokenizer.atomic import atomic_path, json_text, mark, write_text
-from tokenizer.tensors import check_codes, check_floats
+from terra.tokenizer.tensors import check_codes, check_floats
 
 SHARDS_VERSION = 1
 INDEX_FILE = "index.json"
@@ -81,7 +82,7 @@ def read_index(folder: str | Path) -> ShardIndex:
     clip listed twice."""
     path = Path(folder) / INDEX_FILE
     if not path.is_file():
-        raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with scripts/prepare_driving_logs.py")
+        raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with terra-prepare-logs")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if raw["version"] != SHARDS_VERSION:
@@ -97,7 +98,7 @@ def read_index(folder: str | Path) -> ShardIndex:
                            float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards)
     except (ValueError, KeyError, TypeError) as err:
         raise TerraInputError(f"{path} is not a shard index of version {SHARDS_VERSION} ({err}); "
-                              "prepare the shards again with scripts/prepare_driving_logs.py") from None
+                              "prepare the shards again with terra-prepare-logs") from None
     seen: dict[str, str] = {}
     for entry in shards:
         if not (Path(folder) / entry.file).is_file():

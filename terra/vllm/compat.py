@@ -160,7 +160,7 @@ def jacobi_engine_kwargs(num_drafts: int) -> dict[str, Any]:
     falls back to it when there is no speculator); the model's config carries no ``canvas_length``, so vLLM keeps
     treating it as autoregressive.
     """
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
 
     why = jacobi_unavailable()
     if why:
@@ -173,7 +173,7 @@ def check_jacobi_engine(vllm_config: Any) -> None:
     """Fail with one line when a started engine will not run the draft slots through
     :mod:`terra.vllm.jacobi_state`: the V1 runner never asks the model for its sampler, and without asynchronous
     scheduling the engine core never hands drafts written on the device to the scheduler."""
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
 
     if not vllm_config.use_v2_model_runner:
         raise TerraInputError("speculative decoding needs vLLM's Model Runner V2, and this engine chose the V1 "

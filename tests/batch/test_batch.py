@@ -1,4 +1,4 @@
-"""Batch rollouts (terra.batch, scripts/rollout.py) on the shipped demo models with the Transformers backend.
+"""Batch rollouts (terra.batch, terra-rollout) on the shipped demo models with the Transformers backend.
 
 Resume after SIGKILL, per-sample failures with exit code 1, sharding. Kept small (two generated frames, a few
 samples, one torch thread) so the file runs in about a minute on two shared CPU cores.
@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
-from terra.config.checks import TerraInputError
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
+from terra.core.errors import TerraInputError
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "rollout.py"
+APP = "terra.apps.rollout"  # terra-rollout
 NUM_CONTEXT = 3
 NUM_FRAMES = 2
 TOTAL = NUM_CONTEXT + NUM_FRAMES
@@ -75,7 +75,7 @@ def mixed_lines(scenes: dict, count: int) -> list[str]:
 
 
 def script_args(samples: Path, out: Path, scenes: dict, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPT), f"samples={samples}", f"output.dir={out}", f"image_root={scenes['root']}",
+    return [sys.executable, "-m", APP, f"samples={samples}", f"output.dir={out}", f"image_root={scenes['root']}",
             "backend=hf", "device=cpu", f"num_frames={NUM_FRAMES}", f"num_context={NUM_CONTEXT}", "num_threads=1",
             "progress=false", *extra]
 

@@ -1,4 +1,4 @@
-"""Hostile inputs to batch rollouts (scripts/rollout.py, terra.batch): no traceback, no hang, no torn manifest.
+"""Hostile inputs to batch rollouts (terra-rollout, terra.batch): no traceback, no hang, no torn manifest.
 
 * A run that fails as a whole (a bad setting, samples file or output folder): exit code 2, exactly one line on
   stderr, nothing left behind (no output folder, nothing in the working folder); settings fail before torch.
@@ -30,18 +30,23 @@ from types import SimpleNamespace
 import imageio.v3 as iio
 import pytest
 
-from terra.config.lock import output_lock
-from terra.batch.manifest import MAX_ERROR_CHARS, Manifest, error_line, read_manifest
-from terra.config.checks import TerraInputError
+from terra.batch.manifest import Manifest, read_manifest, sample_error
+from terra.core.atomic import MARKER
+from terra.core.errors import MAX_ERROR_CHARS, TerraInputError
+from terra.core.lock import output_lock
 from tests.batch.test_batch import (  # noqa: F401  (scenes is a fixture)
-    NUM_CONTEXT, TEMP_NAME, TOTAL, actbench_line, scenes, terra_line,
+    NUM_CONTEXT,
+    TEMP_NAME,
+    TOTAL,
+    actbench_line,
+    scenes,
+    terra_line,
 )
 from tests.conftest import spawn_interruptible
 from tests.test_hostile_inputs import png_header
-from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "rollout.py"
+APP = "terra.apps.rollout"  # terra-rollout
 DEMO = ROOT / "terra" / "assets" / "demo"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -78,9 +83,9 @@ def hostile(scenes, tmp_path_factory) -> SimpleNamespace:
 
 
 def rollout(*args: str, cwd: Path, timeout: float = 300, wrapper: str | None = None) -> subprocess.CompletedProcess:
-    """Run scripts/rollout.py (or ``wrapper``, Python code that runs it) in ``cwd`` on the demo model, CPU."""
+    """Run terra-rollout (or ``wrapper``, Python code that runs it) in ``cwd`` on the demo model, CPU."""
     cwd.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-c", wrapper, str(SCRIPT)] if wrapper else [sys.executable, str(SCRIPT)]
+    command = [sys.executable, "-c", wrapper, APP] if wrapper else [sys.executable, "-m", APP]
     return subprocess.run([*command, *fast_args(), *args], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -94,7 +99,7 @@ def one_error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
     assert result.returncode == code, (result.returncode, result.stderr[-3000:])
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rollout: "), result.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("terra-rollout: "), result.stderr[-3000:]
     return lines[0]
 
 
@@ -140,13 +145,13 @@ def test_hostile_run_exits_2_with_one_line_and_leaves_nothing(case, hostile, tmp
     out, cwd = tmp_path / "out", tmp_path / "cwd"
     args = [f"samples={hostile.good}", f"image_root={hostile.root}", f"output.dir={out}", *overrides(hostile)]
     line = one_error_line(rollout(*args, cwd=cwd, timeout=120))
-    assert line.startswith("rollout: error: ") and expected in line, line
+    assert line.startswith("terra-rollout: error: ") and expected in line, line
     assert not out.exists() and list(cwd.iterdir()) == []
 
 
-# Runs the script (argv[1]) in this process and says on stdout whether torch was imported by the time it ended.
+# Runs the app module (argv[1]) in this process and says on stdout whether torch was imported by the time it ended.
 TORCH_PROBE = ("import runpy, sys\nsys.argv = sys.argv[1:]\n"
-               "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+               "try:\n    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
                "finally:\n    print('torch imported:', 'torch' in sys.modules, flush=True)\n")
 
 
@@ -163,7 +168,7 @@ def test_internal_error_is_one_line_exit_1_and_verbose_shows_the_traceback(hosti
     out = tmp_path / "out"
     quiet = rollout(f"samples={hostile.good}", f"output.dir={out}", cwd=tmp_path / "cwd", wrapper=broken)
     line = one_error_line(quiet, code=1)
-    assert line.startswith("rollout: internal error: RuntimeError: boom (a bug") and "--verbose" in line, line
+    assert line.startswith("terra-rollout: internal error: RuntimeError: boom (a bug") and "--verbose" in line, line
     verbose = rollout(f"samples={hostile.good}", f"output.dir={out}", "--verbose", cwd=tmp_path / "cwd",
                       wrapper=broken)
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr and "RuntimeError: boom" in verbose.stderr
@@ -279,7 +284,7 @@ def ok_records(manifest: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_second_run_into_the_same_folder_exits_2_at_once_and_the_first_completes(scenes, hostile, tmp_path):
     samples, out = many_samples(scenes, hostile.jsonl, 4), tmp_path / "out"
-    args = [sys.executable, str(SCRIPT), *fast_args(), f"samples={samples}", f"image_root={hostile.root}",
+    args = [sys.executable, "-m", APP, *fast_args(), f"samples={samples}", f"image_root={hostile.root}",
             f"output.dir={out}", "max_concurrent=1"]
     first = subprocess.Popen(args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -312,7 +317,7 @@ def read_text(path: Path) -> str:
 def test_a_killed_holder_frees_the_lock(tmp_path):
     manifest = tmp_path / "out" / "manifest.jsonl"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom terra.config.lock import output_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom terra.core.lock import output_lock\n"
          f"with output_lock({str(manifest)!r}):\n    print('held', flush=True)\n    time.sleep(600)\n"],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     try:
@@ -339,7 +344,7 @@ def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_re
     count = 6
     samples, out = many_samples(scenes, hostile.jsonl, count), tmp_path / "out"
     manifest = out / "manifest.jsonl"
-    args = [sys.executable, str(SCRIPT), *fast_args(), f"samples={samples}", f"image_root={hostile.root}",
+    args = [sys.executable, "-m", APP, *fast_args(), f"samples={samples}", f"image_root={hostile.root}",
             f"output.dir={out}", "max_concurrent=1", "output.formats=[mp4,png]"]
     proc = spawn_interruptible(args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -350,7 +355,7 @@ def test_interrupt_mid_run_stops_with_one_line_and_a_consistent_manifest_then_re
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum, (proc.returncode, stderr)
-    assert stderr.strip() == f"rollout: interrupted by {signal.Signals(signum).name}", stderr
+    assert stderr.strip() == f"terra-rollout: interrupted by {signal.Signals(signum).name}", stderr
     raw = manifest.read_text().splitlines()
     records = [json.loads(line) for line in raw]  # every line a whole record
     assert 1 <= len(records) < count and {r["status"] for r in records} == {"ok"}
@@ -404,12 +409,12 @@ def test_a_gpu_out_of_memory_is_recorded_with_the_setting_that_frees_the_gpu():
 
     detail = ("CUDA out of memory. Tried to allocate 216.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
               "72.56 MiB is free. " + "Of the allocated memory 1.2 GiB is allocated by PyTorch. " * 12)
-    line = error_line(torch.OutOfMemoryError(detail))
+    line = sample_error(torch.OutOfMemoryError(detail))
     assert len(line) == MAX_ERROR_CHARS and "\n" not in line  # one line, the detail cut, the fix kept
-    assert line.startswith("the GPU ran out of memory beside the engine: lower backend.options.gpu_memory_utilization "
-                           "(vLLM's share), writer_threads or max_concurrent (torch.OutOfMemoryError: CUDA out of "
-                           "memory. Tried to allocate 216.00 MiB.")
-    assert error_line(RuntimeError("CUDA error: an illegal memory access")) == (
+    assert line.startswith("the GPU ran out of memory: lower backend.options.gpu_memory_utilization (vLLM's share "
+                           "beside the engine), writer_threads or max_concurrent (torch.OutOfMemoryError: CUDA out "
+                           "of memory. Tried to allocate 216.00 MiB.")
+    assert sample_error(RuntimeError("CUDA error: an illegal memory access")) == (
         "RuntimeError: CUDA error: an illegal memory access")  # other GPU errors keep their own text
 
 
@@ -465,7 +470,7 @@ def test_mp4_without_an_ffmpeg_that_runs_exits_2_before_generating(hostile, tmp_
     out, cwd = tmp_path / "out", tmp_path / "cwd"
     line = one_error_line(rollout(f"samples={hostile.good}", f"image_root={hostile.root}", f"output.dir={out}",
                                   "output.formats=[mp4]", cwd=cwd, timeout=120))
-    assert line.startswith("rollout: error: MP4 output needs an ffmpeg") and "IMAGEIO_FFMPEG_EXE" in line, line
+    assert line.startswith("terra-rollout: error: MP4 output needs an ffmpeg") and "IMAGEIO_FFMPEG_EXE" in line, line
     assert not out.exists() and list(cwd.iterdir()) == []
 
 

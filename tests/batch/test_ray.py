@@ -24,12 +24,12 @@ import pytest
 import ray
 
 from terra.batch import BatchConfig, read_manifest, run_batch
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from tests.conftest import load_script, spawn_interruptible
 from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
     NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
 )
-from tokenizer.atomic import MARKER
+from terra.core.atomic import MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -141,14 +141,14 @@ def test_sigkilled_driver_then_rerun_resumes(tmp_path, scenes, ray_cluster):
     assert sorted(r["sample_id"] for r in records) == ids  # each exactly once
     final = {r["sample_id"]: r["status"] for r in records}
     assert {i for i, s in final.items() if s == "skipped"} >= done and set(final.values()) <= {"ok", "skipped"}
-    assert "rollout: actor 0 on " in rerun.stdout and "(CPU)" in rerun.stdout
+    assert "terra-rollout: actor 0 on " in rerun.stdout and "(CPU)" in rerun.stdout
     check_outputs(out, ids, formats=("mp4",))
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rollout: error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("terra-rollout: error: "), result.stderr
     return lines[0]
 
 
@@ -262,7 +262,7 @@ def test_ctrl_c_stops_the_actors_on_the_cluster(tmp_path, scenes, ray_cluster):
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
-    assert stderr.strip().splitlines()[-1] == "rollout: interrupted by SIGINT"
+    assert stderr.strip().splitlines()[-1] == "terra-rollout: interrupted by SIGINT"
     deadline = time.monotonic() + 30  # the run's actors leave the cluster, which goes on serving others
     while [n for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith("terra-batch-")]:
         assert time.monotonic() < deadline, "the actors were left running"

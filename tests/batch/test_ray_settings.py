@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from terra.batch.ray_settings import RaySettings, check_executor
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 
 def test_defaults_and_a_full_block():

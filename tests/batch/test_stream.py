@@ -73,14 +73,14 @@ def fakes(monkeypatch):
         if item.sample == 5:
             raise ValueError("unreadable frame")
         request = SimpleNamespace(key=item.sample, num_frames=1 + item.sample % 3)
-        return engine._Prepared(item, request, None, [], 1, started)
+        return engine.PreparedSample(item, request, None, [], 1, started)
 
     def write(self, prepared, generated, generate_s, stats):
         written.append(prepared.item.sample)
         return []
 
-    monkeypatch.setattr(stream, "_prepare", prepare)
-    monkeypatch.setattr(engine._Writer, "write", write)
+    monkeypatch.setattr(stream, "prepare_sample", prepare)
+    monkeypatch.setattr(engine.SampleWriter, "write", write)
     for module in (stream, engine):
         monkeypatch.setattr(module, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status,
                                                                                    **kw})

@@ -16,7 +16,6 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from terra.apps.runner import CONF_DIR
-from terra.config.assets import ASSETS
 from terra.closedloop.fidelity import run_fidelity
 from terra.closedloop.loop import DriveSpec, drive_specs
 from terra.closedloop.policies import reference_policy
@@ -24,11 +23,12 @@ from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
 from terra.closedloop.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
-from terra.config.checks import TerraInputError
-from terra.config.lock import output_lock
+from terra.config.assets import ASSETS
+from terra.core.atomic import MARKER, mark, marked
+from terra.core.errors import TerraInputError
+from terra.core.lock import output_lock
 from terra.sim.logs import write_driving_logs
 from tests.conftest import load_script
-from tokenizer.atomic import MARKER, mark, marked
 
 SIZE = (72, 128)
 LANE = "synthetic-0-000__lane_follower"  # the first drive of the default synthetic scenarios

@@ -14,7 +14,7 @@ from terra.apps.runner import CONF_DIR
 from terra.batch.manifest import read_manifest
 from terra.closedloop.drives import drive
 from terra.closedloop.settings import drive_settings
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 
 POLICIES = "policies=[lane_follower,constant_speed]"
 

@@ -20,8 +20,8 @@ from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.session import SessionHost  # noqa: E402
 from terra.session.context import SessionContext  # noqa: E402
+from terra.tokenizer.lfq import LFQTokenizer  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402
-from tokenizer.lfq import LFQTokenizer  # noqa: E402
 
 STEPS = 5  # 3 context frames + 5: past the tiny model's 6-frame window
 

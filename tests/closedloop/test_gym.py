@@ -18,8 +18,8 @@ from terra.generation.hf_backend import HFBackend  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.session import SessionHost  # noqa: E402
+from terra.tokenizer.lfq import LFQTokenizer  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402
-from tokenizer.lfq import LFQTokenizer  # noqa: E402
 
 SIZE = (72, 128)
 

@@ -9,12 +9,12 @@ import threading
 import numpy as np
 import pytest
 
+from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.plans import Plan
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.record import metrics_of
 from terra.closedloop.run import RunSettings, drive_and_record
-from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 

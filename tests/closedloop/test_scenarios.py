@@ -13,7 +13,7 @@ from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.scenarios import log_scenarios, sample_scenarios, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.sim.logs import write_driving_logs
 
 SIZE = (72, 128)

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from decoder import (
+from terra.decoder import (
     codes_to_frames, draw_trajectory, mark_frames, tile_grid, write_gif, write_grid, write_mp4, write_png_sequence,
     write_sidecar, write_video,
 )
-from decoder.frames import images_to_uint8
-from decoder.overlay import CONTEXT_COLOR, GENERATED_COLOR
-from decoder.writers import mp4_command
-from terra.config.checks import TerraInputError
+from terra.decoder.frames import images_to_uint8
+from terra.decoder.overlay import CONTEXT_COLOR, GENERATED_COLOR
+from terra.decoder.writers import mp4_command
+from terra.core.errors import TerraInputError
 from terra.inputs.actions import actions_for_manoeuvre
-from tokenizer import LFQTokenizer
-from tokenizer.atomic import atomic_path
+from terra.tokenizer import LFQTokenizer
+from terra.core.atomic import atomic_path
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -19,14 +19,15 @@ import torch
 
 pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip install '.[refiner]')")
 
-from decoder.refiner import TERRA, TINY, decode_windows, guidance_scales, load_refiner, plan_passes  # noqa: E402
-from decoder.refiner.keys import key_table  # noqa: E402
-from decoder.refiner.model import VideoRefiner  # noqa: E402
-from decoder.refiner.sampler import (Predictor, conditioning_vector, denoise, euler_step,  # noqa: E402
-                                     initial_latents, scalings, sigma_schedule, unet_predictor)
+from terra.decoder.refiner import TERRA, TINY, decode_windows, guidance_scales, load_refiner, plan_passes  # noqa: E402
+from terra.decoder.refiner.keys import key_table  # noqa: E402
+from terra.decoder.refiner.model import VideoRefiner  # noqa: E402
+from terra.decoder.refiner.sampler import (
+    Predictor, conditioning_vector, denoise, euler_step, initial_latents, scalings, sigma_schedule, unet_predictor,
+)
 from tests.conftest import shared_reference  # noqa: E402
-from tokenizer import LFQTokenizer  # noqa: E402
-from tokenizer.errors import InputError  # noqa: E402
+from terra.tokenizer import LFQTokenizer  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
@@ -269,7 +270,7 @@ def test_sampler_latents_equal_the_published_step_formulas(tiny, monkeypatch, gu
 
 def test_missing_empty_truncated_or_foreign_files_fail_with_one_line(tiny_file, tmp_path):
     def fails(path, config="tiny") -> str:
-        with pytest.raises(InputError) as err:
+        with pytest.raises(TerraInputError) as err:
             load_refiner(path, config, device="cpu")
         assert "\n" not in str(err.value)
         return str(err.value)
@@ -289,11 +290,12 @@ def test_missing_empty_truncated_or_foreign_files_fail_with_one_line(tiny_file, 
 
 
 def test_full_size_refiner_on_a_cpu_is_refused_before_anything_loads(tmp_path):
-    with pytest.raises(InputError, match="needs a CUDA GPU.*allow_cpu=true"):
+    with pytest.raises(TerraInputError, match="needs a CUDA GPU.*allow_cpu=true"):
         load_refiner(tmp_path / "missing.pt", "terra", device="cpu")
-    with pytest.raises(InputError, match="unknown refiner settings"):
+    with pytest.raises(TerraInputError, match="unknown refiner settings"):
         TINY.replace(steps=3)
-    with pytest.raises(InputError, match="multiple of"):
+    with pytest.raises(TerraInputError, match="multiple of"):
         TINY.replace(height=30)
-    with pytest.raises(InputError, match=r"arithmetic 'bf16' is unknown; choose one of \['published', 'float32'\]"):
+    with pytest.raises(TerraInputError,
+                       match=r"arithmetic 'bf16' is unknown; choose one of \['published', 'float32'\]"):
         TINY.replace(arithmetic="bf16")

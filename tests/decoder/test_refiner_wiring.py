@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip install '.[refiner]')")
 
-from decoder.refiner import TINY, load_refiner  # noqa: E402
+from terra.decoder.refiner import TINY, load_refiner  # noqa: E402
 from terra.batch import BatchConfig, check_config, run_batch  # noqa: E402
-from terra.config.checks import TerraInputError  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
 from terra.config.spec import RunSpec, check_decoding_name  # noqa: E402
 from terra.refiner import check_decoding  # noqa: E402
@@ -70,9 +70,10 @@ def test_pipeline_refine_replaces_frames_and_adds_timings(tiny_file):
 
 
 def test_only_the_refiner_imports_diffusers():
-    code = ("import sys, decoder, decoder.refiner, terra.apps.generate, terra.pipeline, terra.refiner, terra.outputs; "
+    code = ("import sys, terra.decoder, terra.decoder.refiner, terra.apps.generate, terra.pipeline, terra.refiner, "
+            "terra.outputs; "
             "assert 'diffusers' not in sys.modules, 'diffusers imported'; "
-            "import decoder.refiner.model; assert 'diffusers' in sys.modules")
+            "import terra.decoder.refiner.model; assert 'diffusers' in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
+from terra.core.errors import TerraInputError
 from terra.generation import backends
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest

@@ -130,7 +130,7 @@ def test_prompt_and_items_must_match(vllm_backend):
 def test_rejects_a_folder_without_a_world_model(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed")
     from terra.generation.vllm_backend import VLLMBackend
-    from terra.config.checks import TerraInputError
+    from terra.core.errors import TerraInputError
 
     with pytest.raises(TerraInputError, match="world model config"):
         VLLMBackend(str(tmp_path))

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.generation.speculative import accepted_guesses, next_guesses
 from tests.conftest import tiny_model

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from terra.config.backend import check_backend
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost
+from terra.tokenizer.lfq import LFQTokenizer
 from tests.conftest import VLLM_BLOCK_SIZE
 from tests.session.test_sessions import rollout_inputs
-from tokenizer.lfq import LFQTokenizer
 
 pytestmark = pytest.mark.vllm
 

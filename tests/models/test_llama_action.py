@@ -11,7 +11,7 @@ from tests.conftest import TINY, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.config.sampling import SamplingConfig
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout, plan_windows

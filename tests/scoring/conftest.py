@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "score_actbench.py"
+APP = "terra.apps.score"  # terra-score
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ENV.pop("HYDRA_FULL_ERROR", None)
 FRAMES, HEIGHT, WIDTH = 46, 48, 80  # 2 context + 44 scored frames, small
@@ -59,8 +59,8 @@ def copy_inputs(inputs: SimpleNamespace, where: Path) -> SimpleNamespace:
 
 
 def run_score(inputs: SimpleNamespace, output_dir: Path, *overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``scripts/score_actbench.py`` on ``inputs`` in a process of its own (CPU, decoding in this process)."""
+    """``terra-score`` on ``inputs`` in a process of its own (CPU, decoding in this process)."""
     args = [f"videos={inputs.videos}", f"samples={inputs.samples}", f"estimator={inputs.estimator}",
             f"output_dir={output_dir}", "device=cpu", "num_workers=0", "num_threads=1", *overrides]
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", APP, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=300)

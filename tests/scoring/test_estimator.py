@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator, match_weights, same_padding
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "act_estimator.tensors.json"

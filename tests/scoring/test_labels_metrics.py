@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.labels import LABELS, SUMMARY_ORDER, command_label, reference_waypoints
 from terra.scoring.metrics import compute_metrics, confusion_counts, displacement_errors, row_normalized
 from terra.scoring.samples import read_samples

@@ -1,4 +1,4 @@
-"""``scripts/score_actbench.py`` end to end on the tiny estimator and small synthetic videos (tests/scoring/
+"""``terra-score`` end to end on the tiny estimator and small synthetic videos (tests/scoring/
 conftest.py): the files ACT-Bench writes, metrics equal to a plain numpy computation from ``results.jsonl``, and
 bad input ending with exit code 2, one line on stderr and nothing written."""
 
@@ -15,11 +15,11 @@ import pytest
 import safetensors.torch
 import torch
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.scoring.report import COLUMNS
 from terra.scoring.run import score
 from terra.scoring.settings import ScoringSettings, scoring_settings
-from tests.scoring.conftest import ENV, SAMPLE_IDS, SCRIPT, copy_inputs, run_score
+from tests.scoring.conftest import APP, ENV, SAMPLE_IDS, copy_inputs, run_score
 
 SUMMARY_KEYS = {"number_of_samples": None, "number_of_samples_per_action_class": None,
                 "instruction_fidelity": {"recall", "accuracy"},
@@ -83,7 +83,7 @@ def test_the_same_videos_score_the_same_in_process_with_a_worker(inputs, scored,
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     again = score(settings)
     err = capsys.readouterr().err
-    assert f"score_actbench: loading the estimator from {inputs.estimator} ..." in err
+    assert f"terra-score: loading the estimator from {inputs.estimator} ..." in err
     assert f"scoring {len(SAMPLE_IDS)} videos on cpu (1 decoding workers)" in err
     assert f"{len(SAMPLE_IDS)}/{len(SAMPLE_IDS)}" in err  # the bar over the videos
     first = json.loads((out / "summary.json").read_text())
@@ -104,7 +104,7 @@ def spoil(case: str, copy) -> str:
     if case == "short video":  # the sixth of nine: a later batch, after some were estimated
         frames = np.zeros((40, 48, 80, 3), np.uint8)
         video.unlink()
-        from decoder.writers import write_mp4
+        from terra.decoder.writers import write_mp4
 
         write_mp4(video, frames)
         return f"{video} has 40 frames; scoring needs at least 44"
@@ -173,7 +173,7 @@ def test_the_script_exits_2_with_one_line(inputs, tmp_path, case):
     expected = spoil(case, copy)
     result = run_score(copy, tmp_path / "out", "num_workers=1", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("score_actbench: error: "), result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("terra-score: error: "), result.stderr
     assert expected in result.stderr
     assert not (tmp_path / "out").exists() and result.stdout == ""
 
@@ -211,7 +211,7 @@ def test_settings_are_checked_before_anything_loads(tmp_path, monkeypatch, overr
 
 
 def test_an_unknown_setting_exits_2_before_torch(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "+score=true"], cwd=tmp_path, env=ENV, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", APP, "+score=true"], cwd=tmp_path, env=ENV, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "unknown setting 'score'" in result.stderr and list(tmp_path.iterdir()) == []
@@ -227,7 +227,7 @@ def test_the_settings_check_loads_no_torch():
 
 
 def dry_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "dry_run=true", *args], cwd=cwd, env=ENV,
+    return subprocess.run([sys.executable, "-m", APP, "dry_run=true", *args], cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -237,7 +237,7 @@ def test_a_dry_run_checks_videos_and_estimator_without_weights_or_output(inputs,
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and list(tmp_path.iterdir()) == []  # no output_dir needed, nothing written
     lines = result.stdout.splitlines()
-    assert lines[0] == "score_actbench dry run: ready to score"
+    assert lines[0] == "terra-score dry run: ready to score"
     assert lines[1].startswith(f"estimator: {inputs.estimator} has model.safetensors (not loaded); 44 frames")
     assert f"samples: {len(SAMPLE_IDS)} of 9 classes in {inputs.samples} (1 rows of other classes left out" in lines[2]
     assert lines[3].startswith(f"videos: {len(SAMPLE_IDS)} of {len(SAMPLE_IDS)} samples' videos in {inputs.videos}, "
@@ -255,11 +255,11 @@ def test_a_dry_run_lists_what_is_missing_and_points_to_the_measure_without_weigh
     broken.write_bytes(b"not a video")
     result = dry_run(f"videos={copy.videos}", f"samples={copy.samples}", cwd=tmp_path)  # no estimator at all
     assert result.returncode == 2
-    assert result.stderr == "score_actbench: error: the dry run found 4 problem(s), listed above\n"
+    assert result.stderr == "terra-score: error: the dry run found 4 problem(s), listed above\n"
     head = result.stdout.splitlines()[0]
-    assert head.startswith("score_actbench dry run: not ready, 4 problem(s): no estimator (not given): hf download "
+    assert head.startswith("terra-score dry run: not ready, 4 problem(s): no estimator (not given): hf download "
                            "turing-motors/ACT-Estimator --local-dir ACT-Estimator; ")
     assert f"1 samples have no video (first: sample {SAMPLE_IDS[0]}; expected e.g. NUSCENES_ACTION_" in head
     assert f"1 videos are shorter than the 44 frames the estimator scores (first: {short.name} (30 frames))" in head
     assert f"1 videos cannot be read (first: video {broken} cannot be read (" in head, head
-    assert "python scripts/evaluate.py measures a world model against the synthetic world" in result.stdout
+    assert "terra-evaluate measures a world model against the synthetic world" in result.stdout

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from decoder.writers import write_mp4
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
+from terra.decoder.writers import write_mp4
 from terra.scoring.samples import BenchSample
 from terra.scoring.videos import VideoClips, collate, decode_last, find_videos, match_videos, preprocess, resize_size
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import RolloutState
 from terra.generation.vllm_backend import FrameStat, VLLMBackend

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.models.presets import TINY, TINY_TOKENIZER
+from terra.tokenizer import LFQTokenizer
 from tests.conftest import load_script, tiny_model
-from tokenizer import LFQTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.session.controls import KeyDriver, advance_pose, drive_action, ego_motion, parse_action, speed_of

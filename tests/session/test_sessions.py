@@ -11,15 +11,15 @@ import threading
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost, drive_action
+from terra.tokenizer.lfq import LFQTokenizer
 from tests.conftest import tiny_model
-from tokenizer.lfq import LFQTokenizer
 
 GREEDY = SamplingConfig(temperature=0)
 SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95)

@@ -12,9 +12,9 @@ from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost
+from terra.tokenizer.lfq import LFQTokenizer
 from tests.conftest import VLLM_BLOCK_SIZE
 from tests.session.test_sessions import GREEDY, SAMPLED, rollout_inputs
-from tokenizer.lfq import LFQTokenizer
 
 pytestmark = pytest.mark.vllm
 

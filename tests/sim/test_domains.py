@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.sim import Scene, random_clip, render, sample_frames
 from terra.sim.clips import random_drive
 from terra.sim.dataset import ClipDataset, write_dataset

@@ -1,5 +1,5 @@
-"""Synthetic clips as driving logs (terra/sim/logs.py): ``make_dataset.py format=driving_logs`` writes what
-``prepare_driving_logs.py`` reads, every clip used, with the clips' own frames and actions."""
+"""Synthetic clips as driving logs (terra/sim/logs.py): ``terra-make-dataset format=driving_logs`` writes what
+``terra-prepare-logs`` reads, every clip used, with the clips' own frames and actions."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from terra.config.checks import TerraInputError
+from terra.core.atomic import MARKER
+from terra.core.errors import TerraInputError
 from terra.sim import random_clip
 from terra.sim.logs import LOGS_META_FILE, write_driving_logs
 from terra.training.shards import read_index, read_shard
-from tokenizer.atomic import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -27,7 +27,7 @@ IDS = ["night-1-00000", "night-1-00001", "night-1-00002"]
 
 
 def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args], cwd=cwd, env=ENV,
+    return subprocess.run([sys.executable, "-m", f"terra.apps.{name}", *args], cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -61,7 +61,7 @@ def test_the_logs_hold_each_clips_frames_times_and_trajectory(logs):
 
 
 def test_prepare_driving_logs_uses_every_clip_with_its_own_actions(logs):
-    done = script("prepare_driving_logs", f"logs={logs}", "output_dir=shards", "device=cpu", "progress=false",
+    done = script("prepare_logs", f"logs={logs}", "output_dir=shards", "device=cpu", "progress=false",
                   cwd=logs.parent)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert "3 clips used" in done.stdout and "0 skipped" in done.stdout

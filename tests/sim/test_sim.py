@@ -5,12 +5,11 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.trajectory import MANOEUVRES
 from terra.sim import Clip, Scene, make_clip, random_clip, render, sample_frames
@@ -181,8 +180,7 @@ def test_dataset_round_trip(tmp_path):
 
 
 def test_make_dataset_script(tmp_path):
-    script = Path(__file__).resolve().parents[2] / "scripts" / "make_dataset.py"
-    done = subprocess.run([sys.executable, str(script), f"out_dir={tmp_path / 'ds'}", "num_clips=3", "num_frames=2",
+    done = subprocess.run([sys.executable, "-m", "terra.apps.make_dataset", f"out_dir={tmp_path / 'ds'}", "num_clips=3", "num_frames=2",
                            "height=16", "width=32", "workers=2", "clips_per_shard=2"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr

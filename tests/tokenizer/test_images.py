@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from terra.config.checks import TerraInputError
-from tokenizer.images import frames_to_tensor, load_frames, load_images
+from terra.core.errors import TerraInputError
+from terra.tokenizer.images import frames_to_tensor, load_frames, load_images
 
 
 def solid(color, size=(20, 40)) -> np.ndarray:

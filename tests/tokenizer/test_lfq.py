@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from terra.core.errors import TerraInputError
+from terra.tokenizer import LFQTokenizer, load_tokenizer
+from terra.tokenizer.lfq import TERRA_CONFIG
+from terra.tokenizer.lfq_quantizer import ENTROPY_TEMPERATURE, bits_to_codes, entropies
+from terra.tokenizer.magvit2 import depth_to_space
 from tests.conftest import shared_reference
-from tokenizer import LFQTokenizer, load_tokenizer
-from tokenizer.errors import InputError
-from tokenizer.lfq import TERRA_CONFIG
-from tokenizer.lfq_quantizer import ENTROPY_TEMPERATURE, bits_to_codes, entropies
-from tokenizer.magvit2 import depth_to_space
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
@@ -277,7 +277,7 @@ def test_a_tiny_tokenizer_learns_to_reconstruct():
 def test_bad_configs_are_one_line_errors(change, message):
     config = published_config()
     change(config)
-    with pytest.raises(InputError, match=message) as err:
+    with pytest.raises(TerraInputError, match=message) as err:
         LFQTokenizer(config)
     assert "\n" not in str(err.value)
 
@@ -294,6 +294,6 @@ def test_weights_that_do_not_match_the_config_are_one_line_errors(tmp_path, chan
     write_published_folder(tmp_path / "tok", config)
     change(config)
     (tmp_path / "tok" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InputError, match=message) as err:
+    with pytest.raises(TerraInputError, match=message) as err:
         load_tokenizer(tmp_path / "tok")
     assert "\n" not in str(err.value) and str(tmp_path / "tok") in str(err.value)

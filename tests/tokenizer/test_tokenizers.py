@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from terra.config.checks import TerraInputError
-from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
-from tokenizer.lfq_quantizer import bits_to_codes, codes_to_bits
+from terra.core.errors import TerraInputError
+from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
+from terra.tokenizer.lfq_quantizer import bits_to_codes, codes_to_bits
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -1,4 +1,4 @@
-"""scripts/blend_world_models.py: a fine-tune blended with its starting checkpoint, base + weight * (tuned - base)."""
+"""terra-blend: a fine-tune blended with its starting checkpoint, base + weight * (tuned - base)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from terra.generation.rollout import RolloutRequest
 from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "blend_world_models.py"
+APP = "terra.apps.blend"  # terra-blend
 
 
 def blend(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", APP, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -78,7 +78,7 @@ def test_the_blend_lies_on_the_line_from_base_to_tuned(pair, tmp_path):
     (["output_dir=PARENT"], "holds the base model's folder "),
     (["output_dir=NOTES"], "holds files the toolkit did not write ('todo.txt'), which writing there would delete"),
     (["tuned=OTHER"], "base and tuned are not one architecture (config.json: hidden_size 128 vs 32"),
-    (["alpha=0.5"], "unknown setting 'alpha' (`python scripts/blend_world_models.py --cfg job` lists the settings)"),
+    (["alpha=0.5"], "unknown setting 'alpha' (`terra-blend --cfg job` lists the settings)"),
 ], ids=["weight", "missing", "into-base", "over-base", "over-files", "architecture", "unknown"])
 def test_bad_settings_are_one_line_and_write_nothing(pair, tmp_path, settings, message):
     base_dir, tuned_dir = pair
@@ -95,6 +95,6 @@ def test_bad_settings_are_one_line_and_write_nothing(pair, tmp_path, settings, m
     done = blend(*(f"{k}={v}" for k, v in args.items()), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("blend_world_models: error: ") and message in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("terra-blend: error: ") and message in lines[0], lines
     assert not (tmp_path / "out").exists() and (notes / "todo.txt").read_text() == "keep me"
     assert (base_dir / "config.json").is_file() and (tuned_dir / "config.json").is_file()

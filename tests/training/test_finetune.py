@@ -18,13 +18,13 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from terra.apps.runner import ASSETS
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
+from terra.tokenizer import load_tokenizer
 from terra.training.run import train as run_training
 from terra.training.settings import train_spec
 from terra.training.shards import ShardIndex, write_shard
-from tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
@@ -218,9 +218,9 @@ def test_two_processes_under_torchrun_match_one(shards, tmp_path, mode):
               "train.log_every=1", "train.eval_every=3", "train.device=cpu", "sample.gif=false",
               "train.tensorboard=false", "export.dtype=float32"]
     common += TINY_NET if mode == "full" else [f"init={DEMO_MODEL}", "finetune=lora"]
-    script = str(ROOT / "scripts" / "train_world_model.py")
-    run_script([sys.executable, script, f"output_dir={tmp_path / 'one'}", *common], tmp_path)
-    done = run_script([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", script,
+    app = ["-m", "terra.apps.train"]  # terra-train; under torchrun as a module
+    run_script([sys.executable, *app, f"output_dir={tmp_path / 'one'}", *common], tmp_path)
+    done = run_script([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", *app,
                        f"output_dir={tmp_path / 'two'}", *common], tmp_path)
     assert "2 process(es) on cpu" in done.stdout
     one, two = log_rows(tmp_path / "one"), log_rows(tmp_path / "two")

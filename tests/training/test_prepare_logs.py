@@ -1,4 +1,4 @@
-"""scripts/prepare_driving_logs.py on synthetic driving logs made here (terra/training/driving_logs.py: the rules).
+"""terra-prepare-logs on synthetic driving logs made here (terra/inputs/driving_logs.py: the rules).
 
 Three good clips, each run through the script as a subprocess with the demo tokenizer on the CPU: PNG frames at
 12 Hz with ``timestamps.txt`` and CSV poses on the same clock, an MP4 at 20 fps with JSON poses, PNG frames at
@@ -24,28 +24,28 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from terra.config.checks import TerraInputError
+from terra.core.atomic import MARKER
+from terra.core.errors import TerraInputError
 from terra.inputs.actions import load_actions
-from terra.training.driving_logs import Resampled, resample
-from terra.training.shards import read_index, read_shard
+from terra.inputs.driving_logs import Resampled, resample
+from terra.tokenizer import load_tokenizer
+from terra.tokenizer.images import frames_to_tensor, load_frames
+from terra.tokenizer.resize import fit_frame
 from terra.training.prepare import clip_score
-from tokenizer import load_tokenizer
-from tokenizer.atomic import MARKER
-from tokenizer.images import frames_to_tensor, load_frames
-from tokenizer.resize import fit_frame
+from terra.training.shards import read_index, read_shard
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "prepare_driving_logs.py"
+APP = "terra.apps.prepare_logs"  # terra-prepare-logs
 DEMO_TOKENIZER = ROOT / "terra" / "assets" / "demo" / "tokenizer"
 SIZE = (144, 256)  # the demo tokenizer's frames; the logs' frames are larger and get cropped
-PROG = "prepare_driving_logs"
+PROG = "terra-prepare-logs"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 ENV.pop("HYDRA_FULL_ERROR", None)
 BATCH = 4  # frames per tokenizer call in the runs (and in the expected encodings)
 
 
 def prepare(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "device=cpu", f"batch_size={BATCH}"], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", APP, *args, "device=cpu", f"batch_size={BATCH}"], cwd=cwd,
                           env=ENV, capture_output=True, text=True, timeout=300)
 
 
@@ -334,7 +334,7 @@ def settings_case(tmp_path):
 ])
 def test_bad_settings_are_one_line_and_write_nothing(settings_case, args, message):
     before = sorted(p.relative_to(settings_case) for p in settings_case.rglob("*"))
-    result = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=settings_case, env=ENV, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", APP, *args], cwd=settings_case, env=ENV, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     [line] = result.stderr.strip().splitlines()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.tokens import load_tokens
 from terra.training import data as training_data
@@ -21,7 +21,7 @@ from terra.training.objective import FusedHeadLoss, HeadLoss, softmax_step, targ
 from terra.training.run import train as run_training
 from terra.training.runlog import RunLog
 from terra.training.settings import train_spec
-from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
+from tests.training.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -18,13 +18,13 @@ import torch
 from safetensors.numpy import load_file as load_numpy, save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
-from terra.config.checks import TerraInputError
-from terra.config.lock import output_lock
+from terra.core.errors import TerraInputError
+from terra.core.lock import output_lock
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from terra.training import run as run_module
 from terra.training.shards import ShardIndex, read_index, read_shard, write_shard
 from tests.conftest import tiny_model
-from tests.scripts.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures: tokens needs dataset)
+from tests.training.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures: tokens needs dataset)
 from tests.training.test_train import train, train_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread

@@ -1,4 +1,4 @@
-"""The two measurements of ``scripts/evaluate.py``: a world model + tokenizer on clips of the synthetic world.
+"""The two measurements of ``terra-evaluate``: a world model + tokenizer on clips of the synthetic world.
 
 Frame quality
     For each clip, the first ``n_ctx`` ground-truth frames are encoded, the remaining frames are generated under
@@ -29,7 +29,7 @@ import torch
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
-from terra.metrics import PSNR_CAP_DB, psnr, ssim
+from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 from terra.sim import Clip
 
 if TYPE_CHECKING:
@@ -114,10 +114,6 @@ def _mse(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
 
 
-def _psnr_of(mse: float) -> float:
-    return PSNR_CAP_DB if mse <= 0 else min(PSNR_CAP_DB, float(10 * np.log10(255.0**2 / mse)))
-
-
 def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase], n_ctx: int,
                        horizons: list[int], sampling: SamplingConfig, seed: int, progress: bool) -> dict:
     """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right)."""
@@ -145,8 +141,9 @@ def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase],
             record["rollouts"][name] = {
                 "matched": chosen,
                 "matched_with_straight": min(mse, key=mse.get),
-                "psnr_to": {cand: round(_psnr_of(m), 3) for cand, m in mse.items()},
-                "margin_db": round(_psnr_of(mse[name]) - _psnr_of(mse[next(c for c in case.pair if c != name)]), 3),
+                "psnr_to": {cand: round(min(PSNR_CAP_DB, psnr_db(m)), 3) for cand, m in mse.items()},
+                "margin_db": round(min(PSNR_CAP_DB, psnr_db(mse[name]))
+                                   - min(PSNR_CAP_DB, psnr_db(mse[next(c for c in case.pair if c != name)])), 3),
             }
         rollouts = record["rollouts"]
         record["correct"] = all(r["matched"] == n for n, r in rollouts.items())

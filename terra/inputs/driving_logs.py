@@ -1,6 +1,6 @@
 """Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame.
 
-The rules of ``scripts/prepare_driving_logs.py logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
+The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
 
 * **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
   clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
@@ -50,14 +50,15 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, TerraInputError, one_line
+from terra.config.checks import MAX_FRAMES, one_line
+from terra.core.errors import TerraInputError
 from terra.config.files import load_json, open_input_file, read_input_text
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.actions import (
     actions_from_trajectory, actions_from_value, load_npy, trajectory_from_csv, trajectory_from_mapping,
 )
 from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
-from tokenizer.resize import fit_frame
+from terra.tokenizer.resize import fit_frame
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 VIDEO_SUFFIX = ".mp4"
@@ -176,7 +177,7 @@ def _fit_video_frame(frame: Any, source: str, image_size: tuple[int, int], resiz
 
 def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndarray:
     """An image file read and fitted as context frames are (tokenizer/images.py, which loads torch)."""
-    from tokenizer.images import load_frames
+    from terra.tokenizer.images import load_frames
 
     return load_frames([path], image_size, resize=resize)[0]
 

@@ -1,10 +1,8 @@
-"""scripts/train_tokenizer.py: a tiny tokenizer learns, runs stop on a time budget and resume, export loads."""
+"""terra-train-tokenizer (terra/training/tokenizer_run.py): a tiny tokenizer learns, runs stop on a time budget and resume, export loads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,17 +12,14 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from safetensors.torch import load_file
 
-from terra.config.checks import TerraInputError
-from tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
+from terra.core.errors import TerraInputError
+from terra.tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
+from terra.training import tokenizer_run as train_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("train_tokenizer", ROOT / "scripts" / "train_tokenizer.py")
-train_tokenizer = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = train_tokenizer  # dataclasses look their module up there
-spec.loader.exec_module(train_tokenizer)
 
 TINY_LFQ = [
     "model.config.encoder_decoder_config.ch=32",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,12 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
-from tests.conftest import load_script
+from terra.training import tokenize as tokenize_module
+from terra.training.tokenize import tokenize_spec
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 H, W = 24, 40
 
 
-tokenize_script = load_script("tokenize_dataset")
 
 
 class PoolTokenizer:
@@ -53,7 +52,7 @@ def dataset(tmp_path_factory) -> ClipDataset:
 
 @pytest.fixture(scope="module")
 def tokens(dataset, tmp_path_factory) -> Path:
-    clips = tokenize_script.tokenize_dataset(dataset, PoolTokenizer(), batch_size=7, progress=False)
+    clips = tokenize_module.tokenize_dataset(dataset, PoolTokenizer(), batch_size=7, progress=False)
     return save_tokens(tmp_path_factory.mktemp("tokens") / "tokens.safetensors", clips)
 
 
@@ -72,7 +71,7 @@ def test_tokenize_dataset_matches_direct_encoding(dataset, tokens):
 
 
 def test_tokenize_script_uses_a_saved_tokenizer(dataset, tmp_path):
-    from tokenizer import LFQTokenizer
+    from terra.tokenizer import LFQTokenizer
 
     tok = LFQTokenizer({"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 1, 2], "num_res_blocks": 1,
                                                    "z_channels": 6}, "image_size": [H, W]}).eval()
@@ -81,14 +80,14 @@ def test_tokenize_script_uses_a_saved_tokenizer(dataset, tmp_path):
         cfg = compose("tokenize_dataset", overrides=[
             f"dataset={dataset.path}", f"tokenizer_path={tmp_path / 'tok'}", f"out={tmp_path / 'codes.safetensors'}",
             "batch_size=16", "device=cpu"])
-    tokenize_script.run(cfg)
+    tokenize_module.run(tokenize_spec(cfg))
     clips = load_tokens(tmp_path / "codes.safetensors")
     assert clips.codes.shape == (12, 6, 6, 10) and clips.codebook_size == 64 and clips.tokenizer == str(tmp_path / "tok")
     images = torch.from_numpy(dataset[3].frames).permute(0, 3, 1, 2).float() / 127.5 - 1
     np.testing.assert_array_equal(clips.codes[3], tok.encode(images).numpy())
     cfg.tokenizer_path = str(tmp_path / "missing")
     with pytest.raises(TerraInputError, match="tokenizer_path"):
-        tokenize_script.run(cfg)
+        tokenize_spec(cfg)
 
 
 def test_tokenize_rejects_a_tokenizer_of_another_size(dataset):
@@ -96,7 +95,7 @@ def test_tokenize_rejects_a_tokenizer_of_another_size(dataset):
         image_size = (32, 32)
 
     with pytest.raises(TerraInputError, match="render the dataset"):
-        tokenize_script.tokenize_dataset(dataset, Wrong(), progress=False)
+        tokenize_module.tokenize_dataset(dataset, Wrong(), progress=False)
 
 
 def test_tokens_round_trip_keeps_large_codebooks(tmp_path):
@@ -106,12 +105,12 @@ def test_tokens_round_trip_keeps_large_codebooks(tmp_path):
     back = load_tokens(save_tokens(tmp_path / "t.safetensors", clips))
     np.testing.assert_array_equal(back.codes, codes)
     assert (back.codebook_size, back.source, back.tokenizer) == (2**18, "x", "t")
-    with pytest.raises(TerraInputError, match="tokenize_dataset"):
+    with pytest.raises(TerraInputError, match="terra-tokenize"):
         load_tokens(tmp_path / "missing.safetensors")
 
 
 def test_cli_trains_and_exports_sharded_bf16(tokens, tmp_path):
-    args = [sys.executable, str(ROOT / "scripts" / "train_world_model.py"), f"data.tokens={tokens}",
+    args = [sys.executable, "-m", "terra.apps.train", f"data.tokens={tokens}",
             f"output_dir={tmp_path}", "net.hidden_size=64", "net.num_attention_heads=1", "net.num_key_value_heads=1",
             "net.num_hidden_layers=1", "net.num_temporal_embeddings=3", "data.val_clips=0", "train.max_steps=2",
             "train.log_every=1", "export.dtype=bfloat16", "export.max_shard_size=100KB"]

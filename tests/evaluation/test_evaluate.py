@@ -1,4 +1,4 @@
-"""scripts/evaluate.py on a tiny held-out set, and the shipped demo models loading and generating on the CPU."""
+"""terra-evaluate on a tiny held-out set, and the shipped demo models loading and generating on the CPU."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from terra.config.checks import TerraInputError
+import terra.apps.runner  # noqa: F401 (registers the resolvers conf/ uses: ${terra_asset:...})
+from terra.core.errors import TerraInputError
+from terra.evaluation import cases
+from terra.evaluation.run import format_table, run
 from terra.sim import Scene, make_clip
-from tests.conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
@@ -21,8 +23,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thr
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "terra" / "assets" / "demo"
 
-
-evaluate = load_script("evaluate")
 
 
 def eval_config(out: Path, *overrides: str):
@@ -33,7 +33,7 @@ def eval_config(out: Path, *overrides: str):
 
 
 def test_tiny_evaluation_writes_a_complete_report(tmp_path):
-    report = evaluate.run(eval_config(tmp_path))
+    report = run(eval_config(tmp_path))
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved == {k: v for k, v in report.items() if k != "path"}
     assert report["backend"] == "HFBackend" and report["num_context"] == 3 and report["image_size"] == [144, 256]
@@ -65,20 +65,20 @@ def test_tiny_evaluation_writes_a_complete_report(tmp_path):
     assert set(adherence["pairs"]["curve_left/curve_right"]["cases"][0]["params"]) == {"radius_m"}
     assert set(report["targets"]) == {"mean_psnr_db", "direction_accuracy_pct"}
     assert all(isinstance(t["passed"], bool) for t in report["targets"].values())
-    table = evaluate.format_table(report)
+    table = format_table(report)
     assert "curve_left/curve_right" in table and "target direction_accuracy_pct" in table
 
 
 def test_a_night_evaluation_says_so_in_its_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # on a terminal: the stages' lines and the bars
-    report = evaluate.run(eval_config(tmp_path, "domain=night", "adherence.num_cases=0", "progress=true"))
+    report = run(eval_config(tmp_path, "domain=night", "adherence.num_cases=0", "progress=true"))
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["domain"] == "night" and saved["quality"]["num_clips"] == 2 and "adherence" not in saved
     assert saved["quality"]["scene_seeds"][0] >= 10_000_000
-    assert "2 held-out night clips" in evaluate.format_table(report)
+    assert "2 held-out night clips" in format_table(report)
     err = capsys.readouterr().err
-    assert "evaluate: HFBackend on cpu loaded in " in err
-    assert "evaluate: frame quality: rendering 2 held-out clips, then their rollouts ..." in err
+    assert "terra-evaluate: HFBackend on cpu loaded in " in err
+    assert "terra-evaluate: frame quality: rendering 2 held-out clips, then their rollouts ..." in err
     assert "generating (transformers)" in err and "4/4" in err  # the generation bar: 2 clips x 2 frames
 
 
@@ -86,8 +86,8 @@ def test_both_measurements_draw_the_same_drives_lit_by_the_domain():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         day, night = (compose("evaluate", overrides=["adherence.pairs=[[curve_left,curve_right]]", "horizon=2",
                                                      f"domain={domain}"]) for domain in ("day", "night"))
-    (day_clip,), (night_clip,) = (evaluate.quality_clips(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
-    (day_case,), (night_case,) = (evaluate.adherence_cases(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
+    (day_clip,), (night_clip,) = (cases.quality_clips(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
+    (day_case,), (night_case,) = (cases.adherence_cases(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
     for a, b in [(day_clip, night_clip), *((day_case.clips[n], night_case.clips[n]) for n in day_case.clips)]:
         assert (a.domain, b.domain) == ("day", "night")
         np.testing.assert_array_equal(a.poses, b.poses)
@@ -96,17 +96,17 @@ def test_both_measurements_draw_the_same_drives_lit_by_the_domain():
 
 
 def test_held_out_scenes_skip_the_training_scenes():
-    train = evaluate.training_scene_seeds(0, 50)
+    train = cases.training_scene_seeds(0, 50)
     assert len(train) == 50
     first = sorted(train)[0]
-    seeds = evaluate.held_out_seeds(first - 1, 3, train)
+    seeds = cases.held_out_seeds(first - 1, 3, train)
     assert first not in seeds and seeds[0] == first - 1 and len(set(seeds)) == 3
 
 
 def test_adherence_contexts_are_shared_and_the_commands_differ():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose("evaluate", overrides=["adherence.pairs=[[curve_left,curve_right]]", "horizon=4"])
-    (case,) = evaluate.adherence_cases(cfg, [12_345_678], (36, 64))
+    (case,) = cases.adherence_cases(cfg, [12_345_678], (36, 64))
     left, right, straight = (case.clips[n] for n in ("curve_left", "curve_right", "straight"))
     np.testing.assert_array_equal(left.frames[:3], right.frames[:3])  # one context for both commands
     np.testing.assert_allclose(left.poses[:3], straight.poses[:3], atol=1e-9)
@@ -125,7 +125,7 @@ def test_adherence_contexts_are_shared_and_the_commands_differ():
 def test_bad_settings_raise_one_line_errors(tmp_path, override, match):
     cfg = eval_config(tmp_path, *override.split())
     with pytest.raises(TerraInputError, match=match) as err:
-        evaluate.run(cfg)
+        run(cfg)
     assert "\n" not in str(err.value) and not (tmp_path / "report.json").exists()
 
 
@@ -133,12 +133,12 @@ def test_shipped_demo_models_load_and_generate_on_cpu():
     from transformers import AutoModelForCausalLM
 
     import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
-    from terra.models import LlamaActionForCausalLM
-    from terra.generation.hf_backend import HFBackend
-    from terra.pipeline import WorldModelPipeline
-    from terra.generation.rollout import RolloutRequest
     from terra.config.sampling import SamplingConfig
-    from tokenizer import load_tokenizer
+    from terra.generation.hf_backend import HFBackend
+    from terra.generation.rollout import RolloutRequest
+    from terra.models import LlamaActionForCausalLM
+    from terra.pipeline import WorldModelPipeline
+    from terra.tokenizer import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(DEMO / "world_model"), dtype=torch.float32)
     assert isinstance(model, LlamaActionForCausalLM)

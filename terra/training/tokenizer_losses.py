@@ -1,6 +1,6 @@
 """Building blocks for training a tokenizer: PatchGAN discriminator, losses, EMA, metrics, data.
 
-The loop itself lives in ``scripts/train_tokenizer.py``; what is here is small and testable on its own.
+The loop itself lives in terra/training/tokenizer_run.py; what is here is small and testable on its own.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from terra.metrics import psnr_db
 
 
 class PatchDiscriminator(nn.Module):
@@ -52,9 +54,10 @@ def gradient_l1(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def psnr(reconstruction: torch.Tensor, target: torch.Tensor) -> float:
-    """PSNR in dB of images in [-1, 1] (both mapped to [0, 1], reconstruction clamped)."""
+    """PSNR in dB of images in [-1, 1] (both mapped to [0, 1], reconstruction clamped; terra/metrics.py's
+    formula, at most 100 dB)."""
     mse = ((reconstruction.detach().float().clamp(-1, 1) - target.float()) / 2).pow(2).mean().item()
-    return 10 * math.log10(1.0 / max(mse, 1e-10))
+    return psnr_db(max(mse, 1e-10), peak=1.0)
 
 
 def make_ema(model: nn.Module, decay: float) -> AveragedModel:

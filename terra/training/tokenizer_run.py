@@ -1,4 +1,5 @@
-"""Train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic world.
+"""Train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic world (``terra-train-tokenizer``,
+terra/apps/train_tokenizer.py; the world model's loop is terra/training/run.py).
 
 Losses: L1 (+ optional L2 and image-gradient L1) reconstruction, the family's quantiser losses
 (LFQ: commitment + entropy; VQ: codebook + commitment), and optionally a PatchGAN hinge loss that starts
@@ -11,38 +12,42 @@ Runs are resumable: ``train.max_minutes`` bounds one invocation; the run then sa
 tokenizer (EMA weights when enabled) is exported to ``train.export_dir``. ``summary.json`` says whether the
 run is finished.
 
-    python scripts/train_tokenizer.py train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
+    terra-train-tokenizer train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
-from terra.apps.runner import CONFIG_PATH, run_app
-from terra.config.checks import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
+from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.device import check_device, resolve_device
+from terra.core.errors import TerraInputError, error_reason
 from terra.sim import render_frames
-from tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
-from tokenizer.atomic import atomic_path, json_text, mark, write_text
-from tokenizer.errors import error_reason
-from tokenizer.base import TrainOutput, WEIGHTS_NAME
-from tokenizer.images import load_frames
-from tokenizer.training import (
-    CodeUsage, PatchDiscriminator, gradient_l1, hinge_d_loss, hinge_g_loss, lr_factor, make_ema, psnr, sample_batch,
+from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
+from terra.tokenizer.base import WEIGHTS_NAME, TrainOutput
+from terra.tokenizer.images import load_frames
+from terra.training.checkpoint import discard, swap_in
+from terra.training.tokenizer_losses import (
+    CodeUsage,
+    PatchDiscriminator,
+    gradient_l1,
+    hinge_d_loss,
+    hinge_g_loss,
+    lr_factor,
+    make_ema,
+    psnr,
+    sample_batch,
 )
 
 FAMILIES: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}
@@ -78,12 +83,6 @@ def training_frames(data: DictConfig, image_size: tuple[int, int], output_dir: P
         np.save(tmp, frames)
     print(f"rendered {len(frames)} synthetic frames in {time.monotonic() - start:.1f} s (cached in {cache})", flush=True)
     return frames
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 @torch.no_grad()
@@ -123,7 +122,7 @@ class Trainees:
     def save(self, output_dir: Path, state: dict[str, Any]) -> None:
         """Write ``checkpoint/`` as a whole: build ``checkpoint.tmp/`` then swap it in."""
         tmp, final, old = (output_dir / name for name in (f"{CHECKPOINT}.tmp", CHECKPOINT, f"{CHECKPOINT}.old"))
-        _discard(tmp)
+        discard(tmp, STATE)
         self.model.save_pretrained(tmp / "model")
         state = {**state, "optimizer": self.optimizer.state_dict()}
         if self.ema is not None:
@@ -131,14 +130,7 @@ class Trainees:
             state["ema_n_averaged"] = int(self.ema.n_averaged)
         if self.disc is not None:
             state.update(disc=self.disc.state_dict(), disc_optimizer=self.disc_optimizer.state_dict())
-        mark(tmp, [entry.name for entry in os.scandir(tmp)] + [STATE])
-        with atomic_path(tmp / STATE) as part:  # last: a folder holding it is complete
-            torch.save(state, part)
-        if final.exists():
-            _discard(old)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _discard(old)
+        swap_in(tmp, final, old, state, STATE)  # the state file last: a folder holding it is complete
 
     def load(self, checkpoint: Path, device: torch.device) -> dict[str, Any]:
         """Restore from ``checkpoint``; returns the saved progress (step, timings, initial eval)."""
@@ -153,12 +145,6 @@ class Trainees:
             self.disc.load_state_dict(disc)
             self.disc_optimizer.load_state_dict(disc_optimizer)
         return saved
-
-
-def _discard(folder: Path) -> None:
-    """Delete a checkpoint folder, its state file first (a kill half-way leaves no complete-looking one)."""
-    (folder / STATE).unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def find_checkpoint(output_dir: Path) -> Path | None:
@@ -230,7 +216,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str, Any]:
     t0 = time.monotonic()
     tc = cfg.train
-    device = _device(tc.device)
+    device = torch.device(resolve_device(check_device(str(tc.device))))
     torch.manual_seed(int(tc.seed))
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -323,16 +309,3 @@ def _log(output_dir: Path, entry: dict[str, Any]) -> None:
     with open(output_dir / LOG, "a", encoding="utf-8") as fh:
         fh.write(json_text(entry) + "\n")
     print(" ".join(f"{k}={v}" for k, v in entry.items()), flush=True)
-
-
-@hydra.main(config_path=CONFIG_PATH, config_name="train_tokenizer", version_base=None)
-def main(cfg: DictConfig) -> None:
-    try:
-        train(cfg)
-    except TerraInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    run_app(main, "train_tokenizer", "python scripts/train_tokenizer.py")

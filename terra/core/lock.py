@@ -1,12 +1,11 @@
 """One run per output folder (per shard of a batch run): an exclusive ``flock`` on a lock file inside the folder.
 
-Batch rollouts, log preparation and training take it (terra/config/output_dir.py, ``OutputDir.hold``). The lock
-file (``.<stem>.lock`` of the run's main file, e.g. the batch manifest, so the shards of one batch run can share a
-folder) holds the holder's pid,
-host and start time, which a second run names in its one-line refusal (:class:`TerraInputError`, exit 2)
-before it touches anything. The kernel drops the lock when its holder exits in any way, SIGKILL included; a
-lock file left by a killed run is simply taken over. On release the holder deletes the file, and the folders
-it created when they are still empty (a run refused for bad input leaves nothing behind).
+Batch rollouts, log preparation, training and closed-loop drives take it (terra/config/output_dir.py,
+``OutputDir.hold``). The lock file (``.<stem>.lock`` of the run's main file, e.g. the batch manifest, so the shards of
+one batch run can share a folder) holds the holder's pid, host and start time, which a second run names in its one-line
+refusal (:class:`TerraInputError`, exit 2) before it touches anything. The kernel drops the lock when its holder exits
+in any way, SIGKILL included; a lock file left by a killed run is simply taken over. On release the holder deletes the
+file, and the folders it created when they are still empty (a run refused for bad input leaves nothing behind).
 
 Deleting a lock file races with a second run that opened it just before: that run then holds a lock on a file
 no longer in the folder. :func:`_acquire` checks, once locked, that the path still names the file it locked,
@@ -25,21 +24,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from terra.config.checks import TerraInputError
+from terra.core.errors import TerraInputError
+from terra.core.folders import missing_folders, remove_empty_folders
+
 
 def lock_path(manifest_path: str | os.PathLike) -> Path:
     """The lock file of the run that writes ``manifest_path`` (its main file): ``.<stem>.lock`` beside it."""
     manifest = Path(manifest_path)
     return manifest.with_name(f".{manifest.stem}.lock")
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and its parents that do not exist yet, deepest first."""
-    missing = []
-    while not os.path.lexists(folder) and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    return missing
 
 
 def _holder(fd: int) -> str:
@@ -98,11 +90,11 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
     """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block;
     a second holder fails at once with one line naming the first. Yields the lock file's path."""
     path = Path(os.path.abspath(lock_path(manifest_path)))
-    created = _missing_folders(path.parent)
+    created = missing_folders(path.parent)
     try:
         fd = _acquire(path, setting)
     except BaseException:
-        _remove_empty(created)
+        remove_empty_folders(created)
         raise
     _write_holder(fd)
     try:
@@ -110,13 +102,4 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
     finally:
         path.unlink(missing_ok=True)  # while still locked: see the module docstring
         os.close(fd)
-        _remove_empty(created)
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove ``folders`` (deepest first) that are empty; stop at the first that is not."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
+        remove_empty_folders(created)

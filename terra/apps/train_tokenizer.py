@@ -1,0 +1,34 @@
+"""``terra-train-tokenizer``: train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic
+world (terra/training/tokenizer_run.py documents the losses, the budget and resuming; conf/train_tokenizer.yaml
+the settings).
+
+    terra-train-tokenizer train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
+
+It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+
+PROG = "terra-train-tokenizer"  # the console script, named in error lines
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="train_tokenizer", version_base=None)
+@task
+def _main(cfg: DictConfig) -> None:
+    """Train (or resume) until the step or time budget, then export."""
+    check_added_settings(PROG)
+    from terra.training.tokenizer_run import train  # torch and the tokenizer
+
+    train(cfg)
+
+
+main = console_script(_main, PROG)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Where a run computes: the device name checked (without torch), ``auto`` resolved once torch is loaded, the
+dtype ``auto`` stands for, and torch's CPU threads. The one home of these rules for every wing."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from terra.core.errors import TerraInputError
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,2})?")
+
+
+def check_device(value: Any) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, as a name (whether that GPU exists is checked by
+    :func:`resolve_device`, once torch is loaded)."""
+    if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
+        text = repr(value)
+        text = text if len(text) <= 40 else f"{text[:37]}..."
+        raise TerraInputError(f"device={text} is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)")
+    return value
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise).
+    ``device`` is a checked name (:func:`check_device`); a run resolves it once."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TerraInputError(f"device={device} was asked for but no CUDA GPU is visible; use device=cpu or auto")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise TerraInputError(f"device={device} does not exist: {torch.cuda.device_count()} GPU(s) are visible "
+                              "(cuda:0 is the first); use another index or device=auto")
+    return device
+
+
+def auto_dtype(device: str, dtype: str = "auto") -> str:
+    """The dtype name ``auto`` stands for on a resolved ``device``: bfloat16 on a GPU, float32 on a CPU; any other
+    name as it is."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def set_threads(num_threads: int | None) -> None:
+    """Give this process's torch ``num_threads`` CPU threads (None: leave torch's default)."""
+    if num_threads is not None:
+        import torch
+
+        torch.set_num_threads(num_threads)

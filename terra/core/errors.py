@@ -1,0 +1,61 @@
+"""The toolkit's one error type for user mistakes, and exceptions turned into one line.
+
+Every entry point (CLI, apps, Python API) raises :class:`TerraInputError` for bad input: its message is one line
+that names the offending input and says how to fix it. The apps print that line and exit with code 2
+(terra/apps/runner.py); anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TerraInputError(ValueError):
+    """Bad user input (file, array, config value); ``str(err)`` is one line naming the input and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def error_reason(err: BaseException, limit: int = 200) -> str:
+    """What a third-party reader's exception says went wrong, as a short phrase for a one-line message: its
+    first sentence, cut to ``limit`` characters only when that sentence alone is longer. For a pickle that
+    ``torch.load(weights_only=True)`` refused, the unpickler's own reason (what the file tried to load), not the
+    advice around it."""
+    text = str(err).strip()
+    refused = text.startswith("Weights only load failed")
+    marker = "WeightsUnpickler error:"
+    if refused and marker in text:  # torch's advice, then the unpickler's reason, then a pointer to the docs
+        text = text.split(marker, 1)[1].split("\n\n")[0]
+    elif refused:  # paragraphs: the advice, the reason, the pointer
+        reasons = [p for p in text.split("\n\n")[1:] if p.strip() and not p.strip().startswith(("Check the", "Please"))]
+        text = reasons[0] if reasons else ""
+    text = " ".join(text.split())
+    end = text.find(". ")
+    sentence = (text[: end + 1] if end >= 0 else text) or type(err).__name__
+    sentence = sentence if len(sentence) <= limit else f"{sentence[: limit - 3]}..."
+    return f"a pickle that would run code, refused: {sentence}" if refused else sentence
+
+
+MAX_ERROR_CHARS = 500  # an error recorded in a manifest or a drive's record is one line, cut to this length
+
+
+def _gpu_out_of_memory(err: BaseException) -> bool:
+    """torch's CUDA out-of-memory, matched by name (settings are checked before torch is imported)."""
+    kind = type(err)
+    return kind.__name__ == "OutOfMemoryError" and kind.__module__.split(".")[0] == "torch"
+
+
+def error_line(err: BaseException, limit: int = MAX_ERROR_CHARS, memory_advice: str = "give smaller inputs") -> str:
+    """An exception as one line of at most ``limit`` characters, for a record of what failed: user errors keep
+    their message, others get their type name first; RecursionError, MemoryError and torch's GPU out-of-memory
+    (whose own text names a Python internal, nothing, or the bytes but not the cause) a plain sentence ending in
+    ``memory_advice``, the setting that frees memory in the caller's run."""
+    text = " ".join(str(err).split())
+    if _gpu_out_of_memory(err):  # the fix first: a long detail is what gets cut
+        text = f"the GPU ran out of memory: {memory_advice} (torch.OutOfMemoryError: {text or 'no detail'})"
+    elif isinstance(err, RecursionError):
+        text = "the input nests too deeply to be read (RecursionError); simplify it"
+    elif isinstance(err, MemoryError):
+        text = f"ran out of memory (MemoryError); {memory_advice}"
+    elif not isinstance(err, TerraInputError):
+        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."

@@ -1,0 +1,98 @@
+"""A clip dataset (terra/sim/dataset.py) encoded with an image tokenizer into one tokenized-clips file
+(terra/sim/tokens.py: ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]``) that ``terra-train``
+reads. The settings are checked once into a :class:`TokenizeSpec` (conf/tokenize_dataset.yaml), without torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from terra.config.checks import Range, required_path, select
+from terra.config.output_dir import claim_output_file
+from terra.core.device import check_device
+from terra.core.errors import TerraInputError
+from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.sim.dataset import ClipDataset
+from terra.sim.tokens import TokenizedClips
+
+BATCH_SIZE = Range(1, 65536, 64, whole=True)
+
+
+@dataclass(frozen=True)
+class TokenizeSpec:
+    """What ``terra-tokenize`` encodes, with which tokenizer, into which file."""
+
+    dataset: Path
+    tokenizer: Path
+    out: Path
+    batch_size: int = 64
+    device: str = "auto"
+
+
+def tokenize_spec(cfg: Any) -> TokenizeSpec:
+    """Every setting of conf/tokenize_dataset.yaml checked once (the tokenizer folder must exist)."""
+    tokenizer = required_path(cfg, "tokenizer_path", "a saved tokenizer folder")
+    if not tokenizer.exists():
+        raise TerraInputError(f"tokenizer {tokenizer} does not exist; pass tokenizer_path=<saved tokenizer folder>")
+    return TokenizeSpec(required_path(cfg, "dataset", "a clip dataset folder"), tokenizer,
+                        required_path(cfg, "out", "the tokenized-clips file to write", "FILE"),
+                        BATCH_SIZE.check(select(cfg, "batch_size"), "batch_size"), check_device(select(cfg, "device")))
+
+
+def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
+                     progress: bool = True) -> TokenizedClips:
+    """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``)."""
+    import torch
+    from einops import rearrange
+    from tqdm import tqdm
+
+    if tuple(tokenizer.image_size) != dataset.image_size:
+        raise TerraInputError(f"the tokenizer works at {tuple(tokenizer.image_size)} but the dataset {dataset.path} "
+                              f"holds {dataset.image_size} frames; render the dataset at the tokenizer's size")
+    device = torch.device(getattr(tokenizer, "device", "cpu"))
+    frames_per_clip = dataset.num_frames
+    codes = np.empty((len(dataset), frames_per_clip, *tokenizer.grid_shape), dtype=np.int64)
+    actions = np.empty((len(dataset), frames_per_clip, NUM_ACTION_TOKENS, 3), dtype=np.float32)
+    poses = np.empty((len(dataset), frames_per_clip, 3), dtype=np.float64)
+    flat = codes.reshape(-1, *tokenizer.grid_shape)
+    pending: list[np.ndarray] = []
+    done = 0
+
+    @torch.no_grad()
+    def flush() -> None:
+        nonlocal done
+        batch = torch.from_numpy(np.concatenate(pending)).to(device)
+        images = rearrange(batch, "b h w c -> b c h w").float() / 127.5 - 1.0
+        flat[done : done + len(batch)] = tokenizer.encode(images).cpu().numpy()
+        done += len(batch)
+        pending.clear()
+
+    for i, clip in enumerate(tqdm(dataset, total=len(dataset), desc="tokenizing", unit="clip", disable=not progress)):
+        actions[i], poses[i] = clip.actions, clip.poses
+        pending.append(clip.frames)
+        if sum(len(p) for p in pending) >= batch_size:
+            flush()
+    if pending:
+        flush()
+    return TokenizedClips(codes=codes, actions=actions, poses=poses, codebook_size=int(tokenizer.codebook_size),
+                          image_size=dataset.image_size, source=str(dataset.path))
+
+
+def run(spec: TokenizeSpec) -> TokenizedClips:
+    """Load the tokenizer, encode the dataset and write the tokens file (replacing only a file the toolkit
+    wrote); return the clips."""
+    import torch
+
+    from terra.core.device import resolve_device
+    from terra.sim.tokens import save_tokens
+    from terra.tokenizer import load_tokenizer
+
+    dataset = ClipDataset(spec.dataset)
+    claim_output_file(spec.out, "out", inputs=[("dataset", dataset.path), ("tokenizer", str(spec.tokenizer))])
+    tokenizer = load_tokenizer(str(spec.tokenizer), device=torch.device(resolve_device(spec.device))).eval()
+    clips = replace(tokenize_dataset(dataset, tokenizer, spec.batch_size), tokenizer=str(spec.tokenizer))
+    save_tokens(spec.out, clips)
+    return clips
