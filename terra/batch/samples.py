@@ -27,8 +27,10 @@ from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
 from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path
-from terra.inputs.requests import TRAJECTORY_KEYS, manoeuvre_actions, trajectory_actions
-from terra.tokenizer.images import IMAGE_SUFFIXES, MAX_PIXELS, VIDEO_SUFFIXES
+from terra.inputs.actions import TRAJECTORY_KEYS
+from terra.inputs.requests import manoeuvre_actions, trajectory_actions
+from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
+from terra.tokenizer.images import MAX_PIXELS
 
 MAX_LINE_BYTES = MAX_TRAJECTORY_BYTES  # one sample, its inline trajectory included
 MAX_IMAGE_BYTES = 1 << 30  # one context image file

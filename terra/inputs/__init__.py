@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "TRAJECTORY_KEYS": "terra.inputs.requests",
+    "TRAJECTORY_KEYS": "terra.inputs.actions",
     "actions_needed": "terra.inputs.requests",
     "load_context": "terra.inputs.context",
     "manoeuvre_actions": "terra.inputs.requests",
