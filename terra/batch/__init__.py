@@ -92,7 +92,6 @@ from typing import Any
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
     "BatchConfig": "terra.batch.config",
-    "DEMO": "terra.batch.config",
     "NAMING": "terra.batch.config",
     "check_config": "terra.batch.config",
     "config_from_omegaconf": "terra.batch.config",

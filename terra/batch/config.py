@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from terra.batch.ray_settings import check_executor, removed_setting
+from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
+from terra.config.assets import demo_checkpoints
 from terra.config.backend import DTYPES, check_backend
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, shown
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
@@ -31,13 +33,11 @@ from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.trajectory import MANOEUVRES
 from terra.tokenizer.resize import RESIZE_MODES
 
-DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {
     "default": ("{sample_id}.{ext}", "{sample_id}.json"),
-    "actbench": ("NUSCENES_ACTION_{sample_id:06d}.{ext}", "NUSCENES_ACTION_{sample_id:06d}.json"),
+    "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),  # terra/config/actbench.py
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-MAX_SAMPLES_FILE_BYTES = 2 << 30  # a JSONL file of samples (ACT-Bench's 2286 samples: about 150 MB)
 # The numeric settings' sane ranges (conf/rollout.yaml documents them): BatchConfig field -> (setting, range).
 RANGES = {
     "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
@@ -103,9 +103,9 @@ class BatchConfig:
 
     def __post_init__(self) -> None:
         if not self.world_model:
-            self.world_model = str(DEMO / "world_model")
+            self.world_model = str(demo_checkpoints()[0])
         if not self.tokenizer:
-            self.tokenizer = str(DEMO / "tokenizer")
+            self.tokenizer = str(demo_checkpoints()[1])
 
     @property
     def sample_files(self) -> list[Path]:
@@ -161,9 +161,6 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     ``terra_root`` or a snapshot without the model's folders fails with one line before anything loads.
     """
 
-    def plain(value: Any) -> Any:
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
     out = cfg.output
     samples = plain(cfg.samples)
     if samples is None or samples == "":
@@ -187,7 +184,7 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
         fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
         save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
         decoding=cfg.get("decoding", "framewise"), refiner=plain(cfg.get("refiner")) or {},
-        record=OmegaConf.to_container(cfg, resolve=True),
+        record=plain(cfg),
     )
 
 
@@ -232,7 +229,7 @@ def check_config(config: BatchConfig) -> OutputDir:
             isinstance(samples, Sequence) and samples and all(isinstance(f, (str, os.PathLike)) for f in samples)):
         raise TerraInputError(f"samples must be a JSONL file or a list of them (got {shown(samples)})")
     for file in config.sample_files:
-        open_input_file(file, "samples file", MAX_SAMPLES_FILE_BYTES).close()  # regular, readable, bounded
+        open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
     if config.image_root is not None and not (isinstance(config.image_root, (str, os.PathLike))
                                               and Path(config.image_root).expanduser().is_dir()):
         raise TerraInputError(f"image_root {shown(config.image_root)} is not a folder; point it at the images' root")

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from terra.batch.config import BatchConfig, MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS
+from terra.batch.config import BatchConfig, SAMPLE_SETTINGS
+from terra.config.actbench import MAX_SAMPLES_BYTES, is_actbench_row
 from terra.core.errors import TerraInputError
 from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
@@ -56,7 +57,7 @@ class Sample:
     @property
     def kind(self) -> str:
         """``"actbench"`` (it has ``context_frames``) or ``"terra"``."""
-        return "actbench" if self.record is not None and "context_frames" in self.record else "terra"
+        return "actbench" if is_actbench_row(self.record) else "terra"
 
 
 def read_samples(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Sample]:
@@ -71,7 +72,7 @@ def read_samples(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     seen: dict[str, Sample] = {}  # str(sample_id) -> its first line: 7 and "7" name the same files
     index = 0
     for file in files:
-        text = read_input_text(Path(file).expanduser(), "samples file", MAX_SAMPLES_FILE_BYTES)
+        text = read_input_text(Path(file).expanduser(), "samples file", MAX_SAMPLES_BYTES)
         for number, raw in enumerate(text.splitlines(), start=1):
             index += 1
             if not raw.strip():

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from terra.generation.rollout import RolloutRequest
-from terra.inputs.actions import TRAJECTORY_KEYS, actions_for_manoeuvre, actions_from_value, load_actions
+from terra.inputs.actions import actions_for_manoeuvre, actions_from_value, load_actions
 from terra.inputs.context import resolve_path
 
 
