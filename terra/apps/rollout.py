@@ -44,9 +44,9 @@ def _main(cfg: DictConfig) -> None:
     (4) the summary. Exit code as in the module docstring."""
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."))
     config = config_from_omegaconf(cfg)
-    output = check_config(config)  # no torch yet: a bad setting is one line in about a second
     if not show_progress():
         config = dataclasses.replace(config, progress=False)
+    config, output = check_config(config)  # no torch yet: a bad setting is one line in about a second
     with output.hold(config.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models
 

@@ -186,7 +186,7 @@ def test_max_num_seqs_follows_max_concurrent_on_vllm_only():
 
     def options(**settings) -> dict:  # the engine options of a run on the CPU
         config = BatchConfig(**base, **settings)
-        return concurrency.engine_options(config, resolve_spec(config.run_spec().replace(device="cpu")))
+        return concurrency.engine_options(config, resolve_spec(config.run.replace(device="cpu")))
 
     assert options(backend="vllm") == {
         "max_num_seqs": concurrency.AUTO_FALLBACK, "enforce_eager": True}  # auto on a CPU engine
