@@ -6,8 +6,7 @@ which only :mod:`terra.decoder.frames` needs.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from terra.core.lazy import lazy_attributes
 
 _HOMES = {
     "codes_to_frames": "terra.decoder.frames",
@@ -26,7 +25,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'terra.decoder' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)

@@ -45,7 +45,8 @@ if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already 
     sys.path.append(str(ROOT / "scripts"))
 
 from bench.environment import GpuBusyMonitor  # noqa: E402
-from terra.batch import DEMO, read_manifest  # noqa: E402
+from terra.batch import read_manifest  # noqa: E402
+from terra.config.assets import DEMO  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402

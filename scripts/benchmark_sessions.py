@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from terra.config.backend import REQUEST_PATHS
+from terra.config.assets import DEMO
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import json_text, write_text
 from terra.core.device import resolve_device
@@ -43,7 +44,6 @@ from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost, drive_action
 from terra.session.context import SessionContext, builtin
 
-DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

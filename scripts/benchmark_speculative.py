@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from terra.config.assets import DEMO
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import write_text
 from terra.core.errors import TerraInputError
@@ -39,7 +40,6 @@ from terra.inputs.trajectory import MANOEUVRES
 from terra.pipeline import WorldModelPipeline
 from terra.sim import builtin_context
 
-DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
 TARGETS = {0.0: 8.0, 0.9: 4.0}  # fewer forward passes than sequential, greedy and at Terra's temperature
 PROFILE_BUCKETS = 8  # the frame's image tokens split into this many ranges of where a pass began
 

@@ -38,8 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from terra.config.assets import DEMO
+
 SCRIPTS = Path(__file__).resolve().parent
-DEMO = SCRIPTS.parent / "terra" / "assets" / "demo"
 ACTBENCH_FRAMES = 2286 * 44  # ACT-Bench's samples x generated frames
 SESSIONS, ACTBENCH_STREAMS = 64, 256
 

@@ -27,12 +27,12 @@ from terra.closedloop.policies import REFERENCE_POLICIES
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import synthetic_id, synthetic_scenarios
 from terra.closedloop.worlds import ModelWorld, TrueWorld
+from terra.config.assets import DEMO
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.pipeline import WorldModelPipeline
 from terra.session import SessionHost
 
-DEMO = Path(__file__).resolve().parents[1] / "terra" / "assets" / "demo"
 
 
 def main(argv: list[str] | None = None) -> int:

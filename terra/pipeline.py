@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from terra.config.assets import DEMO, demo_checkpoints
+from terra.config.assets import DEMO_NAME, demo_checkpoints
 from terra.config.backend import DTYPES, check_backend
 from terra.config.checks import check_choice, check_flag
 from terra.config.sampling import SamplingConfig
@@ -74,7 +74,7 @@ def _pretrained_paths(world_model: str | Path, tokenizer: str | Path | ImageToke
                       ) -> tuple[str, str | Path | ImageTokenizer]:
     """:meth:`WorldModelPipeline.from_pretrained`'s ``world_model`` and ``tokenizer`` as folders (or the loaded
     tokenizer); one line for a name that is neither ``"demo"`` nor a folder here."""
-    if str(world_model) == DEMO:
+    if str(world_model) == DEMO_NAME:
         demo_model, demo_tokenizer = demo_checkpoints()
         return str(demo_model), demo_tokenizer if tokenizer is None else tokenizer
     folder = Path(world_model).expanduser()
@@ -84,8 +84,8 @@ def _pretrained_paths(world_model: str | Path, tokenizer: str | Path | ImageToke
         hint = (f"it looks like a Hugging Face repo id: download it first, e.g. `hf download {name} --local-dir "
                 f"{Path(name).name}`, and pass the world model's folder (Terra: {Path(name).name}/world_model)"
                 if hub else "pass a checkpoint folder (config.json + safetensors)")
-        raise TerraInputError(f"world_model={name!r} is not a folder here; from_pretrained takes {DEMO!r} (the shipped "
-                              f"demo model) or a local checkpoint folder, and downloads nothing: {hint}")
+        raise TerraInputError(f"world_model={name!r} is not a folder here; from_pretrained takes {DEMO_NAME!r} (the "
+                              f"shipped demo model) or a local checkpoint folder, and downloads nothing: {hint}")
     if tokenizer is None:
         raise TerraInputError(f"from_pretrained({str(world_model)!r}) needs the tokenizer the world model was trained "
                               "with: tokenizer=its folder (Terra v1: Terra/lfq_tokenizer_B_256) or a loaded tokenizer")
@@ -131,7 +131,7 @@ class WorldModelPipeline:
     @classmethod
     def from_pretrained(
         cls,
-        world_model: str | Path = DEMO,
+        world_model: str | Path = DEMO_NAME,
         tokenizer: str | Path | ImageTokenizer | None = None,
         backend: str = "auto",
         device: str = "auto",

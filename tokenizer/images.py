@@ -23,10 +23,9 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from terra.core.errors import TerraInputError
+from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from terra.tokenizer.resize import RESIZE_MODES, fit_frame
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
-VIDEO_SUFFIXES = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".gif")
 # 8-bit colour modes PIL converts to RGB without guessing (alpha dropped, grey replicated, palette expanded).
 RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
 

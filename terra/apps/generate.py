@@ -10,7 +10,6 @@ stops the engine and exits with 130 / 143; either way no output file of the run 
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, show_progress, task
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, select
 from terra.config.files import check_context_paths
 from terra.config.output_dir import claim_output_dir, unmark_unused
@@ -128,13 +127,13 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         print(f"terra-generate: generating {num_frames} frames x {spec.num_samples} sample(s) with "
               f"{backend_class} on {pipeline.device}", flush=True)
         t_gen = time.perf_counter()
-        results = pipeline.generate(requests, run_settings.sampling, progress=sys.stderr.isatty(),
+        results = pipeline.generate(requests, run_settings.sampling, progress=show_progress(),
                                     decode=refiner is None)
         generate_s = time.perf_counter() - t_gen
     finally:
         pipeline.close()
     if refiner is not None:
-        results = pipeline.refine(results, refiner.load(), progress=sys.stderr.isatty())
+        results = pipeline.refine(results, refiner.load(), progress=show_progress())
         ground_truth = None  # frames at the refiner's size
     # 5. the files
     output.record()

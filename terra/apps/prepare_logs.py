@@ -22,7 +22,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
 from terra.core.errors import TerraInputError
 from terra.training.prepare import prepare_spec
 from terra.training.shards import INDEX_FILE
@@ -53,7 +53,7 @@ def _main(cfg: DictConfig) -> None:
         todo = [folder for folder in spec.clips if folder.name not in done]
         splits = assign_splits([folder.name for folder in todo], spec.val_fraction)
         # 4. read, resample, tokenize, write shards as they fill
-        shown = spec.progress and sys.stderr.isatty()
+        shown = spec.progress and show_progress()
         bar = tqdm(todo, desc="clips", unit="clip", disable=not shown, position=0)
         frames = tqdm(desc="frames tokenized", unit="frame", disable=not shown, position=1)  # moves within a clip
         summary = prepare_shards(spec, tokenizer, index, bar, splits,

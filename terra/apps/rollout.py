@@ -31,7 +31,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
 from terra.batch.config import check_config, config_from_omegaconf
 
 PROG = "terra-rollout"  # the console script, named in error lines
@@ -44,10 +44,9 @@ def _main(cfg: DictConfig) -> None:
     (4) the summary. Exit code as in the module docstring."""
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."))
     config = config_from_omegaconf(cfg)
-    output = check_config(config)  # no torch yet: a bad setting is one line in about a second
-    quiet = not sys.stderr.isatty()  # no progress bars in logs: stderr holds one line per failure only
-    if quiet:
+    if not show_progress():
         config = dataclasses.replace(config, progress=False)
+    config, output = check_config(config)  # no torch yet: a bad setting is one line in about a second
     with output.hold(config.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models
 

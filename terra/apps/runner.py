@@ -4,10 +4,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
 * The configs: the repository's ``conf/`` folder is installed as the package ``terra.conf`` (``pyproject.toml``
   maps it; a wheel holds it as ``terra/conf/``), so ``@hydra.main(config_path=CONFIG_PATH, ...)`` finds the same
   files in an editable install, where they are ``conf/`` itself, and in a wheel install.
-* The resolvers, registered on import: ``${terra_asset:NAME}``, a path under ``terra/assets/`` (the demo
-  checkpoints named by ``conf/model/demo.yaml`` and ``conf/tokenizer/demo.yaml``), and
-  ``${terra_snapshot:FOLDER}``, a folder of the downloaded Terra snapshot ``terra_root``
-  (:mod:`terra.config.snapshot`).
+* The resolvers ``${terra_asset:NAME}`` and ``${terra_snapshot:FOLDER}``, registered on import
+  (:func:`terra.config.assets.register_resolvers`).
 * :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars when stderr is not a
   terminal). A user mistake (:class:`TerraInputError`, Hydra's and
   OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
@@ -36,19 +34,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
-from terra.config.assets import ASSETS
-from terra.config.snapshot import snapshot_folder
+from terra.config.assets import register_resolvers
 from terra.core.errors import TerraInputError
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
 
-OmegaConf.register_new_resolver("terra_asset", lambda name: str(ASSETS / name), replace=True)
-OmegaConf.register_new_resolver("terra_snapshot", snapshot_folder, replace=True)
+register_resolvers()
+
+
+def show_progress() -> bool:
+    """Whether an app draws progress bars: only on a terminal (in a log, stderr holds one line per failure)."""
+    return sys.stderr.isatty()
 
 
 def hydra_error_line(err: BaseException) -> str:
@@ -160,7 +160,7 @@ def run_app(app: Callable[[], None], prog: str) -> None:
             logging.getLogger("vllm").setLevel(logging.WARNING)
     user_wants_traces = verbose or os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
-    if not sys.stderr.isatty():  # no third-party progress bars in logs: an error's one line stands alone
+    if not show_progress():  # no third-party progress bars in logs: an error's one line stands alone
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:

@@ -84,15 +84,15 @@ full), :mod:`~terra.batch.concurrency` (``max_concurrent=auto``), :mod:`~terra.b
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import Any
 
+from terra.core.lazy import lazy_attributes
+
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
     "BatchConfig": "terra.batch.config",
-    "DEMO": "terra.batch.config",
     "NAMING": "terra.batch.config",
     "check_config": "terra.batch.config",
     "config_from_omegaconf": "terra.batch.config",
@@ -122,10 +122,7 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'terra.batch' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)
 
 
 class _Package(types.ModuleType):

@@ -1,16 +1,15 @@
 """How many rollouts one engine keeps in flight (``max_concurrent``), and the engine options that follow from it.
 
-``max_concurrent=auto`` on vLLM is what the engine's KV cache holds for the run's window: every rollout in flight
-is one engine sequence whose prompt grows to at most one window (``num_context`` + its frames, capped at the
-model's window; docs/ARCHITECTURE.md, "Windows"), so the cache's blocks divided by one such window's blocks is
-how many rollouts fit without preemption. The engine is built with room for that many sequences
-(``max_num_seqs``, up to :data:`AUTO_CEILING_GPU` on a GPU). The Transformers backend has no fixed cache;
+``max_concurrent=auto`` is what the engine holds for the run's window: every rollout in flight grows to at most one
+window (``num_context`` + its frames, capped at the model's window; docs/ARCHITECTURE.md, "Windows"), and the
+backend says how many such rollouts fit (``WorldModelBackend.capacity``: on vLLM its KV cache's blocks over one
+window's blocks, terra/generation/vllm_backend.py). The engine is built with room for that many sequences
+(``max_num_seqs``, up to :data:`AUTO_CEILING_GPU` on a GPU). The Transformers backend has no fixed bound;
 ``auto`` is :data:`AUTO_FALLBACK` there.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from terra.batch.config import BatchConfig
@@ -39,28 +38,11 @@ def planned_streams(config: BatchConfig, samples: int) -> int:
     return max(1, min(ceiling, samples))
 
 
-def kv_cache_rollouts(pipeline: WorldModelPipeline, window_frames: int) -> int | None:
-    """Rollouts of ``window_frames`` frames the vLLM engine's KV cache holds at once (None: not a vLLM engine,
-    or it does not report its cache)."""
-    engine = getattr(pipeline.backend, "engine", None)
-    cache = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
-    blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
-    if not blocks or not block_size:
-        return None
-    layout = pipeline.backend.layout
-    tokens = window_frames * layout.frame_span
-    return max(1, int(blocks) // math.ceil(tokens / int(block_size)))
-
-
 def resolve_max_concurrent(config: BatchConfig, pipeline: WorldModelPipeline, longest: int) -> int:
-    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` what the KV cache
-    holds for windows of the run's longest rollout (``longest`` generated frames), capped by ``max_num_seqs``."""
+    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` what the engine
+    holds for windows of the run's longest rollout (``longest`` generated frames; the backend's
+    :meth:`~terra.generation.rollout.WorldModelBackend.capacity`), else :data:`AUTO_FALLBACK`."""
     if config.max_concurrent != "auto":
         return int(config.max_concurrent)
     window_frames = min(pipeline.backend.layout.max_frames, config.num_context + longest)
-    fits = kv_cache_rollouts(pipeline, window_frames)
-    if fits is None:
-        return AUTO_FALLBACK
-    engine = pipeline.backend.engine
-    seqs = getattr(getattr(engine.vllm_config, "scheduler_config", None), "max_num_seqs", None) or fits
-    return max(1, min(fits, int(seqs)))
+    return pipeline.backend.capacity(window_frames) or AUTO_FALLBACK

@@ -1,65 +1,65 @@
-"""A batch run's settings (:class:`BatchConfig`), built from ``conf/rollout.yaml`` and checked before any work.
+"""A batch run's settings (:class:`BatchConfig`, frozen), built from ``conf/rollout.yaml`` or by keywords, and
+checked before any work.
 
 This module imports no torch: a run checks every setting once (:func:`check_config`; the sane ranges of the
 numbers are :data:`RANGES`, documented in conf/rollout.yaml) before the heavy imports, and carries the checked
-:class:`BatchConfig` on; its model and engine part is a :class:`~terra.config.spec.RunSpec`
-(:meth:`BatchConfig.run_spec`).
+:class:`BatchConfig` on. Its model and engine part, :attr:`BatchConfig.run`, is the
+:class:`~terra.config.spec.RunSpec` that :func:`~terra.config.spec.run_spec` builds from those settings in
+conf/rollout.yaml's shape (:meth:`BatchConfig.run_config`): the same function, and so the same checks and error
+lines, as ``terra-generate`` and ``terra-serve``; built once per config; ``terra_root`` kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import string
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.batch.ray_settings import check_executor, removed_setting
-from terra.config.backend import DTYPES, check_backend
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, shown
+from terra.batch.ray_settings import EXECUTORS, RaySettings, removed_setting
+from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
+from terra.config.assets import demo_checkpoints
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
-from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
-from terra.config.spec import RunSpec, check_decoding_name
-from terra.core.device import check_device
+from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.trajectory import MANOEUVRES
-from terra.tokenizer.resize import RESIZE_MODES
 
-DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"  # the shipped demo checkpoints
 NAMING = {
     "default": ("{sample_id}.{ext}", "{sample_id}.json"),
-    "actbench": ("NUSCENES_ACTION_{sample_id:06d}.{ext}", "NUSCENES_ACTION_{sample_id:06d}.json"),
+    "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),  # terra/config/actbench.py
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-MAX_SAMPLES_FILE_BYTES = 2 << 30  # a JSONL file of samples (ACT-Bench's 2286 samples: about 150 MB)
-# The numeric settings' sane ranges (conf/rollout.yaml documents them): BatchConfig field -> (setting, range).
+# The batch's own numeric settings' sane ranges (conf/rollout.yaml documents them; the model's and engine's are
+# run_spec's): BatchConfig field -> (setting, range).
 RANGES = {
     "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
-    "num_context": ("num_context", Range(1, MAX_FRAMES, 3, whole=True)),
-    "overlap": ("model.overlap", Range(1, MAX_FRAMES, 3, whole=True)),
     "seed": ("seed", SEED),
     "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
     "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
     "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
     "shard_index": ("shard_index", Range(0, (1 << 20) - 1, 0, whole=True)),
-    "num_threads": ("num_threads", Range(1, 1024, 4, whole=True, nullable=True)),
     "fps": ("output.fps", Range(MIN_FPS, MAX_FPS, 10)),
 }
-FLAGS = {"zero_embed_code_0": "model.zero_embed_code_0", "resume": "resume", "progress": "progress",
+FLAGS = {"resume": "resume", "progress": "progress",
          "mark_context": "output.mark_context", "overlay_trajectory": "output.overlay_trajectory",
          "save_codes": "output.save_codes", "allow_paths_outside_image_root": "allow_paths_outside_image_root"}
 SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"][1]}  # a sample's own
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchConfig:
-    """Everything a batch run needs; ``terra-rollout`` builds it from ``conf/rollout.yaml``."""
+    """Everything a batch run needs; ``terra-rollout`` builds it from ``conf/rollout.yaml``, the Python API by
+    keywords. Frozen: :func:`check_config` returns the checked copy, which the run carries on."""
 
     samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
     output_dir: str
@@ -100,12 +100,13 @@ class BatchConfig:
     manifest: str = "manifest.jsonl"
     progress: bool = True
     record: dict | None = None  # run configuration stored in every sidecar (default: this config)
+    terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
 
     def __post_init__(self) -> None:
         if not self.world_model:
-            self.world_model = str(DEMO / "world_model")
+            object.__setattr__(self, "world_model", str(demo_checkpoints()[0]))
         if not self.tokenizer:
-            self.tokenizer = str(DEMO / "tokenizer")
+            object.__setattr__(self, "tokenizer", str(demo_checkpoints()[1]))
 
     @property
     def sample_files(self) -> list[Path]:
@@ -133,18 +134,32 @@ class BatchConfig:
         path = self.manifest_path
         return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
 
-    def run_spec(self) -> RunSpec:
-        """The model and engine settings as a :class:`RunSpec` (values as :func:`check_config` checked them)."""
-        return RunSpec(self.world_model, self.tokenizer, self.backend, dict(self.backend_options), self.device,
-                       self.dtype, SamplingConfig(**self.sampling), self.num_context, self.overlap,
-                       self.zero_embed_code_0, self.resize, self.decoding, dict(self.refiner))
+    def run_config(self) -> dict:
+        """The model and engine settings in conf/rollout.yaml's shape (the groups :func:`run_spec` reads)."""
+        return {"model": {"world_model": self.world_model, "overlap": self.overlap,
+                          "zero_embed_code_0": self.zero_embed_code_0},
+                "tokenizer": {"path": self.tokenizer, "resize": self.resize},
+                "backend": {"name": self.backend, "options": self.backend_options},
+                "device": self.device, "dtype": self.dtype, "sampling": self.sampling,
+                "num_context": self.num_context, "decoding": self.decoding, "refiner": self.refiner,
+                "terra_root": self.terra_root, "num_threads": self.num_threads}
+
+    @cached_property
+    def run(self) -> RunSpec:
+        """The model and engine settings, checked by :func:`run_spec` (once per config: a cached property)."""
+        return run_spec(OmegaConf.create(_escaped(self.run_config())))
+
+    @cached_property
+    def ray_settings(self) -> RaySettings:
+        """The ``ray`` block, parsed and checked once (terra/batch/ray_settings.py)."""
+        return RaySettings.parse(self.ray)
 
     def generation_settings(self) -> dict:
         """The settings that shape a sample's outputs (part of its fingerprint)."""
         return {
             "num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
             "resize": self.resize,
-            "sampling": SamplingConfig(**self.sampling).draw_settings(),  # defaults filled in; decoding left out
+            "sampling": self.run.sampling.draw_settings(),  # defaults filled in; decoding left out
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
             "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
             "default_manoeuvre": self.default_manoeuvre,
@@ -160,9 +175,6 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     The checkpoint folders are checked to exist here (:func:`terra.config.snapshot.checkpoint_path`), so a missing
     ``terra_root`` or a snapshot without the model's folders fails with one line before anything loads.
     """
-
-    def plain(value: Any) -> Any:
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
     out = cfg.output
     samples = plain(cfg.samples)
@@ -187,34 +199,43 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
         fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
         save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
         decoding=cfg.get("decoding", "framewise"), refiner=plain(cfg.get("refiner")) or {},
-        record=OmegaConf.to_container(cfg, resolve=True),
+        record=plain(cfg), terra_root=None if cfg.get("terra_root") is None else str(cfg.terra_root),
     )
 
 
-def check_config(config: BatchConfig) -> OutputDir:
+def _escaped(value: Any) -> Any:
+    """``value`` with every ``${`` in its strings escaped, so that OmegaConf keeps a path such as ``/data/${x}``
+    as it is instead of reading an interpolation."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${")
+    if isinstance(value, dict):
+        return {key: _escaped(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(item) for item in value]
+    return value
+
+
+def check_config(config: BatchConfig) -> tuple[BatchConfig, OutputDir]:
     """Check every setting once, before any work and without torch (user errors → :class:`TerraInputError`):
-    numbers in :data:`RANGES`, flags, device, dtype, backend and sampling options, output names, the samples files
-    and ``image_root``; return the output folder, claimed (terra/config/output_dir.py). The refiner's weights and
+    the model and engine settings by :func:`run_spec` (:attr:`BatchConfig.run`), the batch's numbers in
+    :data:`RANGES`, flags, output names, the samples files and ``image_root``; return the checked config (output
+    formats normalized) and the output folder, claimed (terra/config/output_dir.py). The refiner's weights and
     device are checked once the run's device is known (terra/refiner.py, ``check_decoding``)."""
+    config = dataclasses.replace(config, formats=check_output_formats(config.formats, distinct=True))
+    config.run  # noqa: B018  (run_spec's checks, first: the same order and lines as terra-generate's)
     for name, (setting, limits) in RANGES.items():
         value = getattr(config, name)
         if not (name == "max_concurrent" and value == "auto"):
             limits.check(value, setting)
     for name, setting in FLAGS.items():
         check_flag(getattr(config, name), setting)
-    check_device(config.device)
-    check_choice(config.dtype, "dtype", DTYPES)
-    check_backend(config.backend, config.backend_options)
-    SamplingConfig.from_mapping(config.sampling)
-    check_choice(config.resize, "tokenizer.resize", RESIZE_MODES)
-    check_decoding_name(config.decoding)
     if config.shard_index >= config.num_shards:
         raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
                               f"(shards are numbered 0..{config.num_shards - 1})")
-    check_executor(config.executor, config.ray)
+    check_choice(config.executor, "executor", EXECUTORS)
+    config.ray_settings  # noqa: B018  (parsed once, here)
     if config.naming not in NAMING:
         raise TerraInputError(f"unknown output.naming {config.naming!r}; choose one of: {', '.join(NAMING)}")
-    config.formats = check_output_formats(config.formats, distinct=True)
     video, sidecar = config.patterns
     _check_pattern(video, "output.video_pattern", needs_ext=True)
     _check_pattern(sidecar, "output.sidecar_pattern", needs_ext=False)
@@ -232,14 +253,14 @@ def check_config(config: BatchConfig) -> OutputDir:
             isinstance(samples, Sequence) and samples and all(isinstance(f, (str, os.PathLike)) for f in samples)):
         raise TerraInputError(f"samples must be a JSONL file or a list of them (got {shown(samples)})")
     for file in config.sample_files:
-        open_input_file(file, "samples file", MAX_SAMPLES_FILE_BYTES).close()  # regular, readable, bounded
+        open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
     if config.image_root is not None and not (isinstance(config.image_root, (str, os.PathLike))
                                               and Path(config.image_root).expanduser().is_dir()):
         raise TerraInputError(f"image_root {shown(config.image_root)} is not a folder; point it at the images' root")
     refiner = config.refiner.get("path") if config.decoding == "refiner" else None
     # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
-    return claim_output_dir(config.output_dir, "output.dir", files=[config.manifest_path.name,
-                                                                   config.summary_path.name], inputs=[
+    return config, claim_output_dir(config.output_dir, "output.dir", files=[config.manifest_path.name,
+                                                                           config.summary_path.name], inputs=[
         ("samples file", config.sample_files), ("world model", config.world_model),
         ("tokenizer", config.tokenizer), ("refiner weights", refiner)])
 

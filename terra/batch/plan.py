@@ -161,11 +161,12 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
     # Output collisions are decided over all lines, so that every shard agrees.
     owners: dict[str, Sample] = {}
     collisions: dict[int, str] = {}  # sample index -> why its output files cannot be used
+    outputs: dict[int, tuple[dict[str, Path], Path, Path | None]] = {}  # sample index -> its files, worked out once
     for sample in all_samples:
         if sample.error is not None:
             continue
         try:
-            videos, sidecar, codes = _outputs(config, sample)
+            videos, sidecar, codes = outputs[sample.index] = _outputs(config, sample)
         except TerraInputError as err:
             collisions[sample.index] = str(err)
             continue
@@ -189,7 +190,7 @@ def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
         seed = sample.record.get("seed")
         seed = config.seed + sample.index if seed is None else int(seed)
         num_frames = int(sample.record.get("num_frames") or config.num_frames)
-        videos, sidecar, codes = _outputs(config, sample)
+        videos, sidecar, codes = outputs[sample.index]
         item = Item(sample, seed, num_frames, videos, sidecar, codes, fingerprint(config, sample, seed, num_frames))
         result.items.append(item)
         complete, old = is_complete(item) if config.resume else (False, None)

@@ -66,7 +66,7 @@ class RolloutActor:
 
     def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
         # this actor's device, resolved once; its engine's decoding chosen for max_concurrent (auto: its ceiling)
-        spec = resolve_spec(config.run_spec().replace(device=self.device), planned_streams(config, AUTO_CEILING_GPU))
+        spec = resolve_spec(config.run.replace(device=self.device), planned_streams(config, AUTO_CEILING_GPU))
         if spec.backend == "vllm":
             check_vllm_plugin()
             options = dict(spec.backend_options)

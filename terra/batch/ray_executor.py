@@ -43,7 +43,7 @@ class RayExecutor:
     def __init__(self, config: BatchConfig) -> None:
         self.config = config
         tp = int(dict(config.backend_options).get("tensor_parallel_size", 1) or 1)
-        self.cluster = RayCluster(RaySettings.parse(config.ray), str(config.device), tp)
+        self.cluster = RayCluster(config.ray_settings, str(config.device), tp)
         self.settings = self.cluster.settings
 
     def connect(self) -> None:

@@ -67,13 +67,6 @@ class RaySettings:
                    restarts, retries, dict(runtime_env) if runtime_env is not None else None, log_to_driver)
 
 
-def check_executor(executor: Any, ray: Mapping[str, Any] | None) -> None:
-    """Raise :class:`TerraInputError` unless ``executor`` is known and the ``ray`` block is valid."""
-    if executor not in EXECUTORS:
-        raise TerraInputError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
-    RaySettings.parse(ray)
-
-
 def removed_setting(name: str, value: Any) -> None:
     """Raise a :class:`TerraInputError` that explains the replacement when the removed ``num_gpus``/``gpus`` is set."""
     if value is not None:

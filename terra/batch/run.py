@@ -93,7 +93,7 @@ def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
     the samples written so far, their records and no temporaries.
     """
-    output = check_config(config)  # before the output folder and its lock are made
+    config, output = check_config(config)  # before the output folder and its lock are made
     with output.hold(config.manifest_path.name):
         return run_locked(config, pipeline, samples)
 
@@ -106,7 +106,7 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     the_plan = plan(config, samples)
     model_config = executor = refiner = None
     own = False  # whether this run built the pipeline (and closes it)
-    spec = config.run_spec()
+    spec = config.run
     if pipeline is None:  # the settings fit the model even when no sample is left to run
         model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
         check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap)

@@ -21,14 +21,17 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from terra.batch.config import BatchConfig, MAX_SAMPLES_FILE_BYTES, SAMPLE_SETTINGS
+from terra.batch.config import BatchConfig, SAMPLE_SETTINGS
+from terra.config.actbench import MAX_SAMPLES_BYTES, is_actbench_row
 from terra.core.errors import TerraInputError
 from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, open_input_file, parse_json, read_input_text
 from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path
-from terra.inputs.requests import TRAJECTORY_KEYS, manoeuvre_actions, trajectory_actions
-from terra.tokenizer.images import IMAGE_SUFFIXES, MAX_PIXELS, VIDEO_SUFFIXES
+from terra.inputs.actions import TRAJECTORY_KEYS
+from terra.inputs.requests import manoeuvre_actions, trajectory_actions
+from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
+from terra.tokenizer.images import MAX_PIXELS
 
 MAX_LINE_BYTES = MAX_TRAJECTORY_BYTES  # one sample, its inline trajectory included
 MAX_IMAGE_BYTES = 1 << 30  # one context image file
@@ -54,7 +57,7 @@ class Sample:
     @property
     def kind(self) -> str:
         """``"actbench"`` (it has ``context_frames``) or ``"terra"``."""
-        return "actbench" if self.record is not None and "context_frames" in self.record else "terra"
+        return "actbench" if is_actbench_row(self.record) else "terra"
 
 
 def read_samples(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Sample]:
@@ -69,7 +72,7 @@ def read_samples(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     seen: dict[str, Sample] = {}  # str(sample_id) -> its first line: 7 and "7" name the same files
     index = 0
     for file in files:
-        text = read_input_text(Path(file).expanduser(), "samples file", MAX_SAMPLES_FILE_BYTES)
+        text = read_input_text(Path(file).expanduser(), "samples file", MAX_SAMPLES_BYTES)
         for number, raw in enumerate(text.splitlines(), start=1):
             index += 1
             if not raw.strip():

@@ -20,7 +20,6 @@ from terra.batch.config import BatchConfig
 from terra.batch.engine import PreparedSample, SampleWriter, prepare_sample
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
-from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutState
 from terra.pipeline import WorldModelPipeline
 
@@ -52,8 +51,8 @@ class StreamingEngine:
         self.on_generated, self.on_frame = on_generated, on_frame
         self.refiner = refiner  # decoding=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
-        # checked by check_config: this only builds it, with decoding=auto resolved for this many rollouts in flight
-        self.sampling = pipeline.backend.decoding_for(SamplingConfig(**config.sampling), max_concurrent)
+        # checked by check_config (run_spec): decoding=auto resolved for this many rollouts in flight
+        self.sampling = pipeline.backend.decoding_for(config.run.sampling, max_concurrent)
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
         self._stopped = threading.Event()

@@ -239,7 +239,8 @@ def _sample_reads(sample, image_root: str | None) -> Reads:
 def _sample_scenario(sample, image_size: Sequence[int], num_context: int, image_root: str | None, resize: str,
                      reads: Reads) -> Scenario:
     from terra.inputs.context import load_context
-    from terra.inputs.requests import TRAJECTORY_KEYS, trajectory_actions
+    from terra.inputs.actions import TRAJECTORY_KEYS
+    from terra.inputs.requests import trajectory_actions
 
     record = sample.record
     jsonl_dir = Path(sample.file).resolve().parent

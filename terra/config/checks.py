@@ -136,11 +136,15 @@ def check_flag(value: Any, name: str) -> bool:
     return value
 
 
+def plain(value: Any) -> Any:
+    """An OmegaConf node as plain Python values, interpolations resolved (anything else as it is)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 def select(cfg: Any, key: str) -> Any:
     """``cfg``'s value at the dotted ``key`` (an OmegaConf config or nested mappings), plain Python values."""
     if OmegaConf.is_config(cfg):
-        value = OmegaConf.select(cfg, key, throw_on_missing=True)
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        return plain(OmegaConf.select(cfg, key, throw_on_missing=True))
     for part in key.split("."):
         cfg = cfg[part]
     return cfg

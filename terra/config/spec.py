@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from terra.config.backend import DTYPES, check_backend, check_num_threads
 from terra.config.checks import MAX_FRAMES, Range, check_choice, check_flag, select
@@ -101,8 +101,3 @@ def check_window(window: int, num_context: int, overlap: int | None = None,
     if overlap is not None and overlap >= window:
         raise TerraInputError(f"{overlap_name}={overlap} does not fit a window of {window} frames; "
                               f"use at most {window - 1} (Terra: 3)")
-
-
-def plain(value: Any) -> Any:
-    """An OmegaConf node as plain Python values (anything else as it is)."""
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value

@@ -11,8 +11,7 @@ contract is importable without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from terra.core.lazy import lazy_attributes
 
 _HOMES = {
     "FrameCallback": "terra.generation.rollout",
@@ -25,7 +24,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'terra.generation' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)

@@ -240,6 +240,11 @@ class WorldModelBackend(ABC):
         fast = limit is None or streams <= limit
         return sampling.replace(decoding="speculative" if fast else "sequential")
 
+    def capacity(self, window_frames: int) -> int | None:
+        """How many rollouts of windows of ``window_frames`` frames the engine holds at once (None: no fixed
+        bound, as the Transformers backend has none)."""
+        return None
+
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:
         """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed."""
         return RolloutState(request, self.layout, self.default_seed(request, index))

@@ -29,6 +29,12 @@ from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
 
+def kv_capacity(blocks: int, block_size: int, window_tokens: int, max_num_seqs: int) -> int:
+    """Sequences of ``window_tokens`` tokens a KV cache of ``blocks`` blocks of ``block_size`` tokens holds at once
+    without preemption, at most the engine's ``max_num_seqs`` and at least one."""
+    return max(1, min(blocks // -(-window_tokens // block_size), max_num_seqs))
+
+
 @dataclass(frozen=True)
 class FrameStat:
     """Prefix-cache use of one frame request."""
@@ -223,6 +229,18 @@ class VLLMBackend(WorldModelBackend):
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
         return request.seed if request.seed is not None else self.seed + index
+
+    def capacity(self, window_frames: int) -> int | None:
+        """Rollouts of ``window_frames`` frames the engine's KV cache holds at once, capped by ``max_num_seqs``
+        (None: this vLLM release does not report its cache size)."""
+        config = self.engine.vllm_config
+        cache = getattr(config, "cache_config", None)
+        blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+        if not blocks or not block_size:
+            return None
+        tokens = window_frames * self.layout.frame_span
+        seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or int(blocks)
+        return kv_capacity(int(blocks), int(block_size), tokens, int(seqs))
 
     def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
         prompt = self.frame_prompt(state)

@@ -7,11 +7,10 @@ on first use, so the trajectory checks are importable without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from terra.core.lazy import lazy_attributes
 
 _HOMES = {
-    "TRAJECTORY_KEYS": "terra.inputs.requests",
+    "TRAJECTORY_KEYS": "terra.inputs.actions",
     "actions_needed": "terra.inputs.requests",
     "load_context": "terra.inputs.context",
     "manoeuvre_actions": "terra.inputs.requests",
@@ -23,7 +22,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'terra.inputs' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)

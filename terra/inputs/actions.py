@@ -22,8 +22,9 @@ from __future__ import annotations
 import csv
 import numbers
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -37,6 +38,8 @@ from terra.generation.actions import (
 from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, RATE_HZ, check_manoeuvre_params, manoeuvre_trajectory
 
 FRAMES = Range(1, MAX_FRAMES, 16, whole=True)  # frames a trajectory or manoeuvre may be asked for
+TRAJECTORY_KEYS = ("actions", "instruction_trajs", "trajectory", "manoeuvre")  # a JSON value's forms, one per value
+TRAJECTORY_SUFFIXES = (".json", ".csv", ".npy")
 
 
 def actions_from_instruction_trajs(trajs: Any, source: str = "instruction_trajs") -> np.ndarray:
@@ -75,24 +78,33 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
     """
     path = Path(path)
     source = str(path)
+    with trajectory_file_errors(source):
+        actions = _actions_of(read_trajectory_file(path), source, num_frames)
+    return validate_actions(actions, source, num_frames or 1)
+
+
+def read_trajectory_file(path: Path) -> Any:
+    """A trajectory file's content by its suffix: a CSV as an :class:`EgoTrajectory`, a JSON file's value, a
+    ``.npy`` array; one line for another suffix. Wrap the call in :func:`trajectory_file_errors`."""
     suffix = path.suffix.lower()
-    if suffix not in (".npy", ".json", ".csv"):
-        raise TerraInputError(f"trajectory file {source} has an unknown type; use .json, .csv or .npy")
+    if suffix not in TRAJECTORY_SUFFIXES:
+        raise TerraInputError(f"trajectory file {path} has an unknown type; use .json, .csv or .npy")
+    if suffix == ".csv":
+        return trajectory_from_csv(path)
+    return load_json(path, "trajectory file") if suffix == ".json" else load_npy(path)
+
+
+@contextmanager
+def trajectory_file_errors(source: str) -> Iterator[None]:
+    """Malformed content of trajectory file ``source`` (a decoding error, a bad number) as one line."""
     try:
-        if suffix == ".npy":
-            actions = _actions_of(load_npy(path), source, num_frames)
-        elif suffix == ".json":
-            actions = _actions_of(load_json(path, "trajectory file"), source, num_frames)
-        else:
-            trajectory = trajectory_from_csv(path)
-            actions = actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
+        yield
     except TerraInputError:
         raise
     except (OSError, ValueError, TypeError, EOFError) as err:  # malformed content (UnicodeDecodeError is a ValueError)
         message = str(err).splitlines()[0] if str(err).strip() else ""
         raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {message[:200]}); "
                               "check that it is a valid .json, .csv or .npy file") from None
-    return validate_actions(actions, source, num_frames or 1)
 
 
 def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None, source: str) -> int:
@@ -134,8 +146,22 @@ def actions_from_value(value: Any, source: str, num_frames: int | None, skip: in
 
 def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
     """``[T, 6, 3]`` actions of a value, not yet checked as a whole (the callers check them once)."""
+    motion = motion_of(value, source, num_frames)
+    if isinstance(motion, EgoTrajectory):
+        return actions_from_trajectory(motion, _frames_to_compute(motion, num_frames, source))
+    return motion
+
+
+def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool = True) -> Any:
+    """What a trajectory value holds, told apart by keys or shape (the forms of the module docstring): a
+    world-frame :class:`EgoTrajectory`, or per-frame actions not yet checked as a whole. ``num_frames`` sizes a
+    manoeuvre; ``manoeuvre=False`` refuses one (a driving log needs its recorded motion)."""
+    if isinstance(value, EgoTrajectory):  # a CSV file, as read_trajectory_file returns it
+        return value
     if isinstance(value, dict):
-        keys = [k for k in ("actions", "instruction_trajs", "trajectory", "manoeuvre") if k in value]
+        keys = [k for k in TRAJECTORY_KEYS if k in value]
+        if not manoeuvre and keys == ["manoeuvre"]:
+            raise TerraInputError(f"{source}: names a manoeuvre; a driving log needs the recorded trajectory")
         if len(keys) != 1:
             raise TerraInputError(
                 f"{source}: expected exactly one of the keys actions, instruction_trajs, trajectory, manoeuvre "
@@ -147,8 +173,7 @@ def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
         if key == "instruction_trajs":
             return actions_from_instruction_trajs(value[key], source)
         if key == "trajectory":
-            trajectory = trajectory_from_mapping(value[key], source)
-            return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
+            return trajectory_from_mapping(value[key], source)
         spec = value[key]
         if not isinstance(spec, (str, dict)):
             raise TerraInputError(
@@ -169,9 +194,8 @@ def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
     if arr.ndim == 3:
         return actions_from_instruction_trajs(arr, source)
     if arr.ndim == 2 and arr.shape[1] in (2, 3):
-        trajectory = EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
-                                               source=source)
-        return actions_from_trajectory(trajectory, _frames_to_compute(trajectory, num_frames, source))
+        return EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
+                                         source=source)
     raise TerraInputError(
         f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
         "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz"

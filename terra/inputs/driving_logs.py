@@ -4,8 +4,9 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
 
 * **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
   clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
-* **Frames.** A clip folder holds either its frames as images (``*.jpg``, ``*.jpeg``, ``*.png``; in file-name
-  order) or exactly one video (``*.mp4``), never both. A video's frames carry the container's timestamps. An
+* **Frames.** A clip folder holds either its frames as images (the types terra/tokenizer/images.py reads:
+  ``*.png``, ``*.jpg``, ``*.jpeg``, ``*.bmp``, ``*.webp``, ``*.tif``, ``*.tiff``; in file-name order) or exactly one
+  video (``*.mp4``, ``*.mov``, ``*.avi``, ``*.mkv``, ``*.webm``, ``*.gif``), never both. A video's frames carry the container's timestamps. An
   image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s, unless the folder
   holds ``timestamps.txt``: one time in seconds per line (blank lines ignored), the n-th line for the n-th
   image in name order, strictly increasing. A video clip holding ``timestamps.txt`` is refused.
@@ -52,17 +53,15 @@ import numpy as np
 
 from terra.config.checks import MAX_FRAMES, one_line
 from terra.core.errors import TerraInputError
-from terra.config.files import load_json, open_input_file, read_input_text
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.config.files import open_input_file, read_input_text
+from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
+from terra.generation.actions import FRAME_RATE_HZ, validate_actions
 from terra.inputs.actions import (
-    actions_from_trajectory, actions_from_value, load_npy, trajectory_from_csv, trajectory_from_mapping,
+    TRAJECTORY_SUFFIXES, actions_from_trajectory, motion_of, read_trajectory_file, trajectory_file_errors,
 )
 from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-VIDEO_SUFFIX = ".mp4"
-TRAJECTORY_SUFFIXES = (".json", ".csv", ".npy")
 TRAJECTORY_STEM = "trajectory"
 TIMESTAMPS_FILE = "timestamps.txt"
 MAX_TICK_OFFSET_S = 0.06  # a kept frame lies at most this far from its 10 Hz tick
@@ -104,7 +103,7 @@ def open_clip(folder: Path) -> Clip:
     """The frames, video, trajectory and timestamps of a clip folder; one line for a folder off the rules."""
     files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
     images = tuple(p for p in files if p.suffix.lower() in IMAGE_SUFFIXES)
-    videos = [p for p in files if p.suffix.lower() == VIDEO_SUFFIX]
+    videos = [p for p in files if p.suffix.lower() in VIDEO_SUFFIXES]
     timestamps = folder / TIMESTAMPS_FILE if (folder / TIMESTAMPS_FILE) in files else None
     if images and videos:
         raise TerraInputError(f"holds both images and a video ({videos[0].name}); keep one of them per clip")
@@ -113,7 +112,7 @@ def open_clip(folder: Path) -> Clip:
         raise TerraInputError(f"holds {len(videos)} videos ({names}); keep one per clip")
     if not images and not videos:
         raise TerraInputError(f"holds no frames ({', '.join('*' + s for s in IMAGE_SUFFIXES)}) and no video "
-                              f"(*{VIDEO_SUFFIX})")
+                              f"({', '.join('*' + s for s in VIDEO_SUFFIXES)})")
     if videos and timestamps is not None:
         raise TerraInputError(f"holds a video and {TIMESTAMPS_FILE}; a video's frames carry their own timestamps, "
                               f"remove {TIMESTAMPS_FILE}")
@@ -133,27 +132,9 @@ def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
     """A clip's trajectory file: a world-frame :class:`EgoTrajectory`, or checked per-frame actions
     ``[T, 6, 3]`` (from actions or instruction trajectories), read by terra/inputs/actions.py's readers."""
     source = str(path)
-    try:
-        if path.suffix.lower() == ".csv":
-            return trajectory_from_csv(path)
-        value: Any = load_json(path, "trajectory file") if path.suffix.lower() == ".json" else load_npy(path)
-        if isinstance(value, dict):
-            keys = [k for k in ("actions", "instruction_trajs", "trajectory", "manoeuvre") if k in value]
-            if keys == ["manoeuvre"]:
-                raise TerraInputError(f"{source}: names a manoeuvre; a driving log needs the recorded trajectory")
-            if keys == ["trajectory"]:
-                return trajectory_from_mapping(value["trajectory"], source)
-        elif np.ndim(value) == 2:
-            arr = np.asarray(value, dtype=np.float64)
-            if arr.shape[1] in (2, 3):
-                return EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
-                                                 source=source)
-        return actions_from_value(value, source, None)
-    except TerraInputError:
-        raise
-    except (OSError, ValueError, TypeError, EOFError) as err:  # malformed content, as load_actions reports it
-        message = (str(err).strip().splitlines() or [""])[0][:200]
-        raise TerraInputError(f"trajectory file {source} cannot be read ({type(err).__name__}: {message})") from None
+    with trajectory_file_errors(source):
+        motion = motion_of(read_trajectory_file(path), source, None, manoeuvre=False)
+    return motion if isinstance(motion, EgoTrajectory) else validate_actions(motion, source, 1)
 
 
 def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate_hz: float,

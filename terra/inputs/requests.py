@@ -18,8 +18,6 @@ from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import actions_for_manoeuvre, actions_from_value, load_actions
 from terra.inputs.context import resolve_path
 
-TRAJECTORY_KEYS = ("actions", "instruction_trajs", "trajectory", "manoeuvre")
-
 
 def actions_needed(num_context: int, num_frames: int) -> int:
     """Actions a rollout uses: one per frame after the first, up to the last generated one."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from terra.config.actbench import video_name
 from terra.core.errors import TerraInputError
 from terra.scoring.estimator import EstimatorConfig, weights_file
 from terra.scoring.samples import read_samples
@@ -73,7 +74,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
     if missing:
         first = ", ".join(map(str, missing[:5]))
         report.problems.append(f"{len(missing)} samples have no video (first: sample {first}; expected e.g. "
-                               f"NUSCENES_ACTION_{missing[0]:06d}.mp4)")
+                               f"{video_name(missing[0])})")
     if short:
         report.problems.append(f"{len(short)} videos are shorter than the {num_frames} frames the estimator scores "
                                f"(first: {', '.join(short[:3])})")

@@ -17,12 +17,12 @@ from typing import Sequence
 
 import numpy as np
 
+from terra.config.actbench import MAX_SAMPLES_BYTES
 from terra.config.checks import shown
 from terra.config.files import parse_json, read_input_text
 from terra.core.errors import TerraInputError
 from terra.scoring.labels import LABELS, command_label, reference_waypoints
 
-MAX_SAMPLES_BYTES = 2 << 30  # one JSONL file (ACT-Bench's 2,286 samples: about 150 MB)
 PASSED_ON = ("context_frames", "instruction_trajs", "reference_traj")  # columns copied to results.jsonl
 
 

@@ -19,7 +19,8 @@ from terra.config.output_dir import claim_output_dir
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.scoring.report import FILES
-from terra.scoring.samples import MAX_SAMPLES_BYTES, sample_files
+from terra.config.actbench import MAX_SAMPLES_BYTES
+from terra.scoring.samples import sample_files
 
 RANGES = {
     "batch_size": Range(1, 1024, 16, whole=True),

@@ -16,7 +16,6 @@ short or broken video ends the run with one line naming it.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from pathlib import Path
 from typing import Sequence
@@ -27,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from terra.config.actbench import sample_id_in_name, video_name
 from terra.core.errors import TerraInputError
 from terra.scoring.samples import BenchSample
 
-SAMPLE_ID = re.compile(r"_(\d+)$")
 RESIZE_RATIO = 256 / 224  # ACT-Bench resizes to 256x256 and crops 224x224
 
 
@@ -40,13 +39,12 @@ def find_videos(folder: Path) -> dict[int, Path]:
     for path in sorted(folder.glob("*.mp4")):
         if path.name.startswith("."):
             continue
-        match = SAMPLE_ID.search(path.stem)
-        if match is None:
-            raise TerraInputError(f"video {path} is not named <name>_<sample_id>.mp4 (e.g. NUSCENES_ACTION_000123.mp4, "
+        sample_id = sample_id_in_name(path.stem)
+        if sample_id is None:
+            raise TerraInputError(f"video {path} is not named <name>_<sample_id>.mp4 (e.g. {video_name(123)}, "
                                   "as output.naming=actbench writes); rename it or move it out of the folder")
         if not path.is_file():
             raise TerraInputError(f"video {path} is not a regular file")
-        sample_id = int(match.group(1))
         if sample_id in videos:
             raise TerraInputError(f"videos {videos[sample_id].name} and {path.name} both end in sample id {sample_id}; "
                                   "keep one")
@@ -60,7 +58,7 @@ def match_videos(samples: Sequence[BenchSample], videos: dict[int, Path], folder
     if missing:
         first = ", ".join(map(str, missing[:5]))
         raise TerraInputError(f"{len(missing)} of {len(samples)} samples have no video in {folder} (first: sample "
-                              f"{first}; expected e.g. NUSCENES_ACTION_{missing[0]:06d}.mp4); generate them or pass "
+                              f"{first}; expected e.g. {video_name(missing[0])}); generate them or pass "
                               "the folder that holds them")
     return [videos[s.sample_id] for s in samples]
 

@@ -32,9 +32,9 @@ from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.core.media import VIDEO_SUFFIXES
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.driving_logs import (
-    VIDEO_SUFFIX,
     Resampled,
     clip_actions,
     clip_folders,
@@ -238,4 +238,4 @@ def _write(output: Path, index: ShardIndex, split: str, clips: list[tuple[str, n
 
 
 def _holds_video(folder: Path) -> bool:
-    return any(p.suffix.lower() == VIDEO_SUFFIX for p in folder.iterdir())
+    return any(p.suffix.lower() in VIDEO_SUFFIXES for p in folder.iterdir())

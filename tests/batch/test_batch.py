@@ -278,7 +278,7 @@ def demo_pipeline(single_thread):
     from terra.generation.backends import resolve_spec
 
     config = BatchConfig(samples="unused", output_dir="unused", backend="hf", device="cpu")
-    pipeline = build_pipeline(config, resolve_spec(config.run_spec()))
+    pipeline = build_pipeline(config, resolve_spec(config.run))
     yield pipeline
     pipeline.close()
 

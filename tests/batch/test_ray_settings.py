@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from terra.batch.ray_settings import RaySettings, check_executor
+from terra.batch.config import BatchConfig, check_config
+from terra.batch.ray_settings import RaySettings
 from terra.core.errors import TerraInputError
 
 
@@ -30,10 +31,12 @@ def test_defaults_and_a_full_block():
 ])
 def test_bad_values_are_one_line_naming_the_setting(values, message):
     with pytest.raises(TerraInputError) as err:
-        check_executor("ray", values)
+        RaySettings.parse(values)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-def test_unknown_executor():
+def test_unknown_executor(tmp_path):
+    (tmp_path / "samples.jsonl").write_text("")
+    config = BatchConfig(samples=str(tmp_path / "samples.jsonl"), output_dir=str(tmp_path / "out"), executor="dask")
     with pytest.raises(TerraInputError, match=r"unknown executor 'dask'; choose one of: local, ray"):
-        check_executor("dask", None)
+        check_config(config)

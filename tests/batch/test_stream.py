@@ -29,6 +29,9 @@ class FakeBackend:
         self.fail_at_poll, self.interrupt_at_poll = fail_at_poll, interrupt_at_poll
         self.cancelled: list[int] = []
 
+    def capacity(self, window_frames: int) -> None:  # as WorldModelBackend's (Transformers): no fixed bound
+        return None
+
     def decoding_for(self, sampling, streams: int = 1):
         return sampling.replace(decoding="sequential")
 
@@ -158,24 +161,39 @@ def test_an_interrupt_cancels_the_rollouts_in_flight_and_lets_writes_finish(fake
 
 
 def fake_vllm(blocks: int, block_size: int = 16, max_num_seqs: int = 512):
+    """A VLLMBackend without its engine: only the engine's cache and scheduler sizes, as vLLM reports them."""
+    from terra.generation.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend.__new__(VLLMBackend)
     cache = SimpleNamespace(num_gpu_blocks=blocks, block_size=block_size)
-    engine_ = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache,
-                                                          scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)))
-    layout = TokenLayout(image_tokens=576, action_tokens=6, max_frames=25, codebook_size=2**18, action_token_id=2**18)
-    return SimpleNamespace(backend=SimpleNamespace(engine=engine_, layout=layout))
+    backend.engine = SimpleNamespace(vllm_config=SimpleNamespace(
+        cache_config=cache, scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)))
+    backend.layout = TokenLayout(image_tokens=576, action_tokens=6, max_frames=25, codebook_size=2**18,
+                                 action_token_id=2**18)
+    return SimpleNamespace(backend=backend)
 
 
-def test_auto_max_concurrent_is_what_the_kv_cache_holds_for_the_window():
-    config = BatchConfig(samples="unused", output_dir="unused", num_context=3)
-    h100 = fake_vllm(3_170_000 // 16)  # BENCHMARKS.md: 3.17 M tokens of KV cache at gpu_memory_utilization=0.9
+def test_kv_capacity_is_the_cache_blocks_over_one_windows_blocks():
+    from terra.generation.vllm_backend import kv_capacity
+
+    # BENCHMARKS.md: 3.17 M tokens of KV cache at gpu_memory_utilization=0.9 on an H100 (198,125 blocks of 16)
     # 3 + 8 frames of 582 positions = 6402 tokens = 401 blocks per rollout; a full 25-frame window: 910 blocks
-    assert concurrency.resolve_max_concurrent(config, h100, longest=8) == 198_125 // 401 == 494
-    assert concurrency.resolve_max_concurrent(config, h100, longest=44) == 198_125 // 910 == 217
+    assert kv_capacity(198_125, 16, 11 * 582, 512) == 198_125 // 401 == 494
+    assert kv_capacity(198_125, 16, 25 * 582, 512) == 198_125 // 910 == 217
+    assert kv_capacity(198_125, 16, 11 * 582, 256) == 256  # max_num_seqs caps it
+    assert kv_capacity(100, 16, 11 * 582, 512) == 1  # one rollout at least
+
+
+def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
+    config = BatchConfig(samples="unused", output_dir="unused", num_context=3)
+    h100 = fake_vllm(3_170_000 // 16)
+    assert concurrency.resolve_max_concurrent(config, h100, longest=8) == 494
+    assert concurrency.resolve_max_concurrent(config, h100, longest=44) == 217  # capped at the 25-frame window
     assert concurrency.resolve_max_concurrent(config, fake_vllm(198_125, max_num_seqs=256), longest=8) == 256
     assert concurrency.resolve_max_concurrent(config, fake_vllm(100), longest=8) == 1  # one rollout at least
     fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=32)
     assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
-    transformers = SimpleNamespace(backend=SimpleNamespace(layout=LAYOUT))  # no KV cache of fixed size
+    transformers = SimpleNamespace(backend=FakeBackend())  # no fixed bound
     assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == concurrency.AUTO_FALLBACK == 64
 
 
@@ -185,10 +203,10 @@ def test_max_num_seqs_follows_max_concurrent_on_vllm_only():
     from terra.generation.backends import resolve_spec
 
     def options(**settings) -> dict:  # the engine options of a run on the CPU
-        config = BatchConfig(**base, **settings)
-        return concurrency.engine_options(config, resolve_spec(config.run_spec().replace(device="cpu")))
+        config = BatchConfig(**{**base, **settings})
+        return concurrency.engine_options(config, resolve_spec(config.run.replace(device="cpu")))
 
     assert options(backend="vllm") == {
         "max_num_seqs": concurrency.AUTO_FALLBACK, "enforce_eager": True}  # auto on a CPU engine
     assert options(backend="vllm", max_concurrent=200)["max_num_seqs"] == 200
-    assert options(backend="hf") == base["backend_options"]
+    assert options(backend="hf", backend_options={"max_batch_size": 8}) == {"max_batch_size": 8}

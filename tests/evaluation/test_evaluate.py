@@ -11,11 +11,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import terra.apps.runner  # noqa: F401 (registers the resolvers conf/ uses: ${terra_asset:...})
+from terra.config.assets import register_resolvers
 from terra.core.errors import TerraInputError
 from terra.evaluation import cases
 from terra.evaluation.run import format_table, run
 from terra.sim import Scene, make_clip
+
+register_resolvers()  # the resolvers conf/ uses: ${terra_asset:...}
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

@@ -154,3 +154,19 @@ def test_identical_actions_in_one_prompt(vllm_backend, hf_backend):
     request.actions = np.broadcast_to(request.actions[:1], request.actions.shape).copy()
     ours = vllm_backend.generate([request], GREEDY, progress=False)
     np.testing.assert_array_equal(ours[0], hf_backend.generate([request], GREEDY, progress=False)[0])
+
+
+def test_capacity_is_what_the_kv_cache_holds_for_a_window(vllm_backend, hf_backend):
+    """The batch's max_concurrent=auto asks the backend (terra/batch/concurrency.py); the real CPU engine reports its
+    cache, so the answer is its blocks over one window's blocks, capped by max_num_seqs; Transformers has no bound."""
+    from terra.generation.vllm_backend import kv_capacity
+
+    config = vllm_backend.engine.vllm_config
+    window = vllm_backend.layout.max_frames
+    blocks, block_size = config.cache_config.num_gpu_blocks, config.cache_config.block_size
+    assert blocks and block_size  # what capacity() reads is there in this vLLM release
+    expected = kv_capacity(blocks, block_size, window * vllm_backend.layout.frame_span,
+                           config.scheduler_config.max_num_seqs)
+    assert vllm_backend.capacity(window) == expected >= 1
+    assert vllm_backend.capacity(1) >= vllm_backend.capacity(window)  # shorter windows: at least as many fit
+    assert hf_backend.capacity(window) is None
