@@ -123,7 +123,7 @@ class _Dispatcher:
                     self._written(ref, queue)
             if not noticed and not any(self.infos) and time.monotonic() - started > WAIT_NOTICE_S:
                 noticed = True
-                tqdm.write(f"rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or the "
+                tqdm.write(f"terra-rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or the "
                            "cluster lacks free resources: `ray status` shows them)", file=sys.stderr)
 
     def _poll_progress(self) -> None:
@@ -173,12 +173,12 @@ class _Dispatcher:
             if first:
                 raise start_failure(err) from None
             self.last_death = cause(err)
-            tqdm.write(f"rollout: Ray actor {a} is gone ({self.last_death}); going on without it", file=sys.stderr)
+            tqdm.write(f"terra-rollout: Ray actor {a} is gone ({self.last_death}); going on without it", file=sys.stderr)
             return
         if info["error"] is not None:
             if first:
                 raise TerraInputError(f"Ray actor {a} on {info['node']} could not start: {info['error']}")
-            tqdm.write(f"rollout: Ray actor {a} did not come back ({info['error']}); going on without it",
+            tqdm.write(f"terra-rollout: Ray actor {a} did not come back ({info['error']}); going on without it",
                        file=sys.stderr)
             self.ray.kill(self.actors[a], no_restart=True)  # it holds its GPU(s) for nothing
             return
@@ -186,7 +186,7 @@ class _Dispatcher:
         self.usable.add(a)
         self.starting.discard(a)
         where = f"GPU {','.join(info['gpus'])}" if info["gpus"] else "CPU"
-        tqdm.write(f"rollout: Ray actor {a} on {info['node']} ({where}) {'started' if first else 'is back'}: "
+        tqdm.write(f"terra-rollout: Ray actor {a} on {info['node']} ({where}) {'started' if first else 'is back'}: "
                    f"{info['max_concurrent']} rollouts at once", file=sys.stderr)
 
     def _generated(self, ref: Any, queue: deque) -> None:
@@ -237,7 +237,7 @@ class _Dispatcher:
         self.last_death = cause(err)
         if a in self.usable:
             self.usable.discard(a)
-            tqdm.write(f"rollout: Ray actor {a} on {self.infos[a]['node']} died ({self.last_death}); its unfinished "
+            tqdm.write(f"terra-rollout: Ray actor {a} on {self.infos[a]['node']} died ({self.last_death}); its unfinished "
                        "samples go back to the queue", file=sys.stderr)
             self.pings[self.actors[a].info.remote()] = (a, False)
 

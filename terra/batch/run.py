@@ -140,17 +140,17 @@ def _run_planned(config: BatchConfig, the_plan: BatchPlan, started: float, pipel
     for record in the_plan.failed + the_plan.skipped:
         manifest.add(record)
         if record["stage"] == "parse":  # the error starts with "line N:"
-            tqdm.write(f"rollout: {Path(record['file']).name}: {record['error']}; skipping the line", file=sys.stderr)
+            tqdm.write(f"terra-rollout: {Path(record['file']).name}: {record['error']}; skipping the line", file=sys.stderr)
         elif record["status"] == "failed":
-            tqdm.write(f"rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
+            tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
     if the_plan.stale:
-        tqdm.write(f"rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings or with "
+        tqdm.write(f"terra-rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings or with "
                    "files missing; generating them again", file=sys.stderr)
     progress = BatchProgress(the_plan.to_run, config.progress)
 
     def on_record(record: dict) -> None:
         if record["status"] == "failed":
-            tqdm.write(f"rollout: {_describe(record)} failed ({record['stage']}): {record['error']}", file=sys.stderr)
+            tqdm.write(f"terra-rollout: {_describe(record)} failed ({record['stage']}): {record['error']}", file=sys.stderr)
         progress.recorded(record, manifest.records)
 
     manifest.on_record = on_record

@@ -141,7 +141,8 @@ def test_sigkilled_driver_then_rerun_resumes(tmp_path, scenes, ray_cluster):
     assert sorted(r["sample_id"] for r in records) == ids  # each exactly once
     final = {r["sample_id"]: r["status"] for r in records}
     assert {i for i, s in final.items() if s == "skipped"} >= done and set(final.values()) <= {"ok", "skipped"}
-    assert "terra-rollout: actor 0 on " in rerun.stdout and "(CPU)" in rerun.stdout
+    # one summary line per actor that made samples (one actor may have taken them all before the other started)
+    assert re.search(r"^terra-rollout: actor \d on .* \(CPU\): \d succeeded", rerun.stdout, re.MULTILINE)
     check_outputs(out, ids, formats=("mp4",))
 
 
