@@ -39,14 +39,15 @@ def _main(cfg: DictConfig) -> None:
     check_added_settings(PROG)
     start = time.perf_counter()
     sizes = (int(cfg.num_clips), int(cfg.num_frames), int(cfg.height), int(cfg.width))
-    if check_choice(cfg.format, "format", FORMATS) == "driving_logs":
+    as_logs = check_choice(cfg.format, "format", FORMATS) == "driving_logs"
+    if as_logs:
         out = write_driving_logs(cfg.out_dir, *sizes, seed=int(cfg.seed), domain=cfg.domain, workers=int(cfg.workers))
     else:
         out = write_dataset(cfg.out_dir, *sizes, seed=int(cfg.seed), clips_per_shard=int(cfg.clips_per_shard),
                             workers=int(cfg.workers), compress=bool(cfg.compress), domain=cfg.domain)
     size_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     elapsed = time.perf_counter() - start
-    if cfg.format == "driving_logs":
+    if as_logs:
         print(f"wrote {sizes[0]} clips x {sizes[1]} frames at {sizes[2]}x{sizes[3]} ({cfg.domain}) as driving logs "
               f"to {out} ({size_mb:.1f} MiB) in {elapsed:.1f} s")
         return

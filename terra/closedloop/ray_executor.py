@@ -131,8 +131,9 @@ class RayDrives:
         calls: dict[Any, tuple[int, tuple, int]] = {}  # record() call -> (actor, its share, deaths so far)
         pings: dict[Any, tuple[int, tuple, int]] = {}  # info() call to an actor restarting -> the same
         for a in range(count):
-            if drives[a::count]:
-                calls[self.actors[a].record.remote(world, drives[a::count], settings)] = (a, drives[a::count], 0)
+            share = drives[a::count]
+            if share:
+                calls[self.actors[a].record.remote(world, share, settings)] = (a, share, 0)
         seen = [self._frames(a) or 0 for a in range(count)]  # frame counts before this world
         while calls or pings:
             ready, _ = ray.wait([*calls, *pings], num_returns=1, timeout=POLL_S)
