@@ -82,7 +82,7 @@ class FramesSpec:
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class TrainingRun:
     """``train``: where the run writes, on which device, the optimiser and its schedule, logging and export."""
 
     output: OutputDir  # claimed: checkpoint/, train_log.jsonl, summary.json, the synthetic frames' cache
@@ -140,7 +140,7 @@ class TokenizerTrainSpec:
 
     model: TokenizerModelSpec
     data: FramesSpec
-    train: RunSpec
+    train: TrainingRun
     loss: LossWeights
     disc: DiscriminatorSpec | None  # None: disc.enabled=false
 
@@ -179,7 +179,7 @@ def _frames(cfg: DictConfig) -> FramesSpec:
     return FramesSpec(source=source, path=path, hflip=check_flag(select(cfg, "data.hflip"), "data.hflip"), **values)
 
 
-def _run(cfg: DictConfig, data: FramesSpec) -> RunSpec:
+def _run(cfg: DictConfig, data: FramesSpec) -> TrainingRun:
     values = _checked(cfg, TRAIN_RANGES)
     inputs = [("data.path", data.path)]
     output = claim_output_dir(required_path(cfg, "train.output_dir", "the run folder"), "train.output_dir",
@@ -187,7 +187,7 @@ def _run(cfg: DictConfig, data: FramesSpec) -> RunSpec:
                               whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"], inputs=inputs)
     export = claim_output_dir(required_path(cfg, "train.export_dir", "the trained tokenizer's folder"),
                               "train.export_dir", files=EXPORT_FILES, inputs=inputs)
-    return RunSpec(
+    return TrainingRun(
         output=output, export=export, export_dir=str(select(cfg, "train.export_dir")),
         export_dtype=check_choice(select(cfg, "train.export_dtype"), "train.export_dtype", EXPORT_DTYPES),
         device=check_device(select(cfg, "train.device")),
