@@ -376,7 +376,7 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
     from hydra import compose, initialize_config_dir
 
     import terra.pipeline
-    from terra.batch import config_from_omegaconf, run_batch
+    from terra.batch import batch_spec, run_batch
     from terra.core.errors import TerraInputError
     from terra.apps.runner import CONF_DIR
 
@@ -389,7 +389,7 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("rollout", overrides=rollout_command(root, samples, out, "backend=hf")[3:])
     with pytest.raises(TerraInputError) as err:
-        run_batch(config_from_omegaconf(cfg))
+        run_batch(batch_spec(cfg))
     assert BROKEN[case] in str(err.value) and "\n" not in str(err.value)
     assert not out.exists()
 

@@ -25,14 +25,13 @@ any work (terra/core/lock.py): a second run into it fails at once, naming the fi
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
-from terra.batch.config import check_config, config_from_omegaconf
+from terra.batch.config import batch_spec, claim_output
 
 PROG = "terra-rollout"  # the console script, named in error lines
 
@@ -43,14 +42,11 @@ def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once; (2) the output folder's lock, taken once; (3) plan, generate and write;
     (4) the summary. Exit code as in the module docstring."""
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."))
-    config = config_from_omegaconf(cfg)
-    if not show_progress():
-        config = dataclasses.replace(config, progress=False)
-    config, output = check_config(config)  # no torch yet: a bad setting is one line in about a second
-    with output.hold(config.manifest_path.name):  # a second run into this folder stops here
+    spec = batch_spec(cfg, progress=show_progress())  # no torch yet: a bad setting is one line in about a second
+    with claim_output(spec).hold(spec.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models
 
-        result = run_locked(config)
+        result = run_locked(spec)
     print(f"{PROG}: {result.summary_line()}")
     if result.decoding is not None:
         decoding, stats = result.decoding

@@ -93,9 +93,11 @@ from terra.core.lazy import lazy_attributes
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
     "BatchConfig": "terra.batch.config",
+    "BatchSpec": "terra.batch.config",
     "NAMING": "terra.batch.config",
+    "batch_spec": "terra.batch.config",
     "check_config": "terra.batch.config",
-    "config_from_omegaconf": "terra.batch.config",
+    "claim_output": "terra.batch.config",
     "Manifest": "terra.batch.manifest",
     "STATUSES": "terra.batch.manifest",
     "count_statuses": "terra.batch.manifest",

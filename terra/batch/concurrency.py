@@ -10,18 +10,18 @@ Transformers backend has no fixed bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there.
 
 from __future__ import annotations
 
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchSpec
 from terra.generation.backends import DEFAULT_ROLLOUTS, GPU_ROLLOUTS, most_rollouts
 from terra.pipeline import WorldModelPipeline
 
 
-def max_rollouts(config: BatchConfig, device: str) -> int:
+def max_rollouts(config: BatchSpec, device: str) -> int:
     """The most rollouts an engine of this run on the resolved ``device`` keeps in flight, which it is built to hold:
     ``max_concurrent``, or for ``auto`` the most an engine there is built for."""
     return most_rollouts(device) if config.max_concurrent == "auto" else int(config.max_concurrent)
 
 
-def planned_streams(config: BatchConfig, samples: int) -> int:
+def planned_streams(config: BatchSpec, samples: int) -> int:
     """The most rollouts an engine of this run keeps in flight, before its device is known: ``max_concurrent``
     (``auto``: the ceiling on a GPU, the only place a vLLM engine decodes speculatively) capped by the ``samples`` to
     run. A vLLM engine's decoding is chosen for it (terra/generation/backends.py, ``resolve_spec``)."""
@@ -29,11 +29,11 @@ def planned_streams(config: BatchConfig, samples: int) -> int:
     return max(1, min(ceiling, samples))
 
 
-def resolve_max_concurrent(config: BatchConfig, pipeline: WorldModelPipeline, longest: int) -> int:
+def resolve_max_concurrent(config: BatchSpec, pipeline: WorldModelPipeline, longest: int) -> int:
     """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` what the engine
     holds for windows of the run's longest rollout (``longest`` generated frames; the backend's
     :meth:`~terra.generation.rollout.WorldModelBackend.capacity`), else ``DEFAULT_ROLLOUTS``."""
     if config.max_concurrent != "auto":
         return int(config.max_concurrent)
-    window_frames = min(pipeline.backend.layout.max_frames, config.num_context + longest)
+    window_frames = min(pipeline.backend.layout.max_frames, config.run.num_context + longest)
     return pipeline.backend.capacity(window_frames) or DEFAULT_ROLLOUTS

@@ -1,12 +1,11 @@
-"""A batch run's settings (:class:`BatchConfig`, frozen), built from ``conf/rollout.yaml`` or by keywords, and
-checked before any work.
+"""A batch run's settings, checked once before any work into a frozen :class:`BatchSpec` that the run carries on.
 
-This module imports no torch: a run checks every setting once (:func:`check_config`; the sane ranges of the
-numbers are :data:`RANGES`, documented in conf/rollout.yaml) before the heavy imports, and carries the checked
-:class:`BatchConfig` on. Its model and engine part, :attr:`BatchConfig.run`, is the
-:class:`~terra.config.spec.RunSpec` that :func:`~terra.config.spec.run_spec` builds from those settings in
-conf/rollout.yaml's shape (:meth:`BatchConfig.run_config`): the same function, and so the same checks and error
-lines, as ``terra-generate`` and ``terra-serve``; built once per config; ``terra_root`` kept.
+``terra-rollout`` builds the spec from ``conf/rollout.yaml`` (:func:`batch_spec`), the Python API from the keywords
+of :class:`BatchConfig` (:meth:`BatchConfig.spec`, or :func:`check_config`, which also claims the output folder).
+Either way its model and engine part, :attr:`BatchSpec.run`, is the :class:`~terra.config.spec.RunSpec` of
+:func:`~terra.config.spec.run_spec`: the same function, and so the same checks and error lines, as
+``terra-generate`` and ``terra-serve`` (``terra_root`` kept); the batch's own settings go through one checker
+(the sane ranges of the numbers are :data:`RANGES`, documented in conf/rollout.yaml). This module imports no torch.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import dataclasses
 import os
 import string
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +26,6 @@ from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_fla
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
-from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
@@ -53,13 +50,84 @@ RANGES = {
 FLAGS = {"resume": "resume", "progress": "progress",
          "mark_context": "output.mark_context", "overlay_trajectory": "output.overlay_trajectory",
          "save_codes": "output.save_codes", "allow_paths_outside_image_root": "allow_paths_outside_image_root"}
+# BatchConfig's settings that are the batch's own (the rest are the model's and engine's: BatchConfig.run_config)
+BATCH_SETTINGS = ("samples", "output_dir", "num_frames", "seed", "image_root", "allow_paths_outside_image_root",
+                  "default_manoeuvre", "max_concurrent", "resume", "shard_index", "num_shards", "executor", "ray",
+                  "naming", "video_pattern", "sidecar_pattern", "formats", "fps", "writer_threads", "mark_context",
+                  "overlay_trajectory", "save_codes", "manifest", "progress")
 SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"][1]}  # a sample's own
 
 
 @dataclass(frozen=True)
+class BatchSpec:
+    """A batch run's settings, each checked once (:func:`batch_spec`, :meth:`BatchConfig.spec`): the model and
+    engine as :attr:`run`, the batch's own beside it. The fields mean what :class:`BatchConfig`'s of the same
+    names do."""
+
+    run: RunSpec  # terra/config/spec.py: the checkpoints, backend, device, sampling, window, decoding, threads
+    sample_files: tuple[Path, ...]  # the JSONL file(s), in reading order
+    output_dir: str
+    num_frames: int
+    seed: int
+    image_root: str | None
+    allow_paths_outside_image_root: bool
+    default_manoeuvre: str | None
+    max_concurrent: int | str  # or "auto"
+    resume: bool
+    shard_index: int
+    num_shards: int
+    executor: str
+    ray: RaySettings  # terra/batch/ray_settings.py
+    naming: str
+    patterns: tuple[str, str]  # (video pattern, sidecar pattern): the naming preset unless overridden
+    formats: tuple[str, ...]
+    fps: float
+    writer_threads: int
+    mark_context: bool
+    overlay_trajectory: bool
+    save_codes: bool
+    manifest: str
+    progress: bool
+    record: dict  # the run's configuration as the sidecars store it
+
+    @property
+    def manifest_path(self) -> Path:
+        """``output_dir/manifest.jsonl``, or ``manifest.shard-<i>-of-<n>.jsonl`` when sharded."""
+        name = self.manifest
+        if self.num_shards > 1:
+            name = f"{name[: -len('.jsonl')]}.shard-{self.shard_index}-of-{self.num_shards}.jsonl"
+        return Path(self.output_dir) / name
+
+    @property
+    def summary_path(self) -> Path:
+        """``manifest.jsonl`` → ``manifest.summary.json`` (per shard like the manifest)."""
+        path = self.manifest_path
+        return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
+
+    def replace(self, **changes: Any) -> "BatchSpec":
+        """A copy with ``changes`` (already checked values)."""
+        return dataclasses.replace(self, **changes)
+
+    def generation_settings(self) -> dict:
+        """The settings that shape a sample's outputs (part of its fingerprint)."""
+        run = self.run
+        return {
+            "num_context": run.num_context, "overlap": run.overlap, "zero_embed_code_0": run.zero_embed_code_0,
+            "resize": run.resize,
+            "sampling": run.sampling.draw_settings(),  # defaults filled in; decoding left out
+            "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": self.mark_context,
+            "overlay_trajectory": self.overlay_trajectory, "save_codes": self.save_codes,
+            "default_manoeuvre": self.default_manoeuvre,
+            **({"decoding": "refiner",
+                "refiner": {k: run.refiner.get(k) for k in ("preset", "num_steps", "guidance", "arithmetic")}}
+               if run.decoding == "refiner" else {}),
+        }
+
+
+@dataclass(frozen=True)
 class BatchConfig:
-    """Everything a batch run needs; ``terra-rollout`` builds it from ``conf/rollout.yaml``, the Python API by
-    keywords. Frozen: :func:`check_config` returns the checked copy, which the run carries on."""
+    """The Python API's keywords for a batch run; :meth:`spec` checks them into the :class:`BatchSpec` the run
+    carries (``run_batch`` does it). Frozen: change a copy with ``dataclasses.replace``."""
 
     samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
     output_dir: str
@@ -108,32 +176,6 @@ class BatchConfig:
         if not self.tokenizer:
             object.__setattr__(self, "tokenizer", str(demo_checkpoints()[1]))
 
-    @property
-    def sample_files(self) -> list[Path]:
-        """The JSONL file(s), in reading order."""
-        files = [self.samples] if isinstance(self.samples, (str, os.PathLike)) else list(self.samples)
-        return [Path(f).expanduser() for f in files]
-
-    @property
-    def patterns(self) -> tuple[str, str]:
-        """``(video_pattern, sidecar_pattern)``: the naming preset unless overridden."""
-        video, sidecar = NAMING[self.naming]
-        return self.video_pattern or video, self.sidecar_pattern or sidecar
-
-    @property
-    def manifest_path(self) -> Path:
-        """``output_dir/manifest.jsonl``, or ``manifest.shard-<i>-of-<n>.jsonl`` when sharded."""
-        name = self.manifest
-        if self.num_shards > 1:
-            name = f"{name[: -len('.jsonl')]}.shard-{self.shard_index}-of-{self.num_shards}.jsonl"
-        return Path(self.output_dir) / name
-
-    @property
-    def summary_path(self) -> Path:
-        """``manifest.jsonl`` → ``manifest.summary.json`` (per shard like the manifest)."""
-        path = self.manifest_path
-        return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
-
     def run_config(self) -> dict:
         """The model and engine settings in conf/rollout.yaml's shape (the groups :func:`run_spec` reads)."""
         return {"model": {"world_model": self.world_model, "overlap": self.overlap,
@@ -144,38 +186,19 @@ class BatchConfig:
                 "num_context": self.num_context, "decoding": self.decoding, "refiner": self.refiner,
                 "terra_root": self.terra_root, "num_threads": self.num_threads}
 
-    @cached_property
-    def run(self) -> RunSpec:
-        """The model and engine settings, checked by :func:`run_spec` (once per config: a cached property)."""
-        return run_spec(OmegaConf.create(_escaped(self.run_config())))
-
-    @cached_property
-    def ray_settings(self) -> RaySettings:
-        """The ``ray`` block, parsed and checked once (terra/batch/ray_settings.py)."""
-        return RaySettings.parse(self.ray)
-
-    def generation_settings(self) -> dict:
-        """The settings that shape a sample's outputs (part of its fingerprint)."""
-        return {
-            "num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
-            "resize": self.resize,
-            "sampling": self.run.sampling.draw_settings(),  # defaults filled in; decoding left out
-            "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": bool(self.mark_context),
-            "overlay_trajectory": bool(self.overlay_trajectory), "save_codes": bool(self.save_codes),
-            "default_manoeuvre": self.default_manoeuvre,
-            **({"decoding": "refiner",
-                "refiner": {k: self.refiner.get(k) for k in ("preset", "num_steps", "guidance", "arithmetic")}}
-               if self.decoding == "refiner" else {}),
-        }
+    def spec(self) -> BatchSpec:
+        """Every setting checked once, without torch: the model and engine by :func:`run_spec`, then the batch's
+        own (:func:`_batch_spec`); user errors → :class:`TerraInputError`."""
+        run = run_spec(OmegaConf.create(_escaped(self.run_config())))
+        own = {name: getattr(self, name) for name in BATCH_SETTINGS}
+        return _batch_spec(run, own, self.record if self.record is not None else dataclasses.asdict(self))
 
 
-def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
-    """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchConfig`.
-
-    The checkpoint folders are checked to exist here (:func:`terra.config.snapshot.checkpoint_path`), so a missing
-    ``terra_root`` or a snapshot without the model's folders fails with one line before anything loads.
-    """
-
+def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
+    """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchSpec`, every setting checked once: the model
+    and engine by :func:`run_spec` on ``cfg`` itself (a missing ``terra_root`` or checkpoint folder is one line
+    before anything loads: terra/config/snapshot.py), then the batch's own. ``progress=False`` turns the bars off
+    whatever the config says (not a terminal)."""
     out = cfg.output
     samples = plain(cfg.samples)
     if samples is None or samples == "":
@@ -183,24 +206,18 @@ def config_from_omegaconf(cfg: DictConfig) -> BatchConfig:
     first = samples if isinstance(samples, str) else samples[0]
     for name in ("num_gpus", "gpus"):  # the per-GPU worker processes gave way to executor=ray
         removed_setting(name, plain(cfg.get(name)))
-    output_dir = out.dir or str(Path("outputs") / "rollouts" / Path(first).stem)
-    return BatchConfig(
-        samples=samples, output_dir=str(output_dir), world_model=checkpoint_path(cfg, "model", "world_model"),
-        tokenizer=checkpoint_path(cfg, "tokenizer", "path"), backend=cfg.backend.name,
-        backend_options=plain(cfg.backend.options) or {}, device=cfg.device, dtype=cfg.dtype,
-        sampling=plain(cfg.sampling) or {}, num_frames=cfg.num_frames, num_context=cfg.num_context,
-        overlap=cfg.model.overlap, zero_embed_code_0=cfg.model.get("zero_embed_code_0", False),
-        resize=cfg.tokenizer.get("resize", "crop"), seed=cfg.seed,
-        image_root=None if cfg.image_root is None else str(cfg.image_root), default_manoeuvre=cfg.default_manoeuvre,
-        allow_paths_outside_image_root=cfg.allow_paths_outside_image_root,
-        max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index, num_shards=cfg.num_shards,
-        executor=cfg.executor, ray=plain(cfg.ray) or {}, num_threads=cfg.num_threads, naming=out.naming,
+    own = dict(
+        samples=samples, output_dir=str(out.dir or Path("outputs") / "rollouts" / Path(first).stem),
+        num_frames=cfg.num_frames, seed=cfg.seed, image_root=None if cfg.image_root is None else str(cfg.image_root),
+        allow_paths_outside_image_root=cfg.allow_paths_outside_image_root, default_manoeuvre=cfg.default_manoeuvre,
+        max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index,
+        num_shards=cfg.num_shards, executor=cfg.executor, ray=plain(cfg.ray) or {}, naming=out.naming,
         video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
-        fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context, overlay_trajectory=out.overlay_trajectory,
-        save_codes=out.save_codes, manifest=out.manifest, progress=cfg.progress,
-        decoding=cfg.get("decoding", "framewise"), refiner=plain(cfg.get("refiner")) or {},
-        record=plain(cfg), terra_root=None if cfg.get("terra_root") is None else str(cfg.terra_root),
-    )
+        fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context,
+        overlay_trajectory=out.overlay_trajectory, save_codes=out.save_codes, manifest=out.manifest,
+        progress=cfg.progress)
+    spec = _batch_spec(run_spec(cfg), own, plain(cfg))
+    return spec if progress else spec.replace(progress=False)
 
 
 def _escaped(value: Any) -> Any:
@@ -215,54 +232,67 @@ def _escaped(value: Any) -> Any:
     return value
 
 
-def check_config(config: BatchConfig) -> tuple[BatchConfig, OutputDir]:
-    """Check every setting once, before any work and without torch (user errors → :class:`TerraInputError`):
-    the model and engine settings by :func:`run_spec` (:attr:`BatchConfig.run`), the batch's numbers in
-    :data:`RANGES`, flags, output names, the samples files and ``image_root``; return the checked config (output
-    formats normalized) and the output folder, claimed (terra/config/output_dir.py). The refiner's weights and
-    device are checked once the run's device is known (terra/refiner.py, ``check_decoding``)."""
-    config = dataclasses.replace(config, formats=check_output_formats(config.formats, distinct=True))
-    config.run  # noqa: B018  (run_spec's checks, first: the same order and lines as terra-generate's)
+def check_config(config: BatchConfig) -> tuple[BatchSpec, OutputDir]:
+    """:meth:`BatchConfig.spec` and the output folder it names, claimed (:func:`claim_output`)."""
+    spec = config.spec()
+    return spec, claim_output(spec)
+
+
+def claim_output(spec: BatchSpec) -> OutputDir:
+    """Claim the run's output folder (terra/config/output_dir.py) against its inputs, before any work."""
+    refiner = spec.run.refiner.get("path") if spec.run.decoding == "refiner" else None
+    # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
+    return claim_output_dir(spec.output_dir, "output.dir", files=[spec.manifest_path.name, spec.summary_path.name],
+                            inputs=[("samples file", spec.sample_files), ("world model", spec.run.world_model),
+                                    ("tokenizer", spec.run.tokenizer), ("refiner weights", refiner)])
+
+
+def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
+    """The batch's own settings (``own``: :data:`BATCH_SETTINGS` by name) checked once beside the checked ``run``:
+    the numbers in :data:`RANGES`, flags, shards, the executor and its ``ray`` block, output names, the samples
+    files and ``image_root``. The refiner's weights and device are checked once the run's device is known
+    (terra/refiner.py, ``check_decoding``)."""
     for name, (setting, limits) in RANGES.items():
-        value = getattr(config, name)
+        value = own[name]
         if not (name == "max_concurrent" and value == "auto"):
             limits.check(value, setting)
     for name, setting in FLAGS.items():
-        check_flag(getattr(config, name), setting)
-    if config.shard_index >= config.num_shards:
-        raise TerraInputError(f"shard_index={config.shard_index} must be below num_shards={config.num_shards} "
-                              f"(shards are numbered 0..{config.num_shards - 1})")
-    check_choice(config.executor, "executor", EXECUTORS)
-    config.ray_settings  # noqa: B018  (parsed once, here)
-    if config.naming not in NAMING:
-        raise TerraInputError(f"unknown output.naming {config.naming!r}; choose one of: {', '.join(NAMING)}")
-    video, sidecar = config.patterns
+        check_flag(own[name], setting)
+    if own["shard_index"] >= own["num_shards"]:
+        raise TerraInputError(f"shard_index={own['shard_index']} must be below num_shards={own['num_shards']} "
+                              f"(shards are numbered 0..{own['num_shards'] - 1})")
+    check_choice(own["executor"], "executor", EXECUTORS)
+    ray = RaySettings.parse(own["ray"])
+    naming = own["naming"]
+    if naming not in NAMING:
+        raise TerraInputError(f"unknown output.naming {naming!r}; choose one of: {', '.join(NAMING)}")
+    video, sidecar = own["video_pattern"] or NAMING[naming][0], own["sidecar_pattern"] or NAMING[naming][1]
     _check_pattern(video, "output.video_pattern", needs_ext=True)
     _check_pattern(sidecar, "output.sidecar_pattern", needs_ext=False)
     if not sidecar.endswith(".json"):
         raise TerraInputError(f"output.sidecar_pattern {sidecar!r} must end with .json")
-    manifest = config.manifest
+    manifest = own["manifest"]
     if (not isinstance(manifest, str) or not manifest.endswith(".jsonl") or manifest.startswith(".")
             or any(c in manifest for c in "/\\\0")):
         raise TerraInputError(f"output.manifest {shown(manifest)} must be a file name ending in .jsonl")
-    if config.default_manoeuvre is not None and config.default_manoeuvre not in MANOEUVRES:
-        raise TerraInputError(f"unknown default_manoeuvre {config.default_manoeuvre!r}; "
+    if own["default_manoeuvre"] is not None and own["default_manoeuvre"] not in MANOEUVRES:
+        raise TerraInputError(f"unknown default_manoeuvre {own['default_manoeuvre']!r}; "
                               f"choose one of: {', '.join(MANOEUVRES)}")
-    samples = config.samples
+    samples = own["samples"]
     if not (isinstance(samples, (str, os.PathLike)) and str(samples)) and not (
             isinstance(samples, Sequence) and samples and all(isinstance(f, (str, os.PathLike)) for f in samples)):
         raise TerraInputError(f"samples must be a JSONL file or a list of them (got {shown(samples)})")
-    for file in config.sample_files:
+    files = tuple(Path(f).expanduser() for f in ([samples] if isinstance(samples, (str, os.PathLike)) else samples))
+    for file in files:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
-    if config.image_root is not None and not (isinstance(config.image_root, (str, os.PathLike))
-                                              and Path(config.image_root).expanduser().is_dir()):
-        raise TerraInputError(f"image_root {shown(config.image_root)} is not a folder; point it at the images' root")
-    refiner = config.refiner.get("path") if config.decoding == "refiner" else None
-    # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
-    return config, claim_output_dir(config.output_dir, "output.dir", files=[config.manifest_path.name,
-                                                                           config.summary_path.name], inputs=[
-        ("samples file", config.sample_files), ("world model", config.world_model),
-        ("tokenizer", config.tokenizer), ("refiner weights", refiner)])
+    image_root = own["image_root"]
+    if image_root is not None and not (isinstance(image_root, (str, os.PathLike))
+                                       and Path(image_root).expanduser().is_dir()):
+        raise TerraInputError(f"image_root {shown(image_root)} is not a folder; point it at the images' root")
+    replaced = ("samples", "ray", "video_pattern", "sidecar_pattern", "formats")  # checked into other fields
+    kept = {name: own[name] for name in BATCH_SETTINGS if name not in replaced}
+    return BatchSpec(run=run, sample_files=files, ray=ray, patterns=(video, sidecar), record=record,
+                     formats=tuple(check_output_formats(own["formats"], distinct=True)), **kept)
 
 
 def _check_pattern(pattern: Any, name: str, needs_ext: bool) -> None:

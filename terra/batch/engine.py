@@ -7,7 +7,6 @@ and writes its files on ``writer_threads`` threads. The pipeline is built as eve
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
 from terra.batch.samples import context_paths, sample_actions
@@ -48,26 +47,26 @@ class PreparedSample:
     started: float  # perf_counter when it began preparing
 
 
-def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchConfig, started: float) -> PreparedSample:
+def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
     """Load and encode a sample's context, build its actions and request (raises on bad input; the checks of
     terra/batch/samples.py ran when the run was planned)."""
     sample = item.sample
     every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
     images, sources = load_context(context_paths(sample, config), pipeline.image_size,
-                                   None if every else config.num_context, resize=config.resize)
+                                   None if every else config.run.num_context, resize=config.run.resize)
     actions = item.actions  # built when the run was planned, unless the context is a video (counted only now)
     if actions is None:
         actions = sample_actions(sample, config, len(images), item.num_frames)
-    images = images[max(0, len(images) - config.num_context) :]
+    images = images[max(0, len(images) - config.run.num_context) :]
     codes = pipeline.encode(images)
-    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.overlap)
+    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.run.overlap)
     return PreparedSample(item, request, actions, sources, len(images), started)
 
 
 class SampleWriter:
     """Decodes finished rollouts and writes their videos, codes and sidecar (sidecar last) on its threads."""
 
-    def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
+    def __init__(self, pipeline: WorldModelPipeline, config: BatchSpec, emit: Callable[[dict], None],
                  sampling: SamplingConfig, refiner: "VideoRefiner | None" = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.sampling = sampling  # as the engine runs it (decoding=auto resolved)
@@ -111,7 +110,7 @@ class SampleWriter:
             files.append(os.path.relpath(item.codes, out))
         sample = item.sample
         write_sidecar(
-            item.sidecar, config=config.record if config.record is not None else dataclasses.asdict(config),
+            item.sidecar, config=config.record,
             seed=item.seed, actions=prepared.actions[: len(codes) - 1],
             timings={"generate_s": generate_s, "decode_s": decode_s,
                      "write_s": time.perf_counter() - t0 - decode_s,

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.samples import Sample, check_inputs, in_shard, read_samples
 from terra.config.checks import shown
@@ -54,7 +54,7 @@ class Item:
 class BatchPlan:
     """What one run will do: samples of this shard to run, already complete ones, unusable lines."""
 
-    config: BatchConfig
+    config: BatchSpec
     samples: list[Sample]  # every line of this shard (blank lines excluded)
     to_run: list[Item]
     skipped: list[dict]  # manifest records of complete samples
@@ -76,7 +76,7 @@ def _file_name(pattern: str, sample: Sample, ext: str) -> str:
                               "(ACT-Bench naming needs integer sample ids)") from None
 
 
-def _outputs(config: BatchConfig, sample: Sample) -> tuple[dict[str, Path], Path, Path | None]:
+def _outputs(config: BatchSpec, sample: Sample) -> tuple[dict[str, Path], Path, Path | None]:
     """``(videos by format, sidecar, codes or None)`` of ``sample``; raises when one falls outside output_dir."""
     out = Path(config.output_dir)
     video_pattern, sidecar_pattern = config.patterns
@@ -97,7 +97,7 @@ def _outputs(config: BatchConfig, sample: Sample) -> tuple[dict[str, Path], Path
     return videos, sidecar, codes
 
 
-def fingerprint(config: BatchConfig, sample: Sample, seed: int, num_frames: int) -> str:
+def fingerprint(config: BatchSpec, sample: Sample, seed: int, num_frames: int) -> str:
     """Hash of the sample's record and the settings that shape its outputs."""
     root = None if config.image_root is None else os.path.realpath(os.path.expanduser(config.image_root))
     payload = {"record": sample.record, "seed": seed, "num_frames": num_frames,
@@ -142,7 +142,7 @@ def top_names(item: Item, out: Path) -> set[str]:
     return {Path(os.path.relpath(target, out)).parts[0] for target in item.targets}
 
 
-def check_outputs(item: Item, config: BatchConfig, listed: frozenset[str]) -> None:
+def check_outputs(item: Item, config: BatchSpec, listed: frozenset[str]) -> None:
     """Raise unless every file ``item`` would write over was written by the toolkit (``listed`` by output.dir's
     marker; terra/config/output_dir.py)."""
     out = Path(config.output_dir)
@@ -152,7 +152,7 @@ def check_outputs(item: Item, config: BatchConfig, listed: frozenset[str]) -> No
                                   "the toolkit did not write there; move it away or choose another output.dir")
 
 
-def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
+def plan(config: BatchSpec, samples: list[Sample] | None = None) -> BatchPlan:
     """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
     :func:`~terra.batch.config.check_config` checked it)."""
     all_samples = read_samples(config.sample_files) if samples is None else samples

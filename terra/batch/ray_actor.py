@@ -22,7 +22,7 @@ import threading
 import ray
 
 from terra.batch.concurrency import max_rollouts, resolve_max_concurrent
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error
 from terra.batch.plan import Item
 from terra.batch.stream import StreamingEngine, prefetch
@@ -46,11 +46,11 @@ def check_vllm_plugin() -> None:
 class RolloutActor:
     """One engine on the GPU(s) Ray gave this actor (or the CPU); :meth:`run` one sample at a time, many at once."""
 
-    def __init__(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
+    def __init__(self, config: BatchSpec, model_config: LlamaActionConfig, longest: int) -> None:
         self.error: str | None = None
         self.max_concurrent = 0
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
-        self.device = "cuda" if self.gpus else ("cpu" if config.device == "auto" else config.device)
+        self.device = "cuda" if self.gpus else ("cpu" if config.run.device == "auto" else config.run.device)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._generated: dict[int, asyncio.Future] = {}  # sample index -> resolved when its rollout left the engine
         self._records: dict[int, asyncio.Future] = {}  # sample index -> resolved with its manifest record
@@ -61,7 +61,7 @@ class RolloutActor:
         except Exception as err:  # noqa: BLE001  (reported by info(), which the driver calls first)
             self.error = sample_error(err)
 
-    def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
+    def _start(self, config: BatchSpec, model_config: LlamaActionConfig, longest: int) -> None:
         # this actor's run made concrete once, with the model's config its driver read; its engine holds (and its
         # vLLM decoding is chosen for) the most rollouts it keeps in flight
         most = max_rollouts(config, self.device)

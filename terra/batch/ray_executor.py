@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_record
 from terra.batch.plan import Item
 from terra.batch.ray_cluster import RayCluster, cause, start_failure
@@ -40,10 +40,10 @@ WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long (
 class RayExecutor:
     """Runs planned samples on Ray actors; :meth:`connect` before any output is written, then :meth:`run`."""
 
-    def __init__(self, config: BatchConfig) -> None:
+    def __init__(self, config: BatchSpec) -> None:
         self.config = config
-        tp = int(dict(config.backend_options).get("tensor_parallel_size", 1) or 1)
-        self.cluster = RayCluster(config.ray_settings, str(config.device), tp)
+        tp = int(dict(config.run.backend_options).get("tensor_parallel_size", 1) or 1)
+        self.cluster = RayCluster(config.ray, str(config.run.device), tp)
         self.settings = self.cluster.settings
 
     def connect(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from terra.batch.concurrency import max_rollouts, planned_streams
-from terra.batch.config import BatchConfig, check_config
+from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_output
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
@@ -80,24 +80,26 @@ class BatchResult:
                 f"of {len(self.records)} samples in {self.seconds:.1f} s; manifest: {self.manifest}")
 
 
-def run_batch(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
+def run_batch(config: BatchConfig | BatchSpec, pipeline: WorldModelPipeline | None = None,
               samples: list[Sample] | None = None) -> BatchResult:
     """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline`.
 
     User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
-    settings are checked once here (terra/batch/config.py), and the run holds its output folder's lock throughout
+    settings are checked once: here for :class:`BatchConfig`'s keywords, already for a :class:`BatchSpec`
+    (terra/batch/config.py, ``batch_spec``); the output folder is claimed here, and the run holds its output folder's lock throughout
     (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
     the samples written so far, their records and no temporaries.
     """
-    config, output = check_config(config)  # before the output folder and its lock are made
-    with output.hold(config.manifest_path.name):
-        return run_locked(config, pipeline, samples)
+    spec, output = (check_config(config) if isinstance(config, BatchConfig)  # before the folder and its lock
+                    else (config, claim_output(config)))
+    with output.hold(spec.manifest_path.name):
+        return run_locked(spec, pipeline, samples)
 
 
-def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
+def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
                samples: list[Sample] | None = None) -> BatchResult:
-    """:func:`run_batch` for a ``config`` that :func:`~terra.batch.config.check_config` checked, while its caller
-    holds the output folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
+    """:func:`run_batch` for the checked settings ``config`` (terra/batch/config.py), while its caller holds the output
+    folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
     started = time.perf_counter()
     the_plan = plan(config, samples)
     executor = run = None
@@ -108,12 +110,12 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
         run = resolve_run(config.run, planned_streams(config, len(the_plan.to_run)))
         model_config, refiner = run.model, run.refiner
     else:  # a loaded pipeline: its device
-        set_threads(config.num_threads)
+        set_threads(config.run.num_threads)
         model_config, refiner = None, check_decoding(config.run.replace(device=pipeline.device))
     if the_plan.to_run:
         if config.executor == "ray":
-            set_threads(config.num_threads)  # the tokenizer's load here
-            check_compatible(model_config, load_tokenizer(config.tokenizer))  # the actors load their own
+            set_threads(config.run.num_threads)  # the tokenizer's load here
+            check_compatible(model_config, load_tokenizer(config.run.tokenizer))  # the actors load their own
             executor = _ray_executor(config)
         elif pipeline is None:  # the pair is checked before any output is written
             pipeline = WorldModelPipeline.from_run(run, max_rollouts=max_rollouts(config, run.spec.device))
@@ -125,7 +127,7 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
             pipeline.close()
 
 
-def _run_planned(config: BatchConfig, the_plan: BatchPlan, started: float, pipeline: WorldModelPipeline | None,
+def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipeline: WorldModelPipeline | None,
                  executor, refiner: RefinerSettings | None, model_config) -> BatchResult:
     """Write the plan's records, run its samples (here or on Ray's actors), write the summary."""
     out = Path(config.output_dir)  # the samples' files were checked (terra/batch/plan.py): now they are the toolkit's
@@ -171,7 +173,7 @@ def _run_planned(config: BatchConfig, the_plan: BatchPlan, started: float, pipel
     return result
 
 
-def _ray_executor(config: BatchConfig):
+def _ray_executor(config: BatchSpec):
     """A :class:`~terra.batch.ray_executor.RayExecutor` joined to its cluster (Ray is imported only here)."""
     from terra.batch.ray_executor import RayExecutor
 
@@ -186,7 +188,7 @@ def _describe(record: dict) -> str:
     return where if record["sample_id"] is None else f"sample {shown(record['sample_id'])} ({where})"
 
 
-def _write_summary(config: BatchConfig, result: BatchResult, the_plan: BatchPlan) -> None:
+def _write_summary(config: BatchSpec, result: BatchResult, the_plan: BatchPlan) -> None:
     """Write ``<manifest stem>.summary.json``: counts, timing, shard, exit code."""
     ran = [r for r in result.records if r["status"] == "ok" and r.get("seconds") is not None]
     summary = {

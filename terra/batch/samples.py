@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from terra.batch.config import BatchConfig, SAMPLE_SETTINGS
+from terra.batch.config import BatchSpec, SAMPLE_SETTINGS
 from terra.config.actbench import MAX_SAMPLES_BYTES, is_actbench_row
 from terra.core.errors import TerraInputError
 from terra.config.checks import shown
@@ -150,7 +150,7 @@ def _check_record(record: Any) -> str | None:
     return None
 
 
-def context_paths(sample: Sample, config: BatchConfig) -> list[str]:
+def context_paths(sample: Sample, config: BatchSpec) -> list[str]:
     """The sample's context sources as absolute paths, relative ones taken from ``image_root`` (default: its
     JSONL's folder); one outside that folder is refused unless ``allow_paths_outside_image_root``."""
     record = sample.record
@@ -209,13 +209,13 @@ def _check_image(path: Path) -> None:
                               "pass camera frames, e.g. 1920x1080")
 
 
-def sample_actions(sample: Sample, config: BatchConfig, loaded: int, num_frames: int) -> np.ndarray:
+def sample_actions(sample: Sample, config: BatchSpec, loaded: int, num_frames: int) -> np.ndarray:
     """The actions of ``sample`` for ``loaded`` context frames read (ACT-Bench: all its frames, of which the
     last ``num_context`` are used; Terra's format: the frames used) and ``num_frames`` generated ones."""
     record, where = sample.record, f"sample {shown(sample.sample_id)}"
     jsonl_dir = Path(sample.file).resolve().parent
     if sample.kind == "actbench":
-        drop = max(0, loaded - config.num_context)  # instruction_trajs[0] belongs to context_frames[0]
+        drop = max(0, loaded - config.run.num_context)  # instruction_trajs[0] belongs to context_frames[0]
         return trajectory_actions({"instruction_trajs": record["instruction_trajs"]}, loaded - drop, num_frames,
                                   f"{where}: instruction_trajs", skip=drop)
     given = [k for k in TRAJECTORY_KEYS if k in record]
@@ -230,7 +230,7 @@ def sample_actions(sample: Sample, config: BatchConfig, loaded: int, num_frames:
     return trajectory_actions(trajectory, loaded, num_frames, f"{where}: {key}", base=jsonl_dir)
 
 
-def check_inputs(sample: Sample, config: BatchConfig, num_frames: int) -> np.ndarray | None:
+def check_inputs(sample: Sample, config: BatchSpec, num_frames: int) -> np.ndarray | None:
     """Check everything of ``sample`` that can be checked without a model: its context paths (apart from
     output.dir) and files (image headers, not pixels) and its trajectory, built into the actions the rollout
     takes (None with a video context: its frames are counted only when decoded, so its actions are built again
@@ -240,7 +240,7 @@ def check_inputs(sample: Sample, config: BatchConfig, num_frames: int) -> np.nda
         check_apart(Path(config.output_dir), "output.dir", "context", source)
     files, video = _image_files(sources)
     # ACT-Bench samples read every context frame; Terra's the last num_context (with a video: unknown which)
-    used = files if sample.kind == "actbench" or video else files[-config.num_context :]
+    used = files if sample.kind == "actbench" or video else files[-config.run.num_context :]
     for file in used:
         _check_image(file)
     actions = sample_actions(sample, config, 1 if video else len(used), num_frames)

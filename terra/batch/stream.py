@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from terra.batch.concurrency import resolve_max_concurrent
-from terra.batch.config import BatchConfig
+from terra.batch.config import BatchSpec
 from terra.batch.engine import PreparedSample, SampleWriter, prepare_sample
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
@@ -44,7 +44,7 @@ class StreamingEngine:
     on the calling thread until every sample is recorded (or :meth:`stop` is called).
     """
 
-    def __init__(self, pipeline: WorldModelPipeline, config: BatchConfig, emit: Callable[[dict], None],
+    def __init__(self, pipeline: WorldModelPipeline, config: BatchSpec, emit: Callable[[dict], None],
                  max_concurrent: int, on_generated: Callable[[Item], None] | None = None,
                  refiner: "VideoRefiner | None" = None, on_frame: Callable[[int, int], None] | None = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
@@ -183,7 +183,7 @@ def longest_rollout(items: Iterable[Item]) -> int:
     return max((item.num_frames for item in items), default=0)
 
 
-def run_items(items: Sequence[Item], config: BatchConfig, pipeline: WorldModelPipeline,
+def run_items(items: Sequence[Item], config: BatchSpec, pipeline: WorldModelPipeline,
               emit: Callable[[dict], None], refiner: "VideoRefiner | None" = None,
               on_frame: Callable[[int, int], None] | None = None) -> None:
     """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per

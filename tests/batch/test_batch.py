@@ -199,7 +199,7 @@ def test_shards_cover_every_line_once(tmp_path, scenes):
             assert shard_indices(len(lines), shard, num_shards) == list(range(shard, len(lines), num_shards))
             config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), shard_index=shard,
                                  num_shards=num_shards, image_root=scenes["root"])
-            the_plan = plan(config)
+            the_plan = plan(config.spec())
             seen += [s.line for s in the_plan.samples]
             assert len(the_plan.to_run) + len(the_plan.failed) == len(the_plan.samples)
         assert sorted(seen) == wanted, num_shards
@@ -241,10 +241,10 @@ def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scen
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    fingerprints = {plan(dataclasses.replace(config, **change)).items[0].fingerprint
+    fingerprints = {plan(dataclasses.replace(config, **change).spec()).items[0].fingerprint
                     for change in ({}, {"zero_embed_code_0": True}, {"resize": "stretch"})}
     assert len(fingerprints) == 3
-    assert plan(dataclasses.replace(config)).items[0].fingerprint in fingerprints  # stable for equal settings
+    assert plan(dataclasses.replace(config).spec()).items[0].fingerprint in fingerprints  # stable for equal settings
 
 
 def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
@@ -253,10 +253,10 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    fingerprints = {plan(dataclasses.replace(config, sampling=sampling)).items[0].fingerprint
+    fingerprints = {plan(dataclasses.replace(config, sampling=sampling).spec()).items[0].fingerprint
                     for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "block_size": 7})}
     assert len(fingerprints) == 1
-    assert plan(dataclasses.replace(config, sampling={"temperature": 0.5})).items[0].fingerprint not in fingerprints
+    assert plan(dataclasses.replace(config, sampling={"temperature": 0.5}).spec()).items[0].fingerprint not in fingerprints
 
 
 def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch):
@@ -267,17 +267,16 @@ def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch)
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    before = plan(config).items[0].fingerprint
+    before = plan(config.spec()).items[0].fingerprint
     monkeypatch.setattr(terra.config.sampling, "DRAW_RULE", "an earlier rule")
-    assert plan(config).items[0].fingerprint != before
+    assert plan(config.spec()).items[0].fingerprint != before
 
 
 @pytest.fixture(scope="module")
 def demo_pipeline(single_thread):
-    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.pipeline import WorldModelPipeline
 
-    config = BatchConfig(samples="unused", output_dir="unused", backend="hf", device="cpu")
-    pipeline = WorldModelPipeline.from_run(resolve_run(config.run))
+    pipeline = WorldModelPipeline.from_pretrained("demo", backend="hf", device="cpu")
     yield pipeline
     pipeline.close()
 

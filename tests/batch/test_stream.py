@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from terra.batch import BatchConfig, concurrency, engine, stream
+from terra.batch import BatchConfig, BatchSpec, concurrency, engine, stream
 from terra.generation import backends
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import DecodeStats
@@ -91,6 +91,11 @@ def fakes(monkeypatch):
     return written
 
 
+def checked(**settings) -> BatchSpec:
+    """A batch's checked settings; the samples file is never read by these tests (this file stands in for it)."""
+    return BatchConfig(samples=__file__, output_dir="unused", **settings).spec()
+
+
 def run(backend: FakeBackend, count: int, max_concurrent: int, on_frame=None) -> list[dict]:
     records: list[dict] = []
     lock = threading.Lock()
@@ -100,7 +105,7 @@ def run(backend: FakeBackend, count: int, max_concurrent: int, on_frame=None) ->
             records.append(record)
 
     items = [SimpleNamespace(sample=SampleStub(i), seed=i, num_frames=1 + i % 3) for i in range(count)]
-    config = BatchConfig(samples="unused", output_dir="unused", max_concurrent=max_concurrent)
+    config = checked(max_concurrent=max_concurrent)
     stream.run_items(items, config, SimpleNamespace(backend=backend), emit, on_frame=on_frame)
     return records
 
@@ -186,13 +191,13 @@ def test_kv_capacity_is_the_cache_blocks_over_one_windows_blocks():
 
 
 def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
-    config = BatchConfig(samples="unused", output_dir="unused", num_context=3)
+    config = checked(num_context=3)
     h100 = fake_vllm(3_170_000 // 16)
     assert concurrency.resolve_max_concurrent(config, h100, longest=8) == 494
     assert concurrency.resolve_max_concurrent(config, h100, longest=44) == 217  # capped at the 25-frame window
     assert concurrency.resolve_max_concurrent(config, fake_vllm(198_125, max_num_seqs=256), longest=8) == 256
     assert concurrency.resolve_max_concurrent(config, fake_vllm(100), longest=8) == 1  # one rollout at least
-    fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=32)
+    fixed = checked(max_concurrent=32)
     assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
     transformers = SimpleNamespace(backend=FakeBackend())  # no fixed bound
     assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == backends.DEFAULT_ROLLOUTS == 64
@@ -201,8 +206,8 @@ def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
 def test_an_engine_makes_room_for_the_most_rollouts_a_batch_keeps_in_flight(monkeypatch, tiny_model_dir):
     """``max_concurrent`` (auto: 512 on a GPU, 64 on a CPU) is ``max_num_seqs`` of a vLLM engine, over what
     ``backend.options`` says; the Transformers backend takes no such option."""
-    config = BatchConfig(samples="unused", output_dir="unused")
-    fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=200)
+    config = checked()
+    fixed = checked(max_concurrent=200)
     assert [concurrency.max_rollouts(c, device) for c in (config, fixed) for device in ("cuda", "cuda:1", "cpu")] == [
         512, 512, 64, 200, 200, 200]
     assert concurrency.planned_streams(config, 3) == 3 and concurrency.planned_streams(fixed, 1000) == 200

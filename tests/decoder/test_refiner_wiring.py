@@ -110,12 +110,15 @@ def test_benchmark_script_reports_the_split_and_unet_throughput(tmp_path):
 
 
 def test_a_batch_names_the_snapshot_without_refiner_weights_as_terra_generate_does(tmp_path):
-    """BatchConfig.run comes from run_spec, the function terra-generate uses, so terra_root reaches the error line."""
-    config = BatchConfig(samples="unused", output_dir="unused", device="cpu", decoding="refiner",
+    """A batch's run spec comes from run_spec, the function terra-generate uses, so terra_root reaches the error line."""
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    config = BatchConfig(samples=str(samples), output_dir="unused", device="cpu", decoding="refiner",
                          refiner={"path": None}, terra_root=str(tmp_path))
-    assert config.run.terra_root == str(tmp_path)
+    run = config.spec().run
+    assert run.terra_root == str(tmp_path)
     with pytest.raises(TerraInputError, match=f"Terra's refiner weights \\(terra_root={tmp_path} gives none\\)"):
-        check_decoding(config.run)
+        check_decoding(run)
 
 
 def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_pipeline):
