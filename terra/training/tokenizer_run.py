@@ -290,7 +290,7 @@ def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
     save()
     summary: dict[str, Any] = {"step": step, "max_steps": max_steps, "finished": finished,
                                "train_seconds": state["train_seconds"], "eval_initial": state.get("eval_initial"),
-                               "eval": evaluate(model, eval_images)}
+                               "eval": evaluate(model, eval_images), "config": spec.record}
     if finished:
         export = t.ema.module if t.ema is not None else model
         summary["eval_export"] = evaluate(export, eval_images)

@@ -15,7 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from terra.config.checks import SEED, Range, check_choice, check_flag, check_settings, required_path, select, shown
+from terra.config.checks import (SEED, Range, check_choice, check_flag, check_settings, plain, required_path, select,
+                                 shown)
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
@@ -143,6 +144,7 @@ class TokenizerTrainSpec:
     train: TrainingRun
     loss: LossWeights
     disc: DiscriminatorSpec | None  # None: disc.enabled=false
+    record: dict[str, Any]  # the settings as given, kept in summary.json (Hydra writes nothing into the run folder)
 
 
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
@@ -151,7 +153,7 @@ def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
     model, data = _model(cfg), _frames(cfg)
     loss = LossWeights(**_checked(cfg, LOSS_RANGES))
     disc = _disc(cfg) if check_flag(select(cfg, "disc.enabled"), "disc.enabled") else None
-    return TokenizerTrainSpec(model=model, data=data, train=_run(cfg, data), loss=loss, disc=disc)
+    return TokenizerTrainSpec(model=model, data=data, train=_run(cfg, data), loss=loss, disc=disc, record=plain(cfg))
 
 
 def _checked(cfg: DictConfig, ranges: dict[str, Range]) -> dict[str, Any]:
