@@ -8,6 +8,7 @@ codes back to frames. Video files are written by :mod:`terra.decoder`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,14 +22,15 @@ from terra.config.assets import DEMO_NAME, demo_checkpoints
 from terra.config.backend import DTYPES, check_backend
 from terra.config.checks import check_choice, check_flag
 from terra.config.sampling import SamplingConfig
-from terra.config.spec import RunSpec
-from terra.core.device import check_device
+from terra.config.spec import RunSpec, check_window
+from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
 from terra.decoder import codes_to_frames
 from terra.generation.backends import create_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
+from terra.refiner import RefinerSettings, check_decoding
 from terra.tokenizer import ImageTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -50,6 +52,39 @@ class RolloutResult:
     def decoding(self) -> dict:
         """How the frames were decoded, for a sidecar: the decoding that ran, its block size, passes per frame."""
         return (self.decode_stats or DecodeStats()).as_dict(self.sampling)
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run as this process makes it (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds."""
+
+    spec: RunSpec  # device, backend and a vLLM engine's decoding concrete (terra/generation/backends.py)
+    model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
+    refiner: RefinerSettings | None  # decoding=refiner: its checked weights and device (terra/refiner.py)
+
+    def replace(self, **changes) -> "ResolvedRun":
+        """A copy with ``changes`` (already checked values)."""
+        return dataclasses.replace(self, **changes)
+
+
+def check_model(spec: RunSpec) -> LlamaActionConfig:
+    """The world model's config, read once (terra/models/checkpoint.py), with the spec's ``num_context`` and
+    ``model.overlap`` checked against its window before anything loads."""
+    config = read_world_model_config(spec.world_model)
+    check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
+    return config
+
+
+def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None) -> ResolvedRun:
+    """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
+    order for every app: its torch threads set, device and backend chosen (a vLLM engine's decoding for at most
+    ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoding=refiner``'s
+    settings checked, then the model's config read and its window checked (:func:`check_model`), unless ``model``
+    is that config as the run already read it (a Ray actor gets it from its driver)."""
+    set_threads(spec.num_threads)
+    spec = resolve_spec(spec, streams)
+    refiner = check_decoding(spec)
+    return ResolvedRun(spec, model or check_model(spec), refiner)
 
 
 def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
@@ -107,25 +142,21 @@ class WorldModelPipeline:
         self._refiner_lock = threading.Lock()
 
     @classmethod
-    def from_spec(cls, spec: RunSpec, tokenizer: ImageTokenizer | None = None,
-                  config: LlamaActionConfig | None = None) -> "WorldModelPipeline":
-        """The pipeline a checked and resolved :class:`~terra.config.spec.RunSpec` names
-        (terra/generation/backends.py, ``resolve_spec``: a concrete device and backend): the tokenizer loaded
-        (or the one given), the pair checked, then the world model loaded.
-
-        ``config`` is the world model's config when the caller has already read it
-        (:func:`~terra.models.checkpoint.read_world_model_config`), so config.json is parsed once per run; it is
-        not changed (the spec's ``zero_embed_code_0``, Terra's vLLM port embedding image code 0 as zeros, goes
-        into a copy).
-        """
-        if spec.device == "auto" or spec.backend == "auto":
-            raise ValueError("from_spec takes a resolved spec: pass terra.generation.backends.resolve_spec(spec)")
-        config = copy.deepcopy(config or read_world_model_config(spec.world_model))
+    def from_run(cls, run: ResolvedRun, tokenizer: ImageTokenizer | None = None,
+                 max_rollouts: int | None = None) -> "WorldModelPipeline":
+        """The one builder of every app's pipeline (terra-generate, -serve, -rollout and its Ray actors, -drive,
+        -evaluate, :meth:`from_pretrained`): the tokenizer loaded (or the one given), the pair checked, then the
+        world model loaded on ``run``'s backend. ``max_rollouts`` is the most rollouts the run keeps in flight,
+        which a vLLM engine makes room for (terra/generation/backends.py, ``create_backend``); None: the backend's
+        options decide. ``run.model`` is not changed (the spec's ``zero_embed_code_0``, Terra's vLLM port
+        embedding image code 0 as zeros, goes into a copy)."""
+        spec = run.spec
+        config = copy.deepcopy(run.model)
         config.zero_embed_code_0 = spec.zero_embed_code_0
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(config, tok)
         backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
-                                 **spec.backend_options)
+                                 max_rollouts=max_rollouts, **spec.backend_options)
         return cls(tok, backend, spec.device)
 
     @classmethod
@@ -143,7 +174,7 @@ class WorldModelPipeline:
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
-        the Python API's edge, so the arguments are checked here, then :meth:`from_spec` runs.
+        the Python API's edge, so the arguments are checked here, then :func:`resolve_run` and :meth:`from_run` run.
 
         ``world_model`` is ``"demo"`` (the demo model shipped in the package, with its tokenizer: no
         ``tokenizer`` needed) or a local checkpoint folder in Terra's layout (``config.json`` and safetensors:
@@ -154,6 +185,7 @@ class WorldModelPipeline:
         ``decoding`` and ``block_size`` (as ``sampling.decoding`` / ``sampling.block_size``) start a vLLM engine
         for sequential or speculative decoding, which it then does for every call (``auto``: speculative on a GPU
         with Model Runner V2, taking one stream); the Transformers backend follows each call's ``sampling``.
+        ``config`` is the world model's config when the caller has read it already (it then checks the window).
         """
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
@@ -162,7 +194,8 @@ class WorldModelPipeline:
                        dtype=check_choice(dtype, "dtype", DTYPES),
                        sampling=SamplingConfig(decoding=decoding, block_size=block_size),
                        zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
-        return cls.from_spec(resolve_spec(spec), tokenizer if isinstance(tokenizer, ImageTokenizer) else None, config)
+        return cls.from_run(resolve_run(spec, model=config),
+                            tokenizer if isinstance(tokenizer, ImageTokenizer) else None)
 
     @property
     def image_size(self) -> tuple[int, int]:

@@ -27,6 +27,8 @@ import terra.config.files
 import terra.config.spec
 import terra.generation.actions
 import terra.inputs.actions
+import terra.models.checkpoint
+import terra.pipeline
 import terra.session.context
 import terra.session.controls
 from terra.batch import BatchConfig, run_batch
@@ -67,10 +69,12 @@ def test_generate_reads_a_trajectory_file_once_and_validates_its_actions_once(tm
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", f"trajectory={trajectory}"])
     with calls(terra.inputs.actions.load_actions, terra.config.files.read_input_text,
-               terra.generation.actions.validate_actions, terra.config.spec.run_spec) as counts:
+               terra.generation.actions.validate_actions, terra.config.spec.run_spec, terra.pipeline.resolve_run,
+               terra.models.checkpoint.read_world_model_config) as counts:
         summary = terra.apps.generate.run(cfg, tmp_path / "out")
     assert summary["generated_frames"] == 2
-    assert counts == {"load_actions": 1, "read_input_text": 1, "validate_actions": 1, "run_spec": 1}
+    assert counts == {"load_actions": 1, "read_input_text": 1, "validate_actions": 1, "run_spec": 1,
+                      "resolve_run": 1, "read_world_model_config": 1}
 
 
 def test_a_batch_checks_its_settings_and_takes_its_lock_once(tmp_path, scenes, demo_pipeline):

@@ -139,7 +139,7 @@ PUBLIC = {
     "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest", "samples",  # drives reuse
                                                           "ray_settings", "ray_cluster"))},  # the formats, Ray
     "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
-                                                  "tokenizer_run")},
+                                                  "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
                                                                   "metrics", "videos"))},
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},

@@ -180,6 +180,20 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return directory
 
     @classmethod
+    def from_config(cls, config: Mapping[str, Any], source: str, fix: str) -> "ImageTokenizer":
+        """A new tokenizer of this class (random weights) from ``config``; a config its modules cannot be built
+        from is one line naming ``source`` (where the config came from) and ``fix`` (how to mend it)."""
+        try:
+            return cls(config)
+        except TerraInputError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as err:  # a config the modules cannot be built from
+            raise TerraInputError(
+                f"{source} describes a tokenizer that cannot be built ({type(err).__name__}: "
+                f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); {fix}"
+            ) from None
+
+    @classmethod
     def from_pretrained(
         cls, path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
     ) -> "ImageTokenizer":
@@ -192,15 +206,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
                 f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was asked for; "
                 "use load_tokenizer to open any tokenizer"
             )
-        try:
-            model = klass(config)
-        except TerraInputError:
-            raise
-        except (ValueError, TypeError, KeyError, AttributeError) as err:  # a config the modules cannot be built from
-            raise TerraInputError(
-                f"{folder / CONFIG_NAME} describes a tokenizer that cannot be built ({type(err).__name__}: "
-                f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); fix or re-save config.json"
-            ) from None
+        model = klass.from_config(config, str(folder / CONFIG_NAME), "fix or re-save config.json")
         model.load_weights(_read_weights(folder), source=str(folder))
         return model.to(device=device, dtype=dtype).eval()
 

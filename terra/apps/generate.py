@@ -24,7 +24,7 @@ from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, select
 from terra.config.files import check_context_paths
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
-from terra.config.spec import RunSpec, check_window, run_spec
+from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
@@ -84,23 +84,17 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                                   ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
                                   ("refiner weights", spec.run.refiner.get("path"))])
 
-    from terra.core.device import set_threads
-    from terra.generation.backends import resolve_spec
     from terra.generation.rollout import DecodeStats
     from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
-    from terra.models.checkpoint import read_world_model_config
     from terra.outputs import write_outputs
-    from terra.pipeline import WorldModelPipeline
-    from terra.refiner import check_decoding
+    from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.sim import builtin_context
     from terra.tokenizer import load_tokenizer
 
-    # 2. the engine, the window, the tokenizer, the context frames and the trajectory
-    set_threads(spec.run.num_threads)
-    run_settings = resolve_spec(spec.run, spec.num_samples)  # device, backend (and vLLM's decoding) chosen once
-    refiner = check_decoding(run_settings)  # decoding=refiner: its file and device, before any load
-    config = read_world_model_config(run_settings.world_model)
-    check_window(config.num_temporal_embeddings, run_settings.num_context, run_settings.overlap)
+    # 2. the run made concrete (threads, device, backend, vLLM's decoding, the refiner's settings, the window),
+    # the tokenizer, the context frames and the trajectory
+    run = resolve_run(spec.run, spec.num_samples)
+    run_settings, refiner = run.spec, run.refiner
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
@@ -118,7 +112,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
     # 3. the world model
-    pipeline = WorldModelPipeline.from_spec(run_settings, tokenizer, config)
+    pipeline = WorldModelPipeline.from_run(run, tokenizer)
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
         seeds = [spec.seed + i for i in range(spec.num_samples)]

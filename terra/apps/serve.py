@@ -19,7 +19,7 @@ import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
-from terra.config.spec import RunSpec, check_window, run_spec
+from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.serve.settings import ServeSettings
 
@@ -64,20 +64,15 @@ def bind(settings: ServeSettings) -> socket.socket:
 
 
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
-    """(1) the window and the pipeline, (2) the session service, for checked settings."""
+    """(1) the run made concrete and its pipeline (terra/pipeline.py, ``resolve_run``), (2) the session service."""
     # torch, Transformers and FastAPI load only once the settings are known to be good
-    from terra.core.device import set_threads
-    from terra.generation.backends import resolve_spec
-    from terra.models.checkpoint import read_world_model_config
-    from terra.pipeline import WorldModelPipeline
+    from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.serve.service import SessionService
     from terra.session import SessionHost
 
-    set_threads(spec.num_threads)
-    spec = resolve_spec(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
-    config = read_world_model_config(spec.world_model)
-    check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
-    pipeline = WorldModelPipeline.from_spec(spec, config=config)
+    run = resolve_run(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
+    spec = run.spec
+    pipeline = WorldModelPipeline.from_run(run)
     host = SessionHost(pipeline, spec.sampling, max_frames=settings.max_frames, overlap=spec.overlap,
                        num_context=spec.num_context, resize=spec.resize)
     return SessionService(host, settings)

@@ -4,7 +4,8 @@ the settings).
 
     terra-train-tokenizer train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
 
-It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2.
+It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
+torch is imported.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ PROG = "terra-train-tokenizer"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="train_tokenizer", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    """Train (or resume) until the step or time budget, then export."""
+    """(1) the settings, checked once (terra/training/tokenizer_settings.py); (2) train (or resume) until the step
+    or time budget, then export."""
     check_added_settings(PROG)
+    from terra.training.tokenizer_settings import tokenizer_train_spec
+
+    spec = tokenizer_train_spec(cfg)  # no torch yet: a bad setting is one line in about a second
     from terra.training.tokenizer_run import train  # torch and the tokenizer
 
-    train(cfg)
+    train(spec)
 
 
 main = console_script(_main, PROG)

@@ -96,7 +96,6 @@ _HOMES = {
     "NAMING": "terra.batch.config",
     "check_config": "terra.batch.config",
     "config_from_omegaconf": "terra.batch.config",
-    "build_pipeline": "terra.batch.engine",
     "Manifest": "terra.batch.manifest",
     "STATUSES": "terra.batch.manifest",
     "count_statuses": "terra.batch.manifest",

@@ -1,8 +1,8 @@
 """What one engine does per sample: prepare (load, encode, actions), then decode and write once generated.
 
-:func:`build_pipeline` loads the tokenizer and world model of a run; :func:`prepare_sample` turns a sample into a
-rollout request; :class:`SampleWriter` decodes each finished rollout and writes its files on ``writer_threads``
-threads. The loop that keeps the engine full between the two is terra/batch/stream.py.
+:func:`prepare_sample` turns a sample into a rollout request; :class:`SampleWriter` decodes each finished rollout
+and writes its files on ``writer_threads`` threads. The pipeline is built as every app's is (terra/pipeline.py,
+``resolve_run`` and ``WorldModelPipeline.from_run``); the loop that keeps the engine full between the two is terra/batch/stream.py.
 """
 
 from __future__ import annotations
@@ -17,39 +17,23 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from terra.batch.concurrency import engine_options
 from terra.batch.config import BatchConfig
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item
 from terra.batch.samples import context_paths, sample_actions
 from terra.config.sampling import SamplingConfig
-from terra.config.spec import RunSpec
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar
 from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.inputs.context import load_context
 from terra.inputs.requests import rollout_requests
-from terra.models import LlamaActionConfig
 from terra.outputs import shown_frames, write_formats
 from terra.pipeline import WorldModelPipeline
-from terra.tokenizer import ImageTokenizer
 
 if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
 
 SIDECAR_VERSION = 1  # of the sidecar's "batch" block
-
-
-def build_pipeline(config: BatchConfig, spec: RunSpec, model_config: LlamaActionConfig | None = None,
-                   tokenizer: ImageTokenizer | None = None) -> WorldModelPipeline:
-    """Load the tokenizer and world model of ``config`` as ``spec`` (its run spec, resolved: a device and a
-    backend) says, with the engine options of :func:`~terra.batch.concurrency.engine_options`.
-
-    ``model_config``, ``tokenizer``: the world model's config and the tokenizer as the run already read them
-    (else they are loaded here).
-    """
-    spec = spec.replace(backend_options=engine_options(config, spec))
-    return WorldModelPipeline.from_spec(spec, tokenizer, model_config)
 
 
 @dataclass

@@ -21,17 +21,14 @@ import threading
 
 import ray
 
-from terra.batch.concurrency import AUTO_CEILING_GPU, planned_streams, resolve_max_concurrent
+from terra.batch.concurrency import max_rollouts, resolve_max_concurrent
 from terra.batch.config import BatchConfig
-from terra.batch.engine import build_pipeline
-from terra.core.device import set_threads
 from terra.batch.manifest import sample_error
 from terra.batch.plan import Item
 from terra.batch.stream import StreamingEngine, prefetch
 from terra.core.errors import TerraInputError
-from terra.generation.backends import resolve_spec
-from terra.refiner import check_decoding
 from terra.models import LlamaActionConfig
+from terra.pipeline import WorldModelPipeline, resolve_run
 
 PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.entry-points."vllm.general_plugins"]
 
@@ -65,21 +62,22 @@ class RolloutActor:
             self.error = sample_error(err)
 
     def _start(self, config: BatchConfig, model_config: LlamaActionConfig, longest: int) -> None:
-        # this actor's device, resolved once; its engine's decoding chosen for max_concurrent (auto: its ceiling)
-        spec = resolve_spec(config.run.replace(device=self.device), planned_streams(config, AUTO_CEILING_GPU))
-        if spec.backend == "vllm":
+        # this actor's run made concrete once, with the model's config its driver read; its engine holds (and its
+        # vLLM decoding is chosen for) the most rollouts it keeps in flight
+        most = max_rollouts(config, self.device)
+        run = resolve_run(config.run.replace(device=self.device), most, model_config)
+        if run.spec.backend == "vllm":
             check_vllm_plugin()
-            options = dict(spec.backend_options)
+            options = dict(run.spec.backend_options)
             if int(options.get("tensor_parallel_size", 1) or 1) > 1:  # its workers on this actor's GPUs, not Ray's
                 options.setdefault("distributed_executor_backend", "mp")
-            spec = spec.replace(backend_options=options)
-        refiner = check_decoding(spec)
-        set_threads(config.num_threads)
-        self.pipeline = build_pipeline(config, spec, model_config)
+            run = run.replace(spec=run.spec.replace(backend_options=options))
+        self.pipeline = WorldModelPipeline.from_run(run, max_rollouts=most)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,
                                       on_generated=self._left_engine,
-                                      refiner=None if refiner is None else refiner.load(), on_frame=self._frame)
+                                      refiner=None if run.refiner is None else run.refiner.load(),
+                                      on_frame=self._frame)
         threading.Thread(target=self._drive, name="terra-batch-engine", daemon=True).start()
 
     def _drive(self) -> None:

@@ -11,22 +11,18 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from terra.batch.concurrency import planned_streams
+from terra.batch.concurrency import max_rollouts, planned_streams
 from terra.batch.config import BatchConfig, check_config
-from terra.batch.engine import build_pipeline
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.samples import Sample
 from terra.batch.stream import run_items
 from terra.config.checks import shown
-from terra.config.spec import check_window
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
-from terra.generation.backends import resolve_spec
 from terra.generation.rollout import DecodeStats
-from terra.models.checkpoint import read_world_model_config
-from terra.pipeline import WorldModelPipeline, check_compatible
+from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
 from terra.refiner import RefinerSettings, check_decoding
 from terra.tokenizer import load_tokenizer
 
@@ -104,25 +100,24 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     holds the output folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
     started = time.perf_counter()
     the_plan = plan(config, samples)
-    model_config = executor = refiner = None
+    executor = run = None
     own = False  # whether this run built the pipeline (and closes it)
-    spec = config.run
-    if pipeline is None:  # the settings fit the model even when no sample is left to run
-        model_config = read_world_model_config(config.world_model)  # the run's only read of config.json
-        check_window(model_config.num_temporal_embeddings, config.num_context, config.overlap)
-    if config.executor == "ray":  # the actors choose their devices
-        refiner = check_decoding(spec)
-    else:
-        spec = (resolve_spec(spec, planned_streams(config, len(the_plan.to_run))) if pipeline is None
-                else spec.replace(device=pipeline.device))
-        refiner = check_decoding(spec)  # decoding=refiner: its weights and device, before any output
-    if the_plan.to_run:
+    if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here
+        model_config, refiner = check_model(config.run), check_decoding(config.run)
+    elif pipeline is None:  # the settings fit the model even when no sample is left to run
+        run = resolve_run(config.run, planned_streams(config, len(the_plan.to_run)))
+        model_config, refiner = run.model, run.refiner
+    else:  # a loaded pipeline: its device
         set_threads(config.num_threads)
+        model_config, refiner = None, check_decoding(config.run.replace(device=pipeline.device))
+    if the_plan.to_run:
         if config.executor == "ray":
+            set_threads(config.num_threads)  # the tokenizer's load here
             check_compatible(model_config, load_tokenizer(config.tokenizer))  # the actors load their own
             executor = _ray_executor(config)
         elif pipeline is None:  # the pair is checked before any output is written
-            pipeline, own = build_pipeline(config, spec, model_config), True
+            pipeline = WorldModelPipeline.from_run(run, max_rollouts=max_rollouts(config, run.spec.device))
+            own = True
     try:
         return _run_planned(config, the_plan, started, pipeline, executor, refiner, model_config)
     finally:

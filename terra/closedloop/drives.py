@@ -36,21 +36,17 @@ class OpenWorlds:
 def open_worlds(settings: DriveSettings) -> OpenWorlds:
     """The worlds ``settings.world`` names, on the device its settings choose (once: terra/generation/backends.py);
     the world model's checkpoint and window are checked against the settings before it loads."""
-    from terra.config.spec import check_window
-    from terra.generation.backends import resolve_spec
-    from terra.models.checkpoint import read_world_model_config
-    from terra.pipeline import WorldModelPipeline
+    from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.session import SessionHost
     from terra.tokenizer import load_tokenizer
 
-    spec = resolve_spec(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
+    run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
+    spec = run.spec
     tokenizer = load_tokenizer(spec.tokenizer)
     size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
     opened = OpenWorlds({}, size)
     if settings.world != "truth":
-        config = read_world_model_config(spec.world_model)
-        check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
-        pipeline = WorldModelPipeline.from_spec(spec, tokenizer, config)
+        pipeline = WorldModelPipeline.from_run(run, tokenizer)
         opened.host = SessionHost(pipeline, spec.sampling, max_frames=settings.num_steps, overlap=spec.overlap,
                                   num_context=spec.num_context, resize=spec.resize)
         opened.worlds["model"] = ModelWorld(opened.host)
@@ -89,7 +85,6 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
     (default: the setting, on a terminal) shows the frame bar."""
     from terra.closedloop.fidelity import fidelity_run
     from terra.closedloop.run import LocalDrives, record_run
-    from terra.core.device import set_threads
 
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
@@ -99,7 +94,6 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         runner = closing = RayDrives(settings)
         runner.start()  # the actors open the worlds on their devices
     else:
-        set_threads(settings.run.num_threads)
         closing = open_worlds(settings)
         try:
             specs = load_specs(settings, closing.image_size)

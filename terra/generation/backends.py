@@ -14,10 +14,20 @@ from terra.core.device import auto_dtype, resolve_device
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import WorldModelBackend
 
+GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
+# batch by default, and more sequences a step gain little
+DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where the backend knows no bound
+
+
+def most_rollouts(device: str) -> int:
+    """The most rollouts an engine on the resolved ``device`` is built for when the run leaves it open (a batch's
+    ``max_concurrent=auto``)."""
+    return GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS
+
 
 def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
     """``spec`` with its device and backend chosen (``auto`` → what this machine has), once per run: the
-    pipeline (terra/pipeline.py, ``from_spec``) and the refiner take the result as it is. ``streams`` is how many
+    pipeline (terra/pipeline.py, ``resolve_run``) and the refiner take the result as it is. ``streams`` is how many
     rollouts the run keeps in flight at most: on vLLM, whose draft slots are fixed when its engine starts,
     ``sampling.decoding`` is made concrete here for them (:func:`vllm_decoding`); the Transformers backend
     resolves it per run (``WorldModelBackend.decoding_for``)."""
@@ -86,18 +96,19 @@ def model_backend(model: torch.nn.Module, device: str | torch.device) -> WorldMo
 
 def create_backend(
     kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", config=None,
-    sampling: SamplingConfig | None = None, **options
+    sampling: SamplingConfig | None = None, max_rollouts: int | None = None, **options
 ) -> WorldModelBackend:
     """Build the backend ``kind`` (auto | vllm | hf) for the checkpoint folder ``world_model``.
 
     ``kind`` and ``device`` are resolved here unless the caller resolved them already (then this is a no-op:
-    :meth:`terra.pipeline.WorldModelPipeline.from_spec` resolves once and passes the result). ``dtype`` is a
+    :func:`terra.pipeline.resolve_run` resolves once and passes the result). ``dtype`` is a
     checked name (terra/config/backend.py): ``auto`` means bf16 on a GPU, fp32 on a CPU. ``config`` is the world
     model's already-read config (None: the backend reads config.json); ``options`` go to the backend's
     constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers); vLLM's ``requests``
     (auto | streaming | per_frame) picks its request path here, once (terra/generation/vllm_streaming.py).
     ``sampling`` (resolved by :func:`resolve_spec`) starts a vLLM engine for speculative decoding with its
-    ``block_size`` when its ``decoding`` is speculative.
+    ``block_size`` when its ``decoding`` is speculative. ``max_rollouts``, the most rollouts the run keeps in
+    flight, is the room a vLLM engine makes (``max_num_seqs``); the Transformers backend batches what it is given.
     """
     if kind not in ("hf", "vllm") or device == "auto":
         device = resolve_device(device)
@@ -107,7 +118,7 @@ def create_backend(
         from terra.generation.vllm_backend import VLLMBackend
         from terra.generation.vllm_streaming import StreamingVLLMBackend, resolve_requests
 
-        options = dict(options)
+        options = dict(options) if max_rollouts is None else {**options, "max_num_seqs": max_rollouts}
         streaming = resolve_requests(options.pop("requests", "per_frame")) == "streaming"
         if sampling is not None and sampling.decoding == "speculative":
             if streaming:

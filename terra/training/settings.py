@@ -149,10 +149,6 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     if finetune == "lora" and init is None:
         raise TerraInputError("finetune=lora adapts an existing model; add init=/path/to/checkpoint or "
                               "model=terra_v1 terra_root=/path/to/Terra")
-    betas = select(cfg, "train.betas")
-    if not (isinstance(betas, list) and len(betas) == 2):
-        raise TerraInputError(f"train.betas must be two numbers (got {shown(betas)}); e.g. train.betas=[0.9,0.95]")
-    betas = tuple(Range(0, 0.999999, 0.9).check(b, "train.betas") for b in betas)
     data = select(cfg, "data.tokens")
     if not isinstance(data, str) or not Path(data).exists():
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
@@ -174,7 +170,8 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         loss_on_first_frame=check_flag(select(cfg, "train.loss_on_first_frame"), "train.loss_on_first_frame"),
         loss_chunk=values["train.loss_chunk"], lr=values["train.lr"], min_lr_ratio=values["train.min_lr_ratio"],
         warmup_steps=values["train.warmup_steps"], max_steps=values["train.max_steps"],
-        weight_decay=values["train.weight_decay"], betas=betas, grad_clip=values["train.grad_clip"],
+        weight_decay=values["train.weight_decay"], betas=check_betas(select(cfg, "train.betas"), "train.betas"),
+        grad_clip=values["train.grad_clip"],
         seed=values["train.seed"], max_minutes=values["train.max_minutes"], log_every=values["train.log_every"],
         eval_every=values["train.eval_every"], ckpt_every=values["train.ckpt_every"],
         device=check_device(select(cfg, "train.device")),
@@ -194,6 +191,14 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         best_by=_best_by(cfg, sample_gif),
         progress=check_flag(select(cfg, "progress"), "progress") and sys.stderr.isatty(),
     )
+
+
+def check_betas(value: Any, name: str) -> tuple[float, float]:
+    """AdamW's ``betas`` setting ``name``: two numbers in [0, 1) (both trainers: this one and
+    terra/training/tokenizer_settings.py)."""
+    if not (isinstance(value, list) and len(value) == 2):
+        raise TerraInputError(f"{name} must be two numbers (got {shown(value)}); e.g. {name}=[0.9,0.95]")
+    return tuple(Range(0, 0.999999, 0.9).check(b, name) for b in value)
 
 
 def _best_by(cfg: DictConfig, sample_gif: bool) -> str:

@@ -36,6 +36,12 @@ class PatchDiscriminator(nn.Module):
         return self.main(x)
 
 
+def patch_grid_side(side: int, num_layers: int) -> int:
+    """Logits per side of a :class:`PatchDiscriminator` of ``num_layers`` on ``side`` pixels: each stride-2
+    convolution halves the side (rounding down), each of the two stride-1 ones takes one off."""
+    return side // 2**num_layers - 2
+
+
 def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.Tensor:
     """Discriminator hinge loss."""
     return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())

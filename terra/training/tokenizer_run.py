@@ -1,5 +1,6 @@
 """Train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic world (``terra-train-tokenizer``,
-terra/apps/train_tokenizer.py; the world model's loop is terra/training/run.py).
+terra/apps/train_tokenizer.py; the world model's loop is terra/training/run.py), from a
+:class:`~terra.training.tokenizer_settings.TokenizerTrainSpec` checked before torch was imported.
 
 Losses: L1 (+ optional L2 and image-gradient L1) reconstruction, the family's quantiser losses
 (LFQ: commitment + entropy; VQ: codebook + commitment), and optionally a PatchGAN hinge loss that starts
@@ -26,12 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 
-from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.core.atomic import atomic_path, json_text, mark, write_text
-from terra.core.device import check_device, resolve_device
+from terra.core.device import resolve_device
 from terra.core.errors import TerraInputError, error_reason
 from terra.sim import render_frames
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
@@ -46,39 +45,36 @@ from terra.training.tokenizer_losses import (
     hinge_g_loss,
     lr_factor,
     make_ema,
+    patch_grid_side,
     psnr,
     sample_batch,
 )
+from terra.training.tokenizer_settings import (
+    CHECKPOINT, LOG, SUMMARY, DiscriminatorSpec, FramesSpec, TokenizerModelSpec, TokenizerTrainSpec,
+)
 
-FAMILIES: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}
-CHECKPOINT = "checkpoint"
+TOKENIZERS: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}  # by model.family
 STATE = "training_state.pt"  # in a checkpoint, written last
-LOG = "train_log.jsonl"
 
 
-def build_tokenizer(model_cfg: DictConfig) -> ImageTokenizer:
-    """A freshly initialised tokenizer of ``model.family`` with ``model.config``."""
-    family = model_cfg.family
-    if family not in FAMILIES:
-        raise TerraInputError(f"model.family {family!r} is unknown; use one of {sorted(FAMILIES)}")
-    return FAMILIES[family](OmegaConf.to_container(model_cfg.config, resolve=True))
+def build_tokenizer(model: TokenizerModelSpec) -> ImageTokenizer:
+    """A freshly initialised tokenizer of ``model.family`` with ``model.config``; the family's class checks the
+    config (one line naming model.config when it cannot be built)."""
+    return TOKENIZERS[model.family].from_config(model.config, "model.config",
+                                                "fix the model.config settings (conf/train_tokenizer/model/)")
 
 
-def training_frames(data: DictConfig, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
+def training_frames(data: FramesSpec, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
     """All training frames, uint8 ``[N, H, W, 3]`` at the tokenizer's size."""
     if data.source == "folder":
-        if not data.path:
-            raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
-        return load_frames(str(data.path), image_size)
-    if data.source != "synthetic":
-        raise TerraInputError(f"data.source {data.source!r} is unknown; use synthetic or folder")
+        return load_frames(data.path, image_size)
     height, width = image_size
     cache = output_dir / f"synthetic_{data.num_frames}x{height}x{width}_seed{data.seed}.npy"
     if cache.is_file():
         return np.load(cache)
     start = time.monotonic()
     mark(output_dir, [cache.name])
-    frames = render_frames(int(data.num_frames), image_size, int(data.seed), int(data.workers))
+    frames = render_frames(data.num_frames, image_size, data.seed, data.workers)
     with atomic_path(cache) as tmp:
         np.save(tmp, frames)
     print(f"rendered {len(frames)} synthetic frames in {time.monotonic() - start:.1f} s (cached in {cache})", flush=True)
@@ -106,17 +102,18 @@ class Trainees:
     disc_optimizer: torch.optim.Optimizer | None
 
     @classmethod
-    def build(cls, cfg: DictConfig, device: torch.device, memory_format: torch.memory_format) -> "Trainees":
-        tc, dc = cfg.train, cfg.disc
-        model = build_tokenizer(cfg.model).to(device=device, memory_format=memory_format).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=float(tc.lr), betas=tuple(tc.betas),
-                                      weight_decay=float(tc.weight_decay))
-        ema = make_ema(model, float(tc.ema_decay)) if tc.ema_decay else None
+    def build(cls, spec: TokenizerTrainSpec, device: torch.device, memory_format: torch.memory_format) -> "Trainees":
+        """The tokenizer, its optimiser and EMA, and the discriminator when ``disc.enabled``, all on ``device``."""
+        run = spec.train
+        model = build_tokenizer(spec.model).to(device=device, memory_format=memory_format).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=run.betas, weight_decay=run.weight_decay)
+        ema = make_ema(model, run.ema_decay) if run.ema_decay is not None else None
         disc = disc_optimizer = None
-        if dc.enabled:
-            disc = PatchDiscriminator(ch=int(dc.ch), num_layers=int(dc.layers))
+        if spec.disc is not None:
+            _check_disc_depth(spec.disc, model.image_size)
+            disc = PatchDiscriminator(ch=spec.disc.ch, num_layers=spec.disc.layers)
             disc = disc.to(device=device, memory_format=memory_format)
-            disc_optimizer = torch.optim.AdamW(disc.parameters(), lr=float(dc.lr), betas=tuple(tc.betas))
+            disc_optimizer = torch.optim.AdamW(disc.parameters(), lr=spec.disc.lr, betas=run.betas)
         return cls(model, optimizer, ema, disc, disc_optimizer)
 
     def save(self, output_dir: Path, state: dict[str, Any]) -> None:
@@ -147,6 +144,17 @@ class Trainees:
         return saved
 
 
+def _check_disc_depth(disc: DiscriminatorSpec, image_size: tuple[int, int]) -> None:
+    """``disc.layers`` against the frames the model reads: the discriminator must leave patches to judge (first
+    known here, with the model)."""
+    side = min(image_size)
+    if patch_grid_side(side, disc.layers) < 1:
+        fits = [n for n in range(1, disc.layers) if patch_grid_side(side, n) >= 1]
+        fix = f"use disc.layers={fits[-1]} or fewer" if fits else "use disc.enabled=false or larger frames"
+        raise TerraInputError(f"disc.layers={disc.layers} is too deep for the model's {image_size[0]}x{image_size[1]} "
+                              f"frames (the discriminator would have no patch left to judge); {fix}")
+
+
 def find_checkpoint(output_dir: Path) -> Path | None:
     """The newest complete checkpoint: ``checkpoint/``, or ``checkpoint.tmp/`` or ``checkpoint.old/`` when a run
     was killed while swapping them."""
@@ -163,28 +171,28 @@ def find_checkpoint(output_dir: Path) -> Path | None:
 
 
 def train_step(
-    t: Trainees, forward, batch: torch.Tensor, step: int, cfg: DictConfig, autocast
+    t: Trainees, forward, batch: torch.Tensor, step: int, spec: TokenizerTrainSpec, autocast
 ) -> tuple[dict[str, torch.Tensor], TrainOutput]:
     """One optimisation step (tokenizer, then discriminator once it is active); returns logged values."""
-    lc, dc = cfg.loss, cfg.disc
+    weights = spec.loss
     with autocast:
         out = forward(batch)
     recon = out.reconstruction.float()
     l1 = (recon - batch).abs().mean()
-    loss = float(lc.l1) * l1 + float(lc.quantizer) * out.quantizer_loss.float()
-    if lc.l2:
-        loss = loss + float(lc.l2) * (recon - batch).pow(2).mean()
-    if lc.gradient:
-        loss = loss + float(lc.gradient) * gradient_l1(recon, batch)
-    gan = t.disc is not None and step >= int(dc.start_step)
+    loss = weights.l1 * l1 + weights.quantizer * out.quantizer_loss.float()
+    if weights.l2:
+        loss = loss + weights.l2 * (recon - batch).pow(2).mean()
+    if weights.gradient:
+        loss = loss + weights.gradient * gradient_l1(recon, batch)
+    gan = t.disc is not None and step >= spec.disc.start_step
     if gan:
         with autocast:
             g_loss = hinge_g_loss(t.disc(recon).float())
-        loss = loss + float(dc.weight) * g_loss
+        loss = loss + spec.disc.weight * g_loss
     t.optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if cfg.train.grad_clip:
-        torch.nn.utils.clip_grad_norm_(t.model.parameters(), float(cfg.train.grad_clip))
+    if spec.train.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), spec.train.grad_clip)
     t.optimizer.step()
     record = {"loss": loss.detach(), "l1": l1.detach(), **out.stats}
     if gan:
@@ -199,41 +207,34 @@ def train_step(
     return record, out
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
-    """Run (or resume) training as configured, one run per output folder; returns the summary also written to
-    ``summary.json``."""
-    tc = cfg.train
-    data = cfg.data.path if cfg.data.source == "folder" else None
-    output = claim_output_dir(tc.output_dir, "train.output_dir", files=[LOG, "summary.json", "synthetic_*.npy"],
-                              whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"],
-                              inputs=[("data.path", data)])
-    export = claim_output_dir(tc.export_dir, "train.export_dir", files=["config.json", "model.safetensors"],
-                              inputs=[("data.path", data)])
-    with output.hold(LOG):
-        return _train(cfg, output.path, export)
+def train(spec: TokenizerTrainSpec) -> dict[str, Any]:
+    """Run (or resume) the training ``spec`` describes, one run per output folder (its lock held throughout);
+    returns the summary also written to ``summary.json``."""
+    with spec.train.output.hold(LOG):
+        return _train(spec)
 
 
-def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str, Any]:
+def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
     t0 = time.monotonic()
-    tc = cfg.train
-    device = torch.device(resolve_device(check_device(str(tc.device))))
-    torch.manual_seed(int(tc.seed))
+    run, output_dir = spec.train, spec.train.output_dir
+    device = torch.device(resolve_device(run.device))
+    torch.manual_seed(run.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
     memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
-    t = Trainees.build(cfg, device, memory_format)
+    t = Trainees.build(spec, device, memory_format)
     model = t.model
-    frames_np = training_frames(cfg.data, model.image_size, output_dir)
+    frames_np = training_frames(spec.data, model.image_size, output_dir)
     frames = torch.from_numpy(frames_np)
-    if device.type == "cuda" and frames.numel() <= float(cfg.data.device_cache_gb) * 2**30:
+    if device.type == "cuda" and frames.numel() <= spec.data.device_cache_gb * 2**30:
         frames = frames.to(device)
-    eval_index = np.linspace(0, len(frames_np) - 1, min(int(tc.eval_frames), len(frames_np))).astype(int)
+    eval_index = np.linspace(0, len(frames_np) - 1, min(run.eval_frames, len(frames_np))).astype(int)
     eval_images = torch.from_numpy(frames_np[eval_index]).to(device).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
-    checkpoint = find_checkpoint(output_dir) if tc.resume else None
+    checkpoint = find_checkpoint(output_dir) if run.resume else None
     if checkpoint is not None:
         state = t.load(checkpoint, device)
         print(f"resumed from {checkpoint} at step {state['step']}", flush=True)
@@ -241,13 +242,13 @@ def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str
         state = {"step": 0, "train_seconds": 0.0, "eval_initial": evaluate(model, eval_images)}
         _log(output_dir, {"event": "eval", "step": 0, **state["eval_initial"]})
 
-    forward = torch.compile(model) if tc.compile else model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16 else nullcontext()
+    forward = torch.compile(model) if run.compile else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and run.bf16 else nullcontext()
     usage = CodeUsage(model.codebook_size)
-    budget_s = float(tc.max_minutes) * 60 if tc.max_minutes else math.inf
+    budget_s = math.inf if run.max_minutes is None else run.max_minutes * 60
     step_time, save_time, window = 0.0, 1.0, []
     start_step = step = int(state["step"])
-    max_steps = int(tc.max_steps)
+    max_steps = run.max_steps
     run_start, trained_before = time.monotonic(), float(state["train_seconds"])
 
     def save() -> float:
@@ -261,19 +262,19 @@ def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str
         if step > start_step and time.monotonic() - t0 + 3 * step_time + 2 * save_time > budget_s:
             break
         tick = time.monotonic()
-        factor = lr_factor(step, int(tc.warmup_steps), max_steps, float(tc.min_lr_ratio))
+        factor = lr_factor(step, run.warmup_steps, max_steps, run.min_lr_ratio)
         for group in t.optimizer.param_groups:
-            group["lr"] = float(tc.lr) * factor
-        batch = sample_batch(frames, int(tc.batch_size), step, int(cfg.data.seed), bool(cfg.data.hflip))
+            group["lr"] = run.lr * factor
+        batch = sample_batch(frames, run.batch_size, step, spec.data.seed, spec.data.hflip)
         batch = batch.to(device, non_blocking=True).contiguous(memory_format=memory_format)
-        record, out = train_step(t, forward, batch, step, cfg, autocast)
+        record, out = train_step(t, forward, batch, step, spec, autocast)
         usage.update(out.codes)
         step += 1
         window.append(record)
-        if step % int(tc.log_every) == 0 or step == max_steps:
+        if step % run.log_every == 0 or step == max_steps:
             stats = {k: torch.stack([r[k] for r in window if k in r]).float().mean().item() for k in window[-1]}
             _log(output_dir, {"event": "train", "step": step, **stats, "psnr": psnr(out.reconstruction, batch),
-                              "lr": float(tc.lr) * factor, "code_usage": usage.fraction_used(),
+                              "lr": run.lr * factor, "code_usage": usage.fraction_used(),
                               "code_perplexity": usage.perplexity(),
                               "steps_per_s": len(window) / max(1e-9, time.monotonic() - window_t0)})
             window, window_t0 = [], time.monotonic()
@@ -282,7 +283,7 @@ def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str
             torch.cuda.synchronize()
         took = time.monotonic() - tick
         step_time = took if step - start_step == 1 else 0.9 * step_time + 0.1 * took
-        if step % int(tc.checkpoint_every) == 0 and step < max_steps:
+        if step % run.checkpoint_every == 0 and step < max_steps:
             save_time = save()
 
     finished = step >= max_steps
@@ -293,13 +294,13 @@ def _train(cfg: DictConfig, output_dir: Path, export_dir: OutputDir) -> dict[str
     if finished:
         export = t.ema.module if t.ema is not None else model
         summary["eval_export"] = evaluate(export, eval_images)
-        export_dir.record()
-        export.to(getattr(torch, tc.export_dtype)).save_pretrained(tc.export_dir)  # after the fp32 checkpoint
-        summary["export_dir"] = str(tc.export_dir)
+        run.export.record()
+        export.to(getattr(torch, run.export_dtype)).save_pretrained(run.export.path)  # after the fp32 checkpoint
+        summary["export_dir"] = run.export_dir
     _log(output_dir, {"event": "eval", "step": step, **summary["eval"]})
-    write_text(output_dir / "summary.json", json_text(summary, indent=2) + "\n")
+    write_text(output_dir / SUMMARY, json_text(summary, indent=2) + "\n")
     print(f"{'finished' if finished else 'stopped (budget)'} at step {step}/{max_steps}; "
-          + (f"exported to {tc.export_dir}" if finished else "run the same command again to resume"), flush=True)
+          + (f"exported to {run.export_dir}" if finished else "run the same command again to resume"), flush=True)
     return summary
 
 

@@ -274,11 +274,10 @@ def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch)
 
 @pytest.fixture(scope="module")
 def demo_pipeline(single_thread):
-    from terra.batch import build_pipeline
-    from terra.generation.backends import resolve_spec
+    from terra.pipeline import WorldModelPipeline, resolve_run
 
     config = BatchConfig(samples="unused", output_dir="unused", backend="hf", device="cpu")
-    pipeline = build_pipeline(config, resolve_spec(config.run))
+    pipeline = WorldModelPipeline.from_run(resolve_run(config.run))
     yield pipeline
     pipeline.close()
 

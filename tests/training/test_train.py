@@ -183,6 +183,7 @@ def test_sigterm_checkpoints_and_stops(tokens, tmp_path, monkeypatch):
     ("net.num_attention_heads=3", "net"),
     ("train.window=9", "train.window"),
     ("export.dtype=float16", "export.dtype"),
+    ("train.betas=[0.9]", "train.betas"),
 ])
 def test_bad_settings_raise_one_line_errors(tokens, tmp_path, override, match):
     with pytest.raises(TerraInputError, match=match) as err:
