@@ -1,5 +1,6 @@
 """``terra-evaluate``'s run: the pipeline, the two measurements on the held-out data, the targets, ``report.json``
-(written atomically) and the table printed at the end."""
+(written atomically) and the table printed at the end; the pipeline is built as every app builds it (terra/pipeline.py,
+``resolve_run`` + ``WorldModelPipeline.from_run``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ from terra.evaluation.cases import (
 )
 from terra.evaluation.measure import evaluate_adherence, evaluate_quality
 from terra.evaluation.settings import REPORT, EvaluateSpec, Targets
-from terra.models.checkpoint import read_world_model_config
-from terra.pipeline import WorldModelPipeline
+from terra.pipeline import WorldModelPipeline, resolve_run
 
 PROG = "terra-evaluate"  # its stage lines start with the console script's name
 
@@ -32,27 +32,25 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
     ``pipeline`` is built from ``spec.run`` when not given; a pipeline built here is closed at the end.
     """
     t_start = time.perf_counter()
-    settings = spec.run
-    n_ctx = settings.num_context
-    set_threads(settings.num_threads)
-    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
+    n_ctx = spec.run.num_context
     own = pipeline is None
-    if own:
-        config = read_world_model_config(settings.world_model)
-        check_window(config.num_temporal_embeddings, n_ctx)
-        pipeline = WorldModelPipeline.from_pretrained(
-            settings.world_model, settings.tokenizer, backend=settings.backend, device=settings.device,
-            dtype=settings.dtype, config=config, **settings.backend_options)
+    if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
+        resolved = resolve_run(spec.run, spec.rollouts_in_flight)
+        sampling = resolved.spec.sampling
+        pipeline = WorldModelPipeline.from_run(resolved)
     else:
+        set_threads(spec.run.num_threads)
         check_window(pipeline.backend.layout.max_frames, n_ctx)
+        sampling = spec.run.sampling
+    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
     load_s = time.perf_counter() - t_start
     image_size = tuple(pipeline.image_size)
     report: dict = {
-        "world_model": settings.world_model,
-        "tokenizer": settings.tokenizer,
+        "world_model": spec.run.world_model,
+        "tokenizer": spec.run.tokenizer,
         "backend": type(pipeline.backend).__name__,
         "device": str(pipeline.device),
-        "sampling": dataclasses.asdict(settings.sampling),  # the keys of conf/sampling/
+        "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
         "num_context": n_ctx,
         "horizon": spec.horizon,
         "image_size": list(image_size),
@@ -65,14 +63,14 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
             seeds = held_out_seeds(spec.quality.scene_seed, spec.quality.num_clips, exclude)
             say(f"frame quality: rendering {len(seeds)} held-out clips, then their rollouts ...")
             clips = quality_clips(spec, seeds, image_size)
-            report["quality"] = evaluate_quality(pipeline, clips, n_ctx, settings.sampling, spec.seed, spec.progress)
+            report["quality"] = evaluate_quality(pipeline, clips, n_ctx, sampling, spec.seed, spec.progress)
             report["quality"]["scene_seeds"] = [seeds[0], seeds[-1]]
         if spec.adherence.num_cases > 0:
             seeds = held_out_seeds(spec.adherence.scene_seed, spec.adherence.num_cases, exclude)
             say(f"manoeuvre adherence: rendering {len(seeds)} cases, then their rollouts ...")
             cases = adherence_cases(spec, seeds, image_size)
             report["adherence"] = evaluate_adherence(pipeline, cases, n_ctx, list(spec.adherence.horizons),
-                                                     settings.sampling, spec.seed, spec.progress)
+                                                     sampling, spec.seed, spec.progress)
             report["adherence"]["scene_seeds"] = [seeds[0], seeds[-1]]
     finally:
         if own:

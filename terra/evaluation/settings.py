@@ -97,6 +97,12 @@ class EvaluateSpec:
         """Frames of each clip: the context, then the generated ones."""
         return self.run.num_context + self.horizon
 
+    @property
+    def rollouts_in_flight(self) -> int:
+        """The most rollouts one ``generate`` call carries: a measurement sends all of its rollouts at once
+        (terra/evaluation/measure.py), an adherence case two per pair."""
+        return max(self.quality.num_clips, 2 * self.adherence.num_cases * len(self.adherence.pairs))
+
 
 def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
     """Every setting of conf/evaluate.yaml checked once, without importing torch, and ``out_dir`` claimed; one

@@ -152,6 +152,7 @@ def test_a_spec_holds_the_checked_values(tmp_path):
     assert spec.adherence.pairs == (("curve_left", "curve_right"), ("accelerate", "decelerate"))
     assert spec.adherence.params == {"radius_m": (20.0, 40.0), "accel_mps2": (2.0, 4.0), "change_s": (1.5, 3.0)}
     assert spec.run.num_context == 3 and spec.num_frames == 5 and spec.run.sampling.temperature == 0.0
+    assert spec.rollouts_in_flight == 4  # adherence: 1 case x 2 pairs x 2 rollouts, in one generate call
     assert isinstance(spec.run.num_threads, int) and spec.run.num_threads >= 1  # auto: run_spec's rule
     assert spec.output.path == tmp_path and spec.output.names == ("report.json",)
     assert not list(tmp_path.iterdir())  # claimed, nothing written
@@ -168,6 +169,20 @@ def test_a_bad_setting_is_one_line_naming_it_before_torch_loads(tmp_path):
     assert result.stderr.splitlines() == [
         "terra-evaluate: error: quality.speed_kmh must satisfy 0 < low <= high (got [60.0, 15.0])"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_context_must_fit_the_window_of_the_model_built_or_passed_in(tmp_path):
+    from terra.pipeline import WorldModelPipeline
+
+    spec = eval_spec(tmp_path, "num_context=16", "adherence.num_cases=0")  # the demo model's window: 16 frames
+    with pytest.raises(TerraInputError, match="num_context=16 does not fit a window of 16 frames; use at most 15"):
+        run(spec)  # resolve_run reads config.json before the model loads
+    pipeline = WorldModelPipeline.from_pretrained(device="cpu", backend="hf")
+    with pytest.raises(TerraInputError, match="num_context=16 does not fit a window of 16 frames"):
+        run(spec, pipeline)
+    report = run(eval_spec(tmp_path, "adherence.num_cases=0"), pipeline)
+    assert report["backend"] == "HFBackend" and report["quality"]["num_clips"] == 2
+    assert json.loads((tmp_path / "report.json").read_text())["quality"] == report["quality"]
 
 
 def test_shipped_demo_models_load_and_generate_on_cpu():
