@@ -33,6 +33,7 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
     """
     t_start = time.perf_counter()
     n_ctx = spec.run.num_context
+    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
     own = pipeline is None
     if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
         resolved = resolve_run(spec.run, spec.rollouts_in_flight)
@@ -42,7 +43,6 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
         set_threads(spec.run.num_threads)
         check_window(pipeline.backend.layout.max_frames, n_ctx)
         sampling = spec.run.sampling
-    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
     load_s = time.perf_counter() - t_start
     image_size = tuple(pipeline.image_size)
     report: dict = {
