@@ -142,7 +142,7 @@ PUBLIC = {
                                                   "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
                                                                   "metrics", "videos"))},
-    "evaluation": {"terra.evaluation", "terra.evaluation.run"},
+    "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
         "egodriver", "navsim", "gym_env"))},

@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.evaluation.settings import evaluate_spec
 
 PROG = "terra-evaluate"  # the console script, named in error lines
 
@@ -21,11 +22,12 @@ PROG = "terra-evaluate"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    """Evaluate and print the table."""
+    """Check the settings (before torch is imported), evaluate and print the table."""
     check_added_settings(PROG, allowed=("backend.options.",))
-    from terra.evaluation.run import format_table, run
+    spec = evaluate_spec(cfg)
+    from terra.evaluation.run import format_table, run  # imports torch
 
-    print(format_table(run(cfg)))
+    print(format_table(run(spec)))
 
 
 main = console_script(_main, PROG)

@@ -12,8 +12,9 @@ skipped), so the ground truth is exact. ``domain`` (terra/sim/scene.py: ``day``,
 or ``left_hand``) sets the scenes of both measurements; the same seeds give the same roads by day and at night,
 and those roads mirrored in ``left_hand``.
 
-:mod:`terra.evaluation.cases` checks the settings and draws the clips, :mod:`terra.evaluation.measure` measures
-(details there), :mod:`terra.evaluation.run` runs both and writes the report:
+:mod:`terra.evaluation.settings` checks the settings into a frozen spec, :mod:`terra.evaluation.cases` draws the
+clips, :mod:`terra.evaluation.measure` measures (details there), :mod:`terra.evaluation.run` runs both and writes
+the report:
 
 Frame quality
     One clip per scene seed (manoeuvres cycled, speed and manoeuvre parameters drawn as for training): the
@@ -27,7 +28,7 @@ Manoeuvre adherence
     each manoeuvre in turn; each rollout is attributed to the manoeuvre whose ground-truth render its frames at
     ``adherence.horizons`` are closer to.
 
-Every setting is checked (ranges in ``SETTINGS`` of terra/evaluation/cases.py and terra/config/) before torch
-is imported or any model loads, the output folder included; a bad one ends with one line on stderr and exit code 2
-(terra/apps/runner.py).
+Every setting is checked once (``evaluate_spec`` in terra/evaluation/settings.py; the model and engine settings by
+``run_spec``, terra/config/spec.py, as in every app) before torch is imported or any model loads, the output folder
+included; a bad one ends with one line on stderr and exit code 2 (terra/apps/runner.py).
 """

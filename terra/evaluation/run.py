@@ -1,96 +1,84 @@
 """``terra-evaluate``'s run: the pipeline, the two measurements on the held-out data, the targets, ``report.json``
-(written atomically) and the table printed at the end."""
+(written atomically) and the table printed at the end; the pipeline is built as every app builds it (terra/pipeline.py,
+``resolve_run`` + ``WorldModelPipeline.from_run``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
-from terra.config.checks import select
-from terra.config.snapshot import checkpoint_path
-from terra.core.atomic import json_text
+from terra.config.spec import check_window
+from terra.core.atomic import json_text, write_text
+from terra.core.device import set_threads
 from terra.evaluation.cases import (
     DIRECTION_PAIR,
-    REPORT,
     adherence_cases,
-    check_config,
     held_out_seeds,
     quality_clips,
     training_scene_seeds,
 )
+from terra.evaluation.measure import evaluate_adherence, evaluate_quality
+from terra.evaluation.settings import REPORT, EvaluateSpec, Targets
+from terra.pipeline import WorldModelPipeline, resolve_run
 
 PROG = "terra-evaluate"  # its stage lines start with the console script's name
 
-def run(cfg: DictConfig, pipeline=None) -> dict:
-    """Evaluate as configured, write ``<out_dir>/report.json`` atomically and return the report.
 
-    ``pipeline`` (a :class:`terra.pipeline.WorldModelPipeline`) is built from ``cfg`` when not given; a
-    pipeline built here is closed at the end.
+def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
+    """Evaluate as ``spec`` says (terra/evaluation/settings.py, ``evaluate_spec``), write
+    ``<out_dir>/report.json`` atomically and return the report.
+
+    ``pipeline`` is built from ``spec.run`` when not given; a pipeline built here is closed at the end.
     """
     t_start = time.perf_counter()
-    sampling = check_config(cfg)
-    # every setting is fine: now the heavy modules
-    from terra.config.spec import check_window
-    from terra.core.atomic import mark, write_text
-    from terra.core.device import set_threads
-    from terra.evaluation.measure import evaluate_adherence, evaluate_quality
-    from terra.models.checkpoint import read_world_model_config
-    from terra.pipeline import WorldModelPipeline
-
-    set_threads(None if cfg.num_threads is None else int(cfg.num_threads))
-    exclude = training_scene_seeds(int(cfg.exclude_training.seed), int(cfg.exclude_training.num_clips))
+    n_ctx = spec.run.num_context
+    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
     own = pipeline is None
-    if own:
-        world_model = checkpoint_path(cfg, "model", "world_model")
-        config = read_world_model_config(world_model)
-        check_window(config.num_temporal_embeddings, int(cfg.num_context))
-        pipeline = WorldModelPipeline.from_pretrained(
-            world_model, checkpoint_path(cfg, "tokenizer", "path"), backend=cfg.backend.name, device=cfg.device,
-            dtype=cfg.dtype, config=config, **select(cfg, "backend.options"))
+    if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
+        resolved = resolve_run(spec.run, spec.rollouts_in_flight)
+        sampling = resolved.spec.sampling
+        pipeline = WorldModelPipeline.from_run(resolved)
     else:
-        check_window(pipeline.backend.layout.max_frames, int(cfg.num_context))
+        set_threads(spec.run.num_threads)
+        check_window(pipeline.backend.layout.max_frames, n_ctx)
+        sampling = spec.run.sampling
     load_s = time.perf_counter() - t_start
     image_size = tuple(pipeline.image_size)
-    n_ctx = int(cfg.num_context)
     report: dict = {
-        "world_model": str(cfg.model.world_model),
-        "tokenizer": str(cfg.tokenizer.path),
+        "world_model": spec.run.world_model,
+        "tokenizer": spec.run.tokenizer,
         "backend": type(pipeline.backend).__name__,
         "device": str(pipeline.device),
-        "sampling": OmegaConf.to_container(cfg.sampling),
+        "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
         "num_context": n_ctx,
-        "horizon": int(cfg.horizon),
+        "horizon": spec.horizon,
         "image_size": list(image_size),
-        "domain": str(cfg.domain),
+        "domain": spec.domain,
     }
-    say = _stage_lines(bool(cfg.progress))
+    say = _stage_lines(spec.progress)
     say(f"{report['backend']} on {report['device']} loaded in {load_s:.1f} s")
     try:
-        if int(cfg.quality.num_clips) > 0:
-            seeds = held_out_seeds(int(cfg.quality.scene_seed), int(cfg.quality.num_clips), exclude)
+        if spec.quality.num_clips > 0:
+            seeds = held_out_seeds(spec.quality.scene_seed, spec.quality.num_clips, exclude)
             say(f"frame quality: rendering {len(seeds)} held-out clips, then their rollouts ...")
-            clips = quality_clips(cfg, seeds, image_size)
-            report["quality"] = evaluate_quality(pipeline, clips, n_ctx, sampling, int(cfg.seed), bool(cfg.progress))
+            clips = quality_clips(spec, seeds, image_size)
+            report["quality"] = evaluate_quality(pipeline, clips, n_ctx, sampling, spec.seed, spec.progress)
             report["quality"]["scene_seeds"] = [seeds[0], seeds[-1]]
-        if int(cfg.adherence.num_cases) > 0:
-            seeds = held_out_seeds(int(cfg.adherence.scene_seed), int(cfg.adherence.num_cases), exclude)
+        if spec.adherence.num_cases > 0:
+            seeds = held_out_seeds(spec.adherence.scene_seed, spec.adherence.num_cases, exclude)
             say(f"manoeuvre adherence: rendering {len(seeds)} cases, then their rollouts ...")
-            cases = adherence_cases(cfg, seeds, image_size)
-            horizons = [int(h) for h in cfg.adherence.horizons or []]
-            report["adherence"] = evaluate_adherence(pipeline, cases, n_ctx, horizons, sampling, int(cfg.seed),
-                                                     bool(cfg.progress))
+            cases = adherence_cases(spec, seeds, image_size)
+            report["adherence"] = evaluate_adherence(pipeline, cases, n_ctx, list(spec.adherence.horizons),
+                                                     sampling, spec.seed, spec.progress)
             report["adherence"]["scene_seeds"] = [seeds[0], seeds[-1]]
     finally:
         if own:
             pipeline.close()
-    report["targets"] = _targets(cfg, report)
+    report["targets"] = _targets(spec.targets, report)
     report["timings"] = {"load_s": round(load_s, 2), "total_s": round(time.perf_counter() - t_start, 2)}
-    out = Path(cfg.out_dir) / REPORT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    mark(out.parent, [REPORT])
+    spec.output.record()  # the folder created, report.json listed in its marker (terra/config/output_dir.py)
+    out = spec.output.path / REPORT
     write_text(out, json_text(report, indent=1) + "\n")
     report["path"] = str(out)
     return report
@@ -104,16 +92,17 @@ def _stage_lines(progress: bool):
     return lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr) if shown else None
 
 
-def _targets(cfg: DictConfig, report: dict) -> dict:
+def _targets(goals: Targets, report: dict) -> dict:
+    """Each target's value, goal and verdict (a measurement left out has no target line)."""
     targets = {}
     quality = report.get("quality")
     if quality is not None:
-        value, target = quality["mean_psnr_target_frames"], float(cfg.targets.mean_psnr_db)
+        value, target = quality["mean_psnr_target_frames"], goals.mean_psnr_db
         targets["mean_psnr_db"] = {"value": value, "target": target, "frames": quality["target_frames"],
                                    "passed": bool(value >= target)}
     pair = report.get("adherence", {}).get("pairs", {}).get(DIRECTION_PAIR)
     if pair is not None:
-        target = float(cfg.targets.direction_accuracy_pct)
+        target = goals.direction_accuracy_pct
         targets["direction_accuracy_pct"] = {"value": pair["accuracy_pct"], "target": target,
                                              "passed": bool(pair["accuracy_pct"] >= target)}
     return targets

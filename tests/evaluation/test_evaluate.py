@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from terra.config.assets import register_resolvers
 from terra.core.errors import TerraInputError
 from terra.evaluation import cases
 from terra.evaluation.run import format_table, run
+from terra.evaluation.settings import EvaluateSpec, evaluate_spec
 from terra.sim import Scene, make_clip
 
 register_resolvers()  # the resolvers conf/ uses: ${terra_asset:...}
@@ -34,8 +36,12 @@ def eval_config(out: Path, *overrides: str):
             "device=cpu", "progress=false", *overrides])
 
 
+def eval_spec(out: Path, *overrides: str) -> EvaluateSpec:
+    return evaluate_spec(eval_config(out, *overrides))
+
+
 def test_tiny_evaluation_writes_a_complete_report(tmp_path):
-    report = run(eval_config(tmp_path))
+    report = run(eval_spec(tmp_path))
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved == {k: v for k, v in report.items() if k != "path"}
     assert report["backend"] == "HFBackend" and report["num_context"] == 3 and report["image_size"] == [144, 256]
@@ -73,7 +79,7 @@ def test_tiny_evaluation_writes_a_complete_report(tmp_path):
 
 def test_a_night_evaluation_says_so_in_its_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # on a terminal: the stages' lines and the bars
-    report = run(eval_config(tmp_path, "domain=night", "adherence.num_cases=0", "progress=true"))
+    report = run(eval_spec(tmp_path, "domain=night", "adherence.num_cases=0", "progress=true"))
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["domain"] == "night" and saved["quality"]["num_clips"] == 2 and "adherence" not in saved
     assert saved["quality"]["scene_seeds"][0] >= 10_000_000
@@ -84,12 +90,11 @@ def test_a_night_evaluation_says_so_in_its_report(tmp_path, capsys, monkeypatch)
     assert "generating (transformers)" in err and "4/4" in err  # the generation bar: 2 clips x 2 frames
 
 
-def test_both_measurements_draw_the_same_drives_lit_by_the_domain():
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        day, night = (compose("evaluate", overrides=["adherence.pairs=[[curve_left,curve_right]]", "horizon=2",
-                                                     f"domain={domain}"]) for domain in ("day", "night"))
-    (day_clip,), (night_clip,) = (cases.quality_clips(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
-    (day_case,), (night_case,) = (cases.adherence_cases(cfg, [12_345_678], (36, 64)) for cfg in (day, night))
+def test_both_measurements_draw_the_same_drives_lit_by_the_domain(tmp_path):
+    day, night = (eval_spec(tmp_path, "adherence.pairs=[[curve_left,curve_right]]", f"domain={domain}")
+                  for domain in ("day", "night"))
+    (day_clip,), (night_clip,) = (cases.quality_clips(spec, [12_345_678], (36, 64)) for spec in (day, night))
+    (day_case,), (night_case,) = (cases.adherence_cases(spec, [12_345_678], (36, 64)) for spec in (day, night))
     for a, b in [(day_clip, night_clip), *((day_case.clips[n], night_case.clips[n]) for n in day_case.clips)]:
         assert (a.domain, b.domain) == ("day", "night")
         np.testing.assert_array_equal(a.poses, b.poses)
@@ -105,10 +110,9 @@ def test_held_out_scenes_skip_the_training_scenes():
     assert first not in seeds and seeds[0] == first - 1 and len(set(seeds)) == 3
 
 
-def test_adherence_contexts_are_shared_and_the_commands_differ():
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose("evaluate", overrides=["adherence.pairs=[[curve_left,curve_right]]", "horizon=4"])
-    (case,) = cases.adherence_cases(cfg, [12_345_678], (36, 64))
+def test_adherence_contexts_are_shared_and_the_commands_differ(tmp_path):
+    spec = eval_spec(tmp_path, "adherence.pairs=[[curve_left,curve_right]]", "horizon=4")
+    (case,) = cases.adherence_cases(spec, [12_345_678], (36, 64))
     left, right, straight = (case.clips[n] for n in ("curve_left", "curve_right", "straight"))
     np.testing.assert_array_equal(left.frames[:3], right.frames[:3])  # one context for both commands
     np.testing.assert_allclose(left.poses[:3], straight.poses[:3], atol=1e-9)
@@ -118,17 +122,67 @@ def test_adherence_contexts_are_shared_and_the_commands_differ():
 
 @pytest.mark.parametrize("override, match", [
     ("horizon=0", "horizon"),
-    ("adherence.pairs=[[curve_left,fly]]", "unknown manoeuvre"),
+    ("num_context=0", "num_context must be a whole number"),  # run_spec's check (terra/config/spec.py)
+    ("num_threads=0", "num_threads must be a whole number"),
+    ("sampling.top_p=0", "sampling.top_p"),
+    ("adherence.pairs=[[curve_left,fly]]", "unknown manoeuvre 'fly'"),
+    ("quality.manoeuvres=[straight,hover]", "unknown manoeuvre 'hover'"),
+    ("quality.manoeuvres=3", "quality.manoeuvres must be a manoeuvre, a list of them or null"),
     ("adherence.pairs=[[curve_left,curve_left]]", "two different manoeuvres"),
+    ("adherence.pairs=7", "adherence.pairs must be a list of pairs"),
+    ("adherence.pairs=[] adherence.num_cases=1", "adherence.pairs is empty"),
+    ("adherence.horizons=[4,0]", "adherence.horizons must be a whole number from 1 to 1000"),
     ("adherence.radius_m=[40,20]", "adherence.radius_m"),
+    ("quality.speed_kmh=[15,300]", "quality.speed_kmh must be a number from 0 to 250"),
     ("quality.num_clips=0 adherence.num_cases=0", "nothing to evaluate"),
     ("domain=dusk", "unknown domain 'dusk'; choose one of: day, night"),
+    ("targets.mean_psnr_db=101", "targets.mean_psnr_db"),
+    ("out_dir=null", "no out_dir given; pass out_dir=DIR"),
 ])
 def test_bad_settings_raise_one_line_errors(tmp_path, override, match):
     cfg = eval_config(tmp_path, *override.split())
     with pytest.raises(TerraInputError, match=match) as err:
-        run(cfg)
+        evaluate_spec(cfg)
     assert "\n" not in str(err.value) and not (tmp_path / "report.json").exists()
+
+
+def test_a_spec_holds_the_checked_values(tmp_path):
+    spec = eval_spec(tmp_path, "quality.manoeuvres=curve_left", "adherence.horizons=null", "num_threads=auto")
+    assert spec.quality.manoeuvres == ("curve_left",) and spec.adherence.horizons == ()
+    assert spec.adherence.pairs == (("curve_left", "curve_right"), ("accelerate", "decelerate"))
+    assert spec.adherence.params == {"radius_m": (20.0, 40.0), "accel_mps2": (2.0, 4.0), "change_s": (1.5, 3.0)}
+    assert spec.run.num_context == 3 and spec.num_frames == 5 and spec.run.sampling.temperature == 0.0
+    assert spec.rollouts_in_flight == 4  # adherence: 1 case x 2 pairs x 2 rollouts, in one generate call
+    assert isinstance(spec.run.num_threads, int) and spec.run.num_threads >= 1  # auto: run_spec's rule
+    assert spec.output.path == tmp_path and spec.output.names == ("report.json",)
+    assert not list(tmp_path.iterdir())  # claimed, nothing written
+
+
+def test_a_bad_setting_is_one_line_naming_it_before_torch_loads(tmp_path):
+    code = ("import sys, terra.apps.evaluate\n"
+            f"sys.argv = ['terra-evaluate', 'quality.speed_kmh=[60,15]', 'out_dir={tmp_path / 'eval'}']\n"
+            "try:\n    terra.apps.evaluate.main()\n"
+            "except SystemExit as exit:\n    assert exit.code == 2, exit.code\n"
+            "assert 'torch' not in sys.modules, 'torch imported before the check'\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "terra-evaluate: error: quality.speed_kmh must satisfy 0 < low <= high (got [60.0, 15.0])"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_context_must_fit_the_window_of_the_model_built_or_passed_in(tmp_path):
+    from terra.pipeline import WorldModelPipeline
+
+    spec = eval_spec(tmp_path, "num_context=16", "adherence.num_cases=0")  # the demo model's window: 16 frames
+    with pytest.raises(TerraInputError, match="num_context=16 does not fit a window of 16 frames; use at most 15"):
+        run(spec)  # resolve_run reads config.json before the model loads
+    pipeline = WorldModelPipeline.from_pretrained(device="cpu", backend="hf")
+    with pytest.raises(TerraInputError, match="num_context=16 does not fit a window of 16 frames"):
+        run(spec, pipeline)
+    report = run(eval_spec(tmp_path, "adherence.num_cases=0"), pipeline)
+    assert report["backend"] == "HFBackend" and report["quality"]["num_clips"] == 2
+    assert json.loads((tmp_path / "report.json").read_text())["quality"] == report["quality"]
 
 
 def test_shipped_demo_models_load_and_generate_on_cpu():
