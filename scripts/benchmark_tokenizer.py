@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from terra.core.atomic import json_text, write_text
+from terra.core.device import check_device, resolve_device
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.lfq import TERRA_CONFIG
 from terra.tokenizer.vq import VQ16_CONFIG
@@ -94,8 +95,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(resolve_device(check_device(args.device)))
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":

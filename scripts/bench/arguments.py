@@ -9,7 +9,7 @@ from typing import Sequence
 import yaml
 
 from bench.parts import PARTS
-from terra.core.device import resolve_device
+from terra.core.device import auto_dtype, resolve_device
 from terra.core.errors import TerraInputError
 
 # Engine arguments set from flags of their own (bench/backends.py engine_settings); --engine-arg sets any other,
@@ -78,8 +78,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             raise TerraInputError(f"--engine-arg {key} has its own flag; use {FLAGGED_ENGINE_ARGS[key]} instead")
         args.engine_kwargs[key] = yaml.safe_load(value)
     args.device = resolve_device(args.device)
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    args.dtype = auto_dtype(args.device, args.dtype)
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = 0.9 if args.device.startswith("cuda") else 0.1
     if args.max_num_seqs is None:
