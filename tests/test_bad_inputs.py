@@ -320,7 +320,7 @@ def test_cli_config_checks_fail_before_anything_is_written(case, tmp_path):
     with initialize_config_dir(config_dir=terra.apps.runner.CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", *overrides])
     with pytest.raises(TerraInputError) as err:
-        terra.apps.generate.run(cfg, tmp_path / "out")
+        terra.apps.generate.run(terra.apps.generate.generate_spec(cfg), tmp_path / "out")
     assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "out").exists()
 

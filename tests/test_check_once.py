@@ -71,7 +71,7 @@ def test_generate_reads_a_trajectory_file_once_and_validates_its_actions_once(tm
     with calls(terra.inputs.actions.load_actions, terra.config.files.read_input_text,
                terra.generation.actions.validate_actions, terra.config.spec.run_spec, terra.pipeline.resolve_run,
                terra.models.checkpoint.read_world_model_config) as counts:
-        summary = terra.apps.generate.run(cfg, tmp_path / "out")
+        summary = terra.apps.generate.run(terra.apps.generate.generate_spec(cfg), tmp_path / "out")
     assert summary["generated_frames"] == 2
     assert counts == {"load_actions": 1, "read_input_text": 1, "validate_actions": 1, "run_spec": 1,
                       "resolve_run": 1, "read_world_model_config": 1}

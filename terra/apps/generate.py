@@ -1,8 +1,8 @@
 """``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, ``conf/generate.yaml``).
 
-:func:`run` reads as its steps, each input checked once where it enters: (1) the settings, the output folder
-and names, the context paths (before torch or Transformers is imported); (2) the world model's window, the
-tokenizer, the context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files.
+The settings are checked once into a :class:`GenerateSpec` (:func:`generate_spec`); :func:`run` reads as its steps,
+each input checked once where it enters: (1) the output folder and names, the context paths (before torch or
+Transformers is imported); (2) the run made concrete (terra/pipeline.py, ``resolve_run``), the tokenizer, the context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files.
 A user mistake ends with exit code 2 and one line on stderr naming the input and the fix; Ctrl-C or SIGTERM
 stops the engine and exits with 130 / 143; either way no output file of the run is left behind
 (terra/apps/runner.py prints the line and sets the exit code).
@@ -10,6 +10,7 @@ stops the engine and exits with 130 / 143; either way no output file of the run 
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +18,10 @@ from pathlib import Path
 import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, show_progress, task
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, select
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, plain, select
 from terra.config.files import check_context_paths
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
@@ -50,6 +51,7 @@ class GenerateSpec:
     trajectory: str | None  # a trajectory file; None: the manoeuvre
     manoeuvre: str
     manoeuvre_params: dict[str, float]
+    record: dict  # the settings as given, stored in the sidecar (with the backend and device that ran)
 
 
 def generate_spec(cfg: DictConfig) -> GenerateSpec:
@@ -67,14 +69,14 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     context = select(cfg, "context")
     return GenerateSpec(run_spec(cfg), output, values["num_frames"], values["num_samples"], values["seed"],
                         context if context is None or isinstance(context, list) else str(context),
-                        None if cfg.trajectory is None else str(cfg.trajectory), str(cfg.manoeuvre), params)
+                        None if cfg.trajectory is None else str(cfg.trajectory), str(cfg.manoeuvre), params, plain(cfg))
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Generate the rollouts of one configuration and write them under ``out_dir``; return the summary."""
+def run(spec: GenerateSpec, out_dir: Path) -> dict:
+    """Generate the rollouts of a checked configuration (:func:`generate_spec`) and write them under ``out_dir``;
+    return the summary."""
     t_start = time.perf_counter()
-    # 1. the settings, the output folder and names, the context paths: no file read, nothing heavy imported
-    spec = generate_spec(cfg)
+    # 1. the output folder and names, the context paths: no file read, nothing heavy imported
     if spec.context is not None:
         check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
     names = spec.output.file_names(spec.num_samples)
@@ -131,7 +133,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         ground_truth = None  # frames at the refiner's size
     # 5. the files
     output.record()
-    record = OmegaConf.to_container(cfg, resolve=True)
+    record = copy.deepcopy(spec.record)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
     s_per_frame = generate_s / (num_frames * spec.num_samples)
     stats = sum((result.decode_stats for result in results), DecodeStats())
@@ -173,7 +175,7 @@ def _main(cfg: DictConfig) -> None:
     created = missing_folders(out_dir)
     try:
         check_added_settings("terra-generate", allowed=("backend.options.",))
-        summary = run(cfg, out_dir)
+        summary = run(generate_spec(cfg), out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
             unmark_unused(out_dir)  # the files of a failed run are gone; so goes the marker that lists them
