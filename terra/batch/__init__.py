@@ -74,12 +74,12 @@ Changing the model or tokenizer folder does not invalidate finished samples: use
 ``resume=False``) for another checkpoint. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
 (``conf/model``, ``conf/tokenizer``) are part of the fingerprint: changing them regenerates finished samples.
 
-Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (JSONL lines,
-shards), :mod:`~terra.batch.plan` (output files, fingerprints, resume), :mod:`~terra.batch.manifest`,
-:mod:`~terra.batch.engine` (prepare, decode and write), :mod:`~terra.batch.stream` (the loop that keeps one engine
-full), :mod:`~terra.batch.concurrency` (``max_concurrent=auto``), :mod:`~terra.batch.ray_settings`,
-:mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``), :mod:`~terra.batch.run`
-(:func:`run_batch`).
+Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (a sample's inputs
+checked, shards; its JSONL line is read by :mod:`terra.inputs.samples`), :mod:`~terra.batch.plan` (output files,
+fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.engine` (prepare, decode and write),
+:mod:`~terra.batch.stream` (the loop that keeps one engine full), :mod:`~terra.batch.concurrency`
+(``max_concurrent=auto``), :mod:`~terra.batch.ray_settings`, :mod:`~terra.batch.ray_executor` and
+:mod:`~terra.batch.ray_actor` (``executor=ray``), :mod:`~terra.batch.run` (:func:`run_batch`).
 """
 
 from __future__ import annotations
@@ -110,9 +110,7 @@ _HOMES = {
     "RaySettings": "terra.batch.ray_settings",
     "BatchResult": "terra.batch.run",
     "run_batch": "terra.batch.run",
-    "Sample": "terra.batch.samples",
     "in_shard": "terra.batch.samples",
-    "read_samples": "terra.batch.samples",
     "shard_indices": "terra.batch.samples",
     "StreamingEngine": "terra.batch.stream",
     "run_items": "terra.batch.stream",

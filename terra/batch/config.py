@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from terra.batch.ray_settings import EXECUTORS, RaySettings, removed_setting
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, plain, shown
+from terra.config.checks import Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
@@ -32,6 +32,7 @@ from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
+from terra.inputs.samples import SAMPLE_SETTINGS
 from terra.inputs.trajectory import MANOEUVRES
 
 NAMING = {
@@ -42,8 +43,8 @@ PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
 # The batch's own numeric settings' sane ranges (conf/rollout.yaml documents them; the model's and engine's are
 # run_spec's): BatchConfig field -> (setting, range).
 RANGES = {
-    "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
-    "seed": ("seed", SEED),
+    "num_frames": ("num_frames", SAMPLE_SETTINGS["num_frames"]),
+    "seed": ("seed", SAMPLE_SETTINGS["seed"]),
     "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
     "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
     "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
@@ -53,7 +54,6 @@ RANGES = {
 FLAGS = {"resume": "resume", "progress": "progress",
          "mark_context": "output.mark_context", "overlay_trajectory": "output.overlay_trajectory",
          "save_codes": "output.save_codes", "allow_paths_outside_image_root": "allow_paths_outside_image_root"}
-SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"][1]}  # a sample's own
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from terra.batch.config import BatchConfig, check_config
 from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
-from terra.batch.samples import Sample
 from terra.batch.stream import run_items
 from terra.config.checks import shown
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.rollout import DecodeStats
+from terra.inputs.samples import Sample
 from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
 from terra.refiner import RefinerSettings, check_decoding
 from terra.tokenizer import load_tokenizer

@@ -20,9 +20,10 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
+from terra.batch import BatchConfig, check_config, plan, read_manifest, run_batch, shard_indices
 from terra.core.atomic import MARKER
 from terra.core.errors import TerraInputError
+from terra.inputs.samples import read_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "terra.apps.rollout"  # terra-rollout
