@@ -7,8 +7,8 @@ terra/core/ (the ground floor) imports nothing of the project's; terra.tokenizer
 terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (terra/models/) runs without vLLM;
 the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
 (terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; the old top-level names
-``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; ``import terra.tokenizer`` and ``import
-terra`` stay light.
+``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; no package exports the name of one of its
+modules; ``import terra.tokenizer`` and ``import terra`` stay light.
 """
 
 from __future__ import annotations
@@ -211,6 +211,40 @@ def test_the_import_reader_names_the_wings():
     assert [wing_of(m) for m in ("terra.core.errors", "terra.tokenizer.base", "terra.conf", "terra.pipeline",
                                  "terra.metrics", "terra", "numpy")] == [
         "core", "tokenizer", "config", "pipeline", "pipeline", "face", None]
+
+
+def exported_names(init: Path) -> set[str]:
+    """The names a package's ``__init__.py`` exports: its ``__all__``, a list or tuple, or ``sorted(_HOMES)`` of a
+    lazy face (terra/core/lazy.py)."""
+    assigned = {target.id: node.value for node in ast.parse(init.read_text()).body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    value = assigned.get("__all__")
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "sorted":
+        value = assigned[value.args[0].id]
+    if isinstance(value, ast.Dict):
+        return {key.value for key in value.keys}
+    return set() if value is None else {element.value for element in value.elts}
+
+
+def test_no_package_exports_the_name_of_one_of_its_modules():
+    """Importing a submodule binds it on its package, so an exported name equal to a submodule's (``terra.batch.plan``,
+    once both the planning function and its module) would be the one or the other by import order."""
+    faces = [path for path in package_sources() if path.name == "__init__.py"]
+    clashes, unread = [], []
+    for init in faces:
+        names = exported_names(init)
+        if not names and "__all__" in init.read_text():
+            unread.append(str(init.relative_to(ROOT)))
+        modules = {path.stem for path in init.parent.glob("*.py")}
+        modules |= {path.name for path in init.parent.iterdir() if (path / "__init__.py").exists()}
+        clashes += [f"{module_name(init)}.{name}" for name in sorted(names & modules)]
+    assert not unread, f"__all__ not read from {unread}"
+    assert not clashes, f"exported names that are also modules of their package: {clashes}"
+    import terra.batch
+    import terra.config
+
+    for package in (terra.batch, terra.config):  # the reader reads a lazy face and a list as Python does
+        assert exported_names(Path(package.__file__)) == set(package.__all__)
 
 
 @pytest.mark.parametrize("where", list(RULES))

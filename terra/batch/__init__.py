@@ -84,10 +84,6 @@ fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.engine` 
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 from terra.core.lazy import lazy_attributes
 
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
@@ -104,7 +100,7 @@ _HOMES = {
     "Item": "terra.batch.plan",
     "fingerprint": "terra.batch.plan",
     "is_complete": "terra.batch.plan",
-    "plan": "terra.batch.plan",
+    "plan_batch": "terra.batch.plan",
     "remove_stale_temporaries": "terra.batch.plan",
     "EXECUTORS": "terra.batch.ray_settings",
     "RaySettings": "terra.batch.ray_settings",
@@ -121,14 +117,3 @@ __all__ = sorted(_HOMES)
 
 __getattr__ = lazy_attributes(__name__, _HOMES)
 
-
-class _Package(types.ModuleType):
-    """Loading a submodule binds it on its package; ``terra.batch.plan`` stays the function (as it was when these
-    names were imported eagerly), not the module of the same name."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not (name in _HOMES and isinstance(value, types.ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

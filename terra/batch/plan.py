@@ -153,7 +153,7 @@ def check_outputs(item: Item, config: BatchConfig, listed: frozenset[str]) -> No
                                   "the toolkit did not write there; move it away or choose another output.dir")
 
 
-def plan(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
+def plan_batch(config: BatchConfig, samples: list[Sample] | None = None) -> BatchPlan:
     """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
     :func:`~terra.batch.config.check_config` checked it)."""
     all_samples = read_samples(config.sample_files) if samples is None else samples

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from terra.batch.concurrency import max_rollouts, planned_streams
 from terra.batch.config import BatchConfig, check_config
 from terra.batch.manifest import Manifest, count_statuses
-from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
+from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.stream import run_items
 from terra.config.checks import shown
@@ -99,7 +99,7 @@ def run_locked(config: BatchConfig, pipeline: WorldModelPipeline | None = None,
     """:func:`run_batch` for a ``config`` that :func:`~terra.batch.config.check_config` checked, while its caller
     holds the output folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
     started = time.perf_counter()
-    the_plan = plan(config, samples)
+    the_plan = plan_batch(config, samples)
     executor = run = None
     own = False  # whether this run built the pipeline (and closes it)
     if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here

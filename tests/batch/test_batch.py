@@ -20,7 +20,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from terra.batch import BatchConfig, check_config, plan, read_manifest, run_batch, shard_indices
+from terra.batch import BatchConfig, check_config, plan_batch, read_manifest, run_batch, shard_indices
 from terra.core.atomic import MARKER
 from terra.core.errors import TerraInputError
 from terra.inputs.samples import read_samples
@@ -200,7 +200,7 @@ def test_shards_cover_every_line_once(tmp_path, scenes):
             assert shard_indices(len(lines), shard, num_shards) == list(range(shard, len(lines), num_shards))
             config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), shard_index=shard,
                                  num_shards=num_shards, image_root=scenes["root"])
-            the_plan = plan(config)
+            the_plan = plan_batch(config)
             seen += [s.line for s in the_plan.samples]
             assert len(the_plan.to_run) + len(the_plan.failed) == len(the_plan.samples)
         assert sorted(seen) == wanted, num_shards
@@ -242,10 +242,10 @@ def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scen
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    fingerprints = {plan(dataclasses.replace(config, **change)).items[0].fingerprint
+    fingerprints = {plan_batch(dataclasses.replace(config, **change)).items[0].fingerprint
                     for change in ({}, {"zero_embed_code_0": True}, {"resize": "stretch"})}
     assert len(fingerprints) == 3
-    assert plan(dataclasses.replace(config)).items[0].fingerprint in fingerprints  # stable for equal settings
+    assert plan_batch(dataclasses.replace(config)).items[0].fingerprint in fingerprints  # stable for equal settings
 
 
 def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
@@ -254,10 +254,11 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    fingerprints = {plan(dataclasses.replace(config, sampling=sampling)).items[0].fingerprint
+    fingerprints = {plan_batch(dataclasses.replace(config, sampling=sampling)).items[0].fingerprint
                     for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "block_size": 7})}
     assert len(fingerprints) == 1
-    assert plan(dataclasses.replace(config, sampling={"temperature": 0.5})).items[0].fingerprint not in fingerprints
+    warmer = dataclasses.replace(config, sampling={"temperature": 0.5})
+    assert plan_batch(warmer).items[0].fingerprint not in fingerprints
 
 
 def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch):
@@ -268,9 +269,9 @@ def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch)
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    before = plan(config).items[0].fingerprint
+    before = plan_batch(config).items[0].fingerprint
     monkeypatch.setattr(terra.config.sampling, "DRAW_RULE", "an earlier rule")
-    assert plan(config).items[0].fingerprint != before
+    assert plan_batch(config).items[0].fingerprint != before
 
 
 @pytest.fixture(scope="module")
