@@ -136,8 +136,7 @@ PUBLIC = {
                    "terra.generation.speculative"},  # the backend modules stay inside the wing
     "session": {"terra.session", "terra.session.controls", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
-    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest", "samples",  # drives reuse
-                                                          "ray_settings", "ray_cluster"))},  # the formats, Ray
+    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest"))},  # drives: the manifest
     "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
                                                   "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
@@ -288,8 +287,9 @@ def test_the_light_layer_loads_no_torch():
 
 
 def test_the_ground_floor_loads_no_torch():
-    code = ("import sys, terra.core.errors, terra.core.atomic, terra.core.lock, terra.core.folders, terra.core.device;"
-            " assert 'torch' not in sys.modules, 'torch was imported'")
+    code = ("import sys, terra.core.errors, terra.core.atomic, terra.core.lock, terra.core.folders, terra.core.device,"
+            " terra.core.ray_cluster; assert 'torch' not in sys.modules, 'torch was imported';"
+            " assert 'ray' not in sys.modules, 'ray was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

@@ -78,8 +78,9 @@ Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.ba
 checked, shards; its JSONL line is read by :mod:`terra.inputs.samples`), :mod:`~terra.batch.plan` (output files,
 fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.engine` (prepare, decode and write),
 :mod:`~terra.batch.stream` (the loop that keeps one engine full), :mod:`~terra.batch.concurrency`
-(``max_concurrent=auto``), :mod:`~terra.batch.ray_settings`, :mod:`~terra.batch.ray_executor` and
-:mod:`~terra.batch.ray_actor` (``executor=ray``), :mod:`~terra.batch.run` (:func:`run_batch`).
+(``max_concurrent=auto``), :mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``; its
+``ray`` block: :mod:`terra.config.ray_settings`, its cluster: :mod:`terra.core.ray_cluster`),
+:mod:`~terra.batch.run` (:func:`run_batch`).
 """
 
 from __future__ import annotations
@@ -102,8 +103,6 @@ _HOMES = {
     "is_complete": "terra.batch.plan",
     "plan_batch": "terra.batch.plan",
     "remove_stale_temporaries": "terra.batch.plan",
-    "EXECUTORS": "terra.batch.ray_settings",
-    "RaySettings": "terra.batch.ray_settings",
     "BatchResult": "terra.batch.run",
     "run_batch": "terra.batch.run",
     "in_shard": "terra.batch.samples",

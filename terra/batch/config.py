@@ -21,13 +21,13 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.batch.ray_settings import EXECUTORS, RaySettings, removed_setting
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
 from terra.config.checks import Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
+from terra.config.ray_settings import EXECUTORS, RaySettings, removed_setting
 from terra.config.snapshot import checkpoint_path
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
@@ -84,7 +84,7 @@ class BatchConfig:
     shard_index: int = 0
     num_shards: int = 1
     executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
-    ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/batch/ray_settings.py)
+    ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/config/ray_settings.py)
     num_threads: int | None = None  # torch CPU threads (None = torch's default)
     naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
     video_pattern: str | None = None  # overrides the naming preset
@@ -151,7 +151,7 @@ class BatchConfig:
 
     @cached_property
     def ray_settings(self) -> RaySettings:
-        """The ``ray`` block, parsed and checked once (terra/batch/ray_settings.py)."""
+        """The ``ray`` block, parsed and checked once (terra/config/ray_settings.py)."""
         return RaySettings.parse(self.ray)
 
     def generation_settings(self) -> dict:
