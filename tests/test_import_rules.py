@@ -7,8 +7,8 @@ terra/core/ (the ground floor) imports nothing of the project's; terra.tokenizer
 terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (terra/models/) runs without vLLM;
 the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
 (terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; the old top-level names
-``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; ``import terra.tokenizer`` and ``import
-terra`` stay light.
+``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; no package exports the name of one of its
+modules; ``import terra.tokenizer`` and ``import terra`` stay light.
 """
 
 from __future__ import annotations
@@ -136,8 +136,7 @@ PUBLIC = {
                    "terra.generation.speculative"},  # the backend modules stay inside the wing
     "session": {"terra.session", "terra.session.controls", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
-    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest", "samples",  # drives reuse
-                                                          "ray_settings", "ray_cluster"))},  # the formats, Ray
+    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest"))},  # drives: the manifest
     "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
                                                   "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
@@ -213,6 +212,40 @@ def test_the_import_reader_names_the_wings():
         "core", "tokenizer", "config", "pipeline", "pipeline", "face", None]
 
 
+def exported_names(init: Path) -> set[str]:
+    """The names a package's ``__init__.py`` exports: its ``__all__``, a list or tuple, or ``sorted(_HOMES)`` of a
+    lazy face (terra/core/lazy.py)."""
+    assigned = {target.id: node.value for node in ast.parse(init.read_text()).body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    value = assigned.get("__all__")
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "sorted":
+        value = assigned[value.args[0].id]
+    if isinstance(value, ast.Dict):
+        return {key.value for key in value.keys}
+    return set() if value is None else {element.value for element in value.elts}
+
+
+def test_no_package_exports_the_name_of_one_of_its_modules():
+    """Importing a submodule binds it on its package, so an exported name equal to a submodule's (``terra.batch.plan``,
+    once both the planning function and its module) would be the one or the other by import order."""
+    faces = [path for path in package_sources() if path.name == "__init__.py"]
+    clashes, unread = [], []
+    for init in faces:
+        names = exported_names(init)
+        if not names and "__all__" in init.read_text():
+            unread.append(str(init.relative_to(ROOT)))
+        modules = {path.stem for path in init.parent.glob("*.py")}
+        modules |= {path.name for path in init.parent.iterdir() if (path / "__init__.py").exists()}
+        clashes += [f"{module_name(init)}.{name}" for name in sorted(names & modules)]
+    assert not unread, f"__all__ not read from {unread}"
+    assert not clashes, f"exported names that are also modules of their package: {clashes}"
+    import terra.batch
+    import terra.config
+
+    for package in (terra.batch, terra.config):  # the reader reads a lazy face and a list as Python does
+        assert exported_names(Path(package.__file__)) == set(package.__all__)
+
+
 @pytest.mark.parametrize("where", list(RULES))
 def test_layering(where):
     forbidden, allowed = RULES[where], ALLOWED.get(where, ())
@@ -254,8 +287,9 @@ def test_the_light_layer_loads_no_torch():
 
 
 def test_the_ground_floor_loads_no_torch():
-    code = ("import sys, terra.core.errors, terra.core.atomic, terra.core.lock, terra.core.folders, terra.core.device;"
-            " assert 'torch' not in sys.modules, 'torch was imported'")
+    code = ("import sys, terra.core.errors, terra.core.atomic, terra.core.lock, terra.core.folders, terra.core.device,"
+            " terra.core.ray_cluster; assert 'torch' not in sys.modules, 'torch was imported';"
+            " assert 'ray' not in sys.modules, 'ray was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

@@ -2,7 +2,8 @@
 
 The settings are checked once into a :class:`GenerateSpec` (:func:`generate_spec`); :func:`run` reads as its steps,
 each input checked once where it enters: (1) the output folder and names, the context paths (before torch or
-Transformers is imported); (2) the run made concrete (terra/pipeline.py, ``resolve_run``), the tokenizer, the context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files.
+Transformers is imported); (2) the run made concrete (terra/pipeline.py, ``resolve_run``), the tokenizer, the
+context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files.
 A user mistake ends with exit code 2 and one line on stderr naming the input and the fix; Ctrl-C or SIGTERM
 stops the engine and exits with 130 / 143; either way no output file of the run is left behind
 (terra/apps/runner.py prints the line and sets the exit code).

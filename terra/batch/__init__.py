@@ -74,19 +74,16 @@ Changing the model or tokenizer folder does not invalidate finished samples: use
 ``resume=False``) for another checkpoint. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
 (``conf/model``, ``conf/tokenizer``) are part of the fingerprint: changing them regenerates finished samples.
 
-Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (JSONL lines,
-shards), :mod:`~terra.batch.plan` (output files, fingerprints, resume), :mod:`~terra.batch.manifest`,
-:mod:`~terra.batch.engine` (prepare, decode and write), :mod:`~terra.batch.stream` (the loop that keeps one engine
-full), :mod:`~terra.batch.concurrency` (``max_concurrent=auto``), :mod:`~terra.batch.ray_settings`,
-:mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``), :mod:`~terra.batch.run`
-(:func:`run_batch`).
+Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (a sample's inputs
+checked, shards; its JSONL line is read by :mod:`terra.inputs.samples`), :mod:`~terra.batch.plan` (output files,
+fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.engine` (prepare, decode and write),
+:mod:`~terra.batch.stream` (the loop that keeps one engine full), :mod:`~terra.batch.concurrency`
+(``max_concurrent=auto``), :mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``; its
+``ray`` block: :mod:`terra.config.ray_settings`, its cluster: :mod:`terra.core.ray_cluster`),
+:mod:`~terra.batch.run` (:func:`run_batch`).
 """
 
 from __future__ import annotations
-
-import sys
-import types
-from typing import Any
 
 from terra.core.lazy import lazy_attributes
 
@@ -106,15 +103,11 @@ _HOMES = {
     "Item": "terra.batch.plan",
     "fingerprint": "terra.batch.plan",
     "is_complete": "terra.batch.plan",
-    "plan": "terra.batch.plan",
+    "plan_batch": "terra.batch.plan",
     "remove_stale_temporaries": "terra.batch.plan",
-    "EXECUTORS": "terra.batch.ray_settings",
-    "RaySettings": "terra.batch.ray_settings",
     "BatchResult": "terra.batch.run",
     "run_batch": "terra.batch.run",
-    "Sample": "terra.batch.samples",
     "in_shard": "terra.batch.samples",
-    "read_samples": "terra.batch.samples",
     "shard_indices": "terra.batch.samples",
     "StreamingEngine": "terra.batch.stream",
     "run_items": "terra.batch.stream",
@@ -124,15 +117,3 @@ __all__ = sorted(_HOMES)
 
 
 __getattr__ = lazy_attributes(__name__, _HOMES)
-
-
-class _Package(types.ModuleType):
-    """Loading a submodule binds it on its package; ``terra.batch.plan`` stays the function (as it was when these
-    names were imported eagerly), not the module of the same name."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not (name in _HOMES and isinstance(value, types.ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -19,16 +19,17 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.batch.ray_settings import EXECUTORS, RaySettings, removed_setting
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag, plain, shown
+from terra.config.checks import Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
+from terra.config.ray_settings import EXECUTORS, RaySettings, removed_setting
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
+from terra.inputs.samples import SAMPLE_SETTINGS
 from terra.inputs.trajectory import MANOEUVRES
 
 NAMING = {
@@ -39,8 +40,8 @@ PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
 # The batch's own numeric settings' sane ranges (conf/rollout.yaml documents them; the model's and engine's are
 # run_spec's): BatchConfig field -> (setting, range).
 RANGES = {
-    "num_frames": ("num_frames", Range(1, MAX_FRAMES, 16, whole=True)),
-    "seed": ("seed", SEED),
+    "num_frames": ("num_frames", SAMPLE_SETTINGS["num_frames"]),
+    "seed": ("seed", SAMPLE_SETTINGS["seed"]),
     "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
     "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
     "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
@@ -55,7 +56,6 @@ BATCH_SETTINGS = ("samples", "output_dir", "num_frames", "seed", "image_root", "
                   "default_manoeuvre", "max_concurrent", "resume", "shard_index", "num_shards", "executor", "ray",
                   "naming", "video_pattern", "sidecar_pattern", "formats", "fps", "writer_threads", "mark_context",
                   "overlay_trajectory", "save_codes", "manifest", "progress")
-SAMPLE_SETTINGS = {"seed": RANGES["seed"][1], "num_frames": RANGES["num_frames"][1]}  # a sample's own
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class BatchSpec:
     shard_index: int
     num_shards: int
     executor: str
-    ray: RaySettings  # terra/batch/ray_settings.py
+    ray: RaySettings  # terra/config/ray_settings.py
     naming: str
     patterns: tuple[str, str]  # (video pattern, sidecar pattern): the naming preset unless overridden
     formats: tuple[str, ...]
@@ -152,7 +152,7 @@ class BatchConfig:
     shard_index: int = 0
     num_shards: int = 1
     executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
-    ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/batch/ray_settings.py)
+    ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/config/ray_settings.py)
     num_threads: int | None = None  # torch CPU threads (None = torch's default)
     naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
     video_pattern: str | None = None  # overrides the naming preset

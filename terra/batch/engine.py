@@ -2,7 +2,8 @@
 
 :func:`prepare_sample` turns a sample into a rollout request; :class:`SampleWriter` decodes each finished rollout
 and writes its files on ``writer_threads`` threads. The pipeline is built as every app's is (terra/pipeline.py,
-``resolve_run`` and ``WorldModelPipeline.from_run``); the loop that keeps the engine full between the two is terra/batch/stream.py.
+``resolve_run`` and ``WorldModelPipeline.from_run``); the loop that keeps the engine full between the two is
+terra/batch/stream.py.
 """
 
 from __future__ import annotations

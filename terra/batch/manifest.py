@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from terra.batch.samples import Sample
 from terra.core.atomic import json_text
 from terra.core.errors import error_line
 from terra.decoder.sidecar import to_jsonable
+from terra.inputs.samples import Sample
 
 STATUSES = ("ok", "failed", "skipped")
 

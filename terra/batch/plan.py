@@ -20,12 +20,13 @@ import numpy as np
 
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
-from terra.batch.samples import Sample, check_inputs, in_shard, read_samples
+from terra.batch.samples import check_inputs, in_shard
 from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
 from terra.config.outputs import check_output_names
 from terra.core.atomic import marked
 from terra.core.errors import TerraInputError
+from terra.inputs.samples import Sample, read_samples
 
 # terra.core.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
 _TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
@@ -152,7 +153,7 @@ def check_outputs(item: Item, config: BatchSpec, listed: frozenset[str]) -> None
                                   "the toolkit did not write there; move it away or choose another output.dir")
 
 
-def plan(config: BatchSpec, samples: list[Sample] | None = None) -> BatchPlan:
+def plan_batch(config: BatchSpec, samples: list[Sample] | None = None) -> BatchPlan:
     """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
     :func:`~terra.batch.config.check_config` checked it)."""
     all_samples = read_samples(config.sample_files) if samples is None else samples

@@ -1,7 +1,7 @@
 """``executor=ray``: the batch on a Ray cluster, one actor (terra/batch/ray_actor.py) per GPU or per group of
 ``tensor_parallel_size`` GPUs (on a cluster without GPUs, ``ray.num_actors`` CPU actors).
 
-The driver joins the cluster at ``ray.address`` (or starts a local one for the run: terra/batch/ray_cluster.py),
+The driver joins the cluster at ``ray.address`` (or starts a local one for the run: terra/core/ray_cluster.py),
 starts the actors and streams samples to them: each actor holds a few more samples not yet generated than its engine
 runs at once, and gets the next one the moment a rollout leaves its engine (while that one is still being written),
 so a faster actor takes more. Only the driver writes the manifest, from the records the actors return: with the
@@ -10,7 +10,7 @@ plan's resume and skip-if-complete, every sample is recorded exactly once. An ac
 more times each, then they are recorded as failed with the error. Ctrl-C (or SIGTERM) kills the actors and leaves a
 cluster this run started shut down; files are written atomically, so a rerun resumes.
 
-Ray is imported only here, in the actor's module and in terra/batch/ray_cluster.py's ``connect``, never by
+Ray is imported only here, in the actor's module and in terra/core/ray_cluster.py's ``connect``, never by
 ``executor=local``.
 """
 
@@ -27,9 +27,9 @@ from tqdm.auto import tqdm
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_record
 from terra.batch.plan import Item
-from terra.batch.ray_cluster import RayCluster, cause, start_failure
-from terra.batch.ray_settings import RaySettings
 from terra.batch.stream import longest_rollout
+from terra.config.ray_settings import RaySettings
+from terra.core.ray_cluster import RayCluster, cause, start_failure
 from terra.core.errors import TerraInputError
 from terra.models import LlamaActionConfig
 
@@ -47,7 +47,7 @@ class RayExecutor:
         self.settings = self.cluster.settings
 
     def connect(self) -> None:
-        """Join the cluster and size the actors (terra/batch/ray_cluster.py); a user error is one line."""
+        """Join the cluster and size the actors (terra/core/ray_cluster.py); a user error is one line."""
         self.cluster.connect()
 
     def close(self) -> None:

@@ -14,14 +14,14 @@ from tqdm.auto import tqdm
 from terra.batch.concurrency import max_rollouts, planned_streams
 from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_output
 from terra.batch.manifest import Manifest, count_statuses
-from terra.batch.plan import BatchPlan, plan, remove_stale_temporaries, top_names
+from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
-from terra.batch.samples import Sample
 from terra.batch.stream import run_items
 from terra.config.checks import shown
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.rollout import DecodeStats
+from terra.inputs.samples import Sample
 from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
 from terra.refiner import RefinerSettings, check_decoding
 from terra.tokenizer import load_tokenizer
@@ -86,8 +86,8 @@ def run_batch(config: BatchConfig | BatchSpec, pipeline: WorldModelPipeline | No
 
     User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
     settings are checked once: here for :class:`BatchConfig`'s keywords, already for a :class:`BatchSpec`
-    (terra/batch/config.py, ``batch_spec``); the output folder is claimed here, and the run holds its output folder's lock throughout
-    (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
+    (terra/batch/config.py, ``batch_spec``); the output folder is claimed here, and the run holds its lock
+    throughout (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
     the samples written so far, their records and no temporaries.
     """
     spec, output = (check_config(config) if isinstance(config, BatchConfig)  # before the folder and its lock
@@ -101,7 +101,7 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
     """:func:`run_batch` for the checked settings ``config`` (terra/batch/config.py), while its caller holds the output
     folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
     started = time.perf_counter()
-    the_plan = plan(config, samples)
+    the_plan = plan_batch(config, samples)
     executor = run = None
     own = False  # whether this run built the pipeline (and closes it)
     if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here

@@ -1,5 +1,5 @@
 """``executor=ray`` for drives: one :class:`DriveActor` per GPU (or group of ``tensor_parallel_size`` GPUs; on a
-cluster without GPUs, ``ray.num_actors`` CPU actors), on the cluster batch runs join (terra/batch/ray_cluster.py),
+cluster without GPUs, ``ray.num_actors`` CPU actors), on the cluster batch runs join (terra/core/ray_cluster.py),
 each holding the run's worlds on its device (terra/closedloop/drives.py, ``open_worlds``).
 
 For each world the driver splits the run's drives among the actors (drive ``k`` to actor ``k % n``, one call each);
@@ -26,13 +26,13 @@ from typing import Any
 import ray
 from tqdm.auto import tqdm
 
-from terra.batch.ray_cluster import RayCluster, cause, start_failure
 from terra.closedloop.drives import load_specs, open_worlds
 from terra.closedloop.loop import LoopTimings, drive_id
 from terra.closedloop.record import lost_drive_json, manifest_record
 from terra.closedloop.run import RunRecorder, RunSettings, record_drives
 from terra.closedloop.settings import DriveSettings
 from terra.core.errors import TerraInputError, error_line
+from terra.core.ray_cluster import RayCluster, cause, start_failure
 
 POLL_S = 1.0  # how often the driver asks the actors for their frames so far (the frame bar)
 RESTART_WAIT_S = 0.5  # between questions to an actor Ray is restarting

@@ -6,7 +6,8 @@ Three sources, one :class:`Scenario` each:
   scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth (terra/closedloop/truth.py);
 * :func:`log_scenarios`: a folder of driving-log clips (README, "Fine-tuning on your own drives"): the first
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
-* :func:`sample_scenarios`: a batch JSONL (terra/batch/), each sample's context frames and trajectory.
+* :func:`sample_scenarios`: a JSONL of samples in the batch's format (terra/inputs/samples.py), each sample's
+  context frames and trajectory.
 
 :func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
 ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from terra.closedloop.geometry import to_ego
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.samples import Sample, read_samples
 from terra.inputs.trajectory import EgoTrajectory
 from terra.session.controls import speed_of
 from terra.sim.clips import FUTURE_S, clip_from_trajectory
@@ -84,7 +86,7 @@ class ScenarioSource:
     reads: tuple[Reads, ...]  # per scenario: the files and folders it reads
     seed: int = 0  # synthetic: the scenarios drawn
     clips: tuple[Path, ...] = ()  # driving logs: the clip folder of each scenario
-    samples: tuple[Any, ...] = ()  # a batch JSONL: the terra.batch.samples.Sample of each scenario
+    samples: tuple[Sample, ...] = ()  # a JSONL of samples: the sample of each scenario
     image_root: str | None = None  # a batch JSONL: where relative context paths start (None: the JSONL's folder)
 
     @property
@@ -125,8 +127,6 @@ def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0
             raise TerraInputError(f"scenarios: driving-log folder {path} holds no clip folders")
         reads = ((("driving-log folder", str(path)),),) * len(clips)
         return ScenarioSource("logs", tuple(f"log-{clip.name}" for clip in clips), reads, clips=clips)
-    from terra.batch.samples import read_samples
-
     samples = read_samples(path)
     for sample in samples:
         if sample.error is not None:
@@ -221,7 +221,7 @@ def _context_items(record: dict) -> list[str]:
     return [items] if isinstance(items, str) else list(items)
 
 
-def _sample_reads(sample, image_root: str | None) -> Reads:
+def _sample_reads(sample: Sample, image_root: str | None) -> Reads:
     """What a JSONL sample reads: the JSONL, its context frames (relative to ``image_root``, default the JSONL's
     folder) and a trajectory file (relative to the JSONL's folder)."""
     from terra.inputs.context import resolve_path
@@ -236,7 +236,7 @@ def _sample_reads(sample, image_root: str | None) -> Reads:
     return tuple(reads)
 
 
-def _sample_scenario(sample, image_size: Sequence[int], num_context: int, image_root: str | None, resize: str,
+def _sample_scenario(sample: Sample, image_size: Sequence[int], num_context: int, image_root: str | None, resize: str,
                      reads: Reads) -> Scenario:
     from terra.inputs.context import load_context
     from terra.inputs.actions import TRAJECTORY_KEYS

@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from terra.batch.ray_settings import EXECUTORS, RaySettings
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.plans import Policy
@@ -36,6 +35,7 @@ from terra.config.checks import (
     select,
 )
 from terra.config.output_dir import OutputDir
+from terra.config.ray_settings import EXECUTORS, RaySettings
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
@@ -71,7 +71,7 @@ class DriveSettings:
     shard_index: int
     num_shards: int
     executor: str  # local | ray (terra/closedloop/ray_executor.py)
-    ray: RaySettings  # executor=ray's settings (terra/batch/ray_settings.py)
+    ray: RaySettings  # executor=ray's settings (terra/config/ray_settings.py)
     output: OutputDir | None  # world=model | truth: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
 

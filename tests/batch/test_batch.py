@@ -20,9 +20,10 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from terra.batch import BatchConfig, check_config, plan, read_manifest, read_samples, run_batch, shard_indices
+from terra.batch import BatchConfig, check_config, plan_batch, read_manifest, run_batch, shard_indices
 from terra.core.atomic import MARKER
 from terra.core.errors import TerraInputError
+from terra.inputs.samples import read_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "terra.apps.rollout"  # terra-rollout
@@ -199,7 +200,7 @@ def test_shards_cover_every_line_once(tmp_path, scenes):
             assert shard_indices(len(lines), shard, num_shards) == list(range(shard, len(lines), num_shards))
             config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), shard_index=shard,
                                  num_shards=num_shards, image_root=scenes["root"])
-            the_plan = plan(config.spec())
+            the_plan = plan_batch(config.spec())
             seen += [s.line for s in the_plan.samples]
             assert len(the_plan.to_run) + len(the_plan.failed) == len(the_plan.samples)
         assert sorted(seen) == wanted, num_shards
@@ -241,10 +242,11 @@ def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scen
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    fingerprints = {plan(dataclasses.replace(config, **change).spec()).items[0].fingerprint
+    fingerprints = {plan_batch(dataclasses.replace(config, **change).spec()).items[0].fingerprint
                     for change in ({}, {"zero_embed_code_0": True}, {"resize": "stretch"})}
     assert len(fingerprints) == 3
-    assert plan(dataclasses.replace(config).spec()).items[0].fingerprint in fingerprints  # stable for equal settings
+    again = dataclasses.replace(config).spec()
+    assert plan_batch(again).items[0].fingerprint in fingerprints  # stable for equal settings
 
 
 def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
@@ -253,10 +255,11 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    fingerprints = {plan(dataclasses.replace(config, sampling=sampling).spec()).items[0].fingerprint
+    fingerprints = {plan_batch(dataclasses.replace(config, sampling=sampling).spec()).items[0].fingerprint
                     for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "block_size": 7})}
     assert len(fingerprints) == 1
-    assert plan(dataclasses.replace(config, sampling={"temperature": 0.5}).spec()).items[0].fingerprint not in fingerprints
+    warmer = dataclasses.replace(config, sampling={"temperature": 0.5})
+    assert plan_batch(warmer.spec()).items[0].fingerprint not in fingerprints
 
 
 def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch):
@@ -267,9 +270,9 @@ def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch)
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
-    before = plan(config.spec()).items[0].fingerprint
+    before = plan_batch(config.spec()).items[0].fingerprint
     monkeypatch.setattr(terra.config.sampling, "DRAW_RULE", "an earlier rule")
-    assert plan(config.spec()).items[0].fingerprint != before
+    assert plan_batch(config.spec()).items[0].fingerprint != before
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from terra.batch.plan import Item
 from terra.batch.progress import BatchProgress
-from terra.batch.samples import Sample
+from terra.inputs.samples import Sample
 
 
 def items(frames: list[int]) -> list[Item]:

@@ -11,8 +11,8 @@ from typing import Any, Callable
 from terra.batch import ray_executor
 from terra.batch.plan import Item
 from terra.batch.ray_executor import _Dispatcher
-from terra.batch.ray_settings import RaySettings
-from terra.batch.samples import Sample
+from terra.config.ray_settings import RaySettings
+from terra.inputs.samples import Sample
 
 
 class ActorDied(Exception):

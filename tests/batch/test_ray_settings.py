@@ -1,13 +1,16 @@
-"""The ``ray`` block of a batch run (terra/batch/ray_settings.py): checked without importing Ray, one line per
+"""The ``ray`` block of a batch run (terra/config/ray_settings.py): checked without importing Ray, one line per
 bad value naming the setting and a fix."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from terra.batch.config import BatchConfig, check_config
-from terra.batch.ray_settings import RaySettings
+from terra.config.ray_settings import RaySettings
 from terra.core.errors import TerraInputError
+from terra.core.ray_cluster import ClusterSettings
 
 
 def test_defaults_and_a_full_block():
@@ -15,6 +18,12 @@ def test_defaults_and_a_full_block():
     settings = RaySettings.parse({"address": " auto ", "num_actors": 4, "cpus_per_actor": 2.5, "max_restarts": 0,
                                   "max_retries": 100, "runtime_env": {"working_dir": "."}, "log_to_driver": True})
     assert settings == RaySettings("auto", 4, 2.5, 0, 100, {"working_dir": "."}, True)
+
+
+def test_the_cluster_reads_fields_the_ray_block_has():
+    """terra/core/ray_cluster.py cannot import the settings (the ground floor imports nothing of the project's): what
+    it reads of them (``ClusterSettings``) are fields of ``RaySettings``, of the same types."""
+    assert ClusterSettings.__annotations__.items() <= {f.name: f.type for f in fields(RaySettings)}.items()
 
 
 @pytest.mark.parametrize("values, message", [

@@ -5,7 +5,8 @@ as one line.
 :class:`RayCluster` joins the cluster at ``ray.address`` and works out how many actors it holds and their
 ``ray.remote`` options: one per GPU, or per group of ``tensor_parallel_size`` GPUs (on a cluster without GPUs, or
 with ``device=cpu``, ``ray.num_actors`` CPU actors). :func:`cause` and :func:`start_failure` read Ray's errors.
-Ray is imported only when a cluster is joined.
+Ray is imported only when a cluster is joined; of the project only terra/core/ is imported, so the settings come
+as any object with the fields of terra/config/ray_settings.py's ``RaySettings`` (:class:`ClusterSettings`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from typing import Any
+from typing import Any, Protocol
 
-from terra.batch.ray_settings import RaySettings
 from terra.core.errors import TerraInputError, error_line
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -23,11 +23,23 @@ _CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 _HELP = "README.md, \"Running across nodes\""
 
 
+class ClusterSettings(Protocol):
+    """What :class:`RayCluster` reads of a run's checked ``ray`` block (terra/config/ray_settings.py,
+    ``RaySettings``)."""
+
+    address: str | None
+    num_actors: int | None
+    cpus_per_actor: float
+    max_restarts: int
+    runtime_env: dict | None
+    log_to_driver: bool
+
+
 class RayCluster:
     """A run's Ray cluster: :meth:`connect` before any output is written, :meth:`close` at the end; ``count`` and
     ``options`` are its actors' number and ``ray.remote`` options."""
 
-    def __init__(self, settings: RaySettings, device: str, tensor_parallel_size: int = 1) -> None:
+    def __init__(self, settings: ClusterSettings, device: str, tensor_parallel_size: int = 1) -> None:
         self.settings = settings
         self.device = device
         self.tensor_parallel_size = tensor_parallel_size
