@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from terra.config.assets import DEMO
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -61,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="terra part: an engine argument, VALUE as YAML; e.g. "
+                             "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:block": one engine, in a subprocess
     args = parser.parse_args(argv)
     try:
@@ -70,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
         parser.error("--demo-blocks, --terra-blocks, --streams and --temperatures are comma-separated numbers")
+    args.engine_kwargs = {}
+    for item in args.engine_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--engine-arg {item!r} is not KEY=VALUE")
+        args.engine_kwargs[key] = yaml.safe_load(value)
     if not set(args.parts) <= {"demo", "terra"}:
         parser.error(f"--parts takes demo and terra (got {args.parts})")
     return args
@@ -115,7 +126,8 @@ def engine_record(backend, block: int) -> dict[str, Any]:
     return {"block": block, "v2_runner": getattr(config, "use_v2_model_runner", None),
             "async_scheduling": config.scheduler_config.async_scheduling,
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-            "cudagraph_mode": str(config.compilation_config.cudagraph_mode)}
+            "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+            "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size}
 
 
 def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -179,8 +191,9 @@ def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, speculative_block=block,
                           gpu_memory_utilization=args.gpu_memory_utilization, load_format="dummy",
-                          max_num_batched_tokens=max(8192, most * (block + 1)))
-    record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
+                          max_num_batched_tokens=max(8192, most * (block + 1)), **args.engine_kwargs)
+    record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
+              "engine_args": args.engine_kwargs}
     layout, sampling = backend.layout, SamplingConfig(temperature=0.9)
     counter = StepCounter(backend)
     try:
