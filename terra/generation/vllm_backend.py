@@ -92,8 +92,9 @@ class VLLMBackend(WorldModelBackend):
     """
 
     # decoding=auto is speculative up to this many rollouts in flight (terra/generation/backends.py, vllm_decoding):
-    # on an H100 at Terra's 2 B shape and block 32, speculative frames/s beat sequential's up to 32 rollouts (1.2x)
-    # and fell behind at 64 (0.97x) (BENCHMARKS.md, "Speculative decoding on vLLM", the measured rows).
+    # on an H100 at Terra's 2 B shape and block 32, with full CUDA graphs of the verifying step, speculative frames/s
+    # led sequential's by 2.8x at 16 rollouts and 1.6x at 32, and by only 1.1x at 64 (BENCHMARKS.md, "CUDA graphs of
+    # the verifying step").
     speculative_streams = 32
 
     def __init__(
