@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from terra.batch import BatchConfig, BatchSpec, concurrency, engine, stream
+from terra.batch import BatchConfig, BatchSpec, concurrency, prepare, stream, writer
 from terra.generation import backends
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import DecodeStats
@@ -72,20 +72,20 @@ def fakes(monkeypatch):
     """Prepare and write without files: sample 5 cannot be read; every rollout has 1 + key % 3 frames."""
     written: list[int] = []
 
-    def prepare(item, pipeline, config, started):
+    def fake_prepare(item, pipeline, config, started):
         time.sleep(0.005)
         if item.sample == 5:
             raise ValueError("unreadable frame")
         request = SimpleNamespace(key=item.sample, num_frames=1 + item.sample % 3)
-        return engine.PreparedSample(item, request, None, [], 1, started)
+        return prepare.PreparedSample(item, request, None, [], 1, started)
 
-    def write(self, prepared, generated, generate_s, stats):
+    def fake_write(self, prepared, generated, generate_s, stats):
         written.append(prepared.item.sample)
         return []
 
-    monkeypatch.setattr(stream, "prepare_sample", prepare)
-    monkeypatch.setattr(engine.SampleWriter, "write", write)
-    for module in (stream, engine):
+    monkeypatch.setattr(stream, "prepare_sample", fake_prepare)
+    monkeypatch.setattr(writer.SampleWriter, "write", fake_write)
+    for module in (stream, writer):
         monkeypatch.setattr(module, "sample_record", lambda sample, status, **kw: {"sample": sample, "status": status,
                                                                                    **kw})
     return written

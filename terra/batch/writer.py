@@ -1,9 +1,7 @@
-"""What one engine does per sample: prepare (load, encode, actions), then decode and write once generated.
+"""A finished rollout decoded and written: its videos, codes and sidecar (sidecar last), on writer threads.
 
-:func:`prepare_sample` turns a sample into a rollout request; :class:`SampleWriter` decodes each finished rollout
-and writes its files on ``writer_threads`` threads. The pipeline is built as every app's is (terra/pipeline.py,
-``resolve_run`` and ``WorldModelPipeline.from_run``); the loop that keeps the engine full between the two is
-terra/batch/stream.py.
+The loop of terra/batch/stream.py hands each rollout to :class:`SampleWriter` as soon as its last frame is generated,
+so decoding and writing overlap the engine's next steps.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -19,14 +16,11 @@ import numpy as np
 
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
-from terra.batch.plan import Item
-from terra.batch.samples import context_paths, sample_actions
+from terra.batch.prepare import PreparedSample
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar
-from terra.generation.rollout import DecodeStats, RolloutRequest
-from terra.inputs.context import load_context
-from terra.inputs.requests import rollout_requests
+from terra.generation.rollout import DecodeStats
 from terra.outputs import shown_frames, write_formats
 from terra.pipeline import WorldModelPipeline
 
@@ -34,34 +28,6 @@ if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
 
 SIDECAR_VERSION = 1  # of the sidecar's "batch" block
-
-
-@dataclass
-class PreparedSample:
-    """A sample ready to generate: its request and what its sidecar and overlays need."""
-
-    item: Item
-    request: RolloutRequest
-    actions: np.ndarray
-    context: list[str]  # the context sources read
-    num_context: int
-    started: float  # perf_counter when it began preparing
-
-
-def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
-    """Load and encode a sample's context, build its actions and request (raises on bad input; the checks of
-    terra/batch/samples.py ran when the run was planned)."""
-    sample = item.sample
-    every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
-    images, sources = load_context(context_paths(sample, config), pipeline.image_size,
-                                   None if every else config.run.num_context, resize=config.run.resize)
-    actions = item.actions  # built when the run was planned, unless the context is a video (counted only now)
-    if actions is None:
-        actions = sample_actions(sample, config, len(images), item.num_frames)
-    images = images[max(0, len(images) - config.run.num_context) :]
-    codes = pipeline.encode(images)
-    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.run.overlap)
-    return PreparedSample(item, request, actions, sources, len(images), started)
 
 
 class SampleWriter:

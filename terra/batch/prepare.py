@@ -1,0 +1,47 @@
+"""A sample made ready for the engine: its context loaded and encoded, its actions built, its rollout request.
+
+The helper thread of terra/batch/stream.py prepares samples ahead of the engine; what a prepared sample carries
+is what its writer needs afterwards (terra/batch/writer.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from terra.batch.config import BatchSpec
+from terra.batch.plan import Item
+from terra.batch.samples import context_paths, sample_actions
+from terra.generation.rollout import RolloutRequest
+from terra.inputs.context import load_context
+from terra.inputs.requests import rollout_requests
+from terra.pipeline import WorldModelPipeline
+
+
+@dataclass
+class PreparedSample:
+    """A sample ready to generate: its request and what its sidecar and overlays need."""
+
+    item: Item
+    request: RolloutRequest
+    actions: np.ndarray
+    context: list[str]  # the context sources read
+    num_context: int
+    started: float  # perf_counter when it began preparing
+
+
+def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
+    """Load and encode a sample's context, build its actions and request (raises on bad input; the checks of
+    terra/batch/samples.py ran when the run was planned)."""
+    sample = item.sample
+    every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
+    images, sources = load_context(context_paths(sample, config), pipeline.image_size,
+                                   None if every else config.run.num_context, resize=config.run.resize)
+    actions = item.actions  # built when the run was planned, unless the context is a video (counted only now)
+    if actions is None:
+        actions = sample_actions(sample, config, len(images), item.num_frames)
+    images = images[max(0, len(images) - config.run.num_context) :]
+    codes = pipeline.encode(images)
+    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.run.overlap)
+    return PreparedSample(item, request, actions, sources, len(images), started)
