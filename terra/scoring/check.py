@@ -19,7 +19,7 @@ from tqdm import tqdm
 from terra.config.actbench import video_name
 from terra.core.errors import TerraInputError
 from terra.scoring.estimator import EstimatorConfig, weights_file
-from terra.scoring.samples import read_samples
+from terra.scoring.samples import read_bench_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import count_frames, find_videos
 
@@ -50,7 +50,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
     report = DryRun()
     config = _estimator(settings.estimator, report)
     num_frames = config.input_shape[1]
-    samples, left_out = read_samples(settings.samples, num_frames)
+    samples, left_out = read_bench_samples(settings.samples, num_frames)
     classes = len({s.cond_label for s in samples})
     report.lines.append(f"samples: {len(samples)} of {classes} classes in {', '.join(map(str, settings.samples))} "
                         f"({left_out} rows of other classes left out: they need no video)")

@@ -29,7 +29,7 @@ from terra.scoring.estimator import VideoActionEstimator
 from terra.scoring.labels import LABELS
 from terra.scoring.metrics import Metrics, compute_metrics, displacement_errors
 from terra.scoring.report import result_line, text_summary, write_report
-from terra.scoring.samples import BenchSample, read_samples
+from terra.scoring.samples import BenchSample, read_bench_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import VideoClips, collate, find_videos, match_videos
 
@@ -105,7 +105,7 @@ def score(settings: ScoringSettings) -> ScoreResult:
     if estimator.config.num_classes != len(LABELS):
         raise TerraInputError(f"the estimator in {settings.estimator} has {estimator.config.num_classes} classes; "
                               f"ACT-Bench's scoring needs {len(LABELS)} ({', '.join(LABELS)})")
-    samples, left_out = read_samples(settings.samples, estimator.config.input_shape[1])
+    samples, left_out = read_bench_samples(settings.samples, estimator.config.input_shape[1])
     videos = find_videos(settings.videos)
     paths = match_videos(samples, videos, settings.videos)
     estimator.to(device)

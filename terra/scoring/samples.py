@@ -52,7 +52,7 @@ def sample_files(path: Path) -> tuple[Path, ...]:
     return (path,)
 
 
-def read_samples(files: Sequence[Path], num_points: int) -> tuple[list[BenchSample], int]:
+def read_bench_samples(files: Sequence[Path], num_points: int) -> tuple[list[BenchSample], int]:
     """The scored samples of ``files`` in file and line order, and how many rows were left out."""
     samples: list[BenchSample] = []
     seen: dict[int, str] = {}

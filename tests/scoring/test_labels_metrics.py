@@ -12,7 +12,7 @@ import pytest
 from terra.core.errors import TerraInputError
 from terra.scoring.labels import LABELS, SUMMARY_ORDER, command_label, reference_waypoints
 from terra.scoring.metrics import compute_metrics, confusion_counts, displacement_errors, row_normalized
-from terra.scoring.samples import read_samples
+from terra.scoring.samples import read_bench_samples
 
 
 @pytest.mark.parametrize("label, expected", [
@@ -92,7 +92,7 @@ def test_samples_left_out_and_carried(tmp_path):
         "",
         {"sample_id": 6, "label": "shifting_to_right/x"},  # left out: needs nothing else
     ])
-    [sample], left_out = read_samples(files, 2)
+    [sample], left_out = read_bench_samples(files, 2)
     assert left_out == 1 and sample.sample_id == 5 and sample.cond_class == 3
     assert sample.reference.tolist() == [[-0.0, 0.0], [-0.0, 1.0]]
     assert sample.passed_on == {"context_frames": '["a"]', "instruction_trajs": "null",
@@ -110,7 +110,7 @@ def test_samples_left_out_and_carried(tmp_path):
 ])
 def test_bad_rows_are_one_line_naming_the_line(tmp_path, rows, reason):
     with pytest.raises(TerraInputError) as err:
-        read_samples(rows_file(tmp_path, rows), 2)
+        read_bench_samples(rows_file(tmp_path, rows), 2)
     assert reason in str(err.value) and "\n" not in str(err.value)
 
 
