@@ -89,6 +89,26 @@ def test_a_batch_checks_its_settings_and_takes_its_lock_once(tmp_path, scenes, d
     assert counts == {"check_config": 1, "_acquire": 1, "sample_actions": 2, "validate_actions": 2}
 
 
+def test_terra_rollout_checks_its_settings_and_checkpoint_folders_once(tmp_path):
+    """batch_spec(cfg) builds the batch's RunSpec with run_spec on the Hydra config itself: each checkpoint folder
+    is checked to exist once, and the samples file is opened once, before anything loads."""
+    from hydra import compose, initialize_config_dir
+
+    import terra.config.snapshot
+    from terra.apps.runner import CONF_DIR
+    from terra.batch import batch_spec
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("rollout", overrides=[f"samples={samples}", f"output.dir={tmp_path / 'out'}", "backend=hf"])
+    with calls(terra.config.snapshot.checkpoint_path, terra.config.spec.run_spec,
+               terra.config.files.open_input_file) as counts:
+        spec = batch_spec(cfg)
+    assert spec.sample_files == (samples,) and spec.run.backend == "hf"
+    assert counts == {"checkpoint_path": 2, "run_spec": 1, "open_input_file": 1}  # world model, tokenizer
+
+
 def test_a_session_step_parses_and_validates_its_action_once():
     from terra.generation.backends import create_backend
     from terra.session import SessionHost
