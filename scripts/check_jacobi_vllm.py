@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
+    parser.add_argument("--max-num-seqs", type=int, help="terra part: the engines' max_num_seqs (default: the most streams)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="terra part: after timing one rollout, profile this many steps (torch.profiler): the GPU's "
+                             "busy time a step against the wall time, and the kernels that take it")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="terra part: an engine argument, VALUE as YAML; e.g. "
                              "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")
@@ -187,13 +191,13 @@ def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
 
     folder = tempfile.mkdtemp(prefix="terra_shape_")
     LlamaActionConfig(**TERRA).save_pretrained(folder)  # config.json only: vLLM draws the weights
-    most = max(args.streams)
+    most = args.max_num_seqs or max(args.streams)
     started = time.perf_counter()
     backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, speculative_block=block,
                           gpu_memory_utilization=args.gpu_memory_utilization, load_format="dummy",
                           max_num_batched_tokens=max(8192, most * (block + 1)), **args.engine_kwargs)
     record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
-              "engine_args": args.engine_kwargs}
+              "engine_args": args.engine_kwargs, "max_num_seqs": most}
     layout, sampling = backend.layout, SamplingConfig(temperature=0.9)
     counter = StepCounter(backend)
     try:
@@ -217,14 +221,36 @@ def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             steps(args.steps)
             wall = time.perf_counter() - start
-            backend.cancel(states)
             record["runs"].append({"streams": streams, "steps": counter.steps, "step_s": wall / max(counter.steps, 1),
                                    "tokens_per_step": counter.tokens / max(counter.steps, 1)})
+            if args.profile_steps and streams == 1:  # the same rollout, still in flight
+                record["runs"][-1]["profile"] = profiled(steps, args.profile_steps)
+            backend.cancel(states)
             print(f"terra block {block:3d}, {streams:4d} in flight: {1000 * wall / max(counter.steps, 1):.2f} ms "
                   f"a step, {counter.tokens / max(counter.steps, 1):.0f} tokens a step", flush=True)
     finally:
         backend.close()
     return record
+
+
+def profiled(steps, count: int) -> dict[str, Any]:
+    """``count`` engine steps under torch.profiler: wall and GPU-busy milliseconds a step, and the 15 operations and
+    kernels with the most GPU time a step (whether a step waits on the GPU or on the host)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        steps(count)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1000 / count  # us -> ms a step
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:15]
+    return {"steps": count, "wall_ms_per_step": round(1000 * wall / count, 3), "gpu_busy_ms_per_step": round(busy, 3),
+            "top": [{"name": e.key[:120], "ms_per_step": round(e.self_device_time_total / 1000 / count, 4),
+                     "calls_per_step": round(e.count / count, 2)} for e in top]}
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -174,8 +174,10 @@ def jacobi_graph_kwargs(num_drafts: int, streams: int) -> dict[str, Any]:
     full CUDA graph. vLLM's default (``FULL_AND_PIECEWISE`` up to 512 tokens) leaves a step of 16 rollouts at block
     32 (528 tokens) without any graph: on an H100 at Terra's 2 B shape full graphs to 64 x 33 tokens made that
     step 2.6x and the 32-rollout step 1.4x faster (BENCHMARKS.md, "CUDA graphs of the verifying step")."""
-    return {"compilation_config": {"cudagraph_mode": "FULL"},
-            "max_cudagraph_capture_size": int(streams) * (int(num_drafts) + 1)}
+    tokens = int(streams) * (int(num_drafts) + 1)
+    # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
+    # them to the one below (vllm/config/vllm.py): 33 would become 32 and leave one rollout's step without a graph
+    return {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16}
 
 
 def check_jacobi_engine(vllm_config: Any) -> None:

