@@ -38,11 +38,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from terra.config.assets import DEMO
+from terra.core.errors import TerraInputError
 
 SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(SCRIPTS))
+
+from bench.arguments import FLAGGED_ENGINE_ARGS, engine_arguments  # noqa: E402
+
 ACTBENCH_FRAMES = 2286 * 44  # ACT-Bench's samples x generated frames
 SESSIONS, ACTBENCH_STREAMS = 64, 256
 
@@ -79,12 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
         parser.error("--demo-blocks, --terra-blocks, --streams and --temperatures are comma-separated numbers")
-    args.engine_kwargs = {}
-    for item in args.engine_arg:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--engine-arg {item!r} is not KEY=VALUE")
-        args.engine_kwargs[key] = yaml.safe_load(value)
+    try:
+        args.engine_kwargs = engine_arguments(args.engine_arg, FLAGGED_ENGINE_ARGS)  # --dtype, --max-num-seqs, ...
+    except TerraInputError as err:
+        parser.error(str(err))
     if not set(args.parts) <= {"demo", "terra"}:
         parser.error(f"--parts takes demo and terra (got {args.parts})")
     return args

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -69,14 +69,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):
         if path and not (Path(path) / "config.json").is_file():
             raise TerraInputError(f"{flag} {path} has no config.json; pass a saved checkpoint folder")
-    args.engine_kwargs = {}
-    for item in args.engine_arg:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise TerraInputError(f"--engine-arg {item!r} is not KEY=VALUE; e.g. --engine-arg async_scheduling=true")
-        if key in FLAGGED_ENGINE_ARGS:
-            raise TerraInputError(f"--engine-arg {key} has its own flag; use {FLAGGED_ENGINE_ARGS[key]} instead")
-        args.engine_kwargs[key] = yaml.safe_load(value)
+    args.engine_kwargs = engine_arguments(args.engine_arg, FLAGGED_ENGINE_ARGS)
     args.device = resolve_device(args.device)
     args.dtype = auto_dtype(args.device, args.dtype)
     if args.gpu_memory_utilization is None:
@@ -84,6 +77,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.max_num_seqs is None:
         args.max_num_seqs = max(args.batch_list + args.compare_list)
     return args
+
+
+def engine_arguments(items: Sequence[str], flagged: Mapping[str, str]) -> dict[str, Any]:
+    """``--engine-arg KEY=VALUE`` items (VALUE read as YAML) as engine keyword arguments; a key with a flag of its
+    own (``flagged``: key -> flag) is refused. Also scripts/check_jacobi_vllm.py's."""
+    kwargs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TerraInputError(f"--engine-arg {item!r} is not KEY=VALUE; e.g. --engine-arg async_scheduling=true")
+        if key in flagged:
+            raise TerraInputError(f"--engine-arg {key} has its own flag; use {flagged[key]} instead")
+        kwargs[key] = yaml.safe_load(value)
+    return kwargs
 
 
 def _int_list(text: str, flag: str) -> list[int]:
