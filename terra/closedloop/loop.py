@@ -4,7 +4,7 @@ Each step, every drive still going gets an :class:`~terra.closedloop.plans.Obser
 status, route), its policy plans (each on a thread of its own, with a deadline), the plan becomes the next frame's
 action (:meth:`~terra.closedloop.plans.Plan.to_action`), and then the world generates the next frame of every
 drive together (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it). The ego
-pose is integrated from the commanded action by :func:`terra.session.controls.advance_pose`. A policy that
+pose is integrated from the commanded action by :func:`terra.inputs.ego_motion.advance_pose`. A policy that
 raises, overruns its deadline or returns a plan that is not finite or of the wrong shape ends its own drive with
 one recorded reason; the other drives go on.
 """
@@ -19,13 +19,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from terra.core.errors import error_line
-from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.worlds import World
+from terra.core.errors import error_line
 from terra.generation.actions import FRAME_RATE_HZ
-from terra.session.controls import advance_pose, speed_of
+from terra.inputs.ego_motion import advance_pose, compose, speed_of, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ
 

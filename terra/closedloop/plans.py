@@ -4,7 +4,7 @@ A plan is the ego car's future in the ego frame of the newest frame (x forward, 
 metres, radians, seconds after now): a trajectory of poses (NAVSIM's 8 poses at 0.5 s, AlpaSim's rig-frame
 trajectory at 10 Hz, or any other timestamps), or the world model's own ``[6, 3]`` action. A trajectory becomes
 the next frame's action exactly as ``terra-generate`` turns a trajectory into actions: the plan, led by the pose
-now, is read as a world-frame trajectory by :func:`terra.session.controls.parse_action` (terra/inputs/actions.py).
+now, is read as a trajectory by :func:`terra.inputs.actions.trajectory_action`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from terra.core.errors import TerraInputError
-from terra.session.controls import parse_action
+from terra.generation.actions import validate_actions
+from terra.inputs.actions import trajectory_action
 
 NAVSIM_DT_S = 0.5  # NAVSIM's trajectory sampling: 8 poses over 4 s
 NAVSIM_POSES = 8
@@ -56,12 +57,12 @@ class Plan:
     def to_action(self) -> np.ndarray:
         """The ``[6, 3]`` action of the plan (terra/inputs/actions.py), checked: finite, in reach."""
         if self.actions is not None:
-            return parse_action(self.actions)
+            return validate_actions(self.actions[None], "action")[0]
         trajectory = {"t": [0.0, *self.times.tolist()], "x": [0.0, *self.poses[:, 0].tolist()],
                       "y": [0.0, *self.poses[:, 1].tolist()]}
         if self.poses.shape[1] == 3:
             trajectory["yaw"] = [0.0, *self.poses[:, 2].tolist()]
-        return parse_action({"trajectory": trajectory})
+        return trajectory_action(trajectory)
 
     def to_json(self) -> dict:
         if self.actions is not None:

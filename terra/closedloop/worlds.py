@@ -4,7 +4,7 @@
 every drive's next frame is submitted at once and the backend batches them); its frames are the world model's,
 decoded by the tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose the
 commanded actions lead to: an exact simulator of the world the demo model was trained on, for ground truth.
-Both advance the pose by :func:`terra.session.controls.advance_pose`, the rule a session tracks its pose with.
+Both advance the pose by :func:`terra.inputs.ego_motion.advance_pose`, the rule a session tracks its pose with.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from terra.core.errors import TerraInputError
-from terra.closedloop.geometry import compose
 from terra.closedloop.scenarios import Scenario
-from terra.session.controls import advance_pose
+from terra.inputs.ego_motion import advance_pose
 from terra.sim.renderer import render
 
 
@@ -118,8 +117,7 @@ class TrueWorld:
         frames: list[np.ndarray | BaseException] = []
         for drive, action in zip(drives, actions):
             try:
-                relative = np.array(advance_pose((0.0, 0.0, 0.0), action))
-                drive.pose = compose(drive.pose, relative)
+                drive.pose = np.array(advance_pose(drive.pose, action))
                 frames.append(render(drive.scenario.scene, drive.pose, *self.image_size))
             except Exception as err:  # noqa: BLE001
                 frames.append(err)

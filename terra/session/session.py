@@ -22,11 +22,10 @@ from terra.config.checks import MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, RolloutRequest, WorldModelBackend
+from terra.inputs.ego_motion import Pose, advance_pose, speed_of
 from terra.session import context as contexts
-from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of
+from terra.session.controls import KeyDriver, parse_action
 from terra.session.engine import Rollout, SessionEngine, StepResult
-
-Pose = tuple[float, float, float]  # x, y (metres), yaw (radians) in the ego frame of the last context frame
 
 
 @dataclass
@@ -37,7 +36,7 @@ class Frame:
     codes: np.ndarray  # [h, w]
     rgb: np.ndarray | None  # uint8 [H, W, 3], None when not decoded
     action: np.ndarray  # [6, 3] that conditioned it
-    pose: Pose  # where the car is at this frame
+    pose: Pose  # where the car is at this frame, in the ego frame of the last context frame
     timings: dict[str, float] = field(default_factory=dict)
     passes: int | None = None  # forward passes that generated it (sequential decoding: one per image token)
 

@@ -9,7 +9,6 @@ import threading
 import numpy as np
 import pytest
 
-from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.plans import Plan
 from terra.closedloop.policies import reference_policy
@@ -17,6 +16,7 @@ from terra.closedloop.record import metrics_of
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
+from terra.inputs.ego_motion import compose, to_ego
 
 SIZE = (72, 128)
 
