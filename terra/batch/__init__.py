@@ -50,7 +50,7 @@ Outputs (under ``output_dir``)
   ``decoding`` (``sampling.decoding`` as it ran, the block size, forward passes, passes per frame and tokens per
   pass; the sidecar has the same block). ``<manifest stem>.summary.json`` holds the counts and the run's
   ``decoding`` figures summed over its samples. Malformed lines are recorded as failed with stage ``parse``
-  (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
+  (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.config.manifest.Manifest`).
 * While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.core.lock`): a second run of the
   same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples
   finished so far with their records and leaves no partial file; rerunning finishes it.
@@ -76,7 +76,7 @@ Changing the model or tokenizer folder does not invalidate finished samples: use
 
 Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (a sample's inputs
 checked, shards; its JSONL line is read by :mod:`terra.inputs.samples`), :mod:`~terra.batch.plan` (output files,
-fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.prepare` (a sample ready for the engine), :mod:`~terra.batch.writer` (decode and write),
+fingerprints, resume), :mod:`~terra.batch.manifest` (records; the file: :mod:`terra.config.manifest`), :mod:`~terra.batch.prepare` (a sample ready for the engine), :mod:`~terra.batch.writer` (decode and write),
 :mod:`~terra.batch.stream` (the loop that keeps one engine full), :mod:`~terra.batch.concurrency`
 (``max_concurrent=auto``), :mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``; its
 ``ray`` block: :mod:`terra.config.ray_settings`, its cluster: :mod:`terra.core.ray_cluster`),
@@ -95,10 +95,10 @@ _HOMES = {
     "batch_spec": "terra.batch.config",
     "check_config": "terra.batch.config",
     "claim_output": "terra.batch.config",
-    "Manifest": "terra.batch.manifest",
-    "STATUSES": "terra.batch.manifest",
-    "count_statuses": "terra.batch.manifest",
-    "read_manifest": "terra.batch.manifest",
+    "Manifest": "terra.config.manifest",  # every recorded run's (drives' too)
+    "STATUSES": "terra.config.manifest",
+    "count_statuses": "terra.config.manifest",
+    "read_manifest": "terra.config.manifest",
     "BatchPlan": "terra.batch.plan",
     "Item": "terra.batch.plan",
     "fingerprint": "terra.batch.plan",

@@ -23,6 +23,7 @@ from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
 from terra.config.checks import Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
+from terra.config.manifest import manifest_name, summary_name
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
 from terra.config.ray_settings import EXECUTORS, RaySettings, removed_setting
@@ -92,36 +93,24 @@ class BatchSpec:
 
     @property
     def manifest_path(self) -> Path:
-        """``output_dir/manifest.jsonl``, or ``manifest.shard-<i>-of-<n>.jsonl`` when sharded."""
-        name = self.manifest
-        if self.num_shards > 1:
-            name = f"{name[: -len('.jsonl')]}.shard-{self.shard_index}-of-{self.num_shards}.jsonl"
-        return Path(self.output_dir) / name
+        """``output_dir/manifest.jsonl``, or its shard's (terra/config/manifest.py, ``manifest_name``)."""
+        return Path(self.output_dir) / manifest_name(self.manifest, self.shard_index, self.num_shards)
 
     @property
     def summary_path(self) -> Path:
         """``manifest.jsonl`` → ``manifest.summary.json`` (per shard like the manifest)."""
-        path = self.manifest_path
-        return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
+        return self.manifest_path.with_name(summary_name(self.manifest_path.name))
 
     def replace(self, **changes: Any) -> "BatchSpec":
         """A copy with ``changes`` (already checked values)."""
         return dataclasses.replace(self, **changes)
 
     def generation_settings(self) -> dict:
-        """The settings that shape a sample's outputs (part of its fingerprint)."""
-        run = self.run
-        return {
-            "num_context": run.num_context, "overlap": run.overlap, "zero_embed_code_0": run.zero_embed_code_0,
-            "resize": run.resize,
-            "sampling": run.sampling.draw_settings(),  # defaults filled in; decoding left out
-            "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": self.mark_context,
-            "overlay_trajectory": self.overlay_trajectory, "save_codes": self.save_codes,
-            "default_manoeuvre": self.default_manoeuvre,
-            **({"decoding": "refiner",
-                "refiner": {k: run.refiner.get(k) for k in ("preset", "num_steps", "guidance", "arithmetic")}}
-               if run.decoding == "refiner" else {}),
-        }
+        """The settings that shape a sample's outputs (part of its fingerprint: terra/batch/plan.py): the run's
+        (terra/config/spec.py, ``RunSpec.output_settings``) and the batch's files."""
+        return {**self.run.output_settings(), "formats": sorted(self.formats), "fps": float(self.fps),
+                "mark_context": self.mark_context, "overlay_trajectory": self.overlay_trajectory,
+                "save_codes": self.save_codes, "default_manoeuvre": self.default_manoeuvre}
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from tqdm.auto import tqdm
 
 from terra.batch.concurrency import max_rollouts, planned_streams
 from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_output
-from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.stream import run_items
 from terra.config.checks import shown
+from terra.config.manifest import Manifest, count_statuses
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.rollout import DecodeStats

@@ -6,13 +6,19 @@
 frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``, ``from_run``); nothing
 downstream reads the raw config again. What needs torch or a file's contents (whether a GPU exists, the
 world model's window, the refiner's weights) is checked once each where it is first known.
+
+Beside it, the one rule of resume fingerprints (:func:`fingerprint`, and the run's part of every payload:
+:meth:`RunSpec.output_settings`): a batch run's samples (terra/batch/plan.py) and ``terra-drive``'s drives
+(terra/closedloop/record.py) start from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
@@ -25,6 +31,7 @@ from terra.core.errors import TerraInputError
 from terra.tokenizer.resize import RESIZE_MODES
 
 DECODINGS = ("framewise", "refiner")
+REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # conf/refiner/terra.yaml: what its frames hang on
 WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),
                    "model.overlap": Range(1, MAX_FRAMES, 3, whole=True)}
 
@@ -52,6 +59,25 @@ class RunSpec:
     def replace(self, **changes: Any) -> "RunSpec":
         """A copy with ``changes`` (already checked values)."""
         return dataclasses.replace(self, **changes)
+
+    def output_settings(self) -> dict[str, Any]:
+        """What of this run shapes a world model's outputs (codes and frames) from given inputs and seed: the run's
+        part of every resume fingerprint (:func:`fingerprint`). The window, Terra's code-0 embedding, how context
+        frames are fitted, the draw (``SamplingConfig.draw_settings``: decoding changes only the speed) and, when
+        the refiner decodes, its settings. The checkpoints are the run's own choice (a batch run keeps finished
+        samples for another checkpoint, README "Batch rollouts"; drives do not)."""
+        refiner = {"decoding": "refiner", "refiner": {key: self.refiner.get(key) for key in REFINER_OUTPUT_KEYS}}
+        return {"num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
+                "resize": self.resize, "sampling": self.sampling.draw_settings(),
+                **(refiner if self.decoding == "refiner" else {})}
+
+
+def fingerprint(payload: Mapping[str, Any]) -> str:
+    """The resume fingerprint of what shapes one output (a sample's, a drive's): sha256 of ``payload`` as sorted,
+    compact JSON (a value JSON lacks as its ``str``), 32 hex digits. An output stored with the same fingerprint is
+    complete and kept on resume."""
+    text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:

@@ -262,6 +262,26 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     assert plan_batch(warmer.spec()).items[0].fingerprint not in fingerprints
 
 
+@pytest.mark.parametrize("settings, expected", [
+    ({}, "47a8011166d5b7b96b34c7450a7d75cf"),
+    ({"sampling": {"temperature": 0.5, "top_k": 10}, "resize": "stretch", "zero_embed_code_0": True,
+      "formats": ["gif", "mp4"], "fps": 5, "mark_context": True, "default_manoeuvre": "straight"},
+     "96008e0fa4b0c89c57c83ec56de0498a"),
+    ({"decoding": "refiner", "refiner": {"preset": "fast", "num_steps": 4}}, "b99654882150430626c91a36ff221925"),
+])
+def test_a_samples_fingerprint_is_the_one_it_had_before_the_rule_moved(tmp_path, settings, expected):
+    """The batch's fingerprints start from the run's rule (terra/config/spec.py, ``RunSpec.output_settings`` and
+    ``fingerprint``) and are byte for byte those of the releases before it, so a resumed run keeps its samples."""
+    from terra.batch import fingerprint
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"sample_id": "s0", "context_frames": ["a.png", "b.png", "c.png"],
+                                   "manoeuvre": "curve_left"}) + "\n")
+    [sample] = read_samples(samples)
+    spec = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), **settings).spec()
+    assert fingerprint(spec, sample, 7, 12) == expected
+
+
 def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch):
     """Samples drawn by another noise rule (an earlier release's) are made again on resume, never kept beside
     samples of this rule."""
