@@ -37,7 +37,7 @@ from terra.core.atomic import json_text, write_text
 from terra.core.device import resolve_device
 from terra.core.errors import TerraInputError
 from terra.generation.backends import create_backend, vllm_decoding
-from terra.generation.rollout import DecodeStats, RolloutRequest
+from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
 from terra.pipeline import WorldModelPipeline
@@ -81,8 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig) -> SessionHost:
-    """A session host over the chosen model and backend (a pipeline when there is a tokenizer); a vLLM engine is
-    started for ``sampling``'s decoding (``auto``: for the most sessions of ``--sessions``)."""
+    """A session host over :func:`build_model`."""
+    return SessionHost(build_model(args, folder, sampling), max_frames=args.frames, num_context=args.num_context)
+
+
+def build_model(args: argparse.Namespace, folder: Path,
+                sampling: SamplingConfig) -> WorldModelPipeline | WorldModelBackend:
+    """The chosen model on the chosen backend: a pipeline when there is a tokenizer, else the bare backend; a vLLM
+    engine is started for ``sampling``'s decoding (``auto``: for the most sessions of ``--sessions``)."""
     options = {}
     if args.backend == "vllm":
         options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
@@ -100,18 +106,15 @@ def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig)
         else:
             torch.manual_seed(0)
             LlamaActionForCausalLM(config).save_pretrained(folder)
-        backend = create_backend(args.backend, folder, args.device, args.dtype, **options)
-        return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+        return create_backend(args.backend, folder, args.device, args.dtype, **options)
     world_model = DEMO / "world_model" if args.model == "demo" else Path(args.model)
     tokenizer = args.tokenizer or (DEMO / "tokenizer" if args.model == "demo" else None)
     if tokenizer is None:
-        backend = create_backend(args.backend, world_model, args.device, args.dtype, **options)
-        return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+        return create_backend(args.backend, world_model, args.device, args.dtype, **options)
     engine = options.pop("sampling", sampling)
-    pipeline = WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
-                                                  dtype=args.dtype, decoding=engine.decoding,
-                                                  block_size=engine.block_size, **options)
-    return SessionHost(pipeline, max_frames=args.frames, num_context=args.num_context)
+    return WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
+                                              dtype=args.dtype, decoding=engine.decoding,
+                                              block_size=engine.block_size, **options)
 
 
 def contexts(host: SessionHost, count: int, num_context: int) -> list[SessionContext]:

@@ -26,12 +26,13 @@ from terra.config.spec import RunSpec, check_window
 from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
 from terra.decoder import codes_to_frames
-from terra.generation.backends import create_backend, resolve_spec
+from terra.generation.backends import create_backend, resolve_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 from terra.refiner import RefinerSettings, check_decoding
 from terra.tokenizer import ImageTokenizer, load_tokenizer
+from terra.vllm.plugin import check_vllm_plugin
 
 if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
@@ -85,6 +86,23 @@ def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None
     spec = resolve_spec(spec, streams)
     refiner = check_decoding(spec)
     return ResolvedRun(spec, model or check_model(spec), refiner)
+
+
+def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
+    """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
+    before :func:`resolve_run` (every actor: the batch's, terra/batch/ray_actor.py, and ``terra-drive``'s,
+    terra/closedloop/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU, never
+    a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
+    node's plugin is checked (terra/vllm/plugin.py) and a multi-GPU engine runs its workers as processes on this
+    actor's GPUs (``distributed_executor_backend=mp``, unless set), not as Ray actors of their own."""
+    device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)
+    backend = resolve_backend(spec.backend, device)
+    options = dict(spec.backend_options)
+    if backend == "vllm":
+        check_vllm_plugin()
+        if int(options.get("tensor_parallel_size", 1) or 1) > 1:
+            options.setdefault("distributed_executor_backend", "mp")
+    return spec.replace(device=device, backend=backend, backend_options=options)
 
 
 def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:

@@ -14,7 +14,8 @@ from terra.inputs.samples import Sample
 def sample_record(sample: Sample, status: str, *, error: str | None = None, stage: str | None = None,
                   seconds: float | None = None, seed: int | None = None, files: Sequence[str] = (),
                   **extra: Any) -> dict:
-    """The manifest record of ``sample`` with ``status`` (one of :data:`terra.config.manifest.STATUSES`); ``extra`` adds fields."""
+    """The manifest record of ``sample`` with ``status`` (terra/config/manifest.py, ``STATUSES``); ``extra`` adds
+    fields."""
     record = {
         "sample_id": sample.sample_id, "line": sample.line, "file": sample.file, "index": sample.index,
         "status": status, "stage": stage, "error": error,

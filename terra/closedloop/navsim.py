@@ -94,7 +94,8 @@ def dataclasses_module():
 
 def front_camera(image: np.ndarray, classes) -> Any:
     """``cam_f0`` for a frame of the synthetic world's front camera (terra/sim/camera.py): its pinhole intrinsics,
-    its optical axes as the rotation and its mount 1.6 m up as the translation (the ego frame stands for the lidar's)."""
+    its optical axes as the rotation and its mount 1.6 m up as the translation (the ego frame stands for the
+    lidar's)."""
     return classes.Camera(image=image, sensor2lidar_rotation=OPTICAL_AXES.astype(np.float32),
                           sensor2lidar_translation=np.array([0.0, 0.0, CAMERA_HEIGHT_M], dtype=np.float32),
                           intrinsics=FrontCamera(*image.shape[:2]).intrinsics().astype(np.float32),

@@ -31,7 +31,7 @@ from terra.core.errors import TerraInputError
 from terra.tokenizer.resize import RESIZE_MODES
 
 DECODINGS = ("framewise", "refiner")
-REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # conf/refiner/terra.yaml: what its frames hang on
+REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # conf/refiner/terra.yaml: shape its frames
 WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),
                    "model.overlap": Range(1, MAX_FRAMES, 3, whole=True)}
 

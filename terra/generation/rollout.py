@@ -222,7 +222,7 @@ class WorldModelBackend(ABC):
     """A world model that advances rollouts frame by frame; implemented by the Transformers and vLLM backends.
 
     One thread drives a backend at a time (:meth:`generate`, or the driver thread of
-    :class:`terra.session.SessionEngine`).
+    :class:`terra.generation.session_engine.SessionEngine`).
     """
 
     layout: TokenLayout
