@@ -213,13 +213,22 @@ def test_the_import_reader_names_the_wings():
 
 
 def exported_names(init: Path) -> set[str]:
-    """The names a package's ``__init__.py`` exports: its ``__all__``, a list or tuple, or ``sorted(_HOMES)`` of a
-    lazy face (terra/core/lazy.py)."""
-    assigned = {target.id: node.value for node in ast.parse(init.read_text()).body if isinstance(node, ast.Assign)
-                for target in node.targets if isinstance(target, ast.Name)}
+    """The names a package's ``__init__.py`` exports: its ``__all__``, a list or tuple, or the keys of the table of a
+    lazy face (terra/core/lazy.py: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``)."""
+    assigned: dict[str, ast.expr] = {}
+    for node in ast.parse(init.read_text()).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                assigned[target.id] = node.value
+            elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Call):  # a lazy face: its table
+                names = [element.id for element in target.elts if isinstance(element, ast.Name)]
+                if "__all__" in names and getattr(node.value.func, "id", None) == "lazy_face":
+                    assigned["__all__"] = node.value.args[1]
     value = assigned.get("__all__")
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "sorted":
-        value = assigned[value.args[0].id]
+    if isinstance(value, ast.Name):
+        value = assigned[value.id]
     if isinstance(value, ast.Dict):
         return {key.value for key in value.keys}
     return set() if value is None else {element.value for element in value.elts}

@@ -85,7 +85,7 @@ fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.prepare`
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_attributes
+from terra.core.lazy import lazy_face
 
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
@@ -113,7 +113,4 @@ _HOMES = {
     "run_items": "terra.batch.stream",
 }
 
-__all__ = sorted(_HOMES)
-
-
-__getattr__ = lazy_attributes(__name__, _HOMES)
+__all__, __getattr__ = lazy_face(__name__, _HOMES)

@@ -53,8 +53,7 @@ class ModelDrive:
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, h, w]``, context first."""
-        frames = list(self.rollout.state.frames)
-        return np.stack(frames).reshape(len(frames), *self.context.shape[1:])
+        return self.rollout.codes().reshape(-1, *self.context.shape[1:])
 
 
 class ModelWorld:

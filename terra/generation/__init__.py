@@ -11,7 +11,7 @@ contract is importable without torch.
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_attributes
+from terra.core.lazy import lazy_face
 
 _HOMES = {
     "FrameCallback": "terra.generation.rollout",
@@ -21,7 +21,4 @@ _HOMES = {
     "SamplingConfig": "terra.config.sampling",
 }
 
-__all__ = sorted(_HOMES)
-
-
-__getattr__ = lazy_attributes(__name__, _HOMES)
+__all__, __getattr__ = lazy_face(__name__, _HOMES)

@@ -60,6 +60,11 @@ class Rollout:
         self.waiting: deque[_Job] = deque()
         self.current: _Job | None = None
 
+    def codes(self) -> np.ndarray:
+        """Every frame's codes so far ``[n + generated, P]``, context first."""
+        frames = list(self.state.frames)
+        return np.stack(frames).reshape(len(frames), -1)
+
 
 @dataclass
 class _Job:

@@ -124,8 +124,7 @@ class Session:
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n_ctx + generated, h, w]``, context first."""
-        frames = list(self.rollout.state.frames)
-        return np.stack(frames).reshape(len(frames), *self.context.codes.shape[1:])
+        return self.rollout.codes().reshape(-1, *self.context.codes.shape[1:])
 
     def video(self) -> np.ndarray:
         """Every frame so far decoded to uint8 RGB ``[T, H, W, 3]``, context first."""
