@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--decoding", default="auto", choices=("auto", "sequential", "speculative"),
                         help="sampling.decoding (auto: speculative for one session on Transformers)")
-    parser.add_argument("--block-size", type=int, default=32, help="sampling.block_size of speculative decoding")
+    parser.add_argument("--draft-tokens", type=int, default=32, help="sampling.draft_tokens of speculative decoding")
     parser.add_argument("--batch", action="store_true", help="also run the same rollouts as one generate() call")
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
@@ -110,7 +110,7 @@ def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig)
     engine = options.pop("sampling", sampling)
     pipeline = WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
                                                   dtype=args.dtype, decoding=engine.decoding,
-                                                  block_size=engine.block_size, **options)
+                                                  draft_tokens=engine.draft_tokens, **options)
     return SessionHost(pipeline, max_frames=args.frames, num_context=args.num_context)
 
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    sampling = SamplingConfig(temperature=args.temperature, decoding=args.decoding, block_size=args.block_size)
+    sampling = SamplingConfig(temperature=args.temperature, decoding=args.decoding, draft_tokens=args.draft_tokens)
     records = []
     with tempfile.TemporaryDirectory(prefix="terra-bench-sessions-") as folder:
         host = build_host(args, Path(folder), sampling)

@@ -80,7 +80,8 @@ def parse_temperatures(text: str) -> list[float]:
 
 
 def parse_settings(text: str) -> dict[str, Any]:
-    """``"decoding=speculative,block_size=16"`` → ``{"decoding": "speculative", "block_size": 16}`` (YAML values)."""
+    """``"decoding=speculative,draft_tokens=16"`` → ``{"decoding": "speculative", "draft_tokens": 16}`` (YAML
+    values)."""
     import yaml
 
     settings = {}

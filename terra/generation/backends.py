@@ -107,7 +107,7 @@ def create_backend(
     constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers); vLLM's ``requests``
     (auto | streaming | per_frame) picks its request path here, once (terra/generation/vllm_streaming.py).
     ``sampling`` (resolved by :func:`resolve_spec`) starts a vLLM engine for speculative decoding with its
-    ``block_size`` when its ``decoding`` is speculative. ``max_rollouts``, the most rollouts the run keeps in
+    ``draft_tokens`` when its ``decoding`` is speculative. ``max_rollouts``, the most rollouts the run keeps in
     flight, is the room a vLLM engine makes (``max_num_seqs``); the Transformers backend batches what it is given.
     """
     if kind not in ("hf", "vllm") or device == "auto":
@@ -124,7 +124,7 @@ def create_backend(
             if streaming:
                 raise TerraInputError("sampling.decoding=speculative: vLLM decodes speculatively on per-frame "
                                       "requests only; use backend.options.requests=per_frame")
-            options["speculative_block"] = sampling.block_size
+            options["draft_tokens"] = sampling.draft_tokens
         chosen = StreamingVLLMBackend if streaming else VLLMBackend
         build = lambda: chosen(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:

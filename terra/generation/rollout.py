@@ -182,7 +182,7 @@ class DecodeStats:
                                   "tokens_per_pass": _rounded(self.tokens_per_pass)}
         if sampling is not None:
             record = {"decoding": sampling.decoding,
-                      "block_size": sampling.block_size if sampling.decoding == "speculative" else None, **record}
+                      "draft_tokens": sampling.draft_tokens if sampling.decoding == "speculative" else None, **record}
         return record
 
     @classmethod

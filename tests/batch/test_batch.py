@@ -256,7 +256,7 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
     fingerprints = {plan_batch(dataclasses.replace(config, sampling=sampling).spec()).items[0].fingerprint
-                    for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "block_size": 7})}
+                    for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "draft_tokens": 7})}
     assert len(fingerprints) == 1
     warmer = dataclasses.replace(config, sampling={"temperature": 0.5})
     assert plan_batch(warmer.spec()).items[0].fingerprint not in fingerprints

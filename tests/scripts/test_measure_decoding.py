@@ -59,7 +59,7 @@ def test_sequential_takes_one_pass_per_image_token_and_unknown_settings_are_repo
                     reason="this checkout's sampling settings have no speculative decoding")
 def test_speculative_codes_equal_sequential_in_fewer_passes(measure, pair, tmp_path, single_thread):
     report = run(measure, pair, tmp_path / "decoding.json", "--temperatures", "0,0.9",
-                 "--speculative", "decoding=speculative,block_size=16")
+                 "--speculative", "decoding=speculative,draft_tokens=16")
     assert [row["temperature"] for row in report["comparison"]] == [0.0, 0.9]
     for row in report["comparison"]:  # greedy and sampled: the same seeds give the same codes
         assert row["codes_equal"] and row["tokens_equal_fraction"] == 1 and row["fewer_passes"] >= 1
@@ -82,5 +82,5 @@ def test_bad_temperatures_and_settings_are_one_line(measure):
         measure.parse_temperatures("greedy")
     with pytest.raises(TerraInputError, match="key=value"):
         measure.parse_settings("decoding")
-    assert measure.parse_settings("decoding=speculative, block_size=16") == {"decoding": "speculative",
-                                                                              "block_size": 16}
+    assert measure.parse_settings("decoding=speculative, draft_tokens=16") == {"decoding": "speculative",
+                                                                                "draft_tokens": 16}
