@@ -30,7 +30,7 @@ from terra.generation.backends import create_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
-from terra.refiner import RefinerSettings, check_decoding
+from terra.refiner import RefinerSettings, check_decoder
 from terra.tokenizer import ImageTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ class RolloutResult:
     decode_stats: DecodeStats | None = None  # forward passes of the generated frames
 
     def decoding(self) -> dict:
-        """How the frames were decoded, for a sidecar: the decoding that ran, its block size, passes per frame."""
+        """How the image tokens were decoded, for a sidecar: the decoding that ran, its draft_tokens, passes per
+        frame."""
         return (self.decode_stats or DecodeStats()).as_dict(self.sampling)
 
 
@@ -60,7 +61,7 @@ class ResolvedRun:
 
     spec: RunSpec  # device, backend and a vLLM engine's decoding concrete (terra/generation/backends.py)
     model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
-    refiner: RefinerSettings | None  # decoding=refiner: its checked weights and device (terra/refiner.py)
+    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
 
     def replace(self, **changes) -> "ResolvedRun":
         """A copy with ``changes`` (already checked values)."""
@@ -78,12 +79,12 @@ def check_model(spec: RunSpec) -> LlamaActionConfig:
 def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None) -> ResolvedRun:
     """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
     order for every app: its torch threads set, device and backend chosen (a vLLM engine's decoding for at most
-    ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoding=refiner``'s
+    ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoder=refiner``'s
     settings checked, then the model's config read and its window checked (:func:`check_model`), unless ``model``
     is that config as the run already read it (a Ray actor gets it from its driver)."""
     set_threads(spec.num_threads)
     spec = resolve_spec(spec, streams)
-    refiner = check_decoding(spec)
+    refiner = check_decoder(spec)
     return ResolvedRun(spec, model or check_model(spec), refiner)
 
 
@@ -238,7 +239,7 @@ class WorldModelPipeline:
     def frames(self, codes: np.ndarray, seed: int | None = None, refiner: "VideoRefiner | None" = None,
                progress: bool = False) -> tuple[np.ndarray, dict[str, float]]:
         """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding: the one place where
-        ``decoding=framewise`` (the tokenizer, frame by frame) and ``decoding=refiner`` (``refiner``, Terra's
+        ``decoder=tokenizer`` (the tokenizer's decoder, frame by frame) and ``decoder=refiner`` (``refiner``, Terra's
         video refiner at 384x640, seeded with ``seed`` or 0: decoder/refiner/) part ways."""
         start = time.perf_counter()
         if refiner is None:
@@ -278,7 +279,7 @@ class WorldModelPipeline:
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
                progress: bool = False) -> list[RolloutResult]:
-        """Give each result the frames of Terra's video refiner (``decoding=refiner``: 384x640), seeded with its
+        """Give each result the frames of Terra's video refiner (``decoder=refiner``: 384x640), seeded with its
         request's seed (0 when it has none); ``timings`` gain the refiner's stages (``refine_*``). See
         :mod:`terra.decoder.refiner`."""
         for result in results:

@@ -64,7 +64,7 @@ class BatchSpec:
     engine as :attr:`run`, the batch's own beside it. The fields mean what :class:`BatchConfig`'s of the same
     names do."""
 
-    run: RunSpec  # terra/config/spec.py: the checkpoints, backend, device, sampling, window, decoding, threads
+    run: RunSpec  # terra/config/spec.py: the checkpoints, backend, device, sampling, window, decoder, threads
     sample_files: tuple[Path, ...]  # the JSONL file(s), in reading order
     output_dir: str
     num_frames: int
@@ -118,9 +118,10 @@ class BatchSpec:
             "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": self.mark_context,
             "overlay_trajectory": self.overlay_trajectory, "save_codes": self.save_codes,
             "default_manoeuvre": self.default_manoeuvre,
+            # decoder=refiner under the words of the fingerprints before decoder= (a finished sample stays finished)
             **({"decoding": "refiner",
                 "refiner": {k: run.refiner.get(k) for k in ("preset", "num_steps", "guidance", "arithmetic")}}
-               if run.decoding == "refiner" else {}),
+               if run.decoder == "refiner" else {}),
         }
 
 
@@ -160,8 +161,8 @@ class BatchConfig:
     formats: Sequence[str] = ("mp4",)
     fps: float = 10.0
     writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
-    decoding: str = "framewise"  # framewise | refiner: Terra's video refiner (terra/refiner.py), 384x640
-    refiner: dict = field(default_factory=dict)  # the keys of conf/refiner/terra.yaml (decoding=refiner)
+    decoder: str = "tokenizer"  # tokenizer | refiner: Terra's video refiner (terra/refiner.py), 384x640
+    refiner: dict = field(default_factory=dict)  # the keys of conf/refiner/terra.yaml (decoder=refiner)
     mark_context: bool = False  # border + label on context frames
     overlay_trajectory: bool = False  # draw the commanded path
     save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
@@ -183,7 +184,7 @@ class BatchConfig:
                 "tokenizer": {"path": self.tokenizer, "resize": self.resize},
                 "backend": {"name": self.backend, "options": self.backend_options},
                 "device": self.device, "dtype": self.dtype, "sampling": self.sampling,
-                "num_context": self.num_context, "decoding": self.decoding, "refiner": self.refiner,
+                "num_context": self.num_context, "decoder": self.decoder, "refiner": self.refiner,
                 "terra_root": self.terra_root, "num_threads": self.num_threads}
 
     def spec(self) -> BatchSpec:
@@ -240,7 +241,7 @@ def check_config(config: BatchConfig) -> tuple[BatchSpec, OutputDir]:
 
 def claim_output(spec: BatchSpec) -> OutputDir:
     """Claim the run's output folder (terra/config/output_dir.py) against its inputs, before any work."""
-    refiner = spec.run.refiner.get("path") if spec.run.decoding == "refiner" else None
+    refiner = spec.run.refiner.get("path") if spec.run.decoder == "refiner" else None
     # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
     return claim_output_dir(spec.output_dir, "output.dir", files=[spec.manifest_path.name, spec.summary_path.name],
                             inputs=[("samples file", spec.sample_files), ("world model", spec.run.world_model),
@@ -251,7 +252,7 @@ def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     """The batch's own settings (``own``: :data:`BATCH_SETTINGS` by name) checked once beside the checked ``run``:
     the numbers in :data:`RANGES`, flags, shards, the executor and its ``ray`` block, output names, the samples
     files and ``image_root``. The refiner's weights and device are checked once the run's device is known
-    (terra/refiner.py, ``check_decoding``)."""
+    (terra/refiner.py, ``check_decoder``)."""
     for name, (setting, limits) in RANGES.items():
         value = own[name]
         if not (name == "max_concurrent" and value == "auto"):
