@@ -172,6 +172,7 @@ class WorldModelPipeline:
         zero_embed_code_0: bool = False,
         decoding: str = "auto",
         draft_tokens: int = 32,
+        block_size: int | None = None,
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
@@ -183,7 +184,8 @@ class WorldModelPipeline:
         trained with (Terra's ``lfq_tokenizer_B_256``) or a loaded :class:`ImageTokenizer`. Nothing is downloaded:
         a Hub id is one line saying how to download it first (``hf download``).
 
-        ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``) start a vLLM engine
+        ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
+        draft_tokens' old name, is taken until the next release) start a vLLM engine
         for sequential or speculative decoding, which it then does for every call (``auto``: speculative on a GPU
         with Model Runner V2, taking one stream); the Transformers backend follows each call's ``sampling``.
         ``config`` is the world model's config when the caller has read it already (it then checks the window).
@@ -193,7 +195,7 @@ class WorldModelPipeline:
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
                        backend=backend, backend_options=options, device=check_device(device),
                        dtype=check_choice(dtype, "dtype", DTYPES),
-                       sampling=SamplingConfig(decoding=decoding, draft_tokens=draft_tokens),
+                       sampling=SamplingConfig(decoding=decoding, draft_tokens=draft_tokens, block_size=block_size),
                        zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
         return cls.from_run(resolve_run(spec, model=config),
                             tokenizer if isinstance(tokenizer, ImageTokenizer) else None)

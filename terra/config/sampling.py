@@ -8,10 +8,12 @@ it is (terra/generation/sampling.py for Transformers, vLLM's own for vLLM).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import inspect
+from dataclasses import InitVar, dataclass
 from typing import Any, Mapping
 
 from terra.config.checks import Range, check_choice
+from terra.config.moved import DRAFT_TOKENS, moved_value
 from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
@@ -41,8 +43,11 @@ class SamplingConfig:
     top_p: float = 1.0
     decoding: str = "auto"
     draft_tokens: int = 32
+    block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, block_size: int | None) -> None:
+        if block_size is not None:
+            object.__setattr__(self, "draft_tokens", moved_value(DRAFT_TOKENS, block_size))
         for name, limits in SAMPLING.items():
             limits.check(getattr(self, name), f"sampling.{name}")
         check_choice(self.decoding, "sampling.decoding", DECODINGS)
@@ -65,8 +70,9 @@ class SamplingConfig:
     def from_mapping(cls, options: Any) -> "SamplingConfig":
         """The ``sampling`` settings (the fields above) as a config; unknown names fail with one line."""
         names = {field.name for field in dataclasses.fields(cls)}
-        if not isinstance(options, Mapping) or not set(options) <= names:
-            unknown = sorted(set(options) - names) if isinstance(options, Mapping) else options
+        taken = set(inspect.signature(cls).parameters)  # the fields and old names still taken (block_size)
+        if not isinstance(options, Mapping) or not set(options) <= taken:
+            unknown = sorted(set(options) - taken) if isinstance(options, Mapping) else options
             raise TerraInputError(f"sampling must be an object with some of {', '.join(sorted(names))} "
                                   f"(got {unknown!r:.80})")
         return cls(**options)
