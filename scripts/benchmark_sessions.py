@@ -36,7 +36,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.atomic import json_text, write_text
 from terra.core.device import resolve_device
 from terra.core.errors import TerraInputError
-from terra.generation.backends import create_backend, vllm_decoding
+from terra.generation.backends import create_backend, resolve_decoding
 from terra.generation.rollout import DecodeStats, RolloutRequest
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-context", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--decoding", default="auto", choices=("auto", "sequential", "speculative"),
-                        help="sampling.decoding (auto: speculative for one session on Transformers)")
+                        help="sampling.decoding (auto: as terra-serve chooses it for the most sessions)")
     parser.add_argument("--draft-tokens", type=int, default=32, help="sampling.draft_tokens of speculative decoding")
     parser.add_argument("--batch", action="store_true", help="also run the same rollouts as one generate() call")
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
@@ -81,15 +81,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig) -> SessionHost:
-    """A session host over the chosen model and backend (a pipeline when there is a tokenizer); a vLLM engine is
-    started for ``sampling``'s decoding (``auto``: for the most sessions of ``--sessions``)."""
-    options = {}
+    """A session host over the chosen model and backend (a pipeline when there is a tokenizer), built for
+    ``sampling``'s decoding (``auto``: chosen for the most sessions of ``--sessions``, as terra-serve chooses it for
+    ``serve.max_sessions``)."""
+    options = {"sampling": resolve_decoding(sampling, args.backend, resolve_device(args.device), max(args.sessions),
+                                            args.requests or "per_frame")}
     if args.backend == "vllm":
         options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
         if args.requests:
             options["requests"] = args.requests
-        options["sampling"] = vllm_decoding(sampling, resolve_device(args.device), max(args.sessions),
-                                            args.requests or "per_frame")
     if args.model in ("terra", "tiny"):
         config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
         if args.backend == "vllm":  # config.json only; the engine makes up the weights

@@ -185,9 +185,10 @@ class WorldModelPipeline:
         a Hub id is one line saying how to download it first (``hf download``).
 
         ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
-        draft_tokens' old name, is taken until the next release) start a vLLM engine
-        for sequential or speculative decoding, which it then does for every call (``auto``: speculative on a GPU
-        with Model Runner V2, taking one stream); the Transformers backend follows each call's ``sampling``.
+        draft_tokens' old name, is taken until the next release) are the pipeline's decoding, ``auto`` decided for
+        one rollout in flight (terra/generation/backends.py, ``auto_decoding``): a vLLM engine starts for it and
+        decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
+        (a call that names its decoding gets it).
         ``config`` is the world model's config when the caller has read it already (it then checks the window).
         """
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
@@ -260,9 +261,9 @@ class WorldModelPipeline:
     ) -> list[RolloutResult]:
         """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
         without it ``frames`` stay None for :meth:`refine` once the engine is closed). ``sampling.decoding=auto``
-        is resolved for this many rollouts (terra/generation/rollout.py, ``decoding_for``); each result's
+        runs as the pipeline's run chose (``WorldModelBackend.as_run``; :func:`resolve_run`); each result's
         ``decoding`` says which ran and its forward passes per frame."""
-        sampling = self.backend.decoding_for(sampling, len(requests))
+        sampling = self.backend.as_run(sampling)
         start = time.perf_counter()
         states = self.backend.run_rollouts(requests, sampling, progress=progress, on_frame=on_frame)
         generate_s = time.perf_counter() - start

@@ -52,8 +52,8 @@ class StreamingEngine:
         self.on_generated, self.on_frame = on_generated, on_frame
         self.refiner = refiner  # decoder=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
-        # checked by check_config (run_spec): decoding=auto resolved for this many rollouts in flight
-        self.sampling = pipeline.backend.decoding_for(config.run.sampling, max_concurrent)
+        # checked by check_config (run_spec); decoding=auto as the pipeline's run chose (terra/pipeline.py)
+        self.sampling = pipeline.backend.as_run(config.run.sampling)
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
         self._stopped = threading.Event()

@@ -87,15 +87,9 @@ class VLLMBackend(WorldModelBackend):
     ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
-    elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`decoding_for`), and each
+    elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`as_run`), and each
     frame's forward passes are counted from the engine's per-step outputs.
     """
-
-    # decoding=auto is speculative up to this many rollouts in flight (terra/generation/backends.py, vllm_decoding):
-    # on an H100 at Terra's 2 B shape and block 32, with full CUDA graphs of the verifying step, speculative frames/s
-    # led sequential's by 2.8x at 16 rollouts and 1.6x at 32, and by only 1.1x at 64 (BENCHMARKS.md, "CUDA graphs of
-    # the verifying step").
-    speculative_streams = 32
 
     def __init__(
         self,
@@ -190,13 +184,16 @@ class VLLMBackend(WorldModelBackend):
     def name(self) -> str:
         return "vLLM"
 
-    def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
-        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts
-        (``draft_tokens``; terra/generation/backends.py, ``resolve_spec``, chooses them for a run). The codes
-        are the same either way."""
-        if self.draft_tokens:
-            return sampling.replace(decoding="speculative", draft_tokens=self.draft_tokens)
-        return sampling.replace(decoding="sequential")
+    @property
+    def decoding(self) -> str:
+        """The engine's decoding, fixed when it started (terra/generation/backends.py, ``resolve_spec``, chose it
+        for the run)."""
+        return "speculative" if self.draft_tokens else "sequential"
+
+    def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
+        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts.
+        The codes are the same either way."""
+        return sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
 
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""

@@ -216,7 +216,7 @@ class SessionHost:
         actions = np.zeros((n + frames - 1, 6, 3), dtype=np.float32)
         actions[: n - 1] = context.actions
         request = RolloutRequest(context.codes, actions, frames, seed=seed, overlap=self.overlap)
-        sampling = self.backend.decoding_for(sampling or self.sampling)  # a session is one stream
+        sampling = self.backend.as_run(sampling or self.sampling)  # auto: as the host's run chose
         return Session(self, self.engine.open(request), context, sampling)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:

@@ -87,17 +87,6 @@ def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
     np.testing.assert_array_equal(state.generated(), backend.generate([short], SAMPLED, progress=False)[0])
 
 
-def test_auto_is_speculative_for_few_rollouts_and_sequential_for_many(backend, monkeypatch):
-    auto = SamplingConfig(temperature=0.9)
-    assert auto.decoding == "auto" and backend.speculative_streams is None  # a CPU: speculative at any count
-    assert backend.decoding_for(auto, 10_000).decoding == "speculative"
-    monkeypatch.setattr(backend, "speculative_streams", 4)  # what a GPU sets
-    assert backend.decoding_for(auto).decoding == "speculative"
-    assert backend.decoding_for(auto, 4).decoding == "speculative"
-    assert backend.decoding_for(auto, 5).decoding == "sequential"
-    assert backend.decoding_for(auto.replace(decoding="sequential"), 1).decoding == "sequential"
-
-
 def test_bad_decoding_settings_are_one_line(monkeypatch):
     for bad, name in (({"draft_tokens": 0}, "sampling.draft_tokens"), ({"draft_tokens": 2.5}, "sampling.draft_tokens"),
                       ({"decoding": "jacobi"}, "sampling.decoding")):
@@ -120,7 +109,7 @@ def test_vllm_decodes_as_its_engine_was_started():
     engine = VLLMBackend.__new__(VLLMBackend)
     engine.draft_tokens = 0
     for asked in ("auto", "sequential", "speculative"):
-        assert engine.decoding_for(SAMPLED.replace(decoding=asked)).decoding == "sequential"
+        assert engine.as_run(SAMPLED.replace(decoding=asked)).decoding == "sequential"
     engine.draft_tokens = 24
-    ran = engine.decoding_for(SAMPLED.replace(decoding="sequential", draft_tokens=8), streams=100)
+    ran = engine.as_run(SAMPLED.replace(decoding="sequential", draft_tokens=8))
     assert (ran.decoding, ran.draft_tokens, ran.temperature) == ("speculative", 24, SAMPLED.temperature)
