@@ -26,13 +26,9 @@ def most_rollouts(device: str) -> int:
 
 
 # decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
-# kind, and sequential above it; vLLM on a CPU has no speculative decoding. Why each number: BENCHMARKS.md, "When
-# decoding=auto is speculative" (a table of the same numbers, with the measurements behind them).
-SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {
-    ("hf", "cpu"): None,  # a pass costs about what its tokens cost: speculative led at 1 to 16 rollouts
-    ("hf", "cuda"): 4,  # a sequential step batches rollouts nearly free (an estimate, not measured)
-    ("vllm", "cuda"): 32,  # Terra's 2 B shape on an H100: speculative led up to 32 rollouts, barely at 64
-}
+# kind, and sequential above it (a kind not listed: never). Why each number: BENCHMARKS.md, "When decoding=auto is
+# speculative", the table of these numbers with the measurements behind them.
+SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 32}
 
 
 def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "per_frame") -> str:
@@ -132,8 +128,8 @@ def create_backend(
     (auto | streaming | per_frame) picks its request path here, once (terra/generation/vllm_streaming.py).
     ``sampling`` (resolved by :func:`resolve_spec`) is the run's decoding: a vLLM engine starts for speculative
     decoding with its ``draft_tokens`` when it is speculative, and the Transformers backend runs it where a call's
-    ``sampling.decoding`` is ``auto``. ``max_rollouts``, the most rollouts the run keeps in
-    flight, is the room a vLLM engine makes (``max_num_seqs``); the Transformers backend batches what it is given.
+    ``sampling.decoding`` is ``auto``. ``max_rollouts``, the most rollouts the run keeps in flight, is the room a
+    vLLM engine makes (``max_num_seqs``); the Transformers backend batches what it is given.
     """
     if kind not in ("hf", "vllm") or device == "auto":
         device = resolve_device(device)

@@ -82,8 +82,9 @@ class VLLMBackend(WorldModelBackend):
 
     ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
     ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, the KV cache's block,
-    ``kv_cache_memory_bytes``, ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left at ``None`` is 0.9 on a GPU
-    and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would take nearly all of it).
+    ``kv_cache_memory_bytes``, ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left
+    at ``None`` is 0.9 on a GPU and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would
+    take nearly all of it).
     ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
