@@ -28,10 +28,12 @@ def stderr_lines(capsys) -> list[str]:
 
 def test_old_names_on_the_command_line_get_their_new_names(capsys):
     args = ["decoding=framewise", "sampling.block_size=8", "--multirun", "sampling=greedy", "decoder=refiner",
-            "decoding=framewise,refiner", "~decoding", "+sampling.block_size=4", "decoding='refiner'", "x.decoding=1"]
+            "decoding=framewise,refiner", "~decoding", "+sampling.block_size=4", "decoding='refiner'", "x.decoding=1",
+            "--config-name", "decoding"]  # an option's value is no setting
     assert moved_overrides(args, "terra-generate") == [
         "decoder=tokenizer", "sampling.draft_tokens=8", "--multirun", "sampling=greedy", "decoder=refiner",
-        "decoder=tokenizer,refiner", "~decoder", "+sampling.draft_tokens=4", "decoder=refiner", "x.decoding=1"]
+        "decoder=tokenizer,refiner", "~decoder", "+sampling.draft_tokens=4", "decoder=refiner", "x.decoding=1",
+        "--config-name", "decoding"]
     lines = stderr_lines(capsys)
     assert lines[:2] == [f"terra-generate: {DECODER_LINE}", f"terra-generate: {DRAFT_TOKENS_LINE}"]
     assert len(lines) == 6 and all(line.startswith("terra-generate: ") for line in lines)  # one per old name given

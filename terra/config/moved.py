@@ -71,13 +71,13 @@ def moved_overrides(args: Sequence[str], who: str) -> list[str]:
     for arg in args:
         match = None if arg.startswith("-") else _OVERRIDE.fullmatch(arg)
         moved = next((m for m in MOVED if match and match.group(2) == m.old), None)
-        if moved is None:
+        prefix, _, assignment, value = match.groups() if moved else (None,) * 4
+        if moved is None or (assignment is None and prefix != "~"):  # not an old setting (an option's value)
             out.append(arg)
             continue
-        prefix, _, assignment, value = match.groups()
         if assignment is None:  # ~decoding: delete it
             print(moved.line(who), file=sys.stderr)
-            out.append(f"{prefix}{moved.new}")
+            out.append(f"~{moved.new}")
             continue
         bare = value.strip("'\"")
         if _WORD.fullmatch(bare):  # one value
