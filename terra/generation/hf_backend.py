@@ -11,7 +11,7 @@ never need padding, so their numbers are those of one batched rollout.
 Tokens are drawn by the Gumbel-max trick with noise keyed by the rollout's seed, the frame and the position
 (terra/generation/sampling.py), so a rollout's codes depend on its seed alone, not on its batch. Frames submitted
 with ``sampling.decoding=speculative`` take the speculative path instead (terra/generation/hf_speculative.py): each
-poll is one forward pass per such frame, scoring a block of guesses, and gives the same codes.
+poll is one forward pass per such frame, scoring its draft tokens, and gives the same codes.
 """
 
 from __future__ import annotations
