@@ -47,7 +47,7 @@ Outputs (under ``output_dir``)
   ``skipped`` = already complete), ``stage`` of a failure (``parse`` | ``input`` | ``generate`` | ``write``),
   ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time); an ``ok`` record also has
   ``generate_s``, ``generated_at`` (Unix time its rollout left the engine, before decoding and writing) and
-  ``decoding`` (``sampling.decoding`` as it ran, the block size, forward passes, passes per frame and tokens per
+  ``decoding`` (``sampling.decoding`` as it ran, its ``draft_tokens``, forward passes, passes per frame and tokens per
   pass; the sidecar has the same block). ``<manifest stem>.summary.json`` holds the counts and the run's
   ``decoding`` figures summed over its samples. Malformed lines are recorded as failed with stage ``parse``
   (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.config.manifest.Manifest`).

@@ -69,7 +69,7 @@ class ModelWorld:
     def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), overlap: int = DEFAULT_OVERLAP) -> None:
         self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
         self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
-        self.sampling = self.backend.decoding_for(sampling)  # every drive is one stream
+        self.sampling = self.backend.as_run(sampling)  # auto: as the run chose it
         self.overlap = overlap
         self.engine = SessionEngine(self.backend)
         self.generate_s = 0.0  # in the engine, summed over steps

@@ -209,7 +209,7 @@ class SessionHost:
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
         """A session from an already built :class:`~terra.session.context.SessionContext`."""
         rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap)
-        sampling = self.backend.decoding_for(sampling or self.sampling)  # a session is one stream
+        sampling = self.backend.as_run(sampling or self.sampling)  # auto: as the host's run chose
         return Session(self, rollout, context, sampling)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
