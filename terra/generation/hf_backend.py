@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from terra.config.checks import check_choice
 from terra.config.sampling import SamplingConfig
-from terra.generation.backends import auto_decoding
+from terra.generation.decoding import auto_decoding
 from terra.generation.hf_speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.layout import TokenLayout

@@ -227,7 +227,7 @@ class WorldModelBackend(ABC):
 
     layout: TokenLayout
     decoding: str = "sequential"  # what a call's sampling.decoding=auto runs as: the run's choice, given when the
-    # backend is built (terra/generation/backends.py, auto_decoding)
+    # backend is built (terra/generation/decoding.py, auto_decoding)
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
         """``sampling`` as this backend decodes it: ``decoding=auto`` is the run's choice (:attr:`decoding`), never

