@@ -175,6 +175,28 @@ def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray
     return cluster_interval(slope, clusters, bootstrap)
 
 
+def within_slope(scenarios: Sequence[Hashable], groups: Sequence[Hashable], x: np.ndarray, y: np.ndarray,
+                 bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """Least-squares slope of ``y`` on ``x`` with an intercept of its own for each group (a drive): how y moves with
+    x within a group, blind to differences between the groups' means (the fixed-effects, or within, estimator).
+    Each group must lie inside one scenario, so that resampling scenarios keeps groups whole; pairs with a NaN are
+    left out."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if not len(scenarios) == len(groups) == len(x) == len(y):
+        raise ValueError(f"{len(scenarios)} scenarios, {len(groups)} groups, {len(x)} x and {len(y)} y: one each per "
+                         "record")
+    keep = np.isfinite(x) & np.isfinite(y)
+    group = Clusters.of(groups)
+    if len({(g, s) for g, s in zip(group.index, scenarios)}) != group.size:
+        raise ValueError("a group spans several scenarios: groups must be nested in scenarios")
+    count = group.sums(keep)
+    centred = []
+    for values in (x, y):
+        values = np.where(keep, values, 0.0)
+        centred.append(np.where(keep, values - _ratio(group.sums(values), count)[group.index], np.nan))
+    return regression_slope(scenarios, centred[0], centred[1], False, bootstrap)
+
+
 @dataclass(frozen=True)
 class DriveValues:
     """One world's per-drive values of a metric with each drive's scenario and policy."""

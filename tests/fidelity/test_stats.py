@@ -16,7 +16,7 @@ from scipy.stats import binom, kendalltau, spearmanr
 
 from terra.fidelity.stats import (FAIL, INCONCLUSIVE, PASS, Bootstrap, Clusters, DriveValues, Interval, decide,
                                   kendall_tau_rows, mean, paired_difference, rank_agreement, record_interval,
-                                  regression_slope, spearman_rho_rows)
+                                  regression_slope, spearman_rho_rows, within_slope)
 
 TOLERANCE = (0.90, 0.99)
 
@@ -84,6 +84,28 @@ def test_slopes_through_the_origin_and_with_an_intercept():
     nan_pairs = regression_slope(np.r_[scenario, 4], np.r_[x, np.nan], np.r_[2 * x, 7.0], intercept=False,
                                  bootstrap=Bootstrap(draws=50))
     assert nan_pairs.estimate == pytest.approx(2.0)
+
+
+def test_the_within_slope_ignores_differences_between_groups():
+    """Per-group constants that follow the groups' means (a frozen world's lane reading: each drive reads where it
+    started) have a pooled slope far from 0 and a within slope of 0; the within slope equals least squares with one
+    dummy intercept per group."""
+    rng = np.random.default_rng(4)
+    scenario = np.repeat(np.arange(6), 20)
+    group = np.repeat(np.arange(12), 10)  # two drives per scenario
+    start = rng.normal(0, 1.0, 12)
+    x = start[group] + rng.normal(0, 0.3, len(group))
+    frozen = start[group]
+    assert regression_slope(scenario, x, frozen, intercept=True).estimate > 0.5
+    assert within_slope(scenario, group, x, frozen).estimate == pytest.approx(0.0, abs=1e-12)
+    y = 0.7 * x + start[group] * 2 + rng.normal(0, 0.1, len(group))
+    y[3] = np.nan
+    keep = np.isfinite(y)
+    design = np.column_stack([x, group[:, None] == np.arange(12)])[keep]
+    expected = np.linalg.lstsq(design, y[keep], rcond=None)[0][0]
+    assert within_slope(scenario, group, x, y).estimate == pytest.approx(expected, rel=1e-10)
+    with pytest.raises(ValueError, match="nested in scenarios"):
+        within_slope(np.arange(len(group)) % 2, group, x, y)
 
 
 def test_the_same_seed_draws_the_same_replicates_for_every_statistic():
