@@ -25,7 +25,6 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.vision import find_lane
 from terra.fidelity.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, within_slope
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 
@@ -45,6 +44,8 @@ def _check_pair(world: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.nd
 def lane_reading(frame: np.ndarray) -> float:
     """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead as the lane detector reads it
     in ``frame``; NaN when it finds no lane."""
+    from terra.closedloop.vision import find_lane  # its module loads the closed loop's plans, and with them torch
+
     lane = find_lane(frame)
     return float("nan") if lane is None else lane.offset + lane.slope * LOOKAHEAD_M
 

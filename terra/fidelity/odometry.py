@@ -18,9 +18,12 @@ the one under which the two grounds match:
    forward motion by -4 % (measured on true renders).
 
 The estimate is refused (None) when the later frame's ground has no texture to track (a uniform frame), when the
-motion is unobservable from it (the normal matrix is singular), when too little of the ground stays in view, or when
-the aligned grounds do not match (normalised cross-correlation below ``min_match``: frames of noise, a cut). The
-motion is the camera's, which the renderer puts at the car's pose, so it is the car's.
+motion is unobservable from it (the normal matrix is singular), when too little of the ground stays in view, when
+the aligned grounds do not match (normalised cross-correlation below ``min_match``: frames of noise, a cut), and at
+night (a sky darker than :data:`MIN_SKY_LUMINANCE`): the ground is then lit by the car's own headlights
+(terra/sim/lighting.py), a pattern that moves with the camera and pulls the estimate towards no motion (the forward
+gain on night renders is 0.27, BENCHMARKS.md). The motion is the camera's, which the renderer puts at the car's
+pose, so it is the car's.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ SEARCH_DYAW_RAD = np.linspace(-0.08, 0.08, 5)
 MIN_MATCH = 0.5  # normalised cross-correlation of the aligned grounds below which no motion is reported
 MIN_OVERLAP = 0.2  # share of the later frame's ground cells that must stay in view of the earlier frame
 MIN_TEXTURE = 0.5  # mean luminance gradient (levels per metre) below which the ground is uniform
+MIN_SKY_LUMINANCE = 64.0  # mean luminance above the horizon: 127-148 in day scenes, 10-18 at night (30 scenes each)
 HUBER = 1.345  # Huber's constant, in robust standard deviations of the residual
 PHOTOMETRIC_PRIOR = 10.0  # prior standard deviation of each brightness parameter (levels; levels per metre)
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
@@ -142,6 +146,9 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
     grey_before, grey_after = luminance(before), luminance(after)
+    sky = camera(*before.shape[:2]).ground_row0
+    if min(grey_before[:sky].mean(), grey_after[:sky].mean()) < MIN_SKY_LUMINANCE:
+        return None
     motion, fit = None, None
     for grid in ladder(*before.shape[:2]):
         earlier, later = grid.image(grey_before), grid.image(grey_after)

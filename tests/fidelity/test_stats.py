@@ -10,6 +10,9 @@ sets (stated per test).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from scipy.stats import binom, kendalltau, spearmanr
@@ -215,3 +218,10 @@ def test_intervals_report_undefined_replicates_and_bad_settings():
     for bad in ({"draws": 5}, {"level": 1.0}, {"draws": 10.5}):
         with pytest.raises(ValueError, match="bootstrap"):
             Bootstrap(**bad)
+
+
+def test_the_wing_imports_without_torch():
+    code = ("import sys, terra.fidelity.stats, terra.fidelity.odometry, terra.fidelity.following, "
+            "terra.fidelity.agreement, terra.fidelity.exploit; assert 'torch' not in sys.modules, 'torch was imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
