@@ -139,15 +139,17 @@ def ladder(height: int, width: int) -> tuple[BirdsEye, ...]:
     return tuple(BirdsEye(height, width, level) for level in LEVELS)
 
 
-def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MIN_MATCH) -> Motion | None:
+def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MIN_MATCH,
+                    min_sky_luminance: float = MIN_SKY_LUMINANCE) -> Motion | None:
     """The planar motion of the camera from frame ``before`` to frame ``after`` (``[H, W, 3]`` RGB of the synthetic
-    world's camera), or None where it cannot be told (see the module's docstring)."""
+    world's camera), or None where it cannot be told (see the module's docstring; ``min_sky_luminance=0`` measures
+    night frames too, as scripts/benchmark_fidelity.py does to show why they are refused)."""
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
     grey_before, grey_after = luminance(before), luminance(after)
     sky = camera(*before.shape[:2]).ground_row0
-    if min(grey_before[:sky].mean(), grey_after[:sky].mean()) < MIN_SKY_LUMINANCE:
+    if min(grey_before[:sky].mean(), grey_after[:sky].mean()) < min_sky_luminance:
         return None
     motion, fit = None, None
     for grid in ladder(*before.shape[:2]):
