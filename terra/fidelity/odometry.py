@@ -12,10 +12,11 @@ the one under which the two grounds match:
 1. a coarse search over forward motion and yaw at the coarsest grid (lane dashes repeat every 10 m and the fields'
    squares every 16 m, so a local method alone can lock onto the wrong dash);
 2. inverse-compositional Lucas-Kanade (Baker & Matthews 2004) over the later frame's grid, coarse to fine,
-   Huber-weighted so that what is not ground (poles, parked cars, trees) does not pull. Haze brightens a point as it
-   recedes (Koschmieder's law, which the renderer's fog follows): each Gauss-Newton step also fits a brightness
-   offset and the first-order change of brightness with the change of the point's depth; left out, it biases the
-   forward motion by -4 % (measured on true renders).
+   Huber-weighted so that what is not ground (poles, parked cars, trees) does not pull. Haze pulls a point's colour
+   towards the haze's as it recedes (Koschmieder's law, which the renderer's fog follows): each Gauss-Newton step
+   also fits a brightness offset and, to first order in the change of the point's depth, a gain and an offset
+   proportional to that change (least squares with a weak prior, so that they vanish when nothing recedes); left
+   out, they bias the forward motion by -4 % (BENCHMARKS.md, "Fidelity measurements").
 
 The estimate is refused (None) when the later frame's ground has no texture to track (a uniform frame), when the
 motion is unobservable from it (the normal matrix is singular), when too little of the ground stays in view, when
