@@ -119,6 +119,7 @@ MAY_IMPORT = {
     "evaluation": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer"},
     "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "scoring", "pipeline", "tokenizer",
                    "decoder"},
+    "fidelity": {"sim", "closedloop", "pipeline"},  # the renderer's camera, the lane detector, PSNR / SSIM
     "face": {"core"},  # terra/__init__.py: the user-facing TerraInputError
 }
 MAY_IMPORT["apps"] = set(MAY_IMPORT) - {"apps", "face"}
@@ -144,7 +145,7 @@ PUBLIC = {
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
-        "egodriver", "navsim", "gym_env"))},
+        "egodriver", "navsim", "gym_env", "vision"))},
     "apps": {"terra.apps.runner"},  # an app imports no other app
 }
 PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")
