@@ -33,6 +33,7 @@ from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.samples import SAMPLE_SETTINGS
 from terra.inputs.trajectory import MANOEUVRES
 
+APP = "terra-rollout"  # the app whose run folders these are (terra/config/output_dir.py)
 NAMING = {
     "default": ("{sample_id}.{ext}", "{sample_id}.json"),
     "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),  # terra/config/actbench.py
@@ -233,7 +234,7 @@ def claim_output(spec: BatchSpec) -> OutputDir:
     # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
     return claim_output_dir(spec.output_dir, "output.dir", files=[spec.manifest_path.name, spec.summary_path.name],
                             inputs=[("samples file", spec.sample_files), ("world model", spec.run.world_model),
-                                    ("tokenizer", spec.run.tokenizer), ("refiner weights", refiner)])
+                                    ("tokenizer", spec.run.tokenizer), ("refiner weights", refiner)], app=APP)
 
 
 def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:

@@ -34,6 +34,9 @@ from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 
+APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (terra/config/output_dir.py)
+
+
 def file_stem(drive_id: str) -> str:
     """The name a drive's files start with: its id, any path separator made ``_``."""
     return drive_id.replace(os.sep, "_")
@@ -56,7 +59,8 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
             raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
                                   "give the scenarios or policies distinct names")
     names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
-    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs)
+    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs,
+                            app=APP)
 
 
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
