@@ -21,12 +21,24 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import imageio.v3 as iio
+import numpy as np
 import pytest
 
 from terra.batch.config import APP as ROLLOUT
-from terra.config.manifest import Manifest
+from terra.closedloop.loop import DriveSpec, run_drives
+from terra.closedloop.navsim import NavsimPolicy
+from terra.closedloop.policies import reference_policy
+from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.worlds import TrueWorld
+from terra.config.manifest import Manifest, read_manifest
 from terra.config.output_dir import claim_output_dir
 from terra.core.atomic import MARKER, owner
 
@@ -75,3 +87,147 @@ def test_drives_and_rollouts_never_share_a_folder(tmp_path):
     result = app("rollout", "samples=s.jsonl", f"output.dir={drives}", cwd=tmp_path)
     refused(result, "terra-rollout", f"output.dir={drives} holds the outputs of terra-drive")
     assert sorted(p.name for p in drives.iterdir()) == before
+
+
+# ---------------------------------------------------------------- user code behind one boundary
+
+SIZE = (72, 128)
+STRAIGHT = np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))]  # 8 m/s straight ahead, NAVSIM's 8 poses at 0.5 s
+
+
+class Hostile:
+    """A policy that misbehaves in one call (``build``, ``reset``, ``plan``, ``close``) as told: ``exit``
+    (sys.exit(3)), ``raise``, ``hang`` (until released), ``interrupt`` (KeyboardInterrupt) or ``write`` (writes
+    into its camera frame)."""
+
+    def __init__(self, call: str, how: str, release: threading.Event) -> None:
+        self.name, self.call, self.how, self.release = f"{call}_{how}", call, how, release
+        self.misbehave("build")
+
+    def misbehave(self, call: str) -> None:
+        if call != self.call:
+            return
+        if self.how == "exit":
+            sys.exit(3)
+        if self.how == "raise":
+            raise RuntimeError("boom")
+        if self.how == "interrupt":
+            raise KeyboardInterrupt
+        if self.how == "hang":
+            self.release.wait()
+
+    def reset(self, scenario) -> None:
+        if self.how == "write" and self.call == "reset":
+            scenario.images[:] = 0
+        self.misbehave("reset")
+
+    def plan(self, observation):
+        if self.how == "write" and self.call == "plan":
+            observation.frame[:] = 0
+        self.misbehave("plan")
+        return STRAIGHT
+
+    def close(self) -> None:
+        self.misbehave("close")
+
+
+@pytest.fixture
+def release():
+    event = threading.Event()
+    yield event
+    event.set()  # hung policies' threads end with the test
+
+
+def hostile_specs(scenario, cases, release):
+    return [DriveSpec(scenario, f"{call}_{how}", lambda call=call, how=how: Hostile(call, how, release))
+            for call, how in cases]
+
+
+def test_user_code_that_exits_raises_or_hangs_fails_its_own_drive_only(release):
+    scenario = synthetic_scenarios(1, 2, SIZE)[0]
+    cases = [(call, how) for call in ("build", "reset", "plan") for how in ("exit", "raise", "hang")]
+    specs = [*hostile_specs(scenario, cases, release), DriveSpec(scenario, "fine", reference_policy("constant_speed"))]
+    started = time.perf_counter()
+    drives = {d.spec.policy: d for d in run_drives(TrueWorld(SIZE), specs, 3, policy_timeout_s=0.5)}
+    took = time.perf_counter() - started
+    assert drives["fine"].ok and drives["fine"].steps == 3
+    for call, how in cases:
+        drive = drives[f"{call}_{how}"]
+        where = "plan at step 0" if call == "plan" else call
+        expected = {"exit": f"failed in {where}: it called sys.exit(3)",
+                    "raise": f"failed in {where}: RuntimeError: boom", "hang": f"timed out after 0.5 s in {where}"}
+        assert not drive.ok and drive.error == f"policy {call}_{how} {expected[how]}", drive.error
+        assert drive.stage == ("policy" if call == "plan" else "setup") and drive.steps == 0
+    assert took < 3 * 0.5 + 20, took  # three hangs of 0.5 s each, not a fixed 30 s per call
+
+
+def test_a_policy_that_fails_to_close_after_a_good_drive_leaves_a_warning(release, tmp_path):
+    scenario = synthetic_scenarios(1, 2, SIZE)[0]
+    specs = hostile_specs(scenario, [("close", "exit"), ("close", "raise"), ("close", "hang")], release)
+    result = drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "run", num_steps=2, progress=False,
+                                                                  policy_timeout_s=0.5))
+    assert result.counts == {"ok": 3, "failed": 0, "skipped": 0}
+    for spec, text in zip(specs, ("failed in close: it called sys.exit(3)", "failed in close: RuntimeError: boom",
+                                  "timed out after 0.5 s in close")):
+        record = json.loads((tmp_path / "run" / f"{spec.id}.json").read_text())
+        assert record["status"] == "ok" and record["complete"] and record["steps"] == 2
+        assert record["warnings"] == [f"policy {spec.policy} {text}"]
+
+
+def test_ctrl_c_raised_by_a_policy_stops_the_run(release):
+    scenario = synthetic_scenarios(1, 2, SIZE)[0]
+    with pytest.raises(KeyboardInterrupt):
+        run_drives(TrueWorld(SIZE), hostile_specs(scenario, [("plan", "interrupt")], release), 2)
+
+
+@dataclass
+class _Trajectory:  # navsim.common.dataclasses.Trajectory, as an agent returns it
+    poses: np.ndarray
+    trajectory_sampling: Any = field(default_factory=lambda: type("Sampling", (), {"interval_length": 0.5})())
+
+
+class ExitingAgent:
+    """A NAVSIM agent that ends the process on its second plan."""
+
+    def initialize(self) -> None:
+        self.calls = 0
+
+    def compute_trajectory(self, agent_input):
+        self.calls += 1
+        if self.calls == 2:
+            sys.exit(3)
+        return _Trajectory(STRAIGHT)
+
+
+class PaintingAgent(ExitingAgent):
+    """A NAVSIM agent that paints its newest camera frame black in place."""
+
+    def compute_trajectory(self, agent_input):
+        agent_input.cameras[-1].cam_f0.image[:] = 0
+        return _Trajectory(STRAIGHT)
+
+
+def test_an_agent_that_exits_or_paints_its_frames_fails_its_drive_and_changes_nothing_recorded(tmp_path, release):
+    scenarios = synthetic_scenarios(2, 2, SIZE)
+    clean = [s.images.copy() for s in scenarios]
+    specs = [DriveSpec(s, name, factory) for s in scenarios for name, factory in (
+        ("exits", lambda: NavsimPolicy(ExitingAgent(), "exits")),
+        ("paints", lambda: NavsimPolicy(PaintingAgent(), "paints")),
+        ("reset_write", lambda: Hostile("reset", "write", release)),
+        ("plan_write", lambda: Hostile("plan", "write", release)),
+        ("fine", reference_policy("constant_speed")))]
+    result = drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "run", num_steps=3, progress=False))
+    assert result.counts == {"ok": 2, "failed": 8, "skipped": 0}
+    records = {r["drive"]: r for r in read_manifest(tmp_path / "run" / "manifest.jsonl")}
+    assert len(records) == 10
+    read_only = "assignment destination is read-only (what a policy is handed is read-only: copy an array"
+    for scenario, images in zip(scenarios, clean):
+        np.testing.assert_array_equal(scenario.images, images)  # no drive changed a scenario
+        expected = {"exits": "policy exits failed in plan at step 1: it called sys.exit(3)",
+                    "paints": f"policy paints failed in plan at step 0: ValueError: {read_only}",
+                    "reset_write": f"policy reset_write failed in reset: ValueError: {read_only}",
+                    "plan_write": f"policy plan_write failed in plan at step 0: ValueError: {read_only}"}
+        for name, error in expected.items():
+            assert records[f"{scenario.id}__{name}"]["error"].startswith(error), records[f"{scenario.id}__{name}"]
+        video = iio.imread(tmp_path / "run" / f"{scenario.id}__exits.mp4")
+        assert len(video) == 3 + 1 and video[:3].mean() > 50  # the context and one frame, as the world made them
