@@ -124,25 +124,26 @@ def reference_policy(name: str) -> Callable[[], Policy]:
     return REFERENCE_POLICIES[name]
 
 
-def policy_factories(entries: Sequence[str]) -> dict[str, Callable[[], Policy]]:
+def policy_factories(entries: Sequence[str], timeout_s: float = 30.0) -> dict[str, Callable[[], Policy]]:
     """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml), by name, each a factory built and
     checked now: a reference policy, :data:`ALL_REFERENCE`, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of
-    AlpaSim's egodriver contract, terra/closedloop/egodriver.py) or ``navsim:MODULE:CLASS`` (a NAVSIM agent class,
-    imported here and built with no arguments: terra/closedloop/navsim.py)."""
+    AlpaSim's egodriver contract, terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``) or
+    ``navsim:MODULE:CLASS`` (a NAVSIM agent class, imported here and built with no arguments:
+    terra/closedloop/navsim.py)."""
     names = [name for entry in entries for name in (REFERENCE_POLICIES if entry == ALL_REFERENCE else [entry])]
     if len(set(names)) != len(names):
         raise TerraInputError(f"policies names one twice ({names}); list each once")
-    return {name: _factory(name) for name in names}
+    return {name: _factory(name, timeout_s) for name in names}
 
 
-def _factory(entry: str) -> Callable[[], Policy]:
+def _factory(entry: str, timeout_s: float) -> Callable[[], Policy]:
     if entry.startswith("grpc:") or entry.startswith("unix:"):
         target = entry[len("grpc:"):] if entry.startswith("grpc:") else entry
 
         def remote() -> Policy:
             from terra.closedloop.egodriver import EgodriverPolicy
 
-            return EgodriverPolicy(target, entry)
+            return EgodriverPolicy(target, entry, timeout_s)
 
         return remote
     if entry.startswith("navsim:"):

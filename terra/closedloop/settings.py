@@ -116,7 +116,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE})")
-    policies = policy_factories(entries)
+    policies = policy_factories(entries, float(values["policy_timeout_s"]))
     world = check_choice(select(cfg, "world"), "world", WORLDS)
     setting = str(select(cfg, "scenarios"))
     executor = check_choice(select(cfg, "executor"), "executor", EXECUTORS)
