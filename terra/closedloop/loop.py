@@ -8,7 +8,9 @@ pose is integrated from the commanded action by :func:`terra.inputs.ego_motion.a
 policy (build, reset, plan, close) crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``: a
 policy that raises, exits, overruns its deadline or returns a plan that is not finite or of the wrong shape ends
 its own drive with one recorded reason; the other drives go on. A policy that fails to close after a good drive
-leaves a warning on it, not a failure (its frames, plans and metrics are whole).
+leaves a warning on it, not a failure (its frames, plans and metrics are whole). A drive whose car leaves the
+scene (terra/closedloop/scenarios.py, ``Scenario.left_scene``) ends there, early but not failed: the step that
+left, a frame of nothing, is not kept.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class Drive:
     policy_s: list[float] = field(default_factory=list)
     stage: str | None = None  # where it failed: setup | policy | world
     error: str | None = None
+    ended: str | None = None  # why it ended before num_steps (the car left the scene), not failed
     warnings: list[str] = field(default_factory=list)  # what went wrong without spoiling the drive (a close)
     policy: Any = None
     handle: Any = None
@@ -118,6 +121,12 @@ class Drive:
     def fail(self, stage: str, message: str) -> None:
         if self.error is None:
             self.stage, self.error = stage, message
+
+    def end(self, reason: str) -> None:
+        """End the drive early with ``reason``, its last step (the frame, pose, speed, plan and action) undone."""
+        self.ended = reason
+        for record in (self.frames, self.poses, self.speeds, self.plans, self.actions, self.policy_s):
+            del record[-1]
 
     def observation(self, history: int) -> Observation:
         """What the policy sees now: the newest ``history`` frames with their ego states and poses."""
@@ -169,7 +178,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
     timings.setup_s += time.perf_counter() - started
     try:
         for step in range(num_steps):
-            going = [d for d in drives if d.ok]
+            going = [d for d in drives if d.ok and d.ended is None]
             if not going:
                 break
             started = time.perf_counter()
@@ -185,6 +194,10 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                     del drive.actions[-1], drive.plans[-1], drive.policy_s[-1]
                     continue
                 drive.advance(frame)
+                start = np.asarray(drive.spec.scenario.start_pose, np.float64)
+                left = drive.spec.scenario.left_scene(compose(start, drive.poses[-1][None])[0])
+                if left is not None:
+                    drive.end(f"{left} at step {step}")
             if progress is not None:
                 progress(step + 1)
     finally:

@@ -2,15 +2,16 @@
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
 generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
-failure, warnings (a policy that failed to close after a good drive), plans, actions, poses, speeds, policy times,
-metrics, fingerprint), written atomically, the JSON last (strict JSON: terra/core/atomic.py, ``json_text``);
-``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive
-as it is written (``status`` ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure);
-``manifest.summary.json``; the folder's marker, listing every name the run writes; and while a run goes, the
-folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the folder before any work
-(terra/config/output_dir.py: apart from the run's inputs, and every file it would write over one the toolkit
-wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world and
-model settings: terra/config/spec.py's rule), says it is complete and its video exists: a rerun skips it.
+failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good drive),
+plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last (strict JSON:
+terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``:
+terra/config/manifest.py), one record per drive as it is written (``status`` ok | failed | skipped = already
+complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name
+the run writes; and while a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the
+folder before any work (terra/config/output_dir.py: apart from the run's inputs, and every file it would write over
+one the toolkit wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
+steps, world and model settings: terra/config/spec.py's rule), says it is complete and its video exists: a rerun
+skips it.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     return {
         "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
         "world": drive.world, "seed": drive.spec.seed, "status": "ok" if drive.ok else "failed",
-        "stage": drive.stage, "error": drive.error, "warnings": drive.warnings, "num_context": drive.num_context,
+        "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
+        "num_context": drive.num_context,
         "steps": drive.steps,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
@@ -143,5 +145,6 @@ def manifest_record(content: dict, status: str, seconds: float | None = None) ->
     truth = content.get("metrics", {}).get("truth") or {}
     return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
             "world": content["world"], "status": status, "stage": content.get("stage"),
-            "error": content.get("error"), "steps": content.get("steps"), "time_in_lane": truth.get("time_in_lane"),
+            "error": content.get("error"), "ended": content.get("ended"), "steps": content.get("steps"),
+            "time_in_lane": truth.get("time_in_lane"),
             "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}

@@ -383,3 +383,22 @@ def test_driver_errors_are_one_line_without_rpc_reprs():
     assert "_InactiveRpcError" not in drive.error and "\n" not in drive.error and "<" not in drive.error
 
 
+# ---------------------------------------------------------------- a drive ends when the car leaves the scene
+
+
+def test_a_drive_ends_when_the_car_leaves_the_scene(tmp_path):
+    scenario = synthetic_scenarios(1, 2, (36, 64))[0]
+    spec = DriveSpec(scenario, "straight", Straight)
+    result = drive_and_record(TrueWorld((36, 64)), [spec], RunSettings(tmp_path / "run", num_steps=10_000,
+                                                                       progress=False, videos=False))
+    record = json.loads((tmp_path / "run" / f"{spec.id}.json").read_text())
+    assert result.counts["ok"] == 1 and record["status"] == "ok" and record["complete"]
+    assert record["ended"].startswith(("the car passed an end of the scene's 600 m road at step ",
+                                       "the car left the scene, ")), record["ended"]
+    assert 10 < record["steps"] < 300 and int(record["ended"].rsplit(" ", 1)[1]) == record["steps"]
+    assert scenario.left_scene(record["world_poses"][-1]) is None  # the step that left is not kept
+    assert len(record["world_poses"]) == record["steps"] + 1
+    [line] = read_manifest(tmp_path / "run" / "manifest.jsonl")
+    assert line["status"] == "ok" and line["ended"] == record["ended"]
+
+
