@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+
+
+DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null (conf/drive.yaml), made only once held
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="drive", version_base=None)
@@ -27,7 +30,7 @@ def _main(cfg: DictConfig) -> None:
 
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env."))
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
-    out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(HydraConfig.get().runtime.output_dir)
+    out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
     settings = drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line
 
     from terra.closedloop.drives import drive

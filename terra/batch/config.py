@@ -21,12 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
-from terra.config.checks import Range, check_choice, check_flag, plain, shown
+from terra.config.checks import Range, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
-from terra.config.ray_settings import EXECUTORS, RaySettings, removed_setting
+from terra.config.ray_settings import RaySettings, check_executor, removed_setting
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
@@ -251,7 +251,7 @@ def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     if own["shard_index"] >= own["num_shards"]:
         raise TerraInputError(f"shard_index={own['shard_index']} must be below num_shards={own['num_shards']} "
                               f"(shards are numbered 0..{own['num_shards'] - 1})")
-    check_choice(own["executor"], "executor", EXECUTORS)
+    check_executor(own["executor"])
     ray = RaySettings.parse(own["ray"])
     naming = own["naming"]
     if naming not in NAMING:

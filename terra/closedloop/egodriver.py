@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 import uuid
 from typing import Any, Callable
@@ -36,6 +37,27 @@ STEP_US = 100_000  # 10 Hz
 CAMERA_ID = "camera_front"
 MIN_QUATERNION_NORM = 1e-6  # below it a rotation is degenerate (carla_driver_interface reads it as no rotation)
 MAX_POSITION_M = 1e7  # a plan's positions beyond this are nonsense (and would overflow the geometry)
+MAX_SOCKET_PATH_BYTES = 107  # a Unix socket's path (sun_path) holds no more
+
+
+def driver_target(entry: str) -> str:
+    """The gRPC target of a ``policies`` entry: ``grpc:HOST:PORT`` (``grpc:[::1]:PORT`` for IPv6) as ``HOST:PORT``,
+    ``unix:PATH`` / ``unix:///ABSOLUTE/PATH`` as it is; checked before any drive (one line otherwise)."""
+    if entry.startswith("unix:"):
+        path = entry[len("unix:"):]
+        path = path[2:] if path.startswith("//") else path
+        if not path or "\0" in path or len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+            raise TerraInputError(f"policies: {entry!r} names no Unix socket path of at most {MAX_SOCKET_PATH_BYTES} "
+                                  "bytes; give unix:///absolute/path.sock or unix:relative/path.sock")
+        return entry
+    address = entry[len("grpc:"):]
+    host, _, port = address.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [IPv6]
+    if (not bare or any(c.isspace() or c in "/@[]" for c in bare) or (":" in bare and bare == host)
+            or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535):
+        raise TerraInputError(f"policies: {entry!r} is not grpc:HOST:PORT with a port from 1 to 65535; e.g. "
+                              "grpc:127.0.0.1:50051 (grpc:[::1]:50051 for IPv6)")
+    return address
 
 
 def _camera(width: int, height: int):

@@ -14,7 +14,6 @@ The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias
 from __future__ import annotations
 
 import hashlib
-import importlib
 from collections import deque
 from typing import Callable, Sequence
 
@@ -138,7 +137,9 @@ def policy_factories(entries: Sequence[str], timeout_s: float = 30.0) -> dict[st
 
 def _factory(entry: str, timeout_s: float) -> Callable[[], Policy]:
     if entry.startswith("grpc:") or entry.startswith("unix:"):
-        target = entry[len("grpc:"):] if entry.startswith("grpc:") else entry
+        from terra.closedloop.egodriver import driver_target
+
+        target = driver_target(entry)  # checked now, before any drive
 
         def remote() -> Policy:
             from terra.closedloop.egodriver import EgodriverPolicy
@@ -147,17 +148,14 @@ def _factory(entry: str, timeout_s: float) -> Callable[[], Policy]:
 
         return remote
     if entry.startswith("navsim:"):
-        module, _, name = entry[len("navsim:"):].rpartition(":")
-        try:
-            agent_class = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise TerraInputError(f"policies: cannot load the NAVSIM agent {entry!r} ({type(err).__name__}: {err}); "
-                                  "give navsim:package.module:Class, importable here") from None
+        from terra.closedloop.navsim import agent_class as load_agent
+
+        agent_class = load_agent(entry)  # imported and checked now, before any drive
 
         def agent() -> Policy:
             from terra.closedloop.navsim import NavsimPolicy
 
-            return NavsimPolicy(agent_class(), name)
+            return NavsimPolicy(agent_class(), entry.rpartition(":")[2])
 
         return agent
     if entry not in REFERENCE_POLICIES:

@@ -36,6 +36,7 @@ import grpc
 import imageio.v3 as iio
 import numpy as np
 import pytest
+from hydra import compose as compose_config, initialize_config_dir
 from gymnasium.error import InvalidAction, ResetNeeded
 from carla_driver_interface.protocol import (
     DriveResponse,
@@ -46,7 +47,9 @@ from carla_driver_interface.protocol import (
     add_EgodriverServiceServicer_to_server,
 )
 
+from terra.apps.runner import CONF_DIR
 from terra.batch.config import APP as ROLLOUT
+from terra.closedloop.drives import drive as run_drive_settings
 from terra.closedloop.egodriver import EgodriverPolicy
 from terra.closedloop.gym_env import DriveEnv, DriveVectorEnv
 from terra.closedloop.loop import DriveSpec, run_drives
@@ -55,9 +58,11 @@ from terra.closedloop.plans import Plan
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
 from terra.config.manifest import Manifest, read_manifest
 from terra.config.output_dir import claim_output_dir
+from terra.config.ray_settings import check_executor
 from terra.core.atomic import MARKER, owner
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose, to_ego
@@ -65,7 +70,7 @@ from terra.inputs.ego_motion import compose, to_ego
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 ENV.pop("HYDRA_FULL_ERROR", None)
-TRUTH = ["world=truth", "num_scenarios=1", "num_steps=2", "policies=[constant_speed]", "progress=false"]
+TRUTH = ["num_scenarios=1", "num_steps=2", "policies=[constant_speed]", "progress=false"]  # on world=truth
 
 
 def app(module: str, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -82,6 +87,13 @@ def refused(result: subprocess.CompletedProcess, prog: str, text: str) -> str:
     return lines[0]
 
 
+def drive_settings_of(out: Path, *overrides: str):
+    """terra-drive's settings of ``overrides`` (the app's edge, in process)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose_config("drive", overrides=["world=truth", *overrides])
+    return drive_settings(cfg, out)
+
+
 # ---------------------------------------------------------------- one output folder, one app
 
 
@@ -94,13 +106,13 @@ def test_drives_and_rollouts_never_share_a_folder(tmp_path):
         manifest = Manifest(folder / "manifest.jsonl")
         manifest.add({"sample_id": "a", "status": "ok"})
         manifest.close()
-    for folder in (rollout, legacy):
         before = sorted(p.name for p in folder.iterdir()), (folder / "manifest.jsonl").read_bytes()
-        result = app("drive", *TRUTH, f"output_dir={folder}", cwd=tmp_path)
-        refused(result, "terra-drive", f"output_dir={folder} holds the outputs of terra-rollout")
+        with pytest.raises(TerraInputError, match=f"^output_dir={folder} holds the outputs of terra-rollout, which "
+                                                  "terra-drive would write over or mix with"):
+            drive_settings_of(folder, *TRUTH)
         assert (sorted(p.name for p in folder.iterdir()), (folder / "manifest.jsonl").read_bytes()) == before
     drives = tmp_path / "drives"
-    assert app("drive", *TRUTH, f"output_dir={drives}", cwd=tmp_path).returncode == 0
+    assert run_drive_settings(drive_settings_of(drives, *TRUTH), progress=False).exit_code == 0
     assert owner(drives) == "terra-drive"
     (tmp_path / "s.jsonl").write_text('{"sample_id": "a", "context": "ctx", "manoeuvre": "straight"}\n')
     before = sorted(p.name for p in drives.iterdir())
@@ -427,3 +439,84 @@ def test_a_drive_ends_when_the_car_leaves_the_scene(tmp_path):
     side = np.array([-np.sin(start[2]), np.cos(start[2]), 0.0])
     assert scenario.left_scene(start + 200 * side) is None
     assert scenario.left_scene(start + 300 * side).startswith("the car left the scene, 298 m from the road")
+
+
+# ---------------------------------------------------------------- nonsense refused before any work
+
+AGENTS = {  # modules of NAVSIM agents, hostile at import or as classes
+    "terra_test_agents_ok": "class Agent:\n    def __init__(self, checkpoint='none'):\n        pass\n\n"
+                            "def make_agent():\n    return Agent()\n\n"
+                            "class NeedsArgs:\n    def __init__(self, checkpoint, *, lr):\n        pass\n",
+    "terra_test_agents_syntax": "class Agent:\n    def broken(:\n        pass\n",
+    "terra_test_agents_raises": "raise RuntimeError('no GPU here')\n",
+    "terra_test_agents_exits": "import sys\nsys.exit(4)\n",
+}
+
+
+@pytest.fixture
+def agents(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "agents"
+    folder.mkdir()
+    for name, text in AGENTS.items():
+        (folder / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("entry, text", [
+    ("grpc:", "'grpc:' is not grpc:HOST:PORT with a port from 1 to 65535"),
+    ("grpc:localhost", "'grpc:localhost' is not grpc:HOST:PORT"),
+    ("grpc:localhost:99999", "'grpc:localhost:99999' is not grpc:HOST:PORT with a port from 1 to 65535"),
+    ("grpc:localhost:0", "'grpc:localhost:0' is not grpc:HOST:PORT"),
+    ("grpc::50051", "'grpc::50051' is not grpc:HOST:PORT"),
+    ("grpc:::1:50051", "'grpc:::1:50051' is not grpc:HOST:PORT with a port from 1 to 65535; e.g. "
+                       "grpc:127.0.0.1:50051 (grpc:[::1]:50051 for IPv6)"),
+    ("grpc:my host:50051", "'grpc:my host:50051' is not grpc:HOST:PORT"),
+    ("unix:", "'unix:' names no Unix socket path of at most 107 bytes"),
+    ("unix://", "'unix://' names no Unix socket path"),
+    (f"unix:///{'a' * 200}.sock", "names no Unix socket path of at most 107 bytes"),
+    ("navsim:terra_test_agents_ok:make_agent", "terra_test_agents_ok.make_agent is a function, not a class"),
+    ("navsim:terra_test_agents_ok:Missing", "terra_test_agents_ok.Missing is nothing, not a class"),
+    ("navsim:terra_test_agents_ok:NeedsArgs", "NeedsArgs() needs checkpoint, lr, and an agent is built with no "
+                                              "arguments; give them defaults"),
+    ("navsim:terra_test_agents_syntax:Agent", "importing terra_test_agents_syntax failed: SyntaxError: invalid syntax"),
+    ("navsim:terra_test_agents_raises:Agent", "importing terra_test_agents_raises failed: RuntimeError: no GPU here"),
+    ("navsim:terra_test_agents_exits:Agent", "importing terra_test_agents_exits failed: it called sys.exit(4)"),
+    ("navsim:Agent", "cannot load the NAVSIM agent 'navsim:Agent': give navsim:package.module:Class"),
+])
+def test_policy_targets_are_parsed_and_imported_once_before_any_drive(tmp_path, agents, entry, text):
+    with pytest.raises(TerraInputError) as caught:
+        drive_settings_of(tmp_path / "out", f"policies=[{entry!r}]")
+    assert text in str(caught.value) and str(caught.value).startswith("policies: "), caught.value
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_targets_pass_and_executor_ray_needs_ray(tmp_path, agents, monkeypatch):
+    settings = drive_settings_of(tmp_path / "out", "policies=['grpc:[::1]:50051',unix:///tmp/d.sock,"
+                                                   "unix:d.sock,navsim:terra_test_agents_ok:Agent]")
+    assert list(settings.policies) == ["grpc:[::1]:50051", "unix:///tmp/d.sock", "unix:d.sock",
+                                       "navsim:terra_test_agents_ok:Agent"]
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    for check in (lambda: drive_settings_of(tmp_path / "out", "executor=ray"), lambda: check_executor("ray")):
+        with pytest.raises(TerraInputError, match=r"^executor=ray needs Ray, which is not installed here: pip install"):
+            check()
+    for frames in (0, -2, 1.5):
+        with pytest.raises(TerraInputError, match="num_history_frames must be a whole number of at least 1"):
+            NavsimPolicy(ExitingAgent(), num_history_frames=frames)
+
+
+def test_the_app_refuses_in_one_line_and_leaves_nothing_behind(tmp_path, agents):
+    (tmp_path / "run").mkdir()
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(agents), ENV.get("PYTHONPATH", "")])}
+    for args, text in ((["num_steps=-3"], "num_steps must be a whole number from 1 to 10000 (got -3)"),
+                       (["policies=[grpc:]"], "policies: 'grpc:' is not grpc:HOST:PORT"),
+                       (["policies=[navsim:terra_test_agents_syntax:Agent]"], "failed: SyntaxError: invalid syntax"),
+                       (["policies=[navsim:terra_test_agents_ok:NeedsArgs]"], "NeedsArgs() needs checkpoint, lr")):
+        result = subprocess.run([sys.executable, "-m", "terra.apps.drive", "world=truth", *args], capture_output=True,
+                                text=True, timeout=300, cwd=tmp_path / "run", env=env)
+        refused(result, "terra-drive", text)
+        assert not any((tmp_path / "run").iterdir()), list((tmp_path / "run").iterdir())  # no outputs/drives/...
+    result = subprocess.run([sys.executable, "-m", "terra.apps.drive", "world=truth", *TRUTH, "output_dir=out"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path / "run", env=env)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["out"]  # and no outputs/drives/... beside it
