@@ -520,3 +520,28 @@ def test_the_app_refuses_in_one_line_and_leaves_nothing_behind(tmp_path, agents)
                             capture_output=True, text=True, timeout=300, cwd=tmp_path / "run", env=env)
     assert result.returncode == 0 and not result.stderr, result.stderr
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["out"]  # and no outputs/drives/... beside it
+
+
+# ---------------------------------------------------------------- one line per problem on stderr
+
+
+@pytest.mark.parametrize("module, prog, args, text", [
+    ("drive", "terra-drive", ["--bogus"], "unknown option '--bogus'; settings are given as KEY=VALUE"),
+    ("drive", "terra-drive", ["world=truth", "-x"], "unknown option '-x'"),
+    ("generate", "terra-generate", ["--cfg", "everything"], "argument --cfg/-c: invalid choice: 'everything'"),
+])
+def test_a_mistyped_flag_is_one_line_without_usage(tmp_path, module, prog, args, text):
+    result = app(module, *args, cwd=tmp_path)
+    line = refused(result, prog, text)
+    assert "usage:" not in line and not any(tmp_path.iterdir())
+
+
+def test_a_driver_answering_garbage_is_one_line_of_its_drive_and_nothing_else(tmp_path):
+    with grpc_server(garbage=True) as target:
+        result = app("drive", "world=truth", *TRUTH[:2], f"policies=['grpc:{target}']", "progress=false",
+                     "output_dir=out", cwd=tmp_path)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr and "deserializ" not in result.stdout, result.stdout
+    failures = [line for line in result.stderr.splitlines() if "failed" in line]
+    assert len(failures) == 1 and "INTERNAL: Exception deserializing response!" in failures[0], result.stderr
+    assert not [line for line in result.stderr.splitlines() if re.match(r"^[EWI]\d{4} ", line)]  # no C-core lines
