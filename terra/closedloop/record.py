@@ -2,15 +2,16 @@
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
 generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
-failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
-(strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
-``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
-ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
-folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
-:func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
-inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
-same fingerprint (scenario, policy, seed, steps, world and model settings: terra/config/spec.py's rule), says it is
-complete and its video exists: a rerun skips it.
+failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good drive),
+plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last (strict JSON:
+terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``:
+terra/config/manifest.py), one record per drive as it is written (``status`` ok | failed | skipped = already
+complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name
+the run writes; and while a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the
+folder before any work (terra/config/output_dir.py: apart from the run's inputs, and every file it would write over
+one the toolkit wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
+steps, world and model settings: terra/config/spec.py's rule), says it is complete and its video exists: a rerun
+skips it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 
+APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (terra/config/output_dir.py)
+
+
 def file_stem(drive_id: str) -> str:
     """The name a drive's files start with: its id, any path separator made ``_``."""
     return drive_id.replace(os.sep, "_")
@@ -56,7 +60,8 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
             raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
                                   "give the scenarios or policies distinct names")
     names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
-    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs)
+    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs,
+                            app=APP)
 
 
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
@@ -100,7 +105,9 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     return {
         "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
         "world": drive.world, "seed": drive.spec.seed, "status": "ok" if drive.ok else "failed",
-        "stage": drive.stage, "error": drive.error, "num_context": drive.num_context, "steps": drive.steps,
+        "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
+        "num_context": drive.num_context,
+        "steps": drive.steps,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
         "poses": np.round(np.array(drive.poses), 4).tolist(),
@@ -114,9 +121,9 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, error
     """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
     world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
     return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world, "seed": None,
-            "status": "failed", "stage": "world", "error": error, "num_context": 0, "steps": 0, "frames": 0,
-            "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [], "speeds_mps": [],
-            "policy_s": [], "fingerprint": None, "complete": False}
+            "status": "failed", "stage": "world", "error": error, "warnings": [], "num_context": 0, "steps": 0,
+            "frames": 0, "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [],
+            "speeds_mps": [], "policy_s": [], "fingerprint": None, "complete": False}
 
 
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
@@ -138,5 +145,6 @@ def manifest_record(content: dict, status: str, seconds: float | None = None) ->
     truth = content.get("metrics", {}).get("truth") or {}
     return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
             "world": content["world"], "status": status, "stage": content.get("stage"),
-            "error": content.get("error"), "steps": content.get("steps"), "time_in_lane": truth.get("time_in_lane"),
+            "error": content.get("error"), "ended": content.get("ended"), "steps": content.get("steps"),
+            "time_in_lane": truth.get("time_in_lane"),
             "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}
