@@ -18,6 +18,8 @@ copies of every drive's frame history would cost a copy per plan; and a write is
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FuturesTimeout
@@ -25,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from terra.core.errors import error_line
+from terra.core.errors import TerraInputError, error_line
 
 
 class UserCodeError(Exception):
@@ -96,3 +98,19 @@ def handed(value: Any) -> Any:
 
     return dataclasses.replace(value, **{f.name: frozen(getattr(value, f.name))
                                          for f in dataclasses.fields(value) if f.init})
+
+
+def user_class(module: str, name: str, where: str, fix: str) -> type:
+    """The class ``module.name`` of user code, imported now; ``where`` opens the one line of a failure (the setting
+    and what it names), ``fix`` says what to give instead."""
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as err:
+        raise TerraInputError(f"{where} ({type(err).__name__}: {err}); {fix}, importable here (PYTHONPATH)") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)
+        raise TerraInputError(f"{where}: importing {module} failed: {reason(err)}; fix the module") from None
+    found = getattr(loaded, name, None)
+    if not inspect.isclass(found):
+        what = "nothing" if found is None else f"a {type(found).__name__}"
+        raise TerraInputError(f"{where}: {module}.{name} is {what}, not a class; {fix}")
+    return found

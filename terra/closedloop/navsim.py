@@ -14,14 +14,13 @@ becomes the plan.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import numpy as np
 
-from terra.closedloop.guard import reason
+from terra.closedloop.guard import user_class
 from terra.closedloop.plans import Observation, Plan
 from terra.config.checks import check_whole_number
 from terra.core.errors import TerraInputError
@@ -114,17 +113,7 @@ def agent_class(entry: str) -> type:
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
     if not module or not name:
         raise TerraInputError(f"{where}: give navsim:package.module:Class")
-    try:
-        loaded = importlib.import_module(module)
-    except ImportError as err:
-        raise TerraInputError(f"{where} ({type(err).__name__}: {err}); give navsim:package.module:Class, importable "
-                              "here (PYTHONPATH)") from None
-    except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)
-        raise TerraInputError(f"{where}: importing {module} failed: {reason(err)}; fix the module") from None
-    found = getattr(loaded, name, None)
-    if not inspect.isclass(found):
-        what = "nothing" if found is None else f"a {type(found).__name__}"
-        raise TerraInputError(f"{where}: {module}.{name} is {what}, not a class; name the agent's class")
+    found = user_class(module, name, where, "give navsim:package.module:Class")
     try:
         signature = inspect.signature(found)
     except (TypeError, ValueError):  # a class whose signature Python cannot tell: built as it is

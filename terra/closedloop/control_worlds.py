@@ -1,0 +1,153 @@
+"""Worlds known to be wrong: the controls that show the fidelity verdict can fail (terra/closedloop/verdict.py).
+
+A verdict that passes the world model must fail each of these, or it cannot tell a world model from a broken one
+(README, "Is the world model a simulator?"). Each implements the :class:`~terra.closedloop.worlds.World` interface
+and drives as any world does:
+
+* ``frozen``: the last context frame, whatever the car does;
+* ``gray``: uniform mid-gray frames, no lane ever visible;
+* ``mirrored``: the true renders at the car's pose, mirrored left-right;
+* ``late``: the true renders :data:`LATE_STEPS` steps (1 s) late: frame t shows the pose of step t - 10 (the start
+  pose until then);
+* ``zero_actions``: the world model fed the action of a car standing still (every point of the 3 s path at the
+  origin), whatever the car does;
+* ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
+  so the model renders driving straight at the commanded speed while the car steers.
+
+The first four need the synthetic world's scene (the true world's scenarios); the last two share the model world's
+engine (they run after it, never beside it). :func:`control_world` builds one by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from terra.closedloop.scenarios import Scenario
+from terra.closedloop.worlds import ModelWorld, TrueWorld
+from terra.core.errors import TerraInputError
+
+GRAY_LEVEL = 128
+LATE_STEPS = 10  # 1 s at 10 Hz
+SCENE_CONTROLS = ("frozen", "gray", "mirrored", "late")
+MODEL_CONTROLS = ("zero_actions", "straight")
+CONTROL_WORLDS = SCENE_CONTROLS + MODEL_CONTROLS
+
+
+class FrozenWorld:
+    """The scenario's last context frame forever."""
+
+    name = "frozen"
+
+    def __init__(self, image_size: Sequence[int]) -> None:
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.generate_s = 0.0
+        self.decode_s = 0.0
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> Scenario:
+        return scenario
+
+    def context_frames(self, drive: Scenario) -> np.ndarray:
+        return drive.images
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        return [drive.images[-1].copy() for drive in drives]
+
+    def close(self, drive) -> None:
+        pass
+
+
+class GrayWorld(FrozenWorld):
+    """Uniform mid-gray frames."""
+
+    name = "gray"
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        return [np.full((*self.image_size, 3), GRAY_LEVEL, dtype=np.uint8) for _ in drives]
+
+
+class MirroredWorld(TrueWorld):
+    """The true renders at the car's pose, mirrored left-right."""
+
+    name = "mirrored"
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        return [f if isinstance(f, BaseException) else np.ascontiguousarray(f[:, ::-1])
+                for f in super().step(drives, actions, poses)]
+
+
+class LateWorld(TrueWorld):
+    """The true renders ``delay`` steps late: each step shows the pose the car had ``delay`` steps before (the
+    start pose until then)."""
+
+    name = "late"
+
+    def __init__(self, image_size: Sequence[int], delay: int = LATE_STEPS) -> None:
+        super().__init__(image_size)
+        self.delay = delay
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Any, list[np.ndarray]]:
+        start = np.asarray(scenario.start_pose, dtype=np.float64)
+        return super().open(scenario, seed, max_frames), [start] * self.delay
+
+    def context_frames(self, drive) -> np.ndarray:
+        return super().context_frames(drive[0])
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        shown = []
+        for (_, past), pose in zip(drives, poses):
+            past.append(np.asarray(pose, dtype=np.float64))
+            shown.append(past.pop(0))
+        return super().step([inner for inner, _ in drives], actions, shown)
+
+
+def standing_still(action: np.ndarray) -> np.ndarray:
+    """The action of a car that stays where it is: every point at the origin, the times kept."""
+    still = np.array(action, dtype=np.float32, copy=True)
+    still[:, :2] = 0.0
+    return still
+
+
+def straightened(action: np.ndarray) -> np.ndarray:
+    """The action's points each at its distance from the car, straight ahead (action columns: y, x, time)."""
+    straight = np.array(action, dtype=np.float32, copy=True)
+    straight[:, 1] = np.hypot(action[:, 0], action[:, 1])
+    straight[:, 0] = 0.0
+    return straight
+
+
+class ActionControlWorld:
+    """The world model (``model``, a :class:`~terra.closedloop.worlds.ModelWorld`) fed ``transform(action)``
+    instead of the car's action; drives, context and decoding are the model world's."""
+
+    def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.name, self.model, self.transform = name, model, transform
+        self.generate_s = 0.0
+        self.decode_s = 0.0
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
+        return self.model.open(scenario, seed, max_frames)
+
+    def context_frames(self, drive) -> np.ndarray:
+        return self.model.context_frames(drive)
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        generate, decode = self.model.generate_s, self.model.decode_s
+        frames = self.model.step(drives, [self.transform(np.asarray(a)) for a in actions], poses)
+        self.generate_s += self.model.generate_s - generate
+        self.decode_s += self.model.decode_s - decode
+        return frames
+
+    def close(self, drive) -> None:
+        self.model.close(drive)
+
+
+def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None = None):
+    """The built-in control world ``name`` (:data:`CONTROL_WORLDS`); the model's controls need ``model``."""
+    if name in MODEL_CONTROLS:
+        if model is None:
+            raise TerraInputError(f"the control world {name} is the world model fed other actions: it needs a model "
+                                  "world")
+        return ActionControlWorld(name, model, standing_still if name == "zero_actions" else straightened)
+    return {"frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld}[name](image_size)

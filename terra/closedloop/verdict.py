@@ -1,0 +1,203 @@
+"""The fidelity verdict: is a world a simulator of the synthetic world? Judged per statistic, with intervals, for the
+world model and for worlds known to be wrong (terra/closedloop/control_worlds.py), so the verdict is seen to fail.
+
+Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
+(terra/closedloop/record.py; the per-drive measurements of terra/closedloop/drive_fidelity.py), each statistic of
+:data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/fidelity/stats.py,
+the same replicates for all) and a decision against its acceptance band: ``pass`` (the interval inside the band),
+``fail`` (entirely outside) or ``inconclusive``. A world is **flagged** when any statistic fails. A statistic
+**separates** the model from a control when it passes the model and fails the control.
+
+What the statistics can detect: a world that does not move with the car (frozen, zero actions: the following gains
+and the lane slope), shows no road (gray: the recovered motion and lanes found), turns the wrong way (mirrored: the
+yaw gain and the lane slope), lags (late: the lag, and the yaw gain on drives that turn), or leads policies to other
+outcomes (the paired differences and the policy ranking). What they cannot: a world can pass every statistic and
+still be wrong about what they do not look at (other road users, lighting, anything beyond the lane and the ground's
+motion); with few scenarios the intervals are wide and the decisions inconclusive, not passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from terra.closedloop.drive_fidelity import read_following, read_lag, read_lanes
+from terra.fidelity.agreement import lag_summary, lane_summary
+from terra.fidelity.following import following_slopes
+from terra.fidelity.stats import (
+    FAIL, INCONCLUSIVE, PASS, Bootstrap, DriveValues, Interval, decide, paired_difference, rank_agreement,
+)
+
+TRUTH = "truth"
+NO_PIXELS = ("constant_speed", "route_follower")  # policies that read no pixels: left out of the ranking
+RANK_METRIC = "time_in_lane"  # terra/closedloop/truth.py: what the policies are ranked by in both worlds
+PAIRED = {  # per-drive outcomes (truth metrics) compared world - truth on paired drives, and their bands
+    "time_in_lane": (-0.1, 0.1),
+    "off_road": (-0.1, 0.1),
+}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A drive in the judged world and the same drive (scenario, policy, seed) in the true world."""
+
+    world: dict
+    truth: dict
+
+    @property
+    def scenario(self) -> Hashable:
+        return self.world["scenario"]
+
+
+def _gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        fit = following_slopes([read_following(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
+                               bootstrap)
+        return fit.gain[component]
+    return statistic
+
+
+def _recovered(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    fit = following_slopes([read_following(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
+                           bootstrap)
+    return fit.recovered_share
+
+
+def _lanes(pairs: Sequence[Pair], bootstrap: Bootstrap):
+    return lane_summary([read_lanes(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs], bootstrap)
+
+
+def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    return _lanes(pairs, bootstrap).slope
+
+
+def _lanes_found(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    """The share of frames with a lane in the world's frames less the share in the true frames at the same poses."""
+    world = [np.isfinite(read_lanes(p.world["fidelity"]).world).mean() for p in pairs]
+    truth = [np.isfinite(read_lanes(p.world["fidelity"]).truth).mean() for p in pairs]
+    return paired_difference([p.scenario for p in pairs], np.array(world), np.array(truth), bootstrap)
+
+
+def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    kept = [(p.scenario, read_lag(p.world["fidelity"])) for p in pairs]
+    kept = [(s, lag) for s, lag in kept if lag is not None]
+    if not kept:
+        return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
+    return lag_summary([lag for _, lag in kept], [s for s, _ in kept], bootstrap)
+
+
+def _paired(metric: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        world = np.array([_truth_metric(p.world, metric) for p in pairs])
+        truth = np.array([_truth_metric(p.truth, metric) for p in pairs])
+        return paired_difference([p.scenario for p in pairs], world, truth, bootstrap)
+    return statistic
+
+
+def _truth_metric(record: dict, metric: str) -> float:
+    value = (record.get("metrics", {}).get("truth") or {}).get(metric)
+    return float("nan") if value is None else float(value)
+
+
+def _ranking(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    ranked = [p for p in pairs if p.world["policy"] not in NO_PIXELS]
+    if len({p.world["policy"] for p in ranked}) < 3:
+        return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
+    values = [DriveValues([p.scenario for p in ranked], [p.world["policy"] for p in ranked],
+                          np.array([_truth_metric(getattr(p, side), RANK_METRIC) for p in ranked]))
+              for side in ("world", "truth")]
+    return rank_agreement(values[0], values[1], bootstrap).kendall_tau
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A statistic of a world's paired drives, its acceptance band for a faithful world, and what it shows."""
+
+    name: str
+    band: tuple[float, float]
+    compute: Callable[[Sequence[Pair], Bootstrap], Interval]
+    meaning: str
+
+
+STATISTICS = (
+    Statistic("following_gain_dx", (0.8, 1.2), _gain("dx"),
+              "forward motion recovered from the frames / commanded (1: the video moves as the car)"),
+    Statistic("following_gain_dyaw", (0.8, 1.2), _gain("dyaw"),
+              "yaw recovered from the frames / commanded (-1: mirrored; 0: ignores steering)"),
+    Statistic("motion_recovered", (0.5, 1.0), _recovered,
+              "share of steps whose motion the road-plane odometry recovers (0: no ground to see)"),
+    Statistic("lane_slope", (0.5, 1.5), _lane_slope,
+              "the lane read 10 m ahead in the world's frame regressed on the true frame's, within drives"),
+    Statistic("lanes_found_difference", (-0.2, 0.2), _lanes_found,
+              "share of frames with a lane found, world - truth at the same poses"),
+    Statistic("lag_steps", (-1.0, 1.0), _lag, "steps by which the world's frames trail the true ones (10: 1 s late)"),
+    *(Statistic(f"{metric}_difference", band, _paired(metric), f"{metric} in the world - in truth, paired drives")
+      for metric, band in PAIRED.items()),
+    Statistic("kendall_tau", (0.5, 1.0), _ranking,
+              f"pixel policies ranked by {RANK_METRIC} in the world against in truth (Kendall's tau-b)"),
+)
+
+
+@dataclass(frozen=True)
+class WorldVerdict:
+    """One world's statistics (name -> interval), their decisions, and the drives they rest on."""
+
+    world: str
+    values: dict[str, Interval]
+    decisions: dict[str, str]
+    drives: int
+
+    @property
+    def flagged_by(self) -> list[str]:
+        return [name for name, decision in self.decisions.items() if decision == FAIL]
+
+    def as_dict(self) -> dict:
+        return {"world": self.world, "drives": self.drives, "flagged": bool(self.flagged_by),
+                "flagged_by": self.flagged_by,
+                "statistics": {name: {**value.as_dict(), "decision": self.decisions[name]}
+                               for name, value in self.values.items()}}
+
+
+def pairs_of(world: dict[str, dict], truth: dict[str, dict]) -> list[Pair]:
+    """The drives (id -> record) made well in both worlds, with the world's fidelity measurements."""
+    return [Pair(record, truth[drive]) for drive, record in sorted(world.items())
+            if record.get("status") == "ok" and record.get("fidelity") and truth.get(drive, {}).get("status") == "ok"]
+
+
+def judge(name: str, world: dict[str, dict], truth: dict[str, dict], bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
+    """The verdict on the world ``name`` from its drives' records and the true world's (drive id -> record)."""
+    pairs = pairs_of(world, truth)
+    nan = Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
+    values = {s.name: s.compute(pairs, bootstrap) if pairs else nan for s in STATISTICS}
+    decisions = {s.name: decide(values[s.name], s.band) for s in STATISTICS}
+    return WorldVerdict(name, values, decisions, len(pairs))
+
+
+def separation(model: WorldVerdict, control: WorldVerdict) -> list[str]:
+    """The statistics that pass the model and fail the control."""
+    return [s.name for s in STATISTICS if model.decisions[s.name] == PASS and control.decisions[s.name] == FAIL]
+
+
+MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?"}
+
+
+def verdict_table(verdicts: Sequence[WorldVerdict]) -> str:
+    """Markdown: a row per statistic (its band), a column per world: the estimate, its interval and the decision;
+    then each world's flags."""
+    head = "| statistic | band | " + " | ".join(v.world for v in verdicts) + " |"
+    lines = [head, "|---|---|" + "---|" * len(verdicts)]
+    for s in STATISTICS:
+        cells = []
+        for v in verdicts:
+            value = v.values[s.name]
+            shown = "n/a" if not np.isfinite(value.estimate) else str(value)
+            cells.append(f"{shown} {MARKS[v.decisions[s.name]]}")
+        lines.append(f"| {s.name} | [{s.band[0]:g}, {s.band[1]:g}] | " + " | ".join(cells) + " |")
+    lines.append("")
+    for v in verdicts:
+        flags = ", ".join(v.flagged_by) if v.flagged_by else "nothing"
+        lines.append(f"- **{v.world}** ({v.drives} drives): {'flagged' if v.flagged_by else 'not flagged'} "
+                     f"(failed: {flags})")
+    return "\n".join(lines) + "\n"
