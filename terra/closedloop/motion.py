@@ -29,7 +29,6 @@ from terra.closedloop.tracking import Tracker, TrackingGains
 from terra.closedloop.vehicle import VehicleParams, VehicleState, integrate
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 
-VEHICLES = ("bicycle", "exact")  # the loop's ``vehicle`` setting
 DT_S = 1.0 / FRAME_RATE_HZ
 
 
@@ -133,9 +132,12 @@ class ExactVehicle:
         return self.pose
 
 
+VEHICLES = {"bicycle": BicycleVehicle, "exact": ExactVehicle}  # the loop's ``vehicle`` setting
+
+
 def make_vehicle(kind: str, speed: float) -> Vehicle:
-    """A new vehicle of ``kind`` (one of :data:`VEHICLES`) at ``speed`` m/s."""
-    return BicycleVehicle(speed) if kind == "bicycle" else ExactVehicle(speed)
+    """A new vehicle of ``kind`` (a name of :data:`VEHICLES`) at ``speed`` m/s."""
+    return VEHICLES[kind](speed)
 
 
 def action_of(poses: np.ndarray) -> np.ndarray:

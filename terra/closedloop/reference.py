@@ -4,11 +4,14 @@ the pose there.
 The plan's poses (terra/closedloop/plans.py: ``[N, 2|3]`` at ``times``, or a ``[6, 3]`` action at the action
 times) are led by the car's pose now, the origin at time 0:
 
-* **path**: a smooth curve through them, by arc length: between two poses the cubic Hermite curve tangent to the
-  path's heading at both (sampled at ``SUBSEGMENTS`` points), the heading at a pose being the direction of the chord
-  from the pose before to the pose after (from the origin for the first pose; of the last segment at the end; where
-  the path stands still, the heading before), which is exact on straight lines and circles. Beyond the last pose the
-  path goes on straight along the last heading. A plan without headings (``[N, 2]``, actions) takes these.
+* **path**: a smooth curve from the origin through them, by arc length: between two poses the cubic Hermite curve
+  tangent to the path's heading at both (sampled at ``SUBSEGMENTS`` points), the heading at a pose being the
+  direction of the chord from the pose before to the pose after, at the first and last pose the end chord's turned
+  by half the turn to the next chord (all three exact on straight lines and circles); where the path stands still,
+  the heading before. A plan without headings (``[N, 2]``, actions) takes these; a one-pose plan heads along the
+  chord from the origin. Beyond the last pose the path goes on straight along the last heading. The first segment,
+  from where the car is to the plan's first pose, counts for its length along the first pose's heading: a plan that
+  starts beside the car (a route follower's, off its route) asks it to merge, not to speed up.
 * **timing**: the distance along the path as a function of time, a cubic Hermite curve through each pose's
   ``(time, distance)`` whose slopes (the speeds at the poses) are the three-point estimates, limited so that the
   distance never decreases (Fritsch and Carlson's monotone rule): exact for plans at constant acceleration, whatever
@@ -56,9 +59,12 @@ class Reference:
         yaws = np.unwrap(tangents if poses.shape[1] == 2 else np.r_[0.0, poses[:, 2]])
         points = _hermite_path(vertices, tangents)
         along = np.r_[0.0, np.cumsum(np.hypot(*np.diff(points, axis=0).T))]
-        ahead = points[-1] + EXTENSION_M * np.array([np.cos(yaws[-1]), np.sin(yaws[-1])])
+        first, ahead = along[SUBSEGMENTS], max(float(vertices[1] @ [np.cos(yaws[1]), np.sin(yaws[1])]), 0.0)
+        along[: SUBSEGMENTS + 1] *= ahead / first if first > STILL_M else 1.0
+        along[SUBSEGMENTS + 1:] += along[SUBSEGMENTS] - first
+        beyond = points[-1] + EXTENSION_M * np.array([np.cos(yaws[-1]), np.sin(yaws[-1])])
         times, poses_along = np.r_[0.0, times], along[::SUBSEGMENTS]
-        return cls(times, np.concatenate([points, ahead[None]]), np.r_[along, along[-1] + EXTENSION_M], poses_along,
+        return cls(times, np.concatenate([points, beyond[None]]), np.r_[along, along[-1] + EXTENSION_M], poses_along,
                    _monotone_slopes(times, poses_along), yaws)
 
     @property
@@ -100,17 +106,41 @@ class Reference:
         u = np.clip(((xy - start) * span).sum(-1) / np.maximum(length2, STILL_M ** 2), 0.0, 1.0)
         gap = xy - (start + u[:, None] * span)
         k = int(np.argmin((gap * gap).sum(-1)))
-        return float(self.along[first + k] + u[k] * np.sqrt(length2[k])), first + k
+        return float(self.along[first + k] + u[k] * (self.along[first + k + 1] - self.along[first + k])), first + k
 
 
 def _headings(points: np.ndarray) -> np.ndarray:
-    """Headings along a path of points ``[N + 1, 2]`` led by the origin (heading 0 there): the chord from the point
-    before to the point after, the last segment at the end, the heading before where the path stands still."""
-    chords = np.concatenate([points[2:] - points[:-2], points[-1:] - points[-2:-1]])
+    """Headings at points ``[N + 1, 2]`` led by the origin (heading 0 there; see the module docstring); the chord
+    from the origin counts only for a one-pose plan, so that a plan starting beside the car heads as it goes on."""
+    n = len(points) - 1
+    if n == 1:
+        return np.r_[0.0, _direction(points[1] - points[0], 0.0)]
+    chords = np.diff(points, axis=0)
     headings = [0.0]
-    for dx, dy in chords:
-        headings.append(float(np.arctan2(dy, dx)) if np.hypot(dx, dy) > STILL_M else headings[-1])
+    for i in range(1, n + 1):
+        if i == 1:
+            heading = _end_direction(chords[1], chords[2] if n > 2 else None, headings[-1])
+        elif i == n:
+            heading = _end_direction(chords[n - 1], chords[n - 2] if n > 2 else None, headings[-1])
+        else:
+            heading = _direction(points[i + 1] - points[i - 1], headings[-1])
+        headings.append(heading)
     return np.array(headings)
+
+
+def _direction(chord: np.ndarray, otherwise: float) -> float:
+    """The chord's direction, ``otherwise`` where it stands still."""
+    return float(np.arctan2(chord[1], chord[0])) if np.hypot(*chord) > STILL_M else otherwise
+
+
+def _end_direction(chord: np.ndarray, inner: np.ndarray | None, otherwise: float) -> float:
+    """The heading at the end of a path whose end chord is ``chord`` and the chord next to it ``inner``: the end
+    chord's direction turned away from the inner chord's by half their difference."""
+    near = _direction(chord, otherwise)
+    if inner is None or np.hypot(*inner) <= STILL_M:
+        return near
+    turn = near - float(np.arctan2(inner[1], inner[0]))
+    return near + 0.5 * float(np.arctan2(np.sin(turn), np.cos(turn)))
 
 
 def _hermite_path(vertices: np.ndarray, headings: np.ndarray) -> np.ndarray:
