@@ -21,6 +21,7 @@ times) are led by the car's pose now, the origin at time 0:
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,10 +98,12 @@ class Reference:
         s, _, _ = self.progress(t)
         return np.r_[self.point_at(s), np.interp(t, self.times, self.yaws)]
 
-    def project(self, xy: np.ndarray, first: int = 0) -> tuple[float, int]:
-        """The distance along the path of the point nearest ``xy`` on segments ``first`` onwards, and its segment
-        (the car only moves forward along its plan, so a path that crosses itself is not read backwards)."""
-        start, end = self.points[first:-1], self.points[first + 1:]
+    def project(self, xy: np.ndarray, first: int, reach: float) -> tuple[float, int]:
+        """The distance along the path of the point nearest ``xy`` on the segments from ``first`` up to ``reach``
+        metres further, and its segment: the car moves forward along its plan and no faster than it can, so a path
+        that crosses itself or comes close again further on is not taken for where the car is."""
+        last = bisect.bisect_right(self.along, float(self.along[first]) + reach, lo=first + 1)
+        start, end = self.points[first:last], self.points[first + 1:last + 1]
         span = end - start
         length2 = (span * span).sum(-1)
         u = np.clip(((xy - start) * span).sum(-1) / np.maximum(length2, STILL_M ** 2), 0.0, 1.0)
@@ -130,17 +133,18 @@ def _headings(points: np.ndarray) -> np.ndarray:
 
 def _direction(chord: np.ndarray, otherwise: float) -> float:
     """The chord's direction, ``otherwise`` where it stands still."""
-    return float(np.arctan2(chord[1], chord[0])) if np.hypot(*chord) > STILL_M else otherwise
+    dx, dy = float(chord[0]), float(chord[1])
+    return math.atan2(dy, dx) if math.hypot(dx, dy) > STILL_M else otherwise
 
 
 def _end_direction(chord: np.ndarray, inner: np.ndarray | None, otherwise: float) -> float:
     """The heading at the end of a path whose end chord is ``chord`` and the chord next to it ``inner``: the end
     chord's direction turned away from the inner chord's by half their difference."""
     near = _direction(chord, otherwise)
-    if inner is None or np.hypot(*inner) <= STILL_M:
+    if inner is None or math.hypot(float(inner[0]), float(inner[1])) <= STILL_M:
         return near
-    turn = near - float(np.arctan2(inner[1], inner[0]))
-    return near + 0.5 * float(np.arctan2(np.sin(turn), np.cos(turn)))
+    turn = near - math.atan2(float(inner[1]), float(inner[0]))
+    return near + 0.5 * math.atan2(math.sin(turn), math.cos(turn))
 
 
 def _hermite_path(vertices: np.ndarray, headings: np.ndarray) -> np.ndarray:
@@ -164,13 +168,13 @@ def _monotone_slopes(times: np.ndarray, along: np.ndarray) -> np.ndarray:
     m[1:-1] = (h[1:] * d[:-1] + h[:-1] * d[1:]) / (h[:-1] + h[1:])
     m[0] = d[0] - h[0] * (d[1] - d[0]) / (h[0] + h[1])
     m[-1] = d[-1] + h[-1] * (d[-1] - d[-2]) / (h[-2] + h[-1])
-    m = np.maximum(m, 0.0)
-    for k, dk in enumerate(d):
+    m = np.maximum(m, 0.0).tolist()
+    for k, dk in enumerate(d.tolist()):
         if dk <= 0.0:
             m[k] = m[k + 1] = 0.0
             continue
-        size = np.hypot(m[k], m[k + 1]) / dk
+        size = math.hypot(m[k], m[k + 1]) / dk
         if size > 3.0:
             m[k] *= 3.0 / size
             m[k + 1] *= 3.0 / size
-    return m
+    return np.array(m)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from terra.closedloop.reference import Reference
 from terra.closedloop.vehicle import VehicleParams, VehicleState
 
@@ -59,7 +61,8 @@ class Tracker:
     def command(self, state: VehicleState, t: float) -> tuple[float, float]:
         """``(steering, acceleration)`` commands for ``state`` at time ``t``."""
         g, p = self.gains, self.params
-        s, self.segment = self.reference.project((state.x, state.y), self.segment)
+        reach = 2.0 * p.max_speed * g.period_s  # twice what the car can drive in a period
+        s, self.segment = self.reference.project(np.array([state.x, state.y]), self.segment, reach)
         lookahead = min(max(g.lookahead_s * state.speed, g.lookahead_min_m), g.lookahead_max_m)
         tx, ty = self.reference.point_at(s + lookahead)
         dx, dy = tx - state.x, ty - state.y
