@@ -51,10 +51,9 @@ class Reference:
     def from_plan(cls, plan: Plan) -> "Reference":
         """The reference of ``plan``; a plan holding NaN or inf is refused with one line."""
         if plan.actions is not None:
-            times, poses = ACTION_TIMES.astype(np.float64), plan.actions[:, [1, 0]]
+            times, poses = ACTION_TIMES.astype(np.float64), finite_array(plan.actions, "plan actions")[:, [1, 0]]
         else:
-            times, poses = plan.times, plan.poses
-        poses = finite_array(poses, "plan poses")
+            times, poses = plan.times, finite_array(plan.poses, "plan poses")
         vertices = np.concatenate([np.zeros((1, 2)), poses[:, :2]])
         tangents = _headings(vertices)
         yaws = np.unwrap(tangents if poses.shape[1] == 2 else np.r_[0.0, poses[:, 2]])
