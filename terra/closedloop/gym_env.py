@@ -4,8 +4,9 @@ stepped together on one world, so a world model's engine batches them).
 * ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
   the world model's sampling seeded from ``seed``;
 * ``step(plan)``: the action space is NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame
-  (any form :func:`~terra.closedloop.plans.as_plan` reads is taken too); it becomes the next frame's action as in
-  the loop (terra/closedloop/loop.py);
+  (any form :func:`~terra.closedloop.plans.as_plan` reads is taken too); it goes to the drive's vehicle as in the
+  loop (terra/closedloop/loop.py; ``vehicle``: terra/closedloop/motion.py), which moves the car and forecasts the
+  world model's action;
 * observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2],
   "command": NAVSIM's one-hot [left, straight, right, unknown]}``;
 * reward: metres driven forward in the step (along the previous heading); ``terminated`` when the car leaves the
@@ -25,10 +26,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
+from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import NAVSIM_POSES, as_plan
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.truth import truth_metrics
 from terra.closedloop.worlds import World
+from terra.config.checks import check_choice
 from terra.core.errors import TerraInputError
 
 # Plans a random sample of the action space gives stay within a car's reach (100 m/s between samples).
@@ -69,26 +72,27 @@ def _observation(drive: Drive) -> dict[str, np.ndarray]:
 class _Drives:
     """What both envs share: opening a drive on a scenario, stepping drives with plans, their outcome."""
 
-    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int) -> None:
+    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int, vehicle: str) -> None:
         if not scenarios:
             raise TerraInputError("a driving env needs at least one scenario")
         self.world, self.scenarios, self.num_steps = world, list(scenarios), int(num_steps)
+        self.vehicle = check_choice(vehicle, "vehicle", VEHICLES)
         self.size = scenarios[0].images.shape[1:3]
 
     def open(self, rng: np.random.Generator, options: dict | None) -> Drive:
         index = (options or {}).get("scenario")
         index = int(rng.integers(len(self.scenarios))) if index is None else int(index)
         spec = DriveSpec(self.scenarios[index], "gym", _Driver, seed=int(rng.integers(2**31)))
-        drive = start_drive(self.world, spec, self.num_steps)
+        drive = start_drive(self.world, spec, self.num_steps, self.vehicle)
         if not drive.ok:
             raise TerraInputError(f"scenario {spec.scenario.id} cannot be driven: {drive.error}")
         return drive
 
     def step(self, drives: list[Drive], plans: Sequence[Any]) -> list[tuple[float, bool, bool, dict]]:
         for drive, plan in zip(drives, plans):
-            plan = as_plan(np.asarray(plan, dtype=np.float64) if isinstance(plan, np.ndarray) else plan)
-            drive.command(plan, plan.to_action())
-        frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives])
+            drive.command(as_plan(np.asarray(plan, dtype=np.float64) if isinstance(plan, np.ndarray) else plan))
+        frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives],
+                                 [d.reached() for d in drives])
         out = []
         for drive, frame in zip(drives, frames):
             if isinstance(frame, BaseException):
@@ -109,13 +113,13 @@ class _Drives:
 
 
 class DriveEnv(gym.Env):
-    """One drive at a time in ``world`` over ``scenarios`` (see the module docstring)."""
+    """One drive at a time in ``world`` over ``scenarios``, the car a ``vehicle`` (see the module docstring)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int = 20,
-                 render_mode: str | None = "rgb_array") -> None:
-        self._drives = _Drives(world, scenarios, num_steps)
+                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle") -> None:
+        self._drives = _Drives(world, scenarios, num_steps, vehicle)
         self.observation_space, self.action_space = _spaces(*self._drives.size)
         self.render_mode = render_mode
         self.drive: Drive | None = None
@@ -148,8 +152,8 @@ class DriveVectorEnv(VectorEnv):
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, world: World, scenarios: Sequence[Scenario], num_envs: int, num_steps: int = 20,
-                 render_mode: str | None = "rgb_array") -> None:
-        self._drives = _Drives(world, scenarios, num_steps)
+                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle") -> None:
+        self._drives = _Drives(world, scenarios, num_steps, vehicle)
         self.num_envs = int(num_envs)
         self.single_observation_space, self.single_action_space = _spaces(*self._drives.size)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)

@@ -1,15 +1,15 @@
 """Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
-generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
-failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
+generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason
+of a failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
 (strict JSON: tokenizer/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``),
 one record per drive as it is written (``status`` ok | failed | skipped = already complete, ``stage`` and
 ``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name the run writes; and while
 a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the folder before any work
 (terra/config/output_dir.py: apart from the run's inputs, and every file it would write over one the toolkit
-wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world and
-model settings), says it is complete and its video exists: a rerun skips it.
+wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world,
+vehicle and model settings), says it is complete and its video exists: a rerun skips it.
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
     return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs)
 
 
-def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
+def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
     """Hash of what shapes a drive's outputs."""
     payload = {"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-               "seed": spec.seed, "num_steps": num_steps, "world": world, **settings}
+               "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle, **settings}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -112,7 +112,8 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     scenario = drive.spec.scenario
     return {
         "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
-        "world": drive.world, "seed": drive.spec.seed, "status": "ok" if drive.ok else "failed",
+        "world": drive.world, "vehicle": drive.vehicle.name, "seed": drive.spec.seed,
+        "status": "ok" if drive.ok else "failed",
         "stage": drive.stage, "error": drive.error, "num_context": drive.num_context, "steps": drive.steps,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
@@ -123,10 +124,11 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
-def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, error: str) -> dict:
+def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehicle: str, error: str) -> dict:
     """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
     world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
-    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world, "seed": None,
+    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world,
+            "vehicle": vehicle, "seed": None,
             "status": "failed", "stage": "world", "error": error, "num_context": 0, "steps": 0, "frames": 0,
             "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [], "speeds_mps": [],
             "policy_s": [], "fingerprint": None, "complete": False}
