@@ -6,7 +6,7 @@ which only :mod:`terra.decoder.frames` needs.
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_attributes
+from terra.core.lazy import lazy_face
 
 _HOMES = {
     "codes_to_frames": "terra.decoder.frames",
@@ -22,7 +22,4 @@ _HOMES = {
     "write_video": "terra.decoder.writers",
 }
 
-__all__ = sorted(_HOMES)
-
-
-__getattr__ = lazy_attributes(__name__, _HOMES)
+__all__, __getattr__ = lazy_face(__name__, _HOMES)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark_sessions import DEMO, build_host  # noqa: E402  (scripts/: the same model and backend set-up)
+from benchmark_sessions import DEMO, build_model  # noqa: E402  (scripts/: the same model and backend set-up)
 
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
 from terra.closedloop.policies import REFERENCE_POLICIES  # noqa: E402
@@ -39,8 +39,7 @@ from terra.config.output_dir import claim_output_file  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
-from terra.generation.rollout import RolloutRequest  # noqa: E402
-from terra.session.context import SessionContext  # noqa: E402
+from terra.generation.rollout import RolloutRequest, WorldModelBackend  # noqa: E402
 
 BLANK_SIZE = (288, 512)  # Terra's frames, for policies when there is no tokenizer
 
@@ -49,32 +48,28 @@ class KeptWorld(ModelWorld):
     """The model world keeping each drive's context and codes when it closes (for the batch comparison); without
     a tokenizer, contexts are random codes and frames blank images."""
 
-    def __init__(self, host, seed: int = 0) -> None:
-        super().__init__(host)
+    def __init__(self, model, sampling: SamplingConfig, seed: int = 0) -> None:
+        super().__init__(model, sampling)
         self.kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.rng = np.random.default_rng(seed)
 
     def open(self, scenario, seed, max_frames):
-        if self.host.pipeline is not None:
-            session = super().open(scenario, seed, max_frames)
-        else:
-            layout = self.host.layout
-            codes = self.rng.integers(0, layout.codebook_size, (len(scenario.images), layout.image_tokens))
-            context = SessionContext(codes, scenario.actions, scenario.speed_kmh, scenario.source)
-            session = self.host.open_context(context, seed=seed, max_frames=max_frames)
-        session.seed = seed
-        return session
+        if self.pipeline is not None:
+            return super().open(scenario, seed, max_frames)
+        layout = self.backend.layout
+        codes = self.rng.integers(0, layout.codebook_size, (len(scenario.images), layout.image_tokens))
+        return self.open_codes(codes, scenario, seed, max_frames)
 
     def context_frames(self, drive):
-        if self.host.pipeline is not None:
+        if self.pipeline is not None:
             return super().context_frames(drive)
-        return np.zeros((len(drive.context.codes), *BLANK_SIZE, 3), dtype=np.uint8)
+        return np.zeros((len(drive.context), *BLANK_SIZE, 3), dtype=np.uint8)
 
     def step(self, drives, actions, poses):
-        if self.host.pipeline is not None:
+        if self.pipeline is not None:
             return super().step(drives, actions, poses)
         start = time.perf_counter()
-        futures = [drive.step_async(action) for drive, action in zip(drives, actions)]
+        futures = [self.engine.step(drive.rollout, action, drive.sampling) for drive, action in zip(drives, actions)]
         results = []
         for future in futures:
             future.result()
@@ -83,8 +78,8 @@ class KeptWorld(ModelWorld):
         return results
 
     def close(self, drive) -> None:
-        self.kept[drive.seed] = (drive.context.codes.reshape(len(drive.context.codes), -1),
-                                 drive.codes().reshape(len(drive.codes()), -1))
+        codes = drive.codes()
+        self.kept[drive.seed] = (drive.context.reshape(len(drive.context), -1), codes.reshape(len(codes), -1))
         super().close(drive)
 
 
@@ -122,17 +117,21 @@ def main(argv: list[str] | None = None) -> dict:
                                dtype=args.dtype, sessions=[args.drives], frames=args.steps, num_context=3,
                                max_num_seqs=args.drives, requests=None)
     with tempfile.TemporaryDirectory(prefix="terra-bench-drive-") as folder:
-        host = build_host(setup, Path(folder), sampling)
+        model = build_model(setup, Path(folder), sampling)
+        backend = model if isinstance(model, WorldModelBackend) else model.backend
         try:
-            size = tuple(host.pipeline.tokenizer.image_size) if host.pipeline is not None else (72, 128)
+            size = (72, 128) if model is backend else tuple(model.tokenizer.image_size)
             scenarios = synthetic_scenarios(-(-args.drives // len(names)), 0, size)
             specs = [DriveSpec(s, n, REFERENCE_POLICIES[n], seed=i * len(names) + j)
                      for i, s in enumerate(scenarios) for j, n in enumerate(names)][: args.drives]
-            run_drives(KeptWorld(host), specs[:1], 2)  # warm-up: first calls, CUDA graphs, caches
-            world = KeptWorld(host)
+            warm = KeptWorld(model, sampling)
+            run_drives(warm, specs[:1], 2)  # warm-up: first calls, CUDA graphs, caches
+            warm.shutdown()
+            world = KeptWorld(model, sampling)
             start = time.perf_counter()
             drives = run_drives(world, specs, args.steps)
             wall = time.perf_counter() - start
+            world.shutdown()
             failed = [f"{d.spec.id}: {d.error}" for d in drives if not d.ok]
             if failed:
                 raise SystemExit(f"benchmark_drive: {len(failed)} drives failed, e.g. {failed[0]}")
@@ -140,11 +139,10 @@ def main(argv: list[str] | None = None) -> dict:
                                        np.concatenate([d.spec.scenario.actions, np.stack(d.actions)]), args.steps,
                                        seed=d.spec.seed) for d in drives]
             start = time.perf_counter()
-            generated = host.backend.generate(requests, sampling, progress=False)
+            generated = backend.generate(requests, sampling, progress=False)
             batch_s = time.perf_counter() - start
         finally:
-            host.close()
-            host.backend.close()
+            backend.close()
     frames = args.drives * args.steps
     plans = [s for d in drives for s in d.policy_s]
     identical = all(np.array_equal(g.reshape(args.steps, -1), world.kept[d.spec.seed][1][3:])

@@ -1,4 +1,4 @@
-"""Speed of Terra's video refiner (decoding=refiner) with random weights: seconds, peak GPU memory, the split
+"""Speed of Terra's video refiner (decoder=refiner) with random weights: seconds, peak GPU memory, the split
 (token decode, conditioning encode, UNet steps, temporal decode) and the UNet's achieved TFLOP/s, as JSON.
 
 Cases: one 25-frame refinement pass and one 47-frame sample (ACT-Bench: 3 context + 44 generated frames, two

@@ -36,8 +36,8 @@ from terra.config.sampling import SamplingConfig
 from terra.core.atomic import json_text, write_text
 from terra.core.device import resolve_device
 from terra.core.errors import TerraInputError
-from terra.generation.backends import create_backend, vllm_decoding
-from terra.generation.rollout import DecodeStats, RolloutRequest
+from terra.generation.backends import create_backend, resolve_decoding
+from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
 from terra.pipeline import WorldModelPipeline
@@ -59,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-context", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--decoding", default="auto", choices=("auto", "sequential", "speculative"),
-                        help="sampling.decoding (auto: speculative for one session on Transformers)")
-    parser.add_argument("--block-size", type=int, default=32, help="sampling.block_size of speculative decoding")
+                        help="sampling.decoding (auto: as terra-serve chooses it for the most sessions)")
+    parser.add_argument("--draft-tokens", type=int, default=32, help="sampling.draft_tokens of speculative decoding")
     parser.add_argument("--batch", action="store_true", help="also run the same rollouts as one generate() call")
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
@@ -81,15 +81,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig) -> SessionHost:
-    """A session host over the chosen model and backend (a pipeline when there is a tokenizer); a vLLM engine is
-    started for ``sampling``'s decoding (``auto``: for the most sessions of ``--sessions``)."""
-    options = {}
+    """A session host over :func:`build_model`."""
+    return SessionHost(build_model(args, folder, sampling), max_frames=args.frames, num_context=args.num_context)
+
+
+def build_model(args: argparse.Namespace, folder: Path,
+                sampling: SamplingConfig) -> WorldModelPipeline | WorldModelBackend:
+    """The chosen model on the chosen backend: a pipeline when there is a tokenizer, else the bare backend, built
+    for ``sampling``'s decoding (``auto``: chosen for the most sessions of ``--sessions``, as terra-serve chooses it
+    for ``serve.max_sessions``)."""
+    options = {"sampling": resolve_decoding(sampling, args.backend, resolve_device(args.device), max(args.sessions),
+                                            args.requests or "per_frame")}
     if args.backend == "vllm":
         options["max_num_seqs"] = args.max_num_seqs or max(args.sessions)
         if args.requests:
             options["requests"] = args.requests
-        options["sampling"] = vllm_decoding(sampling, resolve_device(args.device), max(args.sessions),
-                                            args.requests or "per_frame")
     if args.model in ("terra", "tiny"):
         config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
         if args.backend == "vllm":  # config.json only; the engine makes up the weights
@@ -100,18 +106,15 @@ def build_host(args: argparse.Namespace, folder: Path, sampling: SamplingConfig)
         else:
             torch.manual_seed(0)
             LlamaActionForCausalLM(config).save_pretrained(folder)
-        backend = create_backend(args.backend, folder, args.device, args.dtype, **options)
-        return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+        return create_backend(args.backend, folder, args.device, args.dtype, **options)
     world_model = DEMO / "world_model" if args.model == "demo" else Path(args.model)
     tokenizer = args.tokenizer or (DEMO / "tokenizer" if args.model == "demo" else None)
     if tokenizer is None:
-        backend = create_backend(args.backend, world_model, args.device, args.dtype, **options)
-        return SessionHost(backend, max_frames=args.frames, num_context=args.num_context)
+        return create_backend(args.backend, world_model, args.device, args.dtype, **options)
     engine = options.pop("sampling", sampling)
-    pipeline = WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
-                                                  dtype=args.dtype, decoding=engine.decoding,
-                                                  block_size=engine.block_size, **options)
-    return SessionHost(pipeline, max_frames=args.frames, num_context=args.num_context)
+    return WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
+                                              dtype=args.dtype, decoding=engine.decoding,
+                                              draft_tokens=engine.draft_tokens, **options)
 
 
 def contexts(host: SessionHost, count: int, num_context: int) -> list[SessionContext]:
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    sampling = SamplingConfig(temperature=args.temperature, decoding=args.decoding, block_size=args.block_size)
+    sampling = SamplingConfig(temperature=args.temperature, decoding=args.decoding, draft_tokens=args.draft_tokens)
     records = []
     with tempfile.TemporaryDirectory(prefix="terra-bench-sessions-") as folder:
         host = build_host(args, Path(folder), sampling)

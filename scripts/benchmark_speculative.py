@@ -3,7 +3,7 @@
 
 Runs ``--rollouts`` rollouts of ``--frames`` frames each (built-in context scenes of the synthetic world, the
 manoeuvres in turn, a seed per rollout) on the Transformers backend, one rollout at a time, for every
-temperature of ``--temperatures`` and every block size of ``--block-sizes``, and counts the forward passes each
+temperature of ``--temperatures`` and every count of ``--draft-tokens``, and counts the forward passes each
 frame took: sequential decoding takes one per image token. The first ``--sequential-rollouts`` rollouts also
 run sequentially (their codes must equal the speculative ones, greedy or sampled) and, with ``--streams``,
 ``N`` rollouts run at once both ways: frames/s, which sets where ``sampling.decoding=auto`` turns speculative.
@@ -11,7 +11,7 @@ Per speculative run, the acceptance profile: tokens committed per pass by where 
 Examples::
 
     python scripts/benchmark_speculative.py --out bench/speculative_cpu.json          # demo model, 32 rollouts
-    python scripts/benchmark_speculative.py --rollouts 4 --frames 2 --block-sizes 32  # smoke run
+    python scripts/benchmark_speculative.py --rollouts 4 --frames 2 --draft-tokens 32  # smoke run
     python scripts/benchmark_speculative.py --streams 1,2,4,8 --rollouts 0            # only frames/s by streams
 
 Targets (the issue's, demo model): at least 8x fewer passes than sequential under greedy decoding and 4x at
@@ -53,22 +53,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=8, help="frames generated per rollout")
     parser.add_argument("--num-context", type=int, default=3)
     parser.add_argument("--temperatures", default="0,0.9")
-    parser.add_argument("--block-sizes", default="16,32,64,144")
+    parser.add_argument("--draft-tokens", default="16,32,64,144", help="sampling.draft_tokens of the speculative runs")
     parser.add_argument("--sequential-rollouts", type=int, default=4,
                         help="rollouts also run sequentially (their codes compared with speculative decoding's)")
     parser.add_argument("--streams", default="", help="comma-separated rollouts in flight for frames/s, e.g. 1,2,4,8")
-    parser.add_argument("--stream-block-size", type=int, default=32, help="block size of the --streams runs")
+    parser.add_argument("--stream-draft-tokens", type=int, default=32,
+                        help="sampling.draft_tokens of the --streams runs")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     try:
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
-        args.block_sizes = [int(k) for k in args.block_sizes.split(",")]
+        args.draft_tokens = [int(k) for k in args.draft_tokens.split(",")]
         args.streams = [int(n) for n in args.streams.split(",")] if args.streams else []
     except ValueError:
-        parser.error("--temperatures, --block-sizes and --streams are comma-separated numbers")
-    if args.rollouts < 0 or args.frames < 1 or min(args.block_sizes) < 1 or min(args.streams, default=1) < 1:
-        parser.error("--rollouts must be at least 0, --frames, block sizes and streams at least 1")
+        parser.error("--temperatures, --draft-tokens and --streams are comma-separated numbers")
+    if args.rollouts < 0 or args.frames < 1 or min(args.draft_tokens) < 1 or min(args.streams, default=1) < 1:
+        parser.error("--rollouts must be at least 0, --frames, --draft-tokens and --streams at least 1")
     return args
 
 
@@ -143,14 +144,14 @@ def main(argv: list[str] | None = None) -> dict:
         if args.sequential_rollouts and args.rollouts:
             codes, passes, wall = run_one_at_a_time(pipeline, reqs[: args.sequential_rollouts], sequential)
             baseline = codes
-            records.append({"temperature": temperature, "decoding": "sequential", "block_size": None,
+            records.append({"temperature": temperature, "decoding": "sequential", "draft_tokens": None,
                             "rollouts": len(codes), **passes_record(passes, image_tokens, wall)})
             print(format_record(records[-1]), flush=True)
-        for block_size in args.block_sizes if args.rollouts else []:
-            sampling = sequential.replace(decoding="speculative", block_size=block_size)
+        for draft_tokens in args.draft_tokens if args.rollouts else []:
+            sampling = sequential.replace(decoding="speculative", draft_tokens=draft_tokens)
             with Profile(image_tokens) as profile:
                 codes, passes, wall = run_one_at_a_time(pipeline, reqs[: args.rollouts], sampling)
-            record = {"temperature": temperature, "decoding": "speculative", "block_size": block_size,
+            record = {"temperature": temperature, "decoding": "speculative", "draft_tokens": draft_tokens,
                       "rollouts": len(codes), **passes_record(passes, image_tokens, wall), "profile": profile.table()}
             target = TARGETS.get(temperature)
             if target is not None:
@@ -162,13 +163,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(format_record(record), flush=True)
         for streams in args.streams:
             for decoding in ("sequential", "speculative"):
-                sampling = sequential.replace(decoding=decoding, block_size=args.stream_block_size)
+                sampling = sequential.replace(decoding=decoding, draft_tokens=args.stream_draft_tokens)
                 start = time.perf_counter()
                 states = pipeline.backend.run_rollouts(reqs[:streams], sampling, progress=False)
                 wall = time.perf_counter() - start
                 passes = [p for s in states for p in s.passes]
                 records.append({"temperature": temperature, "decoding": decoding, "streams": streams,
-                                "block_size": sampling.block_size if decoding == "speculative" else None,
+                                "draft_tokens": sampling.draft_tokens if decoding == "speculative" else None,
                                 "frames_per_s": round(len(passes) / wall, 3),
                                 **passes_record(passes, image_tokens, wall)})
                 print(format_record(records[-1]), flush=True)
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def format_record(record: dict) -> str:
-    what = record["decoding"] + (f" K={record['block_size']}" if record["block_size"] else "")
+    what = record["decoding"] + (f" K={record['draft_tokens']}" if record["draft_tokens"] else "")
     text = (f"T={record['temperature']:g} {what:<17} {record['passes_per_frame']:6.1f} passes/frame "
             f"({record['passes_min']}-{record['passes_max']}), {record['fewer_passes']:5.1f}x fewer, "
             f"{record['s_per_frame']:.3f} s/frame")

@@ -6,24 +6,24 @@ Every vLLM measurement of speculative decoding in one script and one JSON (``--o
 starts, and results are written after each engine (a run cut short keeps what it measured). Parts:
 
 * ``demo``: the demo world model on the rollouts of scripts/benchmark_speculative.py (built-in scenes, the
-  manoeuvres in turn, seed = index), an engine per block size of ``--demo-blocks`` (0 = sequential), greedy and
+  manoeuvres in turn, seed = index), an engine per count of ``--demo-draft-tokens`` (0 = sequential), greedy and
   at temperature 0.9: forward passes per frame (the engine's per-step outputs, checked against its scheduler's
-  steps) and seconds per frame one rollout at a time, and the codes, one at a time and all at once, against block
-  0's (the rule emits sequential decoding's draws, so they must be equal; a difference could only be a bf16
-  near-tie between passes of 1 and K + 1 tokens, and is reported as the fraction of tokens that agree).
-* ``terra``: Terra's 2 B shape with random weights (vLLM's dummy loader), an engine per block size of
-  ``--terra-blocks``: the engine's step time at temperature 0.9 with each count of ``--streams`` rollouts in
+  steps) and seconds per frame one rollout at a time, and the codes, one at a time and all at once, against the
+  sequential engine's (the rule emits sequential decoding's draws, so they must be equal; a difference could only
+  be a bf16 near-tie between passes of 1 and K + 1 tokens, and is reported as the fraction of tokens that agree).
+* ``terra``: Terra's 2 B shape with random weights (vLLM's dummy loader), an engine per count of
+  ``--terra-draft-tokens``: the engine's step time at temperature 0.9 with each count of ``--streams`` rollouts in
   flight (1: one stream; 64: sessions; 256: ACT-Bench's shape, 3 context + 44 frames), ``--steps`` steps after
   ``--warmup``. Random weights accept almost no guess; a step still carries K + 1 tokens a request, as it does for a
   trained model.
 * the projection, with ``--passes`` (scripts/measure_decoding.py's JSON of a trained model of Terra's layout, at
   temperature 0.9; vLLM takes one pass more a frame than the Transformers backend counts, its prompt's): seconds
   per frame of one stream, frames/s of 64 sessions, and the H100-hours of ACT-Bench's 2,286 samples x 44 frames at
-  256 in flight, each = passes per frame x step time at that block size. Labelled as projections.
+  256 in flight, each = passes per frame x step time at that ``draft_tokens``. Labelled as projections.
 
     python scripts/check_jacobi_vllm.py --parts demo --out outputs/jacobi_vllm.json                   # ~4 min
     python scripts/check_jacobi_vllm.py --parts terra --passes decoding.json --out outputs/jacobi_vllm.json  # ~6 min
-    python scripts/check_jacobi_vllm.py --parts demo --demo-blocks 0,16 --rollouts 2 --frames 2 --out smoke.json
+    python scripts/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,16 --rollouts 2 --frames 2 --out smoke.json
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file (parts already in it are kept)")
     parser.add_argument("--parts", default="demo,terra")
-    parser.add_argument("--demo-blocks", default="0,16,32", help="block sizes of the demo part; 0 = sequential")
-    parser.add_argument("--terra-blocks", default="0,8,16,32", help="block sizes of the terra part")
+    parser.add_argument("--demo-draft-tokens", default="0,16,32",
+                        help="sampling.draft_tokens of the demo part's engines; 0 = sequential")
+    parser.add_argument("--terra-draft-tokens", default="0,8,16,32", help="sampling.draft_tokens of the terra part")
     parser.add_argument("--temperatures", default="0,0.9", help="demo part")
     parser.add_argument("--rollouts", type=int, default=32, help="demo part")
     parser.add_argument("--frames", type=int, default=8, help="demo part: frames per rollout")
@@ -74,15 +75,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="terra part: an engine argument, VALUE as YAML; e.g. "
                              "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:block": one engine, in a subprocess
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:draft_tokens": one engine, in a subprocess
     args = parser.parse_args(argv)
     try:
         args.parts = [p for p in args.parts.split(",") if p]
-        for name in ("demo_blocks", "terra_blocks", "streams"):
+        for name in ("demo_draft_tokens", "terra_draft_tokens", "streams"):
             setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
-        parser.error("--demo-blocks, --terra-blocks, --streams and --temperatures are comma-separated numbers")
+        parser.error("--demo-draft-tokens, --terra-draft-tokens, --streams and --temperatures are comma-separated "
+                     "numbers")
     try:
         args.engine_kwargs = engine_arguments(args.engine_arg, FLAGGED_ENGINE_ARGS)  # --dtype, --max-num-seqs, ...
     except TerraInputError as err:
@@ -127,16 +129,16 @@ class StepCounter:
         self.steps = self.tokens = 0
 
 
-def engine_record(backend, block: int) -> dict[str, Any]:
+def engine_record(backend, draft_tokens: int) -> dict[str, Any]:
     config = backend.engine.vllm_config
-    return {"block": block, "v2_runner": getattr(config, "use_v2_model_runner", None),
+    return {"draft_tokens": draft_tokens, "v2_runner": getattr(config, "use_v2_model_runner", None),
             "async_scheduling": config.scheduler_config.async_scheduling,
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
             "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
             "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size}
 
 
-def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
+def demo_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of the demo model: passes, seconds per frame and codes per temperature."""
     import torch
 
@@ -147,8 +149,8 @@ def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
 
     started = time.perf_counter()
     backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype, max_num_seqs=args.rollouts,
-                          speculative_block=block, gpu_memory_utilization=args.gpu_memory_utilization)
-    record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
+                          draft_tokens=draft_tokens, gpu_memory_utilization=args.gpu_memory_utilization)
+    record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
     try:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         pipeline = WorldModelPipeline(load_tokenizer(DEMO / "tokenizer"), backend, device)
@@ -158,7 +160,7 @@ def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
             sampling = SamplingConfig(temperature=temperature)  # the engine's decoding applies
             backend.run_rollouts(requests[:1], sampling, progress=False)  # warm-up (first-use compilation)
             run: dict[str, Any] = {"temperature": temperature}
-            if block:  # one stream at a time: passes and seconds per frame (block 0 takes 144 by construction)
+            if draft_tokens:  # one stream at a time: passes and seconds per frame (sequential: 144 by construction)
                 passes, steps, codes, seconds = [], [], [], 0.0
                 for request in requests:
                     counter.reset()
@@ -181,7 +183,7 @@ def demo_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
+def terra_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of Terra's shape (random weights): step time per count of rollouts in flight."""
     import numpy as np
 
@@ -195,10 +197,10 @@ def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
     LlamaActionConfig(**TERRA).save_pretrained(folder)  # config.json only: vLLM draws the weights
     most = args.max_num_seqs or max(args.streams)
     started = time.perf_counter()
-    backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, speculative_block=block,
+    backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, draft_tokens=draft_tokens,
                           gpu_memory_utilization=args.gpu_memory_utilization, load_format="dummy",
-                          max_num_batched_tokens=max(8192, most * (block + 1)), **args.engine_kwargs)
-    record = {**engine_record(backend, block), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
+                          max_num_batched_tokens=max(8192, most * (draft_tokens + 1)), **args.engine_kwargs)
+    record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
               "engine_args": args.engine_kwargs, "max_num_seqs": most}
     layout, sampling = backend.layout, SamplingConfig(temperature=0.9)
     counter = StepCounter(backend)
@@ -228,7 +230,8 @@ def terra_worker(block: int, args: argparse.Namespace) -> dict[str, Any]:
             if args.profile_steps and streams == 1:  # the same rollout, still in flight
                 record["runs"][-1]["profile"] = profiled(steps, args.profile_steps)
             backend.cancel(states)
-            print(f"terra block {block:3d}, {streams:4d} in flight: {1000 * wall / max(counter.steps, 1):.2f} ms "
+            print(f"terra draft_tokens {draft_tokens:3d}, {streams:4d} in flight: "
+                  f"{1000 * wall / max(counter.steps, 1):.2f} ms "
                   f"a step, {counter.tokens / max(counter.steps, 1):.0f} tokens a step", flush=True)
     finally:
         backend.close()
@@ -256,38 +259,39 @@ def profiled(steps, count: int) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    part, block = args.worker.split(":")
-    record = (demo_worker if part == "demo" else terra_worker)(int(block), args)
+    part, draft_tokens = args.worker.split(":")
+    record = (demo_worker if part == "demo" else terra_worker)(int(draft_tokens), args)
     print("RESULT " + json.dumps(record), flush=True)
 
 
 # ---------------------------------------------------------------- the driver
 
 
-def run_engine(part: str, block: int, argv: list[str]) -> dict[str, Any]:
+def run_engine(part: str, draft_tokens: int, argv: list[str]) -> dict[str, Any]:
     """One engine in a subprocess of this script; its record (or the error that ended it)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(SCRIPTS), str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, *argv, "--worker", f"{part}:{block}"], env=env, text=True,
+    done = subprocess.run([sys.executable, __file__, *argv, "--worker", f"{part}:{draft_tokens}"], env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not result:
-        return {"block": block, "error": done.stdout[-3000:]}
+        return {"draft_tokens": draft_tokens, "error": done.stdout[-3000:]}
     return json.loads(result[-1][len("RESULT "):])
 
 
 def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per block and temperature: passes, seconds, and the codes' agreement with block 0's batched codes."""
+    """Per ``draft_tokens`` and temperature: passes, seconds, and the codes' agreement with the sequential engine's
+    (``draft_tokens`` 0) batched codes."""
     import numpy as np
 
     reference = {run["temperature"]: np.asarray(run["batched"])
-                 for record in records if record.get("block") == 0 and "runs" in record for run in record["runs"]}
+                 for record in records if draft_tokens_of(record) == 0 and "runs" in record for run in record["runs"]}
     rows = []
     for record in records:
         for run in record.get("runs", []):
             ref = reference.get(run["temperature"])
             row = {k: v for k, v in run.items() if k not in ("single", "batched")}
-            row["block"] = record["block"]
+            row["draft_tokens"] = draft_tokens_of(record)
             for name in ("single", "batched"):
                 if ref is not None and name in run:
                     row[f"{name}_agreement"] = float((np.asarray(run[name]) == ref).mean())
@@ -295,29 +299,38 @@ def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def draft_tokens_of(record: dict[str, Any]) -> int | None:
+    """A record's ``draft_tokens`` (an engine's, or a mode's sampling settings); files written before the name was
+    ``draft_tokens`` say ``block`` or ``block_size``."""
+    for key in ("draft_tokens", "block", "block_size"):
+        if record.get(key) is not None:
+            return int(record[key])
+    return None
+
+
 def projection(terra: list[dict[str, Any]], passes_file: Path) -> dict[str, Any]:
-    """Seconds per frame (1 stream), frames/s (64 sessions), ACT-Bench H100-hours (256 in flight) per block size:
-    vLLM's passes per frame (the Transformers count + 1) x the measured step time."""
+    """Seconds per frame (1 stream), frames/s (64 sessions), ACT-Bench H100-hours (256 in flight) per
+    ``draft_tokens``: vLLM's passes per frame (the Transformers count + 1) x the measured step time."""
     report = json.loads(passes_file.read_text())
     image_tokens = report["layout"]["image_tokens"]
     passes = {0: float(image_tokens)}
     for mode in report["modes"]:
         sampling = mode.get("sampling", {})
         if mode.get("available") and mode["temperature"] == 0.9 and sampling.get("decoding") == "speculative":
-            passes[int(sampling["block_size"])] = mode["passes_per_frame"] + 1  # + the prompt's pass on vLLM
+            passes[draft_tokens_of(sampling)] = mode["passes_per_frame"] + 1  # + the prompt's pass on vLLM
     rows = []
     for record in terra:
-        block = record.get("block")
-        if block not in passes or "runs" not in record:
+        drafts = draft_tokens_of(record)
+        if drafts not in passes or "runs" not in record:
             continue
         step = {run["streams"]: run["step_s"] for run in record["runs"]}
-        row = {"block": block, "passes_per_frame": round(passes[block], 2)}
+        row = {"draft_tokens": drafts, "passes_per_frame": round(passes[drafts], 2)}
         if 1 in step:
-            row["one_stream_s_per_frame"] = round(passes[block] * step[1], 4)
+            row["one_stream_s_per_frame"] = round(passes[drafts] * step[1], 4)
         if SESSIONS in step:
-            row["sessions_frames_per_s"] = round(SESSIONS / (passes[block] * step[SESSIONS]), 2)
+            row["sessions_frames_per_s"] = round(SESSIONS / (passes[drafts] * step[SESSIONS]), 2)
         if ACTBENCH_STREAMS in step:
-            rate = ACTBENCH_STREAMS / (passes[block] * step[ACTBENCH_STREAMS])
+            rate = ACTBENCH_STREAMS / (passes[drafts] * step[ACTBENCH_STREAMS])
             row.update(actbench_frames_per_s=round(rate, 2),
                        actbench_h100_hours=round(ACTBENCH_FRAMES / rate / 3600, 3))
         rows.append(row)
@@ -342,11 +355,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         records = report[part] = []
-        for block in args.demo_blocks if part == "demo" else args.terra_blocks:
+        for drafts in args.demo_draft_tokens if part == "demo" else args.terra_draft_tokens:
             started = time.perf_counter()
-            records.append(run_engine(part, block, argv))
+            records.append(run_engine(part, drafts, argv))
             records[-1]["wall_s"] = round(time.perf_counter() - started, 1)
-            print(f"{part} block {block}: {'error' if 'error' in records[-1] else 'done'} in {records[-1]['wall_s']} s",
+            print(f"{part} draft_tokens {drafts}: {'error' if 'error' in records[-1] else 'done'} in "
+                  f"{records[-1]['wall_s']} s",
                   flush=True)
             if part == "demo":
                 report["demo_summary"] = demo_summary(records)

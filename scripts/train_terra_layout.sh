@@ -48,9 +48,9 @@ WM_VAL_CLIPS=${WM_VAL_CLIPS:-32}; WM_LOSS_CHUNK=${WM_LOSS_CHUNK:-2048}; WM_COMPI
 EVAL_CLIPS=${EVAL_CLIPS:-32}; ADHERENCE_CASES=${ADHERENCE_CASES:-8}; EVAL_CONTEXT=${EVAL_CONTEXT:-3}
 EVAL_HORIZON=${EVAL_HORIZON:-10}; EVAL_DTYPE=${EVAL_DTYPE:-float32}; ROLLOUTS=${ROLLOUTS:-32}
 DECODE_FRAMES=${DECODE_FRAMES:-4}; TEMPERATURES=${TEMPERATURES:-0.9}  # Terra's; the codes equal sequential's at any
-# speculative modes' settings (';' splits sets): the block sizes whose vLLM step times check_jacobi_vllm.py measures
-BLOCKS="decoding=speculative,block_size=8;decoding=speculative,block_size=16;decoding=speculative,block_size=32"
-SPECULATIVE=${SPECULATIVE:-$BLOCKS}
+# speculative modes' settings (';' splits sets): the draft_tokens whose vLLM step times check_jacobi_vllm.py measures
+DRAFTS="decoding=speculative,draft_tokens=8;decoding=speculative,draft_tokens=16;decoding=speculative,draft_tokens=32"
+SPECULATIVE=${SPECULATIVE:-$DRAFTS}
 DECODING_OUT=${DECODING_OUT:-decoding.json}  # in $RUN/results; another name measures again (other settings)
 RUN=$(realpath -m "$RUN"); RESULTS=$RUN/results; export RUN
 

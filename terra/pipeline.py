@@ -26,12 +26,13 @@ from terra.config.spec import RunSpec, check_window
 from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
 from terra.decoder import codes_to_frames
-from terra.generation.backends import create_backend, resolve_spec
+from terra.generation.backends import create_backend, resolve_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
-from terra.refiner import RefinerSettings, check_decoding
+from terra.refiner import RefinerSettings, check_decoder
 from terra.tokenizer import ImageTokenizer, load_tokenizer
+from terra.vllm.plugin import check_vllm_plugin
 
 if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
@@ -50,7 +51,8 @@ class RolloutResult:
     decode_stats: DecodeStats | None = None  # forward passes of the generated frames
 
     def decoding(self) -> dict:
-        """How the frames were decoded, for a sidecar: the decoding that ran, its block size, passes per frame."""
+        """How the image tokens were decoded, for a sidecar: the decoding that ran, its draft_tokens, passes per
+        frame."""
         return (self.decode_stats or DecodeStats()).as_dict(self.sampling)
 
 
@@ -60,7 +62,7 @@ class ResolvedRun:
 
     spec: RunSpec  # device, backend and a vLLM engine's decoding concrete (terra/generation/backends.py)
     model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
-    refiner: RefinerSettings | None  # decoding=refiner: its checked weights and device (terra/refiner.py)
+    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
 
     def replace(self, **changes) -> "ResolvedRun":
         """A copy with ``changes`` (already checked values)."""
@@ -78,13 +80,30 @@ def check_model(spec: RunSpec) -> LlamaActionConfig:
 def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None) -> ResolvedRun:
     """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
     order for every app: its torch threads set, device and backend chosen (a vLLM engine's decoding for at most
-    ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoding=refiner``'s
+    ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoder=refiner``'s
     settings checked, then the model's config read and its window checked (:func:`check_model`), unless ``model``
     is that config as the run already read it (a Ray actor gets it from its driver)."""
     set_threads(spec.num_threads)
     spec = resolve_spec(spec, streams)
-    refiner = check_decoding(spec)
+    refiner = check_decoder(spec)
     return ResolvedRun(spec, model or check_model(spec), refiner)
+
+
+def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
+    """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
+    before :func:`resolve_run` (every actor: the batch's, terra/batch/ray_actor.py, and ``terra-drive``'s,
+    terra/closedloop/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU, never
+    a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
+    node's plugin is checked (terra/vllm/plugin.py) and a multi-GPU engine runs its workers as processes on this
+    actor's GPUs (``distributed_executor_backend=mp``, unless set), not as Ray actors of their own."""
+    device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)
+    backend = resolve_backend(spec.backend, device)
+    options = dict(spec.backend_options)
+    if backend == "vllm":
+        check_vllm_plugin()
+        if int(options.get("tensor_parallel_size", 1) or 1) > 1:
+            options.setdefault("distributed_executor_backend", "mp")
+    return spec.replace(device=device, backend=backend, backend_options=options)
 
 
 def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
@@ -170,7 +189,8 @@ class WorldModelPipeline:
         config: LlamaActionConfig | None = None,
         zero_embed_code_0: bool = False,
         decoding: str = "auto",
-        block_size: int = 32,
+        draft_tokens: int = 32,
+        block_size: int | None = None,
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
@@ -182,9 +202,11 @@ class WorldModelPipeline:
         trained with (Terra's ``lfq_tokenizer_B_256``) or a loaded :class:`ImageTokenizer`. Nothing is downloaded:
         a Hub id is one line saying how to download it first (``hf download``).
 
-        ``decoding`` and ``block_size`` (as ``sampling.decoding`` / ``sampling.block_size``) start a vLLM engine
-        for sequential or speculative decoding, which it then does for every call (``auto``: speculative on a GPU
-        with Model Runner V2, taking one stream); the Transformers backend follows each call's ``sampling``.
+        ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
+        draft_tokens' old name, is taken until the next release) are the pipeline's decoding, ``auto`` decided for
+        one rollout in flight (terra/generation/decoding.py, ``auto_decoding``): a vLLM engine starts for it and
+        decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
+        (a call that names its decoding gets it).
         ``config`` is the world model's config when the caller has read it already (it then checks the window).
         """
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
@@ -192,7 +214,7 @@ class WorldModelPipeline:
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
                        backend=backend, backend_options=options, device=check_device(device),
                        dtype=check_choice(dtype, "dtype", DTYPES),
-                       sampling=SamplingConfig(decoding=decoding, block_size=block_size),
+                       sampling=SamplingConfig(decoding=decoding, draft_tokens=draft_tokens, block_size=block_size),
                        zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
         return cls.from_run(resolve_run(spec, model=config),
                             tokenizer if isinstance(tokenizer, ImageTokenizer) else None)
@@ -238,7 +260,7 @@ class WorldModelPipeline:
     def frames(self, codes: np.ndarray, seed: int | None = None, refiner: "VideoRefiner | None" = None,
                progress: bool = False) -> tuple[np.ndarray, dict[str, float]]:
         """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding: the one place where
-        ``decoding=framewise`` (the tokenizer, frame by frame) and ``decoding=refiner`` (``refiner``, Terra's
+        ``decoder=tokenizer`` (the tokenizer's decoder, frame by frame) and ``decoder=refiner`` (``refiner``, Terra's
         video refiner at 384x640, seeded with ``seed`` or 0: decoder/refiner/) part ways."""
         start = time.perf_counter()
         if refiner is None:
@@ -257,9 +279,9 @@ class WorldModelPipeline:
     ) -> list[RolloutResult]:
         """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
         without it ``frames`` stay None for :meth:`refine` once the engine is closed). ``sampling.decoding=auto``
-        is resolved for this many rollouts (terra/generation/rollout.py, ``decoding_for``); each result's
+        runs as the pipeline's run chose (``WorldModelBackend.as_run``; :func:`resolve_run`); each result's
         ``decoding`` says which ran and its forward passes per frame."""
-        sampling = self.backend.decoding_for(sampling, len(requests))
+        sampling = self.backend.as_run(sampling)
         start = time.perf_counter()
         states = self.backend.run_rollouts(requests, sampling, progress=progress, on_frame=on_frame)
         generate_s = time.perf_counter() - start
@@ -278,7 +300,7 @@ class WorldModelPipeline:
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
                progress: bool = False) -> list[RolloutResult]:
-        """Give each result the frames of Terra's video refiner (``decoding=refiner``: 384x640), seeded with its
+        """Give each result the frames of Terra's video refiner (``decoder=refiner``: 384x640), seeded with its
         request's seed (0 when it has none); ``timings`` gain the refiner's stages (``refine_*``). See
         :mod:`terra.decoder.refiner`."""
         for result in results:

@@ -1,8 +1,8 @@
-"""``decoding=refiner``: the ``refiner`` settings of a run (``conf/refiner/terra.yaml``) checked before any model
+"""``decoder=refiner``: the ``refiner`` settings of a run (``conf/refiner/terra.yaml``) checked before any model
 loads, and loaded once generation is done (the world model's memory is free by then).
 
-``decoding=framewise`` (the default) decodes each frame with the tokenizer, at its size (Terra: 288x512);
-``decoding=refiner`` refines the whole video with Terra's video refiner (:mod:`terra.decoder.refiner`) at 384x640.
+``decoder=tokenizer`` (the default) decodes each frame with the tokenizer's decoder, at its size (Terra: 288x512);
+``decoder=refiner`` refines the whole video with Terra's video refiner (:mod:`terra.decoder.refiner`) at 384x640.
 diffusers is imported only when a refiner is loaded.
 """
 
@@ -42,18 +42,18 @@ class RefinerSettings:
         return load_refiner(self.path, self.config, self.device, self.dtype, self.allow_cpu)
 
 
-def check_decoding(spec: RunSpec) -> RefinerSettings | None:
-    """None for ``decoding=framewise``; for ``refiner`` the checked :class:`RefinerSettings` (file present, device
+def check_decoder(spec: RunSpec) -> RefinerSettings | None:
+    """None for ``decoder=tokenizer``; for ``refiner`` the checked :class:`RefinerSettings` (file present, device
     able), from the spec's ``refiner`` block (the keys of ``conf/refiner/terra.yaml``) and its device (resolved:
     terra/generation/backends.py, ``resolve_spec``), used when ``refiner.device`` is null. Every problem raises
     one line (:class:`TerraInputError`)."""
-    if spec.decoding == "framewise":
+    if spec.decoder == "tokenizer":
         return None
     node = spec.refiner
     path = node.get("path")
     if path is None:
         where = "" if spec.terra_root is None else f" (terra_root={spec.terra_root} gives none)"
-        raise TerraInputError(f"decoding=refiner needs Terra's refiner weights{where}: add terra_root=/path/to/Terra "
+        raise TerraInputError(f"decoder=refiner needs Terra's refiner weights{where}: add terra_root=/path/to/Terra "
                               f"({DOWNLOAD_HINT}) or refiner.path=/path/to/refiner_model.pt")
     config = preset(str(node.get("preset", "terra"))).replace(**{k: node[k] for k in SETTINGS if k in node})
     device = torch.device(resolve_device(check_device(node.get("device") or spec.device)))

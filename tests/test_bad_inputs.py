@@ -304,7 +304,7 @@ CONFIG_CASES = {
     "manoeuvre_param_not_a_number": (["manoeuvre_params.speed_kmh=fast"], "speed_kmh"),
     "unknown_sampling_setting": (["+sampling.beam=4"], "beam"),
     "top_p_zero": (["sampling.top_p=0"], "top_p"),
-    "block_size_zero": (["sampling.block_size=0"], "sampling.block_size"),
+    "draft_tokens_zero": (["sampling.draft_tokens=0"], "sampling.draft_tokens"),
     "unknown_decoding": (["sampling.decoding=jacobi"], "sampling.decoding"),
     "unknown_manoeuvre_with_context": (["manoeuvre=reverse", f"context={DEMO}"], "reverse"),
 }
@@ -335,7 +335,7 @@ CLI_CASES = {
     "corrupt_checkpoint": (lambda b: [f"model.world_model={b.wm_truncated}"], "truncated"),
     "incompatible_tokenizer": (lambda b: [f"tokenizer.path={b.tok_codebook}"], "codebook"),
     "unwritable_output_dir": (lambda b: [f"output.dir={b.a_file}/videos"], "not writable"),
-    "block_size_zero": (lambda b: ["sampling.block_size=0"], "sampling.block_size"),
+    "draft_tokens_zero": (lambda b: ["sampling.draft_tokens=0"], "sampling.draft_tokens"),
 }
 
 

@@ -27,6 +27,7 @@ import terra.config.files
 import terra.config.spec
 import terra.generation.actions
 import terra.inputs.actions
+import terra.inputs.ego_motion
 import terra.models.checkpoint
 import terra.pipeline
 import terra.session.context
@@ -116,7 +117,7 @@ def test_a_session_step_parses_and_validates_its_action_once():
     backend = create_backend("hf", "terra/assets/demo/world_model", device="cpu")
     action = terra.session.controls.drive_action(0.2, 30.0).tolist()
     with calls(terra.session.controls.parse_action, terra.generation.actions.validate_actions,
-               terra.session.controls.advance_pose) as counts:  # from before the engine's thread starts
+               terra.inputs.ego_motion.advance_pose) as counts:  # from before the engine's thread starts
         host = SessionHost(backend, max_frames=4)
         try:
             context = np.zeros((2, backend.layout.image_tokens), dtype=np.int64)

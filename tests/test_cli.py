@@ -156,9 +156,9 @@ def test_overrides_take_effect(tmp_path):
     data = check_sidecar(out / "rollout.json", num_context=2, num_frames=2, files=["rollout.gif"])
     config = data["config"]
     assert config["manoeuvre"] == "curve_right" and config["output"]["formats"] == ["gif"]
-    assert config["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "decoding": "auto", "block_size": 32}
+    assert config["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "decoding": "auto", "draft_tokens": 32}
     decoding = data["rollouts"][0]["decoding"]  # auto: speculative for one rollout on the Transformers backend
-    assert decoding["decoding"] == "speculative" and decoding["block_size"] == 32 and decoding["frames"] == 2
+    assert decoding["decoding"] == "speculative" and decoding["draft_tokens"] == 32 and decoding["frames"] == 2
     assert decoding["forward_passes"] < 2 * 144 and decoding["tokens_per_pass"] > 1
     assert "speculative decoding: " in result.stdout and "forward passes per frame" in result.stdout
     assert data["seed"] == 5

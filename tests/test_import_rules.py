@@ -110,15 +110,16 @@ MAY_IMPORT = {
     "generation": {"core", "config", "models", "vllm"},
     "inputs": {"core", "config", "generation", "tokenizer"},
     "sim": {"core", "config", "generation", "inputs", "tokenizer"},
-    "pipeline": {"core", "config", "generation", "models", "inputs", "tokenizer", "decoder"},
+    "pipeline": {"core", "config", "generation", "models", "inputs", "tokenizer", "decoder", "vllm"},  # vllm: plugin
     "session": {"core", "config", "generation", "inputs", "sim", "tokenizer", "pipeline"},
     "serve": {"core", "config", "generation", "session", "tokenizer", "decoder", "pipeline"},
     "batch": {"core", "config", "generation", "inputs", "models", "pipeline", "tokenizer", "decoder"},
     "training": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer", "decoder"},
     "scoring": {"core", "config", "tokenizer"},
     "evaluation": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer"},
-    "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "session", "scoring", "batch", "pipeline",
-                   "tokenizer", "decoder"},
+    "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "scoring", "pipeline", "tokenizer",
+                   "decoder"},
+    "fidelity": {"sim", "closedloop", "pipeline"},  # the renderer's camera, the lane detector, PSNR / SSIM
     "face": {"core"},  # terra/__init__.py: the user-facing TerraInputError
 }
 MAY_IMPORT["apps"] = set(MAY_IMPORT) - {"apps", "face"}
@@ -133,10 +134,10 @@ PUBLIC = {
     "vllm": {"terra.vllm", "terra.vllm.compat", "terra.vllm.plugin"},
     "generation": {"terra.generation", "terra.generation.actions", "terra.generation.rollout",
                    "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
-                   "terra.generation.speculative"},  # the backend modules stay inside the wing
+                   "terra.generation.speculative", "terra.generation.session_engine"},  # backends: the wing's own
     "session": {"terra.session", "terra.session.controls", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
-    "batch": {"terra.batch", *(f"terra.batch.{m}" for m in ("config", "run", "manifest"))},  # drives: the manifest
+    "batch": {"terra.batch", "terra.batch.config", "terra.batch.run"},
     "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
                                                   "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
@@ -144,7 +145,7 @@ PUBLIC = {
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
-        "egodriver", "navsim", "gym_env"))},
+        "egodriver", "navsim", "gym_env", "vision"))},
     "apps": {"terra.apps.runner"},  # an app imports no other app
 }
 PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")
@@ -213,13 +214,22 @@ def test_the_import_reader_names_the_wings():
 
 
 def exported_names(init: Path) -> set[str]:
-    """The names a package's ``__init__.py`` exports: its ``__all__``, a list or tuple, or ``sorted(_HOMES)`` of a
-    lazy face (terra/core/lazy.py)."""
-    assigned = {target.id: node.value for node in ast.parse(init.read_text()).body if isinstance(node, ast.Assign)
-                for target in node.targets if isinstance(target, ast.Name)}
+    """The names a package's ``__init__.py`` exports: its ``__all__``, a list or tuple, or the keys of the table of a
+    lazy face (terra/core/lazy.py: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``)."""
+    assigned: dict[str, ast.expr] = {}
+    for node in ast.parse(init.read_text()).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                assigned[target.id] = node.value
+            elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Call):  # a lazy face: its table
+                names = [element.id for element in target.elts if isinstance(element, ast.Name)]
+                if "__all__" in names and getattr(node.value.func, "id", None) == "lazy_face":
+                    assigned["__all__"] = node.value.args[1]
     value = assigned.get("__all__")
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "sorted":
-        value = assigned[value.args[0].id]
+    if isinstance(value, ast.Name):
+        value = assigned[value.id]
     if isinstance(value, ast.Dict):
         return {key.value for key in value.keys}
     return set() if value is None else {element.value for element in value.elts}
@@ -282,6 +292,44 @@ def test_nothing_imports_the_old_top_level_names():
 
 def test_the_light_layer_loads_no_torch():
     code = "import sys, terra.config; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+# console script → the module its settings are checked in, before any model loads (terra/apps/*.py); terra-generate
+# and terra-make-dataset check theirs in the app module itself
+SETTINGS_MODULES = {
+    "terra-generate": "terra.apps.generate", "terra-rollout": "terra.batch.config",
+    "terra-serve": "terra.serve.settings", "terra-drive": "terra.closedloop.settings",
+    "terra-train": "terra.training.settings", "terra-prepare-logs": "terra.training.prepare",
+    "terra-blend": "terra.training.blend", "terra-score": "terra.scoring.settings",
+    "terra-evaluate": "terra.evaluation.settings", "terra-train-tokenizer": "terra.training.tokenizer_settings",
+    "terra-tokenize": "terra.training.tokenize", "terra-make-dataset": "terra.apps.make_dataset",
+}
+
+
+def console_scripts() -> dict[str, str]:
+    """pyproject.toml's console scripts: name → the app's module."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    return {name: target.partition(":")[0] for name, target in scripts.items()}
+
+
+def test_every_app_has_its_settings_module_named():
+    apps = console_scripts()
+    assert set(SETTINGS_MODULES) == set(apps), f"apps without a settings module: {set(apps) - set(SETTINGS_MODULES)}"
+    for name, app in apps.items():
+        settings = SETTINGS_MODULES[name]
+        assert settings == app or settings in imported_modules(ROOT.joinpath(*app.split(".")).with_suffix(".py")), \
+            f"{name} ({app}) does not import {settings}"
+
+
+@pytest.mark.parametrize("app", sorted(SETTINGS_MODULES))
+def test_every_apps_settings_load_without_torch(app):
+    """An app checks its settings (and answers a bad one in one line) before torch loads (the guide's rule)."""
+    modules = ", ".join(dict.fromkeys([console_scripts()[app], SETTINGS_MODULES[app]]))
+    code = f"import sys, {modules}; assert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

@@ -1,5 +1,6 @@
 """WorldModelPipeline's tokenizer side: calls from several threads (batch writers, sessions, the server) run one
-at a time, so the tokenizer's activations stay one batch beside an engine that holds most of the GPU."""
+at a time, so the tokenizer's activations stay one batch beside an engine that holds most of the GPU; the
+pretrained builder's one-line errors; every Ray actor's set-up (``actor_spec``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ import torch
 
 from terra.generation.backends import create_backend
 from terra.models.presets import TINY_TOKENIZER
-from terra.pipeline import WorldModelPipeline
+from terra.config.spec import RunSpec
+from terra.core.errors import TerraInputError
+from terra.pipeline import WorldModelPipeline, actor_spec
 from terra.tokenizer import LFQTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,3 +90,37 @@ def test_from_pretrained_says_what_it_takes_in_one_line(tiny_model_dir, world_mo
     with pytest.raises(TerraInputError) as err:
         WorldModelPipeline.from_pretrained(world_model, tokenizer, device="cpu")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("device, gpus, expected", [
+    ("auto", ["0"], "cuda"), ("cpu", ["3", "4"], "cuda"), ("auto", [], "cpu"), ("cpu", [], "cpu"),
+    ("cuda:1", [], "cuda:1"),
+])
+def test_a_ray_actor_runs_on_the_gpus_ray_gave_it(device, gpus, expected) -> None:
+    """An actor with GPUs runs on them (Ray sets CUDA_VISIBLE_DEVICES: ``cuda``); one without never takes a GPU
+    for ``auto``; its backend is chosen for that device (``auto`` on a CPU: Transformers)."""
+    from terra.generation.backends import vllm_available
+
+    spec = actor_spec(RunSpec("wm", "tok", device=device), gpus)
+    assert spec.device == expected
+    assert spec.backend == ("vllm" if expected.startswith("cuda") and vllm_available() else "hf")
+
+
+def test_a_vllm_actor_checks_the_plugin_and_keeps_a_multi_gpu_engine_on_its_gpus(monkeypatch) -> None:
+    """backend=vllm finds the world model only through the project's entry point, which a runtime_env
+    working_dir does not install: the actor says so in one line instead of failing inside vLLM. A tensor-parallel
+    engine starts its workers as processes on the actor's GPUs (``mp``) unless told otherwise; one GPU: as set."""
+    import importlib.metadata
+
+    pytest.importorskip("vllm")
+    tp = {"tensor_parallel_size": 2}
+    assert actor_spec(RunSpec("wm", "tok", backend="vllm", backend_options=tp), ["0", "1"]).backend_options == {
+        **tp, "distributed_executor_backend": "mp"}
+    given = {**tp, "distributed_executor_backend": "ray"}
+    assert actor_spec(RunSpec("wm", "tok", backend="vllm", backend_options=given), ["0", "1"]).backend_options == given
+    assert actor_spec(RunSpec("wm", "tok", backend="vllm"), ["0"]).backend_options == {}
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    with pytest.raises(TerraInputError, match=r"backend=vllm needs the project installed on this node") as err:
+        actor_spec(RunSpec("wm", "tok", backend="vllm"), ["0"])
+    assert "\n" not in str(err.value)
+    assert actor_spec(RunSpec("wm", "tok", backend="hf"), ["0"]).backend == "hf"  # no plugin needed

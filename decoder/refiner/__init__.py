@@ -41,7 +41,7 @@ def check_refiner_device(config: RefinerConfig, device: torch.device, allow_cpu:
     resolved (terra/core/device.py: whether it exists is checked there)."""
     if device.type != "cuda" and config.unet_channels == TERRA.unet_channels and not allow_cpu:
         raise TerraInputError("the video refiner at Terra's size needs a CUDA GPU (about 5 min per video on an H100 in "
-                              f"Terra's code; hours on {device.type}); run on a GPU, use decoding=framewise, or set "
+                              f"Terra's code; hours on {device.type}); run on a GPU, use decoder=tokenizer, or set "
                               "refiner.allow_cpu=true to run it here anyway")
 
 

@@ -7,6 +7,8 @@ import time
 import numpy as np
 
 from terra.config.sampling import SamplingConfig
+from terra.generation.decoding import auto_decoding
+from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
 from terra.inputs.actions import actions_for_manoeuvre
@@ -24,9 +26,18 @@ def make_requests(layout: TokenLayout, count: int, num_context: int, num_frames:
     return requests
 
 
+def row_sampling(backend: WorldModelBackend, sampling: SamplingConfig, rollouts: int) -> SamplingConfig:
+    """``sampling`` as a run of ``rollouts`` in flight decodes it on ``backend``: a Transformers row chooses
+    ``decoding=auto`` for its own rollouts, as an app's run does (terra/generation/decoding.py, ``auto_decoding``);
+    a vLLM engine decodes as it was started."""
+    if isinstance(backend, HFBackend) and sampling.decoding == "auto":
+        sampling = sampling.replace(decoding=auto_decoding("hf", str(backend.device), rollouts))
+    return backend.as_run(sampling)
+
+
 def timed_generate(backend: WorldModelBackend, requests: list[RolloutRequest], sampling: SamplingConfig) -> dict:
     """Run ``requests`` together; wall time, aggregate frames/s, per-rollout seconds per frame, and the decoding
-    that ran (``sampling.decoding=auto`` resolved for them) with its forward passes per frame."""
+    that ran (:func:`row_sampling`) with its forward passes per frame."""
     first: list[float | None] = [None] * len(requests)
     last: list[float] = [0.0] * len(requests)
 
@@ -35,7 +46,7 @@ def timed_generate(backend: WorldModelBackend, requests: list[RolloutRequest], s
         first[index] = first[index] or now
         last[index] = now
 
-    sampling = backend.decoding_for(sampling, len(requests))
+    sampling = row_sampling(backend, sampling, len(requests))
     start = time.perf_counter()
     states = backend.run_rollouts(requests, sampling, progress=False, on_frame=on_frame)
     wall = time.perf_counter() - start

@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.config.moved import move_settings
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="drive", version_base=None)
@@ -26,6 +27,7 @@ def _main(cfg: DictConfig) -> None:
     from terra.closedloop.settings import drive_settings
 
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env."))
+    move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(HydraConfig.get().runtime.output_dir)
     settings = drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line

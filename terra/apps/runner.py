@@ -15,6 +15,9 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   the environment sets it).
 * :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
   instead of silently ignored.
+* Renamed settings (terra/config/moved.py): an old name on the command line is given its new name here, before
+  Hydra reads the arguments, with one line on stderr; the apps that have those settings move old names a user's
+  config file set (``move_settings``) before checking their settings.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import terra.conf
 from terra.config.assets import register_resolvers
+from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
 
 CONFIG_PATH = "pkg://terra.conf"
@@ -151,7 +155,8 @@ def run_app(app: Callable[[], None], prog: str) -> None:
     docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
     or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
-    or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error."""
+    or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
+    settings on the command line are given their new names first (terra/config/moved.py)."""
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
     if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
@@ -164,6 +169,7 @@ def run_app(app: Callable[[], None], prog: str) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
+        sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
         app()
         return
     except _TaskFailed as failed:

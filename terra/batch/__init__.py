@@ -47,10 +47,10 @@ Outputs (under ``output_dir``)
   ``skipped`` = already complete), ``stage`` of a failure (``parse`` | ``input`` | ``generate`` | ``write``),
   ``error`` (one line), ``seconds``, ``seed``, ``files``, ``finished_at`` (Unix time); an ``ok`` record also has
   ``generate_s``, ``generated_at`` (Unix time its rollout left the engine, before decoding and writing) and
-  ``decoding`` (``sampling.decoding`` as it ran, the block size, forward passes, passes per frame and tokens per
+  ``decoding`` (``sampling.decoding`` as it ran, its ``draft_tokens``, forward passes, passes per frame and tokens per
   pass; the sidecar has the same block). ``<manifest stem>.summary.json`` holds the counts and the run's
   ``decoding`` figures summed over its samples. Malformed lines are recorded as failed with stage ``parse``
-  (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.batch.manifest.Manifest`).
+  (``sample_id`` null, ``line`` set). Each record is one atomic append (:class:`~terra.config.manifest.Manifest`).
 * While a run goes, ``.<manifest stem>.lock`` holds the folder (:mod:`~terra.core.lock`): a second run of the
   same shard into it fails at once, naming the first. An interrupted run (Ctrl-C, SIGTERM) keeps the samples
   finished so far with their records and leaves no partial file; rerunning finishes it.
@@ -85,7 +85,7 @@ fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.prepare`
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_attributes
+from terra.core.lazy import lazy_face
 
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
@@ -95,10 +95,10 @@ _HOMES = {
     "batch_spec": "terra.batch.config",
     "check_config": "terra.batch.config",
     "claim_output": "terra.batch.config",
-    "Manifest": "terra.batch.manifest",
-    "STATUSES": "terra.batch.manifest",
-    "count_statuses": "terra.batch.manifest",
-    "read_manifest": "terra.batch.manifest",
+    "Manifest": "terra.config.manifest",  # every recorded run's (drives' too)
+    "STATUSES": "terra.config.manifest",
+    "count_statuses": "terra.config.manifest",
+    "read_manifest": "terra.config.manifest",
     "BatchPlan": "terra.batch.plan",
     "Item": "terra.batch.plan",
     "fingerprint": "terra.batch.plan",
@@ -113,7 +113,4 @@ _HOMES = {
     "run_items": "terra.batch.stream",
 }
 
-__all__ = sorted(_HOMES)
-
-
-__getattr__ = lazy_attributes(__name__, _HOMES)
+__all__, __getattr__ = lazy_face(__name__, _HOMES)

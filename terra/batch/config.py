@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import string
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +23,8 @@ from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
 from terra.config.checks import Range, check_choice, check_flag, plain, shown
 from terra.config.files import open_input_file
+from terra.config.manifest import manifest_name, summary_name
+from terra.config.moved import DECODER, moved_value
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
 from terra.config.ray_settings import EXECUTORS, RaySettings, removed_setting
@@ -64,7 +66,7 @@ class BatchSpec:
     engine as :attr:`run`, the batch's own beside it. The fields mean what :class:`BatchConfig`'s of the same
     names do."""
 
-    run: RunSpec  # terra/config/spec.py: the checkpoints, backend, device, sampling, window, decoding, threads
+    run: RunSpec  # terra/config/spec.py: the checkpoints, backend, device, sampling, window, decoder, threads
     sample_files: tuple[Path, ...]  # the JSONL file(s), in reading order
     output_dir: str
     num_frames: int
@@ -92,36 +94,24 @@ class BatchSpec:
 
     @property
     def manifest_path(self) -> Path:
-        """``output_dir/manifest.jsonl``, or ``manifest.shard-<i>-of-<n>.jsonl`` when sharded."""
-        name = self.manifest
-        if self.num_shards > 1:
-            name = f"{name[: -len('.jsonl')]}.shard-{self.shard_index}-of-{self.num_shards}.jsonl"
-        return Path(self.output_dir) / name
+        """``output_dir/manifest.jsonl``, or its shard's (terra/config/manifest.py, ``manifest_name``)."""
+        return Path(self.output_dir) / manifest_name(self.manifest, self.shard_index, self.num_shards)
 
     @property
     def summary_path(self) -> Path:
         """``manifest.jsonl`` → ``manifest.summary.json`` (per shard like the manifest)."""
-        path = self.manifest_path
-        return path.with_name(path.name[: -len(".jsonl")] + ".summary.json")
+        return self.manifest_path.with_name(summary_name(self.manifest_path.name))
 
     def replace(self, **changes: Any) -> "BatchSpec":
         """A copy with ``changes`` (already checked values)."""
         return dataclasses.replace(self, **changes)
 
     def generation_settings(self) -> dict:
-        """The settings that shape a sample's outputs (part of its fingerprint)."""
-        run = self.run
-        return {
-            "num_context": run.num_context, "overlap": run.overlap, "zero_embed_code_0": run.zero_embed_code_0,
-            "resize": run.resize,
-            "sampling": run.sampling.draw_settings(),  # defaults filled in; decoding left out
-            "formats": sorted(self.formats), "fps": float(self.fps), "mark_context": self.mark_context,
-            "overlay_trajectory": self.overlay_trajectory, "save_codes": self.save_codes,
-            "default_manoeuvre": self.default_manoeuvre,
-            **({"decoding": "refiner",
-                "refiner": {k: run.refiner.get(k) for k in ("preset", "num_steps", "guidance", "arithmetic")}}
-               if run.decoding == "refiner" else {}),
-        }
+        """The settings that shape a sample's outputs (part of its fingerprint: terra/batch/plan.py): the run's
+        (terra/config/spec.py, ``RunSpec.output_settings``) and the batch's files."""
+        return {**self.run.output_settings(), "formats": sorted(self.formats), "fps": float(self.fps),
+                "mark_context": self.mark_context, "overlay_trajectory": self.overlay_trajectory,
+                "save_codes": self.save_codes, "default_manoeuvre": self.default_manoeuvre}
 
 
 @dataclass(frozen=True)
@@ -160,8 +150,8 @@ class BatchConfig:
     formats: Sequence[str] = ("mp4",)
     fps: float = 10.0
     writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
-    decoding: str = "framewise"  # framewise | refiner: Terra's video refiner (terra/refiner.py), 384x640
-    refiner: dict = field(default_factory=dict)  # the keys of conf/refiner/terra.yaml (decoding=refiner)
+    decoder: str = "tokenizer"  # tokenizer | refiner: Terra's video refiner (terra/refiner.py), 384x640
+    refiner: dict = field(default_factory=dict)  # the keys of conf/refiner/terra.yaml (decoder=refiner)
     mark_context: bool = False  # border + label on context frames
     overlay_trajectory: bool = False  # draw the commanded path
     save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
@@ -169,8 +159,11 @@ class BatchConfig:
     progress: bool = True
     record: dict | None = None  # run configuration stored in every sidecar (default: this config)
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
+    decoding: InitVar[str | None] = None  # decoder's old name (framewise | refiner), taken until the next release
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, decoding: str | None) -> None:
+        if decoding is not None:
+            object.__setattr__(self, "decoder", moved_value(DECODER, decoding))
         if not self.world_model:
             object.__setattr__(self, "world_model", str(demo_checkpoints()[0]))
         if not self.tokenizer:
@@ -183,7 +176,7 @@ class BatchConfig:
                 "tokenizer": {"path": self.tokenizer, "resize": self.resize},
                 "backend": {"name": self.backend, "options": self.backend_options},
                 "device": self.device, "dtype": self.dtype, "sampling": self.sampling,
-                "num_context": self.num_context, "decoding": self.decoding, "refiner": self.refiner,
+                "num_context": self.num_context, "decoder": self.decoder, "refiner": self.refiner,
                 "terra_root": self.terra_root, "num_threads": self.num_threads}
 
     def spec(self) -> BatchSpec:
@@ -240,7 +233,7 @@ def check_config(config: BatchConfig) -> tuple[BatchSpec, OutputDir]:
 
 def claim_output(spec: BatchSpec) -> OutputDir:
     """Claim the run's output folder (terra/config/output_dir.py) against its inputs, before any work."""
-    refiner = spec.run.refiner.get("path") if spec.run.decoding == "refiner" else None
+    refiner = spec.run.refiner.get("path") if spec.run.decoder == "refiner" else None
     # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
     return claim_output_dir(spec.output_dir, "output.dir", files=[spec.manifest_path.name, spec.summary_path.name],
                             inputs=[("samples file", spec.sample_files), ("world model", spec.run.world_model),
@@ -251,7 +244,7 @@ def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     """The batch's own settings (``own``: :data:`BATCH_SETTINGS` by name) checked once beside the checked ``run``:
     the numbers in :data:`RANGES`, flags, shards, the executor and its ``ray`` block, output names, the samples
     files and ``image_root``. The refiner's weights and device are checked once the run's device is known
-    (terra/refiner.py, ``check_decoding``)."""
+    (terra/refiner.py, ``check_decoder``)."""
     for name, (setting, limits) in RANGES.items():
         value = own[name]
         if not (name == "max_concurrent" and value == "auto"):

@@ -8,8 +8,6 @@ names fitted to the file system, so a bad sample is recorded as failed before th
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from terra.batch.samples import check_inputs, in_shard
 from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
 from terra.config.outputs import check_output_names
+from terra.config.spec import fingerprint as spec_fingerprint
 from terra.core.atomic import marked
 from terra.core.errors import TerraInputError
 from terra.inputs.samples import Sample, read_samples
@@ -99,12 +98,10 @@ def _outputs(config: BatchSpec, sample: Sample) -> tuple[dict[str, Path], Path, 
 
 
 def fingerprint(config: BatchSpec, sample: Sample, seed: int, num_frames: int) -> str:
-    """Hash of the sample's record and the settings that shape its outputs."""
+    """The fingerprint (terra/config/spec.py) of the sample's record and the settings that shape its outputs."""
     root = None if config.image_root is None else os.path.realpath(os.path.expanduser(config.image_root))
-    payload = {"record": sample.record, "seed": seed, "num_frames": num_frames,
-               "image_root": root, **config.generation_settings()}  # a path as resolved, however it was typed
-    text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return spec_fingerprint({"record": sample.record, "seed": seed, "num_frames": num_frames,
+                             "image_root": root, **config.generation_settings()})  # a path as resolved
 
 
 def _read_sidecar(path: Path) -> dict | None:

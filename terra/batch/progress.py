@@ -15,8 +15,8 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from terra.batch.manifest import count_statuses
 from terra.batch.plan import Item
+from terra.config.manifest import count_statuses
 
 
 class BatchProgress:

@@ -6,15 +6,15 @@ the driver sends the next sample while this one is still being written), :meth:`
 files are written, with its manifest record; :meth:`RolloutActor.progress` answers the driver's polls for the
 frames generated so far. The calls wait on an asyncio loop while
 :class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on one
-engine. The actor never raises from its constructor: a start-up failure (a missing vLLM plugin, a model that
-does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print. An engine loop that
-fails later ends the actor's process, so that Ray restarts it.
+engine. Its run is set up as every Ray actor's (terra/pipeline.py, ``actor_spec``: the device, the vLLM plugin,
+the multi-GPU executor). The actor never raises from its constructor: a start-up failure (a missing vLLM plugin,
+a model that does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print. An engine
+loop that fails later ends the actor's process, so that Ray restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import os
 import sys
 import threading
@@ -26,21 +26,8 @@ from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error
 from terra.batch.plan import Item
 from terra.batch.stream import StreamingEngine, prefetch
-from terra.core.errors import TerraInputError
 from terra.models import LlamaActionConfig
-from terra.pipeline import WorldModelPipeline, resolve_run
-
-PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.entry-points."vllm.general_plugins"]
-
-
-def check_vllm_plugin() -> None:
-    """Raise unless this node's environment has the project's vLLM plugin entry point (vLLM finds the world
-    model only through it, in every process it starts); code shipped by a runtime_env working_dir lacks it."""
-    found = {(ep.name, ep.value) for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
-    if PLUGIN not in found:
-        raise TerraInputError("backend=vllm needs the project installed on this node (its vLLM plugin is the entry "
-                              "point vllm.general_plugins: terra): pip install 'terra-world-model[vllm,ray]' there, "
-                              "or pass it with ray.runtime_env.pip")
+from terra.pipeline import WorldModelPipeline, actor_spec, resolve_run
 
 
 class RolloutActor:
@@ -50,7 +37,7 @@ class RolloutActor:
         self.error: str | None = None
         self.max_concurrent = 0
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
-        self.device = "cuda" if self.gpus else ("cpu" if config.run.device == "auto" else config.run.device)
+        self.device: str | None = None  # once set up (terra/pipeline.py, actor_spec)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._generated: dict[int, asyncio.Future] = {}  # sample index -> resolved when its rollout left the engine
         self._records: dict[int, asyncio.Future] = {}  # sample index -> resolved with its manifest record
@@ -64,14 +51,10 @@ class RolloutActor:
     def _start(self, config: BatchSpec, model_config: LlamaActionConfig, longest: int) -> None:
         # this actor's run made concrete once, with the model's config its driver read; its engine holds (and its
         # vLLM decoding is chosen for) the most rollouts it keeps in flight
+        spec = actor_spec(config.run, self.gpus)
+        self.device = spec.device
         most = max_rollouts(config, self.device)
-        run = resolve_run(config.run.replace(device=self.device), most, model_config)
-        if run.spec.backend == "vllm":
-            check_vllm_plugin()
-            options = dict(run.spec.backend_options)
-            if int(options.get("tensor_parallel_size", 1) or 1) > 1:  # its workers on this actor's GPUs, not Ray's
-                options.setdefault("distributed_executor_backend", "mp")
-            run = run.replace(spec=run.spec.replace(backend_options=options))
+        run = resolve_run(spec, most, model_config)
         self.pipeline = WorldModelPipeline.from_run(run, max_rollouts=most)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,

@@ -13,17 +13,17 @@ from tqdm.auto import tqdm
 
 from terra.batch.concurrency import max_rollouts, planned_streams
 from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_output
-from terra.batch.manifest import Manifest, count_statuses
 from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.stream import run_items
 from terra.config.checks import shown
+from terra.config.manifest import Manifest, count_statuses
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.rollout import DecodeStats
 from terra.inputs.samples import Sample
 from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
-from terra.refiner import RefinerSettings, check_decoding
+from terra.refiner import RefinerSettings, check_decoder
 from terra.tokenizer import load_tokenizer
 
 
@@ -105,13 +105,13 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
     executor = run = None
     own = False  # whether this run built the pipeline (and closes it)
     if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here
-        model_config, refiner = check_model(config.run), check_decoding(config.run)
+        model_config, refiner = check_model(config.run), check_decoder(config.run)
     elif pipeline is None:  # the settings fit the model even when no sample is left to run
         run = resolve_run(config.run, planned_streams(config, len(the_plan.to_run)))
         model_config, refiner = run.model, run.refiner
     else:  # a loaded pipeline: its device
         set_threads(config.run.num_threads)
-        model_config, refiner = None, check_decoding(config.run.replace(device=pipeline.device))
+        model_config, refiner = None, check_decoder(config.run.replace(device=pipeline.device))
     if the_plan.to_run:
         if config.executor == "ray":
             set_threads(config.run.num_threads)  # the tokenizer's load here

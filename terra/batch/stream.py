@@ -50,10 +50,10 @@ class StreamingEngine:
                  refiner: "VideoRefiner | None" = None, on_frame: Callable[[int, int], None] | None = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.on_generated, self.on_frame = on_generated, on_frame
-        self.refiner = refiner  # decoding=refiner: the writers' decoder (terra/refiner.py)
+        self.refiner = refiner  # decoder=refiner: the writers' decoder (terra/refiner.py)
         self.max_concurrent = max_concurrent
-        # checked by check_config (run_spec): decoding=auto resolved for this many rollouts in flight
-        self.sampling = pipeline.backend.decoding_for(config.run.sampling, max_concurrent)
+        # checked by check_config (run_spec); decoding=auto as the pipeline's run chose (terra/pipeline.py)
+        self.sampling = pipeline.backend.as_run(config.run.sampling)
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
         self._stopped = threading.Event()
@@ -189,7 +189,7 @@ def run_items(items: Sequence[Item], config: BatchSpec, pipeline: WorldModelPipe
               on_frame: Callable[[int, int], None] | None = None) -> None:
     """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
     item, ``on_frame`` each generated frame (:class:`StreamingEngine`); ``refiner`` decodes with
-    ``decoding=refiner``. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
+    ``decoder=refiner``. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
     in_flight = min(resolve_max_concurrent(config, pipeline, longest_rollout(items)), max(1, len(items)))
     engine = StreamingEngine(pipeline, config, emit, in_flight, refiner=refiner, on_frame=on_frame)
     for item in items:

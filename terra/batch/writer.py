@@ -37,7 +37,7 @@ class SampleWriter:
                  sampling: SamplingConfig, refiner: "VideoRefiner | None" = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.sampling = sampling  # as the engine runs it (decoding=auto resolved)
-        self.refiner = refiner  # decoding=refiner: Terra's video refiner beside the engine (terra/refiner.py)
+        self.refiner = refiner  # decoder=refiner: Terra's video refiner beside the engine (terra/refiner.py)
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
     def submit(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> None:

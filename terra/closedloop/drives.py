@@ -1,75 +1,16 @@
-"""A ``terra-drive`` run from its checked settings (terra/closedloop/settings.py): the worlds opened once, the
-scenarios read, every drive made and recorded in its world (terra/closedloop/run.py), and with ``world=both`` the
-fidelity report (terra/closedloop/fidelity.py).
-
-:func:`open_worlds` builds what a run drives in (the world model as a session host, the synthetic world's
-renderer, the ACT-Estimator for plan following); :func:`drive` runs it all and returns how the run ended.
+"""A ``terra-drive`` run from its checked settings (terra/closedloop/settings.py): the worlds opened once and the
+scenarios read (terra/closedloop/prepare.py), here or on Ray's actors (terra/closedloop/ray_executor.py), every
+drive made and recorded in its world (terra/closedloop/run.py), and with ``world=both`` the fidelity report
+(terra/closedloop/fidelity.py). :func:`drive` runs it all and returns how the run ended.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
-from terra.closedloop.loop import DriveSpec, drive_specs
+from terra.closedloop.prepare import load_specs, open_worlds
 from terra.closedloop.settings import DriveSettings
-from terra.closedloop.worlds import ModelWorld, TrueWorld, World
-
-
-@dataclass
-class OpenWorlds:
-    """The worlds of a run (by name: ``model``, ``truth``), the frames' size and the plan-following scorer."""
-
-    worlds: dict[str, World]
-    image_size: tuple[int, int]
-    plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing, with estimator=
-    host: Any = None  # the world model's session host (closed with the worlds)
-
-    def close(self) -> None:
-        if self.host is not None:
-            self.host.close()
-            self.host.pipeline.close()
-            self.host = None
-
-
-def open_worlds(settings: DriveSettings) -> OpenWorlds:
-    """The worlds ``settings.world`` names, on the device its settings choose (once: terra/generation/backends.py);
-    the world model's checkpoint and window are checked against the settings before it loads."""
-    from terra.pipeline import WorldModelPipeline, resolve_run
-    from terra.session import SessionHost
-    from terra.tokenizer import load_tokenizer
-
-    run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
-    spec = run.spec
-    tokenizer = load_tokenizer(spec.tokenizer)
-    size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
-    opened = OpenWorlds({}, size)
-    if settings.world != "truth":
-        pipeline = WorldModelPipeline.from_run(run, tokenizer)
-        opened.host = SessionHost(pipeline, spec.sampling, max_frames=settings.num_steps, overlap=spec.overlap,
-                                  num_context=spec.num_context, resize=spec.resize)
-        opened.worlds["model"] = ModelWorld(opened.host)
-    if settings.world != "model":
-        opened.worlds["truth"] = TrueWorld(size)
-    if settings.estimator is not None:
-        from terra.closedloop.plan_following import PlanFollowing
-
-        device = str(spec.device) if settings.world != "truth" else "cpu"
-        try:
-            opened.plan_following = PlanFollowing(settings.estimator, device)
-        except BaseException:
-            opened.close()
-            raise
-    return opened
-
-
-def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[DriveSpec]:
-    """The run's drives, their scenarios read (only those the drives start from)."""
-    indices = settings.scenario_indices
-    scenarios = settings.scenarios.load(image_size, settings.run.num_context, settings.run.resize, indices)
-    wanted = set(settings.drive_ids)
-    return [spec for spec in drive_specs(scenarios, settings.policies, settings.seed, indices) if spec.id in wanted]
 
 
 @dataclass

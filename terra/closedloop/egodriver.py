@@ -29,9 +29,10 @@ CAMERA_ID = "camera_front"
 
 
 def _camera(width: int, height: int):
-    """The synthetic world's front camera as a pinhole the contract declares (terra/sim/renderer.py)."""
+    """The synthetic world's front camera as a pinhole the contract declares (terra/sim/camera.py)."""
     from carla_driver_interface.testing import FakeCamera
-    from terra.sim.renderer import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
+
+    from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
 
     return FakeCamera(CAMERA_ID, width, height, float(np.degrees(CAMERA_HFOV_RAD)), x=0.0, y=0.0,
                       z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))

@@ -17,9 +17,10 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.loop import DriveSpec
-from terra.closedloop.record import MANIFEST, claim_drive_folder
+from terra.closedloop.record import claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.worlds import World
+from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.core.atomic import json_text, write_text
 

@@ -33,6 +33,7 @@ from terra.closedloop.truth import truth_metrics
 from terra.closedloop.worlds import World
 from terra.config.checks import check_choice
 from terra.core.errors import TerraInputError
+from terra.inputs.ego_motion import to_ego
 
 # Plans a random sample of the action space gives stay within a car's reach (100 m/s between samples).
 PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
@@ -100,7 +101,7 @@ class _Drives:
             before = drive.poses[-1]
             drive.advance(frame)
             after = drive.poses[-1]
-            reward = float(np.cos(before[2]) * (after[0] - before[0]) + np.sin(before[2]) * (after[1] - before[1]))
+            reward = float(to_ego(after[:2], before)[0])  # metres forward along the previous heading
             info: dict[str, Any] = {"pose": after.copy()}
             terminated = False
             scene = drive.spec.scenario.scene

@@ -20,13 +20,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from terra.core.errors import error_line
-from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.motion import Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.worlds import World
+from terra.core.errors import error_line
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.inputs.ego_motion import compose, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ
 

@@ -17,10 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.closedloop.geometry import compose
 from terra.closedloop.plans import Plan
 from terra.closedloop.reference import Reference
 from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.ego_motion import compose, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ
 HC_BOUNDS = {  # NAVSIM's history-comfort bounds: (low, high)
@@ -44,12 +44,10 @@ def kinematics(poses: np.ndarray, dt: float = DT_S) -> dict[str, np.ndarray]:
     accel = _grad(velocity, dt)
     jerk = _grad(accel, dt)
     yaw = np.unwrap(poses[:, 2])
-    forward = np.stack([np.cos(yaw), np.sin(yaw)], axis=-1)
-    left = np.stack([-np.sin(yaw), np.cos(yaw)], axis=-1)
-    lon_accel = (accel * forward).sum(-1)
+    lon_accel, lat_accel = to_ego(accel, np.c_[np.zeros_like(accel), yaw]).T  # along and across the heading
     yaw_rate = _grad(yaw, dt)
     return {
-        "speed": np.linalg.norm(velocity, axis=-1), "lon_accel": lon_accel, "lat_accel": (accel * left).sum(-1),
+        "speed": np.linalg.norm(velocity, axis=-1), "lon_accel": lon_accel, "lat_accel": lat_accel,
         "accel": np.linalg.norm(accel, axis=-1), "jerk": np.linalg.norm(jerk, axis=-1),
         "lon_jerk": _grad(lon_accel, dt), "yaw_rate": yaw_rate, "yaw_accel": _grad(yaw_rate, dt),
     }

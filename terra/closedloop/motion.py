@@ -22,12 +22,12 @@ from typing import Protocol
 
 import numpy as np
 
-from terra.closedloop.geometry import compose
 from terra.closedloop.plans import Plan
 from terra.closedloop.reference import Reference
 from terra.closedloop.tracking import Tracker, TrackingGains
 from terra.closedloop.vehicle import VehicleParams, VehicleState, integrate
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
+from terra.inputs.ego_motion import compose
 
 DT_S = 1.0 / FRAME_RATE_HZ
 

@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from terra.closedloop.plans import Observation, Plan
-from terra.sim.renderer import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
+from terra.sim.camera import CAMERA_HEIGHT_M, OPTICAL_AXES, FrontCamera
 
 NAVSIM_FRAME_STEP = 5  # NAVSIM's frames are 0.5 s apart: every fifth 10 Hz frame
 CAMERAS = ("cam_f0", "cam_l0", "cam_l1", "cam_l2", "cam_r0", "cam_r1", "cam_r2", "cam_b0")
@@ -93,16 +93,13 @@ def dataclasses_module():
 
 
 def front_camera(image: np.ndarray, classes) -> Any:
-    """``cam_f0`` for a frame of the synthetic world's camera: pinhole intrinsics, mount 1.6 m up, 4 degrees down."""
-    height, width = image.shape[:2]
-    focal = width / 2 / np.tan(CAMERA_HFOV_RAD / 2)
-    intrinsics = np.array([[focal, 0.0, width / 2], [0.0, focal, height / 2], [0.0, 0.0, 1.0]], dtype=np.float32)
-    c, s = np.cos(CAMERA_PITCH_RAD), np.sin(CAMERA_PITCH_RAD)
-    # optical axes (right, down, forward) in the ego frame (x forward, y left, z up), pitched down
-    rotation = np.array([[0.0, -s, c], [-1.0, 0.0, 0.0], [0.0, -c, -s]], dtype=np.float32)
-    return classes.Camera(image=image, sensor2lidar_rotation=rotation,
+    """``cam_f0`` for a frame of the synthetic world's front camera (terra/sim/camera.py): its pinhole intrinsics,
+    its optical axes as the rotation and its mount 1.6 m up as the translation (the ego frame stands for the
+    lidar's)."""
+    return classes.Camera(image=image, sensor2lidar_rotation=OPTICAL_AXES.astype(np.float32),
                           sensor2lidar_translation=np.array([0.0, 0.0, CAMERA_HEIGHT_M], dtype=np.float32),
-                          intrinsics=intrinsics, distortion=np.zeros(5, dtype=np.float32))
+                          intrinsics=FrontCamera(*image.shape[:2]).intrinsics().astype(np.float32),
+                          distortion=np.zeros(5, dtype=np.float32))
 
 
 class NavsimPolicy:

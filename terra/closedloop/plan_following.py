@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.closedloop.geometry import to_ego
 from terra.closedloop.loop import Drive
+from terra.inputs.ego_motion import to_ego
 
 
 class PlanFollowing:

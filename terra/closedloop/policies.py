@@ -23,6 +23,7 @@ import numpy as np
 from terra.closedloop.plans import Observation, Plan, Policy, as_plan
 from terra.closedloop.vision import LaneFollower
 from terra.core.errors import TerraInputError
+from terra.inputs.ego_motion import compose
 
 CRUISE_SPEED_MPS = 8.0
 
@@ -67,11 +68,8 @@ class Noise:
 
     def plan(self, observation: Observation) -> Plan:
         plan = as_plan(self.policy.plan(observation))
-        poses = _poses(plan)
         angle = float(self.rng.normal(0.0, self.std_rad))
-        c, s = np.cos(angle), np.sin(angle)
-        turned = np.c_[c * poses[:, 0] - s * poses[:, 1], s * poses[:, 0] + c * poses[:, 1], poses[:, 2] + angle]
-        return Plan(poses=turned, times=plan.times)
+        return Plan(poses=compose((0.0, 0.0, angle), _poses(plan)), times=plan.times)
 
     def close(self) -> None:
         self.policy.close()

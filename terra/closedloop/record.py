@@ -1,21 +1,20 @@
 """Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
-generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason
-of a failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
-(strict JSON: tokenizer/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``),
-one record per drive as it is written (``status`` ok | failed | skipped = already complete, ``stage`` and
-``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name the run writes; and while
-a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the folder before any work
-(terra/config/output_dir.py: apart from the run's inputs, and every file it would write over one the toolkit
-wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world,
-vehicle and model settings), says it is complete and its video exists: a rerun skips it.
+generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason of
+a failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
+(strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
+``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
+ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
+folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
+:func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
+inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
+same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
+says it is complete and its video exists: a rerun skips it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,25 +26,13 @@ from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
 from terra.config.checks import shown
 from terra.config.files import load_json
+from terra.config.manifest import MANIFEST, summary_name
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
+from terra.config.spec import fingerprint as spec_fingerprint
 from terra.core.atomic import json_text, write_text
 from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
-
-MANIFEST = "manifest.jsonl"
-
-
-def manifest_name(shard_index: int = 0, num_shards: int = 1) -> str:
-    """The manifest of a run: ``manifest.jsonl``, a shard's ``manifest.shard-<i>-of-<n>.jsonl`` (as batch runs
-    name theirs), so that the shards of one run share its folder."""
-    return MANIFEST if num_shards == 1 else f"manifest.shard-{shard_index}-of-{num_shards}.jsonl"
-
-
-def summary_name(manifest: str) -> str:
-    """``manifest.jsonl`` → ``manifest.summary.json`` (a shard's alike)."""
-    return manifest[: -len(".jsonl")] + ".summary.json"
-
 
 def file_stem(drive_id: str) -> str:
     """The name a drive's files start with: its id, any path separator made ``_``."""
@@ -73,10 +60,12 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
 
 
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
-    """Hash of what shapes a drive's outputs."""
-    payload = {"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-               "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle, **settings}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps,
+    world and vehicle, and ``settings`` (the world model's: terra/closedloop/settings.py,
+    ``DriveSettings.model_settings``)."""
+    return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
+                             "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
+                             **settings})
 
 
 def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:

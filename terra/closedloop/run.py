@@ -24,12 +24,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from terra.batch.manifest import Manifest, count_statuses
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
-from terra.closedloop.record import (
-    MANIFEST, claim_drive_folder, completed, fingerprint, manifest_record, summary_name, write_drive,
-)
+from terra.closedloop.record import claim_drive_folder, completed, fingerprint, manifest_record, write_drive
 from terra.closedloop.worlds import World
+from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
 from terra.config.output_dir import OutputDir
 from terra.core.atomic import json_text, write_text
 
@@ -49,7 +47,7 @@ class RunSettings:
     fps: float = 10.0
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
-    manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/closedloop/record.py, manifest_name)
+    manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
 
 

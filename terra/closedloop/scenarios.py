@@ -12,7 +12,7 @@ Three sources, one :class:`Scenario` each:
 :func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
 ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
 terra/closedloop/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run drives.
-Poses are world poses ``(x, y, yaw)`` (terra/closedloop/geometry.py); a drive's own poses start at the last context
+Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last context
 frame (terra/closedloop/loop.py).
 """
 
@@ -24,12 +24,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from terra.closedloop.geometry import to_ego
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.ego_motion import speed_of, to_ego
 from terra.inputs.samples import Sample, read_samples
 from terra.inputs.trajectory import EgoTrajectory
-from terra.session.controls import speed_of
 from terra.sim.clips import FUTURE_S, clip_from_trajectory
 from terra.sim.scene import Scene
 

@@ -22,7 +22,7 @@ from terra.closedloop.loop import drive_id
 from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
 from terra.closedloop.policies import ALL_REFERENCE, policy_factories
-from terra.closedloop.record import claim_drive_folder, manifest_name
+from terra.closedloop.record import claim_drive_folder
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.config.checks import (
@@ -35,6 +35,7 @@ from terra.config.checks import (
     required_path,
     select,
 )
+from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
 from terra.config.ray_settings import EXECUTORS, RaySettings
 from terra.config.spec import RunSpec, run_spec
@@ -88,11 +89,12 @@ class DriveSettings:
 
     @property
     def model_settings(self) -> dict[str, Any]:
-        """What shapes the world model's frames (part of each drive's fingerprint: terra/closedloop/record.py)."""
+        """What shapes the world model's drives (part of each one's fingerprint: terra/closedloop/record.py): the
+        run's part of every fingerprint (terra/config/spec.py, ``RunSpec.output_settings``) and the checkpoints and
+        engine that make them (a drive folder holds one model's drives)."""
         run = self.run
-        return {"world_model": run.world_model, "tokenizer": run.tokenizer, "sampling": run.sampling.draw_settings(),
-                "backend": run.backend, "dtype": run.dtype, "num_context": run.num_context, "overlap": run.overlap,
-                "zero_embed_code_0": run.zero_embed_code_0}
+        return {**run.output_settings(), "world_model": run.world_model, "tokenizer": run.tokenizer,
+                "backend": run.backend, "dtype": run.dtype}
 
     def run_settings(self, progress: bool) -> RunSettings:
         """How the drives run and where they go (world=both: the study's folder; each world's sub-folder is set by
@@ -100,7 +102,8 @@ class DriveSettings:
         folder = self.output.path if self.output is not None else self.fidelity.top.path
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
-                           manifest=manifest_name(self.shard_index, self.num_shards), vehicle=self.vehicle)
+                           manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
+                           vehicle=self.vehicle)
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
@@ -142,7 +145,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if world != "truth":
         inputs.append(("world model", spec.world_model))
     ids = [drive_id(scenarios.ids[i], name) for i, name in drives]
-    manifest = manifest_name(shard, shards)
+    manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
     if world == "both":
         fidelity = claim_fidelity_folders(output_dir, ids, manifest=manifest, inputs=inputs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from terra.inputs.ego_motion import to_world
 from terra.sim.scene import CAR, LANE_WIDTH_M, ROAD_HALF_WIDTH_M, Scene
 
 EGO_LENGTH_M = 4.5
@@ -21,9 +22,7 @@ OUT_OF_LANE_M = (LANE_WIDTH_M - EGO_WIDTH_M) / 2  # 0.85 m: the body touches a l
 
 def corners(pose: np.ndarray, length: float, width: float) -> np.ndarray:
     """``[4, 2]`` corners of a ``length`` x ``width`` rectangle centred on ``pose`` (x, y, yaw)."""
-    c, s = np.cos(pose[2]), np.sin(pose[2])
-    half = np.array([[1, 1], [1, -1], [-1, -1], [-1, 1]]) * [length / 2, width / 2]
-    return pose[:2] + half @ np.array([[c, s], [-s, c]])
+    return to_world(np.array([[1, 1], [1, -1], [-1, -1], [-1, 1]]) * [length / 2, width / 2], pose)
 
 
 def overlap(a: np.ndarray, b: np.ndarray) -> bool:

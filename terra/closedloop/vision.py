@@ -2,7 +2,7 @@
 
 Classical vision, no learning: pixels of the ground near the car are classified by colour as the yellow
 dashed centre line or the white edge line (the markings of terra/sim/renderer.py), projected onto the road plane
-with the front camera's calibration (a pinhole of known field of view, height and pitch), and each marking's
+through the front camera (terra/sim/camera.py: a pinhole of known field of view, height and pitch), and each marking's
 points, shifted by its known distance from the lane's centre, vote for that centre's lateral position as a
 line ahead (least squares). The car then follows an arc through the centre point a look-ahead distance away
 (pure pursuit) at a cruise speed, planned at 10 Hz over 4 s.
@@ -16,7 +16,9 @@ from functools import lru_cache
 import numpy as np
 
 from terra.closedloop.plans import Observation, Plan
-from terra.sim.renderer import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD, EDGE_INSET_M, LINE_WIDTH_M
+from terra.inputs.ego_motion import along_arc
+from terra.sim.camera import FrontCamera
+from terra.sim.renderer import EDGE_INSET_M, LINE_WIDTH_M
 from terra.sim.scene import LANE_WIDTH_M
 
 CENTRE_LINE_LEFT_M = LANE_WIDTH_M / 2  # the yellow line lies this far left of the lane's centre
@@ -28,16 +30,9 @@ PLAN_DT_S, PLAN_STEPS = 0.1, 40
 @lru_cache(maxsize=8)
 def ground_points(height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per pixel of the camera, where its ray meets the road: ``(forward, left, valid)`` arrays ``[H, W]`` (cached)."""
-    focal = width / 2 / np.tan(CAMERA_HFOV_RAD / 2)
-    a = (np.arange(width) + 0.5 - width / 2) / focal
-    b = (np.arange(height) + 0.5 - height / 2) / focal
-    c, s = np.cos(CAMERA_PITCH_RAD), np.sin(CAMERA_PITCH_RAD)
-    down = s + b * c
-    with np.errstate(divide="ignore"):
-        t = np.where(down > 1e-6, CAMERA_HEIGHT_M / down, np.inf)
-    fwd = (t * (c - b * s))[:, None] * np.ones(width)
-    left = -t[:, None] * a[None, :]
-    valid = np.isfinite(fwd) & (fwd > NEAR_M) & (fwd < FAR_M) & (np.abs(left) < 8.0)
+    rays = FrontCamera(height, width).rays()
+    fwd, left = rays.fwd, rays.left
+    valid = (fwd > NEAR_M) & (fwd < FAR_M) & (np.abs(left) < 8.0)
     arrays = np.where(valid, fwd, 0.0), np.where(valid, left, 0.0), valid
     for arr in arrays:
         arr.setflags(write=False)
@@ -75,12 +70,7 @@ def find_lane(frame: np.ndarray, min_points: int = 12) -> LaneEstimate | None:
 
 def arc_plan(curvature: float, speed_mps: float, steps: int = PLAN_STEPS, dt: float = PLAN_DT_S) -> Plan:
     """Poses along a circular arc of ``curvature`` (1/m, left positive) at ``speed_mps``, 10 Hz for 4 s."""
-    distance = speed_mps * dt * np.arange(1, steps + 1)
-    heading = curvature * distance
-    if abs(curvature) < 1e-9:
-        x, y = distance, np.zeros_like(distance)
-    else:
-        x, y = np.sin(heading) / curvature, (1.0 - np.cos(heading)) / curvature
+    x, y, heading = along_arc(curvature, speed_mps * dt * np.arange(1, steps + 1))
     return Plan.trajectory(np.stack([x, y, heading], axis=-1), dt=dt)
 
 

@@ -1,23 +1,27 @@
 """The two worlds a policy can drive in, behind one interface: the world model, and the synthetic world itself.
 
 Each step a world gets, per drive, the next frame's action (the car's forecast motion over the next 3 s,
-docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle: terra/closedloop/
-motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session of a
-:class:`~terra.session.SessionHost` (continuous batching: every drive's next frame is submitted at once and the
-backend batches them); its frames are the world model's, conditioned on the action, decoded by the tokenizer.
-:class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of the world
-the demo model was trained on, for ground truth. So both worlds show the same motion of the same car.
+docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle:
+terra/closedloop/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
+:class:`~terra.generation.session_engine.SessionEngine` (continuous batching: every drive's next frame is submitted
+at once and the backend batches them); its frames are the world model's, conditioned on the action, decoded by the
+tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of
+the world the demo model was trained on, for ground truth. So both worlds show the same motion of the same car.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from terra.core.errors import TerraInputError
 from terra.closedloop.scenarios import Scenario
+from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
+from terra.generation.rollout import DEFAULT_OVERLAP, WorldModelBackend
+from terra.generation.session_engine import Rollout, SessionEngine
 from terra.sim.renderer import render
 
 
@@ -41,35 +45,58 @@ class World(Protocol):
     def close(self, drive: Any) -> None: ...
 
 
+@dataclass
+class ModelDrive:
+    """A drive in the model world: its session's rollout, its context codes and the sampling it steps with."""
+
+    rollout: Rollout
+    context: np.ndarray  # [n, h, w] context codes
+    sampling: SamplingConfig
+    seed: int
+
+    def codes(self) -> np.ndarray:
+        """Every frame's codes so far ``[n + generated, h, w]``, context first."""
+        return self.rollout.codes().reshape(-1, *self.context.shape[1:])
+
+
 class ModelWorld:
-    """The world model as a simulator: one session per drive on ``host`` (a :class:`~terra.session.SessionHost`
-    over a :class:`~terra.pipeline.WorldModelPipeline`)."""
+    """The world model as a simulator: one session per drive on ``pipeline``'s backend (a
+    :class:`~terra.pipeline.WorldModelPipeline`; a bare :class:`~terra.generation.rollout.WorldModelBackend` when
+    a subclass brings its own context codes and frames, as scripts/benchmark_drive.py does). ``sampling`` draws every
+    drive's frames (each drive is one stream); ``overlap`` is the window overlap (docs/ARCHITECTURE.md, "Windows").
+    Its engine drives the backend from a thread of its own: one model world per backend at a time (:meth:`shutdown`
+    stops the engine; the pipeline stays open for its owner)."""
 
     name = "model"
 
-    def __init__(self, host) -> None:
-        self.host = host
+    def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), overlap: int = DEFAULT_OVERLAP) -> None:
+        self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
+        self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
+        self.sampling = self.backend.as_run(sampling)  # auto: as the run chose it
+        self.overlap = overlap
+        self.engine = SessionEngine(self.backend)
         self.generate_s = 0.0  # in the engine, summed over steps
         self.decode_s = 0.0  # in the tokenizer's decoder
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int):
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> ModelDrive:
         import torch
 
-        from terra.session.context import SessionContext
-
         images = torch.from_numpy(scenario.images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        codes = self.host.pipeline.encode(images)
-        context = SessionContext(codes, scenario.actions, scenario.speed_kmh, scenario.source)
-        return self.host.open_context(context, seed=seed, max_frames=max_frames)
+        return self.open_codes(self.pipeline.encode(images), scenario, seed, max_frames)
 
-    def context_frames(self, drive) -> np.ndarray:
+    def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int) -> ModelDrive:
+        """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]`` (its actions between them)."""
+        rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap)
+        return ModelDrive(rollout, codes, self.sampling, seed)
+
+    def context_frames(self, drive: ModelDrive) -> np.ndarray:
         """The context as the model sees it: the tokenizer's reconstruction of the context codes."""
-        return self.host.decode(drive.context.codes)
+        return self.pipeline.decode(drive.context)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         """The model's next frames, conditioned on the actions (the model is shown no pose)."""
         start = time.perf_counter()
-        futures = [drive.step_async(action) for drive, action in zip(drives, actions)]
+        futures = [self.engine.step(drive.rollout, action, drive.sampling) for drive, action in zip(drives, actions)]
         results: list[Any] = []
         for future in futures:
             try:
@@ -80,15 +107,19 @@ class ModelWorld:
         start = time.perf_counter()
         done = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
         if done:
-            grid = drives[done[0]].context.codes.shape[1:]
-            rgb = self.host.decode(np.stack([results[i].codes.reshape(grid) for i in done]))
+            grid = drives[done[0]].context.shape[1:]
+            rgb = self.pipeline.decode(np.stack([results[i].codes.reshape(grid) for i in done]))
             for k, i in enumerate(done):
                 results[i] = rgb[k]
         self.decode_s += time.perf_counter() - start
         return results
 
-    def close(self, drive) -> None:
-        drive.close()
+    def close(self, drive: ModelDrive) -> None:
+        self.engine.close_rollout(drive.rollout).result()
+
+    def shutdown(self) -> None:
+        """Stop the sessions' engine (drives still open fail); the pipeline stays open."""
+        self.engine.close()
 
 
 class TrueWorld:

@@ -29,7 +29,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "tensor_parallel_size": Range(1, 64, 1, whole=True),
         "seed": Range(0, 2**31 - 1, 0, whole=True),
         "kv_cache_memory_bytes": Range(1 << 20, 1 << 44, 1 << 30, whole=True),
-        "block_size": Range(1, 1024, 16, whole=True),
+        "block_size": Range(1, 1024, 16, whole=True),  # vLLM's KV cache block (tokens), not sampling.draft_tokens
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
         "requests": REQUEST_PATHS,
     },

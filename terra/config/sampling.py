@@ -8,10 +8,12 @@ it is (terra/generation/sampling.py for Transformers, vLLM's own for vLLM).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import inspect
+from dataclasses import InitVar, dataclass
 from typing import Any, Mapping
 
 from terra.config.checks import Range, check_choice
+from terra.config.moved import DRAFT_TOKENS, moved_value
 from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
@@ -20,7 +22,7 @@ SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
     "top_p": Range(0, 1, 1.0, low_open=True),
-    "block_size": Range(1, 4096, 32, whole=True),
+    "draft_tokens": Range(1, 4096, 32, whole=True),
 }
 
 
@@ -28,21 +30,24 @@ SAMPLING = {  # SamplingConfig checks these
 class SamplingConfig:
     """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off); Terra's authors used 0.9 / 0 / 1.0.
 
-    ``decoding``: ``sequential`` samples one image token per forward pass; ``speculative`` scores a block of
-    ``block_size`` guessed tokens per pass (terra/generation/speculative.py); ``auto`` is speculative where that is
-    faster (few rollouts in flight: terra/generation/rollout.py, ``WorldModelBackend.decoding_for``, and for vLLM
-    terra/generation/backends.py, ``vllm_decoding``). They decide how fast the tokens come, not which: for the
-    same seed a backend gives the same codes whatever ``decoding`` and ``block_size`` are
-    (:meth:`draw_settings` are the ones that shape the codes).
+    ``decoding`` is how image tokens are decoded: ``sequential`` samples one per forward pass; ``speculative`` has
+    a pass score ``draft_tokens`` guessed tokens past the committed ones (terra/generation/speculative.py);
+    ``auto`` is speculative where that is faster, decided once per run (terra/generation/decoding.py,
+    ``auto_decoding``; its numbers: BENCHMARKS.md, "When decoding=auto is speculative"). They decide how fast the
+    tokens come, not which: for the same seed a backend gives the same codes whatever ``decoding`` and
+    ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the codes).
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     decoding: str = "auto"
-    block_size: int = 32
+    draft_tokens: int = 32
+    block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, block_size: int | None) -> None:
+        if block_size is not None:
+            object.__setattr__(self, "draft_tokens", moved_value(DRAFT_TOKENS, block_size))
         for name, limits in SAMPLING.items():
             limits.check(getattr(self, name), f"sampling.{name}")
         check_choice(self.decoding, "sampling.decoding", DECODINGS)
@@ -53,7 +58,7 @@ class SamplingConfig:
 
     def draw_settings(self) -> dict[str, Any]:
         """What decides which codes a seed gives (temperature, top-k, top-p and the draw rule): ``decoding`` and
-        ``block_size`` only change the speed (a batch run's fingerprint leaves them out). ``rule`` names the noise
+        ``draft_tokens`` only change the speed (a batch run's fingerprint leaves them out). ``rule`` names the noise
         of terra/generation/sampling.py, so files drawn by an earlier rule are made again, not kept on resume."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "rule": DRAW_RULE}
 
@@ -65,8 +70,9 @@ class SamplingConfig:
     def from_mapping(cls, options: Any) -> "SamplingConfig":
         """The ``sampling`` settings (the fields above) as a config; unknown names fail with one line."""
         names = {field.name for field in dataclasses.fields(cls)}
-        if not isinstance(options, Mapping) or not set(options) <= names:
-            unknown = sorted(set(options) - names) if isinstance(options, Mapping) else options
+        taken = set(inspect.signature(cls).parameters)  # the fields and old names still taken (block_size)
+        if not isinstance(options, Mapping) or not set(options) <= taken:
+            unknown = sorted(set(options) - taken) if isinstance(options, Mapping) else options
             raise TerraInputError(f"sampling must be an object with some of {', '.join(sorted(names))} "
                                   f"(got {unknown!r:.80})")
         return cls(**options)

@@ -1,18 +1,24 @@
 """What every app runs, checked once: :class:`RunSpec`, built from a Hydra config by :func:`run_spec`.
 
 ``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
-``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``,
-``decoding``, ``terra_root``; ``num_threads`` where the config has it). :func:`run_spec` checks them once, before torch is imported, and returns a
-frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``, ``from_run``); nothing
-downstream reads the raw config again. What needs torch or a file's contents (whether a GPU exists, the
-world model's window, the refiner's weights) is checked once each where it is first known.
+``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``, ``decoder``,
+``terra_root``; ``num_threads`` where the config has it). :func:`run_spec` checks them once, before torch is
+imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
+``from_run``); nothing downstream reads the raw config again. What needs torch or a file's contents (whether a
+GPU exists, the world model's window, the refiner's weights) is checked once each where it is first known.
+
+Beside it, the one rule of resume fingerprints (:func:`fingerprint`, and the run's part of every payload:
+:meth:`RunSpec.output_settings`): a batch run's samples (terra/batch/plan.py) and ``terra-drive``'s drives
+(terra/closedloop/record.py) start from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
@@ -24,7 +30,8 @@ from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.tokenizer.resize import RESIZE_MODES
 
-DECODINGS = ("framewise", "refiner")
+DECODERS = ("tokenizer", "refiner")  # how codes become frames: the tokenizer's decoder or Terra's video refiner
+REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # conf/refiner/terra.yaml: shape its frames
 WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),
                    "model.overlap": Range(1, MAX_FRAMES, 3, whole=True)}
 
@@ -44,14 +51,34 @@ class RunSpec:
     overlap: int = 3  # frames carried into the next window
     zero_embed_code_0: bool = False  # Terra's vLLM port: code 0 embeds as zeros (models/configuration_llama_action.py)
     resize: str = "crop"  # context frames: crop | stretch (tokenizer/resize.py)
-    decoding: str = "framewise"  # framewise | refiner (terra/refiner.py)
-    refiner: dict[str, Any] = field(default_factory=dict)  # conf/refiner/terra.yaml's keys, for decoding=refiner
+    decoder: str = "tokenizer"  # tokenizer | refiner (terra/refiner.py)
+    refiner: dict[str, Any] = field(default_factory=dict)  # conf/refiner/terra.yaml's keys, for decoder=refiner
     terra_root: str | None = None  # a downloaded Terra snapshot, named in error lines
     num_threads: int | None = None  # torch CPU threads of this process (terra/config/backend.py); None: torch's
 
     def replace(self, **changes: Any) -> "RunSpec":
         """A copy with ``changes`` (already checked values)."""
         return dataclasses.replace(self, **changes)
+
+    def output_settings(self) -> dict[str, Any]:
+        """What of this run shapes a world model's outputs (codes and frames) from given inputs and seed: the run's
+        part of every resume fingerprint (:func:`fingerprint`). The window, Terra's code-0 embedding, how context
+        frames are fitted, the draw (``SamplingConfig.draw_settings``: decoding changes only the speed) and, when
+        the refiner decodes, its settings. The checkpoints are the run's own choice (a batch run keeps finished
+        samples for another checkpoint, README "Batch rollouts"; drives do not)."""
+        # decoder=refiner under the words of the fingerprints before decoder= (a finished sample stays finished)
+        refiner = {"decoding": "refiner", "refiner": {key: self.refiner.get(key) for key in REFINER_OUTPUT_KEYS}}
+        return {"num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
+                "resize": self.resize, "sampling": self.sampling.draw_settings(),
+                **(refiner if self.decoder == "refiner" else {})}
+
+
+def fingerprint(payload: Mapping[str, Any]) -> str:
+    """The resume fingerprint of what shapes one output (a sample's, a drive's): sha256 of ``payload`` as sorted,
+    compact JSON (a value JSON lacks as its ``str``), 32 hex digits. An output stored with the same fingerprint is
+    complete and kept on resume."""
+    text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:
@@ -61,9 +88,9 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     other value is checked without reading a file or importing torch.
     """
     window = {key: limits.check(select(cfg, key), key) for key, limits in WINDOW_SETTINGS.items()}
-    decoding = check_decoding_name(cfg.get("decoding", "framewise"))
+    decoder = check_decoder_name(cfg.get("decoder", "tokenizer"))
     backend, options = check_backend(select(cfg, "backend.name"), select(cfg, "backend.options"))
-    refiner = select(cfg, "refiner") if decoding == "refiner" and "refiner" in cfg else {}
+    refiner = select(cfg, "refiner") if decoder == "refiner" and "refiner" in cfg else {}
     return RunSpec(
         world_model=checkpoint_path(cfg, "model", "world_model"),
         tokenizer=checkpoint_path(cfg, "tokenizer", "path"),
@@ -76,19 +103,19 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         overlap=window["model.overlap"],
         zero_embed_code_0=check_flag(cfg.model.get("zero_embed_code_0", False), "model.zero_embed_code_0"),
         resize=check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES),
-        decoding=decoding,
+        decoder=decoder,
         refiner=dict(refiner or {}),
         terra_root=None if cfg.get("terra_root") is None else str(cfg.terra_root),
         num_threads=check_num_threads(cfg.get("num_threads")),
     )
 
 
-def check_decoding_name(decoding: Any) -> str:
-    """``decoding`` if it is ``framewise`` or ``refiner`` (the refiner's own settings: terra/refiner.py)."""
-    if decoding not in DECODINGS:
-        raise TerraInputError(f"decoding={decoding!r} is unknown; use decoding=framewise (the tokenizer's frames) "
-                              "or decoding=refiner (Terra's video refiner, GPU)")
-    return decoding
+def check_decoder_name(decoder: Any) -> str:
+    """``decoder`` if it is ``tokenizer`` or ``refiner`` (the refiner's own settings: terra/refiner.py)."""
+    if decoder not in DECODERS:
+        raise TerraInputError(f"decoder={decoder!r} is unknown; use decoder=tokenizer (the tokenizer's frames) "
+                              "or decoder=refiner (Terra's video refiner, GPU)")
+    return decoder
 
 
 def check_window(window: int, num_context: int, overlap: int | None = None,

@@ -28,6 +28,9 @@ Manoeuvre adherence
     each manoeuvre in turn; each rollout is attributed to the manoeuvre whose ground-truth render its frames at
     ``adherence.horizons`` are closer to.
 
+Beside them, :mod:`terra.evaluation.decoding` counts the forward passes per frame of sequential and speculative
+decoding on held-out clips of the training distribution (scripts/measure_decoding.py runs it).
+
 Every setting is checked once (``evaluate_spec`` in terra/evaluation/settings.py; the model and engine settings by
 ``run_spec``, terra/config/spec.py, as in every app) before torch is imported or any model loads, the output folder
 included; a bad one ends with one line on stderr and exit code 2 (terra/apps/runner.py).

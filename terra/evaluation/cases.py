@@ -31,9 +31,15 @@ PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "a
                "lane_change": "change_s"}  # manoeuvre name prefix → the adherence range it draws from
 
 
+def drive_scene_seed(seed: int, index: int) -> int:
+    """The scene seed of drive ``index`` drawn by ``terra.sim.random_drive(default_rng([seed, index]))``: its first
+    draw (how ``terra-make-dataset`` draws clip ``index`` of a dataset made with ``seed``)."""
+    return int(np.random.default_rng([seed, index]).integers(2**31))
+
+
 def training_scene_seeds(seed: int, num_clips: int) -> set[int]:
-    """Scene seeds of ``terra-make-dataset``'s clips: clip i's scene is the first draw of ``default_rng([seed, i])``."""
-    return {int(np.random.default_rng([seed, i]).integers(2**31)) for i in range(num_clips)}
+    """Scene seeds of ``terra-make-dataset``'s clips (:func:`drive_scene_seed` of each)."""
+    return {drive_scene_seed(seed, i) for i in range(num_clips)}
 
 
 def held_out_seeds(start: int, count: int, exclude: set[int]) -> list[int]:

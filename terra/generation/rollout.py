@@ -182,7 +182,7 @@ class DecodeStats:
                                   "tokens_per_pass": _rounded(self.tokens_per_pass)}
         if sampling is not None:
             record = {"decoding": sampling.decoding,
-                      "block_size": sampling.block_size if sampling.decoding == "speculative" else None, **record}
+                      "draft_tokens": sampling.draft_tokens if sampling.decoding == "speculative" else None, **record}
         return record
 
     @classmethod
@@ -222,23 +222,18 @@ class WorldModelBackend(ABC):
     """A world model that advances rollouts frame by frame; implemented by the Transformers and vLLM backends.
 
     One thread drives a backend at a time (:meth:`generate`, or the driver thread of
-    :class:`terra.session.SessionEngine`).
+    :class:`terra.generation.session_engine.SessionEngine`).
     """
 
     layout: TokenLayout
-    speculative_streams: int | None = 0  # decoding=auto is speculative up to this many rollouts in flight (None: any)
+    decoding: str = "sequential"  # what a call's sampling.decoding=auto runs as: the run's choice, given when the
+    # backend is built (terra/generation/decoding.py, auto_decoding)
 
-    def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
-        """``sampling`` as this backend decodes it in a run of ``streams`` rollouts in flight: ``decoding=auto``
-        made concrete, speculative up to :attr:`speculative_streams` rollouts (None: any number), else sequential.
-        A run resolves it once (:meth:`run_rollouts`, batch runs, session hosts); :meth:`submit` takes a lone
-        ``auto`` as one stream. The codes do not depend on it (terra/generation/speculative.py): only the speed
-        and the forward passes reported do."""
-        if sampling.decoding != "auto":
-            return sampling
-        limit = self.speculative_streams
-        fast = limit is None or streams <= limit
-        return sampling.replace(decoding="speculative" if fast else "sequential")
+    def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
+        """``sampling`` as this backend decodes it: ``decoding=auto`` is the run's choice (:attr:`decoding`), never
+        decided again here. The codes do not depend on it (terra/generation/speculative.py): only the speed and
+        the forward passes reported do."""
+        return sampling if sampling.decoding != "auto" else sampling.replace(decoding=self.decoding)
 
     def capacity(self, window_frames: int) -> int | None:
         """How many rollouts of windows of ``window_frames`` frames the engine holds at once (None: no fixed
@@ -299,10 +294,10 @@ class WorldModelBackend(ABC):
     ) -> list[RolloutState]:
         """Run every request to completion; return their finished states in order (codes, forward passes).
 
-        ``decoding=auto`` is resolved once for all of them (:meth:`decoding_for`). Each rollout's next frame is
-        submitted the moment its last one is done (no barrier across rollouts).
+        ``decoding=auto`` runs as the run chose (:meth:`as_run`). Each rollout's next frame is submitted the moment
+        its last one is done (no barrier across rollouts).
         """
-        sampling = self.decoding_for(sampling, len(requests))
+        sampling = self.as_run(sampling)
         states = [self.start(r, i) for i, r in enumerate(requests)]
         index = {id(s): i for i, s in enumerate(states)}
         total = sum(r.num_frames for r in requests)

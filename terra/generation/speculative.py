@@ -32,7 +32,7 @@ committed token is therefore ``x_i``, a deterministic function of the noise that
 every draw of the noise, and have its law. Temperature 0 is the same argument without noise (both argmax).
 Equality holds up to floating point: a pass of ``K + 1`` tokens may round a logit differently from a pass of
 one, which matters only where two codes tie to within that rounding. Nothing here draws a random number: each
-rollout's noise is its own, so its codes do not depend on what it is batched with or on the block size.
+rollout's noise is its own, so its codes do not depend on what it is batched with or on ``draft_tokens``.
 tests/generation/test_speculative_exact.py checks the sampler and the rule against the enumerated law of a small
 model and rejects wrong rules; tests/generation/test_speculative_hf.py checks the equality on the backend.
 """
@@ -79,21 +79,21 @@ class SpeculativeFrame:
     ``previous [P]`` (long) are the previous frame's codes: each position's first guess. ``seed`` and ``frame``
     (the frame's index in the rollout) key the Gumbel noise of its positions (terra/generation/sampling.py), drawn
     once per position and kept while the position is in a pass. Each pass, a backend feeds the last committed
-    token (or, in the frame's first pass, the frame's prompt) followed by :meth:`block`, and hands the logits of
-    those ``len(block) + 1`` positions to :meth:`advance`.
+    token (or, in the frame's first pass, the frame's prompt) followed by :meth:`drafts`, and hands the logits of
+    those ``len(drafts) + 1`` positions to :meth:`advance`.
     """
 
-    def __init__(self, previous: torch.Tensor, block_size: int, codebook_size: int, sampling: SamplingConfig,
+    def __init__(self, previous: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
                  seed: int, frame: int) -> None:
         self.previous = previous
         self.size = len(previous)
-        self.block_size = block_size
+        self.draft_tokens = draft_tokens
         self.codebook_size = codebook_size
         self.sampling = sampling
         self.seed, self.frame = seed, frame
         self.committed: list[torch.Tensor] = []
         self.count = 0  # tokens committed
-        self.guesses = self._later(0, block_size)
+        self.guesses = self._later(0, draft_tokens)
         self.passes = 0
         self._noise = torch.empty(0, codebook_size, device=previous.device)  # of positions count .. count + rows - 1
 
@@ -101,15 +101,15 @@ class SpeculativeFrame:
     def done(self) -> bool:
         return self.count == self.size
 
-    def block(self) -> torch.Tensor:
-        """The guesses the next pass scores, for positions ``count ..``: at most ``block_size``, never past the
+    def drafts(self) -> torch.Tensor:
+        """The guesses the next pass scores, for positions ``count ..``: at most ``draft_tokens``, never past the
         frame's last image token."""
-        return self.guesses[: min(self.block_size, self.size - self.count)]
+        return self.guesses[: min(self.draft_tokens, self.size - self.count)]
 
     def advance(self, logits: torch.Tensor) -> int:
-        """Take one pass's logits ``[len(block) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
+        """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
         refill with :func:`next_guesses`; return the number of tokens committed."""
-        width = len(self.block())
+        width = len(self.drafts())
         rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
         samples = torch.full((1, width + 1), -1, dtype=torch.long, device=logits.device)
         samples[0, :rows] = sample_image_tokens(logits[:rows], self.codebook_size, self.sampling, self._rows(rows))
@@ -118,7 +118,7 @@ class SpeculativeFrame:
         emitted = min(int(accepted[0]) + 1, rows)
         self.committed.append(samples[0, :emitted])
         self.count += emitted
-        self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.block_size)[None])[0]
+        self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.draft_tokens)[None])[0]
         self._noise = self._noise[emitted:]
         self.passes += 1
         return emitted

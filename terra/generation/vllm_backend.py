@@ -81,21 +81,16 @@ class VLLMBackend(WorldModelBackend):
     """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it).
 
     ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
-    ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, ``kv_cache_memory_bytes``,
-    ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left at ``None`` is 0.9 on a GPU
-    and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would take nearly all of it).
-    ``speculative_block`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
+    ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, the KV cache's block,
+    ``kv_cache_memory_bytes``, ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left
+    at ``None`` is 0.9 on a GPU and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would
+    take nearly all of it).
+    ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
-    elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`decoding_for`), and each
+    elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`as_run`), and each
     frame's forward passes are counted from the engine's per-step outputs.
     """
-
-    # decoding=auto is speculative up to this many rollouts in flight (terra/generation/backends.py, vllm_decoding):
-    # on an H100 at Terra's 2 B shape and block 32, with full CUDA graphs of the verifying step, speculative frames/s
-    # led sequential's by 2.8x at 16 rollouts and 1.6x at 32, and by only 1.1x at 64 (BENCHMARKS.md, "CUDA graphs of
-    # the verifying step").
-    speculative_streams = 32
 
     def __init__(
         self,
@@ -109,7 +104,7 @@ class VLLMBackend(WorldModelBackend):
         tensor_parallel_size: int = 1,
         seed: int = 0,
         config: Any = None,
-        speculative_block: int = 0,
+        draft_tokens: int = 0,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -128,7 +123,7 @@ class VLLMBackend(WorldModelBackend):
                 "(model_type llama_action); pass the world model's folder"
             )
         self.layout = TokenLayout.from_config(config)
-        self.block_size = speculative_block  # guesses per request and step; 0: sequential decoding
+        self.draft_tokens = draft_tokens  # guesses per request and step; 0: sequential decoding
         self.model_path = model_path
         self.seed = seed
         self.max_num_seqs = max_num_seqs
@@ -139,9 +134,9 @@ class VLLMBackend(WorldModelBackend):
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         if current_platform.is_cpu():
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
-        if speculative_block:  # the draft slots; full CUDA graphs of the verifying step unless the options say
-            options.update(compat.jacobi_engine_kwargs(speculative_block))
-            options = {**compat.jacobi_graph_kwargs(speculative_block, min(max_num_seqs, GRAPH_STREAMS)), **options}
+        if draft_tokens:  # the draft slots; full CUDA graphs of the verifying step unless the options say
+            options.update(compat.jacobi_engine_kwargs(draft_tokens))
+            options = {**compat.jacobi_graph_kwargs(draft_tokens, min(max_num_seqs, GRAPH_STREAMS)), **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()
@@ -165,7 +160,7 @@ class VLLMBackend(WorldModelBackend):
             **self.prompt_limits(),
             **options,
         ))
-        if speculative_block:
+        if draft_tokens:
             try:
                 compat.check_jacobi_engine(self.engine.vllm_config)
             except TerraInputError:
@@ -190,13 +185,16 @@ class VLLMBackend(WorldModelBackend):
     def name(self) -> str:
         return "vLLM"
 
-    def decoding_for(self, sampling: SamplingConfig, streams: int = 1) -> SamplingConfig:
-        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts
-        (``speculative_block``; terra/generation/backends.py, ``resolve_spec``, chooses them for a run). The codes
-        are the same either way."""
-        if self.block_size:
-            return sampling.replace(decoding="speculative", block_size=self.block_size)
-        return sampling.replace(decoding="sequential")
+    @property
+    def decoding(self) -> str:
+        """The engine's decoding, fixed when it started (terra/generation/backends.py, ``resolve_spec``, chose it
+        for the run)."""
+        return "speculative" if self.draft_tokens else "sequential"
+
+    def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
+        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts.
+        The codes are the same either way."""
+        return sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
 
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
@@ -229,7 +227,7 @@ class VLLMBackend(WorldModelBackend):
             max_tokens=self.layout.image_tokens,
             ignore_eos=True,
             detokenize=False,
-            output_kind=RequestOutputKind.DELTA if delta or self.block_size else RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA if delta or self.draft_tokens else RequestOutputKind.FINAL_ONLY,
         )
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
@@ -265,7 +263,7 @@ class VLLMBackend(WorldModelBackend):
                 continue
             passes = None  # sequential: one per image token
             tokens = list(output.outputs[0].token_ids)
-            if self.block_size:  # a delta per step that produced tokens for the request: one forward pass
+            if self.draft_tokens:  # a delta per step that produced tokens for the request: one forward pass
                 earlier, passes = self._passes.get(output.request_id, ([], 0))
                 tokens, passes = earlier + tokens, passes + 1
                 self._passes[output.request_id] = (tokens, passes)

@@ -7,7 +7,7 @@ on first use, so the trajectory checks are importable without torch.
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_attributes
+from terra.core.lazy import lazy_face
 
 _HOMES = {
     "TRAJECTORY_KEYS": "terra.inputs.actions",
@@ -19,7 +19,4 @@ _HOMES = {
     "trajectory_actions": "terra.inputs.requests",
 }
 
-__all__ = sorted(_HOMES)
-
-
-__getattr__ = lazy_attributes(__name__, _HOMES)
+__all__, __getattr__ = lazy_face(__name__, _HOMES)

@@ -17,6 +17,7 @@ import numpy as np
 from terra.config.checks import MAX_FRAMES, Range, shown
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MAX_SPEED_MPS
+from terra.inputs.ego_motion import to_ego
 
 # Sane world-frame trajectories: a car, in metres and seconds (wrong units fail here, not as odd videos);
 # MAX_SPEED_MPS (terra/generation/actions.py) bounds the speed between two samples.
@@ -114,12 +115,8 @@ class EgoTrajectory:
         frame_t = self.t[0] + np.arange(num_frames) / fps
         future_t = frame_t[:, None] + np.arange(FUTURE_POINTS)[None, :] / FUTURE_RATE_HZ
         ego = self.poses_at(frame_t)  # [T, 3]
-        fut = self.poses_at(future_t)  # [T, 60, 3]
-        dx = fut[..., 0] - ego[:, None, 0]
-        dy = fut[..., 1] - ego[:, None, 1]
-        c, s = np.cos(ego[:, 2])[:, None], np.sin(ego[:, 2])[:, None]
-        local = np.stack([c * dx + s * dy, -s * dx + c * dy, np.zeros_like(dx)], axis=-1)
-        return local.astype(np.float32)
+        local = to_ego(self.poses_at(future_t)[..., :2], ego[:, None])  # [T, 60, 2]
+        return np.concatenate([local, np.zeros_like(local[..., :1])], axis=-1).astype(np.float32)
 
 
 def _heading_from_motion(x: np.ndarray, y: np.ndarray) -> np.ndarray:

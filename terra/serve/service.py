@@ -1,8 +1,8 @@
 """The server's sessions: creation from a JSON spec, limits, stepping on the event loop, the idle reaper.
 
 One :class:`SessionService` per server. It runs on the event loop; model work happens on the session engine's
-driver thread (terra/session/engine.py) and decoding/encoding on a small thread pool, so a slow client or a
-bad request never blocks the others. Every user mistake is a :class:`TerraInputError` (one line), which the
+driver thread (terra/generation/session_engine.py) and decoding/encoding on a small thread pool, so a slow client
+or a bad request never blocks the others. Every user mistake is a :class:`TerraInputError` (one line), which the
 HTTP layer answers with 4xx and the WebSocket layer with an error frame.
 """
 

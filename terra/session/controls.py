@@ -1,5 +1,5 @@
 """One frame's action from what a driver gives: an actions array, a short ego trajectory, steering and speed,
-a named manoeuvre, or the state of arrow keys; and the ego motion an action implies (for a top-down view).
+a named manoeuvre, or the state of arrow keys. The motion an action implies is terra/inputs/ego_motion.py's.
 
 Every form ends as ``[6, 3]`` actions ``[y, x, time]`` of the frame just seen (docs/ARCHITECTURE.md,
 "Actions"): six points of where the car goes over the next 3 s, in that frame's ego frame (x forward, y left).
@@ -9,7 +9,6 @@ training world drives (:func:`terra.sim.clips.random_manoeuvre_params`).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,8 @@ import numpy as np
 from terra.config.checks import check_number
 from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
-from terra.inputs.actions import actions_for_manoeuvre, actions_from_value
+from terra.inputs.actions import actions_for_manoeuvre, trajectory_action
+from terra.inputs.ego_motion import along_arc
 
 MAX_SPEED_KMH = 130.0
 ACCEL_RANGE = (-8.0, 4.0)  # m/s^2 a drive action may ask for
@@ -43,11 +43,7 @@ def drive_action(steer: float, speed_kmh: float, accel_mps2: float = 0.0) -> np.
     if accel < 0:
         t = np.minimum(t, v0 / -accel)
     distance = v0 * t + 0.5 * accel * t * t
-    curvature = steer * max_curvature(max(v0, 1.0))
-    if abs(curvature) < 1e-9:
-        x, y = distance, np.zeros_like(distance)
-    else:
-        x, y = np.sin(curvature * distance) / curvature, (1.0 - np.cos(curvature * distance)) / curvature
+    x, y, _ = along_arc(steer * max_curvature(max(v0, 1.0)), distance)
     return np.stack([y, x, ACTION_TIMES], axis=-1).astype(np.float32)
 
 
@@ -56,7 +52,7 @@ def parse_action(value: Any) -> np.ndarray:
 
     * ``{"actions": [[y, x, t], ...6]}`` or a bare ``[6, 3]`` array;
     * ``{"trajectory": {"x": [...], "y": [...]}}`` (or ``[[x, y], ...]``): the car's path from now on in the current
-      ego frame at 10 Hz (or with ``t``), as :func:`terra.inputs.actions.actions_from_value` reads trajectories;
+      ego frame at 10 Hz (or with ``t``): :func:`terra.inputs.actions.trajectory_action`;
     * ``{"steer": s, "speed_kmh": v, "accel_mps2": a}`` (:func:`drive_action`);
     * ``{"manoeuvre": "curve_left", "speed_kmh": 30}``: the first frame of a named manoeuvre.
     """
@@ -71,7 +67,7 @@ def parse_action(value: Any) -> np.ndarray:
         return _action_array(value["actions"])
     if kind == "trajectory":
         _only(value, {"trajectory"})
-        return actions_from_value({"trajectory": value["trajectory"]}, "action trajectory", 1)[0]
+        return trajectory_action(value["trajectory"])
     if kind == "steer":
         _only(value, {"steer", "speed_kmh", "accel_mps2"})
         if "speed_kmh" not in value:
@@ -100,44 +96,6 @@ def _only(value: dict, allowed: set[str]) -> None:
     extra = sorted(set(value) - allowed)
     if extra:
         raise TerraInputError(f"unknown action keys {extra}; this kind of action takes {sorted(allowed)}")
-
-
-def _arc(action: np.ndarray) -> tuple[float, float, float]:
-    """Curvature, arc length and time of the circular arc from the origin (heading +x) to the first point."""
-    y0, x0, t0 = (float(v) for v in action[0])
-    chord = math.hypot(x0, y0)
-    if chord < 1e-6 or t0 <= 0:
-        return 0.0, 0.0, max(t0, 1e-6)
-    curvature = 2.0 * y0 / chord**2
-    length = chord if abs(curvature) < 1e-9 else 2.0 * math.atan2(y0, x0) / curvature
-    return curvature, length, t0
-
-
-def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> tuple[float, float, float]:
-    """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame.
-
-    Follows the arc through the origin and the action's first point at the speed that reaches it in time:
-    exact for :func:`drive_action` at constant speed, an estimate for any other action.
-    """
-    curvature, length, t0 = _arc(action)
-    step = length / t0 * dt
-    if abs(curvature) < 1e-9:
-        return step, 0.0, 0.0
-    return math.sin(curvature * step) / curvature, (1.0 - math.cos(curvature * step)) / curvature, curvature * step
-
-
-def speed_of(action: np.ndarray) -> float:
-    """Speed in km/h an action starts with (arc length to its first point over its time)."""
-    _, length, t0 = _arc(action)
-    return 3.6 * length / t0
-
-
-def advance_pose(pose: tuple[float, float, float], action: np.ndarray) -> tuple[float, float, float]:
-    """The world pose ``(x, y, yaw)`` one frame later under ``action``."""
-    x, y, yaw = pose
-    dx, dy, dyaw = ego_motion(action)
-    c, s = math.cos(yaw), math.sin(yaw)
-    return x + c * dx - s * dy, y + s * dx + c * dy, yaw + dyaw
 
 
 class KeyDriver:

@@ -1,11 +1,9 @@
 """Closed-loop sessions: open one from context frames, then ``step(action)`` → the next frame, fork, reset, close.
 
-A :class:`SessionHost` holds a pipeline (tokenizer + backend) and one :class:`~terra.session.engine.SessionEngine`
-that advances every open session on the backend. A session is an open-ended rollout: its
-:class:`~terra.generation.rollout.RolloutRequest` has room for ``max_frames`` frames and each step writes the
-action of the newest frame just before the next one is generated, so windows roll over exactly as in a batch
-rollout (terra/generation/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's given the
-same actions and seed.
+A :class:`SessionHost` holds a pipeline (tokenizer + backend) and one
+:class:`~terra.generation.session_engine.SessionEngine` that advances every open session on the backend (an
+open-ended rollout: terra/generation/session_engine.py); a :class:`Session` adds what a driver needs: actions in
+every form (terra/session/controls.py), the car's pose, arrow keys, decoded frames.
 """
 
 from __future__ import annotations
@@ -21,12 +19,11 @@ import numpy as np
 from terra.config.checks import MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, RolloutRequest, WorldModelBackend
+from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, WorldModelBackend
+from terra.generation.session_engine import Rollout, SessionEngine, StepResult
+from terra.inputs.ego_motion import Pose, advance_pose, speed_of
 from terra.session import context as contexts
-from terra.session.controls import KeyDriver, advance_pose, parse_action, speed_of
-from terra.session.engine import Rollout, SessionEngine, StepResult
-
-Pose = tuple[float, float, float]  # x, y (metres), yaw (radians) in the ego frame of the last context frame
+from terra.session.controls import KeyDriver, parse_action
 
 
 @dataclass
@@ -37,7 +34,7 @@ class Frame:
     codes: np.ndarray  # [h, w]
     rgb: np.ndarray | None  # uint8 [H, W, 3], None when not decoded
     action: np.ndarray  # [6, 3] that conditioned it
-    pose: Pose  # where the car is at this frame
+    pose: Pose  # where the car is at this frame, in the ego frame of the last context frame
     timings: dict[str, float] = field(default_factory=dict)
     passes: int | None = None  # forward passes that generated it (sequential decoding: one per image token)
 
@@ -75,7 +72,7 @@ class Session:
     def step_async(self, action: np.ndarray) -> Future:
         """Queue the next frame under ``action``, a checked ``[6, 3]`` array (what
         :func:`~terra.session.controls.parse_action` returns); resolves to a
-        :class:`~terra.session.engine.StepResult`."""
+        :class:`~terra.generation.session_engine.StepResult`."""
         assert action.shape == (6, 3), action.shape
         step = self.host.engine.step(self.rollout, action, self.sampling)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
@@ -127,8 +124,7 @@ class Session:
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n_ctx + generated, h, w]``, context first."""
-        frames = list(self.rollout.state.frames)
-        return np.stack(frames).reshape(len(frames), *self.context.codes.shape[1:])
+        return self.rollout.codes().reshape(-1, *self.context.codes.shape[1:])
 
     def video(self) -> np.ndarray:
         """Every frame so far decoded to uint8 RGB ``[T, H, W, 3]``, context first."""
@@ -212,12 +208,9 @@ class SessionHost:
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
         """A session from an already built :class:`~terra.session.context.SessionContext`."""
-        n, frames = len(context.codes), max_frames or self.max_frames
-        actions = np.zeros((n + frames - 1, 6, 3), dtype=np.float32)
-        actions[: n - 1] = context.actions
-        request = RolloutRequest(context.codes, actions, frames, seed=seed, overlap=self.overlap)
-        sampling = self.backend.decoding_for(sampling or self.sampling)  # a session is one stream
-        return Session(self, self.engine.open(request), context, sampling)
+        rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap)
+        sampling = self.backend.as_run(sampling or self.sampling)  # auto: as the host's run chose
+        return Session(self, rollout, context, sampling)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[T, h, w]`` → uint8 RGB ``[T, H, W, 3]``."""

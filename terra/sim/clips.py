@@ -21,6 +21,7 @@ import numpy as np
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ
 from terra.inputs.actions import actions_from_instruction_trajs
+from terra.inputs.ego_motion import compose
 from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, manoeuvre_trajectory
 from terra.sim.renderer import render
 from terra.sim.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
@@ -70,13 +71,8 @@ class Drive:
 
 def place(trajectory: EgoTrajectory, pose: np.ndarray) -> EgoTrajectory:
     """The trajectory moved rigidly so that its frame (origin, +x) lands on the world pose ``(x, y, yaw)``."""
-    c, s = np.cos(pose[2]), np.sin(pose[2])
-    return EgoTrajectory(
-        t=trajectory.t,
-        x=pose[0] + c * trajectory.x - s * trajectory.y,
-        y=pose[1] + s * trajectory.x + c * trajectory.y,
-        yaw=trajectory.yaw + pose[2],
-    )
+    x, y, yaw = compose(pose, np.stack([trajectory.x, trajectory.y, trajectory.yaw], axis=-1)).T
+    return EgoTrajectory(t=trajectory.t, x=x, y=y, yaw=yaw)
 
 
 def clip_from_trajectory(

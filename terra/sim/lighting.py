@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from terra.inputs.ego_motion import to_ego
 from terra.sim.scene import BUILDING, POLE, SIGN, Scene
 
 AMBIENT = np.array([0.05, 0.06, 0.09], dtype=np.float32)  # moonlight
@@ -93,10 +94,7 @@ def night_lights(scene: Scene, pose: np.ndarray) -> NightLights | None:
         return None
     obj = scene.objects
     on = (obj.kind == POLE) & scene.lit
-    rel = obj.xy[on] - pose[None, :2]
-    cos_y, sin_y = np.cos(pose[2]), np.sin(pose[2])
-    fwd = rel[:, 0] * cos_y + rel[:, 1] * sin_y
-    left = -rel[:, 0] * sin_y + rel[:, 1] * cos_y
+    fwd, left = to_ego(obj.xy[on], pose).T
     reach = 3.0 * LAMP_RADIUS_M  # a pool's light ends here
     near = (fwd > -reach) & (fwd < LAMP_RANGE_M) & (np.abs(left) < np.maximum(fwd, 0.0) + reach)  # in view: 45 deg
     return NightLights(np.stack([fwd[near], left[near]], axis=1))

@@ -1,6 +1,6 @@
-"""Render a :class:`~terra.sim.scene.Scene` from an ego pose with a pinhole front camera, vectorised in numpy.
+"""Render a :class:`~terra.sim.scene.Scene` from an ego pose with the front camera, vectorised in numpy.
 
-The camera sits ``CAMERA_HEIGHT_M`` above the ego pose, looks along its yaw, pitched down by
+The camera (terra/sim/camera.py) sits ``CAMERA_HEIGHT_M`` above the ego pose, looks along its yaw, pitched down by
 ``CAMERA_PITCH_RAD``, with a horizontal field of view of ``CAMERA_HFOV_RAD`` at any resolution. Drawing order:
 sky gradient, two ranges of hills (far away, so they move only when the car turns), the ground (each pixel's
 ray meets the ground plane; the hit point's road coordinates pick asphalt, lane markings, shoulder or a
@@ -18,12 +18,11 @@ from functools import lru_cache
 import numpy as np
 
 from terra.core.errors import TerraInputError
+from terra.inputs.ego_motion import to_ego, to_world
+from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD, FrontCamera
 from terra.sim.lighting import NightLights, glow, headlight, night_lights
 from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, Scene, TREE
 
-CAMERA_HEIGHT_M = 1.6
-CAMERA_PITCH_RAD = np.deg2rad(4.0)  # downwards
-CAMERA_HFOV_RAD = np.deg2rad(70.0)
 FOG_M = 120.0  # haze scale: a colour at depth z keeps about exp(-z / FOG_M) of itself
 FAR_M = 250.0  # the haze is complete here (the fog curve is rescaled to reach 1), nothing farther is drawn
 FIELD_PERIOD_M = 16.0  # field checkerboard squares of 8 m, fixed in the world frame
@@ -33,62 +32,43 @@ EDGE_INSET_M = 0.15  # edge line's outer border inside the asphalt edge
 
 
 @dataclass(frozen=True)
-class Camera:
-    """Pinhole intrinsics for an image size, plus the per-pixel ground geometry that depends only on it."""
+class Camera(FrontCamera):
+    """The front camera (terra/sim/camera.py) at an image size, with the per-pixel ground geometry that depends only
+    on the size."""
 
-    height: int
-    width: int
-    focal: float  # pixels
-    cx: float
-    cy: float
-    horizon: float  # image row of the horizon (fractional)
     ground_row0: int  # first row holding any ground pixel
     # Per ground-row pixel, float32; rows [ground_row0, height). Pixels whose ray misses the ground within
     # FAR_M have fwd = left = 0, depth = inf and footprints of 1 km.
     fwd: np.ndarray  # [Hg, W] ground hit point ahead of the camera (m), ego frame
     left: np.ndarray  # [Hg, W] ground hit point to the left (m), ego frame
+    ground: np.ndarray  # [Hg, W, 2] both: (fwd, left)
     depth: np.ndarray  # [Hg, W] depth along the optical axis (m)
     foot_lat: np.ndarray  # [Hg, W] ground size of a pixel across the view (m)
     foot_long: np.ndarray  # [Hg, W] ground size of a pixel along the view (m)
     col_azimuth: np.ndarray  # [W] horizontal angle of each column at the horizon (rad, left positive)
     headlight: np.ndarray  # [Hg, W] the ego car's headlights' illuminance of the ground hit point (at night)
 
-    def project(self, fwd: np.ndarray, left: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Image coordinates (u, v) and optical depth of ego-frame points (up measured from the ground)."""
-        c, s = np.cos(CAMERA_PITCH_RAD), np.sin(CAMERA_PITCH_RAD)
-        z = up - CAMERA_HEIGHT_M
-        depth = fwd * c - z * s
-        safe = np.where(depth > 1e-6, depth, 1e-6)
-        return self.cx - self.focal * left / safe, self.cy + self.focal * (-fwd * s - z * c) / safe, depth
-
 
 @lru_cache(maxsize=8)
 def camera(height: int, width: int) -> Camera:
     """The camera for an image size (cached: the ground geometry is the same for every pose)."""
-    focal = width / 2 / np.tan(CAMERA_HFOV_RAD / 2)
-    cx, cy = width / 2, height / 2
-    c, s = np.cos(CAMERA_PITCH_RAD), np.sin(CAMERA_PITCH_RAD)
-    horizon = cy - focal * np.tan(CAMERA_PITCH_RAD)
-    row0 = int(np.clip(np.floor(horizon), 0, height))
-    a = (np.arange(width) + 0.5 - cx) / focal  # right, per unit optical depth
-    b = (np.arange(row0, height) + 0.5 - cy) / focal  # down, per unit optical depth
-    down = s + b * c  # downward component of the ray (camera z-axis normalised to 1)
-    with np.errstate(divide="ignore"):
-        t = np.where(down > 1e-9, CAMERA_HEIGHT_M / down, np.inf)  # optical depth of the ground hit
-    near = t < FAR_M
+    lens = FrontCamera(height, width)
+    row0 = int(np.clip(np.floor(lens.horizon), 0, height))
+    rays = lens.rays(row0, FAR_M)
+    near = rays.depth < FAR_M
     ones = np.ones(width)
-    fwd = (np.where(near, t * (c - b * s), 0.0)[:, None] * ones).astype(np.float32)
-    left = (-np.where(near, t, 0.0)[:, None] * a[None, :]).astype(np.float32)
-    depth = (np.where(near, t, np.inf)[:, None] * ones).astype(np.float32)
+    fwd, left = rays.fwd.astype(np.float32), rays.left.astype(np.float32)
+    ground = np.stack([fwd, left], axis=-1)
+    depth = (np.where(near, rays.depth, np.inf)[:, None] * ones).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        foot_long = np.where(near, CAMERA_HEIGHT_M / (focal * down**2), 1e3)[:, None] * ones
-    foot_lat = np.where(near, t / focal, 1e3)[:, None] * ones
-    col_azimuth = -np.arctan(a * c)
-    arrays = (fwd, left, depth, foot_lat.astype(np.float32), foot_long.astype(np.float32), col_azimuth,
+        foot_long = np.where(near, CAMERA_HEIGHT_M / (lens.focal * rays.drop**2), 1e3)[:, None] * ones
+    foot_lat = np.where(near, rays.depth / lens.focal, 1e3)[:, None] * ones
+    col_azimuth = -np.arctan(rays.across * np.cos(CAMERA_PITCH_RAD))
+    arrays = (fwd, left, ground, depth, foot_lat.astype(np.float32), foot_long.astype(np.float32), col_azimuth,
               headlight(fwd, left))
     for arr in arrays:
         arr.setflags(write=False)
-    return Camera(height, width, focal, cx, cy, horizon, row0, *arrays)
+    return Camera(height, width, row0, *arrays)
 
 
 def render(scene: Scene, pose: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -176,10 +156,7 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, l
     colour, then one matrix product turns the weights into RGB (at night, ``lights`` light the colours).
     """
     r0 = cam.ground_row0
-    x0, y0, yaw = (float(v) for v in pose)
-    cos_y, sin_y = np.cos(yaw), np.sin(yaw)
-    wx = x0 + cam.fwd * cos_y - cam.left * sin_y
-    wy = y0 + cam.fwd * sin_y + cam.left * cos_y
+    wx, wy = np.moveaxis(to_world(cam.ground, pose), -1, 0)  # each ground pixel's hit point in the world
     s, d = scene.road_coords(wx, wy, _segment_rows(cam, scene, pose))
     ad = np.abs(d)
     foot = np.maximum(cam.foot_lat, cam.foot_long) + np.float32(0.05)
@@ -223,10 +200,7 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, l
 def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, lights: NightLights | None) -> None:
     """Billboards of the objects in view, painted from far to near so nearer ones cover farther ones."""
     obj = scene.objects
-    rel = obj.xy - pose[None, :2]
-    cos_y, sin_y = np.cos(pose[2]), np.sin(pose[2])
-    fwd = rel[:, 0] * cos_y + rel[:, 1] * sin_y
-    left = -rel[:, 0] * sin_y + rel[:, 1] * cos_y
+    fwd, left = to_ego(obj.xy, pose).T
     u, v, depth = cam.project(fwd, left, np.zeros_like(fwd))
     scale = cam.focal / np.maximum(depth, 1e-6)  # pixels per metre at the object
     half_w = obj.size[:, 0] / 2 * scale

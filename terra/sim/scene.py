@@ -19,6 +19,7 @@ import numpy as np
 
 from terra.config.checks import check_choice
 from terra.core.errors import TerraInputError
+from terra.inputs.ego_motion import to_ego
 
 LANE_WIDTH_M = 3.5
 ROAD_HALF_WIDTH_M = LANE_WIDTH_M  # two lanes
@@ -180,13 +181,10 @@ class Scene:
         road, widened by ``margin`` metres on each side and at its ends, covers.
         """
         found = []
-        cos_y, sin_y = np.cos(pose[2]), np.sin(pose[2])
         for i in range(len(self.seg_len)):
             s = np.linspace(self.seg_s0[i], self.seg_s0[i] + self.seg_len[i], int(self.seg_len[i] // 2.0) + 2)
             pts = self.lane_pose(np.concatenate([s, s]), np.repeat([-margin, margin], len(s)))
-            dx, dy = pts[:, 0] - pose[0], pts[:, 1] - pose[1]
-            fwd = dx * cos_y + dy * sin_y
-            left = dy * cos_y - dx * sin_y
+            fwd, left = to_ego(pts[:, :2], pose).T
             in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
             seen = (fwd > -margin) & (fwd < far + margin) & in_cone
             if np.any(seen):

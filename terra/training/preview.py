@@ -29,7 +29,7 @@ def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, cl
     return the mean PSNR (dB) of the generated frames against the clips' own (both decoded by ``tokenizer``),
     and write the first clip (left) beside its rollout (right) to ``path``, atomically."""
     grid = tokenizer.grid_shape
-    pipeline = WorldModelPipeline(tokenizer, model_backend(model, device), str(device))
+    pipeline = WorldModelPipeline(tokenizer, model_backend(model, device, streams=len(ids)), str(device))
     windows = [clips.window(clip, 0, frames) for clip in ids]
     requests = [RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context,
                                seed=0) for codes, actions in windows]

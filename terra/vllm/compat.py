@@ -151,13 +151,14 @@ def jacobi_unavailable() -> str | None:
     return None
 
 
-def jacobi_engine_kwargs(num_drafts: int) -> dict[str, Any]:
-    """Engine arguments that give every decode step ``num_drafts`` (>= 1) draft slots a request, filled by
+def jacobi_engine_kwargs(draft_tokens: int) -> dict[str, Any]:
+    """Engine arguments that give every decode step ``draft_tokens`` (>= 1) draft slots a request, filled by
     :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"); one error line where
     :func:`jacobi_unavailable` says it cannot run.
 
-    The slots come from ``diffusion_config.canvas_length`` (0.26 and 0.32: ``VllmConfig.num_speculative_tokens``
-    falls back to it when there is no speculator); the model's config carries no ``canvas_length``, so vLLM keeps
+    vLLM's words for ``draft_tokens``, here and nowhere else: the slots come from ``diffusion_config.canvas_length``
+    (0.26 and 0.32: ``VllmConfig.num_speculative_tokens`` falls back to it when there is no speculator, and
+    :func:`engine_draft_tokens` reads it back); the model's config carries no ``canvas_length``, so vLLM keeps
     treating it as autoregressive.
     """
     from terra.core.errors import TerraInputError
@@ -166,15 +167,21 @@ def jacobi_engine_kwargs(num_drafts: int) -> dict[str, Any]:
     if why:
         raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential, or "
                               "backend=hf")
-    return {"diffusion_config": {"canvas_length": int(num_drafts)}}
+    return {"diffusion_config": {"canvas_length": int(draft_tokens)}}
 
 
-def jacobi_graph_kwargs(num_drafts: int, streams: int) -> dict[str, Any]:
-    """Engine arguments that run a decode step of up to ``streams`` rollouts, ``num_drafts`` + 1 tokens each, as one
+def engine_draft_tokens(vllm_config: Any) -> int:
+    """The ``draft_tokens`` a started engine schedules a request per decode step for :mod:`terra.vllm.jacobi_state`
+    (0: sequential decoding, or vLLM's own speculators, whose rejection sampler stays vLLM's)."""
+    return 0 if vllm_config.speculative_config is not None else int(vllm_config.num_speculative_tokens or 0)
+
+
+def jacobi_graph_kwargs(draft_tokens: int, streams: int) -> dict[str, Any]:
+    """Engine arguments that run a decode step of up to ``streams`` rollouts, ``draft_tokens`` + 1 tokens each, as one
     full CUDA graph. vLLM's default (``FULL_AND_PIECEWISE`` up to 512 tokens) leaves a step of 16 rollouts at block
     32 (528 tokens) without any graph: on an H100 at Terra's 2 B shape full graphs to 64 x 33 tokens made that
     step 2.6x and the 32-rollout step 1.4x faster (BENCHMARKS.md, "CUDA graphs of the verifying step")."""
-    tokens = int(streams) * (int(num_drafts) + 1)
+    tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
     # them to the one below (vllm/config/vllm.py): 33 would become 32 and leave one rollout's step without a graph
     return {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16}
@@ -200,7 +207,8 @@ def num_cached_tokens(request_output: Any) -> int:
 
 
 __all__ = [
-    "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine", "has_streaming_input",
+    "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine", "engine_draft_tokens",
+    "has_streaming_input",
     "jacobi_engine_kwargs", "jacobi_graph_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens",
     "prompt_token_ids", "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs",
     "use_spawn_workers",

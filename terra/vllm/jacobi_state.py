@@ -2,11 +2,12 @@
 
 docs/ARCHITECTURE.md ("Speculative decoding on vLLM") says why this route and what each vLLM release does with it.
 In short, Model Runner V2 (``vllm/v1/worker/gpu/``, the default on a GPU for this model) asks the model for its
-per-request state class (``get_model_state_cls()``) and that state for a sampler (``custom_sampler``), and a
-``diffusion_config`` with a ``canvas_length`` makes every decode step carry that many draft slots per request
-with no speculator: the runner feeds each request ``[last sampled token, guesses...]`` from its own GPU table
-``req_states.draft_tokens`` and leaves filling that table to the sampler. :class:`JacobiSampler` is that sampler,
-and runs the rule of terra/generation/speculative.py (the one the Transformers backend runs too):
+per-request state class (``get_model_state_cls()``) and that state for a sampler (``custom_sampler``), and
+``draft_tokens`` given to the engine (terra/vllm/compat.py, ``jacobi_engine_kwargs``, puts them in vLLM's words)
+make every decode step carry that many draft slots per request with no speculator: the runner feeds each request
+``[last sampled token, guesses...]`` from its own GPU table ``req_states.draft_tokens`` and leaves filling that
+table to the sampler. :class:`JacobiSampler` is that sampler, and runs the rule of terra/generation/speculative.py
+(the one the Transformers backend runs too):
 
 * vLLM's own sampler draws one token from every logits row (temperature, top-k, top-p and Gumbel noise keyed by
   the request's seed and the row's position: exactly the token sequential decoding draws at that position once
@@ -17,8 +18,8 @@ and runs the rule of terra/generation/speculative.py (the one the Transformers b
   and, past the pass, from the previous frame's codes (:func:`previous_frame_codes`).
 
 Everything stays on the device and no host sync is added, so asynchronous scheduling and CUDA graphs (uniform
-decode batches of ``K + 1`` tokens a request) keep working. The model's config must not carry ``canvas_length``:
-that would mark it a diffusion model, whose steps emit no bonus token.
+decode batches of ``K + 1`` tokens a request) keep working. The model's config must not carry vLLM's draft slots
+(terra/vllm/compat.py): that would mark it a diffusion model, whose steps emit no bonus token.
 
 Imported only by :meth:`terra.vllm.llama_action.TerraForCausalLM.get_model_state_cls`, i.e. by Model Runner V2.
 """
@@ -33,6 +34,7 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from terra.generation.speculative import accepted_guesses, next_guesses
+from terra.vllm.compat import engine_draft_tokens
 
 
 def previous_frame_codes(
@@ -56,10 +58,10 @@ class JacobiSampler:
     Logprobs are not returned for speculative steps.
     """
 
-    def __init__(self, sampler: Any, frame_span: int, num_drafts: int) -> None:
+    def __init__(self, sampler: Any, frame_span: int, draft_tokens: int) -> None:
         self.base = sampler
         self.frame_span = frame_span
-        self.num_drafts = num_drafts
+        self.draft_tokens = draft_tokens
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
@@ -74,9 +76,9 @@ class JacobiSampler:
         local = input_batch.expanded_local_pos.to(torch.int64)
         logit_rows = input_batch.logits_indices
 
-        samples = flat.new_zeros(num_reqs, self.num_drafts + 1)
+        samples = flat.new_zeros(num_reqs, self.draft_tokens + 1)
         samples[request, local] = flat
-        fed = flat.new_zeros(num_reqs, self.num_drafts + 1)
+        fed = flat.new_zeros(num_reqs, self.draft_tokens + 1)
         fed[request, local] = input_batch.input_ids[logit_rows].to(flat.dtype)
         num_guesses = (cu[1:] - cu[:-1] - 1).to(torch.int32)
         accepted = accepted_guesses(samples, fed[:, 1:], num_guesses)
@@ -92,7 +94,7 @@ class JacobiSampler:
         first_position = input_batch.positions[logit_rows][cu[:-1]].to(torch.int64)  # of row 0's input token
         slots = input_batch.idx_mapping.to(torch.int64)
         # Next step's guesses are for the positions after the last emitted token (first_position + accepted + 1).
-        step = torch.arange(1, self.num_drafts + 1, device=flat.device)[None, :]
+        step = torch.arange(1, self.draft_tokens + 1, device=flat.device)[None, :]
         positions = (first_position + accepted.to(torch.int64) + 1)[:, None] + step
         later = previous_frame_codes(req_states.all_token_ids.gpu, slots, positions, self.frame_span,
                                      first_position + 1)
@@ -111,11 +113,11 @@ class JacobiModelState(DefaultModelState):
     """vLLM's default model state, with :class:`JacobiSampler` when the engine schedules draft slots."""
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any] | None:
-        num_drafts = self.vllm_config.num_speculative_tokens
-        if not num_drafts or self.vllm_config.speculative_config is not None:
+        draft_tokens = engine_draft_tokens(self.vllm_config)
+        if not draft_tokens:
             return None  # sequential decoding, or vLLM's own speculators and rejection sampler
         frame_span = self.model_config.hf_config.num_spatio_embeddings
-        return JacobiSampler(sampler, frame_span, num_drafts), None
+        return JacobiSampler(sampler, frame_span, draft_tokens), None
 
 
 __all__ = ["JacobiModelState", "JacobiSampler", "previous_frame_codes"]

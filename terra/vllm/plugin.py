@@ -2,13 +2,29 @@
 
 vLLM calls :func:`register` in every process it starts (engine core, workers), so ``LLM(model=folder)`` and
 ``vllm serve folder`` load Terra checkpoints with no user code. Registration is lazy, by string: vLLM
-imports :mod:`terra.vllm.llama_action` only when it builds such a model.
+imports :mod:`terra.vllm.llama_action` only when it builds such a model. :func:`check_vllm_plugin` says so in one
+line where the entry point is missing (a Ray node that got the code but not the installed project).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+
+from terra.core.errors import TerraInputError
+
 ARCHITECTURES = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 MODEL_CLASS = "terra.vllm.llama_action:TerraForCausalLM"
+PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.entry-points."vllm.general_plugins"]
+
+
+def check_vllm_plugin() -> None:
+    """Raise unless this environment has the project's vLLM plugin entry point (vLLM finds the world model only
+    through it, in every process it starts); code shipped by a Ray runtime_env working_dir lacks it."""
+    found = {(ep.name, ep.value) for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    if PLUGIN not in found:
+        raise TerraInputError("backend=vllm needs the project installed on this node (its vLLM plugin is the entry "
+                              "point vllm.general_plugins: terra): pip install 'terra-world-model[vllm,ray]' there, "
+                              "or pass it with ray.runtime_env.pip")
 
 
 def register() -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from terra.batch import BatchConfig, check_config, plan_batch, read_manifest, run_batch, shard_indices
+from terra.config.sampling import DRAW_RULE
 from terra.core.atomic import MARKER
 from terra.core.errors import TerraInputError
 from terra.inputs.samples import read_samples
@@ -256,10 +257,51 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
     samples.write_text(actbench_line(scenes, 0) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"])
     fingerprints = {plan_batch(dataclasses.replace(config, sampling=sampling).spec()).items[0].fingerprint
-                    for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "block_size": 7})}
+                    for sampling in ({}, {"decoding": "sequential"}, {"decoding": "speculative", "draft_tokens": 7})}
     assert len(fingerprints) == 1
     warmer = dataclasses.replace(config, sampling={"temperature": 0.5})
     assert plan_batch(warmer.spec()).items[0].fingerprint not in fingerprints
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({}, "47a8011166d5b7b96b34c7450a7d75cf"),
+    ({"sampling": {"temperature": 0.5, "top_k": 10}, "resize": "stretch", "zero_embed_code_0": True,
+      "formats": ["gif", "mp4"], "fps": 5, "mark_context": True, "default_manoeuvre": "straight"},
+     "96008e0fa4b0c89c57c83ec56de0498a"),
+    ({"decoder": "refiner", "refiner": {"preset": "fast", "num_steps": 4}}, "b99654882150430626c91a36ff221925"),
+])
+def test_a_samples_fingerprint_is_the_one_it_had_before_the_rule_moved(tmp_path, settings, expected):
+    """The batch's fingerprints start from the run's rule (terra/config/spec.py, ``RunSpec.output_settings`` and
+    ``fingerprint``) and are byte for byte those of the releases before it, so a resumed run keeps its samples."""
+    from terra.batch import fingerprint
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"sample_id": "s0", "context_frames": ["a.png", "b.png", "c.png"],
+                                   "manoeuvre": "curve_left"}) + "\n")
+    [sample] = read_samples(samples)
+    spec = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), **settings).spec()
+    assert fingerprint(spec, sample, 7, 12) == expected
+
+
+def test_renamed_settings_keep_the_fingerprints(tmp_path):
+    """decoder= (was decoding=) and sampling.draft_tokens (was block_size) renamed settings, not what shapes a
+    sample: the fingerprinted settings are the words of the fingerprints written before (decoder=refiner as
+    "decoding": "refiner", draft_tokens left out), so a finished sample is not made again for a rename."""
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    refiner = {"path": "refiner_model.pt", "preset": "tiny", "num_steps": 2, "guidance": "published",
+               "arithmetic": "published"}
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), decoder="refiner", refiner=refiner,
+                         sampling={"temperature": 0.9, "decoding": "speculative", "draft_tokens": 8})
+    assert config.spec().generation_settings() == {
+        "num_context": 3, "overlap": 3, "zero_embed_code_0": False, "resize": "crop",
+        "sampling": {"temperature": 0.9, "top_k": 0, "top_p": 1.0, "rule": DRAW_RULE},
+        "formats": ["mp4"], "fps": 10.0, "mark_context": False, "overlay_trajectory": False, "save_codes": False,
+        "default_manoeuvre": None,
+        "decoding": "refiner", "refiner": {"preset": "tiny", "num_steps": 2, "guidance": "published",
+                                           "arithmetic": "published"}}
+    tokenizer = dataclasses.replace(config, decoder="tokenizer").spec().generation_settings()
+    assert "decoding" not in tokenizer and "decoder" not in tokenizer and "refiner" not in tokenizer
 
 
 def test_the_draw_rule_is_part_of_the_fingerprint(tmp_path, scenes, monkeypatch):

@@ -30,7 +30,8 @@ from types import SimpleNamespace
 import imageio.v3 as iio
 import pytest
 
-from terra.batch.manifest import Manifest, read_manifest, sample_error
+from terra.batch.manifest import sample_error
+from terra.config.manifest import Manifest, read_manifest
 from terra.core.atomic import MARKER
 from terra.core.errors import MAX_ERROR_CHARS, TerraInputError
 from terra.core.lock import output_lock

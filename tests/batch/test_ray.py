@@ -212,19 +212,6 @@ def test_workers_that_cannot_import_the_project_fail_fast(tmp_path, scenes, ray_
     assert sorted(os.listdir(tmp_path / "out")) == [MARKER, "manifest.jsonl", "manifest.summary.json"]
 
 
-def test_a_node_without_the_vllm_plugin_is_named(monkeypatch):
-    """backend=vllm finds the world model only through the project's entry point, which a runtime_env
-    working_dir does not install: the actor says so instead of failing inside vLLM."""
-    import importlib.metadata
-
-    from terra.batch import ray_actor
-
-    ray_actor.check_vllm_plugin()  # this environment has the project installed
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
-    with pytest.raises(TerraInputError, match=r"backend=vllm needs the project installed on this node"):
-        ray_actor.check_vllm_plugin()
-
-
 def test_benchmark_compares_actor_counts_and_projects_actbench(tmp_path):
     """scripts/benchmark_rollout.py --executor ray on the CPU: one run per actor count (each starts its own local
     Ray cluster), per-actor counts and the projected wall time of ACT-Bench's 2,286 samples."""

@@ -33,7 +33,7 @@ class FakeBackend:
     def capacity(self, window_frames: int) -> None:  # as WorldModelBackend's (Transformers): no fixed bound
         return None
 
-    def decoding_for(self, sampling, streams: int = 1):
+    def as_run(self, sampling):
         return sampling.replace(decoding="sequential")
 
     def start(self, request):

@@ -76,6 +76,20 @@ def test_outputs_never_inside_or_holding_what_the_run_reads(tmp_path, samples):
     assert not any(p.name == "out" for p in tmp_path.rglob("out"))  # refused before anything was made
 
 
+def test_a_drives_fingerprint_starts_from_the_runs_rule(tmp_path):
+    """A drive's fingerprint holds what every run's does (terra/config/spec.py, ``RunSpec.output_settings``: resize
+    included), the checkpoints and engine, and the vehicle: another resize makes the drives again on resume."""
+    from terra.closedloop.record import fingerprint
+
+    crop, stretch = settings(tmp_path / "a"), settings(tmp_path / "b", "tokenizer.resize=stretch")
+    assert crop.model_settings.items() >= crop.run.output_settings().items()
+    assert {"resize", "world_model", "tokenizer", "backend", "dtype"} <= set(crop.model_settings)
+    [spec] = drive_specs(synthetic_scenarios(1, 0, SIZE), {"lane_follower": reference_policy("lane_follower")})
+    prints = {fingerprint(spec, "model", 4, "bicycle", drive.model_settings) for drive in (crop, stretch)}
+    assert len(prints) == 2 and all(len(p) == 32 for p in prints)
+    assert fingerprint(spec, "model", 4, "exact", crop.model_settings) not in prints  # the vehicle counts too
+
+
 def test_outputs_never_over_a_file_the_toolkit_did_not_write(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -149,12 +163,9 @@ def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samp
         run_fidelity(TrueWorld(SIZE), TrueWorld(SIZE), specs, RunSettings(samples.parent, num_steps=1))
 
 
-def test_the_scripts_claim_their_outputs_before_the_model_loads(tmp_path, capsys):
-    fidelity, bench = load_script("closed_loop_fidelity"), load_script("benchmark_drive")
+def test_the_benchmark_claims_its_output_before_the_model_loads(tmp_path, capsys):
+    bench = load_script("benchmark_drive")
     demo = ASSETS / "demo"
-    with pytest.raises(SystemExit) as exit_code:
-        fidelity.main(["--scenarios", "1", "--steps", "1", "--out", str(demo / "tokenizer" / "out")])
-    assert exit_code.value.code == 2 and "lies inside the tokenizer" in capsys.readouterr().err
     (tmp_path / "bench.json").write_text("my numbers")
     with pytest.raises(SystemExit) as exit_code:
         bench.main(["--drives", "1", "--steps", "1", "--out", str(tmp_path / "bench.json")])

@@ -15,10 +15,10 @@ import ray
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.batch.manifest import read_manifest
 from terra.closedloop.drives import drive
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.settings import drive_settings
+from terra.config.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
 ARGS = ("num_scenarios=2", "policies=[lane_follower,constant_speed]", "num_steps=2", "max_concurrent=1")

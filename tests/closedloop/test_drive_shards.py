@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.batch.manifest import read_manifest
 from terra.closedloop.drives import drive
 from terra.closedloop.settings import drive_settings
+from terra.config.manifest import read_manifest
 from terra.core.errors import TerraInputError
 
 POLICIES = "policies=[lane_follower,constant_speed]"

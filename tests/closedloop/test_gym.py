@@ -20,7 +20,6 @@ from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.hf_backend import HFBackend  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
-from terra.session import SessionHost  # noqa: E402
 from terra.tokenizer.lfq import LFQTokenizer  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402
 
@@ -66,13 +65,13 @@ def test_an_unknown_vehicle_is_one_line():
 
 def test_drive_env_passes_check_env_on_a_world_model(single_thread):
     pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=4))
-    host = SessionHost(pipeline, SamplingConfig(temperature=1.0), max_frames=8)
+    world = ModelWorld(pipeline, SamplingConfig(temperature=1.0))
     try:
-        env = DriveEnv(ModelWorld(host), synthetic_scenarios(2, 1, TINY_TOKENIZER["image_size"]), num_steps=3)
+        env = DriveEnv(world, synthetic_scenarios(2, 1, TINY_TOKENIZER["image_size"]), num_steps=3)
         assert checked(env) == []
         env.close()
     finally:
-        host.close()
+        world.shutdown()
 
 
 def test_vector_env_steps_drives_together_and_resets_ended_ones():

@@ -10,7 +10,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from terra.closedloop.geometry import compose, to_ego
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.motion import VEHICLES, action_of, make_vehicle
 from terra.closedloop.plans import Plan
@@ -20,6 +19,7 @@ from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.generation.actions import ACTION_TIMES
+from terra.inputs.ego_motion import compose, to_ego
 from terra.sim.renderer import render
 
 SIZE = (72, 128)

@@ -14,13 +14,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from terra.closedloop.geometry import to_ego
 from terra.closedloop.metrics import kinematics
 from terra.closedloop.motion import BicycleVehicle, ExactVehicle, Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import Plan
 from terra.closedloop.vehicle import VehicleParams
 from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES
+from terra.inputs.ego_motion import to_ego
 
 SAMPLINGS = {"navsim": (0.5, 8), "10hz": (0.1, 40)}  # plan spacing (s) and poses
 PARAMS = VehicleParams()

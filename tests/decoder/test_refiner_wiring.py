@@ -1,4 +1,4 @@
-"""decoding=refiner wired into the toolkit: ``terra.refiner`` checks, ``WorldModelPipeline.refine``, ``terra-generate``
+"""decoder=refiner wired into the toolkit: ``terra.refiner`` checks, ``WorldModelPipeline.refine``, ``terra-generate``
 end to end with a tiny random refiner, and diffusers staying unimported unless the refiner is used."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from terra.decoder.refiner import TINY, load_refiner  # noqa: E402
 from terra.batch import BatchConfig, check_config, run_batch  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.pipeline import RolloutResult, WorldModelPipeline  # noqa: E402
-from terra.config.spec import RunSpec, check_decoding_name  # noqa: E402
-from terra.refiner import check_decoding  # noqa: E402
+from terra.config.spec import RunSpec, check_decoder_name  # noqa: E402
+from terra.refiner import check_decoder  # noqa: E402
 from tests.batch.test_batch import NUM_CONTEXT, actbench_line, demo_pipeline, scenes  # noqa: E402,F401 (fixtures)
 from tests.decoder.test_refiner import tiny_file, tiny_tokenizer  # noqa: E402,F401 (fixtures)
 from tests.test_cli import TERRA_GENERATE, terra_generate  # noqa: E402
@@ -29,22 +29,23 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thr
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def checked_decoding(decoding: str, node: dict | None):
-    """terra/refiner.py's check of a run whose spec asks for ``decoding`` with the refiner block ``node``, on
+def checked_decoder(decoder: str, node: dict | None):
+    """terra/refiner.py's check of a run whose spec asks for ``decoder`` with the refiner block ``node``, on
     the CPU (the name checked as terra/config/spec.py checks it)."""
-    spec = RunSpec("world_model", "tokenizer", device="cpu", decoding=check_decoding_name(decoding),
+    spec = RunSpec("world_model", "tokenizer", device="cpu", decoder=check_decoder_name(decoder),
                    refiner=dict(node or {}))
-    return check_decoding(spec)
+    return check_decoder(spec)
 
 
-def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
-    assert checked_decoding("framewise", None) is None
-    settings = checked_decoding("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None,
+def test_tokenizer_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
+    assert checked_decoder("tokenizer", None) is None
+    settings = checked_decoder("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None,
                                             "arithmetic": "float32"})
     assert settings.path == tiny_file and settings.config.num_steps == 2 and settings.device.type == "cpu"
     assert settings.config.arithmetic == "float32"
     cases = {
-        "unknown": ("bogus", {}, "decoding='bogus' is unknown"),
+        "unknown": ("bogus", {}, "decoder='bogus' is unknown"),
+        "an old name's value": ("framewise", {}, "decoder='framewise' is unknown; use decoder=tokenizer"),
         "no weights": ("refiner", {"path": None}, "add terra_root=/path/to/Terra"),
         "missing file": ("refiner", {"path": str(tmp_path / "x.pt"), "preset": "tiny"}, "not found"),
         "cpu": ("refiner", {"path": str(tiny_file), "preset": "terra"}, "needs a CUDA GPU"),
@@ -52,9 +53,9 @@ def test_framewise_and_refiner_settings_are_checked_before_loading(tiny_file, tm
         "bad arithmetic": ("refiner", {"path": str(tiny_file), "preset": "tiny", "arithmetic": "bf16"},
                            r"arithmetic 'bf16' is unknown; choose one of \['published', 'float32'\]"),
     }
-    for name, (decoding, node, message) in cases.items():
+    for name, (decoder, node, message) in cases.items():
         with pytest.raises(TerraInputError, match=message) as err:
-            checked_decoding(decoding, node)
+            checked_decoder(decoder, node)
         assert "\n" not in str(err.value), name
 
 
@@ -81,17 +82,17 @@ def test_only_the_refiner_imports_diffusers():
 @pytest.mark.skipif(not TERRA_GENERATE.exists(), reason="terra-generate is not installed next to this Python")
 def test_terra_generate_writes_refined_videos(tiny_file, tmp_path):
     out = tmp_path / "out"
-    result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "num_frames=2", "decoding=refiner",
+    result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "num_frames=2", "decoder=refiner",
                             f"refiner.path={tiny_file}", "refiner.preset=tiny", "output.formats=[mp4]",
                             f"output.dir={out}")
     assert result.returncode == 0, result.stderr
     frames = iio.imread(out / "rollout.mp4")
     assert frames.shape == (5, TINY.height, TINY.width, 3)  # 3 context + 2 generated, at the refiner's size
     sidecar = json.loads((out / "rollout.json").read_text())
-    assert sidecar["config"]["decoding"] == "refiner" and sidecar["config"]["refiner"]["arithmetic"] == "published"
+    assert sidecar["config"]["decoder"] == "refiner" and sidecar["config"]["refiner"]["arithmetic"] == "published"
     assert "psnr_db_per_generated_frame" not in sidecar["rollouts"][0]  # ground truth is at the tokenizer's size
 
-    result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "decoding=refiner", f"output.dir={out}2")
+    result = terra_generate(tmp_path / "cwd", "backend=hf", "device=cpu", "decoder=refiner", f"output.dir={out}2")
     assert result.returncode == 2 and "refiner weights" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out2").exists()
 
@@ -113,12 +114,12 @@ def test_a_batch_names_the_snapshot_without_refiner_weights_as_terra_generate_do
     """A batch's run spec comes from run_spec, the function terra-generate uses, so terra_root reaches the error line."""
     samples = tmp_path / "samples.jsonl"
     samples.write_text("")
-    config = BatchConfig(samples=str(samples), output_dir="unused", device="cpu", decoding="refiner",
+    config = BatchConfig(samples=str(samples), output_dir="unused", device="cpu", decoder="refiner",
                          refiner={"path": None}, terra_root=str(tmp_path))
     run = config.spec().run
     assert run.terra_root == str(tmp_path)
     with pytest.raises(TerraInputError, match=f"Terra's refiner weights \\(terra_root={tmp_path} gives none\\)"):
-        check_decoding(run)
+        check_decoder(run)
 
 
 def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_pipeline):
@@ -126,7 +127,7 @@ def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_p
     samples.write_text(actbench_line(scenes, 0))
     out = tmp_path / "out"
     config = BatchConfig(samples=str(samples), output_dir=str(out), image_root=scenes["root"], backend="hf",
-                         num_frames=1, num_context=NUM_CONTEXT, progress=False, decoding="refiner",
+                         num_frames=1, num_context=NUM_CONTEXT, progress=False, decoder="refiner",
                          refiner={"path": str(tiny_file), "preset": "tiny", "num_steps": 2})
     check_config(config)
     assert run_batch(config, pipeline=demo_pipeline).counts["ok"] == 1
@@ -134,8 +135,8 @@ def test_batch_rollouts_write_refined_videos(tmp_path, tiny_file, scenes, demo_p
     assert run_batch(config, pipeline=demo_pipeline).counts["skipped"] == 1
     float32 = dataclasses.replace(config, refiner={**config.refiner, "arithmetic": "float32"})
     assert run_batch(float32, pipeline=demo_pipeline).counts["ok"] == 1  # another arithmetic: made again
-    framewise = run_batch(dataclasses.replace(config, decoding="framewise"), pipeline=demo_pipeline)
-    assert framewise.counts["ok"] == 1  # another decoding: the sample is made again, at the tokenizer's size
+    tokenizer = run_batch(dataclasses.replace(config, decoder="tokenizer"), pipeline=demo_pipeline)
+    assert tokenizer.counts["ok"] == 1  # another decoder: the sample is made again, at the tokenizer's size
     assert iio.imread(out / "0.mp4").shape[1:3] == tuple(demo_pipeline.tokenizer.image_size)
     with pytest.raises(TerraInputError, match="not found"):  # checked before the run, complete samples or not
         run_batch(dataclasses.replace(config, refiner={"path": str(tmp_path / "x.pt"), "preset": "tiny"}),

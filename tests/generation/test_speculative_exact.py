@@ -9,10 +9,10 @@ before it is tested at once); (2) speculative decoding gives, seed for seed, the
 same law; (3) the same test rejects deliberately wrong implementations: noise shared by all positions instead of
 keyed by position, a guess accepted when it equals its row's noiseless argmax, one guess accepted too many.
 
-False alarms: the correct implementations are tested three times (the sampler, speculative decoding at two block
-sizes) at level 1e-3 / 3 each, so a correct implementation fails this file with probability at most 1e-3 (the
-seeds are fixed, so in fact it passes or fails the same way on every run). The wrong ones must be rejected at
-that same level.
+False alarms: the correct implementations are tested three times (the sampler, speculative decoding at two
+counts of draft tokens) at level 1e-3 / 3 each, so a correct implementation fails this file with probability at
+most 1e-3 (the seeds are fixed, so in fact it passes or fails the same way on every run). The wrong ones must be
+rejected at that same level.
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def sequential_frame(table: torch.Tensor, seed: int) -> tuple[int, ...]:
     return tuple(tokens)
 
 
-def speculative_frame(table: torch.Tensor, seed: int, block_size: int) -> tuple[int, ...]:
-    frame = SpeculativeFrame(GUESS, block_size, V, WARPED, seed, 0)
+def speculative_frame(table: torch.Tensor, seed: int, draft_tokens: int) -> tuple[int, ...]:
+    frame = SpeculativeFrame(GUESS, draft_tokens, V, WARPED, seed, 0)
     while not frame.done:
-        block = frame.block()
-        tokens = (frame.codes().tolist() if frame.committed else []) + block.tolist()
-        frame.advance(fake_logits(table, tokens, frame.count, len(block) + 1))
+        drafts = frame.drafts()
+        tokens = (frame.codes().tolist() if frame.committed else []) + drafts.tolist()
+        frame.advance(fake_logits(table, tokens, frame.count, len(drafts) + 1))
     return tuple(frame.codes().tolist())
 
 
@@ -110,9 +110,9 @@ def test_the_gumbel_sampler_follows_the_law(sequential_frames, exact_law):
     assert chi_squared_p_value(counts_of(sequential_frames), exact_law) > ALPHA
 
 
-@pytest.mark.parametrize("block_size", [2, P], ids=["block_2", "whole_frame"])
-def test_speculative_frames_are_the_sequential_frames(table, exact_law, sequential_frames, block_size):
-    frames = [speculative_frame(table, seed, block_size) for seed in range(DRAWS)]
+@pytest.mark.parametrize("draft_tokens", [2, P], ids=["draft_tokens_2", "whole_frame"])
+def test_speculative_frames_are_the_sequential_frames(table, exact_law, sequential_frames, draft_tokens):
+    frames = [speculative_frame(table, seed, draft_tokens) for seed in range(DRAWS)]
     assert frames == sequential_frames  # seed for seed
     assert chi_squared_p_value(counts_of(frames), exact_law) > ALPHA
 
@@ -125,7 +125,7 @@ def test_noise_shared_across_positions_is_rejected(table, exact_law, monkeypatch
 
 def _advance_accepting_the_noiseless_argmax(frame: SpeculativeFrame, logits: torch.Tensor) -> int:
     """:meth:`SpeculativeFrame.advance`, wrongly accepting a guess that equals its row's argmax without noise."""
-    width = len(frame.block())
+    width = len(frame.drafts())
     rows = min(width + 1, frame.size - frame.count)
     drawn = sample_image_tokens(logits[:rows], V, WARPED, frame._rows(rows))
     samples = torch.full((1, width + 1), -1, dtype=torch.long)
@@ -138,7 +138,7 @@ def _advance_accepting_the_noiseless_argmax(frame: SpeculativeFrame, logits: tor
     samples[0, : int(accepted[0])] = frame.guesses[: int(accepted[0])]
     frame.committed.append(samples[0, :emitted])
     frame.count += emitted
-    frame.guesses = next_guesses(samples, accepted, num_guesses, frame._later(frame.count, frame.block_size)[None])[0]
+    frame.guesses = next_guesses(samples, accepted, num_guesses, frame._later(frame.count, frame.draft_tokens)[None])[0]
     frame._noise = frame._noise[emitted:]
     return emitted
 
@@ -166,7 +166,7 @@ def test_noise_is_keyed_by_seed_frame_and_position():
     assert abs(float(rows.mean()) - 0.5772) < 0.1 and abs(float(rows.var()) - torch.pi ** 2 / 6) < 0.3  # Gumbel
 
 
-def test_greedy_block_keeps_the_argmax_prefix_then_corrects():
+def test_greedy_pass_keeps_the_argmax_prefix_then_corrects():
     logits = torch.full((4, 6), -5.0)
     logits[torch.arange(4), torch.tensor([3, 1, 0, 4])] = 5.0
     logits[:, 5] = 50.0  # a non-image id (the action placeholder) never wins

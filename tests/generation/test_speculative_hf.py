@@ -1,8 +1,8 @@
 """Speculative decoding on the Transformers backend gives sequential decoding's codes, greedy and sampled.
 
-The tiny world model (8x8 codes, 6-frame windows), so a rollout of 2 context + 9 frames rolls over twice; block
-sizes from one guess to more than a frame; sampling with temperature, top-k and top-p. A rollout's codes depend
-on its seed alone: not on its batch, a fork, or the decoding. Every frame records its forward passes.
+The tiny world model (8x8 codes, 6-frame windows), so a rollout of 2 context + 9 frames rolls over twice;
+``draft_tokens`` from one guess to more than a frame; sampling with temperature, top-k and top-p. A rollout's codes
+depend on its seed alone: not on its batch, a fork, or the decoding. Every frame records its forward passes.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def sequential(backend) -> dict[str, list[np.ndarray]]:
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("block_size", [1, 5, 64, 200])
-def test_speculative_equals_sequential_across_window_rollovers(backend, sequential, sampling, block_size):
+@pytest.mark.parametrize("draft_tokens", [1, 5, 64, 200])
+def test_speculative_equals_sequential_across_window_rollovers(backend, sequential, sampling, draft_tokens):
     requests = [request(3), request(4, num_context=1, num_frames=7)]
-    speculative = sampling.replace(decoding="speculative", block_size=block_size)
+    speculative = sampling.replace(decoding="speculative", draft_tokens=draft_tokens)
     states = backend.run_rollouts(requests, speculative, progress=False)
     name = "greedy" if sampling.greedy else "sampled"
     for state, codes in zip(states, sequential[name]):
@@ -64,7 +64,7 @@ def test_speculative_equals_sequential_across_window_rollovers(backend, sequenti
 
 
 def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
-    speculative = SAMPLED.replace(decoding="speculative", block_size=16)
+    speculative = SAMPLED.replace(decoding="speculative", draft_tokens=16)
     requests = [request(5), request(3), request(5)]
     together = backend.run_rollouts(requests, speculative, progress=False)
     np.testing.assert_array_equal(together[0].generated(), together[2].generated())  # same seed, same frames
@@ -87,24 +87,13 @@ def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
     np.testing.assert_array_equal(state.generated(), backend.generate([short], SAMPLED, progress=False)[0])
 
 
-def test_auto_is_speculative_for_few_rollouts_and_sequential_for_many(backend, monkeypatch):
-    auto = SamplingConfig(temperature=0.9)
-    assert auto.decoding == "auto" and backend.speculative_streams is None  # a CPU: speculative at any count
-    assert backend.decoding_for(auto, 10_000).decoding == "speculative"
-    monkeypatch.setattr(backend, "speculative_streams", 4)  # what a GPU sets
-    assert backend.decoding_for(auto).decoding == "speculative"
-    assert backend.decoding_for(auto, 4).decoding == "speculative"
-    assert backend.decoding_for(auto, 5).decoding == "sequential"
-    assert backend.decoding_for(auto.replace(decoding="sequential"), 1).decoding == "sequential"
-
-
 def test_bad_decoding_settings_are_one_line(monkeypatch):
-    for bad, name in (({"block_size": 0}, "sampling.block_size"), ({"block_size": 2.5}, "sampling.block_size"),
+    for bad, name in (({"draft_tokens": 0}, "sampling.draft_tokens"), ({"draft_tokens": 2.5}, "sampling.draft_tokens"),
                       ({"decoding": "jacobi"}, "sampling.decoding")):
         with pytest.raises(TerraInputError, match=name) as err:
             SamplingConfig.from_mapping(bad)
         assert "\n" not in str(err.value)
-    speculative = SamplingConfig(decoding="speculative", block_size=16)
+    speculative = SamplingConfig(decoding="speculative", draft_tokens=16)
     monkeypatch.setattr(backends, "vllm_available", lambda: True)  # refused before vLLM would be imported
     spec = RunSpec("wm", "tok", backend="vllm", device="cpu", sampling=speculative)
     with pytest.raises(TerraInputError, match="vLLM decodes speculatively only on a GPU") as err:
@@ -118,9 +107,9 @@ def test_bad_decoding_settings_are_one_line(monkeypatch):
 def test_vllm_decodes_as_its_engine_was_started():
     """A vLLM engine's draft slots are fixed when it starts: every request gets its decoding (no engine needed)."""
     engine = VLLMBackend.__new__(VLLMBackend)
-    engine.block_size = 0
+    engine.draft_tokens = 0
     for asked in ("auto", "sequential", "speculative"):
-        assert engine.decoding_for(SAMPLED.replace(decoding=asked)).decoding == "sequential"
-    engine.block_size = 24
-    ran = engine.decoding_for(SAMPLED.replace(decoding="sequential", block_size=8), streams=100)
-    assert (ran.decoding, ran.block_size, ran.temperature) == ("speculative", 24, SAMPLED.temperature)
+        assert engine.as_run(SAMPLED.replace(decoding=asked)).decoding == "sequential"
+    engine.draft_tokens = 24
+    ran = engine.as_run(SAMPLED.replace(decoding="sequential", draft_tokens=8))
+    assert (ran.decoding, ran.draft_tokens, ran.temperature) == ("speculative", 24, SAMPLED.temperature)

@@ -91,7 +91,7 @@ def test_greedy_vllm_equals_both_transformers_decodings_across_a_rollover(vllm_b
     requests = make_requests(vllm_backend.layout, num_rollouts=2, num_context=2, num_frames=5, seed=3)
     ours = vllm_backend.generate(requests, GREEDY, progress=False)
     for decoding in ("sequential", "speculative"):
-        reference = hf_backend.generate(requests, GREEDY.replace(decoding=decoding, block_size=16), progress=False)
+        reference = hf_backend.generate(requests, GREEDY.replace(decoding=decoding, draft_tokens=16), progress=False)
         for got, want in zip(ours, reference):
             np.testing.assert_array_equal(got, want)
 

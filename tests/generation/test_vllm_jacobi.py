@@ -5,8 +5,8 @@ The route runs only in vLLM's Model Runner V2, which needs Triton on a GPU (vllm
 three ways without an engine: the vLLM it has installed still has every hook, name and signature the route relies
 on (these tests fail loudly when a release moves one); the sampler does what it promises on a hand-made batch laid
 out as V2 lays it out; and the sampler itself, driven by a real model's logits the way V2 drives it
-(tests/generation/v2_replay.py), gives sequential decoding's codes at several block sizes, greedy and sampled,
-across a window rollover. scripts/check_jacobi_vllm.py runs the route itself on a GPU.
+(tests/generation/v2_replay.py), gives sequential decoding's codes at several counts of draft tokens, greedy and
+sampled, across a window rollover. scripts/check_jacobi_vllm.py runs the route itself on a GPU.
 """
 
 from __future__ import annotations
@@ -70,15 +70,22 @@ def test_draft_slots_without_a_speculator_come_from_the_request_table(v2):
         assert name in init
 
 
-def test_draft_slots_are_the_canvas_length_and_the_model_stays_autoregressive():
+def test_draft_tokens_are_vllms_canvas_length_and_the_model_stays_autoregressive():
     pytest.importorskip("vllm")
     from vllm.config import ModelConfig, VllmConfig
     from vllm.config.diffusion import DiffusionConfig
     from vllm.engine.arg_utils import EngineArgs
 
+    from terra.vllm import compat
+
     assert "diffusion_config" in {f.name for f in __import__("dataclasses").fields(EngineArgs)}
     config = SimpleNamespace(speculative_config=None, diffusion_config=DiffusionConfig(canvas_length=5))
     assert VllmConfig.num_speculative_tokens.fget(config) == 5
+    # compat reads back the draft_tokens it wrote as canvas_length; vLLM's own speculators are not Terra's drafts
+    started = SimpleNamespace(speculative_config=None,
+                              num_speculative_tokens=VllmConfig.num_speculative_tokens.fget(config))
+    assert compat.engine_draft_tokens(started) == 5
+    assert compat.engine_draft_tokens(SimpleNamespace(speculative_config=object(), num_speculative_tokens=3)) == 0
     # Only a model config with ``canvas_length`` is a diffusion model (no bonus token); Terra's has none.
     is_diffusion = ModelConfig.is_diffusion.func
     assert not is_diffusion(SimpleNamespace(hf_config=SimpleNamespace()))
@@ -109,7 +116,7 @@ def test_sampler_interface_and_position_keyed_noise(v2):
     assert {"sampled_token_ids", "logprobs_tensors", "num_nans", "num_sampled", "num_rejected"} <= fields
     assert list(inspect.signature(get_num_sampled_and_rejected).parameters) == [
         "num_sampled", "seq_lens", "cu_num_logits", "idx_mapping", "prefill_len"]
-    # Sequential and block rows draw the same token at a position: the noise of a logits row is keyed by its
+    # Sequential and speculative rows draw the same token at a position: the noise of a logits row is keyed by its
     # request's seed and its own position (0.26: Philox on (seed, pos); 0.32: a hash of (seed, pos, token)).
     noise = source(gumbel)
     assert "seed = tl.load(seeds_ptr + req_state_idx" in noise and "pos = tl.load(pos_ptr + token_idx)" in noise
@@ -151,7 +158,7 @@ def test_engine_settings_refuse_what_cannot_run():
                                                    scheduler_config=SimpleNamespace(async_scheduling=False)))
 
 
-# ---------------------------------------------------------------- the block rule on hand-made tensors
+# ---------------------------------------------------------------- the rule on hand-made tensors
 
 
 def test_accepts_the_leading_guesses_that_match_the_draws():
@@ -208,7 +215,7 @@ def test_sampler_reads_vllms_batch_layout_and_fills_the_draft_table(v2, monkeypa
             return SimpleNamespace(sampled_token_ids=draws.view(-1, 1), num_nans=None)
 
     base = Base()
-    sampler = jacobi_state.JacobiSampler(base, frame_span=20, num_drafts=3)
+    sampler = jacobi_state.JacobiSampler(base, frame_span=20, draft_tokens=3)
     # request slot 4: x=10 at 40, drafts 11 12 13 (41..43); slot 2: prompt ends at 49; slot 5: x at 60, drafts 31 9
     fed = torch.tensor([10, 11, 12, 13, 7, 30, 31, 9])
     batch = SimpleNamespace(
@@ -246,18 +253,18 @@ def model_and_request(single_thread):
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(0.9, top_k=40, top_p=0.95)],
                          ids=["greedy", "sampled"])
-def test_blocks_give_the_sequential_codes(model_and_request, sampling, v2):
+def test_draft_tokens_give_the_sequential_codes(model_and_request, sampling, v2):
     model, request = model_and_request
     reference, steps = replay_rollout(model, request, 0, sampling)
     patches = model.config.num_image_patches
     assert steps == [patches] * 5  # no draft slots: one token a step
-    for block in (1, 3, 16):
-        codes, steps = replay_rollout(model, request, block, sampling)
+    for drafts in (1, 3, 16):
+        codes, steps = replay_rollout(model, request, drafts, sampling)
         np.testing.assert_array_equal(codes, reference)
         assert all(s <= patches for s in steps) and sum(steps) < 5 * patches
 
 
-def test_greedy_blocks_match_the_transformers_backend(model_and_request, tmp_path, v2):
+def test_greedy_drafts_match_the_transformers_backend(model_and_request, tmp_path, v2):
     from terra.generation.hf_backend import HFBackend
 
     model, request = model_and_request

@@ -41,13 +41,13 @@ class VLLMSampler:
     """vLLM's sampler as the route sees it: a token per logits row, drawn with noise keyed by the request's seed and
     the row's position; the per-request tables of ``req_states``."""
 
-    def __init__(self, sampling: SamplingConfig, layout: TokenLayout, num_drafts: int) -> None:
+    def __init__(self, sampling: SamplingConfig, layout: TokenLayout, draft_tokens: int) -> None:
         self.sampling, self.codebook = sampling, layout.codebook_size
         self.seed = 0
         self.req_states = SimpleNamespace(
             prefill_len=SimpleNamespace(gpu=torch.zeros(SLOTS, dtype=torch.int32)),
             all_token_ids=SimpleNamespace(gpu=torch.zeros(SLOTS, layout.window_positions, dtype=torch.int32)),
-            draft_tokens=torch.zeros(SLOTS, max(num_drafts, 1), dtype=torch.int32))
+            draft_tokens=torch.zeros(SLOTS, max(draft_tokens, 1), dtype=torch.int32))
 
     def __call__(self, logits: torch.Tensor, input_batch) -> SimpleNamespace:
         positions = input_batch.positions[input_batch.logits_indices].tolist()
@@ -70,14 +70,14 @@ def batch(ids: torch.Tensor, first: int, rows: int, prompt: int) -> SimpleNamesp
 
 
 @torch.no_grad()
-def replay_frame(model, state: RolloutState, num_drafts: int, sampling: SamplingConfig) -> tuple[np.ndarray, int]:
-    """The next frame's codes as V2 with ``num_drafts`` draft slots decodes it, and the engine steps it took."""
+def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: SamplingConfig) -> tuple[np.ndarray, int]:
+    """The next frame's codes as V2 with ``draft_tokens`` draft slots decodes it, and the engine steps it took."""
     from terra.vllm.jacobi_state import JacobiSampler
 
     layout = state.layout
-    base = VLLMSampler(sampling, layout, num_drafts)
+    base = VLLMSampler(sampling, layout, draft_tokens)
     base.seed = frame_seed(state.seed, state.next_frame - state.num_context)
-    sample = JacobiSampler(base, layout.frame_span, num_drafts) if num_drafts else None
+    sample = JacobiSampler(base, layout.frame_span, draft_tokens) if draft_tokens else None
     tables = base.req_states
     ids, actions, _ = state.prompt()
     prompt = torch.tensor(ids)
@@ -108,13 +108,13 @@ def replay_frame(model, state: RolloutState, num_drafts: int, sampling: Sampling
         tables.all_token_ids.gpu[SLOT, start : start + len(emitted)] = torch.tensor(emitted, dtype=torch.int32)
         codes += emitted
         steps += 1
-        room = min(num_drafts, layout.window_positions - 1 - position)  # the scheduler caps slots at max_model_len
+        room = min(draft_tokens, layout.window_positions - 1 - position)  # the scheduler caps slots at max_model_len
         fed = torch.cat([torch.tensor([codes[-1]]), tables.draft_tokens[SLOT, :room].to(torch.int64)])
         first, step_actions = position, None
     return np.asarray(codes, dtype=np.int64), steps
 
 
-def replay_rollout(model, request: RolloutRequest, num_drafts: int, sampling: SamplingConfig
+def replay_rollout(model, request: RolloutRequest, draft_tokens: int, sampling: SamplingConfig
                    ) -> tuple[np.ndarray, list[int]]:
     """All generated frames of ``request`` (window rollovers included) and the engine steps of each."""
     from terra.vllm import jacobi_state
@@ -123,7 +123,7 @@ def replay_rollout(model, request: RolloutRequest, num_drafts: int, sampling: Sa
     steps = []
     with mock.patch.object(jacobi_state, "get_num_sampled_and_rejected", counts):
         while not state.finished:
-            codes, taken = replay_frame(model, state, num_drafts, sampling)
+            codes, taken = replay_frame(model, state, draft_tokens, sampling)
             state.add_frame(codes)
             steps.append(taken)
     return state.generated(), steps

@@ -299,7 +299,7 @@ def test_speculative_benchmark_counts_passes_and_compares_codes(tmp_path, single
     rollouts at once both ways; the JSON has the passes, the profile and the comparison of the codes."""
     bench = load_script("benchmark_speculative")
     out = tmp_path / "speculative.json"
-    result = bench.main(["--rollouts", "1", "--frames", "1", "--temperatures", "0.9", "--block-sizes", "144",
+    result = bench.main(["--rollouts", "1", "--frames", "1", "--temperatures", "0.9", "--draft-tokens", "144",
                          "--sequential-rollouts", "1", "--streams", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     sequential, speculative, *streams = result["records"]
@@ -310,4 +310,4 @@ def test_speculative_benchmark_counts_passes_and_compares_codes(tmp_path, single
     assert [(r["streams"], r["decoding"]) for r in streams] == [(2, "sequential"), (2, "speculative")]
     assert all(r["frames_per_s"] > 0 for r in streams)
     with pytest.raises(SystemExit):
-        bench.parse_args(["--block-sizes", "0"])
+        bench.parse_args(["--draft-tokens", "0"])

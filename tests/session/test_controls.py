@@ -10,7 +10,8 @@ import pytest
 from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES
 from terra.inputs.actions import actions_for_manoeuvre
-from terra.session.controls import KeyDriver, advance_pose, drive_action, ego_motion, parse_action, speed_of
+from terra.inputs.ego_motion import advance_pose, ego_motion, speed_of
+from terra.session.controls import KeyDriver, drive_action, parse_action
 
 
 def test_drive_action_straight_and_arc():

@@ -68,7 +68,7 @@ def test_session_equals_batch_rollout_across_window_rollover(pipeline, host, sam
 def test_speculative_session_equals_sequential_rollout(pipeline, host, sampling):
     num_context, num_frames = 2, 9  # across two window rollovers
     context, actions = rollout_inputs(pipeline.backend.layout, num_context, num_frames, seed=4)
-    speculative = sampling.replace(decoding="speculative", block_size=8)
+    speculative = sampling.replace(decoding="speculative", draft_tokens=8)
     session = host.open(codes=context, actions=actions[: num_context - 1], seed=3, sampling=speculative)
     frames = [session.step(a, decode=False) for a in actions[num_context - 1 :]]
     expected = batch(pipeline, context, actions, num_frames, 3, sampling.replace(decoding="sequential"))

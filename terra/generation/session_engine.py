@@ -1,4 +1,10 @@
-"""The driver thread that advances many closed-loop rollouts on one backend.
+"""Sessions: many open-ended rollouts on one backend, each stepped one action at a time, from one driver thread.
+
+A session's rollout is opened from context codes with room for its frames (:meth:`SessionEngine.open`), and each
+step writes the action of the newest frame just before the next one is generated, so windows roll over exactly as
+in a batch rollout (terra/generation/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's
+given the same actions and seed. Sessions serve ``terra-serve`` (through terra/session/, the user-facing
+``Session``), the closed loop's model world (terra/closedloop/worlds.py) and any simulator server.
 
 A backend is driven by one thread (terra/generation/rollout.py, :class:`WorldModelBackend`). The
 :class:`SessionEngine` owns that thread: callers on any thread hand it jobs (step, fork, reset, close) and get
@@ -22,7 +28,9 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.rollout import DecodeStats, FrameDone, RolloutRequest, RolloutState, WorldModelBackend
+from terra.generation.rollout import (
+    DEFAULT_OVERLAP, DecodeStats, FrameDone, RolloutRequest, RolloutState, WorldModelBackend,
+)
 
 RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 
@@ -51,6 +59,11 @@ class Rollout:
         self.closed = False
         self.waiting: deque[_Job] = deque()
         self.current: _Job | None = None
+
+    def codes(self) -> np.ndarray:
+        """Every frame's codes so far ``[n + generated, P]``, context first."""
+        frames = list(self.state.frames)
+        return np.stack(frames).reshape(len(frames), -1)
 
 
 @dataclass
@@ -86,8 +99,15 @@ class SessionEngine:
 
     # ------------------------------------------------------------------ caller side (any thread)
 
-    def open(self, request: RolloutRequest) -> Rollout:
-        """A new rollout of ``request`` (checked now: bad input raises here)."""
+    def open(self, codes: np.ndarray, actions: np.ndarray, max_frames: int, seed: int | None = None,
+             overlap: int = DEFAULT_OVERLAP) -> Rollout:
+        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them,
+        with room for ``max_frames`` frames whose actions come with the steps (checked now: bad input raises
+        here). ``seed`` fixes sampling (None: the backend picks one); ``overlap``: docs/ARCHITECTURE.md, "Windows"."""
+        n = len(codes)
+        room = np.zeros((n + max_frames - 1, 6, 3), dtype=np.float32)
+        room[: n - 1] = actions
+        request = RolloutRequest(codes, room, max_frames, seed=seed, overlap=overlap)
         with self._lock:
             self._count += 1
             index = self._count

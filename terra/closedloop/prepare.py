@@ -1,0 +1,64 @@
+"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/settings.py), in this process or in
+each Ray actor (terra/closedloop/ray_executor.py): the worlds opened once on the run's device
+(:func:`open_worlds`), the drives' scenarios read (:func:`load_specs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from terra.closedloop.loop import DriveSpec, drive_specs
+from terra.closedloop.settings import DriveSettings
+from terra.closedloop.worlds import ModelWorld, TrueWorld, World
+
+
+@dataclass
+class OpenWorlds:
+    """The worlds of a run (by name: ``model``, ``truth``), the frames' size and the plan-following scorer."""
+
+    worlds: dict[str, World]
+    image_size: tuple[int, int]
+    plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing, with estimator=
+
+    def close(self) -> None:
+        """Stop the model world's sessions and close its pipeline (once)."""
+        model = self.worlds.pop("model", None)
+        if model is not None:
+            model.shutdown()
+            model.pipeline.close()
+
+
+def open_worlds(settings: DriveSettings) -> OpenWorlds:
+    """The worlds ``settings.world`` names, on the device its settings choose (once: terra/pipeline.py,
+    ``resolve_run``); the world model's checkpoint and window are checked against the settings before it loads."""
+    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.tokenizer import load_tokenizer
+
+    run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
+    spec = run.spec
+    tokenizer = load_tokenizer(spec.tokenizer)
+    size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
+    opened = OpenWorlds({}, size)
+    if settings.world != "truth":
+        opened.worlds["model"] = ModelWorld(WorldModelPipeline.from_run(run, tokenizer), spec.sampling, spec.overlap)
+    if settings.world != "model":
+        opened.worlds["truth"] = TrueWorld(size)
+    if settings.estimator is not None:
+        from terra.closedloop.plan_following import PlanFollowing
+
+        device = str(spec.device) if settings.world != "truth" else "cpu"
+        try:
+            opened.plan_following = PlanFollowing(settings.estimator, device)
+        except BaseException:
+            opened.close()
+            raise
+    return opened
+
+
+def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[DriveSpec]:
+    """The run's drives, their scenarios read (only those the drives start from)."""
+    indices = settings.scenario_indices
+    scenarios = settings.scenarios.load(image_size, settings.run.num_context, settings.run.resize, indices)
+    wanted = set(settings.drive_ids)
+    return [spec for spec in drive_specs(scenarios, settings.policies, settings.seed, indices) if spec.id in wanted]

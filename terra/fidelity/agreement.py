@@ -1,0 +1,191 @@
+"""A world's frames against the true renders at the same poses: what a detector reads, how close the pixels are, and
+how late the world is.
+
+Given the frames a world produced along a drive and the synthetic world's renders at the drive's very poses
+(``render(scene, pose)``, terra/sim/renderer.py), so that any difference is the world's and not the drive's:
+
+* **perception agreement** (:func:`lane_agreement`, :func:`lane_summary`): the project's lane detector
+  (:func:`terra.closedloop.vision.find_lane`) reads the lane centre's lateral position :data:`LOOKAHEAD_M` ahead
+  in both frames; across drives, the world's reading is regressed on the truth's within each drive (1 for a
+  faithful world, 0 for a world whose lane does not move with the car, -1 for a mirrored one), beside the error and
+  the share of frames in which a lane is found at all;
+* **frame fidelity** (:func:`frame_fidelity`, :func:`horizon_summary`): PSNR and SSIM (terra/metrics.py) of the
+  world's frame against the true one at :data:`HORIZONS` steps after the context;
+* **temporal lag** (:func:`temporal_lag`, :func:`lag_summary`): the shift k in ``[-MAX_LAG, MAX_LAG]`` steps at
+  which the world's frame t best matches the true frame t - k (highest mean PSNR): 0 for a faithful world, 10 for
+  frames a second late; with how far that best lag stands out (a frozen world's curve is flat).
+
+Frames are uint8 ``[T, H, W, 3]``; ``frames[k]`` is the frame k + 1 steps after the context (horizon k + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from terra.closedloop.vision import find_lane
+from terra.fidelity.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, within_slope
+from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
+
+LOOKAHEAD_M = 10.0  # where the lane's lateral position is read
+HORIZONS = (1, 5, 10, 20)  # steps after the context at which frames are compared
+MAX_LAG = 15  # the temporal lag searched, in steps either way (1.5 s)
+
+
+def _check_pair(world: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    world, truth = np.asarray(world), np.asarray(truth)
+    if world.shape != truth.shape or world.ndim != 4 or world.shape[-1] != 3:
+        raise ValueError(f"world and true frames must both be [T, H, W, 3] of one shape (got {world.shape} and "
+                         f"{truth.shape})")
+    return world, truth
+
+
+def lane_reading(frame: np.ndarray) -> float:
+    """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead as the lane detector reads it
+    in ``frame``; NaN when it finds no lane."""
+    lane = find_lane(frame)
+    return float("nan") if lane is None else lane.offset + lane.slope * LOOKAHEAD_M
+
+
+@dataclass(frozen=True)
+class LaneAgreement:
+    """One drive's lane readings per frame in the world's frames and in the true frames (NaN: no lane found)."""
+
+    world: np.ndarray
+    truth: np.ndarray
+
+    @property
+    def error(self) -> np.ndarray:
+        """World minus truth per frame (NaN where either found no lane)."""
+        return self.world - self.truth
+
+
+def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray) -> LaneAgreement:
+    """The lane detector's reading of each world frame and of the true frame at the same pose."""
+    world_frames, true_frames = _check_pair(world_frames, true_frames)
+    return LaneAgreement(np.array([lane_reading(f) for f in world_frames]),
+                         np.array([lane_reading(f) for f in true_frames]))
+
+
+@dataclass(frozen=True)
+class LaneSummary:
+    """Across drives: the slope of the world's reading on the truth's within drives (each drive's own intercept: does
+    the reading move with the car, rather than do drives that start farther left read farther left), the mean
+    absolute error (m), and the share of frames in which a lane was found in the world's and in the true frames."""
+
+    slope: Interval
+    mean_abs_error_m: Interval
+    found_world: Interval
+    found_truth: Interval
+    frames: int
+
+    def as_dict(self) -> dict:
+        return {key: value.as_dict() if isinstance(value, Interval) else value for key, value in self.__dict__.items()}
+
+
+def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
+                 bootstrap: Bootstrap = Bootstrap()) -> LaneSummary:
+    """:class:`LaneSummary` over the frames of ``drives``, resampling ``clusters`` (one label per drive: its
+    scenario)."""
+    if len(drives) != len(clusters) or not drives:
+        raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
+    labels = [label for drive, label in zip(drives, clusters) for _ in range(len(drive.world))]
+    drive_of = [i for i, drive in enumerate(drives) for _ in range(len(drive.world))]
+    world = np.concatenate([drive.world for drive in drives])
+    truth = np.concatenate([drive.truth for drive in drives])
+    return LaneSummary(
+        slope=within_slope(labels, drive_of, truth, world, bootstrap),
+        mean_abs_error_m=mean(labels, np.abs(world - truth), bootstrap),
+        found_world=mean(labels, np.isfinite(world).astype(float), bootstrap),
+        found_truth=mean(labels, np.isfinite(truth).astype(float), bootstrap),
+        frames=len(labels),
+    )
+
+
+def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray,
+                   horizons: Sequence[int] = HORIZONS) -> dict[int, dict[str, float]]:
+    """PSNR (dB, capped at ``PSNR_CAP_DB`` for identical frames) and SSIM of the world's frame against the true one
+    at each horizon the drive reaches."""
+    world_frames, true_frames = _check_pair(world_frames, true_frames)
+    reached = [h for h in horizons if 1 <= h <= len(world_frames)]
+    if not reached:
+        return {}
+    index = [h - 1 for h in reached]
+    values = zip(psnr(world_frames[index], true_frames[index]), ssim(world_frames[index], true_frames[index]))
+    return {h: {"psnr_db": min(p, PSNR_CAP_DB), "ssim": s} for h, (p, s) in zip(reached, values)}
+
+
+def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Sequence[Hashable],
+                    bootstrap: Bootstrap = Bootstrap()) -> dict[int, dict[str, Interval]]:
+    """Per horizon, the mean PSNR and SSIM over the drives that reach it (:func:`frame_fidelity`'s results), with
+    intervals over ``clusters`` (one label per drive)."""
+    if len(drives) != len(clusters):
+        raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
+    horizons = sorted({h for drive in drives for h in drive})
+    summary = {}
+    for h in horizons:
+        summary[h] = {key: mean(clusters, np.array([drive[h][key] if h in drive else np.nan for drive in drives]),
+                                bootstrap) for key in ("psnr_db", "ssim")}
+    return summary
+
+
+@dataclass(frozen=True)
+class Lag:
+    """The lag (steps) at which the world's frames best match the true frames, and the mean PSNR (dB) at every lag
+    from ``-max_lag`` to ``max_lag`` (``curve[lag + max_lag]``)."""
+
+    lag: int
+    curve: np.ndarray
+
+    @property
+    def prominence_db(self) -> float:
+        """How far the best lag stands above the median lag (dB): near 0 for a world whose frames match no moment
+        of the drive better than any other (a frozen or gray world), where the lag means nothing."""
+        return float(self.curve.max() - np.median(self.curve))
+
+    @property
+    def lags(self) -> np.ndarray:
+        half = (len(self.curve) - 1) // 2
+        return np.arange(-half, half + 1)
+
+
+def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int = MAX_LAG) -> Lag:
+    """The shift k maximising the mean PSNR of world frame t against true frame t - k over the frames both have;
+    ties go to the smallest |k|. Every lag is compared over at least a third of the drive, so a drive needs
+    ``1.5 max_lag`` frames."""
+    world_frames, true_frames = _check_pair(world_frames, true_frames)
+    steps = len(world_frames)
+    if 3 * (steps - max_lag) < steps:
+        raise ValueError(f"a drive of {steps} frames is too short to search lags of up to {max_lag} steps "
+                         f"(it needs {int(np.ceil(1.5 * max_lag))})")
+    world = world_frames.reshape(steps, -1).astype(np.int16)
+    truth = true_frames.reshape(steps, -1).astype(np.int16)
+    curve = np.empty(2 * max_lag + 1)
+    for k in range(-max_lag, max_lag + 1):
+        first, last = max(k, 0), min(steps, steps + k)  # world frames t with a true frame t - k
+        diff = world[first:last] - truth[first - k:last - k]
+        mse = np.einsum("ij,ij->i", diff, diff, dtype=np.int64) / world.shape[1]
+        curve[k + max_lag] = np.mean([min(psnr_db(float(m)), PSNR_CAP_DB) for m in mse])
+    return Lag(int(_best_lags(curve[None], np.arange(-max_lag, max_lag + 1))[0]), curve)
+
+
+def _best_lags(curves: np.ndarray, lags: np.ndarray) -> np.ndarray:
+    """Per row of ``curves [R, L]``, the lag of the highest value; ties to the smallest |lag|."""
+    score = np.where(curves == curves.max(1, keepdims=True), -np.abs(lags), -np.inf)
+    return lags[np.argmax(score, axis=1)].astype(float)
+
+
+def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """The lag of the drives' mean PSNR curve (each drive's :func:`temporal_lag`), with its interval over
+    ``clusters`` (one label per drive): the lag that maximises each replicate's mean curve."""
+    if len(lags) != len(clusters) or not lags:
+        raise ValueError(f"one cluster label per drive ({len(lags)} drives, {len(clusters)} labels)")
+    if len({len(lag.curve) for lag in lags}) > 1:
+        raise ValueError("the drives' lag curves differ in length: search every drive over the same lags")
+    grouped = Clusters.of(clusters)
+    sums = grouped.sums(np.stack([lag.curve for lag in lags]))
+    counts = grouped.sums(np.ones(len(lags)))
+    return cluster_interval(lambda w: _best_lags((w @ sums) / (w @ counts)[:, None], lags[0].lags), grouped,
+                            bootstrap)

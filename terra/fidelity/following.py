@@ -1,0 +1,100 @@
+"""Action following: does the world's video move the way the car was commanded to move?
+
+Per step of a drive, the planar motion recovered from two consecutive frames of the world
+(:func:`terra.fidelity.odometry.estimate_motion`, weight-free) against the motion the drive commanded between the
+two poses (:func:`terra.fidelity.odometry.step_motions` of the drive's poses). Over many steps the recovered motion
+is regressed on the commanded one, forward motion and yaw apart: the **gain** (slope through the origin, recovered
+= gain x commanded: 1 for a faithful world, 0 for a frozen one, -1 in yaw for a mirrored one) and the **slope**
+with an intercept (immune to a constant offset, but 0 when the commanded motion does not vary). Per-step
+precision matters less than the absence of bias: the odometry's gain on true renders is 1.00 (BENCHMARKS.md).
+Intervals: over blocks of :data:`BLOCK_STEPS` steps within one drive (:func:`action_following`), over scenarios
+across drives (:func:`following_slopes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from terra.fidelity.odometry import MIN_MATCH, estimate_motion
+from terra.fidelity.stats import Bootstrap, Interval, mean, regression_slope
+
+BLOCK_STEPS = 10  # a second at 10 Hz: the steps of a drive resampled together for one drive's intervals
+COMPONENTS = {"dx": 0, "dyaw": 2}  # what is regressed: forward motion (m) and yaw (rad) per step
+
+
+@dataclass(frozen=True)
+class Following:
+    """One drive's steps: ``commanded`` and ``recovered`` motions ``[T, 3]`` (dx, dy, dyaw; NaN rows where the
+    odometry refused the frames) and the odometry's ``match [T]`` (NaN there too)."""
+
+    commanded: np.ndarray
+    recovered: np.ndarray
+    match: np.ndarray
+
+    @property
+    def recovered_share(self) -> float:
+        """Share of the steps whose motion was recovered."""
+        return float(np.isfinite(self.match).mean()) if len(self.match) else float("nan")
+
+
+@dataclass(frozen=True)
+class FollowingFit:
+    """Gains and slopes of recovered on commanded motion per component (``dx``, ``dyaw``), and the share of steps
+    recovered, each with its interval."""
+
+    gain: dict[str, Interval]
+    slope: dict[str, Interval]
+    recovered_share: Interval
+    steps: int
+
+    def as_dict(self) -> dict:
+        return {"gain": {k: v.as_dict() for k, v in self.gain.items()},
+                "slope": {k: v.as_dict() for k, v in self.slope.items()},
+                "recovered_share": self.recovered_share.as_dict(), "steps": self.steps}
+
+
+def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MATCH) -> Following:
+    """The motion recovered between each pair of consecutive ``frames [T + 1, H, W, 3]`` (frame t seen at pose t,
+    frame 0 the last context frame) beside the ``commanded [T, 3]`` motions from pose t to pose t + 1."""
+    frames, commanded = np.asarray(frames), np.asarray(commanded, dtype=np.float64)
+    if frames.ndim != 4 or commanded.shape != (len(frames) - 1, 3):
+        raise ValueError(f"action following needs frames [T + 1, H, W, 3] and commanded motions [T, 3] "
+                         f"(got {frames.shape} and {commanded.shape})")
+    recovered = np.full(commanded.shape, np.nan)
+    match = np.full(len(commanded), np.nan)
+    for t in range(len(commanded)):
+        motion = estimate_motion(frames[t], frames[t + 1], min_match)
+        if motion is not None:
+            recovered[t], match[t] = motion.as_array(), motion.match
+    return Following(commanded, recovered, match)
+
+
+def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],
+                     bootstrap: Bootstrap = Bootstrap()) -> FollowingFit:
+    """Gains and slopes over every step of ``drives``, resampling ``clusters`` (one label per drive: its scenario,
+    so that the drives of a scenario are drawn together)."""
+    if len(drives) != len(clusters) or not drives:
+        raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
+    labels = [label for drive, label in zip(drives, clusters) for _ in range(len(drive.commanded))]
+    commanded = np.concatenate([drive.commanded for drive in drives])
+    recovered = np.concatenate([drive.recovered for drive in drives])
+    gain = {name: regression_slope(labels, commanded[:, k], recovered[:, k], False, bootstrap)
+            for name, k in COMPONENTS.items()}
+    slope = {name: regression_slope(labels, commanded[:, k], recovered[:, k], True, bootstrap)
+             for name, k in COMPONENTS.items()}
+    share = mean(labels, np.isfinite(recovered[:, 0]).astype(float), bootstrap)
+    return FollowingFit(gain, slope, share, len(labels))
+
+
+def action_following(frames: np.ndarray, commanded: np.ndarray,
+                     bootstrap: Bootstrap = Bootstrap()) -> tuple[Following, FollowingFit]:
+    """One drive: the per-step recovered and commanded motions and their gains and slopes, with intervals over
+    blocks of :data:`BLOCK_STEPS` consecutive steps."""
+    drive = recover(frames, commanded)
+    steps = len(drive.commanded)
+    blocks = [Following(drive.commanded[i:i + BLOCK_STEPS], drive.recovered[i:i + BLOCK_STEPS],
+                        drive.match[i:i + BLOCK_STEPS]) for i in range(0, steps, BLOCK_STEPS)]
+    return drive, following_slopes(blocks, list(range(len(blocks))), bootstrap)

@@ -1,0 +1,250 @@
+"""Weight-free visual odometry on the road plane: the ego motion between two consecutive frames of the front camera.
+
+The camera is the synthetic world's (terra/sim/renderer.py: a pinhole ``CAMERA_HEIGHT_M`` above the ground, pitched
+down by ``CAMERA_PITCH_RAD``, ``CAMERA_HFOV_RAD`` wide, at any image size), so every pixel below the horizon shows a
+known point of the ground plane. Both frames' luminance is resampled onto a bird's-eye grid of the ground in the ego
+frame (inverse perspective mapping) and blurred there by a Gaussian of fixed size in metres: a blur in the image
+would be wide on far ground and narrow on near ground, a pattern fixed to the camera that pulls every estimate
+towards no motion. A planar rigid motion ``(dx, dy, dyaw)`` of the car (x forward, y left, in the ego frame of the
+earlier frame) moves each ground point of the later frame to a known ground point of the earlier one; the motion is
+the one under which the two grounds match:
+
+1. a coarse search over forward motion and yaw at the coarsest grid (lane dashes repeat every 10 m and the fields'
+   squares every 16 m, so a local method alone can lock onto the wrong dash);
+2. inverse-compositional Lucas-Kanade (Baker & Matthews 2004) over the later frame's grid, coarse to fine,
+   Huber-weighted so that what is not ground (poles, parked cars, trees) does not pull. Haze pulls a point's colour
+   towards the haze's as it recedes (Koschmieder's law, which the renderer's fog follows): each Gauss-Newton step
+   also fits a brightness offset and, to first order in the change of the point's depth, a gain and an offset
+   proportional to that change (least squares with a weak prior, so that they vanish when nothing recedes); left
+   out, they bias the forward motion by -4 % (BENCHMARKS.md, "Fidelity measurements").
+
+The estimate is refused (None) when the later frame's ground has no texture to track (a uniform frame), when the
+motion is unobservable from it (the normal matrix is singular), when too little of the ground stays in view, when
+the aligned grounds do not match (normalised cross-correlation below ``min_match``: frames of noise, a cut), and at
+night (a sky darker than :data:`MIN_SKY_LUMINANCE`): the ground is then lit by the car's own headlights
+(terra/sim/lighting.py), a pattern that moves with the camera and pulls the estimate towards no motion (the forward
+gain on night renders is 0.27, BENCHMARKS.md). The motion is the camera's, which the renderer puts at the car's
+pose, so it is the car's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy import ndimage
+
+from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_PITCH_RAD
+from terra.sim.renderer import camera
+
+
+@dataclass(frozen=True)
+class Level:
+    """One grid of the coarse-to-fine ladder: cells of ``cell_x`` x ``cell_y`` metres covering ``near_m`` to
+    ``far_m`` ahead and ``half_width_m`` to each side, a Gaussian blur of ``blur_m``; the later frame's cells up to
+    ``template_far_m`` are aligned (farther ground is too coarse in the image along the view)."""
+
+    cell_x: float
+    cell_y: float
+    far_m: float
+    half_width_m: float
+    blur_m: float
+    template_far_m: float
+    iterations: int
+    near_m: float = 3.3  # a little short of the nearest ground a 16:9 frame shows (3.36 m)
+
+
+LEVELS = (Level(0.25, 0.25, 20.0, 8.0, 0.4, 14.0, 6), Level(0.1, 0.1, 17.0, 7.0, 0.15, 12.0, 4))
+SEARCH_DX_M = np.arange(-1.0, 4.01, 0.25)  # the coarse search's forward motions (130 km/h is 3.6 m a frame)
+SEARCH_DYAW_RAD = np.linspace(-0.08, 0.08, 5)
+MIN_MATCH = 0.5  # normalised cross-correlation of the aligned grounds below which no motion is reported
+MIN_OVERLAP = 0.2  # share of the later frame's ground cells that must stay in view of the earlier frame
+MIN_TEXTURE = 0.5  # mean luminance gradient (levels per metre) below which the ground is uniform
+MIN_SKY_LUMINANCE = 64.0  # mean luminance above the horizon: 127-148 in day scenes, 10-18 at night (30 scenes each)
+HUBER = 1.345  # Huber's constant, in robust standard deviations of the residual
+PHOTOMETRIC_PRIOR = 10.0  # prior standard deviation of each brightness parameter (levels; levels per metre)
+LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Motion:
+    """The camera's planar motion from one frame to the next, in the earlier frame's ego frame (metres, radians);
+    ``match``: the aligned grounds' normalised cross-correlation; ``cells``: ground cells compared."""
+
+    dx: float
+    dy: float
+    dyaw: float
+    match: float
+    cells: int
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.dx, self.dy, self.dyaw])
+
+
+def luminance(frame: np.ndarray) -> np.ndarray:
+    """``[H, W]`` float32 luminance (0-255) of an ``[H, W, 3]`` RGB frame."""
+    return np.asarray(frame, dtype=np.float32) @ LUMA
+
+
+def optical_depth(forward: np.ndarray) -> np.ndarray:
+    """Depth along the camera's optical axis of ground points ``forward`` metres ahead (as ``Camera.project``)."""
+    return forward * np.cos(CAMERA_PITCH_RAD) + CAMERA_HEIGHT_M * np.sin(CAMERA_PITCH_RAD)
+
+
+def se2(dx: float, dy: float, dyaw: float) -> np.ndarray:
+    """The 3x3 homogeneous matrix of a planar motion."""
+    c, s = np.cos(dyaw), np.sin(dyaw)
+    return np.array([[c, -s, dx], [s, c, dy], [0.0, 0.0, 1.0]])
+
+
+class BirdsEye:
+    """A :class:`Level`'s ground grid for one image size: where each cell lies in the image, which cells the camera
+    sees (away from the view's edges by the blur), and the later frame's cells that are aligned (``points``)."""
+
+    def __init__(self, height: int, width: int, level: Level) -> None:
+        cam = camera(height, width)
+        self.level = level
+        self.x0, self.y0 = level.near_m, -level.half_width_m
+        xs = np.arange(level.near_m, level.far_m + 1e-9, level.cell_x)
+        ys = np.arange(-level.half_width_m, level.half_width_m + 1e-9, level.cell_y)
+        x, y = np.meshgrid(xs, ys, indexing="ij")
+        u, v, depth = cam.project(x, y, np.zeros_like(x))
+        col, row = u - 0.5, v - 0.5  # pixel j's centre lies at u = j + 0.5
+        self.seen = (depth > 0.5) & (col >= 0) & (col <= width - 1) & (row >= cam.ground_row0 + 1) \
+            & (row <= height - 1)
+        self.pixels = np.stack([row[self.seen], col[self.seen]])
+        self.sigma = (level.blur_m / level.cell_x, level.blur_m / level.cell_y)
+        self.weight = ndimage.gaussian_filter(self.seen.astype(np.float64), self.sigma)
+        self.valid = self.weight > 0.98  # cells the blur did not mix with unseen ones
+        inner = ndimage.binary_erosion(self.valid, np.ones((3, 3), bool))  # their gradient is valid too
+        self.template = inner & (x <= level.template_far_m)
+        self.points = np.stack([x[self.template], y[self.template]], -1)
+
+    def image(self, grey: np.ndarray) -> np.ndarray:
+        """The ground grid of luminance ``grey [H, W]``, blurred (normalised convolution); NaN where not valid."""
+        grid = np.zeros(self.seen.shape)
+        grid[self.seen] = ndimage.map_coordinates(grey, self.pixels, order=1)
+        grid = ndimage.gaussian_filter(grid, self.sigma) / np.maximum(self.weight, 1e-9)
+        return np.where(self.valid, grid, np.nan)
+
+    def sample(self, grid: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``grid`` at ground points (bilinear); NaN outside its valid cells."""
+        rows, cols = (x - self.x0) / self.level.cell_x, (y - self.y0) / self.level.cell_y
+        out = ndimage.map_coordinates(grid, [rows.ravel(), cols.ravel()], order=1, mode="constant", cval=np.nan)
+        return out.reshape(rows.shape)
+
+
+@lru_cache(maxsize=4)
+def ladder(height: int, width: int) -> tuple[BirdsEye, ...]:
+    """The grids of :data:`LEVELS` for an image size (cached: they depend on nothing else)."""
+    return tuple(BirdsEye(height, width, level) for level in LEVELS)
+
+
+def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MIN_MATCH,
+                    min_sky_luminance: float = MIN_SKY_LUMINANCE) -> Motion | None:
+    """The planar motion of the camera from frame ``before`` to frame ``after`` (``[H, W, 3]`` RGB of the synthetic
+    world's camera), or None where it cannot be told (see the module's docstring; ``min_sky_luminance=0`` measures
+    night frames too, as scripts/benchmark_fidelity.py does to show why they are refused)."""
+    before, after = np.asarray(before), np.asarray(after)
+    if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
+        raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
+    grey_before, grey_after = luminance(before), luminance(after)
+    sky = camera(*before.shape[:2]).ground_row0
+    if min(grey_before[:sky].mean(), grey_after[:sky].mean()) < min_sky_luminance:
+        return None
+    motion, fit = None, None
+    for grid in ladder(*before.shape[:2]):
+        earlier, later = grid.image(grey_before), grid.image(grey_after)
+        if motion is None:
+            motion = _search(grid, earlier, later[grid.template])
+            if motion is None:
+                return None
+        fit = _align(grid, earlier, later, motion)
+        if fit is None:
+            return None
+        motion = fit[0]
+    motion, match, cells = fit
+    if match < min_match:
+        return None
+    return Motion(float(motion[0, 2]), float(motion[1, 2]), float(np.arctan2(motion[1, 0], motion[0, 0])),
+                  float(match), int(cells))
+
+
+def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: int = 3) -> np.ndarray | None:
+    """The coarse search's best motion over forward motion and yaw (no sideways motion), or None when no candidate
+    keeps enough of the ground in view."""
+    points, template = grid.points[::stride], template[::stride]
+    candidates = np.array([se2(dx, 0.0, yaw) for dx in SEARCH_DX_M for yaw in SEARCH_DYAW_RAD])
+    rot, shift = candidates[:, :2, :2], candidates[:, :2, 2]
+    x = rot[:, 0, 0, None] * points[:, 0] + rot[:, 0, 1, None] * points[:, 1] + shift[:, 0, None]
+    y = rot[:, 1, 0, None] * points[:, 0] + rot[:, 1, 1, None] * points[:, 1] + shift[:, 1, None]
+    values = grid.sample(earlier, x, y)
+    seen = np.isfinite(values)
+    count = seen.sum(1)
+    if count.max() < MIN_OVERLAP * len(points):
+        return None
+    cost = np.where(seen, values - template, 0.0) ** 2
+    cost = np.where(count >= MIN_OVERLAP * len(points), cost.sum(1) / np.maximum(count, 1), np.inf)
+    return candidates[int(np.argmin(cost))]
+
+
+def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
+           motion: np.ndarray) -> tuple[np.ndarray, float, int] | None:
+    """Inverse-compositional Gauss-Newton from ``motion`` with the brightness model of the module's docstring; the
+    motion, the match and the cells compared, or None when the ground has no texture or the motion is unobservable."""
+    points = grid.points
+    template = later[grid.template]
+    grad_x, grad_y = (g[grid.template] for g in np.gradient(np.nan_to_num(later), grid.level.cell_x,
+                                                           grid.level.cell_y))
+    if np.mean(np.hypot(grad_x, grad_y)) < MIN_TEXTURE:
+        return None
+    # d template / d(dx, dy, dyaw) at the identity: the point moves by (1, 0), (0, 1), (-y, x)
+    steepest = np.stack([grad_x, grad_y, -grad_x * points[:, 1] + grad_y * points[:, 0]], -1)
+    depth_after = optical_depth(points[:, 0])
+    for _ in range(grid.level.iterations):
+        values, moved_x, seen = _warp(grid, earlier, motion)
+        if seen.sum() < MIN_OVERLAP * len(points):
+            return None
+        error = np.where(seen, values - template, 0.0)
+        scale = 1.4826 * np.median(np.abs(error[seen])) + 1e-3
+        weight = seen * np.minimum(1.0, HUBER * scale / np.maximum(np.abs(error), 1e-12))
+        recede = np.where(seen, depth_after - optical_depth(moved_x), 0.0)  # the point's change of depth
+        brightness = np.stack([np.ones_like(recede), np.where(seen, values, 0.0) / 255.0 * recede, recede], -1)
+        design = np.concatenate([steepest, -brightness], axis=1)
+        normal = (design * weight[:, None]).T @ design
+        geometric = normal[:3, :3] * np.array([1.0, 1.0, 0.1])[:, None] * np.array([1.0, 1.0, 0.1])  # yaw at 10 m
+        eigen = np.linalg.eigvalsh(geometric)
+        if eigen[0] <= 1e-6 * max(eigen[-1], 1e-12):
+            return None
+        normal[3:, 3:] += np.eye(3) * scale**2 / PHOTOMETRIC_PRIOR**2
+        solution = np.linalg.solve(normal, design.T @ (weight * error))
+        motion = motion @ np.linalg.inv(se2(*solution[:3]))
+        if abs(solution[0]) + abs(solution[1]) < 1e-4 and abs(solution[2]) < 1e-5:
+            break
+    values, _, seen = _warp(grid, earlier, motion)
+    return motion, _correlation(values[seen], template[seen]), int(seen.sum())
+
+
+def _warp(grid: BirdsEye, earlier: np.ndarray, motion: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The earlier frame's grid at the template's points moved by ``motion``; their forward distance; seen."""
+    points = grid.points
+    x = motion[0, 0] * points[:, 0] + motion[0, 1] * points[:, 1] + motion[0, 2]
+    y = motion[1, 0] * points[:, 0] + motion[1, 1] * points[:, 1] + motion[1, 2]
+    values = grid.sample(earlier, x, y)
+    return values, x, np.isfinite(values)
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    spread = a.std() * b.std()
+    return float(((a - a.mean()) * (b - b.mean())).mean() / spread) if spread > 0 else 0.0
+
+
+def step_motions(poses: np.ndarray) -> np.ndarray:
+    """``[T, 3]`` planar motions ``(dx, dy, dyaw)`` between consecutive world poses ``[T + 1, 3]`` (x, y, yaw), each in
+    the ego frame of the earlier pose: what :func:`estimate_motion` recovers from the frames seen at those poses."""
+    poses = np.asarray(poses, dtype=np.float64)
+    delta = poses[1:, :2] - poses[:-1, :2]
+    c, s = np.cos(poses[:-1, 2]), np.sin(poses[:-1, 2])
+    dyaw = np.angle(np.exp(1j * (poses[1:, 2] - poses[:-1, 2])))
+    return np.stack([c * delta[:, 0] + s * delta[:, 1], -s * delta[:, 0] + c * delta[:, 1], dyaw], -1)

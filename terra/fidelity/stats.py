@@ -1,0 +1,287 @@
+"""Uncertainty of a fidelity statistic: a cluster bootstrap over scenarios, and a three-way decision against a band.
+
+Drives of one scenario share a road, a start and a context, so their metrics are correlated: the independent units
+are the scenarios, not the drives. A bootstrap replicate therefore draws the scenarios with replacement (as many as
+there are) and keeps every drive of each drawn scenario (all its policies and world-model seeds), as often as the
+scenario was drawn; the 95 % interval is the percentile interval of the statistic over ``draws`` replicates
+(Efron & Tibshirani, ch. 13). One :class:`Bootstrap` (draws, seed, level) fixes the replicates, so every statistic
+computed with it is reproducible and all of them are computed on the same resampled scenarios.
+
+Statistics that are ratios of sums over drives (means, paired differences, per-policy means, regression slopes)
+are computed for all replicates at once from per-scenario sums (:func:`cluster_interval`: a replicate is a row of
+scenario weights); any other statistic of the per-drive records goes through :func:`record_interval`, a loop over
+the same replicates. :func:`decide` turns an interval and an acceptance band into ``pass`` / ``fail`` /
+``inconclusive``; a world is flagged by a statistic when the statistic fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its bootstrap percentile interval at ``level``; ``undefined`` is the share of
+    replicates in which the statistic had no value (e.g. a rank correlation of tied means), left out of the
+    percentiles. NaN bounds when no replicate had a value."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    undefined: float = 0.0
+
+    def as_dict(self) -> dict:
+        """JSON-ready: NaN becomes None."""
+        clean = {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in self.__dict__.items()}
+        return clean
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """The replicates of a cluster bootstrap: ``draws`` resamplings of the scenarios, drawn from ``seed``."""
+
+    draws: int = 2000
+    seed: int = 0
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.draws, int) and self.draws >= 10):
+            raise ValueError(f"bootstrap draws must be an integer >= 10 (got {self.draws!r})")
+        if not 0.0 < self.level < 1.0:
+            raise ValueError(f"bootstrap level must lie in (0, 1) (got {self.level!r})")
+
+    def weights(self, clusters: int) -> np.ndarray:
+        """``[draws, clusters]``: how often each scenario is drawn in each replicate (``clusters`` draws with
+        replacement, so each row sums to ``clusters``)."""
+        drawn = np.random.default_rng([self.seed, clusters]).integers(clusters, size=(self.draws, clusters))
+        drawn += clusters * np.arange(self.draws)[:, None]  # a bin per (replicate, scenario)
+        return np.bincount(drawn.ravel(), minlength=self.draws * clusters).reshape(self.draws, clusters).astype(float)
+
+    def interval(self, estimate: float, replicates: np.ndarray) -> Interval:
+        """The percentile interval of ``replicates [draws]`` (NaN: undefined) around ``estimate``."""
+        replicates = np.asarray(replicates, dtype=np.float64)
+        defined = replicates[np.isfinite(replicates)]
+        undefined = 1.0 - len(defined) / len(replicates)
+        if not len(defined):
+            return Interval(float(estimate), float("nan"), float("nan"), self.level, undefined)
+        tail = (1.0 - self.level) / 2
+        low, high = np.quantile(defined, [tail, 1.0 - tail])
+        return Interval(float(estimate), float(low), float(high), self.level, undefined)
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """Records (drives, steps) grouped by their scenario: ``index[i]`` is record i's scenario among ``labels``."""
+
+    index: np.ndarray  # [N] int in [0, len(labels))
+    labels: tuple
+
+    @classmethod
+    def of(cls, scenarios: Sequence[Hashable]) -> "Clusters":
+        """The clusters of per-record scenario labels (any hashable values), in order of first appearance."""
+        order: dict = {}
+        index = np.array([order.setdefault(label, len(order)) for label in scenarios], dtype=np.int64)
+        return cls(index, tuple(order))
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        """Per-scenario sums ``[C, ...]`` of per-record ``values [N, ...]``."""
+        values = np.asarray(values, dtype=np.float64)
+        if len(values) != len(self.index):
+            raise ValueError(f"{len(values)} values for {len(self.index)} records")
+        out = np.zeros((self.size,) + values.shape[1:])
+        np.add.at(out, self.index, values)
+        return out
+
+
+def cluster_interval(statistic: Callable[[np.ndarray], np.ndarray], clusters: Clusters,
+                     bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """The interval of a statistic given as a function of scenario weights: ``statistic(w [R, C]) -> [R]`` is its
+    value with scenario c counted ``w[:, c]`` times (NaN where undefined); the estimate is its value at weight 1."""
+    estimate = statistic(np.ones((1, clusters.size)))[0]
+    return bootstrap.interval(estimate, statistic(bootstrap.weights(clusters.size)))
+
+
+def record_interval(statistic: Callable[[np.ndarray], float], scenarios: Sequence[Hashable],
+                    bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """The interval of any statistic of per-drive records: ``statistic(indices) -> float`` of the records at
+    ``indices`` (a record repeated as often as its scenario was drawn); the same replicates as
+    :func:`cluster_interval` for the same ``bootstrap``, one call per replicate."""
+    clusters = Clusters.of(scenarios)
+    members = [np.flatnonzero(clusters.index == c) for c in range(clusters.size)]
+    replicates = np.empty(bootstrap.draws)
+    for r, counts in enumerate(bootstrap.weights(clusters.size).astype(np.int64)):
+        picked = [np.tile(members[c], n) for c, n in enumerate(counts) if n]
+        replicates[r] = statistic(np.concatenate(picked))
+    return bootstrap.interval(statistic(np.arange(len(clusters.index))), replicates)
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
+
+
+def mean(scenarios: Sequence[Hashable], values: np.ndarray, bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """The mean of per-drive ``values`` (NaN: a drive without a value, left out) with its interval."""
+    values = np.asarray(values, dtype=np.float64)
+    clusters = Clusters.of(scenarios)
+    finite = np.isfinite(values)
+    sums, counts = clusters.sums(np.where(finite, values, 0.0)), clusters.sums(finite)
+    return cluster_interval(lambda w: _ratio(w @ sums, w @ counts), clusters, bootstrap)
+
+
+def paired_difference(scenarios: Sequence[Hashable], world: np.ndarray, truth: np.ndarray,
+                      bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """The mean over drives of ``world - truth`` of a per-drive metric, each drive paired with the true world's drive
+    of the same scenario and policy (the caller pairs them); pairs with a NaN are left out."""
+    world, truth = np.asarray(world, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if world.shape != truth.shape:
+        raise ValueError(f"paired values differ in shape: world {world.shape}, truth {truth.shape}")
+    return mean(scenarios, world - truth, bootstrap)
+
+
+def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray, intercept: bool,
+                     bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """Least-squares slope of ``y`` on ``x`` over records (pairs with a NaN left out): through the origin
+    (``intercept=False``: ``sum(xy) / sum(xx)``, the gain of y = b x) or with an intercept (``intercept=True``:
+    ``cov(x, y) / var(x)``). NaN where x has no spread."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"x {x.shape} and y {y.shape} differ in shape")
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = np.where(keep, x, 0.0), np.where(keep, y, 0.0)
+    clusters = Clusters.of(scenarios)
+    sums = clusters.sums(np.stack([keep, x, y, x * x, x * y], axis=-1))  # [C, 5]
+
+    def slope(w: np.ndarray) -> np.ndarray:
+        n, sx, sy, sxx, sxy = (w @ sums).T
+        if not intercept:
+            return _ratio(sxy, np.where(n > 0, sxx, 0.0))
+        spread = n * sxx - sx * sx  # n^2 var(x): no spread (up to rounding) leaves the slope undefined
+        return _ratio(n * sxy - sx * sy, np.where(spread > 1e-12 * n * sxx, spread, 0.0))
+
+    return cluster_interval(slope, clusters, bootstrap)
+
+
+def within_slope(scenarios: Sequence[Hashable], groups: Sequence[Hashable], x: np.ndarray, y: np.ndarray,
+                 bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """Least-squares slope of ``y`` on ``x`` with an intercept of its own for each group (a drive): how y moves with
+    x within a group, blind to differences between the groups' means (the fixed-effects, or within, estimator).
+    Each group must lie inside one scenario, so that resampling scenarios keeps groups whole; pairs with a NaN are
+    left out."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if not len(scenarios) == len(groups) == len(x) == len(y):
+        raise ValueError(f"{len(scenarios)} scenarios, {len(groups)} groups, {len(x)} x and {len(y)} y: one each per "
+                         "record")
+    keep = np.isfinite(x) & np.isfinite(y)
+    group = Clusters.of(groups)
+    if len({(g, s) for g, s in zip(group.index, scenarios)}) != group.size:
+        raise ValueError("a group spans several scenarios: groups must be nested in scenarios")
+    count = group.sums(keep)
+    centred = []
+    for values in (x, y):
+        values = np.where(keep, values, 0.0)
+        centred.append(np.where(keep, values - _ratio(group.sums(values), count)[group.index], np.nan))
+    return regression_slope(scenarios, centred[0], centred[1], False, bootstrap)
+
+
+@dataclass(frozen=True)
+class DriveValues:
+    """One world's per-drive values of a metric with each drive's scenario and policy."""
+
+    scenario: Sequence[Hashable]
+    policy: Sequence[Hashable]
+    value: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not len(self.scenario) == len(self.policy) == len(self.value):
+            raise ValueError(f"{len(self.scenario)} scenarios, {len(self.policy)} policies and {len(self.value)} "
+                             "values: one each per drive")
+
+
+@dataclass(frozen=True)
+class RankAgreement:
+    """How two worlds rank the policies by their mean metric: Kendall's tau-b and Spearman's rho with intervals."""
+
+    policies: tuple
+    means_a: np.ndarray  # [P] per-policy mean in world a
+    means_b: np.ndarray
+    kendall_tau: Interval
+    spearman_rho: Interval
+
+
+def kendall_tau_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b between the rows of ``a`` and ``b`` ``[R, P]`` (as scipy.stats.kendalltau, ties included);
+    NaN for a row with a NaN or without spread."""
+    upper = np.triu_indices(a.shape[1], 1)
+    sa = np.sign(a[:, :, None] - a[:, None, :])[:, upper[0], upper[1]]
+    sb = np.sign(b[:, :, None] - b[:, None, :])[:, upper[0], upper[1]]
+    return _ratio((sa * sb).sum(1), np.sqrt(np.abs(sa).sum(1) * np.abs(sb).sum(1)))
+
+
+def spearman_rho_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman's rho between the rows of ``a`` and ``b`` ``[R, P]`` (Pearson's r of average ranks)."""
+    from scipy.stats import rankdata
+
+    ra, rb = rankdata(a, axis=1), rankdata(b, axis=1)
+    ra, rb = ra - ra.mean(1, keepdims=True), rb - rb.mean(1, keepdims=True)
+    rho = _ratio((ra * rb).sum(1), np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1)))
+    return np.where(np.isnan(a).any(1) | np.isnan(b).any(1), np.nan, rho)
+
+
+def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootstrap()) -> RankAgreement:
+    """Kendall's tau and Spearman's rho between the per-policy means of two worlds, with intervals over scenarios
+    (both worlds' drives of a drawn scenario enter the replicate together). Point estimates by scipy.stats; a
+    replicate in which a policy has no drive or a world's means are all tied is undefined."""
+    from scipy.stats import kendalltau, spearmanr
+
+    policies = tuple(dict.fromkeys([*a.policy, *b.policy]))
+    if len(policies) < 3:
+        raise ValueError(f"a rank correlation needs at least 3 policies (got {len(policies)})")
+    clusters = Clusters.of([*a.scenario, *b.scenario])
+    split = len(a.value)
+    sums = []
+    for part, values in ((slice(None, split), a), (slice(split, None), b)):
+        onehot = (np.array([policies.index(p) for p in values.policy])[:, None] == np.arange(len(policies)))
+        value = np.asarray(values.value, dtype=np.float64)
+        finite = np.isfinite(value)[:, None]
+        index = Clusters(clusters.index[part], clusters.labels)
+        sums.append((index.sums(onehot * np.where(finite, value[:, None], 0.0)), index.sums(onehot * finite)))
+
+    def means(w: np.ndarray) -> list[np.ndarray]:
+        return [_ratio(w @ total, w @ count) for total, count in sums]
+
+    point_a, point_b = (m[0] for m in means(np.ones((1, clusters.size))))
+    defined = not (np.isnan(point_a).any() or np.isnan(point_b).any() or np.ptp(point_a) == 0 or np.ptp(point_b) == 0)
+    tau = float(kendalltau(point_a, point_b).statistic) if defined else float("nan")
+    rho = float(spearmanr(point_a, point_b).statistic) if defined else float("nan")
+    ma, mb = means(bootstrap.weights(clusters.size))
+    return RankAgreement(policies, point_a, point_b, bootstrap.interval(tau, kendall_tau_rows(ma, mb)),
+                         bootstrap.interval(rho, spearman_rho_rows(ma, mb)))
+
+
+def decide(interval: Interval, band: tuple[float, float]) -> str:
+    """``pass`` when the interval lies inside the acceptance band ``[low, high]`` (either end may be infinite),
+    ``fail`` when it lies entirely outside, ``inconclusive`` when it straddles an end or is undefined (NaN)."""
+    low, high = band
+    if not low <= high:
+        raise ValueError(f"acceptance band must have low <= high (got [{low}, {high}])")
+    if not (np.isfinite(interval.low) and np.isfinite(interval.high)):
+        return INCONCLUSIVE
+    if low <= interval.low and interval.high <= high:
+        return PASS
+    if interval.high < low or interval.low > high:
+        return FAIL
+    return INCONCLUSIVE

