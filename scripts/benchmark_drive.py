@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         checkpoints = [DEMO] if args.model == "demo" else [Path(p) for p in (args.model, args.tokenizer)
                                                             if p and p not in ("terra", "tiny")]
         try:
-            output = claim_output_file(args.out, "--out", inputs=[("checkpoint", checkpoints)])
+            output = claim_output_file(args.out, "--out", inputs=[("checkpoint", checkpoints)],
+                                       app="scripts/benchmark_drive.py")
         except TerraInputError as err:
             parser.error(str(err))
     if args.threads:

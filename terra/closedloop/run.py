@@ -118,6 +118,8 @@ class RunRecorder:
         self.result.plan_s += content["policy_s"]
         if record["status"] == "failed":
             tqdm.write(f"drive: {content['drive']} failed ({content['stage']}): {content['error']}", file=sys.stderr)
+        for warning in content.get("warnings", []):
+            tqdm.write(f"drive: {content['drive']}: warning: {warning}", file=sys.stderr)
 
     def advance(self, frames: int) -> None:
         """``frames`` more frames generated (the bar counts steps of drives still going, and ends drives' whole)."""

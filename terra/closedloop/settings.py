@@ -37,7 +37,7 @@ from terra.config.checks import (
 )
 from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
-from terra.config.ray_settings import EXECUTORS, RaySettings
+from terra.config.ray_settings import RaySettings, check_executor
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
@@ -119,11 +119,11 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE})")
-    policies = policy_factories(entries)
+    policies = policy_factories(entries, float(values["policy_timeout_s"]))
     world = check_choice(select(cfg, "world"), "world", WORLDS)
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
-    executor = check_choice(select(cfg, "executor"), "executor", EXECUTORS)
+    executor = check_executor(select(cfg, "executor"))
     ray = RaySettings.parse(select(cfg, "ray"))
     image_root = select(cfg, "image_root")
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
