@@ -65,9 +65,9 @@ class KeptWorld(ModelWorld):
             return super().context_frames(drive)
         return np.zeros((len(drive.context), *BLANK_SIZE, 3), dtype=np.uint8)
 
-    def step(self, drives, actions):
+    def step(self, drives, actions, poses):
         if self.pipeline is not None:
-            return super().step(drives, actions)
+            return super().step(drives, actions, poses)
         start = time.perf_counter()
         futures = [self.engine.step(drive.rollout, action, drive.sampling) for drive, action in zip(drives, actions)]
         results = []

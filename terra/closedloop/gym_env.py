@@ -4,8 +4,9 @@ stepped together on one world, so a world model's engine batches them).
 * ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
   the world model's sampling seeded from ``seed``;
 * ``step(plan)``: the action space is NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame
-  (any form :func:`~terra.closedloop.plans.as_plan` reads is taken too); it becomes the next frame's action as in
-  the loop (terra/closedloop/loop.py);
+  (any form :func:`~terra.closedloop.plans.as_plan` reads is taken too); it goes to the drive's vehicle as in the
+  loop (terra/closedloop/loop.py; ``vehicle``: terra/closedloop/motion.py), which moves the car and forecasts the
+  world model's action;
 * observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2],
   "command": NAVSIM's one-hot [left, straight, right, unknown]}``;
 * reward: metres driven forward in the step (along the previous heading); ``terminated`` when the car leaves the
@@ -32,11 +33,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
+from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import NAVSIM_POSES, Plan, as_plan
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.truth import truth_metrics
 from terra.closedloop.worlds import World
-from terra.config.checks import MAX_FRAMES, MAX_SEED, check_whole_number
+from terra.config.checks import MAX_FRAMES, MAX_SEED, check_choice, check_whole_number
 from terra.core.errors import TerraInputError, error_line
 from terra.inputs.ego_motion import to_ego
 
@@ -79,11 +81,12 @@ def _observation(drive: Drive) -> dict[str, np.ndarray]:
 class _Drives:
     """What both envs share: opening a drive on a scenario, stepping drives with plans, their outcome."""
 
-    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int) -> None:
+    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int, vehicle: str) -> None:
         if not scenarios:
             raise TerraInputError("a driving env needs at least one scenario")
         self.world, self.scenarios = world, list(scenarios)
         self.num_steps = check_whole_number(num_steps, "num_steps", 1, "num_steps=20", MAX_FRAMES)
+        self.vehicle = check_choice(vehicle, "vehicle", VEHICLES)
         self.size = scenarios[0].images.shape[1:3]
 
     def scenario_index(self, options: Any) -> int | None:
@@ -105,17 +108,18 @@ class _Drives:
     def open(self, rng: np.random.Generator, index: int | None) -> Drive:
         index = int(rng.integers(len(self.scenarios))) if index is None else index
         spec = DriveSpec(self.scenarios[index], "gym", _Driver, seed=int(rng.integers(2**31)))
-        drive = start_drive(self.world, spec, self.num_steps)
+        drive = start_drive(self.world, spec, self.num_steps, vehicle=self.vehicle)
         if not drive.ok:
             raise TerraInputError(f"scenario {spec.scenario.id} cannot be driven: {drive.error}")
         return drive
 
     @staticmethod
-    def command(action: Any, where: str = "action") -> tuple[Plan, np.ndarray]:
-        """A step's ``action`` as a plan and the world model's action, or ``InvalidAction`` in one line."""
+    def command(drive: Drive, action: Any, where: str = "action") -> tuple[Plan, np.ndarray]:
+        """A step's ``action`` as a plan and the world model's action for ``drive`` (its vehicle's forecast; the car
+        does not move yet), or ``InvalidAction`` in one line."""
         try:
             plan = as_plan(np.asarray(action, dtype=np.float64) if isinstance(action, np.ndarray) else action)
-            return plan, plan.to_action()
+            return plan, drive.action_for(plan)
         except (TerraInputError, TypeError, ValueError) as err:
             raise InvalidAction(f"{where} is no plan: {error_line(err)}; give {NAVSIM_POSES} poses (x, y, heading) "
                                 "at 0.5 s in the ego frame, as the action space says") from None
@@ -124,7 +128,8 @@ class _Drives:
         """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info."""
         for drive, (plan, action) in zip(drives, commands):
             drive.command(plan, action)
-        frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives])
+        frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives],
+                                 [d.reached() for d in drives])
         out = []
         for drive, frame in zip(drives, frames):
             if isinstance(frame, BaseException):
@@ -145,13 +150,13 @@ class _Drives:
 
 
 class DriveEnv(gym.Env):
-    """One drive at a time in ``world`` over ``scenarios`` (see the module docstring)."""
+    """One drive at a time in ``world`` over ``scenarios``, the car a ``vehicle`` (see the module docstring)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int = 20,
-                 render_mode: str | None = "rgb_array") -> None:
-        self._drives = _Drives(world, scenarios, num_steps)
+                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle") -> None:
+        self._drives = _Drives(world, scenarios, num_steps, vehicle)
         self.observation_space, self.action_space = _spaces(*self._drives.size)
         self.render_mode = render_mode
         self.drive: Drive | None = None
@@ -168,7 +173,8 @@ class DriveEnv(gym.Env):
         if self.drive is None or self._ended:
             raise ResetNeeded("call reset() before step(): " + ("the drive ended (terminated or truncated)"
                                                                   if self._ended else "no drive yet"))
-        [(reward, terminated, truncated, info)] = self._drives.step([self.drive], [self._drives.command(action)])
+        command = self._drives.command(self.drive, action)
+        [(reward, terminated, truncated, info)] = self._drives.step([self.drive], [command])
         self._ended = terminated or truncated
         return _observation(self.drive), reward, terminated, truncated, info
 
@@ -188,8 +194,8 @@ class DriveVectorEnv(VectorEnv):
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, world: World, scenarios: Sequence[Scenario], num_envs: int, num_steps: int = 20,
-                 render_mode: str | None = "rgb_array") -> None:
-        self._drives = _Drives(world, scenarios, num_steps)
+                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle") -> None:
+        self._drives = _Drives(world, scenarios, num_steps, vehicle)
         self.num_envs = check_whole_number(num_envs, "num_envs", 1, "num_envs=4")
         self.single_observation_space, self.single_action_space = _spaces(*self._drives.size)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -232,7 +238,8 @@ class DriveVectorEnv(VectorEnv):
             raise InvalidAction(f"step() got {'no batch of' if count is None else count} actions for {self.num_envs} "
                                 "envs; give one plan per env")
         going = [i for i in range(self.num_envs) if not self._ended[i]]
-        commands = [self._drives.command(actions[i], f"action {i}") for i in going]  # all checked before any moves
+        # all checked before any moves
+        commands = [self._drives.command(self.drives[i], actions[i], f"action {i}") for i in going]
         rewards = np.zeros(self.num_envs)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)

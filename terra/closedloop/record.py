@@ -1,17 +1,17 @@
 """Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
-generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
-failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good drive),
-plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last (strict JSON:
-terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``:
-terra/config/manifest.py), one record per drive as it is written (``status`` ok | failed | skipped = already
-complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name
-the run writes; and while a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the
-folder before any work (terra/config/output_dir.py: apart from the run's inputs, and every file it would write over
-one the toolkit wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed,
-steps, world and model settings: terra/config/spec.py's rule), says it is complete and its video exists: a rerun
-skips it.
+generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason of
+a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
+drive), plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
+(strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
+``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
+ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
+folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
+:func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
+inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
+same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
+says it is complete and its video exists: a rerun skips it.
 """
 
 from __future__ import annotations
@@ -64,11 +64,13 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
                             app=APP)
 
 
-def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
-    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps and
-    world, and ``settings`` (the world model's: terra/closedloop/settings.py, ``DriveSettings.model_settings``)."""
+def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
+    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps,
+    world and vehicle, and ``settings`` (the world model's: terra/closedloop/settings.py,
+    ``DriveSettings.model_settings``)."""
     return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-                             "seed": spec.seed, "num_steps": num_steps, "world": world, **settings})
+                             "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
+                             **settings})
 
 
 def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
@@ -104,10 +106,10 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     scenario = drive.spec.scenario
     return {
         "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
-        "world": drive.world, "seed": drive.spec.seed, "status": "ok" if drive.ok else "failed",
+        "world": drive.world, "vehicle": drive.vehicle.name, "seed": drive.spec.seed,
+        "status": "ok" if drive.ok else "failed",
         "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
-        "num_context": drive.num_context,
-        "steps": drive.steps,
+        "num_context": drive.num_context, "steps": drive.steps,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
         "poses": np.round(np.array(drive.poses), 4).tolist(),
@@ -117,10 +119,11 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
-def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, error: str) -> dict:
+def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehicle: str, error: str) -> dict:
     """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
     world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
-    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world, "seed": None,
+    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world,
+            "vehicle": vehicle, "seed": None,
             "status": "failed", "stage": "world", "error": error, "warnings": [], "num_context": 0, "steps": 0,
             "frames": 0, "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [],
             "speeds_mps": [], "policy_s": [], "fingerprint": None, "complete": False}

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
+from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
 from terra.closedloop.policies import ALL_REFERENCE, policy_factories
 from terra.closedloop.record import claim_drive_folder
@@ -62,6 +63,7 @@ class DriveSettings:
     scenarios: ScenarioSource
     drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
     world: str  # model | truth | both
+    vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
     num_steps: int
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
@@ -100,7 +102,8 @@ class DriveSettings:
         folder = self.output.path if self.output is not None else self.fidelity.top.path
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
-                           manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards))
+                           manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
+                           vehicle=self.vehicle)
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
@@ -118,6 +121,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
                               f"(or {ALL_REFERENCE})")
     policies = policy_factories(entries, float(values["policy_timeout_s"]))
     world = check_choice(select(cfg, "world"), "world", WORLDS)
+    vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
     executor = check_executor(select(cfg, "executor"))
     ray = RaySettings.parse(select(cfg, "ray"))
@@ -148,7 +152,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         output = claim_drive_folder(output_dir, ids, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, scenarios, drives, world, values["num_steps"], values["seed"],
+        spec, policies, scenarios, drives, world, vehicle, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, output, fidelity)
