@@ -33,6 +33,7 @@ LATE_STEPS = 10  # 1 s at 10 Hz
 SCENE_CONTROLS = ("frozen", "gray", "mirrored", "late")
 MODEL_CONTROLS = ("zero_actions", "straight")
 CONTROL_WORLDS = SCENE_CONTROLS + MODEL_CONTROLS
+MODEL_WORLDS = ("model", *MODEL_CONTROLS)  # worlds whose frames the world model makes: its settings shape them
 
 
 class FrozenWorld:

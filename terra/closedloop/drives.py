@@ -52,10 +52,11 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         out = settings.fidelity.top.path
         if report is None:
             lines.append(f"terra-drive: shard {settings.shard_index} of {settings.num_shards}: its drives are in "
-                         f"{out}/model and truth/; the same command without shard_index/num_shards writes the "
+                         f"{out}/<world>/; the same command without shard_index/num_shards writes the "
                          "fidelity report once every shard is done (it drives nothing again)")
         else:
-            lines = [report.table(), *lines, f"terra-drive: wrote {out}/fidelity.md, fidelity.json, model/ and truth/"]
+            lines = [report.table(), *lines, f"terra-drive: wrote {out}/fidelity.md, fidelity.json and a folder per "
+                                             f"world ({', '.join(runs)})"]
         return DriveOutcome(lines, 1 if any(r.counts["failed"] for r in runs.values()) else 0)
     finally:
         closing.close()

@@ -208,7 +208,8 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
             timings.world_s += time.perf_counter() - started
             for drive, frame in zip(going, frames):
                 if isinstance(frame, BaseException):
-                    drive.fail("world", f"the {world.name} world failed at step {step}: {error_line(frame)}")
+                    why = str(frame) if isinstance(frame, UserCodeError) else error_line(frame)  # a user world's line
+                    drive.fail("world", f"the {world.name} world failed at step {step}: {why}")
                     del drive.actions[-1], drive.plans[-1], drive.policy_s[-1]
                     continue
                 drive.advance(frame)

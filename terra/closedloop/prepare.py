@@ -10,12 +10,15 @@ from typing import Any
 
 from terra.closedloop.loop import DriveSpec, drive_specs
 from terra.closedloop.settings import DriveSettings
-from terra.closedloop.worlds import ModelWorld, TrueWorld, World
+from terra.closedloop.control_worlds import MODEL_WORLDS, control_world
+from terra.closedloop.user_world import UserWorld
+from terra.closedloop.worlds import TRUTH, ModelWorld, TrueWorld, World
 
 
 @dataclass
 class OpenWorlds:
-    """The worlds of a run (by name: ``model``, ``truth``), the frames' size and the plan-following scorer."""
+    """The worlds of a run by name (``model``, ``truth``, the controls: terra/closedloop/settings.py,
+    ``DriveSettings.worlds``), the frames' size and the plan-following scorer."""
 
     worlds: dict[str, World]
     image_size: tuple[int, int]
@@ -40,14 +43,25 @@ def open_worlds(settings: DriveSettings) -> OpenWorlds:
     tokenizer = load_tokenizer(spec.tokenizer)
     size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
     opened = OpenWorlds({}, size)
-    if settings.world != "truth":
+    worlds = settings.worlds
+    if set(worlds) & set(MODEL_WORLDS):
         opened.worlds["model"] = ModelWorld(WorldModelPipeline.from_run(run, tokenizer), spec.sampling, spec.overlap)
-    if settings.world != "model":
-        opened.worlds["truth"] = TrueWorld(size)
+    try:
+        for name in worlds:
+            if name == TRUTH:
+                opened.worlds[name] = TrueWorld(size)
+            elif name in settings.user_worlds:
+                entry, cls = settings.user_worlds[name]
+                opened.worlds[name] = UserWorld(entry, cls, size, settings.policy_timeout_s)
+            elif name != "model":
+                opened.worlds[name] = control_world(name, size, opened.worlds.get("model"))
+    except BaseException:
+        opened.close()
+        raise
     if settings.estimator is not None:
         from terra.closedloop.plan_following import PlanFollowing
 
-        device = str(spec.device) if settings.world != "truth" else "cpu"
+        device = str(spec.device) if "model" in opened.worlds else "cpu"
         try:
             opened.plan_following = PlanFollowing(settings.estimator, device)
         except BaseException:

@@ -72,8 +72,7 @@ class DriveActor:
         specs = load_specs(replace(self.settings, drives=drives), self.opened.image_size)
         made, timings, out = self.opened.worlds[world], LoopTimings(), []
         before = (made.generate_s, made.decode_s)
-        model_settings = self.settings.model_settings if world == "model" else {}
-        record_drives(made, specs, settings, settings.output_dir, model_settings, self.opened.plan_following,
+        record_drives(made, specs, settings, settings.output_dir, self.settings.model_settings, self.opened.plan_following,
                       lambda record, content: out.append((record, content)), self._advance, timings)
         return {"drives": out, "timings": timings, "generate_s": made.generate_s - before[0],
                 "decode_s": made.decode_s - before[1]}

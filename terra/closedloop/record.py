@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from terra.closedloop.drive_fidelity import measure_drive
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
@@ -130,15 +131,18 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 
 
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
-                extra_metrics: dict | None = None) -> dict:
+                extra_metrics: dict | None = None, measure: bool = False) -> dict:
     """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
-    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/plan_following.py)."""
+    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/plan_following.py); ``measure``
+    adds the fidelity measurements of its frames (terra/closedloop/drive_fidelity.py)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:
         write_video(video, np.stack(drive.frames), fps)
         files.append(video.name)
     content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
+    if measure and drive.ok:
+        content["fidelity"] = measure_drive(drive)
     write_text(sidecar, json_text(to_jsonable(content)) + "\n")
     return content
 

@@ -24,9 +24,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from terra.closedloop.control_worlds import MODEL_WORLDS
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
 from terra.closedloop.record import claim_drive_folder, completed, fingerprint, manifest_record, write_drive
-from terra.closedloop.worlds import World
+from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
 from terra.config.output_dir import OutputDir
 from terra.core.atomic import json_text, write_text
@@ -47,6 +48,7 @@ class RunSettings:
     fps: float = 10.0
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
+    measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/drive_fidelity.py)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
 
@@ -161,8 +163,9 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
-    prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, settings.vehicle, model_settings)
-              for spec in specs}
+    measure = settings.measure and world.name != TRUTH  # the true world's frames are the truth: nothing to measure
+    shaping = {**(model_settings if world.name in MODEL_WORLDS else {}), **({"measure": True} if measure else {})}
+    prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, settings.vehicle, shaping) for spec in specs}
     if len(prints) != len(specs):
         raise ValueError("drive ids must be distinct (scenario ids x policy names)")
     todo = []
@@ -190,7 +193,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
         scores = plan_following.score(drives) if plan_following is not None else [None] * len(drives)
         for drive, score in zip(drives, scores):
             content = write_drive(folder, drive, prints[drive.spec.id], settings.fps if settings.videos else None,
-                                  None if plan_following is None else {"plan_following": score})
+                                  None if plan_following is None else {"plan_following": score}, measure)
             emit(manifest_record(content, "ok" if drive.ok else "failed", seconds), content)
         timings.record_s += time.perf_counter() - writing
     return timings
@@ -203,15 +206,14 @@ class LocalDrives:
 
     worlds: dict[str, World]
     specs: Sequence[DriveSpec]
-    model_settings: dict[str, Any] = field(default_factory=dict)
+    model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
     plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing
 
     def record(self, world: str, settings: RunSettings, folder: Path, recorder: RunRecorder) -> None:
         made, timings = self.worlds[world], LoopTimings()
         before = (made.generate_s, made.decode_s)
         try:
-            record_drives(made, self.specs, settings, folder, self.model_settings if world == "model" else {},
-                          self.plan_following, recorder.add, recorder.advance, timings)
+            record_drives(made, self.specs, settings, folder, self.model_settings, self.plan_following, recorder.add, recorder.advance, timings)
         finally:
             recorder.timed(timings, made.generate_s - before[0], made.decode_s - before[1])
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
+from terra.closedloop.control_worlds import CONTROL_WORLDS
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.motion import VEHICLES
@@ -25,6 +26,8 @@ from terra.closedloop.policies import ALL_REFERENCE, policy_factories
 from terra.closedloop.record import claim_drive_folder
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
+from terra.closedloop.user_world import is_world_target, world_class, world_name
+from terra.closedloop.worlds import TRUTH
 from terra.config.checks import (
     MAX_FRAMES,
     SEED,
@@ -51,7 +54,7 @@ SETTINGS = {
     "num_shards": Range(1, 1 << 20, 4, whole=True),
     "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
-WORLDS = ("model", "truth", "both")
+WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class (terra/closedloop/user_world.py)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,9 @@ class DriveSettings:
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
     scenarios: ScenarioSource
     drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
-    world: str  # model | truth | both
+    world: str  # model | truth | both | a user world's name (module.Class)
+    controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
+    user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
     vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
     num_steps: int
     seed: int  # the drives of scenario i sample the world model with seed + i
@@ -75,7 +80,8 @@ class DriveSettings:
     num_shards: int
     executor: str  # local | ray (terra/closedloop/ray_executor.py)
     ray: RaySettings  # executor=ray's settings (terra/config/ray_settings.py)
-    output: OutputDir | None  # world=model | truth: the run folder, claimed
+    videos: bool  # a video per drive beside its JSON
+    output: OutputDir | None  # world=model | truth | a user world: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
 
     @property
@@ -103,7 +109,12 @@ class DriveSettings:
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
-                           vehicle=self.vehicle)
+                           vehicle=self.vehicle, videos=self.videos)
+
+    @property
+    def worlds(self) -> tuple[str, ...]:
+        """The worlds the run drives in, in order: with world=both the model, the truth and the controls."""
+        return ("model", TRUTH, *self.controls) if self.world == "both" else (self.world,)
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
@@ -120,7 +131,13 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE})")
     policies = policy_factories(entries, float(values["policy_timeout_s"]))
-    world = check_choice(select(cfg, "world"), "world", WORLDS)
+    world, user_worlds = select(cfg, "world"), {}
+    if isinstance(world, str) and is_world_target(world):
+        user_worlds[world_name(world)] = (world, world_class(world, "world"))
+        world = world_name(world)
+    else:
+        world = check_choice(world, "world", WORLDS)
+    controls = _controls(select(cfg, "controls"), user_worlds) if world == "both" else ()
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
     executor = check_executor(select(cfg, "executor"))
@@ -130,29 +147,51 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
     scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
                                 None if image_root is None else str(image_root))
-    if world != "model" and scenarios.kind != SYNTHETIC:
+    if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
     every = [(i, name) for i in range(len(scenarios.ids)) for name in policies]
     drives = tuple(d for k, d in enumerate(every) if k % shards == shard)  # drive k goes to shard k % num_shards
     if not drives:
         raise TerraInputError(f"shard_index={shard} of num_shards={shards} has no drives (the run has "
                               f"{len(every)}); use at most {len(every)} shards")
+    videos = check_flag(select(cfg, "videos"), "videos")
     estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
     if estimator is not None and not (estimator / "config.json").is_file():
         raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
     spec = run_spec(cfg)
     inputs = [*scenarios.inputs, ("tokenizer", spec.tokenizer), ("estimator folder", estimator)]
-    if world != "truth":
+    if world in ("model", "both"):
         inputs.append(("world model", spec.world_model))
     ids = [drive_id(scenarios.ids[i], name) for i, name in drives]
     manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
     if world == "both":
-        fidelity = claim_fidelity_folders(output_dir, ids, manifest=manifest, inputs=inputs)
+        fidelity = claim_fidelity_folders(output_dir, ids, ("model", TRUTH, *controls), videos, manifest, inputs)
     else:
-        output = claim_drive_folder(output_dir, ids, manifest=manifest, inputs=inputs)
+        output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, scenarios, drives, world, vehicle, values["num_steps"], values["seed"],
+        spec, policies, scenarios, drives, world, controls, user_worlds, vehicle, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
-        ray, output, fidelity)
+        ray, videos, output, fidelity)
+
+
+def _controls(value, user_worlds: dict[str, tuple[str, type]]) -> tuple[str, ...]:
+    """The ``controls`` setting: built-in control worlds (or ``all``) and worlds of the user's (``module:Class``,
+    imported now into ``user_worlds``), as world names."""
+    entries = [value] if isinstance(value, str) else list(value or [])
+    if not all(isinstance(e, str) and e for e in entries):
+        raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "
+                              f"{', '.join(CONTROL_WORLDS)}, or all; or package.module:Class)")
+    names: list[str] = []
+    for entry in entries:
+        if entry == "all":
+            names += CONTROL_WORLDS
+        elif is_world_target(entry):
+            user_worlds[world_name(entry)] = (entry, world_class(entry, "controls"))
+            names.append(world_name(entry))
+        else:
+            names.append(check_choice(entry, "controls", (*CONTROL_WORLDS, "all")))
+    if len(set(names)) != len(names) or set(names) & {"model", TRUTH}:
+        raise TerraInputError(f"controls names a world twice ({', '.join(names)}); list each once")
+    return tuple(names)

@@ -24,14 +24,14 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from terra.closedloop.drive_fidelity import read_following, read_lag, read_lanes
-from terra.fidelity.agreement import lag_summary, lane_summary
+from terra.fidelity.agreement import Lag, lag_summary, lane_summary
 from terra.fidelity.following import following_slopes
 from terra.fidelity.stats import (
     FAIL, INCONCLUSIVE, PASS, Bootstrap, DriveValues, Interval, decide, paired_difference, rank_agreement,
 )
 
-TRUTH = "truth"
 NO_PIXELS = ("constant_speed", "route_follower")  # policies that read no pixels: left out of the ranking
+MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (terra/fidelity/agreement.py, Lag.prominence_db)
 RANK_METRIC = "time_in_lane"  # terra/closedloop/truth.py: what the policies are ranked by in both worlds
 PAIRED = {  # per-drive outcomes (truth metrics) compared world - truth on paired drives, and their bands
     "time_in_lane": (-0.1, 0.1),
@@ -81,11 +81,18 @@ def _lanes_found(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
 
 
 def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    """The lag of the drives' mean PSNR curve; undefined when no drive is long enough or the mean curve is flat
+    (its best lag stands less than :data:`MIN_LAG_PROMINENCE_DB` above its median: a frozen or gray world, where any
+    lag matches as well as any other)."""
     kept = [(p.scenario, read_lag(p.world["fidelity"])) for p in pairs]
     kept = [(s, lag) for s, lag in kept if lag is not None]
-    if not kept:
-        return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
+    if not kept or Lag(0, np.mean([lag.curve for _, lag in kept], axis=0)).prominence_db < MIN_LAG_PROMINENCE_DB:
+        return _undefined(bootstrap)
     return lag_summary([lag for _, lag in kept], [s for s, _ in kept], bootstrap)
+
+
+def _undefined(bootstrap: Bootstrap) -> Interval:
+    return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
 
 
 def _paired(metric: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
@@ -104,7 +111,7 @@ def _truth_metric(record: dict, metric: str) -> float:
 def _ranking(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     ranked = [p for p in pairs if p.world["policy"] not in NO_PIXELS]
     if len({p.world["policy"] for p in ranked}) < 3:
-        return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
+        return _undefined(bootstrap)
     values = [DriveValues([p.scenario for p in ranked], [p.world["policy"] for p in ranked],
                           np.array([_truth_metric(getattr(p, side), RANK_METRIC) for p in ranked]))
               for side in ("world", "truth")]
@@ -169,8 +176,7 @@ def pairs_of(world: dict[str, dict], truth: dict[str, dict]) -> list[Pair]:
 def judge(name: str, world: dict[str, dict], truth: dict[str, dict], bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
     """The verdict on the world ``name`` from its drives' records and the true world's (drive id -> record)."""
     pairs = pairs_of(world, truth)
-    nan = Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
-    values = {s.name: s.compute(pairs, bootstrap) if pairs else nan for s in STATISTICS}
+    values = {s.name: s.compute(pairs, bootstrap) if pairs else _undefined(bootstrap) for s in STATISTICS}
     decisions = {s.name: decide(values[s.name], s.band) for s in STATISTICS}
     return WorldVerdict(name, values, decisions, len(pairs))
 

@@ -122,10 +122,13 @@ class ModelWorld:
         self.engine.close()
 
 
+TRUTH = "truth"  # the true world's name
+
+
 class TrueWorld:
     """The synthetic world rendered at the poses the cars reach (``image_size``: the frames' height and width)."""
 
-    name = "truth"
+    name = TRUTH
 
     def __init__(self, image_size: Sequence[int]) -> None:
         self.image_size = (int(image_size[0]), int(image_size[1]))
