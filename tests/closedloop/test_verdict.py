@@ -1,0 +1,158 @@
+"""The fidelity verdict and the worlds it is tried on: the controls are what they say, a user's world that misbehaves
+fails its own drives in one line, and the test of the test: on the demo world model, every built-in control is
+flagged by at least one statistic and the model is not (terra/closedloop/verdict.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from terra.closedloop.control_worlds import (
+    FrozenWorld, GrayWorld, LateWorld, MirroredWorld, standing_still, straightened,
+)
+from terra.closedloop.loop import DriveSpec, run_drives
+from terra.closedloop.policies import reference_policy
+from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.user_world import UserWorld
+from terra.closedloop.worlds import TrueWorld
+from terra.sim.renderer import render
+
+SIZE = (72, 128)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    return synthetic_scenarios(1, 3, SIZE)[0]
+
+
+def drive_in(world, scenario, steps: int = 12, policy: str = "lane_follower"):
+    [drive] = run_drives(world, [DriveSpec(scenario, policy, reference_policy(policy))], steps)
+    return drive
+
+
+def test_the_scene_controls_show_what_they_say(scenario):
+    truth = drive_in(TrueWorld(SIZE), scenario)
+    poses = truth.world_poses()
+    frozen = drive_in(FrozenWorld(SIZE), scenario)
+    assert all(np.array_equal(f, scenario.images[-1]) for f in frozen.frames[frozen.num_context:])
+    gray = drive_in(GrayWorld(SIZE), scenario)
+    assert all((f == 128).all() for f in gray.frames[gray.num_context:])
+    # same policy, same vehicle: the true and the mirrored drives differ in what the policy saw, so check the rule
+    mirrored = drive_in(MirroredWorld(SIZE), scenario)
+    for frame, pose in zip(mirrored.frames[mirrored.num_context:], mirrored.world_poses()[1:]):
+        np.testing.assert_array_equal(frame, render(scenario.scene, pose, *SIZE)[:, ::-1])
+    late = drive_in(LateWorld(SIZE), scenario, steps=14)
+    shown = late.world_poses()
+    for k, frame in enumerate(late.frames[late.num_context:]):  # step k shows the pose of step k - 10
+        pose = shown[k + 1 - 10] if k + 1 >= 10 else np.asarray(scenario.start_pose)
+        np.testing.assert_array_equal(frame, render(scenario.scene, pose, *SIZE))
+    assert truth.ok and len(poses) == 13
+
+
+def test_the_model_controls_feed_a_car_standing_still_and_a_straight_path():
+    action = np.array([[0.2 * k, 1.0 + k, 0.5 * (k + 1)] for k in range(6)], dtype=np.float32)  # y, x, time
+    still = standing_still(action)
+    assert (still[:, :2] == 0).all() and np.array_equal(still[:, 2], action[:, 2])
+    straight = straightened(action)
+    assert (straight[:, 0] == 0).all() and np.allclose(straight[:, 1], np.hypot(action[:, 0], action[:, 1]))
+    assert np.array_equal(straight[:, 2], action[:, 2]) and np.array_equal(action[0], [0.0, 1.0, 0.5])
+
+
+class Misbehaving:
+    """A user's world that renders the truth, except at drive-chosen steps where it does something wrong."""
+
+    mode = "ok"
+
+    def __init__(self, image_size):
+        self.size, self.steps = image_size, {}
+
+    def open(self, scenario, seed, max_frames):
+        self.steps[id(scenario)] = 0
+        return scenario
+
+    def context_frames(self, drive):
+        return drive.images
+
+    def step(self, drives, actions, poses):
+        [drive], [pose] = drives, poses
+        self.steps[id(drive)] += 1
+        if self.steps[id(drive)] == 3:
+            if self.mode == "raise":
+                raise RuntimeError("renderer lost")
+            if self.mode == "shape":
+                return [np.zeros((8, 8, 3), np.uint8)]
+            if self.mode == "dtype":
+                return [np.full((*self.size, 3), np.nan)]
+            if self.mode == "exit":
+                raise SystemExit(3)
+        return [render(drive.scene, pose, *self.size)]
+
+    def close(self, drive):
+        pass
+
+
+@pytest.mark.parametrize("mode, text", [
+    ("raise", "failed in step: RuntimeError: renderer lost"),
+    ("shape", "returned a uint8 frame of shape [8, 8, 3] from step; a world returns uint8 frames of shape "
+              "[72, 128, 3]"),
+    ("dtype", "returned a float64 frame of shape [72, 128, 3] from step; a world returns uint8 frames of shape "
+              "[72, 128, 3]"),
+    ("exit", "failed in step: it called sys.exit(3)"),
+])
+def test_a_user_world_that_misbehaves_fails_that_drive_in_one_line(mode, text):
+    scenarios = synthetic_scenarios(2, 3, SIZE)
+    cls = type("Bad", (Misbehaving,), {"mode": mode})
+    world = UserWorld("my_worlds:Bad", cls, SIZE, timeout_s=10)
+    specs = [DriveSpec(s, "lane_follower", reference_policy("lane_follower")) for s in scenarios]
+    drives = run_drives(world, specs, 5)
+    for drive in drives:
+        assert not drive.ok and drive.steps == 2 and "\n" not in drive.error
+        assert drive.error == f"the my_worlds.Bad world failed at step 2: world my_worlds:Bad {text}", drive.error
+    good = run_drives(UserWorld("my_worlds:Good", Misbehaving, SIZE, 10), specs, 5)
+    assert all(d.ok and d.steps == 5 for d in good)
+
+
+def test_worlds_of_the_user_are_loaded_once_at_settings_time(tmp_path):
+    (tmp_path / "my_worlds.py").write_text("def NotAClass():\n    pass\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV.get("PYTHONPATH", "")])}
+    for args, text in ((["world=my_worlds:NotAClass"], "world: cannot load the world 'my_worlds:NotAClass': "
+                                                        "my_worlds.NotAClass is a function, not a class"),
+                       (["world=both", "controls=[frozen,nowhere:World]"], "controls: cannot load the world "
+                                                                            "'nowhere:World' (ModuleNotFoundError"),
+                       (["world=both", "controls=[frozen,frozen]"], "controls names a world twice"),
+                       (["world=both", "controls=[melted]"], "controls")):
+        result = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args, "output_dir=out"],
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert result.returncode == 2 and text in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+CONTROLS = ("frozen", "gray", "mirrored", "late", "zero_actions")
+
+
+def test_of_the_test_every_control_is_flagged_and_the_demo_model_is_not(tmp_path):
+    """The demo world model and the built-in controls at a small size (2 scenarios x 3 pixel policies x 30 steps):
+    a verdict that let any control pass as a good world, or flagged the model, would fail here."""
+    result = subprocess.run(
+        [sys.executable, "-m", "terra.apps.drive", "world=both", "num_scenarios=2", "num_steps=30",
+         "policies=[lane_follower,lane_follower_noisy,lane_follower_bias_left]", f"controls=[{','.join(CONTROLS)}]",
+         "videos=false", "progress=false", "num_threads=2", f"output_dir={tmp_path / 'study'}"],
+        capture_output=True, text=True, timeout=1800, env=ENV)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "study" / "fidelity.json").read_text())
+    verdicts = {v["world"]: v for v in report["verdicts"]}
+    assert list(verdicts) == ["model", *CONTROLS]
+    assert not verdicts["model"]["flagged"], verdicts["model"]
+    for control in CONTROLS:
+        assert verdicts[control]["flagged"], (control, verdicts[control]["statistics"])
+        assert report["separations"][control], control  # some statistic passes the model and fails the control
+    assert all(v["drives"] == 6 for v in verdicts.values())
+    assert "**fail**" in (tmp_path / "study" / "fidelity.md").read_text()
