@@ -26,26 +26,15 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import imageio.v3 as iio
 import numpy as np
 import pytest
 from hydra import compose as compose_config, initialize_config_dir
 from gymnasium.error import InvalidAction, ResetNeeded
-from carla_driver_interface.protocol import (
-    DriveResponse,
-    EgodriverServiceServicer,
-    Empty,
-    SessionRequestStatus,
-    VersionId,
-    add_EgodriverServiceServicer_to_server,
-)
 
 from terra.apps.runner import CONF_DIR
 from terra.batch.config import APP as ROLLOUT
@@ -66,6 +55,7 @@ from terra.config.ray_settings import check_executor
 from terra.core.atomic import MARKER, owner
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose, to_ego
+from tests.closedloop.conftest import LoopbackDriver, grpc_server
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -283,66 +273,6 @@ def test_an_agent_that_exits_or_paints_its_frames_fails_its_drive_and_changes_no
 # ---------------------------------------------------------------- gRPC drivers: deadlines and answers
 
 
-class HostileDriver(EgodriverServiceServicer):
-    """An egodriver server that misbehaves as told: ``hang`` in a method (until released), or answer ``drive`` with
-    ``poses`` (x, y, z, qx, qy, qz, qw) at 0.1 s steps."""
-
-    def __init__(self, release: threading.Event, hang: str = "", poses=None) -> None:
-        self.release, self.hang = release, hang
-        self.poses = [(0.8 * (k + 1), 0, 0, 0, 0, 0, 1) for k in range(10)] if poses is None else poses
-
-    def _maybe_hang(self, method: str) -> None:
-        if method == self.hang:
-            self.release.wait()
-
-    def get_version(self, request, context):
-        self._maybe_hang("get_version")
-        return VersionId(version_id="hostile")
-
-    def start_session(self, request, context):
-        self._maybe_hang("start_session")
-        return SessionRequestStatus()
-
-    def close_session(self, request, context):
-        self._maybe_hang("close_session")
-        return Empty()
-
-    def submit_image_observation(self, request, context):
-        return Empty()
-
-    submit_egomotion_observation = submit_route = submit_image_observation
-
-    def drive(self, request, context):
-        self._maybe_hang("drive")
-        answer = DriveResponse()
-        for k, (x, y, z, qx, qy, qz, qw) in enumerate(self.poses):
-            entry = answer.trajectory.poses.add(timestamp_us=request.time_now_us + 100_000 * (k + 1))
-            entry.pose.vec.x, entry.pose.vec.y, entry.pose.vec.z = x, y, z
-            entry.pose.quat.x, entry.pose.quat.y, entry.pose.quat.z, entry.pose.quat.w = qx, qy, qz, qw
-        return answer
-
-
-@contextmanager
-def grpc_server(servicer=None, garbage: bool = False):
-    """A real gRPC server on loopback for the block, serving ``servicer``, or answering every egodriver method with
-    bytes that do not parse; yields ``host:port``."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=8))
-    if garbage:
-        raw = grpc.unary_unary_rpc_method_handler(lambda request, context: b"\xff\x01not a protobuf")
-        methods = ("get_version", "start_session", "close_session", "submit_image_observation",
-                   "submit_egomotion_observation", "submit_route", "drive")
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "egodriver.EgodriverService", {name: raw for name in methods})])
-    else:
-        add_EgodriverServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(grace=0)
-
-
 def driven(target: str, timeout_s: float, steps: int = 2):
     """One drive of the driver at ``target`` on the true world, and how long it took."""
     scenario = synthetic_scenarios(1, 2, SIZE)[0]
@@ -355,14 +285,14 @@ def driven(target: str, timeout_s: float, steps: int = 2):
 @pytest.mark.parametrize("hang, call", [("get_version", "reset"), ("start_session", "reset"),
                                         ("drive", "plan at step 0")])
 def test_a_driver_that_never_answers_costs_its_drive_the_deadline_and_no_more(release, hang, call):
-    with grpc_server(HostileDriver(release, hang=hang)) as target:
+    with grpc_server(LoopbackDriver(release, hang=hang)) as target:
         drive, took = driven(target, 2.0)
     assert not drive.ok and drive.error.startswith(f"policy remote timed out after 2 s in {call}"), drive.error
     assert took < 2 * 2.0 + 15, took  # the call and the close, not 30 s each
 
 
 def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_path):
-    with grpc_server(HostileDriver(release, hang="close_session")) as target:
+    with grpc_server(LoopbackDriver(release, hang="close_session")) as target:
         drive, took = driven(target, 2.0)
     assert drive.ok and drive.steps == 2 and took < 2.0 + 15, (drive.error, took)
     assert drive.warnings == ["policy remote timed out after 2 s in close"]
@@ -377,7 +307,7 @@ def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_p
 def test_a_driver_plan_of_degenerate_poses_fails_its_drive(release, poses, text):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no RuntimeWarning from the geometry either
-        with grpc_server(HostileDriver(release, poses=poses)) as target:
+        with grpc_server(LoopbackDriver(release, poses=poses)) as target:
             drive, _ = driven(target, 5.0)
     assert not drive.ok and drive.steps == 0
     assert drive.error.startswith(f"policy remote failed in plan at step 0: driver at {target} answered a plan whose "

@@ -1,0 +1,100 @@
+"""Helpers the closed-loop tests share: a real gRPC server on loopback (:func:`grpc_server`) and an egodriver driver
+behind it that records what it received and misbehaves as told (:class:`LoopbackDriver`)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import grpc
+from carla_driver_interface.protocol import (
+    DriveResponse,
+    EgodriverServiceServicer,
+    Empty,
+    SessionRequestStatus,
+    VersionId,
+    add_EgodriverServiceServicer_to_server,
+)
+
+EGODRIVER_METHODS = ("get_version", "start_session", "close_session", "submit_image_observation",
+                     "submit_egomotion_observation", "submit_route", "submit_recording_ground_truth", "drive")
+
+
+class LoopbackDriver(EgodriverServiceServicer):
+    """An egodriver server that keeps every request in ``received`` (``(method, request)`` in the order they came),
+    answers ``drive`` with ``poses`` (x, y, z, qx, qy, qz, qw) at 0.1 s steps from the time asked (by default 8 m/s
+    straight ahead), and ``hang`` names a method that waits until ``release`` is set."""
+
+    def __init__(self, release: threading.Event | None = None, hang: str = "", poses=None) -> None:
+        self.release, self.hang = release or threading.Event(), hang
+        self.poses = [(0.8 * (k + 1), 0, 0, 0, 0, 0, 1) for k in range(10)] if poses is None else poses
+        self.received: list[tuple[str, object]] = []
+        self._lock = threading.Lock()
+
+    def _receive(self, method: str, request) -> None:
+        with self._lock:
+            self.received.append((method, request))
+        if method == self.hang:
+            self.release.wait()
+
+    def requests(self, method: str) -> list:
+        """The requests of ``method`` received so far, in order."""
+        with self._lock:
+            return [request for name, request in self.received if name == method]
+
+    def get_version(self, request, context):
+        self._receive("get_version", request)
+        return VersionId(version_id="loopback")
+
+    def start_session(self, request, context):
+        self._receive("start_session", request)
+        return SessionRequestStatus()
+
+    def close_session(self, request, context):
+        self._receive("close_session", request)
+        return Empty()
+
+    def submit_image_observation(self, request, context):
+        self._receive("submit_image_observation", request)
+        return Empty()
+
+    def submit_egomotion_observation(self, request, context):
+        self._receive("submit_egomotion_observation", request)
+        return Empty()
+
+    def submit_route(self, request, context):
+        self._receive("submit_route", request)
+        return Empty()
+
+    def submit_recording_ground_truth(self, request, context):
+        self._receive("submit_recording_ground_truth", request)
+        return Empty()
+
+    def drive(self, request, context):
+        self._receive("drive", request)
+        answer = DriveResponse()
+        for k, (x, y, z, qx, qy, qz, qw) in enumerate(self.poses):
+            entry = answer.trajectory.poses.add(timestamp_us=request.time_now_us + 100_000 * (k + 1))
+            entry.pose.vec.x, entry.pose.vec.y, entry.pose.vec.z = x, y, z
+            entry.pose.quat.x, entry.pose.quat.y, entry.pose.quat.z, entry.pose.quat.w = qx, qy, qz, qw
+        return answer
+
+
+@contextmanager
+def grpc_server(servicer=None, garbage: bool = False):
+    """A real gRPC server on loopback for the block, serving ``servicer``, or answering every egodriver method with
+    bytes that do not parse; yields ``host:port``."""
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    if garbage:
+        raw = grpc.unary_unary_rpc_method_handler(lambda request, context: b"\xff\x01not a protobuf")
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "egodriver.EgodriverService", {name: raw for name in EGODRIVER_METHODS})])
+    else:
+        add_EgodriverServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=0)
