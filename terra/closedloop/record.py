@@ -65,10 +65,12 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
 
 
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
-    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps and
-    world, and ``settings`` (the world model's: terra/closedloop/settings.py, ``DriveSettings.model_settings``)."""
+    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy (and the
+    arguments it is built with, when it has any), seed, steps and world, and ``settings`` (the world model's:
+    terra/closedloop/settings.py, ``DriveSettings.model_settings``)."""
+    args = {"policy_args": spec.policy_args} if spec.policy_args else {}
     return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-                             "seed": spec.seed, "num_steps": num_steps, "world": world, **settings})
+                             **args, "seed": spec.seed, "num_steps": num_steps, "world": world, **settings})
 
 
 def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:

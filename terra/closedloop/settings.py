@@ -2,11 +2,11 @@
 
 :func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings`: the model and engine settings as
 a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
-once (a NAVSIM agent's class is imported here), the scenarios as a
-:class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing decoded), this
-shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output folder claimed
-(terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator, and writing over
-nothing the toolkit did not write there. Everything after it takes the values as given.
+once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here), the
+scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
+decoded), this shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output
+folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator,
+and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.plans import Policy
-from terra.closedloop.policies import ALL_REFERENCE, policy_factories
+from terra.closedloop.policies import ALL_REFERENCE, policy_args, policy_factories, policy_names
 from terra.closedloop.record import claim_drive_folder
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
@@ -59,6 +59,7 @@ class DriveSettings:
 
     run: RunSpec
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
+    policy_args: dict[str, dict]  # name -> the keyword arguments the policy is built with (NAVSIM agents' navsim_args)
     scenarios: ScenarioSource
     drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
     world: str  # model | truth | both
@@ -116,7 +117,9 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE})")
-    policies = policy_factories(entries, float(values["policy_timeout_s"]))
+    names = policy_names(entries)
+    args = policy_args(names, select(cfg, "navsim_args"))
+    policies = policy_factories(names, float(values["policy_timeout_s"]), values["seed"], args)
     world = check_choice(select(cfg, "world"), "world", WORLDS)
     setting = str(select(cfg, "scenarios"))
     executor = check_executor(select(cfg, "executor"))
@@ -148,7 +151,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         output = claim_drive_folder(output_dir, ids, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, scenarios, drives, world, values["num_steps"], values["seed"],
+        spec, policies, args, scenarios, drives, world, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, output, fidelity)

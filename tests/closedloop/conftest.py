@@ -1,11 +1,13 @@
-"""Helpers the closed-loop tests share: a real gRPC server on loopback (:func:`grpc_server`) and an egodriver driver
-behind it that records what it received and misbehaves as told (:class:`LoopbackDriver`)."""
+"""Helpers the closed-loop tests share: a real gRPC server on loopback (:func:`grpc_server`), an egodriver driver
+behind it that records what it received and misbehaves as told (:class:`LoopbackDriver`), and terra-drive's
+settings made in process (:func:`drive_settings_of`)."""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import grpc
 from carla_driver_interface.protocol import (
@@ -16,6 +18,10 @@ from carla_driver_interface.protocol import (
     VersionId,
     add_EgodriverServiceServicer_to_server,
 )
+from hydra import compose, initialize_config_dir
+
+from terra.apps.runner import CONF_DIR
+from terra.closedloop.settings import drive_settings
 
 EGODRIVER_METHODS = ("get_version", "start_session", "close_session", "submit_image_observation",
                      "submit_egomotion_observation", "submit_route", "submit_recording_ground_truth", "drive")
@@ -98,3 +104,10 @@ def grpc_server(servicer=None, garbage: bool = False):
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(grace=0)
+
+
+def drive_settings_of(out: Path, *overrides: str):
+    """terra-drive's settings of ``overrides`` on the true world (the app's edge, in process)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("drive", overrides=["world=truth", *overrides])
+    return drive_settings(cfg, out)
