@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from terra.closedloop.drives import drive as run_drive_settings
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
 from terra.closedloop.scenarios import synthetic_scenarios
@@ -181,3 +182,17 @@ def test_trajectory_sampling_is_nuplans(given, expected):
         return
     sampling = TrajectorySamplingOfTerra(**given)
     assert (sampling.num_poses, sampling.time_horizon, sampling.interval_length) == pytest.approx(expected)
+
+
+def test_a_rerun_with_other_navsim_args_drives_again(tmp_path):
+    def run(speed: float) -> str:
+        settings = drive_settings_of(
+            tmp_path / "out", "policies=[navsim:tests.closedloop.test_navsim:SampledAgent]", "num_scenarios=1",
+            "num_steps=2", "progress=false", f"navsim_args={{SampledAgent: {{checkpoint_path: x, config: {{_target_: "
+            f"tests.closedloop.test_navsim.AgentConfig, speed_mps: {speed}}}}}}}")
+        [line] = run_drive_settings(settings, progress=False).lines
+        return line
+
+    assert "1 drives ok, 0 failed, 0 already complete" in run(5.0)
+    assert "0 drives ok, 0 failed, 1 already complete" in run(5.0)  # the same arguments: complete
+    assert "1 drives ok, 0 failed, 0 already complete" in run(7.0)  # others: the drive is made again
