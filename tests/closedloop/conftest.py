@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import grpc
 from carla_driver_interface.protocol import (
@@ -25,6 +26,16 @@ from terra.closedloop.settings import drive_settings
 
 EGODRIVER_METHODS = ("get_version", "start_session", "close_session", "submit_image_observation",
                      "submit_egomotion_observation", "submit_route", "submit_recording_ground_truth", "drive")
+
+
+def _recorded(method: str, answer: Callable[[], object]) -> Callable:
+    """A servicer method that records its request (``LoopbackDriver._receive``) and answers ``answer()``."""
+
+    def handle(self, request, context):
+        self._receive(method, request)
+        return answer()
+
+    return handle
 
 
 class LoopbackDriver(EgodriverServiceServicer):
@@ -49,33 +60,13 @@ class LoopbackDriver(EgodriverServiceServicer):
         with self._lock:
             return [request for name, request in self.received if name == method]
 
-    def get_version(self, request, context):
-        self._receive("get_version", request)
-        return VersionId(version_id="loopback")
-
-    def start_session(self, request, context):
-        self._receive("start_session", request)
-        return SessionRequestStatus()
-
-    def close_session(self, request, context):
-        self._receive("close_session", request)
-        return Empty()
-
-    def submit_image_observation(self, request, context):
-        self._receive("submit_image_observation", request)
-        return Empty()
-
-    def submit_egomotion_observation(self, request, context):
-        self._receive("submit_egomotion_observation", request)
-        return Empty()
-
-    def submit_route(self, request, context):
-        self._receive("submit_route", request)
-        return Empty()
-
-    def submit_recording_ground_truth(self, request, context):
-        self._receive("submit_recording_ground_truth", request)
-        return Empty()
+    get_version = _recorded("get_version", lambda: VersionId(version_id="loopback"))
+    start_session = _recorded("start_session", SessionRequestStatus)
+    close_session = _recorded("close_session", Empty)
+    submit_image_observation = _recorded("submit_image_observation", Empty)
+    submit_egomotion_observation = _recorded("submit_egomotion_observation", Empty)
+    submit_route = _recorded("submit_route", Empty)
+    submit_recording_ground_truth = _recorded("submit_recording_ground_truth", Empty)
 
     def drive(self, request, context):
         self._receive("drive", request)
