@@ -114,7 +114,7 @@ def test_a_driver_over_grpc_matches_a_direct_session_run(pipeline, scenarios):
         assert tcp.plans[-1].times[0] == pytest.approx(0.1) and len(tcp.plans[-1].times) == 40
 
 
-# ---------------------------------------------------------------- what the driver is sent, as AlpaSim's runtime sends it
+# ---------------------------------------------------------------- what a driver is sent, as AlpaSim's runtime does
 
 TRUE_SIZE = (72, 128)
 NUM_CONTEXT = 4

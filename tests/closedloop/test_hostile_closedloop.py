@@ -414,8 +414,9 @@ def agents(tmp_path, monkeypatch) -> Path:
     ("navsim:terra_test_agents_raises:Agent", "importing terra_test_agents_raises failed: RuntimeError: no GPU here"),
     ("navsim:terra_test_agents_exits:Agent", "importing terra_test_agents_exits failed: it called sys.exit(4)"),
     ("navsim:Agent", "cannot load the NAVSIM agent 'navsim:Agent': give navsim:package.module:Class"),
-    ("navsim:terra_test_agents_navsim:ThreeCameras", "ThreeCameras asks for sensors this world does not render: cam_l0, "
-                                                     "cam_r0, lidar_pc (it renders the front camera, cam_f0, alone)"),
+    ("navsim:terra_test_agents_navsim:ThreeCameras",
+     "ThreeCameras asks for sensors this world does not render: cam_l0, cam_r0, lidar_pc (it renders the front camera, "
+     "cam_f0, alone)"),
     ("navsim:terra_test_agents_navsim:Privileged", "Privileged has requires_scene=True: it plans from NAVSIM's logged "
                                                    "Scene"),
 ])

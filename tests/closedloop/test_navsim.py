@@ -77,7 +77,7 @@ def test_a_navsim_agent_drives_with_its_own_class():
     assert drive.plans[0].times.tolist() == pytest.approx([0.5 * (i + 1) for i in range(8)])
 
 
-# ---------------------------------------------------------------- built from terra-drive's settings, as NAVSIM builds it
+# ---------------------------------------------------------------- built from terra-drive's settings as NAVSIM does
 
 
 @dataclass
@@ -170,7 +170,7 @@ def test_an_agent_that_needs_a_trajectory_sampling_gets_navsims_default(tmp_path
     ({"num_poses": 6, "time_horizon": 3}, (6, 3.0, 0.5)),
     ({"num_poses": 8, "time_horizon": 4, "interval_length": 0.5}, (8, 4.0, 0.5)),
     ({"time_horizon": 1, "interval_length": 0.3}, "time_horizon=1 s is not num_poses x interval_length (3 x 0.3 s)"),
-    ({"num_poses": 8, "time_horizon": 4, "interval_length": 0.25}, "time_horizon=4 s is not num_poses x interval_length"),
+    ({"num_poses": 8, "time_horizon": 4, "interval_length": 0.25}, "time_horizon=4 s is not num_poses x interval"),
     ({"time_horizon": 4}, "give two of num_poses, time_horizon and interval_length (got {'time_horizon': 4})"),
     ({"num_poses": 0, "time_horizon": 4}, "num_poses must be a whole number of at least 1 (got 0)"),
     ({"time_horizon": -4, "interval_length": 0.5}, "time_horizon must be a number above 0 and at most 3600"),
