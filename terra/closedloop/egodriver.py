@@ -1,25 +1,39 @@
 """AlpaSim's driver contract (``egodriver.EgodriverService``, gRPC): any driver that speaks it drives here.
 
 :class:`EgodriverPolicy` plays AlpaSim's runtime and sensor simulator for one drive, through the client end of
-``carla-driver-interface`` (the contract's messages and stubs, vendored from NVlabs/alpasim unchanged): it
-negotiates the contract revision, opens a session declaring the front camera (the synthetic world's pinhole:
-70 degrees across, 1.6 m up, pitched 4 degrees down), and each step submits the newest frame, the ego pose and
-speed in the drive's ``local`` frame and the route in the rig frame, then asks ``drive`` for a plan. The answer,
-in the local frame and led by the pose now, comes back to the loop in the rig frame (x forward, y left).
+``carla-driver-interface`` (the contract's messages and stubs, vendored from NVlabs/alpasim unchanged), in the order
+AlpaSim's runtime calls a driver:
+
+* reset: ``get_version`` (the contract revision negotiated), then ``start_session`` with a per-drive
+  ``random_seed`` (:func:`session_seed`: the run's ``seed``, the scenario and the policy, so a rerun sends the same
+  seed and two drives different ones) and the front camera declared;
+* each step: the frames the driver has not seen (``submit_image_observation``, the first step every context frame
+  the observation holds), the ego poses it has not seen (``submit_egomotion_observation``, the first step the whole
+  context's history, as the runtime sends the recorded history up to the first decision), the route in the rig
+  frame (``submit_route``), then ``drive`` for a plan.
+
+The drive's clock starts at its first context frame (0 µs) and ticks 100 ms a frame, so the first decision is at
+``(num_context - 1) * 100_000`` µs and every frame's and pose's timestamp is the time it was taken. Poses are the
+rig's in the drive's ``local`` frame (the last context frame's ego frame); the rig is the closed loop's ego pose,
+whose origin is the centre of the rear axle on the ground (x forward, y left, z up), as in AlpaSim. The camera
+(terra/sim/camera.py, the synthetic world's pinhole: 70 degrees across, pitched 4 degrees down) sits 1.6 m straight
+above that origin, so it is declared at ``(0, 0, 1.6)`` in the rig. The answer, in the local frame and led by the
+pose now, comes back to the loop in the rig frame (x forward, y left).
 
 The driver may run anywhere gRPC reaches (``"host:port"``, ``unix:///path``) or in this process
 (:func:`in_process`, over ``carla_driver_interface.inprocess``: the same bytes, no socket); the contract's own
 reference policies ``constant_speed`` and ``route_follower`` are :func:`reference_driver`.
 
-Every call into the policy (reset: ``get_version`` and ``start_session``; plan: the three submissions and
-``drive``; close: ``close_session``) shares one deadline, ``timeout_s`` (terra-drive's ``policy_timeout_s``), so a
-driver that never answers costs the drive that long and no more. A failed call is one line, ``driver at
-HOST:PORT: <status code>: <details>``; an answer whose poses are not finite or whose rotations are degenerate
-(a quaternion of norm 0) fails the drive instead of being driven.
+Every call into the policy (reset: ``get_version`` and ``start_session``; plan: the submissions and ``drive``;
+close: ``close_session``) shares one deadline, ``timeout_s`` (terra-drive's ``policy_timeout_s``), so a driver that
+never answers costs the drive that long and no more. A failed call is one line, ``driver at HOST:PORT: <status
+code>: <details>``; an answer whose poses are not finite or whose rotations are degenerate (a quaternion of norm 0)
+fails the drive instead of being driven.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -31,6 +45,7 @@ import numpy as np
 
 from terra.closedloop.plans import Observation, Plan
 from terra.core.errors import TerraInputError
+from terra.inputs.ego_motion import action_arc, advance_pose, to_ego
 
 US = 1_000_000
 STEP_US = 100_000  # 10 Hz
@@ -61,7 +76,8 @@ def driver_target(entry: str) -> str:
 
 
 def _camera(width: int, height: int):
-    """The synthetic world's front camera as a pinhole the contract declares (terra/sim/camera.py)."""
+    """The synthetic world's front camera as a pinhole the contract declares (terra/sim/camera.py): 1.6 m straight
+    above the rig's origin, the rear axle's centre on the ground."""
     from carla_driver_interface.testing import FakeCamera
 
     from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
@@ -70,11 +86,36 @@ def _camera(width: int, height: int):
                       z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
 
 
+def session_seed(seed: int, scenario_id: str, policy: str) -> int:
+    """The ``random_seed`` a drive's session starts with: 64 bits of the SHA-256 of the run's ``seed``, the
+    scenario's id and the policy's name, the same on every rerun and different for every drive."""
+    digest = hashlib.sha256(f"{seed}\0{scenario_id}\0{policy}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def context_motion(scenario) -> np.ndarray:
+    """The ego history of ``scenario``'s context frames before the last, as the actions between them moved the car
+    (terra/inputs/ego_motion.py, ``advance_pose``): ``[n - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last
+    context frame's ego frame (the drive's local frame), the speed (m/s) and yaw rate (rad/s) of the action it
+    starts (``action_arc``) and the acceleration (m/s^2) to the next frame's speed."""
+    poses = [(0.0, 0.0, 0.0)]
+    for action in scenario.actions:
+        poses.append(advance_pose(poses[-1], action))
+    world = np.array(poses)
+    last = world[-1]
+    local = np.concatenate([to_ego(world[:, :2], last), world[:, 2:] - last[2]], axis=-1)
+    arcs = [action_arc(np.asarray(action)) for action in scenario.actions]
+    speeds = np.array([length / t0 for _, length, t0 in arcs] + [scenario.speed_kmh / 3.6])
+    yaw_rates = np.array([curvature * length / t0 for curvature, length, t0 in arcs])
+    return np.column_stack([local[:-1], speeds[:-1], yaw_rates, np.diff(speeds) / (STEP_US / US)])
+
+
 class EgodriverPolicy:
-    """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive)."""
+    """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive); ``seed`` is
+    the run's, from which each session's ``random_seed`` comes (:func:`session_seed`)."""
 
     def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, image_format: str = "PNG",
-                 own_channel: bool | None = None) -> None:
+                 own_channel: bool | None = None, seed: int = 0) -> None:
         import grpc
         from carla_driver_interface.protocol import EgodriverServiceStub, channel_options
 
@@ -86,7 +127,11 @@ class EgodriverPolicy:
         self._stub = EgodriverServiceStub(self._channel)
         self.timeout_s = timeout_s
         self.image_format = image_format
+        self.seed = seed
         self.session = ""
+        self._start_us = 0  # the first decision's time: the last context frame's
+        self._history = np.zeros((0, 6))  # the context's ego history (context_motion), sent with the first plan
+        self._seen_us = -1  # the newest frame the driver was sent
 
     def _calls(self) -> Callable[..., Any]:
         """A caller of this policy's gRPC methods that share one deadline, ``timeout_s`` from now: ``call(method,
@@ -112,34 +157,24 @@ class EgodriverPolicy:
         height, width = scenario.images.shape[1:3]
         _, revision = call(lambda timeout: negotiate(self._stub, timeout=timeout))
         session = str(uuid.uuid4())
-        request = DriveSessionRequest(session_uuid=session, random_seed=0)
+        request = DriveSessionRequest(session_uuid=session,
+                                      random_seed=session_seed(self.seed, scenario.id, self.name))
         request.debug_info.scene_id = scenario.id
         request.rollout_spec.vehicle.available_cameras.append(_camera(width, height).available_camera(revision))
         call(self._stub.start_session, request, metadata=contract_metadata(revision))
         self.session = session  # a session the driver opened, and so closes
+        self._start_us = (len(scenario.images) - 1) * STEP_US
+        self._history = context_motion(scenario)
+        self._seen_us = -1
 
     def plan(self, observation: Observation) -> Plan:
         from carla_driver_interface.geometry import Pose, Trajectory, waypoints_to_proto
-        from carla_driver_interface.protocol import (
-            DriveRequest, DynamicState, RolloutCameraImage, RolloutEgoTrajectory, Route, RouteRequest, Vec3,
-        )
+        from carla_driver_interface.protocol import DriveRequest, Route, RouteRequest
 
         call = self._calls()
-        now_us = observation.step * STEP_US
-        x, y, yaw = (float(v) for v in observation.pose)
-        pose = Pose.from_xyz_yaw(x, y, 0.0, yaw)
-        image = RolloutCameraImage(session_uuid=self.session)
-        image.camera_image.logical_id = CAMERA_ID
-        image.camera_image.frame_start_us = image.camera_image.frame_end_us = now_us
-        image.camera_image.image_bytes = self._encode(observation.frame)
-        call(self._stub.submit_image_observation, image)
-        ego = observation.ego
-        motion = RolloutEgoTrajectory(session_uuid=self.session)
-        motion.trajectory.CopyFrom(Trajectory([now_us], [pose]).to_proto())
-        motion.dynamic_states.append(DynamicState(linear_velocity=Vec3(x=ego.speed_mps),
-                                                  angular_velocity=Vec3(z=ego.yaw_rate),
-                                                  linear_acceleration=Vec3(x=ego.accel_mps2)))
-        call(self._stub.submit_egomotion_observation, motion)
+        now_us = self._start_us + observation.step * STEP_US
+        self._submit_frames(call, observation.frames, now_us)
+        self._submit_motion(call, observation, now_us)
         route = np.concatenate([observation.route, np.zeros((len(observation.route), 1))], axis=-1)
         call(self._stub.submit_route, RouteRequest(session_uuid=self.session, route=Route(
             timestamp_us=now_us, waypoints=waypoints_to_proto(route))))
@@ -152,10 +187,44 @@ class EgodriverPolicy:
         later = [(t, p) for t, p in zip(plan.timestamps_us, plan.poses) if t > now_us]
         if not later:  # the contract's "hold": stand still
             return Plan.trajectory(np.zeros((40, 3)), dt=STEP_US / US)
-        inverse = pose.inverse()
+        x, y, yaw = (float(v) for v in observation.pose)
+        inverse = Pose.from_xyz_yaw(x, y, 0.0, yaw).inverse()
         rig = [inverse @ p for _, p in later]
         poses = np.array([[p.position[0], p.position[1], p.yaw] for p in rig])
         return Plan.trajectory(poses, times=np.array([(t - now_us) / US for t, _ in later]))
+
+    def _submit_frames(self, call: Callable[..., Any], frames, now_us: int) -> None:
+        """Send the frames the driver has not seen, oldest first, each stamped with the time it was taken (the
+        newest now): the first plan every context frame the observation holds, then the new frame."""
+        from carla_driver_interface.protocol import RolloutCameraImage
+
+        for k, frame in enumerate(frames):
+            taken_us = now_us - (len(frames) - 1 - k) * STEP_US
+            if taken_us > self._seen_us:
+                image = RolloutCameraImage(session_uuid=self.session)
+                image.camera_image.logical_id = CAMERA_ID
+                image.camera_image.frame_start_us = image.camera_image.frame_end_us = taken_us
+                image.camera_image.image_bytes = self._encode(frame)
+                call(self._stub.submit_image_observation, image)
+        self._seen_us = now_us
+
+    def _submit_motion(self, call: Callable[..., Any], observation: Observation, now_us: int) -> None:
+        """Send the ego poses the driver has not seen with their dynamic states (rig frame): the first plan the
+        context's history and the pose now, then the pose now."""
+        from carla_driver_interface.geometry import Pose, Trajectory
+        from carla_driver_interface.protocol import DynamicState, RolloutEgoTrajectory, Vec3
+
+        ego = observation.ego
+        states = np.vstack([self._history, [*observation.pose, ego.speed_mps, ego.yaw_rate, ego.accel_mps2]])
+        self._history = self._history[:0]  # the context's history goes with the first plan only
+        times = [now_us - (len(states) - 1 - k) * STEP_US for k in range(len(states))]
+        motion = RolloutEgoTrajectory(session_uuid=self.session)
+        motion.trajectory.CopyFrom(Trajectory(times, [Pose.from_xyz_yaw(x, y, 0.0, yaw)
+                                                      for x, y, yaw in states[:, :3].tolist()]).to_proto())
+        for speed, yaw_rate, accel in states[:, 3:].tolist():
+            motion.dynamic_states.append(DynamicState(linear_velocity=Vec3(x=speed), angular_velocity=Vec3(z=yaw_rate),
+                                                      linear_acceleration=Vec3(x=accel)))
+        call(self._stub.submit_egomotion_observation, motion)
 
     def _check_poses(self, trajectory) -> None:
         """Refuse an answer whose poses are not finite, lie beyond :data:`MAX_POSITION_M` or have a degenerate

@@ -47,6 +47,7 @@ class DriveSpec:
     policy: str  # the policy's name in records
     make_policy: Callable[[], Policy]
     seed: int = 0
+    policy_args: dict | None = None  # the keyword arguments the policy is built with (a NAVSIM agent's navsim_args)
 
     @property
     def id(self) -> str:
@@ -54,11 +55,13 @@ class DriveSpec:
 
 
 def drive_specs(scenarios: Sequence[Scenario], policies: dict[str, Callable[[], Policy]], seed: int = 0,
-                indices: Sequence[int] | None = None) -> list[DriveSpec]:
+                indices: Sequence[int] | None = None, policy_args: dict[str, dict] | None = None) -> list[DriveSpec]:
     """Every scenario x policy, scenario by scenario; the drives of scenario ``i`` (``indices[i]``, its index in
-    the run's scenarios, when given) sample the world model with seed ``seed + i``."""
+    the run's scenarios, when given) sample the world model with seed ``seed + i``; ``policy_args`` are the
+    policies' keyword arguments by name."""
     indices = range(len(scenarios)) if indices is None else indices
-    return [DriveSpec(scenario, name, factory, seed=seed + index)
+    policy_args = policy_args or {}
+    return [DriveSpec(scenario, name, factory, seed=seed + index, policy_args=policy_args.get(name))
             for scenario, index in zip(scenarios, indices) for name, factory in policies.items()]
 
 

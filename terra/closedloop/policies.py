@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -123,19 +123,45 @@ def reference_policy(name: str) -> Callable[[], Policy]:
     return REFERENCE_POLICIES[name]
 
 
-def policy_factories(entries: Sequence[str], timeout_s: float = 30.0) -> dict[str, Callable[[], Policy]]:
-    """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml), by name, each a factory built and
-    checked now: a reference policy, :data:`ALL_REFERENCE`, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of
-    AlpaSim's egodriver contract, terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``) or
-    ``navsim:MODULE:CLASS`` (a NAVSIM agent class, imported here and built with no arguments:
-    terra/closedloop/navsim.py)."""
+def policy_names(entries: Sequence[str]) -> list[str]:
+    """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml) by name: each entry, with
+    :data:`ALL_REFERENCE` standing for every reference policy; each once."""
     names = [name for entry in entries for name in (REFERENCE_POLICIES if entry == ALL_REFERENCE else [entry])]
     if len(set(names)) != len(names):
         raise TerraInputError(f"policies names one twice ({names}); list each once")
-    return {name: _factory(name, timeout_s) for name in names}
+    return names
 
 
-def _factory(entry: str, timeout_s: float) -> Callable[[], Policy]:
+def policy_args(names: Sequence[str], navsim_args: Any = None) -> dict[str, dict]:
+    """The keyword arguments the NAVSIM agents among ``names`` are built with, by policy name: ``navsim_args``
+    (terra-drive's setting: a mapping per agent class name, ``navsim:MODULE:CLASS``'s ``CLASS``), checked."""
+    navsim_args = {} if navsim_args is None else navsim_args
+    if not isinstance(navsim_args, Mapping):
+        raise TerraInputError(f"navsim_args must map NAVSIM agent class names to their keyword arguments (got "
+                              f"{navsim_args!r}); e.g. navsim_args={{MyAgent: {{checkpoint_path: /ckpt/agent.pth}}}}")
+    agents = {name.rpartition(":")[2]: name for name in names if name.startswith("navsim:")}
+    for key, value in navsim_args.items():
+        if key not in agents:
+            raise TerraInputError(f"navsim_args.{key} names no NAVSIM agent class in policies (its agents: "
+                                  f"{', '.join(agents) or 'none'}); key each agent's arguments by its class name")
+        if not isinstance(value, Mapping):
+            raise TerraInputError(f"navsim_args.{key} must be the keyword arguments of {key}() (got {value!r}); e.g. "
+                                  f"navsim_args={{{key}: {{checkpoint_path: /ckpt/agent.pth}}}}")
+    return {name: dict(navsim_args[key]) for key, name in agents.items() if key in navsim_args}
+
+
+def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 0,
+                     args: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Callable[[], Policy]]:
+    """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now: a reference
+    policy, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of AlpaSim's egodriver contract,
+    terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``, each session's seed from the run's
+    ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent class, imported here and built with ``args[name]``
+    (:func:`policy_args`): terra/closedloop/navsim.py)."""
+    args = args or {}
+    return {name: _factory(name, timeout_s, seed, args.get(name)) for name in names}
+
+
+def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | None) -> Callable[[], Policy]:
     if entry.startswith("grpc:") or entry.startswith("unix:"):
         from terra.closedloop.egodriver import driver_target
 
@@ -144,18 +170,19 @@ def _factory(entry: str, timeout_s: float) -> Callable[[], Policy]:
         def remote() -> Policy:
             from terra.closedloop.egodriver import EgodriverPolicy
 
-            return EgodriverPolicy(target, entry, timeout_s)
+            return EgodriverPolicy(target, entry, timeout_s, seed=seed)
 
         return remote
     if entry.startswith("navsim:"):
-        from terra.closedloop.navsim import agent_class as load_agent
+        from terra.closedloop.navsim import agent_factory
 
-        agent_class = load_agent(entry)  # imported and checked now, before any drive
+        name = entry.rpartition(":")[2]
+        build = agent_factory(entry, args)  # imported, built and checked now, before any drive
 
         def agent() -> Policy:
             from terra.closedloop.navsim import NavsimPolicy
 
-            return NavsimPolicy(agent_class(), entry.rpartition(":")[2])
+            return NavsimPolicy(build(), name)
 
         return agent
     if entry not in REFERENCE_POLICIES:

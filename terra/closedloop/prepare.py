@@ -75,4 +75,5 @@ def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[Dri
     indices = settings.scenario_indices
     scenarios = settings.scenarios.load(image_size, settings.run.num_context, settings.run.resize, indices)
     wanted = set(settings.drive_ids)
-    return [spec for spec in drive_specs(scenarios, settings.policies, settings.seed, indices) if spec.id in wanted]
+    specs = drive_specs(scenarios, settings.policies, settings.seed, indices, settings.policy_args)
+    return [spec for spec in specs if spec.id in wanted]

@@ -66,11 +66,12 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
 
 
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
-    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps,
-    world and vehicle, and ``settings`` (the world model's: terra/closedloop/settings.py,
-    ``DriveSettings.model_settings``)."""
+    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy (and the
+    arguments it is built with, when it has any), seed, steps, world and vehicle, and ``settings`` (the world model's:
+    terra/closedloop/settings.py, ``DriveSettings.model_settings``)."""
+    args = {"policy_args": spec.policy_args} if spec.policy_args else {}
     return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-                             "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
+                             **args, "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
                              **settings})
 
 

@@ -2,11 +2,11 @@
 
 :func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings`: the model and engine settings as
 a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
-once (a NAVSIM agent's class is imported here), the scenarios as a
-:class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing decoded), this
-shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output folder claimed
-(terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator, and writing over
-nothing the toolkit did not write there. Everything after it takes the values as given.
+once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here), the
+scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
+decoded), this shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output
+folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator,
+and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
-from terra.closedloop.policies import ALL_REFERENCE, policy_factories
+from terra.closedloop.policies import ALL_REFERENCE, policy_args, policy_factories, policy_names
 from terra.closedloop.record import claim_drive_folder
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
@@ -63,6 +63,7 @@ class DriveSettings:
 
     run: RunSpec
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
+    policy_args: dict[str, dict]  # name -> the keyword arguments the policy is built with (NAVSIM agents' navsim_args)
     scenarios: ScenarioSource
     drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
     world: str  # model | truth | both | a user world's name (module.Class)
@@ -130,7 +131,9 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE})")
-    policies = policy_factories(entries, float(values["policy_timeout_s"]))
+    names = policy_names(entries)
+    args = policy_args(names, select(cfg, "navsim_args"))
+    policies = policy_factories(names, float(values["policy_timeout_s"]), values["seed"], args)
     world, user_worlds = select(cfg, "world"), {}
     if isinstance(world, str) and is_world_target(world):
         user_worlds[world_name(world)] = (world, world_class(world, "world"))
@@ -170,8 +173,9 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, scenarios, drives, world, controls, user_worlds, vehicle, values["num_steps"], values["seed"],
-        float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
+        spec, policies, args, scenarios, drives, world, controls, user_worlds, vehicle, values["num_steps"],
+        values["seed"], float(values["policy_timeout_s"]), values["max_concurrent"],
+        check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, videos, output, fidelity)
 

@@ -51,21 +51,33 @@ def test_runs_on_the_true_world_and_resumes(tmp_path):
 
 def test_fidelity_with_the_demo_model(tmp_path):
     args = ["world=both", "num_scenarios=1", "num_steps=2", "policies=[lane_follower,constant_speed]",
-            "backend=hf", "num_threads=1", f"output_dir={tmp_path / 'out'}"]
+            "controls=[frozen]", "backend=hf", "num_threads=1", f"output_dir={tmp_path / 'out'}"]
     result = drive(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
-    assert set(report["policies"]) == {"lane_follower", "constant_speed"} and report["drives"] == 2
-    assert (tmp_path / "out" / "model" / "manifest.jsonl").is_file()
-    assert "Spearman" in (tmp_path / "out" / "fidelity.md").read_text()
+    assert set(report["policies"]) == {"lane_follower", "constant_speed"}
+    assert [v["world"] for v in report["verdicts"]] == ["model", "frozen"] and set(report["separations"]) == {"frozen"}
+    for world in ("model", "truth", "frozen"):
+        assert (tmp_path / "out" / world / "manifest.jsonl").is_file()
+    assert "| statistic | band | model | frozen |" in (tmp_path / "out" / "fidelity.md").read_text()
+
+
+class Faithful(TrueWorld):
+    """The true world judged as if it were a model."""
+
+    name = "model"
 
 
 def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "lane_follower_bias_left", "constant_speed")}
-    report = run_fidelity(TrueWorld((72, 128)), TrueWorld((72, 128)), drive_specs(scenarios, policies),
-                          RunSettings(tmp_path / "f", num_steps=6, progress=False))
+    report = run_fidelity({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
+                          drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["path_distance_m"] == 0.0 and row["model"] == row["truth"]
-    assert report.drives == 6 and report.spearman_time_in_lane in (None, pytest.approx(1.0))
-    assert compare({}, {}).spearman_time_in_lane is None
+    [model] = report.verdicts
+    assert model.drives == 6 and not model.flagged_by
+    assert model.values["lane_slope"].estimate == pytest.approx(1.0)
+    assert model.values["lanes_found_difference"].estimate == 0.0
+    empty = compare({"model": {}, "truth": {}})  # no drives: every statistic undefined, nothing decided
+    assert empty.verdicts[0].drives == 0 and set(empty.verdicts[0].decisions.values()) == {"inconclusive"}

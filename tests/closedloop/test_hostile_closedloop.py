@@ -26,39 +26,25 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import imageio.v3 as iio
 import numpy as np
 import pytest
-from hydra import compose as compose_config, initialize_config_dir
 from gymnasium.error import InvalidAction, ResetNeeded
-from carla_driver_interface.protocol import (
-    DriveResponse,
-    EgodriverServiceServicer,
-    Empty,
-    SessionRequestStatus,
-    VersionId,
-    add_EgodriverServiceServicer_to_server,
-)
 
-from terra.apps.runner import CONF_DIR
 from terra.batch.config import APP as ROLLOUT
 from terra.closedloop.drives import drive as run_drive_settings
 from terra.closedloop.egodriver import EgodriverPolicy
 from terra.closedloop.gym_env import DriveEnv, DriveVectorEnv
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.navsim import NavsimPolicy
+from terra.closedloop.navsim import CAMERAS, NavsimPolicy
 from terra.closedloop.plans import Plan
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
 from terra.config.manifest import Manifest, read_manifest
 from terra.config.output_dir import claim_output_dir
@@ -66,6 +52,7 @@ from terra.config.ray_settings import check_executor
 from terra.core.atomic import MARKER, owner
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose, to_ego
+from tests.closedloop.conftest import LoopbackDriver, drive_settings_of, grpc_server
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -85,13 +72,6 @@ def refused(result: subprocess.CompletedProcess, prog: str, text: str) -> str:
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: ") and text in lines[0], result.stderr
     assert not result.stdout.strip(), result.stdout
     return lines[0]
-
-
-def drive_settings_of(out: Path, *overrides: str):
-    """terra-drive's settings of ``overrides`` (the app's edge, in process)."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose_config("drive", overrides=["world=truth", *overrides])
-    return drive_settings(cfg, out)
 
 
 # ---------------------------------------------------------------- one output folder, one app
@@ -283,66 +263,6 @@ def test_an_agent_that_exits_or_paints_its_frames_fails_its_drive_and_changes_no
 # ---------------------------------------------------------------- gRPC drivers: deadlines and answers
 
 
-class HostileDriver(EgodriverServiceServicer):
-    """An egodriver server that misbehaves as told: ``hang`` in a method (until released), or answer ``drive`` with
-    ``poses`` (x, y, z, qx, qy, qz, qw) at 0.1 s steps."""
-
-    def __init__(self, release: threading.Event, hang: str = "", poses=None) -> None:
-        self.release, self.hang = release, hang
-        self.poses = [(0.8 * (k + 1), 0, 0, 0, 0, 0, 1) for k in range(10)] if poses is None else poses
-
-    def _maybe_hang(self, method: str) -> None:
-        if method == self.hang:
-            self.release.wait()
-
-    def get_version(self, request, context):
-        self._maybe_hang("get_version")
-        return VersionId(version_id="hostile")
-
-    def start_session(self, request, context):
-        self._maybe_hang("start_session")
-        return SessionRequestStatus()
-
-    def close_session(self, request, context):
-        self._maybe_hang("close_session")
-        return Empty()
-
-    def submit_image_observation(self, request, context):
-        return Empty()
-
-    submit_egomotion_observation = submit_route = submit_image_observation
-
-    def drive(self, request, context):
-        self._maybe_hang("drive")
-        answer = DriveResponse()
-        for k, (x, y, z, qx, qy, qz, qw) in enumerate(self.poses):
-            entry = answer.trajectory.poses.add(timestamp_us=request.time_now_us + 100_000 * (k + 1))
-            entry.pose.vec.x, entry.pose.vec.y, entry.pose.vec.z = x, y, z
-            entry.pose.quat.x, entry.pose.quat.y, entry.pose.quat.z, entry.pose.quat.w = qx, qy, qz, qw
-        return answer
-
-
-@contextmanager
-def grpc_server(servicer=None, garbage: bool = False):
-    """A real gRPC server on loopback for the block, serving ``servicer``, or answering every egodriver method with
-    bytes that do not parse; yields ``host:port``."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=8))
-    if garbage:
-        raw = grpc.unary_unary_rpc_method_handler(lambda request, context: b"\xff\x01not a protobuf")
-        methods = ("get_version", "start_session", "close_session", "submit_image_observation",
-                   "submit_egomotion_observation", "submit_route", "drive")
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "egodriver.EgodriverService", {name: raw for name in methods})])
-    else:
-        add_EgodriverServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(grace=0)
-
-
 def driven(target: str, timeout_s: float, steps: int = 2):
     """One drive of the driver at ``target`` on the true world, and how long it took."""
     scenario = synthetic_scenarios(1, 2, SIZE)[0]
@@ -355,14 +275,14 @@ def driven(target: str, timeout_s: float, steps: int = 2):
 @pytest.mark.parametrize("hang, call", [("get_version", "reset"), ("start_session", "reset"),
                                         ("drive", "plan at step 0")])
 def test_a_driver_that_never_answers_costs_its_drive_the_deadline_and_no_more(release, hang, call):
-    with grpc_server(HostileDriver(release, hang=hang)) as target:
+    with grpc_server(LoopbackDriver(release, hang=hang)) as target:
         drive, took = driven(target, 2.0)
     assert not drive.ok and drive.error.startswith(f"policy remote timed out after 2 s in {call}"), drive.error
     assert took < 2 * 2.0 + 15, took  # the call and the close, not 30 s each
 
 
 def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_path):
-    with grpc_server(HostileDriver(release, hang="close_session")) as target:
+    with grpc_server(LoopbackDriver(release, hang="close_session")) as target:
         drive, took = driven(target, 2.0)
     assert drive.ok and drive.steps == 2 and took < 2.0 + 15, (drive.error, took)
     assert drive.warnings == ["policy remote timed out after 2 s in close"]
@@ -377,7 +297,7 @@ def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_p
 def test_a_driver_plan_of_degenerate_poses_fails_its_drive(release, poses, text):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no RuntimeWarning from the geometry either
-        with grpc_server(HostileDriver(release, poses=poses)) as target:
+        with grpc_server(LoopbackDriver(release, poses=poses)) as target:
             drive, _ = driven(target, 5.0)
     assert not drive.ok and drive.steps == 0
     assert drive.error.startswith(f"policy remote failed in plan at step 0: driver at {target} answered a plan whose "
@@ -443,10 +363,21 @@ def test_a_drive_ends_when_the_car_leaves_the_scene(tmp_path):
 
 # ---------------------------------------------------------------- nonsense refused before any work
 
+AGENT = ("    def initialize(self):\n        pass\n\n"
+         "    def compute_trajectory(self, agent_input):\n        return None\n\n")
 AGENTS = {  # modules of NAVSIM agents, hostile at import or as classes
-    "terra_test_agents_ok": "class Agent:\n    def __init__(self, checkpoint='none'):\n        pass\n\n"
+    "terra_test_agents_ok": "class Agent:\n    def __init__(self, checkpoint='none'):\n        pass\n\n" + AGENT +
                             "def make_agent():\n    return Agent()\n\n"
-                            "class NeedsArgs:\n    def __init__(self, checkpoint, *, lr):\n        pass\n",
+                            "class NeedsArgs:\n    def __init__(self, checkpoint, *, lr):\n        self.lr = lr\n\n"
+                            + AGENT,
+    "terra_test_agents_navsim": "from dataclasses import dataclass\n\n"  # TransFuser's sensors; a privileged agent
+                                "@dataclass\nclass SensorConfig:\n" + "".join(
+                                    f"    {name}: object = False\n" for name in (*CAMERAS, "lidar_pc")) + "\n"
+                                "class ThreeCameras:\n    def __init__(self, trajectory_sampling, latent=False):\n"
+                                "        self.latent = latent\n\n" + AGENT +
+                                "    def get_sensor_config(self):\n        return SensorConfig(cam_f0=[3], cam_l0=[3], "
+                                "cam_r0=[3], lidar_pc=[] if self.latent else [3])\n\n"
+                                "class Privileged:\n    requires_scene = True\n\n" + AGENT,
     "terra_test_agents_syntax": "class Agent:\n    def broken(:\n        pass\n",
     "terra_test_agents_raises": "raise RuntimeError('no GPU here')\n",
     "terra_test_agents_exits": "import sys\nsys.exit(4)\n",
@@ -477,12 +408,17 @@ def agents(tmp_path, monkeypatch) -> Path:
     (f"unix:///{'a' * 200}.sock", "names no Unix socket path of at most 107 bytes"),
     ("navsim:terra_test_agents_ok:make_agent", "terra_test_agents_ok.make_agent is a function, not a class"),
     ("navsim:terra_test_agents_ok:Missing", "terra_test_agents_ok.Missing is nothing, not a class"),
-    ("navsim:terra_test_agents_ok:NeedsArgs", "NeedsArgs() needs checkpoint, lr, and an agent is built with no "
-                                              "arguments; give them defaults"),
+    ("navsim:terra_test_agents_ok:NeedsArgs", "NeedsArgs() needs checkpoint, lr; give them in navsim_args.NeedsArgs "
+                                              "(e.g. +navsim_args.NeedsArgs.checkpoint=VALUE)"),
     ("navsim:terra_test_agents_syntax:Agent", "importing terra_test_agents_syntax failed: SyntaxError: invalid syntax"),
     ("navsim:terra_test_agents_raises:Agent", "importing terra_test_agents_raises failed: RuntimeError: no GPU here"),
     ("navsim:terra_test_agents_exits:Agent", "importing terra_test_agents_exits failed: it called sys.exit(4)"),
     ("navsim:Agent", "cannot load the NAVSIM agent 'navsim:Agent': give navsim:package.module:Class"),
+    ("navsim:terra_test_agents_navsim:ThreeCameras",
+     "ThreeCameras asks for sensors this world does not render: cam_l0, cam_r0, lidar_pc (it renders the front camera, "
+     "cam_f0, alone)"),
+    ("navsim:terra_test_agents_navsim:Privileged", "Privileged has requires_scene=True: it plans from NAVSIM's logged "
+                                                   "Scene"),
 ])
 def test_policy_targets_are_parsed_and_imported_once_before_any_drive(tmp_path, agents, entry, text):
     with pytest.raises(TerraInputError) as caught:
@@ -496,6 +432,9 @@ def test_good_targets_pass_and_executor_ray_needs_ray(tmp_path, agents, monkeypa
                                                    "unix:d.sock,navsim:terra_test_agents_ok:Agent]")
     assert list(settings.policies) == ["grpc:[::1]:50051", "unix:///tmp/d.sock", "unix:d.sock",
                                        "navsim:terra_test_agents_ok:Agent"]
+    settings = drive_settings_of(tmp_path / "out", "policies=[navsim:terra_test_agents_ok:NeedsArgs]",
+                                 "navsim_args={NeedsArgs: {checkpoint: /ckpt/a.pth, lr: 0.01}}")
+    assert settings.policies["navsim:terra_test_agents_ok:NeedsArgs"]().agent.lr == 0.01  # built with its arguments
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     for check in (lambda: drive_settings_of(tmp_path / "out", "executor=ray"), lambda: check_executor("ray")):
         with pytest.raises(TerraInputError, match=r"^executor=ray needs Ray, which is not installed here: pip install"):
@@ -505,13 +444,38 @@ def test_good_targets_pass_and_executor_ray_needs_ray(tmp_path, agents, monkeypa
             NavsimPolicy(ExitingAgent(), num_history_frames=frames)
 
 
+@pytest.mark.parametrize("overrides, text", [
+    (["navsim_args={NeedsArgs: {checkpoint: a, lr: 1, momentum: 0.9}}"],
+     "cannot load the NAVSIM agent 'navsim:terra_test_agents_ok:NeedsArgs': NeedsArgs() takes no argument 'momentum' "
+     "(it takes checkpoint, lr); fix navsim_args.NeedsArgs"),
+    (["+navsim_args.NeedsArgs.lr=1"], "NeedsArgs() needs checkpoint; give them in navsim_args.NeedsArgs"),
+    (["+navsim_args.Agent.checkpoint=a"], "navsim_args.Agent names no NAVSIM agent class in policies (its agents: "
+                                          "NeedsArgs); key each agent's arguments by its class name"),
+    (["navsim_args={NeedsArgs: 3}"], "navsim_args.NeedsArgs must be the keyword arguments of NeedsArgs() (got 3)"),
+    (["navsim_args=[1]"], "navsim_args must map NAVSIM agent class names to their keyword arguments (got [1])"),
+    (["policies=[navsim:terra_test_agents_navsim:ThreeCameras]", "+navsim_args.ThreeCameras.latent=true"],
+     "ThreeCameras asks for sensors this world does not render: cam_l0, cam_r0 (it renders"),
+    (["policies=[navsim:terra_test_agents_navsim:ThreeCameras]",
+      "+navsim_args.ThreeCameras.trajectory_sampling.num_poses=8"],
+     "'navsim:terra_test_agents_navsim:ThreeCameras': navsim_args.ThreeCameras.trajectory_sampling: give two of "
+     "num_poses, time_horizon and interval_length (got {'num_poses': 8})"),
+])
+def test_navsim_args_are_checked_against_the_agent_before_any_drive(tmp_path, agents, overrides, text):
+    with pytest.raises(TerraInputError) as caught:
+        drive_settings_of(tmp_path / "out", "policies=[navsim:terra_test_agents_ok:NeedsArgs]", *overrides)
+    assert text in str(caught.value), caught.value
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_app_refuses_in_one_line_and_leaves_nothing_behind(tmp_path, agents):
     (tmp_path / "run").mkdir()
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(agents), ENV.get("PYTHONPATH", "")])}
     for args, text in ((["num_steps=-3"], "num_steps must be a whole number from 1 to 10000 (got -3)"),
                        (["policies=[grpc:]"], "policies: 'grpc:' is not grpc:HOST:PORT"),
                        (["policies=[navsim:terra_test_agents_syntax:Agent]"], "failed: SyntaxError: invalid syntax"),
-                       (["policies=[navsim:terra_test_agents_ok:NeedsArgs]"], "NeedsArgs() needs checkpoint, lr")):
+                       (["policies=[navsim:terra_test_agents_ok:NeedsArgs]"], "NeedsArgs() needs checkpoint, lr"),
+                       (["policies=[navsim:terra_test_agents_navsim:ThreeCameras]"],
+                        "ThreeCameras asks for sensors this world does not render: cam_l0, cam_r0, lidar_pc")):
         result = subprocess.run([sys.executable, "-m", "terra.apps.drive", "world=truth", *args], capture_output=True,
                                 text=True, timeout=300, cwd=tmp_path / "run", env=env)
         refused(result, "terra-drive", text)
