@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, help="vLLM: sequences per step (default: the largest N)")
     parser.add_argument("--requests", choices=REQUEST_PATHS,
                         help="vLLM's request path (backend.options.requests; default per_frame)")
+    parser.add_argument("--block", type=int, default=0,
+                        help="long sessions: the mean step time and the memory of this process and its children (the "
+                             "engine's) per block of this many frames, to see both stay flat as windows roll over")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -141,13 +144,17 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
     sessions = [host.open_context(c, seed=i, sampling=sampling) for i, c in enumerate(starts)]
     latencies: list[list[float]] = [[] for _ in range(count)]
     errors: list[BaseException] = []
+    blocks: list[dict] = []
 
     def drive(i: int) -> None:
         try:
-            for action in actions[i]:
+            for k, action in enumerate(actions[i]):
                 start = time.perf_counter()
                 sessions[i].step(action, decode=args.decode)
                 latencies[i].append(time.perf_counter() - start)
+                if i == 0 and args.block and (k + 1) % args.block == 0:
+                    blocks.append({"frames": k + 1, "step_s": statistics.mean(latencies[0][-args.block:]),
+                                   **memory_now()})
         except BaseException as err:  # noqa: BLE001  (reported by the main thread)
             errors.append(err)
 
@@ -173,9 +180,20 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
         "latency_mean_s": statistics.mean(steady) if steady else None,
         "latency_p50_s": float(np.percentile(steady, 50)) if steady else None,
         "latency_p90_s": float(np.percentile(steady, 90)) if steady else None,
-        "decoding": decoding, "codes": codes, "contexts": starts, "actions": actions,
+        "decoding": decoding, "blocks": blocks, "codes": codes, "contexts": starts, "actions": actions,
         "sampling": sessions[0].sampling,
     }
+
+
+def memory_now() -> dict:
+    """Resident memory of this process and of its children (a vLLM engine's core) in MiB, and the GPU memory torch
+    holds here."""
+    import psutil
+
+    me = psutil.Process()
+    rss = me.memory_info().rss + sum(child.memory_info().rss for child in me.children(recursive=True))
+    gpu = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    return {"rss_mib": rss / 2**20, "torch_gpu_mib": gpu / 2**20}
 
 
 def run_batch(host: SessionHost, args: argparse.Namespace, sessions: dict) -> dict:
@@ -211,6 +229,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     record.update(run_batch(host, args, result))
                 records.append(record)
                 print(format_record(record), flush=True)
+                for block in record["blocks"]:
+                    print(f"    frames {block['frames']:>5}: {block['step_s'] * 1000:7.1f} ms per step, "
+                          f"{block['rss_mib']:8.0f} MiB resident, {block['torch_gpu_mib']:7.0f} MiB on the GPU here",
+                          flush=True)
         finally:
             host.close()
             host.backend.close()
