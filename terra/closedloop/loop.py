@@ -34,9 +34,10 @@ from terra.inputs.ego_motion import compose, to_ego
 DT_S = 1.0 / FRAME_RATE_HZ
 
 
-def drive_id(scenario_id: str, policy: str) -> str:
-    """The id of a drive: its scenario's and its policy's (terra/closedloop/record.py names its files by it)."""
-    return f"{scenario_id}__{policy}"
+def drive_id(scenario_id: str, policy: str, replica: int = 0) -> str:
+    """The id of a drive: its scenario's and its policy's, and past the first its replica's (the same drive with
+    another seed: ``num_seeds``); terra/closedloop/record.py names its files by it."""
+    return f"{scenario_id}__{policy}" + (f"__seed{replica}" if replica else "")
 
 
 @dataclass(frozen=True)
@@ -48,21 +49,26 @@ class DriveSpec:
     make_policy: Callable[[], Policy]
     seed: int = 0
     policy_args: dict | None = None  # the keyword arguments the policy is built with (a NAVSIM agent's navsim_args)
+    replica: int = 0  # which of the scenario x policy's drives (num_seeds), each with a seed of its own
 
     @property
     def id(self) -> str:
-        return drive_id(self.scenario.id, self.policy)
+        return drive_id(self.scenario.id, self.policy, self.replica)
 
 
 def drive_specs(scenarios: Sequence[Scenario], policies: dict[str, Callable[[], Policy]], seed: int = 0,
-                indices: Sequence[int] | None = None, policy_args: dict[str, dict] | None = None) -> list[DriveSpec]:
-    """Every scenario x policy, scenario by scenario; the drives of scenario ``i`` (``indices[i]``, its index in
-    the run's scenarios, when given) sample the world model with seed ``seed + i``; ``policy_args`` are the
-    policies' keyword arguments by name."""
+                indices: Sequence[int] | None = None, policy_args: dict[str, dict] | None = None,
+                num_seeds: int = 1) -> list[DriveSpec]:
+    """Every scenario x policy x replica (``num_seeds`` of each), scenario by scenario; replica ``k`` of scenario
+    ``i``'s drives (``indices[i]``, its index in the run's scenarios, when given) samples the world model with seed
+    ``seed + i * num_seeds + k`` (``seed + i`` with one seed); ``policy_args`` are the policies' keyword arguments by
+    name."""
     indices = range(len(scenarios)) if indices is None else indices
     policy_args = policy_args or {}
-    return [DriveSpec(scenario, name, factory, seed=seed + index, policy_args=policy_args.get(name))
-            for scenario, index in zip(scenarios, indices) for name, factory in policies.items()]
+    return [DriveSpec(scenario, name, factory, seed=seed + index * num_seeds + k, policy_args=policy_args.get(name),
+                      replica=k)
+            for scenario, index in zip(scenarios, indices) for name, factory in policies.items()
+            for k in range(num_seeds)]
 
 
 @dataclass

@@ -75,5 +75,5 @@ def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[Dri
     indices = settings.scenario_indices
     scenarios = settings.scenarios.load(image_size, settings.run.num_context, settings.run.resize, indices)
     wanted = set(settings.drive_ids)
-    specs = drive_specs(scenarios, settings.policies, settings.seed, indices, settings.policy_args)
+    specs = drive_specs(scenarios, settings.policies, settings.seed, indices, settings.policy_args, settings.num_seeds)
     return [spec for spec in specs if spec.id in wanted]

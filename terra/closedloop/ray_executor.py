@@ -61,14 +61,14 @@ class DriveActor:
     async def progress(self) -> int:
         return self.frames
 
-    async def record(self, world: str, drives: tuple[tuple[int, str], ...], settings: RunSettings) -> dict:
-        """Drive and write ``drives`` (scenario index, policy name) in ``world`` into ``settings.output_dir``; every
+    async def record(self, world: str, drives: tuple[tuple[int, str, int], ...], settings: RunSettings) -> dict:
+        """Drive and write ``drives`` (scenario index, policy name, replica) in ``world`` into ``settings.output_dir``; every
         drive's manifest record and JSON content, the loop's timings and the world's own split."""
         if self.error is not None:
             raise RuntimeError(f"the actor could not start: {self.error}")
         return await asyncio.get_running_loop().run_in_executor(None, self._record, world, drives, settings)
 
-    def _record(self, world: str, drives: tuple[tuple[int, str], ...], settings: RunSettings) -> dict:
+    def _record(self, world: str, drives: tuple[tuple[int, str, int], ...], settings: RunSettings) -> dict:
         specs = load_specs(replace(self.settings, drives=drives), self.opened.image_size)
         made, timings, out = self.opened.worlds[world], LoopTimings(), []
         before = (made.generate_s, made.decode_s)
@@ -195,10 +195,11 @@ class RayDrives:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return None
 
-    def _lost(self, world: str, share: tuple[tuple[int, str], ...], error: str, recorder: RunRecorder) -> None:
+    def _lost(self, world: str, share: tuple[tuple[int, str, int], ...], error: str, recorder: RunRecorder) -> None:
         """Record every drive of a share that ended without its records as failed with ``error``."""
         ids = self.settings.scenarios.ids
-        for index, policy in share:
-            content = lost_drive_json(drive_id(ids[index], policy), ids[index], policy, world, self.settings.vehicle,
+        for index, policy, replica in share:
+            content = lost_drive_json(drive_id(ids[index], policy, replica), ids[index], policy, world,
+                                      self.settings.vehicle,
                                       error)
             recorder.add(manifest_record(content, "failed"), content)

@@ -48,6 +48,7 @@ SETTINGS = {
     "num_scenarios": Range(1, 100_000, 4, whole=True),
     "scenario_seed": SEED,
     "num_steps": Range(1, MAX_FRAMES, 20, whole=True),
+    "num_seeds": Range(1, 1000, 1, whole=True),
     "seed": SEED,
     "policy_timeout_s": Range(0.001, 3600, 30),
     "max_concurrent": Range(1, 4096, 64, whole=True),
@@ -65,7 +66,9 @@ class DriveSettings:
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
     policy_args: dict[str, dict]  # name -> the keyword arguments the policy is built with (NAVSIM agents' navsim_args)
     scenarios: ScenarioSource
-    drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
+    drives: tuple[tuple[int, str, int], ...]  # this shard's drives: (scenario index, policy name, replica), scenario
+    # by scenario
+    num_seeds: int  # drives of each scenario x policy, each with a seed of its own
     world: str  # model | truth | both | a user world's name (module.Class)
     controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
@@ -87,12 +90,12 @@ class DriveSettings:
 
     @property
     def drive_ids(self) -> list[str]:
-        return [drive_id(self.scenarios.ids[i], name) for i, name in self.drives]
+        return [drive_id(self.scenarios.ids[i], name, k) for i, name, k in self.drives]
 
     @property
     def scenario_indices(self) -> list[int]:
         """The scenarios the drives start from, in index order."""
-        return sorted({i for i, _ in self.drives})
+        return sorted({i for i, _, _ in self.drives})
 
     @property
     def model_settings(self) -> dict[str, Any]:
@@ -152,7 +155,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
                                 None if image_root is None else str(image_root))
     if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
-    every = [(i, name) for i in range(len(scenarios.ids)) for name in policies]
+    every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
     drives = tuple(d for k, d in enumerate(every) if k % shards == shard)  # drive k goes to shard k % num_shards
     if not drives:
         raise TerraInputError(f"shard_index={shard} of num_shards={shards} has no drives (the run has "
@@ -165,7 +168,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     inputs = [*scenarios.inputs, ("tokenizer", spec.tokenizer), ("estimator folder", estimator)]
     if world in ("model", "both"):
         inputs.append(("world model", spec.world_model))
-    ids = [drive_id(scenarios.ids[i], name) for i, name in drives]
+    ids = [drive_id(scenarios.ids[i], name, k) for i, name, k in drives]
     manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
     if world == "both":
@@ -173,7 +176,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, args, scenarios, drives, world, controls, user_worlds, vehicle, values["num_steps"],
+        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, user_worlds, vehicle, values["num_steps"],
         values["seed"], float(values["policy_timeout_s"]), values["max_concurrent"],
         check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,

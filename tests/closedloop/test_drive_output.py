@@ -146,8 +146,8 @@ def test_a_run_marks_what_it_writes_holds_the_lock_and_writes_strict_json(tmp_pa
         json.loads(path.read_text(), parse_constant=pytest.fail)  # no NaN or Infinity
 
     # a fidelity study whose every drive failed has no numbers to average: null, never NaN
-    report = run_fidelity(TrueWorld(SIZE), TrueWorld(SIZE), specs[1:], RunSettings(tmp_path / "fid", num_steps=2,
-                                                                                   progress=False))
+    worlds = {"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}
+    report = run_fidelity(worlds, specs[1:], RunSettings(tmp_path / "fid", num_steps=2, progress=False))
     text = (tmp_path / "fid" / "fidelity.json").read_text()
     row = json.loads(text, parse_constant=pytest.fail)["policies"]["broken"]
     assert row["model"]["time_in_lane"] is None and np.isnan(report.policies["broken"]["model"]["time_in_lane"])
@@ -160,7 +160,8 @@ def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samp
     with pytest.raises(TerraInputError, match="lies inside the context"):
         drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "images" / "frames" / "run", num_steps=1))
     with pytest.raises(TerraInputError, match="holds the scenarios file"):
-        run_fidelity(TrueWorld(SIZE), TrueWorld(SIZE), specs, RunSettings(samples.parent, num_steps=1))
+        run_fidelity({"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}, specs,
+                     RunSettings(samples.parent, num_steps=1))
 
 
 def test_the_benchmark_claims_its_output_before_the_model_loads(tmp_path, capsys):

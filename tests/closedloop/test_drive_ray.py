@@ -98,8 +98,10 @@ def test_a_dead_actor_restarts_and_its_share_runs_again(tmp_path, ray_cluster):
 
 
 def test_a_fidelity_study_on_actors(tmp_path, ray_cluster):
-    outcome = drive(settings(tmp_path, "executor=ray", "ray.num_actors=2", "world=both", "num_scenarios=1"))
-    assert outcome.exit_code == 0 and "Spearman" in outcome.lines[0]
-    for world in ("model", "truth"):
+    outcome = drive(settings(tmp_path, "executor=ray", "ray.num_actors=2", "world=both", "num_scenarios=1",
+                             "controls=[frozen,zero_actions]"))
+    assert outcome.exit_code == 0 and "| statistic | band | model | frozen | zero_actions |" in outcome.lines[0]
+    for world in ("model", "truth", "frozen", "zero_actions"):
         assert {r["actor"] for r in read_manifest(tmp_path / world / "manifest.jsonl")} == {0, 1}
-    assert json.loads((tmp_path / "fidelity.json").read_text())["drives"] == 2
+    report = json.loads((tmp_path / "fidelity.json").read_text())
+    assert [(v["world"], v["drives"]) for v in report["verdicts"]] == [("model", 2), ("frozen", 2), ("zero_actions", 2)]

@@ -59,18 +59,19 @@ def test_shards_split_the_drives_and_add_up_to_the_whole_run(tmp_path):
 
 
 def test_shards_of_a_fidelity_study_then_its_report(tmp_path):
-    args = ("world=both", "num_scenarios=1", POLICIES, "num_steps=2")
+    args = ("world=both", "num_scenarios=1", POLICIES, "num_steps=2", "controls=[frozen]")
     for i in range(2):
         outcome = drive(settings(tmp_path, *args, f"shard_index={i}", "num_shards=2"))
         assert outcome.exit_code == 0 and "writes the fidelity report once every shard is done" in outcome.lines[-1]
-        for world in ("model", "truth"):
+        for world in ("model", "truth", "frozen"):
             assert len(read_manifest(tmp_path / world / f"manifest.shard-{i}-of-2.jsonl")) == 1
     assert not (tmp_path / "fidelity.json").exists()
     outcome = drive(settings(tmp_path, *args))
-    assert outcome.exit_code == 0 and "Spearman" in outcome.lines[0]
-    assert all("0 drives ok, 0 failed, 2 already complete" in line for line in outcome.lines[1:3])
+    assert outcome.exit_code == 0 and "| statistic | band | model | frozen |" in outcome.lines[0]
+    assert all("0 drives ok, 0 failed, 2 already complete" in line for line in outcome.lines[1:4])
     report = json.loads((tmp_path / "fidelity.json").read_text())
-    assert set(report["policies"]) == {"lane_follower", "constant_speed"} and report["drives"] == 2
+    assert set(report["policies"]) == {"lane_follower", "constant_speed"}
+    assert [(v["world"], v["drives"]) for v in report["verdicts"]] == [("model", 2), ("frozen", 2)]
 
 
 def test_shard_settings_are_checked(tmp_path):

@@ -136,7 +136,7 @@ def test_an_agent_is_built_with_its_navsim_args_and_gets_what_its_sensor_config_
                                                                "speed_mps": 6.0}}}
     assert len(SampledAgent.built) == 1  # one agent built and checked at settings time
     scenario = synthetic_scenarios(1, 4, SIZE)[0]
-    [drive] = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, name, factory)], 6)
+    [drive] = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, name, factory)], 6, vehicle="exact")
     assert drive.ok and drive.steps == 6, drive.error
     agent = SampledAgent.built[-1]
     assert agent.checkpoint_path == "/ckpt/agent.pth" and agent.config == AgentConfig(6.0)
@@ -144,7 +144,7 @@ def test_an_agent_is_built_with_its_navsim_args_and_gets_what_its_sensor_config_
     assert (sampling.num_poses, sampling.time_horizon, sampling.interval_length, sampling.step_time) == (12, 3.0, 0.25,
                                                                                                         0.25)
     assert drive.plans[0].times.tolist() == pytest.approx([0.25 * (i + 1) for i in range(12)])
-    np.testing.assert_allclose(drive.speeds[1:], 6.0, rtol=1e-3)
+    np.testing.assert_allclose(drive.speeds[1:], 6.0, rtol=1e-3)  # the plan's speed, followed exactly
     last = agent.inputs[-1]  # cam_f0 at the frame now only, as asked; no other camera
     assert [c.cam_f0.image is not None for c in last.cameras] == [False, False, False, True]
     np.testing.assert_array_equal(last.cameras[-1].cam_f0.image, drive.frames[-2])
