@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from terra.closedloop.alpasim_metrics import alpasim_metrics
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
 from terra.closedloop.truth import truth_metrics
@@ -86,11 +87,13 @@ def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
 
 
 def metrics_of(drive: Drive) -> dict:
-    """The drive's map-free metrics and, in the synthetic world, its ground truth."""
+    """The drive's map-free metrics and, in the synthetic world, its ground truth and AlpaSim's metrics
+    (terra/closedloop/alpasim_metrics.py)."""
     poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
     metrics = drive_metrics(poses, drive.plans)
     if drive.spec.scenario.scene is not None and drive.poses:
         metrics["truth"] = truth_metrics(drive.spec.scenario.scene, drive.world_poses())
+        metrics["alpasim"] = alpasim_metrics(drive.spec.scenario, drive.world_poses(), drive.error)
     return metrics
 
 
