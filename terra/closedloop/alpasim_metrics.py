@@ -46,7 +46,9 @@ no mean of the score over scenes; the run summary's mean with its bootstrap inte
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -55,6 +57,7 @@ from terra.closedloop.truth import PARKED_LENGTH_M, parked_cars
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego, to_world
 from terra.sim.scene import CAR, ROAD_HALF_WIDTH_M, Scene
+from terra.stats import Bootstrap, mean
 
 DT_S = 1.0 / FRAME_RATE_HZ
 SHRINK = 0.02  # AlpaSim's eval.vehicle.vehicle_shrink_factor
@@ -66,6 +69,8 @@ MAX_DIST_TO_GT_M = 4.0  # eval.aggregation_modifiers.max_dist_to_gt_trajectory
 DURATION_S = 20.0  # duration_frac_20s
 PROGRESS_SATURATION = 0.8  # scene_score.progress_saturation_threshold
 MIN_GT_DISTANCE_M = 5.0  # scene_score.min_gt_distance_for_full_score_m
+SUMMARIZED = ("collision_any", "collision_at_fault", "offroad", "progress", "progress_rel", "dist_to_gt_trajectory",
+              "duration_frac_20s")  # the run summary's means beside the scene score
 EVENTS = ("collision_front", "collision_rear", "collision_lateral", "collision_any", "collision_at_fault",
           "offroad", "offroad_or_collision", "offroad_or_collision_at_fault")
 
@@ -196,8 +201,9 @@ def project(polyline: np.ndarray, points: np.ndarray, upto: np.ndarray | None = 
 
 
 def expert_trajectory(scene: Scene, start_pose: np.ndarray, speed_mps: float, steps: int) -> np.ndarray:
-    """``[steps + 1, 3]`` rear-axle poses of the scenario's expert at ``t = 0, 0.1, ...``: the ego lane's centre at
-    ``speed_mps`` from the road position of ``start_pose``."""
+    """``[steps + 1, 3]`` rear-axle poses of the scenario's expert at ``t = 0, 0.1, ...``: on the ego lane's centre
+    from the road position of ``start_pose``, its arc length along the road's centre growing at ``speed_mps`` (as
+    terra/closedloop/scenarios.py drives the context)."""
     s0, _ = scene.road_coords(np.array([start_pose[0]], dtype=np.float64), np.array([start_pose[1]], dtype=np.float64))
     return scene.lane_pose(s0[0] + speed_mps * DT_S * np.arange(steps + 1))
 
@@ -292,3 +298,28 @@ def alpasim_metrics(scenario: Scenario, world_poses: np.ndarray, error: str | No
     if error is not None:
         values.update(score=0.0, failure_reason=error, status="fail")
     return values
+
+
+def scene_scores(drives: Iterable[dict], bootstrap: Bootstrap = Bootstrap()) -> dict | None:
+    """A run's AlpaSim summary from its drives' JSON contents (terra/closedloop/record.py; those without AlpaSim's
+    metrics left out; None when none has them): the mean scene score with its bootstrap interval over scenarios
+    (terra/stats.py), the same per policy, the means of :data:`SUMMARIZED`, and how many drives passed or failed
+    each way. AlpaSim itself reports each rollout's score and no mean of it over scenes."""
+    rows = [(c["scenario"], c["policy"], c["metrics"]["alpasim"]) for c in drives
+            if (c.get("metrics") or {}).get("alpasim")]
+    if not rows:
+        return None
+    scenarios = [scenario for scenario, _, _ in rows]
+    scores = np.array([values["score"] for _, _, values in rows], dtype=np.float64)
+    by_policy = {}
+    for policy in dict.fromkeys(policy for _, policy, _ in rows):
+        mine = [i for i, (_, name, _) in enumerate(rows) if name == policy]
+        by_policy[policy] = mean([scenarios[i] for i in mine], scores[mine], bootstrap).as_dict()
+    reasons = Counter("passed" if values["failure_reason"] is None else values["failure_reason"]
+                      if values["failure_reason"] in ("collision_at_fault", "offroad") else "drive_failed"
+                      for _, _, values in rows)
+    means = {name: mean(scenarios, np.array([float(v[name]) for _, _, v in rows]), bootstrap).as_dict()
+             for name in SUMMARIZED}
+    return {"drives": len(rows), "scenarios": len(set(scenarios)),
+            "scene_score": mean(scenarios, scores, bootstrap).as_dict(), "by_policy": by_policy,
+            "failure_reasons": dict(reasons), "means": means}

@@ -139,7 +139,8 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
 def manifest_record(content: dict, status: str, seconds: float | None = None) -> dict:
     """The manifest's line for a drive's JSON content."""
     truth = content.get("metrics", {}).get("truth") or {}
+    alpasim = content.get("metrics", {}).get("alpasim") or {}
     return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
             "world": content["world"], "status": status, "stage": content.get("stage"),
             "error": content.get("error"), "steps": content.get("steps"), "time_in_lane": truth.get("time_in_lane"),
-            "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}
+            "score": alpasim.get("score"), "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}

@@ -212,7 +212,7 @@ def test_real_drives_on_the_true_world_carry_alpasims_metrics(tmp_path):
         assert expert["score"] == 1.0 and expert["status"] == "pass" and expert["kept_timesteps"] == 36
         assert expert["dist_to_gt_trajectory"] < 0.1 and expert["dist_to_gt_location"] < 0.5
         assert 0.97 < expert["progress"] <= 1.0 and expert["gt_dist_traveled_m"] == pytest.approx(
-            scenario.speed_kmh / 3.6 * 3.5, rel=1e-3)
+            scenario.speed_kmh / 3.6 * 3.5, rel=0.02)  # the speed is along the road's centre: the lane's differs
         assert expert["duration_frac_20s"] == pytest.approx(3.5 / 20)
         drifting = drives[f"{scenario.id}__lane_follower_bias_left"]  # a control: it drifts into the far lane
         assert drifting["score"] == 0.0 and drifting["failure_reason"] in ("collision_at_fault", "offroad")
