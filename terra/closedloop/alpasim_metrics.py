@@ -21,7 +21,8 @@ its first plan there, so no pre-engagement timestep is dropped):
   centre at the scenario's speed from its start for the drive's duration (terra/closedloop/scenarios.py drives the
   context the same way), its boxes' centres a polyline; ``progress`` = ``progress_rel_to_total``: the ego box
   centre's projection onto it, as a fraction of its length; ``progress_rel``: the same onto the polyline truncated
-  to the timesteps so far (1 at ``k = 0``); ``dist_to_gt_trajectory``: distance to the polyline;
+  to the timesteps so far (1 at ``k = 0``; AlpaSim sets its first two timesteps so, and their distances to 0: here
+  the second is computed); ``dist_to_gt_trajectory``: distance to the polyline;
   ``dist_to_gt_location``: to the expert's box centre at the same time; ``dist_traveled_m``: the path length of the
   ego's box centre (AlpaSim projects onto the ego's own path: the same unless the path doubles back);
   ``gt_dist_traveled_m``: the polyline's length;
