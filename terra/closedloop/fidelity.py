@@ -2,10 +2,10 @@
 
 Each scenario x policy is driven twice with the same seed: once on the world model's frames (:class:`ModelWorld`)
 and once on the renderer's true frames (:class:`TrueWorld`), both behind the same loop and policy contract. Both
-drives' poses are then judged in the true scene (terra/closedloop/truth.py). Per policy: the closed-loop metrics
-in both worlds (means over scenarios), the mean distance between the two ego paths at the same frames, and over
-policies the Spearman rank correlation of their time in lane in the two worlds: would a policy ranking made inside
-the model hold in reality?
+drives' poses are then judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score:
+terra/closedloop/alpasim_metrics.py). Per policy: the closed-loop metrics in both worlds (means over scenarios), the
+mean distance between the two ego paths at the same frames, and over policies the Spearman rank correlation of their
+time in lane in the two worlds: would a policy ranking made inside the model hold in reality?
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from terra.core.atomic import json_text, write_text
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 WORLDS = ("model", "truth")  # each world's drives go to a sub-folder of this name
 COLUMNS = ("time_in_lane", "mean_abs_lane_offset_m", "off_road", "collision", "progress_along_road_m")
+SCORE = "scene_score"  # AlpaSim's, of each world's drive (terra/closedloop/alpasim_metrics.py)
 
 
 @dataclass
@@ -38,16 +39,18 @@ class FidelityReport:
     drives: int
 
     def table(self) -> str:
-        """A Markdown table: per policy, time in lane / lane offset / off road / collisions in both worlds."""
+        """A Markdown table: per policy, time in lane / lane offset / off road / collisions / AlpaSim's scene score
+        in both worlds."""
         head = ("| policy | time in lane (model) | time in lane (truth) | lane offset m (model / truth) | "
-                "off road (model / truth) | collisions (model / truth) | path distance m |")
-        lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+                "off road (model / truth) | collisions (model / truth) | AlpaSim score (model / truth) | "
+                "path distance m |")
+        lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in self.policies.items():
             m, t = row["model"], row["truth"]
             lines.append(f"| {name} | {m['time_in_lane']:.3f} | {t['time_in_lane']:.3f} | "
                          f"{m['mean_abs_lane_offset_m']:.2f} / {t['mean_abs_lane_offset_m']:.2f} | "
                          f"{m['off_road']:.2f} / {t['off_road']:.2f} | {m['collision']:.2f} / {t['collision']:.2f} | "
-                         f"{row['path_distance_m']:.2f} |")
+                         f"{m[SCORE]:.2f} / {t[SCORE]:.2f} | {row['path_distance_m']:.2f} |")
         rho = "n/a" if self.spearman_time_in_lane is None else f"{self.spearman_time_in_lane:.3f}"
         return "\n".join(lines) + f"\n\nSpearman rank correlation of time in lane, model vs truth: {rho}\n"
 
@@ -66,7 +69,8 @@ def compare(model: dict[str, dict], truth: dict[str, dict]) -> FidelityReport:
         t = truth.get(drive_id)
         if t is None:
             continue
-        row = policies.setdefault(m["policy"], {"model": {k: [] for k in COLUMNS}, "truth": {k: [] for k in COLUMNS},
+        row = policies.setdefault(m["policy"], {"model": {k: [] for k in (*COLUMNS, SCORE)},
+                                                "truth": {k: [] for k in (*COLUMNS, SCORE)},
                                                 "path_distance_m": [], "drives": 0, "failed": 0})
         row["drives"] += 1
         row["failed"] += (m["status"] != "ok") + (t["status"] != "ok")
@@ -74,6 +78,7 @@ def compare(model: dict[str, dict], truth: dict[str, dict]) -> FidelityReport:
             truth_metrics = content["metrics"].get("truth") or {}
             for key in COLUMNS:
                 row[world][key].append(truth_metrics.get(key))
+            row[world][SCORE].append((content["metrics"].get("alpasim") or {}).get("score"))
         n = min(len(m["world_poses"]), len(t["world_poses"]))
         if n:
             a, b = np.array(m["world_poses"][:n])[:, :2], np.array(t["world_poses"][:n])[:, :2]

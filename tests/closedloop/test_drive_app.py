@@ -57,6 +57,7 @@ def test_fidelity_with_the_demo_model(tmp_path):
     assert set(report["policies"]) == {"lane_follower", "constant_speed"} and report["drives"] == 2
     assert (tmp_path / "out" / "model" / "manifest.jsonl").is_file()
     assert "Spearman" in (tmp_path / "out" / "fidelity.md").read_text()
+    assert "AlpaSim score (model / truth)" in (tmp_path / "out" / "fidelity.md").read_text()
 
 
 def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
@@ -66,5 +67,6 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
                           RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["path_distance_m"] == 0.0 and row["model"] == row["truth"]
+        assert 0.0 <= row["model"]["scene_score"] <= 1.0
     assert report.drives == 6 and report.spearman_time_in_lane in (None, pytest.approx(1.0))
     assert compare({}, {}).spearman_time_in_lane is None
