@@ -65,9 +65,9 @@ class KeptWorld(ModelWorld):
             return super().context_frames(drive)
         return np.zeros((len(drive.context), *BLANK_SIZE, 3), dtype=np.uint8)
 
-    def step(self, drives, actions):
+    def step(self, drives, actions, poses):
         if self.pipeline is not None:
-            return super().step(drives, actions)
+            return super().step(drives, actions, poses)
         start = time.perf_counter()
         futures = [self.engine.step(drive.rollout, action, drive.sampling) for drive, action in zip(drives, actions)]
         results = []
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         checkpoints = [DEMO] if args.model == "demo" else [Path(p) for p in (args.model, args.tokenizer)
                                                             if p and p not in ("terra", "tiny")]
         try:
-            output = claim_output_file(args.out, "--out", inputs=[("checkpoint", checkpoints)])
+            output = claim_output_file(args.out, "--out", inputs=[("checkpoint", checkpoints)],
+                                       app="scripts/benchmark_drive.py")
         except TerraInputError as err:
             parser.error(str(err))
     if args.threads:

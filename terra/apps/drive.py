@@ -10,15 +10,22 @@ codes as conf/drive.yaml says; a user mistake is one line (terra/apps/runner.py)
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.config.moved import move_settings
+
+
+DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null (conf/drive.yaml), made only once held
+# A driver's failure is one line of its drive (terra/closedloop/egodriver.py): gRPC's C core logs nothing of its own
+# (read when grpc loads, so set before anything imports it; the environment may still ask for its logs).
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="drive", version_base=None)
@@ -29,7 +36,8 @@ def _main(cfg: DictConfig) -> None:
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env."))
     move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
-    out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(HydraConfig.get().runtime.output_dir)
+    logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
+    out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
     settings = drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line
 
     from terra.closedloop.drives import drive

@@ -32,6 +32,7 @@ from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
 
+APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
 SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_num_frames
     "num_frames": Range(1, 2**62, 16, whole=True),
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
@@ -86,7 +87,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
                               folders=[n for n in names if n.endswith("_frames")], inputs=[
                                   ("context", spec.context), ("trajectory file", spec.trajectory),
                                   ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
-                                  ("refiner weights", spec.run.refiner.get("path"))])
+                                  ("refiner weights", spec.run.refiner.get("path"))], app=APP)
 
     from terra.generation.rollout import DecodeStats
     from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
@@ -197,7 +198,7 @@ def _main(cfg: DictConfig) -> None:
 def main() -> None:
     """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
     np.set_printoptions(precision=3)
-    run_app(_main, "terra-generate")
+    run_app(_main, APP)
 
 
 if __name__ == "__main__":

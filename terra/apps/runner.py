@@ -22,6 +22,7 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -33,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
@@ -139,6 +141,21 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
     return wrapper
 
 
+def flags_error(arguments: Sequence[str], prog: str) -> str | None:
+    """Why Hydra's own command line would refuse ``arguments`` (an unknown ``--flag``, a flag's bad value), in one
+    line, or None; checked before Hydra reads them, which would print its usage first."""
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        _, unknown = parser.parse_known_args(list(arguments))
+    except argparse.ArgumentError as err:
+        return f"{' '.join(str(err).split())}; see {prog} --help"
+    flags = [arg for arg in unknown if arg.startswith("-")]
+    if not flags:
+        return None
+    return f"unknown option {flags[0]!r}; settings are given as KEY=VALUE, options are listed by {prog} --help"
+
+
 def console_script(app: Callable[[], None], prog: str) -> Callable[[], None]:
     """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
     function ``app``: it runs :func:`run_app`, which says how the app ends."""
@@ -164,6 +181,10 @@ def run_app(app: Callable[[], None], prog: str) -> None:
         if os.environ["VLLM_LOGGING_LEVEL"].upper() == "WARNING":  # also what it logs while importing, before that
             logging.getLogger("vllm").setLevel(logging.WARNING)
     user_wants_traces = verbose or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    refused = flags_error(sys.argv[1:], prog)
+    if refused is not None:
+        print(f"{prog}: error: {refused}", file=sys.stderr)
+        sys.exit(2)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
     if not show_progress():  # no third-party progress bars in logs: an error's one line stands alone
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too

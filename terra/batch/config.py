@@ -21,19 +21,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
-from terra.config.checks import Range, check_choice, check_flag, plain, shown
+from terra.config.checks import Range, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
 from terra.config.moved import DECODER, moved_value
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
-from terra.config.ray_settings import EXECUTORS, RaySettings, removed_setting
+from terra.config.ray_settings import RaySettings, check_executor, removed_setting
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.samples import SAMPLE_SETTINGS
 from terra.inputs.trajectory import MANOEUVRES
 
+APP = "terra-rollout"  # the app whose run folders these are (terra/config/output_dir.py)
 NAMING = {
     "default": ("{sample_id}.{ext}", "{sample_id}.json"),
     "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),  # terra/config/actbench.py
@@ -237,7 +238,7 @@ def claim_output(spec: BatchSpec) -> OutputDir:
     # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
     return claim_output_dir(spec.output_dir, "output.dir", files=[spec.manifest_path.name, spec.summary_path.name],
                             inputs=[("samples file", spec.sample_files), ("world model", spec.run.world_model),
-                                    ("tokenizer", spec.run.tokenizer), ("refiner weights", refiner)])
+                                    ("tokenizer", spec.run.tokenizer), ("refiner weights", refiner)], app=APP)
 
 
 def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
@@ -254,7 +255,7 @@ def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     if own["shard_index"] >= own["num_shards"]:
         raise TerraInputError(f"shard_index={own['shard_index']} must be below num_shards={own['num_shards']} "
                               f"(shards are numbered 0..{own['num_shards'] - 1})")
-    check_choice(own["executor"], "executor", EXECUTORS)
+    check_executor(own["executor"])
     ray = RaySettings.parse(own["ray"])
     naming = own["naming"]
     if naming not in NAMING:

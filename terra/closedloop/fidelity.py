@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.loop import DriveSpec
-from terra.closedloop.record import claim_drive_folder
+from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.worlds import World
 from terra.config.manifest import MANIFEST
@@ -112,7 +112,8 @@ def claim_fidelity_folders(path: str | Path, drive_ids: list[str], videos: bool 
     """The folders of a fidelity study of ``drive_ids``, checked before any work; a shard (``manifest`` not
     ``manifest.jsonl``) writes no report."""
     report = manifest == MANIFEST
-    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=WORLDS, inputs=inputs)
+    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=WORLDS, inputs=inputs,
+                           app=APP)
     worlds = {world: claim_drive_folder(top.path / world, drive_ids, videos, manifest, setting=f"{setting}/{world}")
               for world in WORLDS}
     return FidelityFolders(top, worlds, report)

@@ -1,30 +1,35 @@
 """The driving loop: many drives (scenario x policy) at once in one world, step by step.
 
 Each step, every drive still going gets an :class:`~terra.closedloop.plans.Observation` (its newest frames, ego
-status, route), its policy plans (each on a thread of its own, with a deadline), the plan becomes the next frame's
-action (:meth:`~terra.closedloop.plans.Plan.to_action`), and then the world generates the next frame of every
-drive together (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it). The ego
-pose is integrated from the commanded action by :func:`terra.inputs.ego_motion.advance_pose`. A policy that
-raises, overruns its deadline or returns a plan that is not finite or of the wrong shape ends its own drive with
-one recorded reason; the other drives go on.
+status, route), its policy plans (each on a thread of its own, with a deadline), and the plan goes to the drive's
+vehicle (terra/closedloop/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or the
+plan followed exactly): the next frame's action is the vehicle's forecast of the next 3 s, and the car moves to the
+vehicle's pose 0.1 s on. Then the world generates the next frame of every drive together at the pose each car
+reached (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it). Every call into a
+policy (build, reset, plan, close) crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``: a
+policy that raises, exits, overruns its deadline or returns a plan that is not finite or of the wrong shape ends
+its own drive with one recorded reason; the other drives go on. A policy that fails to close after a good drive
+leaves a warning on it, not a failure (its frames, plans and metrics are whole). A drive whose car leaves the
+scene (terra/closedloop/scenarios.py, ``Scenario.left_scene``) ends there, early but not failed: the step that
+left, a frame of nothing, is not kept.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import Future, TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from terra.closedloop.guard import UserCall, UserCodeError, handed, user_call
+from terra.closedloop.motion import Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.worlds import World
 from terra.core.errors import error_line
-from terra.generation.actions import FRAME_RATE_HZ
-from terra.inputs.ego_motion import advance_pose, compose, speed_of, to_ego
+from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.inputs.ego_motion import compose, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ
 
@@ -62,7 +67,7 @@ class LoopTimings:
     """Where the loop's wall time went, in seconds (the world's own split: its ``generate_s`` and ``decode_s``)."""
 
     setup_s: float = 0.0  # policies built, drives opened (context frames encoded and decoded)
-    policies_s: float = 0.0  # waiting for the plans: the policies of all drives plan at once
+    policies_s: float = 0.0  # the plans: the policies of all drives plan at once, the vehicles follow them
     world_s: float = 0.0  # the world's steps (the world model's generation and decoding, or the renderer)
     record_s: float = 0.0  # the drives' files written (terra/closedloop/run.py)
 
@@ -77,6 +82,7 @@ class Drive:
 
     spec: DriveSpec
     world: str
+    vehicle: Vehicle
     frames: list[np.ndarray] = field(default_factory=list)  # context frames first (as the world shows them)
     num_context: int = 0
     plans: list[Plan] = field(default_factory=list)
@@ -86,6 +92,8 @@ class Drive:
     policy_s: list[float] = field(default_factory=list)
     stage: str | None = None  # where it failed: setup | policy | world
     error: str | None = None
+    ended: str | None = None  # why it ended before num_steps (the car left the scene), not failed
+    warnings: list[str] = field(default_factory=list)  # what went wrong without spoiling the drive (a close)
     policy: Any = None
     handle: Any = None
 
@@ -101,21 +109,38 @@ class Drive:
         """``[steps + 1, 3]`` world poses (the scenario's start pose composed with the drive's own)."""
         return compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), np.stack(self.poses))
 
+    def action_for(self, plan: Plan) -> np.ndarray:
+        """The next frame's action if the car keeps to ``plan``: the vehicle's forecast at the action times (the
+        world model is shown what the car will do). The car does not move; a plan the vehicle cannot read raises."""
+        return action_of(self.vehicle.forecast(plan, ACTION_TIMES))
+
     def command(self, plan: Plan, action: np.ndarray, seconds: float = 0.0) -> None:
-        """Record the plan for the next frame and the action it became."""
+        """Record the plan and its action (:meth:`action_for`) and move the car along the plan to the next frame's
+        pose."""
+        self.vehicle.step(plan, DT_S)
         self.plans.append(plan)
         self.actions.append(action)
         self.policy_s.append(seconds)
 
+    def reached(self) -> np.ndarray:
+        """The world pose the car reached with the last command: the next frame's."""
+        return compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), self.vehicle.pose)
+
     def advance(self, frame: np.ndarray) -> None:
-        """Record the next frame; the pose moves as the last action commanded."""
+        """Record the next frame at the pose and speed the car reached."""
         self.frames.append(np.asarray(frame))
-        self.poses.append(np.array(advance_pose(tuple(self.poses[-1]), self.actions[-1])))
-        self.speeds.append(speed_of(self.actions[-1]) / 3.6)
+        self.poses.append(self.vehicle.pose)
+        self.speeds.append(self.vehicle.speed)
 
     def fail(self, stage: str, message: str) -> None:
         if self.error is None:
             self.stage, self.error = stage, message
+
+    def end(self, reason: str) -> None:
+        """End the drive early with ``reason``, its last step (the frame, pose, speed, plan and action) undone."""
+        self.ended = reason
+        for record in (self.frames, self.poses, self.speeds, self.plans, self.actions, self.policy_s):
+            del record[-1]
 
     def observation(self, history: int) -> Observation:
         """What the policy sees now: the newest ``history`` frames with their ego states and poses."""
@@ -135,34 +160,42 @@ class Drive:
                            now.copy())
 
 
-def start_drive(world: World, spec: DriveSpec, num_steps: int) -> Drive:
-    """Build the drive's policy and open the drive in ``world``; a failure is recorded on the drive (stage setup)."""
-    drive = Drive(spec, world.name)
+def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
+                vehicle: str = "bicycle") -> Drive:
+    """Build the drive's policy, reset it (each within ``policy_timeout_s``), make its ``vehicle`` (a name of
+    terra/closedloop/motion.py's ``VEHICLES``, at the scenario's speed) and open the drive in ``world``; a failure
+    is recorded on the drive (stage setup)."""
+    drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
+    who = f"policy {spec.policy}"
     try:
-        drive.policy = spec.make_policy()
-        drive.policy.reset(spec.scenario)
+        drive.policy = user_call(who, "build", policy_timeout_s, spec.make_policy)
+        user_call(who, "reset", policy_timeout_s, drive.policy.reset, handed(spec.scenario))
         drive.handle = world.open(spec.scenario, spec.seed, num_steps)
         context = world.context_frames(drive.handle)
-    except Exception as err:  # noqa: BLE001  (a bad scenario or policy ends its drive only)
+    except UserCodeError as err:
+        drive.fail("setup", str(err))
+        return drive
+    except Exception as err:  # noqa: BLE001  (a bad scenario ends its drive only)
         drive.fail("setup", error_line(err))
         return drive
     drive.frames, drive.num_context = list(context), len(context)
-    drive.poses, drive.speeds = [np.zeros(3)], [spec.scenario.speed_kmh / 3.6]
+    drive.poses, drive.speeds = [drive.vehicle.pose], [drive.vehicle.speed]
     return drive
 
 
 def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_timeout_s: float = 30.0,
                history: int = 16, progress: Callable[[int], None] | None = None,
-               timings: LoopTimings | None = None) -> list[Drive]:
-    """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep); return the drives.
-    ``progress`` gets the steps done so far; ``timings`` (when given) gains where the time went."""
+               timings: LoopTimings | None = None, vehicle: str = "bicycle") -> list[Drive]:
+    """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep), each car a ``vehicle``
+    (terra/closedloop/motion.py); return the drives. ``progress`` gets the steps done so far; ``timings`` (when
+    given) gains where the time went."""
     timings = LoopTimings() if timings is None else timings
     started = time.perf_counter()
-    drives = [start_drive(world, spec, num_steps) for spec in specs]
+    drives = [start_drive(world, spec, num_steps, policy_timeout_s, vehicle) for spec in specs]
     timings.setup_s += time.perf_counter() - started
     try:
         for step in range(num_steps):
-            going = [d for d in drives if d.ok]
+            going = [d for d in drives if d.ok and d.ended is None]
             if not going:
                 break
             started = time.perf_counter()
@@ -170,7 +203,8 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
             going = [d for d in going if d.ok]
             timings.policies_s += time.perf_counter() - started
             started = time.perf_counter()
-            frames = world.step([d.handle for d in going], [d.actions[-1] for d in going]) if going else []
+            frames = world.step([d.handle for d in going], [d.actions[-1] for d in going],
+                                [d.reached() for d in going]) if going else []
             timings.world_s += time.perf_counter() - started
             for drive, frame in zip(going, frames):
                 if isinstance(frame, BaseException):
@@ -178,48 +212,32 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                     del drive.actions[-1], drive.plans[-1], drive.policy_s[-1]
                     continue
                 drive.advance(frame)
+                left = drive.spec.scenario.left_scene(drive.reached())
+                if left is not None:
+                    drive.end(f"{left} at step {step}")
             if progress is not None:
                 progress(step + 1)
     finally:
         for drive in drives:
-            close_drive(world, drive)
+            close_drive(world, drive, policy_timeout_s)
     return drives
 
 
-def _in_thread(function: Callable, *args: Any) -> Future:
-    """``function(*args)`` on a daemon thread of its own: a policy that never returns cannot keep the process
-    from exiting (a pool's threads are joined at exit)."""
-    future: Future = Future()
-
-    def run() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(function(*args))
-            except BaseException as err:  # noqa: BLE001  (handed to the caller)
-                future.set_exception(err)
-
-    threading.Thread(target=run, name="terra-policy", daemon=True).start()
-    return future
-
-
 def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int) -> None:
-    """Ask every drive's policy for its plan at once; each answer is checked and becomes the drive's action."""
-    started = time.perf_counter()
-    calls = [(drive, _in_thread(_timed_plan, drive.policy, drive.observation(history))) for drive in drives]
-    deadline = started + timeout_s
+    """Ask every drive's policy for its plan at once (each handed a read-only observation); each answer is checked
+    and goes to the drive's vehicle."""
+    calls = [(drive, UserCall(f"policy {drive.spec.policy}", f"plan at step {step}", _timed_plan, drive.policy,
+                              handed(drive.observation(history)))) for drive in drives]
     for drive, call in calls:
         name = drive.spec.policy
         try:
-            value, seconds = call.result(timeout=max(0.0, deadline - time.perf_counter()))
-        except FuturesTimeout:
-            drive.fail("policy", f"policy {name} timed out after {timeout_s:g} s at step {step}")
-            continue
-        except Exception as err:  # noqa: BLE001
-            drive.fail("policy", f"policy {name} failed at step {step}: {error_line(err)}")
+            value, seconds = call.result(timeout_s)
+        except UserCodeError as err:
+            drive.fail("policy", str(err))
             continue
         try:
             plan = as_plan(value)
-            action = plan.to_action()
+            action = drive.action_for(plan)
         except Exception as err:  # noqa: BLE001
             drive.fail("policy", f"policy {name} returned a bad plan at step {step}: {error_line(err)}")
             continue
@@ -232,14 +250,18 @@ def _timed_plan(policy: Policy, observation: Observation) -> tuple[Any, float]:
     return value, time.perf_counter() - start
 
 
-def close_drive(world: World, drive: Drive) -> None:
-    """Free the drive's session and policy; a failure here is recorded only when the drive had none."""
-    for what, close in (("world", lambda: world.close(drive.handle) if drive.handle is not None else None),
-                        ("policy", lambda: drive.policy.close() if drive.policy is not None else None)):
-        try:
-            close()
-        except Exception as err:  # noqa: BLE001
-            if what == "policy":
-                drive.fail("policy", f"policy {drive.spec.policy} failed to close: {error_line(err)}")
+def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> None:
+    """Free the drive's session and policy (within ``policy_timeout_s``); a policy that fails to close leaves a
+    warning on the drive: what it recorded stands."""
+    try:
+        if drive.handle is not None:
+            world.close(drive.handle)
+    except Exception:  # noqa: BLE001  (the world's session is gone either way)
+        pass
+    try:
+        if drive.policy is not None:
+            user_call(f"policy {drive.spec.policy}", "close", policy_timeout_s, drive.policy.close)
+    except UserCodeError as err:
+        drive.warnings.append(str(err))
     drive.handle = drive.policy = None
 

@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.closedloop.reference import Reference
+from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ
@@ -65,21 +66,11 @@ def history_comfort(poses: np.ndarray, dt: float = DT_S) -> dict[str, float | bo
 
 def plan_poses(plan: Plan, step: int, start: np.ndarray, dt: float = DT_S) -> tuple[np.ndarray, np.ndarray]:
     """A plan made at ``step`` (ego pose ``start``) resampled at 10 Hz in the drive's frame: ``(times, poses)``,
-    led by the pose it was made at. An action plan gives its six points, headings along the path."""
-    if plan.actions is not None:
-        times = ACTION_TIMES.astype(np.float64)
-        xy = plan.actions[:, [1, 0]].astype(np.float64)
-        yaw = np.arctan2(np.diff(np.r_[[[0.0, 0.0]], xy], axis=0)[:, 1], np.diff(np.r_[[[0.0, 0.0]], xy], axis=0)[:, 0])
-        local = np.concatenate([xy, yaw[:, None]], axis=-1)
-    else:
-        times = plan.times
-        local = plan.poses if plan.poses.shape[1] == 3 else np.concatenate(
-            [plan.poses, np.zeros((len(plan.poses), 1))], axis=-1)
-    times = np.r_[0.0, times]
-    local = np.r_[[[0.0, 0.0, 0.0]], local]
-    grid = np.arange(0.0, times[-1] + 1e-9, dt)
-    resampled = np.stack([np.interp(grid, times, local[:, i]) for i in range(3)], axis=-1)
-    return step * dt + grid, compose(start, resampled)
+    led by the pose it was made at, as the exact vehicle reads it (terra/closedloop/reference.py: headings along
+    the path where the plan gives none, a timing exact at constant acceleration)."""
+    reference = Reference.from_plan(plan)
+    grid = np.arange(0.0, reference.times[-1] + 1e-9, dt)
+    return step * dt + grid, compose(start, np.stack([reference.pose_at(float(t)) for t in grid]))
 
 
 def extended_comfort(plans: Sequence[Plan], poses: np.ndarray, dt: float = DT_S) -> dict[str, float | None]:

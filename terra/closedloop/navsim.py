@@ -14,12 +14,17 @@ becomes the plan.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import numpy as np
 
+from terra.closedloop.guard import reason
 from terra.closedloop.plans import Observation, Plan
+from terra.config.checks import check_whole_number
+from terra.core.errors import TerraInputError
 from terra.sim.camera import CAMERA_HEIGHT_M, OPTICAL_AXES, FrontCamera
 
 NAVSIM_FRAME_STEP = 5  # NAVSIM's frames are 0.5 s apart: every fifth 10 Hz frame
@@ -102,13 +107,45 @@ def front_camera(image: np.ndarray, classes) -> Any:
                           distortion=np.zeros(5, dtype=np.float32))
 
 
+def agent_class(entry: str) -> type:
+    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported now and checked: a class
+    that can be built with no arguments (agents are built so, one per drive); one line otherwise."""
+    module, _, name = entry[len("navsim:"):].rpartition(":")
+    where = f"policies: cannot load the NAVSIM agent {entry!r}"
+    if not module or not name:
+        raise TerraInputError(f"{where}: give navsim:package.module:Class")
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as err:
+        raise TerraInputError(f"{where} ({type(err).__name__}: {err}); give navsim:package.module:Class, importable "
+                              "here (PYTHONPATH)") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)
+        raise TerraInputError(f"{where}: importing {module} failed: {reason(err)}; fix the module") from None
+    found = getattr(loaded, name, None)
+    if not inspect.isclass(found):
+        what = "nothing" if found is None else f"a {type(found).__name__}"
+        raise TerraInputError(f"{where}: {module}.{name} is {what}, not a class; name the agent's class")
+    try:
+        signature = inspect.signature(found)
+    except (TypeError, ValueError):  # a class whose signature Python cannot tell: built as it is
+        return found
+    needed = [p.name for p in signature.parameters.values()
+              if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needed:
+        raise TerraInputError(f"{where}: {name}() needs {', '.join(needed)}, and an agent is built with no arguments; "
+                              "give them defaults (or a subclass that does)")
+    return found
+
+
 class NavsimPolicy:
-    """A NAVSIM agent (any object with ``initialize()`` and ``compute_trajectory(agent_input)``) as a policy."""
+    """A NAVSIM agent (any object with ``initialize()`` and ``compute_trajectory(agent_input)``) as a policy; it
+    sees ``num_history_frames`` frames (at least 1) 0.5 s apart."""
 
     def __init__(self, agent: Any, name: str | None = None, num_history_frames: int = 4) -> None:
         self.agent = agent
         self.name = name or (agent.name() if callable(getattr(agent, "name", None)) else type(agent).__name__)
-        self.num_history_frames = num_history_frames
+        self.num_history_frames = check_whole_number(num_history_frames, "num_history_frames", 1,
+                                                     "num_history_frames=4")
         self.classes = dataclasses_module()
         self._initialized = False
 

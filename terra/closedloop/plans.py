@@ -1,10 +1,11 @@
 """What a policy sees and returns: :class:`Observation` in, :class:`Plan` out.
 
 A plan is the ego car's future in the ego frame of the newest frame (x forward, y left, heading counter-clockwise,
-metres, radians, seconds after now): a trajectory of poses (NAVSIM's 8 poses at 0.5 s, AlpaSim's rig-frame
-trajectory at 10 Hz, or any other timestamps), or the world model's own ``[6, 3]`` action. A trajectory becomes
-the next frame's action exactly as ``terra-generate`` turns a trajectory into actions: the plan, led by the pose
-now, is read as a trajectory by :func:`terra.inputs.actions.trajectory_action`.
+metres, radians, seconds after now; the origin is the rear axle's centre, as in NAVSIM's ego frame and AlpaSim's
+rig): a trajectory of poses (NAVSIM's 8 poses at 0.5 s, AlpaSim's rig-frame trajectory at 10 Hz, or any other
+timestamps), or the world model's own ``[6, 3]`` action (its points at the action times). The drive's vehicle
+follows it (terra/closedloop/motion.py, reading it as terra/closedloop/reference.py does), and the world model is
+shown the motion the vehicle forecasts.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from terra.core.errors import TerraInputError
-from terra.generation.actions import validate_actions
-from terra.inputs.actions import trajectory_action
 
 NAVSIM_DT_S = 0.5  # NAVSIM's trajectory sampling: 8 poses over 4 s
 NAVSIM_POSES = 8
@@ -26,7 +25,8 @@ COMMANDS = ("left", "straight", "right", "unknown")  # NAVSIM's driving command,
 @dataclass(frozen=True)
 class Plan:
     """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` seconds after now, or ``actions
-    [6, 3]``. Shapes and times are checked when it is built; the numbers when it becomes an action."""
+    [6, 3]``. Shapes and times are checked when it is built; the numbers when a vehicle reads it
+    (terra/closedloop/reference.py)."""
 
     poses: np.ndarray | None = None
     times: np.ndarray | None = None
@@ -53,16 +53,6 @@ class Plan:
         """Poses ``[N, 2|3]`` (heading along the path when left out) at ``dt, 2 dt, ...`` or at ``times``."""
         poses = _array(poses, "plan poses")
         return cls(poses=poses, times=np.arange(1, len(poses) + 1) * float(dt) if times is None else times)
-
-    def to_action(self) -> np.ndarray:
-        """The ``[6, 3]`` action of the plan (terra/inputs/actions.py), checked: finite, in reach."""
-        if self.actions is not None:
-            return validate_actions(self.actions[None], "action")[0]
-        trajectory = {"t": [0.0, *self.times.tolist()], "x": [0.0, *self.poses[:, 0].tolist()],
-                      "y": [0.0, *self.poses[:, 1].tolist()]}
-        if self.poses.shape[1] == 3:
-            trajectory["yaw"] = [0.0, *self.poses[:, 2].tolist()]
-        return trajectory_action(trajectory)
 
     def to_json(self) -> dict:
         if self.actions is not None:

@@ -14,7 +14,6 @@ The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias
 from __future__ import annotations
 
 import hashlib
-import importlib
 from collections import deque
 from typing import Callable, Sequence
 
@@ -124,39 +123,39 @@ def reference_policy(name: str) -> Callable[[], Policy]:
     return REFERENCE_POLICIES[name]
 
 
-def policy_factories(entries: Sequence[str]) -> dict[str, Callable[[], Policy]]:
+def policy_factories(entries: Sequence[str], timeout_s: float = 30.0) -> dict[str, Callable[[], Policy]]:
     """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml), by name, each a factory built and
     checked now: a reference policy, :data:`ALL_REFERENCE`, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of
-    AlpaSim's egodriver contract, terra/closedloop/egodriver.py) or ``navsim:MODULE:CLASS`` (a NAVSIM agent class,
-    imported here and built with no arguments: terra/closedloop/navsim.py)."""
+    AlpaSim's egodriver contract, terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``) or
+    ``navsim:MODULE:CLASS`` (a NAVSIM agent class, imported here and built with no arguments:
+    terra/closedloop/navsim.py)."""
     names = [name for entry in entries for name in (REFERENCE_POLICIES if entry == ALL_REFERENCE else [entry])]
     if len(set(names)) != len(names):
         raise TerraInputError(f"policies names one twice ({names}); list each once")
-    return {name: _factory(name) for name in names}
+    return {name: _factory(name, timeout_s) for name in names}
 
 
-def _factory(entry: str) -> Callable[[], Policy]:
+def _factory(entry: str, timeout_s: float) -> Callable[[], Policy]:
     if entry.startswith("grpc:") or entry.startswith("unix:"):
-        target = entry[len("grpc:"):] if entry.startswith("grpc:") else entry
+        from terra.closedloop.egodriver import driver_target
+
+        target = driver_target(entry)  # checked now, before any drive
 
         def remote() -> Policy:
             from terra.closedloop.egodriver import EgodriverPolicy
 
-            return EgodriverPolicy(target, entry)
+            return EgodriverPolicy(target, entry, timeout_s)
 
         return remote
     if entry.startswith("navsim:"):
-        module, _, name = entry[len("navsim:"):].rpartition(":")
-        try:
-            agent_class = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise TerraInputError(f"policies: cannot load the NAVSIM agent {entry!r} ({type(err).__name__}: {err}); "
-                                  "give navsim:package.module:Class, importable here") from None
+        from terra.closedloop.navsim import agent_class as load_agent
+
+        agent_class = load_agent(entry)  # imported and checked now, before any drive
 
         def agent() -> Policy:
             from terra.closedloop.navsim import NavsimPolicy
 
-            return NavsimPolicy(agent_class(), name)
+            return NavsimPolicy(agent_class(), entry.rpartition(":")[2])
 
         return agent
     if entry not in REFERENCE_POLICIES:

@@ -200,5 +200,6 @@ class RayDrives:
         """Record every drive of a share that ended without its records as failed with ``error``."""
         ids = self.settings.scenarios.ids
         for index, policy in share:
-            content = lost_drive_json(drive_id(ids[index], policy), ids[index], policy, world, error)
+            content = lost_drive_json(drive_id(ids[index], policy), ids[index], policy, world, self.settings.vehicle,
+                                      error)
             recorder.add(manifest_record(content, "failed"), content)

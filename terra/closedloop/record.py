@@ -1,16 +1,17 @@
 """Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
-generated frames) and ``<drive id>.json`` (scenario, policy, world, seed, status and the one-line reason of a
-failure, plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
+generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason of
+a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
+drive), plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
 (strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
 ``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
 ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
 folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
 :func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
 inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
-same fingerprint (scenario, policy, seed, steps, world and model settings: terra/config/spec.py's rule), says it is
-complete and its video exists: a rerun skips it.
+same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
+says it is complete and its video exists: a rerun skips it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 
+APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (terra/config/output_dir.py)
+
+
 def file_stem(drive_id: str) -> str:
     """The name a drive's files start with: its id, any path separator made ``_``."""
     return drive_id.replace(os.sep, "_")
@@ -57,14 +61,17 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
             raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
                                   "give the scenarios or policies distinct names")
     names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
-    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs)
+    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs,
+                            app=APP)
 
 
-def fingerprint(spec: DriveSpec, world: str, num_steps: int, settings: dict[str, Any]) -> str:
-    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps and
-    world, and ``settings`` (the world model's: terra/closedloop/settings.py, ``DriveSettings.model_settings``)."""
+def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
+    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy, seed, steps,
+    world and vehicle, and ``settings`` (the world model's: terra/closedloop/settings.py,
+    ``DriveSettings.model_settings``)."""
     return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-                             "seed": spec.seed, "num_steps": num_steps, "world": world, **settings})
+                             "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
+                             **settings})
 
 
 def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
@@ -102,8 +109,10 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     scenario = drive.spec.scenario
     return {
         "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
-        "world": drive.world, "seed": drive.spec.seed, "status": "ok" if drive.ok else "failed",
-        "stage": drive.stage, "error": drive.error, "num_context": drive.num_context, "steps": drive.steps,
+        "world": drive.world, "vehicle": drive.vehicle.name, "seed": drive.spec.seed,
+        "status": "ok" if drive.ok else "failed",
+        "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
+        "num_context": drive.num_context, "steps": drive.steps,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
         "poses": np.round(np.array(drive.poses), 4).tolist(),
@@ -113,13 +122,14 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
     }
 
 
-def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, error: str) -> dict:
+def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehicle: str, error: str) -> dict:
     """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
     world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
-    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world, "seed": None,
-            "status": "failed", "stage": "world", "error": error, "num_context": 0, "steps": 0, "frames": 0,
-            "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [], "speeds_mps": [],
-            "policy_s": [], "fingerprint": None, "complete": False}
+    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world,
+            "vehicle": vehicle, "seed": None,
+            "status": "failed", "stage": "world", "error": error, "warnings": [], "num_context": 0, "steps": 0,
+            "frames": 0, "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [],
+            "speeds_mps": [], "policy_s": [], "fingerprint": None, "complete": False}
 
 
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
@@ -142,5 +152,6 @@ def manifest_record(content: dict, status: str, seconds: float | None = None) ->
     alpasim = content.get("metrics", {}).get("alpasim") or {}
     return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
             "world": content["world"], "status": status, "stage": content.get("stage"),
-            "error": content.get("error"), "steps": content.get("steps"), "time_in_lane": truth.get("time_in_lane"),
-            "score": alpasim.get("score"), "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}
+            "error": content.get("error"), "ended": content.get("ended"), "steps": content.get("steps"),
+            "time_in_lane": truth.get("time_in_lane"), "score": alpasim.get("score"),
+            "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}

@@ -51,6 +51,7 @@ class RunSettings:
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
+    vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
 
 
 @dataclass
@@ -121,6 +122,8 @@ class RunRecorder:
         self.result.plan_s += content["policy_s"]
         if record["status"] == "failed":
             tqdm.write(f"drive: {content['drive']} failed ({content['stage']}): {content['error']}", file=sys.stderr)
+        for warning in content.get("warnings", []):
+            tqdm.write(f"drive: {content['drive']}: warning: {warning}", file=sys.stderr)
 
     def advance(self, frames: int) -> None:
         """``frames`` more frames generated (the bar counts steps of drives still going, and ends drives' whole)."""
@@ -162,7 +165,8 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
-    prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, model_settings) for spec in specs}
+    prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, settings.vehicle, model_settings)
+              for spec in specs}
     if len(prints) != len(specs):
         raise ValueError("drive ids must be distinct (scenario ids x policy names)")
     todo = []
@@ -183,7 +187,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
             counted[0] = step
 
         drives = run_drives(world, chunk, settings.num_steps, settings.policy_timeout_s, settings.history, stepped,
-                            timings)
+                            timings, settings.vehicle)
         stepped(settings.num_steps)  # drives that ended early count whole
         seconds = (time.perf_counter() - started) / max(1, len(chunk))
         writing = time.perf_counter()

@@ -24,12 +24,14 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from terra.closedloop.truth import EGO_LENGTH_M
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import speed_of, to_ego
 from terra.inputs.samples import Sample, read_samples
 from terra.inputs.trajectory import EgoTrajectory
 from terra.sim.clips import FUTURE_S, clip_from_trajectory
+from terra.sim.renderer import FAR_M
 from terra.sim.scene import Scene
 
 ROUTE_AHEAD_M = 60.0  # route points ahead of the car
@@ -65,6 +67,19 @@ class Scenario:
         else:
             return np.zeros((0, 2))
         return to_ego(ahead, pose)
+
+    def left_scene(self, pose: np.ndarray) -> str | None:
+        """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is
+        not known): at or past an end of the synthetic road (its front at the road's end: a route follower stops
+        there), or farther from it than the world draws."""
+        if self.scene is None:
+            return None
+        s, d = self.scene.road_coords(np.array([float(pose[0])]), np.array([float(pose[1])]))
+        if not np.isfinite(d[0]) or s[0] >= self.scene.length_m - EGO_LENGTH_M / 2:
+            return f"the car reached an end of the scene's {self.scene.length_m:.0f} m road"
+        if abs(d[0]) > FAR_M:
+            return f"the car left the scene, {abs(d[0]):.0f} m from the road (the world draws {FAR_M:.0f} m)"
+        return None
 
 
 def command_of(route: np.ndarray) -> str:

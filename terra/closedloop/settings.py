@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
+from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
 from terra.closedloop.policies import ALL_REFERENCE, policy_factories
 from terra.closedloop.record import claim_drive_folder
@@ -36,7 +37,7 @@ from terra.config.checks import (
 )
 from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
-from terra.config.ray_settings import EXECUTORS, RaySettings
+from terra.config.ray_settings import RaySettings, check_executor
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
@@ -62,6 +63,7 @@ class DriveSettings:
     scenarios: ScenarioSource
     drives: tuple[tuple[int, str], ...]  # this shard's drives: (scenario index, policy name), scenario by scenario
     world: str  # model | truth | both
+    vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
     num_steps: int
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
@@ -100,7 +102,8 @@ class DriveSettings:
         folder = self.output.path if self.output is not None else self.fidelity.top.path
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
-                           manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards))
+                           manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
+                           vehicle=self.vehicle)
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
@@ -116,10 +119,11 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE})")
-    policies = policy_factories(entries)
+    policies = policy_factories(entries, float(values["policy_timeout_s"]))
     world = check_choice(select(cfg, "world"), "world", WORLDS)
+    vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
-    executor = check_choice(select(cfg, "executor"), "executor", EXECUTORS)
+    executor = check_executor(select(cfg, "executor"))
     ray = RaySettings.parse(select(cfg, "ray"))
     image_root = select(cfg, "image_root")
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
@@ -148,7 +152,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         output = claim_drive_folder(output_dir, ids, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, scenarios, drives, world, values["num_steps"], values["seed"],
+        spec, policies, scenarios, drives, world, vehicle, values["num_steps"], values["seed"],
         float(values["policy_timeout_s"]), values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, output, fidelity)

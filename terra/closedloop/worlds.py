@@ -1,11 +1,12 @@
 """The two worlds a policy can drive in, behind one interface: the world model, and the synthetic world itself.
 
-:class:`ModelWorld` runs each drive as a session on one :class:`~terra.generation.session_engine.SessionEngine`
-(continuous batching: every drive's next frame is submitted at once and the backend batches them); its frames are
-the world model's, decoded by the tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py)
-at the pose the commanded actions lead to: an exact simulator of the world the demo model was trained on, for
-ground truth. Both advance the pose by :func:`terra.inputs.ego_motion.advance_pose`, the rule a session tracks its
-pose with.
+Each step a world gets, per drive, the next frame's action (the car's forecast motion over the next 3 s,
+docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle:
+terra/closedloop/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
+:class:`~terra.generation.session_engine.SessionEngine` (continuous batching: every drive's next frame is submitted
+at once and the backend batches them); its frames are the world model's, conditioned on the action, decoded by the
+tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of
+the world the demo model was trained on, for ground truth. So both worlds show the same motion of the same car.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import DEFAULT_OVERLAP, WorldModelBackend
 from terra.generation.session_engine import Rollout, SessionEngine
-from terra.inputs.ego_motion import advance_pose
 from terra.sim.renderer import render
 
 
 class World(Protocol):
-    """Opens a drive on a scenario and steps many drives at once; ``generate_s`` and ``decode_s`` sum the seconds
-    its steps spent making frames (the world model's generation, the renderer) and decoding them to pixels."""
+    """Opens a drive on a scenario and steps many drives at once: :meth:`step` gets each drive's action ``[6, 3]``
+    and the world pose ``[x, y, yaw]`` of its next frame and returns the frames (uint8 ``[H, W, 3]``, or the
+    exception that ended that drive); ``generate_s`` and ``decode_s`` sum the seconds its steps spent making frames
+    (the world model's generation, the renderer) and decoding them to pixels."""
 
     name: str
     generate_s: float
@@ -37,7 +39,8 @@ class World(Protocol):
 
     def context_frames(self, drive: Any) -> np.ndarray: ...
 
-    def step(self, drives: Sequence[Any], actions: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]: ...
+    def step(self, drives: Sequence[Any], actions: Sequence[np.ndarray],
+             poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]: ...
 
     def close(self, drive: Any) -> None: ...
 
@@ -90,7 +93,8 @@ class ModelWorld:
         """The context as the model sees it: the tokenizer's reconstruction of the context codes."""
         return self.pipeline.decode(drive.context)
 
-    def step(self, drives, actions) -> list[np.ndarray | BaseException]:
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        """The model's next frames, conditioned on the actions (the model is shown no pose)."""
         start = time.perf_counter()
         futures = [self.engine.step(drive.rollout, action, drive.sampling) for drive, action in zip(drives, actions)]
         results: list[Any] = []
@@ -118,14 +122,8 @@ class ModelWorld:
         self.engine.close()
 
 
-@dataclass
-class _TrueDrive:
-    scenario: Scenario
-    pose: np.ndarray  # world pose
-
-
 class TrueWorld:
-    """The synthetic world rendered at the commanded poses (``image_size``: the frames' height and width)."""
+    """The synthetic world rendered at the poses the cars reach (``image_size``: the frames' height and width)."""
 
     name = "truth"
 
@@ -134,22 +132,23 @@ class TrueWorld:
         self.generate_s = 0.0  # rendering, summed over steps
         self.decode_s = 0.0  # (nothing to decode)
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> _TrueDrive:
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> Scenario:
+        """A drive of the true world is its scenario."""
         if scenario.scene is None:
             raise TerraInputError(f"scenario {scenario.id} has no synthetic scene: the true world drives only the "
                                   "synthetic world's scenarios")
-        return _TrueDrive(scenario, np.asarray(scenario.start_pose, dtype=np.float64))
+        return scenario
 
-    def context_frames(self, drive: _TrueDrive) -> np.ndarray:
-        return drive.scenario.images
+    def context_frames(self, drive: Scenario) -> np.ndarray:
+        return drive.images
 
-    def step(self, drives, actions) -> list[np.ndarray | BaseException]:
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        """The scene rendered at each pose (the actions are the world model's alone)."""
         start = time.perf_counter()
         frames: list[np.ndarray | BaseException] = []
-        for drive, action in zip(drives, actions):
+        for drive, pose in zip(drives, poses):
             try:
-                drive.pose = np.array(advance_pose(drive.pose, action))
-                frames.append(render(drive.scenario.scene, drive.pose, *self.image_size))
+                frames.append(render(drive.scene, np.asarray(pose, dtype=np.float64), *self.image_size))
             except Exception as err:  # noqa: BLE001
                 frames.append(err)
         self.generate_s += time.perf_counter() - start

@@ -5,7 +5,8 @@ A run writes ``manifest.jsonl`` (a name of its own where it has one: ``output.ma
 ``i`` of ``n`` of a run writes ``manifest.shard-<i>-of-<n>.jsonl`` (:func:`manifest_name`), so that the shards of one
 run share its folder; the summary is the manifest's name with ``.summary.json`` (:func:`summary_name`). Every record
 has a ``status`` (:data:`STATUSES`); their fields are the run's own (terra/batch/__init__.py, "Outputs";
-terra/closedloop/record.py). Used by batch rollouts (terra/batch/) and drives (terra/closedloop/).
+terra/closedloop/record.py). Used by batch rollouts (terra/batch/) and drives (terra/closedloop/); which of the two
+wrote a manifest shows in its records (:func:`manifest_app`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from terra.decoder.sidecar import to_jsonable
 
 MANIFEST = "manifest.jsonl"
 STATUSES = ("ok", "failed", "skipped")  # skipped: already complete, kept from an earlier run
+# The field that names a record's item, and the app whose records name their items so.
+RECORD_OWNERS = (("drive", "terra-drive"), ("sample_id", "terra-rollout"))
 
 
 def manifest_name(name: str = MANIFEST, shard_index: int = 0, num_shards: int = 1) -> str:
@@ -103,3 +106,14 @@ def count_statuses(records: Iterable[dict]) -> dict[str, int]:
     for record in records:
         counts[record["status"]] = counts.get(record["status"], 0) + 1
     return counts
+
+
+def manifest_app(path: str | os.PathLike) -> str | None:
+    """The app that wrote the manifest at ``path``, read from the shape of its first record (:data:`RECORD_OWNERS`);
+    None when the file is absent, empty or holds no record of a known shape."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            first = json.loads(handle.readline(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return next((app for key, app in RECORD_OWNERS if isinstance(first, dict) and key in first), None)

@@ -8,6 +8,12 @@
   :data:`~terra.core.atomic.MARKER`), and a folder the run replaces whole (a blend, a training run's ``model/``,
   ...) must hold nothing its own marker does not list. A folder the run did not create is never replaced, and a
   user's file beside the outputs is never deleted.
+* One folder, one app: a run folder belongs to the app (console script) that first wrote it, as its marker
+  records, and a run of another app into it is refused (``terra-drive`` and ``terra-rollout`` both write a
+  ``manifest.jsonl``: one would orphan the other's files). A marker written before owners were recorded names
+  none: its folder belongs to the app whose records its manifest holds (terra/config/manifest.py,
+  ``manifest_app``), and a folder without a manifest to the next app that claims it. A run that writes one file
+  (:func:`claim_output_file`) takes no folder: it may write into a folder of no app's, not into another app's.
 
 :func:`claim_output_dir` checks both (and :func:`~terra.config.outputs.check_output_dir`: writable, names fit,
 on a disk) and returns an :class:`OutputDir`; :meth:`OutputDir.hold` then takes the folder's lock for runs that
@@ -22,12 +28,13 @@ import glob
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from terra.config.checks import one_line, shown
+from terra.config.manifest import manifest_app
 from terra.config.outputs import check_output_dir
-from terra.core.atomic import MARKER, mark, marked
+from terra.core.atomic import MARKER, mark, marked, owner
 from terra.core.errors import TerraInputError
 from terra.core.lock import output_lock
 
@@ -41,12 +48,13 @@ class OutputDir:
     path: Path  # absolute
     setting: str  # the setting that named it, for error lines (output_dir, output.dir, ...)
     names: tuple[str, ...]  # file-name patterns the run writes in it (recorded in its marker)
+    app: str | None = None  # the app that owns the folder (recorded in its marker); None: a single file's folder
 
     def record(self) -> None:
-        """Create the folder and list the run's names in its marker; names given as patterns are listed by their
-        writers, each file as it is written (a pattern would claim a user's file that matches it)."""
+        """Create the folder and list the run's names and its app in its marker; names given as patterns are listed
+        by their writers, each file as it is written (a pattern would claim a user's file that matches it)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        mark(self.path, [name for name in self.names if not glob.has_magic(name)])
+        mark(self.path, [name for name in self.names if not glob.has_magic(name)], self.app)
 
     @contextmanager
     def hold(self, main_file: str) -> Iterator[Path]:
@@ -71,14 +79,16 @@ def unmark_unused(folder: Path, *also: str) -> None:
 
 
 def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str] = (), folders: Iterable[str] = (),
-                     whole: Iterable[str] = (), inputs: Inputs = (), replaced: bool = False) -> OutputDir:
-    """Check output folder ``path`` (named by ``setting``) before any work; nothing is created.
+                     whole: Iterable[str] = (), inputs: Inputs = (), replaced: bool = False, *,
+                     app: str) -> OutputDir:
+    """Check output folder ``path`` (named by ``setting``) for a run of ``app`` (the console script whose outputs
+    these are) before any work; nothing is created.
 
     ``files`` and ``folders``: the name patterns (fnmatch, one path component each) of the files and of the
     sub-folders the run writes into; an existing entry they match must be of that kind and listed in the folder's
     marker. ``whole``: sub-folders the run replaces whole (each may hold only what its own marker lists);
     ``replaced``: the run replaces the folder itself whole. ``inputs``: ``(what, path or glob or paths)`` that the
-    run reads (None: nothing).
+    run reads (None: nothing). A folder another app owns is refused (the module docstring).
     """
     files, folders, whole = tuple(files), tuple(folders), tuple(whole)
     names = files + folders + whole
@@ -87,6 +97,10 @@ def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str]
         for item in _paths(given):
             check_apart(folder, setting, what, item)
     where = f"{setting}={one_line(folder)}"
+    other = folder_owner(folder)
+    if other is not None and other != app:
+        raise TerraInputError(f"{where} holds the outputs of {other}, which {app} would write over or mix with; "
+                              f"give {app} a folder of its own (another {setting})")
     if replaced:
         _check_replaceable(folder, setting, where)
     elif folder.is_dir():
@@ -112,7 +126,17 @@ def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str]
                 f"write there; move {'it' if len(foreign) == 1 else 'them'} away or choose another {setting}")
         for name in whole:
             _check_replaceable(folder / name, setting, f"{where}: {name}/")
-    return OutputDir(folder, setting, names)
+    return OutputDir(folder, setting, names, app)
+
+
+def folder_owner(folder: Path) -> str | None:
+    """The app whose run folder ``folder`` is: as its marker records, or for a marker written before owners were
+    recorded, the app whose records a manifest it lists holds; None for a folder of no app's."""
+    recorded = owner(folder)
+    if recorded is not None:
+        return recorded
+    manifests = sorted(name for name in marked(folder) if name.endswith(".jsonl"))
+    return next((app for app in map(manifest_app, (folder / name for name in manifests)) if app), None)
 
 
 def _split(names: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
@@ -120,14 +144,15 @@ def _split(names: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
     return frozenset(n for n in names if not glob.has_magic(n)), [n for n in names if glob.has_magic(n)]
 
 
-def claim_output_file(path: str | os.PathLike, setting: str, inputs: Inputs = ()) -> OutputDir:
-    """:func:`claim_output_dir` for a run that writes one file, ``path``: the file may not be or lie inside an
-    input, and replaces only a file the toolkit wrote; the claim is its folder's."""
+def claim_output_file(path: str | os.PathLike, setting: str, inputs: Inputs = (), *, app: str) -> OutputDir:
+    """:func:`claim_output_dir` for a run of ``app`` that writes one file, ``path``: the file may not be or lie
+    inside an input, and replaces only a file the toolkit wrote; the claim is its folder's, which it may share
+    with other files but not with another app's run (it does not take the folder)."""
     path = Path(os.path.abspath(Path(path).expanduser()))
     for what, given in inputs:
         for item in _paths(given):
             check_apart(path, setting, what, item)
-    return claim_output_dir(path.parent, setting, files=[path.name])
+    return replace(claim_output_dir(path.parent, setting, files=[path.name], app=app), app=None)
 
 
 def _paths(given) -> list[Path]:

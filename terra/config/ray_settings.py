@@ -8,11 +8,13 @@ resources, and how hard to try when actors die.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from terra.config.checks import check_number, check_whole_number
+from terra.config.checks import check_choice, check_number, check_whole_number
 from terra.core.errors import TerraInputError
+from terra.core.ray_cluster import INSTALL_RAY
 
 EXECUTORS = ("local", "ray")
 MAX_ACTORS = 100_000  # far beyond any cluster: a typo such as 10000000 is refused, not waited for
@@ -67,6 +69,15 @@ class RaySettings:
                                   f"(got {type(runtime_env).__name__})")
         return cls(address.strip() if address else None, None if num_actors is None else int(num_actors), cpus,
                    restarts, retries, dict(runtime_env) if runtime_env is not None else None, log_to_driver)
+
+
+def check_executor(value: Any) -> str:
+    """The ``executor`` setting checked: one of :data:`EXECUTORS`, and ``ray`` only where Ray is installed (found
+    without importing it), so that a run without it stops before any work."""
+    executor = check_choice(value, "executor", EXECUTORS)
+    if executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise TerraInputError(f"executor=ray needs Ray, which is not installed here: {INSTALL_RAY}")
+    return executor
 
 
 def removed_setting(name: str, value: Any) -> None:

@@ -6,9 +6,10 @@ a crashed write leaves no temporary file behind either.
 Every JSON the toolkit writes goes through :func:`json_text`: valid JSON, a non-finite number written as
 ``null`` (Python's ``NaN`` / ``Infinity`` are not JSON).
 
-The marker (:data:`MARKER`, a small JSON file in a folder) lists the names of what the toolkit wrote there: a
-run replaces an existing file or folder only when the marker lists it (terra/config/output_dir.py checks this
-before any work). :func:`atomic_dir` marks every folder it puts in place with its whole content.
+The marker (:data:`MARKER`, a small JSON file in a folder) lists the names of what the toolkit wrote there and
+the app (console script) whose run folder it is: a run replaces an existing file or folder only when the marker
+lists it, and writes into no other app's folder (terra/config/output_dir.py checks both before any work).
+:func:`atomic_dir` marks every folder it puts in place with its whole content.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-MARKER = ".terra-output.json"  # in a folder: the names of what the toolkit wrote there
+MARKER = ".terra-output.json"  # in a folder: the names of what the toolkit wrote there, and which app owns it
 
 
 @contextmanager
@@ -69,13 +70,13 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, app: str | None = None) -> Iterator[Path]:
     """Yield a fresh, empty temporary folder next to ``path``; on normal exit it takes ``path``'s place.
 
     A folder already at ``path`` is moved aside first and deleted once the new one is in place; on an exception
     the temporary folder is deleted and ``path`` is left as it was. The new folder's :data:`MARKER` lists its
     whole content (the caller checked, before any work, that the folder it replaces held only what a marker
-    listed: terra/config/output_dir.py).
+    listed: terra/config/output_dir.py) and its owner: ``app``, else the owner of the folder it replaces.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -84,7 +85,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        mark(tmp, [entry.name for entry in os.scandir(tmp) if entry.name != MARKER])
+        mark(tmp, [entry.name for entry in os.scandir(tmp) if entry.name != MARKER], app or owner(path))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -95,26 +96,41 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _marker(folder: str | os.PathLike) -> dict:
+    """``folder``'s :data:`MARKER` as a dict (empty without a marker, or with one that is not the toolkit's JSON)."""
+    try:
+        content = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
 def marked(folder: str | os.PathLike) -> frozenset[str]:
     """The names ``folder``'s :data:`MARKER` lists (none without a marker, or with one that is not the toolkit's
     JSON)."""
-    try:
-        names = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))["names"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return frozenset()
+    names = _marker(folder).get("names")
     return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
 
 
-def mark(folder: str | os.PathLike, names: Iterable[str]) -> None:
-    """Add ``names`` (of files or folders the toolkit writes in ``folder``) to its :data:`MARKER`, atomically,
-    one writer at a time."""
+def owner(folder: str | os.PathLike) -> str | None:
+    """The app (console script) whose run folder ``folder`` is, as its :data:`MARKER` says; None when the marker
+    names none (a folder of single files, or a marker written before owners were recorded) or is absent."""
+    app = _marker(folder).get("app")
+    return app if isinstance(app, str) and app else None
+
+
+def mark(folder: str | os.PathLike, names: Iterable[str], app: str | None = None) -> None:
+    """Add ``names`` (of files or folders the toolkit writes in ``folder``) to its :data:`MARKER`, and record
+    ``app`` as the folder's owner (None: the owner stays as it is), atomically, one writer at a time."""
     folder = Path(folder)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # shards of one batch run may share a folder
-        listed, names = marked(folder), set(names)
-        if not names <= listed or not (folder / MARKER).is_file():  # a rerun rewrites nothing
-            text = json_text({"written_by": "terra-world-model", "names": sorted(listed | set(names))})
-            write_text(folder / MARKER, text + "\n")
+        listed, names, was = marked(folder), set(names), owner(folder)
+        app = app or was
+        if not names <= listed or app != was or not (folder / MARKER).is_file():  # a rerun rewrites nothing
+            content = {"written_by": "terra-world-model", **({"app": app} if app else {}),
+                       "names": sorted(listed | set(names))}
+            write_text(folder / MARKER, json_text(content) + "\n")
     finally:
         os.close(fd)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from terra.core.errors import TerraInputError, error_line
 
+INSTALL_RAY = "pip install 'terra-world-model[ray]' on this machine and every node, or use executor=local"
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 _HELP = "README.md, \"Running across nodes\""
@@ -62,8 +64,7 @@ class RayCluster:
         try:
             import ray
         except ImportError as err:
-            raise TerraInputError(f"executor=ray needs Ray ({error_line(err)}): pip install 'terra-world-model[ray]' "
-                                  "on this machine and every node, or use executor=local") from None
+            raise TerraInputError(f"executor=ray needs Ray ({error_line(err)}): {INSTALL_RAY}") from None
         self.ray = ray
         if ray.is_initialized():
             return

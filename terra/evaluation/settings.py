@@ -22,6 +22,7 @@ from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
 
 REPORT = "report.json"  # in out_dir
+APP = "terra-evaluate"  # the app whose run folders these are (terra/config/output_dir.py)
 SETTINGS = {  # documented in conf/evaluate.yaml; num_context and num_threads are run_spec's
     "horizon": Range(1, 1000, 10, whole=True),
     "seed": SEED,
@@ -131,7 +132,7 @@ def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
     progress = check_flag(select(cfg, "progress"), "progress")
     run = run_spec(cfg)
     output = claim_output_dir(required_path(cfg, "out_dir", f"{REPORT} goes there"), "out_dir", files=[REPORT],
-                              inputs=[("world model", run.world_model), ("tokenizer", run.tokenizer)])
+                              inputs=[("world model", run.world_model), ("tokenizer", run.tokenizer)], app=APP)
     return EvaluateSpec(
         run, output, values["horizon"], values["seed"], progress, domain, quality, adherence,
         ExcludedTraining(values["exclude_training.seed"], values["exclude_training.num_clips"]),

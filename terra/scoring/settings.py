@@ -22,6 +22,7 @@ from terra.scoring.report import FILES
 from terra.config.actbench import MAX_SAMPLES_BYTES
 from terra.scoring.samples import sample_files
 
+APP = "terra-score"  # the app whose run folders these are (terra/config/output_dir.py)
 RANGES = {
     "batch_size": Range(1, 1024, 16, whole=True),
     "num_workers": Range(0, 256, 8, whole=True),
@@ -76,7 +77,8 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
         output_dir = claim_output_dir(
             required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there"),
             "output_dir", files=FILES, inputs=[("videos folder", videos), ("samples", select(cfg, "samples")),
-                                               ("samples file", files), ("estimator folder", estimator)]).path
+                                               ("samples file", files), ("estimator folder", estimator)],
+            app=APP).path
     return ScoringSettings(
         videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
         batch_size=values["batch_size"], num_workers=values["num_workers"],

@@ -34,6 +34,7 @@ from terra.sim.clips import Clip, random_clip
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 1
+APP = "terra-make-dataset"  # the app whose run folders these are (terra/config/output_dir.py)
 META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions")
 SHARD_FILES = "shard-*.npz"
@@ -63,7 +64,7 @@ def write_dataset(
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
-    claim_output_dir(out, "out_dir", files=[META_FILE, SHARD_FILES]).record()
+    claim_output_dir(out, "out_dir", files=[META_FILE, SHARD_FILES], app=APP).record()
     jobs = [
         (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
          seed, compress, domain)

@@ -39,6 +39,7 @@ from terra.sim.dataset import check_sizes, map_in_processes
 from terra.sim.scene import DOMAINS
 
 LOGS_META_FILE = "clips.json"
+APP = "terra-make-dataset"  # format=driving_logs (terra/config/output_dir.py)
 TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"  # the layout terra/inputs/driving_logs.py reads
 
 
@@ -73,7 +74,8 @@ def write_driving_logs(
         if others:
             raise TerraInputError(f"{out} holds clip folders of other settings ({', '.join(others[:3])}); choose a "
                                   "new out_dir or delete them")
-    claim_output_dir(out, "out_dir", files=[LOGS_META_FILE], folders=[clip_id(domain, seed, 0)[:-5] + "*"]).record()
+    claim_output_dir(out, "out_dir", files=[LOGS_META_FILE], folders=[clip_id(domain, seed, 0)[:-5] + "*"],
+                     app=APP).record()
     mark(out, ids)
     jobs = [(str(out / name), i, num_frames, height, width, seed, domain) for i, name in enumerate(ids)]
     clips = list(tqdm(map_in_processes(_write_clip, jobs, workers), total=len(jobs), desc="rendering clips",

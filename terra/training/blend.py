@@ -22,6 +22,7 @@ from terra.config.checks import Range, check_choice, check_file_size, required_p
 from terra.config.output_dir import claim_output_dir
 from terra.core.errors import TerraInputError
 
+APP = "terra-blend"  # the app whose folders blends are (terra/config/output_dir.py)
 WEIGHT = Range(0, 1, 0.8)
 DTYPES = ("bfloat16", "float32")
 # config.json keys that say how a file was written, not what the model is
@@ -51,7 +52,7 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
     # the blend replaces output_dir whole (terra/core/atomic.py): new, empty or an earlier blend, apart from the inputs
     output = claim_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"), "output_dir",
                               files=["config.json", "model.safetensors"], replaced=True,
-                              inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()]).path
+                              inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()], app=APP).path
     return BlendSpec(
         base=folders["base"], tuned=folders["tuned"], weight=float(WEIGHT.check(select(cfg, "weight"), "weight")),
         output=output, dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES),
@@ -86,6 +87,6 @@ def blend(spec: BlendSpec) -> dict[str, Any]:
                 continue
             blended.add(tensor.data_ptr())
             tensor.copy_(start[name] + spec.weight * (tensor - start[name]))
-    with atomic_dir(spec.output) as folder:
+    with atomic_dir(spec.output, APP) as folder:
         tuned.to(getattr(torch, spec.dtype)).save_pretrained(folder, max_shard_size=spec.max_shard_size)
     return {"tensors": len(start), "parameters": sum(t.numel() for t in tuned.parameters())}

@@ -46,6 +46,7 @@ from terra.inputs.trajectory import RATE_HZ
 from terra.tokenizer.resize import RESIZE_MODES
 from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, read_index, write_shard
 
+APP = "terra-prepare-logs"  # the app whose run folders these are (terra/config/output_dir.py)
 RANGES = {  # documented in conf/prepare_driving_logs.yaml
     "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
     "val_fraction": Range(0, 0.5, 0.05),
@@ -107,7 +108,7 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     tokenizer = checkpoint_path(cfg, "tokenizer", "path")
     output = claim_output_dir(required_path(cfg, "output_dir", "the shard folder"), "output_dir",
                               files=[INDEX_FILE, *SHARD_FILES],
-                              inputs=[("logs folder", logs), ("tokenizer", tokenizer)])
+                              inputs=[("logs folder", logs), ("tokenizer", tokenizer)], app=APP)
     if importlib.util.find_spec("av") is None and any(_holds_video(folder) for folder in clips):
         raise TerraInputError("reading the clips' videos needs PyAV: pip install av (or give the frames as images)")
     return PrepareSpec(

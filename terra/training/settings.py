@@ -35,6 +35,7 @@ from terra.config.snapshot import checkpoint_path
 # The run folder (README, "The run folder"): what a run writes in output_dir
 CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR = "checkpoint", "model", "best", "adapter"  # each replaced whole
 SAMPLES_DIR, TENSORBOARD_DIR, LOG_FILE = "samples", "tensorboard", "train_log.jsonl"
+APP = "terra-train"  # the app whose run folders these are (terra/config/output_dir.py)
 FINETUNE_MODES = ("full", "lora")
 BEST_METRICS = ("val_loss", "val_psnr")  # what best/ keeps the best of: the lowest val_loss, the highest val_psnr
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -157,7 +158,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     output = claim_output_dir(required_path(cfg, "output_dir", "the run folder"), "output_dir", files=[LOG_FILE],
                               folders=[SAMPLES_DIR, TENSORBOARD_DIR],
                               whole=[CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR],
-                              inputs=[("data.tokens", data), ("init checkpoint", init)])
+                              inputs=[("data.tokens", data), ("init checkpoint", init)], app=APP)
     return TrainSpec(
         data=data, val_clips=values["data.val_clips"], output=output,
         resume=check_flag(select(cfg, "resume"), "resume"), init=init,

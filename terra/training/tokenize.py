@@ -91,7 +91,8 @@ def run(spec: TokenizeSpec) -> TokenizedClips:
     from terra.tokenizer import load_tokenizer
 
     dataset = ClipDataset(spec.dataset)
-    claim_output_file(spec.out, "out", inputs=[("dataset", dataset.path), ("tokenizer", str(spec.tokenizer))])
+    claim_output_file(spec.out, "out", inputs=[("dataset", dataset.path), ("tokenizer", str(spec.tokenizer))],
+                      app="terra-tokenize")
     tokenizer = load_tokenizer(str(spec.tokenizer), device=torch.device(resolve_device(spec.device))).eval()
     clips = replace(tokenize_dataset(dataset, tokenizer, spec.batch_size), tokenizer=str(spec.tokenizer))
     save_tokens(spec.out, clips)

@@ -26,6 +26,7 @@ FAMILIES = ("lfq", "vq")  # model.family: tokenizer/lfq.py, tokenizer/vq.py
 SOURCES = ("synthetic", "folder")  # data.source: terra/sim/clips.py's render_frames, tokenizer/images.py's load_frames
 # The run folder: what a run writes in train.output_dir (the checkpoint replaced whole), and in train.export_dir
 CHECKPOINT, LOG, SUMMARY = "checkpoint", "train_log.jsonl", "summary.json"
+APP = "terra-train-tokenizer"  # the app whose run folders these are (terra/config/output_dir.py)
 SYNTHETIC_FRAMES = "synthetic_*.npy"  # data.source=synthetic: the rendered frames, cached
 EXPORT_FILES = ("config.json", "model.safetensors")
 
@@ -186,9 +187,9 @@ def _run(cfg: DictConfig, data: FramesSpec) -> TrainingRun:
     inputs = [("data.path", data.path)]
     output = claim_output_dir(required_path(cfg, "train.output_dir", "the run folder"), "train.output_dir",
                               files=[LOG, SUMMARY, SYNTHETIC_FRAMES],
-                              whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"], inputs=inputs)
+                              whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"], inputs=inputs, app=APP)
     export = claim_output_dir(required_path(cfg, "train.export_dir", "the trained tokenizer's folder"),
-                              "train.export_dir", files=EXPORT_FILES, inputs=inputs)
+                              "train.export_dir", files=EXPORT_FILES, inputs=inputs, app=APP)
     return TrainingRun(
         output=output, export=export, export_dir=str(select(cfg, "train.export_dir")),
         export_dtype=check_choice(select(cfg, "train.export_dtype"), "train.export_dtype", EXPORT_DTYPES),

@@ -29,6 +29,7 @@ def test_help_and_one_line_errors(tmp_path):
     for args, text in ((["policies=[no_such]"], "unknown policy 'no_such'"),
                        (["world=truth", "scenarios=/no/such/folder"], "does not exist"),
                        (["num_steps=0"], "num_steps"),
+                       (["vehicle=car"], "unknown vehicle 'car'; choose one of: bicycle, exact"),
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
         result = drive(*args, cwd=tmp_path)
         assert result.returncode == 2, result.stderr

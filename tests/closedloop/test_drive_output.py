@@ -78,15 +78,16 @@ def test_outputs_never_inside_or_holding_what_the_run_reads(tmp_path, samples):
 
 def test_a_drives_fingerprint_starts_from_the_runs_rule(tmp_path):
     """A drive's fingerprint holds what every run's does (terra/config/spec.py, ``RunSpec.output_settings``: resize
-    included), and the checkpoints and engine: another resize makes the drives again on resume."""
+    included), the checkpoints and engine, and the vehicle: another resize makes the drives again on resume."""
     from terra.closedloop.record import fingerprint
 
     crop, stretch = settings(tmp_path / "a"), settings(tmp_path / "b", "tokenizer.resize=stretch")
     assert crop.model_settings.items() >= crop.run.output_settings().items()
     assert {"resize", "world_model", "tokenizer", "backend", "dtype"} <= set(crop.model_settings)
     [spec] = drive_specs(synthetic_scenarios(1, 0, SIZE), {"lane_follower": reference_policy("lane_follower")})
-    prints = {fingerprint(spec, "model", 4, drive.model_settings) for drive in (crop, stretch)}
+    prints = {fingerprint(spec, "model", 4, "bicycle", drive.model_settings) for drive in (crop, stretch)}
     assert len(prints) == 2 and all(len(p) == 32 for p in prints)
+    assert fingerprint(spec, "model", 4, "exact", crop.model_settings) not in prints  # the vehicle counts too
 
 
 def test_outputs_never_over_a_file_the_toolkit_did_not_write(tmp_path):

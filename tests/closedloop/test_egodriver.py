@@ -1,6 +1,6 @@
 """A driver served over AlpaSim's egodriver contract (real gRPC on loopback, and the in-process channel) drives a
-world model through the loop; the frames and poses equal a direct session (terra/session/) of the same actions and
-seed, and both channels give the same plans."""
+world model through the loop; the frames equal a direct session (terra/session/) of the same actions and seed, and
+both channels give the same plans."""
 
 from __future__ import annotations
 
@@ -95,9 +95,6 @@ def test_a_driver_over_grpc_matches_a_direct_session_run(pipeline, scenarios):
         np.testing.assert_array_equal(tcp.codes, codes)
         got, want = np.stack(tcp.frames[tcp.num_context:]).astype(int), np.stack([f.rgb for f in frames]).astype(int)
         assert np.abs(got - want).max() <= 1 and np.mean(got != want) < 1e-3
-        np.testing.assert_allclose(np.stack(tcp.poses[1:]), np.array([f.pose for f in frames]), atol=1e-12)
-        for plan, action in zip(tcp.plans, tcp.actions):
-            np.testing.assert_array_equal(plan.to_action(), action)
         assert len(tcp.frames) == 3 + STEPS
         # the route follower tracks the lane centre: its plans head along the route, 8 m/s cruise
         assert tcp.plans[-1].times[0] == pytest.approx(0.1) and len(tcp.plans[-1].times) == 40

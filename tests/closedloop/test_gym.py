@@ -11,9 +11,12 @@ gymnasium = pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from terra.closedloop.gym_env import DriveEnv, DriveVectorEnv  # noqa: E402
+from terra.closedloop.motion import make_vehicle  # noqa: E402
+from terra.closedloop.plans import as_plan  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.hf_backend import HFBackend  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -31,19 +34,33 @@ def checked(env) -> list[str]:
     return [str(w.message) for w in caught if "spec" not in str(w.message)]
 
 
-def test_drive_env_passes_check_env_on_true_frames():
-    env = DriveEnv(TrueWorld(SIZE), synthetic_scenarios(3, 1, SIZE), num_steps=4)
+@pytest.mark.parametrize("vehicle", ["bicycle", "exact"])
+def test_drive_env_passes_check_env_on_true_frames(vehicle):
+    """The reward is the metres the car drove: 0.8 a step at the plan's 8 m/s with the exact vehicle; the bicycle
+    speeds up to it from the scenario's 6.04 m/s (0.61, 0.63, 0.66, 0.69 m), as a vehicle given the plans does."""
+    scenarios = synthetic_scenarios(3, 1, SIZE)
+    env = DriveEnv(TrueWorld(SIZE), scenarios, num_steps=4, vehicle=vehicle)
     assert checked(env) == []
     obs, info = env.reset(seed=5, options={"scenario": 2})
     assert obs["frame"].shape == (*SIZE, 3) and info["scenario"].endswith("002")
     straight = np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))]  # 8 m/s straight ahead
-    rewards, truncated = [], False
+    car = make_vehicle(vehicle, scenarios[2].speed_kmh / 3.6)
+    rewards, driven, truncated = [], [], False
     while not truncated:
         obs, reward, terminated, truncated, info = env.step(straight)
         rewards.append(reward)
-    assert len(rewards) == 4 and np.allclose(rewards, 0.8, atol=1e-6) and not terminated
+        before = car.pose
+        after = car.step(as_plan(straight))
+        driven.append(np.cos(before[2]) * (after[0] - before[0]) + np.sin(before[2]) * (after[1] - before[1]))
+    assert len(rewards) == 4 and np.allclose(rewards, driven, atol=1e-9) and not terminated
+    assert np.allclose(rewards, 0.8, atol=1e-6) if vehicle == "exact" else 0.6 < rewards[0] < rewards[-1] < 0.8
     assert env.render().shape == (*SIZE, 3)
     env.close()
+
+
+def test_an_unknown_vehicle_is_one_line():
+    with pytest.raises(TerraInputError, match="unknown vehicle 'car'; choose one of: bicycle, exact"):
+        DriveEnv(TrueWorld(SIZE), synthetic_scenarios(1, 1, SIZE), vehicle="car")
 
 
 def test_drive_env_passes_check_env_on_a_world_model(single_thread):

@@ -122,8 +122,10 @@ def test_plan_following_compares_the_estimator_with_the_commanded_path(tmp_path)
             pass
 
     scenario = synthetic_scenarios(1, 2, (72, 128))[0]
-    long = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 43)[0]
-    short = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 10)[0]
+    # the exact vehicle: the car at the plan's 8 m/s from the first frame (a bicycle accelerates to it from the
+    # scenario's speed)
+    long = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 43, vehicle="exact")[0]
+    short = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 10, vehicle="exact")[0]
     reference = scorer.reference(long)
     np.testing.assert_allclose(reference[:, 0], 0.0, atol=1e-9)  # straight ahead: no lateral motion
     np.testing.assert_allclose(reference[:, 1], 0.8 * np.arange(44), atol=1e-6)  # 0.8 m a frame
