@@ -1,7 +1,7 @@
 """AlpaSim's metrics on the synthetic world (terra/closedloop/alpasim_metrics.py): hand-made boxes for each collision
 class, the box at the asphalt's edge, progress halfway along a straight expert, truncation after the first event,
-every rule of the scene score, and real drives on the true world (an oracle at the expert's pace, a policy that
-drifts into the parked cars) recorded with their metrics."""
+every rule of the scene score, and real drives on the true world recorded with their metrics: an oracle at the
+expert's pace, and two controls, one veering off the road, one driving into a parked car."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from terra.closedloop.alpasim_metrics import (
     project, scene_score, timestep_metrics)
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.plans import Plan
-from terra.closedloop.policies import reference_policy
+from terra.closedloop.truth import parked_cars
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
@@ -200,10 +200,38 @@ class Expert:
         pass
 
 
+class Veer(Expert):
+    """A control: plans a 30 m circle to the right at the scenario's speed (off the road on the side without parked
+    cars, within about 1.5 s)."""
+
+    name = "veer"
+
+    def plan(self, obs):
+        arc = self.scenario.speed_kmh / 3.6 * 0.1 * np.arange(1, 41) / 30.0
+        return Plan.trajectory(np.c_[30.0 * np.sin(arc), -30.0 * (1.0 - np.cos(arc)), -arc], dt=0.1)
+
+
+class Rammer(Expert):
+    """A control: drives at the scenario's speed straight at the road side of the first parked car ahead (its
+    front-left corner meets the car's side before it crosses the road's edge)."""
+
+    name = "rammer"
+
+    def plan(self, obs):
+        scene = self.scenario.scene
+        pose = compose(self.scenario.start_pose, obs.pose)
+        cars = parked_cars(scene)
+        ahead = to_ego(cars[:, :2], pose)[:, 0]
+        car = cars[np.flatnonzero(ahead > 3.0)[0]]
+        target = to_ego(compose(car, [0.0, -0.9, 0.0])[:2], pose)
+        direction = target / np.hypot(*target)
+        points = direction * (self.scenario.speed_kmh / 3.6 * 0.1 * np.arange(1, 41))[:, None]
+        return Plan.trajectory(np.c_[points, np.full(40, np.arctan2(direction[1], direction[0]))], dt=0.1)
+
+
 def test_real_drives_on_the_true_world_carry_alpasims_metrics(tmp_path):
-    scenarios = synthetic_scenarios(2, 11, SIZE)
-    specs = [DriveSpec(s, name, factory) for s in scenarios for name, factory in
-             (("expert", Expert), ("lane_follower_bias_left", reference_policy("lane_follower_bias_left")))]
+    scenarios = synthetic_scenarios(2, 9, SIZE)  # a parked car 27 m and 13 m ahead
+    specs = [DriveSpec(s, policy.name, policy) for s in scenarios for policy in (Expert, Veer, Rammer)]
     result = drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "run", num_steps=35, videos=False,
                                                                   progress=False))
     drives = {content["drive"]: content["metrics"]["alpasim"] for content in result.drives.values()}
@@ -214,14 +242,18 @@ def test_real_drives_on_the_true_world_carry_alpasims_metrics(tmp_path):
         assert 0.97 < expert["progress"] <= 1.0 and expert["gt_dist_traveled_m"] == pytest.approx(
             scenario.speed_kmh / 3.6 * 3.5, rel=0.02)  # the speed is along the road's centre: the lane's differs
         assert expert["duration_frac_20s"] == pytest.approx(3.5 / 20)
-        drifting = drives[f"{scenario.id}__lane_follower_bias_left"]  # a control: it drifts into the far lane
-        assert drifting["score"] == 0.0 and drifting["failure_reason"] in ("collision_at_fault", "offroad")
-        assert drifting["kept_timesteps"] < 36 and drifting["truncated_by"] == "offroad_or_collision"
+        veer = drives[f"{scenario.id}__veer"]  # the controls fail, each its own way
+        assert (veer["score"], veer["failure_reason"], veer["truncated_by"]) == (0.0, "offroad", "offroad_or_collision")
+        assert 5 < veer["kept_timesteps"] < 25 and not veer["collision_any"]
+        rammer = drives[f"{scenario.id}__rammer"]
+        assert (rammer["score"], rammer["failure_reason"]) == (0.0, "collision_at_fault") and rammer["collision_front"]
+        assert not rammer["collision_rear"] and rammer["kept_timesteps"] < 36
     on_disk = json.loads((tmp_path / "run" / f"{scenarios[0].id}__expert.json").read_text())
     assert on_disk["metrics"]["alpasim"]["score"] == 1.0
     summary = json.loads((tmp_path / "run" / "manifest.summary.json").read_text())["alpasim"]
-    assert summary["drives"] == 4 and summary["scene_score"]["estimate"] == pytest.approx(0.5)
-    assert summary["by_policy"]["expert"]["estimate"] == 1.0 and summary["failure_reasons"]["passed"] == 2
+    assert summary["drives"] == 6 and summary["scene_score"]["estimate"] == pytest.approx(1 / 3)
+    assert summary["by_policy"]["expert"]["estimate"] == 1.0 and summary["by_policy"]["rammer"]["high"] == 0.0
+    assert summary["failure_reasons"] == {"passed": 2, "offroad": 2, "collision_at_fault": 2}
 
 
 def test_a_failed_drive_scores_zero_with_its_reason():
