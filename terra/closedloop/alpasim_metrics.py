@@ -26,6 +26,8 @@ its first plan there, so no pre-engagement timestep is dropped):
   ``dist_to_gt_location``: to the expert's box centre at the same time; ``dist_traveled_m``: the path length of the
   ego's box centre (AlpaSim projects onto the ego's own path: the same unless the path doubles back);
   ``gt_dist_traveled_m``: the polyline's length;
+* ``wrong_lane``: the box centre's heading is more than 2 pi / 3 from its lane's direction (the oncoming lane runs
+  against the road; AlpaSim takes the nearest map lane), reported but, as in AlpaSim, not part of the score;
 * ``duration_frac_20s`` = time since the start / 20 s.
 
 A drive's values: the timesteps after the first ``offroad`` or collision, and after the first with
@@ -70,10 +72,10 @@ MAX_DIST_TO_GT_M = 4.0  # eval.aggregation_modifiers.max_dist_to_gt_trajectory
 DURATION_S = 20.0  # duration_frac_20s
 PROGRESS_SATURATION = 0.8  # scene_score.progress_saturation_threshold
 MIN_GT_DISTANCE_M = 5.0  # scene_score.min_gt_distance_for_full_score_m
-SUMMARIZED = ("collision_any", "collision_at_fault", "offroad", "progress", "progress_rel", "dist_to_gt_trajectory",
-              "duration_frac_20s")  # the run summary's means beside the scene score
-EVENTS = ("collision_front", "collision_rear", "collision_lateral", "collision_any", "collision_at_fault",
-          "offroad", "offroad_or_collision", "offroad_or_collision_at_fault")
+SUMMARIZED = ("collision_any", "collision_at_fault", "offroad", "wrong_lane", "progress", "progress_rel",
+              "dist_to_gt_trajectory", "duration_frac_20s")  # the run summary's means beside the scene score
+FLAGS = ("collision_front", "collision_rear", "collision_lateral", "collision_any", "collision_at_fault",
+          "offroad", "offroad_or_collision", "offroad_or_collision_at_fault", "wrong_lane")  # true when any timestep is
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,15 @@ def offroad(scene: Scene, box: MetricBox, poses: np.ndarray) -> np.ndarray:
     return out & np.isfinite(d).all(-1)
 
 
+def wrong_lane(scene: Scene, poses: np.ndarray) -> np.ndarray:
+    """``[T]`` whether box-centre ``poses [T, 3]`` head more than 2 pi / 3 away from the direction of the lane they
+    are in (AlpaSim's ``wrong_lane``, the nearest lane's): the ego's lane runs along the road, the other against it."""
+    s, d = scene.road_coords(poses[:, 0], poses[:, 1])
+    own = np.sign(d) == np.sign(scene.ego_lane_offset_m)
+    direction = scene.road_pose(s)[:, 2] + np.where(own, 0.0, np.pi)
+    return np.abs(np.angle(np.exp(1j * (poses[:, 2] - direction)))) > 2 * np.pi / 3
+
+
 def project(polyline: np.ndarray, points: np.ndarray, upto: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(along, distance)`` ``[T]`` of ``points [T, 2]`` on ``polyline [M, 2]``: the arc length of the nearest point
     of the polyline (the first of equals) and the distance to it, as shapely's ``LineString.project`` and
@@ -233,7 +244,7 @@ def timestep_metrics(scene: Scene, poses: np.ndarray, expert: np.ndarray,
     metrics = {
         "collision_front": front, "collision_rear": rear, "collision_lateral": lateral,
         "collision_any": front | rear | lateral, "collision_at_fault": front | lateral,
-        "offroad": offroad(scene, box, centres),
+        "offroad": offroad(scene, box, centres), "wrong_lane": wrong_lane(scene, centres),
         "progress": progress, "progress_rel_to_total": progress, "progress_rel": progress_rel,
         "dist_to_gt_trajectory": distance,
         "dist_to_gt_location": np.hypot(*(centres[:, :2] - gt).T),
@@ -274,7 +285,7 @@ MAXIMUM = ("dist_to_gt_trajectory", "dist_to_gt_location")
 def drive_values(metrics: dict[str, np.ndarray]) -> dict:
     """A drive's AlpaSim metrics from its per-timestep ``metrics``: truncated, then aggregated in time, scored."""
     kept, cause = truncation(metrics)
-    values: dict = {name: bool(metrics[name][:kept].any()) for name in EVENTS}
+    values: dict = {name: bool(metrics[name][:kept].any()) for name in FLAGS}
     values.update({name: float(metrics[name][kept - 1]) for name in LAST})
     values.update({name: float(metrics[name][:kept].max()) for name in MAXIMUM})
     values["progress_rel"] = float(metrics["progress_rel"][:kept].min())

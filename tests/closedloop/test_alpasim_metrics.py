@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from terra.closedloop.alpasim_metrics import (
-    MAX_DIST_TO_GT_M, MetricBox, VehicleBox, alpasim_metrics, clip, collision_classes, drive_values, expert_trajectory, offroad,
-    project, scene_score, timestep_metrics)
+    MAX_DIST_TO_GT_M, MetricBox, VehicleBox, alpasim_metrics, clip, collision_classes, drive_values, expert_trajectory,
+    offroad, project, scene_score, timestep_metrics, wrong_lane)
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.plans import Plan
-from terra.closedloop.truth import parked_cars
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.truth import parked_cars
 from terra.closedloop.worlds import TrueWorld
 from terra.inputs.ego_motion import compose, to_ego
 from terra.sim.scene import ROAD_HALF_WIDTH_M, Scene
@@ -95,6 +95,13 @@ def test_offroad_when_the_box_touches_or_crosses_the_asphalts_edge(scene):
     assert offroad(scene, box, turned).tolist() == [True]
 
 
+def test_wrong_lane_when_heading_against_the_lane_the_box_is_in(scene):
+    poses = scene.lane_pose(np.full(4, 30.0), np.array([-1.75, 1.75, 1.75, -1.75]))
+    poses[2:, 2] += np.pi  # turned around: right in the oncoming lane, wrong in its own
+    poses[0, 2] += 2.0  # 2 rad off its lane's direction: not yet wrong (2 pi / 3 = 2.09)
+    assert wrong_lane(scene, poses).tolist() == [False, True, False, True]
+
+
 def test_projection_onto_a_polyline_as_shapely():
     line = np.array([[0.0, 0.0], [10.0, 0.0], [10.0, 10.0]])
     along, distance = project(line, np.array([[5.0, 2.0], [12.0, 4.0], [-3.0, -4.0], [11.0, 11.0]]))
@@ -130,7 +137,7 @@ def steps_of(**events) -> dict[str, np.ndarray]:
     """Per-timestep metrics of 10 timesteps: progress 0.1 per step, 1 m from the expert, ``events`` at steps."""
     n = 10
     metrics = {name: np.zeros(n, dtype=bool) for name in ("collision_front", "collision_rear", "collision_lateral",
-                                                           "offroad")}
+                                                           "offroad", "wrong_lane")}
     for name, step in events.items():
         if name in metrics:
             metrics[name][step] = True
@@ -241,7 +248,7 @@ def test_real_drives_on_the_true_world_carry_alpasims_metrics(tmp_path):
         assert expert["dist_to_gt_trajectory"] < 0.1 and expert["dist_to_gt_location"] < 0.5
         assert 0.97 < expert["progress"] <= 1.0 and expert["gt_dist_traveled_m"] == pytest.approx(
             scenario.speed_kmh / 3.6 * 3.5, rel=0.02)  # the speed is along the road's centre: the lane's differs
-        assert expert["duration_frac_20s"] == pytest.approx(3.5 / 20)
+        assert expert["duration_frac_20s"] == pytest.approx(3.5 / 20) and not expert["wrong_lane"]
         veer = drives[f"{scenario.id}__veer"]  # the controls fail, each its own way
         assert (veer["score"], veer["failure_reason"], veer["truncated_by"]) == (0.0, "offroad", "offroad_or_collision")
         assert 5 < veer["kept_timesteps"] < 25 and not veer["collision_any"]
