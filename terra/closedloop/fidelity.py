@@ -4,8 +4,8 @@ worlds known to be wrong, then the verdict (terra/closedloop/verdict.py).
 Each scenario x policy is driven with the same seed in every world of the study: the world model
 (:class:`~terra.closedloop.worlds.ModelWorld`), the renderer's true frames (:class:`~terra.closedloop.worlds.
 TrueWorld`) and the controls (terra/closedloop/control_worlds.py, or worlds of the user's). Every drive's poses are
-judged in the true scene (terra/closedloop/truth.py) and every frame of a world but the true one is measured against
-the true render at its pose (terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its
+judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score: terra/closedloop/alpasim_metrics.py)
+and every frame of a world but the true one is measured against the true render at its pose (terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its
 interval and decision, whether the world is flagged, which statistics separate the model from each control; and
 per policy, the model's and the truth's outcomes side by side.
 """
@@ -29,6 +29,7 @@ from terra.core.atomic import json_text, write_text
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 COLUMNS = ("time_in_lane", "mean_abs_lane_offset_m", "off_road", "collision", "progress_along_road_m")
+SCORE = "scene_score"  # AlpaSim's, of each world's drive (terra/closedloop/alpasim_metrics.py)
 
 
 @dataclass
@@ -54,14 +55,14 @@ class FidelityReport:
         for control, names in self.separations().items():
             lines.append(f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}")
         head = ("\n| policy | time in lane (model / truth) | lane offset m (model / truth) | off road (model / truth) | "
-                "collisions (model / truth) | path distance m |")
-        lines += [head, "|---|---:|---:|---:|---:|---:|"]
+                "collisions (model / truth) | AlpaSim score (model / truth) | path distance m |")
+        lines += [head, "|---|---:|---:|---:|---:|---:|---:|"]
         for name, row in self.policies.items():
             m, t = row["model"], row[TRUTH]
             lines.append(f"| {name} | {m['time_in_lane']:.3f} / {t['time_in_lane']:.3f} | "
                          f"{m['mean_abs_lane_offset_m']:.2f} / {t['mean_abs_lane_offset_m']:.2f} | "
                          f"{m['off_road']:.2f} / {t['off_road']:.2f} | {m['collision']:.2f} / {t['collision']:.2f} | "
-                         f"{row['path_distance_m']:.2f} |")
+                         f"{m[SCORE]:.2f} / {t[SCORE]:.2f} | {row['path_distance_m']:.2f} |")
         return "\n".join(lines) + "\n"
 
 
@@ -78,7 +79,8 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict]) -> dict[str,
         t = truth.get(drive_id)
         if t is None:
             continue
-        row = policies.setdefault(m["policy"], {"model": {k: [] for k in COLUMNS}, TRUTH: {k: [] for k in COLUMNS},
+        row = policies.setdefault(m["policy"], {"model": {k: [] for k in (*COLUMNS, SCORE)},
+                                                TRUTH: {k: [] for k in (*COLUMNS, SCORE)},
                                                 "path_distance_m": [], "drives": 0, "failed": 0})
         row["drives"] += 1
         row["failed"] += (m["status"] != "ok") + (t["status"] != "ok")
@@ -86,6 +88,7 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict]) -> dict[str,
             truth_metrics = content["metrics"].get("truth") or {}
             for key in COLUMNS:
                 row[world][key].append(truth_metrics.get(key))
+            row[world][SCORE].append((content["metrics"].get("alpasim") or {}).get("score"))
         n = min(len(m["world_poses"]), len(t["world_poses"]))
         if n:
             a, b = np.array(m["world_poses"][:n])[:, :2], np.array(t["world_poses"][:n])[:, :2]

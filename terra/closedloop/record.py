@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from terra.closedloop.alpasim_metrics import alpasim_metrics
 from terra.closedloop.drive_fidelity import measure_drive
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.metrics import drive_metrics
@@ -95,11 +96,13 @@ def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
 
 
 def metrics_of(drive: Drive) -> dict:
-    """The drive's map-free metrics and, in the synthetic world, its ground truth."""
+    """The drive's map-free metrics and, in the synthetic world, its ground truth and AlpaSim's metrics
+    (terra/closedloop/alpasim_metrics.py)."""
     poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
     metrics = drive_metrics(poses, drive.plans)
     if drive.spec.scenario.scene is not None and drive.poses:
         metrics["truth"] = truth_metrics(drive.spec.scenario.scene, drive.world_poses())
+        metrics["alpasim"] = alpasim_metrics(drive.spec.scenario, drive.world_poses(), drive.error)
     return metrics
 
 
@@ -151,8 +154,9 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
 def manifest_record(content: dict, status: str, seconds: float | None = None) -> dict:
     """The manifest's line for a drive's JSON content."""
     truth = content.get("metrics", {}).get("truth") or {}
+    alpasim = content.get("metrics", {}).get("alpasim") or {}
     return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
             "world": content["world"], "status": status, "stage": content.get("stage"),
             "error": content.get("error"), "ended": content.get("ended"), "steps": content.get("steps"),
-            "time_in_lane": truth.get("time_in_lane"),
+            "time_in_lane": truth.get("time_in_lane"), "score": alpasim.get("score"),
             "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}

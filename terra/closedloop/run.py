@@ -10,7 +10,9 @@ terra/closedloop/record.py's.
 The summary (``manifest.summary.json`` and the line :meth:`RunResult.line`) reports the policies' time apart from
 the world's: ``timings_s`` splits the wall time into setup, policies (the plan phases: every drive's policy plans
 at once), the world (its generation and decoding) and recording; ``plan_s`` is the time of one plan over all of
-them; ``world_frames_per_s`` is the world's frames per second of its own time, policy time excluded.
+them; ``world_frames_per_s`` is the world's frames per second of its own time, policy time excluded; ``alpasim``
+is AlpaSim's scene score over the synthetic world's drives, its mean with a bootstrap interval over scenarios
+(terra/closedloop/alpasim_metrics.py, ``scene_scores``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from terra.closedloop.alpasim_metrics import scene_scores
 from terra.closedloop.control_worlds import MODEL_WORLDS
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
 from terra.closedloop.record import claim_drive_folder, completed, fingerprint, manifest_record, write_drive
@@ -85,6 +88,7 @@ class RunResult:
             "plan_s": {"count": len(plans), "mean": float(plans.mean()) if len(plans) else None,
                        "p90": float(np.percentile(plans, 90)) if len(plans) else None,
                        "max": float(plans.max()) if len(plans) else None},
+            "alpasim": scene_scores(self.drives.values()),
         }
 
     def line(self) -> str:

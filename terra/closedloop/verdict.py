@@ -3,7 +3,7 @@ world model and for worlds known to be wrong (terra/closedloop/control_worlds.py
 
 Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
 (terra/closedloop/record.py; the per-drive measurements of terra/closedloop/drive_fidelity.py), each statistic of
-:data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/fidelity/stats.py,
+:data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/stats.py,
 the same replicates for all) and a decision against its acceptance band: ``pass`` (the interval inside the band),
 ``fail`` (entirely outside) or ``inconclusive``. A world is **flagged** when any statistic fails. A statistic
 **separates** the model from a control when it passes the model and fails the control.
@@ -26,16 +26,17 @@ import numpy as np
 from terra.closedloop.drive_fidelity import read_following, read_lag, read_lanes
 from terra.fidelity.agreement import Lag, lag_summary, lane_summary
 from terra.fidelity.following import following_slopes
-from terra.fidelity.stats import (
+from terra.stats import (
     FAIL, INCONCLUSIVE, PASS, Bootstrap, DriveValues, Interval, decide, paired_difference, rank_agreement,
 )
 
 NO_PIXELS = ("constant_speed", "route_follower")  # policies that read no pixels: left out of the ranking
 MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (terra/fidelity/agreement.py, Lag.prominence_db)
 RANK_METRIC = "time_in_lane"  # terra/closedloop/truth.py: what the policies are ranked by in both worlds
-PAIRED = {  # per-drive outcomes (truth metrics) compared world - truth on paired drives, and their bands
-    "time_in_lane": (-0.1, 0.1),
-    "off_road": (-0.1, 0.1),
+PAIRED = {  # per-drive outcomes compared world - truth on paired drives: (metrics block, metric) and the band
+    "time_in_lane": (("truth", "time_in_lane"), (-0.1, 0.1)),  # terra/closedloop/truth.py
+    "off_road": (("truth", "off_road"), (-0.1, 0.1)),
+    "scene_score": (("alpasim", "score"), (-0.1, 0.1)),  # terra/closedloop/alpasim_metrics.py
 }
 
 
@@ -95,16 +96,17 @@ def _undefined(bootstrap: Bootstrap) -> Interval:
     return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
 
 
-def _paired(metric: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+def _paired(block: str, metric: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-        world = np.array([_truth_metric(p.world, metric) for p in pairs])
-        truth = np.array([_truth_metric(p.truth, metric) for p in pairs])
+        world = np.array([_metric(p.world, block, metric) for p in pairs])
+        truth = np.array([_metric(p.truth, block, metric) for p in pairs])
         return paired_difference([p.scenario for p in pairs], world, truth, bootstrap)
     return statistic
 
 
-def _truth_metric(record: dict, metric: str) -> float:
-    value = (record.get("metrics", {}).get("truth") or {}).get(metric)
+def _metric(record: dict, block: str, metric: str) -> float:
+    """A drive's metric (NaN when it has none): ``metrics[block][metric]`` of its record."""
+    value = (record.get("metrics", {}).get(block) or {}).get(metric)
     return float("nan") if value is None else float(value)
 
 
@@ -113,7 +115,7 @@ def _ranking(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     if len({p.world["policy"] for p in ranked}) < 3:
         return _undefined(bootstrap)
     values = [DriveValues([p.scenario for p in ranked], [p.world["policy"] for p in ranked],
-                          np.array([_truth_metric(getattr(p, side), RANK_METRIC) for p in ranked]))
+                          np.array([_metric(getattr(p, side), "truth", RANK_METRIC) for p in ranked]))
               for side in ("world", "truth")]
     return rank_agreement(values[0], values[1], bootstrap).kendall_tau
 
@@ -140,8 +142,8 @@ STATISTICS = (
     Statistic("lanes_found_difference", (-0.2, 0.2), _lanes_found,
               "share of frames with a lane found, world - truth at the same poses"),
     Statistic("lag_steps", (-1.0, 1.0), _lag, "steps by which the world's frames trail the true ones (10: 1 s late)"),
-    *(Statistic(f"{metric}_difference", band, _paired(metric), f"{metric} in the world - in truth, paired drives")
-      for metric, band in PAIRED.items()),
+    *(Statistic(f"{name}_difference", band, _paired(*source), f"{name} in the world - in truth, paired drives")
+      for name, (source, band) in PAIRED.items()),
     Statistic("kendall_tau", (0.5, 1.0), _ranking,
               f"pixel policies ranked by {RANK_METRIC} in the world against in truth (Kendall's tau-b)"),
 )

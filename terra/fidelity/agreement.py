@@ -26,7 +26,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from terra.closedloop.vision import find_lane
-from terra.fidelity.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, within_slope
+from terra.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, within_slope
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 
 LOOKAHEAD_M = 10.0  # where the lane's lateral position is read

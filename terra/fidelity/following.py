@@ -19,7 +19,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from terra.fidelity.odometry import MIN_MATCH, estimate_motion
-from terra.fidelity.stats import Bootstrap, Interval, mean, regression_slope
+from terra.stats import Bootstrap, Interval, mean, regression_slope
 
 BLOCK_STEPS = 10  # a second at 10 Hz: the steps of a drive resampled together for one drive's intervals
 COMPONENTS = {"dx": 0, "dyaw": 2}  # what is regressed: forward motion (m) and yaw (rad) per step

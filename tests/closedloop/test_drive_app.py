@@ -59,7 +59,8 @@ def test_fidelity_with_the_demo_model(tmp_path):
     assert [v["world"] for v in report["verdicts"]] == ["model", "frozen"] and set(report["separations"]) == {"frozen"}
     for world in ("model", "truth", "frozen"):
         assert (tmp_path / "out" / world / "manifest.jsonl").is_file()
-    assert "| statistic | band | model | frozen |" in (tmp_path / "out" / "fidelity.md").read_text()
+    text = (tmp_path / "out" / "fidelity.md").read_text()
+    assert "| statistic | band | model | frozen |" in text and "AlpaSim score (model / truth)" in text
 
 
 class Faithful(TrueWorld):
@@ -75,6 +76,7 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
                           drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["path_distance_m"] == 0.0 and row["model"] == row["truth"]
+        assert 0.0 <= row["model"]["scene_score"] <= 1.0
     [model] = report.verdicts
     assert model.drives == 6 and not model.flagged_by
     assert model.values["lane_slope"].estimate == pytest.approx(1.0)

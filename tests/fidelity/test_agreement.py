@@ -8,7 +8,7 @@ import pytest
 
 from terra.fidelity.agreement import (HORIZONS, MAX_LAG, frame_fidelity, horizon_summary, lag_summary,
                                       lane_agreement, lane_reading, lane_summary, temporal_lag)
-from terra.fidelity.stats import FAIL, PASS, Bootstrap, decide
+from terra.stats import FAIL, PASS, Bootstrap, decide
 from terra.metrics import PSNR_CAP_DB
 from tests.fidelity.drives import frozen, gray, late, mirrored, weaving_drive
 

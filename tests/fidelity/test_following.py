@@ -8,7 +8,7 @@ import pytest
 
 from terra.fidelity.following import Following, action_following, following_slopes, recover
 from terra.fidelity.odometry import step_motions
-from terra.fidelity.stats import FAIL, PASS, Bootstrap, decide
+from terra.stats import FAIL, PASS, Bootstrap, decide
 from tests.fidelity.drives import frozen, gray, late, mirrored, weaving_drive
 
 BAND = (0.8, 1.2)  # the acceptance band for the action-following gain

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom, kendalltau, spearmanr
 
-from terra.fidelity.stats import (FAIL, INCONCLUSIVE, PASS, Bootstrap, Clusters, DriveValues, Interval, decide,
+from terra.stats import (FAIL, INCONCLUSIVE, PASS, Bootstrap, Clusters, DriveValues, Interval, decide,
                                   kendall_tau_rows, mean, paired_difference, rank_agreement, record_interval,
                                   regression_slope, spearman_rho_rows, within_slope)
 
@@ -223,7 +223,7 @@ def test_intervals_report_undefined_replicates_and_bad_settings():
 
 
 def test_the_wing_imports_without_torch():
-    code = ("import sys, terra.fidelity.stats, terra.fidelity.odometry, terra.fidelity.following, "
+    code = ("import sys, terra.stats, terra.fidelity.odometry, terra.fidelity.following, "
             "terra.fidelity.agreement, terra.fidelity.exploit; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
