@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 from concurrent import futures
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
@@ -134,6 +135,7 @@ def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Se
     """A gRPC server bound to ``alpasim.host:alpasim.port`` (not started: :func:`start`) and its port (the one the
     system chose for port 0); a port in use is one line. ``workers``: threads answering calls (default: one per
     session, so every session's chunk can wait on the engine at once, and four more)."""
+    check_free(settings)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers or settings.max_sessions + 4,
                                                     thread_name_prefix="terra-alpasim"), options=SERVER_OPTIONS)
     try:
@@ -141,9 +143,24 @@ def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Se
     except RuntimeError:
         port = 0
     if not port:
-        raise TerraInputError(f"cannot listen on {settings.address}; stop the program that uses the port or choose "
-                              "another alpasim.port / alpasim.host")
+        raise TerraInputError(f"cannot listen on {settings.address}; choose another alpasim.port / alpasim.host")
     return server, port
+
+
+def check_free(settings: AlpasimSettings) -> None:
+    """Raise one line when ``alpasim.host:alpasim.port`` cannot be bound (in use, or not an address of this machine),
+    before gRPC tries and logs its own lines."""
+    if not settings.port:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            probe.bind(address)
+    except OSError as err:
+        raise TerraInputError(f"cannot listen on {settings.address} ({err.strerror or err}); stop the program that "
+                              "uses the port or choose another alpasim.port / alpasim.host") from None
 
 
 def start(server: grpc.Server, servicer: WorldModelServicer) -> Any:

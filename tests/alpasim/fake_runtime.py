@@ -80,15 +80,15 @@ class FakeRuntime:
 
     def start(self, seed: int = 0, frame: bytes | None = None, cameras: int = 1, resolution=(0, 0),
               **fields) -> pb.SessionId:
-        request = pb.SessionRequest(
-            static_world_map=pb.StaticWorldMap(hdmap_parquets=b"PK\x05\x06" + bytes(18)),  # an empty zip
-            text_prompt=pb.TextPrompt(positive="a sunny day"),
-            camera_specs=[camera_spec(resolution) for _ in range(cameras)],
-            initial_frames=[pb.Image(data=frame or jpeg(), format=pb.JPEG) for _ in range(cameras)],
-            rig_to_camera=[common_pb2.Pose(vec=common_pb2.Vec3(x=1.5, z=1.6), quat=common_pb2.Quat(w=1.0))
-                           for _ in range(cameras)],
-            random_seed=seed, **fields)
-        return self.stub.start_session(request, timeout=120)
+        request = {
+            "static_world_map": pb.StaticWorldMap(hdmap_parquets=b"PK\x05\x06" + bytes(18)),  # an empty zip
+            "text_prompt": pb.TextPrompt(positive="a sunny day"),
+            "camera_specs": [camera_spec(resolution) for _ in range(cameras)],
+            "initial_frames": [pb.Image(data=frame or jpeg(), format=pb.JPEG) for _ in range(cameras)],
+            "rig_to_camera": [common_pb2.Pose(vec=common_pb2.Vec3(x=1.5, z=1.6), quat=common_pb2.Quat(w=1.0))
+                              for _ in range(cameras)],
+            "random_seed": seed, **fields}
+        return self.stub.start_session(pb.SessionRequest(**request), timeout=120)
 
     def chunk(self, session: pb.SessionId, trajectory: common_pb2.Trajectory) -> pb.VideoChunkReturn:
         return self.stub.render_video_chunk(pb.VideoChunkRequest(session_id=session, rig_trajectory=trajectory),
