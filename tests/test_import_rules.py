@@ -148,7 +148,7 @@ PUBLIC = {
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
         "egodriver", "navsim", "gym_env", "vision"))},
-    "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service"},
+    "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service", "terra.alpasim.client"},
     "apps": {"terra.apps.runner"},  # an app imports no other app
 }
 PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")

@@ -16,10 +16,10 @@ import pytest
 from PIL import Image
 
 pytest.importorskip("carla_driver_interface")
-from carla_driver_interface.protocol import Empty  # noqa: E402
 
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
-from tests.alpasim.fake_runtime import FakeRuntime, poses_of, straight  # noqa: E402
+from terra.alpasim.client import straight, trajectory  # noqa: E402
+from tests.alpasim.fake_runtime import FakeRuntime  # noqa: E402
 
 COMMAND = Path(sys.executable).parent / "terra-alpasim"
 ENV = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
@@ -73,9 +73,9 @@ def test_the_demo_model_serves_alpasim_and_stops_on_sigterm(tmp_path):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         runtime = FakeRuntime(f"127.0.0.1:{port}")
-        assert "demo, one camera at 144x256, 10 fps" in runtime.stub.get_version(Empty(), timeout=30).version_id
+        assert "demo, one camera at 144x256, 10 fps" in runtime.version().version_id
         session = runtime.start()
-        frames = runtime.chunk(session, poses_of(straight(), range(1, 6))).camera_outputs[0].rgb_frames
+        frames = runtime.chunk(session, trajectory(straight(), range(1, 6))).camera_outputs[0].rgb_frames
         runtime.close(session)
         assert [f.format for f in frames] == [pb.JPEG] * 5
         assert {Image.open(io.BytesIO(f.data)).size for f in frames} == {(256, 144)}

@@ -11,7 +11,7 @@ import pytest
 from terra.alpasim.poses import FRAME_INTERVAL_US, RigTrack, planar_poses, step_back
 from terra.core.errors import TerraInputError
 from terra.inputs.actions import actions_from_value
-from tests.alpasim.fake_runtime import ANCHOR_US, curve, straight
+from terra.alpasim.client import ANCHOR_US, curve, straight
 
 
 def quaternions(yaw, roll=0.0):

@@ -14,9 +14,10 @@ import pytest
 from PIL import Image
 
 pytest.importorskip("carla_driver_interface")
-from carla_driver_interface.protocol import Empty, Trajectory  # noqa: E402
+from carla_driver_interface.protocol import Trajectory  # noqa: E402
 
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
+from terra.alpasim.client import curve, pose_at, straight, trajectory  # noqa: E402
 from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
 from terra.alpasim.sessions import SessionTable  # noqa: E402
 from terra.alpasim.settings import AlpasimSettings  # noqa: E402
@@ -27,12 +28,11 @@ from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.tokenizer.images import load_images  # noqa: E402
 from terra.tokenizer.lfq import LFQTokenizer  # noqa: E402
-from tests.alpasim.fake_runtime import FakeRuntime, curve, jpeg, pose_at, poses_of, straight  # noqa: E402
+from tests.alpasim.fake_runtime import CHUNKS, FakeRuntime, jpeg  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402
 
 SAMPLING = SamplingConfig(temperature=1.0, top_k=50)
 SETTINGS = AlpasimSettings(port=0, max_sessions=4, max_frames=40, image_format="png")
-CHUNKS = (5, 8)  # AlpaSim's 8frame preset: a short first chunk, then chunks of 8
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def direct(table: SessionTable, frame: bytes, actions: np.ndarray, seed: int) ->
 def test_a_rollout_as_alpasim_runs_it_gets_a_direct_sessions_frames(served, path):
     table, runtime = served
     session = runtime.start(seed=11)
-    chunks = [runtime.chunk(session, poses_of(path, range(1, 6))), runtime.chunk(session, poses_of(path, range(6, 14)))]
+    chunks = [runtime.chunk(session, trajectory(path, range(1, 6))), runtime.chunk(session, trajectory(path, range(6, 14)))]
     rollout = table.get(session.session_id).rollout
     actions, codes = rollout.state.actions[:13].copy(), rollout.codes()
     runtime.close(session)
@@ -92,7 +92,7 @@ def test_a_seed_gives_the_same_frames_in_two_sessions_at_once(served):
     got: dict[str, list] = {}
 
     def run(name: str, seed: int) -> None:
-        got[name] = [image.data for chunk in runtime.rollout(curve(), seed, CHUNKS)[1] for image in chunk]
+        got[name] = [image.data for chunk in runtime.drive(curve(), seed) for image in chunk]
 
     threads = [threading.Thread(target=run, args=args) for args in (("a", 5), ("b", 5), ("c", 6), ("d", 0))]
     for thread in threads:
@@ -115,13 +115,13 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
     table, runtime = served
     path = straight()
     session = runtime.start(seed=3)
-    runtime.chunk(session, poses_of(path, range(1, 6)))
+    runtime.chunk(session, trajectory(path, range(1, 6)))
     invalid = grpc.StatusCode.INVALID_ARGUMENT
-    nan = poses_of(path, range(6, 8))
+    nan = trajectory(path, range(6, 8))
     nan.poses[1].pose.vec.x = float("nan")
-    zero = poses_of(path, range(6, 8))
+    zero = trajectory(path, range(6, 8))
     zero.poses[0].pose.quat.w = 0.0
-    fps30 = poses_of(path, range(6, 8))
+    fps30 = trajectory(path, range(6, 8))
     fps30.poses[1].timestamp_us = fps30.poses[0].timestamp_us + 33_333
     cases = {
         "two cameras": (lambda: runtime.start(cameras=2), invalid, ["one camera", "has 2 (camera_specs)"]),
@@ -130,23 +130,23 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
         "2:1 camera": (lambda: runtime.start(resolution=(640, 1280)), invalid, ["aspect ratio 2.000", "64x64"]),
         "HD-map frames": (lambda: runtime.start(debug_options=pb.DebugOptions(return_hdmap_frames=True)), invalid,
                           ["HD-map", "return_hdmap_frames=false"]),
-        "unknown session": (lambda: runtime.chunk(pb.SessionId(session_id="nope"), poses_of(path, [1])),
+        "unknown session": (lambda: runtime.chunk(pb.SessionId(session_id="nope"), trajectory(path, [1])),
                             grpc.StatusCode.NOT_FOUND, ["no session 'nope'"]),
         "NaN pose": (lambda: runtime.chunk(session, nan), invalid, ["pose 1 holds NaN"]),
         "zero quaternion": (lambda: runtime.chunk(session, zero), invalid, ["pose 0", "unit quaternion"]),
         "30 fps": (lambda: runtime.chunk(session, fps30), invalid, ["33333 us apart", "fps=10"]),
-        "a gap": (lambda: runtime.chunk(session, poses_of(path, range(8, 10))), invalid, ["the next is at"]),
-        "over max_frames": (lambda: runtime.chunk(session, poses_of(path, range(6, 42))), grpc.StatusCode.OUT_OF_RANGE,
+        "a gap": (lambda: runtime.chunk(session, trajectory(path, range(8, 10))), invalid, ["the next is at"]),
+        "over max_frames": (lambda: runtime.chunk(session, trajectory(path, range(6, 42))), grpc.StatusCode.OUT_OF_RANGE,
                             ["rendered 5 frames and may render 35 more", "alpasim.max_frames=40"]),
     }
     for name, (call, code, words) in cases.items():
         got_code, details = status_of(call)
         assert got_code == code and all(w in details for w in words) and "\n" not in details, (name, details)
-    answer = runtime.chunk(session, poses_of(path, range(6, 8)))  # the session goes on where it was
+    answer = runtime.chunk(session, trajectory(path, range(6, 8)))  # the session goes on where it was
     assert len(answer.camera_outputs[0].rgb_frames) == 2
     runtime.close(session)
     runtime.close(session)  # closing twice is harmless
-    code, details = status_of(lambda: runtime.chunk(session, poses_of(path, [8])))
+    code, details = status_of(lambda: runtime.chunk(session, trajectory(path, [8])))
     assert code == grpc.StatusCode.NOT_FOUND and "closed" in details
     assert not table.sessions
 
@@ -167,7 +167,7 @@ def test_messages_up_to_64_mib_and_the_version(served):
     huge_map = pb.StaticWorldMap(hdmap_parquets=bytes(20 << 20))  # over gRPC's default 4 MiB
     session = runtime.start(static_world_map=huge_map)
     runtime.close(session)
-    version = runtime.stub.get_version(Empty(), timeout=30)
+    version = runtime.version()
     assert version.version_id.startswith("terra-alpasim ") and "one camera at 64x64, 10 fps" in version.version_id
     api = version.grpc_api_version
     assert (api.major, api.minor) == (0, 55)

@@ -15,8 +15,9 @@ from terra.alpasim.sessions import SessionTable  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.tokenizer.lfq import LFQTokenizer  # noqa: E402
-from tests.alpasim.fake_runtime import FakeRuntime, curve, jpeg, poses_of, straight  # noqa: E402
-from tests.alpasim.test_server import CHUNKS, SAMPLING, SETTINGS, direct  # noqa: E402
+from terra.alpasim.client import curve, straight, trajectory  # noqa: E402
+from tests.alpasim.fake_runtime import CHUNKS, FakeRuntime, jpeg  # noqa: E402
+from tests.alpasim.test_server import SAMPLING, SETTINGS, direct  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -40,7 +41,7 @@ def test_rollouts_at_once_get_their_direct_sessions_frames(served):
     def run(name: str) -> None:
         session, first = sessions[name], 1
         for size in CHUNKS:
-            runtime.chunk(session, poses_of(paths[name], range(first, first + size)))
+            runtime.chunk(session, trajectory(paths[name], range(first, first + size)))
             first += size
         rollout = table.get(session.session_id).rollout
         kept[name] = rollout.state.actions[:13].copy(), rollout.codes()
