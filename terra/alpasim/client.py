@@ -58,8 +58,9 @@ def camera_spec(resolution: tuple[int, int] = (0, 0), logical_id: str = CAMERA) 
 
 def pose_at(timestamp_us: int, x: float, y: float, yaw: float, z: float = 0.0) -> common_pb2.PoseAtTime:
     """A level rig pose in the local frame at ``timestamp_us``."""
-    return common_pb2.PoseAtTime(timestamp_us=timestamp_us, pose=common_pb2.Pose(
-        vec=common_pb2.Vec3(x=x, y=y, z=z), quat=common_pb2.Quat(w=math.cos(yaw / 2), x=0.0, y=0.0, z=math.sin(yaw / 2))))
+    rotation = common_pb2.Quat(w=math.cos(yaw / 2), x=0.0, y=0.0, z=math.sin(yaw / 2))
+    return common_pb2.PoseAtTime(timestamp_us=timestamp_us,
+                                 pose=common_pb2.Pose(vec=common_pb2.Vec3(x=x, y=y, z=z), quat=rotation))
 
 
 def trajectory(path: Path, frames: Sequence[int], anchor_us: int = ANCHOR_US) -> common_pb2.Trajectory:

@@ -47,7 +47,6 @@ class Chunk:
     """A chunk of poses checked against a track: the actions of its frames, and where it leaves the track."""
 
     actions: np.ndarray  # [m, 6, 3] float32, actions[i] conditions the chunk's frame i
-    start_us: int  # the initial frame's time (the track's, or this chunk's when it is the first)
     last_us: int
     last_pose: np.ndarray  # (x, y, yaw) of the chunk's last frame
 
@@ -85,10 +84,9 @@ def step_back(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 
 class RigTrack:
-    """Where a session's frames are: the initial frame's time, and the last frame's time and pose."""
+    """Where a session's frames are: the last frame's time and pose, and how many were rendered."""
 
     def __init__(self) -> None:
-        self.start_us: int | None = None
         self.last_us: int | None = None
         self.last_pose: np.ndarray | None = None
         self.frames = 0  # frames rendered after the initial one
@@ -113,12 +111,10 @@ class RigTrack:
                       "yaw": [previous[2], *poses[:, 2]], "t": (np.r_[previous_us, times_us] - previous_us) / 1e6}
         actions = actions_from_value({"trajectory": trajectory}, "rig_trajectory (from the previous frame's pose)",
                                      len(poses), min_frames=len(poses))
-        start_us = previous_us if first else self.start_us
-        return Chunk(actions, start_us, int(times_us[-1]), poses[-1].copy())
+        return Chunk(actions, int(times_us[-1]), poses[-1].copy())
 
     def commit(self, chunk: Chunk) -> None:
         """Move the track to the end of a rendered chunk."""
-        self.start_us = chunk.start_us
         self.frames += len(chunk.actions)
         self.last_us, self.last_pose = chunk.last_us, chunk.last_pose
 

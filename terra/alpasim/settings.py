@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.config.checks import check_choice, check_whole_number
+from terra.config.checks import MAX_FRAMES, check_choice, check_whole_number
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
@@ -30,13 +30,10 @@ class AlpasimSettings:
     jpeg_quality: int = 90
 
     def __post_init__(self) -> None:
-        for name, minimum in (("port", 0), ("max_sessions", 1), ("max_frames", 1), ("jpeg_quality", 1)):
+        for name, minimum, maximum in (("port", 0, 65535), ("max_sessions", 1, None), ("max_frames", 1, MAX_FRAMES),
+                                       ("jpeg_quality", 1, 100)):
             check_whole_number(getattr(self, name), f"alpasim.{name}", minimum,
-                               f"alpasim.{name}={getattr(AlpasimSettings, name)}")
-        if self.port > 65535:
-            raise TerraInputError(f"alpasim.port must be at most 65535 (got {self.port}); e.g. alpasim.port=50051")
-        if self.jpeg_quality > 100:
-            raise TerraInputError(f"alpasim.jpeg_quality must be in [1, 100] (got {self.jpeg_quality})")
+                               f"alpasim.{name}={getattr(AlpasimSettings, name)}", maximum)
         value = self.idle_timeout_s
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise TerraInputError(f"alpasim.idle_timeout_s must be a positive number of seconds (got {value!r})")

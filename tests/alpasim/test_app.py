@@ -33,7 +33,8 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["alpasim.port=70000"], "alpasim.port must be at most 65535"),
+    (["alpasim.port=70000"], "alpasim.port must be a whole number from 0 to 65535 (got 70000)"),
+    (["alpasim.max_frames=20000"], "alpasim.max_frames must be a whole number from 1 to 10000"),
     (["alpasim.max_sessions=0"], "alpasim.max_sessions must be a whole number of at least 1"),
     (["alpasim.image_format=bmp"], "unknown alpasim.image_format 'bmp'; choose one of: jpeg, png"),
     (["alpasim.idle_timeout_s=0"], "alpasim.idle_timeout_s must be a positive number"),

@@ -32,7 +32,7 @@ def chunked(path, chunks):
         track.commit(chunk)
         actions.append(chunk.actions)
         first += size
-    assert track.frames == sum(chunks) and track.start_us == ANCHOR_US
+    assert track.frames == sum(chunks) and track.last_us == ANCHOR_US + sum(chunks) * FRAME_INTERVAL_US
     return np.concatenate(actions)
 
 

@@ -69,7 +69,7 @@ def direct(table: SessionTable, frame: bytes, actions: np.ndarray, seed: int) ->
 def test_a_rollout_as_alpasim_runs_it_gets_a_direct_sessions_frames(served, path):
     table, runtime = served
     session = runtime.start(seed=11)
-    chunks = [runtime.chunk(session, trajectory(path, range(1, 6))), runtime.chunk(session, trajectory(path, range(6, 14)))]
+    chunks = [runtime.chunk(session, trajectory(path, frames)) for frames in (range(1, 6), range(6, 14))]
     rollout = table.get(session.session_id).rollout
     actions, codes = rollout.state.actions[:13].copy(), rollout.codes()
     runtime.close(session)
@@ -136,8 +136,9 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
         "zero quaternion": (lambda: runtime.chunk(session, zero), invalid, ["pose 0", "unit quaternion"]),
         "30 fps": (lambda: runtime.chunk(session, fps30), invalid, ["33333 us apart", "fps=10"]),
         "a gap": (lambda: runtime.chunk(session, trajectory(path, range(8, 10))), invalid, ["the next is at"]),
-        "over max_frames": (lambda: runtime.chunk(session, trajectory(path, range(6, 42))), grpc.StatusCode.OUT_OF_RANGE,
-                            ["rendered 5 frames and may render 35 more", "alpasim.max_frames=40"]),
+        "over max_frames": (lambda: runtime.chunk(session, trajectory(path, range(6, 42))),
+                            grpc.StatusCode.OUT_OF_RANGE, ["rendered 5 frames and may render 35 more",
+                                                           "alpasim.max_frames=40"]),
     }
     for name, (call, code, words) in cases.items():
         got_code, details = status_of(call)
