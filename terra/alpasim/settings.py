@@ -3,13 +3,12 @@ before any model loads."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.config.checks import MAX_FRAMES, check_choice, check_whole_number
+from terra.config.checks import MAX_FRAMES, check_choice, check_whole_number, known_settings
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
@@ -51,11 +50,7 @@ class AlpasimSettings:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "AlpasimSettings":
         """Settings from a plain mapping (the ``alpasim`` config block); unknown keys fail with one line."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise TerraInputError(f"unknown alpasim settings {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        return cls(**known_settings(values, cls, "alpasim"))
 
 
 def alpasim_spec(cfg: DictConfig) -> tuple[RunSpec, AlpasimSettings]:
