@@ -27,7 +27,7 @@ from terra.alpasim import video_model_pb2_grpc as pb_grpc
 from terra.alpasim.poses import planar_poses
 from terra.alpasim.sessions import RequestError, SessionTable
 from terra.alpasim.settings import MAX_MESSAGE_BYTES, AlpasimSettings
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, error_line
 
 log = logging.getLogger("terra.alpasim")
 FORMATS = {"jpeg": pb.JPEG, "png": pb.PNG}
@@ -50,9 +50,8 @@ def answered(method: Callable) -> Callable:
             code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except Exception as err:  # noqa: BLE001  (the server goes on; the caller gets one line)
             log.exception("%s failed", method.__name__)
-            detail = (str(err).strip().splitlines() or [""])[0][:300]
-            code, details = grpc.StatusCode.INTERNAL, (f"internal error: {type(err).__name__}: {detail} (a bug; the "
-                                                        "server's log has the traceback)")
+            line = error_line(err, memory_advice="lower alpasim.max_sessions")
+            code, details = grpc.StatusCode.INTERNAL, f"internal error: {line} (the server's log has the traceback)"
         log.info("%s refused: %s", method.__name__, details)
         context.abort(code, details)
 

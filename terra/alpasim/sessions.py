@@ -25,7 +25,7 @@ from terra.alpasim.poses import RigTrack
 from terra.alpasim.settings import AlpasimSettings
 from terra.config.checks import MAX_SEED
 from terra.config.sampling import SamplingConfig
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, error_line
 from terra.decoder.writers import encode_image
 from terra.generation.rollout import DEFAULT_OVERLAP
 from terra.generation.session_engine import Rollout, SessionEngine
@@ -192,7 +192,7 @@ class SessionTable:
             try:
                 codes = self._generate(session, chunk.actions)
             except Exception as err:
-                session.failed = f"{type(err).__name__}: {err}"
+                session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
                 if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
                     raise SessionUnusable(f"session {session_id}: {err}") from None
                 raise

@@ -181,3 +181,21 @@ def test_frames_are_sent_at_the_size_the_camera_asks(served):
     frame = answer.camera_outputs[0].rgb_frames[0]
     runtime.close(session)
     assert pixels(frame).shape == (128, 128, 3)
+
+
+def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, monkeypatch):
+    table, runtime = served
+    broken = runtime.start(seed=1)
+
+    def fail(session, actions):
+        raise RuntimeError("the engine broke\nits second line")
+
+    monkeypatch.setattr(table, "_generate", fail)
+    code, details = status_of(lambda: runtime.chunk(broken, trajectory(straight(), range(1, 6))))
+    assert code == grpc.StatusCode.INTERNAL and details == (
+        "internal error: RuntimeError: the engine broke its second line (the server's log has the traceback)")
+    monkeypatch.undo()
+    code, details = status_of(lambda: runtime.chunk(broken, trajectory(straight(), range(1, 6))))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "failed in an earlier chunk" in details
+    runtime.close(broken)
+    assert len(runtime.drive(straight())[1]) == 8  # the server goes on
