@@ -14,6 +14,7 @@ _HOMES = {
     "draw_trajectory": "terra.decoder.overlay",
     "mark_frames": "terra.decoder.overlay",
     "write_sidecar": "terra.decoder.sidecar",
+    "encode_image": "terra.decoder.writers",
     "tile_grid": "terra.decoder.writers",
     "write_gif": "terra.decoder.writers",
     "write_grid": "terra.decoder.writers",

@@ -19,6 +19,7 @@ downloads, grids), so a toolkit run compares with Terra's published ACT-Bench vi
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -168,6 +169,17 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) ->
             raise TerraInputError(f"cannot write {path} (ffmpeg: {reason[:200]}); free disk space or choose another "
                                   "output folder")
     return Path(path)
+
+
+def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes:
+    """One uint8 ``[H, W, 3]`` frame → the bytes of a JPEG (``quality`` 1-100) or PNG file (fast compression, the
+    pixels lossless): frames sent over the wire (terra-serve, terra-alpasim)."""
+    buffer = io.BytesIO()
+    if image_format == "jpeg":
+        Image.fromarray(rgb).save(buffer, format="JPEG", quality=quality)
+    else:
+        Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
 
 
 def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list[Path]:

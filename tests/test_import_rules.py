@@ -85,6 +85,7 @@ RULES = {
     "terra/pipeline.py": BACKEND_MODULES,
     "terra/apps": BACKEND_MODULES,
     "terra/closedloop": BACKEND_MODULES,
+    "terra/alpasim": BACKEND_MODULES,
     "terra/sim": ("terra.generation",),
     "terra/config": ("torch", "transformers", "vllm", "terra.apps", "terra.batch", "terra.generation", "terra.inputs",
                      "terra.models", "terra.pipeline", "terra.serve", "terra.session", "terra.sim", "terra.vllm"),
@@ -119,6 +120,7 @@ MAY_IMPORT = {
     "evaluation": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer"},
     "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "scoring", "pipeline", "tokenizer",
                    "decoder"},
+    "alpasim": {"core", "config", "generation", "inputs", "tokenizer", "decoder"},
     "fidelity": {"sim", "closedloop", "pipeline"},  # the renderer's camera, the lane detector, PSNR / SSIM
     "face": {"core"},  # terra/__init__.py: the user-facing TerraInputError
 }
@@ -146,6 +148,7 @@ PUBLIC = {
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
         "egodriver", "navsim", "gym_env", "vision"))},
+    "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service", "terra.alpasim.client"},
     "apps": {"terra.apps.runner"},  # an app imports no other app
 }
 PACKAGE_FOLDERS = ("terra", "tokenizer", "decoder")
@@ -305,6 +308,7 @@ SETTINGS_MODULES = {
     "terra-blend": "terra.training.blend", "terra-score": "terra.scoring.settings",
     "terra-evaluate": "terra.evaluation.settings", "terra-train-tokenizer": "terra.training.tokenizer_settings",
     "terra-tokenize": "terra.training.tokenize", "terra-make-dataset": "terra.apps.make_dataset",
+    "terra-alpasim": "terra.alpasim.settings",
 }
 
 

@@ -11,6 +11,7 @@ the frames kept are decoded. Bad input raises :class:`terra.core.errors.TerraInp
 from __future__ import annotations
 
 import glob
+import io
 import os
 import stat
 import warnings
@@ -124,27 +125,38 @@ def _open_regular(path: Path) -> IO[bytes]:
 def _read_image(path: Path) -> Image.Image:
     """Decode one image file, after checking from its header that it is of a sane size."""
     with _open_regular(path) as fh:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                with Image.open(fh) as image:
-                    _check_pixels(image.width, image.height, str(path))
-                    image.load()
-        except TerraInputError:
-            raise
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise TerraInputError(f"{path} claims more than {MAX_PIXELS} pixels; pass camera frames, "
-                                  "e.g. 1920x1080") from None
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as err:
-            raise TerraInputError(
-                f"{path} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
-            ) from None
-    return _to_rgb(image, str(path))
+        return _decode(fh, str(path), MAX_PIXELS)
 
 
-def _check_pixels(width: int, height: int, source: str) -> None:
-    if width * height > MAX_PIXELS:
-        raise TerraInputError(f"{source} is {width}x{height} pixels, more than the {MAX_PIXELS} a frame may have; "
+def image_from_bytes(data: bytes, source: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """An encoded image (PNG, JPEG, ... sent over the wire) → an RGB PIL image, after checking from its header that
+    it has at most ``max_pixels`` pixels; ``source`` names it in errors (terra-serve's uploads, terra-alpasim's
+    initial frames)."""
+    return _decode(io.BytesIO(data), source, max_pixels)
+
+
+def _decode(fh: IO[bytes], source: str, max_pixels: int) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(fh) as image:
+                _check_pixels(image.width, image.height, source, max_pixels)
+                image.load()
+    except TerraInputError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise TerraInputError(f"{source} claims more than {max_pixels} pixels; pass camera frames, "
+                              "e.g. 1920x1080") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as err:
+        raise TerraInputError(
+            f"{source} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
+        ) from None
+    return _to_rgb(image, source)
+
+
+def _check_pixels(width: int, height: int, source: str, max_pixels: int = MAX_PIXELS) -> None:
+    if width * height > max_pixels:
+        raise TerraInputError(f"{source} is {width}x{height} pixels, more than the {max_pixels} a frame may have; "
                               "pass camera frames, e.g. 1920x1080")
 
 

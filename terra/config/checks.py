@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from terra.core.errors import TerraInputError
 
 __all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "SEED", "check_choice", "check_file_size", "check_flag",
-           "check_number", "check_settings", "check_whole_number", "one_line", "required_path",
+           "check_number", "check_settings", "check_whole_number", "known_settings", "one_line", "required_path",
            "select", "shown"]
 
 MAX_FRAMES = 10_000  # frames of a rollout or trajectory: 1000 s at 10 Hz
@@ -102,6 +102,16 @@ class Range:
 
 
 SEED = Range(0, MAX_SEED, 0, whole=True)  # every seed setting (a rollout's, a scene's, a drive's)
+
+
+def known_settings(values: Mapping[str, Any], cls: type, block: str) -> Mapping[str, Any]:
+    """``values`` (a plain mapping, a config block) when every key names a field of the dataclass ``cls``; an unknown
+    key fails with one line naming the ``block`` and its settings (``cls(**known_settings(...))``)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TerraInputError(f"unknown {block} settings {unknown}; known: {', '.join(sorted(known))}")
+    return values
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:

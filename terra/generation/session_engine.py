@@ -4,7 +4,8 @@ A session's rollout is opened from context codes with room for its frames (:meth
 step writes the action of the newest frame just before the next one is generated, so windows roll over exactly as
 in a batch rollout (terra/generation/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's
 given the same actions and seed. Sessions serve ``terra-serve`` (through terra/session/, the user-facing
-``Session``), the closed loop's model world (terra/closedloop/worlds.py) and any simulator server.
+``Session``), the closed loop's model world (terra/closedloop/worlds.py) and AlpaSim's video-model server
+(terra/alpasim/sessions.py).
 
 A backend is driven by one thread (terra/generation/rollout.py, :class:`WorldModelBackend`). The
 :class:`SessionEngine` owns that thread: callers on any thread hand it jobs (step, fork, reset, close) and get

@@ -1,4 +1,5 @@
-"""Bytes in and out of the server: frames as JPEG/PNG, the binary frame message, uploads, session videos.
+"""Bytes in and out of the server: the binary frame message, uploads, session videos (frames as JPEG/PNG:
+:func:`terra.decoder.writers.encode_image`).
 
 A frame message (WebSocket, binary) is ``uint32 big-endian header length | header JSON (UTF-8) | image bytes``,
 so one message carries a frame and what it is (index, timings, pose) and a reader needs no pairing.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 import re
 import struct
@@ -17,27 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from terra.decoder import mark_frames, write_gif, write_mp4
 from terra.core.errors import TerraInputError
-from terra.tokenizer.images import RGB_COMPATIBLE_MODES
+from terra.tokenizer.images import image_from_bytes
 from terra.tokenizer.resize import fit_frame
 from terra.core.atomic import json_text
 
 MAX_UPLOAD_PIXELS = 4096 * 4096  # one uploaded frame; a decompression bomb fails before it is decoded
 VIDEO_FORMATS = {"mp4": "video/mp4", "gif": "image/gif"}
 _DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,", re.ASCII)
-
-
-def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes:
-    """uint8 ``[H, W, 3]`` → JPEG or PNG bytes."""
-    buffer = io.BytesIO()
-    if image_format == "jpeg":
-        Image.fromarray(rgb).save(buffer, format="JPEG", quality=quality)
-    else:
-        Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)
-    return buffer.getvalue()
 
 
 def frame_message(header: dict[str, Any], image: bytes) -> bytes:
@@ -62,20 +51,7 @@ def decode_upload(value: Any, index: int, image_size: tuple[int, int], resize: s
         data = base64.b64decode(_DATA_URL.sub("", value, count=1), validate=True)
     except (binascii.Error, ValueError):
         raise TerraInputError(f"{where} is not valid base64; send the file's bytes base64-encoded") from None
-    unreadable = (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError)
-    try:
-        image = Image.open(io.BytesIO(data))  # reads the header only
-    except unreadable as err:
-        raise TerraInputError(f"{where} is not a readable image ({type(err).__name__}); send PNG or JPEG") from None
-    if image.width * image.height > MAX_UPLOAD_PIXELS:
-        raise TerraInputError(f"{where} is {image.width}x{image.height} pixels; send at most "
-                              f"{MAX_UPLOAD_PIXELS} pixels (e.g. 4096x4096)")
-    if image.mode not in RGB_COMPATIBLE_MODES:
-        raise TerraInputError(f"{where} has pixel mode {image.mode}; send an 8-bit colour PNG or JPEG")
-    try:
-        image = image.convert("RGB")
-    except unreadable as err:
-        raise TerraInputError(f"{where} is a broken image ({type(err).__name__}); send PNG or JPEG") from None
+    image = image_from_bytes(data, where, MAX_UPLOAD_PIXELS)
     return fit_frame(image, image_size, where, resize)
 
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.serve.media import decode_upload, encode_image
+from terra.decoder.writers import encode_image
+from terra.serve.media import decode_upload
 from terra.serve.settings import ServeSettings
 from terra.session import Frame, Session, SessionHost
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from terra.config.checks import check_whole_number
+from terra.config.checks import check_whole_number, known_settings
 from terra.core.errors import TerraInputError
 
 IMAGE_FORMATS = ("jpeg", "png")
@@ -135,8 +134,4 @@ class ServeSettings:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "ServeSettings":
         """Settings from a plain mapping (the ``serve`` config block); unknown keys fail with one line."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise TerraInputError(f"unknown serve settings {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        return cls(**known_settings(values, cls, "serve"))

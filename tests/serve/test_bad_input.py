@@ -67,7 +67,7 @@ def test_bad_steps_are_400_with_one_line(client, session_id, body, status, messa
 
 @pytest.mark.parametrize("spec, message", [
     ({"context": {"builtin": {"manoeuvre": "fly"}}}, "unknown manoeuvre"),
-    ({"context": {"images": ["bm90IGFuIGltYWdl"]}}, "not a readable image"),
+    ({"context": {"images": ["bm90IGFuIGltYWdl"]}}, "cannot be read as an image"),
     ({"context": {"images": ["%%%"]}}, "not valid base64"),
     ({"context": {"images": []}}, "list of 1 to 15 images"),
     ({"context": {"codes": [[1, 2, 3]]}}, "codes per frame"),

@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""terra-alpasim under load: N AlpaSim rollouts at once against the WorldModelService on loopback, and the time of
+each 8-frame chunk.
+
+The server is built from conf/alpasim.yaml as ``terra-alpasim`` builds it (the overrides after the options are
+Hydra's, as on its command line), on a free loopback port; N clients (terra/alpasim/client.py) then play AlpaSim's
+runtime at once, each in its own thread: ``start_session`` with a frame of the synthetic world as the camera's
+JPEG, a first chunk of 5 frames, ``--chunks`` chunks of 8, ``close_session``, each rollout along its own curve.
+A chunk's time is the client's, from request to answer (gRPC, generation, decoding, JPEG encoding). Before the
+first N, one rollout's first chunk warms the engine up. Targets (BENCHMARKS.md, "AlpaSim's video-model service"):
+on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame chunk in <= 0.4 s. Examples::
+
+    python scripts/benchmark_alpasim.py --sessions 1,4 --chunks 3 backend=hf device=cpu           # CPU, demo model
+    python scripts/benchmark_alpasim.py --sessions 1,4,16,32 --chunks 8 backend=vllm device=cuda \\
+        --out bench/alpasim_h100.json                                                           # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from terra.alpasim.client import RuntimeClient, curve, trajectory
+from terra.alpasim.service import WorldModelServicer, bind, start
+from terra.alpasim.sessions import SessionTable
+from terra.alpasim.settings import alpasim_spec
+from terra.apps.runner import CONF_DIR
+from terra.core.atomic import json_text, write_text
+from terra.pipeline import WorldModelPipeline, resolve_run
+from terra.sim import builtin_context
+
+FIRST_CHUNK, CHUNK = 5, 8  # AlpaSim's 8frame preset
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", default="1,4,16", help="comma-separated numbers of rollouts at once")
+    parser.add_argument("--chunks", type=int, default=4, help="8-frame chunks per rollout, after the first of 5")
+    parser.add_argument("--out", type=Path, help="write the records as JSON here")
+    parser.add_argument("overrides", nargs="*", help="terra-alpasim's settings, e.g. backend=vllm device=cuda")
+    args = parser.parse_args(argv)
+    try:
+        args.sessions = [int(n) for n in args.sessions.split(",")]
+    except ValueError:
+        parser.error(f"--sessions must be comma-separated whole numbers (got {args.sessions!r})")
+    if min(args.sessions) < 1 or args.chunks < 1:
+        parser.error("--sessions and --chunks must be at least 1")
+    return args
+
+
+def build(overrides: list[str], sessions: int):
+    """The server's pipeline and session table from conf/alpasim.yaml, for ``sessions`` rollouts at once."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("alpasim", [*overrides, "alpasim.port=0", f"alpasim.max_sessions={sessions}"])
+    spec, settings = alpasim_spec(cfg)
+    run = resolve_run(spec, settings.max_sessions)
+    pipeline = WorldModelPipeline.from_run(run)
+    table = SessionTable(pipeline, settings, run.spec.sampling, run.spec.overlap, run.spec.resize)
+    return str(cfg.model.get("name", "world model")), pipeline, table
+
+
+def camera_frame(image_size: tuple[int, int]) -> bytes:
+    """A frame of the synthetic world (the demo model's own) as the camera's JPEG."""
+    images, _ = builtin_context("straight", 1, image_size, 0, {"speed_kmh": 30.0})
+    rgb = ((images[0].permute(1, 2, 0).numpy() + 1.0) * 127.5).clip(0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def rollouts(address: str, frame: bytes, count: int, chunks: int) -> dict:
+    """``count`` rollouts at once; each one's start, first chunk and 8-frame chunk times."""
+    times: list[dict] = [{} for _ in range(count)]
+    errors: list[BaseException] = []
+
+    def drive(i: int) -> None:
+        client = RuntimeClient(address)
+        try:
+            path = curve(speed=6.0 + i % 5, rate=0.05 * ((i % 7) - 3))
+            begin = time.perf_counter()
+            session = client.start(frame, seed=i + 1)
+            times[i]["start_s"] = time.perf_counter() - begin
+            first, spans = 1, [FIRST_CHUNK] + [CHUNK] * chunks
+            for k, size in enumerate(spans):
+                begin = time.perf_counter()
+                answer = client.chunk(session, trajectory(path, range(first, first + size)))
+                elapsed = time.perf_counter() - begin
+                assert len(answer.camera_outputs[0].rgb_frames) == size
+                times[i].setdefault("first_chunk_s" if k == 0 else "chunk_s", []).append(elapsed)
+                first += size
+            client.close(session)
+        except BaseException as err:  # noqa: BLE001  (reported by the main thread)
+            errors.append(err)
+        finally:
+            client.close_channel()
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(count)]
+    begin = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - begin
+    if errors:
+        raise errors[0]
+    chunk = [t for record in times for t in record["chunk_s"]]
+    frames = count * (FIRST_CHUNK + CHUNK * chunks)
+    return {"sessions": count, "chunks": chunks, "wall_s": wall, "frames_per_s": frames / wall,
+            "start_s": statistics.median(r["start_s"] for r in times),
+            "first_chunk_s": statistics.median(r["first_chunk_s"][0] for r in times),
+            "chunk_p50_s": float(np.percentile(chunk, 50)), "chunk_p90_s": float(np.percentile(chunk, 90)),
+            "chunk_max_s": max(chunk),
+            "realtime_x": CHUNK / 10.0 / float(np.percentile(chunk, 50))}  # 8 frames are 0.8 s of video
+
+
+def warm_up(address: str, frame: bytes) -> None:
+    """One rollout's first chunk: the engine's first steps, the tokenizer's first decoding."""
+    client = RuntimeClient(address)
+    client.rollout(frame, curve(), chunks=[FIRST_CHUNK])
+    client.close_channel()
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    model, pipeline, table = build(args.overrides, max(args.sessions))
+    server, port = bind(table.settings)
+    start(server, WorldModelServicer(table, model))
+    address = f"127.0.0.1:{port}"
+    machine = f"{platform.node()} ({platform.processor() or platform.machine()})"
+    try:
+        frame = camera_frame(pipeline.image_size)
+        warm_up(address, frame)
+        records = []
+        for count in args.sessions:
+            record = {"model": model, "backend": pipeline.backend.name, "device": str(pipeline.device),
+                      "machine": machine, **rollouts(address, frame, count, args.chunks)}
+            records.append(record)
+            print(f"{count:3d} rollouts: 8-frame chunk p50 {record['chunk_p50_s']:.3f} s, p90 "
+                  f"{record['chunk_p90_s']:.3f} s ({record['realtime_x']:.2f}x real time); first chunk (5) "
+                  f"{record['first_chunk_s']:.3f} s; start {record['start_s']:.3f} s; {record['frames_per_s']:.1f} "
+                  "frames/s in all", flush=True)
+    finally:
+        server.stop(1).wait()
+        table.shutdown()
+        pipeline.close()
+    if args.out:
+        write_text(args.out, json_text(records))
+    return records
+
+
+if __name__ == "__main__":
+    main()

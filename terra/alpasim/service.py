@@ -1,0 +1,169 @@
+"""AlpaSim's ``WorldModelService`` (terra/alpasim/video_model.proto) over gRPC, on a :class:`SessionTable`.
+
+The four calls as AlpaSim's runtime makes them: ``start_session`` (one camera: its initial frame, its size; the HD
+map, the text prompt, the camera model and its mounting are accepted and not used, and the log says so),
+``render_video_chunk`` (one image per pose, in order), ``close_session`` (closing twice, or a session that expired,
+is answered as a close) and ``get_version`` (what the server renders). Every refusal is a gRPC status with one line
+(terra/alpasim/sessions.py names the codes: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, OUT_OF_RANGE,
+FAILED_PRECONDITION); a failure of the server itself is INTERNAL with one line, its traceback in the server's
+log. No request stops the server or another session.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+from concurrent import futures
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Callable
+
+import grpc
+import numpy as np
+from carla_driver_interface.protocol import ALPASIM_API_VERSION, Empty, VersionId
+
+from terra.alpasim import video_model_pb2 as pb
+from terra.alpasim import video_model_pb2_grpc as pb_grpc
+from terra.alpasim.poses import planar_poses
+from terra.alpasim.sessions import RequestError, SessionTable
+from terra.alpasim.settings import MAX_MESSAGE_BYTES, AlpasimSettings
+from terra.core.errors import TerraInputError, error_line
+
+log = logging.getLogger("terra.alpasim")
+FORMATS = {"jpeg": pb.JPEG, "png": pb.PNG}
+INITIAL_FORMATS = (pb.UNDEFINED, pb.PNG, pb.JPEG)  # UNDEFINED: told by the bytes
+SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                  ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                  ("grpc.so_reuseport", 0)]  # a port another server holds is refused, not shared
+
+
+def answered(method: Callable) -> Callable:
+    """A servicer method whose refusals become gRPC statuses with one line (the module docstring)."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context: grpc.ServicerContext):
+        try:
+            return method(self, request, context)
+        except RequestError as err:
+            code, details = grpc.StatusCode[err.status], str(err)
+        except TerraInputError as err:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        except Exception as err:  # noqa: BLE001  (the server goes on; the caller gets one line)
+            log.exception("%s failed", method.__name__)
+            line = error_line(err, memory_advice="lower alpasim.max_sessions")
+            code, details = grpc.StatusCode.INTERNAL, f"internal error: {line} (the server's log has the traceback)"
+        log.info("%s refused: %s", method.__name__, details)
+        context.abort(code, details)
+
+    return wrapper
+
+
+class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
+    """The four calls of ``omnidreams.video_model.WorldModelService`` on ``table``'s sessions; ``model`` names the
+    world model in :meth:`get_version`."""
+
+    def __init__(self, table: SessionTable, model: str) -> None:
+        self.table = table
+        height, width = table.pipeline.image_size
+        self.renders = f"{model}, one camera at {height}x{width}, 10 fps"
+
+    @answered
+    def start_session(self, request: pb.SessionRequest, context) -> pb.SessionId:
+        cameras = len(request.camera_specs)
+        if cameras != 1:
+            raise RequestError(f"this server renders one camera; the request has {cameras} (camera_specs): run "
+                               "AlpaSim with one camera for the video model")
+        if len(request.initial_frames) != 1 or len(request.rig_to_camera) > 1:
+            raise RequestError(f"one camera needs one initial frame and at most one rig_to_camera; the request has "
+                               f"{len(request.initial_frames)} and {len(request.rig_to_camera)}")
+        debug = request.debug_options
+        if debug.return_hdmap_frames or debug.skip_video_generation:
+            raise RequestError("this server renders no HD-map frames; set AlpaSim's runtime.renderer."
+                               "video_model_config.return_hdmap_frames=false")
+        frame = request.initial_frames[0]
+        if frame.format not in INITIAL_FORMATS:
+            raise RequestError(f"initial_frames[0] is {pb.ImageFormat.Name(frame.format)}; send a PNG or JPEG")
+        spec = request.camera_specs[0]
+        camera = spec.logical_id or "camera"
+        session = self.table.start(frame.data, camera, (spec.resolution_h, spec.resolution_w), request.random_seed)
+        height, width = session.size
+        log.info("session %s: camera %s (%s model asked) rendered as this model's own camera (%s), sent at %dx%d; "
+                 "seed %d%s; not used: the HD map (%d bytes), the text prompt, the camera model, rig_to_camera",
+                 session.id, camera, spec.WhichOneof("camera_param") or "no", self.renders, height, width,
+                 session.seed, " (the server's choice)" if not request.random_seed else "",
+                 len(request.static_world_map.hdmap_parquets))
+        return pb.SessionId(session_id=session.id)
+
+    @answered
+    def render_video_chunk(self, request: pb.VideoChunkRequest, context) -> pb.VideoChunkReturn:
+        session = self.table.get(request.session_id.session_id)
+        poses = request.rig_trajectory.poses
+        times = np.array([p.timestamp_us for p in poses], dtype=np.int64)
+        vec = np.array([[p.pose.vec.x, p.pose.vec.y, p.pose.vec.z] for p in poses], dtype=np.float64).reshape(-1, 3)
+        quat = np.array([[p.pose.quat.w, p.pose.quat.x, p.pose.quat.y, p.pose.quat.z] for p in poses],
+                        dtype=np.float64).reshape(-1, 4)
+        images = self.table.render(session.id, times, planar_poses(vec, quat))
+        if request.dynamic_state.actors and session.track.frames == len(images):
+            log.info("session %s: %d other actors are not rendered (Terra does not model them)", session.id,
+                     len(request.dynamic_state.actors))
+        image_format = FORMATS[self.table.settings.image_format]
+        output = pb.CameraOutput(camera_logical_id=session.camera,
+                                 rgb_frames=[pb.Image(data=data, format=image_format) for data in images])
+        return pb.VideoChunkReturn(camera_outputs=[output])
+
+    @answered
+    def close_session(self, request: pb.SessionCloseRequest, context) -> Empty:
+        if self.table.close(request.session_id):
+            log.info("session %s closed", request.session_id)
+        return Empty()
+
+    @answered
+    def get_version(self, request: Empty, context) -> VersionId:
+        return VersionId(version_id=f"terra-alpasim {package_version()} ({self.renders})", git_hash="",
+                         grpc_api_version=ALPASIM_API_VERSION)
+
+
+def package_version() -> str:
+    try:
+        return version("terra-world-model")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Server, int]:
+    """A gRPC server bound to ``alpasim.host:alpasim.port`` (not started: :func:`start`) and its port (the one the
+    system chose for port 0); a port in use is one line. ``workers``: threads answering calls (default: one per
+    session, so every session's chunk can wait on the engine at once, and four more)."""
+    check_free(settings)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers or settings.max_sessions + 4,
+                                                    thread_name_prefix="terra-alpasim"), options=SERVER_OPTIONS)
+    try:
+        port = server.add_insecure_port(settings.address)
+    except RuntimeError:
+        port = 0
+    if not port:
+        raise TerraInputError(f"cannot listen on {settings.address}; choose another alpasim.port / alpasim.host")
+    return server, port
+
+
+def check_free(settings: AlpasimSettings) -> None:
+    """Raise one line when ``alpasim.host:alpasim.port`` cannot be bound (in use, or not an address of this machine),
+    before gRPC tries and logs its own lines."""
+    if not settings.port:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            probe.bind(address)
+    except OSError as err:
+        raise TerraInputError(f"cannot listen on {settings.address} ({err.strerror or err}); stop the program that "
+                              "uses the port or choose another alpasim.port / alpasim.host") from None
+
+
+def start(server: grpc.Server, servicer: WorldModelServicer) -> Any:
+    """Serve ``servicer`` on a server from :func:`bind`."""
+    pb_grpc.add_WorldModelServiceServicer_to_server(servicer, server)
+    server.start()
+    return server

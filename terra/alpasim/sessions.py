@@ -1,0 +1,219 @@
+"""AlpaSim's video-model sessions on one world model: many rollouts at once on one session engine.
+
+Each AlpaSim rollout is a session: its camera's initial frame is the context (one frame, encoded by the tokenizer),
+and each chunk of rig poses becomes one Terra frame per pose (terra/alpasim/poses.py). Every session is a rollout of
+one :class:`~terra.generation.session_engine.SessionEngine`, so the frames of all sessions in flight are generated
+in the same batches (continuous batching on vLLM). A chunk's frames are queued at once (the engine runs one
+rollout's steps in order), decoded together and encoded as JPEG or PNG at the size the camera asked for.
+
+Every refusal is a :class:`TerraInputError` (one line) whose ``status`` names the gRPC status code the server
+answers with (terra/alpasim/service.py); other sessions go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+from terra.alpasim.poses import RigTrack
+from terra.alpasim.settings import AlpasimSettings
+from terra.config.checks import MAX_SEED
+from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError, error_line
+from terra.decoder.writers import encode_image
+from terra.generation.rollout import DEFAULT_OVERLAP
+from terra.generation.session_engine import Rollout, SessionEngine
+from terra.tokenizer.images import frames_to_tensor, image_from_bytes
+from terra.tokenizer.resize import MAX_UPSCALE, fit_frame
+
+log = logging.getLogger("terra.alpasim")
+ASPECT_TOLERANCE = 0.02  # a camera whose width / height is this close to the model's gets its frames resized
+
+
+class RequestError(TerraInputError):
+    """A request this server refuses; ``status`` is the gRPC status code's name (INVALID_ARGUMENT unless named)."""
+
+    status = "INVALID_ARGUMENT"
+
+
+class UnknownSession(RequestError):
+    status = "NOT_FOUND"
+
+
+class TooManySessions(RequestError):
+    status = "RESOURCE_EXHAUSTED"
+
+
+class OutOfFrames(RequestError):
+    status = "OUT_OF_RANGE"
+
+
+class SessionUnusable(RequestError):
+    """A chunk of the session is being rendered, or a chunk failed and left it half-advanced."""
+
+    status = "FAILED_PRECONDITION"
+
+
+@dataclass
+class Session:
+    """One AlpaSim rollout: its rollout on the engine, its camera, and where its frames are."""
+
+    id: str
+    rollout: Rollout
+    camera: str  # the camera's logical id, echoed in every chunk
+    size: tuple[int, int]  # (H, W) of the frames sent
+    seed: int
+    track: RigTrack = field(default_factory=RigTrack)
+    busy: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    failed: str | None = None  # why a chunk failed after its frames were queued
+
+
+def frame_size(asked: tuple[int, int], native: tuple[int, int]) -> tuple[int, int]:
+    """The size ``(H, W)`` frames are sent at for a camera that asks for ``asked`` (``(0, 0)``: the model's own):
+    the model's frames resized to any size of their aspect ratio, up to :data:`MAX_UPSCALE` times larger."""
+    if asked == (0, 0):
+        return native
+    height, width = asked
+    if not height or not width:
+        raise RequestError(f"camera_specs[0] asks for {height}x{width} pixels (height x width); give both or neither")
+    aspect, model = width / height, native[1] / native[0]
+    fix = (f"ask for {native[0]}x{native[1]} (height x width) or another size of aspect ratio {model:.3f}, e.g. "
+           f"{native[0] * 4}x{native[1] * 4} (AlpaSim: the camera's resolution_hw override), or leave it 0x0")
+    if abs(aspect / model - 1.0) > ASPECT_TOLERANCE:
+        raise RequestError(f"camera_specs[0] asks for {height}x{width} pixels (aspect ratio {aspect:.3f}); this "
+                           f"model renders {native[0]}x{native[1]} frames: {fix}")
+    if max(height / native[0], width / native[1]) > MAX_UPSCALE:
+        raise RequestError(f"camera_specs[0] asks for {height}x{width} pixels, more than {MAX_UPSCALE:g} times the "
+                           f"model's {native[0]}x{native[1]} frames: {fix}")
+    return height, width
+
+
+class SessionTable:
+    """The open sessions of one server, on ``pipeline`` (a :class:`~terra.pipeline.WorldModelPipeline`)."""
+
+    def __init__(self, pipeline, settings: AlpasimSettings, sampling: SamplingConfig = SamplingConfig(),
+                 overlap: int = DEFAULT_OVERLAP, resize: str = "crop") -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.sampling = pipeline.backend.as_run(sampling)  # auto: as the run chose it
+        self.overlap = overlap
+        self.resize = resize  # how the initial frame fits the tokenizer: crop | stretch (tokenizer/images.py)
+        self.engine = SessionEngine(pipeline.backend)
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()  # guards sessions and _opening
+        self._opening = 0
+
+    # ------------------------------------------------------------------ start, close
+
+    def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int) -> Session:
+        """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), sending frames at the size ``asked``
+        (:func:`frame_size`); ``seed`` 0 lets the server choose one (logged), any other is reduced modulo 2**62."""
+        size = frame_size(asked, self.pipeline.image_size)
+        self._reap_idle()
+        with self._lock:
+            if len(self.sessions) + self._opening >= self.settings.max_sessions:
+                raise TooManySessions(f"{len(self.sessions)} sessions are open, the most this server takes "
+                                      f"(alpasim.max_sessions={self.settings.max_sessions}); close one, or start "
+                                      "the server with more")
+            self._opening += 1
+        try:
+            image = image_from_bytes(initial_frame, "initial_frames[0]")
+            context = fit_frame(image, self.pipeline.image_size, "initial_frames[0]", self.resize)
+            codes = self.pipeline.encode(frames_to_tensor(np.stack([context])))
+            seed = secrets.randbelow(MAX_SEED) + 1 if seed == 0 else seed % (MAX_SEED + 1)
+            rollout = self.engine.open(codes, np.zeros((0, 6, 3), np.float32), self.settings.max_frames, seed,
+                                       self.overlap)
+            session = Session(secrets.token_hex(8), rollout, camera, size, seed)
+            with self._lock:
+                self.sessions[session.id] = session
+        finally:
+            with self._lock:
+                self._opening -= 1
+        return session
+
+    def close(self, session_id: str) -> bool:
+        """Free a session (its chunk in flight finishes first); False when there is none of that id (closed twice,
+        expired or never opened)."""
+        with self._lock:
+            session = self.sessions.pop(session_id, None)
+        if session is None:
+            return False
+        self.engine.close_rollout(session.rollout).result()
+        return True
+
+    def _reap_idle(self) -> None:
+        """Close the sessions no request has touched for ``alpasim.idle_timeout_s`` (a runtime that died)."""
+        now = time.monotonic()
+        with self._lock:
+            idle = [s.id for s in self.sessions.values()
+                    if now - s.last_used > self.settings.idle_timeout_s and not s.busy.locked()]
+        for session_id in idle:
+            if self.close(session_id):
+                log.info("session %s closed after %.0f s without a request", session_id,
+                         self.settings.idle_timeout_s)
+
+    def shutdown(self) -> None:
+        """Stop the engine; open sessions end (the pipeline stays open for its owner)."""
+        self.engine.close()
+
+    # ------------------------------------------------------------------ chunks
+
+    def get(self, session_id: str) -> Session:
+        with self._lock:
+            session = self.sessions.get(session_id)
+        if session is None:
+            raise UnknownSession(f"no session {session_id!r}: it was closed, expired after "
+                                 f"{self.settings.idle_timeout_s:g} s idle or never started; call start_session")
+        return session
+
+    def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray) -> list[bytes]:
+        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``)."""
+        session = self.get(session_id)
+        if not session.busy.acquire(blocking=False):
+            raise SessionUnusable(f"session {session_id} is rendering a chunk; send its chunks one after another")
+        try:
+            session.last_used = time.monotonic()
+            if session.failed:
+                raise SessionUnusable(f"session {session_id} failed in an earlier chunk ({session.failed}); close "
+                                      "it and start a new one")
+            chunk = session.track.plan(times_us, poses)
+            left = self.settings.max_frames - session.track.frames
+            if len(chunk.actions) > left:
+                raise OutOfFrames(f"session {session_id} has rendered {session.track.frames} frames and may render "
+                                  f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
+                                  f"{len(chunk.actions)}: start a new session, or the server with more")
+            try:
+                codes = self._generate(session, chunk.actions)
+            except Exception as err:
+                session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
+                if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
+                    raise SessionUnusable(f"session {session_id}: {err}") from None
+                raise
+            session.track.commit(chunk)
+            return self._encode(session, codes)
+        finally:
+            session.last_used = time.monotonic()
+            session.busy.release()
+
+    def _generate(self, session: Session, actions: np.ndarray) -> np.ndarray:
+        """Queue every frame of the chunk at once and wait for their codes ``[m, h, w]``."""
+        futures = [self.engine.step(session.rollout, action, self.sampling) for action in actions]
+        grid = self.pipeline.tokenizer.grid_shape
+        return np.stack([future.result().codes.reshape(grid) for future in futures])
+
+    def _encode(self, session: Session, codes: np.ndarray) -> list[bytes]:
+        frames = self.pipeline.decode(codes)
+        settings = self.settings
+        images = []
+        for rgb in frames:
+            if tuple(rgb.shape[:2]) != session.size:
+                rgb = fit_frame(Image.fromarray(rgb), session.size, "a frame", "crop")
+            images.append(encode_image(rgb, settings.image_format, settings.jpeg_quality))
+        return images

@@ -1,0 +1,60 @@
+"""``terra-alpasim``: the world model as AlpaSim's video-model renderer, its ``WorldModelService`` over gRPC (Hydra
+app, conf/alpasim.yaml; the service: terra/alpasim/).
+
+Settings are checked and the port is bound before the model loads; a mistake, or a port in use, exits with code 2
+and one line on stderr. ``terra-alpasim: ... ready; WorldModelService on HOST:PORT`` is printed once it serves. On
+SIGINT/SIGTERM the server stops taking calls, lets the calls in flight end (a few seconds), and the process ends as
+every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from omegaconf import DictConfig
+
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.alpasim.settings import AlpasimSettings, alpasim_spec
+from terra.config.spec import RunSpec
+
+STOP_GRACE_S = 5.0  # calls in flight get this long to end when the server stops
+
+
+def serve(spec: RunSpec, settings: AlpasimSettings, model: str) -> None:
+    """Bind, load the model (terra/pipeline.py, ``resolve_run``), serve until interrupted, then close everything."""
+    from terra.alpasim.service import WorldModelServicer, bind, start
+
+    server, port = bind(settings)  # before the model loads: a port in use is one line at once
+    # torch and the model load only once the settings are known to be good and the port is ours
+    from terra.alpasim.sessions import SessionTable
+    from terra.pipeline import WorldModelPipeline, resolve_run
+
+    run = resolve_run(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
+    pipeline = WorldModelPipeline.from_run(run)
+    table = SessionTable(pipeline, settings, run.spec.sampling, run.spec.overlap, run.spec.resize)
+    try:
+        start(server, WorldModelServicer(table, model))
+        print(f"terra-alpasim: {pipeline.backend.name} backend ready; WorldModelService on "
+              f"{settings.address.rsplit(':', 1)[0]}:{port}", flush=True)
+        server.wait_for_termination()
+    finally:
+        server.stop(STOP_GRACE_S).wait()
+        table.shutdown()
+        pipeline.close()
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="alpasim", version_base=None)
+@task
+def _main(cfg: DictConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
+    check_added_settings("terra-alpasim", allowed=("backend.options.",))
+    spec, settings = alpasim_spec(cfg)
+    serve(spec, settings, str(cfg.model.get("name", "world model")))
+
+
+main = console_script(_main, "terra-alpasim")
+
+
+if __name__ == "__main__":
+    main()
