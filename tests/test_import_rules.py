@@ -119,9 +119,9 @@ MAY_IMPORT = {
     "scoring": {"core", "config", "tokenizer"},
     "evaluation": {"core", "config", "generation", "inputs", "models", "sim", "pipeline", "tokenizer"},
     "closedloop": {"core", "config", "generation", "inputs", "models", "sim", "scoring", "pipeline", "tokenizer",
-                   "decoder"},
+                   "decoder", "fidelity"},
     "alpasim": {"core", "config", "generation", "inputs", "tokenizer", "decoder"},
-    "fidelity": {"sim", "closedloop", "pipeline"},  # the renderer's camera, the lane detector, PSNR / SSIM
+    "fidelity": {"sim", "inputs", "pipeline"},  # the renderer's camera and scene, PSNR / SSIM, the stats
     "face": {"core"},  # terra/__init__.py: the user-facing TerraInputError
 }
 MAY_IMPORT["apps"] = set(MAY_IMPORT) - {"apps", "face"}

@@ -5,7 +5,7 @@ Given the frames a world produced along a drive and the synthetic world's render
 (``render(scene, pose)``, terra/sim/renderer.py), so that any difference is the world's and not the drive's:
 
 * **perception agreement** (:func:`lane_agreement`, :func:`lane_summary`): the project's lane detector
-  (:func:`terra.closedloop.vision.find_lane`) reads the lane centre's lateral position :data:`LOOKAHEAD_M` ahead
+  (:func:`terra.fidelity.lanes.find_lane`) reads the lane centre's lateral position :data:`LOOKAHEAD_M` ahead
   in both frames; across drives, the world's reading is regressed on the truth's within each drive (1 for a
   faithful world, 0 for a world whose lane does not move with the car, -1 for a mirrored one), beside the error and
   the share of frames in which a lane is found at all;
@@ -25,7 +25,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.vision import find_lane
+from terra.fidelity.lanes import find_lane
 from terra.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, within_slope
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 

@@ -1,0 +1,65 @@
+"""The ego lane seen in a camera frame: lane markings found by colour, projected onto the road, fitted as a line.
+
+Classical vision, no learning: pixels of the ground near the car are classified by colour as the yellow dashed centre
+line or the white edge line (the markings of terra/sim/renderer.py), projected onto the road plane through the front
+camera (terra/sim/camera.py: a pinhole of known field of view, height and pitch), and each marking's points, shifted
+by its known distance from the lane's centre, vote for that centre's lateral position as a line ahead (least
+squares). It serves two wings: the camera-only lane follower (terra/closedloop/vision.py) and the fidelity report's
+lane agreement (terra/fidelity/agreement.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from terra.sim.camera import FrontCamera
+from terra.sim.renderer import EDGE_INSET_M, LINE_WIDTH_M
+from terra.sim.scene import LANE_WIDTH_M
+
+CENTRE_LINE_LEFT_M = LANE_WIDTH_M / 2  # the yellow line lies this far left of the lane's centre
+EDGE_LINE_RIGHT_M = LANE_WIDTH_M - EDGE_INSET_M - LINE_WIDTH_M / 2 - LANE_WIDTH_M / 2  # white edge line, to the right
+NEAR_M, FAR_M = 3.0, 28.0  # ground band used
+
+
+@lru_cache(maxsize=8)
+def ground_points(height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pixel of the camera, where its ray meets the road: ``(forward, left, valid)`` arrays ``[H, W]`` (cached)."""
+    rays = FrontCamera(height, width).rays()
+    fwd, left = rays.fwd, rays.left
+    valid = (fwd > NEAR_M) & (fwd < FAR_M) & (np.abs(left) < 8.0)
+    arrays = np.where(valid, fwd, 0.0), np.where(valid, left, 0.0), valid
+    for arr in arrays:
+        arr.setflags(write=False)
+    return arrays
+
+
+@dataclass(frozen=True)
+class LaneEstimate:
+    """The lane's centre ahead as ``left = offset + slope * forward`` (ego frame), from ``points`` marking pixels."""
+
+    offset: float
+    slope: float
+    points: int
+
+
+def find_lane(frame: np.ndarray, min_points: int = 12) -> LaneEstimate | None:
+    """The ego lane's centre line seen in ``frame`` (uint8 ``[H, W, 3]``), or None when too few markings show."""
+    rgb = frame.astype(np.float32)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    fwd, left, valid = ground_points(*frame.shape[:2])
+    brightest = rgb.max(-1)
+    yellow = valid & (r > 140) & (g > 110) & (r - b > 100) & (g - b > 80)  # not the gravel shoulder
+    white = valid & (brightest > 175) & (brightest - rgb.min(-1) < 45) & (left < -0.3)
+    centre_fwd = np.r_[fwd[yellow], fwd[white]]
+    centre_left = np.r_[left[yellow] - CENTRE_LINE_LEFT_M, left[white] + EDGE_LINE_RIGHT_M]
+    if len(centre_fwd) < min_points:
+        return None
+    keep = np.abs(centre_left - np.median(centre_left)) < 1.5  # the other road edge, cars, signs: outliers
+    if keep.sum() < min_points:
+        return None
+    weights = 1.0 / np.maximum(centre_fwd[keep], 1.0)  # near pixels are sharper
+    slope, offset = np.polyfit(centre_fwd[keep], centre_left[keep], 1, w=np.sqrt(weights))
+    return LaneEstimate(float(offset), float(slope), int(keep.sum()))
