@@ -21,21 +21,26 @@ import argparse
 import io
 import platform
 import statistics
-import threading
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from terra.alpasim.client import RuntimeClient, curve, trajectory
-from terra.alpasim.service import WorldModelServicer, bind, start
-from terra.alpasim.sessions import SessionTable
-from terra.alpasim.settings import alpasim_spec
-from terra.apps.runner import CONF_DIR
-from terra.core.atomic import json_text, write_text
-from terra.pipeline import WorldModelPipeline, resolve_run
-from terra.sim import builtin_context
+SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(SCRIPTS))
+
+from bench.cli import run_threads  # noqa: E402
+from terra.alpasim.client import RuntimeClient, curve, trajectory  # noqa: E402
+from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
+from terra.alpasim.sessions import SessionTable  # noqa: E402
+from terra.alpasim.settings import alpasim_spec  # noqa: E402
+from terra.apps.runner import CONF_DIR  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.pipeline import WorldModelPipeline, resolve_run  # noqa: E402
+from terra.sim import builtin_context  # noqa: E402
 
 FIRST_CHUNK, CHUNK = 5, 8  # AlpaSim's 8frame preset
 
@@ -82,7 +87,6 @@ def camera_frame(image_size: tuple[int, int]) -> bytes:
 def rollouts(address: str, frame: bytes, count: int, chunks: int) -> dict:
     """``count`` rollouts at once; each one's start, first chunk and 8-frame chunk times."""
     times: list[dict] = [{} for _ in range(count)]
-    errors: list[BaseException] = []
 
     def drive(i: int) -> None:
         client = RuntimeClient(address)
@@ -100,20 +104,10 @@ def rollouts(address: str, frame: bytes, count: int, chunks: int) -> dict:
                 times[i].setdefault("first_chunk_s" if k == 0 else "chunk_s", []).append(elapsed)
                 first += size
             client.close(session)
-        except BaseException as err:  # noqa: BLE001  (reported by the main thread)
-            errors.append(err)
         finally:
             client.close_channel()
 
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(count)]
-    begin = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - begin
-    if errors:
-        raise errors[0]
+    wall = run_threads(count, drive)
     chunk = [t for record in times for t in record["chunk_s"]]
     frames = count * (FIRST_CHUNK + CHUNK * chunks)
     return {"sessions": count, "chunks": chunks, "wall_s": wall, "frames_per_s": frames / wall,

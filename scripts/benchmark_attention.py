@@ -27,8 +27,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(ROOT / "scripts"))
 
-from terra.core.atomic import json_text
+from bench.cli import exit_2_on_input_error, numbers  # noqa: E402
+from terra.core.atomic import json_text  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 
@@ -49,11 +52,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed calls per setting")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = p.parse_args(argv)
-    try:
-        args.page_sizes = [int(x) for x in args.page_sizes.split(",")]
-        args.splits = [int(x) for x in args.splits.split(",")]
-    except ValueError:
-        raise TerraInputError("--page-sizes and --splits take comma lists of whole numbers, e.g. 16,64") from None
+    args.page_sizes = numbers(args.page_sizes, int, "--page-sizes")
+    args.splits = numbers(args.splits, int, "--splits")
     if any(s < 16 or s % 16 for s in args.page_sizes):
         raise TerraInputError(f"--page-sizes must be multiples of 16 (got {args.page_sizes}); FA3 pages are")
     args.kv_dtypes = args.kv_dtypes.split(",")
@@ -115,14 +115,11 @@ def time_setting(lengths: torch.Tensor, page: int, kv_dtype: str, splits: int, i
             "model_ms": 1e3 * seconds * LAYERS, "kv_read_tb_per_s": read / seconds / 1e12}
 
 
+@exit_2_on_input_error("benchmark_attention")
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-            raise TerraInputError("this benchmark needs a GPU of compute capability 9.0 (FA3: H100, H200)")
-    except TerraInputError as err:
-        print(f"benchmark_attention: error: {err}", file=sys.stderr)
-        return 2
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        raise TerraInputError("this benchmark needs a GPU of compute capability 9.0 (FA3: H100, H200)")
     lengths = cached_lengths(args.rollouts)
     rows = []
     print(f"{'page':>5} {'kv':>9} {'splits':>6} {'layer ms':>9} {'22 layers ms':>13} {'KV read TB/s':>13}")

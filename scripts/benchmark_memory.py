@@ -29,17 +29,22 @@ import psutil
 import torch
 import transformers
 
-from terra.config.sampling import SamplingConfig
-from terra.core.atomic import json_text, write_text
-from terra.core.device import resolve_device
-from terra.core.errors import TerraInputError
-from terra.decoder import write_video
-from terra.generation.rollout import RolloutRequest
-from terra.inputs.actions import actions_for_manoeuvre
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
-from terra.models.presets import TINY, TINY_TOKENIZER, with_window
-from terra.pipeline import WorldModelPipeline
-from terra.tokenizer import LFQTokenizer
+SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(SCRIPTS))
+
+from bench.cli import exit_2_on_input_error  # noqa: E402
+from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.core.device import resolve_device  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
+from terra.decoder import write_video  # noqa: E402
+from terra.generation.rollout import RolloutRequest  # noqa: E402
+from terra.inputs.actions import actions_for_manoeuvre  # noqa: E402
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
+from terra.models.presets import TINY, TINY_TOKENIZER, with_window  # noqa: E402
+from terra.pipeline import WorldModelPipeline  # noqa: E402
+from terra.tokenizer import LFQTokenizer  # noqa: E402
 
 WORLD_MODEL = with_window(TINY, 8)  # Terra's layout rules at toy size, 8 frames per window
 IMAGE_SIZE = tuple(TINY_TOKENIZER["image_size"])  # 8x downsampling -> 8x8 = 64 codes per frame
@@ -109,13 +114,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+@exit_2_on_input_error("benchmark_memory")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the iterations; 0 when memory stayed flat and nothing leaked, 1 otherwise, 2 for bad arguments."""
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-    except TerraInputError as err:
-        print(f"benchmark_memory: error: {err}", file=sys.stderr)
-        return 2
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     transformers.utils.logging.disable_progress_bar()
     process = psutil.Process()
     cuda = args.device.startswith("cuda")

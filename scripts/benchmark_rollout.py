@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
     sys.path.append(str(ROOT / "scripts"))
 
+from bench.cli import exit_2_on_input_error  # noqa: E402
 from bench.environment import GpuBusyMonitor  # noqa: E402
 from terra.batch import read_manifest  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
@@ -255,13 +256,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@exit_2_on_input_error("benchmark_rollout")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; 2 for bad input, 1 when a run failed a sample, else 0."""
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-    except TerraInputError as err:
-        print(f"benchmark_rollout: error: {err}", file=sys.stderr)
-        return 2
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.demo:
         model = ("", "")

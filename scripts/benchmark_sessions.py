@@ -23,26 +23,30 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from terra.config.backend import REQUEST_PATHS
-from terra.config.assets import DEMO
-from terra.config.sampling import SamplingConfig
-from terra.core.atomic import json_text, write_text
-from terra.core.device import resolve_device
-from terra.core.errors import TerraInputError
-from terra.generation.backends import create_backend, resolve_decoding
-from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM
-from terra.models.presets import TERRA, TINY
-from terra.pipeline import WorldModelPipeline
-from terra.session import SessionHost, drive_action
-from terra.session.context import SessionContext, builtin
+SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(SCRIPTS))
+
+from bench.cli import exit_2_on_input_error, run_threads  # noqa: E402
+from terra.config.backend import REQUEST_PATHS  # noqa: E402
+from terra.config.assets import DEMO  # noqa: E402
+from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.core.device import resolve_device  # noqa: E402
+from terra.core.errors import TerraInputError  # noqa: E402
+from terra.generation.backends import create_backend, resolve_decoding  # noqa: E402
+from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend  # noqa: E402
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
+from terra.models.presets import TERRA, TINY  # noqa: E402
+from terra.pipeline import WorldModelPipeline  # noqa: E402
+from terra.session import SessionHost, drive_action  # noqa: E402
+from terra.session.context import SessionContext, builtin  # noqa: E402
 
 
 
@@ -143,30 +147,18 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
     actions = [drive_actions(i, args.frames, c.speed_kmh) for i, c in enumerate(starts)]
     sessions = [host.open_context(c, seed=i, sampling=sampling) for i, c in enumerate(starts)]
     latencies: list[list[float]] = [[] for _ in range(count)]
-    errors: list[BaseException] = []
     blocks: list[dict] = []
 
     def drive(i: int) -> None:
-        try:
-            for k, action in enumerate(actions[i]):
-                start = time.perf_counter()
-                sessions[i].step(action, decode=args.decode)
-                latencies[i].append(time.perf_counter() - start)
-                if i == 0 and args.block and (k + 1) % args.block == 0:
-                    blocks.append({"frames": k + 1, "step_s": statistics.mean(latencies[0][-args.block:]),
-                                   **memory_now()})
-        except BaseException as err:  # noqa: BLE001  (reported by the main thread)
-            errors.append(err)
+        for k, action in enumerate(actions[i]):
+            start = time.perf_counter()
+            sessions[i].step(action, decode=args.decode)
+            latencies[i].append(time.perf_counter() - start)
+            if i == 0 and args.block and (k + 1) % args.block == 0:
+                blocks.append({"frames": k + 1, "step_s": statistics.mean(latencies[0][-args.block:]),
+                               **memory_now()})
 
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(count)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
+    wall = run_threads(count, drive)
     codes = [s.codes()[args.num_context :].reshape(args.frames, -1) for s in sessions]
     stats = sum((s.decode_stats() for s in sessions), DecodeStats())
     decoding = stats.as_dict(sessions[0].sampling)
@@ -254,7 +246,4 @@ def format_record(record: dict) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except TerraInputError as err:
-        sys.exit(f"benchmark_sessions: error: {err}")
+    sys.exit(exit_2_on_input_error("benchmark_sessions")(main)())

@@ -30,15 +30,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra.config.assets import DEMO
-from terra.config.sampling import SamplingConfig
-from terra.core.atomic import write_text
-from terra.core.errors import TerraInputError
-from terra.generation import speculative
-from terra.generation.rollout import DecodeStats, RolloutRequest
-from terra.inputs.trajectory import MANOEUVRES
-from terra.pipeline import WorldModelPipeline
-from terra.sim import builtin_context
+SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
+    sys.path.append(str(SCRIPTS))
+
+from bench.cli import exit_2_on_input_error  # noqa: E402
+from terra.config.assets import DEMO  # noqa: E402
+from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.core.atomic import write_text  # noqa: E402
+from terra.generation import speculative  # noqa: E402
+from terra.generation.rollout import DecodeStats, RolloutRequest  # noqa: E402
+from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
+from terra.pipeline import WorldModelPipeline  # noqa: E402
+from terra.sim import builtin_context  # noqa: E402
 
 TARGETS = {0.0: 8.0, 0.9: 4.0}  # fewer forward passes than sequential, greedy and at Terra's temperature
 PROFILE_BUCKETS = 8  # the frame's image tokens split into this many ranges of where a pass began
@@ -195,7 +199,4 @@ def format_record(record: dict) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except TerraInputError as err:
-        sys.exit(f"benchmark_speculative: error: {err}")
+    sys.exit(exit_2_on_input_error("benchmark_speculative")(main)())

@@ -31,6 +31,15 @@ def shared_reference(name: str) -> Path:
     return path
 
 
+def one_error_line(result: subprocess.CompletedProcess, prog: str, text: str = "") -> str:
+    """The one line of a command refused before any work: exit 2, one stderr line ``<prog>: error: ...`` holding
+    ``text``, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: ") and text in lines[0], result.stderr
+    return lines[0]
+
+
 def load_script(name: str):
     """Import ``scripts/<name>.py`` as a module (scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")

@@ -7,20 +7,17 @@
 * :mod:`bench.rollouts`, :mod:`bench.engine_stats`, :mod:`bench.environment`: the workload and what is
   recorded about it;
 * :mod:`bench.measure`, :mod:`bench.profiling`, :mod:`bench.e2e`: one part's measurements in its worker;
-* :mod:`bench.report`: derived ratios, targets and the table over every part.
+* :mod:`bench.report`: derived ratios, targets and the table over every part;
+* :mod:`bench.cli`: what every benchmark script's command line shares (comma lists, exit 2, client threads).
+
+The names below load on first use: a script that needs only :mod:`bench.cli` loads no engine.
 """
 
-from bench.arguments import parse_args
-from bench.backends import build_backend
-from bench.e2e import measure_e2e
-from bench.engine_stats import prefix_summary
-from bench.measure import run_part
-from bench.models import read_layout, write_model_configs
-from bench.parts import PARTS
-from bench.profiling import busy_time
-from bench.report import derived, load_records, table
+from terra.core.lazy import lazy_face
 
-__all__ = [
-    "PARTS", "build_backend", "busy_time", "derived", "load_records", "measure_e2e", "parse_args", "prefix_summary",
-    "read_layout", "run_part", "table", "write_model_configs",
-]
+__all__, __getattr__ = lazy_face(__name__, {
+    "parse_args": "bench.arguments", "build_backend": "bench.backends", "measure_e2e": "bench.e2e",
+    "prefix_summary": "bench.engine_stats", "run_part": "bench.measure", "read_layout": "bench.models",
+    "write_model_configs": "bench.models", "PARTS": "bench.parts", "busy_time": "bench.profiling",
+    "derived": "bench.report", "load_records": "bench.report", "table": "bench.report",
+})

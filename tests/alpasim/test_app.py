@@ -20,6 +20,7 @@ pytest.importorskip("carla_driver_interface")
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
 from terra.alpasim.client import straight, trajectory  # noqa: E402
 from tests.alpasim.fake_runtime import FakeRuntime  # noqa: E402
+from tests.conftest import one_error_line  # noqa: E402
 
 COMMAND = Path(sys.executable).parent / "terra-alpasim"
 ENV = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
@@ -44,9 +45,7 @@ def free_port() -> int:
 def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
     result = subprocess.run([str(COMMAND), *overrides], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                             timeout=120)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("terra-alpasim: error: ") and message in lines[0], result.stderr
+    one_error_line(result, "terra-alpasim", message)
 
 
 def test_a_port_in_use_is_one_line(tmp_path):

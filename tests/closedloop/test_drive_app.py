@@ -15,6 +15,7 @@ from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
+from tests.conftest import one_error_line
 
 APP = [sys.executable, "-m", "terra.apps.drive"]
 
@@ -32,9 +33,7 @@ def test_help_and_one_line_errors(tmp_path):
                        (["vehicle=car"], "unknown vehicle 'car'; choose one of: bicycle, exact"),
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
         result = drive(*args, cwd=tmp_path)
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("terra-drive: error:") and text in lines[0], result.stderr
+        one_error_line(result, "terra-drive", text)
 
 
 def test_runs_on_the_true_world_and_resumes(tmp_path):

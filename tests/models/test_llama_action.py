@@ -22,6 +22,14 @@ P, A, S, WINDOW = 64, 6, 70, 6
 PLACEHOLDER = 512
 
 
+def random_frames(frames: int, seed: int, num_actions: int | None = None,
+                  grid: tuple[int, ...] = (P,)) -> tuple[np.ndarray, np.ndarray]:
+    """Random codes ``[frames, *grid]`` and actions ``[num_actions or frames, A, 3]``, drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 512, (frames, *grid))
+    return codes, rng.normal(size=(num_actions or frames, A, 3)).astype(np.float32)
+
+
 def interleaved(codes: np.ndarray) -> list[int]:
     """Reference layout written out by hand: each frame's image codes then A placeholder ids."""
     out: list[int] = []
@@ -46,9 +54,7 @@ def test_layout_positions_match_spec():
 
 def test_rollout_prompts_in_first_middle_and_rolled_over_window():
     layout = TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, action_token_id=512)
-    rng = np.random.default_rng(0)
-    context = rng.integers(0, 512, (2, 8, 8))
-    actions = rng.normal(size=(20, A, 3)).astype(np.float32)
+    context, actions = random_frames(2, seed=0, num_actions=20, grid=(8, 8))
     state = RolloutState(RolloutRequest(context, actions, num_frames=9, overlap=3), layout)
     assert [tuple(vars(w).values()) for w in state.windows] == [(0, 2, 4), (3, 3, 3), (6, 3, 2)]
 
@@ -57,7 +63,7 @@ def test_rollout_prompts_in_first_middle_and_rolled_over_window():
     np.testing.assert_array_equal(acts, actions[:2])
     assert pos.tolist() == list(range(2 * S))
 
-    new = [rng.integers(0, 512, P) for _ in range(6)]
+    new = list(random_frames(6, seed=5)[0])
     for frame in new[:3]:
         state.add_frame(frame)
     ids, acts, pos = state.prompt()  # middle of the first window: 5 frames so far, next is slot 5
@@ -110,9 +116,7 @@ def test_training_style_call_returns_interleaved_logits():
 @torch.no_grad()
 def test_incremental_decoding_matches_full_forward():
     model = tiny_model()
-    rng = np.random.default_rng(1)
-    codes = rng.integers(0, 512, (3, P))
-    actions = rng.normal(size=(3, A, 3)).astype(np.float32)
+    codes, actions = random_frames(3, seed=1)
     full = full_sequence(model, codes, actions)
 
     ids = torch.tensor(interleaved(codes))
@@ -142,9 +146,7 @@ def test_incremental_decoding_matches_full_forward():
 @torch.no_grad()
 def test_action_change_affects_only_later_frames():
     model = tiny_model()
-    rng = np.random.default_rng(2)
-    codes = rng.integers(0, 512, (4, P))
-    actions = rng.normal(size=(4, A, 3)).astype(np.float32)
+    codes, actions = random_frames(4, seed=2)
     changed = actions.copy()
     changed[1] += 1.0  # a_1 conditions frame 2
     before, after = full_sequence(model, codes, actions), full_sequence(model, codes, changed)
@@ -279,9 +281,7 @@ def reference_greedy(model, context: np.ndarray, actions: np.ndarray, num_frames
 
 def test_hf_backend_greedy_matches_full_recomputation_across_windows():
     model = tiny_model()
-    rng = np.random.default_rng(3)
-    context = rng.integers(0, 512, (2, 8, 8))
-    actions = rng.normal(size=(12, A, 3)).astype(np.float32)
+    context, actions = random_frames(2, seed=3, num_actions=12, grid=(8, 8))
     expected = reference_greedy(model, context, actions, num_frames=6, overlap=3)  # crosses one window
     backend = HFBackend(model)
     got = backend.generate([RolloutRequest(context, actions, 6)], SamplingConfig(temperature=0), progress=False)[0]
@@ -291,9 +291,7 @@ def test_hf_backend_greedy_matches_full_recomputation_across_windows():
 
 def test_hf_backend_window_rollover_frame_count_and_seeds():
     backend = HFBackend(tiny_model())
-    rng = np.random.default_rng(4)
-    context = rng.integers(0, 512, (3, P))
-    actions = rng.normal(size=(20, A, 3)).astype(np.float32)
+    context, actions = random_frames(3, seed=4, num_actions=20)
     seen = []
     reqs = [RolloutRequest(context, actions, 8, seed=7), RolloutRequest(context, actions, 8, seed=7),
             RolloutRequest(context, actions, 8, seed=8)]

@@ -290,7 +290,7 @@ def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
     assert attention.main(["--kv-dtypes", "fp16"]) == 2
     assert attention.main(["--splits", "a"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and "multiples of 16" in err[0] and "fp8" in err[1] and "comma lists" in err[2]
+    assert len(err) == 3 and "multiples of 16" in err[0] and "fp8" in err[1] and "--splits takes a comma list of whole numbers" in err[2]
     assert "Traceback" not in "".join(err)
 
 

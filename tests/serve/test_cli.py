@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from terra.serve.settings import ServeSettings, is_loopback
+from tests.conftest import one_error_line
 from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
 
 
@@ -35,9 +36,7 @@ from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
 def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
     result = subprocess.run([str(SERVE), *overrides], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                             timeout=120)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("terra-serve: error: ") and message in lines[0], result.stderr
+    one_error_line(result, "terra-serve", message)
     assert list(tmp_path.iterdir()) == []  # no run folder
 
 
