@@ -27,15 +27,15 @@ reference policies ``constant_speed`` and ``route_follower`` are :func:`referenc
 Every call into the policy (reset: ``get_version`` and ``start_session``; plan: the submissions and ``drive``;
 close: ``close_session``) shares one deadline, ``timeout_s`` (terra-drive's ``policy_timeout_s``), so a driver that
 never answers costs the drive that long and no more. A failed call is one line, ``driver at HOST:PORT: <status
-code>: <details>``; an answer whose poses are not finite or whose rotations are degenerate (a quaternion of norm 0)
-fails the drive instead of being driven.
+code>: <details>``; an answer whose poses are not finite, lie beyond any scene or whose rotations are degenerate (a
+quaternion of norm 0) fails the drive instead of being driven (terra/closedloop/plans.py, ``Plan.from_quaternions``,
+checks them as given).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import math
 import os
 import time
 import uuid
@@ -50,8 +50,6 @@ from terra.inputs.ego_motion import action_arc, advance_pose, to_ego
 US = 1_000_000
 STEP_US = 100_000  # 10 Hz
 CAMERA_ID = "camera_front"
-MIN_QUATERNION_NORM = 1e-6  # below it a rotation is degenerate (carla_driver_interface reads it as no rotation)
-MAX_POSITION_M = 1e7  # a plan's positions beyond this are nonsense (and would overflow the geometry)
 MAX_SOCKET_PATH_BYTES = 107  # a Unix socket's path (sun_path) holds no more
 
 
@@ -168,7 +166,7 @@ class EgodriverPolicy:
         self._seen_us = -1
 
     def plan(self, observation: Observation) -> Plan:
-        from carla_driver_interface.geometry import Pose, Trajectory, waypoints_to_proto
+        from carla_driver_interface.geometry import waypoints_to_proto
         from carla_driver_interface.protocol import DriveRequest, Route, RouteRequest
 
         call = self._calls()
@@ -182,16 +180,15 @@ class EgodriverPolicy:
                                                      time_query_us=now_us + STEP_US))
         if answer.terminate_session:
             raise TerraInputError(f"driver {self.name} ended the session (terminate_session)")
-        self._check_poses(answer.trajectory)
-        plan = Trajectory.from_proto(answer.trajectory)
-        later = [(t, p) for t, p in zip(plan.timestamps_us, plan.poses) if t > now_us]
+        later = [entry for entry in answer.trajectory.poses if entry.timestamp_us > now_us]
         if not later:  # the contract's "hold": stand still
             return Plan.trajectory(np.zeros((40, 3)), dt=STEP_US / US)
-        x, y, yaw = (float(v) for v in observation.pose)
-        inverse = Pose.from_xyz_yaw(x, y, 0.0, yaw).inverse()
-        rig = [inverse @ p for _, p in later]
-        poses = np.array([[p.position[0], p.position[1], p.yaw] for p in rig])
-        return Plan.trajectory(poses, times=np.array([(t - now_us) / US for t, _ in later]))
+        try:
+            return Plan.from_quaternions([(e.pose.vec.x, e.pose.vec.y, e.pose.vec.z) for e in later],
+                                         [(e.pose.quat.x, e.pose.quat.y, e.pose.quat.z, e.pose.quat.w) for e in later],
+                                         [(e.timestamp_us - now_us) / US for e in later], observation.pose)
+        except TerraInputError as err:
+            raise TerraInputError(f"{self.where} answered a bad plan: {err}") from None
 
     def _submit_frames(self, call: Callable[..., Any], frames, now_us: int) -> None:
         """Send the frames the driver has not seen, oldest first, each stamped with the time it was taken (the
@@ -225,21 +222,6 @@ class EgodriverPolicy:
             motion.dynamic_states.append(DynamicState(linear_velocity=Vec3(x=speed), angular_velocity=Vec3(z=yaw_rate),
                                                       linear_acceleration=Vec3(x=accel)))
         call(self._stub.submit_egomotion_observation, motion)
-
-    def _check_poses(self, trajectory) -> None:
-        """Refuse an answer whose poses are not finite, lie beyond :data:`MAX_POSITION_M` or have a degenerate
-        rotation, before any geometry reads them."""
-        for k, entry in enumerate(trajectory.poses):
-            vec, quat = entry.pose.vec, entry.pose.quat
-            position = (vec.x, vec.y, vec.z)
-            if not all(math.isfinite(v) and abs(v) <= MAX_POSITION_M for v in position):
-                shown = ", ".join(f"{v:g}" for v in position)
-                raise TerraInputError(f"{self.where} answered a plan whose pose {k} is at ({shown}), not a finite "
-                                      f"position within {MAX_POSITION_M:g} m; send poses in the drive's local frame")
-            norm = math.hypot(quat.x, quat.y, quat.z, quat.w)
-            if not (math.isfinite(norm) and norm >= MIN_QUATERNION_NORM):
-                raise TerraInputError(f"{self.where} answered a plan whose pose {k} has a degenerate rotation (a "
-                                      f"quaternion of norm {norm:g}); send unit quaternions")
 
     def close(self) -> None:
         from carla_driver_interface.protocol import DriveSessionCloseRequest

@@ -9,10 +9,15 @@ one line naming the policy and the call, which ends that drive only:
 * a call that has not returned by its deadline: it is abandoned on its thread (a daemon thread cannot keep the
   process from exiting) and the drive goes on without it.
 
-What user code is handed is read-only (:func:`handed`): the numpy arrays of an observation or a scenario are views
-that cannot be written, so a policy that changes its camera frames in place cannot change the recorded video or
-another drive's context; such a write fails its drive with a line saying so. Views cost nothing per step, where
-copies of every drive's frame history would cost a copy per plan; and a write is caught, not silently dropped.
+What user code is handed is read-only (:func:`handed`): every numpy array of an observation, a scenario (its
+synthetic scene's too), a NAVSIM ``AgentInput`` or a user world's action, at any depth of tuples, lists, dicts and
+dataclasses, is a view that cannot be written, so a policy that changes its camera frames in place cannot change
+the recorded video, another drive's context or the true world's scene; such a write fails its drive with a line
+saying so. Views cost nothing per step, where copies of every drive's frame history would cost a copy per plan; and
+a write is caught, not silently dropped.
+
+User code named by a setting (a NAVSIM agent's module, a user world's) is imported by :func:`user_class` behind the
+same boundary, under the run's ``policy_timeout_s``: a module that hangs on import is one line, not a hang.
 """
 
 from __future__ import annotations
@@ -51,14 +56,20 @@ class UserCall:
             except BaseException as err:  # noqa: BLE001  (handed to result(), which judges it)
                 self._future.set_exception(err)
 
-    def result(self, timeout_s: float) -> Any:
-        """The call's value once it returns, at most ``timeout_s`` after it started; otherwise
-        :class:`UserCodeError` (``KeyboardInterrupt`` raised by the call propagates)."""
+    def returned(self, timeout_s: float) -> Any:
+        """The call's value once it returns, at most ``timeout_s`` after it started, or what it raised, raised here
+        as it is (for a caller that words it itself); :class:`UserCodeError` when it has not returned by then."""
         try:
             return self._future.result(timeout=max(0.0, self.started + timeout_s - time.perf_counter()))
         except FuturesTimeout:
             raise UserCodeError(f"{self.who} timed out after {timeout_s:g} s in {self.call}") from None
-        except KeyboardInterrupt:
+
+    def result(self, timeout_s: float) -> Any:
+        """The call's value once it returns, at most ``timeout_s`` after it started; otherwise
+        :class:`UserCodeError` (``KeyboardInterrupt`` raised by the call propagates)."""
+        try:
+            return self.returned(timeout_s)
+        except (UserCodeError, KeyboardInterrupt):
             raise
         except BaseException as err:  # noqa: BLE001  (SystemExit included: user code does not end the run)
             raise UserCodeError(f"{self.who} failed in {self.call}: {reason(err)}") from None
@@ -75,7 +86,7 @@ def reason(err: BaseException) -> str:
         return f"it called sys.exit({err.code!r})"
     line = error_line(err)
     if isinstance(err, ValueError) and "read-only" in str(err):
-        line += " (what a policy is handed is read-only: copy an array before changing it)"
+        line += " (what user code is handed is read-only: copy an array before changing it)"
     return line
 
 
@@ -87,24 +98,29 @@ def read_only(array: np.ndarray) -> np.ndarray:
 
 
 def handed(value: Any) -> Any:
-    """The frozen dataclass ``value`` (an observation, a scenario) as user code gets it: each numpy array field,
-    and each tuple of arrays, as read-only views; the rest as it is."""
-    def frozen(item: Any) -> Any:
-        if isinstance(item, np.ndarray):
-            return read_only(item)
-        if isinstance(item, tuple) and item and all(isinstance(x, np.ndarray) for x in item):
-            return tuple(read_only(x) for x in item)
-        return item
+    """``value`` as user code gets it: every numpy array in it a read-only view, at any depth of tuples, lists,
+    dicts and dataclasses (rebuilt around the views, so a list or dict that user code changes is its own); anything
+    else as it is."""
+    if isinstance(value, np.ndarray):
+        return read_only(value)
+    if type(value) in (tuple, list):
+        return type(value)(handed(item) for item in value)
+    if type(value) is dict:
+        return {key: handed(item) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: handed(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
 
-    return dataclasses.replace(value, **{f.name: frozen(getattr(value, f.name))
-                                         for f in dataclasses.fields(value) if f.init})
 
-
-def user_class(module: str, name: str, where: str, fix: str) -> type:
-    """The class ``module.name`` of user code, imported now; ``where`` opens the one line of a failure (the setting
-    and what it names), ``fix`` says what to give instead."""
+def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -> type:
+    """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``); ``where``
+    opens the one line of a failure (the setting and what it names), ``fix`` says what to give instead."""
     try:
-        loaded = importlib.import_module(module)
+        loaded = UserCall(f"{where}: importing {module}", "its import", importlib.import_module, module).returned(
+            timeout_s)
+    except UserCodeError as err:
+        raise TerraInputError(f"{err}; fix the module, or raise policy_timeout_s if its import is slow") from None
     except ImportError as err:
         raise TerraInputError(f"{where} ({type(err).__name__}: {err}); {fix}, importable here (PYTHONPATH)") from None
     except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)

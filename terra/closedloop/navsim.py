@@ -8,7 +8,8 @@ unknown), ``cameras`` (``Cameras`` with the front camera ``cam_f0`` holding the 
 the seven others empty) and ``lidars`` (empty ``Lidar``), for ``num_history_frames`` frames at NAVSIM's 2 Hz
 (0.5 s apart; the newest last). NAVSIM's own dataclasses are used when ``navsim`` (autonomousvision/navsim, not on
 PyPI) is importable; otherwise dataclasses of the same names and fields from this module, which such an agent
-reads the same way. The agent's ``Trajectory`` (``poses [N, 3]`` at ``trajectory_sampling.interval_length``)
+reads the same way. The agent is handed the ``AgentInput`` read-only (terra/closedloop/guard.py, ``handed``: its
+frames and every array of it), and its ``Trajectory`` (``poses [N, 3]`` at ``trajectory_sampling.interval_length``)
 becomes the plan.
 
 The agent's contract is honoured before it drives: its ``get_sensor_config()`` may ask for ``cam_f0`` (every history
@@ -28,7 +29,7 @@ from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
 
-from terra.closedloop.guard import reason, user_class
+from terra.closedloop.guard import UserCall, UserCodeError, handed, reason, user_class
 from terra.closedloop.plans import Observation, Plan
 from terra.config.checks import check_number, check_whole_number
 from terra.core.errors import TerraInputError
@@ -165,24 +166,25 @@ def sampling_class() -> type:
         return TrajectorySampling
 
 
-def agent_class(entry: str) -> type:
-    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported now; one line otherwise."""
+def agent_class(entry: str, timeout_s: float) -> type:
+    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported now (within
+    ``timeout_s``); one line otherwise."""
     module, _, name = entry[len("navsim:"):].rpartition(":")
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
     if not module or not name:
         raise TerraInputError(f"{where}: give navsim:package.module:Class")
-    found = user_class(module, name, where, "give navsim:package.module:Class")
-    return found
+    return user_class(module, name, where, "give navsim:package.module:Class", timeout_s)
 
 
-def agent_factory(entry: str, args: Mapping[str, Any] | None = None) -> Callable[[], Any]:
+def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Callable[[], Any]:
     """A builder of the agent ``navsim:MODULE:CLASS`` names, one per drive, with ``args`` (``navsim_args.CLASS``)
     as its keyword arguments, checked now: imported, the arguments against the constructor, one agent built and
-    checked as :class:`NavsimPolicy` checks it; one line otherwise. A ``trajectory_sampling`` given as a mapping
+    checked as :class:`NavsimPolicy` checks it (the import and the build each within ``timeout_s``, behind
+    terra/closedloop/guard.py's boundary); one line otherwise. A ``trajectory_sampling`` given as a mapping
     becomes a :func:`sampling_class` (``{time_horizon: 4, interval_length: 0.5}``), and a constructor that needs one
     gets NAVSIM's default when none is given; values holding Hydra ``_target_`` nodes (e.g. NAVSIM's
     ``TransfuserConfig``) are instantiated for each agent, as NAVSIM's own agent configs are."""
-    cls = agent_class(entry)
+    cls = agent_class(entry, timeout_s)
     name = cls.__name__
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
     args = dict(args or {})
@@ -219,7 +221,9 @@ def agent_factory(entry: str, args: Mapping[str, Any] | None = None) -> Callable
         return cls(**kwargs)
 
     try:
-        NavsimPolicy(build(), name)
+        UserCall(f"{where}: {name}", "its trial build", lambda: NavsimPolicy(build(), name)).returned(timeout_s)
+    except UserCodeError as err:
+        raise TerraInputError(f"{err}; fix the agent, or raise policy_timeout_s if it builds slowly") from None
     except TerraInputError as err:
         raise TerraInputError(f"{where}: {err}") from None
     except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's constructor failed: its line, no trace)
@@ -310,7 +314,7 @@ class NavsimPolicy:
         return classes.AgentInput(statuses, cameras, [classes.Lidar() for _ in picks])
 
     def plan(self, observation: Observation) -> Plan:
-        trajectory = self.agent.compute_trajectory(self.agent_input(observation))
+        trajectory = self.agent.compute_trajectory(handed(self.agent_input(observation)))
         sampling = trajectory.trajectory_sampling
         return Plan.trajectory(np.asarray(trajectory.poses, dtype=np.float64), dt=float(sampling.interval_length))
 

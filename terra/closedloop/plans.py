@@ -6,6 +6,11 @@ rig): a trajectory of poses (NAVSIM's 8 poses at 0.5 s, AlpaSim's rig-frame traj
 timestamps), or the world model's own ``[6, 3]`` action (its points at the action times). The drive's vehicle
 follows it (terra/closedloop/motion.py, reading it as terra/closedloop/reference.py does), and the world model is
 shown the motion the vehicle forecasts.
+
+A plan is checked once, when it is built, wherever it comes from (a policy's answer, a NAVSIM agent's trajectory, a
+gRPC driver's poses: :meth:`Plan.from_quaternions`): shapes, increasing times, finite values within
+:data:`MAX_POSITION_M` (actions within the world model's reach), rotations that are rotations. A plan holds copies
+of what it was built from, read-only: the policy that made it cannot change it afterwards, nor can anything else.
 """
 
 from __future__ import annotations
@@ -13,20 +18,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import math
+
 import numpy as np
 
 from terra.core.errors import TerraInputError
+from terra.generation.actions import finite_array, in_reach
+from terra.inputs.ego_motion import to_ego
 
 NAVSIM_DT_S = 0.5  # NAVSIM's trajectory sampling: 8 poses over 4 s
 NAVSIM_POSES = 8
 COMMANDS = ("left", "straight", "right", "unknown")  # NAVSIM's driving command, one-hot in this order
+MAX_POSITION_M = 1e7  # |x|, |y| (and |heading|, rad) of a plan's poses: beyond it nonsense that overflows geometry
+MIN_QUATERNION_NORM = 1e-6  # below it a pose's quaternion is no rotation (carla_driver_interface reads it as none)
 
 
 @dataclass(frozen=True)
 class Plan:
     """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` seconds after now, or ``actions
-    [6, 3]``. Shapes and times are checked when it is built; the numbers when a vehicle reads it
-    (terra/closedloop/reference.py)."""
+    [6, 3]``; checked when it is built (one line naming the problem), its arrays read-only copies."""
 
     poses: np.ndarray | None = None
     times: np.ndarray | None = None
@@ -37,22 +47,47 @@ class Plan:
             actions = _array(self.actions, "plan actions")
             if actions.shape != (6, 3) or self.poses is not None:
                 raise TerraInputError(f"plan actions must have shape [6, 3] and come alone, got {list(actions.shape)}")
-            object.__setattr__(self, "actions", actions)
+            in_reach(finite_array(actions, "plan actions"), "plan actions")
+            object.__setattr__(self, "actions", _frozen(actions))
             return
         poses = _array(self.poses, "plan poses")
         if poses.ndim != 2 or poses.shape[1] not in (2, 3) or not len(poses):
             raise TerraInputError(f"plan poses must have shape [N, 2|3] (x, y[, heading]), got {list(poses.shape)}")
+        _check_poses(poses)
         times = _array(self.times, "plan times").reshape(-1)
         if len(times) != len(poses) or not np.all(np.isfinite(times)) or times[0] <= 0 or np.any(np.diff(times) <= 0):
             raise TerraInputError(f"plan times must be {len(poses)} increasing seconds after now, the first above 0")
-        object.__setattr__(self, "poses", poses)
-        object.__setattr__(self, "times", times)
+        object.__setattr__(self, "poses", _frozen(poses))
+        object.__setattr__(self, "times", _frozen(times))
 
     @classmethod
     def trajectory(cls, poses: Any, dt: float = NAVSIM_DT_S, times: Any = None) -> "Plan":
         """Poses ``[N, 2|3]`` (heading along the path when left out) at ``dt, 2 dt, ...`` or at ``times``."""
         poses = _array(poses, "plan poses")
         return cls(poses=poses, times=np.arange(1, len(poses) + 1) * float(dt) if times is None else times)
+
+    @classmethod
+    def from_quaternions(cls, positions: Any, quaternions: Any, times: Any, origin: Any) -> "Plan":
+        """Poses given as ``positions [N, 2|3]`` (x, y[, z]) and rotations ``quaternions [N, 4]`` (x, y, z, w) in a
+        frame where the car stands at ``origin`` (x, y, yaw) now (a gRPC driver's answer:
+        terra/closedloop/egodriver.py), at ``times``: the plan of those poses in the car's ego frame, each heading
+        its rotation's yaw. A position that is not finite or lies beyond :data:`MAX_POSITION_M`, and a quaternion
+        that is not finite or has a norm below :data:`MIN_QUATERNION_NORM` (no rotation), are refused as given,
+        naming the pose."""
+        from scipy.spatial.transform import Rotation
+
+        positions, quaternions = _array(positions, "plan positions"), _array(quaternions, "plan quaternions")
+        if positions.ndim != 2 or positions.shape[1] not in (2, 3) or quaternions.shape != (len(positions), 4):
+            raise TerraInputError(f"plan positions [N, 2|3] and quaternions [N, 4] must come in pairs, got "
+                                  f"{list(positions.shape)} and {list(quaternions.shape)}")
+        _check_poses(positions)
+        for k, quaternion in enumerate(quaternions.tolist()):
+            norm = math.hypot(*quaternion)
+            if not (math.isfinite(norm) and norm >= MIN_QUATERNION_NORM):
+                raise TerraInputError(f"plan pose {k} has a degenerate rotation (a quaternion of norm {norm:g}); "
+                                      "give unit quaternions")
+        yaws = Rotation.from_quat(quaternions).as_euler("ZYX")[:, 0] - float(origin[2])
+        return cls(poses=np.c_[to_ego(positions[:, :2], origin), np.arctan2(np.sin(yaws), np.cos(yaws))], times=times)
 
     def to_json(self) -> dict:
         if self.actions is not None:
@@ -84,6 +119,24 @@ def _array(value: Any, what: str) -> np.ndarray:
         return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
         raise TerraInputError(f"{what} must be an array of numbers (got {type(value).__name__})") from None
+
+
+def _check_poses(poses: np.ndarray) -> None:
+    """Refuse poses ``[N, 2|3]`` holding a value that is not finite or lies beyond :data:`MAX_POSITION_M`, naming
+    the first such pose."""
+    bad = ~np.all(np.isfinite(poses) & (np.abs(poses) <= MAX_POSITION_M), axis=1)
+    if bad.any():
+        k = int(np.argmax(bad))
+        shown = ", ".join(f"{v:g}" for v in poses[k].tolist())
+        raise TerraInputError(f"plan pose {k} is ({shown}), not finite numbers within {MAX_POSITION_M:g} m (and "
+                              "rad); give poses in the car's frame, in metres")
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``values``: the plan's own."""
+    owned = np.array(values, dtype=np.float64)
+    owned.flags.writeable = False
+    return owned
 
 
 @dataclass(frozen=True)

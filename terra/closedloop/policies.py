@@ -94,18 +94,21 @@ class Bias:
         self.policy.close()
 
 
-def _contract(name: str) -> Callable[[], Policy]:
+CONTRACT_POLICIES = ("route_follower", "constant_speed")  # the egodriver contract's, driven over it in process
+
+
+def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
+    """The contract's reference policy ``name`` over the contract in process, each call within ``timeout_s``."""
     def make() -> Policy:
         from terra.closedloop.egodriver import in_process, reference_driver
 
-        return in_process(reference_driver(name, CRUISE_SPEED_MPS), name)
+        return in_process(reference_driver(name, CRUISE_SPEED_MPS), name, timeout_s)
 
     return make
 
 
 REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
-    "route_follower": _contract("route_follower"),
-    "constant_speed": _contract("constant_speed"),
+    **{name: _contract(name) for name in CONTRACT_POLICIES},
     "lane_follower": lambda: LaneFollower(CRUISE_SPEED_MPS),
     "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 5, "lane_follower_latency"),
     "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
@@ -154,9 +157,10 @@ def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 
                      args: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Callable[[], Policy]]:
     """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now: a reference
     policy, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of AlpaSim's egodriver contract,
-    terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``, each session's seed from the run's
-    ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent class, imported here and built with ``args[name]``
-    (:func:`policy_args`): terra/closedloop/navsim.py)."""
+    terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
+    policies' calls are; each session's seed from the run's ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent
+    class, imported and built here within ``timeout_s``, with ``args[name]`` (:func:`policy_args`):
+    terra/closedloop/navsim.py)."""
     args = args or {}
     return {name: _factory(name, timeout_s, seed, args.get(name)) for name in names}
 
@@ -177,7 +181,7 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
         from terra.closedloop.navsim import agent_factory
 
         name = entry.rpartition(":")[2]
-        build = agent_factory(entry, args)  # imported, built and checked now, before any drive
+        build = agent_factory(entry, args, timeout_s)  # imported, built and checked now, before any drive
 
         def agent() -> Policy:
             from terra.closedloop.navsim import NavsimPolicy
@@ -188,4 +192,4 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
     if entry not in REFERENCE_POLICIES:
         raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
                               f"{ALL_REFERENCE}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
-    return REFERENCE_POLICIES[entry]
+    return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else REFERENCE_POLICIES[entry]

@@ -34,7 +34,8 @@ class OpenWorlds:
 
 def open_worlds(settings: DriveSettings) -> OpenWorlds:
     """The worlds ``settings.world`` names, on the device its settings choose (once: terra/pipeline.py,
-    ``resolve_run``); the world model's checkpoint and window are checked against the settings before it loads."""
+    ``resolve_run``); the world model's checkpoint and window are checked against the settings before it loads, and
+    the user's worlds built before it (terra/closedloop/user_world.py)."""
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.tokenizer import load_tokenizer
 
@@ -42,17 +43,18 @@ def open_worlds(settings: DriveSettings) -> OpenWorlds:
     spec = run.spec
     tokenizer = load_tokenizer(spec.tokenizer)
     size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
-    opened = OpenWorlds({}, size)
     worlds = settings.worlds
+    users = {name: UserWorld(*settings.user_worlds[name], size, settings.policy_timeout_s)  # before the model loads:
+             for name in worlds if name in settings.user_worlds}  # a constructor that fails is one line (exit 2)
+    opened = OpenWorlds({}, size)
     if set(worlds) & set(MODEL_WORLDS):
         opened.worlds["model"] = ModelWorld(WorldModelPipeline.from_run(run, tokenizer), spec.sampling, spec.overlap)
     try:
         for name in worlds:
             if name == TRUTH:
                 opened.worlds[name] = TrueWorld(size)
-            elif name in settings.user_worlds:
-                entry, cls = settings.user_worlds[name]
-                opened.worlds[name] = UserWorld(entry, cls, size, settings.policy_timeout_s)
+            elif name in users:
+                opened.worlds[name] = users[name]
             elif name != "model":
                 opened.worlds[name] = control_world(name, size, opened.worlds.get("model"))
     except BaseException:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.generation.actions import ACTION_TIMES, finite_array
+from terra.generation.actions import ACTION_TIMES
 
 SUBSEGMENTS = 8  # path points per segment between two poses
 EXTENSION_M = 1000.0  # the straight path beyond the last pose (further than any look-ahead goes in a forecast)
@@ -49,11 +49,11 @@ class Reference:
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Reference":
-        """The reference of ``plan``; a plan holding NaN or inf is refused with one line."""
+        """The reference of ``plan`` (its values finite and in bounds: checked when it was built)."""
         if plan.actions is not None:
-            times, poses = ACTION_TIMES.astype(np.float64), finite_array(plan.actions, "plan actions")[:, [1, 0]]
+            times, poses = ACTION_TIMES.astype(np.float64), plan.actions[:, [1, 0]]
         else:
-            times, poses = plan.times, finite_array(plan.poses, "plan poses")
+            times, poses = plan.times, plan.poses
         vertices = np.concatenate([np.zeros((1, 2)), poses[:, :2]])
         tangents = _headings(vertices)
         yaws = np.unwrap(tangents if poses.shape[1] == 2 else np.r_[0.0, poses[:, 2]])

@@ -38,6 +38,7 @@ ROUTE_AHEAD_M = 60.0  # route points ahead of the car
 ROUTE_STEP_M = 2.0
 COMMAND_TURN_M = 2.0  # the route 20 m ahead this far to a side is a turn
 SCENE_LENGTH_M = 600.0
+ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its nearest centreline point this finely
 SYNTHETIC = "synthetic"  # the scenarios setting of the synthetic world's scenarios
 Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (terra/config/output_dir.py)
 
@@ -71,14 +72,24 @@ class Scenario:
     def left_scene(self, pose: np.ndarray) -> str | None:
         """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is
         not known): at or past an end of the synthetic road (its front at the road's end: a route follower stops
-        there), or farther from it than the world draws."""
+        there), or farther from it than the world draws. Where no segment's perpendicular reaches the car (beyond
+        the centre of a bend, far to its side), its nearest point of the centreline sampled every
+        :data:`ROAD_SAMPLE_M` says which."""
         if self.scene is None:
             return None
-        s, d = self.scene.road_coords(np.array([float(pose[0])]), np.array([float(pose[1])]))
-        if not np.isfinite(d[0]) or s[0] >= self.scene.length_m - EGO_LENGTH_M / 2:
+        x, y = float(pose[0]), float(pose[1])
+        s, d = (float(v[0]) for v in self.scene.road_coords(np.array([x]), np.array([y])))
+        beyond = False
+        if not np.isfinite(d):  # no segment's perpendicular reaches the car (past an end, or a bend's centre)
+            along = np.linspace(0.0, self.scene.length_m, int(self.scene.length_m / ROAD_SAMPLE_M) + 1)
+            points = self.scene.road_pose(along)
+            gaps = np.hypot(points[:, 0] - x, points[:, 1] - y)
+            nearest = int(np.argmin(gaps))
+            s, d, beyond = float(along[nearest]), float(gaps[nearest]), nearest in (0, len(along) - 1)
+        if beyond or s >= self.scene.length_m - EGO_LENGTH_M / 2:
             return f"the car reached an end of the scene's {self.scene.length_m:.0f} m road"
-        if abs(d[0]) > FAR_M:
-            return f"the car left the scene, {abs(d[0]):.0f} m from the road (the world draws {FAR_M:.0f} m)"
+        if abs(d) > FAR_M:
+            return f"the car left the scene, {abs(d):.0f} m from the road (the world draws {FAR_M:.0f} m)"
         return None
 
 

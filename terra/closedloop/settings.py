@@ -2,8 +2,9 @@
 
 :func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings`: the model and engine settings as
 a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
-once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here), the
-scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
+once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here, each within
+``policy_timeout_s``), a world of the user's imported and its constructor read (terra/closedloop/user_world.py),
+the scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
 decoded), this shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output
 folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator,
 and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
@@ -136,14 +137,15 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
                               f"(or {ALL_REFERENCE})")
     names = policy_names(entries)
     args = policy_args(names, select(cfg, "navsim_args"))
-    policies = policy_factories(names, float(values["policy_timeout_s"]), values["seed"], args)
+    timeout_s = float(values["policy_timeout_s"])
+    policies = policy_factories(names, timeout_s, values["seed"], args)
     world, user_worlds = select(cfg, "world"), {}
     if isinstance(world, str) and is_world_target(world):
-        user_worlds[world_name(world)] = (world, world_class(world, "world"))
+        user_worlds[world_name(world)] = (world, world_class(world, "world", timeout_s))
         world = world_name(world)
     else:
         world = check_choice(world, "world", WORLDS)
-    controls = _controls(select(cfg, "controls"), user_worlds) if world == "both" else ()
+    controls = _controls(select(cfg, "controls"), user_worlds, timeout_s) if world == "both" else ()
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
     executor = check_executor(select(cfg, "executor"))
@@ -183,9 +185,9 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
         ray, videos, output, fidelity)
 
 
-def _controls(value, user_worlds: dict[str, tuple[str, type]]) -> tuple[str, ...]:
+def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float) -> tuple[str, ...]:
     """The ``controls`` setting: built-in control worlds (or ``all``) and worlds of the user's (``module:Class``,
-    imported now into ``user_worlds``), as world names."""
+    imported now into ``user_worlds``, each within ``timeout_s``), as world names."""
     entries = [value] if isinstance(value, str) else list(value or [])
     if not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "
@@ -195,7 +197,7 @@ def _controls(value, user_worlds: dict[str, tuple[str, type]]) -> tuple[str, ...
         if entry == "all":
             names += CONTROL_WORLDS
         elif is_world_target(entry):
-            user_worlds[world_name(entry)] = (entry, world_class(entry, "controls"))
+            user_worlds[world_name(entry)] = (entry, world_class(entry, "controls", timeout_s))
             names.append(world_name(entry))
         else:
             names.append(check_choice(entry, "controls", (*CONTROL_WORLDS, "all")))

@@ -1,6 +1,7 @@
 """Helpers the closed-loop tests share: a real gRPC server on loopback (:func:`grpc_server`), an egodriver driver
-behind it that records what it received and misbehaves as told (:class:`LoopbackDriver`), and terra-drive's
-settings made in process (:func:`drive_settings_of`)."""
+behind it that records what it received and misbehaves as told (:class:`LoopbackDriver`), modules of user code
+written for a test (:func:`importable_modules`), and terra-drive's settings made in process
+(:func:`drive_settings_of`)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,15 @@ def grpc_server(servicer=None, garbage: bool = False):
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(grace=0)
+
+
+def importable_modules(folder: Path, texts: dict[str, str], monkeypatch) -> Path:
+    """``folder`` holding a module ``NAME.py`` per entry of ``texts``, importable for the test (on ``sys.path``)."""
+    folder.mkdir()
+    for name, text in texts.items():
+        (folder / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
 
 
 def drive_settings_of(out: Path, *overrides: str):

@@ -52,7 +52,7 @@ from terra.config.ray_settings import check_executor
 from terra.core.atomic import MARKER, owner
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose, to_ego
-from tests.closedloop.conftest import LoopbackDriver, drive_settings_of, grpc_server
+from tests.closedloop.conftest import LoopbackDriver, drive_settings_of, grpc_server, importable_modules
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -247,7 +247,7 @@ def test_an_agent_that_exits_or_paints_its_frames_fails_its_drive_and_changes_no
     assert result.counts == {"ok": 2, "failed": 8, "skipped": 0}
     records = {r["drive"]: r for r in read_manifest(tmp_path / "run" / "manifest.jsonl")}
     assert len(records) == 10
-    read_only = "assignment destination is read-only (what a policy is handed is read-only: copy an array"
+    read_only = "assignment destination is read-only (what user code is handed is read-only: copy an array"
     for scenario, images in zip(scenarios, clean):
         np.testing.assert_array_equal(scenario.images, images)  # no drive changed a scenario
         expected = {"exits": "policy exits failed in plan at step 1: it called sys.exit(3)",
@@ -272,27 +272,34 @@ def driven(target: str, timeout_s: float, steps: int = 2):
     return drive, time.perf_counter() - started
 
 
+def overran(line: str, call: str) -> bool:
+    """Whether ``line`` is the one line of a driver call that overran its 2 s in ``call``: the boundary's own
+    (terra/closedloop/guard.py) or, when gRPC's deadline of the same 2 s fires first, gRPC's."""
+    return re.fullmatch(rf"policy remote (timed out after 2 s in {call}|failed in {call}: driver at \S+: "
+                        r"DEADLINE_EXCEEDED: Deadline Exceeded)", line) is not None
+
+
 @pytest.mark.parametrize("hang, call", [("get_version", "reset"), ("start_session", "reset"),
                                         ("drive", "plan at step 0")])
 def test_a_driver_that_never_answers_costs_its_drive_the_deadline_and_no_more(release, hang, call):
     with grpc_server(LoopbackDriver(release, hang=hang)) as target:
         drive, took = driven(target, 2.0)
-    assert not drive.ok and drive.error.startswith(f"policy remote timed out after 2 s in {call}"), drive.error
-    assert took < 2 * 2.0 + 15, took  # the call and the close, not 30 s each
+    assert not drive.ok and overran(drive.error, call), drive.error
+    assert took < 10, took  # the hung call's deadline and a prompt close, not 30 s each
 
 
 def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_path):
     with grpc_server(LoopbackDriver(release, hang="close_session")) as target:
         drive, took = driven(target, 2.0)
-    assert drive.ok and drive.steps == 2 and took < 2.0 + 15, (drive.error, took)
-    assert drive.warnings == ["policy remote timed out after 2 s in close"]
+    assert drive.ok and drive.steps == 2 and took < 10, (drive.error, took)
+    assert len(drive.warnings) == 1 and overran(drive.warnings[0], "close"), drive.warnings
 
 
 @pytest.mark.parametrize("poses, text", [
     ([(0.8, 0, 0, 0, 0, 0, 0)] * 3, "pose 0 has a degenerate rotation (a quaternion of norm 0)"),
     ([(0.8, 0, 0, float("nan"), 0, 0, 1)], "pose 0 has a degenerate rotation (a quaternion of norm nan)"),
-    ([(0.8, 0, 0, 0, 0, 0, 1), (float("inf"), 0, 0, 0, 0, 0, 1)], "pose 1 is at (inf, 0, 0), not a finite"),
-    ([(1e20, 0, 0, 1e20, 1e20, 0, 0)], "pose 0 is at (1e+20, 0, 0), not a finite position within 1e+07 m"),
+    ([(0.8, 0, 0, 0, 0, 0, 1), (float("inf"), 0, 0, 0, 0, 0, 1)], "pose 1 is (inf, 0, 0), not finite numbers"),
+    ([(1e20, 0, 0, 1e20, 1e20, 0, 0)], "pose 0 is (1e+20, 0, 0), not finite numbers within 1e+07 m"),
 ])
 def test_a_driver_plan_of_degenerate_poses_fails_its_drive(release, poses, text):
     with warnings.catch_warnings():
@@ -300,8 +307,8 @@ def test_a_driver_plan_of_degenerate_poses_fails_its_drive(release, poses, text)
         with grpc_server(LoopbackDriver(release, poses=poses)) as target:
             drive, _ = driven(target, 5.0)
     assert not drive.ok and drive.steps == 0
-    assert drive.error.startswith(f"policy remote failed in plan at step 0: driver at {target} answered a plan whose "
-                                  f"{text}"), drive.error
+    assert drive.error.startswith(f"policy remote failed in plan at step 0: driver at {target} answered a bad plan: "
+                                  f"plan {text}"), drive.error
 
 
 def test_driver_errors_are_one_line_without_rpc_reprs():
@@ -386,12 +393,7 @@ AGENTS = {  # modules of NAVSIM agents, hostile at import or as classes
 
 @pytest.fixture
 def agents(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "agents"
-    folder.mkdir()
-    for name, text in AGENTS.items():
-        (folder / f"{name}.py").write_text(text)
-    monkeypatch.syspath_prepend(str(folder))
-    return folder
+    return importable_modules(tmp_path / "agents", AGENTS, monkeypatch)
 
 
 @pytest.mark.parametrize("entry, text", [

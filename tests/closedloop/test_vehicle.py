@@ -244,5 +244,5 @@ def test_forecast_leaves_the_car_where_it_is_and_step_is_its_first_frame(kind):
 
 
 def test_a_plan_with_nan_is_refused_with_one_line():
-    with pytest.raises(TerraInputError, match="plan poses: holds NaN or inf"):
+    with pytest.raises(TerraInputError, match=r"^plan pose 0 is \(1, nan\), not finite numbers within 1e\+07 m"):
         BicycleVehicle(5.0).step(Plan.trajectory([[1.0, float("nan")]], times=[0.1]))
