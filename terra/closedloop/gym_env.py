@@ -1,24 +1,29 @@
 """The loop as a ``gymnasium`` environment: :class:`DriveEnv` (one drive) and :class:`DriveVectorEnv` (many drives
-stepped together on one world, so a world model's engine batches them).
+stepped together on one world, so a world model's engine batches them), registered as :data:`ENV_ID` when this
+module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_vec("terra/Drive-v0", num_envs=8)``
+(or ``gymnasium.make("terra.closedloop.gym_env:terra/Drive-v0")``, which imports it).
 
+* the world: ``world="truth"`` (the default: the synthetic world rendered at the car's pose, terra/closedloop/worlds.py)
+  or a :class:`~terra.closedloop.worlds.World` of the caller's (``ModelWorld(pipeline)``: the world model); the
+  scenarios: a list of the caller's, else ``num_scenarios`` synthetic ones drawn with ``scenario_seed`` at
+  ``image_size`` (terra-drive's settings of the same names, conf/drive.yaml);
 * ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
   the world model's sampling seeded from ``seed``;
-* ``step(plan)``: the action space is NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame
-  (any form :func:`~terra.closedloop.plans.as_plan` reads is taken too); it goes to the drive's vehicle as in the
-  loop (terra/closedloop/loop.py; ``vehicle``: terra/closedloop/motion.py), which moves the car and forecasts the
-  world model's action;
-* observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2],
-  "command": NAVSIM's one-hot [left, straight, right, unknown]}``;
-* reward: metres driven forward in the step (along the previous heading); ``terminated`` when the car leaves the
-  road or hits a parked car (synthetic scenarios: terra/closedloop/truth.py), ``truncated`` after ``num_steps``;
-  ``info`` holds the pose and, in the synthetic world, the lane offset;
+* ``step(action)``: the action (``action_mode``: ``control``, normalized steering and acceleration, or ``plan``,
+  NAVSIM's trajectory; terra/closedloop/gym_spaces.py) goes to the drive's ``vehicle`` (terra/closedloop/motion.py),
+  which moves the car and forecasts the world model's action, as in the loop (terra/closedloop/loop.py);
+* observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym_spaces.py;
+  ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios: terra/closedloop/truth.py),
+  ``truncated`` after ``num_steps`` or when the car leaves the scene (``Scenario.left_scene``); ``info`` holds the
+  pose and, in the synthetic world, the lane offset (and ``ended``: why the drive ended early);
 * ``render()``: the newest frame (``render_mode="rgb_array"``).
 
 Bad calls are refused as gymnasium's own envs refuse them, in one line, before anything changes: an action that is
-no plan raises ``gymnasium.error.InvalidAction``, ``step()`` before ``reset()`` or after the drive ended
-(terminated or truncated) ``gymnasium.error.ResetNeeded``, a bad scenario index, reset option, seed list or
-``num_steps`` / ``num_envs`` a :class:`~terra.core.errors.TerraInputError` (a ``ValueError``). The vector env
-checks every action of a step before it moves any drive: a refused step changes no env.
+not one of the action space's raises ``gymnasium.error.InvalidAction``, ``step()`` before ``reset()``, after the
+drive ended (terminated or truncated) or after a step the world failed ``gymnasium.error.ResetNeeded``, a bad
+setting, scenario index, reset option or seed list a :class:`~terra.core.errors.TerraInputError` (a
+``ValueError``). The vector env checks every action of a step before it moves any drive: a refused step changes no
+env.
 """
 
 from __future__ import annotations
@@ -27,31 +32,38 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 from gymnasium.error import InvalidAction, ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
+from terra.closedloop.gym_spaces import (
+    ACTION_MODES,
+    REWARDS,
+    action_space,
+    decode,
+    observation,
+    observation_space,
+    reward_of,
+)
 from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
 from terra.closedloop.motion import VEHICLES
-from terra.closedloop.plans import NAVSIM_POSES, Plan, as_plan
-from terra.closedloop.scenarios import Scenario
+from terra.closedloop.plans import Plan
+from terra.closedloop.scenarios import Scenario, synthetic_scenarios
+from terra.closedloop.settings import SETTINGS
+from terra.closedloop.tracking import Controls
 from terra.closedloop.truth import truth_metrics
-from terra.closedloop.worlds import World
-from terra.config.checks import MAX_FRAMES, MAX_SEED, check_choice, check_whole_number
-from terra.core.errors import TerraInputError, error_line
-from terra.inputs.ego_motion import to_ego
+from terra.closedloop.worlds import TRUTH, TrueWorld, World
+from terra.config.checks import MAX_SEED, check_choice, check_whole_number
+from terra.core.errors import TerraInputError
 
-# Plans a random sample of the action space gives stay within a car's reach (100 m/s between samples).
-PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
-PLAN_HIGH = np.tile(np.array([30.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
-# Largest speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) between two frames any plan can command.
-EGO_LIMIT = np.array([100.0, 100.0, 2000.0], dtype=np.float32)
+ENV_ID = "terra/Drive-v0"  # gymnasium's id of both envs (the vector env: its vector_entry_point)
 RESET_OPTIONS = ("scenario",)  # what reset(options=...) takes
+IMAGE_SIZE = (72, 128)  # the synthetic scenarios' frames (height, width) when none are given
+MAX_PIXELS = 4096  # largest image_size side
 
 
 class _Driver:
-    """The env's stand-in policy: the plan comes from ``step``."""
+    """The env's stand-in policy: the action comes from ``step``."""
 
     name = "gym"
 
@@ -62,32 +74,45 @@ class _Driver:
         pass
 
 
-def _spaces(height: int, width: int) -> tuple[spaces.Dict, spaces.Box]:
-    observation = spaces.Dict({
-        "frame": spaces.Box(0, 255, (height, width, 3), np.uint8),
-        "ego": spaces.Box(np.array([0.0, -EGO_LIMIT[1], -EGO_LIMIT[2]], np.float32), EGO_LIMIT),
-        "command": spaces.Box(0, 1, (4,), np.int64),
-    })
-    return observation, spaces.Box(PLAN_LOW, PLAN_HIGH, dtype=np.float32)
-
-
-def _observation(drive: Drive) -> dict[str, np.ndarray]:
-    obs = drive.observation(1)
-    return {"frame": np.array(obs.frame, dtype=np.uint8),  # a copy: users keep what they are given
-            "ego": np.array([obs.ego.speed_mps, obs.ego.yaw_rate, obs.ego.accel_mps2], dtype=np.float32),
-            "command": obs.ego.command_one_hot()}
+def env_scenarios(world: World | str, scenarios: Sequence[Scenario] | None, num_scenarios: int,
+                  scenario_seed: int, image_size: Sequence[int]) -> tuple[World, list[Scenario]]:
+    """The world and the scenarios an env drives (see the module docstring), checked."""
+    if isinstance(world, str) and world != TRUTH:
+        raise TerraInputError(f"world={world!r}: the env builds only the true world ('{TRUTH}'); pass a World "
+                              "for any other, e.g. ModelWorld(pipeline) for the world model")
+    if scenarios is None:
+        size = image_size if isinstance(image_size, (list, tuple)) else None
+        if size is None or len(size) != 2:
+            raise TerraInputError(f"image_size must be (height, width), e.g. image_size={IMAGE_SIZE} (got "
+                                  f"{image_size!r})")
+        size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in size)
+        scenarios = synthetic_scenarios(SETTINGS["num_scenarios"].check(num_scenarios, "num_scenarios"),
+                                        SETTINGS["scenario_seed"].check(scenario_seed, "scenario_seed"), size)
+    if not scenarios:
+        raise TerraInputError("a driving env needs at least one scenario")
+    return (TrueWorld(scenarios[0].images.shape[1:3]) if isinstance(world, str) else world), list(scenarios)
 
 
 class _Drives:
-    """What both envs share: opening a drive on a scenario, stepping drives with plans, their outcome."""
+    """What both envs share: their settings checked, opening a drive on a scenario, stepping drives with actions."""
 
-    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int, vehicle: str) -> None:
-        if not scenarios:
-            raise TerraInputError("a driving env needs at least one scenario")
-        self.world, self.scenarios = world, list(scenarios)
-        self.num_steps = check_whole_number(num_steps, "num_steps", 1, "num_steps=20", MAX_FRAMES)
+    def __init__(self, world: World | str, scenarios: Sequence[Scenario] | None, num_steps: int, vehicle: str,
+                 action_mode: str, reward: str, num_scenarios: int, scenario_seed: int,
+                 image_size: Sequence[int]) -> None:
+        self.num_steps = SETTINGS["num_steps"].check(num_steps, "num_steps")
         self.vehicle = check_choice(vehicle, "vehicle", VEHICLES)
-        self.size = scenarios[0].images.shape[1:3]
+        self.action_mode = check_choice(action_mode, "action_mode", ACTION_MODES)
+        self.reward = check_choice(reward, "reward", REWARDS)
+        if self.action_mode == "control" and self.vehicle != "bicycle":
+            raise TerraInputError(f"action_mode='control' steers the bicycle vehicle; vehicle={vehicle!r} follows "
+                                  "plans only: set vehicle='bicycle' or action_mode='plan'")
+        self.world, self.scenarios = env_scenarios(world, scenarios, num_scenarios, scenario_seed, image_size)
+        if self.reward == "lane_keeping" and any(s.scene is None for s in self.scenarios):
+            raise TerraInputError("reward='lane_keeping' needs synthetic scenarios (their scene knows the lane); "
+                                  "use reward='progress' on others")
+        self.size = self.scenarios[0].images.shape[1:3]
+        self.observation_space = observation_space(*self.size)
+        self.action_space = action_space(self.action_mode)
 
     def scenario_index(self, options: Any) -> int | None:
         """The scenario ``reset(options=...)`` asks for (None: drawn with the seed), checked."""
@@ -113,19 +138,13 @@ class _Drives:
             raise TerraInputError(f"scenario {spec.scenario.id} cannot be driven: {drive.error}")
         return drive
 
-    @staticmethod
-    def command(drive: Drive, action: Any, where: str = "action") -> tuple[Plan, np.ndarray]:
-        """A step's ``action`` as a plan and the world model's action for ``drive`` (its vehicle's forecast; the car
-        does not move yet), or ``InvalidAction`` in one line."""
-        try:
-            plan = as_plan(np.asarray(action, dtype=np.float64) if isinstance(action, np.ndarray) else action)
-            return plan, drive.action_for(plan)
-        except (TerraInputError, TypeError, ValueError) as err:
-            raise InvalidAction(f"{where} is no plan: {error_line(err)}; give {NAVSIM_POSES} poses (x, y, heading) "
-                                "at 0.5 s in the ego frame, as the action space says") from None
+    def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Controls, np.ndarray]:
+        """A step's ``action`` checked (terra/closedloop/gym_spaces.py ``decode``); the car does not move yet."""
+        return decode(self.action_mode, drive, action, where)
 
-    def step(self, drives: list[Drive], commands: Sequence[tuple[Plan, np.ndarray]]) -> list[tuple]:
-        """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info."""
+    def step(self, drives: list[Drive], commands: Sequence[tuple[Plan | Controls, np.ndarray]]) -> list[tuple]:
+        """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info. A
+        frame the world failed to make raises its error (the drives are then half-stepped: reset them)."""
         for drive, (plan, action) in zip(drives, commands):
             drive.command(plan, action)
         frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives],
@@ -136,47 +155,54 @@ class _Drives:
                 raise frame
             before = drive.poses[-1]
             drive.advance(frame)
-            after = drive.poses[-1]
-            reward = float(to_ego(after[:2], before)[0])  # metres forward along the previous heading
-            info: dict[str, Any] = {"pose": after.copy()}
-            terminated = False
-            scene = drive.spec.scenario.scene
+            info: dict[str, Any] = {"pose": drive.poses[-1].copy()}
+            scene, truth, terminated = drive.spec.scenario.scene, None, False
             if scene is not None:
                 truth = truth_metrics(scene, drive.world_poses()[-2:])
                 info["lane_offset_m"] = truth["mean_abs_lane_offset_m"]
                 terminated = truth["off_road"] or truth["collision"]
-            out.append((reward, bool(terminated), drive.steps >= self.num_steps, info))
+                if terminated:
+                    info["ended"] = "the car hit a parked car" if truth["collision"] else "the car left the road"
+            left = drive.spec.scenario.left_scene(drive.reached())
+            if left is not None and not terminated:
+                info["ended"] = left
+            reward = reward_of(self.reward, before, drive.poses[-1], truth)
+            out.append((reward, bool(terminated), drive.steps >= self.num_steps or left is not None, info))
         return out
 
 
 class DriveEnv(gym.Env):
-    """One drive at a time in ``world`` over ``scenarios``, the car a ``vehicle`` (see the module docstring)."""
+    """One drive at a time (see the module docstring for the settings)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, world: World, scenarios: Sequence[Scenario], num_steps: int = 20,
-                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle") -> None:
-        self._drives = _Drives(world, scenarios, num_steps, vehicle)
-        self.observation_space, self.action_space = _spaces(*self._drives.size)
+    def __init__(self, world: World | str = TRUTH, scenarios: Sequence[Scenario] | None = None, num_steps: int = 20,
+                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle", action_mode: str = "control",
+                 reward: str = "progress", num_scenarios: int = 4, scenario_seed: int = 0,
+                 image_size: Sequence[int] = IMAGE_SIZE) -> None:
+        self._drives = _Drives(world, scenarios, num_steps, vehicle, action_mode, reward, num_scenarios,
+                               scenario_seed, image_size)
+        self.observation_space, self.action_space = self._drives.observation_space, self._drives.action_space
         self.render_mode = render_mode
         self.drive: Drive | None = None
-        self._ended = False  # the drive terminated or was truncated: step() needs reset()
+        self._needs_reset: str | None = "no drive yet"  # why step() needs reset() first (None: it does not)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         index = self._drives.scenario_index(options)
         super().reset(seed=seed)
         self.close()
-        self.drive, self._ended = self._drives.open(self.np_random, index), False
-        return _observation(self.drive), {"scenario": self.drive.spec.scenario.id}
+        self.drive = self._drives.open(self.np_random, index)
+        self._needs_reset = None
+        return observation(self.drive), {"scenario": self.drive.spec.scenario.id}
 
     def step(self, action):
-        if self.drive is None or self._ended:
-            raise ResetNeeded("call reset() before step(): " + ("the drive ended (terminated or truncated)"
-                                                                  if self._ended else "no drive yet"))
+        if self._needs_reset is not None:
+            raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
         command = self._drives.command(self.drive, action)
+        self._needs_reset = "the world failed the last step"  # until the step is whole
         [(reward, terminated, truncated, info)] = self._drives.step([self.drive], [command])
-        self._ended = terminated or truncated
-        return _observation(self.drive), reward, terminated, truncated, info
+        self._needs_reset = "the drive ended (terminated or truncated)" if terminated or truncated else None
+        return observation(self.drive), reward, terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
         return None if self.drive is None else np.array(self.drive.frames[-1])
@@ -188,22 +214,27 @@ class DriveEnv(gym.Env):
 
 
 class DriveVectorEnv(VectorEnv):
-    """``num_envs`` drives stepped together in one ``world`` (one batched world step per ``step``); a drive that
-    ends is reset on its next step (gymnasium's next-step autoreset)."""
+    """``num_envs`` drives stepped together in one world (one batched world step per ``step``; the settings as
+    :class:`DriveEnv`'s); a drive that ends is reset on its next step (gymnasium's next-step autoreset)."""
 
-    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, world: World, scenarios: Sequence[Scenario], num_envs: int, num_steps: int = 20,
-                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle") -> None:
-        self._drives = _Drives(world, scenarios, num_steps, vehicle)
-        self.num_envs = check_whole_number(num_envs, "num_envs", 1, "num_envs=4")
-        self.single_observation_space, self.single_action_space = _spaces(*self._drives.size)
+    def __init__(self, world: World | str = TRUTH, scenarios: Sequence[Scenario] | None = None, num_envs: int = 1,
+                 num_steps: int = 20, render_mode: str | None = "rgb_array", vehicle: str = "bicycle",
+                 action_mode: str = "control", reward: str = "progress", num_scenarios: int = 4,
+                 scenario_seed: int = 0, image_size: Sequence[int] = IMAGE_SIZE) -> None:
+        self.num_envs = check_whole_number(num_envs, "num_envs", 1, "num_envs=4", 4096)
+        self._drives = _Drives(world, scenarios, num_steps, vehicle, action_mode, reward, num_scenarios,
+                               scenario_seed, image_size)
+        self.single_observation_space = self._drives.observation_space
+        self.single_action_space = self._drives.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.render_mode = render_mode
         self.drives: list[Drive | None] = [None] * self.num_envs
         self._ended = np.zeros(self.num_envs, dtype=bool)
         self._rngs: list[np.random.Generator] = []
+        self._needs_reset: str | None = "no drives yet"
 
     def _batch(self, observations: list[dict]) -> dict:
         return concatenate(self.single_observation_space, observations,
@@ -223,7 +254,8 @@ class DriveVectorEnv(VectorEnv):
         for i in range(self.num_envs):
             self._reopen(i, index)
         self._ended[:] = False
-        return self._batch([_observation(d) for d in self.drives]), {}
+        self._needs_reset = None
+        return self._batch([observation(d) for d in self.drives]), {}
 
     def _reopen(self, i: int, index: int | None = None) -> None:
         if self.drives[i] is not None:
@@ -231,25 +263,27 @@ class DriveVectorEnv(VectorEnv):
         self.drives[i] = self._drives.open(self._rngs[i], index)
 
     def step(self, actions):
-        if not self._rngs:
-            raise ResetNeeded("call reset() before step()")
+        if self._needs_reset is not None:
+            raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
         count = None if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__") else len(actions)
         if count != self.num_envs:
             raise InvalidAction(f"step() got {'no batch of' if count is None else count} actions for {self.num_envs} "
-                                "envs; give one plan per env")
+                                "envs; give one action per env")
         going = [i for i in range(self.num_envs) if not self._ended[i]]
         # all checked before any moves
         commands = [self._drives.command(self.drives[i], actions[i], f"action {i}") for i in going]
         rewards = np.zeros(self.num_envs)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
+        self._needs_reset = "the world failed the last step"  # until the step is whole
         for i in np.flatnonzero(self._ended):
             self._reopen(int(i))
         outcomes = self._drives.step([self.drives[i] for i in going], commands) if going else []
         for i, (reward, term, trunc, _) in zip(going, outcomes):
             rewards[i], terminated[i], truncated[i] = reward, term, trunc
         self._ended = terminated | truncated
-        return self._batch([_observation(d) for d in self.drives]), rewards, terminated, truncated, {}
+        self._needs_reset = None
+        return self._batch([observation(d) for d in self.drives]), rewards, terminated, truncated, {}
 
     def render(self) -> tuple[np.ndarray, ...] | None:
         return tuple(np.asarray(d.frames[-1]) for d in self.drives if d is not None)
@@ -259,3 +293,8 @@ class DriveVectorEnv(VectorEnv):
             if drive is not None:
                 close_drive(self._drives.world, drive)
                 self.drives[i] = None
+
+
+if ENV_ID not in gym.registry:  # gymnasium's registry: make() and make_vec() find the envs by id
+    gym.register(ENV_ID, entry_point="terra.closedloop.gym_env:DriveEnv",
+                 vector_entry_point="terra.closedloop.gym_env:DriveVectorEnv")

@@ -12,7 +12,9 @@ gives the poses the car will drive over the next 3 s if it keeps to this plan, f
 is built (:func:`action_of`: the forecast at the action times, docs/ARCHITECTURE.md "Actions"), and
 :meth:`Vehicle.step` moves the car to the next frame's pose. The model was trained on actions that are the car's
 actual future, so it is shown what the car will actually do, not what the policy wished; and the next pose is the
-same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion.
+same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion. The bicycle also
+takes :class:`~terra.closedloop.tracking.Controls` in place of a plan (steering and acceleration held: the gymnasium
+env's ``control`` actions); the exact vehicle follows plans only.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 from terra.closedloop.plans import Plan
 from terra.closedloop.reference import Reference
-from terra.closedloop.tracking import Tracker, TrackingGains
+from terra.closedloop.tracking import Controls, Tracker, TrackingGains
 from terra.closedloop.vehicle import VehicleParams, VehicleState, integrate
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 from terra.inputs.ego_motion import compose
@@ -72,10 +74,11 @@ class BicycleVehicle:
     def speed(self) -> float:
         return self.state.speed
 
-    def _simulate(self, plan: Plan, times: np.ndarray) -> list[VehicleState]:
-        """The states at ``times`` (ascending) in the plan's frame (the car's now): a command every control period,
-        the vehicle integrated between commands and up to each time asked for."""
-        tracker = Tracker(Reference.from_plan(plan), self.params, self.gains)
+    def _simulate(self, plan: Plan | Controls, times: np.ndarray) -> list[VehicleState]:
+        """The states at ``times`` (ascending) in the plan's frame (the car's now): a command every control period
+        (the tracker's on a plan, or the controls held), the vehicle integrated between commands and up to each time
+        asked for."""
+        tracker = plan if isinstance(plan, Controls) else Tracker(Reference.from_plan(plan), self.params, self.gains)
         state = replace(self.state, x=0.0, y=0.0, yaw=0.0)
         period, now, k, out = self.gains.period_s, 0.0, 0, []
         for stop in times:
@@ -89,7 +92,7 @@ class BicycleVehicle:
             out.append(state)
         return out
 
-    def forecast(self, plan: Plan, times: np.ndarray) -> np.ndarray:
+    def forecast(self, plan: Plan | Controls, times: np.ndarray) -> np.ndarray:
         times = np.asarray(times, dtype=np.float64)
         order = np.argsort(times)
         states = self._simulate(plan, times[order])
@@ -97,7 +100,7 @@ class BicycleVehicle:
         poses[order] = [(s.x, s.y, s.yaw) for s in states]
         return poses
 
-    def step(self, plan: Plan, dt: float = DT_S) -> np.ndarray:
+    def step(self, plan: Plan | Controls, dt: float = DT_S) -> np.ndarray:
         [end] = self._simulate(plan, np.array([dt]))
         x, y, yaw = compose(self.pose, np.array([end.x, end.y, end.yaw]))
         self.state = replace(end, x=float(x), y=float(y), yaw=float(yaw))

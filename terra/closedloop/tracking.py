@@ -13,6 +13,9 @@ Every ``period_s`` (AlpaSim's controller runs every 0.1 s and holds its command 
   come to rest (slower than ``hold_speed``, less than ``hold_m`` short of its end) the car brakes at ``hold_accel``
   at least, so that it comes to rest too instead of creeping.
 
+:class:`Controls` is the other controller: steering and acceleration given directly and held (the gymnasium env's
+``control`` actions, terra/closedloop/gym_spaces.py), the car's limits and lags applied by the vehicle.
+
 The gains are this module's own. The speed loop is critically damped at 1 rad/s (``position_gain = 1``,
 ``speed_gain = 2``), slow beside the 0.1 s lag. The look-ahead came from a sweep (0.3 to 1 s, at least 2 to 5 m) over
 tests/closedloop/test_vehicle.py's plans: with 0.6 s and 4 m a 3.5 m lane change in 3 s is followed within 10 cm at
@@ -76,3 +79,16 @@ class Tracker:
         if v_plan < g.hold_speed and self.reference.length_m - s < g.hold_m:
             accel = min(accel, g.hold_accel)
         return steer, accel
+
+
+@dataclass(frozen=True)
+class Controls:
+    """Steering (rad, road wheels, left positive) and acceleration (m/s^2) commands held until the next ones: what
+    :meth:`command` gives whatever the car's state (the vehicle clips them to its limits:
+    terra/closedloop/vehicle.py)."""
+
+    steer: float
+    accel: float
+
+    def command(self, state: VehicleState, t: float) -> tuple[float, float]:
+        return self.steer, self.accel

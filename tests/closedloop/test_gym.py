@@ -39,7 +39,7 @@ def test_drive_env_passes_check_env_on_true_frames(vehicle):
     """The reward is the metres the car drove: 0.8 a step at the plan's 8 m/s with the exact vehicle; the bicycle
     speeds up to it from the scenario's 6.04 m/s (0.61, 0.63, 0.66, 0.69 m), as a vehicle given the plans does."""
     scenarios = synthetic_scenarios(3, 1, SIZE)
-    env = DriveEnv(TrueWorld(SIZE), scenarios, num_steps=4, vehicle=vehicle)
+    env = DriveEnv(TrueWorld(SIZE), scenarios, num_steps=4, vehicle=vehicle, action_mode="plan")
     assert checked(env) == []
     obs, info = env.reset(seed=5, options={"scenario": 2})
     assert obs["frame"].shape == (*SIZE, 3) and info["scenario"].endswith("002")
@@ -60,7 +60,7 @@ def test_drive_env_passes_check_env_on_true_frames(vehicle):
 
 def test_an_unknown_vehicle_is_one_line():
     with pytest.raises(TerraInputError, match="unknown vehicle 'car'; choose one of: bicycle, exact"):
-        DriveEnv(TrueWorld(SIZE), synthetic_scenarios(1, 1, SIZE), vehicle="car")
+        DriveEnv(TrueWorld(SIZE), synthetic_scenarios(1, 1, SIZE), vehicle="car", action_mode="plan")
 
 
 def test_drive_env_passes_check_env_on_a_world_model(single_thread):
@@ -75,7 +75,7 @@ def test_drive_env_passes_check_env_on_a_world_model(single_thread):
 
 
 def test_vector_env_steps_drives_together_and_resets_ended_ones():
-    env = DriveVectorEnv(TrueWorld(SIZE), synthetic_scenarios(2, 1, SIZE), num_envs=3, num_steps=2)
+    env = DriveVectorEnv(TrueWorld(SIZE), synthetic_scenarios(2, 1, SIZE), num_envs=3, num_steps=2, action_mode="plan")
     obs, _ = env.reset(seed=0)
     assert obs["frame"].shape == (3, *SIZE, 3) and obs["ego"].shape == (3, 3)
     straight = np.broadcast_to(np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))], (3, 8, 3))
