@@ -192,7 +192,7 @@ def test_bad_scenarios_and_options_are_refused_before_anything_changes():
     ("control", [1.5, 0.0], "lies in \\[-1, 1\\]"),
     ("control", "left", "not numbers"),
     ("plan", {"steer": 0.0}, "action is no plan action"),
-    ("plan", np.full((8, 3), np.nan), "NaN or inf"),
+    ("plan", np.full((8, 3), np.nan), "not finite numbers"),
     ("plan", np.zeros((7, 3)), "shape \\[7, 3\\]"),
 ])
 def test_bad_actions_are_invalid_and_change_nothing(mode, action, text):
