@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import grpc
+import numpy as np
 from carla_driver_interface.protocol import (
     DriveResponse,
     EgodriverServiceServicer,
@@ -23,10 +24,32 @@ from carla_driver_interface.protocol import (
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
+from terra.closedloop.plans import Plan
 from terra.closedloop.settings import drive_settings
+from terra.inputs.ego_motion import compose as compose_poses, to_ego
 
 EGODRIVER_METHODS = ("get_version", "start_session", "close_session", "submit_image_observation",
                      "submit_egomotion_observation", "submit_route", "submit_recording_ground_truth", "drive")
+
+
+class LaneCentre:
+    """An oracle policy: plans the true lane centre ahead, poses ``spacing_m`` apart at 10 Hz over 4 s (0.8 m: 8 m/s;
+    past the road's end the poses stay at its end, so the car stops there)."""
+
+    name, spacing_m = "lane_centre", 0.8
+
+    def reset(self, scenario):
+        self.scenario = scenario
+
+    def plan(self, obs):
+        scene = self.scenario.scene
+        pose = compose_poses(self.scenario.start_pose, obs.pose)
+        s, _ = scene.road_coords(pose[:1], pose[1:2])
+        ahead = scene.lane_pose(s[0] + self.spacing_m * np.arange(1, 41))
+        return Plan.trajectory(np.c_[to_ego(ahead[:, :2], pose), ahead[:, 2] - pose[2]], dt=0.1)
+
+    def close(self):
+        pass
 
 
 def _recorded(method: str, answer: Callable[[], object]) -> Callable:

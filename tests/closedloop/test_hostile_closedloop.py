@@ -33,15 +33,12 @@ from typing import Any
 import imageio.v3 as iio
 import numpy as np
 import pytest
-from gymnasium.error import InvalidAction, ResetNeeded
 
 from terra.batch.config import APP as ROLLOUT
 from terra.closedloop.drives import drive as run_drive_settings
 from terra.closedloop.egodriver import EgodriverPolicy
-from terra.closedloop.gym_env import DriveEnv, DriveVectorEnv
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.navsim import CAMERAS, NavsimPolicy
-from terra.closedloop.plans import Plan
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
@@ -51,8 +48,7 @@ from terra.config.output_dir import claim_output_dir
 from terra.config.ray_settings import check_executor
 from terra.core.atomic import MARKER, owner
 from terra.core.errors import TerraInputError
-from terra.inputs.ego_motion import compose, to_ego
-from tests.closedloop.conftest import LoopbackDriver, drive_settings_of, grpc_server, importable_modules
+from tests.closedloop.conftest import LaneCentre, LoopbackDriver, drive_settings_of, grpc_server, importable_modules
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -327,23 +323,10 @@ def test_driver_errors_are_one_line_without_rpc_reprs():
 # ---------------------------------------------------------------- a drive ends when the car leaves the scene
 
 
-class FastLane:
-    """Plans the true lane centre ahead at 30 m/s, as a route follower does: it stops where the road ends."""
+class FastLane(LaneCentre):
+    """The lane centre at 30 m/s, as a route follower plans it: it stops where the road ends."""
 
-    name = "fast_lane"
-
-    def reset(self, scenario):
-        self.scenario = scenario
-
-    def plan(self, obs):
-        scene = self.scenario.scene
-        pose = compose(self.scenario.start_pose, obs.pose)
-        s, _ = scene.road_coords(pose[:1], pose[1:2])
-        ahead = scene.lane_pose(s[0] + 3.0 * np.arange(1, 41))  # clamped at the road's end
-        return Plan.trajectory(np.c_[to_ego(ahead[:, :2], pose), ahead[:, 2] - pose[2]], dt=0.1)
-
-    def close(self):
-        pass
+    name, spacing_m = "fast_lane", 3.0
 
 
 def test_a_drive_ends_when_the_car_leaves_the_scene(tmp_path):

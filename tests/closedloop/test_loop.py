@@ -12,37 +12,18 @@ import pytest
 
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.motion import VEHICLES, action_of, make_vehicle
-from terra.closedloop.plans import Plan
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.record import metrics_of
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.generation.actions import ACTION_TIMES
-from terra.inputs.ego_motion import compose, to_ego
 from terra.sim.renderer import render
+from tests.closedloop.conftest import LaneCentre
 
 SIZE = (72, 128)
 
 
-class LaneCentre:
-    """An oracle: plans the true lane centre ahead at 8 m/s, 10 Hz over 4 s."""
-
-    name = "lane_centre"
-
-    def reset(self, scenario):
-        self.scenario = scenario
-
-    def plan(self, obs):
-        scene = self.scenario.scene
-        pose = compose(self.scenario.start_pose, obs.pose)
-        s, _ = scene.road_coords(pose[:1], pose[1:2])
-        ahead = scene.lane_pose(s[0] + 0.8 * np.arange(1, 41))
-        local = to_ego(ahead[:, :2], pose)
-        return Plan.trajectory(np.c_[local, ahead[:, 2] - pose[2]], dt=0.1)
-
-    def close(self):
-        pass
 
 
 class Broken:
