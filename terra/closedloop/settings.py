@@ -88,7 +88,7 @@ class DriveSettings:
     videos: bool  # a video per drive beside its JSON
     output: OutputDir | None  # world=model | truth | a user world: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
-    exploitability: bool = False  # world=both: the exploitability study too (terra/closedloop/exploit_drives.py)
+    exploitability: bool  # world=both: the exploitability study too (terra/closedloop/exploit_drives.py)
 
     @property
     def drive_ids(self) -> list[str]:
