@@ -1,13 +1,15 @@
 """A ``terra-drive`` run from its checked settings (terra/closedloop/settings.py): the worlds opened once and the
 scenarios read (terra/closedloop/prepare.py), here or on Ray's actors (terra/closedloop/ray_executor.py), every
 drive made and recorded in its world (terra/closedloop/run.py), and with ``world=both`` the fidelity report
-(terra/closedloop/fidelity.py). :func:`drive` runs it all and returns how the run ended.
+(terra/closedloop/fidelity.py; with ``exploitability=true`` its exploitability study:
+terra/closedloop/exploit_drives.py). :func:`drive` runs it all and returns how the run ended.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 
 from terra.closedloop.prepare import load_specs, open_worlds
 from terra.closedloop.settings import DriveSettings
@@ -24,11 +26,13 @@ class DriveOutcome:
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
     """Make and record every drive of ``settings`` (here, or on Ray's actors with ``executor=ray``); ``progress``
     (default: the setting, on a terminal) shows the frame bar."""
+    from terra.closedloop.exploit_drives import exploit_study
     from terra.closedloop.fidelity import fidelity_run
     from terra.closedloop.run import LocalDrives, record_run
 
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
+    exploit = None
     if settings.executor == "ray":
         from terra.closedloop.ray_executor import RayDrives
 
@@ -42,12 +46,14 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
             closing.close()
             raise
         runner = LocalDrives(closing.worlds, specs, settings.model_settings, closing.plan_following)
+        if settings.exploitability:  # executor=local only (terra/closedloop/settings.py)
+            exploit = partial(exploit_study, closing.worlds, specs, run_settings)
     try:
         if settings.world != "both":
             result = record_run(runner, settings.world, settings.drive_ids, run_settings, settings.output)
             line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
             return DriveOutcome([line], 1 if result.counts["failed"] else 0)
-        report, runs = fidelity_run(runner, settings.drive_ids, run_settings, settings.fidelity)
+        report, runs = fidelity_run(runner, settings.drive_ids, run_settings, settings.fidelity, exploit)
         lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
         out = settings.fidelity.top.path
         if report is None:

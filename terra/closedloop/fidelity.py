@@ -6,39 +6,55 @@ Each scenario x policy is driven with the same seed in every world of the study:
 TrueWorld`) and the controls (terra/closedloop/control_worlds.py, or worlds of the user's). Every drive's poses are
 judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score: terra/closedloop/alpasim_metrics.py)
 and every frame of a world but the true one is measured against the true render at its pose (terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its
-interval and decision, whether the world is flagged, which statistics separate the model from each control; and
-per policy, the model's and the truth's outcomes side by side.
+interval and decision, whether the world is flagged, which statistics separate the model from each control, the
+unjudged measurements and paired differences of every metric; per policy, the model's and the truth's outcomes side
+by side with their paired differences; and, when asked for, the exploitability of the model world
+(terra/closedloop/exploit_drives.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
-from terra.closedloop.verdict import WorldVerdict, judge, separation, verdict_table
+from terra.closedloop.exploit_drives import exploit_lines, exploit_study
+from terra.closedloop.verdict import (
+    NO_PIXELS, WorldVerdict, judge, metric_value, pairs_of, path_distance_m, separation, shown, verdict_table,
+)
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.core.atomic import json_text, write_text
+from terra.fidelity.exploit import Exploitability
+from terra.stats import Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
-COLUMNS = ("time_in_lane", "mean_abs_lane_offset_m", "off_road", "collision", "progress_along_road_m")
-SCORE = "scene_score"  # AlpaSim's, of each world's drive (terra/closedloop/alpasim_metrics.py)
+COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
+    "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # terra/closedloop/truth.py
+    "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),
+    "off_road": ("off road", ("truth", "off_road")),
+    "collision": ("collisions", ("truth", "collision")),
+    "progress_along_road_m": ("progress m", ("truth", "progress_along_road_m")),
+    "scene_score": ("AlpaSim score", ("alpasim", "score")),  # terra/closedloop/alpasim_metrics.py
+}
 
 
 @dataclass
 class FidelityReport:
-    """The verdict on every world but the true one (the model's first), and per policy the model's and the truth's
-    outcomes."""
+    """The verdict on every world but the true one (the model's first), per policy the model's and the truth's
+    outcomes and their paired differences (:func:`policy_outcomes`), and the exploitability study when one ran
+    (terra/closedloop/exploit_drives.py)."""
 
     verdicts: list[WorldVerdict]
     policies: dict[str, dict]
+    exploitability: Exploitability | None = None
 
     def separations(self) -> dict[str, list[str]]:
         """Per control, the statistics that pass the model and fail the control."""
@@ -47,64 +63,66 @@ class FidelityReport:
 
     def as_dict(self) -> dict:
         return {"verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
-                "policies": self.policies}
+                "policies": {name: {**row, "difference": {k: None if v is None else v.as_dict()
+                                                          for k, v in row["difference"].items()}}
+                             for name, row in self.policies.items()},
+                "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
     def table(self) -> str:
-        """Markdown: the verdict table, the separations, then per policy the outcomes in both worlds."""
+        """Markdown: the verdict table, the separations, per policy the outcomes in both worlds (model / truth, then
+        model - truth on paired drives with its interval), and the exploitability."""
         lines = [verdict_table(self.verdicts)]
         for control, names in self.separations().items():
             lines.append(f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}")
-        head = ("\n| policy | time in lane (model / truth) | lane offset m (model / truth) | off road (model / truth) | "
-                "collisions (model / truth) | AlpaSim score (model / truth) | path distance m |")
-        lines += [head, "|---|---:|---:|---:|---:|---:|---:|"]
+        titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
+        lines += [f"\n| policy | {titles} | path distance m |", "|---|" + "---:|" * (len(COLUMNS) + 1)]
         for name, row in self.policies.items():
-            m, t = row["model"], row[TRUTH]
-            lines.append(f"| {name} | {m['time_in_lane']:.3f} / {t['time_in_lane']:.3f} | "
-                         f"{m['mean_abs_lane_offset_m']:.2f} / {t['mean_abs_lane_offset_m']:.2f} | "
-                         f"{m['off_road']:.2f} / {t['off_road']:.2f} | {m['collision']:.2f} / {t['collision']:.2f} | "
-                         f"{m[SCORE]:.2f} / {t[SCORE]:.2f} | {row['path_distance_m']:.2f} |")
+            cells = [f"{row['model'][key]:.3f} / {row[TRUTH][key]:.3f}; {shown(row['difference'][key])}"
+                     for key in COLUMNS]
+            label = name if row["reads_pixels"] else f"{name} (reads no pixels)"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown(row['difference']['path_distance_m'])} |")
+        if self.exploitability is not None:
+            lines += ["", exploit_lines(self.exploitability)]
         return "\n".join(lines) + "\n"
 
 
-def _mean(values: list) -> float:
-    values = [float(v) for v in values if v is not None]
-    return float(np.mean(values)) if values else float("nan")
-
-
-def policy_outcomes(model: dict[str, dict], truth: dict[str, dict]) -> dict[str, dict]:
-    """Per policy, the means over its drives of the true-scene metrics in the model and in the true world, and the
-    mean distance between the two paths at the same frames (drive id -> JSON content, terra/closedloop/record.py)."""
+def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
+                    bootstrap: Bootstrap = Bootstrap()) -> dict[str, dict]:
+    """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/record.py), over the drives made
+    well in both worlds: the means of :data:`COLUMNS` in the model and in the true world, their paired differences
+    model - truth and the distance between the two paths at the same frames, with intervals over scenarios."""
+    pairs = pairs_of(model, truth)
     policies: dict[str, dict] = {}
-    for drive_id, m in model.items():
-        t = truth.get(drive_id)
-        if t is None:
-            continue
-        row = policies.setdefault(m["policy"], {"model": {k: [] for k in (*COLUMNS, SCORE)},
-                                                TRUTH: {k: [] for k in (*COLUMNS, SCORE)},
-                                                "path_distance_m": [], "drives": 0, "failed": 0})
+    for drive_id, record in model.items():
+        row = policies.setdefault(record["policy"], {"reads_pixels": record["policy"] not in NO_PIXELS, "drives": 0,
+                                                     "failed": 0})
         row["drives"] += 1
-        row["failed"] += (m["status"] != "ok") + (t["status"] != "ok")
-        for world, content in (("model", m), (TRUTH, t)):
-            truth_metrics = content["metrics"].get("truth") or {}
-            for key in COLUMNS:
-                row[world][key].append(truth_metrics.get(key))
-            row[world][SCORE].append((content["metrics"].get("alpasim") or {}).get("score"))
-        n = min(len(m["world_poses"]), len(t["world_poses"]))
-        if n:
-            a, b = np.array(m["world_poses"][:n])[:, :2], np.array(t["world_poses"][:n])[:, :2]
-            row["path_distance_m"].append(float(np.hypot(*(a - b).T).mean()))
-    for row in policies.values():
-        for world in ("model", TRUTH):
-            row[world] = {k: _mean(v) for k, v in row[world].items()}
-        row["path_distance_m"] = _mean(row["path_distance_m"])
+        row["failed"] += (record["status"] != "ok") + (truth.get(drive_id, {}).get("status") != "ok")
+    for name, row in policies.items():
+        mine = [p for p in pairs if p.world["policy"] == name]
+        scenarios = [p.scenario for p in mine]
+        values = {side: {key: np.array([metric_value(getattr(p, side), *source) for p in mine])
+                         for key, (_, source) in COLUMNS.items()} for side in ("world", "truth")}
+        for world, side in (("model", "world"), (TRUTH, "truth")):
+            row[world] = {key: _mean(v) for key, v in values[side].items()}
+        row["difference"] = {key: paired_difference(scenarios, values["world"][key], values["truth"][key], bootstrap)
+                             for key in COLUMNS} if mine else {key: None for key in COLUMNS}
+        row["difference"]["path_distance_m"] = (mean(scenarios, np.array([path_distance_m(p) for p in mine]),
+                                                     bootstrap) if mine else None)
     return policies
 
 
-def compare(runs: dict[str, dict[str, dict]]) -> FidelityReport:
-    """The report from every world's drive records (world -> drive id -> JSON content)."""
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else float("nan")
+
+
+def compare(runs: dict[str, dict[str, dict]], exploit: Exploitability | None = None) -> FidelityReport:
+    """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability
+    study's result, if one ran."""
     truth = runs[TRUTH]
     verdicts = [judge(world, drives, truth) for world, drives in runs.items() if world != TRUTH]
-    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth))
+    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth), exploit)
 
 
 @dataclass(frozen=True)
@@ -131,26 +149,29 @@ def claim_fidelity_folders(path: str | Path, drive_ids: list[str], worlds: Seque
 
 def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
                  model_settings: dict | None = None, plan_following=None,
-                 folders: FidelityFolders | None = None) -> FidelityReport | None:
+                 folders: FidelityFolders | None = None, exploit: bool = False) -> FidelityReport | None:
     """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
     ``model`` and ``truth`` first, then the controls), each into ``settings.output_dir``/<world>, judge them and write
     ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores every world's clips
-    (terra/closedloop/plan_following.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
+    (terra/closedloop/plan_following.py); ``exploit``: the exploitability study too
+    (terra/closedloop/exploit_drives.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
     scenarios' files). A shard's run writes no report (None)."""
     ids = [spec.id for spec in specs]
     if folders is None:
         folders = claim_fidelity_folders(settings.output_dir, ids, list(worlds), settings.videos, settings.manifest,
                                          [item for spec in specs for item in spec.scenario.reads])
     runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
-    report, _ = fidelity_run(runner, ids, settings, folders)
+    study = partial(exploit_study, worlds, specs, settings) if exploit else None
+    report, _ = fidelity_run(runner, ids, settings, folders, study)
     return report
 
 
-def fidelity_run(runner: DriveRunner, drive_ids: Sequence[str], settings: RunSettings,
-                 folders: FidelityFolders) -> tuple[FidelityReport | None, dict[str, RunResult]]:
+def fidelity_run(runner: DriveRunner, drive_ids: Sequence[str], settings: RunSettings, folders: FidelityFolders,
+                 exploit: Callable[[], Exploitability] | None = None
+                 ) -> tuple[FidelityReport | None, dict[str, RunResult]]:
     """The drives ``drive_ids`` made by ``runner`` in every world of ``folders``, each world's run in its folder,
-    then the report (None when ``folders`` are a shard's), holding the study folder's lock throughout; the report and
-    each world's run. Every drive is measured (``settings.measure``)."""
+    then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the study
+    folder's lock throughout; the report and each world's run. Every drive is measured (``settings.measure``)."""
     runs: dict[str, RunResult] = {}
     main = REPORT_FILES[0] if folders.report else settings.manifest  # names the lock of the study's folder
     measured = replace(settings, measure=True)
@@ -159,7 +180,8 @@ def fidelity_run(runner: DriveRunner, drive_ids: Sequence[str], settings: RunSet
             runs[world] = record_run(runner, world, drive_ids, measured, folder)
         if not folders.report:
             return None, runs
-        report = compare({world: run.drives for world, run in runs.items()})
+        study = None if exploit is None else exploit()
+        report = compare({world: run.drives for world, run in runs.items()}, study)
         write_text(out / "fidelity.json", json_text(report.as_dict(), indent=2) + "\n")
         write_text(out / "fidelity.md", report.table())
     return report, runs

@@ -48,7 +48,7 @@ from terra.core.errors import TerraInputError
 SETTINGS = {
     "num_scenarios": Range(1, 100_000, 4, whole=True),
     "scenario_seed": SEED,
-    "num_steps": Range(1, MAX_FRAMES, 20, whole=True),
+    "num_steps": Range(1, MAX_FRAMES, 20, whole=True, nullable=True),
     "num_seeds": Range(1, 1000, 1, whole=True),
     "seed": SEED,
     "policy_timeout_s": Range(0.001, 3600, 30),
@@ -57,6 +57,7 @@ SETTINGS = {
     "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
 WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class (terra/closedloop/user_world.py)
+DEMO_STEPS, FIDELITY_STEPS = 20, 200  # num_steps=null: 2 s drives, or 20 s ones with world=both (drive_steps)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class DriveSettings:
     controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
     vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
-    num_steps: int
+    num_steps: int  # frames each drive generates (drive_steps)
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
     max_concurrent: int
@@ -88,6 +89,7 @@ class DriveSettings:
     videos: bool  # a video per drive beside its JSON
     output: OutputDir | None  # world=model | truth | a user world: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
+    exploitability: bool  # world=both: the exploitability study too (terra/closedloop/exploit_drives.py)
 
     @property
     def drive_ids(self) -> list[str]:
@@ -122,6 +124,15 @@ class DriveSettings:
         return ("model", TRUTH, *self.controls) if self.world == "both" else (self.world,)
 
 
+def drive_steps(num_steps: int | None, world: str) -> int:
+    """The frames each drive generates: ``num_steps`` as set, or by default :data:`DEMO_STEPS` (2 s, the demo) and
+    with ``world=both`` :data:`FIDELITY_STEPS` (20 s, AlpaSim's ``duration_frac_20s``: long enough for a car that
+    reads nothing from a broken world's frames to leave its lane, so the verdict can see it)."""
+    if num_steps is not None:
+        return num_steps
+    return FIDELITY_STEPS if world == "both" else DEMO_STEPS
+
+
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     """Every setting of conf/drive.yaml checked once, the scenarios listed and ``output_dir`` claimed; one line for a
     bad one."""
@@ -146,9 +157,13 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         world = check_choice(world, "world", WORLDS)
     controls = _controls(select(cfg, "controls"), user_worlds, timeout_s) if world == "both" else ()
+    exploit = check_flag(select(cfg, "exploitability"), "exploitability")
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
     executor = check_executor(select(cfg, "executor"))
+    if exploit and (world != "both" or executor != "local"):
+        raise TerraInputError(f"exploitability=true is part of the fidelity study in this process: it needs world=both "
+                              f"and executor=local (got world={world}, executor={executor})")
     ray = RaySettings.parse(select(cfg, "ray"))
     image_root = select(cfg, "image_root")
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
@@ -162,6 +177,9 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if not drives:
         raise TerraInputError(f"shard_index={shard} of num_shards={shards} has no drives (the run has "
                               f"{len(every)}); use at most {len(every)} shards")
+    if exploit and len(scenarios.ids) < 2:
+        raise TerraInputError("exploitability=true tunes on half the scenarios and tests on the other half: it needs "
+                              "num_scenarios >= 2")
     videos = check_flag(select(cfg, "videos"), "videos")
     estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
     if estimator is not None and not (estimator / "config.json").is_file():
@@ -178,11 +196,11 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, user_worlds, vehicle, values["num_steps"],
-        values["seed"], float(values["policy_timeout_s"]), values["max_concurrent"],
-        check_flag(select(cfg, "resume"), "resume"),
+        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, user_worlds, vehicle,
+        drive_steps(values["num_steps"], world), values["seed"], float(values["policy_timeout_s"]),
+        values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
-        ray, videos, output, fidelity)
+        ray, videos, output, fidelity, exploit)
 
 
 def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float) -> tuple[str, ...]:

@@ -8,12 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
+from terra.apps.runner import CONF_DIR
 from terra.closedloop.fidelity import compare, run_fidelity
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
 from tests.conftest import one_error_line
 
@@ -31,9 +34,20 @@ def test_help_and_one_line_errors(tmp_path):
                        (["world=truth", "scenarios=/no/such/folder"], "does not exist"),
                        (["num_steps=0"], "num_steps"),
                        (["vehicle=car"], "unknown vehicle 'car'; choose one of: bicycle, exact"),
+                       (["exploitability=true"], "exploitability=true is part of the fidelity study in this process: "
+                                                 "it needs world=both and executor=local (got world=model"),
+                       (["world=both", "num_scenarios=1", "exploitability=true"], "it needs num_scenarios >= 2"),
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
+
+
+def test_the_fidelity_study_drives_20_s_by_default_and_the_demo_2_s(tmp_path):
+    for k, (overrides, steps) in enumerate(((["world=both"], 200), (["world=truth"], 20), ([], 20),
+                                            (["world=both", "num_steps=30"], 30), (["num_steps=7"], 7))):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("drive", overrides=["backend=hf", "num_threads=1", *overrides])
+        assert drive_settings(cfg, tmp_path / str(k)).num_steps == steps, overrides
 
 
 def test_runs_on_the_true_world_and_resumes(tmp_path):
@@ -49,8 +63,8 @@ def test_runs_on_the_true_world_and_resumes(tmp_path):
 
 
 def test_fidelity_with_the_demo_model(tmp_path):
-    args = ["world=both", "num_scenarios=1", "num_steps=2", "policies=[lane_follower,constant_speed]",
-            "controls=[frozen]", "backend=hf", "num_threads=1", f"output_dir={tmp_path / 'out'}"]
+    args = ["world=both", "num_scenarios=2", "num_steps=2", "policies=[lane_follower,constant_speed]",
+            "controls=[frozen]", "backend=hf", "num_threads=1", "exploitability=true", f"output_dir={tmp_path / 'out'}"]
     result = drive(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
@@ -59,7 +73,11 @@ def test_fidelity_with_the_demo_model(tmp_path):
     for world in ("model", "truth", "frozen"):
         assert (tmp_path / "out" / world / "manifest.jsonl").is_file()
     text = (tmp_path / "out" / "fidelity.md").read_text()
-    assert "| statistic | band | model | frozen |" in text and "AlpaSim score (model / truth)" in text
+    assert "| statistic | band | model | frozen |" in text and "AlpaSim score (model / truth; model - truth)" in text
+    assert "| path distance m |" in text and "| constant_speed (reads no pixels) |" in text
+    exploit = report["exploitability"]  # 9 candidates tuned on scenario 0, tested on scenario 1
+    assert len(exploit["candidates"]) == 9 and exploit["gap"]["estimate"] is not None
+    assert "**Exploitability** (lane_follower_tuned: 9 candidates" in text
 
 
 class Faithful(TrueWorld):
@@ -74,11 +92,20 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     report = run_fidelity({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
                           drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
-        assert row["path_distance_m"] == 0.0 and row["model"] == row["truth"]
-        assert 0.0 <= row["model"]["scene_score"] <= 1.0
+        assert row["difference"]["path_distance_m"].estimate == 0.0 and row["model"] == row["truth"]
+        assert 0.0 <= row["model"]["scene_score"] <= 1.0 and row["drives"] == 2 and row["failed"] == 0
+        assert all(row["difference"][key].high == 0.0 for key in ("time_in_lane", "off_road", "scene_score"))
+    assert [name for name, row in report.policies.items() if not row["reads_pixels"]] == ["constant_speed"]
     [model] = report.verdicts
     assert model.drives == 6 and not model.flagged_by
     assert model.values["lane_slope"].estimate == pytest.approx(1.0)
     assert model.values["lanes_found_difference"].estimate == 0.0
+    # 6-step drives reach the horizons 1 and 5; the same frames: the PSNR cap, SSIM 1, no lane error, one path
+    assert {k: v.estimate for k, v in model.measured.items()} == pytest.approx(
+        {"lane_error_10m_m": 0.0, "path_distance_m": 0.0, "psnr_db_h1": 100.0, "ssim_h1": 1.0, "psnr_db_h5": 100.0,
+         "ssim_h5": 1.0})
+    assert {"truth.time_in_lane", "truth.mean_abs_lane_offset_m", "alpasim.score", "alpasim.dist_to_gt_trajectory",
+            "progress.distance_m", "history_comfort.max_abs_jerk", "extended_comfort.score"} <= set(model.differences)
+    assert all(v.estimate == 0.0 for v in model.differences.values()) and len(model.differences) > 30
     empty = compare({"model": {}, "truth": {}})  # no drives: every statistic undefined, nothing decided
     assert empty.verdicts[0].drives == 0 and set(empty.verdicts[0].decisions.values()) == {"inconclusive"}

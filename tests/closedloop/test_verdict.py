@@ -20,8 +20,10 @@ from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
+from terra.closedloop.verdict import STATISTICS, Pair, metric_names
 from terra.closedloop.worlds import TrueWorld
 from terra.sim.renderer import render
+from terra.stats import Bootstrap
 
 SIZE = (72, 128)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
@@ -64,6 +66,42 @@ def test_the_model_controls_feed_a_car_standing_still_and_a_straight_path():
     straight = straightened(action)
     assert (straight[:, 0] == 0).all() and np.allclose(straight[:, 1], np.hypot(action[:, 0], action[:, 1]))
     assert np.array_equal(straight[:, 2], action[:, 2]) and np.array_equal(action[0], [0.0, 1.0, 0.5])
+
+
+def ranked_pairs(order: list[float], rng: np.random.Generator) -> list[Pair]:
+    """8 scenarios x 4 pixel policies (true time in lane 0.2, 0.4, 0.6, 0.8 plus noise) and constant_speed; the
+    world's drive of policy p scores ``order[p]`` plus noise, constant_speed 0 in the world and 1 in truth."""
+    def record(policy: str, scenario: int, value: float) -> dict:
+        return {"policy": policy, "scenario": scenario, "metrics": {"truth": {"time_in_lane": value}}}
+    pairs = []
+    for s in range(8):
+        for p, quality in enumerate((0.2, 0.4, 0.6, 0.8)):
+            pairs.append(Pair(record(f"p{p}", s, order[p] + rng.normal(0, 0.02)),
+                              record(f"p{p}", s, quality + rng.normal(0, 0.02))))
+        pairs.append(Pair(record("constant_speed", s, 0.0), record("constant_speed", s, 1.0)))
+    return pairs
+
+
+def test_kendall_and_spearman_rank_the_pixel_policies_alone_with_intervals():
+    rank = {s.name: s for s in STATISTICS if s.name in ("kendall_tau", "spearman_rho")}
+    boot, rng = Bootstrap(draws=500), np.random.default_rng(0)
+    kept = ranked_pairs([0.1, 0.3, 0.5, 0.7], rng)  # the same order, shifted: constant_speed's reversal left out
+    swapped = ranked_pairs([0.3, 0.1, 0.5, 0.7], rng)  # the two worst swapped
+    reversed_ = ranked_pairs([0.7, 0.5, 0.3, 0.1], rng)
+    for name, statistic in rank.items():
+        same = statistic.compute(kept, boot)
+        assert same.estimate == 1.0 and same.low == 1.0, name
+        assert statistic.compute(swapped, boot).estimate == pytest.approx(2 / 3 if name == "kendall_tau" else 0.8)
+        opposite = statistic.compute(reversed_, boot)
+        assert opposite.estimate == -1.0 and opposite.high < statistic.band[0], name
+
+
+def test_every_metric_of_a_drive_is_differenced_but_an_index():
+    record = {"metrics": {"truth": {"time_in_lane": 1.0, "off_road": False, "first_collision_frame": 3},
+                          "alpasim": {"score": 1.0, "truncated_by": None, "failure_reason": "x"},
+                          "progress": {"distance_m": 4.0}, "other": {"ignored": 1.0}}}
+    assert metric_names([record]) == [("truth", "time_in_lane"), ("truth", "off_road"), ("alpasim", "score"),
+                                      ("progress", "distance_m")]
 
 
 class Misbehaving:
@@ -135,7 +173,7 @@ def test_worlds_of_the_user_are_loaded_once_at_settings_time(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
-CONTROLS = ("frozen", "gray", "mirrored", "late", "zero_actions")
+CONTROLS = ("frozen", "gray", "mirrored", "late", "zero_actions", "straight")
 
 
 def test_of_the_test_every_control_is_flagged_and_the_demo_model_is_not(tmp_path):
@@ -156,3 +194,7 @@ def test_of_the_test_every_control_is_flagged_and_the_demo_model_is_not(tmp_path
         assert report["separations"][control], control  # some statistic passes the model and fails the control
     assert all(v["drives"] == 6 for v in verdicts.values())
     assert "**fail**" in (tmp_path / "study" / "fidelity.md").read_text()
+    for verdict in verdicts.values():  # the unjudged measurements at every horizon a 30-step drive reaches
+        assert {f"{m}_h{h}" for m in ("psnr_db", "ssim") for h in (1, 5, 10, 20)} | {
+            "lane_error_10m_m", "path_distance_m"} == set(verdict["measurements"]), verdict["world"]
+        assert {"kendall_tau", "spearman_rho"} <= set(verdict["statistics"])
