@@ -52,7 +52,7 @@ def net_input(frames: np.ndarray) -> torch.Tensor:
     :data:`SKY_SHARE`, area-averaged, scaled to ``[-1, 1]``."""
     frames = np.asarray(frames)
     below = frames[:, int(frames.shape[1] * SKY_SHARE):]
-    x = torch.from_numpy(np.ascontiguousarray(below)).permute(0, 3, 1, 2).float()
+    x = torch.from_numpy(np.array(below)).permute(0, 3, 1, 2).float()  # a copy: frames are handed read-only
     return nn.functional.interpolate(x, size=INPUT_SIZE, mode="area") / 127.5 - 1.0
 
 

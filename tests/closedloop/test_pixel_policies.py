@@ -64,8 +64,9 @@ def test_each_detector_reads_the_lane_centre_ahead(detect, tolerance):
 
 
 def test_learned_driver_reads_unseen_scenes_close_to_the_expert():
-    """Frames of scenes it was not trained on (seeds the training never draws: imitation.py draws its scenes'
-    seeds from a generator); held-out error of the shipped weights: BENCHMARKS.md."""
+    """Frames of scenes it was not trained on (the 240 scene seeds scripts/train_learned_driver.py's training drew
+    from 2**31 hold neither 101 nor 202), on a straight and a bend, on the lane's centre and 0.6 m beside it. The
+    shipped weights' held-out error over 600 frames: BENCHMARKS.md."""
     detect = LearnedLane()
     errors = []
     for seed in (101, 202):
@@ -73,7 +74,7 @@ def test_learned_driver_reads_unseen_scenes_close_to_the_expert():
         for pose in _poses(scene):
             errors.append(detect(render(scene, pose, *FRAME_SIZE)).laterals - expert_path(scene, pose))
     mae = np.abs(errors).mean(axis=0)
-    assert mae[PATH_AHEAD_M.index(10.0)] < 0.3 and mae.max() < 0.6, mae
+    assert mae[PATH_AHEAD_M.index(10.0)] < 0.1 and mae.max() < 0.2, mae  # measured: 0.011 m and 0.041 m
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +90,24 @@ def drives() -> dict[str, list[dict]]:
     return out
 
 
-GOOD = ("lane_follower", "lane_follower_cautious", "lane_follower_near", "road_edge_follower", "learned_driver")
-BAD = ("lane_follower_bias_left", "lane_follower_noisy")
+GOOD = ("lane_follower", "lane_follower_cautious", "lane_follower_near", "road_edge_follower", "learned_driver",
+        "lane_follower_latency", "centre_line_follower")
+WORSE = ("lane_follower_far", "lane_follower_stanley", "lane_follower_bang_bang", "lane_follower_noisy",
+         "lane_follower_bias_left")
 
 
 def test_pixel_policies_spread_from_good_to_bad(drives):
+    """Measured (2 scenarios x 8 s): the good ones 0.02-0.09 m from the lane's centre on average, the worse ones
+    0.15 m (Stanley) to 2.5 m (biased); a biased car is out of its lane most of the time, the weaving one's corner
+    leaves the road."""
+    assert set(GOOD + WORSE) == set(PIXEL_POLICIES)
     offset = {name: np.mean([m["mean_abs_lane_offset_m"] for m in runs]) for name, runs in drives.items()}
     in_lane = {name: np.mean([m["time_in_lane"] for m in runs]) for name, runs in drives.items()}
     for name in GOOD:
-        assert in_lane[name] == 1.0 and offset[name] < 0.25, (name, in_lane[name], offset[name])
-    assert in_lane["lane_follower_bias_left"] < 0.2 and offset["lane_follower_bias_left"] > 0.8
-    assert offset["lane_follower_noisy"] > 3 * offset["lane_follower"]
-    assert max(offset[name] for name in GOOD) < min(offset[name] for name in BAD)
+        assert in_lane[name] > 0.95 and offset[name] < 0.12, (name, in_lane[name], offset[name])
+    assert min(offset[name] for name in WORSE) > 1.5 * max(offset[name] for name in GOOD), offset
+    assert in_lane["lane_follower_bias_left"] < 0.2 and offset["lane_follower_bias_left"] > 2.0
+    assert in_lane["lane_follower_noisy"] < 0.95 and all(m["off_road"] for m in drives["lane_follower_bang_bang"])
 
 
 def _write(path, tensors: dict[str, torch.Tensor]) -> None:
