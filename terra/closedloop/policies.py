@@ -1,9 +1,16 @@
 """Reference policies, good to bad, so that a ranking of policies means something.
 
-* ``route_follower`` and ``constant_speed``: the egodriver contract's own (carla_driver_interface.policies),
-  driven over that contract in this process (terra/closedloop/egodriver.py): the first tracks the route (in the
-  synthetic world the ego lane's centre ahead), the second plans straight ahead whatever the road does;
-* ``lane_follower``: camera only, lane markings found in the frame's pixels (terra/closedloop/vision.py);
+* baselines that read no pixels (:data:`NO_PIXELS`): ``route_follower`` and ``constant_speed``, the egodriver
+  contract's own (carla_driver_interface.policies), driven over that contract in this process
+  (terra/closedloop/egodriver.py): the first tracks the route (in the synthetic world the ego lane's centre ahead),
+  the second plans straight ahead whatever the road does;
+* pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
+  (terra/closedloop/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour, pure
+  pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
+  ``lane_follower_near`` (pursuit 3 s / at least 25 m and 0.3 s / at least 3 m ahead), ``lane_follower_stanley``
+  (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
+  ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,
+  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/learned.py);
 * degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
   (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
   ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
@@ -20,11 +27,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from terra.closedloop.plans import Observation, Plan, Policy, as_plan
-from terra.closedloop.vision import LaneFollower
+from terra.closedloop.vision import (
+    BangBang, LaneFollower, PurePursuit, Stanley, find_centre_line, find_road_edge,
+)
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose
 
 CRUISE_SPEED_MPS = 8.0
+CAUTIOUS_SPEED_MPS = 4.5
 
 
 class Latency:
@@ -107,16 +117,38 @@ def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
     return make
 
 
+def _learned_driver() -> Policy:
+    from terra.closedloop.learned import LearnedLane
+
+    return LaneFollower(CRUISE_SPEED_MPS, detect=LearnedLane(), name="learned_driver")
+
+
 REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
     **{name: _contract(name) for name in CONTRACT_POLICIES},
     "lane_follower": lambda: LaneFollower(CRUISE_SPEED_MPS),
+    "lane_follower_cautious": lambda: LaneFollower(CAUTIOUS_SPEED_MPS, name="lane_follower_cautious"),
+    "lane_follower_far": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=PurePursuit(3.0, 25.0), name="lane_follower_far"),
+    "lane_follower_near": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=PurePursuit(0.3, 3.0),
+                                               name="lane_follower_near"),
+    "lane_follower_stanley": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=Stanley(), name="lane_follower_stanley"),
+    "lane_follower_bang_bang": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=BangBang(),
+                                                    name="lane_follower_bang_bang"),
+    "centre_line_follower": lambda: LaneFollower(CRUISE_SPEED_MPS, detect=find_centre_line,
+                                                 name="centre_line_follower"),
+    "road_edge_follower": lambda: LaneFollower(CRUISE_SPEED_MPS, detect=find_road_edge, name="road_edge_follower"),
+    "learned_driver": _learned_driver,
     "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 5, "lane_follower_latency"),
     "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
     "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
 }
-
+# The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
+# (terra/closedloop/verdict.py) and out of all_pixel.
+NO_PIXELS = frozenset({"route_follower", "constant_speed"})
+PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
 
 ALL_REFERENCE = "all_reference"  # a policies entry: every reference policy
+ALL_PIXEL = "all_pixel"  # a policies entry: every pixel policy
+EXPANSIONS = {ALL_REFERENCE: tuple(REFERENCE_POLICIES), ALL_PIXEL: PIXEL_POLICIES}
 
 
 def reference_policy(name: str) -> Callable[[], Policy]:
@@ -128,8 +160,9 @@ def reference_policy(name: str) -> Callable[[], Policy]:
 
 def policy_names(entries: Sequence[str]) -> list[str]:
     """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml) by name: each entry, with
-    :data:`ALL_REFERENCE` standing for every reference policy; each once."""
-    names = [name for entry in entries for name in (REFERENCE_POLICIES if entry == ALL_REFERENCE else [entry])]
+    :data:`ALL_REFERENCE` standing for every reference policy and :data:`ALL_PIXEL` for every pixel policy; each
+    once."""
+    names = [name for entry in entries for name in EXPANSIONS.get(entry, [entry])]
     if len(set(names)) != len(names):
         raise TerraInputError(f"policies names one twice ({names}); list each once")
     return names
@@ -191,5 +224,5 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
         return agent
     if entry not in REFERENCE_POLICIES:
         raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
-                              f"{ALL_REFERENCE}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
+                              f"{ALL_REFERENCE}, {ALL_PIXEL}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
     return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else REFERENCE_POLICIES[entry]

@@ -23,7 +23,7 @@ from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
 from terra.closedloop.loop import drive_id
 from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
-from terra.closedloop.policies import ALL_REFERENCE, policy_args, policy_factories, policy_names
+from terra.closedloop.policies import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
 from terra.closedloop.record import claim_drive_folder
 from terra.closedloop.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
@@ -145,7 +145,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     entries = [entries] if isinstance(entries, str) else list(entries or [])
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
-                              f"(or {ALL_REFERENCE})")
+                              f"(or {ALL_REFERENCE}, {ALL_PIXEL})")
     names = policy_names(entries)
     args = policy_args(names, select(cfg, "navsim_args"))
     timeout_s = float(values["policy_timeout_s"])

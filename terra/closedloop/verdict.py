@@ -29,13 +29,13 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from terra.closedloop.drive_fidelity import read_following, read_horizons, read_lag, read_lanes
+from terra.closedloop.policies import NO_PIXELS  # left out of the ranking
 from terra.fidelity.agreement import Lag, horizon_summary, lag_summary, lane_summary
 from terra.fidelity.following import following_slopes
 from terra.stats import (
     FAIL, INCONCLUSIVE, PASS, Bootstrap, DriveValues, Interval, decide, mean, paired_difference, rank_agreement,
 )
 
-NO_PIXELS = ("constant_speed", "route_follower")  # policies that read no pixels: left out of the ranking
 MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (terra/fidelity/agreement.py, Lag.prominence_db)
 RANK_METRIC = "time_in_lane"  # terra/closedloop/truth.py: what the policies are ranked by in both worlds
 PAIRED = {  # per-drive outcomes compared world - truth on paired drives: (metrics block, metric) and the band

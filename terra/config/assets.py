@@ -1,5 +1,5 @@
 """The checkpoints shipped inside the package (``terra/assets/``): the demo world model and the tokenizer it was
-trained with (MODEL_CARD.md). Found from here, so code and configs reach them from any working folder; the
+trained with (MODEL_CARD.md), and the learned driver's weights (terra/closedloop/learned.py). Found from here, so code and configs reach them from any working folder; the
 configs through the resolvers :func:`register_resolvers` registers (``conf/model/demo.yaml``,
 ``conf/tokenizer/demo.yaml``)."""
 
@@ -14,6 +14,7 @@ from terra.config.snapshot import snapshot_folder
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEMO_NAME = "demo"  # WorldModelPipeline.from_pretrained's name for the shipped demo model
 DEMO = ASSETS / DEMO_NAME  # its folder: world_model/ and tokenizer/
+LEARNED_DRIVER = ASSETS / "learned_driver" / "model.safetensors"  # scripts/train_learned_driver.py
 
 
 def demo_checkpoints() -> tuple[Path, Path]:

@@ -22,6 +22,7 @@ from terra.sim.scene import LANE_WIDTH_M
 CENTRE_LINE_LEFT_M = LANE_WIDTH_M / 2  # the yellow line lies this far left of the lane's centre
 EDGE_LINE_RIGHT_M = LANE_WIDTH_M - EDGE_INSET_M - LINE_WIDTH_M / 2 - LANE_WIDTH_M / 2  # white edge line, to the right
 NEAR_M, FAR_M = 3.0, 28.0  # ground band used
+MIN_SPAN_M = 2.0  # markings seen over a shorter stretch give no direction
 
 
 @lru_cache(maxsize=8)
@@ -44,21 +45,32 @@ class LaneEstimate:
     slope: float
     points: int
 
+    def lateral(self, ahead: float) -> float:
+        """The lane centre's lateral position ``ahead`` metres ahead (ego frame, left positive)."""
+        return self.offset + self.slope * ahead
 
-def find_lane(frame: np.ndarray, min_points: int = 12) -> LaneEstimate | None:
-    """The ego lane's centre line seen in ``frame`` (uint8 ``[H, W, 3]``), or None when too few markings show."""
-    rgb = frame.astype(np.float32)
+
+def yellow_marking(rgb: np.ndarray) -> np.ndarray:
+    """Which pixels of ``rgb`` (float ``[H, W, 3]``) have the yellow centre line's colour (not the gravel
+    shoulder's)."""
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return (r > 140) & (g > 110) & (r - b > 100) & (g - b > 80)
+
+
+def find_lane(frame: np.ndarray, min_points: int = 12, edge_line: bool = True) -> LaneEstimate | None:
+    """The ego lane's centre line seen in ``frame`` (uint8 ``[H, W, 3]``), or None when too few markings show;
+    ``edge_line=False`` reads the yellow centre line alone."""
+    rgb = frame.astype(np.float32)
     fwd, left, valid = ground_points(*frame.shape[:2])
     brightest = rgb.max(-1)
-    yellow = valid & (r > 140) & (g > 110) & (r - b > 100) & (g - b > 80)  # not the gravel shoulder
-    white = valid & (brightest > 175) & (brightest - rgb.min(-1) < 45) & (left < -0.3)
+    yellow = valid & yellow_marking(rgb)
+    white = valid & (brightest > 175) & (brightest - rgb.min(-1) < 45) & (left < -0.3) & edge_line
     centre_fwd = np.r_[fwd[yellow], fwd[white]]
     centre_left = np.r_[left[yellow] - CENTRE_LINE_LEFT_M, left[white] + EDGE_LINE_RIGHT_M]
     if len(centre_fwd) < min_points:
         return None
     keep = np.abs(centre_left - np.median(centre_left)) < 1.5  # the other road edge, cars, signs: outliers
-    if keep.sum() < min_points:
+    if keep.sum() < min_points or np.ptp(centre_fwd[keep]) < MIN_SPAN_M:
         return None
     weights = 1.0 / np.maximum(centre_fwd[keep], 1.0)  # near pixels are sharper
     slope, offset = np.polyfit(centre_fwd[keep], centre_left[keep], 1, w=np.sqrt(weights))
