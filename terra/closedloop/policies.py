@@ -143,7 +143,7 @@ REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
 }
 # The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
 # (terra/closedloop/verdict.py) and out of all_pixel.
-NO_PIXELS = frozenset({"route_follower", "constant_speed"})
+NO_PIXELS = frozenset(CONTRACT_POLICIES)
 PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
 
 ALL_REFERENCE = "all_reference"  # a policies entry: every reference policy
