@@ -21,10 +21,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from terra.closedloop.exploit_drives import exploit_lines, exploit_study
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
-from terra.closedloop.exploit_drives import exploit_lines, exploit_study
 from terra.closedloop.verdict import (
     NO_PIXELS, WorldVerdict, judge, metric_value, pairs_of, path_distance_m, separation, shown, verdict_table,
 )
