@@ -20,6 +20,7 @@ import torch
 
 from terra.closedloop.learned import PATH_AHEAD_M, PathNet, check_tensors, net_input
 from terra.closedloop.scenarios import SCENE_LENGTH_M
+from terra.core.atomic import atomic_path
 from terra.inputs.ego_motion import to_ego
 from terra.sim.renderer import render
 from terra.sim.scene import Scene
@@ -104,7 +105,5 @@ def save_net(net: PathNet, path: Path, metadata: dict[str, str]) -> None:
 
     tensors = {name: t.detach().contiguous() for name, t in net.state_dict().items()}
     check_tensors(tensors, "the trained net")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    save_file(tensors, str(partial), metadata=metadata)
-    partial.replace(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)

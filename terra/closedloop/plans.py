@@ -15,10 +15,9 @@ of what it was built from, read-only: the policy that made it cannot change it a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import math
 
 import numpy as np
 

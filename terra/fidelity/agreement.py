@@ -46,7 +46,7 @@ def lane_reading(frame: np.ndarray) -> float:
     """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead as the lane detector reads it
     in ``frame``; NaN when it finds no lane."""
     lane = find_lane(frame)
-    return float("nan") if lane is None else lane.offset + lane.slope * LOOKAHEAD_M
+    return float("nan") if lane is None else lane.lateral(LOOKAHEAD_M)
 
 
 @dataclass(frozen=True)
