@@ -137,13 +137,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         warm_up(address, frame)
         records = []
         for count in args.sessions:
+            before = table.engine.decode_stats
             record = {"model": model, "backend": pipeline.backend.name, "device": str(pipeline.device),
                       "machine": machine, **rollouts(address, frame, count, args.chunks)}
+            after = table.engine.decode_stats
+            record["decoding"] = table.sampling.decoding
+            record["draft_tokens"] = table.sampling.draft_tokens
+            record["passes_per_frame"] = (after.passes - before.passes) / (after.frames - before.frames)
             records.append(record)
             print(f"{count:3d} rollouts: 8-frame chunk p50 {record['chunk_p50_s']:.3f} s, p90 "
                   f"{record['chunk_p90_s']:.3f} s ({record['realtime_x']:.2f}x real time); first chunk (5) "
                   f"{record['first_chunk_s']:.3f} s; start {record['start_s']:.3f} s; {record['frames_per_s']:.1f} "
-                  "frames/s in all", flush=True)
+                  "frames/s in all; "
+                  f"{record['passes_per_frame']:.1f} passes a frame ({record['decoding']})", flush=True)
     finally:
         server.stop(1).wait()
         table.shutdown()
