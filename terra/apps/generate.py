@@ -98,7 +98,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     # 2. the run made concrete (threads, device, backend, vLLM's decoding, the refiner's settings, the window),
     # the tokenizer, the context frames and the trajectory
-    run = resolve_run(spec.run, spec.num_samples)
+    run = resolve_run(spec.run, spec.num_samples, refine_after=True)
     run_settings, refiner = run.spec, run.refiner
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
