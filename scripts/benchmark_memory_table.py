@@ -212,7 +212,7 @@ def speed(case: dict[str, Any]) -> list[tuple[str, float | None, str]]:
                 ("sessions", (record.get("sessions") or {}).get("frames_per_s"), "frames/s")]
     cases = record.get("cases") or []
     if case["workflow"] == "refine":
-        return [("refine, 47 frames", cases[-1].get("seconds") if cases else None, "s")]
+        return [("refine, one sample", cases[-1].get("seconds") if cases else None, "s")]
     return [("score", record.get("videos_per_s"), "videos/s")]
 
 
