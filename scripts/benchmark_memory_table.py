@@ -226,7 +226,8 @@ def markdown(cases: list[dict[str, Any]]) -> str:
                           if k in ("quantization", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs"))
         for row, value, unit in speed(case):
             ref = base.get((case["workflow"], row))
-            ratio = ("" if value is None or not ref else f"{(ref / value if unit in ('s/frame', 's') else value / ref):.2f}x")
+            faster = (ref / value if unit in ("s/frame", "s") else value / ref) if value and ref else None
+            ratio = "" if faster is None else f"{faster:.2f}x"
             text = case.get("error", "failed") if value is None else f"{value:g} {unit}"
             lines.append(f"| {row} | {case['cap']} | {case['peak_gib'] if case['peak_gib'] is not None else '-'} | "
                          f"{text} | {ratio} | {shown or '-'} |")

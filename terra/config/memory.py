@@ -2,10 +2,11 @@
 
 ``memory=full`` leaves vLLM's own defaults (90 % of whatever card it finds); ``memory=16GiB`` / ``24GiB`` cap the run
 at a card of that size; ``memory=auto`` caps it at this card's total memory (read once per run, by
-terra/generation/backends.py, ``plan_run_memory``). Under a cap, :func:`plan_memory` picks, from the model's shape
+terra/generation/backends.py, ``fit_memory``). Under a cap, :func:`plan_memory` picks, from the model's shape
 (:class:`ModelShape`: weight bytes, KV bytes per token, from its config) and where the refiner runs, the least lossy
-engine settings that fit: bf16 weights and KV, then FP8 KV (``kv_cache_dtype=fp8``), then FP8 weights as well
-(``quantization=fp8``, vLLM quantizes the bf16 checkpoint's linear layers as it loads them), with vLLM's
+engine settings that fit: bf16 weights and KV, then FP8 KV (``kv_cache_dtype=fp8``), then FP8 weights
+(``quantization=fp8``, vLLM quantizes the bf16 checkpoint's linear layers as it loads them) with bf16 KV, then
+both (``CANDIDATES``), with vLLM's
 ``gpu_memory_utilization`` as the engine's share of the card and ``max_num_seqs`` what its KV cache holds. What
 cannot fit is one line naming the preset that would, before an engine starts (never a CUDA out-of-memory
 traceback). Options set in ``backend.options`` are kept and checked against the cap. Loads without torch.
@@ -32,7 +33,6 @@ MAIN_PROCESS = int(1.5 * GIB)  # the app's own process: CUDA context, the tokeni
 REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
 # Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (None, "fp8"), ("fp8", "auto"), ("fp8", "fp8"))
-PLANNED = ("quantization", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs")
 
 
 def check_memory(value: Any) -> str:
@@ -189,9 +189,9 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
 def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> int:
     """The fewest bytes of card that run one rollout of ``shape`` with the ``requested`` options (inf when they
     allow no candidate)."""
-    beside = MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0) + ENGINE_OVERHEAD
-    return min((beside + shape.weight_bytes(q) + shape.stream_bytes(kv) for q, kv in _candidates(requested)),
-               default=math.inf)
+    beside = MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0)
+    engines = [ENGINE_OVERHEAD + shape.weight_bytes(q) + shape.stream_bytes(kv) for q, kv in _candidates(requested)]
+    return min((max(beside + engine, math.ceil(engine / MAX_SHARE)) for engine in engines), default=math.inf)
 
 
 def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> str:
@@ -215,4 +215,5 @@ def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, reque
     return f"{what} does not fit memory={preset}; {fix}"
 
 
-__all__ = ["MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory", "plan_memory", "preset_cap"]
+__all__ = ["MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory", "plan_memory", "preset_cap",
+           "smallest_card"]

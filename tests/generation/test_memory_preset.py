@@ -9,8 +9,8 @@ import torch
 from transformers import AutoConfig
 
 from terra.config.backend import check_backend
-from terra.config.memory import (CANDIDATES, ENGINE_OVERHEAD, GIB, MAIN_PROCESS, REFINER_PEAK, ModelShape, plan_memory,
-                                 check_memory)
+from terra.config.memory import (CANDIDATES, ENGINE_OVERHEAD, GIB, MAIN_PROCESS, REFINER_PEAK, ModelShape, check_memory,
+                                 plan_memory, smallest_card)
 from terra.config.spec import RunSpec
 from terra.core.errors import TerraInputError
 from terra.generation.backends import fit_memory
@@ -30,7 +30,8 @@ def test_shape_counts_the_models_parameters_exactly(name):
     config = CONFIGS[name]
     with torch.device("meta"):
         model = LlamaActionForCausalLM(config)
-    linear = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n)
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and ".layers." in n)
     shape = ModelShape.from_config(config)
     assert shape.linear_params + shape.other_params == sum(p.numel() for p in model.parameters())
     assert shape.linear_params == linear
@@ -76,7 +77,8 @@ def test_every_plan_fits_its_cap_and_is_the_least_lossy_that_does(name, refiner,
                 assert share - ENGINE_OVERHEAD - shape.weight_bytes(q) < plan.max_num_seqs * shape.stream_bytes(kv)
             if plan.max_num_seqs < streams:
                 for q, kv in CANDIDATES:
-                    assert (share - ENGINE_OVERHEAD - shape.weight_bytes(q)) // shape.stream_bytes(kv) <= plan.max_num_seqs
+                    held = (share - ENGINE_OVERHEAD - shape.weight_bytes(q)) // shape.stream_bytes(kv)
+                    assert held <= plan.max_num_seqs
     assert planned >= 5
 
 
@@ -117,6 +119,16 @@ def test_error_lines_name_the_preset_or_say_the_card_is_too_small():
         plan_memory("16GiB", 24 * GIB, shape, "off", 1, {"gpu_memory_utilization": 0.9})
     with pytest.raises(TerraInputError, match=r"only 3.0 GiB of the card are free"):
         plan_memory("16GiB", 16 * GIB, shape, free_bytes=3 * GIB)
+
+
+@pytest.mark.parametrize("refiner", ["off", "shared"])
+def test_the_smallest_card_named_in_the_line_is_the_smallest_that_plans(refiner):
+    """The card size the error line gives is tight: 16 MiB more plans one rollout, 64 MiB less does not."""
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    need = smallest_card(shape, refiner, {})
+    assert plan_memory("auto", need + (16 << 20), shape, refiner, 1).max_num_seqs == 1
+    with pytest.raises(TerraInputError, match="cannot run it"):
+        plan_memory("auto", need - (64 << 20), shape, refiner, 1)
 
 
 def test_explicit_options_are_kept():
