@@ -170,8 +170,7 @@ def score_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str, 
     cap_process(cap)
     argv = ["--videos", str(args.videos), "--distinct", str(min(args.videos, 8)), "--num-workers", "4"]
     if args.device == "cpu":
-        argv += ["--preset", "tiny", "--device", "cpu", "--frames", "8", "--height", "64", "--width", "64",
-                 "--num-workers", "0"]
+        argv += ["--preset", "tiny", "--device", "cpu", "--num-workers", "0"]
     return benchmark_scoring.main([*argv, "--workdir", str(folder), "--out", str(folder / "score.json")])
 
 

@@ -41,6 +41,7 @@ def test_rows_ratios_and_failures(table):
     assert "| score | 16GiB | - | torch.OutOfMemoryError: CUDA out of memory |  | - |" in lines
 
 
+@pytest.mark.slow  # about 35 s on 2 cores: the subprocess imports the refiner's stack
 def test_cpu_smoke_runs_a_case_in_its_own_process(table, tmp_path):
     out = tmp_path / "memory.json"
     result = table.main(["--device", "cpu", "--workflows", "refine", "--caps", "uncapped", "--out", str(out),
