@@ -26,7 +26,7 @@ from terra.config.spec import RunSpec, check_window
 from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
 from terra.decoder import codes_to_frames
-from terra.generation.backends import create_backend, resolve_backend, resolve_spec
+from terra.generation.backends import create_backend, fit_memory, resolve_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
@@ -77,16 +77,21 @@ def check_model(spec: RunSpec) -> LlamaActionConfig:
     return config
 
 
-def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None) -> ResolvedRun:
+def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
+                refine_after: bool = False) -> ResolvedRun:
     """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
     order for every app: its torch threads set, device and backend chosen (a vLLM engine's decoding for at most
     ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoder=refiner``'s
     settings checked, then the model's config read and its window checked (:func:`check_model`), unless ``model``
-    is that config as the run already read it (a Ray actor gets it from its driver)."""
+    is that config as the run already read it (a Ray actor gets it from its driver); last the engine's options
+    fitted to the ``memory`` preset (``fit_memory``), the refiner beside the engine unless ``refine_after`` (the
+    app refines once the engine is closed, as terra-generate does)."""
     set_threads(spec.num_threads)
     spec = resolve_spec(spec, streams)
     refiner = check_decoder(spec)
-    return ResolvedRun(spec, model or check_model(spec), refiner)
+    config = model or check_model(spec)
+    place = "off" if refiner is None else "after" if refine_after else "shared"
+    return ResolvedRun(fit_memory(spec, config, streams, place), config, refiner)
 
 
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:

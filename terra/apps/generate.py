@@ -98,7 +98,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     # 2. the run made concrete (threads, device, backend, vLLM's decoding, the refiner's settings, the window),
     # the tokenizer, the context frames and the trajectory
-    run = resolve_run(spec.run, spec.num_samples)
+    run = resolve_run(spec.run, spec.num_samples, refine_after=True)
     run_settings, refiner = run.spec, run.refiner
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
@@ -138,6 +138,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     output.record()
     record = copy.deepcopy(spec.record)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
+    record["backend"]["options"] = dict(run_settings.backend_options)  # with the memory preset's choices
     s_per_frame = generate_s / (num_frames * spec.num_samples)
     stats = sum((result.decode_stats for result in results), DecodeStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()

@@ -2,7 +2,7 @@
 
 ``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
 ``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``, ``decoder``,
-``terra_root``; ``num_threads`` where the config has it). :func:`run_spec` checks them once, before torch is
+``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before torch is
 imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
 ``from_run``); nothing downstream reads the raw config again. What needs torch or a file's contents (whether a
 GPU exists, the world model's window, the refiner's weights) is checked once each where it is first known.
@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from terra.config.backend import DTYPES, check_backend, check_num_threads
 from terra.config.checks import MAX_FRAMES, Range, check_choice, check_flag, select
+from terra.config.memory import check_memory
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.core.device import check_device
@@ -55,6 +56,7 @@ class RunSpec:
     refiner: dict[str, Any] = field(default_factory=dict)  # conf/refiner/terra.yaml's keys, for decoder=refiner
     terra_root: str | None = None  # a downloaded Terra snapshot, named in error lines
     num_threads: int | None = None  # torch CPU threads of this process (terra/config/backend.py); None: torch's
+    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory a vLLM engine fits to (terra/config/memory.py)
 
     def replace(self, **changes: Any) -> "RunSpec":
         """A copy with ``changes`` (already checked values)."""
@@ -107,6 +109,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         refiner=dict(refiner or {}),
         terra_root=None if cfg.get("terra_root") is None else str(cfg.terra_root),
         num_threads=check_num_threads(cfg.get("num_threads")),
+        memory=check_memory(cfg.get("memory", "full")),
     )
 
 

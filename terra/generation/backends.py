@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from terra.config.backend import BACKENDS
+from terra.config.memory import ModelShape, plan_memory
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import auto_dtype, resolve_device
@@ -51,6 +52,19 @@ def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
     sampling = resolve_decoding(spec.sampling, backend, device, streams,
                                 spec.backend_options.get("requests", "per_frame"))
     return spec.replace(device=device, backend=backend, sampling=sampling)
+
+
+def fit_memory(spec: RunSpec, config, streams: int = 1, refiner: str = "off") -> RunSpec:
+    """``spec`` (resolved) with the vLLM options its ``memory`` preset picks for the world model ``config``, at most
+    ``streams`` rollouts in flight and the refiner ``off``, run ``after`` the engine or ``shared`` beside it
+    (terra/config/memory.py, ``plan_memory``: one line instead of a CUDA out-of-memory error when nothing fits).
+    The card is read once, here; ``memory=full``, a CPU run and the Transformers backend keep ``spec`` as it is."""
+    if spec.memory == "full" or spec.backend != "vllm" or not spec.device.startswith("cuda"):
+        return spec
+    free, total = torch.cuda.mem_get_info(torch.device(spec.device))
+    plan = plan_memory(spec.memory, total, ModelShape.from_config(config), refiner, streams, spec.backend_options,
+                       free)
+    return spec.replace(backend_options={**spec.backend_options, **plan.engine_options()})
 
 
 def vllm_available() -> bool:

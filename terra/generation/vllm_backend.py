@@ -84,7 +84,9 @@ class VLLMBackend(WorldModelBackend):
     ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, the KV cache's block,
     ``kv_cache_memory_bytes``, ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left
     at ``None`` is 0.9 on a GPU and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would
-    take nearly all of it).
+    take nearly all of it). ``quantization="fp8"`` loads the bf16 checkpoint's linear layers as FP8 (vLLM quantizes
+    each per tensor as it loads; embeddings and head stay bf16) and ``kv_cache_dtype="fp8"`` stores the KV cache in
+    FP8: terra/config/memory.py picks them for a card's size, scripts/measure_fp8.py measures their cost.
     ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
@@ -101,6 +103,7 @@ class VLLMBackend(WorldModelBackend):
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         kv_cache_dtype: str = "auto",
+        quantization: str | None = None,
         tensor_parallel_size: int = 1,
         seed: int = 0,
         config: Any = None,
@@ -155,6 +158,7 @@ class VLLMBackend(WorldModelBackend):
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             kv_cache_dtype=kv_cache_dtype,
+            quantization=quantization,
             tensor_parallel_size=tensor_parallel_size,
             seed=seed,
             **self.prompt_limits(),

@@ -1,0 +1,219 @@
+"""How much of the GPU a run may take: the ``memory`` setting and the one decision that fits vLLM's settings to it.
+
+``memory=full`` leaves vLLM's own defaults (90 % of whatever card it finds); ``memory=16GiB`` / ``24GiB`` cap the run
+at a card of that size; ``memory=auto`` caps it at this card's total memory (read once per run, by
+terra/generation/backends.py, ``fit_memory``). Under a cap, :func:`plan_memory` picks, from the model's shape
+(:class:`ModelShape`: weight bytes, KV bytes per token, from its config) and where the refiner runs, the least lossy
+engine settings that fit: bf16 weights and KV, then FP8 KV (``kv_cache_dtype=fp8``), then FP8 weights
+(``quantization=fp8``, vLLM quantizes the bf16 checkpoint's linear layers as it loads them) with bf16 KV, then
+both (``CANDIDATES``), with vLLM's
+``gpu_memory_utilization`` as the engine's share of the card and ``max_num_seqs`` what its KV cache holds. What
+cannot fit is one line naming the preset that would, before an engine starts (never a CUDA out-of-memory
+traceback). Options set in ``backend.options`` are kept and checked against the cap. Loads without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from terra.config.checks import check_choice
+from terra.core.errors import TerraInputError
+
+GIB = 1 << 30
+PRESETS = {"16GiB": 16 * GIB, "24GiB": 24 * GIB}  # the caps of the named presets, smallest first
+MEMORY = ("full", "auto", *PRESETS)
+CARD_SLACK = 0.95  # a card sold as 16 GB reports 15.6-15.9 GiB: a preset runs on a card of 95 % of its size or more
+REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engine is closed; beside the engine
+# Estimates of what a run takes besides weights and KV cache (refined by scripts/benchmark_memory_table.py):
+MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
+ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
+MAIN_PROCESS = int(1.5 * GIB)  # the app's own process: CUDA context, the tokenizer's decoder
+REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
+# Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
+CANDIDATES = ((None, "auto"), (None, "fp8"), ("fp8", "auto"), ("fp8", "fp8"))
+
+
+def check_memory(value: Any) -> str:
+    """``memory`` if it is one of full | auto | 16GiB | 24GiB."""
+    return check_choice(value, "memory", MEMORY)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a world model's size on the GPU depends on, read from its config (a ``LlamaActionConfig``)."""
+
+    linear_params: int  # weights of the decoder's linear layers (what vLLM's online FP8 quantizes)
+    other_params: int  # embeddings, head, norms, position tables, action projection (stay bf16)
+    layers: int
+    kv_heads: int
+    head_dim: int
+    window_tokens: int  # positions of one full window (the longest sequence the engine holds)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ModelShape":
+        """The shape of a ``LlamaActionConfig`` (or any object with its attributes)."""
+        h, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or h // heads
+        per_layer = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2 + 3 * h * ffn
+        tables = config.num_spatio_embeddings + config.num_temporal_embeddings
+        width = getattr(config, "action_mlp_hidden_size", h)  # v2's MLP (terra/models/modeling_llama_action.py)
+        action = ((config.action_dim + 1) * h if getattr(config, "action_projection_type", "linear") == "linear"
+                  else (config.action_dim + 1) * width + (width + 1) * width + (width + 1) * h)
+        head = 0 if getattr(config, "tie_word_embeddings", False) else config.vocab_size * h
+        other = config.vocab_size * h + head + tables * h + action + (2 * layers + 1) * h
+        window = config.num_temporal_embeddings * config.num_spatio_embeddings - config.num_action_tokens
+        return cls(per_layer * layers, other, layers, kv_heads, head_dim, window)
+
+    def weight_bytes(self, quantization: str | None) -> int:
+        """Bytes of the weights on the GPU: bf16, or FP8 linear layers beside bf16 embeddings and head."""
+        return self.linear_params * (1 if quantization == "fp8" else 2) + self.other_params * 2
+
+    def kv_bytes_per_token(self, kv_cache_dtype: str) -> int:
+        """Bytes of KV cache one token takes: keys and values of every layer, bf16 or FP8."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * (1 if kv_cache_dtype.startswith("fp8") else 2)
+
+    def stream_bytes(self, kv_cache_dtype: str) -> int:
+        """KV cache of one rollout holding a full window."""
+        return self.window_tokens * self.kv_bytes_per_token(kv_cache_dtype)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The engine settings :func:`plan_memory` chose for a cap, and what they leave."""
+
+    preset: str
+    cap_bytes: int
+    card_bytes: int
+    quantization: str | None
+    kv_cache_dtype: str
+    gpu_memory_utilization: float  # the engine's share of the whole card
+    max_num_seqs: int  # rollouts the KV cache holds at full window (at most what the run asked)
+    refiner: str  # off | after | shared (REFINER_PLACES)
+
+    def engine_options(self) -> dict[str, Any]:
+        """The vLLM options of this plan (``backend.options`` keys)."""
+        return {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs}
+
+
+def preset_cap(preset: str, card_bytes: int) -> int:
+    """Bytes the run may use on a card of ``card_bytes``: the card for ``auto``, the preset's size (at most the
+    card) for a named one, which needs a card of about that size."""
+    if preset == "auto":
+        return card_bytes
+    size = PRESETS[preset]
+    if card_bytes < CARD_SLACK * size:
+        smaller = [name for name, cap in PRESETS.items() if CARD_SLACK * cap <= card_bytes]
+        fix = f"use memory={smaller[-1]} or memory=auto" if smaller else "use memory=auto"
+        raise TerraInputError(f"memory={preset} needs a card of {size / GIB:.0f} GiB; this one has "
+                              f"{card_bytes / GIB:.1f} GiB: {fix}")
+    return min(size, card_bytes)
+
+
+def engine_budget(cap: int, refiner: str) -> int:
+    """Bytes of the cap left to the engine process: the app's own process, and the refiner when it runs beside."""
+    return cap - MAIN_PROCESS - (REFINER_PEAK if refiner == "shared" else 0)
+
+
+def _fp8(kv_cache_dtype: Any) -> bool:
+    return str(kv_cache_dtype).startswith("fp8")
+
+
+def _candidates(requested: Mapping[str, Any]) -> list[tuple[str | None, str]]:
+    """The (quantization, kv_cache_dtype) pairs of ``CANDIDATES`` that the ``requested`` options allow, least lossy
+    first (an explicit ``kv_cache_dtype`` such as ``fp8_e5m2`` kept as it is)."""
+    allowed = []
+    for quantization, kv in CANDIDATES:
+        if requested.get("quantization", quantization) != quantization:
+            continue
+        if "kv_cache_dtype" in requested:
+            if _fp8(requested["kv_cache_dtype"]) != _fp8(kv):
+                continue
+            kv = requested["kv_cache_dtype"]
+        allowed.append((quantization, kv))
+    return allowed
+
+
+def _fit(shape: ModelShape, budget: int, streams: int, requested: Mapping[str, Any]) -> tuple | None:
+    """The least lossy (quantization, kv_cache_dtype, rollouts) allowed whose KV cache holds ``streams`` rollouts in
+    ``budget`` bytes; else the one holding the most; None if none holds one."""
+    best = None
+    for quantization, kv in _candidates(requested):
+        room = budget - ENGINE_OVERHEAD - shape.weight_bytes(quantization)
+        held = max(room, 0) // shape.stream_bytes(kv)
+        if held >= streams:
+            return quantization, kv, streams
+        if held >= 1 and (best is None or held > best[2]):
+            best = (quantization, kv, int(held))
+    return best
+
+
+def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = "off", streams: int = 64,
+                requested: Mapping[str, Any] | None = None, free_bytes: int | None = None) -> MemoryPlan:
+    """The vLLM settings that fit a run of at most ``streams`` rollouts at once under ``preset`` (16GiB | 24GiB |
+    auto) on a card of ``card_bytes``, the refiner ``off``, run ``after`` the engine closes or ``shared`` beside it.
+
+    ``requested``: the run's ``backend.options``; the plan keeps those it sets itself (``quantization``,
+    ``kv_cache_dtype``, ``gpu_memory_utilization``, ``max_num_seqs`` as the most rollouts). ``free_bytes``: the
+    card's free memory now (vLLM refuses to start on less than its share). Raises one line naming the preset to use
+    (or that the card cannot run this model) when nothing fits.
+    """
+    check_choice(refiner, "refiner placement", REFINER_PLACES)
+    requested = dict(requested or {})
+    cap = preset_cap(preset, card_bytes)
+    streams = max(1, min(streams, int(requested.get("max_num_seqs") or streams)))
+    room = max(0, min(engine_budget(cap, refiner), int(MAX_SHARE * card_bytes)))
+    share = requested.get("gpu_memory_utilization")
+    if share is None:
+        share = math.floor(round(room / card_bytes * 1000, 6)) / 1000
+    elif share * card_bytes > room:
+        raise TerraInputError(
+            f"backend.options.gpu_memory_utilization={share:g} takes {share * card_bytes / GIB:.1f} GiB, more than "
+            f"memory={preset} leaves the engine ({room / GIB:.1f} GiB); remove it (the preset sets it) or use at "
+            f"most {math.floor(round(room / card_bytes * 1000, 6)) / 1000:g}")
+    engine = int(share * card_bytes)
+    fit = _fit(shape, engine, streams, requested)
+    if fit is None:
+        raise TerraInputError(_no_fit(preset, card_bytes, shape, refiner, requested))
+    if free_bytes is not None and engine > free_bytes:
+        raise TerraInputError(f"memory={preset}: the engine needs {engine / GIB:.1f} GiB but only "
+                              f"{free_bytes / GIB:.1f} GiB of the card are free (other processes hold the rest); "
+                              "free the card or use a smaller preset")
+    quantization, kv, held = fit
+    return MemoryPlan(preset, cap, card_bytes, quantization, kv, share, held, refiner)
+
+
+def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> int:
+    """The fewest bytes of card that run one rollout of ``shape`` with the ``requested`` options (inf when they
+    allow no candidate)."""
+    beside = MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0)
+    engines = [ENGINE_OVERHEAD + shape.weight_bytes(q) + shape.stream_bytes(kv) for q, kv in _candidates(requested)]
+    return min((max(beside + engine, math.ceil(engine / MAX_SHARE)) for engine in engines), default=math.inf)
+
+
+def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> str:
+    """The line saying that nothing fits ``preset``, and what would: the smallest preset that fits (on this card),
+    ``auto``, or no preset on this card."""
+    asked = {key: requested[key] for key in ("quantization", "kv_cache_dtype") if key in requested}
+    what = f"the world model ({(shape.linear_params + shape.other_params) / 1e9:.2f} B parameters"
+    what += ", the refiner beside it)" if refiner == "shared" else ")"
+    if asked:
+        what += " with " + ", ".join(f"backend.options.{k}={v}" for k, v in asked.items())
+    need = smallest_card(shape, refiner, asked)
+    fits = [name for name, cap in PRESETS.items() if need <= cap and CARD_SLACK * cap <= card_bytes]
+    if need > card_bytes:
+        fix = f"this card ({card_bytes / GIB:.1f} GiB) cannot run it: it needs about {need / GIB:.1f} GiB"
+    else:
+        fix = f"use memory={fits[0] if fits else 'auto'}"
+    if asked:
+        fix += "; or leave those options to the preset, which picks FP8 where it must"
+    if refiner == "shared":
+        fix += "; or decoder=tokenizer"
+    return f"{what} does not fit memory={preset}; {fix}"
+
+
+__all__ = ["MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory", "plan_memory", "preset_cap",
+           "smallest_card"]

@@ -1,0 +1,167 @@
+"""The ``memory`` preset (terra/config/memory.py): a model's bytes from its config, the settings picked for fake
+cards of 6 to 80 GiB at Terra's shape and the demo model's, one line naming the preset to use when nothing fits, and
+the run's options set from the card (terra/generation/backends.py, ``fit_memory``). CPU only: the card is a number."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from terra.config.backend import check_backend
+from terra.config.memory import (CANDIDATES, ENGINE_OVERHEAD, GIB, MAIN_PROCESS, REFINER_PEAK, ModelShape, check_memory,
+                                 plan_memory, smallest_card)
+from terra.config.spec import RunSpec
+from terra.core.errors import TerraInputError
+from terra.generation.backends import fit_memory
+from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.models.presets import TERRA
+
+DEMO = AutoConfig.from_pretrained("terra/assets/demo/world_model")
+CONFIGS = {"terra": LlamaActionConfig(**TERRA), "terra_v2": LlamaActionConfig(**TERRA, action_projection_type="mlp"),
+           "demo": DEMO}
+CARDS_GIB = (6, 8, 12, 15.6, 16, 20, 23.6, 24, 40, 80)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_shape_counts_the_models_parameters_exactly(name):
+    """Weights from the config alone equal the built model's (on the meta device: no memory), and the linear
+    layers vLLM quantizes are the decoder layers' ``nn.Linear``s."""
+    config = CONFIGS[name]
+    with torch.device("meta"):
+        model = LlamaActionForCausalLM(config)
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and ".layers." in n)
+    shape = ModelShape.from_config(config)
+    assert shape.linear_params + shape.other_params == sum(p.numel() for p in model.parameters())
+    assert shape.linear_params == linear
+
+
+def test_terra_shape_bytes():
+    """Terra's 2.04 B parameters: 3.81 GiB in bf16, 2.90 GiB with FP8 linear layers (embedding and head, 1.08 B,
+    stay bf16); KV 2 x 22 layers x 4 heads x 64 = 22528 bytes per token in bf16, half in FP8."""
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    assert shape.weight_bytes(None) / GIB == pytest.approx(3.807, abs=1e-3)
+    assert shape.weight_bytes("fp8") / GIB == pytest.approx(2.905, abs=1e-3)
+    assert shape.kv_bytes_per_token("auto") == 22528 and shape.kv_bytes_per_token("fp8") == 11264
+    assert shape.window_tokens == 25 * 582 - 6
+
+
+def engine_bytes(shape: ModelShape, plan) -> int:
+    return ENGINE_OVERHEAD + shape.weight_bytes(plan.quantization) + plan.max_num_seqs * shape.stream_bytes(
+        plan.kv_cache_dtype)
+
+
+@pytest.mark.parametrize("name", ["terra", "demo"])
+@pytest.mark.parametrize("refiner", ["off", "after", "shared"])
+@pytest.mark.parametrize("streams", [1, 64])
+def test_every_plan_fits_its_cap_and_is_the_least_lossy_that_does(name, refiner, streams):
+    """On every fake card and preset that plans: the engine's weights, overhead and KV of its rollouts fit its share
+    of the card, the share plus the app's process (and the refiner beside it) fit the cap; no less lossy candidate
+    holds as many rollouts; a plan holding fewer rollouts than asked holds the most any candidate does."""
+    shape = ModelShape.from_config(CONFIGS[name])
+    planned = 0
+    for card_gib in CARDS_GIB:
+        card = int(card_gib * GIB)
+        for preset in ("auto", "16GiB", "24GiB"):
+            try:
+                plan = plan_memory(preset, card, shape, refiner, streams)
+            except TerraInputError:
+                continue
+            planned += 1
+            share = plan.gpu_memory_utilization * card
+            assert engine_bytes(shape, plan) <= share
+            assert share + MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0) <= plan.cap_bytes <= card
+            chosen = CANDIDATES.index((plan.quantization, plan.kv_cache_dtype))
+            for q, kv in CANDIDATES[:chosen]:  # every less lossy setting holds fewer rollouts
+                assert share - ENGINE_OVERHEAD - shape.weight_bytes(q) < plan.max_num_seqs * shape.stream_bytes(kv)
+            if plan.max_num_seqs < streams:
+                for q, kv in CANDIDATES:
+                    held = (share - ENGINE_OVERHEAD - shape.weight_bytes(q)) // shape.stream_bytes(kv)
+                    assert held <= plan.max_num_seqs
+    assert planned >= 5
+
+
+def test_terra_on_16_and_24_gib_cards():
+    """Terra at 16 GiB: bf16 for one rollout; 64 rollouts need FP8 KV and FP8 weights; the refiner beside the
+    engine does not fit (the line says memory=24GiB on a 24 GiB card, that this card cannot on a 16 GiB one); after
+    the engine it does. At 24 GiB: 64 rollouts on bf16 weights with FP8 KV; the refiner beside it fits on FP8."""
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    one = plan_memory("16GiB", 16 * GIB, shape, "off", 1)
+    assert (one.quantization, one.kv_cache_dtype, one.max_num_seqs) == (None, "auto", 1)
+    many = plan_memory("16GiB", 16 * GIB, shape, "after", 64)
+    assert (many.quantization, many.kv_cache_dtype, many.max_num_seqs) == ("fp8", "fp8", 64)
+    assert many.gpu_memory_utilization == pytest.approx(0.9, abs=1e-3)
+    with pytest.raises(TerraInputError, match=r"does not fit memory=16GiB; use memory=24GiB; or decoder=tokenizer"):
+        plan_memory("16GiB", 80 * GIB, shape, "shared", 1)
+    with pytest.raises(TerraInputError, match=r"this card \(16.0 GiB\) cannot run it: it needs about 17.\d GiB"):
+        plan_memory("16GiB", 16 * GIB, shape, "shared", 1)
+    wide = plan_memory("24GiB", 24 * GIB, shape, "off", 64)
+    assert (wide.quantization, wide.kv_cache_dtype, wide.max_num_seqs) == (None, "fp8", 64)
+    beside = plan_memory("24GiB", 80 * GIB, shape, "shared", 64)
+    assert (beside.quantization, beside.kv_cache_dtype) == ("fp8", "fp8") and 30 <= beside.max_num_seqs < 64
+    assert beside.gpu_memory_utilization * 80 == pytest.approx(24 - 1.5 - 11.5, abs=0.1)
+
+
+def test_error_lines_name_the_preset_or_say_the_card_is_too_small():
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    with pytest.raises(TerraInputError, match=r"^memory=24GiB needs a card of 24 GiB; this one has 15.6 GiB: "
+                                              r"use memory=16GiB or memory=auto$"):
+        plan_memory("24GiB", int(15.6 * GIB), shape)
+    with pytest.raises(TerraInputError, match=r"this card \(6.0 GiB\) cannot run it: it needs about 6.\d GiB$"):
+        plan_memory("auto", 6 * GIB, shape)
+    demo = plan_memory("auto", 6 * GIB, ModelShape.from_config(DEMO))  # the demo model fits any card
+    assert (demo.quantization, demo.kv_cache_dtype, demo.max_num_seqs) == (None, "auto", 64)
+    with pytest.raises(TerraInputError, match=r"backend.options.quantization=None does not fit memory=16GiB; "
+                                              r"use memory=24GiB; or leave those options"):
+        plan_memory("16GiB", 24 * GIB, shape, "shared", 1, {"quantization": None})
+    with pytest.raises(TerraInputError, match=r"gpu_memory_utilization=0.9 takes 21.6 GiB, more than memory=16GiB"):
+        plan_memory("16GiB", 24 * GIB, shape, "off", 1, {"gpu_memory_utilization": 0.9})
+    with pytest.raises(TerraInputError, match=r"only 3.0 GiB of the card are free"):
+        plan_memory("16GiB", 16 * GIB, shape, free_bytes=3 * GIB)
+
+
+@pytest.mark.parametrize("refiner", ["off", "shared"])
+def test_the_smallest_card_named_in_the_line_is_the_smallest_that_plans(refiner):
+    """The card size the error line gives is tight: 16 MiB more plans one rollout, 64 MiB less does not."""
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    need = smallest_card(shape, refiner, {})
+    assert plan_memory("auto", need + (16 << 20), shape, refiner, 1).max_num_seqs == 1
+    with pytest.raises(TerraInputError, match="cannot run it"):
+        plan_memory("auto", need - (64 << 20), shape, refiner, 1)
+
+
+def test_explicit_options_are_kept():
+    """What backend.options set stays: an explicit bf16 KV at 16 GiB holds fewer rollouts instead of switching."""
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    plan = plan_memory("16GiB", 16 * GIB, shape, "off", 64, {"kv_cache_dtype": "auto", "max_num_seqs": 48})
+    assert plan.kv_cache_dtype == "auto" and plan.quantization == "fp8" and 20 <= plan.max_num_seqs < 48
+    e5m2 = plan_memory("16GiB", 16 * GIB, shape, "off", 8, {"kv_cache_dtype": "fp8_e5m2"})
+    assert (e5m2.quantization, e5m2.kv_cache_dtype, e5m2.max_num_seqs) == (None, "fp8_e5m2", 8)
+
+
+def test_settings_are_checked_at_the_edge():
+    assert check_memory("16GiB") == "16GiB"
+    with pytest.raises(TerraInputError, match=r"unknown memory '32GiB'; choose one of: full, auto, 16GiB, 24GiB"):
+        check_memory("32GiB")
+    assert check_backend("vllm", {"quantization": "fp8"})[1] == {"quantization": "fp8"}
+    assert check_backend("vllm", {"quantization": None})[1] == {"quantization": None}
+    with pytest.raises(TerraInputError, match=r"backend.options.quantization 'int4'; choose one of: null, fp8"):
+        check_backend("auto", {"quantization": "int4"})
+
+
+def test_fit_memory_reads_the_card_once_and_sets_the_engine_options(monkeypatch):
+    """A resolved vLLM run on a (fake) 16 GiB card gets the plan's options; memory=full, a CPU run and the
+    Transformers backend are left alone and never read the card."""
+    reads = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: reads.append(device) or (15 * GIB, 16 * GIB))
+    spec = RunSpec("wm", "tok", backend="vllm", device="cuda:0", memory="16GiB", backend_options={"requests": "auto"})
+    fitted = fit_memory(spec, CONFIGS["terra"], streams=64, refiner="after")
+    assert fitted.backend_options == {"requests": "auto", "quantization": "fp8", "kv_cache_dtype": "fp8",
+                                      "gpu_memory_utilization": 0.9, "max_num_seqs": 64}
+    assert len(reads) == 1
+    for unchanged in (spec.replace(memory="full"), spec.replace(device="cpu"), spec.replace(backend="hf")):
+        assert fit_memory(unchanged, CONFIGS["terra"], 64) is unchanged
+    assert len(reads) == 1
+    with pytest.raises(TerraInputError, match="does not fit memory=16GiB"):
+        fit_memory(spec, CONFIGS["terra"], streams=1, refiner="shared")

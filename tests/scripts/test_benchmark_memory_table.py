@@ -1,0 +1,54 @@
+"""scripts/benchmark_memory_table.py: the table's rows and ratios from case records, and its CPU smoke path (one
+case in its own process: the tiny refiner; a card's peaks are the GPU run's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_script("benchmark_memory_table")
+
+
+def vllm_case(cap: str, peak: float, s_per_frame: float, batch: float, sessions: float, **settings) -> dict:
+    return {"workflow": "vllm", "cap": cap, "peak_gib": peak, "record": {
+        "settings": settings, "generate_1": {"s_per_frame": s_per_frame}, "generate_batch": {"frames_per_s": batch},
+        "sessions": {"frames_per_s": sessions}}}
+
+
+def test_rows_ratios_and_failures(table):
+    """Speeds against the uncapped case (a time: uncapped / capped; a rate: capped / uncapped), the plan's settings,
+    and a failed case's error in place of its speed."""
+    cases = [vllm_case("uncapped", 71.9, 1.0, 20.0, 8.0),
+             vllm_case("16GiB", 14.2, 1.25, 10.0, 8.0, quantization="fp8", kv_cache_dtype="fp8",
+                       gpu_memory_utilization=0.163, max_num_seqs=32, enforce_eager=False),
+             {"workflow": "refine", "cap": "uncapped", "peak_gib": 11.6, "record": {"cases": [{"seconds": 8.0}]}},
+             {"workflow": "refine", "cap": "16GiB", "peak_gib": 11.6, "record": {"cases": [{"seconds": 10.0}]}},
+             {"workflow": "score", "cap": "16GiB", "peak_gib": None, "error": "torch.OutOfMemoryError: CUDA out of "
+                                                                                 "memory"}]
+    lines = table.markdown(cases).splitlines()
+    assert lines[0].startswith("| workflow | cap | peak GPU memory (GiB) |") and len(lines) == 2 + 3 + 3 + 2 + 1
+    assert "| generate, 1 rollout | 16GiB | 14.2 | 1.25 s/frame | 0.80x | quantization=fp8, kv_cache_dtype=fp8, " \
+           "gpu_memory_utilization=0.163, max_num_seqs=32 |" in lines
+    assert "| generate, batch | 16GiB | 14.2 | 10 frames/s | 0.50x |" in " ".join(lines)
+    assert "| sessions | uncapped | 71.9 | 8 frames/s | 1.00x | - |" in lines
+    assert "| refine, one sample | 16GiB | 11.6 | 10 s | 0.80x | - |" in lines
+    assert "| score | 16GiB | - | torch.OutOfMemoryError: CUDA out of memory |  | - |" in lines
+
+
+@pytest.mark.slow  # about 35 s on 2 cores: the subprocess imports the refiner's stack
+def test_cpu_smoke_runs_a_case_in_its_own_process(table, tmp_path):
+    out = tmp_path / "memory.json"
+    result = table.main(["--device", "cpu", "--workflows", "refine", "--caps", "uncapped", "--out", str(out),
+                         "--timeout-s", "300"])
+    (case,) = result["cases"]
+    assert "error" not in case, case
+    assert case["record"]["cases"][0]["frames"] == 5 and case["record"]["cases"][0]["seconds"] > 0
+    assert case["peak_gib"] is None  # no card
+    assert json.loads(out.read_text())["table"] == result["table"]
+    assert "| refine, one sample | uncapped | - |" in result["table"]
