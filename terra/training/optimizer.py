@@ -4,8 +4,9 @@
 weight. ``adamw8bit`` is torchao's ``AdamW8bit``: both moments block-quantized to 8 bits (2 bytes a weight; tensors
 under 4,096 values keep float32 moments) and, for bf16 weights (``train.weights_dtype=bfloat16``), the update
 rounded stochastically so that steps smaller than bf16's spacing still move the weights on average: 6 bytes a
-trained weight (BENCHMARKS.md, "Fine-tuning in 24 GiB"). torchao compiles its step per weight shape; with
-``train.compile=false`` it runs eagerly instead (the compilation costs minutes on a CPU).
+trained weight (BENCHMARKS.md, "Fine-tuning in 24 GiB"). torchao compiles its step per weight shape, which on a GPU
+also keeps its float32 temporaries out of memory (run eagerly, the step of Terra's 262,145 x 2,048 output layer
+would hold several GiB of them); on the CPU it runs eagerly (compiling costs minutes there).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.devic
         return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=device.type == "cuda")
     from torchao.optim import AdamW8bit
 
-    cls = AdamW8bit if spec.compile else eager(AdamW8bit)
+    cls = AdamW8bit if device.type == "cuda" else eager(AdamW8bit)
     # stochastic rounding acts on bf16 weights only; float32 ones are updated exactly
     return cls(groups, lr=spec.lr, betas=spec.betas, bf16_stochastic_round=True)
 
