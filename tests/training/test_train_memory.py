@@ -13,6 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from terra.core.errors import TerraInputError
+from terra.training.data import WindowSampler, load_training_data
+from terra.training.distributed import start_processes
+from terra.training.optimizer import make_optimizer
+from terra.training.run import build_trainee, train_step
 from terra.training.settings import train_spec
 from tests.training.test_train import train, train_config
 from tests.training.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
@@ -80,17 +84,32 @@ def test_a_resumed_8bit_run_equals_an_uninterrupted_one(tokens, tmp_path):  # no
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
 
-def test_checkpointing_recomputes_the_first_n_layers(tokens, tmp_path):  # noqa: F811
-    from terra.training.data import load_training_data
-    from terra.training.distributed import start_processes
-    from terra.training.run import build_trainee
+def trainee_of(tokens: Path, out: Path, *overrides: str):  # noqa: F811
+    """The run's spec and its trainee on the CPU (terra/training/run.py), without training."""
+    spec = train_spec(train_config(tokens, out, *overrides))
+    return spec, build_trainee(spec, load_training_data(spec.data, spec.val_clips), start_processes("cpu"))
 
-    spec = train_spec(train_config(tokens, tmp_path, "train.activation_checkpointing=1"))
-    trainee = build_trainee(spec, load_training_data(spec.data, spec.val_clips), start_processes("cpu"))
+
+@needs_torchao
+def test_8bit_adamw_keeps_one_byte_moments_of_bf16_weights(tokens, tmp_path):  # noqa: F811
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    spec, trainee = trainee_of(tokens, tmp_path, "train.optimizer=adamw8bit", "train.weights_dtype=bfloat16")
+    optimizer = make_optimizer(trainee.module, spec, torch.device("cpu"))
+    ids, acts = WindowSampler(load_training_data(spec.data, spec.val_clips).train, trainee.frames, 0).sample(8)
+    train_step(trainee, optimizer, ids, acts, spec.grad_clip)
+    up = trainee.loss.lm.model.layers[0].mlp.up_proj.weight  # 128 x 64: quantized in blocks of 256
+    assert up.dtype == torch.bfloat16
+    state = optimizer.state[up]
+    assert isinstance(state["exp_avg"], OptimState8bit) and isinstance(state["exp_avg_sq"], OptimState8bit)
+    assert state["exp_avg"].codes.dtype == torch.uint8 and state["exp_avg"].codes.numel() == up.numel()
+
+
+def test_checkpointing_recomputes_the_first_n_layers(tokens, tmp_path):  # noqa: F811
+    _, trainee = trainee_of(tokens, tmp_path, "train.activation_checkpointing=1")
     assert [layer.gradient_checkpointing for layer in trainee.loss.lm.model.layers] == [True, False]
-    spec = train_spec(train_config(tokens, tmp_path, "train.activation_checkpointing=3"))
     with pytest.raises(TerraInputError, match="more than the model's 2 decoder layers"):
-        build_trainee(spec, load_training_data(spec.data, spec.val_clips), start_processes("cpu"))
+        trainee_of(tokens, tmp_path, "train.activation_checkpointing=3")
 
 
 @pytest.mark.parametrize("override, match", [
