@@ -121,8 +121,9 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     sampler = WindowSampler(data.train, trainee.frames, spec.seed)
     step = 0
     folder = out / CHECKPOINT_DIR
+    bound = {"train.optimizer": spec.optimizer}  # the optimizer state's layout: a checkpoint resumes under its own
     if spec.resume and ckpt.find_checkpoint(folder, processes):
-        state = ckpt.load_checkpoint(folder, module, optimizer, processes)
+        state = ckpt.load_checkpoint(folder, module, optimizer, processes, bound)
         scheduler.load_state_dict(state["scheduler"])
         sampler.generator.set_state(state["sampler"])
         step = int(state["step"])
@@ -152,7 +153,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
               f"positions, {processes.world_size} process(es) on {device.type}")
 
     def save() -> None:
-        state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler.generator.get_state()}
+        state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler.generator.get_state(),
+                 "settings": bound}
         ckpt.save_checkpoint(folder, module, optimizer, state, processes)
 
     stop = {"signal": False}

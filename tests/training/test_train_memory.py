@@ -84,6 +84,15 @@ def test_a_resumed_8bit_run_equals_an_uninterrupted_one(tokens, tmp_path):  # no
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
 
+@needs_torchao
+def test_a_checkpoint_resumes_only_under_its_own_optimizer(tokens, tmp_path):  # noqa: F811
+    train(train_config(tokens, tmp_path, "train.max_steps=3", "train.max_minutes=0"))  # one step, checkpointed
+    with pytest.raises(TerraInputError, match="written with train.optimizer=adamw and this run has "
+                                              "train.optimizer=adamw8bit; set train.optimizer=adamw") as err:
+        train(train_config(tokens, tmp_path, "train.max_steps=3", "train.optimizer=adamw8bit"))
+    assert "\n" not in str(err.value)
+
+
 def trainee_of(tokens: Path, out: Path, *overrides: str):  # noqa: F811
     """The run's spec and its trainee on the CPU (terra/training/run.py), without training."""
     spec = train_spec(train_config(tokens, out, *overrides))
