@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,7 +79,10 @@ def terra_spec(args: argparse.Namespace, world_size: int):
     net = {f"net.{k}": TERRA[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                           "num_attention_heads", "num_key_value_heads", "num_temporal_embeddings",
                                           "rms_norm_eps")}
-    overrides = {**net, "net.rope_theta": 10000.0, "data.tokens": ".", "finetune": "full",
+    scratch = Path(tempfile.mkdtemp(prefix="benchmark_training-"))  # the settings' folders: nothing is read or written
+    (scratch / "data").mkdir()
+    overrides = {**net, "net.rope_theta": 10000.0, "data.tokens": scratch / "data", "output_dir": scratch / "run",
+                 "finetune": "full",
                  "train.batch_size": args.micro_batch * world_size, "train.micro_batch_size": args.micro_batch,
                  "train.activation_checkpointing": args.activation_checkpointing, "train.compile": args.compile,
                  "train.optimizer": args.optimizer, "train.weights_dtype": args.weights_dtype,
