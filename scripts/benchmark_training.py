@@ -9,20 +9,24 @@ JSON line out.
 
 Fine-tuning in 24 GiB (BENCHMARKS.md, "Fine-tuning in 24 GiB"): ``--memory-cap-gib`` caps what this process may
 allocate on the GPU (``torch.cuda.set_per_process_memory_fraction``; over it the run reports "out of memory"), to
-measure each setting capped at 24 GiB against uncapped. One H100, ``--steps 4`` (2 warm-up + 4 timed steps; the
-warm-up compiles torchao's optimizer step for each weight shape), each under about a minute:
+measure each setting capped at 24 (or 16) GiB against uncapped. One H100, ``--steps 4`` (2 warm-up + 4 timed
+steps), each meant to take about a minute; the unknown is the first warm-up step of ``adamw8bit``, which compiles
+torchao's optimizer step once per weight shape (about ten shapes; a rerun on the same machine reuses the cache):
 
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   # under a cap, no OOM from fragmentation
     B="python scripts/benchmark_training.py --steps 4 --out train_24gib.jsonl"
+    $B --variant lora --compile                                   # today's uncapped LoRA: the speed to hold
     $B --variant lora --activation-checkpointing                  # LoRA, bf16 base (as the trainer keeps it on GPUs)
     $B --variant lora --activation-checkpointing --memory-cap-gib 24
     $B --variant lora --activation-checkpointing --compile
     $B --variant lora --activation-checkpointing --compile --memory-cap-gib 24
+    $B --variant lora --activation-checkpointing --compile --memory-cap-gib 16
     $B --variant lora --activation-checkpointing 11 --compile     # half the layers recomputed: between the two
-    $B --variant lora --compile                                   # today's uncapped LoRA, the speed to hold
     $B --variant full --activation-checkpointing --optimizer adamw8bit --weights-dtype bfloat16
     $B --variant full --activation-checkpointing --optimizer adamw8bit --weights-dtype bfloat16 --memory-cap-gib 24
-    $B --variant full --activation-checkpointing --optimizer adamw8bit --weights-dtype bfloat16 --compile --memory-cap-gib 24
+    $B --variant full --activation-checkpointing --optimizer adamw8bit --weights-dtype bfloat16 --compile
+    $B --variant full --activation-checkpointing --optimizer adamw8bit --weights-dtype bfloat16 --compile \
+       --memory-cap-gib 24
     $B --variant full --activation-checkpointing --optimizer adamw8bit --compile --memory-cap-gib 24   # float32 weights
 
 ``--optimizer adamw8bit`` needs torchao (``pip install 'terra-world-model[train8bit]'``; one 3.4 MB wheel, pure
@@ -79,7 +83,7 @@ def terra_spec(args: argparse.Namespace, world_size: int):
     net = {f"net.{k}": TERRA[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                           "num_attention_heads", "num_key_value_heads", "num_temporal_embeddings",
                                           "rms_norm_eps")}
-    scratch = Path(tempfile.mkdtemp(prefix="benchmark_training-"))  # the settings' folders: nothing is read or written
+    scratch = Path(tempfile.mkdtemp(prefix="benchmark_training-"))  # folders for the settings; left empty
     (scratch / "data").mkdir()
     overrides = {**net, "net.rope_theta": 10000.0, "data.tokens": scratch / "data", "output_dir": scratch / "run",
                  "finetune": "full",
