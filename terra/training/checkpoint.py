@@ -104,9 +104,17 @@ def save_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Opti
     barrier(processes)
 
 
-def load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer,
-                    processes: Processes) -> dict[str, Any]:
-    """Load what :func:`save_checkpoint` wrote into ``module`` and ``optimizer``; return the trainer state."""
+def load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, processes: Processes,
+                    settings: dict[str, str]) -> dict[str, Any]:
+    """Load what :func:`save_checkpoint` wrote into ``module`` and ``optimizer``; return the trainer state.
+    ``settings`` (e.g. ``train.optimizer``) must be those the trainer state records under ``"settings"`` (a
+    checkpoint written before they were recorded is taken to match)."""
+    state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+    for name, value in settings.items():
+        was = state.get("settings", {}).get(name, value)
+        if was != value:
+            raise TerraInputError(f"the checkpoint in {folder} was written with {name}={was} and this run has "
+                                  f"{name}={value}; set {name}={was} to resume it, or pick a new output_dir")
     model_state, optim_state = get_state_dict(module, optimizer, options=OPTIONS)
     try:
         with _quiet():
@@ -121,7 +129,7 @@ def load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Opti
         raise TerraInputError(f"the checkpoint in {folder} cannot be read ({error_reason(cause)}); the file is "
                               "damaged: restore it, or set resume=false to start afresh") from None
     set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=LOAD_OPTIONS)
-    return torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+    return state
 
 
 def _cause(err: BaseException) -> BaseException:

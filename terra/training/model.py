@@ -79,11 +79,25 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
     return get_peft_model(model, config)
 
 
-def freeze_to(module: nn.Module, dtype: torch.dtype) -> None:
-    """Store the frozen weights (LoRA's base model) in ``dtype``: half the memory, trained weights stay float32."""
+def store_weights(module: nn.Module, trained: torch.dtype, frozen: torch.dtype) -> None:
+    """Keep the trained weights in ``trained`` (``train.weights_dtype``) and the frozen ones (LoRA's base model) in
+    ``frozen``; buffers (RoPE's frequencies) stay as they are."""
     for param in module.parameters():
-        if not param.requires_grad:
-            param.data = param.data.to(dtype)
+        param.data = param.data.to(trained if param.requires_grad else frozen)
+
+
+def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None:
+    """Recompute decoder layers in the backward pass (``train.activation_checkpointing``): every one (True), none
+    (False) or the first ``layers``."""
+    total = len(model.model.layers)
+    if layers is False:
+        return
+    if layers is not True and layers > total:
+        raise TerraInputError(f"train.activation_checkpointing={layers} is more than the model's {total} decoder "
+                              f"layers; use true (every layer) or a number up to {total}")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in model.model.layers[total if layers is True else layers:]:
+        layer.gradient_checkpointing = False
 
 
 def standalone_model(trained: nn.Module, full_state: dict[str, torch.Tensor] | None,

@@ -33,8 +33,9 @@ from terra.training.data import TrainingData, WindowSampler, load_training_data,
 from terra.training.distributed import (
     Processes, all_sum, barrier, gradient_sync, parallelize, start_processes, stop_processes,
 )
-from terra.training.model import add_lora, build_model, freeze_to, standalone_model
+from terra.training.model import add_lora, build_model, checkpoint_layers, standalone_model, store_weights
 from terra.training.objective import WindowLoss
+from terra.training.optimizer import make_optimizer
 from terra.training.runlog import RunLog
 from terra.training.settings import (
     ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, SAMPLES_DIR, TrainSpec,
@@ -42,7 +43,7 @@ from terra.training.settings import (
 from terra.core.atomic import atomic_dir, json_text
 
 BEST_FILE = "best.json"  # in best/: the step and validation scores of its weights
-EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}  # export.dtype and train.weights_dtype
 
 
 @dataclass
@@ -94,10 +95,9 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
     if spec.lora is not None:
         peft = add_lora(model, spec.lora)
         model = peft.get_base_model()
-        if compute is not None:
-            freeze_to(model, compute)
-    if spec.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    trained = DTYPES[spec.weights_dtype]
+    store_weights(model, trained, compute or trained)  # frozen weights need no more precision than the compute
+    checkpoint_layers(model, spec.activation_checkpointing)
     model.config.use_cache = False
     loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute,
                       compile_softmax=spec.compile).to(processes.device)
@@ -106,15 +106,6 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
             layer.compile()
     module = parallelize(loss, model.model.layers, processes, sharded=spec.lora is None, compute_dtype=compute)
     return Trainee(module, loss, peft, frames, micro, per_process // micro)
-
-
-def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over the trained weights, with weight decay on matrices only (not on norms and biases); fused on
-    GPUs."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=device.type == "cuda")
 
 
 def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
@@ -130,8 +121,9 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     sampler = WindowSampler(data.train, trainee.frames, spec.seed)
     step = 0
     folder = out / CHECKPOINT_DIR
+    bound = {"train.optimizer": spec.optimizer}  # the optimizer state's layout: a checkpoint resumes under its own
     if spec.resume and ckpt.find_checkpoint(folder, processes):
-        state = ckpt.load_checkpoint(folder, module, optimizer, processes)
+        state = ckpt.load_checkpoint(folder, module, optimizer, processes, bound)
         scheduler.load_state_dict(state["scheduler"])
         sampler.generator.set_state(state["sampler"])
         step = int(state["step"])
@@ -161,7 +153,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
               f"positions, {processes.world_size} process(es) on {device.type}")
 
     def save() -> None:
-        state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler.generator.get_state()}
+        state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler.generator.get_state(),
+                 "settings": bound}
         ckpt.save_checkpoint(folder, module, optimizer, state, processes)
 
     stop = {"signal": False}
@@ -219,7 +212,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                 totals = all_sum(sums, processes).tolist()
                 elapsed = time.perf_counter() - interval_start
                 last = {"step": step, "loss": totals[0] / totals[2], "acc": totals[1] / totals[2],
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": float(scheduler.get_last_lr()[0]),  # a tensor for torchao's optimizers
                         "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
                         "tokens_per_s": totals[2] / processes.world_size * spec.batch_size * positions / elapsed,
                         "time_s": time.perf_counter() - start}
@@ -352,7 +345,7 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
                  scores: dict[str, float] | None = None) -> bool:
     """The trained model in Terra's layout at ``target``, atomically, with ``scores`` as :data:`BEST_FILE` when
     given; a collective call (a sharded model is gathered). True on the process that wrote it."""
-    model = trained_model(trainee, processes, EXPORT_DTYPES[spec.export_dtype])
+    model = trained_model(trainee, processes, DTYPES[spec.export_dtype])
     if model is None:
         return False
     with atomic_dir(target) as folder:

@@ -10,12 +10,16 @@ Where the weights start (``init``):
 
 ``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules``
 (plus the action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
-``lora.train_position_embeddings``). What needs the model or the data (their shapes, the GPU count) is checked
+``lora.train_position_embeddings``). Memory (BENCHMARKS.md, "Fine-tuning in 24 GiB"): ``train.optimizer=adamw8bit``
+keeps AdamW's moments in 8 bits (torchao), ``train.weights_dtype=bfloat16`` the trained weights in bf16 (updated
+with stochastic rounding), ``train.activation_checkpointing`` recomputes every decoder layer (``true``) or the first
+N in the backward pass. What needs the model or the data (their shapes, the GPU count) is checked
 once where it is first known: terra/training/model.py and terra/training/data.py.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from dataclasses import dataclass
@@ -39,8 +43,9 @@ APP = "terra-train"  # the app whose run folders these are (terra/config/output_
 FINETUNE_MODES = ("full", "lora")
 BEST_METRICS = ("val_loss", "val_psnr")  # what best/ keeps the best of: the lowest val_loss, the highest val_psnr
 PRECISIONS = ("auto", "bf16", "fp32")
-EXPORT_DTYPES = ("bfloat16", "float32")
+DTYPES = ("bfloat16", "float32")  # export.dtype, train.weights_dtype (and the tokenizer's export_dtype)
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
+OPTIMIZERS = ("adamw", "adamw8bit")  # float32 moments (torch) | 8-bit block-quantized moments (torchao)
 
 NET_RANGES = {
     "net.hidden_size": Range(8, 16384, 256, whole=True),
@@ -122,7 +127,9 @@ class TrainSpec:
     ckpt_every: int
     device: str
     precision: str  # auto | bf16 | fp32
-    activation_checkpointing: bool
+    optimizer: str  # adamw | adamw8bit
+    weights_dtype: str  # the trained weights' dtype: float32 | bfloat16 (needs adamw8bit's stochastic rounding)
+    activation_checkpointing: bool | int  # every decoder layer (True), none (False) or the first N
     attn_implementation: str
     compile: bool
     tensorboard: bool
@@ -177,15 +184,14 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         eval_every=values["train.eval_every"], ckpt_every=values["train.ckpt_every"],
         device=check_device(select(cfg, "train.device")),
         precision=check_choice(select(cfg, "train.precision"), "train.precision", PRECISIONS),
-        activation_checkpointing=check_flag(select(cfg, "train.activation_checkpointing"),
-                                            "train.activation_checkpointing"),
+        **_memory(cfg),
         attn_implementation=check_choice(select(cfg, "train.attn_implementation"), "train.attn_implementation",
                                          ATTENTION),
         compile=check_flag(select(cfg, "train.compile"), "train.compile"),
         tensorboard=check_flag(select(cfg, "train.tensorboard"), "train.tensorboard"),
         sample_gif=sample_gif,
         sample_context=values["sample.num_context"], sample_clips=values["sample.clips"],
-        export_dtype=check_choice(select(cfg, "export.dtype"), "export.dtype", EXPORT_DTYPES),
+        export_dtype=check_choice(select(cfg, "export.dtype"), "export.dtype", DTYPES),
         export_max_shard_size=check_file_size(select(cfg, "export.max_shard_size"), "export.max_shard_size"),
         export_adapter=check_flag(select(cfg, "export.adapter"), "export.adapter"),
         export_best=check_flag(select(cfg, "export.best"), "export.best"),
@@ -200,6 +206,24 @@ def check_betas(value: Any, name: str) -> tuple[float, float]:
     if not (isinstance(value, list) and len(value) == 2):
         raise TerraInputError(f"{name} must be two numbers (got {shown(value)}); e.g. {name}=[0.9,0.95]")
     return tuple(Range(0, 0.999999, 0.9).check(b, name) for b in value)
+
+
+def _memory(cfg: DictConfig) -> dict[str, Any]:
+    """``train.optimizer``, ``train.weights_dtype`` and ``train.activation_checkpointing`` (true, false or a
+    number of decoder layers; the model's layer count is checked in terra/training/run.py)."""
+    optimizer = check_choice(select(cfg, "train.optimizer"), "train.optimizer", OPTIMIZERS)
+    if optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
+        raise TerraInputError("train.optimizer=adamw8bit needs torchao, which is not installed; "
+                              "pip install 'terra-world-model[train8bit]', or set train.optimizer=adamw")
+    weights = check_choice(select(cfg, "train.weights_dtype"), "train.weights_dtype", DTYPES)
+    if weights == "bfloat16" and optimizer != "adamw8bit":
+        raise TerraInputError("train.weights_dtype=bfloat16 needs train.optimizer=adamw8bit (its stochastic "
+                              "rounding keeps updates smaller than bf16's step); set both, or weights_dtype=float32")
+    checkpointing = select(cfg, "train.activation_checkpointing")
+    if not (isinstance(checkpointing, bool) or isinstance(checkpointing, int) and 1 <= checkpointing <= 256):
+        raise TerraInputError(f"train.activation_checkpointing must be true, false or a number of decoder layers "
+                              f"(got {shown(checkpointing)}); e.g. train.activation_checkpointing=12")
+    return {"optimizer": optimizer, "weights_dtype": weights, "activation_checkpointing": checkpointing}
 
 
 def _best_by(cfg: DictConfig, sample_gif: bool) -> str:

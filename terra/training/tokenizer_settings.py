@@ -20,7 +20,7 @@ from terra.config.checks import (SEED, Range, check_choice, check_flag, check_se
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
-from terra.training.settings import EXPORT_DTYPES, check_betas
+from terra.training.settings import DTYPES, check_betas
 
 FAMILIES = ("lfq", "vq")  # model.family: tokenizer/lfq.py, tokenizer/vq.py
 SOURCES = ("synthetic", "folder")  # data.source: terra/sim/clips.py's render_frames, tokenizer/images.py's load_frames
@@ -192,7 +192,7 @@ def _run(cfg: DictConfig, data: FramesSpec) -> TrainingRun:
                               "train.export_dir", files=EXPORT_FILES, inputs=inputs, app=APP)
     return TrainingRun(
         output=output, export=export, export_dir=str(select(cfg, "train.export_dir")),
-        export_dtype=check_choice(select(cfg, "train.export_dtype"), "train.export_dtype", EXPORT_DTYPES),
+        export_dtype=check_choice(select(cfg, "train.export_dtype"), "train.export_dtype", DTYPES),
         device=check_device(select(cfg, "train.device")),
         resume=check_flag(select(cfg, "train.resume"), "train.resume"),
         betas=check_betas(select(cfg, "train.betas"), "train.betas"),
