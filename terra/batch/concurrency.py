@@ -5,35 +5,48 @@ window (``num_context`` + its frames, capped at the model's window; docs/ARCHITE
 backend says how many such rollouts fit (``WorldModelBackend.capacity``: on vLLM its KV cache's blocks over one
 window's blocks, terra/generation/vllm_backend.py). The engine is built with room for the most the run may keep in
 flight (:func:`max_rollouts`: on a GPU, up to ``GPU_ROLLOUTS`` for ``auto``; terra/generation/backends.py). The
-Transformers backend has no fixed bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there.
+Transformers backend has no fixed bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there, or one rollout where it decodes
+speculatively (it takes a speculative rollout's passes one after another): the same table decides both that and
+the run's decoding (terra/generation/decoding.py, ``auto_streams`` and ``auto_decoding``).
 """
 
 from __future__ import annotations
 
 from terra.batch.config import BatchSpec
-from terra.generation.backends import DEFAULT_ROLLOUTS, GPU_ROLLOUTS, most_rollouts
+from terra.config.spec import RunSpec
+from terra.core.device import resolve_device
+from terra.generation.backends import DEFAULT_ROLLOUTS, backend_kind, most_rollouts, resolve_backend
+from terra.generation.decoding import auto_streams
 from terra.pipeline import WorldModelPipeline
 
 
-def max_rollouts(config: BatchSpec, device: str) -> int:
-    """The most rollouts an engine of this run on the resolved ``device`` keeps in flight, which it is built to hold:
-    ``max_concurrent``, or for ``auto`` the most an engine there is built for."""
-    return most_rollouts(device) if config.max_concurrent == "auto" else int(config.max_concurrent)
+def max_rollouts(config: BatchSpec, spec: RunSpec) -> int:
+    """The most rollouts an engine of this run keeps in flight, which it is built to hold: ``max_concurrent``, or
+    for ``auto`` one where the run decodes as :func:`~terra.generation.decoding.auto_streams` says, else the most
+    an engine on the device is built for. ``spec``: the run with its device and backend resolved (its decoding
+    ``auto`` or concrete)."""
+    if config.max_concurrent != "auto":
+        return int(config.max_concurrent)
+    return auto_streams(spec.backend, spec.device, spec.sampling.decoding) or most_rollouts(spec.device)
 
 
 def planned_streams(config: BatchSpec, samples: int) -> int:
-    """The most rollouts an engine of this run keeps in flight, before its device is known: ``max_concurrent``
-    (``auto``: the ceiling on a GPU, the only place a vLLM engine decodes speculatively) capped by the ``samples`` to
-    run. A vLLM engine's decoding is chosen for it (terra/generation/backends.py, ``resolve_spec``)."""
-    ceiling = GPU_ROLLOUTS if config.max_concurrent == "auto" else int(config.max_concurrent)
-    return max(1, min(ceiling, samples))
+    """The most rollouts an engine of this run keeps in flight, before its run is resolved: :func:`max_rollouts`
+    on the device and backend it will resolve to, capped by the ``samples`` to run; the run's ``decoding=auto`` is
+    chosen for this many (terra/generation/backends.py, ``resolve_spec``)."""
+    device = resolve_device(config.run.device)
+    spec = config.run.replace(device=device, backend=resolve_backend(config.run.backend, device))
+    return max(1, min(max_rollouts(config, spec), samples))
 
 
 def resolve_max_concurrent(config: BatchSpec, pipeline: WorldModelPipeline, longest: int) -> int:
-    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` what the engine
-    holds for windows of the run's longest rollout (``longest`` generated frames; the backend's
+    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` one where the
+    backend decodes as :func:`~terra.generation.decoding.auto_streams` says, else what the engine holds for windows
+    of the run's longest rollout (``longest`` generated frames; the backend's
     :meth:`~terra.generation.rollout.WorldModelBackend.capacity`), else ``DEFAULT_ROLLOUTS``."""
     if config.max_concurrent != "auto":
         return int(config.max_concurrent)
-    window_frames = min(pipeline.backend.layout.max_frames, config.run.num_context + longest)
-    return pipeline.backend.capacity(window_frames) or DEFAULT_ROLLOUTS
+    backend = pipeline.backend
+    window_frames = min(backend.layout.max_frames, config.run.num_context + longest)
+    return (auto_streams(backend_kind(backend), str(pipeline.device), backend.decoding)
+            or backend.capacity(window_frames) or DEFAULT_ROLLOUTS)

