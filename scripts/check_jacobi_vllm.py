@@ -23,7 +23,8 @@ starts, and results are written after each engine (a run cut short keeps what it
   tokenizer or video): measured frames/s beside the projection, streams / (passes per frame x step time), the
   passes being the engine's steps each rollout was in, prompts included (scripts/bench/engine_steps.py). The demo
   model's rollouts start from built-in scenes; Terra's shape (random weights) accepts almost no draft, so its
-  speculative engines take about sequential's passes at 33 tokens a step: ``terra:0`` is the default.
+  speculative engines take about sequential's passes at 33 tokens a step: ``demo:32`` and ``terra:0`` are the
+  defaults (add ``demo:0`` for the demo model's sequential engine, about a minute more).
 * the projection, with ``--passes`` (scripts/measure_decoding.py's JSON of a trained model of Terra's layout, at
   temperature 0.9; vLLM takes one pass more a frame than the Transformers backend counts, its prompt's): seconds
   per frame of one stream, frames/s of 64 sessions, and the H100-hours of ACT-Bench's 2,286 samples x 44 frames at
@@ -33,8 +34,9 @@ starts, and results are written after each engine (a run cut short keeps what it
     python scripts/check_jacobi_vllm.py --parts terra --passes decoding.json --out outputs/jacobi_vllm.json  # ~6 min
     python scripts/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,16 --rollouts 2 --frames 2 --out smoke.json
 
-The issue-52 table in one command on an H100 (~7 min: block 32's step table at Terra's shape, then end to end at 1,
-16, 64 and 256 streams on the demo model, sequential and block 32, and on Terra's shape, sequential)::
+The step table and end to end in one command on an H100 (about 5-6 min, estimated from the engines' start-up of
+50-105 s each: block 32's step table at Terra's shape, then step time and end to end at 1, 16, 64 and 256 streams on
+the demo model at block 32 and on Terra's shape, sequential)::
 
     python3 scripts/check_jacobi_vllm.py --parts terra,e2e --terra-draft-tokens 32 --streams 1,16,64,256 \
         --out outputs/jacobi_e2e.json
@@ -87,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="terra and e2e parts: rollouts in flight")
     parser.add_argument("--steps", type=int, default=120, help="terra and e2e parts: engine steps timed per count")
     parser.add_argument("--warmup", type=int, default=80, help="terra and e2e parts: engine steps before the timing")
-    parser.add_argument("--e2e-engines", default="demo:0,demo:32,terra:0",
+    parser.add_argument("--e2e-engines", default="demo:32,terra:0",
                         help="e2e part: MODEL:DRAFT_TOKENS engines, MODEL demo or terra (0 = sequential)")
     parser.add_argument("--e2e-frames", type=int, default=4, help="e2e part: frames generated per rollout")
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
