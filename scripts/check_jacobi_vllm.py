@@ -34,9 +34,9 @@ starts, and results are written after each engine (a run cut short keeps what it
     python scripts/check_jacobi_vllm.py --parts terra --passes decoding.json --out outputs/jacobi_vllm.json  # ~6 min
     python scripts/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,16 --rollouts 2 --frames 2 --out smoke.json
 
-The step table and end to end in one command on an H100 (about 5-6 min, estimated from the engines' start-up of
-50-105 s each: block 32's step table at Terra's shape, then step time and end to end at 1, 16, 64 and 256 streams on
-the demo model at block 32 and on Terra's shape, sequential)::
+The step table and end to end in one command on an H100 (about 6-7 min, estimated, not yet run on a GPU: three
+engines, each 60-105 s to start, and about 2 min of measuring: block 32's step table at Terra's shape, then step
+time and end to end at 1, 16, 64 and 256 streams on the demo model at block 32 and on Terra's shape, sequential)::
 
     python3 scripts/check_jacobi_vllm.py --parts terra,e2e --terra-draft-tokens 32 --streams 1,16,64,256 \
         --out outputs/jacobi_e2e.json

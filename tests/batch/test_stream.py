@@ -217,7 +217,7 @@ def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
 def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_before():
     """BENCHMARKS.md, "When decoding=auto is speculative": on a CPU the Transformers backend decodes speculatively at
     any count and takes a speculative rollout's passes one after another, so ``auto`` keeps one in flight (8 samples
-    x 8 frames: 4.6x faster than all 8 at once); on a GPU it batches sequential rollouts, as before."""
+    x 8 frames: 3.8x faster than all 8 at once); on a GPU it batches sequential rollouts, as before."""
     from terra.generation.backends import resolve_decoding
 
     config, eight = checked(), checked(max_concurrent=8)
