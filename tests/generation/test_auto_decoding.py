@@ -70,3 +70,18 @@ def test_a_run_decides_once_and_its_backend_never_again(monkeypatch, tiny_model_
     assert backend.as_run(auto.replace(decoding="speculative")).decoding == "speculative"  # a call that says so
     alone = backends.create_backend("hf", tiny_model_dir, "cpu", sampling=spec.sampling)  # built outside a run:
     assert alone.decoding == "speculative"  # the choice for one rollout on its device
+
+
+def test_max_concurrent_auto_reads_the_same_table(monkeypatch):
+    """``auto_streams``: one rollout in flight where the Transformers backend decodes speculatively (it takes their
+    passes one after another), as the table makes ``auto`` on a CPU; where it is sequential, or on vLLM (which
+    batches speculative rollouts into one step), as many as the engine holds (None)."""
+    assert decoding.auto_streams("hf", "cpu") == 1  # the table: speculative at any count on a CPU
+    assert decoding.auto_decoding("hf", "cpu", 1) == "speculative"
+    assert decoding.auto_streams("hf", "cuda:0") is None  # speculative for at most 4: auto batches sequential ones
+    assert decoding.auto_streams("hf", "cuda:0", "speculative") == 1 and decoding.auto_streams("hf", "cpu",
+                                                                                             "sequential") is None
+    assert [decoding.auto_streams("vllm", device, how) for device in ("cpu", "cuda")
+            for how in ("auto", "speculative", "sequential")] == [None] * 6
+    monkeypatch.setitem(decoding.SPECULATIVE_STREAMS, ("hf", "cpu"), 4)  # a table that limited the CPU's count
+    assert decoding.auto_streams("hf", "cpu") is None  # would batch sequential rollouts instead
