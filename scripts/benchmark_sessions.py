@@ -157,6 +157,7 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
             if i == 0 and args.block and (k + 1) % args.block == 0:
                 blocks.append({"frames": k + 1, "step_s": statistics.mean(latencies[0][-args.block:]),
                                **memory_now()})
+                print(block_line(blocks[-1]), flush=True)  # as it happens: a run cut short keeps its blocks
 
     wall = run_threads(count, drive)
     codes = [s.codes()[args.num_context :].reshape(args.frames, -1) for s in sessions]
@@ -175,6 +176,12 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
         "decoding": decoding, "blocks": blocks, "codes": codes, "contexts": starts, "actions": actions,
         "sampling": sessions[0].sampling,
     }
+
+
+def block_line(block: dict) -> str:
+    """One block of a long session: its mean step time and the memory then."""
+    return (f"    frames {block['frames']:>5}: {block['step_s'] * 1000:7.1f} ms per step, {block['rss_mib']:8.0f} MiB "
+            f"resident, {block['torch_gpu_mib']:7.0f} MiB on the GPU here")
 
 
 def memory_now() -> dict:
@@ -221,10 +228,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     record.update(run_batch(host, args, result))
                 records.append(record)
                 print(format_record(record), flush=True)
-                for block in record["blocks"]:
-                    print(f"    frames {block['frames']:>5}: {block['step_s'] * 1000:7.1f} ms per step, "
-                          f"{block['rss_mib']:8.0f} MiB resident, {block['torch_gpu_mib']:7.0f} MiB on the GPU here",
-                          flush=True)
         finally:
             host.close()
             host.backend.close()

@@ -141,8 +141,9 @@ def main() -> None:
     args = parse_args()
     processes = start_processes("cuda")
     if args.memory_cap_gib is not None:
-        total = torch.cuda.get_device_properties(processes.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), processes.device)
+        device = torch.cuda.current_device()  # processes.device may be "cuda" without an index
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
     spec = terra_spec(args, processes.world_size)
     if args.variant == "lora":
         from dataclasses import replace

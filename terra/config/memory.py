@@ -29,7 +29,7 @@ REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engi
 # Estimates of what a run takes besides weights and KV cache (refined by scripts/benchmark_memory_table.py):
 MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
-MAIN_PROCESS = int(1.5 * GIB)  # the app's own process: CUDA context, the tokenizer's decoder
+MAIN_PROCESS = 2 * GIB  # the app's own process: CUDA context, the tokenizer's decoder (1.82 GiB measured, BENCHMARKS.md)
 REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
 # Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (None, "fp8"), ("fp8", "auto"), ("fp8", "fp8"))
@@ -100,8 +100,8 @@ class MemoryPlan:
 
 
 def preset_cap(preset: str, card_bytes: int) -> int:
-    """Bytes the run may use on a card of ``card_bytes``: the card for ``auto``, the preset's size (at most the
-    card) for a named one, which needs a card of about that size."""
+    """Bytes the run may use on a card of ``card_bytes``: the card for ``auto``; for a named preset what a card sold
+    at that size reports (``CARD_SLACK`` of it, at most this card), and it needs a card of about that size."""
     if preset == "auto":
         return card_bytes
     size = PRESETS[preset]
@@ -110,7 +110,7 @@ def preset_cap(preset: str, card_bytes: int) -> int:
         fix = f"use memory={smaller[-1]} or memory=auto" if smaller else "use memory=auto"
         raise TerraInputError(f"memory={preset} needs a card of {size / GIB:.0f} GiB; this one has "
                               f"{card_bytes / GIB:.1f} GiB: {fix}")
-    return min(size, card_bytes)
+    return min(math.ceil(CARD_SLACK * size), card_bytes)
 
 
 def engine_budget(cap: int, refiner: str) -> int:
