@@ -145,6 +145,7 @@ class BatchConfig:
     executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
     ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/config/ray_settings.py)
     num_threads: int | None = None  # torch CPU threads (None = torch's default)
+    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory the vLLM engine fits to (terra/config/memory.py)
     naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
     video_pattern: str | None = None  # overrides the naming preset
     sidecar_pattern: str | None = None
@@ -178,7 +179,7 @@ class BatchConfig:
                 "backend": {"name": self.backend, "options": self.backend_options},
                 "device": self.device, "dtype": self.dtype, "sampling": self.sampling,
                 "num_context": self.num_context, "decoder": self.decoder, "refiner": self.refiner,
-                "terra_root": self.terra_root, "num_threads": self.num_threads}
+                "terra_root": self.terra_root, "num_threads": self.num_threads, "memory": self.memory}
 
     def spec(self) -> BatchSpec:
         """Every setting checked once, without torch: the model and engine by :func:`run_spec`, then the batch's

@@ -223,6 +223,7 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
         (dict(zero_embed_code_0="no"), "model.zero_embed_code_0 must be true or false"),
         (dict(overlap=16), "model.overlap=16 does not fit a window of 16 frames"),  # the demo model's window
         (dict(max_concurrent="all"), "max_concurrent must be a whole number"),
+        (dict(memory="8GiB"), "unknown memory '8GiB'; choose one of: full, auto, 16GiB, 24GiB"),
         (dict(executor="dask"), "unknown executor 'dask'; choose one of: local, ray"),
         (dict(executor="ray", ray={"num_actor": 2}), "unknown ray setting(s) ['num_actor']"),
         (dict(executor="ray", ray={"max_retries": -1}), "ray.max_retries must be a whole number from 0 to 100"),
@@ -236,6 +237,15 @@ def test_config_errors_raise_before_any_work(tmp_path, scenes):
             run_batch(config)
     assert not (tmp_path / "out").exists()
     assert [s.error for s in read_samples(samples)] == [None]
+
+
+def test_the_memory_preset_reaches_the_run(tmp_path):
+    """The Python API takes ``memory`` as terra-rollout's ``memory=`` does (terra/config/memory.py)."""
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"))
+    assert config.spec().run.memory == "full"
+    assert dataclasses.replace(config, memory="16GiB").spec().run.memory == "16GiB"
 
 
 def test_zero_embed_code_0_and_resize_are_part_of_the_fingerprint(tmp_path, scenes):
