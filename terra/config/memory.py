@@ -29,7 +29,7 @@ REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engi
 # Estimates of what a run takes besides weights and KV cache (refined by scripts/benchmark_memory_table.py):
 MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
-MAIN_PROCESS = 2 * GIB  # the app's own process: CUDA context, the tokenizer's decoder (1.82 GiB measured, BENCHMARKS.md)
+MAIN_PROCESS = 2 * GIB  # the app's own process: CUDA context, tokenizer's decoder (1.82 GiB measured: BENCHMARKS.md)
 REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
 # Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (None, "fp8"), ("fp8", "auto"), ("fp8", "fp8"))

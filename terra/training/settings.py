@@ -210,7 +210,7 @@ def check_betas(value: Any, name: str) -> tuple[float, float]:
 
 def _memory(cfg: DictConfig) -> dict[str, Any]:
     """``train.optimizer``, ``train.weights_dtype`` and ``train.activation_checkpointing`` (true, false or a
-    number of decoder layers; the model's layer count is checked in terra/training/run.py)."""
+    number of decoder layers; the model's layer count is checked in terra/training/model.py, ``checkpoint_layers``)."""
     optimizer = check_choice(select(cfg, "train.optimizer"), "train.optimizer", OPTIMIZERS)
     if optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise TerraInputError("train.optimizer=adamw8bit needs torchao, which is not installed; "
