@@ -54,7 +54,7 @@ from terra.training.data import ClipSet, TrainingData
 from terra.training.distributed import start_processes, stop_processes
 from terra.training.optimizer import make_optimizer
 from terra.training.run import build_trainee, train_step
-from terra.training.settings import train_spec
+from terra.training.settings import DTYPES, OPTIMIZERS, train_spec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"  # read directly: Hydra need not be installed
 
@@ -65,8 +65,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=1, help="windows per GPU per step")
     parser.add_argument("--activation-checkpointing", nargs="?", const=True, default=False, type=int, metavar="N",
                         help="recompute every decoder layer in the backward pass, or the first N")
-    parser.add_argument("--optimizer", choices=("adamw", "adamw8bit"), default="adamw")
-    parser.add_argument("--weights-dtype", choices=("float32", "bfloat16"), default="float32",
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    parser.add_argument("--weights-dtype", choices=DTYPES, default="float32",
                         help="the trained weights' dtype (bfloat16 needs --optimizer adamw8bit)")
     parser.add_argument("--memory-cap-gib", type=float, help="cap this process's GPU memory (default: the whole GPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
