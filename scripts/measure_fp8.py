@@ -1,5 +1,7 @@
-"""The quality and speed cost of FP8 on vLLM: bf16 engines against FP8 weights (``quantization=fp8``) and FP8 weights +
-FP8 KV cache (``kv_cache_dtype=fp8``), on the same greedy rollouts of each model; one JSON.
+"""The quality and speed cost of FP8 on vLLM: bf16 engines against FP8 weights (every linear layer with per-tensor
+scales, ``quantization=fp8``; with per-channel scales, ``fp8_per_channel``; the ``memory`` preset's, per channel with
+the first layers bf16, ``fp8_weights``), with FP8 KV cache (``kv_cache_dtype=fp8``), on the same greedy rollouts of
+each model; one JSON.
 
 Per model and setting, against the bf16 engine:
 
@@ -49,7 +51,7 @@ import numpy as np
 import torch
 
 from terra.config.assets import demo_checkpoints
-from terra.config.memory import ModelShape
+from terra.config.memory import FP8_WEIGHTS, ModelShape, fp8_weights_config
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import json_text, write_text
 from terra.decoder import codes_to_frames
@@ -62,13 +64,22 @@ from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
 from terra.tokenizer import load_tokenizer
 
-SETTINGS = {"bf16": {}, "fp8_weights": {"quantization": "fp8"},
-            "fp8_weights_kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"}, "fp8_kv": {"kv_cache_dtype": "fp8"}}
-DEFAULT_SETTINGS = "bf16,fp8_weights,fp8_weights_kv"
+SETTINGS = ("bf16", "fp8_per_tensor", "fp8_per_channel", "fp8_weights", "fp8_weights_kv", "fp8_kv")
+DEFAULT_SETTINGS = "bf16,fp8_per_tensor,fp8_per_channel,fp8_weights,fp8_weights_kv"
 TARGET_KL = 0.01  # nats (issue: FP8 weights within 0.01 of bf16's next-token distribution)
 EXACT_UP_TO = 1024  # codebooks up to this size get every code's log-probability (exact KL); larger ones LISTED codes
 LISTED = 64  # (vLLM makes a Python object per listed code and prompt position: Terra's 2^18 codes would not fit)
 RANDOM_SHAPES = {"terra-random": TERRA, "tiny": TINY}
+
+
+def setting_options(setting: str, layers: int) -> dict[str, Any]:
+    """The vLLM options of a setting for a model of ``layers`` decoder layers: every layer FP8 with per-tensor or
+    per-channel scales; ``fp8_weights`` the ``memory`` preset's FP8 weights (terra/config/memory.py: per channel,
+    the first ``BF16_LAYERS`` layers bf16), alone or with FP8 KV."""
+    preset = {"quantization": FP8_WEIGHTS, "quantization_config": fp8_weights_config(layers)}
+    return {"bf16": {}, "fp8_per_tensor": {"quantization": "fp8"}, "fp8_per_channel": {"quantization": "fp8_per_channel"},
+            "fp8_weights": preset, "fp8_weights_kv": {**preset, "kv_cache_dtype": "fp8"},
+            "fp8_kv": {"kv_cache_dtype": "fp8"}}[setting]
 
 
 def kl_from_top(p: dict[int, float], q: dict[int, float]) -> tuple[float, float]:
@@ -242,7 +253,8 @@ def measure_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str
     runs: dict[str, dict[str, Any]] = {}
     for setting in args.settings:
         try:
-            runs[setting] = run_setting(path, SETTINGS[setting], requests, args.device, top_k, args,
+            options = setting_options(setting, config.num_hidden_layers)
+            runs[setting] = run_setting(path, options, requests, args.device, top_k, args,
                                         None if setting == "bf16" else runs["bf16"]["codes"])
         except Exception as err:  # noqa: BLE001 - a setting this vLLM or card cannot run is a result too
             report["settings"][setting] = {"error": f"{type(err).__name__}: {err}"[:500]}

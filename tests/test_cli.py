@@ -229,7 +229,7 @@ BAD_CLI_INPUTS = {
     "zero_threads": (lambda p: ["num_threads=0"], "num_threads must be a whole number from 1 to 1024 (got 0)"),
     "unknown_memory_preset": (lambda p: ["memory=32GiB"], "unknown memory '32GiB'; choose one of: full, auto, 16GiB"),
     "unknown_quantization": (lambda p: ["backend=vllm", "+backend.options.quantization=int4"],
-                             "backend.options.quantization 'int4'; choose one of: null, fp8"),
+                             "backend.options.quantization 'int4'; choose one of: null, fp8, fp8_per_channel"),
 }
 
 

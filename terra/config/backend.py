@@ -18,9 +18,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 REQUEST_PATHS = ("auto", "streaming", "per_frame")
 # Options each backend's constructor takes (terra/generation/hf_backend.py, vllm_backend.py): a Range, a tuple of
 # choices, or bool / str for flags and names. vLLM passes further options to its engine, which checks them itself.
-# vLLM's weight quantization of a bf16 checkpoint (vllm/model_executor/layers/quantization/fp8.py: per-tensor FP8
-# weights, dynamic FP8 activations); None: the checkpoint's dtype. The one quantization that needs no calibration.
-QUANTIZATIONS = (None, "fp8")
+# vLLM's online weight quantization of a bf16 checkpoint, the kind that needs no calibration (vllm/config/
+# quantization.py): fp8 per-tensor weight scales; fp8_per_channel per-output-channel weight scales with dynamic
+# per-token activations (terra/config/memory.py's FP8_WEIGHTS, with quantization_config's "ignore" to keep layers
+# bf16); None: the checkpoint's dtype.
+QUANTIZATIONS = (None, "fp8", "fp8_per_channel")
 BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
     "hf": {"max_batch_size": Range(1, 4096, 16, whole=True)},
     "vllm": {
@@ -29,7 +31,8 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "enforce_eager": bool,
         "enable_prefix_caching": bool,
         "kv_cache_dtype": str,
-        "quantization": QUANTIZATIONS,  # fp8: vLLM quantizes the bf16 checkpoint's linear layers as it loads them
+        "quantization": QUANTIZATIONS,  # vLLM quantizes the bf16 checkpoint's linear layers as it loads them
+        "quantization_config": dict,  # vLLM's, e.g. {ignore: ["re:model\\.layers\\.0\\..*"]}: layers kept bf16
         "tensor_parallel_size": Range(1, 64, 1, whole=True),
         "seed": Range(0, 2**31 - 1, 0, whole=True),
         "kv_cache_memory_bytes": Range(1 << 20, 1 << 44, 1 << 30, whole=True),
@@ -80,6 +83,9 @@ def check_backend(name: Any, options: Any) -> tuple[str, dict]:
             if value is not None or None not in rule:  # a None among the choices is YAML's null
                 check_choice(value, setting, tuple("null" if choice is None else choice for choice in rule))
         elif not isinstance(value, rule) or (rule is not bool and isinstance(value, bool)):
-            kind = "true or false" if rule is bool else "a name"
+            kind = {bool: "true or false", dict: "a mapping"}.get(rule, "a name")
             raise TerraInputError(f"{setting} must be {kind} (got {shown(value)})")
+    if "quantization_config" in options and options.get("quantization") != "fp8_per_channel":
+        raise TerraInputError("backend.options.quantization_config applies to vLLM's online quantizations only; "
+                              "set backend.options.quantization=fp8_per_channel with it, or remove it")
     return name, options

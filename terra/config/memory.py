@@ -5,8 +5,8 @@ at a card of that size; ``memory=auto`` caps it at this card's total memory (rea
 terra/generation/backends.py, ``fit_memory``). Under a cap, :func:`plan_memory` picks, from the model's shape
 (:class:`ModelShape`: weight bytes, KV bytes per token, from its config) and where the refiner runs, the least lossy
 engine settings that fit: bf16 weights and KV, then FP8 KV (``kv_cache_dtype=fp8``), then FP8 weights
-(``quantization=fp8``, vLLM quantizes the bf16 checkpoint's linear layers as it loads them) with bf16 KV, then
-both (``CANDIDATES``), with vLLM's
+(``FP8_WEIGHTS``: vLLM quantizes the bf16 checkpoint's linear layers as it loads them, per output channel, with the
+first ``BF16_LAYERS`` decoder layers left in bf16) with bf16 KV, then both (``CANDIDATES``), with vLLM's
 ``gpu_memory_utilization`` as the engine's share of the card and ``max_num_seqs`` what its KV cache holds. What
 cannot fit is one line naming the preset that would, before an engine starts (never a CUDA out-of-memory
 traceback). Options set in ``backend.options`` are kept and checked against the cap. Loads without torch.
@@ -31,8 +31,21 @@ MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room fo
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
 MAIN_PROCESS = 2 * GIB  # the app's own process: CUDA context, tokenizer's decoder (1.82 GiB measured: BENCHMARKS.md)
 REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
+# FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
+# BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
+# =fp8) missed the 0.01-nat next-token KL on the demo model; the first layers are the most sensitive (BENCHMARKS.md,
+# "FP8 on vLLM", scripts/measure_fp8.py).
+FP8_WEIGHTS = "fp8_per_channel"
+BF16_LAYERS = 2
 # Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
-CANDIDATES = ((None, "auto"), (None, "fp8"), ("fp8", "auto"), ("fp8", "fp8"))
+CANDIDATES = ((None, "auto"), (None, "fp8"), (FP8_WEIGHTS, "auto"), (FP8_WEIGHTS, "fp8"))
+
+
+def fp8_weights_config(layers: int) -> dict[str, list[str]]:
+    """vLLM's ``quantization_config`` for ``FP8_WEIGHTS`` that leaves the first ``BF16_LAYERS`` of a model's
+    ``layers`` decoder layers in bf16 (vLLM's module names: ``model.layers.<i>.<projection>``)."""
+    kept = "|".join(str(i) for i in range(min(BF16_LAYERS, layers)))
+    return {"ignore": [rf"re:model\.layers\.({kept})\..*"]}
 
 
 def check_memory(value: Any) -> str:
@@ -67,9 +80,12 @@ class ModelShape:
         window = config.num_temporal_embeddings * config.num_spatio_embeddings - config.num_action_tokens
         return cls(per_layer * layers, other, layers, kv_heads, head_dim, window)
 
-    def weight_bytes(self, quantization: str | None) -> int:
-        """Bytes of the weights on the GPU: bf16, or FP8 linear layers beside bf16 embeddings and head."""
-        return self.linear_params * (1 if quantization == "fp8" else 2) + self.other_params * 2
+    def weight_bytes(self, quantization: str | None, bf16_layers: int = 0) -> int:
+        """Bytes of the weights on the GPU: bf16, or FP8 linear layers (but the first ``bf16_layers``) beside bf16
+        embeddings and head."""
+        fp8 = 0 if quantization is None else self.linear_params * (self.layers - min(bf16_layers, self.layers)) \
+            // self.layers
+        return (self.linear_params - fp8) * 2 + fp8 + self.other_params * 2
 
     def kv_bytes_per_token(self, kv_cache_dtype: str) -> int:
         """Bytes of KV cache one token takes: keys and values of every layer, bf16 or FP8."""
@@ -92,11 +108,15 @@ class MemoryPlan:
     gpu_memory_utilization: float  # the engine's share of the whole card
     max_num_seqs: int  # rollouts the KV cache holds at full window (at most what the run asked)
     refiner: str  # off | after | shared (REFINER_PLACES)
+    quantization_config: dict[str, Any] | None = None  # vLLM's, for the plan's own FP8 weights (fp8_weights_config)
 
     def engine_options(self) -> dict[str, Any]:
         """The vLLM options of this plan (``backend.options`` keys)."""
-        return {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype,
-                "gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs}
+        options = {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype,
+                   "gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs}
+        if self.quantization_config is not None:
+            options["quantization_config"] = self.quantization_config
+        return options
 
 
 def preset_cap(preset: str, card_bytes: int) -> int:
@@ -124,11 +144,13 @@ def _fp8(kv_cache_dtype: Any) -> bool:
 
 def _candidates(requested: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     """The (quantization, kv_cache_dtype) pairs of ``CANDIDATES`` that the ``requested`` options allow, least lossy
-    first (an explicit ``kv_cache_dtype`` such as ``fp8_e5m2`` kept as it is)."""
+    first (an explicit ``quantization`` such as ``fp8`` or ``kv_cache_dtype`` such as ``fp8_e5m2`` kept as it is)."""
     allowed = []
     for quantization, kv in CANDIDATES:
-        if requested.get("quantization", quantization) != quantization:
-            continue
+        if "quantization" in requested:
+            if (requested["quantization"] is None) != (quantization is None):
+                continue
+            quantization = requested["quantization"]
         if "kv_cache_dtype" in requested:
             if _fp8(requested["kv_cache_dtype"]) != _fp8(kv):
                 continue
@@ -137,12 +159,21 @@ def _candidates(requested: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     return allowed
 
 
+def _weight_bytes(shape: ModelShape, quantization: str | None, requested: Mapping[str, Any]) -> int:
+    """The weights' bytes under ``quantization``: the plan's own FP8 weights keep ``BF16_LAYERS`` in bf16; a
+    ``quantization`` the run set keeps none, and with its own ``quantization_config`` (whatever it ignores) is counted
+    as bf16, the most it can take."""
+    if quantization is not None and "quantization_config" in requested:
+        return shape.weight_bytes(None)
+    return shape.weight_bytes(quantization, 0 if "quantization" in requested else BF16_LAYERS)
+
+
 def _fit(shape: ModelShape, budget: int, streams: int, requested: Mapping[str, Any]) -> tuple | None:
     """The least lossy (quantization, kv_cache_dtype, rollouts) allowed whose KV cache holds ``streams`` rollouts in
     ``budget`` bytes; else the one holding the most; None if none holds one."""
     best = None
     for quantization, kv in _candidates(requested):
-        room = budget - ENGINE_OVERHEAD - shape.weight_bytes(quantization)
+        room = budget - ENGINE_OVERHEAD - _weight_bytes(shape, quantization, requested)
         held = max(room, 0) // shape.stream_bytes(kv)
         if held >= streams:
             return quantization, kv, streams
@@ -183,14 +214,17 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
                               f"{free_bytes / GIB:.1f} GiB of the card are free (other processes hold the rest); "
                               "free the card or use a smaller preset")
     quantization, kv, held = fit
-    return MemoryPlan(preset, cap, card_bytes, quantization, kv, share, held, refiner)
+    own_fp8 = quantization is not None and "quantization" not in requested
+    return MemoryPlan(preset, cap, card_bytes, quantization, kv, share, held, refiner,
+                      fp8_weights_config(shape.layers) if own_fp8 else None)
 
 
 def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> int:
     """The fewest bytes of card that run one rollout of ``shape`` with the ``requested`` options (inf when they
     allow no candidate)."""
     beside = MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0)
-    engines = [ENGINE_OVERHEAD + shape.weight_bytes(q) + shape.stream_bytes(kv) for q, kv in _candidates(requested)]
+    engines = [ENGINE_OVERHEAD + _weight_bytes(shape, q, requested) + shape.stream_bytes(kv)
+               for q, kv in _candidates(requested)]
     return min((max(beside + engine, math.ceil(engine / MAX_SHARE)) for engine in engines), default=math.inf)
 
 
@@ -215,5 +249,5 @@ def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, reque
     return f"{what} does not fit memory={preset}; {fix}"
 
 
-__all__ = ["MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory", "plan_memory", "preset_cap",
-           "smallest_card"]
+__all__ = ["BF16_LAYERS", "FP8_WEIGHTS", "MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory",
+           "fp8_weights_config", "plan_memory", "preset_cap", "smallest_card"]

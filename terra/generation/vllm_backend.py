@@ -84,9 +84,11 @@ class VLLMBackend(WorldModelBackend):
     ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, the KV cache's block,
     ``kv_cache_memory_bytes``, ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left
     at ``None`` is 0.9 on a GPU and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would
-    take nearly all of it). ``quantization="fp8"`` loads the bf16 checkpoint's linear layers as FP8 (vLLM quantizes
-    each per tensor as it loads; embeddings and head stay bf16) and ``kv_cache_dtype="fp8"`` stores the KV cache in
-    FP8: terra/config/memory.py picks them for a card's size, scripts/measure_fp8.py measures their cost.
+    take nearly all of it). ``quantization="fp8"`` / ``"fp8_per_channel"`` loads the bf16 checkpoint's linear layers
+    as FP8 (vLLM quantizes each per tensor / per output channel as it loads, an ``engine_kwargs``
+    ``quantization_config`` naming layers to keep; embeddings and head stay bf16) and ``kv_cache_dtype="fp8"``
+    stores the KV cache in FP8: terra/config/memory.py picks them for a card's size, scripts/measure_fp8.py measures
+    their cost.
     ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoConfig
 
 from terra.config.backend import check_backend
-from terra.config.memory import (CANDIDATES, ENGINE_OVERHEAD, GIB, MAIN_PROCESS, REFINER_PEAK, ModelShape, check_memory,
-                                 plan_memory, smallest_card)
+from terra.config.memory import (BF16_LAYERS, CANDIDATES, ENGINE_OVERHEAD, FP8_WEIGHTS, GIB, MAIN_PROCESS, REFINER_PEAK,
+                                 ModelShape, check_memory, fp8_weights_config, plan_memory, smallest_card)
 from terra.config.spec import RunSpec
 from terra.core.errors import TerraInputError
 from terra.generation.backends import fit_memory
@@ -39,16 +39,24 @@ def test_shape_counts_the_models_parameters_exactly(name):
 
 def test_terra_shape_bytes():
     """Terra's 2.04 B parameters: 3.81 GiB in bf16, 2.90 GiB with FP8 linear layers (embedding and head, 1.08 B,
-    stay bf16); KV 2 x 22 layers x 4 heads x 64 = 22528 bytes per token in bf16, half in FP8."""
+    stay bf16), 2.99 GiB with the first 2 of 22 layers kept bf16; KV 2 x 22 layers x 4 heads x 64 = 22528 bytes per
+    token in bf16, half in FP8."""
     shape = ModelShape.from_config(CONFIGS["terra"])
     assert shape.weight_bytes(None) / GIB == pytest.approx(3.807, abs=1e-3)
     assert shape.weight_bytes("fp8") / GIB == pytest.approx(2.905, abs=1e-3)
+    assert shape.weight_bytes(FP8_WEIGHTS, 2) / GIB == pytest.approx(2.905 + 2 / 22 * (3.807 - 2.905), abs=1e-3)
+    assert shape.weight_bytes(FP8_WEIGHTS, 22) == shape.weight_bytes(FP8_WEIGHTS, 30) == shape.weight_bytes(None)
     assert shape.kv_bytes_per_token("auto") == 22528 and shape.kv_bytes_per_token("fp8") == 11264
     assert shape.window_tokens == 25 * 582 - 6
 
 
+def weights(shape: ModelShape, quantization) -> int:
+    """The weights' bytes under the preset's own candidates: FP8 weights keep the first BF16_LAYERS in bf16."""
+    return shape.weight_bytes(quantization, BF16_LAYERS)
+
+
 def engine_bytes(shape: ModelShape, plan) -> int:
-    return ENGINE_OVERHEAD + shape.weight_bytes(plan.quantization) + plan.max_num_seqs * shape.stream_bytes(
+    return ENGINE_OVERHEAD + weights(shape, plan.quantization) + plan.max_num_seqs * shape.stream_bytes(
         plan.kv_cache_dtype)
 
 
@@ -74,10 +82,10 @@ def test_every_plan_fits_its_cap_and_is_the_least_lossy_that_does(name, refiner,
             assert share + MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0) <= plan.cap_bytes <= card
             chosen = CANDIDATES.index((plan.quantization, plan.kv_cache_dtype))
             for q, kv in CANDIDATES[:chosen]:  # every less lossy setting holds fewer rollouts
-                assert share - ENGINE_OVERHEAD - shape.weight_bytes(q) < plan.max_num_seqs * shape.stream_bytes(kv)
+                assert share - ENGINE_OVERHEAD - weights(shape, q) < plan.max_num_seqs * shape.stream_bytes(kv)
             if plan.max_num_seqs < streams:
                 for q, kv in CANDIDATES:
-                    held = (share - ENGINE_OVERHEAD - shape.weight_bytes(q)) // shape.stream_bytes(kv)
+                    held = (share - ENGINE_OVERHEAD - weights(shape, q)) // shape.stream_bytes(kv)
                     assert held <= plan.max_num_seqs
     assert planned >= 5
 
@@ -91,7 +99,8 @@ def test_terra_on_16_and_24_gib_cards():
     one = plan_memory("16GiB", 16 * GIB, shape, "off", 1)
     assert (one.quantization, one.kv_cache_dtype, one.max_num_seqs) == (None, "auto", 1)
     many = plan_memory("16GiB", 16 * GIB, shape, "after", 64)
-    assert (many.quantization, many.kv_cache_dtype, many.max_num_seqs) == ("fp8", "fp8", 57)
+    assert (many.quantization, many.kv_cache_dtype, many.max_num_seqs) == (FP8_WEIGHTS, "fp8", 57)
+    assert many.engine_options()["quantization_config"] == fp8_weights_config(22)
     assert many.gpu_memory_utilization == pytest.approx((0.95 * 16 - 2) / 16, abs=1e-3)
     with pytest.raises(TerraInputError, match=r"does not fit memory=16GiB; use memory=24GiB; or decoder=tokenizer"):
         plan_memory("16GiB", 80 * GIB, shape, "shared", 1)
@@ -100,7 +109,7 @@ def test_terra_on_16_and_24_gib_cards():
     wide = plan_memory("24GiB", 24 * GIB, shape, "off", 64)
     assert (wide.quantization, wide.kv_cache_dtype, wide.max_num_seqs) == (None, "fp8", 64)
     beside = plan_memory("24GiB", 80 * GIB, shape, "shared", 64)
-    assert (beside.quantization, beside.kv_cache_dtype) == ("fp8", "fp8") and 30 <= beside.max_num_seqs < 64
+    assert (beside.quantization, beside.kv_cache_dtype) == (FP8_WEIGHTS, "fp8") and 30 <= beside.max_num_seqs < 64
     assert beside.gpu_memory_utilization * 80 == pytest.approx(0.95 * 24 - 2 - 11.5, abs=0.1)
 
 
@@ -136,9 +145,17 @@ def test_explicit_options_are_kept():
     """What backend.options set stays: an explicit bf16 KV at 16 GiB holds fewer rollouts instead of switching."""
     shape = ModelShape.from_config(CONFIGS["terra"])
     plan = plan_memory("16GiB", 16 * GIB, shape, "off", 64, {"kv_cache_dtype": "auto", "max_num_seqs": 48})
-    assert plan.kv_cache_dtype == "auto" and plan.quantization == "fp8" and 20 <= plan.max_num_seqs < 48
+    assert plan.kv_cache_dtype == "auto" and plan.quantization == FP8_WEIGHTS and 20 <= plan.max_num_seqs < 48
     e5m2 = plan_memory("16GiB", 16 * GIB, shape, "off", 8, {"kv_cache_dtype": "fp8_e5m2"})
     assert (e5m2.quantization, e5m2.kv_cache_dtype, e5m2.max_num_seqs) == (None, "fp8_e5m2", 8)
+    # a quantization the run names is kept, with every layer FP8 (no quantization_config of the plan's)
+    tensor = plan_memory("16GiB", 16 * GIB, shape, "off", 64, {"quantization": "fp8"})
+    assert (tensor.quantization, tensor.kv_cache_dtype, tensor.quantization_config) == ("fp8", "fp8", None)
+    assert "quantization_config" not in tensor.engine_options()
+    # the run's own quantization_config may keep any layers bf16: its weights are counted at bf16's size
+    own = plan_memory("16GiB", 16 * GIB, shape, "off", 64,
+                      {"quantization": FP8_WEIGHTS, "quantization_config": {"ignore": []}})
+    assert own.quantization_config is None and own.max_num_seqs < tensor.max_num_seqs
 
 
 def test_settings_are_checked_at_the_edge():
@@ -147,8 +164,29 @@ def test_settings_are_checked_at_the_edge():
         check_memory("32GiB")
     assert check_backend("vllm", {"quantization": "fp8"})[1] == {"quantization": "fp8"}
     assert check_backend("vllm", {"quantization": None})[1] == {"quantization": None}
-    with pytest.raises(TerraInputError, match=r"backend.options.quantization 'int4'; choose one of: null, fp8"):
+    with pytest.raises(TerraInputError, match=r"backend.options.quantization 'int4'; choose one of: null, fp8, "
+                                              r"fp8_per_channel$"):
         check_backend("auto", {"quantization": "int4"})
+    config = {"quantization": FP8_WEIGHTS, "quantization_config": {"ignore": ["lm_head"]}}
+    assert check_backend("vllm", config)[1] == config
+    with pytest.raises(TerraInputError, match=r"^backend.options.quantization_config must be a mapping \(got "):
+        check_backend("vllm", {"quantization": FP8_WEIGHTS, "quantization_config": "ignore"})
+    with pytest.raises(TerraInputError, match=r"quantization_config applies to vLLM's online quantizations only; set "
+                                              r"backend.options.quantization=fp8_per_channel with it"):
+        check_backend("vllm", {"quantization": "fp8", "quantization_config": {"ignore": []}})
+
+
+def test_fp8_weights_keep_the_first_layers_in_bf16_by_vllms_own_rule():
+    """vLLM's matcher of ``ignore`` (the one its online quantization calls, with Llama's fused projections) keeps
+    every projection of layers 0 and 1 unquantized and quantizes the rest, layers 10-19 included."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
+
+    ignore = fp8_weights_config(22)["ignore"]
+    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    for layer in range(22):
+        for projection in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            name = f"model.layers.{layer}.{projection}"
+            assert should_ignore_layer(name, ignore, fused) == (layer < BF16_LAYERS), name
 
 
 def test_fit_memory_reads_the_card_once_and_sets_the_engine_options(monkeypatch):
@@ -158,8 +196,9 @@ def test_fit_memory_reads_the_card_once_and_sets_the_engine_options(monkeypatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: reads.append(device) or (15 * GIB, 16 * GIB))
     spec = RunSpec("wm", "tok", backend="vllm", device="cuda:0", memory="16GiB", backend_options={"requests": "auto"})
     fitted = fit_memory(spec, CONFIGS["terra"], streams=64, refiner="after")
-    assert fitted.backend_options == {"requests": "auto", "quantization": "fp8", "kv_cache_dtype": "fp8",
-                                      "gpu_memory_utilization": 0.825, "max_num_seqs": 57}
+    assert fitted.backend_options == {"requests": "auto", "quantization": FP8_WEIGHTS, "kv_cache_dtype": "fp8",
+                                      "gpu_memory_utilization": 0.825, "max_num_seqs": 57,
+                                      "quantization_config": fp8_weights_config(22)}
     assert len(reads) == 1
     for unchanged in (spec.replace(memory="full"), spec.replace(device="cpu"), spec.replace(backend="hf")):
         assert fit_memory(unchanged, CONFIGS["terra"], 64) is unchanged
