@@ -67,3 +67,24 @@ def test_bootstrap_interval_covers_the_mean(fp8):
                                                  for i in range(200)))
     assert hits >= 160
     assert fp8.bootstrap_interval(np.array([0.003])) == [0.003, 0.003]
+
+
+def test_a_verdict_needs_the_exact_kl(fp8):
+    """Two engines' runs whose per-position KL is ~0.00125 nats: with every code listed the verdict is that the target
+    is met; from the top few codes (a lower bound) there is no verdict, however small the bound; a setting 0.2 off
+    fails the target."""
+    rng = np.random.default_rng(3)
+
+    def run(shift: float) -> dict:
+        return {"codes": [np.zeros((2, 4), dtype=int)] * 4, "s_per_frame_one_rollout": 1.0,
+                "frames_per_s_batch": 1.0, "startup_s": 1.0, "logprobs": [], "shift": shift}
+
+    reference, close, far = run(0), run(0.05), run(0.2)
+    for _ in range(4):  # rollouts of 6 positions
+        positions = [distribution(rng, 256, 1.0) for _ in range(6)]
+        for record in (reference, close, far):
+            noisy = [lp + rng.normal(0, record["shift"], 256) if record["shift"] else lp for lp in positions]
+            record["logprobs"].append([listed(lp - np.logaddexp.reduce(lp), 256) for lp in noisy])
+    assert fp8.compare(reference, close, None, None, exact=True)["kl_nats"]["meets_target"] is True
+    assert fp8.compare(reference, far, None, None, exact=True)["kl_nats"]["meets_target"] is False
+    assert fp8.compare(reference, close, None, None, exact=False)["kl_nats"]["meets_target"] is None
