@@ -37,7 +37,8 @@ REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BE
 # "FP8 on vLLM", scripts/measure_fp8.py).
 FP8_WEIGHTS = "fp8_per_channel"
 BF16_LAYERS = 2
-# Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
+# Engine settings tried in order, least lossy first as far as measured (FP8 KV's own cost is not yet: on the demo model
+# FP8 weights cost 0.006 nats, weights and KV 0.023; BENCHMARKS.md, "FP8"): (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (None, "fp8"), (FP8_WEIGHTS, "auto"), (FP8_WEIGHTS, "fp8"))
 
 
