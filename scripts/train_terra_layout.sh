@@ -156,6 +156,12 @@ case "${1:-}" in
       data.num_frames="$TOK_FRAMES" data.workers="$TOK_RENDER_WORKERS" \
       train.batch_size="$TOK_BATCH" train.warmup_steps="$TOK_WARMUP" train.device="$DEVICE" \
       train.eval_frames="$TOK_EVAL_FRAMES" train.log_every="$TOK_LOG_EVERY" train.checkpoint_every=100000
+    trained=$(last_step "$RUN/tokenizer/train_log.jsonl")  # a budget eaten by rendering leaves a tokenizer of ~2 steps
+    if [ "$TOK_STEPS" = auto ] && [ "$trained" -lt "$TOK_WARMUP" ]; then
+      echo "tokenizer: trained $trained steps, fewer than its $TOK_WARMUP warm-up steps: TOK_MINUTES=$TOK_MINUTES" \
+        "left no time after rendering $TOK_FRAMES frames; raise it (4.5 by default) and start again in a new RUN" >&2
+      exit 1
+    fi
     ;;
   tokens)
     if [ ! -f "$RUN/tokens.safetensors" ]; then
