@@ -34,11 +34,12 @@ REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BE
 # FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
 # BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
 # =fp8) missed the 0.01-nat next-token KL on the demo model; the first layers are the most sensitive (BENCHMARKS.md,
-# "FP8 on vLLM", scripts/measure_fp8.py).
+# "Memory at Terra's shape", scripts/measure_fp8.py).
 FP8_WEIGHTS = "fp8_per_channel"
 BF16_LAYERS = 2
 # Engine settings tried in order, least lossy first as far as measured (FP8 KV's own cost is not yet: on the demo model
-# FP8 weights cost 0.006 nats, weights and KV 0.023; BENCHMARKS.md, "FP8"): (quantization, kv_cache_dtype)
+# FP8 weights cost 0.006 nats, weights and KV 0.023; BENCHMARKS.md, "Memory at Terra's shape"):
+# (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (None, "fp8"), (FP8_WEIGHTS, "auto"), (FP8_WEIGHTS, "fp8"))
 
 
@@ -160,13 +161,19 @@ def _candidates(requested: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     return allowed
 
 
+def _own_fp8(quantization: str | None, requested: Mapping[str, Any]) -> bool:
+    """Whether ``quantization`` is the plan's own FP8 weights (``fp8_weights_config``'s layers kept bf16), not one
+    the run set in ``backend.options``."""
+    return quantization is not None and "quantization" not in requested
+
+
 def _weight_bytes(shape: ModelShape, quantization: str | None, requested: Mapping[str, Any]) -> int:
     """The weights' bytes under ``quantization``: the plan's own FP8 weights keep ``BF16_LAYERS`` in bf16; a
     ``quantization`` the run set keeps none, and with its own ``quantization_config`` (whatever it ignores) is counted
     as bf16, the most it can take."""
     if quantization is not None and "quantization_config" in requested:
         return shape.weight_bytes(None)
-    return shape.weight_bytes(quantization, 0 if "quantization" in requested else BF16_LAYERS)
+    return shape.weight_bytes(quantization, BF16_LAYERS if _own_fp8(quantization, requested) else 0)
 
 
 def _fit(shape: ModelShape, budget: int, streams: int, requested: Mapping[str, Any]) -> tuple | None:
@@ -215,9 +222,8 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
                               f"{free_bytes / GIB:.1f} GiB of the card are free (other processes hold the rest); "
                               "free the card or use a smaller preset")
     quantization, kv, held = fit
-    own_fp8 = quantization is not None and "quantization" not in requested
     return MemoryPlan(preset, cap, card_bytes, quantization, kv, share, held, refiner,
-                      fp8_weights_config(shape.layers) if own_fp8 else None)
+                      fp8_weights_config(shape.layers) if _own_fp8(quantization, requested) else None)
 
 
 def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> int:
@@ -232,7 +238,8 @@ def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any])
 def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> str:
     """The line saying that nothing fits ``preset``, and what would: the smallest preset that fits (on this card),
     ``auto``, or no preset on this card."""
-    asked = {key: requested[key] for key in ("quantization", "kv_cache_dtype") if key in requested}
+    asked = {key: requested[key] for key in ("quantization", "quantization_config", "kv_cache_dtype")
+             if key in requested}
     what = f"the world model ({(shape.linear_params + shape.other_params) / 1e9:.2f} B parameters"
     what += ", the refiner beside it)" if refiner == "shared" else ")"
     if asked:
