@@ -16,7 +16,8 @@ exactly one per image token (576 at Terra's layout: a frame's first pass also ca
 slots). The backend's own count (``decode_stats``) is recorded beside. Each mode also reports seconds per frame
 (the whole batch's wall time / frames) and the PSNR of its decoded frames against the exact renders, as
 terra-evaluate computes it; the speculative codes are compared token by token with the sequential ones at the same
-temperature (for the same seeds they must be equal, greedy or sampled).
+temperature (for the same seeds they must be equal, greedy or sampled). How good the first guesses beyond a pass
+are (terra/generation/speculative.py: the previous frame's code at the same position) is :func:`previous_frame_hits`.
 """
 
 from __future__ import annotations
@@ -153,7 +154,20 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
               "image_tokens_per_pass": round(pipeline.backend.layout.image_tokens / passes, 3),
               "generate_s": round(generate_s, 3), "s_per_frame": round(generate_s / frames, 4),
               "psnr": {"mean": round(float(scores.mean()), 3), "per_step": scores.mean(axis=0).round(3).tolist()}}
+    record["previous_frame_guess"] = previous_frame_hits(np.stack([r.codes for r in results]), n_ctx)
     return record, np.stack([r.codes[n_ctx:] for r in results])
+
+
+def previous_frame_hits(codes: np.ndarray, first: int) -> dict[str, float]:
+    """Of every code of frames ``first ..`` of ``codes [rollouts, frames, h, w]``, the share equal to the previous
+    frame's code at the same position (the speculative guess beyond a pass), and the share equal to any code of the
+    previous frame's 3 x 3 neighbourhood there: what the best motion-compensated guess could reach."""
+    earlier, later = codes[:, first - 1:-1], codes[:, first:]
+    h, w = codes.shape[2:]
+    padded = np.pad(earlier, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-1)
+    around = np.stack([padded[:, :, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy in (-1, 0, 1) for dx in (-1, 0, 1)])
+    return {"same_position": round(float((earlier == later).mean()), 4),
+            "any_of_3x3": round(float((around == later[None]).any(axis=0).mean()), 4)}
 
 
 def measure_decoding(settings: DecodingSettings) -> dict[str, Any]:

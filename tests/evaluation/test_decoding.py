@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from terra.core.errors import TerraInputError
-from terra.evaluation.decoding import DecodingSettings, held_out_clips, measure_decoding, parse_settings
+from terra.evaluation.decoding import (DecodingSettings, held_out_clips, measure_decoding, parse_settings,
+                                      previous_frame_hits)
 from terra.models.presets import TINY, TINY_TOKENIZER
 from terra.tokenizer import LFQTokenizer
 from tests.conftest import tiny_model
@@ -52,6 +53,23 @@ def test_speculative_codes_equal_sequential_in_fewer_passes(pair, tmp_path, sing
     assert [row["temperature"] for row in report["comparison"]] == [0.0, 0.9]
     for row in report["comparison"]:  # greedy and sampled: the same seeds give the same codes
         assert row["codes_equal"] and row["tokens_equal_fraction"] == 1 and row["fewer_passes"] >= 1
+    for mode in report["modes"]:
+        hits = mode["previous_frame_guess"]
+        assert 0 <= hits["same_position"] <= hits["any_of_3x3"] <= 1
+
+
+def test_previous_frame_hits_count_the_guess_and_its_neighbourhood():
+    """One rollout of a context frame and three generated 2x3 frames: the first shares nothing with the context; the
+    second keeps 2 of the first's codes in place and 1 more one column over; the third is the second shifted down a
+    row (its top row new): 0 in place, 3 in the neighbourhood. The context frame's codes count only as the first
+    generated frame's guesses."""
+    context = np.array([[9, 9, 9], [9, 9, 9]])
+    first = np.array([[1, 2, 3], [4, 5, 6]])
+    second = np.array([[1, 7, 2], [8, 8, 6]])  # 1 and 6 in place, 2 one column over, 7 and 8 new
+    third = np.array([[0, 0, 0], [1, 7, 2]])
+    codes = np.stack([context, first, second, third])[None]
+    hits = previous_frame_hits(codes, 1)
+    assert hits == {"same_position": round(2 / 18, 4), "any_of_3x3": round((2 + 1 + 3) / 18, 4)}
 
 
 def test_held_out_clips_skip_the_training_scenes():
