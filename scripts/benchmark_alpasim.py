@@ -13,12 +13,17 @@ on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame 
     python scripts/benchmark_alpasim.py --sessions 1,4 --chunks 3 backend=hf device=cpu           # CPU, demo model
     python scripts/benchmark_alpasim.py --sessions 1,4,16,32 --chunks 8 backend=vllm device=cuda \\
         --out bench/alpasim_h100.json                                                           # GPU
+
+``--count-steps`` (vLLM) runs the engine core in this process and counts the rollouts' passes in its scheduler's
+steps (scripts/bench/engine_steps.py, ``StepCounter``) beside the backend's own count of passes: the check of that
+count on the sessions' path (BENCHMARKS.md, "AlpaSim's video-model service").
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import platform
 import statistics
 import sys
@@ -39,6 +44,7 @@ from terra.alpasim.sessions import SessionTable  # noqa: E402
 from terra.alpasim.settings import alpasim_spec  # noqa: E402
 from terra.apps.runner import CONF_DIR  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.generation.backends import backend_kind  # noqa: E402
 from terra.pipeline import WorldModelPipeline, resolve_run  # noqa: E402
 from terra.sim import builtin_context  # noqa: E402
 
@@ -51,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sessions", default="1,4,16", help="comma-separated numbers of rollouts at once")
     parser.add_argument("--chunks", type=int, default=4, help="8-frame chunks per rollout, after the first of 5")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
+    parser.add_argument("--count-steps", action="store_true",
+                        help="vLLM: also count the passes in the engine scheduler's steps (engine core in-process)")
     parser.add_argument("overrides", nargs="*", help="terra-alpasim's settings, e.g. backend=vllm device=cuda")
     args = parser.parse_args(argv)
     try:
@@ -127,7 +135,14 @@ def warm_up(address: str, frame: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.count_steps:  # before vLLM is imported: the scheduler must live in this process to be counted
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     model, pipeline, table = build(args.overrides, max(args.sessions))
+    counter = None
+    if args.count_steps and backend_kind(pipeline.backend) == "vllm":
+        from bench.engine_steps import StepCounter
+
+        counter = StepCounter(pipeline.backend)
     server, port = bind(table.settings)
     start(server, WorldModelServicer(table, model))
     address = f"127.0.0.1:{port}"
@@ -138,18 +153,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
         records = []
         for count in args.sessions:
             before = table.engine.decode_stats
+            if counter is not None:
+                counter.reset()
             record = {"model": model, "backend": pipeline.backend.name, "device": str(pipeline.device),
                       "machine": machine, **rollouts(address, frame, count, args.chunks)}
             after = table.engine.decode_stats
             record["decoding"] = table.sampling.decoding
             record["draft_tokens"] = table.sampling.draft_tokens
             record["passes_per_frame"] = (after.passes - before.passes) / (after.frames - before.frames)
+            if counter is not None:  # each request in a scheduled step is one rollout's pass (prompt chunks too)
+                record["scheduler_passes_per_frame"] = counter.passes / (after.frames - before.frames)
             records.append(record)
             print(f"{count:3d} rollouts: 8-frame chunk p50 {record['chunk_p50_s']:.3f} s, p90 "
                   f"{record['chunk_p90_s']:.3f} s ({record['realtime_x']:.2f}x real time); first chunk (5) "
                   f"{record['first_chunk_s']:.3f} s; start {record['start_s']:.3f} s; {record['frames_per_s']:.1f} "
                   "frames/s in all; "
-                  f"{record['passes_per_frame']:.1f} passes a frame ({record['decoding']})", flush=True)
+                  f"{record['passes_per_frame']:.1f} passes a frame ({record['decoding']})"
+                  + (f", {record['scheduler_passes_per_frame']:.1f} in the scheduler's steps" if counter else ""),
+                  flush=True)
     finally:
         server.stop(1).wait()
         table.shutdown()
