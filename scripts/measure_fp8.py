@@ -67,6 +67,7 @@ from terra.generation.vllm_backend import VLLMBackend
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
+from terra.stats import Bootstrap, mean
 from terra.tokenizer import load_tokenizer
 
 SETTINGS = ("bf16", "fp8_per_tensor", "fp8_per_channel", "fp8_weights", "fp8_weights_kv", "fp8_kv")
@@ -103,13 +104,10 @@ def kl_from_top(p: dict[int, float], q: dict[int, float]) -> tuple[float, float]
 
 
 def bootstrap_interval(values: np.ndarray, seed: int = 0) -> list[float]:
-    """95 % percentile bootstrap interval of the mean of ``values`` (scipy's; one value: that value twice)."""
-    from scipy.stats import bootstrap
-
-    if len(values) < 2 or np.ptp(values) == 0:
-        return [float(values.mean())] * 2
-    res = bootstrap((values,), np.mean, confidence_level=0.95, method="percentile", random_state=seed)
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    """95 % percentile bootstrap interval of the mean of ``values``, each value (a rollout's) its own unit:
+    terra/stats.py's ``mean`` with every rollout its own cluster."""
+    interval = mean(range(len(values)), values, Bootstrap(seed=seed))
+    return [interval.low, interval.high]
 
 
 def prepare_model(spec: str, device: str, folder: Path) -> tuple[str, Path, Path | None]:
