@@ -91,7 +91,7 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_cache_dtype: str) -> int:
         """Bytes of KV cache one token takes: keys and values of every layer, bf16 or FP8."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * (1 if kv_cache_dtype.startswith("fp8") else 2)
+        return 2 * self.layers * self.kv_heads * self.head_dim * (1 if _fp8(kv_cache_dtype) else 2)
 
     def stream_bytes(self, kv_cache_dtype: str) -> int:
         """KV cache of one rollout holding a full window."""

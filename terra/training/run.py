@@ -43,7 +43,6 @@ from terra.training.settings import (
 from terra.core.atomic import atomic_dir, json_text
 
 BEST_FILE = "best.json"  # in best/: the step and validation scores of its weights
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}  # export.dtype and train.weights_dtype
 
 
 @dataclass
@@ -95,7 +94,7 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
     if spec.lora is not None:
         peft = add_lora(model, spec.lora)
         model = peft.get_base_model()
-    trained = DTYPES[spec.weights_dtype]
+    trained = getattr(torch, spec.weights_dtype)
     store_weights(model, trained, compute or trained)  # frozen weights need no more precision than the compute
     checkpoint_layers(model, spec.activation_checkpointing)
     model.config.use_cache = False
@@ -345,7 +344,7 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
                  scores: dict[str, float] | None = None) -> bool:
     """The trained model in Terra's layout at ``target``, atomically, with ``scores`` as :data:`BEST_FILE` when
     given; a collective call (a sharded model is gathered). True on the process that wrote it."""
-    model = trained_model(trainee, processes, DTYPES[spec.export_dtype])
+    model = trained_model(trainee, processes, getattr(torch, spec.export_dtype))
     if model is None:
         return False
     with atomic_dir(target) as folder:
