@@ -17,7 +17,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from terra.config.assets import ASSETS
+from terra.config.assets import ASSETS, register_resolvers
 from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
@@ -25,6 +25,8 @@ from terra.tokenizer import load_tokenizer
 from terra.training.run import train as run_training
 from terra.training.settings import train_spec
 from terra.training.shards import ShardIndex, write_shard
+
+register_resolvers()  # the resolvers conf/ uses (model=demo: ${terra_asset:...}), as the apps register them
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
