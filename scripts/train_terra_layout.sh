@@ -40,6 +40,8 @@ TOK_FRAMES=${TOK_FRAMES:-6000}; TOK_RENDER_WORKERS=${TOK_RENDER_WORKERS:-4}; TOK
 TOK_CH=${TOK_CH:-32}; TOK_STEPS=${TOK_STEPS:-auto}; TOK_WARMUP=${TOK_WARMUP:-300}
 TOK_EVAL_FRAMES=${TOK_EVAL_FRAMES:-16}
 TOK_LOG_EVERY=${TOK_LOG_EVERY:-50}; TOK_MINUTES=${TOK_MINUTES:-4.5}; TOK_CALIBRATE_MINUTES=${TOK_CALIBRATE_MINUTES:-1.5}
+TOK_EMA_DECAY=${TOK_EMA_DECAY:-0.99}  # the exported weights average ~100 steps: the budget's ~1,000 steps would
+# leave 0.999's average (conf/train_tokenizer.yaml) at a third its first steps' weights (MODEL_CARD.md's 12.4 dB)
 WM_HIDDEN=${WM_HIDDEN:-512}; WM_INTERMEDIATE=${WM_INTERMEDIATE:-1408}; WM_LAYERS=${WM_LAYERS:-12}
 WM_HEADS=${WM_HEADS:-8}; WM_KV_HEADS=${WM_KV_HEADS:-4}; WM_WINDOW=${WM_WINDOW:-25}; WM_BATCH=${WM_BATCH:-4}
 WM_LR=${WM_LR:-1e-3}; WM_WARMUP=${WM_WARMUP:-100}; WM_STEPS=${WM_STEPS:-auto}; WM_MINUTES=${WM_MINUTES:-9}
@@ -122,9 +124,10 @@ collect() {  # the results `poll` brings back (at most 8 files)
 
 write_settings() {
   mkdir -p "$RESULTS"
-  local names="CLIPS FRAMES COMPRESS TOK_FRAMES TOK_BATCH TOK_CH TOK_STEPS TOK_MINUTES WM_HIDDEN WM_INTERMEDIATE
-    WM_LAYERS WM_HEADS WM_KV_HEADS WM_WINDOW WM_BATCH WM_LR WM_WARMUP WM_STEPS WM_MINUTES WM_COMPILE EVAL_CLIPS
-    ADHERENCE_CASES EVAL_CONTEXT EVAL_HORIZON EVAL_DTYPE ROLLOUTS DECODE_FRAMES TEMPERATURES SPECULATIVE DEVICE SMOKE"
+  local names="CLIPS FRAMES COMPRESS TOK_FRAMES TOK_BATCH TOK_CH TOK_STEPS TOK_MINUTES TOK_EMA_DECAY WM_HIDDEN
+    WM_INTERMEDIATE WM_LAYERS WM_HEADS WM_KV_HEADS WM_WINDOW WM_BATCH WM_LR WM_WARMUP WM_STEPS WM_MINUTES WM_COMPILE
+    EVAL_CLIPS ADHERENCE_CASES EVAL_CONTEXT EVAL_HORIZON EVAL_DTYPE ROLLOUTS DECODE_FRAMES TEMPERATURES SPECULATIVE
+    DEVICE SMOKE"
   local n; for n in $names; do export "$n=${!n:-}"; done
   "$PY" -c "import json,os,sys; print(json.dumps({n: os.environ[n] for n in sys.argv[1:]}, indent=1))" $names \
     > "$RESULTS/settings.json"
@@ -155,7 +158,8 @@ case "${1:-}" in
       train.output_dir="$RUN/tokenizer" model.config.encoder_decoder_config.ch="$TOK_CH" \
       data.num_frames="$TOK_FRAMES" data.workers="$TOK_RENDER_WORKERS" \
       train.batch_size="$TOK_BATCH" train.warmup_steps="$TOK_WARMUP" train.device="$DEVICE" \
-      train.eval_frames="$TOK_EVAL_FRAMES" train.log_every="$TOK_LOG_EVERY" train.checkpoint_every=100000
+      train.ema_decay="$TOK_EMA_DECAY" train.eval_frames="$TOK_EVAL_FRAMES" train.log_every="$TOK_LOG_EVERY" \
+      train.checkpoint_every=100000
     trained=$(last_step "$RUN/tokenizer/train_log.jsonl")  # a budget eaten by rendering leaves a tokenizer of ~2 steps
     if [ "$TOK_STEPS" = auto ] && [ "$trained" -lt "$TOK_WARMUP" ]; then
       echo "tokenizer: trained $trained steps, fewer than its $TOK_WARMUP warm-up steps: TOK_MINUTES=$TOK_MINUTES" \
