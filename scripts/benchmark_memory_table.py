@@ -41,7 +41,7 @@ SCRIPTS = Path(__file__).resolve().parent
 if str(SCRIPTS) not in sys.path:
     sys.path.append(str(SCRIPTS))
 
-from terra.config.memory import GIB, PRESETS, ModelShape, plan_memory  # noqa: E402
+from terra.config.memory import GIB, PRESETS, ModelShape, plan_memory, preset_cap  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 
 WORKFLOWS = ("vllm", "refine", "score")
@@ -91,14 +91,15 @@ class PeakSampler:
 
 
 def cap_process(cap: str) -> int | None:
-    """Limit this process's torch allocations to the preset's size; the card's total bytes (None on a CPU)."""
+    """Limit this process's torch allocations to what the preset plans for (terra/config/memory.py, ``preset_cap``:
+    what a card of that size reports); the card's total bytes (None on a CPU)."""
     import torch
 
     if not torch.cuda.is_available():
         return None
     total = torch.cuda.mem_get_info()[1]
     if cap != "uncapped":
-        torch.cuda.set_per_process_memory_fraction(min(1.0, PRESETS[cap] / total))
+        torch.cuda.set_per_process_memory_fraction(preset_cap(cap, total) / total)
     return total
 
 

@@ -224,7 +224,9 @@ case "${1:-}" in
     rm -rf "$WORK/tree"; mkdir -p "$WORK/tree" "$RUN"; rm -f "$RUN/pid"
     tar -cf - --exclude=./.git --exclude=./.venv --exclude="./.vllm*" --exclude=./.whl --exclude=./runs \
       --exclude=./outputs . | tar -xf - -C "$WORK/tree"
-    [ -e "$WORK/tree/terra/conf" ] || ln -s ../conf "$WORK/tree/terra/conf"  # conf/ is the package terra.conf
+    for pkg in conf tokenizer decoder; do  # installed as terra.conf, terra.tokenizer, terra.decoder (pyproject.toml)
+      [ -e "$WORK/tree/terra/$pkg" ] || ln -s "../$pkg" "$WORK/tree/terra/$pkg"
+    done
     # OUT is the calling command's folder: the job outlives it, so only `poll` writes there
     RUN=$RUN setsid nohup env -u OUT bash "$WORK/tree/scripts/train_terra_layout.sh" all >> "$RUN/run.log" 2>&1 \
       < /dev/null &

@@ -4,9 +4,9 @@
 at a card of that size; ``memory=auto`` caps it at this card's total memory (read once per run, by
 terra/generation/backends.py, ``fit_memory``). Under a cap, :func:`plan_memory` picks, from the model's shape
 (:class:`ModelShape`: weight bytes, KV bytes per token, from its config) and where the refiner runs, the least lossy
-engine settings that fit: bf16 weights and KV, then FP8 KV (``kv_cache_dtype=fp8``), then FP8 weights
-(``FP8_WEIGHTS``: vLLM quantizes the bf16 checkpoint's linear layers as it loads them, per output channel, with the
-first ``BF16_LAYERS`` decoder layers left in bf16) with bf16 KV, then both (``CANDIDATES``), with vLLM's
+engine settings that fit: bf16 weights and KV, then FP8 weights (``FP8_WEIGHTS``: vLLM quantizes the bf16
+checkpoint's linear layers as it loads them, per output channel, with the first ``BF16_LAYERS`` decoder layers left in
+bf16) with bf16 KV, then FP8 KV (``kv_cache_dtype=fp8``) with bf16 weights, then both (``CANDIDATES``), with vLLM's
 ``gpu_memory_utilization`` as the engine's share of the card and ``max_num_seqs`` what its KV cache holds. What
 cannot fit is one line naming the preset that would, before an engine starts (never a CUDA out-of-memory
 traceback). Options set in ``backend.options`` are kept and checked against the cap. Loads without torch.
@@ -37,10 +37,10 @@ REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BE
 # "Memory at Terra's shape", scripts/measure_fp8.py).
 FP8_WEIGHTS = "fp8_per_channel"
 BF16_LAYERS = 2
-# Engine settings tried in order, least lossy first as far as measured (FP8 KV's own cost is not yet: on the demo model
-# FP8 weights cost 0.006 nats, weights and KV 0.023; BENCHMARKS.md, "Memory at Terra's shape"):
+# Engine settings tried in order, least lossy first as measured on the demo model (next-token KL against bf16: FP8
+# weights 0.006 nats, FP8 KV 0.017, both 0.023; BENCHMARKS.md, "Memory at Terra's shape").
 # (quantization, kv_cache_dtype)
-CANDIDATES = ((None, "auto"), (None, "fp8"), (FP8_WEIGHTS, "auto"), (FP8_WEIGHTS, "fp8"))
+CANDIDATES = ((None, "auto"), (FP8_WEIGHTS, "auto"), (None, "fp8"), (FP8_WEIGHTS, "fp8"))
 
 
 def fp8_weights_config(layers: int) -> dict[str, list[str]]:
