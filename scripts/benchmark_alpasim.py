@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(overrides: list[str], sessions: int):
-    """The server's pipeline and session table from conf/alpasim.yaml, for ``sessions`` rollouts at once."""
+    """The server's pipeline and session table from conf/alpasim.yaml, for ``sessions`` rollouts at once, and the
+    engine options the run resolved (the ``memory`` preset's among them)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -80,7 +81,7 @@ def build(overrides: list[str], sessions: int):
     run = resolve_run(spec, settings.max_sessions)
     pipeline = WorldModelPipeline.from_run(run)
     table = SessionTable(pipeline, settings, run.spec.sampling, run.spec.overlap, run.spec.resize)
-    return str(cfg.model.get("name", "world model")), pipeline, table
+    return str(cfg.model.get("name", "world model")), pipeline, table, run.spec.backend_options
 
 
 def camera_frame(image_size: tuple[int, int]) -> bytes:
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.count_steps:  # before vLLM is imported: the scheduler must live in this process to be counted
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    model, pipeline, table = build(args.overrides, max(args.sessions))
+    model, pipeline, table, _ = build(args.overrides, max(args.sessions))
     counter = None
     if args.count_steps and backend_kind(pipeline.backend) == "vllm":
         from bench.engine_steps import StepCounter

@@ -12,16 +12,21 @@ Workflows, each case (workflow x cap) in its own subprocess, alone on the card:
 * ``refine``: Terra's video refiner at full size, random bf16 weights, one 47-frame sample (scripts/
   benchmark_refiner.py), the process capped with ``torch.cuda.set_per_process_memory_fraction``;
 * ``score``: the ACT-Bench estimator at full size on ``--videos`` synthetic 47-frame videos (scripts/
-  benchmark_scoring.py), capped the same way.
+  benchmark_scoring.py), capped the same way;
+* ``alpasim``: terra-alpasim's server (AlpaSim's ``WorldModelService``) with ``--sessions`` rollouts at once, each a
+  first chunk of 5 frames then 8-frame chunks (scripts/benchmark_alpasim.py's client), Terra's world model on dummy
+  weights and a random tokenizer of Terra's shape decoding every frame; ``memory=`` the preset as a user sets it.
 
 Peak memory is the card's used memory (NVML, every process: a vLLM engine runs in its own) sampled every 20 ms,
 less what was in use before the case started; a case that fails under its cap (out of memory) is reported as such.
 
     python scripts/benchmark_memory_table.py --out $OUT/memory_table.json      # H100: ~3 min a vllm case
 
-CPU smoke run (no card: peaks are not measured, the tiny refiner and estimator only; checks the plumbing):
+CPU smoke run (no card: peaks are not measured, the tiny refiner, estimator and models only; checks the plumbing;
+the alpasim cases start vLLM's CPU engine, about a minute each on 2 cores):
 
     python scripts/benchmark_memory_table.py --device cpu --workflows refine,score --out memory_cpu.json
+    python scripts/benchmark_memory_table.py --device cpu --workflows alpasim --caps uncapped,16GiB --sessions 2
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ if str(SCRIPTS) not in sys.path:
 from terra.config.memory import GIB, PRESETS, ModelShape, plan_memory, preset_cap  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 
-WORKFLOWS = ("vllm", "refine", "score")
+WORKFLOWS = ("vllm", "refine", "score", "alpasim")
+ALPASIM_CHUNKS = 2  # 8-frame chunks of each AlpaSim rollout after its first 5 frames
 CAPS = ("uncapped", *PRESETS)
 
 
@@ -175,7 +181,57 @@ def score_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str, 
     return benchmark_scoring.main([*argv, "--workdir", str(folder), "--out", str(folder / "score.json")])
 
 
-WORKERS = {"vllm": vllm_worker, "refine": refine_worker, "score": score_worker}
+def alpasim_models(folder: Path, device: str) -> Path:
+    """A world model of Terra's shape with random bf16 weights and a random LFQ tokenizer of Terra's (2^18 codes,
+    288x512) under ``folder`` (tiny ones for a CPU), made once on the CPU by the driver: the server's checks read
+    real weights."""
+    import torch
+
+    from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+    from terra.models.presets import TERRA, TINY, TINY_TOKENIZER
+    from terra.tokenizer import LFQTokenizer
+    from terra.tokenizer.lfq import TERRA_CONFIG
+
+    cuda = device == "cuda"
+    torch.manual_seed(0)
+    config = LlamaActionConfig(**(TERRA if cuda else TINY))
+    LlamaActionForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(folder / "world_model")
+    LFQTokenizer(TERRA_CONFIG if cuda else TINY_TOKENIZER).save_pretrained(folder / "tokenizer")
+    return folder
+
+
+def alpasim_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """``--sessions`` AlpaSim rollouts at once against terra-alpasim's server (scripts/benchmark_alpasim.py's client:
+    a first chunk of 5 frames, then ``ALPASIM_CHUNKS`` of 8) on the models of :func:`alpasim_models`, the tokenizer
+    decoding and JPEG-encoding every frame in this process; ``memory=`` the preset, as a user sets it."""
+    import benchmark_alpasim
+
+    from terra.alpasim.service import WorldModelServicer, bind, start
+
+    overrides = [f"model.world_model={args.models / 'world_model'}", "tokenizer=terra_lfq",
+                 f"tokenizer.path={args.models / 'tokenizer'}", "backend=vllm", f"device={args.device}",
+                 f"memory={'full' if cap == 'uncapped' else cap}",
+                 f"backend.options.enforce_eager={str(args.eager).lower()}"]
+    if args.device == "cpu":
+        overrides += ["+backend.options.block_size=32", f"+backend.options.kv_cache_memory_bytes={256 << 20}"]
+    begin = time.perf_counter()
+    _, pipeline, table, options = benchmark_alpasim.build(overrides, args.sessions)
+    record: dict[str, Any] = {"settings": options, "startup_s": round(time.perf_counter() - begin, 1)}
+    server, port = bind(table.settings)
+    start(server, WorldModelServicer(table, "terra-shaped"))
+    address = f"127.0.0.1:{port}"
+    try:
+        frame = benchmark_alpasim.camera_frame(pipeline.image_size)
+        benchmark_alpasim.warm_up(address, frame)
+        record["alpasim"] = benchmark_alpasim.rollouts(address, frame, args.sessions, ALPASIM_CHUNKS)
+    finally:
+        server.stop(1).wait()
+        table.shutdown()
+        pipeline.close()
+    return record
+
+
+WORKERS = {"vllm": vllm_worker, "refine": refine_worker, "score": score_worker, "alpasim": alpasim_worker}
 
 
 # ------------------------------------------------------------------ the driver
@@ -187,7 +243,8 @@ def run_case(workflow: str, cap: str, args: argparse.Namespace) -> dict[str, Any
         out = Path(tmp) / "record.json"
         command = [sys.executable, __file__, "--worker", workflow, "--cap", cap, "--record", str(out),
                    "--device", args.device, "--frames", str(args.frames), "--batch", str(args.batch),
-                   "--sessions", str(args.sessions), "--videos", str(args.videos), *(["--eager"] if args.eager else [])]
+                   "--sessions", str(args.sessions), "--videos", str(args.videos), *(["--eager"] if args.eager else []),
+                   *(["--models", str(args.models)] if args.models else [])]
         start = time.perf_counter()
         with PeakSampler() as sampler:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s,
@@ -210,6 +267,10 @@ def speed(case: dict[str, Any]) -> list[tuple[str, float | None, str]]:
         return [("generate, 1 rollout", (record.get("generate_1") or {}).get("s_per_frame"), "s/frame"),
                 ("generate, batch", (record.get("generate_batch") or {}).get("frames_per_s"), "frames/s"),
                 ("sessions", (record.get("sessions") or {}).get("frames_per_s"), "frames/s")]
+    if case["workflow"] == "alpasim":
+        alpasim = record.get("alpasim") or {}
+        return [(f"AlpaSim server, {alpasim.get('sessions', '?')} rollouts", alpasim.get("frames_per_s"), "frames/s"),
+                ("AlpaSim server, 8-frame chunk p50", alpasim.get("chunk_p50_s"), "s")]
     cases = record.get("cases") or []
     if case["workflow"] == "refine":
         return [("refine, one sample", cases[-1].get("seconds") if cases else None, "s")]
@@ -249,6 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--worker", choices=WORKFLOWS, help=argparse.SUPPRESS)
     parser.add_argument("--cap", default="uncapped", help=argparse.SUPPRESS)
     parser.add_argument("--record", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--models", type=Path, help=argparse.SUPPRESS)  # alpasim_models' folder
     args = parser.parse_args(argv)
     if args.worker:  # inside a case's process
         with tempfile.TemporaryDirectory() as tmp:
@@ -256,13 +318,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_text(args.record, json_text(record) + "\n")
         return record
     cases = []
-    for workflow in [w for w in args.workflows.split(",") if w]:
-        for cap in [c for c in args.caps.split(",") if c]:
-            cases.append(run_case(workflow, cap, args))
-            print(f"{workflow} {cap}: peak {cases[-1]['peak_gib']} GiB, "
-                  f"{cases[-1].get('error') or [(r, v) for r, v, _ in speed(cases[-1])]}", flush=True)
-            if args.out:
-                write_text(args.out, json_text({"cases": cases}, indent=1) + "\n")
+    workflows = [w for w in args.workflows.split(",") if w]
+    with tempfile.TemporaryDirectory() as tmp:
+        if "alpasim" in workflows:
+            args.models = alpasim_models(Path(tmp), args.device)
+        for workflow in workflows:
+            for cap in [c for c in args.caps.split(",") if c]:
+                cases.append(run_case(workflow, cap, args))
+                print(f"{workflow} {cap}: peak {cases[-1]['peak_gib']} GiB, "
+                      f"{cases[-1].get('error') or [(r, v) for r, v, _ in speed(cases[-1])]}", flush=True)
+                if args.out:
+                    write_text(args.out, json_text({"cases": cases}, indent=1) + "\n")
     table = markdown(cases)
     print(table)
     result = {"device": args.device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": cases,

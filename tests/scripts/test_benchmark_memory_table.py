@@ -41,6 +41,23 @@ def test_rows_ratios_and_failures(table):
     assert "| score | 16GiB | - | torch.OutOfMemoryError: CUDA out of memory |  | - |" in lines
 
 
+def test_alpasim_rows(table):
+    """The AlpaSim server's two rows: frames/s of its rollouts in all (a rate) and the 8-frame chunk's p50 (a time),
+    each against the uncapped case; the plan's settings shown."""
+    def case(cap: str, peak: float, rate: float, chunk: float, **settings) -> dict:
+        alpasim = {"sessions": 8, "frames_per_s": rate, "chunk_p50_s": chunk}
+        record = {"settings": settings, "alpasim": alpasim}
+        return {"workflow": "alpasim", "cap": cap, "peak_gib": peak, "record": record}
+
+    lines = table.markdown([case("uncapped", 70.0, 40.0, 0.5, max_num_seqs=64),
+                            case("16GiB", 14.8, 30.0, 0.8, kv_cache_dtype="fp8", max_num_seqs=8)]).splitlines()
+    assert "| AlpaSim server, 8 rollouts | 16GiB | 14.8 | 30 frames/s | 0.75x | kv_cache_dtype=fp8, max_num_seqs=8 |" \
+        in lines
+    assert "| AlpaSim server, 8-frame chunk p50 | 16GiB | 14.8 | 0.8 s | 0.62x | kv_cache_dtype=fp8, max_num_seqs=8 |" \
+        in lines
+    assert "| AlpaSim server, 8-frame chunk p50 | uncapped | 70.0 | 0.5 s | 1.00x | max_num_seqs=64 |" in lines
+
+
 @pytest.mark.slow  # about 35 s on 2 cores: the subprocess imports the refiner's stack
 def test_cpu_smoke_runs_a_case_in_its_own_process(table, tmp_path):
     out = tmp_path / "memory.json"
