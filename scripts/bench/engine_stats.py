@@ -1,4 +1,4 @@
-"""What the vLLM engine did during a measurement: time in its calls, KV-cache size, prefix-cache reuse."""
+"""What the vLLM engine did during a measurement: time in its calls, prefix-cache reuse."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from terra.generation.vllm_backend import FrameStat
 
@@ -31,13 +30,6 @@ class CallTimer:
     def reset(self) -> None:
         """Start counting from zero (one measurement's calls only)."""
         self.calls, self.seconds = 0, 0.0
-
-
-def kv_bytes_per_token(config: Any, kv_cache_dtype: str, dtype: str) -> int:
-    """KV-cache bytes per token: K and V of every layer (Terra in bf16: 2 x 22 x 4 x 64 x 2 = 22.5 KiB)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    item = 1 if kv_cache_dtype.startswith("fp8") else torch.finfo(getattr(torch, dtype)).bits // 8
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * item
 
 
 def prefix_summary(stats: list[FrameStat], block_size: int, action_tokens: int) -> dict:

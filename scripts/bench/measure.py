@@ -11,12 +11,13 @@ import torch
 
 from bench.backends import build_backend, engine_settings
 from bench.e2e import measure_e2e
-from bench.engine_stats import CallTimer, kv_bytes_per_token, prefix_summary
+from bench.engine_stats import CallTimer, prefix_summary
 from bench.environment import GpuMemoryMonitor, environment
-from bench.models import read_layout
+from bench.models import read_config, read_layout
 from bench.parts import GREEDY, PARTS, SAMPLING, Part
 from bench.profiling import boundary_split, profile_steps
 from bench.rollouts import make_requests, timed_generate
+from terra.config.memory import ModelShape
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import WorldModelBackend
@@ -66,7 +67,8 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
     if engine is not None:
         cache = engine.vllm_config.cache_config
         tokens = (cache.num_gpu_blocks or 0) * cache.block_size
-        per_token = kv_bytes_per_token(engine.vllm_config.model_config.hf_config, cache.cache_dtype, args.dtype)
+        # Terra's config: the plain Llama's engine has its KV shape too (bench/models.py writes its config from it)
+        per_token = ModelShape.from_config(read_config(args)).kv_bytes_per_token(cache.cache_dtype, args.dtype)
         longest = args.context + max(args.single_frames, args.batched_frames if sizes else 0)
         out["engine"] = {
             "block_size": cache.block_size, "kv_cache_blocks": cache.num_gpu_blocks, "kv_cache_tokens": tokens,

@@ -41,6 +41,8 @@ BF16_LAYERS = 2
 # weights 0.006 nats, FP8 KV 0.017, both 0.023; BENCHMARKS.md, "Memory at Terra's shape").
 # (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (FP8_WEIGHTS, "auto"), (None, "fp8"), (FP8_WEIGHTS, "fp8"))
+# Bytes of one value in a model dtype vLLM takes (its ``dtype`` names): a KV cache not in FP8 holds the model's dtype.
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
 def fp8_weights_config(layers: int) -> dict[str, list[str]]:
@@ -89,9 +91,12 @@ class ModelShape:
             // self.layers
         return (self.linear_params - fp8) * 2 + fp8 + self.other_params * 2
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str) -> int:
-        """Bytes of KV cache one token takes: keys and values of every layer, bf16 or FP8."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * (1 if _fp8(kv_cache_dtype) else 2)
+    def kv_bytes_per_token(self, kv_cache_dtype: str, dtype: str = "bfloat16") -> int:
+        """Bytes of KV cache one token takes: keys and values of every layer, in FP8 (``kv_cache_dtype`` fp8*) or
+        else in the model's ``dtype`` (bf16 on a GPU, what the presets plan; float32 on a CPU: scripts/bench/
+        measure.py). Terra in bf16: 2 x 22 layers x 4 heads x 64 x 2 bytes = 22528."""
+        item = 1 if _fp8(kv_cache_dtype) else DTYPE_BYTES[dtype]
+        return 2 * self.layers * self.kv_heads * self.head_dim * item
 
     def stream_bytes(self, kv_cache_dtype: str) -> int:
         """KV cache of one rollout holding a full window."""

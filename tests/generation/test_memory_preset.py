@@ -40,13 +40,14 @@ def test_shape_counts_the_models_parameters_exactly(name):
 def test_terra_shape_bytes():
     """Terra's 2.04 B parameters: 3.81 GiB in bf16, 2.90 GiB with FP8 linear layers (embedding and head, 1.08 B,
     stay bf16), 2.99 GiB with the first 2 of 22 layers kept bf16; KV 2 x 22 layers x 4 heads x 64 = 22528 bytes per
-    token in bf16, half in FP8."""
+    token in bf16, half in FP8, twice in float32 (a CPU run's: scripts/bench/measure.py)."""
     shape = ModelShape.from_config(CONFIGS["terra"])
     assert shape.weight_bytes(None) / GIB == pytest.approx(3.807, abs=1e-3)
     assert shape.weight_bytes("fp8") / GIB == pytest.approx(2.905, abs=1e-3)
     assert shape.weight_bytes(FP8_WEIGHTS, 2) / GIB == pytest.approx(2.905 + 2 / 22 * (3.807 - 2.905), abs=1e-3)
     assert shape.weight_bytes(FP8_WEIGHTS, 22) == shape.weight_bytes(FP8_WEIGHTS, 30) == shape.weight_bytes(None)
     assert shape.kv_bytes_per_token("auto") == 22528 and shape.kv_bytes_per_token("fp8") == 11264
+    assert shape.kv_bytes_per_token("auto", "float32") == 45056 and shape.kv_bytes_per_token("fp8", "float32") == 11264
     assert shape.window_tokens == 25 * 582 - 6
 
 
