@@ -113,6 +113,7 @@ def vllm_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str, A
     """generate (1 rollout, a batch) and sessions on one engine of Terra's shape under ``cap``."""
     import numpy as np
 
+    from bench.models import dummy_weights_model
     from benchmark_sessions import run_sessions
     from terra.config.sampling import SamplingConfig
     from terra.generation.backends import create_backend
@@ -122,10 +123,10 @@ def vllm_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str, A
     from terra.session import SessionHost
 
     config = LlamaActionConfig(**(TERRA if args.device == "cuda" else TINY))
-    write_text(folder / "config.json", config.to_json_string())
     total = cap_process("uncapped")
     streams = max(args.batch, args.sessions)
-    options: dict[str, Any] = {"load_format": "dummy", "max_num_seqs": streams, "enforce_eager": args.eager}
+    options: dict[str, Any] = {**dummy_weights_model(folder, config), "max_num_seqs": streams,
+                               "enforce_eager": args.eager}
     plan = None
     if cap != "uncapped" and total is not None:
         plan = plan_memory(cap, total, ModelShape.from_config(config), "after", streams)

@@ -34,6 +34,7 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
     sys.path.append(str(SCRIPTS))
 
 from bench.cli import exit_2_on_input_error, run_threads  # noqa: E402
+from bench.models import dummy_weights_model  # noqa: E402
 from terra.config.backend import REQUEST_PATHS  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
@@ -106,8 +107,7 @@ def build_model(args: argparse.Namespace, folder: Path,
     if args.model in ("terra", "tiny"):
         config = LlamaActionConfig(**(TERRA if args.model == "terra" else TINY))
         if args.backend == "vllm":  # config.json only; the engine makes up the weights
-            write_text(folder / "config.json", config.to_json_string())
-            options["load_format"] = "dummy"
+            options.update(dummy_weights_model(folder, config))
         elif args.model == "terra":
             raise TerraInputError("--model terra runs on --backend vllm, which makes up its random weights")
         else:

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from bench.models import model_dirs, read_config
+from bench.models import DUMMY_WEIGHTS, model_dirs, read_config
 from bench.parts import Part
 from bench.plain_llama import PlainLlamaBackend
 from terra.generation.hf_backend import HFBackend
@@ -45,6 +45,6 @@ def build_backend(part: Part, args: argparse.Namespace) -> WorldModelBackend:
         return HFBackend(model, device=args.device, dtype=dtype)
     engine = engine_settings(part, args)
     if kind == "plain":  # always random weights: speed does not depend on their values
-        return PlainLlamaBackend(str(plain_dir), read_config(args), load_format="dummy", **engine)
+        return PlainLlamaBackend(str(plain_dir), read_config(args), **DUMMY_WEIGHTS, **engine)
     terra = StreamingVLLMBackend if args.requests == "streaming" else VLLMBackend  # --requests
-    return terra(str(terra_dir), **({} if args.model else {"load_format": "dummy"}), **engine)
+    return terra(str(terra_dir), **({} if args.model else DUMMY_WEIGHTS), **engine)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bench.models import dummy_weights_model
 from terra.config.assets import DEMO
 from terra.config.sampling import SamplingConfig
 from terra.generation.layout import TokenLayout
@@ -120,8 +121,8 @@ def start_engine(model: str, draft_tokens: int, args: argparse.Namespace):
     from terra.generation.vllm_backend import VLLMBackend
 
     if model == "terra":
-        folder, weights = tempfile.mkdtemp(prefix="terra_shape_"), {"load_format": "dummy"}
-        LlamaActionConfig(**TERRA).save_pretrained(folder)  # config.json only: vLLM draws the weights
+        folder = tempfile.mkdtemp(prefix="terra_shape_")
+        weights = dummy_weights_model(folder, LlamaActionConfig(**TERRA))
     else:
         folder, weights = str(DEMO / "world_model"), {}
     most = args.max_num_seqs or max(args.streams)
