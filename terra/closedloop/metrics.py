@@ -77,9 +77,8 @@ def extended_comfort(plans: Sequence[Plan], poses: np.ndarray, dt: float = DT_S)
     """NAVSIM's EC over consecutive plans (``plans[k]`` made at ``poses[k]``): the share of pairs within the
     thresholds and the worst RMS difference of each feature (None with fewer than two plans)."""
     passed, worst = [], dict.fromkeys(EC_THRESHOLDS, 0.0)
-    for k in range(1, len(plans)):
-        t0, p0 = plan_poses(plans[k - 1], k - 1, poses[k - 1], dt)
-        t1, p1 = plan_poses(plans[k], k, poses[k], dt)
+    resampled = [plan_poses(plan, k, poses[k], dt) for k, plan in enumerate(plans)]  # each plan once, not twice
+    for (t0, p0), (t1, p1) in zip(resampled, resampled[1:]):
         shared = t1[(t1 <= t0[-1] + 1e-9)]
         if len(shared) < 3:
             continue
