@@ -14,8 +14,9 @@ Workflows, each case (workflow x cap) in its own subprocess, alone on the card:
 * ``score``: the ACT-Bench estimator at full size on ``--videos`` synthetic 47-frame videos (scripts/
   benchmark_scoring.py), capped the same way;
 * ``alpasim``: terra-alpasim's server (AlpaSim's ``WorldModelService``) with ``--sessions`` rollouts at once, each a
-  first chunk of 5 frames then 8-frame chunks (scripts/benchmark_alpasim.py's client), Terra's world model on dummy
-  weights and a random tokenizer of Terra's shape decoding every frame; ``memory=`` the preset as a user sets it.
+  first chunk of 5 frames then 8-frame chunks (scripts/benchmark_alpasim.py's client), a world model of Terra's shape
+  with random weights (written once: the server reads real ones) and a random tokenizer of Terra's shape decoding
+  every frame; ``memory=`` the preset as a user sets it.
 
 Peak memory is the card's used memory (NVML, every process: a vLLM engine runs in its own) sampled every 20 ms,
 less what was in use before the case started; a case that fails under its cap (out of memory) is reported as such.
