@@ -187,18 +187,13 @@ def alpasim_models(folder: Path, device: str) -> Path:
     """A world model of Terra's shape with random bf16 weights and a random LFQ tokenizer of Terra's (2^18 codes,
     288x512) under ``folder`` (tiny ones for a CPU), made once on the CPU by the driver: the server's checks read
     real weights."""
-    import torch
-
-    from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+    from bench.models import random_tokenizer, random_world_model
     from terra.models.presets import TERRA, TINY, TINY_TOKENIZER
-    from terra.tokenizer import LFQTokenizer
     from terra.tokenizer.lfq import TERRA_CONFIG
 
     cuda = device == "cuda"
-    torch.manual_seed(0)
-    config = LlamaActionConfig(**(TERRA if cuda else TINY))
-    LlamaActionForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(folder / "world_model")
-    LFQTokenizer(TERRA_CONFIG if cuda else TINY_TOKENIZER).save_pretrained(folder / "tokenizer")
+    random_world_model(folder / "world_model", TERRA if cuda else TINY)
+    random_tokenizer(folder / "tokenizer", TERRA_CONFIG if cuda else TINY_TOKENIZER)
     return folder
 
 

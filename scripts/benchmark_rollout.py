@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,14 +45,14 @@ if str(ROOT / "scripts") not in sys.path:  # run as a file, scripts/ is already 
 
 from bench.cli import exit_2_on_input_error  # noqa: E402
 from bench.environment import GpuBusyMonitor  # noqa: E402
+from bench.models import random_tokenizer, random_world_model  # noqa: E402
 from terra.batch import read_manifest  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
-from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 from terra.sim import sample_frames  # noqa: E402
-from terra.tokenizer import LFQTokenizer, load_tokenizer  # noqa: E402
+from terra.tokenizer import load_tokenizer  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.tokenizer.lfq import TERRA_CONFIG  # noqa: E402
 
@@ -127,12 +126,9 @@ def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[
     its engine and writers (a model made on the GPU kept 4.5 GiB there for the whole run: BENCHMARKS.md)."""
     model_dir, tokenizer_dir = out / "models" / "world_model", out / "models" / "tokenizer"
     if model is None and not (model_dir / "config.json").is_file():
-        torch.manual_seed(0)
-        config = LlamaActionConfig(**TERRA)
-        LlamaActionForCausalLM._from_config(config, dtype=torch.bfloat16).save_pretrained(model_dir)
+        random_world_model(model_dir, TERRA)
     if tokenizer is None and not (tokenizer_dir / "config.json").is_file():
-        torch.manual_seed(1)
-        LFQTokenizer(TERRA_CONFIG).save_pretrained(tokenizer_dir)
+        random_tokenizer(tokenizer_dir, TERRA_CONFIG)
     return str(Path(model or model_dir).resolve()), str(Path(tokenizer or tokenizer_dir).resolve())
 
 

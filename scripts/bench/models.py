@@ -34,6 +34,29 @@ def dummy_weights_model(folder: str | Path, config: PretrainedConfig | Mapping[s
     return dict(DUMMY_WEIGHTS)
 
 
+def random_world_model(folder: str | Path, preset: Mapping[str, Any]) -> Path:
+    """Save a world model of ``preset``'s shape with random bf16 weights (seed 0) at ``folder``, on the CPU: for the
+    apps, whose checks read real weights (the process holds no GPU memory for it)."""
+    import torch
+
+    from terra.models import LlamaActionForCausalLM
+
+    torch.manual_seed(0)
+    LlamaActionForCausalLM._from_config(LlamaActionConfig(**preset), dtype=torch.bfloat16).save_pretrained(folder)
+    return Path(folder)
+
+
+def random_tokenizer(folder: str | Path, config: Mapping[str, Any]) -> Path:
+    """Save an LFQ tokenizer of ``config`` (terra/tokenizer/lfq.py) with random weights (seed 1) at ``folder``."""
+    import torch
+
+    from terra.tokenizer import LFQTokenizer
+
+    torch.manual_seed(1)
+    LFQTokenizer(config).save_pretrained(folder)
+    return Path(folder)
+
+
 def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     """Folders of the Terra model and of the plain Llama of the same shape (config.json only when random)."""
     root = args.out / "models"
