@@ -2,8 +2,9 @@
 
 * :mod:`bench.parts`: the configurations ("parts") and the sampling they use;
 * :mod:`bench.arguments`: the command line;
-* :mod:`bench.models`: Terra's and the plain Llama's model folders (config.json only for random weights), and
-  the config.json-only folder on vLLM's dummy weights that the other vLLM scripts make too;
+* :mod:`bench.models`: Terra's and the plain Llama's model folders (config.json only for random weights), the
+  config.json-only folder on vLLM's dummy weights that the other vLLM scripts make too, and saved random-weights
+  world models and tokenizers for the scripts that run the apps (benchmark_rollout.py, benchmark_memory_table.py);
 * :mod:`bench.backends` and :mod:`bench.plain_llama`: the backend each part measures;
 * :mod:`bench.rollouts`, :mod:`bench.engine_stats`, :mod:`bench.environment`: the workload and what is
   recorded about it;
