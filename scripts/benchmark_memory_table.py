@@ -208,7 +208,10 @@ def alpasim_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str
     overrides = [f"model.world_model={args.models / 'world_model'}", "tokenizer=terra_lfq",
                  f"tokenizer.path={args.models / 'tokenizer'}", "backend=vllm", f"device={args.device}",
                  f"memory={'full' if cap == 'uncapped' else cap}",
-                 f"backend.options.enforce_eager={str(args.eager).lower()}"]
+                 f"backend.options.enforce_eager={str(args.eager).lower()}",
+                 # random weights accept a speculative guess by chance: 53 to 325 passes a frame on the same H200
+                 # as max_num_seqs went 64, 8, 16, 9 (BENCHMARKS.md); sequential decoding's 576 compare the caps
+                 "sampling.decoding=sequential"]
     if args.device == "cpu":
         overrides += ["+backend.options.block_size=32", f"+backend.options.kv_cache_memory_bytes={256 << 20}"]
     begin = time.perf_counter()

@@ -21,6 +21,7 @@ import torch
 from terra.config.assets import DEMO_NAME, demo_checkpoints
 from terra.config.backend import DTYPES, check_backend
 from terra.config.checks import check_choice, check_flag
+from terra.config.memory import tokenizer_batch
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec, check_window
 from terra.core.device import check_device, set_threads
@@ -154,11 +155,13 @@ def _pretrained_paths(world_model: str | Path, tokenizer: str | Path | ImageToke
 class WorldModelPipeline:
     """Context images + actions → generated codes → frames, on any backend."""
 
-    def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu", decode_batch_size: int = 16) -> None:
+    def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu",
+                 decode_batch_size: int | None = None) -> None:
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
         self.device = device
-        self.decode_batch_size = decode_batch_size
+        # frames per tokenizer call: by default the batch the memory presets count (terra/config/memory.py)
+        self.decode_batch_size = decode_batch_size or tokenizer_batch(tokenizer.image_size)
         # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
         # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
         # writer threads decoding 288x512 frames at once ran the H100 out of memory: BENCHMARKS.md).

@@ -28,8 +28,13 @@ CARD_SLACK = 0.95  # a card sold as 16 GB reports 15.6-15.9 GiB: a preset runs o
 REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engine is closed; beside the engine
 # Estimates of what a run takes besides weights and KV cache (refined by scripts/benchmark_memory_table.py):
 MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
+SHARE_STEP = 0.001  # the engine's share of the card is planned in thousandths, rounded down
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
-MAIN_PROCESS = 2 * GIB  # the app's own process: CUDA context, tokenizer's decoder (1.82 GiB measured: BENCHMARKS.md)
+# The app's own process: CUDA context and vLLM's client (1.82 GiB measured without a tokenizer), the tokenizer's
+# weights (0.26 GiB for Terra's, float32) and its decoder's peak on DECODE_PIXELS (0.49 GiB a Terra frame): 2.22 GiB
+# measured beside the engine in the AlpaSim server (BENCHMARKS.md, "Memory at Terra's shape").
+MAIN_PROCESS = int(2.5 * GIB)
+DECODE_PIXELS = 288 * 512  # pixels the tokenizer encodes or decodes at once: one frame of Terra's
 REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
 # FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
 # BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
@@ -50,6 +55,13 @@ def fp8_weights_config(layers: int) -> dict[str, list[str]]:
     ``layers`` decoder layers in bf16 (vLLM's module names: ``model.layers.<i>.<projection>``)."""
     kept = "|".join(str(i) for i in range(min(BF16_LAYERS, layers)))
     return {"ignore": [rf"re:model\.layers\.({kept})\..*"]}
+
+
+def tokenizer_batch(image_size: tuple[int, int]) -> int:
+    """Frames of ``image_size`` the tokenizer encodes or decodes at once: as many as hold ``DECODE_PIXELS``, the
+    batch whose activations ``MAIN_PROCESS`` counts (0.49 GiB a Terra frame, float32; 8 at once put the AlpaSim
+    server 6.5 GiB over memory=16GiB), and at least one."""
+    return max(1, DECODE_PIXELS // (int(image_size[0]) * int(image_size[1])))
 
 
 def check_memory(value: Any) -> str:
@@ -140,6 +152,13 @@ def preset_cap(preset: str, card_bytes: int) -> int:
     return min(math.ceil(CARD_SLACK * size), card_bytes)
 
 
+def engine_share(room: int, card_bytes: int) -> float:
+    """vLLM's ``gpu_memory_utilization`` for an engine given ``room`` bytes of the card: in whole steps of
+    ``SHARE_STEP``, rounded down, so that the engine never takes more than its room."""
+    steps = round(1 / SHARE_STEP)
+    return room * steps // card_bytes / steps
+
+
 def engine_budget(cap: int, refiner: str) -> int:
     """Bytes of the cap left to the engine process: the app's own process, and the refiner when it runs beside."""
     return cap - MAIN_PROCESS - (REFINER_PEAK if refiner == "shared" else 0)
@@ -212,12 +231,12 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
     room = max(0, min(engine_budget(cap, refiner), int(MAX_SHARE * card_bytes)))
     share = requested.get("gpu_memory_utilization")
     if share is None:
-        share = math.floor(round(room / card_bytes * 1000, 6)) / 1000
+        share = engine_share(room, card_bytes)
     elif share * card_bytes > room:
         raise TerraInputError(
             f"backend.options.gpu_memory_utilization={share:g} takes {share * card_bytes / GIB:.1f} GiB, more than "
             f"memory={preset} leaves the engine ({room / GIB:.1f} GiB); remove it (the preset sets it) or use at "
-            f"most {math.floor(round(room / card_bytes * 1000, 6)) / 1000:g}")
+            f"most {engine_share(room, card_bytes):g}")
     engine = int(share * card_bytes)
     fit = _fit(shape, engine, streams, requested)
     if fit is None:
@@ -237,7 +256,8 @@ def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any])
     beside = MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0)
     engines = [ENGINE_OVERHEAD + _weight_bytes(shape, q, requested) + shape.stream_bytes(kv)
                for q, kv in _candidates(requested)]
-    return min((max(beside + engine, math.ceil(engine / MAX_SHARE)) for engine in engines), default=math.inf)
+    return min((max(math.ceil((beside + engine) / (1 - SHARE_STEP)), math.ceil(engine / (MAX_SHARE - SHARE_STEP)))
+                for engine in engines), default=math.inf)
 
 
 def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> str:
@@ -263,4 +283,4 @@ def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, reque
 
 
 __all__ = ["BF16_LAYERS", "FP8_WEIGHTS", "MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory",
-           "fp8_weights_config", "plan_memory", "preset_cap", "smallest_card"]
+           "fp8_weights_config", "plan_memory", "preset_cap", "smallest_card", "tokenizer_batch"]
