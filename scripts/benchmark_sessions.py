@@ -241,8 +241,8 @@ def format_record(record: dict) -> str:
             f"({record['decoding']['passes_per_frame']:.1f} passes/frame): {record['frames_per_s']:7.2f} frames/s, "
             f"first frame {record['first_frame_s'] * 1000:7.0f} ms")
     if record["latency_mean_s"] is not None:
-        text += (f", then {record['latency_mean_s'] * 1000:6.0f} ms per frame (p50 {record['latency_p50_s'] * 1000:.0f},"
-                 f" p90 {record['latency_p90_s'] * 1000:.0f})")
+        text += (f", then {record['latency_mean_s'] * 1000:6.0f} ms per frame "
+                 f"(p50 {record['latency_p50_s'] * 1000:.0f}, p90 {record['latency_p90_s'] * 1000:.0f})")
     if "batch_frames_per_s" in record:
         text += f"; batch {record['batch_frames_per_s']:7.2f} frames/s, identical codes: {record['identical']}"
     return text

@@ -104,7 +104,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
-                        help="cuDNN's algorithm search (the apps leave it off: --no-cudnn-benchmark measures their peak)")
+                        help="cuDNN's algorithm search (the apps leave it off: --no-cudnn-benchmark measures "
+                        "their peak)")
     args = parser.parse_args()
 
     device = torch.device(resolve_device(check_device(args.device)))

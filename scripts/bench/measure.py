@@ -48,7 +48,8 @@ def run_part(name: str, args: argparse.Namespace) -> dict:
         backend = build_backend(part, args)
         record["startup_s"] = time.perf_counter() - t0
         try:
-            record.update(measure_e2e(backend, layout, args) if part.backend == "e2e" else measure(part, backend, layout, args))
+            record.update(measure_e2e(backend, layout, args) if part.backend == "e2e"
+                          else measure(part, backend, layout, args))
         finally:
             backend.close()
     record["memory"] = monitor.report()
@@ -74,7 +75,8 @@ def measure(part: Part, backend: WorldModelBackend, layout: TokenLayout, args: a
             "block_size": cache.block_size, "kv_cache_blocks": cache.num_gpu_blocks, "kv_cache_tokens": tokens,
             "kv_bytes_per_token": per_token, "kv_cache_gb": tokens * per_token / 1e9,
             # what the largest measurement holds at its end (no sharing across rollouts): the memory it needs
-            "kv_needed_gb": max([1, *sizes]) * min(longest * layout.frame_span, layout.window_positions) * per_token / 1e9,
+            "kv_needed_gb": max([1, *sizes]) * min(longest * layout.frame_span, layout.window_positions) * per_token
+            / 1e9,
         }
     timed = engine is not None and hasattr(engine, "step")  # the synchronous engine (not --requests streaming)
     if timed:
