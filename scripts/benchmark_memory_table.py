@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,7 @@ from terra.config.memory import GIB, PRESETS, ModelShape, plan_memory, preset_ca
 from terra.core.atomic import json_text, write_text  # noqa: E402
 
 WORKFLOWS = ("vllm", "refine", "score", "alpasim")
+LOG_LINE = re.compile(r"(^|\) )(INFO|DEBUG) ")  # vLLM's log lines, its engine core's "(EngineCore pid=..) INFO"
 ALPASIM_CHUNKS = 2  # 8-frame chunks of each AlpaSim rollout after its first 5 frames
 CAPS = ("uncapped", *PRESETS)
 
@@ -254,8 +256,9 @@ def run_case(workflow: str, cap: str, args: argparse.Namespace) -> dict[str, Any
         if done.returncode == 0 and out.exists():
             case["record"] = json.loads(out.read_text())
         else:
-            tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["(no output)"]
-            case["error"] = tail[0][:300]
+            lines = [line for line in done.stderr.splitlines() if line.strip() and not LOG_LINE.search(line)]
+            case["error"] = (lines[-1:] or ["(no output)"])[0][:300]
+            case["stderr_tail"] = lines[-40:]  # vLLM's "Engine core initialization failed" points above itself
             case["out_of_memory"] = "out of memory" in done.stderr.lower() or "OutOfMemory" in done.stderr
     return case
 

@@ -69,3 +69,21 @@ def test_cpu_smoke_runs_a_case_in_its_own_process(table, tmp_path):
     assert case["peak_gib"] is None  # no card
     assert json.loads(out.read_text())["table"] == result["table"]
     assert "| refine, one sample | uncapped | - |" in result["table"]
+
+
+def test_a_failed_case_keeps_the_lines_above_its_last(table, monkeypatch):
+    """A worker that fails keeps its last line as the error and the non-INFO lines before it (vLLM's last line only
+    points at the root cause above it), and out of memory is recognised."""
+    import argparse
+    import subprocess
+
+    stderr = "\n".join(["INFO 11-26 [core.py] starting", "ValueError: Free memory on device (9.1 GiB) is less than "
+                        "desired GPU memory utilization", "(EngineCore pid=7) INFO 11-26 [core.py] shutdown",
+                        "RuntimeError: Engine core initialization failed. See root cause above."])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", stderr))
+    args = argparse.Namespace(device="cpu", frames=2, batch=1, sessions=1, videos=1, eager=False, models=None,
+                              timeout_s=5)
+    case = table.run_case("vllm", "16GiB", args)
+    assert case["error"] == "RuntimeError: Engine core initialization failed. See root cause above."
+    assert case["stderr_tail"] == [stderr.splitlines()[1], stderr.splitlines()[3]]
+    assert case["out_of_memory"] is False and "record" not in case
