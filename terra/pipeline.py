@@ -160,7 +160,7 @@ class WorldModelPipeline:
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
         self.device = device
-        # frames per tokenizer call: by default the batch the memory presets count (terra/config/memory.py)
+        # frames per tokenizer call: by default what fits beside vLLM's own 90 % (terra/config/memory.py)
         self.decode_batch_size = decode_batch_size or tokenizer_batch(tokenizer.image_size)
         # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
         # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
@@ -184,7 +184,7 @@ class WorldModelPipeline:
         check_compatible(config, tok)
         backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
                                  max_rollouts=max_rollouts, **spec.backend_options)
-        return cls(tok, backend, spec.device)
+        return cls(tok, backend, spec.device, tokenizer_batch(tok.image_size, spec.memory))
 
     @classmethod
     def from_pretrained(

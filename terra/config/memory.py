@@ -34,7 +34,10 @@ ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activatio
 # weights (0.26 GiB for Terra's, float32) and its decoder's peak on DECODE_PIXELS (0.49 GiB a Terra frame): 2.22 GiB
 # measured beside the engine in the AlpaSim server (BENCHMARKS.md, "Memory at Terra's shape").
 MAIN_PROCESS = int(2.5 * GIB)
-DECODE_PIXELS = 288 * 512  # pixels the tokenizer encodes or decodes at once: one frame of Terra's
+DECODE_PIXELS = 288 * 512  # pixels the tokenizer encodes or decodes at once under a plan: one frame of Terra's
+# Under memory=full vLLM leaves 10 % of the card (8 GiB of an 80 GB one) to the rest: four Terra frames at once (1.98
+# GiB, twice one frame's decoding speed) fit it beside the app's 2.1 GiB; the sixteen of before (7.9 GiB) would not.
+FULL_DECODE_PIXELS = 4 * DECODE_PIXELS
 REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
 # FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
 # BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
@@ -57,11 +60,13 @@ def fp8_weights_config(layers: int) -> dict[str, list[str]]:
     return {"ignore": [rf"re:model\.layers\.({kept})\..*"]}
 
 
-def tokenizer_batch(image_size: tuple[int, int]) -> int:
-    """Frames of ``image_size`` the tokenizer encodes or decodes at once: as many as hold ``DECODE_PIXELS``, the
-    batch whose activations ``MAIN_PROCESS`` counts (0.49 GiB a Terra frame, float32; 8 at once put the AlpaSim
-    server 6.5 GiB over memory=16GiB), and at least one."""
-    return max(1, DECODE_PIXELS // (int(image_size[0]) * int(image_size[1])))
+def tokenizer_batch(image_size: tuple[int, int], memory: str = "full") -> int:
+    """Frames of ``image_size`` the tokenizer encodes or decodes at once beside an engine fitted to ``memory``: as many
+    as hold ``DECODE_PIXELS`` under a plan, the batch whose activations ``MAIN_PROCESS`` counts (0.49 GiB a Terra
+    frame, float32; 8 at once put the AlpaSim server 6.5 GiB over memory=16GiB), ``FULL_DECODE_PIXELS`` beside
+    vLLM's own 90 %; at least one."""
+    pixels = FULL_DECODE_PIXELS if memory == "full" else DECODE_PIXELS
+    return max(1, pixels // (int(image_size[0]) * int(image_size[1])))
 
 
 def check_memory(value: Any) -> str:

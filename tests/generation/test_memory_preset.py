@@ -236,16 +236,26 @@ def test_the_engine_share_never_takes_more_than_its_room():
 
 
 def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
-    """The frames a pipeline's tokenizer takes at once (what MAIN_PROCESS counts): one of Terra's 288x512, four of
-    the demo tokenizer's 144x256, one of anything larger; and the pipeline's default is that batch."""
+    """The frames a pipeline's tokenizer takes at once under a plan (what MAIN_PROCESS counts): one of Terra's
+    288x512, four of the demo tokenizer's 144x256, one of anything larger; beside vLLM's own 90 % (memory=full) four
+    times as many pixels; a pipeline built by itself takes memory=full's batch, one built for a run its memory's."""
     from terra.generation.backends import model_backend
     from terra.pipeline import WorldModelPipeline
     from terra.tokenizer import load_tokenizer
 
-    assert [tokenizer_batch(size) for size in ((288, 512), (144, 256), (576, 1024), (16, 16))] == [1, 4, 1, 576]
+    sizes = ((288, 512), (144, 256), (576, 1024), (16, 16))
+    assert [tokenizer_batch(size, "16GiB") for size in sizes] == [1, 4, 1, 576]
+    assert [tokenizer_batch(size, "auto") for size in sizes] == [1, 4, 1, 576]
+    assert [tokenizer_batch(size, "full") for size in sizes] == [4, 16, 1, 2304]
     tokenizer = load_tokenizer("terra/assets/demo/tokenizer")
     model = LlamaActionForCausalLM(LlamaActionConfig(**{**TERRA, "hidden_size": 64, "intermediate_size": 64,
                                                         "num_hidden_layers": 1, "num_attention_heads": 1,
                                                         "num_key_value_heads": 1}))
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, "cpu"))
-    assert tokenizer.image_size == (144, 256) and pipeline.decode_batch_size == 4
+    assert tokenizer.image_size == (144, 256) and pipeline.decode_batch_size == 16
+    from terra.pipeline import resolve_run
+
+    spec = RunSpec("terra/assets/demo/world_model", "terra/assets/demo/tokenizer", backend="hf", device="cpu",
+                   memory="16GiB")
+    built = WorldModelPipeline.from_run(resolve_run(spec), tokenizer)
+    assert built.decode_batch_size == 4
