@@ -240,7 +240,7 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
     288x512, four of the demo tokenizer's 144x256, one of anything larger; beside vLLM's own 90 % (memory=full) four
     times as many pixels; a pipeline built by itself takes memory=full's batch, one built for a run its memory's."""
     from terra.generation.backends import model_backend
-    from terra.pipeline import WorldModelPipeline
+    from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.tokenizer import load_tokenizer
 
     sizes = ((288, 512), (144, 256), (576, 1024), (16, 16))
@@ -253,8 +253,6 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
                                                         "num_key_value_heads": 1}))
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, "cpu"))
     assert tokenizer.image_size == (144, 256) and pipeline.decode_batch_size == 16
-    from terra.pipeline import resolve_run
-
     spec = RunSpec("terra/assets/demo/world_model", "terra/assets/demo/tokenizer", backend="hf", device="cpu",
                    memory="16GiB")
     built = WorldModelPipeline.from_run(resolve_run(spec), tokenizer)

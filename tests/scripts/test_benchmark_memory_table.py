@@ -73,7 +73,7 @@ def test_cpu_smoke_runs_a_case_in_its_own_process(table, tmp_path):
 
 def test_a_failed_case_keeps_the_lines_above_its_last(table, monkeypatch):
     """A worker that fails keeps its last line as the error and the non-INFO lines before it (vLLM's last line only
-    points at the root cause above it), and out of memory is recognised."""
+    points at the root cause above it), and a failure that is not out of memory is not reported as one."""
     import argparse
     import subprocess
 
