@@ -74,14 +74,27 @@ SESSIONS, ACTBENCH_STREAMS = 64, 256
 MODELS = ("demo", "terra")  # the e2e part's: the demo world model, Terra's 2 B shape with random weights
 
 
+def engine_drafts(text: str) -> tuple[int, int]:
+    """An engine's ``DRAFT_TOKENS[xPASSES]`` (e.g. ``32x3``: 32 draft tokens, 3 verifying passes an engine step,
+    backend.options.passes_per_step) as ``(draft_tokens, passes_per_step)``."""
+    drafts, _, passes = text.strip().partition("x")
+    return int(drafts), int(passes or 1)
+
+
+def engine_label(drafts: int, passes: int) -> str:
+    return f"{drafts}x{passes}" if passes > 1 else str(drafts)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file (parts already in it are kept)")
     parser.add_argument("--parts", default="demo,terra")
     parser.add_argument("--demo-draft-tokens", default="0,16,32",
-                        help="sampling.draft_tokens of the demo part's engines; 0 = sequential")
-    parser.add_argument("--terra-draft-tokens", default="0,8,16,32", help="sampling.draft_tokens of the terra part")
+                        help="sampling.draft_tokens of the demo part's engines; 0 = sequential; 32x3: 3 verifying "
+                             "passes an engine step (backend.options.passes_per_step)")
+    parser.add_argument("--terra-draft-tokens", default="0,8,16,32",
+                        help="sampling.draft_tokens of the terra part, as --demo-draft-tokens")
     parser.add_argument("--temperatures", default="0,0.9", help="demo part")
     parser.add_argument("--rollouts", type=int, default=32, help="demo part")
     parser.add_argument("--frames", type=int, default=8, help="demo part: frames per rollout")
@@ -102,19 +115,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="terra part: an engine argument, VALUE as YAML; e.g. "
                              "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:draft_tokens" or "e2e:model:draft_tokens": one
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:drafts" or "e2e:model:drafts": one
     # engine, in a subprocess
     args = parser.parse_args(argv)
     try:
         args.parts = [p for p in args.parts.split(",") if p]
-        for name in ("demo_draft_tokens", "terra_draft_tokens", "streams"):
-            setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
+        for name in ("demo_draft_tokens", "terra_draft_tokens"):
+            setattr(args, name, [engine_drafts(v) for v in getattr(args, name).split(",")])
+        args.streams = [int(v) for v in args.streams.split(",")]
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
-        args.e2e_engines = [(model, int(drafts)) for model, drafts in
+        args.e2e_engines = [(model, engine_drafts(drafts)) for model, drafts in
                             (engine.split(":") for engine in args.e2e_engines.split(","))]
     except ValueError:
-        parser.error("--demo-draft-tokens, --terra-draft-tokens, --streams and --temperatures are comma-separated "
-                     "numbers, --e2e-engines MODEL:DRAFT_TOKENS pairs (e.g. demo:0,terra:0)")
+        parser.error("--demo-draft-tokens and --terra-draft-tokens are comma-separated DRAFT_TOKENS[xPASSES] (e.g. "
+                     "0,32,32x3), --streams and --temperatures comma-separated numbers, --e2e-engines "
+                     "MODEL:DRAFT_TOKENS[xPASSES] pairs (e.g. demo:32x2,terra:0)")
     if not {model for model, _ in args.e2e_engines} <= set(MODELS) or args.e2e_frames < 1:
         parser.error(f"--e2e-engines names models of {MODELS} (got {args.e2e_engines}), --e2e-frames at least 1")
     try:
@@ -139,7 +154,7 @@ def benchmark_speculative():
     return module
 
 
-def demo_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
+def demo_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of the demo model: passes, seconds per frame and codes per temperature."""
     import torch
 
@@ -150,7 +165,8 @@ def demo_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
 
     started = time.perf_counter()
     backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype, max_num_seqs=args.rollouts,
-                          draft_tokens=draft_tokens, gpu_memory_utilization=args.gpu_memory_utilization)
+                          draft_tokens=draft_tokens, passes_per_step=passes_per_step,
+                          gpu_memory_utilization=args.gpu_memory_utilization)
     record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
     try:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -184,11 +200,11 @@ def demo_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def terra_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
+def terra_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of Terra's shape (random weights): step time per count of rollouts in flight."""
     from terra.config.sampling import SamplingConfig
 
-    backend, record = start_engine("terra", draft_tokens, args)
+    backend, record = start_engine("terra", draft_tokens, args, passes_per_step)
     sampling = SamplingConfig(temperature=0.9)
     counter = StepCounter(backend)
     try:
@@ -198,13 +214,13 @@ def terra_worker(draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
             if args.profile_steps and streams == 1:  # the same rollout, still in flight
                 record["runs"][-1]["profile"] = profiled(flight.steps, args.profile_steps)
             flight.cancel()
-            print_steps("terra", draft_tokens, record["runs"][-1])
+            print_steps("terra", draft_tokens, record["runs"][-1], passes_per_step)
     finally:
         backend.close()
     return record
 
 
-def e2e_worker(model: str, draft_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
+def e2e_worker(model: str, draft_tokens: int, passes_per_step: int, args: argparse.Namespace) -> dict[str, Any]:
     """One engine of ``model``: per count of rollouts in flight, the step time, then that many rollouts end to end
     (scripts/bench/engine_steps.py), measured and projected."""
     import torch
@@ -213,7 +229,7 @@ def e2e_worker(model: str, draft_tokens: int, args: argparse.Namespace) -> dict[
     from terra.pipeline import WorldModelPipeline
     from terra.tokenizer import load_tokenizer
 
-    backend, record = start_engine(model, draft_tokens, args)
+    backend, record = start_engine(model, draft_tokens, args, passes_per_step)
     sampling = SamplingConfig(temperature=0.9)
     counter = StepCounter(backend)
     try:
@@ -231,7 +247,7 @@ def e2e_worker(model: str, draft_tokens: int, args: argparse.Namespace) -> dict[
             backend.engine.reset_prefix_cache()  # every count prefills its contexts, as a fresh run does
             e2e = end_to_end(backend, counter, requests, sampling)
             record["runs"].append({**step, "e2e": {**e2e, **projected(step, e2e)}})
-            print_steps(model, draft_tokens, record["runs"][-1])
+            print_steps(model, draft_tokens, record["runs"][-1], passes_per_step)
     finally:
         backend.close()
     return record
@@ -258,11 +274,11 @@ def profiled(steps, count: int) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    part, *model, draft_tokens = args.worker.split(":")
+    part, *model, drafts = args.worker.split(":")
     if part == "e2e":
-        record = e2e_worker(model[0], int(draft_tokens), args)
+        record = e2e_worker(model[0], *engine_drafts(drafts), args)
     else:
-        record = (demo_worker if part == "demo" else terra_worker)(int(draft_tokens), args)
+        record = (demo_worker if part == "demo" else terra_worker)(*engine_drafts(drafts), args)
     print("RESULT " + json.dumps(record), flush=True)
 
 
@@ -270,7 +286,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_engine(engine: str, draft_tokens: int, argv: list[str]) -> dict[str, Any]:
-    """One engine (``part:draft_tokens``, or ``e2e:model:draft_tokens``) in a subprocess of this script; its record
+    """One engine (``part:DRAFT_TOKENS[xPASSES]``, or ``e2e:model:...``) in a subprocess of this script; its record
     (or the error that ended it)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(SCRIPTS), str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))}
@@ -278,7 +294,8 @@ def run_engine(engine: str, draft_tokens: int, argv: list[str]) -> dict[str, Any
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not result:
-        return {"draft_tokens": draft_tokens, "error": done.stdout[-3000:]}
+        return {"draft_tokens": draft_tokens, "passes_per_step": engine_drafts(engine.rsplit(":", 1)[1])[1],
+                "error": done.stdout[-3000:]}
     return json.loads(result[-1][len("RESULT "):])
 
 
@@ -294,7 +311,7 @@ def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for run in record.get("runs", []):
             ref = reference.get(run["temperature"])
             row = {k: v for k, v in run.items() if k not in ("single", "batched")}
-            row["draft_tokens"] = draft_tokens_of(record)
+            row.update(draft_tokens=draft_tokens_of(record), passes_per_step=record.get("passes_per_step", 1))
             for name in ("single", "batched"):
                 if ref is not None and name in run:
                     row[f"{name}_agreement"] = float((np.asarray(run[name]) == ref).mean())
@@ -315,7 +332,7 @@ def projection(terra: list[dict[str, Any]], passes_file: Path) -> dict[str, Any]
     rows = []
     for record in terra:
         drafts = draft_tokens_of(record)
-        if drafts not in passes or "runs" not in record:
+        if drafts not in passes or "runs" not in record or record.get("passes_per_step", 1) != 1:
             continue
         step = {run["streams"]: run["step_s"] for run in record["runs"]}
         row = {"draft_tokens": drafts, "passes_per_frame": round(passes[drafts], 2)}
@@ -349,9 +366,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         records = report[part] = []
-        engines = ([(f"e2e:{model}:{drafts}", drafts) for model, drafts in args.e2e_engines] if part == "e2e" else
-                   [(f"{part}:{drafts}", drafts)
-                    for drafts in (args.demo_draft_tokens if part == "demo" else args.terra_draft_tokens)])
+        engines = ([(f"e2e:{model}:{engine_label(*drafts)}", drafts[0]) for model, drafts in args.e2e_engines]
+                   if part == "e2e" else [(f"{part}:{engine_label(*drafts)}", drafts[0]) for drafts in
+                                          (args.demo_draft_tokens if part == "demo" else args.terra_draft_tokens)])
         for engine, drafts in engines:
             started = time.perf_counter()
             records.append(run_engine(engine, drafts, argv))

@@ -108,16 +108,17 @@ def projected(step: dict[str, Any], e2e: dict[str, Any]) -> dict[str, float]:
 
 def engine_record(backend, draft_tokens: int) -> dict[str, Any]:
     config = backend.engine.vllm_config
-    return {"draft_tokens": draft_tokens, "v2_runner": getattr(config, "use_v2_model_runner", None),
+    return {"draft_tokens": draft_tokens, "passes_per_step": backend.passes_per_step,
+            "v2_runner": getattr(config, "use_v2_model_runner", None),
             "async_scheduling": config.scheduler_config.async_scheduling,
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
             "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
             "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size}
 
 
-def start_engine(model: str, draft_tokens: int, args: argparse.Namespace):
+def start_engine(model: str, draft_tokens: int, args: argparse.Namespace, passes_per_step: int = 1):
     """An engine of ``model`` (``terra``: Terra's 2 B shape, vLLM's dummy weights; ``demo``: the demo world model)
-    with room for the most ``--streams``, and its record."""
+    with room for the most ``--streams``, ``passes_per_step`` verifying passes an engine step, and its record."""
     from terra.generation.vllm_backend import VLLMBackend
 
     if model == "terra":
@@ -128,18 +129,19 @@ def start_engine(model: str, draft_tokens: int, args: argparse.Namespace):
     most = args.max_num_seqs or max(args.streams)
     started = time.perf_counter()
     backend = VLLMBackend(folder, dtype=args.dtype, max_num_seqs=most, draft_tokens=draft_tokens,
-                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          passes_per_step=passes_per_step, gpu_memory_utilization=args.gpu_memory_utilization,
                           max_num_batched_tokens=max(8192, most * (draft_tokens + 1)), **weights, **args.engine_kwargs)
     return backend, {**engine_record(backend, draft_tokens), "model": model, "runs": [], "max_num_seqs": most,
                      "startup_s": round(time.perf_counter() - started, 1), "engine_args": args.engine_kwargs}
 
 
-def print_steps(model: str, draft_tokens: int, run: dict[str, Any]) -> None:
+def print_steps(model: str, draft_tokens: int, run: dict[str, Any], passes_per_step: int = 1) -> None:
     """One line of an engine's run: its step, and end to end where measured."""
     e2e = run.get("e2e")
     line = "" if e2e is None else (f"; end to end {e2e['frames_per_s']:.2f} frames/s, projected "
                                    f"{e2e['projected_frames_per_s']:.2f} ({e2e['measured_over_projected']:.0%})")
-    print(f"{model} draft_tokens {draft_tokens:3d}, {run['streams']:4d} in flight: {1000 * run['step_s']:.2f} ms a "
+    print(f"{model} draft_tokens {draft_tokens:3d} x {passes_per_step} passes, {run['streams']:4d} in flight: "
+          f"{1000 * run['step_s']:.2f} ms a "
           f"step, {run['tokens_per_step']:.0f} tokens a step{line}", flush=True)
 
 
@@ -160,6 +162,7 @@ def step_table(report: dict[str, Any]) -> list[dict[str, Any]]:
         for record in report.get(part, []):
             for run in record.get("runs", []):
                 row = {"model": record.get("model", "terra"), "draft_tokens": draft_tokens_of(record),
+                       "passes_per_step": record.get("passes_per_step", 1),
                        "streams": run["streams"], "step_ms": round(1000 * run["step_s"], 3),
                        "tokens_per_step": round(run.get("tokens_per_step", 0), 1)}
                 if "e2e" in run:

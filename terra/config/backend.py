@@ -39,6 +39,8 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "block_size": Range(1, 1024, 16, whole=True),  # vLLM's KV cache block (tokens), not sampling.draft_tokens
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
         "requests": REQUEST_PATHS,
+        # speculative decoding: verifying passes per engine step (terra/vllm/jacobi_runner.py); sequential: 1
+        "passes_per_step": Range(1, 64, 1, whole=True),
     },
 }
 BACKENDS = ("auto", *BACKEND_OPTIONS)

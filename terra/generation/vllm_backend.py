@@ -93,7 +93,9 @@ class VLLMBackend(WorldModelBackend):
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
     elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`as_run`), and each
-    frame's forward passes are counted from the engine's per-step outputs.
+    frame's forward passes are counted from the engine's per-step outputs. ``passes_per_step`` > 1 runs that many
+    verifying passes in each decode step that replays a full CUDA graph, with no host round trip between them
+    (:mod:`terra.vllm.jacobi_runner`): the same codes, fewer engine steps a frame.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class VLLMBackend(WorldModelBackend):
         seed: int = 0,
         config: Any = None,
         draft_tokens: int = 0,
+        passes_per_step: int = 1,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -129,6 +132,7 @@ class VLLMBackend(WorldModelBackend):
             )
         self.layout = TokenLayout.from_config(config)
         self.draft_tokens = draft_tokens  # guesses per request and step; 0: sequential decoding
+        self.passes_per_step = passes_per_step if draft_tokens else 1  # verifying passes per full-graph decode step
         self.model_path = model_path
         self.seed = seed
         self.max_num_seqs = max_num_seqs
@@ -140,7 +144,7 @@ class VLLMBackend(WorldModelBackend):
         if current_platform.is_cpu():
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
         if draft_tokens:  # the draft slots; full CUDA graphs of the verifying step unless the options say
-            options.update(compat.jacobi_engine_kwargs(draft_tokens))
+            options.update(compat.jacobi_engine_kwargs(draft_tokens, passes_per_step))
             options = {**compat.jacobi_graph_kwargs(draft_tokens, min(max_num_seqs, GRAPH_STREAMS)), **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
@@ -269,9 +273,11 @@ class VLLMBackend(WorldModelBackend):
                 continue
             passes = None  # sequential: one per image token
             tokens = list(output.outputs[0].token_ids)
-            if self.draft_tokens:  # a delta per step that produced tokens for the request: one forward pass
+            if self.draft_tokens:  # a delta per step that produced tokens for the request: its passes
                 earlier, passes = self._passes.get(output.request_id, ([], 0))
-                tokens, passes = earlier + tokens, passes + 1
+                # the prompt's step is one pass; a decode step passes_per_step (one where it shared its step with
+                # another request's prompt, which runs without a full graph: counted high there)
+                tokens, passes = earlier + tokens, passes + (self.passes_per_step if earlier else 1)
                 self._passes[output.request_id] = (tokens, passes)
             if not output.finished:
                 continue

@@ -151,15 +151,21 @@ def jacobi_unavailable() -> str | None:
     return None
 
 
-def jacobi_engine_kwargs(draft_tokens: int) -> dict[str, Any]:
-    """Engine arguments that give every decode step ``draft_tokens`` (>= 1) draft slots a request, filled by
-    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"); one error line where
-    :func:`jacobi_unavailable` says it cannot run.
+PASSES_PER_STEP = "terra_passes_per_step"  # the key of vLLM's additional_config that terra/vllm/jacobi_runner.py reads
+JACOBI_WORKER = "terra.vllm.jacobi_runner.JacobiWorker"
 
-    vLLM's words for ``draft_tokens``, here and nowhere else: the slots come from ``diffusion_config.canvas_length``
-    (0.26 and 0.32: ``VllmConfig.num_speculative_tokens`` falls back to it when there is no speculator, and
+
+def jacobi_engine_kwargs(draft_tokens: int, passes_per_step: int = 1) -> dict[str, Any]:
+    """Engine arguments that give every decode step ``draft_tokens`` (>= 1) draft slots a request, filled by
+    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"), and run
+    ``passes_per_step`` verifying passes in each step whose batch replays a full CUDA graph
+    (:mod:`terra.vllm.jacobi_runner`); one error line where :func:`jacobi_unavailable` says it cannot run.
+
+    vLLM's words for these, here and nowhere else: the slots come from ``diffusion_config.canvas_length`` (0.26 and
+    0.32: ``VllmConfig.num_speculative_tokens`` falls back to it when there is no speculator, and
     :func:`engine_draft_tokens` reads it back); the model's config carries no ``canvas_length``, so vLLM keeps
-    treating it as autoregressive.
+    treating it as autoregressive. The passes are vLLM's ``worker_cls`` (a worker that builds the runner of
+    :mod:`terra.vllm.jacobi_runner`) and a key of its ``additional_config`` (:func:`engine_passes_per_step`).
     """
     from terra.core.errors import TerraInputError
 
@@ -167,7 +173,27 @@ def jacobi_engine_kwargs(draft_tokens: int) -> dict[str, Any]:
     if why:
         raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential, or "
                               "backend=hf")
-    return {"diffusion_config": {"canvas_length": int(draft_tokens)}}
+    kwargs: dict[str, Any] = {"diffusion_config": {"canvas_length": int(draft_tokens)}}
+    if passes_per_step > 1:
+        kwargs.update(worker_cls=JACOBI_WORKER, additional_config={PASSES_PER_STEP: int(passes_per_step)})
+    return kwargs
+
+
+def engine_passes_per_step(vllm_config: Any) -> int:
+    """The verifying passes a started engine runs per full-graph decode step (1: vLLM's one)."""
+    return int((vllm_config.additional_config or {}).get(PASSES_PER_STEP, 1))
+
+
+def embed_inputs_again(runner: Any, input_batch: Any) -> None:
+    """Recompute the step's input embeddings from ``input_batch.input_ids`` into the buffer the runner's CUDA graph
+    reads, through the call the runner's own step made (a multimodal model's embeddings are computed outside the
+    graph): ``ModelState.get_mm_embeddings`` in 0.26, ``prepare_inputs_embeds`` since 0.3x. A decode step carries
+    no multimodal item, so no encoder runs. Models that embed inside the graph need nothing."""
+    if not runner.supports_mm_inputs:
+        return
+    state = runner.model_state
+    embed = getattr(state, "prepare_inputs_embeds", None) or state.get_mm_embeddings
+    embed({}, input_batch, runner.req_states)
 
 
 def engine_draft_tokens(vllm_config: Any) -> int:
@@ -207,8 +233,8 @@ def num_cached_tokens(request_output: Any) -> int:
 
 
 __all__ = [
-    "ENGINE_EXIT_S", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine", "engine_draft_tokens",
-    "has_streaming_input",
+    "ENGINE_EXIT_S", "JACOBI_WORKER", "PASSES_PER_STEP", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine",
+    "embed_inputs_again", "engine_draft_tokens", "engine_passes_per_step", "has_streaming_input",
     "jacobi_engine_kwargs", "jacobi_graph_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens",
     "prompt_token_ids", "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs",
     "use_spawn_workers",

@@ -66,6 +66,18 @@ class JacobiSampler:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
 
+    def iterate_block(self, logits: torch.Tensor, input_batch: Any) -> None:
+        """Rewrite the step's fed guesses in place (``input_batch.input_ids``) as the block's next Jacobi iterate:
+        each guess becomes the token drawn from the row before it, at the same positions (row 0's input, the last
+        committed token, stays). The pass that follows over the same positions then holds at least one more of
+        sequential decoding's tokens in each request's block; :meth:`__call__` on the step's last pass accepts and
+        emits them (terra/vllm/jacobi_runner.py runs the passes). No host sync."""
+        drawn = self.base(logits, input_batch).sampled_token_ids.reshape(-1)
+        rows = input_batch.logits_indices
+        ids = input_batch.input_ids
+        first = input_batch.expanded_local_pos == 0  # row 0 of its request: fed the last committed token
+        ids[rows] = torch.where(first, ids[rows], drawn.roll(1).to(ids.dtype))
+
     def __call__(self, logits: torch.Tensor, input_batch: Any) -> SamplerOutput:
         drawn = self.base(logits, input_batch)  # one token per logits row, as sequential decoding draws it
         flat = drawn.sampled_token_ids.reshape(-1)

@@ -289,3 +289,93 @@ def test_a_wrong_rule_is_caught(model_and_request, monkeypatch, v2):
     monkeypatch.setattr(jacobi_state, "accepted_guesses", one_too_many)
     codes, _ = replay_rollout(model, request, 4, sampling)
     assert not np.array_equal(codes, reference)
+
+
+# ---------------------------------------------------------------- several passes a step (terra/vllm/jacobi_runner.py)
+
+
+def test_the_runner_hooks_it_rides_on(v2):
+    """What JacobiModelRunner and JacobiWorker rely on, in the installed vLLM: the worker builds the V2 runner
+    (0.26 inline in ``init_device``, 0.3x in ``_make_model_runner``), the runner builds its graph manager in
+    ``initialize_kv_cache``, replays a full graph with ``run_fullgraph(batch_desc)`` in ``execute_model`` and samples
+    in ``sample(hidden_states, input_batch, ...)`` from ``sample_tokens``; a multimodal model's embeddings are made
+    outside the graph by the model state (``compat.embed_inputs_again``); the engine takes ``worker_cls`` and
+    ``additional_config``."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from terra.vllm.jacobi_runner import JacobiModelRunner, JacobiWorker, ReplayedGraphs
+
+    runner = v2.runner.GPUModelRunner
+    assert issubclass(JacobiModelRunner, runner) and issubclass(JacobiWorker, Worker)
+    assert issubclass(ReplayedGraphs, ModelCudaGraphManager)
+    assert list(inspect.signature(ModelCudaGraphManager.run_fullgraph).parameters) == ["self", "desc"]
+    builds = getattr(Worker, "_make_model_runner", None)
+    assert "GPUModelRunnerV2(" in source(builds if builds is not None else Worker.init_device)
+    assert "self.cudagraph_manager = ModelCudaGraphManager(" in source(runner.initialize_kv_cache)
+    assert "self.cudagraph_manager.run_fullgraph(batch_desc)" in source(runner.execute_model)
+    assert "self.sample(" in source(runner.sample_tokens)
+    assert list(inspect.signature(runner.sample).parameters)[:3] == ["self", "hidden_states", "input_batch"]
+    assert "self.model.compute_logits(" in source(runner.sample)
+    assert "self.supports_mm_inputs" in source(runner.__init__)
+    state = v2.default.DefaultModelState
+    embed = getattr(state, "prepare_inputs_embeds", None) or state.get_mm_embeddings
+    assert list(inspect.signature(embed).parameters) == ["self", "scheduled_encoder_inputs", "input_batch",
+                                                          "req_states"]
+    assert {"worker_cls", "additional_config"} <= {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def test_passes_per_step_are_the_worker_and_a_key_of_additional_config(monkeypatch):
+    pytest.importorskip("vllm")
+    from terra.vllm import compat
+
+    monkeypatch.setattr(compat, "jacobi_unavailable", lambda: None)  # as on a GPU with Triton
+    assert compat.jacobi_engine_kwargs(6, 1) == {"diffusion_config": {"canvas_length": 6}}
+    kwargs = compat.jacobi_engine_kwargs(6, 3)
+    assert kwargs["worker_cls"] == "terra.vllm.jacobi_runner.JacobiWorker"
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from terra.vllm.jacobi_runner import JacobiWorker
+
+    assert resolve_obj_by_qualname(kwargs["worker_cls"]) is JacobiWorker  # as vLLM's worker process resolves it
+    assert compat.engine_passes_per_step(SimpleNamespace(additional_config=kwargs["additional_config"])) == 3
+    assert compat.engine_passes_per_step(SimpleNamespace(additional_config={})) == 1
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(0.9, top_k=40, top_p=0.95)],
+                         ids=["greedy", "sampled"])
+def test_several_passes_a_step_give_the_sequential_codes_in_fewer_steps(model_and_request, sampling, v2):
+    """m passes a step: the sequential codes, and a frame in at most 1 + ceil((P - 1) / m) steps (the prompt's step
+    emits one token; each decode step's block holds at least m of sequential decoding's tokens after m passes)."""
+    model, request = model_and_request
+    reference, _ = replay_rollout(model, request, 0, sampling)
+    patches = model.config.num_image_patches
+    for drafts, passes in ((3, 2), (16, 3), (16, 4)):
+        one, one_steps = replay_rollout(model, request, drafts, sampling)
+        codes, steps = replay_rollout(model, request, drafts, sampling, passes_per_step=passes)
+        np.testing.assert_array_equal(codes, reference)
+        assert all(s <= 1 + -(-(patches - 1) // passes) for s in steps), (drafts, passes, steps)
+        assert sum(steps) < sum(one_steps)
+
+
+def test_an_unshifted_iterate_is_caught(model_and_request, monkeypatch, v2):
+    """Guesses replaced by their own row's draw (not the row before's: one position off) are still verified, so the
+    codes stay exact, but the steps' bound above fails: the bound tests the iterate."""
+    from terra.vllm.jacobi_state import JacobiSampler
+
+    def unshifted(self, logits, input_batch):
+        drawn = self.base(logits, input_batch).sampled_token_ids.reshape(-1)
+        first = input_batch.expanded_local_pos == 0
+        ids, rows = input_batch.input_ids, input_batch.logits_indices
+        ids[rows] = torch.where(first, ids[rows], drawn.to(ids.dtype))
+
+    model, request = model_and_request
+    sampling = SamplingConfig(temperature=0.9)
+    reference, _ = replay_rollout(model, request, 0, sampling)
+    monkeypatch.setattr(JacobiSampler, "iterate_block", unshifted)
+    codes, steps = replay_rollout(model, request, 16, sampling, passes_per_step=4)
+    np.testing.assert_array_equal(codes, reference)
+    assert any(s > 1 + -(-(model.config.num_image_patches - 1) // 4) for s in steps)

@@ -8,7 +8,9 @@ window's end: vLLM's scheduler caps a request's slots at ``max_model_len``) and 
 the request keeps ``num_sampled`` tokens (the KV of rejected slots dropped) until it has ``P``. vLLM's own
 sampler is stood in for by terra's, keyed as vLLM keys its noise (the request's seed and the row's position), and
 vLLM's Triton kernel of the counts by that kernel's definition in torch. Block 0 is sequential decoding: vLLM's
-sampler alone, one token a step.
+sampler alone, one token a step. With ``passes_per_step`` m > 1, a decode step runs as terra/vllm/jacobi_runner.py
+runs it: m - 1 times the sampler's ``iterate_block`` on the pass's logits and the pass again over the same
+positions (their KV rewritten), then the sampler on the last pass.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def batch(ids: torch.Tensor, first: int, rows: int, prompt: int) -> SimpleNamesp
 
 
 @torch.no_grad()
-def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: SamplingConfig) -> tuple[np.ndarray, int]:
+def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: SamplingConfig,
+                 passes_per_step: int = 1) -> tuple[np.ndarray, int]:
     """The next frame's codes as V2 with ``draft_tokens`` draft slots decodes it, and the engine steps it took."""
     from terra.vllm.jacobi_state import JacobiSampler
 
@@ -96,6 +99,12 @@ def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: Sampli
         logits = model(input_ids=inputs_ids[None], actions=step_actions, position_ids=positions, past_key_values=cache,
                        use_cache=True, logits_to_keep=rows).logits[0]
         inputs = batch(fed, first, rows, len(ids))
+        for _ in range(passes_per_step - 1 if sample is not None and first else 0):  # a full-graph decode step
+            sample.iterate_block(logits, inputs)
+            fed = inputs.input_ids.to(torch.int64)
+            cache.crop(first)  # the pass rewrites the KV of the block's positions
+            logits = model(input_ids=fed.masked_fill(fed >= layout.codebook_size, 0)[None], position_ids=positions,
+                           past_key_values=cache, use_cache=True, logits_to_keep=rows).logits[0]
         if sample is None:
             emitted = base(logits, inputs).sampled_token_ids[:, 0].tolist()
         else:
@@ -114,8 +123,8 @@ def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: Sampli
     return np.asarray(codes, dtype=np.int64), steps
 
 
-def replay_rollout(model, request: RolloutRequest, draft_tokens: int, sampling: SamplingConfig
-                   ) -> tuple[np.ndarray, list[int]]:
+def replay_rollout(model, request: RolloutRequest, draft_tokens: int, sampling: SamplingConfig,
+                   passes_per_step: int = 1) -> tuple[np.ndarray, list[int]]:
     """All generated frames of ``request`` (window rollovers included) and the engine steps of each."""
     from terra.vllm import jacobi_state
 
@@ -123,7 +132,7 @@ def replay_rollout(model, request: RolloutRequest, draft_tokens: int, sampling: 
     steps = []
     with mock.patch.object(jacobi_state, "get_num_sampled_and_rejected", counts):
         while not state.finished:
-            codes, taken = replay_frame(model, state, draft_tokens, sampling)
+            codes, taken = replay_frame(model, state, draft_tokens, sampling, passes_per_step)
             state.add_frame(codes)
             steps.append(taken)
     return state.generated(), steps

@@ -17,12 +17,21 @@ def check():
 
 def test_demo_summary_compares_every_engine_with_sequential_codes(check):
     reference = {"draft_tokens": 0, "runs": [{"temperature": 0.9, "batched": [[[1, 2], [3, 4]]]}]}
-    speculative = {"draft_tokens": 16, "runs": [{"temperature": 0.9, "passes_per_frame": 3.0,
-                                                 "single": [[[1, 2], [3, 5]]], "batched": [[[1, 2], [3, 4]]]}]}
+    speculative = {"draft_tokens": 16, "passes_per_step": 3, "runs": [
+        {"temperature": 0.9, "passes_per_frame": 3.0, "single": [[[1, 2], [3, 5]]], "batched": [[[1, 2], [3, 4]]]}]}
     [ref, row] = check.demo_summary([reference, speculative, {"draft_tokens": 32, "error": "out of memory"}])
-    assert ref == {"temperature": 0.9, "draft_tokens": 0, "batched_agreement": 1.0}
-    assert row == {"temperature": 0.9, "passes_per_frame": 3.0, "draft_tokens": 16, "single_agreement": 0.75,
-                   "batched_agreement": 1.0}
+    assert ref == {"temperature": 0.9, "draft_tokens": 0, "passes_per_step": 1, "batched_agreement": 1.0}
+    assert row == {"temperature": 0.9, "passes_per_frame": 3.0, "draft_tokens": 16, "passes_per_step": 3,
+                   "single_agreement": 0.75, "batched_agreement": 1.0}
+
+
+def test_an_engine_is_draft_tokens_and_passes_a_step(check):
+    assert check.engine_drafts("32") == (32, 1) and check.engine_drafts("32x3") == (32, 3)
+    assert check.engine_label(32, 1) == "32" and check.engine_label(32, 3) == "32x3"
+    args = check.parse_args(["--out", "o.json", "--demo-draft-tokens", "0,32x2", "--e2e-engines", "demo:32x4,terra:0"])
+    assert args.demo_draft_tokens == [(0, 1), (32, 2)] and args.e2e_engines == [("demo", (32, 4)), ("terra", (0, 1))]
+    with pytest.raises(SystemExit):
+        check.parse_args(["--out", "o.json", "--demo-draft-tokens", "32y2"])
 
 
 @pytest.mark.parametrize("key", ["draft_tokens", "block_size"])  # block_size: a file written before the rename
@@ -77,15 +86,16 @@ def test_e2e_is_measured_beside_streams_over_passes_times_step_time(check):
               "e2e": [{"model": "demo", "draft_tokens": 0, "runs": [run]},
                       {"model": "terra", "draft_tokens": 0, "error": "out of memory"}]}
     assert check.step_table(report) == [
-        {"model": "terra", "draft_tokens": 32, "streams": 1, "step_ms": 3.58, "tokens_per_step": 32.5},
-        {"model": "demo", "draft_tokens": 0, "streams": 16, "step_ms": 4.0, "tokens_per_step": 528.0,
+        {"model": "terra", "draft_tokens": 32, "passes_per_step": 1, "streams": 1, "step_ms": 3.58,
+         "tokens_per_step": 32.5},
+        {"model": "demo", "draft_tokens": 0, "passes_per_step": 1, "streams": 16, "step_ms": 4.0, "tokens_per_step": 528.0,
          "passes_per_frame": 50.0, "frames_per_s": 60.0, "projected_frames_per_s": 80.0,
          "measured_over_projected": 0.75}]
 
 
 def test_e2e_engines_are_model_and_draft_tokens(check, tmp_path):
     args = check.parse_args(["--out", str(tmp_path / "x.json"), "--parts", "e2e"])
-    assert args.e2e_engines == [("demo", 32), ("terra", 0)] and args.e2e_frames == 4
+    assert args.e2e_engines == [("demo", (32, 1)), ("terra", (0, 1))] and args.e2e_frames == 4
     for bad in (["--e2e-engines", "demo"], ["--e2e-engines", "plain:0"], ["--e2e-frames", "0"]):
         with pytest.raises(SystemExit):
             check.parse_args(["--out", str(tmp_path / "x.json"), "--parts", "e2e", *bad])
