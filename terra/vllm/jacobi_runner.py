@@ -5,8 +5,8 @@ A step of Model Runner V2 costs the host its scheduling, input preparation and o
 one verifying pass. Here a step whose batch replays a full CUDA graph (every request decoding ``draft_tokens`` + 1
 tokens: one stream, sessions, a batch between prompts) runs ``passes_per_step`` passes over the same positions
 before vLLM samples it: after each pass :meth:`JacobiSampler.iterate_block` rewrites the fed guesses with the
-block's next Jacobi iterate (each guess the draw of the row before it), the input embeddings are recomputed, and the
-captured graph is replayed again; the step's last pass goes to vLLM's own sampling, which accepts and emits as
+block's next Jacobi iterate (each guess the draw of the row before it), the input embeddings and the attention
+metadata are rebuilt as the step built them, and the captured graph is replayed again; the step's last pass goes to vLLM's own sampling, which accepts and emits as
 before. Everything is queued on the GPU's stream with no host sync between the passes.
 
 Why it is exact: the positions, their Gumbel noise (keyed by the request's seed and the position), the attention
@@ -70,8 +70,18 @@ class JacobiModelRunner(GPUModelRunner):
                 logits = self.model.compute_logits(hidden_states[input_batch.logits_indices])
                 self.sampler.iterate_block(logits, input_batch)
                 compat.embed_inputs_again(self, input_batch)
+                self.prepare_attention_again(input_batch, replayed)
                 hidden_states = self.cudagraph_manager.run_fullgraph(replayed)
         return super().sample(hidden_states, input_batch, *args, **kwargs)
+
+    def prepare_attention_again(self, input_batch: Any, replayed: Any) -> None:
+        """Rebuild the step's attention metadata into the buffers its graph reads, as ``execute_model`` built it:
+        a backend's metadata can hold state that its kernels consume, so a graph replayed on stale metadata is wrong
+        (FlashAttention 3's tile-scheduler semaphore, in its scheduler metadata: a second replay without the rebuild
+        gave NaN hidden states on the H200)."""
+        block_tables, slot_mappings = self.prepare_attn(input_batch)
+        self.model_state.prepare_attn(input_batch, replayed.cg_mode, block_tables, slot_mappings, self.attn_groups,
+                                      self.kv_cache_config)
 
 
 class JacobiWorker(Worker):

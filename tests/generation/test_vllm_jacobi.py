@@ -297,7 +297,8 @@ def test_a_wrong_rule_is_caught(model_and_request, monkeypatch, v2):
 def test_the_runner_hooks_it_rides_on(v2):
     """What JacobiModelRunner and JacobiWorker rely on, in the installed vLLM: the worker builds the V2 runner
     (0.26 inline in ``init_device``, 0.3x in ``_make_model_runner``), the runner builds its graph manager in
-    ``initialize_kv_cache``, replays a full graph with ``run_fullgraph(batch_desc)`` in ``execute_model`` and samples
+    ``initialize_kv_cache``, prepares the attention metadata and replays a full graph with ``run_fullgraph(batch_desc)``
+    in ``execute_model`` and samples
     in ``sample(hidden_states, input_batch, ...)`` from ``sample_tokens``; a multimodal model's embeddings are made
     outside the graph by the model state (``compat.embed_inputs_again``); the engine takes ``worker_cls`` and
     ``additional_config``."""
@@ -316,7 +317,13 @@ def test_the_runner_hooks_it_rides_on(v2):
     builds = getattr(Worker, "_make_model_runner", None)
     assert "GPUModelRunnerV2(" in source(builds if builds is not None else Worker.init_device)
     assert "self.cudagraph_manager = ModelCudaGraphManager(" in source(runner.initialize_kv_cache)
-    assert "self.cudagraph_manager.run_fullgraph(batch_desc)" in source(runner.execute_model)
+    execute = source(runner.execute_model)
+    assert "self.cudagraph_manager.run_fullgraph(batch_desc)" in execute
+    # the attention metadata, rebuilt before every further replay (JacobiModelRunner.prepare_attention_again)
+    assert "block_tables, slot_mappings = self.prepare_attn(input_batch)" in execute
+    assert "self.model_state.prepare_attn(" in execute
+    assert list(inspect.signature(v2.interface.ModelState.prepare_attn).parameters)[:7] == [
+        "self", "input_batch", "cudagraph_mode", "block_tables", "slot_mappings", "attn_groups", "kv_cache_config"]
     assert "self.sample(" in source(runner.sample_tokens)
     assert list(inspect.signature(runner.sample).parameters)[:3] == ["self", "hidden_states", "input_batch"]
     assert "self.model.compute_logits(" in source(runner.sample)
