@@ -142,7 +142,11 @@ def test_engine_settings_refuse_what_cannot_run():
     from terra.vllm import compat
 
     assert compat.jacobi_graph_kwargs(32, 64) == {"compilation_config": {"cudagraph_mode": "FULL"},
-                                                  "max_cudagraph_capture_size": 64 * 33}  # 64 steps of 33 tokens
+                                                  "max_cudagraph_capture_size": 64 * 33,  # 64 steps of 33 tokens
+                                                  "attention_config": {"flash_attn_max_num_splits_for_cuda_graph": 1}}
+    from vllm.config.attention import AttentionConfig  # the field the engine argument sets
+
+    assert AttentionConfig(flash_attn_max_num_splits_for_cuda_graph=1).flash_attn_max_num_splits_for_cuda_graph == 1
     assert compat.jacobi_graph_kwargs(32, 1)["max_cudagraph_capture_size"] == 48  # a size vLLM captures, >= 33
     if HAS_TRITON:
         assert compat.jacobi_engine_kwargs(6) == {"diffusion_config": {"canvas_length": 6}}
