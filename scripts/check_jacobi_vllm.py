@@ -25,6 +25,9 @@ starts, and results are written after each engine (a run cut short keeps what it
   model's rollouts start from built-in scenes; Terra's shape (random weights) accepts almost no draft, so its
   speculative engines take about sequential's passes at 33 tokens a step: ``demo:32`` and ``terra:0`` are the
   defaults (add ``demo:0`` for the demo model's sequential engine, about a minute more).
+* an engine's draft tokens may carry its verifying passes per engine step (``backend.options.passes_per_step``,
+  terra/vllm/jacobi_runner.py): ``32x3`` is 32 draft tokens and 3 passes a step, in every part; its codes must equal
+  those of ``32`` (the same rule, over better guesses), and its engine steps per frame fall.
 * the projection, with ``--passes`` (scripts/measure_decoding.py's JSON of a trained model of Terra's layout, at
   temperature 0.9; vLLM takes one pass more a frame than the Transformers backend counts, its prompt's): seconds
   per frame of one stream, frames/s of 64 sessions, and the H100-hours of ACT-Bench's 2,286 samples x 44 frames at
@@ -33,6 +36,8 @@ starts, and results are written after each engine (a run cut short keeps what it
     python scripts/check_jacobi_vllm.py --parts demo --out outputs/jacobi_vllm.json                   # ~4 min
     python scripts/check_jacobi_vllm.py --parts terra --passes decoding.json --out outputs/jacobi_vllm.json  # ~6 min
     python scripts/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,16 --rollouts 2 --frames 2 --out smoke.json
+    python3 scripts/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,32,32x2,32x3,32x4 --rollouts 8 \
+        --out outputs/jacobi_passes.json                                          # several passes a step, ~6 min
 
 The step table and end to end in one command on an H100 (about 6-7 min, estimated, not yet run on a GPU: three
 engines, each 60-105 s to start, and about 2 min of measuring: block 32's step table at Terra's shape, then step
@@ -113,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="terra part: after timing one rollout, profile this many steps (torch.profiler): the GPU's "
                              "busy time a step against the wall time, and the kernels that take it")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="terra part: an engine argument, VALUE as YAML; e.g. "
+                        help="an engine argument of every part's engines, VALUE as YAML; e.g. "
                              "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:drafts" or "e2e:model:drafts": one
     # engine, in a subprocess
@@ -166,8 +171,9 @@ def demo_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespac
     started = time.perf_counter()
     backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype, max_num_seqs=args.rollouts,
                           draft_tokens=draft_tokens, passes_per_step=passes_per_step,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
-    record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": []}
+                          gpu_memory_utilization=args.gpu_memory_utilization, **args.engine_kwargs)
+    record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
+              "engine_args": args.engine_kwargs}
     try:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         pipeline = WorldModelPipeline(load_tokenizer(DEMO / "tokenizer"), backend, device)
