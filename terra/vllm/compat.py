@@ -209,21 +209,19 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int) -> dict[str, Any]:
     step 2.6x and the 32-rollout step 1.4x faster (BENCHMARKS.md, "CUDA graphs of the verifying step").
 
     FlashAttention 3 splits no key range inside these graphs (``flash_attn_max_num_splits_for_cuda_graph=1``; vLLM's
-    default is 32) unless an engine holds one rollout. With splits, a step whose batch was padded with a request (one
-    rollout in a graph captured for several) computed wrong hidden states, and replaying its graph changed them: on
-    vLLM 0.26 (H200, demo model, T 0.9, one rollout at a time, ``max_num_seqs`` 4) the speculative codes agreed with
-    sequential decoding's at 0.3 % of tokens, 95.6 % without splits. An engine of one rollout captures its graphs for
-    one request, so no step is padded with another: there its replays were exact with splits, the codes the same as
-    without, and FlashAttention's time a pass at Terra's 2 B shape 0.40 ms against 1.90 ms without (BENCHMARKS.md,
-    "Several passes a step").
+    default is 32). With splits, a step whose batch was padded with a request (one rollout in a graph captured for
+    several) computed wrong hidden states, and replaying its graph changed them: on vLLM 0.26 (H200, demo model,
+    T 0.9, one rollout at a time, ``max_num_seqs`` 4) the speculative codes agreed with sequential decoding's at
+    0.3 % of tokens, 95.6 % without splits. An engine of one rollout (graphs of one request, never padded) was exact
+    with splits, and its pass at Terra's 2 B shape took 2.07 ms of GPU time against 3.48 ms without; but its step
+    took 4.04 ms against 3.47 ms, bound by the host, so splits stay off until several passes a step are measured
+    with them (BENCHMARKS.md, "Several passes a step").
     """
     tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
     # them to the one below (vllm/config/vllm.py): 33 would become 32 and leave one rollout's step without a graph
-    kwargs = {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16}
-    if streams > 1:
-        kwargs.update(supported_engine_kwargs(attention_config={"flash_attn_max_num_splits_for_cuda_graph": 1}))
-    return kwargs
+    return {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16,
+            **supported_engine_kwargs(attention_config={"flash_attn_max_num_splits_for_cuda_graph": 1})}
 
 
 def check_jacobi_engine(vllm_config: Any) -> None:
