@@ -75,10 +75,10 @@ class JacobiModelRunner(GPUModelRunner):
         return super().sample(hidden_states, input_batch, *args, **kwargs)
 
     def prepare_attention_again(self, input_batch: Any, replayed: Any) -> None:
-        """Rebuild the step's attention metadata into the buffers its graph reads, as ``execute_model`` built it:
-        a backend's metadata can hold state that its kernels consume, so a graph replayed on stale metadata is wrong
-        (FlashAttention 3's tile-scheduler semaphore, in its scheduler metadata: a second replay without the rebuild
-        gave NaN hidden states on the H200)."""
+        """Rebuild the step's attention metadata into the buffers its graph reads, as ``execute_model`` built it, so
+        that every replay reads what a fresh step would: FlashAttention 3's scheduler metadata carries a tile-count
+        semaphore that its kernels consume. Measured on an H200: one request's graph replayed equal without it; the
+        padded steps' exactness (BENCHMARKS.md, "Several passes a step") was measured with it."""
         block_tables, slot_mappings = self.prepare_attn(input_batch)
         self.model_state.prepare_attn(input_batch, replayed.cg_mode, block_tables, slot_mappings, self.attn_groups,
                                       self.kv_cache_config)
