@@ -1,13 +1,15 @@
 """Several verifying passes per engine step: speculative Jacobi decoding without a host round trip per pass.
 
-A step of Model Runner V2 costs the host its scheduling, input preparation and output handling (about 1.3 ms of a
-3.6 ms step at Terra's 2 B shape on an H100, BENCHMARKS.md), and with :mod:`terra.vllm.jacobi_state` every step is
-one verifying pass. Here a step whose batch replays a full CUDA graph (every request decoding ``draft_tokens`` + 1
+A step of Model Runner V2 costs the host its scheduling, input preparation and output handling, and with
+:mod:`terra.vllm.jacobi_state` every step is one verifying pass: where a pass's GPU work is shorter than the host's
+part of a step (the demo model; one AlpaSim session), the GPU waits on the host (BENCHMARKS.md, "Several passes a
+step"). Here a step whose batch replays a full CUDA graph (every request decoding ``draft_tokens`` + 1
 tokens: one stream, sessions, a batch between prompts) runs ``passes_per_step`` passes over the same positions
 before vLLM samples it: after each pass :meth:`JacobiSampler.iterate_block` rewrites the fed guesses with the
 block's next Jacobi iterate (each guess the draw of the row before it), the input embeddings and the attention
-metadata are rebuilt as the step built them, and the captured graph is replayed again; the step's last pass goes to vLLM's own sampling, which accepts and emits as
-before. Everything is queued on the GPU's stream with no host sync between the passes.
+metadata are rebuilt as the step built them, and the captured graph is replayed again; the step's last pass goes
+to vLLM's own sampling, which accepts and emits as before. Everything is queued on the GPU's stream with no host
+sync between the passes.
 
 Why it is exact: the positions, their Gumbel noise (keyed by the request's seed and the position), the attention
 metadata and the KV slots are the step's own; each pass rewrites the KV of the block's positions from the tokens it

@@ -88,7 +88,8 @@ def test_e2e_is_measured_beside_streams_over_passes_times_step_time(check):
     assert check.step_table(report) == [
         {"model": "terra", "draft_tokens": 32, "passes_per_step": 1, "streams": 1, "step_ms": 3.58,
          "tokens_per_step": 32.5},
-        {"model": "demo", "draft_tokens": 0, "passes_per_step": 1, "streams": 16, "step_ms": 4.0, "tokens_per_step": 528.0,
+        {"model": "demo", "draft_tokens": 0, "passes_per_step": 1, "streams": 16, "step_ms": 4.0,
+         "tokens_per_step": 528.0,
          "passes_per_frame": 50.0, "frames_per_s": 60.0, "projected_frames_per_s": 80.0,
          "measured_over_projected": 0.75}]
 
