@@ -71,23 +71,13 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
     sys.path.append(str(SCRIPTS))
 
 from bench.arguments import FLAGGED_ENGINE_ARGS, engine_arguments  # noqa: E402
-from bench.engine_steps import (InFlight, StepCounter, draft_tokens_of, end_to_end, engine_record,  # noqa: E402
-                                print_steps, projected, random_requests, start_engine, step_table)
+from bench.engine_steps import (InFlight, StepCounter, draft_tokens_of, end_to_end, engine_drafts,  # noqa: E402
+                                engine_label, engine_record, print_steps, projected, random_requests, start_engine,
+                                step_table)
 
 ACTBENCH_FRAMES = 2286 * 44  # ACT-Bench's samples x generated frames
 SESSIONS, ACTBENCH_STREAMS = 64, 256
 MODELS = ("demo", "terra")  # the e2e part's: the demo world model, Terra's 2 B shape with random weights
-
-
-def engine_drafts(text: str) -> tuple[int, int]:
-    """An engine's ``DRAFT_TOKENS[xPASSES]`` (e.g. ``32x3``: 32 draft tokens, 3 verifying passes an engine step,
-    backend.options.passes_per_step) as ``(draft_tokens, passes_per_step)``."""
-    drafts, _, passes = text.strip().partition("x")
-    return int(drafts), int(passes or 1)
-
-
-def engine_label(drafts: int, passes: int) -> str:
-    return f"{drafts}x{passes}" if passes > 1 else str(drafts)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

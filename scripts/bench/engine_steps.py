@@ -145,6 +145,18 @@ def print_steps(model: str, draft_tokens: int, run: dict[str, Any], passes_per_s
           f"step, {run['tokens_per_step']:.0f} tokens a step{line}", flush=True)
 
 
+def engine_drafts(text: str) -> tuple[int, int]:
+    """An engine's ``DRAFT_TOKENS[xPASSES]`` (e.g. ``32x3``: 32 draft tokens, 3 verifying passes an engine step,
+    backend.options.passes_per_step) as ``(draft_tokens, passes_per_step)``."""
+    drafts, _, passes = text.strip().partition("x")
+    return int(drafts), int(passes or 1)
+
+
+def engine_label(drafts: int, passes: int) -> str:
+    """The inverse of :func:`engine_drafts`."""
+    return f"{drafts}x{passes}" if passes > 1 else str(drafts)
+
+
 def draft_tokens_of(record: dict[str, Any]) -> int | None:
     """A record's ``draft_tokens`` (an engine's, or a mode's sampling settings); files written before the name was
     ``draft_tokens`` say ``block`` or ``block_size``."""
