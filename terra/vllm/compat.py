@@ -213,9 +213,9 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int) -> dict[str, Any]:
     several) computed wrong hidden states, and replaying its graph changed them: on vLLM 0.26 (H200, demo model,
     T 0.9, one rollout at a time, ``max_num_seqs`` 4) the speculative codes agreed with sequential decoding's at
     0.3 % of tokens, 95.6 % without splits. An engine of one rollout (graphs of one request, never padded) replayed
-    consistently with splits (92.2 %, bf16 sums in another order), and its pass at Terra's 2 B shape took 2.07 ms of GPU time against 3.48 ms without; but its step
-    took 4.04 ms against 3.47 ms, bound by the host, so splits stay off until several passes a step are measured
-    with them (BENCHMARKS.md, "Several passes a step").
+    consistently with splits (92.2 %, bf16 sums in another order), and its pass at Terra's 2 B shape took 2.07 ms of
+    GPU time against 3.48 ms without; but its step took 4.04 ms against 3.47 ms, bound by the host, so splits stay
+    off until several passes a step are measured with them (BENCHMARKS.md, "Several passes a step").
     """
     tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
