@@ -275,8 +275,8 @@ class VLLMBackend(WorldModelBackend):
             tokens = list(output.outputs[0].token_ids)
             if self.draft_tokens:  # a delta per step that produced tokens for the request: its passes
                 earlier, passes = self._passes.get(output.request_id, ([], 0))
-                # the prompt's step is one pass; a decode step passes_per_step (one where it shared its step with
-                # another request's prompt, which runs without a full graph: counted high there)
+                # the prompt's step is one pass; a decode step passes_per_step (one that shared its step with
+                # another request's prompt ran one pass: counted high there, terra/vllm/jacobi_runner.py)
                 tokens, passes = earlier + tokens, passes + (self.passes_per_step if earlier else 1)
                 self._passes[output.request_id] = (tokens, passes)
             if not output.finished:

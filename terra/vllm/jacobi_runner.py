@@ -16,8 +16,8 @@ metadata and the KV slots are the step's own; each pass rewrites the KV of the b
 was fed. The step's last pass is an ordinary verifying pass over guesses that happen to be better, so the rule's
 argument (terra/generation/speculative.py) holds unchanged: every emitted token is the one sequential decoding draws
 there. After ``m`` passes a request's block holds at least ``m`` of sequential decoding's tokens, so a step emits
-at least ``min(m, block)`` tokens, where one pass emits at least one. Steps without a full graph (a frame's prompt
-in the batch) run one pass, as vLLM would.
+at least ``min(m, block)`` tokens, where one pass emits at least one. A step that replays no full graph, or holds a
+frame's prompt, runs one pass, as vLLM would.
 
 vLLM builds this runner through the engine's ``worker_cls`` (:class:`JacobiWorker`; terra/vllm/compat.py,
 ``jacobi_engine_kwargs``, sets it only for ``passes_per_step`` > 1) and reads ``passes_per_step`` from its
@@ -67,7 +67,8 @@ class JacobiModelRunner(GPUModelRunner):
 
     def sample(self, hidden_states: torch.Tensor, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
         replayed = getattr(self.cudagraph_manager, "replayed", None)
-        if replayed is not None and input_batch.num_draft_tokens:
+        # a frame's prompt in the batch would be recomputed by every pass (the same KV): such a step runs one
+        if replayed is not None and input_batch.num_draft_tokens and not input_batch.is_prefilling_np.any():
             for _ in range(self.passes_per_step - 1):
                 logits = self.model.compute_logits(hidden_states[input_batch.logits_indices])
                 self.sampler.iterate_block(logits, input_batch)

@@ -332,6 +332,9 @@ def test_the_runner_hooks_it_rides_on(v2):
     assert list(inspect.signature(runner.sample).parameters)[:3] == ["self", "hidden_states", "input_batch"]
     assert "self.model.compute_logits(" in source(runner.sample)
     assert "self.supports_mm_inputs" in source(runner.__init__)
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+
+    assert {"num_draft_tokens", "is_prefilling_np", "logits_indices"} <= set(InputBatch.__dataclass_fields__)
     state = v2.default.DefaultModelState
     embed = getattr(state, "prepare_inputs_embeds", None) or state.get_mm_embeddings
     assert list(inspect.signature(embed).parameters) == ["self", "scheduled_encoder_inputs", "input_batch",
