@@ -281,17 +281,16 @@ def worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def run_engine(engine: str, draft_tokens: int, argv: list[str]) -> dict[str, Any]:
-    """One engine (``part:DRAFT_TOKENS[xPASSES]``, or ``e2e:model:...``) in a subprocess of this script; its record
-    (or the error that ended it)."""
+def run_engine(engine: str, drafts: tuple[int, int], argv: list[str]) -> dict[str, Any]:
+    """One engine (``part:DRAFT_TOKENS[xPASSES]``, or ``e2e:model:...``; ``drafts`` its draft tokens and passes a
+    step) in a subprocess of this script; its record (or the error that ended it)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(SCRIPTS), str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, __file__, *argv, "--worker", engine], env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not result:
-        return {"draft_tokens": draft_tokens, "passes_per_step": engine_drafts(engine.rsplit(":", 1)[1])[1],
-                "error": done.stdout[-3000:]}
+        return {"draft_tokens": drafts[0], "passes_per_step": drafts[1], "error": done.stdout[-3000:]}
     return json.loads(result[-1][len("RESULT "):])
 
 
@@ -362,8 +361,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         records = report[part] = []
-        engines = ([(f"e2e:{model}:{engine_label(*drafts)}", drafts[0]) for model, drafts in args.e2e_engines]
-                   if part == "e2e" else [(f"{part}:{engine_label(*drafts)}", drafts[0]) for drafts in
+        engines = ([(f"e2e:{model}:{engine_label(*drafts)}", drafts) for model, drafts in args.e2e_engines]
+                   if part == "e2e" else [(f"{part}:{engine_label(*drafts)}", drafts) for drafts in
                                           (args.demo_draft_tokens if part == "demo" else args.terra_draft_tokens)])
         for engine, drafts in engines:
             started = time.perf_counter()

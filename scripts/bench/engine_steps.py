@@ -141,8 +141,7 @@ def print_steps(model: str, draft_tokens: int, run: dict[str, Any], passes_per_s
     line = "" if e2e is None else (f"; end to end {e2e['frames_per_s']:.2f} frames/s, projected "
                                    f"{e2e['projected_frames_per_s']:.2f} ({e2e['measured_over_projected']:.0%})")
     print(f"{model} draft_tokens {draft_tokens:3d} x {passes_per_step} passes, {run['streams']:4d} in flight: "
-          f"{1000 * run['step_s']:.2f} ms a "
-          f"step, {run['tokens_per_step']:.0f} tokens a step{line}", flush=True)
+          f"{1000 * run['step_s']:.2f} ms a step, {run['tokens_per_step']:.0f} tokens a step{line}", flush=True)
 
 
 def engine_drafts(text: str) -> tuple[int, int]:
