@@ -103,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
-    parser.add_argument("--max-num-seqs", type=int, help="terra part: the engines' max_num_seqs (default: the most streams)")
+    parser.add_argument("--max-num-seqs", type=int,
+                        help="the engines' max_num_seqs (default: the most --streams; the demo part: --rollouts)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="terra part: after timing one rollout, profile this many steps (torch.profiler): the GPU's "
                              "busy time a step against the wall time, and the kernels that take it")
@@ -159,9 +160,10 @@ def demo_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespac
     from terra.tokenizer import load_tokenizer
 
     started = time.perf_counter()
-    backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype, max_num_seqs=args.rollouts,
-                          draft_tokens=draft_tokens, passes_per_step=passes_per_step,
-                          gpu_memory_utilization=args.gpu_memory_utilization, **args.engine_kwargs)
+    backend = VLLMBackend(str(DEMO / "world_model"), dtype=args.dtype,
+                          max_num_seqs=args.max_num_seqs or args.rollouts, draft_tokens=draft_tokens,
+                          passes_per_step=passes_per_step, gpu_memory_utilization=args.gpu_memory_utilization,
+                          **args.engine_kwargs)
     record = {**engine_record(backend, draft_tokens), "startup_s": round(time.perf_counter() - started, 1), "runs": [],
               "engine_args": args.engine_kwargs}
     try:

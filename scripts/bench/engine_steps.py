@@ -113,7 +113,9 @@ def engine_record(backend, draft_tokens: int) -> dict[str, Any]:
             "async_scheduling": config.scheduler_config.async_scheduling,
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
             "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
-            "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size}
+            "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size,
+            "flash_attn_splits": getattr(getattr(config, "attention_config", None),
+                                         "flash_attn_max_num_splits_for_cuda_graph", None)}
 
 
 def start_engine(model: str, draft_tokens: int, args: argparse.Namespace, passes_per_step: int = 1):

