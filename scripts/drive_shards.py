@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""One ``terra-drive`` command run as ``--processes`` shards at once on this machine, then its manifest or report.
+
+    python scripts/drive_shards.py --processes 8 --kv-cache-gib 2 -- world=both policies=[all_pixel] \\
+        num_scenarios=50 num_seeds=3 backend=vllm device=cuda videos=false output_dir=runs/fid
+
+A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
+measurements of every frame (BENCHMARKS.md, "Closed-loop drives"), about 20-50 ms a frame, which one process runs on
+one core. Here shard ``i`` of ``K`` is ``terra-drive <overrides> shard_index=i num_shards=K progress=false`` in a
+process of its own (conf/drive.yaml: drive ``k`` to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS``
+this machine's cores over ``K``; its output goes to ``shard-<i>-of-<K>.log`` in a new folder of the system's
+temporary folder (printed; nothing is written into ``output_dir`` but by terra-drive). With ``--kv-cache-gib``
+each shard's vLLM engine takes that much KV cache and ``0.9 / K`` of the card (``backend.options.kv_cache_memory_bytes``
+and ``gpu_memory_utilization``): the K engines share the GPU and start together (with the KV cache given, vLLM skips
+the memory profiling that fails while another process's memory moves). Once every shard has ended, the same command
+without the shard settings writes the manifest (``world=both``: the fidelity report) from the shards' drives,
+driving none again (it opens the worlds, the engine included, first). A shard refused at its settings (exit 2) stops
+the run before the report; one whose drives failed (exit 1) does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+POLL_S = 2.0  # how often the shards' manifests are counted for the bar
+SHARED_MEMORY = 0.9  # the card's share the K engines split (vLLM's default for one)
+GIB = 1 << 30
+
+
+def terra_drive() -> list[str]:
+    """The ``terra-drive`` console script of this interpreter's environment."""
+    script = Path(sys.executable).with_name("terra-drive")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "terra.apps.drive"]
+
+
+def shard_command(overrides: list[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None) -> list[str]:
+    """The ``terra-drive`` command of shard ``shard`` of ``shards``."""
+    engine = [] if kv_cache_gib is None else [
+        f"++backend.options.kv_cache_memory_bytes={int(kv_cache_gib * GIB)}",
+        f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / shards:.3f}"]
+    return [*terra_drive(), *overrides, f"shard_index={shard}", f"num_shards={shards}", f"num_threads={threads}",
+            "progress=false", *engine]
+
+
+def output_dir(overrides: list[str]) -> Path:
+    """The run's ``output_dir`` (every shard and the report must share it)."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "output_dir"]
+    if not given or given[-1] in ("", "null"):
+        sys.exit("drive_shards: give the run an output_dir=FOLDER: every shard writes its drives there")
+    return Path(given[-1]).expanduser()
+
+
+def records(folder: Path) -> int:
+    """Drive records the shards' manifests hold so far (every world's folder)."""
+    return sum(sum(1 for _ in path.open()) for path in folder.glob("**/manifest.shard-*-of-*.jsonl"))
+
+
+def run_shards(overrides: list[str], shards: int, kv_cache_gib: float | None, logs: Path) -> list[int]:
+    """Start every shard (its output in ``logs``), show the drives recorded as they come, and return the shards'
+    exit codes."""
+    folder = output_dir(overrides)
+    threads = max(1, (os.cpu_count() or 1) // shards)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    running = []
+    for shard in range(shards):
+        log = (logs / f"shard-{shard}-of-{shards}.log").open("w")
+        running.append((subprocess.Popen(shard_command(overrides, shard, shards, threads, kv_cache_gib), env=env,
+                                         stdout=log, stderr=subprocess.STDOUT), log))
+    with tqdm(unit="drive", desc=f"{shards} shards", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+        while any(process.poll() is None for process, _ in running):
+            time.sleep(POLL_S)
+            bar.update(records(folder) - bar.n)
+        bar.update(records(folder) - bar.n)
+    for _, log in running:
+        log.close()
+    return [process.returncode for process, _ in running]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, required=True, help="shards, each a terra-drive process")
+    parser.add_argument("--kv-cache-gib", type=float, help="vLLM: each shard's engine's KV cache (GiB)")
+    parser.add_argument("overrides", nargs="+", help="terra-drive's settings (after --)")
+    args = parser.parse_args()
+    if args.processes < 1 or any(o.split("=", 1)[0] in ("shard_index", "num_shards") for o in args.overrides):
+        parser.error("--processes is at least 1, and the shards' settings are this script's to set")
+    output_dir(args.overrides)  # given, before any shard starts
+    logs = Path(tempfile.mkdtemp(prefix="drive_shards-"))
+    print(f"drive_shards: the shards' output goes to {logs}", flush=True)
+    started = time.perf_counter()
+    codes = run_shards(args.overrides, args.processes, args.kv_cache_gib, logs)
+    for shard, code in enumerate(codes):
+        if code not in (0, 1):
+            log = logs / f"shard-{shard}-of-{args.processes}.log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            sys.exit(f"drive_shards: shard {shard} ended with exit code {code}: {tail[0]} (all of it: {log})")
+    print(f"drive_shards: {args.processes} shards ended in {time.perf_counter() - started:.1f} s "
+          f"(exit codes {codes}); the report:", flush=True)
+    report = subprocess.run([*terra_drive(), *args.overrides, "progress=false",
+                             *([] if args.kv_cache_gib is None else
+                               [f"++backend.options.kv_cache_memory_bytes={int(args.kv_cache_gib * GIB)}"])])
+    sys.exit(max([report.returncode, *codes]))
+
+
+if __name__ == "__main__":
+    main()

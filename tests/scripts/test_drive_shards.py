@@ -1,0 +1,43 @@
+"""scripts/drive_shards.py: one terra-drive command as shards in processes of this machine, then its manifest, in
+the true world on the CPU (no model to load)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "drive_shards.py"
+
+
+def shards(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_shards_split_the_drives_and_the_run_records_them_once(tmp_path):
+    out = tmp_path / "drives"
+    done = shards("--processes", "2", "--", "world=truth", "policies=[lane_follower,constant_speed]",
+                  "num_scenarios=3", "num_steps=3", "videos=false", f"output_dir={out}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = (lines(out / f"manifest.shard-{i}-of-2.jsonl") for i in range(2))
+    ids = {record["drive"] for record in first}, {record["drive"] for record in second}
+    assert ids[0] and ids[1] and not ids[0] & ids[1] and len(ids[0] | ids[1]) == 6  # every drive once
+    assert all(record["status"] == "ok" for record in first + second)
+    final = lines(out / "manifest.jsonl")  # the unsharded run: the shards' drives, none driven again
+    assert {record["drive"] for record in final} == ids[0] | ids[1]
+    assert all(record["status"] == "skipped" for record in final)
+    assert sorted(path.name for path in out.glob("*.log")) == []  # the shards' output stays out of the run's folder
+
+
+def test_a_refused_setting_stops_before_the_report(tmp_path):
+    out = tmp_path / "drives"
+    done = shards("--processes", "2", "--", "world=truth", "num_steps=0", f"output_dir={out}")
+    assert done.returncode == 1 and "shard 0 ended with exit code 2: terra-drive: error: num_steps" in done.stderr
+    assert not (out / "manifest.jsonl").exists()
+    assert "output_dir" in shards("--processes", "2", "--", "world=truth").stderr  # every shard needs the same one
+    assert shards("--processes", "2", "--", "shard_index=1", f"output_dir={out}").returncode == 2
