@@ -192,13 +192,47 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
-    grey_before, grey_after = luminance(before), luminance(after)
-    sky = camera(*before.shape[:2]).ground_row0
-    if min(grey_before[:sky].mean(), grey_after[:sky].mean()) < min_sky_luminance:
+    return _motion(_Ground(before), _Ground(after), min_match, min_sky_luminance)
+
+
+def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH) -> list[Motion | None]:
+    """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next: the same motions, each frame's
+    luminance and ground grids made once for the two pairs it belongs to."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(f"frames must be [T + 1, H, W, 3] images (got {frames.shape})")
+    motions, before = [], None
+    for t in range(len(frames) - 1):
+        before = _Ground(frames[t]) if before is None else before
+        after = _Ground(frames[t + 1])
+        motions.append(_motion(before, after, min_match, MIN_SKY_LUMINANCE))
+        before = after
+    return motions
+
+
+class _Ground:
+    """One frame's luminance, its sky's mean luminance, and its ground grids (:meth:`BirdsEye.image`), each grid made
+    when first asked for."""
+
+    def __init__(self, frame: np.ndarray) -> None:
+        self.grey = luminance(frame)
+        self.sky = self.grey[:camera(*frame.shape[:2]).ground_row0].mean()
+        self.grids = ladder(*frame.shape[:2])
+        self.images: dict[int, np.ndarray] = {}
+
+    def image(self, level: int) -> np.ndarray:
+        if level not in self.images:
+            self.images[level] = self.grids[level].image(self.grey)
+        return self.images[level]
+
+
+def _motion(before: _Ground, after: _Ground, min_match: float, min_sky_luminance: float) -> Motion | None:
+    """:func:`estimate_motion` between two frames' grounds."""
+    if min(before.sky, after.sky) < min_sky_luminance:
         return None
     motion, fit = None, None
-    for grid in ladder(*before.shape[:2]):
-        earlier, later = grid.image(grey_before), grid.image(grey_after)
+    for level, grid in enumerate(before.grids):
+        earlier, later = before.image(level), after.image(level)
         if motion is None:
             motion = _search(grid, earlier, later[grid.template])
             if motion is None:
