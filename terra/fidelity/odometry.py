@@ -285,8 +285,11 @@ def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
                                                            grid.level.cell_y))
     if np.mean(np.hypot(grad_x, grad_y)) < MIN_TEXTURE:
         return None
-    # d template / d(dx, dy, dyaw) at the identity: the point moves by (1, 0), (0, 1), (-y, x)
-    steepest = np.stack([grad_x, grad_y, -grad_x * points[:, 1] + grad_y * points[:, 0]], -1)
+    # the design matrix: d template / d(dx, dy, dyaw) at the identity (the point moves by (1, 0), (0, 1), (-y, x)),
+    # then minus the brightness model's (offset, gain x recession, offset x recession), filled in per iteration
+    design = np.empty((len(points), 6))
+    design[:, 0], design[:, 1], design[:, 2] = grad_x, grad_y, -grad_x * points[:, 1] + grad_y * points[:, 0]
+    design[:, 3] = -1.0
     depth_after = optical_depth(points[:, 0])
     for _ in range(grid.level.iterations):
         values, moved_x, seen = _warp(grid, earlier, motion)
@@ -296,8 +299,7 @@ def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
         scale = 1.4826 * np.median(np.abs(error[seen])) + 1e-3
         weight = seen * np.minimum(1.0, HUBER * scale / np.maximum(np.abs(error), 1e-12))
         recede = np.where(seen, depth_after - optical_depth(moved_x), 0.0)  # the point's change of depth
-        brightness = np.stack([np.ones_like(recede), np.where(seen, values, 0.0) / 255.0 * recede, recede], -1)
-        design = np.concatenate([steepest, -brightness], axis=1)
+        design[:, 4], design[:, 5] = -(np.where(seen, values, 0.0) / 255.0 * recede), -recede
         normal = (design * weight[:, None]).T @ design
         geometric = normal[:3, :3] * np.array([1.0, 1.0, 0.1])[:, None] * np.array([1.0, 1.0, 0.1])  # yaw at 10 m
         eigen = np.linalg.eigvalsh(geometric)
