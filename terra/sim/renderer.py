@@ -255,8 +255,11 @@ def _coverage_1d(lo: float, hi: float, n: int) -> tuple[int, np.ndarray]:
     j0, j1 = max(int(np.floor(lo)), 0), min(int(np.ceil(hi)), n)
     if j1 <= j0:
         return j0, np.zeros(0, dtype=np.float32)
-    j = np.arange(j0, j1)
-    return j0, np.clip(np.minimum(j + 1, hi) - np.maximum(j, lo), 0.0, 1.0).astype(np.float32)
+    # Pixels strictly between the first and the last are covered whole (exactly 1).
+    cover = np.ones(j1 - j0, dtype=np.float32)
+    cover[0] = min(max(min(j0 + 1, hi) - max(j0, lo), 0.0), 1.0)
+    cover[-1] = min(max(min(j1, hi) - max(j1 - 1, lo), 0.0), 1.0)
+    return j0, cover
 
 
 def _rect(img, u, v, scale, x_off, width, bottom, top, colour) -> None:
