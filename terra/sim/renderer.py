@@ -156,7 +156,8 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, l
     colour, then one matrix product turns the weights into RGB (at night, ``lights`` light the colours).
     """
     r0 = cam.ground_row0
-    wx, wy = np.moveaxis(to_world(cam.ground, pose), -1, 0)  # each ground pixel's hit point in the world
+    # each ground pixel's hit point in the world, one contiguous array per axis (strided views slow every op below)
+    wx, wy = (np.ascontiguousarray(axis) for axis in np.moveaxis(to_world(cam.ground, pose), -1, 0))
     s, d = scene.road_coords(wx, wy, _segment_rows(cam, scene, pose))
     ad = np.abs(d)
     foot = np.maximum(cam.foot_lat, cam.foot_long) + np.float32(0.05)
