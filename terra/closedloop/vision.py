@@ -24,7 +24,7 @@ import numpy as np
 
 from terra.closedloop.plans import Observation, Plan
 from terra.closedloop.vehicle import VehicleParams
-from terra.fidelity.lanes import LaneEstimate, find_lane, ground_points, yellow_marking
+from terra.fidelity.lanes import LaneEstimate, channel_extremes, find_lane, ground_points, yellow_marking
 from terra.inputs.ego_motion import along_arc
 from terra.sim.scene import LANE_WIDTH_M
 
@@ -60,13 +60,11 @@ def find_road_edge(frame: np.ndarray, min_rows: int = 8) -> LaneEstimate | None:
     right from the image's centre column (which must be paved), the first two unpaved pixels mark the edge; the
     lane's centre lies half a lane to its left. A line fit over the rows, robust to rows that miss; None when fewer
     than ``min_rows`` rows see the edge."""
-    rgb = frame.astype(np.float32)
-    paved = (rgb.max(-1) - rgb.min(-1) < GREY_SPREAD) | yellow_marking(rgb)
     fwd, left, valid = ground_points(*frame.shape[:2])
     centre = frame.shape[1] // 2
-    rows = np.flatnonzero(valid[:, centre] & (fwd[:, centre] > ROAD_BAND_M[0]) & (fwd[:, centre] < ROAD_BAND_M[1])
-                          & paved[:, centre])
-    rightward = ~paved[rows, centre:]
+    rows = np.flatnonzero(valid[:, centre] & (fwd[:, centre] > ROAD_BAND_M[0]) & (fwd[:, centre] < ROAD_BAND_M[1]))
+    paved = _paved(frame[rows, centre:])  # only these rows right of the centre are read
+    rows, rightward = rows[paved[:, 0]], ~paved[paved[:, 0]]
     edge = rightward[:, :-1] & rightward[:, 1:]
     seen = edge.any(axis=1)
     if seen.sum() < min_rows:
@@ -78,6 +76,13 @@ def find_road_edge(frame: np.ndarray, min_rows: int = 8) -> LaneEstimate | None:
         return None
     slope, offset = np.polyfit(ahead[keep], lane_centre[keep], 1)
     return LaneEstimate(float(offset), float(slope), int(keep.sum()))
+
+
+def _paved(frame: np.ndarray) -> np.ndarray:
+    """Which pixels of ``frame`` (uint8 ``[..., 3]``) are paved: grey asphalt, the white line or the yellow one."""
+    rgb = frame.astype(np.float32)
+    brightest, darkest = channel_extremes(rgb)
+    return (brightest - darkest < GREY_SPREAD) | yellow_marking(rgb)
 
 
 @dataclass(frozen=True)

@@ -160,15 +160,39 @@ def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int
     if 3 * (steps - max_lag) < steps:
         raise ValueError(f"a drive of {steps} frames is too short to search lags of up to {max_lag} steps "
                          f"(it needs {int(np.ceil(1.5 * max_lag))})")
-    world = world_frames.reshape(steps, -1).astype(np.int16)
-    truth = true_frames.reshape(steps, -1).astype(np.int16)
+    world, truth = world_frames.reshape(steps, -1), true_frames.reshape(steps, -1)
+    squares = _lagged_squares(world, truth, max_lag)
     curve = np.empty(2 * max_lag + 1)
     for k in range(-max_lag, max_lag + 1):
         first, last = max(k, 0), min(steps, steps + k)  # world frames t with a true frame t - k
-        diff = world[first:last] - truth[first - k:last - k]
-        mse = np.einsum("ij,ij->i", diff, diff, dtype=np.int64) / world.shape[1]
+        mse = squares[first:last, k + max_lag] / world.shape[1]
         curve[k + max_lag] = np.mean([min(psnr_db(float(m)), PSNR_CAP_DB) for m in mse])
     return Lag(int(_best_lags(curve[None], np.arange(-max_lag, max_lag + 1))[0]), curve)
+
+
+def _lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, block: int = 32) -> np.ndarray:
+    """``[T, 2 max_lag + 1]``: the sum of squared differences of world frame t and true frame t - k (column
+    k + max_lag; NaN where there is no such true frame), of uint8 frames ``[T, pixels]``.
+
+    As ``|w|^2 + |b|^2 - 2 w.b``, the dot products of a block of world frames with the true frames within
+    ``max_lag`` of them being one matrix product. Exact: in float64, every product and partial sum is an integer
+    below 2^53 (up to 10^11 values a frame), whatever the order of summation."""
+    steps = len(world)
+    out = np.full((steps, 2 * max_lag + 1), np.nan)
+    lags = np.arange(-max_lag, max_lag + 1)
+    for start in range(0, steps, block):
+        stop = min(start + block, steps)
+        low, high = max(start - max_lag, 0), min(stop + max_lag, steps)
+        w, b = world[start:stop].astype(np.float64), truth[low:high].astype(np.float64)
+        cross = w @ b.T
+        t = np.arange(start, stop)[:, None]
+        other = t - lags  # the true frame t - k
+        have = (other >= 0) & (other < steps)
+        rows, cols = np.nonzero(have)
+        column = other[rows, cols] - low
+        out[start + rows, cols] = (np.einsum("ij,ij->i", w, w)[rows] + np.einsum("ij,ij->i", b, b)[column]
+                                   - 2.0 * cross[rows, column])
+    return out
 
 
 def _best_lags(curves: np.ndarray, lags: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from terra.fidelity.odometry import MIN_MATCH, estimate_motion
+from terra.fidelity.odometry import MIN_MATCH, estimate_motions
 from terra.stats import Bootstrap, Interval, mean, regression_slope
 
 BLOCK_STEPS = 10  # a second at 10 Hz: the steps of a drive resampled together for one drive's intervals
@@ -65,8 +65,7 @@ def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MA
                          f"(got {frames.shape} and {commanded.shape})")
     recovered = np.full(commanded.shape, np.nan)
     match = np.full(len(commanded), np.nan)
-    for t in range(len(commanded)):
-        motion = estimate_motion(frames[t], frames[t + 1], min_match)
+    for t, motion in enumerate(estimate_motions(frames, min_match)):
         if motion is not None:
             recovered[t], match[t] = motion.as_array(), motion.match
     return Following(commanded, recovered, match)

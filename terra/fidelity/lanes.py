@@ -37,6 +37,21 @@ def ground_points(height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.n
     return arrays
 
 
+@lru_cache(maxsize=8)
+def ground_rows(height: int, width: int) -> slice:
+    """The band of image rows holding every valid pixel of :func:`ground_points` (cached): the detectors read these
+    rows alone, so that the sky above the band costs nothing."""
+    rows = np.flatnonzero(ground_points(height, width)[2].any(axis=1))
+    return slice(int(rows[0]), int(rows[-1]) + 1) if rows.size else slice(0, 0)
+
+
+def channel_extremes(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The brightest and the darkest channel of each pixel of ``rgb [..., 3]`` (channel by channel: numpy's
+    reduction over an axis of 3 is some 30 times slower)."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return np.maximum(np.maximum(r, g), b), np.minimum(np.minimum(r, g), b)
+
+
 @dataclass(frozen=True)
 class LaneEstimate:
     """The lane's centre ahead as ``left = offset + slope * forward`` (ego frame), from ``points`` marking pixels."""
@@ -60,11 +75,12 @@ def yellow_marking(rgb: np.ndarray) -> np.ndarray:
 def find_lane(frame: np.ndarray, min_points: int = 12, edge_line: bool = True) -> LaneEstimate | None:
     """The ego lane's centre line seen in ``frame`` (uint8 ``[H, W, 3]``), or None when too few markings show;
     ``edge_line=False`` reads the yellow centre line alone."""
-    rgb = frame.astype(np.float32)
-    fwd, left, valid = ground_points(*frame.shape[:2])
-    brightest = rgb.max(-1)
+    band = ground_rows(*frame.shape[:2])
+    rgb = frame[band].astype(np.float32)
+    fwd, left, valid = (arr[band] for arr in ground_points(*frame.shape[:2]))
+    brightest, darkest = channel_extremes(rgb)
     yellow = valid & yellow_marking(rgb)
-    white = valid & (brightest > 175) & (brightest - rgb.min(-1) < 45) & (left < -0.3) & edge_line
+    white = valid & (brightest > 175) & (brightest - darkest < 45) & (left < -0.3) & edge_line
     centre_fwd = np.r_[fwd[yellow], fwd[white]]
     centre_left = np.r_[left[yellow] - CENTRE_LINE_LEFT_M, left[white] + EDGE_LINE_RIGHT_M]
     if len(centre_fwd) < min_points:

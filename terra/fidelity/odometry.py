@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from scipy import ndimage
@@ -98,6 +99,46 @@ def se2(dx: float, dy: float, dyaw: float) -> np.ndarray:
     return np.array([[c, -s, dx], [s, c, dy], [0.0, 0.0, 1.0]])
 
 
+class Taps(NamedTuple):
+    """Where bilinear interpolation reads a grid for a set of points (:func:`taps`): the four corners' flat indices,
+    the weights along rows and columns, and which points lie inside the grid."""
+
+    corners: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    weights: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    inside: np.ndarray
+
+
+def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
+    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's
+    ``map_coordinates(order=1, mode="constant")`` takes them (scipy/ndimage/src/ni_interpolation.c and
+    ni_splines.c): a point beyond the first or last cell's centre (or NaN) is outside, the weights are
+    ``1 - (x - floor(x))`` and one minus that, and a point on the last row or column mirrors its second tap."""
+    height, width = shape
+    inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
+    rows, cols = np.where(inside, rows, 0.0), np.where(inside, cols, 0.0)
+    row0, col0 = np.floor(rows), np.floor(cols)
+    row_w0, col_w0 = 1.0 - (rows - row0), 1.0 - (cols - col0)
+    i0, j0 = row0.astype(np.intp), col0.astype(np.intp)
+    i1 = np.where(i0 + 1 < height, i0 + 1, max(height - 2, 0)) * width
+    j1 = np.where(j0 + 1 < width, j0 + 1, max(width - 2, 0))
+    i0 = i0 * width
+    return Taps((i0 + j0, i0 + j1, i1 + j0, i1 + j1), (row_w0, 1.0 - row_w0, col_w0, 1.0 - col_w0), inside)
+
+
+def interpolate(grid: np.ndarray, where: Taps, cval: float) -> np.ndarray:
+    """``grid`` (2-D) read bilinearly at the points of ``where``, ``cval`` outside: bit for bit scipy's
+    ``map_coordinates(grid, ..., order=1, mode="constant", cval=cval)`` in float64 (its sum, corner by corner in
+    row-major order, each value times its row weight, then its column weight), without scipy's per-point cost; taps
+    made once serve every grid of their shape."""
+    flat = grid.ravel()
+    (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1) = where.corners, where.weights
+    total = 0.0 + flat[c00] * row_w0 * col_w0
+    total = total + flat[c01] * row_w0 * col_w1
+    total = total + flat[c10] * row_w1 * col_w0
+    total = total + flat[c11] * row_w1 * col_w1
+    return np.where(where.inside, total, cval)
+
+
 class BirdsEye:
     """A :class:`Level`'s ground grid for one image size: where each cell lies in the image, which cells the camera
     sees (away from the view's edges by the blur), and the later frame's cells that are aligned (``points``)."""
@@ -113,7 +154,7 @@ class BirdsEye:
         col, row = u - 0.5, v - 0.5  # pixel j's centre lies at u = j + 0.5
         self.seen = (depth > 0.5) & (col >= 0) & (col <= width - 1) & (row >= cam.ground_row0 + 1) \
             & (row <= height - 1)
-        self.pixels = np.stack([row[self.seen], col[self.seen]])
+        self.pixels = taps((height, width), row[self.seen], col[self.seen])
         self.sigma = (level.blur_m / level.cell_x, level.blur_m / level.cell_y)
         self.weight = ndimage.gaussian_filter(self.seen.astype(np.float64), self.sigma)
         self.valid = self.weight > 0.98  # cells the blur did not mix with unseen ones
@@ -124,15 +165,17 @@ class BirdsEye:
     def image(self, grey: np.ndarray) -> np.ndarray:
         """The ground grid of luminance ``grey [H, W]``, blurred (normalised convolution); NaN where not valid."""
         grid = np.zeros(self.seen.shape)
-        grid[self.seen] = ndimage.map_coordinates(grey, self.pixels, order=1)
+        grid[self.seen] = interpolate(grey, self.pixels, 0.0).astype(grey.dtype)  # as map_coordinates returns it
         grid = ndimage.gaussian_filter(grid, self.sigma) / np.maximum(self.weight, 1e-9)
         return np.where(self.valid, grid, np.nan)
 
     def sample(self, grid: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``grid`` at ground points (bilinear); NaN outside its valid cells."""
-        rows, cols = (x - self.x0) / self.level.cell_x, (y - self.y0) / self.level.cell_y
-        out = ndimage.map_coordinates(grid, [rows.ravel(), cols.ravel()], order=1, mode="constant", cval=np.nan)
-        return out.reshape(rows.shape)
+        return interpolate(grid, self.taps(x, y), np.nan)
+
+    def taps(self, x: np.ndarray, y: np.ndarray) -> Taps:
+        """The :class:`Taps` of ground points on this grid."""
+        return taps(self.seen.shape, (x - self.x0) / self.level.cell_x, (y - self.y0) / self.level.cell_y)
 
 
 @lru_cache(maxsize=4)
@@ -149,13 +192,47 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
-    grey_before, grey_after = luminance(before), luminance(after)
-    sky = camera(*before.shape[:2]).ground_row0
-    if min(grey_before[:sky].mean(), grey_after[:sky].mean()) < min_sky_luminance:
+    return _motion(_Ground(before), _Ground(after), min_match, min_sky_luminance)
+
+
+def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH) -> list[Motion | None]:
+    """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next: the same motions, each frame's
+    luminance and ground grids made once for the two pairs it belongs to."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(f"frames must be [T + 1, H, W, 3] images (got {frames.shape})")
+    motions, before = [], None
+    for t in range(len(frames) - 1):
+        before = _Ground(frames[t]) if before is None else before
+        after = _Ground(frames[t + 1])
+        motions.append(_motion(before, after, min_match, MIN_SKY_LUMINANCE))
+        before = after
+    return motions
+
+
+class _Ground:
+    """One frame's luminance, its sky's mean luminance, and its ground grids (:meth:`BirdsEye.image`), each grid made
+    when first asked for."""
+
+    def __init__(self, frame: np.ndarray) -> None:
+        self.grey = luminance(frame)
+        self.sky = self.grey[:camera(*frame.shape[:2]).ground_row0].mean()
+        self.grids = ladder(*frame.shape[:2])
+        self.images: dict[int, np.ndarray] = {}
+
+    def image(self, level: int) -> np.ndarray:
+        if level not in self.images:
+            self.images[level] = self.grids[level].image(self.grey)
+        return self.images[level]
+
+
+def _motion(before: _Ground, after: _Ground, min_match: float, min_sky_luminance: float) -> Motion | None:
+    """:func:`estimate_motion` between two frames' grounds."""
+    if min(before.sky, after.sky) < min_sky_luminance:
         return None
     motion, fit = None, None
-    for grid in ladder(*before.shape[:2]):
-        earlier, later = grid.image(grey_before), grid.image(grey_after)
+    for level, grid in enumerate(before.grids):
+        earlier, later = before.image(level), after.image(level)
         if motion is None:
             motion = _search(grid, earlier, later[grid.template])
             if motion is None:
@@ -174,19 +251,28 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
 def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: int = 3) -> np.ndarray | None:
     """The coarse search's best motion over forward motion and yaw (no sideways motion), or None when no candidate
     keeps enough of the ground in view."""
-    points, template = grid.points[::stride], template[::stride]
+    template = template[::stride]
+    candidates, where = _search_taps(grid, stride)
+    values = interpolate(earlier, where, np.nan)
+    seen = np.isfinite(values)
+    count = seen.sum(1)
+    if count.max() < MIN_OVERLAP * len(template):
+        return None
+    cost = np.where(seen, values - template, 0.0) ** 2
+    cost = np.where(count >= MIN_OVERLAP * len(template), cost.sum(1) / np.maximum(count, 1), np.inf)
+    return candidates[int(np.argmin(cost))]
+
+
+@lru_cache(maxsize=8)
+def _search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
+    """The coarse search's candidate motions ``[C, 3, 3]`` and the taps of every ``stride``-th template point moved
+    by each (``[C, points]``): the same for every frame pair of an image size, so made once."""
+    points = grid.points[::stride]
     candidates = np.array([se2(dx, 0.0, yaw) for dx in SEARCH_DX_M for yaw in SEARCH_DYAW_RAD])
     rot, shift = candidates[:, :2, :2], candidates[:, :2, 2]
     x = rot[:, 0, 0, None] * points[:, 0] + rot[:, 0, 1, None] * points[:, 1] + shift[:, 0, None]
     y = rot[:, 1, 0, None] * points[:, 0] + rot[:, 1, 1, None] * points[:, 1] + shift[:, 1, None]
-    values = grid.sample(earlier, x, y)
-    seen = np.isfinite(values)
-    count = seen.sum(1)
-    if count.max() < MIN_OVERLAP * len(points):
-        return None
-    cost = np.where(seen, values - template, 0.0) ** 2
-    cost = np.where(count >= MIN_OVERLAP * len(points), cost.sum(1) / np.maximum(count, 1), np.inf)
-    return candidates[int(np.argmin(cost))]
+    return candidates, grid.taps(x, y)
 
 
 def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
@@ -199,8 +285,11 @@ def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
                                                            grid.level.cell_y))
     if np.mean(np.hypot(grad_x, grad_y)) < MIN_TEXTURE:
         return None
-    # d template / d(dx, dy, dyaw) at the identity: the point moves by (1, 0), (0, 1), (-y, x)
-    steepest = np.stack([grad_x, grad_y, -grad_x * points[:, 1] + grad_y * points[:, 0]], -1)
+    # the design matrix: d template / d(dx, dy, dyaw) at the identity (the point moves by (1, 0), (0, 1), (-y, x)),
+    # then minus the brightness model's (offset, gain x recession, offset x recession), filled in per iteration
+    design = np.empty((len(points), 6))
+    design[:, 0], design[:, 1], design[:, 2] = grad_x, grad_y, -grad_x * points[:, 1] + grad_y * points[:, 0]
+    design[:, 3] = -1.0
     depth_after = optical_depth(points[:, 0])
     for _ in range(grid.level.iterations):
         values, moved_x, seen = _warp(grid, earlier, motion)
@@ -210,8 +299,7 @@ def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
         scale = 1.4826 * np.median(np.abs(error[seen])) + 1e-3
         weight = seen * np.minimum(1.0, HUBER * scale / np.maximum(np.abs(error), 1e-12))
         recede = np.where(seen, depth_after - optical_depth(moved_x), 0.0)  # the point's change of depth
-        brightness = np.stack([np.ones_like(recede), np.where(seen, values, 0.0) / 255.0 * recede, recede], -1)
-        design = np.concatenate([steepest, -brightness], axis=1)
+        design[:, 4], design[:, 5] = -(np.where(seen, values, 0.0) / 255.0 * recede), -recede
         normal = (design * weight[:, None]).T @ design
         geometric = normal[:3, :3] * np.array([1.0, 1.0, 0.1])[:, None] * np.array([1.0, 1.0, 0.1])  # yaw at 10 m
         eigen = np.linalg.eigvalsh(geometric)

@@ -156,7 +156,8 @@ def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, l
     colour, then one matrix product turns the weights into RGB (at night, ``lights`` light the colours).
     """
     r0 = cam.ground_row0
-    wx, wy = np.moveaxis(to_world(cam.ground, pose), -1, 0)  # each ground pixel's hit point in the world
+    # each ground pixel's hit point in the world, one contiguous array per axis (strided views slow every op below)
+    wx, wy = (np.ascontiguousarray(axis) for axis in np.moveaxis(to_world(cam.ground, pose), -1, 0))
     s, d = scene.road_coords(wx, wy, _segment_rows(cam, scene, pose))
     ad = np.abs(d)
     foot = np.maximum(cam.foot_lat, cam.foot_long) + np.float32(0.05)
@@ -255,8 +256,11 @@ def _coverage_1d(lo: float, hi: float, n: int) -> tuple[int, np.ndarray]:
     j0, j1 = max(int(np.floor(lo)), 0), min(int(np.ceil(hi)), n)
     if j1 <= j0:
         return j0, np.zeros(0, dtype=np.float32)
-    j = np.arange(j0, j1)
-    return j0, np.clip(np.minimum(j + 1, hi) - np.maximum(j, lo), 0.0, 1.0).astype(np.float32)
+    # Pixels strictly between the first and the last are covered whole (exactly 1).
+    cover = np.ones(j1 - j0, dtype=np.float32)
+    cover[0] = min(max(min(j0 + 1, hi) - max(j0, lo), 0.0), 1.0)
+    cover[-1] = min(max(min(j1, hi) - max(j1 - 1, lo), 0.0), 1.0)
+    return j0, cover
 
 
 def _rect(img, u, v, scale, x_off, width, bottom, top, colour) -> None:

@@ -180,16 +180,39 @@ class Scene:
         Returns ``(index, nearest, farthest)``: the range of forward distances (ego frame) that the segment's
         road, widened by ``margin`` metres on each side and at its ends, covers.
         """
+        starts, points = _road_outline(self, margin)
+        fwd, left = to_ego(points, pose).T
+        in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
+        seen = (fwd > -margin) & (fwd < far + margin) & in_cone
         found = []
         for i in range(len(self.seg_len)):
-            s = np.linspace(self.seg_s0[i], self.seg_s0[i] + self.seg_len[i], int(self.seg_len[i] // 2.0) + 2)
-            pts = self.lane_pose(np.concatenate([s, s]), np.repeat([-margin, margin], len(s)))
-            fwd, left = to_ego(pts[:, :2], pose).T
-            in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
-            seen = (fwd > -margin) & (fwd < far + margin) & in_cone
-            if np.any(seen):
-                found.append((i, float(fwd[seen].min()) - margin, float(fwd[seen].max()) + margin))
+            part = slice(starts[i], starts[i + 1])
+            if np.any(seen[part]):
+                ahead = fwd[part][seen[part]]
+                found.append((i, float(ahead.min()) - margin, float(ahead.max()) + margin))
         return found
+
+
+_OUTLINES: dict[tuple[int, float], tuple[Scene, np.ndarray, np.ndarray]] = {}  # by the scene's id, which it keeps
+
+
+def _road_outline(scene: Scene, margin: float) -> tuple[np.ndarray, np.ndarray]:
+    """Where each segment starts (``[K + 1]``) in the points (world frame, ``[N, 2]``) every 2 m along both borders
+    of the segments' road widened by ``margin``: what :meth:`Scene.segments_in_view` looks at from every pose, so
+    made once per scene (for the last 8 scenes; by identity, as a scene's arrays cannot key a dict)."""
+    key = (id(scene), float(margin))
+    entry = _OUTLINES.get(key)
+    if entry is None:
+        parts = []
+        for i in range(len(scene.seg_len)):
+            s = np.linspace(scene.seg_s0[i], scene.seg_s0[i] + scene.seg_len[i], int(scene.seg_len[i] // 2.0) + 2)
+            parts.append(scene.lane_pose(np.concatenate([s, s]), np.repeat([-margin, margin], len(s)))[:, :2])
+        entry = (scene, np.cumsum([0] + [len(part) for part in parts]),
+                 np.concatenate(parts) if parts else np.zeros((0, 2)))
+        while len(_OUTLINES) >= 8:
+            _OUTLINES.pop(next(iter(_OUTLINES)), None)
+        _OUTLINES[key] = entry
+    return entry[1], entry[2]
 
 
 # ---------------------------------------------------------------------------------------------- generation
