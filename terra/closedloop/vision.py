@@ -59,17 +59,19 @@ def find_road_edge(frame: np.ndarray, min_rows: int = 8) -> LaneEstimate | None:
     """The ego lane's centre from the paved road's right edge: on each ground row ``ROAD_BAND_M`` ahead, scanning
     right from the image's centre column (which must be paved), the first two unpaved pixels mark the edge; the
     lane's centre lies half a lane to its left. A line fit over the rows, robust to rows that miss; None when fewer
-    than ``min_rows`` rows see the edge."""
+    than ``min_rows`` rows see the edge where the camera's ray meets the ground (:func:`ground_points`' valid
+    pixels)."""
     fwd, left, valid = ground_points(*frame.shape[:2])
     centre = frame.shape[1] // 2
     rows = np.flatnonzero(valid[:, centre] & (fwd[:, centre] > ROAD_BAND_M[0]) & (fwd[:, centre] < ROAD_BAND_M[1]))
     paved = _paved(frame[rows, centre:])  # only these rows right of the centre are read
     rows, rightward = rows[paved[:, 0]], ~paved[paved[:, 0]]
     edge = rightward[:, :-1] & rightward[:, 1:]
-    seen = edge.any(axis=1)
+    cols = centre + np.argmax(edge, axis=1)
+    seen = edge.any(axis=1) & valid[rows, cols]  # an edge past the ground's reach has no position there
     if seen.sum() < min_rows:
         return None
-    rows, cols = rows[seen], centre + np.argmax(edge[seen], axis=1)
+    rows, cols = rows[seen], cols[seen]
     ahead, lane_centre = fwd[rows, cols], left[rows, cols] + LANE_WIDTH_M / 2
     keep = np.abs(lane_centre - np.median(lane_centre)) < 1.5  # a pole, a car or a shadow at the edge: outliers
     if keep.sum() < min_rows:

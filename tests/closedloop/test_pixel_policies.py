@@ -63,6 +63,21 @@ def test_each_detector_reads_the_lane_centre_ahead(detect, tolerance):
     assert np.max(np.abs(errors)) < tolerance, errors
 
 
+def test_the_road_edge_is_read_only_where_the_ground_is():
+    """A road edge found past the ground's reach (rows ahead whose first unpaved pixel lies more than 8 m aside)
+    has no position: such a frame gives no reading, not a fit of zeros (which raised numpy's LinAlgError in the
+    mirrored and zero-action worlds of a GPU study)."""
+    from terra.fidelity.lanes import ground_points
+
+    height, width = FRAME_SIZE
+    valid = ground_points(height, width)[2]
+    frame = np.full((height, width, 3), 100, np.uint8)  # paved (grey) everywhere ...
+    frame[~valid & (np.arange(width) > width // 2)] = (40, 160, 40)  # ... but where no ray meets the ground
+    assert find_road_edge(frame) is None
+    scene = Scene.generate(11)  # a true frame keeps its reading
+    assert find_road_edge(render(scene, _poses(scene)[1], height, width)) is not None
+
+
 def test_learned_driver_reads_unseen_scenes_close_to_the_expert():
     """Frames of scenes it was not trained on (the 240 scene seeds scripts/train_learned_driver.py's training drew
     from 2**31 hold neither 101 nor 202), on a straight and a bend, on the lane's centre and 0.6 m beside it. The
