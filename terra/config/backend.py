@@ -39,8 +39,9 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "block_size": Range(1, 1024, 16, whole=True),  # vLLM's KV cache block (tokens), not sampling.draft_tokens
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
         "requests": REQUEST_PATHS,
-        # speculative decoding: verifying passes per engine step (terra/vllm/jacobi_runner.py); sequential: 1
-        "passes_per_step": Range(1, 64, 1, whole=True),
+        # speculative decoding: verifying passes per engine step (terra/vllm/jacobi_runner.py); sequential: 1;
+        # null: terra/generation/decoding.py's auto_passes_per_step (3 in an engine of one rollout, else 1)
+        "passes_per_step": Range(1, 64, 3, whole=True, nullable=True),
     },
 }
 BACKENDS = ("auto", *BACKEND_OPTIONS)

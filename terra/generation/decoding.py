@@ -10,6 +10,13 @@ from __future__ import annotations
 # kind, and sequential above it (a kind not listed: never). Why each number: BENCHMARKS.md, "When decoding=auto is
 # speculative", the table of these numbers with the measurements behind them.
 SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 32}
+# backend.options.passes_per_step=null: the verifying passes an engine step of a speculative vLLM engine of one rollout
+# (max_num_seqs 1), 1 in any other. One rollout's step waits on the host, and with several passes its full graphs
+# keep FlashAttention's splits (terra/vllm/compat.py, jacobi_graph_kwargs): at Terra's 2 B shape a pass 3.8 -> 2.1 ms,
+# the demo model 0.058 -> 0.041 s a frame (BENCHMARKS.md, "FlashAttention's splits in an engine of one rollout"); a
+# fourth pass adds passes a frame for no shorter pass there. Batched at Terra's shape the step is bound by the GPU,
+# and each pass costs its full time ("Several passes a step").
+ONE_ROLLOUT_PASSES = 3
 
 
 def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "per_frame") -> str:
@@ -21,6 +28,12 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
         return "sequential"
     limit = _speculative_limit(backend, device)
     return "speculative" if limit is None or streams <= limit else "sequential"
+
+
+def auto_passes_per_step(max_num_seqs: int) -> int:
+    """What ``backend.options.passes_per_step=null`` is for a speculative vLLM engine holding at most
+    ``max_num_seqs`` rollouts: :data:`ONE_ROLLOUT_PASSES` for one, else 1."""
+    return ONE_ROLLOUT_PASSES if max_num_seqs == 1 else 1
 
 
 def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
+from terra.generation.decoding import auto_passes_per_step
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
@@ -95,7 +96,8 @@ class VLLMBackend(WorldModelBackend):
     elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`as_run`), and each
     frame's forward passes are counted from the engine's per-step outputs. ``passes_per_step`` > 1 runs that many
     verifying passes in each decode step that replays a full CUDA graph, with no host round trip between them
-    (:mod:`terra.vllm.jacobi_runner`): the same codes, fewer engine steps a frame.
+    (:mod:`terra.vllm.jacobi_runner`): the same draws, fewer engine steps a frame; None: as
+    terra/generation/decoding.py's ``auto_passes_per_step`` decides for ``max_num_seqs``.
     """
 
     def __init__(
@@ -112,7 +114,7 @@ class VLLMBackend(WorldModelBackend):
         seed: int = 0,
         config: Any = None,
         draft_tokens: int = 0,
-        passes_per_step: int = 1,
+        passes_per_step: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -132,7 +134,9 @@ class VLLMBackend(WorldModelBackend):
             )
         self.layout = TokenLayout.from_config(config)
         self.draft_tokens = draft_tokens  # guesses per request and step; 0: sequential decoding
-        self.passes_per_step = passes_per_step if draft_tokens else 1  # verifying passes per full-graph decode step
+        if passes_per_step is None:  # verifying passes per full-graph decode step: by the rollouts the engine holds
+            passes_per_step = auto_passes_per_step(max_num_seqs)
+        self.passes_per_step = passes_per_step if draft_tokens else 1
         self.model_path = model_path
         self.seed = seed
         self.max_num_seqs = max_num_seqs
@@ -144,9 +148,9 @@ class VLLMBackend(WorldModelBackend):
         if current_platform.is_cpu():
             options = {**cpu_whole_prompts(self.layout.window_positions), **options}
         if draft_tokens:  # the draft slots; full CUDA graphs of the verifying step unless the options say
-            options.update(compat.jacobi_engine_kwargs(draft_tokens, passes_per_step))
-            options = {**compat.jacobi_graph_kwargs(draft_tokens, min(max_num_seqs, GRAPH_STREAMS), self.passes_per_step),
-                       **options}
+            options.update(compat.jacobi_engine_kwargs(draft_tokens, self.passes_per_step))
+            graphs = compat.jacobi_graph_kwargs(draft_tokens, min(max_num_seqs, GRAPH_STREAMS), self.passes_per_step)
+            options = {**graphs, **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
         compat.use_spawn_workers()

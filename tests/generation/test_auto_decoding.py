@@ -85,3 +85,19 @@ def test_max_concurrent_auto_reads_the_same_table(monkeypatch):
             for how in ("auto", "speculative", "sequential")] == [None] * 6
     monkeypatch.setitem(decoding.SPECULATIVE_STREAMS, ("hf", "cpu"), 4)  # a table that limited the CPU's count
     assert decoding.auto_streams("hf", "cpu") is None  # would batch sequential rollouts instead
+
+
+def test_passes_per_step_null_is_three_in_an_engine_of_one_rollout_and_one_elsewhere():
+    """``backend.options.passes_per_step=null`` (conf/backend/vllm.yaml's default): the passes its measurements chose
+    (BENCHMARKS.md, "FlashAttention's splits in an engine of one rollout"), checked as any option's value is."""
+    from terra.config.backend import check_backend
+    from terra.core.errors import TerraInputError
+
+    assert decoding.ONE_ROLLOUT_PASSES == 3
+    assert [decoding.auto_passes_per_step(n) for n in (1, 2, 4, 64, 4096)] == [3, 1, 1, 1, 1]
+    assert check_backend("vllm", {"passes_per_step": None})[1]["passes_per_step"] is None
+    assert check_backend("vllm", {"passes_per_step": 4})[1]["passes_per_step"] == 4
+    with pytest.raises(TerraInputError, match="passes_per_step"):
+        check_backend("vllm", {"passes_per_step": 0})
+    conf = (ROOT / "conf" / "backend" / "vllm.yaml").read_text()
+    assert re.search(r"^  passes_per_step: null\b", conf, re.M)
