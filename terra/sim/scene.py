@@ -13,7 +13,7 @@ right (road, objects), driven in its left lane.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -81,6 +81,8 @@ class Scene:
     palette: Palette
     lit: np.ndarray  # [M] bool: at night, the object's lamp is on or its windows are lit (poles, buildings)
     domain: str  # one of DOMAINS
+    # margin -> :meth:`road_outline` of this scene, made when first asked for (a scene made from it starts empty)
+    outlines: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def generate(cls, seed: int, length_m: float = 600.0, domain: str = "day") -> "Scene":
@@ -99,8 +101,8 @@ class Scene:
         objects = _objects(rng, scene)
         hills, base = _hills(rng)
         lit = rng.random(len(objects.kind)) < LIT_SHARE  # drawn last: the draws above are the same in every domain
-        scene = cls(**{**scene.__dict__, "objects": objects, "hills": hills, "hills_base": base, "lit": lit,
-                       "palette": _night_palette(palette) if domain == "night" else palette})
+        scene = replace(scene, objects=objects, hills=hills, hills_base=base, lit=lit,
+                        palette=_night_palette(palette) if domain == "night" else palette)
         return _mirrored(scene) if domain == "left_hand" else scene
 
     @property
@@ -172,6 +174,19 @@ class Scene:
             np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
+    def road_outline(self, margin: float) -> tuple[np.ndarray, np.ndarray]:
+        """Where each segment starts (``[K + 1]``) in the points (world frame, ``[N, 2]``) every 2 m along both borders
+        of the segments' road widened by ``margin``: what :meth:`segments_in_view` looks at from every pose, so made
+        once per scene and margin."""
+        if margin not in self.outlines:
+            parts = []
+            for i in range(len(self.seg_len)):
+                s = np.linspace(self.seg_s0[i], self.seg_s0[i] + self.seg_len[i], int(self.seg_len[i] // 2.0) + 2)
+                parts.append(self.lane_pose(np.concatenate([s, s]), np.repeat([-margin, margin], len(s)))[:, :2])
+            self.outlines[margin] = (np.cumsum([0] + [len(part) for part in parts]),
+                                     np.concatenate(parts) if parts else np.zeros((0, 2)))
+        return self.outlines[margin]
+
     def segments_in_view(
         self, pose: np.ndarray, far: float, half_fov: float, margin: float = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
     ) -> list[tuple[int, float, float]]:
@@ -180,7 +195,7 @@ class Scene:
         Returns ``(index, nearest, farthest)``: the range of forward distances (ego frame) that the segment's
         road, widened by ``margin`` metres on each side and at its ends, covers.
         """
-        starts, points = _road_outline(self, margin)
+        starts, points = self.road_outline(margin)
         fwd, left = to_ego(points, pose).T
         in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
         seen = (fwd > -margin) & (fwd < far + margin) & in_cone
@@ -193,28 +208,6 @@ class Scene:
         return found
 
 
-_OUTLINES: dict[tuple[int, float], tuple[Scene, np.ndarray, np.ndarray]] = {}  # by the scene's id, which it keeps
-
-
-def _road_outline(scene: Scene, margin: float) -> tuple[np.ndarray, np.ndarray]:
-    """Where each segment starts (``[K + 1]``) in the points (world frame, ``[N, 2]``) every 2 m along both borders
-    of the segments' road widened by ``margin``: what :meth:`Scene.segments_in_view` looks at from every pose, so
-    made once per scene (for the last 8 scenes; by identity, as a scene's arrays cannot key a dict)."""
-    key = (id(scene), float(margin))
-    entry = _OUTLINES.get(key)
-    if entry is None:
-        parts = []
-        for i in range(len(scene.seg_len)):
-            s = np.linspace(scene.seg_s0[i], scene.seg_s0[i] + scene.seg_len[i], int(scene.seg_len[i] // 2.0) + 2)
-            parts.append(scene.lane_pose(np.concatenate([s, s]), np.repeat([-margin, margin], len(s)))[:, :2])
-        entry = (scene, np.cumsum([0] + [len(part) for part in parts]),
-                 np.concatenate(parts) if parts else np.zeros((0, 2)))
-        while len(_OUTLINES) >= 8:
-            _OUTLINES.pop(next(iter(_OUTLINES)), None)
-        _OUTLINES[key] = entry
-    return entry[1], entry[2]
-
-
 # ---------------------------------------------------------------------------------------------- generation
 
 
@@ -223,7 +216,7 @@ def _mirrored(scene: Scene) -> Scene:
     xyh = scene.seg_xyh * np.array([1.0, -1.0, -1.0])
     objects = Objects(scene.objects.kind, scene.objects.xy * np.array([1.0, -1.0]), scene.objects.size,
                       scene.objects.colour, scene.objects.colour2)
-    return Scene(**{**scene.__dict__, "seg_curv": -scene.seg_curv, "seg_xyh": xyh, "objects": objects})
+    return replace(scene, seg_curv=-scene.seg_curv, seg_xyh=xyh, objects=objects)
 
 
 def _road_segments(rng: np.random.Generator, length: float):
