@@ -41,18 +41,26 @@ def terra_drive() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "terra.apps.drive"]
 
 
+def kv_cache(kv_cache_gib: float | None) -> list[str]:
+    """The override that gives an engine its KV cache (none without ``--kv-cache-gib``)."""
+    return [] if kv_cache_gib is None else [f"++backend.options.kv_cache_memory_bytes={int(kv_cache_gib * GIB)}"]
+
+
 def shard_command(overrides: list[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None) -> list[str]:
     """The ``terra-drive`` command of shard ``shard`` of ``shards``."""
-    engine = [] if kv_cache_gib is None else [
-        f"++backend.options.kv_cache_memory_bytes={int(kv_cache_gib * GIB)}",
-        f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / shards:.3f}"]
+    share = [] if kv_cache_gib is None else [f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / shards:.3f}"]
     return [*terra_drive(), *overrides, f"shard_index={shard}", f"num_shards={shards}", f"num_threads={threads}",
-            "progress=false", *engine]
+            "progress=false", *kv_cache(kv_cache_gib), *share]
+
+
+def setting(override: str) -> str:
+    """The setting an override names (``+key=value`` and ``++key=value`` alike)."""
+    return override.split("=", 1)[0].lstrip("+")
 
 
 def output_dir(overrides: list[str]) -> Path:
     """The run's ``output_dir`` (every shard and the report must share it)."""
-    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "output_dir"]
+    given = [o.split("=", 1)[1] for o in overrides if setting(o) == "output_dir"]
     if not given or given[-1] in ("", "null"):
         sys.exit("drive_shards: give the run an output_dir=FOLDER: every shard writes its drives there")
     return Path(given[-1]).expanduser()
@@ -63,10 +71,9 @@ def records(folder: Path) -> int:
     return sum(sum(1 for _ in path.open()) for path in folder.glob("**/manifest.shard-*-of-*.jsonl"))
 
 
-def run_shards(overrides: list[str], shards: int, kv_cache_gib: float | None, logs: Path) -> list[int]:
-    """Start every shard (its output in ``logs``), show the drives recorded as they come, and return the shards'
-    exit codes."""
-    folder = output_dir(overrides)
+def run_shards(overrides: list[str], shards: int, kv_cache_gib: float | None, folder: Path, logs: Path) -> list[int]:
+    """Start every shard (its output in ``logs``), show the drives recorded in ``folder`` as they come, and return
+    the shards' exit codes."""
     threads = max(1, (os.cpu_count() or 1) // shards)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     running = []
@@ -90,13 +97,13 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, help="vLLM: each shard's engine's KV cache (GiB)")
     parser.add_argument("overrides", nargs="+", help="terra-drive's settings (after --)")
     args = parser.parse_args()
-    if args.processes < 1 or any(o.split("=", 1)[0] in ("shard_index", "num_shards") for o in args.overrides):
+    if args.processes < 1 or any(setting(o) in ("shard_index", "num_shards") for o in args.overrides):
         parser.error("--processes is at least 1, and the shards' settings are this script's to set")
-    output_dir(args.overrides)  # given, before any shard starts
+    folder = output_dir(args.overrides)  # given, before any shard starts
     logs = Path(tempfile.mkdtemp(prefix="drive_shards-"))
     print(f"drive_shards: the shards' output goes to {logs}", flush=True)
     started = time.perf_counter()
-    codes = run_shards(args.overrides, args.processes, args.kv_cache_gib, logs)
+    codes = run_shards(args.overrides, args.processes, args.kv_cache_gib, folder, logs)
     for shard, code in enumerate(codes):
         if code not in (0, 1):
             log = logs / f"shard-{shard}-of-{args.processes}.log"
@@ -104,9 +111,7 @@ def main() -> None:
             sys.exit(f"drive_shards: shard {shard} ended with exit code {code}: {tail[0]} (all of it: {log})")
     print(f"drive_shards: {args.processes} shards ended in {time.perf_counter() - started:.1f} s "
           f"(exit codes {codes}); the report:", flush=True)
-    report = subprocess.run([*terra_drive(), *args.overrides, "progress=false",
-                             *([] if args.kv_cache_gib is None else
-                               [f"++backend.options.kv_cache_memory_bytes={int(args.kv_cache_gib * GIB)}"])])
+    report = subprocess.run([*terra_drive(), *args.overrides, "progress=false", *kv_cache(args.kv_cache_gib)])
     sys.exit(max([report.returncode, *codes]))
 
 
