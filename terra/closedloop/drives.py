@@ -53,7 +53,7 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
             result = record_run(runner, settings.world, settings.drive_ids, run_settings, settings.output)
             line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
             return DriveOutcome([line], 1 if result.counts["failed"] else 0)
-        report, runs = fidelity_run(runner, settings.drive_ids, run_settings, settings.fidelity, exploit)
+        report, runs = fidelity_run(runner, run_settings, settings.fidelity, exploit)
         lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
         out = settings.fidelity.top.path
         if report is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -132,52 +132,71 @@ class FidelityFolders:
 
     top: OutputDir
     worlds: dict[str, OutputDir]
+    drive_ids: dict[str, list[str]]  # world -> the drives it makes (study_drives)
     report: bool = True  # False for a shard of the study: its drives only (the unsharded rerun writes the report)
 
 
-def claim_fidelity_folders(path: str | Path, drive_ids: list[str], worlds: Sequence[str], videos: bool = True,
+def study_drives(drives: Sequence[tuple[Hashable, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
+                 num_control_scenarios: int | None = None) -> dict[str, list[str]]:
+    """Per world of a study (the model's and the truth's first, then the controls), the ids of the drives it makes
+    from ``drives`` (scenario id, drive id): all of them in the model and the truth, in each control only those of
+    the study's first ``num_control_scenarios`` ``scenarios`` (None: all). A control only has to be seen to fail,
+    so it needs fewer drives than the model, whose every statistic is graded."""
+    first = set(scenarios if num_control_scenarios is None else scenarios[:num_control_scenarios])
+    controls = [drive for scenario, drive in drives if scenario in first]
+    every = [drive for _, drive in drives]
+    return {world: every if world in ("model", TRUTH) else controls for world in worlds}
+
+
+def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
                            manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir") -> FidelityFolders:
-    """The folders of a fidelity study of ``drive_ids`` in ``worlds`` (the model's and the truth's first), checked
-    before any work; a shard (``manifest`` not ``manifest.jsonl``) writes no report."""
+    """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the
+    model's and the truth's first), checked before any work; a shard (``manifest`` not ``manifest.jsonl``) writes no
+    report."""
     report = manifest == MANIFEST
-    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(worlds), inputs=inputs,
-                           app=APP)
-    folders = {world: claim_drive_folder(top.path / world, drive_ids, videos, manifest, setting=f"{setting}/{world}")
-               for world in worlds}
-    return FidelityFolders(top, folders, report)
+    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
+                           inputs=inputs, app=APP)
+    folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"{setting}/{world}")
+               for world, ids in drive_ids.items()}
+    return FidelityFolders(top, folders, drive_ids, report)
 
 
 def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
                  model_settings: dict | None = None, plan_following=None,
-                 folders: FidelityFolders | None = None, exploit: bool = False) -> FidelityReport | None:
+                 folders: FidelityFolders | None = None, exploit: bool = False,
+                 num_control_scenarios: int | None = None) -> FidelityReport | None:
     """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
-    ``model`` and ``truth`` first, then the controls), each into ``settings.output_dir``/<world>, judge them and write
-    ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores every world's clips
-    (terra/closedloop/plan_following.py); ``exploit``: the exploitability study too
+    ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
+    ``num_control_scenarios`` scenarios: :func:`study_drives`), each into ``settings.output_dir``/<world>, judge
+    them and write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores every
+    world's clips (terra/closedloop/plan_following.py); ``exploit``: the exploitability study too
     (terra/closedloop/exploit_drives.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
     scenarios' files). A shard's run writes no report (None)."""
-    ids = [spec.id for spec in specs]
     if folders is None:
-        folders = claim_fidelity_folders(settings.output_dir, ids, list(worlds), settings.videos, settings.manifest,
+        scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
+        ids = study_drives([(spec.scenario.id, spec.id) for spec in specs], scenarios, list(worlds),
+                           num_control_scenarios)
+        folders = claim_fidelity_folders(settings.output_dir, ids, settings.videos, settings.manifest,
                                          [item for spec in specs for item in spec.scenario.reads])
     runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
     study = partial(exploit_study, worlds, specs, settings) if exploit else None
-    report, _ = fidelity_run(runner, ids, settings, folders, study)
+    report, _ = fidelity_run(runner, settings, folders, study)
     return report
 
 
-def fidelity_run(runner: DriveRunner, drive_ids: Sequence[str], settings: RunSettings, folders: FidelityFolders,
+def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFolders,
                  exploit: Callable[[], Exploitability] | None = None
                  ) -> tuple[FidelityReport | None, dict[str, RunResult]]:
-    """The drives ``drive_ids`` made by ``runner`` in every world of ``folders``, each world's run in its folder,
-    then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the study
-    folder's lock throughout; the report and each world's run. Every drive is measured (``settings.measure``)."""
+    """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
+    folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
+    study folder's lock throughout; the report and each world's run. Every drive is measured
+    (``settings.measure``)."""
     runs: dict[str, RunResult] = {}
     main = REPORT_FILES[0] if folders.report else settings.manifest  # names the lock of the study's folder
     measured = replace(settings, measure=True)
     with folders.top.hold(main) as out:
         for world, folder in folders.worlds.items():
-            runs[world] = record_run(runner, world, drive_ids, measured, folder)
+            runs[world] = record_run(runner, world, folders.drive_ids[world], measured, folder)
         if not folders.report:
             return None, runs
         study = None if exploit is None else exploit()

@@ -17,7 +17,7 @@ left, a frame of nothing, is not kept.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -141,6 +141,11 @@ class Drive:
         self.frames.append(np.asarray(frame))
         self.poses.append(self.vehicle.pose)
         self.speeds.append(self.vehicle.speed)
+
+    def finished(self) -> "Drive":
+        """The drive as its records need it, without what only driving needed (its policy, its world's session and
+        the policy's factory): what can go to another process to be measured and written."""
+        return replace(self, spec=replace(self.spec, make_policy=None), policy=None, handle=None)
 
     def fail(self, stage: str, message: str) -> None:
         if self.error is None:

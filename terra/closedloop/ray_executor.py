@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import ray
 from tqdm.auto import tqdm
@@ -122,9 +122,11 @@ class RayDrives:
         self.actors = []
         self.cluster.close()
 
-    def record(self, world: str, settings: RunSettings, folder: Path, recorder: RunRecorder) -> None:
-        """Make this run's drives in ``world`` on the actors, a share each; every record goes to ``recorder``."""
-        drives, count = self.settings.drives, len(self.actors)
+    def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
+               recorder: RunRecorder) -> None:
+        """Make the drives ``drive_ids`` in ``world`` on the actors, a share each; every record goes to ``recorder``."""
+        wanted, ids, count = set(drive_ids), self.settings.scenarios.ids, len(self.actors)
+        drives = tuple(d for d in self.settings.drives if drive_id(ids[d[0]], d[1], d[2]) in wanted)
         calls: dict[Any, tuple[int, tuple, int]] = {}  # record() call -> (actor, its share, deaths so far)
         pings: dict[Any, tuple[int, tuple, int]] = {}  # info() call to an actor restarting -> the same
         for a in range(count):

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -54,6 +57,7 @@ class RunSettings:
     measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/drive_fidelity.py)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
+    writer_processes: int = 0  # processes measuring and writing finished drives while the next run (0: this one)
 
 
 @dataclass
@@ -153,9 +157,10 @@ class DriveRunner(Protocol):
     """Where a run's drives are made: in this process (:class:`LocalDrives`) or on Ray's actors
     (terra/closedloop/ray_executor.py, ``RayDrives``)."""
 
-    def record(self, world: str, settings: RunSettings, folder: Path, recorder: RunRecorder) -> None:
-        """Make and write the drives of the run in ``world`` (its name) into ``folder``; every drive's record goes
-        to ``recorder``."""
+    def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
+               recorder: RunRecorder) -> None:
+        """Make and write the drives ``drive_ids`` of the run in ``world`` (its name) into ``folder``; every drive's
+        record goes to ``recorder``."""
 
 
 def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
@@ -179,28 +184,68 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
             todo.append(spec)
         else:
             emit(manifest_record(done, "skipped"), done)
-    for first in range(0, len(todo), settings.max_concurrent):
-        chunk = todo[first: first + settings.max_concurrent]
-        started = time.perf_counter()
-        counted = [0]
+    with DriveWriters(settings.writer_processes, emit) as writers:
+        for first in range(0, len(todo), settings.max_concurrent):
+            chunk = todo[first: first + settings.max_concurrent]
+            started = time.perf_counter()
+            counted = [0]
 
-        def stepped(step: int, n: int = len(chunk)) -> None:
-            if advance is not None:
-                advance((step - counted[0]) * n)
-            counted[0] = step
+            def stepped(step: int, n: int = len(chunk)) -> None:
+                if advance is not None:
+                    advance((step - counted[0]) * n)
+                counted[0] = step
 
-        drives = run_drives(world, chunk, settings.num_steps, settings.policy_timeout_s, settings.history, stepped,
-                            timings, settings.vehicle)
-        stepped(settings.num_steps)  # drives that ended early count whole
-        seconds = (time.perf_counter() - started) / max(1, len(chunk))
+            drives = run_drives(world, chunk, settings.num_steps, settings.policy_timeout_s, settings.history, stepped,
+                                timings, settings.vehicle)
+            stepped(settings.num_steps)  # drives that ended early count whole
+            seconds = (time.perf_counter() - started) / max(1, len(chunk))
+            writing = time.perf_counter()
+            scores = plan_following.score(drives) if plan_following is not None else [None] * len(drives)
+            for drive, score in zip(drives, scores):
+                writers.write(seconds, folder, drive.finished(), prints[drive.spec.id],
+                              settings.fps if settings.videos else None,
+                              None if plan_following is None else {"plan_following": score}, measure)
+            writers.wait(settings.max_concurrent)  # one chunk at most in the writers while the next one drives
+            timings.record_s += time.perf_counter() - writing
         writing = time.perf_counter()
-        scores = plan_following.score(drives) if plan_following is not None else [None] * len(drives)
-        for drive, score in zip(drives, scores):
-            content = write_drive(folder, drive, prints[drive.spec.id], settings.fps if settings.videos else None,
-                                  None if plan_following is None else {"plan_following": score}, measure)
-            emit(manifest_record(content, "ok" if drive.ok else "failed", seconds), content)
+        writers.wait(0)
         timings.record_s += time.perf_counter() - writing
     return timings
+
+
+class DriveWriters:
+    """Where finished drives are measured and written (terra/closedloop/record.py, ``write_drive``): in this process
+    (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
+    drives overlap the next chunk's driving. The processes are spawned (the loop's process may hold a GPU engine
+    and its threads); ``emit`` gets each drive's manifest record and JSON content in the order they were handed in."""
+
+    def __init__(self, processes: int, emit: Emit) -> None:
+        self.emit = emit
+        self.pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn")) if processes else None
+        self.pending: deque[tuple[Future, float]] = deque()
+
+    def write(self, seconds: float, *args: Any) -> None:
+        """Write a drive (``write_drive``'s arguments; ``seconds``: its share of the chunk's time)."""
+        if self.pool is None:
+            self._emit(write_drive(*args), seconds)
+        else:
+            self.pending.append((self.pool.submit(write_drive, *args), seconds))
+
+    def wait(self, backlog: int) -> None:
+        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write."""
+        while self.pending and (len(self.pending) > backlog or self.pending[0][0].done()):
+            future, seconds = self.pending.popleft()
+            self._emit(future.result(), seconds)
+
+    def _emit(self, content: dict, seconds: float) -> None:
+        self.emit(manifest_record(content, content["status"], seconds), content)
+
+    def __enter__(self) -> "DriveWriters":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=exc[0] is None, cancel_futures=exc[0] is not None)
 
 
 @dataclass
@@ -213,11 +258,14 @@ class LocalDrives:
     model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
     plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing
 
-    def record(self, world: str, settings: RunSettings, folder: Path, recorder: RunRecorder) -> None:
-        made, timings = self.worlds[world], LoopTimings()
+    def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
+               recorder: RunRecorder) -> None:
+        made, timings, wanted = self.worlds[world], LoopTimings(), set(drive_ids)
+        specs = [spec for spec in self.specs if spec.id in wanted]
         before = (made.generate_s, made.decode_s)
         try:
-            record_drives(made, self.specs, settings, folder, self.model_settings, self.plan_following, recorder.add, recorder.advance, timings)
+            record_drives(made, specs, settings, folder, self.model_settings, self.plan_following, recorder.add,
+                          recorder.advance, timings)
         finally:
             recorder.timed(timings, made.generate_s - before[0], made.decode_s - before[1])
 
@@ -229,7 +277,7 @@ def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settin
     with output.hold(settings.manifest):
         recorder = RunRecorder(output.path, settings, world, len(drive_ids))
         try:
-            runner.record(world, replace(settings, output_dir=output.path), output.path, recorder)
+            runner.record(world, drive_ids, replace(settings, output_dir=output.path), output.path, recorder)
         finally:
             result = recorder.close()
     return result

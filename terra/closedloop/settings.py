@@ -19,7 +19,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from terra.closedloop.control_worlds import CONTROL_WORLDS
-from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders
+from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders, study_drives
 from terra.closedloop.loop import drive_id
 from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
@@ -47,12 +47,14 @@ from terra.core.errors import TerraInputError
 
 SETTINGS = {
     "num_scenarios": Range(1, 100_000, 4, whole=True),
+    "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
     "scenario_seed": SEED,
     "num_steps": Range(1, MAX_FRAMES, 20, whole=True, nullable=True),
     "num_seeds": Range(1, 1000, 1, whole=True),
     "seed": SEED,
     "policy_timeout_s": Range(0.001, 3600, 30),
     "max_concurrent": Range(1, 4096, 64, whole=True),
+    "writer_processes": Range(0, 256, 1, whole=True),
     "num_shards": Range(1, 1 << 20, 4, whole=True),
     "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
@@ -73,12 +75,14 @@ class DriveSettings:
     num_seeds: int  # drives of each scenario x policy, each with a seed of its own
     world: str  # model | truth | both | a user world's name (module.Class)
     controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
+    num_control_scenarios: int | None  # world=both: the controls drive the first this many scenarios (None: all)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
     vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
     num_steps: int  # frames each drive generates (drive_steps)
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
     max_concurrent: int
+    writer_processes: int  # processes measuring and writing finished drives beside the loop (0: the loop's own)
     resume: bool
     progress: bool
     estimator: Path | None  # an ACT-Estimator folder: plan following
@@ -116,7 +120,7 @@ class DriveSettings:
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
-                           vehicle=self.vehicle, videos=self.videos)
+                           vehicle=self.vehicle, videos=self.videos, writer_processes=self.writer_processes)
 
     @property
     def worlds(self) -> tuple[str, ...]:
@@ -157,6 +161,11 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         world = check_choice(world, "world", WORLDS)
     controls = _controls(select(cfg, "controls"), user_worlds, timeout_s) if world == "both" else ()
+    control_scenarios = values["num_control_scenarios"]
+    if control_scenarios is not None and (world != "both" or control_scenarios > values["num_scenarios"]):
+        raise TerraInputError(f"num_control_scenarios={control_scenarios} is how many of the study's num_scenarios="
+                              f"{values['num_scenarios']} the controls drive: it needs world=both and at most "
+                              f"num_scenarios (null: all)")
     exploit = check_flag(select(cfg, "exploitability"), "exploitability")
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
@@ -192,13 +201,16 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
     if world == "both":
-        fidelity = claim_fidelity_folders(output_dir, ids, ("model", TRUTH, *controls), videos, manifest, inputs)
+        every = study_drives([(scenarios.ids[i], d) for (i, _, _), d in zip(drives, ids)], scenarios.ids,
+                             ("model", TRUTH, *controls), control_scenarios)
+        fidelity = claim_fidelity_folders(output_dir, every, videos, manifest, inputs)
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, user_worlds, vehicle,
+        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios, user_worlds,
+        vehicle,
         drive_steps(values["num_steps"], world), values["seed"], timeout_s,
-        values["max_concurrent"], check_flag(select(cfg, "resume"), "resume"),
+        values["max_concurrent"], values["writer_processes"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, videos, output, fidelity, exploit)
 

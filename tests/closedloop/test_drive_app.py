@@ -37,6 +37,9 @@ def test_help_and_one_line_errors(tmp_path):
                        (["exploitability=true"], "exploitability=true is part of the fidelity study in this process: "
                                                  "it needs world=both and executor=local (got world=model"),
                        (["world=both", "num_scenarios=1", "exploitability=true"], "it needs num_scenarios >= 2"),
+                       (["world=both", "num_scenarios=2", "num_control_scenarios=3"],
+                        "num_control_scenarios=3 is how many of the study's num_scenarios=2 the controls drive"),
+                       (["num_control_scenarios=1"], "it needs world=both and at most num_scenarios (null: all)"),
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
@@ -62,14 +65,29 @@ def test_runs_on_the_true_world_and_resumes(tmp_path):
     assert summary["counts"]["skipped"] == 4
 
 
+def test_the_controls_drive_the_first_scenarios_in_every_shard(tmp_path):
+    for shard in range(2):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("drive", overrides=["world=both", "num_scenarios=3", "num_control_scenarios=2",
+                                              "policies=[lane_follower,constant_speed]", "controls=[frozen,gray]",
+                                              f"shard_index={shard}", "num_shards=2"])
+        settings = drive_settings(cfg, tmp_path / "out")
+        worlds = settings.fidelity.drive_ids
+        assert list(worlds) == ["model", "truth", "frozen", "gray"] and worlds["model"] == settings.drive_ids
+        first = [d for (i, _, _), d in zip(settings.drives, settings.drive_ids) if i < 2]  # scenarios 0 and 1
+        assert worlds["truth"] == settings.drive_ids and worlds["frozen"] == worlds["gray"] == first
+        assert len(settings.drive_ids) == 3 and len(first) == 2  # drive k of 6 to shard k % 2
+
+
 def test_fidelity_with_the_demo_model(tmp_path):
-    args = ["world=both", "num_scenarios=2", "num_steps=2", "policies=[lane_follower,constant_speed]",
-            "controls=[frozen]", "backend=hf", "num_threads=1", "exploitability=true", f"output_dir={tmp_path / 'out'}"]
+    args = ["world=both", "num_scenarios=2", "num_control_scenarios=1", "num_steps=2",
+            "policies=[lane_follower,constant_speed]", "controls=[frozen]", "backend=hf", "num_threads=1", "exploitability=true", f"output_dir={tmp_path / 'out'}"]
     result = drive(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
     assert set(report["policies"]) == {"lane_follower", "constant_speed"}
     assert [v["world"] for v in report["verdicts"]] == ["model", "frozen"] and set(report["separations"]) == {"frozen"}
+    assert [v["drives"] for v in report["verdicts"]] == [4, 2]  # the control drives scenario 0 alone
     for world in ("model", "truth", "frozen"):
         assert (tmp_path / "out" / world / "manifest.jsonl").is_file()
     text = (tmp_path / "out" / "fidelity.md").read_text()

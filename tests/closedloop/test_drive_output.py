@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from terra.apps.runner import CONF_DIR
+from terra.closedloop.control_worlds import control_world
 from terra.closedloop.fidelity import run_fidelity
 from terra.closedloop.loop import DriveSpec, drive_specs
 from terra.closedloop.policies import reference_policy
@@ -152,6 +153,27 @@ def test_a_run_marks_what_it_writes_holds_the_lock_and_writes_strict_json(tmp_pa
     row = json.loads(text, parse_constant=pytest.fail)["policies"]["broken"]
     assert row["model"]["time_in_lane"] is None and np.isnan(report.policies["broken"]["model"]["time_in_lane"])
     assert marked(tmp_path / "fid") == {"fidelity.json", "fidelity.md", "model", "truth"}
+
+
+def test_writer_processes_write_what_the_loop_writes(tmp_path):
+    """Drives measured and written by two processes beside the loop (three chunks of two, the last chunk's drives
+    written while none drives) are the loop's own drives, in the manifest in the same order."""
+    scenarios = synthetic_scenarios(2, 3, SIZE)
+    specs = drive_specs(scenarios, {"lane_follower": reference_policy("lane_follower"),
+                                    "lane_follower_noisy": reference_policy("lane_follower_noisy")})
+    specs.append(DriveSpec(scenarios[0], "broken", lambda: (_ for _ in ()).throw(ValueError("no such policy"))))
+    runs = {}
+    for processes in (0, 2):
+        run = RunSettings(tmp_path / str(processes), num_steps=12, max_concurrent=2, progress=False, videos=False,
+                          measure=True, writer_processes=processes)
+        result = drive_and_record(control_world("late", SIZE), specs, run)
+        assert result.counts == {"ok": 4, "failed": 1, "skipped": 0}
+        runs[processes] = result
+    assert [r["drive"] for r in runs[0].records] == [r["drive"] for r in runs[2].records] == [s.id for s in specs]
+    for drive in runs[0].drives:
+        written = [json.loads((tmp_path / str(k) / f"{drive}.json").read_text()) for k in (0, 2)]
+        assert {**written[0], "policy_s": None} == {**written[1], "policy_s": None}
+    assert all(len(runs[2].drives[s.id]["fidelity"]["recovered"]) == 12 for s in specs[:4])  # measured there
 
 
 def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samples):
