@@ -21,6 +21,7 @@ import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -217,25 +218,37 @@ class DriveWriters:
     """Where finished drives are measured and written (terra/closedloop/record.py, ``write_drive``): in this process
     (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
     drives overlap the next chunk's driving. The processes are spawned (the loop's process may hold a GPU engine
-    and its threads); ``emit`` gets each drive's manifest record and JSON content in the order they were handed in."""
+    and its threads); should one die, what it held is written here and so is every later drive, after one warning
+    line. ``emit`` gets each drive's manifest record and JSON content in the order they were handed in."""
 
     def __init__(self, processes: int, emit: Emit) -> None:
         self.emit = emit
         self.pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn")) if processes else None
-        self.pending: deque[tuple[Future, float]] = deque()
+        self.pending: deque[tuple[Future | None, float, tuple]] = deque()
 
     def write(self, seconds: float, *args: Any) -> None:
         """Write a drive (``write_drive``'s arguments; ``seconds``: its share of the chunk's time)."""
-        if self.pool is None:
-            self._emit(write_drive(*args), seconds)
-        else:
-            self.pending.append((self.pool.submit(write_drive, *args), seconds))
+        future = None if self.pool is None else self.pool.submit(write_drive, *args)
+        self.pending.append((future, seconds, args))
+        self.wait(len(self.pending) if self.pool is not None else 0)
 
     def wait(self, backlog: int) -> None:
         """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write."""
-        while self.pending and (len(self.pending) > backlog or self.pending[0][0].done()):
-            future, seconds = self.pending.popleft()
-            self._emit(future.result(), seconds)
+        while self.pending and (len(self.pending) > backlog or self.pending[0][0] is None or self.pending[0][0].done()):
+            future, seconds, args = self.pending.popleft()
+            self._emit(self._written(future, args), seconds)
+
+    def _written(self, future: Future | None, args: tuple) -> dict:
+        if future is not None:
+            try:
+                return future.result()
+            except BrokenProcessPool as err:
+                tqdm.write(f"terra-drive: warning: a writer process died ({err}); drives are written by the loop's "
+                           "own process from now on", file=sys.stderr)
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool = None
+                self.pending = deque((None, seconds, rest) for _, seconds, rest in self.pending)
+        return write_drive(*args)
 
     def _emit(self, content: dict, seconds: float) -> None:
         self.emit(manifest_record(content, content["status"], seconds), content)

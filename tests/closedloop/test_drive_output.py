@@ -18,9 +18,9 @@ from PIL import Image
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.control_worlds import control_world
 from terra.closedloop.fidelity import run_fidelity
-from terra.closedloop.loop import DriveSpec, drive_specs
+from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
 from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.run import DriveWriters, RunSettings, drive_and_record
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
 from terra.closedloop.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
@@ -174,6 +174,23 @@ def test_writer_processes_write_what_the_loop_writes(tmp_path):
         written = [json.loads((tmp_path / str(k) / f"{drive}.json").read_text()) for k in (0, 2)]
         assert {**written[0], "policy_s": None} == {**written[1], "policy_s": None}
     assert all(len(runs[2].drives[s.id]["fidelity"]["recovered"]) == 12 for s in specs[:4])  # measured there
+
+
+def test_a_writer_process_that_dies_leaves_its_drives_to_the_loop(tmp_path, capsys):
+    scenarios = synthetic_scenarios(1, 3, SIZE)
+    specs = drive_specs(scenarios, {"lane_follower": reference_policy("lane_follower"),
+                                    "lane_follower_noisy": reference_policy("lane_follower_noisy")})
+    drives = run_drives(control_world("late", SIZE), specs, 12)
+    emitted = []
+    with DriveWriters(1, lambda record, content: emitted.append(record)) as writers:
+        writers.write(1.0, tmp_path, drives[0].finished(), "print", None, None, True)
+        for process in list(writers.pool._processes.values()):  # killed while it starts (spawned: ~1 s of imports)
+            process.kill()
+        writers.write(1.0, tmp_path, drives[1].finished(), "print", None, None, True)
+        writers.wait(0)
+    assert [r["drive"] for r in emitted] == [s.id for s in specs] and writers.pool is None
+    assert all(json.loads((tmp_path / f"{s.id}.json").read_text())["fidelity"]["recovered"] for s in specs)
+    assert "a writer process died" in capsys.readouterr().err
 
 
 def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samples):
