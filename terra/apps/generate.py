@@ -116,8 +116,9 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
-    # 3. the world model
-    pipeline = WorldModelPipeline.from_run(run, tokenizer)
+    # 3. the world model, its engine sized for the samples (one: a vLLM engine of one rollout, which verifies
+    # several passes a step: terra/generation/decoding.py, auto_passes_per_step)
+    pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=spec.num_samples)
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
         seeds = [spec.seed + i for i in range(spec.num_samples)]

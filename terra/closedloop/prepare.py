@@ -48,7 +48,8 @@ def open_worlds(settings: DriveSettings) -> OpenWorlds:
              for name in worlds if name in settings.user_worlds}  # a constructor that fails is one line (exit 2)
     opened = OpenWorlds({}, size)
     if set(worlds) & set(MODEL_WORLDS):
-        opened.worlds["model"] = ModelWorld(WorldModelPipeline.from_run(run, tokenizer), spec.sampling, spec.overlap)
+        pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=settings.max_concurrent)
+        opened.worlds["model"] = ModelWorld(pipeline, spec.sampling, spec.overlap)
     try:
         for name in worlds:
             if name == TRUTH:

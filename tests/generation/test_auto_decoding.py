@@ -101,3 +101,31 @@ def test_passes_per_step_null_is_three_in_an_engine_of_one_rollout_and_one_elsew
         check_backend("vllm", {"passes_per_step": 0})
     conf = (ROOT / "conf" / "backend" / "vllm.yaml").read_text()
     assert re.search(r"^  passes_per_step: null\b", conf, re.M)
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_terra_generate_and_terra_drive_size_the_engine_for_their_rollouts(monkeypatch, tmp_path, samples):
+    """The engine's room (vLLM's ``max_num_seqs``) is the most rollouts the app keeps in flight: one sample (one
+    drive at a time) gets the engine of one rollout, whose passes ``auto_passes_per_step`` makes three."""
+    from hydra import compose, initialize_config_dir
+
+    import terra.apps.generate
+    from terra.apps.runner import CONF_DIR
+    from terra.closedloop.prepare import open_worlds
+    from terra.closedloop.settings import drive_settings
+
+    asked = []
+
+    def create_backend(*args, max_rollouts=None, **kwargs):
+        asked.append(max_rollouts)
+        raise KeyboardInterrupt  # the engine's size is all this test needs
+
+    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        generate = compose("generate", overrides=["backend=hf", "device=cpu", f"num_samples={samples}"])
+        drive = compose("drive", overrides=["backend=hf", "device=cpu", f"max_concurrent={samples}"])
+    with pytest.raises(KeyboardInterrupt):
+        terra.apps.generate.run(terra.apps.generate.generate_spec(generate), tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        open_worlds(drive_settings(drive, tmp_path / "drives"))
+    assert asked == [samples, samples]
