@@ -10,9 +10,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Sequence
 
-from terra.closedloop.prepare import load_specs, open_worlds
+from terra.closedloop.fidelity import study_settings
+from terra.closedloop.loop import DriveSpec
+from terra.closedloop.prepare import frame_size, load_specs, open_worlds
+from terra.closedloop.run import RunSettings, recorded_drives
 from terra.closedloop.settings import DriveSettings
+from terra.closedloop.worlds import TRUTH
 
 
 @dataclass
@@ -21,6 +26,21 @@ class DriveOutcome:
 
     lines: list[str] = field(default_factory=list)
     exit_code: int = 0
+
+
+def worlds_to_drive(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings) -> list[str]:
+    """The worlds of the run with a drive not yet complete in their folders (and with ``exploitability=true`` the
+    model's and the truth's, which that study drives): the only worlds opened, so that a rerun whose drives are all
+    recorded, as the report step after a study's shards, starts no engine."""
+    if settings.world == "both":
+        folders, ids = {w: f.path for w, f in settings.fidelity.worlds.items()}, settings.fidelity.drive_ids
+        run_settings = study_settings(run_settings)
+    else:
+        folders, ids = {settings.world: settings.output.path}, {settings.world: settings.drive_ids}
+    names = [world for world, folder in folders.items()
+             if recorded_drives(world, [s for s in specs if s.id in set(ids[world])], run_settings, folder,
+                                settings.model_settings)[1]]
+    return list(dict.fromkeys([*names, *(("model", TRUTH) if settings.exploitability else ())]))
 
 
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
@@ -39,12 +59,11 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         runner = closing = RayDrives(settings)
         runner.start()  # the actors open the worlds on their devices
     else:
-        closing = open_worlds(settings)
-        try:
-            specs = load_specs(settings, closing.image_size)
-        except BaseException:
-            closing.close()
-            raise
+        from terra.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(settings.run.tokenizer)
+        specs = load_specs(settings, frame_size(tokenizer))
+        closing = open_worlds(settings, worlds_to_drive(settings, specs, run_settings), tokenizer)
         runner = LocalDrives(closing.worlds, specs, settings.model_settings, closing.plan_following)
         if settings.exploitability:  # executor=local only (terra/closedloop/settings.py)
             exploit = partial(exploit_study, closing.worlds, specs, run_settings)

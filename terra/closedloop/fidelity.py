@@ -184,6 +184,11 @@ def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings:
     return report
 
 
+def study_settings(settings: RunSettings) -> RunSettings:
+    """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/drive_fidelity.py)."""
+    return replace(settings, measure=True)
+
+
 def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFolders,
                  exploit: Callable[[], Exploitability] | None = None
                  ) -> tuple[FidelityReport | None, dict[str, RunResult]]:
@@ -193,7 +198,7 @@ def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFo
     (``settings.measure``)."""
     runs: dict[str, RunResult] = {}
     main = REPORT_FILES[0] if folders.report else settings.manifest  # names the lock of the study's folder
-    measured = replace(settings, measure=True)
+    measured = study_settings(settings)
     with folders.top.hold(main) as out:
         for world, folder in folders.worlds.items():
             runs[world] = record_run(runner, world, folders.drive_ids[world], measured, folder)

@@ -6,7 +6,7 @@ each Ray actor (terra/closedloop/ray_executor.py): the worlds opened once on the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from terra.closedloop.loop import DriveSpec, drive_specs
 from terra.closedloop.settings import DriveSettings
@@ -32,18 +32,19 @@ class OpenWorlds:
             model.pipeline.close()
 
 
-def open_worlds(settings: DriveSettings) -> OpenWorlds:
-    """The worlds ``settings.world`` names, on the device its settings choose (once: terra/pipeline.py,
-    ``resolve_run``); the world model's checkpoint and window are checked against the settings before it loads, and
-    the user's worlds built before it (terra/closedloop/user_world.py)."""
+def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
+    """The worlds ``names`` (default: every world ``settings.world`` names; the model's too when a control of it is
+    named), on the device its settings choose (once: terra/pipeline.py, ``resolve_run``); the world model's checkpoint
+    and window are checked against the settings before it loads, and the user's worlds built before it
+    (terra/closedloop/user_world.py). ``tokenizer``: the run's, when the caller loaded it already."""
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.tokenizer import load_tokenizer
 
     run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
     spec = run.spec
-    tokenizer = load_tokenizer(spec.tokenizer)
-    size = (int(tokenizer.image_size[0]), int(tokenizer.image_size[1]))
-    worlds = settings.worlds
+    tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
+    size = frame_size(tokenizer)
+    worlds = settings.worlds if names is None else tuple(names)
     users = {name: UserWorld(*settings.user_worlds[name], size, settings.policy_timeout_s)  # before the model loads:
              for name in worlds if name in settings.user_worlds}  # a constructor that fails is one line (exit 2)
     opened = OpenWorlds({}, size)
@@ -71,6 +72,11 @@ def open_worlds(settings: DriveSettings) -> OpenWorlds:
             opened.close()
             raise
     return opened
+
+
+def frame_size(tokenizer) -> tuple[int, int]:
+    """The frames' (height, width): the tokenizer's."""
+    return int(tokenizer.image_size[0]), int(tokenizer.image_size[1])
 
 
 def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[DriveSpec]:

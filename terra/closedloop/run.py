@@ -164,6 +164,31 @@ class DriveRunner(Protocol):
         record goes to ``recorder``."""
 
 
+def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
+                    model_settings: dict[str, Any]) -> tuple[dict[str, str], list[DriveSpec], list[dict]]:
+    """What ``folder`` holds of ``specs`` driven in ``world`` (its name): each spec's fingerprint, the specs still to
+    drive, and the JSON contents of those complete already (with ``settings.resume``), in ``specs``' order."""
+    shaping = {**(model_settings if world in MODEL_WORLDS else {}),
+               **({"measure": True} if measured(world, settings) else {})}
+    prints = {spec.id: fingerprint(spec, world, settings.num_steps, settings.vehicle, shaping) for spec in specs}
+    if len(prints) != len(specs):
+        raise ValueError("drive ids must be distinct (scenario ids x policy names)")
+    todo, done = [], []
+    for spec in specs:
+        record = completed(folder, spec, prints[spec.id]) if settings.resume else None
+        if record is None:
+            todo.append(spec)
+        else:
+            done.append(record)
+    return prints, todo, done
+
+
+def measured(world: str, settings: RunSettings) -> bool:
+    """Whether ``world``'s drives carry the fidelity measurements: asked for, and not the true world (its frames are
+    the truth: nothing to measure)."""
+    return settings.measure and world != TRUTH
+
+
 def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
                   model_settings: dict[str, Any], plan_following=None, emit: Emit | None = None,
                   advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None) -> LoopTimings:
@@ -173,18 +198,10 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
-    measure = settings.measure and world.name != TRUTH  # the true world's frames are the truth: nothing to measure
-    shaping = {**(model_settings if world.name in MODEL_WORLDS else {}), **({"measure": True} if measure else {})}
-    prints = {spec.id: fingerprint(spec, world.name, settings.num_steps, settings.vehicle, shaping) for spec in specs}
-    if len(prints) != len(specs):
-        raise ValueError("drive ids must be distinct (scenario ids x policy names)")
-    todo = []
-    for spec in specs:
-        done = completed(folder, spec, prints[spec.id]) if settings.resume else None
-        if done is None:
-            todo.append(spec)
-        else:
-            emit(manifest_record(done, "skipped"), done)
+    measure = measured(world.name, settings)
+    prints, todo, done = recorded_drives(world.name, specs, settings, folder, model_settings)
+    for record in done:
+        emit(manifest_record(record, "skipped"), record)
     with DriveWriters(settings.writer_processes, emit) as writers:
         for first in range(0, len(todo), settings.max_concurrent):
             chunk = todo[first: first + settings.max_concurrent]
@@ -273,8 +290,16 @@ class LocalDrives:
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
-        made, timings, wanted = self.worlds[world], LoopTimings(), set(drive_ids)
+        wanted = set(drive_ids)
         specs = [spec for spec in self.specs if spec.id in wanted]
+        if world not in self.worlds:  # not opened: every drive of it was complete (terra/closedloop/drives.py)
+            _, todo, done = recorded_drives(world, specs, settings, folder, self.model_settings)
+            if todo:
+                raise RuntimeError(f"the {world} world was not opened, yet its drive {todo[0].id} is not complete")
+            for record in done:
+                recorder.add(manifest_record(record, "skipped"), record)
+            return
+        made, timings = self.worlds[world], LoopTimings()
         before = (made.generate_s, made.decode_s)
         try:
             record_drives(made, specs, settings, folder, self.model_settings, self.plan_following, recorder.add,

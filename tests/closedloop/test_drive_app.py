@@ -127,3 +127,34 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     assert all(v.estimate == 0.0 for v in model.differences.values()) and len(model.differences) > 30
     empty = compare({"model": {}, "truth": {}})  # no drives: every statistic undefined, nothing decided
     assert empty.verdicts[0].drives == 0 and set(empty.verdicts[0].decisions.values()) == {"inconclusive"}
+
+
+def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypatch):
+    """The report step after a study's shards drives nothing: no world model is loaded (on vLLM, no engine starts);
+    a world with a drive to make again is opened alone, or with the model when it is one of the model's."""
+    from terra.closedloop.drives import drive as run_drive
+
+    out = tmp_path / "out"
+    args = ["world=both", "num_scenarios=1", "num_steps=2", "policies=[lane_follower]", "backend=hf",
+            "controls=[frozen,zero_actions]", "num_threads=1", "progress=false", "videos=false"]
+
+    def settings():
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            return drive_settings(compose("drive", overrides=args), out)
+
+    assert run_drive(settings()).exit_code == 0
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the world model was loaded")
+
+    monkeypatch.setattr("terra.pipeline.WorldModelPipeline.from_run", no_model)
+    again = run_drive(settings())
+    assert again.exit_code == 0 and (out / "fidelity.md").is_file()
+    assert sum("0 drives ok, 0 failed, 1 already complete" in line for line in again.lines) == 4
+    drive_file = f"{synthetic_scenarios(1, 0, (144, 256))[0].id}__lane_follower.json"
+    (out / "frozen" / drive_file).unlink()
+    third = run_drive(settings())  # the frozen world alone is opened
+    assert any(line.startswith("terra-drive: frozen world: 1 drives ok") for line in third.lines)
+    (out / "zero_actions" / drive_file).unlink()
+    with pytest.raises(AssertionError, match="the world model was loaded"):
+        run_drive(settings())
