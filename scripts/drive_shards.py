@@ -2,11 +2,11 @@
 """One ``terra-drive`` command run as ``--processes`` shards at once on this machine, then its manifest or report.
 
     python scripts/drive_shards.py --processes 8 --kv-cache-gib 2 -- world=both policies=[all_pixel] \\
-        num_scenarios=50 num_seeds=3 backend=vllm device=cuda videos=false output_dir=runs/fid
+        num_scenarios=50 num_seeds=3 num_control_scenarios=4 backend=vllm device=cuda videos=false output_dir=runs/fid
 
 A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
-measurements of every frame (BENCHMARKS.md, "Closed-loop drives"), about 20-50 ms a frame, which one process runs on
-one core. Here shard ``i`` of ``K`` is ``terra-drive <overrides> shard_index=i num_shards=K progress=false`` in a
+measurements of every frame (BENCHMARKS.md, "Closed-loop drives"), about 25-35 ms a frame, which one process (and
+its writer process, ``writer_processes``) runs on a core or two. Here shard ``i`` of ``K`` is ``terra-drive <overrides> shard_index=i num_shards=K progress=false`` in a
 process of its own (conf/drive.yaml: drive ``k`` to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS``
 this machine's cores over ``K``; its output goes to ``shard-<i>-of-<K>.log`` in a new folder of the system's
 temporary folder (printed; nothing is written into ``output_dir`` but by terra-drive). With ``--kv-cache-gib``
@@ -14,8 +14,9 @@ each shard's vLLM engine takes that much KV cache and ``0.9 / K`` of the card (`
 and ``gpu_memory_utilization``): the K engines share the GPU and start together (with the KV cache given, vLLM skips
 the memory profiling that fails while another process's memory moves). Once every shard has ended, the same command
 without the shard settings writes the manifest (``world=both``: the fidelity report) from the shards' drives,
-driving none again (it opens the worlds, the engine included, first). A shard refused at its settings (exit 2) stops
-the run before the report; one whose drives failed (exit 1) does not.
+driving none again and opening no world whose drives are all recorded (no engine starts), or making those a shard
+left. A shard refused at its settings (exit 2) stops the run before the report; one whose drives failed (exit 1)
+does not.
 """
 
 from __future__ import annotations
