@@ -73,7 +73,7 @@ def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
 
     run = resolve_run(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
     spec = run.spec
-    pipeline = WorldModelPipeline.from_run(run)
+    pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)  # and its room
     host = SessionHost(pipeline, spec.sampling, max_frames=settings.max_frames, overlap=spec.overlap,
                        num_context=spec.num_context, resize=spec.resize)
     return SessionService(host, settings)

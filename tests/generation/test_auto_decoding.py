@@ -103,16 +103,24 @@ def test_passes_per_step_null_is_three_in_an_engine_of_one_rollout_and_one_elsew
     assert re.search(r"^  passes_per_step: null\b", conf, re.M)
 
 
-@pytest.mark.parametrize("samples", [1, 3])
-def test_terra_generate_and_terra_drive_size_the_engine_for_their_rollouts(monkeypatch, tmp_path, samples):
-    """The engine's room (vLLM's ``max_num_seqs``) is the most rollouts the app keeps in flight: one sample (one
-    drive at a time) gets the engine of one rollout, whose passes ``auto_passes_per_step`` makes three."""
+@pytest.mark.parametrize("rollouts", [1, 3])
+def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, rollouts):
+    """The engine's room (vLLM's ``max_num_seqs``) is the most rollouts the app keeps in flight, as its decoding is
+    chosen for (terra-generate's samples, terra-drive's ``max_concurrent``, terra-serve's and terra-alpasim's
+    ``max_sessions``; terra-rollout's: tests/batch): one gets the engine of one rollout, whose passes
+    ``auto_passes_per_step`` makes three."""
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
+    import terra.apps.alpasim
     import terra.apps.generate
+    from terra.alpasim.settings import alpasim_spec
     from terra.apps.runner import CONF_DIR
+    from terra.apps.serve import load_service
     from terra.closedloop.prepare import open_worlds
     from terra.closedloop.settings import drive_settings
+    from terra.config.spec import run_spec
+    from terra.serve.settings import ServeSettings
 
     asked = []
 
@@ -121,11 +129,18 @@ def test_terra_generate_and_terra_drive_size_the_engine_for_their_rollouts(monke
         raise KeyboardInterrupt  # the engine's size is all this test needs
 
     monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
+    cpu = ["backend=hf", "device=cpu"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        generate = compose("generate", overrides=["backend=hf", "device=cpu", f"num_samples={samples}"])
-        drive = compose("drive", overrides=["backend=hf", "device=cpu", f"max_concurrent={samples}"])
-    with pytest.raises(KeyboardInterrupt):
-        terra.apps.generate.run(terra.apps.generate.generate_spec(generate), tmp_path / "out")
-    with pytest.raises(KeyboardInterrupt):
-        open_worlds(drive_settings(drive, tmp_path / "drives"))
-    assert asked == [samples, samples]
+        generate = compose("generate", overrides=[*cpu, f"num_samples={rollouts}"])
+        drive = compose("drive", overrides=[*cpu, f"max_concurrent={rollouts}"])
+        serve = compose("serve", overrides=cpu)
+        alpasim = compose("alpasim", overrides=[*cpu, f"alpasim.max_sessions={rollouts}", "alpasim.port=0"])
+    calls = [lambda: terra.apps.generate.run(terra.apps.generate.generate_spec(generate), tmp_path / "out"),
+             lambda: open_worlds(drive_settings(drive, tmp_path / "drives")),
+             lambda: load_service(run_spec(serve), ServeSettings.from_mapping(
+                 {**OmegaConf.to_container(serve.serve, resolve=True), "max_sessions": rollouts})),
+             lambda: terra.apps.alpasim.serve(*alpasim_spec(alpasim), "terra")]
+    for call in calls:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    assert asked == [rollouts] * 4
