@@ -58,7 +58,7 @@ class RunSettings:
     measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/drive_fidelity.py)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
-    writer_processes: int = 0  # processes measuring and writing finished drives while the next run (0: this one)
+    writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
 
 
 @dataclass
@@ -245,7 +245,12 @@ class DriveWriters:
 
     def write(self, seconds: float, *args: Any) -> None:
         """Write a drive (``write_drive``'s arguments; ``seconds``: its share of the chunk's time)."""
-        future = None if self.pool is None else self.pool.submit(write_drive, *args)
+        future = None
+        if self.pool is not None:
+            try:
+                future = self.pool.submit(write_drive, *args)
+            except BrokenProcessPool as err:  # a writer died since the last drive was handed in
+                self._fall_back(err)
         self.pending.append((future, seconds, args))
         self.wait(len(self.pending) if self.pool is not None else 0)
 
@@ -260,12 +265,16 @@ class DriveWriters:
             try:
                 return future.result()
             except BrokenProcessPool as err:
-                tqdm.write(f"terra-drive: warning: a writer process died ({err}); drives are written by the loop's "
-                           "own process from now on", file=sys.stderr)
-                self.pool.shutdown(wait=False, cancel_futures=True)
-                self.pool = None
-                self.pending = deque((None, seconds, rest) for _, seconds, rest in self.pending)
+                self._fall_back(err)
         return write_drive(*args)
+
+    def _fall_back(self, err: BrokenProcessPool) -> None:
+        """A writer died: every drive not yet written is written by this process from now on."""
+        tqdm.write(f"terra-drive: warning: a writer process died ({err}); drives are written by the loop's own "
+                   "process from now on", file=sys.stderr)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = None
+        self.pending = deque((None, seconds, args) for _, seconds, args in self.pending)
 
     def _emit(self, content: dict, seconds: float) -> None:
         self.emit(manifest_record(content, content["status"], seconds), content)

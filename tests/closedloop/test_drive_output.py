@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -184,9 +185,13 @@ def test_a_writer_process_that_dies_leaves_its_drives_to_the_loop(tmp_path, caps
     emitted = []
     with DriveWriters(1, lambda record, content: emitted.append(record)) as writers:
         writers.write(1.0, tmp_path, drives[0].finished(), "print", None, None, True)
-        for process in list(writers.pool._processes.values()):  # killed while it starts (spawned: ~1 s of imports)
+        pool = writers.pool
+        for process in list(pool._processes.values()):  # killed while it starts (spawned: ~1 s of imports)
             process.kill()
-        writers.write(1.0, tmp_path, drives[1].finished(), "print", None, None, True)
+        deadline = time.monotonic() + 60
+        while not pool._broken and time.monotonic() < deadline:  # the executor has seen it die
+            time.sleep(0.05)
+        writers.write(1.0, tmp_path, drives[1].finished(), "print", None, None, True)  # refused by the broken pool
         writers.wait(0)
     assert [r["drive"] for r in emitted] == [s.id for s in specs] and writers.pool is None
     assert all(json.loads((tmp_path / f"{s.id}.json").read_text())["fidelity"]["recovered"] for s in specs)
