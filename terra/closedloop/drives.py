@@ -15,7 +15,7 @@ from typing import Sequence
 from terra.closedloop.fidelity import study_settings
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.prepare import frame_size, load_specs, open_worlds
-from terra.closedloop.run import RunSettings, recorded_drives
+from terra.closedloop.run import Recorded, RunSettings, recorded_drives, specs_of
 from terra.closedloop.settings import DriveSettings
 from terra.closedloop.worlds import TRUTH
 
@@ -28,18 +28,24 @@ class DriveOutcome:
     exit_code: int = 0
 
 
-def worlds_to_drive(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings) -> list[str]:
-    """The worlds of the run with a drive not yet complete in their folders (and with ``exploitability=true`` the
-    model's and the truth's, which that study drives): the only worlds opened, so that a rerun whose drives are all
-    recorded, as the report step after a study's shards, starts no engine."""
+def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings
+                    ) -> dict[str, Recorded]:
+    """What each world's folder of the run holds of its drives (terra/closedloop/run.py, ``recorded_drives``), read
+    once before any world opens: :func:`worlds_to_drive` decides from it, and the run's records reuse it."""
     if settings.world == "both":
         folders, ids = {w: f.path for w, f in settings.fidelity.worlds.items()}, settings.fidelity.drive_ids
         run_settings = study_settings(run_settings)
     else:
         folders, ids = {settings.world: settings.output.path}, {settings.world: settings.drive_ids}
-    names = [world for world, folder in folders.items()
-             if recorded_drives(world, [s for s in specs if s.id in set(ids[world])], run_settings, folder,
-                                settings.model_settings)[1]]
+    return {world: recorded_drives(world, specs_of(specs, ids[world]), run_settings, folder, settings.model_settings)
+            for world, folder in folders.items()}
+
+
+def worlds_to_drive(settings: DriveSettings, recorded: dict[str, Recorded]) -> list[str]:
+    """The worlds of the run with a drive not yet complete (and with ``exploitability=true`` the model's and the
+    truth's, which that study drives): the only worlds opened, so that a rerun whose drives are all recorded, as
+    the report step after a study's shards, starts no engine."""
+    names = [world for world, found in recorded.items() if found.todo]
     return list(dict.fromkeys([*names, *(("model", TRUTH) if settings.exploitability else ())]))
 
 
@@ -63,8 +69,9 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
 
         tokenizer = load_tokenizer(settings.run.tokenizer)
         specs = load_specs(settings, frame_size(tokenizer))
-        closing = open_worlds(settings, worlds_to_drive(settings, specs, run_settings), tokenizer)
-        runner = LocalDrives(closing.worlds, specs, settings.model_settings, closing.plan_following)
+        recorded = recorded_worlds(settings, specs, run_settings)
+        closing = open_worlds(settings, worlds_to_drive(settings, recorded), tokenizer)
+        runner = LocalDrives(closing.worlds, specs, settings.model_settings, closing.plan_following, recorded)
         if settings.exploitability:  # executor=local only (terra/closedloop/settings.py)
             exploit = partial(exploit_study, closing.worlds, specs, run_settings)
     try:

@@ -164,10 +164,20 @@ class DriveRunner(Protocol):
         record goes to ``recorder``."""
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What a folder holds of some drives in one world (:func:`recorded_drives`): each drive's fingerprint, the
+    specs still to drive, and the JSON contents of those complete already, in the specs' order."""
+
+    prints: dict[str, str]
+    todo: list[DriveSpec]
+    done: list[dict]
+
+
 def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
-                    model_settings: dict[str, Any]) -> tuple[dict[str, str], list[DriveSpec], list[dict]]:
-    """What ``folder`` holds of ``specs`` driven in ``world`` (its name): each spec's fingerprint, the specs still to
-    drive, and the JSON contents of those complete already (with ``settings.resume``), in ``specs``' order."""
+                    model_settings: dict[str, Any]) -> Recorded:
+    """What ``folder`` holds of ``specs`` driven in ``world`` (its name); a drive is complete only with
+    ``settings.resume``."""
     shaping = {**(model_settings if world in MODEL_WORLDS else {}),
                **({"measure": True} if measured(world, settings) else {})}
     prints = {spec.id: fingerprint(spec, world, settings.num_steps, settings.vehicle, shaping) for spec in specs}
@@ -180,7 +190,13 @@ def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSetting
             todo.append(spec)
         else:
             done.append(record)
-    return prints, todo, done
+    return Recorded(prints, todo, done)
+
+
+def specs_of(specs: Sequence[DriveSpec], drive_ids: Sequence[str]) -> list[DriveSpec]:
+    """The specs of ``drive_ids``, in ``specs``' order."""
+    wanted = set(drive_ids)
+    return [spec for spec in specs if spec.id in wanted]
 
 
 def measured(world: str, settings: RunSettings) -> bool:
@@ -191,16 +207,19 @@ def measured(world: str, settings: RunSettings) -> bool:
 
 def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
                   model_settings: dict[str, Any], plan_following=None, emit: Emit | None = None,
-                  advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None) -> LoopTimings:
+                  advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None,
+                  recorded: Recorded | None = None) -> LoopTimings:
     """Drive every spec not already complete in ``folder`` (in chunks of ``settings.max_concurrent``) and write its
     files; ``emit`` gets each spec's manifest record and JSON content (a complete one's as ``skipped``),
     ``advance`` the frames generated as they come, ``timings`` (returned) where the time went. ``plan_following``:
-    a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip."""
+    a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip. ``recorded``: what the folder
+    holds of ``specs``, when the caller read it already (None: read here)."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
-    prints, todo, done = recorded_drives(world.name, specs, settings, folder, model_settings)
-    for record in done:
+    recorded = recorded or recorded_drives(world.name, specs, settings, folder, model_settings)
+    prints, todo = recorded.prints, recorded.todo
+    for record in recorded.done:
         emit(manifest_record(record, "skipped"), record)
     with DriveWriters(settings.writer_processes, emit) as writers:
         for first in range(0, len(todo), settings.max_concurrent):
@@ -296,23 +315,26 @@ class LocalDrives:
     specs: Sequence[DriveSpec]
     model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
     plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing
+    recorded: dict[str, Recorded] = field(default_factory=dict)  # world -> its folder as read before the worlds were
+    # opened (terra/closedloop/drives.py, worlds_to_drive), each used once instead of reading the folder again
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
-        wanted = set(drive_ids)
-        specs = [spec for spec in self.specs if spec.id in wanted]
+        specs = specs_of(self.specs, drive_ids)
+        recorded = self.recorded.pop(world, None) or recorded_drives(world, specs, settings, folder,
+                                                                     self.model_settings)
         if world not in self.worlds:  # not opened: every drive of it was complete (terra/closedloop/drives.py)
-            _, todo, done = recorded_drives(world, specs, settings, folder, self.model_settings)
-            if todo:
-                raise RuntimeError(f"the {world} world was not opened, yet its drive {todo[0].id} is not complete")
-            for record in done:
+            if recorded.todo:
+                raise RuntimeError(f"the {world} world was not opened, yet its drive {recorded.todo[0].id} is not "
+                                   "complete")
+            for record in recorded.done:
                 recorder.add(manifest_record(record, "skipped"), record)
             return
         made, timings = self.worlds[world], LoopTimings()
         before = (made.generate_s, made.decode_s)
         try:
             record_drives(made, specs, settings, folder, self.model_settings, self.plan_following, recorder.add,
-                          recorder.advance, timings)
+                          recorder.advance, timings, recorded)
         finally:
             recorder.timed(timings, made.generate_s - before[0], made.decode_s - before[1])
 

@@ -208,8 +208,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
         spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios, user_worlds,
-        vehicle,
-        drive_steps(values["num_steps"], world), values["seed"], timeout_s,
+        vehicle, drive_steps(values["num_steps"], world), values["seed"], timeout_s,
         values["max_concurrent"], values["writer_processes"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, videos, output, fidelity, exploit)

@@ -148,8 +148,13 @@ def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypat
         raise AssertionError("the world model was loaded")
 
     monkeypatch.setattr("terra.pipeline.WorldModelPipeline.from_run", no_model)
+    import terra.closedloop.run
+
+    reads, completed = [], terra.closedloop.run.completed
+    monkeypatch.setattr("terra.closedloop.run.completed", lambda *a: reads.append(a[1].id) or completed(*a))
     again = run_drive(settings())
     assert again.exit_code == 0 and (out / "fidelity.md").is_file()
+    assert len(reads) == 4  # each world's one drive read once: before the worlds open, and reused by the records
     assert sum("0 drives ok, 0 failed, 1 already complete" in line for line in again.lines) == 4
     drive_file = f"{synthetic_scenarios(1, 0, (144, 256))[0].id}__lane_follower.json"
     (out / "frozen" / drive_file).unlink()
