@@ -6,10 +6,11 @@
 
 A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
 measurements of every frame (BENCHMARKS.md, "Closed-loop drives"), about 25-35 ms a frame, which one process (and
-its writer process, ``writer_processes``) runs on a core or two. Here shard ``i`` of ``K`` is ``terra-drive <overrides> shard_index=i num_shards=K progress=false`` in a
-process of its own (conf/drive.yaml: drive ``k`` to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS``
-this machine's cores over ``K``; its output goes to ``shard-<i>-of-<K>.log`` in a new folder of the system's
-temporary folder (printed; nothing is written into ``output_dir`` but by terra-drive). With ``--kv-cache-gib``
+its writer process, ``writer_processes``) runs on a core or two. Here shard ``i`` of ``K`` is
+``terra-drive <overrides> shard_index=i num_shards=K progress=false`` in a process of its own (conf/drive.yaml:
+drive ``k`` to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS`` this machine's cores over ``K``; its
+output goes to ``shard-<i>-of-<K>.log`` in a new folder of the system's temporary folder (printed; nothing is
+written into ``output_dir`` but by terra-drive). With ``--kv-cache-gib``
 each shard's vLLM engine takes that much KV cache and ``0.9 / K`` of the card (``backend.options.kv_cache_memory_bytes``
 and ``gpu_memory_utilization``): the K engines share the GPU and start together (with the KV cache given, vLLM skips
 the memory profiling that fails while another process's memory moves). Once every shard has ended, the same command

@@ -149,7 +149,8 @@ def study_drives(drives: Sequence[tuple[Hashable, str]], scenarios: Sequence[Has
 
 
 def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
-                           manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir") -> FidelityFolders:
+                           manifest: str = MANIFEST, inputs: Inputs = (),
+                           setting: str = "output_dir") -> FidelityFolders:
     """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the
     model's and the truth's first), checked before any work; a shard (``manifest`` not ``manifest.jsonl``) writes no
     report."""

@@ -81,7 +81,8 @@ def test_the_controls_drive_the_first_scenarios_in_every_shard(tmp_path):
 
 def test_fidelity_with_the_demo_model(tmp_path):
     args = ["world=both", "num_scenarios=2", "num_control_scenarios=1", "num_steps=2",
-            "policies=[lane_follower,constant_speed]", "controls=[frozen]", "backend=hf", "num_threads=1", "exploitability=true", f"output_dir={tmp_path / 'out'}"]
+            "policies=[lane_follower,constant_speed]", "controls=[frozen]", "backend=hf", "num_threads=1",
+            "exploitability=true", f"output_dir={tmp_path / 'out'}"]
     result = drive(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
