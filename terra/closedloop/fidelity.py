@@ -136,15 +136,18 @@ class FidelityFolders:
     report: bool = True  # False for a shard of the study: its drives only (the unsharded rerun writes the report)
 
 
-def study_drives(drives: Sequence[tuple[Hashable, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
-                 num_control_scenarios: int | None = None) -> dict[str, list[str]]:
+def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
+                 num_control_scenarios: int | None = None, num_control_seeds: int | None = None
+                 ) -> dict[str, list[str]]:
     """Per world of a study (the model's and the truth's first, then the controls), the ids of the drives it makes
-    from ``drives`` (scenario id, drive id): all of them in the model and the truth, in each control only those of
-    the study's first ``num_control_scenarios`` ``scenarios`` (None: all). A control only has to be seen to fail,
-    so it needs fewer drives than the model, whose every statistic is graded."""
+    from ``drives`` (scenario id, replica, drive id): all of them in the model and the truth, in each control only
+    those of the study's first ``num_control_scenarios`` ``scenarios`` and first ``num_control_seeds`` replicas
+    (None: all). A control only has to be seen to fail, so it needs fewer drives than the model, whose every
+    statistic is graded."""
     first = set(scenarios if num_control_scenarios is None else scenarios[:num_control_scenarios])
-    controls = [drive for scenario, drive in drives if scenario in first]
-    every = [drive for _, drive in drives]
+    seeds = float("inf") if num_control_seeds is None else num_control_seeds
+    controls = [drive for scenario, replica, drive in drives if scenario in first and replica < seeds]
+    every = [drive for _, _, drive in drives]
     return {world: every if world in ("model", TRUTH) else controls for world in worlds}
 
 
@@ -165,18 +168,19 @@ def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], vi
 def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
                  model_settings: dict | None = None, plan_following=None,
                  folders: FidelityFolders | None = None, exploit: bool = False,
-                 num_control_scenarios: int | None = None) -> FidelityReport | None:
+                 num_control_scenarios: int | None = None, num_control_seeds: int | None = None
+                 ) -> FidelityReport | None:
     """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
-    ``num_control_scenarios`` scenarios: :func:`study_drives`), each into ``settings.output_dir``/<world>, judge
-    them and write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores every
-    world's clips (terra/closedloop/plan_following.py); ``exploit``: the exploitability study too
+    ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
+    ``settings.output_dir``/<world>, judge them and write ``fidelity.json`` and ``fidelity.md`` into
+    ``settings.output_dir``; ``plan_following`` scores every world's clips (terra/closedloop/plan_following.py); ``exploit``: the exploitability study too
     (terra/closedloop/exploit_drives.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
     scenarios' files). A shard's run writes no report (None)."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
-        ids = study_drives([(spec.scenario.id, spec.id) for spec in specs], scenarios, list(worlds),
-                           num_control_scenarios)
+        ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
+                           num_control_scenarios, num_control_seeds)
         folders = claim_fidelity_folders(settings.output_dir, ids, settings.videos, settings.manifest,
                                          [item for spec in specs for item in spec.scenario.reads])
     runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)

@@ -48,6 +48,7 @@ from terra.core.errors import TerraInputError
 SETTINGS = {
     "num_scenarios": Range(1, 100_000, 4, whole=True),
     "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
+    "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
     "scenario_seed": SEED,
     "num_steps": Range(1, MAX_FRAMES, 20, whole=True, nullable=True),
     "num_seeds": Range(1, 1000, 1, whole=True),
@@ -76,6 +77,7 @@ class DriveSettings:
     world: str  # model | truth | both | a user world's name (module.Class)
     controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
     num_control_scenarios: int | None  # world=both: the controls drive the first this many scenarios (None: all)
+    num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
     vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
     num_steps: int  # frames each drive generates (drive_steps)
@@ -161,11 +163,12 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     else:
         world = check_choice(world, "world", WORLDS)
     controls = _controls(select(cfg, "controls"), user_worlds, timeout_s) if world == "both" else ()
-    control_scenarios = values["num_control_scenarios"]
-    if control_scenarios is not None and (world != "both" or control_scenarios > values["num_scenarios"]):
-        raise TerraInputError(f"num_control_scenarios={control_scenarios} is how many of the study's num_scenarios="
-                              f"{values['num_scenarios']} the controls drive: it needs world=both and at most "
-                              f"num_scenarios (null: all)")
+    control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
+    for name, value, most in (("num_control_scenarios", control_scenarios, "num_scenarios"),
+                              ("num_control_seeds", control_seeds, "num_seeds")):
+        if value is not None and (world != "both" or value > values[most]):
+            raise TerraInputError(f"{name}={value} is how many of the study's {most}={values[most]} the controls "
+                                  f"drive: it needs world=both and at most {most} (null: all)")
     exploit = check_flag(select(cfg, "exploitability"), "exploitability")
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
@@ -201,14 +204,14 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
     if world == "both":
-        every = study_drives([(scenarios.ids[i], d) for (i, _, _), d in zip(drives, ids)], scenarios.ids,
-                             ("model", TRUTH, *controls), control_scenarios)
+        every = study_drives([(scenarios.ids[i], k, d) for (i, _, k), d in zip(drives, ids)], scenarios.ids,
+                             ("model", TRUTH, *controls), control_scenarios, control_seeds)
         fidelity = claim_fidelity_folders(output_dir, every, videos, manifest, inputs)
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
-        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios, user_worlds,
-        vehicle, drive_steps(values["num_steps"], world), values["seed"], timeout_s,
+        spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios,
+        control_seeds, user_worlds, vehicle, drive_steps(values["num_steps"], world), values["seed"], timeout_s,
         values["max_concurrent"], values["writer_processes"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, videos, output, fidelity, exploit)

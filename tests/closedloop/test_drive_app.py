@@ -40,6 +40,8 @@ def test_help_and_one_line_errors(tmp_path):
                        (["world=both", "num_scenarios=2", "num_control_scenarios=3"],
                         "num_control_scenarios=3 is how many of the study's num_scenarios=2 the controls drive"),
                        (["num_control_scenarios=1"], "it needs world=both and at most num_scenarios (null: all)"),
+                       (["world=both", "num_seeds=2", "num_control_seeds=3"],
+                        "num_control_seeds=3 is how many of the study's num_seeds=2 the controls drive"),
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
@@ -65,18 +67,20 @@ def test_runs_on_the_true_world_and_resumes(tmp_path):
     assert summary["counts"]["skipped"] == 4
 
 
-def test_the_controls_drive_the_first_scenarios_in_every_shard(tmp_path):
+def test_the_controls_drive_the_first_scenarios_and_seeds_in_every_shard(tmp_path):
     for shard in range(2):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            cfg = compose("drive", overrides=["world=both", "num_scenarios=3", "num_control_scenarios=2",
-                                              "policies=[lane_follower,constant_speed]", "controls=[frozen,gray]",
-                                              f"shard_index={shard}", "num_shards=2"])
-        settings = drive_settings(cfg, tmp_path / "out")
+            cfg = compose("drive", overrides=["world=both", "num_scenarios=3", "num_control_scenarios=2", "num_seeds=2",
+                                              "num_control_seeds=1", "policies=[lane_follower,constant_speed]",
+                                              "controls=[frozen,gray]", f"shard_index={shard}", "num_shards=2"])
+        settings = drive_settings(cfg, tmp_path / f"out{shard}")
         worlds = settings.fidelity.drive_ids
         assert list(worlds) == ["model", "truth", "frozen", "gray"] and worlds["model"] == settings.drive_ids
-        first = [d for (i, _, _), d in zip(settings.drives, settings.drive_ids) if i < 2]  # scenarios 0 and 1
+        first = [d for (i, _, k), d in zip(settings.drives, settings.drive_ids) if i < 2 and k == 0]
         assert worlds["truth"] == settings.drive_ids and worlds["frozen"] == worlds["gray"] == first
-        assert len(settings.drive_ids) == 3 and len(first) == 2  # drive k of 6 to shard k % 2
+        # drive k of 12 to shard k % 2: shard 0 has every seed-0 drive, shard 1 every seed-1 drive and no control
+        assert len(settings.drive_ids) == 6 and len(first) == 4 * (1 - shard)
+        assert all(d.endswith("__seed1") == bool(shard) for d in settings.drive_ids)
 
 
 def test_fidelity_with_the_demo_model(tmp_path):
