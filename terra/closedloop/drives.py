@@ -43,10 +43,11 @@ def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_set
 
 def worlds_to_drive(settings: DriveSettings, recorded: dict[str, Recorded]) -> list[str]:
     """The worlds of the run with a drive not yet complete (and with ``exploitability=true`` the model's and the
-    truth's, which that study drives): the only worlds opened, so that a rerun whose drives are all recorded, as
-    the report step after a study's shards, starts no engine."""
+    truth's, which that study drives when the run writes the report): the only worlds opened, so that a rerun whose
+    drives are all recorded, as the report step after a study's shards, starts no engine."""
     names = [world for world, found in recorded.items() if found.todo]
-    return list(dict.fromkeys([*names, *(("model", TRUTH) if settings.exploitability else ())]))
+    exploit = settings.exploitability and settings.fidelity.report
+    return list(dict.fromkeys([*names, *(("model", TRUTH) if exploit else ())]))
 
 
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
@@ -83,8 +84,9 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
         out = settings.fidelity.top.path
         if report is None:
-            lines.append(f"terra-drive: shard {settings.shard_index} of {settings.num_shards}: its drives are in "
-                         f"{out}/<world>/; the same command without shard_index/num_shards writes the "
+            part = "" if settings.shard_worlds == "all" else f", {settings.shard_worlds} worlds"
+            lines.append(f"terra-drive: shard {settings.shard_index} of {settings.num_shards}{part}: its drives are "
+                         f"in {out}/<world>/; the same command without shard_index/num_shards/shard_worlds writes the "
                          "fidelity report once every shard is done (it drives nothing again)")
         else:
             lines = [report.table(), *lines, f"terra-drive: wrote {out}/fidelity.md, fidelity.json and a folder per "

@@ -21,6 +21,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
+from terra.closedloop.control_worlds import MODEL_WORLDS
 from terra.closedloop.exploit_drives import exploit_lines, exploit_study
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
@@ -36,6 +37,7 @@ from terra.fidelity.exploit import Exploitability
 from terra.stats import Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
+SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
 COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
     "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # terra/closedloop/truth.py
     "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),
@@ -131,9 +133,18 @@ class FidelityFolders:
     drives in a sub-folder of the world's name (``model/``, ``truth/``, ``frozen/``, ...)."""
 
     top: OutputDir
-    worlds: dict[str, OutputDir]
+    worlds: dict[str, OutputDir]  # the worlds this run drives (a shard of shard_worlds: some of the study's)
     drive_ids: dict[str, list[str]]  # world -> the drives it makes (study_drives)
     report: bool = True  # False for a shard of the study: its drives only (the unsharded rerun writes the report)
+    lock: str = REPORT_FILES[0]  # the file naming the lock of ``top`` this run holds (one run of each part at a time)
+
+
+def in_shard(world: str, shard_worlds: str) -> bool:
+    """Whether a process of ``shard_worlds`` (:data:`SHARD_WORLDS`) drives the study's ``world``: ``engine`` the
+    worlds whose frames the world model's engine draws (terra/closedloop/control_worlds.py, ``MODEL_WORLDS``), so
+    that they run where the GPU is, ``scene`` every other (the truth, the scene controls, worlds of the user's),
+    which need the CPU alone and can drive beside them."""
+    return shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")
 
 
 def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
@@ -152,17 +163,20 @@ def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequenc
 
 
 def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
-                           manifest: str = MANIFEST, inputs: Inputs = (),
-                           setting: str = "output_dir") -> FidelityFolders:
+                           manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
+                           shard_worlds: str = "all") -> FidelityFolders:
     """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the
-    model's and the truth's first), checked before any work; a shard (``manifest`` not ``manifest.jsonl``) writes no
-    report."""
-    report = manifest == MANIFEST
+    model's and the truth's first) that this run drives (``shard_worlds``: :func:`in_shard`), checked before any
+    work. A shard (``manifest`` not ``manifest.jsonl``, or some of the study's worlds alone) writes no report; it
+    holds the study folder's lock of its manifest and worlds, so that shards of both kinds run at once."""
+    report = manifest == MANIFEST and shard_worlds == "all"
+    drive_ids = {world: ids for world, ids in drive_ids.items() if in_shard(world, shard_worlds)}
     top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
                            inputs=inputs, app=APP)
     folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"{setting}/{world}")
                for world, ids in drive_ids.items()}
-    return FidelityFolders(top, folders, drive_ids, report)
+    lock = REPORT_FILES[0] if report else manifest if shard_worlds == "all" else f"{shard_worlds}.{manifest}"
+    return FidelityFolders(top, folders, drive_ids, report, lock)
 
 
 def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
@@ -202,9 +216,8 @@ def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFo
     study folder's lock throughout; the report and each world's run. Every drive is measured
     (``settings.measure``)."""
     runs: dict[str, RunResult] = {}
-    main = REPORT_FILES[0] if folders.report else settings.manifest  # names the lock of the study's folder
     measured = study_settings(settings)
-    with folders.top.hold(main) as out:
+    with folders.top.hold(folders.lock) as out:
         for world, folder in folders.worlds.items():
             runs[world] = record_run(runner, world, folders.drive_ids[world], measured, folder)
         if not folders.report:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from terra.closedloop.control_worlds import CONTROL_WORLDS
-from terra.closedloop.fidelity import FidelityFolders, claim_fidelity_folders, study_drives
+from terra.closedloop.fidelity import SHARD_WORLDS, FidelityFolders, claim_fidelity_folders, study_drives
 from terra.closedloop.loop import drive_id
 from terra.closedloop.motion import VEHICLES
 from terra.closedloop.plans import Policy
@@ -78,6 +78,7 @@ class DriveSettings:
     controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
     num_control_scenarios: int | None  # world=both: the controls drive the first this many scenarios (None: all)
     num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
+    shard_worlds: str  # world=both: all | engine (the worlds the world model's engine draws) | scene (the others)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
     vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
     num_steps: int  # frames each drive generates (drive_steps)
@@ -126,8 +127,9 @@ class DriveSettings:
 
     @property
     def worlds(self) -> tuple[str, ...]:
-        """The worlds the run drives in, in order: with world=both the model, the truth and the controls."""
-        return ("model", TRUTH, *self.controls) if self.world == "both" else (self.world,)
+        """The worlds the run drives in, in order: with world=both the model, the truth and the controls (those of
+        ``shard_worlds``)."""
+        return tuple(self.fidelity.worlds) if self.world == "both" else (self.world,)
 
 
 def drive_steps(num_steps: int | None, world: str) -> int:
@@ -169,6 +171,10 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
         if value is not None and (world != "both" or value > values[most]):
             raise TerraInputError(f"{name}={value} is how many of the study's {most}={values[most]} the controls "
                                   f"drive: it needs world=both and at most {most} (null: all)")
+    shard_worlds = check_choice(select(cfg, "shard_worlds"), "shard_worlds", SHARD_WORLDS)
+    if shard_worlds != "all" and world != "both":
+        raise TerraInputError(f"shard_worlds={shard_worlds} picks some of a fidelity study's worlds: it needs "
+                              "world=both (or shard_worlds=all)")
     exploit = check_flag(select(cfg, "exploitability"), "exploitability")
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
@@ -206,13 +212,13 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if world == "both":
         every = study_drives([(scenarios.ids[i], k, d) for (i, _, k), d in zip(drives, ids)], scenarios.ids,
                              ("model", TRUTH, *controls), control_scenarios, control_seeds)
-        fidelity = claim_fidelity_folders(output_dir, every, videos, manifest, inputs)
+        fidelity = claim_fidelity_folders(output_dir, every, videos, manifest, inputs, shard_worlds=shard_worlds)
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
         spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios,
-        control_seeds, user_worlds, vehicle, drive_steps(values["num_steps"], world), values["seed"], timeout_s,
-        values["max_concurrent"], values["writer_processes"], check_flag(select(cfg, "resume"), "resume"),
+        control_seeds, shard_worlds, user_worlds, vehicle, drive_steps(values["num_steps"], world), values["seed"],
+        timeout_s, values["max_concurrent"], values["writer_processes"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, videos, output, fidelity, exploit)
 

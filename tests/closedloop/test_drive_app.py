@@ -40,6 +40,8 @@ def test_help_and_one_line_errors(tmp_path):
                        (["world=both", "num_scenarios=2", "num_control_scenarios=3"],
                         "num_control_scenarios=3 is how many of the study's num_scenarios=2 the controls drive"),
                        (["num_control_scenarios=1"], "it needs world=both and at most num_scenarios (null: all)"),
+                       (["shard_worlds=engine"], "shard_worlds=engine picks some of a fidelity study's worlds: it "
+                                                 "needs world=both"),
                        (["world=both", "num_seeds=2", "num_control_seeds=3"],
                         "num_control_seeds=3 is how many of the study's num_seeds=2 the controls drive"),
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
@@ -81,6 +83,21 @@ def test_the_controls_drive_the_first_scenarios_and_seeds_in_every_shard(tmp_pat
         # drive k of 12 to shard k % 2: shard 0 has every seed-0 drive, shard 1 every seed-1 drive and no control
         assert len(settings.drive_ids) == 6 and len(first) == 4 * (1 - shard)
         assert all(d.endswith("__seed1") == bool(shard) for d in settings.drive_ids)
+
+
+def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):
+    seen = {}
+    for part in ("engine", "scene", "all"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("drive", overrides=["world=both", "num_scenarios=2", "controls=[frozen,zero_actions,late]",
+                                              f"shard_worlds={part}"])
+        folders = drive_settings(cfg, tmp_path / "out").fidelity
+        seen[part] = list(folders.drive_ids)
+        assert list(folders.worlds) == seen[part] and folders.report == (part == "all")
+        assert folders.lock == {"engine": "engine.manifest.jsonl", "scene": "scene.manifest.jsonl",
+                                "all": "fidelity.json"}[part]  # shards of both kinds hold locks of their own
+    assert seen == {"engine": ["model", "zero_actions"], "scene": ["truth", "frozen", "late"],
+                    "all": ["model", "truth", "frozen", "zero_actions", "late"]}
 
 
 def test_fidelity_with_the_demo_model(tmp_path):

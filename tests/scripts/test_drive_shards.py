@@ -37,7 +37,26 @@ def test_shards_split_the_drives_and_the_run_records_them_once(tmp_path):
 def test_a_refused_setting_stops_before_the_report(tmp_path):
     out = tmp_path / "drives"
     done = shards("--processes", "2", "--", "world=truth", "num_steps=0", f"output_dir={out}")
-    assert done.returncode == 1 and "shard 0 ended with exit code 2: terra-drive: error: num_steps" in done.stderr
+    assert done.returncode == 1
+    assert "shard 0 (all worlds) ended with exit code 2: terra-drive: error: num_steps" in done.stderr
     assert not (out / "manifest.jsonl").exists()
     assert "output_dir" in shards("--processes", "2", "--", "world=truth").stderr  # every shard needs the same one
     assert shards("--processes", "2", "--", "shard_index=1", f"output_dir={out}").returncode == 2
+    assert shards("--processes", "2", "--", "shard_worlds=scene", f"output_dir={out}").returncode == 2
+
+
+def test_the_scene_worlds_drive_beside_the_engine_worlds_then_the_report(tmp_path):
+    out = tmp_path / "study"
+    done = shards("--processes", "1", "--scene-processes", "2", "--", "world=both", "policies=[constant_speed]",
+                  "num_scenarios=2", "num_steps=2", "controls=[frozen,zero_actions]", "backend=hf", "videos=false",
+                  f"output_dir={out}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 shards ended" in done.stdout and "the model told from **frozen** by" in done.stdout
+    engine = {w: lines(out / w / "manifest.jsonl") for w in ("model", "zero_actions")}  # its one shard's, rewritten
+    for world in ("truth", "frozen"):  # the scene worlds: two shards, one drive each
+        made = [lines(out / world / f"manifest.shard-{i}-of-2.jsonl") for i in range(2)]
+        assert [len(m) for m in made] == [1, 1] and all(r["status"] == "ok" for m in made for r in m)
+        assert not list((out / "model").glob("manifest.shard-*"))  # nor did an engine shard drive a scene world
+    assert all(len(records) == 2 and all(r["status"] == "skipped" for r in records) for records in engine.values())
+    report = json.loads((out / "fidelity.json").read_text())
+    assert [v["world"] for v in report["verdicts"]] == ["model", "frozen", "zero_actions"]
