@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -102,13 +103,19 @@ class Reference:
         metres further, and its segment: the car moves forward along its plan and no faster than it can, so a path
         that crosses itself or comes close again further on is not taken for where the car is."""
         last = bisect.bisect_right(self.along, float(self.along[first]) + reach, lo=first + 1)
-        start, end = self.points[first:last], self.points[first + 1:last + 1]
-        span = end - start
-        length2 = (span * span).sum(-1)
-        u = np.clip(((xy - start) * span).sum(-1) / np.maximum(length2, STILL_M ** 2), 0.0, 1.0)
+        spans, lengths2 = self._segments
+        start, span = self.points[first:last], spans[first:last]
+        u = np.clip(((xy - start) * span).sum(-1) / lengths2[first:last], 0.0, 1.0)
         gap = xy - (start + u[:, None] * span)
         k = int(np.argmin((gap * gap).sum(-1)))
         return float(self.along[first + k] + u[k] * (self.along[first + k + 1] - self.along[first + k])), first + k
+
+    @cached_property
+    def _segments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each path segment's span ``[K - 1, 2]`` and squared length (at least ``STILL_M ** 2``): made once, read by
+        every :meth:`project` of a forecast."""
+        spans = self.points[1:] - self.points[:-1]
+        return spans, np.maximum((spans * spans).sum(-1), STILL_M ** 2)
 
 
 def _headings(points: np.ndarray) -> np.ndarray:

@@ -243,6 +243,18 @@ def test_forecast_leaves_the_car_where_it_is_and_step_is_its_first_frame(kind):
     np.testing.assert_allclose(action[:, :2], forecast[:6, [1, 0]], atol=1e-6)
 
 
+def test_a_step_after_the_forecast_of_its_plan_is_the_step_it_would_make_alone():
+    turn, straight = circle(30.0, 8.0, 0.1, 40)(np.zeros(3), 8.0), circle(1e6, 8.0, 0.1, 40)(np.zeros(3), 8.0)
+    alone, forecast_first, other_forecast = BicycleVehicle(8.0), BicycleVehicle(8.0), BicycleVehicle(8.0)
+    for _ in range(20):  # the forecast's state at 0.1 s is taken only for the plan it was made for
+        forecast_first.forecast(turn, ACTION_TIMES)
+        other_forecast.forecast(straight, ACTION_TIMES)
+        for car in (alone, forecast_first, other_forecast):
+            car.step(turn)
+        assert alone.state == forecast_first.state == other_forecast.state  # bit for bit
+    assert alone.state.yaw > 0.05  # it turned
+
+
 def test_a_plan_with_nan_is_refused_with_one_line():
     with pytest.raises(TerraInputError, match=r"^plan pose 0 is \(1, nan\), not finite numbers within 1e\+07 m"):
         BicycleVehicle(5.0).step(Plan.trajectory([[1.0, float("nan")]], times=[0.1]))
