@@ -205,15 +205,23 @@ def measured(world: str, settings: RunSettings) -> bool:
     return settings.measure and world != TRUTH
 
 
+def even_chunks(items: Sequence[DriveSpec], most: int) -> list[Sequence[DriveSpec]]:
+    """``items`` in as few chunks of at most ``most`` as hold them, their sizes within one of each other: every
+    chunk's drives take their whole length, so a last chunk of a few drives would cost a chunk's time for them."""
+    count = -(-len(items) // most)
+    bounds = [len(items) * k // max(count, 1) for k in range(count + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
                   model_settings: dict[str, Any], plan_following=None, emit: Emit | None = None,
                   advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None,
                   recorded: Recorded | None = None) -> LoopTimings:
-    """Drive every spec not already complete in ``folder`` (in chunks of ``settings.max_concurrent``) and write its
-    files; ``emit`` gets each spec's manifest record and JSON content (a complete one's as ``skipped``),
-    ``advance`` the frames generated as they come, ``timings`` (returned) where the time went. ``plan_following``:
-    a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip. ``recorded``: what the folder
-    holds of ``specs``, when the caller read it already (None: read here)."""
+    """Drive every spec not already complete in ``folder`` (in chunks of at most ``settings.max_concurrent``,
+    :func:`even_chunks`) and write its files; ``emit`` gets each spec's manifest record and JSON content (a complete
+    one's as ``skipped``), ``advance`` the frames generated as they come, ``timings`` (returned) where the time
+    went. ``plan_following``: a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip.
+    ``recorded``: what the folder holds of ``specs``, when the caller read it already (None: read here)."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
@@ -222,8 +230,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     for record in recorded.done:
         emit(manifest_record(record, "skipped"), record)
     with DriveWriters(settings.writer_processes, emit) as writers:
-        for first in range(0, len(todo), settings.max_concurrent):
-            chunk = todo[first: first + settings.max_concurrent]
+        for chunk in even_chunks(todo, settings.max_concurrent):
             started = time.perf_counter()
             counted = [0]
 

@@ -71,8 +71,8 @@ class DriveSettings:
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
     policy_args: dict[str, dict]  # name -> the keyword arguments the policy is built with (NAVSIM agents' navsim_args)
     scenarios: ScenarioSource
-    drives: tuple[tuple[int, str, int], ...]  # this shard's drives: (scenario index, policy name, replica), scenario
-    # by scenario
+    drives: tuple[tuple[int, str, int], ...]  # this shard's drives (world=both: of any of its worlds): (scenario index,
+    # policy name, replica), scenario by scenario
     num_seeds: int  # drives of each scenario x policy, each with a seed of its own
     world: str  # model | truth | both | a user world's name (module.Class)
     controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
@@ -191,7 +191,16 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
     every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
-    drives = tuple(d for k, d in enumerate(every) if k % shards == shard)  # drive k goes to shard k % num_shards
+    study = None
+    if world == "both":  # drive k of each world's list goes to shard k % num_shards: the controls' fewer drives too
+        every_id = {d: drive_id(scenarios.ids[d[0]], d[1], d[2]) for d in every}
+        study = study_drives([(scenarios.ids[i], k, every_id[(i, name, k)]) for i, name, k in every], scenarios.ids,
+                             ("model", TRUTH, *controls), control_scenarios, control_seeds)
+        study = {w: ids[shard::shards] for w, ids in study.items()}
+        mine = {d for ids in study.values() for d in ids}
+        drives = tuple(d for d in every if every_id[d] in mine)
+    else:
+        drives = tuple(every[shard::shards])  # drive k goes to shard k % num_shards
     if not drives:
         raise TerraInputError(f"shard_index={shard} of num_shards={shards} has no drives (the run has "
                               f"{len(every)}); use at most {len(every)} shards")
@@ -209,10 +218,8 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     ids = [drive_id(scenarios.ids[i], name, k) for i, name, k in drives]
     manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
-    if world == "both":
-        every = study_drives([(scenarios.ids[i], k, d) for (i, _, k), d in zip(drives, ids)], scenarios.ids,
-                             ("model", TRUTH, *controls), control_scenarios, control_seeds)
-        fidelity = claim_fidelity_folders(output_dir, every, videos, manifest, inputs, shard_worlds=shard_worlds)
+    if study is not None:
+        fidelity = claim_fidelity_folders(output_dir, study, videos, manifest, inputs, shard_worlds=shard_worlds)
     else:
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(

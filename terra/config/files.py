@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import IO, Any, Sequence
@@ -25,6 +26,7 @@ from terra.core.errors import TerraInputError
 
 MAX_TRAJECTORY_BYTES = 64 << 20  # a [1000, 60, 3] trajectory is about 3 MB of JSON
 MAX_JSON_DIGITS = 20  # longer integers in a file are no coordinates, counts or seeds
+_EXPONENT = re.compile("[eE][-+]?[0-9]{3}")  # a number's exponent of three digits (or a string's letters)
 
 
 # ---------------------------------------------------------------------------------------------- input files
@@ -96,6 +98,8 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
         raise TerraInputError(f"{source}: {token} is not a number JSON allows; replace it with a finite number")
 
     try:
+        if _plain_numbers(text, max_digits):  # every number decodes within the checks: json's own parsers, in C
+            return json.loads(text, parse_constant=constant)
         return json.loads(text, parse_int=whole, parse_float=real, parse_constant=constant)
     except TerraInputError:
         raise
@@ -105,6 +109,23 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
     except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise TerraInputError(f"{source}: cannot be read, malformed JSON ({type(err).__name__}: {str(err)[:120]}); "
                               "check that it is valid JSON") from None
+
+
+def _plain_numbers(text: str | bytes, max_digits: int) -> bool:
+    """Whether no number of ``text`` can break :func:`parse_json`'s checks: none has an exponent of three digits
+    or a run of more than ``max_digits`` digits (or of 309, past which a float's whole part overflows), the only
+    ways to an integer too long or a float beyond range. Strings are read too (an exponent counts where its
+    number starts after no letter or digit, so a hash's ``e360`` does not), so it may say no when every number is
+    fine (each is then checked as it decodes), never yes when one is not. Bytes: no (small request bodies)."""
+    if isinstance(text, bytes):
+        return False
+    for match in _EXPONENT.finditer(text):
+        start = match.start()
+        while start > 0 and text[start - 1] in "0123456789.":
+            start -= 1
+        if start < match.start() and (start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_")):
+            return False
+    return re.search("[0-9]{%d}" % (min(max_digits, 308) + 1), text) is None
 
 
 def load_json(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> Any:

@@ -69,7 +69,11 @@ def test_runs_on_the_true_world_and_resumes(tmp_path):
     assert summary["counts"]["skipped"] == 4
 
 
-def test_the_controls_drive_the_first_scenarios_and_seeds_in_every_shard(tmp_path):
+def test_the_controls_drive_the_first_scenarios_and_seeds_spread_over_the_shards(tmp_path):
+    every = [f"synthetic-0-{i:03d}__{p}" + ("__seed1" if k else "") for i in range(3)
+             for p in ("lane_follower", "constant_speed") for k in range(2)]
+    controls = [d for d in every if "__seed1" not in d and "-002__" not in d]  # scenarios 0 and 1, seed 0
+    assert len(every) == 12 and len(controls) == 4
     for shard in range(2):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=["world=both", "num_scenarios=3", "num_control_scenarios=2", "num_seeds=2",
@@ -77,12 +81,11 @@ def test_the_controls_drive_the_first_scenarios_and_seeds_in_every_shard(tmp_pat
                                               "controls=[frozen,gray]", f"shard_index={shard}", "num_shards=2"])
         settings = drive_settings(cfg, tmp_path / f"out{shard}")
         worlds = settings.fidelity.drive_ids
-        assert list(worlds) == ["model", "truth", "frozen", "gray"] and worlds["model"] == settings.drive_ids
-        first = [d for (i, _, k), d in zip(settings.drives, settings.drive_ids) if i < 2 and k == 0]
-        assert worlds["truth"] == settings.drive_ids and worlds["frozen"] == worlds["gray"] == first
-        # drive k of 12 to shard k % 2: shard 0 has every seed-0 drive, shard 1 every seed-1 drive and no control
-        assert len(settings.drive_ids) == 6 and len(first) == 4 * (1 - shard)
-        assert all(d.endswith("__seed1") == bool(shard) for d in settings.drive_ids)
+        assert list(worlds) == ["model", "truth", "frozen", "gray"]
+        # drive k of each world's list to shard k % 2: the seed-0 control drives split too, not all to shard 0
+        assert worlds["model"] == worlds["truth"] == every[shard::2]
+        assert worlds["frozen"] == worlds["gray"] == controls[shard::2]
+        assert settings.drive_ids == [d for d in every if d in every[shard::2] + controls[shard::2]]
 
 
 def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):

@@ -21,7 +21,7 @@ from terra.closedloop.control_worlds import control_world
 from terra.closedloop.fidelity import run_fidelity
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
 from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import DriveWriters, RunSettings, drive_and_record
+from terra.closedloop.run import DriveWriters, RunSettings, drive_and_record, even_chunks
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
 from terra.closedloop.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
@@ -221,3 +221,11 @@ def test_the_benchmark_claims_its_output_before_the_model_loads(tmp_path, capsys
     with pytest.raises(SystemExit) as exit_code:
         bench.main(["--out", str(demo / "tokenizer" / "bench.json")])  # the demo model's folders are inputs
     assert exit_code.value.code == 2 and "lies inside the checkpoint" in capsys.readouterr().err
+
+
+def test_chunks_are_as_few_as_hold_the_drives_and_even():
+    sizes = {(n, most): [len(c) for c in even_chunks(list(range(n)), most)] for n, most in
+             ((450, 32), (10, 4), (64, 64), (65, 64), (3, 8), (0, 8))}
+    assert sizes == {(450, 32): [30] * 15, (10, 4): [3, 3, 4], (64, 64): [64], (65, 64): [32, 33], (3, 8): [3],
+                     (0, 8): []}  # never a last chunk of 2 drives taking a whole chunk's time
+    assert [x for c in even_chunks(list(range(450)), 32) for x in c] == list(range(450))
