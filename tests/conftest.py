@@ -31,6 +31,16 @@ def shared_reference(name: str) -> Path:
     return path
 
 
+def start_local_ray() -> None:
+    """A local Ray cluster of 2 CPUs without its dashboard, for a test module. On a loaded 2-core machine Ray's head
+    can take longer than its default 30 s to write its GCS port file: it is given up to 120 s (a deadline on that
+    file, which Ray polls)."""
+    import ray
+
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+
+
 def one_error_line(result: subprocess.CompletedProcess, prog: str, text: str = "") -> str:
     """The one line of a command refused before any work: exit 2, one stderr line ``<prog>: error: ...`` holding
     ``text``, no traceback."""

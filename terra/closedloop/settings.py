@@ -5,9 +5,9 @@ a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), ea
 once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here, each within
 ``policy_timeout_s``), a world of the user's imported and its constructor read (terra/closedloop/user_world.py),
 the scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
-decoded), this shard's drives (drive ``k``, scenario by scenario, to shard ``k % num_shards``), and the output
-folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the estimator,
-and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
+decoded), this shard's drives (drive ``k``, scenario by scenario, of each world's list to shard ``k % num_shards``),
+and the output folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the
+estimator, and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from terra.closedloop.drives import drive
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.settings import drive_settings
 from terra.config.manifest import read_manifest
+from tests.conftest import start_local_ray
 
 pytestmark = pytest.mark.slow
 ARGS = ("num_scenarios=2", "policies=[lane_follower,constant_speed]", "num_steps=2", "max_concurrent=1")
@@ -26,7 +27,7 @@ ARGS = ("num_scenarios=2", "policies=[lane_follower,constant_speed]", "num_steps
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    start_local_ray()
     yield
     ray.shutdown()
 
