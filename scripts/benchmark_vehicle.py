@@ -2,7 +2,8 @@
 """What the loop's vehicle costs per drive and step (terra/closedloop/motion.py): ``step`` (the next frame, 0.1 s)
 and ``forecast`` at the action times (the world model's action, 2.95 s), and the loop's pair (a forecast, then the
 step along the same plan: the bicycle's step takes the state the forecast reached), for each vehicle on a curving,
-braking plan at NAVSIM's 8 poses at 0.5 s and at 10 Hz over 4 s. One process, one core; the median of ``--repeats`` calls.
+braking plan at NAVSIM's 8 poses at 0.5 s and at 10 Hz over 4 s. One process, one core; the median of
+``--repeats`` calls.
 Example::
 
     python scripts/benchmark_vehicle.py --repeats 300

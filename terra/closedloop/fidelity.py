@@ -5,11 +5,11 @@ Each scenario x policy is driven with the same seed in every world of the study:
 (:class:`~terra.closedloop.worlds.ModelWorld`), the renderer's true frames (:class:`~terra.closedloop.worlds.
 TrueWorld`) and the controls (terra/closedloop/control_worlds.py, or worlds of the user's). Every drive's poses are
 judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score: terra/closedloop/alpasim_metrics.py)
-and every frame of a world but the true one is measured against the true render at its pose (terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its
-interval and decision, whether the world is flagged, which statistics separate the model from each control, the
-unjudged measurements and paired differences of every metric; per policy, the model's and the truth's outcomes side
-by side with their paired differences; and, when asked for, the exploitability of the model world
-(terra/closedloop/exploit_drives.py).
+and every frame of a world but the true one is measured against the true render at its pose
+(terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its interval and decision, whether
+the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
+differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
+differences; and, when asked for, the exploitability of the model world (terra/closedloop/exploit_drives.py).
 """
 
 from __future__ import annotations
@@ -188,9 +188,9 @@ def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings:
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
     ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
     ``settings.output_dir``/<world>, judge them and write ``fidelity.json`` and ``fidelity.md`` into
-    ``settings.output_dir``; ``plan_following`` scores every world's clips (terra/closedloop/plan_following.py); ``exploit``: the exploitability study too
-    (terra/closedloop/exploit_drives.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
-    scenarios' files). A shard's run writes no report (None)."""
+    ``settings.output_dir``; ``plan_following`` scores every world's clips (terra/closedloop/plan_following.py);
+    ``exploit``: the exploitability study too (terra/closedloop/exploit_drives.py). ``folders``: as the caller
+    claimed them (None: claimed here, apart from the scenarios' files). A shard's run writes no report (None)."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
