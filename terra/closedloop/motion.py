@@ -65,7 +65,7 @@ class BicycleVehicle:
                  gains: TrackingGains = TrackingGains()) -> None:
         self.params, self.gains = params, gains
         self.state = VehicleState(speed=float(speed), steer=float(steer))
-        self._ahead: tuple[Plan | Controls, float, VehicleState] | None = None  # the last forecast's state at DT_S
+        self._ahead: tuple[Plan | Controls, VehicleState] | None = None  # the last forecast's plan, its state at DT_S
 
     @property
     def pose(self) -> np.ndarray:
@@ -97,19 +97,20 @@ class BicycleVehicle:
         """As :meth:`Vehicle.forecast`; the simulation also stops at the next frame's time, whose state the
         :meth:`step` along the same plan then takes as it is: the integration it would make itself (bit for bit with
         the default gains, whose control instants fall on every frame)."""
-        times = np.asarray(times, dtype=np.float64)
-        order = np.argsort(np.r_[DT_S, times], kind="stable")
-        states = self._simulate(plan, np.r_[DT_S, times][order])
-        by_time = [None] * len(states)
-        for state, k in zip(states, order):
-            by_time[k] = state
-        self._ahead = (plan, DT_S, by_time[0])
-        return np.array([(s.x, s.y, s.yaw) for s in by_time[1:]]).reshape(len(times), 3)
+        times = np.r_[DT_S, np.asarray(times, dtype=np.float64)]  # the next frame's time first
+        order = np.argsort(times, kind="stable")
+        states = self._simulate(plan, times[order])
+        self._ahead = (plan, states[int(np.flatnonzero(order == 0)[0])])
+        poses = np.empty((len(times), 3))
+        poses[order] = [(s.x, s.y, s.yaw) for s in states]
+        return poses[1:]
 
     def step(self, plan: Plan | Controls, dt: float = DT_S) -> np.ndarray:
         ahead, self._ahead = self._ahead, None
-        [end] = [ahead[2]] if ahead is not None and ahead[0] is plan and ahead[1] == dt else \
-            self._simulate(plan, np.array([dt]))
+        if ahead is not None and ahead[0] is plan and dt == DT_S:
+            end = ahead[1]
+        else:
+            [end] = self._simulate(plan, np.array([dt]))
         x, y, yaw = compose(self.pose, np.array([end.x, end.y, end.yaw]))
         self.state = replace(end, x=float(x), y=float(y), yaw=float(yaw))
         return self.pose

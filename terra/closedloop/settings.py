@@ -194,7 +194,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     study = None
     if world == "both":  # drive k of each world's list goes to shard k % num_shards: the controls' fewer drives too
         every_id = {d: drive_id(scenarios.ids[d[0]], d[1], d[2]) for d in every}
-        study = study_drives([(scenarios.ids[i], k, every_id[(i, name, k)]) for i, name, k in every], scenarios.ids,
+        study = study_drives([(scenarios.ids[d[0]], d[2], every_id[d]) for d in every], scenarios.ids,
                              ("model", TRUTH, *controls), control_scenarios, control_seeds)
         study = {w: ids[shard::shards] for w, ids in study.items()}
         mine = {d for ids in study.values() for d in ids}
@@ -215,12 +215,12 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     inputs = [*scenarios.inputs, ("tokenizer", spec.tokenizer), ("estimator folder", estimator)]
     if world in ("model", "both"):
         inputs.append(("world model", spec.world_model))
-    ids = [drive_id(scenarios.ids[i], name, k) for i, name, k in drives]
     manifest = manifest_name(shard_index=shard, num_shards=shards)
     output = fidelity = None
     if study is not None:
         fidelity = claim_fidelity_folders(output_dir, study, videos, manifest, inputs, shard_worlds=shard_worlds)
     else:
+        ids = [drive_id(scenarios.ids[i], name, k) for i, name, k in drives]
         output = claim_drive_folder(output_dir, ids, videos, manifest=manifest, inputs=inputs)
     return DriveSettings(
         spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios,
