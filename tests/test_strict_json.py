@@ -1,5 +1,5 @@
-"""terra/config/files.py's strict JSON: numbers json would take but the toolkit refuses, on both of its paths (json's
-own parsers when no number can break a check, each number checked as it decodes otherwise)."""
+"""terra/config/files.py's strict JSON: numbers json would take but the toolkit refuses, on both of its paths (orjson
+when no integer of the text can be past 64 bits, each number checked by json as it decodes otherwise)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from terra.config import files
 from terra.config.files import _plain_numbers, parse_json
 from terra.core.errors import TerraInputError
 
@@ -15,27 +16,36 @@ REFUSED = {
     "[1e400]": "beyond the range of numbers", "[-1.5E+999]": "beyond the range of numbers",
     '{"a": [0, 2e308]}': "beyond the range of numbers", "[" + "9" * 400 + ".5]": "beyond the range of numbers",
     "[123456789012345678901]": "a number of 21 digits", "[NaN]": "NaN is not a number JSON allows",
-    '{"x": -Infinity}': "-Infinity is not a number JSON allows",
+    '{"x": -Infinity}': "-Infinity is not a number JSON allows", "[1, 2": "malformed JSON",
+    "[" * 2000 + "]" * 2000: "malformed JSON",
 }
 
 
 @pytest.mark.parametrize("text", sorted(REFUSED))
 def test_numbers_beyond_the_checks_are_refused_with_one_line(text):
-    assert not _plain_numbers(text, 20) or text in ("[NaN]", '{"x": -Infinity}')  # constants are refused on both
+    """Only a wide integer keeps a text off orjson; what orjson refuses is worded by the checks."""
+    assert _plain_numbers(text) == (text != "[123456789012345678901]")
     for given in (text, text.encode()):
         with pytest.raises(TerraInputError, match=REFUSED[text]):
             parse_json(given, "f.json")
 
 
-def test_a_drive_like_record_takes_the_fast_path_and_decodes_as_the_checked_one():
+def test_a_drive_like_record_takes_the_fast_path_and_decodes_as_the_checked_one(monkeypatch):
     rng = np.random.default_rng(0)
     record = {"fingerprint": "da9d01b881e360928dd4", "id": "synthetic-0-000__lane", "steps": 200,
               "poses": (rng.normal(0, 50, (200, 3)) * rng.choice([1e-6, 1.0, 1e12], (200, 3))).tolist(),
-              "tiny": [1.5e-300, 5e-324], "big": [1.7e308, 12345678901234567890]}
+              "tiny": [1.5e-300, 5e-324, 1e-400, 0.00019999999494757503], "big": [1.7e308, 9223372036854775807]}
     text = json.dumps(record)
-    assert "e360" in text and "e-300" in text  # a hash's letters, a number's exponent of three digits
-    assert not _plain_numbers(text, 20)  # the three-digit exponent: each number checked
-    del record["tiny"], record["big"]
-    text = json.dumps(record)
-    assert _plain_numbers(text, 20)  # the hash's e360 is no number
-    assert parse_json(text, "f.json") == json.loads(text)
+    assert "e-300" in text and "0.00019999999494757503" in text  # 20 digits after a point: a float's
+    assert _plain_numbers(text)
+    checked = json.loads(text)
+    with monkeypatch.context() as patched:  # decoded by orjson alone
+        patched.setattr(files.json, "loads", None)
+        assert parse_json(text, "f.json") == checked
+    for wide in (99999999999999999999, -12345678901234567890, 10 ** 19):  # 20 digits: past 64 bits, or at the edge
+        text = json.dumps({**record, "big": [wide], "id": "x"})
+        assert not _plain_numbers(text)
+        decoded = parse_json(text, "f.json")["big"][0]
+        assert type(decoded) is int and decoded == wide  # kept whole (orjson would read a float)
+    assert not _plain_numbers('{"id": "123456789012345678901234"}')  # a string's digits: checked, to be safe
+    assert _plain_numbers("[1.5e00000000000000000000001]") is False  # an exponent's run: checked

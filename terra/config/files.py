@@ -16,17 +16,20 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import IO, Any, Sequence
+
+import orjson
 
 from terra.config.checks import shown
 from terra.core.errors import TerraInputError
 
 MAX_TRAJECTORY_BYTES = 64 << 20  # a [1000, 60, 3] trajectory is about 3 MB of JSON
 MAX_JSON_DIGITS = 20  # longer integers in a file are no coordinates, counts or seeds
-_EXPONENT = re.compile("[eE][-+]?[0-9]{3}")  # a number's exponent of three digits (or a string's letters)
+_WIDE_DIGITS = 20  # an integer this long may be past 64 bits, which orjson reads as a float
+_WIDE_RUN = b"1" * _WIDE_DIGITS
+_DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))  # a digit to "1", any other byte to "0"
 
 
 # ---------------------------------------------------------------------------------------------- input files
@@ -98,8 +101,11 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
         raise TerraInputError(f"{source}: {token} is not a number JSON allows; replace it with a finite number")
 
     try:
-        if _plain_numbers(text, max_digits):  # every number decodes within the checks: json's own parsers, in C
-            return json.loads(text, parse_constant=constant)
+        if _plain_numbers(text):  # every number orjson decodes is one the checks take: decoded in C
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                pass  # the checks below find what is wrong and word it
         return json.loads(text, parse_int=whole, parse_float=real, parse_constant=constant)
     except TerraInputError:
         raise
@@ -111,21 +117,28 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
                               "check that it is valid JSON") from None
 
 
-def _plain_numbers(text: str | bytes, max_digits: int) -> bool:
-    """Whether no number of ``text`` can break :func:`parse_json`'s checks: none has an exponent of three digits
-    or a run of more than ``max_digits`` digits (or of 309, past which a float's whole part overflows), the only
-    ways to an integer too long or a float beyond range. Strings are read too (an exponent counts where its
-    number starts after no letter or digit, so a hash's ``e360`` does not), so it may say no when every number is
-    fine (each is then checked as it decodes), never yes when one is not. Bytes: no (small request bodies)."""
+def _plain_numbers(text: str | bytes) -> bool:
+    """Whether orjson decodes ``text`` as :func:`parse_json`'s checks would, where it decodes it at all: it holds no
+    integer of :data:`_WIDE_DIGITS` digits or more (orjson reads one past 64 bits as a float; the checks keep it
+    whole or refuse it). Any run of that many digits not inside a float (after its point, or before a point or an
+    exponent) says no, a string's too, so it may say no when every number is fine (each is then checked as it
+    decodes), never yes when one is not; orjson itself refuses what else the checks would (NaN, infinities, numbers
+    beyond float range, nesting past 1,024), and those are then decoded by the checks to word the error. Bytes: no
+    (small request bodies)."""
     if isinstance(text, bytes):
         return False
-    for match in _EXPONENT.finditer(text):
-        start = match.start()
-        while start > 0 and text[start - 1] in "0123456789.":
+    raw = text.encode("utf-8", "surrogatepass")
+    digits, at = raw.translate(_DIGIT_MAP), 0
+    while (at := digits.find(_WIDE_RUN, at)) != -1:
+        start, end = at, at + _WIDE_DIGITS
+        while start > 0 and digits[start - 1] == 0x31:
             start -= 1
-        if start < match.start() and (start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_")):
+        while end < len(digits) and digits[end] == 0x31:
+            end += 1
+        if (start == 0 or raw[start - 1] != 0x2E) and (end == len(raw) or raw[end] not in b".eE"):
             return False
-    return re.search("[0-9]{%d}" % (min(max_digits, 308) + 1), text) is None
+        at = end
+    return True
 
 
 def load_json(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> Any:
