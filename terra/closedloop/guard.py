@@ -27,6 +27,7 @@ import importlib
 import inspect
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, TimeoutError as FuturesTimeout
 from typing import Any, Callable
 
@@ -41,15 +42,22 @@ class UserCodeError(Exception):
 
 class UserCall:
     """``function(*args)``, user code of ``who`` (e.g. ``policy lane_follower``) doing ``call`` (e.g. ``plan at
-    step 3``), started now on a daemon thread of its own."""
+    step 3``), started now on a daemon thread of its own, or queued on ``line`` (:class:`CallLine`) to start when
+    the calls before it there have returned or been left behind."""
 
-    def __init__(self, who: str, call: str, function: Callable[..., Any], *args: Any) -> None:
-        self.who, self.call = who, call
+    def __init__(self, who: str, call: str, function: Callable[..., Any], *args: Any,
+                 line: "CallLine | None" = None) -> None:
+        self.who, self.call, self.line = who, call, line
         self.started = time.perf_counter()
+        self._began = threading.Event()
         self._future: Future = Future()
-        threading.Thread(target=self._run, args=(function, args), name="terra-user-code", daemon=True).start()
+        if line is None:
+            threading.Thread(target=self._run, args=(function, args), name="terra-user-code", daemon=True).start()
+        else:
+            line.queue(self, function, args)
 
     def _run(self, function: Callable[..., Any], args: tuple) -> None:
+        self._began.set()  # (a call of a line: its start is when the line took it)
         if self._future.set_running_or_notify_cancel():
             try:
                 self._future.set_result(function(*args))
@@ -58,10 +66,15 @@ class UserCall:
 
     def returned(self, timeout_s: float) -> Any:
         """The call's value once it returns, at most ``timeout_s`` after it started, or what it raised, raised here
-        as it is (for a caller that words it itself); :class:`UserCodeError` when it has not returned by then."""
+        as it is (for a caller that words it itself); :class:`UserCodeError` when it has not returned by then (a
+        call of a line is then left behind on its thread, the calls after it going on)."""
         try:
+            if not self._began.wait(timeout_s):
+                raise FuturesTimeout
             return self._future.result(timeout=max(0.0, self.started + timeout_s - time.perf_counter()))
         except FuturesTimeout:
+            if self.line is not None:
+                self.line.leave(self)
             raise UserCodeError(f"{self.who} timed out after {timeout_s:g} s in {self.call}") from None
 
     def result(self, timeout_s: float) -> Any:
@@ -73,6 +86,77 @@ class UserCall:
             raise
         except BaseException as err:  # noqa: BLE001  (SystemExit included: user code does not end the run)
             raise UserCodeError(f"{self.who} failed in {self.call}: {reason(err)}") from None
+
+
+class CallLine:
+    """User calls run one after another on one daemon thread, each under a deadline from its own start: for code
+    that holds the GIL while it works (policies that say so, ``gil_bound``: terra/closedloop/plans.py), whose calls
+    at once would only take turns on it, the switching costing more than the work. A call past its deadline is left
+    on its thread and the calls behind it go on on a new one. :meth:`drain` waits for all of them at once; results
+    taken one by one are taken in the order the calls were queued (each waits for those before it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._emptied = threading.Condition(self._lock)  # notified when no thread serves the line any more
+        self._waiting: deque[tuple[UserCall, Callable[..., Any], tuple]] = deque()
+        self._current: UserCall | None = None
+        self._serving: int | None = None  # the ticket of the thread serving the line (None: none)
+        self._tickets = 0
+
+    def queue(self, call: UserCall, function: Callable[..., Any], args: tuple) -> None:
+        with self._lock:
+            self._waiting.append((call, function, args))
+            if self._serving is None:
+                self._serve_anew()
+
+    def leave(self, call: UserCall) -> None:
+        """``call`` overran its deadline: one still waiting never runs; one still running keeps its thread, and a
+        new one serves the rest."""
+        with self._lock:
+            self._waiting = deque(entry for entry in self._waiting if entry[0] is not call)
+            if self._current is call and not call._future.done():
+                self._leave_current()
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait until every queued call has returned or been left behind ``timeout_s`` after it started, waking
+        once rather than once a call (each wake-up of a waiting thread costs a hand-over of the GIL)."""
+        with self._lock:
+            while self._serving is not None:
+                current = self._current
+                if current is None:  # between two calls
+                    self._emptied.wait(1e-3)
+                    continue
+                left = current.started + timeout_s - time.perf_counter()
+                if left <= 0 and not current._future.done():
+                    self._leave_current()
+                else:
+                    self._emptied.wait(max(left, 1e-3))
+
+    def _leave_current(self) -> None:
+        """(Lock held.) Leave the running call on its thread; a new thread serves the rest, if any."""
+        self._current = self._serving = None
+        if self._waiting:
+            self._serve_anew()
+        else:
+            self._emptied.notify_all()
+
+    def _serve_anew(self) -> None:
+        self._tickets += 1
+        self._serving = self._tickets
+        threading.Thread(target=self._serve, args=(self._tickets,), name="terra-user-code", daemon=True).start()
+
+    def _serve(self, ticket: int) -> None:
+        while True:
+            with self._lock:
+                if self._serving != ticket:
+                    return  # left behind: another thread serves the line
+                if not self._waiting:
+                    self._serving = self._current = None
+                    self._emptied.notify_all()
+                    return
+                call, function, args = self._waiting.popleft()
+                call.started, self._current = time.perf_counter(), call
+            call._run(function, args)
 
 
 def user_call(who: str, call: str, timeout_s: float, function: Callable[..., Any], *args: Any) -> Any:
@@ -99,8 +183,8 @@ def read_only(array: np.ndarray) -> np.ndarray:
 
 def handed(value: Any) -> Any:
     """``value`` as user code gets it: every numpy array in it a read-only view, at any depth of tuples, lists,
-    dicts and dataclasses (rebuilt around the views, so a list or dict that user code changes is its own); anything
-    else as it is."""
+    dicts and dataclasses (rebuilt around the views, so a list or dict that user code changes is its own; a frozen
+    dataclass that holds none of them is handed as it is); anything else as it is."""
     if isinstance(value, np.ndarray):
         return read_only(value)
     if type(value) in (tuple, list):
@@ -108,8 +192,11 @@ def handed(value: Any) -> Any:
     if type(value) is dict:
         return {key: handed(item) for key, item in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: handed(getattr(value, f.name))
-                                             for f in dataclasses.fields(value) if f.init})
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+        views = {name: handed(item) for name, item in fields.items()}
+        if value.__dataclass_params__.frozen and all(views[name] is item for name, item in fields.items()):
+            return value  # nothing in it to make read-only, and nothing of it can be changed: shared as it is
+        return dataclasses.replace(value, **views)
     return value
 
 

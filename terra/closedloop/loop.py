@@ -1,7 +1,8 @@
 """The driving loop: many drives (scenario x policy) at once in one world, step by step.
 
 Each step, every drive still going gets an :class:`~terra.closedloop.plans.Observation` (its newest frames, ego
-status, route), its policy plans (each on a thread of its own, with a deadline), and the plan goes to the drive's
+status, route), its policy plans (each on a thread of its own, with a deadline; those that hold the GIL one after
+another on one thread, each with its deadline: terra/closedloop/guard.py, ``CallLine``), and the plan goes to the drive's
 vehicle (terra/closedloop/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or the
 plan followed exactly): the next frame's action is the vehicle's forecast of the next 3 s, and the car moves to the
 vehicle's pose 0.1 s on. Then the world generates the next frame of every drive together at the pose each car
@@ -24,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from terra.closedloop.guard import UserCall, UserCodeError, handed, user_call
+from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, user_call
 from terra.closedloop.motion import Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
@@ -219,6 +220,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
     timings.setup_s += time.perf_counter() - started
     turns = [_Turn(drives[g::step_groups]) for g in range(min(step_groups, len(drives)))]
     worker = ThreadPoolExecutor(1, thread_name_prefix="terra-world") if len(turns) > 1 else None
+    line = CallLine()  # the plans of policies that hold the GIL, one after another
     try:
         for step in range(num_steps):
             moving = False
@@ -228,7 +230,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                 if not going:
                     continue
                 started = time.perf_counter()
-                _plan_all(going, step, policy_timeout_s, history)
+                _plan_all(going, step, policy_timeout_s, history, line)
                 timings.policies_s += time.perf_counter() - started
                 moving = turn.submit(world, [d for d in going if d.ok], step, worker, timings) or moving
             if not moving:
@@ -298,11 +300,15 @@ class _Turn:
                 drive.end(f"{left} at step {step}")
 
 
-def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int) -> None:
-    """Ask every drive's policy for its plan at once (each handed a read-only observation); each answer is checked
-    and goes to the drive's vehicle."""
+def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, line: CallLine) -> None:
+    """Ask every drive's policy for its plan at once (each handed a read-only observation; those of policies that
+    hold the GIL, ``gil_bound``, one after another on ``line``); each answer is checked and goes to the drive's
+    vehicle."""
     calls = [(drive, UserCall(f"policy {drive.spec.policy}", f"plan at step {step}", _timed_plan, drive.policy,
-                              handed(drive.observation(history)))) for drive in drives]
+                              handed(drive.observation(history)),
+                              line=line if getattr(drive.policy, "gil_bound", False) else None))
+             for drive in drives]
+    line.drain(timeout_s)
     for drive, call in calls:
         name = drive.spec.policy
         try:

@@ -170,7 +170,11 @@ class Observation:
 
 
 class Policy(Protocol):
-    """A driving policy: one instance per drive. :meth:`plan` returns anything :func:`as_plan` reads."""
+    """A driving policy: one instance per drive. :meth:`plan` returns anything :func:`as_plan` reads. A policy may
+    say ``gil_bound = True``: its plan is Python work that holds the GIL (the reference pixel policies' numpy), so
+    the loop runs such plans one after another on one thread (terra/closedloop/guard.py, ``CallLine``) instead of at
+    once on threads that would only take turns; without it (a driver over gRPC, an agent on a GPU) each plan has a
+    thread of its own."""
 
     name: str
 

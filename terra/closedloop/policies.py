@@ -15,7 +15,8 @@
   (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
   ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
 
-The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`.
+The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`. The pixel policies hold the
+GIL as they plan (``gil_bound``: the loop runs their plans one after another, terra/closedloop/plans.py).
 """
 
 from __future__ import annotations
@@ -37,24 +38,39 @@ CRUISE_SPEED_MPS = 8.0
 CAUTIOUS_SPEED_MPS = 4.5
 
 
-class Latency:
+class Degradation:
+    """What a degraded ``policy`` shares with it: its reset and close, and whether it holds the GIL as it plans."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    @property
+    def gil_bound(self) -> bool:
+        return getattr(self.policy, "gil_bound", False)
+
+    def reset(self, scenario) -> None:
+        self.policy.reset(scenario)
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+class Latency(Degradation):
     """``policy`` seeing the world ``frames`` steps late (the plan of an old observation is used now)."""
 
     def __init__(self, policy: Policy, frames: int = 3, name: str | None = None) -> None:
-        self.policy, self.frames = policy, frames
+        super().__init__(policy)
+        self.frames = frames
         self.name = name or f"{policy.name}_latency{frames}"
         self.seen: deque[Observation] = deque(maxlen=frames + 1)
 
     def reset(self, scenario) -> None:
         self.seen.clear()
-        self.policy.reset(scenario)
+        super().reset(scenario)
 
     def plan(self, observation: Observation):
         self.seen.append(observation)
         return self.policy.plan(self.seen[0])
-
-    def close(self) -> None:
-        self.policy.close()
 
 
 def _poses(plan: Plan) -> np.ndarray:
@@ -63,45 +79,38 @@ def _poses(plan: Plan) -> np.ndarray:
     return plan.poses if plan.poses.shape[1] == 3 else np.c_[plan.poses, np.zeros(len(plan.poses))]
 
 
-class Noise:
+class Noise(Degradation):
     """``policy`` with each plan turned about the car by a random angle (``std_rad``), seeded by the scenario."""
 
     def __init__(self, policy: Policy, std_rad: float = 0.06, name: str | None = None) -> None:
-        self.policy, self.std_rad = policy, std_rad
+        super().__init__(policy)
+        self.std_rad = std_rad
         self.name = name or f"{policy.name}_noisy"
         self.rng = np.random.default_rng(0)
 
     def reset(self, scenario) -> None:
         self.rng = np.random.default_rng(int.from_bytes(hashlib.sha256(scenario.id.encode()).digest()[:8], "little"))
-        self.policy.reset(scenario)
+        super().reset(scenario)
 
     def plan(self, observation: Observation) -> Plan:
         plan = as_plan(self.policy.plan(observation))
         angle = float(self.rng.normal(0.0, self.std_rad))
         return Plan(poses=compose((0.0, 0.0, angle), _poses(plan)), times=plan.times)
 
-    def close(self) -> None:
-        self.policy.close()
 
-
-class Bias:
+class Bias(Degradation):
     """``policy`` with each plan shifted ``metres`` to the left (negative: right), reached within ``ramp_s``."""
 
     def __init__(self, policy: Policy, metres: float = 1.0, ramp_s: float = 1.0, name: str | None = None) -> None:
-        self.policy, self.metres, self.ramp_s = policy, metres, ramp_s
+        super().__init__(policy)
+        self.metres, self.ramp_s = metres, ramp_s
         self.name = name or f"{policy.name}_bias_{'left' if metres > 0 else 'right'}"
-
-    def reset(self, scenario) -> None:
-        self.policy.reset(scenario)
 
     def plan(self, observation: Observation) -> Plan:
         plan = as_plan(self.policy.plan(observation))
         poses = _poses(plan).copy()
         poses[:, 1] += self.metres * np.minimum(plan.times / self.ramp_s, 1.0)
         return Plan(poses=poses, times=plan.times)
-
-    def close(self) -> None:
-        self.policy.close()
 
 
 CONTRACT_POLICIES = ("route_follower", "constant_speed")  # the egodriver contract's, driven over it in process

@@ -131,8 +131,11 @@ class LaneFollower:
     turns it into a curvature (default: :func:`~terra.fidelity.lanes.find_lane` and :class:`PurePursuit`).
 
     ``cruise_speed_mps`` is the speed it settles at (``accel_mps2`` per second towards it); with no lane in view it
-    keeps its last curvature.
+    keeps its last curvature. Its plan is numpy (or a small CNN's) work on the CPU that holds the GIL: ``gil_bound``
+    (terra/closedloop/plans.py, ``Policy``).
     """
+
+    gil_bound = True
 
     def __init__(self, cruise_speed_mps: float = 8.0, detect: Detector = find_lane,
                  steer: SteeringLaw = PurePursuit(), accel_mps2: float = 1.5, name: str = "lane_follower") -> None:

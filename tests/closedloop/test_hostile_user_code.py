@@ -27,7 +27,7 @@ from terra.closedloop.drives import drive as run_drive_settings
 from terra.closedloop.guard import handed
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.navsim import NavsimPolicy
-from terra.closedloop.plans import MAX_POSITION_M, Plan
+from terra.closedloop.plans import MAX_POSITION_M, EgoStatus, Observation, Plan
 from terra.closedloop.policies import policy_factories
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
@@ -71,6 +71,12 @@ def test_what_user_code_is_handed_is_read_only_at_any_depth_and_the_original_sta
     for original in (frame, pose, speed):
         assert original.flags.writeable  # the loop's own arrays stay its own to write
     np.testing.assert_array_equal(frame, np.arange(12).reshape(2, 2, 3))
+    status = EgoStatus(3.0, 0.1, 0.0)  # frozen, nothing to make read-only: shared as it is
+    plain = _Nested({}, label="y")  # not frozen: rebuilt, so that user code changing it changes its own
+    assert handed(status) is status and handed(plain) is not plain and handed(plain) == plain
+    holding = Observation(0, 0.0, (frame,), status, (status,), np.zeros((1, 3)))  # frozen around arrays: rebuilt
+    given = handed(holding)
+    assert given is not holding and given.ego is status and not given.frames[0].flags.writeable
 
 
 class SceneWriter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -179,9 +180,9 @@ class Overlapping(TrueWorld):
     def step(self, drives, actions, poses):
         self.threads.add(threading.current_thread().name)
         if drives[0].id.endswith("001") and len(self.waits) < self.steps - 1:
+            step = len(self.waits)  # the second group's step k waits for the first group's plan of step k + 1
             with self.changed:
-                after = self.planned.get("first", -1)
-                self.waits.append(self.changed.wait_for(lambda: self.planned.get("first", -1) > after, 60))
+                self.waits.append(self.changed.wait_for(lambda: self.planned.get("first", -1) > step, 60))
         return super().step(drives, actions, poses)
 
 
@@ -233,3 +234,44 @@ def test_the_world_models_drives_in_step_groups_are_the_same(single_thread):
     for one, two in zip(*made):
         assert all(np.array_equal(a, b) for a, b in zip(one.actions, two.actions, strict=True))
         assert max(np.abs(a.astype(int) - b).max() for a, b in zip(one.frames, two.frames, strict=True)) <= 1
+
+
+class Sleeper(LaneCentre):
+    """A policy that holds the GIL (``gil_bound``), each plan taking ``sleep_s``; at step ``hang_at`` it waits until
+    ``release`` is set instead. It notes the thread of every plan and whether two ever overlapped."""
+
+    gil_bound = True
+    running = 0
+    overlapped = False
+    threads: set = set()
+
+    def __init__(self, sleep_s: float, hang_at: int = -1, release: threading.Event | None = None) -> None:
+        self.sleep_s, self.hang_at, self.release = sleep_s, hang_at, release
+
+    def plan(self, obs):
+        Sleeper.threads.add(threading.current_thread().ident)
+        if obs.step == self.hang_at:
+            self.release.wait()
+            return super().plan(obs)
+        Sleeper.running += 1
+        Sleeper.overlapped |= Sleeper.running > 1
+        time.sleep(self.sleep_s)
+        Sleeper.running -= 1
+        return super().plan(obs)
+
+
+def test_policies_that_hold_the_gil_plan_one_after_another_each_within_its_own_deadline(scenarios):
+    """Three plans of 0.4 s a step under a 1 s deadline: one after another they take 1.2 s, so a deadline counted
+    from the step's start would fail the third. A plan that hangs is left behind and the plans after it go on."""
+    release = threading.Event()
+    specs = [DriveSpec(scenarios[0], "slow_a", lambda: Sleeper(0.4)),
+             DriveSpec(scenarios[1], "hangs", lambda: Sleeper(0.01, hang_at=1, release=release)),
+             DriveSpec(scenarios[0], "slow_b", lambda: Sleeper(0.4)), DriveSpec(scenarios[1], "slow_c", lambda: Sleeper(0.4))]
+    try:
+        drives = {d.spec.policy: d for d in run_drives(TrueWorld(SIZE), specs, 3, policy_timeout_s=1.0)}
+    finally:
+        release.set()
+    assert {name: d.steps for name, d in drives.items()} == {"slow_a": 3, "hangs": 1, "slow_b": 3, "slow_c": 3}
+    assert drives["hangs"].error == "policy hangs timed out after 1 s in plan at step 1"
+    assert all(d.ok for name, d in drives.items() if name != "hangs")
+    assert not Sleeper.overlapped and len(Sleeper.threads) >= 2  # never at once; a new thread after the hang
