@@ -2,24 +2,22 @@
 
 Each step, every drive still going gets an :class:`~terra.closedloop.plans.Observation` (its newest frames, ego
 status, route), its policy plans (each on a thread of its own, with a deadline; those that hold the GIL one after
-another on one thread, each with its deadline: terra/closedloop/guard.py, ``CallLine``), and the plan goes to the drive's
-vehicle (terra/closedloop/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or the
-plan followed exactly): the next frame's action is the vehicle's forecast of the next 3 s, and the car moves to the
-vehicle's pose 0.1 s on. Then the world generates the next frame of every drive together at the pose each car
-reached (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it); with
-``step_groups`` the drives take turns in groups, one group's policies planning while the world makes another's
-frames. Every call into a policy (build, reset, plan, close) crosses terra/closedloop/guard.py's boundary under
-``policy_timeout_s``: a policy that raises, exits, overruns its deadline or returns a plan that is not finite or of
-the wrong shape ends its own drive with one recorded reason; the other drives go on. A policy that fails to close
-after a good drive leaves a warning on it, not a failure (its frames, plans and metrics are whole). A drive whose
-car leaves the scene (terra/closedloop/scenarios.py, ``Scenario.left_scene``) ends there, early but not failed: the
-step that left, a frame of nothing, is not kept.
+another on one thread, each with its deadline: terra/closedloop/guard.py, ``CallLine``), and the plan goes to the
+drive's vehicle (terra/closedloop/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or
+the plan followed exactly): the next frame's action is the vehicle's forecast of the next 3 s, and the car moves to
+the vehicle's pose 0.1 s on. Then the world generates the next frame of every drive together at the pose each car
+reached (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it). Every call into a
+policy (build, reset, plan, close) crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``: a policy
+that raises, exits, overruns its deadline or returns a plan that is not finite or of the wrong shape ends its own
+drive with one recorded reason; the other drives go on. A policy that fails to close after a good drive leaves a
+warning on it, not a failure (its frames, plans and metrics are whole). A drive whose car leaves the scene
+(terra/closedloop/scenarios.py, ``Scenario.left_scene``) ends there, early but not failed: the step that left, a
+frame of nothing, is not kept.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -81,8 +79,7 @@ class LoopTimings:
 
     setup_s: float = 0.0  # policies built, drives opened (context frames encoded and decoded)
     policies_s: float = 0.0  # the plans: the policies of all drives plan at once, the vehicles follow them
-    world_s: float = 0.0  # waiting on the world's steps (the world model's generation and decoding, or the renderer;
-    # with step_groups > 1 only what the policies' phases did not hide)
+    world_s: float = 0.0  # the world's steps (the world model's generation and decoding, or the renderer)
     record_s: float = 0.0  # the drives' files written (terra/closedloop/run.py)
 
     def add(self, other: "LoopTimings") -> None:
@@ -204,100 +201,44 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s:
 
 def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_timeout_s: float = 30.0,
                history: int = 16, progress: Callable[[int], None] | None = None,
-               timings: LoopTimings | None = None, vehicle: str = "bicycle", step_groups: int = 1) -> list[Drive]:
+               timings: LoopTimings | None = None, vehicle: str = "bicycle") -> list[Drive]:
     """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep), each car a ``vehicle``
     (terra/closedloop/motion.py); return the drives. ``progress`` gets the steps done so far; ``timings`` (when
-    given) gains where the time went.
-
-    ``step_groups`` > 1 splits the drives into that many groups taking turns: while one group's policies plan, the
-    world makes the frames of the group before it, on a thread of the loop's own (a world's calls still never
-    overlap: one step at a time); the world idles only while every group plans. Grouping changes no drive's inputs:
-    a world that makes each drive's frame from that drive alone makes the same drives in any grouping (the world
-    model samples the same codes; its decoder may round a pixel the other way in another batch)."""
+    given) gains where the time went."""
     timings = LoopTimings() if timings is None else timings
     started = time.perf_counter()
     drives = [start_drive(world, spec, num_steps, policy_timeout_s, vehicle) for spec in specs]
     timings.setup_s += time.perf_counter() - started
-    turns = [_Turn(drives[g::step_groups]) for g in range(min(step_groups, len(drives)))]
-    worker = ThreadPoolExecutor(1, thread_name_prefix="terra-world") if len(turns) > 1 else None
     line = CallLine()  # the plans of policies that hold the GIL, one after another
     try:
         for step in range(num_steps):
-            moving = False
-            for turn in turns:
-                turn.collect(world, timings)
-                going = [d for d in turn.drives if d.ok and d.ended is None]
-                if not going:
-                    continue
-                started = time.perf_counter()
-                _plan_all(going, step, policy_timeout_s, history, line)
-                timings.policies_s += time.perf_counter() - started
-                moving = turn.submit(world, [d for d in going if d.ok], step, worker, timings) or moving
-            if not moving:
+            going = [d for d in drives if d.ok and d.ended is None]
+            if not going:
                 break
-            if progress is not None and step:
-                progress(step)
-        for turn in turns:
-            turn.collect(world, timings)
-        done = max((turn.last_step for turn in turns), default=-1) + 1
-        if progress is not None and done:
-            progress(done)
+            started = time.perf_counter()
+            _plan_all(going, step, policy_timeout_s, history, line)
+            going = [d for d in going if d.ok]
+            timings.policies_s += time.perf_counter() - started
+            started = time.perf_counter()
+            frames = world.step([d.handle for d in going], [d.actions[-1] for d in going],
+                                [d.reached() for d in going]) if going else []
+            timings.world_s += time.perf_counter() - started
+            for drive, frame in zip(going, frames):
+                if isinstance(frame, BaseException):
+                    why = str(frame) if isinstance(frame, UserCodeError) else error_line(frame)  # a user world's line
+                    drive.fail("world", f"the {world.name} world failed at step {step}: {why}")
+                    del drive.actions[-1], drive.plans[-1], drive.policy_s[-1]
+                    continue
+                drive.advance(frame)
+                left = drive.spec.scenario.left_scene(drive.reached())
+                if left is not None:
+                    drive.end(f"{left} at step {step}")
+            if progress is not None:
+                progress(step + 1)
     finally:
-        if worker is not None:
-            worker.shutdown(wait=True)  # its step in flight ends before the drives close
         for drive in drives:
             close_drive(world, drive, policy_timeout_s)
     return drives
-
-
-@dataclass
-class _Turn:
-    """A group of a loop's drives (``step_groups``) and the world's step of them in flight: its drives' frames."""
-
-    drives: list[Drive]
-    stepping: list[Drive] = field(default_factory=list)
-    frames: Future | None = None
-    last_step: int = -1  # the last step submitted
-
-    def submit(self, world: World, going: list[Drive], step: int, worker: ThreadPoolExecutor | None,
-               timings: LoopTimings) -> bool:
-        """Hand the ``going`` drives' actions and poses to the world (on ``worker``, or here when None); whether
-        any drive went."""
-        if not going:
-            return False
-        started = time.perf_counter()
-        args = ([d.handle for d in going], [d.actions[-1] for d in going], [d.reached() for d in going])
-        if worker is not None:
-            self.frames = worker.submit(world.step, *args)
-        else:
-            self.frames = Future()
-            try:
-                self.frames.set_result(world.step(*args))
-            except Exception as err:  # noqa: BLE001  (raised where it is collected, as from the worker)
-                self.frames.set_exception(err)
-        timings.world_s += time.perf_counter() - started
-        self.stepping, self.last_step = going, step
-        return True
-
-    def collect(self, world: World, timings: LoopTimings) -> None:
-        """The frames of the step in flight, each to its drive: a frame moves it on (and ends a drive whose car
-        left the scene), an exception fails that drive alone."""
-        if self.frames is None:
-            return
-        started = time.perf_counter()
-        frames, self.frames = self.frames.result(), None
-        timings.world_s += time.perf_counter() - started
-        step = self.last_step
-        for drive, frame in zip(self.stepping, frames):
-            if isinstance(frame, BaseException):
-                why = str(frame) if isinstance(frame, UserCodeError) else error_line(frame)  # a user world's line
-                drive.fail("world", f"the {world.name} world failed at step {step}: {why}")
-                del drive.actions[-1], drive.plans[-1], drive.policy_s[-1]
-                continue
-            drive.advance(frame)
-            left = drive.spec.scenario.left_scene(drive.reached())
-            if left is not None:
-                drive.end(f"{left} at step {step}")
 
 
 def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, line: CallLine) -> None:

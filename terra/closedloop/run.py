@@ -59,7 +59,6 @@ class RunSettings:
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
     writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
-    step_groups: int = 1  # groups of a chunk's drives taking turns, policies of one while the world steps another
 
 
 @dataclass
@@ -241,7 +240,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
                 counted[0] = step
 
             drives = run_drives(world, chunk, settings.num_steps, settings.policy_timeout_s, settings.history, stepped,
-                                timings, settings.vehicle, settings.step_groups)
+                                timings, settings.vehicle)
             stepped(settings.num_steps)  # drives that ended early count whole
             seconds = (time.perf_counter() - started) / max(1, len(chunk))
             writing = time.perf_counter()

@@ -56,7 +56,6 @@ SETTINGS = {
     "policy_timeout_s": Range(0.001, 3600, 30),
     "max_concurrent": Range(1, 4096, 64, whole=True),
     "writer_processes": Range(0, 256, 1, whole=True),
-    "step_groups": Range(1, 64, 1, whole=True),
     "num_shards": Range(1, 1 << 20, 4, whole=True),
     "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
@@ -87,7 +86,6 @@ class DriveSettings:
     policy_timeout_s: float
     max_concurrent: int
     writer_processes: int  # processes measuring and writing finished drives beside the loop (0: the loop's own)
-    step_groups: int  # groups of the drives at once taking turns: one plans while the world steps another
     resume: bool
     progress: bool
     estimator: Path | None  # an ACT-Estimator folder: plan following
@@ -125,8 +123,7 @@ class DriveSettings:
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
-                           vehicle=self.vehicle, videos=self.videos, writer_processes=self.writer_processes,
-                           step_groups=self.step_groups)
+                           vehicle=self.vehicle, videos=self.videos, writer_processes=self.writer_processes)
 
     @property
     def worlds(self) -> tuple[str, ...]:
@@ -228,7 +225,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     return DriveSettings(
         spec, policies, args, scenarios, drives, values["num_seeds"], world, controls, control_scenarios,
         control_seeds, shard_worlds, user_worlds, vehicle, drive_steps(values["num_steps"], world), values["seed"],
-        timeout_s, values["max_concurrent"], values["writer_processes"], values["step_groups"], check_flag(select(cfg, "resume"), "resume"),
+        timeout_s, values["max_concurrent"], values["writer_processes"], check_flag(select(cfg, "resume"), "resume"),
         check_flag(select(cfg, "progress"), "progress"), estimator, shard, shards, executor,
         ray, videos, output, fidelity, exploit)
 

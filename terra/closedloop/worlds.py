@@ -29,8 +29,7 @@ class World(Protocol):
     """Opens a drive on a scenario and steps many drives at once: :meth:`step` gets each drive's action ``[6, 3]``
     and the world pose ``[x, y, yaw]`` of its next frame and returns the frames (uint8 ``[H, W, 3]``, or the
     exception that ended that drive); ``generate_s`` and ``decode_s`` sum the seconds its steps spent making frames
-    (the world model's generation, the renderer) and decoding them to pixels. Its calls never overlap, though with
-    the loop's ``step_groups`` its steps come from a thread of the loop's own (terra/closedloop/loop.py)."""
+    (the world model's generation, the renderer) and decoding them to pixels."""
 
     name: str
     generate_s: float

@@ -33,7 +33,6 @@ def test_help_and_one_line_errors(tmp_path):
     for args, text in ((["policies=[no_such]"], "unknown policy 'no_such'"),
                        (["world=truth", "scenarios=/no/such/folder"], "does not exist"),
                        (["num_steps=0"], "num_steps"),
-                       (["step_groups=0"], "step_groups"),
                        (["vehicle=car"], "unknown vehicle 'car'; choose one of: bicycle, exact"),
                        (["exploitability=true"], "exploitability=true is part of the fidelity study in this process: "
                                                  "it needs world=both and executor=local (got world=model"),
@@ -107,7 +106,7 @@ def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):
 def test_fidelity_with_the_demo_model(tmp_path):
     args = ["world=both", "num_scenarios=2", "num_control_scenarios=1", "num_steps=2",
             "policies=[lane_follower,constant_speed]", "controls=[frozen]", "backend=hf", "num_threads=1",
-            "exploitability=true", "step_groups=2", f"output_dir={tmp_path / 'out'}"]
+            "exploitability=true", f"output_dir={tmp_path / 'out'}"]
     result = drive(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "fidelity.json").read_text())

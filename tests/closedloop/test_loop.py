@@ -17,16 +17,10 @@ from terra.closedloop.policies import reference_policy
 from terra.closedloop.record import metrics_of
 from terra.closedloop.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.worlds import ModelWorld, TrueWorld
-from terra.config.sampling import SamplingConfig
+from terra.closedloop.worlds import TrueWorld
 from terra.generation.actions import ACTION_TIMES
-from terra.generation.hf_backend import HFBackend
-from terra.models.presets import TINY_TOKENIZER
-from terra.pipeline import WorldModelPipeline
 from terra.sim.renderer import render
-from terra.tokenizer.lfq import LFQTokenizer
 from tests.closedloop.conftest import LaneCentre
-from tests.conftest import tiny_model
 
 SIZE = (72, 128)
 
@@ -138,102 +132,6 @@ def test_recorded_run_resumes_without_repeating_a_drive(scenarios, tmp_path):
     exact = drive_and_record(TrueWorld(SIZE), specs, replace(settings, vehicle="exact"))  # another fingerprint
     assert exact.counts == {"ok": 2, "failed": 0, "skipped": 0} and len(calls) == 4
     assert json.loads((tmp_path / "run" / f"{specs[1].id}.json").read_text())["vehicle"] == "exact"
-
-
-def same_drives(a, b) -> None:
-    """Drives ``a`` and ``b`` (lists, spec by spec) made the same plans, poses, frames and ends."""
-    for x, y in zip(a, b, strict=True):
-        assert (x.spec.id, x.error, x.ended, x.steps) == (y.spec.id, y.error, y.ended, y.steps)
-        assert all(np.array_equal(p, q) for p, q in zip(x.poses, y.poses, strict=True))
-        assert all(np.array_equal(p, q) for p, q in zip(x.actions, y.actions, strict=True))
-        assert all(np.array_equal(p, q) for p, q in zip(x.frames, y.frames, strict=True))
-
-
-def test_drives_in_step_groups_are_the_drives_in_lockstep(scenarios):
-    """Groups only reorder the work: the same drives, failures (step 2) and progress as one lockstep."""
-    release = threading.Event()
-    release.set()
-    specs = [DriveSpec(scenarios[k % 2], name, factory) for k, (name, factory) in enumerate([
-        ("lane_centre", LaneCentre), ("lane_follower", reference_policy("lane_follower")),
-        ("broken_raise", lambda: Broken("raise", release)), ("broken_nan", lambda: Broken("nan", release)),
-        ("constant_speed", reference_policy("constant_speed"))])]
-    made = {}
-    for groups in (1, 2, 3, 8):
-        seen = []
-        made[groups] = run_drives(TrueWorld(SIZE), specs, 6, progress=seen.append, step_groups=groups)
-        assert seen == [1, 2, 3, 4, 5, 6], groups
-    assert [d.ok for d in made[1]] == [True, True, False, False, True]
-    for groups in (2, 3, 8):
-        same_drives(made[1], made[groups])
-
-
-class Overlapping(TrueWorld):
-    """The true world whose step of the second group's drive (but the last, ``steps``) waits (up to a deadline)
-    until the first group's policy has planned the next step: it can only return in time if that plan runs while the
-    world steps."""
-
-    def __init__(self, size, steps: int, planned: dict, changed: threading.Condition) -> None:
-        super().__init__(size)
-        self.steps, self.planned, self.changed, self.waits = steps, planned, changed, []
-        self.threads = set()
-
-    def step(self, drives, actions, poses):
-        self.threads.add(threading.current_thread().name)
-        if drives[0].id.endswith("001") and len(self.waits) < self.steps - 1:
-            step = len(self.waits)  # the second group's step k waits for the first group's plan of step k + 1
-            with self.changed:
-                self.waits.append(self.changed.wait_for(lambda: self.planned.get("first", -1) > step, 60))
-        return super().step(drives, actions, poses)
-
-
-def test_a_group_plans_while_the_world_steps_the_other(scenarios):
-    """With two groups, the world's step of one group's drives and the other group's next plan run at once."""
-    planned, changed = {}, threading.Condition()
-
-    class First(LaneCentre):
-        def plan(self, obs):
-            with changed:
-                planned["first"] = obs.step
-                changed.notify_all()
-            return super().plan(obs)
-
-    world = Overlapping(SIZE, 5, planned, changed)
-    specs = [DriveSpec(scenarios[0], "first", First), DriveSpec(scenarios[1], "second", LaneCentre)]
-    drives = run_drives(world, specs, 5, step_groups=2)
-    assert all(d.ok and d.steps == 5 for d in drives)
-    assert world.waits == [True] * 4  # each returned in time
-    assert world.threads == {"terra-world_0"}  # one thread steps the world: its calls never overlap
-
-
-class KeptCodes(ModelWorld):
-    """The model world keeping each drive's codes when it closes."""
-
-    def close(self, drive) -> None:
-        self.kept = [*getattr(self, "kept", []), drive.codes()]
-        super().close(drive)
-
-
-def test_the_world_models_drives_in_step_groups_are_the_same(single_thread):
-    """On the world model (float32), drives in two groups sample the same codes as in one lockstep: each drive's
-    frames depend on its own actions and seed, not on which drives share the engine's steps. The tokenizer's decoder
-    may round a pixel the other way with another batch (here one pixel of one frame by 1)."""
-    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=8))
-    scenes = synthetic_scenarios(3, 1, TINY_TOKENIZER["image_size"])
-    specs = [DriveSpec(s, name, reference_policy(name), seed=k) for k, (s, name) in enumerate(
-        zip(scenes, ("lane_follower", "constant_speed", "lane_follower_noisy")))]
-    made, codes = [], []
-    for groups in (1, 2):
-        world = KeptCodes(pipeline, SamplingConfig(temperature=1.0))
-        try:
-            made.append(run_drives(world, specs, 4, step_groups=groups))
-        finally:
-            world.shutdown()
-        codes.append(world.kept)
-    assert all(d.ok and d.steps == 4 for d in made[0])
-    assert all(np.array_equal(a, b) for a, b in zip(*codes, strict=True)) and codes[0][0].shape == (7, 8, 8)
-    for one, two in zip(*made):
-        assert all(np.array_equal(a, b) for a, b in zip(one.actions, two.actions, strict=True))
-        assert max(np.abs(a.astype(int) - b).max() for a, b in zip(one.frames, two.frames, strict=True)) <= 1
 
 
 class Sleeper(LaneCentre):
