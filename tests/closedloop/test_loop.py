@@ -164,7 +164,8 @@ def test_policies_that_hold_the_gil_plan_one_after_another_each_within_its_own_d
     release = threading.Event()
     specs = [DriveSpec(scenarios[0], "slow_a", lambda: Sleeper(0.4)),
              DriveSpec(scenarios[1], "hangs", lambda: Sleeper(0.01, hang_at=1, release=release)),
-             DriveSpec(scenarios[0], "slow_b", lambda: Sleeper(0.4)), DriveSpec(scenarios[1], "slow_c", lambda: Sleeper(0.4))]
+             DriveSpec(scenarios[0], "slow_b", lambda: Sleeper(0.4)),
+             DriveSpec(scenarios[1], "slow_c", lambda: Sleeper(0.4))]
     try:
         drives = {d.spec.policy: d for d in run_drives(TrueWorld(SIZE), specs, 3, policy_timeout_s=1.0)}
     finally:

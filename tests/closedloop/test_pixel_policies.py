@@ -38,6 +38,13 @@ def test_all_pixel_names_every_pixel_policy_and_no_baseline():
     with pytest.raises(TerraInputError, match="twice"):
         policy_names([ALL_PIXEL, "lane_follower"])
     assert verdict.NO_PIXELS is NO_PIXELS  # one marker: the verdict ranks the pixel policies alone
+    bound = {}
+    for name, make in REFERENCE_POLICIES.items():
+        policy = make()
+        bound[name] = getattr(policy, "gil_bound", False)
+        policy.close()
+    assert {name for name, on in bound.items() if on} == set(PIXEL_POLICIES)  # numpy work: planned one after another;
+    # the baselines answer over the egodriver contract, each plan on a thread of its own
 
 
 def _poses(scene: Scene) -> list[np.ndarray]:
