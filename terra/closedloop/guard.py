@@ -123,7 +123,7 @@ class CallLine:
         with self._lock:
             while self._serving is not None:
                 current = self._current
-                if current is None:  # between two calls
+                if current is None:  # a new serving thread has not taken its first call yet
                     self._emptied.wait(1e-3)
                     continue
                 left = current.started + timeout_s - time.perf_counter()

@@ -129,13 +129,11 @@ def _plain_numbers(text: str | bytes) -> bool:
         return False
     raw = text.encode("utf-8", "surrogatepass")
     digits, at = raw.translate(_DIGIT_MAP), 0
-    while (at := digits.find(_WIDE_RUN, at)) != -1:
-        start, end = at, at + _WIDE_DIGITS
-        while start > 0 and digits[start - 1] == 0x31:
-            start -= 1
+    while (at := digits.find(_WIDE_RUN, at)) != -1:  # a run's start: the search resumes past the run before it
+        end = at + _WIDE_DIGITS
         while end < len(digits) and digits[end] == 0x31:
             end += 1
-        if (start == 0 or raw[start - 1] != 0x2E) and (end == len(raw) or raw[end] not in b".eE"):
+        if (at == 0 or raw[at - 1] != 0x2E) and (end == len(raw) or raw[end] not in b".eE"):
             return False
         at = end
     return True
