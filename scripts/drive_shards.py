@@ -19,9 +19,7 @@ the memory profiling that fails while another process's memory moves).
 With ``--scene-processes M`` (``world=both``) the study's worlds are split by what they need: the ``K`` shards drive
 the worlds the world model draws (``shard_worlds=engine``: the model, zero_actions, straight) and ``M`` more,
 started with them, every other world (``shard_worlds=scene``: the truth and the scene controls), which need no GPU:
-they drive on the cores the engines' shards leave while the model's drives are made, not after them. They run at
-``--scene-nice`` (default 10: the kernel gives them what cores the engines' shards leave), since the engines' shards
-are the study's critical path: while their loop waits for a core, the GPU waits for it.
+they drive on the cores the engines' shards leave while the model's drives are made, not after them.
 
 Once every shard has ended, the same command without the shard settings writes the manifest (``world=both``: the
 fidelity report) from the shards' drives, driving none again and opening no world whose drives are all recorded (no
@@ -32,7 +30,6 @@ report; one whose drives failed (exit 1) does not.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import subprocess
 import sys
@@ -87,10 +84,10 @@ def records(folder: Path) -> int:
 
 
 def run_shards(overrides: list[str], groups: dict[str, int], kv_cache_gib: float | None, folder: Path,
-               logs: Path, scene_nice: int = 0) -> dict[str, list[int]]:
+               logs: Path) -> dict[str, list[int]]:
     """Start every shard of ``groups`` (``shard_worlds`` -> its shards: ``{"all": K}``, or ``{"engine": K, "scene":
-    M}``, the scene shards at niceness ``scene_nice``; each shard's output in ``logs``), show the drives recorded in
-    ``folder`` as they come, and return each group's exit codes."""
+    M}``; each shard's output in ``logs``), show the drives recorded in ``folder`` as they come, and return each
+    group's exit codes."""
     threads = max(1, (os.cpu_count() or 1) // sum(groups.values()))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     running = {worlds: [] for worlds in groups}
@@ -98,9 +95,7 @@ def run_shards(overrides: list[str], groups: dict[str, int], kv_cache_gib: float
         for shard in range(shards):
             log = (logs / f"{worlds}-{shard}-of-{shards}.log").open("w")
             command = shard_command(overrides, shard, shards, threads, kv_cache_gib, worlds)
-            lower = functools.partial(os.nice, scene_nice) if worlds == "scene" and scene_nice else None
-            running[worlds].append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                     preexec_fn=lower), log))
+            running[worlds].append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     every = [item for group in running.values() for item in group]
     with tqdm(unit="drive", desc=f"{len(every)} shards", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
         while any(process.poll() is None for process, _ in every):
@@ -118,23 +113,20 @@ def main() -> None:
                         help="shards, each a terra-drive process (with --scene-processes: of the engine's worlds)")
     parser.add_argument("--scene-processes", type=int, default=0,
                         help="world=both: shards of the worlds that need no GPU, beside the engine's (0: none)")
-    parser.add_argument("--scene-nice", type=int, default=10,
-                        help="the scene shards' niceness (0 .. 19; default 10: the engines' shards take the cores "
-                             "first)")
     parser.add_argument("--kv-cache-gib", type=float, help="vLLM: each shard's engine's KV cache (GiB)")
     parser.add_argument("overrides", nargs="+", help="terra-drive's settings (after --)")
     args = parser.parse_args()
     ours = ("shard_index", "num_shards", "shard_worlds")
-    if args.processes < 1 or args.scene_processes < 0 or not 0 <= args.scene_nice <= 19 or any(setting(o) in ours for o in args.overrides):
-        parser.error("--processes is at least 1, --scene-processes at least 0, --scene-nice 0 .. 19, and the shards' "
-                     f"settings ({', '.join(ours)}) are this script's to set")
+    if args.processes < 1 or args.scene_processes < 0 or any(setting(o) in ours for o in args.overrides):
+        parser.error("--processes is at least 1, --scene-processes at least 0, and the shards' settings "
+                     f"({', '.join(ours)}) are this script's to set")
     folder = output_dir(args.overrides)  # given, before any shard starts
     groups = {"engine": args.processes, "scene": args.scene_processes} if args.scene_processes else \
         {"all": args.processes}
     logs = Path(tempfile.mkdtemp(prefix="drive_shards-"))
     print(f"drive_shards: the shards' output goes to {logs}", flush=True)
     started = time.perf_counter()
-    codes = run_shards(args.overrides, groups, args.kv_cache_gib, folder, logs, args.scene_nice)
+    codes = run_shards(args.overrides, groups, args.kv_cache_gib, folder, logs)
     for worlds, group in codes.items():
         for shard, code in enumerate(group):
             if code not in (0, 1):
