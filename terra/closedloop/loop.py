@@ -168,7 +168,7 @@ class Drive:
             accel = (speed - self.speeds[k - 1]) / DT_S if k > 0 else 0.0
             yaw_rate = (self.poses[k][2] - self.poses[k - 1][2]) / DT_S if k > 0 else 0.0
             statuses.append(EgoStatus(speed, yaw_rate, accel))
-        route = self.spec.scenario.route(self.world_poses()[-1])
+        route = self.spec.scenario.route(compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), now))
         ego = EgoStatus(statuses[-1].speed_mps, statuses[-1].yaw_rate, statuses[-1].accel_mps2, command_of(route))
         relative = np.concatenate([to_ego(poses[:, :2], now), (poses[:, 2:] - now[2])], axis=-1)
         frames = tuple(self.frames[-history:])
