@@ -16,7 +16,7 @@ from terra.closedloop.motion import VEHICLES, action_of, make_vehicle
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.record import metrics_of
 from terra.closedloop.run import RunSettings, drive_and_record
-from terra.closedloop.scenarios import synthetic_scenarios
+from terra.closedloop.scenarios import command_of, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.generation.actions import ACTION_TIMES
 from terra.sim.renderer import render
@@ -83,6 +83,31 @@ def test_the_world_model_is_shown_the_motion_the_true_world_renders(scenarios, v
         assert drive.speeds[k + 1] == car.speed
     for frame, pose in zip(drive.frames[drive.num_context:], drive.world_poses()[1:]):
         np.testing.assert_array_equal(frame, render(scenarios[1].scene, pose, *SIZE))
+
+
+class Watcher(LaneCentre):
+    """The lane centre's plans, keeping every observation it was handed."""
+
+    def reset(self, scenario):
+        super().reset(scenario)
+        self.seen = []
+
+    def plan(self, obs):
+        self.seen.append(obs)
+        return super().plan(obs)
+
+
+def test_a_policy_sees_the_route_ahead_of_the_newest_frames_pose(scenarios):
+    """Each step's route (and the command read from it) is the scenario's route at the world pose of the drive's
+    newest frame, its pose in the observation the ego frame's origin at that pose."""
+    watcher = Watcher()
+    [drive] = run_drives(TrueWorld(SIZE), [DriveSpec(scenarios[1], "watcher", lambda: watcher)], 12)
+    world = drive.world_poses()
+    assert drive.ok and len(watcher.seen) == 12
+    for k, obs in enumerate(watcher.seen):
+        np.testing.assert_array_equal(obs.route, scenarios[1].route(world[k]))
+        np.testing.assert_array_equal(obs.pose, drive.poses[k])
+        assert obs.ego.command == command_of(obs.route)
 
 
 def test_bad_policies_end_their_own_drive_with_one_reason(scenarios):
