@@ -49,3 +49,11 @@ def test_a_drive_like_record_takes_the_fast_path_and_decodes_as_the_checked_one(
         assert type(decoded) is int and decoded == wide  # kept whole (orjson would read a float)
     assert not _plain_numbers('{"id": "123456789012345678901234"}')  # a string's digits: checked, to be safe
     assert _plain_numbers("[1.5e00000000000000000000001]") is False  # an exponent's run: checked
+
+
+def test_a_caller_s_fewer_digits_keep_their_integers_off_the_fast_path():
+    """A ``max_digits`` below orjson's 64 bits still refuses every longer integer, floats' digits still taken."""
+    with pytest.raises(TerraInputError, match="a number of 7 digits; numbers must have at most 5"):
+        parse_json("[1, 1234567]", "f.json", max_digits=5)
+    assert not _plain_numbers("[1, 1234567]", 6) and _plain_numbers("[1, 12345, 1234567.5]", 6)
+    assert parse_json("[12345, 1234567.5]", "f.json", max_digits=5) == [12345, 1234567.5]

@@ -28,7 +28,6 @@ from terra.core.errors import TerraInputError
 MAX_TRAJECTORY_BYTES = 64 << 20  # a [1000, 60, 3] trajectory is about 3 MB of JSON
 MAX_JSON_DIGITS = 20  # longer integers in a file are no coordinates, counts or seeds
 _WIDE_DIGITS = 20  # an integer this long may be past 64 bits, which orjson reads as a float
-_WIDE_RUN = b"1" * _WIDE_DIGITS
 _DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))  # a digit to "1", any other byte to "0"
 
 
@@ -101,7 +100,7 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
         raise TerraInputError(f"{source}: {token} is not a number JSON allows; replace it with a finite number")
 
     try:
-        if _plain_numbers(text):  # every number orjson decodes is one the checks take: decoded in C
+        if _plain_numbers(text, min(max_digits + 1, _WIDE_DIGITS)):  # orjson decodes as the checks would: in C
             try:
                 return orjson.loads(text)
             except orjson.JSONDecodeError:
@@ -117,20 +116,21 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
                               "check that it is valid JSON") from None
 
 
-def _plain_numbers(text: str | bytes) -> bool:
+def _plain_numbers(text: str | bytes, wide: int = _WIDE_DIGITS) -> bool:
     """Whether orjson decodes ``text`` as :func:`parse_json`'s checks would, where it decodes it at all: it holds no
-    integer of :data:`_WIDE_DIGITS` digits or more (orjson reads one past 64 bits as a float; the checks keep it
-    whole or refuse it). Any run of that many digits not inside a float (after its point, or before a point or an
-    exponent) says no, a string's too, so it may say no when every number is fine (each is then checked as it
-    decodes), never yes when one is not; orjson itself refuses what else the checks would (NaN, infinities, numbers
-    beyond float range, nesting past 1,024), and those are then decoded by the checks to word the error. Bytes: no
-    (small request bodies)."""
+    integer of ``wide`` digits or more (past the checks' ``max_digits``, or, at :data:`_WIDE_DIGITS`, possibly past
+    64 bits, which orjson reads as a float; the checks keep it whole or refuse it). Any run of that many digits not
+    inside a float (after its point, or before a point or an exponent) says no, a string's too, so it may say no
+    when every number is fine (each is then checked as it decodes), never yes when one is not. orjson itself
+    refuses what else the checks would (NaN, infinities, numbers beyond float range, nesting past 1,024), and those
+    are then decoded by the checks to word the error. Bytes: no (small request bodies)."""
     if isinstance(text, bytes):
         return False
     raw = text.encode("utf-8", "surrogatepass")
     digits, at = raw.translate(_DIGIT_MAP), 0
-    while (at := digits.find(_WIDE_RUN, at)) != -1:  # a run's start: the search resumes past the run before it
-        end = at + _WIDE_DIGITS
+    run = b"1" * wide
+    while (at := digits.find(run, at)) != -1:  # a run's start: the search resumes past the run before it
+        end = at + wide
         while end < len(digits) and digits[end] == 0x31:
             end += 1
         if (at == 0 or raw[at - 1] != 0x2E) and (end == len(raw) or raw[end] not in b".eE"):
