@@ -116,9 +116,13 @@ class Drive:
     def steps(self) -> int:
         return len(self.actions)
 
+    def _in_world(self, poses: np.ndarray) -> np.ndarray:
+        """World poses of ``poses [..., 3]`` in the drive's frame (its origin the scenario's start pose)."""
+        return compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), poses)
+
     def world_poses(self) -> np.ndarray:
         """``[steps + 1, 3]`` world poses (the scenario's start pose composed with the drive's own)."""
-        return compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), np.stack(self.poses))
+        return self._in_world(np.stack(self.poses))
 
     def action_for(self, plan: Plan | Controls) -> np.ndarray:
         """The next frame's action if the car keeps to ``plan``: the vehicle's forecast at the action times (the
@@ -135,7 +139,7 @@ class Drive:
 
     def reached(self) -> np.ndarray:
         """The world pose the car reached with the last command: the next frame's."""
-        return compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), self.vehicle.pose)
+        return self._in_world(self.vehicle.pose)
 
     def advance(self, frame: np.ndarray) -> None:
         """Record the next frame at the pose and speed the car reached."""
@@ -168,7 +172,7 @@ class Drive:
             accel = (speed - self.speeds[k - 1]) / DT_S if k > 0 else 0.0
             yaw_rate = (self.poses[k][2] - self.poses[k - 1][2]) / DT_S if k > 0 else 0.0
             statuses.append(EgoStatus(speed, yaw_rate, accel))
-        route = self.spec.scenario.route(compose(np.asarray(self.spec.scenario.start_pose, dtype=np.float64), now))
+        route = self.spec.scenario.route(self._in_world(now))
         ego = EgoStatus(statuses[-1].speed_mps, statuses[-1].yaw_rate, statuses[-1].accel_mps2, command_of(route))
         relative = np.concatenate([to_ego(poses[:, :2], now), (poses[:, 2:] - now[2])], axis=-1)
         frames = tuple(self.frames[-history:])
