@@ -260,9 +260,10 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
 class DriveWriters:
     """Where finished drives are measured and written (terra/closedloop/record.py, ``write_drive``): in this process
     (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
-    drives overlap the next chunk's driving. The processes are spawned (the loop's process may hold a GPU engine
-    and its threads); should one die, what it held is written here and so is every later drive, after one warning
-    line. ``emit`` gets each drive's manifest record and JSON content in the order they were handed in."""
+    drives overlap the next chunk's driving; the loop's process writes some too while it waits for them. The
+    processes are spawned (the loop's process may hold a GPU engine and its threads); should one die, what it held
+    is written here and so is every later drive, after one warning line. ``emit`` gets each drive's manifest record
+    and JSON content in the order they were handed in."""
 
     def __init__(self, processes: int, emit: Emit) -> None:
         self.emit = emit
@@ -281,10 +282,35 @@ class DriveWriters:
         self.wait(len(self.pending) if self.pool is not None else 0)
 
     def wait(self, backlog: int) -> None:
-        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write."""
-        while self.pending and (len(self.pending) > backlog or self.pending[0][0] is None or self.pending[0][0].done()):
+        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write.
+        While it waits, this process writes drives too (:meth:`_write_newest_here`)."""
+        while self.pending:
+            first = self.pending[0][0]
+            if first is not None and not first.done():
+                if len(self.pending) <= backlog:
+                    return
+                if self._write_newest_here():
+                    continue
             future, seconds, args = self.pending.popleft()
             self._emit(self._written(future, args), seconds)
+
+    def _write_newest_here(self) -> bool:
+        """Write here the newest drive no writer has begun (the writers take the oldest first), so that one more
+        process works on a backlog, as on a world's last chunk; False when every drive left has begun. Its record
+        is still emitted in order."""
+        for index in range(len(self.pending) - 1, -1, -1):
+            future, seconds, args = self.pending[index]
+            if future is None or (not future.done() and not future.cancel()):
+                return False  # begun by a writer, and so has every older one (they are taken in order)
+            if future.cancelled():
+                here: Future = Future()
+                try:
+                    here.set_result(write_drive(*args))
+                except Exception as err:  # raised when its record is emitted, as a writer's would be
+                    here.set_exception(err)
+                self.pending[index] = (here, seconds, args)
+                return True
+        return False
 
     def _written(self, future: Future | None, args: tuple) -> dict:
         if future is not None:

@@ -21,6 +21,7 @@ from terra.closedloop.control_worlds import control_world
 from terra.closedloop.fidelity import run_fidelity
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
 from terra.closedloop.policies import reference_policy
+from terra.closedloop.record import write_drive
 from terra.closedloop.run import DriveWriters, RunSettings, drive_and_record, even_chunks
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
 from terra.closedloop.settings import drive_settings
@@ -175,6 +176,28 @@ def test_writer_processes_write_what_the_loop_writes(tmp_path):
         written = [json.loads((tmp_path / str(k) / f"{drive}.json").read_text()) for k in (0, 2)]
         assert {**written[0], "policy_s": None} == {**written[1], "policy_s": None}
     assert all(len(runs[2].drives[s.id]["fidelity"]["recovered"]) == 12 for s in specs[:4])  # measured there
+
+
+def test_the_loop_writes_the_newest_drives_while_its_writer_takes_the_oldest(tmp_path):
+    """Six drives handed to one writer process (spawned: still importing) and then waited for: the loop's process
+    writes the newest, the writer the oldest; the records come in the order handed in, the files as the loop alone
+    writes them."""
+    scenarios = synthetic_scenarios(3, 3, SIZE)
+    specs = drive_specs(scenarios, {"lane_follower": reference_policy("lane_follower"),
+                                    "lane_follower_noisy": reference_policy("lane_follower_noisy")})
+    drives = [drive.finished() for drive in run_drives(control_world("late", SIZE), specs, 6)]
+    emitted = []
+    with DriveWriters(1, lambda record, content: emitted.append(record)) as writers:
+        for drive in drives:
+            writers.write(1.0, tmp_path / "shared", drive, "print", None, None, True)
+        writers.wait(0)
+    assert [r["drive"] for r in emitted] == [s.id for s in specs] and not writers.pending
+    for drive in drives:
+        write_drive(tmp_path / "loop", drive, "print", None, None, True)
+    shared = {spec.id: tmp_path / "shared" / f"{spec.id}.json" for spec in specs}
+    assert all(path.read_text() == (tmp_path / "loop" / path.name).read_text() for path in shared.values())
+    newest, oldest = (shared[spec.id].stat().st_mtime_ns for spec in (specs[-1], specs[0]))
+    assert newest < oldest  # written here before the writer, still starting, had written the oldest
 
 
 def test_a_writer_process_that_dies_leaves_its_drives_to_the_loop(tmp_path, capsys):
