@@ -9,7 +9,7 @@ and every frame of a world but the true one is measured against the true render 
 (terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its interval and decision, whether
 the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
 differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
-differences; and, when asked for, the exploitability of the model world (terra/closedloop/exploit_drives.py).
+differences and the model's following gain; and, when asked for, the exploitability of the model world (terra/closedloop/exploit_drives.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.verdict import (
-    NO_PIXELS, WorldVerdict, judge, metric_value, pairs_of, path_distance_m, separation, shown, verdict_table,
+    NO_PIXELS, WorldVerdict, following_gain, judge, metric_value, pairs_of, path_distance_m, separation, shown,
+    verdict_table,
 )
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
@@ -66,7 +67,9 @@ class FidelityReport:
     def as_dict(self) -> dict:
         return {"verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
                 "policies": {name: {**row, "difference": {k: None if v is None else v.as_dict()
-                                                          for k, v in row["difference"].items()}}
+                                                          for k, v in row["difference"].items()},
+                                    "following_gain_dx": None if row["following_gain_dx"] is None
+                                    else row["following_gain_dx"].as_dict()}
                              for name, row in self.policies.items()},
                 "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
@@ -77,12 +80,14 @@ class FidelityReport:
         for control, names in self.separations().items():
             lines.append(f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}")
         titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
-        lines += [f"\n| policy | {titles} | path distance m |", "|---|" + "---:|" * (len(COLUMNS) + 1)]
+        lines += [f"\n| policy | {titles} | path distance m | following gain dx (model) |",
+                  "|---|" + "---:|" * (len(COLUMNS) + 2)]
         for name, row in self.policies.items():
             cells = [f"{row['model'][key]:.3f} / {row[TRUTH][key]:.3f}; {shown(row['difference'][key])}"
                      for key in COLUMNS]
             label = name if row["reads_pixels"] else f"{name} (reads no pixels)"
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown(row['difference']['path_distance_m'])} |")
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown(row['difference']['path_distance_m'])} | "
+                         f"{shown(row['following_gain_dx'])} |")
         if self.exploitability is not None:
             lines += ["", exploit_lines(self.exploitability)]
         return "\n".join(lines) + "\n"
@@ -92,7 +97,8 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
                     bootstrap: Bootstrap = Bootstrap()) -> dict[str, dict]:
     """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/record.py), over the drives made
     well in both worlds: the means of :data:`COLUMNS` in the model and in the true world, their paired differences
-    model - truth and the distance between the two paths at the same frames, with intervals over scenarios."""
+    model - truth, the distance between the two paths at the same frames and the model's following gain
+    (``following_gain_dx``: where its video stops moving with the car), with intervals over scenarios."""
     pairs = pairs_of(model, truth)
     policies: dict[str, dict] = {}
     for drive_id, record in model.items():
@@ -111,6 +117,7 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
                              for key in COLUMNS} if mine else {key: None for key in COLUMNS}
         row["difference"]["path_distance_m"] = (mean(scenarios, np.array([path_distance_m(p) for p in mine]),
                                                      bootstrap) if mine else None)
+        row["following_gain_dx"] = following_gain("dx")(mine, bootstrap) if mine else None
     return policies
 
 

@@ -59,7 +59,9 @@ class Pair:
         return self.world["scenario"]
 
 
-def _gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    """The gain of the motion recovered from the world's frames on the commanded motion (``dx`` or ``dyaw``:
+    terra/fidelity/following.py) over some paired drives, with its interval over their scenarios."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         fit = following_slopes([read_following(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
                                bootstrap)
@@ -142,9 +144,9 @@ class Statistic:
 
 
 STATISTICS = (
-    Statistic("following_gain_dx", (0.8, 1.2), _gain("dx"),
+    Statistic("following_gain_dx", (0.8, 1.2), following_gain("dx"),
               "forward motion recovered from the frames / commanded (1: the video moves as the car)"),
-    Statistic("following_gain_dyaw", (0.8, 1.2), _gain("dyaw"),
+    Statistic("following_gain_dyaw", (0.8, 1.2), following_gain("dyaw"),
               "yaw recovered from the frames / commanded (-1: mirrored; 0: ignores steering)"),
     Statistic("motion_recovered", (0.5, 1.0), _recovered,
               "share of steps whose motion the road-plane odometry recovers (0: no ground to see)"),

@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
+from terra.closedloop.control_worlds import FrozenWorld
 from terra.closedloop.fidelity import compare, run_fidelity
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.policies import reference_policy
@@ -117,7 +118,8 @@ def test_fidelity_with_the_demo_model(tmp_path):
         assert (tmp_path / "out" / world / "manifest.jsonl").is_file()
     text = (tmp_path / "out" / "fidelity.md").read_text()
     assert "| statistic | band | model | frozen |" in text and "AlpaSim score (model / truth; model - truth)" in text
-    assert "| path distance m |" in text and "| constant_speed (reads no pixels) |" in text
+    assert "| path distance m | following gain dx (model) |" in text and "| constant_speed (reads no pixels) |" in text
+    assert set(report["policies"]["lane_follower"]["following_gain_dx"]) >= {"estimate", "low", "high"}
     exploit = report["exploitability"]  # 9 candidates tuned on scenario 0, tested on scenario 1
     assert len(exploit["candidates"]) == 9 and exploit["gap"]["estimate"] is not None
     assert "**Exploitability** (lane_follower_tuned: 9 candidates" in text
@@ -138,6 +140,7 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
         assert row["difference"]["path_distance_m"].estimate == 0.0 and row["model"] == row["truth"]
         assert 0.0 <= row["model"]["scene_score"] <= 1.0 and row["drives"] == 2 and row["failed"] == 0
         assert all(row["difference"][key].high == 0.0 for key in ("time_in_lane", "off_road", "scene_score"))
+        assert 0.8 < row["following_gain_dx"].low <= row["following_gain_dx"].high < 1.2  # the verdict's band
     assert [name for name, row in report.policies.items() if not row["reads_pixels"]] == ["constant_speed"]
     [model] = report.verdicts
     assert model.drives == 6 and not model.flagged_by
@@ -152,6 +155,21 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     assert all(v.estimate == 0.0 for v in model.differences.values()) and len(model.differences) > 30
     empty = compare({"model": {}, "truth": {}})  # no drives: every statistic undefined, nothing decided
     assert empty.verdicts[0].drives == 0 and set(empty.verdicts[0].decisions.values()) == {"inconclusive"}
+
+
+class FrozenModel(FrozenWorld):
+    """The last context frame forever, judged as if it were a model."""
+
+    name = "model"
+
+
+def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_path):
+    scenarios = synthetic_scenarios(2, 9, (72, 128))
+    policies = {name: reference_policy(name) for name in ("lane_follower", "constant_speed")}
+    report = run_fidelity({"model": FrozenModel((72, 128)), "truth": TrueWorld((72, 128))},
+                          drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
+    for row in report.policies.values():
+        assert abs(row["following_gain_dx"].estimate) < 0.05 and row["following_gain_dx"].high < 0.8
 
 
 def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypatch):
