@@ -9,7 +9,8 @@ and every frame of a world but the true one is measured against the true render 
 (terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its interval and decision, whether
 the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
 differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
-differences and the model's following gain; and, when asked for, the exploitability of the model world (terra/closedloop/exploit_drives.py).
+differences and the model's following gain; and, when asked for, the exploitability of the model world
+(terra/closedloop/exploit_drives.py).
 """
 
 from __future__ import annotations
