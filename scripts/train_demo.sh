@@ -2,15 +2,17 @@
 # Train the demo models shipped in terra/assets/demo (see MODEL_CARD.md), stage by stage.
 # Every stage resumes where an earlier invocation stopped, so a stage can span several time-limited runs.
 #
-#   bash scripts/train_demo.sh data          # render the world-model clips (CPU, all cores)
+#   bash scripts/train_demo.sh data          # render the world model's 20 s drives (CPU, all cores)
 #   bash scripts/train_demo.sh tokenizer     # train the LFQ tokenizer (GPU), export it when done or out of budget
-#   bash scripts/train_demo.sh tokens        # encode the clips with the trained tokenizer
+#   bash scripts/train_demo.sh tokens        # encode the drives with the tokenizer (TOKENIZER)
 #   bash scripts/train_demo.sh world_model   # train the world model, export it when done or out of budget
 #   bash scripts/train_demo.sh install       # copy both exports into terra/assets/demo
 #
 # Environment: RUN (work folder, default runs/demo), PY (the Python to run: default .venv/bin/python, the
-# environment `make` builds, else python3), MINUTES (budget of a training stage),
-# CLIPS, FRAMES (dataset size), TOK_STEPS, WM_STEPS (schedule lengths), EXTRA (more Hydra overrides).
+# environment `make` builds, else python3), MINUTES (budget of a training stage), CLIPS, FRAMES (dataset size:
+# drives and frames a drive), TOKENIZER (the tokenizer that encodes the drives: default the one the tokenizer stage
+# exports), WM_DIR (the world model's run folder), TOK_STEPS, WM_STEPS (schedule lengths), EXTRA (more Hydra
+# overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/demo}
@@ -24,8 +26,8 @@ last_step() {  # last "step" of a JSON-lines training log
 
 case "${1:-}" in
   data)
-    "$PY" -m terra.apps.make_dataset out_dir="$RUN/clips" num_clips="${CLIPS:-5000}" num_frames="${FRAMES:-20}" \
-      height=144 width=256 seed=0 workers=0 $EXTRA
+    "$PY" -m terra.apps.make_dataset recipe=long_drives out_dir="$RUN/drives" num_clips="${CLIPS:-1400}" \
+      num_frames="${FRAMES:-200}" height=144 width=256 seed=0 workers=0 compress=false clips_per_shard=8 $EXTRA
     ;;
   tokenizer)
     args=(train.output_dir="$RUN/tokenizer" train.max_steps="${TOK_STEPS:-8000}" model.config.encoder_decoder_config.ch=32)
@@ -36,22 +38,24 @@ case "${1:-}" in
     fi
     ;;
   tokens)
-    "$PY" -m terra.apps.tokenize_dataset dataset="$RUN/clips" tokenizer_path="$RUN/tokenizer/final" \
-      out="$RUN/tokens.safetensors" $EXTRA
+    "$PY" -m terra.apps.tokenize_dataset dataset="$RUN/drives" tokenizer_path="${TOKENIZER:-$RUN/tokenizer/final}" \
+      out="$RUN/tokens.safetensors" batch_size=512 $EXTRA
     ;;
   world_model)
-    args=(data.tokens="$RUN/tokens.safetensors" output_dir="$RUN/world_model" train.max_steps="${WM_STEPS:-4800}"
-          train.batch_size=32 net.num_temporal_embeddings=16)
+    wm=${WM_DIR:-$RUN/world_model}
+    args=(data.tokens="$RUN/tokens.safetensors" output_dir="$wm" train.max_steps="${WM_STEPS:-6000}"
+          train.batch_size=64 train.input_noise=0.1 net.num_temporal_embeddings=16 sample.gif=false
+          train.tensorboard=false)
     "$PY" -m terra.apps.train "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
-    if [ ! -f "$RUN/world_model/model/config.json" ]; then  # out of budget: end the schedule here and export
-      "$PY" -m terra.apps.train "${args[@]}" train.max_steps="$(last_step "$RUN/world_model/train_log.jsonl")" $EXTRA
+    if [ ! -f "$wm/model/config.json" ]; then  # out of budget: end the schedule here and export
+      "$PY" -m terra.apps.train "${args[@]}" train.max_steps="$(last_step "$wm/train_log.jsonl")" $EXTRA
     fi
     ;;
   install)
     rm -rf terra/assets/demo/tokenizer terra/assets/demo/world_model
     mkdir -p terra/assets/demo
     cp -r "$RUN/tokenizer/final" terra/assets/demo/tokenizer
-    cp -r "$RUN/world_model/model" terra/assets/demo/world_model
+    cp -r "${WM_DIR:-$RUN/world_model}/model" terra/assets/demo/world_model
     du -sh terra/assets/demo/*
     ;;
   *)

@@ -4,6 +4,7 @@ trajectories, actions).
     terra-make-dataset out_dir=data/clips num_clips=4000 num_frames=25 height=144 width=256
     terra-make-dataset format=driving_logs out_dir=data/night_logs num_clips=300 num_frames=20 \
         domain=night seed=1     # driving logs for terra-prepare-logs
+    terra-make-dataset recipe=long_drives out_dir=data/drives num_clips=1400 num_frames=200  # 20 s drives
 
 See conf/make_dataset.yaml for every option; the folder formats: terra/sim/dataset.py (``format=shards``) and
 terra/sim/logs.py (``format=driving_logs``).
@@ -41,10 +42,12 @@ def _main(cfg: DictConfig) -> None:
     sizes = (int(cfg.num_clips), int(cfg.num_frames), int(cfg.height), int(cfg.width))
     as_logs = check_choice(cfg.format, "format", FORMATS) == "driving_logs"
     if as_logs:
-        out = write_driving_logs(cfg.out_dir, *sizes, seed=int(cfg.seed), domain=cfg.domain, workers=int(cfg.workers))
+        out = write_driving_logs(cfg.out_dir, *sizes, seed=int(cfg.seed), domain=cfg.domain, workers=int(cfg.workers),
+                                 recipe=cfg.recipe)
     else:
         out = write_dataset(cfg.out_dir, *sizes, seed=int(cfg.seed), clips_per_shard=int(cfg.clips_per_shard),
-                            workers=int(cfg.workers), compress=bool(cfg.compress), domain=cfg.domain)
+                            workers=int(cfg.workers), compress=bool(cfg.compress), domain=cfg.domain,
+                            recipe=cfg.recipe)
     size_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     elapsed = time.perf_counter() - start
     if as_logs:

@@ -30,7 +30,8 @@ from terra.config.output_dir import claim_output_dir
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
-from terra.sim.clips import Clip, random_clip
+from terra.sim.clips import Clip, Drive, random_drive
+from terra.sim.long_drives import random_long_drive
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 1
@@ -38,6 +39,11 @@ APP = "terra-make-dataset"  # the app whose run folders these are (terra/config/
 META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions")
 SHARD_FILES = "shard-*.npz"
+# What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
+# manoeuvres: 2 s clips of single manoeuvres and lane keeping (terra/sim/clips.py); long_drives: 20 s drives with
+# the states closed-loop policies reach (terra/sim/long_drives.py).
+RECIPES: dict[str, Callable[[np.random.Generator, int, str], Drive]] = {
+    "manoeuvres": random_drive, "long_drives": random_long_drive}
 
 
 def write_dataset(
@@ -52,22 +58,24 @@ def write_dataset(
     compress: bool = True,
     progress: bool = True,
     domain: str = "day",
+    recipe: str = "manoeuvres",
 ) -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
 
     ``workers`` processes render shards in parallel (0 = one per CPU core); ``domain`` (terra/sim/scene.py) is
-    every clip's. Returns the folder.
+    every clip's; ``recipe`` (:data:`RECIPES`) what the clips are. Returns the folder.
     """
     check_sizes(num_clips=num_clips, num_frames=num_frames, height=height, width=width,
                 clips_per_shard=clips_per_shard, workers=workers)
     check_choice(domain, "domain", DOMAINS)
+    check_choice(recipe, "recipe", tuple(RECIPES))
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
     claim_output_dir(out, "out_dir", files=[META_FILE, SHARD_FILES], app=APP).record()
     jobs = [
         (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
-         seed, compress, domain)
+         seed, compress, domain, recipe)
         for k, start in enumerate(range(0, num_clips, clips_per_shard))
     ]
     mark(out, [Path(job[0]).name for job in jobs])
@@ -86,6 +94,7 @@ def write_dataset(
         "fps": FRAME_RATE_HZ,
         "seed": seed,
         "domain": domain,
+        "recipe": recipe,
         "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
         "clips": clips_meta,
     }
@@ -117,9 +126,9 @@ def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, con
 
 
 def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, width: int, seed: int,
-                 compress: bool, domain: str) -> list[dict]:
+                 compress: bool, domain: str, recipe: str) -> list[dict]:
     """Render clips ``[start, end)`` into one shard file; return their metadata."""
-    clips = [random_clip(np.random.default_rng([seed, i]), num_frames, height, width, domain)
+    clips = [RECIPES[recipe](np.random.default_rng([seed, i]), num_frames, domain).render(num_frames, height, width)
              for i in range(start, end)]
     arrays = {name: np.stack([getattr(c, name) for c in clips]) for name in ARRAYS}
     save = np.savez_compressed if compress else np.savez

@@ -34,8 +34,7 @@ from terra.core.atomic import atomic_dir, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.driving_logs import TIMESTAMPS_FILE, TRAJECTORY_STEM
-from terra.sim.clips import random_drive
-from terra.sim.dataset import check_sizes, map_in_processes
+from terra.sim.dataset import RECIPES, check_sizes, map_in_processes
 from terra.sim.scene import DOMAINS
 
 LOGS_META_FILE = "clips.json"
@@ -58,11 +57,14 @@ def write_driving_logs(
     domain: str = "day",
     workers: int = 1,
     progress: bool = True,
+    recipe: str = "manoeuvres",
 ) -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` as driving logs in
-    ``out_dir`` (module docstring), in ``workers`` processes (0 = one per CPU core). Returns the folder."""
+    ``out_dir`` (module docstring), in ``workers`` processes (0 = one per CPU core), drawn by ``recipe``
+    (terra/sim/dataset.py's RECIPES). Returns the folder."""
     check_sizes(num_clips=num_clips, num_frames=num_frames, height=height, width=width, workers=workers)
     check_choice(domain, "domain", DOMAINS)
+    check_choice(recipe, "recipe", tuple(RECIPES))
     out = Path(out_dir)
     if (out / LOGS_META_FILE).exists():
         raise TerraInputError(f"{out} already holds driving logs ({LOGS_META_FILE}); choose a new out_dir or delete it")
@@ -77,18 +79,19 @@ def write_driving_logs(
     claim_output_dir(out, "out_dir", files=[LOGS_META_FILE], folders=[clip_id(domain, seed, 0)[:-5] + "*"],
                      app=APP).record()
     mark(out, ids)
-    jobs = [(str(out / name), i, num_frames, height, width, seed, domain) for i, name in enumerate(ids)]
+    jobs = [(str(out / name), i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)]
     clips = list(tqdm(map_in_processes(_write_clip, jobs, workers), total=len(jobs), desc="rendering clips",
                       unit="clip", disable=not progress))
     meta = {"format": "driving_logs", "num_clips": num_clips, "num_frames": num_frames, "height": height,
-            "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "clips": clips}
+            "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "recipe": recipe, "clips": clips}
     write_text(out / LOGS_META_FILE, json_text(meta, indent=1))
     return out
 
 
-def _write_clip(folder: str, index: int, num_frames: int, height: int, width: int, seed: int, domain: str) -> dict:
+def _write_clip(folder: str, index: int, num_frames: int, height: int, width: int, seed: int, domain: str,
+                recipe: str) -> dict:
     """Render clip ``index`` into ``folder`` unless it is there already; return its metadata."""
-    drive = random_drive(np.random.default_rng([seed, index]), num_frames, domain)
+    drive = RECIPES[recipe](np.random.default_rng([seed, index]), num_frames, domain)
     path = Path(folder)
     if not path.is_dir():
         clip = drive.render(num_frames, height, width)

@@ -42,9 +42,10 @@ class WindowLoss(nn.Module):
     """
 
     def __init__(self, model: LlamaActionForCausalLM, frames: int, loss_on_first_frame: bool, chunk: int,
-                 autocast_dtype: torch.dtype | None, compile_softmax: bool = False) -> None:
+                 autocast_dtype: torch.dtype | None, compile_softmax: bool = False, input_noise: float = 0.0) -> None:
         super().__init__()
         self.lm = model
+        self.input_noise = input_noise
         cfg = model.config
         keep, target_idx = target_positions(cfg.num_image_patches, frames, loss_on_first_frame)
         self.register_buffer("keep", keep, persistent=False)
@@ -60,8 +61,9 @@ class WindowLoss(nn.Module):
     def forward(self, image_ids: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean loss and accuracy (greedy over the codebook) of windows ``[B, W*P]`` under actions ``[B, W*6, 3]``."""
         enabled = self.autocast_dtype is not None
+        inputs = noisy_inputs(image_ids, self.input_noise, self.codebook_size) if self.training else image_ids
         with torch.autocast(image_ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
-            ids, actions = self.lm.interleave(image_ids, actions)
+            ids, actions = self.lm.interleave(inputs, actions)
             positions = self.positions.unsqueeze(0).expand(ids.shape[0], -1)
             embeds = self.lm.embed(ids, actions, positions)
             hidden = self.lm.model(inputs_embeds=embeds, position_ids=positions).last_hidden_state[:, self.keep]
@@ -70,6 +72,17 @@ class WindowLoss(nn.Module):
                         torch.is_grad_enabled(), self.softmax_step)
         loss, correct = FusedHeadLoss.apply(hidden.flatten(0, 1), self.lm.lm_head.weight, targets.flatten(), head)
         return loss / targets.numel(), correct.float() / targets.numel()
+
+
+def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.Tensor:
+    """``image_ids [B, N]`` with a share of each window's codes replaced by random codes, the share drawn per window
+    uniformly in ``[0, most]``. Only the inputs are noised, the targets stay the true codes: the model learns to draw
+    the next frame right from context frames that hold errors, as its own generated frames do in a long rollout."""
+    if most <= 0.0:
+        return image_ids
+    share = torch.rand(image_ids.shape[0], 1, device=image_ids.device) * most
+    hit = torch.rand(image_ids.shape, device=image_ids.device) < share
+    return torch.where(hit, torch.randint_like(image_ids, codebook), image_ids)
 
 
 def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebook: int

@@ -99,7 +99,7 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
     checkpoint_layers(model, spec.activation_checkpointing)
     model.config.use_cache = False
     loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute,
-                      compile_softmax=spec.compile).to(processes.device)
+                      compile_softmax=spec.compile, input_noise=spec.input_noise).to(processes.device)
     if spec.compile:
         for layer in model.model.layers:
             layer.compile()

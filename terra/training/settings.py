@@ -73,6 +73,7 @@ TRAIN_RANGES = {
     "train.eval_every": Range(1, 10**8, 500, whole=True),
     "train.ckpt_every": Range(1, 10**8, 500, whole=True),
     "train.loss_chunk": Range(1, 10**7, 2048, whole=True),
+    "train.input_noise": Range(0, 0.5, 0.05),
     "data.val_clips": Range(0, 10**7, 32, whole=True),
     "sample.num_context": Range(1, 1023, 3, whole=True),
     "sample.clips": Range(1, 10**5, 4, whole=True),
@@ -112,6 +113,7 @@ class TrainSpec:
     micro_batch_size: int | None  # windows per process per forward; None: batch_size / processes
     window: int | None  # frames per window; None: the model's num_temporal_embeddings
     loss_on_first_frame: bool
+    input_noise: float  # most share of a window's input codes replaced by random ones (terra/training/objective.py)
     loss_chunk: int  # positions whose logits are computed at once
     lr: float
     min_lr_ratio: float
@@ -176,7 +178,8 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         batch_size=values["train.batch_size"], micro_batch_size=values["train.micro_batch_size"],
         window=values["train.window"],
         loss_on_first_frame=check_flag(select(cfg, "train.loss_on_first_frame"), "train.loss_on_first_frame"),
-        loss_chunk=values["train.loss_chunk"], lr=values["train.lr"], min_lr_ratio=values["train.min_lr_ratio"],
+        input_noise=values["train.input_noise"], loss_chunk=values["train.loss_chunk"], lr=values["train.lr"],
+        min_lr_ratio=values["train.min_lr_ratio"],
         warmup_steps=values["train.warmup_steps"], max_steps=values["train.max_steps"],
         weight_decay=values["train.weight_decay"], betas=check_betas(select(cfg, "train.betas"), "train.betas"),
         grad_clip=values["train.grad_clip"],

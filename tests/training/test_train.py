@@ -209,3 +209,20 @@ def test_the_step_bar_counts_to_max_steps_with_the_time_left(tmp_path, capsys):
     assert "training:  50%" in captured.err and "| 5/10 [" in captured.err and "<" in captured.err  # ETA after "<"
     assert "loss 1.250, 1,234 tok/s" in captured.err
     assert "step=5/10 loss=1.25 tokens_per_s=1234" in captured.out
+
+
+def test_input_noise_noises_inputs_only_and_only_in_training():
+    """train.input_noise: a share of each window's input codes becomes random codes (up to the setting, drawn per
+    window); the targets stay the true codes, and evaluation sees the true inputs."""
+    import torch
+
+    from terra.training.objective import noisy_inputs
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1024, (256, 2000))
+    noisy = noisy_inputs(ids, 0.2, 1024)
+    changed = (noisy != ids).float().mean(1)
+    assert 0.0 <= changed.min() and changed.max() <= 0.21
+    assert 0.08 < changed.mean() < 0.12  # share ~ U(0, 0.2), of which 1/1024 redraw the same code
+    assert noisy.max() < 1024 and noisy.min() >= 0
+    assert torch.equal(noisy_inputs(ids, 0.0, 1024), ids)

@@ -1,0 +1,235 @@
+"""Long drives of the synthetic world with the states a driving policy leads a car into, for world-model training.
+
+A closed-loop drive (terra-drive, the gymnasium env, AlpaSim) lasts 20 s and goes where its policy takes it: off the
+lane's centre and back, into the other lane, off the road and back, weaving, braking to a stop and starting again.
+:func:`random_long_drive` draws such drives, unrendered (a :class:`terra.sim.clips.Drive`), in two kinds:
+
+* **lane-relative** (:data:`LANE_RELATIVE_SHARE` of them): the car's lateral offset from the road's centre is a
+  function of the distance driven, built from behaviour segments (:data:`BEHAVIOURS`: keep the lane with noise,
+  drift to a side and recover, change lanes, leave the road and come back, weave), smoothed so that the heading
+  stays within :data:`MAX_SLOPE` of the road's; the speed is a sequence of cruising, accelerating, braking and
+  stop-and-go segments;
+* **manoeuvre chains**: ACT-Bench's manoeuvres (terra/inputs/trajectory.py) one after another from a lane pose, each
+  1.5-4 s, so open-loop commands (curves off the road's direction too) stay covered.
+
+The car's heading is the direction it moves (a kinematic car), so a drive's actions (terra/inputs/actions.py) say
+exactly how the view moves. Scene seeds of the closed-loop study's synthetic scenarios are never drawn
+(:func:`reserved_scene_seeds`), so a study drives in scenes no training drive saw.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from terra.core.errors import TerraInputError
+from terra.generation.actions import FRAME_RATE_HZ
+from terra.inputs.trajectory import MANOEUVRES, EgoTrajectory, manoeuvre_trajectory
+from terra.sim.clips import (FUTURE_S, SAMPLE_RATE_HZ, VIEW_MARGIN_M, Drive, chain_trajectories, place,
+                             random_manoeuvre_params)
+from terra.sim.scene import LANE_WIDTH_M, ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
+
+LANE_RELATIVE_SHARE = 0.8
+BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave")
+BEHAVIOUR_WEIGHTS = (0.3, 0.2, 0.15, 0.15, 0.2)
+MAX_SLOPE = 0.3  # |d offset / d distance|: the heading stays within ~17 degrees of the road's
+MAX_SPEED_MPS = 70.0 / 3.6
+GRID_M = 0.25  # resolution of the lateral offset along the distance driven
+RESERVED_SCENARIO_SEEDS = (0, 1, 2, 3)  # the study's scenario seeds (terra/closedloop/scenarios.py) kept out
+RESERVED_SCENARIOS = 256  # of each, the first this many scenarios
+
+
+@lru_cache(maxsize=1)
+def reserved_scene_seeds() -> frozenset[int]:
+    """Scene seeds of the first :data:`RESERVED_SCENARIOS` synthetic scenarios of each reserved scenario seed (the
+    draws of terra/closedloop/scenarios.py's ``synthetic_scenarios``, repeated here without building scenes)."""
+    seeds = set()
+    for seed in RESERVED_SCENARIO_SEEDS:
+        rng = np.random.default_rng([seed, 0xD21E])
+        for _ in range(RESERVED_SCENARIOS):
+            seeds.add(int(rng.integers(2**31)))
+            rng.uniform(size=2)  # the scenario's speed and start, drawn after its scene seed
+    return frozenset(seeds)
+
+
+def random_long_drive(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
+    """A drive of ``num_frames`` frames at 10 Hz (plus the 3 s of future its last actions need) of either kind."""
+    if num_frames < 1:
+        raise TerraInputError(f"a drive needs at least 1 frame (got num_frames={num_frames})")
+    scene_seed = int(rng.integers(2**31))
+    while scene_seed in reserved_scene_seeds():
+        scene_seed = int(rng.integers(2**31))
+    duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S + 0.05
+    t = np.arange(int(np.ceil(duration * SAMPLE_RATE_HZ)) + 1) / SAMPLE_RATE_HZ
+    speed0 = float(rng.uniform(10.0, 60.0)) / 3.6
+    if rng.random() < LANE_RELATIVE_SHARE:
+        speed = speed_profile(rng, t, speed0)
+        travel = np.concatenate([[0.0], np.cumsum(speed[1:] / SAMPLE_RATE_HZ)])
+        scene = Scene.generate(scene_seed, 40.0 + float(travel[-1]) + VIEW_MARGIN_M + 60.0, domain)
+        start_s = float(rng.uniform(10.0, 40.0))
+        lateral, names = lateral_profile(rng, float(travel[-1]) + 1.0, scene.ego_lane_offset_m)
+        trajectory = lane_relative_trajectory(scene, t, start_s + travel, start_s, lateral)
+        return Drive(scene, trajectory, "long:" + "+".join(names), start_s, speed0 * 3.6)
+    local, names = manoeuvre_chain(rng, duration, speed0 * 3.6)
+    reach = float(np.hypot(local.x - local.x[0], local.y - local.y[0]).max())
+    scene = Scene.generate(scene_seed, 40.0 + reach + VIEW_MARGIN_M + 60.0, domain)
+    start_s = float(rng.uniform(10.0, 40.0))
+    start = scene.lane_pose(start_s, scene.ego_lane_offset_m + float(rng.uniform(-0.4, 0.4)))
+    return Drive(scene, place(local, start), "chain:" + ">".join(names), start_s, speed0 * 3.6)
+
+
+def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.ndarray:
+    """Speeds (m/s) at ``t``: segments of 1.5-6 s cruising, accelerating, braking, or braking to a stop, standing
+    and starting again; within [0, :data:`MAX_SPEED_MPS`]."""
+    dt = 1.0 / SAMPLE_RATE_HZ
+    i = 0
+    speed = speed0
+    out = np.empty_like(t)
+    while i < len(t):
+        kind = rng.choice(("cruise", "accelerate", "brake", "stop"), p=(0.5, 0.2, 0.22, 0.08))
+        n = int(rng.uniform(1.5, 6.0) * SAMPLE_RATE_HZ)
+        if kind == "stop":
+            a = -float(rng.uniform(2.0, 5.0))
+            hold = int(rng.uniform(0.5, 3.0) * SAMPLE_RATE_HZ)
+            restart = float(rng.uniform(1.5, 3.0))
+            target = float(rng.uniform(15.0, 50.0)) / 3.6
+            phase = "brake"
+            while i < len(t):
+                if phase == "brake":
+                    speed = max(0.0, speed + a * dt)
+                    phase = "hold" if speed == 0.0 else phase
+                elif phase == "hold":
+                    hold -= 1
+                    phase = "go" if hold <= 0 else phase
+                else:
+                    speed = min(target, speed + restart * dt)
+                    if speed >= target:
+                        break
+                out[i] = speed
+                i += 1
+            continue
+        a = {"cruise": 0.0, "accelerate": float(rng.uniform(0.5, 2.5)),
+             "brake": -float(rng.uniform(1.0, 4.0))}[str(kind)]
+        floor = min(speed, float(rng.uniform(5.0, 20.0)) / 3.6)  # braking ends above a stop (stops are their own)
+        for _ in range(n):
+            if i >= len(t):
+                break
+            speed = float(np.clip(speed + a * dt, floor, MAX_SPEED_MPS))
+            out[i] = speed
+            i += 1
+    return out
+
+
+def lateral_profile(rng: np.random.Generator, length_m: float, lane_m: float) -> tuple[np.ndarray, list[str]]:
+    """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` over ``length_m`` of distance driven,
+    starting near the lane centre ``lane_m``, and the behaviours drawn."""
+    n = int(np.ceil(length_m / GRID_M)) + 1
+    target = np.empty(n)
+    names: list[str] = []
+    lane = lane_m
+    d = lane_m + float(rng.uniform(-0.4, 0.4))
+    i = 0
+    while i < n:
+        name = str(rng.choice(BEHAVIOURS, p=BEHAVIOUR_WEIGHTS))
+        names.append(name)
+        seg, lane = _behaviour(rng, name, d, lane)
+        take = min(len(seg), n - i)
+        target[i:i + take] = seg[:take]
+        i += take
+        d = float(seg[take - 1])
+    limited = _slope_limited(target, MAX_SLOPE * GRID_M)
+    return _smoothed(limited, sigma=float(rng.uniform(2.0, 5.0)) / GRID_M), names
+
+
+def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tuple[np.ndarray, float]:
+    """One behaviour's target offsets from offset ``d`` in lane ``lane`` (its centre), and the lane after it."""
+    def ramp(a: float, b: float, metres: float) -> np.ndarray:
+        k = max(2, int(metres / GRID_M))
+        return a + (b - a) * (1.0 - np.cos(np.linspace(0.0, np.pi, k))) / 2.0
+
+    def hold(value: float, metres: float) -> np.ndarray:
+        return np.full(max(1, int(metres / GRID_M)), value)
+
+    if name == "keep":
+        k = int(rng.uniform(20.0, 80.0) / GRID_M)
+        sigma, tau = float(rng.uniform(0.05, 0.35)), float(rng.uniform(5.0, 30.0)) / GRID_M
+        noise = np.zeros(k)
+        for j in range(1, k):  # Ornstein-Uhlenbeck around the lane centre
+            noise[j] = noise[j - 1] * (1 - 1 / tau) + sigma * np.sqrt(2 / tau) * rng.normal()
+        return np.concatenate([ramp(d, lane, 10.0), lane + noise]), lane
+    if name == "drift":
+        side = rng.choice((-1.0, 1.0))
+        away = lane + side * float(rng.uniform(0.5, 2.5))
+        return np.concatenate([ramp(d, away, float(rng.uniform(15.0, 60.0))), hold(away, rng.uniform(0.0, 15.0)),
+                               ramp(away, lane, float(rng.uniform(10.0, 40.0)))]), lane
+    if name == "lane_change":
+        other = -lane if abs(lane) > 0.5 else lane_like(rng)
+        return np.concatenate([ramp(d, other, float(rng.uniform(25.0, 80.0))), hold(other, 10.0)]), other
+    if name == "off_road":
+        side = rng.choice((-1.0, 1.0))
+        out = side * (ROAD_HALF_WIDTH_M + float(rng.uniform(0.3, SHOULDER_M + 3.0)))
+        return np.concatenate([ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 40.0)),
+                               ramp(out, lane, float(rng.uniform(15.0, 50.0)))]), lane
+    amplitude, wavelength = float(rng.uniform(0.2, 1.2)), float(rng.uniform(20.0, 80.0))
+    s = np.arange(int(rng.uniform(40.0, 120.0) / GRID_M)) * GRID_M
+    return np.concatenate([ramp(d, lane, 10.0), lane + amplitude * np.sin(2 * np.pi * s / wavelength)]), lane
+
+
+def lane_like(rng: np.random.Generator) -> float:
+    """The centre of a lane drawn at random (left or right of the road's centre)."""
+    return float(rng.choice((-1.0, 1.0))) * LANE_WIDTH_M / 2
+
+
+def _smoothed(values: np.ndarray, sigma: float) -> np.ndarray:
+    """``values`` under a Gaussian of ``sigma`` samples, the ends held: a slope bound of ``values`` still holds, and
+    the heading turns smoothly."""
+    radius = max(1, int(3 * sigma))
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    padded = np.concatenate([np.full(radius, values[0]), values, np.full(radius, values[-1])])
+    return np.convolve(padded, kernel / kernel.sum(), mode="valid")
+
+
+def _slope_limited(values: np.ndarray, step: float) -> np.ndarray:
+    """``values`` changing by at most ``step`` from one sample to the next (a car cannot move sideways faster than
+    its heading allows)."""
+    out = np.empty_like(values)
+    out[0] = values[0]
+    for i in range(1, len(values)):
+        out[i] = out[i - 1] + np.clip(values[i] - out[i - 1], -step, step)
+    return out
+
+
+def lane_relative_trajectory(scene: Scene, t: np.ndarray, s: np.ndarray, start_s: float,
+                             lateral: np.ndarray) -> EgoTrajectory:
+    """The world trajectory at arc lengths ``s`` (times ``t``) and the offsets ``lateral`` (every :data:`GRID_M` of
+    distance from ``start_s``); the heading is the direction of motion, held while the car stands."""
+    d = np.interp(s - start_s, np.arange(len(lateral)) * GRID_M, lateral)
+    poses = scene.lane_pose(s, d)
+    x, y = poses[:, 0], poses[:, 1]
+    step = np.hypot(np.diff(x), np.diff(y))
+    heading = np.arctan2(np.diff(y), np.diff(x))
+    yaw = np.empty_like(x)
+    yaw[0] = heading[0] if step[0] > 1e-4 else poses[0, 2]
+    for i in range(1, len(x)):  # a standing car keeps its heading
+        yaw[i] = heading[i - 1] if step[i - 1] > 1e-4 else yaw[i - 1]
+    return EgoTrajectory(t=t, x=x, y=y, yaw=np.unwrap(yaw))
+
+
+def manoeuvre_chain(rng: np.random.Generator, duration: float, speed_kmh: float
+                    ) -> tuple[EgoTrajectory, list[str]]:
+    """ACT-Bench manoeuvres of 1.5-4 s one after another from the origin (heading +x), ``duration`` seconds."""
+    names: list[str] = []
+    trajectory = None
+    speed = speed_kmh
+    while trajectory is None or trajectory.t[-1] < duration - 0.5 / SAMPLE_RATE_HZ:
+        name = str(rng.choice(MANOEUVRES))
+        if name == "stop" and speed < 5.0:
+            name = "accelerate"
+        names.append(name)
+        part = manoeuvre_trajectory(name, float(rng.uniform(1.5, 4.0)), speed_kmh=max(speed, 1.0),
+                                    rate_hz=SAMPLE_RATE_HZ, **random_manoeuvre_params(rng, name, max(speed, 1.0)))
+        trajectory = part if trajectory is None else chain_trajectories(trajectory, part, duration)
+        tail = np.hypot(np.diff(part.x[-2:]), np.diff(part.y[-2:]))
+        speed = float(tail[0]) * SAMPLE_RATE_HZ * 3.6
+    return trajectory, names

@@ -1,0 +1,77 @@
+"""The long drives of terra/sim/long_drives.py: what they hold (behaviours, states off the lane and off the road,
+stops), that they are kinematic (heading = direction of motion) and reproducible, and that no drive is set in a
+scene of the closed-loop study's scenarios."""
+
+import numpy as np
+import pytest
+
+from terra.closedloop.scenarios import synthetic_scenarios
+from terra.core.errors import TerraInputError
+from terra.sim.dataset import ClipDataset, write_dataset
+from terra.sim.long_drives import BEHAVIOURS, random_long_drive, reserved_scene_seeds
+from terra.sim.scene import ROAD_HALF_WIDTH_M
+
+FRAMES = 200
+
+
+def _drives(count: int, seed: int = 0):
+    return [random_long_drive(np.random.default_rng([seed, i]), FRAMES) for i in range(count)]
+
+
+def _frame_poses(drive):
+    return drive.trajectory.poses_at(drive.trajectory.t[0] + np.arange(FRAMES) / 10.0)
+
+
+def test_drives_cover_the_states_policies_reach():
+    drives = _drives(60)
+    names = " ".join(d.manoeuvre for d in drives)
+    for behaviour in BEHAVIOURS:
+        assert behaviour in names
+    assert "chain:" in names and "long:" in names
+    offsets, stops = [], 0
+    for drive in drives:
+        poses = _frame_poses(drive)
+        _, d = drive.scene.road_coords(poses[:, 0], poses[:, 1])
+        offsets.append(d[np.isfinite(d)])
+        speed = np.hypot(*np.diff(poses[:, :2], axis=0).T) * 10.0
+        stops += bool((speed < 0.05).any())
+    d = np.concatenate(offsets)
+    assert (np.abs(d) > ROAD_HALF_WIDTH_M).mean() > 0.02  # off the road
+    assert (d > 0).mean() > 0.05  # in the other lane or beyond
+    assert np.std(d) > 1.0
+    assert 1 <= stops < 30
+
+
+def test_heading_is_the_direction_of_motion_and_turns_smoothly():
+    for drive in _drives(20, seed=3):
+        if not drive.manoeuvre.startswith("long:"):
+            continue
+        tr = drive.trajectory
+        step = np.hypot(np.diff(tr.x), np.diff(tr.y))
+        moving = step > 1e-3
+        motion = np.arctan2(np.diff(tr.y), np.diff(tr.x))[moving]
+        error = np.angle(np.exp(1j * (motion - tr.yaw[1:][moving])))
+        assert np.abs(error).max() < 0.02
+        assert np.abs(np.diff(tr.yaw)).max() < 0.02  # per 10 ms: no kinks
+
+
+def test_same_generator_same_drive_and_frames_render():
+    a, b = (random_long_drive(np.random.default_rng([5, 1]), 30) for _ in range(2))
+    assert a.manoeuvre == b.manoeuvre and np.array_equal(a.trajectory.x, b.trajectory.x)
+    clip = a.render(30, 36, 64)
+    assert clip.frames.shape == (30, 36, 64, 3) and clip.actions.shape == (30, 6, 3)
+    assert np.isfinite(clip.actions).all()
+
+
+def test_study_scenes_are_never_training_scenes():
+    scenario_seeds = {s.scene.seed for s in synthetic_scenarios(8, 0, (36, 64), indices=range(8))}
+    assert scenario_seeds <= reserved_scene_seeds()
+    assert not scenario_seeds & {d.scene.seed for d in _drives(200)}
+
+
+def test_dataset_recipe_is_recorded_and_checked(tmp_path):
+    data = ClipDataset(write_dataset(tmp_path / "d", 2, 12, 36, 64, recipe="long_drives", progress=False))
+    assert data.meta["recipe"] == "long_drives"
+    assert data[0].frames.shape == (12, 36, 64, 3)
+    with pytest.raises(TerraInputError, match="recipe"):
+        write_dataset(tmp_path / "e", 2, 12, 36, 64, recipe="long_drive", progress=False)
