@@ -6,7 +6,8 @@ lane's centre and back, into the other lane, off the road and back, weaving, bra
 
 * **lane-relative** (:data:`LANE_RELATIVE_SHARE` of them): the car's lateral offset from the road's centre is a
   function of the distance driven, built from behaviour segments (:data:`BEHAVIOURS`: keep the lane with noise,
-  drift to a side and recover, change lanes, leave the road and come back, weave), smoothed so that the heading
+  drift to a side and recover, change lanes, leave the road and come back, weave, and turn more or less than the
+  road bends: what a lane follower does whose world shows the bend wrong), smoothed so that the heading
   stays within :data:`MAX_SLOPE` of the road's; the speed is a sequence of cruising, accelerating, braking and
   stop-and-go segments;
 * **manoeuvre chains**: ACT-Bench's manoeuvres (terra/inputs/trajectory.py) one after another from a lane pose, each
@@ -31,8 +32,8 @@ from terra.sim.clips import (FUTURE_S, SAMPLE_RATE_HZ, VIEW_MARGIN_M, Drive, cha
 from terra.sim.scene import LANE_WIDTH_M, ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
 
 LANE_RELATIVE_SHARE = 0.8
-BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave")
-BEHAVIOUR_WEIGHTS = (0.3, 0.2, 0.15, 0.15, 0.2)
+BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave", "bend")
+BEHAVIOUR_WEIGHTS = (0.2, 0.15, 0.1, 0.15, 0.15, 0.25)
 MAX_SLOPE = 0.3  # |d offset / d distance|: the heading stays within ~17 degrees of the road's
 MAX_SPEED_MPS = 70.0 / 3.6
 GRID_M = 0.25  # resolution of the lateral offset along the distance driven
@@ -68,7 +69,8 @@ def random_long_drive(rng: np.random.Generator, num_frames: int, domain: str = "
         travel = np.concatenate([[0.0], np.cumsum(speed[1:] / SAMPLE_RATE_HZ)])
         scene = Scene.generate(scene_seed, 40.0 + float(travel[-1]) + VIEW_MARGIN_M + 60.0, domain)
         start_s = float(rng.uniform(10.0, 40.0))
-        lateral, names = lateral_profile(rng, float(travel[-1]) + 1.0, scene.ego_lane_offset_m)
+        grid = start_s + np.arange(int(np.ceil((float(travel[-1]) + 1.0) / GRID_M)) + 1) * GRID_M
+        lateral, names = lateral_profile(rng, np.unwrap(scene.road_pose(grid)[:, 2]), scene.ego_lane_offset_m)
         trajectory = lane_relative_trajectory(scene, t, start_s + travel, start_s, lateral)
         return Drive(scene, trajectory, "long:" + "+".join(names), start_s, speed0 * 3.6)
     local, names = manoeuvre_chain(rng, duration, speed0 * 3.6)
@@ -121,10 +123,11 @@ def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.
     return out
 
 
-def lateral_profile(rng: np.random.Generator, length_m: float, lane_m: float) -> tuple[np.ndarray, list[str]]:
-    """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` over ``length_m`` of distance driven,
-    starting near the lane centre ``lane_m``, and the behaviours drawn."""
-    n = int(np.ceil(length_m / GRID_M)) + 1
+def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: float
+                    ) -> tuple[np.ndarray, list[str]]:
+    """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` of distance driven (``road_heading``: the
+    road's heading there), starting near the lane centre ``lane_m``, and the behaviours drawn."""
+    n = len(road_heading)
     target = np.empty(n)
     names: list[str] = []
     lane = lane_m
@@ -133,7 +136,10 @@ def lateral_profile(rng: np.random.Generator, length_m: float, lane_m: float) ->
     while i < n:
         name = str(rng.choice(BEHAVIOURS, p=BEHAVIOUR_WEIGHTS))
         names.append(name)
-        seg, lane = _behaviour(rng, name, d, lane)
+        if name == "bend":
+            seg = _bend(rng, road_heading[i:], d, lane)
+        else:
+            seg, lane = _behaviour(rng, name, d, lane)
         take = min(len(seg), n - i)
         target[i:i + take] = seg[:take]
         i += take
@@ -174,6 +180,18 @@ def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tu
     amplitude, wavelength = float(rng.uniform(0.2, 1.2)), float(rng.uniform(20.0, 80.0))
     s = np.arange(int(rng.uniform(40.0, 120.0) / GRID_M)) * GRID_M
     return np.concatenate([ramp(d, lane, 10.0), lane + amplitude * np.sin(2 * np.pi * s / wavelength)]), lane
+
+
+def _bend(rng: np.random.Generator, road_heading: np.ndarray, d: float, lane: float) -> np.ndarray:
+    """Offsets of a car that turns ``k`` times as much as the road (k in [0, 0.7] or [1.3, 1.8]) for 30-120 m from
+    a small heading error, then steers back to the lane centre: the outward and inward drift on a bend."""
+    k = float(rng.uniform(0.0, 0.7) if rng.random() < 0.6 else rng.uniform(1.3, 1.8))
+    count = min(len(road_heading), max(2, int(rng.uniform(30.0, 120.0) / GRID_M)))
+    turn = road_heading[:count] - road_heading[0]
+    heading = rng.normal(0.0, 0.03) + (k - 1.0) * turn  # the car's heading relative to the road's
+    offsets = d + np.concatenate([[0.0], np.cumsum(np.tan(np.clip(heading[:-1], -0.5, 0.5)) * GRID_M)])
+    back = float(rng.uniform(15.0, 50.0))
+    return np.concatenate([offsets, np.linspace(offsets[-1], lane, max(2, int(back / GRID_M)))])
 
 
 def lane_like(rng: np.random.Generator) -> float:
