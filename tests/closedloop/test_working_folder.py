@@ -98,7 +98,8 @@ def test_terra_drive_finds_an_agent_and_a_world_of_the_working_folder(tmp_path):
     (tmp_path / "my_agents" / "__init__.py").write_text("")
     (tmp_path / "my_agents" / "agent.py").write_text(MY_AGENT)
     result = subprocess.run([str(TERRA_DRIVE), "world=my_worlds:ShakyCamera",
-                             "policies=[navsim:my_agents.agent:MyAgent]", "num_scenarios=1", "num_steps=2", "videos=false", "output_dir=out", "num_threads=1"],
+                             "policies=[navsim:my_agents.agent:MyAgent]", "num_scenarios=1", "num_steps=2",
+                             "videos=false", "output_dir=out", "num_threads=1"],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr
     assert "1 drives ok, 0 failed" in result.stdout
