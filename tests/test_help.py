@@ -80,3 +80,9 @@ def test_the_settings_are_the_config_file_without_its_opening_defaults_and_hydra
     assert opening_comment(text) == "app: what it does\n  app x=1"
     assert documented_settings(text) == "# a comment on x\nx: 1  # one\ny:\n  z: ${oc.env:HOME}  # two\nlast: 2"
     assert documented_settings("x: 1\n") == "x: 1"  # the control: nothing to leave out
+
+
+def test_the_groups_are_those_the_defaults_list_picks():
+    text = "defaults:\n  - model: demo\n  - optional backend@run: null\n  - override hydra/job_logging: none\n"
+    assert config_groups(text) == {"model": "demo (default), terra_v1, terra_v2",
+                                   "backend": "auto, hf, vllm; none by default"}

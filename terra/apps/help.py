@@ -189,7 +189,8 @@ def config_groups(text: str) -> dict[str, str]:
     for entry in defaults:
         if not isinstance(entry, dict) or next(iter(entry)).startswith("override "):
             continue
-        (group, chosen), = entry.items()
+        (key, chosen), = entry.items()
+        group = key.removeprefix("optional ").split("@")[0].strip("/")  # Hydra's `optional g@package: option`
         options = sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
         groups[group] = ", ".join(f"{name} (default)" if name == chosen else name for name in options) + (
             "; none by default" if chosen is None else "")
