@@ -57,20 +57,22 @@ def _drive_choices() -> dict[str, str]:
 
 
 def _generate_choices() -> dict[str, str]:
+    from terra.config.spec import DECODERS
     from terra.inputs.trajectory import MANOEUVRES
 
     return {"manoeuvre": f"{', '.join(MANOEUVRES)} (when trajectory is null)",
             "manoeuvre_params": "speed_kmh (all), radius_m (curves), accel_mps2 (accelerate, decelerate, stop), "
                                 "lane_width_m and change_s (lane changes)",
-            "decoder": "tokenizer | refiner"}
+            "decoder": " | ".join(DECODERS)}
 
 
 def _rollout_choices() -> dict[str, str]:
     from terra.config.outputs import FORMATS
     from terra.config.ray_settings import EXECUTORS
+    from terra.config.spec import DECODERS
 
     return {"output.naming": "default | actbench", "output.formats": ", ".join(FORMATS),
-            "executor": " | ".join(EXECUTORS), "decoder": "tokenizer | refiner"}
+            "executor": " | ".join(EXECUTORS), "decoder": " | ".join(DECODERS)}
 
 
 def _dataset_choices() -> dict[str, str]:
