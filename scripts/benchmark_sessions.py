@@ -121,7 +121,7 @@ def build_model(args: argparse.Namespace, folder: Path,
     engine = options.pop("sampling", sampling)
     return WorldModelPipeline.from_pretrained(world_model, tokenizer, backend=args.backend, device=args.device,
                                               dtype=args.dtype, decoding=engine.decoding,
-                                              draft_tokens=engine.draft_tokens, **options)
+                                              draft_tokens=engine.draft_tokens, num_threads=args.threads, **options)
 
 
 def contexts(host: SessionHost, count: int, num_context: int) -> list[SessionContext]:

@@ -137,8 +137,8 @@ def passes_record(passes: list[int], image_tokens: int, wall: float) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    pipeline = WorldModelPipeline.from_pretrained(args.model, args.tokenizer, backend="hf", device="cpu")
+    pipeline = WorldModelPipeline.from_pretrained(args.model, args.tokenizer, backend="hf", device="cpu",
+                                                  num_threads=args.threads)
     image_tokens = pipeline.backend.layout.image_tokens
     reqs = requests(pipeline, max(args.rollouts, max(args.streams, default=0)), args.frames, args.num_context)
     records = []

@@ -2,9 +2,17 @@
 
     python scripts/compile_alpasim_proto.py            # rewrite the committed modules
     python scripts/compile_alpasim_proto.py --out DIR  # write them into DIR instead (tests/alpasim/test_proto.py)
+    python scripts/compile_alpasim_proto.py --imports-out alpasim_imports.pb   # the imported files, for any protoc
 
-The proto imports AlpaSim's ``alpasim_grpc/v0/common.proto`` and ``sensorsim.proto``, whose generated modules
-carla-driver-interface ships; protoc reads those two files from the descriptors the installed modules carry
+The proto imports AlpaSim's ``alpasim_grpc/v0/common.proto`` and ``sensorsim.proto`` (NVlabs/alpasim,
+``src/grpc/alpasim_grpc/v0/``), which this package does not ship. ``--imports-out`` writes their descriptors (a
+``FileDescriptorSet``) so that protoc, for any language, compiles the shipped proto without AlpaSim's tree:
+
+    python -m grpc_tools.protoc --descriptor_set_in=alpasim_imports.pb -I terra/alpasim --python_out=. \
+        video_model.proto
+
+Their generated modules are what carla-driver-interface ships (``carla_driver_interface.protocol``; it ships no
+``.proto`` sources); protoc reads those two files from the descriptors the installed modules carry
 (``--descriptor_set_in``), so no copy of their sources is needed, and the generated imports are pointed at
 ``carla_driver_interface.protocol``. The proto is compiled under AlpaSim's own file name
 (``alpasim_grpc/v0/video_model.proto``), so its descriptor is the one AlpaSim's runtime has. Needs grpcio-tools
@@ -80,7 +88,13 @@ def _tools_version() -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PROTO.parent, help="folder to write the modules into")
+    parser.add_argument("--imports-out", type=Path, help="write only the descriptors of the imported AlpaSim protos "
+                        "into this file (protoc's --descriptor_set_in)")
     args = parser.parse_args(argv)
+    if args.imports_out is not None:
+        args.imports_out.write_bytes(dependencies().SerializeToString())
+        print(args.imports_out)
+        return
     for path in compile_proto(args.out):
         print(path)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from terra.config.assets import DEMO_NAME, demo_checkpoints
-from terra.config.backend import DTYPES, check_backend
+from terra.config.backend import DEFAULT_THREADS, DTYPES, check_backend, check_num_threads
 from terra.config.checks import check_choice, check_flag
 from terra.config.memory import tokenizer_batch
 from terra.config.sampling import SamplingConfig
@@ -199,6 +199,7 @@ class WorldModelPipeline:
         decoding: str = "auto",
         draft_tokens: int = 32,
         block_size: int | None = None,
+        num_threads: int | str | None = DEFAULT_THREADS,
         **backend_options,
     ) -> "WorldModelPipeline":
         """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
@@ -216,6 +217,9 @@ class WorldModelPipeline:
         decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
         (a call that names its decoding gets it).
         ``config`` is the world model's config when the caller has read it already (it then checks the window).
+        ``num_threads`` is the apps' setting of that name, decided by the same rule (terra/config/backend.py,
+        ``check_num_threads``; ``auto``, the default of ``terra-generate``: half the CPUs this process may use,
+        N, or None for torch's default of one per core); like the apps it sets this process's torch threads.
         """
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
@@ -223,7 +227,8 @@ class WorldModelPipeline:
                        backend=backend, backend_options=options, device=check_device(device),
                        dtype=check_choice(dtype, "dtype", DTYPES),
                        sampling=SamplingConfig(decoding=decoding, draft_tokens=draft_tokens, block_size=block_size),
-                       zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"))
+                       zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"),
+                       num_threads=check_num_threads(num_threads))
         return cls.from_run(resolve_run(spec, model=config),
                             tokenizer if isinstance(tokenizer, ImageTokenizer) else None)
 

@@ -124,3 +124,34 @@ def test_a_vllm_actor_checks_the_plugin_and_keeps_a_multi_gpu_engine_on_its_gpus
         actor_spec(RunSpec("wm", "tok", backend="vllm"), ["0"])
     assert "\n" not in str(err.value)
     assert actor_spec(RunSpec("wm", "tok", backend="hf"), ["0"]).backend == "hf"  # no plugin needed
+
+
+@pytest.mark.parametrize("given", ["default", 1, None])
+def test_from_pretrained_sets_threads_as_terra_generate_does(monkeypatch, given) -> None:
+    """The Python API and the CLI share one thread rule: ``from_pretrained``'s default is terra-generate's
+    ``num_threads`` (conf/generate.yaml), and the spec it runs sets torch's threads to what the CLI's spec sets."""
+    from hydra import compose, initialize_config_dir
+
+    from terra.apps.runner import CONF_DIR
+    from terra.config.spec import run_spec
+
+    setting = {"default": [], 1: ["num_threads=1"], None: ["num_threads=null"]}[given]
+    overrides = ["backend=hf", "device=cpu", *setting]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cli_threads = run_spec(compose("generate", overrides=overrides)).num_threads
+    runs = []
+    monkeypatch.setattr(WorldModelPipeline, "from_run", classmethod(lambda cls, run, tokenizer=None: runs.append(run)))
+    before, untouched = torch.get_num_threads(), (cli_threads or 1) + 2  # a count neither setting chooses
+    torch.set_num_threads(untouched)
+    try:
+        kwargs = {} if given == "default" else {"num_threads": given}
+        WorldModelPipeline.from_pretrained("demo", backend="hf", device="cpu", **kwargs)
+        applied = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    [run] = runs
+    assert run.spec.num_threads == cli_threads
+    assert applied == (untouched if cli_threads is None else cli_threads)
+    if given == "default":  # the CLI's default decides a number here (auto), unlike torch's one per core
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        assert cli_threads == max(1, usable // 2)

@@ -13,6 +13,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
   ``HYDRA_FULL_ERROR=1``. Without ``--verbose`` vLLM logs warnings and errors only (``VLLM_LOGGING_LEVEL``, unless
   the environment sets it).
+* ``--help``: the app's page, made one way for every app (terra/apps/help.py): what it does, its input formats,
+  the choices that exist, its settings with their comments, exit codes and docs page.
 * :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
   instead of silently ignored.
 * Renamed settings (terra/config/moved.py): an old name on the command line is given its new name here, before
@@ -42,6 +44,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
+from terra.apps.help import register_help
 from terra.config.assets import register_resolvers
 from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
@@ -50,6 +53,8 @@ CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
 
 register_resolvers()
+register_help()
+HELP_FLAGS = ("--help", "-h")
 
 
 def show_progress() -> bool:
@@ -191,6 +196,8 @@ def run_app(app: Callable[[], None], prog: str) -> None:
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
+        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
+            sys.argv.append("hydra/help=terra")
         app()
         return
     except _TaskFailed as failed:

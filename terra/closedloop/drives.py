@@ -16,6 +16,7 @@ from terra.closedloop.fidelity import study_settings
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.prepare import frame_size, load_specs, open_worlds
 from terra.closedloop.run import Recorded, RunSettings, recorded_drives, specs_of
+from terra.closedloop.run_table import run_table
 from terra.closedloop.settings import DriveSettings
 from terra.closedloop.worlds import TRUTH
 
@@ -79,7 +80,8 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         if settings.world != "both":
             result = record_run(runner, settings.world, settings.drive_ids, run_settings, settings.output)
             line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
-            return DriveOutcome([line], 1 if result.counts["failed"] else 0)
+            table = run_table({settings.world: result.drives.values()})  # what it measured, per policy
+            return DriveOutcome([line, *table], 1 if result.counts["failed"] else 0)
         report, runs = fidelity_run(runner, run_settings, settings.fidelity, exploit)
         lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
         out = settings.fidelity.top.path

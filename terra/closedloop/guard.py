@@ -17,7 +17,8 @@ saying so. Views cost nothing per step, where copies of every drive's frame hist
 a write is caught, not silently dropped.
 
 User code named by a setting (a NAVSIM agent's module, a user world's) is imported by :func:`user_class` behind the
-same boundary, under the run's ``policy_timeout_s``: a module that hangs on import is one line, not a hang.
+same boundary, under the run's ``policy_timeout_s``: a module that hangs on import is one line, not a hang. Such a
+module is found in the working folder, as ``python -m``, uvicorn and pytest find one (:func:`working_folder_on_path`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -200,16 +203,28 @@ def handed(value: Any) -> Any:
     return value
 
 
+def working_folder_on_path() -> None:
+    """Put the working folder first on ``sys.path`` (once), as ``python -m``, uvicorn and pytest do: a module named
+    on the command line (``policies=[navsim:my_agents.agent:MyAgent]``, ``world=my_worlds:ShakyCamera``) is found
+    there without ``PYTHONPATH=.``; a console script's ``sys.path`` starts with the script's own folder instead."""
+    folder = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == folder for entry in sys.path):
+        sys.path.insert(0, folder)
+
+
 def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -> type:
-    """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``); ``where``
-    opens the one line of a failure (the setting and what it names), ``fix`` says what to give instead."""
+    """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``) from the
+    working folder or ``sys.path`` (:func:`working_folder_on_path`); ``where`` opens the one line of a failure (the
+    setting and what it names), ``fix`` says what to give instead."""
+    working_folder_on_path()
     try:
         loaded = UserCall(f"{where}: importing {module}", "its import", importlib.import_module, module).returned(
             timeout_s)
     except UserCodeError as err:
         raise TerraInputError(f"{err}; fix the module, or raise policy_timeout_s if its import is slow") from None
     except ImportError as err:
-        raise TerraInputError(f"{where} ({type(err).__name__}: {err}); {fix}, importable here (PYTHONPATH)") from None
+        raise TerraInputError(f"{where} ({type(err).__name__}: {err}); {fix}, importable from the working folder "
+                              "or PYTHONPATH") from None
     except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)
         raise TerraInputError(f"{where}: importing {module} failed: {reason(err)}; fix the module") from None
     found = getattr(loaded, name, None)

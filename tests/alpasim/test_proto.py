@@ -4,6 +4,8 @@ scripts/compile_alpasim_proto.py makes of terra/alpasim/video_model.proto."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,23 @@ def test_the_committed_modules_are_the_compilers_output(tmp_path):
     for path in compile_script.compile_proto(tmp_path):
         assert path.read_text() == (committed / path.name).read_text(), (
             f"{path.name} differs from the compiler's output: run python scripts/compile_alpasim_proto.py")
+
+
+def test_the_shipped_proto_compiles_alone_against_alpasims_imports(tmp_path):
+    """The proto imports AlpaSim's common.proto and sensorsim.proto, which are not shipped: protoc finds them in the
+    descriptors carla-driver-interface's modules carry (the script's --imports-out), as the proto's header says."""
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev extra) compiles the proto")
+    compile_script = load_script("compile_alpasim_proto")
+    proto = Path(pb.__file__).with_name("video_model.proto")
+    imports = tmp_path / "alpasim_imports.pb"
+    compile_script.main(["--imports-out", str(imports)])
+
+    def protoc(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *flags, f"-I{proto.parent}",
+                               f"--python_out={tmp_path}", proto.name], capture_output=True, text=True, timeout=120)
+
+    alone = protoc()  # the control: without AlpaSim's files protoc cannot read the imports
+    assert alone.returncode != 0 and "alpasim_grpc/v0/common.proto" in alone.stderr
+    found = protoc(f"--descriptor_set_in={imports}")
+    assert found.returncode == 0, found.stderr
+    assert "WorldModelService" in (tmp_path / "video_model_pb2.py").read_text()

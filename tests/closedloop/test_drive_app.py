@@ -64,6 +64,12 @@ def test_runs_on_the_true_world_and_resumes(tmp_path):
     first = drive(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "4 drives ok, 0 failed, 0 already complete" in first.stdout
+    lines = first.stdout.splitlines()  # it ends with what it measured: a row per policy under the header
+    header = next(i for i, line in enumerate(lines) if line.startswith("world  policy"))
+    rows = {line.split()[1]: line.split() for line in lines[header + 1:header + 3]}
+    assert set(rows) == {"lane_follower", "constant_speed"} and all(row[0] == "truth" for row in rows.values())
+    assert all(row[2:4] == ["2", "ok"] and row[-3:] == ["0/2", "0/2", "2/2"] for row in rows.values()), rows
+    assert lines[-1].startswith("in lane: share of frames")
     again = drive(*args, cwd=tmp_path)
     assert "0 drives ok, 0 failed, 4 already complete" in again.stdout
     summary = json.loads((tmp_path / "out" / "manifest.summary.json").read_text())

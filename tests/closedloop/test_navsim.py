@@ -190,8 +190,7 @@ def test_a_rerun_with_other_navsim_args_drives_again(tmp_path):
             tmp_path / "out", "policies=[navsim:tests.closedloop.test_navsim:SampledAgent]", "num_scenarios=1",
             "num_steps=2", "progress=false", f"navsim_args={{SampledAgent: {{checkpoint_path: x, config: {{_target_: "
             f"tests.closedloop.test_navsim.AgentConfig, speed_mps: {speed}}}}}}}")
-        [line] = run_drive_settings(settings, progress=False).lines
-        return line
+        return run_drive_settings(settings, progress=False).lines[0]  # the run; what it measured follows
 
     assert "1 drives ok, 0 failed, 0 already complete" in run(5.0)
     assert "0 drives ok, 0 failed, 1 already complete" in run(5.0)  # the same arguments: complete

@@ -1,0 +1,245 @@
+"""Every app's ``--help`` page, made one way for all of them (terra/apps/runner.py asks for it).
+
+A page is Hydra's help template (``hydra/help=terra``, stored here), made by the resolver ``terra_help`` from the
+app's config file and its :class:`Page`: the config file's opening comment (what the app does, example commands),
+the page's sections (input formats, each pointing to its docs page for an example), the choices that exist,
+computed from the code that accepts them (policies, worlds, controls, manoeuvres, ...), the configuration groups
+its defaults list picks (``model=``, ``backend=``, presets), the settings as the config file documents them (each
+with its comment: range, meaning), the exit codes, and the docs page. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+import terra.conf
+
+CONF_DIR = Path(terra.conf.__file__).resolve().parent
+EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
+              "error (--verbose shows its traceback).")
+WIDTH = 118  # a page's wrapped lines
+MOVED = "docs/moved-names.md"  # old setting names, still taken for one release (terra/config/moved.py)
+
+
+@dataclass(frozen=True)
+class Page:
+    """What an app's page adds to its config file: its console script, docs page, sections ``(title, text)``,
+    the choices that exist (computed when the page is asked for) and its exit codes."""
+
+    prog: str
+    docs: str
+    sections: tuple[tuple[str, str], ...] = ()
+    choices: Callable[[], dict[str, str]] | None = None
+    exit_codes: str = EXIT_CODES
+
+
+def _drive_choices() -> dict[str, str]:
+    from terra.closedloop.policies import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
+    from terra.closedloop.settings import CONTROL_WORLDS, VEHICLES, WORLDS  # what terra-drive's settings accept
+
+    pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
+    return {
+        "policies": (f"{', '.join(pixel)} (read the camera); {', '.join(sorted(NO_PIXELS))} (read no pixels); "
+                     f"{ALL_PIXEL}, {ALL_REFERENCE}; grpc:HOST:PORT or unix:///PATH (an AlpaSim egodriver); "
+                     "navsim:package.module:Class (a NAVSIM agent, from the working folder or PYTHONPATH)"),
+        "world": f"{' | '.join(WORLDS)} | package.module:Class (your own, from the working folder)",
+        "controls": f"{', '.join(CONTROL_WORLDS)}, all, package.module:Class (world=both)",
+        "vehicle": " | ".join(VEHICLES),
+    }
+
+
+def _generate_choices() -> dict[str, str]:
+    from terra.config.spec import DECODERS
+    from terra.inputs.trajectory import MANOEUVRES
+
+    return {"manoeuvre": f"{', '.join(MANOEUVRES)} (when trajectory is null)",
+            "manoeuvre_params": "speed_kmh (all), radius_m (curves), accel_mps2 (accelerate, decelerate, stop), "
+                                "lane_width_m and change_s (lane changes)",
+            "decoder": " | ".join(DECODERS)}
+
+
+def _rollout_choices() -> dict[str, str]:
+    from terra.config.outputs import FORMATS
+    from terra.config.ray_settings import EXECUTORS
+    from terra.config.spec import DECODERS
+
+    return {"output.naming": "default | actbench", "output.formats": ", ".join(FORMATS),
+            "executor": " | ".join(EXECUTORS), "decoder": " | ".join(DECODERS)}
+
+
+def _dataset_choices() -> dict[str, str]:
+    from terra.sim.scene import DOMAINS
+
+    return {"format": "shards | driving_logs", "domain": " | ".join(DOMAINS)}
+
+
+TRAJECTORIES = """\
+.json  an object with one key: "instruction_trajs" [T, 60, 2|3] (ACT-Bench, ego frame of each frame, 20 Hz),
+       "trajectory" {"x": [...], "y": [...], "yaw"?, "t"? or "rate_hz"?} (world frame, metres, 10 Hz),
+       "actions" [T, 6, 3], or "manoeuvre" (a name or {"name": ..., "num_frames"?, "speed_kmh"?, ...});
+       or a bare array of one of those shapes
+.csv   a header naming x, y and optionally t (or timestamp) and yaw; one row per pose
+.npy   [T, 6, 3] actions, [T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz
+Axes: the ego frame's x points forward, y to the left; yaw in radians, counter-clockwise. Positions in metres,
+times in seconds; the car may not move faster than 100 m/s. An example of each: docs/generate.md, "Trajectories"."""
+
+SAMPLES = """\
+One JSON object per line (blank lines ignored); every sample_id unique (a number, or a name without slashes).
+ACT-Bench's: sample_id, context_frames (image paths under image_root), instruction_trajs [T, 60, 3], label?
+Terra's: sample_id, context (an image, video, folder, glob or a list), and at most one of trajectory (a file or
+  {"x": [...], "y": [...]}), actions [T, 6, 3], instruction_trajs, manoeuvre (a name or {"name": ..., ...});
+  without one, default_manoeuvre. Both may set seed, num_frames and label.
+Frame 0 of the trajectory is the first context frame used. An example of each: docs/rollout.md, "Samples"."""
+
+LOGS = """\
+A sub-folder of logs per clip (its name is the clip's id):
+frames   *.jpg / *.jpeg / *.png in name order (at frame_rate_hz, or timestamps.txt: seconds, one per line),
+         or one *.mp4 (its own timestamps)
+motion   trajectory.json / .csv / .npy (or the folder's only such file): world-frame x, y[, yaw] with t
+         or at 10 Hz, or per-frame instruction_trajs [T, 60, 2|3] / actions [T, 6, 3], one per source frame
+An example: docs/train.md, "Driving logs" (the rules: terra/inputs/driving_logs.py)."""
+
+PAGES: dict[str, Page] = {  # config name (conf/<name>.yaml) -> its page
+    "generate": Page("terra-generate", "docs/generate.md", (
+        ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),
+        ("Settings of the groups",
+         "sampling.temperature 0 .. 10 (0 = greedy), sampling.top_k 0 .. 1048576 (0 = off), sampling.top_p above\n"
+         "0 .. 1, sampling.decoding auto | sequential | speculative (several tokens per forward pass, the same\n"
+         "codes), sampling.draft_tokens 1 .. 4096, output.fps 1 .. 60, backend.options.max_batch_size (hf) 1 .. 4096,\n"
+         "backend.options.passes_per_step (vllm, speculative) null or 1 .. 64.\n"
+         "Quote values with spaces or non-ASCII letters for Hydra: \"context='/data/Fahrten 1/'\".")),
+        _generate_choices),
+    "rollout": Page("terra-rollout", "docs/rollout.md", (("Samples (samples=FILE.jsonl)", SAMPLES),), _rollout_choices,
+                    "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
+                    "its one-line error),\n2 bad setting or input before any work, 130 / 143 interrupted (a rerun "
+                    "resumes)."),
+    "serve": Page("terra-serve", "docs/serve.md"),
+    "drive": Page("terra-drive", "docs/drive.md; world=both, the fidelity study: docs/fidelity.md", (
+        ("Scenarios (scenarios=)",
+         "synthetic: num_scenarios drawn from scenario_seed; a folder of driving-log clips, laid out as\n"
+         "terra-prepare-logs reads them (docs/train.md, \"Driving logs\"); or a batch JSONL of samples\n"
+         "(docs/rollout.md, \"Samples\")."),), _drive_choices,
+        "Exit codes: 0 every drive ended well, 1 some drive failed (its reason is in the manifest), 2 bad input or\n"
+        "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes)."),
+    "alpasim": Page("terra-alpasim", "docs/alpasim.md"),
+    "train_world_model": Page("terra-train", "docs/train.md", (
+        ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
+                                "file of terra-tokenize"),)),
+    "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md"),
+    "tokenize_dataset": Page("terra-tokenize", "docs/train.md"),
+    "make_dataset": Page("terra-make-dataset", "docs/train.md", choices=_dataset_choices),
+    "prepare_driving_logs": Page("terra-prepare-logs", "docs/train.md", (
+        ("Clips (logs=DIR)", LOGS),
+        ("Tokenizer", "tokenizer=demo (default) | terra_lfq tokenizer.path=DIR | vq16 tokenizer.path=DIR, "
+                      "tokenizer.resize=crop|stretch;\nor model=terra_v1 | terra_v2 terra_root=DIR: the tokenizer "
+                      "that world model was trained with")),
+        exit_codes="Exit codes: 0 done (unusable clips are skipped, one line each on stderr), 2 bad setting (one "
+                   "line, nothing written),\n130 / 143 interrupted (rerun to resume), 1 internal error (--verbose "
+                   "shows its traceback)."),
+    "blend_world_models": Page("terra-blend", "docs/train.md", exit_codes=(
+        "Exit codes: 0 written, 2 bad setting or two models of different architectures (one line, nothing written),\n"
+        "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback).")),
+    "score_actbench": Page("terra-score", "docs/score.md", (
+        ("Inputs", "videos: <name>_<sample_id>.mp4 files (terra-rollout output.naming=actbench); samples: ACT-Bench's "
+                   "act_bench.jsonl\n(sample_id, label, reference_traj, ...; docs/score.md); estimator: a download "
+                   "of turing-motors/ACT-Estimator"),)),
+    "evaluate": Page("terra-evaluate", "docs/score.md"),
+}
+
+
+def opening_comment(text: str) -> str:
+    """A config file's opening comment (what the app does, its example commands), without the ``#``."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[2:] if line.startswith("# ") else line[1:])
+    return "\n".join(lines)
+
+
+def documented_settings(text: str) -> str:
+    """A config file's settings with their comments: the file without its opening comment, its ``defaults`` list
+    and its ``hydra`` block."""
+    kept, block, opening = [], None, True
+    for line in text.splitlines():
+        if opening and line.startswith("#"):
+            continue
+        opening = False
+        if line and not line[0].isspace() and not line.startswith("-"):  # a top-level key, or a comment above one
+            if not line.startswith("#"):
+                block = line.split(":", 1)[0] if line.startswith(("defaults:", "hydra:")) else None
+            elif block == "defaults":
+                block = None
+        if block is None:
+            kept.append(line)
+    return "\n".join(kept).strip("\n")
+
+
+def config_groups(text: str) -> dict[str, str]:
+    """The configuration groups a config file's defaults list picks (``model: demo``), each with its options (the
+    files of ``conf/<group>/``) and the one picked by default."""
+    defaults = (yaml.safe_load(text) or {}).get("defaults") or []
+    groups = {}
+    for entry in defaults:
+        if not isinstance(entry, dict) or next(iter(entry)).startswith("override "):
+            continue
+        (key, chosen), = entry.items()
+        group = key.removeprefix("optional ").split("@")[0].strip("/")  # Hydra's `optional g@package: option`
+        options = sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+        groups[group] = ", ".join(f"{name} (default)" if name == chosen else name for name in options) + (
+            "; none by default" if chosen is None else "")
+    return groups
+
+
+def _literal(text: str) -> str:
+    """``text`` as it must stand in a Hydra help template (a ``string.Template``): every ``$`` doubled."""
+    return text.replace("$", "$$")
+
+
+def page_template(config_name: str) -> str:
+    """The Hydra help template of ``conf/<config_name>.yaml``: its page (:data:`PAGES`), every literal ``$``
+    doubled (Hydra fills the template as a ``string.Template``)."""
+    text = (CONF_DIR / f"{config_name}.yaml").read_text()
+    page = PAGES[config_name]
+    parts = [_literal(opening_comment(text)),
+             _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]")]
+    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}" for title, body in page.sections]
+    if page.choices is not None:
+        parts.append(f"== Choices ==\n{_literal(_rows(page.choices()))}")
+    groups = config_groups(text)
+    if groups:
+        parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")
+    parts.append(f"== Settings (KEY=VALUE; `{page.prog} --cfg job [KEY=VALUE ...]` prints them as a run would "
+                 f"take them) ==\n{_literal(documented_settings(text))}")
+    parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}; renamed settings: {MOVED}"))
+    return re.sub(r"\n{3,}", "\n\n", "\n\n".join(parts))
+
+
+def _rows(rows: dict[str, str]) -> str:
+    """``name  value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
+    width = max(len(name) for name in rows)
+    return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"  {name.ljust(width)}  ",
+                                   subsequent_indent=" " * (width + 4), break_on_hyphens=False)
+                     for name, value in rows.items())
+
+
+def _indented(body: str) -> str:
+    return "\n".join(f"  {line}" if line else line for line in body.splitlines())
+
+
+def register_help() -> None:
+    """Hydra's help config ``hydra/help=terra`` (terra/apps/runner.py picks it when ``--help`` is asked for) and
+    its resolver ``terra_help``, which makes the running app's page (once registered, again a no-op)."""
+    if not OmegaConf.has_resolver("terra_help"):
+        OmegaConf.register_new_resolver("terra_help", page_template)
+    ConfigStore.instance().store(group="hydra/help", name="terra", provider="terra", node={
+        "app_name": "${hydra.job.name}", "header": "", "footer": "",
+        "template": "${terra_help:${hydra.job.config_name}}"})

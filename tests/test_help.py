@@ -1,0 +1,88 @@
+"""Every console script's ``--help`` (pyproject.toml's [project.scripts]) is the app's own page, made one way
+(terra/apps/help.py): what it does, the choices that exist, every setting of its config file with its comment, the
+exit codes and its docs page; never Hydra's generic page."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from terra.apps.help import PAGES, config_groups, documented_settings, opening_comment, page_template
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+ENV = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
+DOCS = {"terra-generate": "docs/generate.md", "terra-rollout": "docs/rollout.md", "terra-serve": "docs/serve.md",
+        "terra-drive": "docs/drive.md", "terra-alpasim": "docs/alpasim.md", "terra-score": "docs/score.md",
+        "terra-evaluate": "docs/score.md", **{name: "docs/train.md" for name in (
+            "terra-train", "terra-prepare-logs", "terra-blend", "terra-train-tokenizer", "terra-tokenize",
+            "terra-make-dataset")}}
+
+
+def config_of(prog: str) -> str:
+    [name] = [name for name, page in PAGES.items() if page.prog == prog]
+    return name
+
+
+def test_every_console_script_has_a_page():
+    assert {page.prog for page in PAGES.values()} == set(SCRIPTS) == set(DOCS)
+    for name in PAGES:
+        assert (ROOT / "conf" / f"{name}.yaml").is_file(), name
+
+
+@pytest.mark.parametrize("prog", sorted(SCRIPTS))
+def test_help_names_the_settings_choices_and_docs_page(prog, tmp_path):
+    script = Path(sys.executable).with_name(prog)
+    command = [str(script)] if script.exists() else [sys.executable, "-m", SCRIPTS[prog].partition(":")[0]]
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ENV)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    page = result.stdout
+    assert "powered by Hydra" not in page and "$" not in page.replace("${", "")  # no template left unfilled
+    assert page.startswith(f"{prog}: "), page[:200]  # what the app does, from its config file
+    assert f"Usage: {prog} [KEY=VALUE ...]" in page and "Exit codes: 0" in page
+    assert f"Docs: {DOCS[prog]}" in page and "docs/moved-names.md" in page
+    text = (ROOT / "conf" / f"{config_of(prog)}.yaml").read_text()
+    config = yaml.safe_load(text)
+    for key in config:  # every setting of the app's config file, with its comment
+        if key not in ("defaults", "hydra"):
+            assert f"\n{key}:" in page, key
+    for group, options in config_groups(text).items():  # model=..., backend=..., with their options
+        assert f"  {group}" in page and options.split(",")[0] in page, group
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
+
+
+def test_drives_page_lists_every_policy_world_and_control():
+    from terra.closedloop.control_worlds import CONTROL_WORLDS
+    from terra.closedloop.policies import REFERENCE_POLICIES
+
+    page = page_template("drive").replace("$$", "$")
+    for name in (*REFERENCE_POLICIES, *CONTROL_WORLDS, "all_pixel", "all_reference", "navsim:", "grpc:", "both",
+                 "truth", "package.module:Class", "bicycle", "docs/fidelity.md", 'docs/rollout.md, "Samples"'):
+        assert name in page, name
+
+
+def test_the_input_formats_point_to_an_example():
+    assert 'docs/generate.md, "Trajectories"' in page_template("generate") and "y to the left" in page_template(
+        "generate")
+    assert 'docs/rollout.md, "Samples"' in page_template("rollout")
+    assert 'docs/train.md, "Driving logs"' in page_template("prepare_driving_logs")
+
+
+def test_the_settings_are_the_config_file_without_its_opening_defaults_and_hydra_blocks():
+    text = ("# app: what it does\n#   app x=1\ndefaults:\n  - model: demo\n  - _self_\n\n# a comment on x\n"
+            "x: 1  # one\ny:\n  z: ${oc.env:HOME}  # two\nhydra:\n  run:\n    dir: .\nlast: 2\n")
+    assert opening_comment(text) == "app: what it does\n  app x=1"
+    assert documented_settings(text) == "# a comment on x\nx: 1  # one\ny:\n  z: ${oc.env:HOME}  # two\nlast: 2"
+    assert documented_settings("x: 1\n") == "x: 1"  # the control: nothing to leave out
+
+
+def test_the_groups_are_those_the_defaults_list_picks():
+    text = "defaults:\n  - model: demo\n  - optional backend@run: null\n  - override hydra/job_logging: none\n"
+    assert config_groups(text) == {"model": "demo (default), terra_v1, terra_v2",
+                                   "backend": "auto, hf, vllm; none by default"}
