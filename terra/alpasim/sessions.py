@@ -17,11 +17,13 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-from terra.alpasim.poses import RigTrack
+from terra.alpasim.fields import RequestError, client_id, quoted
+from terra.alpasim.poses import Chunk, RigTrack
 from terra.alpasim.settings import AlpasimSettings
 from terra.config.checks import MAX_SEED
 from terra.config.sampling import SamplingConfig
@@ -34,12 +36,6 @@ from terra.tokenizer.resize import MAX_UPSCALE, fit_frame
 
 log = logging.getLogger("terra.alpasim")
 ASPECT_TOLERANCE = 0.02  # a camera whose width / height is this close to the model's gets its frames resized
-
-
-class RequestError(TerraInputError):
-    """A request this server refuses; ``status`` is the gRPC status code's name (INVALID_ARGUMENT unless named)."""
-
-    status = "INVALID_ARGUMENT"
 
 
 class UnknownSession(RequestError):
@@ -73,6 +69,21 @@ class Session:
     busy: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
     failed: str | None = None  # why a chunk failed after its frames were queued
+    abandoned: "Abandoned | None" = None  # a chunk rendered for a caller that gave up before it was answered
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """A chunk whose caller gave up (its deadline passed) while it was rendered: its frames are kept, not committed,
+    and go to the next call that asks for the same poses (AlpaSim's retry of the chunk)."""
+
+    times_us: np.ndarray
+    poses: np.ndarray
+    chunk: Chunk
+    images: list[bytes]
+
+    def asked_again(self, times_us: np.ndarray, poses: np.ndarray) -> bool:
+        return np.array_equal(self.times_us, times_us) and np.array_equal(self.poses, poses)
 
 
 def frame_size(asked: tuple[int, int], native: tuple[int, int]) -> tuple[int, int]:
@@ -124,7 +135,7 @@ class SessionTable:
                                       "the server with more")
             self._opening += 1
         try:
-            image = image_from_bytes(initial_frame, "initial_frames[0]")
+            image = image_from_bytes(initial_frame, "initial_frames[0]", self.settings.max_image_pixels)
             context = fit_frame(image, self.pipeline.image_size, "initial_frames[0]", self.resize)
             codes = self.pipeline.encode(frames_to_tensor(np.stack([context])))
             seed = secrets.randbelow(MAX_SEED) + 1 if seed == 0 else seed % (MAX_SEED + 1)
@@ -141,6 +152,7 @@ class SessionTable:
     def close(self, session_id: str) -> bool:
         """Free a session (its chunk in flight finishes first); False when there is none of that id (closed twice,
         expired or never opened)."""
+        client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.pop(session_id, None)
         if session is None:
@@ -166,15 +178,19 @@ class SessionTable:
     # ------------------------------------------------------------------ chunks
 
     def get(self, session_id: str) -> Session:
+        client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.get(session_id)
         if session is None:
-            raise UnknownSession(f"no session {session_id!r}: it was closed, expired after "
+            raise UnknownSession(f"no session {quoted(session_id)}: it was closed, expired after "
                                  f"{self.settings.idle_timeout_s:g} s idle or never started; call start_session")
         return session
 
-    def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray) -> list[bytes]:
-        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``)."""
+    def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
+               answered: Callable[[], bool] = lambda: True) -> list[bytes]:
+        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``).
+        ``answered``: whether the caller still waits (gRPC's ``context.is_active``); a chunk rendered for a caller
+        that gave up is not committed, and the next call for the same poses gets its frames (:class:`Abandoned`)."""
         session = self.get(session_id)
         if not session.busy.acquire(blocking=False):
             raise SessionUnusable(f"session {session_id} is rendering a chunk; send its chunks one after another")
@@ -183,21 +199,36 @@ class SessionTable:
             if session.failed:
                 raise SessionUnusable(f"session {session_id} failed in an earlier chunk ({session.failed}); close "
                                       "it and start a new one")
-            chunk = session.track.plan(times_us, poses)
             left = self.settings.max_frames - session.track.frames
-            if len(chunk.actions) > left:
+            if len(times_us) > left:
                 raise OutOfFrames(f"session {session_id} has rendered {session.track.frames} frames and may render "
                                   f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
-                                  f"{len(chunk.actions)}: start a new session, or the server with more")
-            try:
-                codes = self._generate(session, chunk.actions)
-            except Exception as err:
-                session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
-                if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
-                    raise SessionUnusable(f"session {session_id}: {err}") from None
-                raise
+                                  f"{len(times_us)}: start a new session, or the server with more")
+            kept = session.abandoned
+            if kept is not None:
+                if not kept.asked_again(times_us, poses):
+                    raise SessionUnusable(
+                        f"session {session_id}: the chunk of {len(kept.times_us)} poses from {kept.times_us[0]} us was "
+                        "rendered after its caller gave up; send that chunk again (the same poses) to get its frames")
+                chunk, images = kept.chunk, kept.images
+            else:
+                chunk = session.track.plan(times_us, poses)
+                try:
+                    codes = self._generate(session, chunk.actions)
+                except Exception as err:
+                    session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
+                    if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
+                        raise SessionUnusable(f"session {session_id}: {err}") from None
+                    raise
+                images = self._encode(session, codes)
+            if not answered():
+                session.abandoned = Abandoned(times_us.copy(), poses.copy(), chunk, images)
+                log.info("session %s: the chunk at %d us was abandoned by its caller; kept for its retry",
+                         session_id, int(times_us[0]))
+                raise SessionUnusable(f"session {session_id}: the caller gave up on the chunk; send it again")
+            session.abandoned = None
             session.track.commit(chunk)
-            return self._encode(session, codes)
+            return images
         finally:
             session.last_used = time.monotonic()
             session.busy.release()
