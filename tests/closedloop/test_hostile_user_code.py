@@ -136,6 +136,55 @@ def test_writes_into_the_scene_or_an_agent_input_fail_their_drive_and_change_no_
     assert scenario.scene.palette.asphalt.max() > 0.1
 
 
+class AroundTheFlag:
+    """Writes what it is handed by every way around the read-only flag: through ``.base``, through
+    ``torch.from_numpy`` and an in-place op, and by setting the flag back; into the scenario's frames and scene in
+    reset, into its camera frames in each plan."""
+
+    name = "around_the_flag"
+
+    @staticmethod
+    def blacken(array):
+        import torch
+
+        if array.base is not None:
+            array.base[...] = 0
+        with np.testing.suppress_warnings() as quiet:
+            quiet.filter(UserWarning)
+            torch.from_numpy(array).zero_()
+        if array.flags.owndata:
+            array.setflags(write=True)
+            array[...] = 0
+
+    def reset(self, scenario):
+        self.blacken(scenario.images)
+        self.blacken(scenario.scene.palette.asphalt)
+
+    def plan(self, obs):
+        for frame in obs.frames:
+            self.blacken(frame)
+        return STRAIGHT
+
+    def close(self):
+        pass
+
+
+def test_writes_around_the_read_only_flag_reach_nothing_recorded_or_shared(scenario):
+    pytest.importorskip("torch")
+    clean = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, "straight", Straight)], 4)[0]
+    images, asphalt = scenario.images.copy(), scenario.scene.palette.asphalt.copy()
+    specs = [DriveSpec(scenario, "around_the_flag", AroundTheFlag), DriveSpec(scenario, "straight", Straight)]
+    drives = run_drives(TrueWorld(SIZE), specs, 4)
+    assert all(d.ok and d.steps == 4 for d in drives), [d.error for d in drives]
+    for drive in drives:  # the writer's own record and the other policy's: the frames of a run without it
+        for frame, expected in zip(drive.frames, clean.frames):
+            np.testing.assert_array_equal(frame, expected)
+    np.testing.assert_array_equal(scenario.images, images)
+    np.testing.assert_array_equal(scenario.scene.palette.asphalt, asphalt)
+    given = handed([scenario.images, {"x": object()}])
+    assert given[0].base is None and not np.shares_memory(given[0], scenario.images)
+
+
 class BufferWorld:
     """A user world that renders the truth into one buffer of its own and returns it every step, and tries to write
     into what it is handed where ``write`` says (``scenario``, ``action``)."""
