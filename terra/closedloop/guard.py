@@ -215,16 +215,19 @@ def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -
     """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``); ``where``
     opens the one line of a failure (the setting and what it names), ``fix`` says what to give instead."""
     try:
-        loaded = UserCall(f"{where}: importing {module}", "its import", importlib.import_module, module).returned(
-            timeout_s)
+        found = UserCall(f"{where}: importing {module}", "its import", _attribute, module, name).returned(timeout_s)
     except UserCodeError as err:
         raise TerraInputError(f"{err}; fix the module, or raise policy_timeout_s if its import is slow") from None
     except ImportError as err:
         raise TerraInputError(f"{where} ({type(err).__name__}: {err}); {fix}, importable here (PYTHONPATH)") from None
     except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)
         raise TerraInputError(f"{where}: importing {module} failed: {reason(err)}; fix the module") from None
-    found = getattr(loaded, name, None)
     if not inspect.isclass(found):
         what = "nothing" if found is None else f"a {type(found).__name__}"
         raise TerraInputError(f"{where}: {module}.{name} is {what}, not a class; {fix}")
     return found
+
+
+def _attribute(module: str, name: str) -> Any:
+    """``module.name`` (None when there is none): the import and the lookup, both user code, behind the boundary."""
+    return getattr(importlib.import_module(module), name, None)

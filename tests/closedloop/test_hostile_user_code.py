@@ -293,7 +293,18 @@ MODULES = {
                              "    def compute_trajectory(self, agent_input):\n        return None\n",
     "terra_test_worlds": "class NeedsArgs:\n    def __init__(self, image_size, renderer):\n        pass\n\n"
                          "class NoSize:\n    def __init__(self):\n        pass\n\n"
-                         "class Broken:\n    def __init__(self, image_size):\n        raise RuntimeError('no GPU')\n\n"
+                         "class Methods:\n    def open(self, scenario, seed, max_frames):\n        pass\n\n"
+                         "    def context_frames(self, drive):\n        pass\n\n"
+                         "    def step(self, drives, actions, poses):\n        pass\n\n"
+                         "    def close(self, drive):\n        pass\n\n"
+                         "class Broken(Methods):\n    def __init__(self, image_size):\n        raise RuntimeError('no GPU')\n\n"
+                         "class NoStep(Methods):\n    def __init__(self, image_size):\n        pass\n\n"
+                         "    step = None\n\n"
+                         "class LooksUp(Methods):\n    def __init__(self, image_size):\n        pass\n\n"
+                         "    def __getattribute__(self, name):\n        raise KeyError('looked up ' + name)\n\n"
+                         "class HangsOnLookUp(type):\n    def __getattr__(cls, name):\n        import time\n"
+                         "        time.sleep(8)\n\n"
+                         "class Hangs(metaclass=HangsOnLookUp):\n    def __init__(self, image_size):\n        pass\n\n"
                          "def function():\n    pass\n",
     "terra_test_worlds_syntax": "class World:\n    def open(:\n        pass\n",
     "terra_test_worlds_raises": "raise RuntimeError('no renderer here')\n",
@@ -326,6 +337,10 @@ def modules(tmp_path, monkeypatch):
     (["world=both", "controls=[terra_test_worlds:NoSize]"], "controls: cannot load the world "
                                                             "'terra_test_worlds:NoSize': NoSize(image_size=(height, "
                                                             "width)) cannot be called (got an unexpected keyword"),
+    (["world=terra_test_worlds:NoStep"], "world: cannot load the world 'terra_test_worlds:NoStep': NoStep has no "
+                                         "step(); a world implements open, context_frames, step, close"),
+    (["world=terra_test_worlds:Hangs"], "world: cannot load the world 'terra_test_worlds:Hangs': reading Hangs "
+                                        "timed out after 1 s in its methods"),
 ])
 def test_user_code_is_imported_and_tried_within_the_deadline_before_any_drive(tmp_path, modules, overrides, text):
     started = time.perf_counter()
@@ -334,6 +349,48 @@ def test_user_code_is_imported_and_tried_within_the_deadline_before_any_drive(tm
     assert text in str(caught.value) and "\n" not in str(caught.value), caught.value
     assert time.perf_counter() - started < 6, "waited for the hung import or build"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_built_world_whose_lookups_fail_is_one_line_before_any_drive(tmp_path, modules):
+    settings = drive_settings_of(tmp_path / "out", "world=terra_test_worlds:LooksUp", "num_scenarios=1",
+                                 "num_steps=2", "policies=[lane_follower]", "progress=false")
+    with pytest.raises(TerraInputError, match=r"^world terra_test_worlds:LooksUp failed in build: KeyError: 'looked up "):
+        run_drive_settings(settings, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+class Unreadable(Straight):
+    """Returns a value whose reading as a plan runs its own code, which fails."""
+
+    name = "unreadable"
+
+    def plan(self, obs):
+        class Poses:
+            def __array__(self, dtype=None, copy=None):
+                raise OSError("the disk is gone")
+
+        return Poses()
+
+
+class KeepsItsPlan(Straight):
+    """Returns a Plan and writes into its arrays afterwards (the flag set back first)."""
+
+    name = "keeps_its_plan"
+
+    def plan(self, obs):
+        if getattr(self, "kept", None) is not None:
+            self.kept.setflags(write=True)
+            self.kept[...] = 99.0
+        plan = Plan.trajectory(STRAIGHT)
+        self.kept = plan.poses
+        return plan
+
+
+def test_a_policys_answer_is_read_behind_the_boundary_and_kept_as_a_copy(scenario):
+    unreadable, keeps = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, "unreadable", Unreadable),
+                                                     DriveSpec(scenario, "keeps_its_plan", KeepsItsPlan)], 3)
+    assert unreadable.error.startswith("policy unreadable returned a bad plan at step 0: a Poses: "), unreadable.error
+    assert keeps.ok and all(np.array_equal(plan.poses, Plan.trajectory(STRAIGHT).poses) for plan in keeps.plans)
 
 
 def test_a_user_worlds_constructor_that_fails_is_one_line_before_any_drive_and_leaves_nothing(tmp_path, modules):
