@@ -286,7 +286,7 @@ def _timed_plan(policy: Policy, observation: Observation) -> tuple[Plan | None, 
             plan = Plan(poses=plan.poses, times=plan.times, actions=plan.actions)
         return plan, seconds, None
     except Exception as err:  # noqa: BLE001  (worded by the loop: "returned a bad plan")
-        return None, seconds, TerraInputError(f"a {type(value).__name__}: {error_line(err)}")
+        return None, seconds, TerraInputError(f"{error_line(err)} (it returned a {type(value).__name__})")
 
 
 def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> None:

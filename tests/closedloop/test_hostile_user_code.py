@@ -389,7 +389,8 @@ class KeepsItsPlan(Straight):
 def test_a_policys_answer_is_read_behind_the_boundary_and_kept_as_a_copy(scenario):
     unreadable, keeps = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, "unreadable", Unreadable),
                                                      DriveSpec(scenario, "keeps_its_plan", KeepsItsPlan)], 3)
-    assert unreadable.error.startswith("policy unreadable returned a bad plan at step 0: a Poses: "), unreadable.error
+    assert unreadable.error.startswith("policy unreadable returned a bad plan at step 0: ") and \
+        unreadable.error.endswith(" (it returned a Poses)"), unreadable.error
     assert keeps.ok and all(np.array_equal(plan.poses, Plan.trajectory(STRAIGHT).poses) for plan in keeps.plans)
 
 
