@@ -494,3 +494,20 @@ def test_a_driver_answering_garbage_is_one_line_of_its_drive_and_nothing_else(tm
     failures = [line for line in result.stderr.splitlines() if "failed" in line]
     assert len(failures) == 1 and "INTERNAL: Exception deserializing response!" in failures[0], result.stderr
     assert not [line for line in result.stderr.splitlines() if re.match(r"^[EWI]\d{4} ", line)]  # no C-core lines
+
+
+def test_executor_ray_with_a_ray_that_does_not_import_is_one_line(tmp_path):
+    """A partial Ray install (found, but failing on import) stops terra-drive with exit 2 and the fix, not exit 1."""
+    broken = tmp_path / "site" / "ray"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ModuleNotFoundError('No module named ray._raylet')\n")
+    script = Path(sys.executable).with_name("terra-drive")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = subprocess.run([str(script), "executor=ray", "world=truth", "num_scenarios=1", "num_steps=1",
+                             "policies=[lane_follower]", f"output_dir={tmp_path / 'out'}"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "terra-drive: error: executor=ray needs Ray, which does not import here (ModuleNotFoundError: No module named "
+        "ray._raylet): pip install 'terra-world-model[ray]' on this machine and every node, or use executor=local"]
+    assert not (tmp_path / "out").exists()
