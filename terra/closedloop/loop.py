@@ -243,8 +243,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
             if progress is not None:
                 progress(step + 1)
     finally:
-        for drive in drives:
-            close_drive(world, drive, policy_timeout_s)
+        close_drives(world, drives, policy_timeout_s)
     return drives
 
 
@@ -290,18 +289,29 @@ def _timed_plan(policy: Policy, observation: Observation) -> tuple[Plan | None, 
 
 
 def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> None:
-    """Free the drive's session and policy (within ``policy_timeout_s``); a policy that fails to close leaves a
-    warning on the drive: what it recorded stands."""
-    try:
-        if drive.handle is not None:
-            world.close(drive.handle)
-    except Exception:  # noqa: BLE001  (the world's session is gone either way)
-        pass
-    try:
+    """Free the drive's session and policy (:func:`close_drives`)."""
+    close_drives(world, [drive], policy_timeout_s)
+
+
+def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
+    """Free the drives' sessions and policies; the policies' closes run at once, each within ``policy_timeout_s``
+    (drivers that never answer cost the run that long once, not once a drive). A policy that fails to close leaves
+    a warning on its drive: what it recorded stands."""
+    calls = []
+    for drive in drives:
+        try:
+            if drive.handle is not None:
+                world.close(drive.handle)
+        except Exception:  # noqa: BLE001  (the world's session is gone either way)
+            pass
         if drive.policy is not None:
             policy = drive.policy
-            user_call(f"policy {drive.spec.policy}", "close", policy_timeout_s, lambda: policy.close())
-    except UserCodeError as err:
-        drive.warnings.append(str(err))
-    drive.handle = drive.policy = None
+            close = UserCall(f"policy {drive.spec.policy}", "close", lambda policy=policy: policy.close())
+            calls.append((drive, close))
+        drive.handle = drive.policy = None
+    for drive, call in calls:
+        try:
+            call.result(policy_timeout_s)
+        except UserCodeError as err:
+            drive.warnings.append(str(err))
 

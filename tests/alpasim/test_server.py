@@ -224,7 +224,8 @@ def test_every_field_is_checked_before_use_and_named_when_refused(served):
     cases = {
         "enum out of range": (lambda: runtime.start(initial_frames=[pb.Image(data=jpeg(), format=99)]),
                               ["initial_frames[0].format is 99", "ImageFormat"]),
-        "timestamp near 2**64": (lambda: runtime.chunk(session, late), ["pose 0 has timestamp_us=18446744073709551615"]),
+        "timestamp near 2**64": (lambda: runtime.chunk(session, late),
+                                 ["pose 0 has timestamp_us=18446744073709551615"]),
         "actor class out of range": (lambda: runtime.stub.render_video_chunk(actor, timeout=60),
                                      ["dynamic_state.actors[0].class_id is 77"]),
         "newline in a camera id": (lambda: runtime.start(camera_specs=[camera_spec(logical_id="cam\nINFO: forged")]),

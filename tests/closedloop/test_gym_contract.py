@@ -237,7 +237,8 @@ def test_plan_actions_outside_the_declared_box_are_refused():
     env.reset(seed=0)
     inside = np.c_[5.0 * np.arange(1, 9), np.zeros((8, 2))]
     assert env.action_space.contains(inside.astype(np.float32))
-    for outside, text in [(np.c_[500.0 * np.arange(1, 9), np.zeros((8, 2))], "plan pose 0 \\(500, 0, 0\\) lies outside"),
+    for outside, text in [(np.c_[500.0 * np.arange(1, 9), np.zeros((8, 2))],
+                           "plan pose 0 \\(500, 0, 0\\) lies outside"),
                           (np.c_[5.0 * np.arange(1, 9), np.full(8, -40.0), np.zeros(8)], "plan pose 0 .*y -10 to 10"),
                           (np.c_[-5.0 * np.arange(1, 9), np.zeros((8, 2))], "plan pose 0 .*x 0 to 45"),
                           ({"poses": np.c_[90.0 * np.arange(1, 5), np.zeros(4)], "dt": 1.0}, "plan pose 0")]:

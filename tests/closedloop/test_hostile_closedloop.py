@@ -291,6 +291,18 @@ def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_p
     assert len(drive.warnings) == 1 and overran(drive.warnings[0], "close"), drive.warnings
 
 
+def test_drivers_that_never_answer_close_session_cost_the_run_one_deadline(release):
+    """Four drives whose driver hangs in close_session: the closes run at once, 2 s in all, not 2 s a drive."""
+    scenario = synthetic_scenarios(1, 2, SIZE)[0]
+    with grpc_server(LoopbackDriver(release, hang="close_session")) as target:
+        specs = [DriveSpec(scenario, f"remote{k}", lambda: EgodriverPolicy(target, "remote", 2.0)) for k in range(4)]
+        started = time.perf_counter()
+        drives = run_drives(TrueWorld(SIZE), specs, 1, policy_timeout_s=2.0)
+        took = time.perf_counter() - started
+    assert all(d.ok and len(d.warnings) == 1 and "close" in d.warnings[0] for d in drives), [d.warnings for d in drives]
+    assert took < 6.0, took  # one deadline (and the drives' step), not four
+
+
 @pytest.mark.parametrize("poses, text", [
     ([(0.8, 0, 0, 0, 0, 0, 0)] * 3, "pose 0 has a degenerate rotation (a quaternion of norm 0)"),
     ([(0.8, 0, 0, float("nan"), 0, 0, 1)], "pose 0 has a degenerate rotation (a quaternion of norm nan)"),

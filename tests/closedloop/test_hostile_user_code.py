@@ -297,7 +297,8 @@ MODULES = {
                          "    def context_frames(self, drive):\n        pass\n\n"
                          "    def step(self, drives, actions, poses):\n        pass\n\n"
                          "    def close(self, drive):\n        pass\n\n"
-                         "class Broken(Methods):\n    def __init__(self, image_size):\n        raise RuntimeError('no GPU')\n\n"
+                         "class Broken(Methods):\n    def __init__(self, image_size):\n"
+                         "        raise RuntimeError('no GPU')\n\n"
                          "class NoStep(Methods):\n    def __init__(self, image_size):\n        pass\n\n"
                          "    step = None\n\n"
                          "class LooksUp(Methods):\n    def __init__(self, image_size):\n        pass\n\n"
@@ -354,7 +355,8 @@ def test_user_code_is_imported_and_tried_within_the_deadline_before_any_drive(tm
 def test_a_built_world_whose_lookups_fail_is_one_line_before_any_drive(tmp_path, modules):
     settings = drive_settings_of(tmp_path / "out", "world=terra_test_worlds:LooksUp", "num_scenarios=1",
                                  "num_steps=2", "policies=[lane_follower]", "progress=false")
-    with pytest.raises(TerraInputError, match=r"^world terra_test_worlds:LooksUp failed in build: KeyError: 'looked up "):
+    with pytest.raises(TerraInputError,
+                       match=r"^world terra_test_worlds:LooksUp failed in build: KeyError: 'looked up "):
         run_drive_settings(settings, progress=False)
     assert not (tmp_path / "out").exists()
 
