@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from terra.config.checks import MAX_FRAMES, check_choice, check_number, check_whole_number, known_settings, shown
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
-from terra.serve.settings import HOST_NAME, TOKEN_PATTERN, is_loopback
+from terra.config.network import HOST_NAME, TOKEN_PATTERN, is_loopback
 
 IMAGE_FORMATS = ("jpeg", "png")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # AlpaSim's runtime sets its channel's limit to this, both ways

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from terra.config.checks import MAX_FRAMES, check_whole_number, known_settings, shown
+from terra.config.network import HOST_NAME, TOKEN_PATTERN, is_loopback
 from terra.core.errors import TerraInputError
 
 IMAGE_FORMATS = ("jpeg", "png")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+-]{8,256}")  # sent as a WebSocket subprotocol, so token characters only
 MAX_WAIT_S = 7 * 24 * 3600.0  # a week: the longest idle or send timeout
-HOST_NAME = re.compile(r"[a-z0-9_.-]+|[0-9a-f:.]+")  # a DNS name or an IPv4 address; or an IPv6 one (brackets dropped)
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:
