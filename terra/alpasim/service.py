@@ -43,6 +43,7 @@ INITIAL_FORMATS = (pb.UNDEFINED, pb.PNG, pb.JPEG)  # UNDEFINED: told by the byte
 SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.so_reuseport", 0)]  # a port another server holds is refused, not shared
+RETRY_WAIT_S = 600.0  # the longest a chunk waits for the session's chunk in flight (a retry of it)
 MAX_DETAILS_CHARS = 1000  # a refusal's one line (gRPC sends it as metadata, a few KiB at most)
 
 
@@ -134,7 +135,9 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
         vec, quat = pose_arrays(poses)
         for i, actor in enumerate(request.dynamic_state.actors):
             enum_name(pb.ActorClassId, actor.class_id, f"dynamic_state.actors[{i}].class_id")
-        images = self.table.render(session.id, times, planar_poses(vec, quat), context.is_active)
+        wait_s = context.time_remaining()  # a retry may arrive while the chunk it retries still renders
+        images = self.table.render(session.id, times, planar_poses(vec, quat), context.is_active,
+                                   RETRY_WAIT_S if wait_s is None else min(wait_s, RETRY_WAIT_S))
         if request.dynamic_state.actors and session.track.frames == len(images):
             log.info("session %s: %d other actors are not rendered (Terra does not model them)", session.id,
                      len(request.dynamic_state.actors))

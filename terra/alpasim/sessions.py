@@ -69,18 +69,20 @@ class Session:
     busy: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
     failed: str | None = None  # why a chunk failed after its frames were queued
-    abandoned: "Abandoned | None" = None  # a chunk rendered for a caller that gave up before it was answered
+    last: "Rendered | None" = None  # the last chunk rendered, kept for a retry of it
 
 
-@dataclass(frozen=True)
-class Abandoned:
-    """A chunk whose caller gave up (its deadline passed) while it was rendered: its frames are kept, not committed,
-    and go to the next call that asks for the same poses (AlpaSim's retry of the chunk)."""
+@dataclass
+class Rendered:
+    """A session's last rendered chunk, kept so that a retry of it (the same poses) gets its frames again instead of
+    rendering anew: one whose caller gave up (its deadline passed) while it rendered is not ``committed`` (the track
+    stays before it) until the retry comes; one answered is answered again (its answer may have been lost)."""
 
     times_us: np.ndarray
     poses: np.ndarray
     chunk: Chunk
     images: list[bytes]
+    committed: bool
 
     def asked_again(self, times_us: np.ndarray, poses: np.ndarray) -> bool:
         return np.array_equal(self.times_us, times_us) and np.array_equal(self.poses, poses)
@@ -187,46 +189,49 @@ class SessionTable:
         return session
 
     def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
-               answered: Callable[[], bool] = lambda: True) -> list[bytes]:
+               answered: Callable[[], bool] = lambda: True, wait_s: float = 0.0) -> list[bytes]:
         """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``).
-        ``answered``: whether the caller still waits (gRPC's ``context.is_active``); a chunk rendered for a caller
-        that gave up is not committed, and the next call for the same poses gets its frames (:class:`Abandoned`)."""
+        ``answered``: whether the caller still waits (gRPC's ``context.is_active``); ``wait_s``: how long to wait
+        for the session's chunk in flight (a retry arriving while the chunk it retries still renders). A chunk is
+        its call's: one rendered for a caller that gave up is not committed, and a retry of the last chunk (the same
+        poses) gets its frames (:class:`Rendered`)."""
         session = self.get(session_id)
-        if not session.busy.acquire(blocking=False):
+        if not session.busy.acquire(timeout=max(0.0, min(wait_s, self.settings.idle_timeout_s))):
             raise SessionUnusable(f"session {session_id} is rendering a chunk; send its chunks one after another")
         try:
             session.last_used = time.monotonic()
             if session.failed:
                 raise SessionUnusable(f"session {session_id} failed in an earlier chunk ({session.failed}); close "
                                       "it and start a new one")
+            kept = session.last
+            if kept is not None and kept.asked_again(times_us, poses):
+                if not kept.committed:
+                    session.track.commit(kept.chunk)
+                    kept.committed = True
+                return kept.images
+            if kept is not None and not kept.committed:
+                raise SessionUnusable(
+                    f"session {session_id}: the chunk of {len(kept.times_us)} poses from {kept.times_us[0]} us was "
+                    "rendered after its caller gave up; send that chunk again (the same poses) to get its frames")
             left = self.settings.max_frames - session.track.frames
             if len(times_us) > left:
                 raise OutOfFrames(f"session {session_id} has rendered {session.track.frames} frames and may render "
                                   f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
                                   f"{len(times_us)}: start a new session, or the server with more")
-            kept = session.abandoned
-            if kept is not None:
-                if not kept.asked_again(times_us, poses):
-                    raise SessionUnusable(
-                        f"session {session_id}: the chunk of {len(kept.times_us)} poses from {kept.times_us[0]} us was "
-                        "rendered after its caller gave up; send that chunk again (the same poses) to get its frames")
-                chunk, images = kept.chunk, kept.images
-            else:
-                chunk = session.track.plan(times_us, poses)
-                try:
-                    codes = self._generate(session, chunk.actions)
-                except Exception as err:
-                    session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
-                    if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
-                        raise SessionUnusable(f"session {session_id}: {err}") from None
-                    raise
-                images = self._encode(session, codes)
-            if not answered():
-                session.abandoned = Abandoned(times_us.copy(), poses.copy(), chunk, images)
+            chunk = session.track.plan(times_us, poses)
+            try:
+                codes = self._generate(session, chunk.actions)
+            except Exception as err:
+                session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
+                if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
+                    raise SessionUnusable(f"session {session_id}: {err}") from None
+                raise
+            images = self._encode(session, codes)
+            session.last = Rendered(times_us.copy(), poses.copy(), chunk, images, committed=answered())
+            if not session.last.committed:
                 log.info("session %s: the chunk at %d us was abandoned by its caller; kept for its retry",
                          session_id, int(times_us[0]))
                 raise SessionUnusable(f"session {session_id}: the caller gave up on the chunk; send it again")
-            session.abandoned = None
             session.track.commit(chunk)
             return images
         finally:
