@@ -14,7 +14,7 @@ from gymnasium.error import ClosedEnvironmentError, InvalidAction, ResetNeeded
 
 from terra.closedloop.gym_env import ENV_ID, DriveEnv, DriveVectorEnv
 from terra.closedloop.gym_spaces import LANE_PENALTY, controls_of
-from terra.closedloop.plans import COMMANDS
+from terra.closedloop.plans import COMMANDS, Plan
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
 from terra.closedloop.vehicle import VehicleParams
 from terra.closedloop.worlds import TrueWorld
@@ -247,6 +247,11 @@ def test_plan_actions_outside_the_declared_box_are_refused():
         refused(InvalidAction, text, env.step, outside)
         assert env.drive.steps == 0
     assert env.step(inside)[4]["pose"] is not None
+    mine = Plan.trajectory(inside)
+    env.step(mine)
+    mine.poses.setflags(write=True)
+    mine.poses[...] = 0.0  # the caller's Plan, changed after the step: the recorded plan is the env's own copy
+    assert env.drive.plans[-1] is not mine and np.array_equal(env.drive.plans[-1].poses, Plan.trajectory(inside).poses)
 
 
 @pytest.mark.parametrize("mode, action, text", [
