@@ -20,6 +20,7 @@ import functools
 import hmac
 import logging
 import socket
+import traceback
 from concurrent import futures
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
@@ -59,7 +60,9 @@ def answered(method: Callable) -> Callable:
         except TerraInputError as err:
             code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except Exception as err:  # noqa: BLE001  (the server goes on; the caller gets one line)
-            log.exception("%s failed", method.__name__)
+            # the traceback's frames are the server's code; its message, which may quote a client, escaped
+            log.error("%s failed: %s\n%s", method.__name__, one_line(f"{type(err).__name__}: {err}"),
+                      "".join(traceback.format_tb(err.__traceback__)).rstrip())
             line = error_line(err, memory_advice="lower alpasim.max_sessions")
             code, details = grpc.StatusCode.INTERNAL, f"internal error: {line} (the server's log has the traceback)"
         details = error_line(TerraInputError(details), MAX_DETAILS_CHARS)  # one line, within gRPC's metadata

@@ -187,8 +187,9 @@ def test_frames_are_sent_at_the_size_the_camera_asks(served):
     assert pixels(frame).shape == (128, 128, 3)
 
 
-def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, monkeypatch):
+def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, monkeypatch, caplog):
     table, runtime = served
+    caplog.set_level("INFO", logger="terra.alpasim")
     broken = runtime.start(seed=1)
 
     def fail(session, actions):
@@ -203,6 +204,9 @@ def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, m
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "failed in an earlier chunk" in details
     runtime.close(broken)
     assert len(runtime.drive(straight())[1]) == 8  # the server goes on
+    logged = [record.getMessage() for record in caplog.records if record.name == "terra.alpasim"]
+    assert any("RuntimeError: the engine broke\\nits second line" in line for line in logged), logged
+    assert not any("the engine broke\nits second line" in line for line in logged)  # no line of the message's own
 
 
 def png(size: tuple[int, int]) -> bytes:
@@ -212,8 +216,9 @@ def png(size: tuple[int, int]) -> bytes:
     return buffer.getvalue()
 
 
-def test_every_field_is_checked_before_use_and_named_when_refused(served):
+def test_every_field_is_checked_before_use_and_named_when_refused(served, caplog):
     table, runtime = served
+    caplog.set_level("INFO", logger="terra.alpasim")
     path = straight()
     session = runtime.start(seed=4)
     late = trajectory(path, [1, 2])
@@ -245,6 +250,8 @@ def test_every_field_is_checked_before_use_and_named_when_refused(served):
     assert len(runtime.chunk(session, trajectory(path, range(1, 3))).camera_outputs[0].rgb_frames) == 2
     runtime.close(session)
     assert not table.sessions
+    logged = [record.getMessage() for record in caplog.records if record.name == "terra.alpasim"]
+    assert logged and not any("\n" in line or len(line) > 1200 for line in logged)  # no forged or huge log line
 
 
 def test_a_chunk_abandoned_by_its_caller_goes_to_its_retry(served):
