@@ -307,6 +307,9 @@ MODULES = {
                          "        time.sleep(8)\n\n"
                          "class Hangs(metaclass=HangsOnLookUp):\n    def __init__(self, image_size):\n        pass\n\n"
                          "def function():\n    pass\n",
+    "terra_test_slow_signature": "import time\n\nclass Slow(type):\n    @property\n"
+                                 "    def __signature__(cls):\n        time.sleep(8)\n\n"
+                                 "class Agent(metaclass=Slow):\n    pass\n",
     "terra_test_worlds_syntax": "class World:\n    def open(:\n        pass\n",
     "terra_test_worlds_raises": "raise RuntimeError('no renderer here')\n",
     "terra_test_worlds_slow": "import time\ntime.sleep(8)\n",
@@ -325,6 +328,9 @@ def modules(tmp_path, monkeypatch):
     (["policies=[navsim:terra_test_slow_build:Agent]"],
      "policies: cannot load the NAVSIM agent 'navsim:terra_test_slow_build:Agent': Agent timed out after 1 s in its "
      "trial build; fix the agent, or raise policy_timeout_s if it builds slowly"),
+    (["policies=[navsim:terra_test_slow_signature:Agent]"],
+     "policies: cannot load the NAVSIM agent 'navsim:terra_test_slow_signature:Agent': reading Agent timed out after "
+     "1 s in its signature; fix the agent class"),
     (["world=terra_test_worlds_slow:World"], "world: cannot load the world 'terra_test_worlds_slow:World': importing "
                                              "terra_test_worlds_slow timed out after 1 s in its import"),
     (["world=terra_test_worlds_syntax:World"], "importing terra_test_worlds_syntax failed: SyntaxError: invalid "
