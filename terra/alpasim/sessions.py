@@ -6,6 +6,9 @@ one :class:`~terra.generation.session_engine.SessionEngine`, so the frames of al
 in the same batches (continuous batching on vLLM). A chunk's frames are queued at once (the engine runs one
 rollout's steps in order), decoded together and encoded as JPEG or PNG at the size the camera asked for.
 
+A chunk belongs to its call: one rendered for a caller that gave up (its deadline passed) is not committed, and a
+retry of a session's last chunk (the same poses) gets its frames without rendering them again (:class:`Rendered`).
+
 Every refusal is a :class:`TerraInputError` (one line) whose ``status`` names the gRPC status code the server
 answers with (terra/alpasim/service.py); other sessions go on.
 """

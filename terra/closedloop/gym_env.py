@@ -56,7 +56,7 @@ from terra.closedloop.scenarios import Scenario, synthetic_scenarios
 from terra.closedloop.settings import SETTINGS
 from terra.closedloop.tracking import Controls
 from terra.closedloop.truth import truth_metrics
-from terra.closedloop.worlds import TRUTH, TrueWorld, World
+from terra.closedloop.worlds import TRUTH, WORLD_METHODS, TrueWorld, World
 from terra.config.checks import MAX_SEED, check_choice, check_whole_number, shown
 from terra.core.errors import TerraInputError
 
@@ -65,7 +65,6 @@ RESET_OPTIONS = ("scenario",)  # what reset(options=...) takes
 IMAGE_SIZE = (72, 128)  # the synthetic scenarios' frames (height, width) when none are given
 MAX_PIXELS = 4096  # largest image_size side
 KEPT_SCENARIOS = 64  # synthetic scenarios an env keeps built (each is built again when asked for after)
-WORLD_METHODS = ("open", "context_frames", "step", "close")  # what a World given to an env must have
 RENDER_MODES = ("rgb_array", None)
 
 

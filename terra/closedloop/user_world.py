@@ -22,10 +22,8 @@ import numpy as np
 
 from terra.closedloop.guard import UserCall, UserCodeError, handed, reason, user_call, user_class
 from terra.closedloop.scenarios import Scenario
+from terra.closedloop.worlds import WORLD_METHODS
 from terra.core.errors import TerraInputError
-
-
-WORLD_METHODS = ("open", "context_frames", "step", "close")  # terra/closedloop/worlds.py's World
 
 
 def is_world_target(entry: str) -> bool:
