@@ -32,7 +32,7 @@ def test_old_names_on_the_command_line_get_their_new_names(capsys):
             "--config-name", "decoding"]  # an option's value is no setting
     assert moved_overrides(args, "terra-generate") == [
         "decoder=tokenizer", "sampling.draft_tokens=8", "--multirun", "sampling=greedy", "decoder=refiner",
-        "decoder=tokenizer,refiner", "~decoder", "+sampling.draft_tokens=4", "decoder=refiner", "x.decoding=1",
+        "decoder=tokenizer,refiner", "~decoder", "++sampling.draft_tokens=4", "decoder=refiner", "x.decoding=1",
         "--config-name", "decoding"]
     lines = stderr_lines(capsys)
     assert lines[:2] == [f"terra-generate: {DECODER_LINE}", f"terra-generate: {DRAFT_TOKENS_LINE}"]
@@ -48,6 +48,33 @@ def test_an_old_name_with_a_value_it_never_had_is_one_error_line(capsys):
     assert str(err.value) == ("decoding='bogus' is unknown; decoding= is now decoder=: use decoder=tokenizer or "
                               "decoder=refiner")
     assert stderr_lines(capsys) == []  # the error is the only line
+
+
+@pytest.mark.parametrize("arg, value", [("sampling.block_size=8", 8), ("+sampling.block_size=8", 8),
+                                        ("++sampling.block_size=8", 8), ("decoding=framewise", "tokenizer"),
+                                        ("+decoding=refiner", "refiner"), ("++decoding=framewise", "tokenizer")])
+def test_every_documented_form_of_an_old_name_reaches_the_new_setting(capsys, arg, value):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("terra.conf", version_base=None):
+        cfg = compose("generate", moved_overrides([arg], "terra-generate"))
+    new = "sampling.draft_tokens" if "block_size" in arg else "decoder"
+    assert OmegaConf.select(cfg, new) == value
+    assert len(stderr_lines(capsys)) == 1
+
+
+@pytest.mark.parametrize("arg, line", [
+    ("sampling.block_size=0", "sampling.block_size=0: sampling.draft_tokens must be a whole number from 1 to 4096"),
+    ("+sampling.block_size=abc", "sampling.block_size='abc': sampling.draft_tokens must be a whole number"),
+    ("decoding=bogus", "decoding='bogus' is unknown; decoding= is now decoder="),
+])
+def test_a_refused_value_of_an_old_name_is_the_only_line(capsys, arg, line):
+    with pytest.raises(TerraInputError, match=line):
+        moved_overrides([arg], "terra-generate")
+    assert stderr_lines(capsys) == []
+    with pytest.raises(TerraInputError, match="sampling.draft_tokens must be a whole number"):
+        SamplingConfig.from_mapping({"block_size": 0})
+    assert stderr_lines(capsys) == []
 
 
 def test_old_names_in_a_config_file_move_to_the_new_ones(capsys):

@@ -69,12 +69,26 @@ def trajectory(path: Path, frames: Sequence[int], anchor_us: int = ANCHOR_US) ->
                                         for k in frames])
 
 
-class RuntimeClient:
-    """The runtime's calls on a channel to ``address`` (``host:port``) with AlpaSim's 64 MiB message limits."""
+class BearerToken(grpc.UnaryUnaryClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call's metadata (terra/alpasim/service.py, ``TokenCheck``)."""
 
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, token: str) -> None:
+        self.metadata = ("authorization", f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = [*(details.metadata or ()), self.metadata]
+        return continuation(details._replace(metadata=metadata), request)
+
+
+class RuntimeClient:
+    """The runtime's calls on a channel to ``address`` (``host:port``) with AlpaSim's 64 MiB message limits;
+    ``token``: the server's ``alpasim.token``, sent with every call as ``authorization: Bearer <token>``."""
+
+    def __init__(self, address: str, timeout_s: float = 600.0, token: str | None = None) -> None:
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                                                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        if token is not None:
+            self.channel = grpc.intercept_channel(self.channel, BearerToken(token))
         self.stub = pb_grpc.WorldModelServiceStub(self.channel)
         self.timeout_s = timeout_s
 

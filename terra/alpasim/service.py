@@ -7,13 +7,20 @@ is answered as a close) and ``get_version`` (what the server renders). Every ref
 (terra/alpasim/sessions.py names the codes: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, OUT_OF_RANGE,
 FAILED_PRECONDITION); a failure of the server itself is INTERNAL with one line, its traceback in the server's
 log. No request stops the server or another session.
+
+Every field is read through terra/alpasim/fields.py before it is used (ids, enums, timestamps), and what the log
+and a refusal quote of a client's value is short and escaped. With ``alpasim.token`` set (required beyond loopback:
+terra/alpasim/settings.py), every call must carry the metadata ``authorization: Bearer <token>``; any other is
+UNAUTHENTICATED before its request is read (:class:`TokenCheck`).
 """
 
 from __future__ import annotations
 
 import functools
+import hmac
 import logging
 import socket
+import traceback
 from concurrent import futures
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
@@ -24,9 +31,11 @@ from carla_driver_interface.protocol import ALPASIM_API_VERSION, Empty, VersionI
 
 from terra.alpasim import video_model_pb2 as pb
 from terra.alpasim import video_model_pb2_grpc as pb_grpc
+from terra.alpasim.fields import RequestError, client_id, enum_name, pose_arrays, quoted, timestamps
 from terra.alpasim.poses import planar_poses
-from terra.alpasim.sessions import RequestError, SessionTable
+from terra.alpasim.sessions import SessionTable
 from terra.alpasim.settings import MAX_MESSAGE_BYTES, AlpasimSettings
+from terra.config.checks import one_line
 from terra.core.errors import TerraInputError, error_line
 
 log = logging.getLogger("terra.alpasim")
@@ -35,6 +44,8 @@ INITIAL_FORMATS = (pb.UNDEFINED, pb.PNG, pb.JPEG)  # UNDEFINED: told by the byte
 SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.so_reuseport", 0)]  # a port another server holds is refused, not shared
+RETRY_WAIT_S = 600.0  # the longest a chunk waits for the session's chunk in flight (a retry of it)
+MAX_DETAILS_CHARS = 1000  # a refusal's one line (gRPC sends it as metadata, a few KiB at most)
 
 
 def answered(method: Callable) -> Callable:
@@ -49,13 +60,37 @@ def answered(method: Callable) -> Callable:
         except TerraInputError as err:
             code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except Exception as err:  # noqa: BLE001  (the server goes on; the caller gets one line)
-            log.exception("%s failed", method.__name__)
+            # the traceback's frames are the server's code; its message, which may quote a client, escaped
+            log.error("%s failed: %s\n%s", method.__name__, one_line(f"{type(err).__name__}: {err}"),
+                      "".join(traceback.format_tb(err.__traceback__)).rstrip())
             line = error_line(err, memory_advice="lower alpasim.max_sessions")
             code, details = grpc.StatusCode.INTERNAL, f"internal error: {line} (the server's log has the traceback)"
-        log.info("%s refused: %s", method.__name__, details)
+        details = error_line(TerraInputError(details), MAX_DETAILS_CHARS)  # one line, within gRPC's metadata
+        log.info("%s refused: %s", method.__name__, one_line(details))
         context.abort(code, details)
 
     return wrapper
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Calls without the metadata ``authorization: Bearer <token>`` end UNAUTHENTICATED before any servicer runs."""
+
+    def __init__(self, token: str) -> None:
+        self.wanted = f"Bearer {token}".encode()
+
+        def refuse(request, context: grpc.ServicerContext):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token; send the gRPC metadata "
+                          "authorization: Bearer <token> (terra-alpasim's alpasim.token)")
+
+        self.refusal = grpc.unary_unary_rpc_method_handler(refuse)
+
+    def intercept_service(self, continuation, handler_call_details):
+        sent = [value for key, value in handler_call_details.invocation_metadata or () if key == "authorization"]
+        given = sent[0].encode() if len(sent) == 1 and isinstance(sent[0], str) else b""
+        if hmac.compare_digest(given, self.wanted):
+            return continuation(handler_call_details)
+        log.info("a call to %s without the token was refused", one_line(quoted(handler_call_details.method)))
+        return self.refusal
 
 
 class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
@@ -81,10 +116,11 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
             raise RequestError("this server renders no HD-map frames; set AlpaSim's runtime.renderer."
                                "video_model_config.return_hdmap_frames=false")
         frame = request.initial_frames[0]
+        name = enum_name(pb.ImageFormat, frame.format, "initial_frames[0].format")
         if frame.format not in INITIAL_FORMATS:
-            raise RequestError(f"initial_frames[0] is {pb.ImageFormat.Name(frame.format)}; send a PNG or JPEG")
+            raise RequestError(f"initial_frames[0] is {name}; send a PNG or JPEG")
         spec = request.camera_specs[0]
-        camera = spec.logical_id or "camera"
+        camera = client_id(spec.logical_id, "camera_specs[0].logical_id") if spec.logical_id else "camera"
         session = self.table.start(frame.data, camera, (spec.resolution_h, spec.resolution_w), request.random_seed)
         height, width = session.size
         log.info("session %s: camera %s (%s model asked) rendered as this model's own camera (%s), sent at %dx%d; "
@@ -98,11 +134,13 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
     def render_video_chunk(self, request: pb.VideoChunkRequest, context) -> pb.VideoChunkReturn:
         session = self.table.get(request.session_id.session_id)
         poses = request.rig_trajectory.poses
-        times = np.array([p.timestamp_us for p in poses], dtype=np.int64)
-        vec = np.array([[p.pose.vec.x, p.pose.vec.y, p.pose.vec.z] for p in poses], dtype=np.float64).reshape(-1, 3)
-        quat = np.array([[p.pose.quat.w, p.pose.quat.x, p.pose.quat.y, p.pose.quat.z] for p in poses],
-                        dtype=np.float64).reshape(-1, 4)
-        images = self.table.render(session.id, times, planar_poses(vec, quat))
+        times = timestamps(poses)
+        vec, quat = pose_arrays(poses)
+        for i, actor in enumerate(request.dynamic_state.actors):
+            enum_name(pb.ActorClassId, actor.class_id, f"dynamic_state.actors[{i}].class_id")
+        wait_s = context.time_remaining()  # a retry may arrive while the chunk it retries still renders
+        images = self.table.render(session.id, times, planar_poses(vec, quat), context.is_active,
+                                   RETRY_WAIT_S if wait_s is None else min(wait_s, RETRY_WAIT_S))
         if request.dynamic_state.actors and session.track.frames == len(images):
             log.info("session %s: %d other actors are not rendered (Terra does not model them)", session.id,
                      len(request.dynamic_state.actors))
@@ -114,7 +152,7 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
     @answered
     def close_session(self, request: pb.SessionCloseRequest, context) -> Empty:
         if self.table.close(request.session_id):
-            log.info("session %s closed", request.session_id)
+            log.info("session %s closed", request.session_id)  # an id of this server's (checked by close)
         return Empty()
 
     @answered
@@ -135,8 +173,10 @@ def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Se
     system chose for port 0); a port in use is one line. ``workers``: threads answering calls (default: one per
     session, so every session's chunk can wait on the engine at once, and four more)."""
     check_free(settings)
+    interceptors = [] if settings.token is None else [TokenCheck(settings.token)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers or settings.max_sessions + 4,
-                                                    thread_name_prefix="terra-alpasim"), options=SERVER_OPTIONS)
+                                                    thread_name_prefix="terra-alpasim"), options=SERVER_OPTIONS,
+                         interceptors=interceptors)
     try:
         port = server.add_insecure_port(settings.address)
     except RuntimeError:

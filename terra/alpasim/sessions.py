@@ -6,6 +6,9 @@ one :class:`~terra.generation.session_engine.SessionEngine`, so the frames of al
 in the same batches (continuous batching on vLLM). A chunk's frames are queued at once (the engine runs one
 rollout's steps in order), decoded together and encoded as JPEG or PNG at the size the camera asked for.
 
+A chunk belongs to its call: one rendered for a caller that gave up (its deadline passed) is not committed, and a
+retry of a session's last chunk (the same poses) gets its frames without rendering them again (:class:`Rendered`).
+
 Every refusal is a :class:`TerraInputError` (one line) whose ``status`` names the gRPC status code the server
 answers with (terra/alpasim/service.py); other sessions go on.
 """
@@ -17,11 +20,13 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-from terra.alpasim.poses import RigTrack
+from terra.alpasim.fields import RequestError, client_id, quoted
+from terra.alpasim.poses import Chunk, RigTrack
 from terra.alpasim.settings import AlpasimSettings
 from terra.config.checks import MAX_SEED
 from terra.config.sampling import SamplingConfig
@@ -34,12 +39,6 @@ from terra.tokenizer.resize import MAX_UPSCALE, fit_frame
 
 log = logging.getLogger("terra.alpasim")
 ASPECT_TOLERANCE = 0.02  # a camera whose width / height is this close to the model's gets its frames resized
-
-
-class RequestError(TerraInputError):
-    """A request this server refuses; ``status`` is the gRPC status code's name (INVALID_ARGUMENT unless named)."""
-
-    status = "INVALID_ARGUMENT"
 
 
 class UnknownSession(RequestError):
@@ -73,6 +72,23 @@ class Session:
     busy: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
     failed: str | None = None  # why a chunk failed after its frames were queued
+    last: "Rendered | None" = None  # the last chunk rendered, kept for a retry of it
+
+
+@dataclass
+class Rendered:
+    """A session's last rendered chunk, kept so that a retry of it (the same poses) gets its frames again instead of
+    rendering anew: one whose caller gave up (its deadline passed) while it rendered is not ``committed`` (the track
+    stays before it) until the retry comes; one answered is answered again (its answer may have been lost)."""
+
+    times_us: np.ndarray
+    poses: np.ndarray
+    chunk: Chunk
+    images: list[bytes]
+    committed: bool
+
+    def asked_again(self, times_us: np.ndarray, poses: np.ndarray) -> bool:
+        return np.array_equal(self.times_us, times_us) and np.array_equal(self.poses, poses)
 
 
 def frame_size(asked: tuple[int, int], native: tuple[int, int]) -> tuple[int, int]:
@@ -124,7 +140,7 @@ class SessionTable:
                                       "the server with more")
             self._opening += 1
         try:
-            image = image_from_bytes(initial_frame, "initial_frames[0]")
+            image = image_from_bytes(initial_frame, "initial_frames[0]", self.settings.max_image_pixels)
             context = fit_frame(image, self.pipeline.image_size, "initial_frames[0]", self.resize)
             codes = self.pipeline.encode(frames_to_tensor(np.stack([context])))
             seed = secrets.randbelow(MAX_SEED) + 1 if seed == 0 else seed % (MAX_SEED + 1)
@@ -141,6 +157,7 @@ class SessionTable:
     def close(self, session_id: str) -> bool:
         """Free a session (its chunk in flight finishes first); False when there is none of that id (closed twice,
         expired or never opened)."""
+        client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.pop(session_id, None)
         if session is None:
@@ -166,29 +183,45 @@ class SessionTable:
     # ------------------------------------------------------------------ chunks
 
     def get(self, session_id: str) -> Session:
+        client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.get(session_id)
         if session is None:
-            raise UnknownSession(f"no session {session_id!r}: it was closed, expired after "
+            raise UnknownSession(f"no session {quoted(session_id)}: it was closed, expired after "
                                  f"{self.settings.idle_timeout_s:g} s idle or never started; call start_session")
         return session
 
-    def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray) -> list[bytes]:
-        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``)."""
+    def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
+               answered: Callable[[], bool] = lambda: True, wait_s: float = 0.0) -> list[bytes]:
+        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``).
+        ``answered``: whether the caller still waits (gRPC's ``context.is_active``); ``wait_s``: how long to wait
+        for the session's chunk in flight (a retry arriving while the chunk it retries still renders). A chunk is
+        its call's: one rendered for a caller that gave up is not committed, and a retry of the last chunk (the same
+        poses) gets its frames (:class:`Rendered`)."""
         session = self.get(session_id)
-        if not session.busy.acquire(blocking=False):
+        if not session.busy.acquire(timeout=max(0.0, min(wait_s, self.settings.idle_timeout_s))):
             raise SessionUnusable(f"session {session_id} is rendering a chunk; send its chunks one after another")
         try:
             session.last_used = time.monotonic()
             if session.failed:
                 raise SessionUnusable(f"session {session_id} failed in an earlier chunk ({session.failed}); close "
                                       "it and start a new one")
-            chunk = session.track.plan(times_us, poses)
+            kept = session.last
+            if kept is not None and kept.asked_again(times_us, poses):
+                if not kept.committed:
+                    session.track.commit(kept.chunk)
+                    kept.committed = True
+                return kept.images
+            if kept is not None and not kept.committed:
+                raise SessionUnusable(
+                    f"session {session_id}: the chunk of {len(kept.times_us)} poses from {kept.times_us[0]} us was "
+                    "rendered after its caller gave up; send that chunk again (the same poses) to get its frames")
             left = self.settings.max_frames - session.track.frames
-            if len(chunk.actions) > left:
+            if len(times_us) > left:
                 raise OutOfFrames(f"session {session_id} has rendered {session.track.frames} frames and may render "
                                   f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
-                                  f"{len(chunk.actions)}: start a new session, or the server with more")
+                                  f"{len(times_us)}: start a new session, or the server with more")
+            chunk = session.track.plan(times_us, poses)
             try:
                 codes = self._generate(session, chunk.actions)
             except Exception as err:
@@ -196,8 +229,14 @@ class SessionTable:
                 if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
                     raise SessionUnusable(f"session {session_id}: {err}") from None
                 raise
+            images = self._encode(session, codes)
+            session.last = Rendered(times_us.copy(), poses.copy(), chunk, images, committed=answered())
+            if not session.last.committed:
+                log.info("session %s: the chunk at %d us was abandoned by its caller; kept for its retry",
+                         session_id, int(times_us[0]))
+                raise SessionUnusable(f"session {session_id}: the caller gave up on the chunk; send it again")
             session.track.commit(chunk)
-            return self._encode(session, codes)
+            return images
         finally:
             session.last_used = time.monotonic()
             session.busy.release()

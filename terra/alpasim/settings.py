@@ -8,12 +8,16 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from terra.config.checks import MAX_FRAMES, check_choice, check_whole_number, known_settings
+from terra.config.checks import MAX_FRAMES, check_choice, check_number, check_whole_number, known_settings, shown
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
+from terra.config.network import HOST_NAME, TOKEN_PATTERN, is_loopback
 
 IMAGE_FORMATS = ("jpeg", "png")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # AlpaSim's runtime sets its channel's limit to this, both ways
+MAX_SESSIONS = 1024  # a thread and a rollout each: more would only queue on one engine
+MAX_PIXELS = 8192 * 8192  # terra/tokenizer/images.py's bound on any frame
+MAX_IDLE_S = 7 * 24 * 3600.0  # a week
 
 
 @dataclass(frozen=True)
@@ -22,24 +26,33 @@ class AlpasimSettings:
 
     host: str = "127.0.0.1"
     port: int = 50051
+    token: str | None = None
     max_sessions: int = 16
     max_frames: int = 3000
+    max_image_pixels: int = 3840 * 2160
     idle_timeout_s: float = 600.0
     image_format: str = "jpeg"
     jpeg_quality: int = 90
 
     def __post_init__(self) -> None:
-        for name, minimum, maximum in (("port", 0, 65535), ("max_sessions", 1, None), ("max_frames", 1, MAX_FRAMES),
+        for name, minimum, maximum in (("port", 0, 65535), ("max_sessions", 1, MAX_SESSIONS),
+                                       ("max_frames", 1, MAX_FRAMES), ("max_image_pixels", 64 * 64, MAX_PIXELS),
                                        ("jpeg_quality", 1, 100)):
             check_whole_number(getattr(self, name), f"alpasim.{name}", minimum,
                                f"alpasim.{name}={getattr(AlpasimSettings, name)}", maximum)
-        value = self.idle_timeout_s
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise TerraInputError(f"alpasim.idle_timeout_s must be a positive number of seconds (got {value!r})")
+        check_number(self.idle_timeout_s, "alpasim.idle_timeout_s", 0.0, MAX_IDLE_S, "alpasim.idle_timeout_s=600",
+                     low_open=True)
         check_choice(self.image_format, "alpasim.image_format", IMAGE_FORMATS)
-        if not isinstance(self.host, str) or not self.host:
-            raise TerraInputError(f"alpasim.host must be an address or host name (got {self.host!r}); e.g. "
-                                  "alpasim.host=0.0.0.0 for AlpaSim's containers")
+        if not isinstance(self.host, str) or not HOST_NAME.fullmatch(self.host.strip("[]").lower()):
+            raise TerraInputError(f"alpasim.host must be an address or host name (got {shown(self.host)}); e.g. "
+                                  "alpasim.host=0.0.0.0 for AlpaSim's containers (with alpasim.token)")
+        if self.token is not None and (not isinstance(self.token, str) or not TOKEN_PATTERN.fullmatch(self.token)):
+            raise TerraInputError("alpasim.token must be 8 to 256 letters, digits or - . _ ~ + ; e.g. "
+                                  "TERRA_ALPASIM_TOKEN=$(openssl rand -hex 16)")
+        if self.token is None and not is_loopback(self.host.strip("[]").lower()):
+            raise TerraInputError(f"alpasim.host={self.host} is reachable beyond this machine, so a token is "
+                                  "required: set alpasim.token=... or TERRA_ALPASIM_TOKEN (clients send the gRPC "
+                                  "metadata authorization: Bearer <token>), or bind alpasim.host=127.0.0.1")
 
     @property
     def address(self) -> str:

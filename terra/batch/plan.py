@@ -27,8 +27,9 @@ from terra.core.atomic import marked
 from terra.core.errors import TerraInputError
 from terra.inputs.samples import Sample, read_samples
 
-# terra.core.atomic.atomic_path's temporary names: ".<stem>.<8 random chars>.tmp<suffix>" next to the target.
-_TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
+# terra.core.atomic.atomic_path's temporary names: ".<stem>.<host>-<pid>.<8 random chars>.tmp<suffix>" next to the
+# target (without "<host>-<pid>." before this release).
+_TEMP_NAME = re.compile(r"^\.(?P<stem>.+?)(\.[A-Za-z0-9-]+-\d+)?\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
 
 
 @dataclass

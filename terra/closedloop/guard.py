@@ -9,12 +9,13 @@ one line naming the policy and the call, which ends that drive only:
 * a call that has not returned by its deadline: it is abandoned on its thread (a daemon thread cannot keep the
   process from exiting) and the drive goes on without it.
 
-What user code is handed is read-only (:func:`handed`): every numpy array of an observation, a scenario (its
-synthetic scene's too), a NAVSIM ``AgentInput`` or a user world's action, at any depth of tuples, lists, dicts and
-dataclasses, is a view that cannot be written, so a policy that changes its camera frames in place cannot change
-the recorded video, another drive's context or the true world's scene; such a write fails its drive with a line
-saying so. Views cost nothing per step, where copies of every drive's frame history would cost a copy per plan; and
-a write is caught, not silently dropped.
+What user code is handed is its own read-only copy (:func:`handed`): every numpy array of an observation, a
+scenario (its synthetic scene's too), a NAVSIM ``AgentInput`` or a user world's action, at any depth of tuples,
+lists, dicts and dataclasses, is a fresh copy that cannot be written (any other mutable object a deep copy), so a
+policy that changes its camera frames in place cannot change the recorded video, another drive's context or the
+true world's scene: a plain write fails its drive with a line saying so, and what goes around the flag (``.base``,
+``torch.from_numpy`` and an in-place op, ``setflags(write=True)``) reaches only the copy. A copy per call costs
+little next to a plan (a policy's frame history is a few frames at the tokenizer's size).
 
 User code named by a setting (a NAVSIM agent's module, a user world's) is imported by :func:`user_class` behind the
 same boundary, under the run's ``policy_timeout_s``: a module that hangs on import is one line, not a hang. Such a
@@ -23,6 +24,7 @@ module is found in the working folder, as ``python -m``, uvicorn and pytest find
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import inspect
@@ -32,6 +34,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, TimeoutError as FuturesTimeout
+from enum import Enum
+from pathlib import PurePath
 from typing import Any, Callable
 
 import numpy as np
@@ -177,19 +181,26 @@ def reason(err: BaseException) -> str:
     return line
 
 
+IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic, PurePath, Enum, range, type)
+
+
 def read_only(array: np.ndarray) -> np.ndarray:
-    """A view of ``array`` that cannot be written through."""
-    view = np.asarray(array).view()
-    view.flags.writeable = False
-    return view
+    """A read-only copy of ``array``: it shares no memory with ``array`` (its ``.base`` is None), so nothing done
+    to it or its buffer reaches the original."""
+    copy = np.array(array, copy=True, subok=False)
+    copy.flags.writeable = False
+    return copy
 
 
 def handed(value: Any) -> Any:
-    """``value`` as user code gets it: every numpy array in it a read-only view, at any depth of tuples, lists,
-    dicts and dataclasses (rebuilt around the views, so a list or dict that user code changes is its own; a frozen
-    dataclass that holds none of them is handed as it is); anything else as it is."""
+    """``value`` as user code gets it: every numpy array in it a read-only copy (:func:`read_only`), at any depth of
+    tuples, lists, dicts and dataclasses (rebuilt around the copies, so a list or dict that user code changes is its
+    own; a frozen dataclass that holds none of them is handed as it is); an immutable value as it is, and any other
+    object a deep copy."""
     if isinstance(value, np.ndarray):
         return read_only(value)
+    if isinstance(value, IMMUTABLE):
+        return value
     if type(value) in (tuple, list):
         return type(value)(handed(item) for item in value)
     if type(value) is dict:
@@ -200,7 +211,7 @@ def handed(value: Any) -> Any:
         if value.__dataclass_params__.frozen and all(views[name] is item for name, item in fields.items()):
             return value  # nothing in it to make read-only, and nothing of it can be changed: shared as it is
         return dataclasses.replace(value, **views)
-    return value
+    return copy.deepcopy(value)
 
 
 def working_folder_on_path() -> None:
@@ -218,8 +229,7 @@ def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -
     setting and what it names), ``fix`` says what to give instead."""
     working_folder_on_path()
     try:
-        loaded = UserCall(f"{where}: importing {module}", "its import", importlib.import_module, module).returned(
-            timeout_s)
+        found = UserCall(f"{where}: importing {module}", "its import", _attribute, module, name).returned(timeout_s)
     except UserCodeError as err:
         raise TerraInputError(f"{err}; fix the module, or raise policy_timeout_s if its import is slow") from None
     except ImportError as err:
@@ -227,8 +237,12 @@ def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -
                               "or PYTHONPATH") from None
     except (Exception, SystemExit) as err:  # noqa: BLE001  (the user's module failed to run: its line, no trace)
         raise TerraInputError(f"{where}: importing {module} failed: {reason(err)}; fix the module") from None
-    found = getattr(loaded, name, None)
     if not inspect.isclass(found):
         what = "nothing" if found is None else f"a {type(found).__name__}"
         raise TerraInputError(f"{where}: {module}.{name} is {what}, not a class; {fix}")
     return found
+
+
+def _attribute(module: str, name: str) -> Any:
+    """``module.name`` (None when there is none): the import and the lookup, both user code, behind the boundary."""
+    return getattr(importlib.import_module(module), name, None)

@@ -6,7 +6,8 @@ module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_ve
 * the world: ``world="truth"`` (the default: the synthetic world rendered at the car's pose, terra/closedloop/worlds.py)
   or a :class:`~terra.closedloop.worlds.World` of the caller's (``ModelWorld(pipeline)``: the world model); the
   scenarios: a list of the caller's, else ``num_scenarios`` synthetic ones drawn with ``scenario_seed`` at
-  ``image_size`` (terra-drive's settings of the same names, conf/drive.yaml);
+  ``image_size`` (terra-drive's settings of the same names, conf/drive.yaml), each built when a reset first drives
+  it (:class:`SyntheticScenarios`);
 * ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
   the world model's sampling seeded from ``seed``;
 * ``step(action)``: the action (``action_mode``: ``control``, normalized steering and acceleration, or ``plan``,
@@ -22,17 +23,20 @@ Bad calls are refused as gymnasium's own envs refuse them, in one line, before a
 not one of the action space's raises ``gymnasium.error.InvalidAction``, ``step()`` before ``reset()``, after the
 drive ended (terminated or truncated) or after a step the world failed ``gymnasium.error.ResetNeeded``, a bad
 setting, scenario index, reset option or seed list a :class:`~terra.core.errors.TerraInputError` (a
-``ValueError``). The vector env checks every action of a step before it moves any drive: a refused step changes no
-env.
+``ValueError``): a ``world`` without the World methods, or ``scenarios`` that are not Scenarios of one frame size,
+at construction. ``step()`` or ``reset()`` after ``close()`` raises ``gymnasium.error.ClosedEnvironmentError``. The
+vector env checks every action of a step before it moves any drive: a refused step changes no env.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence as SequenceABC
 from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.error import InvalidAction, ResetNeeded
+from gymnasium.error import ClosedEnvironmentError, InvalidAction, ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
@@ -52,14 +56,16 @@ from terra.closedloop.scenarios import Scenario, synthetic_scenarios
 from terra.closedloop.settings import SETTINGS
 from terra.closedloop.tracking import Controls
 from terra.closedloop.truth import truth_metrics
-from terra.closedloop.worlds import TRUTH, TrueWorld, World
-from terra.config.checks import MAX_SEED, check_choice, check_whole_number
+from terra.closedloop.worlds import TRUTH, WORLD_METHODS, TrueWorld, World
+from terra.config.checks import MAX_SEED, check_choice, check_whole_number, shown
 from terra.core.errors import TerraInputError
 
 ENV_ID = "terra/Drive-v0"  # gymnasium's id of both envs (the vector env: its vector_entry_point)
 RESET_OPTIONS = ("scenario",)  # what reset(options=...) takes
 IMAGE_SIZE = (72, 128)  # the synthetic scenarios' frames (height, width) when none are given
 MAX_PIXELS = 4096  # largest image_size side
+KEPT_SCENARIOS = 64  # synthetic scenarios an env keeps built (each is built again when asked for after)
+RENDER_MODES = ("rgb_array", None)
 
 
 class _Driver:
@@ -74,23 +80,74 @@ class _Driver:
         pass
 
 
-def env_scenarios(world: World | str, scenarios: Sequence[Scenario] | None, num_scenarios: int,
-                  scenario_seed: int, image_size: Sequence[int]) -> tuple[World, list[Scenario]]:
-    """The world and the scenarios an env drives (see the module docstring), checked."""
-    if isinstance(world, str) and world != TRUTH:
-        raise TerraInputError(f"world={world!r}: the env builds only the true world ('{TRUTH}'); pass a World "
-                              "for any other, e.g. ModelWorld(pipeline) for the world model")
+class SyntheticScenarios(SequenceABC):
+    """``count`` synthetic scenarios drawn with ``seed`` at ``size``, each built when a reset first asks for it (the
+    last :data:`KEPT_SCENARIOS` kept): an env of 100000 scenarios starts at once and holds a few."""
+
+    def __init__(self, count: int, seed: int, size: tuple[int, int]) -> None:
+        self.count, self.seed, self.size = count, seed, size
+        self._built = functools.lru_cache(maxsize=KEPT_SCENARIOS)(self._build)
+
+    def _build(self, index: int) -> Scenario:
+        return synthetic_scenarios(self.count, self.seed, self.size, indices=[index])[0]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # a slice builds every scenario in it
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        return self._built(index % self.count)
+
+
+def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed: int,
+                  image_size: Sequence[int]) -> tuple[World, Sequence[Scenario], tuple[int, int]]:
+    """The world, the scenarios an env drives (see the module docstring) and their frames' size, checked now: a
+    world that is not one, or scenarios that are not a list of Scenario of one frame size, are one line here."""
+    if isinstance(world, str):
+        if world != TRUTH:
+            raise TerraInputError(f"world={world!r}: the env builds only the true world ('{TRUTH}'); pass a World "
+                                  "for any other, e.g. ModelWorld(pipeline) for the world model")
+    else:
+        missing = [name for name in WORLD_METHODS if not callable(getattr(world, name, None))]
+        if missing:
+            raise TerraInputError(f"world: a {type(world).__name__} is not a World (no callable {', '.join(missing)});"
+                                  f" pass world='{TRUTH}' or a World such as ModelWorld(pipeline)")
     if scenarios is None:
         size = image_size if isinstance(image_size, (list, tuple)) else None
         if size is None or len(size) != 2:
             raise TerraInputError(f"image_size must be (height, width), e.g. image_size={IMAGE_SIZE} (got "
                                   f"{image_size!r})")
         size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in size)
-        scenarios = synthetic_scenarios(SETTINGS["num_scenarios"].check(num_scenarios, "num_scenarios"),
-                                        SETTINGS["scenario_seed"].check(scenario_seed, "scenario_seed"), size)
+        scenarios = SyntheticScenarios(SETTINGS["num_scenarios"].check(num_scenarios, "num_scenarios"),
+                                       SETTINGS["scenario_seed"].check(scenario_seed, "scenario_seed"), size)
+    else:
+        scenarios = user_scenarios(scenarios)
+        size = tuple(scenarios[0].images.shape[1:3])
+    return (TrueWorld(size) if isinstance(world, str) else world), scenarios, size
+
+
+def user_scenarios(scenarios: Any) -> list[Scenario]:
+    """The caller's ``scenarios``: a non-empty list of :class:`Scenario` whose context frames share one size."""
+    if isinstance(scenarios, (str, bytes, Scenario)) or not isinstance(scenarios, SequenceABC):
+        raise TerraInputError(f"scenarios must be a list of Scenario (got a {type(scenarios).__name__}); or leave it "
+                              "None for num_scenarios synthetic ones")
     if not scenarios:
         raise TerraInputError("a driving env needs at least one scenario")
-    return (TrueWorld(scenarios[0].images.shape[1:3]) if isinstance(world, str) else world), list(scenarios)
+    for i, scenario in enumerate(scenarios):
+        if not isinstance(scenario, Scenario):
+            raise TerraInputError(f"scenarios[{i}] is a {type(scenario).__name__}, not a Scenario (terra/closedloop/"
+                                  "scenarios.py: synthetic_scenarios, log_scenarios)")
+        images = scenario.images
+        if not isinstance(images, np.ndarray) or images.ndim != 4 or images.shape[-1] != 3 or not len(images):
+            raise TerraInputError(f"scenarios[{i}] ({scenario.id}) holds no context frames [n, H, W, 3]")
+        if images.shape[1:3] != scenarios[0].images.shape[1:3]:
+            raise TerraInputError(f"scenarios[{i}] ({scenario.id}) has {images.shape[1]}x{images.shape[2]} frames, "
+                                  f"scenarios[0] {scenarios[0].images.shape[1]}x{scenarios[0].images.shape[2]}; an "
+                                  "env's frames have one size")
+    return list(scenarios)
 
 
 class _Drives:
@@ -106,11 +163,12 @@ class _Drives:
         if self.action_mode == "control" and self.vehicle != "bicycle":
             raise TerraInputError(f"action_mode='control' steers the bicycle vehicle; vehicle={vehicle!r} follows "
                                   "plans only: set vehicle='bicycle' or action_mode='plan'")
-        self.world, self.scenarios = env_scenarios(world, scenarios, num_scenarios, scenario_seed, image_size)
-        if self.reward == "lane_keeping" and any(s.scene is None for s in self.scenarios):
+        self.world, self.scenarios, self.size = env_scenarios(world, scenarios, num_scenarios, scenario_seed,
+                                                              image_size)
+        if self.reward == "lane_keeping" and isinstance(self.scenarios, list) \
+                and any(s.scene is None for s in self.scenarios):
             raise TerraInputError("reward='lane_keeping' needs synthetic scenarios (their scene knows the lane); "
                                   "use reward='progress' on others")
-        self.size = self.scenarios[0].images.shape[1:3]
         self.observation_space = observation_space(*self.size)
         self.action_space = action_space(self.action_mode)
 
@@ -180,22 +238,25 @@ class DriveEnv(gym.Env):
                  render_mode: str | None = "rgb_array", vehicle: str = "bicycle", action_mode: str = "control",
                  reward: str = "progress", num_scenarios: int = 4, scenario_seed: int = 0,
                  image_size: Sequence[int] = IMAGE_SIZE) -> None:
+        self.render_mode = check_render_mode(render_mode)
         self._drives = _Drives(world, scenarios, num_steps, vehicle, action_mode, reward, num_scenarios,
                                scenario_seed, image_size)
         self.observation_space, self.action_space = self._drives.observation_space, self._drives.action_space
-        self.render_mode = render_mode
         self.drive: Drive | None = None
         self._needs_reset: str | None = "no drive yet"  # why step() needs reset() first (None: it does not)
+        self.closed = False
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        refuse_closed(self.closed, "reset")
         index = self._drives.scenario_index(options)
         super().reset(seed=seed)
-        self.close()
+        self._end_drive()
         self.drive = self._drives.open(self.np_random, index)
         self._needs_reset = None
         return observation(self.drive), {"scenario": self.drive.spec.scenario.id}
 
     def step(self, action):
+        refuse_closed(self.closed, "step")
         if self._needs_reset is not None:
             raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
         command = self._drives.command(self.drive, action)
@@ -205,9 +266,14 @@ class DriveEnv(gym.Env):
         return observation(self.drive), reward, terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
-        return None if self.drive is None else np.array(self.drive.frames[-1])
+        return None if self.drive is None or self.render_mode is None else np.array(self.drive.frames[-1])
 
     def close(self) -> None:
+        """End the drive; the env takes no step or reset after it (closing again is harmless)."""
+        self._end_drive()
+        self.closed = True
+
+    def _end_drive(self) -> None:
         if self.drive is not None:
             close_drive(self._drives.world, self.drive)
             self.drive = None
@@ -224,13 +290,13 @@ class DriveVectorEnv(VectorEnv):
                  action_mode: str = "control", reward: str = "progress", num_scenarios: int = 4,
                  scenario_seed: int = 0, image_size: Sequence[int] = IMAGE_SIZE) -> None:
         self.num_envs = check_whole_number(num_envs, "num_envs", 1, "num_envs=4", 4096)
+        self.render_mode = check_render_mode(render_mode)
         self._drives = _Drives(world, scenarios, num_steps, vehicle, action_mode, reward, num_scenarios,
                                scenario_seed, image_size)
         self.single_observation_space = self._drives.observation_space
         self.single_action_space = self._drives.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.render_mode = render_mode
         self.drives: list[Drive | None] = [None] * self.num_envs
         self._ended = np.zeros(self.num_envs, dtype=bool)
         self._rngs: list[np.random.Generator] = []
@@ -241,6 +307,7 @@ class DriveVectorEnv(VectorEnv):
                            create_empty_array(self.single_observation_space, self.num_envs))
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict | None = None):
+        refuse_closed(self.closed, "reset")
         if isinstance(seed, (list, tuple)):
             if len(seed) != self.num_envs:
                 raise TerraInputError(f"reset(seed=...) lists {len(seed)} seeds for {self.num_envs} envs; give one "
@@ -263,6 +330,7 @@ class DriveVectorEnv(VectorEnv):
         self.drives[i] = self._drives.open(self._rngs[i], index)
 
     def step(self, actions):
+        refuse_closed(self.closed, "step")
         if self._needs_reset is not None:
             raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
         count = None if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__") else len(actions)
@@ -286,13 +354,27 @@ class DriveVectorEnv(VectorEnv):
         return self._batch([observation(d) for d in self.drives]), rewards, terminated, truncated, {}
 
     def render(self) -> tuple[np.ndarray, ...] | None:
-        return tuple(np.asarray(d.frames[-1]) for d in self.drives if d is not None)
+        if self.render_mode is None:
+            return None
+        return tuple(np.array(d.frames[-1]) for d in self.drives if d is not None)  # copies: the records stay
 
     def close_extras(self, **kwargs: Any) -> None:
         for i, drive in enumerate(self.drives):
             if drive is not None:
                 close_drive(self._drives.world, drive)
                 self.drives[i] = None
+
+
+def check_render_mode(render_mode: Any) -> str | None:
+    if render_mode not in RENDER_MODES:
+        raise TerraInputError(f"render_mode must be 'rgb_array' or None (got {shown(render_mode)})")
+    return render_mode
+
+
+def refuse_closed(closed: bool, call: str) -> None:
+    """``ClosedEnvironmentError`` in one line for a ``call`` on a closed env."""
+    if closed:
+        raise ClosedEnvironmentError(f"{call}() on a closed env: make a new one (gymnasium.make) after close()")
 
 
 if ENV_ID not in gym.registry:  # gymnasium's registry: make() and make_vec() find the envs by id

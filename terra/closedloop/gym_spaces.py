@@ -11,7 +11,9 @@ modes (``action_mode``) and the two rewards (``reward``).
   lags and its steering-rate limit (0.4 rad/s): a random action moves the wheels 0.04 rad at most, so random actions
   wander instead of throwing the car off the road. Bicycle vehicle only;
 * ``action_mode="plan"``: NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame (any form
-  :func:`~terra.closedloop.plans.as_plan` reads is taken too), followed by the drive's vehicle as in the loop;
+  :func:`~terra.closedloop.plans.as_plan` reads is taken too), followed by the drive's vehicle as in the loop. Every
+  pose (or Terra action) must lie within the action space's bounds (:data:`PLAN_LOW`, :data:`PLAN_HIGH`: x 0 to 45 m
+  ahead, y within 10 m to a side, heading within pi); one beyond them is refused (``InvalidAction``), not clipped;
 * ``reward="progress"``: metres driven forward in the step, along the previous heading (any world and scenario);
 * ``reward="lane_keeping"``: metres gained along the road in the step (the synthetic scene's road coordinates,
   terra/closedloop/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at the
@@ -40,9 +42,10 @@ ACTION_MODES = ("control", "plan")  # the envs' action_mode setting
 REWARDS = ("progress", "lane_keeping")  # the envs' reward setting
 LANE_PENALTY = 0.5  # lane_keeping: progress (m) lost per metre off the lane's centre, each step
 
-# Plans a random sample of the plan action space gives stay within a car's reach (100 m/s between samples).
+# Plans a random sample of the plan action space gives stay within a car's reach (100 m/s between samples), and a
+# plan at the scenarios' speeds (up to 40 km/h: 44 m in 4 s) lies inside.
 PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
-PLAN_HIGH = np.tile(np.array([30.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
+PLAN_HIGH = np.tile(np.array([45.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
 # Largest speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) between two frames any plan can command.
 EGO_LIMIT = np.array([100.0, 100.0, 2000.0], dtype=np.float32)
 
@@ -90,12 +93,28 @@ def decode(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple
             command = controls_of(action, drive.vehicle.params)
         else:
             command = as_plan(np.asarray(action, dtype=np.float64) if isinstance(action, np.ndarray) else action)
+            if command is action:  # the caller's own Plan: copied, so that changing it later changes no record
+                command = Plan(poses=command.poses, times=command.times, actions=command.actions)
+            within_space(command)
         return command, drive.action_for(command)
     except (TerraInputError, TypeError, ValueError) as err:
         fix = ("give [steering, acceleration] in [-1, 1]" if mode == "control" else
                f"give {NAVSIM_POSES} poses (x, y, heading) at 0.5 s in the ego frame")
         raise InvalidAction(f"{where} is no {mode} action: {error_line(err)}; {fix}, as the action space says") \
             from None
+
+
+def within_space(plan: Plan) -> None:
+    """Refuse a plan whose poses (or Terra actions) leave the plan action space's bounds (the module docstring),
+    naming the first such pose."""
+    poses = plan.actions if plan.poses is None else plan.poses
+    low, high = PLAN_LOW[0, : poses.shape[1]], PLAN_HIGH[0, : poses.shape[1]]
+    outside = np.flatnonzero(~np.all((poses >= low) & (poses <= high), axis=1))
+    if outside.size:
+        k = int(outside[0])
+        shown = ", ".join(f"{v:.4g}" for v in poses[k])
+        raise TerraInputError(f"plan pose {k} ({shown}) lies outside the action space (x {low[0]:g} to {high[0]:g} m, "
+                              f"y {low[1]:g} to {high[1]:g} m, heading within pi)")
 
 
 def reward_of(kind: str, before: np.ndarray, after: np.ndarray, truth: dict | None) -> float:

@@ -72,14 +72,17 @@ def check_tensors(tensors: dict[str, torch.Tensor], where: str) -> None:
             raise TerraInputError(f"{where}: tensor {name} holds NaN or infinite values; {RETRAIN}")
 
 
+def load_path_net(path: Path | None = None) -> PathNet:
+    """The learned driver's net from a safetensors file (None: the shipped one, :data:`LEARNED_DRIVER`), its tensors
+    checked (:func:`check_tensors`); cached per path (the drives of a run share it: it is only read)."""
+    return _load_path_net(Path(LEARNED_DRIVER if path is None else path))
+
+
 @lru_cache(maxsize=4)
-def load_path_net(path: Path = LEARNED_DRIVER) -> PathNet:
-    """The learned driver's net from a safetensors file, its tensors checked (:func:`check_tensors`); cached per
-    path (the drives of a run share it: it is only read)."""
+def _load_path_net(path: Path) -> PathNet:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    path = Path(path)
     if not path.is_file():
         raise TerraInputError(f"the learned driver's weights {path} do not exist; {RETRAIN}")
     try:
@@ -107,8 +110,8 @@ class PathEstimate:
 class LearnedLane:
     """A detector for :class:`~terra.closedloop.vision.LaneFollower`: the net's reading of a frame (never None)."""
 
-    def __init__(self, weights: Path = LEARNED_DRIVER) -> None:
-        self.net = load_path_net(Path(weights))
+    def __init__(self, weights: Path | None = None) -> None:
+        self.net = load_path_net(weights)
 
     def __call__(self, frame: np.ndarray) -> PathEstimate:
         with torch.inference_mode():

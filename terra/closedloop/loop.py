@@ -29,7 +29,7 @@ from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.tracking import Controls
 from terra.closedloop.worlds import World
-from terra.core.errors import error_line
+from terra.core.errors import TerraInputError, error_line
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego
 
@@ -106,6 +106,7 @@ class Drive:
     ended: str | None = None  # why it ended before num_steps (the car left the scene), not failed
     warnings: list[str] = field(default_factory=list)  # what went wrong without spoiling the drive (a close)
     policy: Any = None
+    gil_bound: bool = False  # the policy's plans run one after another on the loop's CallLine (guard.py)
     handle: Any = None
 
     @property
@@ -188,8 +189,10 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s:
     drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
     try:
-        drive.policy = user_call(who, "build", policy_timeout_s, spec.make_policy)
-        user_call(who, "reset", policy_timeout_s, drive.policy.reset, handed(spec.scenario))
+        drive.policy = policy = user_call(who, "build", policy_timeout_s, spec.make_policy)
+        drive.gil_bound = user_call(who, "build", policy_timeout_s, lambda: bool(getattr(policy, "gil_bound", False)))
+        scenario = handed(spec.scenario)
+        user_call(who, "reset", policy_timeout_s, lambda: policy.reset(scenario))
         drive.handle = world.open(spec.scenario, spec.seed, num_steps)
         context = world.context_frames(drive.handle)
     except UserCodeError as err:
@@ -240,8 +243,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
             if progress is not None:
                 progress(step + 1)
     finally:
-        for drive in drives:
-            close_drive(world, drive, policy_timeout_s)
+        close_drives(world, drives, policy_timeout_s)
     return drives
 
 
@@ -250,19 +252,19 @@ def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, li
     hold the GIL, ``gil_bound``, one after another on ``line``); each answer is checked and goes to the drive's
     vehicle."""
     calls = [(drive, UserCall(f"policy {drive.spec.policy}", f"plan at step {step}", _timed_plan, drive.policy,
-                              handed(drive.observation(history)),
-                              line=line if getattr(drive.policy, "gil_bound", False) else None))
+                              handed(drive.observation(history)), line=line if drive.gil_bound else None))
              for drive in drives]
     line.drain(timeout_s)
     for drive, call in calls:
         name = drive.spec.policy
         try:
-            value, seconds = call.result(timeout_s)
+            plan, seconds, problem = call.result(timeout_s)
         except UserCodeError as err:
             drive.fail("policy", str(err))
             continue
         try:
-            plan = as_plan(value)
+            if problem is not None:
+                raise problem
             action = drive.action_for(plan)
         except Exception as err:  # noqa: BLE001
             drive.fail("policy", f"policy {name} returned a bad plan at step {step}: {error_line(err)}")
@@ -270,24 +272,46 @@ def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, li
         drive.command(plan, action, seconds)
 
 
-def _timed_plan(policy: Policy, observation: Observation) -> tuple[Any, float]:
+def _timed_plan(policy: Policy, observation: Observation) -> tuple[Plan | None, float, Exception | None]:
+    """The policy's plan, read (:func:`as_plan`) on the policy's own thread, under its deadline: reading what a
+    policy returns may run its code (an ``__array__``, a mapping's lookups). What the value read as, or why not,
+    names the value's class."""
     start = time.perf_counter()
     value = policy.plan(observation)
-    return value, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    try:
+        plan = as_plan(value)
+        if plan is value:  # the policy's own Plan: copied, so that it cannot change the plan recorded later
+            plan = Plan(poses=plan.poses, times=plan.times, actions=plan.actions)
+        return plan, seconds, None
+    except Exception as err:  # noqa: BLE001  (worded by the loop: "returned a bad plan")
+        return None, seconds, TerraInputError(f"{error_line(err)} (it returned a {type(value).__name__})")
 
 
 def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> None:
-    """Free the drive's session and policy (within ``policy_timeout_s``); a policy that fails to close leaves a
-    warning on the drive: what it recorded stands."""
-    try:
-        if drive.handle is not None:
-            world.close(drive.handle)
-    except Exception:  # noqa: BLE001  (the world's session is gone either way)
-        pass
-    try:
+    """Free the drive's session and policy (:func:`close_drives`)."""
+    close_drives(world, [drive], policy_timeout_s)
+
+
+def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
+    """Free the drives' sessions and policies; the policies' closes run at once, each within ``policy_timeout_s``
+    (drivers that never answer cost the run that long once, not once a drive). A policy that fails to close leaves
+    a warning on its drive: what it recorded stands."""
+    calls = []
+    for drive in drives:
+        try:
+            if drive.handle is not None:
+                world.close(drive.handle)
+        except Exception:  # noqa: BLE001  (the world's session is gone either way)
+            pass
         if drive.policy is not None:
-            user_call(f"policy {drive.spec.policy}", "close", policy_timeout_s, drive.policy.close)
-    except UserCodeError as err:
-        drive.warnings.append(str(err))
-    drive.handle = drive.policy = None
+            policy = drive.policy
+            close = UserCall(f"policy {drive.spec.policy}", "close", lambda policy=policy: policy.close())
+            calls.append((drive, close))
+        drive.handle = drive.policy = None
+    for drive, call in calls:
+        try:
+            call.result(policy_timeout_s)
+        except UserCodeError as err:
+            drive.warnings.append(str(err))
 

@@ -176,6 +176,14 @@ def agent_class(entry: str, timeout_s: float) -> type:
     return user_class(module, name, where, "give navsim:package.module:Class", timeout_s)
 
 
+def _signature(cls: type) -> inspect.Signature | None:
+    """``cls``'s signature (None for a class whose signature Python cannot tell: built with the arguments given)."""
+    try:
+        return inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None
+
+
 def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Callable[[], Any]:
     """A builder of the agent ``navsim:MODULE:CLASS`` names, one per drive, with ``args`` (``navsim_args.CLASS``)
     as its keyword arguments, checked now: imported, the arguments against the constructor, one agent built and
@@ -188,10 +196,12 @@ def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: 
     name = cls.__name__
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
     args = dict(args or {})
-    try:
-        signature = inspect.signature(cls)
-    except (TypeError, ValueError):  # a class whose signature Python cannot tell: built with the arguments given
-        signature = None
+    try:  # reading a class's signature may run its code (a metaclass): behind the boundary too
+        signature = UserCall(f"{where}: reading {name}", "its signature", _signature, cls).returned(timeout_s)
+    except UserCodeError as err:
+        raise TerraInputError(f"{err}; fix the agent class") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001  (the class's own code failed: its line, no trace)
+        raise TerraInputError(f"{where}: reading {name} failed: {reason(err)}; fix the agent class") from None
     if signature is not None:
         parameters = {p.name: p for p in signature.parameters.values()
                       if p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD)}

@@ -234,4 +234,8 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
     if entry not in REFERENCE_POLICIES:
         raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
                               f"{ALL_REFERENCE}, {ALL_PIXEL}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
+    if entry == "learned_driver":  # its weights read and checked now, before any drive (one line when bad)
+        from terra.closedloop.learned import load_path_net
+
+        load_path_net()
     return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else REFERENCE_POLICIES[entry]

@@ -2,10 +2,11 @@
 
 The class implements :class:`~terra.closedloop.worlds.World` (``open``, ``context_frames``, ``step``, ``close``;
 ``name`` and the timing counters are optional) and is built as ``Class(image_size=(height, width))``. The setting is
-checked before any drive: the module imported and the constructor's signature read (:func:`world_class`); the one
-build, before the drives and the world model (terra/closedloop/prepare.py), is one line too when it fails. Every call
-into it crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time: what it is
-handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here, once (uint8
+checked before any drive: the module imported, the class's four methods found and its constructor's signature read
+(:func:`world_class`); the one build, before the drives and the world model (terra/closedloop/prepare.py), is one
+line too when it fails, and so is a built world without the four methods. Every call into it, the lookup of the
+method included, crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time: what
+it is handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here, once (uint8
 ``[height, width, 3]``), and copied, so that a world that reuses its buffer cannot change frames recorded before. A
 world that raises, overruns, exits or returns anything else ends that drive ``failed`` with one line naming the
 class and the problem; the other drives go on.
@@ -19,8 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from terra.closedloop.guard import UserCodeError, handed, user_call, user_class
+from terra.closedloop.guard import UserCall, UserCodeError, handed, reason, user_call, user_class
 from terra.closedloop.scenarios import Scenario
+from terra.closedloop.worlds import WORLD_METHODS
 from terra.core.errors import TerraInputError
 
 
@@ -39,13 +41,28 @@ def world_class(entry: str, setting: str, timeout_s: float) -> type:
         raise TerraInputError(f"{where}: give package.module:Class")
     cls = user_class(module, name, where, fix, timeout_s)
     try:
+        problem = UserCall(f"{where}: reading {name}", "its methods", _class_problem, cls, name).returned(timeout_s)
+    except (Exception, SystemExit) as err:  # noqa: BLE001  (the class's own code failed: its line, no trace)
+        raise TerraInputError(f"{where}: reading {name} failed: {reason(err)}; fix the class") from None
+    if problem:
+        raise TerraInputError(f"{where}: {problem}: {fix}")
+    return cls
+
+
+def _class_problem(cls: type, name: str) -> str | None:
+    """Why ``cls`` cannot be a world (None: it can): a method of :data:`WORLD_METHODS` it lacks, or a constructor
+    that cannot take ``image_size`` alone. Run behind the boundary: looking at a class runs its code."""
+    try:
         inspect.signature(cls).bind(image_size=(1, 1))
     except TypeError as err:
-        raise TerraInputError(f"{where}: {name}(image_size=(height, width)) cannot be called ({err}); a world is "
-                              f"built with image_size alone: {fix}") from None
+        return (f"{name}(image_size=(height, width)) cannot be called ({err}); a world is built with image_size "
+                "alone")
     except ValueError:  # a class whose signature Python cannot tell: its build says
         pass
-    return cls
+    missing = [f"{method}()" for method in WORLD_METHODS if not callable(getattr(cls, method, None))]
+    if missing:
+        return f"{name} has no {', '.join(missing)}; a world implements {', '.join(WORLD_METHODS)}"
+    return None
 
 
 def world_name(entry: str) -> str:
@@ -63,22 +80,31 @@ class UserWorld:
         self.who = f"world {entry}"
         try:
             self.world = user_call(self.who, "build", timeout_s, lambda: cls(image_size=self.image_size))
+            missing = user_call(self.who, "build", timeout_s, lambda: [
+                f"{method}()" for method in WORLD_METHODS if not callable(getattr(self.world, method, None))])
         except UserCodeError as err:  # before any drive: the run's input to fix
             raise TerraInputError(f"{err}; fix the world's constructor") from None
+        if missing:
+            raise TerraInputError(f"{self.who}: the world it built has no {', '.join(missing)}; a world implements "
+                                  f"{', '.join(WORLD_METHODS)}")
         self.generate_s = 0.0
         self.decode_s = 0.0
 
-    def _call(self, call: str, function, *args) -> Any:
-        return user_call(self.who, call, self.timeout_s, function, *args)
+    def _call(self, method: str, *args) -> Any:
+        """The world's ``method(*args)``, its lookup too behind the boundary (an attribute may run user code)."""
+        return user_call(self.who, method, self.timeout_s, lambda: getattr(self.world, method)(*args))
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
-        return self._call("open", self.world.open, handed(scenario), seed, max_frames)
+        return self._call("open", handed(scenario), seed, max_frames)
 
     def context_frames(self, drive) -> np.ndarray:
-        frames = self._call("context_frames", self.world.context_frames, drive)
-        for k, frame in enumerate(frames):
-            self._check(frame, f"context frame {k}")
-        return np.stack(frames)
+        frames = self._call("context_frames", drive)
+        if isinstance(frames, np.ndarray) and frames.ndim == 4:
+            frames = list(frames)
+        if type(frames) not in (list, tuple) or not frames:
+            raise UserCodeError(f"{self.who} returned a {type(frames).__name__} from context_frames, not a list of "
+                                "frames")
+        return np.stack([self._check(frame, f"context frame {k}") for k, frame in enumerate(frames)])
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         """Each drive's next frame from a call of its own, so that one drive's failure is that drive's alone."""
@@ -86,8 +112,8 @@ class UserWorld:
         frames: list[np.ndarray | BaseException] = []
         for drive, action, pose in zip(drives, actions, poses):
             try:
-                answer = self._call("step", self.world.step, [drive], [handed(action)], [handed(pose)])
-                if not isinstance(answer, (list, tuple)) or len(answer) != 1:
+                answer = self._call("step", [drive], [handed(action)], [handed(pose)])
+                if type(answer) not in (list, tuple) or len(answer) != 1:
                     raise UserCodeError(f"{self.who} returned {type(answer).__name__} from step, not a list of one "
                                         "frame per drive")
                 frame = answer[0]
@@ -100,13 +126,13 @@ class UserWorld:
         return frames
 
     def close(self, drive) -> None:
-        self._call("close", self.world.close, drive)
+        self._call("close", drive)
 
     def _check(self, frame: Any, call: str) -> np.ndarray:
         """A copy of ``frame`` (the world's buffer stays its own) if it is uint8 ``[height, width, 3]``; otherwise
         one line naming what it is."""
         expected = (*self.image_size, 3)
-        if not isinstance(frame, np.ndarray):
+        if type(frame) is not np.ndarray:  # a subclass's methods are user code
             raise UserCodeError(f"{self.who} returned a {type(frame).__name__} from {call}, not a numpy frame")
         if frame.dtype != np.uint8 or frame.shape != expected:
             raise UserCodeError(f"{self.who} returned a {frame.dtype} frame of shape {list(frame.shape)} from {call}; "

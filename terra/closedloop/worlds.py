@@ -45,6 +45,9 @@ class World(Protocol):
     def close(self, drive: Any) -> None: ...
 
 
+WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World must have (name, counters: optional)
+
+
 @dataclass
 class ModelDrive:
     """A drive in the model world: its session's rollout, its context codes and the sampling it steps with."""

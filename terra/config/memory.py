@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from terra.config.checks import check_choice
+from terra.config.checks import check_choice, check_whole_number
 from terra.core.errors import TerraInputError
 
 GIB = 1 << 30
@@ -27,6 +27,7 @@ MEMORY = ("full", "auto", *PRESETS)
 CARD_SLACK = 0.95  # a card sold as 16 GB reports 15.6-15.9 GiB: a preset runs on a card of 95 % of its size or more
 REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engine is closed; beside the engine
 # Estimates of what a run takes besides weights and KV cache (refined by scripts/benchmark_memory_table.py):
+MAX_CARD = 1 << 50  # a card's memory: a PiB is beyond any GPU
 MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
 SHARE_STEP = 0.001  # the engine's share of the card is planned in thousandths, rounded down
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
@@ -66,7 +67,7 @@ def tokenizer_batch(image_size: tuple[int, int], memory: str = "full") -> int:
     frame, float32; 8 at once put the AlpaSim server 6.5 GiB over memory=16GiB), ``FULL_DECODE_PIXELS`` beside
     vLLM's own 90 %; at least one."""
     pixels = FULL_DECODE_PIXELS if memory == "full" else DECODE_PIXELS
-    return max(1, pixels // (int(image_size[0]) * int(image_size[1])))
+    return max(1, pixels // max(1, int(image_size[0]) * int(image_size[1])))
 
 
 def check_memory(value: Any) -> str:
@@ -143,9 +144,18 @@ class MemoryPlan:
         return options
 
 
+def check_card(card_bytes: Any) -> int:
+    """``card_bytes``, a card's memory in bytes, as an ``int`` if it is a whole number from 1 to :data:`MAX_CARD`;
+    otherwise one line (a library caller's impossible card, not a division by zero)."""
+    return check_whole_number(card_bytes, "card_bytes (the card's memory in bytes)", 1, f"card_bytes={80 * GIB}",
+                              MAX_CARD)
+
+
 def preset_cap(preset: str, card_bytes: int) -> int:
     """Bytes the run may use on a card of ``card_bytes``: the card for ``auto``; for a named preset what a card sold
     at that size reports (``CARD_SLACK`` of it, at most this card), and it needs a card of about that size."""
+    preset = check_choice(preset, "memory", ("auto", *PRESETS))
+    card_bytes = check_card(card_bytes)
     if preset == "auto":
         return card_bytes
     size = PRESETS[preset]
@@ -230,6 +240,11 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
     (or that the card cannot run this model) when nothing fits.
     """
     check_choice(refiner, "refiner placement", REFINER_PLACES)
+    card_bytes = check_card(card_bytes)
+    streams = check_whole_number(streams, "streams (rollouts at once)", 1, "streams=64")
+    if free_bytes is not None:
+        free_bytes = check_whole_number(free_bytes, "free_bytes (the card's free memory in bytes)", 0,
+                                        f"free_bytes={40 * GIB}", card_bytes)
     requested = dict(requested or {})
     cap = preset_cap(preset, card_bytes)
     streams = max(1, min(streams, int(requested.get("max_num_seqs") or streams)))

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from terra.config.checks import plain, shown
+from terra.config.checks import Range, plain, shown
 from terra.core.errors import TerraInputError
 
 PYTHON = "terra"  # who says it when a Python keyword or mapping used the old name
@@ -32,9 +33,13 @@ class MovedSetting:
     old: str
     new: str
     values: Mapping[str, str] = field(default_factory=dict)
+    check: Range | None = None  # the new setting's range, checked before the line that says the old name was used
 
     def value(self, value: Any) -> Any:
-        """``value`` of the old setting as the new one takes it; one error line for a value the old one never had."""
+        """``value`` of the old setting as the new one takes it; one error line for a value the old one never had,
+        or one outside the new setting's range (then the only line: nothing said about the name)."""
+        if self.check is not None:
+            return self.check.check(value, self.new, f"{self.old}={shown(value)}: ")
         if not self.values or value in self.values.values():
             return value
         if value not in self.values:
@@ -50,7 +55,7 @@ class MovedSetting:
 
 
 DECODER = MovedSetting("decoding", "decoder", {"framewise": "tokenizer", "refiner": "refiner"})
-DRAFT_TOKENS = MovedSetting("sampling.block_size", "sampling.draft_tokens")
+DRAFT_TOKENS = MovedSetting("sampling.block_size", "sampling.draft_tokens", check=Range(1, 4096, 32, whole=True))
 MOVED = (DECODER, DRAFT_TOKENS)
 _OVERRIDE = re.compile(r"(~|\+\+|\+)?([\w.]+)(=(.*))?", re.DOTALL)
 _WORD = re.compile(r"[\w.-]+")
@@ -81,12 +86,21 @@ def moved_overrides(args: Sequence[str], who: str) -> list[str]:
             continue
         bare = value.strip("'\"")
         if _WORD.fullmatch(bare):  # one value
-            value = moved_value(moved, bare, who)
+            value = moved_value(moved, _parsed(bare) if moved.check is not None else bare, who)
         else:  # a sweep or a function of Hydra's override grammar: its old values renamed in place
             print(moved.line(who), file=sys.stderr)
             value = _WORD.sub(lambda word: moved.values.get(word.group(), word.group()), value)
-        out.append(f"{prefix or ''}{moved.new}={value}")
+        # +old=: the old name was not in the config, the new one is: Hydra adds it or sets it (++)
+        out.append(f"{'++' if prefix == '+' else prefix or ''}{moved.new}={value}")
     return out
+
+
+def _parsed(value: str) -> Any:
+    """A one-word command-line value as Hydra reads it (``8`` an int, ``0.5`` a float, ``null`` None)."""
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
 
 
 def move_settings(cfg: DictConfig, who: str) -> None:

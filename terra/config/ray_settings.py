@@ -1,5 +1,5 @@
 """The ``ray`` block of a run with ``executor=ray`` (``conf/rollout.yaml``, ``conf/drive.yaml``), checked without
-importing Ray.
+importing Ray (:func:`check_executor` imports it, for a run that will use it).
 
 ``executor=ray`` runs a batch (terra/batch/ray_executor.py) or drives (terra/closedloop/ray_executor.py) on the Ray
 cluster at ``address`` (terra/core/ray_cluster.py); these settings say which cluster, how many actors with what
@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from terra.config.checks import check_choice, check_number, check_whole_number
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, error_line
 from terra.core.ray_cluster import INSTALL_RAY
 
 EXECUTORS = ("local", "ray")
@@ -72,11 +72,18 @@ class RaySettings:
 
 
 def check_executor(value: Any) -> str:
-    """The ``executor`` setting checked: one of :data:`EXECUTORS`, and ``ray`` only where Ray is installed (found
-    without importing it), so that a run without it stops before any work."""
+    """The ``executor`` setting checked: one of :data:`EXECUTORS`, and ``ray`` only where Ray is installed and
+    imports (a partial or broken install fails on import; the run imports it next anyway), so that a run without
+    it stops before any work."""
     executor = check_choice(value, "executor", EXECUTORS)
-    if executor == "ray" and importlib.util.find_spec("ray") is None:
-        raise TerraInputError(f"executor=ray needs Ray, which is not installed here: {INSTALL_RAY}")
+    if executor == "ray":
+        if importlib.util.find_spec("ray") is None:
+            raise TerraInputError(f"executor=ray needs Ray, which is not installed here: {INSTALL_RAY}")
+        try:
+            importlib.import_module("ray")
+        except Exception as err:  # noqa: BLE001  (whatever a broken install raises: one line)
+            raise TerraInputError(f"executor=ray needs Ray, which does not import here ({error_line(err, 200)}): "
+                                  f"{INSTALL_RAY}") from None
     return executor
 
 

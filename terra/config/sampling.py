@@ -22,7 +22,7 @@ SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
     "top_p": Range(0, 1, 1.0, low_open=True),
-    "draft_tokens": Range(1, 4096, 32, whole=True),
+    "draft_tokens": DRAFT_TOKENS.check,  # its old name, block_size, is checked against the same range
 }
 
 

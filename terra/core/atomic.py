@@ -1,7 +1,10 @@
 """Atomic writes: write to a temporary file (or folder) beside the target, then ``os.replace`` it.
 
 An interrupted run therefore never leaves a truncated file (or a half-written folder) under the final name;
-a crashed write leaves no temporary file behind either.
+a crashed or interrupted write (SIGINT, SIGTERM: terra/apps/runner.py raises them in the main thread) leaves no
+temporary file behind either. A process killed outright (SIGKILL, a lost machine) cannot clean up, so a temporary
+file's name says whose it is, ``.<stem>.<host>-<pid>.<random>.tmp<suffix>``, and the next write into the folder
+removes those of this host whose process is gone (:func:`sweep_stale`), and no other.
 
 Every JSON the toolkit writes goes through :func:`json_text`: valid JSON, a non-finite number written as
 ``null`` (Python's ``NaN`` / ``Infinity`` are not JSON).
@@ -18,7 +21,9 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,15 +40,62 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    sweep_stale(path.parent)
+    tmp_path = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.{_owner()}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+        tmp_path = Path(tmp)
+        os.close(fd)
         yield tmp_path
         tmp_path.chmod(0o644)  # mkstemp creates 0600 (and some writers recreate the file); outputs are shared
         os.replace(tmp_path, path)
     finally:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None:
+            tmp_path.unlink(missing_ok=True)
+
+
+def _owner() -> str:
+    """``<host>-<pid>``: whose a temporary file is (the host name reduced to letters, digits and ``-``)."""
+    return f"{re.sub(r'[^A-Za-z0-9-]', '-', socket.gethostname())[:64] or 'host'}-{os.getpid()}"
+
+
+_STALE = re.compile(r"^\..*\.(?P<owner>[A-Za-z0-9-]+-(?P<pid>\d+))\.[a-z0-9_]+\.tmp(\.[^.]+)?$")
+_swept: set[tuple[str, int]] = set()  # (folder, pid): each process sweeps a folder once
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process of this ``pid`` runs on this host (one of another user's still runs: not gone)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def sweep_stale(folder: str | os.PathLike) -> None:
+    """Remove the temporary files of :func:`atomic_path` in ``folder`` that a process of this host left when it was
+    killed (its name names this host and a process that no longer runs); once per folder and process."""
+    key = (os.path.abspath(folder), os.getpid())
+    if key in _swept:
+        return
+    _swept.add(key)
+    host = _owner().rsplit("-", 1)[0]
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        match = _STALE.match(entry.name)
+        if match and match.group("owner").rsplit("-", 1)[0] == host and entry.is_file(follow_symlinks=False) \
+                and _gone(int(match.group("pid"))):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
 
 
 def _finite(value):

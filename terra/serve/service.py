@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from terra.config.checks import shown
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import encode_image
@@ -135,7 +136,7 @@ class SessionService:
     def get(self, session_id: str) -> Entry:
         entry = self.entries.get(session_id)
         if entry is None:
-            raise NotFoundError(f"no session {session_id!r}; it was closed, expired or never existed "
+            raise NotFoundError(f"no session {shown(session_id)}; it was closed, expired or never existed "
                                 "(GET /sessions lists the open ones)")
         return entry
 
@@ -143,7 +144,7 @@ class SessionService:
         """Close a session and its sockets (each gets a close frame naming ``reason``)."""
         entry = self.entries.pop(session_id, None)
         if entry is None:
-            raise NotFoundError(f"no session {session_id!r}")
+            raise NotFoundError(f"no session {shown(session_id)}")  # a client's id: quoted short
         await asyncio.gather(*(conn.close(1000, reason) for conn in list(entry.sockets)), return_exceptions=True)
         await asyncio.wrap_future(self.host.engine.close_rollout(entry.session.rollout))
         log.info("session %s closed: %s", session_id, reason)

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from terra.config.checks import check_whole_number, known_settings
+from terra.config.checks import MAX_FRAMES, check_whole_number, known_settings, shown
+from terra.config.network import HOST_NAME, TOKEN_PATTERN, is_loopback
 from terra.core.errors import TerraInputError
 
 IMAGE_FORMATS = ("jpeg", "png")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+-]{8,256}")  # sent as a WebSocket subprotocol, so token characters only
-HOST_NAME = re.compile(r"[a-z0-9_.-]+|[0-9a-f:.]+")  # a DNS name or an IPv4 address; or an IPv6 one (brackets dropped)
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+MAX_WAIT_S = 7 * 24 * 3600.0  # a week: the longest idle or send timeout
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:
@@ -86,19 +74,17 @@ class ServeSettings:
     cors: bool = False
 
     def __post_init__(self) -> None:
-        for name, minimum in (("port", 0), ("max_sessions", 1), ("max_frames", 1), ("max_request_bytes", 1024),
-                              ("max_message_bytes", 256), ("max_queued_steps", 1), ("drive_window", 1),
-                              ("jpeg_quality", 1)):
+        for name, minimum, maximum in (("port", 0, 65535), ("max_sessions", 1, 1024), ("max_frames", 1, MAX_FRAMES),
+                                       ("max_request_bytes", 1024, 1 << 30), ("max_message_bytes", 256, 1 << 24),
+                                       ("max_queued_steps", 1, 1024), ("drive_window", 1, 64),
+                                       ("jpeg_quality", 1, 100)):
             check_whole_number(getattr(self, name), f"serve.{name}", minimum,
-                               f"serve.{name}={getattr(ServeSettings, name)}")
-        if self.port > 65535:
-            raise TerraInputError(f"serve.port must be at most 65535 (got {self.port}); e.g. serve.port=8000")
-        if self.jpeg_quality > 100:
-            raise TerraInputError(f"serve.jpeg_quality must be in [1, 100] (got {self.jpeg_quality})")
-        for name in ("idle_timeout_s", "send_timeout_s"):
+                               f"serve.{name}={getattr(ServeSettings, name)}", maximum)
+        for name in ("idle_timeout_s", "send_timeout_s"):  # finite: a session or a send that never times out
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise TerraInputError(f"serve.{name} must be a positive number of seconds (got {value!r})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_WAIT_S:
+                raise TerraInputError(f"serve.{name} must be a positive number of seconds, at most {MAX_WAIT_S:g} "
+                                      f"(got {shown(value)})")
         if self.image_format not in IMAGE_FORMATS:
             raise TerraInputError(f"serve.image_format must be one of {', '.join(IMAGE_FORMATS)} "
                                   f"(got {self.image_format!r})")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from terra.config.checks import MAX_SEED, check_whole_number
+from terra.config.checks import MAX_FRAMES, MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, WorldModelBackend
@@ -163,9 +163,9 @@ class SessionHost:
         self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
         self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
         self.sampling = sampling
-        self.max_frames = check_whole_number(max_frames, "max_frames", 1, "max_frames=600")
-        self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3")
-        self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3")
+        self.max_frames = check_whole_number(max_frames, "max_frames", 1, "max_frames=600", MAX_FRAMES)
+        self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3", MAX_FRAMES)
+        self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3", MAX_FRAMES)
         self.resize = resize  # how context images fit the tokenizer: crop | stretch (tokenizer/images.py)
         self.engine = SessionEngine(self.backend)
 

@@ -36,9 +36,14 @@ def free_port() -> int:
 @pytest.mark.parametrize("overrides, message", [
     (["alpasim.port=70000"], "alpasim.port must be a whole number from 0 to 65535 (got 70000)"),
     (["alpasim.max_frames=20000"], "alpasim.max_frames must be a whole number from 1 to 10000"),
-    (["alpasim.max_sessions=0"], "alpasim.max_sessions must be a whole number of at least 1"),
+    (["alpasim.max_sessions=0"], "alpasim.max_sessions must be a whole number from 1 to 1024"),
+    (["alpasim.max_sessions=1000000000"], "alpasim.max_sessions must be a whole number from 1 to 1024"),
+    (["alpasim.max_image_pixels=1e12"], "alpasim.max_image_pixels must be a whole number from 4096 to 67108864"),
     (["alpasim.image_format=bmp"], "unknown alpasim.image_format 'bmp'; choose one of: jpeg, png"),
-    (["alpasim.idle_timeout_s=0"], "alpasim.idle_timeout_s must be a positive number"),
+    (["alpasim.idle_timeout_s=0"], "alpasim.idle_timeout_s must be a number above 0 and at most 604800"),
+    (["alpasim.idle_timeout_s=inf"], "alpasim.idle_timeout_s must be a finite number above 0"),
+    (["alpasim.host=0.0.0.0"], "alpasim.host=0.0.0.0 is reachable beyond this machine, so a token is required"),
+    (["alpasim.host=0.0.0.0", "alpasim.token=short"], "alpasim.token must be 8 to 256 letters"),
     (["num_context=3"], "AlpaSim sends one initial frame per camera"),
     (["+alpasim.colour=red"], "unknown setting 'alpasim.colour'"),
 ])

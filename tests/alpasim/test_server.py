@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import threading
+import time
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -17,9 +19,11 @@ pytest.importorskip("carla_driver_interface")
 from carla_driver_interface.protocol import Trajectory  # noqa: E402
 
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
-from terra.alpasim.client import curve, pose_at, straight, trajectory  # noqa: E402
+from terra.alpasim.fields import pose_arrays, timestamps  # noqa: E402
+from terra.alpasim.poses import planar_poses  # noqa: E402
+from terra.alpasim.client import camera_spec, curve, pose_at, straight, trajectory  # noqa: E402
 from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
-from terra.alpasim.sessions import SessionTable  # noqa: E402
+from terra.alpasim.sessions import SessionTable, SessionUnusable  # noqa: E402
 from terra.alpasim.settings import AlpasimSettings  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.generation.hf_backend import HFBackend  # noqa: E402
@@ -183,8 +187,9 @@ def test_frames_are_sent_at_the_size_the_camera_asks(served):
     assert pixels(frame).shape == (128, 128, 3)
 
 
-def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, monkeypatch):
+def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, monkeypatch, caplog):
     table, runtime = served
+    caplog.set_level("INFO", logger="terra.alpasim")
     broken = runtime.start(seed=1)
 
     def fail(session, actions):
@@ -199,3 +204,118 @@ def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, m
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "failed in an earlier chunk" in details
     runtime.close(broken)
     assert len(runtime.drive(straight())[1]) == 8  # the server goes on
+    logged = [record.getMessage() for record in caplog.records if record.name == "terra.alpasim"]
+    assert any("RuntimeError: the engine broke\\nits second line" in line for line in logged), logged
+    assert not any("the engine broke\nits second line" in line for line in logged)  # no line of the message's own
+
+
+def png(size: tuple[int, int]) -> bytes:
+    """A black PNG of ``size`` (height, width): small on the wire whatever its size."""
+    buffer = io.BytesIO()
+    Image.new("RGB", size[::-1]).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_every_field_is_checked_before_use_and_named_when_refused(served, caplog):
+    table, runtime = served
+    caplog.set_level("INFO", logger="terra.alpasim")
+    path = straight()
+    session = runtime.start(seed=4)
+    late = trajectory(path, [1, 2])
+    late.poses[0].timestamp_us = 2**64 - 1
+    actor = pb.VideoChunkRequest(session_id=session, rig_trajectory=trajectory(path, [1]),
+                                 dynamic_state=pb.DynamicWorldState(actors=[pb.DynamicActor(class_id=77)]))
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    cases = {
+        "enum out of range": (lambda: runtime.start(initial_frames=[pb.Image(data=jpeg(), format=99)]),
+                              ["initial_frames[0].format is 99", "ImageFormat"]),
+        "timestamp near 2**64": (lambda: runtime.chunk(session, late),
+                                 ["pose 0 has timestamp_us=18446744073709551615"]),
+        "actor class out of range": (lambda: runtime.stub.render_video_chunk(actor, timeout=60),
+                                     ["dynamic_state.actors[0].class_id is 77"]),
+        "newline in a camera id": (lambda: runtime.start(camera_specs=[camera_spec(logical_id="cam\nINFO: forged")]),
+                                   ["camera_specs[0].logical_id 'cam\\nINFO: forged' is not an id"]),
+        "megabyte camera id": (lambda: runtime.start(camera_specs=[camera_spec(logical_id="c" * (1 << 20))]),
+                               ["(1048576 characters) is not an id"]),
+        "megabyte session id": (lambda: runtime.chunk(pb.SessionId(session_id="s" * (1 << 20)), trajectory(path, [1])),
+                                ["session_id 'sss", "is not an id"]),
+        "close with a bad id": (lambda: runtime.close(pb.SessionId(session_id="a\nb")), ["session_id 'a\\nb'"]),
+        "a bomb of a frame": (lambda: runtime.start(frame=png((4096, 4096))),
+                              ["4096x4096 pixels, more than the 8294400"]),
+    }
+    for name, (call, words) in cases.items():
+        code, details = status_of(call)
+        assert code == invalid and all(w in details for w in words), (name, code, details)
+        assert "\n" not in details and len(details) <= 1000, name
+    assert len(runtime.chunk(session, trajectory(path, range(1, 3))).camera_outputs[0].rgb_frames) == 2
+    runtime.close(session)
+    assert not table.sessions
+    logged = [record.getMessage() for record in caplog.records if record.name == "terra.alpasim"]
+    assert logged and not any("\n" in line or len(line) > 1200 for line in logged)  # no forged or huge log line
+
+
+def test_a_chunk_abandoned_by_its_caller_goes_to_its_retry(served):
+    table, runtime = served
+    path = straight()
+    session = runtime.start(seed=6)
+    state = table.get(session.session_id)
+    first = trajectory(path, range(1, 4))
+    times = timestamps(first.poses)
+    poses = planar_poses(*pose_arrays(first.poses))
+    with pytest.raises(SessionUnusable, match="gave up"):
+        table.render(session.session_id, times, poses, answered=lambda: False)
+    assert state.track.frames == 0 and not state.last.committed  # nothing committed
+    code, details = status_of(lambda: runtime.chunk(session, trajectory(path, range(4, 6))))  # skipping ahead
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "send that chunk again" in details
+    kept = state.last.images
+    retried = runtime.chunk(session, first).camera_outputs[0].rgb_frames
+    assert [image.data for image in retried] == kept and state.track.frames == 3 and state.last.committed
+    again = runtime.chunk(session, first).camera_outputs[0].rgb_frames  # its answer lost: answered again
+    assert [image.data for image in again] == kept and state.track.frames == 3
+    assert len(runtime.chunk(session, trajectory(path, range(4, 6))).camera_outputs[0].rgb_frames) == 2
+    assert state.track.frames == 5
+    runtime.close(session)
+
+
+def test_a_caller_past_its_deadline_gets_its_frames_on_retry(served, monkeypatch):
+    """The retry comes while the abandoned chunk still renders: it waits for it and gets its frames."""
+    table, runtime = served
+    path = straight()
+    session = runtime.start(seed=7)
+    generate, given_up = table._generate, threading.Event()
+
+    def slow(session_state, actions):  # the engine still works when the caller's deadline passes
+        codes = generate(session_state, actions)
+        given_up.wait(60)
+        return codes
+
+    monkeypatch.setattr(table, "_generate", slow)
+    chunk = trajectory(path, range(1, 4))
+    with pytest.raises(grpc.RpcError) as err:
+        runtime.stub.render_video_chunk(pb.VideoChunkRequest(session_id=session, rig_trajectory=chunk), timeout=0.5)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    state = table.get(session.session_id)
+    assert state.busy.locked() and state.track.frames == 0  # still rendering the abandoned chunk
+    threading.Timer(0.5, given_up.set).start()  # it ends while the retry waits
+    assert len(runtime.chunk(session, chunk).camera_outputs[0].rgb_frames) == 3 and state.track.frames == 3
+    monkeypatch.undo()
+    runtime.close(session)
+
+
+def test_a_token_guards_every_call():
+    from terra.core.errors import TerraInputError
+
+    with pytest.raises(TerraInputError, match="reachable beyond this machine, so a token is required"):
+        AlpasimSettings(host="0.0.0.0")
+    with pytest.raises(TerraInputError, match="alpasim.max_sessions must be a whole number from 1 to 1024"):
+        AlpasimSettings(max_sessions=10**9)
+    settings = AlpasimSettings(port=0, token="s3cret-token")
+    server, port = bind(settings)
+    start(server, WorldModelServicer(SimpleNamespace(pipeline=SimpleNamespace(image_size=(64, 64))), "none"))
+    try:
+        for token in (None, "wrong-token"):
+            code, details = status_of(FakeRuntime(f"127.0.0.1:{port}", 30, token).version)
+            assert code == grpc.StatusCode.UNAUTHENTICATED and "authorization: Bearer <token>" in details
+        assert FakeRuntime(f"127.0.0.1:{port}", 30, "s3cret-token").version().version_id.startswith("terra-alpasim")
+    finally:
+        server.stop(1).wait()

@@ -10,11 +10,11 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.error import InvalidAction, ResetNeeded
+from gymnasium.error import ClosedEnvironmentError, InvalidAction, ResetNeeded
 
 from terra.closedloop.gym_env import ENV_ID, DriveEnv, DriveVectorEnv
 from terra.closedloop.gym_spaces import LANE_PENALTY, controls_of
-from terra.closedloop.plans import COMMANDS
+from terra.closedloop.plans import COMMANDS, Plan
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
 from terra.closedloop.vehicle import VehicleParams
 from terra.closedloop.worlds import TrueWorld
@@ -183,6 +183,75 @@ def test_bad_scenarios_and_options_are_refused_before_anything_changes():
         refused(TerraInputError, text, env.reset, seed=0, options=options)
     assert env.drive is None
     refused(ResetNeeded, "call reset\\(\\) before step\\(\\): no drive yet", env.step, np.zeros(2))
+
+
+def test_what_an_env_is_given_is_checked_at_construction():
+    [scenario] = synthetic_scenarios(1, 0, SIZE)
+    other = synthetic_scenarios(1, 0, (40, 64))[0]
+    for world, scenarios, text in [
+        (object(), [scenario], "world: a object is not a World \\(no callable open, context_frames, step, close\\)"),
+        ("truth", scenario, "scenarios must be a list of Scenario \\(got a Scenario\\)"),
+        ("truth", "abc", "scenarios must be a list of Scenario"),
+        ("truth", [scenario, {"id": 1}], "scenarios\\[1\\] is a dict, not a Scenario"),
+        ("truth", [scenario, other], "scenarios\\[1\\] .* has 40x64 frames, scenarios\\[0\\] 36x64"),
+        ("truth", [], "at least one scenario"),
+    ]:
+        refused(TerraInputError, text, DriveEnv, world, scenarios)
+        refused(TerraInputError, text, DriveVectorEnv, world, scenarios, num_envs=2)
+    refused(TerraInputError, "render_mode must be 'rgb_array' or None", DriveEnv, render_mode="human", **SMALL)
+
+
+def test_a_hundred_thousand_scenarios_are_built_when_driven():
+    env = DriveEnv(num_scenarios=100_000, image_size=SIZE, num_steps=2)  # a documented value: nothing built yet
+    assert len(env._drives.scenarios) == 100_000 and env._drives.scenarios._built.cache_info().currsize == 0
+    obs, info = env.reset(seed=0, options={"scenario": 99_999})
+    [expected] = synthetic_scenarios(100_000, 0, SIZE, indices=[99_999])
+    assert info["scenario"] == expected.id and env._drives.scenarios._built.cache_info().currsize == 1
+    np.testing.assert_array_equal(env.drive.frames[0], expected.images[0])
+    env.close()
+
+
+def test_step_or_reset_after_close_is_one_clear_error():
+    env = DriveEnv(**SMALL, num_steps=3)
+    env.reset(seed=0)
+    env.close()
+    env.close()  # closing twice is harmless
+    refused(ClosedEnvironmentError, "step\\(\\) on a closed env", env.step, np.zeros(2))
+    refused(ClosedEnvironmentError, "reset\\(\\) on a closed env", env.reset, seed=0)
+    made = gym.make(ENV_ID, **SMALL, num_steps=3)
+    made.reset(seed=0)
+    made.close()
+    refused(ClosedEnvironmentError, "step\\(\\) on a closed env", made.step, np.zeros(2, np.float32))
+    vector = DriveVectorEnv(**SMALL, num_envs=2, num_steps=3)
+    vector.reset(seed=0)
+    frames = vector.render()
+    frames[0][...] = 0  # the caller's copy: the recorded frame stays
+    assert vector.drives[0].frames[-1].any()
+    vector.close()
+    refused(ClosedEnvironmentError, "step\\(\\) on a closed env", vector.step, np.zeros((2, 2)))
+    refused(ClosedEnvironmentError, "reset\\(\\) on a closed env", vector.reset, seed=0)
+
+
+def test_plan_actions_outside_the_declared_box_are_refused():
+    env = DriveEnv(**SMALL, action_mode="plan", num_steps=4)
+    env.reset(seed=0)
+    inside = np.c_[5.0 * np.arange(1, 9), np.zeros((8, 2))]
+    assert env.action_space.contains(inside.astype(np.float32))
+    for outside, text in [(np.c_[500.0 * np.arange(1, 9), np.zeros((8, 2))],
+                           "plan pose 0 \\(500, 0, 0\\) lies outside"),
+                          (np.c_[5.0 * np.arange(1, 9), np.full(8, -40.0), np.zeros(8)], "plan pose 0 .*y -10 to 10"),
+                          (np.c_[-5.0 * np.arange(1, 9), np.zeros((8, 2))], "plan pose 0 .*x 0 to 45"),
+                          ({"poses": np.c_[90.0 * np.arange(1, 5), np.zeros(4)], "dt": 1.0}, "plan pose 0")]:
+        assert not env.action_space.contains(np.asarray(outside["poses"] if isinstance(outside, dict) else outside,
+                                                        np.float32)) or isinstance(outside, dict)
+        refused(InvalidAction, text, env.step, outside)
+        assert env.drive.steps == 0
+    assert env.step(inside)[4]["pose"] is not None
+    mine = Plan.trajectory(inside)
+    env.step(mine)
+    mine.poses.setflags(write=True)
+    mine.poses[...] = 0.0  # the caller's Plan, changed after the step: the recorded plan is the env's own copy
+    assert env.drive.plans[-1] is not mine and np.array_equal(env.drive.plans[-1].poses, Plan.trajectory(inside).poses)
 
 
 @pytest.mark.parametrize("mode, action, text", [

@@ -291,6 +291,18 @@ def test_a_drive_that_went_fine_stays_ok_when_close_session_hangs(release, tmp_p
     assert len(drive.warnings) == 1 and overran(drive.warnings[0], "close"), drive.warnings
 
 
+def test_drivers_that_never_answer_close_session_cost_the_run_one_deadline(release):
+    """Four drives whose driver hangs in close_session: the closes run at once, 2 s in all, not 2 s a drive."""
+    scenario = synthetic_scenarios(1, 2, SIZE)[0]
+    with grpc_server(LoopbackDriver(release, hang="close_session")) as target:
+        specs = [DriveSpec(scenario, f"remote{k}", lambda: EgodriverPolicy(target, "remote", 2.0)) for k in range(4)]
+        started = time.perf_counter()
+        drives = run_drives(TrueWorld(SIZE), specs, 1, policy_timeout_s=2.0)
+        took = time.perf_counter() - started
+    assert all(d.ok and len(d.warnings) == 1 and "close" in d.warnings[0] for d in drives), [d.warnings for d in drives]
+    assert took < 6.0, took  # one deadline (and the drives' step), not four
+
+
 @pytest.mark.parametrize("poses, text", [
     ([(0.8, 0, 0, 0, 0, 0, 0)] * 3, "pose 0 has a degenerate rotation (a quaternion of norm 0)"),
     ([(0.8, 0, 0, float("nan"), 0, 0, 1)], "pose 0 has a degenerate rotation (a quaternion of norm nan)"),
@@ -494,3 +506,20 @@ def test_a_driver_answering_garbage_is_one_line_of_its_drive_and_nothing_else(tm
     failures = [line for line in result.stderr.splitlines() if "failed" in line]
     assert len(failures) == 1 and "INTERNAL: Exception deserializing response!" in failures[0], result.stderr
     assert not [line for line in result.stderr.splitlines() if re.match(r"^[EWI]\d{4} ", line)]  # no C-core lines
+
+
+def test_executor_ray_with_a_ray_that_does_not_import_is_one_line(tmp_path):
+    """A partial Ray install (found, but failing on import) stops terra-drive with exit 2 and the fix, not exit 1."""
+    broken = tmp_path / "site" / "ray"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ModuleNotFoundError('No module named ray._raylet')\n")
+    script = Path(sys.executable).with_name("terra-drive")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = subprocess.run([str(script), "executor=ray", "world=truth", "num_scenarios=1", "num_steps=1",
+                             "policies=[lane_follower]", f"output_dir={tmp_path / 'out'}"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "terra-drive: error: executor=ray needs Ray, which does not import here (ModuleNotFoundError: No module named "
+        "ray._raylet): pip install 'terra-world-model[ray]' on this machine and every node, or use executor=local"]
+    assert not (tmp_path / "out").exists()

@@ -136,6 +136,55 @@ def test_writes_into_the_scene_or_an_agent_input_fail_their_drive_and_change_no_
     assert scenario.scene.palette.asphalt.max() > 0.1
 
 
+class AroundTheFlag:
+    """Writes what it is handed by every way around the read-only flag: through ``.base``, through
+    ``torch.from_numpy`` and an in-place op, and by setting the flag back; into the scenario's frames and scene in
+    reset, into its camera frames in each plan."""
+
+    name = "around_the_flag"
+
+    @staticmethod
+    def blacken(array):
+        import torch
+
+        if array.base is not None:
+            array.base[...] = 0
+        with np.testing.suppress_warnings() as quiet:
+            quiet.filter(UserWarning)
+            torch.from_numpy(array).zero_()
+        if array.flags.owndata:
+            array.setflags(write=True)
+            array[...] = 0
+
+    def reset(self, scenario):
+        self.blacken(scenario.images)
+        self.blacken(scenario.scene.palette.asphalt)
+
+    def plan(self, obs):
+        for frame in obs.frames:
+            self.blacken(frame)
+        return STRAIGHT
+
+    def close(self):
+        pass
+
+
+def test_writes_around_the_read_only_flag_reach_nothing_recorded_or_shared(scenario):
+    pytest.importorskip("torch")
+    clean = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, "straight", Straight)], 4)[0]
+    images, asphalt = scenario.images.copy(), scenario.scene.palette.asphalt.copy()
+    specs = [DriveSpec(scenario, "around_the_flag", AroundTheFlag), DriveSpec(scenario, "straight", Straight)]
+    drives = run_drives(TrueWorld(SIZE), specs, 4)
+    assert all(d.ok and d.steps == 4 for d in drives), [d.error for d in drives]
+    for drive in drives:  # the writer's own record and the other policy's: the frames of a run without it
+        for frame, expected in zip(drive.frames, clean.frames):
+            np.testing.assert_array_equal(frame, expected)
+    np.testing.assert_array_equal(scenario.images, images)
+    np.testing.assert_array_equal(scenario.scene.palette.asphalt, asphalt)
+    given = handed([scenario.images, {"x": object()}])
+    assert given[0].base is None and not np.shares_memory(given[0], scenario.images)
+
+
 class BufferWorld:
     """A user world that renders the truth into one buffer of its own and returns it every step, and tries to write
     into what it is handed where ``write`` says (``scenario``, ``action``)."""
@@ -244,8 +293,23 @@ MODULES = {
                              "    def compute_trajectory(self, agent_input):\n        return None\n",
     "terra_test_worlds": "class NeedsArgs:\n    def __init__(self, image_size, renderer):\n        pass\n\n"
                          "class NoSize:\n    def __init__(self):\n        pass\n\n"
-                         "class Broken:\n    def __init__(self, image_size):\n        raise RuntimeError('no GPU')\n\n"
+                         "class Methods:\n    def open(self, scenario, seed, max_frames):\n        pass\n\n"
+                         "    def context_frames(self, drive):\n        pass\n\n"
+                         "    def step(self, drives, actions, poses):\n        pass\n\n"
+                         "    def close(self, drive):\n        pass\n\n"
+                         "class Broken(Methods):\n    def __init__(self, image_size):\n"
+                         "        raise RuntimeError('no GPU')\n\n"
+                         "class NoStep(Methods):\n    def __init__(self, image_size):\n        pass\n\n"
+                         "    step = None\n\n"
+                         "class LooksUp(Methods):\n    def __init__(self, image_size):\n        pass\n\n"
+                         "    def __getattribute__(self, name):\n        raise KeyError('looked up ' + name)\n\n"
+                         "class HangsOnLookUp(type):\n    def __getattr__(cls, name):\n        import time\n"
+                         "        time.sleep(8)\n\n"
+                         "class Hangs(metaclass=HangsOnLookUp):\n    def __init__(self, image_size):\n        pass\n\n"
                          "def function():\n    pass\n",
+    "terra_test_slow_signature": "import time\n\nclass Slow(type):\n    @property\n"
+                                 "    def __signature__(cls):\n        time.sleep(8)\n\n"
+                                 "class Agent(metaclass=Slow):\n    pass\n",
     "terra_test_worlds_syntax": "class World:\n    def open(:\n        pass\n",
     "terra_test_worlds_raises": "raise RuntimeError('no renderer here')\n",
     "terra_test_worlds_slow": "import time\ntime.sleep(8)\n",
@@ -264,6 +328,9 @@ def modules(tmp_path, monkeypatch):
     (["policies=[navsim:terra_test_slow_build:Agent]"],
      "policies: cannot load the NAVSIM agent 'navsim:terra_test_slow_build:Agent': Agent timed out after 1 s in its "
      "trial build; fix the agent, or raise policy_timeout_s if it builds slowly"),
+    (["policies=[navsim:terra_test_slow_signature:Agent]"],
+     "policies: cannot load the NAVSIM agent 'navsim:terra_test_slow_signature:Agent': reading Agent timed out after "
+     "1 s in its signature; fix the agent class"),
     (["world=terra_test_worlds_slow:World"], "world: cannot load the world 'terra_test_worlds_slow:World': importing "
                                              "terra_test_worlds_slow timed out after 1 s in its import"),
     (["world=terra_test_worlds_syntax:World"], "importing terra_test_worlds_syntax failed: SyntaxError: invalid "
@@ -277,6 +344,10 @@ def modules(tmp_path, monkeypatch):
     (["world=both", "controls=[terra_test_worlds:NoSize]"], "controls: cannot load the world "
                                                             "'terra_test_worlds:NoSize': NoSize(image_size=(height, "
                                                             "width)) cannot be called (got an unexpected keyword"),
+    (["world=terra_test_worlds:NoStep"], "world: cannot load the world 'terra_test_worlds:NoStep': NoStep has no "
+                                         "step(); a world implements open, context_frames, step, close"),
+    (["world=terra_test_worlds:Hangs"], "world: cannot load the world 'terra_test_worlds:Hangs': reading Hangs "
+                                        "timed out after 1 s in its methods"),
 ])
 def test_user_code_is_imported_and_tried_within_the_deadline_before_any_drive(tmp_path, modules, overrides, text):
     started = time.perf_counter()
@@ -285,6 +356,50 @@ def test_user_code_is_imported_and_tried_within_the_deadline_before_any_drive(tm
     assert text in str(caught.value) and "\n" not in str(caught.value), caught.value
     assert time.perf_counter() - started < 6, "waited for the hung import or build"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_built_world_whose_lookups_fail_is_one_line_before_any_drive(tmp_path, modules):
+    settings = drive_settings_of(tmp_path / "out", "world=terra_test_worlds:LooksUp", "num_scenarios=1",
+                                 "num_steps=2", "policies=[lane_follower]", "progress=false")
+    with pytest.raises(TerraInputError,
+                       match=r"^world terra_test_worlds:LooksUp failed in build: KeyError: 'looked up "):
+        run_drive_settings(settings, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+class Unreadable(Straight):
+    """Returns a value whose reading as a plan runs its own code, which fails."""
+
+    name = "unreadable"
+
+    def plan(self, obs):
+        class Poses:
+            def __array__(self, dtype=None, copy=None):
+                raise OSError("the disk is gone")
+
+        return Poses()
+
+
+class KeepsItsPlan(Straight):
+    """Returns a Plan and writes into its arrays afterwards (the flag set back first)."""
+
+    name = "keeps_its_plan"
+
+    def plan(self, obs):
+        if getattr(self, "kept", None) is not None:
+            self.kept.setflags(write=True)
+            self.kept[...] = 99.0
+        plan = Plan.trajectory(STRAIGHT)
+        self.kept = plan.poses
+        return plan
+
+
+def test_a_policys_answer_is_read_behind_the_boundary_and_kept_as_a_copy(scenario):
+    unreadable, keeps = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, "unreadable", Unreadable),
+                                                     DriveSpec(scenario, "keeps_its_plan", KeepsItsPlan)], 3)
+    assert unreadable.error.startswith("policy unreadable returned a bad plan at step 0: ") and \
+        unreadable.error.endswith(" (it returned a Poses)"), unreadable.error
+    assert keeps.ok and all(np.array_equal(plan.poses, Plan.trajectory(STRAIGHT).poses) for plan in keeps.plans)
 
 
 def test_a_user_worlds_constructor_that_fails_is_one_line_before_any_drive_and_leaves_nothing(tmp_path, modules):

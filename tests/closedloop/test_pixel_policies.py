@@ -159,3 +159,18 @@ def test_a_file_that_is_no_safetensors_is_refused(tmp_path):
         load_path_net(path)
     with pytest.raises(TerraInputError, match="do not exist"):
         load_path_net(tmp_path / "absent.safetensors")
+
+
+def test_bad_weights_of_the_learned_driver_are_refused_with_the_settings(tmp_path, monkeypatch):
+    """Checked before any drive (exit 2, nothing written), as agents and worlds are: not when a drive builds it."""
+    from terra.closedloop import learned
+    from tests.closedloop.conftest import drive_settings_of
+
+    path = tmp_path / "model.safetensors"
+    _write(path, {k: v for k, v in PathNet().state_dict().items() if k != "features.0.weight"})
+    monkeypatch.setattr(learned, "LEARNED_DRIVER", path)
+    with pytest.raises(TerraInputError, match="missing \\['features.0.weight'\\]"):
+        drive_settings_of(tmp_path / "out", "policies=[learned_driver]", "num_scenarios=1", "num_steps=2")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    drive_settings_of(tmp_path / "out", "policies=[learned_driver]", "num_scenarios=1", "num_steps=2")  # control

@@ -257,3 +257,17 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
                    memory="16GiB")
     built = WorldModelPipeline.from_run(resolve_run(spec), tokenizer)
     assert built.decode_batch_size == 4
+
+
+@pytest.mark.parametrize("card", [0, -1, 0.5, float("nan"), True, "80GiB", 10**40])
+def test_an_impossible_card_is_one_line_not_a_division_by_zero(card):
+    from terra.config.memory import preset_cap
+
+    shape = ModelShape.from_config(CONFIGS["terra"])
+    for call in (lambda: plan_memory("auto", card, shape), lambda: plan_memory("16GiB", card, shape),
+                 lambda: preset_cap("auto", card)):
+        with pytest.raises(TerraInputError, match="card_bytes \\(the card's memory in bytes\\) must be a whole number"):
+            call()
+    assert plan_memory("auto", 80 * GIB, shape).card_bytes == 80 * GIB  # control: a real card plans
+    with pytest.raises(TerraInputError, match="this card \\(0.0 GiB\\) cannot run it"):
+        plan_memory("auto", 1, shape)  # the smallest card there is: too small, said so

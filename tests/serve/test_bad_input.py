@@ -107,6 +107,10 @@ def test_huge_uploads_are_413_and_image_bombs_400(client, session_id):
 def test_unknown_sessions_and_formats(client, session_id):
     assert "no session" in error_of(client.post("/sessions/nope/step", json={"action": STRAIGHT}), 404)
     assert "no session" in error_of(client.delete("/sessions/nope"), 404)
+    long_id = "x" * 4000 + "%0Aforged"  # a client's id is quoted short and escaped, never echoed whole
+    for answer in (client.get(f"/sessions/{long_id}"), client.delete(f"/sessions/{long_id}")):
+        error = error_of(answer, 404)
+        assert error.startswith("no session 'xxx") and len(error) < 200 and "\n" not in error, error
     assert "format must be" in error_of(client.get(f"/sessions/{session_id}/video", params={"format": "avi"}), 400)
 
 

@@ -21,8 +21,11 @@ from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
 @pytest.mark.parametrize("overrides, message", [
     (["serve.host=0.0.0.0"], "serve.host=0.0.0.0 is reachable beyond this machine, so a token is required"),
     (["serve.host=192.168.1.20", "serve.token=short"], "serve.token must be 8 to 256"),
-    (["serve.port=70000"], "serve.port must be at most 65535"),
-    (["serve.max_sessions=0"], "serve.max_sessions must be a whole number of at least 1"),
+    (["serve.port=70000"], "serve.port must be a whole number from 0 to 65535"),
+    (["serve.max_sessions=0"], "serve.max_sessions must be a whole number from 1 to 1024"),
+    (["serve.max_sessions=1000000000"], "serve.max_sessions must be a whole number from 1 to 1024"),
+    (["serve.max_request_bytes=1e15"], "serve.max_request_bytes must be a whole number from 1024 to 1073741824"),
+    (["serve.idle_timeout_s=inf"], "serve.idle_timeout_s must be a positive number of seconds, at most 604800"),
     (["serve.image_format=bmp"], "serve.image_format must be one of jpeg, png"),
     (["serve.idle_timeout_s=-1"], "serve.idle_timeout_s must be a positive number"),
     (["+serve.colour=red"], "unknown setting 'serve.colour'"),
