@@ -8,6 +8,8 @@ closed-loop drive (a lane-following policy reacting to the model's own frames fo
 are then replayed as a rollout, which gives the drive's frames: a session equals a batch rollout with the same
 actions and seed). Every speculative rollout's codes must equal the sequential ones (the run fails otherwise).
 Prints a table of passes per frame (source x rollout) and the CPU milliseconds a frame spent making guesses.
+``--oracle-shares`` adds a ceiling for any source of first guesses: a frame's guesses are its own sequential codes
+at that share of positions (drawn at random) and the previous frame's codes elsewhere.
 Examples::
 
     python scripts/benchmark_guesses.py                                   # demo model, the full table
@@ -63,18 +65,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--manoeuvres", default=",".join(MANOEUVRES))
     parser.add_argument("--frames", type=int, default=8, help="frames generated per manoeuvre rollout")
     parser.add_argument("--drive-seconds", type=float, default=20.0, help="closed-loop drive length; 0: none")
+    parser.add_argument("--oracle-shares", default="", help="comma-separated shares of true first guesses, e.g. 0.9")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     try:
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
         args.draft_tokens = [0 if k.strip() == "frame" else int(k) for k in args.draft_tokens.split(",")]
+        args.oracle_shares = [float(v) for v in args.oracle_shares.split(",") if v.strip()]
     except ValueError:
         parser.error("--temperatures are comma-separated numbers, --draft-tokens counts or 'frame'")
     args.sources = args.sources.split(",")
     args.manoeuvres = [m for m in args.manoeuvres.split(",") if m]
     if not set(args.sources) <= set(GUESSES) or min(args.draft_tokens) < 0 or args.frames < 1:
         parser.error(f"--sources from {', '.join(GUESSES)}; --draft-tokens and --frames at least 1")
+    if not all(0 <= v <= 1 for v in args.oracle_shares):
+        parser.error("--oracle-shares are shares between 0 and 1")
     return args
 
 
@@ -145,6 +151,27 @@ class GuessClock:
         return timed
 
 
+@contextmanager
+def oracle_guesses(truth: dict[str, np.ndarray], rollouts: dict[str, RolloutRequest], share: float) -> Iterator[None]:
+    """First guesses that are a frame's sequential codes ``truth`` at a random ``share`` of positions and the
+    previous frame's codes elsewhere (a frame is found by its previous frame's codes)."""
+    following = {}
+    for name, request in rollouts.items():
+        frames = np.concatenate([np.asarray(request.context).reshape(len(request.context), -1), truth[name]])
+        following.update({frames[i].tobytes(): frames[i + 1] for i in range(len(frames) - 1)})
+    original = hf_speculative.first_guesses
+
+    def guessed(source: str, previous: np.ndarray, action: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng(int.from_bytes(previous[:8].astype(np.int64).tobytes()[:8], "little") % 2**63)
+        return np.where(rng.random(len(previous)) < share, following[previous.tobytes()], previous)
+
+    hf_speculative.first_guesses = guessed
+    try:
+        yield
+    finally:
+        hf_speculative.first_guesses = original
+
+
 def run(pipeline: WorldModelPipeline, request: RolloutRequest, sampling: SamplingConfig) -> tuple[np.ndarray, list]:
     [state] = pipeline.backend.run_rollouts([request], sampling, progress=False)
     return state.generated(), state.passes
@@ -169,11 +196,14 @@ def main(argv: list[str] | None = None) -> dict:
         truth = {name: run(pipeline, request, sequential)[0] for name, request in rollouts.items()}
         for draft_tokens in args.draft_tokens:
             block = draft_tokens or image_tokens
-            for source in args.sources:
-                sampling = sequential.replace(decoding="speculative", draft_tokens=block, guesses=source)
+            for source in args.sources + [f"oracle_{share:g}" for share in args.oracle_shares]:
+                oracle = source.startswith("oracle_")
+                sampling = sequential.replace(decoding="speculative", draft_tokens=block,
+                                              guesses="previous" if oracle else source)
                 record = {"temperature": temperature, "draft_tokens": block, "source": source, "rollouts": {}}
                 clock, frames = GuessClock(), 0
-                with clock.running():
+                guessing = oracle_guesses(truth, rollouts, float(source[7:])) if oracle else clock.running()
+                with guessing:
                     for name, request in rollouts.items():
                         codes, passes = run(pipeline, request, sampling)
                         if not np.array_equal(codes, truth[name]):
@@ -182,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
                         record["rollouts"][name] = round(float(np.mean(passes)), 2)
                         frames += len(passes)
                 record["mean"] = round(float(np.mean(list(record["rollouts"].values()))), 2)
-                record["guess_ms_per_frame"] = round(1000 * clock.seconds / frames, 3)
+                record["guess_ms_per_frame"] = None if oracle else round(1000 * clock.seconds / frames, 3)
                 record["codes_equal_sequential"] = True
                 records.append(record)
                 print(format_record(record), flush=True)
@@ -198,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
 def format_record(record: dict) -> str:
     rollouts = " ".join(f"{name}={value:g}" for name, value in record["rollouts"].items())
     return (f"T={record['temperature']:g} block={record['draft_tokens']} {record['source']:<11} "
-            f"mean {record['mean']:5.2f} passes/frame, guesses {record['guess_ms_per_frame']:.3f} ms/frame; "
+            f"mean {record['mean']:5.2f} passes/frame, guesses {milliseconds(record)} ms/frame; "
             f"{rollouts}")
 
 
@@ -210,8 +240,12 @@ def table(records: list[dict]) -> str:
     for r in records:
         cells = " | ".join(f"{r['rollouts'][n]:.2f}" for n in names)
         lines.append(f"| {r['temperature']:g} | {r['draft_tokens']} | {r['source']} | {cells} | {r['mean']:.2f} | "
-                     f"{r['guess_ms_per_frame']:.3f} |")
+                     f"{milliseconds(r)} |")
     return "\n".join(lines)
+
+
+def milliseconds(record: dict) -> str:
+    return "–" if record["guess_ms_per_frame"] is None else f"{record['guess_ms_per_frame']:.3f}"
 
 
 if __name__ == "__main__":
