@@ -13,6 +13,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.guesses import MEMORY_SLOTS, Transitions, first_guesses, frame_grid, frame_motion, warp_index
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
+from terra.generation.vllm_backend import VLLMBackend
 from tests.conftest import tiny_model
 
 SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="sequential")
@@ -101,3 +102,10 @@ def test_the_setting_names_a_source_and_leaves_the_codes_alone():
     assert "guesses" not in SamplingConfig(guesses="transitions").draw_settings()  # a run's fingerprint
     with pytest.raises(TerraInputError, match="unknown sampling.guesses 'nearest'; choose one of: previous, warp"):
         SamplingConfig(guesses="nearest")
+
+
+def test_vllm_engines_guess_the_previous_frame():
+    """vLLM's sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py): a run says so."""
+    engine = VLLMBackend.__new__(VLLMBackend)
+    engine.draft_tokens = 24
+    assert engine.as_run(SAMPLED.replace(guesses="transitions")).guesses == "previous"
