@@ -92,7 +92,10 @@ def test_transitions_forget_the_oldest_tokens():
     memory = Transitions(1, torch.device("cpu"))
     for token in range(MEMORY_SLOTS + 1):
         memory.record(torch.tensor([0]), torch.tensor([token]), torch.tensor([100 + token]))
-    recall = lambda token: memory.recall(torch.tensor([0]), torch.tensor([token]), torch.tensor([-1])).item()  # noqa: E731
+
+    def recall(token: int) -> int:
+        return memory.recall(torch.tensor([0]), torch.tensor([token]), torch.tensor([-1])).item()
+
     assert recall(0) == -1 and recall(MEMORY_SLOTS) == 100 + MEMORY_SLOTS and recall(1) == 101
 
 
