@@ -38,7 +38,7 @@ class SamplingConfig:
     tokens come, not which: for the same seed a backend gives the same codes whatever ``decoding`` and
     ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the codes). ``guesses`` names where a
     speculative pass's guesses past the pass come from (terra/generation/guesses.py), again speed only; vLLM's
-    engine guesses ``previous`` whatever it says.
+    engine guesses ``previous`` whatever it says (scripts/benchmark_guesses.py measures the sources).
     """
 
     temperature: float = 1.0
@@ -46,7 +46,7 @@ class SamplingConfig:
     top_p: float = 1.0
     decoding: str = "auto"
     draft_tokens: int = 32
-    guesses: str = "previous"
+    guesses: str = "transitions"
     block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
 
     def __post_init__(self, block_size: int | None) -> None:

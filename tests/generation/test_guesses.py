@@ -100,7 +100,7 @@ def test_transitions_forget_the_oldest_tokens():
 
 
 def test_the_setting_names_a_source_and_leaves_the_codes_alone():
-    assert SamplingConfig().guesses == "previous"
+    assert SamplingConfig().guesses == "transitions"  # the default: scripts/benchmark_guesses.py
     assert SamplingConfig.from_mapping({"guesses": "warp"}).guesses == "warp"
     assert "guesses" not in SamplingConfig(guesses="transitions").draw_settings()  # a run's fingerprint
     with pytest.raises(TerraInputError, match="unknown sampling.guesses 'nearest'; choose one of: previous, warp"):
