@@ -21,8 +21,10 @@ with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+
   last guess), never past the frame's last image token.
 * **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
   (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
-  and past the pass the frame's guess for that position (``sampling.guesses``, terra/generation/guesses.py: by
-  default the code of the same position in the previous frame, video being temporally redundant).
+  and past the pass the frame's guess for that position (``sampling.guesses``, terra/generation/guesses.py: the
+  code of the same position in the previous frame, video being temporally redundant). With ``transitions`` (the
+  Transformers backend's default) a refilled guess whose token before it changed is the draw an earlier pass made
+  there after that token, where one did.
 
 Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
 induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
