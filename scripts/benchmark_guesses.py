@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
                 oracle = source.startswith("oracle_")
                 sampling = sequential.replace(decoding="speculative", draft_tokens=block,
                                               guesses="previous" if oracle else source)
-                record = {"temperature": temperature, "draft_tokens": block, "source": source, "rollouts": {}}
+                record = {"temperature": temperature, "draft_tokens": block, "source": source, "rollouts": {},
+                          "frames": {}}
                 clock, frames, total = GuessClock(), 0, 0
                 guessing = oracle_guesses(truth, rollouts, float(source[7:])) if oracle else clock.running()
                 with guessing:
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
                             raise SystemExit(f"benchmark_guesses: {source} at T={temperature:g}, block {block}: "
                                              f"the codes of {name} differ from sequential decoding's")
                         record["rollouts"][name] = round(float(np.mean(passes)), 2)
+                        record["frames"][name] = len(passes)
                         frames, total = frames + len(passes), total + sum(passes)
                 record["mean"] = round(float(np.mean(list(record["rollouts"].values()))), 2)
                 record["per_frame"] = round(total / frames, 2)
