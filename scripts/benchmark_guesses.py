@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Speculative decoding's guess sources (``sampling.guesses``, terra/generation/guesses.py): passes per frame each.
+"""Speculative decoding's guess sources (``sampling.guesses``, and the experiments of scripts/bench/first_guesses.py):
+passes per frame each.
 
 The same rollouts decoded once sequentially and once speculatively per source, temperature and block
 (``sampling.draft_tokens``; ``frame`` is the whole frame) on the Transformers backend in float32, one rollout at a
@@ -7,9 +8,10 @@ time: one rollout per manoeuvre of the synthetic world (3 built-in context frame
 closed-loop drive (a lane-following policy reacting to the model's own frames for ``--drive-seconds``; its actions
 are then replayed as a rollout, which gives the drive's frames: a session equals a batch rollout with the same
 actions and seed). Every speculative rollout's codes must equal the sequential ones (the run fails otherwise).
-Prints a table of passes per frame (source x rollout) and the CPU milliseconds a frame spent making guesses.
-``--oracle-shares`` adds a ceiling for any source of first guesses: a frame's guesses are its own sequential codes
-at that share of positions (drawn at random) and the previous frame's codes elsewhere.
+Prints a table of passes per frame (source x rollout) and the CPU milliseconds a frame spent making guesses (one
+core). Sources: ``previous`` and ``transitions`` (``sampling.guesses``), ``warp`` (the previous frame moved by the
+ego motion, an experiment); ``--oracle-shares`` adds a ceiling for any source of first guesses: a frame's guesses
+are its own sequential codes at that share of positions (drawn at random) and the previous frame's codes elsewhere.
 Examples::
 
     python scripts/benchmark_guesses.py                                   # demo model, the full table
@@ -35,6 +37,7 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
     sys.path.append(str(SCRIPTS))
 
 from bench.cli import exit_2_on_input_error  # noqa: E402
+from bench.first_guesses import first_guesses, oracle, warped  # noqa: E402
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
 from terra.closedloop.policies import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
@@ -42,7 +45,7 @@ from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
-from terra.generation import guesses, hf_speculative  # noqa: E402
+from terra.generation import guesses  # noqa: E402
 from terra.generation.actions import FRAME_RATE_HZ  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -52,6 +55,7 @@ MANOEUVRES = ("straight", "curve_left", "curve_right", "lane_change_left", "lane
               "stop")  # decelerate and stop: braking
 DRIVE_POLICY = "lane_follower"
 NUM_CONTEXT = 3
+SOURCES = (*GUESSES, "warp")  # sampling.guesses' and the experiment's
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEMO / "world_model", help="world-model folder (demo)")
     parser.add_argument("--tokenizer", type=Path, default=DEMO / "tokenizer", help="its tokenizer folder (demo)")
-    parser.add_argument("--sources", default=",".join(GUESSES), help=f"comma-separated, of {', '.join(GUESSES)}")
+    parser.add_argument("--sources", default=",".join(SOURCES), help=f"comma-separated, of {', '.join(SOURCES)}")
     parser.add_argument("--temperatures", default="0.9,1.0")
     parser.add_argument("--draft-tokens", default="frame,32", help="comma-separated counts; frame: the whole frame")
     parser.add_argument("--manoeuvres", default=",".join(MANOEUVRES))
@@ -77,8 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--temperatures are comma-separated numbers, --draft-tokens counts or 'frame'")
     args.sources = args.sources.split(",")
     args.manoeuvres = [m for m in args.manoeuvres.split(",") if m]
-    if not set(args.sources) <= set(GUESSES) or min(args.draft_tokens) < 0 or args.frames < 1:
-        parser.error(f"--sources from {', '.join(GUESSES)}; --draft-tokens and --frames at least 1")
+    if not set(args.sources) <= set(SOURCES) or min(args.draft_tokens) < 0 or args.frames < 1:
+        parser.error(f"--sources from {', '.join(SOURCES)}; --draft-tokens and --frames at least 1")
     if not all(0 <= v <= 1 for v in args.oracle_shares):
         parser.error("--oracle-shares are shares between 0 and 1")
     return args
@@ -124,25 +128,25 @@ def closed_loop_rollout(pipeline: WorldModelPipeline, sampling: SamplingConfig, 
 
 
 class GuessClock:
-    """CPU seconds spent making guesses (the first guesses of each frame and the transitions' memory), counted
-    on the calling thread's CPU clock: what they cost one core, however busy the machine is."""
+    """CPU seconds spent making guesses (the transitions' memory, an experiment's first guesses), counted on the
+    calling thread's CPU clock: what they cost one core, however busy the machine is."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
 
     @contextmanager
     def running(self) -> Iterator["GuessClock"]:
-        patched = [(hf_speculative, "first_guesses"), (guesses.Transitions, "record"), (guesses.Transitions, "recall")]
+        patched = [(guesses.Transitions, "record"), (guesses.Transitions, "recall")]
         originals = [getattr(owner, name) for owner, name in patched]
         for (owner, name), original in zip(patched, originals):
-            setattr(owner, name, self._timed(original))
+            setattr(owner, name, self.timed(original))
         try:
             yield self
         finally:
             for (owner, name), original in zip(patched, originals):
                 setattr(owner, name, original)
 
-    def _timed(self, function):
+    def timed(self, function):
         def timed(*args, **kwargs):
             start = time.thread_time()
             try:
@@ -152,25 +156,13 @@ class GuessClock:
         return timed
 
 
-@contextmanager
-def oracle_guesses(truth: dict[str, np.ndarray], rollouts: dict[str, RolloutRequest], share: float) -> Iterator[None]:
-    """First guesses that are a frame's sequential codes ``truth`` at a random ``share`` of positions and the
-    previous frame's codes elsewhere (a frame is found by its previous frame's codes)."""
-    following = {}
-    for name, request in rollouts.items():
-        frames = np.concatenate([np.asarray(request.context).reshape(len(request.context), -1), truth[name]])
-        following.update({frames[i].tobytes(): frames[i + 1] for i in range(len(frames) - 1)})
-    original = hf_speculative.first_guesses
-
-    def guessed(source: str, previous: np.ndarray, action: np.ndarray) -> np.ndarray:
-        rng = np.random.default_rng(int.from_bytes(previous[:8].astype(np.int64).tobytes()[:8], "little") % 2**63)
-        return np.where(rng.random(len(previous)) < share, following[previous.tobytes()], previous)
-
-    hf_speculative.first_guesses = guessed
-    try:
-        yield
-    finally:
-        hf_speculative.first_guesses = original
+def guessing(source: str, clock: GuessClock, truth: dict[int, np.ndarray]):
+    """The context a source's rollouts run in: the clock, and an experiment's first guesses."""
+    if source.startswith("oracle_"):
+        return first_guesses(oracle(truth, float(source[len("oracle_"):])))
+    if source == "warp":
+        return first_guesses(clock.timed(warped))
+    return clock.running()
 
 
 def run(pipeline: WorldModelPipeline, request: RolloutRequest, sampling: SamplingConfig) -> tuple[np.ndarray, list]:
@@ -195,17 +187,17 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                   args.drive_seconds)
         sequential = SamplingConfig(temperature=temperature, decoding="sequential")
         truth = {name: run(pipeline, request, sequential)[0] for name, request in rollouts.items()}
+        truth_of = {id(rollouts[name]): codes for name, codes in truth.items()}
         for draft_tokens in args.draft_tokens:
             block = draft_tokens or image_tokens
             for source in args.sources + [f"oracle_{share:g}" for share in args.oracle_shares]:
-                oracle = source.startswith("oracle_")
+                experiment = source not in GUESSES
                 sampling = sequential.replace(decoding="speculative", draft_tokens=block,
-                                              guesses="previous" if oracle else source)
+                                              guesses="previous" if experiment else source)
                 record = {"temperature": temperature, "draft_tokens": block, "source": source, "rollouts": {},
                           "frames": {}}
                 clock, frames, total = GuessClock(), 0, 0
-                guessing = oracle_guesses(truth, rollouts, float(source[7:])) if oracle else clock.running()
-                with guessing:
+                with guessing(source, clock, truth_of):
                     for name, request in rollouts.items():
                         codes, passes = run(pipeline, request, sampling)
                         if not np.array_equal(codes, truth[name]):
@@ -216,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
                         frames, total = frames + len(passes), total + sum(passes)
                 record["mean"] = round(float(np.mean(list(record["rollouts"].values()))), 2)
                 record["per_frame"] = round(total / frames, 2)
-                record["guess_ms_per_frame"] = None if oracle else round(1000 * clock.seconds / frames, 3)
+                record["guess_ms_per_frame"] = (None if source.startswith("oracle_")
+                                                else round(1000 * clock.seconds / frames, 3))
                 record["codes_equal_sequential"] = True
                 records.append(record)
                 print(format_record(record), flush=True)

@@ -18,7 +18,7 @@ from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")
-GUESSES = ("previous", "warp", "transitions")  # speculative decoding's guesses past a pass: terra/generation/guesses.py
+GUESSES = ("previous", "transitions")  # speculative decoding's guesses past a pass: terra/generation/speculative.py
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),

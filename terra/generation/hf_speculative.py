@@ -20,7 +20,6 @@ import torch
 from transformers import DynamicCache
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.guesses import first_guesses
 from terra.generation.kv import crop, kv_cache, kv_tensors
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.speculative import SpeculativeFrame
@@ -55,10 +54,9 @@ class SpeculativeRows:
     def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
         """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
-        later = first_guesses(sampling.guesses, state.frames[-1], state.actions[state.next_frame - 1])
-        frame = SpeculativeFrame(torch.as_tensor(later, device=self.device), sampling.draft_tokens,
-                                 layout.codebook_size, sampling, state.seed, state.next_frame,
-                                 transitions=sampling.guesses == "transitions")
+        previous = torch.as_tensor(state.frames[-1], device=self.device)
+        frame = SpeculativeFrame(previous, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
+                                 state.next_frame, transitions=sampling.guesses == "transitions")
         if state.window_starts:
             ids, actions, _ = state.prompt()
             cache, prompt = DynamicCache(), len(ids)

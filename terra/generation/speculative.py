@@ -21,10 +21,9 @@ with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+
   last guess), never past the frame's last image token.
 * **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
   (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
-  and past the pass the frame's guess for that position (``sampling.guesses``, terra/generation/guesses.py: the
-  code of the same position in the previous frame, video being temporally redundant). With ``transitions`` (the
-  Transformers backend's default) a refilled guess whose token before it changed is the draw an earlier pass made
-  there after that token, where one did.
+  and past the pass the code of the same position in the previous frame (video is temporally redundant). With
+  ``sampling.guesses=transitions`` (the Transformers backend's default; terra/generation/guesses.py) a refilled
+  guess whose token before it changed is the draw an earlier pass made there after that token, where one did.
 
 Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
 induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
@@ -68,7 +67,7 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
 
     Guess ``j`` (0-based) is for the position ``accepted + 1 + j`` rows after row 0's: the pass's own draw there
     (row ``accepted + 1 + j``) while that row was scored (``<= num_guesses``), else ``later[:, j]``, the caller's
-    guess for that position (the frame's guess there: terra/generation/guesses.py). All tensors are ``[R, ...]``;
+    guess for that position (the same position of the previous frame). All tensors are ``[R, ...]``;
     ``samples [R, K+1]``, ``later [R, K]``.
     """
     width = later.shape[1]
@@ -80,8 +79,8 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
 class SpeculativeFrame:
     """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
 
-    ``later [P]`` (long) are the frame's guesses past a pass, one per position (terra/generation/guesses.py makes
-    them from the previous frame): each position's first guess. ``transitions`` (``sampling.guesses``) has each
+    ``later [P]`` (long) are the frame's guesses past a pass, one per position (the backends pass the previous
+    frame's codes): each position's first guess. ``transitions`` (``sampling.guesses``) has each
     refilled guess recalled from the frame's earlier passes where one drew that position after the same token
     (:class:`~terra.generation.guesses.Transitions`). ``seed`` and ``frame`` (the frame's index in the rollout)
     key the Gumbel noise of its positions (terra/generation/sampling.py), drawn once per position and kept while

@@ -1,6 +1,5 @@
-"""Speculative decoding's guess sources (terra/generation/guesses.py, ``sampling.guesses``): every source gives
-sequential decoding's codes, the warp moves the previous frame the way the ego motion moves the view, and the
-transitions' memory recalls the draw made after the same token."""
+"""Speculative decoding's guess sources (``sampling.guesses``, terra/generation/guesses.py): every source gives
+sequential decoding's codes, and the transitions' memory recalls the draw made after the same token."""
 
 from __future__ import annotations
 
@@ -10,18 +9,13 @@ import torch
 
 from terra.config.sampling import GUESSES, SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.guesses import MEMORY_SLOTS, Transitions, first_guesses, frame_grid, frame_motion, warp_index
+from terra.generation.guesses import MEMORY_SLOTS, Transitions
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.generation.vllm_backend import VLLMBackend
 from tests.conftest import tiny_model
 
 SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="sequential")
-
-
-def action(left: float, forward: float) -> np.ndarray:
-    """An action whose path's first point (0.45 s ahead) is ``forward`` m ahead and ``left`` m to the left."""
-    return np.array([[left * (k + 1), forward * (k + 1), 0.45 + 0.5 * k] for k in range(6)], dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -40,40 +34,6 @@ def test_every_source_gives_the_sequential_codes(backend):
             [state] = backend.run_rollouts([request], sampling, progress=False)
             np.testing.assert_array_equal(state.generated(), sequential.generated(), err_msg=source)
             assert all(1 <= p < 64 for p in state.passes)
-
-
-def test_frame_grid_follows_the_camera_aspect():
-    assert frame_grid(144) == (9, 16) and frame_grid(576) == (18, 32) and frame_grid(64) == (8, 8)
-
-
-def test_frame_motion_scales_the_path_to_one_frame():
-    forward, left, yaw = frame_motion(action(0.0, 4.5))
-    assert forward == pytest.approx(1.0) and left == 0 and yaw == 0  # 4.5 m in 0.45 s: 1 m a frame
-    forward, left, yaw = frame_motion(action(0.5, 4.5))
-    assert yaw > 0 and left > 0 and forward == pytest.approx(1.0, abs=0.02)  # a left turn
-    assert frame_motion(action(0.0, 0.0)) == (0.0, 0.0, 0.0)  # standing still
-
-
-def test_warp_without_motion_is_the_identity():
-    np.testing.assert_array_equal(warp_index(9, 16, (0.0, 0.0, 0.0)), np.arange(144))
-
-
-def test_warp_flows_the_road_down_and_out_and_turns_shift_the_view():
-    rows, columns = 9, 16
-    ahead = warp_index(rows, columns, (3.0, 0.0, 0.0)).reshape(rows, columns) // columns
-    assert (ahead[-1] < rows - 1).all()  # the bottom row's road was further ahead: a row up before
-    assert (ahead[:3] == np.arange(3)[:, None]).all()  # the sky does not move when driving straight on
-    column = warp_index(rows, columns, (0.0, 0.0, 0.15)).reshape(rows, columns) % columns
-    assert (column[0, 4:] < np.arange(4, columns)).all()  # turning left: what is seen now was further left
-
-
-def test_first_guesses_warp_only_when_asked():
-    previous = np.arange(144)
-    turn = action(0.8, 4.5)
-    assert first_guesses("previous", previous, turn) is previous
-    assert first_guesses("transitions", previous, turn) is previous
-    warped = first_guesses("warp", previous, turn)
-    assert warped.shape == (144,) and not np.array_equal(warped, previous)  # control: the warp moves codes
 
 
 def test_transitions_recall_the_draw_after_the_same_token():
@@ -101,10 +61,10 @@ def test_transitions_forget_the_oldest_tokens():
 
 def test_the_setting_names_a_source_and_leaves_the_codes_alone():
     assert SamplingConfig().guesses == "transitions"  # the default: scripts/benchmark_guesses.py
-    assert SamplingConfig.from_mapping({"guesses": "warp"}).guesses == "warp"
+    assert SamplingConfig.from_mapping({"guesses": "previous"}).guesses == "previous"
     assert "guesses" not in SamplingConfig(guesses="transitions").draw_settings()  # a run's fingerprint
-    with pytest.raises(TerraInputError, match="unknown sampling.guesses 'nearest'; choose one of: previous, warp"):
-        SamplingConfig(guesses="nearest")
+    with pytest.raises(TerraInputError, match="unknown sampling.guesses 'warp'; choose one of: previous, transitions"):
+        SamplingConfig(guesses="warp")
 
 
 def test_vllm_engines_guess_the_previous_frame():
