@@ -31,6 +31,7 @@ from typing import Iterator
 
 import numpy as np
 import torch
+import transformers
 
 SCRIPTS = Path(__file__).resolve().parent
 if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; loaded by path (tests), it is not
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
                 print(format_record(record), flush=True)
     result = {"command": " ".join(sys.argv), "model": str(args.model), "image_tokens": image_tokens,
               "frames_per_rollout": args.frames, "drive_seconds": args.drive_seconds, "threads": args.threads,
-              "torch": torch.__version__, "records": records}
+              "torch": torch.__version__, "transformers": transformers.__version__, "records": records}
     print(table(records))
     if args.out:
         write_text(args.out, json.dumps(result, indent=2) + "\n")
