@@ -18,6 +18,7 @@ from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")
+GUESSES = ("previous", "transitions")  # speculative decoding's guesses past a pass: terra/generation/speculative.py
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
@@ -35,7 +36,9 @@ class SamplingConfig:
     ``auto`` is speculative where that is faster, decided once per run (terra/generation/decoding.py,
     ``auto_decoding``; its numbers: BENCHMARKS.md, "When decoding=auto is speculative"). They decide how fast the
     tokens come, not which: for the same seed a backend gives the same codes whatever ``decoding`` and
-    ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the codes).
+    ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the codes). ``guesses`` names where a
+    speculative pass's guesses past the pass come from (terra/generation/guesses.py), again speed only; vLLM's
+    engine guesses ``previous`` whatever it says (scripts/benchmark_guesses.py measures the sources).
     """
 
     temperature: float = 1.0
@@ -43,6 +46,7 @@ class SamplingConfig:
     top_p: float = 1.0
     decoding: str = "auto"
     draft_tokens: int = 32
+    guesses: str = "transitions"
     block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
 
     def __post_init__(self, block_size: int | None) -> None:
@@ -51,15 +55,17 @@ class SamplingConfig:
         for name, limits in SAMPLING.items():
             limits.check(getattr(self, name), f"sampling.{name}")
         check_choice(self.decoding, "sampling.decoding", DECODINGS)
+        check_choice(self.guesses, "sampling.guesses", GUESSES)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     def draw_settings(self) -> dict[str, Any]:
-        """What decides which codes a seed gives (temperature, top-k, top-p and the draw rule): ``decoding`` and
-        ``draft_tokens`` only change the speed (a batch run's fingerprint leaves them out). ``rule`` names the noise
-        of terra/generation/sampling.py, so files drawn by an earlier rule are made again, not kept on resume."""
+        """What decides which codes a seed gives (temperature, top-k, top-p and the draw rule): ``decoding``,
+        ``draft_tokens`` and ``guesses`` only change the speed (a batch run's fingerprint leaves them out). ``rule``
+        names the noise of terra/generation/sampling.py, so files drawn by an earlier rule are made again, not kept
+        on resume."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "rule": DRAW_RULE}
 
     def replace(self, **changes: Any) -> "SamplingConfig":

@@ -56,7 +56,7 @@ class SpeculativeRows:
         layout = state.layout
         previous = torch.as_tensor(state.frames[-1], device=self.device)
         frame = SpeculativeFrame(previous, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
-                                 state.next_frame)
+                                 state.next_frame, transitions=sampling.guesses == "transitions")
         if state.window_starts:
             ids, actions, _ = state.prompt()
             cache, prompt = DynamicCache(), len(ids)

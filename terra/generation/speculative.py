@@ -21,7 +21,9 @@ with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+
   last guess), never past the frame's last image token.
 * **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
   (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
-  and past the pass the code of the same position in the previous frame (video is temporally redundant).
+  and past the pass the code of the same position in the previous frame (video is temporally redundant). With
+  ``sampling.guesses=transitions`` (the Transformers backend's default; terra/generation/guesses.py) a refilled
+  guess whose token before it changed is the draw an earlier pass made there after that token, where one did.
 
 Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
 induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
@@ -42,6 +44,7 @@ from __future__ import annotations
 import torch
 
 from terra.config.sampling import SamplingConfig
+from terra.generation.guesses import Transitions
 from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
@@ -76,17 +79,20 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
 class SpeculativeFrame:
     """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
 
-    ``previous [P]`` (long) are the previous frame's codes: each position's first guess. ``seed`` and ``frame``
-    (the frame's index in the rollout) key the Gumbel noise of its positions (terra/generation/sampling.py), drawn
-    once per position and kept while the position is in a pass. Each pass, a backend feeds the last committed
-    token (or, in the frame's first pass, the frame's prompt) followed by :meth:`drafts`, and hands the logits of
-    those ``len(drafts) + 1`` positions to :meth:`advance`.
+    ``later [P]`` (long) are the frame's guesses past a pass, one per position (the backends pass the previous
+    frame's codes): each position's first guess. ``transitions`` (``sampling.guesses``) has each
+    refilled guess recalled from the frame's earlier passes where one drew that position after the same token
+    (:class:`~terra.generation.guesses.Transitions`). ``seed`` and ``frame`` (the frame's index in the rollout)
+    key the Gumbel noise of its positions (terra/generation/sampling.py), drawn once per position and kept while
+    the position is in a pass. Each pass, a backend feeds the last committed token (or, in the frame's first pass,
+    the frame's prompt) followed by :meth:`drafts`, and hands the logits of those ``len(drafts) + 1`` positions to
+    :meth:`advance`.
     """
 
-    def __init__(self, previous: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
-                 seed: int, frame: int) -> None:
-        self.previous = previous
-        self.size = len(previous)
+    def __init__(self, later: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
+                 seed: int, frame: int, transitions: bool = False) -> None:
+        self.later = later
+        self.size = len(later)
         self.draft_tokens = draft_tokens
         self.codebook_size = codebook_size
         self.sampling = sampling
@@ -95,7 +101,8 @@ class SpeculativeFrame:
         self.count = 0  # tokens committed
         self.guesses = self._later(0, draft_tokens)
         self.passes = 0
-        self._noise = torch.empty(0, codebook_size, device=previous.device)  # of positions count .. count + rows - 1
+        self._noise = torch.empty(0, codebook_size, device=later.device)  # of positions count .. count + rows - 1
+        self._memory = Transitions(self.size, later.device) if transitions else None
 
     @property
     def done(self) -> bool:
@@ -116,9 +123,18 @@ class SpeculativeFrame:
         num_guesses = torch.tensor([width], device=logits.device)
         accepted = accepted_guesses(samples, self.guesses[None, :width], num_guesses)
         emitted = min(int(accepted[0]) + 1, rows)
+        if self._memory is not None and emitted < rows:  # row j drew position count + j after the token fed there
+            fed = torch.cat([self._last_token(), self.guesses[:width]])  # rows before ``emitted`` are committed
+            self._memory.record(self._positions(self.count + emitted, rows - emitted), fed[emitted:rows],
+                                samples[0, emitted:rows])
         self.committed.append(samples[0, :emitted])
         self.count += emitted
         self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.draft_tokens)[None])[0]
+        if self._memory is not None and not self.done:
+            scored = min(self.draft_tokens, self.size - self.count)  # the guesses the next pass feeds
+            before = torch.cat([self._last_token(), self.guesses[: scored - 1]])
+            self.guesses[:scored] = self._memory.recall(self._positions(self.count, scored), before,
+                                                        self.guesses[:scored])
         self._noise = self._noise[emitted:]
         self.passes += 1
         return emitted
@@ -127,10 +143,19 @@ class SpeculativeFrame:
         """The frame's ``P`` committed codes (once :attr:`done`)."""
         return torch.cat(self.committed)
 
+    def _positions(self, start: int, count: int) -> torch.Tensor:
+        """Positions ``start .. start + count - 1``, the ones past the frame's end clamped to its last."""
+        return torch.arange(start, start + count, device=self.later.device).clamp(max=self.size - 1)
+
     def _later(self, start: int, count: int) -> torch.Tensor:
-        """The previous frame's codes at positions ``start .. start + count - 1`` (the last one past the frame)."""
-        positions = torch.arange(start, start + count, device=self.previous.device).clamp(max=self.size - 1)
-        return self.previous[positions]
+        """The guesses past a pass at positions ``start .. start + count - 1`` (the last one past the frame)."""
+        return self.later[self._positions(start, count)]
+
+    def _last_token(self) -> torch.Tensor:
+        """``[1]``: the last committed token, or the codebook's size (no code) before the frame's first."""
+        if self.committed:
+            return self.committed[-1][-1:]
+        return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
 
     def _rows(self, rows: int) -> torch.Tensor | None:
         """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""

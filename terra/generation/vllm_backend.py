@@ -207,9 +207,11 @@ class VLLMBackend(WorldModelBackend):
         return "speculative" if self.draft_tokens else "sequential"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts.
-        The codes are the same either way."""
-        return sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
+        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts,
+        and its sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py). The codes are the same
+        either way."""
+        return sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens,
+                                guesses="previous")
 
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
