@@ -15,7 +15,7 @@ differences and the model's following gain; and, when asked for, the exploitabil
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
@@ -23,19 +23,22 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from terra.closedloop.control_worlds import MODEL_WORLDS
-from terra.closedloop.exploit_drives import exploit_lines, exploit_study
+from terra.closedloop.exploit_drives import ExploitStudy, exploit_lines, exploit_study
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
+from terra.closedloop.fidelity_report import (
+    compact_table, headline, legend, probe_line, run_lines, separation_lines, verdict_table,
+)
+from terra.closedloop.policies import PROBE_POLICIES
 from terra.closedloop.verdict import (
-    NO_PIXELS, WorldVerdict, following_gain, judge, metric_value, pairs_of, path_distance_m, separation, shown,
-    verdict_table,
+    MIN_SCENARIOS, NO_PIXELS, WorldVerdict, following_gain, judge, metric_value, pairs_of, path_distance_m,
+    separation, shown,
 )
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.core.atomic import json_text, write_text
-from terra.fidelity.exploit import Exploitability
 from terra.stats import Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
@@ -58,7 +61,8 @@ class FidelityReport:
 
     verdicts: list[WorldVerdict]
     policies: dict[str, dict]
-    exploitability: Exploitability | None = None
+    exploitability: ExploitStudy | None = None
+    settings: dict = field(default_factory=dict)  # the run's settings, as the report lists them (study_settings_of)
 
     def separations(self) -> dict[str, list[str]]:
         """Per control, the statistics that pass the model and fail the control."""
@@ -66,7 +70,8 @@ class FidelityReport:
         return {control.world: separation(model, control) for control in controls}
 
     def as_dict(self) -> dict:
-        return {"verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
+        return {"headline": [headline(v) for v in self.verdicts], "settings": self.settings,
+                "verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
                 "policies": {name: {**row, "difference": {k: None if v is None else v.as_dict()
                                                           for k, v in row["difference"].items()},
                                     "following_gain_dx": None if row["following_gain_dx"] is None
@@ -74,12 +79,22 @@ class FidelityReport:
                              for name, row in self.policies.items()},
                 "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
+    def opening(self) -> list[str]:
+        """A sentence per world, the probes' lines, then the run's settings."""
+        lines = ["# Fidelity verdict", "", *(f"- {headline(v)}" for v in self.verdicts)]
+        lines += [probe_line(name, row["difference"]) for name, row in self.policies.items() if name in PROBE_POLICIES]
+        return lines + ["", "## Run", *run_lines(self.settings)]
+
+    def terminal(self) -> str:
+        """What the terminal shows: the opening and a row per world (the whole report is fidelity.md)."""
+        return "\n".join([*self.opening(), "", compact_table(self.verdicts)])
+
     def table(self) -> str:
-        """Markdown: the verdict table, the separations, per policy the outcomes in both worlds (model / truth, then
-        model - truth on paired drives with its interval), and the exploitability."""
-        lines = [verdict_table(self.verdicts)]
-        for control, names in self.separations().items():
-            lines.append(f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}")
+        """Markdown (fidelity.md): the opening, the legend, the verdict table with every undecided statistic's
+        reason, the separations, per policy the outcomes in both worlds (model / truth, then model - truth on paired
+        drives with its interval), and the exploitability."""
+        lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Verdicts", verdict_table(self.verdicts),
+                 *separation_lines(self.separations()), "", "## Policies"]
         titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
         lines += [f"\n| policy | {titles} | path distance m | following gain dx (model) |",
                   "|---|" + "---:|" * (len(COLUMNS) + 2)]
@@ -127,12 +142,26 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if len(finite) else float("nan")
 
 
-def compare(runs: dict[str, dict[str, dict]], exploit: Exploitability | None = None) -> FidelityReport:
+def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
+    """What the study was, read from its drive records (world -> drive id -> JSON content): the worlds and their
+    drives, the scenarios, the policies, the steps and seeds, and the verdict's own settings."""
+    model = list(runs["model"].values())
+    return {"worlds": ", ".join(f"{world} ({len(drives)} drives)" for world, drives in runs.items()),
+            "scenarios": len({r["scenario"] for r in model}),
+            "policies": ", ".join(dict.fromkeys(r["policy"] for r in model)),
+            "steps per drive": max((r.get("steps") or 0 for r in model), default=0),
+            "seeds": len({r.get("seed") for r in model}) // max(1, len({r["scenario"] for r in model})),
+            "vehicle": ", ".join(sorted({str(r.get("vehicle")) for r in model})),
+            "verdict": f"95 % cluster bootstrap over scenarios ({Bootstrap().draws} draws), widened for few "
+                       f"scenarios; at least {MIN_SCENARIOS} scenarios to decide"}
+
+
+def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None) -> FidelityReport:
     """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability
     study's result, if one ran."""
     truth = runs[TRUTH]
     verdicts = [judge(world, drives, truth) for world, drives in runs.items() if world != TRUTH]
-    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth), exploit)
+    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth), exploit, study_settings_of(runs))
 
 
 @dataclass(frozen=True)
@@ -217,7 +246,7 @@ def study_settings(settings: RunSettings) -> RunSettings:
 
 
 def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFolders,
-                 exploit: Callable[[], Exploitability] | None = None
+                 exploit: Callable[[], ExploitStudy] | None = None
                  ) -> tuple[FidelityReport | None, dict[str, RunResult]]:
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
     folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
