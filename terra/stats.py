@@ -300,8 +300,8 @@ def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootst
     violation = float(mmrv_rows(point_a[None], point_b[None])[0])
     ma, mb = means(bootstrap.weights(clusters.size))
     return RankAgreement(policies, point_a, point_b, bootstrap.interval(tau, kendall_tau_rows(ma, mb)),
-                         bootstrap.interval(rho, spearman_rho_rows(ma, mb)), bootstrap.interval(r, pearson_rows(ma, mb)),
-                         bootstrap.interval(violation, mmrv_rows(ma, mb)))
+                         bootstrap.interval(rho, spearman_rho_rows(ma, mb)),
+                         bootstrap.interval(r, pearson_rows(ma, mb)), bootstrap.interval(violation, mmrv_rows(ma, mb)))
 
 
 def few_clusters_factor(clusters: int, level: float = 0.95) -> float:

@@ -59,6 +59,10 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
 
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
+    if progress and settings.world == "both":
+        from terra.closedloop.fidelity import study_plan
+
+        print(study_plan(settings.fidelity.drive_ids, settings.num_steps), file=sys.stderr, flush=True)
     exploit = None
     if settings.executor == "ray":
         from terra.closedloop.ray_executor import RayDrives

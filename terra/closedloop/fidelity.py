@@ -199,6 +199,15 @@ def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequenc
     return {world: every if world in ("model", TRUTH) else controls for world in worlds}
 
 
+def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
+    """One line, before any world opens: the frames each world of the study draws, the world model's first (the
+    long part on a CPU: the first world's progress bar gives its ETA after one step)."""
+    engine = sum(len(ids) for world, ids in drive_ids.items() if world in MODEL_WORLDS) * num_steps
+    worlds = ", ".join(f"{world} {len(ids) * num_steps}" for world, ids in drive_ids.items())
+    return (f"terra-drive: fidelity study: frames per world: {worlds}; the world model draws {engine} of them (the "
+            "long part on a CPU, first: its bar's ETA shows after one step), the others are rendered and measured")
+
+
 def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
                            manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
                            shard_worlds: str = "all") -> FidelityFolders:

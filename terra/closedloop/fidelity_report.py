@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.verdict import (
-    FAIL, FLAGGED, MARKS, MIN_SCENARIOS, OUTCOMES, PASSED, RANK_METRIC, STATISTICS, TOO_FEW, WorldVerdict, shown,
+    FLAGGED, MARKS, MIN_SCENARIOS, OUTCOMES, PASSED, RANK_METRIC, STATISTICS, WorldVerdict, shown,
 )
 from terra.stats import Interval
 
@@ -132,11 +132,3 @@ def probe_line(policy: str, difference: dict[str, Interval | None]) -> str:
 def separation_lines(separations: dict[str, list[str]]) -> list[str]:
     return [f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}"
             for control, names in separations.items()]
-
-
-def flagged_count(verdicts: Sequence[WorldVerdict]) -> int:
-    return sum(1 for v in verdicts if any(d == FAIL for d in v.decisions.values()))
-
-
-def too_few(verdicts: Sequence[WorldVerdict]) -> bool:
-    return any(d == TOO_FEW for v in verdicts for d in v.decisions.values())

@@ -394,7 +394,8 @@ def _judged(statistic: Statistic, pairs: Sequence[Pair], bootstrap: Bootstrap
     return value, decide(value, statistic.band), None, scenarios
 
 
-def judge(name: str, world: dict[str, dict], truth: dict[str, dict], bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
+def judge(name: str, world: dict[str, dict], truth: dict[str, dict],
+          bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
     """The verdict on the world ``name`` from its drives' records and the true world's (drive id -> record)."""
     pairs = pairs_of(world, truth)
     policies = outcome_policies(pairs)

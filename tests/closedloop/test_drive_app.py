@@ -120,9 +120,15 @@ def test_fidelity_with_the_demo_model(tmp_path):
     assert "| statistic | band | model | frozen |" in text and "AlpaSim score (model / truth; model - truth)" in text
     assert "| path distance m | following gain dx (model) |" in text and "| constant_speed (reads no pixels) |" in text
     assert set(report["policies"]["lane_follower"]["following_gain_dx"]) >= {"estimate", "low", "high"}
-    exploit = report["exploitability"]  # 9 candidates tuned on scenario 0, tested on scenario 1
-    assert len(exploit["candidates"]) == 9 and exploit["gap"]["estimate"] is not None
-    assert "**Exploitability** (lane_follower_tuned: 9 candidates" in text
+    exploit = report["exploitability"]  # 9 candidates tuned on scenario 0 per metric, tested on scenario 1
+    for metric in ("lane_offset", "scene_score"):
+        tuned = exploit["tuned"][metric]
+        assert len(tuned["candidates"]) == 9 and tuned["gap"]["estimate"] is not None
+    assert exploit["brake_hard"]["gap"]["scene_score"]["estimate"] is not None
+    assert "**Exploitability on minus the mean absolute lane offset (m)** (lane_follower_tuned: 9 candidates" in text
+    assert "**Brake-hard probe** on AlpaSim's scene score" in text
+    assert text.startswith("# Fidelity verdict\n\n- **model** is undecided: nothing fails, but the study is too "
+                           "small to judge it")  # 2 scenarios: nothing decided
 
 
 class Faithful(TrueWorld):

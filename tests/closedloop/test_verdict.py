@@ -19,7 +19,7 @@ from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
-from terra.closedloop.verdict import STATISTICS, Pair, metric_names
+from terra.closedloop.verdict import RANK_METRIC, STATISTICS, Pair, metric_names
 from terra.closedloop.worlds import TrueWorld
 from terra.sim.renderer import render
 from terra.stats import Bootstrap
@@ -68,31 +68,39 @@ def test_the_model_controls_feed_a_car_standing_still_and_a_straight_path():
 
 
 def ranked_pairs(order: list[float], rng: np.random.Generator) -> list[Pair]:
-    """8 scenarios x 4 pixel policies (true time in lane 0.2, 0.4, 0.6, 0.8 plus noise) and constant_speed; the
-    world's drive of policy p scores ``order[p]`` plus noise, constant_speed 0 in the world and 1 in truth."""
+    """8 scenarios x 4 pixel policies (true mean lane offset 0.2, 0.4, 0.6, 0.8 plus noise), constant_speed and the
+    brake_hard probe; the world's drive of policy p scores ``order[p]`` plus noise, constant_speed and brake_hard 0
+    in the world and 1 in truth (left out of the ranking: a reversal if they were not)."""
     def record(policy: str, scenario: int, value: float) -> dict:
-        return {"policy": policy, "scenario": scenario, "metrics": {"truth": {"time_in_lane": value}}}
+        return {"policy": policy, "scenario": scenario, "metrics": {"truth": {RANK_METRIC: value}}}
     pairs = []
     for s in range(8):
         for p, quality in enumerate((0.2, 0.4, 0.6, 0.8)):
             pairs.append(Pair(record(f"p{p}", s, order[p] + rng.normal(0, 0.02)),
                               record(f"p{p}", s, quality + rng.normal(0, 0.02))))
-        pairs.append(Pair(record("constant_speed", s, 0.0), record("constant_speed", s, 1.0)))
+        for probe in ("constant_speed", "brake_hard"):
+            pairs.append(Pair(record(probe, s, 0.0), record(probe, s, 1.0)))
     return pairs
 
 
-def test_kendall_and_spearman_rank_the_pixel_policies_alone_with_intervals():
-    rank = {s.name: s for s in STATISTICS if s.name in ("kendall_tau", "spearman_rho")}
+def test_kendall_pearson_and_mmrv_rank_the_pixel_policies_alone_with_intervals():
+    rank = {s.name: s for s in STATISTICS if s.name in ("kendall_tau", "pearson_r", "mmrv")}
+    assert len(rank) == 3
     boot, rng = Bootstrap(draws=500), np.random.default_rng(0)
-    kept = ranked_pairs([0.1, 0.3, 0.5, 0.7], rng)  # the same order, shifted: constant_speed's reversal left out
-    swapped = ranked_pairs([0.3, 0.1, 0.5, 0.7], rng)  # the two worst swapped
-    reversed_ = ranked_pairs([0.7, 0.5, 0.3, 0.1], rng)
+    outcomes = lambda pairs: [p for p in pairs if p.world["policy"] not in ("constant_speed", "brake_hard")]  # noqa
+    kept = outcomes(ranked_pairs([0.1, 0.3, 0.5, 0.7], rng))  # the same order, shifted
+    swapped = outcomes(ranked_pairs([0.3, 0.1, 0.5, 0.7], rng))  # the two best swapped: 0.2 m of 0.6 m spread
+    reversed_ = outcomes(ranked_pairs([0.7, 0.5, 0.3, 0.1], rng))
+    perfect = {"kendall_tau": 1.0, "pearson_r": 1.0, "mmrv": 0.0}
     for name, statistic in rank.items():
         same = statistic.compute(kept, boot)
-        assert same.estimate == 1.0 and same.low == 1.0, name
-        assert statistic.compute(swapped, boot).estimate == pytest.approx(2 / 3 if name == "kendall_tau" else 0.8)
+        assert same.estimate == pytest.approx(perfect[name], abs=0.01), name  # noise of 0.02 m
         opposite = statistic.compute(reversed_, boot)
-        assert opposite.estimate == -1.0 and opposite.high < statistic.band[0], name
+        assert (opposite.high < statistic.band[0]) if name != "mmrv" else (opposite.low > statistic.band[1]), name
+    assert rank["kendall_tau"].compute(swapped, boot).estimate == pytest.approx(2 / 3)
+    # MMRV: each of the two swapped policies' worst violation is their true gap, 0.2 m; averaged over 4 policies
+    # and divided by the true spread of 0.6 m: 0.1 / 0.6 (noise of 0.02 m around it)
+    assert rank["mmrv"].compute(swapped, boot).estimate == pytest.approx(0.1 / 0.6, abs=0.02)
 
 
 def test_every_metric_of_a_drive_is_differenced_but_an_index():
