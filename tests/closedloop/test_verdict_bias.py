@@ -69,7 +69,7 @@ def test_the_truth_and_the_jittered_truth_are_passed(verdicts):
 
 
 @pytest.mark.parametrize("world, statistic", [("left_02", "lane_reading_bias_m"), ("right_05", "lane_reading_bias_m"),
-                                              ("right_05", "lateral_bias_m"), ("fast", "following_gain_dx"),
+                                              ("fast", "following_gain_dx"), ("mirrored", "lateral_bias_m"),
                                               ("mirrored", "heading_bias_deg"), ("mirrored", "kendall_tau"),
                                               ("mirrored", "pearson_r"), ("mirrored", "mmrv")])
 def test_each_bias_and_ranking_statistic_fails_its_control(verdicts, world, statistic):
@@ -82,7 +82,10 @@ def test_the_offsets_bias_has_the_sign_of_the_camera(verdicts):
     _, found = verdicts
     left, right = found["left_02"].values["lane_reading_bias_m"], found["right_05"].values["lane_reading_bias_m"]
     assert left.estimate == pytest.approx(-0.2, abs=0.03) and right.estimate == pytest.approx(0.5, abs=0.05)
-    assert found["right_05"].values["lateral_bias_m"].estimate > 0.1  # the car drives right of a camera set right
+    # the followers centre a camera set 0.5 m right on the lane, the car left of it: 2.5 s drives settle part of the
+    # way (the lateral bias grows with the drive's length; the 20 s drives of study=gpu show the whole 0.5 m)
+    lateral = found["right_05"].values["lateral_bias_m"]
+    assert lateral.low > 0.0 and lateral.estimate > 0.1 and found["model"].values["lateral_bias_m"].high == 0.0
     np.testing.assert_allclose(shifted_left(np.array([1.0, 2.0, np.pi / 2]), 0.5), [0.5, 2.0, np.pi / 2])
 
 
