@@ -147,8 +147,8 @@ def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     if not kept:
         raise Undefined("no drive is long enough to search its lag (23 steps)")
     if Lag(0, np.mean([lag.curve for _, lag in kept], axis=0)).prominence_db < MIN_LAG_PROMINENCE_DB:
-        raise Undefined("no moment of the drives matches the world's frames better than another (a still or blank "
-                        "video)")
+        raise Undefined("no moment of the drives matches the world's frames better than another (e.g. a still or "
+                        "blank video)")
     return lag_summary([lag for _, lag in kept], [s for s, _ in kept], bootstrap)
 
 
