@@ -28,18 +28,18 @@ from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.fidelity_report import (
-    compact_table, headline, legend, probe_line, run_lines, separation_lines, verdict_table,
+    compact_table, headline, legend, probe_line, run_lines, separation_lines, shown, verdict_table,
 )
 from terra.closedloop.policies import PROBE_POLICIES
 from terra.closedloop.verdict import (
-    MIN_SCENARIOS, NO_PIXELS, WorldVerdict, following_gain, judge, metric_value, pairs_of, path_distance_m,
-    separation, shown,
+    MIN_SCENARIOS, NO_PIXELS, STATISTICS, WorldVerdict, following_gain, judge, metric_value, pairs_of,
+    path_distance_m,
 )
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.core.atomic import json_text, write_text
-from terra.stats import Bootstrap, mean, paired_difference
+from terra.stats import FAIL, PASS, Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
@@ -67,7 +67,8 @@ class FidelityReport:
     def separations(self) -> dict[str, list[str]]:
         """Per control, the statistics that pass the model and fail the control."""
         model, *controls = self.verdicts
-        return {control.world: separation(model, control) for control in controls}
+        return {control.world: [s.name for s in STATISTICS if model.decisions[s.name] == PASS
+                                and control.decisions[s.name] == FAIL] for control in controls}
 
     def as_dict(self) -> dict:
         return {"headline": [headline(v) for v in self.verdicts], "settings": self.settings,

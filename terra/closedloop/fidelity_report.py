@@ -13,11 +13,17 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.verdict import (
-    FLAGGED, MARKS, MIN_SCENARIOS, OUTCOMES, PASSED, RANK_METRIC, STATISTICS, WorldVerdict, shown,
+    FLAGGED, MIN_SCENARIOS, OUTCOMES, PASSED, RANK_METRIC, STATISTICS, TOO_FEW, WorldVerdict,
 )
-from terra.stats import Interval
+from terra.stats import FAIL, INCONCLUSIVE, PASS, Interval
 
 PROBE_REWARD = ("scene_score", "time_in_lane", "progress_along_road_m")  # a probe's outcomes compared world - truth
+MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?", TOO_FEW: "too few"}
+
+
+def shown(value: Interval | None) -> str:
+    """An interval as the tables write it: ``estimate [low, high]``, ``n/a`` without an estimate."""
+    return "n/a" if value is None or not np.isfinite(value.estimate) else str(value)
 
 
 def _statistic(name: str):

@@ -3,33 +3,23 @@ world model and for worlds known to be wrong (terra/closedloop/control_worlds.py
 
 Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
 (terra/closedloop/record.py; the per-drive measurements of terra/closedloop/drive_fidelity.py), each statistic of
-:data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/stats.py, the same
-replicates for all), widened for the number of scenarios it rests on (``few_clusters_factor``: a bootstrap over few
-scenarios is too narrow), and a decision against its acceptance band: ``pass`` (the interval inside the band),
-``fail`` (entirely outside), ``inconclusive`` (it straddles an end, or the statistic has no value: its reason is
-kept), or ``too few scenarios`` (fewer than :data:`MIN_SCENARIOS`: no decision at all). A world is **flagged** when
-any statistic fails, **passed** when every statistic passes, and **undecided** otherwise, the undecided statistics
-named. A statistic **separates** the model from a control when it passes the model and fails the control.
+:data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/stats.py), widened
+for the number of scenarios it rests on (``few_clusters_factor``), and a decision against its acceptance band:
+``pass`` (inside), ``fail`` (entirely outside), ``inconclusive`` (it straddles an edge, or has no value: the reason
+is kept) or ``too few scenarios`` (fewer than :data:`MIN_SCENARIOS`: not decided). A world is **flagged** when a
+statistic fails, **passed** when every one passes, **undecided** otherwise. A statistic **separates** the model
+from a control when it passes the model and fails the control.
 
-What the statistics rest on: the frame measurements (following, lanes, lag) on every drive of the world; the
-outcome statistics (the lateral and heading bias, the paired outcome differences, the ranking) on the drives of the
-pixel policies alone (:func:`outcome_policies`): a policy that reads no pixels drives alike in any world, and a
-probe (``brake_hard``) is judged apart (terra/closedloop/fidelity.py). The ranking is over
-:data:`RANK_METRIC`, which spreads the policies (the time in lane ties them at 1 on short drives).
+The frame statistics (following, lanes, lag) rest on every drive of the world; the outcome statistics (lateral and
+heading bias, paired outcomes, the ranking by :data:`RANK_METRIC`, which spreads the policies) on the pixel
+policies' alone (:func:`outcome_policies`: a policy that reads no pixels drives alike in any world; a probe such as
+``brake_hard`` is judged apart, terra/closedloop/fidelity.py). Beside them, measured and judged by nothing: the lane
+detector's error 10 m ahead, the distance between the world's and the truth's paths, PSNR and SSIM at 1, 5, 10 and
+20 steps (a frozen video can match the true frames as well as a world model does), and world - truth on paired
+drives of every metric a drive records.
 
-Beside the judged statistics, each with the same intervals and judged by nothing: the **measurements** (the lane
-detector's error 10 m ahead, the world's frame against the true frame at the same pose; the distance between the
-world's and the truth's paths; PSNR and SSIM at 1, 5, 10 and 20 steps) and the **differences**, world - truth on
-paired drives, of every metric a drive records (terra/closedloop/record.py, ``metrics_of``).
-
-What the statistics can detect: a world that does not move with the car (frozen, zero actions: the following gains
-and the lane slope), moves too fast or too slow (the forward gain), shows no road (gray: the recovered motion and
-lanes found), turns the wrong way (mirrored: the yaw gain and the lane slope), lags (late: the lag), draws the road
-from a shifted or turned viewpoint (offset camera: the lane reading bias and the lateral bias), or leads policies to
-other outcomes (the paired differences and the ranking). What they cannot: a world can pass every statistic and
-still be wrong about what they do not look at (other road users, lighting, anything beyond the lane and the ground's
-motion). PSNR and SSIM are measured, not judged: a frozen or replayed video can match the true frames as well as a
-world model does.
+What no statistic sees: anything beyond the lane and the ground's motion (other road users, lighting), and a world
+wrong only where no policy drives.
 """
 
 from __future__ import annotations
@@ -100,10 +90,6 @@ def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Inte
                             "no step both turned and had its motion recovered from the world's frames")
         return gain
     return statistic
-
-
-def _recovered(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    return _followed(pairs, bootstrap).recovered_share
 
 
 def _lanes(pairs: Sequence[Pair], bootstrap: Bootstrap):
@@ -216,7 +202,7 @@ STATISTICS = (
               "fast)"),
     Statistic("following_gain_dyaw", (0.8, 1.2), following_gain("dyaw"),
               "yaw recovered from the frames / commanded (-1: mirrored; 0: ignores steering)"),
-    Statistic("motion_recovered", (0.5, 1.0), _recovered,
+    Statistic("motion_recovered", (0.5, 1.0), lambda pairs, boot: _followed(pairs, boot).recovered_share,
               "share of steps whose motion the road-plane odometry recovers (0: no ground to see)", limits=(0.0, 1.0)),
     Statistic("lane_slope", (0.8, 1.2), _lane_slope,
               "the lane read 10 m ahead in the world's frame regressed on the true frame's, within drives"),
@@ -305,12 +291,13 @@ class Ranking:
 
 
 def ranking_of(pairs: Sequence[Pair]) -> Ranking:
-    """The per-policy means of :data:`RANK_METRIC` over the outcome policies' paired drives."""
+    """The per-policy means of :data:`RANK_METRIC` over the outcome policies' paired drives (NaN: none)."""
     world, truth = ranked_values(pairs)
     names = tuple(dict.fromkeys(world.policy))
-    means = [tuple(float(np.nanmean(np.where(np.array(v.policy) == name, v.value, np.nan)))
-                   if np.isfinite(np.where(np.array(v.policy) == name, v.value, np.nan)).any() else float("nan")
-                   for name in names) for v in (world, truth)]
+    means = []
+    for values in (world, truth):
+        kept = [values.value[(np.array(values.policy) == name) & np.isfinite(values.value)] for name in names]
+        means.append(tuple(float(v.mean()) if len(v) else float("nan") for v in kept))
     return Ranking(names, *means)
 
 
@@ -411,15 +398,3 @@ def judge(name: str, world: dict[str, dict], truth: dict[str, dict],
     return WorldVerdict(name, values, decisions, len(pairs), measured, differences(pairs, bootstrap), reasons,
                         scenarios, tuple(policies), ranking)
 
-
-def separation(model: WorldVerdict, control: WorldVerdict) -> list[str]:
-    """The statistics that pass the model and fail the control."""
-    return [s.name for s in STATISTICS if model.decisions[s.name] == PASS and control.decisions[s.name] == FAIL]
-
-
-MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?", TOO_FEW: "too few"}
-
-
-def shown(value: Interval | None) -> str:
-    """An interval as the tables write it: ``estimate [low, high]``, ``n/a`` without an estimate."""
-    return "n/a" if value is None or not np.isfinite(value.estimate) else str(value)

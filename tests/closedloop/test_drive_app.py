@@ -50,6 +50,26 @@ def test_help_and_one_line_errors(tmp_path):
         one_error_line(result, "terra-drive", text)
 
 
+def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
+    result = drive("--help", cwd=tmp_path)
+    assert "study: cpu, gpu" in result.stdout and "terra-drive study=cpu" in result.stdout
+    found = {}
+    for preset in ("cpu", "gpu"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("drive", overrides=[f"study={preset}", "num_threads=1"])
+        found[preset] = drive_settings(cfg, tmp_path / preset)
+        assert found[preset].world == "both" and not found[preset].videos
+    cpu, gpu = found["cpu"], found["gpu"]
+    pixel = [name for name in cpu.policies if name not in ("route_follower", "constant_speed", "brake_hard")]
+    assert len(cpu.scenarios.ids) == 5 and len(pixel) == 4 and cpu.num_steps == 25 and "brake_hard" in cpu.policies
+    assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast"}  # no second engine
+    assert len(gpu.scenarios.ids) == 16 and gpu.num_steps == 200 and gpu.exploitability and len(gpu.policies) == 15
+    assert gpu.run.backend == "vllm" and len(gpu.controls) == 8
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # a setting after the preset overrides it
+        cfg = compose("drive", overrides=["study=cpu", "num_scenarios=6", "num_threads=1"])
+    assert len(drive_settings(cfg, tmp_path / "six").scenarios.ids) == 6
+
+
 def test_the_fidelity_study_drives_20_s_by_default_and_the_demo_2_s(tmp_path):
     for k, (overrides, steps) in enumerate(((["world=both"], 200), (["world=truth"], 20), ([], 20),
                                             (["world=both", "num_steps=30"], 30), (["num_steps=7"], 7))):
