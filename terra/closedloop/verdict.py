@@ -13,13 +13,10 @@ from a control when it passes the model and fails the control.
 The frame statistics (following, lanes, lag) rest on every drive of the world; the outcome statistics (lateral and
 heading bias, paired outcomes, the ranking by :data:`RANK_METRIC`, which spreads the policies) on the pixel
 policies' alone (:func:`outcome_policies`: a policy that reads no pixels drives alike in any world; a probe such as
-``brake_hard`` is judged apart, terra/closedloop/fidelity.py). Beside them, measured and judged by nothing: the lane
-detector's error 10 m ahead, the distance between the world's and the truth's paths, PSNR and SSIM at 1, 5, 10 and
-20 steps (a frozen video can match the true frames as well as a world model does), and world - truth on paired
-drives of every metric a drive records.
-
-What no statistic sees: anything beyond the lane and the ground's motion (other road users, lighting), and a world
-wrong only where no policy drives.
+``brake_hard`` is judged apart, terra/closedloop/fidelity.py). Measured, judged by nothing: the distance between
+the world's and the truth's paths, PSNR and SSIM at 1, 5, 10 and 20 steps (a frozen video can match the true frames
+as well as a world model does), and world - truth on paired drives of every metric a drive records. No statistic
+sees what is beyond the lane and the ground's motion (other road users, lighting).
 """
 
 from __future__ import annotations
@@ -92,29 +89,28 @@ def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Inte
     return statistic
 
 
-def _lanes(pairs: Sequence[Pair], bootstrap: Bootstrap):
-    return lane_summary([read_lanes(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs], bootstrap)
-
-
 def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    slope = _lanes(pairs, bootstrap).slope
+    slope = lane_summary([read_lanes(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
+                         bootstrap).slope
     if not np.isfinite(slope.estimate):
         raise Undefined("no frame of the world shows a lane where the true frame does")
     return slope
 
 
-def _lane_bias(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """The mean signed error (m, left positive) of the lane read 10 m ahead in the world's frames against the true
-    frames at the same poses: where the world draws the lane, whatever the drive."""
-    labels, errors = [], []
-    for p in pairs:
-        lanes = read_lanes(p.world["fidelity"])
-        labels += [p.scenario] * len(lanes.world)
-        errors.append(lanes.error)
-    bias = mean(labels, np.concatenate(errors), bootstrap)
-    if not np.isfinite(bias.estimate):
-        raise Undefined("no frame of the world shows a lane where the true frame does")
-    return bias
+def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    """The mean of ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames at
+    the same poses, over every frame of the drives: signed (where the world draws the lane) or absolute (how far)."""
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        labels, errors = [], []
+        for p in pairs:
+            lanes = read_lanes(p.world["fidelity"])
+            labels += [p.scenario] * len(lanes.world)
+            errors.append(size(lanes.error))
+        found = mean(labels, np.concatenate(errors), bootstrap)
+        if not np.isfinite(found.estimate):
+            raise Undefined("no frame of the world shows a lane where the true frame does")
+        return found
+    return statistic
 
 
 def _lanes_found(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
@@ -206,8 +202,11 @@ STATISTICS = (
               "share of steps whose motion the road-plane odometry recovers (0: no ground to see)", limits=(0.0, 1.0)),
     Statistic("lane_slope", (0.8, 1.2), _lane_slope,
               "the lane read 10 m ahead in the world's frame regressed on the true frame's, within drives"),
-    Statistic("lane_reading_bias_m", (-0.1, 0.1), _lane_bias,
+    Statistic("lane_reading_bias_m", (-0.1, 0.1), _lane_error(np.asarray),
               "the lane read 10 m ahead, world's frame - true frame at the same pose, signed (a shifted viewpoint)"),
+    Statistic("lane_error_10m_m", (0.0, 0.25), _lane_error(np.abs),
+              "the same, absolute: how far the world draws the lane from where it is (a shaking camera)",
+              limits=(0.0, np.inf)),
     Statistic("lanes_found_difference", (-0.2, 0.2), _lanes_found,
               "share of frames with a lane found, world - truth at the same poses", limits=(-1.0, 1.0)),
     Statistic("lag_steps", (-1.0, 1.0), _lag, "steps by which the world's frames trail the true ones (10: 1 s late)"),
@@ -242,8 +241,7 @@ def path_distance_m(pair: Pair) -> float:
 def measurements(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Interval]:
     """What a world's drives measure without a verdict (see the module's docstring), each with its interval."""
     scenarios = [p.scenario for p in pairs]
-    found = {"lane_error_10m_m": _lanes(pairs, bootstrap).mean_abs_error_m,
-             "path_distance_m": mean(scenarios, np.array([path_distance_m(p) for p in pairs]), bootstrap)}
+    found = {"path_distance_m": mean(scenarios, np.array([path_distance_m(p) for p in pairs]), bootstrap)}
     horizons = horizon_summary([read_horizons(p.world["fidelity"]) for p in pairs], scenarios, bootstrap)
     for h, values in horizons.items():
         found.update({f"{key}_h{h}": value for key, value in values.items()})

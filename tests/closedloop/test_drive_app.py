@@ -170,11 +170,11 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     assert [name for name, row in report.policies.items() if not row["reads_pixels"]] == ["constant_speed"]
     [model] = report.verdicts
     assert model.drives == 6 and not model.flagged_by
-    assert model.values["lane_slope"].estimate == pytest.approx(1.0)
+    assert model.values["lane_slope"].estimate == pytest.approx(1.0) and model.values["lane_error_10m_m"].high == 0.0
     assert model.values["lanes_found_difference"].estimate == 0.0
     # 6-step drives reach the horizons 1 and 5; the same frames: the PSNR cap, SSIM 1, no lane error, one path
     assert {k: v.estimate for k, v in model.measured.items()} == pytest.approx(
-        {"lane_error_10m_m": 0.0, "path_distance_m": 0.0, "psnr_db_h1": 100.0, "ssim_h1": 1.0, "psnr_db_h5": 100.0,
+        {"path_distance_m": 0.0, "psnr_db_h1": 100.0, "ssim_h1": 1.0, "psnr_db_h5": 100.0,
          "ssim_h5": 1.0})
     assert {"truth.time_in_lane", "truth.mean_abs_lane_offset_m", "alpasim.score", "alpasim.dist_to_gt_trajectory",
             "progress.distance_m", "history_comfort.max_abs_jerk", "extended_comfort.score"} <= set(model.differences)

@@ -212,5 +212,5 @@ def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_
             assert value["reason"] is not None or value["estimate"] is not None, name
     for verdict in verdicts.values():  # the unjudged measurements at every horizon a 25-step drive reaches
         assert {f"{m}_h{h}" for m in ("psnr_db", "ssim") for h in (1, 5, 10, 20)} | {
-            "lane_error_10m_m", "path_distance_m"} == set(verdict["measurements"]), verdict["world"]
+            "path_distance_m"} == set(verdict["measurements"]), verdict["world"]
         assert {"kendall_tau", "pearson_r", "mmrv", "lateral_bias_m"} <= set(verdict["statistics"])

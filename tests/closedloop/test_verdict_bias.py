@@ -1,8 +1,8 @@
 """The verdict's bias and ranking statistics on worlds built to fail them, and on worlds that must pass: a CPU-sized
 study (4 scenarios x 4 pixel policies x 25 steps, in process) where the true world judged as a model and the truth
 rendered at slightly jittered poses are PASSED (every statistic decided inside its band, not merely not flagged),
-while a camera mounted 0.2 m left or 0.5 m right of the car's centre line, a world 15 % too fast and a mirrored one
-are FLAGGED, each by the statistic made for it; and a study of one scenario decides nothing
+while a camera mounted 0.2 m left or 0.5 m right of the car's centre line, one swaying from side to side, a world
+15 % too fast and a mirrored one are FLAGGED, each by the statistic made for it; and a study of one scenario decides nothing
 (terra/closedloop/verdict.py)."""
 
 from __future__ import annotations
@@ -36,6 +36,20 @@ class Jittered(TrueWorld):
         return super().step(drives, actions, [np.asarray(p) + self.rng.normal(0.0, self.scale) for p in poses])
 
 
+class Shaky(TrueWorld):
+    """The true renders from a camera swaying left and right of the car's centre line (0.4 m, every 2 s): no bias
+    on average, the road drawn in the wrong place all the same."""
+
+    def __init__(self, image_size) -> None:
+        super().__init__(image_size)
+        self.steps = 0
+
+    def step(self, drives, actions, poses):
+        self.steps += 1
+        sway = 0.4 * np.sin(2 * np.pi * self.steps / 20)
+        return super().step(drives, actions, [shifted_left(p, sway) for p in poses])
+
+
 def named(world, name: str):
     world.name = name
     return world
@@ -56,6 +70,7 @@ def verdicts(tmp_path_factory):
         "right_05": named(OffsetCameraWorld(SIZE, -0.5), "right_05"),
         "fast": FastWorld(SIZE),
         "mirrored": MirroredWorld(SIZE),
+        "shaky": named(Shaky(SIZE), "shaky"),
     })
 
 
@@ -71,7 +86,8 @@ def test_the_truth_and_the_jittered_truth_are_passed(verdicts):
 @pytest.mark.parametrize("world, statistic", [("left_02", "lane_reading_bias_m"), ("right_05", "lane_reading_bias_m"),
                                               ("fast", "following_gain_dx"), ("mirrored", "lateral_bias_m"),
                                               ("mirrored", "heading_bias_deg"), ("mirrored", "kendall_tau"),
-                                              ("mirrored", "pearson_r"), ("mirrored", "mmrv")])
+                                              ("mirrored", "pearson_r"), ("mirrored", "mmrv"),
+                                              ("shaky", "lane_error_10m_m")])
 def test_each_bias_and_ranking_statistic_fails_its_control(verdicts, world, statistic):
     _, found = verdicts
     assert found[world].state == FLAGGED and statistic in found[world].flagged_by, found[world].values[statistic]
