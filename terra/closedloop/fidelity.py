@@ -6,11 +6,13 @@ Each scenario x policy is driven with the same seed in every world of the study:
 TrueWorld`) and the controls (terra/closedloop/control_worlds.py, or worlds of the user's). Every drive's poses are
 judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score: terra/closedloop/alpasim_metrics.py)
 and every frame of a world but the true one is measured against the true render at its pose
-(terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its interval and decision, whether
-the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
-differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
-differences and the model's following gain; and, when asked for, the exploitability of the model world
-(terra/closedloop/exploit_drives.py).
+(terra/closedloop/drive_fidelity.py). The report (written by terra/closedloop/fidelity_report.py) opens with a
+sentence per world (flagged, passed or undecided, and the statistic that decided it), the brake-hard probe and the
+run's settings; then per world each statistic with its interval, decision and, when undecided, its reason, which
+statistics separate the model from each control, the unjudged measurements and paired differences of every metric;
+per policy, the model's and the truth's outcomes side by side with their paired differences and the model's
+following gain; and, when asked for, the exploitability of the model world (terra/closedloop/exploit_drives.py).
+Everything is computed from the drives' records, so a study's report can be written again from its folders.
 """
 
 from __future__ import annotations
