@@ -4,8 +4,9 @@ The car is a rectangle of :data:`EGO_LENGTH_M` x :data:`EGO_WIDTH_M` centred on 
 frame's pose (the scene's exact road coordinates, terra/sim/scene.py): the **lane offset** (lateral distance of
 the car's centre from the ego lane's centre; its mean signed too, left positive, and the mean heading against the
 road's, so that a world's bias shows in the verdict: terra/closedloop/verdict.py), **out of lane** when the car's
-body crosses a line of its lane (|offset| > (lane width - car width) / 2), **off road** when any part of it lies beyond the asphalt's edge, and a
-**collision** when it overlaps a parked car (a car-sized rectangle along the road at the parked car's position).
+body crosses a line of its lane (|offset| > (lane width - car width) / 2), **off road** when any part of it lies
+beyond the asphalt's edge, and a **collision** when it overlaps a parked car (a car-sized rectangle along the road
+at the parked car's position).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 study (4 scenarios x 4 pixel policies x 25 steps, in process) where the true world judged as a model and the truth
 rendered at slightly jittered poses are PASSED (every statistic decided inside its band, not merely not flagged),
 while a camera mounted 0.2 m left or 0.5 m right of the car's centre line, one turned 4 degrees, one swaying from
-side to side, a world 15 % too fast and a mirrored one are FLAGGED, each by the statistic made for it; and a study of one scenario decides nothing
-(terra/closedloop/verdict.py)."""
+side to side, a world 15 % too fast and a mirrored one are FLAGGED, each by the statistic made for it; and a study
+of one scenario decides nothing (terra/closedloop/verdict.py)."""
 
 from __future__ import annotations
 
