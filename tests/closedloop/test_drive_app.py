@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.control_worlds import FrozenWorld
-from terra.closedloop.fidelity import compare, run_fidelity
+from terra.closedloop.fidelity import compare, run_fidelity, study_plan
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings
@@ -68,6 +68,12 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # a setting after the preset overrides it
         cfg = compose("drive", overrides=["study=cpu", "num_scenarios=6", "num_threads=1"])
     assert len(drive_settings(cfg, tmp_path / "six").scenarios.ids) == 6
+
+
+def test_the_study_says_what_it_will_draw_before_any_world_opens():
+    line = study_plan({"model": ["a", "b"], "truth": ["a", "b"], "zero_actions": ["a"], "frozen": ["a"]}, 25)
+    assert "frames per world: model 50, truth 50, zero_actions 25, frozen 25" in line
+    assert "the world model draws 75 of them" in line and "\n" not in line
 
 
 def test_the_fidelity_study_drives_20_s_by_default_and_the_demo_2_s(tmp_path):
