@@ -89,8 +89,9 @@ class FidelityReport:
         return lines + ["", "## Run", *run_lines(self.settings)]
 
     def terminal(self) -> str:
-        """What the terminal shows: the opening and a row per world (the whole report is fidelity.md)."""
-        return "\n".join([*self.opening(), "", compact_table(self.verdicts)])
+        """What the terminal shows: the opening, a row per world and what tells the model from each control (the
+        whole report is fidelity.md)."""
+        return "\n".join([*self.opening(), "", compact_table(self.verdicts), *separation_lines(self.separations())])
 
     def table(self) -> str:
         """Markdown (fidelity.md): the opening, the legend, the verdict table with every undecided statistic's
