@@ -9,12 +9,18 @@ and drives as any world does:
 * ``mirrored``: the true renders at the car's pose, mirrored left-right;
 * ``late``: the true renders :data:`LATE_STEPS` steps (1 s) late: frame t shows the pose of step t - 10 (the start
   pose until then);
+* ``offset_camera``: the true renders from a camera mounted :data:`CAMERA_OFFSET_M` (0.3 m) left of the car's
+  centre line: a world that draws the road from a shifted viewpoint, which drives lane followers off the lane's
+  centre (the lateral bias sees it);
+* ``fast``: the true renders at a pose that runs :data:`FAST_FACTOR` (15 %) ahead along the road of the car's
+  own progress, its lateral place and heading in the lane kept: a world whose video moves too fast (the forward
+  following gain sees it);
 * ``zero_actions``: the world model fed the action of a car standing still (every point of the 3 s path at the
   origin), whatever the car does;
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
   so the model renders driving straight at the commanded speed while the car steers.
 
-The first four need the synthetic world's scene (the true world's scenarios); the last two share the model world's
+The first six need the synthetic world's scene (the true world's scenarios); the last two share the model world's
 engine (they run after it, never beside it). :func:`control_world` builds one by name.
 """
 
@@ -30,7 +36,9 @@ from terra.core.errors import TerraInputError
 
 GRAY_LEVEL = 128
 LATE_STEPS = 10  # 1 s at 10 Hz
-SCENE_CONTROLS = ("frozen", "gray", "mirrored", "late")
+CAMERA_OFFSET_M = 0.3  # offset_camera: the camera this far left of the car's centre line
+FAST_FACTOR = 1.15  # fast: the world's progress along the road per metre of the car's
+SCENE_CONTROLS = ("frozen", "gray", "mirrored", "late", "offset_camera", "fast")
 MODEL_CONTROLS = ("zero_actions", "straight")
 CONTROL_WORLDS = SCENE_CONTROLS + MODEL_CONTROLS
 MODEL_WORLDS = ("model", *MODEL_CONTROLS)  # worlds whose frames the world model makes: its settings shape them
@@ -103,6 +111,53 @@ class LateWorld(TrueWorld):
         return super().step([inner for inner, _ in drives], actions, shown)
 
 
+def shifted_left(pose: np.ndarray, metres: float) -> np.ndarray:
+    """``pose`` (x, y, yaw) moved ``metres`` to its own left (negative: right), its heading kept."""
+    x, y, yaw = np.asarray(pose, dtype=np.float64)
+    return np.array([x - metres * np.sin(yaw), y + metres * np.cos(yaw), yaw])
+
+
+class OffsetCameraWorld(TrueWorld):
+    """The true renders from a camera ``metres`` left of the car's centre line (negative: right)."""
+
+    name = "offset_camera"
+
+    def __init__(self, image_size: Sequence[int], metres: float = CAMERA_OFFSET_M) -> None:
+        super().__init__(image_size)
+        self.metres = metres
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        return super().step(drives, actions, [shifted_left(pose, self.metres) for pose in poses])
+
+
+class FastWorld(TrueWorld):
+    """The true renders at the pose ``factor`` times as far along the road from the drive's start as the car is,
+    at the car's lateral offset and heading against the road."""
+
+    name = "fast"
+
+    def __init__(self, image_size: Sequence[int], factor: float = FAST_FACTOR) -> None:
+        super().__init__(image_size)
+        self.factor = factor
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, float]:
+        start = np.asarray(scenario.start_pose, dtype=np.float64)
+        drive = super().open(scenario, seed, max_frames)
+        return drive, float(scenario.scene.road_coords(start[:1], start[1:2])[0][0])
+
+    def context_frames(self, drive) -> np.ndarray:
+        return super().context_frames(drive[0])
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        shown = []
+        for (scenario, start), pose in zip(drives, poses):
+            x, y, yaw = np.asarray(pose, dtype=np.float64)
+            s, d = (v[0] for v in scenario.scene.road_coords(np.array([x]), np.array([y])))
+            ahead = scenario.scene.lane_pose(start + self.factor * (s - start), d)
+            shown.append(ahead + [0.0, 0.0, yaw - scenario.scene.road_pose(s)[2]])
+        return super().step([scenario for scenario, _ in drives], actions, shown)
+
+
 def standing_still(action: np.ndarray) -> np.ndarray:
     """The action of a car that stays where it is: every point at the origin, the times kept."""
     still = np.array(action, dtype=np.float32, copy=True)
@@ -151,4 +206,5 @@ def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None
             raise TerraInputError(f"the control world {name} is the world model fed other actions: it needs a model "
                                   "world")
         return ActionControlWorld(name, model, standing_still if name == "zero_actions" else straightened)
-    return {"frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld}[name](image_size)
+    return {"frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld,
+            "offset_camera": OffsetCameraWorld, "fast": FastWorld}[name](image_size)

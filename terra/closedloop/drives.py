@@ -60,6 +60,10 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
 
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
+    if progress and settings.world == "both":
+        from terra.closedloop.fidelity import study_plan
+
+        print(study_plan(settings.fidelity.drive_ids, settings.num_steps), file=sys.stderr, flush=True)
     exploit = None
     if settings.executor == "ray":
         from terra.closedloop.ray_executor import RayDrives
@@ -91,8 +95,9 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
                          f"in {out}/<world>/; the same command without shard_index/num_shards/shard_worlds writes the "
                          "fidelity report once every shard is done (it drives nothing again)")
         else:
-            lines = [report.table(), *lines, f"terra-drive: wrote {out}/fidelity.md, fidelity.json and a folder per "
-                                             f"world ({', '.join(runs)})"]
+            lines = [report.terminal(), *lines, f"terra-drive: wrote {out}/fidelity.md (the whole report: legend, "
+                                                f"every statistic, every policy), fidelity.json and a folder per "
+                                                f"world ({', '.join(runs)})"]
         return DriveOutcome(lines, 1 if any(r.counts["failed"] for r in runs.values()) else 0)
     finally:
         closing.close()

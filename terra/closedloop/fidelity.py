@@ -6,16 +6,18 @@ Each scenario x policy is driven with the same seed in every world of the study:
 TrueWorld`) and the controls (terra/closedloop/control_worlds.py, or worlds of the user's). Every drive's poses are
 judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score: terra/closedloop/alpasim_metrics.py)
 and every frame of a world but the true one is measured against the true render at its pose
-(terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its interval and decision, whether
-the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
-differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
-differences and the model's following gain; and, when asked for, the exploitability of the model world
-(terra/closedloop/exploit_drives.py).
+(terra/closedloop/drive_fidelity.py). The report (written by terra/closedloop/fidelity_report.py) opens with a
+sentence per world (flagged, passed or undecided, and the statistic that decided it), the brake-hard probe and the
+run's settings; then per world each statistic with its interval, decision and, when undecided, its reason, which
+statistics separate the model from each control, the unjudged measurements and paired differences of every metric;
+per policy, the model's and the truth's outcomes side by side with their paired differences and the model's
+following gain; and, when asked for, the exploitability of the model world (terra/closedloop/exploit_drives.py).
+Everything is computed from the drives' records, so a study's report can be written again from its folders.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
@@ -23,20 +25,23 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from terra.closedloop.control_worlds import MODEL_WORLDS
-from terra.closedloop.exploit_drives import exploit_lines, exploit_study
+from terra.closedloop.exploit_drives import ExploitStudy, exploit_lines, exploit_study
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.record import APP, claim_drive_folder
 from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
+from terra.closedloop.fidelity_report import (
+    compact_table, headline, legend, probe_line, run_lines, separation_lines, shown, verdict_table,
+)
+from terra.closedloop.policies import PROBE_POLICIES
 from terra.closedloop.verdict import (
-    NO_PIXELS, WorldVerdict, following_gain, judge, metric_value, pairs_of, path_distance_m, separation, shown,
-    verdict_table,
+    MIN_SCENARIOS, NO_PIXELS, STATISTICS, WorldVerdict, following_gain, judge, metric_value, pairs_of,
+    path_distance_m,
 )
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.core.atomic import json_text, write_text
-from terra.fidelity.exploit import Exploitability
-from terra.stats import Bootstrap, mean, paired_difference
+from terra.stats import FAIL, PASS, Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
@@ -58,15 +63,18 @@ class FidelityReport:
 
     verdicts: list[WorldVerdict]
     policies: dict[str, dict]
-    exploitability: Exploitability | None = None
+    exploitability: ExploitStudy | None = None
+    settings: dict = field(default_factory=dict)  # the run's settings, as the report lists them (study_settings_of)
 
     def separations(self) -> dict[str, list[str]]:
         """Per control, the statistics that pass the model and fail the control."""
         model, *controls = self.verdicts
-        return {control.world: separation(model, control) for control in controls}
+        return {control.world: [s.name for s in STATISTICS if model.decisions[s.name] == PASS
+                                and control.decisions[s.name] == FAIL] for control in controls}
 
     def as_dict(self) -> dict:
-        return {"verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
+        return {"headline": [headline(v) for v in self.verdicts], "settings": self.settings,
+                "verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
                 "policies": {name: {**row, "difference": {k: None if v is None else v.as_dict()
                                                           for k, v in row["difference"].items()},
                                     "following_gain_dx": None if row["following_gain_dx"] is None
@@ -74,12 +82,23 @@ class FidelityReport:
                              for name, row in self.policies.items()},
                 "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
+    def opening(self) -> list[str]:
+        """A sentence per world, the probes' lines, then the run's settings."""
+        lines = ["# Fidelity verdict", "", *(f"- {headline(v)}" for v in self.verdicts)]
+        lines += [probe_line(name, row["difference"]) for name, row in self.policies.items() if name in PROBE_POLICIES]
+        return lines + ["", "## Run", *run_lines(self.settings)]
+
+    def terminal(self) -> str:
+        """What the terminal shows: the opening, a row per world and what tells the model from each control (the
+        whole report is fidelity.md)."""
+        return "\n".join([*self.opening(), "", compact_table(self.verdicts), *separation_lines(self.separations())])
+
     def table(self) -> str:
-        """Markdown: the verdict table, the separations, per policy the outcomes in both worlds (model / truth, then
-        model - truth on paired drives with its interval), and the exploitability."""
-        lines = [verdict_table(self.verdicts)]
-        for control, names in self.separations().items():
-            lines.append(f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}")
+        """Markdown (fidelity.md): the opening, the legend, the verdict table with every undecided statistic's
+        reason, the separations, per policy the outcomes in both worlds (model / truth, then model - truth on paired
+        drives with its interval), and the exploitability."""
+        lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Verdicts", verdict_table(self.verdicts),
+                 *separation_lines(self.separations()), "", "## Policies"]
         titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
         lines += [f"\n| policy | {titles} | path distance m | following gain dx (model) |",
                   "|---|" + "---:|" * (len(COLUMNS) + 2)]
@@ -127,12 +146,26 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if len(finite) else float("nan")
 
 
-def compare(runs: dict[str, dict[str, dict]], exploit: Exploitability | None = None) -> FidelityReport:
+def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
+    """What the study was, read from its drive records (world -> drive id -> JSON content): the worlds and their
+    drives, the scenarios, the policies, the steps and seeds, and the verdict's own settings."""
+    model = list(runs["model"].values())
+    return {"worlds": ", ".join(f"{world} ({len(drives)} drives)" for world, drives in runs.items()),
+            "scenarios": len({r["scenario"] for r in model}),
+            "policies": ", ".join(dict.fromkeys(r["policy"] for r in model)),
+            "steps per drive": max((r.get("steps") or 0 for r in model), default=0),
+            "seeds": len({r.get("seed") for r in model}) // max(1, len({r["scenario"] for r in model})),
+            "vehicle": ", ".join(sorted({str(r.get("vehicle")) for r in model})),
+            "verdict": f"95 % cluster bootstrap over scenarios ({Bootstrap().draws} draws), widened for few "
+                       f"scenarios; at least {MIN_SCENARIOS} scenarios to decide"}
+
+
+def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None) -> FidelityReport:
     """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability
     study's result, if one ran."""
     truth = runs[TRUTH]
     verdicts = [judge(world, drives, truth) for world, drives in runs.items() if world != TRUTH]
-    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth), exploit)
+    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth), exploit, study_settings_of(runs))
 
 
 @dataclass(frozen=True)
@@ -168,6 +201,15 @@ def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequenc
     controls = [drive for scenario, replica, drive in drives if scenario in first and replica < seeds]
     every = [drive for _, _, drive in drives]
     return {world: every if world in ("model", TRUTH) else controls for world in worlds}
+
+
+def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
+    """One line, before any world opens: the frames each world of the study draws, the world model's first (the
+    long part on a CPU: the first world's progress bar gives its ETA after one step)."""
+    engine = sum(len(ids) for world, ids in drive_ids.items() if world in MODEL_WORLDS) * num_steps
+    worlds = ", ".join(f"{world} {len(ids) * num_steps}" for world, ids in drive_ids.items())
+    return (f"terra-drive: fidelity study: frames per world: {worlds}; the world model draws {engine} of them (the "
+            "long part on a CPU, first: its bar's ETA shows after one step), the others are rendered and measured")
 
 
 def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
@@ -217,7 +259,7 @@ def study_settings(settings: RunSettings) -> RunSettings:
 
 
 def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFolders,
-                 exploit: Callable[[], Exploitability] | None = None
+                 exploit: Callable[[], ExploitStudy] | None = None
                  ) -> tuple[FidelityReport | None, dict[str, RunResult]]:
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
     folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the

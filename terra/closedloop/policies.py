@@ -11,6 +11,10 @@
   (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
   ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,
   no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/learned.py);
+* a probe, not a reference (left out of ``all_reference``, ``all_pixel`` and the verdict's outcome statistics):
+  ``brake_hard`` (the lane follower braking at :data:`BRAKE_HARD_MPS2` to a standstill and staying there), which a
+  world can reward for its safety metrics though it drives nowhere (terra/closedloop/fidelity.py asks whether the
+  world rewards it more than the truth does);
 * degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
   (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
   ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
@@ -36,6 +40,7 @@ from terra.inputs.ego_motion import compose
 
 CRUISE_SPEED_MPS = 8.0
 CAUTIOUS_SPEED_MPS = 4.5
+BRAKE_HARD_MPS2 = 6.0  # brake_hard's deceleration (a hard stop, short of an emergency one)
 
 
 class Degradation:
@@ -150,6 +155,9 @@ REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
     "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
     "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
 }
+PROBE_POLICIES: dict[str, Callable[[], Policy]] = {
+    "brake_hard": lambda: LaneFollower(0.0, accel_mps2=BRAKE_HARD_MPS2, name="brake_hard"),
+}
 # The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
 # (terra/closedloop/verdict.py) and out of all_pixel.
 NO_PIXELS = frozenset(CONTRACT_POLICIES)
@@ -162,9 +170,10 @@ EXPANSIONS = {ALL_REFERENCE: tuple(REFERENCE_POLICIES), ALL_PIXEL: PIXEL_POLICIE
 
 def reference_policy(name: str) -> Callable[[], Policy]:
     """The factory of a reference policy by name (one line naming the choices otherwise)."""
-    if name not in REFERENCE_POLICIES:
-        raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(REFERENCE_POLICIES)}")
-    return REFERENCE_POLICIES[name]
+    known = {**REFERENCE_POLICIES, **PROBE_POLICIES}
+    if name not in known:
+        raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(known)}")
+    return known[name]
 
 
 def policy_names(entries: Sequence[str]) -> list[str]:
@@ -231,8 +240,11 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
             return NavsimPolicy(build(), name)
 
         return agent
+    if entry in PROBE_POLICIES:
+        return PROBE_POLICIES[entry]
     if entry not in REFERENCE_POLICIES:
         raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
+                              f"{', '.join(PROBE_POLICIES)}, "
                               f"{ALL_REFERENCE}, {ALL_PIXEL}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
     if entry == "learned_driver":  # its weights read and checked now, before any drive (one line when bad)
         from terra.closedloop.learned import load_path_net

@@ -2,9 +2,11 @@
 
 The car is a rectangle of :data:`EGO_LENGTH_M` x :data:`EGO_WIDTH_M` centred on its pose. At each generated
 frame's pose (the scene's exact road coordinates, terra/sim/scene.py): the **lane offset** (lateral distance of
-the car's centre from the ego lane's centre), **out of lane** when the car's body crosses a line of its lane
-(|offset| > (lane width - car width) / 2), **off road** when any part of it lies beyond the asphalt's edge, and a
-**collision** when it overlaps a parked car (a car-sized rectangle along the road at the parked car's position).
+the car's centre from the ego lane's centre; its mean signed too, left positive, and the mean heading against the
+road's, so that a world's bias shows in the verdict: terra/closedloop/verdict.py), **out of lane** when the car's
+body crosses a line of its lane (|offset| > (lane width - car width) / 2), **off road** when any part of it lies
+beyond the asphalt's edge, and a **collision** when it overlaps a parked car (a car-sized rectangle along the road
+at the parked car's position).
 """
 
 from __future__ import annotations
@@ -66,10 +68,14 @@ def truth_metrics(scene: Scene, drive_poses: np.ndarray) -> dict:
                for car in near):
             hits.append(k)
     finite = np.abs(offset[np.isfinite(offset)])
+    signed = offset[np.isfinite(offset)]
+    angle = np.angle(np.exp(1j * heading[np.isfinite(heading)]))  # wrapped to [-pi, pi]
     return {
         "frames": int(len(world_poses)),
         "mean_abs_lane_offset_m": float(finite.mean()) if len(finite) else None,
         "max_abs_lane_offset_m": float(finite.max()) if len(finite) else None,
+        "mean_lane_offset_m": float(signed.mean()) if len(signed) else None,
+        "mean_heading_error_rad": float(angle.mean()) if len(angle) else None,
         "time_in_lane": float(1.0 - out_of_lane.mean()),
         "time_out_of_lane_s": float(out_of_lane.sum() / 10.0),
         "off_road": bool(off_road.any()),

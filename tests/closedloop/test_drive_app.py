@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.control_worlds import FrozenWorld
-from terra.closedloop.fidelity import compare, run_fidelity
+from terra.closedloop.fidelity import compare, run_fidelity, study_plan
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.policies import reference_policy
 from terra.closedloop.run import RunSettings
@@ -48,6 +48,32 @@ def test_help_and_one_line_errors(tmp_path):
                        (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
+
+
+def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
+    result = drive("--help", cwd=tmp_path)
+    assert "study: cpu, gpu" in result.stdout and "terra-drive study=cpu" in result.stdout
+    found = {}
+    for preset in ("cpu", "gpu"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("drive", overrides=[f"study={preset}", "num_threads=1"])
+        found[preset] = drive_settings(cfg, tmp_path / preset)
+        assert found[preset].world == "both" and not found[preset].videos
+    cpu, gpu = found["cpu"], found["gpu"]
+    pixel = [name for name in cpu.policies if name not in ("route_follower", "constant_speed", "brake_hard")]
+    assert len(cpu.scenarios.ids) == 5 and len(pixel) == 4 and cpu.num_steps == 25 and "brake_hard" in cpu.policies
+    assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast"}  # no second engine
+    assert len(gpu.scenarios.ids) == 16 and gpu.num_steps == 200 and gpu.exploitability and len(gpu.policies) == 15
+    assert gpu.run.backend == "vllm" and len(gpu.controls) == 8
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # a setting after the preset overrides it
+        cfg = compose("drive", overrides=["study=cpu", "num_scenarios=6", "num_threads=1"])
+    assert len(drive_settings(cfg, tmp_path / "six").scenarios.ids) == 6
+
+
+def test_the_study_says_what_it_will_draw_before_any_world_opens():
+    line = study_plan({"model": ["a", "b"], "truth": ["a", "b"], "zero_actions": ["a"], "frozen": ["a"]}, 25)
+    assert "frames per world: model 50, truth 50, zero_actions 25, frozen 25" in line
+    assert "the world model draws 75 of them" in line and "\n" not in line
 
 
 def test_the_fidelity_study_drives_20_s_by_default_and_the_demo_2_s(tmp_path):
@@ -126,9 +152,15 @@ def test_fidelity_with_the_demo_model(tmp_path):
     assert "| statistic | band | model | frozen |" in text and "AlpaSim score (model / truth; model - truth)" in text
     assert "| path distance m | following gain dx (model) |" in text and "| constant_speed (reads no pixels) |" in text
     assert set(report["policies"]["lane_follower"]["following_gain_dx"]) >= {"estimate", "low", "high"}
-    exploit = report["exploitability"]  # 9 candidates tuned on scenario 0, tested on scenario 1
-    assert len(exploit["candidates"]) == 9 and exploit["gap"]["estimate"] is not None
-    assert "**Exploitability** (lane_follower_tuned: 9 candidates" in text
+    exploit = report["exploitability"]  # 9 candidates tuned on scenario 0 per metric, tested on scenario 1
+    for metric in ("lane_offset", "scene_score"):
+        tuned = exploit["tuned"][metric]
+        assert len(tuned["candidates"]) == 9 and tuned["gap"]["estimate"] is not None
+    assert exploit["brake_hard"]["gap"]["scene_score"]["estimate"] is not None
+    assert "**Exploitability on minus the mean absolute lane offset (m)** (lane_follower_tuned: 9 candidates" in text
+    assert "**Brake-hard probe** on AlpaSim's scene score" in text
+    assert text.startswith("# Fidelity verdict\n\n- **model** is undecided: nothing fails, but the study is too "
+                           "small to judge it")  # 2 scenarios: nothing decided
 
 
 class Faithful(TrueWorld):
@@ -150,11 +182,11 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     assert [name for name, row in report.policies.items() if not row["reads_pixels"]] == ["constant_speed"]
     [model] = report.verdicts
     assert model.drives == 6 and not model.flagged_by
-    assert model.values["lane_slope"].estimate == pytest.approx(1.0)
+    assert model.values["lane_slope"].estimate == pytest.approx(1.0) and model.values["lane_error_10m_m"].high == 0.0
     assert model.values["lanes_found_difference"].estimate == 0.0
     # 6-step drives reach the horizons 1 and 5; the same frames: the PSNR cap, SSIM 1, no lane error, one path
     assert {k: v.estimate for k, v in model.measured.items()} == pytest.approx(
-        {"lane_error_10m_m": 0.0, "path_distance_m": 0.0, "psnr_db_h1": 100.0, "ssim_h1": 1.0, "psnr_db_h5": 100.0,
+        {"path_distance_m": 0.0, "psnr_db_h1": 100.0, "ssim_h1": 1.0, "psnr_db_h5": 100.0,
          "ssim_h5": 1.0})
     assert {"truth.time_in_lane", "truth.mean_abs_lane_offset_m", "alpasim.score", "alpasim.dist_to_gt_trajectory",
             "progress.distance_m", "history_comfort.max_abs_jerk", "extended_comfort.score"} <= set(model.differences)

@@ -76,6 +76,17 @@ def test_lane_centre_has_zero_offset_and_stays_in_lane():
     assert m["time_in_lane"] == pytest.approx(1.0 - expected) and m["max_abs_lane_offset_m"] == pytest.approx(2.0)
 
 
+def test_the_signed_offset_and_heading_say_which_side():
+    scene = Scene.generate(5)
+    s = 40.0 + 8.0 * DT * np.arange(41)
+    for side in (0.4, -0.4):  # metres left of the lane's centre, the car turned 0.05 rad left as well
+        poses = scene.lane_pose(s, scene.ego_lane_offset_m + side) + [0.0, 0.0, 0.05]
+        m = truth_metrics(scene, poses)
+        assert m["mean_lane_offset_m"] == pytest.approx(side, abs=1e-6)
+        assert m["mean_heading_error_rad"] == pytest.approx(0.05, abs=1e-6)
+        assert m["mean_abs_lane_offset_m"] == pytest.approx(0.4, abs=1e-6)
+
+
 def test_a_drive_into_a_parked_car_is_a_collision():
     scene = Scene.generate(3)
     car = parked_cars(scene)[0]

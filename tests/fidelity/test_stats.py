@@ -15,11 +15,12 @@ import sys
 
 import numpy as np
 import pytest
-from scipy.stats import binom, kendalltau, spearmanr
+from scipy.stats import binom, kendalltau, pearsonr, spearmanr
 
 from terra.stats import (FAIL, INCONCLUSIVE, PASS, Bootstrap, Clusters, DriveValues, Interval, decide,
                                   kendall_tau_rows, mean, paired_difference, rank_agreement, record_interval,
                                   regression_slope, spearman_rho_rows, within_slope)
+from terra.stats import few_clusters_factor, mmrv_rows, pearson_rows, widened
 
 TOLERANCE = (0.90, 0.99)
 
@@ -156,6 +157,31 @@ def test_vectorised_rank_correlations_equal_scipy_with_ties():
             continue
         assert tau[r] == pytest.approx(kendalltau(a[r], b[r]).statistic, abs=1e-12)
         assert rho[r] == pytest.approx(spearmanr(a[r], b[r]).statistic, abs=1e-12)
+
+
+def test_pearson_rows_equal_scipy_and_mmrv_weighs_each_misordering_by_its_true_gap():
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=(50, 5)), rng.normal(size=(50, 5))
+    r = pearson_rows(a, b)
+    assert all(r[i] == pytest.approx(pearsonr(a[i], b[i]).statistic, abs=1e-12) for i in range(50))
+    truth = np.array([[0.0, 0.1, 0.5, 1.0]])
+    assert mmrv_rows(truth * 3 + 1, truth)[0] == 0.0  # the same order on another scale: no violation
+    # the two best swapped (gap 0.1) and the worst put first (gaps 1.0, 0.9, 0.5 to the others): per policy the
+    # largest violated gap: 1.0, 0.9, 0.5, 1.0 -> mean 0.85 of a spread of 1
+    assert mmrv_rows(np.array([[0.1, 0.0, 0.5, -1.0]]), truth)[0] == pytest.approx((1.0 + 0.9 + 0.5 + 1.0) / 4)
+    assert mmrv_rows(np.array([[0.1, 0.0, 0.5, 1.0]]), truth)[0] == pytest.approx((0.1 + 0.1) / 4)
+    assert np.isnan(mmrv_rows(truth, np.zeros((1, 4)))[0])  # no spread in truth: nothing to violate
+
+
+def test_intervals_over_few_scenarios_are_widened_and_one_scenario_decides_nothing():
+    from scipy.stats import t
+
+    assert few_clusters_factor(4) == pytest.approx(np.sqrt(4 / 3) * t.ppf(0.975, 3) / 1.959964, rel=1e-6)
+    assert few_clusters_factor(4) > few_clusters_factor(8) > few_clusters_factor(32) > 1.0
+    assert few_clusters_factor(1) == np.inf
+    wide = widened(Interval(1.0, 0.9, 1.2, 0.95), 2.0)
+    assert (wide.low, wide.high) == pytest.approx((0.8, 1.4))
+    assert np.isnan(widened(Interval(1.0, 1.0, 1.0, 0.95), np.inf).low)  # one scenario: no interval at all
 
 
 def policy_drives(rng, policy_means, scenarios=20, seeds=1, noise=0.05):
