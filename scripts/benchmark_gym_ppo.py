@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Stable-Baselines3's PPO on the registered gymnasium env (``terra/Drive-v0``, terra/closedloop/gym_env.py): a small
+"""Stable-Baselines3's PPO on the registered gymnasium env (``terra/Drive-v0``, terra/closedloop/gym/env.py): a small
 agent trained on the true world for a few minutes on a CPU, its mean episode return printed per rollout of
 ``--num-envs x --rollout-steps`` steps, so that it is seen to rise. The env: ``action_mode="control"`` (normalized
 steering and acceleration), ``reward="lane_keeping"`` (metres along the road minus 0.5 per metre off the lane's
@@ -23,7 +23,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
-from terra.closedloop.gym_env import ENV_ID
+from terra.closedloop.gym.env import ENV_ID
 
 
 class ReturnPerRollout(BaseCallback):

@@ -3,7 +3,7 @@
 Three sources, one :class:`Scenario` each:
 
 * :func:`synthetic_scenarios`: the synthetic world (terra/sim/) keeping its lane along the road's bends; the
-  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth (terra/closedloop/truth.py);
+  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth (terra/closedloop/outcomes/truth.py);
 * :func:`log_scenarios`: a folder of driving-log clips (README, "Fine-tuning on your own drives"): the first
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
 * :func:`sample_scenarios`: a JSONL of samples in the batch's format (terra/inputs/samples.py), each sample's
@@ -11,7 +11,7 @@ Three sources, one :class:`Scenario` each:
 
 :func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
 ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
-terra/closedloop/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run drives.
+terra/closedloop/recording/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run drives.
 Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last context
 frame (terra/closedloop/loop.py).
 """
@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from terra.closedloop.truth import EGO_LENGTH_M
+from terra.closedloop.car.vehicle import EGO_LENGTH_M
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import speed_of, to_ego
@@ -122,7 +122,7 @@ class ScenarioSource:
     def load(self, image_size: Sequence[int], num_context: int = 3, resize: str = "crop",
              indices: Iterable[int] | None = None) -> list[Scenario]:
         """The scenarios at ``indices`` (default: all), in index order, their context frames read and fitted to
-        ``image_size`` (driving logs and JSONL samples by ``resize``: terra/closedloop/settings.py passes the
+        ``image_size`` (driving logs and JSONL samples by ``resize``: terra/closedloop/recording/settings.py passes the
         tokenizer's)."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
         if self.kind == SYNTHETIC:

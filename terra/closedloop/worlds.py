@@ -2,7 +2,7 @@
 
 Each step a world gets, per drive, the next frame's action (the car's forecast motion over the next 3 s,
 docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle:
-terra/closedloop/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
+terra/closedloop/car/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
 :class:`~terra.generation.session_engine.SessionEngine` (continuous batching: every drive's next frame is submitted
 at once and the backend batches them); its frames are the world model's, conditioned on the action, decoded by the
 tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of

@@ -9,7 +9,7 @@ GPU exists, the world model's window, the refiner's weights) is checked once eac
 
 Beside it, the one rule of resume fingerprints (:func:`fingerprint`, and the run's part of every payload:
 :meth:`RunSpec.output_settings`): a batch run's samples (terra/batch/plan.py) and ``terra-drive``'s drives
-(terra/closedloop/record.py) start from it.
+(terra/closedloop/recording/files.py) start from it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and drives circular arcs (:func:`along_arc`):
   (terra/inputs/trajectory.py);
 * an action's own motion: the arc from the car through the action's first point (:func:`action_arc`), driven at
   the speed that reaches it in time (:func:`ego_motion`, :func:`speed_of`, :func:`advance_pose`): how a session
-  moves the car (terra/session/; the driving loop's car follows the whole plan instead, terra/closedloop/motion.py);
+  moves the car (terra/session/; the driving loop's car follows the whole plan instead, terra/closedloop/car/motion.py);
 * the other way, a session's trajectory (the car's path from now on) becomes the next frame's action by
   :func:`terra.inputs.actions.trajectory_action`, the rule every trajectory form goes through.
 """

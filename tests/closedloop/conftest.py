@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.plans import Plan
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.recording.settings import drive_settings
 from terra.inputs.ego_motion import compose as compose_poses, to_ego
 
 EGODRIVER_METHODS = ("get_version", "start_session", "close_session", "submit_image_observation",

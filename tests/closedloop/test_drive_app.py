@@ -11,13 +11,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.control_worlds import FrozenWorld
-from terra.closedloop.fidelity import compare, run_fidelity
+from terra.closedloop.study.control_worlds import FrozenWorld
+from terra.closedloop.study.report import compare, run_fidelity
 from terra.closedloop.loop import drive_specs
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import RunSettings
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.recording.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
 from tests.conftest import one_error_line
 
@@ -175,7 +175,7 @@ def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_pa
 def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypatch):
     """The report step after a study's shards drives nothing: no world model is loaded (on vLLM, no engine starts);
     a world with a drive to make again is opened alone, or with the model when it is one of the model's."""
-    from terra.closedloop.drives import drive as run_drive
+    from terra.closedloop.recording.drives import drive as run_drive
 
     out = tmp_path / "out"
     args = ["world=both", "num_scenarios=1", "num_steps=2", "policies=[lane_follower]", "backend=hf",
@@ -191,10 +191,10 @@ def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypat
         raise AssertionError("the world model was loaded")
 
     monkeypatch.setattr("terra.pipeline.WorldModelPipeline.from_run", no_model)
-    import terra.closedloop.run
+    import terra.closedloop.recording.run
 
-    reads, completed = [], terra.closedloop.run.completed
-    monkeypatch.setattr("terra.closedloop.run.completed", lambda *a: reads.append(a[1].id) or completed(*a))
+    reads, completed = [], terra.closedloop.recording.run.completed
+    monkeypatch.setattr("terra.closedloop.recording.run.completed", lambda *a: reads.append(a[1].id) or completed(*a))
     again = run_drive(settings())
     assert again.exit_code == 0 and (out / "fidelity.md").is_file()
     assert len(reads) == 4  # each world's one drive read once: before the worlds open, and reused by the records

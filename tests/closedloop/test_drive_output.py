@@ -17,14 +17,14 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.control_worlds import control_world
-from terra.closedloop.fidelity import run_fidelity
+from terra.closedloop.study.control_worlds import control_world
+from terra.closedloop.study.report import run_fidelity
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.record import write_drive
-from terra.closedloop.run import DriveWriters, RunSettings, drive_and_record, even_chunks
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.files import write_drive
+from terra.closedloop.recording.run import DriveWriters, RunSettings, drive_and_record, even_chunks
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.recording.settings import drive_settings
 from terra.closedloop.worlds import TrueWorld
 from terra.config.assets import ASSETS
 from terra.core.atomic import MARKER, mark, marked
@@ -82,7 +82,7 @@ def test_outputs_never_inside_or_holding_what_the_run_reads(tmp_path, samples):
 def test_a_drives_fingerprint_starts_from_the_runs_rule(tmp_path):
     """A drive's fingerprint holds what every run's does (terra/config/spec.py, ``RunSpec.output_settings``: resize
     included), the checkpoints and engine, and the vehicle: another resize makes the drives again on resume."""
-    from terra.closedloop.record import fingerprint
+    from terra.closedloop.recording.files import fingerprint
 
     crop, stretch = settings(tmp_path / "a"), settings(tmp_path / "b", "tokenizer.resize=stretch")
     assert crop.model_settings.items() >= crop.run.output_settings().items()

@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.drives import drive
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.recording.drives import drive
+from terra.closedloop.recording.settings import drive_settings
 from terra.config.manifest import read_manifest
 from terra.core.errors import TerraInputError
 

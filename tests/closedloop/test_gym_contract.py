@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from gymnasium.error import InvalidAction, ResetNeeded
 
-from terra.closedloop.gym_env import ENV_ID, DriveEnv, DriveVectorEnv
-from terra.closedloop.gym_spaces import LANE_PENALTY, controls_of
+from terra.closedloop.gym.env import ENV_ID, DriveEnv, DriveVectorEnv
+from terra.closedloop.gym.spaces import LANE_PENALTY, controls_of
 from terra.closedloop.plans import COMMANDS
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
-from terra.closedloop.vehicle import VehicleParams
+from terra.closedloop.car.vehicle import VehicleParams
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError
 
@@ -48,7 +48,7 @@ def test_the_ids_make_the_single_and_the_vector_env():
     obs, _ = venv.reset(seed=0)
     assert obs["frame"].shape == (3, *SIZE, 3) and obs["command"].dtype == np.int64 and venv.observation_space.contains(obs)
     venv.close()
-    env = gym.make("terra.closedloop.gym_env:terra/Drive-v0", **SMALL)  # gymnasium's module:id form
+    env = gym.make("terra.closedloop.gym.env:terra/Drive-v0", **SMALL)  # gymnasium's module:id form
     assert isinstance(env.unwrapped, DriveEnv)
 
 

@@ -35,12 +35,12 @@ import numpy as np
 import pytest
 
 from terra.batch.config import APP as ROLLOUT
-from terra.closedloop.drives import drive as run_drive_settings
-from terra.closedloop.egodriver import EgodriverPolicy
+from terra.closedloop.recording.drives import drive as run_drive_settings
+from terra.closedloop.drivers.egodriver import EgodriverPolicy
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.navsim import CAMERAS, NavsimPolicy
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.drivers.navsim import CAMERAS, NavsimPolicy
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.config.manifest import Manifest, read_manifest

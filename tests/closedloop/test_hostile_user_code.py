@@ -23,12 +23,12 @@ import pytest
 from carla_driver_interface.geometry import Pose
 from scipy.spatial.transform import Rotation
 
-from terra.closedloop.drives import drive as run_drive_settings
+from terra.closedloop.recording.drives import drive as run_drive_settings
 from terra.closedloop.guard import handed
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.navsim import NavsimPolicy
+from terra.closedloop.drivers.navsim import NavsimPolicy
 from terra.closedloop.plans import MAX_POSITION_M, EgoStatus, Observation, Plan
-from terra.closedloop.policies import policy_factories
+from terra.closedloop.drivers.builtin import policy_factories
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.worlds import TrueWorld

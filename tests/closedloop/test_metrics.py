@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from terra.closedloop.metrics import extended_comfort, history_comfort, kinematics, progress
+from terra.closedloop.outcomes.mapless import extended_comfort, history_comfort, kinematics, progress
 from terra.closedloop.plans import Plan
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.truth import OUT_OF_LANE_M, parked_cars, truth_metrics
+from terra.closedloop.outcomes.truth import OUT_OF_LANE_M, parked_cars, truth_metrics
 from terra.sim.scene import Scene
 
 DT = 0.1
@@ -102,7 +102,7 @@ def test_plan_following_compares_the_estimator_with_the_commanded_path(tmp_path)
     """The reference is the drive's own path over the estimator's 44 frames in ACT-Bench's (-y, x) frame; the
     ADE / FDE are the distances to the estimate (a random-weight tiny estimator: any numbers, finite)."""
     from terra.closedloop.loop import DriveSpec, run_drives
-    from terra.closedloop.plan_following import PlanFollowing
+    from terra.closedloop.outcomes.plan_following import PlanFollowing
     from terra.closedloop.worlds import TrueWorld
     from tests.conftest import load_script
 

@@ -11,7 +11,7 @@ drive (terra/fidelity/, where each measurement is defined and calibrated):
 * **frame fidelity**: PSNR and SSIM against the true frame at 1, 5, 10 and 20 steps;
 * **temporal lag**: the mean PSNR of world frame t against true frame t - k for every k (drives long enough).
 
-The values are stored in the drive's JSON (``fidelity``), so that terra/closedloop/verdict.py judges a world from
+The values are stored in the drive's JSON (``fidelity``), so that terra/closedloop/study/verdict.py judges a world from
 its records alone, and a resumed run judges drives it did not make again.
 """
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.closedloop.reference import Reference
+from terra.closedloop.car.path import Reference
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego
 
@@ -66,7 +66,7 @@ def history_comfort(poses: np.ndarray, dt: float = DT_S) -> dict[str, float | bo
 
 def plan_poses(plan: Plan, step: int, start: np.ndarray, dt: float = DT_S) -> tuple[np.ndarray, np.ndarray]:
     """A plan made at ``step`` (ego pose ``start``) resampled at 10 Hz in the drive's frame: ``(times, poses)``,
-    led by the pose it was made at, as the exact vehicle reads it (terra/closedloop/reference.py: headings along
+    led by the pose it was made at, as the exact vehicle reads it (terra/closedloop/car/path.py: headings along
     the path where the plan gives none, a timing exact at constant acceleration)."""
     reference = Reference.from_plan(plan)
     grid = np.arange(0.0, reference.times[-1] + 1e-9, dt)

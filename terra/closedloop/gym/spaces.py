@@ -1,11 +1,11 @@
-"""What the gymnasium envs' agent sees, does and earns (terra/closedloop/gym_env.py): the observation, the two action
+"""What the gymnasium envs' agent sees, does and earns (terra/closedloop/gym/env.py): the observation, the two action
 modes (``action_mode``) and the two rewards (``reward``).
 
 * observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2], "command":
   NAVSIM's driving command as Discrete(4): 0 left, 1 straight, 2 right, 3 unknown}`` (terra/closedloop/plans.py's
   ``COMMANDS``, where the route goes 20 m ahead);
 * ``action_mode="control"``: ``Box([-1, 1]^2, float32)``, steering and acceleration normalized by the vehicle's
-  limits (terra/closedloop/vehicle.py ``VehicleParams``): steering times ``max_steer_rad`` (0.6 rad of road-wheel
+  limits (terra/closedloop/car/vehicle.py ``VehicleParams``): steering times ``max_steer_rad`` (0.6 rad of road-wheel
   angle, left positive), acceleration times ``max_accel`` (6 m/s^2) above 0 and ``-min_accel`` (8 m/s^2) below, so
   that 0 is wheels straight and no throttle. The bicycle vehicle holds them for the step (0.1 s) through its actuator
   lags and its steering-rate limit (0.4 rad/s): a random action moves the wheels 0.04 rad at most, so random actions
@@ -14,7 +14,7 @@ modes (``action_mode``) and the two rewards (``reward``).
   :func:`~terra.closedloop.plans.as_plan` reads is taken too), followed by the drive's vehicle as in the loop;
 * ``reward="progress"``: metres driven forward in the step, along the previous heading (any world and scenario);
 * ``reward="lane_keeping"``: metres gained along the road in the step (the synthetic scene's road coordinates,
-  terra/closedloop/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at the
+  terra/closedloop/outcomes/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at the
   new pose: a car a metre off the centre earns 0.5 m less each step than one on it, and one on the lane line (0.85 m)
   at the scenarios' 6-11 m/s still gains; synthetic scenarios only.
 """
@@ -29,8 +29,8 @@ from gymnasium.error import InvalidAction
 
 from terra.closedloop.loop import Drive
 from terra.closedloop.plans import COMMANDS, NAVSIM_POSES, Plan, as_plan
-from terra.closedloop.tracking import Controls
-from terra.closedloop.vehicle import VehicleParams
+from terra.closedloop.car.tracking import Controls
+from terra.closedloop.car.vehicle import VehicleParams
 from terra.core.errors import TerraInputError, error_line
 from terra.generation.actions import finite_array
 from terra.inputs.ego_motion import to_ego
@@ -100,7 +100,7 @@ def decode(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple
 
 def reward_of(kind: str, before: np.ndarray, after: np.ndarray, truth: dict | None) -> float:
     """The step's reward of ``kind`` (one of :data:`REWARDS`) for a car that moved from pose ``before`` to ``after``
-    (the drive's frame); ``truth``: terra/closedloop/truth.py's metrics of the new pose (lane_keeping)."""
+    (the drive's frame); ``truth``: terra/closedloop/outcomes/truth.py's metrics of the new pose (lane_keeping)."""
     if kind == "progress":
         return float(to_ego(after[:2], before)[0])
     offset = truth["mean_abs_lane_offset_m"]

@@ -1,9 +1,9 @@
 """``executor=ray`` for drives: one :class:`DriveActor` per GPU (or group of ``tensor_parallel_size`` GPUs; on a
 cluster without GPUs, ``ray.num_actors`` CPU actors), on the cluster batch runs join (terra/core/ray_cluster.py),
-each holding the run's worlds on its device (terra/closedloop/prepare.py, ``open_worlds``).
+each holding the run's worlds on its device (terra/closedloop/recording/open_run.py, ``open_worlds``).
 
 For each world the driver splits the run's drives among the actors (drive ``k`` to actor ``k % n``, one call each);
-an actor reads the scenarios of its share, drives and writes it as a local run does (terra/closedloop/run.py,
+an actor reads the scenarios of its share, drives and writes it as a local run does (terra/closedloop/recording/run.py,
 ``record_drives``: the same loop, files and resume) and returns every drive's record and JSON content with its
 timings; the driver alone writes the manifest and the summary, and moves the frame bar by the actors' counts,
 polled once a second. An actor that dies is restarted by Ray (``ray.max_restarts``) and its share runs again on
@@ -26,11 +26,11 @@ from typing import Any, Sequence
 import ray
 from tqdm.auto import tqdm
 
-from terra.closedloop.prepare import load_specs, open_worlds
+from terra.closedloop.recording.open_run import load_specs, open_worlds
 from terra.closedloop.loop import LoopTimings, drive_id
-from terra.closedloop.record import lost_drive_json, manifest_record
-from terra.closedloop.run import RunRecorder, RunSettings, record_drives
-from terra.closedloop.settings import DriveSettings
+from terra.closedloop.recording.files import lost_drive_json, manifest_record
+from terra.closedloop.recording.run import RunRecorder, RunSettings, record_drives
+from terra.closedloop.recording.settings import DriveSettings
 from terra.core.errors import TerraInputError, error_line
 from terra.core.ray_cluster import RayCluster, cause, start_failure
 
@@ -82,7 +82,7 @@ class DriveActor:
 
 
 class RayDrives:
-    """A run's drives on Ray actors (terra/closedloop/run.py's ``DriveRunner``): :meth:`start` joins the cluster and
+    """A run's drives on Ray actors (terra/closedloop/recording/run.py's ``DriveRunner``): :meth:`start` joins the cluster and
     starts the actors (a user error is one line), :meth:`record` makes a world's drives, :meth:`close` ends it."""
 
     def __init__(self, settings: DriveSettings) -> None:

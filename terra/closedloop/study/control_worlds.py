@@ -1,4 +1,4 @@
-"""Worlds known to be wrong: the controls that show the fidelity verdict can fail (terra/closedloop/verdict.py).
+"""Worlds known to be wrong: the controls that show the fidelity verdict can fail (terra/closedloop/study/verdict.py).
 
 A verdict that passes the world model must fail each of these, or it cannot tell a world model from a broken one
 (README, "Is the world model a simulator?"). Each implements the :class:`~terra.closedloop.worlds.World` interface

@@ -7,7 +7,7 @@ its first plan there, so no pre-engagement timestep is dropped):
 
 * the ego's **box**: the pose is the rear axle (AlpaSim's rig, the closed loop's pose); the box centre lies
   ``aabb_x_offset_m + aabb_x_m / 2`` ahead of it along the heading. The dimensions are AlpaSim's default vehicle
-  (``VehicleConfig``: 5.393 x 2.109 m, rear plane 1.3 m behind the rear axle), not terra/closedloop/truth.py's
+  (``VehicleConfig``: 5.393 x 2.109 m, rear plane 1.3 m behind the rear axle), not terra/closedloop/outcomes/truth.py's
   4.5 x 1.8 m rectangle centred on the pose. Every metric box (the ego's and each parked car's, 4.5 m x the car's
   drawn width) is shrunk by 2 % and its corners rounded with radius ``0.5 * min(size) / 2`` (AlpaSim's
   ``vehicle_shrink_factor`` and ``vehicle_corner_roundness`` defaults), a polygon of 16 segments per quarter circle;
@@ -44,7 +44,7 @@ the asphalt's), the only actors are parked cars, and the ground truth is the exp
 log. Newer AlpaSim versions add ``lateral_dist_to_gt_trajectory`` and a third failure reason,
 ``left_corridor_laterally``; this module follows the version without them (NVlabs/alpasim 3032e0c). AlpaSim computes
 no mean of the score over scenes; the run summary's mean with its bootstrap interval is this toolkit's
-(terra/closedloop/run.py).
+(terra/closedloop/recording/run.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Iterable
 import numpy as np
 
 from terra.closedloop.scenarios import Scenario
-from terra.closedloop.truth import PARKED_LENGTH_M, parked_cars
+from terra.closedloop.outcomes.truth import PARKED_LENGTH_M, parked_cars
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego, to_world
 from terra.sim.scene import CAR, ROAD_HALF_WIDTH_M, Scene
@@ -313,7 +313,7 @@ def alpasim_metrics(scenario: Scenario, world_poses: np.ndarray, error: str | No
 
 
 def scene_scores(drives: Iterable[dict], bootstrap: Bootstrap = Bootstrap()) -> dict | None:
-    """A run's AlpaSim summary from its drives' JSON contents (terra/closedloop/record.py; those without AlpaSim's
+    """A run's AlpaSim summary from its drives' JSON contents (terra/closedloop/recording/files.py; those without AlpaSim's
     metrics left out; None when none has them): the mean scene score with its bootstrap interval over scenarios
     (terra/stats.py), the same per policy, the means of :data:`SUMMARIZED`, and how many drives passed or failed
     each way. AlpaSim itself reports each rollout's score and no mean of it over scenes."""

@@ -1,7 +1,7 @@
 """A learned driver: a small CNN reads the ego lane's centre ahead from one downscaled camera frame, and pure pursuit
-drives along it (terra/closedloop/vision.py's :class:`~terra.closedloop.vision.LaneFollower`).
+drives along it (terra/closedloop/drivers/vision.py's :class:`~terra.closedloop.drivers.vision.LaneFollower`).
 
-Trained here by behaviour cloning on the synthetic world's true frames (terra/closedloop/imitation.py,
+Trained here by behaviour cloning on the synthetic world's true frames (terra/closedloop/drivers/imitation.py,
 scripts/train_learned_driver.py): the expert is the world's own geometry, the lane centre's lateral position at
 :data:`PATH_AHEAD_M` in the ego frame. The net sees the frame's lower part (below the horizon: the road),
 area-averaged to :data:`INPUT_SIZE`, so any frame size reads alike. Its weights ship in terra/assets/learned_driver/
@@ -105,7 +105,7 @@ class PathEstimate:
 
 
 class LearnedLane:
-    """A detector for :class:`~terra.closedloop.vision.LaneFollower`: the net's reading of a frame (never None)."""
+    """A detector for :class:`~terra.closedloop.drivers.vision.LaneFollower`: the net's reading of a frame (never None)."""
 
     def __init__(self, weights: Path = LEARNED_DRIVER) -> None:
         self.net = load_path_net(Path(weights))

@@ -1,21 +1,21 @@
 """Ground truth of a drive in the synthetic world: where the integrated ego poses put the car in the true scene.
 
-The car is a rectangle of :data:`EGO_LENGTH_M` x :data:`EGO_WIDTH_M` centred on its pose. At each generated
-frame's pose (the scene's exact road coordinates, terra/sim/scene.py): the **lane offset** (lateral distance of
-the car's centre from the ego lane's centre), **out of lane** when the car's body crosses a line of its lane
-(|offset| > (lane width - car width) / 2), **off road** when any part of it lies beyond the asphalt's edge, and a
-**collision** when it overlaps a parked car (a car-sized rectangle along the road at the parked car's position).
+The car is a rectangle of ``EGO_LENGTH_M`` x ``EGO_WIDTH_M`` (terra/closedloop/car/vehicle.py) centred on its pose.
+At each generated frame's pose (the scene's exact road coordinates, terra/sim/scene.py): the **lane offset**
+(lateral distance of the car's centre from the ego lane's centre), **out of lane** when the car's body crosses a
+line of its lane (|offset| > (lane width - car width) / 2), **off road** when any part of it lies beyond the
+asphalt's edge, and a **collision** when it overlaps a parked car (a car-sized rectangle along the road at the
+parked car's position).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from terra.closedloop.car.vehicle import EGO_LENGTH_M, EGO_WIDTH_M
 from terra.inputs.ego_motion import to_world
 from terra.sim.scene import CAR, LANE_WIDTH_M, ROAD_HALF_WIDTH_M, Scene
 
-EGO_LENGTH_M = 4.5
-EGO_WIDTH_M = 1.8
 PARKED_LENGTH_M = 4.5
 OUT_OF_LANE_M = (LANE_WIDTH_M - EGO_WIDTH_M) / 2  # 0.85 m: the body touches a lane line beyond this offset
 

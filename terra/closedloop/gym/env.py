@@ -1,7 +1,7 @@
 """The loop as a ``gymnasium`` environment: :class:`DriveEnv` (one drive) and :class:`DriveVectorEnv` (many drives
 stepped together on one world, so a world model's engine batches them), registered as :data:`ENV_ID` when this
 module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_vec("terra/Drive-v0", num_envs=8)``
-(or ``gymnasium.make("terra.closedloop.gym_env:terra/Drive-v0")``, which imports it).
+(or ``gymnasium.make("terra.closedloop.gym.env:terra/Drive-v0")``, which imports it).
 
 * the world: ``world="truth"`` (the default: the synthetic world rendered at the car's pose, terra/closedloop/worlds.py)
   or a :class:`~terra.closedloop.worlds.World` of the caller's (``ModelWorld(pipeline)``: the world model); the
@@ -10,10 +10,10 @@ module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_ve
 * ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
   the world model's sampling seeded from ``seed``;
 * ``step(action)``: the action (``action_mode``: ``control``, normalized steering and acceleration, or ``plan``,
-  NAVSIM's trajectory; terra/closedloop/gym_spaces.py) goes to the drive's ``vehicle`` (terra/closedloop/motion.py),
+  NAVSIM's trajectory; terra/closedloop/gym/spaces.py) goes to the drive's ``vehicle`` (terra/closedloop/car/motion.py),
   which moves the car and forecasts the world model's action, as in the loop (terra/closedloop/loop.py);
-* observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym_spaces.py;
-  ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios: terra/closedloop/truth.py),
+* observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym/spaces.py;
+  ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios: terra/closedloop/outcomes/truth.py),
   ``truncated`` after ``num_steps`` or when the car leaves the scene (``Scenario.left_scene``); ``info`` holds the
   pose and, in the synthetic world, the lane offset (and ``ended``: why the drive ended early);
 * ``render()``: the newest frame (``render_mode="rgb_array"``).
@@ -36,7 +36,7 @@ from gymnasium.error import InvalidAction, ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from terra.closedloop.gym_spaces import (
+from terra.closedloop.gym.spaces import (
     ACTION_MODES,
     REWARDS,
     action_space,
@@ -46,12 +46,12 @@ from terra.closedloop.gym_spaces import (
     reward_of,
 )
 from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
-from terra.closedloop.motion import VEHICLES
+from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.plans import Plan
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
-from terra.closedloop.settings import SETTINGS
-from terra.closedloop.tracking import Controls
-from terra.closedloop.truth import truth_metrics
+from terra.closedloop.recording.settings import SETTINGS
+from terra.closedloop.car.tracking import Controls
+from terra.closedloop.outcomes.truth import truth_metrics
 from terra.closedloop.worlds import TRUTH, TrueWorld, World
 from terra.config.checks import MAX_SEED, check_choice, check_whole_number
 from terra.core.errors import TerraInputError
@@ -139,7 +139,7 @@ class _Drives:
         return drive
 
     def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Controls, np.ndarray]:
-        """A step's ``action`` checked (terra/closedloop/gym_spaces.py ``decode``); the car does not move yet."""
+        """A step's ``action`` checked (terra/closedloop/gym/spaces.py ``decode``); the car does not move yet."""
         return decode(self.action_mode, drive, action, where)
 
     def step(self, drives: list[Drive], commands: Sequence[tuple[Plan | Controls, np.ndarray]]) -> list[tuple]:
@@ -296,5 +296,5 @@ class DriveVectorEnv(VectorEnv):
 
 
 if ENV_ID not in gym.registry:  # gymnasium's registry: make() and make_vec() find the envs by id
-    gym.register(ENV_ID, entry_point="terra.closedloop.gym_env:DriveEnv",
-                 vector_entry_point="terra.closedloop.gym_env:DriveVectorEnv")
+    gym.register(ENV_ID, entry_point="terra.closedloop.gym.env:DriveEnv",
+                 vector_entry_point="terra.closedloop.gym.env:DriveVectorEnv")

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from terra.closedloop.alpasim_metrics import alpasim_metrics
-from terra.closedloop.drive_fidelity import measure_drive
+from terra.closedloop.outcomes.alpasim import alpasim_metrics
+from terra.closedloop.outcomes.frames import measure_drive
 from terra.closedloop.loop import Drive, DriveSpec
-from terra.closedloop.metrics import drive_metrics
-from terra.closedloop.truth import truth_metrics
+from terra.closedloop.outcomes.mapless import drive_metrics
+from terra.closedloop.outcomes.truth import truth_metrics
 from terra.config.checks import shown
 from terra.config.files import load_json
 from terra.config.manifest import MANIFEST, summary_name
@@ -69,7 +69,7 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
 def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
     """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy (and the
     arguments it is built with, when it has any), seed, steps, world and vehicle, and ``settings`` (the world model's:
-    terra/closedloop/settings.py, ``DriveSettings.model_settings``)."""
+    terra/closedloop/recording/settings.py, ``DriveSettings.model_settings``)."""
     args = {"policy_args": spec.policy_args} if spec.policy_args else {}
     return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
                              **args, "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
@@ -97,7 +97,7 @@ def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
 
 def metrics_of(drive: Drive) -> dict:
     """The drive's map-free metrics and, in the synthetic world, its ground truth and AlpaSim's metrics
-    (terra/closedloop/alpasim_metrics.py)."""
+    (terra/closedloop/outcomes/alpasim.py)."""
     poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
     metrics = drive_metrics(poses, drive.plans)
     if drive.spec.scenario.scene is not None and drive.poses:
@@ -137,8 +137,8 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
                 extra_metrics: dict | None = None, measure: bool = False) -> dict:
     """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
-    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/plan_following.py); ``measure``
-    adds the fidelity measurements of its frames (terra/closedloop/drive_fidelity.py)."""
+    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py); ``measure``
+    adds the fidelity measurements of its frames (terra/closedloop/outcomes/frames.py)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:

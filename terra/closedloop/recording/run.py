@@ -2,17 +2,17 @@
 
 :func:`record_run` is a run: it holds the run folder's lock throughout (terra/config/output_dir.py,
 ``OutputDir.hold``), a :class:`DriveRunner` makes the drives (:class:`LocalDrives` in this process, or Ray's actors:
-terra/closedloop/ray_executor.py), each with :func:`record_drives`, and the driver alone writes the manifest and the
+terra/closedloop/recording/ray_executor.py), each with :func:`record_drives`, and the driver alone writes the manifest and the
 summary (:class:`RunRecorder`). :func:`drive_and_record` is the same for drives in a world of this process, its
 folder claimed first when the caller has not (apart from the scenarios' files). The files are
-terra/closedloop/record.py's.
+terra/closedloop/recording/files.py's.
 
 The summary (``manifest.summary.json`` and the line :meth:`RunResult.line`) reports the policies' time apart from
 the world's: ``timings_s`` splits the wall time into setup, policies (the plan phases: every drive's policy plans
 at once), the world (its generation and decoding) and recording; ``plan_s`` is the time of one plan over all of
 them; ``world_frames_per_s`` is the world's frames per second of its own time, policy time excluded; ``alpasim``
 is AlpaSim's scene score over the synthetic world's drives, its mean with a bootstrap interval over scenarios
-(terra/closedloop/alpasim_metrics.py, ``scene_scores``).
+(terra/closedloop/outcomes/alpasim.py, ``scene_scores``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from terra.closedloop.alpasim_metrics import scene_scores
-from terra.closedloop.control_worlds import MODEL_WORLDS
+from terra.closedloop.outcomes.alpasim import scene_scores
+from terra.closedloop.study.control_worlds import MODEL_WORLDS
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
-from terra.closedloop.record import claim_drive_folder, completed, fingerprint, manifest_record, write_drive
+from terra.closedloop.recording.files import claim_drive_folder, completed, fingerprint, manifest_record, write_drive
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
 from terra.config.output_dir import OutputDir
@@ -55,9 +55,9 @@ class RunSettings:
     fps: float = 10.0
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
-    measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/drive_fidelity.py)
+    measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/outcomes/frames.py)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
-    vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/motion.py), the same in every world
+    vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/car/motion.py), the same in every world
     writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
 
 
@@ -156,7 +156,7 @@ class RunRecorder:
 
 class DriveRunner(Protocol):
     """Where a run's drives are made: in this process (:class:`LocalDrives`) or on Ray's actors
-    (terra/closedloop/ray_executor.py, ``RayDrives``)."""
+    (terra/closedloop/recording/ray_executor.py, ``RayDrives``)."""
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
@@ -220,7 +220,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     """Drive every spec not already complete in ``folder`` (in chunks of at most ``settings.max_concurrent``,
     :func:`even_chunks`) and write its files; ``emit`` gets each spec's manifest record and JSON content (a complete
     one's as ``skipped``), ``advance`` the frames generated as they come, ``timings`` (returned) where the time
-    went. ``plan_following``: a :class:`~terra.closedloop.plan_following.PlanFollowing` scoring each drive's clip.
+    went. ``plan_following``: a :class:`~terra.closedloop.outcomes.plan_following.PlanFollowing` scoring each drive's clip.
     ``recorded``: what the folder holds of ``specs``, when the caller read it already (None: read here)."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
@@ -258,7 +258,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
 
 
 class DriveWriters:
-    """Where finished drives are measured and written (terra/closedloop/record.py, ``write_drive``): in this process
+    """Where finished drives are measured and written (terra/closedloop/recording/files.py, ``write_drive``): in this process
     (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
     drives overlap the next chunk's driving; the loop's process writes some too while it waits for them. The
     processes are spawned (the loop's process may hold a GPU engine and its threads); should one die, what it held
@@ -347,16 +347,16 @@ class LocalDrives:
     worlds: dict[str, World]
     specs: Sequence[DriveSpec]
     model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
-    plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing
+    plan_following: Any = None  # a terra.closedloop.outcomes.plan_following.PlanFollowing
     recorded: dict[str, Recorded] = field(default_factory=dict)  # world -> its folder as read before the worlds were
-    # opened (terra/closedloop/drives.py, worlds_to_drive), each used once instead of reading the folder again
+    # opened (terra/closedloop/recording/drives.py, worlds_to_drive), each used once instead of reading the folder again
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
         specs = specs_of(self.specs, drive_ids)
         recorded = self.recorded.pop(world, None) or recorded_drives(world, specs, settings, folder,
                                                                      self.model_settings)
-        if world not in self.worlds:  # not opened: every drive of it was complete (terra/closedloop/drives.py)
+        if world not in self.worlds:  # not opened: every drive of it was complete (terra/closedloop/recording/drives.py)
             if recorded.todo:
                 raise RuntimeError(f"the {world} world was not opened, yet its drive {recorded.todo[0].id} is not "
                                    "complete")
@@ -374,7 +374,7 @@ class LocalDrives:
 
 def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settings: RunSettings,
                output: OutputDir) -> RunResult:
-    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed: terra/closedloop/record.py,
+    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed: terra/closedloop/recording/files.py,
     ``claim_drive_folder``), holding its lock throughout; its records."""
     with output.hold(settings.manifest):
         recorder = RunRecorder(output.path, settings, world, len(drive_ids))
@@ -390,7 +390,7 @@ def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSett
                      output: OutputDir | None = None) -> RunResult:
     """Drive every spec not already complete in the run folder and record it; return the run's records.
 
-    ``output``: the folder as the caller claimed it (terra/closedloop/record.py, ``claim_drive_folder``); None
+    ``output``: the folder as the caller claimed it (terra/closedloop/recording/files.py, ``claim_drive_folder``); None
     claims ``settings.output_dir`` here, apart from the files the scenarios were read from."""
     ids = [spec.id for spec in specs]
     if output is None:

@@ -1,8 +1,8 @@
-"""A ``terra-drive`` run from its checked settings (terra/closedloop/settings.py): the worlds opened once and the
-scenarios read (terra/closedloop/prepare.py), here or on Ray's actors (terra/closedloop/ray_executor.py), every
-drive made and recorded in its world (terra/closedloop/run.py), and with ``world=both`` the fidelity report
-(terra/closedloop/fidelity.py; with ``exploitability=true`` its exploitability study:
-terra/closedloop/exploit_drives.py). :func:`drive` runs it all and returns how the run ended.
+"""A ``terra-drive`` run from its checked settings (terra/closedloop/recording/settings.py): the worlds opened once and the
+scenarios read (terra/closedloop/recording/open_run.py), here or on Ray's actors (terra/closedloop/recording/ray_executor.py), every
+drive made and recorded in its world (terra/closedloop/recording/run.py), and with ``world=both`` the fidelity report
+(terra/closedloop/study/report.py; with ``exploitability=true`` its exploitability study:
+terra/closedloop/study/exploit.py). :func:`drive` runs it all and returns how the run ended.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Sequence
 
-from terra.closedloop.fidelity import study_settings
+from terra.closedloop.study.report import study_settings
 from terra.closedloop.loop import DriveSpec
-from terra.closedloop.prepare import frame_size, load_specs, open_worlds
-from terra.closedloop.run import Recorded, RunSettings, recorded_drives, specs_of
-from terra.closedloop.settings import DriveSettings
+from terra.closedloop.recording.open_run import frame_size, load_specs, open_worlds
+from terra.closedloop.recording.run import Recorded, RunSettings, recorded_drives, specs_of
+from terra.closedloop.recording.settings import DriveSettings
 from terra.closedloop.worlds import TRUTH
 
 
@@ -30,7 +30,7 @@ class DriveOutcome:
 
 def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings
                     ) -> dict[str, Recorded]:
-    """What each world's folder of the run holds of its drives (terra/closedloop/run.py, ``recorded_drives``), read
+    """What each world's folder of the run holds of its drives (terra/closedloop/recording/run.py, ``recorded_drives``), read
     once before any world opens: :func:`worlds_to_drive` decides from it, and the run's records reuse it."""
     if settings.world == "both":
         folders, ids = {w: f.path for w, f in settings.fidelity.worlds.items()}, settings.fidelity.drive_ids
@@ -53,15 +53,15 @@ def worlds_to_drive(settings: DriveSettings, recorded: dict[str, Recorded]) -> l
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
     """Make and record every drive of ``settings`` (here, or on Ray's actors with ``executor=ray``); ``progress``
     (default: the setting, on a terminal) shows the frame bar."""
-    from terra.closedloop.exploit_drives import exploit_study
-    from terra.closedloop.fidelity import fidelity_run
-    from terra.closedloop.run import LocalDrives, record_run
+    from terra.closedloop.study.exploit import exploit_study
+    from terra.closedloop.study.report import fidelity_run
+    from terra.closedloop.recording.run import LocalDrives, record_run
 
     progress = settings.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = settings.run_settings(progress)
     exploit = None
     if settings.executor == "ray":
-        from terra.closedloop.ray_executor import RayDrives
+        from terra.closedloop.recording.ray_executor import RayDrives
 
         runner = closing = RayDrives(settings)
         runner.start()  # the actors open the worlds on their devices
@@ -73,7 +73,7 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
         recorded = recorded_worlds(settings, specs, run_settings)
         closing = open_worlds(settings, worlds_to_drive(settings, recorded), tokenizer)
         runner = LocalDrives(closing.worlds, specs, settings.model_settings, closing.plan_following, recorded)
-        if settings.exploitability:  # executor=local only (terra/closedloop/settings.py)
+        if settings.exploitability:  # executor=local only (terra/closedloop/recording/settings.py)
             exploit = partial(exploit_study, closing.worlds, specs, run_settings)
     try:
         if settings.world != "both":

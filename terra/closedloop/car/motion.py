@@ -1,7 +1,7 @@
 """How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, two kinds behind one interface.
 
-* ``bicycle`` (:class:`BicycleVehicle`): a tracking controller (terra/closedloop/tracking.py) follows the whole
-  plan and drives a kinematic bicycle (terra/closedloop/vehicle.py), as AlpaSim runs a controller and vehicle
+* ``bicycle`` (:class:`BicycleVehicle`): a tracking controller (terra/closedloop/car/tracking.py) follows the whole
+  plan and drives a kinematic bicycle (terra/closedloop/car/vehicle.py), as AlpaSim runs a controller and vehicle
   dynamics between its driver and the pose;
 * ``exact`` (:class:`ExactVehicle`): the car is where the plan says, at every time (carla-driver-interface's
   ``FakeLoop`` rule: the pose at the next step is the plan's pose at that time, interpolated; past the plan's end it
@@ -13,7 +13,7 @@ is built (:func:`action_of`: the forecast at the action times, docs/ARCHITECTURE
 :meth:`Vehicle.step` moves the car to the next frame's pose. The model was trained on actions that are the car's
 actual future, so it is shown what the car will actually do, not what the policy wished; and the next pose is the
 same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion. The bicycle also
-takes :class:`~terra.closedloop.tracking.Controls` in place of a plan (steering and acceleration held: the gymnasium
+takes :class:`~terra.closedloop.car.tracking.Controls` in place of a plan (steering and acceleration held: the gymnasium
 env's ``control`` actions); the exact vehicle follows plans only.
 """
 
@@ -25,9 +25,9 @@ from typing import Protocol
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.closedloop.reference import Reference
-from terra.closedloop.tracking import Controls, Tracker, TrackingGains
-from terra.closedloop.vehicle import VehicleParams, VehicleState, integrate
+from terra.closedloop.car.path import Reference
+from terra.closedloop.car.tracking import Controls, Tracker, TrackingGains
+from terra.closedloop.car.vehicle import VehicleParams, VehicleState, integrate
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 from terra.inputs.ego_motion import compose
 

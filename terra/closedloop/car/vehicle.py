@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+EGO_LENGTH_M = 4.5  # the body's rectangle (terra/closedloop/outcomes/truth.py judges it in the scene)
+EGO_WIDTH_M = 1.8
+
 
 @dataclass(frozen=True)
 class VehicleParams:

@@ -1,16 +1,16 @@
 """How faithful a world model is as a simulator: the same drives in the model, in the synthetic world itself and in
-worlds known to be wrong, then the verdict (terra/closedloop/verdict.py).
+worlds known to be wrong, then the verdict (terra/closedloop/study/verdict.py).
 
 Each scenario x policy is driven with the same seed in every world of the study: the world model
 (:class:`~terra.closedloop.worlds.ModelWorld`), the renderer's true frames (:class:`~terra.closedloop.worlds.
-TrueWorld`) and the controls (terra/closedloop/control_worlds.py, or worlds of the user's). Every drive's poses are
-judged in the true scene (terra/closedloop/truth.py, and AlpaSim's scene score: terra/closedloop/alpasim_metrics.py)
+TrueWorld`) and the controls (terra/closedloop/study/control_worlds.py, or worlds of the user's). Every drive's poses are
+judged in the true scene (terra/closedloop/outcomes/truth.py, and AlpaSim's scene score: terra/closedloop/outcomes/alpasim.py)
 and every frame of a world but the true one is measured against the true render at its pose
-(terra/closedloop/drive_fidelity.py). The report: per world, each statistic with its interval and decision, whether
+(terra/closedloop/outcomes/frames.py). The report: per world, each statistic with its interval and decision, whether
 the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
 differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
 differences and the model's following gain; and, when asked for, the exploitability of the model world
-(terra/closedloop/exploit_drives.py).
+(terra/closedloop/study/exploit.py).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.control_worlds import MODEL_WORLDS
-from terra.closedloop.exploit_drives import exploit_lines, exploit_study
+from terra.closedloop.study.control_worlds import MODEL_WORLDS
+from terra.closedloop.study.exploit import exploit_lines, exploit_study
 from terra.closedloop.loop import DriveSpec
-from terra.closedloop.record import APP, claim_drive_folder
-from terra.closedloop.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
-from terra.closedloop.verdict import (
+from terra.closedloop.recording.files import APP, claim_drive_folder
+from terra.closedloop.recording.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
+from terra.closedloop.study.verdict import (
     NO_PIXELS, WorldVerdict, following_gain, judge, metric_value, pairs_of, path_distance_m, separation, shown,
     verdict_table,
 )
@@ -41,12 +41,12 @@ from terra.stats import Bootstrap, mean, paired_difference
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
 COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
-    "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # terra/closedloop/truth.py
+    "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # terra/closedloop/outcomes/truth.py
     "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),
     "off_road": ("off road", ("truth", "off_road")),
     "collision": ("collisions", ("truth", "collision")),
     "progress_along_road_m": ("progress m", ("truth", "progress_along_road_m")),
-    "scene_score": ("AlpaSim score", ("alpasim", "score")),  # terra/closedloop/alpasim_metrics.py
+    "scene_score": ("AlpaSim score", ("alpasim", "score")),  # terra/closedloop/outcomes/alpasim.py
 }
 
 
@@ -54,7 +54,7 @@ COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's 
 class FidelityReport:
     """The verdict on every world but the true one (the model's first), per policy the model's and the truth's
     outcomes and their paired differences (:func:`policy_outcomes`), and the exploitability study when one ran
-    (terra/closedloop/exploit_drives.py)."""
+    (terra/closedloop/study/exploit.py)."""
 
     verdicts: list[WorldVerdict]
     policies: dict[str, dict]
@@ -96,7 +96,7 @@ class FidelityReport:
 
 def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
                     bootstrap: Bootstrap = Bootstrap()) -> dict[str, dict]:
-    """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/record.py), over the drives made
+    """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/recording/files.py), over the drives made
     well in both worlds: the means of :data:`COLUMNS` in the model and in the true world, their paired differences
     model - truth, the distance between the two paths at the same frames and the model's following gain
     (``following_gain_dx``: where its video stops moving with the car), with intervals over scenarios."""
@@ -149,7 +149,7 @@ class FidelityFolders:
 
 def in_shard(world: str, shard_worlds: str) -> bool:
     """Whether a process of ``shard_worlds`` (:data:`SHARD_WORLDS`) drives the study's ``world``: ``engine`` the
-    worlds whose frames the world model's engine draws (terra/closedloop/control_worlds.py, ``MODEL_WORLDS``), so
+    worlds whose frames the world model's engine draws (terra/closedloop/study/control_worlds.py, ``MODEL_WORLDS``), so
     that they run where the GPU is, ``scene`` every other (the truth, the scene controls, worlds of the user's),
     which need the CPU alone and can drive beside them."""
     return shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")
@@ -196,8 +196,8 @@ def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings:
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
     ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
     ``settings.output_dir``/<world>, judge them and write ``fidelity.json`` and ``fidelity.md`` into
-    ``settings.output_dir``; ``plan_following`` scores every world's clips (terra/closedloop/plan_following.py);
-    ``exploit``: the exploitability study too (terra/closedloop/exploit_drives.py). ``folders``: as the caller
+    ``settings.output_dir``; ``plan_following`` scores every world's clips (terra/closedloop/outcomes/plan_following.py);
+    ``exploit``: the exploitability study too (terra/closedloop/study/exploit.py). ``folders``: as the caller
     claimed them (None: claimed here, apart from the scenarios' files). A shard's run writes no report (None)."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
@@ -212,7 +212,7 @@ def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings:
 
 
 def study_settings(settings: RunSettings) -> RunSettings:
-    """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/drive_fidelity.py)."""
+    """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/outcomes/frames.py)."""
     return replace(settings, measure=True)
 
 

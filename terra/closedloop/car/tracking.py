@@ -1,7 +1,7 @@
 """The tracking controller between a plan and the car: pure pursuit on the plan's path, a speed loop on its timing.
 
 Every ``period_s`` (AlpaSim's controller runs every 0.1 s and holds its command in between) it reads the whole plan
-(terra/closedloop/reference.py) from the car's state, in the plan's frame:
+(terra/closedloop/car/path.py) from the car's state, in the plan's frame:
 
 * **steering**: pure pursuit about the rear axle (Coulter, CMU-RI-TR-92-01): the point of the path ``lookahead``
   metres on from where the car is along it, ``lookahead = clip(lookahead_s * speed, min, max)``; the arc from the
@@ -14,7 +14,7 @@ Every ``period_s`` (AlpaSim's controller runs every 0.1 s and holds its command 
   at least, so that it comes to rest too instead of creeping.
 
 :class:`Controls` is the other controller: steering and acceleration given directly and held (the gymnasium env's
-``control`` actions, terra/closedloop/gym_spaces.py), the car's limits and lags applied by the vehicle.
+``control`` actions, terra/closedloop/gym/spaces.py), the car's limits and lags applied by the vehicle.
 
 The gains are this module's own. The speed loop is critically damped at 1 rad/s (``position_gain = 1``,
 ``speed_gain = 2``), slow beside the 0.1 s lag. The look-ahead came from a sweep (0.3 to 1 s, at least 2 to 5 m) over
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.closedloop.reference import Reference
-from terra.closedloop.vehicle import VehicleParams, VehicleState
+from terra.closedloop.car.path import Reference
+from terra.closedloop.car.vehicle import VehicleParams, VehicleState
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Tracker:
 class Controls:
     """Steering (rad, road wheels, left positive) and acceleration (m/s^2) commands held until the next ones: what
     :meth:`command` gives whatever the car's state (the vehicle clips them to its limits:
-    terra/closedloop/vehicle.py)."""
+    terra/closedloop/car/vehicle.py)."""
 
     steer: float
     accel: float

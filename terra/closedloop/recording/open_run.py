@@ -1,5 +1,5 @@
-"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/settings.py), in this process or in
-each Ray actor (terra/closedloop/ray_executor.py): the worlds opened once on the run's device
+"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/recording/settings.py), in this process or in
+each Ray actor (terra/closedloop/recording/ray_executor.py): the worlds opened once on the run's device
 (:func:`open_worlds`), the drives' scenarios read (:func:`load_specs`).
 """
 
@@ -9,20 +9,20 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from terra.closedloop.loop import DriveSpec, drive_specs
-from terra.closedloop.settings import DriveSettings
-from terra.closedloop.control_worlds import MODEL_WORLDS, control_world
+from terra.closedloop.recording.settings import DriveSettings
+from terra.closedloop.study.control_worlds import MODEL_WORLDS, control_world
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.worlds import TRUTH, ModelWorld, TrueWorld, World
 
 
 @dataclass
 class OpenWorlds:
-    """The worlds of a run by name (``model``, ``truth``, the controls: terra/closedloop/settings.py,
+    """The worlds of a run by name (``model``, ``truth``, the controls: terra/closedloop/recording/settings.py,
     ``DriveSettings.worlds``), the frames' size and the plan-following scorer."""
 
     worlds: dict[str, World]
     image_size: tuple[int, int]
-    plan_following: Any = None  # a terra.closedloop.plan_following.PlanFollowing, with estimator=
+    plan_following: Any = None  # a terra.closedloop.outcomes.plan_following.PlanFollowing, with estimator=
 
     def close(self) -> None:
         """Stop the model world's sessions and close its pipeline (once)."""
@@ -63,7 +63,7 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
         opened.close()
         raise
     if settings.estimator is not None:
-        from terra.closedloop.plan_following import PlanFollowing
+        from terra.closedloop.outcomes.plan_following import PlanFollowing
 
         device = str(spec.device) if "model" in opened.worlds else "cpu"
         try:

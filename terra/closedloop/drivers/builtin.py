@@ -2,15 +2,15 @@
 
 * baselines that read no pixels (:data:`NO_PIXELS`): ``route_follower`` and ``constant_speed``, the egodriver
   contract's own (carla_driver_interface.policies), driven over that contract in this process
-  (terra/closedloop/egodriver.py): the first tracks the route (in the synthetic world the ego lane's centre ahead),
+  (terra/closedloop/drivers/egodriver.py): the first tracks the route (in the synthetic world the ego lane's centre ahead),
   the second plans straight ahead whatever the road does;
 * pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
-  (terra/closedloop/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour, pure
+  (terra/closedloop/drivers/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour, pure
   pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
   ``lane_follower_near`` (pursuit 3 s / at least 25 m and 0.3 s / at least 3 m ahead), ``lane_follower_stanley``
   (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
   ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,
-  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/learned.py);
+  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/drivers/learned.py);
 * degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
   (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
   ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from terra.closedloop.plans import Observation, Plan, Policy, as_plan
-from terra.closedloop.vision import (
+from terra.closedloop.drivers.vision import (
     BangBang, LaneFollower, PurePursuit, Stanley, find_centre_line, find_road_edge,
 )
 from terra.core.errors import TerraInputError
@@ -119,7 +119,7 @@ CONTRACT_POLICIES = ("route_follower", "constant_speed")  # the egodriver contra
 def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
     """The contract's reference policy ``name`` over the contract in process, each call within ``timeout_s``."""
     def make() -> Policy:
-        from terra.closedloop.egodriver import in_process, reference_driver
+        from terra.closedloop.drivers.egodriver import in_process, reference_driver
 
         return in_process(reference_driver(name, CRUISE_SPEED_MPS), name, timeout_s)
 
@@ -127,7 +127,7 @@ def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
 
 
 def _learned_driver() -> Policy:
-    from terra.closedloop.learned import LearnedLane
+    from terra.closedloop.drivers.learned import LearnedLane
 
     return LaneFollower(CRUISE_SPEED_MPS, detect=LearnedLane(), name="learned_driver")
 
@@ -151,7 +151,7 @@ REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
     "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
 }
 # The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
-# (terra/closedloop/verdict.py) and out of all_pixel.
+# (terra/closedloop/study/verdict.py) and out of all_pixel.
 NO_PIXELS = frozenset(CONTRACT_POLICIES)
 PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
 
@@ -199,34 +199,34 @@ def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 
                      args: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Callable[[], Policy]]:
     """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now: a reference
     policy, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of AlpaSim's egodriver contract,
-    terra/closedloop/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
+    terra/closedloop/drivers/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
     policies' calls are; each session's seed from the run's ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent
     class, imported and built here within ``timeout_s``, with ``args[name]`` (:func:`policy_args`):
-    terra/closedloop/navsim.py)."""
+    terra/closedloop/drivers/navsim.py)."""
     args = args or {}
     return {name: _factory(name, timeout_s, seed, args.get(name)) for name in names}
 
 
 def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | None) -> Callable[[], Policy]:
     if entry.startswith("grpc:") or entry.startswith("unix:"):
-        from terra.closedloop.egodriver import driver_target
+        from terra.closedloop.drivers.egodriver import driver_target
 
         target = driver_target(entry)  # checked now, before any drive
 
         def remote() -> Policy:
-            from terra.closedloop.egodriver import EgodriverPolicy
+            from terra.closedloop.drivers.egodriver import EgodriverPolicy
 
             return EgodriverPolicy(target, entry, timeout_s, seed=seed)
 
         return remote
     if entry.startswith("navsim:"):
-        from terra.closedloop.navsim import agent_factory
+        from terra.closedloop.drivers.navsim import agent_factory
 
         name = entry.rpartition(":")[2]
         build = agent_factory(entry, args, timeout_s)  # imported, built and checked now, before any drive
 
         def agent() -> Policy:
-            from terra.closedloop.navsim import NavsimPolicy
+            from terra.closedloop.drivers.navsim import NavsimPolicy
 
             return NavsimPolicy(build(), name)
 

@@ -1,8 +1,8 @@
 """The fidelity verdict: is a world a simulator of the synthetic world? Judged per statistic, with intervals, for the
-world model and for worlds known to be wrong (terra/closedloop/control_worlds.py), so the verdict is seen to fail.
+world model and for worlds known to be wrong (terra/closedloop/study/control_worlds.py), so the verdict is seen to fail.
 
 Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
-(terra/closedloop/record.py; the per-drive measurements of terra/closedloop/drive_fidelity.py), each statistic of
+(terra/closedloop/recording/files.py; the per-drive measurements of terra/closedloop/outcomes/frames.py), each statistic of
 :data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/stats.py,
 the same replicates for all) and a decision against its acceptance band: ``pass`` (the interval inside the band),
 ``fail`` (entirely outside) or ``inconclusive``. A world is **flagged** when any statistic fails. A statistic
@@ -10,7 +10,7 @@ the same replicates for all) and a decision against its acceptance band: ``pass`
 statistics, each with the same intervals and judged by nothing: the **measurements** (the lane detector's error
 10 m ahead, the world's frame against the true frame at the same pose; the distance between the world's and the
 truth's paths; PSNR and SSIM at 1, 5, 10 and 20 steps) and the **differences**, world - truth on paired drives, of
-every metric a drive records (terra/closedloop/record.py, ``metrics_of``).
+every metric a drive records (terra/closedloop/recording/files.py, ``metrics_of``).
 
 What the statistics can detect: a world that does not move with the car (frozen, zero actions: the following gains
 and the lane slope), shows no road (gray: the recovered motion and lanes found), turns the wrong way (mirrored: the
@@ -28,8 +28,8 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.drive_fidelity import read_following, read_horizons, read_lag, read_lanes
-from terra.closedloop.policies import NO_PIXELS  # left out of the ranking
+from terra.closedloop.outcomes.frames import read_following, read_horizons, read_lag, read_lanes
+from terra.closedloop.drivers.builtin import NO_PIXELS  # left out of the ranking
 from terra.fidelity.agreement import Lag, horizon_summary, lag_summary, lane_summary
 from terra.fidelity.following import following_slopes
 from terra.stats import (
@@ -37,11 +37,11 @@ from terra.stats import (
 )
 
 MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (terra/fidelity/agreement.py, Lag.prominence_db)
-RANK_METRIC = "time_in_lane"  # terra/closedloop/truth.py: what the policies are ranked by in both worlds
+RANK_METRIC = "time_in_lane"  # terra/closedloop/outcomes/truth.py: what the policies are ranked by in both worlds
 PAIRED = {  # per-drive outcomes compared world - truth on paired drives: (metrics block, metric) and the band
-    "time_in_lane": (("truth", "time_in_lane"), (-0.1, 0.1)),  # terra/closedloop/truth.py
+    "time_in_lane": (("truth", "time_in_lane"), (-0.1, 0.1)),  # terra/closedloop/outcomes/truth.py
     "off_road": (("truth", "off_road"), (-0.1, 0.1)),
-    "scene_score": (("alpasim", "score"), (-0.1, 0.1)),  # terra/closedloop/alpasim_metrics.py
+    "scene_score": (("alpasim", "score"), (-0.1, 0.1)),  # terra/closedloop/outcomes/alpasim.py
 }
 METRIC_BLOCKS = ("truth", "alpasim", "progress", "history_comfort", "extended_comfort")  # record.py, metrics_of
 NOT_OUTCOMES = ("first_collision_frame",)  # an index, not a quantity: no difference taken

@@ -18,14 +18,14 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from terra.closedloop.control_worlds import CONTROL_WORLDS
-from terra.closedloop.fidelity import SHARD_WORLDS, FidelityFolders, claim_fidelity_folders, study_drives
+from terra.closedloop.study.control_worlds import CONTROL_WORLDS
+from terra.closedloop.study.report import SHARD_WORLDS, FidelityFolders, claim_fidelity_folders, study_drives
 from terra.closedloop.loop import drive_id
-from terra.closedloop.motion import VEHICLES
+from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.plans import Policy
-from terra.closedloop.policies import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
-from terra.closedloop.record import claim_drive_folder
-from terra.closedloop.run import RunSettings
+from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
+from terra.closedloop.recording.files import claim_drive_folder
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import TRUTH
@@ -75,12 +75,12 @@ class DriveSettings:
     # policy name, replica), scenario by scenario
     num_seeds: int  # drives of each scenario x policy, each with a seed of its own
     world: str  # model | truth | both | a user world's name (module.Class)
-    controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/control_worlds.py)
+    controls: tuple[str, ...]  # world=both: the worlds judged beside the model (terra/closedloop/study/control_worlds.py)
     num_control_scenarios: int | None  # world=both: the controls drive the first this many scenarios (None: all)
     num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
     shard_worlds: str  # world=both: all | engine (the worlds the world model's engine draws) | scene (the others)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
-    vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/motion.py), in every world alike
+    vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/car/motion.py), in every world alike
     num_steps: int  # frames each drive generates (drive_steps)
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
@@ -91,12 +91,12 @@ class DriveSettings:
     estimator: Path | None  # an ACT-Estimator folder: plan following
     shard_index: int
     num_shards: int
-    executor: str  # local | ray (terra/closedloop/ray_executor.py)
+    executor: str  # local | ray (terra/closedloop/recording/ray_executor.py)
     ray: RaySettings  # executor=ray's settings (terra/config/ray_settings.py)
     videos: bool  # a video per drive beside its JSON
     output: OutputDir | None  # world=model | truth | a user world: the run folder, claimed
     fidelity: FidelityFolders | None  # world=both: the study's folders, claimed
-    exploitability: bool  # world=both: the exploitability study too (terra/closedloop/exploit_drives.py)
+    exploitability: bool  # world=both: the exploitability study too (terra/closedloop/study/exploit.py)
 
     @property
     def drive_ids(self) -> list[str]:
@@ -109,7 +109,7 @@ class DriveSettings:
 
     @property
     def model_settings(self) -> dict[str, Any]:
-        """What shapes the world model's drives (part of each one's fingerprint: terra/closedloop/record.py): the
+        """What shapes the world model's drives (part of each one's fingerprint: terra/closedloop/recording/files.py): the
         run's part of every fingerprint (terra/config/spec.py, ``RunSpec.output_settings``) and the checkpoints and
         engine that make them (a drive folder holds one model's drives)."""
         run = self.run
@@ -118,7 +118,7 @@ class DriveSettings:
 
     def run_settings(self, progress: bool) -> RunSettings:
         """How the drives run and where they go (world=both: the study's folder; each world's sub-folder is set by
-        terra/closedloop/fidelity.py)."""
+        terra/closedloop/study/report.py)."""
         folder = self.output.path if self.output is not None else self.fidelity.top.path
         return RunSettings(folder, self.num_steps, self.policy_timeout_s, max_concurrent=self.max_concurrent,
                            resume=self.resume, progress=progress,
