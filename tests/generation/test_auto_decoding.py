@@ -124,11 +124,11 @@ def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, roll
 
     asked = []
 
-    def create_backend(*args, max_rollouts=None, **kwargs):
+    def engine_options(kind, options, max_rollouts=None):
         asked.append(max_rollouts)
         raise KeyboardInterrupt  # the engine's size is all this test needs
 
-    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
+    monkeypatch.setattr("terra.pipeline.engine_options", engine_options)
     cpu = ["backend=hf", "device=cpu"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         generate = compose("generate", overrides=[*cpu, f"num_samples={rollouts}"])
