@@ -147,7 +147,7 @@ PUBLIC = {
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "recording.run", "recording.drives", "recording.settings", "loop", "scenarios", "worlds", "drivers.builtin",
-        "study.report", "study.settings", "outcomes.plan_following", "drivers.egodriver", "drivers.navsim",
+        "study.report", "study.settings", "study.drives", "outcomes.plan_following", "drivers.egodriver", "drivers.navsim",
         "gym.env", "drivers.vision"))},
     "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service", "terra.alpasim.client"},
     "apps": {"terra.apps.runner"},  # an app imports no other app
@@ -304,7 +304,7 @@ def test_the_light_layer_loads_no_torch():
 # and terra-make-dataset check theirs in the app module itself
 SETTINGS_MODULES = {
     "terra-generate": "terra.apps.generate", "terra-rollout": "terra.batch.config",
-    "terra-serve": "terra.serve.settings", "terra-drive": "terra.closedloop.recording.settings",
+    "terra-serve": "terra.serve.settings", "terra-drive": "terra.closedloop.study.settings",
     "terra-train": "terra.training.settings", "terra-prepare-logs": "terra.training.prepare",
     "terra-blend": "terra.training.blend", "terra-score": "terra.scoring.settings",
     "terra-evaluate": "terra.evaluation.settings", "terra-train-tokenizer": "terra.training.tokenizer_settings",

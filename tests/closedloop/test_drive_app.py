@@ -17,7 +17,7 @@ from terra.closedloop.loop import drive_specs
 from terra.closedloop.drivers.builtin import reference_policy
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.recording.settings import drive_settings
+from terra.closedloop.study.settings import StudySettings, terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
 from tests.conftest import one_error_line
 
@@ -55,7 +55,9 @@ def test_the_fidelity_study_drives_20_s_by_default_and_the_demo_2_s(tmp_path):
                                             (["world=both", "num_steps=30"], 30), (["num_steps=7"], 7))):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=["backend=hf", "num_threads=1", *overrides])
-        assert drive_settings(cfg, tmp_path / str(k)).num_steps == steps, overrides
+        settings = terra_drive_settings(cfg, tmp_path / str(k))
+        run = settings.drive if isinstance(settings, StudySettings) else settings  # a study wraps its run's settings
+        assert run.num_steps == steps, overrides
 
 
 def test_runs_on_the_true_world_and_resumes(tmp_path):
@@ -80,13 +82,13 @@ def test_the_controls_drive_the_first_scenarios_and_seeds_spread_over_the_shards
             cfg = compose("drive", overrides=["world=both", "num_scenarios=3", "num_control_scenarios=2", "num_seeds=2",
                                               "num_control_seeds=1", "policies=[lane_follower,constant_speed]",
                                               "controls=[frozen,gray]", f"shard_index={shard}", "num_shards=2"])
-        settings = drive_settings(cfg, tmp_path / f"out{shard}")
-        worlds = settings.fidelity.drive_ids
+        settings = terra_drive_settings(cfg, tmp_path / f"out{shard}")
+        worlds = settings.folders.drive_ids
         assert list(worlds) == ["model", "truth", "frozen", "gray"]
         # drive k of each world's list to shard k % 2: the seed-0 control drives split too, not all to shard 0
         assert worlds["model"] == worlds["truth"] == every[shard::2]
         assert worlds["frozen"] == worlds["gray"] == controls[shard::2]
-        assert settings.drive_ids == [d for d in every if d in every[shard::2] + controls[shard::2]]
+        assert settings.drive.drive_ids == [d for d in every if d in every[shard::2] + controls[shard::2]]
 
 
 def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):
@@ -95,7 +97,7 @@ def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=["world=both", "num_scenarios=2", "controls=[frozen,zero_actions,late]",
                                               f"shard_worlds={part}"])
-        folders = drive_settings(cfg, tmp_path / "out").fidelity
+        folders = terra_drive_settings(cfg, tmp_path / "out").folders
         seen[part] = list(folders.drive_ids)
         assert list(folders.worlds) == seen[part] and folders.report == (part == "all")
         assert folders.lock == {"engine": "engine.manifest.jsonl", "scene": "scene.manifest.jsonl",
@@ -175,7 +177,7 @@ def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_pa
 def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypatch):
     """The report step after a study's shards drives nothing: no world model is loaded (on vLLM, no engine starts);
     a world with a drive to make again is opened alone, or with the model when it is one of the model's."""
-    from terra.closedloop.recording.drives import drive as run_drive
+    from terra.closedloop.study.drives import terra_drive as run_drive
 
     out = tmp_path / "out"
     args = ["world=both", "num_scenarios=1", "num_steps=2", "policies=[lane_follower]", "backend=hf",
@@ -183,7 +185,7 @@ def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypat
 
     def settings():
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            return drive_settings(compose("drive", overrides=args), out)
+            return terra_drive_settings(compose("drive", overrides=args), out)
 
     assert run_drive(settings()).exit_code == 0
 

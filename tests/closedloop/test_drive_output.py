@@ -24,7 +24,7 @@ from terra.closedloop.drivers.builtin import reference_policy
 from terra.closedloop.recording.files import write_drive
 from terra.closedloop.recording.run import DriveWriters, RunSettings, drive_and_record, even_chunks
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
-from terra.closedloop.recording.settings import drive_settings
+from terra.closedloop.study.settings import terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
 from terra.config.assets import ASSETS
 from terra.core.atomic import MARKER, mark, marked
@@ -41,7 +41,7 @@ def settings(out: Path, *overrides: str):
     """terra-drive's settings of ``overrides`` with ``output_dir=out`` (the edge of the app, in process)."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("drive", overrides=list(overrides))
-    return drive_settings(cfg, out)
+    return terra_drive_settings(cfg, out)
 
 
 def refused(out: Path, *overrides: str) -> str:

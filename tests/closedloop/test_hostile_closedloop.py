@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from terra.batch.config import APP as ROLLOUT
-from terra.closedloop.recording.drives import drive as run_drive_settings
+from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.drivers.egodriver import EgodriverPolicy
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.drivers.navsim import CAMERAS, NavsimPolicy

@@ -23,7 +23,7 @@ import pytest
 from carla_driver_interface.geometry import Pose
 from scipy.spatial.transform import Rotation
 
-from terra.closedloop.recording.drives import drive as run_drive_settings
+from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.guard import handed
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.drivers.navsim import NavsimPolicy

@@ -23,7 +23,9 @@ out = {}
 for old, new in terra.closedloop.MOVED_MODULES.items():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        module = importlib.import_module(old)
+        space = {}
+        exec(f"import {old} as module", space)  # an import statement, as a user's code has it
+        module = space["module"]
     out[old] = [module is importlib.import_module(new), module.__name__,
                 [f"{w.category.__name__}: {w.message}" for w in caught], [w.filename for w in caught]]
 print(json.dumps(out))

@@ -10,15 +10,14 @@ from typing import Any, Sequence
 
 from terra.closedloop.loop import DriveSpec, drive_specs
 from terra.closedloop.recording.settings import DriveSettings
-from terra.closedloop.study.control_worlds import MODEL_WORLDS, control_world
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.worlds import TRUTH, ModelWorld, TrueWorld, World
 
 
 @dataclass
 class OpenWorlds:
-    """The worlds of a run by name (``model``, ``truth``, the controls: terra/closedloop/recording/settings.py,
-    ``DriveSettings.worlds``), the frames' size and the plan-following scorer."""
+    """The worlds of a run by name (``model``, ``truth``, a user's, a study's controls: terra/closedloop/recording/
+    settings.py, ``DriveSettings.worlds``), the frames' size and the plan-following scorer."""
 
     worlds: dict[str, World]
     image_size: tuple[int, int]
@@ -33,9 +32,10 @@ class OpenWorlds:
 
 
 def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
-    """The worlds ``names`` (default: every world ``settings.world`` names; the model's too when a control of it is
-    named), on the device its settings choose (once: terra/pipeline.py, ``resolve_run``); the world model's checkpoint
-    and window are checked against the settings before it loads, and the user's worlds built before it
+    """The worlds ``names`` (default: every world ``settings.worlds`` names; the model's too when another world drawn
+    by its engine is named, ``settings.model_worlds``; the rest built by ``settings.other_world``), on the device
+    its settings choose (once: terra/pipeline.py, ``resolve_run``); the world model's checkpoint and window are
+    checked against the settings before it loads, and the user's worlds built before it
     (terra/closedloop/user_world.py). ``tokenizer``: the run's, when the caller loaded it already."""
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.tokenizer import load_tokenizer
@@ -48,7 +48,7 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
     users = {name: UserWorld(*settings.user_worlds[name], size, settings.policy_timeout_s)  # before the model loads:
              for name in worlds if name in settings.user_worlds}  # a constructor that fails is one line (exit 2)
     opened = OpenWorlds({}, size)
-    if set(worlds) & set(MODEL_WORLDS):
+    if set(worlds) & set(settings.model_worlds):
         pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=settings.max_concurrent)
         opened.worlds["model"] = ModelWorld(pipeline, spec.sampling, spec.overlap)
     try:
@@ -58,7 +58,7 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
             elif name in users:
                 opened.worlds[name] = users[name]
             elif name != "model":
-                opened.worlds[name] = control_world(name, size, opened.worlds.get("model"))
+                opened.worlds[name] = settings.other_world(name, size, opened.worlds.get("model"))
     except BaseException:
         opened.close()
         raise

@@ -31,7 +31,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from terra.closedloop.outcomes.alpasim import scene_scores
-from terra.closedloop.study.control_worlds import MODEL_WORLDS
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
 from terra.closedloop.recording.files import claim_drive_folder, completed, fingerprint, manifest_record, write_drive
 from terra.closedloop.worlds import TRUTH, World
@@ -58,6 +57,7 @@ class RunSettings:
     measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/outcomes/frames.py)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/car/motion.py), the same in every world
+    model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model draws: its settings shape them
     writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
 
 
@@ -178,7 +178,7 @@ def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSetting
                     model_settings: dict[str, Any]) -> Recorded:
     """What ``folder`` holds of ``specs`` driven in ``world`` (its name); a drive is complete only with
     ``settings.resume``."""
-    shaping = {**(model_settings if world in MODEL_WORLDS else {}),
+    shaping = {**(model_settings if world in settings.model_worlds else {}),
                **({"measure": True} if measured(world, settings) else {})}
     prints = {spec.id: fingerprint(spec, world, settings.num_steps, settings.vehicle, shaping) for spec in specs}
     if len(prints) != len(specs):

@@ -212,8 +212,9 @@ def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings:
 
 
 def study_settings(settings: RunSettings) -> RunSettings:
-    """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/outcomes/frames.py)."""
-    return replace(settings, measure=True)
+    """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/outcomes/frames.py), and the
+    model's controls shaped by the model's settings as the model is."""
+    return replace(settings, measure=True, model_worlds=MODEL_WORLDS)
 
 
 def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFolders,
