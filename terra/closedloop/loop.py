@@ -27,7 +27,7 @@ from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, us
 from terra.closedloop.car.motion import Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
-from terra.closedloop.car.tracking import Controls
+from terra.closedloop.car.tracking import Actuation
 from terra.closedloop.worlds import World
 from terra.core.errors import error_line
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
@@ -96,7 +96,7 @@ class Drive:
     vehicle: Vehicle
     frames: list[np.ndarray] = field(default_factory=list)  # context frames first (as the world shows them)
     num_context: int = 0
-    plans: list[Plan | Controls] = field(default_factory=list)  # controls: the gymnasium env's control actions
+    plans: list[Plan | Actuation] = field(default_factory=list)  # controls: the gymnasium env's actuation actions
     actions: list[np.ndarray] = field(default_factory=list)  # actions[k] conditioned generated frame k
     poses: list[np.ndarray] = field(default_factory=list)  # [3] per frame from the last context frame, ego frame
     speeds: list[float] = field(default_factory=list)  # m/s at each pose
@@ -124,12 +124,12 @@ class Drive:
         """``[steps + 1, 3]`` world poses (the scenario's start pose composed with the drive's own)."""
         return self._in_world(np.stack(self.poses))
 
-    def action_for(self, plan: Plan | Controls) -> np.ndarray:
+    def action_for(self, plan: Plan | Actuation) -> np.ndarray:
         """The next frame's action if the car keeps to ``plan``: the vehicle's forecast at the action times (the
         world model is shown what the car will do). The car does not move; a plan the vehicle cannot read raises."""
         return action_of(self.vehicle.forecast(plan, ACTION_TIMES))
 
-    def command(self, plan: Plan | Controls, action: np.ndarray, seconds: float = 0.0) -> None:
+    def command(self, plan: Plan | Actuation, action: np.ndarray, seconds: float = 0.0) -> None:
         """Record the plan and its action (:meth:`action_for`) and move the car along the plan to the next frame's
         pose."""
         self.vehicle.step(plan, DT_S)

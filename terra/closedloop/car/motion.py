@@ -13,8 +13,8 @@ is built (:func:`action_of`: the forecast at the action times, docs/ARCHITECTURE
 :meth:`Vehicle.step` moves the car to the next frame's pose. The model was trained on actions that are the car's
 actual future, so it is shown what the car will actually do, not what the policy wished; and the next pose is the
 same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion. The bicycle also
-takes :class:`~terra.closedloop.car.tracking.Controls` in place of a plan (steering and acceleration held: the gymnasium
-env's ``control`` actions); the exact vehicle follows plans only.
+takes :class:`~terra.closedloop.car.tracking.Actuation` in place of a plan (steering and acceleration held: the gymnasium
+env's ``actuation`` actions); the exact vehicle follows plans only.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Protocol
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.closedloop.car.path import Reference
-from terra.closedloop.car.tracking import Controls, Tracker, TrackingGains
+from terra.closedloop.car.path import TrackedPath
+from terra.closedloop.car.tracking import Actuation, Tracker, TrackingGains
 from terra.closedloop.car.vehicle import VehicleParams, VehicleState, integrate
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 from terra.inputs.ego_motion import compose
@@ -65,7 +65,7 @@ class BicycleVehicle:
                  gains: TrackingGains = TrackingGains()) -> None:
         self.params, self.gains = params, gains
         self.state = VehicleState(speed=float(speed), steer=float(steer))
-        self._ahead: tuple[Plan | Controls, VehicleState] | None = None  # the last forecast's plan, its state at DT_S
+        self._ahead: tuple[Plan | Actuation, VehicleState] | None = None  # the last forecast's plan, its state at DT_S
 
     @property
     def pose(self) -> np.ndarray:
@@ -75,11 +75,11 @@ class BicycleVehicle:
     def speed(self) -> float:
         return self.state.speed
 
-    def _simulate(self, plan: Plan | Controls, times: np.ndarray) -> list[VehicleState]:
+    def _simulate(self, plan: Plan | Actuation, times: np.ndarray) -> list[VehicleState]:
         """The states at ``times`` (ascending) in the plan's frame (the car's now): a command every control period
-        (the tracker's on a plan, or the controls held), the vehicle integrated between commands and up to each time
+        (the tracker's on a plan, or the actuation held), the vehicle integrated between commands and up to each time
         asked for."""
-        tracker = plan if isinstance(plan, Controls) else Tracker(Reference.from_plan(plan), self.params, self.gains)
+        tracker = plan if isinstance(plan, Actuation) else Tracker(TrackedPath.from_plan(plan), self.params, self.gains)
         state = replace(self.state, x=0.0, y=0.0, yaw=0.0)
         period, now, k, out = self.gains.period_s, 0.0, 0, []
         for stop in times:
@@ -93,7 +93,7 @@ class BicycleVehicle:
             out.append(state)
         return out
 
-    def forecast(self, plan: Plan | Controls, times: np.ndarray) -> np.ndarray:
+    def forecast(self, plan: Plan | Actuation, times: np.ndarray) -> np.ndarray:
         """As :meth:`Vehicle.forecast`; the simulation also stops at the next frame's time, whose state the
         :meth:`step` along the same plan then takes as it is: the integration it would make itself (bit for bit with
         the default gains, whose control instants fall on every frame)."""
@@ -105,7 +105,7 @@ class BicycleVehicle:
         poses[order] = [(s.x, s.y, s.yaw) for s in states]
         return poses[1:]
 
-    def step(self, plan: Plan | Controls, dt: float = DT_S) -> np.ndarray:
+    def step(self, plan: Plan | Actuation, dt: float = DT_S) -> np.ndarray:
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] is plan and dt == DT_S:
             end = ahead[1]
@@ -134,13 +134,13 @@ class ExactVehicle:
         return self._speed
 
     def forecast(self, plan: Plan, times: np.ndarray) -> np.ndarray:
-        reference = Reference.from_plan(plan)
-        return np.stack([reference.pose_at(float(t)) for t in np.asarray(times, dtype=np.float64)])
+        path = TrackedPath.from_plan(plan)
+        return np.stack([path.pose_at(float(t)) for t in np.asarray(times, dtype=np.float64)])
 
     def step(self, plan: Plan, dt: float = DT_S) -> np.ndarray:
-        reference = Reference.from_plan(plan)
-        self._speed = reference.progress(dt)[1]
-        self._pose = compose(self._pose, reference.pose_at(dt))
+        path = TrackedPath.from_plan(plan)
+        self._speed = path.progress(dt)[1]
+        self._pose = compose(self._pose, path.pose_at(dt))
         return self.pose
 
 

@@ -1,5 +1,5 @@
-"""A policy's plan as a reference the car can follow: its path, where along it the car should be at any time, and
-the pose there.
+"""A policy's plan as a tracked path (:class:`TrackedPath`): the path the car follows, where along it the car should be
+at any time, and the pose there.
 
 The plan's poses (terra/closedloop/plans.py: ``[N, 2|3]`` at ``times``, or a ``[6, 3]`` action at the action
 times) are led by the car's pose now, the origin at time 0:
@@ -36,7 +36,7 @@ STILL_M = 1e-6  # a segment shorter than this stands still
 
 
 @dataclass(frozen=True)
-class Reference:
+class TrackedPath:
     """The plan as a path (``points [K, 2]`` at ``along [K]`` metres, the last one on the straight extension) and a
     timing: the poses (the origin first) at ``times`` lie ``poses_along`` metres along it with ``speeds``; ``yaws``
     are their headings (unwrapped)."""
@@ -49,8 +49,8 @@ class Reference:
     yaws: np.ndarray
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> "Reference":
-        """The reference of ``plan`` (its values finite and in bounds: checked when it was built)."""
+    def from_plan(cls, plan: Plan) -> "TrackedPath":
+        """The tracked path of ``plan`` (its values finite and in bounds: checked when it was built)."""
         if plan.actions is not None:
             times, poses = ACTION_TIMES.astype(np.float64), plan.actions[:, [1, 0]]
         else:

@@ -13,8 +13,8 @@ Every ``period_s`` (AlpaSim's controller runs every 0.1 s and holds its command 
   come to rest (slower than ``hold_speed``, less than ``hold_m`` short of its end) the car brakes at ``hold_accel``
   at least, so that it comes to rest too instead of creeping.
 
-:class:`Controls` is the other controller: steering and acceleration given directly and held (the gymnasium env's
-``control`` actions, terra/closedloop/gym/spaces.py), the car's limits and lags applied by the vehicle.
+:class:`Actuation` is the other controller: steering and acceleration given directly and held (the gymnasium env's
+``actuation`` actions, terra/closedloop/gym/spaces.py), the car's limits and lags applied by the vehicle.
 
 The gains are this module's own. The speed loop is critically damped at 1 rad/s (``position_gain = 1``,
 ``speed_gain = 2``), slow beside the 0.1 s lag. The look-ahead came from a sweep (0.3 to 1 s, at least 2 to 5 m) over
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.closedloop.car.path import Reference
+from terra.closedloop.car.path import TrackedPath
 from terra.closedloop.car.vehicle import VehicleParams, VehicleState
 
 
@@ -56,7 +56,7 @@ class Tracker:
     """Follows one plan: :meth:`command` gives the steering and acceleration for the car's state at time ``t``
     (seconds after the plan was made, the state in the plan's frame)."""
 
-    reference: Reference
+    path: TrackedPath
     params: VehicleParams
     gains: TrackingGains
     segment: int = 0  # the path's segment the car was last found on (it moves forward along the path)
@@ -65,24 +65,24 @@ class Tracker:
         """``(steering, acceleration)`` commands for ``state`` at time ``t``."""
         g, p = self.gains, self.params
         reach = 2.0 * p.max_speed * g.period_s  # twice what the car can drive in a period
-        s, self.segment = self.reference.project(np.array([state.x, state.y]), self.segment, reach)
+        s, self.segment = self.path.project(np.array([state.x, state.y]), self.segment, reach)
         lookahead = min(max(g.lookahead_s * state.speed, g.lookahead_min_m), g.lookahead_max_m)
-        tx, ty = self.reference.point_at(s + lookahead)
+        tx, ty = self.path.point_at(s + lookahead)
         dx, dy = tx - state.x, ty - state.y
         c, si = math.cos(state.yaw), math.sin(state.yaw)
         ahead, left = c * dx + si * dy, -si * dx + c * dy
         curvature = 2.0 * left / max(ahead * ahead + left * left, 1e-9)
         steer = math.atan(p.wheelbase_m * curvature)
-        s_plan, v_plan, _ = self.reference.progress(t)
-        _, _, a_plan = self.reference.progress(t + p.accel_lag_s)
+        s_plan, v_plan, _ = self.path.progress(t)
+        _, _, a_plan = self.path.progress(t + p.accel_lag_s)
         accel = a_plan + g.speed_gain * (v_plan - state.speed) + g.position_gain * (s_plan - s)
-        if v_plan < g.hold_speed and self.reference.length_m - s < g.hold_m:
+        if v_plan < g.hold_speed and self.path.length_m - s < g.hold_m:
             accel = min(accel, g.hold_accel)
         return steer, accel
 
 
 @dataclass(frozen=True)
-class Controls:
+class Actuation:
     """Steering (rad, road wheels, left positive) and acceleration (m/s^2) commands held until the next ones: what
     :meth:`command` gives whatever the car's state (the vehicle clips them to its limits:
     terra/closedloop/car/vehicle.py)."""

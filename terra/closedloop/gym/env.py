@@ -9,7 +9,7 @@ module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_ve
   ``image_size`` (terra-drive's settings of the same names, conf/drive.yaml);
 * ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
   the world model's sampling seeded from ``seed``;
-* ``step(action)``: the action (``action_mode``: ``control``, normalized steering and acceleration, or ``plan``,
+* ``step(action)``: the action (``action_mode``: ``actuation``, normalized steering and acceleration, or ``plan``,
   NAVSIM's trajectory; terra/closedloop/gym/spaces.py) goes to the drive's ``vehicle`` (terra/closedloop/car/motion.py),
   which moves the car and forecasts the world model's action, as in the loop (terra/closedloop/loop.py);
 * observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym/spaces.py;
@@ -40,7 +40,7 @@ from terra.closedloop.gym.spaces import (
     ACTION_MODES,
     REWARDS,
     action_space,
-    decode,
+    read_action,
     observation,
     observation_space,
     reward_of,
@@ -50,10 +50,11 @@ from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.plans import Plan
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
 from terra.closedloop.recording.settings import SETTINGS
-from terra.closedloop.car.tracking import Controls
+from terra.closedloop.car.tracking import Actuation
 from terra.closedloop.outcomes.truth import truth_metrics
 from terra.closedloop.worlds import TRUTH, TrueWorld, World
 from terra.config.checks import MAX_SEED, check_choice, check_whole_number
+from terra.config.moved import ACTION_MODE, moved_value
 from terra.core.errors import TerraInputError
 
 ENV_ID = "terra/Drive-v0"  # gymnasium's id of both envs (the vector env: its vector_entry_point)
@@ -101,10 +102,10 @@ class _Drives:
                  image_size: Sequence[int]) -> None:
         self.num_steps = SETTINGS["num_steps"].check(num_steps, "num_steps")
         self.vehicle = check_choice(vehicle, "vehicle", VEHICLES)
-        self.action_mode = check_choice(action_mode, "action_mode", ACTION_MODES)
+        self.action_mode = check_choice(moved_value(ACTION_MODE, action_mode), "action_mode", ACTION_MODES)
         self.reward = check_choice(reward, "reward", REWARDS)
-        if self.action_mode == "control" and self.vehicle != "bicycle":
-            raise TerraInputError(f"action_mode='control' steers the bicycle vehicle; vehicle={vehicle!r} follows "
+        if self.action_mode == "actuation" and self.vehicle != "bicycle":
+            raise TerraInputError(f"action_mode='actuation' steers the bicycle vehicle; vehicle={vehicle!r} follows "
                                   "plans only: set vehicle='bicycle' or action_mode='plan'")
         self.world, self.scenarios = env_scenarios(world, scenarios, num_scenarios, scenario_seed, image_size)
         if self.reward == "lane_keeping" and any(s.scene is None for s in self.scenarios):
@@ -138,11 +139,11 @@ class _Drives:
             raise TerraInputError(f"scenario {spec.scenario.id} cannot be driven: {drive.error}")
         return drive
 
-    def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Controls, np.ndarray]:
-        """A step's ``action`` checked (terra/closedloop/gym/spaces.py ``decode``); the car does not move yet."""
-        return decode(self.action_mode, drive, action, where)
+    def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
+        """A step's ``action`` checked (terra/closedloop/gym/spaces.py ``read_action``); the car does not move yet."""
+        return read_action(self.action_mode, drive, action, where)
 
-    def step(self, drives: list[Drive], commands: Sequence[tuple[Plan | Controls, np.ndarray]]) -> list[tuple]:
+    def step(self, drives: list[Drive], commands: Sequence[tuple[Plan | Actuation, np.ndarray]]) -> list[tuple]:
         """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info. A
         frame the world failed to make raises its error (the drives are then half-stepped: reset them)."""
         for drive, (plan, action) in zip(drives, commands):
@@ -177,7 +178,7 @@ class DriveEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(self, world: World | str = TRUTH, scenarios: Sequence[Scenario] | None = None, num_steps: int = 20,
-                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle", action_mode: str = "control",
+                 render_mode: str | None = "rgb_array", vehicle: str = "bicycle", action_mode: str = "actuation",
                  reward: str = "progress", num_scenarios: int = 4, scenario_seed: int = 0,
                  image_size: Sequence[int] = IMAGE_SIZE) -> None:
         self._drives = _Drives(world, scenarios, num_steps, vehicle, action_mode, reward, num_scenarios,
@@ -221,7 +222,7 @@ class DriveVectorEnv(VectorEnv):
 
     def __init__(self, world: World | str = TRUTH, scenarios: Sequence[Scenario] | None = None, num_envs: int = 1,
                  num_steps: int = 20, render_mode: str | None = "rgb_array", vehicle: str = "bicycle",
-                 action_mode: str = "control", reward: str = "progress", num_scenarios: int = 4,
+                 action_mode: str = "actuation", reward: str = "progress", num_scenarios: int = 4,
                  scenario_seed: int = 0, image_size: Sequence[int] = IMAGE_SIZE) -> None:
         self.num_envs = check_whole_number(num_envs, "num_envs", 1, "num_envs=4", 4096)
         self._drives = _Drives(world, scenarios, num_steps, vehicle, action_mode, reward, num_scenarios,

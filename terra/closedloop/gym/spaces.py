@@ -4,7 +4,7 @@ modes (``action_mode``) and the two rewards (``reward``).
 * observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2], "command":
   NAVSIM's driving command as Discrete(4): 0 left, 1 straight, 2 right, 3 unknown}`` (terra/closedloop/plans.py's
   ``COMMANDS``, where the route goes 20 m ahead);
-* ``action_mode="control"``: ``Box([-1, 1]^2, float32)``, steering and acceleration normalized by the vehicle's
+* ``action_mode="actuation"``: ``Box([-1, 1]^2, float32)``, steering and acceleration normalized by the vehicle's
   limits (terra/closedloop/car/vehicle.py ``VehicleParams``): steering times ``max_steer_rad`` (0.6 rad of road-wheel
   angle, left positive), acceleration times ``max_accel`` (6 m/s^2) above 0 and ``-min_accel`` (8 m/s^2) below, so
   that 0 is wheels straight and no throttle. The bicycle vehicle holds them for the step (0.1 s) through its actuator
@@ -29,14 +29,14 @@ from gymnasium.error import InvalidAction
 
 from terra.closedloop.loop import Drive
 from terra.closedloop.plans import COMMANDS, NAVSIM_POSES, Plan, as_plan
-from terra.closedloop.car.tracking import Controls
+from terra.closedloop.car.tracking import Actuation
 from terra.closedloop.car.vehicle import VehicleParams
 from terra.core.errors import TerraInputError, error_line
 from terra.generation.actions import finite_array
 from terra.inputs.ego_motion import to_ego
 from terra.sim.scene import ROAD_HALF_WIDTH_M
 
-ACTION_MODES = ("control", "plan")  # the envs' action_mode setting
+ACTION_MODES = ("actuation", "plan")  # the envs' action_mode setting
 REWARDS = ("progress", "lane_keeping")  # the envs' reward setting
 LANE_PENALTY = 0.5  # lane_keeping: progress (m) lost per metre off the lane's centre, each step
 
@@ -66,33 +66,33 @@ def observation(drive: Drive) -> dict[str, Any]:
 
 def action_space(mode: str) -> spaces.Box:
     """One drive's action space in ``mode`` (one of :data:`ACTION_MODES`)."""
-    if mode == "control":
+    if mode == "actuation":
         return spaces.Box(-1.0, 1.0, (2,), np.float32)
     return spaces.Box(PLAN_LOW, PLAN_HIGH, dtype=np.float32)
 
 
-def controls_of(action: Any, params: VehicleParams) -> Controls:
+def actuation_of(action: Any, params: VehicleParams) -> Actuation:
     """A normalized ``[steering, acceleration]`` in ``[-1, 1]`` as the commands it stands for (module docstring)."""
-    arr = finite_array(action, "a control action")
+    arr = finite_array(action, "an actuation action")
     if arr.shape != (2,):
-        raise TerraInputError(f"a control action is 2 numbers [steering, acceleration], got shape {list(arr.shape)}")
+        raise TerraInputError(f"an actuation action is 2 numbers [steering, acceleration], got shape {list(arr.shape)}")
     if np.abs(arr).max() > 1.0:
-        raise TerraInputError(f"a control action lies in [-1, 1], got {np.round(arr, 4).tolist()}")
+        raise TerraInputError(f"an actuation action lies in [-1, 1], got {np.round(arr, 4).tolist()}")
     steer, accel = float(arr[0]), float(arr[1])
-    return Controls(steer * params.max_steer_rad, accel * (params.max_accel if accel >= 0 else -params.min_accel))
+    return Actuation(steer * params.max_steer_rad, accel * (params.max_accel if accel >= 0 else -params.min_accel))
 
 
-def decode(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Controls, np.ndarray]:
+def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
     """A step's ``action`` in ``mode`` as what the drive's vehicle follows and the world model's action for it (the
     vehicle's forecast; the car does not move yet), or ``InvalidAction`` in one line."""
     try:
-        if mode == "control":
-            command = controls_of(action, drive.vehicle.params)
+        if mode == "actuation":
+            command = actuation_of(action, drive.vehicle.params)
         else:
             command = as_plan(np.asarray(action, dtype=np.float64) if isinstance(action, np.ndarray) else action)
         return command, drive.action_for(command)
     except (TerraInputError, TypeError, ValueError) as err:
-        fix = ("give [steering, acceleration] in [-1, 1]" if mode == "control" else
+        fix = ("give [steering, acceleration] in [-1, 1]" if mode == "actuation" else
                f"give {NAVSIM_POSES} poses (x, y, heading) at 0.5 s in the ego frame")
         raise InvalidAction(f"{where} is no {mode} action: {error_line(err)}; {fix}, as the action space says") \
             from None

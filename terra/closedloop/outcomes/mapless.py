@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.closedloop.car.path import Reference
+from terra.closedloop.car.path import TrackedPath
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego
 
@@ -68,9 +68,9 @@ def plan_poses(plan: Plan, step: int, start: np.ndarray, dt: float = DT_S) -> tu
     """A plan made at ``step`` (ego pose ``start``) resampled at 10 Hz in the drive's frame: ``(times, poses)``,
     led by the pose it was made at, as the exact vehicle reads it (terra/closedloop/car/path.py: headings along
     the path where the plan gives none, a timing exact at constant acceleration)."""
-    reference = Reference.from_plan(plan)
-    grid = np.arange(0.0, reference.times[-1] + 1e-9, dt)
-    return step * dt + grid, compose(start, np.stack([reference.pose_at(float(t)) for t in grid]))
+    path = TrackedPath.from_plan(plan)
+    grid = np.arange(0.0, path.times[-1] + 1e-9, dt)
+    return step * dt + grid, compose(start, np.stack([path.pose_at(float(t)) for t in grid]))
 
 
 def extended_comfort(plans: Sequence[Plan], poses: np.ndarray, dt: float = DT_S) -> dict[str, float | None]:
