@@ -137,7 +137,7 @@ PUBLIC = {
     "generation": {"terra.generation", "terra.generation.actions", "terra.generation.rollout",
                    "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
                    "terra.generation.speculative", "terra.generation.session_engine"},  # backends: the wing's own
-    "session": {"terra.session", "terra.session.controls", "terra.session.context"},
+    "session": {"terra.session", "terra.session.driver_input", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
     "batch": {"terra.batch", "terra.batch.config", "terra.batch.run"},
     "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",

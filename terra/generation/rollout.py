@@ -134,7 +134,7 @@ class RolloutState:
 
     def set_next_action(self, action: np.ndarray) -> None:
         """Replace the action of the newest frame, the one that conditions the next frame (closed loop); ``action``
-        is a checked ``[6, 3]`` array (terra/session/controls.py, ``parse_action``)."""
+        is a checked ``[6, 3]`` array (terra/session/driver_input.py, ``parse_action``)."""
         self.actions[self.next_frame - 1] = action
 
     def generated(self) -> np.ndarray:

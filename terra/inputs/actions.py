@@ -205,7 +205,7 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
 def trajectory_action(trajectory: Any, source: str = "action trajectory") -> np.ndarray:
     """One frame's checked ``[6, 3]`` action from the car's path from now on in the current ego frame: a mapping
     ``{"x", "y"[, "yaw"][, "t" | "rate_hz"]}`` or points ``[[x, y], ...]`` at 10 Hz, its first point the car now.
-    How a session's trajectory action (terra/session/controls.py) becomes the next frame's action: as
+    How a session's trajectory action (terra/session/driver_input.py) becomes the next frame's action: as
     ``terra-generate`` reads a trajectory."""
     return actions_from_value({"trajectory": trajectory}, source, 1)[0]
 

@@ -77,7 +77,7 @@ def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> Pose:
     """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame.
 
     Follows the arc through the origin and the action's first point at the speed that reaches it in time: exact
-    for a drive action at constant speed (terra/session/controls.py), an estimate for any other action.
+    for a drive action at constant speed (terra/session/driver_input.py), an estimate for any other action.
     """
     curvature, length, t0 = action_arc(action)
     x, y, yaw = along_arc(curvature, length / t0 * dt)

@@ -1,6 +1,7 @@
-"""The closed-loop wing's modules moved into sub-packages (terra/closedloop/__init__.py): every old path still
-imports until the next release, as the same module object, with one FutureWarning naming the new path; the
-gymnasium ids work through the old module too. A name that never was a module of the wing still fails."""
+"""Modules that moved (terra/core/lazy.py, ``moved_modules``): the closed-loop wing's into its sub-packages
+(terra/closedloop/__init__.py) and terra/session/controls.py to driver_input.py. Every old path still imports until
+the next release, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
+through the old module too. A name that never was a module of the wing still fails."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 OLD = ("alpasim_metrics", "control_worlds", "drive_fidelity", "drives", "egodriver", "exploit_drives", "fidelity",
        "gym_env", "gym_spaces", "imitation", "learned", "metrics", "motion", "navsim", "plan_following", "policies",
        "prepare", "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle",
        "verdict", "vision")  # every module of terra/closedloop/ that moved out of its root
+MOVED = [*(f"terra.closedloop.{name}" for name in OLD), "terra.session.controls"]
 PROBE = """
 import importlib, json, sys, warnings
-import terra.closedloop
+import terra.closedloop, terra.session
 out = {}
-for old, new in terra.closedloop.MOVED_MODULES.items():
+for old, new in {**terra.closedloop.MOVED_MODULES, **terra.session.MOVED_MODULES}.items():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         space = {}
@@ -36,9 +38,9 @@ def test_every_old_path_imports_the_moved_module_with_one_warning():
     result = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
-    assert sorted(found) == sorted(f"terra.closedloop.{name}" for name in OLD)
+    assert sorted(found) == sorted(MOVED)
     for old, (same, name, warned, where) in found.items():
-        assert same and name != old and name.startswith("terra.closedloop."), old
+        assert same and name != old and name.split(".")[:2] == old.split(".")[:2], old  # moved within its wing
         assert warned == [f"FutureWarning: {old} moved to {name}; the old name goes in the next release"], old
         assert where == ["<string>"], old  # the warning points at the importing line, not at the import system
 

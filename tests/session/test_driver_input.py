@@ -1,4 +1,4 @@
-"""Actions from a driver's inputs (terra/session/controls.py): forms, errors, arrow keys and ego motion."""
+"""Actions from a driver's inputs (terra/session/driver_input.py): forms, errors, arrow keys and ego motion."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.ego_motion import advance_pose, ego_motion, speed_of
-from terra.session.controls import KeyDriver, drive_action, parse_action
+from terra.session.driver_input import KeyDriver, drive_action, parse_action
 
 
 def test_drive_action_straight_and_arc():
