@@ -140,7 +140,7 @@ PUBLIC = {
     "session": {"terra.session", "terra.session.driver_input", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
     "batch": {"terra.batch", "terra.batch.config", "terra.batch.run"},
-    "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
+    "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare_logs", "shards", "blend", "tokenize",
                                                   "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
                                                                   "metrics", "videos"))},
@@ -305,7 +305,7 @@ def test_the_light_layer_loads_no_torch():
 SETTINGS_MODULES = {
     "terra-generate": "terra.apps.generate", "terra-rollout": "terra.batch.config",
     "terra-serve": "terra.serve.settings", "terra-drive": "terra.closedloop.study.settings",
-    "terra-train": "terra.training.settings", "terra-prepare-logs": "terra.training.prepare",
+    "terra-train": "terra.training.settings", "terra-prepare-logs": "terra.training.prepare_logs",
     "terra-blend": "terra.training.blend", "terra-score": "terra.scoring.settings",
     "terra-evaluate": "terra.evaluation.settings", "terra-train-tokenizer": "terra.training.tokenizer_settings",
     "terra-tokenize": "terra.training.tokenize", "terra-make-dataset": "terra.apps.make_dataset",

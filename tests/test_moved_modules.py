@@ -1,5 +1,6 @@
 """Modules that moved (terra/core/lazy.py, ``moved_modules``): the closed-loop wing's into its sub-packages
-(terra/closedloop/__init__.py) and terra/session/controls.py to driver_input.py. Every old path still imports until
+(terra/closedloop/__init__.py), terra/session/controls.py to driver_input.py and the two prepare.py to names of
+their own (terra/batch/prepared_sample.py, terra/training/prepare_logs.py). Every old path still imports until
 the next release, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
 through the old module too. A name that never was a module of the wing still fails."""
 
@@ -17,12 +18,14 @@ OLD = ("alpasim_metrics", "control_worlds", "drive_fidelity", "drives", "egodriv
        "gym_env", "gym_spaces", "imitation", "learned", "metrics", "motion", "navsim", "plan_following", "policies",
        "prepare", "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle",
        "verdict", "vision")  # every module of terra/closedloop/ that moved out of its root
-MOVED = [*(f"terra.closedloop.{name}" for name in OLD), "terra.session.controls"]
+MOVED = [*(f"terra.closedloop.{name}" for name in OLD), "terra.session.controls", "terra.batch.prepare",
+         "terra.training.prepare"]
 PROBE = """
 import importlib, json, sys, warnings
-import terra.closedloop, terra.session
+import terra.batch, terra.closedloop, terra.session, terra.training
 out = {}
-for old, new in {**terra.closedloop.MOVED_MODULES, **terra.session.MOVED_MODULES}.items():
+tables = (terra.batch, terra.closedloop, terra.session, terra.training)
+for old, new in {old: new for package in tables for old, new in package.MOVED_MODULES.items()}.items():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         space = {}

@@ -16,7 +16,7 @@ import numpy as np
 
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
-from terra.batch.prepare import PreparedSample
+from terra.batch.prepared_sample import PreparedSample
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar

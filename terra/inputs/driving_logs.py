@@ -36,7 +36,7 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
 * **Splits.** A clip is ``val`` when the first 8 bytes of the SHA-256 of its id, read as a fraction of 2^64,
   fall below ``val_fraction`` (default 0.05), else ``train``: the same on every run and machine, whatever the
   other clips. When a run would leave the folder with no ``val`` clip among at least 2 clips (and
-  ``val_fraction`` > 0), its usable new clip of the smallest such fraction goes to ``val`` (terra/training/prepare.py).
+  ``val_fraction`` > 0), its usable new clip of the smallest such fraction goes to ``val`` (terra/training/prepare_logs.py).
 * **Shards.** terra/training/shards.py: ``index.json`` and ``{train,val}-NNNNN.safetensors`` of up to
   ``shard_clips`` clips each. A rerun skips the clips the index lists; a clip that cannot be used (a rule
   above broken, a file unreadable) is skipped with one line and written nowhere.
