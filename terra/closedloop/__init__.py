@@ -1,4 +1,4 @@
-"""Closed-loop driving: a policy in the loop with a world (the world model, the synthetic world's true frames, or a
+"""Closed-loop driving: a policy in the loop with a world (the world model, the true world's frames, or a
 world of the user's), step by step.
 
 The loop's core, here: loop.py (many drives at once in one world), plans.py (what a policy sees and returns),

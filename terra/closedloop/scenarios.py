@@ -2,7 +2,7 @@
 
 Three sources, one :class:`Scenario` each:
 
-* :func:`synthetic_scenarios`: the synthetic world (terra/sim/) keeping its lane along the road's bends; the
+* :func:`synthetic_scenarios`: scenes of terra/sim/, the car keeping its lane along the road's bends; the
   scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth (terra/closedloop/outcomes/truth.py);
 * :func:`log_scenarios`: a folder of driving-log clips (README, "Fine-tuning on your own drives"): the first
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
@@ -39,7 +39,7 @@ ROUTE_STEP_M = 2.0
 COMMAND_TURN_M = 2.0  # the route 20 m ahead this far to a side is a turn
 SCENE_LENGTH_M = 600.0
 ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its nearest centreline point this finely
-SYNTHETIC = "synthetic"  # the scenarios setting of the synthetic world's scenarios
+SYNTHETIC = "synthetic"  # the scenarios setting of the true world's scenarios
 Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (terra/config/output_dir.py)
 
 
@@ -52,7 +52,7 @@ class Scenario:
     actions: np.ndarray  # [n - 1, 6, 3] the actions between them
     speed_kmh: float  # at the last context frame
     start_pose: np.ndarray  # world pose of the last context frame
-    scene: Scene | None = None  # the synthetic world's scene: a route and ground truth
+    scene: Scene | None = None  # the true world's scene: a route and ground truth
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
@@ -171,7 +171,7 @@ def synthetic_id(seed: int, index: int) -> str:
 def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_context: int = 3,
                         speed_kmh: tuple[float, float] = (20.0, 40.0), domain: str = "day",
                         indices: Iterable[int] | None = None) -> list[Scenario]:
-    """``count`` scenarios of the synthetic world (or those at ``indices`` of them): a random scene, start and
+    """``count`` scenarios of the true world (or those at ``indices`` of them): a random scene, start and
     speed each, the context driven along the ego lane's centre (the same ``seed`` gives the same scenarios)."""
     rng = np.random.default_rng([int(seed), 0xD21E])
     chosen = set(range(count) if indices is None else indices)

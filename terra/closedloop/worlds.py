@@ -1,4 +1,4 @@
-"""The two worlds a policy can drive in, behind one interface: the world model, and the synthetic world itself.
+"""The two worlds a policy can drive in, behind one interface: the world model, and the true world.
 
 Each step a world gets, per drive, the next frame's action (the car's forecast motion over the next 3 s,
 docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle:
@@ -126,7 +126,7 @@ TRUTH = "truth"  # the true world's name
 
 
 class TrueWorld:
-    """The synthetic world rendered at the poses the cars reach (``image_size``: the frames' height and width)."""
+    """The true world rendered at the poses the cars reach (``image_size``: the frames' height and width)."""
 
     name = TRUTH
 
@@ -139,7 +139,7 @@ class TrueWorld:
         """A drive of the true world is its scenario."""
         if scenario.scene is None:
             raise TerraInputError(f"scenario {scenario.id} has no synthetic scene: the true world drives only the "
-                                  "synthetic world's scenarios")
+                                  "synthetic scenarios")
         return scenario
 
     def context_frames(self, drive: Scenario) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""AlpaSim's metrics on the synthetic world (terra/closedloop/outcomes/alpasim.py): hand-made boxes for each collision
+"""AlpaSim's metrics on the true world (terra/closedloop/outcomes/alpasim.py): hand-made boxes for each collision
 class, the box at the asphalt's edge, progress halfway along a straight expert, truncation after the first event,
 every rule of the scene score, and real drives on the true world recorded with their metrics: an oracle at the
 expert's pace, and two controls, one veering off the road, one driving into a parked car."""

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.study.control_worlds import FrozenWorld
-from terra.closedloop.study.report import compare, run_fidelity
+from terra.closedloop.study.report import compare, run_study
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.drivers.builtin import reference_policy
 from terra.closedloop.recording.run import RunSettings
@@ -136,7 +136,7 @@ class Faithful(TrueWorld):
 def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "lane_follower_bias_left", "constant_speed")}
-    report = run_fidelity({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
+    report = run_study({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
                           drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["difference"]["path_distance_m"].estimate == 0.0 and row["model"] == row["truth"]
@@ -168,7 +168,7 @@ class FrozenModel(FrozenWorld):
 def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "constant_speed")}
-    report = run_fidelity({"model": FrozenModel((72, 128)), "truth": TrueWorld((72, 128))},
+    report = run_study({"model": FrozenModel((72, 128)), "truth": TrueWorld((72, 128))},
                           drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert abs(row["following_gain_dx"].estimate) < 0.05 and row["following_gain_dx"].high < 0.8

@@ -18,7 +18,7 @@ from PIL import Image
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.study.control_worlds import control_world
-from terra.closedloop.study.report import run_fidelity
+from terra.closedloop.study.report import run_study
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
 from terra.closedloop.drivers.builtin import reference_policy
 from terra.closedloop.recording.files import write_drive
@@ -150,7 +150,7 @@ def test_a_run_marks_what_it_writes_holds_the_lock_and_writes_strict_json(tmp_pa
 
     # a fidelity study whose every drive failed has no numbers to average: null, never NaN
     worlds = {"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}
-    report = run_fidelity(worlds, specs[1:], RunSettings(tmp_path / "fid", num_steps=2, progress=False))
+    report = run_study(worlds, specs[1:], RunSettings(tmp_path / "fid", num_steps=2, progress=False))
     text = (tmp_path / "fid" / "fidelity.json").read_text()
     row = json.loads(text, parse_constant=pytest.fail)["policies"]["broken"]
     assert row["model"]["time_in_lane"] is None and np.isnan(report.policies["broken"]["model"]["time_in_lane"])
@@ -227,7 +227,7 @@ def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samp
     with pytest.raises(TerraInputError, match="lies inside the context"):
         drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "images" / "frames" / "run", num_steps=1))
     with pytest.raises(TerraInputError, match="holds the scenarios file"):
-        run_fidelity({"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}, specs,
+        run_study({"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}, specs,
                      RunSettings(samples.parent, num_steps=1))
 
 

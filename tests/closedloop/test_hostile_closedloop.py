@@ -11,7 +11,7 @@
 * nonsense refused before any work (exit 2, one line, nothing written, no Hydra folder);
 * one line per problem on stderr: no gRPC traceback or C-core lines, no argparse usage, no RuntimeWarning.
 
-Everything runs on the synthetic world's true frames (``world=truth``: the renderer, fast) and tiny drives; a hang
+Everything runs on the true world's frames (``world=truth``: the renderer, fast) and tiny drives; a hang
 test uses a small ``policy_timeout_s`` and bounds how long the drive took.
 """
 

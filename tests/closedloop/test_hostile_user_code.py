@@ -10,7 +10,7 @@
   constructor that hangs is one line, not a hang, and nothing is left behind;
 * a drive ends when the car leaves the scene sideways.
 
-Everything runs on the synthetic world's true frames (the renderer) at a small size.
+Everything runs on the true world's frames (the renderer) at a small size.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The driving loop on the synthetic world's true frames (fast, no model): bad policies end their own drive with
+"""The driving loop on the true world's frames (fast, no model): bad policies end their own drive with
 one reason, a drive along the lane centre has zero lane offset, a recorded run resumes without repeating a drive."""
 
 from __future__ import annotations

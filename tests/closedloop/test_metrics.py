@@ -1,4 +1,4 @@
-"""Closed-loop metrics on hand-made trajectories against hand-computed values, and the synthetic world's truth."""
+"""Closed-loop metrics on hand-made trajectories against hand-computed values, and the true world's truth."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pixel policies (terra/closedloop/drivers/builtin.py, vision.py, learned.py) on the synthetic world's true frames:
+"""The pixel policies (terra/closedloop/drivers/builtin.py, vision.py, learned.py) on the true world's frames:
 ``all_pixel`` names them and no policy that reads no pixels; each detector reads the lane centre a rendered frame
 shows; driven in the true world they spread from good to bad; the learned driver's shipped weights load, read
 rendered frames of unseen scenes close to the expert and are refused, in one line, when they are not its tensors."""

@@ -2,7 +2,7 @@
 
 * baselines that read no pixels (:data:`NO_PIXELS`): ``route_follower`` and ``constant_speed``, the egodriver
   contract's own (carla_driver_interface.policies), driven over that contract in this process
-  (terra/closedloop/drivers/egodriver.py): the first tracks the route (in the synthetic world the ego lane's centre ahead),
+  (terra/closedloop/drivers/egodriver.py): the first tracks the route (in the true world the ego lane's centre ahead),
   the second plans straight ahead whatever the road does;
 * pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
   (terra/closedloop/drivers/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour, pure

@@ -16,7 +16,7 @@ The drive's clock starts at its first context frame (0 µs) and ticks 100 ms a f
 ``(num_context - 1) * 100_000`` µs and every frame's and pose's timestamp is the time it was taken. Poses are the
 rig's in the drive's ``local`` frame (the last context frame's ego frame); the rig is the closed loop's ego pose,
 whose origin is the centre of the rear axle on the ground (x forward, y left, z up), as in AlpaSim. The camera
-(terra/sim/camera.py, the synthetic world's pinhole: 70 degrees across, pitched 4 degrees down) sits 1.6 m straight
+(terra/sim/camera.py, the true world's pinhole: 70 degrees across, pitched 4 degrees down) sits 1.6 m straight
 above that origin, so it is declared at ``(0, 0, 1.6)`` in the rig. The answer, in the local frame and led by the
 pose now, comes back to the loop in the rig frame (x forward, y left).
 
@@ -74,7 +74,7 @@ def driver_target(entry: str) -> str:
 
 
 def _camera(width: int, height: int):
-    """The synthetic world's front camera as a pinhole the contract declares (terra/sim/camera.py): 1.6 m straight
+    """The true world's front camera as a pinhole the contract declares (terra/sim/camera.py): 1.6 m straight
     above the rig's origin, the rear axle's centre on the ground."""
     from carla_driver_interface.testing import FakeCamera
 

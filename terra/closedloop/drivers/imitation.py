@@ -1,4 +1,4 @@
-"""Behaviour cloning of the learned driver (terra/closedloop/drivers/learned.py) on the synthetic world's true frames.
+"""Behaviour cloning of the learned driver (terra/closedloop/drivers/learned.py) on the true world's frames.
 
 Samples are poses near the ego lane of random scenes (terra/sim/scene.py): off its centre by up to
 :data:`OFFSET_M` and turned from the road's heading by up to :data:`HEADING_RAD`, so that the net also sees the

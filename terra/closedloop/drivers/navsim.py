@@ -147,7 +147,7 @@ def dataclasses_module():
 
 
 def front_camera(image: np.ndarray, classes) -> Any:
-    """``cam_f0`` for a frame of the synthetic world's front camera (terra/sim/camera.py): its pinhole intrinsics,
+    """``cam_f0`` for a frame of the true world's front camera (terra/sim/camera.py): its pinhole intrinsics,
     its optical axes as the rotation and its mount 1.6 m up as the translation (the ego frame stands for the
     lidar's)."""
     return classes.Camera(image=image, sensor2lidar_rotation=OPTICAL_AXES.astype(np.float32),

@@ -12,7 +12,7 @@ metres on (ego frame, left positive; terra/fidelity/lanes.py's ``LaneEstimate``)
 
 Steering laws, each ``(estimate, speed) -> curvature``: :class:`PurePursuit` (the arc through the lane centre a
 look-ahead away), :class:`Stanley` (heading error plus cross-track error at the front axle) and :class:`BangBang`
-(a fixed turn towards the lane). Right-hand traffic, as in the synthetic world's day scenes.
+(a fixed turn towards the lane). Right-hand traffic, as in the true world's day scenes.
 """
 
 from __future__ import annotations

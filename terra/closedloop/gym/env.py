@@ -3,7 +3,7 @@ stepped together on one world, so a world model's engine batches them), register
 module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_vec("terra/Drive-v0", num_envs=8)``
 (or ``gymnasium.make("terra.closedloop.gym.env:terra/Drive-v0")``, which imports it).
 
-* the world: ``world="truth"`` (the default: the synthetic world rendered at the car's pose, terra/closedloop/worlds.py)
+* the world: ``world="truth"`` (the default: the true world, rendered at the car's pose, terra/closedloop/worlds.py)
   or a :class:`~terra.closedloop.worlds.World` of the caller's (``ModelWorld(pipeline)``: the world model); the
   scenarios: a list of the caller's, else ``num_scenarios`` synthetic ones drawn with ``scenario_seed`` at
   ``image_size`` (terra-drive's settings of the same names, conf/drive.yaml);
@@ -15,7 +15,7 @@ module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_ve
 * observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym/spaces.py;
   ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios: terra/closedloop/outcomes/truth.py),
   ``truncated`` after ``num_steps`` or when the car leaves the scene (``Scenario.left_scene``); ``info`` holds the
-  pose and, in the synthetic world, the lane offset (and ``ended``: why the drive ended early);
+  pose and, in the true world, the lane offset (and ``ended``: why the drive ended early);
 * ``render()``: the newest frame (``render_mode="rgb_array"``).
 
 Bad calls are refused as gymnasium's own envs refuse them, in one line, before anything changes: an action that is

@@ -1,4 +1,4 @@
-"""AlpaSim's closed-loop metrics and scene score, computed from the synthetic world's ground truth.
+"""AlpaSim's closed-loop metrics and scene score, computed from the true world's ground truth.
 
 The names and definitions are AlpaSim's evaluation (NVlabs/alpasim, ``src/eval/src/eval/``: ``scorers/collision.py``,
 ``scorers/offroad.py``, ``scorers/ground_truth.py``, ``aggregation/processing.py``, ``aggregation/scene_score.py``).

@@ -1,4 +1,4 @@
-"""What one drive's frames say about its world, measured against the synthetic world's renders at the drive's poses.
+"""What one drive's frames say about its world, measured against the true world's renders at the drive's poses.
 
 For a drive in any world but the true one, on a synthetic scenario: the scene rendered at each pose the car reached
 (terra/sim/renderer.py) is what a faithful world would have shown there, so every difference is the world's. Per
@@ -28,8 +28,8 @@ from terra.fidelity.odometry import step_motions
 from terra.sim.renderer import render
 
 
-def measure_drive(drive: Drive) -> dict[str, Any] | None:
-    """The drive's fidelity measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
+def measure_frames(drive: Drive) -> dict[str, Any] | None:
+    """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
     has no generated frame or no synthetic scene to render."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:

@@ -1,4 +1,4 @@
-"""Ground truth of a drive in the synthetic world: where the integrated ego poses put the car in the true scene.
+"""Ground truth of a drive in the true world: where the integrated ego poses put the car in the true scene.
 
 The car is a rectangle of ``EGO_LENGTH_M`` x ``EGO_WIDTH_M`` (terra/closedloop/car/vehicle.py) centred on its pose.
 At each generated frame's pose (the scene's exact road coordinates, terra/sim/scene.py): the **lane offset**

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from terra.closedloop.outcomes.alpasim import alpasim_metrics
-from terra.closedloop.outcomes.frames import measure_drive
+from terra.closedloop.outcomes.frames import measure_frames
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.outcomes.mapless import drive_metrics
 from terra.closedloop.outcomes.truth import truth_metrics
@@ -96,7 +96,7 @@ def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
 
 
 def metrics_of(drive: Drive) -> dict:
-    """The drive's map-free metrics and, in the synthetic world, its ground truth and AlpaSim's metrics
+    """The drive's map-free metrics and, in the true world, its ground truth and AlpaSim's metrics
     (terra/closedloop/outcomes/alpasim.py)."""
     poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
     metrics = drive_metrics(poses, drive.plans)
@@ -138,7 +138,7 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
                 extra_metrics: dict | None = None, measure: bool = False) -> dict:
     """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
     ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py); ``measure``
-    adds the fidelity measurements of its frames (terra/closedloop/outcomes/frames.py)."""
+    adds the measurements of its frames (terra/closedloop/outcomes/frames.py)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:
@@ -146,7 +146,7 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
         files.append(video.name)
     content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
     if measure and drive.ok:
-        content["fidelity"] = measure_drive(drive)
+        content["fidelity"] = measure_frames(drive)
     write_text(sidecar, json_text(to_jsonable(content)) + "\n")
     return content
 

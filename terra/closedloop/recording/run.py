@@ -11,7 +11,7 @@ The summary (``manifest.summary.json`` and the line :meth:`RunResult.line`) repo
 the world's: ``timings_s`` splits the wall time into setup, policies (the plan phases: every drive's policy plans
 at once), the world (its generation and decoding) and recording; ``plan_s`` is the time of one plan over all of
 them; ``world_frames_per_s`` is the world's frames per second of its own time, policy time excluded; ``alpasim``
-is AlpaSim's scene score over the synthetic world's drives, its mean with a bootstrap interval over scenarios
+is AlpaSim's scene score over the true world's drives, its mean with a bootstrap interval over scenarios
 (terra/closedloop/outcomes/alpasim.py, ``scene_scores``).
 """
 
@@ -54,7 +54,7 @@ class RunSettings:
     fps: float = 10.0
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
-    measure: bool = False  # the fidelity measurements of each drive's frames (terra/closedloop/outcomes/frames.py)
+    measure: bool = False  # each drive's frames measured against the truth (terra/closedloop/outcomes/frames.py)
     manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/car/motion.py), the same in every world
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model draws: its settings shape them
@@ -200,7 +200,7 @@ def specs_of(specs: Sequence[DriveSpec], drive_ids: Sequence[str]) -> list[Drive
 
 
 def measured(world: str, settings: RunSettings) -> bool:
-    """Whether ``world``'s drives carry the fidelity measurements: asked for, and not the true world (its frames are
+    """Whether ``world``'s drives carry the frame measurements: asked for, and not the true world (its frames are
     the truth: nothing to measure)."""
     return settings.measure and world != TRUTH
 

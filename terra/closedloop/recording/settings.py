@@ -155,7 +155,7 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
     scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
                                 None if image_root is None else str(image_root))
     if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
-        raise TerraInputError(f"world={world} needs synthetic scenarios (the true world is the synthetic world)")
+        raise TerraInputError(f"world={world} needs synthetic scenarios (the true world renders their scenes)")
     every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
     videos = check_flag(select(cfg, "videos"), "videos")
     estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")

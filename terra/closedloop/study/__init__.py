@@ -1,4 +1,4 @@
-"""The fidelity study (``terra-drive world=both``): is a world model a simulator of the synthetic world? A client of
+"""The fidelity study (``terra-drive world=both``): is a world model a simulator of the true world? A client of
 the drive run (terra/closedloop/recording/): its settings wrap the run's, and the run never imports it.
 
 control_worlds.py: worlds known to be wrong (the controls). verdict.py: each statistic judged with its interval.

@@ -14,7 +14,7 @@ and drives as any world does:
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
   so the model renders driving straight at the commanded speed while the car steers.
 
-The first four need the synthetic world's scene (the true world's scenarios); the last two share the model world's
+The first four need the true world's scene (synthetic scenarios); the last two share the model world's
 engine (they run after it, never beside it). :func:`control_world` builds one by name.
 """
 

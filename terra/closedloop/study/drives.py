@@ -29,17 +29,17 @@ def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveO
     ``executor=ray``), then with the whole study the report; ``progress`` (default: the setting, on a terminal)
     shows the frame bar."""
     from terra.closedloop.study.exploit import exploit_study
-    from terra.closedloop.study.report import fidelity_run, study_settings
+    from terra.closedloop.study.report import study_run, measured_settings
 
     run, folders = settings.drive, settings.folders
     progress = run.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = run.run_settings(progress, folders.top.path)
     exploit = settings.exploitability and folders.report  # executor=local only (terra/closedloop/study/settings.py)
-    started = start_drives(run, study_settings(run_settings), {w: f.path for w, f in folders.worlds.items()},
+    started = start_drives(run, measured_settings(run_settings), {w: f.path for w, f in folders.worlds.items()},
                            folders.drive_ids, ("model", TRUTH) if exploit else ())
     study = partial(exploit_study, started.worlds, started.specs, run_settings) if settings.exploitability else None
     try:
-        report, runs = fidelity_run(started.runner, run_settings, folders, study)
+        report, runs = study_run(started.runner, run_settings, folders, study)
         lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
         out = folders.top.path
         if report is None:

@@ -1,4 +1,4 @@
-"""How faithful a world model is as a simulator: the same drives in the model, in the synthetic world itself and in
+"""How faithful a world model is as a simulator: the same drives in the model, in the true world and in
 worlds known to be wrong, then the verdict (terra/closedloop/study/verdict.py).
 
 Each scenario x policy is driven with the same seed in every world of the study: the world model
@@ -51,7 +51,7 @@ COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's 
 
 
 @dataclass
-class FidelityReport:
+class StudyReport:
     """The verdict on every world but the true one (the model's first), per policy the model's and the truth's
     outcomes and their paired differences (:func:`policy_outcomes`), and the exploitability study when one ran
     (terra/closedloop/study/exploit.py)."""
@@ -127,16 +127,16 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if len(finite) else float("nan")
 
 
-def compare(runs: dict[str, dict[str, dict]], exploit: Exploitability | None = None) -> FidelityReport:
+def compare(runs: dict[str, dict[str, dict]], exploit: Exploitability | None = None) -> StudyReport:
     """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability
     study's result, if one ran."""
     truth = runs[TRUTH]
     verdicts = [judge(world, drives, truth) for world, drives in runs.items() if world != TRUTH]
-    return FidelityReport(verdicts, policy_outcomes(runs["model"], truth), exploit)
+    return StudyReport(verdicts, policy_outcomes(runs["model"], truth), exploit)
 
 
 @dataclass(frozen=True)
-class FidelityFolders:
+class StudyFolders:
     """Where a fidelity study writes, claimed (terra/config/output_dir.py): its report in ``top``, each world's
     drives in a sub-folder of the world's name (``model/``, ``truth/``, ``frozen/``, ...)."""
 
@@ -170,9 +170,9 @@ def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequenc
     return {world: every if world in ("model", TRUTH) else controls for world in worlds}
 
 
-def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
+def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
                            manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
-                           shard_worlds: str = "all") -> FidelityFolders:
+                           shard_worlds: str = "all") -> StudyFolders:
     """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the
     model's and the truth's first) that this run drives (``shard_worlds``: :func:`in_shard`), checked before any
     work. A shard (``manifest`` not ``manifest.jsonl``, or some of the study's worlds alone) writes no report; it
@@ -184,14 +184,14 @@ def claim_fidelity_folders(path: str | Path, drive_ids: dict[str, list[str]], vi
     folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"{setting}/{world}")
                for world, ids in drive_ids.items()}
     lock = REPORT_FILES[0] if report else manifest if shard_worlds == "all" else f"{shard_worlds}.{manifest}"
-    return FidelityFolders(top, folders, drive_ids, report, lock)
+    return StudyFolders(top, folders, drive_ids, report, lock)
 
 
-def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
+def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
                  model_settings: dict | None = None, plan_following=None,
-                 folders: FidelityFolders | None = None, exploit: bool = False,
+                 folders: StudyFolders | None = None, exploit: bool = False,
                  num_control_scenarios: int | None = None, num_control_seeds: int | None = None
-                 ) -> FidelityReport | None:
+                 ) -> StudyReport | None:
     """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
     ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
@@ -203,29 +203,29 @@ def run_fidelity(worlds: dict[str, World], specs: Sequence[DriveSpec], settings:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
                            num_control_scenarios, num_control_seeds)
-        folders = claim_fidelity_folders(settings.output_dir, ids, settings.videos, settings.manifest,
+        folders = claim_study_folders(settings.output_dir, ids, settings.videos, settings.manifest,
                                          [item for spec in specs for item in spec.scenario.reads])
     runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
     study = partial(exploit_study, worlds, specs, settings) if exploit else None
-    report, _ = fidelity_run(runner, settings, folders, study)
+    report, _ = study_run(runner, settings, folders, study)
     return report
 
 
-def study_settings(settings: RunSettings) -> RunSettings:
+def measured_settings(settings: RunSettings) -> RunSettings:
     """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/outcomes/frames.py), and the
     model's controls shaped by the model's settings as the model is."""
     return replace(settings, measure=True, model_worlds=MODEL_WORLDS)
 
 
-def fidelity_run(runner: DriveRunner, settings: RunSettings, folders: FidelityFolders,
+def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
                  exploit: Callable[[], Exploitability] | None = None
-                 ) -> tuple[FidelityReport | None, dict[str, RunResult]]:
+                 ) -> tuple[StudyReport | None, dict[str, RunResult]]:
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
     folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
     study folder's lock throughout; the report and each world's run. Every drive is measured
     (``settings.measure``)."""
     runs: dict[str, RunResult] = {}
-    measured = study_settings(settings)
+    measured = measured_settings(settings)
     with folders.top.hold(folders.lock) as out:
         for world, folder in folders.worlds.items():
             runs[world] = record_run(runner, world, folders.drive_ids[world], measured, folder)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from terra.closedloop.loop import drive_id
 from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
 from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, control_world
-from terra.closedloop.study.report import SHARD_WORLDS, FidelityFolders, claim_fidelity_folders, study_drives
+from terra.closedloop.study.report import SHARD_WORLDS, StudyFolders, claim_study_folders, study_drives
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import TRUTH
 from terra.config.checks import Range, check_choice, check_flag, check_settings, select
@@ -44,7 +44,7 @@ class StudySettings:
     num_control_scenarios: int | None  # the controls drive the first this many scenarios (None: all)
     num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
     shard_worlds: str  # all | engine (the worlds the world model's engine draws) | scene (the others)
-    folders: FidelityFolders  # the study's folders, claimed
+    folders: StudyFolders  # the study's folders, claimed
     exploitability: bool  # the exploitability study too (terra/closedloop/study/exploit.py)
 
 
@@ -100,7 +100,7 @@ def checked_study(cfg: DictConfig, output_dir: str | Path) -> StudySettings:
     taken = {d for world_ids in mine.values() for d in world_ids}
     drives = checked_shard(run, [d for d in every if every_id[d] in taken], len(every))
     manifest = manifest_name(shard_index=run.shard_index, num_shards=run.num_shards)
-    folders = claim_fidelity_folders(output_dir, mine, run.videos, manifest, run_inputs(run),
+    folders = claim_study_folders(output_dir, mine, run.videos, manifest, run_inputs(run),
                                      shard_worlds=shard_worlds)
     num_steps = FIDELITY_STEPS if select(cfg, "num_steps") is None else run.num_steps
     drive = replace(run, drives=drives, worlds=tuple(folders.worlds), user_worlds=user_worlds, num_steps=num_steps,

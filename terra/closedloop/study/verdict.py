@@ -1,4 +1,4 @@
-"""The fidelity verdict: is a world a simulator of the synthetic world? Judged per statistic, with intervals, for the
+"""The fidelity verdict: is a world a simulator of the true world? Judged per statistic, with intervals, for the
 world model and for worlds known to be wrong (terra/closedloop/study/control_worlds.py), so the verdict is seen to fail.
 
 Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
