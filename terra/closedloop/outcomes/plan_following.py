@@ -4,8 +4,9 @@ commands integrate to over those frames, as ACT-Bench compares its estimate with
 
 The estimator sees the last ``T`` frames (``input_shape[1]``: 44 for the published ACT-Estimator, so the drive's
 context and generated frames together must number at least 44), preprocessed as ``terra/scoring/`` does, with
-timestamps 0.1 s apart. The reference is the drive's poses over the same frames, relative to the first of them, in
-the estimator's frame (ACT-Bench's ``(-y, x)``). Reported per drive: ADE and FDE in metres and the estimated class.
+timestamps 0.1 s apart. The driven path (ACT-Bench's reference) is the drive's poses over the same frames,
+relative to the first of them, in the estimator's frame (ACT-Bench's ``(-y, x)``). Reported per drive: ADE and FDE
+in metres and the estimated class.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class PlanFollowing:
         self.estimator = VideoActionEstimator.from_pretrained(folder).to(self.device).eval()
         self.frames = self.estimator.config.input_shape[1]
 
-    def reference(self, drive: Drive) -> np.ndarray | None:
+    def driven_path(self, drive: Drive) -> np.ndarray | None:
         """The commanded path over the estimator's frames ``[T, 2]`` in its frame, or None for a short drive."""
         # the drive knows the poses of the last context frame and of the generated ones: the window lies there
         if len(drive.poses) < self.frames:
@@ -51,8 +52,8 @@ class PlanFollowing:
         torch, config = self.torch, self.estimator.config
         out: list[dict | None] = []
         for drive in drives:
-            reference = self.reference(drive)
-            if reference is None:
+            driven = self.driven_path(drive)
+            if driven is None:
                 out.append(None)
                 continue
             clip = preprocess(np.stack(drive.frames[-self.frames:]), tuple(config.input_shape[2:]))
@@ -60,7 +61,7 @@ class PlanFollowing:
             with torch.inference_mode():
                 estimate = self.estimator(clip[None].to(self.device).float().div_(255), times)
             waypoints = estimate.waypoints.float().cpu().numpy()
-            ade, fde = displacement_errors(waypoints, reference[None])
+            ade, fde = displacement_errors(waypoints, driven[None])
             label = LABELS[int(torch.softmax(estimate.command.float().cpu(), dim=1).argmax())]
             out.append({"ade_m": float(ade[0]), "fde_m": float(fde[0]), "estimated_class": label})
         return out
