@@ -96,7 +96,7 @@ class Drive:
     vehicle: Vehicle
     frames: list[np.ndarray] = field(default_factory=list)  # context frames first (as the world shows them)
     num_context: int = 0
-    plans: list[Plan | Actuation] = field(default_factory=list)  # controls: the gymnasium env's actuation actions
+    plans: list[Plan | Actuation] = field(default_factory=list)  # Actuation: the gymnasium env's actuation actions
     actions: list[np.ndarray] = field(default_factory=list)  # actions[k] conditioned generated frame k
     poses: list[np.ndarray] = field(default_factory=list)  # [3] per frame from the last context frame, ego frame
     speeds: list[float] = field(default_factory=list)  # m/s at each pose
