@@ -27,7 +27,7 @@ from terra.closedloop.recording.files import claim_drive_folder
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.closedloop.user_world import is_world_target, world_class, world_name
-from terra.closedloop.worlds import TRUTH, World
+from terra.closedloop.worlds import World
 from terra.config.checks import (
     MAX_FRAMES,
     SEED,
