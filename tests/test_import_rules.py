@@ -6,8 +6,9 @@ them only their public faces (``PUBLIC``); no module imports another's private n
 terra/core/ (the ground floor) imports nothing of the project's; terra.tokenizer stands alone on it;
 terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (terra/models/) runs without vLLM;
 the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
-(terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; the old top-level names
-``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; no package exports the name of one of its
+(terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; terra/closedloop/ keeps the
+loop's core at its root and its sub-packages by floor (the drive run never imports the fidelity study); the old
+top-level names ``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; no package exports the name of one of its
 modules; ``import terra.tokenizer`` and ``import terra`` stay light.
 """
 
@@ -91,6 +92,15 @@ RULES = {
                      "terra.models", "terra.pipeline", "terra.serve", "terra.session", "terra.sim", "terra.vllm"),
     "terra/inputs": ("terra.generation.backends", *BACKEND_MODULES, "terra.pipeline"),
 }
+# Inside the closed-loop wing (terra/closedloop/__init__.py): the loop's core at its root, then its concerns, each
+# importing only those below it: car/ < drivers/ < outcomes/ < recording/ (the run) < study/ (its client), gym/
+CLOSED_LOOP_CORE = ("loop", "plans", "worlds", "user_world", "scenarios", "guard")
+CLOSED_LOOP_FLOORS = ("car", "drivers", "outcomes", "recording", "study")
+for _name in CLOSED_LOOP_CORE:
+    RULES[f"terra/closedloop/{_name}.py"] = tuple(f"terra.closedloop.{p}" for p in (*CLOSED_LOOP_FLOORS[1:], "gym"))
+for _floor, _package in enumerate(CLOSED_LOOP_FLOORS):
+    RULES[f"terra/closedloop/{_package}"] = tuple(f"terra.closedloop.{p}" for p in (*CLOSED_LOOP_FLOORS[_floor + 1:],
+                                                                                    "gym"))
 # modules a rule's folder may import although a forbidden name covers them
 ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
            "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
@@ -267,6 +277,17 @@ def test_layering(where):
               for path in sources(*where.split("/")) for name in sorted(imported_modules(path))
               if within(name, forbidden) and not within(name, allowed)]
     assert not broken, "\n".join(broken)
+
+
+def test_the_closed_loop_keeps_only_its_core_at_its_root():
+    root = {path.stem for path in ROOT.joinpath("terra", "closedloop").glob("*.py")} - {"__init__"}
+    assert root == set(CLOSED_LOOP_CORE), f"beyond the loop's core at terra/closedloop/: {root - set(CLOSED_LOOP_CORE)}"
+
+
+def test_the_closed_loop_rules_catch_an_upward_import():  # the control: a run that imports the study is refused
+    forbidden = RULES["terra/closedloop/recording"]
+    names = imports_of("from terra.closedloop.study.report import study_run", "terra.closedloop.recording.drives")
+    assert any(within(name, forbidden) for name in names)
 
 
 def test_the_removed_aliases_are_gone():
