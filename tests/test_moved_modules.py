@@ -72,3 +72,13 @@ def test_the_gymnasium_ids_work_through_the_old_module(monkeypatch):
         env = gym.make("terra.closedloop.gym_env:terra/Drive-v0", num_scenarios=1, image_size=(36, 64), num_steps=2)
     assert isinstance(env.unwrapped, DriveEnv) and env.spec.id == "terra/Drive-v0"
     env.close()
+
+
+def test_a_renamed_public_function_is_found_under_its_old_name_for_one_release():
+    from terra.closedloop.study import report
+
+    with pytest.warns(FutureWarning, match="report.run_fidelity is now terra.closedloop.study.report.run_study"):
+        from terra.closedloop.study.report import run_fidelity
+    assert run_fidelity is report.run_study
+    with pytest.raises(ImportError):  # the control: a name that never was there
+        from terra.closedloop.study.report import run_nothing  # noqa: F401

@@ -6,6 +6,8 @@
   next release (the same module object, and one ``FutureWarning`` naming the new path):
   ``moved_modules(__name__, {"run": "recording.run"})``. The one mechanism for moved modules, as
   terra/config/moved.py is for moved settings.
+* :func:`renamed`: a module's public names that were renamed, still found under their old names until the next
+  release (the same object, one ``FutureWarning``): ``__getattr__ = renamed(__name__, {"run_fidelity": "run_study"})``.
 """
 
 from __future__ import annotations
@@ -64,3 +66,17 @@ def moved_modules(package: str, moved: Mapping[str, str]) -> dict[str, str]:
         sys.meta_path.append(finder)
     finder.moved.update(table)
     return table
+
+
+def renamed(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``module`` that answers each old name of ``names`` (old -> new) with the object
+    of its new name, with one ``FutureWarning``."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} is now {module}.{names[name]}; the old name goes in the next release",
+                      FutureWarning, stacklevel=2)
+        return getattr(sys.modules[module], names[name])
+
+    return __getattr__
