@@ -1,13 +1,15 @@
-"""What a run records of its engine is what the engine ran with: ``terra-generate``'s sidecar stores the options
-the backend was built with (terra/generation/backends.py, ``engine_options``: the one place that decides them),
-not the options as configured. A vLLM engine is sized for the run's rollouts, so one sample records
-``max_num_seqs: 1`` where conf/backend/vllm.yaml says 64."""
+"""What a run records of its engine is what the engine ran with: the options the backend was built with
+(terra/generation/backends.py, ``engine_options``: the one place that decides them), not the options as configured.
+A vLLM engine is sized for the run's rollouts: terra-generate's sidecar records ``max_num_seqs: 1`` for one sample
+where conf/backend/vllm.yaml says 64, and terra-rollout's sidecars ``engine_options`` beside the settings as given.
+"""
 
 from __future__ import annotations
 
 import json
 
 from terra.generation import backends
+from tests.batch.test_batch import scenes, terra_line  # noqa: F401  (scenes: the module's context images)
 
 
 def test_engine_options_size_a_vllm_engine_for_the_run_and_leave_transformers_as_set():
@@ -48,3 +50,29 @@ def test_the_sidecar_records_the_engine_the_run_built(monkeypatch, tmp_path, sin
     assert {k: v for k, v in sidecar["config"]["backend"]["options"].items() if k != "max_num_seqs"} == \
         {k: v for k, v in options.items() if k != "max_num_seqs"}
 
+
+
+def test_a_batch_sidecar_records_the_engine_the_run_built(monkeypatch, tmp_path, scenes, single_thread):
+    """terra-rollout's sidecars: ``engine_options`` is what the engine was built with (room for ``max_concurrent``
+    rollouts), beside ``config``, the settings as given."""
+    from terra.batch import BatchConfig, run_batch
+
+    built = []
+    real = backends.create_backend
+
+    def create_backend(kind, world_model, device, dtype, config=None, sampling=None, max_rollouts=None, **options):
+        built.append((kind, options))
+        return real("hf", world_model, "cpu", dtype, config, sampling.replace(decoding="sequential"))
+
+    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
+    monkeypatch.setattr("terra.generation.backends.resolve_backend", lambda kind, device: kind)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(terra_line(scenes, "a") + "\n")
+    result = run_batch(BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"],
+                                   backend="vllm", device="cpu", num_frames=1, num_context=3, max_concurrent=2,
+                                   num_threads=1, backend_options={"max_num_seqs": 64}))
+    assert result.counts["ok"] == 1, result.records
+    [(kind, options)] = built
+    assert kind == "vllm" and options["max_num_seqs"] == 2
+    sidecar = json.loads((tmp_path / "out" / "a.json").read_text())
+    assert sidecar["engine_options"] == options and sidecar["config"]["backend_options"] == {"max_num_seqs": 64}
