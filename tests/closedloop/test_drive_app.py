@@ -137,7 +137,7 @@ def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "lane_follower_bias_left", "constant_speed")}
     report = run_study({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
-                          drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
+                       drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["difference"]["path_distance_m"].estimate == 0.0 and row["model"] == row["truth"]
         assert 0.0 <= row["model"]["scene_score"] <= 1.0 and row["drives"] == 2 and row["failed"] == 0
@@ -169,7 +169,7 @@ def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_pa
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "constant_speed")}
     report = run_study({"model": FrozenModel((72, 128)), "truth": TrueWorld((72, 128))},
-                          drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
+                       drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert abs(row["following_gain_dx"].estimate) < 0.05 and row["following_gain_dx"].high < 0.8
 

@@ -173,8 +173,8 @@ def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequenc
 
 
 def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
-                           manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
-                           shard_worlds: str = "all") -> StudyFolders:
+                        manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
+                        shard_worlds: str = "all") -> StudyFolders:
     """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the
     model's and the truth's first) that this run drives (``shard_worlds``: :func:`in_shard`), checked before any
     work. A shard (``manifest`` not ``manifest.jsonl``, or some of the study's worlds alone) writes no report; it
@@ -190,10 +190,10 @@ def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], video
 
 
 def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
-                 model_settings: dict | None = None, plan_following=None,
-                 folders: StudyFolders | None = None, exploit: bool = False,
-                 num_control_scenarios: int | None = None, num_control_seeds: int | None = None
-                 ) -> StudyReport | None:
+              model_settings: dict | None = None, plan_following=None,
+              folders: StudyFolders | None = None, exploit: bool = False,
+              num_control_scenarios: int | None = None, num_control_seeds: int | None = None
+              ) -> StudyReport | None:
     """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
     ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
@@ -206,7 +206,7 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
                            num_control_scenarios, num_control_seeds)
         folders = claim_study_folders(settings.output_dir, ids, settings.videos, settings.manifest,
-                                         [item for spec in specs for item in spec.scenario.reads])
+                                      [item for spec in specs for item in spec.scenario.reads])
     runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
     study = partial(exploit_study, worlds, specs, settings) if exploit else None
     report, _ = study_run(runner, settings, folders, study)
@@ -220,8 +220,8 @@ def measured_settings(settings: RunSettings) -> RunSettings:
 
 
 def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
-                 exploit: Callable[[], Exploitability] | None = None
-                 ) -> tuple[StudyReport | None, dict[str, RunResult]]:
+              exploit: Callable[[], Exploitability] | None = None
+              ) -> tuple[StudyReport | None, dict[str, RunResult]]:
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
     folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
     study folder's lock throughout; the report and each world's run. Every drive is measured

@@ -101,7 +101,7 @@ def checked_study(cfg: DictConfig, output_dir: str | Path) -> StudySettings:
     drives = checked_shard(run, [d for d in every if every_id[d] in taken], len(every))
     manifest = manifest_name(shard_index=run.shard_index, num_shards=run.num_shards)
     folders = claim_study_folders(output_dir, mine, run.videos, manifest, run_inputs(run),
-                                     shard_worlds=shard_worlds)
+                                  shard_worlds=shard_worlds)
     num_steps = FIDELITY_STEPS if select(cfg, "num_steps") is None else run.num_steps
     drive = replace(run, drives=drives, worlds=tuple(folders.worlds), user_worlds=user_worlds, num_steps=num_steps,
                     model_worlds=MODEL_WORLDS, other_world=control_world)
