@@ -98,8 +98,8 @@ def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
     """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
     before :func:`resolve_run` (every actor: the batch's, terra/batch/ray_actor.py, and ``terra-drive``'s,
-    terra/closedloop/recording/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU, never
-    a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
+    terra/closedloop/recording/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU,
+    never a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
     node's plugin is checked (terra/vllm/plugin.py) and a multi-GPU engine runs its workers as processes on this
     actor's GPUs (``distributed_executor_backend=mp``, unless set), not as Ray actors of their own."""
     device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)

@@ -158,8 +158,8 @@ PUBLIC = {
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
         "recording.run", "recording.drives", "recording.settings", "loop", "scenarios", "worlds", "drivers.builtin",
-        "study.report", "study.settings", "study.drives", "outcomes.plan_following", "drivers.egodriver", "drivers.navsim",
-        "gym.env", "drivers.vision"))},
+        "study.report", "study.settings", "study.drives", "outcomes.plan_following", "drivers.egodriver",
+        "drivers.navsim", "gym.env", "drivers.vision"))},
     "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service", "terra.alpasim.client"},
     "apps": {"terra.apps.runner"},  # an app imports no other app
 }

@@ -3,7 +3,8 @@
 Three sources, one :class:`Scenario` each:
 
 * :func:`synthetic_scenarios`: scenes of terra/sim/, the car keeping its lane along the road's bends; the
-  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth (terra/closedloop/outcomes/truth.py);
+  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth
+  (terra/closedloop/outcomes/truth.py);
 * :func:`log_scenarios`: a folder of driving-log clips (README, "Fine-tuning on your own drives"): the first
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
 * :func:`sample_scenarios`: a JSONL of samples in the batch's format (terra/inputs/samples.py), each sample's
@@ -11,9 +12,9 @@ Three sources, one :class:`Scenario` each:
 
 :func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
 ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
-terra/closedloop/recording/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run drives.
-Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last context
-frame (terra/closedloop/loop.py).
+terra/closedloop/recording/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run
+drives. Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last
+context frame (terra/closedloop/loop.py).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 The class implements :class:`~terra.closedloop.worlds.World` (``open``, ``context_frames``, ``step``, ``close``;
 ``name`` and the timing counters are optional) and is built as ``Class(image_size=(height, width))``. The setting is
 checked before any drive: the module imported and the constructor's signature read (:func:`world_class`); the one
-build, before the drives and the world model (terra/closedloop/recording/open_run.py), is one line too when it fails. Every call
-into it crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time: what it is
-handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here, once (uint8
+build, before the drives and the world model (terra/closedloop/recording/open_run.py), is one line too when it fails.
+Every call into it crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time: what it
+is handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here, once (uint8
 ``[height, width, 3]``), and copied, so that a world that reuses its buffer cannot change frames recorded before. A
 world that raises, overruns, exits or returns anything else ends that drive ``failed`` with one line naming the
 class and the problem; the other drives go on.

@@ -102,7 +102,7 @@ def moved_overrides(args: Sequence[str], who: str) -> list[str]:
         else:  # a sweep or a function of Hydra's override grammar: its old values renamed in place
             if not moved.values_only or any(word in moved.values for word in _WORD.findall(value)):
                 print(moved.line(who), file=sys.stderr)
-            value = _WORD.sub(lambda word: moved.values.get(word.group(), word.group()), value)
+            value = _WORD.sub(lambda word, moved=moved: moved.values.get(word.group(), word.group()), value)
         out.append(f"{prefix or ''}{moved.new}={value}")
     return out
 

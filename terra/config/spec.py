@@ -2,8 +2,8 @@
 
 ``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
 ``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``, ``decoder``,
-``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before torch is
-imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
+``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before
+torch is imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
 ``from_run``); nothing downstream reads the raw config again. What needs torch or a file's contents (whether a
 GPU exists, the world model's window, the refiner's weights) is checked once each where it is first known.
 

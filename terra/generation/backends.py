@@ -159,8 +159,8 @@ def create_backend(
         from terra.generation.hf_backend import HFBackend
 
         decoding = None if sampling is None or sampling.decoding == "auto" else sampling.decoding
-        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), config=config,
-                                  decoding=decoding, **options)  # noqa: E731
+        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype),  # noqa: E731
+                                  config=config, decoding=decoding, **options)
     try:
         return build()
     except TypeError as err:  # an unknown key in backend.options (ours or vLLM's engine arguments)

@@ -62,7 +62,8 @@ def actions_from_trajectory(trajectory: EgoTrajectory, num_frames: int | None = 
 
 def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.ndarray:
     """``[num_frames, 6, 3]`` actions for a named manoeuvre (parameters as :func:`manoeuvre_trajectory`)."""
-    if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or not 1 <= num_frames <= MAX_FRAMES:
+    if (isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral)
+            or not 1 <= num_frames <= MAX_FRAMES):
         raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 and at most {MAX_FRAMES} "
                               f"(got {shown(num_frames)})")
     params = check_manoeuvre_params(params)
@@ -177,7 +178,8 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
         spec = value[key]
         if not isinstance(spec, (str, dict)):
             raise TerraInputError(
-                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} (got {shown(spec)})"
+                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} "
+                f"(got {shown(spec)})"
             )
         spec = {"name": spec} if isinstance(spec, str) else dict(spec)
         name = spec.pop("name", None)

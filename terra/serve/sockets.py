@@ -11,8 +11,8 @@ Client → server, JSON text messages:
 
 Server → client: a binary frame message per frame (terra/serve/media.py: header JSON with ``index``, ``pose``,
 ``timings`` + JPEG/PNG bytes), and JSON text ``{"type": "ready" | "reset" | "error", ...}``; ``ready`` and
-``reset`` carry ``context_frame``, the last context frame as a data URL (what the car sees before it moves). Bad input gets an
-error frame and the socket stays open; the session, the server and other sockets are unaffected.
+``reset`` carry ``context_frame``, the last context frame as a data URL (what the car sees before it moves). Bad input
+gets an error frame and the socket stays open; the session, the server and other sockets are unaffected.
 """
 
 from __future__ import annotations

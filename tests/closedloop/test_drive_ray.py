@@ -1,5 +1,5 @@
-"""terra-drive with ``executor=ray`` (terra/closedloop/recording/ray_executor.py) on a local Ray cluster of 2 CPUs, the demo
-model on the Transformers backend: two actors write what one process writes, each drive recorded once by the
+"""terra-drive with ``executor=ray`` (terra/closedloop/recording/ray_executor.py) on a local Ray cluster of 2 CPUs, the
+demo model on the Transformers backend: two actors write what one process writes, each drive recorded once by the
 driver; an actor that dies mid-share is restarted and its share runs again; a share that keeps losing its actor
 fails with the cause; the fidelity study on actors."""
 

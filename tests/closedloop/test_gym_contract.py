@@ -46,7 +46,8 @@ def test_the_ids_make_the_single_and_the_vector_env():
     assert isinstance(venv, DriveVectorEnv) and venv.num_envs == 3
     assert venv.metadata["render_fps"] == 10 and venv.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
     obs, _ = venv.reset(seed=0)
-    assert obs["frame"].shape == (3, *SIZE, 3) and obs["command"].dtype == np.int64 and venv.observation_space.contains(obs)
+    assert obs["frame"].shape == (3, *SIZE, 3) and obs["command"].dtype == np.int64
+    assert venv.observation_space.contains(obs)
     venv.close()
     env = gym.make("terra.closedloop.gym.env:terra/Drive-v0", **SMALL)  # gymnasium's module:id form
     assert isinstance(env.unwrapped, DriveEnv)
@@ -233,7 +234,7 @@ def test_step_after_the_end_or_a_failed_world_step_needs_reset():
 def test_leaving_the_road_terminates_and_needs_reset():
     env = DriveEnv(**SMALL, num_steps=200)
     env.reset(seed=0, options={"scenario": 0})
-    for step in range(200):
+    for step in range(200):  # noqa: B007 (read after the loop)
         _, _, terminated, truncated, info = env.step(np.array([1.0, 1.0], np.float32))
         if terminated or truncated:
             break

@@ -141,7 +141,8 @@ def _write(path, tensors: dict[str, torch.Tensor]) -> None:
 @pytest.mark.parametrize("spoil, message", [
     (lambda t: {**t, "head.3.bias": t["head.3.bias"].double()}, "head.3.bias is torch.float64"),
     (lambda t: {**t, "head.3.bias": torch.full_like(t["head.3.bias"], float("nan"))}, "NaN or infinite"),
-    (lambda t: {**t, "head.3.weight": t["head.3.weight"][:3].contiguous()}, r"head.3.weight is torch.float32 \[3, 64\]"),
+    (lambda t: {**t, "head.3.weight": t["head.3.weight"][:3].contiguous()},
+     r"head.3.weight is torch.float32 \[3, 64\]"),
     (lambda t: {k: v for k, v in t.items() if k != "features.0.weight"}, "missing \\['features.0.weight'\\]"),
 ])
 def test_weights_that_are_not_the_nets_are_refused_in_one_line(tmp_path, spoil, message):

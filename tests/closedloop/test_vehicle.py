@@ -43,7 +43,8 @@ def braking(decel: float, spacing: float, count: int):
 
 
 def realized_decel(poses: np.ndarray) -> float:
-    """The mean deceleration driven, from the poses as the drive's metrics read them (terra/closedloop/outcomes/mapless.py)."""
+    """The mean deceleration driven, from the poses as the drive's metrics read them
+    (terra/closedloop/outcomes/mapless.py)."""
     speed = kinematics(poses)["speed"]
     return -(speed[-1] - speed[0]) / ((len(poses) - 1) * 0.1)
 

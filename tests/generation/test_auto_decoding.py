@@ -1,6 +1,6 @@
-"""``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by terra/generation/backends.py), whose numbers
-are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the backends then run what the run chose and
-never decide it again."""
+"""``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by
+terra/generation/backends.py), whose numbers are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the
+backends then run what the run chose and never decide it again."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ is built (:func:`action_of`: the forecast at the action times, docs/ARCHITECTURE
 :meth:`Vehicle.step` moves the car to the next frame's pose. The model was trained on actions that are the car's
 actual future, so it is shown what the car will actually do, not what the policy wished; and the next pose is the
 same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion. The bicycle also
-takes :class:`~terra.closedloop.car.tracking.Actuation` in place of a plan (steering and acceleration held: the gymnasium
-env's ``actuation`` actions); the exact vehicle follows plans only.
+takes :class:`~terra.closedloop.car.tracking.Actuation` in place of a plan (steering and acceleration held: the
+gymnasium env's ``actuation`` actions); the exact vehicle follows plans only.
 """
 
 from __future__ import annotations

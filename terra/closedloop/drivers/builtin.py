@@ -5,8 +5,8 @@
   (terra/closedloop/drivers/egodriver.py): the first tracks the route (in the true world the ego lane's centre ahead),
   the second plans straight ahead whatever the road does;
 * pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
-  (terra/closedloop/drivers/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour, pure
-  pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
+  (terra/closedloop/drivers/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour,
+  pure pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
   ``lane_follower_near`` (pursuit 3 s / at least 25 m and 0.3 s / at least 3 m ahead), ``lane_follower_stanley``
   (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
   ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,

@@ -4,9 +4,9 @@ Samples are poses near the ego lane of random scenes (terra/sim/scene.py): off i
 :data:`OFFSET_M` and turned from the road's heading by up to :data:`HEADING_RAD`, so that the net also sees the
 states a follower drifts into and learns the way back (as DAgger's states would teach it). Each is rendered at the
 frames' size (terra/sim/renderer.py) and labelled by the expert, the scene's geometry: the lane centre's lateral
-position at :data:`~terra.closedloop.drivers.learned.PATH_AHEAD_M` in the pose's ego frame (:func:`expert_path`). Training
-and held-out scenes come from different seeds. Training jitters each frame's brightness and colour a little, so the
-net does not hang on the renderer's exact palette.
+position at :data:`~terra.closedloop.drivers.learned.PATH_AHEAD_M` in the pose's ego frame (:func:`expert_path`).
+Training and held-out scenes come from different seeds. Training jitters each frame's brightness and colour a little, so
+the net does not hang on the renderer's exact palette.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ class PathEstimate:
 
 
 class LearnedLane:
-    """A detector for :class:`~terra.closedloop.drivers.vision.LaneFollower`: the net's reading of a frame (never None)."""
+    """A detector for :class:`~terra.closedloop.drivers.vision.LaneFollower`: the net's reading of a frame (never
+    None)."""
 
     def __init__(self, weights: Path = LEARNED_DRIVER) -> None:
         self.net = load_path_net(Path(weights))

@@ -13,9 +13,10 @@ module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_ve
   NAVSIM's trajectory; terra/closedloop/gym/spaces.py) goes to the drive's ``vehicle`` (terra/closedloop/car/motion.py),
   which moves the car and forecasts the world model's action, as in the loop (terra/closedloop/loop.py);
 * observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym/spaces.py;
-  ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios: terra/closedloop/outcomes/truth.py),
-  ``truncated`` after ``num_steps`` or when the car leaves the scene (``Scenario.left_scene``); ``info`` holds the
-  pose and, in the true world, the lane offset (and ``ended``: why the drive ended early);
+  ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios:
+  terra/closedloop/outcomes/truth.py), ``truncated`` after ``num_steps`` or when the car leaves the scene
+  (``Scenario.left_scene``); ``info`` holds the pose and, in the true world, the lane offset (and ``ended``: why the
+  drive ended early);
 * ``render()``: the newest frame (``render_mode="rgb_array"``).
 
 Bad calls are refused as gymnasium's own envs refuse them, in one line, before anything changes: an action that is

@@ -14,9 +14,9 @@ modes (``action_mode``) and the two rewards (``reward``).
   :func:`~terra.closedloop.plans.as_plan` reads is taken too), followed by the drive's vehicle as in the loop;
 * ``reward="progress"``: metres driven forward in the step, along the previous heading (any world and scenario);
 * ``reward="lane_keeping"``: metres gained along the road in the step (the synthetic scene's road coordinates,
-  terra/closedloop/outcomes/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at the
-  new pose: a car a metre off the centre earns 0.5 m less each step than one on it, and one on the lane line (0.85 m)
-  at the scenarios' 6-11 m/s still gains; synthetic scenarios only.
+  terra/closedloop/outcomes/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at
+  the new pose: a car a metre off the centre earns 0.5 m less each step than one on it, and one on the lane line (0.85
+  m) at the scenarios' 6-11 m/s still gains; synthetic scenarios only.
 """
 
 from __future__ import annotations

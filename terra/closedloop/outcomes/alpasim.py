@@ -313,10 +313,10 @@ def alpasim_metrics(scenario: Scenario, world_poses: np.ndarray, error: str | No
 
 
 def scene_scores(drives: Iterable[dict], bootstrap: Bootstrap = Bootstrap()) -> dict | None:
-    """A run's AlpaSim summary from its drives' JSON contents (terra/closedloop/recording/files.py; those without AlpaSim's
-    metrics left out; None when none has them): the mean scene score with its bootstrap interval over scenarios
-    (terra/stats.py), the same per policy, the means of :data:`SUMMARIZED`, and how many drives passed or failed
-    each way. AlpaSim itself reports each rollout's score and no mean of it over scenes."""
+    """A run's AlpaSim summary from its drives' JSON contents (terra/closedloop/recording/files.py; those without
+    AlpaSim's metrics left out; None when none has them): the mean scene score with its bootstrap interval over
+    scenarios (terra/stats.py), the same per policy, the means of :data:`SUMMARIZED`, and how many drives passed or
+    failed each way. AlpaSim itself reports each rollout's score and no mean of it over scenes."""
     rows = [(c["scenario"], c["policy"], c["metrics"]["alpasim"]) for c in drives
             if (c.get("metrics") or {}).get("alpasim")]
     if not rows:

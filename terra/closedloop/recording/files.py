@@ -137,8 +137,8 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
                 extra_metrics: dict | None = None, measure: bool = False) -> dict:
     """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
-    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py); ``measure``
-    adds the measurements of its frames (terra/closedloop/outcomes/frames.py)."""
+    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py);
+    ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:

@@ -1,5 +1,5 @@
-"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/recording/settings.py), in this process or in
-each Ray actor (terra/closedloop/recording/ray_executor.py): the worlds opened once on the run's device
+"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/recording/settings.py), in this process
+or in each Ray actor (terra/closedloop/recording/ray_executor.py): the worlds opened once on the run's device
 (:func:`open_worlds`), the drives' scenarios read (:func:`load_specs`).
 """
 

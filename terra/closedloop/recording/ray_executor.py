@@ -62,8 +62,8 @@ class DriveActor:
         return self.frames
 
     async def record(self, world: str, drives: tuple[tuple[int, str, int], ...], settings: RunSettings) -> dict:
-        """Drive and write ``drives`` (scenario index, policy name, replica) in ``world`` into ``settings.output_dir``; every
-        drive's manifest record and JSON content, the loop's timings and the world's own split."""
+        """Drive and write ``drives`` (scenario index, policy name, replica) in ``world`` into ``settings.output_dir``;
+        every drive's manifest record and JSON content, the loop's timings and the world's own split."""
         if self.error is not None:
             raise RuntimeError(f"the actor could not start: {self.error}")
         return await asyncio.get_running_loop().run_in_executor(None, self._record, world, drives, settings)
@@ -72,8 +72,9 @@ class DriveActor:
         specs = load_specs(replace(self.settings, drives=drives), self.opened.image_size)
         made, timings, out = self.opened.worlds[world], LoopTimings(), []
         before = (made.generate_s, made.decode_s)
-        record_drives(made, specs, settings, settings.output_dir, self.settings.model_settings, self.opened.plan_following,
-                      lambda record, content: out.append((record, content)), self._advance, timings)
+        record_drives(made, specs, settings, settings.output_dir, self.settings.model_settings,
+                      self.opened.plan_following, lambda record, content: out.append((record, content)),
+                      self._advance, timings)
         return {"drives": out, "timings": timings, "generate_s": made.generate_s - before[0],
                 "decode_s": made.decode_s - before[1]}
 
@@ -82,8 +83,9 @@ class DriveActor:
 
 
 class RayDrives:
-    """A run's drives on Ray actors (terra/closedloop/recording/run.py's ``DriveRunner``): :meth:`start` joins the cluster and
-    starts the actors (a user error is one line), :meth:`record` makes a world's drives, :meth:`close` ends it."""
+    """A run's drives on Ray actors (terra/closedloop/recording/run.py's ``DriveRunner``): :meth:`start` joins the
+    cluster and starts the actors (a user error is one line), :meth:`record` makes a world's drives, :meth:`close` ends
+    it."""
 
     def __init__(self, settings: DriveSettings) -> None:
         self.settings = settings

@@ -2,8 +2,8 @@
 
 :func:`record_run` is a run: it holds the run folder's lock throughout (terra/config/output_dir.py,
 ``OutputDir.hold``), a :class:`DriveRunner` makes the drives (:class:`LocalDrives` in this process, or Ray's actors:
-terra/closedloop/recording/ray_executor.py), each with :func:`record_drives`, and the driver alone writes the manifest and the
-summary (:class:`RunRecorder`). :func:`drive_and_record` is the same for drives in a world of this process, its
+terra/closedloop/recording/ray_executor.py), each with :func:`record_drives`, and the driver alone writes the manifest
+and the summary (:class:`RunRecorder`). :func:`drive_and_record` is the same for drives in a world of this process, its
 folder claimed first when the caller has not (apart from the scenarios' files). The files are
 terra/closedloop/recording/files.py's.
 
@@ -220,8 +220,8 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     """Drive every spec not already complete in ``folder`` (in chunks of at most ``settings.max_concurrent``,
     :func:`even_chunks`) and write its files; ``emit`` gets each spec's manifest record and JSON content (a complete
     one's as ``skipped``), ``advance`` the frames generated as they come, ``timings`` (returned) where the time
-    went. ``plan_following``: a :class:`~terra.closedloop.outcomes.plan_following.PlanFollowing` scoring each drive's clip.
-    ``recorded``: what the folder holds of ``specs``, when the caller read it already (None: read here)."""
+    went. ``plan_following``: a :class:`~terra.closedloop.outcomes.plan_following.PlanFollowing` scoring each drive's
+    clip. ``recorded``: what the folder holds of ``specs``, when the caller read it already (None: read here)."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
@@ -234,7 +234,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
             started = time.perf_counter()
             counted = [0]
 
-            def stepped(step: int, n: int = len(chunk)) -> None:
+            def stepped(step: int, n: int = len(chunk), counted: list[int] = counted) -> None:
                 if advance is not None:
                     advance((step - counted[0]) * n)
                 counted[0] = step
@@ -258,8 +258,8 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
 
 
 class DriveWriters:
-    """Where finished drives are measured and written (terra/closedloop/recording/files.py, ``write_drive``): in this process
-    (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
+    """Where finished drives are measured and written (terra/closedloop/recording/files.py, ``write_drive``): in this
+    process (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
     drives overlap the next chunk's driving; the loop's process writes some too while it waits for them. The
     processes are spawned (the loop's process may hold a GPU engine and its threads); should one die, what it held
     is written here and so is every later drive, after one warning line. ``emit`` gets each drive's manifest record
@@ -356,7 +356,7 @@ class LocalDrives:
         specs = specs_of(self.specs, drive_ids)
         recorded = self.recorded.pop(world, None) or recorded_drives(world, specs, settings, folder,
                                                                      self.model_settings)
-        if world not in self.worlds:  # not opened: every drive of it was complete (terra/closedloop/recording/drives.py)
+        if world not in self.worlds:  # not opened: every drive of it complete (terra/closedloop/recording/drives.py)
             if recorded.todo:
                 raise RuntimeError(f"the {world} world was not opened, yet its drive {recorded.todo[0].id} is not "
                                    "complete")
@@ -374,8 +374,8 @@ class LocalDrives:
 
 def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settings: RunSettings,
                output: OutputDir) -> RunResult:
-    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed: terra/closedloop/recording/files.py,
-    ``claim_drive_folder``), holding its lock throughout; its records."""
+    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed:
+    terra/closedloop/recording/files.py, ``claim_drive_folder``), holding its lock throughout; its records."""
     with output.hold(settings.manifest):
         recorder = RunRecorder(output.path, settings, world, len(drive_ids))
         try:

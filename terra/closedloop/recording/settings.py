@@ -186,7 +186,8 @@ def checked_shard(settings: DriveSettings, mine: Sequence[tuple[int, str, int]],
 def run_inputs(settings: DriveSettings) -> list[tuple[str, Any]]:
     """What the run reads, which its folder must not hold (terra/config/output_dir.py): the scenarios' files, the
     checkpoints and the estimator."""
-    inputs = [*settings.scenarios.inputs, ("tokenizer", settings.run.tokenizer), ("estimator folder", settings.estimator)]
+    inputs = [*settings.scenarios.inputs, ("tokenizer", settings.run.tokenizer),
+              ("estimator folder", settings.estimator)]
     if settings.world in ("model", "both"):
         inputs.append(("world model", settings.run.world_model))
     return inputs

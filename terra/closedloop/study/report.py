@@ -3,12 +3,12 @@ worlds known to be wrong, then the verdict (terra/closedloop/study/verdict.py).
 
 Each scenario x policy is driven with the same seed in every world of the study: the world model
 (:class:`~terra.closedloop.worlds.ModelWorld`), the renderer's true frames (:class:`~terra.closedloop.worlds.
-TrueWorld`) and the controls (terra/closedloop/study/control_worlds.py, or worlds of the user's). Every drive's poses are
-judged in the true scene (terra/closedloop/outcomes/truth.py, and AlpaSim's scene score: terra/closedloop/outcomes/alpasim.py)
-and every frame of a world but the true one is measured against the true render at its pose
-(terra/closedloop/outcomes/frames.py). The report: per world, each statistic with its interval and decision, whether
-the world is flagged, which statistics separate the model from each control, the unjudged measurements and paired
-differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
+TrueWorld`) and the controls (terra/closedloop/study/control_worlds.py, or worlds of the user's). Every drive's poses
+are judged in the true scene (terra/closedloop/outcomes/truth.py, and AlpaSim's scene score:
+terra/closedloop/outcomes/alpasim.py) and every frame of a world but the true one is measured against the true render at
+its pose (terra/closedloop/outcomes/frames.py). The report: per world, each statistic with its interval and decision,
+whether the world is flagged, which statistics separate the model from each control, the unjudged measurements and
+paired differences of every metric; per policy, the model's and the truth's outcomes side by side with their paired
 differences and the model's following gain; and, when asked for, the exploitability of the model world
 (terra/closedloop/study/exploit.py).
 """
@@ -98,8 +98,8 @@ class StudyReport:
 
 def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
                     bootstrap: Bootstrap = Bootstrap()) -> dict[str, dict]:
-    """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/recording/files.py), over the drives made
-    well in both worlds: the means of :data:`COLUMNS` in the model and in the true world, their paired differences
+    """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/recording/files.py), over the drives
+    made well in both worlds: the means of :data:`COLUMNS` in the model and in the true world, their paired differences
     model - truth, the distance between the two paths at the same frames and the model's following gain
     (``following_gain_dx``: where its video stops moving with the car), with intervals over scenarios."""
     pairs = pairs_of(model, truth)
@@ -198,9 +198,10 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
     ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
     ``settings.output_dir``/<world>, judge them and write ``fidelity.json`` and ``fidelity.md`` into
-    ``settings.output_dir``; ``plan_following`` scores every world's clips (terra/closedloop/outcomes/plan_following.py);
-    ``exploit``: the exploitability study too (terra/closedloop/study/exploit.py). ``folders``: as the caller
-    claimed them (None: claimed here, apart from the scenarios' files). A shard's run writes no report (None)."""
+    ``settings.output_dir``; ``plan_following`` scores every world's clips
+    (terra/closedloop/outcomes/plan_following.py); ``exploit``: the exploitability study too
+    (terra/closedloop/study/exploit.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
+    scenarios' files). A shard's run writes no report (None)."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),

@@ -2,8 +2,8 @@
 world model and for worlds known to be wrong (terra/closedloop/study/control_worlds.py), so the verdict is seen to fail.
 
 Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
-(terra/closedloop/recording/files.py; the per-drive measurements of terra/closedloop/outcomes/frames.py), each statistic of
-:data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/stats.py,
+(terra/closedloop/recording/files.py; the per-drive measurements of terra/closedloop/outcomes/frames.py), each statistic
+of :data:`STATISTICS` is an estimate with a 95 % cluster-bootstrap interval over scenarios (terra/stats.py,
 the same replicates for all) and a decision against its acceptance band: ``pass`` (the interval inside the band),
 ``fail`` (entirely outside) or ``inconclusive``. A world is **flagged** when any statistic fails. A statistic
 **separates** the model from a control when it passes the model and fails the control. Beside the judged
@@ -229,7 +229,8 @@ def pairs_of(world: dict[str, dict], truth: dict[str, dict]) -> list[Pair]:
             if record.get("status") == "ok" and record.get("fidelity") and truth.get(drive, {}).get("status") == "ok"]
 
 
-def judge(name: str, world: dict[str, dict], truth: dict[str, dict], bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
+def judge(name: str, world: dict[str, dict], truth: dict[str, dict], bootstrap: Bootstrap = Bootstrap()
+          ) -> WorldVerdict:
     """The verdict on the world ``name`` from its drives' records and the true world's (drive id -> record)."""
     pairs = pairs_of(world, truth)
     values = {s.name: s.compute(pairs, bootstrap) if pairs else _undefined(bootstrap) for s in STATISTICS}
