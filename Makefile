@@ -39,6 +39,7 @@ browser: $(STAMP)
 # (40 -> 22 min on 2 cores). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: $(STAMP)

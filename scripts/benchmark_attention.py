@@ -48,7 +48,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rollouts", type=int, default=412, help="sequences decoded in one step")
     p.add_argument("--page-sizes", default="16,32,64,128,256", help="KV cache page sizes (multiples of 16)")
     p.add_argument("--kv-dtypes", default="fp8,bfloat16", help="KV cache dtypes: fp8 (e4m3), bfloat16")
-    p.add_argument("--splits", default="0,32", help="FA3 split caps (0 = its heuristic; vLLM caps at 32 under CUDA graphs)")
+    p.add_argument("--splits", default="0,32",
+                   help="FA3 split caps (0 = its heuristic; vLLM caps at 32 under CUDA graphs)")
     p.add_argument("--iters", type=int, default=50, help="timed calls per setting")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = p.parse_args(argv)

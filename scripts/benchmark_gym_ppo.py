@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Stable-Baselines3's PPO on the registered gymnasium env (``terra/Drive-v0``, terra/closedloop/gym_env.py): a small
+"""Stable-Baselines3's PPO on the registered gymnasium env (``terra/Drive-v0``, terra/closedloop/gym/env.py): a small
 agent trained on the true world for a few minutes on a CPU, its mean episode return printed per rollout of
-``--num-envs x --rollout-steps`` steps, so that it is seen to rise. The env: ``action_mode="control"`` (normalized
+``--num-envs x --rollout-steps`` steps, so that it is seen to rise. The env: ``action_mode="actuation"`` (normalized
 steering and acceleration), ``reward="lane_keeping"`` (metres along the road minus 0.5 per metre off the lane's
 centre, each step), episodes of at most ``--num-steps`` steps ending when the car leaves the road; the policy:
 SB3's ``MultiInputPolicy`` (a CNN on the frame beside the ego status and the command). The first line is the
@@ -23,7 +23,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
-from terra.closedloop.gym_env import ENV_ID
+from terra.closedloop.gym.env import ENV_ID
 
 
 class ReturnPerRollout(BaseCallback):
@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     env = make_vec_env(ENV_ID, n_envs=args.num_envs, seed=args.seed, env_kwargs={
-        "action_mode": "control", "reward": "lane_keeping", "num_steps": args.num_steps,
+        "action_mode": "actuation", "reward": "lane_keeping", "num_steps": args.num_steps,
         "image_size": tuple(args.image_size), "num_scenarios": 16, "scenario_seed": args.seed})
     model = PPO("MultiInputPolicy", env, learning_rate=args.learning_rate, n_steps=args.rollout_steps, batch_size=128,
                 n_epochs=4, seed=args.seed, device="cpu")

@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="terra_memory_") as tmp:
         world_model, tokenizer = build_models(Path(tmp))
         for i in range(args.iterations):
-            refs = one_call(world_model, tokenizer, Path(tmp) / "rollout.gif", args.device, args.context, args.frames, i)
+            refs = one_call(world_model, tokenizer, Path(tmp) / "rollout.gif", args.device, args.context, args.frames,
+                            i)
             gc.collect()
             leaked += sum(ref() is not None for ref in refs)
             rss.append(process.memory_info().rss / 2**20)

@@ -198,7 +198,8 @@ def run_rollouts(args: argparse.Namespace, samples: Path, model: tuple[str, str]
         row.update(span_s=span, samples_per_s=rate, frames_per_s=rate * args.frames,
                    projected_samples=args.project, projected_wall_s=startup + args.project / rate,
                    generation_s=generated - first, generated_frames_per_s=len(ok) * args.frames / (generated - first),
-                   gpu_busy_pct_generation=busy.busy_pct(first, generated), gpu_busy_pct_span=busy.busy_pct(first, last))
+                   gpu_busy_pct_generation=busy.busy_pct(first, generated),
+                   gpu_busy_pct_span=busy.busy_pct(first, last))
         waves = projection_by_waves(ok, startup, args.project)
         if waves is not None:
             row["waves"] = waves

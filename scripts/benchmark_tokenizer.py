@@ -99,7 +99,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--batch-size", default=None,
                         help="frames per call, or a comma list of them (default 1 on CPU, 16 on CUDA)")
-    parser.add_argument("--frames", type=int, default=None, help="timed frames per measurement (default 2 CPU, 256 CUDA)")
+    parser.add_argument("--frames", type=int, default=None,
+                        help="timed frames per measurement (default 2 CPU, 256 CUDA)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")

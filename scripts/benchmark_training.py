@@ -73,7 +73,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=6, help="timed steps (after 2 warm-up steps)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines file to append the result to")
-    parser.add_argument("--profile", type=Path, help="one process: also write the GPU kernels of two more steps, by time, here")
+    parser.add_argument("--profile", type=Path,
+                        help="one process: also write the GPU kernels of two more steps, by time, here")
     return parser.parse_args()
 
 

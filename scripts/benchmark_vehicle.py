@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the loop's vehicle costs per drive and step (terra/closedloop/motion.py): ``step`` (the next frame, 0.1 s)
+"""What the loop's vehicle costs per drive and step (terra/closedloop/car/motion.py): ``step`` (the next frame, 0.1 s)
 and ``forecast`` at the action times (the world model's action, 2.95 s), and the loop's pair (a forecast, then the
 step along the same plan: the bicycle's step takes the state the forecast reached), for each vehicle on a curving,
 braking plan at NAVSIM's 8 poses at 0.5 s and at 10 Hz over 4 s. One process, one core; the median of
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from terra.closedloop.motion import VEHICLES, make_vehicle
+from terra.closedloop.car.motion import VEHICLES, make_vehicle
 from terra.closedloop.plans import Plan
 from terra.generation.actions import ACTION_TIMES
 
@@ -53,9 +53,10 @@ def main() -> None:
         for name, (spacing, count) in {"8 poses at 0.5 s": (0.5, 8), "40 poses at 10 Hz": (0.1, 40)}.items():
             made = plan(spacing, count)
             car = make_vehicle(kind, 8.0)
-            step = median_ms(lambda: make_vehicle(kind, 8.0).step(made), args.repeats)
-            forecast = median_ms(lambda: car.forecast(made, ACTION_TIMES), args.repeats)
-            both = median_ms(lambda: forecast_then_step(make_vehicle(kind, 8.0), made), args.repeats)
+            step = median_ms(lambda: make_vehicle(kind, 8.0).step(made), args.repeats)  # noqa: B023 (timed now)
+            forecast = median_ms(lambda: car.forecast(made, ACTION_TIMES), args.repeats)  # noqa: B023 (timed now)
+            both = median_ms(lambda: forecast_then_step(make_vehicle(kind, 8.0), made),  # noqa: B023 (timed now)
+                             args.repeats)
             print(f"| {kind} | {name} | {step:.3f} | {forecast:.3f} | {both:.3f} |")
 
 

@@ -106,8 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int,
                         help="the engines' max_num_seqs (default: the most --streams; the demo part: --rollouts)")
     parser.add_argument("--profile-steps", type=int, default=0,
-                        help="terra part: after timing one rollout, profile this many steps (torch.profiler): the GPU's "
-                             "busy time a step against the wall time, and the kernels that take it")
+                        help="terra part: after timing one rollout, profile this many steps (torch.profiler): the "
+                             "GPU's busy time a step against the wall time, and the kernels that take it")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an engine argument of every part's engines, VALUE as YAML; e.g. "
                              "--engine-arg 'compilation_config={cudagraph_mode: FULL}' (repeatable)")

@@ -83,7 +83,8 @@ def setting_options(setting: str, layers: int) -> dict[str, Any]:
     per-channel scales; ``fp8_weights`` the ``memory`` preset's FP8 weights (terra/config/memory.py: per channel,
     the first ``BF16_LAYERS`` layers bf16), alone or with FP8 KV."""
     preset = {"quantization": FP8_WEIGHTS, "quantization_config": fp8_weights_config(layers)}
-    return {"bf16": {}, "fp8_per_tensor": {"quantization": "fp8"}, "fp8_per_channel": {"quantization": "fp8_per_channel"},
+    return {"bf16": {}, "fp8_per_tensor": {"quantization": "fp8"},
+            "fp8_per_channel": {"quantization": "fp8_per_channel"},
             "fp8_weights": preset, "fp8_weights_kv": {**preset, "kv_cache_dtype": "fp8"},
             "fp8_kv": {"kv_cache_dtype": "fp8"}}[setting]
 

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from terra.config.spec import RunSpec, check_window
 from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
 from terra.decoder import codes_to_frames
-from terra.generation.backends import create_backend, fit_memory, resolve_backend, resolve_spec
+from terra.generation.backends import create_backend, engine_options, fit_memory, resolve_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
@@ -98,8 +98,8 @@ def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
     """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
     before :func:`resolve_run` (every actor: the batch's, terra/batch/ray_actor.py, and ``terra-drive``'s,
-    terra/closedloop/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU, never
-    a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
+    terra/closedloop/recording/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU,
+    never a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
     node's plugin is checked (terra/vllm/plugin.py) and a multi-GPU engine runs its workers as processes on this
     actor's GPUs (``distributed_executor_backend=mp``, unless set), not as Ray actors of their own."""
     device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)
@@ -156,9 +156,11 @@ class WorldModelPipeline:
     """Context images + actions → generated codes → frames, on any backend."""
 
     def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu",
-                 decode_batch_size: int | None = None) -> None:
+                 decode_batch_size: int | None = None, engine_options: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
+        # the options the backend was built with (terra/generation/backends.py, engine_options): what a run records
+        self.engine_options = dict(engine_options or {})
         self.device = device
         # frames per tokenizer call: by default what fits beside vLLM's own 90 % (terra/config/memory.py)
         self.decode_batch_size = decode_batch_size or tokenizer_batch(tokenizer.image_size)
@@ -174,7 +176,7 @@ class WorldModelPipeline:
         """The one builder of every app's pipeline (terra-generate, -serve, -rollout and its Ray actors, -drive,
         -evaluate, :meth:`from_pretrained`): the tokenizer loaded (or the one given), the pair checked, then the
         world model loaded on ``run``'s backend. ``max_rollouts`` is the most rollouts the run keeps in flight,
-        which a vLLM engine makes room for (terra/generation/backends.py, ``create_backend``); None: the backend's
+        which a vLLM engine makes room for (terra/generation/backends.py, ``engine_options``); None: the backend's
         options decide. ``run.model`` is not changed (the spec's ``zero_embed_code_0``, Terra's vLLM port
         embedding image code 0 as zeros, goes into a copy)."""
         spec = run.spec
@@ -182,9 +184,10 @@ class WorldModelPipeline:
         config.zero_embed_code_0 = spec.zero_embed_code_0
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(config, tok)
+        options = engine_options(spec.backend, spec.backend_options, max_rollouts)
         backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
-                                 max_rollouts=max_rollouts, **spec.backend_options)
-        return cls(tok, backend, spec.device, tokenizer_batch(tok.image_size, spec.memory))
+                                 **options)
+        return cls(tok, backend, spec.device, tokenizer_batch(tok.image_size, spec.memory), options)
 
     @classmethod
     def from_pretrained(

@@ -1,7 +1,7 @@
 """Uncertainty of a statistic over drives: a cluster bootstrap over scenarios, and a three-way decision against a band.
 
-The fidelity measurements (terra/fidelity/) and the closed loop's run summary (terra/closedloop/run.py: the mean
-scene score) report their intervals with it.
+The fidelity measurements (terra/fidelity/) and the closed loop's run summary (terra/closedloop/recording/run.py: the
+mean scene score) report their intervals with it.
 
 Drives of one scenario share a road, a start and a context, so their metrics are correlated: the independent units
 are the scenarios, not the drives. A bootstrap replicate therefore draws the scenarios with replacement (as many as

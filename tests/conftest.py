@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import terra.models
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TINY  # Terra's layout rules at toy size; tests import it from here
 
@@ -87,7 +86,8 @@ def tiny_config(**overrides) -> LlamaActionConfig:
 
 
 def tiny_model(seed: int = 0, **overrides) -> LlamaActionForCausalLM:
-    """Randomly initialised tiny world model in fp32, eval mode; position/action/head weights scaled up so they matter."""
+    """Randomly initialised tiny world model in fp32, eval mode; position/action/head weights scaled up so they
+    matter."""
     torch.manual_seed(seed)
     model = LlamaActionForCausalLM(tiny_config(**overrides)).eval()
     with torch.no_grad():

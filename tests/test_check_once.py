@@ -31,7 +31,7 @@ import terra.inputs.ego_motion
 import terra.models.checkpoint
 import terra.pipeline
 import terra.session.context
-import terra.session.controls
+import terra.session.driver_input
 from terra.batch import BatchConfig, run_batch
 from tests.batch.test_batch import NUM_CONTEXT, NUM_FRAMES, demo_pipeline, scenes, terra_line  # noqa: F401
 
@@ -115,8 +115,8 @@ def test_a_session_step_parses_and_validates_its_action_once():
     from terra.session import SessionHost
 
     backend = create_backend("hf", "terra/assets/demo/world_model", device="cpu")
-    action = terra.session.controls.drive_action(0.2, 30.0).tolist()
-    with calls(terra.session.controls.parse_action, terra.generation.actions.validate_actions,
+    action = terra.session.driver_input.drive_action(0.2, 30.0).tolist()
+    with calls(terra.session.driver_input.parse_action, terra.generation.actions.validate_actions,
                terra.inputs.ego_motion.advance_pose) as counts:  # from before the engine's thread starts
         host = SessionHost(backend, max_frames=4)
         try:

@@ -58,8 +58,8 @@ def test_help_names_the_settings_choices_and_docs_page(prog, tmp_path):
 
 
 def test_drives_page_lists_every_policy_world_and_control():
-    from terra.closedloop.control_worlds import CONTROL_WORLDS
-    from terra.closedloop.policies import REFERENCE_POLICIES
+    from terra.closedloop.study.control_worlds import CONTROL_WORLDS
+    from terra.closedloop.drivers.builtin import REFERENCE_POLICIES
 
     page = page_template("drive").replace("$$", "$")
     for name in (*REFERENCE_POLICIES, *CONTROL_WORLDS, "all_pixel", "all_reference", "navsim:", "grpc:", "both",

@@ -6,9 +6,11 @@ them only their public faces (``PUBLIC``); no module imports another's private n
 terra/core/ (the ground floor) imports nothing of the project's; terra.tokenizer stands alone on it;
 terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (terra/models/) runs without vLLM;
 the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
-(terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; the old top-level names
-``tokenizer`` and ``decoder`` and the aliases of moved modules are gone; no package exports the name of one of its
-modules; ``import terra.tokenizer`` and ``import terra`` stay light.
+(terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; terra/closedloop/ keeps the
+loop's core at its root and its sub-packages by floor (the drive run never imports the fidelity study); the old
+top-level names ``tokenizer`` and ``decoder`` and the removed aliases of modules moved in an earlier release are gone
+(this release's moved modules: tests/test_moved_modules.py); no package exports the name of one of its modules;
+``import terra.tokenizer`` and ``import terra`` stay light.
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ RULES = {
                      "terra.models", "terra.pipeline", "terra.serve", "terra.session", "terra.sim", "terra.vllm"),
     "terra/inputs": ("terra.generation.backends", *BACKEND_MODULES, "terra.pipeline"),
 }
+# Inside the closed-loop wing (terra/closedloop/__init__.py): the loop's core at its root, then its concerns, each
+# importing only those below it: car/ < drivers/ < outcomes/ < recording/ (the run) < study/ (its client), gym/
+CLOSED_LOOP_CORE = ("loop", "plans", "worlds", "user_world", "scenarios", "guard")
+CLOSED_LOOP_FLOORS = ("car", "drivers", "outcomes", "recording", "study")
+for _name in CLOSED_LOOP_CORE:
+    RULES[f"terra/closedloop/{_name}.py"] = tuple(f"terra.closedloop.{p}" for p in (*CLOSED_LOOP_FLOORS[1:], "gym"))
+for _floor, _package in enumerate(CLOSED_LOOP_FLOORS):
+    RULES[f"terra/closedloop/{_package}"] = tuple(f"terra.closedloop.{p}" for p in (*CLOSED_LOOP_FLOORS[_floor + 1:],
+                                                                                    "gym"))
 # modules a rule's folder may import although a forbidden name covers them
 ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
            "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
@@ -137,17 +148,18 @@ PUBLIC = {
     "generation": {"terra.generation", "terra.generation.actions", "terra.generation.rollout",
                    "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
                    "terra.generation.speculative", "terra.generation.session_engine"},  # backends: the wing's own
-    "session": {"terra.session", "terra.session.controls", "terra.session.context"},
+    "session": {"terra.session", "terra.session.driver_input", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
     "batch": {"terra.batch", "terra.batch.config", "terra.batch.run"},
-    "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare", "shards", "blend", "tokenize",
+    "training": {f"terra.training.{m}" for m in ("settings", "run", "prepare_logs", "shards", "blend", "tokenize",
                                                   "tokenizer_settings", "tokenizer_run")},
     "scoring": {"terra.scoring", *(f"terra.scoring.{m}" for m in ("settings", "run", "check", "estimator", "labels",
                                                                   "metrics", "videos"))},
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
-        "run", "drives", "settings", "loop", "scenarios", "worlds", "policies", "fidelity", "plan_following",
-        "egodriver", "navsim", "gym_env", "vision"))},
+        "recording.run", "recording.drives", "recording.settings", "loop", "scenarios", "worlds", "drivers.builtin",
+        "study.report", "study.settings", "study.drives", "outcomes.plan_following", "drivers.egodriver",
+        "drivers.navsim", "gym.env", "drivers.vision"))},
     "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service", "terra.alpasim.client"},
     "apps": {"terra.apps.runner", "terra.apps.help"},  # an app imports no other app
 }
@@ -268,6 +280,17 @@ def test_layering(where):
     assert not broken, "\n".join(broken)
 
 
+def test_the_closed_loop_keeps_only_its_core_at_its_root():
+    root = {path.stem for path in ROOT.joinpath("terra", "closedloop").glob("*.py")} - {"__init__"}
+    assert root == set(CLOSED_LOOP_CORE), f"beyond the loop's core at terra/closedloop/: {root - set(CLOSED_LOOP_CORE)}"
+
+
+def test_the_closed_loop_rules_catch_an_upward_import():  # the control: a run that imports the study is refused
+    forbidden = RULES["terra/closedloop/recording"]
+    names = imports_of("from terra.closedloop.study.report import study_run", "terra.closedloop.recording.drives")
+    assert any(within(name, forbidden) for name in names)
+
+
 def test_the_removed_aliases_are_gone():
     kept = [name for name in REMOVED if ROOT.joinpath(*name.split(".")).with_suffix(".py").exists()]
     assert not kept, f"aliases still in the tree: {kept}"
@@ -303,8 +326,8 @@ def test_the_light_layer_loads_no_torch():
 # and terra-make-dataset check theirs in the app module itself
 SETTINGS_MODULES = {
     "terra-generate": "terra.apps.generate", "terra-rollout": "terra.batch.config",
-    "terra-serve": "terra.serve.settings", "terra-drive": "terra.closedloop.settings",
-    "terra-train": "terra.training.settings", "terra-prepare-logs": "terra.training.prepare",
+    "terra-serve": "terra.serve.settings", "terra-drive": "terra.closedloop.study.settings",
+    "terra-train": "terra.training.settings", "terra-prepare-logs": "terra.training.prepare_logs",
     "terra-blend": "terra.training.blend", "terra-score": "terra.scoring.settings",
     "terra-evaluate": "terra.evaluation.settings", "terra-train-tokenizer": "terra.training.tokenizer_settings",
     "terra-tokenize": "terra.training.tokenize", "terra-make-dataset": "terra.apps.make_dataset",

@@ -154,3 +154,18 @@ def test_a_bad_value_is_one_line(tmp_path, app, args, line):
     result = subprocess.run([str(script), *args], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.splitlines() == [line]
 
+
+
+def test_a_renamed_value_of_a_kept_setting_moves_that_value_alone(capsys):
+    """``action_mode=control`` (the gymnasium envs') is ``action_mode=actuation``; its other values, and the
+    setting itself, are not moved and say nothing."""
+    from terra.config.moved import ACTION_MODE, moved_value
+
+    assert moved_overrides(["action_mode=plan", "action_mode=control"], "terra-x") == [
+        "action_mode=plan", "action_mode=actuation"]
+    assert moved_value(ACTION_MODE, "plan") == "plan" and moved_value(ACTION_MODE, "actuation") == "actuation"
+    assert stderr_lines(capsys) == [
+        "terra-x: action_mode=control is now action_mode=actuation; the old value goes in the next release"]
+    cfg = OmegaConf.create({"action_mode": "control", "other": 1})
+    move_settings(cfg, "terra-x")
+    assert OmegaConf.to_container(cfg) == {"action_mode": "actuation", "other": 1}

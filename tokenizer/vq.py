@@ -90,7 +90,8 @@ class VQTokenizer(ImageTokenizer):
                 self.encoder = Encoder(**common)
             else:
                 self.decoder = Decoder(**common)
-        self.quantize = VectorQuantizer(int(c["codebook_size"]), int(c["codebook_embed_dim"]), bool(c["codebook_l2_norm"]))
+        self.quantize = VectorQuantizer(int(c["codebook_size"]), int(c["codebook_embed_dim"]),
+                                        bool(c["codebook_l2_norm"]))
         self.quant_conv = nn.Conv2d(int(c["z_channels"]), int(c["codebook_embed_dim"]), 1)
         self.post_quant_conv = nn.Conv2d(int(c["codebook_embed_dim"]), int(c["z_channels"]), 1)
         self._image_size = tuple(int(v) for v in c["image_size"])
@@ -162,7 +163,8 @@ class VQTokenizer(ImageTokenizer):
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
             raise TerraInputError(f"{path} cannot be read as a torch checkpoint ({type(err).__name__}); "
                                   "pass LlamaGen's vq_ds16_*.pt file") from None
-        key = next((k for k in ("ema", "model", "state_dict") if isinstance(checkpoint, dict) and k in checkpoint), None)
+        key = next((k for k in ("ema", "model", "state_dict") if isinstance(checkpoint, dict) and k in checkpoint),
+                   None)
         state_dict = checkpoint[key] if key else checkpoint
         if not isinstance(state_dict, dict) or not all(torch.is_tensor(v) for v in state_dict.values()):
             raise TerraInputError(f"{path} holds no state dict under ema, model or state_dict; "

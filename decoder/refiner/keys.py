@@ -67,7 +67,8 @@ def _unet_resnet(rest: str) -> str:
 
 def _unet_attention(rest: str) -> str:
     rest = rest.replace("temporal_transformer_blocks.", "time_stack.", 1)
-    return _rename(rest, {"time_pos_embed.linear_1.": "time_pos_embed.0.", "time_pos_embed.linear_2.": "time_pos_embed.2."})
+    return _rename(rest, {"time_pos_embed.linear_1.": "time_pos_embed.0.",
+                          "time_pos_embed.linear_2.": "time_pos_embed.2."})
 
 
 def unet_name(name: str, config: RefinerConfig) -> str:
@@ -107,7 +108,8 @@ def _vae_resnet(rest: str) -> str:
 def vae_name(name: str, config: RefinerConfig) -> str:
     """An ``AutoencoderKL`` / ``AutoencoderKLTemporalDecoder`` state-dict name → its LDM name (without prefix)."""
     levels = len(config.vae_channels)
-    if m := re.match(r"(encoder|decoder)\.(down|up)_blocks\.(\d+)\.(resnets|downsamplers|upsamplers)\.(\d+)\.(.*)", name):
+    blocks = r"(encoder|decoder)\.(down|up)_blocks\.(\d+)\.(resnets|downsamplers|upsamplers)\.(\d+)\.(.*)"
+    if m := re.match(blocks, name):
         part, way, i, kind, j, rest = m[1], m[2], int(m[3]), m[4], m[5], m[6]
         level = i if way == "down" else levels - 1 - i  # LDM numbers decoder levels from full resolution up
         if kind == "resnets":
@@ -136,7 +138,8 @@ def published_shape(published: str, shape: torch.Size | tuple[int, ...]) -> tupl
     return (*shape, 1, 1) if _CONV_ATTENTION.search(published) else tuple(shape)
 
 
-def key_table(shapes: Mapping[str, torch.Size | tuple[int, ...]], config: RefinerConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+def key_table(shapes: Mapping[str, torch.Size | tuple[int, ...]], config: RefinerConfig
+              ) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{published name: (module name, published shape)}`` for a refiner's state-dict ``shapes``."""
     table = {}
     for name, shape in shapes.items():

@@ -133,7 +133,8 @@ class VideoRefiner(nn.Module):
                 scales = guidance_scales(end - start, config.num_frames, config.min_guidance, config.max_guidance)
                 latents.append(sample_pass(self, cond[start:end], scales, generator, progress)[drop:])
         with self._timed(timings, "temporal_decode_s"):
-            frames = self.decode_latents(torch.cat(latents)) if latents else torch.zeros(0, 3, config.height, config.width)
+            frames = (self.decode_latents(torch.cat(latents)) if latents
+                      else torch.zeros(0, 3, config.height, config.width))
         timings["total_s"] = sum(timings.values())
         return RefinedVideo(images_to_uint8(frames), timings)
 

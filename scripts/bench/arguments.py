@@ -23,7 +23,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command line; bad values raise :class:`TerraInputError`."""
     p = argparse.ArgumentParser(description=DESCRIPTION)
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
-    p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="folder for <part>.json and summary.json")
+    p.add_argument("--out", type=Path, default=Path("benchmark_results"),
+                   help="folder for <part>.json and summary.json")
     p.add_argument("--model", help="benchmark this checkpoint folder instead of random weights of Terra's shape")
     p.add_argument("--tokenizer", help="tokenizer folder for the e2e part (default: random, sized for the model)")
     p.add_argument("--e2e-backend", choices=("vllm", "hf"), default="vllm", help="backend of the e2e part")
@@ -34,13 +35,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float16 | float32")
     p.add_argument("--context", type=int, default=3, help="context frames per rollout")
     p.add_argument("--single-frames", type=int, default=8, help="generated frames, single stream")
-    p.add_argument("--hf-frames", type=int, default=8, help="generated frames for the Transformers part (~54 s each on an H100)")
+    p.add_argument("--hf-frames", type=int, default=8,
+                   help="generated frames for the Transformers part (~54 s each on an H100)")
     p.add_argument("--batch-sizes", default="1,8,32,64", help="concurrent rollouts of the batched part")
     p.add_argument("--compare-batch-sizes", default="64", help="batch sizes of the plain and fp8 parts")
     p.add_argument("--batched-frames", type=int, default=22, help="generated frames per rollout when batched")
     p.add_argument("--greedy-frames", type=int, default=2, help="frames of the greedy rollout (FP8 agreement)")
     p.add_argument("--max-num-seqs", type=int, help="vLLM max_num_seqs (default: the largest batch size)")
-    p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's share of device memory (default 0.9; 0.1 on CPU)")
+    p.add_argument("--gpu-memory-utilization", type=float,
+                   help="vLLM's share of device memory (default 0.9; 0.1 on CPU)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra vllm.LLM argument (YAML value), e.g. async_scheduling=true; repeatable")
     p.add_argument("--requests", choices=("per_frame", "streaming"), default="per_frame",

@@ -68,11 +68,13 @@ def targets(records: dict[str, dict], res: dict[str, Any]) -> dict[str, dict]:
                  if v is not None]
     check("action/position overhead vs plain Llama % <= 3", max(overheads) if overheads else None, 3, True)
     prefixes = [row["prefix"] for name in ("vllm", "batched") for row in
-                ([records[name]["single"]] if "single" in records.get(name, {}) else []) + records.get(name, {}).get("batched", [])
+                ([records[name]["single"]] if "single" in records.get(name, {}) else [])
+                + records.get(name, {}).get("batched", [])
                 if "computed_tokens_max" in row.get("prefix", {})]
     if prefixes:
         worst = max(prefixes, key=lambda p: p["computed_tokens_max"] - p["target_computed_max"])
-        check("prompt tokens recomputed per frame <= block + 6", worst["computed_tokens_max"], worst["target_computed_max"], True)
+        check("prompt tokens recomputed per frame <= block + 6", worst["computed_tokens_max"],
+              worst["target_computed_max"], True)
     return found
 
 
@@ -125,14 +127,16 @@ def table(records: dict[str, dict], failures: dict[str, str]) -> str:
     if split:
         busy = "" if split["gpu_busy_pct"] is None else f", GPU busy {split['gpu_busy_pct']:.0f} %"
         lines.append(f"boundary (engine core in-process): {split['rollouts']} rollouts x {split['frames_per_rollout']} "
-                     f"frames after {split['context']}, {split['frames_per_s']:.2f} frames/s{busy}; share of the wall time:")
+                     f"frames after {split['context']}, {split['frames_per_s']:.2f} frames/s{busy}; "
+                     "share of the wall time:")
         lines.append("  " + ", ".join(f"{k} {v:.1f} %" for k, v in split["share_pct"].items()))
     e2e = records.get("e2e", {})
     if "e2e" in e2e:
         t, e = e2e["tokenizer"], e2e["e2e"]
         lines.append(f"tokenizer at {t['image_size'][0]}x{t['image_size'][1]}: encode {t['encode_frames_per_s']:.1f} "
                      f"frames/s, decode {t['decode_frames_per_s']:.1f} frames/s")
-        lines.append(f"one {e['frames']}-frame rollout end to end ({e2e['settings']['backend']}): {e['total_s']:.2f} s = "
+        lines.append(f"one {e['frames']}-frame rollout end to end ({e2e['settings']['backend']}): "
+                     f"{e['total_s']:.2f} s = "
                      f"encode {e['encode_s']:.2f} + generate {e['generate_s']:.2f} + decode {e['decode_s']:.2f} "
                      f"+ write {Path(e.get('video', '.mp4')).suffix[1:].upper()} {e['write_s']:.2f}")
     result = derived(records)

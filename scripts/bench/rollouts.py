@@ -15,7 +15,8 @@ from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.trajectory import MANOEUVRES
 
 
-def make_requests(layout: TokenLayout, count: int, num_context: int, num_frames: int, seed: int) -> list[RolloutRequest]:
+def make_requests(layout: TokenLayout, count: int, num_context: int, num_frames: int, seed: int
+                  ) -> list[RolloutRequest]:
     """``count`` rollouts with distinct random context codes (no prefix shared across them) and manoeuvres."""
     rng = np.random.default_rng(seed)
     requests = []

@@ -26,7 +26,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
 import grpc
-import numpy as np
 from carla_driver_interface.protocol import ALPASIM_API_VERSION, Empty, VersionId
 
 from terra.alpasim import video_model_pb2 as pb

@@ -60,8 +60,9 @@ class SessionUnusable(RequestError):
 
 
 @dataclass
-class Session:
-    """One AlpaSim rollout: its rollout on the engine, its camera, and where its frames are."""
+class AlpasimSession:
+    """One AlpaSim rollout (not terra/session/'s interactive ``Session``): its rollout on the engine, its camera,
+    and where its frames are."""
 
     id: str
     rollout: Rollout
@@ -122,13 +123,13 @@ class SessionTable:
         self.overlap = overlap
         self.resize = resize  # how the initial frame fits the tokenizer: crop | stretch (tokenizer/images.py)
         self.engine = SessionEngine(pipeline.backend)
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, AlpasimSession] = {}
         self._lock = threading.Lock()  # guards sessions and _opening
         self._opening = 0
 
     # ------------------------------------------------------------------ start, close
 
-    def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int) -> Session:
+    def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int) -> AlpasimSession:
         """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), sending frames at the size ``asked``
         (:func:`frame_size`); ``seed`` 0 lets the server choose one (logged), any other is reduced modulo 2**62."""
         size = frame_size(asked, self.pipeline.image_size)
@@ -146,7 +147,7 @@ class SessionTable:
             seed = secrets.randbelow(MAX_SEED) + 1 if seed == 0 else seed % (MAX_SEED + 1)
             rollout = self.engine.open(codes, np.zeros((0, 6, 3), np.float32), self.settings.max_frames, seed,
                                        self.overlap)
-            session = Session(secrets.token_hex(8), rollout, camera, size, seed)
+            session = AlpasimSession(secrets.token_hex(8), rollout, camera, size, seed)
             with self._lock:
                 self.sessions[session.id] = session
         finally:
@@ -182,7 +183,7 @@ class SessionTable:
 
     # ------------------------------------------------------------------ chunks
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> AlpasimSession:
         client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.get(session_id)
@@ -241,13 +242,13 @@ class SessionTable:
             session.last_used = time.monotonic()
             session.busy.release()
 
-    def _generate(self, session: Session, actions: np.ndarray) -> np.ndarray:
+    def _generate(self, session: AlpasimSession, actions: np.ndarray) -> np.ndarray:
         """Queue every frame of the chunk at once and wait for their codes ``[m, h, w]``."""
         futures = [self.engine.step(session.rollout, action, self.sampling) for action in actions]
         grid = self.pipeline.tokenizer.grid_shape
         return np.stack([future.result().codes.reshape(grid) for future in futures])
 
-    def _encode(self, session: Session, codes: np.ndarray) -> list[bytes]:
+    def _encode(self, session: AlpasimSession, codes: np.ndarray) -> list[bytes]:
         frames = self.pipeline.decode(codes)
         settings = self.settings
         images = []

@@ -1,10 +1,12 @@
 """``terra-drive``: driving policies in the loop with the world model (Hydra app, ``conf/drive.yaml``).
 
-(1) the settings, checked once before any model loads (terra/closedloop/settings.py: policies named, scenarios
-listed, ranges, the output folder claimed apart from every input); (2) the worlds, the scenarios and the drives,
-recorded under ``output_dir`` (terra/closedloop/drives.py: a video and JSON per drive, a manifest, resumable, the
-folder locked); with ``world=both`` in both worlds and the fidelity report (terra/closedloop/fidelity.py). Exit
-codes as conf/drive.yaml says; a user mistake is one line (terra/apps/runner.py).
+(1) the settings, checked once before any model loads (terra/closedloop/study/settings.py: a run's,
+terra/closedloop/recording/settings.py, with ``world=both`` wrapped in the fidelity study's; policies named,
+scenarios listed, ranges, the output folder claimed apart from every input); (2) the worlds, the scenarios and the
+drives, recorded under ``output_dir`` (terra/closedloop/recording/drives.py: a video and JSON per drive, a manifest,
+resumable, the folder locked); with ``world=both`` in every world of the study and its report
+(terra/closedloop/study/drives.py). Exit codes as conf/drive.yaml says; a user mistake is one line
+(terra/apps/runner.py).
 """
 
 from __future__ import annotations
@@ -23,26 +25,26 @@ from terra.config.moved import move_settings
 
 
 DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null (conf/drive.yaml), made only once held
-# A driver's failure is one line of its drive (terra/closedloop/egodriver.py): gRPC's C core logs nothing of its own
-# (read when grpc loads, so set before anything imports it; the environment may still ask for its logs).
+# A driver's failure is one line of its drive (terra/closedloop/drivers/egodriver.py): gRPC's C core logs nothing of
+# its own (read when grpc loads, so set before anything imports it; the environment may still ask for its logs).
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="drive", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    from terra.closedloop.settings import drive_settings
+    from terra.closedloop.study.settings import terra_drive_settings
 
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env."))
     move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
-    settings = drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line
+    settings = terra_drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line
 
-    from terra.closedloop.drives import drive
+    from terra.closedloop.study.drives import terra_drive
 
-    outcome = drive(settings)
+    outcome = terra_drive(settings)
     for line in outcome.lines:
         print(line)
     sys.exit(outcome.exit_code)

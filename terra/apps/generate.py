@@ -139,7 +139,8 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     output.record()
     record = copy.deepcopy(spec.record)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
-    record["backend"]["options"] = dict(run_settings.backend_options)  # with the memory preset's choices
+    record["backend"]["options"] = dict(pipeline.engine_options)  # as the engine ran: the memory preset's choices,
+    # its room for the samples (terra/generation/backends.py, engine_options)
     s_per_frame = generate_s / (num_frames * spec.num_samples)
     stats = sum((result.decode_stats for result in results), DecodeStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()

@@ -42,8 +42,9 @@ class Page:
 
 
 def _drive_choices() -> dict[str, str]:
-    from terra.closedloop.policies import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
-    from terra.closedloop.settings import CONTROL_WORLDS, VEHICLES, WORLDS  # what terra-drive's settings accept
+    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
+    # what terra-drive's settings accept
+    from terra.closedloop.recording.settings import CONTROL_WORLDS, VEHICLES, WORLDS
 
     pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
     return {

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
 from terra.core.errors import TerraInputError
-from terra.training.prepare import prepare_spec
+from terra.training.prepare_logs import prepare_spec
 from terra.training.shards import INDEX_FILE
 
 PROG = "terra-prepare-logs"  # the console script, named in error lines
@@ -44,7 +44,7 @@ def _main(cfg: DictConfig) -> None:
 
         from terra.core.device import resolve_device
         from terra.tokenizer import load_tokenizer
-        from terra.training.prepare import assign_splits, open_index, prepare_shards
+        from terra.training.prepare_logs import assign_splits, open_index, prepare_shards
 
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index = open_index(spec, tokenizer)

@@ -107,7 +107,8 @@ def check_added_settings(command: str, allowed: Sequence[str] = ()) -> None:
     overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
     for override in overrides:
         key = override.key_or_group
-        if override.type == OverrideType.ADD and not override.is_hydra_override() and not key.startswith(tuple(allowed)):
+        if (override.type == OverrideType.ADD and not override.is_hydra_override()
+                and not key.startswith(tuple(allowed))):
             raise TerraInputError(f"unknown setting {key!r} (`{command} --cfg job` lists the settings)")
 
 

@@ -77,16 +77,16 @@ Changing the model or tokenizer folder does not invalidate finished samples: use
 
 Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (a sample's inputs
 checked, shards; its JSONL line is read by :mod:`terra.inputs.samples`), :mod:`~terra.batch.plan` (output files,
-fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.prepare` (a sample ready for the engine), :mod:`~terra.batch.writer` (decode and write),
-:mod:`~terra.batch.stream` (the loop that keeps one engine full), :mod:`~terra.batch.concurrency`
-(``max_concurrent=auto``), :mod:`~terra.batch.ray_executor` and :mod:`~terra.batch.ray_actor` (``executor=ray``; its
-``ray`` block: :mod:`terra.config.ray_settings`, its cluster: :mod:`terra.core.ray_cluster`),
-:mod:`~terra.batch.run` (:func:`run_batch`).
+fingerprints, resume), :mod:`~terra.batch.manifest`, :mod:`~terra.batch.prepared_sample` (a sample ready for the
+engine), :mod:`~terra.batch.writer` (decode and write), :mod:`~terra.batch.stream` (the loop that keeps one engine
+full), :mod:`~terra.batch.concurrency` (``max_concurrent=auto``), :mod:`~terra.batch.ray_executor` and
+:mod:`~terra.batch.ray_actor` (``executor=ray``; its ``ray`` block: :mod:`terra.config.ray_settings`, its cluster:
+:mod:`terra.core.ray_cluster`), :mod:`~terra.batch.run` (:func:`run_batch`).
 """
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_face
+from terra.core.lazy import lazy_face, moved_modules
 
 # The names load on first use, so ``terra.batch.config`` (and terra-rollout's checks) import no torch.
 _HOMES = {
@@ -115,3 +115,5 @@ _HOMES = {
 }
 
 __all__, __getattr__ = lazy_face(__name__, _HOMES)
+# terra/batch/prepare.py until this release (one name, one file: terra/training/prepare_logs.py is terra-prepare-logs)
+MOVED_MODULES = moved_modules(__name__, {"prepare": "prepared_sample"})

@@ -123,8 +123,8 @@ class _Dispatcher:
                     self._written(ref, queue)
             if not noticed and not any(self.infos) and time.monotonic() - started > WAIT_NOTICE_S:
                 noticed = True
-                tqdm.write(f"terra-rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or the "
-                           "cluster lacks free resources: `ray status` shows them)", file=sys.stderr)
+                tqdm.write(f"terra-rollout: no Ray actor has started after {WAIT_NOTICE_S:.0f} s (models loading, or "
+                           "the cluster lacks free resources: `ray status` shows them)", file=sys.stderr)
 
     def _poll_progress(self) -> None:
         """Ask each working actor for its samples' frames so far, at most every :data:`POLL_S` seconds."""
@@ -173,7 +173,8 @@ class _Dispatcher:
             if first:
                 raise start_failure(err) from None
             self.last_death = cause(err)
-            tqdm.write(f"terra-rollout: Ray actor {a} is gone ({self.last_death}); going on without it", file=sys.stderr)
+            tqdm.write(f"terra-rollout: Ray actor {a} is gone ({self.last_death}); going on without it",
+                       file=sys.stderr)
             return
         if info["error"] is not None:
             if first:
@@ -237,8 +238,8 @@ class _Dispatcher:
         self.last_death = cause(err)
         if a in self.usable:
             self.usable.discard(a)
-            tqdm.write(f"terra-rollout: Ray actor {a} on {self.infos[a]['node']} died ({self.last_death}); its unfinished "
-                       "samples go back to the queue", file=sys.stderr)
+            tqdm.write(f"terra-rollout: Ray actor {a} on {self.infos[a]['node']} died ({self.last_death}); its "
+                       "unfinished samples go back to the queue", file=sys.stderr)
             self.pings[self.actors[a].info.remote()] = (a, False)
 
     def _fail(self, item: Item, error: str) -> None:

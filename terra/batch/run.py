@@ -1,5 +1,6 @@
 """A whole batch run: plan, check, then run the pending samples in this process (``executor=local``) or on Ray
-actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progress bars (terra/batch/progress.py) and summary file."""
+actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progress bars (terra/batch/progress.py) and
+summary file."""
 
 from __future__ import annotations
 
@@ -87,8 +88,8 @@ def run_batch(config: BatchConfig | BatchSpec, pipeline: WorldModelPipeline | No
     User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
     settings are checked once: here for :class:`BatchConfig`'s keywords, already for a :class:`BatchSpec`
     (terra/batch/config.py, ``batch_spec``); the output folder is claimed here, and the run holds its lock
-    throughout (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and leaves
-    the samples written so far, their records and no temporaries.
+    throughout (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and
+    leaves the samples written so far, their records and no temporaries.
     """
     spec, output = (check_config(config) if isinstance(config, BatchConfig)  # before the folder and its lock
                     else (config, claim_output(config)))
@@ -137,7 +138,8 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
     for record in the_plan.failed + the_plan.skipped:
         manifest.add(record)
         if record["stage"] == "parse":  # the error starts with "line N:"
-            tqdm.write(f"terra-rollout: {Path(record['file']).name}: {record['error']}; skipping the line", file=sys.stderr)
+            tqdm.write(f"terra-rollout: {Path(record['file']).name}: {record['error']}; skipping the line",
+                       file=sys.stderr)
         elif record["status"] == "failed":
             tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
     if the_plan.stale:
@@ -147,7 +149,8 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
 
     def on_record(record: dict) -> None:
         if record["status"] == "failed":
-            tqdm.write(f"terra-rollout: {_describe(record)} failed ({record['stage']}): {record['error']}", file=sys.stderr)
+            tqdm.write(f"terra-rollout: {_describe(record)} failed ({record['stage']}): {record['error']}",
+                       file=sys.stderr)
         progress.recorded(record, manifest.records)
 
     manifest.on_record = on_record

@@ -1,6 +1,6 @@
 """One engine kept full: samples stream in, each becomes a rollout the moment a slot is free.
 
-A helper thread reads and encodes samples ahead of the engine (:func:`terra.batch.prepare.prepare_sample`); the
+A helper thread reads and encodes samples ahead of the engine (:func:`terra.batch.prepared_sample.prepare_sample`); the
 engine loop admits prepared samples while fewer than ``max_concurrent`` rollouts are in flight, advances every
 rollout frame by frame on the backend's submit/poll interface (terra/generation/rollout.py) and hands a rollout
 to the writer threads (:class:`terra.batch.writer.SampleWriter`) as soon as its last frame is generated. There is
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from terra.batch.concurrency import resolve_max_concurrent
 from terra.batch.config import BatchSpec
-from terra.batch.prepare import PreparedSample, prepare_sample
+from terra.batch.prepared_sample import PreparedSample, prepare_sample
 from terra.batch.writer import SampleWriter
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.plan import Item

@@ -16,7 +16,7 @@ import numpy as np
 
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
-from terra.batch.prepare import PreparedSample
+from terra.batch.prepared_sample import PreparedSample
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar
@@ -86,6 +86,7 @@ class SampleWriter:
             source={"file": sample.file, "line": sample.line, "format": sample.kind},
             context=prepared.context, num_context=prepared.num_context, num_generated=int(len(generated)),
             files=files, decoding=stats.as_dict(self.sampling),
+            engine_options=pipeline.engine_options,  # as the engine ran (terra/generation/backends.py, engine_options)
             batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint, "complete": True,
                    "frames": int(len(codes))},
         )

@@ -1,12 +1,25 @@
-"""Closed-loop driving: a policy in the loop with the world model (or the synthetic world itself).
+"""Closed-loop driving: a policy in the loop with a world (the world model, the true world's frames, or a
+world of the user's), step by step.
 
-:func:`~terra.closedloop.loop.run_drives` drives many scenarios (terra/closedloop/scenarios.py) x policies
-(terra/closedloop/policies.py, or any object with ``reset`` / ``plan`` / ``close``) at once in a world
-(terra/closedloop/worlds.py: the world model's sessions, or the renderer's true frames);
-:func:`~terra.closedloop.run.drive_and_record` records them as batch rollouts are recorded (terra/closedloop/record.py).
-Metrics: terra/closedloop/metrics.py (no map), terra/closedloop/truth.py (the synthetic world's ground truth) and
-terra/closedloop/plan_following.py (the ACT-Estimator's reading of the clip against the commanded path).
-The standard contracts are thin adapters over the loop: terra/closedloop/egodriver.py (AlpaSim's gRPC driver
-contract), terra/closedloop/gym_env.py (gymnasium), terra/closedloop/navsim.py (NAVSIM agents). Importing this
-package is light: submodules load what they need.
+The loop's core, here: loop.py (many drives at once in one world), plans.py (what a policy sees and returns),
+worlds.py and user_world.py (the worlds), scenarios.py (where a drive starts), guard.py (every call into user code).
+Around it, one concern per sub-package: car/ (how a plan moves the car), drivers/ (the built-in policies and the
+adapters of AlpaSim's and NAVSIM's drivers), outcomes/ (what a drive is measured by), recording/ (``terra-drive``'s
+run: settings, worlds opened, drives recorded, on Ray too), study/ (the fidelity study, a client of the run:
+``world=both``), gym/ (the loop as a gymnasium env). Importing this package is light: submodules load what they need.
+The modules' old paths (``terra.closedloop.run``, ...) still import until the next release (terra/core/lazy.py).
 """
+
+from terra.core.lazy import moved_modules
+
+MOVED_MODULES = moved_modules(__name__, {
+    "vehicle": "car.vehicle", "tracking": "car.tracking", "motion": "car.motion", "reference": "car.path",
+    "policies": "drivers.builtin", "vision": "drivers.vision", "learned": "drivers.learned",
+    "imitation": "drivers.imitation", "egodriver": "drivers.egodriver", "navsim": "drivers.navsim",
+    "truth": "outcomes.truth", "alpasim_metrics": "outcomes.alpasim", "metrics": "outcomes.mapless",
+    "plan_following": "outcomes.plan_following", "drive_fidelity": "outcomes.frames",
+    "record": "recording.files", "run": "recording.run", "settings": "recording.settings",
+    "prepare": "recording.open_run", "drives": "recording.drives", "ray_executor": "recording.ray_executor",
+    "fidelity": "study.report", "control_worlds": "study.control_worlds", "verdict": "study.verdict",
+    "exploit_drives": "study.exploit", "gym_env": "gym.env", "gym_spaces": "gym.spaces",
+})

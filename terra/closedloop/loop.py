@@ -3,7 +3,7 @@
 Each step, every drive still going gets an :class:`~terra.closedloop.plans.Observation` (its newest frames, ego
 status, route), its policy plans (each on a thread of its own, with a deadline; those that hold the GIL one after
 another on one thread, each with its deadline: terra/closedloop/guard.py, ``CallLine``), and the plan goes to the
-drive's vehicle (terra/closedloop/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or
+drive's vehicle (terra/closedloop/car/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or
 the plan followed exactly): the next frame's action is the vehicle's forecast of the next 3 s, and the car moves to
 the vehicle's pose 0.1 s on. Then the world generates the next frame of every drive together at the pose each car
 reached (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it). Every call into a
@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, user_call
-from terra.closedloop.motion import Vehicle, action_of, make_vehicle
+from terra.closedloop.car.motion import Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
-from terra.closedloop.tracking import Controls
+from terra.closedloop.car.tracking import Actuation
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
 from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
@@ -38,7 +38,7 @@ DT_S = 1.0 / FRAME_RATE_HZ
 
 def drive_id(scenario_id: str, policy: str, replica: int = 0) -> str:
     """The id of a drive: its scenario's and its policy's, and past the first its replica's (the same drive with
-    another seed: ``num_seeds``); terra/closedloop/record.py names its files by it."""
+    another seed: ``num_seeds``); terra/closedloop/recording/files.py names its files by it."""
     return f"{scenario_id}__{policy}" + (f"__seed{replica}" if replica else "")
 
 
@@ -80,7 +80,7 @@ class LoopTimings:
     setup_s: float = 0.0  # policies built, drives opened (context frames encoded and decoded)
     policies_s: float = 0.0  # the plans: the policies of all drives plan at once, the vehicles follow them
     world_s: float = 0.0  # the world's steps (the world model's generation and decoding, or the renderer)
-    record_s: float = 0.0  # the drives' files written (terra/closedloop/run.py)
+    record_s: float = 0.0  # the drives' files written (terra/closedloop/recording/run.py)
 
     def add(self, other: "LoopTimings") -> None:
         for name, value in other.__dict__.items():
@@ -96,7 +96,7 @@ class Drive:
     vehicle: Vehicle
     frames: list[np.ndarray] = field(default_factory=list)  # context frames first (as the world shows them)
     num_context: int = 0
-    plans: list[Plan | Controls] = field(default_factory=list)  # controls: the gymnasium env's control actions
+    plans: list[Plan | Actuation] = field(default_factory=list)  # Actuation: the gymnasium env's actuation actions
     actions: list[np.ndarray] = field(default_factory=list)  # actions[k] conditioned generated frame k
     poses: list[np.ndarray] = field(default_factory=list)  # [3] per frame from the last context frame, ego frame
     speeds: list[float] = field(default_factory=list)  # m/s at each pose
@@ -125,12 +125,12 @@ class Drive:
         """``[steps + 1, 3]`` world poses (the scenario's start pose composed with the drive's own)."""
         return self._in_world(np.stack(self.poses))
 
-    def action_for(self, plan: Plan | Controls) -> np.ndarray:
+    def action_for(self, plan: Plan | Actuation) -> np.ndarray:
         """The next frame's action if the car keeps to ``plan``: the vehicle's forecast at the action times (the
         world model is shown what the car will do). The car does not move; a plan the vehicle cannot read raises."""
         return action_of(self.vehicle.forecast(plan, ACTION_TIMES))
 
-    def command(self, plan: Plan | Controls, action: np.ndarray, seconds: float = 0.0) -> None:
+    def command(self, plan: Plan | Actuation, action: np.ndarray, seconds: float = 0.0) -> None:
         """Record the plan and its action (:meth:`action_for`) and move the car along the plan to the next frame's
         pose."""
         self.vehicle.step(plan, DT_S)
@@ -184,7 +184,7 @@ class Drive:
 def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
                 vehicle: str = "bicycle") -> Drive:
     """Build the drive's policy, reset it (each within ``policy_timeout_s``), make its ``vehicle`` (a name of
-    terra/closedloop/motion.py's ``VEHICLES``, at the scenario's speed) and open the drive in ``world``; a failure
+    terra/closedloop/car/motion.py's ``VEHICLES``, at the scenario's speed) and open the drive in ``world``; a failure
     is recorded on the drive (stage setup)."""
     drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
@@ -210,7 +210,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                history: int = 16, progress: Callable[[int], None] | None = None,
                timings: LoopTimings | None = None, vehicle: str = "bicycle") -> list[Drive]:
     """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep), each car a ``vehicle``
-    (terra/closedloop/motion.py); return the drives. ``progress`` gets the steps done so far; ``timings`` (when
+    (terra/closedloop/car/motion.py); return the drives. ``progress`` gets the steps done so far; ``timings`` (when
     given) gains where the time went."""
     timings = LoopTimings() if timings is None else timings
     started = time.perf_counter()

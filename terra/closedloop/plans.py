@@ -4,7 +4,7 @@ A plan is the ego car's future in the ego frame of the newest frame (x forward, 
 metres, radians, seconds after now; the origin is the rear axle's centre, as in NAVSIM's ego frame and AlpaSim's
 rig): a trajectory of poses (NAVSIM's 8 poses at 0.5 s, AlpaSim's rig-frame trajectory at 10 Hz, or any other
 timestamps), or the world model's own ``[6, 3]`` action (its points at the action times). The drive's vehicle
-follows it (terra/closedloop/motion.py, reading it as terra/closedloop/reference.py does), and the world model is
+follows it (terra/closedloop/car/motion.py, reading it as terra/closedloop/car/path.py does), and the world model is
 shown the motion the vehicle forecasts.
 
 A plan is checked once, when it is built, wherever it comes from (a policy's answer, a NAVSIM agent's trajectory, a
@@ -69,10 +69,10 @@ class Plan:
     def from_quaternions(cls, positions: Any, quaternions: Any, times: Any, origin: Any) -> "Plan":
         """Poses given as ``positions [N, 2|3]`` (x, y[, z]) and rotations ``quaternions [N, 4]`` (x, y, z, w) in a
         frame where the car stands at ``origin`` (x, y, yaw) now (a gRPC driver's answer:
-        terra/closedloop/egodriver.py), at ``times``: the plan of those poses in the car's ego frame, each heading
-        its rotation's yaw. A position that is not finite or lies beyond :data:`MAX_POSITION_M`, and a quaternion
-        that is not finite or has a norm below :data:`MIN_QUATERNION_NORM` (no rotation), are refused as given,
-        naming the pose."""
+        terra/closedloop/drivers/egodriver.py), at ``times``: the plan of those poses in the car's ego frame, each
+        heading its rotation's yaw. A position that is not finite or lies beyond :data:`MAX_POSITION_M`, and a
+        quaternion that is not finite or has a norm below :data:`MIN_QUATERNION_NORM` (no rotation), are refused as
+        given, naming the pose."""
         from scipy.spatial.transform import Rotation
 
         positions, quaternions = _array(positions, "plan positions"), _array(quaternions, "plan quaternions")

@@ -2,8 +2,9 @@
 
 Three sources, one :class:`Scenario` each:
 
-* :func:`synthetic_scenarios`: the synthetic world (terra/sim/) keeping its lane along the road's bends; the
-  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth (terra/closedloop/truth.py);
+* :func:`synthetic_scenarios`: scenes of terra/sim/, the car keeping its lane along the road's bends; the
+  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth
+  (terra/closedloop/outcomes/truth.py);
 * :func:`log_scenarios`: a folder of driving-log clips (README, "Fine-tuning on your own drives"): the first
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
 * :func:`sample_scenarios`: a JSONL of samples in the batch's format (terra/inputs/samples.py), each sample's
@@ -11,9 +12,9 @@ Three sources, one :class:`Scenario` each:
 
 :func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
 ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
-terra/closedloop/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run drives.
-Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last context
-frame (terra/closedloop/loop.py).
+terra/closedloop/recording/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run
+drives. Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last
+context frame (terra/closedloop/loop.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from terra.closedloop.truth import EGO_LENGTH_M
+from terra.closedloop.car.vehicle import EGO_LENGTH_M
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import speed_of, to_ego
@@ -39,7 +40,7 @@ ROUTE_STEP_M = 2.0
 COMMAND_TURN_M = 2.0  # the route 20 m ahead this far to a side is a turn
 SCENE_LENGTH_M = 600.0
 ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its nearest centreline point this finely
-SYNTHETIC = "synthetic"  # the scenarios setting of the synthetic world's scenarios
+SYNTHETIC = "synthetic"  # the scenarios setting of the true world's scenarios
 Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (terra/config/output_dir.py)
 
 
@@ -52,7 +53,7 @@ class Scenario:
     actions: np.ndarray  # [n - 1, 6, 3] the actions between them
     speed_kmh: float  # at the last context frame
     start_pose: np.ndarray  # world pose of the last context frame
-    scene: Scene | None = None  # the synthetic world's scene: a route and ground truth
+    scene: Scene | None = None  # the true world's scene: a route and ground truth
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
@@ -122,7 +123,7 @@ class ScenarioSource:
     def load(self, image_size: Sequence[int], num_context: int = 3, resize: str = "crop",
              indices: Iterable[int] | None = None) -> list[Scenario]:
         """The scenarios at ``indices`` (default: all), in index order, their context frames read and fitted to
-        ``image_size`` (driving logs and JSONL samples by ``resize``: terra/closedloop/settings.py passes the
+        ``image_size`` (driving logs and JSONL samples by ``resize``: terra/closedloop/recording/settings.py passes the
         tokenizer's)."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
         if self.kind == SYNTHETIC:
@@ -171,7 +172,7 @@ def synthetic_id(seed: int, index: int) -> str:
 def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_context: int = 3,
                         speed_kmh: tuple[float, float] = (20.0, 40.0), domain: str = "day",
                         indices: Iterable[int] | None = None) -> list[Scenario]:
-    """``count`` scenarios of the synthetic world (or those at ``indices`` of them): a random scene, start and
+    """``count`` scenarios of the true world (or those at ``indices`` of them): a random scene, start and
     speed each, the context driven along the ego lane's centre (the same ``seed`` gives the same scenarios)."""
     rng = np.random.default_rng([int(seed), 0xD21E])
     chosen = set(range(count) if indices is None else indices)

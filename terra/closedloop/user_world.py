@@ -3,10 +3,11 @@
 The class implements :class:`~terra.closedloop.worlds.World` (``open``, ``context_frames``, ``step``, ``close``;
 ``name`` and the timing counters are optional) and is built as ``Class(image_size=(height, width))``. The setting is
 checked before any drive: the module imported, the class's four methods found and its constructor's signature read
-(:func:`world_class`); the one build, before the drives and the world model (terra/closedloop/prepare.py), is one
-line too when it fails, and so is a built world without the four methods. Every call into it, the lookup of the
-method included, crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time: what
-it is handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here, once (uint8
+(:func:`world_class`); the one build, before the drives and the world model (terra/closedloop/recording/open_run.py),
+is one line too when it fails, and so is a built world without the four methods. Every call into it, the lookup of
+the method included, crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time:
+what it is handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here,
+once (uint8
 ``[height, width, 3]``), and copied, so that a world that reuses its buffer cannot change frames recorded before. A
 world that raises, overruns, exits or returns anything else ends that drive ``failed`` with one line naming the
 class and the problem; the other drives go on.

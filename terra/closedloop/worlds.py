@@ -1,8 +1,8 @@
-"""The two worlds a policy can drive in, behind one interface: the world model, and the synthetic world itself.
+"""The two worlds a policy can drive in, behind one interface: the world model, and the true world.
 
 Each step a world gets, per drive, the next frame's action (the car's forecast motion over the next 3 s,
 docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle:
-terra/closedloop/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
+terra/closedloop/car/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
 :class:`~terra.generation.session_engine.SessionEngine` (continuous batching: every drive's next frame is submitted
 at once and the backend batches them); its frames are the world model's, conditioned on the action, decoded by the
 tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of
@@ -129,7 +129,7 @@ TRUTH = "truth"  # the true world's name
 
 
 class TrueWorld:
-    """The synthetic world rendered at the poses the cars reach (``image_size``: the frames' height and width)."""
+    """The true world rendered at the poses the cars reach (``image_size``: the frames' height and width)."""
 
     name = TRUTH
 
@@ -142,7 +142,7 @@ class TrueWorld:
         """A drive of the true world is its scenario."""
         if scenario.scene is None:
             raise TerraInputError(f"scenario {scenario.id} has no synthetic scene: the true world drives only the "
-                                  "synthetic world's scenarios")
+                                  "synthetic scenarios")
         return scenario
 
     def context_frames(self, drive: Scenario) -> np.ndarray:

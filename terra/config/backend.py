@@ -48,7 +48,8 @@ BACKENDS = ("auto", *BACKEND_OPTIONS)
 
 
 THREADS = Range(1, 1024, 1, whole=True, nullable=True)
-DEFAULT_THREADS = "auto"  # num_threads of terra-generate, -serve, -alpasim (conf/) and WorldModelPipeline.from_pretrained
+# num_threads of terra-generate, -serve, -alpasim (conf/) and WorldModelPipeline.from_pretrained
+DEFAULT_THREADS = "auto"
 
 
 def check_num_threads(value: Any, name: str = "num_threads") -> int | None:

@@ -5,8 +5,8 @@ A run writes ``manifest.jsonl`` (a name of its own where it has one: ``output.ma
 ``i`` of ``n`` of a run writes ``manifest.shard-<i>-of-<n>.jsonl`` (:func:`manifest_name`), so that the shards of one
 run share its folder; the summary is the manifest's name with ``.summary.json`` (:func:`summary_name`). Every record
 has a ``status`` (:data:`STATUSES`); their fields are the run's own (terra/batch/__init__.py, "Outputs";
-terra/closedloop/record.py). Used by batch rollouts (terra/batch/) and drives (terra/closedloop/); which of the two
-wrote a manifest shows in its records (:func:`manifest_app`).
+terra/closedloop/recording/files.py). Used by batch rollouts (terra/batch/) and drives (terra/closedloop/); which of the
+two wrote a manifest shows in its records (:func:`manifest_app`).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 line (:func:`moved_overrides`, called by terra/apps/runner.py's ``run_app`` before Hydra reads the arguments), in
 a config file the user composed (:func:`move_settings`, on the apps' composed config) and as a Python keyword
 (:func:`moved_value`: ``SamplingConfig(block_size=)``, ``BatchConfig(decoding=)``,
-``WorldModelPipeline.from_pretrained(block_size=)``). Each prints one line on stderr naming the old and the new
-setting; an old name with a value it never had is one error line. Light (no torch): the apps load it first.
+``WorldModelPipeline.from_pretrained(block_size=)``, the gymnasium envs' ``action_mode="control"``). Each prints
+one line on stderr naming the old and the new setting (or value); an old name with a value it never had is one
+error line. Light (no torch): the apps load it first.
 """
 
 from __future__ import annotations
@@ -35,12 +36,21 @@ class MovedSetting:
     values: Mapping[str, str] = field(default_factory=dict)
     check: Range | None = None  # the new setting's range, checked before the line that says the old name was used
 
+    @property
+    def values_only(self) -> bool:
+        """Whether the setting kept its name and only some of its values were renamed."""
+        return self.old == self.new
+
+    def moves(self, value: Any) -> bool:
+        """Whether ``value``, given under the old name, is a use of the old name or of an old value."""
+        return not self.values_only or (isinstance(value, str) and value in self.values)
+
     def value(self, value: Any) -> Any:
         """``value`` of the old setting as the new one takes it; one error line for a value the old one never had,
         or one outside the new setting's range (then the only line: nothing said about the name)."""
         if self.check is not None:
             return self.check.check(value, self.new, f"{self.old}={shown(value)}: ")
-        if not self.values or value in self.values.values():
+        if not self.values or value in self.values.values() or not self.moves(value):
             return value
         if value not in self.values:
             uses = " or ".join(f"{self.new}={new}" for new in dict.fromkeys(self.values.values()))
@@ -50,13 +60,19 @@ class MovedSetting:
     def line(self, who: str, value: Any = None) -> str:
         """The one line that says the old name was used (and which new value an old ``value`` is)."""
         new = self.values.get(value, value) if isinstance(value, str) else value
+        if self.values_only:
+            was = f"{value} is now {self.new}={new}" if value is not None else "'s values " + ", ".join(
+                f"{old} is now {new}" for old, new in self.values.items())
+            return f"{who}: {self.old}={was}; the old value goes in the next release"
         note = f" ({value} is {new})" if new != value else ""
         return f"{who}: {self.old}= is now {self.new}={note}; the old name goes in the next release"
 
 
 DECODER = MovedSetting("decoding", "decoder", {"framewise": "tokenizer", "refiner": "refiner"})
 DRAFT_TOKENS = MovedSetting("sampling.block_size", "sampling.draft_tokens", check=Range(1, 4096, 32, whole=True))
-MOVED = (DECODER, DRAFT_TOKENS)
+# the gymnasium envs' keyword (terra/closedloop/gym/env.py): "controls" are the worlds known to be wrong alone
+ACTION_MODE = MovedSetting("action_mode", "action_mode", {"control": "actuation"})
+MOVED = (DECODER, DRAFT_TOKENS, ACTION_MODE)
 _OVERRIDE = re.compile(r"(~|\+\+|\+)?([\w.]+)(=(.*))?", re.DOTALL)
 _WORD = re.compile(r"[\w.-]+")
 
@@ -64,7 +80,8 @@ _WORD = re.compile(r"[\w.-]+")
 def moved_value(moved: MovedSetting, value: Any, who: str = PYTHON) -> Any:
     """``value`` given under ``moved``'s old name, as its new name takes it; says so in one line on stderr."""
     new = moved.value(value)  # a value the old name never had is the only line
-    print(moved.line(who, value), file=sys.stderr)
+    if moved.moves(value):
+        print(moved.line(who, value), file=sys.stderr)
     return new
 
 
@@ -77,7 +94,7 @@ def moved_overrides(args: Sequence[str], who: str) -> list[str]:
         match = None if arg.startswith("-") else _OVERRIDE.fullmatch(arg)
         moved = next((m for m in MOVED if match and match.group(2) == m.old), None)
         prefix, _, assignment, value = match.groups() if moved else (None,) * 4
-        if moved is None or (assignment is None and prefix != "~"):  # not an old setting (an option's value)
+        if moved is None or (assignment is None and (prefix != "~" or moved.values_only)):  # not an old setting
             out.append(arg)
             continue
         if assignment is None:  # ~decoding: delete it
@@ -88,8 +105,9 @@ def moved_overrides(args: Sequence[str], who: str) -> list[str]:
         if _WORD.fullmatch(bare):  # one value
             value = moved_value(moved, _parsed(bare) if moved.check is not None else bare, who)
         else:  # a sweep or a function of Hydra's override grammar: its old values renamed in place
-            print(moved.line(who), file=sys.stderr)
-            value = _WORD.sub(lambda word: moved.values.get(word.group(), word.group()), value)
+            if not moved.values_only or any(word in moved.values for word in _WORD.findall(value)):
+                print(moved.line(who), file=sys.stderr)
+            value = _WORD.sub(lambda word, moved=moved: moved.values.get(word.group(), word.group()), value)
         # +old=: the old name was not in the config, the new one is: Hydra adds it or sets it (++)
         out.append(f"{'++' if prefix == '+' else prefix or ''}{moved.new}={value}")
     return out
@@ -113,5 +131,6 @@ def move_settings(cfg: DictConfig, who: str) -> None:
             continue
         value = moved_value(moved, plain(node[leaf]), who)
         with open_dict(node):
+            if not moved.values_only:
+                del node[leaf]
             node[moved.new.rpartition(".")[2]] = value
-            del node[leaf]

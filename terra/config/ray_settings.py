@@ -1,8 +1,8 @@
 """The ``ray`` block of a run with ``executor=ray`` (``conf/rollout.yaml``, ``conf/drive.yaml``), checked without
 importing Ray (:func:`check_executor` imports it, for a run that will use it).
 
-``executor=ray`` runs a batch (terra/batch/ray_executor.py) or drives (terra/closedloop/ray_executor.py) on the Ray
-cluster at ``address`` (terra/core/ray_cluster.py); these settings say which cluster, how many actors with what
+``executor=ray`` runs a batch (terra/batch/ray_executor.py) or drives (terra/closedloop/recording/ray_executor.py) on
+the Ray cluster at ``address`` (terra/core/ray_cluster.py); these settings say which cluster, how many actors with what
 resources, and how hard to try when actors die.
 """
 

@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from terra.core.errors import TerraInputError
 
-DOWNLOAD_HINT = "a download of huggingface.co/turing-motors/Terra, e.g. `hf download turing-motors/Terra --local-dir Terra`"
+DOWNLOAD_HINT = ("a download of huggingface.co/turing-motors/Terra, e.g. "
+                 "`hf download turing-motors/Terra --local-dir Terra`")
 
 
 def snapshot_folder(folder: str, *, _root_: DictConfig) -> str | None:

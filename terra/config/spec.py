@@ -2,14 +2,14 @@
 
 ``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
 ``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``, ``decoder``,
-``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before torch is
-imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
+``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before
+torch is imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
 ``from_run``); nothing downstream reads the raw config again. What needs torch or a file's contents (whether a
 GPU exists, the world model's window, the refiner's weights) is checked once each where it is first known.
 
 Beside it, the one rule of resume fingerprints (:func:`fingerprint`, and the run's part of every payload:
 :meth:`RunSpec.output_settings`): a batch run's samples (terra/batch/plan.py) and ``terra-drive``'s drives
-(terra/closedloop/record.py) start from it.
+(terra/closedloop/recording/files.py) start from it.
 """
 
 from __future__ import annotations

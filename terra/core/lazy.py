@@ -1,10 +1,24 @@
-"""A package face whose names load on first use (PEP 562 ``__getattr__``), so that importing the package loads
-none of its heavy modules: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``."""
+"""Package faces that load on first use, and modules that moved.
+
+* :func:`lazy_face`: a package face whose names load on first use (PEP 562 ``__getattr__``), so that importing the
+  package loads none of its heavy modules: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``.
+* :func:`moved_modules`: a package's modules that moved within it, still imported under their old names until the
+  next release (the same module object, and one ``FutureWarning`` naming the new path):
+  ``moved_modules(__name__, {"run": "recording.run"})``. The one mechanism for moved modules, as
+  terra/config/moved.py is for moved settings.
+* :func:`renamed`: a module's public names that were renamed, still found under their old names until the next
+  release (the same object, one ``FutureWarning``): ``__getattr__ = renamed(__name__, {"run_fidelity": "run_study"})``.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 
@@ -18,3 +32,51 @@ def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callab
         return getattr(importlib.import_module(homes[name]), name)
 
     return sorted(homes), __getattr__
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a moved module's old name (one absent from the tree: it is asked after every other finder) and loads it
+    as the module at its new name."""
+
+    def __init__(self, moved: dict[str, str]) -> None:
+        self.moved = moved  # old full name -> new full name
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name not in self.moved:
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        new = self.moved[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; the old name goes in the next release", FutureWarning,
+                      stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the module is the new one, already loaded."""
+
+
+def moved_modules(package: str, moved: Mapping[str, str]) -> dict[str, str]:
+    """Make ``package.OLD`` import as ``package.NEW`` for each ``OLD: NEW`` of ``moved`` (names relative to
+    ``package``); the table as full names (old -> new), which tests read."""
+    table = {f"{package}.{old}": f"{package}.{new}" for old, new in moved.items()}
+    finder = next((f for f in sys.meta_path if isinstance(f, _MovedModules)), None)
+    if finder is None:
+        finder = _MovedModules({})
+        sys.meta_path.append(finder)
+    finder.moved.update(table)
+    return table
+
+
+def renamed(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``module`` that answers each old name of ``names`` (old -> new) with the object
+    of its new name, with one ``FutureWarning``."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} is now {module}.{names[name]}; the old name goes in the next release",
+                      FutureWarning, stacklevel=2)
+        return getattr(sys.modules[module], names[name])
+
+    return __getattr__

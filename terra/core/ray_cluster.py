@@ -1,6 +1,6 @@
 """The Ray cluster of a run with ``executor=ray`` (batch rollouts: terra/batch/ray_executor.py; drives:
-terra/closedloop/ray_executor.py): joined (or a local one started for the run), its actors sized, and Ray's errors
-as one line.
+terra/closedloop/recording/ray_executor.py): joined (or a local one started for the run), its actors sized, and Ray's
+errors as one line.
 
 :class:`RayCluster` joins the cluster at ``ray.address`` and works out how many actors it holds and their
 ``ray.remote`` options: one per GPU, or per group of ``tensor_parallel_size`` GPUs (on a cluster without GPUs, or

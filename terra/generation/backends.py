@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,6 +69,17 @@ def fit_memory(spec: RunSpec, config, streams: int = 1, refiner: str = "off") ->
     plan = plan_memory(spec.memory, total, ModelShape.from_config(config), refiner, streams, spec.backend_options,
                        free)
     return spec.replace(backend_options={**spec.backend_options, **plan.engine_options()})
+
+
+def engine_options(kind: str, options: Mapping[str, Any], max_rollouts: int | None = None) -> dict[str, Any]:
+    """The options a backend of ``kind`` (resolved: vllm | hf) is built with, decided here only, so that a run
+    records what its engine ran with (terra/pipeline.py, ``WorldModelPipeline.engine_options``): ``options`` (the
+    run's ``backend.options``, with the memory preset's choices: :func:`fit_memory`) and, for a vLLM engine, room
+    for ``max_rollouts`` rollouts in flight (``max_num_seqs``) when given."""
+    options = dict(options)
+    if kind == "vllm" and max_rollouts is not None:
+        options["max_num_seqs"] = max_rollouts
+    return options
 
 
 def backend_kind(backend: WorldModelBackend) -> str:
@@ -133,7 +146,7 @@ def create_backend(
         from terra.generation.vllm_backend import VLLMBackend
         from terra.generation.vllm_streaming import StreamingVLLMBackend, resolve_requests
 
-        options = dict(options) if max_rollouts is None else {**options, "max_num_seqs": max_rollouts}
+        options = engine_options(kind, options, max_rollouts)
         streaming = resolve_requests(options.pop("requests", "per_frame")) == "streaming"
         if sampling is not None and sampling.decoding == "speculative":
             if streaming:
@@ -146,8 +159,8 @@ def create_backend(
         from terra.generation.hf_backend import HFBackend
 
         decoding = None if sampling is None or sampling.decoding == "auto" else sampling.decoding
-        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype), config=config,
-                                  decoding=decoding, **options)  # noqa: E731
+        build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype),  # noqa: E731
+                                  config=config, decoding=decoding, **options)
     try:
         return build()
     except TypeError as err:  # an unknown key in backend.options (ours or vLLM's engine arguments)

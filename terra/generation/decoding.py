@@ -23,7 +23,8 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
     """What ``sampling.decoding=auto`` is for a run of at most ``streams`` rollouts in flight on the resolved
     ``backend`` (hf | vllm) and ``device``, with vLLM's ``requests`` path: ``speculative`` up to
     :data:`SPECULATIVE_STREAMS`, else ``sequential`` (and where vLLM cannot decode speculatively). The one place it
-    is decided, once per run (terra/generation/backends.py, ``resolve_spec``); the backends then run what the run chose."""
+    is decided, once per run (terra/generation/backends.py, ``resolve_spec``); the backends then run what the run
+    chose."""
     if backend == "vllm" and vllm_speculative_unavailable(device, requests):
         return "sequential"
     limit = _speculative_limit(backend, device)

@@ -103,7 +103,8 @@ class Window:
 
 
 def plan_windows(num_context: int, num_generate: int, max_frames: int, overlap: int) -> list[Window]:
-    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md, "Windows").
+    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md,
+    "Windows").
 
     The first window starts with the given context; each later one starts with the last ``overlap`` frames
     of the previous window as context, so every frame is generated exactly once.

@@ -1,9 +1,9 @@
 """What a rollout is, how its windows advance, and the interface every generation backend implements.
 
 A :class:`RolloutRequest` holds context frame codes, actions and the number of frames to generate. A
-:class:`RolloutState` walks it through its windows (docs/ARCHITECTURE.md, "Token layout" and "Windows"): it says which frames and actions form
-the current window's prompt and records each generated frame. Backends (Transformers, vLLM) implement
-:class:`WorldModelBackend` on top of it, so they agree on layout and windowing by construction and the
+:class:`RolloutState` walks it through its windows (docs/ARCHITECTURE.md, "Token layout" and "Windows"): it says which
+frames and actions form the current window's prompt and records each generated frame. Backends (Transformers, vLLM)
+implement :class:`WorldModelBackend` on top of it, so they agree on layout and windowing by construction and the
 pipeline never needs to know which one it holds.
 
 Backends work frame by frame: :meth:`WorldModelBackend.submit` queues the next frame of a state and
@@ -134,7 +134,7 @@ class RolloutState:
 
     def set_next_action(self, action: np.ndarray) -> None:
         """Replace the action of the newest frame, the one that conditions the next frame (closed loop); ``action``
-        is a checked ``[6, 3]`` array (terra/session/controls.py, ``parse_action``)."""
+        is a checked ``[6, 3]`` array (terra/session/driver_input.py, ``parse_action``)."""
         self.actions[self.next_frame - 1] = action
 
     def generated(self) -> np.ndarray:

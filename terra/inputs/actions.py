@@ -62,7 +62,8 @@ def actions_from_trajectory(trajectory: EgoTrajectory, num_frames: int | None = 
 
 def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.ndarray:
     """``[num_frames, 6, 3]`` actions for a named manoeuvre (parameters as :func:`manoeuvre_trajectory`)."""
-    if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or not 1 <= num_frames <= MAX_FRAMES:
+    if (isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral)
+            or not 1 <= num_frames <= MAX_FRAMES):
         raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 and at most {MAX_FRAMES} "
                               f"(got {shown(num_frames)})")
     params = check_manoeuvre_params(params)
@@ -177,7 +178,8 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
         spec = value[key]
         if not isinstance(spec, (str, dict)):
             raise TerraInputError(
-                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} (got {shown(spec)})"
+                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} "
+                f"(got {shown(spec)})"
             )
         spec = {"name": spec} if isinstance(spec, str) else dict(spec)
         name = spec.pop("name", None)
@@ -205,7 +207,7 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
 def trajectory_action(trajectory: Any, source: str = "action trajectory") -> np.ndarray:
     """One frame's checked ``[6, 3]`` action from the car's path from now on in the current ego frame: a mapping
     ``{"x", "y"[, "yaw"][, "t" | "rate_hz"]}`` or points ``[[x, y], ...]`` at 10 Hz, its first point the car now.
-    How a session's trajectory action (terra/session/controls.py) becomes the next frame's action: as
+    How a session's trajectory action (terra/session/driver_input.py) becomes the next frame's action: as
     ``terra-generate`` reads a trajectory."""
     return actions_from_value({"trajectory": trajectory}, source, 1)[0]
 

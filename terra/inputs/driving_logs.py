@@ -6,10 +6,10 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
   clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
 * **Frames.** A clip folder holds either its frames as images (the types terra/tokenizer/images.py reads:
   ``*.png``, ``*.jpg``, ``*.jpeg``, ``*.bmp``, ``*.webp``, ``*.tif``, ``*.tiff``; in file-name order) or exactly one
-  video (``*.mp4``, ``*.mov``, ``*.avi``, ``*.mkv``, ``*.webm``, ``*.gif``), never both. A video's frames carry the container's timestamps. An
-  image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s, unless the folder
-  holds ``timestamps.txt``: one time in seconds per line (blank lines ignored), the n-th line for the n-th
-  image in name order, strictly increasing. A video clip holding ``timestamps.txt`` is refused.
+  video (``*.mp4``, ``*.mov``, ``*.avi``, ``*.mkv``, ``*.webm``, ``*.gif``), never both. A video's frames carry the
+  container's timestamps. An image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s,
+  unless the folder holds ``timestamps.txt``: one time in seconds per line (blank lines ignored), the n-th line for the
+  n-th image in name order, strictly increasing. A video clip holding ``timestamps.txt`` is refused.
 * **Trajectory.** One file per clip: ``trajectory.json``, ``trajectory.csv`` or ``trajectory.npy`` (at most
   one of them); without such a file, the clip's only ``*.json``/``*.csv``/``*.npy`` file. Its forms are those
   of terra/inputs/actions.py, except a manoeuvre (no recording):
@@ -36,7 +36,8 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
 * **Splits.** A clip is ``val`` when the first 8 bytes of the SHA-256 of its id, read as a fraction of 2^64,
   fall below ``val_fraction`` (default 0.05), else ``train``: the same on every run and machine, whatever the
   other clips. When a run would leave the folder with no ``val`` clip among at least 2 clips (and
-  ``val_fraction`` > 0), its usable new clip of the smallest such fraction goes to ``val`` (terra/training/prepare.py).
+  ``val_fraction`` > 0), its usable new clip of the smallest such fraction goes to ``val``
+  (terra/training/prepare_logs.py).
 * **Shards.** terra/training/shards.py: ``index.json`` and ``{train,val}-NNNNN.safetensors`` of up to
   ``shard_clips`` clips each. A rerun skips the clips the index lists; a clip that cannot be used (a rule
   above broken, a file unreadable) is skipped with one line and written nowhere.

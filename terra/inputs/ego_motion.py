@@ -10,7 +10,7 @@ and drives circular arcs (:func:`along_arc`):
   (terra/inputs/trajectory.py);
 * an action's own motion: the arc from the car through the action's first point (:func:`action_arc`), driven at
   the speed that reaches it in time (:func:`ego_motion`, :func:`speed_of`, :func:`advance_pose`): how a session
-  moves the car (terra/session/; the driving loop's car follows the whole plan instead, terra/closedloop/motion.py);
+  moves the car (terra/session/; the driving loop's car follows the whole plan instead, terra/closedloop/car/motion.py);
 * the other way, a session's trajectory (the car's path from now on) becomes the next frame's action by
   :func:`terra.inputs.actions.trajectory_action`, the rule every trajectory form goes through.
 """
@@ -77,7 +77,7 @@ def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> Pose:
     """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame.
 
     Follows the arc through the origin and the action's first point at the speed that reaches it in time: exact
-    for a drive action at constant speed (terra/session/controls.py), an estimate for any other action.
+    for a drive action at constant speed (terra/session/driver_input.py), an estimate for any other action.
     """
     curvature, length, t0 = action_arc(action)
     x, y, yaw = along_arc(curvature, length / t0 * dt)

@@ -51,7 +51,8 @@ class EgoTrajectory:
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         n = len(x)
         if n < 2 or len(y) != n:
-            raise TerraInputError(f"{source}: needs at least 2 points with as many x as y values (got {n} x, {len(y)} y)")
+            raise TerraInputError(f"{source}: needs at least 2 points with as many x as y values "
+                                  f"(got {n} x, {len(y)} y)")
         if t is None:
             t = np.arange(n) / RATE_HZ.check(rate_hz, "rate_hz", f"{source}: ")
         t = np.asarray(t, dtype=np.float64).reshape(-1)

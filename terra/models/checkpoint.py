@@ -41,7 +41,8 @@ def read_world_model_config(path: str | Path) -> LlamaActionConfig:
             f"missing {missing}); use a llama_action checkpoint"
         )
     if not list(folder.glob("*.safetensors")):
-        raise TerraInputError(f"world model {path} has no .safetensors weights; copy model.safetensors next to config.json")
+        raise TerraInputError(f"world model {path} has no .safetensors weights; copy model.safetensors next to "
+                              "config.json")
     try:
         config = LlamaActionConfig.from_dict(data)
         config.validate_architecture()

@@ -1,4 +1,5 @@
-"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys (docs/ARCHITECTURE.md, "Terra's files").
+"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys (docs/ARCHITECTURE.md,
+"Terra's files").
 
 Terra's published ``config.json`` (``model_type: llama_action``) loads unchanged. Keys added by this toolkit
 all have defaults derived from that file, so they never need to be present in it:
@@ -59,7 +60,8 @@ class LlamaActionConfig(LlamaConfig):
         if self.action_token_id is None:
             self.action_token_id = self.codebook_size
         if self.action_projection_type is None:
-            self.action_projection_type = "mlp" if "LlamaActionV2ForCausalLM" in (self.architectures or []) else "linear"
+            v2 = "LlamaActionV2ForCausalLM" in (self.architectures or [])
+            self.action_projection_type = "mlp" if v2 else "linear"
         if self.action_mlp_hidden_size is None:
             self.action_mlp_hidden_size = self.hidden_size
         if self.rope_parameters is None and "rope_theta" not in kwargs:

@@ -355,8 +355,8 @@ def weights_file(folder: Path) -> Path:
         if os.path.lexists(folder / name):
             open_input_file(folder / name, "estimator weights", MAX_WEIGHTS_BYTES).close()
             return folder / name
-    raise TerraInputError(f"estimator folder {folder} has none of {', '.join(WEIGHT_FILES)}; download "
-                          f"ACT-Bench's estimator into it: hf download turing-motors/ACT-Estimator --local-dir {folder}")
+    raise TerraInputError(f"estimator folder {folder} has none of {', '.join(WEIGHT_FILES)}; download ACT-Bench's "
+                          f"estimator into it: hf download turing-motors/ACT-Estimator --local-dir {folder}")
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:

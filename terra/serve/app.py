@@ -46,7 +46,7 @@ from terra.serve.guard import RequestGuard
 from terra.serve.media import VIDEO_FORMATS, video_bytes
 from terra.serve.service import LimitError, NotFoundError, SessionService
 from terra.serve.sockets import MAX_DIGITS, SocketConnection
-from terra.session.controls import parse_action
+from terra.session.driver_input import parse_action
 
 log = logging.getLogger("terra.serve")
 STATIC = Path(str(files("terra.serve") / "static"))

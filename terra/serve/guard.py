@@ -76,16 +76,16 @@ class RequestGuard:
         port = scope["server"][1] if scope.get("server") else None
         host = headers.get("host", "")
         if not self._host_allowed(host, port):
-            return 400, (f"Host {ascii(host[:100])} is not a name this server answers to; serving under a name? add it to "
-                         "serve.allowed_hosts")
+            return 400, (f"Host {ascii(host[:100])} is not a name this server answers to; serving under a name? add "
+                         "it to serve.allowed_hosts")
         origin = headers.get("origin")
         websocket = scope["type"] == "websocket"
         if origin is not None and (websocket or scope["method"] in STATE_CHANGING):
             scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
             own = web_origin(f"{scheme}://{host}")
             if not self._origin_allowed(web_origin(origin), own, port):
-                return 403, (f"requests from the web page at {ascii(origin[:100])} are refused; to let that page drive this "
-                             "server, add it to serve.allowed_origins")
+                return 403, (f"requests from the web page at {ascii(origin[:100])} are refused; to let that page "
+                             "drive this server, add it to serve.allowed_origins")
         if not websocket and scope["method"] == "POST":
             kind = headers.get("content-type")
             has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers

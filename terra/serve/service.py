@@ -168,7 +168,7 @@ class SessionService:
 
     async def step(self, entry: Entry, action: np.ndarray) -> tuple[Frame, bytes, dict[str, Any]]:
         """Generate the entry's next frame under ``action`` (a checked ``[6, 3]`` array: the routes parse what
-        clients send once, terra/session/controls.py); the frame, its image bytes and its header."""
+        clients send once, terra/session/driver_input.py); the frame, its image bytes and its header."""
         if entry.waiting >= MAX_WAITING_STEPS:
             raise LimitError(f"session {entry.session.id} already has {entry.waiting} steps waiting; "
                              "wait for their frames")

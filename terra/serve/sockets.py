@@ -2,7 +2,7 @@
 
 Client → server, JSON text messages:
 
-* ``{"type": "step", "action": ACTION}``: one frame under ``ACTION`` (any form of terra/session/controls.py).
+* ``{"type": "step", "action": ACTION}``: one frame under ``ACTION`` (any form of terra/session/driver_input.py).
 * ``{"type": "keys", "keys": {"up": true, "left": false, ...}}``: held arrow keys for driving.
 * ``{"type": "drive", "on": true}``: generate frames continuously under the held keys, at most
   ``serve.drive_window`` ahead of the client's acknowledgements ``{"type": "ack", "index": N}``; a client that
@@ -11,8 +11,8 @@ Client → server, JSON text messages:
 
 Server → client: a binary frame message per frame (terra/serve/media.py: header JSON with ``index``, ``pose``,
 ``timings`` + JPEG/PNG bytes), and JSON text ``{"type": "ready" | "reset" | "error", ...}``; ``ready`` and
-``reset`` carry ``context_frame``, the last context frame as a data URL (what the car sees before it moves). Bad input gets an
-error frame and the socket stays open; the session, the server and other sockets are unaffected.
+``reset`` carry ``context_frame``, the last context frame as a data URL (what the car sees before it moves). Bad input
+gets an error frame and the socket stays open; the session, the server and other sockets are unaffected.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from terra.core.atomic import json_text
 from terra.core.errors import TerraInputError
 from terra.serve.media import frame_message
 from terra.serve.service import Entry, SessionService
-from terra.session.controls import parse_action
+from terra.session.driver_input import parse_action
 
 log = logging.getLogger("terra.serve")
 MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")

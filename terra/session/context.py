@@ -18,7 +18,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.actions import validate_actions
 from terra.inputs.trajectory import MANOEUVRES
 from terra.inputs.ego_motion import speed_of
-from terra.session.controls import MAX_SPEED_KMH, check_number, drive_action
+from terra.session.driver_input import MAX_SPEED_KMH, check_number, drive_action
 from terra.sim import builtin_context
 from terra.tokenizer.images import load_images
 

@@ -3,7 +3,7 @@
 A :class:`SessionHost` holds a pipeline (tokenizer + backend) and one
 :class:`~terra.generation.session_engine.SessionEngine` that advances every open session on the backend (an
 open-ended rollout: terra/generation/session_engine.py); a :class:`Session` adds what a driver needs: actions in
-every form (terra/session/controls.py), the car's pose, arrow keys, decoded frames.
+every form (terra/session/driver_input.py), the car's pose, arrow keys, decoded frames.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, WorldModelBac
 from terra.generation.session_engine import Rollout, SessionEngine, StepResult
 from terra.inputs.ego_motion import Pose, advance_pose, speed_of
 from terra.session import context as contexts
-from terra.session.controls import KeyDriver, parse_action
+from terra.session.driver_input import KeyDriver, parse_action
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Session:
 
     def step_async(self, action: np.ndarray) -> Future:
         """Queue the next frame under ``action``, a checked ``[6, 3]`` array (what
-        :func:`~terra.session.controls.parse_action` returns); resolves to a
+        :func:`~terra.session.driver_input.parse_action` returns); resolves to a
         :class:`~terra.generation.session_engine.StepResult`."""
         assert action.shape == (6, 3), action.shape
         step = self.host.engine.step(self.rollout, action, self.sampling)
@@ -81,7 +81,7 @@ class Session:
         return done
 
     def step(self, action: Any, decode: bool = True) -> Frame:
-        """Generate the next frame under ``action``, any form :func:`~terra.session.controls.parse_action` reads
+        """Generate the next frame under ``action``, any form :func:`~terra.session.driver_input.parse_action` reads
         (bad ones raise here), and wait for it (decoded to RGB unless ``decode`` is False)."""
         return self.frame(self.step_async(parse_action(action)).result(), decode)
 

@@ -84,7 +84,7 @@ class NightLights:
         """``[M, 3]`` light falling on objects whose feet are at the ego-frame points ``fwd``, ``left``; sign
         plates (retroreflective) get their headlight share boosted."""
         head = headlight(fwd, left) * np.where(kind == SIGN, RETRO_GAIN, 1.0)
-        lamp = sum((_pool(fwd, left, f, l) for f, l in self.lamps), np.zeros_like(fwd, dtype=np.float32))
+        lamp = sum((_pool(fwd, left, f, lit) for f, lit in self.lamps), np.zeros_like(fwd, dtype=np.float32))
         return AMBIENT + head[:, None] * HEAD_RGB + lamp[:, None] * LAMP_RGB
 
 

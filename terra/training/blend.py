@@ -52,7 +52,8 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
     # the blend replaces output_dir whole (terra/core/atomic.py): new, empty or an earlier blend, apart from the inputs
     output = claim_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"), "output_dir",
                               files=["config.json", "model.safetensors"], replaced=True,
-                              inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()], app=APP).path
+                              inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()],
+                              app=APP).path
     return BlendSpec(
         base=folders["base"], tuned=folders["tuned"], weight=float(WEIGHT.check(select(cfg, "weight"), "weight")),
         output=output, dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES),

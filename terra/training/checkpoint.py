@@ -98,7 +98,8 @@ def save_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Opti
     barrier(processes)
     model_state, optim_state = get_state_dict(module, optimizer, options=OPTIONS)
     with _quiet():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=not processes.distributed)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp),
+                 no_dist=not processes.distributed)
     if processes.main:
         swap_in(tmp, folder, old, state)
     barrier(processes)

@@ -112,7 +112,8 @@ def read_index(folder: str | Path) -> ShardIndex:
     return index
 
 
-def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]) -> ShardEntry:
+def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]
+                ) -> ShardEntry:
     """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``) and add it to the index.
 
     The shard file is written atomically first, then the index that names it, so an interrupted run leaves

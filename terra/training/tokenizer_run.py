@@ -77,7 +77,8 @@ def training_frames(data: FramesSpec, image_size: tuple[int, int], output_dir: P
     frames = render_frames(data.num_frames, image_size, data.seed, data.workers)
     with atomic_path(cache) as tmp:
         np.save(tmp, frames)
-    print(f"rendered {len(frames)} synthetic frames in {time.monotonic() - start:.1f} s (cached in {cache})", flush=True)
+    print(f"rendered {len(frames)} synthetic frames in {time.monotonic() - start:.1f} s (cached in {cache})",
+          flush=True)
     return frames
 
 

@@ -1,7 +1,7 @@
 """The only place that knows how vLLM releases differ (0.26 on the GPU machine, 0.32 in CI, later ones).
 
-Everything else in :mod:`terra.vllm.llama_action` and :mod:`terra.generation.vllm_backend` uses names that are the same in
-every supported release (``SupportsMultiModal``, ``embed_input_ids``/``embed_multimodal``,
+Everything else in :mod:`terra.vllm.llama_action` and :mod:`terra.generation.vllm_backend` uses names that are the same
+in every supported release (``SupportsMultiModal``, ``embed_input_ids``/``embed_multimodal``,
 ``BaseMultiModalProcessor.apply``, ``LLMEngine.add_request``/``step``). The differences handled here:
 
 * ``ProcessorInputs.get_mm_hashes`` takes the hash algorithm as a second argument since 0.3x

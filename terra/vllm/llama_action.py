@@ -1,4 +1,5 @@
-"""Terra's world model for vLLM: vLLM's Llama decoder plus the action and spatio-temporal embeddings (docs/ARCHITECTURE.md, "Token layout").
+"""Terra's world model for vLLM: vLLM's Llama decoder plus the action and spatio-temporal embeddings
+(docs/ARCHITECTURE.md, "Token layout").
 
 The same checkpoint as :class:`terra.LlamaActionForCausalLM` loads here. A prompt is the token ids of a
 window (image codes, ``action_token_id`` at every action slot) plus one ``"actions"`` multimodal item per

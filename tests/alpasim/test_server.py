@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from types import SimpleNamespace
 
 import grpc

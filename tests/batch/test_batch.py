@@ -100,6 +100,7 @@ def check_outputs(out: Path, ids: list[str], formats=("mp4", "gif")) -> None:
         sidecar = json.loads((out / f"{sample_id}.json").read_text())
         assert sidecar["sample_id"] == sample_id
         assert sidecar["batch"]["complete"] and sidecar["batch"]["frames"] == TOTAL
+        assert isinstance(sidecar["engine_options"], dict)  # what the engine ran with (the configuration: "config")
         assert sidecar["num_generated"] == NUM_FRAMES and sorted(sidecar["files"]) == sorted(
             f"{sample_id}.{ext}" for ext in formats)
 

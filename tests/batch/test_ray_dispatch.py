@@ -182,7 +182,8 @@ def test_a_sample_that_keeps_losing_its_actor_fails_with_the_cause():
     records: list[dict] = []
     _Dispatcher(ray, [actor], RaySettings(max_retries=1), records.append).run(items(1))
     assert len(records) == 1 and records[0]["status"] == "failed" and records[0]["attempts"] == 2
-    assert records[0]["error"] == "its Ray actor died 2 times while running it: ActorDiedError: the actor died unexpectedly"
+    assert records[0]["error"] == ("its Ray actor died 2 times while running it: ActorDiedError: the actor died "
+                                   "unexpectedly")
 
 
 def test_progress_polls_report_frames_and_a_lost_sample_counts_again(monkeypatch):

@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.plans import Plan
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.study.settings import terra_drive_settings
 from terra.inputs.ego_motion import compose as compose_poses, to_ego
 
 EGODRIVER_METHODS = ("get_version", "start_session", "close_session", "submit_image_observation",
@@ -134,4 +134,4 @@ def drive_settings_of(out: Path, *overrides: str):
     """terra-drive's settings of ``overrides`` on the true world (the app's edge, in process)."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("drive", overrides=["world=truth", *overrides])
-    return drive_settings(cfg, out)
+    return terra_drive_settings(cfg, out)

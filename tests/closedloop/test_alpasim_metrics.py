@@ -1,4 +1,4 @@
-"""AlpaSim's metrics on the synthetic world (terra/closedloop/alpasim_metrics.py): hand-made boxes for each collision
+"""AlpaSim's metrics on the true world (terra/closedloop/outcomes/alpasim.py): hand-made boxes for each collision
 class, the box at the asphalt's edge, progress halfway along a straight expert, truncation after the first event,
 every rule of the scene score, and real drives on the true world recorded with their metrics: an oracle at the
 expert's pace, and two controls, one veering off the road, one driving into a parked car."""
@@ -10,14 +10,14 @@ import json
 import numpy as np
 import pytest
 
-from terra.closedloop.alpasim_metrics import (
+from terra.closedloop.outcomes.alpasim import (
     MAX_DIST_TO_GT_M, MetricBox, VehicleBox, alpasim_metrics, clip, collision_classes, drive_values, expert_trajectory,
     offroad, project, scene_score, timestep_metrics, wrong_lane)
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.plans import Plan
-from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.truth import parked_cars
+from terra.closedloop.outcomes.truth import parked_cars
 from terra.closedloop.worlds import TrueWorld
 from terra.inputs.ego_motion import compose, to_ego
 from terra.sim.scene import ROAD_HALF_WIDTH_M, Scene

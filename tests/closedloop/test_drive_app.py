@@ -11,13 +11,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.control_worlds import FrozenWorld
-from terra.closedloop.fidelity import compare, run_fidelity, study_plan
+from terra.closedloop.study.control_worlds import FrozenWorld
+from terra.closedloop.study.report import compare, run_study, study_plan
 from terra.closedloop.loop import drive_specs
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import RunSettings
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.study.settings import StudySettings, terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
 from tests.conftest import one_error_line
 
@@ -57,17 +57,18 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
     for preset in ("cpu", "gpu"):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=[f"study={preset}", "num_threads=1"])
-        found[preset] = drive_settings(cfg, tmp_path / preset)
-        assert found[preset].world == "both" and not found[preset].videos
+        found[preset] = terra_drive_settings(cfg, tmp_path / preset)
+        assert isinstance(found[preset], StudySettings) and not found[preset].drive.videos
     cpu, gpu = found["cpu"], found["gpu"]
-    pixel = [name for name in cpu.policies if name not in ("route_follower", "constant_speed", "brake_hard")]
-    assert len(cpu.scenarios.ids) == 5 and len(pixel) == 4 and cpu.num_steps == 25 and "brake_hard" in cpu.policies
+    pixel = [name for name in cpu.drive.policies if name not in ("route_follower", "constant_speed", "brake_hard")]
+    assert len(cpu.drive.scenarios.ids) == 5 and len(pixel) == 4 and cpu.drive.num_steps == 25
+    assert "brake_hard" in cpu.drive.policies
     assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast"}  # no second engine
-    assert len(gpu.scenarios.ids) == 16 and gpu.num_steps == 200 and gpu.exploitability and len(gpu.policies) == 15
-    assert gpu.run.backend == "vllm" and len(gpu.controls) == 8
+    assert len(gpu.drive.scenarios.ids) == 16 and gpu.drive.num_steps == 200 and gpu.exploitability
+    assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 8
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # a setting after the preset overrides it
         cfg = compose("drive", overrides=["study=cpu", "num_scenarios=6", "num_threads=1"])
-    assert len(drive_settings(cfg, tmp_path / "six").scenarios.ids) == 6
+    assert len(terra_drive_settings(cfg, tmp_path / "six").drive.scenarios.ids) == 6
 
 
 def test_the_study_says_what_it_will_draw_before_any_world_opens():
@@ -81,7 +82,9 @@ def test_the_fidelity_study_drives_20_s_by_default_and_the_demo_2_s(tmp_path):
                                             (["world=both", "num_steps=30"], 30), (["num_steps=7"], 7))):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=["backend=hf", "num_threads=1", *overrides])
-        assert drive_settings(cfg, tmp_path / str(k)).num_steps == steps, overrides
+        settings = terra_drive_settings(cfg, tmp_path / str(k))
+        run = settings.drive if isinstance(settings, StudySettings) else settings  # a study wraps its run's settings
+        assert run.num_steps == steps, overrides
 
 
 def test_runs_on_the_true_world_and_resumes(tmp_path):
@@ -112,13 +115,13 @@ def test_the_controls_drive_the_first_scenarios_and_seeds_spread_over_the_shards
             cfg = compose("drive", overrides=["world=both", "num_scenarios=3", "num_control_scenarios=2", "num_seeds=2",
                                               "num_control_seeds=1", "policies=[lane_follower,constant_speed]",
                                               "controls=[frozen,gray]", f"shard_index={shard}", "num_shards=2"])
-        settings = drive_settings(cfg, tmp_path / f"out{shard}")
-        worlds = settings.fidelity.drive_ids
+        settings = terra_drive_settings(cfg, tmp_path / f"out{shard}")
+        worlds = settings.folders.drive_ids
         assert list(worlds) == ["model", "truth", "frozen", "gray"]
         # drive k of each world's list to shard k % 2: the seed-0 control drives split too, not all to shard 0
         assert worlds["model"] == worlds["truth"] == every[shard::2]
         assert worlds["frozen"] == worlds["gray"] == controls[shard::2]
-        assert settings.drive_ids == [d for d in every if d in every[shard::2] + controls[shard::2]]
+        assert settings.drive.drive_ids == [d for d in every if d in every[shard::2] + controls[shard::2]]
 
 
 def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):
@@ -127,7 +130,7 @@ def test_shard_worlds_split_the_study_by_what_its_worlds_need(tmp_path):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=["world=both", "num_scenarios=2", "controls=[frozen,zero_actions,late]",
                                               f"shard_worlds={part}"])
-        folders = drive_settings(cfg, tmp_path / "out").fidelity
+        folders = terra_drive_settings(cfg, tmp_path / "out").folders
         seen[part] = list(folders.drive_ids)
         assert list(folders.worlds) == seen[part] and folders.report == (part == "all")
         assert folders.lock == {"engine": "engine.manifest.jsonl", "scene": "scene.manifest.jsonl",
@@ -172,8 +175,8 @@ class Faithful(TrueWorld):
 def test_the_same_world_twice_is_perfectly_faithful(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "lane_follower_bias_left", "constant_speed")}
-    report = run_fidelity({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
-                          drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
+    report = run_study({"model": Faithful((72, 128)), "truth": TrueWorld((72, 128))},
+                       drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert row["difference"]["path_distance_m"].estimate == 0.0 and row["model"] == row["truth"]
         assert 0.0 <= row["model"]["scene_score"] <= 1.0 and row["drives"] == 2 and row["failed"] == 0
@@ -204,8 +207,8 @@ class FrozenModel(FrozenWorld):
 def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_path):
     scenarios = synthetic_scenarios(2, 9, (72, 128))
     policies = {name: reference_policy(name) for name in ("lane_follower", "constant_speed")}
-    report = run_fidelity({"model": FrozenModel((72, 128)), "truth": TrueWorld((72, 128))},
-                          drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
+    report = run_study({"model": FrozenModel((72, 128)), "truth": TrueWorld((72, 128))},
+                       drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=6, progress=False))
     for row in report.policies.values():
         assert abs(row["following_gain_dx"].estimate) < 0.05 and row["following_gain_dx"].high < 0.8
 
@@ -213,7 +216,7 @@ def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_pa
 def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypatch):
     """The report step after a study's shards drives nothing: no world model is loaded (on vLLM, no engine starts);
     a world with a drive to make again is opened alone, or with the model when it is one of the model's."""
-    from terra.closedloop.drives import drive as run_drive
+    from terra.closedloop.study.drives import terra_drive as run_drive
 
     out = tmp_path / "out"
     args = ["world=both", "num_scenarios=1", "num_steps=2", "policies=[lane_follower]", "backend=hf",
@@ -221,7 +224,7 @@ def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypat
 
     def settings():
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            return drive_settings(compose("drive", overrides=args), out)
+            return terra_drive_settings(compose("drive", overrides=args), out)
 
     assert run_drive(settings()).exit_code == 0
 
@@ -229,10 +232,10 @@ def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypat
         raise AssertionError("the world model was loaded")
 
     monkeypatch.setattr("terra.pipeline.WorldModelPipeline.from_run", no_model)
-    import terra.closedloop.run
+    import terra.closedloop.recording.run
 
-    reads, completed = [], terra.closedloop.run.completed
-    monkeypatch.setattr("terra.closedloop.run.completed", lambda *a: reads.append(a[1].id) or completed(*a))
+    reads, completed = [], terra.closedloop.recording.run.completed
+    monkeypatch.setattr("terra.closedloop.recording.run.completed", lambda *a: reads.append(a[1].id) or completed(*a))
     again = run_drive(settings())
     assert again.exit_code == 0 and (out / "fidelity.md").is_file()
     assert len(reads) == 4  # each world's one drive read once: before the worlds open, and reused by the records

@@ -17,14 +17,14 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.control_worlds import control_world
-from terra.closedloop.fidelity import run_fidelity
+from terra.closedloop.study.control_worlds import control_world
+from terra.closedloop.study.report import run_study
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.record import write_drive
-from terra.closedloop.run import DriveWriters, RunSettings, drive_and_record, even_chunks
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.files import write_drive
+from terra.closedloop.recording.run import DriveWriters, RunSettings, drive_and_record, even_chunks
 from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.study.settings import terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
 from terra.config.assets import ASSETS
 from terra.core.atomic import MARKER, mark, marked
@@ -41,7 +41,7 @@ def settings(out: Path, *overrides: str):
     """terra-drive's settings of ``overrides`` with ``output_dir=out`` (the edge of the app, in process)."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("drive", overrides=list(overrides))
-    return drive_settings(cfg, out)
+    return terra_drive_settings(cfg, out)
 
 
 def refused(out: Path, *overrides: str) -> str:
@@ -82,7 +82,7 @@ def test_outputs_never_inside_or_holding_what_the_run_reads(tmp_path, samples):
 def test_a_drives_fingerprint_starts_from_the_runs_rule(tmp_path):
     """A drive's fingerprint holds what every run's does (terra/config/spec.py, ``RunSpec.output_settings``: resize
     included), the checkpoints and engine, and the vehicle: another resize makes the drives again on resume."""
-    from terra.closedloop.record import fingerprint
+    from terra.closedloop.recording.files import fingerprint
 
     crop, stretch = settings(tmp_path / "a"), settings(tmp_path / "b", "tokenizer.resize=stretch")
     assert crop.model_settings.items() >= crop.run.output_settings().items()
@@ -150,7 +150,7 @@ def test_a_run_marks_what_it_writes_holds_the_lock_and_writes_strict_json(tmp_pa
 
     # a fidelity study whose every drive failed has no numbers to average: null, never NaN
     worlds = {"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}
-    report = run_fidelity(worlds, specs[1:], RunSettings(tmp_path / "fid", num_steps=2, progress=False))
+    report = run_study(worlds, specs[1:], RunSettings(tmp_path / "fid", num_steps=2, progress=False))
     text = (tmp_path / "fid" / "fidelity.json").read_text()
     row = json.loads(text, parse_constant=pytest.fail)["policies"]["broken"]
     assert row["model"]["time_in_lane"] is None and np.isnan(report.policies["broken"]["model"]["time_in_lane"])
@@ -227,7 +227,7 @@ def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samp
     with pytest.raises(TerraInputError, match="lies inside the context"):
         drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "images" / "frames" / "run", num_steps=1))
     with pytest.raises(TerraInputError, match="holds the scenarios file"):
-        run_fidelity({"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}, specs,
+        run_study({"model": TrueWorld(SIZE), "truth": TrueWorld(SIZE)}, specs,
                      RunSettings(samples.parent, num_steps=1))
 
 

@@ -1,5 +1,5 @@
-"""terra-drive with ``executor=ray`` (terra/closedloop/ray_executor.py) on a local Ray cluster of 2 CPUs, the demo
-model on the Transformers backend: two actors write what one process writes, each drive recorded once by the
+"""terra-drive with ``executor=ray`` (terra/closedloop/recording/ray_executor.py) on a local Ray cluster of 2 CPUs, the
+demo model on the Transformers backend: two actors write what one process writes, each drive recorded once by the
 driver; an actor that dies mid-share is restarted and its share runs again; a share that keeps losing its actor
 fails with the cause; the fidelity study on actors."""
 
@@ -15,9 +15,9 @@ import ray
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.drives import drive
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.study.drives import terra_drive as drive
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.study.settings import terra_drive_settings
 from terra.config.manifest import read_manifest
 from tests.conftest import start_local_ray
 
@@ -36,7 +36,7 @@ def settings(out: Path, *overrides: str):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("drive", overrides=["num_threads=1", "backend=hf", "device=cpu", "progress=false", *ARGS,
                                           *overrides])
-    return drive_settings(cfg, out)
+    return terra_drive_settings(cfg, out)
 
 
 def comparable(path: Path) -> dict:

@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.drives import drive
-from terra.closedloop.settings import drive_settings
+from terra.closedloop.study.drives import terra_drive as drive
+from terra.closedloop.study.settings import terra_drive_settings
 from terra.config.manifest import read_manifest
 from terra.core.errors import TerraInputError
 
@@ -22,7 +22,7 @@ POLICIES = "policies=[lane_follower,constant_speed]"
 def settings(out: Path, *overrides: str):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("drive", overrides=["num_threads=1", "backend=hf", "progress=false", *overrides])
-    return drive_settings(cfg, out)
+    return terra_drive_settings(cfg, out)
 
 
 def drives_of(manifest: Path) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from carla_driver_interface.driver import BaseDriver, DriveContext, DriveResult 
 from carla_driver_interface.geometry import Pose, Trajectory  # noqa: E402
 from carla_driver_interface.server import serving  # noqa: E402
 
-from terra.closedloop.egodriver import (  # noqa: E402
+from terra.closedloop.drivers.egodriver import (  # noqa: E402
     CAMERA_ID, EgodriverPolicy, in_process, reference_driver, session_seed,
 )
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
@@ -141,7 +141,7 @@ def test_the_driver_gets_the_context_frames_and_history_before_its_first_decisio
     sessions = by_session(driver)
     assert len(sessions) == 4 and len(driver.requests("get_version")) == 4
     seeds = {}
-    for (uuid, calls), drive in zip(sessions.items(), drives):
+    for calls, drive in zip(sessions.values(), drives):
         scenario = drive.spec.scenario
         methods = [method for method, _ in calls]
         per_step = ["submit_egomotion_observation", "submit_route", "drive"]

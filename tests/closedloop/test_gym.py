@@ -10,8 +10,8 @@ import pytest
 gymnasium = pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from terra.closedloop.gym_env import DriveEnv, DriveVectorEnv  # noqa: E402
-from terra.closedloop.motion import make_vehicle  # noqa: E402
+from terra.closedloop.gym.env import DriveEnv, DriveVectorEnv  # noqa: E402
+from terra.closedloop.car.motion import make_vehicle  # noqa: E402
 from terra.closedloop.plans import as_plan  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402

@@ -11,7 +11,7 @@
 * nonsense refused before any work (exit 2, one line, nothing written, no Hydra folder);
 * one line per problem on stderr: no gRPC traceback or C-core lines, no argparse usage, no RuntimeWarning.
 
-Everything runs on the synthetic world's true frames (``world=truth``: the renderer, fast) and tiny drives; a hang
+Everything runs on the true world's frames (``world=truth``: the renderer, fast) and tiny drives; a hang
 test uses a small ``policy_timeout_s`` and bounds how long the drive took.
 """
 
@@ -35,12 +35,12 @@ import numpy as np
 import pytest
 
 from terra.batch.config import APP as ROLLOUT
-from terra.closedloop.drives import drive as run_drive_settings
-from terra.closedloop.egodriver import EgodriverPolicy
+from terra.closedloop.study.drives import terra_drive as run_drive_settings
+from terra.closedloop.drivers.egodriver import EgodriverPolicy
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.navsim import CAMERAS, NavsimPolicy
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.drivers.navsim import CAMERAS, NavsimPolicy
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.config.manifest import Manifest, read_manifest

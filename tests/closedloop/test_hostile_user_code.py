@@ -10,7 +10,7 @@
   constructor that hangs is one line, not a hang, and nothing is left behind;
 * a drive ends when the car leaves the scene sideways.
 
-Everything runs on the synthetic world's true frames (the renderer) at a small size.
+Everything runs on the true world's frames (the renderer) at a small size.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import pytest
 from carla_driver_interface.geometry import Pose
 from scipy.spatial.transform import Rotation
 
-from terra.closedloop.drives import drive as run_drive_settings
+from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.guard import handed
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.navsim import NavsimPolicy
+from terra.closedloop.drivers.navsim import NavsimPolicy
 from terra.closedloop.plans import MAX_POSITION_M, EgoStatus, Observation, Plan
-from terra.closedloop.policies import policy_factories
+from terra.closedloop.drivers.builtin import policy_factories
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.worlds import TrueWorld

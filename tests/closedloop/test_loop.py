@@ -1,4 +1,4 @@
-"""The driving loop on the synthetic world's true frames (fast, no model): bad policies end their own drive with
+"""The driving loop on the true world's frames (fast, no model): bad policies end their own drive with
 one reason, a drive along the lane centre has zero lane offset, a recorded run resumes without repeating a drive."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.motion import VEHICLES, action_of, make_vehicle
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.record import metrics_of
-from terra.closedloop.run import RunSettings, drive_and_record
+from terra.closedloop.car.motion import VEHICLES, action_of, make_vehicle
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.files import metrics_of
+from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import command_of, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.generation.actions import ACTION_TIMES

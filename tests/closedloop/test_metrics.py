@@ -1,14 +1,14 @@
-"""Closed-loop metrics on hand-made trajectories against hand-computed values, and the synthetic world's truth."""
+"""Closed-loop metrics on hand-made trajectories against hand-computed values, and the true world's truth."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from terra.closedloop.metrics import extended_comfort, history_comfort, kinematics, progress
+from terra.closedloop.outcomes.mapless import extended_comfort, history_comfort, kinematics, progress
 from terra.closedloop.plans import Plan
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.truth import OUT_OF_LANE_M, parked_cars, truth_metrics
+from terra.closedloop.outcomes.truth import OUT_OF_LANE_M, parked_cars, truth_metrics
 from terra.sim.scene import Scene
 
 DT = 0.1
@@ -110,10 +110,11 @@ def test_synthetic_scenarios_are_reproducible_and_start_in_lane():
 
 
 def test_plan_following_compares_the_estimator_with_the_commanded_path(tmp_path):
-    """The reference is the drive's own path over the estimator's 44 frames in ACT-Bench's (-y, x) frame; the
-    ADE / FDE are the distances to the estimate (a random-weight tiny estimator: any numbers, finite)."""
+    """The driven path (ACT-Bench's reference) is the drive's own path over the estimator's 44 frames in ACT-Bench's
+    (-y, x) frame; the ADE / FDE are the distances to the estimate (a random-weight tiny estimator: any numbers,
+    finite)."""
     from terra.closedloop.loop import DriveSpec, run_drives
-    from terra.closedloop.plan_following import PlanFollowing
+    from terra.closedloop.outcomes.plan_following import PlanFollowing
     from terra.closedloop.worlds import TrueWorld
     from tests.conftest import load_script
 
@@ -137,8 +138,8 @@ def test_plan_following_compares_the_estimator_with_the_commanded_path(tmp_path)
     # scenario's speed)
     long = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 43, vehicle="exact")[0]
     short = run_drives(TrueWorld((72, 128)), [DriveSpec(scenario, "straight", Straight)], 10, vehicle="exact")[0]
-    reference = scorer.reference(long)
-    np.testing.assert_allclose(reference[:, 0], 0.0, atol=1e-9)  # straight ahead: no lateral motion
-    np.testing.assert_allclose(reference[:, 1], 0.8 * np.arange(44), atol=1e-6)  # 0.8 m a frame
+    driven = scorer.driven_path(long)
+    np.testing.assert_allclose(driven[:, 0], 0.0, atol=1e-9)  # straight ahead: no lateral motion
+    np.testing.assert_allclose(driven[:, 1], 0.8 * np.arange(44), atol=1e-6)  # 0.8 m a frame
     [score, none] = scorer.score([long, short])
     assert none is None and np.isfinite(score["ade_m"]) and score["fde_m"] >= 0 and score["estimated_class"]

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from terra.closedloop.drives import drive as run_drive_settings
+from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
+from terra.closedloop.drivers.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError

@@ -1,4 +1,4 @@
-"""The pixel policies (terra/closedloop/policies.py, vision.py, learned.py) on the synthetic world's true frames:
+"""The pixel policies (terra/closedloop/drivers/builtin.py, vision.py, learned.py) on the true world's frames:
 ``all_pixel`` names them and no policy that reads no pixels; each detector reads the lane centre a rendered frame
 shows; driven in the true world they spread from good to bad; the learned driver's shipped weights load, read
 rendered frames of unseen scenes close to the expert and are refused, in one line, when they are not its tensors."""
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from terra.closedloop import verdict
-from terra.closedloop.imitation import expert_path
-from terra.closedloop.learned import PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
+from terra.closedloop.study import verdict
+from terra.closedloop.drivers.imitation import expert_path
+from terra.closedloop.drivers.learned import PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.policies import (
+from terra.closedloop.drivers.builtin import (
     ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PIXEL_POLICIES, REFERENCE_POLICIES, policy_names,
 )
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.truth import truth_metrics
-from terra.closedloop.vision import find_centre_line, find_road_edge
+from terra.closedloop.outcomes.truth import truth_metrics
+from terra.closedloop.drivers.vision import find_centre_line, find_road_edge
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError
 from terra.fidelity.lanes import find_lane
@@ -141,7 +141,8 @@ def _write(path, tensors: dict[str, torch.Tensor]) -> None:
 @pytest.mark.parametrize("spoil, message", [
     (lambda t: {**t, "head.3.bias": t["head.3.bias"].double()}, "head.3.bias is torch.float64"),
     (lambda t: {**t, "head.3.bias": torch.full_like(t["head.3.bias"], float("nan"))}, "NaN or infinite"),
-    (lambda t: {**t, "head.3.weight": t["head.3.weight"][:3].contiguous()}, r"head.3.weight is torch.float32 \[3, 64\]"),
+    (lambda t: {**t, "head.3.weight": t["head.3.weight"][:3].contiguous()},
+     r"head.3.weight is torch.float32 \[3, 64\]"),
     (lambda t: {k: v for k, v in t.items() if k != "features.0.weight"}, "missing \\['features.0.weight'\\]"),
 ])
 def test_weights_that_are_not_the_nets_are_refused_in_one_line(tmp_path, spoil, message):

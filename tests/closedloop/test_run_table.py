@@ -1,15 +1,15 @@
-"""The table terra-drive ends with (terra/closedloop/run_table.py): per world and policy what the drives' JSON
+"""The table terra-drive ends with (terra/closedloop/recording/run_table.py): per world and policy what the drives' JSON
 files measured, failed drives counted apart, ``-`` where nothing was measured."""
 
 from __future__ import annotations
 
-from terra.closedloop.run_table import HEADER, run_table
+from terra.closedloop.recording.run_table import HEADER, run_table
 from terra.stats import Bootstrap
 
 
 def content(scenario: str, policy: str, status: str = "ok", score: float = 1.0, distance: float = 10.0,
             in_lane: float = 1.0, off_road: bool = False, truth: bool = True) -> dict:
-    """A drive's JSON content with the keys the table reads (terra/closedloop/record.py)."""
+    """A drive's JSON content with the keys the table reads (terra/closedloop/recording/files.py)."""
     metrics = {"progress": {"distance_m": distance}, "history_comfort": {"comfortable": True}}
     if truth:
         metrics["truth"] = {"time_in_lane": in_lane, "off_road": off_road, "collision": False}

@@ -1,4 +1,4 @@
-"""The car follows the whole plan (terra/closedloop/motion.py): a planned deceleration is the deceleration driven, a
+"""The car follows the whole plan (terra/closedloop/car/motion.py): a planned deceleration is the deceleration driven, a
 circle is driven on the circle, a path without headings keeps its direction, what the plan does after its first
 point moves the car, limits hold for any plan, and the exact follower is exact.
 
@@ -14,10 +14,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from terra.closedloop.metrics import kinematics
-from terra.closedloop.motion import BicycleVehicle, ExactVehicle, Vehicle, action_of, make_vehicle
+from terra.closedloop.outcomes.mapless import kinematics
+from terra.closedloop.car.motion import BicycleVehicle, ExactVehicle, Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import Plan
-from terra.closedloop.vehicle import VehicleParams
+from terra.closedloop.car.vehicle import VehicleParams
 from terra.core.errors import TerraInputError
 from terra.generation.actions import ACTION_TIMES
 from terra.inputs.ego_motion import to_ego
@@ -43,7 +43,8 @@ def braking(decel: float, spacing: float, count: int):
 
 
 def realized_decel(poses: np.ndarray) -> float:
-    """The mean deceleration driven, from the poses as the drive's metrics read them (terra/closedloop/metrics.py)."""
+    """The mean deceleration driven, from the poses as the drive's metrics read them
+    (terra/closedloop/outcomes/mapless.py)."""
     speed = kinematics(poses)["speed"]
     return -(speed[-1] - speed[0]) / ((len(poses) - 1) * 0.1)
 

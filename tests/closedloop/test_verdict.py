@@ -1,6 +1,6 @@
 """The fidelity verdict and the worlds it is tried on: the controls are what they say, a user's world that misbehaves
 fails its own drives in one line, and the test of the test: on the demo world model, every built-in control is
-flagged by at least one statistic and the model is not (terra/closedloop/verdict.py)."""
+flagged by at least one statistic and the model is not (terra/closedloop/study/verdict.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from terra.closedloop.control_worlds import (
+from terra.closedloop.study.control_worlds import (
     FrozenWorld, GrayWorld, LateWorld, MirroredWorld, standing_still, straightened,
 )
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.policies import reference_policy
+from terra.closedloop.drivers.builtin import reference_policy
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
-from terra.closedloop.verdict import RANK_METRIC, STATISTICS, Pair, metric_names
+from terra.closedloop.study.verdict import RANK_METRIC, STATISTICS, Pair, metric_names
 from terra.closedloop.worlds import TrueWorld
 from terra.sim.renderer import render
 from terra.stats import Bootstrap

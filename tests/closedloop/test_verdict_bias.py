@@ -3,21 +3,21 @@ study (4 scenarios x 4 pixel policies x 25 steps, in process) where the true wor
 rendered at slightly jittered poses are PASSED (every statistic decided inside its band, not merely not flagged),
 while a camera mounted 0.2 m left or 0.5 m right of the car's centre line, one turned 4 degrees, one swaying from
 side to side, a world 15 % too fast and a mirrored one are FLAGGED, each by the statistic made for it; and a study
-of one scenario decides nothing (terra/closedloop/verdict.py)."""
+of one scenario decides nothing (terra/closedloop/study/verdict.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from terra.closedloop.control_worlds import FastWorld, MirroredWorld, OffsetCameraWorld, shifted_left
-from terra.closedloop.fidelity import run_fidelity
-from terra.closedloop.fidelity_report import headline
+from terra.closedloop.study.control_worlds import FastWorld, MirroredWorld, OffsetCameraWorld, shifted_left
+from terra.closedloop.study.report import run_study
+from terra.closedloop.study.report_text import headline
 from terra.closedloop.loop import drive_specs
-from terra.closedloop.policies import reference_policy
-from terra.closedloop.run import RunSettings
+from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.verdict import FLAGGED, PASSED, TOO_FEW, UNDECIDED
+from terra.closedloop.study.verdict import FLAGGED, PASSED, TOO_FEW, UNDECIDED
 from terra.closedloop.worlds import TrueWorld
 
 SIZE = (72, 128)
@@ -65,7 +65,7 @@ def named(world, name: str):
 def study(tmp_path, scenarios: int, worlds: dict):
     every = {"model": named(TrueWorld(SIZE), "model"), "truth": TrueWorld(SIZE), **worlds}
     specs = drive_specs(synthetic_scenarios(scenarios, 3, SIZE), {p: reference_policy(p) for p in POLICIES})
-    report = run_fidelity(every, specs, RunSettings(tmp_path, num_steps=25, progress=False, videos=False))
+    report = run_study(every, specs, RunSettings(tmp_path, num_steps=25, progress=False, videos=False))
     return report, {v.world: v for v in report.verdicts}
 
 

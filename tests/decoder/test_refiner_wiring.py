@@ -111,7 +111,8 @@ def test_benchmark_script_reports_the_split_and_unet_throughput(tmp_path):
 
 
 def test_a_batch_names_the_snapshot_without_refiner_weights_as_terra_generate_does(tmp_path):
-    """A batch's run spec comes from run_spec, the function terra-generate uses, so terra_root reaches the error line."""
+    """A batch's run spec comes from run_spec, the function terra-generate uses, so terra_root reaches the error
+    line."""
     samples = tmp_path / "samples.jsonl"
     samples.write_text("")
     config = BatchConfig(samples=str(samples), output_dir="unused", device="cpu", decoder="refiner",

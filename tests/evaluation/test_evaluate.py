@@ -66,7 +66,7 @@ def test_tiny_evaluation_writes_a_complete_report(tmp_path):
         assert pair["num_cases"] == 1 and 0.0 <= pair["accuracy_pct"] <= 100.0
         (case,) = pair["cases"]
         assert set(case["rollouts"]) == set(key.split("/"))
-        for name, rollout in case["rollouts"].items():
+        for rollout in case["rollouts"].values():
             assert set(rollout["psnr_to"]) == {*key.split("/"), "straight"}
             assert rollout["matched"] in key.split("/")
         assert case["correct"] == all(r["matched"] == n for n, r in case["rollouts"].items())

@@ -1,6 +1,6 @@
-"""``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by terra/generation/backends.py), whose numbers
-are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the backends then run what the run chose and
-never decide it again."""
+"""``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by
+terra/generation/backends.py), whose numbers are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the
+backends then run what the run chose and never decide it again."""
 
 from __future__ import annotations
 
@@ -117,18 +117,18 @@ def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, roll
     from terra.alpasim.settings import alpasim_spec
     from terra.apps.runner import CONF_DIR
     from terra.apps.serve import load_service
-    from terra.closedloop.prepare import open_worlds
-    from terra.closedloop.settings import drive_settings
+    from terra.closedloop.recording.open_run import open_worlds
+    from terra.closedloop.recording.settings import drive_settings
     from terra.config.spec import run_spec
     from terra.serve.settings import ServeSettings
 
     asked = []
 
-    def create_backend(*args, max_rollouts=None, **kwargs):
+    def engine_options(kind, options, max_rollouts=None):
         asked.append(max_rollouts)
         raise KeyboardInterrupt  # the engine's size is all this test needs
 
-    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
+    monkeypatch.setattr("terra.pipeline.engine_options", engine_options)
     cpu = ["backend=hf", "device=cpu"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         generate = compose("generate", overrides=[*cpu, f"num_samples={rollouts}"])

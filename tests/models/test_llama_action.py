@@ -124,7 +124,8 @@ def test_incremental_decoding_matches_full_forward():
     cache = None
     pieces = []
     # prefill frame 0 + its actions, then token by token, then frame 1's actions in one step, ...
-    chunks = [(0, S)] + [(p, p + 1) for p in range(S, S + P)] + [(S + P, 2 * S)] + [(p, p + 1) for p in range(2 * S, 3 * S)]
+    chunks = ([(0, S)] + [(p, p + 1) for p in range(S, S + P)] + [(S + P, 2 * S)]
+              + [(p, p + 1) for p in range(2 * S, 3 * S)])
     used = 0
     for lo, hi in chunks:
         n_slots = int((ids[lo:hi] == PLACEHOLDER).sum())
@@ -261,7 +262,8 @@ def test_bad_layout_config_is_rejected():
 
 @torch.no_grad()
 def reference_greedy(model, context: np.ndarray, actions: np.ndarray, num_frames: int, overlap: int) -> np.ndarray:
-    """Greedy rollout by full recomputation of every prefix, windows as docs/ARCHITECTURE.md ("Windows") describes them, written out independently."""
+    """Greedy rollout by full recomputation of every prefix, windows as docs/ARCHITECTURE.md ("Windows") describes
+    them, written out independently."""
     frames = [f.reshape(-1) for f in context]
     target = len(context) + num_frames
     start = 0

@@ -1,4 +1,5 @@
-"""Smoke tests of scripts/benchmark.py (Transformers part on a tiny model, on the CPU) and scripts/benchmark_memory.py."""
+"""Smoke tests of scripts/benchmark.py (Transformers part on a tiny model, on the CPU) and
+scripts/benchmark_memory.py."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def test_a_part_over_its_time_limit_is_killed_and_reported(tmp_path):
 
 
 def test_e2e_measures_tokenizer_and_one_rollout(bench, tmp_path, single_thread):
-    args = bench.parse_args(["--tiny", "--device", "cpu", "--context", "2", "--batched-frames", "2", "--out", str(tmp_path)])
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--context", "2", "--batched-frames", "2",
+                             "--out", str(tmp_path)])
     bench.write_model_configs(args)
     layout = bench.read_layout(args)
     backend = bench.build_backend(bench.PARTS["hf"], args)
@@ -104,7 +106,8 @@ def test_bad_arguments_give_one_line_and_exit_2(benchmark, capsys):
 
 
 def test_engine_args_are_parsed_as_yaml(bench):
-    args = bench.parse_args(["--engine-arg", "async_scheduling=true", "--engine-arg", "block_size=32", "--device", "cpu"])
+    args = bench.parse_args(["--engine-arg", "async_scheduling=true", "--engine-arg", "block_size=32",
+                             "--device", "cpu"])
     assert args.engine_kwargs == {"async_scheduling": True, "block_size": 32}
     assert args.max_num_seqs == 64 and args.dtype == "float32"
 
@@ -167,7 +170,8 @@ def test_derived_ratios_and_table(bench):
     assert d["fp8_greedy"] == {"tokens": 4, "agreement": 0.75, "first_mismatch": 2, "distinct_tokens_bf16": 4}
     text = bench.table(records, {"eager": "exit 1"})
     assert "GPU X" in text and "eager    FAILED: exit 1" in text and text.count("\nbatched ") == 2
-    assert "time vllm B=1: 4000 engine steps, 1.50 ms/step, 75.0% in step, 5.0% in add_request, 20.0% in our loop" in text
+    assert ("time vllm B=1: 4000 engine steps, 1.50 ms/step, 75.0% in step, 5.0% in add_request, 20.0% in our loop"
+            in text)
     met = {name: t["met"] for name, t in d["targets"].items()}
     assert met == {"terra single stream s/frame <= 0.8": False, "vLLM speed-up over Transformers >= 40": True,
                    "64 rollouts x 22 frames, frames/s >= 18": False,
@@ -290,7 +294,8 @@ def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
     assert attention.main(["--kv-dtypes", "fp16"]) == 2
     assert attention.main(["--splits", "a"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and "multiples of 16" in err[0] and "fp8" in err[1] and "--splits takes a comma list of whole numbers" in err[2]
+    assert len(err) == 3 and "multiples of 16" in err[0] and "fp8" in err[1]
+    assert "--splits takes a comma list of whole numbers" in err[2]
     assert "Traceback" not in "".join(err)
 
 

@@ -180,7 +180,8 @@ def test_dataset_round_trip(tmp_path):
 
 
 def test_make_dataset_script(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "terra.apps.make_dataset", f"out_dir={tmp_path / 'ds'}", "num_clips=3", "num_frames=2",
+    done = subprocess.run([sys.executable, "-m", "terra.apps.make_dataset", f"out_dir={tmp_path / 'ds'}", "num_clips=3",
+                           "num_frames=2",
                            "height=16", "width=32", "workers=2", "clips_per_shard=2"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr

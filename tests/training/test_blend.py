@@ -60,7 +60,8 @@ def test_the_blend_lies_on_the_line_from_base_to_tuned(pair, tmp_path):
             assert all(torch.equal(blended[n], reference[n]) for n in blended)
     # the default: bfloat16 files, and a world model every backend loads
     out = tmp_path / "bf16"
-    assert blend(f"base={base_dir}", f"tuned={tuned_dir}", "weight=0.5", f"output_dir={out}", cwd=tmp_path).returncode == 0
+    assert blend(f"base={base_dir}", f"tuned={tuned_dir}", "weight=0.5", f"output_dir={out}",
+                 cwd=tmp_path).returncode == 0
     assert {v.dtype for v in weights(out).values()} == {torch.bfloat16}
     backend = HFBackend(str(out), device="cpu", dtype=torch.float32)
     layout = backend.layout

@@ -244,7 +244,8 @@ def finetuned(shards, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finetuned")
     train(finetune_config(shards, out, "finetune=lora", "train.max_steps=5", "sample.gif=false",
                           "export.dtype=bfloat16", "export.max_shard_size=4MB"))
-    assert len(list((out / "model").glob("*.safetensors"))) > 1 and (out / "model" / "model.safetensors.index.json").is_file()
+    assert len(list((out / "model").glob("*.safetensors"))) > 1
+    assert (out / "model" / "model.safetensors.index.json").is_file()
     return out / "model"
 
 

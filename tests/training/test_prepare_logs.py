@@ -31,7 +31,7 @@ from terra.inputs.driving_logs import Resampled, resample
 from terra.tokenizer import load_tokenizer
 from terra.tokenizer.images import frames_to_tensor, load_frames
 from terra.tokenizer.resize import fit_frame
-from terra.training.prepare import clip_score
+from terra.training.prepare_logs import clip_score
 from terra.training.shards import read_index, read_shard
 from tests.conftest import one_error_line
 
@@ -176,7 +176,7 @@ def test_a_clip_reports_each_tokenized_batch(prepared, tokenizer):
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from terra.training.prepare import tokenize_clip
+    from terra.training.prepare_logs import tokenize_clip
 
     root, _, _ = prepared
     spec = SimpleNamespace(batch_size=5, resize="crop", frame_rate_hz=10.0, min_frames=2)

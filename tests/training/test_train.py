@@ -64,7 +64,8 @@ def test_fused_head_loss_equals_the_loss_of_the_whole_logits(vocab, codebook):
     weight = torch.randn(vocab, 16, dtype=torch.float64, generator=gen, requires_grad=True)
     targets = torch.randint(codebook, (37,), generator=gen)
     targets[:2] = torch.tensor([codebook - 1, 0])
-    loss, correct = FusedHeadLoss.apply(hidden, weight, targets, HeadLoss(torch.float64, 8, codebook, True, softmax_step))
+    loss, correct = FusedHeadLoss.apply(hidden, weight, targets,
+                                        HeadLoss(torch.float64, 8, codebook, True, softmax_step))
     (0.5 * loss).backward()
     fused = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None

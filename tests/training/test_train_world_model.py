@@ -82,7 +82,8 @@ def test_tokenize_script_uses_a_saved_tokenizer(dataset, tmp_path):
             "batch_size=16", "device=cpu"])
     tokenize_module.run(tokenize_spec(cfg))
     clips = load_tokens(tmp_path / "codes.safetensors")
-    assert clips.codes.shape == (12, 6, 6, 10) and clips.codebook_size == 64 and clips.tokenizer == str(tmp_path / "tok")
+    assert clips.codes.shape == (12, 6, 6, 10) and clips.codebook_size == 64
+    assert clips.tokenizer == str(tmp_path / "tok")
     images = torch.from_numpy(dataset[3].frames).permute(0, 3, 1, 2).float() / 127.5 - 1
     np.testing.assert_array_equal(clips.codes[3], tok.encode(images).numpy())
     cfg.tokenizer_path = str(tmp_path / "missing")

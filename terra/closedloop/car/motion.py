@@ -1,0 +1,158 @@
+"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, two kinds behind one interface.
+
+* ``bicycle`` (:class:`BicycleVehicle`): a tracking controller (terra/closedloop/car/tracking.py) follows the whole
+  plan and drives a kinematic bicycle (terra/closedloop/car/vehicle.py), as AlpaSim runs a controller and vehicle
+  dynamics between its driver and the pose;
+* ``exact`` (:class:`ExactVehicle`): the car is where the plan says, at every time (carla-driver-interface's
+  ``FakeLoop`` rule: the pose at the next step is the plan's pose at that time, interpolated; past the plan's end it
+  goes on at its last speed and heading): what is tested is then the policy, not a controller.
+
+Each step the loop (terra/closedloop/loop.py) hands the plan to the drive's vehicle twice: :meth:`Vehicle.forecast`
+gives the poses the car will drive over the next 3 s if it keeps to this plan, from which the world model's action
+is built (:func:`action_of`: the forecast at the action times, docs/ARCHITECTURE.md "Actions"), and
+:meth:`Vehicle.step` moves the car to the next frame's pose. The model was trained on actions that are the car's
+actual future, so it is shown what the car will actually do, not what the policy wished; and the next pose is the
+same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion. The bicycle also
+takes :class:`~terra.closedloop.car.tracking.Actuation` in place of a plan (steering and acceleration held: the
+gymnasium env's ``actuation`` actions); the exact vehicle follows plans only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+import numpy as np
+
+from terra.closedloop.plans import Plan
+from terra.closedloop.car.path import TrackedPath
+from terra.closedloop.car.tracking import Actuation, Tracker, TrackingGains
+from terra.closedloop.car.vehicle import VehicleParams, VehicleState, integrate
+from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
+from terra.inputs.ego_motion import compose
+
+DT_S = 1.0 / FRAME_RATE_HZ
+
+
+class Vehicle(Protocol):
+    """The ego car of one drive: its pose in the drive's frame, its speed, and how it follows a plan."""
+
+    name: str
+
+    @property
+    def pose(self) -> np.ndarray:
+        """``[x, y, yaw]`` in the drive's frame (terra/closedloop/loop.py)."""
+
+    @property
+    def speed(self) -> float:
+        """m/s."""
+
+    def step(self, plan: Plan, dt: float = DT_S) -> np.ndarray:
+        """Follow ``plan`` for ``dt`` seconds; the new pose (the next frame's, in the drive's frame)."""
+
+    def forecast(self, plan: Plan, times: np.ndarray) -> np.ndarray:
+        """Poses ``[len(times), 3]`` at ``times`` (seconds, > 0) in the ego frame of now, if the car keeps to
+        ``plan``; the car does not move."""
+
+
+class BicycleVehicle:
+    """A kinematic bicycle following plans with a tracking controller, starting at ``speed`` (m/s) and ``steer``
+    (rad) at the drive frame's origin."""
+
+    name = "bicycle"
+
+    def __init__(self, speed: float, steer: float = 0.0, params: VehicleParams = VehicleParams(),
+                 gains: TrackingGains = TrackingGains()) -> None:
+        self.params, self.gains = params, gains
+        self.state = VehicleState(speed=float(speed), steer=float(steer))
+        self._ahead: tuple[Plan | Actuation, VehicleState] | None = None  # the last forecast's plan, its state at DT_S
+
+    @property
+    def pose(self) -> np.ndarray:
+        return np.array([self.state.x, self.state.y, self.state.yaw])
+
+    @property
+    def speed(self) -> float:
+        return self.state.speed
+
+    def _simulate(self, plan: Plan | Actuation, times: np.ndarray) -> list[VehicleState]:
+        """The states at ``times`` (ascending) in the plan's frame (the car's now): a command every control period
+        (the tracker's on a plan, or the actuation held), the vehicle integrated between commands and up to each time
+        asked for."""
+        tracker = plan if isinstance(plan, Actuation) else Tracker(TrackedPath.from_plan(plan), self.params, self.gains)
+        state = replace(self.state, x=0.0, y=0.0, yaw=0.0)
+        period, now, k, out = self.gains.period_s, 0.0, 0, []
+        for stop in times:
+            while now < stop - 1e-9:
+                if now >= k * period - 1e-9:  # a control instant: a new command
+                    command = tracker.command(state, k * period)
+                    k += 1
+                until = min(float(stop), k * period)
+                state = integrate(state, *command, until - now, self.params)
+                now = until
+            out.append(state)
+        return out
+
+    def forecast(self, plan: Plan | Actuation, times: np.ndarray) -> np.ndarray:
+        """As :meth:`Vehicle.forecast`; the simulation also stops at the next frame's time, whose state the
+        :meth:`step` along the same plan then takes as it is: the integration it would make itself (bit for bit with
+        the default gains, whose control instants fall on every frame)."""
+        times = np.r_[DT_S, np.asarray(times, dtype=np.float64)]  # the next frame's time first
+        order = np.argsort(times, kind="stable")
+        states = self._simulate(plan, times[order])
+        self._ahead = (plan, states[int(np.flatnonzero(order == 0)[0])])
+        poses = np.empty((len(times), 3))
+        poses[order] = [(s.x, s.y, s.yaw) for s in states]
+        return poses[1:]
+
+    def step(self, plan: Plan | Actuation, dt: float = DT_S) -> np.ndarray:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is plan and dt == DT_S:
+            end = ahead[1]
+        else:
+            [end] = self._simulate(plan, np.array([dt]))
+        x, y, yaw = compose(self.pose, np.array([end.x, end.y, end.yaw]))
+        self.state = replace(end, x=float(x), y=float(y), yaw=float(yaw))
+        return self.pose
+
+
+class ExactVehicle:
+    """The car where the plan puts it (``FakeLoop``'s rule), starting at ``speed`` (m/s) at the drive frame's
+    origin; its speed is the plan's at the time it reached."""
+
+    name = "exact"
+
+    def __init__(self, speed: float) -> None:
+        self._pose, self._speed = np.zeros(3), float(speed)
+
+    @property
+    def pose(self) -> np.ndarray:
+        return self._pose.copy()
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    def forecast(self, plan: Plan, times: np.ndarray) -> np.ndarray:
+        path = TrackedPath.from_plan(plan)
+        return np.stack([path.pose_at(float(t)) for t in np.asarray(times, dtype=np.float64)])
+
+    def step(self, plan: Plan, dt: float = DT_S) -> np.ndarray:
+        path = TrackedPath.from_plan(plan)
+        self._speed = path.progress(dt)[1]
+        self._pose = compose(self._pose, path.pose_at(dt))
+        return self.pose
+
+
+VEHICLES = {"bicycle": BicycleVehicle, "exact": ExactVehicle}  # the loop's ``vehicle`` setting
+
+
+def make_vehicle(kind: str, speed: float) -> Vehicle:
+    """A new vehicle of ``kind`` (a name of :data:`VEHICLES`) at ``speed`` m/s."""
+    return VEHICLES[kind](speed)
+
+
+def action_of(poses: np.ndarray) -> np.ndarray:
+    """The world model's ``[6, 3]`` action ``[y, x, time]`` from poses ``[6, 2|3]`` at the action times (ego frame of
+    now), checked in reach (terra/generation/actions.py)."""
+    return validate_actions(np.stack([poses[:, 1], poses[:, 0], ACTION_TIMES], axis=-1)[None], "plan")[0]

@@ -1,0 +1,253 @@
+"""Reference policies, good to bad, so that a ranking of policies means something.
+
+* baselines that read no pixels (:data:`NO_PIXELS`): ``route_follower`` and ``constant_speed``, the egodriver
+  contract's own (carla_driver_interface.policies), driven over that contract in this process
+  (terra/closedloop/drivers/egodriver.py): the first tracks the route (in the true world the ego lane's centre ahead),
+  the second plans straight ahead whatever the road does;
+* pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
+  (terra/closedloop/drivers/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour,
+  pure pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
+  ``lane_follower_near`` (pursuit 3 s / at least 25 m and 0.3 s / at least 3 m ahead), ``lane_follower_stanley``
+  (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
+  ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,
+  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/drivers/learned.py);
+* a probe, not a reference (left out of ``all_reference``, ``all_pixel`` and the verdict's outcome statistics):
+  ``brake_hard`` (the lane follower braking at :data:`BRAKE_HARD_MPS2` to a standstill and staying there), which a
+  world can reward for its safety metrics though it drives nowhere (terra/closedloop/study/report.py asks whether
+  the world rewards it more than the truth does);
+* degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
+  (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
+  ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
+
+The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`. The pixel policies hold the
+GIL as they plan (``gil_bound``: the loop runs their plans one after another, terra/closedloop/plans.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from terra.closedloop.plans import Observation, Plan, Policy, as_plan
+from terra.closedloop.drivers.vision import (
+    BangBang, LaneFollower, PurePursuit, Stanley, find_centre_line, find_road_edge,
+)
+from terra.core.errors import TerraInputError
+from terra.inputs.ego_motion import compose
+
+CRUISE_SPEED_MPS = 8.0
+CAUTIOUS_SPEED_MPS = 4.5
+BRAKE_HARD_MPS2 = 6.0  # brake_hard's deceleration (a hard stop, short of an emergency one)
+
+
+class Degradation:
+    """What a degraded ``policy`` shares with it: its reset and close, and whether it holds the GIL as it plans."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    @property
+    def gil_bound(self) -> bool:
+        return getattr(self.policy, "gil_bound", False)
+
+    def reset(self, scenario) -> None:
+        self.policy.reset(scenario)
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+class Latency(Degradation):
+    """``policy`` seeing the world ``frames`` steps late (the plan of an old observation is used now)."""
+
+    def __init__(self, policy: Policy, frames: int = 3, name: str | None = None) -> None:
+        super().__init__(policy)
+        self.frames = frames
+        self.name = name or f"{policy.name}_latency{frames}"
+        self.seen: deque[Observation] = deque(maxlen=frames + 1)
+
+    def reset(self, scenario) -> None:
+        self.seen.clear()
+        super().reset(scenario)
+
+    def plan(self, observation: Observation):
+        self.seen.append(observation)
+        return self.policy.plan(self.seen[0])
+
+
+def _poses(plan: Plan) -> np.ndarray:
+    if plan.poses is None:
+        raise TerraInputError("this degradation needs a trajectory plan, not actions")
+    return plan.poses if plan.poses.shape[1] == 3 else np.c_[plan.poses, np.zeros(len(plan.poses))]
+
+
+class Noise(Degradation):
+    """``policy`` with each plan turned about the car by a random angle (``std_rad``), seeded by the scenario."""
+
+    def __init__(self, policy: Policy, std_rad: float = 0.06, name: str | None = None) -> None:
+        super().__init__(policy)
+        self.std_rad = std_rad
+        self.name = name or f"{policy.name}_noisy"
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, scenario) -> None:
+        self.rng = np.random.default_rng(int.from_bytes(hashlib.sha256(scenario.id.encode()).digest()[:8], "little"))
+        super().reset(scenario)
+
+    def plan(self, observation: Observation) -> Plan:
+        plan = as_plan(self.policy.plan(observation))
+        angle = float(self.rng.normal(0.0, self.std_rad))
+        return Plan(poses=compose((0.0, 0.0, angle), _poses(plan)), times=plan.times)
+
+
+class Bias(Degradation):
+    """``policy`` with each plan shifted ``metres`` to the left (negative: right), reached within ``ramp_s``."""
+
+    def __init__(self, policy: Policy, metres: float = 1.0, ramp_s: float = 1.0, name: str | None = None) -> None:
+        super().__init__(policy)
+        self.metres, self.ramp_s = metres, ramp_s
+        self.name = name or f"{policy.name}_bias_{'left' if metres > 0 else 'right'}"
+
+    def plan(self, observation: Observation) -> Plan:
+        plan = as_plan(self.policy.plan(observation))
+        poses = _poses(plan).copy()
+        poses[:, 1] += self.metres * np.minimum(plan.times / self.ramp_s, 1.0)
+        return Plan(poses=poses, times=plan.times)
+
+
+CONTRACT_POLICIES = ("route_follower", "constant_speed")  # the egodriver contract's, driven over it in process
+
+
+def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
+    """The contract's reference policy ``name`` over the contract in process, each call within ``timeout_s``."""
+    def make() -> Policy:
+        from terra.closedloop.drivers.egodriver import in_process, reference_driver
+
+        return in_process(reference_driver(name, CRUISE_SPEED_MPS), name, timeout_s)
+
+    return make
+
+
+def _learned_driver() -> Policy:
+    from terra.closedloop.drivers.learned import LearnedLane
+
+    return LaneFollower(CRUISE_SPEED_MPS, detect=LearnedLane(), name="learned_driver")
+
+
+REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
+    **{name: _contract(name) for name in CONTRACT_POLICIES},
+    "lane_follower": lambda: LaneFollower(CRUISE_SPEED_MPS),
+    "lane_follower_cautious": lambda: LaneFollower(CAUTIOUS_SPEED_MPS, name="lane_follower_cautious"),
+    "lane_follower_far": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=PurePursuit(3.0, 25.0), name="lane_follower_far"),
+    "lane_follower_near": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=PurePursuit(0.3, 3.0),
+                                               name="lane_follower_near"),
+    "lane_follower_stanley": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=Stanley(), name="lane_follower_stanley"),
+    "lane_follower_bang_bang": lambda: LaneFollower(CRUISE_SPEED_MPS, steer=BangBang(),
+                                                    name="lane_follower_bang_bang"),
+    "centre_line_follower": lambda: LaneFollower(CRUISE_SPEED_MPS, detect=find_centre_line,
+                                                 name="centre_line_follower"),
+    "road_edge_follower": lambda: LaneFollower(CRUISE_SPEED_MPS, detect=find_road_edge, name="road_edge_follower"),
+    "learned_driver": _learned_driver,
+    "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 5, "lane_follower_latency"),
+    "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
+    "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
+}
+PROBE_POLICIES: dict[str, Callable[[], Policy]] = {
+    "brake_hard": lambda: LaneFollower(0.0, accel_mps2=BRAKE_HARD_MPS2, name="brake_hard"),
+}
+# The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
+# (terra/closedloop/study/verdict.py) and out of all_pixel.
+NO_PIXELS = frozenset(CONTRACT_POLICIES)
+PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
+
+ALL_REFERENCE = "all_reference"  # a policies entry: every reference policy
+ALL_PIXEL = "all_pixel"  # a policies entry: every pixel policy
+EXPANSIONS = {ALL_REFERENCE: tuple(REFERENCE_POLICIES), ALL_PIXEL: PIXEL_POLICIES}
+
+
+def reference_policy(name: str) -> Callable[[], Policy]:
+    """The factory of a reference policy by name (one line naming the choices otherwise)."""
+    known = {**REFERENCE_POLICIES, **PROBE_POLICIES}
+    if name not in known:
+        raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(known)}")
+    return known[name]
+
+
+def policy_names(entries: Sequence[str]) -> list[str]:
+    """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml) by name: each entry, with
+    :data:`ALL_REFERENCE` standing for every reference policy and :data:`ALL_PIXEL` for every pixel policy; each
+    once."""
+    names = [name for entry in entries for name in EXPANSIONS.get(entry, [entry])]
+    if len(set(names)) != len(names):
+        raise TerraInputError(f"policies names one twice ({names}); list each once")
+    return names
+
+
+def policy_args(names: Sequence[str], navsim_args: Any = None) -> dict[str, dict]:
+    """The keyword arguments the NAVSIM agents among ``names`` are built with, by policy name: ``navsim_args``
+    (terra-drive's setting: a mapping per agent class name, ``navsim:MODULE:CLASS``'s ``CLASS``), checked."""
+    navsim_args = {} if navsim_args is None else navsim_args
+    if not isinstance(navsim_args, Mapping):
+        raise TerraInputError(f"navsim_args must map NAVSIM agent class names to their keyword arguments (got "
+                              f"{navsim_args!r}); e.g. navsim_args={{MyAgent: {{checkpoint_path: /ckpt/agent.pth}}}}")
+    agents = {name.rpartition(":")[2]: name for name in names if name.startswith("navsim:")}
+    for key, value in navsim_args.items():
+        if key not in agents:
+            raise TerraInputError(f"navsim_args.{key} names no NAVSIM agent class in policies (its agents: "
+                                  f"{', '.join(agents) or 'none'}); key each agent's arguments by its class name")
+        if not isinstance(value, Mapping):
+            raise TerraInputError(f"navsim_args.{key} must be the keyword arguments of {key}() (got {value!r}); e.g. "
+                                  f"navsim_args={{{key}: {{checkpoint_path: /ckpt/agent.pth}}}}")
+    return {name: dict(navsim_args[key]) for key, name in agents.items() if key in navsim_args}
+
+
+def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 0,
+                     args: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Callable[[], Policy]]:
+    """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now: a reference
+    policy, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of AlpaSim's egodriver contract,
+    terra/closedloop/drivers/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
+    policies' calls are; each session's seed from the run's ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent
+    class, imported and built here within ``timeout_s``, with ``args[name]`` (:func:`policy_args`):
+    terra/closedloop/drivers/navsim.py)."""
+    args = args or {}
+    return {name: _factory(name, timeout_s, seed, args.get(name)) for name in names}
+
+
+def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | None) -> Callable[[], Policy]:
+    if entry.startswith("grpc:") or entry.startswith("unix:"):
+        from terra.closedloop.drivers.egodriver import driver_target
+
+        target = driver_target(entry)  # checked now, before any drive
+
+        def remote() -> Policy:
+            from terra.closedloop.drivers.egodriver import EgodriverPolicy
+
+            return EgodriverPolicy(target, entry, timeout_s, seed=seed)
+
+        return remote
+    if entry.startswith("navsim:"):
+        from terra.closedloop.drivers.navsim import agent_factory
+
+        name = entry.rpartition(":")[2]
+        build = agent_factory(entry, args, timeout_s)  # imported, built and checked now, before any drive
+
+        def agent() -> Policy:
+            from terra.closedloop.drivers.navsim import NavsimPolicy
+
+            return NavsimPolicy(build(), name)
+
+        return agent
+    if entry in PROBE_POLICIES:
+        return PROBE_POLICIES[entry]
+    if entry not in REFERENCE_POLICIES:
+        raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
+                              f"{', '.join(PROBE_POLICIES)}, "
+                              f"{ALL_REFERENCE}, {ALL_PIXEL}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
+    if entry == "learned_driver":  # its weights read and checked now, before any drive (one line when bad)
+        from terra.closedloop.drivers.learned import load_path_net
+
+        load_path_net()
+    return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else REFERENCE_POLICIES[entry]

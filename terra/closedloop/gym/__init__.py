@@ -1,0 +1,5 @@
+"""The loop as a ``gymnasium`` environment (``terra/Drive-v0``).
+
+env.py: one drive (``DriveEnv``) and many drives stepped together (``DriveVectorEnv``), registered with gymnasium.
+spaces.py: what the agent sees, does (the action modes) and earns (the rewards).
+"""

@@ -1,0 +1,127 @@
+"""What the gymnasium envs' agent sees, does and earns (terra/closedloop/gym/env.py): the observation, the two action
+modes (``action_mode``) and the two rewards (``reward``).
+
+* observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2], "command":
+  NAVSIM's driving command as Discrete(4): 0 left, 1 straight, 2 right, 3 unknown}`` (terra/closedloop/plans.py's
+  ``COMMANDS``, where the route goes 20 m ahead);
+* ``action_mode="actuation"``: ``Box([-1, 1]^2, float32)``, steering and acceleration normalized by the vehicle's
+  limits (terra/closedloop/car/vehicle.py ``VehicleParams``): steering times ``max_steer_rad`` (0.6 rad of road-wheel
+  angle, left positive), acceleration times ``max_accel`` (6 m/s^2) above 0 and ``-min_accel`` (8 m/s^2) below, so
+  that 0 is wheels straight and no throttle. The bicycle vehicle holds them for the step (0.1 s) through its actuator
+  lags and its steering-rate limit (0.4 rad/s): a random action moves the wheels 0.04 rad at most, so random actions
+  wander instead of throwing the car off the road. Bicycle vehicle only;
+* ``action_mode="plan"``: NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame (any form
+  :func:`~terra.closedloop.plans.as_plan` reads is taken too), followed by the drive's vehicle as in the loop. Every
+  pose (or Terra action) must lie within the action space's bounds (:data:`PLAN_LOW`, :data:`PLAN_HIGH`: x 0 to 45 m
+  ahead, y within 10 m to a side, heading within pi); one beyond them is refused (``InvalidAction``), not clipped;
+* ``reward="progress"``: metres driven forward in the step, along the previous heading (any world and scenario);
+* ``reward="lane_keeping"``: metres gained along the road in the step (the synthetic scene's road coordinates,
+  terra/closedloop/outcomes/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at
+  the new pose: a car a metre off the centre earns 0.5 m less each step than one on it, and one on the lane line (0.85
+  m) at the scenarios' 6-11 m/s still gains; synthetic scenarios only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.error import InvalidAction
+
+from terra.closedloop.loop import Drive
+from terra.closedloop.plans import COMMANDS, NAVSIM_POSES, Plan, as_plan
+from terra.closedloop.car.tracking import Actuation
+from terra.closedloop.car.vehicle import VehicleParams
+from terra.core.errors import TerraInputError, error_line
+from terra.generation.actions import finite_array
+from terra.inputs.ego_motion import to_ego
+from terra.sim.scene import ROAD_HALF_WIDTH_M
+
+ACTION_MODES = ("actuation", "plan")  # the envs' action_mode setting
+REWARDS = ("progress", "lane_keeping")  # the envs' reward setting
+LANE_PENALTY = 0.5  # lane_keeping: progress (m) lost per metre off the lane's centre, each step
+
+# Plans a random sample of the plan action space gives stay within a car's reach (100 m/s between samples), and a
+# plan at the scenarios' speeds (up to 40 km/h: 44 m in 4 s) lies inside.
+PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
+PLAN_HIGH = np.tile(np.array([45.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
+# Largest speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) between two frames any plan can command.
+EGO_LIMIT = np.array([100.0, 100.0, 2000.0], dtype=np.float32)
+
+
+def observation_space(height: int, width: int) -> spaces.Dict:
+    """One drive's observation space (see the module docstring)."""
+    return spaces.Dict({
+        "frame": spaces.Box(0, 255, (height, width, 3), np.uint8),
+        "ego": spaces.Box(np.array([0.0, -EGO_LIMIT[1], -EGO_LIMIT[2]], np.float32), EGO_LIMIT),
+        "command": spaces.Discrete(len(COMMANDS)),
+    })
+
+
+def observation(drive: Drive) -> dict[str, Any]:
+    """What the agent of ``drive`` sees now; the frame a copy (users keep what they are given)."""
+    obs = drive.observation(1)
+    return {"frame": np.array(obs.frame, dtype=np.uint8),
+            "ego": np.array([obs.ego.speed_mps, obs.ego.yaw_rate, obs.ego.accel_mps2], dtype=np.float32),
+            "command": np.int64(COMMANDS.index(obs.ego.command))}
+
+
+def action_space(mode: str) -> spaces.Box:
+    """One drive's action space in ``mode`` (one of :data:`ACTION_MODES`)."""
+    if mode == "actuation":
+        return spaces.Box(-1.0, 1.0, (2,), np.float32)
+    return spaces.Box(PLAN_LOW, PLAN_HIGH, dtype=np.float32)
+
+
+def actuation_of(action: Any, params: VehicleParams) -> Actuation:
+    """A normalized ``[steering, acceleration]`` in ``[-1, 1]`` as the commands it stands for (module docstring)."""
+    arr = finite_array(action, "an actuation action")
+    if arr.shape != (2,):
+        raise TerraInputError(f"an actuation action is 2 numbers [steering, acceleration], got shape {list(arr.shape)}")
+    if np.abs(arr).max() > 1.0:
+        raise TerraInputError(f"an actuation action lies in [-1, 1], got {np.round(arr, 4).tolist()}")
+    steer, accel = float(arr[0]), float(arr[1])
+    return Actuation(steer * params.max_steer_rad, accel * (params.max_accel if accel >= 0 else -params.min_accel))
+
+
+def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
+    """A step's ``action`` in ``mode`` as what the drive's vehicle follows and the world model's action for it (the
+    vehicle's forecast; the car does not move yet), or ``InvalidAction`` in one line."""
+    try:
+        if mode == "actuation":
+            command = actuation_of(action, drive.vehicle.params)
+        else:
+            command = as_plan(np.asarray(action, dtype=np.float64) if isinstance(action, np.ndarray) else action)
+            if command is action:  # the caller's own Plan: copied, so that changing it later changes no record
+                command = Plan(poses=command.poses, times=command.times, actions=command.actions)
+            within_space(command)
+        return command, drive.action_for(command)
+    except (TerraInputError, TypeError, ValueError) as err:
+        fix = ("give [steering, acceleration] in [-1, 1]" if mode == "actuation" else
+               f"give {NAVSIM_POSES} poses (x, y, heading) at 0.5 s in the ego frame")
+        raise InvalidAction(f"{where} is no {mode} action: {error_line(err)}; {fix}, as the action space says") \
+            from None
+
+
+def within_space(plan: Plan) -> None:
+    """Refuse a plan whose poses (or Terra actions) leave the plan action space's bounds (the module docstring),
+    naming the first such pose."""
+    poses = plan.actions if plan.poses is None else plan.poses
+    low, high = PLAN_LOW[0, : poses.shape[1]], PLAN_HIGH[0, : poses.shape[1]]
+    outside = np.flatnonzero(~np.all((poses >= low) & (poses <= high), axis=1))
+    if outside.size:
+        k = int(outside[0])
+        shown = ", ".join(f"{v:.4g}" for v in poses[k])
+        raise TerraInputError(f"plan pose {k} ({shown}) lies outside the action space (x {low[0]:g} to {high[0]:g} m, "
+                              f"y {low[1]:g} to {high[1]:g} m, heading within pi)")
+
+
+def reward_of(kind: str, before: np.ndarray, after: np.ndarray, truth: dict | None) -> float:
+    """The step's reward of ``kind`` (one of :data:`REWARDS`) for a car that moved from pose ``before`` to ``after``
+    (the drive's frame); ``truth``: terra/closedloop/outcomes/truth.py's metrics of the new pose (lane_keeping)."""
+    if kind == "progress":
+        return float(to_ego(after[:2], before)[0])
+    offset = truth["mean_abs_lane_offset_m"]
+    offset = ROAD_HALF_WIDTH_M if offset is None else offset  # off any lane: as far as the road's edge
+    return float(truth["progress_along_road_m"] - LANE_PENALTY * offset)

@@ -1,0 +1,79 @@
+"""What one drive's frames say about its world, measured against the true world's renders at the drive's poses.
+
+For a drive in any world but the true one, on a synthetic scenario: the scene rendered at each pose the car reached
+(terra/sim/renderer.py) is what a faithful world would have shown there, so every difference is the world's. Per
+drive (terra/fidelity/, where each measurement is defined and calibrated):
+
+* **action following**: the motion recovered from each pair of consecutive frames against the motion commanded
+  between their poses (terra/fidelity/following.py);
+* **perception agreement**: the lane detector's reading 10 m ahead in each world frame and in the true frame
+  (terra/fidelity/agreement.py);
+* **frame fidelity**: PSNR and SSIM against the true frame at 1, 5, 10 and 20 steps;
+* **temporal lag**: the mean PSNR of world frame t against true frame t - k for every k (drives long enough).
+
+The values are stored in the drive's JSON (``fidelity``), so that terra/closedloop/study/verdict.py judges a world from
+its records alone, and a resumed run judges drives it did not make again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from terra.closedloop.loop import Drive
+from terra.fidelity.agreement import MAX_LAG, Lag, LaneAgreement, frame_fidelity, lane_agreement, temporal_lag
+from terra.fidelity.following import Following, recover
+from terra.fidelity.odometry import step_motions
+from terra.sim.renderer import render
+
+
+def measure_frames(drive: Drive) -> dict[str, Any] | None:
+    """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
+    has no generated frame or no synthetic scene to render."""
+    scene = drive.spec.scenario.scene
+    if scene is None or drive.steps == 0:
+        return None
+    frames = np.stack(drive.frames[drive.num_context - 1:])  # the last context frame, then each step's
+    poses = drive.world_poses()  # [steps + 1, 3]: the last context frame's pose first
+    height, width = frames.shape[1:3]
+    truth = np.stack([render(scene, pose, height, width) for pose in poses[1:]])
+    following = recover(frames, step_motions(poses))
+    lanes = lane_agreement(frames[1:], truth)
+    lag = temporal_lag(frames[1:], truth) if len(truth) >= int(np.ceil(1.5 * MAX_LAG)) else None
+    return {
+        "commanded": following.commanded, "recovered": following.recovered, "match": following.match,
+        "lane_world": lanes.world, "lane_truth": lanes.truth,
+        "horizons": {str(h): values for h, values in frame_fidelity(frames[1:], truth).items()},
+        "lag": None if lag is None else {"lag": lag.lag, "curve": lag.curve},
+    }
+
+
+def _floats(values: Any, columns: int | None = None) -> np.ndarray:
+    """A JSON list (nulls for NaN) as a float array."""
+    array = np.array([np.nan if v is None else v for v in values] if columns is None else
+                     [[np.nan] * columns if v is None else [np.nan if x is None else x for x in v] for v in values],
+                     dtype=np.float64)
+    return array.reshape(-1, columns) if columns is not None else array
+
+
+def read_following(record: dict) -> Following:
+    """The action following of a drive's stored measurements."""
+    return Following(_floats(record["commanded"], 3), _floats(record["recovered"], 3), _floats(record["match"]))
+
+
+def read_lanes(record: dict) -> LaneAgreement:
+    """The lane readings of a drive's stored measurements."""
+    return LaneAgreement(_floats(record["lane_world"]), _floats(record["lane_truth"]))
+
+
+def read_horizons(record: dict) -> dict[int, dict[str, float]]:
+    """PSNR and SSIM per horizon of a drive's stored measurements."""
+    return {int(h): {k: np.nan if v is None else float(v) for k, v in values.items()}
+            for h, values in record["horizons"].items()}
+
+
+def read_lag(record: dict) -> Lag | None:
+    """The temporal lag of a drive's stored measurements (None: too short a drive)."""
+    lag = record.get("lag")
+    return None if lag is None else Lag(int(lag["lag"]), _floats(lag["curve"]))

@@ -1,0 +1,93 @@
+"""A ``terra-drive`` run from its checked settings (terra/closedloop/recording/settings.py): the worlds opened once
+and the scenarios read (terra/closedloop/recording/open_run.py), here or on Ray's actors
+(terra/closedloop/recording/ray_executor.py), every drive made and recorded in its world
+(terra/closedloop/recording/run.py). :func:`drive` runs it all and returns how the run ended; :func:`start_drives`
+is what the fidelity study runs its worlds with (terra/closedloop/study/drives.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from terra.closedloop.loop import DriveSpec
+from terra.closedloop.recording.open_run import OpenWorlds, frame_size, load_specs, open_worlds
+from terra.closedloop.recording.run import DriveRunner, Recorded, RunSettings, recorded_drives, specs_of
+from terra.closedloop.recording.run_table import run_table
+from terra.closedloop.recording.settings import DriveSettings
+
+
+@dataclass
+class DriveOutcome:
+    """How a run ended: the lines to print and the exit code (0 every drive ok, 1 some failed)."""
+
+    lines: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+
+@dataclass
+class Started:
+    """A run's drives ready to make: the runner (this process's worlds, or Ray's actors), what to close after, and
+    with ``executor=local`` the worlds opened here and the drives' specs (a study's exploitability drives them too)."""
+
+    runner: DriveRunner
+    closing: Any  # OpenWorlds or RayDrives: close() ends it
+    worlds: dict[str, Any] = field(default_factory=dict)
+    specs: list[DriveSpec] = field(default_factory=list)
+
+
+def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings,
+                    folders: dict[str, Path], ids: dict[str, list[str]]) -> dict[str, Recorded]:
+    """What each world's folder (``folders``: world -> folder, ``ids``: world -> its drives) holds of its drives
+    (terra/closedloop/recording/run.py, ``recorded_drives``), read once before any world opens:
+    :func:`worlds_to_drive` decides from it, and the run's records reuse it."""
+    return {world: recorded_drives(world, specs_of(specs, ids[world]), run_settings, folder, settings.model_settings)
+            for world, folder in folders.items()}
+
+
+def worlds_to_drive(recorded: dict[str, Recorded], also: Sequence[str] = ()) -> list[str]:
+    """The worlds with a drive not yet complete, and ``also`` (worlds a caller drives beyond the recorded run): the
+    only worlds opened, so that a rerun whose drives are all recorded, as the report step after a study's shards,
+    starts no engine."""
+    return list(dict.fromkeys([*(world for world, found in recorded.items() if found.todo), *also]))
+
+
+def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: dict[str, Path],
+                 ids: dict[str, list[str]], also: Sequence[str] = ()) -> Started:
+    """The drives of ``ids`` (world -> drive ids) into ``folders`` made ready: on Ray's actors with
+    ``executor=ray``, else here, the worlds with drives to make (and ``also``) opened and the rest read as recorded."""
+    if settings.executor == "ray":
+        from terra.closedloop.recording.ray_executor import RayDrives
+
+        runner = RayDrives(settings)
+        runner.start()  # the actors open the worlds on their devices
+        return Started(runner, runner)
+    from terra.closedloop.recording.run import LocalDrives
+    from terra.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(settings.run.tokenizer)
+    specs = load_specs(settings, frame_size(tokenizer))
+    recorded = recorded_worlds(settings, specs, run_settings, folders, ids)
+    opened: OpenWorlds = open_worlds(settings, worlds_to_drive(recorded, also), tokenizer)
+    runner = LocalDrives(opened.worlds, specs, settings.model_settings, opened.plan_following, recorded)
+    return Started(runner, opened, opened.worlds, specs)
+
+
+def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
+    """Make and record every drive of ``settings`` in its world (here, or on Ray's actors with ``executor=ray``);
+    ``progress`` (default: the setting, on a terminal) shows the frame bar."""
+    from terra.closedloop.recording.run import record_run
+
+    progress = settings.progress and sys.stderr.isatty() if progress is None else progress
+    run_settings = settings.run_settings(progress)
+    started = start_drives(settings, run_settings, {settings.world: settings.output.path},
+                           {settings.world: settings.drive_ids})
+    try:
+        result = record_run(started.runner, settings.world, settings.drive_ids, run_settings, settings.output)
+        line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
+        table = run_table({settings.world: result.drives.values()})  # what it measured, per policy
+        return DriveOutcome([line, *table], 1 if result.counts["failed"] else 0)
+    finally:
+        started.closing.close()

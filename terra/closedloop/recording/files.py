@@ -1,0 +1,162 @@
+"""Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
+
+Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
+generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason of
+a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
+drive), plans, actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last
+(strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
+``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
+ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
+folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
+:func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
+inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
+same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
+says it is complete and its video exists: a rerun skips it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from terra.closedloop.outcomes.alpasim import alpasim_metrics
+from terra.closedloop.outcomes.frames import measure_frames
+from terra.closedloop.loop import Drive, DriveSpec
+from terra.closedloop.outcomes.mapless import drive_metrics
+from terra.closedloop.outcomes.truth import truth_metrics
+from terra.config.checks import shown
+from terra.config.files import load_json
+from terra.config.manifest import MANIFEST, summary_name
+from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
+from terra.config.spec import fingerprint as spec_fingerprint
+from terra.core.atomic import json_text, write_text
+from terra.core.errors import TerraInputError
+from terra.decoder.sidecar import to_jsonable
+from terra.decoder.writers import write_video
+
+APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (terra/config/output_dir.py)
+
+
+def file_stem(drive_id: str) -> str:
+    """The name a drive's files start with: its id, any path separator made ``_``."""
+    return drive_id.replace(os.sep, "_")
+
+
+def drive_files(drive_id: str, videos: bool = True) -> list[str]:
+    """The files a drive writes: its video (unless ``videos`` is False) and its JSON."""
+    stem = file_stem(drive_id)
+    return [f"{stem}.mp4"] * videos + [f"{stem}.json"]
+
+
+def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
+                       inputs: Inputs = (), setting: str = "output_dir") -> OutputDir:
+    """The folder a run of drives (``drive_ids``) writes, checked before any work: apart from ``inputs`` (what the
+    run reads), and every file of the run already there one the toolkit wrote (terra/config/output_dir.py)."""
+    owners: dict[str, str] = {}
+    for drive_id in drive_ids:
+        other = owners.setdefault(file_stem(drive_id), drive_id)
+        if other != drive_id:
+            raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
+                                  "give the scenarios or policies distinct names")
+    names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
+    return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs,
+                            app=APP)
+
+
+def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
+    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy (and the
+    arguments it is built with, when it has any), seed, steps, world and vehicle, and ``settings`` (the world model's:
+    terra/closedloop/recording/settings.py, ``DriveSettings.model_settings``)."""
+    args = {"policy_args": spec.policy_args} if spec.policy_args else {}
+    return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
+                             **args, "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
+                             **settings})
+
+
+def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
+    """``(video, sidecar)`` of a drive."""
+    stem = file_stem(spec.id)
+    return output_dir / f"{stem}.mp4", output_dir / f"{stem}.json"
+
+
+def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
+    """The JSON of a complete earlier drive with fingerprint ``print_``, or None."""
+    video, sidecar = paths(output_dir, spec)
+    if not sidecar.is_file():
+        return None
+    try:
+        record = load_json(sidecar, "drive record")
+    except TerraInputError:
+        return None
+    ok = isinstance(record, dict) and record.get("fingerprint") == print_ and record.get("complete")
+    return record if ok and all((output_dir / name).is_file() for name in record.get("files", [])) else None
+
+
+def metrics_of(drive: Drive) -> dict:
+    """The drive's map-free metrics and, in the true world, its ground truth and AlpaSim's metrics
+    (terra/closedloop/outcomes/alpasim.py)."""
+    poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
+    metrics = drive_metrics(poses, drive.plans)
+    if drive.spec.scenario.scene is not None and drive.poses:
+        metrics["truth"] = truth_metrics(drive.spec.scenario.scene, drive.world_poses())
+        metrics["alpasim"] = alpasim_metrics(drive.spec.scenario, drive.world_poses(), drive.error)
+    return metrics
+
+
+def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> dict:
+    """The drive's JSON file."""
+    scenario = drive.spec.scenario
+    return {
+        "drive": drive.spec.id, "scenario": scenario.id, "source": scenario.source, "policy": drive.spec.policy,
+        "world": drive.world, "vehicle": drive.vehicle.name, "seed": drive.spec.seed,
+        "status": "ok" if drive.ok else "failed",
+        "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
+        "num_context": drive.num_context, "steps": drive.steps,
+        "frames": len(drive.frames), "files": files, "metrics": metrics,
+        "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
+        "poses": np.round(np.array(drive.poses), 4).tolist(),
+        "world_poses": np.round(drive.world_poses(), 4).tolist() if drive.poses else [],
+        "speeds_mps": np.round(drive.speeds, 4).tolist(), "policy_s": np.round(drive.policy_s, 5).tolist(),
+        "fingerprint": print_, "complete": drive.ok,  # a failed drive runs again on a rerun
+    }
+
+
+def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehicle: str, error: str) -> dict:
+    """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
+    world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
+    return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world,
+            "vehicle": vehicle, "seed": None,
+            "status": "failed", "stage": "world", "error": error, "warnings": [], "num_context": 0, "steps": 0,
+            "frames": 0, "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [],
+            "speeds_mps": [], "policy_s": [], "fingerprint": None, "complete": False}
+
+
+def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
+                extra_metrics: dict | None = None, measure: bool = False) -> dict:
+    """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
+    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py);
+    ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py)."""
+    video, sidecar = paths(output_dir, drive.spec)
+    files = []
+    if drive.frames and fps is not None:
+        write_video(video, np.stack(drive.frames), fps)
+        files.append(video.name)
+    content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
+    if measure and drive.ok:
+        content["fidelity"] = measure_frames(drive)
+    write_text(sidecar, json_text(to_jsonable(content)) + "\n")
+    return content
+
+
+def manifest_record(content: dict, status: str, seconds: float | None = None) -> dict:
+    """The manifest's line for a drive's JSON content."""
+    truth = content.get("metrics", {}).get("truth") or {}
+    alpasim = content.get("metrics", {}).get("alpasim") or {}
+    return {"drive": content["drive"], "scenario": content["scenario"], "policy": content["policy"],
+            "world": content["world"], "status": status, "stage": content.get("stage"),
+            "error": content.get("error"), "ended": content.get("ended"), "steps": content.get("steps"),
+            "time_in_lane": truth.get("time_in_lane"), "score": alpasim.get("score"),
+            "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}

@@ -1,0 +1,88 @@
+"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/recording/settings.py), in this process
+or in each Ray actor (terra/closedloop/recording/ray_executor.py): the worlds opened once on the run's device
+(:func:`open_worlds`), the drives' scenarios read (:func:`load_specs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from terra.closedloop.loop import DriveSpec, drive_specs
+from terra.closedloop.recording.settings import DriveSettings
+from terra.closedloop.user_world import UserWorld
+from terra.closedloop.worlds import TRUTH, ModelWorld, TrueWorld, World
+
+
+@dataclass
+class OpenWorlds:
+    """The worlds of a run by name (``model``, ``truth``, a user's, a study's controls: terra/closedloop/recording/
+    settings.py, ``DriveSettings.worlds``), the frames' size and the plan-following scorer."""
+
+    worlds: dict[str, World]
+    image_size: tuple[int, int]
+    plan_following: Any = None  # a terra.closedloop.outcomes.plan_following.PlanFollowing, with estimator=
+
+    def close(self) -> None:
+        """Stop the model world's sessions and close its pipeline (once)."""
+        model = self.worlds.pop("model", None)
+        if model is not None:
+            model.shutdown()
+            model.pipeline.close()
+
+
+def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
+    """The worlds ``names`` (default: every world ``settings.worlds`` names; the model's too when another world drawn
+    by its engine is named, ``settings.model_worlds``; the rest built by ``settings.other_world``), on the device
+    its settings choose (once: terra/pipeline.py, ``resolve_run``); the world model's checkpoint and window are
+    checked against the settings before it loads, and the user's worlds built before it
+    (terra/closedloop/user_world.py). ``tokenizer``: the run's, when the caller loaded it already."""
+    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.tokenizer import load_tokenizer
+
+    run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
+    spec = run.spec
+    tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
+    size = frame_size(tokenizer)
+    worlds = settings.worlds if names is None else tuple(names)
+    users = {name: UserWorld(*settings.user_worlds[name], size, settings.policy_timeout_s)  # before the model loads:
+             for name in worlds if name in settings.user_worlds}  # a constructor that fails is one line (exit 2)
+    opened = OpenWorlds({}, size)
+    if set(worlds) & set(settings.model_worlds):
+        pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=settings.max_concurrent)
+        opened.worlds["model"] = ModelWorld(pipeline, spec.sampling, spec.overlap)
+    try:
+        for name in worlds:
+            if name == TRUTH:
+                opened.worlds[name] = TrueWorld(size)
+            elif name in users:
+                opened.worlds[name] = users[name]
+            elif name != "model":
+                opened.worlds[name] = settings.other_world(name, size, opened.worlds.get("model"))
+    except BaseException:
+        opened.close()
+        raise
+    if settings.estimator is not None:
+        from terra.closedloop.outcomes.plan_following import PlanFollowing
+
+        device = str(spec.device) if "model" in opened.worlds else "cpu"
+        try:
+            opened.plan_following = PlanFollowing(settings.estimator, device)
+        except BaseException:
+            opened.close()
+            raise
+    return opened
+
+
+def frame_size(tokenizer) -> tuple[int, int]:
+    """The frames' (height, width): the tokenizer's."""
+    return int(tokenizer.image_size[0]), int(tokenizer.image_size[1])
+
+
+def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[DriveSpec]:
+    """The run's drives, their scenarios read (only those the drives start from)."""
+    indices = settings.scenario_indices
+    scenarios = settings.scenarios.load(image_size, settings.run.num_context, settings.run.resize, indices)
+    wanted = set(settings.drive_ids)
+    specs = drive_specs(scenarios, settings.policies, settings.seed, indices, settings.policy_args, settings.num_seeds)
+    return [spec for spec in specs if spec.id in wanted]

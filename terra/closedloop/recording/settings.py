@@ -1,0 +1,207 @@
+"""The settings of a ``terra-drive`` run (conf/drive.yaml), checked once, before any model loads.
+
+:func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings` (:func:`checked_run`, which the
+fidelity study's settings wrap: terra/closedloop/study/settings.py): the model and engine settings as
+a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
+once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here, each within
+``policy_timeout_s``), a world of the user's imported and its constructor read (terra/closedloop/user_world.py),
+the scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
+decoded), this shard's drives (drive ``k``, scenario by scenario, of each world's list to shard ``k % num_shards``),
+and the output folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the
+estimator, and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig
+
+from terra.closedloop.loop import drive_id
+from terra.closedloop.car.motion import VEHICLES
+from terra.closedloop.plans import Policy
+from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
+from terra.closedloop.recording.files import claim_drive_folder
+from terra.closedloop.recording.run import RunSettings
+from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
+from terra.closedloop.user_world import is_world_target, world_class, world_name
+from terra.closedloop.worlds import World
+from terra.config.checks import (
+    MAX_FRAMES,
+    SEED,
+    Range,
+    check_choice,
+    check_flag,
+    check_settings,
+    required_path,
+    select,
+)
+from terra.config.manifest import manifest_name
+from terra.config.output_dir import OutputDir
+from terra.config.ray_settings import RaySettings, check_executor
+from terra.config.spec import RunSpec, run_spec
+from terra.core.errors import TerraInputError
+
+SETTINGS = {
+    "num_scenarios": Range(1, 100_000, 4, whole=True),
+    "scenario_seed": SEED,
+    "num_steps": Range(1, MAX_FRAMES, 20, whole=True, nullable=True),
+    "num_seeds": Range(1, 1000, 1, whole=True),
+    "seed": SEED,
+    "policy_timeout_s": Range(0.001, 3600, 30),
+    "max_concurrent": Range(1, 4096, 64, whole=True),
+    "writer_processes": Range(0, 256, 1, whole=True),
+    "num_shards": Range(1, 1 << 20, 4, whole=True),
+    "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
+}
+WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class (terra/closedloop/user_world.py);
+# both: the fidelity study, which wraps this run (terra/closedloop/study/settings.py)
+DEMO_STEPS = 20  # num_steps=null: 2 s drives (the study's own default: terra/closedloop/study/settings.py)
+OtherWorld = Callable[[str, tuple[int, int], Any], World]  # (name, frame size, the model world or None) -> a world
+
+
+@dataclass(frozen=True)
+class DriveSettings:
+    """A ``terra-drive`` run, checked."""
+
+    run: RunSpec
+    policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
+    policy_args: dict[str, dict]  # name -> the keyword arguments the policy is built with (NAVSIM agents' navsim_args)
+    scenarios: ScenarioSource
+    drives: tuple[tuple[int, str, int], ...]  # this shard's drives (of any of its worlds): (scenario index,
+    # policy name, replica), scenario by scenario
+    num_seeds: int  # drives of each scenario x policy, each with a seed of its own
+    world: str  # model | truth | both | a user world's name (module.Class)
+    worlds: tuple[str, ...]  # the worlds this run drives in, in order (a study's: the model, the truth, the controls)
+    user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
+    vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/car/motion.py), in every world alike
+    num_steps: int  # frames each drive generates (drive_steps)
+    seed: int  # the drives of scenario i sample the world model with seed + i
+    policy_timeout_s: float
+    max_concurrent: int
+    writer_processes: int  # processes measuring and writing finished drives beside the loop (0: the loop's own)
+    resume: bool
+    progress: bool
+    estimator: Path | None  # an ACT-Estimator folder: plan following
+    shard_index: int
+    num_shards: int
+    executor: str  # local | ray (terra/closedloop/recording/ray_executor.py)
+    ray: RaySettings  # executor=ray's settings (terra/config/ray_settings.py)
+    videos: bool  # a video per drive beside its JSON
+    output: OutputDir | None  # the run folder, claimed (None: a study's run, whose folders the study claims)
+    model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model's engine draws
+    other_world: OtherWorld | None = None  # builds a world none of the above is (a study's controls), on open
+
+    @property
+    def drive_ids(self) -> list[str]:
+        return [drive_id(self.scenarios.ids[i], name, k) for i, name, k in self.drives]
+
+    @property
+    def scenario_indices(self) -> list[int]:
+        """The scenarios the drives start from, in index order."""
+        return sorted({i for i, _, _ in self.drives})
+
+    @property
+    def model_settings(self) -> dict[str, Any]:
+        """What shapes the world model's drives (part of each one's fingerprint: terra/closedloop/recording/files.py):
+        the run's part of every fingerprint (terra/config/spec.py, ``RunSpec.output_settings``) and the checkpoints and
+        engine that make them (a drive folder holds one model's drives)."""
+        run = self.run
+        return {**run.output_settings(), "world_model": run.world_model, "tokenizer": run.tokenizer,
+                "backend": run.backend, "dtype": run.dtype}
+
+    def run_settings(self, progress: bool, folder: Path | None = None) -> RunSettings:
+        """How the drives run and where they go (``folder``: a study's, each world's sub-folder set by the study;
+        None: the run's own)."""
+        return RunSettings(self.output.path if folder is None else folder, self.num_steps, self.policy_timeout_s,
+                           max_concurrent=self.max_concurrent, resume=self.resume, progress=progress,
+                           manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
+                           vehicle=self.vehicle, videos=self.videos, writer_processes=self.writer_processes,
+                           model_worlds=self.model_worlds)
+
+
+def checked_run(cfg: DictConfig) -> DriveSettings:
+    """Every setting of the run itself checked once (conf/drive.yaml less the study's), one line for a bad one: the
+    settings with every drive of the run (no shard taken yet), in its one world, and no folder claimed."""
+    values = check_settings(cfg, SETTINGS)
+    shard, shards = values["shard_index"], values["num_shards"]
+    if shard >= shards:
+        raise TerraInputError(f"shard_index={shard} must be below num_shards={shards} (shards are numbered "
+                              f"0..{shards - 1})")
+    entries = select(cfg, "policies")
+    entries = [entries] if isinstance(entries, str) else list(entries or [])
+    if not entries or not all(isinstance(e, str) and e for e in entries):
+        raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
+                              f"(or {ALL_REFERENCE}, {ALL_PIXEL})")
+    names = policy_names(entries)
+    args = policy_args(names, select(cfg, "navsim_args"))
+    timeout_s = float(values["policy_timeout_s"])
+    policies = policy_factories(names, timeout_s, values["seed"], args)
+    world, user_worlds = select(cfg, "world"), {}
+    if isinstance(world, str) and is_world_target(world):
+        user_worlds[world_name(world)] = (world, world_class(world, "world", timeout_s))
+        world = world_name(world)
+    else:
+        world = check_choice(world, "world", WORLDS)
+    vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
+    setting = str(select(cfg, "scenarios"))
+    executor = check_executor(select(cfg, "executor"))
+    ray = RaySettings.parse(select(cfg, "ray"))
+    image_root = select(cfg, "image_root")
+    if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
+        raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
+    scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
+                                None if image_root is None else str(image_root))
+    if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
+        raise TerraInputError(f"world={world} needs synthetic scenarios (the true world renders their scenes)")
+    every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
+    videos = check_flag(select(cfg, "videos"), "videos")
+    estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
+    if estimator is not None and not (estimator / "config.json").is_file():
+        raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
+    num_steps = DEMO_STEPS if values["num_steps"] is None else values["num_steps"]
+    return DriveSettings(
+        run_spec(cfg), policies, args, scenarios, tuple(every), values["num_seeds"], world, (world,), user_worlds,
+        vehicle, num_steps, values["seed"], timeout_s, values["max_concurrent"], values["writer_processes"],
+        check_flag(select(cfg, "resume"), "resume"), check_flag(select(cfg, "progress"), "progress"), estimator, shard,
+        shards, executor, ray, videos, None)
+
+
+def shard_of(settings: DriveSettings, drives: Sequence[tuple[int, str, int]]) -> tuple[tuple[int, str, int], ...]:
+    """This shard's ``drives``: drive k to shard k % num_shards."""
+    return checked_shard(settings, drives[settings.shard_index::settings.num_shards], len(drives))
+
+
+def checked_shard(settings: DriveSettings, mine: Sequence[tuple[int, str, int]], total: int
+                  ) -> tuple[tuple[int, str, int], ...]:
+    """``mine``, this shard's drives of the run's ``total``; one line when it has none."""
+    if not mine:
+        raise TerraInputError(f"shard_index={settings.shard_index} of num_shards={settings.num_shards} has no drives "
+                              f"(the run has {total}); use at most {total} shards")
+    return tuple(mine)
+
+
+def run_inputs(settings: DriveSettings) -> list[tuple[str, Any]]:
+    """What the run reads, which its folder must not hold (terra/config/output_dir.py): the scenarios' files, the
+    checkpoints and the estimator."""
+    inputs = [*settings.scenarios.inputs, ("tokenizer", settings.run.tokenizer),
+              ("estimator folder", settings.estimator)]
+    if settings.world in ("model", "both"):
+        inputs.append(("world model", settings.run.world_model))
+    return inputs
+
+
+def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
+    """Every setting of a run in one world (conf/drive.yaml) checked once, this shard's drives taken and
+    ``output_dir`` claimed; one line for a bad one. ``world=both`` is the study's (terra/closedloop/study/settings.py,
+    which checks it with :func:`checked_run`)."""
+    settings = checked_run(cfg)
+    if settings.world == "both":
+        raise ValueError("world=both is the fidelity study: terra/closedloop/study/settings.py checks its settings")
+    settings = replace(settings, drives=shard_of(settings, settings.drives))
+    manifest = manifest_name(shard_index=settings.shard_index, num_shards=settings.num_shards)
+    output = claim_drive_folder(output_dir, settings.drive_ids, settings.videos, manifest=manifest,
+                                inputs=run_inputs(settings))
+    return replace(settings, output=output)

@@ -1,0 +1,58 @@
+"""A fidelity study from its checked settings (terra/closedloop/study/settings.py), made of the drive run's parts
+(terra/closedloop/recording/drives.py): every world's drives made and recorded in its folder, then the report
+(terra/closedloop/study/report.py; with ``exploitability=true`` its exploitability study:
+terra/closedloop/study/exploit.py). :func:`terra_drive` runs what ``terra-drive``'s settings ask for: a study, or a
+run in one world.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+from terra.closedloop.recording.drives import DriveOutcome, drive, start_drives
+from terra.closedloop.recording.settings import DriveSettings
+from terra.closedloop.study.settings import StudySettings
+from terra.closedloop.worlds import TRUTH
+
+
+def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None = None) -> DriveOutcome:
+    """Make and record every drive of ``settings``: a study's (:func:`drive_study`) or a run's in one world
+    (terra/closedloop/recording/drives.py, ``drive``)."""
+    if isinstance(settings, StudySettings):
+        return drive_study(settings, progress)
+    return drive(settings, progress)
+
+
+def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveOutcome:
+    """Make and record the drives of every world of the study's shard (here, or on Ray's actors with
+    ``executor=ray``), then with the whole study the report; ``progress`` (default: the setting, on a terminal)
+    shows the frame bar."""
+    from terra.closedloop.study.exploit import exploit_study
+    from terra.closedloop.study.report import measured_settings, study_plan, study_run
+
+    run, folders = settings.drive, settings.folders
+    progress = run.progress and sys.stderr.isatty() if progress is None else progress
+    run_settings = run.run_settings(progress, folders.top.path)
+    if progress:
+        print(study_plan(folders.drive_ids, run.num_steps), file=sys.stderr, flush=True)
+    exploit = settings.exploitability and folders.report  # executor=local only (terra/closedloop/study/settings.py)
+    started = start_drives(run, measured_settings(run_settings), {w: f.path for w, f in folders.worlds.items()},
+                           folders.drive_ids, ("model", TRUTH) if exploit else ())
+    study = partial(exploit_study, started.worlds, started.specs, run_settings) if settings.exploitability else None
+    try:
+        report, runs = study_run(started.runner, run_settings, folders, study)
+        lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
+        out = folders.top.path
+        if report is None:
+            part = "" if settings.shard_worlds == "all" else f", {settings.shard_worlds} worlds"
+            lines.append(f"terra-drive: shard {run.shard_index} of {run.num_shards}{part}: its drives are "
+                         f"in {out}/<world>/; the same command without shard_index/num_shards/shard_worlds writes the "
+                         "fidelity report once every shard is done (it drives nothing again)")
+        else:
+            lines = [report.terminal(), *lines, f"terra-drive: wrote {out}/fidelity.md (the whole report: legend, "
+                                                f"every statistic, every policy), fidelity.json and a folder per "
+                                                f"world ({', '.join(runs)})"]
+        return DriveOutcome(lines, 1 if any(r.counts["failed"] for r in runs.values()) else 0)
+    finally:
+        started.closing.close()

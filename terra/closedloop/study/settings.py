@@ -1,0 +1,129 @@
+"""The settings of a fidelity study (``terra-drive world=both``, conf/drive.yaml), checked once, before any model
+loads: the drive run's own (terra/closedloop/recording/settings.py, ``checked_run``) wrapped with the study's.
+
+:func:`terra_drive_settings` is ``terra-drive``'s one entry: the study's settings with ``world=both``, else the run's
+(:func:`~terra.closedloop.recording.settings.drive_settings`); a setting of the study given to a run is one line.
+The study's: the worlds judged beside the model (``controls``: built-in control worlds, terra/closedloop/study/
+control_worlds.py, or worlds of the user's, imported here), how many of the scenarios and replicas they drive, which
+of the study's worlds this process drives (``shard_worlds``), the exploitability study, and the study's folders
+claimed (terra/closedloop/study/report.py). Drive ``k`` of each world's list goes to shard ``k % num_shards``: the
+controls' fewer drives too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from terra.closedloop.loop import drive_id
+from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
+from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, control_world
+from terra.closedloop.study.report import SHARD_WORLDS, StudyFolders, claim_study_folders, study_drives
+from terra.closedloop.user_world import is_world_target, world_class, world_name
+from terra.closedloop.worlds import TRUTH
+from terra.config.checks import Range, check_choice, check_flag, check_settings, select
+from terra.config.manifest import manifest_name
+from terra.core.errors import TerraInputError
+
+SETTINGS = {
+    "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
+    "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
+}
+FIDELITY_STEPS = 200  # num_steps=null: 20 s drives, AlpaSim's ``duration_frac_20s``: long enough for a car that reads
+# nothing from a broken world's frames to leave its lane, so that the verdict can see it
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """A fidelity study, checked: the drive run it is made of and the study's own settings."""
+
+    drive: DriveSettings  # the run: every world of this process's shard (drive.worlds), its drives of any of them
+    controls: tuple[str, ...]  # the worlds judged beside the model (terra/closedloop/study/control_worlds.py)
+    num_control_scenarios: int | None  # the controls drive the first this many scenarios (None: all)
+    num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
+    shard_worlds: str  # all | engine (the worlds the world model's engine draws) | scene (the others)
+    folders: StudyFolders  # the study's folders, claimed
+    exploitability: bool  # the exploitability study too (terra/closedloop/study/exploit.py)
+
+
+def terra_drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings | StudySettings:
+    """``terra-drive``'s settings: a study's with ``world=both``, else a run's; one line for a bad one (a setting
+    of the study's given to a run among them)."""
+    world = select(cfg, "world")
+    if world == "both":
+        return checked_study(cfg, output_dir)
+    values = check_settings(cfg, SETTINGS)
+    for (name, value), most in zip(values.items(), ("num_scenarios", "num_seeds")):
+        if value is not None:
+            raise TerraInputError(f"{name}={value} is how many of the study's {most}={select(cfg, most)} the controls "
+                                  f"drive: it needs world=both and at most {most} (null: all)")
+    shard_worlds = check_choice(select(cfg, "shard_worlds"), "shard_worlds", SHARD_WORLDS)
+    if shard_worlds != "all":
+        raise TerraInputError(f"shard_worlds={shard_worlds} picks some of a fidelity study's worlds: it needs "
+                              "world=both (or shard_worlds=all)")
+    if check_flag(select(cfg, "exploitability"), "exploitability"):
+        raise TerraInputError(f"exploitability=true is part of the fidelity study in this process: it needs world=both "
+                              f"and executor=local (got world={world}, executor={select(cfg, 'executor')})")
+    return drive_settings(cfg, output_dir)
+
+
+def checked_study(cfg: DictConfig, output_dir: str | Path) -> StudySettings:
+    """Every setting of a study checked once (the run's, then the study's), this shard's drives taken and the study's
+    folders claimed; one line for a bad one."""
+    run = checked_run(cfg)
+    values = check_settings(cfg, SETTINGS)
+    user_worlds = dict(run.user_worlds)
+    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s)
+    control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
+    for name, value, most, of in (("num_control_scenarios", control_scenarios, "num_scenarios", len(run.scenarios.ids)),
+                                  ("num_control_seeds", control_seeds, "num_seeds", run.num_seeds)):
+        if value is not None and value > of:
+            raise TerraInputError(f"{name}={value} is how many of the study's {most}={of} the controls drive: it "
+                                  f"needs world=both and at most {most} (null: all)")
+    shard_worlds = check_choice(select(cfg, "shard_worlds"), "shard_worlds", SHARD_WORLDS)
+    exploit = check_flag(select(cfg, "exploitability"), "exploitability")
+    if exploit and run.executor != "local":
+        raise TerraInputError(f"exploitability=true is part of the fidelity study in this process: it needs world=both "
+                              f"and executor=local (got world=both, executor={run.executor})")
+    if exploit and len(run.scenarios.ids) < 2:
+        raise TerraInputError("exploitability=true tunes on half the scenarios and tests on the other half: it needs "
+                              "num_scenarios >= 2")
+    ids, every = run.scenarios.ids, run.drives
+    every_id = {d: drive_id(ids[d[0]], d[1], d[2]) for d in every}
+    worlds = study_drives([(ids[d[0]], d[2], every_id[d]) for d in every], ids, ("model", TRUTH, *controls),
+                          control_scenarios, control_seeds)
+    mine: dict[str, list[str]] = {}
+    for world, world_ids in worlds.items():  # drive k of each world's list goes to shard k % num_shards
+        mine[world] = world_ids[run.shard_index::run.num_shards]
+    taken = {d for world_ids in mine.values() for d in world_ids}
+    drives = checked_shard(run, [d for d in every if every_id[d] in taken], len(every))
+    manifest = manifest_name(shard_index=run.shard_index, num_shards=run.num_shards)
+    folders = claim_study_folders(output_dir, mine, run.videos, manifest, run_inputs(run),
+                                  shard_worlds=shard_worlds)
+    num_steps = FIDELITY_STEPS if select(cfg, "num_steps") is None else run.num_steps
+    drive = replace(run, drives=drives, worlds=tuple(folders.worlds), user_worlds=user_worlds, num_steps=num_steps,
+                    model_worlds=MODEL_WORLDS, other_world=control_world)
+    return StudySettings(drive, controls, control_scenarios, control_seeds, shard_worlds, folders, exploit)
+
+
+def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float) -> tuple[str, ...]:
+    """The ``controls`` setting: built-in control worlds (or ``all``) and worlds of the user's (``module:Class``,
+    imported now into ``user_worlds``, each within ``timeout_s``), as world names."""
+    entries = [value] if isinstance(value, str) else list(value or [])
+    if not all(isinstance(e, str) and e for e in entries):
+        raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "
+                              f"{', '.join(CONTROL_WORLDS)}, or all; or package.module:Class)")
+    names: list[str] = []
+    for entry in entries:
+        if entry == "all":
+            names += CONTROL_WORLDS
+        elif is_world_target(entry):
+            user_worlds[world_name(entry)] = (entry, world_class(entry, "controls", timeout_s))
+            names.append(world_name(entry))
+        else:
+            names.append(check_choice(entry, "controls", (*CONTROL_WORLDS, "all")))
+    if len(set(names)) != len(names) or set(names) & {"model", TRUTH}:
+        raise TerraInputError(f"controls names a world twice ({', '.join(names)}); list each once")
+    return tuple(names)
