@@ -97,7 +97,7 @@ def test_python_keywords_take_the_old_names(capsys, tmp_path):
     assert stderr_lines(capsys) == [f"terra: {DRAFT_TOKENS_LINE}"] * 2
     with pytest.raises(TerraInputError, match="sampling.draft_tokens must be a whole number"):
         SamplingConfig(block_size=0)
-    with pytest.raises(TerraInputError, match="some of decoding, draft_tokens, temperature, top_k, top_p"):
+    with pytest.raises(TerraInputError, match="some of decoding, draft_tokens, guesses, temperature, top_k, top_p"):
         SamplingConfig.from_mapping({"blok_size": 4})  # the old name is not advertised
     samples = tmp_path / "samples.jsonl"
     samples.write_text("")

@@ -42,9 +42,10 @@ class Page:
 
 
 def _drive_choices() -> dict[str, str]:
-    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
     # what terra-drive's settings accept
-    from terra.closedloop.recording.settings import CONTROL_WORLDS, VEHICLES, WORLDS
+    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
+    from terra.closedloop.recording.settings import VEHICLES, WORLDS
+    from terra.closedloop.study.control_worlds import CONTROL_WORLDS
 
     pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
     return {
