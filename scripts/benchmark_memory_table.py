@@ -21,7 +21,7 @@ Workflows, each case (workflow x cap) in its own subprocess, alone on the card:
 Peak memory is the card's used memory (NVML, every process: a vLLM engine runs in its own) sampled every 20 ms,
 less what was in use before the case started; a case that fails under its cap (out of memory) is reported as such.
 
-    python scripts/benchmark_memory_table.py --out $OUT/memory_table.json      # H100: ~3 min a vllm case
+    python scripts/benchmark_memory_table.py --out memory_table.json      # H100: ~3 min a vllm case
 
 CPU smoke run (no card: peaks are not measured, the tiny refiner, estimator and models only; checks the plumbing;
 the alpasim cases start vLLM's CPU engine, about a minute each on 2 cores):

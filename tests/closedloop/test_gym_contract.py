@@ -170,7 +170,7 @@ def test_settings_are_refused_in_one_line():
             reward="lane_keeping")
 
 
-# ---------------------------------------------------------------- hostile inputs (issue 49's gymnasium class)
+# ---------------------------------------------------------------- hostile inputs (as gymnasium's own envs check them)
 
 
 def test_bad_scenarios_and_options_are_refused_before_anything_changes():
