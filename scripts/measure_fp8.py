@@ -27,7 +27,7 @@ rollout's tokens with the next rollout's actions (a known-wrong input) must exce
 Models (``--models``): ``demo`` (terra/assets, trained, with its tokenizer), ``terra-random`` (Terra's published
 2.0 B shape, terra/models/presets.py TERRA, random weights at Transformers' initialisation, saved to a temporary
 folder; no tokenizer, so no PSNR), or ``NAME=WORLD_MODEL[:TOKENIZER]`` (the Terra-layout model trained by
-scripts/train_terra_layout.sh, say). On a GPU, the vLLM bundle installed as BENCHMARKS.md says (each engine
+scripts/train_terra_layout.sh, say). On a GPU, vLLM installed as docs/install.md says (each engine
 starts in 55-110 s with CUDA graphs, ~30 s with ``--eager``; the demo model's bf16 and FP8-weights engines took
 3 min 15 s eager on an H100):
 
