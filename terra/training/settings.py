@@ -36,7 +36,7 @@ from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 
-# The run folder (README, "The run folder"): what a run writes in output_dir
+# The run folder (docs/train.md, "The run folder"): what a run writes in output_dir
 CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR = "checkpoint", "model", "best", "adapter"  # each replaced whole
 SAMPLES_DIR, TENSORBOARD_DIR, LOG_FILE = "samples", "tensorboard", "train_log.jsonl"
 APP = "terra-train"  # the app whose run folders these are (terra/config/output_dir.py)
