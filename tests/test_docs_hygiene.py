@@ -32,7 +32,7 @@ LOGISTICS = {
     "given back": r"\bgiven\s+back\b|\bwent\s+back\s+with\b",
     "idle limit": r"\bidle\s+limit\b",
     "machine kind": r"\bnvidia-h[12]00(?:-x\d)?\b",
-    "the device tool's folder": r"(?-i:\$OUT\b)",
+    "the device tool's folder": r"(?-i:(?<![{\"])\$OUT/)",
     "carried wheels": r"\b(?:wheels?|bundle)\s+carried\b|\bcarried\s+as\s+(?:a\s+)?wheels?\b",
     "issue number": r"\bissue\s+#?\d+\b",
 }

@@ -157,7 +157,7 @@ JACOBI_WORKER = "terra.vllm.jacobi_runner.JacobiWorker"
 
 def jacobi_engine_kwargs(draft_tokens: int, passes_per_step: int = 1) -> dict[str, Any]:
     """Engine arguments that give every decode step ``draft_tokens`` (>= 1) draft slots a request, filled by
-    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"), and run
+    :mod:`terra.vllm.jacobi_state` (docs/decoding.md, "On vLLM"), and run
     ``passes_per_step`` verifying passes in each step whose batch replays a full CUDA graph
     (:mod:`terra.vllm.jacobi_runner`); one error line where :func:`jacobi_unavailable` says it cannot run.
 
