@@ -1,7 +1,7 @@
 """The repository's prose tells what the project does, not how a particular GPU machine was reserved or operated,
 nor which numbered work period ran what: a result names its date, card, versions and command instead
-(benchmarks/README.md). Every tracked Markdown, Python, shell and YAML file is read line by line against a curated
-list of phrases that only such text uses."""
+(benchmarks/README.md). Every tracked Markdown, Python, shell, YAML and TOML file, notebook and the Makefile is read
+line by line against a curated list of phrases that only such text uses."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUFFIXES = (".md", ".py", ".sh", ".yaml", ".yml")
+SUFFIXES = (".md", ".py", ".sh", ".yaml", ".yml", ".toml", ".ipynb", "Makefile")
 ORDINALS = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
             r"fourteenth|fifteenth|\d+(?:st|nd|rd|th)")
 
