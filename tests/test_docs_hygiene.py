@@ -92,3 +92,55 @@ def test_no_file_tells_machine_logistics_or_who_ran_what():
              for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
              if (name := logistics(line))]
     assert not found, "cite results by date, card, versions and command instead:\n" + "\n".join(found)
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file's headings (code blocks' comment lines are no headings)."""
+    found, code = set(), False
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            code = not code
+        elif not code and (match := re.match(r"#+\s+(.*)", line)):
+            found.add(slug(match.group(1)))
+    return found
+
+
+def test_slug_matches_github_anchors():
+    assert slug("Running across nodes (`executor=ray`)") == "running-across-nodes-executorray"
+    assert slug("AlpaSim's metrics") == "alpasims-metrics"
+    assert slug("When decoding=auto is speculative") == "when-decodingauto-is-speculative"
+
+
+def test_every_relative_link_of_the_markdown_resolves():
+    """A page moved or a heading renamed leaves no link of the repository's Markdown pointing nowhere."""
+    broken = []
+    for page in (p for p in tracked_texts() if p.suffix == ".md"):
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                file, _, anchor = target.partition("#")
+                path = (page.parent / file).resolve() if file else page
+                if not path.exists():
+                    broken.append(f"{page.relative_to(ROOT)}:{number}: {target} (no such file)")
+                elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                    broken.append(f"{page.relative_to(ROOT)}:{number}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_stays_short_and_benchmarks_md_is_gone():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+    assert not (ROOT / "BENCHMARKS.md").exists()
+    pointing = [f"{path.relative_to(ROOT)}:{number}" for path in tracked_texts()
+                for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                if "BENCHMARKS.md" in line]
+    assert not pointing, f"BENCHMARKS.md is now benchmarks/ (one file per topic): {pointing}"
