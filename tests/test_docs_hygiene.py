@@ -144,3 +144,12 @@ def test_the_readme_stays_short_and_benchmarks_md_is_gone():
                 for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
                 if "BENCHMARKS.md" in line]
     assert not pointing, f"BENCHMARKS.md is now benchmarks/ (one file per topic): {pointing}"
+
+
+def test_the_readme_table_names_every_console_script():
+    """README's table of commands has a row per console script of pyproject.toml, and no script that is not one."""
+    import tomllib
+
+    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    rows = set(re.findall(r"^\| `(terra-[a-z-]+)", (ROOT / "README.md").read_text(), re.M))
+    assert rows == scripts, f"missing: {sorted(scripts - rows)}; not scripts: {sorted(rows - scripts)}"
