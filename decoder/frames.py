@@ -46,7 +46,7 @@ def _decode_fitting(tokenizer: ImageTokenizer, codes: torch.Tensor) -> list[np.n
     """Frames of checked ``codes`` ``[B, ...]``, decoded in one call or, when the device runs out of memory, in two
     halves (recursively, down to single frames; a single frame that does not fit raises). A batch writer decodes
     beside a vLLM engine that holds most of the GPU: a decode that does not fit must cost time, not the rollout
-    (BENCHMARKS.md, "ACT-Bench's shape")."""
+    (benchmarks/rollout.md, "ACT-Bench's shape")."""
     try:
         return [images_to_uint8(tokenizer.decode(codes))]
     except torch.OutOfMemoryError:

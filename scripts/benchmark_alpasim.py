@@ -7,7 +7,7 @@ Hydra's, as on its command line), on a free loopback port; N clients (terra/alpa
 runtime at once, each in its own thread: ``start_session`` with a frame of the synthetic world as the camera's
 JPEG, a first chunk of 5 frames, ``--chunks`` chunks of 8, ``close_session``, each rollout along its own curve.
 A chunk's time is the client's, from request to answer (gRPC, generation, decoding, JPEG encoding). Before the
-first N, one rollout's first chunk warms the engine up. Targets (BENCHMARKS.md, "AlpaSim's video-model service"):
+first N, one rollout's first chunk warms the engine up. Targets (benchmarks/alpasim.md):
 on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame chunk in <= 0.4 s. Examples::
 
     python scripts/benchmark_alpasim.py --sessions 1,4 --chunks 3 backend=hf device=cpu           # CPU, demo model
@@ -16,7 +16,7 @@ on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame 
 
 ``--count-steps`` (vLLM) runs the engine core in this process and counts the rollouts' passes in its scheduler's
 steps (scripts/bench/engine_steps.py, ``StepCounter``) beside the backend's own count of passes: the check of that
-count on the sessions' path (BENCHMARKS.md, "AlpaSim's video-model service").
+count on the sessions' path (benchmarks/alpasim.md, "AlpaSim's video-model service").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ N drives (synthetic scenarios x reference policies) run at once for ``--steps`` 
 each step every policy plans (timed apart: policy time is excluded from the engine's frames/s and reported
 separately), then every drive's next frame goes to the engine together. The same N rollouts (the same context
 codes, the actions the policies chose, the same seeds) then run as one ``backend.generate`` call and the codes
-are compared (they must be equal). Target (issue 44): at 64 drives the loop's engine frames/s is >= 90 % of the
+are compared (they must be equal). Target: at 64 drives the loop's engine frames/s is >= 90 % of the
 batch's on one H100. Examples::
 
     python scripts/benchmark_drive.py --drives 16 --steps 8                          # CPU: demo model, Transformers

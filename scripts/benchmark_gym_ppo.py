@@ -7,7 +7,7 @@ centre, each step), episodes of at most ``--num-steps`` steps ending when the ca
 SB3's ``MultiInputPolicy`` (a CNN on the frame beside the ego status and the command). The first line is the
 untrained agent's (its initial policy is as good as random actions). Needs ``pip install -e '.[rl]'``. Example::
 
-    python scripts/benchmark_gym_ppo.py --minutes 5 --threads 1      # BENCHMARKS.md, "Reinforcement learning"
+    python scripts/benchmark_gym_ppo.py --minutes 5 --threads 1      # benchmarks/rl.md, "Reinforcement learning"
     python scripts/benchmark_gym_ppo.py --minutes 5 --threads 1 --learning-rate 0    # the control: no learning
 """
 

@@ -1,5 +1,5 @@
 """Peak GPU memory and speed of each generation workflow at Terra's shape, uncapped and under each ``memory`` preset's
-cap (16 and 24 GiB): one JSON and a printed markdown table (the generation rows of BENCHMARKS.md's memory table).
+cap (16 and 24 GiB): one JSON and a printed markdown table (the generation rows of benchmarks/memory.md's memory table).
 
 Workflows, each case (workflow x cap) in its own subprocess, alone on the card:
 
@@ -21,7 +21,7 @@ Workflows, each case (workflow x cap) in its own subprocess, alone on the card:
 Peak memory is the card's used memory (NVML, every process: a vLLM engine runs in its own) sampled every 20 ms,
 less what was in use before the case started; a case that fails under its cap (out of memory) is reported as such.
 
-    python scripts/benchmark_memory_table.py --out $OUT/memory_table.json      # H100: ~3 min a vllm case
+    python scripts/benchmark_memory_table.py --out memory_table.json      # H100: ~3 min a vllm case
 
 CPU smoke run (no card: peaks are not measured, the tiny refiner, estimator and models only; checks the plumbing;
 the alpasim cases start vLLM's CPU engine, about a minute each on 2 cores):
@@ -212,7 +212,7 @@ def alpasim_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str
                  f"memory={'full' if cap == 'uncapped' else cap}",
                  f"backend.options.enforce_eager={str(args.eager).lower()}",
                  # random weights accept a speculative guess by chance: 53 to 325 passes a frame on the same H200
-                 # as max_num_seqs went 64, 8, 16, 9 (BENCHMARKS.md); sequential decoding's 576 compare the caps
+                 # as max_num_seqs went 64, 8, 16, 9 (benchmarks/memory.md); sequential decoding's 576 compare the caps
                  "sampling.decoding=sequential"]
     if args.device == "cpu":
         overrides += ["+backend.options.block_size=32", f"+backend.options.kv_cache_memory_bytes={256 << 20}"]

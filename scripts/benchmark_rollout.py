@@ -123,7 +123,7 @@ def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[
     """The given folders, else a Terra-shaped world model (random bf16 weights) and LFQ tokenizer under ``out``.
 
     Both are made on the CPU: this process only waits for ``terra-rollout`` and must hold no GPU memory beside
-    its engine and writers (a model made on the GPU kept 4.5 GiB there for the whole run: BENCHMARKS.md)."""
+    its engine and writers (a model made on the GPU kept 4.5 GiB there for the whole run: benchmarks/rollout.md)."""
     model_dir, tokenizer_dir = out / "models" / "world_model", out / "models" / "tokenizer"
     if model is None and not (model_dir / "config.json").is_file():
         random_world_model(model_dir, TERRA)

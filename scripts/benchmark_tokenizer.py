@@ -4,7 +4,7 @@ app's own process, terra/config/memory.py ``MAIN_PROCESS``).
 
 Models: ``lfq_terra`` (Terra's LFQ shape, 288x512 → 18x32, 2^18 codes), ``vq16`` (LlamaGen VQ-16 at
 288x512) and ``lfq_demo`` (the demo tokenizer, 144x256 → 9x16, from conf/train_tokenizer/model/lfq_demo.yaml).
-Prints a Markdown table (for BENCHMARKS.md); ``--json`` also writes the rows to a file.
+Prints a Markdown table (for benchmarks/tokenizer.md); ``--json`` also writes the rows to a file.
 
     python scripts/benchmark_tokenizer.py --device cpu --frames 2
     python scripts/benchmark_tokenizer.py --device cuda --dtype bfloat16 --batch-size 16 --frames 256

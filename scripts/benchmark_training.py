@@ -7,7 +7,7 @@ JSON line out.
     python scripts/benchmark_training.py --variant lora --out ...
     torchrun --standalone --nproc_per_node=2 scripts/benchmark_training.py --variant full --out ...
 
-Fine-tuning in 24 GiB (BENCHMARKS.md, "Fine-tuning in 24 GiB"): ``--memory-cap-gib`` caps what this process may
+Fine-tuning in 24 GiB (benchmarks/training.md, "Fine-tuning in 24 GiB"): ``--memory-cap-gib`` caps what this process may
 allocate on the GPU (``torch.cuda.set_per_process_memory_fraction``; over it the run reports "out of memory"), to
 measure each setting capped at 24 (or 16) GiB against uncapped. One H100, ``--steps 4`` (2 warm-up + 4 timed
 steps), each meant to take about a minute; the unknown is the first warm-up step of ``adamw8bit``, which compiles

@@ -6,7 +6,7 @@
         backend=vllm device=cuda videos=false output_dir=runs/fid
 
 A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
-measurements of every frame (BENCHMARKS.md, "Closed-loop drives"), about 25-35 ms a frame, which one process (and
+measurements of every frame (benchmarks/drives.md, "Closed-loop drives"), about 25-35 ms a frame, which one process (and
 its writer process, ``writer_processes``) runs on a core or two. Here shard ``i`` of ``K`` is
 ``terra-drive <overrides> shard_index=i num_shards=K progress=false`` in a process of its own (conf/drive.yaml:
 drive ``k`` to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS`` this machine's cores over the

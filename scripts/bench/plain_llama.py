@@ -1,7 +1,7 @@
 """The "plain vLLM Llama" baseline: vLLM's own ``LlamaForCausalLM`` of Terra's shape, driven like Terra.
 
 The difference between its numbers and Terra's is what the action items and the spatio-temporal position
-table cost (BENCHMARKS.md, "Targets ... and where the time goes").
+table cost (benchmarks/generation.md, "Targets ... and where the time goes").
 """
 
 from __future__ import annotations

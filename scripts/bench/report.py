@@ -1,4 +1,4 @@
-"""The report over every part's record: derived ratios, the H100 targets of BENCHMARKS.md, one text table."""
+"""The report over every part's record: derived ratios, the H100 targets of benchmarks/generation.md, one text table."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def derived(records: dict[str, dict]) -> dict[str, Any]:
 
 
 def targets(records: dict[str, dict], res: dict[str, Any]) -> dict[str, dict]:
-    """The targets in BENCHMARKS.md (stated for an H100) against what was measured: value, bound, met."""
+    """The targets in benchmarks/generation.md (stated for an H100) against what was measured: value, bound, met."""
     found: dict[str, dict] = {}
 
     def check(name: str, value: float | None, bound: float, at_most: bool) -> None:

@@ -9,7 +9,7 @@ a manifest.
 and its tokenizer, as in ``terra-generate`` (terra/config/snapshot.py).
 
 ``executor=ray`` runs one engine per GPU on a Ray cluster (a local one for the run unless ``ray.address`` is
-set; README, "Running across nodes").
+set; docs/rollout.md, "Running across nodes").
 
 A thin Hydra wrapper (conf/rollout.yaml) around :mod:`terra.batch`, which documents the sample formats, the
 output naming, resuming, sharding and Ray runs. Rerunning the same command resumes: finished samples are

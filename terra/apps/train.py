@@ -1,5 +1,5 @@
 """``terra-train``: train a world model, or fine-tune Terra (full or LoRA) on tokenized
-driving logs, on one process or under ``torchrun`` (README, "Fine-tuning on your own drives").
+driving logs, on one process or under ``torchrun`` (docs/train.md).
 
     terra-train data.tokens=data/tokens.safetensors output_dir=runs/wm
     terra-train model=terra_v1 terra_root=/data/Terra data.tokens=shards/ finetune=lora

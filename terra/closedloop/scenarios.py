@@ -5,7 +5,7 @@ Three sources, one :class:`Scenario` each:
 * :func:`synthetic_scenarios`: scenes of terra/sim/, the car keeping its lane along the road's bends; the
   scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth
   (terra/closedloop/outcomes/truth.py);
-* :func:`log_scenarios`: a folder of driving-log clips (README, "Fine-tuning on your own drives"): the first
+* :func:`log_scenarios`: a folder of driving-log clips (docs/train.md, "Driving logs"): the first
   ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
 * :func:`sample_scenarios`: a JSONL of samples in the batch's format (terra/inputs/samples.py), each sample's
   context frames and trajectory.

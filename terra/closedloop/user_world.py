@@ -37,7 +37,7 @@ def world_class(entry: str, setting: str, timeout_s: float) -> type:
     constructor read: it must take ``image_size`` and need nothing else (one line when it cannot be)."""
     module, _, name = entry.rpartition(":")
     where = f"{setting}: cannot load the world {entry!r}"
-    fix = "give package.module:Class of a world (README, \"Your own world\")"
+    fix = "give package.module:Class of a world (docs/drive.md, \"Your own world\")"
     if not module or not name:
         raise TerraInputError(f"{where}: give package.module:Class")
     cls = user_class(module, name, where, fix, timeout_s)

@@ -54,7 +54,7 @@ DEFAULT_THREADS = "auto"
 
 def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
     """torch's CPU threads for this process: ``auto`` is half the CPUs the process may use, at least one (on a
-    machine shared with other work, one thread per core collapses: BENCHMARKS.md, "Threads on a busy CPU"), a
+    machine shared with other work, one thread per core collapses: benchmarks/cpu.md, "Threads on a busy CPU"), a
     whole number 1 .. 1024 that many, None torch's default (one per core)."""
     if value == "auto":
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -33,21 +33,21 @@ SHARE_STEP = 0.001  # the engine's share of the card is planned in thousandths, 
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
 # The app's own process: CUDA context and vLLM's client (1.82 GiB measured without a tokenizer), the tokenizer's
 # weights (0.26 GiB for Terra's, float32) and its decoder's peak on DECODE_PIXELS (0.49 GiB a Terra frame): 2.22 GiB
-# measured beside the engine in the AlpaSim server (BENCHMARKS.md, "Memory at Terra's shape").
+# measured beside the engine in the AlpaSim server (benchmarks/memory.md, "Memory at Terra's shape").
 MAIN_PROCESS = int(2.5 * GIB)
 DECODE_PIXELS = 288 * 512  # pixels the tokenizer encodes or decodes at once under a plan: one frame of Terra's
 # Under memory=full vLLM leaves 10 % of the card (8 GiB of an 80 GB one) to the rest: four Terra frames at once (1.98
 # GiB, twice one frame's decoding speed) fit it beside the app's 2.1 GiB; the sixteen of before (7.9 GiB) would not.
 FULL_DECODE_PIXELS = 4 * DECODE_PIXELS
-REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (BENCHMARKS.md, 11.42 GiB)
+REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (benchmarks/memory.md, 11.42 GiB)
 # FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
 # BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
-# =fp8) missed the 0.01-nat next-token KL on the demo model; the first layers are the most sensitive (BENCHMARKS.md,
-# "Memory at Terra's shape", scripts/measure_fp8.py).
+# =fp8) missed the 0.01-nat next-token KL on the demo model; the first layers are the most sensitive
+# (benchmarks/memory.md, "Memory at Terra's shape", scripts/measure_fp8.py).
 FP8_WEIGHTS = "fp8_per_channel"
 BF16_LAYERS = 2
 # Engine settings tried in order, least lossy first as measured on the demo model (next-token KL against bf16: FP8
-# weights 0.006 nats, FP8 KV 0.017, both 0.023; BENCHMARKS.md, "Memory at Terra's shape").
+# weights 0.006 nats, FP8 KV 0.017, both 0.023; benchmarks/memory.md, "Memory at Terra's shape").
 # (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (FP8_WEIGHTS, "auto"), (None, "fp8"), (FP8_WEIGHTS, "fp8"))
 # Bytes of one value in a model dtype vLLM takes (its ``dtype`` names): a KV cache not in FP8 holds the model's dtype.

@@ -1,4 +1,4 @@
-"""Settings renamed in this release, still taken under their old names until the next one (README, "Moved names").
+"""Settings renamed in this release, still taken under their old names until the next one (docs/moved-names.md).
 
 :data:`MOVED` is the one table; each entry of it is mapped once, where the setting enters: on an app's command
 line (:func:`moved_overrides`, called by terra/apps/runner.py's ``run_app`` before Hydra reads the arguments), in

@@ -35,7 +35,7 @@ class RaySettings:
     cpus_per_actor: float = 1.0  # CPU cores Ray reserves for each actor
     max_restarts: int = 3  # times Ray restarts an actor that died
     max_retries: int = 2  # times a sample whose actor died is run again before it is recorded as failed
-    runtime_env: dict | None = None  # Ray's runtime_env for the workers (README: "Running across nodes")
+    runtime_env: dict | None = None  # Ray's runtime_env for the workers (docs/rollout.md, "Running across nodes")
     log_to_driver: bool = False  # the actors' own output on the driver's terminal (else in Ray's session logs)
 
     @classmethod

@@ -34,8 +34,8 @@ class SamplingConfig:
     ``decoding`` is how image tokens are decoded: ``sequential`` samples one per forward pass; ``speculative`` has
     a pass score ``draft_tokens`` guessed tokens past the committed ones (terra/generation/speculative.py);
     ``auto`` is speculative where that is faster, decided once per run (terra/generation/decoding.py,
-    ``auto_decoding``; its numbers: BENCHMARKS.md, "When decoding=auto is speculative"). They decide how fast the
-    tokens come, not which: for the same seed a backend gives the same codes whatever ``decoding`` and
+    ``auto_decoding``; its numbers: benchmarks/decoding.md, "When decoding=auto is speculative"). They decide how
+    fast the tokens come, not which: for the same seed a backend gives the same codes whatever ``decoding`` and
     ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the codes). ``guesses`` names where a
     speculative pass's guesses past the pass come from (terra/generation/guesses.py), again speed only; vLLM's
     engine guesses ``previous`` whatever it says (scripts/benchmark_guesses.py measures the sources).

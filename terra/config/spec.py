@@ -67,7 +67,7 @@ class RunSpec:
         part of every resume fingerprint (:func:`fingerprint`). The window, Terra's code-0 embedding, how context
         frames are fitted, the draw (``SamplingConfig.draw_settings``: decoding changes only the speed) and, when
         the refiner decodes, its settings. The checkpoints are the run's own choice (a batch run keeps finished
-        samples for another checkpoint, README "Batch rollouts"; drives do not)."""
+        samples for another checkpoint, docs/rollout.md; drives do not)."""
         # decoder=refiner under the words of the fingerprints before decoder= (a finished sample stays finished)
         refiner = {"decoding": "refiner", "refiner": {key: self.refiner.get(key) for key in REFINER_OUTPUT_KEYS}}
         return {"num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,

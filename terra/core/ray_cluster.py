@@ -22,7 +22,7 @@ INSTALL_RAY = "pip install 'terra-world-model[ray]' on this machine and every no
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAUSE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
-_HELP = "README.md, \"Running across nodes\""
+_HELP = "docs/rollout.md, \"Running across nodes\""
 
 
 class ClusterSettings(Protocol):

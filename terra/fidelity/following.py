@@ -6,7 +6,7 @@ two poses (:func:`terra.fidelity.odometry.step_motions` of the drive's poses). O
 is regressed on the commanded one, forward motion and yaw apart: the **gain** (slope through the origin, recovered
 = gain x commanded: 1 for a faithful world, 0 for a frozen one, -1 in yaw for a mirrored one) and the **slope**
 with an intercept (immune to a constant offset, but 0 when the commanded motion does not vary). Per-step
-precision matters less than the absence of bias: the odometry's gain on true renders is 1.00 (BENCHMARKS.md).
+precision matters less than the absence of bias: the odometry's gain on true renders is 1.00 (benchmarks/fidelity.md).
 Intervals: over blocks of :data:`BLOCK_STEPS` steps within one drive (:func:`action_following`), over scenarios
 across drives (:func:`following_slopes`).
 """

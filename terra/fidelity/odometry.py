@@ -16,14 +16,14 @@ the one under which the two grounds match:
    towards the haze's as it recedes (Koschmieder's law, which the renderer's fog follows): each Gauss-Newton step
    also fits a brightness offset and, to first order in the change of the point's depth, a gain and an offset
    proportional to that change (least squares with a weak prior, so that they vanish when nothing recedes); left
-   out, they bias the forward motion by -4 % (BENCHMARKS.md, "Fidelity measurements").
+   out, they bias the forward motion by -4 % (benchmarks/fidelity.md, "Fidelity measurements").
 
 The estimate is refused (None) when the later frame's ground has no texture to track (a uniform frame), when the
 motion is unobservable from it (the normal matrix is singular), when too little of the ground stays in view, when
 the aligned grounds do not match (normalised cross-correlation below ``min_match``: frames of noise, a cut), and at
 night (a sky darker than :data:`MIN_SKY_LUMINANCE`): the ground is then lit by the car's own headlights
 (terra/sim/lighting.py), a pattern that moves with the camera and pulls the estimate towards no motion (the forward
-gain on night renders is 0.27, BENCHMARKS.md). The motion is the camera's, which the renderer puts at the car's
+gain on night renders is 0.27, benchmarks/fidelity.md). The motion is the camera's, which the renderer puts at the car's
 pose, so it is the car's.
 """
 

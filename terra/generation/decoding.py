@@ -7,13 +7,13 @@ and the decoding chosen for them follow from the same measurements."""
 from __future__ import annotations
 
 # decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
-# kind, and sequential above it (a kind not listed: never). Why each number: BENCHMARKS.md, "When decoding=auto is
-# speculative", the table of these numbers with the measurements behind them.
+# kind, and sequential above it (a kind not listed: never). Why each number:
+# benchmarks/decoding.md, "When decoding=auto is speculative", the table of these numbers with the measurements.
 SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 32}
 # backend.options.passes_per_step=null: the verifying passes an engine step of a speculative vLLM engine of one rollout
 # (max_num_seqs 1), 1 in any other. One rollout's step waits on the host, and with several passes its full graphs
 # keep FlashAttention's splits (terra/vllm/compat.py, jacobi_graph_kwargs): at Terra's 2 B shape a pass 3.8 -> 2.1 ms,
-# the demo model 0.058 -> 0.041 s a frame (BENCHMARKS.md, "FlashAttention's splits in an engine of one rollout"); a
+# the demo model 0.058 -> 0.041 s a frame (benchmarks/decoding.md, "FlashAttention's splits in an engine of one"); a
 # fourth pass adds passes a frame for no shorter pass there. Batched at Terra's shape the step is bound by the GPU,
 # and each pass costs its full time ("Several passes a step").
 ONE_ROLLOUT_PASSES = 3
@@ -42,8 +42,8 @@ def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | Non
     ``device`` for a run of ``decoding`` (``auto``: as :data:`SPECULATIVE_STREAMS` decides): 1 where the Transformers
     backend decodes speculatively, asked to or because the table makes ``auto`` speculative at any count (its
     speculative rollouts take their passes one after another, terra/generation/hf_speculative.py, so more in flight
-    only wait their turn: BENCHMARKS.md, "When decoding=auto is speculative"); None: as many as the engine holds
-    (terra/batch/concurrency.py), sequential decoding batching them into one pass."""
+    only wait their turn: benchmarks/decoding.md, "When decoding=auto is speculative"); None: as many as the engine
+    holds (terra/batch/concurrency.py), sequential decoding batching them into one pass."""
     speculative = decoding == "speculative" or (decoding == "auto" and _speculative_limit(backend, device) is None)
     return 1 if backend == "hf" and speculative else None
 

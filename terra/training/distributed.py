@@ -1,5 +1,5 @@
 """One process or many: the same training command under ``torchrun --nproc_per_node=N`` (and across nodes
-through torchrun's rendezvous, README "Fine-tuning on your own drives").
+through torchrun's rendezvous, docs/train.md, "Several GPUs").
 
 * ``finetune=full`` on several processes: FSDP2 (``fully_shard``) — each decoder layer is a shard unit, the
   rest of the model (embeddings, position tables, action projection, output layer) the outer one; weights,

@@ -8,7 +8,7 @@ positions at a time and computes each chunk's gradients in the same pass (nothin
 backward). The softmax of a chunk is one function (:func:`softmax_step`) that ``torch.compile`` fuses into two
 passes over the logits when ``train.compile`` is on. The output layer is used padded with zero rows to a multiple
 of ``ALIGNED_ROWS``: with 262,145 rows cuBLAS falls back to unaligned kernels about 7x slower on an H100
-(BENCHMARKS.md, "Fine-tuning at Terra's shape").
+(benchmarks/training.md, "Fine-tuning at Terra's shape").
 """
 
 from __future__ import annotations

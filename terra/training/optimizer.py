@@ -4,8 +4,8 @@
 weight. ``adamw8bit`` is torchao's ``AdamW8bit``: both moments block-quantized to 8 bits (2 bytes a weight; tensors
 under 4,096 values keep float32 moments) and, for bf16 weights (``train.weights_dtype=bfloat16``), the update
 rounded stochastically so that steps smaller than bf16's spacing still move the weights on average: 6 bytes a
-trained weight (BENCHMARKS.md, "Fine-tuning in 24 GiB"). torchao compiles its step per weight shape, which on a GPU
-also keeps its float32 temporaries out of memory (run eagerly, the step of Terra's 262,145 x 2,048 output layer
+trained weight (benchmarks/training.md, "Fine-tuning in 24 GiB"). torchao compiles its step per weight shape, which
+on a GPU also keeps its float32 temporaries out of memory (run eagerly, the step of Terra's 262,145 x 2,048 output layer
 would hold several GiB of them); on the CPU it runs eagerly (compiling costs minutes there).
 """
 

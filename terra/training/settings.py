@@ -8,13 +8,13 @@ Where the weights start (``init``):
   safetensors) — Terra's own ``world_model/``, or a run's ``model/`` export;
 * ``model=terra_v1|terra_v2 terra_root=...`` (or ``model=demo``): the world model that group names.
 
-``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules``
-(plus the action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
-``lora.train_position_embeddings``). Memory (BENCHMARKS.md, "Fine-tuning in 24 GiB"): ``train.optimizer=adamw8bit``
-keeps AdamW's moments in 8 bits (torchao), ``train.weights_dtype=bfloat16`` the trained weights in bf16 (updated
-with stochastic rounding), ``train.activation_checkpointing`` recomputes every decoder layer (``true``) or the first
-N in the backward pass. What needs the model or the data (their shapes, the GPU count) is checked
-once where it is first known: terra/training/model.py and terra/training/data.py.
+``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules`` (plus the
+action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
+``lora.train_position_embeddings``). Memory (benchmarks/training.md, "Fine-tuning in 24 GiB"):
+``train.optimizer=adamw8bit`` keeps AdamW's moments in 8 bits (torchao), ``train.weights_dtype=bfloat16`` the trained
+weights in bf16 (updated with stochastic rounding), ``train.activation_checkpointing`` recomputes every decoder layer
+(``true``) or the first N in the backward pass. What needs the model or the data (their shapes, the GPU count) is
+checked once where it is first known: terra/training/model.py and terra/training/data.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 
-# The run folder (README, "The run folder"): what a run writes in output_dir
+# The run folder (docs/train.md, "The run folder"): what a run writes in output_dir
 CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR = "checkpoint", "model", "best", "adapter"  # each replaced whole
 SAMPLES_DIR, TENSORBOARD_DIR, LOG_FILE = "samples", "tensorboard", "train_log.jsonl"
 APP = "terra-train"  # the app whose run folders these are (terra/config/output_dir.py)

@@ -157,7 +157,7 @@ JACOBI_WORKER = "terra.vllm.jacobi_runner.JacobiWorker"
 
 def jacobi_engine_kwargs(draft_tokens: int, passes_per_step: int = 1) -> dict[str, Any]:
     """Engine arguments that give every decode step ``draft_tokens`` (>= 1) draft slots a request, filled by
-    :mod:`terra.vllm.jacobi_state` (docs/ARCHITECTURE.md, "Speculative decoding on vLLM"), and run
+    :mod:`terra.vllm.jacobi_state` (docs/decoding.md, "On vLLM"), and run
     ``passes_per_step`` verifying passes in each step whose batch replays a full CUDA graph
     (:mod:`terra.vllm.jacobi_runner`); one error line where :func:`jacobi_unavailable` says it cannot run.
 
@@ -206,7 +206,7 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 
     """Engine arguments that run a decode step of up to ``streams`` rollouts, ``draft_tokens`` + 1 tokens each, as one
     full CUDA graph. vLLM's default (``FULL_AND_PIECEWISE`` up to 512 tokens) leaves a step of 16 rollouts at block
     32 (528 tokens) without any graph: on an H100 at Terra's 2 B shape full graphs to 64 x 33 tokens made that
-    step 2.6x and the 32-rollout step 1.4x faster (BENCHMARKS.md, "CUDA graphs of the verifying step").
+    step 2.6x and the 32-rollout step 1.4x faster (benchmarks/decoding.md, "CUDA graphs of the verifying step").
 
     FlashAttention 3 splits the key range inside these graphs (vLLM's ``flash_attn_max_num_splits_for_cuda_graph``,
     32) only in an engine of one rollout running several passes a step. With splits, a step whose batch was padded
@@ -216,7 +216,7 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 
     rollout captures graphs of one request, never padded, and replayed consistently with splits (92.2 %, bf16 sums in
     another order); its pass at Terra's 2 B shape takes 2.07 ms of GPU time against 3.48 ms without. With one pass a
     step the host bounds that step (4.04 ms against 3.47 ms without splits); with several the GPU work is what
-    counts (BENCHMARKS.md, "Several passes a step").
+    counts (benchmarks/decoding.md, "Several passes a step").
     """
     tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of

@@ -2,8 +2,8 @@
 
 A step of Model Runner V2 costs the host its scheduling, input preparation and output handling, and with
 :mod:`terra.vllm.jacobi_state` every step is one verifying pass: where a pass's GPU work is shorter than the host's
-part of a step (the demo model; one AlpaSim session), the GPU waits on the host (BENCHMARKS.md, "Several passes a
-step"). Here a step whose batch replays a full CUDA graph (every request decoding ``draft_tokens`` + 1
+part of a step (the demo model; one AlpaSim session), the GPU waits on the host (benchmarks/decoding.md,
+"Several passes a step"). Here a step whose batch replays a full CUDA graph (every request decoding ``draft_tokens`` + 1
 tokens: one stream, sessions, a batch between prompts) runs ``passes_per_step`` passes over the same positions
 before vLLM samples it: after each pass :meth:`JacobiSampler.iterate_block` rewrites the fed guesses with the
 block's next Jacobi iterate (each guess the draw of the row before it), the input embeddings and the attention
@@ -81,7 +81,7 @@ class JacobiModelRunner(GPUModelRunner):
         """Rebuild the step's attention metadata into the buffers its graph reads, as ``execute_model`` built it, so
         that every replay reads what a fresh step would: FlashAttention 3's scheduler metadata carries a tile-count
         semaphore that its kernels consume. Measured on an H200: one request's graph replayed equal without it; the
-        padded steps' exactness (BENCHMARKS.md, "Several passes a step") was measured with it."""
+        padded steps' exactness (benchmarks/decoding.md, "Several passes a step") was measured with it."""
         block_tables, slot_mappings = self.prepare_attn(input_batch)
         self.model_state.prepare_attn(input_batch, replayed.cg_mode, block_tables, slot_mappings, self.attn_groups,
                                       self.kv_cache_config)

@@ -1,6 +1,6 @@
 """Speculative Jacobi decoding inside vLLM's Model Runner V2, through hooks the model owns (no fork of vLLM).
 
-docs/ARCHITECTURE.md ("Speculative decoding on vLLM") says why this route and what each vLLM release does with it.
+docs/decoding.md ("On vLLM") says why this route and what each vLLM release does with it.
 In short, Model Runner V2 (``vllm/v1/worker/gpu/``, the default on a GPU for this model) asks the model for its
 per-request state class (``get_model_state_cls()``) and that state for a sampler (``custom_sampler``), and
 ``draft_tokens`` given to the engine (terra/vllm/compat.py, ``jacobi_engine_kwargs``, puts them in vLLM's words)

@@ -193,7 +193,7 @@ def fake_hf(decoding: str, device: str) -> SimpleNamespace:
 def test_kv_capacity_is_the_cache_blocks_over_one_windows_blocks():
     from terra.generation.vllm_backend import kv_capacity
 
-    # BENCHMARKS.md: 3.17 M tokens of KV cache at gpu_memory_utilization=0.9 on an H100 (198,125 blocks of 16)
+    # benchmarks/decoding.md: 3.17 M tokens of KV cache at gpu_memory_utilization=0.9 on an H100 (198,125 blocks of 16)
     # 3 + 8 frames of 582 positions = 6402 tokens = 401 blocks per rollout; a full 25-frame window: 910 blocks
     assert kv_capacity(198_125, 16, 11 * 582, 512) == 198_125 // 401 == 494
     assert kv_capacity(198_125, 16, 25 * 582, 512) == 198_125 // 910 == 217
@@ -215,9 +215,10 @@ def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
 
 
 def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_before():
-    """BENCHMARKS.md, "When decoding=auto is speculative": on a CPU the Transformers backend decodes speculatively at
-    any count and takes a speculative rollout's passes one after another, so ``auto`` keeps one in flight (8 samples
-    x 8 frames: 3.8x faster than all 8 at once); on a GPU it batches sequential rollouts, as before."""
+    """benchmarks/decoding.md, "When decoding=auto is speculative": on a CPU the Transformers backend decodes
+    speculatively at any count and takes a speculative rollout's passes one after another, so ``auto`` keeps one in
+    flight (8 samples x 8 frames: 3.8x faster than all 8 at once); on a GPU it batches sequential rollouts, as
+    before."""
     from terra.generation.backends import resolve_decoding
 
     config, eight = checked(), checked(max_concurrent=8)

@@ -115,7 +115,7 @@ def episode_lengths(env, episodes: int) -> list[int]:
 
 def test_random_actuation_actions_stay_on_the_road_for_seconds():
     """Random actions of the actuation mode keep the car on the road for 26 steps on average here (23, 13, 20, 29, 45;
-    BENCHMARKS.md: 29.6 over 60 episodes); random plans followed exactly, the control known to throw the car off,
+    benchmarks/rl.md: 29.6 over 60 episodes); random plans followed exactly, the control known to throw the car off,
     last 1-2 steps (the issue's 1-8). Seeded: the same numbers every run."""
     control = episode_lengths(DriveEnv(num_scenarios=8, image_size=SIZE, num_steps=300), 5)
     plans = episode_lengths(DriveEnv(num_scenarios=8, image_size=SIZE, num_steps=300, action_mode="plan",
@@ -180,7 +180,7 @@ def test_settings_are_refused_in_one_line():
             reward="lane_keeping")
 
 
-# ---------------------------------------------------------------- hostile inputs (issue 49's gymnasium class)
+# ---------------------------------------------------------------- hostile inputs (as gymnasium's own envs check them)
 
 
 def test_bad_scenarios_and_options_are_refused_before_anything_changes():

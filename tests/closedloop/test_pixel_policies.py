@@ -88,7 +88,7 @@ def test_the_road_edge_is_read_only_where_the_ground_is():
 def test_learned_driver_reads_unseen_scenes_close_to_the_expert():
     """Frames of scenes it was not trained on (the 240 scene seeds scripts/train_learned_driver.py's training drew
     from 2**31 hold neither 101 nor 202), on a straight and a bend, on the lane's centre and 0.6 m beside it. The
-    shipped weights' held-out error over 600 frames: BENCHMARKS.md."""
+    shipped weights' held-out error over 600 frames: benchmarks/drives.md."""
     detect = LearnedLane()
     errors = []
     for seed in (101, 202):

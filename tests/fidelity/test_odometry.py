@@ -24,7 +24,7 @@ def test_motion_between_true_renders_is_recovered_without_bias():
     """Over 40 pairs of true renders (day and left-hand scenes; 0-3 m forward, yaw +- 0.05 rad, from
     scripts/benchmark_fidelity.py): median |dx error| under 3 cm, |dy| under 1 cm, |dyaw| under 1 mrad, every pair
     recovered, and a gain (recovered on true, through the origin) within 2 % of 1 for the forward motion and the
-    yaw (BENCHMARKS.md has the measured figures over 200 pairs per domain)."""
+    yaw (benchmarks/fidelity.md has the measured figures over 200 pairs per domain)."""
     pairs = load_script("benchmark_fidelity").motion_pairs
     truth, found = [], []
     for before, after, motion in [*pairs(20, seed=1, domain="day"), *pairs(20, seed=1, domain="left_hand")]:

@@ -1,6 +1,6 @@
 """``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by
-terra/generation/backends.py), whose numbers are the table of BENCHMARKS.md, "When decoding=auto is speculative"; the
-backends then run what the run chose and never decide it again."""
+terra/generation/backends.py), whose numbers are the table of benchmarks/decoding.md, "When decoding=auto is
+speculative"; the backends then run what the run chose and never decide it again."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ ROW = re.compile(r"\| [^|]*\(`(hf|vllm)`\) \| (CPU|GPU)\b[^|]*\| (any number|at 
 
 
 def benchmarks_table() -> dict[tuple[str, str], int | None]:
-    """BENCHMARKS.md's table: (backend, device kind) → the most rollouts in flight ``auto`` decodes speculatively
-    (None: any number; 0: none)."""
-    text = (ROOT / "BENCHMARKS.md").read_text()
+    """benchmarks/decoding.md's table: (backend, device kind) → the most rollouts in flight ``auto`` decodes
+    speculatively (None: any number; 0: none)."""
+    text = (ROOT / "benchmarks" / "decoding.md").read_text()
     section = text.split("\n## When decoding=auto is speculative\n", 1)[1].split("\n## ", 1)[0]
     return {(m[1], "cuda" if m[2] == "GPU" else "cpu"): None if m[3] == "any number" else int(m[4] or 0)
             for m in map(ROW.match, section.splitlines()) if m}
@@ -89,7 +89,8 @@ def test_max_concurrent_auto_reads_the_same_table(monkeypatch):
 
 def test_passes_per_step_null_is_three_in_an_engine_of_one_rollout_and_one_elsewhere():
     """``backend.options.passes_per_step=null`` (conf/backend/vllm.yaml's default): the passes its measurements chose
-    (BENCHMARKS.md, "FlashAttention's splits in an engine of one rollout"), checked as any option's value is."""
+    (benchmarks/decoding.md, "FlashAttention's splits in an engine of one rollout"), checked as any option's value
+    is."""
     from terra.config.backend import check_backend
     from terra.core.errors import TerraInputError
 

@@ -1,5 +1,5 @@
 """scripts/check_jacobi_vllm.py without a GPU: the demo part's code comparison and the projection's arithmetic
-(its engines run on the GPU machine: BENCHMARKS.md, "Speculative decoding on vLLM")."""
+(its engines run on a GPU: benchmarks/decoding.md, "Speculative decoding on vLLM")."""
 
 from __future__ import annotations
 

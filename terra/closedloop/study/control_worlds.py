@@ -1,7 +1,7 @@
 """Worlds known to be wrong: the controls that show the fidelity verdict can fail (terra/closedloop/study/verdict.py).
 
 A verdict that passes the world model must fail each of these, or it cannot tell a world model from a broken one
-(README, "Is the world model a simulator?"). Each implements the :class:`~terra.closedloop.worlds.World` interface
+(docs/fidelity.md). Each implements the :class:`~terra.closedloop.worlds.World` interface
 and drives as any world does:
 
 * ``frozen``: the last context frame, whatever the car does;
