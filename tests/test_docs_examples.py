@@ -7,7 +7,6 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from terra.core.errors import TerraInputError
