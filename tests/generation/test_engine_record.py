@@ -12,6 +12,21 @@ from terra.generation import backends
 from tests.batch.test_batch import scenes, terra_line  # noqa: F401  (scenes: the module's context images)
 
 
+
+def engines_built(monkeypatch) -> list:
+    """The (kind, options) of every engine the run asks for, each served by a sequential Transformers backend on the
+    CPU instead (a stand-in: what matters is what the run asked for)."""
+    built = []
+    real = backends.create_backend
+
+    def create_backend(kind, world_model, device, dtype, config=None, sampling=None, max_rollouts=None, **options):
+        built.append((kind, options))
+        return real("hf", world_model, "cpu", dtype, config, sampling.replace(decoding="sequential"))
+
+    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
+    monkeypatch.setattr("terra.generation.backends.resolve_backend", lambda kind, device: kind)
+    return built
+
 def test_engine_options_size_a_vllm_engine_for_the_run_and_leave_transformers_as_set():
     asked = {"max_num_seqs": 64, "enforce_eager": True}
     assert backends.engine_options("vllm", asked, 3) == {"max_num_seqs": 3, "enforce_eager": True}
@@ -28,15 +43,7 @@ def test_the_sidecar_records_the_engine_the_run_built(monkeypatch, tmp_path, sin
     import terra.apps.generate
     from terra.apps.runner import CONF_DIR
 
-    built = []
-    real = backends.create_backend
-
-    def create_backend(kind, world_model, device, dtype, config=None, sampling=None, max_rollouts=None, **options):
-        built.append((kind, options))
-        return real("hf", world_model, "cpu", dtype, config, sampling.replace(decoding="sequential"))
-
-    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
-    monkeypatch.setattr("terra.generation.backends.resolve_backend", lambda kind, device: kind)
+    built = engines_built(monkeypatch)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=vllm", "device=cpu", "num_samples=1", "num_frames=1",
                                              "num_threads=1", "sampling.decoding=sequential"])
@@ -57,15 +64,7 @@ def test_a_batch_sidecar_records_the_engine_the_run_built(monkeypatch, tmp_path,
     rollouts), beside ``config``, the settings as given."""
     from terra.batch import BatchConfig, run_batch
 
-    built = []
-    real = backends.create_backend
-
-    def create_backend(kind, world_model, device, dtype, config=None, sampling=None, max_rollouts=None, **options):
-        built.append((kind, options))
-        return real("hf", world_model, "cpu", dtype, config, sampling.replace(decoding="sequential"))
-
-    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
-    monkeypatch.setattr("terra.generation.backends.resolve_backend", lambda kind, device: kind)
+    built = engines_built(monkeypatch)
     samples = tmp_path / "samples.jsonl"
     samples.write_text(terra_line(scenes, "a") + "\n")
     result = run_batch(BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"],
