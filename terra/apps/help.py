@@ -45,7 +45,7 @@ def _drive_choices() -> dict[str, str]:
     # what terra-drive's settings accept
     from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
     from terra.closedloop.recording.settings import VEHICLES, WORLDS
-    from terra.closedloop.study.control_worlds import CONTROL_WORLDS
+    from terra.closedloop.study.settings import CONTROL_WORLDS
 
     pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
     return {
