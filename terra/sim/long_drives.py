@@ -29,7 +29,7 @@ from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import MANOEUVRES, EgoTrajectory, manoeuvre_trajectory
 from terra.sim.clips import (FUTURE_S, SAMPLE_RATE_HZ, VIEW_MARGIN_M, Drive, chain_trajectories, place,
                              random_manoeuvre_params)
-from terra.sim.scene import LANE_WIDTH_M, ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
+from terra.sim.scene import ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
 
 LANE_RELATIVE_SHARE = 0.8
 BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave", "bend")
@@ -170,7 +170,7 @@ def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tu
         return np.concatenate([ramp(d, away, float(rng.uniform(15.0, 60.0))), hold(away, rng.uniform(0.0, 15.0)),
                                ramp(away, lane, float(rng.uniform(10.0, 40.0)))]), lane
     if name == "lane_change":
-        other = -lane if abs(lane) > 0.5 else lane_like(rng)
+        other = -lane  # the other lane's centre (lanes lie either side of the road's centre)
         return np.concatenate([ramp(d, other, float(rng.uniform(25.0, 80.0))), hold(other, 10.0)]), other
     if name == "off_road":
         side = rng.choice((-1.0, 1.0))
@@ -192,11 +192,6 @@ def _bend(rng: np.random.Generator, road_heading: np.ndarray, d: float, lane: fl
     offsets = d + np.concatenate([[0.0], np.cumsum(np.tan(np.clip(heading[:-1], -0.5, 0.5)) * GRID_M)])
     back = float(rng.uniform(15.0, 50.0))
     return np.concatenate([offsets, np.linspace(offsets[-1], lane, max(2, int(back / GRID_M)))])
-
-
-def lane_like(rng: np.random.Generator) -> float:
-    """The centre of a lane drawn at random (left or right of the road's centre)."""
-    return float(rng.choice((-1.0, 1.0))) * LANE_WIDTH_M / 2
 
 
 def _smoothed(values: np.ndarray, sigma: float) -> np.ndarray:
