@@ -9,7 +9,8 @@ closed-loop drive (a lane-following policy reacting to the model's own frames fo
 are then replayed as a rollout, which gives the drive's frames: a session equals a batch rollout with the same
 actions and seed). Every speculative rollout's codes must equal the sequential ones (the run fails otherwise).
 Prints a table of passes per frame (source x rollout) and the CPU milliseconds a frame spent making guesses (one
-core). Sources: ``previous`` and ``transitions`` (``sampling.guesses``), ``warp`` (the previous frame moved by the
+core) and the CPU seconds a frame the whole decode took (one thread). Sources: ``previous``, ``transitions`` and
+``lookahead`` (``sampling.guesses``), ``warp`` (the previous frame moved by the
 ego motion, an experiment); ``--oracle-shares`` adds a ceiling for any source of first guesses: a frame's guesses
 are its own sequential codes at that share of positions (drawn at random) and the previous frame's codes elsewhere.
 Examples::
@@ -46,7 +47,7 @@ from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
-from terra.generation import guesses  # noqa: E402
+from terra.generation import guesses, speculative  # noqa: E402
 from terra.generation.actions import FRAME_RATE_HZ  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -129,7 +130,8 @@ def closed_loop_rollout(pipeline: WorldModelPipeline, sampling: SamplingConfig, 
 
 
 class GuessClock:
-    """CPU seconds spent making guesses (the transitions' memory, an experiment's first guesses), counted on the
+    """CPU seconds spent making guesses (the transitions' memory, the lookahead's draws past the frame and their
+    noise, an experiment's first guesses), counted on the
     calling thread's CPU clock: what they cost one core, however busy the machine is."""
 
     def __init__(self) -> None:
@@ -137,7 +139,9 @@ class GuessClock:
 
     @contextmanager
     def running(self) -> Iterator["GuessClock"]:
-        patched = [(guesses.Transitions, "record"), (guesses.Transitions, "recall")]
+        patched = [(guesses.Transitions, "record"), (guesses.Transitions, "recall"),
+                   (speculative.SpeculativeFrame, "ahead_drafts"), (speculative.SpeculativeFrame, "_draw_ahead"),
+                   (speculative.SpeculativeFrame, "handover")]
         originals = [getattr(owner, name) for owner, name in patched]
         for (owner, name), original in zip(patched, originals):
             setattr(owner, name, self.timed(original))
@@ -197,10 +201,12 @@ def main(argv: list[str] | None = None) -> dict:
                                               guesses="previous" if experiment else source)
                 record = {"temperature": temperature, "draft_tokens": block, "source": source, "rollouts": {},
                           "frames": {}}
-                clock, frames, total = GuessClock(), 0, 0
+                clock, frames, total, cpu = GuessClock(), 0, 0, 0.0
                 with guessing(source, clock, truth_of):
                     for name, request in rollouts.items():
+                        started = time.thread_time()
                         codes, passes = run(pipeline, request, sampling)
+                        cpu += time.thread_time() - started
                         if not np.array_equal(codes, truth[name]):
                             raise SystemExit(f"benchmark_guesses: {source} at T={temperature:g}, block {block}: "
                                              f"the codes of {name} differ from sequential decoding's")
@@ -209,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
                         frames, total = frames + len(passes), total + sum(passes)
                 record["mean"] = round(float(np.mean(list(record["rollouts"].values()))), 2)
                 record["per_frame"] = round(total / frames, 2)
+                record["cpu_s_per_frame"] = round(cpu / frames, 4)  # the whole decode, this thread
                 record["guess_ms_per_frame"] = (None if source.startswith("oracle_")
                                                 else round(1000 * clock.seconds / frames, 3))
                 record["codes_equal_sequential"] = True
@@ -227,7 +234,7 @@ def format_record(record: dict) -> str:
     rollouts = " ".join(f"{name}={value:g}" for name, value in record["rollouts"].items())
     return (f"T={record['temperature']:g} block={record['draft_tokens']} {record['source']:<11} "
             f"mean {record['mean']:5.2f} passes/frame ({record['per_frame']:.2f} over all frames), "
-            f"guesses {milliseconds(record)} ms/frame; "
+            f"guesses {milliseconds(record)} ms/frame, decoding {record['cpu_s_per_frame']:.3f} CPU s/frame; "
             f"{rollouts}")
 
 
@@ -235,12 +242,13 @@ def table(records: list[dict]) -> str:
     """Markdown: a row per temperature, block and source; a column per rollout, their mean, the mean over all
     frames."""
     names = list(records[0]["rollouts"]) if records else []
-    lines = ["| temperature | block | source | " + " | ".join(names) + " | mean | all frames | guesses ms/frame |",
-             "|---:|---:|---|" + "---:|" * (len(names) + 3)]
+    lines = ["| temperature | block | source | " + " | ".join(names)
+             + " | mean | all frames | guesses ms/frame | CPU s/frame |",
+             "|---:|---:|---|" + "---:|" * (len(names) + 4)]
     for r in records:
         cells = " | ".join(f"{r['rollouts'][n]:.2f}" for n in names)
         lines.append(f"| {r['temperature']:g} | {r['draft_tokens']} | {r['source']} | {cells} | {r['mean']:.2f} | "
-                     f"{r['per_frame']:.2f} | {milliseconds(r)} |")
+                     f"{r['per_frame']:.2f} | {milliseconds(r)} | {r['cpu_s_per_frame']:.3f} |")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")
-GUESSES = ("previous", "transitions")  # speculative decoding's guesses past a pass: terra/generation/speculative.py
+GUESSES = ("previous", "transitions", "lookahead")  # a frame's speculative guesses: terra/generation/speculative.py
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
@@ -46,7 +46,7 @@ class SamplingConfig:
     top_p: float = 1.0
     decoding: str = "auto"
     draft_tokens: int = 32
-    guesses: str = "transitions"
+    guesses: str = "lookahead"
     block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
 
     def __post_init__(self, block_size: int | None) -> None:

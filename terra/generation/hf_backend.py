@@ -47,6 +47,9 @@ class _Slot:
     """
 
     kv: KV | None
+    # the next frame's first guesses and the noise of its first positions, drawn by the previous frame's passes
+    # (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous frame's codes
+    ahead: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
 @dataclass
@@ -120,7 +123,7 @@ class HFBackend(WorldModelBackend):
     def fork(self, state: RolloutState) -> RolloutState:
         twin = state.copy()
         if state.cache is not None:
-            twin.cache = _Slot(state.cache.kv)
+            twin.cache = _Slot(state.cache.kv, state.cache.ahead)
         return twin
 
     @torch.inference_mode()

@@ -34,6 +34,7 @@ class _Frame:
     cache: DynamicCache
     prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its drafts (None once the first pass ran)
     prefix_actions: torch.Tensor  # [slots, action_dim] of the prefix's action slots
+    next_action: torch.Tensor | None  # [slots, action_dim] after the frame, where a pass may run past its end
     start: int  # window position of the frame's first image token
     prompt_tokens: int
     window_start: bool
@@ -54,9 +55,14 @@ class SpeculativeRows:
     def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
         """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
-        previous = torch.as_tensor(state.frames[-1], device=self.device)
-        frame = SpeculativeFrame(previous, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
-                                 state.next_frame, transitions=sampling.guesses == "transitions")
+        handed, state.cache.ahead = state.cache.ahead, None  # the previous frame's lookahead, if it ran one
+        later, noise = handed if handed is not None else (torch.as_tensor(state.frames[-1], device=self.device), None)
+        lookahead = sampling.guesses == "lookahead" and state.next_frame + 1 < state.window.end
+        frame = SpeculativeFrame(later, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
+                                 state.next_frame, transitions=sampling.guesses == "transitions",
+                                 lookahead=lookahead, noise=noise)
+        next_action = (torch.from_numpy(state.actions[state.next_frame]).to(self.device, self.model.dtype)
+                       if lookahead else None)
         if state.window_starts:
             ids, actions, _ = state.prompt()
             cache, prompt = DynamicCache(), len(ids)
@@ -68,7 +74,8 @@ class SpeculativeRows:
             prompt = len(state.prompt()[0])
         start = cache.get_seq_length() + len(ids)
         self._frames.append(_Frame(state, frame, cache, torch.tensor(ids, device=self.device),
-                                   prefix_actions.to(self.device), start, prompt, state.window_starts))
+                                   prefix_actions.to(self.device, self.model.dtype), next_action, start, prompt,
+                                   state.window_starts))
 
     def cancel(self, states: Sequence[RolloutState]) -> None:
         drop = {id(s) for s in states}
@@ -87,28 +94,34 @@ class SpeculativeRows:
 
     def _pass(self, entry: _Frame) -> None:
         frame = entry.frame
-        drafts = frame.drafts()
+        drafts, ahead = frame.drafts(), frame.ahead_drafts()
         if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the drafts
             ids, actions = torch.cat([entry.prefix_ids, drafts]), entry.prefix_actions
             entry.prefix_ids = None
         else:
-            ids, actions = torch.cat([frame.committed[-1][-1:], drafts]), None
+            ids, actions = torch.cat([frame.committed[-1][-1:], drafts]), entry.prefix_actions[:0]
+        slots = len(entry.next_action) if len(ahead) else 0
+        if slots:  # past the frame's end: its action slots, then the next frame's first guesses
+            placeholders = torch.full((slots,), entry.state.layout.action_token_id, device=self.device)
+            ids, actions = torch.cat([ids, placeholders, ahead]), torch.cat([actions, entry.next_action])
         begin = entry.cache.get_seq_length()
         out = self.model(
             input_ids=ids[None],
-            actions=None if actions is None else actions[None].to(self.model.dtype),
+            actions=actions[None] if len(actions) else None,
             position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
             past_key_values=entry.cache,
             use_cache=True,
-            logits_to_keep=len(drafts) + 1,
+            logits_to_keep=len(drafts) + 1 + (slots + len(ahead) if slots else 0),
         )
-        frame.advance(out.logits[0])
+        logits = out.logits[0]
+        frame.advance(logits[: len(drafts) + 1], logits[len(drafts) + slots:] if slots else None)
         crop(entry.cache, entry.start + frame.count - 1)  # the last committed token is the next pass's input
 
     def _finish(self, entry: _Frame) -> FrameDone:
         state, frame = entry.state, entry.frame
         codes = frame.codes().cpu().numpy().astype(np.int64)
         state.add_frame(codes, passes=frame.passes)
+        state.cache.ahead = frame.handover() if frame.lookahead else None
         kv = kv_tensors(entry.cache)
         state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
         computed = entry.prompt_tokens if entry.window_start else state.layout.action_tokens + 1

@@ -134,8 +134,12 @@ class RolloutState:
 
     def set_next_action(self, action: np.ndarray) -> None:
         """Replace the action of the newest frame, the one that conditions the next frame (closed loop); ``action``
-        is a checked ``[6, 3]`` array (terra/session/driver_input.py, ``parse_action``)."""
+        is a checked ``[6, 3]`` array (terra/session/driver_input.py, ``parse_action``). Until the caller sets the
+        one after it, the frame after the next is taken to be driven the same way: speculative decoding's lookahead
+        draws its first guesses under that action (terra/generation/speculative.py; speed only, never codes)."""
         self.actions[self.next_frame - 1] = action
+        if self.next_frame < len(self.actions):
+            self.actions[self.next_frame] = action
 
     def generated(self) -> np.ndarray:
         """The generated frames ``[num_frames, P]`` (context excluded, overlap frames once)."""

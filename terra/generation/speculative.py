@@ -21,9 +21,17 @@ with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+
   last guess), never past the frame's last image token.
 * **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
   (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
-  and past the pass the code of the same position in the previous frame (video is temporally redundant). With
-  ``sampling.guesses=transitions`` (the Transformers backend's default; terra/generation/guesses.py) a refilled
-  guess whose token before it changed is the draw an earlier pass made there after that token, where one did.
+  and past the pass the frame's first guess there. With ``sampling.guesses=transitions``
+  (terra/generation/guesses.py) a refilled guess whose token before it changed is the draw an earlier pass made
+  there after that token, where one did.
+* **First guesses** (``sampling.guesses``): ``previous`` and ``transitions`` start a frame from the code of the
+  same position in the previous frame (video is temporally redundant). ``lookahead`` (the Transformers backend's
+  default) lets the block run on past the frame's end while the next frame is in the same window: once the
+  frame's guesses reach its last token, the pass goes on with the frame's action slots (the next frame's
+  action, as the rollout holds it) and guesses for the next frame's first positions, drawn with that frame's
+  noise. Those draws are never codes of this frame (commits stop at its end); they become the next frame's
+  first guesses, a Jacobi iterate that started before the frame did (:meth:`SpeculativeFrame.handover`). A
+  pass is then a full block until the rollout's or the window's last frame.
 
 Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
 induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
@@ -31,7 +39,9 @@ sequential decoding's ``x_n``. If ``d_0 .. d_{j-1}`` were accepted, they equal `
 ``j`` saw sequential decoding's prefix and ``y_j = x_{n+j}`` (the same scores and the same noise). Every
 committed token is therefore ``x_i``, a deterministic function of the noise that does not involve the guesses
 (they only decide how many tokens a pass commits, at least one), so the frames equal sequential decoding's for
-every draw of the noise, and have its law. Temperature 0 is the same argument without noise (both argmax).
+every draw of the noise, and have its law. The noise a frame takes over from the previous frame's lookahead is
+its own positions' (keyed by the frame's index), so it changes nothing. Temperature 0 is the same argument
+without noise (both argmax).
 Equality holds up to floating point: a pass of ``K + 1`` tokens may round a logit differently from a pass of
 one, which matters only where two codes tie to within that rounding. Nothing here draws a random number: each
 rollout's noise is its own, so its codes do not depend on what it is batched with or on ``draft_tokens``.
@@ -90,7 +100,8 @@ class SpeculativeFrame:
     """
 
     def __init__(self, later: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
-                 seed: int, frame: int, transitions: bool = False) -> None:
+                 seed: int, frame: int, transitions: bool = False, lookahead: bool = False,
+                 noise: torch.Tensor | None = None) -> None:
         self.later = later
         self.size = len(later)
         self.draft_tokens = draft_tokens
@@ -101,8 +112,12 @@ class SpeculativeFrame:
         self.count = 0  # tokens committed
         self.guesses = self._later(0, draft_tokens)
         self.passes = 0
-        self._noise = torch.empty(0, codebook_size, device=later.device)  # of positions count .. count + rows - 1
+        # the noise of positions count .. count + rows - 1 (``noise``: the first rows, drawn by the previous frame)
+        self._noise = torch.empty(0, codebook_size, device=later.device) if noise is None else noise
         self._memory = Transitions(self.size, later.device) if transitions else None
+        self.lookahead = lookahead  # passes may run past the frame's end into the next frame (the backend decides)
+        self.ahead = torch.empty(0, dtype=torch.long, device=later.device)  # latest draws, next frame's 0 .. n-1
+        self._ahead_noise = torch.empty(0, codebook_size, device=later.device)
 
     @property
     def done(self) -> bool:
@@ -113,9 +128,31 @@ class SpeculativeFrame:
         frame's last image token."""
         return self.guesses[: min(self.draft_tokens, self.size - self.count)]
 
-    def advance(self, logits: torch.Tensor) -> int:
+    def ahead_drafts(self) -> torch.Tensor:
+        """The next frame's guesses a pass feeds after this frame's last guess and action slots (``lookahead``):
+        the block's room left once this frame's guesses reach its end, at most a frame less one; else none.
+        Their rows draw the next frame's positions ``0 .. len``, handed to :meth:`advance` as ``ahead_logits``."""
+        room = min(self.draft_tokens - (self.size - self.count), self.size - 1) if self.lookahead else 0
+        return self.next_frame_guesses()[:room] if room > 0 else self.ahead[:0]
+
+    def next_frame_guesses(self) -> torch.Tensor:
+        """``[P]``: the next frame's first guesses: the latest draws at the positions a pass reached past this
+        frame's end, this frame's tokens (committed, else guessed) at the same positions elsewhere."""
+        mine = torch.cat([*self.committed, self.guesses[: self.size - self.count]])
+        return torch.cat([self.ahead, mine[len(self.ahead):]])
+
+    def handover(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Once :attr:`done`: the next frame's first guesses (:meth:`next_frame_guesses`) and the noise of its
+        first positions (already drawn; None if greedy), for that frame's ``later`` and ``noise``."""
+        return self.next_frame_guesses(), None if self.sampling.greedy else self._ahead_noise
+
+    def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
         """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
-        refill with :func:`next_guesses`; return the number of tokens committed."""
+        refill with :func:`next_guesses`; return the number of tokens committed. ``ahead_logits [len(ahead_drafts)
+        + 1, vocab]`` (when the pass ran past the frame's end) are the rows of the next frame's first positions:
+        their draws become that frame's first guesses, never codes of this one."""
+        if ahead_logits is not None:
+            self._draw_ahead(ahead_logits)
         width = len(self.drafts())
         rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
         samples = torch.full((1, width + 1), -1, dtype=torch.long, device=logits.device)
@@ -156,6 +193,23 @@ class SpeculativeFrame:
         if self.committed:
             return self.committed[-1][-1:]
         return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
+
+    def _draw_ahead(self, logits: torch.Tensor) -> None:
+        """Draw the next frame's positions ``0 .. len(logits) - 1`` from their rows, with that frame's noise."""
+        rows = len(logits)
+        drawn = sample_image_tokens(logits, self.codebook_size, self.sampling, self._ahead_rows(rows))
+        self.ahead = torch.cat([drawn, self.ahead[rows:]])
+
+    def _ahead_rows(self, rows: int) -> torch.Tensor | None:
+        """The noise of the next frame's positions ``0 .. rows - 1`` (each drawn once, handed over with the guesses)."""
+        if self.sampling.greedy:
+            return None
+        have = len(self._ahead_noise)
+        if have < rows:
+            fresh = gumbel_noise(self.seed, self.frame + 1, range(have, rows), self.codebook_size,
+                                 self._ahead_noise.device)
+            self._ahead_noise = torch.cat([self._ahead_noise, fresh])
+        return self._ahead_noise[:rows]
 
     def _rows(self, rows: int) -> torch.Tensor | None:
         """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""

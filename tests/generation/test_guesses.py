@@ -12,6 +12,8 @@ from terra.core.errors import TerraInputError
 from terra.generation.guesses import MEMORY_SLOTS, Transitions
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
+from terra.generation.sampling import gumbel_noise
+from terra.generation.speculative import SpeculativeFrame
 from terra.generation.vllm_backend import VLLMBackend
 from tests.conftest import tiny_model
 
@@ -23,17 +25,62 @@ def backend(single_thread) -> HFBackend:
     return HFBackend(tiny_model())
 
 
-def test_every_source_gives_the_sequential_codes(backend):
+def rollout() -> RolloutRequest:
+    """2 + 9 frames: the tiny model's 6-frame windows roll over twice."""
     rng = np.random.default_rng(3)
-    request = RolloutRequest(rng.integers(0, 512, (2, 64)), rng.normal(size=(11, 6, 3)).astype(np.float32), 9,
-                             seed=3)  # 2 + 9 frames: the tiny model's 6-frame windows roll over twice
+    return RolloutRequest(rng.integers(0, 512, (2, 64)), rng.normal(size=(11, 6, 3)).astype(np.float32), 9, seed=3)
+
+
+def test_every_source_gives_the_sequential_codes(backend):
+    request = rollout()
     [sequential] = backend.run_rollouts([request], SAMPLED, progress=False)
     for source in GUESSES:
-        for draft_tokens in (5, 64):
+        for draft_tokens in (5, 64, 100):
             sampling = SAMPLED.replace(decoding="speculative", draft_tokens=draft_tokens, guesses=source)
             [state] = backend.run_rollouts([request], sampling, progress=False)
             np.testing.assert_array_equal(state.generated(), sequential.generated(), err_msg=source)
             assert all(1 <= p < 64 for p in state.passes)
+
+
+def handovers(backend, request, sampling) -> tuple[np.ndarray, list[tuple[int, torch.Tensor]]]:
+    """A rollout's codes and, per frame that handed guesses on, its index and the guesses."""
+    handed, original = [], SpeculativeFrame.handover
+
+    def handover(frame):
+        guesses, noise = original(frame)
+        handed.append((frame.frame, guesses.clone()))
+        return guesses, noise
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SpeculativeFrame, "handover", handover)
+        [state] = backend.run_rollouts([request], sampling, progress=False)
+    return state.generated(), handed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lookahead_hands_the_next_frame_the_models_own_draw(backend, temperature):
+    """A block wider than a frame runs every pass into the next frame, so the frame's last pass draws the next
+    frame's position 0 after the whole frame and its action slots, with that position's noise: its first guess
+    there is its code. A row taken one off, or the frame's own noise, would not be (the codes are right anyway)."""
+    request, sampling = rollout(), SAMPLED.replace(temperature=temperature, decoding="speculative", draft_tokens=100,
+                                                   guesses="lookahead")
+    codes, handed = handovers(backend, request, sampling)
+    first = 2  # context frames
+    assert len(handed) == 6  # 9 frames in windows of 4 + 4 + 1 new: no lookahead past a window's last frame
+    for frame, guesses in handed:
+        assert guesses[0] == codes[frame + 1 - first][0], frame
+    assert sum(int((g == torch.as_tensor(codes[f + 1 - first])).sum()) for f, g in handed) > 6 * 64 // 4
+
+
+def test_lookahead_with_the_wrong_noise_is_caught(backend, monkeypatch):
+    """The check above rejects a lookahead that draws the next frame with this frame's noise."""
+    def own_noise(frame, rows):
+        return gumbel_noise(frame.seed, frame.frame, range(rows), frame.codebook_size)
+
+    monkeypatch.setattr(SpeculativeFrame, "_ahead_rows", own_noise)
+    sampling = SAMPLED.replace(decoding="speculative", draft_tokens=100, guesses="lookahead")
+    codes, handed = handovers(backend, rollout(), sampling)
+    assert any(guesses[0] != codes[frame - 1][0] for frame, guesses in handed)
 
 
 def test_transitions_recall_the_draw_after_the_same_token():
@@ -60,10 +107,11 @@ def test_transitions_forget_the_oldest_tokens():
 
 
 def test_the_setting_names_a_source_and_leaves_the_codes_alone():
-    assert SamplingConfig().guesses == "transitions"  # the default: scripts/benchmark_guesses.py
+    assert SamplingConfig().guesses == "lookahead"  # the default: scripts/benchmark_guesses.py
     assert SamplingConfig.from_mapping({"guesses": "previous"}).guesses == "previous"
     assert "guesses" not in SamplingConfig(guesses="transitions").draw_settings()  # a run's fingerprint
-    with pytest.raises(TerraInputError, match="unknown sampling.guesses 'warp'; choose one of: previous, transitions"):
+    with pytest.raises(TerraInputError,
+                       match="unknown sampling.guesses 'warp'; choose one of: previous, transitions, lookahead"):
         SamplingConfig(guesses="warp")
 
 
