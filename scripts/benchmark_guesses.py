@@ -100,21 +100,25 @@ def manoeuvre_rollouts(pipeline: WorldModelPipeline, names: list[str], frames: i
 
 
 class KeptContext(ModelWorld):
-    """The model world keeping each drive's context codes when it closes (to replay the drive as a rollout)."""
+    """The model world keeping each drive's context codes (to replay the drive as a rollout) and the forward passes
+    each of its frames took in the session when it closes."""
 
     def __init__(self, pipeline: WorldModelPipeline, sampling: SamplingConfig) -> None:
         super().__init__(pipeline, sampling)
         self.context: dict[int, np.ndarray] = {}
+        self.passes: dict[int, list[int]] = {}
 
     def close(self, drive) -> None:
         self.context[drive.seed] = drive.context.reshape(len(drive.context), -1)
+        self.passes[drive.seed] = list(drive.rollout.state.passes)
         super().close(drive)
 
 
 def closed_loop_rollout(pipeline: WorldModelPipeline, sampling: SamplingConfig, seconds: float,
-                        seed: int = 100) -> RolloutRequest:
+                        seed: int = 100) -> tuple[RolloutRequest, float]:
     """A lane-following drive of ``seconds`` on the model's frames (synthetic scenario 0), as the rollout that
-    replays it: its context codes, the actions the policy chose, its seed."""
+    replays it (its context codes, the actions the policy chose, its seed), and the passes a frame it took live (a
+    session learns each action after the frame: ``lookahead`` guesses under the last one)."""
     steps = round(seconds * FRAME_RATE_HZ)
     [scenario] = synthetic_scenarios(1, 0, pipeline.image_size, NUM_CONTEXT)
     world = KeptContext(pipeline, sampling)
@@ -126,12 +130,13 @@ def closed_loop_rollout(pipeline: WorldModelPipeline, sampling: SamplingConfig, 
     if not drive.ok:
         raise SystemExit(f"benchmark_guesses: the closed-loop drive failed: {drive.error}")
     actions = np.concatenate([scenario.actions, np.stack(drive.actions)])
-    return RolloutRequest(world.context[seed], actions, len(drive.actions), seed=seed)
+    return (RolloutRequest(world.context[seed], actions, len(drive.actions), seed=seed),
+            float(np.mean(world.passes[seed])))
 
 
 class GuessClock:
-    """CPU seconds spent making guesses (the transitions' memory, the lookahead's draws past the frame and their
-    noise, an experiment's first guesses), counted on the
+    """CPU seconds spent making guesses (the transitions' memory, the lookahead's draws past the frame: not their
+    noise, which the next frame takes over instead of drawing it; an experiment's first guesses), counted on the
     calling thread's CPU clock: what they cost one core, however busy the machine is."""
 
     def __init__(self) -> None:
@@ -182,14 +187,18 @@ def main(argv: list[str] | None = None) -> dict:
                                                   dtype="float32")
     image_tokens = pipeline.backend.layout.image_tokens
     base = manoeuvre_rollouts(pipeline, args.manoeuvres, args.frames)
-    records = []
+    records, live = [], []
     for temperature in args.temperatures:
         rollouts = dict(base)
         if args.drive_seconds > 0:
             drive_sampling = SamplingConfig(temperature=temperature, decoding="speculative",
                                             draft_tokens=image_tokens)
-            rollouts[f"closed_loop_{args.drive_seconds:g}s"] = closed_loop_rollout(pipeline, drive_sampling,
-                                                                                  args.drive_seconds)
+            name = f"closed_loop_{args.drive_seconds:g}s"
+            rollouts[name], passes = closed_loop_rollout(pipeline, drive_sampling, args.drive_seconds)
+            live.append({"temperature": temperature, "draft_tokens": image_tokens, "source": drive_sampling.guesses,
+                         "passes_per_frame": round(passes, 2)})
+            print(f"T={temperature:g} block={image_tokens} {drive_sampling.guesses}: the {name} drive took "
+                  f"{passes:.2f} passes a frame live (its replay: the rows below)", flush=True)
         sequential = SamplingConfig(temperature=temperature, decoding="sequential")
         truth = {name: run(pipeline, request, sequential)[0] for name, request in rollouts.items()}
         truth_of = {id(rollouts[name]): codes for name, codes in truth.items()}
@@ -223,7 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(format_record(record), flush=True)
     result = {"command": " ".join(sys.argv), "model": str(args.model), "image_tokens": image_tokens,
               "frames_per_rollout": args.frames, "drive_seconds": args.drive_seconds, "threads": args.threads,
-              "torch": torch.__version__, "transformers": transformers.__version__, "records": records}
+              "torch": torch.__version__, "transformers": transformers.__version__, "records": records,
+              "live_drives": live}
     print(table(records))
     if args.out:
         write_text(args.out, json.dumps(result, indent=2) + "\n")

@@ -152,7 +152,7 @@ class SpeculativeFrame:
         + 1, vocab]`` (when the pass ran past the frame's end) are the rows of the next frame's first positions:
         their draws become that frame's first guesses, never codes of this one."""
         if ahead_logits is not None:
-            self._draw_ahead(ahead_logits)
+            self._draw_ahead(ahead_logits, self._ahead_rows(len(ahead_logits)))
         width = len(self.drafts())
         rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
         samples = torch.full((1, width + 1), -1, dtype=torch.long, device=logits.device)
@@ -194,14 +194,14 @@ class SpeculativeFrame:
             return self.committed[-1][-1:]
         return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
 
-    def _draw_ahead(self, logits: torch.Tensor) -> None:
-        """Draw the next frame's positions ``0 .. len(logits) - 1`` from their rows, with that frame's noise."""
-        rows = len(logits)
-        drawn = sample_image_tokens(logits, self.codebook_size, self.sampling, self._ahead_rows(rows))
-        self.ahead = torch.cat([drawn, self.ahead[rows:]])
+    def _draw_ahead(self, logits: torch.Tensor, noise: torch.Tensor | None) -> None:
+        """Draw the next frame's positions ``0 .. len(logits) - 1`` from their rows with that frame's ``noise``."""
+        drawn = sample_image_tokens(logits, self.codebook_size, self.sampling, noise)
+        self.ahead = torch.cat([drawn, self.ahead[len(logits):]])
 
     def _ahead_rows(self, rows: int) -> torch.Tensor | None:
-        """The noise of the next frame's positions ``0 .. rows - 1`` (each drawn once, handed over with the guesses)."""
+        """The noise of the next frame's positions ``0 .. rows - 1``: each drawn once, and handed over with the
+        guesses, so that frame does not draw it again."""
         if self.sampling.greedy:
             return None
         have = len(self._ahead_noise)

@@ -35,6 +35,8 @@ def test_guess_benchmark_measures_each_source_on_manoeuvres_and_a_closed_loop_dr
     assert list(previous["rollouts"]) == ["curve_left", "closed_loop_0.2s"]
     assert all(r["codes_equal_sequential"] and r["draft_tokens"] == 144 for r in result["records"])
     assert oracle["rollouts"] == {"curve_left": 1.0, "closed_loop_0.2s": 1.0}  # every guess right: one pass
+    [live] = result["live_drives"]  # the drive as it ran, in a session under the default guesses
+    assert live["source"] == "lookahead" and 1 <= live["passes_per_frame"] < 144
     assert previous["per_frame"] > 1 and min(r["guess_ms_per_frame"] for r in (transitions, warp)) > 0
     assert lookahead["guess_ms_per_frame"] > previous["guess_ms_per_frame"]  # its draws past the frame, on the clock
     assert all(r["cpu_s_per_frame"] > 0 for r in result["records"])
