@@ -8,7 +8,8 @@ time: one rollout per manoeuvre of the synthetic world (3 built-in context frame
 closed-loop drive (a lane-following policy reacting to the model's own frames for ``--drive-seconds``; its actions
 are then replayed as a rollout, which gives the drive's frames: a session equals a batch rollout with the same
 actions and seed). Every speculative rollout's codes must equal the sequential ones (the run fails otherwise).
-Prints a table of passes per frame (source x rollout) and the CPU milliseconds a frame spent making guesses (one
+Prints a table of passes per frame (source x rollout), the share of first guesses that were the frame's codes, the
+CPU milliseconds a frame spent making guesses (one
 core) and the CPU seconds a frame the whole decode took (one thread). Sources: ``previous``, ``transitions`` and
 ``lookahead`` (``sampling.guesses``), ``warp`` (the previous frame moved by the
 ego motion, an experiment); ``--oracle-shares`` adds a ceiling for any source of first guesses: a frame's guesses
@@ -47,9 +48,9 @@ from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
-from terra.generation import guesses, speculative  # noqa: E402
+from terra.generation import guesses, hf_speculative, speculative  # noqa: E402
 from terra.generation.actions import FRAME_RATE_HZ  # noqa: E402
-from terra.generation.rollout import RolloutRequest  # noqa: E402
+from terra.generation.rollout import RolloutRequest, RolloutState  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.sim import builtin_context  # noqa: E402
 
@@ -166,6 +167,22 @@ class GuessClock:
         return timed
 
 
+@contextmanager
+def first_guesses_seen() -> Iterator[list[tuple[RolloutState, int, np.ndarray]]]:
+    """Every speculative frame the Transformers backend starts: its rollout, index and first guesses ``[P]``."""
+    seen, original = [], hf_speculative.SpeculativeRows.add
+
+    def add(rows: hf_speculative.SpeculativeRows, state: RolloutState, sampling: SamplingConfig) -> None:
+        original(rows, state, sampling)
+        seen.append((state, state.next_frame, rows._frames[-1].frame.later.cpu().numpy()))
+
+    hf_speculative.SpeculativeRows.add = add
+    try:
+        yield seen
+    finally:
+        hf_speculative.SpeculativeRows.add = original
+
+
 def guessing(source: str, clock: GuessClock, truth: dict[int, np.ndarray]):
     """The context a source's rollouts run in: the clock, and an experiment's first guesses."""
     if source.startswith("oracle_"):
@@ -211,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
                 record = {"temperature": temperature, "draft_tokens": block, "source": source, "rollouts": {},
                           "frames": {}}
                 clock, frames, total, cpu = GuessClock(), 0, 0, 0.0
-                with guessing(source, clock, truth_of):
+                with guessing(source, clock, truth_of), first_guesses_seen() as seen:
                     for name, request in rollouts.items():
                         started = time.thread_time()
                         codes, passes = run(pipeline, request, sampling)
@@ -225,6 +242,8 @@ def main(argv: list[str] | None = None) -> dict:
                 record["mean"] = round(float(np.mean(list(record["rollouts"].values()))), 2)
                 record["per_frame"] = round(total / frames, 2)
                 record["cpu_s_per_frame"] = round(cpu / frames, 4)  # the whole decode, this thread
+                record["first_guesses_right"] = round(float(np.mean([np.mean(first == state.frames[frame])
+                                                                     for state, frame, first in seen])), 3)
                 record["guess_ms_per_frame"] = (None if source.startswith("oracle_")
                                                 else round(1000 * clock.seconds / frames, 3))
                 record["codes_equal_sequential"] = True
@@ -244,6 +263,7 @@ def format_record(record: dict) -> str:
     rollouts = " ".join(f"{name}={value:g}" for name, value in record["rollouts"].items())
     return (f"T={record['temperature']:g} block={record['draft_tokens']} {record['source']:<11} "
             f"mean {record['mean']:5.2f} passes/frame ({record['per_frame']:.2f} over all frames), "
+            f"first guesses right {record['first_guesses_right']:.1%}, "
             f"guesses {milliseconds(record)} ms/frame, decoding {record['cpu_s_per_frame']:.3f} CPU s/frame; "
             f"{rollouts}")
 
@@ -253,12 +273,13 @@ def table(records: list[dict]) -> str:
     frames."""
     names = list(records[0]["rollouts"]) if records else []
     lines = ["| temperature | block | source | " + " | ".join(names)
-             + " | mean | all frames | guesses ms/frame | CPU s/frame |",
-             "|---:|---:|---|" + "---:|" * (len(names) + 4)]
+             + " | mean | all frames | first guesses right | guesses ms/frame | CPU s/frame |",
+             "|---:|---:|---|" + "---:|" * (len(names) + 5)]
     for r in records:
         cells = " | ".join(f"{r['rollouts'][n]:.2f}" for n in names)
         lines.append(f"| {r['temperature']:g} | {r['draft_tokens']} | {r['source']} | {cells} | {r['mean']:.2f} | "
-                     f"{r['per_frame']:.2f} | {milliseconds(r)} | {r['cpu_s_per_frame']:.3f} |")
+                     f"{r['per_frame']:.2f} | {r['first_guesses_right']:.1%} | {milliseconds(r)} | "
+                     f"{r['cpu_s_per_frame']:.3f} |")
     return "\n".join(lines)
 
 

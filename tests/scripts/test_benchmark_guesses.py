@@ -40,6 +40,7 @@ def test_guess_benchmark_measures_each_source_on_manoeuvres_and_a_closed_loop_dr
     assert previous["per_frame"] > 1 and min(r["guess_ms_per_frame"] for r in (transitions, warp)) > 0
     assert lookahead["guess_ms_per_frame"] > previous["guess_ms_per_frame"]  # its draws past the frame, on the clock
     assert all(r["cpu_s_per_frame"] > 0 for r in result["records"])
+    assert oracle["first_guesses_right"] == 1 and 0 < previous["first_guesses_right"] < 1
     with pytest.raises(SystemExit):
         bench.parse_args(["--sources", "previous,nearest"])
 
