@@ -49,7 +49,7 @@ class _Slot:
     kv: KV | None
     # the next frame's first guesses and the noise of its first positions, drawn by the previous frame's passes
     # (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous frame's codes
-    ahead: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    ahead: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass

@@ -89,14 +89,16 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
 class SpeculativeFrame:
     """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
 
-    ``later [P]`` (long) are the frame's guesses past a pass, one per position (the backends pass the previous
-    frame's codes): each position's first guess. ``transitions`` (``sampling.guesses``) has each
+    ``later [P]`` (long) are the frame's guesses past a pass, one per position (the previous frame's codes, or
+    what its :meth:`handover` gave): each position's first guess. ``transitions`` (``sampling.guesses``) has each
     refilled guess recalled from the frame's earlier passes where one drew that position after the same token
     (:class:`~terra.generation.guesses.Transitions`). ``seed`` and ``frame`` (the frame's index in the rollout)
     key the Gumbel noise of its positions (terra/generation/sampling.py), drawn once per position and kept while
-    the position is in a pass. Each pass, a backend feeds the last committed token (or, in the frame's first pass,
-    the frame's prompt) followed by :meth:`drafts`, and hands the logits of those ``len(drafts) + 1`` positions to
-    :meth:`advance`.
+    the position is in a pass (``noise``: its first rows, handed over). Each pass, a backend feeds the last
+    committed token (or, in the frame's first pass, the frame's prompt) followed by :meth:`drafts`, and hands the
+    logits of those ``len(drafts) + 1`` positions to :meth:`advance`; with ``lookahead`` (the next frame is in the
+    same window, its action known or assumed) it then feeds the frame's action slots and :meth:`ahead_drafts`,
+    whose rows' logits go to :meth:`advance` too.
     """
 
     def __init__(self, later: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
@@ -141,10 +143,10 @@ class SpeculativeFrame:
         mine = torch.cat([*self.committed, self.guesses[: self.size - self.count]])
         return torch.cat([self.ahead, mine[len(self.ahead):]])
 
-    def handover(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def handover(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Once :attr:`done`: the next frame's first guesses (:meth:`next_frame_guesses`) and the noise of its
-        first positions (already drawn; None if greedy), for that frame's ``later`` and ``noise``."""
-        return self.next_frame_guesses(), None if self.sampling.greedy else self._ahead_noise
+        first positions drawn so far (none if greedy), for that frame's ``later`` and ``noise``."""
+        return self.next_frame_guesses(), self._ahead_noise
 
     def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
         """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
