@@ -98,9 +98,10 @@ class Profile:
     def __enter__(self) -> "Profile":
         profile = self
 
-        def advance(frame: speculative.SpeculativeFrame, logits: torch.Tensor) -> int:
+        def advance(frame: speculative.SpeculativeFrame, logits: torch.Tensor,
+                    ahead_logits: torch.Tensor | None = None) -> int:
             begin = frame.count
-            committed = profile._advance(frame, logits)
+            committed = profile._advance(frame, logits, ahead_logits)
             profile.commits[begin * PROFILE_BUCKETS // profile.image_tokens].append(committed)
             return committed
 

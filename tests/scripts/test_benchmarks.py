@@ -300,11 +300,12 @@ def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
 
 
 def test_speculative_benchmark_counts_passes_and_compares_codes(tmp_path, single_thread):
-    """scripts/benchmark_speculative.py on the demo model: one sampled frame sequential and speculative, then two
-    rollouts at once both ways; the JSON has the passes, the profile and the comparison of the codes."""
+    """scripts/benchmark_speculative.py on the demo model: two sampled frames sequential and speculative (the first's
+    passes run into the second: the default lookahead), then two rollouts at once both ways; the JSON has the passes,
+    the profile and the comparison of the codes."""
     bench = load_script("benchmark_speculative")
     out = tmp_path / "speculative.json"
-    result = bench.main(["--rollouts", "1", "--frames", "1", "--temperatures", "0.9", "--draft-tokens", "144",
+    result = bench.main(["--rollouts", "1", "--frames", "2", "--temperatures", "0.9", "--draft-tokens", "144",
                          "--sequential-rollouts", "1", "--streams", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     sequential, speculative, *streams = result["records"]
