@@ -111,7 +111,7 @@ class SpeculativeRows:
             position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
             past_key_values=entry.cache,
             use_cache=True,
-            logits_to_keep=len(drafts) + 1 + (slots + len(ahead) if slots else 0),
+            logits_to_keep=len(drafts) + 1 + slots + len(ahead),
         )
         logits = out.logits[0]
         frame.advance(logits[: len(drafts) + 1], logits[len(drafts) + slots:] if slots else None)

@@ -206,20 +206,21 @@ class SpeculativeFrame:
         guesses, so that frame does not draw it again."""
         if self.sampling.greedy:
             return None
-        have = len(self._ahead_noise)
-        if have < rows:
-            fresh = gumbel_noise(self.seed, self.frame + 1, range(have, rows), self.codebook_size,
-                                 self._ahead_noise.device)
-            self._ahead_noise = torch.cat([self._ahead_noise, fresh])
+        self._ahead_noise = self._grown(self._ahead_noise, self.frame + 1, 0, rows)
         return self._ahead_noise[:rows]
 
     def _rows(self, rows: int) -> torch.Tensor | None:
         """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""
         if self.sampling.greedy:
             return None
-        have = len(self._noise)
-        if have < rows:
-            fresh = gumbel_noise(self.seed, self.frame, range(self.count + have, self.count + rows),
-                                 self.codebook_size, self._noise.device)
-            self._noise = torch.cat([self._noise, fresh])
+        self._noise = self._grown(self._noise, self.frame, self.count, rows)
         return self._noise[:rows]
+
+    def _grown(self, kept: torch.Tensor, frame: int, first: int, rows: int) -> torch.Tensor:
+        """``kept``, the noise of frame ``frame``'s positions from ``first`` on, drawn on to at least ``rows``
+        rows (:func:`gumbel_noise`)."""
+        have = len(kept)
+        if have >= rows:
+            return kept
+        fresh = gumbel_noise(self.seed, frame, range(first + have, first + rows), self.codebook_size, kept.device)
+        return torch.cat([kept, fresh])
