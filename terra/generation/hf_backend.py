@@ -47,9 +47,9 @@ class _Slot:
     """
 
     kv: KV | None
-    # the next frame's first guesses and the noise of its first positions, drawn by the previous frame's passes
-    # (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous frame's codes
-    ahead: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the frame they are for, its first guesses and the noise of its first positions, drawn by the previous frame's
+    # passes (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous codes
+    ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass

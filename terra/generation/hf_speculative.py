@@ -55,8 +55,11 @@ class SpeculativeRows:
     def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
         """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
-        handed, state.cache.ahead = state.cache.ahead, None  # the previous frame's lookahead, if it ran one
-        later, noise = handed if handed is not None else (torch.as_tensor(state.frames[-1], device=self.device), None)
+        handed = state.cache.ahead  # a lookahead's handover; a frame decoded another way since leaves it stale
+        if handed is not None and handed[0] == state.next_frame:
+            later, noise = handed[1:]
+        else:
+            later, noise = torch.as_tensor(state.frames[-1], device=self.device), None
         lookahead = sampling.guesses == "lookahead" and state.next_frame + 1 < state.window.end
         frame = SpeculativeFrame(later, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
                                  state.next_frame, transitions=sampling.guesses == "transitions",

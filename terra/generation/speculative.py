@@ -143,10 +143,11 @@ class SpeculativeFrame:
         mine = torch.cat([*self.committed, self.guesses[: self.size - self.count]])
         return torch.cat([self.ahead, mine[len(self.ahead):]])
 
-    def handover(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Once :attr:`done`: the next frame's first guesses (:meth:`next_frame_guesses`) and the noise of its
-        first positions drawn so far (none if greedy), for that frame's ``later`` and ``noise``."""
-        return self.next_frame_guesses(), self._ahead_noise
+    def handover(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Once :attr:`done`: the next frame's index, its first guesses (:meth:`next_frame_guesses`) and the noise
+        of its first positions drawn so far (none if greedy), for that frame's ``later`` and ``noise``; only that
+        frame may take them (the noise is its own)."""
+        return self.frame + 1, self.next_frame_guesses(), self._ahead_noise
 
     def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
         """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,

@@ -47,9 +47,9 @@ def handovers(backend, request, sampling) -> tuple[np.ndarray, list[tuple[int, t
     handed, original = [], SpeculativeFrame.handover
 
     def handover(frame):
-        guesses, noise = original(frame)
+        following, guesses, noise = original(frame)
         handed.append((frame.frame, guesses.clone()))
-        return guesses, noise
+        return following, guesses, noise
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SpeculativeFrame, "handover", handover)
@@ -70,6 +70,23 @@ def test_lookahead_hands_the_next_frame_the_models_own_draw(backend, temperature
     for frame, guesses in handed:
         assert guesses[0] == codes[frame + 1 - first][0], frame
     assert sum(int((g == torch.as_tensor(codes[f + 1 - first])).sum()) for f, g in handed) > 6 * 64 // 4
+
+
+def test_a_frame_decoded_another_way_between_lookaheads_keeps_the_codes(backend):
+    """A session may change its decoding between steps: what a lookahead hands on is for the frame right after it,
+    so a frame decoded sequentially in between leaves the next speculative frame to its own guesses and noise."""
+    request = rollout()
+    [sequential] = backend.run_rollouts([request], SAMPLED, progress=False)
+    lookahead = SAMPLED.replace(decoding="speculative", draft_tokens=100, guesses="lookahead")
+    state = backend.start(request)
+    for step in range(request.num_frames):
+        backend.submit(state, SAMPLED if step % 3 == 1 else lookahead)
+        frames = state.num_generated
+        for _ in range(10 * 64):  # at most a pass per token of the frame
+            if backend.poll():
+                break
+        assert state.num_generated == frames + 1
+    np.testing.assert_array_equal(state.generated(), sequential.generated())
 
 
 def test_lookahead_with_the_wrong_noise_is_caught(backend, monkeypatch):
