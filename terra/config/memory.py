@@ -80,7 +80,7 @@ class ModelShape:
     """What a world model's size on the GPU depends on, read from its config (a ``LlamaActionConfig``)."""
 
     linear_params: int  # weights of the decoder's linear layers (what vLLM's online FP8 quantizes)
-    other_params: int  # embeddings, head, norms, position tables, action projection (stay bf16)
+    other_params: int  # embeddings, head, norms, position tables, action and route projections (stay bf16)
     layers: int
     kv_heads: int
     head_dim: int
@@ -97,9 +97,11 @@ class ModelShape:
         width = getattr(config, "action_mlp_hidden_size", h)  # v2's MLP (terra/models/modeling_llama_action.py)
         action = ((config.action_dim + 1) * h if getattr(config, "action_projection_type", "linear") == "linear"
                   else (config.action_dim + 1) * width + (width + 1) * width + (width + 1) * h)
+        routes = getattr(config, "num_route_tokens", 0)
+        route = (4 * h + routes * h) if routes else 0  # route_projection Linear(3, h) and the "no route" rows
         head = 0 if getattr(config, "tie_word_embeddings", False) else config.vocab_size * h
-        other = config.vocab_size * h + head + tables * h + action + (2 * layers + 1) * h
-        window = config.num_temporal_embeddings * config.num_spatio_embeddings - config.num_action_tokens
+        other = config.vocab_size * h + head + tables * h + action + route + (2 * layers + 1) * h
+        window = config.num_temporal_embeddings * config.num_spatio_embeddings - config.num_action_tokens - routes
         return cls(per_layer * layers, other, layers, kv_heads, head_dim, window)
 
     def weight_bytes(self, quantization: str | None, bf16_layers: int = 0) -> int:

@@ -3,7 +3,7 @@
 Each rollout keeps its own KV cache between frames (in :attr:`RolloutState.cache`). Frames in flight share
 one batched cache: every :meth:`HFBackend.poll` is one decode step for all of them. A frame joins at the next
 poll after it is submitted, with one forward pass that yields its first token's logits: the window's whole
-prompt at a window start, else the previous frame's last token together with its action slots (frames whose
+prompt at a window start, else the previous frame's last token together with its slots (frames whose
 caches are equally long share that pass). A frame leaves once its ``P`` image tokens are sampled. Caches of
 unequal length are left-padded and masked; rollouts that advance in lock step (a batch of equal window plans)
 never need padding, so their numbers are those of one batched rollout.
@@ -169,7 +169,7 @@ class HFBackend(WorldModelBackend):
         kv = [(k[index : index + 1, :, pad:].clone(), v[index : index + 1, :, pad:].clone())
               for k, v in kv_tensors(self._cache)]
         state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
-        computed = row.prompt_tokens if row.window_start else self.layout.action_tokens + 1
+        computed = row.prompt_tokens if row.window_start else self.layout.slot_tokens + 1
         return FrameDone(state, codes, row.prompt_tokens, row.prompt_tokens - computed, row.window_start)
 
     def _admit(self) -> None:
@@ -196,27 +196,27 @@ class HFBackend(WorldModelBackend):
         """Logits of the first token of each state's next frame, and the group's cache after the pass.
 
         At a window start the pass is the window's prompt on an empty cache; otherwise it is the previous
-        frame's last token and action slots (every state here has a cache of the same length).
+        frame's last token and slots (every state here has a cache of the same length).
         """
         layout = self.layout
         if states[0].window_starts:
             prompts = [s.prompt() for s in states]
             ids = torch.tensor([p[0] for p in prompts], device=self.device)
-            actions = torch.from_numpy(np.stack([p[1] for p in prompts])).to(self.device).flatten(1, 2)
-            return self._forward_new(ids, actions, torch.from_numpy(prompts[0][2]).to(self.device), [])
+            conditions = torch.from_numpy(np.stack([p[1] for p in prompts])).to(self.device).flatten(1, 2)
+            return self._forward_new(ids, conditions, torch.from_numpy(prompts[0][2]).to(self.device), [])
         kv, _ = self._join([(s.cache.kv, [0]) for s in states])
         last = torch.tensor([[int(s.frames[-1][-1])] for s in states], device=self.device)
-        ids = torch.cat([last, torch.full((len(states), layout.action_tokens), layout.action_token_id,
+        ids = torch.cat([last, torch.full((len(states), layout.slot_tokens), layout.action_token_id,
                                           device=self.device)], dim=1)
-        actions = torch.from_numpy(np.stack([s.actions[s.next_frame - 1] for s in states])).to(self.device)
+        conditions = torch.from_numpy(np.stack([s.conditions[s.next_frame - 1] for s in states])).to(self.device)
         start = kv[0][0].shape[2]
-        return self._forward_new(ids, actions, torch.arange(start, start + ids.shape[1], device=self.device), kv)
+        return self._forward_new(ids, conditions, torch.arange(start, start + ids.shape[1], device=self.device), kv)
 
-    def _forward_new(self, ids: torch.Tensor, actions: torch.Tensor, positions: torch.Tensor,
+    def _forward_new(self, ids: torch.Tensor, conditions: torch.Tensor, positions: torch.Tensor,
                      kv: KV) -> tuple[torch.Tensor, KV]:
         """A first pass over unpadded rows sharing ``positions``; the last logits and the grown cache."""
         cache = kv_cache(kv)
-        logits = self._model(ids, actions, positions.expand(len(ids), -1), cache, None)
+        logits = self._model(ids, conditions, positions.expand(len(ids), -1), cache, None)
         return logits, kv_tensors(cache)
 
     def _decode_step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -257,12 +257,13 @@ class HFBackend(WorldModelBackend):
             layers.append((torch.cat(keys), torch.cat(values)))
         return layers, pads
 
-    def _model(self, ids: torch.Tensor, actions: torch.Tensor | None, positions: torch.Tensor, cache: DynamicCache,
-               mask: torch.Tensor | None) -> torch.Tensor:
-        """Run new tokens through the model with the cache; return the last position's logits ``[B, vocab]``."""
+    def _model(self, ids: torch.Tensor, conditions: torch.Tensor | None, positions: torch.Tensor,
+               cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
+        """Run new tokens (``conditions``: their slots' values) through the model with the cache; return the last
+        position's logits ``[B, vocab]``."""
         out = self.model(
             input_ids=ids,
-            actions=None if actions is None else actions.to(self.model.dtype),
+            conditions=None if conditions is None else conditions.to(self.model.dtype),
             position_ids=positions,
             attention_mask=mask,
             past_key_values=cache,

@@ -4,7 +4,7 @@
 ``sampling.decoding=speculative`` (terra/generation/speculative.py has the rule and why its codes are sequential
 decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
 (their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
-first pass is its prompt (the window's frames at a window start, else the previous frame's last token and action
+first pass is its prompt (the window's frames at a window start, else the previous frame's last token and
 slots) followed by the draft tokens; later passes are the last committed token followed by them. After each pass
 the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
 input), so between frames the cache is exactly what sequential decoding leaves.
@@ -33,8 +33,8 @@ class _Frame:
     frame: SpeculativeFrame
     cache: DynamicCache
     prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its drafts (None once the first pass ran)
-    prefix_actions: torch.Tensor  # [slots, action_dim] of the prefix's action slots
-    next_action: torch.Tensor | None  # [slots, action_dim] after the frame, where a pass may run past its end
+    prefix_conditions: torch.Tensor  # [slots, 3] values of the prefix's slots (terra/generation/rollout.py)
+    next_conditions: torch.Tensor | None  # [A + K, 3] of the frame's own slots, where a pass may run past its end
     start: int  # window position of the frame's first image token
     prompt_tokens: int
     window_start: bool
@@ -64,20 +64,20 @@ class SpeculativeRows:
         frame = SpeculativeFrame(later, sampling.draft_tokens, layout.codebook_size, sampling, state.seed,
                                  state.next_frame, transitions=sampling.guesses == "transitions",
                                  lookahead=lookahead, noise=noise)
-        next_action = (torch.from_numpy(state.actions[state.next_frame]).to(self.device, self.model.dtype)
-                       if lookahead else None)
+        next_conditions = (torch.from_numpy(state.conditions[state.next_frame]).to(self.device, self.model.dtype)
+                           if lookahead else None)
         if state.window_starts:
-            ids, actions, _ = state.prompt()
+            ids, conditions, _ = state.prompt()
             cache, prompt = DynamicCache(), len(ids)
-            prefix_actions = torch.from_numpy(actions).reshape(-1, layout.action_dim)
+            prefix_conditions = torch.from_numpy(conditions).reshape(-1, layout.action_dim)
         else:
             cache = kv_cache(state.cache.kv)
-            ids = [int(state.frames[-1][-1])] + [layout.action_token_id] * layout.action_tokens
-            prefix_actions = torch.from_numpy(state.actions[state.next_frame - 1])
+            ids = [int(state.frames[-1][-1])] + [layout.action_token_id] * layout.slot_tokens
+            prefix_conditions = torch.from_numpy(state.conditions[state.next_frame - 1])
             prompt = len(state.prompt()[0])
         start = cache.get_seq_length() + len(ids)
         self._frames.append(_Frame(state, frame, cache, torch.tensor(ids, device=self.device),
-                                   prefix_actions.to(self.device, self.model.dtype), next_action, start, prompt,
+                                   prefix_conditions.to(self.device, self.model.dtype), next_conditions, start, prompt,
                                    state.window_starts))
 
     def cancel(self, states: Sequence[RolloutState]) -> None:
@@ -99,18 +99,18 @@ class SpeculativeRows:
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the drafts
-            ids, actions = torch.cat([entry.prefix_ids, drafts]), entry.prefix_actions
+            ids, conditions = torch.cat([entry.prefix_ids, drafts]), entry.prefix_conditions
             entry.prefix_ids = None
         else:
-            ids, actions = torch.cat([frame.committed[-1][-1:], drafts]), entry.prefix_actions[:0]
-        slots = len(entry.next_action) if len(ahead) else 0
-        if slots:  # past the frame's end: its action slots, then the next frame's first guesses
+            ids, conditions = torch.cat([frame.committed[-1][-1:], drafts]), entry.prefix_conditions[:0]
+        slots = len(entry.next_conditions) if len(ahead) else 0
+        if slots:  # past the frame's end: its slots, then the next frame's first guesses
             placeholders = torch.full((slots,), entry.state.layout.action_token_id, device=self.device)
-            ids, actions = torch.cat([ids, placeholders, ahead]), torch.cat([actions, entry.next_action])
+            ids, conditions = torch.cat([ids, placeholders, ahead]), torch.cat([conditions, entry.next_conditions])
         begin = entry.cache.get_seq_length()
         out = self.model(
             input_ids=ids[None],
-            actions=actions[None] if len(actions) else None,
+            conditions=conditions[None] if len(conditions) else None,
             position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
             past_key_values=entry.cache,
             use_cache=True,
@@ -127,6 +127,6 @@ class SpeculativeRows:
         state.cache.ahead = frame.handover() if frame.lookahead else None
         kv = kv_tensors(entry.cache)
         state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
-        computed = entry.prompt_tokens if entry.window_start else state.layout.action_tokens + 1
+        computed = entry.prompt_tokens if entry.window_start else state.layout.slot_tokens + 1
         return FrameDone(state, codes, entry.prompt_tokens, entry.prompt_tokens - computed, entry.window_start)
 

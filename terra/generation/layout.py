@@ -1,9 +1,11 @@
 """The token layout of a Terra window and the plan of windows for long rollouts (docs/ARCHITECTURE.md).
 
 A window holds up to ``max_frames`` frames. Frame ``j`` of a window occupies positions
-``[j * S, (j + 1) * S)`` with ``S = image_tokens + action_tokens``: first its image tokens (row-major), then
-its action slots, which carry ``action_projection(a_t[k])`` instead of a token embedding. Position ``p`` gets
-``spatial[p % S] + temporal[p // S]`` added to its input embedding. Every backend builds its prompts here.
+``[j * S, (j + 1) * S)`` with ``S = image_tokens + action_tokens + route_tokens``: first its image tokens
+(row-major), then its action slots, which carry ``action_projection(a_t[k])`` instead of a token embedding, then
+its route slots (none in Terra's layout), which carry ``route_projection(r_t[k])`` or the learned "no route"
+embedding. Position ``p`` gets ``spatial[p % S] + temporal[p // S]`` added to its input embedding. Every backend
+builds its prompts here.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ class TokenLayout:
     action_tokens: int  # A: action slots per frame (Terra: 6)
     max_frames: int  # frames per window (Terra: 25)
     codebook_size: int  # image codes are [0, codebook_size)
-    action_token_id: int  # placeholder id of an action slot, >= codebook_size, < vocab_size
+    action_token_id: int  # placeholder id of every slot (action or route), >= codebook_size, < vocab_size
     action_dim: int = 3
+    route_tokens: int = 0  # K: route slots per frame, after its action slots (Terra: 0)
 
     @classmethod
     def from_config(cls, config) -> "TokenLayout":
@@ -36,17 +39,23 @@ class TokenLayout:
             codebook_size=config.codebook_size,
             action_token_id=config.action_token_id,
             action_dim=config.action_dim,
+            route_tokens=config.num_route_tokens,
         )
 
     @property
+    def slot_tokens(self) -> int:
+        """Placeholder slots of a frame: its action slots, then its route slots."""
+        return self.action_tokens + self.route_tokens
+
+    @property
     def frame_span(self) -> int:
-        """S: positions one frame occupies (image tokens + action slots)."""
-        return self.image_tokens + self.action_tokens
+        """S: positions one frame occupies (image tokens + its slots)."""
+        return self.image_tokens + self.slot_tokens
 
     @property
     def window_positions(self) -> int:
-        """Positions of a full window; the last frame's action slots are never filled."""
-        return self.max_frames * self.frame_span - self.action_tokens
+        """Positions of a full window; the last frame's slots are never filled."""
+        return self.max_frames * self.frame_span - self.slot_tokens
 
     def spatial_index(self, positions: np.ndarray) -> np.ndarray:
         """Row of the spatial embedding table for each window position."""
@@ -56,16 +65,20 @@ class TokenLayout:
         """Row of the temporal embedding table (the frame slot in the window) for each position."""
         return np.asarray(positions) // self.frame_span
 
-    def is_action_slot(self, positions: np.ndarray) -> np.ndarray:
-        """True where a window position is an action slot."""
+    def is_slot(self, positions: np.ndarray) -> np.ndarray:
+        """True where a window position is a slot (action or route), not an image token."""
         return self.spatial_index(positions) >= self.image_tokens
+
+    def is_route_slot(self, positions: np.ndarray) -> np.ndarray:
+        """True where a window position is a route slot."""
+        return self.spatial_index(positions) >= self.image_tokens + self.action_tokens
 
     def frame_start(self, slot: int) -> int:
         """Position of the first image token of frame slot ``slot`` in a window."""
         return slot * self.frame_span
 
     def prompt_ids(self, frame_codes: np.ndarray) -> list[int]:
-        """Token ids for complete frames: each frame's image codes followed by its action placeholders.
+        """Token ids for complete frames: each frame's image codes followed by its slots' placeholders.
 
         ``frame_codes`` is ``[n, image_tokens]`` (or ``[n, h, w]``); the result has ``n * frame_span`` ids.
         """

@@ -27,17 +27,20 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.generation.layout import TokenLayout, Window, plan_windows
+from terra.generation.routes import ROUTE_POINT_VALUES, no_route
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
 
 
 @dataclass
 class RolloutRequest:
-    """One rollout: generate ``num_frames`` frames after ``context`` under ``actions``.
+    """One rollout: generate ``num_frames`` frames after ``context`` under ``actions`` (and ``routes``).
 
     ``context`` is ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes. ``actions[t]`` (``[6, 3]``) conditions
     frame ``t + 1``, counting context frames first, so ``actions`` needs ``n_ctx + num_frames - 1`` rows
-    (more are ignored). ``seed`` makes sampling reproducible per rollout, independent of batching.
+    (more are ignored). ``routes[t]`` (``[K, 3]``, terra/generation/routes.py) is the road ahead at frame ``t + 1``'s
+    pose and conditions that frame too, for a model with route slots; None: no route (such a model embeds
+    "no route"). ``seed`` makes sampling reproducible per rollout, independent of batching.
     """
 
     context: np.ndarray
@@ -45,6 +48,7 @@ class RolloutRequest:
     num_frames: int
     seed: int | None = None
     overlap: int = DEFAULT_OVERLAP
+    routes: np.ndarray | None = None
 
 
 def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
@@ -57,6 +61,24 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
         raise TerraInputError(f"actions cover {len(arr)} frames but the rollout needs actions for {needed}; "
                               "give a longer trajectory or generate fewer frames")
     return arr
+
+
+def _sized_routes(routes: np.ndarray | None, rows: int, needed: int, num_points: int) -> np.ndarray:
+    """``routes`` as ``[rows, K, 3]`` float32 (rows past ``needed`` that ``routes`` lacks hold no route; None: no route
+    anywhere): a cheap shape check; their values were checked where they entered (terra/generation/routes.py)."""
+    if routes is None:
+        return no_route(rows, num_points)
+    arr = np.asarray(routes, dtype=np.float32)
+    if num_points == 0:
+        raise TerraInputError("this world model has no route slots (num_route_tokens 0), so it cannot take a route; "
+                              "leave the route out or use a route-conditioned model")
+    if arr.ndim != 3 or arr.shape[1:] != (num_points, ROUTE_POINT_VALUES):
+        raise TerraInputError(f"routes must have shape [frames, {num_points}, {ROUTE_POINT_VALUES}], "
+                              f"got {list(arr.shape)}")
+    if len(arr) < needed:
+        raise TerraInputError(f"routes cover {len(arr)} frames but the rollout needs routes for {needed}; "
+                              "give a route for every frame of the trajectory")
+    return np.concatenate([arr[:rows], no_route(max(0, rows - len(arr)), num_points)])
 
 
 class RolloutState:
@@ -77,8 +99,14 @@ class RolloutState:
             )
         layout.validate_codes(context, "context codes")
         self.windows: list[Window] = plan_windows(len(context), request.num_frames, layout.max_frames, request.overlap)
-        self.actions = _sized_actions(request.actions, len(context) + request.num_frames - 1)
+        needed = len(context) + request.num_frames - 1
+        actions = _sized_actions(request.actions, needed)
+        routes = _sized_routes(request.routes, len(actions), needed, layout.route_tokens)
+        # each frame's slot values, [frames, A + K, 3]: its action points, then its route points; actions and
+        # routes are views of it, so the backends read one array (``conditions``) whatever the model's slots
+        self.conditions = np.concatenate([actions, routes], axis=1)
         self.layout = layout
+        self.actions, self.routes = self._views()
         self.request = request
         self.frames: list[np.ndarray] = list(context)
         self.num_context = len(context)
@@ -86,6 +114,10 @@ class RolloutState:
         self.seed = request.seed if seed is None else seed
         self.cache: Any = None
         self.passes: list[int] = []  # forward passes that produced each generated frame
+
+    def _views(self) -> tuple[np.ndarray, np.ndarray]:
+        """``actions`` ``[T, A, 3]`` and ``routes`` ``[T, K, 3]``: views of :attr:`conditions`."""
+        return self.conditions[:, : self.layout.action_tokens], self.conditions[:, self.layout.action_tokens :]
 
     @property
     def window(self) -> Window:
@@ -111,15 +143,15 @@ class RolloutState:
         return self.next_frame == self.window.start + self.window.num_context
 
     def prompt(self) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """Prompt for the next frame: ids, actions ``[n, A, 3]`` of the window's frames so far, positions.
+        """Prompt for the next frame: ids, slot values ``[n, A + K, 3]`` of the window's frames so far, positions.
 
-        The ids cover every frame of the current window up to the next one, each followed by its action
-        slots; positions restart at 0 in each window.
+        The ids cover every frame of the current window up to the next one, each followed by its slots;
+        positions restart at 0 in each window.
         """
         start = self.window.start
         frames = np.stack(self.frames[start:])
         ids = self.layout.prompt_ids(frames)
-        return ids, self.actions[start : start + len(frames)], np.arange(len(ids))
+        return ids, self.conditions[start : start + len(frames)], np.arange(len(ids))
 
     def add_frame(self, codes: np.ndarray, passes: int | None = None) -> None:
         """Record a generated frame ``[P]`` that took ``passes`` forward passes (None: one per token, as sequential
@@ -141,6 +173,15 @@ class RolloutState:
         if self.next_frame < len(self.actions):
             self.actions[self.next_frame] = action
 
+    def set_next_route(self, route: np.ndarray | None) -> None:
+        """Replace the route that conditions the next frame (closed loop: the road ahead at the pose the next frame
+        is drawn from; None: no route); like :meth:`set_next_action`, the frame after it is taken to have the same
+        route until the caller sets it (guesses only)."""
+        value = np.nan if route is None else route
+        self.routes[self.next_frame - 1] = value
+        if self.next_frame < len(self.routes):
+            self.routes[self.next_frame] = value
+
     def generated(self) -> np.ndarray:
         """The generated frames ``[num_frames, P]`` (context excluded, overlap frames once)."""
         return np.stack(self.frames[self.num_context :])
@@ -148,7 +189,8 @@ class RolloutState:
     def copy(self) -> "RolloutState":
         """An independent state at the same point (frames shared, they are never changed); ``cache`` not copied."""
         twin = copy.copy(self)
-        twin.frames, twin.actions, twin.cache = list(self.frames), self.actions.copy(), None
+        twin.frames, twin.conditions, twin.cache = list(self.frames), self.conditions.copy(), None
+        twin.actions, twin.routes = twin._views()
         twin.passes = list(self.passes)
         return twin
 

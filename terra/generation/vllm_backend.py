@@ -214,18 +214,19 @@ class VLLMBackend(WorldModelBackend):
                                 guesses="previous")
 
     def prompt_limits(self) -> dict[str, Any]:
-        """Engine arguments the prompts of :meth:`frame_prompt` need: room for one actions item per frame."""
+        """Engine arguments the prompts of :meth:`frame_prompt` need: room for one slots item per frame."""
         return {"limit_mm_per_prompt": {"actions": self.layout.max_frames}}
 
     def frame_prompt(self, state: RolloutState) -> dict[str, Any]:
-        """The engine prompt of a rollout's next frame: the window's token ids and its frames' actions.
+        """The engine prompt of a rollout's next frame: the window's token ids and its frames' slot values (the
+        ``"actions"`` items, terra/vllm/llama_action.py: each frame's action points, then its route points).
 
         :meth:`submit` sends whatever this returns. It is the one place that says what a frame
         request carries, so a baseline of Terra's shape fed the same ids without the action items
         (scripts/bench/plain_llama.py) overrides it, together with :meth:`prompt_limits`.
         """
-        ids, actions, _ = state.prompt()
-        items = np.ascontiguousarray(actions, dtype=np.float32)
+        ids, conditions, _ = state.prompt()
+        items = np.ascontiguousarray(conditions, dtype=np.float32)
         return {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
 
     def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False):

@@ -129,9 +129,9 @@ class StreamingVLLMBackend(VLLMBackend):
             return
         self._open.move_to_end(stream.request_id)
         layout, frame = self.layout, state.next_frame
-        ids = [stream.last_code] + [layout.action_token_id] * layout.action_tokens
-        actions = np.ascontiguousarray(state.actions[frame - 1 : frame], dtype=np.float32)
-        chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": actions}}, params)
+        ids = [stream.last_code] + [layout.action_token_id] * layout.slot_tokens
+        conditions = np.ascontiguousarray(state.conditions[frame - 1 : frame], dtype=np.float32)
+        chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": conditions}}, params)
         self._loop.call_soon_threadsafe(self._feed, stream, chunk)
         self._pending[stream.request_id] = (state, window_tokens, False)
 
@@ -164,7 +164,7 @@ class StreamingVLLMBackend(VLLMBackend):
             state.cache.last_code = int(codes[-1])  # the stream is open: a window's last frame closes it later
             state.add_frame(codes)
             if not window_start:  # all but this chunk's tokens were in the stream's KV
-                cached = prompt_tokens - 1 - self.layout.action_tokens
+                cached = prompt_tokens - 1 - self.layout.slot_tokens
             done.append(FrameDone(state, codes, prompt_tokens, cached, window_start))
         if not done and self._error is not None:
             error, self._error = self._error, None

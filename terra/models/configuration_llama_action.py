@@ -13,6 +13,9 @@ all have defaults derived from that file, so they never need to be present in it
 * ``zero_embed_code_0``: give image code 0 a zero input embedding, as Terra's vLLM port does (it embeds only
   ids > 0; its README says that port produced the paper's numbers). Off by default: code 0 is an ordinary
   image code of the checkpoint's embedding table. Both backends honour it.
+* ``num_route_tokens``: route slots per frame after its action slots (K; 0, Terra's layout, by default). With K > 0
+  the model has a ``route_projection`` (``Linear(3, hidden)``) and a learned ``no_route_embedding`` ``[K, hidden]``
+  (terra/generation/routes.py has the route contract), and ``num_spatio_embeddings`` counts the route slots.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
 ACTION_PROJECTION_TYPES = ("linear", "mlp")
+ROUTE_POINT_VALUES = 3  # [y, x, s] (terra/generation/routes.py, which states the contract)
 
 
 @strict
@@ -50,6 +54,7 @@ class LlamaActionConfig(LlamaConfig):
     action_projection_type: str | None = None
     action_mlp_hidden_size: int | None = None
     zero_embed_code_0: bool = False
+    num_route_tokens: int = 0
 
     def __post_init__(self, **kwargs):
         # Terra's own code reads the slot count as `num_action_embeddings`; accept it as an alias in files.
@@ -84,11 +89,18 @@ class LlamaActionConfig(LlamaConfig):
         if bad:  # a table or layer of negative or zero size cannot be built
             raise ValueError(f"sizes must be positive: {', '.join(bad)}")
         super().validate_architecture()
-        if self.num_spatio_embeddings != self.num_image_patches + self.num_action_tokens:
+        if self.num_route_tokens < 0:
+            raise ValueError(f"num_route_tokens must be 0 or more, got {self.num_route_tokens}")
+        slots = self.num_action_tokens + self.num_route_tokens
+        if self.num_spatio_embeddings != self.num_image_patches + slots:
             raise ValueError(
                 f"num_spatio_embeddings ({self.num_spatio_embeddings}) must equal num_image_patches "
-                f"({self.num_image_patches}) + num_action_tokens ({self.num_action_tokens})"
+                f"({self.num_image_patches}) + num_action_tokens ({self.num_action_tokens}) + num_route_tokens "
+                f"({self.num_route_tokens})"
             )
+        if self.num_route_tokens and self.action_dim != ROUTE_POINT_VALUES:
+            raise ValueError(f"a model with route slots needs action_dim {ROUTE_POINT_VALUES} (a slot holds three "
+                             f"values, [y, x, time] or [y, x, s]), got {self.action_dim}")
         if not 0 < self.codebook_size <= self.action_token_id < self.vocab_size:
             raise ValueError(
                 f"need 0 < codebook_size ({self.codebook_size}) <= action_token_id ({self.action_token_id}) "

@@ -2,14 +2,18 @@
 
 Parameter names match Terra's checkpoints: the Llama backbone (``model.*``, ``lm_head``) plus
 ``pos_embedding_spatio_temporal.{spatio,temporal}_embeddings`` and ``action_projection`` (v1: one
-``Linear(action_dim, hidden)``; v2: ``Sequential(Linear, ReLU, Linear, ReLU, Linear)``).
+``Linear(action_dim, hidden)``; v2: ``Sequential(Linear, ReLU, Linear, ReLU, Linear)``). A model with route slots
+(``num_route_tokens`` K > 0; Terra has none) adds ``route_projection`` (``Linear(3, hidden)``) and
+``no_route_embedding`` ``[K, hidden]``.
 
 Two ways to call :meth:`LlamaActionForCausalLM.forward`:
 
-* training style, as Terra's code does: ``input_ids`` holds only image tokens ``[B, T*P]`` and ``actions``
-  ``[B, T*A, 3]``; the model interleaves them into ``[B, T*(P+A)]`` and returns logits for every position.
-* interleaved (incremental decoding): ``input_ids`` already holds ``action_token_id`` at the action slots,
-  ``actions`` ``[B, n, 3]`` fills those slots in order, and ``position_ids`` gives the window positions.
+* training style, as Terra's code does: ``input_ids`` holds only image tokens ``[B, T*P]``, ``actions``
+  ``[B, T*A, 3]`` and, with route slots, ``routes`` ``[B, T*K, 3]`` (None: no route); the model interleaves them
+  into ``[B, T*(P+A+K)]`` and returns logits for every position.
+* interleaved (incremental decoding): ``input_ids`` already holds ``action_token_id`` at every slot,
+  ``conditions`` ``[B, n, 3]`` holds the slots' values in order (each frame's A action points, then its K route
+  points: terra/generation/rollout.py, ``RolloutState.conditions``), and ``position_ids`` gives the window positions.
 
 Every position ``p`` gets ``spatio[p % S] + temporal[p // S]`` added to its input embedding; RoPE uses the
 same ``p``.
@@ -54,6 +58,34 @@ def build_action_projection(config: LlamaActionConfig) -> nn.Module:
     )
 
 
+def embed_slots(model: nn.Module, values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Slot values ``[..., 3]`` → embeddings ``[..., hidden]``; ``slots`` (broadcast to ``values[..., 0]``) says which
+    slot of its frame each value fills, ``0 .. A + K - 1``. Action points go through ``action_projection``, route
+    points through ``route_projection``, and a route point holding NaN (no route, terra/generation/routes.py) becomes
+    the learned ``no_route_embedding`` row of its slot. One rule for the Transformers model and vLLM's
+    (terra/vllm/llama_action.py); no data-dependent shapes, so it runs under CUDA graphs. NaN never reaches a
+    projection, so it cannot reach a gradient either."""
+    clean = torch.nan_to_num(values)
+    embedded = model.action_projection(clean)
+    if model.route_projection is None:
+        return embedded
+    actions = model.config.num_action_tokens
+    slots = torch.broadcast_to(slots, values.shape[:-1])
+    no_route = model.no_route_embedding.to(embedded.dtype)[(slots - actions).clamp(min=0)]
+    missing = torch.isnan(values).any(dim=-1, keepdim=True)
+    routes = torch.where(missing, no_route, model.route_projection(clean).to(embedded.dtype))
+    return torch.where((slots >= actions).unsqueeze(-1), routes, embedded)
+
+
+def build_route_slots(config: LlamaActionConfig) -> tuple[nn.Module | None, nn.Parameter | None]:
+    """``route_projection`` and ``no_route_embedding`` of a model with route slots; (None, None) for Terra's layout."""
+    if not config.num_route_tokens:
+        return None, None
+    projection = nn.Linear(config.action_dim, config.hidden_size)
+    no_route = nn.Parameter(torch.randn(config.num_route_tokens, config.hidden_size) * config.initializer_range)
+    return projection, no_route
+
+
 class LlamaActionForCausalLM(LlamaForCausalLM):
     """``LlamaForCausalLM`` whose inputs interleave image tokens with projected actions."""
 
@@ -65,7 +97,16 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
             config.num_spatio_embeddings, config.num_temporal_embeddings, config.hidden_size
         )
         self.action_projection = build_action_projection(config)
+        self.route_projection, self.no_route_embedding = build_route_slots(config)
         self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Transformers' initialisation, and the "no route" rows (a bare parameter it does not know) drawn like an
+        embedding's: a checkpoint without them (Terra's layout grown route slots, terra/training/model.py) gets them
+        this way."""
+        super()._init_weights(module)
+        if module is self and self.no_route_embedding is not None:
+            nn.init.normal_(self.no_route_embedding, std=self.config.initializer_range)
 
     @classmethod
     def from_pretrained(cls, *args, config: LlamaActionConfig | None = None, **kwargs):
@@ -77,10 +118,13 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
     def _from_config(cls, config: LlamaActionConfig, **kwargs):
         return super(LlamaActionForCausalLM, _class_for(cls, config))._from_config(config, **kwargs)
 
-    def interleave(self, image_ids: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training-style inputs → interleaved ids ``[B, T*(P+A)]`` (placeholders at action slots), actions.
+    def interleave(self, image_ids: torch.Tensor, actions: torch.Tensor,
+                   routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training-style inputs → interleaved ids ``[B, T*(P+A+K)]`` (placeholders at every slot) and the slots'
+        values ``[B, T*(A+K), 3]``.
 
-        ``image_ids`` is ``[B, T*P]``; ``actions`` is ``[B, T*A, 3]`` (or ``[B, T, A, 3]``).
+        ``image_ids`` is ``[B, T*P]``; ``actions`` is ``[B, T*A, 3]`` (or ``[B, T, A, 3]``); ``routes`` is
+        ``[B, T*K, 3]`` (or ``[B, T, K, 3]``; NaN rows or None: no route), for a model with route slots.
         """
         cfg = self.config
         frames = image_ids.shape[1] // cfg.num_image_patches
@@ -91,32 +135,49 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
             raise ValueError(
                 f"{frames} frames need {frames * cfg.num_action_tokens} action slots, got {actions.shape[1]}"
             )
+        values = actions.reshape(actions.shape[0], frames, cfg.num_action_tokens, cfg.action_dim)
+        if cfg.num_route_tokens:
+            if routes is None:
+                routes = torch.full((actions.shape[0], frames * cfg.num_route_tokens, cfg.action_dim), float("nan"),
+                                    dtype=actions.dtype, device=actions.device)
+            routes = routes.reshape(actions.shape[0], frames, cfg.num_route_tokens, cfg.action_dim)
+            values = torch.cat([values, routes.to(values.dtype)], dim=2)
+        elif routes is not None:
+            raise ValueError("this model has no route slots (num_route_tokens 0); pass routes=None")
         slots = torch.full(
-            (image_ids.shape[0], frames, cfg.num_action_tokens), cfg.action_token_id,
+            (image_ids.shape[0], frames, values.shape[2]), cfg.action_token_id,
             dtype=image_ids.dtype, device=image_ids.device,
         )
         images = rearrange(image_ids, "b (t p) -> b t p", t=frames)
-        return rearrange(torch.cat([images, slots], dim=2), "b t s -> b (t s)"), actions
+        return (rearrange(torch.cat([images, slots], dim=2), "b t s -> b (t s)"),
+                rearrange(values, "b t s d -> b (t s) d"))
 
-    def embed(self, input_ids: torch.Tensor, actions: torch.Tensor | None, position_ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings: token embedding, or projected action at placeholder ids; plus the position table."""
-        is_action = input_ids == self.config.action_token_id
+    def embed(self, input_ids: torch.Tensor, conditions: torch.Tensor | None,
+              position_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings: token embedding, or the slot's embedded value at placeholder ids (:func:`embed_slots`:
+        ``conditions`` holds the slots' values in order, a slot's kind read from its position); plus the position
+        table."""
+        is_slot = input_ids == self.config.action_token_id
         embeds = self.model.embed_tokens(input_ids)  # placeholders embed as their (unused) vocab row
         if self.config.zero_embed_code_0:
             embeds = embeds.masked_fill((input_ids == 0).unsqueeze(-1), 0.0)
-        num_slots = int(is_action.sum())
+        num_slots = int(is_slot.sum())
         if num_slots:
-            if actions is None or actions.shape[0] * actions.shape[1] != num_slots:
-                got = 0 if actions is None else actions.shape[0] * actions.shape[1]
-                raise ValueError(f"input_ids hold {num_slots} action slots but {got} actions were given")
-            projected = self.action_projection(actions.to(embeds.dtype)).to(embeds.dtype).reshape(-1, embeds.shape[-1])
-            embeds = embeds.masked_scatter(is_action.unsqueeze(-1), projected)
+            got = 0 if conditions is None else conditions.shape[0] * conditions.shape[1]
+            if got != num_slots:
+                raise ValueError(f"input_ids hold {num_slots} slots but {got} slot values were given")
+            values = conditions.reshape(-1, conditions.shape[-1]).to(embeds.dtype)
+            slots = position_ids.expand_as(input_ids)[is_slot] % self.config.num_spatio_embeddings
+            projected = embed_slots(self, values, slots - self.config.num_image_patches).to(embeds.dtype)
+            embeds = embeds.masked_scatter(is_slot.unsqueeze(-1), projected)
         return embeds + self.pos_embedding_spatio_temporal(position_ids).to(embeds.dtype)
 
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         actions: torch.Tensor | None = None,
+        routes: torch.Tensor | None = None,
+        conditions: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         past_key_values=None,
@@ -130,14 +191,16 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass input_ids (image tokens, or interleaved ids) or inputs_embeds")
-            training_style = actions is not None and not bool((input_ids == self.config.action_token_id).any())
-            if training_style:
-                input_ids, actions = self.interleave(input_ids, actions)
+            if actions is not None:  # training style: image tokens only, the model adds the slots
+                if conditions is not None or bool((input_ids == self.config.action_token_id).any()):
+                    raise ValueError("pass image tokens with actions (and routes), or interleaved ids with "
+                                     "conditions, not both")
+                input_ids, conditions = self.interleave(input_ids, actions, routes)
             if position_ids is None:
                 past = 0 if past_key_values is None else past_key_values.get_seq_length()
                 position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
                 position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
-            inputs_embeds = self.embed(input_ids, actions, position_ids)
+            inputs_embeds = self.embed(input_ids, conditions, position_ids)
         return super().forward(
             input_ids=None,
             attention_mask=attention_mask,
@@ -162,4 +225,5 @@ def _class_for(cls: type, config: LlamaActionConfig | None) -> type:
     return cls
 
 
-__all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "SpatioTemporalEmbedding"]
+__all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "SpatioTemporalEmbedding", "build_route_slots",
+           "embed_slots"]

@@ -1,6 +1,6 @@
 """The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits.
 
-A window of ``W`` frames is ``W * (P + 6)`` positions (docs/ARCHITECTURE.md, "Token layout"); the logit at
+A window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout) (docs/ARCHITECTURE.md, "Token layout"); the logit at
 position ``i`` predicts token ``i + 1``, which counts only when it is an image token of a frame after the first
 (the first frame is context, unless ``loss_on_first_frame``). With Terra's 262,145-entry vocabulary one window's
 logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the output layer and the loss over ``chunk``
@@ -19,15 +19,15 @@ from typing import Callable
 import torch
 from torch import nn
 
-from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.models import LlamaActionForCausalLM
 
 ALIGNED_ROWS = 64  # the output layer's rows are padded to a multiple of this (16-byte alignment needs 8)
 
 
-def target_positions(patches: int, frames: int, loss_on_first_frame: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]``."""
-    span = patches + NUM_ACTION_TOKENS
+def target_positions(patches: int, frames: int, loss_on_first_frame: bool,
+                     span: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]`` (a frame
+    spans ``span`` positions: its patches, then its slots)."""
     nxt = torch.arange(1, frames * span)
     frame, slot = nxt // span, nxt % span
     keep = (slot < patches) & ((frame > 0) | loss_on_first_frame)
@@ -47,7 +47,8 @@ class WindowLoss(nn.Module):
         self.lm = model
         self.input_noise = input_noise
         cfg = model.config
-        keep, target_idx = target_positions(cfg.num_image_patches, frames, loss_on_first_frame)
+        keep, target_idx = target_positions(cfg.num_image_patches, frames, loss_on_first_frame,
+                                            cfg.num_spatio_embeddings)
         self.register_buffer("keep", keep, persistent=False)
         self.register_buffer("target_idx", target_idx, persistent=False)
         self.register_buffer("positions", torch.arange(frames * cfg.num_spatio_embeddings), persistent=False)
@@ -58,14 +59,16 @@ class WindowLoss(nn.Module):
     def targets_per_window(self) -> int:
         return len(self.keep)
 
-    def forward(self, image_ids: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean loss and accuracy (greedy over the codebook) of windows ``[B, W*P]`` under actions ``[B, W*6, 3]``."""
+    def forward(self, image_ids: torch.Tensor, actions: torch.Tensor,
+                routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean loss and accuracy (greedy over the codebook) of windows ``[B, W*P]`` under actions ``[B, W*6, 3]``
+        and, for a model with route slots, routes ``[B, W*K, 3]`` (NaN rows or None: no route)."""
         enabled = self.autocast_dtype is not None
         inputs = noisy_inputs(image_ids, self.input_noise, self.codebook_size) if self.training else image_ids
         with torch.autocast(image_ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
-            ids, actions = self.lm.interleave(inputs, actions)
+            ids, conditions = self.lm.interleave(inputs, actions, routes)
             positions = self.positions.unsqueeze(0).expand(ids.shape[0], -1)
-            embeds = self.lm.embed(ids, actions, positions)
+            embeds = self.lm.embed(ids, conditions, positions)
             hidden = self.lm.model(inputs_embeds=embeds, position_ids=positions).last_hidden_state[:, self.keep]
         targets = image_ids[:, self.target_idx]
         head = HeadLoss(self.autocast_dtype or self.lm.lm_head.weight.dtype, self.chunk, self.codebook_size,

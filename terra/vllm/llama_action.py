@@ -2,9 +2,11 @@
 (docs/ARCHITECTURE.md, "Token layout").
 
 The same checkpoint as :class:`terra.LlamaActionForCausalLM` loads here. A prompt is the token ids of a
-window (image codes, ``action_token_id`` at every action slot) plus one ``"actions"`` multimodal item per
-frame (``[num_action_tokens, action_dim]`` floats). vLLM merges ``action_projection(item)`` into the
-placeholder slots (:meth:`TerraForCausalLM.embed_input_ids`); the decoder then adds
+window (image codes, ``action_token_id`` at every slot) plus one ``"actions"`` multimodal item per frame: the
+values of its slots, ``[num_action_tokens + num_route_tokens, action_dim]`` floats (its action points, then its
+route points, if the model has route slots; Terra's have none). vLLM merges the item's embedding
+(``embed_slots``: ``action_projection`` of the action points, ``route_projection`` or the "no route" embedding of
+the route points) into the placeholder slots (:meth:`TerraForCausalLM.embed_input_ids`); the decoder then adds
 ``spatial[p % S] + temporal[p // S]`` to every position from ``positions`` inside the compiled forward
 (no data-dependent shapes, so CUDA graphs and torch.compile apply). Logits at ids ``>= codebook_size`` are
 ``-inf``, so only image codes are ever sampled.
@@ -42,7 +44,12 @@ from vllm.multimodal.processing import (
 )
 from vllm.sequence import IntermediateTensors
 
-from terra.models.modeling_llama_action import SpatioTemporalEmbedding, build_action_projection
+from terra.models.modeling_llama_action import (
+    SpatioTemporalEmbedding,
+    build_action_projection,
+    build_route_slots,
+    embed_slots,
+)
 from terra.vllm import compat
 
 MODALITY = "actions"
@@ -52,7 +59,7 @@ MODALITY = "actions"
 
 
 class ActionItems(ModalityDataItems[torch.Tensor, torch.Tensor]):
-    """The action items of one prompt, ``[n_frames, num_action_tokens, action_dim]``, passed to the model as is."""
+    """The slot items of one prompt, ``[n_frames, slots, action_dim]``, passed to the model as is."""
 
     def __init__(self, data: torch.Tensor) -> None:
         super().__init__(data, MODALITY)
@@ -71,11 +78,11 @@ class ActionItems(ModalityDataItems[torch.Tensor, torch.Tensor]):
 
 
 class ActionDataParser(MultiModalDataParser):
-    """Adds the ``"actions"`` modality: an array ``[n, A, D]`` (or one ``[A, D]`` item, or a list of them)."""
+    """Adds the ``"actions"`` modality: an array ``[n, A + K, D]`` (or one ``[A + K, D]`` item, or a list of them)."""
 
-    def __init__(self, action_tokens: int, action_dim: int, **kwargs: Any) -> None:
+    def __init__(self, slot_tokens: int, action_dim: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.item_shape = (action_tokens, action_dim)
+        self.item_shape = (slot_tokens, action_dim)
 
     def _get_subparsers(self) -> Mapping[str, Any]:
         return {**super()._get_subparsers(), MODALITY: self._parse_actions}
@@ -102,19 +109,23 @@ class ActionDataParser(MultiModalDataParser):
 class ActionProcessingInfo(BaseProcessingInfo):
     """Layout facts the processor needs, read from the world model's config."""
 
-    def get_data_parser(self) -> MultiModalDataParser:
+    def slot_tokens(self) -> int:
+        """Slots of a frame: its action slots, then its route slots."""
         config = self.get_hf_config()
-        return ActionDataParser(config.num_action_tokens, config.action_dim)
+        return config.num_action_tokens + config.num_route_tokens
+
+    def get_data_parser(self) -> MultiModalDataParser:
+        return ActionDataParser(self.slot_tokens(), self.get_hf_config().action_dim)
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return {MODALITY: None}
 
     def get_mm_max_tokens_per_item(self, seq_len: int, mm_counts: Mapping[str, int]) -> Mapping[str, int]:
-        return {MODALITY: self.get_hf_config().num_action_tokens}
+        return {MODALITY: self.slot_tokens()}
 
 
 class ActionDummyInputsBuilder(BaseDummyInputsBuilder[ActionProcessingInfo]):
-    """Profiling inputs sized from the config: zero actions, one item per requested frame."""
+    """Profiling inputs sized from the config: zero slot values, one item per requested frame."""
 
     def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:
         return ""
@@ -122,11 +133,12 @@ class ActionDummyInputsBuilder(BaseDummyInputsBuilder[ActionProcessingInfo]):
     def get_dummy_mm_data(self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any = None) -> dict:
         config = self.info.get_hf_config()
         count = mm_counts.get(MODALITY, 0)
-        return {MODALITY: np.zeros((count, config.num_action_tokens, config.action_dim), dtype=np.float32)}
+        return {MODALITY: np.zeros((count, self.info.slot_tokens(), config.action_dim), dtype=np.float32)}
 
 
 def find_action_slots(token_ids: Sequence[int], action_token_id: int, action_tokens: int) -> list[int]:
-    """Offsets of each frame's ``action_tokens`` consecutive placeholder ids in a prompt, in order."""
+    """Offsets of each frame's ``action_tokens`` consecutive placeholder ids (its slots: actions, then routes) in a
+    prompt, in order."""
     ids = np.asarray(token_ids, dtype=np.int64)
     is_slot = np.concatenate([[False], ids == action_token_id, [False]])
     edges = np.flatnonzero(np.diff(is_slot.astype(np.int8)))
@@ -142,7 +154,7 @@ def find_action_slots(token_ids: Sequence[int], action_token_id: int, action_tok
 
 
 class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
-    """Pairs the i-th action item with the i-th group of placeholder slots; needs no text tokenizer.
+    """Pairs the i-th slots item with the i-th group of placeholder slots; needs no text tokenizer.
 
     The prompt already holds the placeholders (ids are built by :class:`terra.generation.layout.TokenLayout`), so
     :meth:`apply` only locates them; it is overridden as a whole because no Hugging Face processor exists.
@@ -156,14 +168,13 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs) -> Sequence[PromptReplacement]:
         """Each item stands for one frame's slots (the base class requires this; :meth:`apply` finds them)."""
-        config = self.info.get_hf_config()
-        slots = [config.action_token_id] * config.num_action_tokens
+        slots = [self.info.get_hf_config().action_token_id] * self.info.slot_tokens()
         return [PromptReplacement(modality=MODALITY, target=slots, replacement=slots)]
 
     def apply(self, inputs: Any, timing_ctx: Any, *args: Any, **kwargs: Any):
         """Token ids as given, one action item per placeholder group, content hashes for prefix caching."""
         config = self.info.get_hf_config()
-        slot_id, slots = config.action_token_id, config.num_action_tokens
+        slot_id, slots = config.action_token_id, self.info.slot_tokens()
         items = inputs.mm_data_items.get(MODALITY)
         actions = items.data if items is not None else torch.zeros((0, slots, config.action_dim))
         ids = compat.prompt_token_ids(inputs.prompt)
@@ -172,7 +183,7 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
         offsets = find_action_slots(ids, slot_id, slots)
         if len(offsets) != len(actions):
             raise ValueError(
-                f"the prompt has {len(offsets)} frames of action slots but {len(actions)} 'actions' items were given"
+                f"the prompt has {len(offsets)} frames of slots but {len(actions)} 'actions' items were given"
             )
         data = BatchFeature({MODALITY: actions})
         mm_kwargs = MultiModalKwargsItems.from_hf_inputs(data, self._get_mm_fields_config(data, {}))
@@ -229,7 +240,8 @@ class TerraLlamaModel(LlamaModel):
     ActionMultiModalProcessor, info=ActionProcessingInfo, dummy_inputs=ActionDummyInputsBuilder
 )
 class TerraForCausalLM(nn.Module, SupportsMultiModal):
-    """``LlamaActionForCausalLM`` (v1, linear action projection) and v2 (MLP) for vLLM."""
+    """``LlamaActionForCausalLM`` (v1, linear action projection) and v2 (MLP), with or without route slots, for
+    vLLM."""
 
     # Checkpoint names are the Transformers model's; only the position table moves into the compiled decoder.
     hf_to_vllm_mapper = WeightsMapper(
@@ -244,6 +256,7 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         self.codebook_size = config.codebook_size
         self.model = TerraLlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.action_projection = build_action_projection(config)
+        self.route_projection, self.no_route_embedding = build_route_slots(config)
         self.lm_head = ParallelLMHead(
             config.vocab_size,
             config.hidden_size,
@@ -270,14 +283,15 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         return JacobiModelState
 
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
-        """One ``[num_action_tokens, hidden]`` embedding per action item, in prompt order."""
-        actions = kwargs.get(MODALITY)
-        if actions is None:
+        """One ``[slots, hidden]`` embedding per item (:func:`embed_slots`), in prompt order."""
+        items = kwargs.get(MODALITY)
+        if items is None:
             return []
-        if isinstance(actions, (list, tuple)):
-            actions = torch.stack(list(actions))
+        if isinstance(items, (list, tuple)):
+            items = torch.stack(list(items))
         weight = next(self.action_projection.parameters())
-        return list(self.action_projection(actions.to(device=weight.device, dtype=weight.dtype)))
+        slots = torch.arange(items.shape[1], device=weight.device)
+        return list(embed_slots(self, items.to(device=weight.device, dtype=weight.dtype), slots))
 
     def embed_input_ids(
         self,

@@ -47,7 +47,7 @@ def test_layout_positions_match_spec():
     assert layout.window_positions == WINDOW * S - A
     assert layout.spatial_index([0, 63, 64, 69, 70, 139, 140]).tolist() == [0, 63, 64, 69, 0, 69, 0]
     assert layout.temporal_index([0, 69, 70, 139, 140, 5 * S]).tolist() == [0, 0, 1, 1, 2, 5]
-    slots = pos[layout.is_action_slot(pos)]
+    slots = pos[layout.is_slot(pos)]
     expected = [t * S + P + k for t in range(WINDOW - 1) for k in range(A)]
     assert slots.tolist() == expected
 
@@ -110,7 +110,7 @@ def test_training_style_call_returns_interleaved_logits():
     ids, acts = model.interleave(codes, actions)
     assert ids.shape == (2, 3 * S) and (ids[:, P : P + A] == PLACEHOLDER).all()
     pos = torch.arange(3 * S).expand(2, -1)
-    torch.testing.assert_close(model(input_ids=ids, actions=acts, position_ids=pos).logits, out.logits)
+    torch.testing.assert_close(model(input_ids=ids, conditions=acts, position_ids=pos).logits, out.logits)
 
 
 @torch.no_grad()
@@ -131,7 +131,7 @@ def test_incremental_decoding_matches_full_forward():
         n_slots = int((ids[lo:hi] == PLACEHOLDER).sum())
         out = model(
             input_ids=ids[None, lo:hi],
-            actions=acts.reshape(-1, 3)[None, used : used + n_slots] if n_slots else None,
+            conditions=acts.reshape(-1, 3)[None, used : used + n_slots] if n_slots else None,
             position_ids=torch.arange(lo, hi)[None],
             past_key_values=cache,
             use_cache=True,
@@ -186,10 +186,10 @@ def test_zero_embed_code_0_changes_only_code_0s_embedding():
     torch.testing.assert_close(zeroed[~is_zero], plain[~is_zero], rtol=0, atol=0)  # codes 1.., action slots
     torch.testing.assert_close(zeroed[is_zero], model.pos_embedding_spatio_temporal(positions[0])[is_zero])
     assert (zeroed[is_zero] - plain[is_zero]).abs().amax(-1).min() > 0  # code 0's token embedding is not zero
-    logits = model(input_ids=ids, actions=actions, position_ids=positions).logits[0]
+    logits = model(input_ids=ids, conditions=actions, position_ids=positions).logits[0]
     model.config.zero_embed_code_0 = False
     first_zero = int(is_zero.nonzero()[0])
-    reference = model(input_ids=ids, actions=actions, position_ids=positions).logits[0]
+    reference = model(input_ids=ids, conditions=actions, position_ids=positions).logits[0]
     torch.testing.assert_close(logits[:first_zero], reference[:first_zero], rtol=0, atol=0)
     assert (logits[first_zero:] - reference[first_zero:]).abs().max() > 1e-3
 
@@ -275,7 +275,7 @@ def reference_greedy(model, context: np.ndarray, actions: np.ndarray, num_frames
         new = []
         for _ in range(P):
             seq = torch.tensor(ids + new)[None]
-            logits = model(input_ids=seq, actions=acts, position_ids=torch.arange(seq.shape[1])[None]).logits[0, -1]
+            logits = model(input_ids=seq, conditions=acts, position_ids=torch.arange(seq.shape[1])[None]).logits[0, -1]
             new.append(int(logits[:512].argmax()))
         frames.append(np.array(new))
     return np.stack(frames[len(context) :])

@@ -48,11 +48,11 @@ def train_config(tokens: Path, out: Path, *overrides: str):
 
 
 def test_loss_targets_skip_action_slots_and_the_first_frame():
-    keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=False)
+    keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=False, span=10)
     # Window of 3 frames x (4 image + 6 action) positions; targets are the image tokens of frames 1 and 2.
     np.testing.assert_array_equal(keep + 1, [10, 11, 12, 13, 20, 21, 22, 23])
     np.testing.assert_array_equal(target, [4, 5, 6, 7, 8, 9, 10, 11])
-    keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=True)
+    keep, target = target_positions(patches=4, frames=3, loss_on_first_frame=True, span=10)
     np.testing.assert_array_equal(target[:3], [1, 2, 3])
 
 
