@@ -60,8 +60,8 @@ def validate_routes(routes: Any, num_points: int, source: str = "routes", min_fr
                               f"{_distances_text(num_points)} m; give [y, x] pairs to leave them out")
     reach = np.abs(arr[..., :2]).max() if arr.size else 0.0
     if reach > MAX_ROUTE_M:
-        raise TerraInputError(f"{source}: a route point lies {reach:.0f} m from the car, more than {MAX_ROUTE_M:.0f} m; "
-                              "routes are in each frame's ego frame (x forward, y left, metres)")
+        raise TerraInputError(f"{source}: a route point lies {reach:.0f} m from the car, more than "
+                              f"{MAX_ROUTE_M:.0f} m; routes are in each frame's ego frame (x forward, y left, metres)")
     return route_points(arr[..., :2])
 
 

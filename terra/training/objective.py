@@ -1,14 +1,13 @@
-"""The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits.
-
-A window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout) (docs/ARCHITECTURE.md, "Token layout"); the logit at
-position ``i`` predicts token ``i + 1``, which counts only when it is an image token of a frame after the first
-(the first frame is context, unless ``loss_on_first_frame``). With Terra's 262,145-entry vocabulary one window's
-logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the output layer and the loss over ``chunk``
-positions at a time and computes each chunk's gradients in the same pass (nothing is kept or recomputed for the
-backward). The softmax of a chunk is one function (:func:`softmax_step`) that ``torch.compile`` fuses into two
-passes over the logits when ``train.compile`` is on. The output layer is used padded with zero rows to a multiple
-of ``ALIGNED_ROWS``: with 262,145 rows cuBLAS falls back to unaligned kernels about 7x slower on an H100
-(benchmarks/training.md, "Fine-tuning at Terra's shape").
+"""The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits. A
+window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout)
+(docs/ARCHITECTURE.md, "Token layout"); the logit at position ``i`` predicts token ``i + 1``, which counts only when
+it is an image token of a frame after the first (the first frame is context, unless ``loss_on_first_frame``). With
+Terra's 262,145-entry vocabulary one window's logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the
+output layer and the loss over ``chunk`` positions at a time and computes each chunk's gradients in the same pass
+(nothing is kept or recomputed for the backward). The softmax of a chunk is one function (:func:`softmax_step`) that
+``torch.compile`` fuses into two passes over the logits when ``train.compile`` is on. The output layer is used
+padded with zero rows to a multiple of ``ALIGNED_ROWS``: with 262,145 rows cuBLAS falls back to unaligned kernels
+about 7x slower on an H100 (benchmarks/training.md, "Fine-tuning at Terra's shape").
 """
 
 from __future__ import annotations

@@ -96,8 +96,8 @@ def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: Sampli
         # embeds as plain tokens and the Transformers model refuses without their actions; their rows are
         # discarded either way (max_tokens), so any code stands in for them here.
         inputs_ids = fed if step_actions is not None else fed.masked_fill(fed >= layout.codebook_size, 0)
-        logits = model(input_ids=inputs_ids[None], conditions=step_actions, position_ids=positions, past_key_values=cache,
-                       use_cache=True, logits_to_keep=rows).logits[0]
+        logits = model(input_ids=inputs_ids[None], conditions=step_actions, position_ids=positions,
+                       past_key_values=cache, use_cache=True, logits_to_keep=rows).logits[0]
         inputs = batch(fed, first, rows, len(ids))
         for _ in range(passes_per_step - 1 if sample is not None and first else 0):  # a full-graph decode step
             sample.iterate_block(logits, inputs)
