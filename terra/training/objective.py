@@ -1,5 +1,6 @@
-"""The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits. A
-window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout)
+"""The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits.
+
+A window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout)
 (docs/ARCHITECTURE.md, "Token layout"); the logit at position ``i`` predicts token ``i + 1``, which counts only when
 it is an image token of a frame after the first (the first frame is context, unless ``loss_on_first_frame``). With
 Terra's 262,145-entry vocabulary one window's logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the
