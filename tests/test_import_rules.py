@@ -105,7 +105,7 @@ for _floor, _package in enumerate(CLOSED_LOOP_FLOORS):
 # modules a rule's folder may import although a forbidden name covers them
 ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
            "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
-           "terra/sim": ("terra.generation.actions",)}
+           "terra/sim": ("terra.generation.actions", "terra.generation.routes")}  # the contracts, numpy only
 
 
 # Every wing of the package (docs/ARCHITECTURE.md, "Who owns what"): a module's wing is its second name, except the
@@ -145,7 +145,7 @@ PUBLIC = {
     "models": {"terra.models", "terra.models.checkpoint", "terra.models.presets", "terra.models.modeling_llama_action",
                "terra.models.configuration_llama_action"},
     "vllm": {"terra.vllm", "terra.vllm.compat", "terra.vllm.plugin"},
-    "generation": {"terra.generation", "terra.generation.actions", "terra.generation.rollout",
+    "generation": {"terra.generation", "terra.generation.actions", "terra.generation.routes", "terra.generation.rollout",
                    "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
                    "terra.generation.speculative", "terra.generation.session_engine"},  # backends: the wing's own
     "session": {"terra.session", "terra.session.driver_input", "terra.session.context"},

@@ -38,8 +38,9 @@ class RolloutRequest:
 
     ``context`` is ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes. ``actions[t]`` (``[6, 3]``) conditions
     frame ``t + 1``, counting context frames first, so ``actions`` needs ``n_ctx + num_frames - 1`` rows
-    (more are ignored). ``routes[t]`` (``[K, 3]``, terra/generation/routes.py) is the road ahead at frame ``t + 1``'s
-    pose and conditions that frame too, for a model with route slots; None: no route (such a model embeds
+    (more are ignored). ``routes[t]`` (``[K, 3]``, terra/generation/routes.py) is the road ahead of frame ``t``'s pose,
+    for a model with route slots: frame ``t``'s route slots hold ``routes[t + 1]``, the route where the frame they
+    condition is drawn, so ``routes`` needs ``n_ctx + num_frames`` rows; None: no route (such a model embeds
     "no route"). ``seed`` makes sampling reproducible per rollout, independent of batching.
     """
 
@@ -63,9 +64,10 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
     return arr
 
 
-def _sized_routes(routes: np.ndarray | None, rows: int, needed: int, num_points: int) -> np.ndarray:
-    """``routes`` as ``[rows, K, 3]`` float32 (rows past ``needed`` that ``routes`` lacks hold no route; None: no route
-    anywhere): a cheap shape check; their values were checked where they entered (terra/generation/routes.py)."""
+def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, num_points: int) -> np.ndarray:
+    """The route slots' values ``[rows, K, 3]`` float32: frame ``t``'s hold ``routes[t + 1]`` (rows past ``needed``
+    that ``routes`` lacks hold no route; None: no route anywhere). A cheap shape check: their values were checked
+    where they entered (terra/generation/routes.py)."""
     if routes is None:
         return no_route(rows, num_points)
     arr = np.asarray(routes, dtype=np.float32)
@@ -76,9 +78,10 @@ def _sized_routes(routes: np.ndarray | None, rows: int, needed: int, num_points:
         raise TerraInputError(f"routes must have shape [frames, {num_points}, {ROUTE_POINT_VALUES}], "
                               f"got {list(arr.shape)}")
     if len(arr) < needed:
-        raise TerraInputError(f"routes cover {len(arr)} frames but the rollout needs routes for {needed}; "
+        raise TerraInputError(f"routes cover {len(arr)} frames but the rollout has {needed}; "
                               "give a route for every frame of the trajectory")
-    return np.concatenate([arr[:rows], no_route(max(0, rows - len(arr)), num_points)])
+    slots = arr[1 : rows + 1]
+    return np.concatenate([slots, no_route(rows - len(slots), num_points)])
 
 
 class RolloutState:
@@ -101,7 +104,7 @@ class RolloutState:
         self.windows: list[Window] = plan_windows(len(context), request.num_frames, layout.max_frames, request.overlap)
         needed = len(context) + request.num_frames - 1
         actions = _sized_actions(request.actions, needed)
-        routes = _sized_routes(request.routes, len(actions), needed, layout.route_tokens)
+        routes = _slot_routes(request.routes, len(actions), needed + 1, layout.route_tokens)
         # each frame's slot values, [frames, A + K, 3]: its action points, then its route points; actions and
         # routes are views of it, so the backends read one array (``conditions``) whatever the model's slots
         self.conditions = np.concatenate([actions, routes], axis=1)
@@ -174,9 +177,9 @@ class RolloutState:
             self.actions[self.next_frame] = action
 
     def set_next_route(self, route: np.ndarray | None) -> None:
-        """Replace the route that conditions the next frame (closed loop: the road ahead at the pose the next frame
-        is drawn from; None: no route); like :meth:`set_next_action`, the frame after it is taken to have the same
-        route until the caller sets it (guesses only)."""
+        """Set the next frame's route (closed loop: the road ahead of the pose it is drawn from, a checked ``[K, 3]``
+        array; None: no route), which the newest frame's route slots hold; like :meth:`set_next_action`, the frame
+        after it is taken to have the same route until the caller sets it (guesses only)."""
         value = np.nan if route is None else route
         self.routes[self.next_frame - 1] = value
         if self.next_frame < len(self.routes):

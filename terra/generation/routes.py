@@ -4,11 +4,13 @@
 A route is the road's centreline ahead of a pose, in that pose's ego frame (x forward, y left, metres): point ``k``
 is the centreline point ``s_k`` metres along the road from the pose's nearest centreline point, with
 ``s_k = ROUTE_HORIZON_M * (k + 1) / K``, so ``K`` points reach as far as a frame shows road. The three values are
-ordered as an action point's ``[y, x, time]``. A model with ``num_route_tokens = K > 0`` carries, after each frame's
-action slots, ``K`` route slots holding the route at the pose the next frame is drawn from: ``routes[t]`` conditions
-frame ``t + 1``, like ``actions[t]``. A frame without a route holds NaN rows (:func:`no_route`), which the model
-replaces by its learned "no route" embedding; that is the one place NaN means something, and it never comes from a
-file: routes read from files are checked finite and in reach (:func:`validate_routes`) where they enter.
+ordered as an action point's ``[y, x, time]``. ``routes[t]`` is always the route of frame ``t``: the road ahead of
+the pose frame ``t`` was drawn from (files, datasets, requests). A model with ``num_route_tokens = K > 0`` carries,
+after each frame's action slots, ``K`` route slots holding the route at the pose the next frame is drawn from: frame
+``t``'s route slots hold ``routes[t + 1]`` and condition frame ``t + 1``, like ``actions[t]``
+(terra/generation/rollout.py). A frame without a route holds NaN rows (:func:`no_route`), which the model replaces by
+its learned "no route" embedding; that is the one place NaN means something, and it never comes from a file: routes
+read from files are checked finite and in reach (:func:`validate_routes`) where they enter.
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ def route_points(lateral_forward: np.ndarray) -> np.ndarray:
     return np.concatenate([points, s], axis=-1)
 
 
+def resample_routes(routes: np.ndarray, num_points: int) -> np.ndarray:
+    """Routes ``[..., M, 3]`` (``M >= 2``) at :func:`route_distances` of ``M`` points → ``[..., num_points, 3]`` at
+    those of ``num_points``: linear along the road, exact where the distances coincide (a dataset's 16 points give a
+    model's 8, every second one); NaN routes stay NaN."""
+    routes = np.asarray(routes, dtype=np.float32)
+    if routes.shape[-2] == num_points:
+        return routes
+    have, want = route_distances(routes.shape[-2]), route_distances(num_points)
+    upper = np.clip(np.searchsorted(have, want), 1, len(have) - 1)
+    weight = np.clip((want - have[upper - 1]) / (have[upper] - have[upper - 1]), 0.0, 1.0)[:, None]
+    points = routes[..., :2]
+    return route_points(points[..., upper - 1, :] * (1 - weight) + points[..., upper, :] * weight)
+
+
 def validate_routes(routes: Any, num_points: int, source: str = "routes", min_frames: int = 1) -> np.ndarray:
     """Check routes read from a file or a request, ``[T, K, 2]`` (``y, x``) or ``[T, K, 3]`` (``y, x, s``), against a
     model of ``num_points`` route slots; return them as ``[T, K, 3]`` float32."""
@@ -69,5 +85,5 @@ def _distances_text(num_points: int) -> str:
     return ", ".join(f"{d:g}" for d in route_distances(num_points))
 
 
-__all__ = ["MAX_ROUTE_M", "ROUTE_HORIZON_M", "ROUTE_POINT_VALUES", "no_route", "route_distances", "route_points",
-           "validate_routes"]
+__all__ = ["MAX_ROUTE_M", "ROUTE_HORIZON_M", "ROUTE_POINT_VALUES", "no_route", "resample_routes", "route_distances",
+           "route_points", "validate_routes"]
