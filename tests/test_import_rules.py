@@ -146,7 +146,8 @@ PUBLIC = {
                "terra.models.configuration_llama_action"},
     "vllm": {"terra.vllm", "terra.vllm.compat", "terra.vllm.plugin"},
     "generation": {"terra.generation", "terra.generation.actions", "terra.generation.routes",
-                   "terra.generation.rollout", "terra.generation.layout", "terra.generation.backends", "terra.generation.sampling",
+                   "terra.generation.rollout", "terra.generation.layout", "terra.generation.backends",
+                   "terra.generation.sampling",
                    "terra.generation.speculative", "terra.generation.session_engine"},  # backends: the wing's own
     "session": {"terra.session", "terra.session.driver_input", "terra.session.context"},
     "serve": {"terra.serve.settings", "terra.serve.service", "terra.serve.app"},
