@@ -99,6 +99,23 @@ def tiny_model(seed: int = 0, **overrides) -> LlamaActionForCausalLM:
     return model
 
 
+TINY_ROUTES = 4  # route slots of the tiny route model
+
+
+def tiny_route_model(seed: int = 0, **overrides) -> LlamaActionForCausalLM:
+    """:func:`tiny_model` with :data:`TINY_ROUTES` route slots after each frame's action slots, its route projection
+    and "no route" rows scaled up like the action projection."""
+    routes = dict(num_route_tokens=TINY_ROUTES, num_spatio_embeddings=TINY["num_spatio_embeddings"] + TINY_ROUTES,
+                  max_position_embeddings=(TINY["num_spatio_embeddings"] + TINY_ROUTES)
+                  * TINY["num_temporal_embeddings"])
+    model = tiny_model(seed, **{**routes, **overrides})
+    with torch.no_grad():
+        for param in model.route_projection.parameters():
+            param.normal_(0, 0.5)
+        model.no_route_embedding.normal_(0, 1.0)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A saved tiny world model (config.json + model.safetensors), shared by the whole session."""
