@@ -129,10 +129,10 @@ def bf16_logit_difference(path: Path, request: RolloutRequest, codes: np.ndarray
     state = RolloutState(request, layout)
     for frame in codes[: state.window.num_new - 1]:
         state.add_frame(frame)
-    ids, actions, positions = state.prompt()
+    ids, conditions, positions = state.prompt()
     inputs = dict(
         input_ids=torch.tensor([ids], device=device),
-        actions=torch.from_numpy(actions).to(device).reshape(1, -1, 3),
+        conditions=torch.from_numpy(conditions).to(device).reshape(1, -1, 3),
         position_ids=torch.from_numpy(positions).to(device)[None],
     )
     fp32 = model(**inputs).logits[0, :, : layout.codebook_size].float()

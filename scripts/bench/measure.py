@@ -125,10 +125,10 @@ def _warm_up_hf(backend: HFBackend, layout: TokenLayout) -> None:
     """Load the GPU kernels before timing: one frame's prefill and one single-token step, without a cache."""
     ids = torch.full((1, layout.frame_span), layout.action_token_id, dtype=torch.long, device=backend.device)
     ids[:, : layout.image_tokens] = 0
-    actions = torch.zeros(1, layout.action_tokens, layout.action_dim, device=backend.device)
+    conditions = torch.zeros(1, layout.slot_tokens, layout.action_dim, device=backend.device)
     positions = torch.arange(layout.frame_span, device=backend.device)[None]
     with torch.inference_mode():
-        backend.model(input_ids=ids, actions=actions, position_ids=positions, logits_to_keep=1)
+        backend.model(input_ids=ids, conditions=conditions, position_ids=positions, logits_to_keep=1)
         backend.model(input_ids=ids[:, :1], position_ids=positions[:, :1], logits_to_keep=1)
     if backend.device.type == "cuda":
         torch.cuda.synchronize()

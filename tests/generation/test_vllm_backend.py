@@ -61,7 +61,7 @@ def test_raw_logits_favour_special_ids(hf_backend):
     with torch.no_grad():
         logits = model(
             input_ids=torch.tensor([ids]),
-            actions=torch.from_numpy(actions).reshape(1, -1, 3),
+            conditions=torch.from_numpy(actions).reshape(1, -1, 3),
             position_ids=torch.from_numpy(positions)[None],
         ).logits[0]
     assert (logits.argmax(-1) >= layout.codebook_size).float().mean() > 0.9
