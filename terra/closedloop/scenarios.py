@@ -54,6 +54,7 @@ class Scenario:
     speed_kmh: float  # at the last context frame
     start_pose: np.ndarray  # world pose of the last context frame
     scene: Scene | None = None  # the true world's scene: a route and ground truth
+    context_poses: np.ndarray | None = None  # [n, 3] world poses of the context frames, where the scene is known
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
@@ -69,6 +70,12 @@ class Scenario:
         else:
             return np.zeros((0, 2))
         return to_ego(ahead, pose)
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray | None:
+        """The world model's routes at world ``poses`` ``[..., 3]``: the scene's centreline ahead of each, ``[..., K,
+        3]`` (terra/generation/routes.py); None where the scene is not known (the model then runs with "no
+        route")."""
+        return None if self.scene is None else self.scene.route(poses, num_points)
 
     def left_scene(self, pose: np.ndarray) -> str | None:
         """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is
@@ -189,7 +196,7 @@ def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_co
         clip = clip_from_trajectory(scene, trajectory, num_context, int(image_size[0]), int(image_size[1]),
                                     "follow_lane", start_s, speed)
         out.append(Scenario(synthetic_id(seed, i), clip.frames, clip.actions[: num_context - 1],
-                            speed_of(clip.actions[-1]), clip.poses[-1], scene=scene,
+                            speed_of(clip.actions[-1]), clip.poses[-1], scene=scene, context_poses=clip.poses,
                             source=f"synthetic scene {scene.seed} at s={start_s:.0f} m, {speed:.0f} km/h"))
     return out
 

@@ -50,12 +50,14 @@ WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World mu
 
 @dataclass
 class ModelDrive:
-    """A drive in the model world: its session's rollout, its context codes and the sampling it steps with."""
+    """A drive in the model world: its session's rollout, its context codes, the sampling it steps with and the
+    scenario it started from (its road gives a route model its routes)."""
 
     rollout: Rollout
     context: np.ndarray  # [n, h, w] context codes
     sampling: SamplingConfig
     seed: int
+    scenario: Scenario
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, h, w]``, context first."""
@@ -88,18 +90,29 @@ class ModelWorld:
         return self.open_codes(self.pipeline.encode(images), scenario, seed, max_frames)
 
     def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int) -> ModelDrive:
-        """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]`` (its actions between them)."""
-        rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap)
-        return ModelDrive(rollout, codes, self.sampling, seed)
+        """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]`` (its actions between them, and for a model
+        with route slots the context frames' routes)."""
+        routes = self.routes(scenario, scenario.context_poses)
+        rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap, routes)
+        return ModelDrive(rollout, codes, self.sampling, seed, scenario)
+
+    def routes(self, scenario: Scenario, poses: np.ndarray | None) -> np.ndarray | None:
+        """The model's routes at world ``poses`` of ``scenario`` (None: a model without route slots, a scenario whose
+        road is not known, or no poses): what a drive is told of the road ahead (terra/generation/routes.py). The
+        ``wrong_route`` control world overrides it (terra/closedloop/study/control_worlds.py)."""
+        points = self.backend.layout.route_tokens
+        return None if not points or poses is None else scenario.model_routes(poses, points)
 
     def context_frames(self, drive: ModelDrive) -> np.ndarray:
         """The context as the model sees it: the tokenizer's reconstruction of the context codes."""
         return self.pipeline.decode(drive.context)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
-        """The model's next frames, conditioned on the actions (the model is shown no pose)."""
+        """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of
+        each pose (the model is shown no pose)."""
         start = time.perf_counter()
-        futures = [self.engine.step(drive.rollout, action, drive.sampling) for drive, action in zip(drives, actions)]
+        futures = [self.engine.step(drive.rollout, action, drive.sampling, self.routes(drive.scenario, pose))
+                   for drive, action, pose in zip(drives, actions, poses)]
         results: list[Any] = []
         for future in futures:
             try:

@@ -16,6 +16,7 @@ rollout's given the same actions and seed.
 from __future__ import annotations
 
 import copy
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -30,6 +31,7 @@ from terra.generation.layout import TokenLayout, Window, plan_windows
 from terra.generation.routes import ROUTE_POINT_VALUES, no_route
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
+log = logging.getLogger("terra.generation")
 
 
 @dataclass
@@ -275,6 +277,7 @@ class WorldModelBackend(ABC):
     """
 
     layout: TokenLayout
+    _told_no_route = False  # a rollout without a route was announced (:meth:`start`)
     decoding: str = "sequential"  # what a call's sampling.decoding=auto runs as: the run's choice, given when the
     # backend is built (terra/generation/decoding.py, auto_decoding)
 
@@ -290,8 +293,14 @@ class WorldModelBackend(ABC):
         return None
 
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:
-        """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed."""
-        return RolloutState(request, self.layout, self.default_seed(request, index))
+        """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed. A model
+        with route slots given a rollout without a route says so, once per backend: it runs with "no route"."""
+        state = RolloutState(request, self.layout, self.default_seed(request, index))
+        if self.layout.route_tokens and request.routes is None and not self._told_no_route:
+            self._told_no_route = True
+            log.warning("the world model takes a route (%d route slots) but a rollout has none: it runs with the "
+                        "learned 'no route' embedding (docs/generate.md, \"Routes\")", self.layout.route_tokens)
+        return state
 
     def default_seed(self, request: RolloutRequest, index: int) -> int | None:
         """The seed of a rollout whose request has none (None: the backend draws one)."""

@@ -32,6 +32,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.rollout import (
     DEFAULT_OVERLAP, DecodeStats, FrameDone, RolloutRequest, RolloutState, WorldModelBackend,
 )
+from terra.generation.routes import no_route
 
 RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 
@@ -73,6 +74,7 @@ class _Job:
     rollout: Rollout
     future: Future = field(default_factory=Future)
     action: np.ndarray | None = None
+    route: np.ndarray | None = None  # the next frame's route, for a model with route slots (None: no route)
     sampling: SamplingConfig | None = None
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float = 0.0
@@ -101,22 +103,28 @@ class SessionEngine:
     # ------------------------------------------------------------------ caller side (any thread)
 
     def open(self, codes: np.ndarray, actions: np.ndarray, max_frames: int, seed: int | None = None,
-             overlap: int = DEFAULT_OVERLAP) -> Rollout:
+             overlap: int = DEFAULT_OVERLAP, routes: np.ndarray | None = None) -> Rollout:
         """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them,
-        with room for ``max_frames`` frames whose actions come with the steps (checked now: bad input raises
-        here). ``seed`` fixes sampling (None: the backend picks one); ``overlap``: docs/ARCHITECTURE.md, "Windows"."""
+        with room for ``max_frames`` frames whose actions (and routes) come with the steps (checked now: bad input
+        raises here). ``routes``: the context frames' ``[n, K, 3]``, for a model with route slots (None: no route,
+        terra/generation/routes.py). ``seed`` fixes sampling (None: the backend picks one); ``overlap``:
+        docs/ARCHITECTURE.md, "Windows"."""
         n = len(codes)
         room = np.zeros((n + max_frames - 1, 6, 3), dtype=np.float32)
         room[: n - 1] = actions
-        request = RolloutRequest(codes, room, max_frames, seed=seed, overlap=overlap)
+        if routes is not None:  # the steps' routes come with them
+            routes = np.concatenate([routes, no_route(max_frames, routes.shape[1])])
+        request = RolloutRequest(codes, room, max_frames, seed=seed, overlap=overlap, routes=routes)
         with self._lock:
             self._count += 1
             index = self._count
         return Rollout(self.backend.start(request, index))
 
-    def step(self, rollout: Rollout, action: np.ndarray, sampling: SamplingConfig) -> Future:
-        """Generate ``rollout``'s next frame under ``action`` (conditions it); resolves to a :class:`StepResult`."""
-        return self._put(_Job("step", rollout, action=action, sampling=sampling))
+    def step(self, rollout: Rollout, action: np.ndarray, sampling: SamplingConfig,
+             route: np.ndarray | None = None) -> Future:
+        """Generate ``rollout``'s next frame under ``action`` and, for a model with route slots, ``route`` (the road
+        ahead of the pose the frame is drawn from, ``[K, 3]``; None: no route); resolves to a :class:`StepResult`."""
+        return self._put(_Job("step", rollout, action=action, route=route, sampling=sampling))
 
     def fork(self, rollout: Rollout) -> Future:
         """A second :class:`Rollout` continuing from ``rollout`` after its queued steps."""
@@ -210,6 +218,8 @@ class SessionEngine:
                     raise TerraInputError(f"the session has reached its limit of {state.request.num_frames} frames; "
                                           "reset it or open a new one")
                 state.set_next_action(job.action)
+                if state.layout.route_tokens:
+                    state.set_next_route(job.route)
                 job.started_at = time.perf_counter()
                 self.backend.submit(state, job.sampling)
                 rollout.busy, rollout.current = True, job

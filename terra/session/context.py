@@ -1,9 +1,10 @@
 """Where a session starts: context frames as codes, the actions between them and the speed at the last one.
 
-Three sources: the built-in synthetic world (:func:`terra.sim.builtin_context`, with its exact actions),
-images (encoded by the pipeline's tokenizer), or codes. Images and codes without actions are taken as driving
-straight at ``speed_kmh``. ``actions[t]`` conditions context frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"),
-so ``n`` context frames carry ``n - 1`` actions; the session's first step gives the action of the last one.
+Three sources: the built-in synthetic world (:func:`terra.sim.builtin_context`, with its exact actions and its road,
+which a route model is told of at every step), images (encoded by the pipeline's tokenizer), or codes. Images and
+codes without actions are taken as driving straight at ``speed_kmh``. ``actions[t]`` conditions context frame
+``t + 1`` (docs/ARCHITECTURE.md, "Actions"), so ``n`` context frames carry ``n - 1`` actions; the session's first step
+gives the action of the last one.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import torch
 from terra.core.errors import TerraInputError
 from terra.generation.actions import validate_actions
 from terra.inputs.trajectory import MANOEUVRES
-from terra.inputs.ego_motion import speed_of
+from terra.inputs.ego_motion import compose, speed_of
 from terra.session.driver_input import MAX_SPEED_KMH, check_number, drive_action
-from terra.sim import builtin_context
+from terra.sim import Scene, builtin_context, builtin_road
 from terra.tokenizer.images import load_images
 
 
@@ -31,6 +32,15 @@ class SessionContext:
     actions: np.ndarray  # [n - 1, 6, 3] float32
     speed_kmh: float  # at the last context frame; key driving starts from it
     source: str  # a short description for listings
+    scene: Scene | None = None  # the built-in world's scene: the road a route model is told of
+    poses: np.ndarray | None = None  # [n, 3] world poses of the context frames in ``scene``
+
+    def routes(self, poses: np.ndarray | None, num_points: int) -> np.ndarray | None:
+        """A route model's routes ``[..., K, 3]`` at ``poses`` ``[..., 3]`` given in the session's frame (the last
+        context frame's ego frame; None: the context frames' own); None where the road is not known."""
+        if self.scene is None:
+            return None
+        return self.scene.route(self.poses if poses is None else compose(self.poses[-1], poses), num_points)
 
 
 def _context_actions(actions: Any, num_context: int, speed_kmh: float) -> np.ndarray:
@@ -49,10 +59,12 @@ def builtin(pipeline, num_context: int, manoeuvre: str = "straight", scene: int 
     if isinstance(scene, bool) or not isinstance(scene, int) or not 0 <= scene < 2**31:
         raise TerraInputError(f"scene must be a whole number in [0, 2**31) (got {scene!r})")
     speed = check_number(speed_kmh, "speed_kmh", 1.0, MAX_SPEED_KMH)
-    images, actions = builtin_context(manoeuvre, num_context, pipeline.image_size, scene, {"speed_kmh": speed})
+    params = {"speed_kmh": speed}
+    images, actions = builtin_context(manoeuvre, num_context, pipeline.image_size, scene, params)
+    world, poses = builtin_road(manoeuvre, num_context, scene, params)
     codes = pipeline.encode(images)
     return SessionContext(codes, actions[: num_context - 1], speed_of(actions[-1]),
-                          f"built-in {manoeuvre}, scene {scene}")
+                          f"built-in {manoeuvre}, scene {scene}", world, poses)
 
 
 def from_images(pipeline, images: torch.Tensor | Sequence[Any], num_context: int | None = None,

@@ -54,6 +54,7 @@ class Session:
         self.context = context
         self.sampling = sampling
         self.poses: list[Pose] = list(poses or [])  # poses[k]: at generated frame k
+        self.queued_pose: Pose = self.pose_at(len(self.poses) - 1)  # after the last queued step: where its route is
         self.driver = KeyDriver(context.speed_kmh)
         self.created = time.time()
 
@@ -74,7 +75,10 @@ class Session:
         :func:`~terra.session.driver_input.parse_action` returns); resolves to a
         :class:`~terra.generation.session_engine.StepResult`."""
         assert action.shape == (6, 3), action.shape
-        step = self.host.engine.step(self.rollout, action, self.sampling)
+        self.queued_pose = advance_pose(self.queued_pose, action)
+        points = self.host.layout.route_tokens
+        route = self.context.routes(np.asarray(self.queued_pose), points) if points else None
+        step = self.host.engine.step(self.rollout, action, self.sampling, route)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
         done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
         step.add_done_callback(lambda f: self._track_pose(f, done))  # runs on the driver thread, in step order
@@ -112,6 +116,7 @@ class Session:
         """Back to the context frames; the same actions then give the same frames again."""
         self.host.engine.reset(self.rollout).result()
         self.poses.clear()
+        self.queued_pose = self.pose_at(-1)
         self.driver = KeyDriver(self.context.speed_kmh)
 
     def close(self) -> None:
@@ -208,7 +213,10 @@ class SessionHost:
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
         """A session from an already built :class:`~terra.session.context.SessionContext`."""
-        rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap)
+        points = self.layout.route_tokens
+        routes = context.routes(None, points) if points else None
+        rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap,
+                                   routes)
         sampling = self.backend.as_run(sampling or self.sampling)  # auto: as the host's run chose
         return Session(self, rollout, context, sampling)
 

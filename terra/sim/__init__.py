@@ -8,8 +8,9 @@ training, :func:`builtin_context` gives a run without frames of its own a render
 stores clips on disk as shards and :mod:`terra.sim.logs` as driving logs for terra-prepare-logs.
 """
 
-from terra.sim.clips import Clip, builtin_context, make_clip, random_clip, render_frames, sample_frames
+from terra.sim.clips import Clip, builtin_context, builtin_road, make_clip, random_clip, render_frames, sample_frames
 from terra.sim.renderer import render
 from terra.sim.scene import Scene
 
-__all__ = ["Clip", "Scene", "builtin_context", "make_clip", "random_clip", "render", "render_frames", "sample_frames"]
+__all__ = ["Clip", "Scene", "builtin_context", "builtin_road", "make_clip", "random_clip", "render", "render_frames",
+           "sample_frames"]

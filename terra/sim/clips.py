@@ -106,12 +106,19 @@ def make_clip(
 
     ``manoeuvre_params`` go to :func:`terra.inputs.trajectory.manoeuvre_trajectory` (radius_m, accel_mps2, ...).
     """
+    world = manoeuvre_in_scene(scene, manoeuvre, num_frames, speed_kmh, start_s, lateral_m, **manoeuvre_params)
+    return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)
+
+
+def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh: float = 30.0, start_s: float = 0.0,
+                       lateral_m: float | None = None, **manoeuvre_params: float) -> EgoTrajectory:
+    """The world-frame trajectory of :func:`make_clip`: ``manoeuvre`` placed at arc length ``start_s``, long enough
+    for ``num_frames`` frames and their actions."""
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
     local = manoeuvre_trajectory(manoeuvre, duration, speed_kmh=speed_kmh, rate_hz=SAMPLE_RATE_HZ, **manoeuvre_params)
-    world = place(local, scene.lane_pose(start_s, lateral_m))
-    return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)
+    return place(local, scene.lane_pose(start_s, lateral_m))
 
 
 def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int, domain: str = "day") -> Clip:
@@ -229,8 +236,17 @@ def _render_frames_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
 
 def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):
     """Frames the synthetic world renders driving ``manoeuvre`` (a torch tensor ``[N, 3, H, W]`` in [-1, 1], as
-    tokenizers take them) with their exact actions: the context of a run that gives no frames of its own."""
+    tokenizers take them) with their exact actions: the context of a run that gives no frames of its own
+    (:func:`builtin_road`: its scene and the frames' poses, where a route model's routes come from)."""
     import torch  # the world itself is numpy; only this hand-over to a tokenizer needs torch
 
     clip = make_clip(Scene.generate(seed), manoeuvre, num_frames, image_size[0], image_size[1], **params)
     return torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0, clip.actions
+
+
+def builtin_road(manoeuvre: str, num_frames: int, seed: int, params: dict) -> tuple[Scene, np.ndarray]:
+    """The scene of :func:`builtin_context` and the world poses ``[num_frames, 3]`` of its frames (unrendered: the
+    same trajectory, as many frames as asked, so a run's generated frames have theirs too)."""
+    scene = Scene.generate(seed)
+    world = manoeuvre_in_scene(scene, manoeuvre, num_frames, **params)
+    return scene, world.poses_at(world.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)

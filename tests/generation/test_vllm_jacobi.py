@@ -22,7 +22,8 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.generation.speculative import accepted_guesses, next_guesses
-from tests.conftest import tiny_model
+from terra.generation.routes import route_points
+from tests.conftest import tiny_model, tiny_route_model
 from tests.generation.v2_replay import replay_rollout
 
 # ---------------------------------------------------------------- the hooks, in the installed vLLM
@@ -271,6 +272,22 @@ def test_draft_tokens_give_the_sequential_codes(model_and_request, sampling, v2)
         codes, steps = replay_rollout(model, request, drafts, sampling)
         np.testing.assert_array_equal(codes, reference)
         assert all(s <= patches for s in steps) and sum(steps) < 5 * patches
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(0.9)], ids=["greedy", "sampled"])
+def test_draft_tokens_give_the_sequential_codes_with_routes(sampling, v2, single_thread):
+    """The same with route slots: a frame's span counts them (the sampler's previous-frame guesses look one span
+    back), and each frame's slots item carries its route."""
+    model = tiny_route_model(seed=3)
+    rng = np.random.default_rng(1)
+    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
+    request = RolloutRequest(context, rng.normal(0, 1, (6, 6, 3)).astype(np.float32), 5, seed=7,
+                             routes=route_points(rng.normal(0, 5, (7, model.config.num_route_tokens, 2))))
+    reference, _ = replay_rollout(model, request, 0, sampling)
+    for drafts in (3, 16):
+        codes, steps = replay_rollout(model, request, drafts, sampling)
+        np.testing.assert_array_equal(codes, reference)
+        assert sum(steps) < 5 * model.config.num_image_patches
 
 
 def test_greedy_drafts_match_the_transformers_backend(model_and_request, tmp_path, v2):
