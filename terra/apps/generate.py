@@ -93,7 +93,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline, resolve_run
-    from terra.sim import builtin_context
+    from terra.sim import builtin_context, builtin_road
     from terra.tokenizer import load_tokenizer
 
     # 2. the run made concrete (threads, device, backend, vLLM's decoding, the refiner's settings, the window),
@@ -103,12 +103,15 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
-    ground_truth = actions = None
+    ground_truth = actions = routes = None
     if spec.context is None:
         manoeuvre = spec.manoeuvre if spec.trajectory is None else "straight"
-        images, actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed,
-                                          spec.manoeuvre_params if spec.trajectory is None else {})
+        params = spec.manoeuvre_params if spec.trajectory is None else {}
+        images, actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed, params)
         ground_truth, images = images[num_context:], images[:num_context]
+        if spec.trajectory is None and run.model.num_route_tokens:  # the manoeuvre's scene: the road it drives
+            scene, poses = builtin_road(manoeuvre, num_context + num_frames, spec.seed, params)
+            routes = scene.route(poses, run.model.num_route_tokens)
     else:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
     if spec.trajectory is not None:  # read once, sized for the context frames there are
@@ -122,7 +125,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
         seeds = [spec.seed + i for i in range(spec.num_samples)]
-        requests = rollout_requests(pipeline.encode(images), actions, num_frames, seeds, run_settings.overlap)
+        requests = rollout_requests(pipeline.encode(images), actions, num_frames, seeds, run_settings.overlap, routes)
         backend_class = type(pipeline.backend).__name__
         print(f"terra-generate: generating {num_frames} frames x {spec.num_samples} sample(s) with "
               f"{backend_class} on {pipeline.device}", flush=True)

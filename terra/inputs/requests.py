@@ -48,6 +48,7 @@ def trajectory_actions(
 
 
 def rollout_requests(codes: np.ndarray, actions: np.ndarray, num_frames: int, seeds: Sequence[int],
-                     overlap: int) -> list[RolloutRequest]:
-    """One request per seed over the same encoded context and checked actions."""
-    return [RolloutRequest(codes, actions, num_frames, seed=seed, overlap=overlap) for seed in seeds]
+                     overlap: int, routes: np.ndarray | None = None) -> list[RolloutRequest]:
+    """One request per seed over the same encoded context, checked actions and routes (one per frame, for a model
+    with route slots; None: no route)."""
+    return [RolloutRequest(codes, actions, num_frames, seed=seed, overlap=overlap, routes=routes) for seed in seeds]
