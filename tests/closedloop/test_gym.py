@@ -85,3 +85,24 @@ def test_vector_env_steps_drives_together_and_resets_ended_ones():
     np.testing.assert_allclose(r3, 0.0)  # the next step resets them (no motion, no reward)
     assert env.drives[0].steps == 0 and len(env.render()) == 3
     env.close()
+
+
+def test_a_route_model_in_the_env_is_told_the_road_ahead_of_each_pose(single_thread):
+    from tests.conftest import TINY_ROUTES, tiny_route_model
+
+    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_route_model(), max_batch_size=4))
+    world = ModelWorld(pipeline, SamplingConfig(temperature=0))
+    try:
+        scenarios = synthetic_scenarios(1, 1, TINY_TOKENIZER["image_size"])
+        env = DriveEnv(world, scenarios, num_steps=3, action_mode="plan")
+        env.reset(seed=0)
+        straight = np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))]
+        for _ in range(2):
+            env.step(straight)
+            drive = env.drive
+            state = drive.handle.rollout.state
+            route = scenarios[0].scene.route(drive.reached(), TINY_ROUTES)
+            np.testing.assert_allclose(state.routes[state.next_frame - 2], route, atol=1e-5)
+        env.close()
+    finally:
+        world.shutdown()
