@@ -197,33 +197,3 @@ def test_a_marker_from_before_owners_is_read_by_its_manifests_shape(tmp_path, re
     assert owner(plain) == "terra-evaluate"
     with pytest.raises(TerraInputError, match="holds the outputs of terra-evaluate"):
         claim_output_dir(plain, "output_dir", files=["manifest.jsonl"], app=owner_app)
-
-
-def test_a_killed_writers_temporary_file_is_removed_by_the_next_write_and_no_other(tmp_path):
-    """atomic_path's temporary names say whose they are (host, pid): the next write into the folder removes those of
-    this host whose process is gone (a run killed outright), never a live process's nor another host's; a write
-    interrupted by SIGINT / SIGTERM (raised in the main thread) leaves none."""
-    import subprocess
-    import sys
-
-    from terra.batch.plan import _TEMP_NAME
-    from terra.core import atomic
-
-    host = atomic._owner().rsplit("-", 1)[0]
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = int(done.stdout)  # a process that ran and ended
-    stale = tmp_path / f".rollout.{host}-{dead}.ab12cd34.tmp.gif"
-    live = tmp_path / f".rollout.{host}-{os.getppid()}.ab12cd35.tmp.gif"  # a process that still runs
-    other = tmp_path / f".rollout.elsewhere-{dead}.ab12cd36.tmp.gif"  # another machine's, on a shared folder
-    user = tmp_path / ".notes.tmp"  # not the toolkit's name
-    for path in (stale, live, other, user):
-        path.write_bytes(b"partial")
-    with pytest.raises(KeyboardInterrupt):
-        with atomic.atomic_path(tmp_path / "rollout.gif") as tmp:
-            tmp.write_bytes(b"half")
-            assert tmp.name.startswith(f".rollout.{atomic._owner()}.")
-            named = _TEMP_NAME.match(tmp.name)  # a batch rerun still tells it its target's (terra/batch/plan.py)
-            assert named and (named["stem"], named["suffix"]) == ("rollout", ".gif")
-            raise KeyboardInterrupt  # as SIGINT (or the runner's SIGTERM) raises it
-    assert not stale.exists() and live.exists() and other.exists() and user.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, other, user))

@@ -6,6 +6,11 @@ stretch), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling b
 more than :data:`MAX_PIXELS` pixels (checked before they are decoded). Only regular files are opened (a FIFO
 or a device would block forever). Folders and globs are read in sorted file-name order; with ``last_n`` only
 the frames kept are decoded. Bad input raises :class:`terra.core.errors.TerraInputError` naming the file and the fix.
+
+An image goes to the one decoder its first bytes name, of the few formats read here (:data:`FILE_FORMATS` for files
+on the user's disk, :data:`UPLOAD_FORMATS` for a client's bytes), never to Pillow's guess over every format it knows:
+its EPS decoder runs Ghostscript on the file, and its other plugins were never meant for a stranger's bytes. A GIF
+is read only as a video (:data:`terra.core.media.VIDEO_SUFFIXES`), by Pillow's GIF decoder alone.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import io
 import os
 import stat
 import warnings
+from contextlib import contextmanager
 from collections import deque
 from pathlib import Path
 from typing import IO, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from terra.core.errors import TerraInputError
 from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
@@ -31,6 +37,11 @@ from terra.tokenizer.resize import RESIZE_MODES, fit_frame
 RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
 
 MAX_PIXELS = 8192 * 8192  # larger frames are no camera image (and a "decompression bomb" claims billions)
+
+UPLOAD_FORMATS = ("PNG", "JPEG")  # a client's image (terra-serve's uploads, terra-alpasim's initial frames)
+FILE_FORMATS = ("PNG", "JPEG", "BMP", "WEBP", "TIFF")  # a context frame's file: terra.core.media.IMAGE_SUFFIXES
+_MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+          (b"MM\x00*", "TIFF"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"))
 
 Source = Union[str, Path, np.ndarray, Image.Image]
 
@@ -100,8 +111,12 @@ def _expand(item: Source) -> Iterator[tuple[str, Image.Image | Path]]:
 def _read_file(path: Path) -> Iterator[tuple[str, Image.Image | Path]]:
     """An image or video file → (name, frame or path) pairs."""
     if path.suffix.lower() in VIDEO_SUFFIXES:
-        _open_regular(path).close()  # imageio would block on a FIFO
-        yield from ((str(path), frame) for frame in _read_video(path))
+        with _open_regular(path) as fh:  # imageio would block on a FIFO
+            gif = sniff_format(fh.read(12)) == "GIF"
+        if path.suffix.lower() == ".gif" and not gif:
+            raise TerraInputError(f"{path} cannot be read as a video (not a GIF file); pass an MP4/GIF file or "
+                                  "extracted frames")
+        yield from ((str(path), frame) for frame in _read_video(path, gif))
     else:
         yield str(path), path
 
@@ -125,33 +140,61 @@ def _open_regular(path: Path) -> IO[bytes]:
 def _read_image(path: Path) -> Image.Image:
     """Decode one image file, after checking from its header that it is of a sane size."""
     with _open_regular(path) as fh:
-        return _decode(fh, str(path), MAX_PIXELS)
+        return _decode(fh, str(path), FILE_FORMATS, MAX_PIXELS)
 
 
 def image_from_bytes(data: bytes, source: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """An encoded image (PNG, JPEG, ... sent over the wire) → an RGB PIL image, after checking from its header that
+    """An encoded PNG or JPEG image (sent over the wire) → an RGB PIL image, after checking from its header that
     it has at most ``max_pixels`` pixels; ``source`` names it in errors (terra-serve's uploads, terra-alpasim's
-    initial frames)."""
-    return _decode(io.BytesIO(data), source, max_pixels)
+    initial frames). Any other format is refused unread (module docstring)."""
+    return _decode(io.BytesIO(data), source, UPLOAD_FORMATS, max_pixels)
 
 
-def _decode(fh: IO[bytes], source: str, max_pixels: int) -> Image.Image:
+def image_file_size(fh: IO[bytes], source: str) -> tuple[int, int]:
+    """Width and height of the context image file open in ``fh``, from its header alone, refused as
+    :func:`load_images` refuses it (its format, more than :data:`MAX_PIXELS` pixels)."""
+    with _opened(fh, source, FILE_FORMATS, MAX_PIXELS) as image:
+        return image.size
+
+
+def sniff_format(head: bytes) -> str | None:
+    """The image format the first 12 bytes of a file announce, of PNG, JPEG, BMP, WEBP, TIFF and GIF (None for any
+    other)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+
+
+def _decode(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: int) -> Image.Image:
+    with _opened(fh, source, formats, max_pixels) as image:
+        image.load()
+    return _to_rgb(image, source)
+
+
+@contextmanager
+def _opened(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: int) -> Iterator[Image.Image]:
+    """The image in ``fh`` opened (not yet decoded) by the one decoder of ``formats`` its first bytes name, its size
+    checked from its header; any failure of that decoder, in the body too (``load``), is the one-line refusal."""
+    kind = sniff_format(fh.read(12))
+    fh.seek(0)
+    if kind not in formats:
+        raise TerraInputError(f"{source} cannot be read as an image ({kind or 'unknown'} format, not "
+                              f"{', '.join(formats)}); pass a PNG or JPEG file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(fh) as image:
+            with Image.open(fh, formats=[kind]) as image:
                 _check_pixels(image.width, image.height, source, max_pixels)
-                image.load()
+                yield image
     except TerraInputError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise TerraInputError(f"{source} claims more than {max_pixels} pixels; pass camera frames, "
                               "e.g. 1920x1080") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as err:
+    except Exception as err:  # a decoder fed a stranger's bytes may fail in any way: each is a refusal
         raise TerraInputError(
             f"{source} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
         ) from None
-    return _to_rgb(image, source)
 
 
 def _check_pixels(width: int, height: int, source: str, max_pixels: int = MAX_PIXELS) -> None:
@@ -179,12 +222,14 @@ def _from_array(array: np.ndarray) -> Iterable[Image.Image]:
     return [Image.fromarray(frame, "RGB") for frame in arr]
 
 
-def _read_video(path: Path) -> Iterator[Image.Image]:
+def _read_video(path: Path, gif: bool) -> Iterator[Image.Image]:
+    """The frames of a video file: a GIF (by its first bytes) by Pillow, whose GIF decoder alone accepts those
+    bytes, any other by ffmpeg; the plugin is named, so imageio never falls back to Pillow's other formats."""
     import imageio.v3 as iio
 
     try:
         count = 0
-        for frame in iio.imiter(path):
+        for frame in iio.imiter(path, plugin="pillow" if gif else "FFMPEG"):
             frame = np.asarray(frame)
             _check_pixels(frame.shape[1], frame.shape[0], str(path))
             if frame.ndim == 2:

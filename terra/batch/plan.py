@@ -9,7 +9,6 @@ names fitted to the file system, so a bad sample is recorded as failed before th
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -23,13 +22,10 @@ from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
 from terra.config.outputs import check_output_names
 from terra.config.spec import fingerprint as spec_fingerprint
-from terra.core.atomic import marked
+from terra.core.atomic import marked, remove_abandoned, temporary_target
 from terra.core.errors import TerraInputError
 from terra.inputs.samples import Sample, read_samples
 
-# terra.core.atomic.atomic_path's temporary names: ".<stem>.<host>-<pid>.<8 random chars>.tmp<suffix>" next to the
-# target (without "<host>-<pid>." before this release).
-_TEMP_NAME = re.compile(r"^\.(?P<stem>.+?)(\.[A-Za-z0-9-]+-\d+)?\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>(\.[^.]*)?)$")
 
 
 @dataclass
@@ -209,7 +205,9 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None) -> BatchP
 
 
 def remove_stale_temporaries(items: Iterable[Item]) -> int:
-    """Delete temporary files that a killed run left next to (or inside PNG folders of) these items' outputs."""
+    """Delete the temporary files (terra/core/atomic.py's exact names) of these items' outputs, next to them or inside
+    their PNG folders, whose writer is gone: no process holds their lock (a killed writer's, on whatever host or PID
+    namespace, since the run holds its folder's lock); a live writer's, or any other file, is left."""
     targets: dict[Path, set[str]] = {}
     folders: list[Path] = []
     for item in items:
@@ -217,18 +215,10 @@ def remove_stale_temporaries(items: Iterable[Item]) -> int:
             targets.setdefault(path.parent, set()).add(path.name)
         folders += [p for fmt, p in item.videos.items() if fmt == "png"]
     removed = 0
-    for folder, names in targets.items():
-        if not folder.is_dir():
-            continue
-        for entry in os.scandir(folder):
-            match = _TEMP_NAME.match(entry.name)
-            if match and match["stem"] + match["suffix"] in names and entry.is_file():
-                Path(entry.path).unlink(missing_ok=True)
-                removed += 1
-    for folder in folders:
+    for folder, names in [*targets.items(), *((folder, None) for folder in folders)]:
         if folder.is_dir():
             for entry in os.scandir(folder):
-                if _TEMP_NAME.match(entry.name) and entry.is_file():
-                    Path(entry.path).unlink(missing_ok=True)
-                    removed += 1
+                target = temporary_target(entry.name)
+                if target is not None and (names is None or target in names):
+                    removed += remove_abandoned(entry.path)
     return removed

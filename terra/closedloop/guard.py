@@ -19,7 +19,8 @@ little next to a plan (a policy's frame history is a few frames at the tokenizer
 
 User code named by a setting (a NAVSIM agent's module, a user world's) is imported by :func:`user_class` behind the
 same boundary, under the run's ``policy_timeout_s``: a module that hangs on import is one line, not a hang. Such a
-module is found in the working folder, as ``python -m``, uvicorn and pytest find one (:func:`working_folder_on_path`).
+module is found in the working folder, the named module alone, without the folder going on ``sys.path``
+(:func:`user_module`), else on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import os
 import sys
@@ -36,6 +39,7 @@ from collections import deque
 from concurrent.futures import Future, TimeoutError as FuturesTimeout
 from enum import Enum
 from pathlib import PurePath
+from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
@@ -214,20 +218,42 @@ def handed(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def working_folder_on_path() -> None:
-    """Put the working folder first on ``sys.path`` (once), as ``python -m``, uvicorn and pytest do: a module named
-    on the command line (``policies=[navsim:my_agents.agent:MyAgent]``, ``world=my_worlds:ShakyCamera``) is found
-    there without ``PYTHONPATH=.``; a console script's ``sys.path`` starts with the script's own folder instead."""
-    folder = os.getcwd()
-    if not any(os.path.abspath(entry or os.curdir) == folder for entry in sys.path):
-        sys.path.insert(0, folder)
+def user_module(module: str) -> ModuleType:
+    """The user's module ``module`` (``name`` or ``package.sub``). Its top-level module or package is taken from the
+    working folder when it is there (``name.py``, ``name/``), the one name alone: ``sys.path`` is left as it was, so
+    nothing else lying in that folder (a ``safetensors.py``, an ``imageio.py``) ever stands in for a module the
+    toolkit imports, in this process or in those it starts (spawned processes copy ``sys.path``). Submodules come from
+    that package's folder; a name not in the working folder is imported as any other (``PYTHONPATH``). A working
+    folder's module with the name of another module, imported or installed, is refused: registered under that name,
+    it would replace that module for the rest of the run."""
+    top = module.partition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    if spec is not None:
+        known = importlib.util.find_spec(top)  # the module of that name imported already, or on sys.path
+        if known is None:
+            found = importlib.util.module_from_spec(spec)
+            sys.modules[top] = found
+            try:
+                if spec.loader is not None:
+                    spec.loader.exec_module(found)
+            except BaseException:
+                sys.modules.pop(top, None)
+                raise
+        elif _place(known) != _place(spec):
+            raise ImportError(f"the working folder's {top} has the name of another module ({_place(known)}); "
+                              "rename yours")
+    return importlib.import_module(module)
+
+
+def _place(spec: importlib.machinery.ModuleSpec) -> str:
+    """Where a module's code is: its file, or a namespace package's folders."""
+    return spec.origin if spec.origin not in (None, "namespace") else ", ".join(spec.submodule_search_locations or [])
 
 
 def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -> type:
     """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``) from the
-    working folder or ``sys.path`` (:func:`working_folder_on_path`); ``where`` opens the one line of a failure (the
-    setting and what it names), ``fix`` says what to give instead."""
-    working_folder_on_path()
+    working folder or ``PYTHONPATH`` (:func:`user_module`); ``where`` opens the one line of a failure (the setting
+    and what it names), ``fix`` says what to give instead."""
     try:
         found = UserCall(f"{where}: importing {module}", "its import", _attribute, module, name).returned(timeout_s)
     except UserCodeError as err:
@@ -245,4 +271,4 @@ def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -
 
 def _attribute(module: str, name: str) -> Any:
     """``module.name`` (None when there is none): the import and the lookup, both user code, behind the boundary."""
-    return getattr(importlib.import_module(module), name, None)
+    return getattr(user_module(module), name, None)

@@ -3,8 +3,12 @@
 An interrupted run therefore never leaves a truncated file (or a half-written folder) under the final name;
 a crashed or interrupted write (SIGINT, SIGTERM: terra/apps/runner.py raises them in the main thread) leaves no
 temporary file behind either. A process killed outright (SIGKILL, a lost machine) cannot clean up, so a temporary
-file's name says whose it is, ``.<stem>.<host>-<pid>.<random>.tmp<suffix>``, and the next write into the folder
-removes those of this host whose process is gone (:func:`sweep_stale`), and no other.
+file's name says whose it is, ``.<stem>.<host>-<pid>.<random>.tmp<suffix>``, and its writer holds an advisory lock
+(``flock``) on it while it writes, which the kernel drops when the writer ends in any way. The next write into a
+folder the toolkit owns removes the temporaries whose writer is gone (:func:`sweep_stale`): of that exact form, for a
+name the folder's marker lists, of this host, of a pid not running here, and whose lock it can take. The lock is what
+tells a live writer in another PID namespace (two containers of one host name sharing a volume), whose pid means
+nothing here; nothing else is ever removed (a user's ``.notes.<host>-999999.keep.tmp.txt`` stays).
 
 Every JSON the toolkit writes goes through :func:`json_text`: valid JSON, a non-finite number written as
 ``null`` (Python's ``NaN`` / ``Infinity`` are not JSON).
@@ -24,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,17 +46,35 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path.parent)
-    tmp_path = None
+    fd, tmp_path = None, None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.{_owner()}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-        tmp_path = Path(tmp)
-        os.close(fd)
+        while fd is None:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.{_owner()}.", suffix=f".tmp{path.suffix}",
+                                       dir=path.parent)
+            tmp_path = Path(tmp)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held while it is written: no other process's sweep removes it
+            except OSError:  # a file system without locks: no sweep can take the lock either
+                break
+            if not _names(fd, tmp):  # removed before it was locked (a sweep that took it for a dead writer's)
+                os.close(fd)
+                fd = None
         yield tmp_path
         tmp_path.chmod(0o644)  # mkstemp creates 0600 (and some writers recreate the file); outputs are shared
         os.replace(tmp_path, path)
     finally:
         if tmp_path is not None:
             tmp_path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
+
+
+def _names(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except OSError:
+        return False
 
 
 def _owner() -> str:
@@ -59,8 +82,16 @@ def _owner() -> str:
     return f"{re.sub(r'[^A-Za-z0-9-]', '-', socket.gethostname())[:64] or 'host'}-{os.getpid()}"
 
 
-_STALE = re.compile(r"^\..*\.(?P<owner>[A-Za-z0-9-]+-(?P<pid>\d+))\.[a-z0-9_]+\.tmp(\.[^.]+)?$")
+# atomic_path's temporary names: ".<stem>.<host>-<pid>.<8 of mkstemp's characters>.tmp<suffix>" beside the target
+_TEMPORARY = re.compile(r"^\.(?P<stem>.+)\.(?P<host>[A-Za-z0-9-]{1,64})-(?P<pid>[1-9][0-9]*)\.[a-z0-9_]{8}"
+                        r"\.tmp(?P<suffix>\.[^.]*)?$")
 _swept: set[tuple[str, int]] = set()  # (folder, pid): each process sweeps a folder once
+
+
+def temporary_target(name: str) -> str | None:
+    """The name of the file whose :func:`atomic_path` temporary is named ``name``; None for a name of any other form."""
+    match = _TEMPORARY.match(name)
+    return None if match is None else match["stem"] + (match["suffix"] or "")
 
 
 def _gone(pid: int) -> bool:
@@ -76,26 +107,44 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def remove_abandoned(path: str | os.PathLike) -> bool:
+    """Delete :func:`atomic_path`'s temporary file ``path`` if no process holds its lock (its writer ended, in
+    whatever PID namespace it ran); False when it is kept (a live writer's, not a regular file, gone already)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its writer holds it
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _names(fd, os.fspath(path)):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def sweep_stale(folder: str | os.PathLike) -> None:
-    """Remove the temporary files of :func:`atomic_path` in ``folder`` that a process of this host left when it was
-    killed (its name names this host and a process that no longer runs); once per folder and process."""
+    """Remove the temporary files of :func:`atomic_path` in ``folder`` that a killed writer of this host left (module
+    docstring): only in a folder with a marker, only for names it lists, and only those whose writer is gone (its pid
+    not running here, its lock free); once per folder and process."""
     key = (os.path.abspath(folder), os.getpid())
     if key in _swept:
         return
     _swept.add(key)
-    host = _owner().rsplit("-", 1)[0]
+    if not (Path(folder) / MARKER).is_file():
+        return
+    listed, host = marked(folder) | {MARKER}, _owner().rsplit("-", 1)[0]
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return
     for entry in entries:
-        match = _STALE.match(entry.name)
-        if match and match.group("owner").rsplit("-", 1)[0] == host and entry.is_file(follow_symlinks=False) \
-                and _gone(int(match.group("pid"))):
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass
+        match = _TEMPORARY.match(entry.name)
+        if match and match["host"] == host and temporary_target(entry.name) in listed and _gone(int(match["pid"])):
+            remove_abandoned(entry.path)
 
 
 def _finite(value):

@@ -155,6 +155,25 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
     assert not table.sessions
 
 
+def test_initial_frames_are_png_or_jpeg_and_never_reach_ghostscript(served, tmp_path, monkeypatch):
+    """An EPS initial frame would make Pillow run ``gs`` on the client's PostScript (here a fake one that leaves a
+    mark); a GIF is refused as well, and the server goes on."""
+    from PIL import EpsImagePlugin
+
+    mark, gs = tmp_path / "ghostscript-ran", tmp_path / "gs"
+    gs.write_text(f"#!/bin/sh\ntouch {mark}\nexit 1\n")
+    gs.chmod(0o755)
+    monkeypatch.setattr(EpsImagePlugin, "gs_binary", str(gs))
+    table, runtime = served
+    gif = io.BytesIO()
+    Image.new("RGB", (160, 96)).save(gif, format="GIF")
+    for frame in (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\nshowpage\n", gif.getvalue()):
+        code, details = status_of(lambda frame=frame: runtime.start(frame=frame))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "PNG or JPEG" in details and "\n" not in details
+    assert not mark.exists() and not table.sessions
+    runtime.close(runtime.start())
+
+
 def test_sessions_beyond_the_limit_are_refused_until_one_closes(served):
     table, runtime = served
     sessions = [runtime.start() for _ in range(SETTINGS.max_sessions)]

@@ -136,8 +136,8 @@ def test_resume_after_sigkill(tmp_path, scenes):
     done = {i for i, s in first.items() if s == "ok"}
     assert 1 <= len(done) < len(ids)
     untouched = {i: (out / f"{i}.mp4").stat().st_mtime_ns for i in done}
-    # A writer killed mid-file leaves a temporary next to its target; the rerun removes it.
-    (out / ".s4.k1lled_0.tmp.mp4").write_bytes(b"partial")
+    # A writer killed mid-file (here on another node) leaves a temporary next to its target; the rerun removes it.
+    (out / ".s4.node-2-4242.k1lled_0.tmp.mp4").write_bytes(b"partial")
 
     rerun = subprocess.run([*args, "max_concurrent=4"], cwd=ROOT, env=script_env(), capture_output=True, text=True,
                            timeout=240)

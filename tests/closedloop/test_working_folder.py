@@ -1,10 +1,13 @@
 """User code named on terra-drive's command line (a NAVSIM agent, a world) is found in the working folder, as
-``python -m``, uvicorn and pytest find a module there: no ``PYTHONPATH=.`` (terra/closedloop/guard.py,
-``working_folder_on_path``)."""
+``python -m``, uvicorn and pytest find a module there, no ``PYTHONPATH=.``, but the named module alone: ``sys.path``
+stays as it was, so a ``safetensors.py`` or ``imageio.py`` lying in that folder never stands in for the real package,
+in the run's process or in its writers (terra/closedloop/guard.py, ``user_module``)."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -12,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from terra.closedloop.guard import working_folder_on_path
 from terra.closedloop.user_world import world_class
+from terra.core.errors import TerraInputError
 
 TERRA_DRIVE = Path(sys.executable).with_name("terra-drive")  # a console script: its sys.path lacks the working folder
 ENV = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
@@ -76,19 +79,45 @@ class MyAgent:
 '''
 
 
-def test_the_working_folder_goes_first_on_sys_path_once(tmp_path, monkeypatch):
+SHADOWS = ("safetensors", "imageio")  # packages the toolkit imports, in the run's process and in its writers
+
+
+def shadow(folder: Path) -> None:
+    """Modules of the toolkit's dependencies' names in ``folder`` that leave a mark and fail when imported."""
+    for name in SHADOWS:
+        (folder / f"{name}.py").write_text(f"open({str(folder / (name + '-ran'))!r}, 'w').close()\n"
+                                           f"raise SystemExit('the working folder shadowed {name}')\n")
+
+
+def fresh_origins() -> list[str | None]:
+    """Where a fresh import of each of :data:`SHADOWS` would come from, by this process's ``sys.path``."""
+    return [importlib.machinery.PathFinder.find_spec(name, sys.path).origin for name in SHADOWS]
+
+
+def imported_origins() -> list[str]:
+    """What importing each of :data:`SHADOWS` gives (in a spawned process: a writer's)."""
+    return [__import__(name).__file__ for name in SHADOWS]
+
+
+def test_a_user_module_comes_alone_from_the_working_folder(tmp_path, monkeypatch):
     (tmp_path / "terra_test_world_here.py").write_text(SHAKY_CAMERA)
+    (tmp_path / "terra_test_worlds_package").mkdir()  # a package without __init__.py, its submodule named
+    (tmp_path / "terra_test_worlds_package" / "shaky.py").write_text(SHAKY_CAMERA)
+    shadow(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or os.curdir) != str(tmp_path)])
-    monkeypatch.delitem(sys.modules, "terra_test_world_here", raising=False)
+    for name in ("terra_test_world_here", "terra_test_worlds_package", "terra_test_worlds_package.shaky"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    path = list(sys.path)
     assert world_class("terra_test_world_here:ShakyCamera", "world", 10.0).__name__ == "ShakyCamera"
-    assert sys.path[0] == str(tmp_path)
-    working_folder_on_path()
-    assert sys.path.count(str(tmp_path)) == 1
-    monkeypatch.setattr(sys, "path", ["", *sys.path[1:]])  # "" (python -c, a REPL) is the working folder already
-    working_folder_on_path()
-    assert str(tmp_path) not in sys.path
-    sys.modules.pop("terra_test_world_here", None)
+    assert world_class("terra_test_worlds_package.shaky:ShakyCamera", "world", 10.0).__name__ == "ShakyCamera"
+    assert sys.path == path
+    assert not any(str(tmp_path) in origin for origin in fresh_origins())
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # as terra-drive's writers start
+        assert not any(str(tmp_path) in origin for origin in pool.apply(imported_origins))
+    assert not any((tmp_path / f"{name}-ran").exists() for name in SHADOWS)
+    with pytest.raises(TerraInputError, match=r"working folder's imageio has the name of another module .*rename"):
+        world_class("imageio:ShakyCamera", "world", 10.0)  # registered, it would replace imageio for the run
 
 
 @pytest.mark.skipif(not TERRA_DRIVE.exists(), reason="terra-drive is not installed next to this Python")
@@ -97,11 +126,13 @@ def test_terra_drive_finds_an_agent_and_a_world_of_the_working_folder(tmp_path):
     (tmp_path / "my_agents").mkdir()
     (tmp_path / "my_agents" / "__init__.py").write_text("")
     (tmp_path / "my_agents" / "agent.py").write_text(MY_AGENT)
+    shadow(tmp_path)  # the run and its writer process (videos: imageio) import the real packages
     result = subprocess.run([str(TERRA_DRIVE), "world=my_worlds:ShakyCamera",
                              "policies=[navsim:my_agents.agent:MyAgent]", "num_scenarios=1", "num_steps=2",
-                             "videos=false", "output_dir=out", "num_threads=1"],
+                             "videos=true", "writer_processes=1", "output_dir=out", "num_threads=1"],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr
+    assert not any((tmp_path / f"{name}-ran").exists() for name in SHADOWS)
     assert "1 drives ok, 0 failed" in result.stdout
     [record] = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
     assert record["status"] == "ok"

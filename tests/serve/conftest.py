@@ -47,6 +47,11 @@ class Server:
         return f"ws://127.0.0.1:{self.port}"
 
     @property
+    def ghostscript_ran(self) -> bool:
+        """Whether the server ran ``gs`` (a fake one on its PATH leaves this mark: Pillow's EPS decoder runs it)."""
+        return (self.log.parent / "ghostscript-ran").exists()
+
+    @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
@@ -70,8 +75,13 @@ def start_server(folder: Path, *overrides: str, token: str | None = TOKEN, timeo
     args = [str(SERVE), "backend=hf", "device=cpu", f"serve.port={port}", "serve.log_level=warning", *overrides]
     if token:
         args.append(f"serve.token={token}")
+    bin_folder = folder / "bin"
+    bin_folder.mkdir(exist_ok=True)
+    (bin_folder / "gs").write_text(f"#!/bin/sh\ntouch {folder / 'ghostscript-ran'}\nexit 1\n")
+    (bin_folder / "gs").chmod(0o755)
+    env = {**ENV, "PATH": f"{bin_folder}{os.pathsep}{ENV.get('PATH', '')}"}
     with log.open("w") as out:
-        process = subprocess.Popen(args, cwd=folder, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(args, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(process, port, token, log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

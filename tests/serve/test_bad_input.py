@@ -104,6 +104,19 @@ def test_huge_uploads_are_413_and_image_bombs_400(client, session_id):
     still_serving(client, session_id)
 
 
+def test_uploads_are_png_or_jpeg_and_never_reach_ghostscript(server, client, session_id):
+    """An EPS upload would make Pillow run ``gs`` on the client's PostScript; a GIF is refused as well."""
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\nshowpage\n"
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 18)).save(buffer, format="GIF")
+    for data in (eps, buffer.getvalue()):
+        upload = "data:image/png;base64," + base64.b64encode(data).decode()
+        message = error_of(client.post("/sessions", json={"context": {"images": [upload]}}), 400)
+        assert "cannot be read as an image" in message and "PNG or JPEG" in message
+    assert not server.ghostscript_ran
+    still_serving(client, session_id)
+
+
 def test_unknown_sessions_and_formats(client, session_id):
     assert "no session" in error_of(client.post("/sessions/nope/step", json={"action": STRAIGHT}), 404)
     assert "no session" in error_of(client.delete("/sessions/nope"), 404)
