@@ -6,6 +6,8 @@ generates with and without routes."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+from terra.config.assets import ASSETS
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.hf_backend import HFBackend
@@ -35,6 +38,8 @@ from tests.training.test_train_world_model import H, W, PoolTokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_MODEL = ASSETS / "demo" / "world_model"
 CLIPS, FRAMES = 8, 8  # long drives (terra/sim/long_drives.py), the last 2 held out by train_config
 
 
@@ -165,7 +170,8 @@ def test_a_checkpoint_without_route_slots_grows_them_keeping_every_weight(route_
     """init= of a model without route slots and net.num_route_tokens=4: every weight copied, the spatial table's
     15 image and 6 action rows in place. What is exactly preserved is the first frame of a window: its positions
     0-20 have the same position ids, embeddings and (causal) inputs, so their logits equal the old model's bit for bit
-    (eager attention, float32); from frame 1 on positions sit 4 further per frame and attend to the route slots, so they differ."""
+    (eager attention, float32); from frame 1 on positions sit 4 further per frame and attend to the route slots, so
+    they differ."""
     spec = train_spec(train_config(route_tokens, tmp_path / "run", f"init={plain_checkpoint}",
                                    "net.num_route_tokens=4", "train.attn_implementation=eager"))
     data = load_training_data(spec.data, spec.val_clips)
@@ -237,3 +243,42 @@ def test_route_data_and_route_models_meet_whatever_the_other_has(route_tokens, p
     b = LlamaActionForCausalLM.from_pretrained(tmp_path / "b" / "model").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+def test_the_shipped_demo_model_grows_route_slots(tmp_path):
+    """The warm start scripts/train_demo.sh offers (init=terra/assets/demo/world_model net.num_route_tokens=8): the
+    demo model's 144 + 6 positions a frame become 158, its first frame's logits unchanged."""
+    rng = np.random.default_rng(0)
+    clips = TokenizedClips(codes=rng.integers(0, 1024, (3, 4, 9, 16)), actions=rng.normal(size=(3, 4, 6, 3)).astype(
+        np.float32), poses=np.zeros((3, 4, 3)), codebook_size=1024, image_size=(144, 256))
+    tokens = save_tokens(tmp_path / "tokens.safetensors", clips)
+    spec = train_spec(train_config(tokens, tmp_path / "run", f"init={DEMO_MODEL}", "net.num_route_tokens=8",
+                                   "data.val_clips=1", "train.attn_implementation=eager"))
+    grown = build_model(spec, load_training_data(spec.data, spec.val_clips)).eval()
+    demo = LlamaActionForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32, attn_implementation="eager").eval()
+    assert grown.config.num_spatio_embeddings == 158 and grown.config.max_position_embeddings == 158 * 16
+    ids = torch.from_numpy(clips.codes[:1].reshape(1, -1))
+    actions = torch.from_numpy(clips.actions[:1].reshape(1, -1, 3))
+    with torch.no_grad():
+        assert torch.equal(grown(input_ids=ids, actions=actions).logits[:, :150],
+                           demo(input_ids=ids, actions=actions).logits[:, :150])
+
+
+def test_train_demo_trains_route_slots_by_default_and_warm_starts_on_request(tmp_path):
+    """scripts/train_demo.sh world_model passes net.num_route_tokens=8 (ROUTES=0: Terra's layout) and EXTRA's init=
+    to terra-train; a stand-in PY records the commands (the run, then the export at the last step)."""
+    calls, python = tmp_path / "calls", tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nif [ "$1" = "-c" ]; then echo 7; fi\n')
+    python.chmod(0o755)
+    for routes, extra in ((None, ""), ("0", "init=terra/assets/demo/world_model")):
+        calls.unlink(missing_ok=True)
+        env = {**os.environ, "PY": str(python), "RUN": str(tmp_path / "run"), "EXTRA": extra}
+        if routes is not None:
+            env["ROUTES"] = routes
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "train_demo.sh"), "world_model"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        run, last, export = calls.read_text().splitlines()
+        assert f"net.num_route_tokens={routes or 8}" in run.split() and last.startswith("-c ")
+        assert "train.max_steps=7" in export.split() and f"net.num_route_tokens={routes or 8}" in export.split()
+        assert run.endswith(extra) and export.endswith(extra)
