@@ -282,3 +282,17 @@ def test_train_demo_trains_route_slots_by_default_and_warm_starts_on_request(tmp
         assert f"net.num_route_tokens={routes or 8}" in run.split() and last.startswith("-c ")
         assert "train.max_steps=7" in export.split() and f"net.num_route_tokens={routes or 8}" in export.split()
         assert run.endswith(extra) and export.endswith(extra)
+
+
+def test_a_resumed_route_run_equals_an_uninterrupted_one(route_tokens, tmp_path):
+    """The windows and which of them go without a route come from the sampler's generator, saved with the
+    checkpoint: a run stopped after every step ends with the weights of one that was not."""
+    settings = ("net.num_route_tokens=4", "train.no_route_share=0.5", "train.max_steps=3")
+    train(train_config(route_tokens, tmp_path / "whole", *settings))
+    for _ in range(3):  # a zero budget stops after one step; each call resumes the last
+        train(train_config(route_tokens, tmp_path / "parts", *settings, "train.max_minutes=0"))
+    train(train_config(route_tokens, tmp_path / "parts", *settings))  # at max_steps: exports
+    a = LlamaActionForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
+    b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
