@@ -101,7 +101,7 @@ def random_data(clips: int) -> TrainingData:
     frames, codebook = TERRA["num_temporal_embeddings"], TERRA["vocab_size"] - 1
     rng = torch.Generator().manual_seed(0)
     parts = [(str(i), torch.randint(codebook, (frames, 576), generator=rng).numpy(),
-              (torch.rand(frames, 6, 3, generator=rng) * 10).numpy()) for i in range(clips)]
+              (torch.rand(frames, 6, 3, generator=rng) * 10).numpy(), None) for i in range(clips)]
     return TrainingData(ClipSet.concat(parts), ClipSet.concat(parts[:1]), codebook, (24, 24), "")
 
 

@@ -2,17 +2,19 @@
 # Train the demo models shipped in terra/assets/demo (see MODEL_CARD.md), stage by stage.
 # Every stage resumes where an earlier invocation stopped, so a stage can span several time-limited runs.
 #
-#   bash scripts/train_demo.sh data          # render the world model's 20 s drives (CPU, all cores)
+#   bash scripts/train_demo.sh data          # render the world model's 20 s drives with their routes (CPU, all cores)
 #   bash scripts/train_demo.sh tokenizer     # train the LFQ tokenizer (GPU), export it when done or out of budget
-#   bash scripts/train_demo.sh tokens        # encode the drives with the tokenizer (TOKENIZER)
+#   bash scripts/train_demo.sh tokens        # encode the drives with the tokenizer (TOKENIZER), routes kept
 #   bash scripts/train_demo.sh world_model   # train the world model, export it when done or out of budget
 #   bash scripts/train_demo.sh install       # copy both exports into terra/assets/demo
 #
 # Environment: RUN (work folder, default runs/demo), PY (the Python to run: default .venv/bin/python, the
 # environment `make` builds, else python3), MINUTES (budget of a training stage), CLIPS, FRAMES (dataset size:
 # drives and frames a drive), TOKENIZER (the tokenizer that encodes the drives: default the one the tokenizer stage
-# exports), WM_DIR (the world model's run folder), TOK_STEPS, WM_STEPS (schedule lengths), EXTRA (more Hydra
-# overrides).
+# exports), WM_DIR (the world model's run folder), TOK_STEPS, WM_STEPS (schedule lengths), ROUTES (the world model's
+# route slots a frame, net.num_route_tokens: default 8; 0 = Terra's layout, no routes), EXTRA (more Hydra
+# overrides). A warm start from the shipped demo model, its route slots grown (docs/train.md, "Routes"):
+#   EXTRA="init=terra/assets/demo/world_model train.lr=3e-4" bash scripts/train_demo.sh world_model
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/demo}
@@ -44,8 +46,8 @@ case "${1:-}" in
   world_model)
     wm=${WM_DIR:-$RUN/world_model}
     args=(data.tokens="$RUN/tokens.safetensors" output_dir="$wm" train.max_steps="${WM_STEPS:-6000}"
-          train.batch_size=64 train.input_noise=0.1 net.num_temporal_embeddings=16 sample.gif=false
-          train.tensorboard=false)
+          train.batch_size=64 train.input_noise=0.1 net.num_temporal_embeddings=16 net.num_route_tokens="${ROUTES:-8}"
+          sample.gif=false train.tensorboard=false)
     "$PY" -m terra.apps.train "${args[@]}" train.max_minutes="$MINUTES" $EXTRA
     if [ ! -f "$wm/model/config.json" ]; then  # out of budget: end the schedule here and export
       "$PY" -m terra.apps.train "${args[@]}" train.max_steps="$(last_step "$wm/train_log.jsonl")" $EXTRA

@@ -1,5 +1,5 @@
 """``terra-make-dataset``: render a dataset of random synthetic driving clips (frames, poses, instruction
-trajectories, actions).
+trajectories, actions, routes).
 
     terra-make-dataset out_dir=data/clips num_clips=4000 num_frames=25 height=144 width=256
     terra-make-dataset format=driving_logs out_dir=data/night_logs num_clips=300 num_frames=20 \
@@ -56,7 +56,8 @@ def _main(cfg: DictConfig) -> None:
         return
     data = ClipDataset(out)
     print(f"wrote {len(data)} clips x {data.num_frames} frames at {data.image_size[0]}x{data.image_size[1]} "
-          f"({data.domain}) to {out} ({size_mb:.1f} MiB, {data.num_shards} shards) in {elapsed:.1f} s")
+          f"({data.domain}, routes of {data.route_points} points) to {out} ({size_mb:.1f} MiB, {data.num_shards} "
+          f"shards) in {elapsed:.1f} s")
 
 
 main = console_script(_main, PROG)

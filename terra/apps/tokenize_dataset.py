@@ -2,9 +2,10 @@
 
     terra-tokenize dataset=data/clips tokenizer_path=models/tokenizer out=data/tokens.safetensors
 
-Writes ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]`` and ``poses [N, T, 3]`` (terra/sim/tokens.py) for
-``terra-train``; the settings are conf/tokenize_dataset.yaml's, the work terra/training/tokenize.py's. It ends as
-every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2.
+Writes ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]`` and the dataset's ``routes [N, T, M, 3]``
+(terra/sim/tokens.py) for ``terra-train``; the settings are conf/tokenize_dataset.yaml's, the work
+terra/training/tokenize.py's. It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and
+exit code 2.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def _main(cfg: DictConfig) -> None:
 
     clips = run(spec)
     n, t, h, w = clips.codes.shape
-    print(f"wrote codes of {n} clips x {t} frames ({h}x{w} codes, codebook {clips.codebook_size}) to {spec.out} "
-          f"in {time.perf_counter() - start:.1f} s")
+    routes = "no routes" if clips.routes is None else f"routes of {clips.routes.shape[2]} points"
+    print(f"wrote codes of {n} clips x {t} frames ({h}x{w} codes, codebook {clips.codebook_size}; {routes}) to "
+          f"{spec.out} in {time.perf_counter() - start:.1f} s")
 
 
 main = console_script(_main, PROG)

@@ -1,4 +1,5 @@
-"""Clips of the synthetic world at 10 Hz: rendered frames plus exact ego poses, instruction trajectories, actions.
+"""Clips of the synthetic world at 10 Hz: rendered frames plus exact ego poses, instruction trajectories, actions and
+routes.
 
 A manoeuvre is synthesised in the car's own frame by :func:`terra.inputs.trajectory.manoeuvre_trajectory` and then
 placed in the world at a lane pose of the road (rotate + translate), so ``curve_left`` turns left relative to
@@ -6,7 +7,9 @@ the road and the clip's actions are exactly the ones :mod:`terra.inputs.actions`
 :func:`random_clip` draws a training distribution: single manoeuvres, a straight stretch followed by a
 manoeuvre, and lane keeping along the road's own bends (:func:`random_drive` draws one, unrendered, in any
 domain of terra/sim/scene.py). :func:`sample_frames` draws single frames from diverse poses (off-centre, yawed)
-for tokenizer training.
+for tokenizer training. Every clip carries each frame's route at :data:`DATASET_ROUTE_POINTS` points
+(:meth:`terra.sim.scene.Scene.route` at the frame's pose), finer than any model's route slots, which resample it
+(terra/generation/routes.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ FUTURE_S = FUTURE_POINTS / FUTURE_RATE_HZ  # 3 s of future needed by the last fr
 SAMPLE_RATE_HZ = 100.0  # resolution of synthesised trajectories
 SCENE_LENGTH_M = 600.0
 VIEW_MARGIN_M = 150.0  # road kept ahead of the last frame so the road's end stays in the haze
+DATASET_ROUTE_POINTS = 16  # a clip's routes: every 5 m up to 80 m; a model's K points (8: every 10 m) resample them
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Clip:
     speed_kmh: float  # initial speed
     scene_length_m: float = SCENE_LENGTH_M
     domain: str = "day"  # the scene's, terra.sim.scene.DOMAINS
+    routes: np.ndarray | None = None  # float32 [T, 16, 3] each frame's route (Scene.route at its pose); None: a
+    # dataset written before clips carried routes
 
     @property
     def num_frames(self) -> int:
@@ -79,14 +85,14 @@ def clip_from_trajectory(
     scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
     manoeuvre: str, start_s: float, speed_kmh: float,
 ) -> Clip:
-    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth."""
+    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes."""
     poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
     trajs = trajectory.instruction_trajs(num_frames)
     frames = np.stack([render(scene, p, height, width) for p in poses])
     return Clip(
         frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
         manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),
-        scene_length_m=scene.length_m, domain=scene.domain,
+        scene_length_m=scene.length_m, domain=scene.domain, routes=scene.route(poses, DATASET_ROUTE_POINTS),
     )
 
 

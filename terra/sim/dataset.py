@@ -2,10 +2,14 @@
 
 Layout of a dataset folder::
 
-    meta.json            version, sizes, seed, domain, the shard list and every clip's manoeuvre / scene seed / start
+    meta.json            version, sizes, seed, domain, route_points, the shard list and every clip's manoeuvre /
+                         scene seed / start
     shard-00000.npz      frames uint8 [n, T, H, W, 3], poses float64 [n, T, 3],
-    shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3]
-    ...
+    shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3],
+    ...                  routes float32 [n, T, route_points, 3] (each frame's route, terra/sim/clips.py)
+
+Datasets written before clips carried routes have no ``routes`` array (nor ``route_points``); their clips read with
+``routes`` None.
 
 Clip ``i`` is drawn from ``numpy.random.default_rng([seed, i])``, so a dataset is the same whatever the number
 of worker processes. Every file is written to a temporary name and renamed, and ``meta.json`` comes last, so
@@ -30,14 +34,15 @@ from terra.config.output_dir import claim_output_dir
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.generation.actions import FRAME_RATE_HZ
-from terra.sim.clips import Clip, Drive, random_drive
+from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
 from terra.sim.long_drives import random_long_drive
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 1
 APP = "terra-make-dataset"  # the app whose run folders these are (terra/config/output_dir.py)
 META_FILE = "meta.json"
-ARRAYS = ("frames", "poses", "instruction_trajs", "actions")
+ARRAYS = ("frames", "poses", "instruction_trajs", "actions", "routes")
+OPTIONAL_ARRAYS = ("routes",)  # absent from datasets written before clips carried routes
 SHARD_FILES = "shard-*.npz"
 # What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
 # manoeuvres: 2 s clips of single manoeuvres and lane keeping (terra/sim/clips.py); long_drives: 20 s drives with
@@ -95,6 +100,7 @@ def write_dataset(
         "seed": seed,
         "domain": domain,
         "recipe": recipe,
+        "route_points": DATASET_ROUTE_POINTS,
         "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
         "clips": clips_meta,
     }
@@ -172,6 +178,13 @@ class ClipDataset:
         return str(self.meta.get("domain", "day"))
 
     @property
+    def route_points(self) -> int | None:
+        """Points of each frame's route (terra/sim/clips.py); None for a dataset written before clips carried
+        routes."""
+        points = self.meta.get("route_points")
+        return None if points is None else int(points)
+
+    @property
     def image_size(self) -> tuple[int, int]:
         """(height, width) of every frame."""
         return int(self.meta["height"]), int(self.meta["width"])
@@ -188,7 +201,7 @@ class ClipDataset:
         row = index - int(self._shard_start[shard])
         info = self.meta["clips"][index]
         return Clip(
-            **{name: arrays[name][row] for name in ARRAYS},
+            **{name: arrays[name][row] for name in ARRAYS if name in arrays},
             manoeuvre=info["manoeuvre"], seed=info["scene_seed"], start_s=info["start_s"],
             speed_kmh=info["speed_kmh"], scene_length_m=info["scene_length_m"], domain=self.domain,
         )
@@ -204,5 +217,5 @@ class ClipDataset:
         """All arrays of shard ``k`` (``frames [n, T, H, W, 3]``, ...), loaded once and kept until the next."""
         if self._cached is None or self._cached[0] != k:
             with np.load(self.path / self.meta["shards"][k]["file"], allow_pickle=False) as data:
-                self._cached = (k, {name: data[name] for name in ARRAYS})
+                self._cached = (k, {name: data[name] for name in ARRAYS if name in data or name not in OPTIONAL_ARRAYS})
         return self._cached[1]

@@ -1,9 +1,11 @@
-"""Tokenized clips on disk: one safetensors file with every clip's image codes, actions and poses.
+"""Tokenized clips on disk: one safetensors file with every clip's image codes, actions, poses and routes.
 
 Written by ``terra-tokenize``, read by ``terra-train`` (and evaluation):
 
 * ``codes``: int16 (int32 when the codebook needs it) ``[N, T, h, w]``;
 * ``actions``: float32 ``[N, T, 6, 3]``; ``poses``: float64 ``[N, T, 3]``;
+* ``routes`` (when the clip dataset had them): float32 ``[N, T, M, 3]``, each frame's route at ``M`` points
+  (terra/generation/routes.py; the synthetic datasets' 16, terra/sim/clips.py);
 * metadata (strings): ``version``, ``codebook_size``, ``image_height``/``image_width``, ``source`` (the clip
   dataset) and ``tokenizer`` (the tokenizer's path).
 """
@@ -19,6 +21,7 @@ from safetensors.numpy import load_file, save_file
 
 from terra.core.atomic import atomic_path, mark
 from terra.core.errors import TerraInputError
+from terra.generation.routes import ROUTE_POINT_VALUES, validate_routes
 from terra.tokenizer.tensors import check_codes, check_floats
 
 TOKENS_VERSION = "1"
@@ -35,6 +38,7 @@ class TokenizedClips:
     image_size: tuple[int, int]  # (H, W) of the frames that were encoded
     source: str = ""
     tokenizer: str = ""
+    routes: np.ndarray | None = None  # [N, T, M, 3] float32 each frame's route; None: the clips have none
 
     @property
     def grid_shape(self) -> tuple[int, int]:
@@ -50,6 +54,8 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
         "actions": np.ascontiguousarray(clips.actions, dtype=np.float32),
         "poses": np.ascontiguousarray(clips.poses, dtype=np.float64),
     }
+    if clips.routes is not None:
+        tensors["routes"] = np.ascontiguousarray(clips.routes, dtype=np.float32)
     metadata = {
         "version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
         "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
@@ -64,7 +70,7 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
 
 def load_tokens(path: str | Path) -> TokenizedClips:
     """Read a file written by :func:`save_tokens`, its codes (in the codebook, as int64), actions and poses
-    (finite) checked."""
+    (finite) and routes (:func:`checked_routes`) checked."""
     path = Path(path)
     if not path.is_file():
         raise TerraInputError(f"tokenized clips {path} do not exist; run terra-tokenize first")
@@ -87,9 +93,27 @@ def load_tokens(path: str | Path) -> TokenizedClips:
     check_codes(tensors["codes"], f"tokenized clips {path}: tensor codes", codebook_size, fix)
     for name in ("actions", "poses"):
         check_floats(tensors[name], f"tokenized clips {path}: tensor {name}", fix)
+    routes = tensors.get("routes")
+    if routes is not None:
+        routes = checked_routes(routes, tensors["codes"].shape[:2], f"tokenized clips {path}: tensor routes", fix)
     return TokenizedClips(
         codes=tensors["codes"].astype(np.int64), actions=tensors["actions"], poses=tensors["poses"],
         codebook_size=codebook_size,
         image_size=(int(meta["image_height"]), int(meta["image_width"])),
-        source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""),
+        source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""), routes=routes,
     )
+
+
+def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
+    """Routes read from a training file (a tokenized-clips file, a shard), ``[*frames, M, 3]`` with ``M >= 2``:
+    floating point and finite, their third values the distances of ``M`` points and every point in reach
+    (:func:`terra.generation.routes.validate_routes`); returned float32. ``where`` names the file and tensor, ``fix``
+    ends the line."""
+    shape = tuple(routes.shape)
+    if shape[:-2] != tuple(frames) or len(shape) != len(frames) + 2 or shape[-2] < 2 or shape[-1] != ROUTE_POINT_VALUES:
+        wanted = ", ".join(str(n) for n in frames)
+        raise TerraInputError(f"{where} has shape {list(shape)}, not [{wanted}, points >= 2, {ROUTE_POINT_VALUES}]; "
+                              f"{fix}")
+    check_floats(routes, where, fix)
+    flat = validate_routes(routes.reshape(-1, shape[-2], shape[-1]), shape[-2], where)
+    return flat.reshape(shape)

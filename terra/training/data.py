@@ -9,49 +9,102 @@ Two sources, told apart by what ``data.tokens`` names:
 
 Every process draws the same global batch of windows from one seeded generator and takes its own slice, so a
 run on N processes trains on exactly the windows a one-process run would (terra/training/run.py).
+
+Routes (terra/generation/routes.py): either source may hold each frame's route at the data's own resolution (the
+synthetic datasets' 16 points), resampled once to the model's K route slots (:meth:`TrainingData.for_route_slots`).
+A window of frames ``[lo, lo + W)`` carries the slot routes ``routes[lo + 1 : lo + W + 1]`` (frame ``t``'s slots
+hold the route of the frame they condition, as in terra/generation/rollout.py), NaN (no route) where the clip has no
+frame ``lo + W``; :class:`WindowSampler` blanks a share of its windows' routes whole (``train.no_route_share``), so
+the model learns its "no route" embedding too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from terra.core.errors import TerraInputError
+from terra.generation.routes import no_route, resample_routes
 from terra.sim.tokens import load_tokens
 from terra.training.shards import read_index, read_shard
+
+# a clip as loaded: id, codes [T, P], actions [T, 6, 3], routes [T, M, 3] or None
+ClipPart = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
+
+
+class Windows(NamedTuple):
+    """A batch of windows as the training-style forward takes them (terra/models/modeling_llama_action.py)."""
+
+    codes: torch.Tensor  # int64 [B, W*P]
+    actions: torch.Tensor  # float32 [B, W*6, 3]
+    routes: torch.Tensor | None  # float32 [B, W*K, 3] the route slots' values (NaN: no route); None: no route data
 
 
 @dataclass(frozen=True)
 class ClipSet:
-    """Clips one after another: codes ``[F, P]`` (int32), actions ``[F, 6, 3]``, each clip's first frame."""
+    """Clips one after another: codes ``[F, P]`` (int32), actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None when
+    the data has none; NaN rows for a clip without them among clips with them), each clip's first frame."""
 
     codes: torch.Tensor
     actions: torch.Tensor
     starts: torch.Tensor  # int64 [n]
     lengths: torch.Tensor  # int64 [n]
     ids: tuple[str, ...]
+    routes: torch.Tensor | None = None
 
     @classmethod
-    def concat(cls, parts: list[tuple[str, np.ndarray, np.ndarray]]) -> "ClipSet":
-        """A set of ``(id, codes [T, P], actions [T, 6, 3])`` clips."""
-        lengths = torch.tensor([len(c) for _, c, _ in parts], dtype=torch.int64)
+    def concat(cls, parts: list[ClipPart]) -> "ClipSet":
+        """A set of ``(id, codes [T, P], actions [T, 6, 3], routes [T, M, 3] or None)`` clips."""
+        lengths = torch.tensor([len(c) for _, c, _, _ in parts], dtype=torch.int64)
         starts = torch.cumsum(lengths, 0) - lengths
         width = parts[0][1].shape[1] if parts else 0
-        codes = np.concatenate([c for _, c, _ in parts]) if parts else np.zeros((0, width))
-        actions = np.concatenate([a for _, _, a in parts]) if parts else np.zeros((0, 6, 3))
+        codes = np.concatenate([c for _, c, _, _ in parts]) if parts else np.zeros((0, width))
+        actions = np.concatenate([a for _, _, a, _ in parts]) if parts else np.zeros((0, 6, 3))
         return cls(torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(actions.astype(np.float32)),
-                   starts, lengths, tuple(i for i, _, _ in parts))
+                   starts, lengths, tuple(i for i, _, _, _ in parts), _joined_routes(parts))
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def window(self, clip: int, start: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes ``[frames, P]`` and actions ``[frames, 6, 3]`` of one clip from frame ``start``."""
+    def window(self, clip: int, start: int, frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Codes ``[frames, P]``, actions ``[frames, 6, 3]`` and slot routes ``[frames, M, 3]`` (module docstring:
+        each frame's slots hold the next frame's route, NaN past the clip's end; None without routes) of one clip
+        from frame ``start``."""
         lo = int(self.starts[clip]) + start
-        return self.codes[lo:lo + frames], self.actions[lo:lo + frames]
+        routes = None
+        if self.routes is not None:
+            end = int(self.starts[clip] + self.lengths[clip])
+            routes = self.routes[lo + 1:min(lo + frames + 1, end)]
+            missing = torch.from_numpy(no_route(frames - len(routes), routes.shape[1]))
+            routes = torch.cat([routes, missing])
+        return self.codes[lo:lo + frames], self.actions[lo:lo + frames], routes
+
+    def frame_routes(self, clip: int, start: int, frames: int) -> np.ndarray | None:
+        """The routes ``[frames, M, 3]`` of one clip's frames from ``start`` (``routes[t]``: frame ``t``'s, as a
+        rollout request takes them); None without routes."""
+        lo = int(self.starts[clip]) + start
+        return None if self.routes is None else self.routes[lo:lo + frames].numpy()
+
+    def with_route_points(self, num_points: int) -> "ClipSet":
+        """The set with its routes resampled to ``num_points`` (terra/generation/routes.py); none for 0."""
+        if self.routes is None or not num_points:
+            return replace(self, routes=None)
+        return replace(self, routes=torch.from_numpy(resample_routes(self.routes.numpy(), num_points)))
+
+
+def _joined_routes(parts: list[ClipPart]) -> torch.Tensor | None:
+    """The clips' routes one after another; NaN (no route) for a clip without them among clips with them, and None
+    when no clip has them. Clips with routes of different resolutions are resampled to the finest."""
+    given = [r for _, _, _, r in parts if r is not None]
+    if not given:
+        return None
+    points = max(r.shape[1] for r in given)
+    rows = [no_route(len(c), points) if r is None else resample_routes(r, points) for _, c, _, r in parts]
+    return torch.from_numpy(np.concatenate(rows).astype(np.float32))
 
 
 @dataclass(frozen=True)
@@ -68,6 +121,15 @@ class TrainingData:
     def patches(self) -> int:
         return self.grid[0] * self.grid[1]
 
+    @property
+    def has_routes(self) -> bool:
+        return self.train.routes is not None
+
+    def for_route_slots(self, num_points: int) -> "TrainingData":
+        """The data as a model of ``num_points`` route slots reads it: routes resampled to its K (none for K = 0)."""
+        return replace(self, train=self.train.with_route_points(num_points),
+                       val=self.val.with_route_points(num_points))
+
 
 def load_training_data(path: str, val_clips: int) -> TrainingData:
     """Read a shard folder or a tokenized-clips file (module docstring) into memory."""
@@ -75,12 +137,13 @@ def load_training_data(path: str, val_clips: int) -> TrainingData:
         index = read_index(path)
         splits: dict[str, list] = {"train": [], "val": []}
         for entry in index.shards:
-            codes, actions = read_shard(path, index, entry)
+            codes, actions, routes = read_shard(path, index, entry)
             codes = codes.reshape(len(codes), -1)
             offset = 0
             for clip in entry.clips:
-                splits[entry.split].append((clip.id, codes[offset:offset + clip.frames],
-                                            actions[offset:offset + clip.frames]))
+                part = slice(offset, offset + clip.frames)
+                splits[entry.split].append((clip.id, codes[part], actions[part],
+                                            None if routes is None else routes[part]))
                 offset += clip.frames
         if not splits["train"]:
             raise TerraInputError(f"{path} holds no training clips; prepare more driving logs")
@@ -91,43 +154,51 @@ def load_training_data(path: str, val_clips: int) -> TrainingData:
     if val_clips >= num_clips:
         raise TerraInputError(f"data.val_clips must be in [0, {num_clips - 1}] for {num_clips} clips "
                               f"(got {val_clips})")
-    parts = [(str(i), clips.codes[i].reshape(clips.codes.shape[1], -1), clips.actions[i]) for i in range(num_clips)]
+    parts = [(str(i), clips.codes[i].reshape(clips.codes.shape[1], -1), clips.actions[i],
+              None if clips.routes is None else clips.routes[i]) for i in range(num_clips)]
     cut = num_clips - val_clips
     return TrainingData(ClipSet.concat(parts[:cut]), ClipSet.concat(parts[cut:]), clips.codebook_size,
                         clips.grid_shape, clips.tokenizer)
 
 
 class WindowSampler:
-    """Uniformly random windows of ``frames`` consecutive frames among all clips long enough to hold one.
+    """Uniformly random windows of ``frames`` consecutive frames among all clips long enough to hold one; with
+    routes, each window's route slots all hold no route with probability ``no_route_share``.
 
     Its generator state is part of the checkpoint (terra/training/checkpoint.py), so a resumed run draws the
-    windows an uninterrupted one would.
+    windows (and which of them go without a route) an uninterrupted one would.
     """
 
-    def __init__(self, clips: ClipSet, frames: int, seed: int) -> None:
+    def __init__(self, clips: ClipSet, frames: int, seed: int, no_route_share: float = 0.0) -> None:
         counts = (clips.lengths - frames + 1).clamp(min=0)
         if int(counts.sum()) == 0:
             longest = int(clips.lengths.max()) if len(clips) else 0
             raise TerraInputError(f"no training clip holds a window of {frames} frames (the longest has {longest}); "
                                   f"lower train.window or prepare longer clips")
         self.clips, self.frames, self.counts = clips, frames, counts
+        self.no_route_share = no_route_share
         self.ends = torch.cumsum(counts, 0)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Image codes ``[B, frames*P]`` (int64) and actions ``[B, frames*6, 3]`` of ``batch_size`` windows."""
+    def sample(self, batch_size: int) -> Windows:
+        """``batch_size`` random windows (:class:`Windows`)."""
         picks = torch.randint(int(self.ends[-1]), (batch_size,), generator=self.generator)
         clip = torch.searchsorted(self.ends, picks, right=True)
         start = picks - (self.ends[clip] - self.counts[clip])
-        return stack_windows(self.clips, clip.tolist(), start.tolist(), self.frames)
+        windows = stack_windows(self.clips, clip.tolist(), start.tolist(), self.frames)
+        if windows.routes is None or not self.no_route_share:  # no draw: runs without routes keep their windows
+            return windows
+        blank = torch.rand(batch_size, generator=self.generator) < self.no_route_share
+        return windows._replace(routes=windows.routes.masked_fill(blank[:, None, None], float("nan")))
 
 
-def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
     """The given windows, flattened as the training-style forward takes them (terra/models/modeling_llama_action.py)."""
-    pairs = [clips.window(c, s, frames) for c, s in zip(clip, start)]
-    codes = torch.stack([p[0] for p in pairs]).flatten(1).long()
-    actions = torch.stack([p[1] for p in pairs]).flatten(1, 2)
-    return codes, actions
+    parts = [clips.window(c, s, frames) for c, s in zip(clip, start)]
+    codes = torch.stack([p[0] for p in parts]).flatten(1).long()
+    actions = torch.stack([p[1] for p in parts]).flatten(1, 2)
+    routes = None if clips.routes is None else torch.stack([p[2] for p in parts]).flatten(1, 2)
+    return Windows(codes, actions, routes)
 
 
 def validation_windows(clips: ClipSet, frames: int) -> list[int]:

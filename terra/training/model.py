@@ -1,8 +1,9 @@
 """The model a run trains: a new one of ``net.*``'s shape or a checkpoint, fully trainable or with LoRA adapters.
 
 :func:`build_model` checks that the model and the data share one token layout (the tokenizer's grid and
-codebook), :func:`add_lora` puts PEFT's LoRA adapters on it, and :func:`standalone_model` turns what was trained
-back into a plain :class:`LlamaActionForCausalLM` in Terra's layout (LoRA merged), for export and sample rollouts.
+codebook) and grows route slots into a checkpoint without them (:func:`with_route_slots`), :func:`add_lora` puts
+PEFT's LoRA adapters on it, and :func:`standalone_model` turns what was trained back into a plain
+:class:`LlamaActionForCausalLM` in Terra's layout (LoRA merged), for export and sample rollouts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ LORA_EXTRA_MODULES = {"train_action_projection": "action_projection",
 def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
     """A world-model config: the shape from ``net``, the token layout from the data."""
     patches, frames = data.patches, net["net.num_temporal_embeddings"]
+    routes = net["net.num_route_tokens"] or 0
+    span = patches + NUM_ACTION_TOKENS + routes
     mlp = net["action_projection_type"] == "mlp"
     try:
         config = LlamaActionConfig(
@@ -35,8 +38,8 @@ def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
             num_hidden_layers=net["net.num_hidden_layers"], num_attention_heads=net["net.num_attention_heads"],
             num_key_value_heads=net["net.num_key_value_heads"], rms_norm_eps=net["net.rms_norm_eps"],
             rope_theta=net["net.rope_theta"], num_image_patches=patches, num_action_tokens=NUM_ACTION_TOKENS,
-            num_spatio_embeddings=patches + NUM_ACTION_TOKENS, num_temporal_embeddings=frames,
-            max_position_embeddings=frames * (patches + NUM_ACTION_TOKENS),
+            num_route_tokens=routes, num_spatio_embeddings=span, num_temporal_embeddings=frames,
+            max_position_embeddings=frames * span,
             action_projection_type=net["action_projection_type"], tie_word_embeddings=False,
             architectures=["LlamaActionV2ForCausalLM" if mlp else "LlamaActionForCausalLM"],
         )
@@ -48,7 +51,8 @@ def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
 
 
 def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
-    """The model to train, in float32 on the CPU: ``init``'s checkpoint, or a new one of ``net``'s shape."""
+    """The model to train, in float32 on the CPU: ``init``'s checkpoint (grown ``net.num_route_tokens`` route slots
+    when it has none and the setting asks for some), or a new one of ``net``'s shape."""
     if spec.init is None:
         config = new_config(spec.net, data)
         return AutoModelForCausalLM.from_config(config, attn_implementation=spec.attn_implementation)
@@ -59,8 +63,46 @@ def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
             f"{data.codebook_size}) than the model in {spec.init} takes ({config.num_image_patches} from "
             f"{config.codebook_size}); prepare the data with that model's tokenizer"
         )
-    return AutoModelForCausalLM.from_pretrained(spec.init, config=config, dtype=torch.float32,
-                                                attn_implementation=spec.attn_implementation)
+    routes = spec.net["net.num_route_tokens"]
+    if routes is not None and routes != config.num_route_tokens and config.num_route_tokens:
+        raise TerraInputError(f"net.num_route_tokens={routes}, but the model in {spec.init} has "
+                              f"{config.num_route_tokens} route slots, which training does not change; leave "
+                              "net.num_route_tokens unset to keep them")
+    model = AutoModelForCausalLM.from_pretrained(spec.init, config=config, dtype=torch.float32,
+                                                 attn_implementation=spec.attn_implementation)
+    if routes and not config.num_route_tokens:
+        return with_route_slots(model, routes, spec.attn_implementation)
+    return model
+
+
+def with_route_slots(model: LlamaActionForCausalLM, num_route_tokens: int,
+                     attn_implementation: str = "sdpa") -> LlamaActionForCausalLM:
+    """A model without route slots grown ``num_route_tokens`` (K) of them after each frame's action slots: a warm
+    start from a checkpoint in Terra's layout (docs/train.md, "Routes").
+
+    Every weight of ``model`` is copied. The spatial position table keeps its image and action rows in place
+    (position ``p % S`` of an image token or action slot names the same row as before) and gains K rows for the
+    route slots; those rows, ``route_projection`` and ``no_route_embedding`` are drawn as a new model's
+    (``initializer_range``, torch's generator). The model computes the first frame of a window exactly as before
+    (its positions, embeddings and everything it attends to are unchanged); later frames sit K positions further per
+    frame and attend to the route slots, so they do not."""
+    config = copy.deepcopy(model.config)
+    span = config.num_spatio_embeddings + num_route_tokens
+    config.num_route_tokens, config.num_spatio_embeddings = num_route_tokens, span
+    config.max_position_embeddings = max(config.max_position_embeddings, span * config.num_temporal_embeddings)
+    config.validate_architecture()
+    grown = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                             dtype=model.dtype)
+    state = model.state_dict()
+    table = "pos_embedding_spatio_temporal.spatio_embeddings.weight"
+    rows = grown.state_dict()[table].clone()
+    rows[:len(state[table])] = state[table]
+    state[table] = rows
+    missing, unexpected = grown.load_state_dict(state, strict=False)
+    new = {"route_projection.weight", "route_projection.bias", "no_route_embedding"}
+    if set(missing) != new or unexpected:  # a model class with weights this function does not know
+        raise RuntimeError(f"growing route slots left {missing} drawn and {unexpected} unused")
+    return grown
 
 
 def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
@@ -74,9 +116,14 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
         raise TerraInputError(f"lora.target_modules: {', '.join(unknown)} is not a linear layer of the world model; "
                               f"choose from {', '.join(linear)}")
     extra = [module for flag, module in LORA_EXTRA_MODULES.items() if getattr(lora, flag)]
+    if model.route_projection is not None:  # a route model's route slots always train: they may be newly grown
+        extra.append("route_projection")
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), modules_to_save=extra or None)
-    return get_peft_model(model, config)
+    peft = get_peft_model(model, config)
+    if model.no_route_embedding is not None:  # a bare parameter, which PEFT neither wraps nor saves in adapter/
+        model.no_route_embedding.requires_grad_(True)
+    return peft
 
 
 def store_weights(module: nn.Module, trained: torch.dtype, frozen: torch.dtype) -> None:

@@ -1,6 +1,7 @@
-"""Validation rollouts while training: the opening frames of a few validation clips as context, their actions, the
-model's greedy continuation. Their PSNR against the clips (``val_psnr``) scores the run on what a world model is
-used for, and the first clip beside its rollout is written as a GIF in the run folder (``samples/``)."""
+"""Validation rollouts while training: the opening frames of a few validation clips as context, their actions (and
+routes, for a model with route slots), the model's greedy continuation. Their PSNR against the clips (``val_psnr``)
+scores the run on what a world model is used for, and the first clip beside its rollout is written as a GIF in the
+run folder (``samples/``)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, cl
     and write the first clip (left) beside its rollout (right) to ``path``, atomically."""
     grid = tokenizer.grid_shape
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, device, streams=len(ids)), str(device))
-    windows = [clips.window(clip, 0, frames) for clip in ids]
+    windows = [clips.window(clip, 0, frames)[:2] for clip in ids]
     requests = [RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context,
-                               seed=0) for codes, actions in windows]
+                               seed=0, routes=clips.frame_routes(clip, 0, frames))
+                for clip, (codes, actions) in zip(ids, windows)]
     rollouts = [result.frames for result in pipeline.generate(requests, GREEDY, progress=False)]
     truths = [pipeline.decode(codes.numpy().astype(np.int64).reshape(frames, *grid)) for codes, _ in windows]
     scores = [min(v, PSNR_CAP_DB) for rollout, truth in zip(rollouts, truths)

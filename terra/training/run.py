@@ -113,11 +113,15 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     torch.manual_seed(spec.seed)
     data = load_training_data(spec.data, spec.val_clips)
     trainee = build_trainee(spec, data, processes)
+    route_slots = trainee.loss.lm.config.num_route_tokens
+    if processes.main and route_slots:
+        print(route_note(route_slots, data.has_routes, spec.no_route_share))
+    data = data.for_route_slots(route_slots)
     module, device = trainee.module, processes.device
     optimizer = make_optimizer(module, spec, device)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, spec.warmup_steps, spec.max_steps,
                                                             min_lr_rate=spec.min_lr_ratio)
-    sampler = WindowSampler(data.train, trainee.frames, spec.seed)
+    sampler = WindowSampler(data.train, trainee.frames, spec.seed, spec.no_route_share)
     step = 0
     folder = out / CHECKPOINT_DIR
     bound = {"train.optimizer": spec.optimizer}  # the optimizer state's layout: a checkpoint resumes under its own
@@ -191,11 +195,11 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                 log.write(first)
             interval_start = time.perf_counter()
         while step < spec.max_steps:
-            ids, acts = sampler.sample(spec.batch_size)
+            ids, acts, routes = sampler.sample(spec.batch_size)
             mine = slice(processes.rank * trainee.micro_batch * trainee.accumulation,
                          (processes.rank + 1) * trainee.micro_batch * trainee.accumulation)
             loss, acc, grad_norm = train_step(trainee, optimizer, ids[mine].to(device), acts[mine].to(device),
-                                              spec.grad_clip)
+                                              spec.grad_clip, None if routes is None else routes[mine].to(device))
             scheduler.step()
             sums[:2] += torch.stack([loss, acc])
             step += 1
@@ -245,15 +249,25 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     return summary
 
 
+def route_note(route_slots: int, has_routes: bool, no_route_share: float) -> str:
+    """The line a route model's run says once: what its route slots train on."""
+    if not has_routes:
+        return (f"data.tokens holds no routes: the model's {route_slots} route slots train with its \"no route\" "
+                "embedding in every window")
+    return (f"route slots: {route_slots} a frame, the data's routes resampled to them; "
+            f"{no_route_share:.0%} of the windows train with no route (train.no_route_share)")
+
+
 def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, ids: torch.Tensor, acts: torch.Tensor,
-               grad_clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over this process's windows (``accumulation`` micro-batches); returns the mean loss and
-    accuracy (on the device, unsynchronised) and the gradient norm before clipping."""
+               grad_clip: float, routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step over this process's windows (``accumulation`` micro-batches; ``routes``: their route
+    slots' values, None: no route); returns the mean loss and accuracy (on the device, unsynchronised) and the
+    gradient norm before clipping."""
     loss_sum = acc_sum = torch.zeros((), device=ids.device)
     for k in range(trainee.accumulation):
         part = slice(k * trainee.micro_batch, (k + 1) * trainee.micro_batch)
         with gradient_sync(trainee.module, k == trainee.accumulation - 1):
-            loss, acc = trainee.module(ids[part], acts[part])
+            loss, acc = trainee.module(ids[part], acts[part], None if routes is None else routes[part])
             (loss / trainee.accumulation).backward()
         loss_sum, acc_sum = loss_sum + loss.detach(), acc_sum + acc
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in trainee.module.parameters() if p.requires_grad], grad_clip)
@@ -272,17 +286,23 @@ def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, 
 
 @torch.no_grad()
 def _validate(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
-    """Mean loss and accuracy over the first window of every validation clip (every process scores all)."""
+    """Mean loss and accuracy over the first window of every validation clip (every process scores all); with
+    routes, also the loss with no route (``val_loss_no_route``: above ``val_loss`` when the model reads its
+    routes)."""
     trainee.module.eval()
-    total_loss = total_acc = 0.0
+    totals = {"val_loss": 0.0, "val_acc": 0.0}
     for lo in range(0, len(val), trainee.micro_batch):
         clips = val[lo:lo + trainee.micro_batch]
-        ids, acts = stack_windows(data.val, clips, [0] * len(clips), trainee.frames)
-        loss, acc = trainee.module(ids.to(processes.device), acts.to(processes.device))
-        total_loss += float(loss) * len(clips)
-        total_acc += float(acc) * len(clips)
+        ids, acts, routes = stack_windows(data.val, clips, [0] * len(clips), trainee.frames)
+        ids, acts = ids.to(processes.device), acts.to(processes.device)
+        loss, acc = trainee.module(ids, acts, None if routes is None else routes.to(processes.device))
+        totals["val_loss"] += float(loss) * len(clips)
+        totals["val_acc"] += float(acc) * len(clips)
+        if routes is not None:
+            blind, _ = trainee.module(ids, acts, None)
+            totals["val_loss_no_route"] = totals.get("val_loss_no_route", 0.0) + float(blind) * len(clips)
     trainee.module.train()
-    return {"val_loss": total_loss / len(val), "val_acc": total_acc / len(val)}
+    return {key: total / len(val) for key, total in totals.items()}
 
 
 def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):

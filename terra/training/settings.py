@@ -8,6 +8,10 @@ Where the weights start (``init``):
   safetensors) — Terra's own ``world_model/``, or a run's ``model/`` export;
 * ``model=terra_v1|terra_v2 terra_root=...`` (or ``model=demo``): the world model that group names.
 
+``net.num_route_tokens`` (K route slots a frame, terra/generation/routes.py) is the one ``net`` setting a checkpoint
+takes too: unset, a new model has none and a checkpoint keeps its own; K > 0 grows a checkpoint without route slots
+into a model with K of them (terra/training/model.py, ``with_route_slots``).
+
 ``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules`` (plus the
 action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
 ``lora.train_position_embeddings``). Memory (benchmarks/training.md, "Fine-tuning in 24 GiB"):
@@ -56,6 +60,7 @@ NET_RANGES = {
     "net.num_temporal_embeddings": Range(2, 1024, 16, whole=True),
     "net.rms_norm_eps": Range(0, 1, 1e-6, low_open=True),
     "net.rope_theta": Range(1, 1e9, 10000.0),
+    "net.num_route_tokens": Range(0, 256, 8, whole=True, nullable=True),  # null: 0 new, init's own (model.py)
 }
 TRAIN_RANGES = {
     "train.batch_size": Range(1, 65536, 16, whole=True),
@@ -74,6 +79,7 @@ TRAIN_RANGES = {
     "train.ckpt_every": Range(1, 10**8, 500, whole=True),
     "train.loss_chunk": Range(1, 10**7, 2048, whole=True),
     "train.input_noise": Range(0, 0.5, 0.05),
+    "train.no_route_share": Range(0, 1, 0.15),
     "data.val_clips": Range(0, 10**7, 32, whole=True),
     "sample.num_context": Range(1, 1023, 3, whole=True),
     "sample.clips": Range(1, 10**5, 4, whole=True),
@@ -114,6 +120,7 @@ class TrainSpec:
     window: int | None  # frames per window; None: the model's num_temporal_embeddings
     loss_on_first_frame: bool
     input_noise: float  # most share of a window's input codes replaced by random ones (terra/training/objective.py)
+    no_route_share: float  # a route model's share of windows trained without a route (terra/training/data.py)
     loss_chunk: int  # positions whose logits are computed at once
     lr: float
     min_lr_ratio: float
@@ -178,7 +185,8 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         batch_size=values["train.batch_size"], micro_batch_size=values["train.micro_batch_size"],
         window=values["train.window"],
         loss_on_first_frame=check_flag(select(cfg, "train.loss_on_first_frame"), "train.loss_on_first_frame"),
-        input_noise=values["train.input_noise"], loss_chunk=values["train.loss_chunk"], lr=values["train.lr"],
+        input_noise=values["train.input_noise"], no_route_share=values["train.no_route_share"],
+        loss_chunk=values["train.loss_chunk"], lr=values["train.lr"],
         min_lr_ratio=values["train.min_lr_ratio"],
         warmup_steps=values["train.warmup_steps"], max_steps=values["train.max_steps"],
         weight_decay=values["train.weight_decay"], betas=check_betas(select(cfg, "train.betas"), "train.betas"),

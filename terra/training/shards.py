@@ -9,7 +9,9 @@ Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by th
   lists only shards that are whole on disk;
 * ``<split>-NNNNN.safetensors`` — ``codes`` ``[F, h, w]`` (int16, int32 for codebooks past 32,768),
   ``actions`` float32 ``[F, 6, 3]`` and ``clip_lengths`` int64 ``[n]``: the frames of ``n`` clips one after
-  another, in the order the index lists them. ``split`` is ``train`` or ``val``; a clip is in one split only.
+  another, in the order the index lists them; ``routes`` float32 ``[F, M, 3]`` (each frame's route,
+  terra/generation/routes.py) when every clip of the shard has one (recorded driving logs have none).
+  ``split`` is ``train`` or ``val``; a clip is in one split only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from terra.config.checks import shown
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.sim.tokens import checked_routes
 from terra.tokenizer.tensors import check_codes, check_floats
 
 SHARDS_VERSION = 1
@@ -112,9 +115,10 @@ def read_index(folder: str | Path) -> ShardIndex:
     return index
 
 
-def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]
-                ) -> ShardEntry:
-    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``) and add it to the index.
+def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
+                routes: list[np.ndarray] | None = None) -> ShardEntry:
+    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``), with each clip's ``routes``
+    (``[T, M, 3]``) when given, and add it to the index.
 
     The shard file is written atomically first, then the index that names it, so an interrupted run leaves
     either both or an unlisted file that the next run overwrites.
@@ -128,6 +132,8 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
         "actions": np.ascontiguousarray(np.concatenate([a for _, _, a in clips]), dtype=np.float32),
         "clip_lengths": np.array([len(c) for _, c, _ in clips], dtype=np.int64),
     }
+    if routes is not None:
+        tensors["routes"] = np.ascontiguousarray(np.concatenate(routes), dtype=np.float32)
     folder.mkdir(parents=True, exist_ok=True)
     mark(folder, (INDEX_FILE, name))
     with atomic_path(folder / name) as tmp:
@@ -138,9 +144,11 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
     return entry
 
 
-def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> tuple[np.ndarray, np.ndarray]:
-    """Codes ``[F, h, w]`` (int64) and actions ``[F, 6, 3]`` of one shard, checked against ``index`` and its
-    entry: the clips' frames, the codes whole numbers of the codebook on the index's grid, the actions finite."""
+def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Codes ``[F, h, w]`` (int64), actions ``[F, 6, 3]`` and routes ``[F, M, 3]`` (None: the shard has none) of
+    one shard, checked against ``index`` and its entry: the clips' frames, the codes whole numbers of the codebook
+    on the index's grid, the actions finite, the routes as terra/sim/tokens.py's ``checked_routes`` checks them."""
     path = Path(folder) / entry.file
     try:
         tensors = load_file(str(path))
@@ -154,4 +162,7 @@ def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> tupl
     fix = "the shard is damaged: prepare the shards again"
     check_codes(codes, f"shard {path}: tensor codes", index.codebook_size, fix)
     check_floats(actions, f"shard {path}: tensor actions", fix)
-    return codes.astype(np.int64), actions
+    routes = tensors.get("routes")
+    if routes is not None:
+        routes = checked_routes(routes, (len(codes),), f"shard {path}: tensor routes", fix)
+    return codes.astype(np.int64), actions, routes

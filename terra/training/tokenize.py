@@ -1,6 +1,7 @@
 """A clip dataset (terra/sim/dataset.py) encoded with an image tokenizer into one tokenized-clips file
-(terra/sim/tokens.py: ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]``) that ``terra-train``
-reads. The settings are checked once into a :class:`TokenizeSpec` (conf/tokenize_dataset.yaml), without torch."""
+(terra/sim/tokens.py: ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]`` and, when the dataset
+has them, ``routes [N, T, M, 3]``) that ``terra-train`` reads. The settings are checked once into a
+:class:`TokenizeSpec` (conf/tokenize_dataset.yaml), without torch."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def tokenize_spec(cfg: Any) -> TokenizeSpec:
 
 def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
                      progress: bool = True) -> TokenizedClips:
-    """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``)."""
+    """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``), with the
+    clips' actions, poses and routes (None for a dataset written before clips carried routes)."""
     import torch
     from einops import rearrange
     from tqdm import tqdm
@@ -57,6 +59,8 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
     codes = np.empty((len(dataset), frames_per_clip, *tokenizer.grid_shape), dtype=np.int64)
     actions = np.empty((len(dataset), frames_per_clip, NUM_ACTION_TOKENS, 3), dtype=np.float32)
     poses = np.empty((len(dataset), frames_per_clip, 3), dtype=np.float64)
+    points = dataset.route_points
+    routes = None if points is None else np.empty((len(dataset), frames_per_clip, points, 3), dtype=np.float32)
     flat = codes.reshape(-1, *tokenizer.grid_shape)
     pending: list[np.ndarray] = []
     done = 0
@@ -72,13 +76,15 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
 
     for i, clip in enumerate(tqdm(dataset, total=len(dataset), desc="tokenizing", unit="clip", disable=not progress)):
         actions[i], poses[i] = clip.actions, clip.poses
+        if routes is not None:
+            routes[i] = clip.routes
         pending.append(clip.frames)
         if sum(len(p) for p in pending) >= batch_size:
             flush()
     if pending:
         flush()
     return TokenizedClips(codes=codes, actions=actions, poses=poses, codebook_size=int(tokenizer.codebook_size),
-                          image_size=dataset.image_size, source=str(dataset.path))
+                          image_size=dataset.image_size, source=str(dataset.path), routes=routes)
 
 
 def run(spec: TokenizeSpec) -> TokenizedClips:

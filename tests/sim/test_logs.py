@@ -68,7 +68,7 @@ def test_prepare_driving_logs_uses_every_clip_with_its_own_actions(logs):
     seen = {}
     index = read_index(logs.parent / "shards")
     for entry in index.shards:
-        _, actions = read_shard(logs.parent / "shards", index, entry)
+        _, actions, _ = read_shard(logs.parent / "shards", index, entry)
         start = 0
         for clip in entry.clips:
             seen[clip.id] = actions[start:start + clip.frames]

@@ -2,14 +2,17 @@
 stops), that they are kinematic (heading = direction of motion) and reproducible, and that no drive is set in a
 scene of the closed-loop study's scenarios."""
 
+import json
+
 import numpy as np
 import pytest
 
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.core.errors import TerraInputError
+from terra.sim.clips import DATASET_ROUTE_POINTS
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.long_drives import BEHAVIOURS, random_long_drive, reserved_scene_seeds
-from terra.sim.scene import ROAD_HALF_WIDTH_M
+from terra.sim.scene import ROAD_HALF_WIDTH_M, Scene
 
 FRAMES = 200
 
@@ -75,3 +78,24 @@ def test_dataset_recipe_is_recorded_and_checked(tmp_path):
     assert data[0].frames.shape == (12, 36, 64, 3)
     with pytest.raises(TerraInputError, match="recipe"):
         write_dataset(tmp_path / "e", 2, 12, 36, 64, recipe="long_drive", progress=False)
+
+
+def test_a_dataset_carries_each_frames_route_and_old_datasets_still_load(tmp_path):
+    """Every frame's route is Scene.route at its pose, at the dataset's 16 points (clip 1 is a manoeuvre chain, clip 0
+    lane-relative); a dataset written before routes (no routes array, no route_points) reads with routes None."""
+    data = ClipDataset(write_dataset(tmp_path / "d", 2, 12, 24, 40, seed=3, recipe="long_drives", progress=False))
+    assert data.route_points == DATASET_ROUTE_POINTS == 16
+    for clip in data:
+        scene = Scene.generate(clip.seed, clip.scene_length_m, clip.domain)
+        assert clip.routes.shape == (12, 16, 3) and clip.routes.dtype == np.float32
+        np.testing.assert_array_equal(clip.routes, scene.route(clip.poses, 16))
+    assert {c.manoeuvre.split(":")[0] for c in data} == {"long", "chain"}
+    shard = tmp_path / "d" / data.meta["shards"][0]["file"]
+    with np.load(shard) as arrays:
+        np.savez(shard, **{k: arrays[k] for k in arrays.files if k != "routes"})
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    del meta["route_points"]
+    (tmp_path / "d" / "meta.json").write_text(json.dumps(meta))
+    old = ClipDataset(tmp_path / "d")
+    assert old.route_points is None and old[1].routes is None
+    np.testing.assert_array_equal(old[1].actions, data[1].actions)

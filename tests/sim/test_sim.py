@@ -185,7 +185,7 @@ def test_make_dataset_script(tmp_path):
                            "height=16", "width=32", "workers=2", "clips_per_shard=2"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "wrote 3 clips x 2 frames at 16x32" in done.stdout
+    assert "wrote 3 clips x 2 frames at 16x32 (day, routes of 16 points)" in done.stdout
     data = ClipDataset(tmp_path / "ds")
     np.testing.assert_array_equal(data[2].frames, random_clip(np.random.default_rng([0, 2]), 2, 16, 32).frames)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no Hydra outputs or logs left behind

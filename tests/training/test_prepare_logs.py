@@ -145,7 +145,8 @@ def clips_in(folder: Path) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
     out = {}
     index = read_index(folder)
     for entry in index.shards:
-        codes, actions = read_shard(folder, index, entry)
+        codes, actions, routes = read_shard(folder, index, entry)
+        assert routes is None  # driving logs carry no routes
         start = 0
         for clip in entry.clips:
             out[clip.id] = (entry.split, codes[start:start + clip.frames], actions[start:start + clip.frames])
