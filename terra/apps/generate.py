@@ -12,6 +12,7 @@ stops the engine and exits with 130 / 143; either way no output file of the run 
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
                                   ("refiner weights", spec.run.refiner.get("path"))], app=APP)
 
     from terra.generation.rollout import DecodeStats
-    from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
+    from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.sim import builtin_context
@@ -103,7 +104,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
-    ground_truth = actions = None
+    ground_truth = actions = routes = None
     if spec.context is None:
         manoeuvre = spec.manoeuvre if spec.trajectory is None else "straight"
         images, actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed,
@@ -111,8 +112,11 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         ground_truth, images = images[num_context:], images[:num_context]
     else:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
-    if spec.trajectory is not None:  # read once, sized for the context frames there are
-        actions = trajectory_actions(spec.trajectory, len(images), num_frames)
+    if spec.trajectory is not None:  # read once, sized for the context frames there are; its routes checked here
+        given = trajectory_inputs(spec.trajectory, len(images), num_frames, run.model.num_route_tokens)
+        actions, routes = given.actions, given.routes
+        if given.unused_routes:
+            print(f"terra-generate: {spec.trajectory} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
@@ -122,7 +126,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
         seeds = [spec.seed + i for i in range(spec.num_samples)]
-        requests = rollout_requests(pipeline.encode(images), actions, num_frames, seeds, run_settings.overlap)
+        requests = rollout_requests(pipeline.encode(images), actions, num_frames, seeds, run_settings.overlap, routes)
         backend_class = type(pipeline.backend).__name__
         print(f"terra-generate: generating {num_frames} frames x {spec.num_samples} sample(s) with "
               f"{backend_class} on {pipeline.device}", flush=True)
