@@ -69,7 +69,7 @@ def write_outputs(
         for result in results:
             entry = {"seed": result.request.seed, "num_context": result.num_context,
                      "num_generated": len(result.codes) - result.num_context, "decoding": result.decoding(),
-                     "codes": result.codes}
+                     "route": result.request.routes is not None, "codes": result.codes}
             if ground_truth is not None and result.frames.shape[1:] == ground_truth.shape[1:]:  # not refined
                 entry["psnr_db_per_generated_frame"] = psnr(result.frames[result.num_context :], ground_truth)
             rollouts.append(entry)

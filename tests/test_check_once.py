@@ -69,12 +69,12 @@ def test_generate_reads_a_trajectory_file_once_and_validates_its_actions_once(tm
     trajectory.write_text(json.dumps({"actions": actions.tolist()}))
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", f"trajectory={trajectory}"])
-    with calls(terra.inputs.actions.load_actions, terra.config.files.read_input_text,
+    with calls(terra.inputs.actions.read_trajectory_file, terra.config.files.read_input_text,
                terra.generation.actions.validate_actions, terra.config.spec.run_spec, terra.pipeline.resolve_run,
                terra.models.checkpoint.read_world_model_config) as counts:
         summary = terra.apps.generate.run(terra.apps.generate.generate_spec(cfg), tmp_path / "out")
     assert summary["generated_frames"] == 2
-    assert counts == {"load_actions": 1, "read_input_text": 1, "validate_actions": 1, "run_spec": 1,
+    assert counts == {"read_trajectory_file": 1, "read_input_text": 1, "validate_actions": 1, "run_spec": 1,
                       "resolve_run": 1, "read_world_model_config": 1}
 
 
@@ -83,11 +83,11 @@ def test_a_batch_checks_its_settings_and_takes_its_lock_once(tmp_path, scenes, d
     samples.write_text("\n".join(terra_line(scenes, f"s{i}") for i in range(2)) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), backend="hf", device="cpu",
                          num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, image_root=scenes["root"], progress=False)
-    with calls(terra.batch.config.check_config, terra.core.lock._acquire, terra.batch.samples.sample_actions,
+    with calls(terra.batch.config.check_config, terra.core.lock._acquire, terra.batch.samples.sample_inputs,
                terra.generation.actions.validate_actions) as counts:
         result = run_batch(config, pipeline=demo_pipeline)
     assert result.counts["ok"] == 2
-    assert counts == {"check_config": 1, "_acquire": 1, "sample_actions": 2, "validate_actions": 2}
+    assert counts == {"check_config": 1, "_acquire": 1, "sample_inputs": 2, "validate_actions": 2}
 
 
 def test_terra_rollout_checks_its_settings_and_checkpoint_folders_once(tmp_path):

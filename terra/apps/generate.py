@@ -12,6 +12,7 @@ stops the engine and exits with 130 / 143; either way no output file of the run 
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
                                   ("refiner weights", spec.run.refiner.get("path"))], app=APP)
 
     from terra.generation.rollout import DecodeStats
-    from terra.inputs import load_context, manoeuvre_actions, rollout_requests, trajectory_actions
+    from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.sim import builtin_context, builtin_road
@@ -114,8 +115,11 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
             routes = scene.route(poses, run.model.num_route_tokens)
     else:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
-    if spec.trajectory is not None:  # read once, sized for the context frames there are
-        actions = trajectory_actions(spec.trajectory, len(images), num_frames)
+    if spec.trajectory is not None:  # read once, sized for the context frames there are; its routes checked here
+        given = trajectory_inputs(spec.trajectory, len(images), num_frames, run.model.num_route_tokens)
+        actions, routes = given.actions, given.routes
+        if given.unused_routes:
+            print(f"terra-generate: {spec.trajectory} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 

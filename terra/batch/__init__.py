@@ -19,7 +19,10 @@ Sample formats (one JSON object per line; blank lines are ignored)
   the first context frame used (the last ``num_context`` frames of ``context``), as in ``terra-generate``; both
   formats become requests through :mod:`terra.inputs`, as there.
 * Both may set ``seed`` (default: ``seed + index``, index = 0-based line number over all input lines, so a
-  sample's seed does not depend on sharding or batching), ``num_frames`` and ``label``.
+  sample's seed does not depend on sharding or batching), ``num_frames`` and ``label``, and, for a model with
+  route slots, ``routes`` (one route per frame from the trajectory's frame 0, ``[T, K, 2|3]``; ACT-Bench's rows of
+  unused context frames dropped as their ``instruction_trajs`` are; or in a JSON ``trajectory`` file, not both:
+  :mod:`terra.inputs.requests`). Each sidecar's ``route`` tells whether a route conditioned its rollout.
 
 ``sample_id`` is an integer or a string without path separators; it must be unique.
 

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
-
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.samples import check_inputs, in_shard
@@ -24,6 +22,7 @@ from terra.config.outputs import check_output_names
 from terra.config.spec import fingerprint as spec_fingerprint
 from terra.core.atomic import marked, remove_abandoned, temporary_target
 from terra.core.errors import TerraInputError
+from terra.inputs.requests import RolloutInputs
 from terra.inputs.samples import Sample, read_samples
 
 
@@ -39,7 +38,8 @@ class Item:
     sidecar: Path
     codes: Path | None
     fingerprint: str
-    actions: np.ndarray | None = None  # built when planned (None: a video context, whose frames count when read)
+    inputs: RolloutInputs | None = None  # actions and routes, built when planned (None: a video context, whose
+    # frames count when read)
 
     @property
     def targets(self) -> list[Path]:
@@ -58,6 +58,7 @@ class BatchPlan:
     failed: list[dict]  # manifest records of malformed/invalid lines and unusable outputs
     items: list[Item] = field(default_factory=list)  # every valid sample of this shard (to run or complete)
     stale: int = 0  # samples with an earlier sidecar that is outdated (other settings) or lacks files: rerun
+    unused_routes: int = 0  # samples to run that carry routes, which a model without route slots does not take
 
 
 def _file_name(pattern: str, sample: Sample, ext: str) -> str:
@@ -147,9 +148,10 @@ def check_outputs(item: Item, config: BatchSpec, listed: frozenset[str]) -> None
                                   "the toolkit did not write there; move it away or choose another output.dir")
 
 
-def plan_batch(config: BatchSpec, samples: list[Sample] | None = None) -> BatchPlan:
+def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_points: int = 0) -> BatchPlan:
     """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
-    :func:`~terra.batch.config.check_config` checked it)."""
+    :func:`~terra.batch.config.check_config` checked it); the samples' routes are checked against a model of
+    ``route_points`` route slots."""
     all_samples = read_samples(config.sample_files) if samples is None else samples
     if samples is None and not all_samples:
         raise TerraInputError(f"samples file(s) {', '.join(map(str, config.sample_files))} hold no samples")
@@ -194,12 +196,14 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None) -> BatchP
                 os.path.relpath(sidecar, config.output_dir)]))
             continue
         try:
-            item.actions = check_inputs(sample, config, num_frames)
+            inputs, final = check_inputs(sample, config, num_frames, route_points)
             check_outputs(item, config, listed)
         except Exception as err:  # noqa: BLE001  (one bad sample fails alone)
             result.failed.append(sample_record(sample, "failed", error=sample_error(err), stage="input", seed=seed))
             continue
+        item.inputs = inputs if final else None
         result.stale += old is not None
+        result.unused_routes += inputs.unused_routes
         result.to_run.append(item)
     return result
 

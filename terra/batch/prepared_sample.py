@@ -1,4 +1,5 @@
-"""A sample made ready for the engine: its context loaded and encoded, its actions built, its rollout request.
+"""A sample made ready for the engine: its context loaded and encoded, its actions and routes built, its rollout
+request.
 
 The helper thread of terra/batch/stream.py prepares samples ahead of the engine; what a prepared sample carries
 is what its writer needs afterwards (terra/batch/writer.py).
@@ -12,7 +13,7 @@ import numpy as np
 
 from terra.batch.config import BatchSpec
 from terra.batch.plan import Item
-from terra.batch.samples import context_paths, sample_actions
+from terra.batch.samples import context_paths, sample_inputs
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.context import load_context
 from terra.inputs.requests import rollout_requests
@@ -32,16 +33,17 @@ class PreparedSample:
 
 
 def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
-    """Load and encode a sample's context, build its actions and request (raises on bad input; the checks of
+    """Load and encode a sample's context, build its actions, routes and request (raises on bad input; the checks of
     terra/batch/samples.py ran when the run was planned)."""
     sample = item.sample
     every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
     images, sources = load_context(context_paths(sample, config), pipeline.image_size,
                                    None if every else config.run.num_context, resize=config.run.resize)
-    actions = item.actions  # built when the run was planned, unless the context is a video (counted only now)
-    if actions is None:
-        actions = sample_actions(sample, config, len(images), item.num_frames)
+    inputs = item.inputs  # built when the run was planned, unless the context is a video (counted only now)
+    if inputs is None:
+        inputs = sample_inputs(sample, config, len(images), item.num_frames, pipeline.backend.layout.route_tokens)
     images = images[max(0, len(images) - config.run.num_context) :]
     codes = pipeline.encode(images)
-    [request] = rollout_requests(codes, actions, item.num_frames, [item.seed], config.run.overlap)
-    return PreparedSample(item, request, actions, sources, len(images), started)
+    [request] = rollout_requests(codes, inputs.actions, item.num_frames, [item.seed], config.run.overlap,
+                                 inputs.routes)
+    return PreparedSample(item, request, inputs.actions, sources, len(images), started)

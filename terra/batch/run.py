@@ -22,6 +22,7 @@ from terra.config.manifest import Manifest, count_statuses
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.rollout import DecodeStats
+from terra.inputs.requests import UNUSED_ROUTES
 from terra.inputs.samples import Sample
 from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
 from terra.refiner import RefinerSettings, check_decoder
@@ -102,17 +103,20 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
     """:func:`run_batch` for the checked settings ``config`` (terra/batch/config.py), while its caller holds the output
     folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
     started = time.perf_counter()
-    the_plan = plan_batch(config, samples)
+    # the model's config read once, before the plan: the samples' routes are checked against its route slots
+    model_config = check_model(config.run) if config.executor == "ray" or pipeline is None else None
+    route_points = pipeline.backend.layout.route_tokens if model_config is None else model_config.num_route_tokens
+    the_plan = plan_batch(config, samples, route_points)
     executor = run = None
     own = False  # whether this run built the pipeline (and closes it)
     if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here
-        model_config, refiner = check_model(config.run), check_decoder(config.run)
+        refiner = check_decoder(config.run)
     elif pipeline is None:  # the settings fit the model even when no sample is left to run
-        run = resolve_run(config.run, planned_streams(config, len(the_plan.to_run)))
-        model_config, refiner = run.model, run.refiner
+        run = resolve_run(config.run, planned_streams(config, len(the_plan.to_run)), model=model_config)
+        refiner = run.refiner
     else:  # a loaded pipeline: its device
         set_threads(config.run.num_threads)
-        model_config, refiner = None, check_decoder(config.run.replace(device=pipeline.device))
+        refiner = check_decoder(config.run.replace(device=pipeline.device))
     if the_plan.to_run:
         if config.executor == "ray":
             set_threads(config.run.num_threads)  # the tokenizer's load here
@@ -142,6 +146,8 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
                        file=sys.stderr)
         elif record["status"] == "failed":
             tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
+    if the_plan.unused_routes:
+        tqdm.write(f"terra-rollout: {the_plan.unused_routes} sample(s) carry routes; {UNUSED_ROUTES}", file=sys.stderr)
     if the_plan.stale:
         tqdm.write(f"terra-rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings or with "
                    "files missing; generating them again", file=sys.stderr)

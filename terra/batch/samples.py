@@ -3,8 +3,8 @@ any model loads, and how lines are split into shards.
 
 The samples are read by :func:`terra.inputs.samples.read_samples` (the JSONL format; the two sample formats are
 described in terra/batch/__init__.py). :func:`check_inputs` checks a sample's context files (inside
-``image_root``, regular, image headers within :data:`terra.tokenizer.images.MAX_PIXELS`) and builds its actions,
-all without decoding an image, so a bad sample fails alone before the run generates anything.
+``image_root``, regular, image headers within :data:`terra.tokenizer.images.MAX_PIXELS`) and builds its actions and
+routes, all without decoding an image, so a bad sample fails alone before the run generates anything.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from terra.batch.config import BatchSpec
 from terra.core.errors import TerraInputError
 from terra.config.checks import shown
@@ -23,7 +21,7 @@ from terra.config.files import check_inside, open_input_file
 from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path
 from terra.inputs.actions import TRAJECTORY_KEYS
-from terra.inputs.requests import manoeuvre_actions, trajectory_actions
+from terra.inputs.requests import RolloutInputs, manoeuvre_actions, trajectory_inputs, with_routes
 from terra.inputs.samples import Sample
 from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from terra.tokenizer.images import image_file_size
@@ -79,32 +77,43 @@ def _check_image(path: Path) -> None:
         image_file_size(fh, str(path))
 
 
-def sample_actions(sample: Sample, config: BatchSpec, loaded: int, num_frames: int) -> np.ndarray:
-    """The actions of ``sample`` for ``loaded`` context frames read (ACT-Bench: all its frames, of which the
-    last ``num_context`` are used; Terra's format: the frames used) and ``num_frames`` generated ones."""
+def sample_inputs(sample: Sample, config: BatchSpec, loaded: int, num_frames: int,
+                  route_points: int = 0) -> RolloutInputs:
+    """The actions and routes of ``sample`` for ``loaded`` context frames read (ACT-Bench: all its frames, of which
+    the last ``num_context`` are used, their first rows dropped with the frames not used; Terra's format: the frames
+    used) and ``num_frames`` generated ones, its routes checked against a model of ``route_points`` route slots.
+    A sample's ``routes`` sit beside its trajectory form, or in its trajectory file (JSON), not in both."""
     record, where = sample.record, f"sample {shown(sample.sample_id)}"
     jsonl_dir = Path(sample.file).resolve().parent
+    drop = 0
     if sample.kind == "actbench":
         drop = max(0, loaded - config.run.num_context)  # instruction_trajs[0] belongs to context_frames[0]
-        return trajectory_actions({"instruction_trajs": record["instruction_trajs"]}, loaded - drop, num_frames,
-                                  f"{where}: instruction_trajs", skip=drop)
-    given = [k for k in TRAJECTORY_KEYS if k in record]
-    if not given:
+        given = trajectory_inputs({"instruction_trajs": record["instruction_trajs"]}, loaded - drop, num_frames,
+                                  route_points, f"{where}: instruction_trajs", skip=drop)
+    elif not any(k in record for k in TRAJECTORY_KEYS):
         if config.default_manoeuvre is None:
             raise TerraInputError(f"{where} has no trajectory; add one of {', '.join(TRAJECTORY_KEYS)} "
                                   "or set default_manoeuvre")
-        return manoeuvre_actions(config.default_manoeuvre, loaded, num_frames)
-    key = given[0]
-    # a "trajectory" string is a file next to the JSONL; everything else is inline
-    trajectory = record[key] if key == "trajectory" and isinstance(record[key], str) else {key: record[key]}
-    return trajectory_actions(trajectory, loaded, num_frames, f"{where}: {key}", base=jsonl_dir)
+        given = RolloutInputs(manoeuvre_actions(config.default_manoeuvre, loaded, num_frames))
+    else:
+        key = [k for k in TRAJECTORY_KEYS if k in record][0]
+        # a "trajectory" string is a file next to the JSONL; everything else is inline
+        trajectory = record[key] if key == "trajectory" and isinstance(record[key], str) else {key: record[key]}
+        given = trajectory_inputs(trajectory, loaded, num_frames, route_points, f"{where}: {key}", base=jsonl_dir)
+    if record.get("routes") is None:
+        return given
+    if given.routes is not None or given.unused_routes:
+        raise TerraInputError(f"{where} gives routes twice, in the sample and in its trajectory file "
+                              f"{shown(record['trajectory'])}; keep one")
+    return with_routes(given.actions, record["routes"], loaded - drop, num_frames, route_points, where, skip=drop)
 
 
-def check_inputs(sample: Sample, config: BatchSpec, num_frames: int) -> np.ndarray | None:
+def check_inputs(sample: Sample, config: BatchSpec, num_frames: int,
+                 route_points: int = 0) -> tuple[RolloutInputs, bool]:
     """Check everything of ``sample`` that can be checked without a model: its context paths (apart from
-    output.dir) and files (image headers, not pixels) and its trajectory, built into the actions the rollout
-    takes (None with a video context: its frames are counted only when decoded, so its actions are built again
-    then). Raises :class:`TerraInputError`."""
+    output.dir) and files (image headers, not pixels) and its trajectory, built into the actions and routes the
+    rollout takes (:func:`sample_inputs`); return them and whether they are final (not with a video context: its
+    frames are counted only when decoded, so its inputs are built again then). Raises :class:`TerraInputError`."""
     sources = context_paths(sample, config)
     for source in sources:  # no output may land on an input (terra/config/output_dir.py)
         check_apart(Path(config.output_dir), "output.dir", "context", source)
@@ -113,8 +122,7 @@ def check_inputs(sample: Sample, config: BatchSpec, num_frames: int) -> np.ndarr
     used = files if sample.kind == "actbench" or video else files[-config.run.num_context :]
     for file in used:
         _check_image(file)
-    actions = sample_actions(sample, config, 1 if video else len(used), num_frames)
-    return None if video else actions
+    return sample_inputs(sample, config, 1 if video else len(used), num_frames, route_points), not video
 
 
 def shard_indices(num_lines: int, shard_index: int, num_shards: int) -> list[int]:

@@ -11,12 +11,14 @@ from terra.core.lazy import lazy_face
 
 _HOMES = {
     "TRAJECTORY_KEYS": "terra.inputs.actions",
+    "UNUSED_ROUTES": "terra.inputs.requests",
     "actions_needed": "terra.inputs.requests",
     "load_context": "terra.inputs.context",
     "manoeuvre_actions": "terra.inputs.requests",
     "resolve_path": "terra.inputs.context",
     "rollout_requests": "terra.inputs.requests",
     "trajectory_actions": "terra.inputs.requests",
+    "trajectory_inputs": "terra.inputs.requests",
 }
 
 __all__, __getattr__ = lazy_face(__name__, _HOMES)

@@ -11,7 +11,8 @@ Accepted inputs, all turned into ``actions [T, 6, 3]`` (float32):
 * a named manoeuvre (see :data:`terra.inputs.trajectory.MANOEUVRES`).
 
 Files: ``.npy`` (arrays, told apart by shape), ``.json`` (an object with one of the keys ``actions``,
-``instruction_trajs``, ``trajectory`` or ``manoeuvre``, or a bare array), ``.csv`` (a header row naming
+``instruction_trajs``, ``trajectory`` or ``manoeuvre``, and optionally ``routes``, which
+:func:`terra.inputs.requests.trajectory_inputs` reads; or a bare array), ``.csv`` (a header row naming
 ``x, y`` and optionally ``t``/``timestamp`` and ``yaw``; UTF-8 with or without a byte-order mark). Files are
 read through terra/config/files.py (regular files of bounded size, strict JSON); every number must be
 finite and within the ranges of terra/inputs/trajectory.py and terra/generation/actions.py.
@@ -77,11 +78,18 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
     ``num_frames`` is the number of frames that need an action; it sizes a manoeuvre and is checked against
     the file's length for the other forms.
     """
+    return load_trajectory(path, num_frames)[1]
+
+
+def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[Any, np.ndarray]:
+    """A trajectory file read once: its content (:func:`read_trajectory_file`; a JSON object's other keys, such as
+    its ``routes``, are the caller's) and its checked ``[T, 6, 3]`` actions (``num_frames`` as :func:`load_actions`)."""
     path = Path(path)
     source = str(path)
     with trajectory_file_errors(source):
-        actions = _actions_of(read_trajectory_file(path), source, num_frames)
-    return validate_actions(actions, source, num_frames or 1)
+        value = read_trajectory_file(path)
+        actions = _actions_of(value, source, num_frames)
+    return value, validate_actions(actions, source, num_frames or 1)
 
 
 def read_trajectory_file(path: Path) -> Any:

@@ -81,7 +81,8 @@ class Session:
         step = self.host.engine.step(self.rollout, action, self.sampling, route)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
         done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
-        step.add_done_callback(lambda f: self._track_pose(f, done))  # runs on the driver thread, in step order
+        pose = self.queued_pose
+        step.add_done_callback(lambda f: self._track_pose(f, done, pose))  # runs on the driver thread, in step order
         return done
 
     def step(self, action: Any, decode: bool = True) -> Frame:
@@ -135,15 +136,16 @@ class Session:
         """Every frame so far decoded to uint8 RGB ``[T, H, W, 3]``, context first."""
         return self.host.decode(self.codes())
 
-    def _track_pose(self, step: Future, done: Future) -> None:
-        """Record where a finished step leaves the car, then resolve ``done`` with the step's outcome."""
+    def _track_pose(self, step: Future, done: Future, pose: Pose) -> None:
+        """Record where a finished step leaves the car (``pose``, reckoned when it was queued), then resolve ``done``
+        with the step's outcome."""
         if step.cancelled():
             done.cancel()
             return
         if step.exception() is None:
             result = step.result()
             del self.poses[result.index:]
-            self.poses.append(advance_pose(self.pose_at(result.index - 1), result.action))
+            self.poses.append(pose)
         try:
             if step.exception() is None:
                 done.set_result(step.result())

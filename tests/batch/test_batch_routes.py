@@ -1,0 +1,121 @@
+"""Routes in batch samples (docs/rollout.md, "Routes"): a sample's ``routes`` (Terra's format and ACT-Bench's, whose
+rows of unused context frames are dropped) or its JSON trajectory file's reach its request for a route model; a bad
+route fails its sample alone with one line before the model loads; a model without route slots runs the samples
+without them and the run says so in one line; each sidecar tells whether a route conditioned its rollout.
+
+Tiny models (:func:`tests.conftest.tiny_route_model`, K = 4; :func:`tests.conftest.tiny_model`, none) on 64x64
+frames, two generated frames: the file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from terra.batch import BatchConfig, run_batch, stream
+from terra.models.presets import TINY_TOKENIZER
+from terra.sim import Scene, make_clip
+from terra.tokenizer import LFQTokenizer
+from tests.conftest import TINY_ROUTES, tiny_model, tiny_route_model
+from tests.test_route_files import bending_routes
+
+NUM_CONTEXT, NUM_FRAMES = 3, 2
+FRAMES = NUM_CONTEXT + NUM_FRAMES
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """Saved models (``route_model``, ``plain_model``) and tokenizer; context frames ``clip/`` (4 frames); a JSON
+    trajectory with routes and a CSV trajectory, which carries none."""
+    root = tmp_path_factory.mktemp("batch_routes")
+    tiny_route_model().save_pretrained(root / "route_model")
+    tiny_model().save_pretrained(root / "plain_model")
+    torch.manual_seed(0)
+    LFQTokenizer(TINY_TOKENIZER).save_pretrained(root / "tokenizer")
+    clip = make_clip(Scene.generate(0), "straight", FRAMES + 1, 64, 64)
+    (root / "clip").mkdir()
+    for t in range(NUM_CONTEXT + 1):
+        Image.fromarray(clip.frames[t]).save(root / "clip" / f"{t:02d}.png")
+    (root / "trajs.json").write_text(json.dumps(np.round(clip.instruction_trajs, 3).tolist()))
+    routed = {"manoeuvre": "straight", "routes": (bending_routes() * 0.5).tolist()}
+    (root / "routed.json").write_text(json.dumps(routed))
+    (root / "path.csv").write_text("x,y\n" + "".join(f"{1.2 * i},0.0\n" for i in range(40)))
+    return root
+
+
+def lines(root: Path) -> list[dict]:
+    """One sample of each way to give routes, one without, and two mistakes."""
+    trajs = json.loads((root / "trajs.json").read_text())
+    frames = [f"clip/{t:02d}.png" for t in range(NUM_CONTEXT + 1)]
+    return [
+        {"sample_id": "inline", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+        {"sample_id": 7, "context_frames": frames, "instruction_trajs": trajs,  # 4 frames, 3 used: the first dropped
+         "routes": bending_routes(frames=FRAMES + 1).tolist()},
+        {"sample_id": "file", "context": "clip/", "trajectory": "routed.json"},
+        {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "routes": (bending_routes() * 2).tolist()},
+        {"sample_id": "none", "context": "clip/", "manoeuvre": "straight"},
+        {"sample_id": "three_points", "context": "clip/", "manoeuvre": "straight",
+         "routes": bending_routes(points=3).tolist()},
+        {"sample_id": "twice", "context": "clip/", "trajectory": "routed.json", "routes": bending_routes().tolist()},
+    ]
+
+
+def run(root: Path, tmp_path: Path, model: str, monkeypatch) -> tuple[dict, dict, dict]:
+    """Run the batch; return each sample's request routes (as the engine got them), records and sidecars."""
+    samples = root / f"{tmp_path.name}.jsonl"  # beside the frames and trajectory files its paths name
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines(root)))
+    routes: dict = {}
+    prepare = stream.prepare_sample
+
+    def recording(item, *args, **kwargs):
+        prepared = prepare(item, *args, **kwargs)
+        routes[prepared.item.sample.sample_id] = prepared.request.routes
+        return prepared
+
+    monkeypatch.setattr(stream, "prepare_sample", recording)
+    out = tmp_path / "out"
+    result = run_batch(BatchConfig(samples=str(samples), output_dir=str(out), world_model=str(root / model),
+                                   tokenizer=str(root / "tokenizer"), backend="hf", device="cpu", num_threads=1,
+                                   num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, progress=False, formats=("gif",)))
+    records = {r["sample_id"]: r for r in result.records}
+    sidecars = {r["sample_id"]: json.loads((out / f"{r['sample_id']}.json").read_text())
+                for r in result.records if r["status"] == "ok"}
+    return routes, records, sidecars
+
+
+def test_samples_routes_reach_a_route_model_s_requests(inputs, tmp_path, monkeypatch):
+    routes, records, sidecars = run(inputs, tmp_path, "route_model", monkeypatch)
+    expected = {"inline": bending_routes(), 7: bending_routes(frames=FRAMES + 1)[1:],  # ACT-Bench: frame 0 dropped
+                "file": bending_routes() * 0.5, "csv": bending_routes() * 2}
+    for sample_id, given in expected.items():
+        assert records[sample_id]["status"] == "ok", records[sample_id]
+        assert routes[sample_id].shape == (FRAMES, TINY_ROUTES, 3)
+        np.testing.assert_allclose(routes[sample_id][..., :2], given, rtol=1e-6, err_msg=str(sample_id))
+        assert sidecars[sample_id]["route"] is True
+    assert routes["none"] is None and sidecars["none"]["route"] is False  # control: no routes, no route
+    for sample_id, text in [("three_points", "sample 'three_points': routes: routes must have shape [frames, 4, 2]"),
+                            ("twice", "sample 'twice' gives routes twice, in the sample and in its trajectory file "
+                                      "'routed.json'; keep one")]:
+        record = records[sample_id]
+        assert record["status"] == "failed" and record["stage"] == "input", record  # before the model loaded
+        assert text in record["error"] and "\n" not in record["error"], record["error"]
+    assert sample_id not in routes
+
+
+def test_a_model_without_route_slots_runs_samples_with_routes_and_says_so_once(inputs, tmp_path, monkeypatch,
+                                                                             capsys):
+    routes, records, sidecars = run(inputs, tmp_path, "plain_model", monkeypatch)
+    assert {k: r["status"] for k, r in records.items()} == {
+        "inline": "ok", 7: "ok", "file": "ok", "csv": "ok", "none": "ok", "three_points": "ok", "twice": "failed"}
+    assert all(given is None for given in routes.values()) and len(routes) == 6
+    assert all(sidecar["route"] is False for sidecar in sidecars.values())
+    said = [line for line in capsys.readouterr().err.splitlines() if "carry routes" in line]
+    assert said == ["terra-rollout: 5 sample(s) carry routes; the world model has no route slots (num_route_tokens 0), "
+                    "so it runs without them"]
