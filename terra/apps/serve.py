@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import hydra
 import uvicorn
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.config.checks import select
 from terra.config.moved import move_settings
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
@@ -101,7 +102,7 @@ def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     check_added_settings("terra-serve", allowed=("backend.options.",))
     move_settings(cfg, "terra-serve")  # old setting names in a user's config file
-    settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
+    settings = ServeSettings.from_mapping(select(cfg, "serve"))
     spec = run_spec(cfg)
     with bind(settings) as sock:  # before the model loads: a port in use is one line at once
         serve(load_service(spec, settings), sock)
