@@ -35,7 +35,7 @@ import imageio.v3 as iio
 import numpy as np
 from PIL import Image
 
-from terra.core.atomic import atomic_path
+from terra.core.atomic import atomic_path, write_failed
 from terra.core.errors import TerraInputError
 
 PNG_PATTERN = "frame_{:05d}.png"
@@ -72,8 +72,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
         with atomic_path(path) as tmp:
             yield tmp
     except OSError as err:
-        raise TerraInputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another "
-                              "output folder") from None
+        raise write_failed(path, err) from None
 
 
 def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, loop: int = 0) -> Path:

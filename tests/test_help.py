@@ -86,3 +86,34 @@ def test_the_groups_are_those_the_defaults_list_picks():
     text = "defaults:\n  - model: demo\n  - optional backend@run: null\n  - override hydra/job_logging: none\n"
     assert config_groups(text) == {"model": "demo (default), terra_v1, terra_v2",
                                    "backend": "auto, hf, vllm; none by default"}
+
+
+def run(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).with_name(prog)), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=ENV)
+
+
+def test_a_config_not_the_apps_own_gets_a_page_and_a_refusal_leaves_no_run_folder(tmp_path):
+    """``--help`` with ``--config-name`` (and ``--config-dir``) of a config that is not the app's: a page saying so,
+    with the config as composed; overrides before ``--help`` are taken; and a run refused for such a config leaves
+    no run folder of Hydra's (conf/generate.yaml's ``outputs/<date>/<time>/``), though a folder that was there stays."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mine.yaml").write_text("a: 1\nb: ${a}\nc: ${oc.env:NOT_SET_HERE}\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    result = run("terra-generate", "--help", "--config-dir", str(tmp_path / "mine"), "--config-name", "mine", cwd=cwd)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("terra-generate was given the config 'mine' (--config-name / --config-dir), not")
+    assert "b: ${a}" in result.stdout and "Docs: docs/generate.md" in result.stdout
+    result = run("terra-drive", "--help", "--config-name", "generate", cwd=cwd)
+    assert result.returncode == 0 and "terra-drive was given the config 'generate'" in result.stdout, result.stderr
+    result = run("terra-generate", "num_frames=3", "seed=2", "--help", cwd=cwd)
+    assert result.returncode == 0 and result.stdout.startswith("terra-generate: "), result.stderr
+    assert list(cwd.iterdir()) == []
+    result = run("terra-drive", "--config-name", "generate", "num_frames=2", cwd=cwd)
+    assert result.returncode == 2 and result.stderr.startswith("terra-drive: error: ") and \
+        result.stderr.count("\n") == 1, result.stderr
+    assert list(cwd.iterdir()) == []  # no outputs/<date>/<time>/
+    (cwd / "kept").mkdir()  # a folder of the user's, empty, named as the run folder: it stays
+    result = run("terra-drive", "--config-name", "generate", "hydra.run.dir=kept", cwd=cwd)
+    assert result.returncode == 2 and [p.name for p in cwd.iterdir()] == ["kept"]

@@ -20,6 +20,8 @@ import functools
 import hmac
 import logging
 import socket
+import threading
+import time
 import traceback
 from concurrent import futures
 from importlib.metadata import PackageNotFoundError, version
@@ -45,6 +47,7 @@ SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.so_reuseport", 0)]  # a port another server holds is refused, not shared
 RETRY_WAIT_S = 600.0  # the longest a chunk waits for the session's chunk in flight (a retry of it)
 MAX_DETAILS_CHARS = 1000  # a refusal's one line (gRPC sends it as metadata, a few KiB at most)
+REFUSALS_LOGGED_EVERY_S = 60.0  # calls without the token: one log line counting them at most this often
 
 
 def answered(method: Callable) -> Callable:
@@ -72,10 +75,14 @@ def answered(method: Callable) -> Callable:
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Calls without the metadata ``authorization: Bearer <token>`` end UNAUTHENTICATED before any servicer runs."""
+    """Calls without the metadata ``authorization: Bearer <token>`` end UNAUTHENTICATED before any servicer runs. The
+    log counts them, one line at most every :data:`REFUSALS_LOGGED_EVERY_S` (the first at once), so that a client
+    knocking thousands of times cannot fill it."""
 
     def __init__(self, token: str) -> None:
         self.wanted = f"Bearer {token}".encode()
+        self._lock = threading.Lock()  # guards the count: calls are answered on many threads
+        self._refused, self._next_line = 0, 0.0
 
         def refuse(request, context: grpc.ServicerContext):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token; send the gRPC metadata "
@@ -88,7 +95,14 @@ class TokenCheck(grpc.ServerInterceptor):
         given = sent[0].encode() if len(sent) == 1 and isinstance(sent[0], str) else b""
         if hmac.compare_digest(given, self.wanted):
             return continuation(handler_call_details)
-        log.info("a call to %s without the token was refused", one_line(quoted(handler_call_details.method)))
+        now = time.monotonic()
+        with self._lock:
+            self._refused += 1
+            if now < self._next_line:
+                return self.refusal
+            count, self._refused, self._next_line = self._refused, 0, now + REFUSALS_LOGGED_EVERY_S
+        log.info("%d call(s) without the token refused (the last to %s); the next such line in %.0f s at the earliest",
+                 count, one_line(quoted(handler_call_details.method)), REFUSALS_LOGGED_EVERY_S)
         return self.refusal
 
 
@@ -133,6 +147,7 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
     def render_video_chunk(self, request: pb.VideoChunkRequest, context) -> pb.VideoChunkReturn:
         session = self.table.get(request.session_id.session_id)
         poses = request.rig_trajectory.poses
+        self.table.check_room(session, len(poses))  # before a pose is read: a million of them cost seconds
         times = timestamps(poses)
         vec, quat = pose_arrays(poses)
         for i, actor in enumerate(request.dynamic_state.actors):

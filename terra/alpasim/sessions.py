@@ -217,11 +217,7 @@ class SessionTable:
                 raise SessionUnusable(
                     f"session {session_id}: the chunk of {len(kept.times_us)} poses from {kept.times_us[0]} us was "
                     "rendered after its caller gave up; send that chunk again (the same poses) to get its frames")
-            left = self.settings.max_frames - session.track.frames
-            if len(times_us) > left:
-                raise OutOfFrames(f"session {session_id} has rendered {session.track.frames} frames and may render "
-                                  f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
-                                  f"{len(times_us)}: start a new session, or the server with more")
+            self.check_room(session, len(times_us))
             chunk = session.track.plan(times_us, poses)
             try:
                 codes = self._generate(session, chunk.actions)
@@ -241,6 +237,15 @@ class SessionTable:
         finally:
             session.last_used = time.monotonic()
             session.busy.release()
+
+    def check_room(self, session: AlpasimSession, count: int) -> None:
+        """Refuse a chunk of ``count`` poses beyond what ``session`` may still render (``alpasim.max_frames``): the
+        service asks before it reads the poses, :meth:`render` again once the chunk is the session's."""
+        left = self.settings.max_frames - session.track.frames
+        if count > left:
+            raise OutOfFrames(f"session {session.id} has rendered {session.track.frames} frames and may render "
+                              f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
+                              f"{count}: start a new session, or the server with more")
 
     def _generate(self, session: AlpasimSession, actions: np.ndarray) -> np.ndarray:
         """Queue every frame of the chunk at once and wait for their codes ``[m, h, w]``."""

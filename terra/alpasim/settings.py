@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from terra.config.checks import MAX_FRAMES, check_choice, check_number, check_whole_number, known_settings, shown
+from terra.config.checks import (MAX_FRAMES, check_choice, check_number, check_whole_number, known_settings, select,
+                                 shown)
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
-from terra.config.network import HOST_NAME, TOKEN_PATTERN, is_loopback
+from terra.config.network import HOST_NAME, check_token, is_loopback
 
 IMAGE_FORMATS = ("jpeg", "png")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # AlpaSim's runtime sets its channel's limit to this, both ways
@@ -46,9 +47,7 @@ class AlpasimSettings:
         if not isinstance(self.host, str) or not HOST_NAME.fullmatch(self.host.strip("[]").lower()):
             raise TerraInputError(f"alpasim.host must be an address or host name (got {shown(self.host)}); e.g. "
                                   "alpasim.host=0.0.0.0 for AlpaSim's containers (with alpasim.token)")
-        if self.token is not None and (not isinstance(self.token, str) or not TOKEN_PATTERN.fullmatch(self.token)):
-            raise TerraInputError("alpasim.token must be 8 to 256 letters, digits or - . _ ~ + ; e.g. "
-                                  "TERRA_ALPASIM_TOKEN=$(openssl rand -hex 16)")
+        check_token(self.token, "alpasim.token", "TERRA_ALPASIM_TOKEN")
         if self.token is None and not is_loopback(self.host.strip("[]").lower()):
             raise TerraInputError(f"alpasim.host={self.host} is reachable beyond this machine, so a token is "
                                   "required: set alpasim.token=... or TERRA_ALPASIM_TOKEN (clients send the gRPC "
@@ -68,7 +67,7 @@ class AlpasimSettings:
 
 def alpasim_spec(cfg: DictConfig) -> tuple[RunSpec, AlpasimSettings]:
     """The run's shared settings and the server's own, from conf/alpasim.yaml and the command line."""
-    settings = AlpasimSettings.from_mapping(OmegaConf.to_container(cfg.alpasim, resolve=True))
+    settings = AlpasimSettings.from_mapping(select(cfg, "alpasim"))
     spec = run_spec(cfg)
     if spec.num_context != 1:
         raise TerraInputError(f"num_context={spec.num_context}: AlpaSim sends one initial frame per camera, so a "

@@ -22,7 +22,8 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, show_progress, task
+from terra.apps.runner import (CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded,
+                               show_progress, task)
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, plain, select
 from terra.config.files import check_context_paths
 from terra.config.moved import move_settings
@@ -161,25 +162,6 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
             "backend": backend_class, "decoding": results[0].sampling.decoding, "decode_stats": stats}
 
 
-def _is_empty_dir(path: Path) -> bool:
-    return path.is_dir() and not any(path.iterdir())
-
-
-def _remove_empty_run_dir(hydra_dir: Path) -> None:
-    """Remove Hydra's run folder when nothing was written there, with its empty parents below the working
-    directory (``outputs/<date>/<time>`` → nothing left of ``outputs/``)."""
-    cwd = Path.cwd().resolve()
-    path = hydra_dir.resolve()
-    if _is_empty_dir(path):
-        path.rmdir()
-    if cwd not in path.parents:  # a run folder outside the working directory: leave its parents alone
-        return
-    path = path.parent
-    while path != cwd and _is_empty_dir(path):
-        path.rmdir()
-        path = path.parent
-
-
 @hydra.main(config_path=CONFIG_PATH, config_name="generate", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
@@ -193,10 +175,9 @@ def _main(cfg: DictConfig) -> None:
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
             unmark_unused(out_dir)  # the files of a failed run are gone; so goes the marker that lists them
-            remove_empty_folders(created)
-            _remove_empty_run_dir(hydra_dir)
+            remove_empty_folders(created)  # Hydra's run folder, empty: terra/apps/runner.py's task removes it
         raise
-    _remove_empty_run_dir(hydra_dir)
+    remove_empty_run_dir()  # output.dir elsewhere: nothing was written into Hydra's run folder
     print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "
           f"({summary['frames']} frames per video) with {summary['backend']}: "
           f"{summary['s_per_frame']:.3f} s per generated frame")

@@ -206,11 +206,14 @@ def _literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def page_template(config_name: str) -> str:
+def page_template(config_name: str, prog: str | None = None) -> str:
     """The Hydra help template of ``conf/<config_name>.yaml``: its page (:data:`PAGES`), every literal ``$``
-    doubled (Hydra fills the template as a ``string.Template``)."""
+    doubled (Hydra fills the template as a ``string.Template``). ``prog``, the console script asked for its page:
+    given a config that is not its own (``--config-name``, ``--config-dir``), :func:`foreign_page`."""
+    page = PAGES.get(config_name)
+    if page is None or (prog is not None and page.prog != prog):
+        return foreign_page(config_name, prog)
     text = (CONF_DIR / f"{config_name}.yaml").read_text()
-    page = PAGES[config_name]
     parts = [_literal(opening_comment(text)),
              _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]")]
     parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}" for title, body in page.sections]
@@ -223,6 +226,21 @@ def page_template(config_name: str) -> str:
                  f"take them) ==\n{_literal(documented_settings(text))}")
     parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}; renamed settings: {MOVED}"))
     return re.sub(r"\n{3,}", "\n\n", "\n\n".join(parts))
+
+
+def foreign_page(config_name: str, prog: str | None) -> str:
+    """The page of ``prog`` run with a config that is not its own: what that means, and the config as Hydra composed
+    it (Hydra's ``$CONFIG``, not resolved), with ``prog``'s exit codes and docs page."""
+    own = next((page for page in PAGES.values() if page.prog == prog), None)
+    prog = prog or "this app"
+    parts = [_literal(textwrap.fill(
+                 f"{prog} was given the config {config_name!r} (--config-name / --config-dir), not its own. It runs "
+                 "with what that config holds, and a setting it needs that the config lacks, or one it does not "
+                 f"know, stops it with one line (exit 2). Its own page: {prog} --help, without --config-name.", WIDTH)),
+             _literal(f"Usage: {prog} [--config-dir DIR --config-name NAME] [KEY=VALUE ...] [--cfg job] [--verbose]"),
+             f"== The config {_literal(repr(config_name))}, as composed ==\n$CONFIG",
+             _literal(f"{own.exit_codes if own else EXIT_CODES}\nDocs: {own.docs if own else 'docs/README.md'}")]
+    return "\n\n".join(parts)
 
 
 def _rows(rows: dict[str, str]) -> str:
@@ -244,4 +262,4 @@ def register_help() -> None:
         OmegaConf.register_new_resolver("terra_help", page_template)
     ConfigStore.instance().store(group="hydra/help", name="terra", provider="terra", node={
         "app_name": "${hydra.job.name}", "header": "", "footer": "",
-        "template": "${terra_help:${hydra.job.config_name}}"})
+        "template": "${terra_help:${hydra.job.config_name},${hydra.help.app_name}}"})

@@ -24,8 +24,8 @@ import time  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task  # noqa: E402
-from terra.config.checks import check_choice  # noqa: E402
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task  # noqa: E402
+from terra.config.checks import check_choice, required_path, select  # noqa: E402
 from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 from terra.sim.logs import write_driving_logs  # noqa: E402
 
@@ -39,20 +39,19 @@ def _main(cfg: DictConfig) -> None:
     """Write the dataset described by ``cfg`` and print a one-line summary."""
     check_added_settings(PROG)
     start = time.perf_counter()
-    sizes = (int(cfg.num_clips), int(cfg.num_frames), int(cfg.height), int(cfg.width))
+    values = {key: select(cfg, key) for key in ("num_clips", "num_frames", "height", "width", "seed", "workers")}
+    out_dir = required_path(cfg, "out_dir", "the dataset's folder")
     as_logs = check_choice(cfg.format, "format", FORMATS) == "driving_logs"
     if as_logs:
-        out = write_driving_logs(cfg.out_dir, *sizes, seed=int(cfg.seed), domain=cfg.domain, workers=int(cfg.workers),
-                                 recipe=cfg.recipe)
+        out = write_driving_logs(out_dir, domain=cfg.domain, recipe=cfg.recipe, progress=show_progress(), **values)
     else:
-        out = write_dataset(cfg.out_dir, *sizes, seed=int(cfg.seed), clips_per_shard=int(cfg.clips_per_shard),
-                            workers=int(cfg.workers), compress=bool(cfg.compress), domain=cfg.domain,
-                            recipe=cfg.recipe)
+        out = write_dataset(out_dir, clips_per_shard=select(cfg, "clips_per_shard"), compress=select(cfg, "compress"),
+                            domain=cfg.domain, recipe=cfg.recipe, progress=show_progress(), **values)
     size_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     elapsed = time.perf_counter() - start
     if as_logs:
-        print(f"wrote {sizes[0]} clips x {sizes[1]} frames at {sizes[2]}x{sizes[3]} ({cfg.domain}) as driving logs "
-              f"to {out} ({size_mb:.1f} MiB) in {elapsed:.1f} s")
+        print(f"wrote {values['num_clips']} clips x {values['num_frames']} frames at {values['height']}x"
+              f"{values['width']} ({cfg.domain}) as driving logs to {out} ({size_mb:.1f} MiB) in {elapsed:.1f} s")
         return
     data = ClipDataset(out)
     print(f"wrote {len(data)} clips x {data.num_frames} frames at {data.image_size[0]}x{data.image_size[1]} "

@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +56,7 @@ CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs a
 register_resolvers()
 register_help()
 HELP_FLAGS = ("--help", "-h")
+_STARTED_AT = time.time()  # folders changed since are the run's own (remove_empty_run_dir); set again by run_app
 
 
 def show_progress() -> bool:
@@ -135,16 +137,34 @@ class _TaskFailed(BaseException):
 
 
 def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Decorate an app's task function (under ``@hydra.main``) so that :func:`run_app` alone reports its errors."""
+    """Decorate an app's task function (under ``@hydra.main``) so that :func:`run_app` alone reports its errors; a
+    task that fails or is interrupted leaves no run folder of Hydra's behind (:func:`remove_empty_run_dir`: a config
+    that is not the app's own may name one, ``terra-drive --config-name generate``)."""
 
     @functools.wraps(function)
     def wrapper(cfg: Any) -> None:
         try:
             function(cfg)
-        except Exception as err:
-            raise _TaskFailed(err) from None
+        except BaseException as err:
+            with shielded():
+                remove_empty_run_dir()
+            if isinstance(err, Exception):
+                raise _TaskFailed(err) from None
+            raise
 
     return wrapper
+
+
+def remove_empty_run_dir() -> None:
+    """Remove the running job's run folder (Hydra's ``hydra.run.dir``, made before the app runs) when it is empty,
+    with its empty parents below the working folder (``outputs/<date>/<time>`` → nothing left of ``outputs/``): only
+    folders made since the app started (by their change time), never the working folder or one that was there."""
+    cwd, path = Path.cwd().resolve(), Path(HydraConfig.get().runtime.output_dir).resolve()
+    while path != cwd and path.is_dir() and not any(path.iterdir()) and path.stat().st_ctime >= _STARTED_AT - 0.02:
+        path.rmdir()
+        if cwd not in path.parents:  # a run folder outside the working folder: its parents are not the run's
+            return
+        path = path.parent
 
 
 def flags_error(arguments: Sequence[str], prog: str) -> str | None:
@@ -160,6 +180,16 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
     if not flags:
         return None
     return f"unknown option {flags[0]!r}; settings are given as KEY=VALUE, options are listed by {prog} --help"
+
+
+def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
+    """``arguments`` with the overrides that pick ``prog``'s help page (terra/apps/help.py) among the user's own
+    overrides: Hydra takes its overrides as one run of arguments, so appended after ``--help`` they would be
+    "unrecognized arguments" when overrides come before it (``terra-generate num_frames=3 --help``)."""
+    page = ["hydra/help=terra", f"hydra.help.app_name={prog}"]
+    given = get_args_parser().parse_known_args(list(arguments))[0].overrides
+    at = arguments.index(given[0]) if given else len(arguments)
+    return [*arguments[:at], *page, *arguments[at:]]
 
 
 def console_script(app: Callable[[], None], prog: str) -> Callable[[], None]:
@@ -180,6 +210,8 @@ def run_app(app: Callable[[], None], prog: str) -> None:
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
     or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
     settings on the command line are given their new names first (terra/config/moved.py)."""
+    global _STARTED_AT
+    _STARTED_AT = time.time()
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
     if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
@@ -198,7 +230,7 @@ def run_app(app: Callable[[], None], prog: str) -> None:
     try:
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
-            sys.argv.append("hydra/help=terra")
+            sys.argv[1:] = with_help_page(sys.argv[1:], prog)
         app()
         return
     except _TaskFailed as failed:

@@ -5,7 +5,9 @@ and one line on stderr. The server listens once the model is loaded (connections
 ``GET /health`` answers 200 as soon as anything answers, and ``ready; open http://...`` is printed once it
 listens. On SIGINT/SIGTERM
 open sockets get a close frame (1001, "server shutting down") before the server stops; then the process ends
-as every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143).
+as every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143). A WebSocket handshake the
+server cannot take (a header line over 8 KiB or more than 128 header lines: 431; a request line too long: 414; any
+other it cannot read: 400) is answered at once and its connection closed (:func:`websocket_protocol`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import TYPE_CHECKING
 
 import hydra
 import uvicorn
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
+from terra.config.checks import select
 from terra.config.moved import move_settings
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
@@ -47,6 +50,32 @@ class GracefulServer(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
         await self.service.close_sockets(1001, "server shutting down")
         await super().shutdown(sockets)
+
+
+BAD_HANDSHAKE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 47\r\n"
+                 b"Connection: close\r\n\r\nnot a WebSocket handshake this server can read\n")
+
+
+def websocket_protocol() -> type | str:
+    """uvicorn's WebSocket protocol with websockets' sans-I/O implementation (uvicorn's default when websockets is
+    installed), made to send the answer websockets gives a handshake it refuses before the app sees it: uvicorn
+    leaves that answer unsent (uvicorn 0.54, websockets 17), so a handshake of 3,000 subprotocols or a 51 KB header
+    got no answer until the client gave up. "auto" where uvicorn has no such implementation (before 0.35: its
+    websockets protocol answers by itself)."""
+    try:
+        from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+    except ImportError:
+        return "auto"
+
+    class AnsweringProtocol(WebSocketsSansIOProtocol):
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.handshake_exc is not None and not self.handshake_initiated \
+                    and not self.transport.is_closing():
+                self.transport.write(b"".join(self.conn.data_to_send()) or BAD_HANDSHAKE)
+                self.transport.close()
+
+    return AnsweringProtocol
 
 
 def bind(settings: ServeSettings) -> socket.socket:
@@ -86,7 +115,7 @@ def serve(service: SessionService, sock: socket.socket) -> None:
     settings = service.settings
     config = uvicorn.Config(
         create_app(service), host=settings.host, port=settings.port, log_level=settings.log_level,
-        ws_max_size=settings.max_message_bytes, timeout_graceful_shutdown=10, lifespan="on",
+        ws=websocket_protocol(), ws_max_size=settings.max_message_bytes, timeout_graceful_shutdown=10, lifespan="on",
     )
     server = GracefulServer(config, service)
     try:
@@ -101,7 +130,7 @@ def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     check_added_settings("terra-serve", allowed=("backend.options.",))
     move_settings(cfg, "terra-serve")  # old setting names in a user's config file
-    settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
+    settings = ServeSettings.from_mapping(select(cfg, "serve"))
     spec = run_spec(cfg)
     with bind(settings) as sock:  # before the model loads: a port in use is one line at once
         serve(load_service(spec, settings), sock)

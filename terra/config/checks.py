@@ -106,8 +106,13 @@ SEED = Range(0, MAX_SEED, 0, whole=True)  # every seed setting (a rollout's, a s
 
 def known_settings(values: Mapping[str, Any], cls: type, block: str) -> Mapping[str, Any]:
     """``values`` (a plain mapping, a config block) when every key names a field of the dataclass ``cls``; an unknown
-    key fails with one line naming the ``block`` and its settings (``cls(**known_settings(...))``)."""
+    key, or a block that is no mapping (``alpasim=null``), fails with one line naming the ``block`` and its settings
+    (``cls(**known_settings(...))``)."""
     known = {f.name for f in fields(cls)}
+    if not isinstance(values, Mapping):
+        given = "null" if values is None else shown(values)
+        raise TerraInputError(f"{block} must be a block of settings ({', '.join(sorted(known))}), not {given}; leave "
+                              f"it out for the defaults, or set {block}.KEY=VALUE")
     unknown = sorted(set(values) - known)
     if unknown:
         raise TerraInputError(f"unknown {block} settings {unknown}; known: {', '.join(sorted(known))}")

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
-from terra.core.atomic import json_text
+from terra.core.atomic import NO_SPACE, json_text, write_failed
 from terra.decoder.sidecar import to_jsonable
 
 MANIFEST = "manifest.jsonl"
@@ -74,8 +74,10 @@ class Manifest:
         while view:
             try:
                 written = os.write(self._fd, view)
-            except OSError:
+            except OSError as err:
                 self._torn = len(view) < len(data)
+                if err.errno in NO_SPACE:
+                    raise write_failed(self.path, err) from None
                 raise
             view = view[written:]
         self._torn = False

@@ -10,6 +10,10 @@ name the folder's marker lists, of this host, of a pid not running here, and who
 tells a live writer in another PID namespace (two containers of one host name sharing a volume), whose pid means
 nothing here; nothing else is ever removed (a user's ``.notes.<host>-999999.keep.tmp.txt`` stays).
 
+A write that fails for want of space (a full disk or quota, a file-size limit) is :func:`write_failed`'s one line
+naming the file, a :class:`~terra.core.errors.TerraInputError`: every app ends with it (exit 2), not with an
+internal error, and the target is as it was.
+
 Every JSON the toolkit writes goes through :func:`json_text`: valid JSON, a non-finite number written as
 ``null`` (Python's ``NaN`` / ``Infinity`` are not JSON).
 
@@ -21,6 +25,7 @@ lists it, and writes into no other app's folder (terra/config/output_dir.py chec
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -34,7 +39,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from terra.core.errors import TerraInputError
+
 MARKER = ".terra-output.json"  # in a folder: the names of what the toolkit wrote there, and which app owns it
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a full quota, a file-size limit (ulimit -f)
+
+
+def write_failed(path: str | os.PathLike, err: OSError) -> TerraInputError:
+    """The one line of a write to ``path`` that failed with ``err`` (no space, a file too large, not writable): the
+    user's to fix, so every app ends with it (exit 2), never with an internal error."""
+    return TerraInputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another output "
+                           "folder")
 
 
 @contextmanager
@@ -62,6 +77,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         tmp_path.chmod(0o644)  # mkstemp creates 0600 (and some writers recreate the file); outputs are shared
         os.replace(tmp_path, path)
+    except OSError as err:  # the writer's, inside the block, too
+        if err.errno in NO_SPACE:
+            raise write_failed(path, err) from None
+        raise
     finally:
         if tmp_path is not None:
             tmp_path.unlink(missing_ok=True)
@@ -187,8 +206,10 @@ def atomic_dir(path: str | os.PathLike, app: str | None = None) -> Iterator[Path
     try:
         yield tmp
         mark(tmp, [entry.name for entry in os.scandir(tmp) if entry.name != MARKER], app or owner(path))
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno in NO_SPACE:
+            raise write_failed(path, err) from None
         raise
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)

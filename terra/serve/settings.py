@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from terra.config.checks import MAX_FRAMES, check_whole_number, known_settings, shown
-from terra.config.network import HOST_NAME, TOKEN_PATTERN, is_loopback
+from terra.config.network import HOST_NAME, check_token, is_loopback
 from terra.core.errors import TerraInputError
 
 IMAGE_FORMATS = ("jpeg", "png")
@@ -92,9 +92,7 @@ class ServeSettings:
             raise TerraInputError(f"serve.log_level must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
         if not isinstance(self.host, str) or not self.host:
             raise TerraInputError(f"serve.host must be an address or host name (got {self.host!r})")
-        if self.token is not None and (not isinstance(self.token, str) or not TOKEN_PATTERN.fullmatch(self.token)):
-            raise TerraInputError("serve.token must be 8 to 256 letters, digits or - . _ ~ + (it travels as a "
-                                  "WebSocket subprotocol); e.g. serve.token=$(openssl rand -hex 16)")
+        check_token(self.token, "serve.token", "TERRA_SERVE_TOKEN")
         if self.token is None and not is_loopback(self.host):
             raise TerraInputError(f"serve.host={self.host} is reachable beyond this machine, so a token is "
                                   "required: set serve.token=... or TERRA_SERVE_TOKEN, or bind serve.host=127.0.0.1")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from terra.config.checks import check_choice
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag
 from terra.config.output_dir import claim_output_dir
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
@@ -49,6 +49,16 @@ SHARD_FILES = "shard-*.npz"
 # the states closed-loop policies reach (terra/sim/long_drives.py).
 RECIPES: dict[str, Callable[[np.random.Generator, int, str], Drive]] = {
     "manoeuvres": random_drive, "long_drives": random_long_drive}
+SIZES = {  # terra-make-dataset's sizes (and write_dataset's, write_driving_logs')
+    "num_clips": Range(1, 10_000_000, 1000, whole=True),
+    "num_frames": Range(1, MAX_FRAMES, 25, whole=True),
+    "height": Range(8, 4096, 144, whole=True),
+    "width": Range(8, 4096, 256, whole=True),
+    "seed": SEED,
+    "clips_per_shard": Range(1, 100_000, 64, whole=True),
+    "workers": Range(0, 1024, 0, whole=True),
+}
+MAX_HELD_BYTES = 8 << 30  # the frames one writer renders before it writes them: a shard's, or a clip folder's
 
 
 def write_dataset(
@@ -70,8 +80,10 @@ def write_dataset(
     ``workers`` processes render shards in parallel (0 = one per CPU core); ``domain`` (terra/sim/scene.py) is
     every clip's; ``recipe`` (:data:`RECIPES`) what the clips are. Returns the folder.
     """
-    check_sizes(num_clips=num_clips, num_frames=num_frames, height=height, width=width,
-                clips_per_shard=clips_per_shard, workers=workers)
+    num_clips, num_frames, height, width, seed, clips_per_shard, workers = check_sizes(
+        num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed,
+        clips_per_shard=clips_per_shard, workers=workers)
+    check_flag(compress, "compress")
     check_choice(domain, "domain", DOMAINS)
     check_choice(recipe, "recipe", tuple(RECIPES))
     out = Path(out_dir)
@@ -108,12 +120,20 @@ def write_dataset(
     return out
 
 
-def check_sizes(**values: int) -> None:
-    """Raise one line for a count or size below its least value (8 pixels, 0 workers, else 1)."""
-    for name, value in values.items():
-        low = {"height": 8, "width": 8, "workers": 0}.get(name, 1)
-        if int(value) < low:
-            raise TerraInputError(f"dataset {name} must be at least {low} (got {value})")
+def check_sizes(**values: Any) -> tuple[int, ...]:
+    """Each size of :data:`SIZES` given, checked (one line: its range and an example), as ints in the order given; and
+    the frames a writer holds at once (a shard's clips, ``clips_per_shard`` when given, else one clip folder's) at
+    most :data:`MAX_HELD_BYTES`."""
+    sizes = {name: SIZES[name].check(value, name) for name, value in values.items()}
+    clips_held = min(sizes.get("clips_per_shard", 1), sizes["num_clips"])
+    held = clips_held * sizes["num_frames"] * sizes["height"] * sizes["width"] * 3
+    if held > MAX_HELD_BYTES:
+        shard = f"a shard of {clips_held} clips" if clips_held > 1 else "a clip"
+        raise TerraInputError(
+            f"{shard} of {sizes['num_frames']} frames at {sizes['height']}x{sizes['width']} is {held / 2**30:.1f} GiB "
+            f"of frames held in memory while it is written, more than {MAX_HELD_BYTES >> 30} GiB; lower "
+            f"{'clips_per_shard, ' if clips_held > 1 else ''}num_frames, height or width")
+    return tuple(sizes.values())
 
 
 def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterable[Any]:

@@ -62,7 +62,8 @@ def write_driving_logs(
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` as driving logs in
     ``out_dir`` (module docstring), in ``workers`` processes (0 = one per CPU core), drawn by ``recipe``
     (terra/sim/dataset.py's RECIPES). Returns the folder."""
-    check_sizes(num_clips=num_clips, num_frames=num_frames, height=height, width=width, workers=workers)
+    num_clips, num_frames, height, width, seed, workers = check_sizes(
+        num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed, workers=workers)
     check_choice(domain, "domain", DOMAINS)
     check_choice(recipe, "recipe", tuple(RECIPES))
     out = Path(out_dir)

@@ -45,6 +45,8 @@ def free_port() -> int:
     (["alpasim.host=0.0.0.0"], "alpasim.host=0.0.0.0 is reachable beyond this machine, so a token is required"),
     (["alpasim.host=0.0.0.0", "alpasim.token=short"], "alpasim.token must be 8 to 256 letters"),
     (["num_context=3"], "AlpaSim sends one initial frame per camera"),
+    (["alpasim=null"], "alpasim must be a block of settings (host, idle_timeout_s, "),
+    (["alpasim.token=1234567890"], "alpasim.token was read as a number, not as text"),
     (["+alpasim.colour=red"], "unknown setting 'alpasim.colour'"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):

@@ -6,6 +6,7 @@ in two sessions at once; every bad request is a gRPC status with one line while 
 from __future__ import annotations
 
 import io
+import logging
 import threading
 from types import SimpleNamespace
 
@@ -126,6 +127,8 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
     zero.poses[0].pose.quat.w = 0.0
     fps30 = trajectory(path, range(6, 8))
     fps30.poses[1].timestamp_us = fps30.poses[0].timestamp_us + 33_333
+    unread = trajectory(path, range(6, 1006))  # too many poses: refused by their count before any is read
+    unread.poses[0].timestamp_us = 2**63 - 1
     cases = {
         "two cameras": (lambda: runtime.start(cameras=2), invalid, ["one camera", "has 2 (camera_specs)"]),
         "no camera": (lambda: runtime.start(cameras=0), invalid, ["has 0"]),
@@ -142,6 +145,8 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
         "over max_frames": (lambda: runtime.chunk(session, trajectory(path, range(6, 42))),
                             grpc.StatusCode.OUT_OF_RANGE, ["rendered 5 frames and may render 35 more",
                                                            "alpasim.max_frames=40"]),
+        "1000 poses": (lambda: runtime.chunk(session, unread), grpc.StatusCode.OUT_OF_RANGE,
+                       ["may render 35 more", "the chunk asks for 1000"]),
     }
     for name, (call, code, words) in cases.items():
         got_code, details = status_of(call)
@@ -320,20 +325,28 @@ def test_a_caller_past_its_deadline_gets_its_frames_on_retry(served, monkeypatch
     runtime.close(session)
 
 
-def test_a_token_guards_every_call():
+def test_a_token_guards_every_call(caplog):
     from terra.core.errors import TerraInputError
+    from terra.serve.settings import ServeSettings
 
-    with pytest.raises(TerraInputError, match="reachable beyond this machine, so a token is required"):
-        AlpasimSettings(host="0.0.0.0")
+    for host in ("0.0.0.0", "::ffff:10.0.0.1", "::ffff:0.0.0.0"):
+        with pytest.raises(TerraInputError, match="reachable beyond this machine, so a token is required"):
+            AlpasimSettings(host=host)
+    for host in ("::ffff:127.0.0.1", "[::ffff:127.0.0.2]", "::1", "localhost"):  # loopback: no token needed
+        assert AlpasimSettings(host=host).token is None
+    assert ServeSettings(host="::ffff:127.0.0.1").token is None
     with pytest.raises(TerraInputError, match="alpasim.max_sessions must be a whole number from 1 to 1024"):
         AlpasimSettings(max_sessions=10**9)
     settings = AlpasimSettings(port=0, token="s3cret-token")
     server, port = bind(settings)
     start(server, WorldModelServicer(SimpleNamespace(pipeline=SimpleNamespace(image_size=(64, 64))), "none"))
     try:
-        for token in (None, "wrong-token"):
-            code, details = status_of(FakeRuntime(f"127.0.0.1:{port}", 30, token).version)
-            assert code == grpc.StatusCode.UNAUTHENTICATED and "authorization: Bearer <token>" in details
+        with caplog.at_level(logging.INFO, logger="terra.alpasim"):
+            for token in (None, "wrong-token") * 100:
+                code, details = status_of(FakeRuntime(f"127.0.0.1:{port}", 30, token).version)
+                assert code == grpc.StatusCode.UNAUTHENTICATED and "authorization: Bearer <token>" in details
+        lines = [r.getMessage() for r in caplog.records if "without the token" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].startswith("1 call(s) without the token refused"), lines  # not 200
         assert FakeRuntime(f"127.0.0.1:{port}", 30, "s3cret-token").version().version_id.startswith("terra-alpasim")
     finally:
         server.stop(1).wait()

@@ -432,7 +432,7 @@ def test_a_write_cut_short_leaves_the_next_record_whole(tmp_path, monkeypatch):
         return real_write(fd, bytes(data[: len(data) // 2]))
 
     monkeypatch.setattr(os, "write", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(TerraInputError, match=r"cannot write .*manifest\.jsonl \(No space left on device\); free disk"):
         manifest.add({"n": 2, "pad": "y" * 100})
     monkeypatch.setattr(os, "write", real_write)
     manifest.add({"n": 3})

@@ -5,6 +5,7 @@ vector steps all or nothing). All on the true world at 36x64."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import gymnasium as gym
@@ -198,7 +199,9 @@ def test_bad_scenarios_and_options_are_refused_before_anything_changes():
 def test_what_an_env_is_given_is_checked_at_construction():
     [scenario] = synthetic_scenarios(1, 0, SIZE)
     other = synthetic_scenarios(1, 0, (40, 64))[0]
+    nan = dataclasses.replace(scenario, images=np.full(scenario.images.shape, np.nan))
     for world, scenarios, text in [
+        ("truth", [scenario, nan], "scenarios\\[1\\] .* holds no context frames uint8 \\[n, H, W, 3\\] \\(got float64"),
         (object(), [scenario], "world: a object is not a World \\(no callable open, context_frames, step, close\\)"),
         ("truth", scenario, "scenarios must be a list of Scenario \\(got a Scenario\\)"),
         ("truth", "abc", "scenarios must be a list of Scenario"),
@@ -318,6 +321,43 @@ class FailingWorld(TrueWorld):
 
     def step(self, drives, actions, poses):
         return [RuntimeError("renderer died")] * len(drives) if self.fail else super().step(drives, actions, poses)
+
+
+class MisshapenWorld(TrueWorld):
+    """The true world, whose frames are one column too wide (``where``: from context_frames or step) or float."""
+
+    where = None
+    dtype = np.uint8
+
+    def context_frames(self, drive):
+        frames = super().context_frames(drive)
+        return self.misshapen(frames) if self.where == "context_frames" else frames
+
+    def step(self, drives, actions, poses):
+        frames = super().step(drives, actions, poses)
+        return [self.misshapen(f) for f in frames] if self.where == "step" else frames
+
+    def misshapen(self, frames):
+        return np.concatenate([frames, frames[..., :1, :]], axis=-2).astype(self.dtype)
+
+
+def test_a_worlds_frame_outside_the_observation_space_is_one_line_naming_the_world():
+    world = MisshapenWorld(SIZE)
+    env = DriveEnv(world, synthetic_scenarios(1, 0, SIZE), num_steps=5)
+    venv = DriveVectorEnv(world, synthetic_scenarios(1, 0, SIZE), num_envs=2, num_steps=5)
+    env.reset(seed=0)
+    venv.reset(seed=0)
+    world.where = "step"
+    text = "world truth: step returned a uint8 frame of shape \\[36, 65, 3\\]; the env's frames are uint8 of shape"
+    refused(TerraInputError, text, env.step, np.zeros(2))
+    refused(ResetNeeded, "the world failed the last step", env.step, np.zeros(2))
+    refused(TerraInputError, text, venv.step, np.zeros((2, 2)))
+    world.where, world.dtype = "context_frames", np.float64
+    refused(TerraInputError, "world truth: context_frames \\(frame 0\\) returned a float64 frame", env.reset, seed=0)
+    assert env.drive is None
+    world.where = None
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs) and env.observation_space.contains(env.step(np.zeros(2))[0])
 
 
 def test_vector_steps_are_all_or_nothing():

@@ -271,3 +271,25 @@ def test_a_client_that_leaves_mid_request_is_no_error(server, client, session_id
         assert client.get("/health").status_code == 200  # a request of its own while waiting: no sleep
     assert "Traceback" not in text and "internal error" not in text and "ERROR" not in text, text
     still_serving(client, session_id)
+
+
+@pytest.mark.parametrize("headers, status", [
+    ([f"Sec-WebSocket-Protocol: {', '.join(f'p{i:04d}' for i in range(3000))}"], b"431"),  # one 21 KB line
+    ([f"Sec-WebSocket-Protocol: p{i}" for i in range(3000)], b"431"),  # more than 128 header lines
+    (["X-Pad: " + "a" * 51_000], b"431"),
+], ids=["3000-subprotocols", "3000-header-lines", "51-KB-header"])
+def test_an_oversized_handshake_is_answered_at_once(server, client, session_id, headers, status):
+    """websockets refuses these handshakes before the app sees them; the answer comes at once (it never came: the
+    client waited until its own timeout) and the server goes on."""
+    lines = [f"GET /sessions/{session_id}/ws HTTP/1.1", f"Host: 127.0.0.1:{server.port}", "Upgrade: websocket",
+             "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13",
+             f"Authorization: Bearer {server.token}", *headers]
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:
+        raw.settimeout(10)  # the deadline for an answer that is due at once
+        raw.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = raw.recv(64)
+        assert answer.startswith(b"HTTP/1.1 " + status), answer
+        raw.settimeout(10)
+        while raw.recv(4096):  # then the server closes the connection
+            pass
+    still_serving(client, session_id)

@@ -21,6 +21,8 @@ from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
 @pytest.mark.parametrize("overrides, message", [
     (["serve.host=0.0.0.0"], "serve.host=0.0.0.0 is reachable beyond this machine, so a token is required"),
     (["serve.host=192.168.1.20", "serve.token=short"], "serve.token must be 8 to 256"),
+    (["serve.token=1234567890"], "serve.token was read as a number, not as text"),
+    (["serve=null"], "serve must be a block of settings (allowed_hosts, "),
     (["serve.port=70000"], "serve.port must be a whole number from 0 to 65535"),
     (["serve.max_sessions=0"], "serve.max_sessions must be a whole number from 1 to 1024"),
     (["serve.max_sessions=1000000000"], "serve.max_sessions must be a whole number from 1 to 1024"),

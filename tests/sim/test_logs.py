@@ -94,9 +94,40 @@ def test_a_rerun_finishes_an_interrupted_run_and_refuses_a_finished_or_foreign_f
         write_driving_logs(out, 2, 2, 36, 64, seed=5, progress=False)
 
 
-@pytest.mark.parametrize("override, match", [("domain=dusk", "unknown domain 'dusk'; choose one of: day, night"),
-                                             ("format=mp4", "unknown format 'mp4'; choose one of: shards, driving")])
-def test_make_dataset_bad_choices_are_one_line_and_exit_code_2(tmp_path, override, match):
-    done = script("make_dataset", "out_dir=out", "num_clips=1", override, cwd=tmp_path)
+@pytest.mark.parametrize("overrides, match", [
+    (["domain=dusk"], "unknown domain 'dusk'; choose one of: day, night"),
+    (["format=mp4"], "unknown format 'mp4'; choose one of: shards, driving"),
+    (["recipe=long_drives", "num_frames=100000000"], "num_frames must be a whole number from 1 to 10000 (got "
+                                                     "100000000); e.g. num_frames=25"),
+    (["num_clips=nan"], "num_clips must be a whole number from 1 to 10000000 (got nan)"),
+    (["format=driving_logs", "num_frames=30.7"], "num_frames must be a whole number from 1 to 10000 (got 30.7)"),
+    (["compress=maybe"], "compress must be true or false (got 'maybe')"),
+    (["out_dir=null"], "no out_dir given; pass out_dir=DIR"),
+])
+def test_make_dataset_bad_settings_are_one_line_and_exit_code_2(tmp_path, overrides, match):
+    done = script("make_dataset", "out_dir=out", "num_clips=1", *overrides, cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and match in done.stderr, done.stderr
-    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dataset_sizes_have_ranges_and_a_writer_holds_at_most_8_gib(tmp_path):
+    """Every size has its range; the frames a writer renders before writing them (a shard of clips_per_shard clips,
+    or one clip folder) are bounded, so a long drive at a large size is refused before anything is rendered."""
+    from terra.sim.dataset import write_dataset
+
+    cases = [
+        (lambda: write_dataset(tmp_path / "a", 64, 10_000, 144, 256, progress=False),
+         "a shard of 64 clips of 10000 frames at 144x256 is 65.9 GiB of frames held in memory while it is written, "
+         "more than 8 GiB; lower clips_per_shard, num_frames, height or width"),
+        (lambda: write_driving_logs(tmp_path / "a", 1, 10_000, 1080, 1920, progress=False),
+         "a clip of 10000 frames at 1080x1920 is 57.9 GiB"),
+        (lambda: write_dataset(tmp_path / "a", 1, 2, 4097, 64, progress=False), "height must be a whole number from 8"),
+        (lambda: write_dataset(tmp_path / "a", 1, 2, 36, 64, workers=1.5, progress=False), "workers must be a whole"),
+        (lambda: write_dataset(tmp_path / "a", 1, 2, 36, 64, clips_per_shard=0, progress=False), "clips_per_shard"),
+        (lambda: write_driving_logs(tmp_path / "a", True, 2, 36, 64, progress=False), "num_clips must be a whole"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TerraInputError) as err:
+            call()
+        assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "a").exists()

@@ -24,9 +24,11 @@ Bad calls are refused as gymnasium's own envs refuse them, in one line, before a
 not one of the action space's raises ``gymnasium.error.InvalidAction``, ``step()`` before ``reset()``, after the
 drive ended (terminated or truncated) or after a step the world failed ``gymnasium.error.ResetNeeded``, a bad
 setting, scenario index, reset option or seed list a :class:`~terra.core.errors.TerraInputError` (a
-``ValueError``): a ``world`` without the World methods, or ``scenarios`` that are not Scenarios of one frame size,
-at construction. ``step()`` or ``reset()`` after ``close()`` raises ``gymnasium.error.ClosedEnvironmentError``. The
-vector env checks every action of a step before it moves any drive: a refused step changes no env.
+``ValueError``): a ``world`` without the World methods, or ``scenarios`` that are not Scenarios of uint8 frames of
+one size, at construction; a world's frame that is not uint8 ``[H, W, 3]`` at that size, before it becomes an
+observation (terra/closedloop/gym/spaces.py, ``checked_frame``). ``step()`` or ``reset()`` after ``close()`` raises
+``gymnasium.error.ClosedEnvironmentError``. The vector env checks every action of a step before it moves any drive: a
+refused step changes no env.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from terra.closedloop.gym.spaces import (
     ACTION_MODES,
     REWARDS,
     action_space,
+    checked_frame,
     read_action,
     observation,
     observation_space,
@@ -143,8 +146,11 @@ def user_scenarios(scenarios: Any) -> list[Scenario]:
             raise TerraInputError(f"scenarios[{i}] is a {type(scenario).__name__}, not a Scenario (terra/closedloop/"
                                   "scenarios.py: synthetic_scenarios, log_scenarios)")
         images = scenario.images
-        if not isinstance(images, np.ndarray) or images.ndim != 4 or images.shape[-1] != 3 or not len(images):
-            raise TerraInputError(f"scenarios[{i}] ({scenario.id}) holds no context frames [n, H, W, 3]")
+        if not isinstance(images, np.ndarray) or images.ndim != 4 or images.shape[-1] != 3 or not len(images) \
+                or images.dtype != np.uint8:
+            raise TerraInputError(f"scenarios[{i}] ({scenario.id}) holds no context frames uint8 [n, H, W, 3] (got "
+                                  f"{getattr(images, 'dtype', type(images).__name__)} of shape "
+                                  f"{list(getattr(images, 'shape', []))})")
         if images.shape[1:3] != scenarios[0].images.shape[1:3]:
             raise TerraInputError(f"scenarios[{i}] ({scenario.id}) has {images.shape[1]}x{images.shape[2]} frames, "
                                   f"scenarios[0] {scenarios[0].images.shape[1]}x{scenarios[0].images.shape[2]}; an "
@@ -196,6 +202,12 @@ class _Drives:
         drive = start_drive(self.world, spec, self.num_steps, vehicle=self.vehicle)
         if not drive.ok:
             raise TerraInputError(f"scenario {spec.scenario.id} cannot be driven: {drive.error}")
+        try:
+            for k, frame in enumerate(drive.frames):
+                checked_frame(frame, self.size, drive.world, f"context_frames (frame {k})")
+        except TerraInputError:
+            close_drive(self.world, drive)
+            raise
         return drive
 
     def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
@@ -214,7 +226,7 @@ class _Drives:
             if isinstance(frame, BaseException):
                 raise frame
             before = drive.poses[-1]
-            drive.advance(frame)
+            drive.advance(checked_frame(frame, self.size, drive.world, "step"))
             info: dict[str, Any] = {"pose": drive.poses[-1].copy()}
             scene, truth, terminated = drive.spec.scenario.scene, None, False
             if scene is not None:

@@ -63,6 +63,18 @@ def observation_space(height: int, width: int) -> spaces.Dict:
     })
 
 
+def checked_frame(frame: Any, size: tuple[int, int], world: str, call: str) -> np.ndarray:
+    """``frame`` if it is what the observation's ``frame`` holds, uint8 ``[height, width, 3]``; else one line naming
+    the ``world``, its ``call`` and what it returned (:class:`TerraInputError`): a World of the caller's answers for its
+    frames here, before one becomes an observation outside the observation space."""
+    if type(frame) is np.ndarray and frame.dtype == np.uint8 and frame.shape == (*size, 3):
+        return frame
+    what = f"a {frame.dtype} frame of shape {list(frame.shape)}" if isinstance(frame, np.ndarray) else \
+        f"a {type(frame).__name__}"
+    raise TerraInputError(f"world {world}: {call} returned {what}; the env's frames are uint8 of shape "
+                          f"{[*size, 3]} (its observation_space): fix the world, then reset()")
+
+
 def observation(drive: Drive) -> dict[str, Any]:
     """What the agent of ``drive`` sees now; the frame a copy (users keep what they are given)."""
     obs = drive.observation(1)
