@@ -24,7 +24,7 @@ from terra.generation.actions import finite_array
 
 ROUTE_HORIZON_M = 80.0  # the last route point's distance along the road; a demo frame shows road to about 60 m
 ROUTE_POINT_VALUES = 3  # [y, x, s], the width of an action point
-MAX_ROUTE_M = 2 * ROUTE_HORIZON_M  # |y|, |x| of a route point: a point s metres along the road lies within s + the
+MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that left the road far behind still has one)
 # car's distance from the road, which the bound leaves room for
 
 
