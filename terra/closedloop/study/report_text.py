@@ -94,7 +94,9 @@ def next_step(verdict: WorldVerdict) -> str:
                      "the interval but may not decide it")
     if any("23 steps" in reason for reason in verdict.reasons.values()):
         parts.append("num_steps=23 or more for the lag")
-    parts.append(f"or {GPU_PRESET}, which decides what short drives cannot")
+    parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
+                 + (" (over 20 s the demo model is flagged: docs/fidelity.md, \"The demo model's verdict\")"
+                    if verdict.world == "model" else ""))
     return f" To decide it: {'; '.join(parts)}."
 
 
