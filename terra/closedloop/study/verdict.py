@@ -8,9 +8,10 @@ an edge, or has no value: the reason is kept) or ``too few scenarios`` (fewer th
 decided). A world is **flagged** when a statistic fails, **passed** when every one passes, **undecided** otherwise. A
 statistic **separates** the model from a control when it passes the model and fails the control. Measured, judged by
 nothing: the distance between the world's and the truth's paths, PSNR and SSIM at 1, 5, 10 and 20 steps (a frozen
-video can match the true frames as well as a world model does), and world - truth on paired drives of every metric a
-drive records. No statistic sees what is beyond the lane and the ground's motion (other road users, lighting). How
-long a world stays a simulator, its fidelity horizon, is terra/closedloop/study/horizons.py's.
+video can match the true frames as well as a world model does), Kendall's tau of the policies' ranking (which two
+nearly tied policies decide), and world - truth on paired drives of every metric a drive records. No statistic sees
+what is beyond the lane and the ground's motion (other road users, lighting). How long a world stays a simulator, its
+fidelity horizon, is terra/closedloop/study/horizons.py's.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import numpy as np
 
 from terra.closedloop.outcomes.frames import read_horizons
 from terra.closedloop.study.statistics import (
-    FRAMES, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, Undefined, metric_value, outcome_policies,
-    ranked_values, undefined,
+    FRAMES, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, Undefined, kendall_tau, metric_value,
+    outcome_policies, ranked_values, undefined,
 )
 from terra.fidelity.agreement import horizon_summary
 from terra.stats import (
@@ -220,6 +221,10 @@ def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstr
         if reason is not None:
             reasons[s.name] = reason
     measured = measurements(pairs, bootstrap) if pairs else {}
+    if outcomes:  # measured, not judged (terra/closedloop/study/statistics.py, kendall_tau)
+        tau = widened(kendall_tau(outcomes, bootstrap),
+                      few_clusters_factor(len({p.scenario for p in outcomes}), bootstrap.level))
+        measured["kendall_tau"] = replace(tau, low=float(np.clip(tau.low, -1, 1)), high=float(np.clip(tau.high, -1, 1)))
     ranking = ranking_of(outcomes) if outcomes else None
     return WorldVerdict(name, values, decisions, len(pairs), measured, differences(pairs, bootstrap), reasons,
                         scenarios, tuple(policies), ranking)
