@@ -19,6 +19,7 @@ the same replicates. :func:`decide` turns an interval and an acceptance band int
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
@@ -153,6 +154,32 @@ def paired_difference(scenarios: Sequence[Hashable], world: np.ndarray, truth: n
     if world.shape != truth.shape:
         raise ValueError(f"paired values differ in shape: world {world.shape}, truth {truth.shape}")
     return mean(scenarios, world - truth, bootstrap)
+
+
+def policies_median_difference(scenarios: Sequence[Hashable], policies: Sequence[Hashable], world: np.ndarray,
+                                truth: np.ndarray, bootstrap: Bootstrap = Bootstrap()) -> Interval:
+    """The median over policies of each policy's mean ``world - truth`` over its paired drives (pairs with a NaN left
+    out), with its interval over scenarios: the typical policy's difference, which no single policy decides (one that
+    draws random numbers, or whose drives sit on a knife's edge between two outcomes). A replicate in which no policy
+    has a drive is undefined."""
+    difference = np.asarray(world, dtype=np.float64) - np.asarray(truth, dtype=np.float64)
+    if not len(scenarios) == len(policies) == len(difference):
+        raise ValueError(f"{len(scenarios)} scenarios, {len(policies)} policies and {len(difference)} values: one each "
+                         "per drive")
+    names = list(dict.fromkeys(policies))
+    onehot = np.array([names.index(p) for p in policies])[:, None] == np.arange(len(names))
+    finite = np.isfinite(difference)[:, None]
+    clusters = Clusters.of(scenarios)
+    sums = clusters.sums(onehot * np.where(finite, difference[:, None], 0.0))
+    counts = clusters.sums(onehot * finite)
+
+    def median(weights: np.ndarray) -> np.ndarray:
+        means = _ratio(weights @ sums, weights @ counts)  # [R, policies]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a replicate without any policy's drive: NaN
+            return np.nanmedian(means, axis=1)
+
+    return cluster_interval(median, clusters, bootstrap)
 
 
 def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray, intercept: bool,

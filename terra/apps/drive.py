@@ -40,7 +40,9 @@ def _main(cfg: DictConfig) -> None:
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
-    settings = terra_drive_settings(cfg, out_dir)  # no model yet: a bad setting or output folder is one line
+    # no model yet: a bad setting or output folder is one line; the command line is what a study's shard processes
+    # are given (shard_processes: terra/closedloop/study/processes.py)
+    settings = terra_drive_settings(cfg, out_dir, sys.argv[1:])
 
     from terra.closedloop.study.drives import terra_drive
 

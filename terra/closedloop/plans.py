@@ -15,6 +15,7 @@ of what it was built from, read-only: the policy that made it cannot change it a
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -186,3 +187,11 @@ class Policy(Protocol):
 
     def close(self) -> None:
         """Called once when the drive ends (also when it failed)."""
+
+
+def policy_seed(seed: int, scenario_id: str, policy: str) -> int:
+    """The seed of a drive's policy's random stream (the noisy follower's turns, an egodriver session's
+    ``random_seed``): 64 bits of the SHA-256 of the run's ``seed``, the scenario's id and the policy's name, the same
+    on every rerun, different for every drive, and changed by the run's ``seed``."""
+    digest = hashlib.sha256(f"{seed}\0{scenario_id}\0{policy}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")

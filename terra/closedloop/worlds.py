@@ -7,12 +7,18 @@ terra/closedloop/car/motion.py), and returns the next frame. :class:`ModelWorld`
 at once and the backend batches them); its frames are the world model's, conditioned on the action, decoded by the
 tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of
 the world the demo model was trained on, for ground truth. So both worlds show the same motion of the same car.
+
+A world may also say what the truth looks like through it (``reference_frames``): the model world, asked with
+``references=True`` (the fidelity study), renders the true scene at each pose and passes it through its tokenizer, so
+that its frames are measured against a perfect world model of the same tokenizer, not against pixels no tokenizer
+can give back (terra/closedloop/outcomes/frames.py: the road-plane odometry reads the true frames' motion through the
+demo tokenizer as 0.6 to 0.9 of it).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -58,6 +64,8 @@ class ModelDrive:
     sampling: SamplingConfig
     seed: int
     scenario: Scenario
+    keeps_references: bool = False  # its true frames kept, its scene known (ModelWorld.references)
+    references: list[np.ndarray] = field(default_factory=list)  # the true frames through the tokenizer, step by step
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, h, w]``, context first."""
@@ -74,14 +82,16 @@ class ModelWorld:
 
     name = "model"
 
-    def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), overlap: int = DEFAULT_OVERLAP) -> None:
+    def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), overlap: int = DEFAULT_OVERLAP,
+                 references: bool = False) -> None:
         self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
         self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
         self.sampling = self.backend.as_run(sampling)  # auto: as the run chose it
         self.overlap = overlap
+        self.references = references  # keep each drive's true frames through the tokenizer (reference_frames)
         self.engine = SessionEngine(self.backend)
         self.generate_s = 0.0  # in the engine, summed over steps
-        self.decode_s = 0.0  # in the tokenizer's decoder
+        self.decode_s = 0.0  # in the tokenizer's decoder (the references' round trips too)
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> ModelDrive:
         import torch
@@ -94,7 +104,8 @@ class ModelWorld:
         with route slots the context frames' routes)."""
         routes = self.routes(scenario, scenario.context_poses)
         rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap, routes)
-        return ModelDrive(rollout, codes, self.sampling, seed, scenario)
+        keep = bool(self.references) and scenario.scene is not None and self.pipeline is not None
+        return ModelDrive(rollout, codes, self.sampling, seed, scenario, keep)
 
     def routes(self, scenario: Scenario, poses: np.ndarray | None) -> np.ndarray | None:
         """The model's routes at world ``poses`` of ``scenario`` (None: a model without route slots, a scenario whose
@@ -102,6 +113,13 @@ class ModelWorld:
         ``wrong_route`` control world overrides it (terra/closedloop/study/control_worlds.py)."""
         points = self.backend.layout.route_tokens
         return None if not points or poses is None else scenario.model_routes(poses, points)
+
+    def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
+        """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's
+        first (None: no references kept)."""
+        if not drive.keeps_references:
+            return None
+        return np.stack([self.context_frames(drive)[-1], *drive.references])
 
     def context_frames(self, drive: ModelDrive) -> np.ndarray:
         """The context as the model sees it: the tokenizer's reconstruction of the context codes."""
@@ -127,8 +145,23 @@ class ModelWorld:
             rgb = self.pipeline.decode(np.stack([results[i].codes.reshape(grid) for i in done]))
             for k, i in enumerate(done):
                 results[i] = rgb[k]
+            self._keep_references([drives[i] for i in done], [poses[i] for i in done], rgb.shape[1:3])
         self.decode_s += time.perf_counter() - start
         return results
+
+    def _keep_references(self, drives: Sequence[ModelDrive], poses: Sequence[np.ndarray],
+                         size: tuple[int, int]) -> None:
+        """Each kept drive's true frame at its pose, through the tokenizer (encoded and decoded at once)."""
+        import torch
+
+        kept = [(drive, pose) for drive, pose in zip(drives, poses) if drive.keeps_references]
+        if not kept:
+            return
+        truth = np.stack([render(drive.scenario.scene, np.asarray(pose, dtype=np.float64), *size)
+                          for drive, pose in kept])
+        images = torch.from_numpy(truth).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        for (drive, _), frame in zip(kept, self.pipeline.decode(self.pipeline.encode(images))):
+            drive.references.append(frame)
 
     def close(self, drive: ModelDrive) -> None:
         self.engine.close_rollout(drive.rollout).result()

@@ -13,7 +13,11 @@ Given the frames a world produced along a drive and the synthetic world's render
   world's frame against the true one at :data:`HORIZONS` steps after the context;
 * **temporal lag** (:func:`temporal_lag`, :func:`lag_summary`): the shift k in ``[-MAX_LAG, MAX_LAG]`` steps at
   which the world's frame t best matches the true frame t - k (highest mean PSNR): 0 for a faithful world, 10 for
-  frames a second late; with how far that best lag stands out (a frozen world's curve is flat).
+  frames a second late; with how far that best lag stands out (a frozen world's curve is flat);
+* **repeated frames** (:func:`frame_changes`, :func:`repeated`): how much each frame changed from the one before, in
+  the world and in the truth: a step whose world frame changed less than :data:`REPEATED` (a tenth) as much as the
+  true frame while the car moved shows the previous frame again, or one hardly different (a stutter, a video that
+  stops); a world of the truth at slightly other poses, or under other light, changes as much as the truth.
 
 Frames are uint8 ``[T, H, W, 3]``; ``frames[k]`` is the frame k + 1 steps after the context (horizon k + 1).
 """
@@ -30,6 +34,8 @@ from terra.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, w
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 
 LOOKAHEAD_M = 10.0  # where the lane's lateral position is read
+REPEATED = 0.1  # a frame that changed less than this share of the true frame's change repeats the one before
+MOVING_M = 0.3  # a step that moves the car at least this far (3 m/s) can repeat a frame
 HORIZONS = (1, 5, 10, 20)  # steps after the context at which frames are compared
 MAX_LAG = 15  # the temporal lag searched, in steps either way (1.5 s)
 
@@ -213,3 +219,19 @@ def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bo
     counts = grouped.sums(np.ones(len(lags)))
     return cluster_interval(lambda w: _best_lags((w @ sums) / (w @ counts)[:, None], lags[0].lags), grouped,
                             bootstrap)
+
+
+def frame_changes(frames: np.ndarray) -> np.ndarray:
+    """``[T]``: the mean squared difference (grey levels^2) of each of ``frames [T + 1, H, W, 3]`` but the first from
+    the frame before it."""
+    frames = np.asarray(frames, dtype=np.float32)
+    return np.array([float(np.mean((b - a) ** 2)) for a, b in zip(frames[:-1], frames[1:])])
+
+
+def repeated(world_change: np.ndarray, truth_change: np.ndarray, commanded_dx: np.ndarray) -> np.ndarray:
+    """``[T]``: 1 where the car moved (:data:`MOVING_M`) and the world's frame changed less than :data:`REPEATED` as
+    much as the true frame did, 0 where it moved and changed more, NaN where the car did not move or the truth did not
+    change (nothing to repeat)."""
+    world, truth = np.asarray(world_change, float), np.asarray(truth_change, float)
+    judged = (np.asarray(commanded_dx, float) > MOVING_M) & (truth > 0)
+    return np.where(judged, (world < REPEATED * truth).astype(float), np.nan)

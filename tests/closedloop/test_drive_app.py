@@ -46,27 +46,51 @@ def test_help_and_one_line_errors(tmp_path):
                                                  "needs world=both"),
                        (["world=both", "num_seeds=2", "num_control_seeds=3"],
                         "num_control_seeds=3 is how many of the study's num_seeds=2 the controls drive"),
-                       (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent")):
+                       (["policies=[navsim:no_such_module:Agent]"], "cannot load the NAVSIM agent"),
+                       (["within_horizon=true"], "within_horizon=true judges a fidelity study's worlds within their "
+                                                 "horizons: it needs world=both"),
+                       (["shard_processes.scene=2"], "shard_processes runs a fidelity study as shards of this "
+                                                     "machine: it needs world=both")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
+
+
+@pytest.mark.parametrize("args, why", [([], "no CUDA GPU is visible here"),
+                                       (["device=cpu"], "device=cpu was asked for")])
+def test_the_gpu_preset_is_refused_without_a_gpu_in_one_line_naming_the_cpu_preset(tmp_path, args, why):
+    """On this CPU-only machine (CI's): before any model or engine starts, and no output folder is left."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: study=gpu runs")
+    result = drive("study=gpu", *args, f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
+    line = one_error_line(result, "terra-drive", f"shard_processes.engine=4 (study=gpu's) runs the study's world "
+                                                 f"model on a CUDA GPU, but {why}; on a CPU run terra-drive study=cpu")
+    assert "docs/fidelity.md" in line and not (tmp_path / "out").exists()
 
 
 def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
     result = drive("--help", cwd=tmp_path)
     assert re.search(r"^ *study +cpu, gpu", result.stdout, re.M) and "terra-drive study=cpu" in result.stdout
     found = {}
-    for preset in ("cpu", "gpu"):
+    for preset in ("cpu", "gpu"):  # study=gpu with its GPU check passed (this machine may have none)
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=[f"study={preset}", "num_threads=1"])
-        found[preset] = terra_drive_settings(cfg, tmp_path / preset)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("terra.closedloop.study.settings.needs_gpu", lambda device, processes: None)
+            found[preset] = terra_drive_settings(cfg, tmp_path / preset)
         assert isinstance(found[preset], StudySettings) and not found[preset].drive.videos
     cpu, gpu = found["cpu"], found["gpu"]
     pixel = [name for name in cpu.drive.policies if name not in ("route_follower", "constant_speed", "brake_hard")]
     assert len(cpu.drive.scenarios.ids) == 5 and len(pixel) == 4 and cpu.drive.num_steps == 25
-    assert "brake_hard" in cpu.drive.policies
-    assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast"}  # no second engine
+    assert "brake_hard" in cpu.drive.policies and "route_follower" in cpu.drive.policies  # the open-loop horizon
+    assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast", "slow",
+                                 "under_turning", "over_turning", "stutter"}  # no second engine
+    assert cpu.num_control_scenarios == 4 and not cpu.shard_processes.groups
     assert len(gpu.drive.scenarios.ids) == 16 and gpu.drive.num_steps == 200 and gpu.exploitability
-    assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 8
+    assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 12
+    assert gpu.shard_processes.groups == {"engine": 4, "scene": 6} and gpu.drive.writer_processes == 2
+    assert gpu.drive.run.device == "cuda" and gpu.overrides == ()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # a setting after the preset overrides it
         cfg = compose("drive", overrides=["study=cpu", "num_scenarios=6", "num_threads=1"])
     assert len(terra_drive_settings(cfg, tmp_path / "six").drive.scenarios.ids) == 6
@@ -163,8 +187,10 @@ def test_fidelity_with_the_demo_model(tmp_path):
     assert exploit["brake_hard"]["gap"]["scene_score"]["estimate"] is not None
     assert "**Exploitability on minus the mean absolute lane offset (m)** (lane_follower_tuned: 9 candidates" in text
     assert "**Brake-hard probe** on AlpaSim's scene score" in text
-    assert text.startswith("# Fidelity verdict\n\n- **model** is undecided: nothing fails, but the study is too "
-                           "small to judge it")  # 2 scenarios: nothing decided
+    assert text.startswith("# Fidelity verdict\n\n- **model** stays a simulator for a median of at least its drives' "
+                           "0.2 s")
+    assert "**model** is undecided: nothing fails, but the study is too small to judge it (2 scenarios, fewer than " \
+           "4)" in text  # 2 scenarios: nothing decided
 
 
 class Faithful(TrueWorld):

@@ -5,12 +5,15 @@ nothing again (and with ``world=both`` writes the fidelity report)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
+from terra.closedloop.study.processes import ShardProcesses, shard_command
 from terra.closedloop.study.drives import terra_drive as drive
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.config.manifest import read_manifest
@@ -90,3 +93,37 @@ def test_a_ray_address_where_no_cluster_answers_is_one_line_before_any_output(tm
     with pytest.raises(TerraInputError, match="ray.address=127.0.0.1:9: no Ray cluster answers there"):
         drive(run)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_study_runs_its_own_shard_processes_then_its_report(tmp_path):
+    """``shard_processes`` (study=gpu's 4 engine and 6 scene shards): here 2 scene shards on the CPU, the engine's
+    worlds left to the command's own process, which then writes the report; each shard got the command's settings,
+    its own shard settings and none of shard_processes (terra/closedloop/study/processes.py)."""
+    out = tmp_path / "study"
+    result = subprocess.run(
+        [sys.executable, "-m", "terra.apps.drive", "world=both", "policies=[lane_follower,constant_speed]",
+         "num_scenarios=2", "num_steps=2", "controls=[frozen]", "backend=hf", "num_threads=1", "videos=false",
+         "shard_processes.scene=2", f"output_dir={out}"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "terra-drive: 2 shard processes (2 scene) ended in" in result.stdout
+    for world in ("truth", "frozen"):  # the scene worlds: two shards, two drives each (the control's two as well)
+        made = [read_manifest(out / world / f"manifest.shard-{i}-of-2.jsonl") for i in range(2)]
+        assert [len(m) for m in made] == [2, 2] and all(r["status"] == "ok" for m in made for r in m)
+    assert all(r["status"] == "ok" for r in read_manifest(out / "model" / "manifest.jsonl"))  # made here
+    assert all(r["status"] == "skipped" for r in read_manifest(out / "truth" / "manifest.jsonl"))
+    report = json.loads((out / "fidelity.json").read_text())
+    assert [v["world"] for v in report["verdicts"]] == ["model", "frozen"]
+    assert result.stdout.rstrip().splitlines()[-1].startswith("- frozen stays a simulator")  # the verdict last
+
+
+def test_a_shard_is_told_its_shard_and_its_engine_share():
+    command = shard_command(["study=gpu", "shard_index=3", "shard_processes.engine=4", "output_dir=o"], 1, 4, 2, 2.0,
+                            "engine")
+    assert command[:3] == [sys.executable, "-m", "terra.apps.drive"] and "shard_index=3" not in command
+    assert command[3:] == ["study=gpu", "output_dir=o", "shard_index=1", "num_shards=4", "num_threads=2",
+                           "shard_worlds=engine", "shard_processes.engine=0", "shard_processes.scene=0",
+                           "progress=false", f"++backend.options.kv_cache_memory_bytes={2 << 30}",
+                           "++backend.options.gpu_memory_utilization=0.225"]
+    scene = shard_command(["study=gpu"], 0, 6, 2, 2.0, "scene", engines=4)
+    assert not any("backend.options" in part for part in scene)  # no engine to size
+    assert ShardProcesses(4, 6, 2.0).groups == {"engine": 4, "scene": 6} and ShardProcesses().groups == {}

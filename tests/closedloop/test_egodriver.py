@@ -17,9 +17,10 @@ from carla_driver_interface.geometry import Pose, Trajectory  # noqa: E402
 from carla_driver_interface.server import serving  # noqa: E402
 
 from terra.closedloop.drivers.egodriver import (  # noqa: E402
-    CAMERA_ID, EgodriverPolicy, in_process, reference_driver, session_seed,
+    CAMERA_ID, EgodriverPolicy, in_process, reference_driver,
 )
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
+from terra.closedloop.plans import policy_seed  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
@@ -150,7 +151,7 @@ def test_the_driver_gets_the_context_frames_and_history_before_its_first_decisio
         start = calls[0][1]
         assert start.debug_info.scene_id == scenario.id
         seeds[start.random_seed] = drive.spec.id
-        assert start.random_seed == session_seed(7, scenario.id, drive.spec.policy) != session_seed(8, scenario.id,
+        assert start.random_seed == policy_seed(7, scenario.id, drive.spec.policy) != policy_seed(8, scenario.id,
                                                                                                     drive.spec.policy)
         [camera] = start.rollout_spec.vehicle.available_cameras
         mount = camera.rig_to_camera.vec  # straight above the rig's origin, the rear axle's centre
@@ -187,7 +188,7 @@ def test_the_driver_gets_the_context_frames_and_history_before_its_first_decisio
     with grpc_server(rerun) as target:
         run_drives(TrueWorld(TRUE_SIZE), [DriveSpec(scenarios[1], "remote_too", lambda: EgodriverPolicy(
             target, "remote_too", seed=7))], 1)
-    assert rerun.requests("start_session")[0].random_seed == session_seed(7, scenarios[1].id, "remote_too")
+    assert rerun.requests("start_session")[0].random_seed == policy_seed(7, scenarios[1].id, "remote_too")
 
 
 class Remembering(BaseDriver):
@@ -216,4 +217,4 @@ def test_a_contract_driver_holds_the_context_and_its_history_at_its_first_decisi
             f"127.0.0.1:{port}", "mine", seed=3))], 2)
     assert drive.ok, drive.error
     stamps = [100_000 * k for k in range(NUM_CONTEXT)]
-    assert remembering.first == (session_seed(3, scenario.id, "mine"), stamps, stamps, stamps[-1])
+    assert remembering.first == (policy_seed(3, scenario.id, "mine"), stamps, stamps, stamps[-1])

@@ -8,6 +8,7 @@ import pytest
 
 from terra.fidelity.agreement import (HORIZONS, MAX_LAG, frame_fidelity, horizon_summary, lag_summary,
                                       lane_agreement, lane_reading, lane_summary, temporal_lag)
+from terra.fidelity.agreement import frame_changes, repeated
 from terra.stats import FAIL, PASS, Bootstrap, decide
 from terra.metrics import PSNR_CAP_DB
 from tests.fidelity.drives import frozen, gray, late, mirrored, weaving_drive
@@ -97,3 +98,18 @@ def test_bad_inputs_are_named(drives):
     with pytest.raises(ValueError, match="one cluster label per drive"):
         lane_summary([], [])
     assert np.isnan(lane_reading(np.full_like(truth[0], 128)))
+
+
+def test_a_repeated_frame_is_one_that_changed_far_less_than_the_true_frame():
+    frames = np.zeros((6, 8, 8, 3), np.uint8)
+    for k in range(6):
+        frames[k, :, k] = 200  # a bar that moves a column a step
+    truth = frame_changes(frames)
+    assert truth.shape == (5,) and (truth > 0).all()
+    stutter = frames.copy()
+    stutter[3] = stutter[2]  # the third step shows its frame again
+    world = frame_changes(stutter)
+    moving = np.array([0.8, 0.8, 0.8, 0.8, 0.1])  # the last step hardly moves the car: not judged
+    found = repeated(world, truth, moving)
+    assert found[:4].tolist() == [0.0, 0.0, 1.0, 0.0] and np.isnan(found[4])
+    assert np.isnan(repeated(world, np.zeros(5), moving)).all()  # a truth that does not change: nothing to repeat

@@ -20,7 +20,7 @@ from scipy.stats import binom, kendalltau, pearsonr, spearmanr
 from terra.stats import (FAIL, INCONCLUSIVE, PASS, Bootstrap, Clusters, DriveValues, Interval, decide,
                                   kendall_tau_rows, mean, paired_difference, rank_agreement, record_interval,
                                   regression_slope, spearman_rho_rows, within_slope)
-from terra.stats import few_clusters_factor, mmrv_rows, pearson_rows, widened
+from terra.stats import few_clusters_factor, mmrv_rows, pearson_rows, policies_median_difference, widened
 
 TOLERANCE = (0.90, 0.99)
 
@@ -253,3 +253,23 @@ def test_the_wing_imports_without_torch():
             "terra.fidelity.agreement, terra.fidelity.exploit; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_policies_median_difference_is_not_decided_by_one_policy():
+    """Three policies alike in both worlds and one whose drives land either side of a knife's edge: the mean of the
+    paired differences moves with the knife-edge policy, the policies' median does not; a shift of every policy
+    moves both."""
+    rng = np.random.default_rng(1)
+    scenarios = [s for s in range(8) for _ in range(4)]
+    policies = ["a", "b", "c", "knife"] * 8
+    truth = rng.uniform(0, 1, 32)
+    world = truth.copy()
+    world[3::4] = rng.integers(0, 2, 8)  # 0 or 1 at random, whatever the truth drive did
+    boot = Bootstrap(draws=500)
+    median = policies_median_difference(scenarios, policies, world, truth, boot)
+    assert median.estimate == 0.0 and median.low == 0.0 and median.high == 0.0
+    assert abs(paired_difference(scenarios, world, truth, boot).estimate) > 0.01
+    shifted = policies_median_difference(scenarios, policies, truth + 0.3, truth, boot)
+    assert shifted.estimate == pytest.approx(0.3) and shifted.low == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="one each per drive"):
+        policies_median_difference(scenarios, policies[:3], world, truth)

@@ -16,7 +16,8 @@
   world can reward for its safety metrics though it drives nowhere (terra/closedloop/study/report.py asks whether
   the world rewards it more than the truth does);
 * degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
-  (each plan turned by a random angle, 0.12 rad standard deviation, seeded per scenario) and
+  (each plan turned by a random angle, 0.12 rad standard deviation, its random stream drawn from the run's ``seed``,
+  the scenario and the policy: terra/closedloop/plans.py, ``policy_seed``) and
   ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
 
 The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`. The pixel policies hold the
@@ -25,13 +26,13 @@ GIL as they plan (``gil_bound``: the loop runs their plans one after another, te
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from terra.closedloop.plans import Observation, Plan, Policy, as_plan
+from terra.closedloop.plans import Observation, Plan, Policy, as_plan, policy_seed
 from terra.closedloop.drivers.vision import (
     BangBang, LaneFollower, PurePursuit, Stanley, find_centre_line, find_road_edge,
 )
@@ -85,16 +86,17 @@ def _poses(plan: Plan) -> np.ndarray:
 
 
 class Noise(Degradation):
-    """``policy`` with each plan turned about the car by a random angle (``std_rad``), seeded by the scenario."""
+    """``policy`` with each plan turned about the car by a random angle (``std_rad``); the angles of a drive are
+    drawn from the run's ``seed``, its scenario and the policy's name (terra/closedloop/plans.py, ``policy_seed``)."""
 
-    def __init__(self, policy: Policy, std_rad: float = 0.06, name: str | None = None) -> None:
+    def __init__(self, policy: Policy, std_rad: float = 0.06, name: str | None = None, seed: int = 0) -> None:
         super().__init__(policy)
-        self.std_rad = std_rad
+        self.std_rad, self.seed = std_rad, seed
         self.name = name or f"{policy.name}_noisy"
         self.rng = np.random.default_rng(0)
 
     def reset(self, scenario) -> None:
-        self.rng = np.random.default_rng(int.from_bytes(hashlib.sha256(scenario.id.encode()).digest()[:8], "little"))
+        self.rng = np.random.default_rng(policy_seed(self.seed, scenario.id, self.name))
         super().reset(scenario)
 
     def plan(self, observation: Observation) -> Plan:
@@ -152,9 +154,10 @@ REFERENCE_POLICIES: dict[str, Callable[[], Policy]] = {
     "road_edge_follower": lambda: LaneFollower(CRUISE_SPEED_MPS, detect=find_road_edge, name="road_edge_follower"),
     "learned_driver": _learned_driver,
     "lane_follower_latency": lambda: Latency(LaneFollower(CRUISE_SPEED_MPS), 5, "lane_follower_latency"),
-    "lane_follower_noisy": lambda: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy"),
+    "lane_follower_noisy": lambda seed=0: Noise(LaneFollower(CRUISE_SPEED_MPS), 0.12, "lane_follower_noisy", seed),
     "lane_follower_bias_left": lambda: Bias(LaneFollower(CRUISE_SPEED_MPS), 1.0, name="lane_follower_bias_left"),
 }
+RANDOM_POLICIES = frozenset({"lane_follower_noisy"})  # their factories take the run's seed (policy_factories)
 PROBE_POLICIES: dict[str, Callable[[], Policy]] = {
     "brake_hard": lambda: LaneFollower(0.0, accel_mps2=BRAKE_HARD_MPS2, name="brake_hard"),
 }
@@ -168,12 +171,13 @@ ALL_PIXEL = "all_pixel"  # a policies entry: every pixel policy
 EXPANSIONS = {ALL_REFERENCE: tuple(REFERENCE_POLICIES), ALL_PIXEL: PIXEL_POLICIES}
 
 
-def reference_policy(name: str) -> Callable[[], Policy]:
-    """The factory of a reference policy by name (one line naming the choices otherwise)."""
+def reference_policy(name: str, seed: int = 0) -> Callable[[], Policy]:
+    """The factory of a reference policy by name (one line naming the choices otherwise); a policy that draws
+    random numbers (:data:`RANDOM_POLICIES`) draws them from ``seed`` (the run's)."""
     known = {**REFERENCE_POLICIES, **PROBE_POLICIES}
     if name not in known:
         raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(known)}")
-    return known[name]
+    return partial(known[name], seed=seed) if name in RANDOM_POLICIES else known[name]
 
 
 def policy_names(entries: Sequence[str]) -> list[str]:
@@ -250,4 +254,4 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
         from terra.closedloop.drivers.learned import load_path_net
 
         load_path_net()
-    return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else REFERENCE_POLICIES[entry]
+    return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else reference_policy(entry, seed)

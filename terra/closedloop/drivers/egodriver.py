@@ -5,8 +5,8 @@
 AlpaSim's runtime calls a driver:
 
 * reset: ``get_version`` (the contract revision negotiated), then ``start_session`` with a per-drive
-  ``random_seed`` (:func:`session_seed`: the run's ``seed``, the scenario and the policy, so a rerun sends the same
-  seed and two drives different ones) and the front camera declared;
+  ``random_seed`` (terra/closedloop/plans.py, ``policy_seed``: the run's ``seed``, the scenario and the policy, so
+  a rerun sends the same seed and two drives different ones) and the front camera declared;
 * each step: the frames the driver has not seen (``submit_image_observation``, the first step every context frame
   the observation holds), the ego poses it has not seen (``submit_egomotion_observation``, the first step the whole
   context's history, as the runtime sends the recorded history up to the first decision), the route in the rig
@@ -34,7 +34,6 @@ checks them as given).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import time
@@ -43,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from terra.closedloop.plans import Observation, Plan
+from terra.closedloop.plans import Observation, Plan, policy_seed
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import action_arc, advance_pose, to_ego
 
@@ -84,13 +83,6 @@ def _camera(width: int, height: int):
                       z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
 
 
-def session_seed(seed: int, scenario_id: str, policy: str) -> int:
-    """The ``random_seed`` a drive's session starts with: 64 bits of the SHA-256 of the run's ``seed``, the
-    scenario's id and the policy's name, the same on every rerun and different for every drive."""
-    digest = hashlib.sha256(f"{seed}\0{scenario_id}\0{policy}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
 def context_motion(scenario) -> np.ndarray:
     """The ego history of ``scenario``'s context frames before the last, as the actions between them moved the car
     (terra/inputs/ego_motion.py, ``advance_pose``): ``[n - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last
@@ -110,7 +102,7 @@ def context_motion(scenario) -> np.ndarray:
 
 class EgodriverPolicy:
     """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive); ``seed`` is
-    the run's, from which each session's ``random_seed`` comes (:func:`session_seed`)."""
+    the run's, from which each session's ``random_seed`` comes (terra/closedloop/plans.py, ``policy_seed``)."""
 
     def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, image_format: str = "PNG",
                  own_channel: bool | None = None, seed: int = 0) -> None:
@@ -156,7 +148,7 @@ class EgodriverPolicy:
         _, revision = call(lambda timeout: negotiate(self._stub, timeout=timeout))
         session = str(uuid.uuid4())
         request = DriveSessionRequest(session_uuid=session,
-                                      random_seed=session_seed(self.seed, scenario.id, self.name))
+                                      random_seed=policy_seed(self.seed, scenario.id, self.name))
         request.debug_info.scene_id = scenario.id
         request.rollout_spec.vehicle.available_cameras.append(_camera(width, height).available_camera(revision))
         call(self._stub.start_session, request, metadata=contract_metadata(revision))

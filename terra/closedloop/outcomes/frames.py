@@ -5,7 +5,11 @@ For a drive in any world but the true one, on a synthetic scenario: the scene re
 drive (terra/fidelity/, where each measurement is defined and calibrated):
 
 * **action following**: the motion recovered from each pair of consecutive frames against the motion commanded
-  between their poses (terra/fidelity/following.py);
+  between their poses, and the motion recovered from the reference frames at the same poses, which the world's gains
+  are judged against (terra/fidelity/following.py): the true renders, or, for a world model, the true renders
+  through its tokenizer (the drive's ``references``: terra/closedloop/worlds.py);
+* **repeated frames**: how much each frame changed from the one before, in the world and in the reference
+  (terra/fidelity/agreement.py);
 * **perception agreement**: the lane detector's reading 10 m ahead in each world frame and in the true frame
   (terra/fidelity/agreement.py);
 * **frame fidelity**: PSNR and SSIM against the true frame at 1, 5, 10 and 20 steps;
@@ -22,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from terra.closedloop.loop import Drive
-from terra.fidelity.agreement import MAX_LAG, Lag, LaneAgreement, frame_fidelity, lane_agreement, temporal_lag
+from terra.fidelity.agreement import (
+    MAX_LAG, Lag, LaneAgreement, frame_changes, frame_fidelity, lane_agreement, temporal_lag,
+)
 from terra.fidelity.following import Following, recover
 from terra.fidelity.odometry import step_motions
 from terra.sim.renderer import render
@@ -37,12 +43,17 @@ def measure_frames(drive: Drive) -> dict[str, Any] | None:
     frames = np.stack(drive.frames[drive.num_context - 1:])  # the last context frame, then each step's
     poses = drive.world_poses()  # [steps + 1, 3]: the last context frame's pose first
     height, width = frames.shape[1:3]
-    truth = np.stack([render(scene, pose, height, width) for pose in poses[1:]])
-    following = recover(frames, step_motions(poses))
+    truth = np.stack([render(scene, pose, height, width) for pose in poses])  # the last context frame's pose first
+    kept = drive.references
+    reference = truth if kept is None or len(kept) < len(poses) else np.asarray(kept[:len(poses)])
+    following = recover(frames, step_motions(poses), reference=reference)
+    truth = truth[1:]
     lanes = lane_agreement(frames[1:], truth)
     lag = temporal_lag(frames[1:], truth) if len(truth) >= int(np.ceil(1.5 * MAX_LAG)) else None
     return {
         "commanded": following.commanded, "recovered": following.recovered, "match": following.match,
+        "recovered_truth": following.reference, "reference": "truth" if reference is truth else "tokenizer",
+        "change_world": frame_changes(frames), "change_truth": frame_changes(reference),
         "lane_world": lanes.world, "lane_truth": lanes.truth,
         "horizons": {str(h): values for h, values in frame_fidelity(frames[1:], truth).items()},
         "lag": None if lag is None else {"lag": lag.lag, "curve": lag.curve},
@@ -58,8 +69,19 @@ def _floats(values: Any, columns: int | None = None) -> np.ndarray:
 
 
 def read_following(record: dict) -> Following:
-    """The action following of a drive's stored measurements."""
-    return Following(_floats(record["commanded"], 3), _floats(record["recovered"], 3), _floats(record["match"]))
+    """The action following of a drive's stored measurements (records made before the true frames' motion was
+    measured have no ``recovered_truth``: their gains are on the commanded motion alone)."""
+    reference = record.get("recovered_truth")
+    return Following(_floats(record["commanded"], 3), _floats(record["recovered"], 3), _floats(record["match"]),
+                     None if reference is None else _floats(reference, 3))
+
+
+def read_changes(record: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """How much each frame changed from the one before in the world and in the reference (None: a record made
+    before they were measured)."""
+    if record.get("change_world") is None:
+        return None
+    return _floats(record["change_world"]), _floats(record["change_truth"])
 
 
 def read_lanes(record: dict) -> LaneAgreement:

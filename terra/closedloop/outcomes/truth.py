@@ -6,7 +6,11 @@ At each generated frame's pose (the scene's exact road coordinates, terra/sim/sc
 heading against the road's, so that a world's bias shows in the verdict: terra/closedloop/study/verdict.py), **out
 of lane** when the car's body crosses a line of its lane (|offset| > (lane width - car width) / 2), **off road** when
 any part of it lies beyond the asphalt's edge, and a **collision** when it overlaps a parked car (a car-sized
-rectangle along the road at the parked car's position).
+rectangle along the road at the parked car's position). Beside the drive's metrics, their values frame by frame
+(``per_frame``: the lane offset, the heading against the road, out of lane, off road), from which the metrics of the
+drive's first frames alone are :func:`metrics_until`'s (the fidelity horizon's verdict: terra/closedloop/study/
+horizons.py), and how far the road under the drive turns (``road_turn_rad``: the largest change of the road's heading
+from the drive's start, which tells drives on bends from drives on straights).
 """
 
 from __future__ import annotations
@@ -66,11 +70,26 @@ def truth_metrics(scene: Scene, drive_poses: np.ndarray) -> dict:
         if any(overlap(corners(pose, EGO_LENGTH_M, EGO_WIDTH_M), corners(car, PARKED_LENGTH_M, EGO_WIDTH_M))
                for car in near):
             hits.append(k)
+    start = scene.road_coords(drive_poses[:1, 0], drive_poses[:1, 1])[0]
+    road = np.unwrap(scene.road_pose(np.concatenate([start, s]))[:, 2])
+    series = {"lane_offset_m": offset, "heading_error_rad": np.angle(np.exp(1j * heading)),  # wrapped to [-pi, pi]
+              "out_of_lane": out_of_lane, "off_road": off_road}
+    return {**_summary(series), "collision": bool(hits), "first_collision_frame": hits[0] if hits else None,
+            "progress_along_road_m": float(s[-1] - start[0]),
+            "road_turn_rad": float(np.abs(road - road[0]).max()),
+            "per_frame": {key: np.round(np.asarray(values, dtype=np.float64), 4).tolist()
+                          for key, values in series.items()}}
+
+
+def _summary(series: dict[str, np.ndarray]) -> dict:
+    """The drive's lane, heading and road metrics from their values frame by frame."""
+    offset, heading = np.asarray(series["lane_offset_m"], float), np.asarray(series["heading_error_rad"], float)
+    out_of_lane, off_road = np.asarray(series["out_of_lane"], bool), np.asarray(series["off_road"], bool)
     finite = np.abs(offset[np.isfinite(offset)])
     signed = offset[np.isfinite(offset)]
-    angle = np.angle(np.exp(1j * heading[np.isfinite(heading)]))  # wrapped to [-pi, pi]
+    angle = heading[np.isfinite(heading)]
     return {
-        "frames": int(len(world_poses)),
+        "frames": int(len(offset)),
         "mean_abs_lane_offset_m": float(finite.mean()) if len(finite) else None,
         "max_abs_lane_offset_m": float(finite.max()) if len(finite) else None,
         "mean_lane_offset_m": float(signed.mean()) if len(signed) else None,
@@ -79,7 +98,14 @@ def truth_metrics(scene: Scene, drive_poses: np.ndarray) -> dict:
         "time_out_of_lane_s": float(out_of_lane.sum() / 10.0),
         "off_road": bool(off_road.any()),
         "time_off_road_s": float(off_road.sum() / 10.0),
-        "collision": bool(hits),
-        "first_collision_frame": hits[0] if hits else None,
-        "progress_along_road_m": float(s[-1] - scene.road_coords(drive_poses[:1, 0], drive_poses[:1, 1])[0][0]),
     }
+
+
+def metrics_until(metrics: dict, frames: int) -> dict | None:
+    """A drive's lane, heading and road metrics (:func:`truth_metrics`' ``metrics``) over its first ``frames``
+    frames alone, from its values frame by frame (None: a record without them, written before they were kept)."""
+    series = metrics.get("per_frame")
+    if not series or frames < 1:
+        return None
+    return _summary({key: np.array([np.nan if v is None else v for v in values[:frames]], dtype=np.float64)
+                     for key, values in series.items()})

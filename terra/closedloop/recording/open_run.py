@@ -50,7 +50,7 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
     opened = OpenWorlds({}, size)
     if set(worlds) & set(settings.model_worlds):
         pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=settings.max_concurrent)
-        opened.worlds["model"] = ModelWorld(pipeline, spec.sampling, spec.overlap)
+        opened.worlds["model"] = ModelWorld(pipeline, spec.sampling, spec.overlap, references=settings.measure)
     try:
         for name in worlds:
             if name == TRUTH:

@@ -92,6 +92,7 @@ class DriveSettings:
     videos: bool  # a video per drive beside its JSON
     output: OutputDir | None  # the run folder, claimed (None: a study's run, whose folders the study claims)
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model's engine draws
+    measure: bool = False  # every drive measured against the truth (a study's): the model world keeps references
     other_world: OtherWorld | None = None  # builds a world none of the above is (a study's controls), on open
 
     @property

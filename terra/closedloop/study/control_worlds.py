@@ -12,16 +12,22 @@ and drives as any world does:
 * ``offset_camera``: the true renders from a camera mounted :data:`CAMERA_OFFSET_M` (0.3 m) left of the car's
   centre line: a world that draws the road from a shifted viewpoint, which drives lane followers off the lane's
   centre (the lateral bias sees it);
-* ``fast``: the true renders at a pose that runs :data:`FAST_FACTOR` (15 %) ahead along the road of the car's
-  own progress, its lateral place and heading in the lane kept: a world whose video moves too fast (the forward
-  following gain sees it);
+* ``fast`` and ``slow``: the true renders at a pose that runs :data:`SPEED_ERROR` (10 %) ahead of or behind the
+  car's own progress along the road, its lateral place and heading in the lane kept: a world whose video moves too
+  fast or too slow (the forward following gain sees it);
+* ``under_turning`` and ``over_turning``: the true renders from a camera that turns :data:`TURN_ERROR` (15 %) less
+  or more than the car since the drive's start, at the car's place: a world that ignores part of the steering, or
+  exaggerates it (the yaw gain sees it, and the lane drawn where it is not, on the side of each bend);
+* ``stutter``: the true renders, every :data:`STUTTER_PERIOD`-th frame the previous one repeated: a video that
+  stalls and catches up (the stalled steps see it; the gains, over whole drives, do not);
 * ``zero_actions``: the world model fed the action of a car standing still (every point of the 3 s path at the
   origin), whatever the car does;
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
   so the model renders driving straight at the commanded speed while the car steers.
 
-The first six need the true world's scene (synthetic scenarios); the last two share the model world's
-engine (they run after it, never beside it). :func:`control_world` builds one by name.
+The scene controls (:data:`SCENE_CONTROLS`) need the true world's scene (synthetic scenarios); the model controls
+(:data:`MODEL_CONTROLS`) share the model world's engine (they run after it, never beside it). :func:`control_world`
+builds one by name; a control is added by a class here and an entry in one of the two tables.
 """
 
 from __future__ import annotations
@@ -37,11 +43,9 @@ from terra.core.errors import TerraInputError
 GRAY_LEVEL = 128
 LATE_STEPS = 10  # 1 s at 10 Hz
 CAMERA_OFFSET_M = 0.3  # offset_camera: the camera this far left of the car's centre line
-FAST_FACTOR = 1.15  # fast: the world's progress along the road per metre of the car's
-SCENE_CONTROLS = ("frozen", "gray", "mirrored", "late", "offset_camera", "fast")
-MODEL_CONTROLS = ("zero_actions", "straight")
-CONTROL_WORLDS = SCENE_CONTROLS + MODEL_CONTROLS
-MODEL_WORLDS = ("model", *MODEL_CONTROLS)  # worlds whose frames the world model makes: its settings shape them
+SPEED_ERROR = 0.10  # fast / slow: the world's progress along the road per metre of the car's is 1 +- this
+TURN_ERROR = 0.15  # over_turning / under_turning: the camera turns 1 +- this times as much as the car
+STUTTER_PERIOD = 5  # stutter: every this many frames, the previous frame again
 
 
 class FrozenWorld:
@@ -132,11 +136,11 @@ class OffsetCameraWorld(TrueWorld):
 
 class FastWorld(TrueWorld):
     """The true renders at the pose ``factor`` times as far along the road from the drive's start as the car is,
-    at the car's lateral offset and heading against the road."""
+    at the car's lateral offset and heading against the road (``factor`` below 1: a slow world)."""
 
     name = "fast"
 
-    def __init__(self, image_size: Sequence[int], factor: float = FAST_FACTOR) -> None:
+    def __init__(self, image_size: Sequence[int], factor: float = 1.0 + SPEED_ERROR) -> None:
         super().__init__(image_size)
         self.factor = factor
 
@@ -156,6 +160,59 @@ class FastWorld(TrueWorld):
             ahead = scenario.scene.lane_pose(start + self.factor * (s - start), d)
             shown.append(ahead + [0.0, 0.0, yaw - scenario.scene.road_pose(s)[2]])
         return super().step([scenario for scenario, _ in drives], actions, shown)
+
+
+class TurningWorld(TrueWorld):
+    """The true renders at the car's place from a camera whose heading has turned ``factor`` times as much as the
+    car's since the drive's start (below 1: a world that under-turns)."""
+
+    name = "under_turning"
+
+    def __init__(self, image_size: Sequence[int], factor: float = 1.0 - TURN_ERROR) -> None:
+        super().__init__(image_size)
+        self.factor = factor
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, list[float]]:
+        yaw = float(scenario.start_pose[2])
+        return super().open(scenario, seed, max_frames), [yaw, 0.0]  # the last yaw, the turn since the start
+
+    def context_frames(self, drive) -> np.ndarray:
+        return super().context_frames(drive[0])
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        shown = []
+        for (_, turn), pose in zip(drives, poses):
+            x, y, yaw = np.asarray(pose, dtype=np.float64)
+            turn[1] += float(np.angle(np.exp(1j * (yaw - turn[0]))))  # unwrapped
+            turn[0] = yaw
+            shown.append(np.array([x, y, yaw + (self.factor - 1.0) * turn[1]]))
+        return super().step([scenario for scenario, _ in drives], actions, shown)
+
+
+class StutterWorld(TrueWorld):
+    """The true renders, with every ``period``-th step's frame the previous frame again."""
+
+    name = "stutter"
+
+    def __init__(self, image_size: Sequence[int], period: int = STUTTER_PERIOD) -> None:
+        super().__init__(image_size)
+        self.period = period
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, list]:
+        return super().open(scenario, seed, max_frames), [0, scenario.images[-1]]  # steps, the last frame shown
+
+    def context_frames(self, drive) -> np.ndarray:
+        return super().context_frames(drive[0])
+
+    def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
+        frames = super().step([scenario for scenario, _ in drives], actions, poses)
+        for (_, state), frame in zip(drives, frames):
+            state[0] += 1
+            if not isinstance(frame, BaseException):
+                if state[0] % self.period == 0:
+                    frame[...] = state[1]
+                state[1] = frame
+        return frames
 
 
 def standing_still(action: np.ndarray) -> np.ndarray:
@@ -195,8 +252,37 @@ class ActionControlWorld:
         self.decode_s += self.model.decode_s - decode
         return frames
 
+    def reference_frames(self, drive) -> np.ndarray | None:
+        """The true frames through the model's tokenizer (terra/closedloop/worlds.py, ``ModelWorld``)."""
+        return self.model.reference_frames(drive)
+
     def close(self, drive) -> None:
         self.model.close(drive)
+
+
+def _named(cls: type, name: str, **options: Any) -> Callable[[Sequence[int]], Any]:
+    """A scene control's builder: ``cls(image_size, **options)`` named ``name``."""
+    def build(image_size: Sequence[int]):
+        world = cls(image_size, **options)
+        world.name = name
+        return world
+    return build
+
+
+SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its builder from the frame size
+    "frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld,
+    "offset_camera": OffsetCameraWorld,
+    "fast": _named(FastWorld, "fast", factor=1.0 + SPEED_ERROR),
+    "slow": _named(FastWorld, "slow", factor=1.0 - SPEED_ERROR),
+    "under_turning": _named(TurningWorld, "under_turning", factor=1.0 - TURN_ERROR),
+    "over_turning": _named(TurningWorld, "over_turning", factor=1.0 + TURN_ERROR),
+    "stutter": StutterWorld,
+}
+MODEL_CONTROLS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # name -> what the model is fed for an action
+    "zero_actions": standing_still, "straight": straightened,
+}
+CONTROL_WORLDS = (*SCENE_CONTROLS, *MODEL_CONTROLS)
+MODEL_WORLDS = ("model", *MODEL_CONTROLS)  # worlds whose frames the world model makes: its settings shape them
 
 
 def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None = None):
@@ -205,6 +291,5 @@ def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None
         if model is None:
             raise TerraInputError(f"the control world {name} is the world model fed other actions: it needs a model "
                                   "world")
-        return ActionControlWorld(name, model, standing_still if name == "zero_actions" else straightened)
-    return {"frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld,
-            "offset_camera": OffsetCameraWorld, "fast": FastWorld}[name](image_size)
+        return ActionControlWorld(name, model, MODEL_CONTROLS[name])
+    return SCENE_CONTROLS[name](image_size)

@@ -7,6 +7,7 @@ run in one world.
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 
@@ -25,24 +26,34 @@ def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None =
 
 
 def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveOutcome:
-    """Make and record the drives of every world of the study's shard (here, or on Ray's actors with
-    ``executor=ray``), then with the whole study the report; ``progress`` (default: the setting, on a terminal)
-    shows the frame bar."""
+    """Make and record the drives of every world of the study's shard (here, on Ray's actors with ``executor=ray``,
+    or first by shard processes of this machine with ``shard_processes``), then with the whole study the report;
+    ``progress`` (default: the setting, on a terminal) shows the frame bar."""
     from terra.closedloop.study.exploit import exploit_study
+    from terra.closedloop.study.processes import drive_in_shards
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
 
     run, folders = settings.drive, settings.folders
+    # the processes this study starts (its writers, its shards) run numpy's BLAS on one thread each, unless the
+    # environment says otherwise: the measurements' products otherwise spin their threads against the loop's and the
+    # engine's (the temporal lag took 3.5 times the CPU with two threads on a busy 2-core machine)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     progress = run.progress and sys.stderr.isatty() if progress is None else progress
     run_settings = run.run_settings(progress, folders.top.path)
     if progress:
         print(study_plan(folders.drive_ids, run.num_steps), file=sys.stderr, flush=True)
+    lines, code = [], 0
+    if settings.shard_processes.groups:  # the drives made by shard processes first, then the report here
+        total = sum(len(ids) for ids in folders.drive_ids.values())
+        lines, code = drive_in_shards([*settings.overrides, f"output_dir={folders.top.path}"],
+                                      settings.shard_processes, folders.top.path, total)
     exploit = settings.exploitability and folders.report  # executor=local only (terra/closedloop/study/settings.py)
     started = start_drives(run, measured_settings(run_settings), {w: f.path for w, f in folders.worlds.items()},
                            folders.drive_ids, ("model", TRUTH) if exploit else ())
     study = partial(exploit_study, started.worlds, started.specs, run_settings) if settings.exploitability else None
     try:
-        report, runs = study_run(started.runner, run_settings, folders, study)
-        lines = [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
+        report, runs = study_run(started.runner, run_settings, folders, study, settings.within_horizon)
+        lines += [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
         out = folders.top.path
         if report is None:
             part = "" if settings.shard_worlds == "all" else f", {settings.shard_worlds} worlds"
@@ -50,9 +61,9 @@ def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveO
                          f"in {out}/<world>/; the same command without shard_index/num_shards/shard_worlds writes the "
                          "fidelity report once every shard is done (it drives nothing again)")
         else:
-            lines = [report.terminal(), *lines, f"terra-drive: wrote {out}/fidelity.md (the whole report: legend, "
-                                                f"every statistic, every policy), fidelity.json and a folder per "
-                                                f"world ({', '.join(runs)})"]
-        return DriveOutcome(lines, 1 if any(r.counts["failed"] for r in runs.values()) else 0)
+            lines += [f"terra-drive: wrote {out}/fidelity.md (the whole report: legend, horizons, every statistic, "
+                      f"every policy), fidelity.json and a folder per world ({', '.join(runs)})", "",
+                      report.terminal()]  # the verdict last, after the worlds' timings
+        return DriveOutcome(lines, max(code, 1 if any(r.counts["failed"] for r in runs.values()) else 0))
     finally:
         started.closing.close()

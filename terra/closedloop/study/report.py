@@ -7,8 +7,9 @@ TrueWorld`) and the controls (terra/closedloop/study/control_worlds.py, or world
 are judged in the true scene (terra/closedloop/outcomes/truth.py, and AlpaSim's scene score:
 terra/closedloop/outcomes/alpasim.py) and every frame of a world but the true one is measured against the true render
 at its pose (terra/closedloop/outcomes/frames.py). The report (written by terra/closedloop/study/report_text.py) opens
-with a sentence per world (flagged, passed or undecided, and the statistic that decided it), the brake-hard probe and
-the run's settings; then per world each statistic with its interval, decision and, when undecided, its reason, which
+with a sentence per world (how long it stays a simulator: its fidelity horizon, terra/closedloop/study/horizons.py;
+then flagged, passed or undecided, and the statistic that decided it), the brake-hard probe and the run's settings;
+then the horizons, per world each statistic with its interval, decision and, when undecided, its reason, which
 statistics separate the model from each control, the unjudged measurements and paired differences of every metric;
 per policy, the model's and the truth's outcomes side by side with their paired differences and the model's
 following gain; and, when asked for, the exploitability of the model world (terra/closedloop/study/exploit.py).
@@ -24,19 +25,19 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.drivers.builtin import PROBE_POLICIES
+from terra.closedloop.drivers.builtin import NO_PIXELS, PROBE_POLICIES
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.recording.files import APP, claim_drive_folder
 from terra.closedloop.recording.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.study.control_worlds import MODEL_WORLDS
 from terra.closedloop.study.exploit import ExploitStudy, exploit_lines, exploit_study
+from terra.closedloop.study.horizons import cut_at, within, world_horizon
 from terra.closedloop.study.report_text import (
-    compact_table, headline, legend, probe_line, run_lines, separation_lines, shown, verdict_table,
+    headline, horizon_table, legend, plain, probe_line, run_lines, separation_lines, shown, text_table,
+    verdict_table, within_line, world_rows,
 )
-from terra.closedloop.study.verdict import (
-    MIN_SCENARIOS, NO_PIXELS, STATISTICS, WorldVerdict, following_gain, judge, metric_value, pairs_of,
-    path_distance_m,
-)
+from terra.closedloop.study.statistics import STATISTICS, following_gain, metric_value
+from terra.closedloop.study.verdict import MIN_SCENARIOS, WorldVerdict, judge_pairs, pairs_of, path_distance_m
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
@@ -74,6 +75,18 @@ class StudyReport:
         return {control.world: [s.name for s in STATISTICS if model.decisions[s.name] == PASS
                                 and control.decisions[s.name] == FAIL] for control in controls}
 
+    def sentences(self) -> list[str]:
+        """A world's sentences each (the model's first), the verdict within its horizon under it when judged, then
+        the probes' lines."""
+        lines = []
+        for v in self.verdicts:
+            lines.append(f"- {headline(v)}")
+            inner = within_line(v)
+            if inner is not None:
+                lines.append(inner)
+        return lines + [probe_line(name, row["difference"]) for name, row in self.policies.items()
+                        if name in PROBE_POLICIES]
+
     def as_dict(self) -> dict:
         return {"headline": [headline(v) for v in self.verdicts], "settings": self.settings,
                 "verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
@@ -86,21 +99,22 @@ class StudyReport:
 
     def opening(self) -> list[str]:
         """A sentence per world, the probes' lines, then the run's settings."""
-        lines = ["# Fidelity verdict", "", *(f"- {headline(v)}" for v in self.verdicts)]
-        lines += [probe_line(name, row["difference"]) for name, row in self.policies.items() if name in PROBE_POLICIES]
-        return lines + ["", "## Run", *run_lines(self.settings)]
+        return ["# Fidelity verdict", "", *self.sentences(), "", "## Run", *run_lines(self.settings)]
 
     def terminal(self) -> str:
-        """What the terminal shows: the opening, a row per world and what tells the model from each control (the
-        whole report is fidelity.md)."""
-        return "\n".join([*self.opening(), "", compact_table(self.verdicts), *separation_lines(self.separations())])
+        """What the terminal shows, as plain text: a row per world, what tells the model from each control, then
+        the sentences, last (the whole report is fidelity.md)."""
+        lines = ["Fidelity verdict (the whole report: fidelity.md)", "", text_table(world_rows(self.verdicts)), "",
+                 *separation_lines(self.separations(), self.verdicts), "", *self.sentences()]
+        return "\n".join(plain(line) for line in lines)
 
     def table(self) -> str:
-        """Markdown (fidelity.md): the opening, the legend, the verdict table with every undecided statistic's
-        reason, the separations, per policy the outcomes in both worlds (model / truth, then model - truth on paired
-        drives with its interval), and the exploitability."""
-        lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Verdicts", verdict_table(self.verdicts),
-                 *separation_lines(self.separations()), "", "## Policies"]
+        """Markdown (fidelity.md): the opening, the legend, the horizons, the verdict table with every undecided
+        statistic's reason, the separations, per policy the outcomes in both worlds (model / truth, then model -
+        truth on paired drives with its interval), and the exploitability."""
+        lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Fidelity horizons",
+                 *horizon_table(self.verdicts), "", "## Verdicts", verdict_table(self.verdicts),
+                 *separation_lines(self.separations(), self.verdicts), "", "## Policies"]
         titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
         lines += [f"\n| policy | {titles} | path distance m | following gain dx (model) |",
                   "|---|" + "---:|" * (len(COLUMNS) + 2)]
@@ -162,11 +176,26 @@ def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
                        f"scenarios; at least {MIN_SCENARIOS} scenarios to decide"}
 
 
-def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None) -> StudyReport:
+def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False,
+                  bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
+    """A world's verdict over its whole drives with its fidelity horizon, and with ``within_horizon`` the verdict
+    on its drives cut at its median horizon too (terra/closedloop/study/horizons.py)."""
+    pairs = pairs_of(drives, truth)
+    verdict = replace(judge_pairs(world, pairs, bootstrap), horizon=world_horizon(pairs, bootstrap))
+    seconds = cut_at(verdict.horizon, pairs) if within_horizon else None
+    if seconds is None:
+        return verdict
+    kept = [s for s in STATISTICS if s.cut]
+    return replace(verdict, within=judge_pairs(world, within(pairs, seconds), bootstrap, kept), within_s=seconds)
+
+
+def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None,
+            within_horizon: bool = False) -> StudyReport:
     """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability
-    study's result, if one ran."""
+    study's result, if one ran; ``within_horizon``: each world judged within its fidelity horizon too."""
     truth = runs[TRUTH]
-    verdicts = [judge(world, drives, truth) for world, drives in runs.items() if world != TRUTH]
+    verdicts = [world_verdict(world, drives, truth, within_horizon) for world, drives in runs.items()
+                if world != TRUTH]
     return StudyReport(verdicts, policy_outcomes(runs["model"], truth), exploit, study_settings_of(runs))
 
 
@@ -234,16 +263,17 @@ def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], video
 def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
               model_settings: dict | None = None, plan_following=None,
               folders: StudyFolders | None = None, exploit: bool = False,
-              num_control_scenarios: int | None = None, num_control_seeds: int | None = None
-              ) -> StudyReport | None:
+              num_control_scenarios: int | None = None, num_control_seeds: int | None = None,
+              within_horizon: bool = False) -> StudyReport | None:
     """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
     ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
     ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
     ``settings.output_dir``/<world>, judge them and write ``fidelity.json`` and ``fidelity.md`` into
     ``settings.output_dir``; ``plan_following`` scores every world's clips
     (terra/closedloop/outcomes/plan_following.py); ``exploit``: the exploitability study too
-    (terra/closedloop/study/exploit.py). ``folders``: as the caller claimed them (None: claimed here, apart from the
-    scenarios' files). A shard's run writes no report (None)."""
+    (terra/closedloop/study/exploit.py); ``within_horizon``: each world judged within its fidelity horizon too.
+    ``folders``: as the caller claimed them (None: claimed here, apart from the scenarios' files). A shard's run
+    writes no report (None)."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
@@ -252,7 +282,7 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
                                       [item for spec in specs for item in spec.scenario.reads])
     runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
     study = partial(exploit_study, worlds, specs, settings) if exploit else None
-    report, _ = study_run(runner, settings, folders, study)
+    report, _ = study_run(runner, settings, folders, study, within_horizon)
     return report
 
 
@@ -263,12 +293,12 @@ def measured_settings(settings: RunSettings) -> RunSettings:
 
 
 def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
-              exploit: Callable[[], ExploitStudy] | None = None
+              exploit: Callable[[], ExploitStudy] | None = None, within_horizon: bool = False
               ) -> tuple[StudyReport | None, dict[str, RunResult]]:
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
-    folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
-    study folder's lock throughout; the report and each world's run. Every drive is measured
-    (``settings.measure``)."""
+    folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given (and each
+    world judged within its horizon too with ``within_horizon``), holding the study folder's lock throughout; the
+    report and each world's run. Every drive is measured (``settings.measure``)."""
     runs: dict[str, RunResult] = {}
     measured = measured_settings(settings)
     with folders.top.hold(folders.lock) as out:
@@ -277,7 +307,7 @@ def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
         if not folders.report:
             return None, runs
         study = None if exploit is None else exploit()
-        report = compare({world: run.drives for world, run in runs.items()}, study)
+        report = compare({world: run.drives for world, run in runs.items()}, study, within_horizon)
         write_text(out / "fidelity.json", json_text(report.as_dict(), indent=2) + "\n")
         write_text(out / "fidelity.md", report.table())
     return report, runs

@@ -1,9 +1,11 @@
 """The fidelity report as people read it: a sentence per world first, then the run, a legend, the tables.
 
-terra/closedloop/study/report.py gathers the verdicts (terra/closedloop/study/verdict.py), the per-policy outcomes and
-the exploitability study; this module writes them. ``fidelity.md`` holds everything (:func:`full_report`); the terminal
-gets the headline, the run and a compact table of the worlds (:func:`terminal_report`). Every ``n/a`` and every
-undecided statistic carries its reason; a world whose statistics cannot be decided is said to be too small to judge.
+terra/closedloop/study/report.py gathers the verdicts (terra/closedloop/study/verdict.py), the horizons
+(terra/closedloop/study/horizons.py), the per-policy outcomes and the exploitability study; this module writes them.
+``fidelity.md`` holds everything in Markdown; the terminal gets the same sentences and a table of the worlds as plain
+text (:func:`plain`, :func:`text_table`). Every world's sentence opens with its fidelity horizon; every ``n/a`` and
+every undecided statistic carries its reason, a world judged on too few scenarios says so once, and an undecided
+world says what would decide it.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.closedloop.study.verdict import (
-    FLAGGED, MIN_SCENARIOS, OUTCOMES, PASSED, RANK_METRIC, STATISTICS, TOO_FEW, WorldVerdict,
-)
+from terra.closedloop.study.horizons import PARTS, WorldHorizon
+from terra.closedloop.study.statistics import OUTCOMES, RANK_METRIC, STATISTICS, statistic
+from terra.closedloop.study.verdict import FLAGGED, MIN_SCENARIOS, PASSED, TOO_FEW, WorldVerdict
+from terra.fidelity.horizon import horizon_text, shown_seconds
 from terra.stats import FAIL, INCONCLUSIVE, PASS, Interval
 
 PROBE_REWARD = ("scene_score", "time_in_lane", "progress_along_road_m")  # a probe's outcomes compared world - truth
 MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?", TOO_FEW: "too few"}
+MOST_SCENARIOS = 10_000  # a study that would need more to decide a statistic is told its estimate sits on an edge
+GPU_PRESET = "study=gpu (16 scenarios x 20 s on a GPU)"
 
 
 def shown(value: Interval | None) -> str:
@@ -26,37 +31,108 @@ def shown(value: Interval | None) -> str:
     return "n/a" if value is None or not np.isfinite(value.estimate) else str(value)
 
 
-def _statistic(name: str):
-    return next(s for s in STATISTICS if s.name == name)
+def plain(text: str) -> str:
+    """Markdown's bold marks taken out: the terminal's text."""
+    return text.replace("**", "")
 
 
 def _value(verdict: WorldVerdict, name: str) -> str:
-    band = _statistic(name).band
+    band = statistic(name).band
     return f"{name} {shown(verdict.values[name])}, band [{band[0]:g}, {band[1]:g}]"
 
 
 def _margin(verdict: WorldVerdict, name: str) -> float:
     """How far inside its band a passing statistic's interval lies (m or its unit; the smaller the closer)."""
-    low, high = _statistic(name).band
+    low, high = statistic(name).band
     value = verdict.values[name]
     return min(value.low - low, high - value.high)
 
 
-def headline(verdict: WorldVerdict) -> str:
-    """One sentence: is the world a simulator of the synthetic world, and which statistic decided it."""
+def horizon_sentence(world: str, horizon: WorldHorizon | None) -> str:
+    """How long the world stays a simulator: its closed-loop median horizon with its interval and 10th percentile."""
+    found = None if horizon is None else horizon.closed_loop
+    if found is None:
+        return ""
+    median, p10, longest = found.median, found.p10, found.longest_s
+    if not np.isfinite(median.estimate):
+        return (f"**{world}** stays a simulator for a median of at least its drives' {longest:g} s ({found.departed} "
+                f"of {found.drives} drives' roads departed from the truth's; 10th percentile "
+                f"{shown_seconds(p10.estimate, longest)}). ")
+    bounds = ", ".join(shown_seconds(v, longest) for v in (median.low, median.high))
+    return (f"**{world}** stays a simulator for a median of {median.estimate:.1f} s [{bounds}] (10th percentile "
+            f"{shown_seconds(p10.estimate, longest)}; {found.departed} of {found.drives} drives departed). ")
+
+
+def scenarios_to_decide(verdict: WorldVerdict, name: str) -> float:
+    """About how many scenarios would decide ``name`` if its estimate held: the interval narrows as one over the
+    square root of the scenarios, until its side towards the nearest band edge is shorter than its distance to it
+    (inf: the estimate sits on an edge)."""
+    value, (low, high) = verdict.values[name], statistic(name).band
+    if not (np.isfinite(value.low) and np.isfinite(value.high)):
+        return float("inf")
+    edge = min((low, high), key=lambda e: abs(value.estimate - e))
+    distance = abs(value.estimate - edge)
+    width = value.estimate - value.low if edge < value.estimate else value.high - value.estimate
+    return float("inf") if distance <= 0 else verdict.scenarios[name] * (width / distance) ** 2
+
+
+def next_step(verdict: WorldVerdict) -> str:
+    """What would decide an undecided world: more scenarios (about how many), longer drives, or the GPU preset."""
+    straddling = [name for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE
+                  and name not in verdict.reasons]
+    needs = {name: scenarios_to_decide(verdict, name) for name in straddling}
+    finite = {name: n for name, n in needs.items() if n <= MOST_SCENARIOS}
+    parts = []
+    if verdict.too_few is not None:
+        parts.append(f"num_scenarios={MIN_SCENARIOS} or more (every statistic needs {MIN_SCENARIOS} scenarios)")
+    if finite:
+        most = max(finite, key=finite.get)
+        parts.append(f"about num_scenarios={int(np.ceil(finite[most]))} if the estimates held (the widest: {most})")
+    edge = [name for name in needs if name not in finite]
+    if edge:
+        parts.append(f"{', '.join(edge)} sit{'s' * (len(edge) == 1)} on a band's edge: more scenarios narrow "
+                     "the interval but may not decide it")
+    if any("23 steps" in reason for reason in verdict.reasons.values()):
+        parts.append("num_steps=23 or more for the lag")
+    parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
+                 + (" (over 20 s the demo model is flagged: docs/fidelity.md, \"The demo model's verdict\")"
+                    if verdict.world == "model" else ""))
+    return f" To decide it: {'; '.join(parts)}."
+
+
+def verdict_sentence(verdict: WorldVerdict) -> str:
+    """Is the world a simulator of the synthetic world over its whole drives, and which statistic decided it."""
     if verdict.state == FLAGGED:
         first, *rest = verdict.flagged_by
         more = f" (and {len(rest)} more: {', '.join(rest)})" if rest else ""
         return f"**{verdict.world}** is not a simulator of the synthetic world: {_value(verdict, first)} fails{more}."
     if verdict.state == PASSED:
         closest = min(verdict.decisions, key=lambda name: _margin(verdict, name))
-        return (f"**{verdict.world}** passes as a simulator of the synthetic world, every one of {len(STATISTICS)} "
-                f"statistics decided inside its band (the closest to an edge: {_value(verdict, closest)}).")
-    undecided = ", ".join(f"{name} ({verdict.reasons.get(name, 'interval straddles the band')})"
-                          for name in verdict.undecided)
-    small = "the study is too small to judge it; " if verdict.too_small else ""
-    return (f"**{verdict.world}** is undecided: nothing fails, but {small}{len(verdict.undecided)} statistic"
-            f"{'s' * (len(verdict.undecided) != 1)} undecided: {undecided}.")
+        return (f"**{verdict.world}** passes as a simulator of the synthetic world, every one of "
+                f"{len(verdict.decisions)} statistics decided inside its band (the closest to an edge: "
+                f"{_value(verdict, closest)}).")
+    others = [name for name in verdict.undecided if verdict.decisions[name] != TOO_FEW]
+    listed = ", ".join(f"{name} ({verdict.reasons.get(name, 'interval straddles the band')})" for name in others)
+    few = verdict.too_few
+    small = (f"the study is too small to judge it ({few} scenario{'s' * (few != 1)}, fewer than {MIN_SCENARIOS})"
+             if few is not None else "the study is too small to judge it" if verdict.too_small else "")
+    undecided = f"{len(others)} statistic{'s' * (len(others) != 1)} undecided: {listed}" if others else ""
+    return (f"**{verdict.world}** is undecided: nothing fails, but {'; '.join(p for p in (small, undecided) if p)}."
+            + next_step(verdict))
+
+
+def headline(verdict: WorldVerdict) -> str:
+    """A world's sentences: how long it stays a simulator, then its verdict over the whole drives."""
+    return horizon_sentence(verdict.world, verdict.horizon) + verdict_sentence(verdict)
+
+
+def within_line(verdict: WorldVerdict) -> str | None:
+    """The verdict within the world's horizon, when one was judged."""
+    if verdict.within is None:
+        return None
+    inner = verdict_sentence(verdict.within).replace(f"**{verdict.world}**", f"**{verdict.world}** within its "
+                                                     f"first {verdict.within_s:.1f} s")
+    return f"  - {inner}"
 
 
 def run_lines(settings: dict) -> list[str]:
@@ -72,7 +148,22 @@ def legend() -> list[str]:
                   "over the scenarios); **pass**: inside the band, **fail**: entirely outside, **?**: it straddles an "
                   f"edge or has no value (reason below), **too few**: fewer than {MIN_SCENARIOS} scenarios, not "
                   "decided. A world is flagged when a statistic fails, passed when every one passes, undecided "
-                  f"otherwise. The ranking is by each policy's mean {RANK_METRIC}."]
+                  f"otherwise. The ranking is by each policy's mean {RANK_METRIC}. The fidelity horizon is the time "
+                  "a drive's road departs from the truth's (the lane 10 m ahead 0.5 m off, or the forward motion "
+                  "half off, for 0.5 s): its median and 10th percentile over drives (Kaplan-Meier, censored at the "
+                  "drive's end) with intervals over scenarios."]
+    return lines
+
+
+def horizon_table(verdicts: Sequence[WorldVerdict]) -> list[str]:
+    """Markdown: per world and part (closed loop, straights, bends, open loop) the horizon's median and 10th
+    percentile with intervals, and the share of drives not yet departed at 1, 2, 5, 10 and 20 s."""
+    lines = ["| world | drives | horizon | surviving at 1 / 2 / 5 / 10 / 20 s |", "|---|---|---|---|"]
+    for v in verdicts:
+        for name, found in ({} if v.horizon is None else v.horizon.parts()).items():
+            surviving = " / ".join(f"{found.curve[int(round(t * 10)) - 1]:.2f}" if t * 10 <= len(found.curve) else "-"
+                                   for t in (1, 2, 5, 10, 20))
+            lines.append(f"| {v.world} | {PARTS[name]} | {horizon_text(found)} | {surviving} |")
     return lines
 
 
@@ -108,14 +199,25 @@ def verdict_table(verdicts: Sequence[WorldVerdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compact_table(verdicts: Sequence[WorldVerdict]) -> str:
-    """Markdown for the terminal: a row per world, its state, the statistic that decided it and what stayed
-    undecided."""
-    lines = ["| world | drives | state | failed | undecided |", "|---|---:|---|---|---|"]
+def world_rows(verdicts: Sequence[WorldVerdict]) -> list[list[str]]:
+    """A row per world: its drives, its closed-loop median horizon, its state, what failed, what stayed undecided."""
+    rows = [["world", "drives", "horizon", "state", "failed", "undecided"]]
     for v in verdicts:
-        failed = ", ".join(f"{n} {shown(v.values[n])}" for n in v.flagged_by) or "-"
-        lines.append(f"| {v.world} | {v.drives} | {v.state} | {failed} | {', '.join(v.undecided) or '-'} |")
-    return "\n".join(lines) + "\n"
+        found = None if v.horizon is None else v.horizon.closed_loop
+        horizon = "-" if found is None else shown_seconds(found.median.estimate, found.longest_s)
+        rows.append([v.world, str(v.drives), horizon, v.state, _names(v.flagged_by), _names(v.undecided)])
+    return rows
+
+
+def _names(names: Sequence[str], most: int = 2) -> str:
+    """A table cell of statistics' names: the first ``most``, then how many more."""
+    return ", ".join(names[:most]) + (f" (+{len(names) - most})" if len(names) > most else "") if names else "-"
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows as plain text, each column padded to its widest cell."""
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def probe_line(policy: str, difference: dict[str, Interval | None]) -> str:
@@ -135,6 +237,18 @@ def probe_line(policy: str, difference: dict[str, Interval | None]) -> str:
     return f"- probe **{policy}** (model - truth, paired drives): the model {head}; " + "; ".join(parts)
 
 
-def separation_lines(separations: dict[str, list[str]]) -> list[str]:
-    return [f"- the model told from **{control}** by: {', '.join(names) if names else 'no statistic'}"
-            for control, names in separations.items()]
+def separation_lines(separations: dict[str, list[str]], verdicts: Sequence[WorldVerdict]) -> list[str]:
+    """Per control, the statistics that pass the model and fail the control; where there is none, why: the
+    control fails only statistics the model fails or leaves undecided too (or none)."""
+    by_world = {v.world: v for v in verdicts}
+    lines = []
+    for control, names in separations.items():
+        if names:
+            lines.append(f"- the model told from **{control}** by: {', '.join(names)}")
+            continue
+        failed = by_world[control].flagged_by
+        why = (f"{control} fails {', '.join(failed)}, which the model fails or leaves undecided too" if failed else
+               f"{control} fails none")
+        lines.append(f"- the model told from **{control}** by: no statistic (none passes the model and fails "
+                     f"{control}: {why})")
+    return lines

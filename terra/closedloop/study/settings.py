@@ -5,8 +5,9 @@ loads: the drive run's own (terra/closedloop/recording/settings.py, ``checked_ru
 (:func:`~terra.closedloop.recording.settings.drive_settings`); a setting of the study given to a run is one line.
 The study's: the worlds judged beside the model (``controls``: built-in control worlds, terra/closedloop/study/
 control_worlds.py, or worlds of the user's, imported here), how many of the scenarios and replicas they drive, which
-of the study's worlds this process drives (``shard_worlds``), the exploitability study, and the study's folders
-claimed (terra/closedloop/study/report.py). Drive ``k`` of each world's list goes to shard ``k % num_shards``: the
+of the study's worlds this process drives (``shard_worlds``), the exploitability study, whether each world is judged
+within its fidelity horizon too (``within_horizon``), and the study's folders claimed
+(terra/closedloop/study/report.py). Drive ``k`` of each world's list goes to shard ``k % num_shards``: the
 controls' fewer drives too.
 """
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from omegaconf import DictConfig
 
 from terra.closedloop.loop import drive_id
 from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
 from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, control_world
+from terra.closedloop.study.processes import ShardProcesses
 from terra.closedloop.study.report import SHARD_WORLDS, StudyFolders, claim_study_folders, study_drives
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import TRUTH
@@ -30,6 +33,11 @@ from terra.core.errors import TerraInputError
 SETTINGS = {
     "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
     "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
+}
+PROCESSES = {  # shard_processes: the study as shards of this machine (terra/closedloop/study/processes.py)
+    "shard_processes.engine": Range(0, 64, 4, whole=True),
+    "shard_processes.scene": Range(0, 256, 6, whole=True),
+    "shard_processes.kv_cache_gib": Range(0.1, 1024, 2, nullable=True),
 }
 FIDELITY_STEPS = 200  # num_steps=null: 20 s drives, AlpaSim's ``duration_frac_20s``: long enough for a car that reads
 # nothing from a broken world's frames to leave its lane, so that the verdict can see it
@@ -46,14 +54,19 @@ class StudySettings:
     shard_worlds: str  # all | engine (the worlds the world model's engine draws) | scene (the others)
     folders: StudyFolders  # the study's folders, claimed
     exploitability: bool  # the exploitability study too (terra/closedloop/study/exploit.py)
+    within_horizon: bool = False  # each world judged within its fidelity horizon too (study/horizons.py)
+    shard_processes: ShardProcesses = ShardProcesses()  # the study as shards of this machine (study/processes.py)
+    overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
 
 
-def terra_drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings | StudySettings:
+def terra_drive_settings(cfg: DictConfig, output_dir: str | Path,
+                         overrides: Sequence[str] = ()) -> DriveSettings | StudySettings:
     """``terra-drive``'s settings: a study's with ``world=both``, else a run's; one line for a bad one (a setting
-    of the study's given to a run among them)."""
+    of the study's given to a run among them). ``overrides``: the command's settings as typed, which a study's shard
+    processes are given."""
     world = select(cfg, "world")
     if world == "both":
-        return checked_study(cfg, output_dir)
+        return checked_study(cfg, output_dir, overrides)
     values = check_settings(cfg, SETTINGS)
     for (name, value), most in zip(values.items(), ("num_scenarios", "num_seeds")):
         if value is not None:
@@ -66,14 +79,48 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettin
     if check_flag(select(cfg, "exploitability"), "exploitability"):
         raise TerraInputError(f"exploitability=true is part of the fidelity study in this process: it needs world=both "
                               f"and executor=local (got world={world}, executor={select(cfg, 'executor')})")
+    if check_flag(select(cfg, "within_horizon"), "within_horizon"):
+        raise TerraInputError(f"within_horizon=true judges a fidelity study's worlds within their horizons: it needs "
+                              f"world=both (got world={world})")
+    processes = _shard_processes(cfg)
+    if processes.groups:
+        raise TerraInputError(f"shard_processes runs a fidelity study as shards of this machine: it needs world=both "
+                              f"(got world={world}; scripts/drive_shards.py shards any run)")
     return drive_settings(cfg, output_dir)
 
 
-def checked_study(cfg: DictConfig, output_dir: str | Path) -> StudySettings:
+def _shard_processes(cfg: DictConfig) -> ShardProcesses:
+    values = check_settings(cfg, PROCESSES)
+    return ShardProcesses(values["shard_processes.engine"], values["shard_processes.scene"],
+                          values["shard_processes.kv_cache_gib"])
+
+
+def needs_gpu(device: str, processes: ShardProcesses) -> None:
+    """A study whose engines run on a GPU (``device=cuda``, or engine shards: study=gpu) is refused in one line
+    naming study=cpu where no CUDA GPU is visible, or the device is the CPU, before anything else starts."""
+    engines = f"shard_processes.engine={processes.engine}" if processes.engine else None
+    if engines is None and not device.startswith("cuda"):
+        return
+    what = engines or f"device={device}"
+    if device == "cpu":
+        why = "device=cpu was asked for"
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        why = "no CUDA GPU is visible here"
+    raise TerraInputError(f"{what} (study=gpu's) runs the study's world model on a CUDA GPU, but {why}; on a CPU "
+                          "run terra-drive study=cpu (docs/fidelity.md)")
+
+
+def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = ()) -> StudySettings:
     """Every setting of a study checked once (the run's, then the study's), this shard's drives taken and the study's
     folders claimed; one line for a bad one."""
     run = checked_run(cfg)
     values = check_settings(cfg, SETTINGS)
+    processes = _shard_processes(cfg)
+    needs_gpu(run.run.device, processes)
     user_worlds = dict(run.user_worlds)
     controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s)
     control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
@@ -104,8 +151,13 @@ def checked_study(cfg: DictConfig, output_dir: str | Path) -> StudySettings:
                                   shard_worlds=shard_worlds)
     num_steps = FIDELITY_STEPS if select(cfg, "num_steps") is None else run.num_steps
     drive = replace(run, drives=drives, worlds=tuple(folders.worlds), user_worlds=user_worlds, num_steps=num_steps,
-                    model_worlds=MODEL_WORLDS, other_world=control_world)
-    return StudySettings(drive, controls, control_scenarios, control_seeds, shard_worlds, folders, exploit)
+                    model_worlds=MODEL_WORLDS, other_world=control_world, measure=True)
+    within_horizon = check_flag(select(cfg, "within_horizon"), "within_horizon")
+    if processes.groups and (run.num_shards > 1 or shard_worlds != "all" or run.executor != "local"):
+        raise TerraInputError("shard_processes makes the study's shards itself: give it without num_shards, "
+                              "shard_index, shard_worlds or executor=ray")
+    return StudySettings(drive, controls, control_scenarios, control_seeds, shard_worlds, folders, exploit,
+                         within_horizon, processes, tuple(overrides))
 
 
 def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float) -> tuple[str, ...]:

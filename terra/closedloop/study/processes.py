@@ -1,0 +1,132 @@
+"""A ``terra-drive`` command as shards in processes of this machine, then its report: how ``study=gpu`` runs
+(``shard_processes``), and scripts/drive_shards.py for any command.
+
+A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
+measurements of every frame (benchmarks/drives.md, "Closed-loop drives"), about 25-35 ms a frame, which one process
+(and its writer processes, ``writer_processes``) runs on a core or two. So the study's worlds are split by what they
+need: ``engine`` shards drive the worlds the world model draws (``shard_worlds=engine``: the model, zero_actions,
+straight), each with an engine of its own on the one GPU (``0.9 / K`` of the card each, and ``kv_cache_gib`` of KV
+cache: with the cache given, vLLM skips the memory profiling that fails while another process's memory moves), and
+``scene`` shards every other world (the truth, the scene controls), which need no GPU and drive on the cores the
+engines' shards leave while the model's drives are made. Shard ``i`` of ``K`` is ``terra-drive <overrides>
+shard_index=i num_shards=K shard_worlds=<group> progress=false`` (conf/drive.yaml: drive ``k`` of each world's list
+to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS`` this machine's cores over the processes; its output
+goes to ``<group>-<i>-of-<K>.log`` in a new folder of the system's temporary folder. Once every shard has ended, the
+same command without the shard settings writes the report from the shards' drives, driving none again and opening
+no world whose drives are all recorded. A shard refused at its settings (exit 2) stops the run before the report;
+one whose drives failed (exit 1) does not.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from terra.core.errors import TerraInputError
+
+POLL_S = 2.0  # how often the shards' manifests are counted
+SHARED_MEMORY = 0.9  # the card's share the K engines split (vLLM's default for one)
+GIB = 1 << 30
+SHARD_SETTINGS = ("shard_index", "num_shards", "shard_worlds", "shard_processes")  # the shards' to set
+
+
+@dataclass(frozen=True)
+class ShardProcesses:
+    """How many shard processes of each group a study runs on this machine (0 and 0: none, the study in this
+    process) and each engine's KV cache (GiB; None: vLLM's own sizing)."""
+
+    engine: int = 0
+    scene: int = 0
+    kv_cache_gib: float | None = None
+
+    @property
+    def groups(self) -> dict[str, int]:
+        """``shard_worlds`` -> its shards (a group of none left out)."""
+        return {name: count for name, count in (("engine", self.engine), ("scene", self.scene)) if count}
+
+
+def kv_cache(kv_cache_gib: float | None) -> list[str]:
+    """The override that gives an engine its KV cache (none without a size)."""
+    return [] if kv_cache_gib is None else [f"++backend.options.kv_cache_memory_bytes={int(kv_cache_gib * GIB)}"]
+
+
+def setting(override: str) -> str:
+    """The setting an override names (``+key=value`` and ``++key=value`` alike)."""
+    return override.split("=", 1)[0].lstrip("+")
+
+
+def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None,
+                  worlds: str = "all", engines: int | None = None) -> list[str]:
+    """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds``
+    (``shard_worlds``; ``scene``: no engine to size); ``engines``: how many engines share the card (``shards``)."""
+    engine = worlds != "scene" and kv_cache_gib is not None
+    share = [f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / (engines or shards):.3f}"] if engine else []
+    mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
+    return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
+            f"num_threads={threads}", f"shard_worlds={worlds}", "shard_processes.engine=0", "shard_processes.scene=0",
+            "progress=false", *(kv_cache(kv_cache_gib) if engine else []), *share]
+
+
+def records(folder: Path) -> int:
+    """Drive records the shards' manifests hold so far (every world's folder)."""
+    return sum(sum(1 for _ in path.open()) for path in folder.glob("**/manifest.shard-*-of-*.jsonl"))
+
+
+def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: float | None, folder: Path,
+               logs: Path, total: int | None = None) -> dict[str, list[int]]:
+    """Start every shard of ``groups`` (``shard_worlds`` -> its shards: ``{"all": K}``, or ``{"engine": K, "scene":
+    M}``; each shard's output in ``logs``), count the drives recorded in ``folder`` as they come (a bar on a
+    terminal, a line a minute off one), and return each group's exit codes."""
+    threads = max(1, (os.cpu_count() or 1) // sum(groups.values()))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    engines = groups.get("engine", groups.get("all"))
+    running: dict[str, list] = {worlds: [] for worlds in groups}
+    for worlds, shards in groups.items():
+        for shard in range(shards):
+            log = (logs / f"{worlds}-{shard}-of-{shards}.log").open("w")
+            command = shard_command(overrides, shard, shards, threads, kv_cache_gib, worlds, engines)
+            running[worlds].append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    every = [item for group in running.values() for item in group]
+    started = last = time.monotonic()
+    terminal = sys.stderr.isatty()
+    with tqdm(total=total, unit="drive", desc=f"{len(every)} shards", dynamic_ncols=True, disable=not terminal) as bar:
+        while any(process.poll() is None for process, _ in every):
+            time.sleep(POLL_S)
+            bar.update(records(folder) - bar.n)
+            if not terminal and time.monotonic() - last >= 60:
+                last = time.monotonic()
+                print(f"terra-drive: {records(folder)} of {total or '?'} drives recorded by {len(every)} shards in "
+                      f"{last - started:.0f} s", file=sys.stderr, flush=True)
+        bar.update(records(folder) - bar.n)
+    for _, log in every:
+        log.close()
+    return {worlds: [process.returncode for process, _ in group] for worlds, group in running.items()}
+
+
+def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder: Path,
+                    total: int | None = None) -> tuple[list[str], int]:
+    """The study's drives made by ``processes``' shards (``overrides``: the command's settings, the report's
+    ``output_dir`` among them); the lines to print and the worst shard's exit code (0 or 1). A shard refused at its
+    settings or ended otherwise raises one line naming its log."""
+    logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
+    started = time.perf_counter()
+    codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total)
+    for worlds, group in codes.items():
+        for shard, code in enumerate(group):
+            if code not in (0, 1):
+                log = logs / f"{worlds}-{shard}-of-{processes.groups[worlds]}.log"
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                raise TerraInputError(f"shard {shard} ({worlds} worlds) ended with exit code {code}: {tail[0]} "
+                                      f"(all of it: {log})")
+    every = [code for group in codes.values() for code in group]
+    line = (f"terra-drive: {len(every)} shard processes ({', '.join(f'{n} {w}' for w, n in processes.groups.items())}"
+            f") ended in {time.perf_counter() - started:.1f} s (exit codes {codes}; their output: {logs})")
+    return [line], max(every)

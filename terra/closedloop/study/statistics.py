@@ -1,0 +1,273 @@
+"""The fidelity verdict's statistics: what each one measures on a world's drives paired with the truth's, its band
+for a faithful world, and what it rests on (terra/closedloop/study/verdict.py judges them).
+
+Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
+(terra/closedloop/recording/files.py; the per-drive measurements of terra/closedloop/outcomes/frames.py), each
+statistic of :data:`STATISTICS` is an estimate with a cluster-bootstrap interval over scenarios (terra/stats.py).
+
+The **frame statistics** (following, repeated frames, lanes, lag) rest on every drive of the world. The gains
+divide the motion recovered from the world's frames by the motion recovered from the reference frames at the same
+poses, each on the commanded motion, so that the odometry's own error on a scene divides out
+(terra/fidelity/following.py): a world 10 % too slow is 0.90, a faithful one 1.00 within 0.01. The reference is the
+true render, or for a world model the true render through its tokenizer: what a perfect model of that tokenizer
+would show (terra/closedloop/worlds.py, ``reference_frames``). The **outcome statistics** (lateral and heading bias,
+time in lane, off road, the scene score, the ranking by :data:`RANK_METRIC`, which spreads the policies) rest on the
+pixel policies' drives alone (:func:`outcome_policies`: a policy that reads no pixels drives alike in any world; a
+probe such as ``brake_hard`` is judged apart, terra/closedloop/study/report.py). Each outcome difference is the median
+over the policies of each policy's mean world - truth (terra/stats.py, ``policies_median_difference``): a policy that
+draws random numbers, or one whose drives sit on the edge between two outcomes (a car that grazes the road's edge in
+one world and not the other), cannot decide it alone, so that the truth driven with other random numbers, or under
+other light, passes.
+
+Bands: each is wider than what the truth rendered at poses jittered by 5 cm and 0.2 degree reaches at the CPU
+preset's size, and narrower than a control's error (docs/fidelity.md gives both for every statistic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from terra.closedloop.drivers.builtin import NO_PIXELS, PROBE_POLICIES
+from terra.closedloop.outcomes.frames import read_changes, read_following, read_lag, read_lanes
+from terra.fidelity.agreement import Lag, lag_summary, lane_summary, repeated
+from terra.fidelity.following import following_slopes
+from terra.stats import (
+    Bootstrap, DriveValues, Interval, mean, paired_difference, policies_median_difference, rank_agreement,
+)
+
+MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (terra/fidelity/agreement.py, Lag.prominence_db)
+RANK_METRIC = "mean_abs_lane_offset_m"  # terra/closedloop/outcomes/truth.py: the policies ranked by it in both worlds
+FRAMES, OUTCOMES = "every drive", "pixel policies"  # what a statistic rests on (Statistic.rests_on)
+
+
+class Undefined(Exception):
+    """A statistic without a value, and why (the report's reason for its ``n/a``)."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A drive in the judged world and the same drive (scenario, policy, seed) in the true world."""
+
+    world: dict
+    truth: dict
+
+    @property
+    def scenario(self) -> Hashable:
+        return self.world["scenario"]
+
+    @property
+    def policy(self) -> str:
+        return self.world["policy"]
+
+
+def outcome_policies(pairs: Sequence[Pair]) -> list[str]:
+    """The policies an outcome statistic rests on: those that read pixels, probes left out."""
+    names = dict.fromkeys(p.policy for p in pairs)
+    return [name for name in names if name not in NO_PIXELS and name not in PROBE_POLICIES]
+
+
+def undefined(bootstrap: Bootstrap) -> Interval:
+    """An interval without a value."""
+    return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
+
+
+def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
+    return following_slopes([read_following(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
+                            bootstrap)
+
+
+def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    """The gain of the motion recovered from the world's frames (``dx`` or ``dyaw``: terra/fidelity/following.py)
+    over some paired drives, with its interval over their scenarios."""
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        gain = _followed(pairs, bootstrap).gain[component]
+        if not np.isfinite(gain.estimate):
+            raise Undefined("no step's motion was recovered from the world's frames" if component == "dx" else
+                            "no step both turned and had its motion recovered from the world's frames")
+        return gain
+    return statistic
+
+
+def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    """The share of the steps that moved the car whose world frame changed less than a tenth as much as the
+    reference frame did (terra/fidelity/agreement.py, ``repeated``)."""
+    labels, shares = [], []
+    for p in pairs:
+        changes = read_changes(p.world["fidelity"])
+        if changes is None:
+            continue
+        commanded = read_following(p.world["fidelity"]).commanded[:, 0]
+        shares.append(repeated(*changes, commanded))
+        labels += [p.scenario] * len(commanded)
+    found = mean(labels, np.concatenate(shares), bootstrap) if shares else None
+    if found is None or not np.isfinite(found.estimate):
+        raise Undefined("no step moved the car while the true frame changed (or the records predate the measure)")
+    return found
+
+
+def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    slope = lane_summary([read_lanes(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
+                         bootstrap).slope
+    if not np.isfinite(slope.estimate):
+        raise Undefined("no frame of the world shows a lane where the true frame does")
+    return slope
+
+
+def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    """The mean of ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames at
+    the same poses, over every frame of the drives: signed (where the world draws the lane) or absolute (how far)."""
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        labels, errors = [], []
+        for p in pairs:
+            lanes = read_lanes(p.world["fidelity"])
+            labels += [p.scenario] * len(lanes.world)
+            errors.append(size(lanes.error))
+        found = mean(labels, np.concatenate(errors), bootstrap)
+        if not np.isfinite(found.estimate):
+            raise Undefined("no frame of the world shows a lane where the true frame does")
+        return found
+    return statistic
+
+
+def _lanes_found(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    """The share of frames with a lane in the world's frames less the share in the true frames at the same poses."""
+    world = [np.isfinite(read_lanes(p.world["fidelity"]).world).mean() for p in pairs]
+    truth = [np.isfinite(read_lanes(p.world["fidelity"]).truth).mean() for p in pairs]
+    return paired_difference([p.scenario for p in pairs], np.array(world), np.array(truth), bootstrap)
+
+
+def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    """The lag of the drives' mean PSNR curve; undefined when no drive is long enough or the mean curve is flat
+    (its best lag stands less than :data:`MIN_LAG_PROMINENCE_DB` above its median: a frozen or gray world, where any
+    lag matches as well as any other)."""
+    kept = [(p.scenario, read_lag(p.world["fidelity"])) for p in pairs]
+    kept = [(s, lag) for s, lag in kept if lag is not None]
+    if not kept:
+        raise Undefined("no drive is long enough to search its lag (23 steps)")
+    if Lag(0, np.mean([lag.curve for _, lag in kept], axis=0)).prominence_db < MIN_LAG_PROMINENCE_DB:
+        raise Undefined("no moment of the drives matches the world's frames better than another (e.g. a still or "
+                        "blank video)")
+    return lag_summary([lag for _, lag in kept], [s for s, _ in kept], bootstrap)
+
+
+def metric_value(record: dict, block: str, metric: str) -> float:
+    """A drive's metric (NaN when it has none): ``metrics[block][metric]`` of its record."""
+    value = (record.get("metrics", {}).get(block) or {}).get(metric)
+    return float("nan") if value is None else float(value)
+
+
+def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    """The median over the policies of each one's mean world - truth of a metric (times ``scale``) on its paired
+    drives, with its interval."""
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        world = np.array([metric_value(p.world, block, metric) for p in pairs]) * scale
+        truth = np.array([metric_value(p.truth, block, metric) for p in pairs]) * scale
+        found = policies_median_difference([p.scenario for p in pairs], [p.policy for p in pairs], world, truth,
+                                           bootstrap)
+        if not np.isfinite(found.estimate):
+            raise Undefined(f"no drive records {block}.{metric} in both worlds")
+        return found
+    return statistic
+
+
+def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:
+    """The world's and the truth's per-drive :data:`RANK_METRIC` of the outcome policies' drives."""
+    return [DriveValues([p.scenario for p in pairs], [p.policy for p in pairs],
+                        np.array([metric_value(getattr(p, side), "truth", RANK_METRIC) for p in pairs]))
+            for side in ("world", "truth")]
+
+
+def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
+    """A ranking statistic (``kendall_tau``, ``pearson_r`` or ``mmrv`` of terra/stats.py's ``RankAgreement``) of
+    the policies' mean :data:`RANK_METRIC` in the world against in truth; undefined with fewer than 3 policies or
+    means that all tie."""
+    def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+        if len({p.policy for p in pairs}) < 3:
+            raise Undefined("fewer than 3 pixel policies to rank (policies that read no pixels and probes are left "
+                            "out)")
+        found = getattr(rank_agreement(*ranked_values(pairs), bootstrap), coefficient)
+        if not np.isfinite(found.estimate):
+            raise Undefined(f"the policies' mean {RANK_METRIC} all tie in the world or in truth")
+        return found
+    return statistic
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A statistic of a world's paired drives, its acceptance band for a faithful world, what it shows, the drives
+    it rests on (:data:`FRAMES` or :data:`OUTCOMES`), the range its values can take (the widened interval is kept
+    inside it), and whether it can be judged on drives cut short (``cut``: within the fidelity horizon,
+    terra/closedloop/study/horizons.py; the lag and AlpaSim's score need the whole drive)."""
+
+    name: str
+    band: tuple[float, float]
+    compute: Callable[[Sequence[Pair], Bootstrap], Interval]
+    meaning: str
+    rests_on: str = FRAMES
+    limits: tuple[float, float] = (-np.inf, np.inf)
+    cut: bool = True
+
+
+OUTCOME_BAND = (-0.1, 0.1)
+STATISTICS = (
+    Statistic("following_gain_dx", (0.95, 1.05), following_gain("dx"),
+              "forward motion recovered from the world's frames / from the true frames at the same poses, on the "
+              "commanded (1: the video moves as the car; 0.9: 10 % too slow)"),
+    Statistic("following_gain_dyaw", (0.9, 1.1), following_gain("dyaw"),
+              "yaw recovered from the world's frames / from the true frames (-1: mirrored; 0: ignores steering; "
+              "0.85: turns 15 % too little)"),
+    Statistic("motion_recovered", (0.5, 1.0), lambda pairs, boot: _followed(pairs, boot).recovered_share,
+              "share of steps whose motion the road-plane odometry recovers (0: no ground to see)", limits=(0.0, 1.0)),
+    Statistic("repeated_frames", (0.0, 0.05), _repeated,
+              "share of the steps that move the car (3 m/s or more) whose frame changed less than a tenth as much as "
+              "the true frame did (0.2: every fifth frame repeated; 1: frozen)", limits=(0.0, 1.0)),
+    Statistic("lane_slope", (0.8, 1.2), _lane_slope,
+              "the lane read 10 m ahead in the world's frame regressed on the true frame's, within drives"),
+    Statistic("lane_reading_bias_m", (-0.1, 0.1), _lane_error(np.asarray),
+              "the lane read 10 m ahead, world's frame - true frame at the same pose, signed (a shifted viewpoint)"),
+    Statistic("lane_error_10m_m", (0.0, 0.25), _lane_error(np.abs),
+              "the same, absolute: how far the world draws the lane from where it is (a shaking camera)",
+              limits=(0.0, np.inf)),
+    Statistic("lanes_found_difference", (-0.2, 0.2), _lanes_found,
+              "share of frames with a lane found, world - truth at the same poses", limits=(-1.0, 1.0)),
+    Statistic("lag_steps", (-1.0, 1.0), _lag, "steps by which the world's frames trail the true ones (10: 1 s late)",
+              cut=False),
+    Statistic("lateral_bias_m", OUTCOME_BAND, _outcome("truth", "mean_lane_offset_m"),
+              "mean signed lane offset (left +) in the world - in truth: the median over the policies of each "
+              "one's mean over its paired drives (where the world puts the car)", OUTCOMES),
+    Statistic("heading_bias_deg", (-1.0, 1.0), _outcome("truth", "mean_heading_error_rad", float(np.degrees(1.0))),
+              "mean heading against the road (left +) in the world - in truth, the policies' median", OUTCOMES),
+    Statistic("time_in_lane_difference", OUTCOME_BAND, _outcome("truth", "time_in_lane"),
+              "time in lane in the world - in truth, the policies' median", OUTCOMES, (-1.0, 1.0)),
+    Statistic("off_road_difference", OUTCOME_BAND, _outcome("truth", "off_road"),
+              "share of drives off road in the world - in truth, the policies' median", OUTCOMES, (-1.0, 1.0)),
+    Statistic("scene_score_difference", OUTCOME_BAND, _outcome("alpasim", "score"),
+              "AlpaSim's scene score in the world - in truth, the policies' median", OUTCOMES, (-1.0, 1.0),
+              cut=False),
+    Statistic("pearson_r", (0.7, 1.0), _ranking("pearson_r"),
+              f"Pearson's r of the policies' mean {RANK_METRIC}, world against truth", OUTCOMES, (-1.0, 1.0)),
+    Statistic("mmrv", (0.0, 0.15), _ranking("mmrv"),
+              "mean maximum rank violation: per policy the largest true gap between it and a policy the world "
+              "orders wrongly against it, averaged, as a share of the true spread (0: no violation)", OUTCOMES,
+              (0.0, 1.0)),
+)
+
+
+def statistic(name: str) -> Statistic:
+    """The statistic of :data:`STATISTICS` named ``name``."""
+    return next(s for s in STATISTICS if s.name == name)
+
+
+def kendall_tau(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
+    """Kendall's tau-b of the policies ranked by their mean :data:`RANK_METRIC` in the world against in truth,
+    measured beside the judged ranking statistics but not judged: it counts each pair of policies the world orders
+    otherwise as much whatever their true gap, so that two policies whose means nearly tie (the noisy follower and
+    another, drawing other random numbers) decide it alone (1.000 [0.472, 1.000] for the truth with other random
+    numbers, 4 policies); Pearson's r and the MMRV weigh an order by its gap (undefined: NaN)."""
+    try:
+        return _ranking("kendall_tau")(pairs, bootstrap)
+    except Undefined:
+        return undefined(bootstrap)

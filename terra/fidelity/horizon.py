@@ -1,0 +1,187 @@
+"""The fidelity horizon: for how long a world's road stays the true road, as a survival curve over drives.
+
+A world model without a map cannot know the road beyond what its context showed, so over a long drive even a good
+one draws a road of its own: the question its user needs answered is for how many seconds it stays a simulator.
+Per drive, every frame of the world is compared with the true render at the same pose (terra/fidelity/agreement.py,
+terra/fidelity/following.py), and the frame has **departed** when
+
+* the lane read :data:`~terra.fidelity.agreement.LOOKAHEAD_M` (10 m) ahead is more than :data:`DEPARTURE_LANE_M`
+  (0.5 m) from the true frame's, or the world shows no lane where the true frame does: a lane follower steering by
+  that lane would be put more than half way to its lane's line (0.85 m from the centre: terra/closedloop/outcomes/
+  truth.py), while the truth rendered at poses jittered by 5 cm and 0.2 degree stays within 0.1 m
+  (tests/fidelity/test_horizon.py); or
+* over the last :data:`MOMENT_STEPS` steps (0.5 s) the car moved (more than :data:`MOVING_M` a step, 3 m/s) and
+  the forward motion recovered from the world's frames is off the motion recovered from the reference frames at the
+  same poses (the true renders; for a world model, through its tokenizer: terra/fidelity/following.py) by more than
+  :data:`DEPARTURE_MOTION` (half) of it: a video that stops or races, not one whose steps are uneven (the odometry
+  reads single steps of the demo tokenizer's frames at 0.1 to 1.8 of their motion, their sums over 0.5 s closer).
+
+A frame where the true frame shows no lane, or the odometry recovers no motion, departs by neither rule. The
+drive's road **departs** at the first frame of :data:`MOMENT_STEPS` (0.5 s) departed frames in a row: a moment of
+a misread lane or of a repeated frame is not a departure (a video repeating every fifth frame never departs; its
+repeats are the verdict's ``repeated_frames``). Its **horizon** is the time of that frame after the last context
+frame; a drive that never departs is censored at its length. Over drives, the horizon is a Kaplan-Meier survival
+curve (censored drives count while they last), summarised by its median (half the drives have departed) and its
+10th percentile (one in ten has), each with a cluster-bootstrap interval over scenarios (terra/stats.py) widened
+for their number; a quantile the curve does not reach within the drives is "at least" the longest drive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from terra.fidelity.agreement import LaneAgreement
+from terra.fidelity.following import Following
+from terra.stats import Bootstrap, Clusters, Interval, few_clusters_factor
+
+DEPARTURE_LANE_M = 0.5  # the lane read 10 m ahead this far from the true frame's: the world's road is elsewhere
+DEPARTURE_MOTION = 0.5  # forward motion recovered off the commanded one by this share of it
+MOVING_M = 0.3  # a step moves the car at least this far (3 m/s) for its motion to be judged
+MOMENT_STEPS = 5  # departed frames in a row (0.5 s) that make a departure
+STEP_S = 0.1  # a step at 10 Hz
+QUANTILES = {"median": 0.5, "p10": 0.1}  # share of drives departed
+
+
+def departed_frames(lanes: LaneAgreement, following: Following) -> np.ndarray:
+    """``[T]`` bool: which frames of a drive have departed from the truth (the module's two rules)."""
+    error = lanes.world - lanes.truth
+    seen = np.isfinite(lanes.truth)
+    with np.errstate(invalid="ignore"):
+        lateral = seen & (~np.isfinite(lanes.world) | (np.abs(error) > DEPARTURE_LANE_M))
+    reference = following.commanded if following.reference is None else following.reference
+    known = np.isfinite(following.recovered[:, 0]) & np.isfinite(reference[:, 0])
+    moved, expected, recovered, counted = (_trailing(np.where(known, values, 0.0)) for values in (
+        following.commanded[:, 0], reference[:, 0], following.recovered[:, 0], known.astype(float)))
+    motion = (counted > 0) & (moved > MOVING_M * counted) & (
+        np.abs(recovered - expected) > DEPARTURE_MOTION * np.abs(expected))
+    return lateral | motion
+
+
+def _trailing(values: np.ndarray) -> np.ndarray:
+    """Per step, the sum of ``values`` over it and the :data:`MOMENT_STEPS` - 1 steps before it."""
+    return np.convolve(values, np.ones(MOMENT_STEPS))[:len(values)]
+
+
+def departure_frame(departed: np.ndarray, moment: int = MOMENT_STEPS) -> int | None:
+    """The first frame of the first ``moment`` departed frames in a row (None: the drive never departs)."""
+    run = 0
+    for frame, gone in enumerate(np.asarray(departed, dtype=bool)):
+        run = run + 1 if gone else 0
+        if run == moment:
+            return frame - moment + 1
+    return None
+
+
+@dataclass(frozen=True)
+class DriveHorizon:
+    """One drive: its frames measured and the frame its road departs at (None: it never does, censored)."""
+
+    frames: int
+    departure: int | None
+
+    @property
+    def seconds(self) -> float:
+        """Its horizon: the departing frame's time after the last context frame, or the drive's length."""
+        return STEP_S * (self.frames if self.departure is None else self.departure + 1)
+
+    @property
+    def departed(self) -> bool:
+        return self.departure is not None
+
+
+def drive_horizon(lanes: LaneAgreement, following: Following) -> DriveHorizon:
+    """A drive's horizon from its lane readings and its action following (frame by frame, the same frames)."""
+    if len(lanes.world) != len(following.commanded):
+        raise ValueError(f"{len(lanes.world)} lane readings and {len(following.commanded)} steps: one each per frame")
+    return DriveHorizon(len(lanes.world), departure_frame(departed_frames(lanes, following)))
+
+
+@dataclass(frozen=True)
+class Survival:
+    """Drives' horizons as a survival curve: the share of drives not yet departed after each step (``curve``), its
+    median and 10th percentile (s; ``inf``: not reached within the drives) with intervals over scenarios, how many
+    drives and scenarios it rests on, how many departed, and the longest drive (s)."""
+
+    median: Interval
+    p10: Interval
+    curve: np.ndarray
+    drives: int
+    scenarios: int
+    departed: int
+    longest_s: float
+
+    def as_dict(self) -> dict:
+        return {"median_s": self.median.as_dict(), "p10_s": self.p10.as_dict(), "drives": self.drives,
+                "scenarios": self.scenarios, "departed": self.departed, "longest_s": self.longest_s,
+                "surviving": [round(float(v), 4) for v in self.curve]}
+
+
+def survival(horizons: Sequence[DriveHorizon], scenarios: Sequence[Hashable],
+             bootstrap: Bootstrap = Bootstrap()) -> Survival:
+    """The Kaplan-Meier curve of ``horizons`` (one scenario label per drive), its median and 10th percentile with
+    intervals: percentile intervals of the quantiles over scenario resamplings, widened for the scenarios' number
+    (terra/stats.py, ``few_clusters_factor``); a bound the curve does not reach is ``inf``."""
+    if len(horizons) != len(scenarios) or not horizons:
+        raise ValueError(f"one scenario label per drive ({len(horizons)} drives, {len(scenarios)} labels)")
+    clusters = Clusters.of(scenarios)
+    steps = max(h.frames for h in horizons)
+    events, at_risk = np.zeros((len(horizons), steps)), np.zeros((len(horizons), steps))
+    for i, h in enumerate(horizons):
+        last = h.frames if h.departure is None else h.departure + 1  # frames at risk: those before and at departure
+        at_risk[i, :last] = 1.0
+        if h.departure is not None:
+            events[i, h.departure] = 1.0
+    deaths, risk = clusters.sums(events), clusters.sums(at_risk)  # [C, steps]
+
+    def curves(weights: np.ndarray) -> np.ndarray:
+        d, n = weights @ deaths, weights @ risk
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hazard = np.where(n > 0, d / np.where(n > 0, n, 1.0), 0.0)
+        return np.cumprod(1.0 - hazard, axis=1)  # [R, steps]: surviving after each step
+
+    point = curves(np.ones((1, clusters.size)))
+    replicates = curves(bootstrap.weights(clusters.size))
+    factor = few_clusters_factor(clusters.size, bootstrap.level)
+    found = {name: _quantile_interval(_times(point, q)[0], _times(replicates, q), factor, bootstrap.level)
+             for name, q in QUANTILES.items()}
+    return Survival(found["median"], found["p10"], point[0], len(horizons), clusters.size,
+                    sum(h.departed for h in horizons), STEP_S * steps)
+
+
+def _times(curves: np.ndarray, share: float) -> np.ndarray:
+    """Per curve ``[R, steps]``, the time (s) of the first step after which at most ``1 - share`` survive (inf: none;
+    a tolerance keeps a share reached exactly, such as 5 of 10 drives, reached)."""
+    reached = curves <= 1.0 - share + 1e-9
+    first = np.argmax(reached, axis=1)
+    return np.where(reached.any(axis=1), STEP_S * (first + 1), np.inf)
+
+
+def _quantile_interval(estimate: float, replicates: np.ndarray, factor: float, level: float) -> Interval:
+    """The percentile interval of quantile ``replicates`` (inf where the curve does not reach the quantile, kept:
+    no interpolation across it), each side widened by ``factor`` when both it and the estimate are finite."""
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(replicates, [tail, 1.0 - tail], method="inverted_cdf")
+    if not np.isfinite(factor):
+        return Interval(float(estimate), float("nan"), float("nan"), level)
+    if np.isfinite(estimate):
+        low = max(STEP_S, estimate - factor * (estimate - low))
+        high = estimate + factor * (high - estimate) if np.isfinite(high) else high
+    return Interval(float(estimate), float(low), float(high), level)
+
+
+def shown_seconds(value: float, longest_s: float) -> str:
+    """A horizon in seconds as the report writes it: ``inf`` (not reached within the drives) as at least the
+    longest drive."""
+    return f">= {longest_s:g} s" if not np.isfinite(value) else f"{value:.1f} s"
+
+
+def horizon_text(found: Survival) -> str:
+    """``median [low, high]`` and the 10th percentile, in seconds, with the drives they rest on."""
+    def part(value: Interval) -> str:
+        bounds = ", ".join(shown_seconds(v, found.longest_s) for v in (value.low, value.high))
+        return f"{shown_seconds(value.estimate, found.longest_s)} [{bounds}]"
+    return (f"median {part(found.median)}, 10th percentile {part(found.p10)} ({found.departed} of {found.drives} "
+            f"drives departed, {found.scenarios} scenarios)")
