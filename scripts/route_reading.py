@@ -146,7 +146,8 @@ def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int
             f"net.num_route_tokens={ROUTE_SLOTS}", "train.no_route_share=0.15", "train.batch_size=8",
             "train.lr=2e-3", "train.warmup_steps=50", f"train.max_steps={steps}", "train.log_every=50",
             f"train.input_noise={input_noise}",
-            f"train.eval_every={steps}", f"train.ckpt_every={steps}", "train.device=cpu", "export.dtype=float32",
+            f"train.eval_every={min(steps, 500)}", f"train.ckpt_every={min(steps, 500)}", "train.device=cpu",
+            "export.dtype=float32",
             "export.best=false", "train.tensorboard=false", "sample.gif=false", "progress=false",
         ])
     train(train_spec(cfg))
