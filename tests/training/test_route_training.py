@@ -21,7 +21,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
-from terra.generation.routes import resample_routes
+from terra.generation.routes import resample_routes, route_distances, route_points
 from terra.models import LlamaActionForCausalLM
 from terra.models.checkpoint import read_world_model_config
 from terra.sim.dataset import ClipDataset, write_dataset
@@ -296,3 +296,23 @@ def test_a_resumed_route_run_equals_an_uninterrupted_one(route_tokens, tmp_path)
     b = LlamaActionForCausalLM.from_pretrained(tmp_path / "parts" / "model").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_route_model_learns_what_only_the_next_frames_route_tells(tmp_path):
+    """Clips whose frame t codes (every row) are column j: the bucket of frame t's route y at the model's route point
+    j, routes drawn at random: without the route slots' values a frame's first row is 5 uniform codes of 16
+    (ln 16 x 5 / 15 = 0.92 nats a token at best). A model that reads the route of the frame it draws (frame t - 1's
+    slots hold routes[t]) gets below that within 150 steps; slots holding a frame's own route (off by one frame)
+    would carry nothing about the next frame and stay at 0.92 or above."""
+    rng = np.random.default_rng(0)
+    clips, frames, points = 60, 8, 16
+    lateral = rng.uniform(-20, 20, (clips, frames, points))
+    routes = route_points(np.stack([lateral, np.broadcast_to(route_distances(points), lateral.shape)], -1))
+    column = np.clip(((lateral[..., 1:10:2] + 20) / 40 * 16).astype(int), 0, 15)  # K = 8: every second point
+    tokens = save_tokens(tmp_path / "tokens.safetensors", TokenizedClips(
+        codes=np.repeat(column[:, :, None], 3, axis=2), actions=np.zeros((clips, frames, 6, 3), np.float32),
+        poses=np.zeros((clips, frames, 3)), codebook_size=16, image_size=(24, 40), routes=routes))
+    train(train_config(tokens, tmp_path / "run", "net.num_route_tokens=8", "train.max_steps=150",
+                       "train.eval_every=150", "data.val_clips=8"))
+    last = json.loads((tmp_path / "run" / "train_log.jsonl").read_text().splitlines()[-1])
+    assert last["val_loss"] < 0.7 and last["val_loss_no_route"] > 0.85, last
