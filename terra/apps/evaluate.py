@@ -24,7 +24,7 @@ PROG = "terra-evaluate"  # the console script, named in error lines
 @task
 def _main(cfg: DictConfig) -> None:
     """Check the settings (before torch is imported), evaluate and print the table."""
-    check_added_settings(PROG, allowed=("backend.options.",))
+    check_added_settings(PROG, allowed=("backend.options.",), cfg=cfg)
     move_settings(cfg, PROG)  # old setting names in a user's config file
     spec = evaluate_spec(cfg)
     from terra.evaluation.run import format_table, run  # imports torch

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, show_progress, task
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, plain, select
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
 from terra.config.files import check_context_paths
 from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
@@ -33,8 +33,7 @@ from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
-SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_num_frames
-    "num_frames": Range(1, 2**62, 16, whole=True),
+SETTINGS = {  # documented in conf/generate.yaml; num_frames, 1 .. max_num_frames, is checked against the cap
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
     "seed": SEED,
@@ -61,11 +60,12 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     """Every setting of ``conf/generate.yaml`` checked once, without reading a file or importing torch."""
     output = OutputSpec.from_mapping(select(cfg, "output"))
     values = check_settings(cfg, SETTINGS)
-    if values["num_frames"] > values["max_num_frames"]:
-        raise TerraInputError(
-            f"num_frames={values['num_frames']} is more than max_num_frames={values['max_num_frames']}; generate "
-            f"fewer frames or raise the cap, e.g. max_num_frames={values['num_frames']}"
-        )
+    num_frames, cap = select(cfg, "num_frames"), values["max_num_frames"]
+    if isinstance(num_frames, int) and not isinstance(num_frames, bool) and num_frames > cap:
+        raise TerraInputError(f"num_frames={num_frames} is more than max_num_frames={cap}; generate fewer frames or "
+                              f"raise the cap, e.g. max_num_frames={num_frames}")
+    values["num_frames"] = check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap,
+                                              bounds=f"from 1 to max_num_frames ({cap})")
     params = check_manoeuvre_params(select(cfg, "manoeuvre_params"))
     if cfg.trajectory is None and cfg.manoeuvre not in MANOEUVRES:
         raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}")
@@ -180,7 +180,7 @@ def _main(cfg: DictConfig) -> None:
     out_dir = Path(str(cfg.output.dir)).expanduser() if cfg.output.dir else hydra_dir
     created = missing_folders(out_dir)
     try:
-        check_added_settings("terra-generate", allowed=("backend.options.",))
+        check_added_settings("terra-generate", allowed=("backend.options.",), cfg=cfg)
         move_settings(cfg, "terra-generate")  # old setting names in a user's config file
         summary = run(generate_spec(cfg), out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)

@@ -43,13 +43,14 @@ class Page:
 
 def _drive_choices() -> dict[str, str]:
     # what terra-drive's settings accept
-    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
+    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES
     from terra.closedloop.recording.settings import VEHICLES, WORLDS
     from terra.closedloop.study.settings import CONTROL_WORLDS
 
     pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
     return {
         "policies": (f"{', '.join(pixel)} (read the camera); {', '.join(sorted(NO_PIXELS))} (read no pixels); "
+                     f"{', '.join(PROBE_POLICIES)} (the lane follower stopping hard: the study's probe); "
                      f"{ALL_PIXEL}, {ALL_REFERENCE}; grpc:HOST:PORT or unix:///PATH (an AlpaSim egodriver); "
                      "navsim:package.module:Class (a NAVSIM agent, from the working folder or PYTHONPATH)"),
         "world": f"{' | '.join(WORLDS)} | package.module:Class (your own, from the working folder)",

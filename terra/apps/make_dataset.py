@@ -37,7 +37,7 @@ PROG = "terra-make-dataset"  # the console script, named in error lines
 @task
 def _main(cfg: DictConfig) -> None:
     """Write the dataset described by ``cfg`` and print a one-line summary."""
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     start = time.perf_counter()
     sizes = (int(cfg.num_clips), int(cfg.num_frames), int(cfg.height), int(cfg.width))
     as_logs = check_choice(cfg.format, "format", FORMATS) == "driving_logs"

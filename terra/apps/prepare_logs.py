@@ -36,7 +36,7 @@ def _main(cfg: DictConfig) -> None:
     """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
     (4) tokenize them and write the shards; (5) the summary."""
     # 1. the settings, checked once: no torch yet, nothing written
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     spec = prepare_spec(cfg)
     with spec.output.hold(INDEX_FILE):  # one run into this folder at a time: a second one stops here
         # 2. the tokenizer, on the device chosen once, and the index it must match

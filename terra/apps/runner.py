@@ -40,12 +40,14 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
-from hydra.errors import HydraException, OverrideParseException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
 from terra.apps.help import register_help
 from terra.config.assets import register_resolvers
+from terra.config.checks import did_you_mean
 from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
 
@@ -100,23 +102,41 @@ def shielded() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def check_added_settings(command: str, allowed: Sequence[str] = ()) -> None:
+def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") -> str:
+    """The line refusing the setting ``key`` that no config has, with its near miss among the settings of ``node``
+    (the mapping at ``prefix``, ``key``'s leading part: the job's config, or the mapping that lacks ``key``; the
+    root's ``hydra`` block holds no setting)."""
+    parts = key[len(prefix):].split(".")
+    while isinstance(node, (DictConfig, dict)) and len(parts) > 1 and parts[0] in node:
+        node, prefix, parts = node[parts[0]], f"{prefix}{parts[0]}.", parts[1:]
+    known = [f"{prefix}{k}" for k in node if k != "hydra"] if isinstance(node, (DictConfig, dict)) else []
+    return f"unknown setting {key!r}{did_you_mean(prefix + parts[0], known)}; `{command} --cfg job` lists the settings"
+
+
+def check_added_settings(command: str, allowed: Sequence[str] = (), cfg: DictConfig | None = None) -> None:
     """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have
     (the app would ignore it), except under the prefixes ``allowed`` (free-form mappings such as
-    ``backend.options.``). ``command`` is how users start the app."""
+    ``backend.options.``). ``command`` is how users start the app; ``cfg``, the job's config, names a near miss."""
     overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
     for override in overrides:
         key = override.key_or_group
         if (override.type == OverrideType.ADD and not override.is_hydra_override()
                 and not key.startswith(tuple(allowed))):
-            raise TerraInputError(f"unknown setting {key!r} (`{command} --cfg job` lists the settings)")
+            raise TerraInputError(unknown_setting(key, command, cfg))
 
 
 def _hydra_message(err: BaseException, command: str) -> str:
     message = hydra_error_line(err)
     unknown = re.match(r"Could not override '([^']+)'", message)
     if unknown and isinstance(err.__cause__, (ConfigKeyError, ConfigAttributeError)):
-        return f"unknown setting {unknown.group(1)!r} (`{command} --cfg job` lists the settings)"
+        key, cause = unknown.group(1), err.__cause__  # cause.parent_node: the mapping that lacks cause.key
+        missing = str(cause.full_key)
+        prefix = missing[: -len(str(cause.key))] if key.startswith(missing) else ""
+        return unknown_setting(key, command, cause.parent_node, prefix)
+    group = isinstance(err, MissingConfigException) and (err.missing_cfg_file or "").rpartition("/")
+    if group and group[0] and err.options is not None:  # a config group's option misspelt: model=demoo
+        (name, _, option), options = group, list(err.options)
+        return f"unknown {name} {option!r}{did_you_mean(option, options)}; choose one of: {', '.join(options)}"
     if isinstance(err, OverrideParseException) and "=" in err.override and (
             "LexerNoViableAlt" in err.message or not err.override.isascii()):
         key, value = err.override.split("=", 1)

@@ -99,7 +99,7 @@ def serve(service: SessionService, sock: socket.socket) -> None:
 @task
 def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
-    check_added_settings("terra-serve", allowed=("backend.options.",))
+    check_added_settings("terra-serve", allowed=("backend.options.",), cfg=cfg)
     move_settings(cfg, "terra-serve")  # old setting names in a user's config file
     settings = ServeSettings.from_mapping(OmegaConf.to_container(cfg.serve, resolve=True))
     spec = run_spec(cfg)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from terra.config.assets import DEMO
 from terra.config.checks import Range, required_path, select
 from terra.config.output_dir import claim_output_file
 from terra.core.device import check_device
@@ -34,7 +35,8 @@ class TokenizeSpec:
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
     """Every setting of conf/tokenize_dataset.yaml checked once (the tokenizer folder must exist)."""
-    tokenizer = required_path(cfg, "tokenizer_path", "a saved tokenizer folder")
+    tokenizer = required_path(cfg, "tokenizer_path", f"a saved tokenizer folder, e.g. the demo tokenizer's: "
+                                                     f"tokenizer_path={DEMO / 'tokenizer'}")
     if not tokenizer.exists():
         raise TerraInputError(f"tokenizer {tokenizer} does not exist; pass tokenizer_path=<saved tokenizer folder>")
     return TokenizeSpec(required_path(cfg, "dataset", "a clip dataset folder"), tokenizer,

@@ -47,6 +47,9 @@ def test_tokenizer_and_refiner_settings_are_checked_before_loading(tiny_file, tm
         "unknown": ("bogus", {}, "decoder='bogus' is unknown"),
         "an old name's value": ("framewise", {}, "decoder='framewise' is unknown; use decoder=tokenizer"),
         "no weights": ("refiner", {"path": None}, "add terra_root=/path/to/Terra"),
+        "no weights at a toy size": ("refiner", {"path": None, "preset": "tiny"},
+                                     r"^decoder=refiner with refiner.preset=tiny needs a refiner file of that size: "
+                                     r"refiner.path=/path/to/refiner_model.pt \(random weights for a test"),
         "missing file": ("refiner", {"path": str(tmp_path / "x.pt"), "preset": "tiny"}, "not found"),
         "cpu": ("refiner", {"path": str(tiny_file), "preset": "terra"}, "needs a CUDA GPU"),
         "bad setting": ("refiner", {"path": str(tiny_file), "preset": "tiny", "guidance": "x"}, "guidance 'x'"),
