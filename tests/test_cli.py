@@ -254,9 +254,9 @@ def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case):
 
 
 def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch):
-    """terra-generate and terra-serve default to num_threads=auto: half the CPUs this process may use, at least
-    one (one thread per core collapses on a shared machine: benchmarks/cpu.md, "Threads on a busy CPU"); null keeps
-    torch's default."""
+    """Every app defaults to num_threads=auto (terra-drive, -evaluate and -score too): half the CPUs this process may
+    use, at least one (one thread per core collapses on a shared machine: benchmarks/cpu.md, "Threads on a busy
+    CPU"); null keeps torch's default."""
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -270,7 +270,9 @@ def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch)
         assert check_num_threads("auto") == threads
     assert check_num_threads(None) is None and check_num_threads(3) == 3
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        assert compose("generate").num_threads == compose("serve").num_threads == "auto"
+        apps = [p.stem for p in Path(CONF_DIR).glob("*.yaml") if "num_threads" in compose(p.stem)]
+        assert {"generate", "serve", "rollout", "drive", "evaluate", "score_actbench", "alpasim"} <= set(apps)
+        assert {app: compose(app).num_threads for app in apps} == dict.fromkeys(apps, "auto")  # one rule, every app
         spec = generate_spec(compose("generate", overrides=["num_threads=2"]))
     assert spec.run.num_threads == 2
     before = torch.get_num_threads()

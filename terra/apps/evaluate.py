@@ -2,7 +2,7 @@
 (terra/evaluation/, which documents the measurements).
 
     terra-evaluate                                       # the shipped demo models, Transformers backend
-    terra-evaluate quality.num_clips=32 adherence.num_cases=20 num_threads=1 out_dir=outputs/eval/demo
+    terra-evaluate quality.num_clips=32 adherence.num_cases=20 out_dir=outputs/eval/demo
 
 It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
 torch is imported or any model loads.
