@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.generation.actions import NUM_ACTION_TOKENS, RULE
 from terra.generation.layout import TokenLayout, Window, plan_windows
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
@@ -54,7 +54,7 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
     if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
         raise TerraInputError(f"actions must have shape [frames, {NUM_ACTION_TOKENS}, 3], got {list(arr.shape)}")
     if len(arr) < needed:
-        raise TerraInputError(f"actions cover {len(arr)} frames but the rollout needs actions for {needed}; "
+        raise TerraInputError(f"actions cover {len(arr)} frames but the rollout needs actions for {needed} ({RULE}); "
                               "give a longer trajectory or generate fewer frames")
     return arr
 
