@@ -30,6 +30,7 @@ from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
+from terra.inputs.actions import check_trajectory_file
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
@@ -79,9 +80,12 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked configuration (:func:`generate_spec`) and write them under ``out_dir``;
     return the summary."""
     t_start = time.perf_counter()
-    # 1. the output folder and names, the context paths: no file read, nothing heavy imported
+    # 1. the output folder and names, every input file there (context, trajectory; the checkpoints' in step 2, still
+    # before any model loads): no file read, nothing heavy imported
     if spec.context is not None:
         check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
+    if spec.trajectory is not None:
+        check_trajectory_file(spec.trajectory)  # read in step 2, once the context frames are counted
     names = spec.output.file_names(spec.num_samples)
     output = claim_output_dir(out_dir, "output.dir", files=[n for n in names if not n.endswith("_frames")],
                               folders=[n for n in names if n.endswith("_frames")], inputs=[
