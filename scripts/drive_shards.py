@@ -39,6 +39,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from terra.core.progress import shows_bars
+
 POLL_S = 2.0  # how often the shards' manifests are counted for the bar
 SHARED_MEMORY = 0.9  # the card's share the K engines split (vLLM's default for one)
 GIB = 1 << 30
@@ -97,7 +99,7 @@ def run_shards(overrides: list[str], groups: dict[str, int], kv_cache_gib: float
             command = shard_command(overrides, shard, shards, threads, kv_cache_gib, worlds)
             running[worlds].append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     every = [item for group in running.values() for item in group]
-    with tqdm(unit="drive", desc=f"{len(every)} shards", dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+    with tqdm(unit="drive", desc=f"{len(every)} shards", dynamic_ncols=True, disable=not shows_bars()) as bar:
         while any(process.poll() is None for process, _ in every):
             time.sleep(POLL_S)
             bar.update(records(folder) - bar.n)

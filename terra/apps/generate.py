@@ -21,7 +21,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, show_progress, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, run_app, shielded, task
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
 from terra.config.files import check_context_paths
 from terra.config.moved import move_settings
@@ -131,13 +131,13 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         print(f"terra-generate: generating {num_frames} frames x {spec.num_samples} sample(s) with "
               f"{backend_class} on {pipeline.device}", flush=True)
         t_gen = time.perf_counter()
-        results = pipeline.generate(requests, run_settings.sampling, progress=show_progress(),
+        results = pipeline.generate(requests, run_settings.sampling, progress=True,
                                     decode=refiner is None)
         generate_s = time.perf_counter() - t_gen
     finally:
         pipeline.close()
     if refiner is not None:
-        results = pipeline.refine(results, refiner.load(), progress=show_progress())
+        results = pipeline.refine(results, refiner.load(), progress=True)
         ground_truth = None  # frames at the refiner's size
     # 5. the files
     output.record()

@@ -30,7 +30,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.batch.config import batch_spec, claim_output
 from terra.config.moved import move_settings
 
@@ -44,7 +44,7 @@ def _main(cfg: DictConfig) -> None:
     (4) the summary. Exit code as in the module docstring."""
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."), cfg=cfg)
     move_settings(cfg, PROG)  # old setting names in a user's config file
-    spec = batch_spec(cfg, progress=show_progress())  # no torch yet: a bad setting is one line in about a second
+    spec = batch_spec(cfg)  # no torch yet: a bad setting is one line in about a second
     with claim_output(spec).hold(spec.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models
 

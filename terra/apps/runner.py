@@ -6,8 +6,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   files in an editable install, where they are ``conf/`` itself, and in a wheel install.
 * The resolvers ``${terra_asset:NAME}`` and ``${terra_snapshot:FOLDER}``, registered on import
   (:func:`terra.config.assets.register_resolvers`).
-* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars when stderr is not a
-  terminal). A user mistake (:class:`TerraInputError`, Hydra's and
+* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars where terra/core/progress.py
+  draws none: off a terminal). A user mistake (:class:`TerraInputError`, Hydra's and
   OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
   SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
   error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
@@ -50,6 +50,7 @@ from terra.config.assets import register_resolvers
 from terra.config.checks import did_you_mean
 from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
+from terra.core.progress import shows_bars
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
@@ -57,11 +58,6 @@ CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs a
 register_resolvers()
 register_help()
 HELP_FLAGS = ("--help", "-h")
-
-
-def show_progress() -> bool:
-    """Whether an app draws progress bars: only on a terminal (in a log, stderr holds one line per failure)."""
-    return sys.stderr.isatty()
 
 
 def hydra_error_line(err: BaseException) -> str:
@@ -212,7 +208,7 @@ def run_app(app: Callable[[], None], prog: str) -> None:
         print(f"{prog}: error: {refused}", file=sys.stderr)
         sys.exit(2)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
-    if not show_progress():  # no third-party progress bars in logs: an error's one line stands alone
+    if not shows_bars():  # no third-party progress bars in logs: an error's one line stands alone
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:

@@ -193,8 +193,8 @@ class BatchConfig:
 def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
     """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchSpec`, every setting checked once: the model
     and engine by :func:`run_spec` on ``cfg`` itself (a missing ``terra_root`` or checkpoint folder is one line
-    before anything loads: terra/config/snapshot.py), then the batch's own. ``progress=False`` turns the bars off
-    whatever the config says (not a terminal)."""
+    before anything loads: terra/config/snapshot.py), then the batch's own. ``progress=False`` turns the bars and
+    progress lines off whatever the config says (terra/core/progress.py decides where each shows)."""
     out = cfg.output
     samples = plain(cfg.samples)
     if samples is None or samples == "":

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
+from terra.core.progress import Progress
 from terra.generation.actions import NUM_ACTION_TOKENS, RULE
 from terra.generation.layout import TokenLayout, Window, plan_windows
 
@@ -306,7 +306,7 @@ class WorldModelBackend(ABC):
         index = {id(s): i for i, s in enumerate(states)}
         total = sum(r.num_frames for r in requests)
         try:
-            with tqdm(total=total, unit="frame", desc=f"generating ({self.name})", disable=not progress) as bar:
+            with Progress(total, f"generating ({self.name})", "frame", enabled=progress) as bar:
                 for state in states:
                     self.submit(state, sampling)
                 while self.num_queued:

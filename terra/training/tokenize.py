@@ -15,6 +15,7 @@ from terra.config.checks import Range, required_path, select
 from terra.config.output_dir import claim_output_file
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.core.progress import Progress
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips
@@ -49,7 +50,6 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
     """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``)."""
     import torch
     from einops import rearrange
-    from tqdm import tqdm
 
     if tuple(tokenizer.image_size) != dataset.image_size:
         raise TerraInputError(f"the tokenizer works at {tuple(tokenizer.image_size)} but the dataset {dataset.path} "
@@ -72,13 +72,14 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
         done += len(batch)
         pending.clear()
 
-    for i, clip in enumerate(tqdm(dataset, total=len(dataset), desc="tokenizing", unit="clip", disable=not progress)):
-        actions[i], poses[i] = clip.actions, clip.poses
-        pending.append(clip.frames)
-        if sum(len(p) for p in pending) >= batch_size:
+    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:  # terra/core/progress.py
+        for i, clip in enumerate(bar.counted(dataset)):
+            actions[i], poses[i] = clip.actions, clip.poses
+            pending.append(clip.frames)
+            if sum(len(p) for p in pending) >= batch_size:
+                flush()
+        if pending:
             flush()
-    if pending:
-        flush()
     return TokenizedClips(codes=codes, actions=actions, poses=poses, codebook_size=int(tokenizer.codebook_size),
                           image_size=dataset.image_size, source=str(dataset.path))
 

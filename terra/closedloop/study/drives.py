@@ -7,13 +7,13 @@ run in one world.
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 
 from terra.closedloop.recording.drives import DriveOutcome, drive, start_drives
 from terra.closedloop.recording.settings import DriveSettings
 from terra.closedloop.study.settings import StudySettings
 from terra.closedloop.worlds import TRUTH
+from terra.core.progress import announce
 
 
 def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None = None) -> DriveOutcome:
@@ -26,16 +26,15 @@ def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None =
 
 def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveOutcome:
     """Make and record the drives of every world of the study's shard (here, or on Ray's actors with
-    ``executor=ray``), then with the whole study the report; ``progress`` (default: the setting, on a terminal)
-    shows the frame bar."""
+    ``executor=ray``), then with the whole study the report; ``progress`` (default: the setting) shows the frame
+    bar on a terminal, lines in a log (terra/core/progress.py)."""
     from terra.closedloop.study.exploit import exploit_study
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
 
     run, folders = settings.drive, settings.folders
-    progress = run.progress and sys.stderr.isatty() if progress is None else progress
+    progress = run.progress if progress is None else progress
     run_settings = run.run_settings(progress, folders.top.path)
-    if progress:
-        print(study_plan(folders.drive_ids, run.num_steps), file=sys.stderr, flush=True)
+    announce(study_plan(folders.drive_ids, run.num_steps), progress)
     exploit = settings.exploitability and folders.report  # executor=local only (terra/closedloop/study/settings.py)
     started = start_drives(run, measured_settings(run_settings), {w: f.path for w, f in folders.worlds.items()},
                            folders.drive_ids, ("model", TRUTH) if exploit else ())
