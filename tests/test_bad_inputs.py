@@ -260,7 +260,7 @@ def test_incompatible_pair_is_caught_before_the_world_model_loads(bad, monkeypat
     import terra.pipeline
 
     def must_not_load(*args, **kwargs):
-        raise AssertionError("the world model was loaded before the tokenizer/world-model pair was checked")
+        raise AssertionError("the world model was loaded before the pair of tokenizer and world model was checked")
 
     monkeypatch.setattr(terra.pipeline, "create_backend", must_not_load)
     with pytest.raises(TerraInputError, match="codebook"):
