@@ -292,7 +292,8 @@ def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch)
     assert check_num_threads(None) is None and check_num_threads(3) == 3
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         apps = [p.stem for p in Path(CONF_DIR).glob("*.yaml") if "num_threads" in compose(p.stem)]
-        assert {"generate", "serve", "rollout", "drive", "evaluate", "score_actbench", "alpasim"} <= set(apps)
+        assert {"generate", "serve", "rollout", "drive", "evaluate", "score_actbench", "alpasim", "tokenize_dataset",
+                "prepare_driving_logs"} <= set(apps)
         assert {app: compose(app).num_threads for app in apps} == dict.fromkeys(apps, "auto")  # one rule, every app
         spec = generate_spec(compose("generate", overrides=["num_threads=2"]))
     assert spec.run.num_threads == 2

@@ -42,11 +42,12 @@ def _main(cfg: DictConfig) -> None:
         # 2. the tokenizer, on the device chosen once, and the index it must match
         from tqdm import tqdm
 
-        from terra.core.device import resolve_device
+        from terra.core.device import resolve_device, set_threads
         from terra.core.progress import Progress
         from terra.tokenizer import load_tokenizer
         from terra.training.prepare_logs import assign_splits, open_index, prepare_shards
 
+        set_threads(spec.num_threads)
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index = open_index(spec, tokenizer)
         # 3. the clips: those the index lists are done; each new one gets its split

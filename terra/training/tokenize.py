@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from terra.config.assets import DEMO
+from terra.config.backend import check_num_threads
 from terra.config.checks import Range, required_path, select
 from terra.config.output_dir import claim_output_file
 from terra.core.device import check_device
@@ -32,6 +33,7 @@ class TokenizeSpec:
     out: Path
     batch_size: int = 64
     device: str = "auto"
+    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
 
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
@@ -42,7 +44,8 @@ def tokenize_spec(cfg: Any) -> TokenizeSpec:
         raise TerraInputError(f"tokenizer {tokenizer} does not exist; pass tokenizer_path=<saved tokenizer folder>")
     return TokenizeSpec(required_path(cfg, "dataset", "a clip dataset folder"), tokenizer,
                         required_path(cfg, "out", "the tokenized-clips file to write", "FILE"),
-                        BATCH_SIZE.check(select(cfg, "batch_size"), "batch_size"), check_device(select(cfg, "device")))
+                        BATCH_SIZE.check(select(cfg, "batch_size"), "batch_size"), check_device(select(cfg, "device")),
+                        check_num_threads(select(cfg, "num_threads")))
 
 
 def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
@@ -89,13 +92,14 @@ def run(spec: TokenizeSpec) -> TokenizedClips:
     wrote); return the clips."""
     import torch
 
-    from terra.core.device import resolve_device
+    from terra.core.device import resolve_device, set_threads
     from terra.sim.tokens import save_tokens
     from terra.tokenizer import load_tokenizer
 
     dataset = ClipDataset(spec.dataset)
     claim_output_file(spec.out, "out", inputs=[("dataset", dataset.path), ("tokenizer", str(spec.tokenizer))],
                       app="terra-tokenize")
+    set_threads(spec.num_threads)
     tokenizer = load_tokenizer(str(spec.tokenizer), device=torch.device(resolve_device(spec.device))).eval()
     clips = replace(tokenize_dataset(dataset, tokenizer, spec.batch_size), tokenizer=str(spec.tokenizer))
     save_tokens(spec.out, clips)
