@@ -101,12 +101,13 @@ class Progress:
         self.bar.set_postfix(values, refresh=refresh)
 
     def line(self) -> str:
-        """Where the count stands: done of total, the time so far and, at the rate so far, the time left."""
+        """Where the count stands: done of total, the time so far and, at the rate so far, the time left (from 5 %
+        done on)."""
         elapsed = time.monotonic() - self.started
         done = f"{self.n:g}" if self.total is None else f"{self.n:g}/{self.total:g}"
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         left = ""
-        if self.total and 0 < self.n < self.total:
+        if self.total and self.total / 20 <= self.n < self.total:  # a rate of the first few (a batch's start) misleads
             left = f", about {duration(elapsed * (self.total - self.n) / self.n)} left"
         elif self.total and self.n >= self.total:
             left = ", done"

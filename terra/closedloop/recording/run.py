@@ -116,9 +116,7 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.manifest = Manifest(folder / settings.manifest)
         self.result = RunResult([], {}, 0.0)
-        # a bar on a terminal; in a log a line a minute and one as the world ends (terra/core/progress.py)
-        self.bar = Progress(total * settings.num_steps, f"drives ({world})", "frame",
-                            enabled=settings.progress, dynamic_ncols=True)
+        self.bar = Progress(total * settings.num_steps, f"drives ({world})", "frame", enabled=settings.progress)
 
     def add(self, record: dict, content: dict) -> None:
         """A drive's manifest record and JSON content (a skipped drive's: what it holds on disk)."""
