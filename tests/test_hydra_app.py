@@ -111,3 +111,26 @@ def test_terras_models_sample_as_terra_unless_told_otherwise(app):
     assert sampling("model=terra_v1", "sampling=default")["temperature"] == 1.0
     assert sampling("model=terra_v2", "sampling.temperature=0.5") == {**terra, "temperature": 0.5}
     assert sampling()["temperature"] == (0.0 if app == "evaluate" else 1.0)  # the demo model: greedy / default
+
+
+@pytest.mark.parametrize("app, extra, package, module", [
+    ("serve", "serve", "uvicorn", "uvicorn"), ("drive", "closedloop", "scipy", "scipy"),
+    ("evaluate", "eval", "scikit-image", "skimage"), ("alpasim", "alpasim", "protobuf", "google.protobuf"),
+])
+def test_an_app_without_its_extra_names_the_extra_before_anything_runs(app, extra, package, module, tmp_path):
+    """make demo installs the project alone: an app whose extra is missing (here one package of it, hidden from the
+    metadata and from import) stops with one line naming the extra, where it printed a traceback at import
+    (terra-serve) or an internal error, minutes into its work (terra-evaluate)."""
+    code = ("import importlib.metadata as metadata, sys\n"
+            "found = metadata.distribution\n"
+            f"def distribution(name):\n    if name == {package!r}:\n        raise metadata.PackageNotFoundError(name)\n"
+            "    return found(name)\n"
+            f"metadata.distribution = distribution\nsys.modules[{module!r}] = None\n"
+            f"from terra.apps.{app} import main\nmain()\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    prog = f"terra-{app}"
+    assert result.stderr.splitlines() == [f"{prog}: error: the {extra} extra is not installed ({package} missing): "
+                                          f"pip install -e '.[{extra}]' (make test installs every extra)"]
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []

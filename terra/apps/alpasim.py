@@ -53,7 +53,7 @@ def _main(cfg: DictConfig) -> None:
     serve(spec, settings, str(cfg.model.get("name", "world model")))
 
 
-main = console_script(_main, "terra-alpasim")
+main = console_script(_main, "terra-alpasim", extras=("alpasim",))
 
 
 if __name__ == "__main__":

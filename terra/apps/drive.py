@@ -51,7 +51,7 @@ def _main(cfg: DictConfig) -> None:
     sys.exit(outcome.exit_code)
 
 
-main = console_script(_main, "terra-drive")
+main = console_script(_main, "terra-drive", extras=("closedloop",))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def _main(cfg: DictConfig) -> None:
     print(format_table(run(spec)))
 
 
-main = console_script(_main, PROG)
+main = console_script(_main, PROG, extras=("eval",))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ import terra.conf
 from terra.apps.help import register_help
 from terra.config.assets import register_resolvers
 from terra.config.checks import did_you_mean
+from terra.config.extras import check_extras
 from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
 from terra.core.progress import shows_bars
@@ -178,24 +179,26 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
     return f"unknown option {flags[0]!r}; settings are given as KEY=VALUE, options are listed by {prog} --help"
 
 
-def console_script(app: Callable[[], None], prog: str) -> Callable[[], None]:
+def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> Callable[[], None]:
     """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
-    function ``app``: it runs :func:`run_app`, which says how the app ends."""
+    function ``app``, which needs pyproject.toml's ``extras``: it runs :func:`run_app`, which says how the app
+    ends."""
 
     def main() -> None:
-        run_app(app, prog)
+        run_app(app, prog, extras)
 
     main.__doc__ = f"``{prog}``: runs the app and ends as terra/apps/runner.py's ``run_app`` says."
     return main
 
 
-def run_app(app: Callable[[], None], prog: str) -> None:
+def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> None:
     """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
     docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
     or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
     or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
-    settings on the command line are given their new names first (terra/config/moved.py)."""
+    settings on the command line are given their new names first (terra/config/moved.py); the packages of the
+    ``extras`` the app needs are checked before it runs (terra/config/extras.py; not for ``--help``)."""
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
     if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
@@ -215,6 +218,8 @@ def run_app(app: Callable[[], None], prog: str) -> None:
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
             sys.argv.append("hydra/help=terra")
+        else:
+            check_extras(extras)  # make demo installs no extra: one line naming it, not a traceback
         app()
         return
     except _TaskFailed as failed:

@@ -15,7 +15,6 @@ import socket
 from typing import TYPE_CHECKING
 
 import hydra
-import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
@@ -26,27 +25,6 @@ from terra.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from terra.serve.service import SessionService
-
-
-class GracefulServer(uvicorn.Server):
-    """uvicorn's server that says where it listens once it does, and on shutdown first sends every open socket a
-    close frame naming the reason."""
-
-    def __init__(self, config: uvicorn.Config, service: SessionService) -> None:
-        super().__init__(config)
-        self.service = service
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            host, port = sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            print(f"terra-serve: {self.service.host.backend.name} backend ready; open http://{shown}:{port}/",
-                  flush=True)
-
-    async def shutdown(self, sockets=None) -> None:
-        await self.service.close_sockets(1001, "server shutting down")
-        await super().shutdown(sockets)
 
 
 def bind(settings: ServeSettings) -> socket.socket:
@@ -66,7 +44,7 @@ def bind(settings: ServeSettings) -> socket.socket:
 
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
     """(1) the run made concrete and its pipeline (terra/pipeline.py, ``resolve_run``), (2) the session service."""
-    # torch, Transformers and FastAPI load only once the settings are known to be good
+    # torch, Transformers, FastAPI and uvicorn load only once the settings are known to be good
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.serve.service import SessionService
     from terra.session import SessionHost
@@ -81,7 +59,9 @@ def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
 
 def serve(service: SessionService, sock: socket.socket) -> None:
     """Run the server on ``sock`` until interrupted; the pipeline is closed afterwards."""
-    from terra.serve.app import create_app
+    import uvicorn
+
+    from terra.serve.app import GracefulServer, create_app
 
     settings = service.settings
     config = uvicorn.Config(
@@ -107,7 +87,7 @@ def _main(cfg: DictConfig) -> None:
         serve(load_service(spec, settings), sock)
 
 
-main = console_script(_main, "terra-serve")
+main = console_script(_main, "terra-serve", extras=("serve",))
 
 
 if __name__ == "__main__":
