@@ -134,3 +134,16 @@ def test_an_app_without_its_extra_names_the_extra_before_anything_runs(app, extr
     assert result.stderr.splitlines() == [f"{prog}: error: the {extra} extra is not installed ({package} missing): "
                                           f"pip install -e '.[{extra}]' (make test installs every extra)"]
     assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_help_and_cfg_need_no_extra(tmp_path):
+    """--help and --cfg run nothing: without terra-drive's extra (SciPy hidden) they still print, the help page
+    saying why its choices are not listed."""
+    code = ("import sys\nsys.modules['scipy'] = None\nsys.argv[1:] = sys.argv[2:]\n"
+            "from terra.apps.drive import main\nmain()\n")
+    for flag, text in (("--help", "not listed here: they need scipy, which is not installed; terra-drive without "
+                                  "--help names the extra to install"), ("--cfg", "world: model")):
+        args = [flag, "job"] if flag == "--cfg" else [flag]
+        result = subprocess.run([sys.executable, "-c", code, "--", *args], cwd=tmp_path, env=ENV, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0 and text in result.stdout, (flag, result.stdout[-500:], result.stderr)

@@ -216,7 +216,12 @@ def page_template(config_name: str) -> str:
              _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]")]
     parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}" for title, body in page.sections]
     if page.choices is not None:
-        parts.append(f"== Choices ==\n{_literal(_rows(page.choices()))}")
+        try:
+            choices = _rows(page.choices())
+        except ModuleNotFoundError as err:  # the app's extra is not installed (make demo installs none)
+            choices = (f"  not listed here: they need {err.name}, which is not installed; {page.prog} without --help "
+                       "names the extra to install")
+        parts.append(f"== Choices ==\n{_literal(choices)}")
     groups = config_groups(text)
     if groups:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")

@@ -59,6 +59,8 @@ CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs a
 register_resolvers()
 register_help()
 HELP_FLAGS = ("--help", "-h")
+# Hydra's flags that print and run nothing: an app's extras are not needed for them
+PRINTING_FLAGS = (*HELP_FLAGS, "--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc")
 
 
 def hydra_error_line(err: BaseException) -> str:
@@ -198,7 +200,7 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
     or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
     settings on the command line are given their new names first (terra/config/moved.py); the packages of the
-    ``extras`` the app needs are checked before it runs (terra/config/extras.py; not for ``--help``)."""
+    ``extras`` the app needs are checked before it runs (terra/config/extras.py; not for ``--help`` or ``--cfg``)."""
     verbose = "--verbose" in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != "--verbose"]
     if not verbose:  # vLLM's engine logs (some 90 lines a start) only when asked; warnings and errors still show
@@ -218,7 +220,7 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
             sys.argv.append("hydra/help=terra")
-        else:
+        if not any(arg.split("=")[0] in PRINTING_FLAGS for arg in sys.argv[1:]):
             check_extras(extras)  # make demo installs no extra: one line naming it, not a traceback
         app()
         return
