@@ -187,7 +187,7 @@ class WorldModelPipeline:
         check_compatible(config, tok)
         options = engine_options(spec.backend, spec.backend_options, max_rollouts)
         if spec.backend == "vllm":  # the slow part of a start, said before it (benchmarks/durations.md)
-            how_long = "minutes on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
+            how_long = "1-5 min on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
             announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
         backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
                                  **options)
