@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Iterable, Iterator, TextIO, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -66,15 +66,13 @@ class Progress:
     ``with``), :meth:`counted` for an iterable; ``every_s`` None is :data:`EVERY_S`."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", enabled: bool = True,
-                 lines: bool = True, every_s: float | None = None, stream: TextIO | None = None,
-                 **bar_options: Any) -> None:
+                 lines: bool = True, every_s: float | None = None, **bar_options: Any) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit=unit, disable=not shows_bars(enabled), **bar_options)
         self.desc, self.unit = desc, unit
         self.every_s = EVERY_S if every_s is None else every_s
         self.lines = lines and prints_lines(enabled)
-        self.stream = stream  # None: sys.stdout when a line is printed
         self.total, self.n = total, 0.0
         self.started = self.last = time.monotonic()
         self.said: float | None = None  # the count of the last line printed
@@ -115,7 +113,7 @@ class Progress:
 
     def say(self) -> None:
         """Print :meth:`line` now."""
-        print(self.line(), file=self.stream or sys.stdout, flush=True)
+        print(self.line(), flush=True)
         self.last, self.said = time.monotonic(), self.n
 
     def close(self) -> None:
