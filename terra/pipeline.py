@@ -26,6 +26,7 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec, check_window
 from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
+from terra.core.progress import announce
 from terra.decoder import codes_to_frames
 from terra.generation.backends import create_backend, engine_options, fit_memory, resolve_backend, resolve_spec
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
@@ -185,6 +186,9 @@ class WorldModelPipeline:
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(config, tok)
         options = engine_options(spec.backend, spec.backend_options, max_rollouts)
+        if spec.backend == "vllm":  # the slow part of a start, said before it (benchmarks/durations.md)
+            how_long = "1-5 min on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
+            announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
         backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
                                  **options)
         return cls(tok, backend, spec.device, tokenizer_batch(tok.image_size, spec.memory), options)

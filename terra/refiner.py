@@ -50,12 +50,16 @@ def check_decoder(spec: RunSpec) -> RefinerSettings | None:
     if spec.decoder == "tokenizer":
         return None
     node = spec.refiner
-    path = node.get("path")
+    path, name = node.get("path"), str(node.get("preset", "terra"))
+    config = preset(name).replace(**{k: node[k] for k in SETTINGS if k in node})
+    if path is None and name != "terra":  # a toy size: no download of Terra's
+        raise TerraInputError(f"decoder=refiner with refiner.preset={name} needs a refiner file of that "
+                              "size: refiner.path=/path/to/refiner_model.pt (random weights for a test: "
+                              "terra.decoder.refiner.model's VideoRefiner(TINY).save_published(path))")
     if path is None:
         where = "" if spec.terra_root is None else f" (terra_root={spec.terra_root} gives none)"
         raise TerraInputError(f"decoder=refiner needs Terra's refiner weights{where}: add terra_root=/path/to/Terra "
                               f"({DOWNLOAD_HINT}) or refiner.path=/path/to/refiner_model.pt")
-    config = preset(str(node.get("preset", "terra"))).replace(**{k: node[k] for k in SETTINGS if k in node})
     device = torch.device(resolve_device(check_device(node.get("device") or spec.device)))
     allow_cpu = bool(node.get("allow_cpu", False))
     check_refiner_device(config, device, allow_cpu)

@@ -260,7 +260,7 @@ def test_incompatible_pair_is_caught_before_the_world_model_loads(bad, monkeypat
     import terra.pipeline
 
     def must_not_load(*args, **kwargs):
-        raise AssertionError("the world model was loaded before the tokenizer/world-model pair was checked")
+        raise AssertionError("the world model was loaded before the pair of tokenizer and world model was checked")
 
     monkeypatch.setattr(terra.pipeline, "create_backend", must_not_load)
     with pytest.raises(TerraInputError, match="codebook"):
@@ -328,7 +328,7 @@ def test_cli_config_checks_fail_before_anything_is_written(case, tmp_path):
 # case id → (overrides from `bad`, text the error line must contain)
 CLI_CASES = {
     "unknown_key": (lambda b: ["foo=1"], "unknown setting 'foo'"),
-    "unknown_config_group_option": (lambda b: ["model=nope"], "model/nope"),
+    "unknown_config_group_option": (lambda b: ["model=nope"], "unknown model 'nope'; choose one of: demo, terra_v1"),
     "checkpoint_path_not_set": (lambda b: ["model=terra_v1"], "model.world_model"),
     "num_frames_not_a_number": (lambda b: ["num_frames=many"], "num_frames"),
     "num_frames_huge": (lambda b: ["num_frames=100000"], "max_num_frames"),

@@ -253,10 +253,31 @@ def test_bad_input_exits_2_with_one_line_and_no_files(tmp_path, case):
     assert listing(cwd) == []  # no Hydra run folder left behind
 
 
+@pytest.mark.parametrize("args, text", [
+    (["trajectory=missing.json"], "trajectory file missing.json does not exist"),
+    (["trajectory=traj.txt"], "trajectory file traj.txt has an unknown type"),
+    (["trajectory=folder.json"], "trajectory file folder.json is a folder, not a regular file"),
+    (["context=missing/", "trajectory=traj.json"], "image path missing does not exist"),
+])
+def test_every_input_file_is_checked_before_torch_is_imported(tmp_path, args, text):
+    """A trajectory or context file that cannot be read stops terra-generate before torch, let alone a model, loads
+    (it was refused only after the tokenizer had loaded)."""
+    (tmp_path / "traj.txt").write_text("0,0")
+    (tmp_path / "traj.json").write_text('{"manoeuvre": "straight"}')
+    (tmp_path / "folder.json").mkdir()
+    code = ("import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+            "from terra.apps.generate import main; main()")
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2 and result.stdout == "torch imported: False\n", (result.stdout, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line.startswith("terra-generate: error: ") and text in line, line
+
+
 def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch):
-    """terra-generate and terra-serve default to num_threads=auto: half the CPUs this process may use, at least
-    one (one thread per core collapses on a shared machine: benchmarks/cpu.md, "Threads on a busy CPU"); null keeps
-    torch's default."""
+    """Every app defaults to num_threads=auto (terra-drive, -evaluate and -score too): half the CPUs this process may
+    use, at least one (one thread per core collapses on a shared machine: benchmarks/cpu.md, "Threads on a busy
+    CPU"); null keeps torch's default."""
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -270,7 +291,10 @@ def test_num_threads_auto_is_half_the_usable_cpus_and_reaches_torch(monkeypatch)
         assert check_num_threads("auto") == threads
     assert check_num_threads(None) is None and check_num_threads(3) == 3
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        assert compose("generate").num_threads == compose("serve").num_threads == "auto"
+        apps = [p.stem for p in Path(CONF_DIR).glob("*.yaml") if "num_threads" in compose(p.stem)]
+        assert {"generate", "serve", "rollout", "drive", "evaluate", "score_actbench", "alpasim", "tokenize_dataset",
+                "prepare_driving_logs"} <= set(apps)
+        assert {app: compose(app).num_threads for app in apps} == dict.fromkeys(apps, "auto")  # one rule, every app
         spec = generate_spec(compose("generate", overrides=["num_threads=2"]))
     assert spec.run.num_threads == 2
     before = torch.get_num_threads()

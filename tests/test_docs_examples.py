@@ -1,19 +1,36 @@
-"""The input formats the docs show are read as the docs say: docs/generate.md's trajectory files (CSV and JSON, x
-forward and y to the left) and docs/rollout.md's samples file."""
+"""The docs' examples run as given: docs/generate.md's trajectory files (CSV and JSON, x forward and y to the left)
+through the ``terra-generate`` command printed beside each, and docs/rollout.md's samples through the batch's own
+check before any model loads. A trajectory covers ``num_context + num_frames - 1`` frames; a shorter one is refused
+with that rule in its line."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
+import imageio.v3 as iio
+import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
 
+from terra.apps.runner import CONF_DIR
+from terra.batch.config import batch_spec
+from terra.batch.plan import plan_batch
 from terra.core.errors import TerraInputError
 from terra.inputs.actions import load_actions
 from terra.inputs.samples import read_samples
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1"}
+ENV.pop("HYDRA_FULL_ERROR", None)
+RULE = "num_context + num_frames - 1"
 
 
 def fenced(page: str, language: str) -> list[str]:
@@ -23,15 +40,41 @@ def fenced(page: str, language: str) -> list[str]:
     return ["\n".join(line[len(indent):] for line in body.splitlines()) + "\n" for indent, body in blocks]
 
 
-@pytest.mark.parametrize("language, suffix", [("csv", ".csv"), ("json", ".json")])
-def test_the_trajectory_examples_load_and_drive_forward_then_left(tmp_path, language, suffix):
+def example_and_command(language: str) -> tuple[str, list[str]]:
+    """docs/generate.md's trajectory example in ``language`` and the command line printed right after it."""
+    text = (ROOT / "docs" / "generate.md").read_text()
+    [after] = re.findall(rf"```{language}\n.*?```\s*```bash\n\s*(.*?)\n", text, re.S)
     [example] = fenced("generate.md", language)
-    path = tmp_path / f"traj{suffix}"
-    path.write_text(example)
-    actions = load_actions(path, 3)  # [frames, 6, 3] of [y, x, time] in each frame's ego frame
-    assert actions.shape == (3, 6, 3)
+    return example, shlex.split(after.partition("#")[0])
+
+
+@pytest.mark.parametrize("language", ["csv", "json"])
+def test_a_trajectory_example_runs_as_its_command_says(tmp_path, language):
+    """The example saved under the name its command gives, and that command run (demo model, built-in context)."""
+    example, (program, *args) = example_and_command(language)
+    assert program == ".venv/bin/terra-generate" and f"trajectory=traj.{language}" in args, args
+    (tmp_path / f"traj.{language}").write_text(example)
+    num_frames = int(dict(a.split("=", 1) for a in args).get("num_frames", 16))
+    actions = load_actions(tmp_path / f"traj.{language}", 3 + num_frames - 1)  # [frames, 6, 3]: [y, x, time]
     assert (actions[:, :, 1] > 0).all()  # x: forward, 12 m/s
-    assert actions[0, -1, 0] > 0  # y: the example yaws to the left
+    assert actions[0, -1, 0] > 0  # y: the example turns to the left
+    result = subprocess.run([sys.executable, "-m", "terra.apps.generate", *args], cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    [sidecar] = (tmp_path / "outputs").glob("*/*/rollout.json")
+    assert json.loads(sidecar.read_text())["rollouts"][0]["num_generated"] == num_frames
+
+
+def test_a_trajectory_one_frame_short_names_the_rule(tmp_path):
+    """Control: the CSV example is exactly long enough for its command; one frame more is refused, naming why."""
+    example, args = example_and_command("csv")
+    num_frames = int(dict(a.split("=", 1) for a in args[1:])["num_frames"])
+    path = tmp_path / "traj.csv"
+    path.write_text(example)
+    assert len(load_actions(path, 3 + num_frames - 1)) == 3 + num_frames - 1
+    with pytest.raises(TerraInputError, match=rf"covers {num_frames + 2} frames but the rollout needs actions for "
+                                              rf"{num_frames + 3} \({re.escape(RULE)}"):
+        load_actions(path, 3 + num_frames)
 
 
 def test_a_trajectory_example_with_a_broken_key_is_one_error(tmp_path):
@@ -43,12 +86,56 @@ def test_a_trajectory_example_with_a_broken_key_is_one_error(tmp_path):
         load_actions(path, 3)
 
 
-def test_the_samples_example_parses_line_by_line(tmp_path):
-    [block] = [b for b in fenced("rollout.md", "jsonl")]
-    lines = [line for line in block.splitlines() if "..." not in line]  # the elided ACT-Bench row aside
+def samples_folder(tmp_path: Path) -> Path:
+    """docs/rollout.md's samples (the elided ACT-Bench row aside) with the files they name: frames under
+    ``frames/`` (the command's image_root), a video, and sample 0's trajectory file, docs/generate.md's JSON."""
+    [block] = fenced("rollout.md", "jsonl")
+    lines = [line for line in block.splitlines() if "..." not in line]
     assert len(lines) == 3
     (tmp_path / "samples.jsonl").write_text("\n".join(lines) + "\n")
-    samples = read_samples(tmp_path / "samples.jsonl")
-    assert [s.error for s in samples] == [None, None, None]
-    assert [s.kind for s in samples] == ["terra"] * 3
-    assert json.loads(lines[2])["trajectory"]["x"][-1] > 0
+    frames = tmp_path / "frames"
+    rng = np.random.default_rng(0)
+    for folder, names in (("clips/drive_07", ["0.png", "1.png", "2.png"]), ("a", ["0.jpg", "1.jpg", "2.jpg"])):
+        (frames / folder).mkdir(parents=True)
+        for name in names:
+            Image.fromarray(rng.integers(0, 255, (72, 128, 3), dtype=np.uint8)).save(frames / folder / name)
+    iio.imwrite(frames / "b.mp4", rng.integers(0, 255, (4, 64, 128, 3), dtype=np.uint8), fps=10)
+    (tmp_path / "traj").mkdir()
+    [trajectory] = fenced("generate.md", "json")
+    (tmp_path / "traj" / "drive_07.json").write_text(trajectory)
+    return tmp_path
+
+
+def rollout_plan(folder: Path, *extra: str):
+    """The batch's plan of docs/rollout.md's first command in ``folder``: every sample's inputs checked, its
+    trajectory built into actions, before any model loads."""
+    program, *args = shlex.split(fenced("rollout.md", "bash")[0].splitlines()[0])
+    assert program == ".venv/bin/terra-rollout" and "num_frames=16" in args, args
+    cwd = Path.cwd()
+    os.chdir(folder)
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            return plan_batch(batch_spec(compose("rollout", overrides=[*args, *extra]), progress=False))
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_samples_example_runs_as_the_command_says(tmp_path):
+    folder = samples_folder(tmp_path)
+    samples = read_samples(folder / "samples.jsonl")
+    assert [s.error for s in samples] == [None, None, None] and [s.kind for s in samples] == ["terra"] * 3
+    plan = rollout_plan(folder)
+    assert plan.failed == [] and [item.sample.sample_id for item in plan.to_run] == [0, 1, 2]
+    assert [item.num_frames for item in plan.to_run] == [16, 16, 2]
+
+
+def test_a_sample_too_short_for_its_frames_fails_alone_naming_the_rule(tmp_path):
+    """Control: sample 2's 4 poses without its own num_frames (the run's 16) fail that sample alone."""
+    folder = samples_folder(tmp_path)
+    text = (folder / "samples.jsonl").read_text()
+    assert ', "num_frames": 2}' in text
+    (folder / "samples.jsonl").write_text(text.replace(', "num_frames": 2}', "}"))
+    plan = rollout_plan(folder)
+    assert [item.sample.sample_id for item in plan.to_run] == [0, 1]
+    [failed] = plan.failed
+    assert failed["sample_id"] == 2 and RULE in failed["error"], failed

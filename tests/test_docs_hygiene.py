@@ -153,3 +153,42 @@ def test_the_readme_table_names_every_console_script():
     scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
     rows = set(re.findall(r"^\| `(terra-[a-z-]+)", (ROOT / "README.md").read_text(), re.M))
     assert rows == scripts, f"missing: {sorted(scripts - rows)}; not scripts: {sorted(rows - scripts)}"
+
+
+# a path of the repository as prose names it: a top-level folder of the project, then its path below
+REPO_PATH = re.compile(r"(?<![\w./-])((?:terra|tokenizer|decoder|conf|scripts|tests|docs|benchmarks|notebooks)/"
+                       r"[\w./-]*[\w/])")
+INSTALLED = {"terra/conf", "terra/tokenizer", "terra/decoder"}  # conf/, tokenizer/, decoder/ as a wheel holds them
+# a placeholder (conf/GROUP/OPTION.yaml) or a gymnasium id (terra/Drive-v0)
+NOT_A_PATH = re.compile(r"/[A-Z_]+(?:/|\.|$)|-v\d+$")
+
+
+def moved_paths() -> set[str]:
+    """The paths docs/moved-names.md gives as old (its tables' first column): gone on purpose, so prose may name
+    them as what moved (a module ``terra.x.y`` there is ``terra/x/y.py``)."""
+    found = set()
+    for line in (ROOT / "docs" / "moved-names.md").read_text().splitlines():
+        if line.startswith("| "):
+            old = line.split("|")[1]
+            found |= {path.rstrip("./") for path in REPO_PATH.findall(old)}
+            found |= {name.replace(".", "/") + ".py" for name in re.findall(r"`(terra(?:\.\w+)+)", old)}
+    return found
+
+
+def test_every_repo_path_named_in_the_docs_configs_and_code_exists():
+    """A module or page moved leaves no path in the Markdown, the configs' comments or the code's docstrings and
+    comments pointing nowhere (conf/backend/auto.yaml named terra/backends.py long after it moved), unless
+    docs/moved-names.md lists it as moved."""
+    moved = moved_paths()
+    missing = []
+    for path in tracked_texts():
+        if path.suffix not in (".md", ".yaml", ".py"):
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for found in REPO_PATH.finditer(line):
+                name = found.group(1).rstrip("./")
+                if line[found.end():found.end() + 1] in ("*", "{", "<", "$"):  # a pattern, not a path
+                    continue
+                if not ((ROOT / name).exists() or name in INSTALLED or name in moved or NOT_A_PATH.search(name)):
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
+    assert not missing, "no such file or folder (name where it is now):\n" + "\n".join(missing)

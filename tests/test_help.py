@@ -5,6 +5,7 @@ exit codes and its docs page; never Hydra's generic page."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -59,12 +60,16 @@ def test_help_names_the_settings_choices_and_docs_page(prog, tmp_path):
 
 def test_drives_page_lists_every_policy_world_and_control():
     from terra.closedloop.study.control_worlds import CONTROL_WORLDS
-    from terra.closedloop.drivers.builtin import REFERENCE_POLICIES
+    from terra.closedloop.drivers.builtin import PROBE_POLICIES, REFERENCE_POLICIES
 
     page = page_template("drive").replace("$$", "$")
-    for name in (*REFERENCE_POLICIES, *CONTROL_WORLDS, "all_pixel", "all_reference", "navsim:", "grpc:", "both",
-                 "truth", "package.module:Class", "bicycle", "docs/fidelity.md", 'docs/rollout.md, "Samples"'):
+    for name in (*REFERENCE_POLICIES, *PROBE_POLICIES, *CONTROL_WORLDS, "all_pixel", "all_reference", "navsim:",
+                 "grpc:", "both", "truth", "package.module:Class", "bicycle", "docs/fidelity.md",
+                 'docs/rollout.md, "Samples"'):
         assert name in page, name
+    policies = PAGES["drive"].choices()["policies"]  # "Choices: policies" itself, not a comment elsewhere
+    for name in (*REFERENCE_POLICIES, *PROBE_POLICIES):
+        assert re.search(rf"\b{name}\b", policies), name
 
 
 def test_the_input_formats_point_to_an_example():

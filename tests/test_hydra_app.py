@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ ENV.pop("HYDRA_FULL_ERROR", None)
 
 # case → (override, text the error line must contain)
 HYDRA_ERRORS = {
-    "unknown_key": ("foo=1", "unknown setting 'foo' (`{prog} --cfg job` lists the settings)"),
+    "unknown_key": ("foo=1", "unknown setting 'foo'; `{prog} --cfg job` lists the settings"),
     "malformed_override": ("num_context=[1,2", "'[1,2'"),
 }
 
@@ -39,6 +40,44 @@ def test_hydra_errors_exit_2_with_one_line(app, case, tmp_path):
     assert lines[0].startswith(f"{prog}: error: ") and expected.format(prog=prog) in lines[0], lines[0]
     assert lines[0].endswith(f"; see {prog} --help")
     assert list(tmp_path.iterdir()) == []  # nothing written in the working folder
+
+
+# the messages a new user meets first: a near miss is named, a range says its cap, a required path shows one
+FIRST_MISTAKES = [
+    ("generate", ["num_frame=3"], "unknown setting 'num_frame' (did you mean 'num_frames'?); `terra-generate --cfg "
+                                  "job` lists the settings"),
+    ("generate", ["+num_frame=3"], "unknown setting 'num_frame' (did you mean 'num_frames'?)"),
+    ("generate", ["output.formts=[gif]"], "unknown setting 'output.formts' (did you mean 'output.formats'?)"),
+    ("drive", ["+sampling.temprature=1"], "unknown setting 'sampling.temprature' (did you mean "
+                                          "'sampling.temperature'?)"),
+    ("generate", ["model=demoo"], "unknown model 'demoo' (did you mean 'demo'?); choose one of: demo, terra_v1, "
+                                  "terra_v2; see terra-generate --help"),
+    ("drive", ["backend=vlm"], "unknown backend 'vlm' (did you mean 'vllm'?); choose one of: auto, hf, vllm"),
+    ("generate", ["model=nothing_like_it"], "unknown model 'nothing_like_it'; choose one of: demo, terra_v1"),
+    ("generate", ["num_frames=0"], "num_frames must be a whole number from 1 to max_num_frames (1000) (got 0)"),
+    ("generate", ["num_frames=9", "max_num_frames=8"], "num_frames=9 is more than max_num_frames=8"),
+    ("drive", ["world=bothh"], "unknown world 'bothh' (did you mean 'both'?); choose one of: model, truth, both, or "
+                               "package.module:Class"),
+    ("drive", ["policies=[brake_hardd]"], "unknown policy 'brake_hardd' (did you mean 'brake_hard'?)"),
+    ("drive", ["vehicle=bicycel"], "unknown vehicle 'bicycel' (did you mean 'bicycle'?); choose one of: bicycle, "
+                                   "exact"),
+    ("tokenize_dataset", [], "no tokenizer_path given; pass tokenizer_path=DIR (a saved tokenizer folder, e.g. the "
+                             "demo tokenizer's: tokenizer_path="),
+]
+
+
+@pytest.mark.parametrize("app, args, expected", FIRST_MISTAKES, ids=[" ".join(c[1]) or c[0] for c in FIRST_MISTAKES])
+def test_a_first_mistake_names_the_near_miss_and_the_fix(app, args, expected, tmp_path):
+    """Each mistake of a first hour, through the app's entry point: one line, exit 2, the likely meaning named."""
+    prog = {"tokenize_dataset": "terra-tokenize"}.get(app, f"terra-{app}")
+    result = subprocess.run([sys.executable, "-m", f"terra.apps.{app}", *args], cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{prog}: error: ") and expected in line, line
+    if app == "tokenize_dataset":  # the demo tokenizer's folder, as this install has it
+        assert Path(line.rpartition("tokenizer_path=")[2].rstrip(")")).joinpath("config.json").is_file(), line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_one_line_joins_hydras_option_list_and_drops_key_details():
@@ -72,3 +111,39 @@ def test_terras_models_sample_as_terra_unless_told_otherwise(app):
     assert sampling("model=terra_v1", "sampling=default")["temperature"] == 1.0
     assert sampling("model=terra_v2", "sampling.temperature=0.5") == {**terra, "temperature": 0.5}
     assert sampling()["temperature"] == (0.0 if app == "evaluate" else 1.0)  # the demo model: greedy / default
+
+
+@pytest.mark.parametrize("app, extra, package, module", [
+    ("serve", "serve", "uvicorn", "uvicorn"), ("drive", "closedloop", "scipy", "scipy"),
+    ("evaluate", "eval", "scikit-image", "skimage"), ("alpasim", "alpasim", "protobuf", "google.protobuf"),
+])
+def test_an_app_without_its_extra_names_the_extra_before_anything_runs(app, extra, package, module, tmp_path):
+    """make demo installs the project alone: an app whose extra is missing (here one package of it, hidden from the
+    metadata and from import) stops with one line naming the extra, where it printed a traceback at import
+    (terra-serve) or an internal error, minutes into its work (terra-evaluate)."""
+    code = ("import importlib.metadata as metadata, sys\n"
+            "found = metadata.distribution\n"
+            f"def distribution(name):\n    if name == {package!r}:\n        raise metadata.PackageNotFoundError(name)\n"
+            "    return found(name)\n"
+            f"metadata.distribution = distribution\nsys.modules[{module!r}] = None\n"
+            f"from terra.apps.{app} import main\nmain()\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    prog = f"terra-{app}"
+    assert result.stderr.splitlines() == [f"{prog}: error: the {extra} extra is not installed ({package} missing): "
+                                          f"pip install -e '.[{extra}]' (make test installs every extra)"]
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_help_and_cfg_need_no_extra(tmp_path):
+    """--help and --cfg run nothing: without terra-drive's extra (SciPy hidden) they still print, the help page
+    saying why its choices are not listed."""
+    code = ("import sys\nsys.modules['scipy'] = None\nsys.argv[1:] = sys.argv[2:]\n"
+            "from terra.apps.drive import main\nmain()\n")
+    for flag, text in (("--help", "not listed here: they need scipy, which is not installed; terra-drive without "
+                                  "--help names the extra to install"), ("--cfg", "world: model")):
+        args = [flag, "job"] if flag == "--cfg" else [flag]
+        result = subprocess.run([sys.executable, "-c", code, "--", *args], cwd=tmp_path, env=ENV, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0 and text in result.stdout, (flag, result.stdout[-500:], result.stderr)

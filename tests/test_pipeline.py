@@ -155,3 +155,26 @@ def test_from_pretrained_sets_threads_as_terra_generate_does(monkeypatch, given)
     if given == "default":  # the CLI's default decides a number here (auto), unlike torch's one per core
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         assert cli_threads == max(1, usable // 2)
+
+
+@pytest.mark.parametrize("backend, told", [("vllm", True), ("hf", False)])
+def test_a_vllm_engine_start_is_said_to_be_the_slow_part_before_it(tiny_model_dir, monkeypatch, capsys, backend,
+                                                                   told) -> None:
+    """vLLM's engine took minutes to start on a CPU with no word of it; the line comes before the engine starts."""
+    import terra.pipeline
+    from terra.models.checkpoint import read_world_model_config
+    from terra.pipeline import ResolvedRun
+
+    said = []
+
+    def create(*args, **kwargs):  # the engine's start: what was printed by then
+        said.append(capsys.readouterr().out)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(terra.pipeline, "create_backend", create)
+    run = ResolvedRun(RunSpec(tiny_model_dir, "", backend=backend, device="cpu"),
+                      read_world_model_config(tiny_model_dir), None)
+    with pytest.raises(KeyboardInterrupt):
+        WorldModelPipeline.from_run(run, LFQTokenizer(TINY_TOKENIZER))
+    expected = ["terra: starting vLLM's engine, the slow part of the start (1-5 min on a CPU) ...\n"] if told else [""]
+    assert said == expected  # under pytest stdout is no terminal: the line goes there, as in a log

@@ -8,6 +8,7 @@ file) and memory-mapped, so loading does not copy 1.7 B parameters through RAM t
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Mapping
 
@@ -21,7 +22,9 @@ DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing
 
 
 def check_file(path: str | os.PathLike) -> Path:
-    """``path`` as a :class:`Path` when it names a non-empty file; else one line saying where to get it."""
+    """``path`` as a :class:`Path` when it names a non-empty file that is a whole zip archive, as ``torch.save``
+    writes (its end read, nothing loaded: a run checks it before any model loads); else one line saying where to
+    get it."""
     file = Path(path).expanduser()
     if file.is_dir():
         candidate = file / "refiner_model.pt"
@@ -33,6 +36,9 @@ def check_file(path: str | os.PathLike) -> Path:
                               "at it")
     if file.stat().st_size == 0:
         raise TerraInputError(f"refiner weights {file} are empty; download {DOWNLOAD_HINT} again")
+    if not zipfile.is_zipfile(file):
+        raise TerraInputError(f"refiner weights {file} are not a whole PyTorch checkpoint (no zip archive: truncated, "
+                              f"or another kind of file); download {DOWNLOAD_HINT} again")
     return file
 
 

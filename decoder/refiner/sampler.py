@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from tqdm.auto import tqdm
 
+from terra.core.progress import shows_bars
 from terra.decoder.refiner.config import RefinerConfig
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ def denoise(refiner: "VideoRefiner", noise: torch.Tensor, cond: torch.Tensor, un
     scales = scales.to(cond.device).view(1, -1, 1, 1, 1)
     sigmas = sigma_schedule(config)
     x = initial_latents(noise, sigmas[0], config.arithmetic)
-    for i in tqdm(range(config.num_steps), desc="refiner steps", disable=not progress, leave=False):
+    for i in tqdm(range(config.num_steps), desc="refiner steps", disable=not shows_bars(progress), leave=False):
         c_skip, c_out, c_in, c_noise = scalings(sigmas[i])
         denoised = predict(x * c_in, c_noise).float() * c_out + x * c_skip
         if len(denoised) == 2:

@@ -47,7 +47,7 @@ def random_world_model(folder: str | Path, preset: Mapping[str, Any]) -> Path:
 
 
 def random_tokenizer(folder: str | Path, config: Mapping[str, Any]) -> Path:
-    """Save an LFQ tokenizer of ``config`` (terra/tokenizer/lfq.py) with random weights (seed 1) at ``folder``."""
+    """Save an LFQ tokenizer of ``config`` (tokenizer/lfq.py) with random weights (seed 1) at ``folder``."""
     import torch
 
     from terra.tokenizer import LFQTokenizer

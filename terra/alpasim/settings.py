@@ -17,7 +17,7 @@ from terra.config.network import HOST_NAME, check_token, is_loopback
 IMAGE_FORMATS = ("jpeg", "png")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # AlpaSim's runtime sets its channel's limit to this, both ways
 MAX_SESSIONS = 1024  # a thread and a rollout each: more would only queue on one engine
-MAX_PIXELS = 8192 * 8192  # terra/tokenizer/images.py's bound on any frame
+MAX_PIXELS = 8192 * 8192  # tokenizer/images.py's bound on any frame
 MAX_IDLE_S = 7 * 24 * 3600.0  # a week
 
 

@@ -48,12 +48,12 @@ def serve(spec: RunSpec, settings: AlpasimSettings, model: str) -> None:
 @task
 def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
-    check_added_settings("terra-alpasim", allowed=("backend.options.",))
+    check_added_settings("terra-alpasim", allowed=("backend.options.",), cfg=cfg)
     spec, settings = alpasim_spec(cfg)
     serve(spec, settings, str(cfg.model.get("name", "world model")))
 
 
-main = console_script(_main, "terra-alpasim")
+main = console_script(_main, "terra-alpasim", extras=("alpasim",))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ PROG = "terra-blend"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="blend_world_models", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     spec = blend_spec(cfg)  # checked once: no torch yet, nothing written
     from terra.training.blend import blend
 

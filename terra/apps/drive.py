@@ -35,7 +35,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 def _main(cfg: DictConfig) -> None:
     from terra.closedloop.study.settings import terra_drive_settings
 
-    check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env."))
+    # free-form mappings: an engine's options, Ray's runtime_env, a NAVSIM agent's keyword arguments (conf/drive.yaml)
+    check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env.", "navsim_args."), cfg=cfg)
     move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
@@ -52,7 +53,7 @@ def _main(cfg: DictConfig) -> None:
     sys.exit(outcome.exit_code)
 
 
-main = console_script(_main, "terra-drive")
+main = console_script(_main, "terra-drive", extras=("closedloop",))
 
 
 if __name__ == "__main__":

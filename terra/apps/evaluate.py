@@ -2,7 +2,7 @@
 (terra/evaluation/, which documents the measurements).
 
     terra-evaluate                                       # the shipped demo models, Transformers backend
-    terra-evaluate quality.num_clips=32 adherence.num_cases=20 num_threads=1 out_dir=outputs/eval/demo
+    terra-evaluate quality.num_clips=32 adherence.num_cases=20 out_dir=outputs/eval/demo
 
 It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
 torch is imported or any model loads.
@@ -24,7 +24,7 @@ PROG = "terra-evaluate"  # the console script, named in error lines
 @task
 def _main(cfg: DictConfig) -> None:
     """Check the settings (before torch is imported), evaluate and print the table."""
-    check_added_settings(PROG, allowed=("backend.options.",))
+    check_added_settings(PROG, allowed=("backend.options.",), cfg=cfg)
     move_settings(cfg, PROG)  # old setting names in a user's config file
     spec = evaluate_spec(cfg)
     from terra.evaluation.run import format_table, run  # imports torch
@@ -32,7 +32,7 @@ def _main(cfg: DictConfig) -> None:
     print(format_table(run(spec)))
 
 
-main = console_script(_main, PROG)
+main = console_script(_main, PROG, extras=("eval",))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from terra.apps.runner import (CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded,
-                               show_progress, task)
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, plain, select
+from terra.apps.runner import CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded, task
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
 from terra.config.files import check_context_paths
 from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
@@ -32,11 +31,11 @@ from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
+from terra.inputs.actions import check_trajectory_file
 from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
-SETTINGS = {  # documented in conf/generate.yaml; num_frames is capped by max_num_frames
-    "num_frames": Range(1, 2**62, 16, whole=True),
+SETTINGS = {  # documented in conf/generate.yaml; num_frames, 1 .. max_num_frames, is checked against the cap
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
     "seed": SEED,
@@ -63,11 +62,12 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     """Every setting of ``conf/generate.yaml`` checked once, without reading a file or importing torch."""
     output = OutputSpec.from_mapping(select(cfg, "output"))
     values = check_settings(cfg, SETTINGS)
-    if values["num_frames"] > values["max_num_frames"]:
-        raise TerraInputError(
-            f"num_frames={values['num_frames']} is more than max_num_frames={values['max_num_frames']}; generate "
-            f"fewer frames or raise the cap, e.g. max_num_frames={values['num_frames']}"
-        )
+    num_frames, cap = select(cfg, "num_frames"), values["max_num_frames"]
+    if isinstance(num_frames, int) and not isinstance(num_frames, bool) and num_frames > cap:
+        raise TerraInputError(f"num_frames={num_frames} is more than max_num_frames={cap}; generate fewer frames or "
+                              f"raise the cap, e.g. max_num_frames={num_frames}")
+    values["num_frames"] = check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap,
+                                              bounds=f"from 1 to max_num_frames ({cap})")
     params = check_manoeuvre_params(select(cfg, "manoeuvre_params"))
     if cfg.trajectory is None and cfg.manoeuvre not in MANOEUVRES:
         raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}")
@@ -81,9 +81,12 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked configuration (:func:`generate_spec`) and write them under ``out_dir``;
     return the summary."""
     t_start = time.perf_counter()
-    # 1. the output folder and names, the context paths: no file read, nothing heavy imported
+    # 1. the output folder and names, every input file there (context, trajectory; the checkpoints' in step 2, still
+    # before any model loads): no file read, nothing heavy imported
     if spec.context is not None:
         check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
+    if spec.trajectory is not None:
+        check_trajectory_file(spec.trajectory)  # read in step 2, once the context frames are counted
     names = spec.output.file_names(spec.num_samples)
     output = claim_output_dir(out_dir, "output.dir", files=[n for n in names if not n.endswith("_frames")],
                               folders=[n for n in names if n.endswith("_frames")], inputs=[
@@ -135,13 +138,13 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         print(f"terra-generate: generating {num_frames} frames x {spec.num_samples} sample(s) with "
               f"{backend_class} on {pipeline.device}", flush=True)
         t_gen = time.perf_counter()
-        results = pipeline.generate(requests, run_settings.sampling, progress=show_progress(),
+        results = pipeline.generate(requests, run_settings.sampling, progress=True,
                                     decode=refiner is None)
         generate_s = time.perf_counter() - t_gen
     finally:
         pipeline.close()
     if refiner is not None:
-        results = pipeline.refine(results, refiner.load(), progress=show_progress())
+        results = pipeline.refine(results, refiner.load(), progress=True)
         ground_truth = None  # frames at the refiner's size
     # 5. the files
     output.record()
@@ -169,7 +172,7 @@ def _main(cfg: DictConfig) -> None:
     out_dir = Path(str(cfg.output.dir)).expanduser() if cfg.output.dir else hydra_dir
     created = missing_folders(out_dir)
     try:
-        check_added_settings("terra-generate", allowed=("backend.options.",))
+        check_added_settings("terra-generate", allowed=("backend.options.",), cfg=cfg)
         move_settings(cfg, "terra-generate")  # old setting names in a user's config file
         summary = run(generate_spec(cfg), out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)

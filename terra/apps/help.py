@@ -43,13 +43,14 @@ class Page:
 
 def _drive_choices() -> dict[str, str]:
     # what terra-drive's settings accept
-    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, REFERENCE_POLICIES
+    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES
     from terra.closedloop.recording.settings import VEHICLES, WORLDS
     from terra.closedloop.study.settings import CONTROL_WORLDS
 
     pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
     return {
         "policies": (f"{', '.join(pixel)} (read the camera); {', '.join(sorted(NO_PIXELS))} (read no pixels); "
+                     f"{', '.join(PROBE_POLICIES)} (the lane follower stopping hard: the study's probe); "
                      f"{ALL_PIXEL}, {ALL_REFERENCE}; grpc:HOST:PORT or unix:///PATH (an AlpaSim egodriver); "
                      "navsim:package.module:Class (a NAVSIM agent, from the working folder or PYTHONPATH)"),
         "world": f"{' | '.join(WORLDS)} | package.module:Class (your own, from the working folder)",
@@ -218,7 +219,12 @@ def page_template(config_name: str, prog: str | None = None) -> str:
              _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]")]
     parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}" for title, body in page.sections]
     if page.choices is not None:
-        parts.append(f"== Choices ==\n{_literal(_rows(page.choices()))}")
+        try:
+            choices = _rows(page.choices())
+        except ModuleNotFoundError as err:  # the app's extra is not installed (make demo installs none)
+            choices = (f"  not listed here: they need {err.name}, which is not installed; {page.prog} without --help "
+                       "names the extra to install")
+        parts.append(f"== Choices ==\n{_literal(choices)}")
     groups = config_groups(text)
     if groups:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")

@@ -24,7 +24,7 @@ import time  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task  # noqa: E402
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task  # noqa: E402
 from terra.config.checks import check_choice, required_path, select  # noqa: E402
 from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
 from terra.sim.logs import write_driving_logs  # noqa: E402
@@ -37,16 +37,16 @@ PROG = "terra-make-dataset"  # the console script, named in error lines
 @task
 def _main(cfg: DictConfig) -> None:
     """Write the dataset described by ``cfg`` and print a one-line summary."""
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     start = time.perf_counter()
     values = {key: select(cfg, key) for key in ("num_clips", "num_frames", "height", "width", "seed", "workers")}
     out_dir = required_path(cfg, "out_dir", "the dataset's folder")
     as_logs = check_choice(cfg.format, "format", FORMATS) == "driving_logs"
     if as_logs:
-        out = write_driving_logs(out_dir, domain=cfg.domain, recipe=cfg.recipe, progress=show_progress(), **values)
+        out = write_driving_logs(out_dir, domain=cfg.domain, recipe=cfg.recipe, **values)
     else:
         out = write_dataset(out_dir, clips_per_shard=select(cfg, "clips_per_shard"), compress=select(cfg, "compress"),
-                            domain=cfg.domain, recipe=cfg.recipe, progress=show_progress(), **values)
+                            domain=cfg.domain, recipe=cfg.recipe, **values)
     size_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     elapsed = time.perf_counter() - start
     if as_logs:

@@ -22,7 +22,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.core.errors import TerraInputError
 from terra.training.prepare_logs import prepare_spec
 from terra.training.shards import INDEX_FILE
@@ -36,16 +36,18 @@ def _main(cfg: DictConfig) -> None:
     """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
     (4) tokenize them and write the shards; (5) the summary."""
     # 1. the settings, checked once: no torch yet, nothing written
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     spec = prepare_spec(cfg)
     with spec.output.hold(INDEX_FILE):  # one run into this folder at a time: a second one stops here
         # 2. the tokenizer, on the device chosen once, and the index it must match
         from tqdm import tqdm
 
-        from terra.core.device import resolve_device
+        from terra.core.device import resolve_device, set_threads
+        from terra.core.progress import Progress
         from terra.tokenizer import load_tokenizer
         from terra.training.prepare_logs import assign_splits, open_index, prepare_shards
 
+        set_threads(spec.num_threads)
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index = open_index(spec, tokenizer)
         # 3. the clips: those the index lists are done; each new one gets its split
@@ -53,10 +55,9 @@ def _main(cfg: DictConfig) -> None:
         todo = [folder for folder in spec.clips if folder.name not in done]
         splits = assign_splits([folder.name for folder in todo], spec.val_fraction)
         # 4. read, resample, tokenize, write shards as they fill
-        shown = spec.progress and show_progress()
-        bar = tqdm(todo, desc="clips", unit="clip", disable=not shown, position=0)
-        frames = tqdm(desc="frames tokenized", unit="frame", disable=not shown, position=1)  # moves within a clip
-        summary = prepare_shards(spec, tokenizer, index, bar, splits,
+        bar = Progress(len(todo), "clips", "clip", enabled=spec.progress, position=0)  # lines in a log
+        frames = Progress(None, "frames tokenized", "frame", enabled=spec.progress, lines=False, position=1)
+        summary = prepare_shards(spec, tokenizer, index, bar.counted(todo), splits,
                                  report=lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr),
                                  on_frames=frames.update)
         frames.close()

@@ -30,7 +30,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, show_progress, task
+from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.batch.config import batch_spec, claim_output
 from terra.config.moved import move_settings
 
@@ -42,9 +42,9 @@ PROG = "terra-rollout"  # the console script, named in error lines
 def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once; (2) the output folder's lock, taken once; (3) plan, generate and write;
     (4) the summary. Exit code as in the module docstring."""
-    check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."))
+    check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."), cfg=cfg)
     move_settings(cfg, PROG)  # old setting names in a user's config file
-    spec = batch_spec(cfg, progress=show_progress())  # no torch yet: a bad setting is one line in about a second
+    spec = batch_spec(cfg)  # no torch yet: a bad setting is one line in about a second
     with claim_output(spec).hold(spec.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models
 

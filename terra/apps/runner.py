@@ -6,8 +6,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   files in an editable install, where they are ``conf/`` itself, and in a wheel install.
 * The resolvers ``${terra_asset:NAME}`` and ``${terra_snapshot:FOLDER}``, registered on import
   (:func:`terra.config.assets.register_resolvers`).
-* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars when stderr is not a
-  terminal). A user mistake (:class:`TerraInputError`, Hydra's and
+* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars where terra/core/progress.py
+  draws none: off a terminal). A user mistake (:class:`TerraInputError`, Hydra's and
   OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
   SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
   error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
@@ -41,14 +41,18 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
-from hydra.errors import HydraException, OverrideParseException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
 from terra.apps.help import register_help
 from terra.config.assets import register_resolvers
+from terra.config.checks import did_you_mean
+from terra.config.extras import check_extras
 from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
+from terra.core.progress import shows_bars
 
 CONFIG_PATH = "pkg://terra.conf"
 CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs as a folder (initialize_config_dir)
@@ -57,11 +61,8 @@ register_resolvers()
 register_help()
 HELP_FLAGS = ("--help", "-h")
 _STARTED_AT = time.time()  # folders changed since are the run's own (remove_empty_run_dir); set again by run_app
-
-
-def show_progress() -> bool:
-    """Whether an app draws progress bars: only on a terminal (in a log, stderr holds one line per failure)."""
-    return sys.stderr.isatty()
+# Hydra's flags that print and run nothing: an app's extras are not needed for them
+PRINTING_FLAGS = (*HELP_FLAGS, "--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc")
 
 
 def hydra_error_line(err: BaseException) -> str:
@@ -102,23 +103,41 @@ def shielded() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def check_added_settings(command: str, allowed: Sequence[str] = ()) -> None:
+def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") -> str:
+    """The line refusing the setting ``key`` that no config has, with its near miss among the settings of ``node``
+    (the mapping at ``prefix``, ``key``'s leading part: the job's config, or the mapping that lacks ``key``; the
+    root's ``hydra`` block holds no setting)."""
+    parts = key[len(prefix):].split(".")
+    while isinstance(node, (DictConfig, dict)) and len(parts) > 1 and parts[0] in node:
+        node, prefix, parts = node[parts[0]], f"{prefix}{parts[0]}.", parts[1:]
+    known = [f"{prefix}{k}" for k in node if k != "hydra"] if isinstance(node, (DictConfig, dict)) else []
+    return f"unknown setting {key!r}{did_you_mean(prefix + parts[0], known)}; `{command} --cfg job` lists the settings"
+
+
+def check_added_settings(command: str, allowed: Sequence[str] = (), cfg: DictConfig | None = None) -> None:
     """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have
     (the app would ignore it), except under the prefixes ``allowed`` (free-form mappings such as
-    ``backend.options.``). ``command`` is how users start the app."""
+    ``backend.options.``). ``command`` is how users start the app; ``cfg``, the job's config, names a near miss."""
     overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
     for override in overrides:
         key = override.key_or_group
         if (override.type == OverrideType.ADD and not override.is_hydra_override()
                 and not key.startswith(tuple(allowed))):
-            raise TerraInputError(f"unknown setting {key!r} (`{command} --cfg job` lists the settings)")
+            raise TerraInputError(unknown_setting(key, command, cfg))
 
 
 def _hydra_message(err: BaseException, command: str) -> str:
     message = hydra_error_line(err)
     unknown = re.match(r"Could not override '([^']+)'", message)
     if unknown and isinstance(err.__cause__, (ConfigKeyError, ConfigAttributeError)):
-        return f"unknown setting {unknown.group(1)!r} (`{command} --cfg job` lists the settings)"
+        key, cause = unknown.group(1), err.__cause__  # cause.parent_node: the mapping that lacks cause.key
+        missing = str(cause.full_key)
+        prefix = missing[: -len(str(cause.key))] if key.startswith(missing) else ""
+        return unknown_setting(key, command, cause.parent_node, prefix)
+    group = isinstance(err, MissingConfigException) and (err.missing_cfg_file or "").rpartition("/")
+    if group and group[0] and err.options is not None:  # a config group's option misspelt: model=demoo
+        (name, _, option), options = group, list(err.options)
+        return f"unknown {name} {option!r}{did_you_mean(option, options)}; choose one of: {', '.join(options)}"
     if isinstance(err, OverrideParseException) and "=" in err.override and (
             "LexerNoViableAlt" in err.message or not err.override.isascii()):
         key, value = err.override.split("=", 1)
@@ -192,24 +211,26 @@ def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
     return [*arguments[:at], *page, *arguments[at:]]
 
 
-def console_script(app: Callable[[], None], prog: str) -> Callable[[], None]:
+def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> Callable[[], None]:
     """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
-    function ``app``: it runs :func:`run_app`, which says how the app ends."""
+    function ``app``, which needs pyproject.toml's ``extras``: it runs :func:`run_app`, which says how the app
+    ends."""
 
     def main() -> None:
-        run_app(app, prog)
+        run_app(app, prog, extras)
 
     main.__doc__ = f"``{prog}``: runs the app and ends as terra/apps/runner.py's ``run_app`` says."
     return main
 
 
-def run_app(app: Callable[[], None], prog: str) -> None:
+def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> None:
     """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
     docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
     or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
     Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
     or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
-    settings on the command line are given their new names first (terra/config/moved.py)."""
+    settings on the command line are given their new names first (terra/config/moved.py); the packages of the
+    ``extras`` the app needs are checked before it runs (terra/config/extras.py; not for ``--help`` or ``--cfg``)."""
     global _STARTED_AT
     _STARTED_AT = time.time()
     verbose = "--verbose" in sys.argv[1:]
@@ -224,13 +245,15 @@ def run_app(app: Callable[[], None], prog: str) -> None:
         print(f"{prog}: error: {refused}", file=sys.stderr)
         sys.exit(2)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
-    if not show_progress():  # no third-party progress bars in logs: an error's one line stands alone
+    if not shows_bars():  # no third-party progress bars in logs: an error's one line stands alone
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
             sys.argv[1:] = with_help_page(sys.argv[1:], prog)
+        if not any(arg.split("=")[0] in PRINTING_FLAGS for arg in sys.argv[1:]):
+            check_extras(extras)  # make demo installs no extra: one line naming it, not a traceback
         app()
         return
     except _TaskFailed as failed:

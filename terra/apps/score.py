@@ -27,7 +27,7 @@ PROG = "terra-score"  # the console script, named in error lines
 @task
 def _main(cfg: DictConfig) -> None:
     """Check the settings, score, print the summary."""
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     settings = scoring_settings(cfg)  # no torch yet: a bad setting is one line in about a second
     if settings.dry_run:  # samples, videos and the estimator folder; no weights loaded, nothing written
         from terra.core.errors import TerraInputError

@@ -17,7 +17,6 @@ import socket
 from typing import TYPE_CHECKING
 
 import hydra
-import uvicorn
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
@@ -29,27 +28,6 @@ from terra.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from terra.serve.service import SessionService
-
-
-class GracefulServer(uvicorn.Server):
-    """uvicorn's server that says where it listens once it does, and on shutdown first sends every open socket a
-    close frame naming the reason."""
-
-    def __init__(self, config: uvicorn.Config, service: SessionService) -> None:
-        super().__init__(config)
-        self.service = service
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            host, port = sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            print(f"terra-serve: {self.service.host.backend.name} backend ready; open http://{shown}:{port}/",
-                  flush=True)
-
-    async def shutdown(self, sockets=None) -> None:
-        await self.service.close_sockets(1001, "server shutting down")
-        await super().shutdown(sockets)
 
 
 BAD_HANDSHAKE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 47\r\n"
@@ -95,7 +73,7 @@ def bind(settings: ServeSettings) -> socket.socket:
 
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
     """(1) the run made concrete and its pipeline (terra/pipeline.py, ``resolve_run``), (2) the session service."""
-    # torch, Transformers and FastAPI load only once the settings are known to be good
+    # torch, Transformers, FastAPI and uvicorn load only once the settings are known to be good
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.serve.service import SessionService
     from terra.session import SessionHost
@@ -110,7 +88,9 @@ def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
 
 def serve(service: SessionService, sock: socket.socket) -> None:
     """Run the server on ``sock`` until interrupted; the pipeline is closed afterwards."""
-    from terra.serve.app import create_app
+    import uvicorn
+
+    from terra.serve.app import GracefulServer, create_app
 
     settings = service.settings
     config = uvicorn.Config(
@@ -128,7 +108,7 @@ def serve(service: SessionService, sock: socket.socket) -> None:
 @task
 def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
-    check_added_settings("terra-serve", allowed=("backend.options.",))
+    check_added_settings("terra-serve", allowed=("backend.options.",), cfg=cfg)
     move_settings(cfg, "terra-serve")  # old setting names in a user's config file
     settings = ServeSettings.from_mapping(select(cfg, "serve"))
     spec = run_spec(cfg)
@@ -136,7 +116,7 @@ def _main(cfg: DictConfig) -> None:
         serve(load_service(spec, settings), sock)
 
 
-main = console_script(_main, "terra-serve")
+main = console_script(_main, "terra-serve", extras=("serve",))
 
 
 if __name__ == "__main__":

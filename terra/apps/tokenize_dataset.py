@@ -25,7 +25,7 @@ PROG = "terra-tokenize"  # the console script, named in error lines
 @task
 def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once; (2) tokenize and write; (3) a one-line summary."""
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     start = time.perf_counter()
     spec = tokenize_spec(cfg)
     from terra.training.tokenize import run  # torch and the tokenizer

@@ -24,7 +24,7 @@ PROG = "terra-train"  # the console script, named in error lines (under torchrun
 @task
 def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once; (2) train, checkpoint and export (terra/training/run.py)."""
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     from terra.training.settings import train_spec
 
     spec = train_spec(cfg)  # no torch yet: a bad setting is one line in about a second

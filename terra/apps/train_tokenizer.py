@@ -23,7 +23,7 @@ PROG = "terra-train-tokenizer"  # the console script, named in error lines
 def _main(cfg: DictConfig) -> None:
     """(1) the settings, checked once (terra/training/tokenizer_settings.py); (2) train (or resume) until the step
     or time budget, then export."""
-    check_added_settings(PROG)
+    check_added_settings(PROG, cfg=cfg)
     from terra.training.tokenizer_settings import tokenizer_train_spec
 
     spec = tokenizer_train_spec(cfg)  # no torch yet: a bad setting is one line in about a second

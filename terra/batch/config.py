@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
+from terra.config.backend import DEFAULT_THREADS
 from terra.config.checks import Range, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
@@ -144,7 +145,7 @@ class BatchConfig:
     num_shards: int = 1
     executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
     ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/config/ray_settings.py)
-    num_threads: int | None = None  # torch CPU threads (None = torch's default)
+    num_threads: int | str | None = DEFAULT_THREADS  # torch CPU threads: auto (terra/config/backend.py), N or None
     memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory the vLLM engine fits to (terra/config/memory.py)
     naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
     video_pattern: str | None = None  # overrides the naming preset
@@ -192,8 +193,8 @@ class BatchConfig:
 def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
     """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchSpec`, every setting checked once: the model
     and engine by :func:`run_spec` on ``cfg`` itself (a missing ``terra_root`` or checkpoint folder is one line
-    before anything loads: terra/config/snapshot.py), then the batch's own. ``progress=False`` turns the bars off
-    whatever the config says (not a terminal)."""
+    before anything loads: terra/config/snapshot.py), then the batch's own. ``progress=False`` turns the bars and
+    progress lines off whatever the config says (terra/core/progress.py decides where each shows)."""
     out = cfg.output
     samples = plain(cfg.samples)
     if samples is None or samples == "":

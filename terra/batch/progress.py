@@ -1,6 +1,7 @@
 """What a batch run shows while it runs: two tqdm bars on stderr, one over the generated frames of every sample
 (all rollouts in flight at once advance it, so it moves from the first engine step, with frames/s and an ETA) and
-one over the samples written (with ok / failed counts).
+one over the samples written (with ok / failed counts); off a terminal, a line a minute of the frames' count with
+the time left (terra/core/progress.py).
 
 The frame bar counts each sample's frames as the engine reports them: in this process through
 :class:`terra.batch.stream.StreamingEngine`'s ``on_frame``, from Ray actors through the driver's polls
@@ -13,10 +14,9 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from tqdm.auto import tqdm
-
 from terra.batch.plan import Item
 from terra.config.manifest import count_statuses
+from terra.core.progress import Progress
 
 
 class BatchProgress:
@@ -29,9 +29,9 @@ class BatchProgress:
         self._lock = threading.Lock()
         self.frames_total = sum(self._frames_of.values())  # what the frame bar shows (the bars count nothing when
         self.frames_done = 0  # they are disabled)
-        common = {"disable": not enabled, "dynamic_ncols": True, "smoothing": 0.1}
-        self.frames = tqdm(total=self.frames_total, unit="frame", desc="generated frames", position=0, **common)
-        self.samples = tqdm(total=len(items), unit="sample", desc="samples written", position=1, **common)
+        common = {"enabled": enabled, "dynamic_ncols": True, "smoothing": 0.1}
+        self.frames = Progress(self.frames_total, "generated frames", "frame", position=0, **common)
+        self.samples = Progress(len(items), "samples written", "sample", lines=False, position=1, **common)
 
     def generated(self, index: int, count: int) -> None:
         """Sample ``index`` has ``count`` frames generated so far (0: it starts again)."""
@@ -57,8 +57,7 @@ class BatchProgress:
                     self._add(full - done)
                 else:  # its frames will never come: the ETA is for the others
                     self.frames_total -= full - done
-                    self.frames.total = self.frames_total
-                    self.frames.refresh()
+                    self.frames.set_total(self.frames_total)
             counts = count_statuses(records)
             self.samples.set_postfix({"ok": counts["ok"], "failed": counts["failed"]}, refresh=False)
             self.samples.update(1)

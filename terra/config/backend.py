@@ -48,7 +48,8 @@ BACKENDS = ("auto", *BACKEND_OPTIONS)
 
 
 THREADS = Range(1, 1024, 1, whole=True, nullable=True)
-# num_threads of terra-generate, -serve, -alpasim (conf/) and WorldModelPipeline.from_pretrained
+# num_threads of every app that runs torch (conf/*.yaml; tests/test_cli.py checks them) and
+# WorldModelPipeline.from_pretrained, terra.batch.BatchConfig
 DEFAULT_THREADS = "auto"
 
 

@@ -10,6 +10,7 @@ exception becomes a short phrase with :func:`terra.core.errors.error_reason`.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import re
@@ -22,8 +23,8 @@ from omegaconf import OmegaConf
 from terra.core.errors import TerraInputError
 
 __all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "SEED", "check_choice", "check_file_size", "check_flag",
-           "check_number", "check_settings", "check_whole_number", "known_settings", "one_line", "required_path",
-           "select", "shown"]
+           "check_number", "check_settings", "check_whole_number", "did_you_mean", "known_settings", "one_line",
+           "required_path", "select", "shown"]
 
 MAX_FRAMES = 10_000  # frames of a rollout or trajectory: 1000 s at 10 Hz
 MAX_SEED = 2**62 - 1  # a rollout's seed (and seed + sample index) stays inside torch's 64-bit generator seed
@@ -37,6 +38,18 @@ def shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
+def did_you_mean(value: Any, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` when ``value`` is a near miss of one of ``choices`` (difflib's ratio of at least
+    0.75: a letter or two wrong in a name; numbers are never guessed, so a choice must hold the same digits), else
+    ``""``: the hint of every line that refuses an unknown name (a choice, a setting, a config group's option)."""
+    if not isinstance(value, str):
+        return ""
+    digits = re.sub(r"\D", "", value)
+    near = [c for c in choices if c != value and re.sub(r"\D", "", c) == digits]
+    match = difflib.get_close_matches(value, near, n=1, cutoff=0.75)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
 def one_line(text: Any) -> str:
     """``text`` for a one-line message: as it is when printable, else escaped as ``repr`` writes it (a newline
     or other control character in a file name or id then shows as ``\\n``, never breaking the line)."""
@@ -45,13 +58,15 @@ def one_line(text: Any) -> str:
 
 
 def check_whole_number(
-    value: Any, name: str, minimum: int, example: str, maximum: int | None = None, where: str = ""
+    value: Any, name: str, minimum: int, example: str, maximum: int | None = None, where: str = "",
+    bounds: str | None = None,
 ) -> int:
     """``value`` as an ``int`` if it is a whole number (not a bool) of at least ``minimum`` and at most
-    ``maximum`` (None: no cap); ``example`` shows a fix, ``where`` (e.g. a file name) starts the message."""
+    ``maximum`` (None: no cap); ``example`` shows a fix, ``where`` (e.g. a file name) starts the message,
+    ``bounds`` says the range in other words (a cap that is itself a setting)."""
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum
             or (maximum is not None and value > maximum)):
-        bounds = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        bounds = bounds or (f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}")
         raise TerraInputError(f"{where}{name} must be a whole number {bounds} (got {shown(value)}); e.g. {example}")
     return int(value)
 
@@ -115,7 +130,8 @@ def known_settings(values: Mapping[str, Any], cls: type, block: str) -> Mapping[
                               f"it out for the defaults, or set {block}.KEY=VALUE")
     unknown = sorted(set(values) - known)
     if unknown:
-        raise TerraInputError(f"unknown {block} settings {unknown}; known: {', '.join(sorted(known))}")
+        raise TerraInputError(f"unknown {block} settings {unknown}{did_you_mean(unknown[0], known)}; known: "
+                              f"{', '.join(sorted(known))}")
     return values
 
 
@@ -123,7 +139,8 @@ def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
     """``value`` if it is one of ``choices`` (strings)."""
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:
-        raise TerraInputError(f"unknown {name} {shown(value)}; choose one of: {', '.join(choices)}")
+        raise TerraInputError(f"unknown {name} {shown(value)}{did_you_mean(value, choices)}; choose one of: "
+                              f"{', '.join(choices)}")
     return value
 
 

@@ -2,7 +2,7 @@
 (``terra-evaluate``, terra/apps/evaluate.py).
 
     terra-evaluate                                       # the shipped demo models, Transformers backend
-    terra-evaluate quality.num_clips=32 adherence.num_cases=20 num_threads=1 out_dir=outputs/eval/demo
+    terra-evaluate quality.num_clips=32 adherence.num_cases=20 out_dir=outputs/eval/demo
     terra-evaluate backend=vllm sampling=terra           # sampled rollouts on vLLM
 
 Everything is rendered on the fly by :mod:`terra.sim` from scene seeds that the training data never used

@@ -32,8 +32,8 @@ PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "a
 
 
 def drive_scene_seed(seed: int, index: int) -> int:
-    """The scene seed of drive ``index`` drawn by ``terra.sim.random_drive(default_rng([seed, index]))``: its first
-    draw (how ``terra-make-dataset`` draws clip ``index`` of a dataset made with ``seed``)."""
+    """The scene seed of drive ``index`` drawn by ``terra.sim.clips.random_drive(default_rng([seed, index]))``: its
+    first draw (how ``terra-make-dataset`` draws clip ``index`` of a dataset made with ``seed``)."""
     return int(np.random.default_rng([seed, index]).integers(2**31))
 
 

@@ -5,7 +5,7 @@ scripts/train_terra_layout.sh).
 Every mode runs the same ``rollouts`` rollouts on the Transformers backend, all submitted at once: ``context``
 ground-truth frames encoded, ``frames`` frames generated under the clip's own actions. The modes: at every
 temperature, sequential decoding and each set of sampling settings of ``speculative`` (e.g. ``decoding=speculative,
-draft_tokens=16``, added to ``sampling``). Clip ``i`` is ``terra.sim.random_drive(numpy.random.default_rng(
+draft_tokens=16``, added to ``sampling``). Clip ``i`` is ``terra.sim.clips.random_drive(numpy.random.default_rng(
 [clip_seed, i]))``, the training distribution; clips whose scene is one of the training clips' (``exclude_seed``,
 ``exclude_clips``: the ``terra-make-dataset`` seed and clip count of the training data) are skipped
 (terra/evaluation/cases.py).

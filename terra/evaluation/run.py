@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
 from terra.config.spec import check_window
 from terra.core.atomic import json_text, write_text
 from terra.core.device import set_threads
+from terra.core.progress import announce
 from terra.evaluation.cases import (
     DIRECTION_PAIR,
     adherence_cases,
@@ -85,11 +85,9 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
 
 
 def _stage_lines(progress: bool):
-    """A function printing a stage's line on stderr above the generation bars, when they show (a terminal)."""
-    from tqdm import tqdm
-
-    shown = progress and sys.stderr.isatty()
-    return lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr) if shown else None
+    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log
+    (terra/core/progress.py, ``announce``)."""
+    return lambda line: announce(f"{PROG}: {line}", progress)
 
 
 def _targets(goals: Targets, report: dict) -> dict:

@@ -27,6 +27,9 @@ ACTION_TIMES = (ACTION_POINT_INDICES / FUTURE_RATE_HZ).astype(np.float32)  # 0.4
 MAX_ACTION_M = 2 * MAX_SPEED_MPS * FUTURE_POINTS / FUTURE_RATE_HZ  # |value| of actions / instruction points (600 m)
 
 
+RULE = "num_context + num_frames - 1: an action for every frame but the last generated"  # docs/generate.md
+
+
 def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1) -> np.ndarray:
     """Check an actions array ``[T, 6, 3]`` with ``T >= min_frames`` and return it as float32."""
     arr = finite_array(actions, source)
@@ -37,7 +40,7 @@ def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1)
         )
     if len(arr) < min_frames:
         raise TerraInputError(
-            f"{source}: covers {len(arr)} frames but the rollout needs actions for {min_frames}; "
+            f"{source}: covers {len(arr)} frames but the rollout needs actions for {min_frames} ({RULE}); "
             "give a longer trajectory or generate fewer frames"
         )
     return in_reach(arr, source).astype(np.float32)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.actions import NUM_ACTION_TOKENS
+from terra.core.progress import Progress
+from terra.generation.actions import NUM_ACTION_TOKENS, RULE
 from terra.generation.layout import TokenLayout, Window, plan_windows
 from terra.generation.routes import ROUTE_POINT_VALUES, no_route
 
@@ -61,7 +61,7 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
     if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
         raise TerraInputError(f"actions must have shape [frames, {NUM_ACTION_TOKENS}, 3], got {list(arr.shape)}")
     if len(arr) < needed:
-        raise TerraInputError(f"actions cover {len(arr)} frames but the rollout needs actions for {needed}; "
+        raise TerraInputError(f"actions cover {len(arr)} frames but the rollout needs actions for {needed} ({RULE}); "
                               "give a longer trajectory or generate fewer frames")
     return arr
 
@@ -360,7 +360,7 @@ class WorldModelBackend(ABC):
         index = {id(s): i for i, s in enumerate(states)}
         total = sum(r.num_frames for r in requests)
         try:
-            with tqdm(total=total, unit="frame", desc=f"generating ({self.name})", disable=not progress) as bar:
+            with Progress(total, f"generating ({self.name})", "frame", enabled=progress) as bar:
                 for state in states:
                     self.submit(state, sampling)
                 while self.num_queued:

@@ -92,6 +92,15 @@ def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[An
     return value, validate_actions(actions, source, num_frames or 1)
 
 
+def check_trajectory_file(path: str | Path) -> None:
+    """A trajectory file as it can be checked before anything loads: a known type, a regular file of at most
+    :data:`~terra.config.files.MAX_TRAJECTORY_BYTES` (its content is read once, when the rollout's frames are
+    known: :func:`load_actions`)."""
+    if Path(path).suffix.lower() not in TRAJECTORY_SUFFIXES:
+        raise TerraInputError(f"trajectory file {path} has an unknown type; use .json, .csv or .npy")
+    open_input_file(path, "trajectory file", MAX_TRAJECTORY_BYTES).close()
+
+
 def read_trajectory_file(path: Path) -> Any:
     """A trajectory file's content by its suffix: a CSV as an :class:`EgoTrajectory`, a JSON file's value, a
     ``.npy`` array; one line for another suffix. Wrap the call in :func:`trajectory_file_errors`."""

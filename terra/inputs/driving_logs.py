@@ -4,7 +4,7 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
 
 * **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
   clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
-* **Frames.** A clip folder holds either its frames as images (the types terra/tokenizer/images.py reads:
+* **Frames.** A clip folder holds either its frames as images (the types tokenizer/images.py reads:
   ``*.png``, ``*.jpg``, ``*.jpeg``, ``*.bmp``, ``*.webp``, ``*.tif``, ``*.tiff``; in file-name order) or exactly one
   video (``*.mp4``, ``*.mov``, ``*.avi``, ``*.mkv``, ``*.webm``, ``*.gif``), never both. A video's frames carry the
   container's timestamps. An image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s,

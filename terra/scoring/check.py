@@ -10,7 +10,6 @@ no weights at all is ``terra-evaluate`` (a world model against the synthetic wor
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from tqdm import tqdm
 
 from terra.config.actbench import video_name
 from terra.core.errors import TerraInputError
+from terra.core.progress import shows_bars
 from terra.scoring.estimator import EstimatorConfig, weights_file
 from terra.scoring.samples import read_bench_samples
 from terra.scoring.settings import ScoringSettings
@@ -59,8 +59,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
     short: list[str] = []
     unreadable: list[str] = []
     present = [videos[s.sample_id] for s in samples if s.sample_id in videos]
-    shown = settings.progress and sys.stderr.isatty()
-    for path in tqdm(present, unit="video", desc="counting frames", disable=not shown):
+    for path in tqdm(present, unit="video", desc="counting frames", disable=not shows_bars(settings.progress)):
         try:
             frames = count_frames(path)
         except TerraInputError as err:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from terra.core.atomic import json_text
 from terra.core.device import resolve_device, set_threads
+from terra.core.progress import Progress, announce
 from terra.core.errors import TerraInputError
 from terra.scoring.estimator import VideoActionEstimator
 from terra.scoring.labels import LABELS
@@ -64,7 +63,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
     bf16 = settings.dtype == "bfloat16" or (settings.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     classes, waypoints = np.zeros(len(paths), np.int64), np.zeros((len(paths), num_frames, 2), np.float32)
-    progress = tqdm(total=len(paths), unit="video", disable=not (settings.progress and sys.stderr.isatty()))
+    progress = Progress(len(paths), "videos scored", "video", enabled=settings.progress)  # terra/core/progress.py
     with torch.inference_mode(), progress:
         for indices, frames, errors in loader:
             if errors:
@@ -96,8 +95,9 @@ def results_lines(samples: list[BenchSample], paths: list[Path], classes: np.nda
 def score(settings: ScoringSettings) -> ScoreResult:
     """Score the videos of ``settings`` and write the report (terra/scoring/report.py)."""
     start = time.perf_counter()
-    shown = settings.progress and sys.stderr.isatty()  # the bar's terminal also gets the stages' lines
-    say = (lambda line: tqdm.write(f"terra-score: {line}", file=sys.stderr)) if shown else (lambda line: None)
+    def say(line: str) -> None:  # the stages' lines: above the bar on a terminal, on stdout in a log
+        announce(f"terra-score: {line}", settings.progress)
+
     set_threads(settings.num_threads)
     device = torch.device(resolve_device(settings.device))
     say(f"loading the estimator from {settings.estimator} ...")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from terra.config.backend import DTYPES
+from terra.config.backend import DTYPES, check_num_threads
 from terra.config.checks import Range, check_choice, check_flag, required_path, select, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import claim_output_dir
@@ -26,7 +26,6 @@ APP = "terra-score"  # the app whose run folders these are (terra/config/output_
 RANGES = {
     "batch_size": Range(1, 1024, 16, whole=True),
     "num_workers": Range(0, 256, 8, whole=True),
-    "num_threads": Range(1, 1024, 1, whole=True, nullable=True),
 }
 NEEDED = {"av": "PyAV (video decoding)", "matplotlib": "matplotlib (the confusion matrix)"}
 
@@ -44,7 +43,7 @@ class ScoringSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 autocast on a GPU, fp32 on a CPU) | float32 | bfloat16
     progress: bool = True
-    num_threads: int | None = None  # torch CPU threads; None: torch's default
+    num_threads: int | None = None  # torch CPU threads (the app's auto, resolved); None: torch's default
     dry_run: bool = False  # check samples, videos and the estimator folder only (terra/scoring/check.py)
 
 
@@ -83,5 +82,6 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
         videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
         batch_size=values["batch_size"], num_workers=values["num_workers"],
         device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
-        progress=check_flag(select(cfg, "progress"), "progress"), num_threads=values["num_threads"],
+        progress=check_flag(select(cfg, "progress"), "progress"),
+        num_threads=check_num_threads(select(cfg, "num_threads")),  # auto, as every app (terra/config/backend.py)
     )

@@ -1,4 +1,5 @@
-"""The HTTP and WebSocket interface of ``terra-serve`` (FastAPI), and the page at ``/``.
+"""The HTTP and WebSocket interface of ``terra-serve`` (FastAPI), the page at ``/``, and the
+uvicorn server that runs them (:class:`GracefulServer`).
 
 REST (JSON; with ``serve.token`` set, every route but ``/``, ``/static`` and ``/health`` needs
 ``Authorization: Bearer <token>``):
@@ -38,6 +39,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+import uvicorn
 
 from terra.config.files import parse_json
 from terra.core.atomic import json_text
@@ -216,3 +218,24 @@ def create_app(service: SessionService) -> FastAPI:
         await SocketConnection(websocket, entry, service).run()
 
     return app
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server of the app: it says where it listens once it does, and on shutdown first sends every open
+    socket a close frame naming the reason."""
+
+    def __init__(self, config: uvicorn.Config, service: SessionService) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(f"terra-serve: {self.service.host.backend.name} backend ready; open http://{shown}:{port}/",
+                  flush=True)
+
+    async def shutdown(self, sockets=None) -> None:
+        await self.service.close_sockets(1001, "server shutting down")
+        await super().shutdown(sockets)

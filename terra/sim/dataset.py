@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
-from tqdm import tqdm
 
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag
 from terra.config.output_dir import claim_output_dir
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
+from terra.core.progress import Progress
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
 from terra.sim.long_drives import random_long_drive
@@ -96,7 +96,7 @@ def write_dataset(
         for k, start in enumerate(range(0, num_clips, clips_per_shard))
     ]
     mark(out, [Path(job[0]).name for job in jobs])
-    bar = tqdm(total=num_clips, desc="rendering clips", unit="clip", disable=not progress)
+    bar = Progress(num_clips, "rendering clips", "clip", enabled=progress)  # terra/core/progress.py
     clips_meta: list[dict] = []
     for job, metas in zip(jobs, map_in_processes(_write_shard, jobs, workers)):
         clips_meta += metas

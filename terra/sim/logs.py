@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from terra.config.checks import check_choice
 from terra.config.output_dir import claim_output_dir
 from terra.core.atomic import atomic_dir, json_text, mark, write_text
 from terra.core.errors import TerraInputError
+from terra.core.progress import Progress
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.driving_logs import TIMESTAMPS_FILE, TRAJECTORY_STEM
 from terra.sim.dataset import RECIPES, check_sizes, map_in_processes
@@ -81,8 +81,8 @@ def write_driving_logs(
                      app=APP).record()
     mark(out, ids)
     jobs = [(str(out / name), i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)]
-    clips = list(tqdm(map_in_processes(_write_clip, jobs, workers), total=len(jobs), desc="rendering clips",
-                      unit="clip", disable=not progress))
+    with Progress(len(jobs), "rendering clips", "clip", enabled=progress) as bar:  # terra/core/progress.py
+        clips = list(bar.counted(map_in_processes(_write_clip, jobs, workers)))
     meta = {"format": "driving_logs", "num_clips": num_clips, "num_frames": num_frames, "height": height,
             "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "recipe": recipe, "clips": clips}
     write_text(out / LOGS_META_FILE, json_text(meta, indent=1))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from omegaconf import DictConfig
 
+from terra.config.backend import check_num_threads
 from terra.config.checks import (
     MAX_FRAMES,
     Range,
@@ -73,6 +74,7 @@ class PrepareSpec:
     batch_size: int = 64
     read_threads: int = 8  # threads reading and resizing frames while the tokenizer works
     progress: bool = True
+    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
 
 
 @dataclass
@@ -119,6 +121,7 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
         min_frames=values["min_frames"], val_fraction=values["val_fraction"], shard_clips=values["shard_clips"],
         batch_size=values["batch_size"], read_threads=values["read_threads"],
         progress=check_flag(select(cfg, "progress"), "progress"),
+        num_threads=check_num_threads(select(cfg, "num_threads")),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from tqdm import tqdm
 
 from terra.core.atomic import json_text, write_text
+from terra.core.progress import shows_bars
 from terra.training.settings import LOG_FILE, TENSORBOARD_DIR
 
 
@@ -27,8 +28,8 @@ class RunLog:
 
             self.board = SummaryWriter(str(out / TENSORBOARD_DIR), purge_step=start_step + 1)
         self.max_steps = max_steps
-        self.bar = tqdm(total=max_steps, initial=start_step, unit="step", desc="training", disable=not progress,
-                        dynamic_ncols=True)
+        self.bar = tqdm(total=max_steps, initial=start_step, unit="step", desc="training",
+                        disable=not shows_bars(progress), dynamic_ncols=True)  # in a log: the rows' lines alone
 
     def step(self) -> None:
         """Advance the bar by one step (its loss and tokens/s are the last logged row's: no GPU sync per step)."""

@@ -24,7 +24,6 @@ checked once where it is first known: terra/training/model.py and terra/training
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +149,7 @@ class TrainSpec:
     export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
     export_best: bool  # also keep best/: the export at the best validation score so far
     best_by: str  # that score: val_loss (lowest) | val_psnr (highest; needs sample_gif)
-    progress: bool  # the step bar (terra/training/runlog.py), when stderr is a terminal
+    progress: bool  # the step bar (terra/training/runlog.py), on a terminal (terra/core/progress.py)
 
     @property
     def output_dir(self) -> Path:
@@ -207,7 +206,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         export_adapter=check_flag(select(cfg, "export.adapter"), "export.adapter"),
         export_best=check_flag(select(cfg, "export.best"), "export.best"),
         best_by=_best_by(cfg, sample_gif),
-        progress=check_flag(select(cfg, "progress"), "progress") and sys.stderr.isatty(),
+        progress=check_flag(select(cfg, "progress"), "progress"),
     )
 
 

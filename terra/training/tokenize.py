@@ -11,10 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from terra.config.assets import DEMO
+from terra.config.backend import check_num_threads
 from terra.config.checks import Range, required_path, select
 from terra.config.output_dir import claim_output_file
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.core.progress import Progress
 from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips
@@ -31,16 +34,19 @@ class TokenizeSpec:
     out: Path
     batch_size: int = 64
     device: str = "auto"
+    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
 
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
     """Every setting of conf/tokenize_dataset.yaml checked once (the tokenizer folder must exist)."""
-    tokenizer = required_path(cfg, "tokenizer_path", "a saved tokenizer folder")
+    tokenizer = required_path(cfg, "tokenizer_path", f"a saved tokenizer folder, e.g. the demo tokenizer's: "
+                                                     f"tokenizer_path={DEMO / 'tokenizer'}")
     if not tokenizer.exists():
         raise TerraInputError(f"tokenizer {tokenizer} does not exist; pass tokenizer_path=<saved tokenizer folder>")
     return TokenizeSpec(required_path(cfg, "dataset", "a clip dataset folder"), tokenizer,
                         required_path(cfg, "out", "the tokenized-clips file to write", "FILE"),
-                        BATCH_SIZE.check(select(cfg, "batch_size"), "batch_size"), check_device(select(cfg, "device")))
+                        BATCH_SIZE.check(select(cfg, "batch_size"), "batch_size"), check_device(select(cfg, "device")),
+                        check_num_threads(select(cfg, "num_threads")))
 
 
 def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
@@ -49,7 +55,6 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
     clips' actions, poses and routes (None for a dataset written before clips carried routes)."""
     import torch
     from einops import rearrange
-    from tqdm import tqdm
 
     if tuple(tokenizer.image_size) != dataset.image_size:
         raise TerraInputError(f"the tokenizer works at {tuple(tokenizer.image_size)} but the dataset {dataset.path} "
@@ -74,15 +79,16 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
         done += len(batch)
         pending.clear()
 
-    for i, clip in enumerate(tqdm(dataset, total=len(dataset), desc="tokenizing", unit="clip", disable=not progress)):
-        actions[i], poses[i] = clip.actions, clip.poses
-        if routes is not None:
-            routes[i] = clip.routes
-        pending.append(clip.frames)
-        if sum(len(p) for p in pending) >= batch_size:
+    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:  # terra/core/progress.py
+        for i, clip in enumerate(bar.counted(dataset)):
+            actions[i], poses[i] = clip.actions, clip.poses
+            if routes is not None:
+                routes[i] = clip.routes
+            pending.append(clip.frames)
+            if sum(len(p) for p in pending) >= batch_size:
+                flush()
+        if pending:
             flush()
-    if pending:
-        flush()
     return TokenizedClips(codes=codes, actions=actions, poses=poses, codebook_size=int(tokenizer.codebook_size),
                           image_size=dataset.image_size, source=str(dataset.path), routes=routes)
 
@@ -92,13 +98,14 @@ def run(spec: TokenizeSpec) -> TokenizedClips:
     wrote); return the clips."""
     import torch
 
-    from terra.core.device import resolve_device
+    from terra.core.device import resolve_device, set_threads
     from terra.sim.tokens import save_tokens
     from terra.tokenizer import load_tokenizer
 
     dataset = ClipDataset(spec.dataset)
     claim_output_file(spec.out, "out", inputs=[("dataset", dataset.path), ("tokenizer", str(spec.tokenizer))],
                       app="terra-tokenize")
+    set_threads(spec.num_threads)
     tokenizer = load_tokenizer(str(spec.tokenizer), device=torch.device(resolve_device(spec.device))).eval()
     clips = replace(tokenize_dataset(dataset, tokenizer, spec.batch_size), tokenizer=str(spec.tokenizer))
     save_tokens(spec.out, clips)

@@ -363,7 +363,8 @@ def test_two_shards_with_actbench_names(tmp_path, scenes, demo_pipeline):
     assert iio.imread(out / "NUSCENES_ACTION_000002.mp4", index=None).shape[0] == NUM_CONTEXT + 1  # shard 0's
 
 
-def test_a_run_shows_generated_frames_and_samples_written(tmp_path, scenes, demo_pipeline, capsys):
+def test_a_run_shows_generated_frames_and_samples_written(tmp_path, scenes, demo_pipeline, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: bars (none off one: terra/core/progress.py)
     samples = tmp_path / "samples.jsonl"
     samples.write_text("\n".join(mixed_lines(scenes, 3)) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"],

@@ -5,7 +5,11 @@ terra-drive builds it with its navsim_args (a trajectory sampling, _target_ node
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +199,46 @@ def test_a_rerun_with_other_navsim_args_drives_again(tmp_path):
     assert "1 drives ok, 0 failed, 0 already complete" in run(5.0)
     assert "0 drives ok, 0 failed, 1 already complete" in run(5.0)  # the same arguments: complete
     assert "1 drives ok, 0 failed, 0 already complete" in run(7.0)  # others: the drive is made again
+
+
+# ---------------------------------------------------------------- the documented command line, as a user types it
+
+MY_AGENT = '''
+from types import SimpleNamespace
+
+import numpy as np
+
+
+class MyAgent:
+    """docs/drive.md's example agent: keeps 5 m/s straight on, built with a checkpoint path."""
+
+    requires_scene = False
+
+    def __init__(self, checkpoint_path):
+        self.checkpoint_path = checkpoint_path
+        self.sampling = SimpleNamespace(num_poses=8, interval_length=0.5)
+
+    def initialize(self):
+        assert self.checkpoint_path == "/ckpt/a.pth", self.checkpoint_path
+
+    def compute_trajectory(self, agent_input):
+        times = 0.5 * np.arange(1, 9)
+        return SimpleNamespace(poses=np.c_[5.0 * times, np.zeros((8, 2))], trajectory_sampling=self.sampling)
+'''
+
+
+def test_the_documented_navsim_args_command_line_runs(tmp_path):
+    """docs/drive.md's ``+navsim_args.CLASS.arg=VALUE`` line, run by terra-drive's own entry point (its check of
+    added settings included, which compose() never reaches) on the true world."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "drive.md").read_text()
+    [line] = [line.strip() for line in docs.splitlines() if "+navsim_args." in line and "terra-drive" in line]
+    program, *args = shlex.split(line)
+    assert program == ".venv/bin/terra-drive" and args[1] == "+navsim_args.MyAgent.checkpoint_path=/ckpt/a.pth"
+    (tmp_path / "my_agents").mkdir()
+    (tmp_path / "my_agents" / "__init__.py").write_text("")
+    (tmp_path / "my_agents" / "agent.py").write_text(MY_AGENT)
+    result = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args, "world=truth", "num_scenarios=1",
+                             "num_steps=2", "videos=false", "output_dir=out"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert "1 drives ok, 0 failed" in result.stdout, result.stdout

@@ -39,6 +39,8 @@ def checked_decoder(decoder: str, node: dict | None):
 
 def test_tokenizer_and_refiner_settings_are_checked_before_loading(tiny_file, tmp_path):
     assert checked_decoder("tokenizer", None) is None
+    (tmp_path / "notes.pt").write_text("not weights")
+    (tmp_path / "cut.pt").write_bytes(tiny_file.read_bytes()[:4096])
     settings = checked_decoder("refiner", {"path": str(tiny_file), "preset": "tiny", "num_steps": 2, "device": None,
                                             "arithmetic": "float32"})
     assert settings.path == tiny_file and settings.config.num_steps == 2 and settings.device.type == "cpu"
@@ -47,7 +49,14 @@ def test_tokenizer_and_refiner_settings_are_checked_before_loading(tiny_file, tm
         "unknown": ("bogus", {}, "decoder='bogus' is unknown"),
         "an old name's value": ("framewise", {}, "decoder='framewise' is unknown; use decoder=tokenizer"),
         "no weights": ("refiner", {"path": None}, "add terra_root=/path/to/Terra"),
+        "no weights at a toy size": ("refiner", {"path": None, "preset": "tiny"},
+                                     r"^decoder=refiner with refiner.preset=tiny needs a refiner file of that size: "
+                                     r"refiner.path=/path/to/refiner_model.pt \(random weights for a test"),
         "missing file": ("refiner", {"path": str(tmp_path / "x.pt"), "preset": "tiny"}, "not found"),
+        "not weights": ("refiner", {"path": str(tmp_path / "notes.pt"), "preset": "tiny"},
+                        "notes.pt are not a whole PyTorch checkpoint"),
+        "a truncated file": ("refiner", {"path": str(tmp_path / "cut.pt"), "preset": "tiny"},
+                             "no zip archive: truncated"),
         "cpu": ("refiner", {"path": str(tiny_file), "preset": "terra"}, "needs a CUDA GPU"),
         "bad setting": ("refiner", {"path": str(tiny_file), "preset": "tiny", "guidance": "x"}, "guidance 'x'"),
         "bad arithmetic": ("refiner", {"path": str(tiny_file), "preset": "tiny", "arithmetic": "bf16"},

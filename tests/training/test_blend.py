@@ -79,7 +79,7 @@ def test_the_blend_lies_on_the_line_from_base_to_tuned(pair, tmp_path):
     (["output_dir=PARENT"], "holds the base model's folder "),
     (["output_dir=NOTES"], "holds files the toolkit did not write ('todo.txt'), which writing there would delete"),
     (["tuned=OTHER"], "base and tuned are not one architecture (config.json: hidden_size 128 vs 32"),
-    (["alpha=0.5"], "unknown setting 'alpha' (`terra-blend --cfg job` lists the settings)"),
+    (["alpha=0.5"], "unknown setting 'alpha'; `terra-blend --cfg job` lists the settings"),
 ], ids=["weight", "missing", "into-base", "over-base", "over-files", "architecture", "unknown"])
 def test_bad_settings_are_one_line_and_write_nothing(pair, tmp_path, settings, message):
     base_dir, tuned_dir = pair

@@ -36,6 +36,7 @@ from terra.closedloop.plans import Observation, Plan, Policy, as_plan, policy_se
 from terra.closedloop.drivers.vision import (
     BangBang, LaneFollower, PurePursuit, Stanley, find_centre_line, find_road_edge,
 )
+from terra.config.checks import did_you_mean
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose
 
@@ -176,7 +177,7 @@ def reference_policy(name: str, seed: int = 0) -> Callable[[], Policy]:
     random numbers (:data:`RANDOM_POLICIES`) draws them from ``seed`` (the run's)."""
     known = {**REFERENCE_POLICIES, **PROBE_POLICIES}
     if name not in known:
-        raise TerraInputError(f"unknown policy {name!r}; choose one of: {', '.join(known)}")
+        raise TerraInputError(f"unknown policy {name!r}{did_you_mean(name, known)}; choose one of: {', '.join(known)}")
     return partial(known[name], seed=seed) if name in RANDOM_POLICIES else known[name]
 
 
@@ -247,7 +248,8 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
     if entry in PROBE_POLICIES:
         return PROBE_POLICIES[entry]
     if entry not in REFERENCE_POLICIES:
-        raise TerraInputError(f"policies: unknown policy {entry!r}; use one of {', '.join(REFERENCE_POLICIES)}, "
+        close = did_you_mean(entry, [*REFERENCE_POLICIES, *PROBE_POLICIES, *EXPANSIONS])
+        raise TerraInputError(f"policies: unknown policy {entry!r}{close}; use one of {', '.join(REFERENCE_POLICIES)}, "
                               f"{', '.join(PROBE_POLICIES)}, "
                               f"{ALL_REFERENCE}, {ALL_PIXEL}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
     if entry == "learned_driver":  # its weights read and checked now, before any drive (one line when bad)

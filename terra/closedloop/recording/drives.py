@@ -7,7 +7,6 @@ is what the fidelity study runs its worlds with (terra/closedloop/study/drives.p
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -77,10 +76,10 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
 
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
     """Make and record every drive of ``settings`` in its world (here, or on Ray's actors with ``executor=ray``);
-    ``progress`` (default: the setting, on a terminal) shows the frame bar."""
+    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (terra/core/progress.py)."""
     from terra.closedloop.recording.run import record_run
 
-    progress = settings.progress and sys.stderr.isatty() if progress is None else progress
+    progress = settings.progress if progress is None else progress
     run_settings = settings.run_settings(progress)
     started = start_drives(settings, run_settings, {settings.world: settings.output.path},
                            {settings.world: settings.drive_ids})

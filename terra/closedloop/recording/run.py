@@ -37,6 +37,7 @@ from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
 from terra.config.output_dir import OutputDir
 from terra.core.atomic import json_text, write_text
+from terra.core.progress import Progress
 
 Emit = Callable[[dict, dict], None]  # (manifest record, the drive's JSON content)
 
@@ -115,8 +116,7 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.manifest = Manifest(folder / settings.manifest)
         self.result = RunResult([], {}, 0.0)
-        self.bar = tqdm(total=total * settings.num_steps, unit="frame", desc=f"drives ({world})",
-                        disable=not settings.progress, dynamic_ncols=True)
+        self.bar = Progress(total * settings.num_steps, f"drives ({world})", "frame", enabled=settings.progress)
 
     def add(self, record: dict, content: dict) -> None:
         """A drive's manifest record and JSON content (a skipped drive's: what it holds on disk)."""

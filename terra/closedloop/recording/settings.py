@@ -35,8 +35,10 @@ from terra.config.checks import (
     check_choice,
     check_flag,
     check_settings,
+    did_you_mean,
     required_path,
     select,
+    shown,
 )
 from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
@@ -144,8 +146,9 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
     if isinstance(world, str) and is_world_target(world):
         user_worlds[world_name(world)] = (world, world_class(world, "world", timeout_s))
         world = world_name(world)
-    else:
-        world = check_choice(world, "world", WORLDS)
+    elif world not in WORLDS:
+        raise TerraInputError(f"unknown world {shown(world)}{did_you_mean(world, WORLDS)}; choose one of: "
+                              f"{', '.join(WORLDS)}, or package.module:Class (a world of your own: docs/drive.md)")
     vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
     setting = str(select(cfg, "scenarios"))
     executor = check_executor(select(cfg, "executor"))

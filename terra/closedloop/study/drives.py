@@ -8,13 +8,13 @@ run in one world.
 from __future__ import annotations
 
 import os
-import sys
 from functools import partial
 
 from terra.closedloop.recording.drives import DriveOutcome, drive, start_drives
 from terra.closedloop.recording.settings import DriveSettings
 from terra.closedloop.study.settings import StudySettings
 from terra.closedloop.worlds import TRUTH
+from terra.core.progress import announce
 
 
 def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None = None) -> DriveOutcome:
@@ -28,7 +28,7 @@ def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None =
 def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveOutcome:
     """Make and record the drives of every world of the study's shard (here, on Ray's actors with ``executor=ray``,
     or first by shard processes of this machine with ``shard_processes``), then with the whole study the report;
-    ``progress`` (default: the setting, on a terminal) shows the frame bar."""
+    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (terra/core/progress.py)."""
     from terra.closedloop.study.exploit import exploit_study
     from terra.closedloop.study.processes import drive_in_shards
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
@@ -38,10 +38,9 @@ def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveO
     # environment says otherwise: the measurements' products otherwise spin their threads against the loop's and the
     # engine's (the temporal lag took 3.5 times the CPU with two threads on a busy 2-core machine)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    progress = run.progress and sys.stderr.isatty() if progress is None else progress
+    progress = run.progress if progress is None else progress
     run_settings = run.run_settings(progress, folders.top.path)
-    if progress:
-        print(study_plan(folders.drive_ids, run.num_steps), file=sys.stderr, flush=True)
+    announce(study_plan(folders.drive_ids, run.num_steps), progress)
     lines, code = [], 0
     if settings.shard_processes.groups:  # the drives made by shard processes first, then the report here
         total = sum(len(ids) for ids in folders.drive_ids.values())
