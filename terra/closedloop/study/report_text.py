@@ -22,7 +22,7 @@ from terra.stats import FAIL, INCONCLUSIVE, PASS, Interval
 
 PROBE_REWARD = ("scene_score", "time_in_lane", "progress_along_road_m")  # a probe's outcomes compared world - truth
 MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?", TOO_FEW: "too few"}
-MOST_SCENARIOS = 10_000  # a study that would need more to decide a statistic is told its estimate sits on an edge
+MOST_SCENARIOS = 100  # a statistic that would need more to decide is said to sit near its band's edge
 GPU_PRESET = "study=gpu (16 scenarios x 20 s on a GPU)"
 
 
@@ -90,8 +90,8 @@ def next_step(verdict: WorldVerdict) -> str:
         parts.append(f"about num_scenarios={int(np.ceil(finite[most]))} if the estimates held (the widest: {most})")
     edge = [name for name in needs if name not in finite]
     if edge:
-        parts.append(f"{', '.join(edge)} sit{'s' * (len(edge) == 1)} on a band's edge: more scenarios narrow "
-                     "the interval but may not decide it")
+        parts.append(f"{', '.join(edge)} sit{'s' * (len(edge) == 1)} near a band's edge (more than "
+                     f"{MOST_SCENARIOS} scenarios): more narrow the interval but may not decide it")
     if any("23 steps" in reason for reason in verdict.reasons.values()):
         parts.append("num_steps=23 or more for the lag")
     parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
