@@ -148,7 +148,9 @@ def legend() -> list[str]:
                   "over the scenarios); **pass**: inside the band, **fail**: entirely outside, **?**: it straddles an "
                   f"edge or has no value (reason below), **too few**: fewer than {MIN_SCENARIOS} scenarios, not "
                   "decided. A world is flagged when a statistic fails, passed when every one passes, undecided "
-                  f"otherwise. The ranking is by each policy's mean {RANK_METRIC}. The fidelity horizon is the time "
+                  f"otherwise. The ranking is by each policy's mean {RANK_METRIC}. A world's frames are compared "
+                  "with the true frames at the same poses, for a world model the true frames through its tokenizer "
+                  "(what a perfect model of that tokenizer shows). The fidelity horizon is the time "
                   "a drive's road departs from the truth's (the lane 10 m ahead 0.5 m off, or the forward motion "
                   "half off, for 0.5 s): its median and 10th percentile over drives (Kaplan-Meier, censored at the "
                   "drive's end) with intervals over scenarios."]
