@@ -6,7 +6,8 @@ Per drive, every frame of the world is compared with the true render at the same
 terra/fidelity/following.py), and the frame has **departed** when
 
 * the lane read :data:`~terra.fidelity.agreement.LOOKAHEAD_M` (10 m) ahead is more than :data:`DEPARTURE_LANE_M`
-  (0.5 m) from the true frame's, or the world shows no lane where the true frame does: a lane follower steering by
+  (0.5 m) from the reference frame's (the true frame at the same pose; for a world model, through its tokenizer:
+  terra/closedloop/outcomes/frames.py), or the world shows no lane where the reference does: a lane follower steering by
   that lane would be put more than half way to its lane's line (0.85 m from the centre: terra/closedloop/outcomes/
   truth.py), while the truth rendered at poses jittered by 5 cm and 0.2 degree stays within 0.1 m
   (tests/fidelity/test_horizon.py); or

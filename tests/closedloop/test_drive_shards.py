@@ -5,6 +5,7 @@ nothing again (and with ``world=both`` writes the fidelity report)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,9 +71,10 @@ def test_shards_of_a_fidelity_study_then_its_report(tmp_path):
             assert len(read_manifest(tmp_path / world / f"manifest.shard-{i}-of-2.jsonl")) == 1
     assert not (tmp_path / "fidelity.json").exists()
     outcome = drive(settings(tmp_path, *args))
-    assert outcome.exit_code == 0 and "| world | drives | state | failed | undecided |" in outcome.lines[0]
-    assert "| model | 2 | undecided |" in outcome.lines[0]  # one scenario: too small to judge
-    assert all("0 drives ok, 0 failed, 2 already complete" in line for line in outcome.lines[1:4])
+    verdict = outcome.lines[-1]  # the verdict last, after the worlds' lines
+    assert outcome.exit_code == 0 and verdict.startswith("Fidelity verdict (the whole report: fidelity.md)")
+    assert re.search(r"^model +2 +>= 0.2 s +undecided", verdict, re.M)  # one scenario: too small to judge
+    assert all("0 drives ok, 0 failed, 2 already complete" in line for line in outcome.lines[:3])
     report = json.loads((tmp_path / "fidelity.json").read_text())
     assert set(report["policies"]) == {"lane_follower", "constant_speed"}
     assert [(v["world"], v["drives"]) for v in report["verdicts"]] == [("model", 2), ("frozen", 2)]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from terra.closedloop.study import verdict
+from terra.closedloop.study import statistics
 from terra.closedloop.drivers.imitation import expert_path
 from terra.closedloop.drivers.learned import PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
 from terra.closedloop.loop import DriveSpec, run_drives
@@ -37,7 +37,7 @@ def test_all_pixel_names_every_pixel_policy_and_no_baseline():
     assert set(policy_names([ALL_REFERENCE])) == set(REFERENCE_POLICIES)
     with pytest.raises(TerraInputError, match="twice"):
         policy_names([ALL_PIXEL, "lane_follower"])
-    assert verdict.NO_PIXELS is NO_PIXELS  # one marker: the verdict ranks the pixel policies alone
+    assert statistics.NO_PIXELS is NO_PIXELS  # one marker: the verdict ranks the pixel policies alone
     bound = {}
     for name, make in REFERENCE_POLICIES.items():
         policy = make()

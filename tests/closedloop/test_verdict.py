@@ -189,7 +189,7 @@ CONTROLS = ("frozen", "gray", "mirrored", "late", "offset_camera", "fast", "slow
 
 
 def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_path):
-    """The demo world model and every built-in control through the CPU preset, cut to 4 scenarios x 3 pixel
+    """The demo world model and every built-in control through the CPU preset, cut to 4 scenarios x 2 pixel
     policies and route_follower (the verdict's fewest scenarios): a verdict that let any control pass would fail
     here, and a control it cannot tell from the model (the model shares its error: the demo model's video moves
     slower than the car, as the slow world's does) is said to be so; the demo model's fidelity horizon lies between
@@ -197,13 +197,13 @@ def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_
     plain text, the report file the legend, the horizons and the reason of every undecided statistic."""
     result = subprocess.run(
         [sys.executable, "-m", "terra.apps.drive", "study=cpu", "num_scenarios=4",
-         "policies=[lane_follower,lane_follower_far,lane_follower_bias_left,route_follower]", "controls=[all]",
+         "policies=[lane_follower,lane_follower_bias_left,route_follower]", "controls=[all]",
          "progress=false", "num_threads=2", f"output_dir={tmp_path / 'study'}"],
         capture_output=True, text=True, timeout=3000, env=ENV)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "study" / "fidelity.json").read_text())
     verdicts = {v["world"]: v for v in report["verdicts"]}
-    assert list(verdicts) == ["model", *CONTROLS] and all(v["drives"] == 16 for v in verdicts.values())
+    assert list(verdicts) == ["model", *CONTROLS] and all(v["drives"] == 12 for v in verdicts.values())
     model = set(verdicts["model"]["flagged_by"])
     for control in CONTROLS:
         assert verdicts[control]["state"] == "flagged", (control, verdicts[control]["statistics"])
@@ -235,6 +235,5 @@ def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_
             assert value["reason"] is not None or value["estimate"] is not None, name
     for verdict in verdicts.values():  # the unjudged measurements at every horizon a 25-step drive reaches
         assert {f"{m}_h{h}" for m in ("psnr_db", "ssim") for h in (1, 5, 10, 20)} | {
-            "path_distance_m", "kendall_tau"} == set(verdict["measurements"]), verdict["world"]
+            "path_distance_m", "kendall_tau"} == set(verdict["measurements"]), verdict["world"]  # tau n/a: 2 policies
         assert {"pearson_r", "mmrv", "lateral_bias_m", "repeated_frames"} <= set(verdict["statistics"])
-        assert "kendall_tau" in verdict["measurements"]

@@ -22,7 +22,7 @@ from terra.stats import FAIL, INCONCLUSIVE, PASS, Interval
 
 PROBE_REWARD = ("scene_score", "time_in_lane", "progress_along_road_m")  # a probe's outcomes compared world - truth
 MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?", TOO_FEW: "too few"}
-MOST_SCENARIOS = 10_000  # a study that would need more to decide a statistic is told its estimate sits on an edge
+MOST_SCENARIOS = 100  # a statistic that would need more to decide is said to sit near its band's edge
 GPU_PRESET = "study=gpu (16 scenarios x 20 s on a GPU)"
 
 
@@ -90,8 +90,8 @@ def next_step(verdict: WorldVerdict) -> str:
         parts.append(f"about num_scenarios={int(np.ceil(finite[most]))} if the estimates held (the widest: {most})")
     edge = [name for name in needs if name not in finite]
     if edge:
-        parts.append(f"{', '.join(edge)} sit{'s' * (len(edge) == 1)} on a band's edge: more scenarios narrow "
-                     "the interval but may not decide it")
+        parts.append(f"{', '.join(edge)} sit{'s' * (len(edge) == 1)} near a band's edge (more than "
+                     f"{MOST_SCENARIOS} scenarios): more narrow the interval but may not decide it")
     if any("23 steps" in reason for reason in verdict.reasons.values()):
         parts.append("num_steps=23 or more for the lag")
     parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
@@ -148,7 +148,9 @@ def legend() -> list[str]:
                   "over the scenarios); **pass**: inside the band, **fail**: entirely outside, **?**: it straddles an "
                   f"edge or has no value (reason below), **too few**: fewer than {MIN_SCENARIOS} scenarios, not "
                   "decided. A world is flagged when a statistic fails, passed when every one passes, undecided "
-                  f"otherwise. The ranking is by each policy's mean {RANK_METRIC}. The fidelity horizon is the time "
+                  f"otherwise. The ranking is by each policy's mean {RANK_METRIC}. A world's frames are compared "
+                  "with the true frames at the same poses, for a world model the true frames through its tokenizer "
+                  "(what a perfect model of that tokenizer shows). The fidelity horizon is the time "
                   "a drive's road departs from the truth's (the lane 10 m ahead 0.5 m off, or the forward motion "
                   "half off, for 0.5 s): its median and 10th percentile over drives (Kaplan-Meier, censored at the "
                   "drive's end) with intervals over scenarios."]

@@ -10,7 +10,8 @@ divide the motion recovered from the world's frames by the motion recovered from
 poses, each on the commanded motion, so that the odometry's own error on a scene divides out
 (terra/fidelity/following.py): a world 10 % too slow is 0.90, a faithful one 1.00 within 0.01. The reference is the
 true render, or for a world model the true render through its tokenizer: what a perfect model of that tokenizer
-would show (terra/closedloop/worlds.py, ``reference_frames``). The **outcome statistics** (lateral and heading bias,
+would show (terra/closedloop/worlds.py, ``reference_frames``); the lanes are read against the same reference. The
+**outcome statistics** (lateral and heading bias,
 time in lane, off road, the scene score, the ranking by :data:`RANK_METRIC`, which spreads the policies) rest on the
 pixel policies' drives alone (:func:`outcome_policies`: a policy that reads no pixels drives alike in any world; a
 probe such as ``brake_hard`` is judged apart, terra/closedloop/study/report.py). Each outcome difference is the median

@@ -203,12 +203,6 @@ def _judged(statistic: Statistic, pairs: Sequence[Pair], bootstrap: Bootstrap
     return value, decide(value, statistic.band), None, scenarios
 
 
-def judge(name: str, world: dict[str, dict], truth: dict[str, dict],
-          bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
-    """The verdict on the world ``name`` from its drives' records and the true world's (drive id -> record)."""
-    return judge_pairs(name, pairs_of(world, truth), bootstrap)
-
-
 def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstrap(),
                 statistics: Sequence[Statistic] = STATISTICS) -> WorldVerdict:
     """The verdict on the world ``name`` of ``statistics`` over its drives paired with the truth's."""
