@@ -50,6 +50,9 @@ class _Slot:
     # the frame they are for, its first guesses and the noise of its first positions, drawn by the previous frame's
     # passes (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous codes
     ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
+    # the speculative path's window cache and the ``kv`` it holds: its next frame writes on into it while ``kv`` is
+    # still that one (terra/generation/hf_speculative.py); never a fork's (its twin would write there too)
+    window: tuple[DynamicCache, KV] | None = None
 
 
 @dataclass
@@ -142,7 +145,7 @@ class HFBackend(WorldModelBackend):
         for i, row in enumerate(self._rows):
             by_config[row.sampling].append(i)
         for config, rows in by_config.items():
-            noise = None if config.greedy else torch.cat([self._noise(self._rows[i]) for i in rows])
+            noise = None if config.greedy else self._noise([self._rows[i] for i in rows])
             tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
@@ -154,11 +157,13 @@ class HFBackend(WorldModelBackend):
             self._logits = self._decode_step(tokens[going][:, None])
         return done
 
-    def _noise(self, row: _Row) -> torch.Tensor:
-        """The Gumbel noise ``[1, codebook_size]`` of the token ``row`` samples now (its rollout's seed, frame and
-        position: the noise speculative decoding draws that token with too)."""
-        state = row.state
-        return gumbel_noise(state.seed, state.next_frame, [len(row.tokens)], self.layout.codebook_size, self.device)
+    def _noise(self, rows: list[_Row]) -> torch.Tensor:
+        """The Gumbel noise ``[len(rows), codebook_size]`` of the tokens ``rows`` sample now, each keyed by its
+        rollout's seed, frame and position (the noise speculative decoding draws that token with too), in one
+        call."""
+        keys = torch.tensor([(row.state.seed, row.state.next_frame, len(row.tokens)) for row in rows],
+                            device=self.device).T
+        return gumbel_noise(keys[0], keys[1], keys[2], self.layout.codebook_size, self.device)
 
     def _finish(self, index: int) -> FrameDone:
         """Hand a complete frame to its state, with the state's own cache cut out of the batch."""
