@@ -119,13 +119,14 @@ def requests(pipeline: WorldModelPipeline, args: argparse.Namespace) -> list[Rol
     return out
 
 
-def measure(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling: SamplingConfig) -> dict:
-    """The rollouts one after another under ``sampling``; passes, CPU time of the run and of its parts."""
+def timed_run(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling: SamplingConfig,
+              parts: dict[str, list[tuple[Any, str]]]) -> tuple[int, int, float, dict[str, float]]:
+    """The rollouts one after another under ``sampling``, with ``parts`` and the forward timed: frames, passes,
+    the run's CPU seconds and each part's."""
     clock = PartClock()
-    model = pipeline.backend.model
     with ExitStack() as stack:
-        stack.enter_context(clock.around(model, "forward", "forward"))
-        for part, places in PARTS.items():
+        stack.enter_context(clock.around(pipeline.backend.model, "forward", "forward"))
+        for part, places in parts.items():
             for owner, name in places:
                 if name in vars(owner):
                     stack.enter_context(clock.around(owner, name, part))
@@ -134,10 +135,17 @@ def measure(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling: 
                   for state in pipeline.backend.run_rollouts([request], sampling, progress=False)]
         total = time.thread_time() - start
     passes = sum(sum(state.passes) for state in states)
-    frames = sum(len(state.passes) for state in states)
-    parts = {part: clock.seconds.get(part, 0.0) for part in ["forward", *PARTS]}
-    parts["rest"] = total - sum(parts.values())
-    host = total - parts["forward"]
+    return sum(len(state.passes) for state in states), passes, total, clock.seconds
+
+
+def measure(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling: SamplingConfig) -> dict:
+    """Passes, the CPU time of a pass and its host time (the run less its forward passes, with nothing else timed),
+    then where the host time goes (a second run with every part timed: the split, whose own clock adds a little)."""
+    frames, passes, total, seconds = timed_run(pipeline, reqs, sampling, {})
+    host = total - seconds.get("forward", 0.0)
+    _, _, split_total, split = timed_run(pipeline, reqs, sampling, PARTS)
+    parts = {part: split.get(part, 0.0) for part in ["forward", *PARTS]}
+    parts["rest"] = split_total - sum(parts.values())
     return {"draft_tokens": sampling.draft_tokens, "guesses": sampling.guesses, "temperature": sampling.temperature,
             "frames": frames, "passes": passes, "passes_per_frame": round(passes / frames, 3),
             "cpu_ms_per_frame": round(1e3 * total / frames, 3), "cpu_ms_per_pass": round(1e3 * total / passes, 4),

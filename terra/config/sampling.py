@@ -16,7 +16,7 @@ from terra.config.checks import Range, check_choice
 from terra.config.moved import DRAFT_TOKENS, moved_value
 from terra.core.errors import TerraInputError
 
-DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
+DRAW_RULE = "gumbel-max, noise hashed from (seed, frame, position, code)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")
 GUESSES = ("previous", "transitions", "lookahead")  # a frame's speculative guesses: terra/generation/speculative.py
 SAMPLING = {  # SamplingConfig checks these

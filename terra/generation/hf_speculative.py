@@ -108,7 +108,8 @@ class SpeculativeRows:
     def _pass(self, entry: _Frame) -> None:
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
-        slots = len(entry.placeholders) if len(ahead) else 0
+        width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)
+        slots = entry.placeholders.shape[0] if reach else 0
         if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the drafts
             parts, actions = [entry.prefix_ids, drafts], [entry.prefix_actions]
             entry.prefix_ids = None
@@ -122,13 +123,13 @@ class SpeculativeRows:
         out = self.model(
             input_ids=ids[None],
             actions=torch.cat(actions)[None] if actions else None,
-            position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
+            position_ids=torch.arange(begin, begin + ids.shape[0], device=self.device)[None],
             past_key_values=entry.cache,
             use_cache=True,
-            logits_to_keep=len(drafts) + 1 + slots + len(ahead),
+            logits_to_keep=width + 1 + slots + reach,
         )
         logits = out.logits[0]
-        frame.advance(logits[: len(drafts) + 1], logits[len(drafts) + slots:] if slots else None)
+        frame.advance(logits[: width + 1], logits[width + slots:] if slots else None)
         entry.length = entry.start + frame.count - 1  # the last committed token is the next pass's input
         crop(entry.cache, entry.length)
 

@@ -31,9 +31,12 @@ def kv_cache(kv: KV) -> DynamicCache:
 
 
 def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer of ``cache``."""
+    """Keep the first ``length`` positions of every layer of ``cache`` (a :class:`BufferLayer`: only its end
+    moves, once a speculative pass)."""
     for layer in cache.layers:
-        if length < layer.get_seq_length():
+        if isinstance(layer, BufferLayer):
+            layer.length = min(layer.length, length)
+        elif length < layer.get_seq_length():
             layer.crop(length - layer.get_seq_length())
 
 

@@ -56,11 +56,11 @@ def _hash32(words: torch.Tensor) -> torch.Tensor:
     bijection of 32-bit words that spreads every input bit over the output. Its products wrap modulo 2^32, as
     int32 multiplication does in torch's kernels (tests/generation/test_speculative_exact.py checks it against
     the same hash in Python's integers); shifts are made logical by masking."""
-    words ^= (words >> 16) & 0xFFFF
-    words *= 0x21F0AAAD
-    words ^= (words >> 15) & 0x1FFFF
-    words *= 0x735A2D97
-    words ^= (words >> 15) & 0x1FFFF
+    scratch = torch.empty_like(words)
+    for multiplier, shift in ((0x21F0AAAD, 16), (0x735A2D97, 15), (None, 15)):
+        words.bitwise_xor_(torch.bitwise_right_shift(words, shift, out=scratch).bitwise_and_((1 << 32 - shift) - 1))
+        if multiplier is not None:
+            words.mul_(multiplier)
     return words
 
 
@@ -97,8 +97,9 @@ def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions:
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1)
     keys = noise_keys(seed, frame, positions)
     columns = _column_words(size, device)
-    bits = _hash32(keys[0, :, None] ^ columns[0]).bitwise_right_shift_(12).to(torch.int64)  # in place from here:
-    bits.bitwise_and_(0xFFFFF).bitwise_left_shift_(32)  # 20 bits, then 32 more  # a frame's noise is megabytes
+    # in place from here: a frame's noise is megabytes
+    bits = _hash32(keys[0, :, None] ^ columns[0]).bitwise_right_shift_(12).to(torch.int64)
+    bits.bitwise_and_(0xFFFFF).bitwise_left_shift_(32)  # 20 bits, then 32 more
     bits.bitwise_or_(_hash32(keys[1, :, None] ^ columns[1]).to(torch.int64).bitwise_and_(_WORD))
     uniform = bits.to(torch.float64).add_(0.5).mul_(2.0 ** -52)
     exponential = uniform.neg_().log1p_().neg_()  # in float64: exact where it is small (the winning tail)

@@ -168,7 +168,7 @@ class SpeculativeFrame:
 
     def _next_frame_guesses(self, count: int) -> torch.Tensor:
         """The first ``count`` of :meth:`next_frame_guesses`."""
-        reached = len(self.ahead)
+        reached = self.ahead.shape[0]
         if reached >= count:
             return self.ahead[:count]
         mine = torch.cat([self.committed, self.guesses[: self.size - self.count]])
@@ -186,10 +186,11 @@ class SpeculativeFrame:
         + 1, vocab]`` (when the pass ran past the frame's end) are the rows of the next frame's first positions:
         their draws become that frame's first guesses, never codes of this one."""
         if ahead_logits is not None:
-            self._draw_ahead(ahead_logits, self._ahead_rows(len(ahead_logits)))
+            self._draw_ahead(ahead_logits, self._ahead_rows(ahead_logits.shape[0]))
         width = min(self.draft_tokens, self.size - self.count)
         rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
-        drawn = sample_image_tokens(logits[:rows], self.codebook_size, self.sampling, self._rows(rows))
+        drawn = sample_image_tokens(logits if rows == logits.shape[0] else logits[:rows], self.codebook_size,
+                                    self.sampling, self._rows(rows))
         if rows > width:
             samples = drawn[None]
         else:  # the frame's last pass: no row for the position after its last guess
@@ -232,7 +233,7 @@ class SpeculativeFrame:
     def _draw_ahead(self, logits: torch.Tensor, noise: torch.Tensor | None) -> None:
         """Draw the next frame's positions ``0 .. len(logits) - 1`` from their rows with that frame's ``noise``."""
         drawn = sample_image_tokens(logits, self.codebook_size, self.sampling, noise)
-        self.ahead = torch.cat([drawn, self.ahead[len(logits):]])
+        self.ahead = torch.cat([drawn, self.ahead[logits.shape[0]:]])
 
     def _ahead_rows(self, rows: int) -> torch.Tensor | None:
         """The noise of the next frame's positions ``0 .. rows - 1``: each drawn once, and handed over with the
@@ -252,7 +253,7 @@ class SpeculativeFrame:
     def _grown(self, kept: torch.Tensor, frame: int, first: int, rows: int) -> torch.Tensor:
         """``kept``, the noise of frame ``frame``'s positions from ``first`` on, drawn on to at least ``rows``
         rows (:func:`gumbel_noise`; :data:`NOISE_ELEMENTS` values at a time, never past the frame's end)."""
-        have = len(kept)
+        have = kept.shape[0]
         if have >= rows:
             return kept
         end = first + min(max(rows, NOISE_ELEMENTS // self.codebook_size), self.size - first)
