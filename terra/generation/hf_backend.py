@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from terra.config.checks import check_choice
 from terra.config.sampling import SamplingConfig
-from terra.generation.decoding import auto_decoding
+from terra.generation.decoding import auto_decoding, auto_draft_tokens, backend_guesses
 from terra.generation.hf_speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.layout import TokenLayout
@@ -71,6 +71,8 @@ class HFBackend(WorldModelBackend):
 
     ``decoding`` is what a call's ``sampling.decoding=auto`` runs as: the run's choice (terra/generation/backends.py,
     ``resolve_spec``); None: the choice for one rollout on ``device``. A call that names its decoding gets it.
+    ``draft_tokens`` is likewise what ``sampling.draft_tokens=auto`` runs as (None: the block for one rollout,
+    terra/generation/decoding.py, ``auto_draft_tokens``), and ``sampling.guesses=auto`` runs as ``lookahead``.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class HFBackend(WorldModelBackend):
         max_batch_size: int = 16,
         config: LlamaActionConfig | None = None,
         decoding: str | None = None,
+        draft_tokens: int | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):  # a folder; ``config``, when given, spares re-reading it
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, config=config)
@@ -96,10 +99,21 @@ class HFBackend(WorldModelBackend):
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
         self.decoding = auto_decoding("hf", str(self.device)) if decoding is None else check_choice(
             decoding, "decoding", ("sequential", "speculative"))
+        self.draft_tokens = (auto_draft_tokens("hf", str(self.device), 1, self.model.config) if draft_tokens is None
+                             else draft_tokens)
 
     @property
     def name(self) -> str:
         return "transformers"
+
+    def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
+        """``sampling`` as this backend decodes it: ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` are
+        the run's choices (never decided again here); the codes do not depend on them."""
+        sampling = super().as_run(sampling)
+        if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
+            sampling = sampling.replace(draft_tokens=self.draft_tokens if sampling.draft_tokens == "auto"
+                                        else sampling.draft_tokens, guesses=backend_guesses("hf", sampling))
+        return sampling
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
         return request.seed if request.seed is not None else secrets.randbits(63)

@@ -19,7 +19,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, head
 
 def kv_tensors(cache: DynamicCache) -> KV:
     """The cache's keys and values, layer by layer."""
-    return [(layer.keys, layer.values) if not isinstance(layer, BufferLayer) else layer.held() for layer in cache.layers]
+    return [layer.held() if isinstance(layer, BufferLayer) else (layer.keys, layer.values) for layer in cache.layers]
 
 
 def kv_cache(kv: KV) -> DynamicCache:
@@ -66,9 +66,10 @@ class BufferLayer(DynamicLayer):
         end = self.length + key_states.shape[-2]
         if end > self._keys.shape[-2]:  # past the capacity: double it
             room = max(end, 2 * self._keys.shape[-2])
-            grown = [torch.cat([buffer[:, :, : self.length], buffer.new_empty(
-                *buffer.shape[:2], room - self.length, buffer.shape[-1])], dim=2) for buffer in (self._keys, self._values)]
-            self._keys, self._values = grown
+            self._keys, self._values = (
+                torch.cat([kept[:, :, : self.length], kept.new_empty(*kept.shape[:2], room - self.length,
+                                                                      kept.shape[-1])], dim=2)
+                for kept in (self._keys, self._values))
         self._keys[:, :, self.length : end] = key_states
         self._values[:, :, self.length : end] = value_states
         self._end(end)

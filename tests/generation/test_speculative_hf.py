@@ -89,7 +89,8 @@ def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
 
 def test_bad_decoding_settings_are_one_line(monkeypatch):
     for bad, name in (({"draft_tokens": 0}, "sampling.draft_tokens"), ({"draft_tokens": 2.5}, "sampling.draft_tokens"),
-                      ({"decoding": "jacobi"}, "sampling.decoding")):
+                      ({"draft_tokens": "frame"}, "sampling.draft_tokens must be auto or"),
+                      ({"decoding": "jacobi"}, "sampling.decoding"), ({"guesses": "best"}, "sampling.guesses")):
         with pytest.raises(TerraInputError, match=name) as err:
             SamplingConfig.from_mapping(bad)
         assert "\n" not in str(err.value)
@@ -101,7 +102,7 @@ def test_bad_decoding_settings_are_one_line(monkeypatch):
     assert "\n" not in str(err.value)
     assert backends.resolve_spec(spec.replace(sampling=speculative.replace(decoding="auto"))).sampling.decoding == (
         "sequential")  # auto on vLLM's CPU engine
-    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative
+    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative.replace(guesses="lookahead")
 
 
 def test_vllm_decodes_as_its_engine_was_started():
