@@ -122,7 +122,6 @@ def row(record: dict) -> str:
             f"{record['seconds']:.3f} | {record['cpu_s']:.3f} | {record['of']} |")
 
 
-@exit_2_on_input_error("benchmark_defaults")
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if any(o.startswith(("sampling.draft_tokens", "num_frames", "alpasim.max_sessions")) for o in args.overrides):
@@ -159,4 +158,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_2_on_input_error("benchmark_defaults")(main)())

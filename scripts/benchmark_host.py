@@ -166,7 +166,6 @@ HEADER = ("| block | guesses | passes a frame | CPU ms a frame | forward ms a pa
           + " | ".join(f"{name}" for name in [*PARTS, "rest"]) + " |")
 
 
-@exit_2_on_input_error("benchmark_host")
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     blocks = numbers(args.draft_tokens, int, "--draft-tokens")
@@ -194,4 +193,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_2_on_input_error("benchmark_host")(main)())

@@ -155,7 +155,7 @@ def block_tables() -> list[tuple[str, str, int, dict[int, float]]]:
     """benchmarks/decoding.md's "The block decoding=auto picks": per measured path (backend, device kind, rollouts
     in flight), the seconds of each block measured."""
     text = (ROOT / "benchmarks" / "decoding.md").read_text()
-    section = text.split("\n### The block decoding=auto picks\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("\n### The block decoding=auto picks\n", 1)[1].split("\n#", 1)[0]
     tables = []
     for match in map(BLOCK_ROW.match, section.splitlines()):
         if match:
