@@ -7,7 +7,9 @@ speculative, the rest of the sampling settings as given, the defaults otherwise)
 clock (one torch thread: every kernel runs on it) the time of the whole run and, exclusive of what they call, of
 the parts a pass is made of (terra/generation/hf_speculative.py, terra/generation/speculative.py):
 
-* ``forward``: the model's forward pass (``model.forward``, its KV cache's growth included);
+* ``forward``: the model's forward pass (``model.forward``) but for its KV cache's writes;
+* ``kv writes``: the KV cache's writes inside the forward pass (its layers' ``update``: the Transformers
+  ``DynamicCache`` concatenates the whole cache every pass, a window's buffer writes the pass's positions);
 * ``noise``: the Gumbel noise of the positions a pass scores (terra/generation/sampling.py, ``gumbel_noise``);
 * ``sampling``: the draws (``sample_image_tokens``);
 * ``rule``: acceptance and refill (``accepted_guesses``, ``next_guesses``);
@@ -15,7 +17,8 @@ the parts a pass is made of (terra/generation/hf_speculative.py, terra/generatio
 * ``cache``: cutting the KV cache back to the committed tokens, and a frame's cache taken in and out;
 * ``rest``: everything else: the pass's inputs, the frame's bookkeeping, the rollout's loop.
 
-The host time of a pass is the run's CPU time less ``forward``'s, over the passes. One line of a markdown table per
+The host time of a pass is the run's CPU time less ``forward``'s and the KV writes', over the passes; beside it, the
+same with the KV writes (copies the backend makes, not the model's arithmetic). One line of a markdown table per
 setting (``--draft-tokens``, ``--guesses``), and the records as JSON with ``--out``. Examples::
 
     OMP_NUM_THREADS=1 python scripts/benchmark_host.py                        # the defaults, 8 x 8 frames
@@ -43,7 +46,9 @@ from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
-from terra.generation import guesses, hf_speculative, speculative  # noqa: E402
+from transformers.cache_utils import DynamicLayer  # noqa: E402
+
+from terra.generation import guesses, hf_speculative, kv, speculative  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -119,6 +124,10 @@ def requests(pipeline: WorldModelPipeline, args: argparse.Namespace) -> list[Rol
     return out
 
 
+# the KV cache's writes in a forward pass: every cache layer class's own update
+KV_WRITES = [(layer, "update") for layer in (DynamicLayer, getattr(kv, "BufferLayer", None)) if layer is not None]
+
+
 def timed_run(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling: SamplingConfig,
               parts: dict[str, list[tuple[Any, str]]]) -> tuple[int, int, float, dict[str, float]]:
     """The rollouts one after another under ``sampling``, with ``parts`` and the forward timed: frames, passes,
@@ -141,15 +150,17 @@ def timed_run(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling
 def measure(pipeline: WorldModelPipeline, reqs: list[RolloutRequest], sampling: SamplingConfig) -> dict:
     """Passes, the CPU time of a pass and its host time (the run less its forward passes, with nothing else timed),
     then where the host time goes (a second run with every part timed: the split, whose own clock adds a little)."""
-    frames, passes, total, seconds = timed_run(pipeline, reqs, sampling, {})
-    host = total - seconds.get("forward", 0.0)
-    _, _, split_total, split = timed_run(pipeline, reqs, sampling, PARTS)
-    parts = {part: split.get(part, 0.0) for part in ["forward", *PARTS]}
+    frames, passes, total, seconds = timed_run(pipeline, reqs, sampling, {"kv writes": KV_WRITES})
+    writes = seconds.get("kv writes", 0.0)
+    host = total - seconds.get("forward", 0.0) - writes
+    _, _, split_total, split = timed_run(pipeline, reqs, sampling, {"kv writes": KV_WRITES, **PARTS})
+    parts = {part: split.get(part, 0.0) for part in ["forward", "kv writes", *PARTS]}
     parts["rest"] = split_total - sum(parts.values())
     return {"draft_tokens": sampling.draft_tokens, "guesses": sampling.guesses, "temperature": sampling.temperature,
             "frames": frames, "passes": passes, "passes_per_frame": round(passes / frames, 3),
             "cpu_ms_per_frame": round(1e3 * total / frames, 3), "cpu_ms_per_pass": round(1e3 * total / passes, 4),
             "host_ms_per_pass": round(1e3 * host / passes, 4),
+            "host_and_kv_writes_ms_per_pass": round(1e3 * (host + writes) / passes, 4),
             "parts_ms_per_pass": {part: round(1e3 * seconds / passes, 4) for part, seconds in parts.items()}}
 
 
@@ -158,12 +169,12 @@ def row(record: dict) -> str:
     parts = record["parts_ms_per_pass"]
     cells = [str(record["draft_tokens"]), record["guesses"], f"{record['passes_per_frame']:.2f}",
              f"{record['cpu_ms_per_frame']:.1f}", f"{parts['forward']:.3f}", f"**{record['host_ms_per_pass']:.3f}**",
-             *(f"{parts[name]:.3f}" for name in [*PARTS, "rest"])]
+             f"{record['host_and_kv_writes_ms_per_pass']:.3f}", *(f"{parts[name]:.3f}" for name in [*PARTS, "rest"])]
     return "| " + " | ".join(cells) + " |"
 
 
 HEADER = ("| block | guesses | passes a frame | CPU ms a frame | forward ms a pass | host ms a pass | "
-          + " | ".join(f"{name}" for name in [*PARTS, "rest"]) + " |")
+          "host and KV writes | " + " | ".join(f"{name}" for name in [*PARTS, "rest"]) + " |")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
