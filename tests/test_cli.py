@@ -159,7 +159,7 @@ def test_overrides_take_effect(tmp_path):
     assert config["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "decoding": "auto",
                                   "draft_tokens": "auto", "guesses": "auto"}
     decoding = data["rollouts"][0]["decoding"]  # auto: speculative for one rollout on a CPU, its block the rule's
-    assert decoding["decoding"] == "speculative" and decoding["draft_tokens"] == 32 and decoding["frames"] == 2
+    assert decoding["decoding"] == "speculative" and decoding["draft_tokens"] == 48 and decoding["frames"] == 2
     assert decoding["forward_passes"] < 2 * 144 and decoding["tokens_per_pass"] > 1
     assert "speculative decoding: " in result.stdout and "forward passes per frame" in result.stdout
     assert data["seed"] == 5

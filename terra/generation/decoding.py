@@ -94,7 +94,7 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
 ACCEPTANCE = 0.6
 BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
 # the whole frame
-NEAR = 0.03  # a block predicted within this share of the fastest counts as fast: the smallest such is taken (a
+NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken (a
 # larger block's cost grows faster than the rule's line: on the CPU 64 took 12 % more than 48, predicted 0.6 %)
 
 

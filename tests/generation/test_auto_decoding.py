@@ -169,7 +169,7 @@ def test_the_block_auto_picks_is_within_a_tenth_of_the_fastest_measured():
     """decoding=auto's block (draft_tokens=auto) for the demo model is one the benchmarks measured, and no more than
     10 % slower than the fastest block measured there: on the CPU (every block), and on the GPU figures (an H100:
     terra-generate, one and 16 AlpaSim sessions at blocks 32 and 144). The same check rejects a fixed block of 32
-    on the GPU and of 16 on the CPU (it can fail)."""
+    on the GPU and of 16 or 64 on the CPU (it can fail; 64 is what the rule took without its near-tie step)."""
     from terra.models.checkpoint import read_world_model_config
 
     demo = read_world_model_config(str(ROOT / "terra" / "assets" / "demo" / "world_model"))
@@ -184,6 +184,7 @@ def test_the_block_auto_picks_is_within_a_tenth_of_the_fastest_measured():
         assert fast(picked, seconds), (backend, device, streams, picked, seconds)
     assert not all(fast(32, seconds) for backend, _, _, seconds in tables if backend == "vllm")
     assert not all(fast(16, seconds) for backend, _, _, seconds in tables if backend == "hf")
+    assert not all(fast(64, seconds) for backend, _, _, seconds in tables if backend == "hf")  # no near-tie rule
 
 
 def test_the_block_follows_the_pass_cost():

@@ -12,10 +12,10 @@ from tests.conftest import load_script
 def test_each_path_runs_at_its_defaults_and_at_another_block(tmp_path, single_thread):
     bench = load_script("benchmark_defaults")
     out = tmp_path / "defaults.json"
-    records = bench.main(["--paths", "generate", "--frames", "2", "--draft-tokens", "auto,8,32", "--by", "cpu_s",
+    records = bench.main(["--paths", "generate", "--frames", "2", "--draft-tokens", "auto,8,48", "--by", "cpu_s",
                           "--out", str(out), "backend=hf", "device=cpu"])
-    defaults, other = records  # the defaults ran block 32 (the CPU's auto): not run again
-    assert (defaults["setting"], defaults["block"], other["block"]) == ("defaults", 32, 8)
+    defaults, other = records  # the defaults ran block 48 (the CPU's auto): not run again
+    assert (defaults["setting"], defaults["block"], other["block"]) == ("defaults", 48, 8)
     assert all(r["decoding"] == "speculative" and 1 <= r["passes_per_frame"] < 144 and r["seconds"] > 0
                and r["cpu_s"] > 0 for r in records)
     assert json.loads(out.read_text())["records"] == json.loads(json.dumps(records))
