@@ -1,7 +1,7 @@
 """``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` made concrete: the one decision, by backend kind,
 device, the rollouts a run keeps in flight and the model's shape, and where vLLM cannot decode speculatively at
-all. Decided once per run by terra/generation/backends.py (``resolve_spec``); a backend built without a run's
-choice asks it for one stream. A batch's ``max_concurrent=auto`` reads the same table (:func:`auto_streams`), so the
+all. Decided once per run by terra/generation/backends.py (``resolve_spec``, ``resolve_draft_tokens``); a backend
+built without a run's choice asks it for one stream. A batch's ``max_concurrent=auto`` reads the same table (:func:`auto_streams`), so the
 rollouts it keeps in flight and the decoding chosen for them follow from the same measurements. The block
 (:func:`auto_draft_tokens`) is the one a pass-cost rule predicts fastest: benchmarks/decoding.md, "The block
 decoding=auto picks"."""
@@ -87,10 +87,10 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
     return jacobi_unavailable()
 
 
-# The block. A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's; the exponent fitted on the
-# demo model, 0.59-0.61 at K = 16 .. 144, and the Terra-layout model, 0.61-0.63 at K = 8 .. 32: benchmarks/decoding.md,
-# "The block decoding=auto picks"), so a frame takes P / (a * K ** ACCEPTANCE) passes, and the block is the one of
-# BLOCKS (or the whole frame) whose passes times a pass's cost (PASS_COSTS) is least.
+# The block. A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's; the exponent between
+# measured blocks 0.56-0.64 on the demo model at K = 16 .. 144, 0.63-0.66 on the Terra-layout model at K = 8 .. 32:
+# benchmarks/decoding.md, "The block decoding=auto picks"), so a frame takes P / (a * K ** ACCEPTANCE) passes, and the
+# block is the one of BLOCKS (or the whole frame) whose passes times a pass's cost (PASS_COSTS) is least.
 ACCEPTANCE = 0.6
 BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
 # the whole frame
