@@ -17,6 +17,10 @@ on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame 
 ``--count-steps`` (vLLM) runs the engine core in this process and counts the rollouts' passes in its scheduler's
 steps (scripts/bench/engine_steps.py, ``StepCounter``) beside the backend's own count of passes: the check of that
 count on the sessions' path (benchmarks/alpasim.md, "AlpaSim's video-model service").
+
+The server's engine is sized as ``terra-alpasim`` sizes it: for ``alpasim.max_sessions``, the most rollouts of
+``--sessions`` (one session: the engine of one rollout). ``--engine-rollouts N`` makes room for N instead, as a
+server started for N sessions serving fewer (``terra-alpasim``'s default is 16).
 """
 
 from __future__ import annotations
@@ -59,27 +63,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     parser.add_argument("--count-steps", action="store_true",
                         help="vLLM: also count the passes in the engine scheduler's steps (engine core in-process)")
+    parser.add_argument("--engine-rollouts", type=int,
+                        help="the rollouts the engine makes room for (default: the most of --sessions, as "
+                             "terra-alpasim makes for alpasim.max_sessions)")
     parser.add_argument("overrides", nargs="*", help="terra-alpasim's settings, e.g. backend=vllm device=cuda")
     args = parser.parse_args(argv)
     try:
         args.sessions = [int(n) for n in args.sessions.split(",")]
     except ValueError:
         parser.error(f"--sessions must be comma-separated whole numbers (got {args.sessions!r})")
-    if min(args.sessions) < 1 or args.chunks < 1:
-        parser.error("--sessions and --chunks must be at least 1")
+    if min(args.sessions) < 1 or args.chunks < 1 or (args.engine_rollouts is not None and args.engine_rollouts < 1):
+        parser.error("--sessions, --chunks and --engine-rollouts must be at least 1")
     return args
 
 
-def build(overrides: list[str], sessions: int):
+def build(overrides: list[str], sessions: int, engine_rollouts: int | None = None):
     """The server's pipeline and session table from conf/alpasim.yaml, for ``sessions`` rollouts at once, and the
-    engine options the run resolved (the ``memory`` preset's among them)."""
+    engine options the run resolved (the ``memory`` preset's among them): as terra/apps/alpasim.py builds them, the
+    decoding and the engine's room for ``alpasim.max_sessions`` (``engine_rollouts``: room for that many)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("alpasim", [*overrides, "alpasim.port=0", f"alpasim.max_sessions={sessions}"])
+        cfg = compose("alpasim", [*overrides, "alpasim.port=0",
+                                  f"alpasim.max_sessions={max(sessions, engine_rollouts or 0)}"])
     spec, settings = alpasim_spec(cfg)
     run = resolve_run(spec, settings.max_sessions)
-    pipeline = WorldModelPipeline.from_run(run)
+    pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)
     table = SessionTable(pipeline, settings, run.spec.sampling, run.spec.overlap, run.spec.resize)
     return str(cfg.model.get("name", "world model")), pipeline, table, run.spec.backend_options
 
@@ -116,7 +125,10 @@ def rollouts(address: str, frame: bytes, count: int, chunks: int) -> dict:
         finally:
             client.close_channel()
 
+    cpu = time.process_time()
     wall = run_threads(count, drive)
+    cpu = time.process_time() - cpu  # every thread of the process: the server's and the clients' (a shared CPU's
+    # robust figure where the wall time is not)
     chunk = [t for record in times for t in record["chunk_s"]]
     frames = count * (FIRST_CHUNK + CHUNK * chunks)
     return {"sessions": count, "chunks": chunks, "wall_s": wall, "frames_per_s": frames / wall,
@@ -124,7 +136,8 @@ def rollouts(address: str, frame: bytes, count: int, chunks: int) -> dict:
             "first_chunk_s": statistics.median(r["first_chunk_s"][0] for r in times),
             "chunk_p50_s": float(np.percentile(chunk, 50)), "chunk_p90_s": float(np.percentile(chunk, 90)),
             "chunk_max_s": max(chunk),
-            "realtime_x": CHUNK / 10.0 / float(np.percentile(chunk, 50))}  # 8 frames are 0.8 s of video
+            "realtime_x": CHUNK / 10.0 / float(np.percentile(chunk, 50)),  # 8 frames are 0.8 s of video
+            "cpu_s_per_frame": cpu / frames}
 
 
 def warm_up(address: str, frame: bytes) -> None:
@@ -138,7 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.count_steps:  # before vLLM is imported: the scheduler must live in this process to be counted
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    model, pipeline, table, _ = build(args.overrides, max(args.sessions))
+    model, pipeline, table, _ = build(args.overrides, max(args.sessions), args.engine_rollouts)
     counter = None
     if args.count_steps and backend_kind(pipeline.backend) == "vllm":
         from bench.engine_steps import StepCounter

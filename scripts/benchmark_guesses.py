@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
     for temperature in args.temperatures:
         rollouts = dict(base)
         if args.drive_seconds > 0:
-            drive_sampling = SamplingConfig(temperature=temperature, decoding="speculative",
-                                            draft_tokens=image_tokens)
+            drive_sampling = pipeline.backend.as_run(SamplingConfig(  # the default guesses, as the backend runs them
+                temperature=temperature, decoding="speculative", draft_tokens=image_tokens))
             name = f"closed_loop_{args.drive_seconds:g}s"
             rollouts[name], passes = closed_loop_rollout(pipeline, drive_sampling, args.drive_seconds)
             live.append({"temperature": temperature, "draft_tokens": image_tokens, "source": drive_sampling.guesses,

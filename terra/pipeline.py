@@ -28,7 +28,9 @@ from terra.core.device import check_device, set_threads
 from terra.core.errors import TerraInputError
 from terra.core.progress import announce
 from terra.decoder import codes_to_frames
-from terra.generation.backends import create_backend, engine_options, fit_memory, resolve_backend, resolve_spec
+from terra.generation.backends import (
+    create_backend, engine_options, fit_memory, resolve_backend, resolve_draft_tokens, resolve_spec,
+)
 from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
@@ -85,13 +87,15 @@ def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None
     order for every app: its torch threads set, device and backend chosen (a vLLM engine's decoding for at most
     ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoder=refiner``'s
     settings checked, then the model's config read and its window checked (:func:`check_model`), unless ``model``
-    is that config as the run already read it (a Ray actor gets it from its driver); last the engine's options
+    is that config as the run already read it (a Ray actor gets it from its driver), and the block of speculative
+    decoding chosen for that model (``resolve_draft_tokens``); last the engine's options
     fitted to the ``memory`` preset (``fit_memory``), the refiner beside the engine unless ``refine_after`` (the
     app refines once the engine is closed, as terra-generate does)."""
     set_threads(spec.num_threads)
     spec = resolve_spec(spec, streams)
     refiner = check_decoder(spec)
     config = model or check_model(spec)
+    spec = resolve_draft_tokens(spec, config, streams)  # the block, for this model and the rollouts in flight
     place = "off" if refiner is None else "after" if refine_after else "shared"
     return ResolvedRun(fit_memory(spec, config, streams, place), config, refiner)
 
@@ -204,7 +208,7 @@ class WorldModelPipeline:
         config: LlamaActionConfig | None = None,
         zero_embed_code_0: bool = False,
         decoding: str = "auto",
-        draft_tokens: int = 32,
+        draft_tokens: int | str = "auto",
         block_size: int | None = None,
         num_threads: int | str | None = DEFAULT_THREADS,
         **backend_options,

@@ -103,8 +103,8 @@ def test_terras_models_sample_as_terra_unless_told_otherwise(app):
             cfg = compose(app, overrides=list(overrides))
         return None if cfg.get("sampling") is None else dict(cfg.sampling)
 
-    terra = {"temperature": 0.9, "top_k": 0, "top_p": 1.0, "decoding": "auto", "draft_tokens": 32,
-             "guesses": "lookahead"}
+    terra = {"temperature": 0.9, "top_k": 0, "top_p": 1.0, "decoding": "auto", "draft_tokens": "auto",
+             "guesses": "auto"}
     assert sampling("model=terra_v1") == sampling("model=terra_v2") == terra
     if app in ("train_world_model", "prepare_driving_logs"):  # they do not sample (the key is left unused)
         return

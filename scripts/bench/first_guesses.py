@@ -31,7 +31,7 @@ def first_guesses(guess: Callable[[RolloutState], np.ndarray]) -> Iterator[None]
         original(rows, state, sampling)
         frame = rows._frames[-1].frame
         frame.later = torch.as_tensor(guess(state), device=frame.later.device)
-        frame.guesses = frame._later(0, frame.draft_tokens)
+        frame.guesses = frame._later(0, frame.draft_tokens).clone()  # refilled in place
 
     hf_speculative.SpeculativeRows.add = add
     try:

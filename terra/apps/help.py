@@ -116,7 +116,8 @@ PAGES: dict[str, Page] = {  # config name (conf/<name>.yaml) -> its page
         ("Settings of the groups",
          "sampling.temperature 0 .. 10 (0 = greedy), sampling.top_k 0 .. 1048576 (0 = off), sampling.top_p above\n"
          "0 .. 1, sampling.decoding auto | sequential | speculative (several tokens per forward pass, the same\n"
-         "codes), sampling.draft_tokens 1 .. 4096, output.fps 1 .. 60, backend.options.max_batch_size (hf) 1 .. 4096,\n"
+         "codes), sampling.draft_tokens auto | 1 .. 4096, sampling.guesses auto | lookahead | previous |\n"
+         "transitions (vllm: auto | previous), output.fps 1 .. 60, backend.options.max_batch_size (hf) 1 .. 4096,\n"
          "backend.options.passes_per_step (vllm, speculative) null or 1 .. 64.\n"
          "Quote values with spaces or non-ASCII letters for Hydra: \"context='/data/Fahrten 1/'\".")),
         _generate_choices),

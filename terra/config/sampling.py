@@ -16,14 +16,16 @@ from terra.config.checks import Range, check_choice
 from terra.config.moved import DRAFT_TOKENS, moved_value
 from terra.core.errors import TerraInputError
 
-DRAW_RULE = "gumbel-max, noise keyed by (seed, frame, position)"  # terra/generation/sampling.py
+DRAW_RULE = "gumbel-max, noise hashed from (seed, frame, position, code)"  # terra/generation/sampling.py
 DECODINGS = ("auto", "sequential", "speculative")
-GUESSES = ("previous", "transitions", "lookahead")  # a frame's speculative guesses: terra/generation/speculative.py
+# a frame's speculative guesses (terra/generation/speculative.py); auto: what the backend runs (Transformers:
+# lookahead; vLLM: previous, all its engine guesses)
+GUESSES = ("auto", "previous", "transitions", "lookahead")
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
     "top_p": Range(0, 1, 1.0, low_open=True),
-    "draft_tokens": DRAFT_TOKENS.check,  # its old name, block_size, is checked against the same range
+    "draft_tokens": DRAFT_TOKENS.check,  # or auto; its old name, block_size, is checked against the same range
 }
 
 
@@ -34,26 +36,34 @@ class SamplingConfig:
     ``decoding`` is how image tokens are decoded: ``sequential`` samples one per forward pass; ``speculative`` has
     a pass score ``draft_tokens`` guessed tokens past the committed ones (terra/generation/speculative.py);
     ``auto`` is speculative where that is faster, decided once per run (terra/generation/decoding.py,
-    ``auto_decoding``; its numbers: benchmarks/decoding.md, "When decoding=auto is speculative"). They decide how
-    fast the tokens come, not which: for the same seed a backend gives the same codes whatever ``decoding`` and
-    ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the codes). ``guesses`` names where a
-    speculative pass's guesses past the pass come from (terra/generation/guesses.py), again speed only; vLLM's
-    engine guesses ``previous`` whatever it says (scripts/benchmark_guesses.py measures the sources).
+    ``auto_decoding``; its numbers: benchmarks/decoding.md, "When decoding=auto is speculative"); ``draft_tokens=auto``
+    is the block a pass-cost rule finds fastest for the model, the backend and the rollouts in flight, decided with
+    it (``auto_draft_tokens``). They decide how fast the tokens come, not which: for the same seed a backend gives
+    the same codes whatever ``decoding`` and ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the
+    codes). ``guesses`` names where a speculative pass's guesses past the pass come from
+    (terra/generation/guesses.py), again speed only; ``auto`` is what the backend runs (vLLM's engine runs
+    ``previous`` only, and refuses the others: terra/generation/backends.py, ``resolve_decoding``).
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     decoding: str = "auto"
-    draft_tokens: int = 32
-    guesses: str = "lookahead"
+    draft_tokens: int | str = "auto"
+    guesses: str = "auto"
     block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
 
     def __post_init__(self, block_size: int | None) -> None:
         if block_size is not None:
             object.__setattr__(self, "draft_tokens", moved_value(DRAFT_TOKENS, block_size))
         for name, limits in SAMPLING.items():
-            limits.check(getattr(self, name), f"sampling.{name}")
+            value = getattr(self, name)
+            if name == "draft_tokens" and isinstance(value, str):
+                if value != "auto":
+                    raise TerraInputError(f"sampling.draft_tokens must be auto or a whole number from 1 to 4096 "
+                                          f"(got {value!r}); e.g. sampling.draft_tokens=auto")
+                continue
+            limits.check(value, f"sampling.{name}")
         check_choice(self.decoding, "sampling.decoding", DECODINGS)
         check_choice(self.guesses, "sampling.guesses", GUESSES)
 

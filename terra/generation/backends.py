@@ -15,7 +15,9 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import auto_dtype, resolve_device
 from terra.core.errors import TerraInputError
-from terra.generation.decoding import auto_decoding, auto_streams, vllm_speculative_unavailable
+from terra.generation.decoding import (
+    auto_decoding, auto_draft_tokens, auto_streams, backend_guesses, vllm_speculative_unavailable,
+)
 from terra.generation.rollout import WorldModelBackend
 
 GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
@@ -33,24 +35,35 @@ def most_rollouts(backend: str, device: str, decoding: str = "auto") -> int:
 
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
                      requests: str = "per_frame") -> SamplingConfig:
-    """``sampling`` with ``decoding`` concrete for a run of at most ``streams`` rollouts in flight on the resolved
-    ``backend`` and ``device``: ``auto`` as :func:`auto_decoding` decides; ``speculative`` asked for where vLLM
-    cannot run it is one line, before anything loads."""
+    """``sampling`` with ``decoding`` and ``guesses`` concrete for a run of at most ``streams`` rollouts in flight on
+    the resolved ``backend`` and ``device``: ``auto`` as :func:`auto_decoding` decides, and the guesses the backend
+    runs (:func:`backend_guesses`); ``speculative`` asked for where vLLM cannot run it is one line, before anything
+    loads, and so are guesses it does not run."""
     if sampling.decoding == "speculative" and backend == "vllm":
         why = vllm_speculative_unavailable(device, requests)
         if why:
             raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential or auto, "
                                   "or backend=hf")
-    if sampling.decoding != "auto":
-        return sampling
-    return sampling.replace(decoding=auto_decoding(backend, device, streams, requests))
+    if sampling.decoding == "auto":
+        sampling = sampling.replace(decoding=auto_decoding(backend, device, streams, requests))
+    return sampling.replace(guesses=backend_guesses(backend, sampling))
+
+
+def resolve_draft_tokens(spec: RunSpec, model, streams: int = 1) -> RunSpec:
+    """``spec`` (resolved by :func:`resolve_spec`) with ``sampling.draft_tokens=auto`` made concrete for the world
+    model ``model`` (its config) and the run's ``streams``: terra/generation/decoding.py, ``auto_draft_tokens``."""
+    if spec.sampling.draft_tokens != "auto":
+        return spec
+    block = auto_draft_tokens(spec.backend, spec.device, streams, model)
+    return spec.replace(sampling=spec.sampling.replace(draft_tokens=block))
 
 
 def resolve_spec(spec: RunSpec, streams: int = 1) -> RunSpec:
-    """``spec`` with its device and backend chosen (``auto`` → what this machine has) and ``sampling.decoding``
-    made concrete for the run's ``streams`` (the most rollouts it keeps in flight: :func:`resolve_decoding`), once
-    per run: the pipeline (terra/pipeline.py, ``resolve_run``), the backend it builds (a vLLM engine's draft slots
-    are fixed when it starts) and the refiner take the result as it is."""
+    """``spec`` with its device and backend chosen (``auto`` → what this machine has) and ``sampling.decoding`` and
+    ``sampling.guesses`` made concrete for the run's ``streams`` (the most rollouts it keeps in flight:
+    :func:`resolve_decoding`), once per run: the pipeline (terra/pipeline.py, ``resolve_run``, which then chooses
+    the block for the model: :func:`resolve_draft_tokens`), the backend it builds (a vLLM engine's draft slots are
+    fixed when it starts) and the refiner take the result as it is."""
     device = resolve_device(spec.device)
     backend = resolve_backend(spec.backend, device)
     sampling = resolve_decoding(spec.sampling, backend, device, streams,
@@ -118,7 +131,8 @@ def model_backend(model: torch.nn.Module, device: str | torch.device, streams: i
     run of ``streams`` rollouts in flight."""
     from terra.generation.hf_backend import HFBackend
 
-    return HFBackend(model, device, model.dtype, decoding=auto_decoding("hf", str(device), streams))
+    return HFBackend(model, device, model.dtype, decoding=auto_decoding("hf", str(device), streams),
+                     draft_tokens=auto_draft_tokens("hf", str(device), streams, model.config))
 
 
 def create_backend(
@@ -152,15 +166,22 @@ def create_backend(
             if streaming:
                 raise TerraInputError("sampling.decoding=speculative: vLLM decodes speculatively on per-frame "
                                       "requests only; use backend.options.requests=per_frame")
-            options["draft_tokens"] = sampling.draft_tokens
+            block = sampling.draft_tokens
+            if block == "auto":  # a caller without a run (resolve_draft_tokens decides a run's)
+                from terra.models.checkpoint import read_world_model_config
+
+                block = auto_draft_tokens(kind, device, max_rollouts or 1,
+                                          config or read_world_model_config(str(world_model)))
+            options["draft_tokens"] = block
         chosen = StreamingVLLMBackend if streaming else VLLMBackend
         build = lambda: chosen(str(world_model), dtype=dtype, config=config, **options)  # noqa: E731
     else:
         from terra.generation.hf_backend import HFBackend
 
         decoding = None if sampling is None or sampling.decoding == "auto" else sampling.decoding
+        block = None if sampling is None or sampling.draft_tokens == "auto" else sampling.draft_tokens
         build = lambda: HFBackend(str(world_model), device=device, dtype=getattr(torch, dtype),  # noqa: E731
-                                  config=config, decoding=decoding, **options)
+                                  config=config, decoding=decoding, draft_tokens=block, **options)
     try:
         return build()
     except TypeError as err:  # an unknown key in backend.options (ours or vLLM's engine arguments)

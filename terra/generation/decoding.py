@@ -1,10 +1,18 @@
-"""``sampling.decoding=auto`` made concrete: the one decision, by backend kind, device and the rollouts a run keeps
-in flight, and where vLLM cannot decode speculatively at all. Decided once per run by
-terra/generation/backends.py (``resolve_spec``); a backend built without a run's choice asks it for one stream.
-A batch's ``max_concurrent=auto`` reads the same table (:func:`auto_streams`), so the rollouts it keeps in flight
-and the decoding chosen for them follow from the same measurements."""
+"""``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` made concrete: the one decision, by backend kind,
+device, the rollouts a run keeps in flight and the model's shape, and where vLLM cannot decode speculatively at
+all. Decided once per run by terra/generation/backends.py (``resolve_spec``, ``resolve_draft_tokens``); a backend
+built without a run's choice asks it for one stream. A batch's ``max_concurrent=auto`` reads the same table
+(:func:`auto_streams`), so the rollouts it keeps in flight and the decoding chosen for them follow from the same
+measurements. The block (:func:`auto_draft_tokens`) is the one a pass-cost rule predicts fastest:
+benchmarks/decoding.md, "The block decoding=auto picks"."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 
 # decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
 # kind, and sequential above it (a kind not listed: never). Why each number:
@@ -48,6 +56,19 @@ def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | Non
     return 1 if backend == "hf" and speculative else None
 
 
+def backend_guesses(backend: str, sampling: SamplingConfig) -> str:
+    """``sampling.guesses`` as the resolved ``backend`` (hf | vllm) runs it: ``auto`` is ``lookahead`` on the
+    Transformers backend (terra/generation/hf_speculative.py) and ``previous`` on vLLM, whose engine's sampler
+    guesses the previous frame's codes and nothing else (terra/vllm/jacobi_state.py); naming another for a vLLM run
+    that decodes speculatively is one line, not a setting silently ignored."""
+    if backend != "vllm":
+        return "lookahead" if sampling.guesses == "auto" else sampling.guesses
+    if sampling.guesses in ("auto", "previous") or sampling.decoding != "speculative":
+        return "previous"
+    raise TerraInputError(f"sampling.guesses={sampling.guesses}: vLLM's engine guesses the previous frame's codes "
+                          "only (terra/vllm/jacobi_state.py); use sampling.guesses=auto or previous, or backend=hf")
+
+
 def _speculative_limit(backend: str, device: str) -> int | None:
     """:data:`SPECULATIVE_STREAMS`' entry for ``backend`` on ``device``'s kind (0 where it has none)."""
     return SPECULATIVE_STREAMS.get((backend, "cuda" if device.startswith("cuda") else "cpu"), 0)
@@ -64,3 +85,97 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
     from terra.vllm.compat import jacobi_unavailable
 
     return jacobi_unavailable()
+
+
+# The block. A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's; the exponent between
+# measured blocks 0.56-0.64 on the demo model at K = 16 .. 144, 0.63-0.66 on the Terra-layout model at K = 8 .. 32:
+# benchmarks/decoding.md, "The block decoding=auto picks"), so a frame takes P / (a * K ** ACCEPTANCE) passes, and the
+# block is the one of BLOCKS (or the whole frame) whose passes times a pass's cost (PASS_COSTS) is least.
+ACCEPTANCE = 0.6
+BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
+# the whole frame
+NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken (a
+# larger block's cost grows faster than the rule's line: on the CPU 64 took 12 % more than 48, predicted 0.6 %)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """What a verifying pass costs on a backend and device kind, for a model of a given shape (:func:`pass_seconds`):
+    the host's part (``host_s``: the Transformers backend's Python and bookkeeping; vLLM's engine step, which runs
+    beside the GPU's work: ``overlapped``), a fixed part per decoder layer (``layer_s``), the weights read
+    (``bytes_per_s``) and the tokens' arithmetic (``flops_per_s``). Fitted once per machine kind:
+    benchmarks/decoding.md, "The block decoding=auto picks"."""
+
+    host_s: float
+    layer_s: float
+    bytes_per_s: float
+    flops_per_s: float
+    overlapped: bool
+
+
+PASS_COSTS: dict[tuple[str, str], PassCost] = {
+    # one CPU thread (the 2-core development machine), float32: a pass's CPU time at blocks 16 .. 144 on the demo
+    # model (6.1 ms + 0.237 ms a token, the host's work included: scripts/benchmark_host.py)
+    ("hf", "cpu"): PassCost(host_s=0.45e-3, layer_s=0.77e-3, bytes_per_s=20e9, flops_per_s=76e9, overlapped=False),
+    # an estimate (the Transformers backend was not timed on a GPU): its Python per layer, an H100's rates
+    ("hf", "cuda"): PassCost(host_s=1e-3, layer_s=0.15e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=False),
+    # vLLM on an H100: an engine step's host time (the demo model, one rollout: 3.5-5.3 ms), the verifying step's
+    # GPU time at Terra's 2 B shape (1.5-1.8 ms for one token, + 17 us a token: 8.7 ms at 16 x 33 tokens)
+    ("vllm", "cuda"): PassCost(host_s=4e-3, layer_s=0.03e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=True),
+}
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """What a pass's cost depends on, read from a world model's config (a ``LlamaActionConfig``)."""
+
+    image_tokens: int  # a frame's, the most guesses a pass scores for it
+    slot_tokens: int  # a frame's action and route slots (a lookahead pass runs through them)
+    layers: int
+    weight_bytes: int  # in the dtype a pass reads them (4 bytes on a CPU, 2 on a GPU)
+    flops_per_token: float  # the linear layers and the head, and attention over half a window
+
+    @classmethod
+    def from_config(cls, config: Any, device: str) -> "PassShape":
+        h, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or h // heads
+        linear = layers * (2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 3 * h * ffn) + h * config.vocab_size
+        window = config.num_temporal_embeddings * config.num_spatio_embeddings
+        attention = 4 * layers * heads * head_dim * window / 2
+        return cls(config.num_image_patches, config.num_action_tokens + getattr(config, "num_route_tokens", 0), layers,
+                   linear * (2 if device.startswith("cuda") else 4), 2.0 * linear + attention)
+
+
+def pass_seconds(cost: PassCost, shape: PassShape, tokens: int, passes_per_step: int = 1) -> float:
+    """Seconds of one verifying pass of ``tokens`` tokens (all rollouts' in one step); with ``passes_per_step`` passes
+    in one engine step, the step's host time is shared by them."""
+    device = shape.layers * cost.layer_s + shape.weight_bytes / cost.bytes_per_s + tokens * shape.flops_per_token \
+        / cost.flops_per_s
+    host = cost.host_s / passes_per_step
+    return max(host, device) if cost.overlapped else host + device
+
+
+def auto_draft_tokens(backend: str, device: str, streams: int, config: Any) -> int:
+    """What ``sampling.draft_tokens=auto`` is for a speculative run of at most ``streams`` rollouts in flight on the
+    resolved ``backend`` and ``device``, for the world model of ``config``: the block (of :data:`BLOCKS`, or the
+    frame's image tokens) with the fewest predicted seconds a frame, ``passes x`` :func:`pass_seconds`. vLLM puts
+    every rollout's block in one step (and an engine of one rollout runs :func:`auto_passes_per_step` passes a step);
+    the Transformers backend runs one rollout a pass, its block running past the frame into the action slots
+    (``sampling.guesses=lookahead``). Of blocks predicted within :data:`NEAR` of the fastest, the smallest."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    shape = PassShape.from_config(config, device)
+    frame = shape.image_tokens
+    cost = PASS_COSTS.get((backend, kind))
+    if cost is None:  # vLLM's CPU engine decodes sequentially: the block is never used
+        return frame
+    vllm = backend == "vllm"
+    passes = auto_passes_per_step(streams) if vllm else 1
+
+    def seconds(block: int) -> float:
+        tokens = streams * (block + 1) if vllm else block + 1 + shape.slot_tokens
+        return pass_seconds(cost, shape, tokens, passes) / block ** ACCEPTANCE
+
+    blocks = [b for b in BLOCKS if b < frame] + [frame]
+    fastest = min(seconds(b) for b in blocks)
+    return next(b for b in blocks if seconds(b) <= (1 + NEAR) * fastest)

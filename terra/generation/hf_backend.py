@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from terra.config.checks import check_choice
 from terra.config.sampling import SamplingConfig
-from terra.generation.decoding import auto_decoding
+from terra.generation.decoding import auto_decoding, auto_draft_tokens, backend_guesses
 from terra.generation.hf_speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.layout import TokenLayout
@@ -50,6 +50,9 @@ class _Slot:
     # the frame they are for, its first guesses and the noise of its first positions, drawn by the previous frame's
     # passes (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous codes
     ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
+    # the speculative path's window cache and the ``kv`` it holds: its next frame writes on into it while ``kv`` is
+    # still that one (terra/generation/hf_speculative.py); never a fork's (its twin would write there too)
+    window: tuple[DynamicCache, KV] | None = None
 
 
 @dataclass
@@ -68,6 +71,8 @@ class HFBackend(WorldModelBackend):
 
     ``decoding`` is what a call's ``sampling.decoding=auto`` runs as: the run's choice (terra/generation/backends.py,
     ``resolve_spec``); None: the choice for one rollout on ``device``. A call that names its decoding gets it.
+    ``draft_tokens`` is likewise what ``sampling.draft_tokens=auto`` runs as (None: the block for one rollout,
+    terra/generation/decoding.py, ``auto_draft_tokens``), and ``sampling.guesses=auto`` runs as ``lookahead``.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class HFBackend(WorldModelBackend):
         max_batch_size: int = 16,
         config: LlamaActionConfig | None = None,
         decoding: str | None = None,
+        draft_tokens: int | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):  # a folder; ``config``, when given, spares re-reading it
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, config=config)
@@ -93,10 +99,21 @@ class HFBackend(WorldModelBackend):
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
         self.decoding = auto_decoding("hf", str(self.device)) if decoding is None else check_choice(
             decoding, "decoding", ("sequential", "speculative"))
+        self.draft_tokens = (auto_draft_tokens("hf", str(self.device), 1, self.model.config) if draft_tokens is None
+                             else draft_tokens)
 
     @property
     def name(self) -> str:
         return "transformers"
+
+    def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
+        """``sampling`` as this backend decodes it: ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` are
+        the run's choices (never decided again here); the codes do not depend on them."""
+        sampling = super().as_run(sampling)
+        if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
+            sampling = sampling.replace(draft_tokens=self.draft_tokens if sampling.draft_tokens == "auto"
+                                        else sampling.draft_tokens, guesses=backend_guesses("hf", sampling))
+        return sampling
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
         return request.seed if request.seed is not None else secrets.randbits(63)
@@ -142,7 +159,7 @@ class HFBackend(WorldModelBackend):
         for i, row in enumerate(self._rows):
             by_config[row.sampling].append(i)
         for config, rows in by_config.items():
-            noise = None if config.greedy else torch.cat([self._noise(self._rows[i]) for i in rows])
+            noise = None if config.greedy else self._noise([self._rows[i] for i in rows])
             tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
@@ -154,11 +171,13 @@ class HFBackend(WorldModelBackend):
             self._logits = self._decode_step(tokens[going][:, None])
         return done
 
-    def _noise(self, row: _Row) -> torch.Tensor:
-        """The Gumbel noise ``[1, codebook_size]`` of the token ``row`` samples now (its rollout's seed, frame and
-        position: the noise speculative decoding draws that token with too)."""
-        state = row.state
-        return gumbel_noise(state.seed, state.next_frame, [len(row.tokens)], self.layout.codebook_size, self.device)
+    def _noise(self, rows: list[_Row]) -> torch.Tensor:
+        """The Gumbel noise ``[len(rows), codebook_size]`` of the tokens ``rows`` sample now, each keyed by its
+        rollout's seed, frame and position (the noise speculative decoding draws that token with too), in one
+        call."""
+        keys = torch.tensor([(row.state.seed, row.state.next_frame, len(row.tokens)) for row in rows],
+                            device=self.device).T
+        return gumbel_noise(keys[0], keys[1], keys[2], self.layout.codebook_size, self.device)
 
     def _finish(self, index: int) -> FrameDone:
         """Hand a complete frame to its state, with the state's own cache cut out of the batch."""

@@ -7,7 +7,9 @@ decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every s
 first pass is its prompt (the window's frames at a window start, else the previous frame's last token and
 slots) followed by the draft tokens; later passes are the last committed token followed by them. After each pass
 the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
-input), so between frames the cache is exactly what sequential decoding leaves.
+input), so between frames the cache is exactly what sequential decoding leaves. The cache is a window's buffer
+(terra/generation/kv.py, ``window_cache``): a pass writes its tokens in place after the kept ones, and the
+rollout's next frame writes on into it, so no pass copies the cache (a fork's next frame copies it once).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.kv import crop, kv_cache, kv_tensors
+from terra.generation.kv import crop, kv_tensors, window_cache
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.speculative import SpeculativeFrame
 
@@ -38,6 +40,8 @@ class _Frame:
     start: int  # window position of the frame's first image token
     prompt_tokens: int
     window_start: bool
+    length: int  # positions in the cache (the next pass's first position)
+    placeholders: torch.Tensor  # [slots] the action slots' ids, fed where a pass runs past the frame's end
 
 
 class SpeculativeRows:
@@ -68,25 +72,31 @@ class SpeculativeRows:
                            if lookahead else None)
         if state.window_starts:
             ids, conditions, _ = state.prompt()
-            cache, prompt = DynamicCache(), len(ids)
+            cache, prompt = window_cache(None, layout.window_positions), len(ids)
             prefix_conditions = torch.from_numpy(conditions).reshape(-1, layout.action_dim)
         else:
-            cache = kv_cache(state.cache.kv)
+            kept = state.cache.window  # the window's cache this rollout wrote last, unless it has moved on since
+            if kept is not None and kept[1] is state.cache.kv:
+                cache = kept[0]
+                crop(cache, state.cache.kv[0][0].shape[2])  # what a cancelled frame wrote past it goes
+            else:
+                cache = window_cache(state.cache.kv, layout.window_positions)
             ids = [int(state.frames[-1][-1])] + [layout.action_token_id] * layout.slot_tokens
             prefix_conditions = torch.from_numpy(state.conditions[state.next_frame - 1])
-            prompt = len(state.prompt()[0])
-        start = cache.get_seq_length() + len(ids)
+            prompt = (state.next_frame - state.window.start) * layout.frame_span
+        length = cache.get_seq_length()
+        placeholders = torch.full((layout.slot_tokens,), layout.action_token_id, device=self.device)
         self._frames.append(_Frame(state, frame, cache, torch.tensor(ids, device=self.device),
-                                   prefix_conditions.to(self.device, self.model.dtype), next_conditions, start, prompt,
-                                   state.window_starts))
+                                   prefix_conditions.to(self.device, self.model.dtype), next_conditions,
+                                   length + len(ids), prompt, state.window_starts, length, placeholders))
 
     def cancel(self, states: Sequence[RolloutState]) -> None:
         drop = {id(s) for s in states}
         self._frames = [f for f in self._frames if id(f.state) not in drop]
 
-    @torch.inference_mode()
     def step(self) -> list[FrameDone]:
-        """One forward pass for every frame in flight; the frames that are complete, added to their states."""
+        """One forward pass for every frame in flight; the frames that are complete, added to their states (in
+        inference mode: :meth:`HFBackend.poll <terra.generation.hf_backend.HFBackend.poll>` calls it)."""
         done = []
         for entry in list(self._frames):
             self._pass(entry)
@@ -98,35 +108,38 @@ class SpeculativeRows:
     def _pass(self, entry: _Frame) -> None:
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
+        width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)
+        slots = entry.placeholders.shape[0] if reach else 0
         if entry.prefix_ids is not None:  # the frame's first pass: its prompt, then the drafts
-            ids, conditions = torch.cat([entry.prefix_ids, drafts]), entry.prefix_conditions
+            parts, conditions = [entry.prefix_ids, drafts], [entry.prefix_conditions]
             entry.prefix_ids = None
         else:
-            ids, conditions = torch.cat([frame.committed[-1][-1:], drafts]), entry.prefix_conditions[:0]
-        slots = len(entry.next_conditions) if len(ahead) else 0
+            parts, conditions = [frame.last_token(), drafts], []
         if slots:  # past the frame's end: its slots, then the next frame's first guesses
-            placeholders = torch.full((slots,), entry.state.layout.action_token_id, device=self.device)
-            ids, conditions = torch.cat([ids, placeholders, ahead]), torch.cat([conditions, entry.next_conditions])
-        begin = entry.cache.get_seq_length()
+            parts += [entry.placeholders, ahead]
+            conditions.append(entry.next_conditions)
+        ids = torch.cat(parts)
+        begin = entry.length
         out = self.model(
             input_ids=ids[None],
-            conditions=conditions[None] if len(conditions) else None,
-            position_ids=torch.arange(begin, begin + len(ids), device=self.device)[None],
+            conditions=torch.cat(conditions)[None] if conditions else None,
+            position_ids=torch.arange(begin, begin + ids.shape[0], device=self.device)[None],
             past_key_values=entry.cache,
             use_cache=True,
-            logits_to_keep=len(drafts) + 1 + slots + len(ahead),
+            logits_to_keep=width + 1 + slots + reach,
         )
         logits = out.logits[0]
-        frame.advance(logits[: len(drafts) + 1], logits[len(drafts) + slots:] if slots else None)
-        crop(entry.cache, entry.start + frame.count - 1)  # the last committed token is the next pass's input
+        frame.advance(logits[: width + 1], logits[width + slots:] if slots else None)
+        entry.length = entry.start + frame.count - 1  # the last committed token is the next pass's input
+        crop(entry.cache, entry.length)
 
     def _finish(self, entry: _Frame) -> FrameDone:
         state, frame = entry.state, entry.frame
         codes = frame.codes().cpu().numpy().astype(np.int64)
         state.add_frame(codes, passes=frame.passes)
         state.cache.ahead = frame.handover() if frame.lookahead else None
-        kv = kv_tensors(entry.cache)
-        state.cache.kv = None if state.window_starts else kv  # a new window starts from a fresh prompt
+        kv = None if state.window_starts else kv_tensors(entry.cache)  # a new window starts from a fresh prompt
+        state.cache.kv, state.cache.window = kv, None if kv is None else (entry.cache, kv)
         computed = entry.prompt_tokens if entry.window_start else state.layout.slot_tokens + 1
         return FrameDone(state, codes, entry.prompt_tokens, entry.prompt_tokens - computed, entry.window_start)
 

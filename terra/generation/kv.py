@@ -1,21 +1,25 @@
 """The Transformers backend's KV caches as plain tensors: a rollout keeps ``KV`` between frames, a forward pass
 takes a :class:`DynamicCache` (terra/generation/hf_backend.py, terra/generation/hf_speculative.py).
 
-Nothing here writes a cache tensor in place (a :class:`DynamicCache` grows by concatenation, :func:`crop` slices),
-so a forked rollout may share its parent's tensors.
+Nothing here writes a tensor a rollout keeps in place (a :class:`DynamicCache` grows by concatenation, :func:`crop`
+slices; a :func:`window_cache` writes only past the positions it was given), so a forked rollout may share its
+parent's tensors.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, length, head_dim]
 
 
 def kv_tensors(cache: DynamicCache) -> KV:
     """The cache's keys and values, layer by layer."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    return [layer.held() if isinstance(layer, BufferLayer) else (layer.keys, layer.values) for layer in cache.layers]
 
 
 def kv_cache(kv: KV) -> DynamicCache:
@@ -27,6 +31,73 @@ def kv_cache(kv: KV) -> DynamicCache:
 
 
 def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer of ``cache`` (views)."""
+    """Keep the first ``length`` positions of every layer of ``cache`` (a :class:`BufferLayer`: only its end
+    moves, once a speculative pass)."""
     for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+        if isinstance(layer, BufferLayer):
+            layer.length = min(layer.length, length)
+        elif length < layer.get_seq_length():
+            layer.crop(length - layer.get_seq_length())
+
+
+class BufferLayer(DynamicLayer):
+    """A cache layer whose keys and values live at the front of buffers of ``capacity`` positions: a forward pass
+    writes its positions in place after the kept ones and attends to views, so a speculative pass copies only its
+    own tokens, not the cache (a :class:`DynamicLayer` concatenates the whole cache every pass); :meth:`crop` moves
+    the end back. Past its capacity it doubles (one copy)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._keys = self._values = torch.empty(0)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, width = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._keys = key_states.new_empty(batch, heads, self.capacity, width)
+        self._values = value_states.new_empty(batch, value_states.shape[1], self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self._keys.shape[-2]:  # past the capacity: double it
+            room = max(end, 2 * self._keys.shape[-2])
+            self._keys, self._values = (
+                torch.cat([kept[:, :, : self.length], kept.new_empty(*kept.shape[:2], room - self.length,
+                                                                      kept.shape[-1])], dim=2)
+                for kept in (self._keys, self._values))
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self._end(end)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions (a positive value: keep that many, as DynamicLayer). Only
+        the length moves: ``keys`` and ``values`` are the views the last :meth:`update` returned until the next one
+        (:meth:`held` gives the positions kept)."""
+        self.length = min(tokens_to_remove, self.length) if tokens_to_remove > 0 else self.length + tokens_to_remove
+
+    def held(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the keys and values of the positions kept."""
+        return self._keys[:, :, : self.length], self._values[:, :, : self.length]
+
+    def _end(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = self.held()
+
+
+def window_cache(kv: KV | None, capacity: int) -> DynamicCache:
+    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions (a rollout's window),
+    holding a copy of ``kv`` (None: empty)."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = partial(BufferLayer, capacity)
+    for layer, (keys, values) in enumerate(kv or []):
+        cache.update(keys, values, layer)
+    return cache

@@ -13,20 +13,23 @@ wherever their inputs agree: that is what makes their codes equal for the same s
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import torch
 
 from terra.config.sampling import SamplingConfig
 
-_MASK64 = (1 << 64) - 1
-
 
 def image_token_scores(logits: torch.Tensor, codebook_size: int, config: SamplingConfig) -> torch.Tensor:
     """The warped scores ``[B, codebook_size]`` (float32) of each row of ``logits [B, vocab]``: divided by the
     temperature, then ``-inf`` outside the top-k (0 = off) and outside top-p (the smallest set of most likely codes
     whose mass reaches it). ``softmax`` of a row is the distribution its token is drawn from. Not greedy."""
-    scores = logits[:, :codebook_size].float() / config.temperature
+    scores = logits[:, :codebook_size]
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    if config.temperature != 1.0:
+        scores = scores / config.temperature
     if 0 < config.top_k < codebook_size:
         kth = torch.topk(scores, config.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -38,38 +41,69 @@ def image_token_scores(logits: torch.Tensor, codebook_size: int, config: Samplin
     return scores
 
 
-def _mix64(value: int) -> int:
-    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads every input bit over the output."""
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
+_WORD = 0xFFFFFFFF
+_SIGN = 1 << 31
+_STREAMS = (0x2545F491, 0x4F6CDD1D)  # the two words of a key (and of a uniform) start from these
 
 
-def noise_key(seed: int, frame: int, position: int) -> int:
-    """The 64-bit seed of the Gumbel noise of image position ``position`` of frame ``frame`` (its index in the
-    rollout, context frames counted) of the rollout seeded ``seed``: distinct keys for distinct triples, in
-    practice (a hash chain)."""
-    key = _mix64(seed & _MASK64)
-    key = _mix64((key + 0x9E3779B97F4A7C15 + (frame & _MASK64)) & _MASK64)
-    return _mix64((key + 0x9E3779B97F4A7C15 + (position & _MASK64)) & _MASK64)
+def _int32(values: torch.Tensor) -> torch.Tensor:
+    """int64 ``values`` in ``[0, 2^32)`` as int32 words of the same bits (two's complement)."""
+    return (((values + _SIGN) & _WORD) - _SIGN).to(torch.int32)
 
 
-def gumbel_noise(seed: int, frame: int, positions: Sequence[int], size: int, device: torch.device | str = "cpu"
-                 ) -> torch.Tensor:
+def _hash32(words: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Chris Wellons' ``lowbias32``) of int32 ``words``, changed in place and returned: a
+    bijection of 32-bit words that spreads every input bit over the output. Its products wrap modulo 2^32, as
+    int32 multiplication does in torch's kernels (tests/generation/test_speculative_exact.py checks it against
+    the same hash in Python's integers); shifts are made logical by masking."""
+    scratch = torch.empty_like(words)
+    for multiplier, shift in ((0x21F0AAAD, 16), (0x735A2D97, 15), (None, 15)):
+        words.bitwise_xor_(torch.bitwise_right_shift(words, shift, out=scratch).bitwise_and_((1 << 32 - shift) - 1))
+        if multiplier is not None:
+            words.mul_(multiplier)
+    return words
+
+
+def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The keys ``[2, n]`` (two int32 words) of the Gumbel noise of image positions ``positions [n]`` of frame
+    ``frame`` (its index in the rollout, context frames counted) of the rollout seeded ``seed`` (each a
+    non-negative int below 2^63, or a tensor broadcast with ``positions``): a hash chain over the words of (seed,
+    frame, position) from each of two starts, so distinct triples get distinct keys in practice, and the positions
+    of one frame distinct keys always (each link of a chain is a bijection)."""
+    device = positions.device
+    seed, frame = (torch.as_tensor(v, dtype=torch.int64, device=device) for v in (seed, frame))
+    keys = torch.tensor(_STREAMS, dtype=torch.int32, device=device)[:, None]  # both chains at once
+    for link in (seed & _WORD, seed >> 32, frame & _WORD, positions.to(torch.int64)):
+        keys = _hash32(keys ^ _int32(link))
+    return keys.expand(2, len(positions))
+
+
+@lru_cache(maxsize=4)
+def _column_words(size: int, device: torch.device) -> torch.Tensor:
+    """``[2, size]``: each code's two words, which a row's key words are combined with (kept: one codebook a run)."""
+    codes = torch.arange(size, dtype=torch.int32, device=device)
+    return torch.stack([_hash32(codes ^ start) for start in _STREAMS])
+
+
+def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: Sequence[int] | torch.Tensor,
+                 size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Standard Gumbel noise ``[len(positions), size]`` (float32) for image positions ``positions`` of frame
-    ``frame`` of the rollout seeded ``seed``: row ``i`` depends on ``(seed, frame, positions[i])`` only, drawn
-    from its own generator (:func:`noise_key`) as ``-log(-log1p(-u))`` of 53-bit uniforms ``u``, so the winning
-    tail is not rounded away. Only the rows asked for are drawn: a block of positions costs ``len(positions) x
-    size`` random numbers whatever the frame's length. The values depend on the device's generator (a CPU and a
-    GPU give different, equally valid, noise)."""
+    ``frame`` of the rollout seeded ``seed`` (ints, or tensors of one per position: rows of several rollouts at
+    once). Row ``i`` is a function of ``(seed, frame, positions[i])`` alone (:func:`noise_keys`); its entry for
+    code ``c`` is ``-log(-log1p(-u))`` of a uniform ``u`` of 52 bits, two hashed words of the row's key and the
+    code's, in ``(0, 1)`` (so the winning tail is not rounded away). Every row and code at once, no loop: only
+    the rows asked for are drawn, and the values are the same on every device."""
     device = torch.device(device)
-    out = torch.empty(len(positions), size, device=device)
-    scratch = torch.empty(size, dtype=torch.float64, device=device)  # one row at a time: stays in cache
-    tiny = torch.finfo(torch.float64).tiny
-    for row, position in zip(out, positions):
-        scratch.uniform_(generator=torch.Generator(device).manual_seed(noise_key(seed, frame, position)))
-        row.copy_(scratch.clamp_(min=tiny).neg_().log1p_().neg_().log_().neg_())  # -log(-log1p(-u))
-    return out
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1)
+    keys = noise_keys(seed, frame, positions)
+    columns = _column_words(size, device)
+    # in place from here: a frame's noise is megabytes
+    bits = _hash32(keys[0, :, None] ^ columns[0]).bitwise_right_shift_(12).to(torch.int64)
+    bits.bitwise_and_(0xFFFFF).bitwise_left_shift_(32)  # 20 bits, then 32 more
+    bits.bitwise_or_(_hash32(keys[1, :, None] ^ columns[1]).to(torch.int64).bitwise_and_(_WORD))
+    uniform = bits.to(torch.float64).add_(0.5).mul_(2.0 ** -52)
+    exponential = uniform.neg_().log1p_().neg_()  # in float64: exact where it is small (the winning tail)
+    return exponential.to(torch.float32).log_().neg_()
 
 
 def sample_image_tokens(logits: torch.Tensor, codebook_size: int, config: SamplingConfig,

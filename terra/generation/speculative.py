@@ -51,6 +51,8 @@ model and rejects wrong rules; tests/generation/test_speculative_hf.py checks th
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from terra.config.sampling import SamplingConfig
@@ -59,16 +61,15 @@ from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
 def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
-    """The number of leading guesses equal to the draw of their row, per request ``[R]`` (int32).
+    """The number of leading guesses equal to the draw of their row, per request ``[R]`` (int32 with int32 counts).
 
     ``samples [R, K+1]``: the token drawn from each logits row of the pass (row ``j`` is the position of guess
     ``j``); ``guesses [R, K]``: the guesses the pass was fed, of which the first ``num_guesses [R]`` are real.
     The request commits ``samples[:, :accepted + 1]`` (capped at the frame's remaining tokens).
     """
-    width = guesses.shape[1]
-    real = torch.arange(width, device=guesses.device)[None, :] < num_guesses[:, None]
-    match = (guesses == samples[:, :width]) & real
-    return match.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32)
+    match = guesses == samples[:, : guesses.shape[1]]
+    leading = match.cumprod(dim=1, dtype=torch.int32).sum(dim=1, dtype=torch.int32)
+    return torch.minimum(leading, num_guesses)  # the slots past a request's guesses never count
 
 
 def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
@@ -80,10 +81,19 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
     guess for that position (the same position of the previous frame). All tensors are ``[R, ...]``;
     ``samples [R, K+1]``, ``later [R, K]``.
     """
-    width = later.shape[1]
-    row = accepted[:, None].to(torch.int64) + 1 + torch.arange(width, device=samples.device)[None, :]
+    row = accepted[:, None] + _steps(later.shape[1], samples.device)  # int64
     from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
     return torch.where(row <= num_guesses[:, None], from_pass, later)
+
+
+@lru_cache(maxsize=8)
+def _steps(width: int, device: torch.device) -> torch.Tensor:
+    """``1 .. width`` (int64): the rows after row 0's, one per guess (a backend's block: one or two widths a run)."""
+    return torch.arange(1, width + 1, device=device)
+
+
+NOISE_ELEMENTS = 1 << 20  # the noise of a frame is drawn this many values at a time at least (whole frames of a
+# small codebook at once: one call a frame, not one a pass), never past the frame's last position
 
 
 class SpeculativeFrame:
@@ -95,10 +105,11 @@ class SpeculativeFrame:
     (:class:`~terra.generation.guesses.Transitions`). ``seed`` and ``frame`` (the frame's index in the rollout)
     key the Gumbel noise of its positions (terra/generation/sampling.py), drawn once per position and kept while
     the position is in a pass (``noise``: its first rows, handed over). Each pass, a backend feeds the last
-    committed token (or, in the frame's first pass, the frame's prompt) followed by :meth:`drafts`, and hands the
-    logits of those ``len(drafts) + 1`` positions to :meth:`advance`; with ``lookahead`` (the next frame is in the
-    same window, its action known or assumed) it then feeds the frame's action slots and :meth:`ahead_drafts`,
-    whose rows' logits go to :meth:`advance` too.
+    committed token (:meth:`last_token`; in the frame's first pass, the frame's prompt) followed by
+    :meth:`drafts`, and hands the logits of those ``len(drafts) + 1`` positions to :meth:`advance`; with
+    ``lookahead`` (the next frame is in the same window, its action known or assumed) it then feeds the frame's
+    action slots and :meth:`ahead_drafts`, whose rows' logits go to :meth:`advance` too. The host's work of a pass
+    is a few tensor operations on the block, none per token (benchmarks/decoding.md, "A pass's host time").
     """
 
     def __init__(self, later: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
@@ -110,38 +121,58 @@ class SpeculativeFrame:
         self.codebook_size = codebook_size
         self.sampling = sampling
         self.seed, self.frame = seed, frame
-        self.committed: list[torch.Tensor] = []
+        self._codes = torch.empty(self.size, dtype=torch.long, device=later.device)  # committed: [:count]
         self.count = 0  # tokens committed
-        self.guesses = self._later(0, draft_tokens)
+        self.guesses = self._later(0, draft_tokens).clone()  # refilled in place by transitions
         self.passes = 0
         # the noise of positions count .. count + rows - 1 (``noise``: the first rows, drawn by the previous frame)
         self._noise = torch.empty(0, codebook_size, device=later.device) if noise is None else noise
         self._memory = Transitions(self.size, later.device) if transitions else None
         self.lookahead = lookahead  # passes may run past the frame's end into the next frame (the backend decides)
         self.ahead = torch.empty(0, dtype=torch.long, device=later.device)  # latest draws, next frame's 0 .. n-1
+        self._nothing = self.ahead  # no guesses
         self._ahead_noise = torch.empty(0, codebook_size, device=later.device)
+        self._widths: dict[int, torch.Tensor] = {}  # ``[1]`` tensors of a pass's number of guesses
 
     @property
     def done(self) -> bool:
         return self.count == self.size
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """The tokens committed so far ``[count]``."""
+        return self._codes[: self.count]
 
     def drafts(self) -> torch.Tensor:
         """The guesses the next pass scores, for positions ``count ..``: at most ``draft_tokens``, never past the
         frame's last image token."""
         return self.guesses[: min(self.draft_tokens, self.size - self.count)]
 
+    def last_token(self) -> torch.Tensor:
+        """``[1]``: the last committed token, or the codebook's size (no code) before the frame's first."""
+        if self.count:
+            return self._codes[self.count - 1 : self.count]
+        return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
+
     def ahead_drafts(self) -> torch.Tensor:
         """The next frame's guesses a pass feeds after this frame's last guess and action slots (``lookahead``):
         the block's room left once this frame's guesses reach its end, at most a frame less one; else none.
         Their rows draw the next frame's positions ``0 .. len``, handed to :meth:`advance` as ``ahead_logits``."""
         room = min(self.draft_tokens - (self.size - self.count), self.size - 1) if self.lookahead else 0
-        return self.next_frame_guesses()[:room] if room > 0 else self.ahead[:0]
+        return self._next_frame_guesses(room) if room > 0 else self._nothing
 
     def next_frame_guesses(self) -> torch.Tensor:
         """``[P]``: the next frame's first guesses: the latest draws at the positions a pass reached past this
         frame's end, this frame's tokens (committed, else guessed) at the same positions elsewhere."""
-        mine = torch.cat([*self.committed, self.guesses[: self.size - self.count]])
-        return torch.cat([self.ahead, mine[len(self.ahead):]])
+        return self._next_frame_guesses(self.size)
+
+    def _next_frame_guesses(self, count: int) -> torch.Tensor:
+        """The first ``count`` of :meth:`next_frame_guesses`."""
+        reached = self.ahead.shape[0]
+        if reached >= count:
+            return self.ahead[:count]
+        mine = torch.cat([self.committed, self.guesses[: self.size - self.count]])
+        return torch.cat([self.ahead, mine[reached:count]])
 
     def handover(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Once :attr:`done`: the next frame's index, its first guesses (:meth:`next_frame_guesses`) and the noise
@@ -155,24 +186,30 @@ class SpeculativeFrame:
         + 1, vocab]`` (when the pass ran past the frame's end) are the rows of the next frame's first positions:
         their draws become that frame's first guesses, never codes of this one."""
         if ahead_logits is not None:
-            self._draw_ahead(ahead_logits, self._ahead_rows(len(ahead_logits)))
-        width = len(self.drafts())
+            self._draw_ahead(ahead_logits, self._ahead_rows(ahead_logits.shape[0]))
+        width = min(self.draft_tokens, self.size - self.count)
         rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
-        samples = torch.full((1, width + 1), -1, dtype=torch.long, device=logits.device)
-        samples[0, :rows] = sample_image_tokens(logits[:rows], self.codebook_size, self.sampling, self._rows(rows))
-        num_guesses = torch.tensor([width], device=logits.device)
+        drawn = sample_image_tokens(logits if rows == logits.shape[0] else logits[:rows], self.codebook_size,
+                                    self.sampling, self._rows(rows))
+        if rows > width:
+            samples = drawn[None]
+        else:  # the frame's last pass: no row for the position after its last guess
+            samples = torch.cat([drawn, drawn.new_full((1,), -1)])[None]
+        num_guesses = self._widths.get(width)
+        if num_guesses is None:
+            num_guesses = self._widths[width] = torch.tensor([width], dtype=torch.int32, device=logits.device)
         accepted = accepted_guesses(samples, self.guesses[None, :width], num_guesses)
-        emitted = min(int(accepted[0]) + 1, rows)
+        emitted = min(int(accepted) + 1, rows)
         if self._memory is not None and emitted < rows:  # row j drew position count + j after the token fed there
-            fed = torch.cat([self._last_token(), self.guesses[:width]])  # rows before ``emitted`` are committed
+            fed = torch.cat([self.last_token(), self.guesses[:width]])  # rows before ``emitted`` are committed
             self._memory.record(self._positions(self.count + emitted, rows - emitted), fed[emitted:rows],
-                                samples[0, emitted:rows])
-        self.committed.append(samples[0, :emitted])
+                                drawn[emitted:rows])
+        self._codes[self.count : self.count + emitted] = drawn[:emitted]
         self.count += emitted
         self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.draft_tokens)[None])[0]
         if self._memory is not None and not self.done:
             scored = min(self.draft_tokens, self.size - self.count)  # the guesses the next pass feeds
-            before = torch.cat([self._last_token(), self.guesses[: scored - 1]])
+            before = torch.cat([self.last_token(), self.guesses[: scored - 1]])
             self.guesses[:scored] = self._memory.recall(self._positions(self.count, scored), before,
                                                         self.guesses[:scored])
         self._noise = self._noise[emitted:]
@@ -180,8 +217,8 @@ class SpeculativeFrame:
         return emitted
 
     def codes(self) -> torch.Tensor:
-        """The frame's ``P`` committed codes (once :attr:`done`)."""
-        return torch.cat(self.committed)
+        """The frame's ``P`` committed codes (once :attr:`done`; before, those committed so far)."""
+        return self.committed
 
     def _positions(self, start: int, count: int) -> torch.Tensor:
         """Positions ``start .. start + count - 1``, the ones past the frame's end clamped to its last."""
@@ -189,18 +226,14 @@ class SpeculativeFrame:
 
     def _later(self, start: int, count: int) -> torch.Tensor:
         """The guesses past a pass at positions ``start .. start + count - 1`` (the last one past the frame)."""
+        if start + count <= self.size:
+            return self.later[start : start + count]
         return self.later[self._positions(start, count)]
-
-    def _last_token(self) -> torch.Tensor:
-        """``[1]``: the last committed token, or the codebook's size (no code) before the frame's first."""
-        if self.committed:
-            return self.committed[-1][-1:]
-        return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
 
     def _draw_ahead(self, logits: torch.Tensor, noise: torch.Tensor | None) -> None:
         """Draw the next frame's positions ``0 .. len(logits) - 1`` from their rows with that frame's ``noise``."""
         drawn = sample_image_tokens(logits, self.codebook_size, self.sampling, noise)
-        self.ahead = torch.cat([drawn, self.ahead[len(logits):]])
+        self.ahead = torch.cat([drawn, self.ahead[logits.shape[0]:]])
 
     def _ahead_rows(self, rows: int) -> torch.Tensor | None:
         """The noise of the next frame's positions ``0 .. rows - 1``: each drawn once, and handed over with the
@@ -219,9 +252,10 @@ class SpeculativeFrame:
 
     def _grown(self, kept: torch.Tensor, frame: int, first: int, rows: int) -> torch.Tensor:
         """``kept``, the noise of frame ``frame``'s positions from ``first`` on, drawn on to at least ``rows``
-        rows (:func:`gumbel_noise`)."""
-        have = len(kept)
+        rows (:func:`gumbel_noise`; :data:`NOISE_ELEMENTS` values at a time, never past the frame's end)."""
+        have = kept.shape[0]
         if have >= rows:
             return kept
-        fresh = gumbel_noise(self.seed, frame, range(first + have, first + rows), self.codebook_size, kept.device)
+        end = first + min(max(rows, NOISE_ELEMENTS // self.codebook_size), self.size - first)
+        fresh = gumbel_noise(self.seed, frame, range(first + have, end), self.codebook_size, kept.device)
         return torch.cat([kept, fresh])

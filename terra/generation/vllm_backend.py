@@ -25,7 +25,7 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.decoding import auto_passes_per_step
+from terra.generation.decoding import auto_passes_per_step, backend_guesses
 from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
@@ -208,10 +208,11 @@ class VLLMBackend(WorldModelBackend):
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
         """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts,
-        and its sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py). The codes are the same
+        and its sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py: other guesses asked of a
+        speculative engine are one line, terra/generation/decoding.py, ``backend_guesses``). The codes are the same
         either way."""
-        return sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens,
-                                guesses="previous")
+        sampling = sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
+        return sampling.replace(guesses=backend_guesses("vllm", sampling))
 
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one slots item per frame."""

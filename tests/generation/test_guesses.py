@@ -124,16 +124,21 @@ def test_transitions_forget_the_oldest_tokens():
 
 
 def test_the_setting_names_a_source_and_leaves_the_codes_alone():
-    assert SamplingConfig().guesses == "lookahead"  # the default: scripts/benchmark_guesses.py
+    assert SamplingConfig().guesses == "auto"  # the default: what the backend runs (lookahead on Transformers)
     assert SamplingConfig.from_mapping({"guesses": "previous"}).guesses == "previous"
     assert "guesses" not in SamplingConfig(guesses="transitions").draw_settings()  # a run's fingerprint
-    with pytest.raises(TerraInputError,
-                       match="unknown sampling.guesses 'warp'; choose one of: previous, transitions, lookahead"):
+    with pytest.raises(TerraInputError, match="unknown sampling.guesses 'warp'; choose one of: auto, previous, "
+                                              "transitions, lookahead"):
         SamplingConfig(guesses="warp")
 
 
 def test_vllm_engines_guess_the_previous_frame():
-    """vLLM's sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py): a run says so."""
+    """vLLM's sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py): a run says so, and other
+    guesses asked of a speculative engine are one line (a sequential engine uses none)."""
     engine = VLLMBackend.__new__(VLLMBackend)
     engine.draft_tokens = 24
-    assert engine.as_run(SAMPLED.replace(guesses="transitions")).guesses == "previous"
+    assert engine.as_run(SAMPLED).guesses == engine.as_run(SAMPLED.replace(guesses="previous")).guesses == "previous"
+    with pytest.raises(TerraInputError, match="sampling.guesses=transitions: vLLM's engine guesses the previous"):
+        engine.as_run(SAMPLED.replace(guesses="transitions"))
+    engine.draft_tokens = 0
+    assert engine.as_run(SAMPLED.replace(guesses="lookahead")).guesses == "previous"

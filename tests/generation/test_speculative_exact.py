@@ -24,7 +24,7 @@ import torch
 
 from terra.config.sampling import SamplingConfig
 from terra.generation import sampling, speculative
-from terra.generation.sampling import gumbel_noise, image_token_scores, noise_key, sample_image_tokens
+from terra.generation.sampling import gumbel_noise, image_token_scores, noise_keys, sample_image_tokens
 from terra.generation.speculative import SpeculativeFrame, accepted_guesses, next_guesses
 
 V, P = 4, 5  # codes, image tokens of the fake frame
@@ -71,7 +71,7 @@ def speculative_frame(table: torch.Tensor, seed: int, draft_tokens: int) -> tupl
     frame = SpeculativeFrame(GUESS, draft_tokens, V, WARPED, seed, 0)
     while not frame.done:
         drafts = frame.drafts()
-        tokens = (frame.codes().tolist() if frame.committed else []) + drafts.tolist()
+        tokens = frame.committed.tolist() + drafts.tolist()
         frame.advance(fake_logits(table, tokens, frame.count, len(drafts) + 1))
     return tuple(frame.codes().tolist())
 
@@ -118,7 +118,7 @@ def test_speculative_frames_are_the_sequential_frames(table, exact_law, sequenti
 
 
 def test_noise_shared_across_positions_is_rejected(table, exact_law, monkeypatch, single_thread):
-    monkeypatch.setattr(sampling, "noise_key", lambda seed, frame, position: noise_key(seed, frame, 0))
+    monkeypatch.setattr(sampling, "noise_keys", lambda seed, frame, positions: noise_keys(seed, frame, positions * 0))
     counts = counts_of(sequential_frame(table, seed) for seed in range(DRAWS // 2))
     assert chi_squared_p_value(counts, exact_law) < ALPHA
 
@@ -136,7 +136,7 @@ def _advance_accepting_the_noiseless_argmax(frame: SpeculativeFrame, logits: tor
     accepted = accepted_guesses(argmax, frame.guesses[None, :width], num_guesses)
     emitted = min(int(accepted[0]) + 1, rows)
     samples[0, : int(accepted[0])] = frame.guesses[: int(accepted[0])]
-    frame.committed.append(samples[0, :emitted])
+    frame._codes[frame.count : frame.count + emitted] = samples[0, :emitted]
     frame.count += emitted
     frame.guesses = next_guesses(samples, accepted, num_guesses, frame._later(frame.count, frame.draft_tokens)[None])[0]
     frame._noise = frame._noise[emitted:]
@@ -163,7 +163,31 @@ def test_noise_is_keyed_by_seed_frame_and_position():
     torch.testing.assert_close(gumbel_noise(7, 2, [9, 5], 1000), rows[[2, 1]], rtol=0, atol=0)  # order-free
     assert not torch.equal(gumbel_noise(7, 3, [0], 1000)[0], rows[0])  # another frame
     assert not torch.equal(gumbel_noise(8, 2, [0], 1000)[0], rows[0])  # another seed
+    assert not torch.equal(gumbel_noise(7 + 2**32, 2, [0], 1000)[0], rows[0])  # the seed's high word counts
     assert abs(float(rows.mean()) - 0.5772) < 0.1 and abs(float(rows.var()) - torch.pi ** 2 / 6) < 0.3  # Gumbel
+    # rows of several rollouts at once (the sequential step): each row as drawn alone
+    mixed = gumbel_noise(torch.tensor([7, 8]), torch.tensor([2, 2]), torch.tensor([9, 0]), 1000)
+    torch.testing.assert_close(mixed, torch.cat([rows[2:], gumbel_noise(8, 2, [0], 1000)]), rtol=0, atol=0)
+    whole = gumbel_noise(2**62 - 1, 10**6, torch.arange(576), 4096)  # the largest seed, a long rollout
+    assert bool(torch.isfinite(whole).all()) and len(set(whole[:, 0].tolist())) == 576
+    assert abs(float(whole.mean()) - 0.5772) < 0.01 and abs(float(whole.var()) - torch.pi ** 2 / 6) < 0.02
+
+
+def test_the_noise_hash_wraps_as_32_bit_words():
+    """sampling._hash32 multiplies int32 words and relies on torch's products wrapping modulo 2^32: the same hash in
+    Python's integers, over words that overflow in every step, on this machine's kernels (vectorised and not)."""
+    def reference(word: int) -> int:
+        word ^= word >> 16
+        word = word * 0x21F0AAAD & 0xFFFFFFFF
+        word ^= word >> 15
+        word = word * 0x735A2D97 & 0xFFFFFFFF
+        return word ^ word >> 15
+
+    words = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 0x9E3779B9, *range(12345, 12345 + 997 * 61, 997)]
+    as_int32 = torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int64).to(torch.int32)
+    hashed = sampling._hash32(as_int32.clone()).to(torch.int64) & 0xFFFFFFFF
+    assert hashed.tolist() == [reference(w) for w in words]
+    assert sampling._hash32(as_int32[:1].clone()).item() & 0xFFFFFFFF == reference(words[0])  # a one-element tensor
 
 
 def test_greedy_pass_keeps_the_argmax_prefix_then_corrects():

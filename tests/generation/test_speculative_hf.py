@@ -48,7 +48,7 @@ def sequential(backend) -> dict[str, list[np.ndarray]]:
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("draft_tokens", [1, 5, 64, 200])
+@pytest.mark.parametrize("draft_tokens", [1, 5, 64, 200, "auto"])
 def test_speculative_equals_sequential_across_window_rollovers(backend, sequential, sampling, draft_tokens):
     requests = [request(3), request(4, num_context=1, num_frames=7)]
     speculative = sampling.replace(decoding="speculative", draft_tokens=draft_tokens)
@@ -61,6 +61,33 @@ def test_speculative_equals_sequential_across_window_rollovers(backend, sequenti
     stats = states[0].decode_stats()
     assert stats.frames == 9 and stats.passes == sum(states[0].passes)
     assert stats.tokens_per_pass == pytest.approx(9 * P / stats.passes)
+
+
+@pytest.mark.parametrize("guesses", ["auto", "previous", "transitions"])
+def test_a_frame_cancelled_mid_way_and_forks_leave_the_codes_sequential(backend, sequential, guesses):
+    """A rollout's window cache (terra/generation/kv.py) is written on in place by its next frames: a frame cancelled
+    after some passes leaves positions written past the kept ones, which its resubmission overwrites; a fork's frames
+    write into a copy, the parent's on into its own. Every frame stays sequential decoding's."""
+    speculative = SAMPLED.replace(decoding="speculative", draft_tokens=8, guesses=guesses)
+    state = backend.start(request(3))
+    for frame in range(9):
+        if frame in (1, 4):  # three passes, then the frame is dropped and asked for again
+            backend.submit(state, speculative)
+            for _ in range(3):
+                assert not backend.poll()
+            backend.cancel([state])
+            assert state.num_generated == frame and not backend.num_queued
+        if frame == 5:  # a fork here: it and its parent run on, each as the rollout itself
+            twin = backend.fork(state)
+        backend.submit(state, speculative)
+        while not backend.poll():
+            pass
+    np.testing.assert_array_equal(state.generated(), sequential["sampled"][0])
+    for _ in range(4):
+        backend.submit(twin, speculative)
+        while not backend.poll():
+            pass
+    np.testing.assert_array_equal(twin.generated(), sequential["sampled"][0])
 
 
 def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
@@ -89,7 +116,8 @@ def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
 
 def test_bad_decoding_settings_are_one_line(monkeypatch):
     for bad, name in (({"draft_tokens": 0}, "sampling.draft_tokens"), ({"draft_tokens": 2.5}, "sampling.draft_tokens"),
-                      ({"decoding": "jacobi"}, "sampling.decoding")):
+                      ({"draft_tokens": "frame"}, "sampling.draft_tokens must be auto or"),
+                      ({"decoding": "jacobi"}, "sampling.decoding"), ({"guesses": "best"}, "sampling.guesses")):
         with pytest.raises(TerraInputError, match=name) as err:
             SamplingConfig.from_mapping(bad)
         assert "\n" not in str(err.value)
@@ -101,7 +129,7 @@ def test_bad_decoding_settings_are_one_line(monkeypatch):
     assert "\n" not in str(err.value)
     assert backends.resolve_spec(spec.replace(sampling=speculative.replace(decoding="auto"))).sampling.decoding == (
         "sequential")  # auto on vLLM's CPU engine
-    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative
+    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative.replace(guesses="lookahead")
 
 
 def test_vllm_decodes_as_its_engine_was_started():

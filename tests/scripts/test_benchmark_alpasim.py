@@ -32,3 +32,24 @@ def test_bad_arguments():
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
     assert bench.parse_args(["--sessions", "1,16", "backend=vllm"]).overrides == ["backend=vllm"]
+
+
+@pytest.mark.parametrize("sessions, engine_rollouts", [(1, None), (3, None), (1, 16)])
+def test_the_server_is_built_as_terra_alpasim_builds_it(monkeypatch, sessions, engine_rollouts):
+    """The benchmark's engine has the room terra-alpasim gives it (alpasim.max_sessions: one session, the engine of one
+    rollout), not vLLM's default of 64, and its decoding is chosen for as many: the single-session figures measure
+    the server users run. ``--engine-rollouts``: a server made for more sessions than it serves."""
+    bench = load_script("benchmark_alpasim")
+    asked = []
+
+    def engine_options(kind, options, max_rollouts=None):
+        asked.append(max_rollouts)
+        raise KeyboardInterrupt  # the engine's size is all this test needs
+
+    monkeypatch.setattr("terra.pipeline.engine_options", engine_options)
+    with pytest.raises(KeyboardInterrupt):
+        bench.build(["backend=hf", "device=cpu"], sessions, engine_rollouts)
+    assert asked == [engine_rollouts or sessions]
+    assert bench.parse_args(["--engine-rollouts", "16"]).engine_rollouts == 16
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--engine-rollouts", "0"])
