@@ -134,7 +134,7 @@ def _with_s(routes: np.ndarray, s: np.ndarray) -> np.ndarray:
 # case → (the file's routes, text its one line holds)
 BAD_ROUTES = {
     "wrong_number_of_points": (bending_routes(points=3), "routes must have shape [frames, 4, 2]"),
-    "too_far": (bending_routes() * [1.0, 2.5], "a route point lies 200 m from the car, more than 160 m"),
+    "too_far": (bending_routes() * [1.0, 15.0], "a route point lies 1200 m from the car, more than 1000 m"),
     "too_few_frames": (bending_routes(frames=FRAMES - 1), "covers 4 frames but the rollout needs routes for 5"),
     "s_not_the_distances": (_with_s(bending_routes(), np.arange(1.0, 5.0)), "third values must be its points' "
                             "distances along the road, 20, 40, 60, 80 m"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from terra.batch.plan import Item
@@ -34,7 +35,8 @@ def test_frames_count_while_samples_are_in_flight_and_failures_leave_the_total()
     progress.close()
 
 
-def test_the_bars_show_frames_per_second_and_the_sample_count(capsys):
+def test_the_bars_show_frames_per_second_and_the_sample_count(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: bars (none off one: terra/core/progress.py)
     progress = BatchProgress(items([2, 2]), enabled=True)
     progress.generated(0, 1)
     progress.generated(1, 1)

@@ -123,7 +123,7 @@ def test_prompt_and_items_must_match(vllm_backend):
     layout = vllm_backend.layout
     ids, actions, _ = RolloutState(make_requests(layout, 1, 2, 1)[0], layout).prompt()
     prompt = {"prompt_token_ids": ids, "multi_modal_data": {"actions": actions[:1]}}
-    with pytest.raises(ValueError, match="2 frames of action slots but 1 'actions' items"):
+    with pytest.raises(ValueError, match="the prompt has 2 frames of slots but 1 'actions' items"):
         vllm_backend.engine.add_request("mismatch", prompt, SamplingParams(max_tokens=1))
 
 

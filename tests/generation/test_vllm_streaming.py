@@ -141,7 +141,7 @@ def test_a_streaming_error_reaches_poll_and_the_engine_goes_on(vllm_streaming_ba
     backend.frame_prompt = lambda s: {**original(s), "multi_modal_data": {"actions": s.actions[:1]}}  # 1 item, 2 frames
     try:
         backend.submit(state, GREEDY)
-        with pytest.raises(ValueError, match="2 frames of action slots but 1 'actions' items"):
+        with pytest.raises(ValueError, match="the prompt has 2 frames of slots but 1 'actions' items"):
             drain(backend)
     finally:
         del backend.frame_prompt

@@ -80,7 +80,7 @@ def test_tokenize_keeps_each_frames_route(drives, route_tokens, plain_tokens):
 @pytest.mark.parametrize("spoil, message", [
     ("nan", r"tensor routes holds 1 NaN or infinite value\(s\) of 3072; the file is damaged"),
     ("shape", r"tensor routes has shape \[8, 8, 1, 3\], not \[8, 8, points >= 2, 3\]"),
-    ("far", r"tensor routes: a route point lies 900 m from the car, more than 160 m"),
+    ("far", r"tensor routes: a route point lies 1500 m from the car, more than 1000 m"),
     ("distances", r"tensor routes: a route's third values must be its points' distances along the road"),
 ])
 def test_routes_read_from_a_tokens_file_are_checked_at_load(route_tokens, tmp_path, spoil, message):
@@ -91,7 +91,7 @@ def test_routes_read_from_a_tokens_file_are_checked_at_load(route_tokens, tmp_pa
     elif spoil == "shape":
         routes = routes[:, :, :1]
     elif spoil == "far":
-        routes[1, 1, 15, 0] = 900.0
+        routes[1, 1, 15, 0] = 1500.0
     else:
         routes[..., 2] *= 2
     tensors["routes"] = np.ascontiguousarray(routes)

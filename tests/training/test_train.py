@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +201,8 @@ def test_a_run_log_keeps_rows_up_to_its_checkpoint_and_starts_anew_without_one(t
         assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == kept
 
 
-def test_the_step_bar_counts_to_max_steps_with_the_time_left(tmp_path, capsys):
+def test_the_step_bar_counts_to_max_steps_with_the_time_left(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar (none off one: terra/core/progress.py)
     log = RunLog(tmp_path, 2, 10, tensorboard=False, progress=True)  # resumed at step 2
     for _ in range(3):
         log.step()
