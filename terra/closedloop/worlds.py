@@ -51,19 +51,27 @@ class World(Protocol):
     def close(self, drive: Any) -> None: ...
 
 
+class Road(Protocol):
+    """What a model world reads a drive's routes from: a scenario (its scene's road) or a route control's road."""
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray | None: ...
+
+
 WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World must have (name, counters: optional)
 
 
 @dataclass
 class ModelDrive:
     """A drive in the model world: its session's rollout, its context codes, the sampling it steps with and the
-    scenario it started from (its road gives a route model its routes)."""
+    scenario it started from and the road its routes are read from (the scenario's own, but in the route controls,
+    terra/closedloop/study/control_worlds.py)."""
 
     rollout: Rollout
     context: np.ndarray  # [n, h, w] context codes
     sampling: SamplingConfig
     seed: int
     scenario: Scenario
+    road: Road  # what tells the drive's routes (the scenario itself, but for the route controls)
     keeps_references: bool = False  # its true frames kept, its scene known (ModelWorld.references)
     references: list[np.ndarray] = field(default_factory=list)  # the true frames through the tokenizer, step by step
 
@@ -93,26 +101,28 @@ class ModelWorld:
         self.generate_s = 0.0  # in the engine, summed over steps
         self.decode_s = 0.0  # in the tokenizer's decoder (the references' round trips too)
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> ModelDrive:
+    def open(self, scenario: Scenario, seed: int, max_frames: int, road: Road | None = None) -> ModelDrive:
+        """A drive from ``scenario``'s context; its routes read from ``road`` (None: the scenario's own)."""
         import torch
 
         images = torch.from_numpy(scenario.images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        return self.open_codes(self.pipeline.encode(images), scenario, seed, max_frames)
+        return self.open_codes(self.pipeline.encode(images), scenario, seed, max_frames, road)
 
-    def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int) -> ModelDrive:
+    def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int,
+                   road: Road | None = None) -> ModelDrive:
         """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]`` (its actions between them, and for a model
-        with route slots the context frames' routes)."""
-        routes = self.routes(scenario, scenario.context_poses)
+        with route slots the context frames' routes, read from ``road``: None, the scenario's own)."""
+        road = scenario if road is None else road
+        routes = self.routes(road, scenario.context_poses)
         rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap, routes)
         keep = bool(self.references) and scenario.scene is not None and self.pipeline is not None
-        return ModelDrive(rollout, codes, self.sampling, seed, scenario, keep)
+        return ModelDrive(rollout, codes, self.sampling, seed, scenario, road, keep)
 
-    def routes(self, scenario: Scenario, poses: np.ndarray | None) -> np.ndarray | None:
-        """The model's routes at world ``poses`` of ``scenario`` (None: a model without route slots, a scenario whose
-        road is not known, or no poses): what a drive is told of the road ahead (terra/generation/routes.py). The
-        ``wrong_route`` control world overrides it (terra/closedloop/study/control_worlds.py)."""
+    def routes(self, road: Road, poses: np.ndarray | None) -> np.ndarray | None:
+        """The model's routes at world ``poses`` read from ``road`` (None: a model without route slots, a road that
+        is not known, or no poses): what a drive is told of the road ahead (terra/generation/routes.py)."""
         points = self.backend.layout.route_tokens
-        return None if not points or poses is None else scenario.model_routes(poses, points)
+        return None if not points or poses is None else road.model_routes(poses, points)
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
         """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's
@@ -129,7 +139,7 @@ class ModelWorld:
         """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of
         each pose (the model is shown no pose)."""
         start = time.perf_counter()
-        futures = [self.engine.step(drive.rollout, action, drive.sampling, self.routes(drive.scenario, pose))
+        futures = [self.engine.step(drive.rollout, action, drive.sampling, self.routes(drive.road, pose))
                    for drive, action, pose in zip(drives, actions, poses)]
         results: list[Any] = []
         for future in futures:

@@ -1,6 +1,6 @@
 """A route model in the closed loop's model world: each drive is told its scenario's road ahead of every pose it
 reaches (and its context frames'), a model without route slots is told nothing, a scenario without a known road
-runs with "no route"."""
+runs with "no route"; the route controls tell another scenario's road (wrong_route) or none (no_route)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
+from terra.closedloop.study.control_worlds import FOREIGN_SEED, ROUTE_CONTROLS, ForeignRoad, control_world
 from terra.closedloop.worlds import ModelWorld
 from terra.config.sampling import SamplingConfig
+from terra.core.errors import TerraInputError
 from terra.generation.hf_backend import HFBackend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
+from terra.sim.scene import Scene
 from terra.tokenizer.lfq import LFQTokenizer
 from tests.conftest import TINY_ROUTES, tiny_model, tiny_route_model
 
@@ -58,3 +61,52 @@ def test_no_road_or_no_route_slots_means_no_route(scenario):
         assert drive.rollout.state.routes.shape[1] == 0
     finally:
         plain.shutdown()
+
+
+def _poses_ahead(scenario: Scenario, steps: int = 3) -> list[np.ndarray]:
+    yaw = scenario.start_pose[2]
+    return [scenario.start_pose + [0.8 * k * np.cos(yaw), 0.8 * k * np.sin(yaw), 0.0] for k in range(1, steps + 1)]
+
+
+def test_a_foreign_road_carried_onto_the_own_road_is_the_true_route(scenario):
+    """ForeignRoad's mapping (the car's arc length, offset and heading against the road carried onto the other road)
+    is the identity when the other road is the drive's own: the true route, offset and heading included."""
+    scene = scenario.scene
+    poses = np.stack([scenario.start_pose + [0.0, 0.4, 0.05], *_poses_ahead(scenario)])
+    np.testing.assert_allclose(ForeignRoad(scene, scene).model_routes(poses, TINY_ROUTES),
+                               scene.route(poses, TINY_ROUTES), atol=1e-6)
+
+
+def test_wrong_route_tells_another_scenarios_road_and_no_route_tells_none(scenario):
+    """The route controls run the model world's engine with another road's route (ends metres from the true one:
+    the other scene's bends) and with no route (the "no route" embedding: NaN rows in the rollout's routes)."""
+    model = world_of(tiny_route_model())
+    try:
+        wrong, none = control_world("wrong_route", (64, 64), model), control_world("no_route", (64, 64), model)
+        told = {}
+        for world in (wrong, none):
+            drive = world.open(scenario, seed=1, max_frames=4)
+            for pose in _poses_ahead(scenario):
+                world.step([drive], [scenario.actions[-1]], [pose])
+            told[world.name] = drive.rollout.state.routes[:4].copy()
+            world.close(drive)
+        poses = np.stack([scenario.context_poses[1], *_poses_ahead(scenario)])
+        true = scenario.scene.route(poses, TINY_ROUTES)
+        other = Scene.generate(scenario.scene.seed + FOREIGN_SEED, scenario.scene.length_m, scenario.scene.domain)
+        np.testing.assert_allclose(told["wrong_route"], ForeignRoad(scenario.scene, other).model_routes(
+            poses, TINY_ROUTES), atol=1e-5)
+        assert np.abs(told["wrong_route"][..., :2] - true[..., :2]).max() > 1.0  # metres: another road
+        assert np.isnan(told["no_route"]).all()
+    finally:
+        model.shutdown()
+
+
+def test_the_route_controls_go_with_route_models_only(tmp_path):
+    """controls=all adds wrong_route and no_route for a model with route slots; naming one for a model without
+    any is one line."""
+    from terra.closedloop.study.settings import _controls
+
+    assert set(ROUTE_CONTROLS) <= set(_controls("all", {}, 5.0, route_slots=4))
+    assert not set(ROUTE_CONTROLS) & set(_controls("all", {}, 5.0, route_slots=0))
+    with pytest.raises(TerraInputError, match=r"^controls=\[wrong_route\] changes the route .* no route slots"):
+        _controls(["frozen", "wrong_route"], {}, 5.0, route_slots=0)

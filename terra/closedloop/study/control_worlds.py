@@ -23,11 +23,16 @@ and drives as any world does:
 * ``zero_actions``: the world model fed the action of a car standing still (every point of the 3 s path at the
   origin), whatever the car does;
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
-  so the model renders driving straight at the commanded speed while the car steers.
+  so the model renders driving straight at the commanded speed while the car steers;
+* ``wrong_route`` (a world model with route slots only): the world model fed another scenario's road as its route
+  (:class:`ForeignRoad`): a model that follows its route draws that road, not the true one, so the verdict flags it;
+* ``no_route`` (a world model with route slots only): the same checkpoint told no route, its "no route" embedding in
+  the route slots: the mapless world beside the model, which invents the road beyond what its frames showed (its
+  fidelity horizon is how long a mapless world of this checkpoint stays a simulator).
 
 The scene controls (:data:`SCENE_CONTROLS`) need the true world's scene (synthetic scenarios); the model controls
-(:data:`MODEL_CONTROLS`) share the model world's engine (they run after it, never beside it). :func:`control_world`
-builds one by name; a control is added by a class here and an entry in one of the two tables.
+(:data:`MODEL_CONTROLS`, :data:`ROUTE_CONTROLS`) share the model world's engine (they run after it, never beside
+it). :func:`control_world` builds one by name; a control is added by a class here and an entry in one of the tables.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.scenarios import Scenario
-from terra.closedloop.worlds import ModelWorld, TrueWorld
+from terra.closedloop.worlds import ModelWorld, Road, TrueWorld
 from terra.core.errors import TerraInputError
+from terra.generation.routes import ROUTE_POINT_VALUES
+from terra.sim.scene import Scene
 
 GRAY_LEVEL = 128
 LATE_STEPS = 10  # 1 s at 10 Hz
@@ -46,6 +53,7 @@ CAMERA_OFFSET_M = 0.3  # offset_camera: the camera this far left of the car's ce
 SPEED_ERROR = 0.10  # fast / slow: the world's progress along the road per metre of the car's is 1 +- this
 TURN_ERROR = 0.15  # over_turning / under_turning: the camera turns 1 +- this times as much as the car
 STUTTER_PERIOD = 5  # stutter: every this many frames, the previous frame again
+FOREIGN_SEED = 7919  # wrong_route: the other road's scene seed, this far from the drive's own
 
 
 class FrozenWorld:
@@ -230,24 +238,69 @@ def straightened(action: np.ndarray) -> np.ndarray:
     return straight
 
 
-class ActionControlWorld:
-    """The world model (``model``, a :class:`~terra.closedloop.worlds.ModelWorld`) fed ``transform(action)``
-    instead of the car's action; drives, context and decoding are the model world's."""
+class ForeignRoad:
+    """Another road told as a drive's route (``wrong_route``): the car's place on its own scene's road (arc length,
+    lateral offset, heading against the road) carried onto ``other``'s road, whose centreline ahead of that place is
+    the route. So the route has the shape of another scenario's road, bends where the true road runs straight and
+    the other way, while the car's offset and heading in it stay the true ones."""
 
-    def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.name, self.model, self.transform = name, model, transform
+    def __init__(self, own: Scene, other: Scene) -> None:
+        self.own, self.other = own, other
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+        poses = np.asarray(poses, dtype=np.float64)
+        flat = poses.reshape(-1, 3)
+        s, _ = self.own.road_coords(flat[:, 0], flat[:, 1])
+        at = self.own.road_pose(s)
+        lateral = (flat[:, 1] - at[:, 1]) * np.cos(at[:, 2]) - (flat[:, 0] - at[:, 0]) * np.sin(at[:, 2])
+        there = self.other.lane_pose(s, lateral)
+        there[:, 2] += flat[:, 2] - at[:, 2]
+        return self.other.route(there, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+
+
+class NoRoad:
+    """No route told (``no_route``): the model runs with its "no route" embedding (terra/generation/routes.py)."""
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> None:
+        return None
+
+
+def foreign_road(scenario: Scenario) -> ForeignRoad:
+    """``scenario``'s road carried onto another scene's, drawn from its own (:data:`FOREIGN_SEED` apart), the same
+    length and domain: another scenario's road, as the study's scenarios draw theirs."""
+    own = scenario.scene
+    if own is None:
+        raise TerraInputError(f"the wrong_route control needs a scenario whose scene is known (synthetic); "
+                              f"{scenario.id} has none")
+    return ForeignRoad(own, Scene.generate(own.seed + FOREIGN_SEED, own.length_m, own.domain))
+
+
+def no_road(scenario: Scenario) -> NoRoad:
+    return NoRoad()
+
+
+class ModelControlWorld:
+    """The world model (``model``, a :class:`~terra.closedloop.worlds.ModelWorld`) fed ``transform(action)``
+    instead of the car's action, and the routes of ``road_of(scenario)`` instead of its scene's (None: its own);
+    drives, context and decoding are the model world's."""
+
+    def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
+                 road_of: Callable[[Scenario], Road] | None = None) -> None:
+        self.name, self.model, self.transform, self.road_of = name, model, transform, road_of
         self.generate_s = 0.0
         self.decode_s = 0.0
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
-        return self.model.open(scenario, seed, max_frames)
+        return self.model.open(scenario, seed, max_frames, None if self.road_of is None else self.road_of(scenario))
 
     def context_frames(self, drive) -> np.ndarray:
         return self.model.context_frames(drive)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         generate, decode = self.model.generate_s, self.model.decode_s
-        frames = self.model.step(drives, [self.transform(np.asarray(a)) for a in actions], poses)
+        if self.transform is not None:
+            actions = [self.transform(np.asarray(a)) for a in actions]
+        frames = self.model.step(drives, actions, poses)
         self.generate_s += self.model.generate_s - generate
         self.decode_s += self.model.decode_s - decode
         return frames
@@ -281,15 +334,20 @@ SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its bui
 MODEL_CONTROLS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # name -> what the model is fed for an action
     "zero_actions": standing_still, "straight": straightened,
 }
-CONTROL_WORLDS = (*SCENE_CONTROLS, *MODEL_CONTROLS)
-MODEL_WORLDS = ("model", *MODEL_CONTROLS)  # worlds whose frames the world model makes: its settings shape them
+ROUTE_CONTROLS: dict[str, Callable[[Scenario], Road]] = {  # name -> the road a drive's routes are read from
+    "wrong_route": foreign_road, "no_route": no_road,
+}
+CONTROL_WORLDS = (*SCENE_CONTROLS, *MODEL_CONTROLS, *ROUTE_CONTROLS)
+MODEL_WORLDS = ("model", *MODEL_CONTROLS, *ROUTE_CONTROLS)  # worlds whose frames the world model makes
 
 
 def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None = None):
     """The built-in control world ``name`` (:data:`CONTROL_WORLDS`); the model's controls need ``model``."""
-    if name in MODEL_CONTROLS:
+    if name in MODEL_CONTROLS or name in ROUTE_CONTROLS:
         if model is None:
-            raise TerraInputError(f"the control world {name} is the world model fed other actions: it needs a model "
+            raise TerraInputError(f"the control world {name} is the world model fed other inputs: it needs a model "
                                   "world")
-        return ActionControlWorld(name, model, MODEL_CONTROLS[name])
+        if name in ROUTE_CONTROLS:
+            return ModelControlWorld(name, model, road_of=ROUTE_CONTROLS[name])
+        return ModelControlWorld(name, model, MODEL_CONTROLS[name])
     return SCENE_CONTROLS[name](image_size)

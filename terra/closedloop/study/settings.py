@@ -13,6 +13,7 @@ controls' fewer drives too.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +22,7 @@ from omegaconf import DictConfig
 
 from terra.closedloop.loop import drive_id
 from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
-from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, control_world
+from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, ROUTE_CONTROLS, control_world
 from terra.closedloop.study.processes import ShardProcesses
 from terra.closedloop.study.report import SHARD_WORLDS, StudyFolders, claim_study_folders, study_drives
 from terra.closedloop.user_world import is_world_target, world_class, world_name
@@ -122,7 +123,7 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
     processes = _shard_processes(cfg)
     needs_gpu(run.run.device, processes)
     user_worlds = dict(run.user_worlds)
-    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s)
+    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s, _route_slots(run))
     control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
     for name, value, most, of in (("num_control_scenarios", control_scenarios, "num_scenarios", len(run.scenarios.ids)),
                                   ("num_control_seeds", control_seeds, "num_seeds", run.num_seeds)):
@@ -160,9 +161,21 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
                          within_horizon, processes, tuple(overrides))
 
 
-def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float) -> tuple[str, ...]:
-    """The ``controls`` setting: built-in control worlds (or ``all``) and worlds of the user's (``module:Class``,
-    imported now into ``user_worlds``, each within ``timeout_s``), as world names."""
+def _route_slots(run: DriveSettings) -> int:
+    """The world model's route slots per frame (``num_route_tokens`` of its config.json; 0 when it cannot be read:
+    the checkpoint's own checks name the problem when it loads, terra/models/checkpoint.py)."""
+    try:
+        value = json.loads((Path(run.run.world_model) / "config.json").read_text()).get("num_route_tokens", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
+
+
+def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_slots: int
+              ) -> tuple[str, ...]:
+    """The ``controls`` setting: built-in control worlds (``all``: every one the world model can be given, the route
+    controls only to a model with ``route_slots``) and worlds of the user's (``module:Class``, imported now into
+    ``user_worlds``, each within ``timeout_s``), as world names."""
     entries = [value] if isinstance(value, str) else list(value or [])
     if not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "
@@ -170,12 +183,15 @@ def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float)
     names: list[str] = []
     for entry in entries:
         if entry == "all":
-            names += CONTROL_WORLDS
+            names += [name for name in CONTROL_WORLDS if route_slots or name not in ROUTE_CONTROLS]
         elif is_world_target(entry):
             user_worlds[world_name(entry)] = (entry, world_class(entry, "controls", timeout_s))
             names.append(world_name(entry))
         else:
             names.append(check_choice(entry, "controls", (*CONTROL_WORLDS, "all")))
+            if entry in ROUTE_CONTROLS and not route_slots:
+                raise TerraInputError(f"controls=[{entry}] changes the route the world model is told, and this model "
+                                      "has no route slots (num_route_tokens 0); leave it out")
     if len(set(names)) != len(names) or set(names) & {"model", TRUTH}:
         raise TerraInputError(f"controls names a world twice ({', '.join(names)}); list each once")
     return tuple(names)
