@@ -202,7 +202,7 @@ def test_a_run_log_keeps_rows_up_to_its_checkpoint_and_starts_anew_without_one(t
 
 
 def test_the_step_bar_counts_to_max_steps_with_the_time_left(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar (none off one: terra/core/progress.py)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar (terra/core/progress.py)
     log = RunLog(tmp_path, 2, 10, tensorboard=False, progress=True)  # resumed at step 2
     for _ in range(3):
         log.step()
