@@ -89,7 +89,8 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
                                  "under_turning", "over_turning", "stutter"}  # no second engine
     assert cpu.num_control_scenarios == 4 and not cpu.shard_processes.groups
     assert len(gpu.drive.scenarios.ids) == 16 and gpu.drive.num_steps == 200 and gpu.exploitability
-    assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 12
+    assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 14
+    assert {"wrong_route", "no_route"} <= set(gpu.controls)  # all: the route controls too, for the route demo model
     assert gpu.shard_processes.groups == {"engine": 4, "scene": 6} and gpu.drive.writer_processes == 2
     assert gpu.drive.run.device == "cuda" and gpu.overrides == ()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # a setting after the preset overrides it

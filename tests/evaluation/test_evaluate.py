@@ -200,7 +200,8 @@ def test_shipped_demo_models_load_and_generate_on_cpu():
     assert isinstance(model, LlamaActionForCausalLM)
     cfg = model.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (256, 6, 4)
-    assert (cfg.num_image_patches, cfg.num_spatio_embeddings, cfg.num_temporal_embeddings) == (144, 150, 16)
+    assert (cfg.num_image_patches, cfg.num_spatio_embeddings, cfg.num_temporal_embeddings) == (144, 158, 16)
+    assert (cfg.num_action_tokens, cfg.num_route_tokens) == (6, 8)  # a route model (MODEL_CARD.md)
     assert 5.6e6 < sum(p.numel() for p in model.parameters()) < 5.8e6
     tokenizer = load_tokenizer(str(DEMO / "tokenizer"))
     assert tuple(tokenizer.image_size) == (144, 256) and tuple(tokenizer.grid_shape) == (9, 16)

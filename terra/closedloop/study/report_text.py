@@ -95,7 +95,7 @@ def next_step(verdict: WorldVerdict) -> str:
     if any("23 steps" in reason for reason in verdict.reasons.values()):
         parts.append("num_steps=23 or more for the lag")
     parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
-                 + (" (over 20 s the demo model is flagged: docs/fidelity.md, \"The demo model's verdict\")"
+                 + (" (the demo world models' verdicts over 20 s: docs/fidelity.md, \"The demo model's verdict\")"
                     if verdict.world == "model" else ""))
     return f" To decide it: {'; '.join(parts)}."
 
