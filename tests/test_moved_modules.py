@@ -82,3 +82,11 @@ def test_a_renamed_public_function_is_found_under_its_old_name_for_one_release()
     assert run_fidelity is report.run_study
     with pytest.raises(ImportError):  # the control: a name that never was there
         from terra.closedloop.study.report import run_nothing  # noqa: F401
+
+
+def test_the_forward_pass_figures_old_name_is_found_for_one_release():
+    from terra.generation import rollout
+
+    with pytest.warns(FutureWarning, match="rollout.DecodeStats is now terra.generation.rollout.PassStats"):
+        from terra.generation.rollout import DecodeStats
+    assert DecodeStats is rollout.PassStats
