@@ -15,9 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = ("alpasim_metrics", "control_worlds", "drive_fidelity", "drives", "egodriver", "exploit_drives", "fidelity",
-       "gym_env", "gym_spaces", "imitation", "learned", "metrics", "motion", "navsim", "plan_following", "policies",
-       "prepare", "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle",
-       "verdict", "vision")  # every module of terra/closedloop/ that moved out of its root
+       "gym_env", "gym_spaces", "imitation", "learned", "metrics", "motion", "navsim", "plan_following", "prepare",
+       "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle", "verdict", "vision",
+       "drivers", *(f"drivers.{name}" for name in ("builtin", "egodriver", "imitation", "learned", "navsim", "vision"))
+       )  # every module of terra/closedloop/ that moved out of its root, and the policies' package named for them
 MOVED = [*(f"terra.closedloop.{name}" for name in OLD), "terra.session.controls", "terra.batch.prepare",
          "terra.training.prepare"]
 PROBE = """
@@ -90,3 +91,27 @@ def test_the_forward_pass_figures_old_name_is_found_for_one_release():
     with pytest.warns(FutureWarning, match="rollout.DecodeStats is now terra.generation.rollout.PassStats"):
         from terra.generation.rollout import DecodeStats
     assert DecodeStats is rollout.PassStats
+
+
+def test_the_policies_old_module_names_are_found_on_the_policies_package_for_one_release():
+    from terra.closedloop import policies
+    from terra.closedloop.policies import builtin
+
+    with pytest.warns(FutureWarning, match="policies.policy_factories is now terra.closedloop.policies.builtin"):
+        from terra.closedloop.policies import policy_factories
+    assert policy_factories is builtin.policy_factories
+    with pytest.raises(AttributeError):  # the control: a name the module never had
+        policies.no_such_policy  # noqa: B018 (the attribute access is the test)
+
+
+def test_a_module_under_the_policies_old_package_is_the_moved_module_not_a_copy(monkeypatch):
+    for old in ("terra.closedloop.drivers", "terra.closedloop.drivers.vision"):
+        monkeypatch.delitem(sys.modules, old, raising=False)
+    from terra.closedloop.policies import vision
+
+    with pytest.warns(FutureWarning) as caught:
+        from terra.closedloop.drivers.vision import LaneFollower
+    assert LaneFollower is vision.LaneFollower and sys.modules["terra.closedloop.drivers.vision"] is vision
+    assert [str(w.message) for w in caught] == [
+        f"terra.closedloop.{old} moved to terra.closedloop.{new}; the old name goes in the next release"
+        for old, new in (("drivers", "policies"), ("drivers.vision", "policies.vision"))]

@@ -43,7 +43,9 @@ class Page:
 
 def _drive_choices() -> dict[str, str]:
     # what terra-drive's settings accept
-    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES
+    from terra.closedloop.policies.builtin import (
+        ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES,
+    )
     from terra.closedloop.recording.settings import VEHICLES, WORLDS
     from terra.closedloop.study.settings import CONTROL_WORLDS
 

@@ -16,7 +16,7 @@ import pytest
 
 from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
+from terra.closedloop.policies.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError

@@ -20,7 +20,7 @@ import json
 import numpy as np
 import pytest
 
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios

@@ -25,7 +25,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.drivers.builtin import NO_PIXELS, PROBE_POLICIES
+from terra.closedloop.policies.builtin import NO_PIXELS, PROBE_POLICIES
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.recording.files import APP, claim_drive_folder
 from terra.closedloop.recording.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
