@@ -223,7 +223,7 @@ class WorldModelPipeline:
         a Hub id is one line saying how to download it first (``hf download``).
 
         ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
-        draft_tokens' old name, is taken until the next release) are the pipeline's decoding, ``auto`` decided for
+        draft_tokens' old name, is taken until 0.2.0) are the pipeline's decoding, ``auto`` decided for
         one rollout in flight (terra/generation/decoding.py, ``auto_decoding``): a vLLM engine starts for it and
         decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
         (a call that names its decoding gets it).

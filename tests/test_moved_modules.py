@@ -1,7 +1,7 @@
 """Modules that moved (terra/core/lazy.py, ``moved_modules``): the closed-loop wing's into its sub-packages
 (terra/closedloop/__init__.py), terra/session/controls.py to driver_input.py and the two prepare.py to names of
 their own (terra/batch/prepared_sample.py, terra/training/prepare_logs.py). Every old path still imports until
-the next release, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
+0.2.0, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
 through the old module too. A name that never was a module of the wing still fails."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = ("alpasim_metrics", "control_worlds", "drive_fidelity", "drives", "egodriver", "exploit_drives", "fidelity",
@@ -45,7 +47,7 @@ def test_every_old_path_imports_the_moved_module_with_one_warning():
     assert sorted(found) == sorted(MOVED)
     for old, (same, name, warned, where) in found.items():
         assert same and name != old and name.split(".")[:2] == old.split(".")[:2], old  # moved within its wing
-        assert warned == [f"FutureWarning: {old} moved to {name}; the old name goes in the next release"], old
+        assert warned == [f"FutureWarning: {old} moved to {name}; the old name goes in 0.2.0"], old
         assert where == ["<string>"], old  # the warning points at the importing line, not at the import system
 
 
@@ -113,5 +115,13 @@ def test_a_module_under_the_policies_old_package_is_the_moved_module_not_a_copy(
         from terra.closedloop.drivers.vision import LaneFollower
     assert LaneFollower is vision.LaneFollower and sys.modules["terra.closedloop.drivers.vision"] is vision
     assert [str(w.message) for w in caught] == [
-        f"terra.closedloop.{old} moved to terra.closedloop.{new}; the old name goes in the next release"
+        f"terra.closedloop.{old} moved to terra.closedloop.{new}; the old name goes in 0.2.0"
         for old, new in (("drivers", "policies"), ("drivers.vision", "policies.vision"))]
+
+
+def test_the_old_names_go_in_the_release_their_warnings_name():
+    from terra.core.lazy import REMOVED_IN
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert Version(version) < Version(REMOVED_IN), \
+        f"version {version}: remove the old names docs/moved-names.md says go in {REMOVED_IN}"

@@ -7,8 +7,8 @@ Around it, one concern per sub-package: car/ (how a plan moves the car), policie
 adapters of AlpaSim's and NAVSIM's drivers), outcomes/ (what a drive is measured by), recording/ (``terra-drive``'s
 run: settings, worlds opened, drives recorded, on Ray too), study/ (the fidelity study, a client of the run:
 ``world=both``), gym/ (the loop as a gymnasium env). Importing this package is light: submodules load what they need.
-The modules' old paths (``terra.closedloop.run``, ``terra.closedloop.drivers.vision``, ...) still import until the
-next release (terra/core/lazy.py).
+The modules' old paths (``terra.closedloop.run``, ``terra.closedloop.drivers.vision``, ...) still import until
+0.2.0 (terra/core/lazy.py).
 """
 
 from terra.core.lazy import moved_modules

@@ -3,11 +3,11 @@
 * :func:`lazy_face`: a package face whose names load on first use (PEP 562 ``__getattr__``), so that importing the
   package loads none of its heavy modules: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``.
 * :func:`moved_modules`: a package's modules (or sub-packages) that moved within it, still imported under their old
-  names until the next release (the same module object, and one ``FutureWarning`` naming the new path):
+  names until 0.2.0 (:data:`REMOVED_IN`; the same module object, and one ``FutureWarning`` naming the new path):
   ``moved_modules(__name__, {"run": "recording.run"})``. The one mechanism for moved modules, as
   terra/config/moved.py is for moved settings.
 * :func:`renamed`: a module's public names that were renamed, or moved to another module, still found under their
-  old names until the next release (the same object, one ``FutureWarning``):
+  old names until 0.2.0 (the same object, one ``FutureWarning``):
   ``__getattr__ = renamed(__name__, {"run_fidelity": "run_study"})``.
 """
 
@@ -21,6 +21,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
+
+REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in terra/config/moved.py
 
 
 def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable[[str], Any]]:
@@ -50,7 +52,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = self.moved[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; the old name goes in the next release", FutureWarning,
+        warnings.warn(f"{spec.name} moved to {new}; the old name goes in {REMOVED_IN}", FutureWarning,
                       stacklevel=2)
         return importlib.import_module(new)
 
@@ -78,7 +80,7 @@ def renamed(module: str, names: Mapping[str, str], home: str | None = None) -> C
     def __getattr__(name: str) -> Any:
         if name not in names:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        warnings.warn(f"{module}.{name} is now {home}.{names[name]}; the old name goes in the next release",
+        warnings.warn(f"{module}.{name} is now {home}.{names[name]}; the old name goes in {REMOVED_IN}",
                       FutureWarning, stacklevel=2)
         return getattr(importlib.import_module(home), names[name])
 

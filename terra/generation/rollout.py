@@ -33,7 +33,7 @@ from terra.generation.routes import ROUTE_POINT_VALUES, no_route
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
 log = logging.getLogger("terra.generation")
-__getattr__ = renamed(__name__, {"DecodeStats": "PassStats"})  # one release
+__getattr__ = renamed(__name__, {"DecodeStats": "PassStats"})  # until 0.2.0
 
 
 @dataclass

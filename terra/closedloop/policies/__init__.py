@@ -5,9 +5,9 @@ vision.py: camera-only policies (a lane detector and a steering law). learned.py
 from a frame, and imitation.py its behaviour cloning. egodriver.py: AlpaSim's gRPC driver contract. navsim.py:
 NAVSIM's agent contract.
 
-This package was ``terra.closedloop.drivers`` (that path still imports until the next release:
+This package was ``terra.closedloop.drivers`` (that path still imports until 0.2.0:
 terra/closedloop/__init__.py), and ``terra.closedloop.policies`` was the module now ``builtin.py``: its names are still
-found here until the next release, with a warning.
+found here until 0.2.0, with a warning.
 """
 
 from terra.core.lazy import renamed
@@ -16,4 +16,4 @@ __getattr__ = renamed(__name__, {name: name for name in (
     "CRUISE_SPEED_MPS", "CAUTIOUS_SPEED_MPS", "BRAKE_HARD_MPS2", "Degradation", "Latency", "Noise", "Bias",
     "CONTRACT_POLICIES", "REFERENCE_POLICIES", "RANDOM_POLICIES", "PROBE_POLICIES", "NO_PIXELS", "PIXEL_POLICIES",
     "ALL_REFERENCE", "ALL_PIXEL", "EXPANSIONS", "reference_policy", "policy_names", "policy_args", "policy_factories",
-)}, home=f"{__name__}.builtin")  # one release
+)}, home=f"{__name__}.builtin")  # until 0.2.0
