@@ -166,12 +166,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         warm_up(address, frame)
         records = []
         for count in args.sessions:
-            before = table.engine.decode_stats
+            before = table.engine.pass_stats
             if counter is not None:
                 counter.reset()
             record = {"model": model, "backend": pipeline.backend.name, "device": str(pipeline.device),
                       "machine": machine, **rollouts(address, frame, count, args.chunks)}
-            after = table.engine.decode_stats
+            after = table.engine.pass_stats
             record["decoding"] = table.sampling.decoding
             record["draft_tokens"] = table.sampling.draft_tokens
             record["passes_per_frame"] = (after.passes - before.passes) / (after.frames - before.frames)

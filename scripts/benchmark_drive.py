@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark_sessions import DEMO, build_model  # noqa: E402  (scripts/: the same model and backend set-up)
 
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives  # noqa: E402
-from terra.closedloop.drivers.builtin import REFERENCE_POLICIES  # noqa: E402
+from terra.closedloop.policies.builtin import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.output_dir import claim_output_file  # noqa: E402

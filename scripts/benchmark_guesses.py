@@ -42,7 +42,7 @@ if str(SCRIPTS) not in sys.path:  # run as a file, scripts/ is already there; lo
 from bench.cli import exit_2_on_input_error  # noqa: E402
 from bench.first_guesses import first_guesses, oracle, warped  # noqa: E402
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
-from terra.closedloop.drivers.builtin import REFERENCE_POLICIES  # noqa: E402
+from terra.closedloop.policies.builtin import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402

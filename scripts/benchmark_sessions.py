@@ -42,7 +42,7 @@ from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.core.device import resolve_device  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.backends import create_backend, resolve_decoding  # noqa: E402
-from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend  # noqa: E402
+from terra.generation.rollout import PassStats, RolloutRequest, WorldModelBackend  # noqa: E402
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM  # noqa: E402
 from terra.models.presets import TERRA, TINY  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -161,7 +161,7 @@ def run_sessions(host: SessionHost, args: argparse.Namespace, count: int, sampli
 
     wall = run_threads(count, drive)
     codes = [s.codes()[args.num_context :].reshape(args.frames, -1) for s in sessions]
-    stats = sum((s.decode_stats() for s in sessions), DecodeStats())
+    stats = sum((s.pass_stats() for s in sessions), PassStats())
     decoding = stats.as_dict(sessions[0].sampling)
     for session in sessions:
         session.close()

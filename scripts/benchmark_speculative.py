@@ -39,7 +39,7 @@ from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
 from terra.generation import speculative  # noqa: E402
-from terra.generation.rollout import DecodeStats, RolloutRequest  # noqa: E402
+from terra.generation.rollout import PassStats, RolloutRequest  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.sim import builtin_context  # noqa: E402
@@ -130,7 +130,7 @@ def run_one_at_a_time(pipeline: WorldModelPipeline, reqs: list[RolloutRequest],
 
 
 def passes_record(passes: list[int], image_tokens: int, wall: float) -> dict:
-    stats = DecodeStats(len(passes), sum(passes), image_tokens)
+    stats = PassStats(len(passes), sum(passes), image_tokens)
     return {**stats.as_dict(), "passes_min": min(passes), "passes_max": max(passes),
             "fewer_passes": round(image_tokens / stats.passes_per_frame, 2),
             "s_per_frame": round(wall / len(passes), 4)}

@@ -26,7 +26,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.drivers.builtin import policy_factories, policy_names
+from terra.closedloop.policies.builtin import policy_factories, policy_names
 from terra.closedloop.loop import drive_specs, run_drives
 from terra.closedloop.recording.files import drive_json, metrics_of
 from terra.closedloop.outcomes.frames import measure_frames

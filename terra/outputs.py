@@ -68,7 +68,7 @@ def write_outputs(
         rollouts: list[dict[str, Any]] = []
         for result in results:
             entry = {"seed": result.request.seed, "num_context": result.num_context,
-                     "num_generated": len(result.codes) - result.num_context, "decoding": result.decoding(),
+                     "num_generated": len(result.codes) - result.num_context, "decoding": result.pass_record(),
                      "route": result.request.routes is not None, "codes": result.codes}
             if ground_truth is not None and result.frames.shape[1:] == ground_truth.shape[1:]:  # not refined
                 entry["psnr_db_per_generated_frame"] = psnr(result.frames[result.num_context :], ground_truth)

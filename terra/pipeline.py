@@ -31,7 +31,7 @@ from terra.decoder import codes_to_frames
 from terra.generation.backends import (
     create_backend, engine_options, fit_memory, resolve_backend, resolve_draft_tokens, resolve_spec,
 )
-from terra.generation.rollout import DecodeStats, FrameCallback, RolloutRequest, WorldModelBackend
+from terra.generation.rollout import FrameCallback, PassStats, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 from terra.refiner import RefinerSettings, check_decoder
@@ -52,12 +52,12 @@ class RolloutResult:
     num_context: int
     timings: dict[str, float] = field(default_factory=dict)
     sampling: SamplingConfig | None = None  # as it ran (decoding=auto resolved)
-    decode_stats: DecodeStats | None = None  # forward passes of the generated frames
+    pass_stats: PassStats | None = None  # forward passes of the generated frames
 
-    def decoding(self) -> dict:
-        """How the image tokens were decoded, for a sidecar: the decoding that ran, its draft_tokens, passes per
-        frame."""
-        return (self.decode_stats or DecodeStats()).as_dict(self.sampling)
+    def pass_record(self) -> dict:
+        """The forward passes of the generated frames, for a sidecar: the decoding that ran, its draft_tokens,
+        passes per frame."""
+        return (self.pass_stats or PassStats()).as_dict(self.sampling)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ class WorldModelPipeline:
         a Hub id is one line saying how to download it first (``hf download``).
 
         ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
-        draft_tokens' old name, is taken until the next release) are the pipeline's decoding, ``auto`` decided for
+        draft_tokens' old name, is taken until 0.2.0) are the pipeline's decoding, ``auto`` decided for
         one rollout in flight (terra/generation/decoding.py, ``auto_decoding``): a vLLM engine starts for it and
         decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
         (a call that names its decoding gets it).
@@ -319,7 +319,7 @@ class WorldModelPipeline:
             timings = {"generate_s": generate_s,
                        "generate_s_per_frame": generate_s / max(1, sum(r.num_frames for r in requests)), **decoding}
             results.append(RolloutResult(request, codes, frames, len(context), timings, sampling,
-                                         state.decode_stats()))
+                                         state.pass_stats()))
         return results
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",

@@ -60,7 +60,7 @@ def test_help_names_the_settings_choices_and_docs_page(prog, tmp_path):
 
 def test_drives_page_lists_every_policy_world_and_control():
     from terra.closedloop.study.control_worlds import CONTROL_WORLDS
-    from terra.closedloop.drivers.builtin import PROBE_POLICIES, REFERENCE_POLICIES
+    from terra.closedloop.policies.builtin import PROBE_POLICIES, REFERENCE_POLICIES
 
     page = page_template("drive").replace("$$", "$")
     for name in (*REFERENCE_POLICIES, *PROBE_POLICIES, *CONTROL_WORLDS, "all_pixel", "all_reference", "navsim:",

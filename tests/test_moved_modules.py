@@ -1,7 +1,7 @@
 """Modules that moved (terra/core/lazy.py, ``moved_modules``): the closed-loop wing's into its sub-packages
 (terra/closedloop/__init__.py), terra/session/controls.py to driver_input.py and the two prepare.py to names of
 their own (terra/batch/prepared_sample.py, terra/training/prepare_logs.py). Every old path still imports until
-the next release, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
+0.2.0, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
 through the old module too. A name that never was a module of the wing still fails."""
 
 from __future__ import annotations
@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = ("alpasim_metrics", "control_worlds", "drive_fidelity", "drives", "egodriver", "exploit_drives", "fidelity",
-       "gym_env", "gym_spaces", "imitation", "learned", "metrics", "motion", "navsim", "plan_following", "policies",
-       "prepare", "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle",
-       "verdict", "vision")  # every module of terra/closedloop/ that moved out of its root
+       "gym_env", "gym_spaces", "imitation", "learned", "metrics", "motion", "navsim", "plan_following", "prepare",
+       "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle", "verdict", "vision",
+       "drivers", *(f"drivers.{name}" for name in ("builtin", "egodriver", "imitation", "learned", "navsim", "vision"))
+       )  # every module of terra/closedloop/ that moved out of its root, and the policies' package named for them
 MOVED = [*(f"terra.closedloop.{name}" for name in OLD), "terra.session.controls", "terra.batch.prepare",
          "terra.training.prepare"]
 PROBE = """
@@ -44,7 +47,7 @@ def test_every_old_path_imports_the_moved_module_with_one_warning():
     assert sorted(found) == sorted(MOVED)
     for old, (same, name, warned, where) in found.items():
         assert same and name != old and name.split(".")[:2] == old.split(".")[:2], old  # moved within its wing
-        assert warned == [f"FutureWarning: {old} moved to {name}; the old name goes in the next release"], old
+        assert warned == [f"FutureWarning: {old} moved to {name}; the old name goes in 0.2.0"], old
         assert where == ["<string>"], old  # the warning points at the importing line, not at the import system
 
 
@@ -82,3 +85,43 @@ def test_a_renamed_public_function_is_found_under_its_old_name_for_one_release()
     assert run_fidelity is report.run_study
     with pytest.raises(ImportError):  # the control: a name that never was there
         from terra.closedloop.study.report import run_nothing  # noqa: F401
+
+
+def test_the_forward_pass_figures_old_name_is_found_for_one_release():
+    from terra.generation import rollout
+
+    with pytest.warns(FutureWarning, match="rollout.DecodeStats is now terra.generation.rollout.PassStats"):
+        from terra.generation.rollout import DecodeStats
+    assert DecodeStats is rollout.PassStats
+
+
+def test_the_policies_old_module_names_are_found_on_the_policies_package_for_one_release():
+    from terra.closedloop import policies
+    from terra.closedloop.policies import builtin
+
+    with pytest.warns(FutureWarning, match="policies.policy_factories is now terra.closedloop.policies.builtin"):
+        from terra.closedloop.policies import policy_factories
+    assert policy_factories is builtin.policy_factories
+    with pytest.raises(AttributeError):  # the control: a name the module never had
+        policies.no_such_policy  # noqa: B018 (the attribute access is the test)
+
+
+def test_a_module_under_the_policies_old_package_is_the_moved_module_not_a_copy(monkeypatch):
+    for old in ("terra.closedloop.drivers", "terra.closedloop.drivers.vision"):
+        monkeypatch.delitem(sys.modules, old, raising=False)
+    from terra.closedloop.policies import vision
+
+    with pytest.warns(FutureWarning) as caught:
+        from terra.closedloop.drivers.vision import LaneFollower
+    assert LaneFollower is vision.LaneFollower and sys.modules["terra.closedloop.drivers.vision"] is vision
+    assert [str(w.message) for w in caught] == [
+        f"terra.closedloop.{old} moved to terra.closedloop.{new}; the old name goes in 0.2.0"
+        for old, new in (("drivers", "policies"), ("drivers.vision", "policies.vision"))]
+
+
+def test_the_old_names_go_in_the_release_their_warnings_name():
+    from terra.core.lazy import REMOVED_IN
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert Version(version) < Version(REMOVED_IN), \
+        f"version {version}: remove the old names docs/moved-names.md says go in {REMOVED_IN}"

@@ -1,4 +1,4 @@
-"""Renamed settings (terra/config/moved.py; docs/moved-names.md): the old names still work for one release, each
+"""Renamed settings (terra/config/moved.py; docs/moved-names.md): the old names still work until 0.2.0, each
 with one line on stderr naming the old and the new setting, on the command line, in a user's config file and as
 Python keywords; the new names work without a line; a bad value is one error line either way."""
 
@@ -18,8 +18,8 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from tests.test_cli import ENV, FAST, TERRA_GENERATE, terra_generate
 
-DECODER_LINE = "decoding= is now decoder= (framewise is tokenizer); the old name goes in the next release"
-DRAFT_TOKENS_LINE = "sampling.block_size= is now sampling.draft_tokens=; the old name goes in the next release"
+DECODER_LINE = "decoding= is now decoder= (framewise is tokenizer); the old name goes in 0.2.0"
+DRAFT_TOKENS_LINE = "sampling.block_size= is now sampling.draft_tokens=; the old name goes in 0.2.0"
 
 
 def stderr_lines(capsys) -> list[str]:
@@ -85,7 +85,7 @@ def test_old_names_in_a_config_file_move_to_the_new_ones(capsys):
     assert OmegaConf.to_container(cfg) == {"decoder": "refiner", "num_frames": 2,
                                            "sampling": {"temperature": 0.9, "draft_tokens": 8}}
     assert stderr_lines(capsys) == [
-        "terra-rollout: decoding= is now decoder=; the old name goes in the next release",
+        "terra-rollout: decoding= is now decoder=; the old name goes in 0.2.0",
         f"terra-rollout: {DRAFT_TOKENS_LINE}"]
     move_settings(cfg, "terra-rollout")  # nothing old left: nothing said
     assert stderr_lines(capsys) == []
@@ -165,7 +165,7 @@ def test_a_renamed_value_of_a_kept_setting_moves_that_value_alone(capsys):
         "action_mode=plan", "action_mode=actuation"]
     assert moved_value(ACTION_MODE, "plan") == "plan" and moved_value(ACTION_MODE, "actuation") == "actuation"
     assert stderr_lines(capsys) == [
-        "terra-x: action_mode=control is now action_mode=actuation; the old value goes in the next release"]
+        "terra-x: action_mode=control is now action_mode=actuation; the old value goes in 0.2.0"]
     cfg = OmegaConf.create({"action_mode": "control", "other": 1})
     move_settings(cfg, "terra-x")
     assert OmegaConf.to_container(cfg) == {"action_mode": "actuation", "other": 1}

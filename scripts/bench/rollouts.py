@@ -10,7 +10,7 @@ from terra.config.sampling import SamplingConfig
 from terra.generation.decoding import auto_decoding
 from terra.generation.hf_backend import HFBackend
 from terra.generation.layout import TokenLayout
-from terra.generation.rollout import DecodeStats, RolloutRequest, WorldModelBackend
+from terra.generation.rollout import PassStats, RolloutRequest, WorldModelBackend
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.trajectory import MANOEUVRES
 
@@ -53,7 +53,7 @@ def timed_generate(backend: WorldModelBackend, requests: list[RolloutRequest], s
     wall = time.perf_counter() - start
     n = requests[0].num_frames
     return {
-        "decoding": sum((s.decode_stats() for s in states), DecodeStats()).as_dict(sampling),
+        "decoding": sum((s.pass_stats() for s in states), PassStats()).as_dict(sampling),
         "rollouts": len(requests),
         "frames_per_rollout": n,
         "wall_s": wall,

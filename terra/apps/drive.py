@@ -25,7 +25,7 @@ from terra.config.moved import move_settings
 
 
 DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null (conf/drive.yaml), made only once held
-# A driver's failure is one line of its drive (terra/closedloop/drivers/egodriver.py): gRPC's C core logs nothing of
+# A driver's failure is one line of its drive (terra/closedloop/policies/egodriver.py): gRPC's C core logs nothing of
 # its own (read when grpc loads, so set before anything imports it; the environment may still ask for its logs).
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 

@@ -94,7 +94,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
                                   ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
                                   ("refiner weights", spec.run.refiner.get("path"))], app=APP)
 
-    from terra.generation.rollout import DecodeStats
+    from terra.generation.rollout import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline, resolve_run
@@ -153,7 +153,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     record["backend"]["options"] = dict(pipeline.engine_options)  # as the engine ran: the memory preset's choices,
     # its room for the samples (terra/generation/backends.py, engine_options)
     s_per_frame = generate_s / (num_frames * spec.num_samples)
-    stats = sum((result.decode_stats for result in results), DecodeStats())
+    stats = sum((result.pass_stats for result in results), PassStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     files = write_outputs(
         out_dir, spec.output, results, actions=actions, ground_truth=truth, config=record,
@@ -162,7 +162,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     )
     return {"files": [str(f) for f in files], "frames": int(len(images) + num_frames),
             "generated_frames": int(num_frames), "samples": int(spec.num_samples), "s_per_frame": s_per_frame,
-            "backend": backend_class, "decoding": results[0].sampling.decoding, "decode_stats": stats}
+            "backend": backend_class, "decoding": results[0].sampling.decoding, "pass_stats": stats}
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="generate", version_base=None)
@@ -184,7 +184,7 @@ def _main(cfg: DictConfig) -> None:
     print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "
           f"({summary['frames']} frames per video) with {summary['backend']}: "
           f"{summary['s_per_frame']:.3f} s per generated frame")
-    print(f"  {summary['decoding']} decoding: {summary['decode_stats'].line()}")
+    print(f"  {summary['decoding']} decoding: {summary['pass_stats'].line()}")
     for f in summary["files"]:
         print(f"  {f}")
 

@@ -26,7 +26,7 @@ CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
               "error (--verbose shows its traceback).")
 WIDTH = 118  # a page's wrapped lines
-MOVED = "docs/moved-names.md"  # old setting names, still taken for one release (terra/config/moved.py)
+MOVED = "docs/moved-names.md"  # old setting names, still taken until 0.2.0 (terra/config/moved.py)
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class Page:
 
 def _drive_choices() -> dict[str, str]:
     # what terra-drive's settings accept
-    from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES
+    from terra.closedloop.policies.builtin import (
+        ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES,
+    )
     from terra.closedloop.recording.settings import VEHICLES, WORLDS
     from terra.closedloop.study.settings import CONTROL_WORLDS
 

@@ -162,7 +162,7 @@ class BatchConfig:
     progress: bool = True
     record: dict | None = None  # run configuration stored in every sidecar (default: this config)
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
-    decoding: InitVar[str | None] = None  # decoder's old name (framewise | refiner), taken until the next release
+    decoding: InitVar[str | None] = None  # decoder's old name (framewise | refiner), taken until 0.2.0
 
     def __post_init__(self, decoding: str | None) -> None:
         if decoding is not None:

@@ -21,7 +21,7 @@ from terra.config.checks import shown
 from terra.config.manifest import Manifest, count_statuses
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
-from terra.generation.rollout import DecodeStats
+from terra.generation.rollout import PassStats
 from terra.inputs.requests import UNUSED_ROUTES
 from terra.inputs.samples import Sample
 from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
@@ -65,7 +65,7 @@ class BatchResult:
         return dict(sorted(actors.items(), key=lambda kv: int(kv[0])))
 
     @property
-    def decoding(self) -> tuple[str, DecodeStats] | None:
+    def decoding(self) -> tuple[str, PassStats] | None:
         """The decodings that ran (``sequential``, ``speculative``, or both joined by ``+`` across resumed runs) and
         the forward passes of the samples this run generated, summed from their records; None when it generated
         none."""
@@ -73,7 +73,7 @@ class BatchResult:
         if not blocks:
             return None
         return ("+".join(sorted({b["decoding"] for b in blocks})),
-                sum((DecodeStats.from_dict(b) for b in blocks), DecodeStats()))
+                sum((PassStats.from_dict(b) for b in blocks), PassStats()))
 
     def summary_line(self) -> str:
         """One line for the end of a run."""

@@ -130,7 +130,7 @@ class StreamingEngine:
                         del active[id(state)]
                         backend.release(state)
                         writer.submit(prepared, state.generated(), time.perf_counter() - admitted,
-                                      state.decode_stats())
+                                      state.pass_stats())
                         if self.on_generated is not None:
                             self.on_generated(prepared.item)
                     else:

@@ -20,7 +20,7 @@ from terra.batch.prepared_sample import PreparedSample
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar
-from terra.generation.rollout import DecodeStats
+from terra.generation.rollout import PassStats
 from terra.outputs import shown_frames, write_formats
 from terra.pipeline import WorldModelPipeline
 
@@ -40,10 +40,10 @@ class SampleWriter:
         self.refiner = refiner  # decoder=refiner: Terra's video refiner beside the engine (terra/refiner.py)
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
-    def submit(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: DecodeStats) -> None:
+    def submit(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: PassStats) -> None:
         self.pool.submit(self._write, prepared, generated, generate_s, stats, time.time())
 
-    def _write(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: DecodeStats,
+    def _write(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: PassStats,
                generated_at: float) -> None:
         item = prepared.item
         try:
@@ -57,7 +57,7 @@ class SampleWriter:
                                 decoding=stats.as_dict(self.sampling)))
 
     def write(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float,
-              stats: DecodeStats) -> list[str]:
+              stats: PassStats) -> list[str]:
         """Decode context + generated codes and write the sample's files; return them relative to output_dir."""
         config, item, pipeline = self.config, prepared.item, self.pipeline
         t0 = time.perf_counter()

@@ -70,7 +70,7 @@ class Plan:
     def from_quaternions(cls, positions: Any, quaternions: Any, times: Any, origin: Any) -> "Plan":
         """Poses given as ``positions [N, 2|3]`` (x, y[, z]) and rotations ``quaternions [N, 4]`` (x, y, z, w) in a
         frame where the car stands at ``origin`` (x, y, yaw) now (a gRPC driver's answer:
-        terra/closedloop/drivers/egodriver.py), at ``times``: the plan of those poses in the car's ego frame, each
+        terra/closedloop/policies/egodriver.py), at ``times``: the plan of those poses in the car's ego frame, each
         heading its rotation's yaw. A position that is not finite or lies beyond :data:`MAX_POSITION_M`, and a
         quaternion that is not finite or has a norm below :data:`MIN_QUATERNION_NORM` (no rotation), are refused as
         given, naming the pose."""

@@ -1,5 +1,5 @@
 """The checkpoints shipped inside the package (``terra/assets/``): the demo world model and the tokenizer it was
-trained with (MODEL_CARD.md), and the learned driver's weights (terra/closedloop/drivers/learned.py). Found from here,
+trained with (MODEL_CARD.md), and the learned driver's weights (terra/closedloop/policies/learned.py). Found from here,
 so code and configs reach them from any working folder; the configs through the resolvers :func:`register_resolvers`
 registers (``conf/model/demo.yaml``, ``conf/tokenizer/demo.yaml``)."""
 

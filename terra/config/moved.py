@@ -1,4 +1,4 @@
-"""Settings renamed in this release, still taken under their old names until the next one (docs/moved-names.md).
+"""Settings renamed in this release, still taken under their old names until 0.2.0 (docs/moved-names.md).
 
 :data:`MOVED` is the one table; each entry of it is mapped once, where the setting enters: on an app's command
 line (:func:`moved_overrides`, called by terra/apps/runner.py's ``run_app`` before Hydra reads the arguments), in
@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from terra.config.checks import Range, plain, shown
 from terra.core.errors import TerraInputError
+from terra.core.lazy import REMOVED_IN
 
 PYTHON = "terra"  # who says it when a Python keyword or mapping used the old name
 
@@ -63,9 +64,9 @@ class MovedSetting:
         if self.values_only:
             was = f"{value} is now {self.new}={new}" if value is not None else "'s values " + ", ".join(
                 f"{old} is now {new}" for old, new in self.values.items())
-            return f"{who}: {self.old}={was}; the old value goes in the next release"
+            return f"{who}: {self.old}={was}; the old value goes in {REMOVED_IN}"
         note = f" ({value} is {new})" if new != value else ""
-        return f"{who}: {self.old}= is now {self.new}={note}; the old name goes in the next release"
+        return f"{who}: {self.old}= is now {self.new}={note}; the old name goes in {REMOVED_IN}"
 
 
 DECODER = MovedSetting("decoding", "decoder", {"framewise": "tokenizer", "refiner": "refiner"})

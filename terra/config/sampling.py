@@ -51,7 +51,7 @@ class SamplingConfig:
     decoding: str = "auto"
     draft_tokens: int | str = "auto"
     guesses: str = "auto"
-    block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until the next release
+    block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until 0.2.0
 
     def __post_init__(self, block_size: int | None) -> None:
         if block_size is not None:

@@ -2,12 +2,13 @@
 
 * :func:`lazy_face`: a package face whose names load on first use (PEP 562 ``__getattr__``), so that importing the
   package loads none of its heavy modules: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``.
-* :func:`moved_modules`: a package's modules that moved within it, still imported under their old names until the
-  next release (the same module object, and one ``FutureWarning`` naming the new path):
+* :func:`moved_modules`: a package's modules (or sub-packages) that moved within it, still imported under their old
+  names until 0.2.0 (:data:`REMOVED_IN`; the same module object, and one ``FutureWarning`` naming the new path):
   ``moved_modules(__name__, {"run": "recording.run"})``. The one mechanism for moved modules, as
   terra/config/moved.py is for moved settings.
-* :func:`renamed`: a module's public names that were renamed, still found under their old names until the next
-  release (the same object, one ``FutureWarning``): ``__getattr__ = renamed(__name__, {"run_fidelity": "run_study"})``.
+* :func:`renamed`: a module's public names that were renamed, or moved to another module, still found under their
+  old names until 0.2.0 (the same object, one ``FutureWarning``):
+  ``__getattr__ = renamed(__name__, {"run_fidelity": "run_study"})``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
+
+REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in terra/config/moved.py
 
 
 def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable[[str], Any]]:
@@ -35,8 +38,9 @@ def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callab
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds a moved module's old name (one absent from the tree: it is asked after every other finder) and loads it
-    as the module at its new name."""
+    """Finds a moved module's old name and loads it as the module at its new name. It is asked before every other
+    finder (it answers its table's names alone), so that a module under a moved package's old name
+    (``terra.closedloop.drivers.vision``) is the moved one, not a second copy found on the new package's path."""
 
     def __init__(self, moved: dict[str, str]) -> None:
         self.moved = moved  # old full name -> new full name
@@ -48,7 +52,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = self.moved[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; the old name goes in the next release", FutureWarning,
+        warnings.warn(f"{spec.name} moved to {new}; the old name goes in {REMOVED_IN}", FutureWarning,
                       stacklevel=2)
         return importlib.import_module(new)
 
@@ -63,20 +67,21 @@ def moved_modules(package: str, moved: Mapping[str, str]) -> dict[str, str]:
     finder = next((f for f in sys.meta_path if isinstance(f, _MovedModules)), None)
     if finder is None:
         finder = _MovedModules({})
-        sys.meta_path.append(finder)
+        sys.meta_path.insert(0, finder)
     finder.moved.update(table)
     return table
 
 
-def renamed(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+def renamed(module: str, names: Mapping[str, str], home: str | None = None) -> Callable[[str], Any]:
     """The module ``__getattr__`` of ``module`` that answers each old name of ``names`` (old -> new) with the object
-    of its new name, with one ``FutureWarning``."""
+    of its new name in module ``home`` (``module`` itself by default), with one ``FutureWarning``."""
+    home = home or module
 
     def __getattr__(name: str) -> Any:
         if name not in names:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        warnings.warn(f"{module}.{name} is now {module}.{names[name]}; the old name goes in the next release",
+        warnings.warn(f"{module}.{name} is now {home}.{names[name]}; the old name goes in {REMOVED_IN}",
                       FutureWarning, stacklevel=2)
-        return getattr(sys.modules[module], names[name])
+        return getattr(importlib.import_module(home), names[name])
 
     return __getattr__

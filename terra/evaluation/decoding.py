@@ -13,7 +13,7 @@ draft_tokens=16``, added to ``sampling``). Clip ``i`` is ``terra.sim.clips.rando
 Passes are counted where every forward pass goes through: a pre-hook on the first decoder layer adds the rows of
 each call, one row being one rollout's pass. Passes per frame = rows / frames generated; sequential decoding takes
 exactly one per image token (576 at Terra's layout: a frame's first pass also carries the previous frame's action
-slots). The backend's own count (``decode_stats``) is recorded beside. Each mode also reports seconds per frame
+slots). The backend's own count (``pass_stats``) is recorded beside. Each mode also reports seconds per frame
 (the whole batch's wall time / frames) and the PSNR of its decoded frames against the exact renders, as
 terra-evaluate computes it; the speculative codes are compared token by token with the sequential ones at the same
 temperature (for the same seeds they must be equal, greedy or sampled). How good the first guesses beyond a pass
@@ -147,7 +147,7 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
     scores = np.array([[min(v, PSNR_CAP_DB) for v in psnr(pipeline.decode(r.codes[n_ctx:]), clip.frames[n_ctx:])]
                        for r, clip in zip(results, clips)])
     passes = counter.rows / frames
-    stats = sum((r.decode_stats for r in results[1:]), results[0].decode_stats)
+    stats = sum((r.pass_stats for r in results[1:]), results[0].pass_stats)
     record = {"rollouts": len(clips), "frames": frames, "forward_passes": counter.rows, "batched_calls": counter.calls,
               "backend_reported": stats.as_dict(results[0].sampling),
               "passes_per_frame": round(passes, 3),

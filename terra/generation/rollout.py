@@ -25,6 +25,7 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
+from terra.core.lazy import renamed
 from terra.core.progress import Progress
 from terra.generation.actions import NUM_ACTION_TOKENS, RULE
 from terra.generation.layout import TokenLayout, Window, plan_windows
@@ -32,6 +33,7 @@ from terra.generation.routes import ROUTE_POINT_VALUES, no_route
 
 DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
 log = logging.getLogger("terra.generation")
+__getattr__ = renamed(__name__, {"DecodeStats": "PassStats"})  # until 0.2.0
 
 
 @dataclass
@@ -199,13 +201,13 @@ class RolloutState:
         twin.passes = list(self.passes)
         return twin
 
-    def decode_stats(self) -> "DecodeStats":
+    def pass_stats(self) -> "PassStats":
         """Forward passes of the generated frames so far."""
-        return DecodeStats(len(self.passes), sum(self.passes), self.layout.image_tokens)
+        return PassStats(len(self.passes), sum(self.passes), self.layout.image_tokens)
 
 
 @dataclass(frozen=True)
-class DecodeStats:
+class PassStats:
     """How many forward passes generated how many frames: what speculative decoding saves (sequential decoding
     takes one pass per image token). Sums of several rollouts add up with ``+``."""
 
@@ -213,8 +215,8 @@ class DecodeStats:
     passes: int = 0
     image_tokens: int = 0  # per frame
 
-    def __add__(self, other: "DecodeStats") -> "DecodeStats":
-        return DecodeStats(self.frames + other.frames, self.passes + other.passes,
+    def __add__(self, other: "PassStats") -> "PassStats":
+        return PassStats(self.frames + other.frames, self.passes + other.passes,
                            max(self.image_tokens, other.image_tokens))
 
     @property
@@ -237,7 +239,7 @@ class DecodeStats:
         return record
 
     @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "DecodeStats":
+    def from_dict(cls, record: dict[str, Any]) -> "PassStats":
         """The stats of an :meth:`as_dict` record (a manifest's, to sum a run)."""
         return cls(record["frames"], record["forward_passes"], record["image_tokens"])
 

@@ -30,7 +30,7 @@ import numpy as np
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import (
-    DEFAULT_OVERLAP, DecodeStats, FrameDone, RolloutRequest, RolloutState, WorldModelBackend,
+    DEFAULT_OVERLAP, FrameDone, PassStats, RolloutRequest, RolloutState, WorldModelBackend,
 )
 from terra.generation.routes import no_route
 
@@ -93,7 +93,7 @@ class SessionEngine:
         self.frames_total = 0
         self.cached_tokens = 0
         self.prompt_tokens = 0
-        self.decode_stats = DecodeStats()  # forward passes of every frame generated
+        self.pass_stats = PassStats()  # forward passes of every frame generated
         self.last_error: str | None = None
         self._waiting = 0
         self._closed = False
@@ -149,8 +149,8 @@ class SessionEngine:
                 "queued": self._waiting,
                 "in_flight": len(self._owner),
                 "prefix_cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
-                "passes_per_frame": self.decode_stats.passes_per_frame,
-                "tokens_per_pass": self.decode_stats.tokens_per_pass,
+                "passes_per_frame": self.pass_stats.passes_per_frame,
+                "tokens_per_pass": self.pass_stats.tokens_per_pass,
                 "last_error": self.last_error,
             }
 
@@ -249,7 +249,7 @@ class SessionEngine:
             self._done_at.append(now)
             self.cached_tokens += done.cached_tokens
             self.prompt_tokens += done.prompt_tokens
-            self.decode_stats += DecodeStats(1, state.passes[-1], state.layout.image_tokens)
+            self.pass_stats += PassStats(1, state.passes[-1], state.layout.image_tokens)
         job.future.set_result(StepResult(
             index=state.next_frame - 1 - state.num_context, codes=done.codes,
             action=state.actions[state.next_frame - 2].copy(), queue_s=job.started_at - job.queued_at,

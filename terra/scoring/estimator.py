@@ -4,7 +4,7 @@ map: every module below carries its state-dict name in ACT-Bench's ``act_bench/m
 
 ==========================  ==================================================================================
 ``backbone.``               Inception-I3D up to ``Mixed_5c``, no logits: ``Conv3d_1a_7x7``, ``Conv3d_2b_1x1``,
-                            ``Conv3d_2c_3x3``, the blocks of :data:`MIXED` (``b0``, ``b1a``, ``b1b``, ``b2a``,
+                            ``Conv3d_2c_3x3``, the blocks of ``i3d.MIXED`` (``b0``, ``b1a``, ``b1b``, ``b2a``,
                             ``b2b``, ``b3b``); each a ``Unit3D``: ``conv3d.weight`` (no bias), ``bn.*``
 ``squeeze_linear.``         Linear 1024 → ``d_model`` over the features pooled to ``feature_map_size``²
 ``positional_encoding.pe``  sinusoidal positions ``[1, memory_len, d_model]`` (a buffer, recomputed if absent)
@@ -14,10 +14,8 @@ map: every module below carries its state-dict name in ACT-Bench's ``act_bench/m
                             ``pre_gru_layer.*``, ``gru.*`` (GRUCell), ``head.{0,3}.``
 ==========================  ==================================================================================
 
-The Hub repository wraps this module in a Transformers model whose file ACT-Bench does not publish, so the weights
-may carry one prefix before these names (``model.``): :func:`match_weights` takes them as above or all under one
-prefix, and refuses anything else naming the first unmatched keys; integer or NaN weights are refused too.
-BatchNorm's ``num_batches_tracked`` and the positional table may be absent (neither changes the output in eval).
+The backbone is terra/scoring/i3d.py's; the weights files are found, read and matched to these names by
+terra/scoring/estimator_weights.py.
 """
 
 from __future__ import annotations
@@ -27,37 +25,19 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from terra.config.checks import Range, shown
-from terra.config.files import load_json, open_input_file
-from terra.core.errors import TerraInputError, error_reason
+from terra.config.files import load_json
+from terra.core.errors import TerraInputError
+from terra.scoring.estimator_weights import match_weights, read_weights, weights_file
+from terra.scoring.i3d import FEATURES, InceptionI3d
 from terra.tokenizer.tensors import check_like
 
-MAX_WEIGHTS_BYTES = 2 << 30  # the published estimator is about 0.1 GB in fp32
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")  # looked for in this order
-OPTIONAL = ("positional_encoding.pe", ".num_batches_tracked")  # name endings a weights file may leave out
-ANCHOR = "squeeze_linear.weight"  # a name only the estimator has: where the wrapper prefix is read from
-FEATURES = 1024  # channels of Mixed_5c
-# Inception blocks: name → (input channels, (1x1, 3x3 reduce, 3x3, 3x3 reduce, 3x3, pool projection)), and the
-# max-pools that come before a block: block → (name, kernel, stride).
-MIXED = {
-    "Mixed_3b": (192, (64, 96, 128, 16, 32, 32)),
-    "Mixed_3c": (256, (128, 128, 192, 32, 96, 64)),
-    "Mixed_4b": (480, (192, 96, 208, 16, 48, 64)),
-    "Mixed_4c": (512, (160, 112, 224, 24, 64, 64)),
-    "Mixed_4d": (512, (128, 128, 256, 24, 64, 64)),
-    "Mixed_4e": (512, (112, 144, 288, 32, 64, 64)),
-    "Mixed_4f": (528, (256, 160, 320, 32, 128, 128)),
-    "Mixed_5b": (832, (256, 160, 320, 32, 128, 128)),
-    "Mixed_5c": (832, (384, 192, 384, 48, 128, 128)),
-}
-POOLS_BEFORE = {"Mixed_4b": ("MaxPool3d_4a_3x3", (3, 3, 3), (2, 2, 2)),
-                "Mixed_5b": ("MaxPool3d_5a_2x2", (1, 2, 2), (1, 2, 2))}
 CONFIG_RANGES = {
     "num_classes": Range(1, 1000, 9, whole=True),
     "max_seq_len": Range(1, 1000, 44, whole=True),
@@ -122,82 +102,6 @@ class Estimate(NamedTuple):
 
     command: Tensor
     waypoints: Tensor
-
-
-# ---------------------------------------------------------------------------------------------- Inception-I3D
-
-
-def same_padding(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:
-    """Zero-pad ``[B, C, T, H, W]`` as TensorFlow's SAME does (the extra cell after), as I3D's port computes it."""
-    pads = []
-    for size, k, s in zip(reversed(x.shape[2:]), reversed(kernel), reversed(stride)):
-        total = max(k - (s if size % s == 0 else size % s), 0)
-        pads += [total // 2, total - total // 2]
-    return F.pad(x, pads)
-
-
-class MaxPool3dSamePadding(nn.MaxPool3d):
-    """Max-pooling after :func:`same_padding`."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return super().forward(same_padding(x, self.kernel_size, self.stride))
-
-
-class Unit3D(nn.Module):
-    """Convolution without bias (SAME padding), BatchNorm (eps 1e-3), ReLU."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel: tuple[int, int, int] = (1, 1, 1),
-                 stride: tuple[int, int, int] = (1, 1, 1)) -> None:
-        super().__init__()
-        self.kernel, self.stride = kernel, stride
-        self.conv3d = nn.Conv3d(in_channels, out_channels, kernel, stride, padding=0, bias=False)
-        self.bn = nn.BatchNorm3d(out_channels, eps=0.001, momentum=0.01)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.relu(self.bn(self.conv3d(same_padding(x, self.kernel, self.stride))))
-
-
-class InceptionModule(nn.Module):
-    """Four branches concatenated: 1x1; 1x1 → 3x3x3; 1x1 → 3x3x3; 3x3x3 max-pool → 1x1."""
-
-    def __init__(self, in_channels: int, out: tuple[int, int, int, int, int, int]) -> None:
-        super().__init__()
-        self.b0 = Unit3D(in_channels, out[0])
-        self.b1a = Unit3D(in_channels, out[1])
-        self.b1b = Unit3D(out[1], out[2], (3, 3, 3))
-        self.b2a = Unit3D(in_channels, out[3])
-        self.b2b = Unit3D(out[3], out[4], (3, 3, 3))
-        self.b3a = MaxPool3dSamePadding(kernel_size=(3, 3, 3), stride=(1, 1, 1), padding=0)
-        self.b3b = Unit3D(in_channels, out[5])
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.cat([self.b0(x), self.b1b(self.b1a(x)), self.b2b(self.b2a(x)), self.b3b(self.b3a(x))], dim=1)
-
-
-class InceptionI3d(nn.Module):
-    """Inception-v1 I3D (Carreira & Zisserman, 2017) from RGB to the ``Mixed_5c`` end point: ``[B, 1024, T', H', W']``
-    with ``T' = ceil(T / 4)``, ``H' = ceil(H / 32)``. Children are registered under the end-point names."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_module("Conv3d_1a_7x7", Unit3D(3, 64, (7, 7, 7), (2, 2, 2)))
-        self.add_module("MaxPool3d_2a_3x3", MaxPool3dSamePadding(kernel_size=(1, 3, 3), stride=(1, 2, 2), padding=0))
-        self.add_module("Conv3d_2b_1x1", Unit3D(64, 64))
-        self.add_module("Conv3d_2c_3x3", Unit3D(64, 192, (3, 3, 3)))
-        self.add_module("MaxPool3d_3a_3x3", MaxPool3dSamePadding(kernel_size=(1, 3, 3), stride=(1, 2, 2), padding=0))
-        for block, (in_channels, out) in MIXED.items():
-            if block in POOLS_BEFORE:
-                name, kernel, stride = POOLS_BEFORE[block]
-                self.add_module(name, MaxPool3dSamePadding(kernel_size=kernel, stride=stride, padding=0))
-            self.add_module(block, InceptionModule(in_channels, out))
-
-    def forward(self, x: Tensor) -> Tensor:
-        for layer in self.children():
-            x = layer(x)
-        return x
-
-
-# ---------------------------------------------------------------------------------------------- heads
 
 
 class PositionalEncoding(nn.Module):
@@ -328,9 +232,10 @@ class VideoActionEstimator(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike) -> VideoActionEstimator:
-        """The estimator of ``folder`` (``config.json`` and one file of :data:`WEIGHT_FILES`), on the CPU in
-        fp32, in eval mode. Files are read without running code from them (safetensors, or ``torch.load``
-        with ``weights_only``); a mismatch with the architecture is one :class:`TerraInputError` line."""
+        """The estimator of ``folder`` (``config.json`` and one file of terra/scoring/estimator_weights.py's
+        ``WEIGHT_FILES``), on the CPU in fp32, in eval mode. Files are read without running code from them
+        (safetensors, or ``torch.load`` with ``weights_only``); a mismatch with the architecture is one
+        :class:`TerraInputError` line, and so are integer or NaN weights."""
         folder = Path(folder).expanduser()
         if not (folder / "config.json").exists():
             raise TerraInputError(f"estimator folder {folder} has no config.json (VideoActionEstimator's arguments, "
@@ -344,57 +249,3 @@ class VideoActionEstimator(nn.Module):
         state.update(named)
         model.load_state_dict(state)
         return model.eval()
-
-
-# ---------------------------------------------------------------------------------------------- weights
-
-
-def weights_file(folder: Path) -> Path:
-    """The first of :data:`WEIGHT_FILES` in ``folder``, checked to be a regular file of a sane size."""
-    for name in WEIGHT_FILES:
-        if os.path.lexists(folder / name):
-            open_input_file(folder / name, "estimator weights", MAX_WEIGHTS_BYTES).close()
-            return folder / name
-    raise TerraInputError(f"estimator folder {folder} has none of {', '.join(WEIGHT_FILES)}; download ACT-Bench's "
-                          f"estimator into it: hf download turing-motors/ACT-Estimator --local-dir {folder}")
-
-
-def read_weights(path: Path) -> dict[str, Tensor]:
-    """The tensors of a safetensors file, or of a torch file (a state dict, or ``{"state_dict": ...}``)."""
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            data = load_file(str(path), device="cpu")
-        else:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, corrupt or foreign files: each reader raises its own types
-        raise TerraInputError(f"estimator weights {path} cannot be read ({error_reason(err)}); the file is "
-                              "truncated, corrupt or not a checkpoint: download it again") from None
-    if isinstance(data, dict) and isinstance(data.get("state_dict"), dict):
-        data = data["state_dict"]
-    if not isinstance(data, dict) or not data or not all(isinstance(v, Tensor) for v in data.values()):
-        raise TerraInputError(f"estimator weights {path} hold no state dict of tensors")
-    return data
-
-
-def match_weights(tensors: Mapping[str, Tensor], shapes: Mapping[str, tuple[int, ...]],
-                  source: str) -> dict[str, Tensor]:
-    """``tensors`` under the estimator's names (``shapes``): the names as published or all under one prefix;
-    every required tensor present with its shape, nothing else. Raises one line naming the first mismatches."""
-    anchors = [k for k in tensors if k == ANCHOR or k.endswith("." + ANCHOR)]
-    prefix = anchors[0][: -len(ANCHOR)] if len(anchors) == 1 else ""
-    unmatched = sorted(k for k in tensors if not k.startswith(prefix) or k[len(prefix):] not in shapes)
-    named = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    missing = sorted(k for k in shapes if k not in named and not k.endswith(OPTIONAL))
-    if unmatched or missing:
-        raise TerraInputError(
-            f"{source} is not ACT-Bench's VideoActionEstimator"
-            f"{f' (prefix {prefix!r})' if prefix else ''}: {len(unmatched)} unmatched tensors (first: "
-            f"{', '.join(unmatched[:3]) or '-'}), {len(missing)} missing (first: {', '.join(missing[:3]) or '-'}); "
-            "check that config.json matches the weights")
-    for name, shape in shapes.items():  # in the model's order: the first mismatch is the earliest layer's
-        if name in named and tuple(named[name].shape) != shape:
-            raise TerraInputError(f"{source}: {prefix}{name} has shape {list(named[name].shape)}, the architecture "
-                                  f"of config.json needs {list(shape)}; check config.json")
-    return named

@@ -61,7 +61,7 @@ class Entry:
             "frames": session.num_generated, "max_frames": session.max_frames,
             "seed": session.rollout.state.seed,
             "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),
-            "decoding": session.decode_stats().as_dict(session.sampling),
+            "decoding": session.pass_stats().as_dict(session.sampling),
             "idle_s": round(time.monotonic() - self.last_used, 3), "sockets": len(self.sockets),
         }
 

@@ -4,7 +4,7 @@
 :class:`Frame` (codes and RGB); ``fork``, ``reset`` and ``close`` manage it. Many sessions advance together on
 one backend through :class:`SessionEngine` (terra/generation/session_engine.py, the floor sessions stand on, which
 the closed loop's model world shares). Actions from what a driver gives: terra/session/driver_input.py (its old path
-``terra.session.controls`` still imports until the next release: terra/core/lazy.py). ``terra-serve``
+``terra.session.controls`` still imports until 0.2.0: terra/core/lazy.py). ``terra-serve``
 (terra/serve/) puts sessions behind HTTP and WebSocket.
 """
 

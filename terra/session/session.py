@@ -19,7 +19,7 @@ import numpy as np
 from terra.config.checks import MAX_FRAMES, MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.rollout import DEFAULT_OVERLAP, DecodeStats, WorldModelBackend
+from terra.generation.rollout import DEFAULT_OVERLAP, PassStats, WorldModelBackend
 from terra.generation.session_engine import Rollout, SessionEngine, StepResult
 from terra.inputs.ego_motion import Pose, advance_pose, speed_of
 from terra.session import context as contexts
@@ -124,9 +124,9 @@ class Session:
         """Free the session's rollout (a step in flight finishes first)."""
         self.host.engine.close_rollout(self.rollout).result()
 
-    def decode_stats(self) -> DecodeStats:
+    def pass_stats(self) -> PassStats:
         """Forward passes of the frames generated since the last reset (how much speculative decoding saved)."""
-        return self.rollout.state.decode_stats()
+        return self.rollout.state.pass_stats()
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n_ctx + generated, h, w]``, context first."""

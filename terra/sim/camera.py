@@ -3,9 +3,9 @@ ego pose, looking along its yaw pitched down by :data:`CAMERA_PITCH_RAD`, at any
 
 The one definition of the camera for everything that sees through it: the renderer draws the world with it
 (terra/sim/renderer.py), the camera-only lane follower finds the road plane under its pixels
-(terra/closedloop/drivers/vision.py), and the driver contracts declare it to a driver
-(terra/closedloop/drivers/egodriver.py, terra/closedloop/drivers/navsim.py). Ego frame: x forward, y left, z up; image:
-u right, v down, pixel centres at +0.5.
+(terra/closedloop/policies/vision.py), and the driver contracts declare it to a driver
+(terra/closedloop/policies/egodriver.py, terra/closedloop/policies/navsim.py). Ego frame: x forward, y left, z up;
+image: u right, v down, pixel centres at +0.5.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from terra.batch import BatchConfig, BatchSpec, concurrency, prepare, stream, writer
 from terra.generation import backends
 from terra.generation.layout import TokenLayout
-from terra.generation.rollout import DecodeStats
+from terra.generation.rollout import PassStats
 
 LAYOUT = TokenLayout(image_tokens=1, action_tokens=1, max_frames=25, codebook_size=8, action_token_id=8)
 
@@ -57,7 +57,7 @@ class FakeBackend:
             state.num_generated = state.frames
             state.finished = state.frames == state.total
             state.generated = lambda state=state: np.zeros((state.total, 1), np.int64)
-            state.decode_stats = lambda state=state: DecodeStats(state.frames, state.frames, 1)
+            state.pass_stats = lambda state=state: PassStats(state.frames, state.frames, 1)
         return [SimpleNamespace(state=s) for s in done]
 
     def cancel(self, states) -> None:

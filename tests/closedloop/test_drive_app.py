@@ -16,7 +16,7 @@ from terra.apps.runner import CONF_DIR
 from terra.closedloop.study.control_worlds import FrozenWorld
 from terra.closedloop.study.report import compare, run_study, study_plan
 from terra.closedloop.loop import drive_specs
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.study.settings import StudySettings, terra_drive_settings

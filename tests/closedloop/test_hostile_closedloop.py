@@ -36,10 +36,10 @@ import pytest
 
 from terra.batch.config import APP as ROLLOUT
 from terra.closedloop.study.drives import terra_drive as run_drive_settings
-from terra.closedloop.drivers.egodriver import EgodriverPolicy
+from terra.closedloop.policies.egodriver import EgodriverPolicy
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.navsim import CAMERAS, NavsimPolicy
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.navsim import CAMERAS, NavsimPolicy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld

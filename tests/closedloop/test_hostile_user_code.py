@@ -26,9 +26,9 @@ from scipy.spatial.transform import Rotation
 from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.guard import handed
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.navsim import NavsimPolicy
+from terra.closedloop.policies.navsim import NavsimPolicy
 from terra.closedloop.plans import MAX_POSITION_M, EgoStatus, Observation, Plan
-from terra.closedloop.drivers.builtin import policy_factories
+from terra.closedloop.policies.builtin import policy_factories
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.worlds import TrueWorld

@@ -13,7 +13,7 @@ import pytest
 
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.car.motion import VEHICLES, action_of, make_vehicle
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.recording.files import metrics_of
 from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import command_of, synthetic_scenarios

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.scenarios import log_scenarios, sample_scenarios, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError

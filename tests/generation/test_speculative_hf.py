@@ -58,7 +58,7 @@ def test_speculative_equals_sequential_across_window_rollovers(backend, sequenti
         np.testing.assert_array_equal(state.generated(), codes)
     passes = [p for s in states for p in s.passes]
     assert len(passes) == 16 and all(1 <= p <= P for p in passes) and sum(passes) < 16 * P
-    stats = states[0].decode_stats()
+    stats = states[0].pass_stats()
     assert stats.frames == 9 and stats.passes == sum(states[0].passes)
     assert stats.tokens_per_pass == pytest.approx(9 * P / stats.passes)
 

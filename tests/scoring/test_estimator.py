@@ -1,5 +1,5 @@
-"""The ACT-Estimator (terra/scoring/estimator.py): ACT-Bench's tensor names and shapes at full size, output shapes
-and conventions on a small input, and loading published-style weight folders."""
+"""The ACT-Estimator (terra/scoring/estimator.py, i3d.py, estimator_weights.py): ACT-Bench's tensor names and shapes
+at full size, output shapes and conventions on a small input, and loading published-style weight folders."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from terra.core.errors import TerraInputError
-from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator, match_weights, same_padding
+from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator
+from terra.scoring.estimator_weights import match_weights
+from terra.scoring.i3d import same_padding
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "act_estimator.tensors.json"
 SMALL = EstimatorConfig(input_shape=(3, 44, 32, 32), d_model=16, num_heads=2, feature_map_size=2)

@@ -73,7 +73,7 @@ def test_speculative_session_equals_sequential_rollout(pipeline, host, sampling)
     frames = [session.step(a, decode=False) for a in actions[num_context - 1 :]]
     expected = batch(pipeline, context, actions, num_frames, 3, sampling.replace(decoding="sequential"))
     np.testing.assert_array_equal(np.stack([f.codes for f in frames]), expected)
-    stats = session.decode_stats()
+    stats = session.pass_stats()
     assert stats.frames == num_frames and stats.passes == sum(f.passes for f in frames) < num_frames * 64
     assert host.engine.metrics()["tokens_per_pass"] > 1
     assert host.open(codes=context, sampling=sampling).sampling.decoding == "speculative"  # auto: one stream

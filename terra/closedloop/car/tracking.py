@@ -18,7 +18,7 @@ Every ``period_s`` (AlpaSim's controller runs every 0.1 s and holds its command 
 
 The gains are this module's own. The speed loop is critically damped at 1 rad/s (``position_gain = 1``,
 ``speed_gain = 2``), slow beside the 0.1 s lag. The look-ahead came from a sweep (0.3 to 1 s, at least 2 to 5 m) over
-tests/closedloop/test_vehicle.py's plans: with 0.6 s and 4 m a 3.5 m lane change in 3 s is followed within 10 cm at
+tests/closedloop/car/test_vehicle.py's plans: with 0.6 s and 4 m a 3.5 m lane change in 3 s is followed within 10 cm at
 5 to 30 m/s, a car starting 0.5 m beside a straight plan overshoots it by under 4 cm at 3 to 30 m/s, and a circle
 is tracked exactly once the steering has settled; 0.45 s or a 3 m minimum overshoot by up to 23 cm at 5 to 8 m/s,
 a 2 m minimum loses the plan at 3 m/s (5 m off after 10 s, the steering-rate limit lagging it), and 0.8 s cuts

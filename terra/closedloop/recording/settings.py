@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from terra.closedloop.loop import drive_id
 from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.plans import Policy
-from terra.closedloop.drivers.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
+from terra.closedloop.policies.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
 from terra.closedloop.recording.files import claim_drive_folder
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source

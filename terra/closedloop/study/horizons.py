@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.closedloop.drivers.builtin import NO_PIXELS
+from terra.closedloop.policies.builtin import NO_PIXELS
 from terra.closedloop.outcomes.frames import read_following, read_lanes
 from terra.closedloop.outcomes.truth import metrics_until
 from terra.closedloop.study.statistics import Pair

@@ -25,7 +25,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.drivers.builtin import NO_PIXELS, PROBE_POLICIES
+from terra.closedloop.policies.builtin import NO_PIXELS, PROBE_POLICIES
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.recording.files import APP, claim_drive_folder
 from terra.closedloop.recording.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
@@ -47,7 +47,7 @@ from terra.stats import FAIL, PASS, Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
-__getattr__ = renamed(__name__, {"run_fidelity": "run_study", "FidelityReport": "StudyReport"})  # one release
+__getattr__ = renamed(__name__, {"run_fidelity": "run_study", "FidelityReport": "StudyReport"})  # until 0.2.0
 COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
     "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # terra/closedloop/outcomes/truth.py
     "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),

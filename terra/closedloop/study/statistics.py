@@ -31,7 +31,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from terra.closedloop.drivers.builtin import NO_PIXELS, PROBE_POLICIES
+from terra.closedloop.policies.builtin import NO_PIXELS, PROBE_POLICIES
 from terra.closedloop.outcomes.frames import read_changes, read_following, read_lag, read_lanes
 from terra.fidelity.agreement import Lag, lag_summary, lane_summary, repeated
 from terra.fidelity.following import following_slopes

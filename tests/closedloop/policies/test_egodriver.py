@@ -16,7 +16,7 @@ from carla_driver_interface.driver import BaseDriver, DriveContext, DriveResult 
 from carla_driver_interface.geometry import Pose, Trajectory  # noqa: E402
 from carla_driver_interface.server import serving  # noqa: E402
 
-from terra.closedloop.drivers.egodriver import (  # noqa: E402
+from terra.closedloop.policies.egodriver import (  # noqa: E402
     CAMERA_ID, EgodriverPolicy, in_process, reference_driver,
 )
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402

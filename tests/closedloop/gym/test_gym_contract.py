@@ -155,7 +155,7 @@ def test_the_old_action_mode_value_still_works_with_one_line(capsys):
     env = DriveEnv(action_mode="control", **SMALL)  # "controls" are the worlds known to be wrong alone
     assert env.action_space.shape == (2,) and env.unwrapped._drives.action_mode == "actuation"
     assert capsys.readouterr().err.splitlines() == [
-        "terra: action_mode=control is now action_mode=actuation; the old value goes in the next release"]
+        "terra: action_mode=control is now action_mode=actuation; the old value goes in 0.2.0"]
     DriveEnv(action_mode="actuation", **SMALL)  # the control: the new value says nothing
     assert capsys.readouterr().err == ""
 

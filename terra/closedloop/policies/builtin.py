@@ -2,15 +2,15 @@
 
 * baselines that read no pixels (:data:`NO_PIXELS`): ``route_follower`` and ``constant_speed``, the egodriver
   contract's own (carla_driver_interface.policies), driven over that contract in this process
-  (terra/closedloop/drivers/egodriver.py): the first tracks the route (in the true world the ego lane's centre ahead),
+  (terra/closedloop/policies/egodriver.py): the first tracks the route (in the true world the ego lane's centre ahead),
   the second plans straight ahead whatever the road does;
 * pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
-  (terra/closedloop/drivers/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour,
+  (terra/closedloop/policies/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour,
   pure pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
   ``lane_follower_near`` (pursuit 3 s / at least 25 m and 0.3 s / at least 3 m ahead), ``lane_follower_stanley``
   (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
   ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,
-  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/drivers/learned.py);
+  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/policies/learned.py);
 * a probe, not a reference (left out of ``all_reference``, ``all_pixel`` and the verdict's outcome statistics):
   ``brake_hard`` (the lane follower braking at :data:`BRAKE_HARD_MPS2` to a standstill and staying there), which a
   world can reward for its safety metrics though it drives nowhere (terra/closedloop/study/report.py asks whether
@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from terra.closedloop.plans import Observation, Plan, Policy, as_plan, policy_seed
-from terra.closedloop.drivers.vision import (
+from terra.closedloop.policies.vision import (
     BangBang, LaneFollower, PurePursuit, Stanley, find_centre_line, find_road_edge,
 )
 from terra.config.checks import did_you_mean
@@ -127,7 +127,7 @@ CONTRACT_POLICIES = ("route_follower", "constant_speed")  # the egodriver contra
 def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
     """The contract's reference policy ``name`` over the contract in process, each call within ``timeout_s``."""
     def make() -> Policy:
-        from terra.closedloop.drivers.egodriver import in_process, reference_driver
+        from terra.closedloop.policies.egodriver import in_process, reference_driver
 
         return in_process(reference_driver(name, CRUISE_SPEED_MPS), name, timeout_s)
 
@@ -135,7 +135,7 @@ def _contract(name: str, timeout_s: float = 30.0) -> Callable[[], Policy]:
 
 
 def _learned_driver() -> Policy:
-    from terra.closedloop.drivers.learned import LearnedLane
+    from terra.closedloop.policies.learned import LearnedLane
 
     return LaneFollower(CRUISE_SPEED_MPS, detect=LearnedLane(), name="learned_driver")
 
@@ -213,34 +213,34 @@ def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 
                      args: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Callable[[], Policy]]:
     """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now: a reference
     policy, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of AlpaSim's egodriver contract,
-    terra/closedloop/drivers/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
+    terra/closedloop/policies/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
     policies' calls are; each session's seed from the run's ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent
     class, imported and built here within ``timeout_s``, with ``args[name]`` (:func:`policy_args`):
-    terra/closedloop/drivers/navsim.py)."""
+    terra/closedloop/policies/navsim.py)."""
     args = args or {}
     return {name: _factory(name, timeout_s, seed, args.get(name)) for name in names}
 
 
 def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | None) -> Callable[[], Policy]:
     if entry.startswith("grpc:") or entry.startswith("unix:"):
-        from terra.closedloop.drivers.egodriver import driver_target
+        from terra.closedloop.policies.egodriver import driver_target
 
         target = driver_target(entry)  # checked now, before any drive
 
         def remote() -> Policy:
-            from terra.closedloop.drivers.egodriver import EgodriverPolicy
+            from terra.closedloop.policies.egodriver import EgodriverPolicy
 
             return EgodriverPolicy(target, entry, timeout_s, seed=seed)
 
         return remote
     if entry.startswith("navsim:"):
-        from terra.closedloop.drivers.navsim import agent_factory
+        from terra.closedloop.policies.navsim import agent_factory
 
         name = entry.rpartition(":")[2]
         build = agent_factory(entry, args, timeout_s)  # imported, built and checked now, before any drive
 
         def agent() -> Policy:
-            from terra.closedloop.drivers.navsim import NavsimPolicy
+            from terra.closedloop.policies.navsim import NavsimPolicy
 
             return NavsimPolicy(build(), name)
 
@@ -253,7 +253,7 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
                               f"{', '.join(PROBE_POLICIES)}, "
                               f"{ALL_REFERENCE}, {ALL_PIXEL}, grpc:HOST:PORT, unix:///PATH or navsim:MODULE:CLASS")
     if entry == "learned_driver":  # its weights read and checked now, before any drive (one line when bad)
-        from terra.closedloop.drivers.learned import load_path_net
+        from terra.closedloop.policies.learned import load_path_net
 
         load_path_net()
     return _contract(entry, timeout_s) if entry in CONTRACT_POLICIES else reference_policy(entry, seed)

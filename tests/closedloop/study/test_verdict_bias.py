@@ -20,7 +20,7 @@ import json
 import numpy as np
 import pytest
 
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
@@ -186,7 +186,7 @@ def read(folder) -> dict:
     ("right_05", "lane_reading_bias_m"), ("turned", "lane_reading_bias_m"), ("turned", "heading_bias_deg"),
     ("mirrored", "following_gain_dyaw"), ("mirrored", "off_road_difference"), ("shaky", "lane_error_10m_m")])
 def test_each_control_fails_the_statistic_made_for_it(verdicts, world, statistic):
-    """(Pearson's r and the MMRV fail a reversed ranking in tests/closedloop/test_verdict.py; over the controls' 4
+    """(Pearson's r and the MMRV fail a reversed ranking in tests/closedloop/study/test_verdict.py; over the controls' 4
     scenarios of 2.5 s drives the mirrored world's intervals of them are too wide to decide, as they should be.)"""
     _, found = verdicts
     value = found[world].values[statistic]

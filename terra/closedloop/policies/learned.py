@@ -1,7 +1,7 @@
 """A learned driver: a small CNN reads the ego lane's centre ahead from one downscaled camera frame, and pure pursuit
-drives along it (terra/closedloop/drivers/vision.py's :class:`~terra.closedloop.drivers.vision.LaneFollower`).
+drives along it (terra/closedloop/policies/vision.py's :class:`~terra.closedloop.policies.vision.LaneFollower`).
 
-Trained here by behaviour cloning on the true world's frames (terra/closedloop/drivers/imitation.py,
+Trained here by behaviour cloning on the true world's frames (terra/closedloop/policies/imitation.py,
 scripts/train_learned_driver.py): the expert is the world's own geometry, the lane centre's lateral position at
 :data:`PATH_AHEAD_M` in the ego frame. The net sees the frame's lower part (below the horizon: the road),
 area-averaged to :data:`INPUT_SIZE`, so any frame size reads alike. Its weights ship in terra/assets/learned_driver/
@@ -108,7 +108,7 @@ class PathEstimate:
 
 
 class LearnedLane:
-    """A detector for :class:`~terra.closedloop.drivers.vision.LaneFollower`: the net's reading of a frame (never
+    """A detector for :class:`~terra.closedloop.policies.vision.LaneFollower`: the net's reading of a frame (never
     None)."""
 
     def __init__(self, weights: Path | None = None) -> None:

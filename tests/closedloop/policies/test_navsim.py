@@ -16,7 +16,7 @@ import pytest
 
 from terra.closedloop.study.drives import terra_drive as run_drive_settings
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
+from terra.closedloop.policies.navsim import NavsimPolicy, TrajectorySampling as TrajectorySamplingOfTerra
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError
@@ -131,13 +131,14 @@ class SampledAgent:
 def test_an_agent_is_built_with_its_navsim_args_and_gets_what_its_sensor_config_asks(tmp_path):
     SampledAgent.built.clear()
     settings = drive_settings_of(
-        tmp_path / "out", "policies=[navsim:tests.closedloop.test_navsim:SampledAgent]", "num_scenarios=1",
+        tmp_path / "out", "policies=[navsim:tests.closedloop.policies.test_navsim:SampledAgent]", "num_scenarios=1",
         "navsim_args={SampledAgent: {checkpoint_path: /ckpt/agent.pth, trajectory_sampling: {time_horizon: 3, "
-        "interval_length: 0.25}, config: {_target_: tests.closedloop.test_navsim.AgentConfig, speed_mps: 6.0}}}")
+        "interval_length: 0.25}, config: {_target_: tests.closedloop.policies.test_navsim.AgentConfig, "
+        "speed_mps: 6.0}}}")
     [(name, factory)] = settings.policies.items()
     assert settings.policy_args == {name: {"checkpoint_path": "/ckpt/agent.pth", "trajectory_sampling": {
-        "time_horizon": 3, "interval_length": 0.25}, "config": {"_target_": "tests.closedloop.test_navsim.AgentConfig",
-                                                               "speed_mps": 6.0}}}
+        "time_horizon": 3, "interval_length": 0.25}, "config": {
+            "_target_": "tests.closedloop.policies.test_navsim.AgentConfig", "speed_mps": 6.0}}}
     assert len(SampledAgent.built) == 1  # one agent built and checked at settings time
     scenario = synthetic_scenarios(1, 4, SIZE)[0]
     [drive] = run_drives(TrueWorld(SIZE), [DriveSpec(scenario, name, factory)], 6, vehicle="exact")
@@ -157,7 +158,7 @@ def test_an_agent_is_built_with_its_navsim_args_and_gets_what_its_sensor_config_
 
 def test_an_agent_that_needs_a_trajectory_sampling_gets_navsims_default(tmp_path):
     SampledAgent.built.clear()
-    drive_settings_of(tmp_path / "out", "policies=[navsim:tests.closedloop.test_navsim:SampledAgent]",
+    drive_settings_of(tmp_path / "out", "policies=[navsim:tests.closedloop.policies.test_navsim:SampledAgent]",
                       "+navsim_args.SampledAgent.checkpoint_path=x", "+navsim_args.SampledAgent.config=null",
                       "+navsim_args.SampledAgent.front=[]")
     [agent] = SampledAgent.built
@@ -191,9 +192,9 @@ def test_trajectory_sampling_is_nuplans(given, expected):
 def test_a_rerun_with_other_navsim_args_drives_again(tmp_path):
     def run(speed: float) -> str:
         settings = drive_settings_of(
-            tmp_path / "out", "policies=[navsim:tests.closedloop.test_navsim:SampledAgent]", "num_scenarios=1",
+            tmp_path / "out", "policies=[navsim:tests.closedloop.policies.test_navsim:SampledAgent]", "num_scenarios=1",
             "num_steps=2", "progress=false", f"navsim_args={{SampledAgent: {{checkpoint_path: x, config: {{_target_: "
-            f"tests.closedloop.test_navsim.AgentConfig, speed_mps: {speed}}}}}}}")
+            f"tests.closedloop.policies.test_navsim.AgentConfig, speed_mps: {speed}}}}}}}")
         return run_drive_settings(settings, progress=False).lines[0]  # the run; what it measured follows
 
     assert "1 drives ok, 0 failed, 0 already complete" in run(5.0)
@@ -230,7 +231,7 @@ class MyAgent:
 def test_the_documented_navsim_args_command_line_runs(tmp_path):
     """docs/drive.md's ``+navsim_args.CLASS.arg=VALUE`` line, run by terra-drive's own entry point (its check of
     added settings included, which compose() never reaches) on the true world."""
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "drive.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "drive.md").read_text()
     [line] = [line.strip() for line in docs.splitlines() if "+navsim_args." in line and "terra-drive" in line]
     program, *args = shlex.split(line)
     assert program == ".venv/bin/terra-drive" and args[1] == "+navsim_args.MyAgent.checkpoint_path=/ckpt/a.pth"

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
 from terra.closedloop.study.drives import terra_drive as drive
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.config.manifest import read_manifest
 from tests.conftest import start_local_ray

@@ -1,7 +1,7 @@
 """Camera-only drivers: a detector reads the ego lane's centre ahead from the newest frame's pixels, a steering law
 turns it into a curvature, and the car plans an arc at its cruise speed (10 Hz over 4 s).
 
-Classical vision, no learning (the learned detector is terra/closedloop/drivers/learned.py's). Detectors, each a
+Classical vision, no learning (the learned detector is terra/closedloop/policies/learned.py's). Detectors, each a
 function ``frame -> estimate | None`` whose estimate has ``lateral(ahead)``, the lane centre's lateral position
 ``ahead`` metres on (ego frame, left positive; terra/fidelity/lanes.py's ``LaneEstimate``):
 

@@ -1,4 +1,4 @@
-"""The pixel policies (terra/closedloop/drivers/builtin.py, vision.py, learned.py) on the true world's frames:
+"""The pixel policies (terra/closedloop/policies/builtin.py, vision.py, learned.py) on the true world's frames:
 ``all_pixel`` names them and no policy that reads no pixels; each detector reads the lane centre a rendered frame
 shows; driven in the true world they spread from good to bad; the learned driver's shipped weights load, read
 rendered frames of unseen scenes close to the expert and are refused, in one line, when they are not its tensors."""
@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from terra.closedloop.study import statistics
-from terra.closedloop.drivers.imitation import expert_path
-from terra.closedloop.drivers.learned import PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
+from terra.closedloop.policies.imitation import expert_path
+from terra.closedloop.policies.learned import PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.builtin import (
+from terra.closedloop.policies.builtin import (
     ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PIXEL_POLICIES, REFERENCE_POLICIES, policy_names,
 )
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.outcomes.truth import truth_metrics
-from terra.closedloop.drivers.vision import find_centre_line, find_road_edge
+from terra.closedloop.policies.vision import find_centre_line, find_road_edge
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError
 from terra.fidelity.lanes import find_lane

@@ -1,10 +1,10 @@
-"""Behaviour cloning of the learned driver (terra/closedloop/drivers/learned.py) on the true world's frames.
+"""Behaviour cloning of the learned driver (terra/closedloop/policies/learned.py) on the true world's frames.
 
 Samples are poses near the ego lane of random scenes (terra/sim/scene.py): off its centre by up to
 :data:`OFFSET_M` and turned from the road's heading by up to :data:`HEADING_RAD`, so that the net also sees the
 states a follower drifts into and learns the way back (as DAgger's states would teach it). Each is rendered at the
 frames' size (terra/sim/renderer.py) and labelled by the expert, the scene's geometry: the lane centre's lateral
-position at :data:`~terra.closedloop.drivers.learned.PATH_AHEAD_M` in the pose's ego frame (:func:`expert_path`).
+position at :data:`~terra.closedloop.policies.learned.PATH_AHEAD_M` in the pose's ego frame (:func:`expert_path`).
 Training and held-out scenes come from different seeds. Training jitters each frame's brightness and colour a little, so
 the net does not hang on the renderer's exact palette.
 """
@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from terra.closedloop.drivers.learned import PATH_AHEAD_M, PathNet, check_tensors, net_input
+from terra.closedloop.policies.learned import PATH_AHEAD_M, PathNet, check_tensors, net_input
 from terra.closedloop.scenarios import SCENE_LENGTH_M
 from terra.core.atomic import atomic_path
 from terra.inputs.ego_motion import to_ego
@@ -32,7 +32,7 @@ POSES_PER_SCENE = 25
 
 @dataclass(frozen=True)
 class Samples:
-    """Net inputs ``[N, 3, 24, 64]`` (:func:`~terra.closedloop.drivers.learned.net_input`) and the expert's labels
+    """Net inputs ``[N, 3, 24, 64]`` (:func:`~terra.closedloop.policies.learned.net_input`) and the expert's labels
     ``[N, len(PATH_AHEAD_M)]`` (metres)."""
 
     inputs: torch.Tensor

@@ -16,7 +16,7 @@ from terra.closedloop.study.control_worlds import (
     FrozenWorld, GrayWorld, LateWorld, MirroredWorld, standing_still, straightened,
 )
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.drivers.builtin import reference_policy
+from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.study.statistics import RANK_METRIC, STATISTICS, Pair, Statistic, kendall_tau

@@ -1,0 +1,102 @@
+"""Where a run's finished drives are measured and written: :class:`DriveWriters`, in the loop's process or in
+processes beside it, so that the CPU's work on one chunk of drives overlaps the next chunk's driving
+(terra/closedloop/recording/run.py, ``record_drives``, hands them in; the files are
+terra/closedloop/recording/files.py's).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from terra.closedloop.recording.files import manifest_record, write_drive
+
+Emit = Callable[[dict, dict], None]  # (manifest record, the drive's JSON content)
+
+
+class DriveWriters:
+    """Where finished drives are measured and written (terra/closedloop/recording/files.py, ``write_drive``): in this
+    process (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
+    drives overlap the next chunk's driving; the loop's process writes some too while it waits for them. The
+    processes are spawned (the loop's process may hold a GPU engine and its threads); should one die, what it held
+    is written here and so is every later drive, after one warning line. ``emit`` gets each drive's manifest record
+    and JSON content in the order they were handed in."""
+
+    def __init__(self, processes: int, emit: Emit) -> None:
+        self.emit = emit
+        self.pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn")) if processes else None
+        self.pending: deque[tuple[Future | None, float, tuple]] = deque()
+
+    def write(self, seconds: float, *args: Any) -> None:
+        """Write a drive (``write_drive``'s arguments; ``seconds``: its share of the chunk's time)."""
+        future = None
+        if self.pool is not None:
+            try:
+                future = self.pool.submit(write_drive, *args)
+            except BrokenProcessPool as err:  # a writer died since the last drive was handed in
+                self._fall_back(err)
+        self.pending.append((future, seconds, args))
+        self.wait(len(self.pending) if self.pool is not None else 0)
+
+    def wait(self, backlog: int) -> None:
+        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write.
+        While it waits, this process writes drives too (:meth:`_write_newest_here`)."""
+        while self.pending:
+            first = self.pending[0][0]
+            if first is not None and not first.done():
+                if len(self.pending) <= backlog:
+                    return
+                if self._write_newest_here():
+                    continue
+            future, seconds, args = self.pending.popleft()
+            self._emit(self._written(future, args), seconds)
+
+    def _write_newest_here(self) -> bool:
+        """Write here the newest drive no writer has begun (the writers take the oldest first), so that one more
+        process works on a backlog, as on a world's last chunk; False when every drive left has begun. Its record
+        is still emitted in order."""
+        for index in range(len(self.pending) - 1, -1, -1):
+            future, seconds, args = self.pending[index]
+            if future is None or (not future.done() and not future.cancel()):
+                return False  # begun by a writer, and so has every older one (they are taken in order)
+            if future.cancelled():
+                here: Future = Future()
+                try:
+                    here.set_result(write_drive(*args))
+                except Exception as err:  # raised when its record is emitted, as a writer's would be
+                    here.set_exception(err)
+                self.pending[index] = (here, seconds, args)
+                return True
+        return False
+
+    def _written(self, future: Future | None, args: tuple) -> dict:
+        if future is not None:
+            try:
+                return future.result()
+            except BrokenProcessPool as err:
+                self._fall_back(err)
+        return write_drive(*args)
+
+    def _fall_back(self, err: BrokenProcessPool) -> None:
+        """A writer died: every drive not yet written is written by this process from now on."""
+        tqdm.write(f"terra-drive: warning: a writer process died ({err}); drives are written by the loop's own "
+                   "process from now on", file=sys.stderr)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = None
+        self.pending = deque((None, seconds, args) for _, seconds, args in self.pending)
+
+    def _emit(self, content: dict, seconds: float) -> None:
+        self.emit(manifest_record(content, content["status"], seconds), content)
+
+    def __enter__(self) -> "DriveWriters":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=exc[0] is None, cancel_futures=exc[0] is not None)
