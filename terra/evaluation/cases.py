@@ -10,6 +10,7 @@ import numpy as np
 
 from terra.evaluation.settings import EvaluateSpec
 from terra.generation.actions import FRAME_RATE_HZ
+from terra.generation.routes import resample_routes
 from terra.inputs.trajectory import manoeuvre_trajectory
 from terra.sim import Clip, Scene, make_clip
 from terra.sim.clips import (
@@ -25,6 +26,12 @@ from terra.sim.clips import (
 
 if TYPE_CHECKING:
     from terra.evaluation.measure import AdherenceCase
+
+def clip_routes(clip: Clip, num_points: int) -> np.ndarray | None:
+    """The road ahead of each of ``clip``'s frames as a world model of ``num_points`` route slots is told it (its
+    scene is known: terra/sim/clips.py); None for a model without route slots."""
+    return resample_routes(clip.routes, num_points) if num_points and clip.routes is not None else None
+
 
 DIRECTION_PAIR = "curve_left/curve_right"
 PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "accel_mps2", "stop": "accel_mps2",

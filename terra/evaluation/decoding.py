@@ -34,7 +34,7 @@ from terra.config.checks import SEED, Range
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import json_text, write_text
 from terra.core.errors import TerraInputError
-from terra.evaluation.cases import drive_scene_seed, training_scene_seeds
+from terra.evaluation.cases import clip_routes, drive_scene_seed, training_scene_seeds
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.sim.clips import Clip, random_drive
@@ -137,8 +137,9 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
              settings: DecodingSettings, counter: PassCounter) -> tuple[dict[str, Any], np.ndarray]:
     """One mode's rollouts: its record and the generated codes ``[rollouts, frames, h, w]``."""
     n_ctx = settings.context
-    requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, settings.frames, seed=settings.seed + i)
-                for i, clip in enumerate(clips)]
+    points = pipeline.backend.layout.route_tokens
+    requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, settings.frames, seed=settings.seed + i,
+                               routes=clip_routes(clip, points)) for i, clip in enumerate(clips)]
     counter.reset()
     start = time.perf_counter()
     results = pipeline.generate(requests, sampling, progress=False, decode=False)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from terra.config.sampling import SamplingConfig
+from terra.evaluation.cases import clip_routes
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 from terra.sim import Clip
@@ -68,7 +69,9 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
     horizon = clips[0].num_frames - n_ctx
     codes = pipeline.encode(_to_images(np.concatenate([c.frames for c in clips])))
     codes = codes.reshape(len(clips), n_ctx + horizon, *codes.shape[1:])
-    requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, horizon, seed=seed + i) for i, clip in enumerate(clips)]
+    points = pipeline.backend.layout.route_tokens
+    requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, horizon, seed=seed + i,
+                               routes=clip_routes(clip, points)) for i, clip in enumerate(clips)]
     t0 = time.perf_counter()
     results = pipeline.generate(requests, sampling, progress=progress)
     generate_s = time.perf_counter() - t0
@@ -121,7 +124,9 @@ def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase],
     steps = sorted({h for h in horizons if h <= horizon}) or [horizon]
     contexts = pipeline.encode(_to_images(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))
     contexts = contexts.reshape(len(cases), n_ctx, *contexts.shape[1:])
-    requests = [RolloutRequest(contexts[j], case.clips[name].actions, horizon, seed=seed + 2 * j + k)
+    points = pipeline.backend.layout.route_tokens
+    requests = [RolloutRequest(contexts[j], case.clips[name].actions, horizon, seed=seed + 2 * j + k,
+                               routes=clip_routes(case.clips[name], points))
                 for j, case in enumerate(cases) for k, name in enumerate(case.pair)]
     t0 = time.perf_counter()
     results = iter(pipeline.generate(requests, sampling, progress=progress))

@@ -55,6 +55,7 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
         "horizon": spec.horizon,
         "image_size": list(image_size),
         "domain": spec.domain,
+        "routes": pipeline.backend.layout.route_tokens > 0,  # a route model is told each clip's road (its scene)
     }
     say = _stage_lines(spec.progress)
     say(f"{report['backend']} on {report['device']} loaded in {load_s:.1f} s")

@@ -40,8 +40,20 @@ def eval_spec(out: Path, *overrides: str) -> EvaluateSpec:
     return evaluate_spec(eval_config(out, *overrides))
 
 
-def test_tiny_evaluation_writes_a_complete_report(tmp_path):
+def test_tiny_evaluation_writes_a_complete_report(tmp_path, monkeypatch):
+    from terra.pipeline import WorldModelPipeline
+
+    asked = []  # every rollout the evaluation asks of the (route) demo model
+    generate = WorldModelPipeline.generate
+    monkeypatch.setattr(WorldModelPipeline, "generate",
+                        lambda self, requests, *args, **kw: asked.extend(requests) or generate(self, requests, *args,
+                                                                                               **kw))
     report = run(eval_spec(tmp_path))
+    # the demo route model is told each clip's road at every frame's pose, 8 points, and the adherence pair's
+    # rollouts (one context, two commands) the roads ahead of their own poses
+    assert report["routes"] is True and len(asked) == 2 + 2 * 2  # 2 quality clips, 2 pairs of one case
+    assert all(r.routes.shape == (3 + 2, 8, 3) and np.isfinite(r.routes).all() for r in asked)
+    assert np.abs(asked[2].routes[-1] - asked[3].routes[-1]).max() > 0.01
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved == {k: v for k, v in report.items() if k != "path"}
     assert report["backend"] == "HFBackend" and report["num_context"] == 3 and report["image_size"] == [144, 256]
