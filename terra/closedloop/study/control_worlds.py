@@ -45,6 +45,7 @@ from terra.closedloop.scenarios import Scenario
 from terra.closedloop.worlds import ModelWorld, Road, TrueWorld
 from terra.core.errors import TerraInputError
 from terra.generation.routes import ROUTE_POINT_VALUES
+from terra.inputs.ego_motion import to_ego
 from terra.sim.scene import Scene
 
 GRAY_LEVEL = 128
@@ -252,7 +253,7 @@ class ForeignRoad:
         flat = poses.reshape(-1, 3)
         s, _ = self.own.road_coords(flat[:, 0], flat[:, 1])
         at = self.own.road_pose(s)
-        lateral = (flat[:, 1] - at[:, 1]) * np.cos(at[:, 2]) - (flat[:, 0] - at[:, 0]) * np.sin(at[:, 2])
+        lateral = to_ego(flat[:, :2], at)[:, 1]  # the car's offset from the road, left +
         there = self.other.lane_pose(s, lateral)
         there[:, 2] += flat[:, 2] - at[:, 2]
         return self.other.route(there, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
