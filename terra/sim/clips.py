@@ -68,11 +68,13 @@ class Drive:
     manoeuvre: str
     start_s: float
     speed_kmh: float
+    camera_offsets: np.ndarray | None = None  # [T, 3] (forward, left, yaw) of the camera in the car's frame per
+    # frame (terra/sim/recoveries.py); None: the camera is on the car's pose
 
     def render(self, num_frames: int, height: int, width: int) -> Clip:
         """The drive's first ``num_frames`` frames at 10 Hz with their ground truth."""
         return clip_from_trajectory(self.scene, self.trajectory, num_frames, height, width, self.manoeuvre,
-                                    self.start_s, self.speed_kmh)
+                                    self.start_s, self.speed_kmh, self.camera_offsets)
 
 
 def place(trajectory: EgoTrajectory, pose: np.ndarray) -> EgoTrajectory:
@@ -83,12 +85,15 @@ def place(trajectory: EgoTrajectory, pose: np.ndarray) -> EgoTrajectory:
 
 def clip_from_trajectory(
     scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
-    manoeuvre: str, start_s: float, speed_kmh: float,
+    manoeuvre: str, start_s: float, speed_kmh: float, camera_offsets: np.ndarray | None = None,
 ) -> Clip:
-    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes."""
+    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes;
+    with ``camera_offsets`` ``[>= num_frames, 3]`` each frame is seen from its pose composed with its offset, while
+    poses, actions and routes stay the car's."""
     poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
     trajs = trajectory.instruction_trajs(num_frames)
-    frames = np.stack([render(scene, p, height, width) for p in poses])
+    cameras = poses if camera_offsets is None else compose(poses, np.asarray(camera_offsets)[:num_frames])
+    frames = np.stack([render(scene, p, height, width) for p in cameras])
     return Clip(
         frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
         manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),

@@ -36,6 +36,7 @@ from terra.core.progress import Progress
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
 from terra.sim.long_drives import random_long_drive
+from terra.sim.recoveries import random_recovery
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 1
@@ -46,9 +47,10 @@ OPTIONAL_ARRAYS = ("routes",)  # absent from datasets written before clips carri
 SHARD_FILES = "shard-*.npz"
 # What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
 # manoeuvres: 2 s clips of single manoeuvres and lane keeping (terra/sim/clips.py); long_drives: 20 s drives with
-# the states closed-loop policies reach (terra/sim/long_drives.py).
+# the states closed-loop policies reach (terra/sim/long_drives.py); recoveries: long drives' stretches whose context
+# frames are seen from off the car's pose (terra/sim/recoveries.py).
 RECIPES: dict[str, Callable[[np.random.Generator, int, str], Drive]] = {
-    "manoeuvres": random_drive, "long_drives": random_long_drive}
+    "manoeuvres": random_drive, "long_drives": random_long_drive, "recoveries": random_recovery}
 SIZES = {  # terra-make-dataset's sizes (and write_dataset's, write_driving_logs')
     "num_clips": Range(1, 10_000_000, 1000, whole=True),
     "num_frames": Range(1, MAX_FRAMES, 25, whole=True),

@@ -16,6 +16,11 @@ A window of frames ``[lo, lo + W)`` carries the slot routes ``routes[lo + 1 : lo
 hold the route of the frame they condition, as in terra/generation/rollout.py), NaN (no route) where the clip has no
 frame ``lo + W``; :class:`WindowSampler` blanks a share of its windows' routes whole (``train.no_route_share``), so
 the model learns its "no route" embedding too.
+
+Recovery clips (``data.recoveries``, terra/sim/recoveries.py: a tokenized-clips file whose clips' context frames are
+seen from off the car's pose) are read beside either source, their last ``data.val_clips`` held out too; a share of
+the windows (``train.recovery_share``) are their first frames, always with their routes, since only the route says
+where the road the frames after the context show truly is.
 """
 
 from __future__ import annotations
@@ -116,6 +121,8 @@ class TrainingData:
     codebook_size: int
     grid: tuple[int, int]
     tokenizer: str  # the tokenizer's folder, for decoding sample rollouts ('' when unknown)
+    recoveries: ClipSet | None = None  # recovery clips trained on (module docstring); None: none given
+    val_recoveries: ClipSet | None = None  # and held out
 
     @property
     def patches(self) -> int:
@@ -127,12 +134,41 @@ class TrainingData:
 
     def for_route_slots(self, num_points: int) -> "TrainingData":
         """The data as a model of ``num_points`` route slots reads it: routes resampled to its K (none for K = 0)."""
-        return replace(self, train=self.train.with_route_points(num_points),
-                       val=self.val.with_route_points(num_points))
+        resampled = {name: getattr(self, name).with_route_points(num_points)
+                     for name in ("train", "val", "recoveries", "val_recoveries") if getattr(self, name) is not None}
+        return replace(self, **resampled)
 
 
-def load_training_data(path: str, val_clips: int) -> TrainingData:
-    """Read a shard folder or a tokenized-clips file (module docstring) into memory."""
+def load_training_data(path: str, val_clips: int, recoveries: str | None = None) -> TrainingData:
+    """Read a shard folder or a tokenized-clips file (module docstring) into memory, and the recovery clips of
+    ``recoveries`` (a tokenized-clips file) when given."""
+    data = _load_source(path, val_clips)
+    if recoveries is None:
+        return data
+    clips = load_tokens(recoveries)
+    grid = clips.grid_shape
+    if (clips.codebook_size, grid) != (data.codebook_size, tuple(data.grid)):
+        raise TerraInputError(
+            f"data.recoveries={recoveries} holds codes of a {clips.codebook_size}-code tokenizer on a {grid[0]}x"
+            f"{grid[1]} grid, data.tokens of a {data.codebook_size}-code one on {data.grid[0]}x{data.grid[1]}; "
+            "tokenize both with the same tokenizer")
+    if clips.routes is None:
+        raise TerraInputError(f"data.recoveries={recoveries} holds no routes, and recovery clips teach a route model "
+                              "to read its route; render them with terra-make-dataset recipe=recoveries")
+    parts = _file_parts(clips)
+    held = min(val_clips, len(parts) - 1)
+    return replace(data, recoveries=ClipSet.concat(parts[:len(parts) - held]),
+                   val_recoveries=ClipSet.concat(parts[len(parts) - held:]) if held else None)
+
+
+def _file_parts(clips) -> list[ClipPart]:
+    """The clips of a tokenized-clips file (terra/sim/tokens.py) as :data:`ClipPart` s."""
+    return [(str(i), clips.codes[i].reshape(clips.codes.shape[1], -1), clips.actions[i],
+             None if clips.routes is None else clips.routes[i]) for i in range(len(clips.codes))]
+
+
+def _load_source(path: str, val_clips: int) -> TrainingData:
+    """A shard folder or a tokenized-clips file (module docstring), split into train and validation clips."""
     if Path(path).is_dir():
         index = read_index(path)
         splits: dict[str, list] = {"train": [], "val": []}
@@ -154,8 +190,7 @@ def load_training_data(path: str, val_clips: int) -> TrainingData:
     if val_clips >= num_clips:
         raise TerraInputError(f"data.val_clips must be in [0, {num_clips - 1}] for {num_clips} clips "
                               f"(got {val_clips})")
-    parts = [(str(i), clips.codes[i].reshape(clips.codes.shape[1], -1), clips.actions[i],
-              None if clips.routes is None else clips.routes[i]) for i in range(num_clips)]
+    parts = _file_parts(clips)
     cut = num_clips - val_clips
     return TrainingData(ClipSet.concat(parts[:cut]), ClipSet.concat(parts[cut:]), clips.codebook_size,
                         clips.grid_shape, clips.tokenizer)
@@ -163,41 +198,63 @@ def load_training_data(path: str, val_clips: int) -> TrainingData:
 
 class WindowSampler:
     """Uniformly random windows of ``frames`` consecutive frames among all clips long enough to hold one; with
-    routes, each window's route slots all hold no route with probability ``no_route_share``.
+    routes, each window's route slots all hold no route with probability ``no_route_share``. With ``recoveries``,
+    each window is instead, with probability ``recovery_share``, the first ``frames`` frames of a random recovery
+    clip, with its routes (module docstring).
 
     Its generator state is part of the checkpoint (terra/training/checkpoint.py), so a resumed run draws the
     windows (and which of them go without a route) an uninterrupted one would.
     """
 
-    def __init__(self, clips: ClipSet, frames: int, seed: int, no_route_share: float = 0.0) -> None:
+    def __init__(self, clips: ClipSet, frames: int, seed: int, no_route_share: float = 0.0,
+                 recoveries: ClipSet | None = None, recovery_share: float = 0.0) -> None:
         counts = (clips.lengths - frames + 1).clamp(min=0)
         if int(counts.sum()) == 0:
             longest = int(clips.lengths.max()) if len(clips) else 0
             raise TerraInputError(f"no training clip holds a window of {frames} frames (the longest has {longest}); "
                                   f"lower train.window or prepare longer clips")
+        if recoveries is not None and int(recoveries.lengths.min()) < frames:
+            raise TerraInputError(f"data.recoveries has clips of {int(recoveries.lengths.min())} frames, shorter than "
+                                  f"the training window of {frames}; render them with num_frames={frames}")
         self.clips, self.frames, self.counts = clips, frames, counts
         self.no_route_share = no_route_share
+        self.recoveries = recoveries
+        self.recovery_share = recovery_share if recoveries is not None else 0.0
         self.ends = torch.cumsum(counts, 0)
         self.generator = torch.Generator().manual_seed(seed)
 
     def sample(self, batch_size: int) -> Windows:
-        """``batch_size`` random windows (:class:`Windows`)."""
-        picks = torch.randint(int(self.ends[-1]), (batch_size,), generator=self.generator)
+        """``batch_size`` random windows (:class:`Windows`): the recovery windows first."""
+        recovering = int((torch.rand(batch_size, generator=self.generator) < self.recovery_share).sum())
+        picks = torch.randint(int(self.ends[-1]), (batch_size - recovering,), generator=self.generator)
         clip = torch.searchsorted(self.ends, picks, right=True)
         start = picks - (self.ends[clip] - self.counts[clip])
         windows = stack_windows(self.clips, clip.tolist(), start.tolist(), self.frames)
-        if windows.routes is None or not self.no_route_share:  # no draw: runs without routes keep their windows
+        if windows.routes is not None and self.no_route_share:  # no draw: runs without routes keep their windows
+            blank = torch.rand(len(picks), generator=self.generator) < self.no_route_share
+            windows = windows._replace(routes=windows.routes.masked_fill(blank[:, None, None], float("nan")))
+        if not recovering:
             return windows
-        blank = torch.rand(batch_size, generator=self.generator) < self.no_route_share
-        return windows._replace(routes=windows.routes.masked_fill(blank[:, None, None], float("nan")))
+        chosen = torch.randint(len(self.recoveries), (recovering,), generator=self.generator).tolist()
+        recovery = stack_windows(self.recoveries, chosen, [0] * recovering, self.frames)
+        routes = recovery.routes
+        if routes is not None:  # the other windows' routes, no route where their data has none
+            routes = torch.cat([routes, windows.routes if windows.routes is not None
+                                else torch.full((len(picks), *routes.shape[1:]), float("nan"))])
+        return Windows(torch.cat([recovery.codes, windows.codes]), torch.cat([recovery.actions, windows.actions]),
+                       routes)
 
 
 def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
     """The given windows, flattened as the training-style forward takes them (terra/models/modeling_llama_action.py)."""
     parts = [clips.window(c, s, frames) for c, s in zip(clip, start)]
-    codes = torch.stack([p[0] for p in parts]).flatten(1).long()
-    actions = torch.stack([p[1] for p in parts]).flatten(1, 2)
-    routes = None if clips.routes is None else torch.stack([p[2] for p in parts]).flatten(1, 2)
+    width, slots = int(clips.codes.shape[1]) * frames, frames * 6
+    codes = torch.stack([p[0] for p in parts]).flatten(1).long() if parts else torch.zeros(0, width, dtype=torch.long)
+    actions = torch.stack([p[1] for p in parts]).flatten(1, 2) if parts else torch.zeros(0, slots, 3)
+    routes = None
+    if clips.routes is not None:
+        points = frames * int(clips.routes.shape[1])
+        routes = torch.stack([p[2] for p in parts]).flatten(1, 2) if parts else torch.zeros(0, points, 3)
     return Windows(codes, actions, routes)
 
 

@@ -29,7 +29,9 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from terra.core.errors import TerraInputError
 from terra.training import checkpoint as ckpt
-from terra.training.data import TrainingData, WindowSampler, load_training_data, stack_windows, validation_windows
+from terra.training.data import (
+    ClipSet, TrainingData, WindowSampler, load_training_data, stack_windows, validation_windows,
+)
 from terra.training.distributed import (
     Processes, all_sum, barrier, gradient_sync, parallelize, start_processes, stop_processes,
 )
@@ -111,9 +113,12 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     out = spec.output_dir  # created and locked by the main process (terra/apps/train.py)
     torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
     torch.manual_seed(spec.seed)
-    data = load_training_data(spec.data, spec.val_clips)
+    data = load_training_data(spec.data, spec.val_clips, spec.recoveries)
     trainee = build_trainee(spec, data, processes)
     route_slots = trainee.loss.lm.config.num_route_tokens
+    if data.recoveries is not None and not route_slots:
+        raise TerraInputError("data.recoveries teach a route model to draw the road where its route says, and this "
+                              "model has no route slots; set net.num_route_tokens (e.g. 8) or data.recoveries=null")
     if processes.main and route_slots:
         print(route_note(route_slots, data.has_routes, spec.no_route_share))
     data = data.for_route_slots(route_slots)
@@ -121,7 +126,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     optimizer = make_optimizer(module, spec, device)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, spec.warmup_steps, spec.max_steps,
                                                             min_lr_rate=spec.min_lr_ratio)
-    sampler = WindowSampler(data.train, trainee.frames, spec.seed, spec.no_route_share)
+    sampler = WindowSampler(data.train, trainee.frames, spec.seed, spec.no_route_share, data.recoveries,
+                            spec.recovery_share)
     step = 0
     folder = out / CHECKPOINT_DIR
     bound = {"train.optimizer": spec.optimizer}  # the optimizer state's layout: a checkpoint resumes under its own
@@ -288,21 +294,35 @@ def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, 
 def _validate(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
     """Mean loss and accuracy over the first window of every validation clip (every process scores all); with
     routes, also the loss with no route (``val_loss_no_route``: above ``val_loss`` when the model reads its
-    routes)."""
+    routes); with held-out recovery clips, their loss with and without their route (``val_recovery_loss``,
+    ``val_recovery_loss_no_route``: the gap is what the route tells where the context frames are off the car)."""
     trainee.module.eval()
-    totals = {"val_loss": 0.0, "val_acc": 0.0}
-    for lo in range(0, len(val), trainee.micro_batch):
-        clips = val[lo:lo + trainee.micro_batch]
-        ids, acts, routes = stack_windows(data.val, clips, [0] * len(clips), trainee.frames)
+    scores = _scores(trainee, data.val, val, processes, "val")
+    if data.val_recoveries is not None:
+        held = validation_windows(data.val_recoveries, trainee.frames)
+        scores |= {key: value for key, value in _scores(trainee, data.val_recoveries, held, processes,
+                                                        "val_recovery").items() if "_acc" not in key}
+    trainee.module.train()
+    return scores
+
+
+def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Processes, name: str
+            ) -> dict[str, float]:
+    """``{name}_loss``, ``{name}_acc`` (and ``{name}_loss_no_route`` with routes) over the first windows of the
+    chosen clips."""
+    totals: dict[str, float] = {}
+    for lo in range(0, len(chosen), trainee.micro_batch):
+        part = chosen[lo:lo + trainee.micro_batch]
+        ids, acts, routes = stack_windows(clips, part, [0] * len(part), trainee.frames)
         ids, acts = ids.to(processes.device), acts.to(processes.device)
         loss, acc = trainee.module(ids, acts, None if routes is None else routes.to(processes.device))
-        totals["val_loss"] += float(loss) * len(clips)
-        totals["val_acc"] += float(acc) * len(clips)
+        totals[f"{name}_loss"] = totals.get(f"{name}_loss", 0.0) + float(loss) * len(part)
+        totals[f"{name}_acc"] = totals.get(f"{name}_acc", 0.0) + float(acc) * len(part)
         if routes is not None:
             blind, _ = trainee.module(ids, acts, None)
-            totals["val_loss_no_route"] = totals.get("val_loss_no_route", 0.0) + float(blind) * len(clips)
-    trainee.module.train()
-    return {key: total / len(val) for key, total in totals.items()}
+            key = f"{name}_loss_no_route"
+            totals[key] = totals.get(key, 0.0) + float(blind) * len(part)
+    return {key: total / max(len(chosen), 1) for key, total in totals.items()}
 
 
 def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):

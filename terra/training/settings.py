@@ -79,6 +79,7 @@ TRAIN_RANGES = {
     "train.loss_chunk": Range(1, 10**7, 2048, whole=True),
     "train.input_noise": Range(0, 0.5, 0.05),
     "train.no_route_share": Range(0, 1, 0.15),
+    "train.recovery_share": Range(0, 1, 0.3),
     "data.val_clips": Range(0, 10**7, 32, whole=True),
     "sample.num_context": Range(1, 1023, 3, whole=True),
     "sample.clips": Range(1, 10**5, 4, whole=True),
@@ -108,6 +109,7 @@ class TrainSpec:
 
     data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
+    recoveries: str | None  # a tokenized-clips file of recovery clips (terra/sim/recoveries.py); None: none
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
     init: str | None  # checkpoint folder to start from; None: a new model of ``net``
@@ -120,6 +122,7 @@ class TrainSpec:
     loss_on_first_frame: bool
     input_noise: float  # most share of a window's input codes replaced by random ones (terra/training/objective.py)
     no_route_share: float  # a route model's share of windows trained without a route (terra/training/data.py)
+    recovery_share: float  # with recoveries: the share of windows that are recovery clips' (terra/training/data.py)
     loss_chunk: int  # positions whose logits are computed at once
     lr: float
     min_lr_ratio: float
@@ -169,13 +172,18 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     if not isinstance(data, str) or not Path(data).exists():
         raise TerraInputError(f"data.tokens={shown(data)} does not exist; give a tokenized-clips file "
                               "(terra-tokenize) or a shard folder (terra-prepare-logs)")
+    recoveries = select(cfg, "data.recoveries")
+    if recoveries is not None and (not isinstance(recoveries, str) or not Path(recoveries).is_file()):
+        raise TerraInputError(f"data.recoveries={shown(recoveries)} is not a file; give a tokenized-clips file of "
+                              "recovery clips (terra-make-dataset recipe=recoveries, then terra-tokenize) or null")
     sample_gif = check_flag(select(cfg, "sample.gif"), "sample.gif")
     output = claim_output_dir(required_path(cfg, "output_dir", "the run folder"), "output_dir", files=[LOG_FILE],
                               folders=[SAMPLES_DIR, TENSORBOARD_DIR],
                               whole=[CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR],
-                              inputs=[("data.tokens", data), ("init checkpoint", init)], app=APP)
+                              inputs=[("data.tokens", data), ("data.recoveries", recoveries),
+                                      ("init checkpoint", init)], app=APP)
     return TrainSpec(
-        data=data, val_clips=values["data.val_clips"], output=output,
+        data=data, val_clips=values["data.val_clips"], recoveries=recoveries, output=output,
         resume=check_flag(select(cfg, "resume"), "resume"), init=init,
         net=check_settings(cfg, NET_RANGES) | {
             "action_projection_type": check_choice(select(cfg, "net.action_projection_type"),
@@ -185,6 +193,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
         window=values["train.window"],
         loss_on_first_frame=check_flag(select(cfg, "train.loss_on_first_frame"), "train.loss_on_first_frame"),
         input_noise=values["train.input_noise"], no_route_share=values["train.no_route_share"],
+        recovery_share=values["train.recovery_share"],
         loss_chunk=values["train.loss_chunk"], lr=values["train.lr"],
         min_lr_ratio=values["train.min_lr_ratio"],
         warmup_steps=values["train.warmup_steps"], max_steps=values["train.max_steps"],

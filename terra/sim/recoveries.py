@@ -1,0 +1,45 @@
+"""Recovery clips: a world model's context frames seen from off the car's pose, the frames after them on it.
+
+In a long rollout a world model draws the road from its own frames, and they drift from where the car truly is:
+the road shows a little too far left, or turned. Taught on true frames only, a model never sees its context
+disagree with the car's pose, so it learns to continue its context and has no use for a route: the route tells it
+nothing its true context frames do not (benchmarks/training.md, "Route reading on the CPU"). A recovery clip is a
+long drive's stretch (terra/sim/long_drives.py) whose first :data:`CONTEXT_FRAMES` frames (the context a rollout's
+window starts from, terra/generation/rollout.py) are rendered from a camera moved sideways and turned by one
+offset, and whose later frames are rendered on the car's pose again; poses, actions and routes are the car's
+throughout. The frame after the context is where the offset goes: only the route (the road ahead in the car's
+frame) says where the road truly is, so a model trained on such clips (``data.recoveries``, terra/training/data.py)
+learns to draw its next window's road where its route says, whatever its context showed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from terra.generation.rollout import DEFAULT_OVERLAP
+from terra.sim.clips import Drive
+from terra.sim.long_drives import random_long_drive
+
+CONTEXT_FRAMES = DEFAULT_OVERLAP  # frames of a window's context, seen from the offset camera
+LATERAL_SD_M, MAX_LATERAL_M = 0.6, 1.5  # the camera's sideways offset: normal, clipped
+YAW_SD_DEG, MAX_YAW_DEG = 2.5, 6.0  # and its turn
+
+
+def camera_offset(rng: np.random.Generator) -> np.ndarray:
+    """One context's camera offset ``(forward, left, yaw)`` in the car's frame (m, m, rad): forward 0."""
+    left = float(np.clip(rng.normal(0.0, LATERAL_SD_M), -MAX_LATERAL_M, MAX_LATERAL_M))
+    yaw = float(np.clip(rng.normal(0.0, YAW_SD_DEG), -MAX_YAW_DEG, MAX_YAW_DEG))
+    return np.array([0.0, left, np.radians(yaw)])
+
+
+def random_recovery(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
+    """A long drive of ``num_frames`` frames whose first :data:`CONTEXT_FRAMES` frames are seen from one camera
+    offset (:func:`camera_offset`), the rest from the car's pose; its name says the offset."""
+    drive = random_long_drive(rng, num_frames, domain)
+    offset = camera_offset(rng)
+    offsets = np.zeros((num_frames, 3))
+    offsets[:CONTEXT_FRAMES] = offset
+    name = f"recovery({offset[1]:+.2f}m,{np.degrees(offset[2]):+.1f}deg):{drive.manoeuvre}"
+    return dataclasses.replace(drive, manoeuvre=name, camera_offsets=offsets)
