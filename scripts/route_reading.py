@@ -15,6 +15,12 @@ run (terra/training/run.py) and measures both:
   the clip's road). Both tiny (hidden 128, 2 layers), from scratch, for the same number of steps.
 * **teacher-forced**: the held-out clips' loss with their own routes, with another clip's and with none; a model
   that reads its route scores better with its own.
+* **recoveries** (``--recoveries N``): N recovery clips of one window each (terra/sim/recoveries.py: the first 3
+  frames seen from a camera off the car's pose), other draws than the drives, in both models' training
+  (``data.recoveries``, ``--recovery-share``; the control's with other clips' routes too). On the held-out ones:
+  teacher-forced loss with the own route, another's and none, and greedy frames after the offset context under each;
+  their agreement with the true frames (the car's pose: where the road truly is) tells whether the model draws the
+  road where its route says rather than where its context showed.
 * **generation** (the issue's check): held-out scenes (the closed-loop study's reserved seeds, never in training)
   where a straight road bends 15-25 m ahead; the car drives straight at 8 m/s; from its 3 true frames and the same
   actions each model generates 16 frames (greedy) under the true (bent) route, a straight route and the bend
@@ -26,6 +32,7 @@ run (terra/training/run.py) and measures both:
 
     nice -n 10 python scripts/route_reading.py --out runs/route_reading           # data, both models, the report
     python scripts/route_reading.py --out runs/route_reading --drives 60 --steps 20  # a quick smoke run
+    nice -n 10 python scripts/route_reading.py --out runs/route_recoveries --recoveries 2000  # with recovery clips
 
 The report is ``OUT/report.json`` and a table on stdout. Stages resume: data and models already in ``OUT`` are
 reused. Results: benchmarks/training.md, "Route reading on the CPU" (the defaults: 11-24 min a model on one shared
@@ -109,16 +116,17 @@ def road_centroid(codes: np.ndarray) -> float:
 # ------------------------------------------------------------------------------------------------------ data
 
 
-def make_data(out: Path, drives: int, frames: int, workers: int) -> tuple[Path, Path]:
+def make_data(out: Path, drives: int, frames: int, workers: int, recipe: str = "long_drives", seed: int = 76,
+              name: str = "tokens") -> tuple[Path, Path]:
     """The tokens file of the drives (their routes kept) and the control's copy (each clip given another clip's
     routes)."""
-    tokens, shuffled = out / "tokens.safetensors", out / "tokens_shuffled.safetensors"
+    tokens, shuffled = out / f"{name}.safetensors", out / f"{name}_shuffled.safetensors"
     if tokens.is_file() and shuffled.is_file():
         return tokens, shuffled
-    folder = out / "drives"
+    folder = out / ("drives" if name == "tokens" else name)
     if not (folder / "meta.json").is_file():
-        write_dataset(folder, drives, frames, HEIGHT, WIDTH, seed=76, clips_per_shard=32, workers=workers,
-                      recipe="long_drives", progress=False)
+        write_dataset(folder, drives, frames, HEIGHT, WIDTH, seed=seed, clips_per_shard=32, workers=workers,
+                      recipe=recipe, progress=False)
     clips = tokenize_dataset(ClipDataset(folder), RoadBandTokenizer(), batch_size=512, progress=False)
     save_tokens(tokens, clips)
     # another clip's routes for every clip (a derangement by a shift of the clip index): routes that carry no
@@ -130,8 +138,9 @@ def make_data(out: Path, drives: int, frames: int, workers: int) -> tuple[Path, 
 # ------------------------------------------------------------------------------------------------------ training
 
 
-def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int, input_noise: float) -> Path:
-    """Train (or resume) a tiny route model on ``tokens`` with terra-train's run; its export."""
+def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int, input_noise: float,
+                recoveries: Path | None = None, recovery_share: float = 0.3) -> Path:
+    """Train (or resume) a tiny route model on ``tokens`` (and ``recoveries``) with terra-train's run; its export."""
     from hydra import compose, initialize_config_dir
 
     from terra.training.run import train
@@ -150,6 +159,7 @@ def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int
             f"train.eval_every={min(steps, 500)}", f"train.ckpt_every={min(steps, 500)}", "train.device=cpu",
             "export.dtype=float32",
             "export.best=false", "train.tensorboard=false", "sample.gif=false", "progress=false",
+            *([f"data.recoveries={recoveries}", f"train.recovery_share={recovery_share}"] if recoveries else []),
         ])
     train(train_spec(cfg))
     return out / "model"
@@ -168,12 +178,14 @@ def teacher_forced(model: LlamaActionForCausalLM, clips: TokenizedClips, val: ra
     for clip in val:
         other = val[(val.index(clip) + 1) % len(val)]
         sums = {key: 0.0 for key in rows}
-        starts = range(0, frames - window, window)
+        starts = range(0, frames - window + 1, window)
         for start in starts:
             ids = torch.from_numpy(clips.codes[clip, start:start + window].reshape(1, -1))
             acts = torch.from_numpy(clips.actions[clip, start:start + window].reshape(1, -1, 3))
             for key, source in (("own", clip), ("other", other)):
-                slots = torch.from_numpy(routes[source, start + 1:start + window + 1].reshape(1, -1, 3))
+                ahead = routes[source, start + 1:start + window + 1]  # no route past the clip's last frame
+                ahead = np.concatenate([ahead, np.full((window - len(ahead), *ahead.shape[1:]), np.nan, np.float32)])
+                slots = torch.from_numpy(ahead.reshape(1, -1, 3))
                 sums[key] += float(loss(ids, acts, slots)[0])
             sums["none"] += float(loss(ids, acts, None)[0])
         for key in rows:
@@ -242,6 +254,25 @@ def generation(model_dir: Path, scenarios: list[tuple[int, float, int]]) -> dict
     return rows
 
 
+def recovery(model_dir: Path, clips: TokenizedClips, val: range) -> dict:
+    """Per held-out recovery clip: the share of the generated frames' codes (greedy, after its offset context) equal
+    to the true frames', under its own route, another clip's and none."""
+    backend = HFBackend(model_dir)
+    routes = resample_routes(clips.routes, ROUTE_SLOTS)
+    frames = clips.codes.shape[1]
+    rows: dict[str, list[float]] = {"agree_own": [], "agree_other": [], "agree_none": []}
+    for clip in val:
+        other = val[(val.index(clip) + 1) % len(val)]
+        requests = [RolloutRequest(clips.codes[clip, :CONTEXT].reshape(CONTEXT, -1), clips.actions[clip],
+                                   frames - CONTEXT, seed=0, routes=r)
+                    for r in (routes[clip], routes[other], None)]
+        truth = clips.codes[clip, CONTEXT:].reshape(frames - CONTEXT, -1)
+        for name, generated in zip(("own", "other", "none"), backend.generate(
+                requests, SamplingConfig(temperature=0.0), progress=False)):
+            rows[f"agree_{name}"].append(float((generated.reshape(truth.shape) == truth).mean()))
+    return rows
+
+
 def intervals(rows: dict, pairs: dict[str, tuple[str, str]], clusters: list) -> dict:
     """Mean differences of paired per-scenario values with their 95 % cluster-bootstrap intervals."""
     return {name: mean(clusters, np.asarray(rows[a]) - np.asarray(rows[b])).as_dict() for name, (a, b) in
@@ -259,6 +290,10 @@ def main() -> None:
     parser.add_argument("--scenarios", type=int, default=32)
     parser.add_argument("--input-noise", type=float, default=0.0,
                         help="train.input_noise: the most share of a window's input codes replaced by random ones")
+    parser.add_argument("--recoveries", type=int, default=0, help="recovery clips in training (0: none)")
+    parser.add_argument("--recovery-share", type=float, default=0.3, help="train.recovery_share")
+    parser.add_argument("--only", choices=("route", "control"), help="train and measure one model (run the two "
+                        "in parallel processes, then once more without --only for the report)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1, help="processes rendering the drives")
     args = parser.parse_args()
@@ -267,14 +302,23 @@ def main() -> None:
     times = {}
     began = time.perf_counter()
     tokens, shuffled = make_data(args.out, args.drives, args.frames, args.workers)
+    recoveries = {"route": None, "control": None}
+    if args.recoveries:
+        recoveries["route"], recoveries["control"] = make_data(args.out, args.recoveries, args.window, args.workers,
+                                                               "recoveries", 77, "recoveries")
+        held = load_tokens(recoveries["route"])
+        held_val = range(len(held.codes) - args.val_clips, len(held.codes))
     times["data_s"] = time.perf_counter() - began
     clips = load_tokens(tokens)
     val = range(len(clips.codes) - args.val_clips, len(clips.codes))
     scenarios = bend_scenarios(args.scenarios)
     report = {"settings": vars(args) | {"out": str(args.out)}, "scenarios": scenarios, "models": {}}
     for name, data in (("route", tokens), ("control", shuffled)):
+        if args.only not in (None, name):
+            continue
         began = time.perf_counter()
-        model_dir = train_model(data, args.out / name, args.steps, args.val_clips, args.window, args.input_noise)
+        model_dir = train_model(data, args.out / name, args.steps, args.val_clips, args.window, args.input_noise,
+                                recoveries[name], args.recovery_share)
         times[f"train_{name}_s"] = time.perf_counter() - began
         model = LlamaActionForCausalLM.from_pretrained(model_dir)
         began = time.perf_counter()
@@ -291,7 +335,20 @@ def main() -> None:
                 [s[0] for s in scenarios]),
             "train_log_last": json.loads((args.out / name / "train_log.jsonl").read_text().splitlines()[-1]),
         }
+        if args.recoveries:  # the held-out recovery clips, their own routes (the control's file holds others')
+            forced = teacher_forced(model, held, held_val, args.window)
+            rec = recovery(model_dir, held, held_val)
+            ids = [f"recovery{c}" for c in held_val]
+            report["models"][name]["recoveries"] = (
+                {f"loss_{k}": float(np.mean(v)) for k, v in forced.items()} | intervals(
+                    forced, {"loss_other_minus_own": ("other", "own"), "loss_none_minus_own": ("none", "own")}, ids)
+                | {k: float(np.mean(v)) for k, v in rec.items()} | intervals(
+                    rec, {"agree_own_minus_other": ("agree_own", "agree_other"),
+                          "agree_own_minus_none": ("agree_own", "agree_none")}, ids))
     report["times_s"] = times
+    if args.only:
+        print(json.dumps(report["models"], indent=1))
+        return
     (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"{'model':8} {'loss own':>9} {'other-own':>22} {'none-own':>22} {'agree bent-straight':>24} "
           f"{'toward bend (cols)':>24}")
@@ -307,6 +364,13 @@ def main() -> None:
               f"{fmt(gen['agree_bent_minus_straight']):>24} {fmt(gen['centroid_bent_minus_mirrored']):>24}")
     print(f"the true frames' road moves {gen['truth_centroid_shift']:+.2f} columns towards the bend over the same "
           f"frames; report: {args.out / 'report.json'}")
+    for name, result in report["models"].items():
+        if "recoveries" in result:
+            rec = result["recoveries"]
+            print(f"{name:8} recoveries: loss own {rec['loss_own']:.4f}, other-own {fmt(rec['loss_other_minus_own'])}, "
+                  f"none-own {fmt(rec['loss_none_minus_own'])}; agreement with the true frames own "
+                  f"{rec['agree_own']:.3f}, own-other {fmt(rec['agree_own_minus_other'])}, own-none "
+                  f"{fmt(rec['agree_own_minus_none'])}")
 
 
 if __name__ == "__main__":

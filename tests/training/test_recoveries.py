@@ -6,6 +6,9 @@ scores them with and without their route."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +28,7 @@ from tests.training.test_train_world_model import H, W, PoolTokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 
+ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 4  # the tiny model's window (tests/training/test_train.py)
 
 
@@ -115,3 +119,32 @@ def test_recovery_clips_shorter_than_the_window_are_one_line(tokens):
     data = load_training_data(str(drives), 2, str(recoveries))
     with pytest.raises(TerraInputError, match=f"clips of {FRAMES} frames, shorter than the training window of 6"):
         WindowSampler(data.train, 6, 0, 0.0, data.recoveries, 0.3)
+
+
+def test_train_demo_renders_recoveries_and_the_world_model_stage_trains_on_them(tmp_path):
+    """scripts/train_demo.sh recoveries renders 16-frame recovery clips (seed 1: other draws than the drives') and
+    encodes them; once their tokens exist the world_model stage passes them as data.recoveries (not before). A
+    stand-in PY records the commands."""
+    calls, python = tmp_path / "calls", tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nif [ "$1" = "-c" ]; then echo 7; fi\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PY": str(python), "RUN": str(tmp_path / "run"), "RECOVERY_CLIPS": "40", "WORKERS": "3"}
+
+    def stage(name: str) -> list[list[str]]:
+        calls.unlink(missing_ok=True)
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "train_demo.sh"), name], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line.split() for line in calls.read_text().splitlines()]
+
+    render, encode = stage("recoveries")
+    assert render[:2] == ["-m", "terra.apps.make_dataset"] and {"recipe=recoveries", "num_frames=16", "seed=1",
+                                                               "num_clips=40", "workers=3"} <= set(render)
+    assert encode[:2] == ["-m", "terra.apps.tokenize_dataset"]
+    recoveries = tmp_path / "run" / "recoveries.safetensors"
+    assert f"out={recoveries}" in encode
+    assert not any(arg.startswith("data.recoveries=") for arg in stage("world_model")[0])
+    recoveries.parent.mkdir(parents=True, exist_ok=True)
+    recoveries.write_bytes(b"")
+    run = stage("world_model")[0]
+    assert f"data.recoveries={recoveries}" in run
