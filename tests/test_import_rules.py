@@ -105,7 +105,8 @@ for _floor, _package in enumerate(CLOSED_LOOP_FLOORS):
 # modules a rule's folder may import although a forbidden name covers them
 ALLOWED = {"terra/core": ("terra.core",), "tokenizer": ("terra.core", "terra.tokenizer"),
            "decoder": ("terra.core", "terra.tokenizer", "terra.decoder"),
-           "terra/sim": ("terra.generation.actions", "terra.generation.routes")}  # the contracts, numpy only
+           "terra/sim": ("terra.generation.actions", "terra.generation.routes",
+                         "terra.generation.layout")}  # the contracts, numpy only
 
 
 # Every wing of the package (docs/ARCHITECTURE.md, "Who owns what"): a module's wing is its second name, except the

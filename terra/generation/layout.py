@@ -16,6 +16,8 @@ import numpy as np
 
 from terra.core.errors import TerraInputError
 
+DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3): a later window's context
+
 
 @dataclass(frozen=True)
 class TokenLayout:

@@ -28,10 +28,9 @@ from terra.core.errors import TerraInputError
 from terra.core.lazy import renamed
 from terra.core.progress import Progress
 from terra.generation.actions import NUM_ACTION_TOKENS, RULE
-from terra.generation.layout import TokenLayout, Window, plan_windows
+from terra.generation.layout import DEFAULT_OVERLAP, TokenLayout, Window, plan_windows
 from terra.generation.routes import ROUTE_POINT_VALUES, no_route
 
-DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3)
 log = logging.getLogger("terra.generation")
 __getattr__ = renamed(__name__, {"DecodeStats": "PassStats"})  # until 0.2.0
 

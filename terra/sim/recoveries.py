@@ -5,7 +5,7 @@ the road shows a little too far left, or turned. Taught on true frames only, a m
 disagree with the car's pose, so it learns to continue its context and has no use for a route: the route tells it
 nothing its true context frames do not (benchmarks/training.md, "Route reading on the CPU"). A recovery clip is a
 long drive's stretch (terra/sim/long_drives.py) whose first :data:`CONTEXT_FRAMES` frames (the context a rollout's
-window starts from, terra/generation/rollout.py) are rendered from a camera moved sideways and turned by one
+window starts from, terra/generation/layout.py) are rendered from a camera moved sideways and turned by one
 offset, and whose later frames are rendered on the car's pose again; poses, actions and routes are the car's
 throughout. The frame after the context is where the offset goes: only the route (the road ahead in the car's
 frame) says where the road truly is, so a model trained on such clips (``data.recoveries``, terra/training/data.py)
@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from terra.generation.rollout import DEFAULT_OVERLAP
+from terra.generation.layout import DEFAULT_OVERLAP
 from terra.sim.clips import Drive
 from terra.sim.long_drives import random_long_drive
 

@@ -225,7 +225,9 @@ class WindowSampler:
 
     def sample(self, batch_size: int) -> Windows:
         """``batch_size`` random windows (:class:`Windows`): the recovery windows first."""
-        recovering = int((torch.rand(batch_size, generator=self.generator) < self.recovery_share).sum())
+        recovering = 0  # no draw without recovery clips: such runs keep the windows they always drew
+        if self.recovery_share:
+            recovering = int((torch.rand(batch_size, generator=self.generator) < self.recovery_share).sum())
         picks = torch.randint(int(self.ends[-1]), (batch_size - recovering,), generator=self.generator)
         clip = torch.searchsorted(self.ends, picks, right=True)
         start = picks - (self.ends[clip] - self.counts[clip])
@@ -248,7 +250,7 @@ class WindowSampler:
 def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
     """The given windows, flattened as the training-style forward takes them (terra/models/modeling_llama_action.py)."""
     parts = [clips.window(c, s, frames) for c, s in zip(clip, start)]
-    width, slots = int(clips.codes.shape[1]) * frames, frames * 6
+    width, slots = int(clips.codes.shape[1]) * frames, frames * int(clips.actions.shape[1])
     codes = torch.stack([p[0] for p in parts]).flatten(1).long() if parts else torch.zeros(0, width, dtype=torch.long)
     actions = torch.stack([p[1] for p in parts]).flatten(1, 2) if parts else torch.zeros(0, slots, 3)
     routes = None

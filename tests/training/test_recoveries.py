@@ -148,3 +148,21 @@ def test_train_demo_renders_recoveries_and_the_world_model_stage_trains_on_them(
     recoveries.write_bytes(b"")
     run = stage("world_model")[0]
     assert f"data.recoveries={recoveries}" in run
+
+
+def test_without_recovery_clips_a_run_draws_the_windows_it_always_drew(tokens):
+    """No recovery clips, no extra draw: the windows and their blanked routes follow the generator exactly as before
+    recovery clips existed (a checkpoint's sampler state resumes the same windows)."""
+    drives, _, _ = tokens
+    clips = load_training_data(str(drives), 2).for_route_slots(4).train
+    windows = WindowSampler(clips, FRAMES, 9, 0.5, None, 0.3).sample(64)
+    generator = torch.Generator().manual_seed(9)
+    counts = (clips.lengths - FRAMES + 1).clamp(min=0)
+    ends = torch.cumsum(counts, 0)
+    picks = torch.randint(int(ends[-1]), (64,), generator=generator)
+    clip = torch.searchsorted(ends, picks, right=True)
+    start = picks - (ends[clip] - counts[clip])
+    blank = torch.rand(64, generator=generator) < 0.5
+    expected = torch.stack([clips.window(c, s, FRAMES)[0] for c, s in zip(clip.tolist(), start.tolist())])
+    assert torch.equal(windows.codes, expected.flatten(1).long())
+    assert torch.equal(torch.isnan(windows.routes).reshape(64, -1).all(-1), blank)
