@@ -11,11 +11,12 @@ the road from its route at a window's first new frame scores lower with it when 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 
-import terra.evaluation.measure as measure
 from terra.config.sampling import SamplingConfig
+from terra.evaluation.measure import evaluate_quality
 from terra.generation.hf_backend import HFBackend
 from terra.pipeline import WorldModelPipeline
 from terra.sim.clips import make_clip
@@ -34,17 +35,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clips = [make_clip(Scene.generate(10_000_000 + i), name, 13, 144, 256, speed_kmh=30.0, start_s=40.0)
              for i, name in enumerate(MANOEUVRES * 2)]
+    blind = [replace(clip, routes=None) for clip in clips]  # a clip without routes is told none (clip_routes)
     tokenizer = load_tokenizer(args.tokenizer)
-    told = measure.clip_routes
     print(f"{'model':40} {'told':9} {'steps 1-4 (dB)':28} mean")
     for folder in args.models:
         pipeline = WorldModelPipeline(tokenizer, HFBackend(folder))
-        for name, routes in (("its route", told), ("no route", lambda clip, points: None)):
-            measure.clip_routes = routes  # what evaluate_quality tells the model
-            psnr = measure.evaluate_quality(pipeline, clips, 3, SamplingConfig(temperature=0.0), 0, False)["psnr"]
+        for name, told in (("its route", clips), ("no route", blind)):
+            psnr = evaluate_quality(pipeline, told, 3, SamplingConfig(temperature=0.0), 0, False)["psnr"]
             steps = " / ".join(f"{v:.2f}" for v in psnr["mean"][:4])
             print(f"{folder:40} {name:9} {steps:28} {psnr['overall']:.2f}")
-    measure.clip_routes = told
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ class WindowSampler:
         routes = recovery.routes
         if routes is not None:  # the other windows' routes, no route where their data has none
             routes = torch.cat([routes, windows.routes if windows.routes is not None
-                                else torch.full((len(picks), *routes.shape[1:]), float("nan"))])
+                                else torch.from_numpy(no_route(len(picks), routes.shape[1]))])
         return Windows(torch.cat([recovery.codes, windows.codes]), torch.cat([recovery.actions, windows.actions]),
                        routes)
 
