@@ -50,7 +50,7 @@ from omegaconf import OmegaConf
 
 from terra.core.atomic import json_text
 from terra.models.presets import TERRA
-from terra.training.data import ClipSet, TrainingData
+from terra.training.data import ClipSet, TrainingData, Windows
 from terra.training.distributed import start_processes, stop_processes
 from terra.training.optimizer import make_optimizer
 from terra.training.run import build_trainee, train_step
@@ -167,17 +167,17 @@ def main() -> None:
         optimizer = make_optimizer(trainee.module, spec, processes.device)
         config = trainee.loss.lm.config
         result["parameters"] = sum(p.numel() for p in trainee.loss.lm.parameters())
-        ids = torch.randint(TERRA["vocab_size"] - 1, (args.micro_batch, 25 * 576), device=processes.device)
-        acts = torch.rand(args.micro_batch, 25 * 6, 3, device=processes.device) * 10
+        windows = Windows(torch.randint(TERRA["vocab_size"] - 1, (args.micro_batch, 25 * 576), device=processes.device),
+                          torch.rand(args.micro_batch, 25 * 6, 3, device=processes.device) * 10, None)
         for i in range(args.steps + 2):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            loss, _, _ = train_step(trainee, optimizer, ids, acts, 1.0)
+            loss, _, _ = train_step(trainee, optimizer, windows, 1.0)
             float(loss)
             if i >= 2:
                 times.append(time.perf_counter() - start)
         if args.profile is not None and not processes.distributed:
-            write_profile(args.profile, lambda: float(train_step(trainee, optimizer, ids, acts, 1.0)[0]))
+            write_profile(args.profile, lambda: float(train_step(trainee, optimizer, windows, 1.0)[0]))
     except torch.OutOfMemoryError:
         result["error"] = "out of memory"
     if times:

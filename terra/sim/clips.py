@@ -53,6 +53,7 @@ class Clip:
     domain: str = "day"  # the scene's, terra.sim.scene.DOMAINS
     routes: np.ndarray | None = None  # float32 [T, 16, 3] each frame's route (Scene.route at its pose); None: a
     # dataset written before clips carried routes
+    off_pose_frames: int = 0  # the first frames seen from off the car's pose (terra/sim/recoveries.py)
 
     @property
     def num_frames(self) -> int:
@@ -89,15 +90,17 @@ def clip_from_trajectory(
 ) -> Clip:
     """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes;
     with ``camera_offsets`` ``[>= num_frames, 3]`` each frame is seen from its pose composed with its offset, while
-    poses, actions and routes stay the car's."""
+    poses, actions and routes stay the car's (the clip counts its first frames seen from off the pose)."""
     poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
     trajs = trajectory.instruction_trajs(num_frames)
-    cameras = poses if camera_offsets is None else compose(poses, np.asarray(camera_offsets)[:num_frames])
+    offsets = None if camera_offsets is None else np.asarray(camera_offsets)[:num_frames]
+    cameras = poses if offsets is None else compose(poses, offsets)
     frames = np.stack([render(scene, p, height, width) for p in cameras])
     return Clip(
         frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
         manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),
         scene_length_m=scene.length_m, domain=scene.domain, routes=scene.route(poses, DATASET_ROUTE_POINTS),
+        off_pose_frames=0 if offsets is None else int(np.cumprod(offsets.any(-1)).sum()),
     )
 
 

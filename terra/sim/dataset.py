@@ -3,7 +3,8 @@
 Layout of a dataset folder::
 
     meta.json            version, sizes, seed, domain, route_points, the shard list and every clip's manoeuvre /
-                         scene seed / start
+                         scene seed / start / off_pose_frames (its first frames seen from off the car's pose:
+                         recovery clips', terra/sim/recoveries.py; datasets written before it read 0)
     shard-00000.npz      frames uint8 [n, T, H, W, 3], poses float64 [n, T, 3],
     shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3],
     ...                  routes float32 [n, T, route_points, 3] (each frame's route, terra/sim/clips.py)
@@ -36,7 +37,7 @@ from terra.core.progress import Progress
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
 from terra.sim.long_drives import random_long_drive
-from terra.sim.recoveries import random_recovery
+from terra.sim.recoveries import CONTEXT_FRAMES, random_recovery
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 1
@@ -87,7 +88,7 @@ def write_dataset(
         clips_per_shard=clips_per_shard, workers=workers)
     check_flag(compress, "compress")
     check_choice(domain, "domain", DOMAINS)
-    check_choice(recipe, "recipe", tuple(RECIPES))
+    check_recipe(recipe, num_frames)
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
@@ -120,6 +121,14 @@ def write_dataset(
     }
     write_text(out / META_FILE, json_text(meta, indent=1))
     return out
+
+
+def check_recipe(recipe: str, num_frames: int) -> None:
+    """``recipe`` one of :data:`RECIPES`, and recovery clips longer than a rollout's context (one line otherwise)."""
+    check_choice(recipe, "recipe", tuple(RECIPES))
+    if recipe == "recoveries" and num_frames <= CONTEXT_FRAMES:
+        raise TerraInputError(f"a recovery clip needs more than {CONTEXT_FRAMES} frames, a rollout's context and a "
+                              f"frame after it (got num_frames={num_frames}); set num_frames to the training window")
 
 
 def check_sizes(**values: Any) -> tuple[int, ...]:
@@ -164,7 +173,7 @@ def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, 
         save(tmp, **arrays)
     return [
         {"manoeuvre": c.manoeuvre, "scene_seed": c.seed, "start_s": c.start_s, "speed_kmh": c.speed_kmh,
-         "scene_length_m": c.scene_length_m}
+         "scene_length_m": c.scene_length_m, "off_pose_frames": c.off_pose_frames}
         for c in clips
     ]
 
@@ -226,6 +235,7 @@ class ClipDataset:
             **{name: arrays[name][row] for name in ARRAYS if name in arrays},
             manoeuvre=info["manoeuvre"], seed=info["scene_seed"], start_s=info["start_s"],
             speed_kmh=info["speed_kmh"], scene_length_m=info["scene_length_m"], domain=self.domain,
+            off_pose_frames=int(info.get("off_pose_frames", 0)),
         )
 
     def __iter__(self) -> Iterator[Clip]:

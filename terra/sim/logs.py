@@ -34,7 +34,7 @@ from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
 from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.driving_logs import TIMESTAMPS_FILE, TRAJECTORY_STEM
-from terra.sim.dataset import RECIPES, check_sizes, map_in_processes
+from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes
 from terra.sim.scene import DOMAINS
 
 LOGS_META_FILE = "clips.json"
@@ -65,7 +65,7 @@ def write_driving_logs(
     num_clips, num_frames, height, width, seed, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed, workers=workers)
     check_choice(domain, "domain", DOMAINS)
-    check_choice(recipe, "recipe", tuple(RECIPES))
+    check_recipe(recipe, num_frames)
     out = Path(out_dir)
     if (out / LOGS_META_FILE).exists():
         raise TerraInputError(f"{out} already holds driving logs ({LOGS_META_FILE}); choose a new out_dir or delete it")

@@ -6,6 +6,8 @@ Written by ``terra-tokenize``, read by ``terra-train`` (and evaluation):
 * ``actions``: float32 ``[N, T, 6, 3]``; ``poses``: float64 ``[N, T, 3]``;
 * ``routes`` (when the clip dataset had them): float32 ``[N, T, M, 3]``, each frame's route at ``M`` points
   (terra/generation/routes.py; the synthetic datasets' 16, terra/sim/clips.py);
+* ``off_pose_frames``: int32 ``[N]``, each clip's first frames seen from off the car's pose (recovery clips',
+  terra/sim/recoveries.py; files written before it read 0);
 * metadata (strings): ``version``, ``codebook_size``, ``image_height``/``image_width``, ``source`` (the clip
   dataset) and ``tokenizer`` (the tokenizer's path).
 """
@@ -39,6 +41,7 @@ class TokenizedClips:
     source: str = ""
     tokenizer: str = ""
     routes: np.ndarray | None = None  # [N, T, M, 3] float32 each frame's route; None: the clips have none
+    off_pose_frames: np.ndarray | None = None  # [N] int each clip's first frames seen from off the car's pose; None: 0
 
     @property
     def grid_shape(self) -> tuple[int, int]:
@@ -56,6 +59,8 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
     }
     if clips.routes is not None:
         tensors["routes"] = np.ascontiguousarray(clips.routes, dtype=np.float32)
+    if clips.off_pose_frames is not None:
+        tensors["off_pose_frames"] = np.ascontiguousarray(clips.off_pose_frames, dtype=np.int32)
     metadata = {
         "version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
         "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
@@ -96,11 +101,18 @@ def load_tokens(path: str | Path) -> TokenizedClips:
     routes = tensors.get("routes")
     if routes is not None:
         routes = checked_routes(routes, tensors["codes"].shape[:2], f"tokenized clips {path}: tensor routes", fix)
+    num_clips, num_frames = tensors["codes"].shape[:2]
+    off_pose = tensors.get("off_pose_frames", np.zeros(num_clips, dtype=np.int32))
+    if off_pose.shape != (num_clips,) or off_pose.dtype != np.int32 or off_pose.min(initial=0) < 0 \
+            or off_pose.max(initial=0) > num_frames:
+        raise TerraInputError(f"tokenized clips {path}: tensor off_pose_frames is not {num_clips} int32 counts in "
+                              f"[0, {num_frames}]; {fix}")
     return TokenizedClips(
         codes=tensors["codes"].astype(np.int64), actions=tensors["actions"], poses=tensors["poses"],
         codebook_size=codebook_size,
         image_size=(int(meta["image_height"]), int(meta["image_width"])),
         source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""), routes=routes,
+        off_pose_frames=off_pose.astype(np.int64),
     )
 
 

@@ -17,10 +17,12 @@ hold the route of the frame they condition, as in terra/generation/rollout.py), 
 frame ``lo + W``; :class:`WindowSampler` blanks a share of its windows' routes whole (``train.no_route_share``), so
 the model learns its "no route" embedding too.
 
-Recovery clips (``data.recoveries``, terra/sim/recoveries.py: a tokenized-clips file whose clips' context frames are
+Recovery clips (``data.recoveries``, terra/sim/recoveries.py: a tokenized-clips file whose clips' first frames are
 seen from off the car's pose) are read beside either source, their last ``data.val_clips`` held out too; a share of
 the windows (``train.recovery_share``) are their first frames, always with their routes, since only the route says
-where the road the frames after the context show truly is.
+where the road the frames back on the pose show truly is. Such a window is trained from its first frame on the pose
+on (``Windows.first_target_frame``), never on the frames seen from off it: those are what a rollout's drifted frames
+are, context to correct, not frames to learn to draw.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class Windows(NamedTuple):
     codes: torch.Tensor  # int64 [B, W*P]
     actions: torch.Tensor  # float32 [B, W*6, 3]
     routes: torch.Tensor | None  # float32 [B, W*K, 3] the route slots' values (NaN: no route); None: no route data
+    first_target_frame: torch.Tensor | None = None  # int64 [B] no frame before it is trained; None: none held back
+
+    def rows(self, part: slice) -> "Windows":
+        """The windows of ``part``."""
+        return Windows(*(None if t is None else t[part] for t in self))
+
+    def to(self, device: torch.device | str) -> "Windows":
+        return Windows(*(None if t is None else t.to(device) for t in self))
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class ClipSet:
     lengths: torch.Tensor  # int64 [n]
     ids: tuple[str, ...]
     routes: torch.Tensor | None = None
+    off_pose_frames: torch.Tensor | None = None  # int64 [n] each clip's first frames seen from off the car's pose
 
     @classmethod
     def concat(cls, parts: list[ClipPart]) -> "ClipSet":
@@ -155,10 +166,15 @@ def load_training_data(path: str, val_clips: int, recoveries: str | None = None)
     if clips.routes is None:
         raise TerraInputError(f"data.recoveries={recoveries} holds no routes, and recovery clips teach a route model "
                               "to read its route; render them with terra-make-dataset recipe=recoveries")
-    parts = _file_parts(clips)
-    held = min(val_clips, len(parts) - 1)
-    return replace(data, recoveries=ClipSet.concat(parts[:len(parts) - held]),
-                   val_recoveries=ClipSet.concat(parts[len(parts) - held:]) if held else None)
+    if int(clips.off_pose_frames.min()) < 1:
+        raise TerraInputError(f"data.recoveries={recoveries} holds clips with no frame seen from off the car's pose "
+                              "(not recovery clips, or rendered before they counted them); render them with "
+                              "terra-make-dataset recipe=recoveries and tokenize them again")
+    parts, off_pose = _file_parts(clips), torch.from_numpy(clips.off_pose_frames)
+    cut = len(parts) - min(val_clips, len(parts) - 1)
+    return replace(data, recoveries=replace(ClipSet.concat(parts[:cut]), off_pose_frames=off_pose[:cut]),
+                   val_recoveries=replace(ClipSet.concat(parts[cut:]), off_pose_frames=off_pose[cut:])
+                   if cut < len(parts) else None)
 
 
 def _file_parts(clips) -> list[ClipPart]:
@@ -200,7 +216,7 @@ class WindowSampler:
     """Uniformly random windows of ``frames`` consecutive frames among all clips long enough to hold one; with
     routes, each window's route slots all hold no route with probability ``no_route_share``. With ``recoveries``,
     each window is instead, with probability ``recovery_share``, the first ``frames`` frames of a random recovery
-    clip, with its routes (module docstring).
+    clip, with its routes, trained from its first frame on the car's pose on (module docstring).
 
     Its generator state is part of the checkpoint (terra/training/checkpoint.py), so a resumed run draws the
     windows (and which of them go without a route) an uninterrupted one would.
@@ -216,6 +232,10 @@ class WindowSampler:
         if recoveries is not None and int(recoveries.lengths.min()) < frames:
             raise TerraInputError(f"data.recoveries has clips of {int(recoveries.lengths.min())} frames, shorter than "
                                   f"the training window of {frames}; render them with num_frames={frames}")
+        if recoveries is not None and int(recoveries.off_pose_frames.max()) >= frames:
+            raise TerraInputError(f"data.recoveries has clips seen from off the car's pose for "
+                                  f"{int(recoveries.off_pose_frames.max())} frames, a whole training window of "
+                                  f"{frames} or more; render them with num_frames={frames}")
         self.clips, self.frames, self.counts = clips, frames, counts
         self.no_route_share = no_route_share
         self.recoveries = recoveries
@@ -243,12 +263,14 @@ class WindowSampler:
         if routes is not None:  # the other windows' routes, no route where their data has none
             routes = torch.cat([routes, windows.routes if windows.routes is not None
                                 else torch.from_numpy(no_route(len(picks), routes.shape[1]))])
+        trained_from = torch.cat([recovery.first_target_frame, torch.zeros(len(picks), dtype=torch.int64)])
         return Windows(torch.cat([recovery.codes, windows.codes]), torch.cat([recovery.actions, windows.actions]),
-                       routes)
+                       routes, trained_from)
 
 
 def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
-    """The given windows, flattened as the training-style forward takes them (terra/models/modeling_llama_action.py)."""
+    """The given windows, flattened as the training-style forward takes them (terra/models/modeling_llama_action.py);
+    for clips seen from off the car's pose at first, each trained from its first frame on the pose on."""
     parts = [clips.window(c, s, frames) for c, s in zip(clip, start)]
     width, slots = int(clips.codes.shape[1]) * frames, frames * int(clips.actions.shape[1])
     codes = torch.stack([p[0] for p in parts]).flatten(1).long() if parts else torch.zeros(0, width, dtype=torch.long)
@@ -257,7 +279,10 @@ def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int
     if clips.routes is not None:
         points = frames * int(clips.routes.shape[1])
         routes = torch.stack([p[2] for p in parts]).flatten(1, 2) if parts else torch.zeros(0, points, 3)
-    return Windows(codes, actions, routes)
+    trained_from = None
+    if clips.off_pose_frames is not None:
+        trained_from = (clips.off_pose_frames[clip] - torch.tensor(start, dtype=torch.int64)).clamp(min=0)
+    return Windows(codes, actions, routes, trained_from)
 
 
 def validation_windows(clips: ClipSet, frames: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 A window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout)
 (docs/ARCHITECTURE.md, "Token layout"); the logit at position ``i`` predicts token ``i + 1``, which counts only when
-it is an image token of a frame after the first (the first frame is context, unless ``loss_on_first_frame``). With
+it is an image token of a frame after the first (the first frame is context, unless ``loss_on_first_frame``) and
+not before the window's ``first_target_frame`` (a recovery clip's frames seen off the car, terra/training/data.py). With
 Terra's 262,145-entry vocabulary one window's logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the
 output layer and the loss over ``chunk`` positions at a time and computes each chunk's gradients in the same pass
 (nothing is kept or recomputed for the backward). The softmax of a chunk is one function (:func:`softmax_step`) that
@@ -51,6 +52,7 @@ class WindowLoss(nn.Module):
                                             cfg.num_spatio_embeddings)
         self.register_buffer("keep", keep, persistent=False)
         self.register_buffer("target_idx", target_idx, persistent=False)
+        self.register_buffer("target_frame", target_idx // cfg.num_image_patches, persistent=False)
         self.register_buffer("positions", torch.arange(frames * cfg.num_spatio_embeddings), persistent=False)
         self.chunk, self.codebook_size, self.autocast_dtype = chunk, cfg.codebook_size, autocast_dtype
         self.softmax_step = torch.compile(softmax_step, dynamic=False) if compile_softmax else softmax_step
@@ -59,10 +61,11 @@ class WindowLoss(nn.Module):
     def targets_per_window(self) -> int:
         return len(self.keep)
 
-    def forward(self, image_ids: torch.Tensor, actions: torch.Tensor,
-                routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, image_ids: torch.Tensor, actions: torch.Tensor, routes: torch.Tensor | None = None,
+                first_target_frame: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean loss and accuracy (greedy over the codebook) of windows ``[B, W*P]`` under actions ``[B, W*6, 3]``
-        and, for a model with route slots, routes ``[B, W*K, 3]`` (NaN rows or None: no route)."""
+        and, for a model with route slots, routes ``[B, W*K, 3]`` (NaN rows or None: no route); with
+        ``first_target_frame [B]``, over each window's frames from that one on."""
         enabled = self.autocast_dtype is not None
         inputs = noisy_inputs(image_ids, self.input_noise, self.codebook_size) if self.training else image_ids
         with torch.autocast(image_ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
@@ -71,10 +74,13 @@ class WindowLoss(nn.Module):
             embeds = self.lm.embed(ids, conditions, positions)
             hidden = self.lm.model(inputs_embeds=embeds, position_ids=positions).last_hidden_state[:, self.keep]
         targets = image_ids[:, self.target_idx]
+        if first_target_frame is not None:  # held-back targets are -1: no loss, no gradient (softmax_step)
+            targets = targets.masked_fill(self.target_frame < first_target_frame[:, None], -1)
+        counted = (targets >= 0).sum().clamp(min=1)
         head = HeadLoss(self.autocast_dtype or self.lm.lm_head.weight.dtype, self.chunk, self.codebook_size,
                         torch.is_grad_enabled(), self.softmax_step)
         loss, correct = FusedHeadLoss.apply(hidden.flatten(0, 1), self.lm.lm_head.weight, targets.flatten(), head)
-        return loss / targets.numel(), correct.float() / targets.numel()
+        return loss / counted, correct.float() / counted
 
 
 def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.Tensor:
@@ -92,14 +98,16 @@ def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebo
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For logits ``[N, V']`` whose columns from ``vocab`` on are padding: the summed cross-entropy, the count of
     targets that are the greedy code among the first ``codebook``, and the gradient of the summed loss by the
-    logits (softmax minus one-hot, in the logits' dtype). Written for ``torch.compile`` to fuse into two passes."""
+    logits (softmax minus one-hot, in the logits' dtype); a target of -1 counts nowhere and has no gradient.
+    Written for ``torch.compile`` to fuse into two passes."""
     columns = torch.arange(logits.shape[1], device=logits.device)
     z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill(columns >= vocab, float("-inf"))
     lse = torch.logsumexp(z, -1)
-    loss = (lse - z.gather(1, targets[:, None]).squeeze(1)).sum()
-    correct = (z[:, :codebook].argmax(-1) == targets).sum()
+    counted = targets >= 0
+    loss = torch.where(counted, lse - z.gather(1, targets.clamp(min=0)[:, None]).squeeze(1), 0.0).sum()
+    correct = ((z[:, :codebook].argmax(-1) == targets) & counted).sum()
     probs = torch.exp(z - lse[:, None])
-    grad = torch.where(columns == targets[:, None], probs - 1.0, probs)
+    grad = torch.where(counted[:, None], torch.where(columns == targets[:, None], probs - 1.0, probs), 0.0)
     return loss, correct, grad.to(logits.dtype)
 
 

@@ -30,7 +30,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from terra.core.errors import TerraInputError
 from terra.training import checkpoint as ckpt
 from terra.training.data import (
-    ClipSet, TrainingData, WindowSampler, load_training_data, stack_windows, validation_windows,
+    ClipSet, TrainingData, Windows, WindowSampler, load_training_data, stack_windows, validation_windows,
 )
 from terra.training.distributed import (
     Processes, all_sum, barrier, gradient_sync, parallelize, start_processes, stop_processes,
@@ -201,11 +201,10 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                 log.write(first)
             interval_start = time.perf_counter()
         while step < spec.max_steps:
-            ids, acts, routes = sampler.sample(spec.batch_size)
             mine = slice(processes.rank * trainee.micro_batch * trainee.accumulation,
                          (processes.rank + 1) * trainee.micro_batch * trainee.accumulation)
-            loss, acc, grad_norm = train_step(trainee, optimizer, ids[mine].to(device), acts[mine].to(device),
-                                              spec.grad_clip, None if routes is None else routes[mine].to(device))
+            windows = sampler.sample(spec.batch_size).rows(mine).to(device)
+            loss, acc, grad_norm = train_step(trainee, optimizer, windows, spec.grad_clip)
             scheduler.step()
             sums[:2] += torch.stack([loss, acc])
             step += 1
@@ -264,16 +263,14 @@ def route_note(route_slots: int, has_routes: bool, no_route_share: float) -> str
             f"{no_route_share:.0%} of the windows train with no route (train.no_route_share)")
 
 
-def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, ids: torch.Tensor, acts: torch.Tensor,
-               grad_clip: float, routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over this process's windows (``accumulation`` micro-batches; ``routes``: their route
-    slots' values, None: no route); returns the mean loss and accuracy (on the device, unsynchronised) and the
-    gradient norm before clipping."""
-    loss_sum = acc_sum = torch.zeros((), device=ids.device)
+def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Windows, grad_clip: float
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step over this process's windows (``accumulation`` micro-batches); returns the mean loss and
+    accuracy (on the device, unsynchronised) and the gradient norm before clipping."""
+    loss_sum = acc_sum = torch.zeros((), device=windows.codes.device)
     for k in range(trainee.accumulation):
-        part = slice(k * trainee.micro_batch, (k + 1) * trainee.micro_batch)
         with gradient_sync(trainee.module, k == trainee.accumulation - 1):
-            loss, acc = trainee.module(ids[part], acts[part], None if routes is None else routes[part])
+            loss, acc = trainee.module(*windows.rows(slice(k * trainee.micro_batch, (k + 1) * trainee.micro_batch)))
             (loss / trainee.accumulation).backward()
         loss_sum, acc_sum = loss_sum + loss.detach(), acc_sum + acc
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in trainee.module.parameters() if p.requires_grad], grad_clip)
@@ -313,13 +310,12 @@ def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Proc
     totals: dict[str, float] = {}
     for lo in range(0, len(chosen), trainee.micro_batch):
         part = chosen[lo:lo + trainee.micro_batch]
-        ids, acts, routes = stack_windows(clips, part, [0] * len(part), trainee.frames)
-        ids, acts = ids.to(processes.device), acts.to(processes.device)
-        loss, acc = trainee.module(ids, acts, None if routes is None else routes.to(processes.device))
+        windows = stack_windows(clips, part, [0] * len(part), trainee.frames).to(processes.device)
+        loss, acc = trainee.module(*windows)
         totals[f"{name}_loss"] = totals.get(f"{name}_loss", 0.0) + float(loss) * len(part)
         totals[f"{name}_acc"] = totals.get(f"{name}_acc", 0.0) + float(acc) * len(part)
-        if routes is not None:
-            blind, _ = trainee.module(ids, acts, None)
+        if windows.routes is not None:
+            blind, _ = trainee.module(*windows._replace(routes=None))
             key = f"{name}_loss_no_route"
             totals[key] = totals.get(key, 0.0) + float(blind) * len(part)
     return {key: total / max(len(chosen), 1) for key, total in totals.items()}

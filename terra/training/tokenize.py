@@ -66,6 +66,7 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
     poses = np.empty((len(dataset), frames_per_clip, 3), dtype=np.float64)
     points = dataset.route_points
     routes = None if points is None else np.empty((len(dataset), frames_per_clip, points, 3), dtype=np.float32)
+    off_pose = np.zeros(len(dataset), dtype=np.int64)
     flat = codes.reshape(-1, *tokenizer.grid_shape)
     pending: list[np.ndarray] = []
     done = 0
@@ -81,7 +82,7 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
 
     with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:  # terra/core/progress.py
         for i, clip in enumerate(bar.counted(dataset)):
-            actions[i], poses[i] = clip.actions, clip.poses
+            actions[i], poses[i], off_pose[i] = clip.actions, clip.poses, clip.off_pose_frames
             if routes is not None:
                 routes[i] = clip.routes
             pending.append(clip.frames)
@@ -90,7 +91,8 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
         if pending:
             flush()
     return TokenizedClips(codes=codes, actions=actions, poses=poses, codebook_size=int(tokenizer.codebook_size),
-                          image_size=dataset.image_size, source=str(dataset.path), routes=routes)
+                          image_size=dataset.image_size, source=str(dataset.path), routes=routes,
+                          off_pose_frames=off_pose)
 
 
 def run(spec: TokenizeSpec) -> TokenizedClips:

@@ -1,7 +1,8 @@
-"""Recovery clips (terra/sim/recoveries.py) from the dataset to training: their context frames are seen from the
-offset camera and the rest from the car's pose, with the car's poses, actions and routes; terra-train draws the
-asked share of its windows from them (their first frames, always with their routes), holds the last clips out and
-scores them with and without their route."""
+"""Recovery clips (terra/sim/recoveries.py) from the dataset to training: their first frames (a context's 3 to all but
+the last) are seen from the offset camera and the rest from the car's pose, with the car's poses, actions and routes;
+the dataset and the tokens file count the frames seen off the pose; terra-train draws the asked share of its windows
+from them (their first frames, always with their routes), trains them only from their first frame back on the pose
+on, holds the last clips out and scores them with and without their route."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.long_drives import random_long_drive
 from terra.sim.recoveries import CONTEXT_FRAMES, MAX_LATERAL_M, MAX_YAW_DEG, camera_offset, random_recovery
 from terra.sim.renderer import render
-from terra.sim.tokens import save_tokens
-from terra.training.data import WindowSampler, load_training_data
+from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
+from terra.training.data import WindowSampler, load_training_data, stack_windows
+from terra.training.objective import WindowLoss
 from terra.training.tokenize import tokenize_dataset
+from tests.conftest import tiny_route_model
 from tests.training.test_train import train, train_config
 from tests.training.test_train_world_model import H, W, PoolTokenizer
 
@@ -45,22 +48,34 @@ def tokens(tmp_path_factory):
     return out["long_drives"][0], out["recoveries"][0], out["recoveries"][1]
 
 
-def test_a_recovery_sees_its_context_from_the_offset_camera_and_the_rest_from_the_car():
-    """Frames 0-2 are the scene rendered from the car's pose composed with one offset (exactly), the later ones from
-    the car's pose; poses, actions and routes are the long drive's of the same draw."""
-    recovery = random_recovery(np.random.default_rng([0, 1]), 6)
-    clip = recovery.render(6, 36, 64)
-    plain = random_long_drive(np.random.default_rng([0, 1]), 6).render(6, 36, 64)
+def test_a_recovery_sees_its_first_frames_from_the_offset_camera_and_the_rest_from_the_car():
+    """The frames before the clip's count are the scene rendered from the car's pose composed with one offset
+    (exactly), the later ones from the car's pose; poses, actions and routes are the long drive's of the same draw."""
+    recovery = random_recovery(np.random.default_rng([0, 1]), 8)
+    clip = recovery.render(8, 36, 64)
+    plain = random_long_drive(np.random.default_rng([0, 1]), 8).render(8, 36, 64)
+    off = clip.off_pose_frames
     offset = recovery.camera_offsets[0]
-    assert np.all(recovery.camera_offsets[:CONTEXT_FRAMES] == offset) and not recovery.camera_offsets[3:].any()
-    for t in range(6):
-        camera = compose(clip.poses[t], offset) if t < CONTEXT_FRAMES else clip.poses[t]
+    assert CONTEXT_FRAMES <= off < 8 and f",{off}f):" in recovery.manoeuvre
+    assert np.all(recovery.camera_offsets[:off] == offset) and not recovery.camera_offsets[off:].any()
+    for t in range(8):
+        camera = compose(clip.poses[t], offset) if t < off else clip.poses[t]
         np.testing.assert_array_equal(clip.frames[t], render(recovery.scene, camera, 36, 64))
-    np.testing.assert_array_equal(clip.frames[3:], plain.frames[3:])
-    assert not np.array_equal(clip.frames[:3], plain.frames[:3])
+    np.testing.assert_array_equal(clip.frames[off:], plain.frames[off:])
+    assert not np.array_equal(clip.frames[:off], plain.frames[:off])
     for name in ("poses", "actions", "routes"):
         np.testing.assert_array_equal(getattr(clip, name), getattr(plain, name))
     assert recovery.manoeuvre.startswith("recovery(") and recovery.manoeuvre.endswith(plain.manoeuvre)
+    assert plain.off_pose_frames == 0
+
+
+def test_the_frames_off_the_pose_span_a_context_to_all_but_the_last():
+    """Over 500 clips of 8 frames every count from 3 to 7 is drawn, each about a fifth of the time (+-0.08: 4.5
+    standard deviations each, a false alarm under 1e-4 for a random seed); none outside."""
+    counts = np.array([random_recovery(np.random.default_rng([4, i]), 8).camera_offsets.any(-1).sum()
+                       for i in range(500)])
+    assert set(counts.tolist()) == set(range(CONTEXT_FRAMES, 8))
+    assert all(abs(np.mean(counts == k) - 0.2) < 0.08 for k in range(CONTEXT_FRAMES, 8))
 
 
 def test_camera_offsets_span_their_stated_ranges():
@@ -166,3 +181,76 @@ def test_without_recovery_clips_a_run_draws_the_windows_it_always_drew(tokens):
     expected = torch.stack([clips.window(c, s, FRAMES)[0] for c, s in zip(clip.tolist(), start.tolist())])
     assert torch.equal(windows.codes, expected.flatten(1).long())
     assert torch.equal(torch.isnan(windows.routes).reshape(64, -1).all(-1), blank)
+
+
+def test_the_dataset_and_the_tokens_file_count_the_frames_off_the_pose(tokens):
+    drives, recoveries, data = tokens
+    assert [clip.off_pose_frames for clip in data] == [CONTEXT_FRAMES] * len(data)  # 4-frame clips: 3
+    assert load_tokens(recoveries).off_pose_frames.tolist() == [CONTEXT_FRAMES] * len(data)
+    assert not load_tokens(drives).off_pose_frames.any()
+
+
+def test_recovery_windows_are_trained_from_their_first_frame_on_the_pose(tokens):
+    drives, recoveries, _ = tokens
+    data = load_training_data(str(drives), 2, str(recoveries)).for_route_slots(4)
+    windows = WindowSampler(data.train, FRAMES, 5, 0.5, data.recoveries, 0.5).sample(64)
+    recovering = int((windows.first_target_frame > 0).sum())
+    assert 10 < recovering < 54  # the recovery windows come first
+    assert windows.first_target_frame.tolist() == [CONTEXT_FRAMES] * recovering + [0] * (64 - recovering)
+    held = stack_windows(data.val_recoveries, [0, 1], [0, 0], FRAMES)
+    assert held.first_target_frame.tolist() == [CONTEXT_FRAMES] * 2
+    assert stack_windows(data.val, [0], [0], FRAMES).first_target_frame is None
+
+
+@pytest.mark.parametrize("first", [[3, 0], [0, 2], [5, 1]])
+def test_the_loss_leaves_out_the_frames_before_a_windows_first_target_frame(first):
+    """The loss and its gradients equal the cross-entropy of the whole logits over each window's frames from
+    max(1, first) on (float64); a loss over every frame (what an unmasked objective computes) differs."""
+    model = tiny_route_model().double()
+    config = model.config
+    frames, patches = config.num_temporal_embeddings, config.num_image_patches
+    span = config.num_spatio_embeddings
+    gen = torch.Generator().manual_seed(sum(first))
+    ids = torch.randint(config.codebook_size, (2, frames * patches), generator=gen)
+    actions = torch.randn(2, frames * 6, 3, generator=gen, dtype=torch.float64)
+    objective = WindowLoss(model, frames, False, 64, None)
+    loss, _ = objective(ids, actions, None, torch.tensor(first))
+    loss.backward()
+    fused = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(input_ids=ids, actions=actions).logits
+    terms = []
+    for b, f in enumerate(first):
+        for t in range(max(1, f), frames):
+            terms.append(torch.nn.functional.cross_entropy(
+                logits[b, t * span - 1:t * span + patches - 1], ids[b, t * patches:(t + 1) * patches],
+                reduction="none"))
+    reference = torch.cat(terms).mean()
+    reference.backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-10, atol=0)
+    for mine, theirs in zip(fused, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(mine, theirs, rtol=1e-7, atol=1e-10)
+    with torch.no_grad():
+        unmasked, _ = objective(ids, actions)
+    if max(first) > 1:
+        assert abs(float(unmasked) - float(reference.detach())) > 1e-4
+
+
+def test_recovery_clips_without_frames_off_the_pose_or_off_it_for_a_whole_window_are_one_line(tokens, tmp_path):
+    drives, recoveries, _ = tokens
+    clips = load_tokens(recoveries)
+    old = save_tokens(tmp_path / "old.safetensors", TokenizedClips(**{**clips.__dict__, "off_pose_frames": None}))
+    with pytest.raises(TerraInputError, match="holds clips with no frame seen from off the car's pose .* render them "
+                                              "with terra-make-dataset recipe=recoveries and tokenize them again"):
+        load_training_data(str(drives), 2, str(old))
+    data = load_training_data(str(drives), 2, str(recoveries))
+    with pytest.raises(TerraInputError, match="seen from off the car's pose for 3 frames, a whole training window "
+                                              "of 3 or more; render them with num_frames=3"):
+        WindowSampler(data.train, 3, 0, 0.0, data.recoveries, 0.3)
+    with pytest.raises(TerraInputError, match="a recovery clip needs more than 3 frames"):
+        write_dataset(tmp_path / "short", 2, 3, H, W, recipe="recoveries", progress=False)
+    bad = save_tokens(tmp_path / "bad.safetensors",
+                      TokenizedClips(**{**clips.__dict__, "off_pose_frames": clips.off_pose_frames + FRAMES}))
+    with pytest.raises(TerraInputError, match=f"tensor off_pose_frames is not {len(clips.codes)} int32 counts in "
+                                              f"\\[0, {FRAMES}\\]; the file is damaged"):
+        load_tokens(bad)

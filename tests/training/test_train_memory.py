@@ -105,8 +105,8 @@ def test_8bit_adamw_keeps_one_byte_moments_of_bf16_weights(tokens, tmp_path):  #
 
     spec, trainee = trainee_of(tokens, tmp_path, "train.optimizer=adamw8bit", "train.weights_dtype=bfloat16")
     optimizer = make_optimizer(trainee.module, spec, torch.device("cpu"))
-    ids, acts, _ = WindowSampler(load_training_data(spec.data, spec.val_clips).train, trainee.frames, 0).sample(8)
-    train_step(trainee, optimizer, ids, acts, spec.grad_clip)
+    windows = WindowSampler(load_training_data(spec.data, spec.val_clips).train, trainee.frames, 0).sample(8)
+    train_step(trainee, optimizer, windows, spec.grad_clip)
     up = trainee.loss.lm.model.layers[0].mlp.up_proj.weight  # 128 x 64: quantized in blocks of 256
     assert up.dtype == torch.bfloat16
     state = optimizer.state[up]

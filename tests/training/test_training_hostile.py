@@ -192,8 +192,8 @@ def test_tokenized_clips_with_nonsense_are_refused(tokens, tmp_path):
 def test_a_diverging_run_stops_before_writing_nan_weights(tokens, tmp_path, monkeypatch):
     real_step, steps = run_module.train_step, []
 
-    def diverging(trainee, optimizer, ids, acts, grad_clip, routes):  # step 3's update turns the weights into NaN
-        loss, acc, grad_norm = real_step(trainee, optimizer, ids, acts, grad_clip, routes)
+    def diverging(trainee, optimizer, windows, grad_clip):  # step 3's update turns the weights into NaN
+        loss, acc, grad_norm = real_step(trainee, optimizer, windows, grad_clip)
         steps.append(loss)
         if len(steps) == 3:
             with torch.no_grad():
