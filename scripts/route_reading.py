@@ -15,10 +15,11 @@ run (terra/training/run.py) and measures both:
   the clip's road). Both tiny (hidden 128, 2 layers), from scratch, for the same number of steps.
 * **teacher-forced**: the held-out clips' loss with their own routes, with another clip's and with none; a model
   that reads its route scores better with its own.
-* **recoveries** (``--recoveries N``): N recovery clips of one window each (terra/sim/recoveries.py: the first 3
-  frames seen from a camera off the car's pose), other draws than the drives, in both models' training
-  (``data.recoveries``, ``--recovery-share``; the control's with other clips' routes too). On the held-out ones:
-  teacher-forced loss with the own route, another's and none, and greedy frames after the offset context under each;
+* **recoveries** (``--recoveries N``): N recovery clips of one window each (terra/sim/recoveries.py: their first 3
+  to all but the last frames seen from a camera off the car's pose), other draws than the drives, in both models'
+  training (``data.recoveries``, ``--recovery-share``; the control's with other clips' routes too). On the held-out
+  ones: teacher-forced loss (from the first frame back on the pose) with the own route, another's and none, and
+  greedy frames after the offset frames under each;
   their agreement with the true frames (the car's pose: where the road truly is) tells whether the model draws the
   road where its route says rather than where its context showed.
 * **generation** (the issue's check): held-out scenes (the closed-loop study's reserved seeds, never in training)
@@ -170,7 +171,8 @@ def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int
 
 @torch.no_grad()
 def teacher_forced(model: LlamaActionForCausalLM, clips: TokenizedClips, val: range, window: int) -> dict:
-    """Per held-out clip, the mean loss over its windows with its own routes, another clip's, and none."""
+    """Per held-out clip, the mean loss over its windows with its own routes, another clip's, and none (from the clip's
+    first frame on the car's pose: a recovery clip's frames seen off it are context, as in training)."""
     loss = WindowLoss(model.eval(), window, False, 4096, None)
     rows: dict[str, list[float]] = {"own": [], "other": [], "none": []}
     routes = resample_routes(clips.routes, ROUTE_SLOTS)
@@ -182,12 +184,13 @@ def teacher_forced(model: LlamaActionForCausalLM, clips: TokenizedClips, val: ra
         for start in starts:
             ids = torch.from_numpy(clips.codes[clip, start:start + window].reshape(1, -1))
             acts = torch.from_numpy(clips.actions[clip, start:start + window].reshape(1, -1, 3))
+            first = torch.tensor([max(0, int(clips.off_pose_frames[clip]) - start)])
             for key, source in (("own", clip), ("other", other)):
                 ahead = routes[source, start + 1:start + window + 1]  # no route past the clip's last frame
                 ahead = np.concatenate([ahead, np.full((window - len(ahead), *ahead.shape[1:]), np.nan, np.float32)])
                 slots = torch.from_numpy(ahead.reshape(1, -1, 3))
-                sums[key] += float(loss(ids, acts, slots)[0])
-            sums["none"] += float(loss(ids, acts, None)[0])
+                sums[key] += float(loss(ids, acts, slots, first)[0])
+            sums["none"] += float(loss(ids, acts, None, first)[0])
         for key in rows:
             rows[key].append(sums[key] / len(starts))
     return rows
@@ -255,18 +258,19 @@ def generation(model_dir: Path, scenarios: list[tuple[int, float, int]]) -> dict
 
 
 def recovery(model_dir: Path, clips: TokenizedClips, val: range) -> dict:
-    """Per held-out recovery clip: the share of the generated frames' codes (greedy, after its offset context) equal
-    to the true frames', under its own route, another clip's and none."""
+    """Per held-out recovery clip: the share of the generated frames' codes (greedy, from its offset frames) equal
+    to the true frames' (on the car's pose), under its own route, another clip's and none."""
     backend = HFBackend(model_dir)
     routes = resample_routes(clips.routes, ROUTE_SLOTS)
     frames = clips.codes.shape[1]
     rows: dict[str, list[float]] = {"agree_own": [], "agree_other": [], "agree_none": []}
     for clip in val:
         other = val[(val.index(clip) + 1) % len(val)]
-        requests = [RolloutRequest(clips.codes[clip, :CONTEXT].reshape(CONTEXT, -1), clips.actions[clip],
-                                   frames - CONTEXT, seed=0, routes=r)
+        off = int(clips.off_pose_frames[clip])
+        requests = [RolloutRequest(clips.codes[clip, :off].reshape(off, -1), clips.actions[clip], frames - off,
+                                   seed=0, routes=r)
                     for r in (routes[clip], routes[other], None)]
-        truth = clips.codes[clip, CONTEXT:].reshape(frames - CONTEXT, -1)
+        truth = clips.codes[clip, off:].reshape(frames - off, -1)
         for name, generated in zip(("own", "other", "none"), backend.generate(
                 requests, SamplingConfig(temperature=0.0), progress=False)):
             rows[f"agree_{name}"].append(float((generated.reshape(truth.shape) == truth).mean()))
