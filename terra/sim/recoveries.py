@@ -12,6 +12,7 @@ only the route (the road ahead in the car's frame) says where the road truly is.
 (``data.recoveries``, terra/training/data.py) is trained on the frames from that one on, never on the frames seen
 from off the pose, so it learns to draw the road where its route says, whatever its earlier frames showed.
 """
+
 from __future__ import annotations
 
 import dataclasses

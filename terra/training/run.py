@@ -291,8 +291,9 @@ def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, 
 def _validate(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
     """Mean loss and accuracy over the first window of every validation clip (every process scores all); with
     routes, also the loss with no route (``val_loss_no_route``: above ``val_loss`` when the model reads its
-    routes); with held-out recovery clips, their loss with and without their route (``val_recovery_loss``,
-    ``val_recovery_loss_no_route``: the gap is what the route tells where the context frames are off the car)."""
+    routes); with held-out recovery clips, their loss from their first frame back on the car's pose with and without
+    their route (``val_recovery_loss``, ``val_recovery_loss_no_route``: the gap is what the route tells where the
+    earlier frames are off the car)."""
     trainee.module.eval()
     scores = _scores(trainee, data.val, val, processes, "val")
     if data.val_recoveries is not None:
