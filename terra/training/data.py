@@ -263,9 +263,9 @@ class WindowSampler:
         if routes is not None:  # the other windows' routes, no route where their data has none
             routes = torch.cat([routes, windows.routes if windows.routes is not None
                                 else torch.from_numpy(no_route(len(picks), routes.shape[1]))])
-        trained_from = torch.cat([recovery.first_target_frame, torch.zeros(len(picks), dtype=torch.int64)])
+        first_target = torch.cat([recovery.first_target_frame, torch.zeros(len(picks), dtype=torch.int64)])
         return Windows(torch.cat([recovery.codes, windows.codes]), torch.cat([recovery.actions, windows.actions]),
-                       routes, trained_from)
+                       routes, first_target)
 
 
 def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
@@ -279,10 +279,10 @@ def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int
     if clips.routes is not None:
         points = frames * int(clips.routes.shape[1])
         routes = torch.stack([p[2] for p in parts]).flatten(1, 2) if parts else torch.zeros(0, points, 3)
-    trained_from = None
+    first_target = None
     if clips.off_pose_frames is not None:
-        trained_from = (clips.off_pose_frames[clip] - torch.tensor(start, dtype=torch.int64)).clamp(min=0)
-    return Windows(codes, actions, routes, trained_from)
+        first_target = (clips.off_pose_frames[clip] - torch.tensor(start, dtype=torch.int64)).clamp(min=0)
+    return Windows(codes, actions, routes, first_target)
 
 
 def validation_windows(clips: ClipSet, frames: int) -> list[int]:
