@@ -33,7 +33,7 @@ from terra.sim.scene import ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
 
 LANE_RELATIVE_SHARE = 0.8
 BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave", "bend")
-BEHAVIOUR_WEIGHTS = (0.2, 0.15, 0.1, 0.15, 0.15, 0.25)
+BEHAVIOUR_WEIGHTS = (0.1, 0.3, 0.15, 0.2, 0.1, 0.15)
 MAX_SLOPE = 0.3  # |d offset / d distance|: the heading stays within ~17 degrees of the road's
 MAX_SPEED_MPS = 70.0 / 3.6
 GRID_M = 0.25  # resolution of the lateral offset along the distance driven
@@ -164,18 +164,18 @@ def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tu
         for j in range(1, k):  # Ornstein-Uhlenbeck around the lane centre
             noise[j] = noise[j - 1] * (1 - 1 / tau) + sigma * np.sqrt(2 / tau) * rng.normal()
         return np.concatenate([ramp(d, lane, 10.0), lane + noise]), lane
-    if name == "drift":
-        side = rng.choice((-1.0, 1.0))
-        away = lane + side * float(rng.uniform(0.5, 2.5))
-        return np.concatenate([ramp(d, away, float(rng.uniform(15.0, 60.0))), hold(away, rng.uniform(0.0, 15.0)),
+    if name == "drift":  # to anywhere across the road and its shoulders: a policy's car stops between the lanes too
+        reach = ROAD_HALF_WIDTH_M + SHOULDER_M
+        away = float(rng.uniform(-reach, reach))
+        return np.concatenate([ramp(d, away, float(rng.uniform(15.0, 60.0))), hold(away, rng.uniform(5.0, 50.0)),
                                ramp(away, lane, float(rng.uniform(10.0, 40.0)))]), lane
     if name == "lane_change":
         other = -lane  # the other lane's centre (lanes lie either side of the road's centre)
         return np.concatenate([ramp(d, other, float(rng.uniform(25.0, 80.0))), hold(other, 10.0)]), other
     if name == "off_road":
         side = rng.choice((-1.0, 1.0))
-        out = side * (ROAD_HALF_WIDTH_M + float(rng.uniform(0.3, SHOULDER_M + 3.0)))
-        return np.concatenate([ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 40.0)),
+        out = side * (ROAD_HALF_WIDTH_M + float(rng.uniform(0.3, SHOULDER_M + 6.0)))
+        return np.concatenate([ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 60.0)),
                                ramp(out, lane, float(rng.uniform(15.0, 50.0)))]), lane
     amplitude, wavelength = float(rng.uniform(0.2, 1.2)), float(rng.uniform(20.0, 80.0))
     s = np.arange(int(rng.uniform(40.0, 120.0) / GRID_M)) * GRID_M

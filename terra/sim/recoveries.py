@@ -24,8 +24,8 @@ from terra.sim.clips import Drive
 from terra.sim.long_drives import random_long_drive
 
 CONTEXT_FRAMES = DEFAULT_OVERLAP  # a window's context: the fewest frames seen from the offset camera
-LATERAL_SD_M, MAX_LATERAL_M = 0.6, 1.5  # the camera's sideways offset: normal, clipped
-YAW_SD_DEG, MAX_YAW_DEG = 2.5, 6.0  # and its turn
+LATERAL_SD_M, MAX_LATERAL_M = 0.8, 2.0  # the camera's sideways offset: normal, clipped
+YAW_SD_DEG, MAX_YAW_DEG = 3.5, 9.0  # and its turn
 
 
 def camera_offset(rng: np.random.Generator) -> np.ndarray:

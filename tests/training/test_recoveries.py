@@ -19,7 +19,8 @@ from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import compose
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.long_drives import random_long_drive
-from terra.sim.recoveries import CONTEXT_FRAMES, MAX_LATERAL_M, MAX_YAW_DEG, camera_offset, random_recovery
+from terra.sim.recoveries import (CONTEXT_FRAMES, LATERAL_SD_M, MAX_LATERAL_M, MAX_YAW_DEG, camera_offset,
+                                   random_recovery)
 from terra.sim.renderer import render
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from terra.training.data import WindowSampler, load_training_data, stack_windows
@@ -83,7 +84,7 @@ def test_camera_offsets_span_their_stated_ranges():
     assert not offsets[:, 0].any()
     assert np.abs(offsets[:, 1]).max() <= MAX_LATERAL_M and np.abs(offsets[:, 1]).max() > 0.9 * MAX_LATERAL_M
     assert np.degrees(np.abs(offsets[:, 2])).max() <= MAX_YAW_DEG + 1e-9
-    assert 0.5 < np.abs(offsets[:, 1]).mean() / 0.6 / np.sqrt(2 / np.pi) < 1.1  # about the stated sd
+    assert 0.5 < np.abs(offsets[:, 1]).mean() / LATERAL_SD_M / np.sqrt(2 / np.pi) < 1.1  # about the stated sd
 
 
 def test_a_share_of_windows_are_recovery_clips_first_frames_with_their_routes(tokens):
