@@ -1,6 +1,7 @@
 """A route model in the closed loop's model world: each drive is told its scenario's road ahead of every pose it
 reaches (and its context frames'), a model without route slots is told nothing, a scenario without a known road
-runs with "no route"; the route controls tell another scenario's road (wrong_route) or none (no_route)."""
+runs with "no route"; the route controls tell another scenario's road (wrong_route) or none (no_route); the controls
+fed another motion tell the road ahead of the pose that motion reaches (zero_actions, straight)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
-from terra.closedloop.study.control_worlds import FOREIGN_SEED, ROUTE_CONTROLS, ForeignRoad, control_world
+from terra.closedloop.study.control_worlds import (FOREIGN_SEED, ROUTE_CONTROLS, FedMotionRoad, ForeignRoad,
+                                                   control_world)
 from terra.closedloop.worlds import ModelWorld
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
@@ -99,6 +101,47 @@ def test_wrong_route_tells_another_scenarios_road_and_no_route_tells_none(scenar
         assert np.isnan(told["no_route"]).all()
     finally:
         model.shutdown()
+
+
+def _turning_poses(scenario: Scenario, steps: int = 4) -> np.ndarray:
+    """A car turning left from the start: 0.8 m a step, its heading 0.1 rad more each step."""
+    x, y, yaw = scenario.start_pose
+    poses = []
+    for _ in range(steps):
+        yaw += 0.1
+        x, y = x + 0.8 * np.cos(yaw), y + 0.8 * np.sin(yaw)
+        poses.append([x, y, yaw])
+    return np.array(poses)
+
+
+def test_the_motion_controls_tell_the_road_of_the_motion_they_feed(scenario):
+    """zero_actions is told the road ahead of the start at every step, straight the road ahead of the start carried
+    straight on as far as the car has come along the road; neither route turns with the car (its heading leaks
+    nothing), while the true route of the turning car does (metres apart at its far points)."""
+    scene, start = scenario.scene, np.asarray(scenario.start_pose, dtype=np.float64)
+    poses = _turning_poses(scenario)
+    model = world_of(tiny_route_model())
+    try:
+        told = {}
+        for name in ("zero_actions", "straight"):
+            world = control_world(name, (64, 64), model)
+            drive = world.open(scenario, seed=1, max_frames=5)
+            for pose in poses:
+                world.step([drive], [scenario.actions[-1]], [pose])
+            told[name] = drive.rollout.state.routes[1:5].copy()  # the 4 steps' (the last context frame's first)
+            world.close(drive)
+    finally:
+        model.shutdown()
+    np.testing.assert_allclose(told["zero_actions"], scene.route(np.repeat(start[None], 4, 0), TINY_ROUTES),
+                               atol=1e-5)
+    s0 = scene.road_coords(start[:1], start[1:2])[0][0]
+    ahead = scene.road_coords(poses[:, 0], poses[:, 1])[0] - s0
+    straight_on = start + ahead[:, None] * np.array([np.cos(start[2]), np.sin(start[2]), 0.0])
+    np.testing.assert_allclose(told["straight"], scene.route(straight_on, TINY_ROUTES), atol=1e-5)
+    turned = poses + [0.0, 0.0, 0.3]
+    np.testing.assert_allclose(FedMotionRoad(scene, start, True).model_routes(turned, TINY_ROUTES), told["straight"],
+                               atol=1e-5)
+    assert np.abs(scene.route(poses, TINY_ROUTES)[..., :2] - told["straight"][..., :2]).max() > 1.0
 
 
 def test_the_route_controls_go_with_route_models_only(tmp_path):

@@ -24,6 +24,9 @@ and drives as any world does:
   origin), whatever the car does;
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
   so the model renders driving straight at the commanded speed while the car steers;
+* a model with route slots is told, in these two, the road ahead of the pose the fed motion reaches (the drive's
+  start, or straight on from it: :class:`FedMotionRoad`), not of the car's: a route read at the car's pose turns
+  with the car and would tell the model the motion the control withholds;
 * ``wrong_route`` (a world model with route slots only): the world model fed another scenario's road as its route
   (:class:`ForeignRoad`): a model that follows its route draws that road, not the true one, so the verdict flags it;
 * ``no_route`` (a world model with route slots only): the same checkpoint told no route, its "no route" embedding in
@@ -259,6 +262,26 @@ class ForeignRoad:
         return self.other.route(there, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
 
 
+class FedMotionRoad:
+    """The road told to a model control fed another motion than the car's (``zero_actions``, ``straight``): the
+    scene's centreline ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
+    or (``straight_on``) driving on along its heading as far as the car has come along the road."""
+
+    def __init__(self, scene: Scene, start: np.ndarray, straight_on: bool) -> None:
+        self.scene, self.start, self.straight_on = scene, np.asarray(start, dtype=np.float64), straight_on
+        self.start_s = float(scene.road_coords(self.start[:1], self.start[1:2])[0][0])
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+        poses = np.asarray(poses, dtype=np.float64)
+        flat = poses.reshape(-1, 3)
+        travelled = np.zeros(len(flat))
+        if self.straight_on:
+            travelled = self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s
+        x, y, yaw = self.start
+        reached = np.stack([x + travelled * np.cos(yaw), y + travelled * np.sin(yaw), np.full(len(flat), yaw)], -1)
+        return self.scene.route(reached, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+
+
 class NoRoad:
     """No route told (``no_route``): the model runs with its "no route" embedding (terra/generation/routes.py)."""
 
@@ -278,6 +301,16 @@ def foreign_road(scenario: Scenario) -> ForeignRoad:
 
 def no_road(scenario: Scenario) -> NoRoad:
     return NoRoad()
+
+
+def still_road(scenario: Scenario) -> Road:
+    """``zero_actions``' road: ahead of the drive's start (a scenario without a known scene: its own, no route)."""
+    return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, False)
+
+
+def straight_road(scenario: Scenario) -> Road:
+    """``straight``'s road: ahead of the pose straight on from the drive's start (no known scene: its own)."""
+    return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, True)
 
 
 class ModelControlWorld:
@@ -332,9 +365,9 @@ SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its bui
     "over_turning": _named(TurningWorld, "over_turning", factor=1.0 + TURN_ERROR),
     "stutter": StutterWorld,
 }
-MODEL_CONTROLS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # name -> what the model is fed for an action
-    "zero_actions": standing_still, "straight": straightened,
-}
+MODEL_CONTROLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[Scenario], Road]]] = {
+    "zero_actions": (standing_still, still_road), "straight": (straightened, straight_road),
+}  # name -> what the model is fed for an action, and the road its routes are read from
 ROUTE_CONTROLS: dict[str, Callable[[Scenario], Road]] = {  # name -> the road a drive's routes are read from
     "wrong_route": foreign_road, "no_route": no_road,
 }
@@ -350,5 +383,5 @@ def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None
                                   "world")
         if name in ROUTE_CONTROLS:
             return ModelControlWorld(name, model, road_of=ROUTE_CONTROLS[name])
-        return ModelControlWorld(name, model, MODEL_CONTROLS[name])
+        return ModelControlWorld(name, model, *MODEL_CONTROLS[name])
     return SCENE_CONTROLS[name](image_size)
