@@ -48,7 +48,7 @@ from terra.closedloop.scenarios import Scenario
 from terra.closedloop.worlds import ModelWorld, Road, TrueWorld
 from terra.core.errors import TerraInputError
 from terra.generation.routes import ROUTE_POINT_VALUES
-from terra.inputs.ego_motion import to_ego
+from terra.inputs.ego_motion import compose, to_ego
 from terra.sim.scene import Scene
 
 GRAY_LEVEL = 128
@@ -277,8 +277,7 @@ class FedMotionRoad:
         travelled = np.zeros(len(flat))
         if self.straight_on:
             travelled = self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s
-        x, y, yaw = self.start
-        reached = np.stack([x + travelled * np.cos(yaw), y + travelled * np.sin(yaw), np.full(len(flat), yaw)], -1)
+        reached = compose(self.start, np.stack([travelled, np.zeros_like(travelled), np.zeros_like(travelled)], -1))
         return self.scene.route(reached, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
 
 
@@ -303,14 +302,12 @@ def no_road(scenario: Scenario) -> NoRoad:
     return NoRoad()
 
 
-def still_road(scenario: Scenario) -> Road:
-    """``zero_actions``' road: ahead of the drive's start (a scenario without a known scene: its own, no route)."""
-    return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, False)
-
-
-def straight_road(scenario: Scenario) -> Road:
-    """``straight``'s road: ahead of the pose straight on from the drive's start (no known scene: its own)."""
-    return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, True)
+def fed_motion_road(straight_on: bool) -> Callable[[Scenario], Road]:
+    """The road builder of a model control fed another motion (:class:`FedMotionRoad`: standing at the drive's start,
+    or ``straight_on`` from it); a scenario without a known scene keeps its own (no route)."""
+    def road_of(scenario: Scenario) -> Road:
+        return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, straight_on)
+    return road_of
 
 
 class ModelControlWorld:
@@ -366,7 +363,7 @@ SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its bui
     "stutter": StutterWorld,
 }
 MODEL_CONTROLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[Scenario], Road]]] = {
-    "zero_actions": (standing_still, still_road), "straight": (straightened, straight_road),
+    "zero_actions": (standing_still, fed_motion_road(False)), "straight": (straightened, fed_motion_road(True)),
 }  # name -> what the model is fed for an action, and the road its routes are read from
 ROUTE_CONTROLS: dict[str, Callable[[Scenario], Road]] = {  # name -> the road a drive's routes are read from
     "wrong_route": foreign_road, "no_route": no_road,
