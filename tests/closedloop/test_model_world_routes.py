@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
-from terra.closedloop.study.control_worlds import (FOREIGN_SEED, ROUTE_CONTROLS, FedMotionRoad, ForeignRoad,
-                                                   control_world)
+from terra.closedloop.study.control_roads import (FOREIGN_SEED, FedMotionRoad, ForeignRoad, foreign_road,
+                                                  separation)
+from terra.closedloop.study.control_worlds import ROUTE_CONTROLS, control_world
 from terra.closedloop.worlds import ModelWorld
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.hf_backend import HFBackend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from terra.sim.scene import Scene
+from terra.sim.scene import LANE_WIDTH_M, Scene
 from terra.tokenizer.lfq import LFQTokenizer
 from tests.conftest import TINY_ROUTES, tiny_model, tiny_route_model
 
@@ -94,7 +95,7 @@ def test_wrong_route_tells_another_scenarios_road_and_no_route_tells_none(scenar
             world.close(drive)
         poses = np.stack([scenario.context_poses[1], *_poses_ahead(scenario)])
         true = scenario.scene.route(poses, TINY_ROUTES)
-        other = Scene.generate(scenario.scene.seed + FOREIGN_SEED, scenario.scene.length_m, scenario.scene.domain)
+        other = foreign_road(scenario).other
         np.testing.assert_allclose(told["wrong_route"], ForeignRoad(scenario.scene, other).model_routes(
             poses, TINY_ROUTES), atol=1e-5)
         assert np.abs(told["wrong_route"][..., :2] - true[..., :2]).max() > 1.0  # metres: another road
@@ -102,6 +103,24 @@ def test_wrong_route_tells_another_scenarios_road_and_no_route_tells_none(scenar
     finally:
         model.shutdown()
 
+
+
+def test_wrong_route_is_a_road_known_to_leave_the_true_one():
+    """foreign_road tells the first candidate road that leaves the true one by a lane's width within FOREIGN_REACH_M
+    of the drive's start: in the study's first 8 scenarios the told road does, each candidate skipped before it does
+    not (scenario 0's first runs within 0.9 m of the true road), and a road laid onto itself is 0 m away."""
+    skipped = 0
+    for scenario in synthetic_scenarios(8, 0, (36, 64), indices=range(8)):
+        own = scenario.scene
+        start_s = float(own.road_coords(scenario.start_pose[:1], scenario.start_pose[1:2])[0][0])
+        told = foreign_road(scenario).other
+        assert separation(own, own, start_s) < 1e-9
+        assert separation(own, told, start_s) >= LANE_WIDTH_M
+        for k in range(1, (told.seed - own.seed) // FOREIGN_SEED):
+            other = Scene.generate(own.seed + k * FOREIGN_SEED, own.length_m, own.domain)
+            assert separation(own, other, start_s) < LANE_WIDTH_M
+            skipped += 1
+    assert skipped >= 1
 
 def _turning_poses(scenario: Scenario, steps: int = 4) -> np.ndarray:
     """A car turning left from the start: 0.8 m a step, its heading 0.1 rad more each step."""

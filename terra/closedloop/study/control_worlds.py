@@ -25,10 +25,11 @@ and drives as any world does:
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
   so the model renders driving straight at the commanded speed while the car steers;
 * a model with route slots is told, in these two, the road ahead of the pose the fed motion reaches (the drive's
-  start, or straight on from it: :class:`FedMotionRoad`), not of the car's: a route read at the car's pose turns
+  start, or straight on from it: terra/closedloop/study/control_roads.py's ``FedMotionRoad``), not of the car's: a route read at the car's pose turns
   with the car and would tell the model the motion the control withholds;
-* ``wrong_route`` (a world model with route slots only): the world model fed another scenario's road as its route
-  (:class:`ForeignRoad`): a model that follows its route draws that road, not the true one, so the verdict flags it;
+* ``wrong_route`` (a world model with route slots only): the world model fed another scenario's road as its route,
+  one that leaves the true road by a lane's width within 60 m of the start (control_roads.py's ``foreign_road``): a
+  model that follows its route draws that road, not the true one, so the verdict flags it;
 * ``no_route`` (a world model with route slots only): the same checkpoint told no route, its "no route" embedding in
   the route slots: the mapless world beside the model, which invents the road beyond what its frames showed (its
   fidelity horizon is how long a mapless world of this checkpoint stays a simulator).
@@ -45,11 +46,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.scenarios import Scenario
+from terra.closedloop.study.control_roads import fed_motion_road, foreign_road, no_road
 from terra.closedloop.worlds import ModelWorld, Road, TrueWorld
 from terra.core.errors import TerraInputError
-from terra.generation.routes import ROUTE_POINT_VALUES
-from terra.inputs.ego_motion import compose, to_ego
-from terra.sim.scene import Scene
 
 GRAY_LEVEL = 128
 LATE_STEPS = 10  # 1 s at 10 Hz
@@ -57,7 +56,6 @@ CAMERA_OFFSET_M = 0.3  # offset_camera: the camera this far left of the car's ce
 SPEED_ERROR = 0.10  # fast / slow: the world's progress along the road per metre of the car's is 1 +- this
 TURN_ERROR = 0.15  # over_turning / under_turning: the camera turns 1 +- this times as much as the car
 STUTTER_PERIOD = 5  # stutter: every this many frames, the previous frame again
-FOREIGN_SEED = 7919  # wrong_route: the other road's scene seed, this far from the drive's own
 
 
 class FrozenWorld:
@@ -240,74 +238,6 @@ def straightened(action: np.ndarray) -> np.ndarray:
     straight[:, 1] = np.hypot(action[:, 0], action[:, 1])
     straight[:, 0] = 0.0
     return straight
-
-
-class ForeignRoad:
-    """Another road told as a drive's route (``wrong_route``): the car's place on its own scene's road (arc length,
-    lateral offset, heading against the road) carried onto ``other``'s road, whose centreline ahead of that place is
-    the route. So the route has the shape of another scenario's road, bends where the true road runs straight and
-    the other way, while the car's offset and heading in it stay the true ones."""
-
-    def __init__(self, own: Scene, other: Scene) -> None:
-        self.own, self.other = own, other
-
-    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
-        poses = np.asarray(poses, dtype=np.float64)
-        flat = poses.reshape(-1, 3)
-        s, _ = self.own.road_coords(flat[:, 0], flat[:, 1])
-        at = self.own.road_pose(s)
-        lateral = to_ego(flat[:, :2], at)[:, 1]  # the car's offset from the road, left +
-        there = self.other.lane_pose(s, lateral)
-        there[:, 2] += flat[:, 2] - at[:, 2]
-        return self.other.route(there, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
-
-
-class FedMotionRoad:
-    """The road told to a model control fed another motion than the car's (``zero_actions``, ``straight``): the
-    scene's centreline ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
-    or (``straight_on``) driving on along its heading as far as the car has come along the road."""
-
-    def __init__(self, scene: Scene, start: np.ndarray, straight_on: bool) -> None:
-        self.scene, self.start, self.straight_on = scene, np.asarray(start, dtype=np.float64), straight_on
-        self.start_s = float(scene.road_coords(self.start[:1], self.start[1:2])[0][0])
-
-    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
-        poses = np.asarray(poses, dtype=np.float64)
-        flat = poses.reshape(-1, 3)
-        travelled = np.zeros(len(flat))
-        if self.straight_on:
-            travelled = self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s
-        reached = compose(self.start, np.stack([travelled, np.zeros_like(travelled), np.zeros_like(travelled)], -1))
-        return self.scene.route(reached, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
-
-
-class NoRoad:
-    """No route told (``no_route``): the model runs with its "no route" embedding (terra/generation/routes.py)."""
-
-    def model_routes(self, poses: np.ndarray, num_points: int) -> None:
-        return None
-
-
-def foreign_road(scenario: Scenario) -> ForeignRoad:
-    """``scenario``'s road carried onto another scene's, drawn from its own (:data:`FOREIGN_SEED` apart), the same
-    length and domain: another scenario's road, as the study's scenarios draw theirs."""
-    own = scenario.scene
-    if own is None:
-        raise TerraInputError(f"the wrong_route control needs a scenario whose scene is known (synthetic); "
-                              f"{scenario.id} has none")
-    return ForeignRoad(own, Scene.generate(own.seed + FOREIGN_SEED, own.length_m, own.domain))
-
-
-def no_road(scenario: Scenario) -> NoRoad:
-    return NoRoad()
-
-
-def fed_motion_road(straight_on: bool) -> Callable[[Scenario], Road]:
-    """The road builder of a model control fed another motion (:class:`FedMotionRoad`: standing at the drive's start,
-    or ``straight_on`` from it); a scenario without a known scene keeps its own (no route)."""
-    def road_of(scenario: Scenario) -> Road:
-        return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, straight_on)
-    return road_of
 
 
 class ModelControlWorld:

@@ -1,0 +1,111 @@
+"""The roads the route controls tell a model with route slots (terra/closedloop/study/control_worlds.py): another
+scenario's road (``wrong_route``, :class:`ForeignRoad`), none (``no_route``, :class:`NoRoad`), and the road ahead of
+the pose a control's fed motion reaches (``zero_actions``, ``straight``: :class:`FedMotionRoad`). Each has the
+:class:`~terra.closedloop.worlds.Road` interface: ``model_routes(poses, num_points)``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from terra.closedloop.scenarios import Scenario
+from terra.closedloop.worlds import Road
+from terra.core.errors import TerraInputError
+from terra.generation.routes import ROUTE_POINT_VALUES
+from terra.inputs.ego_motion import compose, to_ego
+from terra.sim.scene import LANE_WIDTH_M, Scene
+
+FOREIGN_SEED = 7919  # wrong_route: the candidate roads' scene seeds step this far from the drive's own
+FOREIGN_REACH_M = 60.0  # wrong_route: the other road leaves the true one by a lane within this far of the start
+FOREIGN_TRIES = 32  # wrong_route: candidate roads drawn at most
+
+
+class ForeignRoad:
+    """Another road told as a drive's route (``wrong_route``): the car's place on its own scene's road (arc length,
+    lateral offset, heading against the road) carried onto ``other``'s road, whose centreline ahead of that place is
+    the route. So the route has the shape of another scenario's road, bends where the true road runs straight and
+    the other way, while the car's offset and heading in it stay the true ones."""
+
+    def __init__(self, own: Scene, other: Scene) -> None:
+        self.own, self.other = own, other
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+        poses = np.asarray(poses, dtype=np.float64)
+        flat = poses.reshape(-1, 3)
+        s, _ = self.own.road_coords(flat[:, 0], flat[:, 1])
+        at = self.own.road_pose(s)
+        lateral = to_ego(flat[:, :2], at)[:, 1]  # the car's offset from the road, left +
+        there = self.other.lane_pose(s, lateral)
+        there[:, 2] += flat[:, 2] - at[:, 2]
+        return self.other.route(there, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+
+
+class FedMotionRoad:
+    """The road told to a model control fed another motion than the car's (``zero_actions``, ``straight``): the
+    scene's centreline ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
+    or (``straight_on``) driving on along its heading as far as the car has come along the road."""
+
+    def __init__(self, scene: Scene, start: np.ndarray, straight_on: bool) -> None:
+        self.scene, self.start, self.straight_on = scene, np.asarray(start, dtype=np.float64), straight_on
+        self.start_s = float(scene.road_coords(self.start[:1], self.start[1:2])[0][0])
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+        poses = np.asarray(poses, dtype=np.float64)
+        flat = poses.reshape(-1, 3)
+        travelled = np.zeros(len(flat))
+        if self.straight_on:
+            travelled = self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s
+        reached = compose(self.start, np.stack([travelled, np.zeros_like(travelled), np.zeros_like(travelled)], -1))
+        return self.scene.route(reached, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+
+
+class NoRoad:
+    """No route told (``no_route``): the model runs with its "no route" embedding (terra/generation/routes.py)."""
+
+    def model_routes(self, poses: np.ndarray, num_points: int) -> None:
+        return None
+
+
+def foreign_road(scenario: Scenario) -> ForeignRoad:
+    """``scenario``'s road carried onto another scene's, the same length and domain, drawn from its own: the first of
+    the scene seeds :data:`FOREIGN_SEED` apart whose road leaves the true one by a lane's width within
+    :data:`FOREIGN_REACH_M` of the drive's start (:func:`separation`), so that the route told is known to be wrong
+    where the car drives (another scenario's road can run as the true one does for a drive's length); after
+    :data:`FOREIGN_TRIES` seeds, the one that leaves it furthest."""
+    own = scenario.scene
+    if own is None:
+        raise TerraInputError(f"the wrong_route control needs a scenario whose scene is known (synthetic); "
+                              f"{scenario.id} has none")
+    start_s = float(own.road_coords(scenario.start_pose[:1], scenario.start_pose[1:2])[0][0])
+    best, widest = None, -1.0
+    for k in range(1, FOREIGN_TRIES + 1):
+        other = Scene.generate(own.seed + k * FOREIGN_SEED, own.length_m, own.domain)
+        gap = separation(own, other, start_s)
+        if gap >= LANE_WIDTH_M:
+            return ForeignRoad(own, other)
+        if gap > widest:
+            best, widest = other, gap
+    return ForeignRoad(own, best)
+
+
+def separation(own: Scene, other: Scene, start_s: float, reach_m: float = FOREIGN_REACH_M) -> float:
+    """How far apart (m) the two roads' centrelines come within ``reach_m`` of arc length ``start_s``, ``other``'s
+    laid onto ``own``'s there (the same place and heading at ``start_s``), points of equal arc length compared."""
+    s = start_s + np.linspace(0.0, reach_m, 31)
+    mine, theirs = own.road_pose(s), other.road_pose(s)
+    relative = np.concatenate([to_ego(theirs[:, :2], theirs[0]), np.zeros((len(s), 1))], axis=-1)
+    laid = compose(mine[0], relative)
+    return float(np.hypot(*(laid[:, :2] - mine[:, :2]).T).max())
+
+
+def no_road(scenario: Scenario) -> NoRoad:
+    return NoRoad()
+
+
+def fed_motion_road(straight_on: bool) -> Callable[[Scenario], Road]:
+    """The road builder of a model control fed another motion (:class:`FedMotionRoad`: standing at the drive's start,
+    or ``straight_on`` from it); a scenario without a known scene keeps its own (no route)."""
+    def road_of(scenario: Scenario) -> Road:
+        return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, straight_on)
+    return road_of
