@@ -33,8 +33,10 @@ from terra.sim.scene import ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
 
 LANE_RELATIVE_SHARE = 0.8
 BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave", "bend")
-BEHAVIOUR_WEIGHTS = (0.1, 0.3, 0.15, 0.2, 0.1, 0.15)
-MAX_SLOPE = 0.3  # |d offset / d distance|: the heading stays within ~17 degrees of the road's
+BEHAVIOUR_WEIGHTS = (0.1, 0.25, 0.1, 0.2, 0.2, 0.15)
+MAX_SLOPE = 0.4  # |d offset / d distance|: the heading stays within ~22 degrees of the road's
+WEAVE_WAVELENGTH_M = (12.0, 45.0)
+SMOOTHING_M = (2.0, 4.0)  # a drive's offsets under a Gaussian of this many metres (its sd drawn per drive)
 MAX_SPEED_MPS = 70.0 / 3.6
 GRID_M = 0.25  # resolution of the lateral offset along the distance driven
 RESERVED_SCENARIO_SEEDS = (0, 1, 2, 3)  # the study's scenario seeds (terra/closedloop/scenarios.py) kept out
@@ -145,7 +147,7 @@ def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: 
         i += take
         d = float(seg[take - 1])
     limited = _slope_limited(target, MAX_SLOPE * GRID_M)
-    return _smoothed(limited, sigma=float(rng.uniform(2.0, 5.0)) / GRID_M), names
+    return _smoothed(limited, sigma=float(rng.uniform(*SMOOTHING_M)) / GRID_M), names
 
 
 def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tuple[np.ndarray, float]:
@@ -177,9 +179,14 @@ def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tu
         out = side * (ROAD_HALF_WIDTH_M + float(rng.uniform(0.3, SHOULDER_M + 6.0)))
         return np.concatenate([ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 60.0)),
                                ramp(out, lane, float(rng.uniform(15.0, 50.0)))]), lane
-    amplitude, wavelength = float(rng.uniform(0.2, 1.2)), float(rng.uniform(20.0, 80.0))
+    # weave: a lane follower that steers hard and late swings about its lane every 15-30 m, and the swing can grow
+    # (off the road) or die away; the amplitude held, growing or dying along the segment
+    amplitude, wavelength = float(rng.uniform(0.1, 1.5)), float(rng.uniform(*WEAVE_WAVELENGTH_M))
     s = np.arange(int(rng.uniform(40.0, 120.0) / GRID_M)) * GRID_M
-    return np.concatenate([ramp(d, lane, 10.0), lane + amplitude * np.sin(2 * np.pi * s / wavelength)]), lane
+    envelope = {"held": np.ones_like(s), "growing": np.linspace(0.15, 1.0, len(s)),
+                "dying": np.linspace(1.0, 0.15, len(s))}[str(rng.choice(("held", "growing", "dying")))]
+    weave = amplitude * envelope * np.sin(2 * np.pi * s / wavelength)
+    return np.concatenate([ramp(d, lane, 10.0), lane + weave]), lane
 
 
 def _bend(rng: np.random.Generator, road_heading: np.ndarray, d: float, lane: float) -> np.ndarray:
