@@ -25,8 +25,8 @@ and drives as any world does:
 * ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
   so the model renders driving straight at the commanded speed while the car steers;
 * a model with route slots is told, in these two, the road ahead of the pose the fed motion reaches (the drive's
-  start, or straight on from it: terra/closedloop/study/control_roads.py's ``FedMotionRoad``), not of the car's: a route read at the car's pose turns
-  with the car and would tell the model the motion the control withholds;
+  start, or straight on from it: terra/closedloop/study/control_roads.py's ``FedMotionRoad``), not of the car's: a
+  route read at the car's pose turns with the car and would tell the model the motion the control withholds;
 * ``wrong_route`` (a world model with route slots only): the world model fed another scenario's road as its route,
   one that leaves the true road by a lane's width within 60 m of the start (control_roads.py's ``foreign_road``): a
   model that follows its route draws that road, not the true one, so the verdict flags it;
