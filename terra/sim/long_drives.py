@@ -179,7 +179,7 @@ def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tu
         out = side * (ROAD_HALF_WIDTH_M + float(rng.uniform(0.3, SHOULDER_M + 6.0)))
         return np.concatenate([ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 60.0)),
                                ramp(out, lane, float(rng.uniform(15.0, 50.0)))]), lane
-    # weave: a lane follower that steers hard and late swings about its lane every 15-30 m, and the swing can grow
+    # weave: a lane follower that steers hard and late swings about its lane every 12-45 m, and the swing can grow
     # (off the road) or die away; the amplitude held, growing or dying along the segment
     amplitude, wavelength = float(rng.uniform(0.1, 1.5)), float(rng.uniform(*WEAVE_WAVELENGTH_M))
     s = np.arange(int(rng.uniform(40.0, 120.0) / GRID_M)) * GRID_M

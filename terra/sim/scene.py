@@ -136,6 +136,11 @@ class Scene:
             [pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]), pose[..., 2]], axis=-1
         )
 
+    def arc_length(self, pose: np.ndarray) -> float:
+        """Arc length (m) of the centreline point nearest a world pose ``(x, y, heading)`` (:meth:`road_coords`)."""
+        pose = np.asarray(pose, dtype=np.float64)
+        return float(self.road_coords(pose[:1], pose[1:2])[0][0])
+
     def road_coords(
         self, x: np.ndarray, y: np.ndarray, segments: list[tuple[int, slice]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

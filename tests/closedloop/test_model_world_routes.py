@@ -104,7 +104,6 @@ def test_wrong_route_tells_another_scenarios_road_and_no_route_tells_none(scenar
         model.shutdown()
 
 
-
 def test_wrong_route_is_a_road_known_to_leave_the_true_one():
     """foreign_road tells the first candidate road that leaves the true one by a lane's width within FOREIGN_REACH_M
     of the drive's start: in the study's first 8 scenarios the told road does, each candidate skipped before it does
@@ -112,7 +111,7 @@ def test_wrong_route_is_a_road_known_to_leave_the_true_one():
     skipped = 0
     for scenario in synthetic_scenarios(8, 0, (36, 64), indices=range(8)):
         own = scenario.scene
-        start_s = float(own.road_coords(scenario.start_pose[:1], scenario.start_pose[1:2])[0][0])
+        start_s = own.arc_length(scenario.start_pose)
         told = foreign_road(scenario).other
         assert separation(own, own, start_s) < 1e-9
         assert separation(own, told, start_s) >= LANE_WIDTH_M
@@ -121,6 +120,7 @@ def test_wrong_route_is_a_road_known_to_leave_the_true_one():
             assert separation(own, other, start_s) < LANE_WIDTH_M
             skipped += 1
     assert skipped >= 1
+
 
 def _turning_poses(scenario: Scenario, steps: int = 4) -> np.ndarray:
     """A car turning left from the start: 0.8 m a step, its heading 0.1 rad more each step."""
@@ -153,7 +153,7 @@ def test_the_motion_controls_tell_the_road_of_the_motion_they_feed(scenario):
         model.shutdown()
     np.testing.assert_allclose(told["zero_actions"], scene.route(np.repeat(start[None], 4, 0), TINY_ROUTES),
                                atol=1e-5)
-    s0 = scene.road_coords(start[:1], start[1:2])[0][0]
+    s0 = scene.arc_length(start)
     ahead = scene.road_coords(poses[:, 0], poses[:, 1])[0] - s0
     straight_on = start + ahead[:, None] * np.array([np.cos(start[2]), np.sin(start[2]), 0.0])
     np.testing.assert_allclose(told["straight"], scene.route(straight_on, TINY_ROUTES), atol=1e-5)

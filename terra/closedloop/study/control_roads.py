@@ -48,7 +48,7 @@ class FedMotionRoad:
 
     def __init__(self, scene: Scene, start: np.ndarray, straight_on: bool) -> None:
         self.scene, self.start, self.straight_on = scene, np.asarray(start, dtype=np.float64), straight_on
-        self.start_s = float(scene.road_coords(self.start[:1], self.start[1:2])[0][0])
+        self.start_s = scene.arc_length(self.start)
 
     def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
         poses = np.asarray(poses, dtype=np.float64)
@@ -77,7 +77,7 @@ def foreign_road(scenario: Scenario) -> ForeignRoad:
     if own is None:
         raise TerraInputError(f"the wrong_route control needs a scenario whose scene is known (synthetic); "
                               f"{scenario.id} has none")
-    start_s = float(own.road_coords(scenario.start_pose[:1], scenario.start_pose[1:2])[0][0])
+    start_s = own.arc_length(scenario.start_pose)
     best, widest = None, -1.0
     for k in range(1, FOREIGN_TRIES + 1):
         other = Scene.generate(own.seed + k * FOREIGN_SEED, own.length_m, own.domain)

@@ -155,9 +155,8 @@ class FastWorld(TrueWorld):
         self.factor = factor
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, float]:
-        start = np.asarray(scenario.start_pose, dtype=np.float64)
         drive = super().open(scenario, seed, max_frames)
-        return drive, float(scenario.scene.road_coords(start[:1], start[1:2])[0][0])
+        return drive, scenario.scene.arc_length(scenario.start_pose)
 
     def context_frames(self, drive) -> np.ndarray:
         return super().context_frames(drive[0])
