@@ -42,6 +42,22 @@ def ray_cluster() -> str:
     ray.shutdown()
 
 
+@pytest.fixture
+def every_actor_up_first(monkeypatch) -> None:
+    """Hold the queue until every actor has started. The executor hands samples out as soon as one actor is up, so on
+    a loaded machine the first actor can run them all before the second has imported torch; a test that needs both
+    actors to take samples waits for that state instead of racing it."""
+    from terra.batch import ray_executor
+
+    hand_out = ray_executor._Dispatcher._hand_out
+
+    def once_all_started(self, queue) -> None:
+        if not self.starting:
+            hand_out(self, queue)
+
+    monkeypatch.setattr(ray_executor._Dispatcher, "_hand_out", once_all_started)
+
+
 def config(samples: Path, out: Path, scenes: dict, **changes) -> BatchConfig:
     return BatchConfig(samples=str(samples), output_dir=str(out), image_root=scenes["root"], backend="hf",
                        device="cpu", num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, num_threads=1, progress=False,
@@ -66,7 +82,7 @@ def wait_for_ok(manifest: Path, proc: subprocess.Popen | None = None, actors: in
     return written
 
 
-def test_two_actors_write_what_the_local_executor_writes(tmp_path, scenes, ray_cluster):
+def test_two_actors_write_what_the_local_executor_writes(tmp_path, scenes, ray_cluster, every_actor_up_first):
     lines = mixed_lines(scenes, 6) + [actbench_line(scenes, "bad", context_frames=["curve_left/missing.png"])]
     samples = write_samples(tmp_path, lines)
     local = run_batch(config(samples, tmp_path / "local", scenes, save_codes=True))
@@ -90,7 +106,7 @@ def test_two_actors_write_what_the_local_executor_writes(tmp_path, scenes, ray_c
     assert "actors" not in json.loads((tmp_path / "local" / "manifest.summary.json").read_text())
 
 
-def test_a_killed_actor_is_restarted_and_its_samples_run_again(tmp_path, scenes, ray_cluster):
+def test_a_killed_actor_is_restarted_and_its_samples_run_again(tmp_path, scenes, ray_cluster, every_actor_up_first):
     ids = [f"s{i}" for i in range(8)]
     samples = write_samples(tmp_path, mixed_lines(scenes, 8))
     out = tmp_path / "out"
