@@ -5,7 +5,8 @@ A fidelity study's work beside the world model's engine is the CPU's: the polici
 measurements of every frame (benchmarks/drives.md, "Closed-loop drives"), about 25-35 ms a frame, which one process
 (and its writer processes, ``writer_processes``) runs on a core or two. So the study's worlds are split by what they
 need: ``engine`` shards drive the worlds the world model draws (``shard_worlds=engine``: the model, zero_actions,
-straight), each with an engine of its own on the one GPU (``0.9 / K`` of the card each, and ``kv_cache_gib`` of KV
+straight), each with an engine of its own on one of this machine's GPUs, dealt in turn (``CUDA_VISIBLE_DEVICES``
+names one card a shard; ``0.9 / K`` of its card each for the ``K`` shards that share it, and ``kv_cache_gib`` of KV
 cache: with the cache given, vLLM skips the memory profiling that fails while another process's memory moves), and
 ``scene`` shards every other world (the truth, the scene controls), which need no GPU and drive on the cores the
 engines' shards leave while the model's drives are made. Shard ``i`` of ``K`` is ``terra-drive <overrides>
@@ -64,15 +65,31 @@ def setting(override: str) -> str:
 
 
 def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None,
-                  worlds: str = "all", engines: int | None = None) -> list[str]:
+                  worlds: str = "all", per_card: int | None = None) -> list[str]:
     """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds``
-    (``shard_worlds``; ``scene``: no engine to size); ``engines``: how many engines share the card (``shards``)."""
+    (``shard_worlds``; ``scene``: no engine to size); ``per_card``: how many engines share its card (``shards``)."""
     engine = worlds != "scene" and kv_cache_gib is not None
-    share = [f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / (engines or shards):.3f}"] if engine else []
+    share = [f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / (per_card or shards):.3f}"] if engine else []
     mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
     return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
             f"num_threads={threads}", f"shard_worlds={worlds}", "shard_processes.engine=0", "shard_processes.scene=0",
             "progress=false", *(kv_cache(kv_cache_gib) if engine else []), *share]
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA cards this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (every card when it is unset;
+    none on a machine without CUDA)."""
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:
+        return [card.strip() for card in named.split(",") if card.strip()]
+    import torch  # only here: the study's settings load without it
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def engine_cards(engines: int, cards: Sequence[str]) -> list[str | None]:
+    """The card each of ``engines`` shards takes, dealt in turn over ``cards`` (None for each without a card)."""
+    return [cards[shard % len(cards)] if cards else None for shard in range(engines)]
 
 
 def records(folder: Path) -> int:
@@ -87,13 +104,16 @@ def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: f
     terminal, a line a minute off one), and return each group's exit codes."""
     threads = max(1, (os.cpu_count() or 1) // sum(groups.values()))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    engines = groups.get("engine", groups.get("all"))
+    cards = engine_cards(groups.get("engine", groups.get("all", 0)), visible_gpus())
+    per_card = max((cards.count(card) for card in cards), default=None)
     running: dict[str, list] = {worlds: [] for worlds in groups}
     for worlds, shards in groups.items():
         for shard in range(shards):
             log = (logs / f"{worlds}-{shard}-of-{shards}.log").open("w")
-            command = shard_command(overrides, shard, shards, threads, kv_cache_gib, worlds, engines)
-            running[worlds].append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+            command = shard_command(overrides, shard, shards, threads, kv_cache_gib, worlds, per_card)
+            card = {} if worlds == "scene" or cards[shard] is None else {"CUDA_VISIBLE_DEVICES": cards[shard]}
+            process = subprocess.Popen(command, env={**env, **card}, stdout=log, stderr=subprocess.STDOUT)
+            running[worlds].append((process, log))
     every = [item for group in running.values() for item in group]
     started = last = time.monotonic()
     terminal = sys.stderr.isatty()

@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.study.processes import ShardProcesses, shard_command
+from terra.closedloop.study.processes import ShardProcesses, engine_cards, shard_command, visible_gpus
 from terra.closedloop.study.drives import terra_drive as drive
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.config.manifest import read_manifest
@@ -126,6 +126,17 @@ def test_a_shard_is_told_its_shard_and_its_engine_share():
                            "shard_worlds=engine", "shard_processes.engine=0", "shard_processes.scene=0",
                            "progress=false", f"++backend.options.kv_cache_memory_bytes={2 << 30}",
                            "++backend.options.gpu_memory_utilization=0.225"]
-    scene = shard_command(["study=gpu"], 0, 6, 2, 2.0, "scene", engines=4)
+    scene = shard_command(["study=gpu"], 0, 6, 2, 2.0, "scene", per_card=4)
     assert not any("backend.options" in part for part in scene)  # no engine to size
     assert ShardProcesses(4, 6, 2.0).groups == {"engine": 4, "scene": 6} and ShardProcesses().groups == {}
+    two_a_card = shard_command(["study=gpu"], 5, 8, 2, 2.0, "engine", per_card=2)
+    assert two_a_card[-1] == "++backend.options.gpu_memory_utilization=0.450"
+
+
+def test_engine_shards_are_dealt_over_the_visible_cards(monkeypatch):
+    assert engine_cards(6, ["0", "1", "2", "3"]) == ["0", "1", "2", "3", "0", "1"]
+    assert engine_cards(2, []) == [None, None] and engine_cards(0, ["0"]) == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert visible_gpus() == ["2", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
