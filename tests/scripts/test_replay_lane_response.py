@@ -1,0 +1,88 @@
+"""scripts/replay_lane_response.py: the paths it tells (the driven path at the action times, the arc held from the
+next step, which the session's rule reads back as that step), the pooled gain and its interval, and a replay of two
+drives woven across their lanes on the demo model, whose control (the truth through the tokenizer) reads near 1."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from terra.generation.actions import ACTION_TIMES
+from terra.inputs.ego_motion import compose, ego_motion, to_ego
+from tests.conftest import load_script
+
+script = load_script("replay_lane_response")
+
+
+def arc_poses(curvature: float, speed: float, steps: int, start=(3.0, -2.0, 0.7)) -> np.ndarray:
+    """World poses every 0.1 s of a car driving a circle of ``curvature`` at ``speed`` from ``start``."""
+    s = speed * 0.1 * np.arange(steps)
+    heading = curvature * s
+    if curvature:
+        local = np.stack([np.sin(heading) / curvature, (1 - np.cos(heading)) / curvature, heading], axis=-1)
+    else:
+        local = np.stack([s, 0 * s, 0 * s], axis=-1)
+    return compose(np.asarray(start), local)
+
+
+@pytest.mark.parametrize("curvature", [0.0, 0.03, -0.08])
+def test_the_held_arc_is_read_back_as_the_next_step(curvature):
+    poses = arc_poses(curvature, 9.0, 40)
+    x, y, yaw = ego_motion(script.held_action(poses, 0))  # how a session moves the car by an action
+    assert np.allclose([x, y], to_ego(poses[1, :2], poses[0]), atol=1e-6)
+    assert yaw == pytest.approx(curvature * 0.9, abs=1e-6)
+    # on a circle the held arc is the path itself: the path driven, but for the chords between frames (< 1 cm)
+    assert np.allclose(script.held_action(poses, 5), script.driven_action(poses, 5), atol=1e-2)
+
+
+def test_the_driven_path_is_the_poses_at_the_action_times():
+    rng = np.random.default_rng(0)
+    poses = np.cumsum(rng.normal(0, 0.3, (50, 3)), axis=0)
+    action = script.driven_action(poses, 3)
+    assert np.allclose(action[:, 2], ACTION_TIMES)
+    at = 3 + ACTION_TIMES * 10  # 7.5, 12.5, ...: halfway between frames
+    halfway = (poses[np.floor(at).astype(int), :2] + poses[np.ceil(at).astype(int), :2]) / 2
+    assert np.allclose(action[:, [1, 0]], to_ego(halfway, poses[3]), atol=1e-5)
+
+
+def test_the_gain_is_pooled_over_drives_and_bounded_by_them():
+    truth = np.array([[0.1, -0.2, 0.3, 0.9], [0.2, np.nan, -0.1, 0.05]])
+    half = script.lane_gain(0.5 * truth, truth, within=0.5)
+    assert half["gain"] == pytest.approx(0.5) and half["interval"] == pytest.approx([0.5, 0.5])
+    assert half["frames"] == 6  # the NaN and the 0.9 m frame left out
+    mixed = script.lane_gain(truth * np.array([[1.0], [0.0]]), truth, within=0.5)
+    assert 0 < mixed["gain"] < 1 and mixed["interval"] == pytest.approx([0.0, 1.0])  # one drive drawn twice
+
+
+def woven_drive(index: int, steps: int) -> dict:
+    """A drive record of synthetic scenario ``index``: the car weaving 0.5 m across its lane at 8 m/s."""
+    from terra.closedloop.scenarios import synthetic_scenarios
+
+    scenario = synthetic_scenarios(index + 1, 0, (144, 256), indices=[index])[0]
+    scene = scenario.scene
+    phase = 2 * np.pi * np.arange(steps) / 20
+    s = scene.arc_length(scenario.start_pose) + 0.8 * np.arange(steps)
+    poses = scene.lane_pose(s, scene.ego_lane_offset_m + 0.5 * np.sin(phase))
+    poses[:, 2] += np.arctan(0.5 * np.cos(phase) * 2 * np.pi / 20 / 0.8)  # heading along the weave
+    actions = [script.driven_action(poses, k).tolist() for k in range(steps - 31)]
+    return {"scenario": scenario.id, "actions": actions, "world_poses": poses.tolist()}
+
+
+def test_a_replay_on_the_demo_model_reads_its_control_near_one(tmp_path, capsys):
+    for index in (0, 1):
+        (tmp_path / f"drive{index}.json").write_text(json.dumps(woven_drive(index, 40)))
+    out = tmp_path / "response.json"
+    script.main(["--drives", str(tmp_path / "drive*.json"), "--told", "held", "forecast", "--frames", "8",
+                 "--within", "1.0", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["drives"] == 2 and report["frames"] == 8 and set(report["told"]) == {"held", "forecast"}
+    control = report["control_tokenizer_on_truth"]
+    assert control["frames"] >= 12 and 0.8 < control["gain"] < 1.2, control
+    assert all(np.isfinite(row["model_on_truth"]["gain"]) for row in report["told"].values())
+    assert np.load(out.with_suffix(".npz"))["held"].shape == (2, 8, 3)
+    assert "control: the truth through the tokenizer on the truth" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--drives", str(tmp_path / "none*.json")])
+    assert exit_.value.code == 2 and "matches no file" in capsys.readouterr().err
