@@ -73,7 +73,8 @@ def lane_gain(world: np.ndarray, truth: np.ndarray, within: float, seed: int = 0
             "frames": int(used.sum())}
 
 
-def replay(model: str, tokenizer: str, records: list[dict], told: str, frames: int, seed: int) -> np.ndarray:
+def replay(model: str, tokenizer: str, records: list[dict], told: str, frames: int, seed: int,
+           temperature: float) -> np.ndarray:
     """Lane offsets ``[drives, frames, 3]``: the model's, the truth's and the truth through the tokenizer."""
     from terra.closedloop.scenarios import synthetic_scenarios
     from terra.closedloop.worlds import ModelWorld, TrueWorld
@@ -85,7 +86,8 @@ def replay(model: str, tokenizer: str, records: list[dict], told: str, frames: i
 
     pipeline = WorldModelPipeline(load_tokenizer(tokenizer), HFBackend(model))
     size = tuple(pipeline.image_size)
-    model_world, true_world = ModelWorld(pipeline, SamplingConfig(), references=True), TrueWorld(size)
+    model_world = ModelWorld(pipeline, SamplingConfig(temperature=temperature), references=True)
+    true_world = TrueWorld(size)
     drives, truths, poses = [], [], []
     for record in records:
         index = int(record["scenario"].rsplit("-", 1)[1])
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frames", type=int, default=66, help="steps replayed from each drive's start")
     parser.add_argument("--within", type=float, default=0.5, help="frames whose true lane lies within this (m)")
     parser.add_argument("--seed", type=int, default=0, help="the drives' sampling seed")
+    parser.add_argument("--temperature", type=float, default=1.0, help="the model's sampling temperature (0: greedy)")
     parser.add_argument("--out", help="also write the figures (and the offsets, .npz) here (.json)")
     args = parser.parse_args(argv)
     paths = sorted(glob.glob(args.drives))
@@ -124,10 +127,11 @@ def main(argv: list[str] | None = None) -> None:
                                 for r in records))
     if frames < 1:
         parser.error("the drives are too short to replay: each needs 3 s of poses past the first step")
-    report: dict = {"drives": len(records), "frames": frames, "within_m": args.within, "told": {}}
+    report: dict = {"drives": len(records), "frames": frames, "within_m": args.within,
+                    "temperature": args.temperature, "told": {}}
     arrays = {}
     for told in args.told:
-        offsets = replay(args.model, args.tokenizer, records, told, frames, args.seed)
+        offsets = replay(args.model, args.tokenizer, records, told, frames, args.seed, args.temperature)
         arrays[told] = offsets
         model, truth, reference = offsets[..., 0], offsets[..., 1], offsets[..., 2]
         report["told"][told] = {"model_on_truth": lane_gain(model, truth, args.within),
