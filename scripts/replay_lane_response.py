@@ -4,15 +4,16 @@
         --model terra/assets/demo/world_model --told forecast driven held --frames 66
 
 Each drive's recorded poses are fed step by step to the model world (which also keeps the true frame at each pose
-through its tokenizer, terra/closedloop/worlds.py) and to the true renderer, so both worlds show the same motion; the
-model is told, a step, one of three paths: ``forecast``, the action the loop told it (the vehicle's forecast of the
-plan, the drive's recorded actions); ``driven``, the path the car then drove (from the recorded poses); ``held``, the
-arc held from the car's next step (its speed and turn over 0.1 s, kept for 3 s). The lane is read in every frame
-(terra/fidelity/lanes.py, ``find_lane``: the lane centre's offset at the car); the response is the gain through the
-origin of the model's lane offset on the true one over the frames whose true lane lies within ``--within`` m,
-pooled over the drives, with a 95 % bootstrap interval over drives (seeded). Its control: the true frames through
-the tokenizer against the true frames, what a perfect model of that tokenizer would read (near 1). A gain under 1 is a
-world that draws the car's sideways motion short: a policy steering by a near point then overcorrects.
+through its tokenizer, terra/closedloop/worlds.py) and to the true renderer, so both worlds show the same motion;
+the model is told, a step, one of three paths: ``forecast``, the action the loop told it (the vehicle's forecast of
+the plan, the drive's recorded actions); ``driven``, the path the car then drove (from the recorded poses);
+``held``, the arc held from the car's next step (its speed and turn over 0.1 s, kept for 3 s). The lane is read in
+every frame (terra/fidelity/lanes.py, ``find_lane``: the lane centre's offset at the car); the response is the gain
+through the origin of the model's lane offset on the true one over the frames whose true lane lies within
+``--within`` m, pooled over the drives, with a 95 % bootstrap interval over drives (seeded), and the noise about it.
+Its control: the true frames through the tokenizer against the true frames, what a perfect model of that tokenizer
+would read (near 1). A gain under 1 is a world that draws the car's sideways motion short: a policy steering by a
+near point then overcorrects.
 """
 
 from __future__ import annotations
@@ -62,15 +63,17 @@ def told_action(record: dict, poses: np.ndarray, k: int, told: str) -> np.ndarra
 
 def lane_gain(world: np.ndarray, truth: np.ndarray, within: float, seed: int = 0) -> dict:
     """Gain through the origin of ``world`` on ``truth`` (lane offsets ``[drives, frames]``, NaN where no lane was
-    found) over the frames with ``|truth| < within``, pooled, and its 95 % bootstrap interval over drives."""
+    found) over the frames with ``|truth| < within``, pooled, its 95 % bootstrap interval over drives, and the noise
+    about it (root mean square of ``world - gain * truth``, m)."""
     used = np.isfinite(world) & np.isfinite(truth) & (np.abs(truth) < within)
     cross = np.where(used, world * truth, 0.0).sum(axis=1)
     square = np.where(used, truth * truth, 0.0).sum(axis=1)
     picks = np.random.default_rng(seed).integers(0, len(cross), (BOOTSTRAPS, len(cross)))
     drawn = cross[picks].sum(axis=1) / np.maximum(square[picks].sum(axis=1), 1e-12)
     low, high = np.percentile(drawn, [2.5, 97.5])
-    return {"gain": float(cross.sum() / square.sum()), "interval": [float(low), float(high)],
-            "frames": int(used.sum())}
+    gain = float(cross.sum() / square.sum())
+    noise = float(np.sqrt(np.mean((world[used] - gain * truth[used]) ** 2)))
+    return {"gain": gain, "interval": [float(low), float(high)], "noise_m": noise, "frames": int(used.sum())}
 
 
 def replay(model: str, tokenizer: str, records: list[dict], told: str, frames: int, seed: int,
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def fmt(figure: dict) -> str:
     low, high = figure["interval"]
-    return f"{figure['gain']:.3f} [{low:.3f}, {high:.3f}] ({figure['frames']} frames)"
+    return f"{figure['gain']:.3f} [{low:.3f}, {high:.3f}], noise {figure['noise_m']:.3f} m ({figure['frames']} frames)"
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def test_the_gain_is_pooled_over_drives_and_bounded_by_them():
     truth = np.array([[0.1, -0.2, 0.3, 0.9], [0.2, np.nan, -0.1, 0.05]])
     half = script.lane_gain(0.5 * truth, truth, within=0.5)
     assert half["gain"] == pytest.approx(0.5) and half["interval"] == pytest.approx([0.5, 0.5])
-    assert half["frames"] == 6  # the NaN and the 0.9 m frame left out
+    assert half["frames"] == 6 and half["noise_m"] == pytest.approx(0.0)  # the NaN and the 0.9 m frame left out
     mixed = script.lane_gain(truth * np.array([[1.0], [0.0]]), truth, within=0.5)
     assert 0 < mixed["gain"] < 1 and mixed["interval"] == pytest.approx([0.0, 1.0])  # one drive drawn twice
 
