@@ -12,8 +12,8 @@ every frame (terra/fidelity/lanes.py, ``find_lane``: the lane centre's offset at
 through the origin of the model's lane offset on the true one over the frames whose true lane lies within
 ``--within`` m, pooled over the drives, with a 95 % bootstrap interval over drives (seeded), and the noise about it.
 Its control: the true frames through the tokenizer against the true frames, what a perfect model of that tokenizer
-would read (near 1). A gain under 1 is a world that draws the car's sideways motion short: a policy steering by a
-near point then overcorrects.
+would read (near 1). A gain under 1 is a world that draws the car's sideways motion short; the noise is how far its
+lane wanders about where that gain puts it, which a policy steering by a near point turns into steering.
 """
 
 from __future__ import annotations
