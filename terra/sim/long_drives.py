@@ -6,10 +6,12 @@ lane's centre and back, into the other lane, off the road and back, weaving, bra
 
 * **lane-relative** (:data:`LANE_RELATIVE_SHARE` of them): the car's lateral offset from the road's centre is a
   function of the distance driven, built from behaviour segments (:data:`BEHAVIOURS`: keep the lane with noise,
-  drift to a side and recover, change lanes, leave the road and come back, weave, and turn more or less than the
-  road bends: what a lane follower does whose world shows the bend wrong), smoothed so that the heading
-  stays within :data:`MAX_SLOPE` of the road's; the speed is a sequence of cruising, accelerating, braking and
-  stop-and-go segments;
+  drift to a side and recover, change lanes, leave the road and come back, weave, turn more or less than the
+  road bends: what a lane follower does whose world shows the bend wrong, and wobble), smoothed so that the heading
+  stays within :data:`MAX_SLOPE` of the road's; a wobble (a small swing of 4-12 m wavelength, what a policy steering
+  by a point a few metres ahead does: terra/closedloop/policies/builtin.py's ``lane_follower_near``) is added after
+  the smoothing, which would erase it; the speed is a sequence of cruising, accelerating, braking and stop-and-go
+  segments;
 * **manoeuvre chains**: ACT-Bench's manoeuvres (terra/inputs/trajectory.py) one after another from a lane pose, each
   1.5-4 s, so open-loop commands (curves off the road's direction too) stay covered.
 
@@ -32,10 +34,14 @@ from terra.sim.clips import (FUTURE_S, SAMPLE_RATE_HZ, VIEW_MARGIN_M, Drive, cha
 from terra.sim.scene import ROAD_HALF_WIDTH_M, SHOULDER_M, Scene
 
 LANE_RELATIVE_SHARE = 0.8
-BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave", "bend")
-BEHAVIOUR_WEIGHTS = (0.1, 0.25, 0.1, 0.2, 0.2, 0.15)
+BEHAVIOURS = ("keep", "drift", "lane_change", "off_road", "weave", "bend", "wobble")
+BEHAVIOUR_WEIGHTS = (0.1, 0.2, 0.08, 0.16, 0.14, 0.12, 0.2)
 MAX_SLOPE = 0.4  # |d offset / d distance|: the heading stays within ~22 degrees of the road's
 WEAVE_WAVELENGTH_M = (12.0, 45.0)
+WOBBLE_WAVELENGTH_M = (4.0, 12.0)
+WOBBLE_AMPLITUDE_M = (0.03, 0.4)  # drawn log-uniform, then bounded by the slope and curvature below
+WOBBLE_MAX_SLOPE = 0.2  # of the wobble alone (the slower offsets it rides on keep MAX_SLOPE)
+WOBBLE_MAX_CURVATURE = 0.05  # 1/m: a car's turn at the wobble's crest (a 20-m radius)
 SMOOTHING_M = (2.0, 4.0)  # a drive's offsets under a Gaussian of this many metres (its sd drawn per drive)
 MAX_SPEED_MPS = 70.0 / 3.6
 GRID_M = 0.25  # resolution of the lateral offset along the distance driven
@@ -131,6 +137,7 @@ def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: 
     road's heading there), starting near the lane centre ``lane_m``, and the behaviours drawn."""
     n = len(road_heading)
     target = np.empty(n)
+    fast = np.zeros(n)  # the wobbles, added after the smoothing
     names: list[str] = []
     lane = lane_m
     d = lane_m + float(rng.uniform(-0.4, 0.4))
@@ -138,24 +145,25 @@ def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: 
     while i < n:
         name = str(rng.choice(BEHAVIOURS, p=BEHAVIOUR_WEIGHTS))
         names.append(name)
+        swing = None
         if name == "bend":
             seg = _bend(rng, road_heading[i:], d, lane)
+        elif name == "wobble":
+            seg, swing = _wobble(rng, d, lane)
         else:
             seg, lane = _behaviour(rng, name, d, lane)
         take = min(len(seg), n - i)
         target[i:i + take] = seg[:take]
+        if swing is not None:
+            fast[i:i + take] = swing[:take]
         i += take
         d = float(seg[take - 1])
     limited = _slope_limited(target, MAX_SLOPE * GRID_M)
-    return _smoothed(limited, sigma=float(rng.uniform(*SMOOTHING_M)) / GRID_M), names
+    return _smoothed(limited, sigma=float(rng.uniform(*SMOOTHING_M)) / GRID_M) + fast, names
 
 
 def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tuple[np.ndarray, float]:
     """One behaviour's target offsets from offset ``d`` in lane ``lane`` (its centre), and the lane after it."""
-    def ramp(a: float, b: float, metres: float) -> np.ndarray:
-        k = max(2, int(metres / GRID_M))
-        return a + (b - a) * (1.0 - np.cos(np.linspace(0.0, np.pi, k))) / 2.0
-
     def hold(value: float, metres: float) -> np.ndarray:
         return np.full(max(1, int(metres / GRID_M)), value)
 
@@ -165,28 +173,56 @@ def _behaviour(rng: np.random.Generator, name: str, d: float, lane: float) -> tu
         noise = np.zeros(k)
         for j in range(1, k):  # Ornstein-Uhlenbeck around the lane centre
             noise[j] = noise[j - 1] * (1 - 1 / tau) + sigma * np.sqrt(2 / tau) * rng.normal()
-        return np.concatenate([ramp(d, lane, 10.0), lane + noise]), lane
+        return np.concatenate([_ramp(d, lane, 10.0), lane + noise]), lane
     if name == "drift":  # to anywhere across the road and its shoulders: a policy's car stops between the lanes too
         reach = ROAD_HALF_WIDTH_M + SHOULDER_M
         away = float(rng.uniform(-reach, reach))
-        return np.concatenate([ramp(d, away, float(rng.uniform(15.0, 60.0))), hold(away, rng.uniform(5.0, 50.0)),
-                               ramp(away, lane, float(rng.uniform(10.0, 40.0)))]), lane
+        return np.concatenate([_ramp(d, away, float(rng.uniform(15.0, 60.0))), hold(away, rng.uniform(5.0, 50.0)),
+                               _ramp(away, lane, float(rng.uniform(10.0, 40.0)))]), lane
     if name == "lane_change":
         other = -lane  # the other lane's centre (lanes lie either side of the road's centre)
-        return np.concatenate([ramp(d, other, float(rng.uniform(25.0, 80.0))), hold(other, 10.0)]), other
+        return np.concatenate([_ramp(d, other, float(rng.uniform(25.0, 80.0))), hold(other, 10.0)]), other
     if name == "off_road":
         side = rng.choice((-1.0, 1.0))
         out = side * (ROAD_HALF_WIDTH_M + float(rng.uniform(0.3, SHOULDER_M + 6.0)))
-        return np.concatenate([ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 60.0)),
-                               ramp(out, lane, float(rng.uniform(15.0, 50.0)))]), lane
+        return np.concatenate([_ramp(d, out, float(rng.uniform(15.0, 50.0))), hold(out, rng.uniform(5.0, 60.0)),
+                               _ramp(out, lane, float(rng.uniform(15.0, 50.0)))]), lane
     # weave: a lane follower that steers hard and late swings about its lane every 12-45 m, and the swing can grow
     # (off the road) or die away; the amplitude held, growing or dying along the segment
     amplitude, wavelength = float(rng.uniform(0.1, 1.5)), float(rng.uniform(*WEAVE_WAVELENGTH_M))
     s = np.arange(int(rng.uniform(40.0, 120.0) / GRID_M)) * GRID_M
-    envelope = {"held": np.ones_like(s), "growing": np.linspace(0.15, 1.0, len(s)),
-                "dying": np.linspace(1.0, 0.15, len(s))}[str(rng.choice(("held", "growing", "dying")))]
+    envelope = _envelope(rng, len(s))
     weave = amplitude * envelope * np.sin(2 * np.pi * s / wavelength)
-    return np.concatenate([ramp(d, lane, 10.0), lane + weave]), lane
+    return np.concatenate([_ramp(d, lane, 10.0), lane + weave]), lane
+
+
+def _envelope(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A swing's amplitude along its ``n`` samples: held, growing or dying (to 0.15 of it), one drawn."""
+    kind = str(rng.choice(("held", "growing", "dying")))
+    return {"held": np.ones(n), "growing": np.linspace(0.15, 1.0, n), "dying": np.linspace(1.0, 0.15, n)}[kind]
+
+
+def _ramp(a: float, b: float, metres: float) -> np.ndarray:
+    """Offsets from ``a`` to ``b`` over ``metres`` (every :data:`GRID_M`), eased in and out (half a cosine)."""
+    k = max(2, int(metres / GRID_M))
+    return a + (b - a) * (1.0 - np.cos(np.linspace(0.0, np.pi, k))) / 2.0
+
+
+def _wobble(rng: np.random.Generator, d: float, lane: float) -> tuple[np.ndarray, np.ndarray]:
+    """A wobble from offset ``d``: back to the lane centre ``lane`` over 10 m, then 30-100 m about it; the slow
+    target offsets and the swing added to them after the smoothing (its amplitude held, growing or dying; its
+    slope and its curvature bounded by :data:`WOBBLE_MAX_SLOPE` and :data:`WOBBLE_MAX_CURVATURE`)."""
+    wavelength = float(rng.uniform(*WOBBLE_WAVELENGTH_M))
+    amplitude = float(np.exp(rng.uniform(*np.log(WOBBLE_AMPLITUDE_M))))
+    back = _ramp(d, lane, 10.0)
+    s = np.arange(int(rng.uniform(30.0, 100.0) / GRID_M)) * GRID_M
+    envelope = _envelope(rng, len(s))
+    # faded in and out over half a wavelength, so that the offset and the heading stay continuous at its ends
+    envelope *= np.sin(np.pi / 2 * np.clip(np.minimum(s, s[-1] - s) / (wavelength / 2), 0.0, 1.0)) ** 2
+    swing = amplitude * envelope * np.sin(2 * np.pi * s / wavelength)
+    slope, curvature = np.abs(np.diff(swing)).max() / GRID_M, np.abs(np.diff(swing, 2)).max() / GRID_M**2
+    swing *= min(1.0, WOBBLE_MAX_SLOPE / max(slope, 1e-9), WOBBLE_MAX_CURVATURE / max(curvature, 1e-9))
+    return np.concatenate([back, np.full(len(s), lane)]), np.concatenate([np.zeros(len(back)), swing])
 
 
 def _bend(rng: np.random.Generator, road_heading: np.ndarray, d: float, lane: float) -> np.ndarray:

@@ -11,7 +11,9 @@ from terra.closedloop.scenarios import synthetic_scenarios
 from terra.core.errors import TerraInputError
 from terra.sim.clips import DATASET_ROUTE_POINTS
 from terra.sim.dataset import ClipDataset, write_dataset
-from terra.sim.long_drives import BEHAVIOURS, random_long_drive, reserved_scene_seeds
+from terra.sim import long_drives
+from terra.sim.long_drives import (BEHAVIOURS, GRID_M, WOBBLE_AMPLITUDE_M, WOBBLE_MAX_CURVATURE, WOBBLE_MAX_SLOPE,
+                                   WOBBLE_WAVELENGTH_M, lateral_profile, random_long_drive, reserved_scene_seeds)
 from terra.sim.scene import ROAD_HALF_WIDTH_M, Scene
 
 FRAMES = 200
@@ -55,7 +57,33 @@ def test_heading_is_the_direction_of_motion_and_turns_smoothly():
         motion = np.arctan2(np.diff(tr.y), np.diff(tr.x))[moving]
         error = np.angle(np.exp(1j * (motion - tr.yaw[1:][moving])))
         assert np.abs(error).max() < 0.02
-        assert np.abs(np.diff(tr.yaw)).max() < 0.02  # per 10 ms: no kinks
+        # per 10 ms: no kinks (a kink turns by up to MAX_SLOPE, 0.4 rad, at once); the recipe's sharpest turns, a
+        # short weave or wobble at 70 km/h, reach ~0.065 rad per 10 ms
+        assert np.abs(np.diff(tr.yaw)).max() < 0.08
+
+
+def test_wobbles_survive_the_smoothing(monkeypatch):
+    """A profile of wobbles alone swings about its lane at 4-12 m wavelengths, as far as drawn (the smoothing of the
+    slower offsets, 2-4 m, would leave a 6-m swing a tenth of itself), within the wobble's slope and curvature bounds,
+    its offset and heading continuous."""
+    monkeypatch.setattr(long_drives, "BEHAVIOUR_WEIGHTS", tuple(float(b == "wobble") for b in BEHAVIOURS))
+    lane = 1.75
+    swings, wavelengths = [], []
+    for i in range(40):
+        profile, names = lateral_profile(np.random.default_rng([11, i]), np.zeros(1200), lane)
+        assert set(names) == {"wobble"}
+        swing = profile[100:] - lane  # past the first ramp back to the lane, smoothed
+        slope, curvature = np.diff(swing) / GRID_M, np.diff(swing, 2) / GRID_M**2
+        assert np.abs(slope).max() <= WOBBLE_MAX_SLOPE + 1e-9
+        assert np.abs(curvature).max() <= WOBBLE_MAX_CURVATURE + 1e-9
+        swings.append(np.abs(swing).max())
+        crossings = np.flatnonzero(np.diff(np.sign(swing[np.abs(swing) > 1e-4])) != 0)
+        if len(crossings) > 4:
+            wavelengths.append(2 * np.median(np.diff(crossings)) * GRID_M)
+    assert WOBBLE_AMPLITUDE_M[0] * 0.9 <= np.median(swings) <= WOBBLE_AMPLITUDE_M[1]
+    assert max(swings) > 0.1
+    assert WOBBLE_WAVELENGTH_M[0] - 0.5 <= min(wavelengths) and max(wavelengths) <= WOBBLE_WAVELENGTH_M[1] + 0.5
+    assert np.ptp(wavelengths) > 4.0
 
 
 def test_same_generator_same_drive_and_frames_render():
