@@ -2,6 +2,7 @@
 
     python scripts/replay_lane_response.py --drives 'runs/fid/model/*__lane_follower_near.json' \\
         --model terra/assets/demo/world_model --told forecast driven held --frames 66
+    python scripts/replay_lane_response.py --weave 8 0.3 --scenarios 8 --told driven --frames 60
 
 Each drive's recorded poses are fed step by step to the model world (which also keeps the true frame at each pose
 through its tokenizer, terra/closedloop/worlds.py) and to the true renderer, so both worlds show the same motion;
@@ -10,7 +11,11 @@ the plan, the drive's recorded actions); ``driven``, the path the car then drove
 ``held``, the arc held from the car's next step (its speed and turn over 0.1 s, kept for 3 s). The lane is read in
 every frame (terra/fidelity/lanes.py, ``find_lane``: the lane centre's offset at the car); the response is the gain
 through the origin of the model's lane offset on the true one over the frames whose true lane lies within
-``--within`` m, pooled over the drives, with a 95 % bootstrap interval over drives (seeded), and the noise about it.
+``--within`` m, pooled over the drives, with a 95 % bootstrap interval over drives (seeded), the noise about it, and
+how far the model's error moves from one frame to the next (``step_m``: what a policy steering by a near point
+turns into steering at once). ``--weave WAVELENGTH AMPLITUDE`` replays drives made up instead of recorded ones: the
+first ``--scenarios`` synthetic scenarios, the car swinging about its start's offset from the road at that
+wavelength and amplitude (m) at the scenario's speed, told the path it drives.
 Its control: the true frames through the tokenizer against the true frames, what a perfect model of that tokenizer
 would read (near 1). A gain under 1 is a world that draws the car's sideways motion short; the noise is how far its
 lane wanders about where that gain puts it, which a policy steering by a near point turns into steering.
@@ -30,6 +35,7 @@ from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
 from terra.inputs.ego_motion import action_arc, along_arc, to_ego
 
 TOLD = ("forecast", "driven", "held")
+FUTURE_STEPS = int(np.ceil(ACTION_TIMES[-1] * FRAME_RATE_HZ))  # the steps of poses an action reads past its own
 BOOTSTRAPS = 2000
 
 
@@ -71,7 +77,27 @@ def lane_gain(world: np.ndarray, truth: np.ndarray, within: float, seed: int = 0
     low, high = np.percentile(drawn, [2.5, 97.5])
     gain = float(cross.sum() / square.sum())
     noise = float(np.sqrt(np.mean((world[used] - gain * truth[used]) ** 2)))
-    return {"gain": gain, "interval": [float(low), float(high)], "noise_m": noise, "frames": int(used.sum())}
+    step = np.diff(world - truth, axis=1)[used[:, 1:] & used[:, :-1]]
+    return {"gain": gain, "interval": [float(low), float(high)], "noise_m": noise,
+            "step_m": float(np.sqrt(np.mean(step**2))) if step.size else float("nan"), "frames": int(used.sum())}
+
+
+def weave_record(index: int, steps: int, wavelength_m: float, amplitude_m: float) -> dict:
+    """A drive record (the fields :func:`replay` reads) of synthetic scenario ``index``: ``steps`` + 3 s of poses
+    swinging ``amplitude_m`` about the start's offset from the road every ``wavelength_m`` at the scenario's speed,
+    the swing grown over the first 10 m; its actions the path it drives."""
+    from terra.closedloop.scenarios import synthetic_scenarios
+
+    scenario = synthetic_scenarios(index + 1, 0, (144, 256), indices=[index])[0]
+    scene = scenario.scene
+    along = scenario.speed_kmh / 3.6 / FRAME_RATE_HZ * np.arange(steps + 1 + FUTURE_STEPS)
+    s0, d0 = (float(v[0]) for v in scene.road_coords(scenario.start_pose[:1], scenario.start_pose[1:2]))
+    grown = np.minimum(along / 10.0, 1.0)
+    offset = d0 + amplitude_m * grown * np.sin(2 * np.pi * along / wavelength_m)
+    poses = scene.lane_pose(s0 + along, offset)
+    poses[:, 2] += np.arctan(np.gradient(offset, along))  # heading along the swing
+    actions = [driven_action(poses, k).tolist() for k in range(steps)]
+    return {"scenario": scenario.id, "actions": actions, "world_poses": poses.tolist()}
 
 
 def replay(pipeline, records: list[dict], told: str, frames: int, seed: int, temperature: float) -> np.ndarray:
@@ -105,7 +131,11 @@ def replay(pipeline, records: list[dict], told: str, frames: int, seed: int, tem
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--drives", required=True, help="a glob of recorded drives' JSON files (terra-drive's)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--drives", help="a glob of recorded drives' JSON files (terra-drive's)")
+    source.add_argument("--weave", nargs=2, type=float, metavar=("WAVELENGTH_M", "AMPLITUDE_M"),
+                        help="replay made-up drives swinging about their lane instead (module docstring)")
+    parser.add_argument("--scenarios", type=int, default=8, help="--weave: the synthetic scenarios driven")
     parser.add_argument("--model", default="terra/assets/demo/world_model", help="the world model's folder")
     parser.add_argument("--tokenizer", default="terra/assets/demo/tokenizer", help="the tokenizer's folder")
     parser.add_argument("--told", nargs="+", choices=TOLD, default=list(TOLD), help="the paths the model is told")
@@ -115,12 +145,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="the model's sampling temperature (0: greedy)")
     parser.add_argument("--out", help="also write the figures (and the offsets, .npz) here (.json)")
     args = parser.parse_args(argv)
-    paths = sorted(glob.glob(args.drives))
-    if not paths:
-        parser.error(f"--drives {args.drives!r} matches no file; give a glob of terra-drive's drive JSON files")
-    records = [json.loads(Path(p).read_text()) for p in paths]
-    frames = min(args.frames, *(len(r["world_poses"]) - 1 - int(np.ceil(ACTION_TIMES[-1] * FRAME_RATE_HZ))
-                                for r in records))
+    if args.weave:
+        wavelength, amplitude = args.weave
+        if wavelength <= 0 or amplitude < 0 or args.scenarios < 1:
+            parser.error("--weave takes a wavelength > 0 and an amplitude >= 0 (m), --scenarios at least 1")
+        records = [weave_record(i, args.frames, wavelength, amplitude) for i in range(args.scenarios)]
+    else:
+        paths = sorted(glob.glob(args.drives))
+        if not paths:
+            parser.error(f"--drives {args.drives!r} matches no file; give a glob of terra-drive's drive JSON files")
+        records = [json.loads(Path(p).read_text()) for p in paths]
+    frames = min(args.frames, *(len(r["world_poses"]) - 1 - FUTURE_STEPS for r in records))
     if frames < 1:
         parser.error("the drives are too short to replay: each needs 3 s of poses past the first step")
     report: dict = {"drives": len(records), "frames": frames, "within_m": args.within,
@@ -151,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def fmt(figure: dict) -> str:
     low, high = figure["interval"]
-    return f"{figure['gain']:.3f} [{low:.3f}, {high:.3f}], noise {figure['noise_m']:.3f} m ({figure['frames']} frames)"
+    return (f"{figure['gain']:.3f} [{low:.3f}, {high:.3f}], noise {figure['noise_m']:.3f} m, step to step "
+            f"{figure['step_m']:.3f} m ({figure['frames']} frames)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """scripts/replay_lane_response.py: the paths it tells (the driven path at the action times, the arc held from the
-next step, which the session's rule reads back as that step), the pooled gain and its interval, and a replay of two
-drives woven across their lanes on the demo model, whose control (the truth through the tokenizer) reads near 1."""
+next step, which the session's rule reads back as that step), the pooled gain, its interval and the step-to-step
+error, the made-up weaves, and a replay of two of them on the demo model, whose control (the truth through the
+tokenizer) reads near 1."""
 
 from __future__ import annotations
 
@@ -56,23 +57,33 @@ def test_the_gain_is_pooled_over_drives_and_bounded_by_them():
     assert 0 < mixed["gain"] < 1 and mixed["interval"] == pytest.approx([0.0, 1.0])  # one drive drawn twice
 
 
-def woven_drive(index: int, steps: int) -> dict:
-    """A drive record of synthetic scenario ``index``: the car weaving 0.5 m across its lane at 8 m/s."""
+def test_a_made_up_weave_swings_as_asked_and_starts_where_its_scenario_does():
     from terra.closedloop.scenarios import synthetic_scenarios
 
-    scenario = synthetic_scenarios(index + 1, 0, (144, 256), indices=[index])[0]
-    scene = scenario.scene
-    phase = 2 * np.pi * np.arange(steps) / 20
-    s = scene.arc_length(scenario.start_pose) + 0.8 * np.arange(steps)
-    poses = scene.lane_pose(s, scene.ego_lane_offset_m + 0.5 * np.sin(phase))
-    poses[:, 2] += np.arctan(0.5 * np.cos(phase) * 2 * np.pi / 20 / 0.8)  # heading along the weave
-    actions = [script.driven_action(poses, k).tolist() for k in range(steps - 31)]
-    return {"scenario": scenario.id, "actions": actions, "world_poses": poses.tolist()}
+    record = script.weave_record(1, 40, 16.0, 0.5)
+    scenario = synthetic_scenarios(2, 0, (144, 256), indices=[1])[0]
+    poses = np.asarray(record["world_poses"])
+    assert record["scenario"] == scenario.id and len(poses) == 40 + 1 + 30 and len(record["actions"]) == 40
+    assert np.allclose(poses[0, :2], scenario.start_pose[:2], atol=1e-6)
+    _, offset = scenario.scene.road_coords(poses[:, 0], poses[:, 1])
+    swing = offset - offset[0]
+    assert 0.45 < np.abs(swing).max() <= 0.5 + 1e-6
+    crossings = np.flatnonzero(np.diff(np.sign(swing[5:])) != 0)  # past the start, where it is grown from 0
+    step = scenario.speed_kmh / 3.6 / 10
+    assert 2 * np.median(np.diff(crossings)) * step == pytest.approx(16.0, rel=0.1)
+    assert np.allclose(record["actions"][3], script.driven_action(poses, 3))
+
+
+def test_the_step_to_step_error_is_what_moves_between_frames():
+    truth = np.array([[0.0, 0.1, 0.2, 0.3]])
+    assert script.lane_gain(truth + 0.05, truth, within=0.5)["step_m"] == pytest.approx(0.0)  # a steady offset
+    shaken = script.lane_gain(truth + np.array([[0.02, -0.02, 0.02, -0.02]]), truth, within=0.5)
+    assert shaken["step_m"] == pytest.approx(0.04)
 
 
 def test_a_replay_on_the_demo_model_reads_its_control_near_one(tmp_path, capsys):
     for index in (0, 1):
-        (tmp_path / f"drive{index}.json").write_text(json.dumps(woven_drive(index, 40)))
+        (tmp_path / f"drive{index}.json").write_text(json.dumps(script.weave_record(index, 8, 16.0, 0.5)))
     out = tmp_path / "response.json"
     script.main(["--drives", str(tmp_path / "drive*.json"), "--told", "held", "forecast", "--frames", "8",
                  "--within", "1.0", "--out", str(out)])
@@ -86,3 +97,6 @@ def test_a_replay_on_the_demo_model_reads_its_control_near_one(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_:
         script.main(["--drives", str(tmp_path / "none*.json")])
     assert exit_.value.code == 2 and "matches no file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--weave", "0", "0.3"])
+    assert exit_.value.code == 2 and "wavelength > 0" in capsys.readouterr().err

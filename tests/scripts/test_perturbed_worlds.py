@@ -1,0 +1,63 @@
+"""scripts/perturbed_worlds.py: the shaken worlds render the truth from the camera moved by their offsets, drawn
+reproducibly per scenario with the spread and correlation they say; the tokenizer world's frames are the references
+a model world keeps (the true frames through the same tokenizer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from terra.closedloop.scenarios import synthetic_scenarios
+from terra.sim.renderer import render
+from tests.conftest import load_script
+
+script = load_script("perturbed_worlds")
+SIZE = (144, 256)
+
+
+def straight_poses(scenario, steps: int) -> list[np.ndarray]:
+    scene = scenario.scene
+    s = scene.arc_length(scenario.start_pose) + 0.8 * np.arange(1, steps + 1)
+    return list(scene.lane_pose(s))
+
+
+@pytest.mark.parametrize("world_class", [script.Shaken8cm, script.Drifting4cm])
+def test_a_shaken_world_renders_the_truth_from_its_moved_camera(world_class):
+    scenario = synthetic_scenarios(1, 0, SIZE, indices=[0])[0]
+    world = world_class(SIZE)
+    steps = 400
+    poses = straight_poses(scenario, steps)
+    drive, again = world.open(scenario, 0, steps), world.open(scenario, 5, steps)
+    frames = [world.step([drive], [None], [pose])[0] for pose in poses[:3]]
+    for pose, offset, frame in zip(poses, drive.offsets, frames):
+        x, y, yaw = pose
+        moved = np.array([x - offset * np.sin(yaw), y + offset * np.cos(yaw), yaw])
+        assert np.array_equal(frame, render(scenario.scene, moved, *SIZE))
+    assert not np.array_equal(frames[0], render(scenario.scene, poses[0], *SIZE))
+    for _ in range(steps - 3):  # the offsets alone: draw them as the steps do
+        drive.offset = world.rho * drive.offset + float(drive.rng.normal(0.0, world.sigma_m))
+        drive.offsets.append(drive.offset)
+    offsets = np.array(drive.offsets)
+    spread = world.sigma_m / np.sqrt(1 - world.rho**2)
+    assert np.std(offsets) == pytest.approx(spread, rel=0.25)
+    assert np.corrcoef(offsets[1:], offsets[:-1])[0, 1] == pytest.approx(world.rho, abs=0.12)
+    world.step([again], [None], [poses[0]])
+    assert again.offsets[0] == drive.offsets[0]  # drawn from the scenario, whatever the run's seed
+
+
+def test_the_tokenizer_world_shows_what_a_model_world_keeps_as_its_reference():
+    from terra.pipeline import WorldModelPipeline
+
+    scenario = synthetic_scenarios(2, 0, SIZE, indices=[1])[0]
+    world = script.TokenizerWorld(SIZE)
+    pose = straight_poses(scenario, 1)[0]
+    frame = world.step([world.open(scenario, 0, 1)], [None], [pose])[0]
+    pipeline = WorldModelPipeline(world.tokenizer, backend=None)
+    truth = render(scenario.scene, pose, *SIZE)
+    import torch
+
+    images = torch.from_numpy(truth[None]).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    assert np.array_equal(frame, pipeline.decode(pipeline.encode(images))[0])
+    assert not np.array_equal(frame, truth)
+    context = world.context_frames(scenario)
+    assert context.shape == scenario.images.shape and context.dtype == np.uint8
