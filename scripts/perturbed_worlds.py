@@ -49,10 +49,10 @@ class TokenizerWorld(TrueWorld):
         import torch
 
         from terra.decoder import codes_to_frames
+        from terra.tokenizer.images import frames_to_tensor
 
-        images = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         with torch.inference_mode():
-            codes = self.tokenizer.encode(images)
+            codes = self.tokenizer.encode(frames_to_tensor(np.stack(frames)))
         return codes_to_frames(self.tokenizer, codes.numpy())
 
     def context_frames(self, drive: Scenario) -> np.ndarray:

@@ -103,10 +103,10 @@ class ModelWorld:
 
     def open(self, scenario: Scenario, seed: int, max_frames: int, road: Road | None = None) -> ModelDrive:
         """A drive from ``scenario``'s context; its routes read from ``road`` (None: the scenario's own)."""
-        import torch
+        from terra.tokenizer.images import frames_to_tensor
 
-        images = torch.from_numpy(scenario.images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        return self.open_codes(self.pipeline.encode(images), scenario, seed, max_frames, road)
+        return self.open_codes(self.pipeline.encode(frames_to_tensor(scenario.images)), scenario, seed, max_frames,
+                               road)
 
     def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int,
                    road: Road | None = None) -> ModelDrive:
@@ -162,15 +162,14 @@ class ModelWorld:
     def _keep_references(self, drives: Sequence[ModelDrive], poses: Sequence[np.ndarray],
                          size: tuple[int, int]) -> None:
         """Each kept drive's true frame at its pose, through the tokenizer (encoded and decoded at once)."""
-        import torch
+        from terra.tokenizer.images import frames_to_tensor
 
         kept = [(drive, pose) for drive, pose in zip(drives, poses) if drive.keeps_references]
         if not kept:
             return
         truth = np.stack([render(drive.scenario.scene, np.asarray(pose, dtype=np.float64), *size)
                           for drive, pose in kept])
-        images = torch.from_numpy(truth).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        for (drive, _), frame in zip(kept, self.pipeline.decode(self.pipeline.encode(images))):
+        for (drive, _), frame in zip(kept, self.pipeline.decode(self.pipeline.encode(frames_to_tensor(truth)))):
             drive.references.append(frame)
 
     def close(self, drive: ModelDrive) -> None:

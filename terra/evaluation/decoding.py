@@ -38,6 +38,7 @@ from terra.evaluation.cases import clip_routes, drive_scene_seed, training_scene
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.sim.clips import Clip, random_drive
+from terra.tokenizer.images import frames_to_tensor
 
 if TYPE_CHECKING:
     from terra.pipeline import WorldModelPipeline
@@ -183,7 +184,7 @@ def measure_decoding(settings: DecodingSettings) -> dict[str, Any]:
     frames = settings.context + settings.frames
     clips = held_out_clips(settings.rollouts, frames, tuple(pipeline.image_size), settings.clip_seed,
                            settings.exclude_seed, settings.exclude_clips)
-    images = torch.from_numpy(np.concatenate([c.frames for c in clips])).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    images = frames_to_tensor(np.concatenate([c.frames for c in clips]))
     codes = pipeline.encode(images).reshape(len(clips), frames, *pipeline.tokenizer.grid_shape)
     config = pipeline.backend.model.config
     report: dict[str, Any] = {

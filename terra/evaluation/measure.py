@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from terra.config.sampling import SamplingConfig
 from terra.evaluation.cases import clip_routes
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 from terra.sim import Clip
+from terra.tokenizer.images import frames_to_tensor
 
 if TYPE_CHECKING:
     from terra.pipeline import WorldModelPipeline
@@ -49,10 +49,6 @@ class AdherenceCase:
     params: dict[str, float]
 
 
-def _to_images(frames: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-
-
 def _capped(values: list[float]) -> list[float]:
     return [min(v, PSNR_CAP_DB) for v in values]
 
@@ -67,7 +63,7 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
                      seed: int, progress: bool) -> dict:
     """PSNR/SSIM per horizon step of generated vs ground-truth frames, with the tokenizer and copy-last references."""
     horizon = clips[0].num_frames - n_ctx
-    codes = pipeline.encode(_to_images(np.concatenate([c.frames for c in clips])))
+    codes = pipeline.encode(frames_to_tensor(np.concatenate([c.frames for c in clips])))
     codes = codes.reshape(len(clips), n_ctx + horizon, *codes.shape[1:])
     points = pipeline.backend.layout.route_tokens
     requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, horizon, seed=seed + i,
@@ -122,7 +118,7 @@ def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase],
     """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right)."""
     horizon = next(iter(cases[0].clips.values())).num_frames - n_ctx
     steps = sorted({h for h in horizons if h <= horizon}) or [horizon]
-    contexts = pipeline.encode(_to_images(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))
+    contexts = pipeline.encode(frames_to_tensor(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))
     contexts = contexts.reshape(len(cases), n_ctx, *contexts.shape[1:])
     points = pipeline.backend.layout.route_tokens
     requests = [RolloutRequest(contexts[j], case.clips[name].actions, horizon, seed=seed + 2 * j + k,
