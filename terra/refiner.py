@@ -45,7 +45,7 @@ class RefinerSettings:
 def check_decoder(spec: RunSpec) -> RefinerSettings | None:
     """None for ``decoder=tokenizer``; for ``refiner`` the checked :class:`RefinerSettings` (file present, device
     able), from the spec's ``refiner`` block (the keys of ``conf/refiner/terra.yaml``) and its device (resolved:
-    terra/generation/backends.py, ``resolve_spec``), used when ``refiner.device`` is null. Every problem raises
+    terra/generation/resolve.py, ``resolve_backend_run``), used when ``refiner.device`` is null. Every problem raises
     one line (:class:`TerraInputError`)."""
     if spec.decoder == "tokenizer":
         return None

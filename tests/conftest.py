@@ -50,8 +50,9 @@ def one_error_line(result: subprocess.CompletedProcess, prog: str, text: str = "
 
 
 def load_script(name: str):
-    """Import ``scripts/<name>.py`` as a module (scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
+    """Import ``scripts/<kind>/<script>.py`` as a module (``name``: ``<kind>/<script>``, e.g. ``bench/benchmark``;
+    a script is run as a file, not imported from a package)."""
+    spec = importlib.util.spec_from_file_location(f"script_{Path(name).name}", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
     spec.loader.exec_module(module)

@@ -91,7 +91,7 @@ BAD_FILES = {
     "corrupt.npy": (lambda p: p.write_bytes(b"garbage"), "cannot be read"),
     "time.csv": (lambda p: p.write_text("t,x,y\n0,0,0\n0.2,1,0\n0.1,2,0\n"), "increase strictly"),
     "cols.csv": (lambda p: p.write_text("a,b\n0,0\n1,1\n"), "must name columns x and y"),
-    "keys.json": (lambda p: p.write_text(json.dumps({"path": []})), "exactly one of the keys"),
+    "keys.json": (lambda p: p.write_text(json.dumps({"path": []})), "unknown key .path.; a trajectory holds one of"),
     "traj.txt": (lambda p: p.write_text("1 2 3"), "unknown type"),
 }
 

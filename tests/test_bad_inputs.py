@@ -262,7 +262,7 @@ def test_incompatible_pair_is_caught_before_the_world_model_loads(bad, monkeypat
     def must_not_load(*args, **kwargs):
         raise AssertionError("the world model was loaded before the pair of tokenizer and world model was checked")
 
-    monkeypatch.setattr(terra.pipeline, "create_backend", must_not_load)
+    monkeypatch.setattr(terra.pipeline, "build_backend", must_not_load)
     with pytest.raises(TerraInputError, match="codebook"):
         _from_pretrained(DEMO / "world_model", bad.tok_codebook)
     config = read_world_model_config(DEMO / "world_model")  # what the CLI reads first
@@ -272,7 +272,7 @@ def test_incompatible_pair_is_caught_before_the_world_model_loads(bad, monkeypat
 
 def test_same_seed_gives_the_same_tokens_twice_with_transformers(tiny_model_dir, single_thread):
     """Reproducibility: temperature 1, no top-k / top-p, fresh backends, the global RNG disturbed in between."""
-    from terra.generation.hf_backend import HFBackend
+    from terra.generation.backends import model_backend
 
     rng = np.random.default_rng(0)
     context = rng.integers(0, 512, (2, 64))
@@ -281,7 +281,7 @@ def test_same_seed_gives_the_same_tokens_twice_with_transformers(tiny_model_dir,
     runs = []
     for global_seed, seed in ((1, 11), (2, 11), (3, 12)):
         torch.manual_seed(global_seed)
-        backend = HFBackend(tiny_model_dir)
+        backend = model_backend(tiny_model_dir)
         runs.append(backend.generate([RolloutRequest(context, actions, 3, seed=seed)], sampling, progress=False)[0])
     assert runs[0].shape == (3, 64)
     np.testing.assert_array_equal(runs[0], runs[1])
@@ -376,3 +376,38 @@ def test_cli_speculative_on_an_engine_that_cannot_exits_2_before_loading(tmp_pat
     assert lines[0].startswith("terra-generate: error: sampling.decoding=speculative: vLLM decodes speculatively "
                                "only on a GPU"), lines[0]
     assert not (tmp_path / "out").exists() and list(cwd.iterdir()) == []
+
+
+
+def _routes_at(metres: float) -> np.ndarray:
+    routes = np.zeros((1, 2, 2))
+    routes[0, 1, 1] = metres
+    return routes
+
+
+def _past_bound_cases():
+    from terra.contract.actions import in_reach
+    from terra.contract.routes import validate_routes
+    from terra.inputs.trajectory import EgoTrajectory
+
+    return [
+        (lambda: validate_routes(_routes_at(1000.5), 2), "lies 1000.5 m from the car, more than 1000 m"),
+        (lambda: validate_routes(_routes_at(1000.0001), 2), "lies 1000.0001 m from the car, more than 1000 m"),
+        (lambda: validate_routes(_routes_at(1e308), 2), "lies 1e+308 m from the car, more than 1000 m"),
+        (lambda: validate_routes(_routes_at(1500.25), 2), "lies 1500 m from the car"),
+        (lambda: in_reach(np.array([600.5]), "actions"), "actions: holds 600.5, but points 3 s ahead lie within 600 m"),
+        (lambda: EgoTrajectory.from_arrays([0.0, 1e7 + 0.5], [0.0, 0.0], t=[0.0, 1e6]),
+         "column x holds 10000000.5, beyond +-1e+07 m"),
+        (lambda: EgoTrajectory.from_arrays([0.0, 100.5], [0.0, 0.0], t=[0.0, 1.0]),
+         "move at 100.5 m/s between points 0 and 1, faster than 100 m/s"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_a_value_past_its_bound_reads_past_it(case):
+    """A value just past its bound reads past it (a route point 1000.5 m away is never "1000 m, more than 1000 m"),
+    and one at 1e308 m is no 309-digit number: every line that shows a value beside the bound it passes."""
+    call, text = _past_bound_cases()[case]
+    with pytest.raises(TerraInputError) as caught:
+        call()
+    assert text in str(caught.value) and len(str(caught.value)) < 300, str(caught.value)

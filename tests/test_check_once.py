@@ -2,8 +2,8 @@
 profiler on the functions' code objects, so calls through any import name count.
 
 * ``terra-generate`` with a trajectory file: the file is read once and its actions validated once;
-* a batch run: the settings checked once, the output lock taken once, each sample's trajectory parsed and its
-  actions validated once;
+* a batch run: the settings checked once, the output lock taken once, the world model digested once, each sample's
+  files digested once, its trajectory parsed and its actions validated once;
 * a session step: the action parsed and validated once, the pose computed once.
 """
 
@@ -25,7 +25,7 @@ import terra.core.lock
 import terra.batch.samples
 import terra.config.files
 import terra.config.spec
-import terra.generation.actions
+import terra.contract.actions
 import terra.inputs.actions
 import terra.inputs.ego_motion
 import terra.models.checkpoint
@@ -70,7 +70,7 @@ def test_generate_reads_a_trajectory_file_once_and_validates_its_actions_once(tm
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", f"trajectory={trajectory}"])
     with calls(terra.inputs.actions.read_trajectory_file, terra.config.files.read_input_text,
-               terra.generation.actions.validate_actions, terra.config.spec.run_spec, terra.pipeline.resolve_run,
+               terra.contract.actions.validate_actions, terra.config.spec.run_spec, terra.pipeline.resolve_run,
                terra.models.checkpoint.read_world_model_config) as counts:
         summary = terra.apps.generate.run(terra.apps.generate.generate_spec(cfg), tmp_path / "out")
     assert summary["generated_frames"] == 2
@@ -84,10 +84,13 @@ def test_a_batch_checks_its_settings_and_takes_its_lock_once(tmp_path, scenes, d
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), backend="hf", device="cpu",
                          num_frames=NUM_FRAMES, num_context=NUM_CONTEXT, image_root=scenes["root"], progress=False)
     with calls(terra.batch.config.check_config, terra.core.lock._acquire, terra.batch.samples.sample_inputs,
-               terra.generation.actions.validate_actions) as counts:
+               terra.contract.actions.validate_actions, terra.config.files.checkpoint_digest,
+               terra.config.files.file_digest) as counts:
         result = run_batch(config, pipeline=demo_pipeline)
     assert result.counts["ok"] == 2
-    assert counts == {"check_config": 1, "_acquire": 1, "sample_inputs": 2, "validate_actions": 2}
+    # the world model digested once for the run (config.json and model.safetensors), each context image once
+    assert counts == {"check_config": 1, "_acquire": 1, "sample_inputs": 2, "validate_actions": 2,
+                      "checkpoint_digest": 1, "file_digest": 2 + 2 * NUM_CONTEXT}
 
 
 def test_terra_rollout_checks_its_settings_and_checkpoint_folders_once(tmp_path):
@@ -116,7 +119,7 @@ def test_a_session_step_parses_and_validates_its_action_once():
 
     backend = create_backend("hf", "terra/assets/demo/world_model", device="cpu")
     action = terra.session.driver_input.drive_action(0.2, 30.0).tolist()
-    with calls(terra.session.driver_input.parse_action, terra.generation.actions.validate_actions,
+    with calls(terra.session.driver_input.parse_action, terra.contract.actions.validate_actions,
                terra.inputs.ego_motion.advance_pose) as counts:  # from before the engine's thread starts
         host = SessionHost(backend, max_frames=4)
         try:

@@ -146,6 +146,60 @@ def test_the_default_drive_stays_in_its_lane_in_the_synthetic_worlds_ground_trut
         assert np.abs(lateral - scene.ego_lane_offset_m).max() > LANE_WIDTH_M / 2
 
 
+def test_the_readmes_first_example_drives_into_a_bend_its_context_shows():
+    """README's first terra-generate example, on the built-in context: in the synthetic world's ground truth the car
+    keeps its lane's centre line while the road turns it by more than 15 degrees, and the bend starts within the
+    40 m of road its context frames show, after them (terra/sim/clips.py, builtin_road: the poses its routes are
+    told from). Control: a turn of the car's own on the same road leaves the lane."""
+    import re
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+
+    from terra.apps.runner import CONF_DIR
+    from terra.inputs.trajectory import check_manoeuvre_params
+    from terra.sim import builtin_road
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [block] = re.findall(r"^A first run of a few.*?```bash\n(.*?)```", readme, re.S | re.M)
+    program, *args = shlex.split(block.splitlines()[0].partition("#")[0])
+    assert program == ".venv/bin/terra-generate", program
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("generate", overrides=args)
+    assert cfg.context is None and cfg.trajectory is None and cfg.manoeuvre == "follow_lane"
+    params = check_manoeuvre_params(cfg.manoeuvre_params)
+    scene, poses = builtin_road(cfg.manoeuvre, cfg.num_context + cfg.num_frames, cfg.seed, params)
+    along, lateral = scene.road_coords(poses[:, 0], poses[:, 1])
+    assert np.abs(lateral - scene.ego_lane_offset_m).max() < 0.05  # on the lane's centre line throughout
+    assert np.degrees(poses[-1, 2] - poses[0, 2]) > 15  # the road turned the car
+    bend = scene.seg_s0[np.flatnonzero(scene.seg_curv)[0]]
+    assert along[cfg.num_context - 1] < bend < along[0] + 40 and bend < along[-1] - 10  # seen, then driven
+    _, off = builtin_road("curve_left", len(poses), cfg.seed, params)
+    assert np.abs(scene.road_coords(off[:, 0], off[:, 1])[1] - scene.ego_lane_offset_m).max() > 1.0
+
+
+def test_the_projects_log_messages_speak_as_the_program(tmp_path):
+    """A message of the project's loggers (the route model run without a route: terra/generation/rollout.py) is a
+    line ``terra-generate: ...`` like the app's own, not Hydra's ``[date][HYDRA] ...`` (terra/apps/runner.py,
+    program_voice); the app's logging is as before once it has run (an in-process control)."""
+    import logging
+
+    from terra.apps.runner import program_voice
+
+    (tmp_path / "straight.json").write_text(json.dumps({"manoeuvre": "straight"}))  # a trajectory without routes
+    result = terra_generate(tmp_path, *FAST, "trajectory=straight.json", "num_frames=1", "output.dir=out")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "route" in line]
+    assert said == ["terra-generate: the world model takes a route (8 route slots) but a rollout has none: it runs "
+                    "with the learned 'no route' embedding (docs/generate.md, \"Routes\")"], result.stderr
+    assert "[HYDRA]" not in result.stdout + result.stderr
+    logger = logging.getLogger("terra")
+    before = (logger.handlers[:], logger.propagate, logger.level)
+    with program_voice("terra-x"):
+        assert logger.propagate is False
+    assert (logger.handlers, logger.propagate, logger.level) == before
+
+
 def test_overrides_take_effect(tmp_path):
     out = tmp_path / "out"
     result = terra_generate(tmp_path / "cwd", *FAST, "manoeuvre=curve_right", "sampling=greedy", "num_frames=2",
@@ -225,6 +279,8 @@ BAD_CLI_INPUTS = {
     "context_not_an_image": (lambda p: [f"context={p['notes']}"], "cannot be read as an image"),
     "unreadable_trajectory": (lambda p: [f"trajectory={p['traj']}"], "cannot be read"),
     "unknown_manoeuvre": (lambda p: ["manoeuvre=barrel_roll"], "barrel_roll"),
+    "follow_lane_on_own_frames": (lambda p: ["manoeuvre=follow_lane", "context=my_frames/"],
+                                  "manoeuvre=follow_lane keeps the lane of the built-in scene's road"),
     "zero_frames": (lambda p: ["num_frames=0"], "num_frames"),
     "negative_frames": (lambda p: ["num_frames=-3"], "num_frames"),
     "zero_threads": (lambda p: ["num_threads=0"], "num_threads must be a whole number from 1 to 1024 (got 0)"),

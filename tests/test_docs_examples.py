@@ -1,7 +1,7 @@
 """The docs' examples run as given: docs/generate.md's trajectory files (CSV and JSON, x forward and y to the left)
-through the ``terra-generate`` command printed beside each, and docs/rollout.md's samples through the batch's own
-check before any model loads. A trajectory covers ``num_context + num_frames - 1`` frames; a shorter one is refused
-with that rule in its line."""
+through the ``terra-generate`` command printed beside each, and docs/rollout.md's samples (its sample with routes,
+written by the page's Python, too) through the batch's own check before any model loads. A trajectory covers
+``num_context + num_frames - 1`` frames; a shorter one is refused with that rule in its line."""
 
 from __future__ import annotations
 
@@ -139,3 +139,32 @@ def test_a_sample_too_short_for_its_frames_fails_alone_naming_the_rule(tmp_path)
     assert [item.sample.sample_id for item in plan.to_run] == [0, 1]
     [failed] = plan.failed
     assert failed["sample_id"] == 2 and RULE in failed["error"], failed
+
+
+def test_the_routes_example_runs_as_its_command_says(tmp_path):
+    """docs/rollout.md's sample with routes, written by its Python in the samples' folder and planned by the command
+    printed after it for the demo model's route slots: it runs, told the bend's centre line ahead of every frame (y
+    grows as the road turns left, 1.75 m to the left where the car stands)."""
+    from terra.config.assets import ASSETS
+
+    folder = samples_folder(tmp_path)
+    text = (ROOT / "docs" / "rollout.md").read_text()
+    [code] = [block for block in fenced("rollout.md", "python") if "routes.jsonl" in block]
+    [line] = re.findall(r"```python\n[^`]*routes\.jsonl[^`]*```\s*```bash\n(.*?)\n", text, re.S)
+    program, *args = shlex.split(line)
+    assert program == ".venv/bin/terra-rollout" and "samples=routes.jsonl" in args, args
+    route_tokens = json.loads((ASSETS / "demo" / "world_model" / "config.json").read_text())["num_route_tokens"]
+    cwd = Path.cwd()
+    os.chdir(folder)
+    try:
+        exec(code, {})  # noqa: S102  (the page's own example)
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            plan = plan_batch(batch_spec(compose("rollout", overrides=args), progress=False), route_tokens=route_tokens)
+    finally:
+        os.chdir(cwd)
+    assert plan.failed == [] and [item.sample.sample_id for item in plan.to_run] == ["bend"]
+    [item] = plan.to_run
+    routes = item.inputs.routes  # [frames, K, 3]: y, x, s
+    assert routes.shape == (3 + item.num_frames, route_tokens, 3)
+    assert 1.7 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
+    np.testing.assert_allclose(np.hypot(*routes[0, :, :2].T - np.array([[200.0], [0.0]])), 200 - 1.75, rtol=1e-5)

@@ -79,7 +79,7 @@ def test_the_matcher_finds_a_planted_line(line, name):
     "frames carried into the next window for rollouts longer than one window",
     "Ray actor 1 did not come back; its samples run again; any record came back once run() returned",
     "the rate between the last two rows (the first holds the compile); $out/train_log.jsonl",
-    "Measured on 2026-11-26 on one H200 with vLLM 0.26: `python scripts/benchmark_alpasim.py --sessions 16`",
+    "Measured on 2026-11-26 on one H200 with vLLM 0.26: `python scripts/bench/benchmark_alpasim.py --sessions 16`",
     "held-out clips of the synthetic world; the host's cap for this session",
 ])
 def test_the_matcher_leaves_the_project_s_own_words(line):
@@ -175,20 +175,53 @@ def moved_paths() -> set[str]:
     return found
 
 
-def test_every_repo_path_named_in_the_docs_configs_and_code_exists():
-    """A module or page moved leaves no path in the Markdown, the configs' comments or the code's docstrings and
-    comments pointing nowhere (conf/backend/auto.yaml named terra/backends.py long after it moved), unless
-    docs/moved-names.md lists it as moved."""
-    moved = moved_paths()
+def missing_paths(files: list[Path], let_off: set[str], under: str = "") -> list[str]:
+    """``file:line: path`` for each repository path the files name that does not exist (``let_off``: names allowed
+    to, such as docs/moved-names.md's old paths; ``under``: only the paths that start so)."""
     missing = []
-    for path in tracked_texts():
-        if path.suffix not in (".md", ".yaml", ".py"):
-            continue
+    for path in files:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             for found in REPO_PATH.finditer(line):
                 name = found.group(1).rstrip("./")
-                if line[found.end():found.end() + 1] in ("*", "{", "<", "$"):  # a pattern, not a path
-                    continue
-                if not ((ROOT / name).exists() or name in INSTALLED or name in moved or NOT_A_PATH.search(name)):
+                if line[found.end():found.end() + 1] in ("*", "{", "<", "$") or not name.startswith(under):
+                    continue  # a pattern, not a path; or not a path asked about
+                if not ((ROOT / name).exists() or name in INSTALLED or name in let_off or NOT_A_PATH.search(name)):
                     missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
+    return missing
+
+
+def test_every_repo_path_named_in_the_docs_configs_and_code_exists():
+    """A module or page moved leaves no path in the Markdown, the configs' comments, the code's docstrings and
+    comments or pyproject.toml pointing nowhere (conf/backend/auto.yaml named terra/backends.py long after it moved),
+    nor a script's path in a shell recipe or the Makefile (whose other paths are their runs' folders), unless
+    docs/moved-names.md lists it as moved."""
+    moved = moved_paths()
+    texts = [path for path in tracked_texts() if path.suffix in (".md", ".yaml", ".py", ".toml")]
+    commands = [path for path in tracked_texts() if path.suffix == ".sh" or path.name == "Makefile"]
+    missing = missing_paths(texts, moved) + missing_paths(commands, moved, under="scripts/")
     assert not missing, "no such file or folder (name where it is now):\n" + "\n".join(missing)
+
+
+SCRIPT_KINDS = ("bench", "experiments", "checks", "recipes", "tools")  # scripts/README.md says what each is for
+
+
+def test_every_script_a_page_quotes_is_where_the_page_says():
+    """Each ``scripts/...`` path of the docs, the benchmarks, the model card and the READMEs exists: a command quoted
+    there runs as written. None is let off as moved, except in docs/moved-names.md, whose first column names the old
+    ones."""
+    pages = [path for path in tracked_texts() if path.suffix == ".md" and path != ROOT / "docs" / "moved-names.md"]
+    missing = [line for line in missing_paths(pages, set()) if line.split(": ", 1)[1].startswith("scripts/")]
+    assert not missing, "no such script (scripts/README.md lists where each is):\n" + "\n".join(missing)
+
+
+def test_every_script_lies_in_a_folder_of_its_kind_and_the_readme_lists_it():
+    scripts = ROOT / "scripts"
+    loose = sorted(p.name for p in scripts.iterdir() if p.is_file() and p.name != "README.md")
+    kinds = sorted(p.name for p in scripts.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert not loose and kinds == sorted(SCRIPT_KINDS), (loose, kinds)
+    readme = (scripts / "README.md").read_text()
+    listed = set(re.findall(r"^\| `((?:\w+/)+\w+\.(?:py|sh))`", readme, re.M))
+    runnable = {str(p.relative_to(scripts)) for kind in SCRIPT_KINDS for p in (scripts / kind).iterdir()
+                if p.suffix in (".py", ".sh") and p.name != "__init__.py"}
+    assert listed == runnable, f"not in scripts/README.md: {sorted(runnable - listed)}; " \
+                               f"listed, not there: {sorted(listed - runnable)}"

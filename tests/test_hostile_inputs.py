@@ -39,7 +39,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import write_gif, write_mp4
-from terra.generation.actions import validate_actions
+from terra.contract.actions import validate_actions
 from terra.inputs.actions import actions_for_manoeuvre, load_actions
 from terra.inputs.requests import trajectory_actions
 from terra.inputs.trajectory import EgoTrajectory

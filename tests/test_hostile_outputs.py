@@ -161,7 +161,7 @@ def test_a_run_folder_belongs_to_the_app_that_wrote_it(tmp_path):
     shared = tmp_path / "shared"
     claim_output_file(shared / "tokens.safetensors", "out", app="terra-tokenize").record()
     assert owner(shared) is None and marked(shared) == {"tokens.safetensors"}
-    claim_output_file(shared / "bench.json", "--out", app="scripts/benchmark_drive.py").record()
+    claim_output_file(shared / "bench.json", "--out", app="scripts/bench/benchmark_drive.py").record()
     claim_output_dir(shared, "output_dir", files=["report.json"], app="terra-evaluate").record()
     assert owner(shared) == "terra-evaluate"
     # a folder replaced whole keeps its owner

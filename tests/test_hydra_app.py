@@ -147,3 +147,34 @@ def test_help_and_cfg_need_no_extra(tmp_path):
         result = subprocess.run([sys.executable, "-c", code, "--", *args], cwd=tmp_path, env=ENV, capture_output=True,
                                 text=True, timeout=300)
         assert result.returncode == 0 and text in result.stdout, (flag, result.stdout[-500:], result.stderr)
+
+
+@pytest.mark.parametrize("app", ["drive", "generate"])
+def test_a_config_of_yours_without_the_apps_settings_is_refused_before_hydra_writes_anything(app, tmp_path):
+    """``--config-dir DIR --config-name NAME`` of a config that lacks the app's settings, and leaves Hydra's own run
+    folder settings at Hydra's defaults: one line, exit 2, and no ``outputs/<date>/<time>/`` with Hydra's ``.hydra``
+    folder and log in the working folder."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mine.yaml").write_text("a: 1\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    prog = f"terra-{app}"
+    result = subprocess.run([sys.executable, "-m", f"terra.apps.{app}", "--config-dir", str(tmp_path / "mine"),
+                             "--config-name", "mine", "a=2"], cwd=cwd, env=ENV, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert list(cwd.rglob("*")) == []
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{prog}: error: the config 'mine' (--config-dir / --config-name) lacks {prog}'s "
+                           "settings"), line
+
+
+def test_an_override_holding_a_newline_is_one_line(tmp_path):
+    """The value shows with its newline escaped, in the line and in its quoted example."""
+    result = subprocess.run([sys.executable, "-m", "terra.apps.drive", "seed=1\n2"], cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line == ("terra-drive: error: cannot parse the override 'seed=1\\n2': quote a value with spaces, non-ASCII "
+                    "letters or special characters for Hydra, e.g. \"seed='1\\n2'\"; see terra-drive --help"), line
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,7 @@
 """Modules that moved (terra/core/lazy.py, ``moved_modules``): the closed-loop wing's into its sub-packages
 (terra/closedloop/__init__.py), terra/session/controls.py to driver_input.py and the two prepare.py to names of
-their own (terra/batch/prepared_sample.py, terra/training/prepare_logs.py). Every old path still imports until
+their own (terra/batch/prepared_sample.py, terra/training/prepare_logs.py), and the model's contract a floor down,
+from terra/generation/ to terra/contract/ (actions, routes, layout). Every old path still imports until
 0.2.0, as the same module object, with one FutureWarning naming the new path; the gymnasium ids work
 through the old module too. A name that never was a module of the wing still fails."""
 
@@ -21,13 +22,14 @@ OLD = ("alpasim_metrics", "control_worlds", "drive_fidelity", "drives", "egodriv
        "ray_executor", "record", "reference", "run", "settings", "tracking", "truth", "vehicle", "verdict", "vision",
        "drivers", *(f"drivers.{name}" for name in ("builtin", "egodriver", "imitation", "learned", "navsim", "vision"))
        )  # every module of terra/closedloop/ that moved out of its root, and the policies' package named for them
+CONTRACT = ("actions", "layout", "routes")  # terra/generation/ -> terra/contract/
 MOVED = [*(f"terra.closedloop.{name}" for name in OLD), "terra.session.controls", "terra.batch.prepare",
-         "terra.training.prepare"]
+         "terra.training.prepare", *(f"terra.generation.{name}" for name in CONTRACT)]
 PROBE = """
 import importlib, json, sys, warnings
-import terra.batch, terra.closedloop, terra.session, terra.training
+import terra.batch, terra.closedloop, terra.generation, terra.session, terra.training
 out = {}
-tables = (terra.batch, terra.closedloop, terra.session, terra.training)
+tables = (terra.batch, terra.closedloop, terra.generation, terra.session, terra.training)
 for old, new in {old: new for package in tables for old, new in package.MOVED_MODULES.items()}.items():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -46,7 +48,8 @@ def test_every_old_path_imports_the_moved_module_with_one_warning():
     found = json.loads(result.stdout)
     assert sorted(found) == sorted(MOVED)
     for old, (same, name, warned, where) in found.items():
-        assert same and name != old and name.split(".")[:2] == old.split(".")[:2], old  # moved within its wing
+        wing = "terra.contract" if old.startswith("terra.generation.") else ".".join(old.split(".")[:2])
+        assert same and name != old and name.startswith(wing + "."), old  # within its wing, or the contract down
         assert warned == [f"FutureWarning: {old} moved to {name}; the old name goes in 0.2.0"], old
         assert where == ["<string>"], old  # the warning points at the importing line, not at the import system
 
@@ -87,12 +90,34 @@ def test_a_renamed_public_function_is_found_under_its_old_name_for_one_release()
         from terra.closedloop.study.report import run_nothing  # noqa: F401
 
 
-def test_the_forward_pass_figures_old_name_is_found_for_one_release():
-    from terra.generation import rollout
+def test_the_routes_old_function_name_is_found_for_one_release():
+    from terra.contract import routes
 
-    with pytest.warns(FutureWarning, match="rollout.DecodeStats is now terra.generation.rollout.PassStats"):
+    with pytest.warns(FutureWarning, match="routes.route_points is now terra.contract.routes.routes_from_yx"):
+        from terra.contract.routes import route_points
+    assert route_points is routes.routes_from_yx
+    with pytest.raises(ImportError):  # the control: a name the contract never had
+        from terra.contract.routes import route_nothing  # noqa: F401
+
+
+def test_the_forward_pass_figures_old_name_is_found_for_one_release():
+    from terra.generation import pass_stats, rollout
+
+    with pytest.warns(FutureWarning, match="rollout.DecodeStats is now terra.generation.pass_stats.PassStats"):
         from terra.generation.rollout import DecodeStats
-    assert DecodeStats is rollout.PassStats
+    assert DecodeStats is pass_stats.PassStats is rollout.PassStats  # its module's own, and the rollout's name for it
+
+
+def test_the_policies_old_class_names_are_found_for_one_release():
+    from terra.closedloop.study import exploit
+
+    with pytest.warns(FutureWarning, match="exploit.TunedDriver is now terra.closedloop.study.exploit.TunedPolicy"):
+        from terra.closedloop.study.exploit import TunedDriver
+    with pytest.warns(FutureWarning, match="exploit.tuned_driver is now terra.closedloop.study.exploit.tuned_policy"):
+        from terra.closedloop.study.exploit import tuned_driver
+    assert TunedDriver is exploit.TunedPolicy and tuned_driver is exploit.tuned_policy
+    with pytest.raises(ImportError):  # the control: a name the module never had
+        from terra.closedloop.study.exploit import NoDriver  # noqa: F401
 
 
 def test_the_policies_old_module_names_are_found_on_the_policies_package_for_one_release():

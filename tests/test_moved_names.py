@@ -110,6 +110,21 @@ def test_python_keywords_take_the_old_names(capsys, tmp_path):
         BatchConfig(samples=str(samples), output_dir="out", decoder="framewise").spec()
 
 
+def test_the_pipeline_takes_decode_batch_size(capsys):
+    """``WorldModelPipeline(decode_batch_size=)`` sized encode batches as well as decode ones: it is
+    ``tokenizer_batch_size`` now, the old keyword taken with one line."""
+    from terra.models.presets import TINY_TOKENIZER
+    from terra.pipeline import WorldModelPipeline
+    from terra.tokenizer import LFQTokenizer
+
+    tokenizer = LFQTokenizer(TINY_TOKENIZER)
+    assert WorldModelPipeline(tokenizer, None, decode_batch_size=3).tokenizer_batch_size == 3
+    assert stderr_lines(capsys) == [
+        "terra: decode_batch_size= is now tokenizer_batch_size=; the old name goes in 0.2.0"]
+    assert WorldModelPipeline(tokenizer, None, tokenizer_batch_size=3).tokenizer_batch_size == 3
+    assert stderr_lines(capsys) == []  # the new name: nothing said
+
+
 def test_from_pretrained_takes_block_size(capsys):
     from terra.pipeline import WorldModelPipeline
 

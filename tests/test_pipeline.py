@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_concurrent_encode_and_decode_never_overlap_in_the_tokenizer(tiny_model_dir, single_thread) -> None:
     torch.manual_seed(0)
     tokenizer = LFQTokenizer(TINY_TOKENIZER)
-    pipeline = WorldModelPipeline(tokenizer, create_backend("hf", tiny_model_dir, device="cpu"), decode_batch_size=2)
+    pipeline = WorldModelPipeline(tokenizer, create_backend("hf", tiny_model_dir, device="cpu"),
+                                  tokenizer_batch_size=2)
     inside, most = 0, 0
     guard = threading.Lock()
 
@@ -99,7 +100,7 @@ def test_from_pretrained_says_what_it_takes_in_one_line(tiny_model_dir, world_mo
 def test_a_ray_actor_runs_on_the_gpus_ray_gave_it(device, gpus, expected) -> None:
     """An actor with GPUs runs on them (Ray sets CUDA_VISIBLE_DEVICES: ``cuda``); one without never takes a GPU
     for ``auto``; its backend is chosen for that device (``auto`` on a CPU: Transformers)."""
-    from terra.generation.backends import vllm_available
+    from terra.config.backend import vllm_available
 
     spec = actor_spec(RunSpec("wm", "tok", device=device), gpus)
     assert spec.device == expected
@@ -171,9 +172,9 @@ def test_a_vllm_engine_start_is_said_to_be_the_slow_part_before_it(tiny_model_di
         said.append(capsys.readouterr().out)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(terra.pipeline, "create_backend", create)
+    monkeypatch.setattr(terra.pipeline, "build_backend", create)
     run = ResolvedRun(RunSpec(tiny_model_dir, "", backend=backend, device="cpu"),
-                      read_world_model_config(tiny_model_dir), None)
+                      read_world_model_config(tiny_model_dir), "float32", "per_frame", None)
     with pytest.raises(KeyboardInterrupt):
         WorldModelPipeline.from_run(run, LFQTokenizer(TINY_TOKENIZER))
     expected = ["terra: starting vLLM's engine, the slow part of the start (1-5 min on a CPU) ...\n"] if told else [""]

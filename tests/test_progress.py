@@ -12,7 +12,7 @@ import pytest
 import terra.core.progress as progress_module
 from terra.config.sampling import SamplingConfig
 from terra.core.progress import Progress, duration, prints_lines, shows_bars
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from tests.closedloop.conftest import drive_settings_of
 from tests.conftest import tiny_model
@@ -68,7 +68,7 @@ def test_a_long_count_prints_lines_with_the_time_left_and_a_short_one_none(capsy
 def test_the_python_api_draws_no_bar_into_a_pipe(capsys):
     """pipeline.generate(progress=True), the API's default, drew tqdm's bar into whatever stderr was (a pipe, a
     log); now only a terminal gets it."""
-    backend = HFBackend(tiny_model())
+    backend = model_backend(tiny_model())
     context = np.random.default_rng(0).integers(0, 64, (2, 64))
     actions = np.zeros((4, 6, 3), np.float32)
     [codes] = backend.generate([RolloutRequest(context, actions, 3, seed=1)], SamplingConfig(temperature=1.0))

@@ -1,6 +1,7 @@
 """``terra-generate`` with a route model: a built-in manoeuvre drives a scene of the synthetic world, so each frame is
-drawn with the road of that scene ahead of its pose (no setting to remember); the video's codes are the backend's
-rollout given those routes, and differ from the rollout without a route."""
+drawn with the road of that scene ahead of its pose (no setting to remember), whether ``manoeuvre=`` names it or a
+trajectory file does; the video's codes are the backend's rollout given those routes, and differ from the rollout
+without a route."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import numpy as np
 import pytest
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from terra.sim import builtin_context, builtin_road
 from terra.tokenizer.lfq import LFQTokenizer
+from terra.contract.routes import route_distances
 from tests.conftest import TINY_ROUTES, tiny_route_model
 from tests.test_cli import terra_generate
+from tests.test_route_files import FRAMES, models, run_generate  # noqa: F401  (models: the fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +39,7 @@ def test_a_builtin_manoeuvre_gives_a_route_model_its_scenes_road(tmp_path):
 
     images, actions = builtin_context("curve_left", 5, (64, 64), 4, {})
     scene, poses = builtin_road("curve_left", 5, 4, {})
-    pipeline = WorldModelPipeline(tokenizer, HFBackend(str(model_dir)))
+    pipeline = WorldModelPipeline(tokenizer, model_backend(str(model_dir)))
     context = pipeline.encode(images[:2])
     greedy = SamplingConfig(temperature=0)
     routed = RolloutRequest(context, actions, 3, seed=4, routes=scene.route(poses, TINY_ROUTES))
@@ -44,3 +47,24 @@ def test_a_builtin_manoeuvre_gives_a_route_model_its_scenes_road(tmp_path):
     with_route, without = pipeline.backend.generate([routed, routeless], greedy, progress=False)
     np.testing.assert_array_equal(codes[2:], with_route)
     assert not np.array_equal(with_route, without)
+
+
+def test_a_manoeuvre_file_over_the_builtin_frames_drives_them_as_manoeuvre_does(models, tmp_path, monkeypatch):
+    """``{"manoeuvre": ...}`` as a file over the built-in frames: the same scene, frames, actions and road as
+    ``manoeuvre=`` with the same settings (before, the file's run got straight-driving frames and no route); the
+    file's own road, where it gives one, is told instead."""
+    spec = {"name": "curve_left", "radius_m": 40}
+    trajectory = tmp_path / "curve.json"
+    trajectory.write_text(json.dumps({"manoeuvre": spec}))
+    [from_file] = run_generate(models, "route_model", trajectory, tmp_path / "file", monkeypatch, "seed=3")
+    [named] = run_generate(models, "route_model", None, tmp_path / "named", monkeypatch, "seed=3",
+                           "manoeuvre=curve_left", "manoeuvre_params.radius_m=40")
+    scene, poses = builtin_road("curve_left", FRAMES, 3, {"radius_m": 40.0})
+    np.testing.assert_array_equal(from_file.routes, scene.route(poses, TINY_ROUTES))
+    np.testing.assert_array_equal(from_file.routes, named.routes)
+    np.testing.assert_array_equal(from_file.actions, named.actions)
+    np.testing.assert_array_equal(from_file.context, named.context)  # the same frames, encoded
+    road = tmp_path / "road.json"
+    road.write_text(json.dumps({"manoeuvre": spec, "road": [[-20.0, 0.0], [200.0, 0.0]]}))
+    [own] = run_generate(models, "route_model", road, tmp_path / "own", monkeypatch, "seed=3")
+    np.testing.assert_allclose(own.routes[0, :, :2], np.stack([np.zeros(4), route_distances(4)], 1), atol=1e-4)

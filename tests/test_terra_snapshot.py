@@ -383,7 +383,7 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(sna
     def must_not_load(*args, **kwargs):
         raise AssertionError("the world model was loaded before the snapshot was checked")
 
-    monkeypatch.setattr(terra.pipeline, "create_backend", must_not_load)
+    monkeypatch.setattr(terra.pipeline, "build_backend", must_not_load)
     root = broken_snapshot(snapshot, tmp_path / "Terra", case)
     out = tmp_path / "out"
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):

@@ -1,4 +1,4 @@
-"""A client of the WorldModelService that calls it as AlpaSim's runtime does (for scripts/benchmark_alpasim.py,
+"""A client of the WorldModelService that calls it as AlpaSim's runtime does (for scripts/bench/benchmark_alpasim.py,
 smoke runs against a server, and the tests' fake runtime in tests/alpasim/).
 
 AlpaSim's runtime (its services/video_model_service.py and events/video_model/prefetch.py) makes one

@@ -16,7 +16,7 @@ The rules, one per question (:class:`RigTrack`):
   does not send: it is taken one frame back along the first chunk's motion (the inverse of the step from its first
   pose to its second: exact at constant speed and yaw rate), or at the first pose, standing still, when the first
   chunk holds a single pose.
-* **The future.** A frame's action is its pose's next 3 s (terra/generation/actions.py). Of those, the chunk holds
+* **The future.** A frame's action is its pose's next 3 s (terra/contract/actions.py). Of those, the chunk holds
   what AlpaSim has decided; beyond the chunk's last pose the car goes on at the speed and yaw rate between its last
   two poses (terra/inputs/trajectory.py, ``EgoTrajectory.poses_at``). So a chunk's actions are what
   ``terra-generate`` reads from the trajectory of the previous frame's pose followed by the chunk's poses
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.core.errors import TerraInputError
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.contract.actions import FRAME_RATE_HZ
+from terra.core.errors import TerraInputError, past
 from terra.inputs.actions import actions_from_value
 from terra.inputs.ego_motion import compose, to_ego
 
@@ -68,7 +68,8 @@ def planar_poses(vec: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
     if tilted.size:
         i = int(tilted[0])
         raise TerraInputError(
-            f"rig_trajectory pose {i} tilts the rig {math.degrees(math.acos(max(-1.0, up_z[i]))):.0f} degrees from "
+            f"rig_trajectory pose {i} tilts the rig {past(math.degrees(math.acos(max(-1.0, up_z[i]))), MAX_TILT_DEG)} "
+            "degrees from "
             f"level (at most {MAX_TILT_DEG:g}); send the rig's pose (x forward, y left, z up) in the local ENU "
             "frame, not a camera's")
     yaw = np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))

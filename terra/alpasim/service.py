@@ -1,12 +1,13 @@
 """AlpaSim's ``WorldModelService`` (terra/alpasim/video_model.proto) over gRPC, on a :class:`SessionTable`.
 
 The four calls as AlpaSim's runtime makes them: ``start_session`` (one camera: its initial frame, its size; the HD
-map, the text prompt, the camera model and its mounting are accepted and not used, and the log says so),
-``render_video_chunk`` (one image per pose, in order), ``close_session`` (closing twice, or a session that expired,
-is answered as a close) and ``get_version`` (what the server renders). Every refusal is a gRPC status with one line
-(terra/alpasim/sessions.py names the codes: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, OUT_OF_RANGE,
-FAILED_PRECONDITION); a failure of the server itself is INTERNAL with one line, its traceback in the server's
-log. No request stops the server or another session.
+map, read for a model with route slots (terra/alpasim/maps.py); the debug options' HD-map condition frames; the text
+prompt, the camera model and its mounting are accepted and not used, and the log says so), ``render_video_chunk``
+(one image per pose, in order, and as many HD-map condition frames where asked), ``close_session`` (closing twice,
+or a session that expired, is answered as a close) and ``get_version`` (what the server renders). Every refusal is
+a gRPC status with one line (terra/alpasim/sessions.py names the codes: INVALID_ARGUMENT, NOT_FOUND,
+RESOURCE_EXHAUSTED, OUT_OF_RANGE, FAILED_PRECONDITION); a failure of the server itself is INTERNAL with one line,
+its traceback in the server's log. No request stops the server or another session.
 
 Every field is read through terra/alpasim/fields.py before it is used (ids, enums, timestamps), and what the log
 and a refusal quote of a client's value is short and escaped. With ``alpasim.token`` set (required beyond loopback:
@@ -125,22 +126,25 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
             raise RequestError(f"one camera needs one initial frame and at most one rig_to_camera; the request has "
                                f"{len(request.initial_frames)} and {len(request.rig_to_camera)}")
         debug = request.debug_options
-        if debug.return_hdmap_frames or debug.skip_video_generation:
-            raise RequestError("this server renders no HD-map frames; set AlpaSim's runtime.renderer."
-                               "video_model_config.return_hdmap_frames=false")
+        if debug.skip_video_generation and not debug.return_hdmap_frames:
+            raise RequestError("debug_options.skip_video_generation without return_hdmap_frames leaves nothing to "
+                               "return; set return_hdmap_frames too (each frame's told route drawn), or neither")
         frame = request.initial_frames[0]
         name = enum_name(pb.ImageFormat, frame.format, "initial_frames[0].format")
         if frame.format not in INITIAL_FORMATS:
             raise RequestError(f"initial_frames[0] is {name}; send a PNG or JPEG")
         spec = request.camera_specs[0]
         camera = client_id(spec.logical_id, "camera_specs[0].logical_id") if spec.logical_id else "camera"
-        session = self.table.start(frame.data, camera, (spec.resolution_h, spec.resolution_w), request.random_seed)
+        session = self.table.start(frame.data, camera, (spec.resolution_h, spec.resolution_w), request.random_seed,
+                                   request.static_world_map.hdmap_parquets, debug.return_hdmap_frames,
+                                   debug.skip_video_generation)
         height, width = session.size
-        log.info("session %s: camera %s (%s model asked) rendered as this model's own camera (%s), sent at %dx%d; "
-                 "seed %d%s; not used: the HD map (%d bytes), the text prompt, the camera model, rig_to_camera",
-                 session.id, camera, spec.WhichOneof("camera_param") or "no", self.renders, height, width,
-                 session.seed, " (the server's choice)" if not request.random_seed else "",
-                 len(request.static_world_map.hdmap_parquets))
+        frames = ("only HD-map condition frames" if debug.skip_video_generation
+                  else "with HD-map condition frames" if debug.return_hdmap_frames else "")
+        log.info("session %s: camera %s (%s model asked) rendered as this model's own camera (%s), sent at %dx%d%s; "
+                 "seed %d%s; not used: the text prompt, the camera model, rig_to_camera", session.id, camera,
+                 spec.WhichOneof("camera_param") or "no", self.renders, height, width, f", {frames}" if frames else "",
+                 session.seed, " (the server's choice)" if not request.random_seed else "")
         return pb.SessionId(session_id=session.id)
 
     @answered
@@ -153,14 +157,16 @@ class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
         for i, actor in enumerate(request.dynamic_state.actors):
             enum_name(pb.ActorClassId, actor.class_id, f"dynamic_state.actors[{i}].class_id")
         wait_s = context.time_remaining()  # a retry may arrive while the chunk it retries still renders
-        images = self.table.render(session.id, times, planar_poses(vec, quat), context.is_active,
-                                   RETRY_WAIT_S if wait_s is None else min(wait_s, RETRY_WAIT_S))
-        if request.dynamic_state.actors and session.track.frames == len(images):
+        rendered = self.table.render(session.id, times, planar_poses(vec, quat), context.is_active,
+                                     RETRY_WAIT_S if wait_s is None else min(wait_s, RETRY_WAIT_S))
+        if request.dynamic_state.actors and session.track.frames == len(times):
             log.info("session %s: %d other actors are not rendered (Terra does not model them)", session.id,
                      len(request.dynamic_state.actors))
         image_format = FORMATS[self.table.settings.image_format]
         output = pb.CameraOutput(camera_logical_id=session.camera,
-                                 rgb_frames=[pb.Image(data=data, format=image_format) for data in images])
+                                 rgb_frames=[pb.Image(data=data, format=image_format) for data in rendered.images],
+                                 hdmap_condition_frames=[pb.Image(data=data, format=image_format)
+                                                         for data in rendered.hdmap])
         return pb.VideoChunkReturn(camera_outputs=[output])
 
     @answered

@@ -6,6 +6,10 @@ one :class:`~terra.generation.session_engine.SessionEngine`, so the frames of al
 in the same batches (continuous batching on vLLM). A chunk's frames are queued at once (the engine runs one
 rollout's steps in order), decoded together and encoded as JPEG or PNG at the size the camera asked for.
 
+A session's HD map is read once, at its start, and tells each frame of a model with route slots the route ahead of
+its rig pose (terra/alpasim/maps.py); with ``return_hdmap_frames`` each frame's told route comes back drawn
+(terra/alpasim/topview.py), and with ``skip_video_generation`` too only those pictures, the model not run.
+
 A chunk belongs to its call: one rendered for a caller that gave up (its deadline passed) is not committed, and a
 retry of a session's last chunk (the same poses) gets its frames without rendering them again (:class:`Rendered`).
 
@@ -26,8 +30,10 @@ import numpy as np
 from PIL import Image
 
 from terra.alpasim.fields import RequestError, client_id, quoted
+from terra.alpasim.maps import SessionMap, session_map
 from terra.alpasim.poses import Chunk, RigTrack
 from terra.alpasim.settings import AlpasimSettings
+from terra.alpasim.topview import TopView
 from terra.config.checks import MAX_SEED
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError, error_line
@@ -69,6 +75,9 @@ class AlpasimSession:
     camera: str  # the camera's logical id, echoed in every chunk
     size: tuple[int, int]  # (H, W) of the frames sent
     seed: int
+    hd_map: SessionMap  # its road and the routes it tells each frame
+    view: TopView | None = None  # draws the HD-map condition frames (None: not asked)
+    skip_video: bool = False  # only the HD-map condition frames: the model is not run
     track: RigTrack = field(default_factory=RigTrack)
     busy: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
@@ -86,6 +95,7 @@ class Rendered:
     poses: np.ndarray
     chunk: Chunk
     images: list[bytes]
+    hdmap: list[bytes]  # the HD-map condition frames (empty: not asked)
     committed: bool
 
     def asked_again(self, times_us: np.ndarray, poses: np.ndarray) -> bool:
@@ -126,12 +136,17 @@ class SessionTable:
         self.sessions: dict[str, AlpasimSession] = {}
         self._lock = threading.Lock()  # guards sessions and _opening
         self._opening = 0
+        self._reading_map = threading.Lock()  # maps are read one at a time: a large one keeps the interpreter busy
+        # for seconds (numpy and Python), and many at once would starve the engine's driver thread
 
     # ------------------------------------------------------------------ start, close
 
-    def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int) -> AlpasimSession:
+    def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int, hdmap: bytes = b"",
+              hdmap_frames: bool = False, skip_video: bool = False) -> AlpasimSession:
         """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), sending frames at the size ``asked``
-        (:func:`frame_size`); ``seed`` 0 lets the server choose one (logged), any other is reduced modulo 2**62."""
+        (:func:`frame_size`); ``seed`` 0 lets the server choose one (logged), any other is reduced modulo 2**62.
+        ``hdmap``: the scene's HD map (``hdmap_parquets``, read for a model with route slots: terra/alpasim/maps.py);
+        ``hdmap_frames``: return each frame's told route drawn; ``skip_video``: only those, without the model."""
         size = frame_size(asked, self.pipeline.image_size)
         self._reap_idle()
         with self._lock:
@@ -143,11 +158,15 @@ class SessionTable:
         try:
             image = image_from_bytes(initial_frame, "initial_frames[0]", self.settings.max_image_pixels)
             context = fit_frame(image, self.pipeline.image_size, "initial_frames[0]", self.resize)
+            session_id = secrets.token_hex(8)
+            with self._reading_map:
+                hd_map = session_map(hdmap, self.pipeline.backend.layout.route_tokens, session_id)
             codes = self.pipeline.encode(frames_to_tensor(np.stack([context])))
             seed = secrets.randbelow(MAX_SEED) + 1 if seed == 0 else seed % (MAX_SEED + 1)
             rollout = self.engine.open(codes, np.zeros((0, 6, 3), np.float32), self.settings.max_frames, seed,
-                                       self.overlap)
-            session = AlpasimSession(secrets.token_hex(8), rollout, camera, size, seed)
+                                       self.overlap, hd_map.context_routes())
+            view = TopView(hd_map.road, size) if hdmap_frames else None
+            session = AlpasimSession(session_id, rollout, camera, size, seed, hd_map, view, skip_video)
             with self._lock:
                 self.sessions[session.id] = session
         finally:
@@ -193,8 +212,9 @@ class SessionTable:
         return session
 
     def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
-               answered: Callable[[], bool] = lambda: True, wait_s: float = 0.0) -> list[bytes]:
-        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``).
+               answered: Callable[[], bool] = lambda: True, wait_s: float = 0.0) -> Rendered:
+        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``),
+        and as many HD-map condition frames where the session asked for them.
         ``answered``: whether the caller still waits (gRPC's ``context.is_active``); ``wait_s``: how long to wait
         for the session's chunk in flight (a retry arriving while the chunk it retries still renders). A chunk is
         its call's: one rendered for a caller that gave up is not committed, and a retry of the last chunk (the same
@@ -212,28 +232,30 @@ class SessionTable:
                 if not kept.committed:
                     session.track.commit(kept.chunk)
                     kept.committed = True
-                return kept.images
+                return kept
             if kept is not None and not kept.committed:
                 raise SessionUnusable(
                     f"session {session_id}: the chunk of {len(kept.times_us)} poses from {kept.times_us[0]} us was "
                     "rendered after its caller gave up; send that chunk again (the same poses) to get its frames")
             self.check_room(session, len(times_us))
             chunk = session.track.plan(times_us, poses)
+            routes = session.hd_map.routes(poses)
             try:
-                codes = self._generate(session, chunk.actions)
+                codes = None if session.skip_video else self._generate(session, chunk.actions, routes)
             except Exception as err:
                 session.failed = error_line(err, memory_advice="lower alpasim.max_sessions")
                 if isinstance(err, TerraInputError):  # the engine's refusal (shut down, closed meanwhile)
                     raise SessionUnusable(f"session {session_id}: {err}") from None
                 raise
-            images = self._encode(session, codes)
-            session.last = Rendered(times_us.copy(), poses.copy(), chunk, images, committed=answered())
+            images = [] if codes is None else self._encode(session, codes)
+            hdmap = [] if session.view is None else self._draw(session, poses, routes)
+            session.last = Rendered(times_us.copy(), poses.copy(), chunk, images, hdmap, committed=answered())
             if not session.last.committed:
                 log.info("session %s: the chunk at %d us was abandoned by its caller; kept for its retry",
                          session_id, int(times_us[0]))
                 raise SessionUnusable(f"session {session_id}: the caller gave up on the chunk; send it again")
             session.track.commit(chunk)
-            return images
+            return session.last
         finally:
             session.last_used = time.monotonic()
             session.busy.release()
@@ -247,9 +269,13 @@ class SessionTable:
                               f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
                               f"{count}: start a new session, or the server with more")
 
-    def _generate(self, session: AlpasimSession, actions: np.ndarray) -> np.ndarray:
-        """Queue every frame of the chunk at once and wait for their codes ``[m, h, w]``."""
-        futures = [self.engine.step(session.rollout, action, self.sampling) for action in actions]
+    def _generate(self, session: AlpasimSession, actions: np.ndarray, routes: np.ndarray | None) -> np.ndarray:
+        """Queue every frame of the chunk at once and wait for their codes ``[m, h, w]``. Each step is given its
+        frame's ``actions[i]`` and, for a model with route slots, ``routes[i]``, the route at the pose that frame is
+        drawn from (None: no route), which the engine puts in the slots of the frame before it
+        (terra/generation/session_engine.py, ``SessionEngine.step``)."""
+        futures = [self.engine.step(session.rollout, action, self.sampling, None if routes is None else routes[i])
+                   for i, action in enumerate(actions)]
         grid = self.pipeline.tokenizer.grid_shape
         return np.stack([future.result().codes.reshape(grid) for future in futures])
 
@@ -262,3 +288,9 @@ class SessionTable:
                 rgb = fit_frame(Image.fromarray(rgb), session.size, "a frame", "crop")
             images.append(encode_image(rgb, settings.image_format, settings.jpeg_quality))
         return images
+
+    def _draw(self, session: AlpasimSession, poses: np.ndarray, routes: np.ndarray | None) -> list[bytes]:
+        """The HD-map condition frames of a chunk: each frame's told route (terra/alpasim/topview.py)."""
+        settings = self.settings
+        return [encode_image(session.view.draw(pose, None if routes is None else routes[i]), settings.image_format,
+                             settings.jpeg_quality) for i, pose in enumerate(poses)]

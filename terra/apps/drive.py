@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
@@ -43,7 +44,8 @@ def _main(cfg: DictConfig) -> None:
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
     # no model yet: a bad setting or output folder is one line; the command line is what a study's shard processes
     # are given (shard_processes: terra/closedloop/study/processes.py)
-    settings = terra_drive_settings(cfg, out_dir, sys.argv[1:])
+    # study=gpu (Hydra's choice of the preset, conf/study/) needs a GPU whatever the settings after it say
+    settings = terra_drive_settings(cfg, out_dir, sys.argv[1:], HydraConfig.get().runtime.choices.get("study"))
 
     from terra.closedloop.study.drives import terra_drive
 

@@ -5,10 +5,17 @@
     terra-evaluate quality.num_clips=32 adherence.num_cases=20 out_dir=outputs/eval/demo
 
 It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
-torch is imported or any model loads.
+torch is imported or any model loads. Each phase's results are kept in ``out_dir`` as it finishes
+(terra/evaluation/phases.py): Ctrl-C or SIGTERM exit 130 / 143 with a line naming what was kept and the command that
+resumes (this one, with ``out_dir`` set to the folder), which measures only the phases left.
 """
 
 from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -29,7 +36,18 @@ def _main(cfg: DictConfig) -> None:
     spec = evaluate_spec(cfg)
     from terra.evaluation.run import format_table, run  # imports torch
 
-    print(format_table(run(spec)))
+    print(format_table(run(spec, resume_command=resume_command(sys.argv[1:], spec.output.path))))
+
+
+def resume_command(arguments: list[str], folder: Path) -> str:
+    """The command that resumes a run started with ``arguments`` (renamed settings under their new names: the runner
+    moved them): the same, with ``out_dir`` set to the run's folder (the default names a new one each time),
+    quoted for Hydra where the path needs it and for the shell."""
+    given = [arg for arg in arguments if arg.lstrip("+~").partition("=")[0] != "out_dir"]
+    path = str(folder)
+    if not re.fullmatch(r"[A-Za-z0-9_./+-]+", path):  # Hydra's quotes: a quote, and backslashes before one, escaped
+        path = "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\" + m[2] if m[2] else ""), path) + "'"
+    return shlex.join([PROG, *given, f"out_dir={path}"])
 
 
 main = console_script(_main, PROG, extras=("eval",))

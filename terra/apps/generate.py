@@ -32,7 +32,7 @@ from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_trajectory_file
-from terra.inputs.trajectory import MANOEUVRES, check_manoeuvre_params
+from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
 SETTINGS = {  # documented in conf/generate.yaml; num_frames, 1 .. max_num_frames, is checked against the cap
@@ -69,9 +69,13 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     values["num_frames"] = check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap,
                                               bounds=f"from 1 to max_num_frames ({cap})")
     params = check_manoeuvre_params(select(cfg, "manoeuvre_params"))
-    if cfg.trajectory is None and cfg.manoeuvre not in MANOEUVRES:
-        raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}")
     context = select(cfg, "context")
+    if cfg.trajectory is None and cfg.manoeuvre not in (*MANOEUVRES, FOLLOW_LANE):
+        raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}, "
+                              f"{FOLLOW_LANE}")
+    if cfg.trajectory is None and cfg.manoeuvre == FOLLOW_LANE and context is not None:
+        raise TerraInputError(f"manoeuvre={FOLLOW_LANE} keeps the lane of the built-in scene's road, which frames of "
+                              "your own do not have; leave context unset, or give your drive as trajectory=FILE")
     return GenerateSpec(run_spec(cfg), output, values["num_frames"], values["num_samples"], values["seed"],
                         context if context is None or isinstance(context, list) else str(context),
                         None if cfg.trajectory is None else str(cfg.trajectory), str(cfg.manoeuvre), params, plain(cfg))
@@ -94,8 +98,9 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
                                   ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
                                   ("refiner weights", spec.run.refiner.get("path"))], app=APP)
 
-    from terra.generation.rollout import PassStats
+    from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
+    from terra.inputs.routes import MOVED_ROUTES
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline, resolve_run
     from terra.sim import builtin_context, builtin_road
@@ -108,22 +113,27 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
-    ground_truth = actions = routes = None
-    if spec.context is None:
-        manoeuvre = spec.manoeuvre if spec.trajectory is None else "straight"
-        params = spec.manoeuvre_params if spec.trajectory is None else {}
-        images, actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed, params)
-        ground_truth, images = images[num_context:], images[:num_context]
-        if spec.trajectory is None and run.model.num_route_tokens:  # the manoeuvre's scene: the road it drives
-            scene, poses = builtin_road(manoeuvre, num_context + num_frames, spec.seed, params)
-            routes = scene.route(poses, run.model.num_route_tokens)
-    else:
+    ground_truth = actions = routes = given = None
+    if spec.context is not None:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
     if spec.trajectory is not None:  # read once, sized for the context frames there are; its routes checked here
-        given = trajectory_inputs(spec.trajectory, len(images), num_frames, run.model.num_route_tokens)
+        given = trajectory_inputs(spec.trajectory, num_context if spec.context is None else len(images), num_frames,
+                                  run.model.num_route_tokens)
         actions, routes = given.actions, given.routes
         if given.unused_routes:
             print(f"terra-generate: {spec.trajectory} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
+        if given.old_routes:
+            print(f"terra-generate: {spec.trajectory}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
+    if spec.context is None:  # the built-in scene driven by the manoeuvre (of the file: as manoeuvre= drives it)
+        named = given is None or given.manoeuvre is not None
+        manoeuvre = spec.manoeuvre if given is None else given.manoeuvre.name if named else "straight"
+        params = spec.manoeuvre_params if given is None else given.manoeuvre.params if named else {}
+        images, scene_actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed, params)
+        ground_truth, images = images[num_context:], images[:num_context]
+        actions = scene_actions if named else actions
+        if named and routes is None and run.model.num_route_tokens:  # the manoeuvre's scene: the road it drives
+            scene, poses = builtin_road(manoeuvre, num_context + num_frames, spec.seed, params)
+            routes = scene.route(poses, run.model.num_route_tokens)
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 

@@ -63,9 +63,10 @@ def _drive_choices() -> dict[str, str]:
 
 def _generate_choices() -> dict[str, str]:
     from terra.config.spec import DECODERS
-    from terra.inputs.trajectory import MANOEUVRES
+    from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES
 
-    return {"manoeuvre": f"{', '.join(MANOEUVRES)} (when trajectory is null)",
+    return {"manoeuvre": f"{', '.join(MANOEUVRES)} (when trajectory is null); {FOLLOW_LANE} (the built-in scene's "
+                         "road, bends and all, at speed_kmh; context null)",
             "manoeuvre_params": "speed_kmh (all), radius_m (curves), accel_mps2 (accelerate, decelerate, stop), "
                                 "lane_width_m and change_s (lane changes)",
             "decoder": " | ".join(DECODERS)}
@@ -87,10 +88,15 @@ def _dataset_choices() -> dict[str, str]:
 
 
 TRAJECTORIES = """\
-.json  an object with one key: "instruction_trajs" [T, 60, 2|3] (ACT-Bench, ego frame of each frame, 20 Hz),
-       "trajectory" {"x": [...], "y": [...], "yaw"?, "t"? or "rate_hz"?} (world frame, metres, 10 Hz),
+.json  an object with one trajectory form: "instruction_trajs" [T, 60, 2|3] (ACT-Bench, ego frame of each frame,
+       20 Hz), "trajectory" {"x": [...], "y": [...], "yaw"?, "t"? or "rate_hz"?} (world frame, metres, 10 Hz),
        "actions" [T, 6, 3], or "manoeuvre" (a name or {"name": ..., "num_frames"?, "speed_kmh"?, ...});
-       or a bare array of one of those shapes
+       and, for a model with route slots, optionally a route beside it:
+       "road" [[x, y], ...] or a list of lanes, in the trajectory's world frame (each frame's route is computed
+       at its pose), or "ego_routes" [num_context + num_frames, K, 2|3], each frame's route in its ego frame,
+       rows [x, y] or [x, y, s] at 80 m * (k + 1) / K along the road ([[10, 0], [20, 0], ...]: straight ahead);
+       any other key is an error. Or a bare array of one of those shapes. Without context, a manoeuvre file
+       drives the built-in scene and gets its road, as manoeuvre= does.
 .csv   a header naming x, y and optionally t (or timestamp) and yaw; one row per pose
 .npy   [T, 6, 3] actions, [T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz
 Axes: the ego frame's x points forward, y to the left; yaw in radians, counter-clockwise. Positions in metres,
@@ -101,7 +107,8 @@ One JSON object per line (blank lines ignored); every sample_id unique (a number
 ACT-Bench's: sample_id, context_frames (image paths under image_root), instruction_trajs [T, 60, 3], label?
 Terra's: sample_id, context (an image, video, folder, glob or a list), and at most one of trajectory (a file or
   {"x": [...], "y": [...]}), actions [T, 6, 3], instruction_trajs, manoeuvre (a name or {"name": ..., ...});
-  without one, default_manoeuvre. Both may set seed, num_frames and label.
+  without one, default_manoeuvre. Both may set seed, num_frames and label, and give a "road" or "ego_routes"
+  (docs/rollout.md, "Routes").
 Frame 0 of the trajectory is the first context frame used. An example of each: docs/rollout.md, "Samples"."""
 
 LOGS = """\
@@ -157,7 +164,10 @@ PAGES: dict[str, Page] = {  # config name (conf/<name>.yaml) -> its page
         ("Inputs", "videos: <name>_<sample_id>.mp4 files (terra-rollout output.naming=actbench); samples: ACT-Bench's "
                    "act_bench.jsonl\n(sample_id, label, reference_traj, ...; docs/score.md); estimator: a download "
                    "of turing-motors/ACT-Estimator"),)),
-    "evaluate": Page("terra-evaluate", "docs/score.md"),
+    "evaluate": Page("terra-evaluate", "docs/score.md", exit_codes=(
+        "Exit codes: 0 report written, 2 bad setting (one line, nothing written), 130 / 143 interrupted (the phases\n"
+        "finished are kept in out_dir; a line names the command that resumes), 1 internal error (--verbose shows its "
+        "traceback).")),
 }
 
 

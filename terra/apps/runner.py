@@ -12,7 +12,8 @@ Hydra scripts of scripts/ (evaluation, training, scoring).
   SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
   error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
   ``HYDRA_FULL_ERROR=1``. Without ``--verbose`` vLLM logs warnings and errors only (``VLLM_LOGGING_LEVEL``, unless
-  the environment sets it).
+  the environment sets it). The project's own log records print as the app's other lines, ``<prog>: ...``
+  (:func:`program_voice`).
 * ``--help``: the app's page, made one way for every app (terra/apps/help.py): what it does, its input formats,
   the choices that exist, its settings with their comments, exit codes and docs page.
 * :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
@@ -46,9 +47,9 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import terra.conf
-from terra.apps.help import register_help
+from terra.apps.help import PAGES, register_help
 from terra.config.assets import register_resolvers
-from terra.config.checks import did_you_mean
+from terra.config.checks import did_you_mean, one_line
 from terra.config.extras import check_extras
 from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
@@ -141,8 +142,10 @@ def _hydra_message(err: BaseException, command: str) -> str:
     if isinstance(err, OverrideParseException) and "=" in err.override and (
             "LexerNoViableAlt" in err.message or not err.override.isascii()):
         key, value = err.override.split("=", 1)
+        example = f"{key}='{value}'"  # as the shell takes it; a newline in it escaped, so the line stays one
+        example = f'"{example}"' if example.isprintable() else one_line(example)
         return (f"cannot parse the override {err.override!r}: quote a value with spaces, non-ASCII letters or "
-                f"special characters for Hydra, e.g. \"{key}='{value}'\"")
+                f"special characters for Hydra, e.g. {example}")
     return message
 
 
@@ -201,6 +204,36 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
     return f"unknown option {flags[0]!r}; settings are given as KEY=VALUE, options are listed by {prog} --help"
 
 
+def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -> str | None:
+    """Why a config of the user's (``--config-dir``, ``--config-name``) cannot run ``prog``: the settings of the
+    app's own config (terra/apps/help.py's ``PAGES`` names it) it lacks, in one line; None when it has them all or
+    none was given. Composed as Hydra composes it (``app``'s search path, the user's overrides), before Hydra makes
+    its run folder, where a config without the app's ``hydra:`` block has Hydra write its ``.hydra`` folder and log."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.types import RunMode
+
+    given = get_args_parser().parse_known_args(list(arguments))[0]
+    own = next((name for name, page in PAGES.items() if page.prog == prog), None)
+    if own is None or (given.config_dir is None and given.config_name is None and given.config_path is None):
+        return None
+
+    def composed(name: str, user_dir: str | None, overrides: list[str]) -> DictConfig:
+        path = create_automatic_config_search_path(None, app.__module__, given.config_path or CONFIG_PATH)
+        if user_dir is not None:
+            path.prepend("command-line", f"file://{os.path.abspath(user_dir)}", SearchPathQuery(provider="schema"))
+        return ConfigLoaderImpl(config_search_path=path).load_configuration(name, overrides, RunMode.RUN)
+
+    theirs = composed(given.config_name or own, given.config_dir, list(given.overrides))
+    missing = [key for key in composed(own, None, []) if key != "hydra" and key not in theirs]
+    if not missing:
+        return None
+    more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+    return (f"the config {given.config_name or own!r} (--config-dir / --config-name) lacks {prog}'s "
+            f"settings {', '.join(missing[:4])}{more}; start from a copy of its own config, conf/{own}.yaml")
+
+
 def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
     """``arguments`` with the overrides that pick ``prog``'s help page (terra/apps/help.py) among the user's own
     overrides: Hydra takes its overrides as one run of arguments, so appended after ``--help`` they would be
@@ -209,6 +242,24 @@ def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
     given = get_args_parser().parse_known_args(list(arguments))[0].overrides
     at = arguments.index(given[0]) if given else len(arguments)
     return [*arguments[:at], *page, *arguments[at:]]
+
+
+@contextmanager
+def program_voice(prog: str) -> Iterator[None]:
+    """The project's own log records (loggers under ``terra``, INFO and up) as lines on stderr in the program's voice,
+    ``<prog>: ...`` like its other lines, whatever Hydra's logging config does with the root logger (its
+    ``hydra_logging`` would print them as ``[date][HYDRA] ...``); as they were after the block."""
+    logger = logging.getLogger("terra")
+    before = logger.handlers[:], logger.propagate, logger.level
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{prog}: %(message)s"))
+    logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = before[0], before[1]
+        logger.setLevel(before[2])
 
 
 def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> Callable[[], None]:
@@ -254,7 +305,11 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
             sys.argv[1:] = with_help_page(sys.argv[1:], prog)
         if not any(arg.split("=")[0] in PRINTING_FLAGS for arg in sys.argv[1:]):
             check_extras(extras)  # make demo installs no extra: one line naming it, not a traceback
-        app()
+            refused = config_error(app, sys.argv[1:], prog)  # before Hydra writes into its run folder
+            if refused is not None:
+                raise TerraInputError(refused)
+        with program_voice(prog):
+            app()
         return
     except _TaskFailed as failed:
         error: BaseException = failed.error

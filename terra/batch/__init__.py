@@ -42,8 +42,9 @@ Outputs (under ``output_dir``)
   ``num_frames=44`` with 3 context frames); overlays stay off for scoring. ``png`` writes a folder
   ``<stem>_frames/``.
 * Sidecar: ``sidecar_pattern`` (default ``{sample_id}.json``), :func:`terra.decoder.write_sidecar` plus a ``batch``
-  block (fingerprint of the sample and the generation settings). It is written last: a sample is complete when
-  its sidecar exists, carries the same fingerprint and every file it lists exists. All writes are atomic
+  block (fingerprint of the sample's line, the content of the files it reads, the world model's config and weights
+  and the generation settings: terra/batch/plan.py). It is written last: a sample is complete when its sidecar
+  exists, carries the same fingerprint and every file it lists exists. All writes are atomic
   (temporary file + rename); temporary files left by a killed run are removed when the sample is planned again.
 * Manifest: ``manifest.jsonl`` (``manifest.shard-<i>-of-<n>.jsonl`` when sharded), rewritten by every run, one
   record per sample as it finishes: ``sample_id``, ``line``, ``file``, ``status`` (``ok`` | ``failed`` |
@@ -74,8 +75,10 @@ the summary counts per actor). Outputs go to ``output_dir`` from every node, so 
 a shared folder, as must the images. ``shard_index``/``num_shards`` split the input by line index modulo
 ``num_shards`` (every line in exactly one shard, malformed ones included) for runs split by hand.
 
-Changing the model or tokenizer folder does not invalidate finished samples: use a new ``output_dir`` (or
-``resume=False``) for another checkpoint. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
+A rerun redoes a finished sample whose inputs changed: its line, a context image or video, its trajectory file
+(routes included), or the world model (other config or weights, in whatever folder; digested once per run, about
+a second a gigabyte). The tokenizer folder is not part of the fingerprint: use a new ``output_dir``
+(or ``resume=False``) for another tokenizer. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
 (``conf/model``, ``conf/tokenizer``) are part of the fingerprint: changing them regenerates finished samples.
 
 Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (a sample's inputs

@@ -4,7 +4,7 @@
 window (``num_context`` + its frames, capped at the model's window; docs/ARCHITECTURE.md, "Windows"), and the
 backend says how many such rollouts fit (``WorldModelBackend.capacity``: on vLLM its KV cache's blocks over one
 window's blocks, terra/generation/vllm_backend.py), up to the most the engine is built for (:func:`max_rollouts`:
-``most_rollouts`` in terra/generation/backends.py, ``GPU_ROLLOUTS`` on a GPU). The Transformers backend has no fixed
+``most_rollouts`` in terra/generation/resolve.py, ``GPU_ROLLOUTS`` on a GPU). The Transformers backend has no fixed
 bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there, or one rollout where it decodes speculatively (it takes speculative
 rollouts' passes one after another): the table that decides the run's ``decoding=auto`` decides that too
 (terra/generation/decoding.py), and the run's decoding is chosen for the count it gives (:func:`planned_streams`).
@@ -13,9 +13,11 @@ rollouts' passes one after another): the table that decides the run's ``decoding
 from __future__ import annotations
 
 from terra.batch.config import BatchSpec
+from terra.config.backend import resolve_backend
 from terra.config.spec import RunSpec
 from terra.core.device import resolve_device
-from terra.generation.backends import DEFAULT_ROLLOUTS, backend_kind, most_rollouts, resolve_backend
+from terra.generation.backends import backend_kind
+from terra.generation.resolve import DEFAULT_ROLLOUTS, most_rollouts
 from terra.pipeline import WorldModelPipeline
 
 
@@ -31,7 +33,7 @@ def max_rollouts(config: BatchSpec, spec: RunSpec) -> int:
 def planned_streams(config: BatchSpec, samples: int) -> int:
     """The most rollouts an engine of this run keeps in flight, before its run is resolved: :func:`max_rollouts`
     on the device and backend it will resolve to, capped by the ``samples`` to run; the run's ``decoding=auto`` is
-    chosen for this many (terra/generation/backends.py, ``resolve_spec``)."""
+    chosen for this many (terra/generation/resolve.py, ``resolve_backend_run``)."""
     device = resolve_device(config.run.device)
     spec = config.run.replace(device=device, backend=resolve_backend(config.run.backend, device))
     return max(1, min(max_rollouts(config, spec), samples))

@@ -1,7 +1,10 @@
 """Planning a batch run: each sample's output files and fingerprint, which samples are already complete
 (resume), and the temporary files a killed run left behind.
 
-A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists exists.
+A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists exists. The
+fingerprint covers what the sample reads: its line, the content of every file it names (context images and videos,
+trajectory file: terra/batch/samples.py, ``sample_files``), the world model (its config and weights, digested once
+per run) and the settings that shape its outputs; so a rerun redoes a sample whose inputs or model changed.
 Every sample still to run has its inputs checked here (terra/batch/samples.py: ``check_inputs``) and its file
 names fitted to the file system, so a bad sample is recorded as failed before the model loads.
 """
@@ -11,13 +14,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
-from terra.batch.samples import check_inputs, in_shard
+from terra.batch.samples import check_inputs, in_shard, input_digests, sample_files
 from terra.config.checks import shown
-from terra.config.files import MAX_TRAJECTORY_BYTES, load_json
+from terra.config.files import MAX_TRAJECTORY_BYTES, checkpoint_digest, load_json
 from terra.config.outputs import check_output_names
 from terra.config.spec import fingerprint as spec_fingerprint
 from terra.core.atomic import marked, remove_abandoned, temporary_target
@@ -37,7 +40,7 @@ class Item:
     videos: dict[str, Path]  # format -> file (png: folder)
     sidecar: Path
     codes: Path | None
-    fingerprint: str
+    fingerprint: str = ""  # set once its input files are read (a sample whose files cannot be read has none)
     inputs: RolloutInputs | None = None  # actions and routes, built when planned (None: a video context, whose
     # frames count when read)
 
@@ -59,6 +62,7 @@ class BatchPlan:
     items: list[Item] = field(default_factory=list)  # every valid sample of this shard (to run or complete)
     stale: int = 0  # samples with an earlier sidecar that is outdated (other settings) or lacks files: rerun
     unused_routes: int = 0  # samples to run that carry routes, which a model without route slots does not take
+    old_routes: int = 0  # samples to run that give routes under their old name, "routes" ([y, x] rows)
 
 
 def _file_name(pattern: str, sample: Sample, ext: str) -> str:
@@ -95,11 +99,15 @@ def _outputs(config: BatchSpec, sample: Sample) -> tuple[dict[str, Path], Path, 
     return videos, sidecar, codes
 
 
-def fingerprint(config: BatchSpec, sample: Sample, seed: int, num_frames: int) -> str:
-    """The fingerprint (terra/config/spec.py) of the sample's record and the settings that shape its outputs."""
+def fingerprint(config: BatchSpec, sample: Sample, seed: int, num_frames: int, inputs: Sequence[str],
+                model: str) -> str:
+    """The fingerprint (terra/config/spec.py) of the sample's record, the digests of the files it reads (``inputs``:
+    terra/batch/samples.py, ``input_digests``), the world model's (``model``: terra/config/files.py,
+    ``checkpoint_digest``) and the settings that shape its outputs."""
     root = None if config.image_root is None else os.path.realpath(os.path.expanduser(config.image_root))
-    return spec_fingerprint({"record": sample.record, "seed": seed, "num_frames": num_frames,
-                             "image_root": root, **config.generation_settings()})  # a path as resolved
+    return spec_fingerprint({"record": sample.record, "seed": seed, "num_frames": num_frames, "inputs": list(inputs),
+                             "world_model": model, "image_root": root,  # a path as resolved
+                             **config.generation_settings()})
 
 
 def _read_sidecar(path: Path) -> dict | None:
@@ -148,10 +156,10 @@ def check_outputs(item: Item, config: BatchSpec, listed: frozenset[str]) -> None
                                   "the toolkit did not write there; move it away or choose another output.dir")
 
 
-def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_points: int = 0) -> BatchPlan:
+def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tokens: int = 0) -> BatchPlan:
     """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
     :func:`~terra.batch.config.check_config` checked it); the samples' routes are checked against a model of
-    ``route_points`` route slots."""
+    ``route_tokens`` route slots."""
     all_samples = read_samples(config.sample_files) if samples is None else samples
     if samples is None and not all_samples:
         raise TerraInputError(f"samples file(s) {', '.join(map(str, config.sample_files))} hold no samples")
@@ -176,6 +184,7 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_poi
             owners.setdefault(key, sample)
     mine = [s for s in all_samples if in_shard(s.index, config.shard_index, config.num_shards)]
     listed = marked(Path(config.output_dir))  # what the toolkit wrote there: a sample may replace only that
+    model = checkpoint_digest(config.run.world_model)  # once per run: samples another model drew are made again
     result = BatchPlan(config, mine, [], [], [])
     for sample in mine:
         if sample.error is not None:
@@ -187,23 +196,26 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_poi
         seed = sample.record.get("seed")
         seed = config.seed + sample.index if seed is None else int(seed)
         num_frames = int(sample.record.get("num_frames") or config.num_frames)
-        videos, sidecar, codes = outputs[sample.index]
-        item = Item(sample, seed, num_frames, videos, sidecar, codes, fingerprint(config, sample, seed, num_frames))
-        result.items.append(item)
-        complete, old = is_complete(item) if config.resume else (False, None)
-        if complete:
-            result.skipped.append(sample_record(sample, "skipped", seed=seed, files=old.get("files", []) + [
-                os.path.relpath(sidecar, config.output_dir)]))
-            continue
+        item = Item(sample, seed, num_frames, *outputs[sample.index])
+        result.items.append(item)  # its temporaries are swept, whatever its inputs
         try:
-            inputs, final = check_inputs(sample, config, num_frames, route_points)
-            check_outputs(item, config, listed)
+            files = sample_files(sample, config)
+            item.fingerprint = fingerprint(config, sample, seed, num_frames, input_digests(files), model)
+            complete, old = is_complete(item) if config.resume else (False, None)
+            if not complete:
+                inputs, final = check_inputs(sample, config, files, num_frames, route_tokens)
+                check_outputs(item, config, listed)
         except Exception as err:  # noqa: BLE001  (one bad sample fails alone)
             result.failed.append(sample_record(sample, "failed", error=sample_error(err), stage="input", seed=seed))
+            continue
+        if complete:
+            result.skipped.append(sample_record(sample, "skipped", seed=seed, files=old.get("files", []) + [
+                os.path.relpath(item.sidecar, config.output_dir)]))
             continue
         item.inputs = inputs if final else None
         result.stale += old is not None
         result.unused_routes += inputs.unused_routes
+        result.old_routes += inputs.old_routes
         result.to_run.append(item)
     return result
 

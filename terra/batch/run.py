@@ -21,10 +21,12 @@ from terra.config.checks import shown
 from terra.config.manifest import Manifest, count_statuses
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
-from terra.generation.rollout import PassStats
+from terra.generation.resolve import check_model
+from terra.generation.pass_stats import PassStats
 from terra.inputs.requests import UNUSED_ROUTES
+from terra.inputs.routes import MOVED_ROUTES
 from terra.inputs.samples import Sample
-from terra.pipeline import WorldModelPipeline, check_compatible, check_model, resolve_run
+from terra.pipeline import WorldModelPipeline, check_compatible, resolve_run
 from terra.refiner import RefinerSettings, check_decoder
 from terra.tokenizer import load_tokenizer
 
@@ -84,7 +86,8 @@ class BatchResult:
 
 def run_batch(config: BatchConfig | BatchSpec, pipeline: WorldModelPipeline | None = None,
               samples: list[Sample] | None = None) -> BatchResult:
-    """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline`.
+    """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline` of the
+    settings' world model (the samples' fingerprints record the settings' folder: terra/batch/plan.py).
 
     User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
     settings are checked once: here for :class:`BatchConfig`'s keywords, already for a :class:`BatchSpec`
@@ -105,8 +108,8 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
     started = time.perf_counter()
     # the model's config read once, before the plan: the samples' routes are checked against its route slots
     model_config = check_model(config.run) if config.executor == "ray" or pipeline is None else None
-    route_points = pipeline.backend.layout.route_tokens if model_config is None else model_config.num_route_tokens
-    the_plan = plan_batch(config, samples, route_points)
+    route_tokens = pipeline.backend.layout.route_tokens if model_config is None else model_config.num_route_tokens
+    the_plan = plan_batch(config, samples, route_tokens)
     executor = run = None
     own = False  # whether this run built the pipeline (and closes it)
     if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here
@@ -148,9 +151,11 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
             tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
     if the_plan.unused_routes:
         tqdm.write(f"terra-rollout: {the_plan.unused_routes} sample(s) carry routes; {UNUSED_ROUTES}", file=sys.stderr)
+    if the_plan.old_routes:
+        tqdm.write(f"terra-rollout: {the_plan.old_routes} sample(s): {MOVED_ROUTES}", file=sys.stderr)
     if the_plan.stale:
-        tqdm.write(f"terra-rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings or with "
-                   "files missing; generating them again", file=sys.stderr)
+        tqdm.write(f"terra-rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings, input "
+                   "files or world model, or with files missing; generating them again", file=sys.stderr)
     progress = BatchProgress(the_plan.to_run, config.progress)
 
     def on_record(record: dict) -> None:

@@ -2,26 +2,30 @@
 any model loads, and how lines are split into shards.
 
 The samples are read by :func:`terra.inputs.samples.read_samples` (the JSONL format; the two sample formats are
-described in terra/batch/__init__.py). :func:`check_inputs` checks a sample's context files (inside
-``image_root``, regular, image headers within :data:`terra.tokenizer.images.MAX_PIXELS`) and builds its actions and
-routes, all without decoding an image, so a bad sample fails alone before the run generates anything.
+described in terra/batch/__init__.py). :func:`sample_files` finds every file a sample reads (its context inside
+``image_root``, its trajectory file), regular and apart from ``output.dir``, and :func:`input_digests` their
+content, which its resume fingerprint covers (terra/batch/plan.py). :func:`check_inputs` checks its image headers
+(within :data:`terra.tokenizer.images.MAX_PIXELS`) and builds its actions and routes, all without decoding an image,
+so a bad sample fails alone before the run generates anything.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from terra.batch.config import BatchSpec
 from terra.core.errors import TerraInputError
 from terra.config.checks import shown
-from terra.config.files import check_inside, open_input_file
+from terra.config.files import MAX_TRAJECTORY_BYTES, check_inside, file_digest, open_input_file
 from terra.config.output_dir import check_apart
 from terra.inputs.context import resolve_path
-from terra.inputs.actions import TRAJECTORY_KEYS
+from terra.inputs.actions import TRAJECTORY_KEYS, manoeuvre_motion
 from terra.inputs.requests import RolloutInputs, manoeuvre_actions, trajectory_inputs, with_routes
+from terra.inputs.routes import given_routes
 from terra.inputs.samples import Sample
 from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from terra.tokenizer.images import image_file_size
@@ -29,6 +33,15 @@ from terra.tokenizer.images import image_file_size
 MAX_IMAGE_BYTES = 1 << 30  # one context image file
 MAX_VIDEO_BYTES = 64 << 30  # one context video file
 ALLOW_OUTSIDE = "allow_paths_outside_image_root"
+
+
+@dataclass(frozen=True)
+class SampleFiles:
+    """The files a sample reads, found and checked to be regular (:func:`sample_files`)."""
+
+    images: list[Path]  # the context images read (Terra's format: the last num_context, all beside a video)
+    videos: list[Path]  # context videos (their frames are counted only when decoded)
+    trajectory: Path | None  # its trajectory file, if it names one
 
 
 def context_paths(sample: Sample, config: BatchSpec) -> list[str]:
@@ -43,11 +56,18 @@ def context_paths(sample: Sample, config: BatchSpec) -> list[str]:
     return [check_inside(item, root, "context path", ALLOW_OUTSIDE) for item in items]
 
 
-def _image_files(sources: Sequence[str]) -> tuple[list[Path], bool]:
-    """The image files ``sources`` expand to, in the order tokenizer/images.py reads them, and whether a video
-    is among them (its frames are counted only when decoded)."""
+def trajectory_file(sample: Sample) -> Path | None:
+    """The trajectory file a sample of Terra's format names (its ``trajectory`` as a string: a path resolved against
+    its JSONL's folder), or None (an inline trajectory, another form, or an ACT-Bench sample)."""
+    value = sample.record.get("trajectory") if sample.kind != "actbench" else None
+    return Path(resolve_path(value, Path(sample.file).resolve().parent)) if isinstance(value, str) else None
+
+
+def _image_files(sources: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """The image files ``sources`` expand to, in the order tokenizer/images.py reads them, and the videos among
+    them (their frames are counted only when decoded)."""
     files: list[Path] = []
-    video = False
+    videos: list[Path] = []
     for source in sources:
         path = Path(source)
         if path.is_dir():
@@ -65,10 +85,10 @@ def _image_files(sources: Sequence[str]) -> tuple[list[Path], bool]:
         for file in found:
             if file.suffix.lower() in VIDEO_SUFFIXES:
                 open_input_file(file, "context video", MAX_VIDEO_BYTES).close()  # regular and readable; decoded later
-                video = True
+                videos.append(file)
             else:
                 files.append(file)
-    return files, video
+    return files, videos
 
 
 def _check_image(path: Path) -> None:
@@ -78,51 +98,62 @@ def _check_image(path: Path) -> None:
 
 
 def sample_inputs(sample: Sample, config: BatchSpec, loaded: int, num_frames: int,
-                  route_points: int = 0) -> RolloutInputs:
+                  route_tokens: int = 0) -> RolloutInputs:
     """The actions and routes of ``sample`` for ``loaded`` context frames read (ACT-Bench: all its frames, of which
     the last ``num_context`` are used, their first rows dropped with the frames not used; Terra's format: the frames
-    used) and ``num_frames`` generated ones, its routes checked against a model of ``route_points`` route slots.
-    A sample's ``routes`` sit beside its trajectory form, or in its trajectory file (JSON), not in both."""
+    used) and ``num_frames`` generated ones, its routes checked against a model of ``route_tokens`` route slots.
+    A sample's routes (a ``road`` or ``ego_routes``: terra/inputs/routes.py) sit beside its trajectory form, or in its
+    trajectory file (JSON), not in both."""
     record, where = sample.record, f"sample {shown(sample.sample_id)}"
-    jsonl_dir = Path(sample.file).resolve().parent
-    drop = 0
+    beside = given_routes(record, where)
     if sample.kind == "actbench":
         drop = max(0, loaded - config.run.num_context)  # instruction_trajs[0] belongs to context_frames[0]
-        given = trajectory_inputs({"instruction_trajs": record["instruction_trajs"]}, loaded - drop, num_frames,
-                                  route_points, f"{where}: instruction_trajs", skip=drop)
-    elif not any(k in record for k in TRAJECTORY_KEYS):
+        return trajectory_inputs({"instruction_trajs": record["instruction_trajs"]}, loaded - drop, num_frames,
+                                 route_tokens, f"{where}: instruction_trajs", skip=drop, beside=beside)
+    if not any(k in record for k in TRAJECTORY_KEYS):
         if config.default_manoeuvre is None:
             raise TerraInputError(f"{where} has no trajectory; add one of {', '.join(TRAJECTORY_KEYS)} "
                                   "or set default_manoeuvre")
-        given = RolloutInputs(manoeuvre_actions(config.default_manoeuvre, loaded, num_frames))
-    else:
-        key = [k for k in TRAJECTORY_KEYS if k in record][0]
-        # a "trajectory" string is a file next to the JSONL; everything else is inline
-        trajectory = record[key] if key == "trajectory" and isinstance(record[key], str) else {key: record[key]}
-        given = trajectory_inputs(trajectory, loaded, num_frames, route_points, f"{where}: {key}", base=jsonl_dir)
-    if record.get("routes") is None:
-        return given
-    if given.routes is not None or given.unused_routes:
-        raise TerraInputError(f"{where} gives routes twice, in the sample and in its trajectory file "
-                              f"{shown(record['trajectory'])}; keep one")
-    return with_routes(given.actions, record["routes"], loaded - drop, num_frames, route_points, where, skip=drop)
+        actions = manoeuvre_actions(config.default_manoeuvre, loaded, num_frames)
+        return with_routes(actions, beside, loaded, num_frames, route_tokens,
+                           motion=manoeuvre_motion(config.default_manoeuvre, len(actions)))
+    key = [k for k in TRAJECTORY_KEYS if k in record][0]
+    file = trajectory_file(sample)  # a "trajectory" string is a file next to the JSONL; everything else is inline
+    return trajectory_inputs({key: record[key]} if file is None else file, loaded, num_frames, route_tokens,
+                             f"{where}: {key}", beside=beside)
 
 
-def check_inputs(sample: Sample, config: BatchSpec, num_frames: int,
-                 route_points: int = 0) -> tuple[RolloutInputs, bool]:
-    """Check everything of ``sample`` that can be checked without a model: its context paths (apart from
-    output.dir) and files (image headers, not pixels) and its trajectory, built into the actions and routes the
-    rollout takes (:func:`sample_inputs`); return them and whether they are final (not with a video context: its
-    frames are counted only when decoded, so its inputs are built again then). Raises :class:`TerraInputError`."""
+def sample_files(sample: Sample, config: BatchSpec) -> SampleFiles:
+    """Every file ``sample`` reads: its context paths (apart from output.dir) expanded to files, and its trajectory
+    file; raises :class:`TerraInputError` for one that is missing or not a regular file."""
     sources = context_paths(sample, config)
     for source in sources:  # no output may land on an input (terra/config/output_dir.py)
         check_apart(Path(config.output_dir), "output.dir", "context", source)
-    files, video = _image_files(sources)
+    files, videos = _image_files(sources)
     # ACT-Bench samples read every context frame; Terra's the last num_context (with a video: unknown which)
-    used = files if sample.kind == "actbench" or video else files[-config.run.num_context :]
-    for file in used:
+    used = files if sample.kind == "actbench" or videos else files[-config.run.num_context :]
+    return SampleFiles(used, videos, trajectory_file(sample))
+
+
+def input_digests(files: SampleFiles) -> list[str]:
+    """The SHA-256 of each file's content (terra/config/files.py, ``file_digest``): images, videos, trajectory file.
+    A sample's fingerprint covers them, so a rerun redoes a sample whose images or trajectory file changed."""
+    trajectory = [files.trajectory] if files.trajectory else []
+    return ([file_digest(path, "context image", MAX_IMAGE_BYTES) for path in files.images]
+            + [file_digest(path, "context video", MAX_VIDEO_BYTES) for path in files.videos]
+            + [file_digest(path, "trajectory file", MAX_TRAJECTORY_BYTES) for path in trajectory])
+
+
+def check_inputs(sample: Sample, config: BatchSpec, files: SampleFiles, num_frames: int,
+                 route_tokens: int = 0) -> tuple[RolloutInputs, bool]:
+    """Check everything of ``sample`` that can be checked without a model, its ``files`` found: its images (headers,
+    not pixels) and its trajectory, built into the actions and routes the rollout takes (:func:`sample_inputs`);
+    return them and whether they are final (not with a video context: its frames are counted only when decoded, so
+    its inputs are built again then). Raises :class:`TerraInputError`."""
+    for file in files.images:
         _check_image(file)
-    return sample_inputs(sample, config, 1 if video else len(used), num_frames, route_points), not video
+    video = bool(files.videos)
+    return sample_inputs(sample, config, 1 if video else len(files.images), num_frames, route_tokens), not video
 
 
 def shard_indices(num_lines: int, shard_index: int, num_shards: int) -> list[int]:

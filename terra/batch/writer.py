@@ -20,7 +20,7 @@ from terra.batch.prepared_sample import PreparedSample
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar
-from terra.generation.rollout import PassStats
+from terra.generation.pass_stats import PassStats
 from terra.outputs import shown_frames, write_formats
 from terra.pipeline import WorldModelPipeline
 

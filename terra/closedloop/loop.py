@@ -30,7 +30,7 @@ from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.car.tracking import Actuation
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
-from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ

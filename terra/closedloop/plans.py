@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from terra.core.errors import TerraInputError
-from terra.generation.actions import finite_array, in_reach
+from terra.contract.actions import finite_array, in_reach
+from terra.core.errors import TerraInputError, past
 from terra.inputs.ego_motion import to_ego
 
 NAVSIM_DT_S = 0.5  # NAVSIM's trajectory sampling: 8 poses over 4 s
@@ -127,7 +127,7 @@ def _check_poses(poses: np.ndarray) -> None:
     bad = ~np.all(np.isfinite(poses) & (np.abs(poses) <= MAX_POSITION_M), axis=1)
     if bad.any():
         k = int(np.argmax(bad))
-        shown = ", ".join(f"{v:g}" for v in poses[k].tolist())
+        shown = ", ".join(past(v, MAX_POSITION_M if v >= 0 else -MAX_POSITION_M) for v in poses[k].tolist())
         raise TerraInputError(f"plan pose {k} is ({shown}), not finite numbers within {MAX_POSITION_M:g} m (and "
                               "rad); give poses in the car's frame, in metres")
 

@@ -26,11 +26,13 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from terra.closedloop.car.vehicle import EGO_LENGTH_M
-from terra.core.errors import TerraInputError
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.config.checks import one_line
+from terra.core.errors import TerraInputError, past
+from terra.contract.actions import FRAME_RATE_HZ, MAX_ACTION_M, MAX_SPEED_MPS
 from terra.inputs.ego_motion import speed_of, to_ego
+from terra.inputs.routes import GIVEN_ROUTE_KEYS
 from terra.inputs.samples import Sample, read_samples
-from terra.inputs.trajectory import EgoTrajectory
+from terra.inputs.trajectory import MAX_COORDINATE_M, EgoTrajectory
 from terra.sim.clips import FUTURE_S, clip_from_trajectory
 from terra.sim.renderer import FAR_M
 from terra.sim.scene import Scene
@@ -41,6 +43,8 @@ COMMAND_TURN_M = 2.0  # the route 20 m ahead this far to a side is a turn
 SCENE_LENGTH_M = 600.0
 ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its nearest centreline point this finely
 SYNTHETIC = "synthetic"  # the scenarios setting of the true world's scenarios
+NO_SAMPLE_ROUTE = ("terra-drive takes no route from a JSONL sample: a drive goes where its policy steers, and only "
+                   "the synthetic scenarios know their road (docs/drive.md, \"Routes\")")
 Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (terra/config/output_dir.py)
 
 
@@ -71,11 +75,11 @@ class Scenario:
             return np.zeros((0, 2))
         return to_ego(ahead, pose)
 
-    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray | None:
+    def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None:
         """The world model's routes at world ``poses`` ``[..., 3]``: the scene's centreline ahead of each, ``[..., K,
-        3]`` (terra/generation/routes.py); None where the scene is not known (the model then runs with "no
+        3]`` (terra/contract/routes.py); None where the scene is not known (the model then runs with "no
         route")."""
-        return None if self.scene is None else self.scene.route(poses, num_points)
+        return None if self.scene is None else self.scene.route(poses, route_tokens)
 
     def left_scene(self, pose: np.ndarray) -> str | None:
         """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is
@@ -97,9 +101,62 @@ class Scenario:
         if beyond or s >= self.scene.length_m - EGO_LENGTH_M / 2:
             return f"the car reached an end of the scene's {self.scene.length_m:.0f} m road"
         if abs(d) > FAR_M:
-            return f"the car left the scene, {abs(d):.0f} m from the road (the world draws {FAR_M:.0f} m)"
+            return f"the car left the scene, {past(abs(d), FAR_M)} m from the road (the world draws {FAR_M:g} m)"
         return None
 
+
+def check_scenario(scenario: Scenario, where: str) -> None:
+    """A scenario of the caller's (the gym env's ``scenarios``, terra/closedloop/gym/drives.py) checked whole, once,
+    where it enters: its id, its context frames (uint8 ``[n, H, W, 3]``), the actions between them, speed, start
+    pose, scene, context poses and path, each of the shape and type the fields above say and finite (poses within
+    :data:`~terra.inputs.trajectory.MAX_COORDINATE_M`); one line naming ``where`` (``scenarios[i]``) and the field."""
+    if not isinstance(scenario.id, str) or not scenario.id:
+        raise TerraInputError(f"{where}: id must be a non-empty string (got {scenario.id!r:.40})")
+    where = f"{where} ({one_line(scenario.id)})"
+    images = scenario.images
+    if not isinstance(images, np.ndarray) or images.ndim != 4 or images.shape[-1] != 3 or not len(images) \
+            or images.dtype != np.uint8:
+        raise TerraInputError(f"{where} holds no context frames uint8 [n, H, W, 3] (got "
+                              f"{getattr(images, 'dtype', type(images).__name__)} of shape "
+                              f"{list(getattr(images, 'shape', []))})")
+    n = len(images)
+    speed = scenario.speed_kmh
+    if not isinstance(speed, (int, float, np.integer, np.floating)) or isinstance(speed, bool) \
+            or not 0 <= speed <= MAX_SPEED_MPS * 3.6:
+        raise TerraInputError(f"{where}: speed_kmh must be a number from 0 to {MAX_SPEED_MPS * 3.6:g} (km/h at the "
+                              f"last context frame; got {speed!r:.40})")
+    if scenario.scene is not None and not isinstance(scenario.scene, Scene):
+        raise TerraInputError(f"{where}: scene must be a Scene or None (got a {type(scenario.scene).__name__}); "
+                              "a scenario of your own has no scene (terra/sim/scene.py)")
+    for name, shape, what, bound in (
+            ("actions", (n - 1, 6, 3), "the actions between its context frames", MAX_ACTION_M),
+            ("start_pose", (3,), "the world pose (x, y, yaw) of its last context frame", MAX_COORDINATE_M),
+            ("context_poses", (n, 3), "world poses (x, y, yaw) of its context frames", MAX_COORDINATE_M),
+            ("path", ("M", 2), "world points (x, y) of a recorded path ahead", MAX_COORDINATE_M)):
+        value = getattr(scenario, name)
+        if value is None and name in ("context_poses", "path"):
+            continue
+        problem = _array_problem(value, shape, bound)
+        if problem:
+            optional = "None or " if name in ("context_poses", "path") else ""
+            raise TerraInputError(f"{where}: {name} must be {optional}[{', '.join(map(str, shape))}] finite numbers "
+                                  f"within {bound:g} ({what}); got {problem}")
+
+
+def _array_problem(value, shape: tuple, bound: float) -> str | None:
+    """What is wrong with ``value`` as an array of ``shape`` (``"M"``: any length) of finite numbers within
+    ``bound`` (None: nothing)."""
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return f"a {type(value).__name__} that is not an array of numbers"
+    if array.ndim != len(shape) or any(want != "M" and got != want for got, want in zip(array.shape, shape)):
+        return f"shape {list(array.shape)}"
+    if not np.isfinite(array).all():
+        return "an array that holds NaN or inf"
+    if array.size and np.abs(array).max() > bound:
+        return f"an array that holds {past(np.abs(array).max(), bound)}"
+    return None
 
 def command_of(route: np.ndarray) -> str:
     """NAVSIM's driving command from a route in the ego frame: where it is 20 m ahead."""
@@ -164,6 +221,10 @@ def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0
     for sample in samples:
         if sample.error is not None:
             raise TerraInputError(f"scenarios: {path.name} {sample.error}")
+        carried = [key for key in GIVEN_ROUTE_KEYS if sample.record.get(key) is not None]
+        if carried:
+            raise TerraInputError(f"scenarios: {path.name} line {sample.line}: gives {carried[0]}, but "
+                                  f"{NO_SAMPLE_ROUTE}; leave it out")
     if not samples:
         raise TerraInputError(f"scenarios: {path} holds no samples")
     return ScenarioSource("samples", tuple(f"sample-{s.record['sample_id']}" for s in samples),
@@ -283,15 +344,15 @@ def _sample_scenario(sample: Sample, image_size: Sequence[int], num_context: int
     images, _ = load_context(items, tuple(image_size), num_context, base=root, resize=resize)
     n = len(images)
     if sample.kind == "actbench":
-        trajs = np.asarray(record["instruction_trajs"], dtype=np.float64)
-        actions = trajectory_actions({"instruction_trajs": trajs.tolist()}, n, 1, where, skip=len(items) - n)
+        actions = trajectory_actions({"instruction_trajs": record["instruction_trajs"]}, n, 1, where,
+                                     skip=len(items) - n)
     else:
         given = [k for k in TRAJECTORY_KEYS if k in record]
         if not given:
             raise TerraInputError(f"{where} has no trajectory; add one of {', '.join(TRAJECTORY_KEYS)}")
         value = record[given[0]]
         trajectory = value if given[0] == "trajectory" and isinstance(value, str) else {given[0]: value}
-        actions = trajectory_actions(trajectory, n, 1, where, base=jsonl_dir)
+        actions = trajectory_actions(trajectory, n, 1, where, base=jsonl_dir, no_route=NO_SAMPLE_ROUTE)
     frames = ((images.permute(0, 2, 3, 1).numpy() + 1.0) * 127.5).round().clip(0, 255).astype(np.uint8)
     return Scenario(f"sample-{record['sample_id']}", frames, actions[: n - 1], speed_of(actions[n - 1]), np.zeros(3),
                     source=f"{Path(sample.file).name} line {sample.line}", reads=reads)

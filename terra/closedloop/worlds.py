@@ -54,7 +54,7 @@ class World(Protocol):
 class Road(Protocol):
     """What a model world reads a drive's routes from: a scenario (its scene's road) or a route control's road."""
 
-    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray | None: ...
+    def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None: ...
 
 
 WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World must have (name, counters: optional)
@@ -83,10 +83,10 @@ class ModelDrive:
 class ModelWorld:
     """The world model as a simulator: one session per drive on ``pipeline``'s backend (a
     :class:`~terra.pipeline.WorldModelPipeline`; a bare :class:`~terra.generation.rollout.WorldModelBackend` when
-    a subclass brings its own context codes and frames, as scripts/benchmark_drive.py does). ``sampling`` draws every
-    drive's frames (each drive is one stream); ``overlap`` is the window overlap (docs/ARCHITECTURE.md, "Windows").
-    Its engine drives the backend from a thread of its own: one model world per backend at a time (:meth:`shutdown`
-    stops the engine; the pipeline stays open for its owner)."""
+    a subclass brings its own context codes and frames, as scripts/bench/benchmark_drive.py does). ``sampling`` draws
+    every drive's frames (each drive is one stream); ``overlap`` is the window overlap (docs/ARCHITECTURE.md,
+    "Windows"). Its engine drives the backend from a thread of its own: one model world per backend at a time
+    (:meth:`shutdown` stops the engine; the pipeline stays open for its owner)."""
 
     name = "model"
 
@@ -120,9 +120,9 @@ class ModelWorld:
 
     def routes(self, road: Road, poses: np.ndarray | None) -> np.ndarray | None:
         """The model's routes at world ``poses`` read from ``road`` (None: a model without route slots, a road that
-        is not known, or no poses): what a drive is told of the road ahead (terra/generation/routes.py)."""
-        points = self.backend.layout.route_tokens
-        return None if not points or poses is None else road.model_routes(poses, points)
+        is not known, or no poses): what a drive is told of the road ahead (terra/contract/routes.py)."""
+        layout = self.backend.layout
+        return None if not layout.route_model or poses is None else road.model_routes(poses, layout.route_tokens)
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
         """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's

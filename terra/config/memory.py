@@ -2,7 +2,7 @@
 
 ``memory=full`` leaves vLLM's own defaults (90 % of whatever card it finds); ``memory=16GiB`` / ``24GiB`` cap the run
 at a card of that size; ``memory=auto`` caps it at this card's total memory (read once per run, by
-terra/generation/backends.py, ``fit_memory``). Under a cap, :func:`plan_memory` picks, from the model's shape
+terra/generation/resolve.py, ``resolve_backend_run``). Under a cap, :func:`plan_memory` picks, from the model's shape
 (:class:`ModelShape`: weight bytes, KV bytes per token, from its config) and where the refiner runs, the least lossy
 engine settings that fit: bf16 weights and KV, then FP8 weights (``FP8_WEIGHTS``: vLLM quantizes the bf16
 checkpoint's linear layers as it loads them, per output channel, with the first ``BF16_LAYERS`` decoder layers left in
@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from terra.config.checks import check_choice, check_whole_number
-from terra.core.errors import TerraInputError
+from terra.contract.layout import TokenLayout
+from terra.core.errors import TerraInputError, past
 
 GIB = 1 << 30
 PRESETS = {"16GiB": 16 * GIB, "24GiB": 24 * GIB}  # the caps of the named presets, smallest first
 MEMORY = ("full", "auto", *PRESETS)
 CARD_SLACK = 0.95  # a card sold as 16 GB reports 15.6-15.9 GiB: a preset runs on a card of 95 % of its size or more
 REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engine is closed; beside the engine
-# Estimates of what a run takes besides weights and KV cache (refined by scripts/benchmark_memory_table.py):
+# Estimates of what a run takes besides weights and KV cache (refined by scripts/bench/benchmark_memory_table.py):
 MAX_CARD = 1 << 50  # a card's memory: a PiB is beyond any GPU
 MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
 SHARE_STEP = 0.001  # the engine's share of the card is planned in thousandths, rounded down
@@ -43,7 +44,7 @@ REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (be
 # FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
 # BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
 # =fp8) missed the 0.01-nat next-token KL on the demo model; the first layers are the most sensitive
-# (benchmarks/memory.md, "Memory at Terra's shape", scripts/measure_fp8.py).
+# (benchmarks/memory.md, "Memory at Terra's shape", scripts/experiments/measure_fp8.py).
 FP8_WEIGHTS = "fp8_per_channel"
 BF16_LAYERS = 2
 # Engine settings tried in order, least lossy first as measured on the demo model (next-token KL against bf16: FP8
@@ -88,7 +89,9 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelShape":
-        """The shape of a ``LlamaActionConfig`` (or any object with its attributes)."""
+        """The shape of a ``LlamaActionConfig`` (or any object with its attributes); its window's positions and
+        route slots as its token layout states them (terra/contract/layout.py)."""
+        layout = TokenLayout.from_config(config)
         h, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or h // heads
@@ -97,12 +100,10 @@ class ModelShape:
         width = getattr(config, "action_mlp_hidden_size", h)  # v2's MLP (terra/models/modeling_llama_action.py)
         action = ((config.action_dim + 1) * h if getattr(config, "action_projection_type", "linear") == "linear"
                   else (config.action_dim + 1) * width + (width + 1) * width + (width + 1) * h)
-        routes = getattr(config, "num_route_tokens", 0)
-        route = (4 * h + routes * h) if routes else 0  # route_projection Linear(3, h) and the "no route" rows
+        route = 4 * h + layout.route_tokens * h if layout.route_model else 0  # route_projection, "no route" rows
         head = 0 if getattr(config, "tie_word_embeddings", False) else config.vocab_size * h
         other = config.vocab_size * h + head + tables * h + action + route + (2 * layers + 1) * h
-        window = config.num_temporal_embeddings * config.num_spatio_embeddings - config.num_action_tokens - routes
-        return cls(per_layer * layers, other, layers, kv_heads, head_dim, window)
+        return cls(per_layer * layers, other, layers, kv_heads, head_dim, layout.window_positions)
 
     def weight_bytes(self, quantization: str | None, bf16_layers: int = 0) -> int:
         """Bytes of the weights on the GPU: bf16, or FP8 linear layers (but the first ``bf16_layers``) beside bf16
@@ -256,7 +257,8 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
         share = engine_share(room, card_bytes)
     elif share * card_bytes > room:
         raise TerraInputError(
-            f"backend.options.gpu_memory_utilization={share:g} takes {share * card_bytes / GIB:.1f} GiB, more than "
+            f"backend.options.gpu_memory_utilization={share:g} takes {past(share * card_bytes / GIB, room / GIB)} "
+            "GiB, more than "
             f"memory={preset} leaves the engine ({room / GIB:.1f} GiB); remove it (the preset sets it) or use at "
             f"most {engine_share(room, card_bytes):g}")
     engine = int(share * card_bytes)

@@ -4,9 +4,9 @@
 line (:func:`moved_overrides`, called by terra/apps/runner.py's ``run_app`` before Hydra reads the arguments), in
 a config file the user composed (:func:`move_settings`, on the apps' composed config) and as a Python keyword
 (:func:`moved_value`: ``SamplingConfig(block_size=)``, ``BatchConfig(decoding=)``,
-``WorldModelPipeline.from_pretrained(block_size=)``, the gymnasium envs' ``action_mode="control"``). Each prints
-one line on stderr naming the old and the new setting (or value); an old name with a value it never had is one
-error line. Light (no torch): the apps load it first.
+``WorldModelPipeline.from_pretrained(block_size=)``, ``WorldModelPipeline(decode_batch_size=)``, the gymnasium
+envs' ``action_mode="control"``). Each prints one line on stderr naming the old and the new setting (or value); an
+old name with a value it never had is one error line. Light (no torch): the apps load it first.
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ DECODER = MovedSetting("decoding", "decoder", {"framewise": "tokenizer", "refine
 DRAFT_TOKENS = MovedSetting("sampling.block_size", "sampling.draft_tokens", check=Range(1, 4096, 32, whole=True))
 # the gymnasium envs' keyword (terra/closedloop/gym/env.py): "controls" are the worlds known to be wrong alone
 ACTION_MODE = MovedSetting("action_mode", "action_mode", {"control": "actuation"})
-MOVED = (DECODER, DRAFT_TOKENS, ACTION_MODE)
+# the pipeline's keyword (terra/pipeline.py): frames per tokenizer call, encoding as well as decoding
+TOKENIZER_BATCH_SIZE = MovedSetting("decode_batch_size", "tokenizer_batch_size")
+MOVED = (DECODER, DRAFT_TOKENS, ACTION_MODE, TOKENIZER_BATCH_SIZE)
 _OVERRIDE = re.compile(r"(~|\+\+|\+)?([\w.]+)(=(.*))?", re.DOTALL)
 _WORD = re.compile(r"[\w.-]+")
 

@@ -42,7 +42,7 @@ class SamplingConfig:
     the same codes whatever ``decoding`` and ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the
     codes). ``guesses`` names where a speculative pass's guesses past the pass come from
     (terra/generation/guesses.py), again speed only; ``auto`` is what the backend runs (vLLM's engine runs
-    ``previous`` only, and refuses the others: terra/generation/backends.py, ``resolve_decoding``).
+    ``previous`` only, and refuses the others: terra/generation/decoding.py, ``resolve_decoding``).
     """
 
     temperature: float = 1.0

@@ -45,7 +45,7 @@ class RunSpec:
     tokenizer: str  # checkpoint folder (exists)
     backend: str = "auto"  # auto | hf | vllm
     backend_options: dict[str, Any] = field(default_factory=dict)  # checked against the backend's table
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (resolved once torch loads: terra/generation/backends.py)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (resolved once torch loads: terra/generation/resolve.py)
     dtype: str = "auto"
     sampling: SamplingConfig = SamplingConfig()
     num_context: int = 3
@@ -66,8 +66,8 @@ class RunSpec:
         """What of this run shapes a world model's outputs (codes and frames) from given inputs and seed: the run's
         part of every resume fingerprint (:func:`fingerprint`). The window, Terra's code-0 embedding, how context
         frames are fitted, the draw (``SamplingConfig.draw_settings``: decoding changes only the speed) and, when
-        the refiner decodes, its settings. The checkpoints are the run's own choice (a batch run keeps finished
-        samples for another checkpoint, docs/rollout.md; drives do not)."""
+        the refiner decodes, its settings. The checkpoints are each run's to add (a batch run adds the world model's
+        digest, terra/batch/plan.py; drives their folders)."""
         # decoder=refiner under the words of the fingerprints before decoder= (a finished sample stays finished)
         refiner = {"decoding": "refiner", "refiner": {key: self.refiner.get(key) for key in REFINER_OUTPUT_KEYS}}
         return {"num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,

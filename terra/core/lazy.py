@@ -2,9 +2,10 @@
 
 * :func:`lazy_face`: a package face whose names load on first use (PEP 562 ``__getattr__``), so that importing the
   package loads none of its heavy modules: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``.
-* :func:`moved_modules`: a package's modules (or sub-packages) that moved within it, still imported under their old
-  names until 0.2.0 (:data:`REMOVED_IN`; the same module object, and one ``FutureWarning`` naming the new path):
-  ``moved_modules(__name__, {"run": "recording.run"})``. The one mechanism for moved modules, as
+* :func:`moved_modules`: a package's modules (or sub-packages) that moved within it or to another package, still
+  imported under their old names until 0.2.0 (:data:`REMOVED_IN`; the same module object, and one
+  ``FutureWarning`` naming the new path): ``moved_modules(__name__, {"run": "recording.run"})``, or
+  ``moved_modules(__name__, {"routes": "routes"}, home="terra.contract")``. The one mechanism for moved modules, as
   terra/config/moved.py is for moved settings.
 * :func:`renamed`: a module's public names that were renamed, or moved to another module, still found under their
   old names until 0.2.0 (the same object, one ``FutureWarning``):
@@ -60,10 +61,12 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Nothing to run: the module is the new one, already loaded."""
 
 
-def moved_modules(package: str, moved: Mapping[str, str]) -> dict[str, str]:
-    """Make ``package.OLD`` import as ``package.NEW`` for each ``OLD: NEW`` of ``moved`` (names relative to
-    ``package``); the table as full names (old -> new), which tests read."""
-    table = {f"{package}.{old}": f"{package}.{new}" for old, new in moved.items()}
+def moved_modules(package: str, moved: Mapping[str, str], home: str | None = None) -> dict[str, str]:
+    """Make ``package.OLD`` import as ``home.NEW`` for each ``OLD: NEW`` of ``moved`` (``home``: ``package`` by
+    default, for a move within the package; another package for a move down a floor); the table as full names
+    (old -> new), which tests read."""
+    home = home or package
+    table = {f"{package}.{old}": f"{home}.{new}" for old, new in moved.items()}
     finder = next((f for f in sys.meta_path if isinstance(f, _MovedModules)), None)
     if finder is None:
         finder = _MovedModules({})

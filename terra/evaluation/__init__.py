@@ -14,7 +14,8 @@ and those roads mirrored in ``left_hand``.
 
 :mod:`terra.evaluation.settings` checks the settings into a frozen spec, :mod:`terra.evaluation.cases` draws the
 clips, :mod:`terra.evaluation.measure` measures (details there), :mod:`terra.evaluation.run` runs both and writes
-the report:
+the report, each measurement a phase whose results are kept in the output folder as it finishes, so that a run into
+it resumes at the first phase left (:mod:`terra.evaluation.phases`):
 
 Frame quality
     One clip per scene seed (manoeuvres cycled, speed and manoeuvre parameters drawn as for training): the
@@ -29,7 +30,7 @@ Manoeuvre adherence
     ``adherence.horizons`` are closer to.
 
 Beside them, :mod:`terra.evaluation.decoding` counts the forward passes per frame of sequential and speculative
-decoding on held-out clips of the training distribution (scripts/measure_decoding.py runs it).
+decoding on held-out clips of the training distribution (scripts/experiments/measure_decoding.py runs it).
 
 Every setting is checked once (``evaluate_spec`` in terra/evaluation/settings.py; the model and engine settings by
 ``run_spec``, terra/config/spec.py, as in every app) before torch is imported or any model loads, the output folder

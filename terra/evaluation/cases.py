@@ -4,13 +4,13 @@ and manoeuvre-adherence cases (terra/evaluation/__init__.py says how they are dr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
+from terra.contract.actions import FRAME_RATE_HZ
+from terra.contract.routes import resample_routes
 from terra.evaluation.settings import EvaluateSpec
-from terra.generation.actions import FRAME_RATE_HZ
-from terra.generation.routes import resample_routes
 from terra.inputs.trajectory import manoeuvre_trajectory
 from terra.sim import Clip, Scene, make_clip
 from terra.sim.clips import (
@@ -24,18 +24,26 @@ from terra.sim.clips import (
     random_manoeuvre_params,
 )
 
-if TYPE_CHECKING:
-    from terra.evaluation.measure import AdherenceCase
 
-def clip_routes(clip: Clip, num_points: int) -> np.ndarray | None:
-    """The road ahead of each of ``clip``'s frames as a world model of ``num_points`` route slots is told it (its
+def clip_routes(clip: Clip, route_tokens: int) -> np.ndarray | None:
+    """The road ahead of each of ``clip``'s frames as a world model of ``route_tokens`` route slots is told it (its
     scene is known: terra/sim/clips.py); None for a model without route slots."""
-    return resample_routes(clip.routes, num_points) if num_points and clip.routes is not None else None
+    return resample_routes(clip.routes, route_tokens) if route_tokens and clip.routes is not None else None
 
 
 DIRECTION_PAIR = "curve_left/curve_right"
 PAIR_PARAMS = {"curve": "radius_m", "accelerate": "accel_mps2", "decelerate": "accel_mps2", "stop": "accel_mps2",
                "lane_change": "change_s"}  # manoeuvre name prefix → the adherence range it draws from
+
+
+@dataclass
+class AdherenceCase:
+    """One scene and start: the same straight context followed by each manoeuvre of a pair (and by straight)."""
+
+    seed: int
+    pair: tuple[str, str]
+    clips: dict[str, Clip]  # pair members and "straight": frames [num_context + horizon, H, W, 3]
+    params: dict[str, float]
 
 
 def drive_scene_seed(seed: int, index: int) -> int:
@@ -92,8 +100,6 @@ def straight_then(scene: Scene, name: str, start_s: float, speed: float, lead_s:
 
 def adherence_cases(spec: EvaluateSpec, seeds: list[int], image_size: tuple[int, int]) -> list[AdherenceCase]:
     """Cases for every pair and scene seed; the context starts on the road's first (straight) segment."""
-    from terra.evaluation.measure import AdherenceCase  # imports torch
-
     adherence, frames = spec.adherence, spec.num_frames
     lead_s = (spec.run.num_context - 1) / FRAME_RATE_HZ
     cases = []

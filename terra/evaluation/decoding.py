@@ -1,6 +1,6 @@
 """Forward passes per generated frame, sequential against speculative decoding, of a trained world model on
-held-out clips of the synthetic world (scripts/measure_decoding.py runs it; the measure stage of
-scripts/train_terra_layout.sh).
+held-out clips of the synthetic world (scripts/experiments/measure_decoding.py runs it; the measure stage of
+scripts/recipes/train_terra_layout.sh).
 
 Every mode runs the same ``rollouts`` rollouts on the Transformers backend, all submitted at once: ``context``
 ground-truth frames encoded, ``frames`` frames generated under the clip's own actions. The modes: at every
@@ -138,9 +138,9 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
              settings: DecodingSettings, counter: PassCounter) -> tuple[dict[str, Any], np.ndarray]:
     """One mode's rollouts: its record and the generated codes ``[rollouts, frames, h, w]``."""
     n_ctx = settings.context
-    points = pipeline.backend.layout.route_tokens
+    route_tokens = pipeline.backend.layout.route_tokens
     requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, settings.frames, seed=settings.seed + i,
-                               routes=clip_routes(clip, points)) for i, clip in enumerate(clips)]
+                               routes=clip_routes(clip, route_tokens)) for i, clip in enumerate(clips)]
     counter.reset()
     start = time.perf_counter()
     results = pipeline.generate(requests, sampling, progress=False, decode=False)

@@ -21,32 +21,21 @@ All rollouts of a measurement go to the backend in one ``pipeline.generate`` cal
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from terra.config.sampling import SamplingConfig
-from terra.evaluation.cases import clip_routes
+from terra.evaluation.cases import AdherenceCase, clip_routes
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 from terra.sim import Clip
 from terra.tokenizer.images import frames_to_tensor
 
 if TYPE_CHECKING:
-    from terra.pipeline import WorldModelPipeline
+    from terra.pipeline import RolloutResult, WorldModelPipeline
 
 TARGET_STEPS = 10  # the PSNR target covers the first 10 generated frames
-
-
-@dataclass
-class AdherenceCase:
-    """One scene and start: the same straight context followed by each manoeuvre of a pair (and by straight)."""
-
-    seed: int
-    pair: tuple[str, str]
-    clips: dict[str, Clip]  # pair members and "straight": frames [num_context + horizon, H, W, 3]
-    params: dict[str, float]
 
 
 def _capped(values: list[float]) -> list[float]:
@@ -60,16 +49,19 @@ def _stats(rows: np.ndarray) -> dict:
 
 
 def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int, sampling: SamplingConfig,
-                     seed: int, progress: bool) -> dict:
-    """PSNR/SSIM per horizon step of generated vs ground-truth frames, with the tokenizer and copy-last references."""
+                     seed: int, progress: bool, say: Callable[[str], None] | None = None) -> dict:
+    """PSNR/SSIM per horizon step of generated vs ground-truth frames, with the tokenizer and copy-last references;
+    ``say`` tells the step after the rollouts (decoding and scoring them, the phase's long silence otherwise)."""
     horizon = clips[0].num_frames - n_ctx
     codes = pipeline.encode(frames_to_tensor(np.concatenate([c.frames for c in clips])))
     codes = codes.reshape(len(clips), n_ctx + horizon, *codes.shape[1:])
-    points = pipeline.backend.layout.route_tokens
+    route_tokens = pipeline.backend.layout.route_tokens
     requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, horizon, seed=seed + i,
-                               routes=clip_routes(clip, points)) for i, clip in enumerate(clips)]
+                               routes=clip_routes(clip, route_tokens)) for i, clip in enumerate(clips)]
     t0 = time.perf_counter()
-    results = pipeline.generate(requests, sampling, progress=progress)
+    results = _decoded(pipeline.generate(requests, sampling, progress=progress, decode=False), pipeline, say,
+                       f"frame quality: decoding the {len(requests)} rollouts and the tokenizer's reconstructions of "
+                       "their true frames, then scoring them ...")
     generate_s = time.perf_counter() - t0
     recon = pipeline.decode(codes[:, n_ctx:].reshape(-1, *codes.shape[2:]))  # the tokenizer's own reconstruction
     recon = recon.reshape(len(clips), horizon, *recon.shape[1:])
@@ -109,23 +101,39 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
     }
 
 
+def _decoded(results: list[RolloutResult], pipeline: WorldModelPipeline, say: Callable[[str], None] | None,
+             line: str) -> list[RolloutResult]:
+    """``results`` of ``generate(..., decode=False)`` given their frames as ``generate`` decodes them, once ``say``
+    told ``line``: the decoding follows the rollouts' bar and takes a while on a CPU (the demo tokenizer: about
+    0.1 s a frame on one core)."""
+    if say is not None:
+        say(line)
+    for result in results:
+        result.frames = pipeline.frames(result.codes, result.request.seed)[0]
+    return results
+
+
 def _mse(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
 
 
 def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase], n_ctx: int,
-                       horizons: list[int], sampling: SamplingConfig, seed: int, progress: bool) -> dict:
-    """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right)."""
+                       horizons: list[int], sampling: SamplingConfig, seed: int, progress: bool,
+                       say: Callable[[str], None] | None = None) -> dict:
+    """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right); ``say``
+    as in :func:`evaluate_quality`."""
     horizon = next(iter(cases[0].clips.values())).num_frames - n_ctx
     steps = sorted({h for h in horizons if h <= horizon}) or [horizon]
     contexts = pipeline.encode(frames_to_tensor(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))
     contexts = contexts.reshape(len(cases), n_ctx, *contexts.shape[1:])
-    points = pipeline.backend.layout.route_tokens
+    route_tokens = pipeline.backend.layout.route_tokens
     requests = [RolloutRequest(contexts[j], case.clips[name].actions, horizon, seed=seed + 2 * j + k,
-                               routes=clip_routes(case.clips[name], points))
+                               routes=clip_routes(case.clips[name], route_tokens))
                 for j, case in enumerate(cases) for k, name in enumerate(case.pair)]
     t0 = time.perf_counter()
-    results = iter(pipeline.generate(requests, sampling, progress=progress))
+    results = iter(_decoded(pipeline.generate(requests, sampling, progress=progress, decode=False), pipeline, say,
+                            f"manoeuvre adherence: decoding the {len(requests)} rollouts, then matching them with "
+                            "each candidate's true frames ..."))
     generate_s = time.perf_counter() - t0
     idx = [n_ctx + h - 1 for h in steps]
     pairs: dict[str, dict] = {}

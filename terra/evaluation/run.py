@@ -1,16 +1,20 @@
-"""``terra-evaluate``'s run: the pipeline, the two measurements on the held-out data, the targets, ``report.json``
-(written atomically) and the table printed at the end; the pipeline is built as every app builds it (terra/pipeline.py,
-``resolve_run`` + ``WorldModelPipeline.from_run``)."""
+"""``terra-evaluate``'s run: the phases (the two measurements on the held-out data, each kept in the output folder as
+it finishes and reused by a later run into it: terra/evaluation/phases.py), the targets, ``report.json`` (written
+atomically) and the table printed at the end. The pipeline is built as every app builds it (terra/pipeline.py,
+``resolve_run`` + ``WorldModelPipeline.from_run``), and only when a phase is left to measure."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+from typing import Callable
 
+from terra.config.sampling import SamplingConfig
 from terra.config.spec import check_window
 from terra.core.atomic import json_text, write_text
 from terra.core.device import set_threads
-from terra.core.progress import announce
+from terra.core.progress import announce, duration
 from terra.evaluation.cases import (
     DIRECTION_PAIR,
     adherence_cases,
@@ -19,70 +23,151 @@ from terra.evaluation.cases import (
     training_scene_seeds,
 )
 from terra.evaluation.measure import evaluate_adherence, evaluate_quality
+from terra.evaluation.phases import TITLES, Phase, keep, plan_phases
 from terra.evaluation.settings import REPORT, EvaluateSpec, Targets
+from terra.generation.backends import backend_kind
 from terra.pipeline import WorldModelPipeline, resolve_run
 
 PROG = "terra-evaluate"  # its stage lines start with the console script's name
 
 
-def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None) -> dict:
-    """Evaluate as ``spec`` says (terra/evaluation/settings.py, ``evaluate_spec``), write
-    ``<out_dir>/report.json`` atomically and return the report.
+def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_command: str | None = None) -> dict:
+    """Evaluate as ``spec`` says (terra/evaluation/settings.py, ``evaluate_spec``), keeping each phase's results in
+    ``out_dir`` as it finishes and reusing those an earlier run left there with the same inputs
+    (terra/evaluation/phases.py); write ``<out_dir>/report.json`` atomically and return the report.
 
-    ``pipeline`` is built from ``spec.run`` when not given; a pipeline built here is closed at the end.
+    ``pipeline`` is built from ``spec.run`` when none is given and a phase is left to measure; a pipeline built
+    here is closed at the end. The run holds the folder's lock throughout (one run into it at a time). An
+    interrupted run (Ctrl-C, SIGTERM) says on stderr what it kept and how to resume: with ``resume_command`` (the
+    app's command line, out_dir set), else by a run with the same spec.
     """
     t_start = time.perf_counter()
-    n_ctx = spec.run.num_context
-    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
+    phases: list[Phase] = []  # planned, then each marked done as it is kept: what an interrupted run tells
+    with spec.output.hold(REPORT):
+        try:
+            report, load_s = _evaluate(spec, pipeline, phases)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as terra/apps/runner.py's Interrupted
+            _tell(_interrupted_line(spec, phases, resume_command))
+            raise
+        report["targets"] = _targets(spec.targets, report)
+        report["reused"] = [phase.key for phase in phases if phase.kept is not None]  # from an earlier run's files
+        report["timings"] = {"load_s": round(load_s, 2), "total_s": round(time.perf_counter() - t_start, 2)}
+        out = spec.output.path / REPORT
+        write_text(out, json_text(report, indent=1) + "\n")
+    report["path"] = str(out)
+    return report
+
+
+def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: list[Phase]) -> tuple[dict, float]:
+    """Plan the phases into ``phases`` (each kept one said in a line), build the pipeline if one is left to measure
+    and none was given, measure them; the report's header and phases, and the seconds the pipeline took to load."""
+    t_start = time.perf_counter()
     own = pipeline is None
     if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
         resolved = resolve_run(spec.run, spec.rollouts_in_flight)
+        engine = {"backend": resolved.spec.backend, "device": resolved.spec.device}
         sampling = resolved.spec.sampling
-        pipeline = WorldModelPipeline.from_run(resolved)
     else:
         set_threads(spec.run.num_threads)
-        check_window(pipeline.backend.layout.max_frames, n_ctx)
+        check_window(pipeline.backend.layout.max_frames, spec.run.num_context)
+        engine = {"backend": backend_kind(pipeline.backend), "device": str(pipeline.device)}
         sampling = spec.run.sampling
-    load_s = time.perf_counter() - t_start
-    image_size = tuple(pipeline.image_size)
+    phases.extend(plan_phases(spec, engine))
+    for number, phase in enumerate(phases, 1):
+        if phase.why is not None:
+            _tell(f"{phase.title}: measuring it again: {phase.why}")
+        elif phase.kept is not None:
+            _tell(f"phase {number} of {len(phases)}, {phase.title}: kept from an earlier run into this folder "
+                  f"({phase.file}), not measured again")
+    say = _stage_lines(spec.progress)
+    load_s = 0.0
+    try:
+        if own and any(phase.kept is None for phase in phases):
+            pipeline = WorldModelPipeline.from_run(resolved)
+            load_s = time.perf_counter() - t_start
+            say(f"{type(pipeline.backend).__name__} on {pipeline.device} loaded in {load_s:.1f} s")
+        return _measured(spec, phases, pipeline, sampling, say), load_s
+    finally:
+        if own and pipeline is not None:
+            pipeline.close()
+
+
+def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipeline | None,
+              sampling: SamplingConfig, say: Callable[[str], None]) -> dict:
+    """The report's header and every phase's results: kept ones as their files hold them, the others measured and
+    kept as each finishes (``phase.done`` set)."""
+    if pipeline is not None:
+        made_by = {"backend": type(pipeline.backend).__name__, "device": str(pipeline.device),
+                   "image_size": list(pipeline.image_size),
+                   "routes": pipeline.backend.layout.route_model}  # a route model is told each clip's road
+    else:  # every phase kept: the pipeline they were measured with (the same engine and checkpoints: their inputs)
+        made_by = phases[0].kept["pipeline"]
     report: dict = {
         "world_model": spec.run.world_model,
         "tokenizer": spec.run.tokenizer,
-        "backend": type(pipeline.backend).__name__,
-        "device": str(pipeline.device),
+        "backend": made_by["backend"],
+        "device": made_by["device"],
         "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
-        "num_context": n_ctx,
+        "num_context": spec.run.num_context,
         "horizon": spec.horizon,
-        "image_size": list(image_size),
+        "image_size": made_by["image_size"],
         "domain": spec.domain,
-        "routes": pipeline.backend.layout.route_tokens > 0,  # a route model is told each clip's road (its scene)
+        "routes": made_by["routes"],
     }
-    say = _stage_lines(spec.progress)
-    say(f"{report['backend']} on {report['device']} loaded in {load_s:.1f} s")
-    try:
-        if spec.quality.num_clips > 0:
-            seeds = held_out_seeds(spec.quality.scene_seed, spec.quality.num_clips, exclude)
-            say(f"frame quality: rendering {len(seeds)} held-out clips, then their rollouts ...")
-            clips = quality_clips(spec, seeds, image_size)
-            report["quality"] = evaluate_quality(pipeline, clips, n_ctx, sampling, spec.seed, spec.progress)
-            report["quality"]["scene_seeds"] = [seeds[0], seeds[-1]]
-        if spec.adherence.num_cases > 0:
-            seeds = held_out_seeds(spec.adherence.scene_seed, spec.adherence.num_cases, exclude)
-            say(f"manoeuvre adherence: rendering {len(seeds)} cases, then their rollouts ...")
-            cases = adherence_cases(spec, seeds, image_size)
-            report["adherence"] = evaluate_adherence(pipeline, cases, n_ctx, list(spec.adherence.horizons),
-                                                     sampling, spec.seed, spec.progress)
-            report["adherence"]["scene_seeds"] = [seeds[0], seeds[-1]]
-    finally:
-        if own:
-            pipeline.close()
-    report["targets"] = _targets(spec.targets, report)
-    report["timings"] = {"load_s": round(load_s, 2), "total_s": round(time.perf_counter() - t_start, 2)}
-    spec.output.record()  # the folder created, report.json listed in its marker (terra/config/output_dir.py)
-    out = spec.output.path / REPORT
-    write_text(out, json_text(report, indent=1) + "\n")
-    report["path"] = str(out)
+    exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
+    for number, phase in enumerate(phases, 1):
+        if phase.kept is not None:
+            report[phase.key] = phase.kept["result"]
+            continue
+        started = time.perf_counter()
+        result = MEASURES[phase.key](spec, pipeline, sampling, exclude, say, f"phase {number} of {len(phases)}")
+        report[phase.key] = keep(spec.output.path, phase, made_by, result, time.perf_counter() - started)
+        phase.done = True
+        say(f"{phase.title}: done in {duration(time.perf_counter() - started)}, kept in "
+            f"{spec.output.path / phase.file}")
     return report
+
+
+def _quality(spec: EvaluateSpec, pipeline: WorldModelPipeline, sampling: SamplingConfig, exclude: set[int],
+             say: Callable[[str], None], where: str) -> dict:
+    """The frame-quality phase: its held-out clips rendered, rolled out and scored."""
+    seeds = held_out_seeds(spec.quality.scene_seed, spec.quality.num_clips, exclude)
+    say(f"{where}, frame quality: rendering {len(seeds)} held-out clips, then their rollouts ...")
+    clips = quality_clips(spec, seeds, tuple(pipeline.image_size))
+    result = evaluate_quality(pipeline, clips, spec.run.num_context, sampling, spec.seed, spec.progress, say)
+    return {**result, "scene_seeds": [seeds[0], seeds[-1]]}
+
+
+def _adherence(spec: EvaluateSpec, pipeline: WorldModelPipeline, sampling: SamplingConfig, exclude: set[int],
+               say: Callable[[str], None], where: str) -> dict:
+    """The manoeuvre-adherence phase: its cases rendered, rolled out under both commands and matched."""
+    seeds = held_out_seeds(spec.adherence.scene_seed, spec.adherence.num_cases, exclude)
+    say(f"{where}, manoeuvre adherence: rendering {len(seeds)} cases, then their rollouts ...")
+    cases = adherence_cases(spec, seeds, tuple(pipeline.image_size))
+    result = evaluate_adherence(pipeline, cases, spec.run.num_context, list(spec.adherence.horizons), sampling,
+                                spec.seed, spec.progress, say)
+    return {**result, "scene_seeds": [seeds[0], seeds[-1]]}
+
+
+MEASURES = {"quality": _quality, "adherence": _adherence}  # a phase's key → how it is measured
+
+
+def _interrupted_line(spec: EvaluateSpec, phases: list[Phase], resume_command: str | None) -> str:
+    """What an interrupted run kept and how to resume it, in one line."""
+    kept = [phase for phase in phases if phase.kept is not None or phase.done]
+    left = [phase for phase in phases if phase not in kept]
+    folder = spec.output.path
+    what = (f"kept {' and '.join(f'{p.title} ({p.file})' for p in kept)} in {folder}" if kept
+            else "nothing kept (no phase had finished)")
+    how = f"resume with: {resume_command}" if resume_command else f"a run with the same settings into {folder} resumes"
+    return f"interrupted{f' during {left[0].title}' if left else ''}; {what}; {how}"
+
+
+def _tell(line: str) -> None:
+    """A line on stderr, above any bar: what the run decided (a phase kept or measured again), or kept."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"{PROG}: {line}", file=sys.stderr)
 
 
 def _stage_lines(progress: bool):
@@ -135,5 +220,6 @@ def format_table(report: dict) -> str:
                          f"{pair['accuracy_with_straight_pct']:>6.1f}% {pair['mean_margin_db']:>6.2f}dB")
     for name, t in report["targets"].items():
         lines.append(f"target {name}: {t['value']:.2f} vs {t['target']:.2f} → {'PASS' if t['passed'] else 'FAIL'}")
-    lines.append(f"report: {report['path']} ({report['timings']['total_s']:.0f} s)")
+    kept = "".join(f"; {TITLES[key]} kept from an earlier run" for key in report["reused"])
+    lines.append(f"report: {report['path']} ({report['timings']['total_s']:.0f} s{kept})")
     return "\n".join(lines)

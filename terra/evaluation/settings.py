@@ -18,10 +18,11 @@ from terra.config.checks import SEED, Range, check_choice, check_flag, check_set
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
+from terra.evaluation.phases import FILES as PHASE_FILES
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
 
-REPORT = "report.json"  # in out_dir
+REPORT = "report.json"  # in out_dir, beside each phase's results as it finished (terra/evaluation/phases.py)
 APP = "terra-evaluate"  # the app whose run folders these are (terra/config/output_dir.py)
 SETTINGS = {  # documented in conf/evaluate.yaml; num_context and num_threads are run_spec's
     "horizon": Range(1, 1000, 10, whole=True),
@@ -83,7 +84,7 @@ class EvaluateSpec:
     """A ``terra-evaluate`` run, checked: the shared :class:`RunSpec` and this app's own settings."""
 
     run: RunSpec  # its num_context is the clips' context
-    output: OutputDir  # report.json goes here
+    output: OutputDir  # report.json and the phases' results go here
     horizon: int  # frames generated after the context
     seed: int  # rollout k of a measurement samples with seed + k
     progress: bool
@@ -131,7 +132,8 @@ def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
     domain = check_choice(select(cfg, "domain"), "domain", DOMAINS)
     progress = check_flag(select(cfg, "progress"), "progress")
     run = run_spec(cfg)
-    output = claim_output_dir(required_path(cfg, "out_dir", f"{REPORT} goes there"), "out_dir", files=[REPORT],
+    output = claim_output_dir(required_path(cfg, "out_dir", f"{REPORT} goes there"), "out_dir",
+                              files=[REPORT, *PHASE_FILES],
                               inputs=[("world model", run.world_model), ("tokenizer", run.tokenizer)], app=APP)
     return EvaluateSpec(
         run, output, values["horizon"], values["seed"], progress, domain, quality, adherence,

@@ -188,7 +188,7 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
                     min_sky_luminance: float = MIN_SKY_LUMINANCE) -> Motion | None:
     """The planar motion of the camera from frame ``before`` to frame ``after`` (``[H, W, 3]`` RGB of the synthetic
     world's camera), or None where it cannot be told (see the module's docstring; ``min_sky_luminance=0`` measures
-    night frames too, as scripts/benchmark_fidelity.py does to show why they are refused)."""
+    night frames too, as scripts/bench/benchmark_fidelity.py does to show why they are refused)."""
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")

@@ -1,9 +1,9 @@
 """``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` made concrete: the one decision, by backend kind,
 device, the rollouts a run keeps in flight and the model's shape, and where vLLM cannot decode speculatively at
-all. Decided once per run by terra/generation/backends.py (``resolve_spec``, ``resolve_draft_tokens``); a backend
-built without a run's choice asks it for one stream. A batch's ``max_concurrent=auto`` reads the same table
-(:func:`auto_streams`), so the rollouts it keeps in flight and the decoding chosen for them follow from the same
-measurements. The block (:func:`auto_draft_tokens`) is the one a pass-cost rule predicts fastest:
+all: :func:`resolve_decoding`, once per run (terra/generation/resolve.py, ``resolve_backend_run``; a backend built
+without a run: terra/generation/backends.py, ``model_backend``). A batch's ``max_concurrent=auto`` reads
+the same table (:func:`auto_streams`), so the rollouts it keeps in flight and the decoding chosen for them follow
+from the same measurements. The block (:func:`auto_draft_tokens`) is the one a pass-cost rule predicts fastest:
 benchmarks/decoding.md, "The block decoding=auto picks"."""
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
     """What ``sampling.decoding=auto`` is for a run of at most ``streams`` rollouts in flight on the resolved
     ``backend`` (hf | vllm) and ``device``, with vLLM's ``requests`` path: ``speculative`` up to
     :data:`SPECULATIVE_STREAMS`, else ``sequential`` (and where vLLM cannot decode speculatively). The one place it
-    is decided, once per run (terra/generation/backends.py, ``resolve_spec``); the backends then run what the run
-    chose."""
+    is decided, once per run (:func:`resolve_decoding`); the backends then run what the run chose."""
     if backend == "vllm" and vllm_speculative_unavailable(device, requests):
         return "sequential"
     limit = _speculative_limit(backend, device)
@@ -56,16 +55,37 @@ def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | Non
     return 1 if backend == "hf" and speculative else None
 
 
-def backend_guesses(backend: str, sampling: SamplingConfig) -> str:
-    """``sampling.guesses`` as the resolved ``backend`` (hf | vllm) runs it: ``auto`` is ``lookahead`` on the
-    Transformers backend (terra/generation/hf_speculative.py) and ``previous`` on vLLM, whose engine's sampler
-    guesses the previous frame's codes and nothing else (terra/vllm/jacobi_state.py); naming another for a vLLM run
-    that decodes speculatively is one line, not a setting silently ignored."""
+def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
+                     requests: str = "per_frame", config: Any = None) -> SamplingConfig:
+    """``sampling`` as a run of at most ``streams`` rollouts in flight decodes it on the resolved ``backend`` and
+    ``device``: ``decoding=auto`` as :func:`auto_decoding` decides, the guesses the backend runs
+    (:func:`backend_guesses`) and, given the world model's ``config``, ``draft_tokens=auto`` the block for it
+    (:func:`auto_draft_tokens`). ``speculative`` asked for where vLLM cannot run it is one line, before anything
+    loads, and so are guesses it does not run."""
+    decoding, block = sampling.decoding, sampling.draft_tokens
+    if decoding == "speculative" and backend == "vllm":
+        why = vllm_speculative_unavailable(device, requests)
+        if why:
+            raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential or auto, "
+                                  "or backend=hf")
+    if decoding == "auto":
+        decoding = auto_decoding(backend, device, streams, requests)
+    guesses = backend_guesses(backend, decoding, sampling.guesses)
+    if block == "auto" and config is not None:
+        block = auto_draft_tokens(backend, device, streams, config)
+    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
+
+
+def backend_guesses(backend: str, decoding: str, guesses: str) -> str:
+    """``sampling.guesses`` (``guesses``) as the resolved ``backend`` (hf | vllm) runs it for ``decoding``: ``auto``
+    is ``lookahead`` on the Transformers backend (terra/generation/hf_speculative.py) and ``previous`` on vLLM, whose
+    engine's sampler guesses the previous frame's codes and nothing else (terra/vllm/jacobi_state.py); naming another
+    for a vLLM run that decodes speculatively is one line, not a setting silently ignored."""
     if backend != "vllm":
-        return "lookahead" if sampling.guesses == "auto" else sampling.guesses
-    if sampling.guesses in ("auto", "previous") or sampling.decoding != "speculative":
+        return "lookahead" if guesses == "auto" else guesses
+    if guesses in ("auto", "previous") or decoding != "speculative":
         return "previous"
-    raise TerraInputError(f"sampling.guesses={sampling.guesses}: vLLM's engine guesses the previous frame's codes "
+    raise TerraInputError(f"sampling.guesses={guesses}: vLLM's engine guesses the previous frame's codes "
                           "only (terra/vllm/jacobi_state.py); use sampling.guesses=auto or previous, or backend=hf")
 
 
@@ -115,7 +135,7 @@ class PassCost:
 
 PASS_COSTS: dict[tuple[str, str], PassCost] = {
     # one CPU thread (the 2-core development machine), float32: a pass's CPU time at blocks 16 .. 144 on the demo
-    # model (6.1 ms + 0.237 ms a token, the host's work included: scripts/benchmark_host.py)
+    # model (6.1 ms + 0.237 ms a token, the host's work included: scripts/bench/benchmark_host.py)
     ("hf", "cpu"): PassCost(host_s=0.45e-3, layer_s=0.77e-3, bytes_per_s=20e9, flops_per_s=76e9, overlapped=False),
     # an estimate (the Transformers backend was not timed on a GPU): its Python per layer, an H100's rates
     ("hf", "cuda"): PassCost(host_s=1e-3, layer_s=0.15e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=False),

@@ -5,7 +5,7 @@ terra/generation/speculative.py verifies the guesses; whatever they are, the com
 decoding's, so the guesses decide only how many passes a frame takes. A pass's draws past its first wrong guess
 were made after that wrong token; the next pass feeds the corrected one. Where an earlier pass of the frame fed
 the very token now before a position, the draw it made there is a better guess than the latest draw, made after
-another token (scripts/benchmark_guesses.py measures the sources against each other).
+another token (scripts/bench/benchmark_guesses.py measures the sources against each other).
 """
 
 from __future__ import annotations

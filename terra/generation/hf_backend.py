@@ -26,12 +26,11 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from terra.config.checks import check_choice
 from terra.config.sampling import SamplingConfig
-from terra.generation.decoding import auto_decoding, auto_draft_tokens, backend_guesses
+from terra.contract.layout import TokenLayout
+from terra.generation.decoding import backend_guesses
 from terra.generation.hf_speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
-from terra.generation.layout import TokenLayout
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 from terra.generation.sampling import gumbel_noise, sample_image_tokens
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
@@ -69,10 +68,10 @@ class _Row:
 class HFBackend(WorldModelBackend):
     """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device).
 
-    ``decoding`` is what a call's ``sampling.decoding=auto`` runs as: the run's choice (terra/generation/backends.py,
-    ``resolve_spec``); None: the choice for one rollout on ``device``. A call that names its decoding gets it.
-    ``draft_tokens`` is likewise what ``sampling.draft_tokens=auto`` runs as (None: the block for one rollout,
-    terra/generation/decoding.py, ``auto_draft_tokens``), and ``sampling.guesses=auto`` runs as ``lookahead``.
+    ``decoding`` (sequential | speculative) and ``draft_tokens`` (the block) are what a call's
+    ``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` run as: the run's choices, made before it is built
+    (terra/generation/resolve.py; a caller without a run: terra/generation/backends.py, ``model_backend``,
+    ``create_backend``). A call that names its own gets it; ``sampling.guesses=auto`` runs as ``lookahead``.
     """
 
     def __init__(
@@ -82,8 +81,9 @@ class HFBackend(WorldModelBackend):
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 16,
         config: LlamaActionConfig | None = None,
-        decoding: str | None = None,
-        draft_tokens: int | None = None,
+        *,
+        decoding: str,
+        draft_tokens: int,
     ) -> None:
         if not isinstance(model, torch.nn.Module):  # a folder; ``config``, when given, spares re-reading it
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, config=config)
@@ -97,10 +97,8 @@ class HFBackend(WorldModelBackend):
         self._pads: list[int] = []  # left padding of each row in it
         self._logits: torch.Tensor | None = None  # [rows, vocab] of each row's next token
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
-        self.decoding = auto_decoding("hf", str(self.device)) if decoding is None else check_choice(
-            decoding, "decoding", ("sequential", "speculative"))
-        self.draft_tokens = (auto_draft_tokens("hf", str(self.device), 1, self.model.config) if draft_tokens is None
-                             else draft_tokens)
+        self.decoding = decoding
+        self.draft_tokens = draft_tokens
 
     @property
     def name(self) -> str:
@@ -111,8 +109,9 @@ class HFBackend(WorldModelBackend):
         the run's choices (never decided again here); the codes do not depend on them."""
         sampling = super().as_run(sampling)
         if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
-            sampling = sampling.replace(draft_tokens=self.draft_tokens if sampling.draft_tokens == "auto"
-                                        else sampling.draft_tokens, guesses=backend_guesses("hf", sampling))
+            block = self.draft_tokens if sampling.draft_tokens == "auto" else sampling.draft_tokens
+            sampling = sampling.replace(draft_tokens=block,
+                                        guesses=backend_guesses("hf", sampling.decoding, sampling.guesses))
         return sampling
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
@@ -225,7 +224,7 @@ class HFBackend(WorldModelBackend):
             return self._forward_new(ids, conditions, torch.from_numpy(prompts[0][2]).to(self.device), [])
         kv, _ = self._join([(s.cache.kv, [0]) for s in states])
         last = torch.tensor([[int(s.frames[-1][-1])] for s in states], device=self.device)
-        ids = torch.cat([last, torch.full((len(states), layout.slot_tokens), layout.action_token_id,
+        ids = torch.cat([last, torch.full((len(states), layout.slot_tokens), layout.slot_token_id,
                                           device=self.device)], dim=1)
         conditions = torch.from_numpy(np.stack([s.conditions[s.next_frame - 1] for s in states])).to(self.device)
         start = kv[0][0].shape[2]
@@ -285,7 +284,7 @@ class HFBackend(WorldModelBackend):
             conditions=None if conditions is None else conditions.to(self.model.dtype),
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )

@@ -81,11 +81,11 @@ class SpeculativeRows:
                 crop(cache, state.cache.kv[0][0].shape[2])  # what a cancelled frame wrote past it goes
             else:
                 cache = window_cache(state.cache.kv, layout.window_positions)
-            ids = [int(state.frames[-1][-1])] + [layout.action_token_id] * layout.slot_tokens
+            ids = [int(state.frames[-1][-1])] + [layout.slot_token_id] * layout.slot_tokens
             prefix_conditions = torch.from_numpy(state.conditions[state.next_frame - 1])
             prompt = (state.next_frame - state.window.start) * layout.frame_span
         length = cache.get_seq_length()
-        placeholders = torch.full((layout.slot_tokens,), layout.action_token_id, device=self.device)
+        placeholders = torch.full((layout.slot_tokens,), layout.slot_token_id, device=self.device)
         self._frames.append(_Frame(state, frame, cache, torch.tensor(ids, device=self.device),
                                    prefix_conditions.to(self.device, self.model.dtype), next_conditions,
                                    length + len(ids), prompt, state.window_starts, length, placeholders))
@@ -124,7 +124,7 @@ class SpeculativeRows:
             input_ids=ids[None],
             conditions=torch.cat(conditions)[None] if conditions else None,
             position_ids=torch.arange(begin, begin + ids.shape[0], device=self.device)[None],
-            past_key_values=entry.cache,
+            cache=entry.cache,
             use_cache=True,
             logits_to_keep=width + 1 + slots + reach,
         )

@@ -24,15 +24,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.config.sampling import SamplingConfig
+from terra.contract.actions import NUM_ACTION_TOKENS, RULE
+from terra.contract.layout import DEFAULT_OVERLAP, TokenLayout, Window, plan_windows
+from terra.contract.routes import ROUTE_POINT_VALUES, check_route_shape, no_route, slot_routes
 from terra.core.errors import TerraInputError
 from terra.core.lazy import renamed
 from terra.core.progress import Progress
-from terra.generation.actions import NUM_ACTION_TOKENS, RULE
-from terra.generation.layout import DEFAULT_OVERLAP, TokenLayout, Window, plan_windows
-from terra.generation.routes import ROUTE_POINT_VALUES, no_route
+from terra.generation.pass_stats import PassStats
 
 log = logging.getLogger("terra.generation")
-__getattr__ = renamed(__name__, {"DecodeStats": "PassStats"})  # until 0.2.0
+__getattr__ = renamed(__name__, {"DecodeStats": "PassStats"}, home="terra.generation.pass_stats")  # until 0.2.0
 
 
 @dataclass
@@ -41,7 +42,7 @@ class RolloutRequest:
 
     ``context`` is ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes. ``actions[t]`` (``[6, 3]``) conditions
     frame ``t + 1``, counting context frames first, so ``actions`` needs ``n_ctx + num_frames - 1`` rows
-    (more are ignored). ``routes[t]`` (``[K, 3]``, terra/generation/routes.py) is the road ahead of frame ``t``'s pose,
+    (more are ignored). ``routes[t]`` (``[K, 3]``, terra/contract/routes.py) is the road ahead of frame ``t``'s pose,
     for a model with route slots: frame ``t``'s route slots hold ``routes[t + 1]``, the route where the frame they
     condition is drawn, so ``routes`` needs ``n_ctx + num_frames`` rows; None: no route (such a model embeds
     "no route"). ``seed`` makes sampling reproducible per rollout, independent of batching.
@@ -57,7 +58,7 @@ class RolloutRequest:
 
 def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
     """``actions`` as float32 if shaped ``[>= needed, 6, 3]``: a cheap shape check; their values were checked where
-    they entered (terra/generation/actions.py, ``validate_actions``)."""
+    they entered (terra/contract/actions.py, ``validate_actions``)."""
     arr = np.asarray(actions, dtype=np.float32)
     if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
         raise TerraInputError(f"actions must have shape [frames, {NUM_ACTION_TOKENS}, 3], got {list(arr.shape)}")
@@ -67,24 +68,15 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
     return arr
 
 
-def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, num_points: int) -> np.ndarray:
-    """The route slots' values ``[rows, K, 3]`` float32: frame ``t``'s hold ``routes[t + 1]`` (rows past ``needed``
-    that ``routes`` lacks hold no route; None: no route anywhere). A cheap shape check: their values were checked
-    where they entered (terra/generation/routes.py)."""
+def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, route_tokens: int) -> np.ndarray:
+    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]``; None: no route
+    anywhere), by the contract's one rule of the shift (terra/contract/routes.py, ``slot_routes``). A cheap shape
+    check, the contract's one (``check_route_shape``): their values were checked where they entered."""
     if routes is None:
-        return no_route(rows, num_points)
+        return no_route(rows, route_tokens)
     arr = np.asarray(routes, dtype=np.float32)
-    if num_points == 0:
-        raise TerraInputError("this world model has no route slots (num_route_tokens 0), so it cannot take a route; "
-                              "leave the route out or use a route-conditioned model")
-    if arr.ndim != 3 or arr.shape[1:] != (num_points, ROUTE_POINT_VALUES):
-        raise TerraInputError(f"routes must have shape [frames, {num_points}, {ROUTE_POINT_VALUES}], "
-                              f"got {list(arr.shape)}")
-    if len(arr) < needed:
-        raise TerraInputError(f"routes cover {len(arr)} frames but the rollout has {needed}; "
-                              "give a route for every frame of the trajectory")
-    slots = arr[1 : rows + 1]
-    return np.concatenate([slots, no_route(rows - len(slots), num_points)])
+    check_route_shape(arr.shape, route_tokens, "the rollout's routes", needed, (ROUTE_POINT_VALUES,))
+    return slot_routes(arr, rows)
 
 
 class RolloutState:
@@ -200,59 +192,9 @@ class RolloutState:
         twin.passes = list(self.passes)
         return twin
 
-    def pass_stats(self) -> "PassStats":
+    def pass_stats(self) -> PassStats:
         """Forward passes of the generated frames so far."""
         return PassStats(len(self.passes), sum(self.passes), self.layout.image_tokens)
-
-
-@dataclass(frozen=True)
-class PassStats:
-    """How many forward passes generated how many frames: what speculative decoding saves (sequential decoding
-    takes one pass per image token). Sums of several rollouts add up with ``+``."""
-
-    frames: int = 0
-    passes: int = 0
-    image_tokens: int = 0  # per frame
-
-    def __add__(self, other: "PassStats") -> "PassStats":
-        return PassStats(self.frames + other.frames, self.passes + other.passes,
-                           max(self.image_tokens, other.image_tokens))
-
-    @property
-    def passes_per_frame(self) -> float | None:
-        return self.passes / self.frames if self.frames else None
-
-    @property
-    def tokens_per_pass(self) -> float | None:
-        """Image tokens committed per forward pass (1 for sequential decoding)."""
-        return self.frames * self.image_tokens / self.passes if self.passes else None
-
-    def as_dict(self, sampling: SamplingConfig | None = None) -> dict[str, Any]:
-        """The figures for a sidecar, a manifest or a benchmark's JSON; with ``sampling``, the decoding that ran."""
-        record: dict[str, Any] = {"frames": self.frames, "image_tokens": self.image_tokens,
-                                  "forward_passes": self.passes, "passes_per_frame": _rounded(self.passes_per_frame),
-                                  "tokens_per_pass": _rounded(self.tokens_per_pass)}
-        if sampling is not None:
-            record = {"decoding": sampling.decoding,
-                      "draft_tokens": sampling.draft_tokens if sampling.decoding == "speculative" else None, **record}
-        return record
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "PassStats":
-        """The stats of an :meth:`as_dict` record (a manifest's, to sum a run)."""
-        return cls(record["frames"], record["forward_passes"], record["image_tokens"])
-
-    def line(self) -> str:
-        """The figures in words, for a log line."""
-        if not self.passes:
-            return "no frames generated"
-        return (f"{self.passes_per_frame:.1f} forward passes per frame of {self.image_tokens} image tokens "
-                f"({self.tokens_per_pass:.2f} tokens per pass)")
-
-
-def _rounded(value: float | None) -> float | None:
-    """``value`` to 3 decimals, for JSON records."""
-    return None if value is None else round(value, 3)
 
 
 @dataclass
@@ -297,7 +239,7 @@ class WorldModelBackend(ABC):
         """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed. A model
         with route slots given a rollout without a route says so, once per backend: it runs with "no route"."""
         state = RolloutState(request, self.layout, self.default_seed(request, index))
-        if self.layout.route_tokens and request.routes is None and not self._told_no_route:
+        if self.layout.route_model and request.routes is None and not self._told_no_route:
             self._told_no_route = True
             log.warning("the world model takes a route (%d route slots) but a rollout has none: it runs with the "
                         "learned 'no route' embedding (docs/generate.md, \"Routes\")", self.layout.route_tokens)

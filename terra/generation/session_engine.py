@@ -2,7 +2,7 @@
 
 A session's rollout is opened from context codes with room for its frames (:meth:`SessionEngine.open`), and each
 step writes the action of the newest frame just before the next one is generated, so windows roll over exactly as
-in a batch rollout (terra/generation/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's
+in a batch rollout (terra/contract/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's
 given the same actions and seed. Sessions serve ``terra-serve`` (through terra/session/, the user-facing
 ``Session``), the closed loop's model world (terra/closedloop/worlds.py) and AlpaSim's video-model server
 (terra/alpasim/sessions.py).
@@ -32,7 +32,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.rollout import (
     DEFAULT_OVERLAP, FrameDone, PassStats, RolloutRequest, RolloutState, WorldModelBackend,
 )
-from terra.generation.routes import no_route
+from terra.contract.routes import no_route
 
 RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 
@@ -107,7 +107,7 @@ class SessionEngine:
         """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them,
         with room for ``max_frames`` frames whose actions (and routes) come with the steps (checked now: bad input
         raises here). ``routes``: the context frames' ``[n, K, 3]``, for a model with route slots (None: no route,
-        terra/generation/routes.py). ``seed`` fixes sampling (None: the backend picks one); ``overlap``:
+        terra/contract/routes.py). ``seed`` fixes sampling (None: the backend picks one); ``overlap``:
         docs/ARCHITECTURE.md, "Windows"."""
         n = len(codes)
         room = np.zeros((n + max_frames - 1, 6, 3), dtype=np.float32)
@@ -218,7 +218,7 @@ class SessionEngine:
                     raise TerraInputError(f"the session has reached its limit of {state.request.num_frames} frames; "
                                           "reset it or open a new one")
                 state.set_next_action(job.action)
-                if state.layout.route_tokens:
+                if state.layout.route_model:
                     state.set_next_route(job.route)
                 job.started_at = time.perf_counter()
                 self.backend.submit(state, job.sampling)

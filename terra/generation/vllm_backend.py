@@ -25,8 +25,9 @@ import numpy as np
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.decoding import auto_passes_per_step, backend_guesses
-from terra.generation.layout import TokenLayout
+from terra.generation.decoding import backend_guesses
+from terra.contract.layout import TokenLayout
+from terra.generation.resolve import DEFAULT_ROLLOUTS
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
 
@@ -88,23 +89,23 @@ class VLLMBackend(WorldModelBackend):
     take nearly all of it). ``quantization="fp8"`` / ``"fp8_per_channel"`` loads the bf16 checkpoint's linear layers
     as FP8 (vLLM quantizes each per tensor / per output channel as it loads, an ``engine_kwargs``
     ``quantization_config`` naming layers to keep; embeddings and head stay bf16) and ``kv_cache_dtype="fp8"``
-    stores the KV cache in FP8: terra/config/memory.py picks them for a card's size, scripts/measure_fp8.py measures
-    their cost.
+    stores the KV cache in FP8: terra/config/memory.py picks them for a card's size, scripts/experiments/measure_fp8.py
+    measures their cost.
     ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
     image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
     same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
     elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`as_run`), and each
     frame's forward passes are counted from the engine's per-step outputs. ``passes_per_step`` > 1 runs that many
     verifying passes in each decode step that replays a full CUDA graph, with no host round trip between them
-    (:mod:`terra.vllm.jacobi_runner`): the same draws, fewer engine steps a frame; None: as
-    terra/generation/decoding.py's ``auto_passes_per_step`` decides for ``max_num_seqs``.
+    (:mod:`terra.vllm.jacobi_runner`): the same draws, fewer engine steps a frame (a run's, chosen for the rollouts
+    the engine makes room for: terra/generation/backends.py, ``build_backend``).
     """
 
     def __init__(
         self,
         model_path: str,
         dtype: str = "auto",
-        max_num_seqs: int = 64,
+        max_num_seqs: int = DEFAULT_ROLLOUTS,
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
@@ -114,7 +115,7 @@ class VLLMBackend(WorldModelBackend):
         seed: int = 0,
         config: Any = None,
         draft_tokens: int = 0,
-        passes_per_step: int | None = None,
+        passes_per_step: int = 1,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig
@@ -134,9 +135,7 @@ class VLLMBackend(WorldModelBackend):
             )
         self.layout = TokenLayout.from_config(config)
         self.draft_tokens = draft_tokens  # guesses per request and step; 0: sequential decoding
-        if passes_per_step is None:  # verifying passes per full-graph decode step: by the rollouts the engine holds
-            passes_per_step = auto_passes_per_step(max_num_seqs)
-        self.passes_per_step = passes_per_step if draft_tokens else 1
+        self.passes_per_step = passes_per_step if draft_tokens else 1  # verifying passes per full-graph decode step
         self.model_path = model_path
         self.seed = seed
         self.max_num_seqs = max_num_seqs
@@ -202,8 +201,7 @@ class VLLMBackend(WorldModelBackend):
 
     @property
     def decoding(self) -> str:
-        """The engine's decoding, fixed when it started (terra/generation/backends.py, ``resolve_spec``, chose it
-        for the run)."""
+        """The engine's decoding, fixed when it started (terra/generation/resolve.py chose it for the run)."""
         return "speculative" if self.draft_tokens else "sequential"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
@@ -212,7 +210,7 @@ class VLLMBackend(WorldModelBackend):
         speculative engine are one line, terra/generation/decoding.py, ``backend_guesses``). The codes are the same
         either way."""
         sampling = sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
-        return sampling.replace(guesses=backend_guesses("vllm", sampling))
+        return sampling.replace(guesses=backend_guesses("vllm", sampling.decoding, sampling.guesses))
 
     def prompt_limits(self) -> dict[str, Any]:
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one slots item per frame."""
@@ -224,7 +222,7 @@ class VLLMBackend(WorldModelBackend):
 
         :meth:`submit` sends whatever this returns. It is the one place that says what a frame
         request carries, so a baseline of Terra's shape fed the same ids without the action items
-        (scripts/bench/plain_llama.py) overrides it, together with :meth:`prompt_limits`.
+        (scripts/bench/lib/plain_llama.py) overrides it, together with :meth:`prompt_limits`.
         """
         ids, conditions, _ = state.prompt()
         items = np.ascontiguousarray(conditions, dtype=np.float32)

@@ -1,9 +1,10 @@
 """vLLM with streaming-input requests: one engine request per rollout window, fed a frame at a time.
 
-The ``streaming`` request path (``backend.options.requests``, see :func:`resolve_requests`). Where
-:class:`~terra.generation.vllm_backend.VLLMBackend` sends every frame as a new request carrying the whole window
-(prefix caching makes that cheap), :class:`StreamingVLLMBackend` keeps one request open per rollout window
-(``AsyncLLM.generate`` over an async generator of ``StreamingInput`` chunks) and its KV stays in the engine:
+The ``streaming`` request path (``backend.options.requests``, chosen once per run: terra/vllm/compat.py,
+``request_path``). Where :class:`~terra.generation.vllm_backend.VLLMBackend` sends every frame as a new request
+carrying the whole window (prefix caching makes that cheap), :class:`StreamingVLLMBackend` keeps one request open
+per rollout window (``AsyncLLM.generate`` over an async generator of ``StreamingInput`` chunks) and its KV stays in
+the engine:
 
 * the window's first frame is a chunk with the whole window prompt (:meth:`VLLMBackend.frame_prompt`);
 * each later frame is a chunk of the previous frame's last code plus the six action slots (and that frame's
@@ -35,27 +36,12 @@ import numpy as np
 
 from terra.config.backend import REQUEST_PATHS
 from terra.config.sampling import SamplingConfig
-from terra.core.errors import TerraInputError
+from terra.core.lazy import renamed
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
 
 POLL_WAIT_S = 0.05  # poll() returns empty-handed after this long, so a driver can take in new work meanwhile
 CALL_TIMEOUT_S = 600.0  # for work handed to the loop thread (engine start-up, aborts, shutdown)
-
-
-def resolve_requests(requests: str) -> str:
-    """``auto`` → ``streaming`` where this vLLM takes streaming-input requests, else ``per_frame``; ``streaming``
-    asked for where it does not is one error line. ``requests`` is a checked name (terra/config/backend.py)."""
-    from terra.vllm import compat
-
-    if requests == "per_frame":
-        return requests
-    if compat.has_streaming_input():
-        return "streaming"
-    if requests == "streaming":
-        raise TerraInputError(f"backend.options.requests=streaming needs vLLM's streaming-input requests, which "
-                              f"vLLM {compat.VLLM_VERSION} lacks; use requests=per_frame (or auto)")
-    return "per_frame"
 
 
 class _Stream:
@@ -129,7 +115,7 @@ class StreamingVLLMBackend(VLLMBackend):
             return
         self._open.move_to_end(stream.request_id)
         layout, frame = self.layout, state.next_frame
-        ids = [stream.last_code] + [layout.action_token_id] * layout.slot_tokens
+        ids = [stream.last_code] + [layout.slot_token_id] * layout.slot_tokens
         conditions = np.ascontiguousarray(state.conditions[frame - 1 : frame], dtype=np.float32)
         chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": conditions}}, params)
         self._loop.call_soon_threadsafe(self._feed, stream, chunk)
@@ -283,4 +269,6 @@ class StreamingVLLMBackend(VLLMBackend):
         compat.shutdown_engine(self.engine)
 
 
-__all__ = ["REQUEST_PATHS", "StreamingVLLMBackend", "resolve_requests"]
+__all__ = ["REQUEST_PATHS", "StreamingVLLMBackend"]
+__getattr__ = renamed(__name__, {"resolve_requests": "request_path"},  # until 0.2.0: chosen once per run
+                      home="terra.vllm.compat")

@@ -1,7 +1,7 @@
 """Actions for the world model from every trajectory form a user may have (docs/ARCHITECTURE.md, "Actions").
 
 The model's action for frame ``t`` is ``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the
-ego trajectory that starts at frame ``t`` (the contract: terra/generation/actions.py).
+ego trajectory that starts at frame ``t`` (the contract: terra/contract/actions.py).
 
 Accepted inputs, all turned into ``actions [T, 6, 3]`` (float32):
 
@@ -11,11 +11,12 @@ Accepted inputs, all turned into ``actions [T, 6, 3]`` (float32):
 * a named manoeuvre (see :data:`terra.inputs.trajectory.MANOEUVRES`).
 
 Files: ``.npy`` (arrays, told apart by shape), ``.json`` (an object with one of the keys ``actions``,
-``instruction_trajs``, ``trajectory`` or ``manoeuvre``, and optionally ``routes``, which
-:func:`terra.inputs.requests.trajectory_inputs` reads; or a bare array), ``.csv`` (a header row naming
-``x, y`` and optionally ``t``/``timestamp`` and ``yaw``; UTF-8 with or without a byte-order mark). Files are
-read through terra/config/files.py (regular files of bounded size, strict JSON); every number must be
-finite and within the ranges of terra/inputs/trajectory.py and terra/generation/actions.py.
+``instruction_trajs``, ``trajectory`` or ``manoeuvre``, and optionally a ``road`` or ``ego_routes``, which
+terra/inputs/routes.py reads; any other key is refused with a guess at the one meant; or a bare array), ``.csv``
+(a header row naming ``x, y`` and optionally ``t``/``timestamp`` and ``yaw``; UTF-8 with or without a byte-order
+mark). Files are read through terra/config/files.py (regular files of bounded size, strict JSON); every number must
+be a number (not a string or a boolean: terra/contract/actions.py, ``finite_array``), finite and within the ranges
+of terra/inputs/trajectory.py and terra/contract/actions.py.
 """
 
 from __future__ import annotations
@@ -24,23 +25,40 @@ import csv
 import numbers
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, Range, shown
+from terra.config.checks import MAX_FRAMES, Range, check_keys, shown
 from terra.core.errors import TerraInputError
 from terra.config.files import MAX_TRAJECTORY_BYTES, load_json, open_input_file, read_input_text
-from terra.generation.actions import (
+from terra.contract.actions import (
     ACTION_POINT_INDICES, ACTION_TIMES, FRAME_RATE_HZ, FUTURE_POINTS, NUM_ACTION_TOKENS, finite_array, in_reach,
-    validate_actions,
+    number_from_text, validate_actions,
 )
+from terra.inputs.routes import GIVEN_ROUTE_KEYS, ROUTE_HINTS, ROUTE_KEYS
 from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, RATE_HZ, check_manoeuvre_params, manoeuvre_trajectory
 
 FRAMES = Range(1, MAX_FRAMES, 16, whole=True)  # frames a trajectory or manoeuvre may be asked for
 TRAJECTORY_KEYS = ("actions", "instruction_trajs", "trajectory", "manoeuvre")  # a JSON value's forms, one per value
 TRAJECTORY_SUFFIXES = (".json", ".csv", ".npy")
+TRAJECTORY_FILE_KEYS = (*TRAJECTORY_KEYS, *GIVEN_ROUTE_KEYS)  # every key a JSON trajectory object may hold
+FILE_HOLDS = (f"a trajectory holds one of {', '.join(TRAJECTORY_KEYS)} and optionally {' or '.join(ROUTE_KEYS)} "
+              "(docs/generate.md)")
+MAPPING_KEYS = ("x", "y", "yaw", "t", "timestamp", "rate_hz")  # a "trajectory" mapping's
+
+
+@dataclass(frozen=True)
+class Manoeuvre:
+    """A named manoeuvre as a trajectory names it: its world-frame motion (from the origin, heading +x), the frames
+    it covers, its name and parameters (checked; terra-generate drives the same in its built-in scene)."""
+
+    motion: EgoTrajectory
+    frames: int
+    name: str
+    params: dict[str, float]
 
 
 def actions_from_instruction_trajs(trajs: Any, source: str = "instruction_trajs") -> np.ndarray:
@@ -63,13 +81,20 @@ def actions_from_trajectory(trajectory: EgoTrajectory, num_frames: int | None = 
 
 def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.ndarray:
     """``[num_frames, 6, 3]`` actions for a named manoeuvre (parameters as :func:`manoeuvre_trajectory`)."""
+    manoeuvre = manoeuvre_motion(name, num_frames, **params)
+    return actions_from_trajectory(manoeuvre.motion, manoeuvre.frames)
+
+
+def manoeuvre_motion(name: str, num_frames: int, **params: float) -> Manoeuvre:
+    """A named manoeuvre over ``num_frames`` frames (parameters as :func:`manoeuvre_trajectory`), its motion 3 s
+    past them: what its actions and a road's routes are taken from."""
     if (isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral)
             or not 1 <= num_frames <= MAX_FRAMES):
         raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 and at most {MAX_FRAMES} "
                               f"(got {shown(num_frames)})")
     params = check_manoeuvre_params(params)
-    trajectory = manoeuvre_trajectory(name, (num_frames - 1) / FRAME_RATE_HZ + 3.0, **params)
-    return actions_from_trajectory(trajectory, num_frames)
+    return Manoeuvre(manoeuvre_trajectory(name, (num_frames - 1) / FRAME_RATE_HZ + 3.0, **params), int(num_frames),
+                     name, params)
 
 
 def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
@@ -88,7 +113,7 @@ def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[An
     source = str(path)
     with trajectory_file_errors(source):
         value = read_trajectory_file(path)
-        actions = _actions_of(value, source, num_frames)
+        actions = actions_of(motion_of(value, source, num_frames), source, num_frames)
     return value, validate_actions(actions, source, num_frames or 1)
 
 
@@ -159,12 +184,15 @@ def actions_from_value(value: Any, source: str, num_frames: int | None, skip: in
     """Checked actions from a decoded JSON value or array, told apart by keys or shape (the forms of the module
     docstring); ``num_frames`` sizes a manoeuvre and caps a trajectory's frames, the first ``skip`` frames are
     dropped, and at least ``min_frames`` must remain."""
-    return validate_actions(_actions_of(value, source, num_frames)[skip:], source, min_frames)
+    return validate_actions(actions_of(motion_of(value, source, num_frames), source, num_frames)[skip:], source,
+                            min_frames)
 
 
-def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
-    """``[T, 6, 3]`` actions of a value, not yet checked as a whole (the callers check them once)."""
-    motion = motion_of(value, source, num_frames)
+def actions_of(motion: Any, source: str, num_frames: int | None) -> Any:
+    """``[T, 6, 3]`` actions of what :func:`motion_of` found, not yet checked as a whole (the callers check them
+    once)."""
+    if isinstance(motion, Manoeuvre):
+        return actions_from_trajectory(motion.motion, motion.frames)
     if isinstance(motion, EgoTrajectory):
         return actions_from_trajectory(motion, _frames_to_compute(motion, num_frames, source))
     return motion
@@ -172,11 +200,14 @@ def _actions_of(value: Any, source: str, num_frames: int | None) -> Any:
 
 def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool = True) -> Any:
     """What a trajectory value holds, told apart by keys or shape (the forms of the module docstring): a
-    world-frame :class:`EgoTrajectory`, or per-frame actions not yet checked as a whole. ``num_frames`` sizes a
-    manoeuvre; ``manoeuvre=False`` refuses one (a driving log needs its recorded motion)."""
+    world-frame :class:`EgoTrajectory`, a :class:`Manoeuvre`, or per-frame actions not yet checked as a whole
+    (:func:`actions_of` makes actions of each). ``num_frames`` sizes a manoeuvre; ``manoeuvre=False`` refuses one (a
+    driving log needs its recorded motion). A key of an object that is neither a form nor a route is one line."""
     if isinstance(value, EgoTrajectory):  # a CSV file, as read_trajectory_file returns it
         return value
     if isinstance(value, dict):
+        check_keys(value, TRAJECTORY_FILE_KEYS, source, FILE_HOLDS,
+                   {**{key: key for key in TRAJECTORY_KEYS}, **ROUTE_HINTS})
         keys = [k for k in TRAJECTORY_KEYS if k in value]
         if not manoeuvre and keys == ["manoeuvre"]:
             raise TerraInputError(f"{source}: names a manoeuvre; a driving log needs the recorded trajectory")
@@ -206,7 +237,7 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
         if frames is None:
             raise TerraInputError(f"{source}: the manoeuvre needs num_frames; add it to the object or the command")
         frames = FRAMES.check(frames, "num_frames", f"{source}: manoeuvre ")
-        return actions_for_manoeuvre(str(name), frames, **check_manoeuvre_params(spec, source))
+        return manoeuvre_motion(str(name), frames, **check_manoeuvre_params(spec, source))
     arr = finite_array(value, source)
     if arr.ndim == 3 and arr.shape[1:] == (NUM_ACTION_TOKENS, 3):
         return arr
@@ -236,14 +267,16 @@ def trajectory_from_mapping(spec: Any, source: str) -> EgoTrajectory:
         if arr.ndim != 2 or arr.shape[1] not in (2, 3):
             raise TerraInputError(f"{source}: trajectory points must be [N, 2|3] (x, y[, yaw]), got {list(arr.shape)}")
         return EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None, source=source)
+    check_keys(spec, MAPPING_KEYS, f"{source}: trajectory", "a trajectory mapping holds x, y and optionally yaw, t "
+               "(or timestamp) or rate_hz; a road or ego_routes go beside it, not inside")
     missing = [k for k in ("x", "y") if k not in spec]
     if missing:
         raise TerraInputError(f"{source}: trajectory lacks {', '.join(missing)}; give x and y lists in metres")
     t = spec.get("t", spec.get("timestamp"))
     return EgoTrajectory.from_arrays(
-        finite_array(spec["x"], source), finite_array(spec["y"], source),
-        None if spec.get("yaw") is None else finite_array(spec["yaw"], source),
-        None if t is None else finite_array(t, source),
+        finite_array(spec["x"], f"{source}: x"), finite_array(spec["y"], f"{source}: y"),
+        None if spec.get("yaw") is None else finite_array(spec["yaw"], f"{source}: yaw"),
+        None if t is None else finite_array(t, f"{source}: t"),
         rate_hz=RATE_HZ.check(spec.get("rate_hz", FRAME_RATE_HZ), "rate_hz", f"{source}: "), source=source,
     )
 
@@ -257,7 +290,7 @@ def trajectory_from_csv(path: Path) -> EgoTrajectory:
     if "x" not in header or "y" not in header:
         raise TerraInputError(f"trajectory file {path}: the header {rows[0]} must name columns x and y (and t, yaw)")
     try:
-        data = np.array([[float(v) for v in row] for row in rows[1:] if row], dtype=np.float64)
+        data = np.array([[number_from_text(v) for v in row] for row in rows[1:] if row], dtype=np.float64)
     except ValueError as err:
         raise TerraInputError(f"trajectory file {path}: a value is not a number ({err}); fix that row") from None
     if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] != len(header):

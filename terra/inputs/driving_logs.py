@@ -23,7 +23,7 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
     poses past the clip;
   - per-frame ``instruction_trajs`` ``[T, 60, 2|3]`` or actions ``[T, 6, 3]`` (JSON key or ``.npy`` array):
     one entry per **source** frame (per image or per decoded video frame), resampled with the frames.
-* **Resampling.** The kept frames are the 10 Hz ticks (terra/generation/actions.py, ``FRAME_RATE_HZ``) from the
+* **Resampling.** The kept frames are the 10 Hz ticks (terra/contract/actions.py, ``FRAME_RATE_HZ``) from the
   clip's first frame to its last: at each tick, the source frame nearest in time (the earlier on a tie), which
   must lie within 0.06 s of the tick (else the clip has dropped frames, or fewer than about 8 per second). A
   clip spans at most 10,000 ticks (1000 s) and needs at least ``min_frames`` (default 2).
@@ -56,7 +56,7 @@ from terra.config.checks import MAX_FRAMES, one_line
 from terra.core.errors import TerraInputError
 from terra.config.files import open_input_file, read_input_text
 from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
-from terra.generation.actions import FRAME_RATE_HZ, validate_actions
+from terra.contract.actions import FRAME_RATE_HZ, validate_actions
 from terra.inputs.actions import (
     TRAJECTORY_SUFFIXES, actions_from_trajectory, motion_of, read_trajectory_file, trajectory_file_errors,
 )

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.contract.actions import FRAME_RATE_HZ
 
 Pose = tuple[float, float, float]
 STRAIGHT = 1e-9  # a curvature (1/m) below this drives a straight line

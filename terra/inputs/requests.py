@@ -2,39 +2,52 @@
 
 Frame ``t`` of a trajectory is context frame ``t``; ``actions[t]`` conditions frame ``t + 1``
 (docs/ARCHITECTURE.md, "Actions"), so a rollout of ``num_frames`` after ``num_context`` frames needs
-``num_context + num_frames - 1`` actions. A JSON trajectory (a file or a mapping) may carry ``routes`` beside its
-trajectory form: one route per frame from the same frame 0, ``[T, K, 2]`` (``y, x``) or ``[T, K, 3]`` (``y, x, s``)
-in each frame's ego frame (terra/generation/routes.py), for a model with ``K`` route slots; CSV and NPY trajectories
-carry none. Each function here reads and checks its input once and returns checked values; requests carry them on
-as they are.
+``num_context + num_frames - 1`` actions, and ``num_context + num_frames`` routes, one per frame. A JSON trajectory
+(a file or a mapping) may carry routes beside its trajectory form (terra/inputs/routes.py): a ``road`` in its world
+frame, followed at each frame's pose, or ``ego_routes``, one route per frame in that frame's ego frame, x first
+(``routes``, rows ``[y, x]``, is their old name); CSV and NPY trajectories carry none. Each function here reads and
+checks its input once and returns checked values; requests carry them on as they are.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from terra.config.checks import shown
+from terra.contract.actions import validate_actions
+from terra.contract.routes import NO_ROUTE_SLOTS, validate_routes
+from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
-from terra.generation.routes import validate_routes
-from terra.inputs.actions import actions_for_manoeuvre, actions_from_value, load_trajectory
+from terra.inputs.actions import (
+    Manoeuvre, actions_for_manoeuvre, actions_of, motion_of, read_trajectory_file, trajectory_file_errors,
+)
 from terra.inputs.context import resolve_path
+from terra.inputs.routes import ROAD, GivenRoutes, given_routes, road_routes
+from terra.inputs.trajectory import EgoTrajectory
 
-UNUSED_ROUTES = "the world model has no route slots (num_route_tokens 0), so it runs without them"
+UNUSED_ROUTES = f"{NO_ROUTE_SLOTS}, so it runs without them"
 
 
 @dataclass(frozen=True)
 class RolloutInputs:
     """What a trajectory gives a rollout, checked: ``actions`` ``[>= num_context + num_frames - 1, 6, 3]`` and
     ``routes`` ``[>= num_context + num_frames, K, 3]`` (None: none given, or a model without route slots);
-    ``unused_routes``: routes were given but the model has no route slots (the caller says so in one line)."""
+    ``unused_routes``: routes were given but the model has no route slots; ``old_routes``: they were given under
+    the old name ``routes`` (terra/inputs/routes.py, ``MOVED_ROUTES``); the caller says each in one line.
+    ``manoeuvre``: the named manoeuvre the trajectory is, where it is one (terra-generate drives it in its built-in
+    scene, as ``manoeuvre=``)."""
 
     actions: np.ndarray
     routes: np.ndarray | None = None
     unused_routes: bool = False
+    old_routes: bool = False
+    manoeuvre: Manoeuvre | None = None
 
 
 def actions_needed(num_context: int, num_frames: int) -> int:
@@ -54,49 +67,85 @@ def manoeuvre_actions(name: str, num_context: int, num_frames: int, **params: fl
 
 
 def trajectory_inputs(
-    trajectory: Any, num_context: int, num_frames: int, route_points: int = 0, source: str = "trajectory",
-    base: Path | None = None, skip: int = 0,
+    trajectory: Any, num_context: int, num_frames: int, route_tokens: int = 0, source: str = "trajectory",
+    base: Path | None = None, skip: int = 0, beside: GivenRoutes | None = None,
 ) -> RolloutInputs:
     """Actions and routes for a rollout from any accepted trajectory: a file (.json/.csv/.npy, relative to ``base``),
-    read once, a mapping with one of :data:`TRAJECTORY_KEYS` (and optionally ``routes``), or an array (see
-    :func:`terra.inputs.actions.actions_from_value`). ``route_points`` is the model's route slots per frame (its
-    ``num_route_tokens``), which a JSON trajectory's routes are checked against (see :func:`with_routes`).
+    read once, a mapping with one of :data:`TRAJECTORY_KEYS` (and optionally a road or ego routes), or an array (see
+    :func:`terra.inputs.actions.actions_from_value`). ``route_tokens`` is the model's route slots per frame (its
+    ``num_route_tokens``), which the routes are checked against (see :func:`with_routes`); ``beside``: routes given
+    next to the trajectory (a batch sample's), refused when its file gives routes too.
 
     ``skip`` drops the trajectory's first frames, actions and routes alike: they belong to context frames that are
     not used (ACT-Bench samples give them from their first context frame on).
     """
     need = actions_needed(num_context, num_frames)
-    if isinstance(trajectory, (str, os.PathLike)):
-        path = resolve_path(trajectory, base) if base is not None else str(trajectory)
-        value, actions = load_trajectory(path, num_frames=need + skip)
-        actions, source = actions[skip:], str(path)
-    else:
-        value = trajectory
-        actions = actions_from_value(trajectory, source, need + skip, skip=skip, min_frames=need)
-    routes = value.get("routes") if isinstance(value, dict) else None
-    return with_routes(actions, routes, num_context, num_frames, route_points, source, skip)
+    file = isinstance(trajectory, (str, os.PathLike))
+    if file:
+        source = resolve_path(trajectory, base) if base is not None else str(trajectory)
+    with trajectory_file_errors(source) if file else nullcontext():
+        value = read_trajectory_file(Path(source)) if file else trajectory
+        motion = motion_of(value, source, need + skip)
+        actions = actions_of(motion, source, need + skip)
+    actions = validate_actions(actions, source, need + skip)[skip:]
+    given = given_routes(value, source) if isinstance(value, dict) else None
+    if beside is not None:
+        if given is not None:
+            raise TerraInputError(f"{beside.where} gives routes twice, in the sample and in its trajectory file "
+                                  f"{shown(Path(source).name)}; keep one")
+        given = beside
+    inputs = with_routes(actions, given, num_context, num_frames, route_tokens, skip, motion)
+    return replace(inputs, manoeuvre=motion) if isinstance(motion, Manoeuvre) else inputs
 
 
 def trajectory_actions(
     trajectory: Any, num_context: int, num_frames: int, source: str = "trajectory",
-    base: Path | None = None, skip: int = 0,
+    base: Path | None = None, skip: int = 0, no_route: str = "it takes no route",
 ) -> np.ndarray:
-    """The actions of :func:`trajectory_inputs`, for a caller whose rollouts take no route from the trajectory."""
-    return trajectory_inputs(trajectory, num_context, num_frames, 0, source, base, skip).actions
+    """The actions of :func:`trajectory_inputs`, for a caller whose rollouts take no route from the trajectory: one
+    that carries routes is one line ending in ``no_route``, the caller's reason."""
+    given = trajectory_inputs(trajectory, num_context, num_frames, 0, source, base, skip)
+    if given.unused_routes:
+        raise TerraInputError(f"{source}: the trajectory carries routes, but {no_route}; leave them out")
+    return given.actions
 
 
-def with_routes(actions: np.ndarray, routes: Any, num_context: int, num_frames: int, route_points: int, source: str,
-                skip: int = 0) -> RolloutInputs:
-    """Checked ``actions`` with the ``routes`` given beside them (None: none): checked once here against a model of
-    ``route_points`` route slots (shape, finite, within reach, a route for every frame after the first ``skip``,
-    which are dropped; terra/generation/routes.py, ``validate_routes``), or, for a model without route slots, not
-    used (:attr:`RolloutInputs.unused_routes`)."""
-    if routes is None:
+def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int, num_frames: int, route_tokens: int,
+                skip: int = 0, motion: Any = None) -> RolloutInputs:
+    """Checked ``actions`` with the routes given beside them (None: none), checked once here against a model of
+    ``route_tokens`` route slots, one per frame from frame 0, the first ``skip`` then dropped: a road followed at the
+    poses of ``motion`` (what :func:`terra.inputs.actions.motion_of` found; terra/inputs/routes.py, ``road_routes``),
+    or routes per frame (terra/contract/routes.py, ``validate_routes``: shape, numbers, reach, ahead of the car) and
+    enough of them. For a model without route slots they are not used (:attr:`RolloutInputs.unused_routes`)."""
+    if given is None:
         return RolloutInputs(actions)
-    if not route_points:
-        return RolloutInputs(actions, unused_routes=True)
-    checked = validate_routes(routes, route_points, f"{source}: routes", routes_needed(num_context, num_frames) + skip)
-    return RolloutInputs(actions, checked[skip:])
+    if not route_tokens:
+        return RolloutInputs(actions, unused_routes=True, old_routes=given.old)
+    frames = routes_needed(num_context, num_frames) + skip
+    if given.key == ROAD:
+        world = motion.motion if isinstance(motion, Manoeuvre) else motion
+        if not isinstance(world, EgoTrajectory):
+            raise TerraInputError(f"{given.source}: a road is followed along the trajectory's world poses, which a "
+                                  "\"trajectory\" (x, y) or a \"manoeuvre\" has; actions and instruction_trajs are in "
+                                  "each frame's own ego frame: give ego_routes instead")
+        routes = road_routes(given.value, world, frames, route_tokens, given.source)
+    else:
+        routes = validate_routes(given.value, route_tokens, given.source, x_first=not given.old, ahead=True)
+        if len(routes) < frames:
+            raise TerraInputError(_too_few(given.source, len(routes), num_context, num_frames, skip))
+    return RolloutInputs(actions, routes[skip:], old_routes=given.old)
+
+
+def _too_few(source: str, given: int, num_context: int, num_frames: int, skip: int) -> str:
+    """The line for per-frame routes that stop short, in the user's terms: frames, poses, actions."""
+    frames = num_context + num_frames + skip
+    missing = frames - given
+    each = f" after {skip} context frames not used, and each of the {frames}" if skip else ", and each"
+    return (f"{source}: gives {given} routes, {'one' if missing == 1 else missing} short: the rollout has "
+            f"{num_context + num_frames} frames ({num_context} context + {num_frames} generated){each} needs its "
+            f"route, frame 0 (the trajectory's first pose) to frame {frames - 1}, one more than the actions "
+            f"({frames - 1}: the last leads into the last frame); give one route per pose and one for the frame after "
+            "the last pose")
 
 
 def rollout_requests(codes: np.ndarray, actions: np.ndarray, num_frames: int, seeds: Sequence[int],

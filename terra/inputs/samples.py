@@ -17,14 +17,21 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from terra.config.actbench import MAX_SAMPLES_BYTES, is_actbench_row
-from terra.config.checks import MAX_FRAMES, SEED, Range, shown
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_keys, shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, parse_json, read_input_text
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, past
 from terra.inputs.actions import TRAJECTORY_KEYS
+from terra.inputs.routes import GIVEN_ROUTE_KEYS, ROUTE_HINTS, ROUTE_KEYS
 
 MAX_LINE_BYTES = MAX_TRAJECTORY_BYTES  # one sample, its inline trajectory included
 # A sample's own settings and their ranges (the batch's defaults of the same names use these ranges too)
 SAMPLE_SETTINGS = {"seed": SEED, "num_frames": Range(1, MAX_FRAMES, 16, whole=True)}
+# the keys of each format; an ACT-Bench row keeps ACT-Bench's other columns (reference_traj, ...), but a near miss
+# of one of these keys is refused there too
+TERRA_KEYS = ("sample_id", "context", *TRAJECTORY_KEYS, *GIVEN_ROUTE_KEYS, *SAMPLE_SETTINGS, "label")
+ACTBENCH_KEYS = ("sample_id", "context_frames", "instruction_trajs", *GIVEN_ROUTE_KEYS, *SAMPLE_SETTINGS, "label")
+HOLDS = (f"a sample holds sample_id, context (or context_frames), one of {', '.join(TRAJECTORY_KEYS)}, and "
+         f"optionally {' or '.join(ROUTE_KEYS)}, {', '.join(SAMPLE_SETTINGS)}, label (docs/rollout.md)")
 
 
 @dataclass
@@ -86,7 +93,8 @@ def _parse_line(raw: str, number: int) -> tuple[Any, str | None]:
     """A line's JSON value and None, or None and why it cannot be read (strict JSON, at most MAX_LINE_BYTES)."""
     size = len(raw.encode("utf-8", "surrogatepass"))
     if size > MAX_LINE_BYTES:
-        return None, f"is {size / 2**20:.0f} MiB, more than the {MAX_LINE_BYTES >> 20} MiB a sample may have"
+        return None, (f"is {past(size / 2**20, MAX_LINE_BYTES / 2**20)} MiB, more than the "
+                      f"{MAX_LINE_BYTES / 2**20:g} MiB a sample may have")
     try:
         return parse_json(raw, f"line {number}"), None
     except TerraInputError as err:
@@ -104,6 +112,12 @@ def _check_record(record: Any) -> str | None:
         json.dumps(record, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return "holds a lone surrogate escape (e.g. \\ud800), which no path or name can carry"
+    known = ACTBENCH_KEYS if "context_frames" in record else TERRA_KEYS
+    try:
+        check_keys(record, known, "a sample", HOLDS, {**{key: key for key in known}, **ROUTE_HINTS},
+                   strict="context_frames" not in record)
+    except TerraInputError as err:
+        return str(err).removeprefix("a sample: ")
     if "sample_id" not in record:
         return "no sample_id; give every sample a unique sample_id"
     sid = record["sample_id"]

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from terra.config.checks import MAX_FRAMES, Range, shown
-from terra.core.errors import TerraInputError
-from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MAX_SPEED_MPS
+from terra.contract.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ, MAX_SPEED_MPS
+from terra.core.errors import TerraInputError, past
 from terra.inputs.ego_motion import to_ego
 
 # Sane world-frame trajectories: a car, in metres and seconds (wrong units fail here, not as odd videos);
-# MAX_SPEED_MPS (terra/generation/actions.py) bounds the speed between two samples.
+# MAX_SPEED_MPS (terra/contract/actions.py) bounds the speed between two samples.
 MAX_COORDINATE_M = 1e7  # x, y (projected map coordinates included)
 MAX_TIME_S = 1e10  # timestamps (Unix seconds included)
 MAX_YAW_RAD = 1e4  # unwrapped yaw
@@ -68,8 +68,8 @@ class EgoTrajectory:
             if not np.all(np.isfinite(arr)):
                 raise TerraInputError(f"{source}: column {name} holds NaN or inf; replace them with finite values")
             if np.abs(arr).max() > limit:
-                raise TerraInputError(f"{source}: column {name} holds {np.abs(arr).max():.3g}, beyond +-{limit:g} "
-                                      f"{unit}; give metres, seconds and radians")
+                raise TerraInputError(f"{source}: column {name} holds {past(np.abs(arr).max(), limit)}, beyond "
+                                      f"+-{limit:g} {unit}; give metres, seconds and radians")
         dt = np.diff(t)
         if np.any(dt <= 0):
             raise TerraInputError(f"{source}: timestamps must increase strictly; sort the points by time")
@@ -77,8 +77,8 @@ class EgoTrajectory:
         if speed.max() > MAX_SPEED_MPS:
             i = int(np.argmax(speed))
             raise TerraInputError(
-                f"{source}: the car would move at {speed[i]:.3g} m/s between points {i} and {i + 1}, faster than "
-                f"{MAX_SPEED_MPS:g} m/s; give positions in metres and times in seconds"
+                f"{source}: the car would move at {past(speed[i], MAX_SPEED_MPS)} m/s between points {i} and {i + 1}, "
+                f"faster than {MAX_SPEED_MPS:g} m/s; give positions in metres and times in seconds"
             )
         return cls(t=t, x=x, y=y, yaw=np.unwrap(yaw))
 
@@ -156,6 +156,9 @@ MANOEUVRES = (
     "lane_change_left",
     "lane_change_right",
 )
+# Not a manoeuvre of the car's own frame: keeping the ego lane along a synthetic scene's road, bends and all
+# (terra/sim/clips.py), so only where that road exists: terra-generate's built-in context, the training drives.
+FOLLOW_LANE = "follow_lane"
 
 
 # User-settable manoeuvre parameters and their sane ranges (a car on a road; conf/generate.yaml lists them).

@@ -6,7 +6,9 @@ all have defaults derived from that file, so they never need to be present in it
 
 * ``codebook_size``: image codes are ``[0, codebook_size)``; default ``vocab_size - 1`` (Terra: 2^18 codes
   plus one special id).
-* ``action_token_id``: the placeholder id of an action slot; default ``codebook_size`` (the special id).
+* ``action_token_id``: the placeholder id of every slot, action or route (the key keeps the name checkpoints store it
+  under; the token layout calls it ``slot_token_id``, terra/contract/layout.py); default ``codebook_size`` (the
+  special id).
 * ``action_projection_type``: ``"linear"`` (v1, ``LlamaActionForCausalLM``) or ``"mlp"`` (v2,
   ``LlamaActionV2ForCausalLM``: Linear-ReLU-Linear-ReLU-Linear); default read from ``architectures``.
 * ``action_mlp_hidden_size``: width of the v2 MLP's hidden layers; default ``hidden_size``.
@@ -15,7 +17,7 @@ all have defaults derived from that file, so they never need to be present in it
   image code of the checkpoint's embedding table. Both backends honour it.
 * ``num_route_tokens``: route slots per frame after its action slots (K; 0, Terra's layout, by default). With K > 0
   the model has a ``route_projection`` (``Linear(3, hidden)``) and a learned ``no_route_embedding`` ``[K, hidden]``
-  (terra/generation/routes.py has the route contract), and ``num_spatio_embeddings`` counts the route slots.
+  (terra/contract/routes.py has the route contract), and ``num_spatio_embeddings`` counts the route slots.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
+from terra.contract.actions import NUM_ACTION_TOKENS
+from terra.contract.routes import ROUTE_POINT_VALUES
+
 ACTION_PROJECTION_TYPES = ("linear", "mlp")
-ROUTE_POINT_VALUES = 3  # [y, x, s] (terra/generation/routes.py, which states the contract)
 
 
 @strict
@@ -47,7 +51,7 @@ class LlamaActionConfig(LlamaConfig):
     num_spatio_embeddings: int = 582
     num_temporal_embeddings: int = 25
     num_image_patches: int = 576
-    num_action_tokens: int = 6
+    num_action_tokens: int = NUM_ACTION_TOKENS
     action_dim: int = 3
     codebook_size: int | None = None
     action_token_id: int | None = None

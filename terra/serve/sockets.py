@@ -1,4 +1,5 @@
-"""One WebSocket per session: actions or key states in, frames out as soon as each is generated.
+"""One WebSocket per session: actions or key states in, frames out as soon as each is generated (for clients:
+docs/serve.md, "The WebSocket protocol").
 
 Client → server, JSON text messages:
 
@@ -23,12 +24,13 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from terra.config.checks import check_keys
 from terra.config.files import parse_json
 from terra.core.atomic import json_text
 from terra.core.errors import TerraInputError
 from terra.serve.media import frame_message
 from terra.serve.service import Entry, SessionService
-from terra.session.driver_input import parse_action
+from terra.session.driver_input import parse_action, refuse_route
 
 log = logging.getLogger("terra.serve")
 MESSAGE_TYPES = ("step", "keys", "drive", "ack", "reset")
@@ -105,6 +107,8 @@ class SocketConnection:
             raise TerraInputError(f"a message must be an object whose type is one of {', '.join(MESSAGE_TYPES)}")
         kind = value["type"]
         if kind == "step":
+            refuse_route(value, "a step message")
+            check_keys(value, ("type", "action"), "a step message", 'it holds {"type": "step", "action": ACTION}')
             if "action" not in value:
                 raise TerraInputError("a step message needs an action, e.g. {\"type\": \"step\", \"action\": "
                                       "{\"steer\": 0, \"speed_kmh\": 30}}")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from terra.core.errors import TerraInputError
-from terra.generation.actions import validate_actions
+from terra.contract.actions import validate_actions
 from terra.inputs.trajectory import MANOEUVRES
 from terra.inputs.ego_motion import compose, speed_of
 from terra.session.driver_input import MAX_SPEED_KMH, check_number, drive_action
@@ -35,12 +35,12 @@ class SessionContext:
     scene: Scene | None = None  # the built-in world's scene: the road a route model is told of
     poses: np.ndarray | None = None  # [n, 3] world poses of the context frames in ``scene``
 
-    def routes(self, poses: np.ndarray | None, num_points: int) -> np.ndarray | None:
+    def routes(self, poses: np.ndarray | None, route_tokens: int) -> np.ndarray | None:
         """A route model's routes ``[..., K, 3]`` at ``poses`` ``[..., 3]`` given in the session's frame (the last
         context frame's ego frame; None: the context frames' own); None where the road is not known."""
         if self.scene is None:
             return None
-        return self.scene.route(self.poses if poses is None else compose(self.poses[-1], poses), num_points)
+        return self.scene.route(self.poses if poses is None else compose(self.poses[-1], poses), route_tokens)
 
 
 def _context_actions(actions: Any, num_context: int, speed_kmh: float) -> np.ndarray:

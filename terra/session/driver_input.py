@@ -9,15 +9,17 @@ training world drives (:func:`terra.sim.clips.random_manoeuvre_params`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
 from terra.config.checks import check_number
+from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ, finite_array, validate_actions
 from terra.core.errors import TerraInputError
-from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 from terra.inputs.actions import actions_for_manoeuvre, trajectory_action
 from terra.inputs.ego_motion import along_arc
+from terra.inputs.routes import ROUTE_HINTS
 
 MAX_SPEED_KMH = 130.0
 ACCEL_RANGE = (-8.0, 4.0)  # m/s^2 a drive action may ask for
@@ -26,6 +28,8 @@ KEY_BRAKE = -4.0  # m/s^2 while the down key is held
 KEY_STEER_RATE = 0.25  # steering change per frame towards the held arrow (full lock in 0.4 s)
 KEYS = ("up", "down", "left", "right")
 ACTION_KINDS = ("actions", "trajectory", "steer", "manoeuvre")
+NO_STEP_ROUTE = ("a step takes no route: a session on the built-in world is told its scene's road at every step, one "
+                 "on frames or codes of your own runs without (docs/serve.md)")
 
 
 def max_curvature(speed_mps: float) -> float:
@@ -58,6 +62,9 @@ def parse_action(value: Any) -> np.ndarray:
     """
     if not isinstance(value, dict):
         return _action_array(value)
+    refuse_route(value, "an action")
+    if isinstance(value.get("trajectory"), dict):
+        refuse_route(value["trajectory"], "an action's trajectory")
     kinds = [k for k in ACTION_KINDS if k in value]
     if len(kinds) != 1:
         raise TerraInputError(f"an action needs exactly one of {', '.join(ACTION_KINDS)} (got keys {sorted(value)})")
@@ -80,13 +87,21 @@ def parse_action(value: Any) -> np.ndarray:
     return actions_for_manoeuvre(value["manoeuvre"], 1, speed_kmh=speed)[0]
 
 
+def refuse_route(mapping: dict, where: str) -> None:
+    """One line when ``mapping`` (an action, its trajectory, a step message) gives a route under any spelling of a
+    route's key (terra/inputs/routes.py): a step takes none (:data:`NO_STEP_ROUTE`), and a dropped one would pass
+    unnoticed."""
+    for key in mapping:
+        if isinstance(key, str) and re.sub(r"[\s-]+", "_", key.strip().lower()) in ROUTE_HINTS:
+            raise TerraInputError(f"{where} gives {key!r:.40}, but {NO_STEP_ROUTE}; leave it out")
+
+
 def _action_array(value: Any) -> np.ndarray:
-    """A ``[6, 3]`` array of finite numbers in reach, checked once (terra/generation/actions.py)."""
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
+    """A ``[6, 3]`` array of finite numbers in reach, checked once (terra/contract/actions.py)."""
+    if not isinstance(value, (list, tuple, np.ndarray)):
         raise TerraInputError(f"an action must be a [6, 3] array of numbers or an object with one of "
-                              f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})") from None
+                              f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})")
+    arr = finite_array(value, "an action")
     if arr.shape != (6, 3):
         raise TerraInputError(f"an action array must have shape [6, 3] ([y, x, time] per slot), got {list(arr.shape)}")
     return validate_actions(arr[None], "action")[0]

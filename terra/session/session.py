@@ -19,7 +19,8 @@ import numpy as np
 from terra.config.checks import MAX_FRAMES, MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.rollout import DEFAULT_OVERLAP, PassStats, WorldModelBackend
+from terra.generation.pass_stats import PassStats
+from terra.generation.rollout import DEFAULT_OVERLAP, WorldModelBackend
 from terra.generation.session_engine import Rollout, SessionEngine, StepResult
 from terra.inputs.ego_motion import Pose, advance_pose, speed_of
 from terra.session import context as contexts
@@ -76,8 +77,8 @@ class Session:
         :class:`~terra.generation.session_engine.StepResult`."""
         assert action.shape == (6, 3), action.shape
         self.queued_pose = advance_pose(self.queued_pose, action)
-        points = self.host.layout.route_tokens
-        route = self.context.routes(np.asarray(self.queued_pose), points) if points else None
+        layout = self.host.layout
+        route = self.context.routes(np.asarray(self.queued_pose), layout.route_tokens) if layout.route_model else None
         step = self.host.engine.step(self.rollout, action, self.sampling, route)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
         done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
@@ -215,8 +216,7 @@ class SessionHost:
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
         """A session from an already built :class:`~terra.session.context.SessionContext`."""
-        points = self.layout.route_tokens
-        routes = context.routes(None, points) if points else None
+        routes = context.routes(None, self.layout.route_tokens) if self.layout.route_model else None
         rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap,
                                    routes)
         sampling = self.backend.as_run(sampling or self.sampling)  # auto: as the host's run chose

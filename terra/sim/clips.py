@@ -9,7 +9,7 @@ manoeuvre, and lane keeping along the road's own bends (:func:`random_drive` dra
 domain of terra/sim/scene.py). :func:`sample_frames` draws single frames from diverse poses (off-centre, yawed)
 for tokenizer training. Every clip carries each frame's route at :data:`DATASET_ROUTE_POINTS` points
 (:meth:`terra.sim.scene.Scene.route` at the frame's pose), finer than any model's route slots, which resample it
-(terra/generation/routes.py).
+(terra/contract/routes.py).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from terra.core.errors import TerraInputError
-from terra.generation.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ
+from terra.contract.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ
 from terra.inputs.actions import actions_from_instruction_trajs
 from terra.inputs.ego_motion import compose
-from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, manoeuvre_trajectory
+from terra.inputs.trajectory import FOLLOW_LANE, EgoTrajectory, MANOEUVRES, manoeuvre_trajectory
 from terra.sim.renderer import render
 from terra.sim.scene import EGO_LANE_OFFSET_M, LANE_WIDTH_M, Scene
 
-FOLLOW_LANE = "follow_lane"  # random_clip's lane keeping along the road's bends
 FUTURE_S = FUTURE_POINTS / FUTURE_RATE_HZ  # 3 s of future needed by the last frame's instruction trajectory
 SAMPLE_RATE_HZ = 100.0  # resolution of synthesised trajectories
 SCENE_LENGTH_M = 600.0
@@ -127,10 +126,14 @@ def make_clip(
 def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh: float = 30.0, start_s: float = 0.0,
                        lateral_m: float | None = None, **manoeuvre_params: float) -> EgoTrajectory:
     """The world-frame trajectory of :func:`make_clip`: ``manoeuvre`` placed at arc length ``start_s``, long enough
-    for ``num_frames`` frames and their actions."""
+    for ``num_frames`` frames and their actions; :data:`FOLLOW_LANE` keeps the lane along the road's bends at
+    ``speed_kmh`` (the other parameters are the car-frame manoeuvres')."""
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
+    if manoeuvre == FOLLOW_LANE:
+        lateral = scene.ego_lane_offset_m if lateral_m is None else lateral_m
+        return _lane_keeping(scene, start_s, lateral, speed_kmh, 0.0, duration)
     local = manoeuvre_trajectory(manoeuvre, duration, speed_kmh=speed_kmh, rate_hz=SAMPLE_RATE_HZ, **manoeuvre_params)
     return place(local, scene.lane_pose(start_s, lateral_m))
 

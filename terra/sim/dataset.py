@@ -7,19 +7,23 @@ Layout of a dataset folder::
                          recovery clips', terra/sim/recoveries.py; datasets written before it read 0)
     shard-00000.npz      frames uint8 [n, T, H, W, 3], poses float64 [n, T, 3],
     shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3],
-    ...                  routes float32 [n, T, route_points, 3] (each frame's route, terra/sim/clips.py)
+    ...                  routes float32 [n, T, route_points, 3] (each frame's route, terra/sim/clips.py),
+                         record: JSON text, the settings the shard was made with and its clips' metadata
 
 Datasets written before clips carried routes have no ``routes`` array (nor ``route_points``); their clips read with
 ``routes`` None.
 
 Clip ``i`` is drawn from ``numpy.random.default_rng([seed, i])``, so a dataset is the same whatever the number
 of worker processes. Every file is written to a temporary name and renamed, and ``meta.json`` comes last, so
-a folder with a ``meta.json`` is complete. :func:`map_in_processes` runs the writers of this module and of
-terra/sim/logs.py in worker processes.
+a folder with a ``meta.json`` is complete. A rerun of an interrupted run keeps the shards made with its settings
+(the same clips, sizes, seed, domain, recipe, compression) and writes the rest; it removes the shards an earlier run
+of other settings left, and refuses a shard file the toolkit did not write (terra/sim/reruns.py).
+:func:`map_in_processes` runs the writers of this module and of terra/sim/logs.py in worker processes.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import multiprocessing
 import os
@@ -31,13 +35,14 @@ import numpy as np
 
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag
 from terra.config.output_dir import claim_output_dir
+from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_path, json_text, mark, write_text
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, past
 from terra.core.progress import Progress
-from terra.generation.actions import FRAME_RATE_HZ
 from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
 from terra.sim.long_drives import random_long_drive
 from terra.sim.recoveries import CONTEXT_FRAMES, random_recovery
+from terra.sim.reruns import kept_outputs
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 1
@@ -46,6 +51,9 @@ META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions", "routes")
 OPTIONAL_ARRAYS = ("routes",)  # absent from datasets written before clips carried routes
 SHARD_FILES = "shard-*.npz"
+SHARD_RECORD = "record"  # a shard's array of JSON text: {"settings": ..., "clips": [...]}
+# what makes a shard (its _write_shard job after the path): a rerun keeps a shard made with the same
+SHARD_SETTINGS = ("start", "end", "num_frames", "height", "width", "seed", "compress", "domain", "recipe")
 # What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
 # manoeuvres: 2 s clips of single manoeuvres and lane keeping (terra/sim/clips.py); long_drives: 20 s drives with
 # the states closed-loop policies reach (terra/sim/long_drives.py); recoveries: long drives' stretches whose context
@@ -98,13 +106,20 @@ def write_dataset(
          seed, compress, domain, recipe)
         for k, start in enumerate(range(0, num_clips, clips_per_shard))
     ]
-    mark(out, [Path(job[0]).name for job in jobs])
+    wanted = {Path(job[0]).name: shard_settings(job) for job in jobs}
+    found = [entry.name for entry in os.scandir(out) if fnmatch.fnmatchcase(entry.name, SHARD_FILES)]
+    kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards",
+                        "out_dir", APP)
+    mark(out, wanted)
     bar = Progress(num_clips, "rendering clips", "clip", enabled=progress)  # terra/core/progress.py
-    clips_meta: list[dict] = []
-    for job, metas in zip(jobs, map_in_processes(_write_shard, jobs, workers)):
-        clips_meta += metas
+    done = {name: shard_record(out / name)["clips"] for name in kept}
+    bar.update(sum(len(metas) for metas in done.values()))
+    todo = [job for job in jobs if Path(job[0]).name not in kept]
+    for job, metas in zip(todo, map_in_processes(_write_shard, todo, workers)):
+        done[Path(job[0]).name] = metas
         bar.update(job[2] - job[1])
     bar.close()
+    clips_meta = [meta for name in wanted for meta in done[name]]
     meta = {
         "version": DATASET_VERSION,
         "num_clips": num_clips,
@@ -141,8 +156,9 @@ def check_sizes(**values: Any) -> tuple[int, ...]:
     if held > MAX_HELD_BYTES:
         shard = f"a shard of {clips_held} clips" if clips_held > 1 else "a clip"
         raise TerraInputError(
-            f"{shard} of {sizes['num_frames']} frames at {sizes['height']}x{sizes['width']} is {held / 2**30:.1f} GiB "
-            f"of frames held in memory while it is written, more than {MAX_HELD_BYTES >> 30} GiB; lower "
+            f"{shard} of {sizes['num_frames']} frames at {sizes['height']}x{sizes['width']} is "
+            f"{past(held / 2**30, MAX_HELD_BYTES / 2**30)} GiB of frames held in memory while it is written, more "
+            f"than {MAX_HELD_BYTES / 2**30:g} GiB; lower "
             f"{'clips_per_shard, ' if clips_held > 1 else ''}num_frames, height or width")
     return tuple(sizes.values())
 
@@ -162,20 +178,40 @@ def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, con
         yield from pool.map(function, *zip(*jobs))
 
 
+def shard_settings(job: tuple) -> dict:
+    """What makes the shard of a :func:`_write_shard` job: its clips, sizes and draws, and the dataset's version and
+    route points."""
+    return {**dict(zip(SHARD_SETTINGS, job[1:])), "version": DATASET_VERSION, "route_points": DATASET_ROUTE_POINTS}
+
+
+def shard_record(path: Path) -> dict | None:
+    """A shard file's record (:data:`SHARD_RECORD`), or None for a file without a readable one."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            record = json.loads(str(data[SHARD_RECORD]))
+    except Exception:  # noqa: BLE001  (any file that is not a shard of this version: not kept)
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("settings"), dict) and isinstance(record.get("clips"), list)
+    return record if ok else None
+
+
 def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, width: int, seed: int,
                  compress: bool, domain: str, recipe: str) -> list[dict]:
-    """Render clips ``[start, end)`` into one shard file; return their metadata."""
+    """Render clips ``[start, end)`` into one shard file, with its record; return their metadata."""
     clips = [RECIPES[recipe](np.random.default_rng([seed, i]), num_frames, domain).render(num_frames, height, width)
              for i in range(start, end)]
     arrays = {name: np.stack([getattr(c, name) for c in clips]) for name in ARRAYS}
-    save = np.savez_compressed if compress else np.savez
-    with atomic_path(path) as tmp:  # keeps the .npz suffix, so numpy adds none
-        save(tmp, **arrays)
-    return [
+    metas = [
         {"manoeuvre": c.manoeuvre, "scene_seed": c.seed, "start_s": c.start_s, "speed_kmh": c.speed_kmh,
          "scene_length_m": c.scene_length_m, "off_pose_frames": c.off_pose_frames}
         for c in clips
     ]
+    job = (path, start, end, num_frames, height, width, seed, compress, domain, recipe)
+    record = json_text({"settings": shard_settings(job), "clips": metas})
+    save = np.savez_compressed if compress else np.savez
+    with atomic_path(path) as tmp:  # keeps the .npz suffix, so numpy adds none
+        save(tmp, **arrays, **{SHARD_RECORD: np.array(record)})
+    return metas
 
 
 class ClipDataset:

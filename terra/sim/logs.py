@@ -11,17 +11,22 @@ Layout of a logs folder::
       trajectory.csv         t,x,y,yaw: the world-frame ego trajectory on the frames' clock, every sample the
                              clip was rendered from (100 Hz) up to 3 s past the last frame, so the actions
                              prepare_driving_logs computes are the clip's own
+      .clip-settings.json    the settings the clip was made with (hidden: prepare_driving_logs does not read it)
     night-1-00001/
     ...
 
 Clip ``i`` is the drive of ``numpy.random.default_rng([seed, i])`` (:func:`terra.sim.clips.random_drive`), the
 same as clip ``i`` of a shard dataset of that seed (terra/sim/dataset.py). Each clip is written into a hidden
-temporary folder and renamed, so a clip folder is always complete; a rerun of an interrupted run keeps the
-clips already there and writes the rest.
+temporary folder and renamed, so a clip folder is always complete, with its settings in the hidden
+:data:`CLIP_RECORD` (terra-prepare-logs reads no hidden file). A rerun of an interrupted run keeps the clip folders
+made with its settings and writes the rest; it removes the clip folders an earlier run of other settings (or more
+clips) left, and refuses a folder the toolkit did not write (terra/sim/reruns.py).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -29,17 +34,19 @@ from PIL import Image
 
 from terra.config.checks import check_choice
 from terra.config.output_dir import claim_output_dir
+from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_dir, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
-from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.driving_logs import TIMESTAMPS_FILE, TRAJECTORY_STEM
 from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes
+from terra.sim.reruns import kept_outputs
 from terra.sim.scene import DOMAINS
 
 LOGS_META_FILE = "clips.json"
 APP = "terra-make-dataset"  # format=driving_logs (terra/config/output_dir.py)
 TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"  # the layout terra/inputs/driving_logs.py reads
+CLIP_RECORD = ".clip-settings.json"  # in a clip folder: the settings it was made with (hidden: not read as a log)
 
 
 def clip_id(domain: str, seed: int, index: int) -> str:
@@ -70,15 +77,12 @@ def write_driving_logs(
     if (out / LOGS_META_FILE).exists():
         raise TerraInputError(f"{out} already holds driving logs ({LOGS_META_FILE}); choose a new out_dir or delete it")
     ids = [clip_id(domain, seed, i) for i in range(num_clips)]
-    if out.is_dir():
-        ours = set(ids)
-        others = sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")
-                        and p.name not in ours)
-        if others:
-            raise TerraInputError(f"{out} holds clip folders of other settings ({', '.join(others[:3])}); choose a "
-                                  "new out_dir or delete them")
     claim_output_dir(out, "out_dir", files=[LOGS_META_FILE], folders=[clip_id(domain, seed, 0)[:-5] + "*"],
                      app=APP).record()
+    # every visible folder is a clip to terra-prepare-logs: only this run's, with its settings, stay
+    found = [entry.name for entry in os.scandir(out) if entry.is_dir() and not entry.name.startswith(".")]
+    wanted = {name: clip_settings(i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)}
+    kept_outputs(out, found, wanted, recorded_settings, "clip folders", "out_dir", APP)
     mark(out, ids)
     jobs = [(str(out / name), i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)]
     with Progress(len(jobs), "rendering clips", "clip", enabled=progress) as bar:  # terra/core/progress.py
@@ -89,9 +93,25 @@ def write_driving_logs(
     return out
 
 
+def clip_settings(index: int, num_frames: int, height: int, width: int, seed: int, domain: str, recipe: str) -> dict:
+    """What makes clip folder ``index`` (its :data:`CLIP_RECORD`): a folder is kept by a rerun of the same."""
+    return {"index": index, "num_frames": num_frames, "height": height, "width": width, "seed": seed,
+            "domain": domain, "recipe": recipe}
+
+
+def recorded_settings(folder: Path) -> dict | None:
+    """The settings clip folder ``folder`` records, or None without a readable record."""
+    try:
+        record = json.loads((folder / CLIP_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def _write_clip(folder: str, index: int, num_frames: int, height: int, width: int, seed: int, domain: str,
                 recipe: str) -> dict:
-    """Render clip ``index`` into ``folder`` unless it is there already; return its metadata."""
+    """Render clip ``index`` into ``folder`` unless it is there already (made with these settings: the rerun
+    removed any other); return its metadata."""
     drive = RECIPES[recipe](np.random.default_rng([seed, index]), num_frames, domain)
     path = Path(folder)
     if not path.is_dir():
@@ -106,5 +126,7 @@ def _write_clip(folder: str, index: int, num_frames: int, height: int, width: in
             rows = zip((traj.t - traj.t[0]).tolist(), traj.x.tolist(), traj.y.tolist(), traj.yaw.tolist())
             (tmp / TRAJECTORY_FILE).write_text("t,x,y,yaw\n" + "".join(f"{t!r},{x!r},{y!r},{a!r}\n"
                                                                        for t, x, y, a in rows))
+            settings = clip_settings(index, num_frames, height, width, seed, domain, recipe)
+            (tmp / CLIP_RECORD).write_text(json_text(settings) + "\n", encoding="utf-8")
     return {"id": path.name, "manoeuvre": drive.manoeuvre, "scene_seed": drive.scene.seed, "start_s": drive.start_s,
             "speed_kmh": drive.speed_kmh, "scene_length_m": drive.scene.length_m}

@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from terra.core.errors import TerraInputError
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.contract.actions import FRAME_RATE_HZ
 from terra.inputs.trajectory import MANOEUVRES, EgoTrajectory, manoeuvre_trajectory
 from terra.sim.clips import (FUTURE_S, SAMPLE_RATE_HZ, VIEW_MARGIN_M, Drive, chain_trajectories, place,
                              random_manoeuvre_params)

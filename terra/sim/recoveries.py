@@ -5,7 +5,7 @@ the road shows a little too far left, or turned. Taught on true frames only, a m
 disagree with the car's pose, so it learns to continue them and has no use for a route: the route tells it nothing
 its true frames do not (benchmarks/training.md, "Route reading on the CPU"). A recovery clip is a long drive's
 stretch (terra/sim/long_drives.py) whose first frames (at least a rollout window's context,
-terra/generation/layout.py, and up to all but the last: the drift shows at any position of a window) are rendered
+terra/contract/layout.py, and up to all but the last: the drift shows at any position of a window) are rendered
 from a camera moved sideways and turned by one offset, and whose later frames are rendered on the car's pose again;
 poses, actions and routes are the car's throughout. The first frame back on the pose is where the offset goes:
 only the route (the road ahead in the car's frame) says where the road truly is. A model trained on such clips
@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from terra.generation.layout import DEFAULT_OVERLAP
+from terra.contract.layout import DEFAULT_OVERLAP
 from terra.sim.clips import Drive
 from terra.sim.long_drives import random_long_drive
 

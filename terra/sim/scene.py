@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from terra.config.checks import check_choice
+from terra.contract.routes import ROUTE_POINT_VALUES, route_distances, routes_from_yx
 from terra.core.errors import TerraInputError
-from terra.generation.routes import ROUTE_POINT_VALUES, route_distances, route_points
 from terra.inputs.ego_motion import to_ego
 
 LANE_WIDTH_M = 3.5
@@ -180,15 +180,15 @@ class Scene:
             np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
-    def route(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+    def route(self, poses: np.ndarray, points: int) -> np.ndarray:
         """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the centreline ahead of each pose, from its nearest
-        centreline point, in its ego frame at the route contract's distances (terra/generation/routes.py)."""
+        centreline point, in its ego frame at the route contract's distances (terra/contract/routes.py)."""
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])
-        ahead = self.road_pose(s0[:, None] + route_distances(num_points)[None])[..., :2]
+        ahead = self.road_pose(s0[:, None] + route_distances(points)[None])[..., :2]
         forward_left = to_ego(ahead, flat[:, None])
-        return route_points(forward_left[..., ::-1]).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+        return routes_from_yx(forward_left[..., ::-1]).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
 
     def road_outline(self, margin: float) -> tuple[np.ndarray, np.ndarray]:
         """Where each segment starts (``[K + 1]``) in the points (world frame, ``[N, 2]``) every 2 m along both borders

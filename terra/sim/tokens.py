@@ -5,7 +5,7 @@ Written by ``terra-tokenize``, read by ``terra-train`` (and evaluation):
 * ``codes``: int16 (int32 when the codebook needs it) ``[N, T, h, w]``;
 * ``actions``: float32 ``[N, T, 6, 3]``; ``poses``: float64 ``[N, T, 3]``;
 * ``routes`` (when the clip dataset had them): float32 ``[N, T, M, 3]``, each frame's route at ``M`` points
-  (terra/generation/routes.py; the synthetic datasets' 16, terra/sim/clips.py);
+  (terra/contract/routes.py; the synthetic datasets' 16, terra/sim/clips.py);
 * ``off_pose_frames``: int32 ``[N]``, each clip's first frames seen from off the car's pose (recovery clips',
   terra/sim/recoveries.py; files written before it read 0);
 * metadata (strings): ``version``, ``codebook_size``, ``image_height``/``image_width``, ``source`` (the clip
@@ -21,9 +21,9 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
+from terra.contract.routes import ROUTE_POINT_VALUES, validate_routes
 from terra.core.atomic import atomic_path, mark
 from terra.core.errors import TerraInputError
-from terra.generation.routes import ROUTE_POINT_VALUES, validate_routes
 from terra.tokenizer.tensors import check_codes, check_floats
 
 TOKENS_VERSION = "1"
@@ -119,7 +119,7 @@ def load_tokens(path: str | Path) -> TokenizedClips:
 def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
     """Routes read from a training file (a tokenized-clips file, a shard), ``[*frames, M, 3]`` with ``M >= 2``:
     floating point and finite, their third values the distances of ``M`` points and every point in reach
-    (:func:`terra.generation.routes.validate_routes`); returned float32. ``where`` names the file and tensor, ``fix``
+    (:func:`terra.contract.routes.validate_routes`); returned float32. ``where`` names the file and tensor, ``fix``
     ends the line."""
     shape = tuple(routes.shape)
     if shape[:-2] != tuple(frames) or len(shape) != len(frames) + 2 or shape[-2] < 2 or shape[-1] != ROUTE_POINT_VALUES:

@@ -10,12 +10,12 @@ Two sources, told apart by what ``data.tokens`` names:
 Every process draws the same global batch of windows from one seeded generator and takes its own slice, so a
 run on N processes trains on exactly the windows a one-process run would (terra/training/run.py).
 
-Routes (terra/generation/routes.py): either source may hold each frame's route at the data's own resolution (the
+Routes (terra/contract/routes.py): either source may hold each frame's route at the data's own resolution (the
 synthetic datasets' 16 points), resampled once to the model's K route slots (:meth:`TrainingData.for_route_slots`).
 A window of frames ``[lo, lo + W)`` carries the slot routes ``routes[lo + 1 : lo + W + 1]`` (frame ``t``'s slots
-hold the route of the frame they condition, as in terra/generation/rollout.py), NaN (no route) where the clip has no
-frame ``lo + W``; :class:`WindowSampler` blanks a share of its windows' routes whole (``train.no_route_share``), so
-the model learns its "no route" embedding too.
+hold the route of the frame they condition: the contract's one rule, ``slot_routes``, as rollouts use it), NaN (no
+route) where the clip has no frame ``lo + W``; :class:`WindowSampler` blanks a share of its windows' routes whole
+(``train.no_route_share``), so the model learns its "no route" embedding too.
 
 Recovery clips (``data.recoveries``, terra/sim/recoveries.py: a tokenized-clips file whose clips' first frames are
 seen from off the car's pose) are read beside either source, their last ``data.val_clips`` held out too; a share of
@@ -34,8 +34,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from terra.contract.routes import no_route, resample_routes, slot_routes
 from terra.core.errors import TerraInputError
-from terra.generation.routes import no_route, resample_routes
 from terra.sim.tokens import load_tokens
 from terra.training.shards import read_index, read_shard
 
@@ -94,9 +94,7 @@ class ClipSet:
         routes = None
         if self.routes is not None:
             end = int(self.starts[clip] + self.lengths[clip])
-            routes = self.routes[lo + 1:min(lo + frames + 1, end)]
-            missing = torch.from_numpy(no_route(frames - len(routes), routes.shape[1]))
-            routes = torch.cat([routes, missing])
+            routes = torch.from_numpy(slot_routes(self.routes[lo:end].numpy(), frames))
         return self.codes[lo:lo + frames], self.actions[lo:lo + frames], routes
 
     def frame_routes(self, clip: int, start: int, frames: int) -> np.ndarray | None:
@@ -105,11 +103,12 @@ class ClipSet:
         lo = int(self.starts[clip]) + start
         return None if self.routes is None else self.routes[lo:lo + frames].numpy()
 
-    def with_route_points(self, num_points: int) -> "ClipSet":
-        """The set with its routes resampled to ``num_points`` (terra/generation/routes.py); none for 0."""
-        if self.routes is None or not num_points:
+    def with_route_tokens(self, route_tokens: int) -> "ClipSet":
+        """The set with its routes resampled to a model's ``route_tokens`` (K, terra/contract/routes.py); none for
+        0."""
+        if self.routes is None or not route_tokens:
             return replace(self, routes=None)
-        return replace(self, routes=torch.from_numpy(resample_routes(self.routes.numpy(), num_points)))
+        return replace(self, routes=torch.from_numpy(resample_routes(self.routes.numpy(), route_tokens)))
 
 
 def _joined_routes(parts: list[ClipPart]) -> torch.Tensor | None:
@@ -143,9 +142,9 @@ class TrainingData:
     def has_routes(self) -> bool:
         return self.train.routes is not None
 
-    def for_route_slots(self, num_points: int) -> "TrainingData":
-        """The data as a model of ``num_points`` route slots reads it: routes resampled to its K (none for K = 0)."""
-        resampled = {name: getattr(self, name).with_route_points(num_points)
+    def for_route_slots(self, route_tokens: int) -> "TrainingData":
+        """The data as a model of ``route_tokens`` route slots reads it: routes resampled to its K (none for K = 0)."""
+        resampled = {name: getattr(self, name).with_route_tokens(route_tokens)
                      for name in ("train", "val", "recoveries", "val_recoveries") if getattr(self, name) is not None}
         return replace(self, **resampled)
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from terra.contract.actions import NUM_ACTION_TOKENS
 from terra.core.errors import TerraInputError
-from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.checkpoint import read_world_model_config
 from terra.training.data import TrainingData

@@ -31,10 +31,10 @@ from terra.config.checks import (
 )
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
+from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.core.media import VIDEO_SUFFIXES
-from terra.generation.actions import FRAME_RATE_HZ
 from terra.inputs.driving_logs import (
     Resampled,
     clip_actions,

@@ -3,7 +3,7 @@
 Each step draws ``batch_size`` windows (the same on every process; each takes its slice), runs them in
 micro-batches of ``micro_batch_size`` with gradients accumulated, clips the gradient norm and steps AdamW on a
 cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged, and greedy rollouts of
-a few of them are scored (``val_psnr``) with the first written as a GIF (terra/training/preview.py); every
+a few of them are scored (``val_psnr``) with the first written as a GIF (terra/training/validation.py); every
 ``ckpt_every`` steps, when ``max_minutes`` is spent and on SIGTERM the run checkpoints
 (terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
 ``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
@@ -20,7 +20,6 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +28,16 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from terra.core.errors import TerraInputError
 from terra.training import checkpoint as ckpt
-from terra.training.data import (
-    ClipSet, TrainingData, Windows, WindowSampler, load_training_data, stack_windows, validation_windows,
-)
-from terra.training.distributed import (
-    Processes, all_sum, barrier, gradient_sync, parallelize, start_processes, stop_processes,
-)
-from terra.training.model import add_lora, build_model, checkpoint_layers, standalone_model, store_weights
-from terra.training.objective import WindowLoss
+from terra.training.data import Windows, WindowSampler, load_training_data
+from terra.training.distributed import Processes, all_sum, barrier, gradient_sync, start_processes, stop_processes
 from terra.training.optimizer import make_optimizer
 from terra.training.runlog import RunLog
-from terra.training.settings import (
-    ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, SAMPLES_DIR, TrainSpec,
-)
+from terra.training.settings import ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, TrainSpec
+from terra.training.trainee import Trainee, build_trainee, trained_model
+from terra.training.validation import improves, plan_validation, validation_scores
 from terra.core.atomic import atomic_dir, json_text
 
 BEST_FILE = "best.json"  # in best/: the step and validation scores of its weights
-
-
-@dataclass
-class Trainee:
-    """What a run trains and how: the loss module (possibly wrapped for several processes), the PEFT model
-    when ``finetune=lora``, the window size and the micro-batching of this process."""
-
-    module: torch.nn.Module
-    loss: WindowLoss
-    peft: torch.nn.Module | None
-    frames: int
-    micro_batch: int
-    accumulation: int
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
@@ -71,57 +51,19 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         stop_processes(processes)
 
 
-def autocast_dtype(spec: TrainSpec, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA with ``precision=auto``, or when asked; float32 otherwise."""
-    return torch.bfloat16 if spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda") else None
-
-
-def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> Trainee:
-    """The model on this process's device, LoRA added and wrapped for data parallelism as the spec says."""
-    per_process, rest = divmod(spec.batch_size, processes.world_size)
-    micro = spec.micro_batch_size or per_process
-    if rest or per_process % micro:
-        raise TerraInputError(f"train.batch_size={spec.batch_size} must split evenly into {processes.world_size} "
-                              f"process(es) x micro-batches of {micro}; change train.batch_size or "
-                              "train.micro_batch_size")
-    model = build_model(spec, data)
-    config = model.config
-    longest = int(data.train.lengths.max())
-    frames = spec.window or min(config.num_temporal_embeddings, longest)
-    if not 2 <= frames <= config.num_temporal_embeddings:
-        raise TerraInputError(f"train.window {frames} must be in [2, {config.num_temporal_embeddings}] (the model's "
-                              f"window) and clips have up to {longest} frames; use clips of at least 2 frames")
-    compute = autocast_dtype(spec, processes.device)
-    peft = None
-    if spec.lora is not None:
-        peft = add_lora(model, spec.lora)
-        model = peft.get_base_model()
-    trained = getattr(torch, spec.weights_dtype)
-    store_weights(model, trained, compute or trained)  # frozen weights need no more precision than the compute
-    checkpoint_layers(model, spec.activation_checkpointing)
-    model.config.use_cache = False
-    loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute,
-                      compile_softmax=spec.compile, input_noise=spec.input_noise).to(processes.device)
-    if spec.compile:
-        for layer in model.model.layers:
-            layer.compile()
-    module = parallelize(loss, model.model.layers, processes, sharded=spec.lora is None, compute_dtype=compute)
-    return Trainee(module, loss, peft, frames, micro, per_process // micro)
-
-
 def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     out = spec.output_dir  # created and locked by the main process (terra/apps/train.py)
     torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
     torch.manual_seed(spec.seed)
     data = load_training_data(spec.data, spec.val_clips, spec.recoveries)
     trainee = build_trainee(spec, data, processes)
-    route_slots = trainee.loss.lm.config.num_route_tokens
-    if data.recoveries is not None and not route_slots:
+    route_tokens = trainee.loss.lm.config.num_route_tokens
+    if data.recoveries is not None and not route_tokens:
         raise TerraInputError("data.recoveries teach a route model to draw the road where its route says, and this "
                               "model has no route slots; set net.num_route_tokens (e.g. 8) or data.recoveries=null")
-    if processes.main and route_slots:
-        print(route_note(route_slots, data.has_routes, spec.no_route_share))
-    data = data.for_route_slots(route_slots)
+    if processes.main and route_tokens:
+        print(route_note(route_tokens, data.has_routes, spec.no_route_share))
+    data = data.for_route_slots(route_tokens)
     module, device = trainee.module, processes.device
     optimizer = make_optimizer(module, spec, device)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, spec.warmup_steps, spec.max_steps,
@@ -138,28 +80,15 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
         step = int(state["step"])
         if processes.main:
             print(f"resumed from {folder} at step {step}")
-    val = validation_windows(data.val, trainee.frames)
-    preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
-    tokenizer = None  # the main process's, for the sample rollouts (loaded once)
-    if preview and processes.main:
-        from terra.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
-    if spec.sample_gif and val and not preview:
-        missing = f"the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here"
-        if spec.export_best and spec.best_by == "val_psnr":
-            raise TerraInputError(f"export.best_by=val_psnr scores validation rollouts, and {missing}; "
-                                  "use export.best_by=val_loss")
-        if processes.main:
-            print(f"no sample rollouts: {missing}")
+    validation = plan_validation(spec, data, trainee.frames, processes)
     config = trainee.loss.lm.config
     positions = trainee.frames * config.num_spatio_embeddings
     trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
     if processes.main:
         print(f"world model: {sum(p.numel() for p in trainee.loss.lm.parameters()) / 1e6:.2f} M parameters "
               f"({trained / 1e6:.2f} M trained, finetune={spec.finetune}), {len(data.train)} training clips, "
-              f"{len(val)} validation clips, window {trainee.frames} frames x {config.num_spatio_embeddings} "
-              f"positions, {processes.world_size} process(es) on {device.type}")
+              f"{len(validation.clips)} validation clips, window {trainee.frames} frames x "
+              f"{config.num_spatio_embeddings} positions, {processes.world_size} process(es) on {device.type}")
 
     def save() -> None:
         state = {"step": step, "scheduler": scheduler.state_dict(), "sampler": sampler.generator.get_state(),
@@ -177,25 +106,15 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
 
     def validate() -> dict[str, float]:
         nonlocal best
-        began = time.perf_counter()
-        if log is not None:
-            rollouts = f" and greedy rollouts of {min(len(val), spec.sample_clips)}" if preview else ""
-            log.say(f"validation at step {step}/{spec.max_steps}: loss on {len(val)} clips{rollouts} ...")
-        scores = _validate(trainee, data, val, processes)
-        if preview:
-            scores["val_psnr"] = _rollouts(spec, trainee, tokenizer, data, val[:spec.sample_clips], processes,
-                                           out / SAMPLES_DIR / f"step{step:07d}.gif")
-        if log is not None:
-            log.say(f"validation at step {step}/{spec.max_steps} done in {time.perf_counter() - began:.1f} s: "
-                    + " ".join(f"{k}={v:.4g}" for k, v in scores.items()))
+        scores = validation_scores(spec, trainee, data, validation, processes, step, log)
         # every process has the same scores: all agree on an improvement
-        if spec.export_best and (best is None or _improves(scores, best, spec.best_by)):
+        if spec.export_best and (best is None or improves(scores, best, spec.best_by)):
             best = {"step": step, **scores}
             export_best(spec, trainee, processes, best)
         return scores
 
     try:
-        if step == 0 and val:  # where the run starts from: every later validation reads against this row
+        if step == 0 and validation.clips:  # where the run starts from: every later validation reads against this row
             first = {"step": 0, **validate()}
             if log is not None:
                 log.write(first)
@@ -224,7 +143,7 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
                         "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
                         "tokens_per_s": totals[2] / processes.world_size * spec.batch_size * positions / elapsed,
                         "time_s": time.perf_counter() - start}
-                if evaluate and val:
+                if evaluate and validation.clips:
                     last.update(validate())
                 if log is not None:
                     log.write(last)
@@ -254,12 +173,12 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     return summary
 
 
-def route_note(route_slots: int, has_routes: bool, no_route_share: float) -> str:
+def route_note(route_tokens: int, has_routes: bool, no_route_share: float) -> str:
     """The line a route model's run says once: what its route slots train on."""
     if not has_routes:
-        return (f"data.tokens holds no routes: the model's {route_slots} route slots train with its \"no route\" "
+        return (f"data.tokens holds no routes: the model's {route_tokens} route slots train with its \"no route\" "
                 "embedding in every window")
-    return (f"route slots: {route_slots} a frame, the data's routes resampled to them; "
+    return (f"route slots: {route_tokens} a frame, the data's routes resampled to them; "
             f"{no_route_share:.0%} of the windows train with no route (train.no_route_share)")
 
 
@@ -285,78 +204,6 @@ def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, 
     flags = torch.stack([torch.tensor(float(flag), device=processes.device), (~torch.isfinite(loss)).float()])
     stopping, diverged = all_sum(flags, processes).tolist()
     return stopping > 0, diverged > 0
-
-
-@torch.no_grad()
-def _validate(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
-    """Mean loss and accuracy over the first window of every validation clip (every process scores all); with
-    routes, also the loss with no route (``val_loss_no_route``: above ``val_loss`` when the model reads its
-    routes); with held-out recovery clips, their loss from their first frame back on the car's pose with and without
-    their route (``val_recovery_loss``, ``val_recovery_loss_no_route``: the gap is what the route tells where the
-    earlier frames are off the car)."""
-    trainee.module.eval()
-    scores = _scores(trainee, data.val, val, processes, "val")
-    if data.val_recoveries is not None:
-        held = validation_windows(data.val_recoveries, trainee.frames)
-        scores |= {key: value for key, value in _scores(trainee, data.val_recoveries, held, processes,
-                                                        "val_recovery").items() if "_acc" not in key}
-    trainee.module.train()
-    return scores
-
-
-def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Processes, name: str
-            ) -> dict[str, float]:
-    """``{name}_loss``, ``{name}_acc`` (and ``{name}_loss_no_route`` with routes) over the first windows of the
-    chosen clips."""
-    totals: dict[str, float] = {}
-    for lo in range(0, len(chosen), trainee.micro_batch):
-        part = chosen[lo:lo + trainee.micro_batch]
-        windows = stack_windows(clips, part, [0] * len(part), trainee.frames).to(processes.device)
-        loss, acc = trainee.module(*windows)
-        totals[f"{name}_loss"] = totals.get(f"{name}_loss", 0.0) + float(loss) * len(part)
-        totals[f"{name}_acc"] = totals.get(f"{name}_acc", 0.0) + float(acc) * len(part)
-        if windows.routes is not None:
-            blind, _ = trainee.module(*windows._replace(routes=None))
-            key = f"{name}_loss_no_route"
-            totals[key] = totals.get(key, 0.0) + float(blind) * len(part)
-    return {key: total / max(len(chosen), 1) for key, total in totals.items()}
-
-
-def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):
-    """The trained model as a plain :class:`LlamaActionForCausalLM` in ``dtype`` on the main process (None on the
-    others); a collective call when the model is sharded."""
-    sharded = processes.distributed and trainee.peft is None
-    full_state = None
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        gathered = get_model_state_dict(trainee.module, options=StateDictOptions(full_state_dict=True,
-                                                                                 cpu_offload=True))
-        full_state = {k.removeprefix("lm."): v for k, v in gathered.items()}
-    if not processes.main:
-        return None
-    source = trainee.peft if trainee.peft is not None else trainee.loss.lm
-    return standalone_model(source, full_state, trainee.loss.lm.config, dtype)
-
-
-def _rollouts(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, clips: list[int],
-              processes: Processes, path: Path) -> float:
-    """The validation rollouts' PSNR (terra/training/preview.py), run by the main process and shared with every
-    process; the first clip's GIF written to ``path``."""
-    model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
-    # float64: every process gets the score exactly as computed (float32 would round it)
-    score = torch.zeros(1, dtype=torch.float64, device=processes.device)
-    if model is not None:
-        from terra.training.preview import validation_rollouts
-
-        context = min(spec.sample_context, trainee.frames - 1)
-        score += validation_rollouts(path, model, tokenizer, data.val, clips, trainee.frames, context, processes.device)
-    return float(all_sum(score, processes).item())
-
-
-def _improves(scores: dict[str, float], best: dict[str, float], metric: str) -> bool:
-    """Whether ``scores`` beat ``best`` on ``metric``: a lower ``val_loss``, a higher ``val_psnr``."""
-    return scores[metric] < best[metric] if metric == "val_loss" else scores[metric] > best[metric]
 
 
 def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:

@@ -8,7 +8,7 @@ Where the weights start (``init``):
   safetensors) — Terra's own ``world_model/``, or a run's ``model/`` export;
 * ``model=terra_v1|terra_v2 terra_root=...`` (or ``model=demo``): the world model that group names.
 
-``net.num_route_tokens`` (K route slots a frame, terra/generation/routes.py) is the one ``net`` setting a checkpoint
+``net.num_route_tokens`` (K route slots a frame, terra/contract/routes.py) is the one ``net`` setting a checkpoint
 takes too: unset, a new model has none and a checkpoint keeps its own; K > 0 grows a checkpoint without route slots
 into a model with K of them (terra/training/model.py, ``with_route_slots``).
 

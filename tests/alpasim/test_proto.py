@@ -1,6 +1,6 @@
 """The WorldModelService contract as AlpaSim defines it (its video_model.proto: package, service, messages and
 field numbers, checked on the descriptors the server runs with), and the committed generated modules are what
-scripts/compile_alpasim_proto.py makes of terra/alpasim/video_model.proto."""
+scripts/tools/compile_alpasim_proto.py makes of terra/alpasim/video_model.proto."""
 
 from __future__ import annotations
 
@@ -75,18 +75,18 @@ def test_the_descriptors_are_alpasims():
 
 def test_the_committed_modules_are_the_compilers_output(tmp_path):
     pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev extra) compiles the proto")
-    compile_script = load_script("compile_alpasim_proto")
+    compile_script = load_script("tools/compile_alpasim_proto")
     committed = Path(pb.__file__).parent
     for path in compile_script.compile_proto(tmp_path):
         assert path.read_text() == (committed / path.name).read_text(), (
-            f"{path.name} differs from the compiler's output: run python scripts/compile_alpasim_proto.py")
+            f"{path.name} differs from the compiler's output: run python scripts/tools/compile_alpasim_proto.py")
 
 
 def test_the_shipped_proto_compiles_alone_against_alpasims_imports(tmp_path):
     """The proto imports AlpaSim's common.proto and sensorsim.proto, which are not shipped: protoc finds them in the
     descriptors carla-driver-interface's modules carry (the script's --imports-out), as the proto's header says."""
     pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev extra) compiles the proto")
-    compile_script = load_script("compile_alpasim_proto")
+    compile_script = load_script("tools/compile_alpasim_proto")
     proto = Path(pb.__file__).with_name("video_model.proto")
     imports = tmp_path / "alpasim_imports.pb"
     compile_script.main(["--imports-out", str(imports)])

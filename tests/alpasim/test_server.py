@@ -26,7 +26,7 @@ from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
 from terra.alpasim.sessions import SessionTable, SessionUnusable  # noqa: E402
 from terra.alpasim.settings import AlpasimSettings  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
-from terra.generation.hf_backend import HFBackend  # noqa: E402
+from terra.generation.backends import model_backend  # noqa: E402
 from terra.inputs.actions import actions_from_value  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -42,7 +42,7 @@ SETTINGS = AlpasimSettings(port=0, max_sessions=4, max_frames=40, image_format="
 @pytest.fixture(scope="module")
 def served(single_thread):
     """The service on a tiny world model (Transformers), on a free loopback port; its table, and a runtime."""
-    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=4))
+    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_model(), max_batch_size=4))
     server, port = bind(SETTINGS)
     table = SessionTable(pipeline, SETTINGS, SAMPLING)
     start(server, WorldModelServicer(table, "tiny"))
@@ -134,8 +134,8 @@ def test_bad_requests_get_one_line_statuses_and_the_others_go_on(served):
         "no camera": (lambda: runtime.start(cameras=0), invalid, ["has 0"]),
         "not an image": (lambda: runtime.start(frame=b"not an image"), invalid, ["cannot be read as an image"]),
         "2:1 camera": (lambda: runtime.start(resolution=(640, 1280)), invalid, ["aspect ratio 2.000", "64x64"]),
-        "HD-map frames": (lambda: runtime.start(debug_options=pb.DebugOptions(return_hdmap_frames=True)), invalid,
-                          ["HD-map", "return_hdmap_frames=false"]),
+        "only skipping video": (lambda: runtime.start(debug_options=pb.DebugOptions(skip_video_generation=True)),
+                                invalid, ["skip_video_generation without return_hdmap_frames"]),
         "unknown session": (lambda: runtime.chunk(pb.SessionId(session_id="nope"), trajectory(path, [1])),
                             grpc.StatusCode.NOT_FOUND, ["no session 'nope'"]),
         "NaN pose": (lambda: runtime.chunk(session, nan), invalid, ["pose 1 holds NaN"]),
@@ -192,7 +192,7 @@ def test_sessions_beyond_the_limit_are_refused_until_one_closes(served):
 
 def test_messages_up_to_64_mib_and_the_version(served):
     _, runtime = served
-    huge_map = pb.StaticWorldMap(hdmap_parquets=bytes(20 << 20))  # over gRPC's default 4 MiB
+    huge_map = pb.StaticWorldMap(hdmap_parquets=bytes(20 << 20))  # over gRPC's default 4 MiB (unread: no route slots)
     session = runtime.start(static_world_map=huge_map)
     runtime.close(session)
     version = runtime.version()
@@ -215,7 +215,7 @@ def test_a_failure_of_the_server_is_internal_and_ends_only_its_session(served, m
     caplog.set_level("INFO", logger="terra.alpasim")
     broken = runtime.start(seed=1)
 
-    def fail(session, actions):
+    def fail(session, actions, routes):
         raise RuntimeError("the engine broke\nits second line")
 
     monkeypatch.setattr(table, "_generate", fail)
@@ -307,8 +307,8 @@ def test_a_caller_past_its_deadline_gets_its_frames_on_retry(served, monkeypatch
     session = runtime.start(seed=7)
     generate, given_up = table._generate, threading.Event()
 
-    def slow(session_state, actions):  # the engine still works when the caller's deadline passes
-        codes = generate(session_state, actions)
+    def slow(session_state, actions, routes):  # the engine still works when the caller's deadline passes
+        codes = generate(session_state, actions, routes)
         given_up.wait(60)
         return codes
 

@@ -275,17 +275,19 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
 
 
 @pytest.mark.parametrize("settings, expected", [
-    ({}, "008dc8df764152ac0808fd5fff71a0df"),
+    ({}, "c4e5a1346a572ed3baeb81a102818911"),
     ({"sampling": {"temperature": 0.5, "top_k": 10}, "resize": "stretch", "zero_embed_code_0": True,
       "formats": ["gif", "mp4"], "fps": 5, "mark_context": True, "default_manoeuvre": "straight"},
-     "30744b155d6a0be076dbe8a94ed69274"),
-    ({"decoder": "refiner", "refiner": {"preset": "fast", "num_steps": 4}}, "31b4ec2b5cd375b0729a797d9860814c"),
+     "152253ecba50831f721c4338db7df9a5"),
+    ({"decoder": "refiner", "refiner": {"preset": "fast", "num_steps": 4}}, "47f6ff21cee42e2961f8781e5632dfe8"),
 ])
 def test_a_samples_fingerprint_is_the_one_it_had_before_the_rule_moved(tmp_path, settings, expected):
     """The batch's fingerprints start from the run's rule (terra/config/spec.py, ``RunSpec.output_settings`` and
     ``fingerprint``) and are byte for byte those of the releases before it, so a resumed run keeps its samples. The
-    values changed once since, with the draw rule (``DRAW_RULE``: the Transformers backend's noise became a hash of
-    seed, frame, position and code), whose files a resumed run draws again rather than mixing two rules."""
+    values changed twice since: with the draw rule (``DRAW_RULE``: the Transformers backend's noise became a hash of
+    seed, frame, position and code), whose files a resumed run draws again rather than mixing two rules; and when
+    they came to cover the content of the files a sample reads and the world model's digest (here made-up digests),
+    so that a sample made from other inputs or by another model is made again."""
     from terra.batch import fingerprint
 
     samples = tmp_path / "samples.jsonl"
@@ -293,7 +295,7 @@ def test_a_samples_fingerprint_is_the_one_it_had_before_the_rule_moved(tmp_path,
                                    "manoeuvre": "curve_left"}) + "\n")
     [sample] = read_samples(samples)
     spec = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), **settings).spec()
-    assert fingerprint(spec, sample, 7, 12) == expected
+    assert fingerprint(spec, sample, 7, 12, ["ab" * 32] * 3, "cd" * 32) == expected
 
 
 def test_renamed_settings_keep_the_fingerprints(tmp_path):

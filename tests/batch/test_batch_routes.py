@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from terra.batch import BatchConfig, run_batch, stream
+from terra.contract.routes import route_distances
 from terra.models.presets import TINY_TOKENIZER
 from terra.sim import Scene, make_clip
 from terra.tokenizer import LFQTokenizer
@@ -119,3 +120,100 @@ def test_a_model_without_route_slots_runs_samples_with_routes_and_says_so_once(i
     said = [line for line in capsys.readouterr().err.splitlines() if "carry routes" in line]
     assert said == ["terra-rollout: 5 sample(s) carry routes; the world model has no route slots (num_route_tokens 0), "
                     "so it runs without them"]
+
+
+def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(inputs, tmp_path, monkeypatch, capsys):
+    """A sample's fingerprint covers the content of the files it names and the world model (docs/rollout.md, "What a
+    rerun keeps"): a trajectory file that gains routes, or whose routes change, makes its sample again with them
+    (its sidecar then says ``"route": true``); a model of other weights makes every sample again; unchanged samples,
+    and the same model's files at another path, are kept."""
+    trajectory = tmp_path / "path.json"
+    trajectory.write_text(json.dumps({"manoeuvre": "straight"}))
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"sample_id": "file", "context": "clip/", "trajectory": "path.json"}) + "\n"
+                       + json.dumps({"sample_id": "same", "context": "clip/", "manoeuvre": "straight"}) + "\n")
+    routes: dict = {}
+    prepare = stream.prepare_sample
+
+    def recording(item, *args, **kwargs):
+        prepared = prepare(item, *args, **kwargs)
+        routes[prepared.item.sample.sample_id] = prepared.request.routes
+        return prepared
+
+    monkeypatch.setattr(stream, "prepare_sample", recording)
+    out = tmp_path / "out"
+
+    def rerun(model: Path) -> dict:
+        routes.clear()
+        result = run_batch(BatchConfig(samples=str(samples), output_dir=str(out), image_root=str(inputs),
+                                       world_model=str(model), tokenizer=str(inputs / "tokenizer"), backend="hf",
+                                       device="cpu", num_threads=1, num_frames=NUM_FRAMES, num_context=NUM_CONTEXT,
+                                       progress=False, formats=("gif",)))
+        return {r["sample_id"]: r["status"] for r in result.records}
+
+    model = inputs / "route_model"
+    assert rerun(model) == {"file": "ok", "same": "ok"}
+    assert json.loads((out / "file.json").read_text())["route"] is False and routes["file"] is None
+    for scale in (1.0, 0.5):  # the file gains routes, then its routes change
+        trajectory.write_text(json.dumps({"manoeuvre": "straight", "routes": (bending_routes() * scale).tolist()}))
+        assert rerun(model) == {"file": "ok", "same": "skipped"}
+        assert json.loads((out / "file.json").read_text())["route"] is True
+        np.testing.assert_allclose(routes["file"][..., :2], bending_routes() * scale, rtol=1e-6)
+    assert "1 sample(s) have earlier outputs made with other settings, input files or world model" in (
+        capsys.readouterr().err)
+    copy = tmp_path / "copy"  # the same files elsewhere: the same model
+    copy.mkdir()
+    for file in model.iterdir():
+        (copy / file.name).write_bytes(file.read_bytes())
+    assert rerun(copy) == {"file": "skipped", "same": "skipped"} and routes == {}
+    tiny_route_model(seed=1).save_pretrained(copy)  # other weights in the same folder
+    assert rerun(copy) == {"file": "ok", "same": "ok"}
+    assert "2 sample(s) have earlier outputs" in capsys.readouterr().err
+
+
+def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, tmp_path, monkeypatch, capsys):
+    """A sample's ``road`` (beside an inline trajectory, a CSV file of poses or the default manoeuvre) becomes every
+    frame's route at its pose; ``ego_routes`` are x first; ``routes`` is read ``[y, x]`` with one line for the run;
+    a misspelt key fails its line, a road beside ACT-Bench's ego-frame trajectories its sample, each in one line."""
+    road = [[-20.0, 0.0], [200.0, 0.0]]  # the straight road the samples drive along x
+    trajs = json.loads((inputs / "trajs.json").read_text())
+    frames = [f"clip/{t:02d}.png" for t in range(NUM_CONTEXT + 1)]
+    lines = [{"sample_id": "road", "context": "clip/", "trajectory": {"x": [1.2 * i for i in range(8)], "y": [0] * 8},
+              "road": road},
+             {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "road": road},
+             {"sample_id": "default", "context": "clip/", "road": road},
+             {"sample_id": "ego", "context": "clip/", "manoeuvre": "straight",
+              "ego_routes": bending_routes()[..., ::-1].tolist()},
+             {"sample_id": "old", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+             {"sample_id": "old2", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+             {"sample_id": "typo", "context": "clip/", "manoeuvre": "straight", "route": bending_routes().tolist()},
+             {"sample_id": "actbench", "context_frames": frames, "instruction_trajs": trajs, "road": road}]
+    samples = inputs / f"{tmp_path.name}.jsonl"
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    routes: dict = {}
+    prepare = stream.prepare_sample
+
+    def recording(item, *args, **kwargs):
+        prepared = prepare(item, *args, **kwargs)
+        routes[prepared.item.sample.sample_id] = prepared.request.routes
+        return prepared
+
+    monkeypatch.setattr(stream, "prepare_sample", recording)
+    result = run_batch(BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"),
+                                   world_model=str(inputs / "route_model"), tokenizer=str(inputs / "tokenizer"),
+                                   backend="hf", device="cpu", num_threads=1, num_frames=NUM_FRAMES,
+                                   num_context=NUM_CONTEXT, progress=False, formats=("gif",), default_manoeuvre="straight"))
+    records = {r["sample_id"]: r for r in result.records}
+    straight = np.broadcast_to(np.stack([np.zeros(TINY_ROUTES), route_distances(TINY_ROUTES)], 1), (FRAMES, 4, 2))
+    for sample_id in ("road", "csv", "default"):
+        assert records[sample_id]["status"] == "ok", records[sample_id]
+        np.testing.assert_allclose(routes[sample_id][..., :2], straight, atol=1e-4, err_msg=sample_id)
+    for sample_id in ("ego", "old", "old2"):
+        np.testing.assert_allclose(routes[sample_id][..., :2], bending_routes(), rtol=1e-6, err_msg=sample_id)
+    assert records["typo"]["stage"] == "parse" and "unknown key 'route' (did you mean 'ego_routes'?)" in \
+        records["typo"]["error"]
+    assert records["actbench"]["stage"] == "input" and "sample 7" not in records["actbench"]["error"]
+    assert "road: a road is followed along the trajectory's world poses" in records["actbench"]["error"]
+    said = [line for line in capsys.readouterr().err.splitlines() if '"routes"' in line]
+    assert said == ['terra-rollout: 2 sample(s): "routes" ([y, x] rows) is now "ego_routes" ([x, y] rows); the old name '
+                    "goes in 0.2.0"]

@@ -229,15 +229,15 @@ def test_workers_that_cannot_import_the_project_fail_fast(tmp_path, scenes, ray_
 
 
 def test_benchmark_compares_actor_counts_and_projects_actbench(tmp_path):
-    """scripts/benchmark_rollout.py --executor ray on the CPU: one run per actor count (each starts its own local
+    """scripts/bench/benchmark_rollout.py --executor ray on the CPU: one run per actor count (each starts its own local
     Ray cluster), per-actor counts and the projected wall time of ACT-Bench's 2,286 samples."""
-    bench = load_script("benchmark_rollout")
+    bench = load_script("bench/benchmark_rollout")
     args = bench.parse_args(["--executor", "ray", "--actors", "1,2", "--actbench"])
     assert (args.runs, args.frames, args.format, args.project) == ([1, 2], 44, "mp4", 2286)
     assert bench.main(["--gpus", "2"]) == 2  # several GPUs are Ray's: --executor ray --actors
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_rollout.py"), "--demo", "--backend",
-                           "hf", "--executor", "ray", "--actors", "2", "--device", "cpu", "--samples", "4",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "benchmark_rollout.py"), "--demo",
+                           "--backend", "hf", "--executor", "ray", "--actors", "2", "--device", "cpu", "--samples", "4",
                            "--frames", "1", "--format", "mp4", "--out", str(out)],
                           cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from terra.batch import BatchConfig, BatchSpec, concurrency, prepare, stream, writer
-from terra.generation import backends
-from terra.generation.layout import TokenLayout
-from terra.generation.rollout import PassStats
+from terra.generation import backends, resolve
+from terra.contract.layout import TokenLayout
+from terra.generation.pass_stats import PassStats
 
-LAYOUT = TokenLayout(image_tokens=1, action_tokens=1, max_frames=25, codebook_size=8, action_token_id=8)
+LAYOUT = TokenLayout(image_tokens=1, action_tokens=1, max_frames=25, codebook_size=8, slot_token_id=8)
 
 
 class FakeBackend:
@@ -176,7 +176,7 @@ def fake_vllm(blocks: int, block_size: int = 16, max_num_seqs: int = 512):
     backend.engine = SimpleNamespace(vllm_config=SimpleNamespace(
         cache_config=cache, scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)))
     backend.layout = TokenLayout(image_tokens=576, action_tokens=6, max_frames=25, codebook_size=2**18,
-                                 action_token_id=2**18)
+                                 slot_token_id=2**18)
     backend.draft_tokens = 0  # a sequential engine, as decoding=auto starts one for that many rollouts
     return SimpleNamespace(backend=backend, device="cuda")
 
@@ -211,7 +211,7 @@ def test_auto_max_concurrent_is_what_the_backend_holds_for_the_window():
     fixed = checked(max_concurrent=32)
     assert concurrency.resolve_max_concurrent(fixed, h100, longest=8) == 32
     transformers = SimpleNamespace(backend=FakeBackend(), device="cpu")  # no fixed bound
-    assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == backends.DEFAULT_ROLLOUTS == 64
+    assert concurrency.resolve_max_concurrent(config, transformers, longest=8) == resolve.DEFAULT_ROLLOUTS == 64
 
 
 def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_before():
@@ -219,7 +219,7 @@ def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_be
     speculatively at any count and takes a speculative rollout's passes one after another, so ``auto`` keeps one in
     flight (8 samples x 8 frames: 3.8x faster than all 8 at once); on a GPU it batches sequential rollouts, as
     before."""
-    from terra.generation.backends import resolve_decoding
+    from terra.generation.decoding import resolve_decoding
 
     config, eight = checked(), checked(max_concurrent=8)
     on_cpu, on_gpu = config.run.replace(device="cpu", backend="hf"), config.run.replace(device="cuda", backend="hf")
@@ -230,7 +230,7 @@ def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_be
     assert concurrency.max_rollouts(eight, on_cpu) == 8  # a number asked for is kept, still speculative
     assert resolve_decoding(on_cpu.sampling, "hf", "cpu", 8).decoding == "speculative"
     # a GPU: room for 512, sequential decoding for that many, 64 in flight on the Transformers backend
-    assert concurrency.max_rollouts(config, on_gpu) == backends.GPU_ROLLOUTS == 512
+    assert concurrency.max_rollouts(config, on_gpu) == resolve.GPU_ROLLOUTS == 512
     assert resolve_decoding(on_gpu.sampling, "hf", "cuda", 512).decoding == "sequential"
     assert concurrency.resolve_max_concurrent(config, fake_hf("sequential", "cuda"), longest=8) == 64
     assert concurrency.resolve_max_concurrent(config, fake_vllm(3_170_000 // 16), longest=8) == 494  # vLLM: its cache

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
-from terra.closedloop.study.control_worlds import FrozenWorld
+from terra.closedloop.study.control_worlds import FrozenWorld, GrayWorld
 from terra.closedloop.study.report import compare, run_study, study_plan
 from terra.closedloop.loop import drive_specs
 from terra.closedloop.policies.builtin import reference_policy
@@ -57,16 +57,23 @@ def test_help_and_one_line_errors(tmp_path):
 
 
 @pytest.mark.parametrize("args, why", [([], "no CUDA GPU is visible here"),
-                                       (["device=cpu"], "device=cpu was asked for")])
+                                       (["device=cpu"], "device=cpu was asked for"),
+                                       (["shard_processes.engine=0", "device=auto"], "no CUDA GPU is visible here"),
+                                       (["shard_processes.engine=0", "shard_processes.scene=0", "device=cpu"],
+                                        "device=cpu was asked for")])
 def test_the_gpu_preset_is_refused_without_a_gpu_in_one_line_naming_the_cpu_preset(tmp_path, args, why):
-    """On this CPU-only machine (CI's): before any model or engine starts, and no output folder is left."""
+    """On this CPU-only machine (CI's): before any model or engine starts, and no output folder is left; the
+    preset needs the GPU whatever its shard settings and device say (a run that got past the check would drive the
+    short study the last settings ask for, on the CPU)."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: study=gpu runs")
-    result = drive("study=gpu", *args, f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
-    line = one_error_line(result, "terra-drive", f"shard_processes.engine=4 (study=gpu's) runs the study's world "
-                                                 f"model on a CUDA GPU, but {why}; on a CPU run terra-drive study=cpu")
+    small = ["backend=hf", "num_scenarios=2", "num_steps=1", "policies=[constant_speed]", "controls=[frozen]",
+             "num_control_scenarios=1", "exploitability=false", "num_threads=1"]
+    result = drive("study=gpu", *args, *small, f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
+    line = one_error_line(result, "terra-drive", f"study=gpu runs the study's world model on a CUDA GPU, but {why}; "
+                                                 "on a CPU run terra-drive study=cpu")
     assert "docs/fidelity.md" in line and not (tmp_path / "out").exists()
 
 
@@ -78,7 +85,7 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=[f"study={preset}", "num_threads=1"])
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("terra.closedloop.study.settings.needs_gpu", lambda device, processes: None)
+            patch.setattr("terra.closedloop.study.settings.needs_gpu", lambda preset, device, processes: None)
             found[preset] = terra_drive_settings(cfg, tmp_path / preset)
         assert isinstance(found[preset], StudySettings) and not found[preset].drive.videos
     cpu, gpu = found["cpu"], found["gpu"]
@@ -242,6 +249,28 @@ def test_each_policy_shows_where_a_frozen_model_stops_moving_with_the_car(tmp_pa
     for row in report.policies.values():
         assert abs(row["following_gain_dx"].estimate) < 0.05 and row["following_gain_dx"].high < 0.8
 
+
+
+class BlankModel(GrayWorld):
+    """Uniform gray frames, no lane in any of them, judged as if it were a model."""
+
+    name = "model"
+
+
+def test_a_model_whose_frames_show_no_lane_is_flagged_and_its_report_written(tmp_path):
+    """The per-policy table shows the model's following gain as undefined, with why, where it ended the study in an
+    internal error before any report was written; the verdict flags the model."""
+    scenarios = synthetic_scenarios(4, 9, (72, 128))
+    policies = {name: reference_policy(name) for name in ("lane_follower", "constant_speed")}
+    report = run_study({"model": BlankModel((72, 128)), "truth": TrueWorld((72, 128))},
+                       drive_specs(scenarios, policies), RunSettings(tmp_path / "f", num_steps=3, progress=False))
+    text = (tmp_path / "f" / "fidelity.md").read_text()
+    assert "n/a: no step's motion was recovered from the world's frames |" in text
+    row = json.loads((tmp_path / "f" / "fidelity.json").read_text())["policies"]["lane_follower"]
+    assert row["following_gain_dx"]["estimate"] is None and row["following_gain_dx"]["reason"] == (
+        "no step's motion was recovered from the world's frames")
+    [model] = report.verdicts
+    assert model.state == "flagged" and "lanes_found_difference" in model.flagged_by, model.flagged_by
 
 def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypatch):
     """The report step after a study's shards drives nothing: no world model is loaded (on vLLM, no engine starts);

@@ -18,7 +18,7 @@ from terra.closedloop.recording.files import metrics_of
 from terra.closedloop.recording.run import RunSettings, drive_and_record
 from terra.closedloop.scenarios import command_of, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
-from terra.generation.actions import ACTION_TIMES
+from terra.contract.actions import ACTION_TIMES
 from terra.sim.renderer import render
 from tests.closedloop.conftest import LaneCentre
 

@@ -15,7 +15,7 @@ from terra.closedloop.study.control_worlds import ROUTE_CONTROLS, control_world
 from terra.closedloop.worlds import ModelWorld
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
 from terra.sim.scene import LANE_WIDTH_M, Scene
@@ -24,7 +24,7 @@ from tests.conftest import TINY_ROUTES, tiny_model, tiny_route_model
 
 
 def world_of(model) -> ModelWorld:
-    return ModelWorld(WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(model)),
+    return ModelWorld(WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(model)),
                       SamplingConfig(temperature=0))
 
 
@@ -168,7 +168,7 @@ def test_the_route_controls_go_with_route_models_only(tmp_path):
     any is one line."""
     from terra.closedloop.study.settings import _controls
 
-    assert set(ROUTE_CONTROLS) <= set(_controls("all", {}, 5.0, route_slots=4))
-    assert not set(ROUTE_CONTROLS) & set(_controls("all", {}, 5.0, route_slots=0))
+    assert set(ROUTE_CONTROLS) <= set(_controls("all", {}, 5.0, route_tokens=4))
+    assert not set(ROUTE_CONTROLS) & set(_controls("all", {}, 5.0, route_tokens=0))
     with pytest.raises(TerraInputError, match=r"^controls=\[wrong_route\] changes the route .* no route slots"):
-        _controls(["frozen", "wrong_route"], {}, 5.0, route_slots=0)
+        _controls(["frozen", "wrong_route"], {}, 5.0, route_tokens=0)

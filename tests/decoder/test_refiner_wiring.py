@@ -110,7 +110,7 @@ def test_benchmark_script_reports_the_split_and_unet_throughput(tmp_path):
     from tests.conftest import load_script
 
     out = tmp_path / "bench.json"
-    report = load_script("benchmark_refiner").main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32",
+    report = load_script("bench/benchmark_refiner").main(["--preset", "tiny", "--device", "cpu", "--dtype", "float32",
                                                     "--frames", "5,8", "--out", str(out)])
     assert json.loads(out.read_text()) == report and not report["full_size"]
     five, eight = report["cases"]

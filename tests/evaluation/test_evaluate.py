@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,11 @@ def test_a_night_evaluation_says_so_in_its_report(tmp_path, capsys, monkeypatch)
     assert "2 held-out night clips" in format_table(report)
     err = capsys.readouterr().err
     assert "terra-evaluate: HFBackend on cpu loaded in " in err
-    assert "terra-evaluate: frame quality: rendering 2 held-out clips, then their rollouts ..." in err
+    assert "terra-evaluate: phase 1 of 1, frame quality: rendering 2 held-out clips, then their rollouts ..." in err
+    assert ("terra-evaluate: frame quality: decoding the 2 rollouts and the tokenizer's reconstructions of their true "
+            "frames, then scoring them ...") in err  # after the bar: the decoding is no silence
+    assert re.search(rf"terra-evaluate: frame quality: done in \d+s, kept in {re.escape(str(tmp_path))}/quality.json\n",
+                     err)
     assert "generating (transformers)" in err and "4/4" in err  # the generation bar: 2 clips x 2 frames
 
 
@@ -166,7 +171,7 @@ def test_a_spec_holds_the_checked_values(tmp_path):
     assert spec.run.num_context == 3 and spec.num_frames == 5 and spec.run.sampling.temperature == 0.0
     assert spec.rollouts_in_flight == 4  # adherence: 1 case x 2 pairs x 2 rollouts, in one generate call
     assert isinstance(spec.run.num_threads, int) and spec.run.num_threads >= 1  # auto: run_spec's rule
-    assert spec.output.path == tmp_path and spec.output.names == ("report.json",)
+    assert spec.output.path == tmp_path and spec.output.names == ("report.json", "quality.json", "adherence.json")
     assert not list(tmp_path.iterdir())  # claimed, nothing written
 
 
@@ -202,7 +207,7 @@ def test_shipped_demo_models_load_and_generate_on_cpu():
 
     import terra.models  # noqa: F401  (registers llama_action with the Auto classes)
     from terra.config.sampling import SamplingConfig
-    from terra.generation.hf_backend import HFBackend
+    from terra.generation.backends import model_backend
     from terra.generation.rollout import RolloutRequest
     from terra.models import LlamaActionForCausalLM
     from terra.pipeline import WorldModelPipeline
@@ -220,7 +225,7 @@ def test_shipped_demo_models_load_and_generate_on_cpu():
     assert tokenizer.codebook_size == 1024
 
     clip = make_clip(Scene.generate(12_000_000), "straight", 3, 144, 256, start_s=15.0)
-    pipeline = WorldModelPipeline(tokenizer, HFBackend(model), "cpu")
+    pipeline = WorldModelPipeline(tokenizer, model_backend(model), "cpu")
     codes = pipeline.encode(torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float() / 127.5 - 1)
     assert codes.shape == (3, 9, 16) and codes.min() >= 0 and codes.max() < 1024
     [result] = pipeline.generate([RolloutRequest(codes[:2], clip.actions, 1, seed=0)], SamplingConfig(0.9),

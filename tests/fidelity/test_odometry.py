@@ -22,10 +22,10 @@ def advanced(pose: np.ndarray, motion: np.ndarray) -> np.ndarray:
 
 def test_motion_between_true_renders_is_recovered_without_bias():
     """Over 40 pairs of true renders (day and left-hand scenes; 0-3 m forward, yaw +- 0.05 rad, from
-    scripts/benchmark_fidelity.py): median |dx error| under 3 cm, |dy| under 1 cm, |dyaw| under 1 mrad, every pair
+    scripts/bench/benchmark_fidelity.py): median |dx error| under 3 cm, |dy| under 1 cm, |dyaw| under 1 mrad, every pair
     recovered, and a gain (recovered on true, through the origin) within 2 % of 1 for the forward motion and the
     yaw (benchmarks/fidelity.md has the measured figures over 200 pairs per domain)."""
-    pairs = load_script("benchmark_fidelity").motion_pairs
+    pairs = load_script("bench/benchmark_fidelity").motion_pairs
     truth, found = [], []
     for before, after, motion in [*pairs(20, seed=1, domain="day"), *pairs(20, seed=1, domain="left_hand")]:
         result = estimate_motion(before, after)
@@ -60,7 +60,7 @@ def test_controls_same_frame_gray_noise_night_mirrored_and_swapped():
     loose = estimate_motion(*noise, min_match=-1.0)
     assert isinstance(loose, Motion) and loose.match < 0.3
     assert estimate_motion(before, np.full_like(before, 128)) is None
-    night = next(load_script("benchmark_fidelity").motion_pairs(1, seed=0, domain="night"))
+    night = next(load_script("bench/benchmark_fidelity").motion_pairs(1, seed=0, domain="night"))
     assert estimate_motion(*night[:2]) is None  # headlights light a pattern that moves with the camera
     with pytest.raises(ValueError, match="two \\[H, W, 3\\] images"):
         estimate_motion(before, after[:100])

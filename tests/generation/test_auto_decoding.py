@@ -1,5 +1,5 @@
 """``sampling.decoding=auto``: one decision per run (terra/generation/decoding.py, ``auto_decoding``, called by
-terra/generation/backends.py), whose numbers are the table of benchmarks/decoding.md, "When decoding=auto is
+terra/generation/resolve.py), whose numbers are the table of benchmarks/decoding.md, "When decoding=auto is
 speculative"; the backends then run what the run chose and never decide it again."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
-from terra.generation import backends, decoding
+from terra.generation import backends, decoding, resolve
 from tests.generation.test_speculative_hf import request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,10 +59,10 @@ def test_a_run_decides_once_and_its_backend_never_again(monkeypatch, tiny_model_
     monkeypatch.setitem(decoding.SPECULATIVE_STREAMS, ("hf", "cpu"), 2)  # as a GPU's: speculative for at most 2
     spec = RunSpec(tiny_model_dir, "", backend="hf", device="cpu")
     assert spec.sampling.decoding == "auto"
-    assert backends.resolve_spec(spec, streams=2).sampling.decoding == "speculative"
-    run = backends.resolve_spec(spec, streams=3)
-    assert run.sampling.decoding == "sequential"
-    backend = backends.create_backend(run.backend, run.world_model, run.device, sampling=run.sampling)
+    assert resolve.resolve_backend_run(spec, streams=2).spec.sampling.decoding == "speculative"
+    run = resolve.resolve_backend_run(spec, streams=3)
+    assert run.spec.sampling.decoding == "sequential"
+    backend = backends.build_backend(run, run.spec.backend_options)
     assert backend.decoding == "sequential"
     auto = SamplingConfig(temperature=0.9)
     [state] = backend.run_rollouts([request(0, num_frames=2)], auto, progress=False)  # a lone rollout, auto
@@ -217,14 +217,14 @@ def test_guesses_auto_is_what_the_backend_runs_and_vllm_refuses_the_others(monke
 
     monkeypatch.setattr(decoding, "vllm_speculative_unavailable", lambda device, requests: None)  # as on a GPU
     auto = SamplingConfig()
-    assert backends.resolve_decoding(auto, "hf", "cpu").guesses == "lookahead"
-    assert backends.resolve_decoding(auto, "vllm", "cuda").guesses == "previous"
-    assert backends.resolve_decoding(auto.replace(guesses="transitions"), "hf", "cpu").guesses == "transitions"
+    assert decoding.resolve_decoding(auto, "hf", "cpu").guesses == "lookahead"
+    assert decoding.resolve_decoding(auto, "vllm", "cuda").guesses == "previous"
+    assert decoding.resolve_decoding(auto.replace(guesses="transitions"), "hf", "cpu").guesses == "transitions"
     for asked in ("lookahead", "transitions"):
         with pytest.raises(TerraInputError, match=f"sampling.guesses={asked}: vLLM's engine") as err:
-            backends.resolve_decoding(auto.replace(guesses=asked), "vllm", "cuda")
+            decoding.resolve_decoding(auto.replace(guesses=asked), "vllm", "cuda")
         assert "\n" not in str(err.value)
-        sequential = backends.resolve_decoding(auto.replace(guesses=asked, decoding="sequential"), "vllm", "cuda")
+        sequential = decoding.resolve_decoding(auto.replace(guesses=asked, decoding="sequential"), "vllm", "cuda")
         assert sequential.guesses == "previous"
 
 
@@ -238,8 +238,7 @@ def test_a_run_decides_the_block_once_for_its_model(tiny_model_dir, single_threa
     run = resolve_run(spec, 1)
     expected = decoding.auto_draft_tokens("hf", "cpu", 1, run.model)
     assert run.spec.sampling.draft_tokens == expected and run.spec.sampling.guesses == "lookahead"
-    backend = backends.create_backend(run.spec.backend, run.spec.world_model, run.spec.device,
-                                      sampling=run.spec.sampling)
+    backend = backends.build_backend(run, run.spec.backend_options)  # built as the run resolved it
     ran = backend.as_run(SamplingConfig(temperature=0.9))
     assert (ran.decoding, ran.draft_tokens, ran.guesses) == ("speculative", expected, "lookahead")
     assert backend.as_run(SamplingConfig(draft_tokens=5)).draft_tokens == 5  # a call that names its block

@@ -6,6 +6,7 @@ where conf/backend/vllm.yaml says 64, and terra-rollout's sidecars ``engine_opti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from terra.generation import backends
@@ -17,14 +18,16 @@ def engines_built(monkeypatch) -> list:
     """The (kind, options) of every engine the run asks for, each served by a sequential Transformers backend on the
     CPU instead (a stand-in: what matters is what the run asked for)."""
     built = []
-    real = backends.create_backend
+    real = backends.build_backend
 
-    def create_backend(kind, world_model, device, dtype, config=None, sampling=None, max_rollouts=None, **options):
-        built.append((kind, options))
-        return real("hf", world_model, "cpu", dtype, config, sampling.replace(decoding="sequential"))
+    def build_backend(run, options):
+        built.append((run.spec.backend, options))
+        spec = run.spec.replace(backend="hf", device="cpu", backend_options={},
+                                sampling=run.spec.sampling.replace(decoding="sequential"))
+        return real(dataclasses.replace(run, spec=spec), {})
 
-    monkeypatch.setattr("terra.pipeline.create_backend", create_backend)
-    monkeypatch.setattr("terra.generation.backends.resolve_backend", lambda kind, device: kind)
+    monkeypatch.setattr("terra.pipeline.build_backend", build_backend)
+    monkeypatch.setattr("terra.generation.resolve.resolve_backend", lambda kind, device: kind)
     return built
 
 def test_engine_options_size_a_vllm_engine_for_the_run_and_leave_transformers_as_set():

@@ -10,6 +10,7 @@ import torch
 from terra.config.sampling import GUESSES, SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.guesses import MEMORY_SLOTS, Transitions
+from terra.generation.backends import model_backend
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.generation.sampling import gumbel_noise
@@ -22,7 +23,7 @@ SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="sequen
 
 @pytest.fixture(scope="module")
 def backend(single_thread) -> HFBackend:
-    return HFBackend(tiny_model())
+    return model_backend(tiny_model())
 
 
 def rollout() -> RolloutRequest:

@@ -1,6 +1,7 @@
 """The ``memory`` preset (terra/config/memory.py): a model's bytes from its config, the settings picked for fake
 cards of 6 to 80 GiB at Terra's shape and the demo model's, one line naming the preset to use when nothing fits, and
-the run's options set from the card (terra/generation/backends.py, ``fit_memory``). CPU only: the card is a number."""
+the run's options set from the card (terra/generation/resolve.py, ``resolve_backend_run``). CPU only: the card is a
+number."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from terra.config.backend import check_backend
 from terra.config.memory import (BF16_LAYERS, CANDIDATES, ENGINE_OVERHEAD, FP8_WEIGHTS, GIB, MAIN_PROCESS, REFINER_PEAK,
                                  SHARE_STEP, ModelShape, check_memory, engine_share, fp8_weights_config, plan_memory,
                                  smallest_card, tokenizer_batch)
+from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.errors import TerraInputError
-from terra.generation.backends import fit_memory
+from terra.generation.resolve import resolve_backend_run
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA
 
@@ -41,7 +43,7 @@ def test_shape_counts_the_models_parameters_exactly(name):
 def test_terra_shape_bytes():
     """Terra's 2.04 B parameters: 3.81 GiB in bf16, 2.90 GiB with FP8 linear layers (embedding and head, 1.08 B,
     stay bf16), 2.99 GiB with the first 2 of 22 layers kept bf16; KV 2 x 22 layers x 4 heads x 64 = 22528 bytes per
-    token in bf16, half in FP8, twice in float32 (a CPU run's: scripts/bench/measure.py)."""
+    token in bf16, half in FP8, twice in float32 (a CPU run's: scripts/bench/lib/measure.py)."""
     shape = ModelShape.from_config(CONFIGS["terra"])
     assert shape.weight_bytes(None) / GIB == pytest.approx(3.807, abs=1e-3)
     assert shape.weight_bytes("fp8") / GIB == pytest.approx(2.905, abs=1e-3)
@@ -208,22 +210,29 @@ def test_fp8_weights_keep_the_first_layers_in_bf16_by_vllms_own_rule():
             assert should_ignore_layer(name, ignore, fused) == (layer < BF16_LAYERS), name
 
 
-def test_fit_memory_reads_the_card_once_and_sets_the_engine_options(monkeypatch):
-    """A resolved vLLM run on a (fake) 16 GiB card gets the plan's options; memory=full, a CPU run and the
-    Transformers backend are left alone and never read the card."""
+def test_a_run_reads_the_card_once_and_sets_the_engine_options(monkeypatch):
+    """A vLLM run on a (fake) 16 GiB card gets the plan's options (terra/generation/resolve.py,
+    ``resolve_backend_run``); memory=full, a CPU run and the Transformers backend are left alone and never read the
+    card."""
     reads = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: reads.append(device) or (15 * GIB, 16 * GIB))
-    spec = RunSpec("wm", "tok", backend="vllm", device="cuda:0", memory="16GiB", backend_options={"requests": "auto"})
-    fitted = fit_memory(spec, CONFIGS["terra"], streams=64, refiner="after")
-    assert fitted.backend_options == {"requests": "auto", "quantization": FP8_WEIGHTS, "kv_cache_dtype": "fp8",
-                                      "gpu_memory_utilization": 0.793, "max_num_seqs": 53,
-                                      "quantization_config": fp8_weights_config(22)}
+    monkeypatch.setattr("terra.generation.resolve.resolve_device", lambda device: device)  # as on a GPU
+    monkeypatch.setattr("terra.config.backend.vllm_available", lambda: True)
+    spec = RunSpec("wm", "tok", backend="vllm", device="cuda:0", memory="16GiB",
+                   sampling=SamplingConfig(decoding="sequential"), backend_options={"requests": "per_frame"})
+
+    def options(spec: RunSpec, streams: int = 64, refiner: str = "off") -> dict:
+        return resolve_backend_run(spec, streams, CONFIGS["terra"], refiner).spec.backend_options
+
+    assert options(spec, refiner="after") == {"requests": "per_frame", "quantization": FP8_WEIGHTS,
+                                               "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.793,
+                                               "max_num_seqs": 53, "quantization_config": fp8_weights_config(22)}
     assert len(reads) == 1
     for unchanged in (spec.replace(memory="full"), spec.replace(device="cpu"), spec.replace(backend="hf")):
-        assert fit_memory(unchanged, CONFIGS["terra"], 64) is unchanged
+        assert options(unchanged) == {"requests": "per_frame"}
     assert len(reads) == 1
     with pytest.raises(TerraInputError, match="does not fit memory=16GiB"):
-        fit_memory(spec, CONFIGS["terra"], streams=1, refiner="shared")
+        options(spec, streams=1, refiner="shared")
 
 
 def test_the_engine_share_never_takes_more_than_its_room():
@@ -252,11 +261,11 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
                                                         "num_hidden_layers": 1, "num_attention_heads": 1,
                                                         "num_key_value_heads": 1}))
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, "cpu"))
-    assert tokenizer.image_size == (144, 256) and pipeline.decode_batch_size == 16
+    assert tokenizer.image_size == (144, 256) and pipeline.tokenizer_batch_size == 16
     spec = RunSpec("terra/assets/demo/world_model", "terra/assets/demo/tokenizer", backend="hf", device="cpu",
                    memory="16GiB")
     built = WorldModelPipeline.from_run(resolve_run(spec), tokenizer)
-    assert built.decode_batch_size == 4
+    assert built.tokenizer_batch_size == 4
 
 
 @pytest.mark.parametrize("card", [0, -1, 0.5, float("nan"), True, "80GiB", 10**40])

@@ -1,7 +1,7 @@
 """Route slots on the Transformers backend: its cached, batched path feeds each frame's route slots as a full
 recomputation does, across window rollovers; speculative decoding gives sequential decoding's codes with routes,
 for every guess source; the route changes the frames (the model is told it), a rollout's codes depend on its own
-route alone (a trained model's reading of its route: scripts/route_reading.py)."""
+route alone (a trained model's reading of its route: scripts/experiments/route_reading.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from terra.config.sampling import SamplingConfig
+from terra.generation.backends import model_backend
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
-from terra.generation.routes import route_points
+from terra.contract.routes import routes_from_yx
 from tests.conftest import TINY_ROUTES, tiny_route_model
 
 P, A, K, WINDOW = 64, 6, TINY_ROUTES, 6
@@ -23,7 +24,7 @@ SAMPLED = SamplingConfig(temperature=0.9, decoding="sequential")
 
 @pytest.fixture(scope="module")
 def backend(single_thread) -> HFBackend:
-    return HFBackend(tiny_route_model())
+    return model_backend(tiny_route_model())
 
 
 def request(seed: int, num_context: int = 2, num_frames: int = 7, routes: bool = True) -> RolloutRequest:
@@ -31,7 +32,7 @@ def request(seed: int, num_context: int = 2, num_frames: int = 7, routes: bool =
     frames = num_context + num_frames
     return RolloutRequest(rng.integers(0, 512, (num_context, P)),
                           rng.normal(size=(frames - 1, A, 3)).astype(np.float32), num_frames, seed=seed,
-                          routes=route_points(rng.normal(0, 4, (frames, K, 2))) if routes else None)
+                          routes=routes_from_yx(rng.normal(0, 4, (frames, K, 2))) if routes else None)
 
 
 @torch.no_grad()
@@ -78,7 +79,7 @@ def test_speculative_decoding_is_exact_with_routes(backend, guesses, sampling, d
 def test_the_route_changes_the_frames_and_only_its_own(backend):
     with_route, other, without = request(4), request(4), request(4, routes=False)
     other.routes = other.routes.copy()
-    other.routes[3:] = route_points(np.random.default_rng(9).normal(0, 30, (len(other.routes) - 3, K, 2)))
+    other.routes[3:] = routes_from_yx(np.random.default_rng(9).normal(0, 30, (len(other.routes) - 3, K, 2)))
     together = backend.generate([with_route, other, without], GREEDY, progress=False)
     alone = backend.generate([with_route], GREEDY, progress=False)[0]
     np.testing.assert_array_equal(together[0], alone)  # batch-mates with other routes do not matter

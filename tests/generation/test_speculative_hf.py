@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from terra.config.sampling import SamplingConfig
-from terra.config.spec import RunSpec
 from terra.core.errors import TerraInputError
-from terra.generation import backends
+from terra.generation.decoding import resolve_decoding
+from terra.generation.backends import model_backend
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
 from terra.generation.vllm_backend import VLLMBackend
@@ -26,7 +26,7 @@ SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, decoding="sequen
 
 @pytest.fixture(scope="module")
 def backend(single_thread) -> HFBackend:
-    return HFBackend(tiny_model())
+    return model_backend(tiny_model())
 
 
 def request(seed: int, num_context: int = 2, num_frames: int = 9) -> RolloutRequest:
@@ -114,7 +114,7 @@ def test_sampled_rollouts_depend_on_their_seed_alone(backend, sequential):
     np.testing.assert_array_equal(state.generated(), backend.generate([short], SAMPLED, progress=False)[0])
 
 
-def test_bad_decoding_settings_are_one_line(monkeypatch):
+def test_bad_decoding_settings_are_one_line():
     for bad, name in (({"draft_tokens": 0}, "sampling.draft_tokens"), ({"draft_tokens": 2.5}, "sampling.draft_tokens"),
                       ({"draft_tokens": "frame"}, "sampling.draft_tokens must be auto or"),
                       ({"decoding": "jacobi"}, "sampling.decoding"), ({"guesses": "best"}, "sampling.guesses")):
@@ -122,14 +122,12 @@ def test_bad_decoding_settings_are_one_line(monkeypatch):
             SamplingConfig.from_mapping(bad)
         assert "\n" not in str(err.value)
     speculative = SamplingConfig(decoding="speculative", draft_tokens=16)
-    monkeypatch.setattr(backends, "vllm_available", lambda: True)  # refused before vLLM would be imported
-    spec = RunSpec("wm", "tok", backend="vllm", device="cpu", sampling=speculative)
     with pytest.raises(TerraInputError, match="vLLM decodes speculatively only on a GPU") as err:
-        backends.resolve_spec(spec)
+        resolve_decoding(speculative, "vllm", "cpu")  # refused before vLLM would be imported
     assert "\n" not in str(err.value)
-    assert backends.resolve_spec(spec.replace(sampling=speculative.replace(decoding="auto"))).sampling.decoding == (
+    assert resolve_decoding(speculative.replace(decoding="auto"), "vllm", "cpu").decoding == (
         "sequential")  # auto on vLLM's CPU engine
-    assert backends.resolve_spec(spec.replace(backend="hf")).sampling == speculative.replace(guesses="lookahead")
+    assert resolve_decoding(speculative, "hf", "cpu") == speculative.replace(guesses="lookahead")
 
 
 def test_vllm_decodes_as_its_engine_was_started():

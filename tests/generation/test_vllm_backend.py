@@ -21,9 +21,9 @@ GREEDY = SamplingConfig(temperature=0)
 
 @pytest.fixture(scope="module")
 def hf_backend(vllm_backend):
-    from terra.generation.hf_backend import HFBackend
+    from terra.generation.backends import model_backend
 
-    return HFBackend(vllm_backend.model_path, dtype=torch.float32)
+    return model_backend(vllm_backend.model_path, dtype=torch.float32)
 
 
 def make_requests(layout, num_rollouts: int, num_context: int, num_frames: int, seed: int = 0) -> list[RolloutRequest]:
@@ -107,14 +107,17 @@ def test_seeded_sampling_is_independent_of_batching(vllm_backend):
     assert all(int(o.max()) < layout.codebook_size and int(o.min()) >= 0 for o in together)
 
 
-def test_find_action_slots():
+def test_find_slots():
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    from terra.vllm.llama_action import find_action_slots
+    from terra.vllm import llama_action
+    from terra.vllm.llama_action import find_slots
 
     ids = [1, 2, 9, 9, 9, 3, 9, 9, 9, 9, 9, 9]
-    assert find_action_slots(ids, 9, 3) == [2, 6, 9]
+    assert find_slots(ids, 9, 3) == [2, 6, 9]
     with pytest.raises(ValueError, match="whole number of frames"):
-        find_action_slots([1, 9, 9, 2], 9, 3)
+        find_slots([1, 9, 9, 2], 9, 3)
+    with pytest.warns(FutureWarning, match="find_action_slots is now terra.vllm.llama_action.find_slots"):
+        assert llama_action.find_action_slots is find_slots  # the old name until 0.2.0
 
 
 def test_prompt_and_items_must_match(vllm_backend):

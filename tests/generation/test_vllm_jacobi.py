@@ -6,7 +6,7 @@ three ways without an engine: the vLLM it has installed still has every hook, na
 on (these tests fail loudly when a release moves one); the sampler does what it promises on a hand-made batch laid
 out as V2 lays it out; and the sampler itself, driven by a real model's logits the way V2 drives it
 (tests/generation/v2_replay.py), gives sequential decoding's codes at several counts of draft tokens, greedy and
-sampled, across a window rollover. scripts/check_jacobi_vllm.py runs the route itself on a GPU.
+sampled, across a window rollover. scripts/checks/check_jacobi_vllm.py runs the route itself on a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.generation.speculative import accepted_guesses, next_guesses
-from terra.generation.routes import route_points
+from terra.contract.routes import routes_from_yx
 from tests.conftest import tiny_model, tiny_route_model
 from tests.generation.v2_replay import replay_rollout
 
@@ -282,7 +282,7 @@ def test_draft_tokens_give_the_sequential_codes_with_routes(sampling, v2, single
     rng = np.random.default_rng(1)
     context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
     request = RolloutRequest(context, rng.normal(0, 1, (6, 6, 3)).astype(np.float32), 5, seed=7,
-                             routes=route_points(rng.normal(0, 5, (7, model.config.num_route_tokens, 2))))
+                             routes=routes_from_yx(rng.normal(0, 5, (7, model.config.num_route_tokens, 2))))
     reference, _ = replay_rollout(model, request, 0, sampling)
     for drafts in (3, 16):
         codes, steps = replay_rollout(model, request, drafts, sampling)
@@ -291,11 +291,11 @@ def test_draft_tokens_give_the_sequential_codes_with_routes(sampling, v2, single
 
 
 def test_greedy_drafts_match_the_transformers_backend(model_and_request, tmp_path, v2):
-    from terra.generation.hf_backend import HFBackend
+    from terra.generation.backends import model_backend
 
     model, request = model_and_request
     model.save_pretrained(tmp_path)
-    reference = HFBackend(str(tmp_path), dtype=torch.float32).generate([request], SamplingConfig(temperature=0),
+    reference = model_backend(str(tmp_path), dtype=torch.float32).generate([request], SamplingConfig(temperature=0),
                                                                        progress=False)[0]
     codes, _ = replay_rollout(model, request, 8, SamplingConfig(temperature=0))
     np.testing.assert_array_equal(codes, reference)

@@ -174,15 +174,14 @@ def test_closed_loop_session_equals_the_batch_rollout(vllm_backend, vllm_streami
 
 
 def test_the_request_path_is_chosen_once_at_the_edge(monkeypatch):
-    from terra.generation import vllm_streaming
     from terra.vllm import compat
 
     assert check_backend("vllm", {"requests": "per_frame"})[1] == {"requests": "per_frame"}
     with pytest.raises(TerraInputError, match="backend.options.requests"):
         check_backend("vllm", {"requests": "chunked"})
-    assert vllm_streaming.resolve_requests("per_frame") == "per_frame"
-    assert vllm_streaming.resolve_requests("auto") == ("streaming" if compat.has_streaming_input() else "per_frame")
+    assert compat.request_path("per_frame") == "per_frame"
+    assert compat.request_path("auto") == ("streaming" if compat.has_streaming_input() else "per_frame")
     monkeypatch.setattr(compat, "has_streaming_input", lambda: False)
-    assert vllm_streaming.resolve_requests("auto") == "per_frame"
+    assert compat.request_path("auto") == "per_frame"
     with pytest.raises(TerraInputError, match="requests=per_frame"):
-        vllm_streaming.resolve_requests("streaming")
+        compat.request_path("streaming")

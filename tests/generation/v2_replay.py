@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.layout import TokenLayout
+from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.sampling import gumbel_noise, sample_image_tokens
 from terra.generation.vllm_backend import frame_seed
@@ -97,14 +97,14 @@ def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: Sampli
         # discarded either way (max_tokens), so any code stands in for them here.
         inputs_ids = fed if step_actions is not None else fed.masked_fill(fed >= layout.codebook_size, 0)
         logits = model(input_ids=inputs_ids[None], conditions=step_actions, position_ids=positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=rows).logits[0]
+                       cache=cache, use_cache=True, logits_to_keep=rows).logits[0]
         inputs = batch(fed, first, rows, len(ids))
         for _ in range(passes_per_step - 1 if sample is not None and first else 0):  # a full-graph decode step
             sample.iterate_block(logits, inputs)
             fed = inputs.input_ids.to(torch.int64)
             cache.crop(first)  # the pass rewrites the KV of the block's positions
             logits = model(input_ids=fed.masked_fill(fed >= layout.codebook_size, 0)[None], position_ids=positions,
-                           past_key_values=cache, use_cache=True, logits_to_keep=rows).logits[0]
+                           cache=cache, use_cache=True, logits_to_keep=rows).logits[0]
         if sample is None:
             emitted = base(logits, inputs).sampled_token_ids[:, 0].tolist()
         else:

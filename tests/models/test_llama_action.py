@@ -9,12 +9,12 @@ import pytest
 import torch
 from tests.conftest import TINY, tiny_model
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from terra.core.errors import TerraInputError
 from terra.config.sampling import SamplingConfig
-from terra.generation.hf_backend import HFBackend
-from terra.generation.layout import TokenLayout, plan_windows
+from terra.generation.backends import model_backend
+from terra.contract.layout import TokenLayout, plan_windows
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 
@@ -42,7 +42,7 @@ def interleaved(codes: np.ndarray) -> list[int]:
 
 
 def test_layout_positions_match_spec():
-    layout = TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, action_token_id=512)
+    layout = TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, slot_token_id=512)
     pos = np.arange(layout.window_positions)
     assert layout.window_positions == WINDOW * S - A
     assert layout.spatial_index([0, 63, 64, 69, 70, 139, 140]).tolist() == [0, 63, 64, 69, 0, 69, 0]
@@ -53,7 +53,7 @@ def test_layout_positions_match_spec():
 
 
 def test_rollout_prompts_in_first_middle_and_rolled_over_window():
-    layout = TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, action_token_id=512)
+    layout = TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, slot_token_id=512)
     context, actions = random_frames(2, seed=0, num_actions=20, grid=(8, 8))
     state = RolloutState(RolloutRequest(context, actions, num_frames=9, overlap=3), layout)
     assert [tuple(vars(w).values()) for w in state.windows] == [(0, 2, 4), (3, 3, 3), (6, 3, 2)]
@@ -121,7 +121,7 @@ def test_incremental_decoding_matches_full_forward():
 
     ids = torch.tensor(interleaved(codes))
     acts = torch.from_numpy(actions)
-    cache = None
+    cache = DynamicCache()
     pieces = []
     # prefill frame 0 + its actions, then token by token, then frame 1's actions in one step, ...
     chunks = ([(0, S)] + [(p, p + 1) for p in range(S, S + P)] + [(S + P, 2 * S)]
@@ -133,11 +133,10 @@ def test_incremental_decoding_matches_full_forward():
             input_ids=ids[None, lo:hi],
             conditions=acts.reshape(-1, 3)[None, used : used + n_slots] if n_slots else None,
             position_ids=torch.arange(lo, hi)[None],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
         used += n_slots
-        cache = out.past_key_values
         pieces.append(out.logits[0])
     incremental = torch.cat(pieces)
     assert incremental.shape == full.shape
@@ -285,14 +284,14 @@ def test_hf_backend_greedy_matches_full_recomputation_across_windows():
     model = tiny_model()
     context, actions = random_frames(2, seed=3, num_actions=12, grid=(8, 8))
     expected = reference_greedy(model, context, actions, num_frames=6, overlap=3)  # crosses one window
-    backend = HFBackend(model)
+    backend = model_backend(model)
     got = backend.generate([RolloutRequest(context, actions, 6)], SamplingConfig(temperature=0), progress=False)[0]
     assert got.shape == (6, P)
     np.testing.assert_array_equal(got, expected)
 
 
 def test_hf_backend_window_rollover_frame_count_and_seeds():
-    backend = HFBackend(tiny_model())
+    backend = model_backend(tiny_model())
     context, actions = random_frames(3, seed=4, num_actions=20)
     seen = []
     reqs = [RolloutRequest(context, actions, 8, seed=7), RolloutRequest(context, actions, 8, seed=7),
@@ -313,7 +312,7 @@ def test_hf_backend_never_samples_special_ids():
     model = tiny_model()
     with torch.no_grad():
         model.lm_head.weight[PLACEHOLDER] = model.lm_head.weight[:512].sum(0) * 50  # placeholder dominates
-    backend = HFBackend(model)
+    backend = model_backend(model)
     context = np.zeros((1, P), dtype=np.int64)  # code 0 is an ordinary image code
     actions = np.zeros((4, A, 3), dtype=np.float32)
     for sampling in (SamplingConfig(temperature=0), SamplingConfig(temperature=1.0)):
@@ -322,7 +321,7 @@ def test_hf_backend_never_samples_special_ids():
 
 
 def test_hf_backend_rejects_bad_requests():
-    backend = HFBackend(tiny_model())
+    backend = model_backend(tiny_model())
     actions = np.zeros((10, A, 3), dtype=np.float32)
     with pytest.raises(TerraInputError, match="codes"):
         backend.generate([RolloutRequest(np.full((1, P), 600), actions, 2)], SamplingConfig(), progress=False)

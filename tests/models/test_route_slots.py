@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 from tests.conftest import TINY, TINY_ROUTES, tiny_model, tiny_route_model
 
 from terra.core.errors import TerraInputError
-from terra.generation.layout import TokenLayout
+from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
-from terra.generation.routes import no_route, route_points
+from terra.contract.routes import no_route, routes_from_yx
 from terra.models import LlamaActionConfig
 
 P, A, K, WINDOW = 64, 6, TINY_ROUTES, 6
@@ -23,12 +24,12 @@ PLACEHOLDER = 512
 def route_frames(frames: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes ``[frames, P]``, actions ``[frames - 1, A, 3]`` and per-frame routes ``[frames, K, 3]``."""
     rng = np.random.default_rng(seed)
-    routes = route_points(rng.normal(0, 5, (frames, K, 2)))
+    routes = routes_from_yx(rng.normal(0, 5, (frames, K, 2)))
     return rng.integers(0, 512, (frames, P)), rng.normal(size=(frames - 1, A, 3)).astype(np.float32), routes
 
 
 def layout() -> TokenLayout:
-    return TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, action_token_id=512,
+    return TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512, slot_token_id=512,
                        route_tokens=K)
 
 
@@ -113,14 +114,14 @@ def test_training_interleaved_and_incremental_calls_agree():
     interleaved = model(input_ids=ids, conditions=conditions, position_ids=positions).logits[0]
     torch.testing.assert_close(interleaved, training)
     # one token at a time through the KV cache: slot runs split anywhere
-    cache, pieces, used = None, [], 0
+    cache, pieces, used = DynamicCache(), [], 0
     flat = conditions.reshape(-1, 3)
     for start in range(0, ids.shape[1], 5):
         piece = ids[:, start : start + 5]
         n = int((piece == PLACEHOLDER).sum())
         out = model(input_ids=piece, conditions=flat[None, used : used + n] if n else None,
-                    position_ids=positions[:, start : start + 5], past_key_values=cache, use_cache=True)
-        cache, used = out.past_key_values, used + n
+                    position_ids=positions[:, start : start + 5], cache=cache, use_cache=True)
+        used += n
         pieces.append(out.logits[0])
     torch.testing.assert_close(torch.cat(pieces), training, atol=1e-4, rtol=1e-4)
 
@@ -170,8 +171,8 @@ def test_routes_that_do_not_fit_are_refused():
     with pytest.raises(TerraInputError, match="no route slots"):
         RolloutState(RolloutRequest(codes[:2], actions, 1, routes=routes),
                      TokenLayout(image_tokens=P, action_tokens=A, max_frames=WINDOW, codebook_size=512,
-                                 action_token_id=512))
-    with pytest.raises(TerraInputError, match="cover 2 frames but the rollout has 3"):
+                                 slot_token_id=512))
+    with pytest.raises(TerraInputError, match="routes: covers 2 frames but the rollout needs routes for 3"):
         RolloutState(RolloutRequest(codes[:2], actions, 1, routes=routes[:2]), layout())
     RolloutState(RolloutRequest(codes[:2], actions, 1, routes=routes), layout())  # one route a frame: enough
     with pytest.raises(TerraInputError, match=r"shape \[frames, 4, 3\]"):

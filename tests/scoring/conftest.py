@@ -1,6 +1,6 @@
 """Shared inputs of the scoring tests: a tiny estimator (the published architecture with a 32x32 input and a small
 transformer), a handful of small synthetic MP4s named as ``output.naming=actbench`` writes them and ACT-Bench rows
-for them, made once per session with the helpers of ``scripts/benchmark_scoring.py``."""
+for them, made once per session with the helpers of ``scripts/bench/benchmark_scoring.py``."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ SAMPLE_IDS = [3, 7, 12, 20, 31, 45, 46, 58, 60]  # one per class (the benchmark'
 
 @pytest.fixture(scope="session")
 def bench():
-    """``scripts/benchmark_scoring.py`` as a module (its input writers and presets)."""
-    return load_script("benchmark_scoring")
+    """``scripts/bench/benchmark_scoring.py`` as a module (its input writers and presets)."""
+    return load_script("bench/benchmark_scoring")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""scripts/benchmark_alpasim.py end to end with the demo model on the Transformers backend (CPU)."""
+"""scripts/bench/benchmark_alpasim.py end to end with the demo model on the Transformers backend (CPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytest.importorskip("carla_driver_interface")
 
 
 def test_rollouts_at_once_are_timed_chunk_by_chunk(tmp_path, single_thread):
-    bench = load_script("benchmark_alpasim")
+    bench = load_script("bench/benchmark_alpasim")
     out = tmp_path / "alpasim.json"
     records = bench.main(["--sessions", "2", "--chunks", "1", "--out", str(out), "backend=hf", "device=cpu"])
     [record] = records
@@ -27,11 +27,12 @@ def test_rollouts_at_once_are_timed_chunk_by_chunk(tmp_path, single_thread):
 
 
 def test_bad_arguments():
-    bench = load_script("benchmark_alpasim")
-    for argv in (["--sessions", "1,x"], ["--chunks", "0"]):
+    bench = load_script("bench/benchmark_alpasim")
+    for argv in (["--sessions", "1,x"], ["--chunks", "0"], ["--rounds", "0"], ["--map", "yes"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
     assert bench.parse_args(["--sessions", "1,16", "backend=vllm"]).overrides == ["backend=vllm"]
+    assert bench.parse_args(["--map", "both", "--rounds", "3"]).map == "both"
 
 
 @pytest.mark.parametrize("sessions, engine_rollouts", [(1, None), (3, None), (1, 16)])
@@ -39,7 +40,7 @@ def test_the_server_is_built_as_terra_alpasim_builds_it(monkeypatch, sessions, e
     """The benchmark's engine has the room terra-alpasim gives it (alpasim.max_sessions: one session, the engine of one
     rollout), not vLLM's default of 64, and its decoding is chosen for as many: the single-session figures measure
     the server users run. ``--engine-rollouts``: a server made for more sessions than it serves."""
-    bench = load_script("benchmark_alpasim")
+    bench = load_script("bench/benchmark_alpasim")
     asked = []
 
     def engine_options(kind, options, max_rollouts=None):

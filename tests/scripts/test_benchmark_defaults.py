@@ -1,4 +1,5 @@
-"""scripts/benchmark_defaults.py and scripts/benchmark_host.py on the demo model, Transformers backend (CPU)."""
+"""scripts/bench/benchmark_defaults.py and scripts/bench/benchmark_host.py on the demo model, Transformers backend
+(CPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tests.conftest import load_script
 
 
 def test_each_path_runs_at_its_defaults_and_at_another_block(tmp_path, single_thread):
-    bench = load_script("benchmark_defaults")
+    bench = load_script("bench/benchmark_defaults")
     out = tmp_path / "defaults.json"
     records = bench.main(["--paths", "generate", "--frames", "2", "--draft-tokens", "auto,8,48", "--by", "cpu_s",
                           "--out", str(out), "backend=hf", "device=cpu"])
@@ -22,7 +23,7 @@ def test_each_path_runs_at_its_defaults_and_at_another_block(tmp_path, single_th
 
 
 def test_bad_arguments_of_the_defaults_benchmark():
-    bench = load_script("benchmark_defaults")
+    bench = load_script("bench/benchmark_defaults")
     for argv in (["--paths", "drive"], ["--draft-tokens", "0"], ["--draft-tokens", "frame"], ["--frames", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
@@ -30,7 +31,7 @@ def test_bad_arguments_of_the_defaults_benchmark():
 
 
 def test_host_time_of_a_pass_is_split_into_its_parts(single_thread):
-    bench = load_script("benchmark_host")
+    bench = load_script("bench/benchmark_host")
     [record] = bench.main(["--rollouts", "1", "--frames", "2", "--draft-tokens", "16", "--guesses", "transitions"])
     parts = record["parts_ms_per_pass"]
     assert (record["draft_tokens"], record["guesses"]) == (16, "transitions")

@@ -1,4 +1,4 @@
-"""scripts/benchmark_drive.py end to end on a tiny random model (the Transformers backend on the CPU): the loop's
+"""scripts/bench/benchmark_drive.py end to end on a tiny random model (the Transformers backend on the CPU): the loop's
 drives and the same rollouts batched give the same codes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from tests.conftest import load_script
 
 
 def test_drives_and_batch_rollouts_give_the_same_codes(tmp_path, single_thread):
-    bench = load_script("benchmark_drive")
+    bench = load_script("bench/benchmark_drive")
     out = tmp_path / "drive.json"
     bench.main(["--model", "tiny", "--drives", "2", "--steps", "2", "--policies", "lane_follower,constant_speed",
                 "--out", str(out)])

@@ -1,4 +1,5 @@
-"""Smoke test of scripts/benchmark_fidelity.py: a few pairs and a short drive, the JSON it writes, bad arguments."""
+"""Smoke test of scripts/bench/benchmark_fidelity.py: a few pairs and a short drive, the JSON it writes, bad
+arguments."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tests.conftest import load_script
 
 
 def test_the_fidelity_benchmark_measures_and_writes(tmp_path, monkeypatch, capsys):
-    script = load_script("benchmark_fidelity")
+    script = load_script("bench/benchmark_fidelity")
     out = tmp_path / "fidelity.json"
     monkeypatch.setattr(sys, "argv", ["benchmark_fidelity", "--pairs", "2", "--domains", "day,night", "--frames",
                                       "23", "--out", str(out)])

@@ -1,7 +1,7 @@
-"""scripts/benchmark_guesses.py on the demo model: every source's codes are sequential decoding's, each source's
+"""scripts/bench/benchmark_guesses.py on the demo model: every source's codes are sequential decoding's, each source's
 guessing and the whole decode are timed, and the oracle ceiling sees its guesses (a frame guessed right takes one
-pass); its warp experiment (scripts/bench/first_guesses.py) moves the previous frame the way the ego motion moves the
-view."""
+pass); its warp experiment (scripts/bench/lib/first_guesses.py) moves the previous frame the way the ego motion moves
+the view."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import SCRIPTS, load_script
 
-if str(SCRIPTS) not in sys.path:  # scripts/bench is the scripts' own package
+if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
-from bench.first_guesses import frame_grid, frame_motion, warp_index  # noqa: E402
+from bench.lib.first_guesses import frame_grid, frame_motion, warp_index  # noqa: E402
 
 
 def action(left: float, forward: float) -> np.ndarray:
@@ -24,7 +24,7 @@ def action(left: float, forward: float) -> np.ndarray:
 
 
 def test_guess_benchmark_measures_each_source_on_manoeuvres_and_a_closed_loop_drive(tmp_path, single_thread):
-    bench = load_script("benchmark_guesses")
+    bench = load_script("bench/benchmark_guesses")
     out = tmp_path / "guesses.json"
     result = bench.main(["--frames", "2", "--manoeuvres", "curve_left", "--drive-seconds", "0.2",
                          "--temperatures", "0.9", "--draft-tokens", "frame", "--sources",

@@ -1,4 +1,4 @@
-"""scripts/benchmark_memory_table.py: the table's rows and ratios from case records, and its CPU smoke path (one
+"""scripts/bench/benchmark_memory_table.py: the table's rows and ratios from case records, and its CPU smoke path (one
 case in its own process: the tiny refiner; a card's peaks are the GPU run's)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.conftest import load_script
 
 @pytest.fixture(scope="module")
 def table():
-    return load_script("benchmark_memory_table")
+    return load_script("bench/benchmark_memory_table")
 
 
 def vllm_case(cap: str, peak: float, s_per_frame: float, batch: float, sessions: float, **settings) -> dict:

@@ -1,4 +1,4 @@
-"""scripts/benchmark_sessions.py end to end on a tiny random model (the Transformers backend on the CPU)."""
+"""scripts/bench/benchmark_sessions.py end to end on a tiny random model (the Transformers backend on the CPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.conftest import load_script
 
 
 def test_sessions_and_batch_rollouts_give_the_same_codes(tmp_path, single_thread):
-    bench = load_script("benchmark_sessions")
+    bench = load_script("bench/benchmark_sessions")
     out = tmp_path / "sessions.json"
     records = bench.main(["--model", "tiny", "--sessions", "1,3", "--frames", "3", "--batch", "--out", str(out)])
     assert [r["sessions"] for r in records] == [1, 3]
@@ -21,7 +21,7 @@ def test_sessions_and_batch_rollouts_give_the_same_codes(tmp_path, single_thread
 
 
 def test_bad_arguments():
-    bench = load_script("benchmark_sessions")
+    bench = load_script("bench/benchmark_sessions")
     with pytest.raises(SystemExit):
         bench.parse_args(["--sessions", "1,x"])
     with pytest.raises(SystemExit):  # a request path is vLLM's

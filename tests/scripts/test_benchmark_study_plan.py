@@ -1,4 +1,5 @@
-"""Smoke test of scripts/benchmark_study_plan.py: study=gpu's plan from its config and a few short drives measured."""
+"""Smoke test of scripts/bench/benchmark_study_plan.py: study=gpu's plan from its config and a few short drives
+measured."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from tests.conftest import load_script
 
 
 def test_the_plan_counts_the_presets_frames_and_measures_the_cpus_part(tmp_path, monkeypatch):
-    script = load_script("benchmark_study_plan")
+    script = load_script("bench/benchmark_study_plan")
     out = tmp_path / "plan.json"
     monkeypatch.setattr(sys, "argv", ["benchmark_study_plan", "--scenarios", "1", "--steps", "3", "--out", str(out)])
     script.main()

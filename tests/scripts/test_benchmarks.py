@@ -1,5 +1,5 @@
-"""Smoke tests of scripts/benchmark.py (Transformers part on a tiny model, on the CPU) and
-scripts/benchmark_memory.py."""
+"""Smoke tests of scripts/bench/benchmark.py (Transformers part on a tiny model, on the CPU) and
+scripts/bench/benchmark_memory.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import imageio.v3 as iio
 import pytest
 
 from terra.core.errors import TerraInputError
-from terra.generation.layout import TokenLayout
+from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutState
 from terra.generation.vllm_backend import FrameStat, VLLMBackend
 from tests.conftest import load_script, tiny_config
@@ -26,20 +26,20 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], capture_output=True, text=True,
-                          timeout=180, env=ENV)
+    return subprocess.run([sys.executable, str(SCRIPTS / "bench" / f"{name}.py"), *args], capture_output=True,
+                          text=True, timeout=180, env=ENV)
 
 
 @pytest.fixture(scope="module")
 def benchmark():
-    """scripts/benchmark.py, loaded as a module; loading it puts scripts/ on sys.path for its package bench/."""
-    return load_script("benchmark")
+    """scripts/bench/benchmark.py, loaded as a module; loading it puts scripts/ on sys.path for bench.lib."""
+    return load_script("bench/benchmark")
 
 
 @pytest.fixture(scope="module")
 def bench(benchmark):
-    """The package scripts/bench/ that holds the benchmark's code."""
-    return importlib.import_module("bench")
+    """The package scripts/bench/lib/ that holds the benchmark's code."""
+    return importlib.import_module("bench.lib")
 
 
 @pytest.mark.slow
@@ -115,8 +115,8 @@ def test_engine_args_are_parsed_as_yaml(bench):
 def test_engine_args_override_a_parts_own_settings(bench):
     """``--engine-arg kv_cache_dtype=fp8`` runs a bf16-KV part (boundary) on FP8, as ACT-Bench-shaped runs do;
     the flags' values stay."""
-    from bench.backends import engine_settings
-    from bench.parts import PARTS
+    from bench.lib.backends import engine_settings
+    from bench.lib.parts import PARTS
 
     args = bench.parse_args(["--engine-arg", "kv_cache_dtype=fp8", "--engine-arg", "max_num_batched_tokens=8192",
                              "--max-num-seqs", "256", "--device", "cpu"])
@@ -136,9 +136,9 @@ def test_prefix_summary_ignores_window_starts(bench):
 
 def test_plain_baseline_is_the_vllm_step_loop_with_prompts_minus_action_items(bench):
     """The baseline overrides only VLLMBackend's prompt hooks (neither uses the engine, so none is started)."""
-    plain = importlib.import_module("bench.plain_llama").PlainLlamaBackend
+    plain = importlib.import_module("bench.lib.plain_llama").PlainLlamaBackend
     layout = TokenLayout.from_config(tiny_config())
-    [request] = importlib.import_module("bench.rollouts").make_requests(layout, 1, 2, 1, seed=0)
+    [request] = importlib.import_module("bench.lib.rollouts").make_requests(layout, 1, 2, 1, seed=0)
     state = RolloutState(request, layout)
     terra = VLLMBackend.frame_prompt(None, state)
     assert terra["multi_modal_data"]["actions"].shape == (2, 6, 3)
@@ -204,7 +204,8 @@ def test_boundary_record_in_table(bench):
 
 @pytest.mark.slow
 def test_rollout_benchmark_runs_a_jsonl_and_reports_span(tmp_path):
-    """scripts/benchmark_rollout.py end to end on the CPU: samples written, one rollout run, rates from the manifest."""
+    """scripts/bench/benchmark_rollout.py end to end on the CPU: samples written, one rollout run, rates from the
+    manifest."""
     out = tmp_path / "br"
     proc = run_script("benchmark_rollout", "--demo", "--backend", "hf", "--gpus", "0", "--samples", "2",
                       "--frames", "1", "--out", str(out))
@@ -220,7 +221,7 @@ def test_rollout_benchmark_runs_a_jsonl_and_reports_span(tmp_path):
 
 def test_rollout_benchmark_projects_by_waves():
     """Four rollouts in flight, then a second wave of two: the last wave of a longer run is timed between them."""
-    projection = load_script("benchmark_rollout").projection_by_waves
+    projection = load_script("bench/benchmark_rollout").projection_by_waves
 
     def record(admitted: float, out: float, written: float) -> dict:
         return {"generated_at": out, "generate_s": out - admitted, "finished_at": written}
@@ -236,7 +237,7 @@ def test_rollout_benchmark_projects_by_waves():
 
 
 def test_rollout_benchmark_bad_arguments(capsys):
-    rollout_bench = load_script("benchmark_rollout")
+    rollout_bench = load_script("bench/benchmark_rollout")
     assert rollout_bench.main(["--gpus", "one"]) == 2
     assert rollout_bench.main(["--demo", "--model", "x"]) == 2
     assert rollout_bench.main(["--backend", "hf", "--requests", "streaming"]) == 2
@@ -265,7 +266,7 @@ def test_memory_script_flat_over_sequential_calls(tmp_path):
 
 
 def test_memory_script_catches_pipelines_kept_alive(monkeypatch, single_thread, capsys):
-    memory = load_script("benchmark_memory")
+    memory = load_script("bench/benchmark_memory")
     kept, load = [], memory.WorldModelPipeline.from_pretrained
 
     def leaky(*args, **kwargs):
@@ -278,7 +279,7 @@ def test_memory_script_catches_pipelines_kept_alive(monkeypatch, single_thread, 
 
 
 def test_memory_analysis_flags_growth():
-    memory = load_script("benchmark_memory")
+    memory = load_script("bench/benchmark_memory")
     leaking = [500.0 + 2.0 * i for i in range(40)]
     verdict = memory.analyse(leaking, warmup=5, max_growth_mb=20.0)
     assert verdict["slope_mb_per_call"] == pytest.approx(2.0) and verdict["growth_mb"] == pytest.approx(50.0)
@@ -287,7 +288,7 @@ def test_memory_analysis_flags_growth():
 
 
 def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
-    attention = load_script("benchmark_attention")
+    attention = load_script("bench/benchmark_attention")
     lengths = attention.cached_lengths(5)
     assert lengths.tolist() == [1746, 4947, 8148, 11348, 14549]  # 3 frames of 582 .. a full 25-frame window
     assert attention.main(["--page-sizes", "16,24"]) == 2
@@ -300,10 +301,10 @@ def test_attention_benchmark_spreads_windows_and_rejects_bad_settings(capsys):
 
 
 def test_speculative_benchmark_counts_passes_and_compares_codes(tmp_path, single_thread):
-    """scripts/benchmark_speculative.py on the demo model: two sampled frames sequential and speculative (the first's
-    passes run into the second: the default lookahead), then two rollouts at once both ways; the JSON has the passes,
-    the profile and the comparison of the codes."""
-    bench = load_script("benchmark_speculative")
+    """scripts/bench/benchmark_speculative.py on the demo model: two sampled frames sequential and speculative (the
+    first's passes run into the second: the default lookahead), then two rollouts at once both ways; the JSON has the
+    passes, the profile and the comparison of the codes."""
+    bench = load_script("bench/benchmark_speculative")
     out = tmp_path / "speculative.json"
     result = bench.main(["--rollouts", "1", "--frames", "2", "--temperatures", "0.9", "--draft-tokens", "144",
                          "--sequential-rollouts", "1", "--streams", "2", "--out", str(out)])

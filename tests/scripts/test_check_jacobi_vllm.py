@@ -1,4 +1,4 @@
-"""scripts/check_jacobi_vllm.py without a GPU: the demo part's code comparison and the projection's arithmetic
+"""scripts/checks/check_jacobi_vllm.py without a GPU: the demo part's code comparison and the projection's arithmetic
 (its engines run on a GPU: benchmarks/decoding.md, "Speculative decoding on vLLM")."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.conftest import load_script
 
 @pytest.fixture(scope="module")
 def check():
-    return load_script("check_jacobi_vllm")
+    return load_script("checks/check_jacobi_vllm")
 
 
 def test_demo_summary_compares_every_engine_with_sequential_codes(check):

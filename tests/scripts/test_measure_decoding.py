@@ -1,5 +1,5 @@
-"""scripts/measure_decoding.py, the thin wrapper over terra/evaluation/decoding.py (tested there): its command line
-becomes the checked settings, and it writes the report."""
+"""scripts/experiments/measure_decoding.py, the thin wrapper over terra/evaluation/decoding.py (tested there): its
+command line becomes the checked settings, and it writes the report."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.evaluation.test_decoding import pair  # noqa: F401 (a fixture)
 
 @pytest.fixture(scope="module")
 def measure():
-    return load_script("measure_decoding")
+    return load_script("experiments/measure_decoding")
 
 
 def test_the_command_line_runs_the_measurement(measure, pair, tmp_path, single_thread, capsys):  # noqa: F811

@@ -1,6 +1,6 @@
-"""scripts/measure_fp8.py's arithmetic (its GPU run is the script's own; the CPU smoke run takes minutes of vLLM's CPU
-engine and is not a test): the KL of two engines' listed log-probabilities is exact when they list every code and a
-lower bound when they list the top few, it sees a difference of the target's size, and the interval covers."""
+"""scripts/experiments/measure_fp8.py's arithmetic (its GPU run is the script's own; the CPU smoke run takes minutes of
+vLLM's CPU engine and is not a test): the KL of two engines' listed log-probabilities is exact when they list every code
+and a lower bound when they list the top few, it sees a difference of the target's size, and the interval covers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.conftest import load_script
 
 @pytest.fixture(scope="module")
 def fp8():
-    return load_script("measure_fp8")
+    return load_script("experiments/measure_fp8")
 
 
 def distribution(rng: np.random.Generator, codes: int, sharpness: float) -> np.ndarray:

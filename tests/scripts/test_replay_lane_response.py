@@ -1,7 +1,7 @@
-"""scripts/replay_lane_response.py: the paths it tells (the driven path at the action times, the arc held from the
-next step, which the session's rule reads back as that step), the pooled gain, its interval and the step-to-step
-error, the made-up weaves, and a replay of two of them on the demo model, whose control (the truth through the
-tokenizer) reads near 1."""
+"""scripts/experiments/replay_lane_response.py: the paths it tells (the driven path at the action times, the arc held
+from the next step, which the session's rule reads back as that step), the pooled gain, its interval and the
+step-to-step error, the made-up weaves, and a replay of two of them on the demo model, whose control (the truth through
+the tokenizer) reads near 1."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from terra.generation.actions import ACTION_TIMES
+from terra.contract.actions import ACTION_TIMES
 from terra.inputs.ego_motion import compose, ego_motion, to_ego
 from tests.conftest import load_script
 
-script = load_script("replay_lane_response")
+script = load_script("experiments/replay_lane_response")
 
 
 def arc_poses(curvature: float, speed: float, steps: int, start=(3.0, -2.0, 0.7)) -> np.ndarray:

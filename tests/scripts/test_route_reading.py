@@ -1,4 +1,5 @@
-"""scripts/route_reading.py: its tokenizer and measurements on the true frames, and a run end to end at toy size."""
+"""scripts/experiments/route_reading.py: its tokenizer and measurements on the true frames, and a run end to end at toy
+size."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from terra.sim.long_drives import reserved_scene_seeds
 from terra.sim.scene import Scene
 from tests.conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "route_reading.py"
-reading = load_script("route_reading")
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "experiments" / "route_reading.py"
+reading = load_script("experiments/route_reading")
 
 
 def true_codes(seed: int, start_s: float, frames: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from terra.core.errors import TerraInputError
-from terra.generation.actions import ACTION_TIMES
+from terra.contract.actions import ACTION_TIMES
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.ego_motion import advance_pose, ego_motion, speed_of
 from terra.session.driver_input import KeyDriver, drive_action, parse_action

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.ego_motion import advance_pose, compose
 from terra.models.presets import TINY_TOKENIZER
@@ -21,7 +21,7 @@ GREEDY = SamplingConfig(temperature=0)
 
 @pytest.fixture(scope="module")
 def host(single_thread):
-    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_route_model(), max_batch_size=4))
+    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_route_model(), max_batch_size=4))
     host = SessionHost(pipeline, GREEDY, max_frames=8, num_context=2)
     yield host
     host.close()

@@ -13,7 +13,7 @@ import pytest
 
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
@@ -27,7 +27,7 @@ SAMPLED = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95)
 
 @pytest.fixture(scope="module")
 def pipeline(single_thread):
-    return WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=4))
+    return WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_model(), max_batch_size=4))
 
 
 @pytest.fixture

@@ -210,7 +210,8 @@ def test_load_errors_are_one_line(tmp_path):
 
 
 def test_benchmark_script_measures_the_demo_tokenizer():
-    spec = importlib.util.spec_from_file_location("benchmark_tokenizer", ROOT / "scripts" / "benchmark_tokenizer.py")
+    script = ROOT / "scripts" / "bench" / "benchmark_tokenizer.py"
+    spec = importlib.util.spec_from_file_location("benchmark_tokenizer", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     row = bench.benchmark("lfq_demo", torch.device("cpu"), torch.float32, batch=1, frames=1, warmup=0)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from terra.config.sampling import SamplingConfig
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from tests.conftest import one_error_line, tiny_model
 
@@ -63,7 +63,7 @@ def test_the_blend_lies_on_the_line_from_base_to_tuned(pair, tmp_path):
     assert blend(f"base={base_dir}", f"tuned={tuned_dir}", "weight=0.5", f"output_dir={out}",
                  cwd=tmp_path).returncode == 0
     assert {v.dtype for v in weights(out).values()} == {torch.bfloat16}
-    backend = HFBackend(str(out), device="cpu", dtype=torch.float32)
+    backend = model_backend(str(out), device="cpu", dtype=torch.float32)
     layout = backend.layout
     context = np.random.default_rng(0).integers(0, layout.codebook_size, (2, layout.image_tokens))
     actions = np.zeros((3, layout.action_tokens, 3), dtype=np.float32)

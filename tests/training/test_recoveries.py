@@ -138,8 +138,8 @@ def test_recovery_clips_shorter_than_the_window_are_one_line(tokens):
 
 
 def test_train_demo_renders_recoveries_and_the_world_model_stage_trains_on_them(tmp_path):
-    """scripts/train_demo.sh recoveries renders 16-frame recovery clips (seed 1: other draws than the drives') and
-    encodes them; once their tokens exist the world_model stage passes them as data.recoveries (not before). A
+    """scripts/recipes/train_demo.sh recoveries renders 16-frame recovery clips (seed 1: other draws than the drives')
+    and encodes them; once their tokens exist the world_model stage passes them as data.recoveries (not before). A
     stand-in PY records the commands."""
     calls, python = tmp_path / "calls", tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nif [ "$1" = "-c" ]; then echo 7; fi\n')
@@ -148,8 +148,8 @@ def test_train_demo_renders_recoveries_and_the_world_model_stage_trains_on_them(
 
     def stage(name: str) -> list[list[str]]:
         calls.unlink(missing_ok=True)
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "train_demo.sh"), name], env=env, capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "recipes" / "train_demo.sh"), name], env=env,
+                              capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         return [line.split() for line in calls.read_text().splitlines()]
 

@@ -19,9 +19,9 @@ from safetensors.numpy import load_file, save_file
 from terra.config.assets import ASSETS
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
-from terra.generation.hf_backend import HFBackend
+from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
-from terra.generation.routes import resample_routes, route_distances, route_points
+from terra.contract.routes import resample_routes, route_distances, routes_from_yx
 from terra.models import LlamaActionForCausalLM
 from terra.models.checkpoint import read_world_model_config
 from terra.sim.dataset import ClipDataset, write_dataset
@@ -30,7 +30,7 @@ from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from terra.training.data import WindowSampler, load_training_data
 from terra.training.distributed import start_processes
 from terra.training.model import build_model, new_config
-from terra.training.run import build_trainee
+from terra.training.trainee import build_trainee
 from terra.training.settings import train_spec
 from terra.training.tokenize import tokenize_dataset
 from tests.training.test_train import train, train_config
@@ -222,7 +222,7 @@ def test_a_route_model_trains_exports_and_generates_with_and_without_routes(rout
     model = LlamaActionForCausalLM.from_pretrained(tmp_path / "model")
     assert model.config.num_route_tokens == 4 and model.no_route_embedding.shape == (4, 64)
     clips = load_tokens(route_tokens)
-    backend = HFBackend(tmp_path / "model")
+    backend = model_backend(tmp_path / "model")
     routes = resample_routes(clips.routes[6], 4)
     requests = [RolloutRequest(clips.codes[6, :2].reshape(2, -1), clips.actions[6], 3, seed=0, routes=r)
                 for r in (routes, None)]
@@ -246,8 +246,8 @@ def test_route_data_and_route_models_meet_whatever_the_other_has(route_tokens, p
 
 
 def test_the_shipped_demo_model_grows_route_slots(tmp_path):
-    """The warm start scripts/train_demo.sh offers (init=terra/assets/demo/world_model net.num_route_tokens=8): the
-    demo model's 144 + 6 positions a frame become 158, its first frame's logits unchanged."""
+    """The warm start scripts/recipes/train_demo.sh offers (init=terra/assets/demo/world_model net.num_route_tokens=8):
+    the demo model's 144 + 6 positions a frame become 158, its first frame's logits unchanged."""
     rng = np.random.default_rng(0)
     clips = TokenizedClips(codes=rng.integers(0, 1024, (3, 4, 9, 16)), actions=rng.normal(size=(3, 4, 6, 3)).astype(
         np.float32), poses=np.zeros((3, 4, 3)), codebook_size=1024, image_size=(144, 256))
@@ -265,8 +265,8 @@ def test_the_shipped_demo_model_grows_route_slots(tmp_path):
 
 
 def test_train_demo_trains_route_slots_by_default_and_warm_starts_on_request(tmp_path):
-    """scripts/train_demo.sh world_model passes net.num_route_tokens=8 (ROUTES=0: Terra's layout) and EXTRA's init=
-    to terra-train; a stand-in PY records the commands (the run, then the export at the last step)."""
+    """scripts/recipes/train_demo.sh world_model passes net.num_route_tokens=8 (ROUTES=0: Terra's layout) and EXTRA's
+    init= to terra-train; a stand-in PY records the commands (the run, then the export at the last step)."""
     calls, python = tmp_path / "calls", tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nif [ "$1" = "-c" ]; then echo 7; fi\n')
     python.chmod(0o755)
@@ -275,7 +275,7 @@ def test_train_demo_trains_route_slots_by_default_and_warm_starts_on_request(tmp
         env = {**os.environ, "PY": str(python), "RUN": str(tmp_path / "run"), "EXTRA": extra}
         if routes is not None:
             env["ROUTES"] = routes
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "train_demo.sh"), "world_model"], env=env,
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "recipes" / "train_demo.sh"), "world_model"], env=env,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         run, last, export = calls.read_text().splitlines()
@@ -307,7 +307,7 @@ def test_a_route_model_learns_what_only_the_next_frames_route_tells(tmp_path):
     rng = np.random.default_rng(0)
     clips, frames, points = 60, 8, 16
     lateral = rng.uniform(-20, 20, (clips, frames, points))
-    routes = route_points(np.stack([lateral, np.broadcast_to(route_distances(points), lateral.shape)], -1))
+    routes = routes_from_yx(np.stack([lateral, np.broadcast_to(route_distances(points), lateral.shape)], -1))
     column = np.clip(((lateral[..., 1:10:2] + 20) / 40 * 16).astype(int), 0, 15)  # K = 8: every second point
     tokens = save_tokens(tmp_path / "tokens.safetensors", TokenizedClips(
         codes=np.repeat(column[:, :, None], 3, axis=2), actions=np.zeros((clips, frames, 6, 3), np.float32),

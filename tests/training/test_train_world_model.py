@@ -127,7 +127,7 @@ def test_cli_trains_and_exports_sharded_bf16(tokens, tmp_path):
 
 
 def test_finetune_demo_runs_the_environments_python_when_py_is_unset(tmp_path):
-    """scripts/finetune_demo.sh without PY runs .venv/bin/python (the environment `make` builds), not a bare
+    """scripts/recipes/finetune_demo.sh without PY runs .venv/bin/python (the environment `make` builds), not a bare
     python that lacks the project's packages: here no other Python is on PATH at all."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
         pytest.skip("no .venv in this checkout")
@@ -141,7 +141,7 @@ def test_finetune_demo_runs_the_environments_python_when_py_is_unset(tmp_path):
                                                                      "tokenizer_psnr": {"overall": 30.25}},
                                   "adherence": {"pairs": {"a/b": {"accuracy_pct": 75.0}}}}))
     env = {"PATH": str(tools), "RUN": str(tmp_path / "run")}
-    result = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "finetune_demo.sh"), "table"], env=env,
+    result = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "recipes" / "finetune_demo.sh"), "table"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].split() == ["full", "left_hand", "21.50", "30.25", "75.0"]

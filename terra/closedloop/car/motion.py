@@ -28,7 +28,7 @@ from terra.closedloop.plans import Plan
 from terra.closedloop.car.path import TrackedPath
 from terra.closedloop.car.tracking import Actuation, Tracker, TrackingGains
 from terra.closedloop.car.vehicle import VehicleParams, VehicleState, integrate
-from terra.generation.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
+from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ, validate_actions
 from terra.inputs.ego_motion import compose
 
 DT_S = 1.0 / FRAME_RATE_HZ
@@ -154,5 +154,5 @@ def make_vehicle(kind: str, speed: float) -> Vehicle:
 
 def action_of(poses: np.ndarray) -> np.ndarray:
     """The world model's ``[6, 3]`` action ``[y, x, time]`` from poses ``[6, 2|3]`` at the action times (ego frame of
-    now), checked in reach (terra/generation/actions.py)."""
+    now), checked in reach (terra/contract/actions.py)."""
     return validate_actions(np.stack([poses[:, 1], poses[:, 0], ACTION_TIMES], axis=-1)[None], "plan")[0]

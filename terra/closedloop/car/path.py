@@ -28,7 +28,7 @@ from functools import cached_property
 import numpy as np
 
 from terra.closedloop.plans import Plan
-from terra.generation.actions import ACTION_TIMES
+from terra.contract.actions import ACTION_TIMES
 
 SUBSEGMENTS = 8  # path points per segment between two poses
 EXTENSION_M = 1000.0  # the straight path beyond the last pose (further than any look-ahead goes in a forecast)

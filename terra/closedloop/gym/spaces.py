@@ -33,8 +33,8 @@ from terra.closedloop.loop import Drive
 from terra.closedloop.plans import COMMANDS, NAVSIM_POSES, Plan, as_plan
 from terra.closedloop.car.tracking import Actuation
 from terra.closedloop.car.vehicle import VehicleParams
-from terra.core.errors import TerraInputError, error_line
-from terra.generation.actions import finite_array
+from terra.core.errors import TerraInputError, error_line, past
+from terra.contract.actions import finite_array
 from terra.inputs.ego_motion import to_ego
 from terra.sim.scene import ROAD_HALF_WIDTH_M
 
@@ -128,7 +128,7 @@ def within_space(plan: Plan) -> None:
     outside = np.flatnonzero(~np.all((poses >= low) & (poses <= high), axis=1))
     if outside.size:
         k = int(outside[0])
-        shown = ", ".join(f"{v:.4g}" for v in poses[k])
+        shown = ", ".join(past(v, high[i] if v > high[i] else low[i]) for i, v in enumerate(poses[k]))
         raise TerraInputError(f"plan pose {k} ({shown}) lies outside the action space (x {low[0]:g} to {high[0]:g} m, "
                               f"y {low[1]:g} to {high[1]:g} m, heading within pi)")
 

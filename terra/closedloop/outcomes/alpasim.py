@@ -57,7 +57,7 @@ import numpy as np
 
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.outcomes.truth import PARKED_LENGTH_M, parked_cars
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.contract.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego, to_world
 from terra.sim.scene import CAR, ROAD_HALF_WIDTH_M, Scene
 from terra.stats import Bootstrap, mean

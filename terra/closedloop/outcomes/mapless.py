@@ -19,7 +19,7 @@ import numpy as np
 
 from terra.closedloop.plans import Plan
 from terra.closedloop.car.path import TrackedPath
-from terra.generation.actions import FRAME_RATE_HZ
+from terra.contract.actions import FRAME_RATE_HZ
 from terra.inputs.ego_motion import compose, to_ego
 
 DT_S = 1.0 / FRAME_RATE_HZ

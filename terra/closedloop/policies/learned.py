@@ -2,8 +2,8 @@
 drives along it (terra/closedloop/policies/vision.py's :class:`~terra.closedloop.policies.vision.LaneFollower`).
 
 Trained here by behaviour cloning on the true world's frames (terra/closedloop/policies/imitation.py,
-scripts/train_learned_driver.py): the expert is the world's own geometry, the lane centre's lateral position at
-:data:`PATH_AHEAD_M` in the ego frame. The net sees the frame's lower part (below the horizon: the road),
+scripts/experiments/train_learned_policy.py): the expert is the world's own geometry, the lane centre's lateral position
+at :data:`PATH_AHEAD_M` in the ego frame. The net sees the frame's lower part (below the horizon: the road),
 area-averaged to :data:`INPUT_SIZE`, so any frame size reads alike. Its weights ship in terra/assets/learned_driver/
 (:data:`~terra.config.assets.LEARNED_DRIVER`) and are checked when they load (:func:`load_path_net`): exactly the
 net's tensors, each float32, finite and of its shape; anything else is one line naming the file and the fix.
@@ -25,7 +25,7 @@ from terra.core.errors import TerraInputError
 PATH_AHEAD_M = (0.0, 5.0, 10.0, 15.0, 20.0)  # where the net reads the lane centre's lateral position
 INPUT_SIZE = (24, 64)  # the net's input rows and columns
 SKY_SHARE = 1 / 3  # the frame's top share left out (sky and horizon: the camera's horizon lies 41 % down)
-RETRAIN = "retrain it with scripts/train_learned_driver.py"
+RETRAIN = "retrain it with scripts/experiments/train_learned_policy.py"
 
 
 class PathNet(nn.Module):

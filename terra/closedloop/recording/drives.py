@@ -16,6 +16,7 @@ from terra.closedloop.recording.open_run import OpenWorlds, frame_size, load_spe
 from terra.closedloop.recording.run import DriveRunner, Recorded, RunSettings, recorded_drives, specs_of
 from terra.closedloop.recording.run_table import run_table
 from terra.closedloop.recording.settings import DriveSettings
+from terra.core.progress import announce
 
 
 @dataclass
@@ -74,12 +75,28 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
     return Started(runner, opened, opened.worlds, specs)
 
 
+def run_plan(settings: DriveSettings) -> str:
+    """The run in one line, said before any world opens (the world model's start is a minute of silence on a CPU):
+    its drives as policies x scenarios (x seeds), their steps, the world and the folder."""
+    policies, scenarios = {name for _, name, _ in settings.drives}, settings.scenario_indices
+    seeds = f" x {settings.num_seeds} seeds" if settings.num_seeds > 1 else ""
+    return (f"terra-drive: {_counted(len(settings.drives), 'drive')}: {_counted(len(policies), 'policy', 'policies')}"
+            f" x {_counted(len(scenarios), 'scenario')}{seeds}, {_counted(settings.num_steps, 'step')} each in the "
+            f"{settings.world} world, into {settings.output.path}; opening the world")
+
+
+def _counted(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
     """Make and record every drive of ``settings`` in its world (here, or on Ray's actors with ``executor=ray``);
-    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (terra/core/progress.py)."""
+    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (terra/core/progress.py),
+    after the plan's line (:func:`run_plan`)."""
     from terra.closedloop.recording.run import record_run
 
     progress = settings.progress if progress is None else progress
+    announce(run_plan(settings), progress)
     run_settings = settings.run_settings(progress)
     started = start_drives(settings, run_settings, {settings.world: settings.output.path},
                            {settings.world: settings.drive_ids})

@@ -1,7 +1,7 @@
 """The roads the route controls tell a model with route slots (terra/closedloop/study/control_worlds.py): another
 scenario's road (``wrong_route``, :class:`ForeignRoad`), none (``no_route``, :class:`NoRoad`), and the road ahead of
 the pose a control's fed motion reaches (``zero_actions``, ``straight``: :class:`FedMotionRoad`). Each has the
-:class:`~terra.closedloop.worlds.Road` interface: ``model_routes(poses, num_points)``."""
+:class:`~terra.closedloop.worlds.Road` interface: ``model_routes(poses, route_tokens)``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.worlds import Road
+from terra.contract.routes import ROUTE_POINT_VALUES
 from terra.core.errors import TerraInputError
-from terra.generation.routes import ROUTE_POINT_VALUES
 from terra.inputs.ego_motion import compose, to_ego
 from terra.sim.scene import LANE_WIDTH_M, Scene
 
@@ -30,7 +30,7 @@ class ForeignRoad:
     def __init__(self, own: Scene, other: Scene) -> None:
         self.own, self.other = own, other
 
-    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+    def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray:
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s, _ = self.own.road_coords(flat[:, 0], flat[:, 1])
@@ -38,7 +38,7 @@ class ForeignRoad:
         lateral = to_ego(flat[:, :2], at)[:, 1]  # the car's offset from the road, left +
         there = self.other.lane_pose(s, lateral)
         there[:, 2] += flat[:, 2] - at[:, 2]
-        return self.other.route(there, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+        return self.other.route(there, route_tokens).reshape(poses.shape[:-1] + (route_tokens, ROUTE_POINT_VALUES))
 
 
 class FedMotionRoad:
@@ -50,20 +50,20 @@ class FedMotionRoad:
         self.scene, self.start, self.straight_on = scene, np.asarray(start, dtype=np.float64), straight_on
         self.start_s = scene.arc_length(self.start)
 
-    def model_routes(self, poses: np.ndarray, num_points: int) -> np.ndarray:
+    def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray:
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         travelled = np.zeros(len(flat))
         if self.straight_on:
             travelled = self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s
         reached = compose(self.start, np.stack([travelled, np.zeros_like(travelled), np.zeros_like(travelled)], -1))
-        return self.scene.route(reached, num_points).reshape(poses.shape[:-1] + (num_points, ROUTE_POINT_VALUES))
+        return self.scene.route(reached, route_tokens).reshape(poses.shape[:-1] + (route_tokens, ROUTE_POINT_VALUES))
 
 
 class NoRoad:
-    """No route told (``no_route``): the model runs with its "no route" embedding (terra/generation/routes.py)."""
+    """No route told (``no_route``): the model runs with its "no route" embedding (terra/contract/routes.py)."""
 
-    def model_routes(self, poses: np.ndarray, num_points: int) -> None:
+    def model_routes(self, poses: np.ndarray, route_tokens: int) -> None:
         return None
 
 

@@ -1,5 +1,12 @@
 """A ``terra-drive`` command as shards in processes of this machine, then its report: how ``study=gpu`` runs
-(``shard_processes``), and scripts/drive_shards.py for any command.
+(``shard_processes``), and, run as a module, how any command runs so (a run in one world too)::
+
+    python -m terra.closedloop.study.processes --processes 4 --scene-processes 8 --kv-cache-gib 2 -- world=both \\
+        'policies=[all_pixel]' num_scenarios=50 num_seeds=3 num_control_scenarios=4 num_control_seeds=1 \\
+        backend=vllm device=cuda videos=false output_dir=runs/fid
+
+``--processes K`` shards (with ``--scene-processes M``, ``world=both``: ``K`` of the engine's worlds and ``M`` of the
+others), each engine's KV cache ``--kv-cache-gib``; the command's ``output_dir`` is every shard's and the report's.
 
 A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
 measurements of every frame (benchmarks/drives.md, "Closed-loop drives"), about 25-35 ms a frame, which one process
@@ -20,6 +27,7 @@ one whose drives failed (exit 1) does not.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -131,6 +139,18 @@ def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: f
     return {worlds: [process.returncode for process, _ in group] for worlds, group in running.items()}
 
 
+def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path) -> None:
+    """Raise one line naming its log for the first shard that ended other than done (0) or with drives that failed
+    (1): refused at its settings (2) or killed."""
+    for worlds, group in codes.items():
+        for shard, code in enumerate(group):
+            if code not in (0, 1):
+                log = logs / f"{worlds}-{shard}-of-{groups[worlds]}.log"
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                raise TerraInputError(f"shard {shard} ({worlds} worlds) ended with exit code {code}: {tail[0]} "
+                                      f"(all of it: {log})")
+
+
 def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder: Path,
                     total: int | None = None) -> tuple[list[str], int]:
     """The study's drives made by ``processes``' shards (``overrides``: the command's settings, the report's
@@ -139,14 +159,58 @@ def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder:
     logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
     started = time.perf_counter()
     codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total)
-    for worlds, group in codes.items():
-        for shard, code in enumerate(group):
-            if code not in (0, 1):
-                log = logs / f"{worlds}-{shard}-of-{processes.groups[worlds]}.log"
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                raise TerraInputError(f"shard {shard} ({worlds} worlds) ended with exit code {code}: {tail[0]} "
-                                      f"(all of it: {log})")
+    check_ended(codes, processes.groups, logs)
     every = [code for group in codes.values() for code in group]
     line = (f"terra-drive: {len(every)} shard processes ({', '.join(f'{n} {w}' for w, n in processes.groups.items())}"
             f") ended in {time.perf_counter() - started:.1f} s (exit codes {codes}; their output: {logs})")
     return [line], max(every)
+
+
+PROG = "python -m terra.closedloop.study.processes"
+
+
+def output_dir(overrides: Sequence[str]) -> Path:
+    """The command's ``output_dir`` (every shard and the report must share it)."""
+    given = [o.split("=", 1)[1] for o in overrides if setting(o) == "output_dir"]
+    if not given or given[-1] in ("", "null"):
+        sys.exit(f"{PROG}: give the run an output_dir=FOLDER: every shard writes its drives there")
+    return Path(given[-1]).expanduser()
+
+
+def main() -> None:
+    """Any ``terra-drive`` command as shards of this machine, then the same command without the shard settings,
+    which writes the manifest (``world=both``: the fidelity report) from the shards' drives, driving none again. A
+    shard refused at its settings (exit 2) stops the run before the report; one whose drives failed (exit 1) does
+    not."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, required=True,
+                        help="shards, each a terra-drive process (with --scene-processes: of the engine's worlds)")
+    parser.add_argument("--scene-processes", type=int, default=0,
+                        help="world=both: shards of the worlds that need no GPU, beside the engine's (0: none)")
+    parser.add_argument("--kv-cache-gib", type=float, help="vLLM: each shard's engine's KV cache (GiB)")
+    parser.add_argument("overrides", nargs="+", help="terra-drive's settings (after --)")
+    args = parser.parse_args()
+    if args.processes < 1 or args.scene_processes < 0 or any(setting(o) in SHARD_SETTINGS for o in args.overrides):
+        parser.error("--processes is at least 1, --scene-processes at least 0, and the shards' settings "
+                     f"({', '.join(SHARD_SETTINGS)}) are this command's to set")
+    folder = output_dir(args.overrides)  # given, before any shard starts
+    groups = {"engine": args.processes, "scene": args.scene_processes} if args.scene_processes else \
+        {"all": args.processes}
+    logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
+    print(f"{PROG}: the shards' output goes to {logs}", flush=True)
+    started = time.perf_counter()
+    codes = run_shards(args.overrides, groups, args.kv_cache_gib, folder, logs)
+    try:
+        check_ended(codes, groups, logs)
+    except TerraInputError as err:
+        sys.exit(f"{PROG}: {err}")
+    every = [code for group in codes.values() for code in group]
+    print(f"{PROG}: {len(every)} shards ended in {time.perf_counter() - started:.1f} s (exit codes {codes}); "
+          "the report:", flush=True)
+    report = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args.overrides, "progress=false",
+                             *kv_cache(args.kv_cache_gib)])
+    sys.exit(max([report.returncode, *every]))
+
+
+if __name__ == "__main__":
+    main()

@@ -36,8 +36,10 @@ from terra.closedloop.study.report_text import (
     headline, horizon_table, legend, plain, probe_line, run_lines, separation_lines, shown, text_table,
     verdict_table, within_line, world_rows,
 )
-from terra.closedloop.study.statistics import STATISTICS, following_gain, metric_value
-from terra.closedloop.study.verdict import MIN_SCENARIOS, WorldVerdict, judge_pairs, pairs_of, path_distance_m
+from terra.closedloop.study.statistics import STATISTICS, following_gain, metric_value, value_or_reason
+from terra.closedloop.study.verdict import (
+    MIN_SCENARIOS, NO_PAIRS, WorldVerdict, judge_pairs, pairs_of, path_distance_m,
+)
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
@@ -90,10 +92,12 @@ class StudyReport:
     def as_dict(self) -> dict:
         return {"headline": [headline(v) for v in self.verdicts], "settings": self.settings,
                 "verdicts": [v.as_dict() for v in self.verdicts], "separations": self.separations(),
-                "policies": {name: {**row, "difference": {k: None if v is None else v.as_dict()
-                                                          for k, v in row["difference"].items()},
-                                    "following_gain_dx": None if row["following_gain_dx"] is None
-                                    else row["following_gain_dx"].as_dict()}
+                "policies": {name: {**{k: v for k, v in row.items() if k != "following_gain_dx_reason"},
+                                    "difference": {k: None if v is None else v.as_dict()
+                                                   for k, v in row["difference"].items()},
+                                    "following_gain_dx": {**({} if row["following_gain_dx"] is None
+                                                             else row["following_gain_dx"].as_dict()),
+                                                          "reason": row["following_gain_dx_reason"]}}
                              for name, row in self.policies.items()},
                 "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
@@ -122,8 +126,9 @@ class StudyReport:
             cells = [f"{row['model'][key]:.3f} / {row[TRUTH][key]:.3f}; {shown(row['difference'][key])}"
                      for key in COLUMNS]
             label = name if row["reads_pixels"] else f"{name} (reads no pixels)"
+            gain, why = row["following_gain_dx"], row["following_gain_dx_reason"]
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown(row['difference']['path_distance_m'])} | "
-                         f"{shown(row['following_gain_dx'])} |")
+                         f"{shown(gain)}{f': {why}' if why else ''} |")
         if self.exploitability is not None:
             lines += ["", exploit_lines(self.exploitability)]
         return "\n".join(lines) + "\n"
@@ -153,7 +158,8 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
                              for key in COLUMNS} if mine else {key: None for key in COLUMNS}
         row["difference"]["path_distance_m"] = (mean(scenarios, np.array([path_distance_m(p) for p in mine]),
                                                      bootstrap) if mine else None)
-        row["following_gain_dx"] = following_gain("dx")(mine, bootstrap) if mine else None
+        row["following_gain_dx"], row["following_gain_dx_reason"] = (
+            value_or_reason(following_gain("dx"), mine, bootstrap) if mine else (None, NO_PAIRS))
     return policies
 
 

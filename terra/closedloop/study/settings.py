@@ -60,14 +60,14 @@ class StudySettings:
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
 
 
-def terra_drive_settings(cfg: DictConfig, output_dir: str | Path,
-                         overrides: Sequence[str] = ()) -> DriveSettings | StudySettings:
+def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
+                         preset: str | None = None) -> DriveSettings | StudySettings:
     """``terra-drive``'s settings: a study's with ``world=both``, else a run's; one line for a bad one (a setting
     of the study's given to a run among them). ``overrides``: the command's settings as typed, which a study's shard
-    processes are given."""
+    processes are given; ``preset``: the study preset the command chose (``study``: cpu, gpu or None)."""
     world = select(cfg, "world")
     if world == "both":
-        return checked_study(cfg, output_dir, overrides)
+        return checked_study(cfg, output_dir, overrides, preset)
     values = check_settings(cfg, SETTINGS)
     for (name, value), most in zip(values.items(), ("num_scenarios", "num_seeds")):
         if value is not None:
@@ -86,7 +86,7 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path,
     processes = _shard_processes(cfg)
     if processes.groups:
         raise TerraInputError(f"shard_processes runs a fidelity study as shards of this machine: it needs world=both "
-                              f"(got world={world}; scripts/drive_shards.py shards any run)")
+                              f"(got world={world}; python -m terra.closedloop.study.processes shards any run)")
     return drive_settings(cfg, output_dir)
 
 
@@ -96,13 +96,14 @@ def _shard_processes(cfg: DictConfig) -> ShardProcesses:
                           values["shard_processes.kv_cache_gib"])
 
 
-def needs_gpu(device: str, processes: ShardProcesses) -> None:
-    """A study whose engines run on a GPU (``device=cuda``, or engine shards: study=gpu) is refused in one line
-    naming study=cpu where no CUDA GPU is visible, or the device is the CPU, before anything else starts."""
+def needs_gpu(preset: str | None, device: str, processes: ShardProcesses) -> None:
+    """A study whose world model runs on a GPU (the GPU preset, whatever its shard settings and device say; engine
+    shards, each dealt a CUDA card; ``device=cuda``) is refused in one line naming study=cpu where the device resolves
+    to the CPU (``device=cpu``, or no CUDA GPU visible), before anything else starts."""
     engines = f"shard_processes.engine={processes.engine}" if processes.engine else None
-    if engines is None and not device.startswith("cuda"):
+    what = "study=gpu" if preset == "gpu" else engines or (f"device={device}" if device.startswith("cuda") else None)
+    if what is None:
         return
-    what = engines or f"device={device}"
     if device == "cpu":
         why = "device=cpu was asked for"
     else:
@@ -111,19 +112,20 @@ def needs_gpu(device: str, processes: ShardProcesses) -> None:
         if torch.cuda.is_available():
             return
         why = "no CUDA GPU is visible here"
-    raise TerraInputError(f"{what} (study=gpu's) runs the study's world model on a CUDA GPU, but {why}; on a CPU "
-                          "run terra-drive study=cpu (docs/fidelity.md)")
+    raise TerraInputError(f"{what} runs the study's world model on a CUDA GPU, but {why}; on a CPU run terra-drive "
+                          "study=cpu (docs/fidelity.md)")
 
 
-def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = ()) -> StudySettings:
+def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
+                  preset: str | None = None) -> StudySettings:
     """Every setting of a study checked once (the run's, then the study's), this shard's drives taken and the study's
-    folders claimed; one line for a bad one."""
+    folders claimed; one line for a bad one (``preset``: the study preset chosen, study=gpu needing a GPU)."""
     run = checked_run(cfg)
     values = check_settings(cfg, SETTINGS)
     processes = _shard_processes(cfg)
-    needs_gpu(run.run.device, processes)
+    needs_gpu(preset, run.run.device, processes)
     user_worlds = dict(run.user_worlds)
-    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s, _route_slots(run))
+    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s, _route_tokens(run))
     control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
     for name, value, most, of in (("num_control_scenarios", control_scenarios, "num_scenarios", len(run.scenarios.ids)),
                                   ("num_control_seeds", control_seeds, "num_seeds", run.num_seeds)):
@@ -161,7 +163,7 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
                          within_horizon, processes, tuple(overrides))
 
 
-def _route_slots(run: DriveSettings) -> int:
+def _route_tokens(run: DriveSettings) -> int:
     """The world model's route slots per frame (``num_route_tokens`` of its config.json; 0 when it cannot be read:
     the checkpoint's own checks name the problem when it loads, terra/models/checkpoint.py)."""
     try:
@@ -171,10 +173,10 @@ def _route_slots(run: DriveSettings) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_slots: int
+def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_tokens: int
               ) -> tuple[str, ...]:
     """The ``controls`` setting: built-in control worlds (``all``: every one the world model can be given, the route
-    controls only to a model with ``route_slots``) and worlds of the user's (``module:Class``, imported now into
+    controls only to a model with ``route_tokens``) and worlds of the user's (``module:Class``, imported now into
     ``user_worlds``, each within ``timeout_s``), as world names."""
     entries = [value] if isinstance(value, str) else list(value or [])
     if not all(isinstance(e, str) and e for e in entries):
@@ -183,13 +185,13 @@ def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float,
     names: list[str] = []
     for entry in entries:
         if entry == "all":
-            names += [name for name in CONTROL_WORLDS if route_slots or name not in ROUTE_CONTROLS]
+            names += [name for name in CONTROL_WORLDS if route_tokens or name not in ROUTE_CONTROLS]
         elif is_world_target(entry):
             user_worlds[world_name(entry)] = (entry, world_class(entry, "controls", timeout_s))
             names.append(world_name(entry))
         else:
             names.append(check_choice(entry, "controls", (*CONTROL_WORLDS, "all")))
-            if entry in ROUTE_CONTROLS and not route_slots:
+            if entry in ROUTE_CONTROLS and not route_tokens:
                 raise TerraInputError(f"controls=[{entry}] changes the route the world model is told, and this model "
                                       "has no route slots (num_route_tokens 0); leave it out")
     if len(set(names)) != len(names) or set(names) & {"model", TRUTH}:

@@ -75,6 +75,17 @@ def undefined(bootstrap: Bootstrap) -> Interval:
     return Interval(float("nan"), float("nan"), float("nan"), bootstrap.level, 1.0)
 
 
+def value_or_reason(compute: Callable[[Sequence[Pair], Bootstrap], Interval], pairs: Sequence[Pair],
+                    bootstrap: Bootstrap) -> tuple[Interval, str | None]:
+    """A statistic ``compute`` on ``pairs`` and None, or, where it has no value (:class:`Undefined`), the interval
+    without one and why: every table of the report (the verdicts', the per-policy one) shows it as ``n/a`` with its
+    reason, so that a world bad enough to leave a statistic undefined is still reported, and flagged."""
+    try:
+        return compute(pairs, bootstrap), None
+    except Undefined as why:
+        return undefined(bootstrap), str(why)
+
+
 def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
     return following_slopes([read_following(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
                             bootstrap)

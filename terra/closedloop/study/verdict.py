@@ -23,8 +23,8 @@ import numpy as np
 
 from terra.closedloop.outcomes.frames import read_horizons
 from terra.closedloop.study.statistics import (
-    FRAMES, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, Undefined, kendall_tau, metric_value,
-    outcome_policies, ranked_values, undefined,
+    FRAMES, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, kendall_tau, metric_value, outcome_policies,
+    ranked_values, undefined, value_or_reason,
 )
 from terra.fidelity.agreement import horizon_summary
 from terra.stats import (
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 TOO_FEW = "too few scenarios"  # a fourth decision: below MIN_SCENARIOS nothing is decided
 MIN_SCENARIOS = 4  # fewer scenarios under a statistic leave it undecided, whatever its interval
+NO_PAIRS = "no drive made well in both worlds"  # why a statistic of no paired drives has no value
 TIE = 5e-4  # two policies whose true means differ by less tie (the tables' precision)
 METRIC_BLOCKS = ("truth", "alpasim", "progress", "history_comfort", "extended_comfort")  # record.py, metrics_of
 NOT_OUTCOMES = ("first_collision_frame", "road_turn_rad")  # an index, the road's own shape: no difference taken
@@ -188,13 +189,12 @@ def _judged(statistic: Statistic, pairs: Sequence[Pair], bootstrap: Bootstrap
     scenarios, and the number of scenarios."""
     scenarios = len({p.scenario for p in pairs})
     if not pairs:
-        reason = "no drive made well in both worlds" if statistic.rests_on == FRAMES else \
+        reason = NO_PAIRS if statistic.rests_on == FRAMES else \
             "no pixel policy's drive made well in both worlds (policies that read no pixels and probes are left out)"
         return undefined(bootstrap), INCONCLUSIVE, reason, 0
-    try:
-        value = statistic.compute(pairs, bootstrap)
-    except Undefined as why:
-        return undefined(bootstrap), INCONCLUSIVE, str(why), scenarios
+    value, why = value_or_reason(statistic.compute, pairs, bootstrap)
+    if why is not None:
+        return value, INCONCLUSIVE, why, scenarios
     low, high = statistic.limits
     value = widened(value, few_clusters_factor(scenarios, bootstrap.level))
     value = replace(value, low=float(np.clip(value.low, low, high)), high=float(np.clip(value.high, low, high)))

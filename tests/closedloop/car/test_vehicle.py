@@ -19,7 +19,7 @@ from terra.closedloop.car.motion import BicycleVehicle, ExactVehicle, Vehicle, a
 from terra.closedloop.plans import Plan
 from terra.closedloop.car.vehicle import VehicleParams
 from terra.core.errors import TerraInputError
-from terra.generation.actions import ACTION_TIMES
+from terra.contract.actions import ACTION_TIMES
 from terra.inputs.ego_motion import to_ego
 
 SAMPLINGS = {"navsim": (0.5, 8), "10hz": (0.1, 40)}  # plan spacing (s) and poses

@@ -17,7 +17,7 @@ from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
-from terra.generation.hf_backend import HFBackend  # noqa: E402
+from terra.generation.backends import model_backend  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.tokenizer.lfq import LFQTokenizer  # noqa: E402
@@ -64,7 +64,7 @@ def test_an_unknown_vehicle_is_one_line():
 
 
 def test_drive_env_passes_check_env_on_a_world_model(single_thread):
-    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=4))
+    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_model(), max_batch_size=4))
     world = ModelWorld(pipeline, SamplingConfig(temperature=1.0))
     try:
         env = DriveEnv(world, synthetic_scenarios(2, 1, TINY_TOKENIZER["image_size"]), num_steps=3)
@@ -90,7 +90,7 @@ def test_vector_env_steps_drives_together_and_resets_ended_ones():
 def test_a_route_model_in_the_env_is_told_the_road_ahead_of_each_pose(single_thread):
     from tests.conftest import TINY_ROUTES, tiny_route_model
 
-    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_route_model(), max_batch_size=4))
+    pipeline = WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_route_model(), max_batch_size=4))
     world = ModelWorld(pipeline, SamplingConfig(temperature=0))
     try:
         scenarios = synthetic_scenarios(1, 1, TINY_TOKENIZER["image_size"])

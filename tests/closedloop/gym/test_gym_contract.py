@@ -214,6 +214,31 @@ def test_what_an_env_is_given_is_checked_at_construction():
     refused(TerraInputError, "render_mode must be 'rgb_array' or None", DriveEnv, render_mode="human", **SMALL)
 
 
+
+def test_a_scenario_of_yours_is_checked_whole_at_construction():
+    """Every field of a caller's Scenario, once, as the env is made: one line naming scenarios[i] and the field. A
+    scene that is not a Scene escaped reset() as an AttributeError, poses of another shape ended in a reshape
+    error's words, and NaN poses became NaN routes, which a route model reads as "no route"."""
+    [scenario] = synthetic_scenarios(1, 0, SIZE)
+    where = "scenarios\\[1\\] \\(synthetic-0-000\\): "
+    for change, text in [
+        ({"scene": "abc"}, where + "scene must be a Scene or None \\(got a str\\)"),
+        ({"context_poses": np.zeros((2, 2))}, where + "context_poses must be None or \\[3, 3\\] finite numbers"),
+        ({"context_poses": np.full((3, 3), np.nan)}, where + "context_poses must be None or .*holds NaN or inf"),
+        ({"context_poses": [[0, 0, 0]] * 2 + [["a", 0, 0]]}, where + "context_poses must be None or"),
+        ({"start_pose": np.array([0.0, np.nan, 0.0])}, where + "start_pose must be \\[3\\] finite numbers"),
+        ({"start_pose": np.zeros(2)}, where + "start_pose must be \\[3\\] finite numbers .*got shape \\[2\\]"),
+        ({"path": np.zeros(3)}, where + "path must be None or \\[M, 2\\] finite numbers"),
+        ({"path": np.array([[0.0, 0.0], [np.inf, 1.0]])}, where + "path must be None or .*holds NaN or inf"),
+        ({"speed_kmh": float("nan")}, where + "speed_kmh must be a number from 0 to 360"),
+        ({"speed_kmh": "30"}, where + "speed_kmh must be a number from 0 to 360"),
+        ({"actions": np.zeros((2, 5))}, where + "actions must be \\[2, 6, 3\\] finite numbers"),
+        ({"id": 7}, "scenarios\\[1\\]: id must be a non-empty string \\(got 7\\)"),
+    ]:
+        bad = dataclasses.replace(scenario, **change)
+        refused(TerraInputError, text, DriveEnv, "truth", [scenario, bad])
+    DriveEnv("truth", [dataclasses.replace(scenario, context_poses=None, scene=None, path=np.zeros((0, 2)))])
+
 def test_a_hundred_thousand_scenarios_are_built_when_driven():
     env = DriveEnv(num_scenarios=100_000, image_size=SIZE, num_steps=2)  # a documented value: nothing built yet
     assert len(env._drives.scenarios) == 100_000 and env._drives.scenarios._built.cache_info().currsize == 0

@@ -118,7 +118,7 @@ def test_plan_following_compares_the_estimator_with_the_commanded_path(tmp_path)
     from terra.closedloop.worlds import TrueWorld
     from tests.conftest import load_script
 
-    bench = load_script("benchmark_scoring")
+    bench = load_script("bench/benchmark_scoring")
     scorer = PlanFollowing(bench.write_estimator(tmp_path / "estimator", bench.PRESETS["tiny"]))
 
     class Straight:

@@ -24,7 +24,7 @@ from terra.closedloop.plans import policy_seed  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
-from terra.generation.hf_backend import HFBackend  # noqa: E402
+from terra.generation.backends import model_backend  # noqa: E402
 from terra.inputs.ego_motion import compose  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -43,7 +43,7 @@ SAMPLING = SamplingConfig(temperature=1.0, top_k=50)
 
 @pytest.fixture(scope="module")
 def pipeline(single_thread):
-    return WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), HFBackend(tiny_model(), max_batch_size=4))
+    return WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_model(), max_batch_size=4))
 
 
 @pytest.fixture(scope="module")

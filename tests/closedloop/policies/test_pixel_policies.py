@@ -86,9 +86,9 @@ def test_the_road_edge_is_read_only_where_the_ground_is():
 
 
 def test_learned_driver_reads_unseen_scenes_close_to_the_expert():
-    """Frames of scenes it was not trained on (the 240 scene seeds scripts/train_learned_driver.py's training drew
-    from 2**31 hold neither 101 nor 202), on a straight and a bend, on the lane's centre and 0.6 m beside it. The
-    shipped weights' held-out error over 600 frames: benchmarks/drives.md."""
+    """Frames of scenes it was not trained on (the 240 scene seeds scripts/experiments/train_learned_policy.py's
+    training drew from 2**31 hold neither 101 nor 202), on a straight and a bend, on the lane's centre and 0.6 m beside
+    it. The shipped weights' held-out error over 600 frames: benchmarks/drives.md."""
     detect = LearnedLane()
     errors = []
     for seed in (101, 202):
@@ -150,7 +150,7 @@ def test_weights_that_are_not_the_nets_are_refused_in_one_line(tmp_path, spoil, 
     _write(path, spoil(dict(PathNet().state_dict())))
     with pytest.raises(TerraInputError, match=message) as caught:
         load_path_net(path)
-    assert "\n" not in str(caught.value) and "train_learned_driver.py" in str(caught.value)
+    assert "\n" not in str(caught.value) and "train_learned_policy.py" in str(caught.value)
 
 
 def test_a_file_that_is_no_safetensors_is_refused(tmp_path):

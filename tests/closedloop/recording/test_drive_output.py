@@ -233,7 +233,7 @@ def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samp
 
 
 def test_the_benchmark_claims_its_output_before_the_model_loads(tmp_path, capsys):
-    bench = load_script("benchmark_drive")
+    bench = load_script("bench/benchmark_drive")
     demo = ASSETS / "demo"
     (tmp_path / "bench.json").write_text("my numbers")
     with pytest.raises(SystemExit) as exit_code:
@@ -253,3 +253,25 @@ def test_chunks_are_as_few_as_hold_the_drives_and_even():
     assert sizes == {(450, 32): [30] * 15, (10, 4): [3, 3, 4], (64, 64): [64], (65, 64): [32, 33], (3, 8): [3],
                      (0, 8): []}  # never a last chunk of 2 drives taking a whole chunk's time
     assert [x for c in even_chunks(list(range(450)), 32) for x in c] == list(range(450))
+
+
+@pytest.mark.parametrize("overrides, plan", [
+    ((), "16 drives: 4 policies x 4 scenarios, 20 steps each in the model world"),
+    (("policies=[lane_follower]", "num_scenarios=1", "num_seeds=2", "num_steps=1", "world=truth"),
+     "2 drives: 1 policy x 1 scenario x 2 seeds, 1 step each in the truth world"),
+])
+def test_a_run_says_its_plan_before_any_world_opens(tmp_path, monkeypatch, capsys, overrides, plan):
+    """terra-drive's first line, printed before the world opens (a minute on a CPU for the world model): how many
+    drives, as policies x scenarios (x seeds), their steps, the world and the folder."""
+    from terra.closedloop.recording import drives
+
+    class Opened(Exception):
+        pass
+
+    def start_drives(*args, **kwargs):
+        raise Opened(capsys.readouterr().out)
+
+    monkeypatch.setattr(drives, "start_drives", start_drives)
+    with pytest.raises(Opened) as said:
+        drives.drive(settings(tmp_path / "run", *overrides), progress=True)
+    assert str(said.value) == f"terra-drive: {plan}, into {tmp_path / 'run'}; opening the world\n"

@@ -1,0 +1,65 @@
+"""Forward passes per generated frame, sequential against speculative decoding, of a trained world model on held-out
+clips of the synthetic world: the measure stage of scripts/recipes/train_terra_layout.sh, usable on any model +
+tokenizer. The measurement is terra/evaluation/decoding.py's (its docstring says what it measures and how). It backs
+MODEL_CARD.md, "A model of Terra's token layout" (forward passes per frame, sequential and speculative), and
+benchmarks/decoding.md's first guesses (how often a code equals the previous frame's).
+
+    python scripts/experiments/measure_decoding.py --world-model RUN/world_model/model \
+        --tokenizer RUN/tokenizer/final --out RUN/results/decoding.json \
+        [--rollouts 32 --context 3 --frames 10 --device cuda --dtype float32]
+    python scripts/experiments/measure_decoding.py ... \
+        --speculative "decoding=speculative,draft_tokens=16;decoding=speculative"
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from terra.core.errors import TerraInputError
+from terra.evaluation.decoding import DecodingSettings, measure_decoding
+
+
+def parse_args(argv: list[str] | None = None) -> DecodingSettings:
+    """The command line as checked :class:`DecodingSettings` (a bad value: one line, exit 2)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-model", required=True, help="world-model folder (config.json + safetensors)")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer folder the world model's data was encoded with")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--temperatures", default="0,0.9", help="comma-separated; 0 is greedy")
+    parser.add_argument("--speculative", default="decoding=speculative",
+                        help="sampling settings of the speculative modes: key=value,... sets separated by ';'")
+    parser.add_argument("--rollouts", type=int, default=32)
+    parser.add_argument("--context", type=int, default=3, help="ground-truth context frames per rollout")
+    parser.add_argument("--frames", type=int, default=10, help="frames generated per rollout")
+    parser.add_argument("--clip-seed", type=int, default=1, help="clip i: random_drive(default_rng([seed, i]))")
+    parser.add_argument("--exclude-seed", type=int, default=0, help="terra-make-dataset seed of the training clips")
+    parser.add_argument("--exclude-clips", type=int, default=0, help="number of training clips whose scenes to skip")
+    parser.add_argument("--seed", type=int, default=0, help="rollout k samples with seed + k")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
+    args = parser.parse_args(argv)
+    try:
+        temperatures = tuple(float(part) for part in args.temperatures.split(",") if part.strip())
+    except ValueError:
+        parser.error(f"--temperatures must be comma-separated numbers (got {args.temperatures!r}); e.g. 0,0.9")
+    try:
+        return DecodingSettings(
+            args.world_model, args.tokenizer, args.out, temperatures,
+            tuple(text.strip() for text in args.speculative.split(";") if text.strip()), args.rollouts, args.context,
+            args.frames, args.clip_seed, args.exclude_seed, args.exclude_clips, args.seed, args.device, args.dtype)
+    except TerraInputError as err:
+        parser.error(str(err))
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_args(argv)
+    try:
+        measure_decoding(settings)
+    except TerraInputError as err:
+        raise SystemExit(f"measure_decoding: error: {err}") from None
+    print(f"wrote {settings.out}")
+
+
+if __name__ == "__main__":
+    main()

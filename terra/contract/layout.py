@@ -1,0 +1,150 @@
+"""The token layout of a Terra window and the plan of windows for long rollouts (docs/ARCHITECTURE.md).
+
+A window holds up to ``max_frames`` frames. Frame ``j`` of a window occupies positions
+``[j * S, (j + 1) * S)`` with ``S = image_tokens + action_tokens + route_tokens``: first its image tokens
+(row-major), then its action slots, which carry ``action_projection(a_t[k])`` instead of a token embedding, then
+its route slots (none in Terra's layout), which carry ``route_projection(r_{t+1}[k])`` or the learned "no route"
+embedding. Position ``p`` gets ``spatial[p % S] + temporal[p // S]`` added to its input embedding. Every backend
+builds its prompts here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from terra.core.errors import TerraInputError
+
+DEFAULT_OVERLAP = 3  # frames carried into the next window (Terra: 3): a later window's context
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Sizes that fix where every token of a window sits."""
+
+    image_tokens: int  # P: image tokens per frame (Terra: 576)
+    action_tokens: int  # A: action slots per frame (Terra: 6)
+    max_frames: int  # frames per window (Terra: 25)
+    codebook_size: int  # image codes are [0, codebook_size)
+    slot_token_id: int  # placeholder id of every slot (action or route), >= codebook_size, < vocab_size
+    action_dim: int = 3
+    route_tokens: int = 0  # K: route slots per frame, after its action slots (Terra: 0)
+
+    @classmethod
+    def from_config(cls, config) -> "TokenLayout":
+        """Read the layout from a :class:`~terra.models.configuration_llama_action.LlamaActionConfig`."""
+        return cls(
+            image_tokens=config.num_image_patches,
+            action_tokens=config.num_action_tokens,
+            max_frames=config.num_temporal_embeddings,
+            codebook_size=config.codebook_size,
+            slot_token_id=config.action_token_id,  # the config's key, as checkpoints store it
+            action_dim=config.action_dim,
+            route_tokens=config.num_route_tokens,
+        )
+
+    @property
+    def route_model(self) -> bool:
+        """Whether the model takes a route: it has route slots (K > 0; Terra's layout has none)."""
+        return self.route_tokens > 0
+
+    @property
+    def slot_tokens(self) -> int:
+        """Placeholder slots of a frame: its action slots, then its route slots."""
+        return self.action_tokens + self.route_tokens
+
+    @property
+    def frame_span(self) -> int:
+        """S: positions one frame occupies (image tokens + its slots)."""
+        return self.image_tokens + self.slot_tokens
+
+    @property
+    def window_positions(self) -> int:
+        """Positions of a full window; the last frame's slots are never filled."""
+        return self.max_frames * self.frame_span - self.slot_tokens
+
+    def spatial_index(self, positions: np.ndarray) -> np.ndarray:
+        """Row of the spatial embedding table for each window position."""
+        return np.asarray(positions) % self.frame_span
+
+    def temporal_index(self, positions: np.ndarray) -> np.ndarray:
+        """Row of the temporal embedding table (the frame slot in the window) for each position."""
+        return np.asarray(positions) // self.frame_span
+
+    def is_slot(self, positions: np.ndarray) -> np.ndarray:
+        """True where a window position is a slot (action or route), not an image token."""
+        return self.spatial_index(positions) >= self.image_tokens
+
+    def is_route_slot(self, positions: np.ndarray) -> np.ndarray:
+        """True where a window position is a route slot."""
+        return self.spatial_index(positions) >= self.image_tokens + self.action_tokens
+
+    def frame_start(self, slot: int) -> int:
+        """Position of the first image token of frame slot ``slot`` in a window."""
+        return slot * self.frame_span
+
+    def prompt_ids(self, frame_codes: np.ndarray) -> list[int]:
+        """Token ids for complete frames: each frame's image codes followed by its slots' placeholders.
+
+        ``frame_codes`` is ``[n, image_tokens]`` (or ``[n, h, w]``); the result has ``n * frame_span`` ids.
+        """
+        codes = np.asarray(frame_codes).reshape(len(frame_codes), -1)
+        if codes.shape[1] != self.image_tokens:
+            raise TerraInputError(
+                f"frame codes have {codes.shape[1]} tokens per frame but the world model expects "
+                f"{self.image_tokens}; use a tokenizer whose grid matches num_image_patches"
+            )
+        ids = np.full((len(codes), self.frame_span), self.slot_token_id, dtype=np.int64)
+        ids[:, : self.image_tokens] = codes
+        return ids.reshape(-1).tolist()
+
+    def validate_codes(self, codes: np.ndarray, what: str = "codes") -> None:
+        """Raise if any code lies outside the image codebook."""
+        codes = np.asarray(codes)
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise TerraInputError(
+                f"{what} hold ids in [{codes.min()}, {codes.max()}] but the image codebook is "
+                f"[0, {self.codebook_size}); encode the frames with the tokenizer that matches the world model"
+            )
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a rollout: absolute frames ``[start, start + num_context + num_new)``."""
+
+    start: int  # absolute index of the window's first frame
+    num_context: int  # frames given as tokens (initial context or overlap from the previous window)
+    num_new: int  # frames generated in this window
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_context + self.num_new
+
+
+def plan_windows(num_context: int, num_generate: int, max_frames: int, overlap: int) -> list[Window]:
+    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md,
+    "Windows").
+
+    The first window starts with the given context; each later one starts with the last ``overlap`` frames
+    of the previous window as context, so every frame is generated exactly once.
+    """
+    if num_context < 1:
+        raise TerraInputError("a rollout needs at least one context frame; pass one or more context images")
+    if num_context >= max_frames:
+        raise TerraInputError(
+            f"{num_context} context frames leave no room in a window of {max_frames} frames; "
+            f"pass at most {max_frames - 1} context frames"
+        )
+    if num_generate < 1:
+        raise TerraInputError(f"num_frames must be at least 1 (got {num_generate})")
+    if not 1 <= overlap < max_frames:
+        raise TerraInputError(f"window overlap must be in [1, {max_frames - 1}] (got {overlap})")
+    windows = [Window(0, num_context, min(num_generate, max_frames - num_context))]
+    remaining = num_generate - windows[0].num_new
+    while remaining > 0:
+        start = windows[-1].end - overlap
+        new = min(remaining, max_frames - overlap)
+        windows.append(Window(start, overlap, new))
+        remaining -= new
+    return windows

@@ -1,0 +1,144 @@
+"""The world model's route contract: a frame's route is ``[K, 3]`` floats ``[y, x, s]`` (docs/ARCHITECTURE.md,
+"Routes").
+
+A route is the road's centreline ahead of a pose, in that pose's ego frame (x forward, y left, metres): point ``k`` is
+the centreline point ``s_k`` metres along the road from the pose's nearest centreline point, with
+``s_k = ROUTE_HORIZON_M * (k + 1) / K``, so ``K`` points reach as far as a frame shows road. The three values are
+ordered as an action point's ``[y, x, time]``. ``routes[t]`` is always the route of frame ``t``: the road ahead of the
+pose frame ``t`` was drawn from (files, datasets, requests). A model with ``num_route_tokens = K > 0`` carries, after
+each frame's action slots, ``K`` route slots holding the route at the pose the next frame is drawn from: frame ``t``'s
+route slots hold ``routes[t + 1]`` and condition frame ``t + 1``, like ``actions[t]`` (:func:`slot_routes`, the one rule
+of that shift, for rollouts and training alike). A frame without a route holds NaN rows (:func:`no_route`), which the
+model replaces by its learned "no route" embedding; that is the one place NaN means something, and it never comes from a
+file: routes read from files are checked finite and in reach (:func:`validate_routes`) where they enter, their shape
+against the model by the one check of it (:func:`check_route_shape`), which rollouts ask again as a cheap check.
+
+``K`` is ``route_tokens`` in code (the layout's field, terra/contract/layout.py; ``num_route_tokens`` in a model's
+config); ``route_points`` is only a dataset's resolution (the points each frame's route is stored at, terra/sim/).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from terra.contract.actions import finite_array
+from terra.core.errors import TerraInputError, past
+from terra.core.lazy import renamed
+
+ROUTE_HORIZON_M = 80.0  # the last route point's distance along the road; a demo frame shows road to about 60 m
+ROUTE_POINT_VALUES = 3  # [y, x, s], the width of an action point
+MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that left the road far behind still has one)
+# car's distance from the road, which the bound leaves room for
+NO_ROUTE_SLOTS = "the world model has no route slots (num_route_tokens 0)"
+__getattr__ = renamed(__name__, {"route_points": "routes_from_yx"})  # until 0.2.0
+
+
+def route_distances(points: int) -> np.ndarray:
+    """``s_k`` of a route of ``points`` points (a model's K, or a dataset's resolution): evenly spaced up to
+    :data:`ROUTE_HORIZON_M`, float32."""
+    return (ROUTE_HORIZON_M * np.arange(1, points + 1) / points).astype(np.float32)
+
+
+def no_route(num_frames: int, points: int) -> np.ndarray:
+    """The routes of ``num_frames`` frames without one: NaN rows, which the model embeds as "no route"."""
+    return np.full((num_frames, points, ROUTE_POINT_VALUES), np.nan, dtype=np.float32)
+
+
+def routes_from_yx(lateral_forward: np.ndarray) -> np.ndarray:
+    """Routes ``[..., K, 3]`` from the centreline's ``[..., K, 2]`` ego ``(y, x)`` at :func:`route_distances`."""
+    points = np.asarray(lateral_forward, dtype=np.float32)
+    s = np.broadcast_to(route_distances(points.shape[-2])[:, None], points.shape[:-1] + (1,))
+    return np.concatenate([points, s], axis=-1)
+
+
+def resample_routes(routes: np.ndarray, points: int) -> np.ndarray:
+    """Routes ``[..., M, 3]`` (``M >= 2``) at :func:`route_distances` of ``M`` points → ``[..., points, 3]`` at
+    those of ``points``: linear along the road, exact where the distances coincide (a dataset's 16 points give a
+    model's 8, every second one); NaN routes stay NaN."""
+    routes = np.asarray(routes, dtype=np.float32)
+    if routes.shape[-2] == points:
+        return routes
+    have, want = route_distances(routes.shape[-2]), route_distances(points)
+    upper = np.clip(np.searchsorted(have, want), 1, len(have) - 1)
+    weight = np.clip((want - have[upper - 1]) / (have[upper] - have[upper - 1]), 0.0, 1.0)[:, None]
+    lateral_forward = routes[..., :2]
+    return routes_from_yx(lateral_forward[..., upper - 1, :] * (1 - weight) + lateral_forward[..., upper, :] * weight)
+
+
+def slot_routes(routes: np.ndarray, rows: int) -> np.ndarray:
+    """The route slots' values ``[rows, K, 3]`` float32 of frames ``0 .. rows - 1`` whose own routes are ``routes``
+    (``[T, K, 3]``, ``routes[t]`` frame ``t``'s): frame ``t``'s slots hold ``routes[t + 1]``, the route of the frame
+    they condition; the rows ``routes`` does not reach (the last frame's, at least) hold no route."""
+    arr = np.asarray(routes, dtype=np.float32)
+    slots = arr[1 : rows + 1]
+    return np.concatenate([slots, no_route(rows - len(slots), arr.shape[1])])
+
+
+def check_route_shape(shape: tuple[int, ...], route_tokens: int, source: str = "routes", min_frames: int = 1,
+                      values: tuple[int, ...] = (2, ROUTE_POINT_VALUES), x_first: bool = False) -> None:
+    """The one check of routes against a model of ``route_tokens`` (K) route slots a frame: the model has route
+    slots, and the routes are ``[frames >= min_frames, K, v]`` with ``v`` in ``values`` (2: ``y, x``; 3:
+    ``y, x, s``; ``x_first``: rows as a user writes them, ``x, y[, s]``). Shapes only: the values are checked where
+    routes enter (:func:`validate_routes`)."""
+    if not route_tokens:
+        raise TerraInputError(f"{source}: {NO_ROUTE_SLOTS}, so it cannot take a route; leave the route out or use a "
+                              "route-conditioned model")
+    if len(shape) != 3 or shape[1] != route_tokens or shape[2] not in values:
+        order = "x, y" if x_first else "y, x"
+        forms = [f"[frames, {route_tokens}, 3] ({order}, s)"]
+        if 2 in values:
+            forms.insert(0, f"[frames, {route_tokens}, 2] ({order} of the centreline at "
+                            f"{_distances_text(route_tokens)} m ahead)")
+        raise TerraInputError(f"{source}: routes must have shape {' or '.join(forms)}, got {list(shape)}")
+    if shape[0] < min_frames:
+        raise TerraInputError(f"{source}: covers {shape[0]} frames but the rollout needs routes for {min_frames}: "
+                              "one per frame, the context frames' and the generated ones' (one more than the "
+                              "actions, the last of which leads into the last frame)")
+
+
+def validate_routes(routes: Any, route_tokens: int, source: str = "routes", min_frames: int = 1,
+                    x_first: bool = False, ahead: bool = False) -> np.ndarray:
+    """Check routes read from a file or a request against a model of ``route_tokens`` (K) route slots and return
+    them in the contract's layout, ``[T, K, 3]`` float32 ``[y, x, s]``. They come as ``[T, K, 2]`` (``y, x``) or
+    ``[T, K, 3]`` (``y, x, s``), or with ``x_first`` as users write every other point, ``x, y[, s]``. ``ahead``:
+    each route must lie ahead of its car (:func:`check_ahead`), as every route a person gives does."""
+    arr = finite_array(routes, source)
+    check_route_shape(arr.shape, route_tokens, source, min_frames, x_first=x_first)
+    if arr.shape[2] == 3 and not np.allclose(arr[..., 2], route_distances(route_tokens), atol=1e-3):
+        raise TerraInputError(f"{source}: a route's third values must be its points' distances along the road, "
+                              f"{_distances_text(route_tokens)} m; give [{'x, y' if x_first else 'y, x'}] pairs to "
+                              "leave them out")
+    reach = np.abs(arr[..., :2]).max() if arr.size else 0.0
+    if reach > MAX_ROUTE_M:
+        raise TerraInputError(f"{source}: a route point lies {past(reach, MAX_ROUTE_M)} m from the car, more than "
+                              f"{MAX_ROUTE_M:g} m; routes are in each frame's ego frame (x forward, y left, metres)")
+    lateral_forward = arr[..., [1, 0]] if x_first else arr[..., :2]
+    if ahead:
+        check_ahead(lateral_forward, source, x_first)
+    return routes_from_yx(lateral_forward)
+
+
+def check_ahead(lateral_forward: np.ndarray, source: str, x_first: bool = False) -> None:
+    """Each route of ``lateral_forward`` (``[T, K, 2]`` ego ``y, x``) lies ahead of its car: its first point, the
+    first :func:`route_distances` along the road from the car, has a forward ``x`` above 0 (a road turning back
+    within that distance is no road a car follows); one line naming the first frame whose route does not (a route
+    written ``[x, y]`` where ``[y, x]`` was read, or in the world frame, is one)."""
+    forward = lateral_forward[:, 0, 1]
+    behind = np.flatnonzero(forward <= 0.0)
+    if len(behind):
+        t = int(behind[0])
+        order = "[x, y]: x forward, y left" if x_first else "[y, x]: y left, x forward"
+        raise TerraInputError(f"{source}: the route of frame {t} does not lie ahead of the car: its first point, "
+                              f"{route_distances(lateral_forward.shape[1])[0]:g} m along the road, is at x = "
+                              f"{float(forward[t]):.3g} m; a route runs ahead along the road, so its first point's "
+                              f"forward x must be above 0 (its rows are {order}, in that frame's ego frame)")
+
+
+def _distances_text(points: int) -> str:
+    return ", ".join(f"{d:g}" for d in route_distances(points))
+
+
+__all__ = ["MAX_ROUTE_M", "NO_ROUTE_SLOTS", "ROUTE_HORIZON_M", "ROUTE_POINT_VALUES", "check_ahead", "check_route_shape",
+           "no_route", "resample_routes", "route_distances", "routes_from_yx", "slot_routes", "validate_routes"]

@@ -1,0 +1,154 @@
+"""``terra-evaluate``'s phases, kept as they finish, so that an interrupted run loses only the phase it was in.
+
+The phases run in order, each when the spec measures it: ``quality`` (frame quality), then ``adherence``
+(manoeuvre adherence). As a phase ends, its results go to ``<out_dir>/<phase>.json`` (written atomically:
+terra/core/atomic.py) with the inputs that shaped them, one value per name:
+
+* ``world_model``, ``tokenizer``: a sha256 of the checkpoint's files (:func:`checkpoint_digest`: its config and
+  weights): a checkpoint trained further in the same folder is told apart, a copy of the same files elsewhere is not;
+* ``backend``, ``device``, ``dtype``: the engine the rollouts ran on (resolved: ``auto`` is what it chose);
+* what of the run shapes a world model's outputs (terra/config/spec.py, ``RunSpec.output_settings``: the window,
+  how context frames are fitted, the sampling draw), under the names of the settings (``model.overlap``,
+  ``sampling.temperature``, ...);
+* ``horizon``, ``seed``, ``domain``, ``exclude_training.*``, and the phase's own block (``quality.*`` or
+  ``adherence.*``); the ``targets`` shape no phase, only the report.
+
+A run into a folder that holds a phase's file with the same inputs reuses its results (:func:`plan_phases`); a file
+made with other inputs is measured again, with one line naming the first input that differs. ``report.json`` is
+made from the phases at the end (terra/evaluation/run.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from terra.config.checks import one_line, shown
+from terra.core.atomic import json_text, write_text
+
+if TYPE_CHECKING:
+    from terra.evaluation.settings import EvaluateSpec  # which claims the folder for FILES
+
+TITLES = {"quality": "frame quality", "adherence": "manoeuvre adherence"}  # in run order: a phase's key → its name
+CHECKPOINTS = {"world_model": "the world model", "tokenizer": "the tokenizer"}  # inputs given as digests
+RUN_SETTINGS = {"overlap": "model.overlap", "zero_embed_code_0": "model.zero_embed_code_0",
+                "resize": "tokenizer.resize"}  # RunSpec.output_settings' keys → the settings' names (conf/)
+FILES = tuple(f"{key}.json" for key in TITLES)  # in out_dir, beside report.json
+
+
+@dataclass
+class Phase:
+    """A phase of a run: its inputs, and what an earlier run into the folder left of it."""
+
+    key: str  # the report's key and the file's stem
+    inputs: dict[str, Any]  # as JSON gives them back
+    kept: dict | None = None  # an earlier run's record made with the same inputs: reused
+    why: str | None = None  # why an earlier run's record is not reused (None: there was none, or it is)
+    done: bool = False  # measured and kept by this run
+
+    @property
+    def title(self) -> str:
+        return TITLES[self.key]
+
+    @property
+    def file(self) -> str:
+        return f"{self.key}.json"
+
+
+def checkpoint_digest(path: str) -> str:
+    """sha256 (32 hex digits) of a checkpoint's names and contents: the visible files at the top of its folder
+    (config.json and the weights), or the file itself; a path that is neither (a Hub id) by its name."""
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+    else:
+        files = [root] if root.is_file() else []
+    digest = hashlib.sha256(b"" if files else str(path).encode())
+    for file in files:
+        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:32]
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"sampling": {"top_k": 0}}`` → ``{"sampling.top_k": 0}``."""
+    flat = {}
+    for key, value in values.items():
+        name = prefix + RUN_SETTINGS.get(key, key)
+        flat.update(_flat(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return flat
+
+
+def phase_inputs(spec: EvaluateSpec, engine: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Each measured phase's inputs (the module docstring), in run order; ``engine``: the resolved ``backend`` and
+    ``device``."""
+    run = spec.run
+    shared = {"world_model": checkpoint_digest(run.world_model), "tokenizer": checkpoint_digest(run.tokenizer),
+              **engine, "dtype": run.dtype, **_flat(run.output_settings()), "horizon": spec.horizon,
+              "seed": spec.seed, "domain": spec.domain,
+              **_flat({"exclude_training": asdict(spec.exclude_training)})}
+    adherence = asdict(spec.adherence)
+    adherence.update(adherence.pop("params"))  # radius_m, accel_mps2, change_s: settings of the block
+    own = {"quality": (spec.quality.num_clips, asdict(spec.quality)),
+           "adherence": (spec.adherence.num_cases, adherence)}
+    return {key: json.loads(json_text({**shared, **_flat({key: block})}))
+            for key, (count, block) in own.items() if count > 0}
+
+
+def plan_phases(spec: EvaluateSpec, engine: dict[str, str]) -> list[Phase]:
+    """The phases ``spec`` measures, each with the earlier record in its folder that it reuses, or why not."""
+    phases = []
+    for key, inputs in phase_inputs(spec, engine).items():
+        phase = Phase(key, inputs)
+        phase.kept, phase.why = _earlier(spec.output.path / phase.file, inputs)
+        phases.append(phase)
+    return phases
+
+
+def _earlier(path: Path, inputs: dict[str, Any]) -> tuple[dict | None, str | None]:
+    """``(record, None)`` when ``path`` holds a phase's complete record made with ``inputs``; ``(None, why)`` when
+    it holds one that does not fit; ``(None, None)`` when there is none."""
+    if not path.is_file():
+        return None, None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, f"{path.name} cannot be read"
+    if not (isinstance(record, dict) and record.get("complete") is True and isinstance(record.get("inputs"), dict)
+            and isinstance(record.get("result"), dict) and isinstance(record.get("pipeline"), dict)):
+        return None, f"{path.name} is not a finished phase's record"
+    if record["inputs"] != inputs:
+        return None, f"{path.name} was measured with {difference(record['inputs'], inputs)}"
+    return record, None
+
+
+def difference(kept: dict[str, Any], now: dict[str, Any]) -> str:
+    """The first input that differs between ``kept`` and ``now``, as a phrase (and how many more differ)."""
+    missing = object()
+    names = [k for k in dict.fromkeys([*now, *kept]) if kept.get(k, missing) != now.get(k, missing)]
+    first = names[0]
+    if first in CHECKPOINTS:
+        text = f"other files of {CHECKPOINTS[first]} (config or weights)"
+    else:
+        text = f"{first}={_value(kept.get(first, missing), missing)}, now {_value(now.get(first, missing), missing)}"
+    return text + (f" (and {len(names) - 1} more input{'s' * (len(names) > 2)})" if len(names) > 1 else "")
+
+
+def _value(value: Any, missing: object) -> str:
+    return "unset" if value is missing else one_line(shown(value, 60))
+
+
+def keep(folder: Path, phase: Phase, pipeline: dict[str, Any], result: dict, seconds: float) -> dict:
+    """Write ``phase``'s record (its inputs, what the pipeline was, its ``result``) to ``<folder>/<phase>.json``
+    atomically; return the result as the file holds it (JSON's values)."""
+    record = {"phase": phase.key, "complete": True, "inputs": phase.inputs, "pipeline": pipeline,
+              "seconds": round(seconds, 2), "finished_at": round(time.time(), 3), "result": result}
+    text = json_text(record, indent=1) + "\n"
+    write_text(folder / phase.file, text)
+    return json.loads(text)["result"]

@@ -1,0 +1,87 @@
+"""A run's backend resolved once: every ``auto`` of its settings made concrete for this machine, the world model and
+the rollouts the run keeps in flight.
+
+:func:`resolve_backend_run` makes one frozen :class:`BackendRun` (terra/pipeline.py's ``resolve_run`` asks for it
+once per run); terra/generation/backends.py builds it as it is, and no backend decides a setting again. Each rule
+lives with its facts and is asked once, in one order: the device and dtype (terra/core/device.py), the backend
+(terra/config/backend.py), ``decoding``, ``guesses`` and the block (terra/generation/decoding.py), vLLM's request
+path (terra/vllm/compat.py) and the ``memory`` preset (terra/config/memory.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from terra.config.backend import resolve_backend
+from terra.config.memory import ModelShape, plan_memory
+from terra.config.spec import RunSpec, check_window
+from terra.core.device import auto_dtype, resolve_device, set_threads
+from terra.generation.decoding import auto_streams, resolve_decoding
+from terra.models import LlamaActionConfig
+from terra.models.checkpoint import read_world_model_config
+
+GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
+# batch by default, and more sequences a step gain little
+DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where the backend knows no bound
+
+
+@dataclass(frozen=True)
+class BackendRun:
+    """A run's backend as :func:`resolve_backend_run` made it, once: every setting it is built with, concrete
+    (terra/generation/backends.py, ``build_backend``, builds it as it is)."""
+
+    # the settings the apps carry and record, resolved: threads set; device, backend and sampling (decoding,
+    # draft_tokens, guesses) concrete; backend_options with the memory preset's choices
+    spec: RunSpec
+    model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
+    dtype: str  # float32 | bfloat16 | float16: the spec's, ``auto`` made the device's
+    requests: str  # vLLM's request path: streaming | per_frame (per_frame on the Transformers backend)
+
+
+def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
+                        refiner: str = "off") -> BackendRun:
+    """``spec`` (checked: terra/config/spec.py) made concrete for this process, in one order for every app: the world
+    model's config read and its window checked (:func:`check_model`; ``model``: that config as the run already read
+    it), its torch threads set, its device and dtype chosen and its backend (``auto``: what this machine has), then
+    ``decoding``, ``guesses`` and the block for at most ``streams`` rollouts in flight of that model, vLLM's request
+    path, and last a vLLM engine's options fitted to the ``memory`` preset with the refiner ``off``, run ``after``
+    the engine or ``shared`` beside it (terra/config/memory.py, ``plan_memory``: one line instead of a CUDA
+    out-of-memory error when nothing fits; the card is read once, here, and only for a vLLM engine on a GPU under a
+    preset other than ``full``)."""
+    model = model or check_model(spec)
+    set_threads(spec.num_threads)
+    device = resolve_device(spec.device)
+    dtype = auto_dtype(device, spec.dtype)
+    kind = resolve_backend(spec.backend, device)
+    asked = spec.backend_options.get("requests", "per_frame")
+    sampling = resolve_decoding(spec.sampling, kind, device, streams, asked, model)
+    requests = "per_frame"
+    if kind == "vllm" and asked != "per_frame":  # auto | streaming: what this vLLM release takes
+        from terra.vllm.compat import request_path
+
+        requests = request_path(asked)
+    options = spec.backend_options
+    if spec.memory != "full" and kind == "vllm" and device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        plan = plan_memory(spec.memory, total, ModelShape.from_config(model), refiner, streams, options, free)
+        options = {**options, **plan.engine_options()}
+    spec = spec.replace(device=device, backend=kind, sampling=sampling, backend_options=options)
+    return BackendRun(spec, model, dtype, requests)
+
+
+def check_model(spec: RunSpec) -> LlamaActionConfig:
+    """The world model's config, read once (terra/models/checkpoint.py), with the spec's ``num_context`` and
+    ``model.overlap`` checked against its window before anything loads."""
+    config = read_world_model_config(spec.world_model)
+    check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
+    return config
+
+
+def most_rollouts(backend: str, device: str, decoding: str = "auto") -> int:
+    """The most rollouts an engine of the resolved ``backend`` on ``device`` is built for when the run leaves it open
+    (a batch's ``max_concurrent=auto``), for a run of ``decoding`` (``auto``: the run's choice to come): one where
+    the Transformers backend decodes speculatively (terra/generation/decoding.py, ``auto_streams``, from the table
+    that decides ``decoding=auto``), else ``GPU_ROLLOUTS`` on a GPU and ``DEFAULT_ROLLOUTS`` on a CPU."""
+    return auto_streams(backend, device, decoding) or (GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS)

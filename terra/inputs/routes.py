@@ -1,0 +1,95 @@
+"""The routes a trajectory carries, as a person writes them: a road in the trajectory's own world frame, or each
+frame's route in its ego frame, x first like every other point (docs/generate.md, "Routes").
+
+Beside its trajectory form (terra/inputs/actions.py), a JSON trajectory (a file, a batch sample, a mapping given
+from Python) may give one of:
+
+* ``road``: lane centrelines in the trajectory's world frame, x first: one polyline ``[[x, y], ...]`` or a list of
+  lanes (terra/roads/files.py). Every frame's route is computed at its pose (terra/roads/follow.py,
+  ``routes_along``), the trajectory's later poses choosing the branch at a fork. It needs the trajectory's world
+  poses: a ``trajectory`` (x, y) or a ``manoeuvre`` (driven from the origin, heading +x);
+* ``ego_routes``: one route per frame from frame 0, ``[K, 2]`` rows ``[x, y]`` (x forward, y left, in that frame's
+  ego frame, point ``k`` at ``80 m * (k + 1) / K`` along the road) or ``[K, 3]`` rows ``[x, y, s]``;
+* ``routes``: ``ego_routes``' old name, rows ``[y, x]`` (the contract's order, terra/contract/routes.py), taken until
+  0.2.0 (:data:`MOVED_ROUTES` says so in one line).
+
+``null`` gives no route. A route given per frame must lie ahead of its car (terra/contract/routes.py,
+``check_ahead``). Each key is read here once; :func:`road_routes` and the contract's ``validate_routes`` check the
+values against the model's K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from terra.contract.actions import FRAME_RATE_HZ
+from terra.core.errors import TerraInputError
+from terra.core.lazy import REMOVED_IN
+from terra.inputs.trajectory import EgoTrajectory
+from terra.roads import Road, road_from_json, routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M
+
+ROAD, EGO_ROUTES, OLD_ROUTES = "road", "ego_routes", "routes"
+ROUTE_KEYS = (ROAD, EGO_ROUTES)  # the routes a trajectory may carry beside its form
+GIVEN_ROUTE_KEYS = (*ROUTE_KEYS, OLD_ROUTES)  # every key read as a route, the old name included
+ROUTE_HINTS = {ROAD: ROAD, "roads": ROAD, EGO_ROUTES: EGO_ROUTES, OLD_ROUTES: EGO_ROUTES, "route": EGO_ROUTES}
+MOVED_ROUTES = f'"routes" ([y, x] rows) is now "ego_routes" ([x, y] rows); the old name goes in {REMOVED_IN}'
+ROUTE_FORMS = ('"road": [[x, y], ...] (the road in the trajectory\'s world frame) or "ego_routes": one [[x, y], ...] '
+               "per frame (its ego frame)")
+
+
+@dataclass(frozen=True)
+class GivenRoutes:
+    """The routes a mapping gives: under ``key`` (one of :data:`GIVEN_ROUTE_KEYS`), ``value`` a checked
+    :class:`~terra.roads.Road` for a road, else the per-frame routes as given (checked against the model's K by
+    ``validate_routes``); ``where`` names the mapping (``bend.json``, ``sample 7``)."""
+
+    key: str
+    value: Any
+    where: str
+
+    @property
+    def source(self) -> str:
+        """Where the routes are, for error lines: ``bend.json: ego_routes``."""
+        return f"{self.where}: {self.key}"
+
+    @property
+    def old(self) -> bool:
+        """Given under the old name ``routes`` (rows ``[y, x]``)."""
+        return self.key == OLD_ROUTES
+
+
+def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
+    """The routes ``mapping`` gives (None: none, or null), a road read now (terra/roads/files.py); more than one of
+    :data:`GIVEN_ROUTE_KEYS` is one line."""
+    present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
+    if len(present) > 1:
+        raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
+    if not present:
+        return None
+    key = present[0]
+    value = road_from_json(mapping[key], f"{where}: {key}") if key == ROAD else mapping[key]
+    return GivenRoutes(key, value, where)
+
+
+def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int, source: str) -> np.ndarray:
+    """Routes ``[frames, K, 3]`` along ``road`` at the poses of ``motion``'s first ``frames`` frames (10 Hz from its
+    first sample; past its last, at its final speed and yaw rate), its samples after them the points the car is
+    known to pass at a fork. A road no frame's pose lies on is one line: the road and the trajectory are then in
+    different frames (or x and y swapped)."""
+    times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
+    later = motion.t > times[-1]
+    routes = routes_along(road, motion.poses_at(times), route_tokens, np.stack([motion.x[later], motion.y[later]], -1))
+    if np.isnan(routes).all():
+        raise TerraInputError(f"{source}: no frame's pose lies on a lane of the road (within "
+                              f"{MAX_LANE_DISTANCE_M:g} m of a centreline, heading within "
+                              f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it); give the road in the trajectory's "
+                              "world frame: [x, y] in metres, x first, each lane in its driving direction")
+    return routes
+
+
+__all__ = ["EGO_ROUTES", "GIVEN_ROUTE_KEYS", "GivenRoutes", "MOVED_ROUTES", "OLD_ROUTES", "ROAD", "ROUTE_HINTS",
+           "ROUTE_KEYS", "given_routes", "road_routes"]

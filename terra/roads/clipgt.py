@@ -1,0 +1,372 @@
+"""AlpaSim's map (``StaticWorldMap.hdmap_parquets``, a scene's ``clipgt/`` tables) as a :class:`Road`, and back.
+
+The bytes are a zip of parquet files, one per element type, named ``{element}.parquet`` or
+``{clip_id}.{element}.parquet``, at the archive's root (AlpaSim's runtime) or in a folder (``clipgt/lane.parquet``,
+as a scene's USDZ holds them): the element is the name's last dotted part before ``.parquet``. Each file holds a
+struct column named after its element, and beside it a ``key`` struct (``clip_id``, ``label_class_id``, ``map_id``,
+``map_id_version``) and a ``version``: the layout AlpaSim ships and NVIDIA's readers take (flashdreams' ClipGT
+bundles, trajdata's MADS map loader); the element's column alone would lose the lanes' ids, which successors name.
+Points are ``{x, y, z}`` structs in metres in the clip's world frame (AlpaSim's per-scene local frame of the rig
+poses); z is not read. Read here:
+
+* ``lane``: ``left_rail`` and ``right_rail`` polylines; the centreline is their midpoint (point by point where the
+  rails have as many points, as those readers take it; else at equal shares of each rail's length), resampled by
+  :class:`Road`. A lane's id is its ``key.map_id``.
+* ``road_boundary``: ``location`` polylines, the road's boundaries.
+* ``association`` (its struct column ``association`` or ``Association``): where present, its ``NEXT_LANE`` rows
+  (``key.kind``; ``subjects`` a lane's id, ``objects`` the ids of the lanes it leads into) are the lanes'
+  successors, as trajdata reads them; lanes it does not name are chained by their geometry (terra/roads/road.py).
+
+Every other element (``lane_line``, ``crosswalk``, ``wait_line``, ``traffic_light``, ...) is ignored. Reading is
+bounded: the tables read unpack to at most :data:`MAX_MAP_BYTES` (from the zip's entry headers, and counted again
+while unpacking), parquet's own pages likewise, and decode to at most ``MAX_POINTS`` values a field and
+``MAX_LANES`` rows (both from the file's metadata, terra/roads/road.py); a map that breaks a bound or the layout is
+one :class:`TerraInputError` line naming the element and the field.
+:func:`write_clipgt` writes a road in this layout (rails :data:`LANE_WIDTH_M` apart about each centreline), so a
+synthetic scene can be handed to AlpaSim and read back here.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from terra.core.atomic import atomic_path
+from terra.core.errors import TerraInputError, error_reason, past
+from terra.roads.road import MAX_LANES, MAX_POINTS, Lane, Road
+
+MAX_MAP_BYTES = 512 * 2**20  # the tables read, unpacked: a map of a city district is tens of MiB
+MAX_ENTRIES = 10_000  # files in the archive
+ELEMENTS = ("lane", "road_boundary", "association")  # the tables read; the others are skipped unread
+LANE_WIDTH_M = 3.5  # the rails :func:`write_clipgt` draws about each centreline
+_CHUNK = 1 << 20
+
+
+def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map") -> Road:
+    """The road of AlpaSim's map: its bytes (``hdmap_parquets``), a zip file's path, or a folder of the parquet
+    files (a scene's ``clipgt/``). No ``lane`` table: a road without lanes (every route is "no route")."""
+    tables = _tables(data, source)
+    lanes = _lanes(tables["lane"], source) if "lane" in tables else []
+    boundaries = _boundaries(tables["road_boundary"], source) if "road_boundary" in tables else []
+    if "association" in tables and lanes:
+        successors = _next_lanes(tables["association"], source)
+        lanes = [Lane(lane.points, lane.id, successors.get(lane.id), lane.source) for lane in lanes]
+    return Road(lanes, boundaries, source=source)
+
+
+def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None,
+                 lane_width_m: float = LANE_WIDTH_M) -> None:
+    """Write ``road`` as AlpaSim's map (a zip of ``lane``, ``road_boundary`` and ``association`` tables, named
+    ``{clip_id}.{element}.parquet`` or, without ``clip_id``, ``{element}.parquet``) to a path or a binary file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    clip, half = clip_id or "terra", lane_width_m / 2.0
+    text = pa.string()
+    key = pa.struct([(name, text) for name in ("clip_id", "label_class_id", "map_id", "map_id_version")])
+    rails = [[_offset(lane.points, side * half) for lane in road.lanes] for side in (1.0, -1.0)]
+    links = [(lane.id, [road.lanes[j].id for j in road.next_lanes[i]]) for i, lane in enumerate(road.lanes)]
+    links = [(subject, objects) for subject, objects in links if objects]
+    tables = {
+        "lane": pa.table({
+            "key": pa.array([_key(clip, "lane", lane.id) for lane in road.lanes], type=key),
+            "lane": pa.StructArray.from_arrays([_point_lists(rails[0]), _point_lists(rails[1])],
+                                               names=["left_rail", "right_rail"]),
+            "version": pa.array([1] * len(road.lanes), type=pa.int64())}),
+        "road_boundary": pa.table({
+            "key": pa.array([_key(clip, "road_boundary", f"boundary-{i}") for i in range(len(road.boundaries))],
+                            type=key),
+            "road_boundary": pa.StructArray.from_arrays([_point_lists(list(road.boundaries))], names=["location"]),
+            "version": pa.array([1] * len(road.boundaries), type=pa.int64())}),
+        "association": pa.table({
+            "key": pa.array([{**_key(clip, "association", f"NEXT_LANE-{i}"), "kind": "NEXT_LANE"}
+                             for i in range(len(links))], type=pa.struct([*key, ("kind", text)])),
+            "association": pa.array([{"subjects": s, "objects": o} for s, o in links],
+                                    type=pa.struct([("subjects", text), ("objects", pa.list_(text))])),
+            "version": pa.array([1] * len(links), type=pa.int64())}),
+    }
+    prefix = f"{clip_id}." if clip_id else ""
+
+    def write(target: Any) -> None:
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+            for element, table in tables.items():
+                buffer = io.BytesIO()
+                pq.write_table(table, buffer)
+                archive.writestr(f"{prefix}{element}.parquet", buffer.getvalue())
+
+    if isinstance(out, (str, Path)):
+        with atomic_path(out) as tmp:
+            write(tmp)
+    else:
+        write(out)
+
+
+# ------------------------------------------------------------------------------------------------ the archive
+
+
+def _tables(data: bytes | str | Path | IO[bytes], source: str) -> dict[str, tuple[str, bytes]]:
+    """``element -> (file name, bytes)`` of the tables :func:`read_clipgt` reads, size-checked."""
+    if isinstance(data, (str, Path)) and Path(data).is_dir():
+        found = {}
+        for path in sorted(Path(data).glob("*.parquet")):
+            if _element(path.name) in ELEMENTS and not path.is_file():
+                raise TerraInputError(f"{source}: {path.name} is not a regular file")
+            _claim(found, _element(path.name), path.name, source)
+        total = sum(Path(data, name).stat().st_size for name in found.values())
+        _check_size(total, source)
+        return {element: (name, Path(data, name).read_bytes()) for element, name in found.items()}
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise TerraInputError(f"{source}: is not a zip archive of parquet files ({error_reason(err)}); give "
+                              "AlpaSim's hdmap_parquets bytes or a zip of a clipgt/ folder") from None
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > MAX_ENTRIES:
+            raise TerraInputError(f"{source}: holds {len(infos)} files, more than {MAX_ENTRIES}; give the map's "
+                                  "parquet tables only")
+        found: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            if not info.is_dir():
+                _claim(found, _element(info.filename), info, source)
+        _check_size(sum(info.file_size for info in found.values()), source)
+        return {element: (info.filename, _unpacked(archive, info, source)) for element, info in found.items()}
+
+
+def _element(name: str) -> str | None:
+    base = name.rsplit("/", 1)[-1]
+    return base[: -len(".parquet")].rsplit(".", 1)[-1] if base.endswith(".parquet") else None
+
+
+def _claim(found: dict, element: str | None, entry: Any, source: str) -> None:
+    if element not in ELEMENTS:
+        return
+    if element in found:
+        names = [getattr(e, "filename", e) for e in (found[element], entry)]
+        raise TerraInputError(f"{source}: holds two {element} tables ({names[0]}, {names[1]}); keep one")
+    found[element] = entry
+
+
+def _check_size(total: int, source: str) -> None:
+    if total > MAX_MAP_BYTES:
+        raise TerraInputError(f"{source}: its lane, road_boundary and association tables unpack to "
+                              f"{past(total / 2**20, MAX_MAP_BYTES / 2**20)} MiB, more than "
+                              f"{MAX_MAP_BYTES / 2**20:g} MiB; give the part of the map the drive uses")
+
+
+def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytes:
+    """An entry's bytes, never more than its header states (nor than :data:`MAX_MAP_BYTES`)."""
+    limit = min(info.file_size, MAX_MAP_BYTES)
+    parts, size = [], 0
+    try:
+        with archive.open(info) as entry:
+            while chunk := entry.read(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise TerraInputError(f"{source}: {info.filename} unpacks to more than the {limit} bytes its "
+                                          "header states; the archive is damaged or forged")
+                parts.append(chunk)
+    except TerraInputError:
+        raise
+    except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError, ValueError) as err:
+        raise TerraInputError(f"{source}: {info.filename} cannot be unpacked ({error_reason(err)}); write the "
+                              "archive again with plain deflate") from None
+    return b"".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------- the tables
+
+
+def _read(table: tuple[str, bytes], element: str, wanted: dict[str, tuple[str, ...]], source: str,
+          max_rows: int) -> dict[str, Any]:
+    """``column -> struct array`` holding only the ``wanted`` fields of each column (their leaves but ``z``), read
+    after the table's bounds are checked from its metadata: rows, values per leaf (what decoding allocates, whatever
+    the pages' encoding) and unpacked page bytes. The element's column (matched without case) and its fields must be
+    there; other columns' fields are read where present."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name, raw = table
+    where = f"{source}: {name}"
+    try:
+        file = pq.ParquetFile(pa.BufferReader(raw))
+        meta, names = file.metadata, file.schema_arrow.names
+        if meta.num_rows > max_rows:
+            raise TerraInputError(f"{where}: holds {meta.num_rows} {element} rows, more than {max_rows}; give the "
+                                  "part of the map the drive uses")
+        main = next((column for column in names if column.lower() == element), None)
+        if main is None:
+            raise TerraInputError(f"{where}: has no {element!r} column (it has {names}); an AlpaSim {element} "
+                                  f"table holds its {element}s in a struct column {element!r}")
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        chosen, renamed = [], {}
+        for column, fields in wanted.items():
+            actual = main if column == element else column
+            renamed[actual] = column
+            for field in fields:
+                prefix = f"{actual}.{field}"
+                under = [i for i, path in enumerate(leaves)
+                         if (path == prefix or path.startswith(prefix + ".")) and not path.endswith(".z")]
+                if not under and column == element:
+                    raise TerraInputError(f"{where}: its {element!r} column has no field {field!r}; an AlpaSim "
+                                          f"{element} holds {', '.join(fields)}")
+                chosen += under
+        for i in chosen:
+            values = sum(meta.row_group(g).column(i).num_values for g in range(meta.num_row_groups))
+            if values > MAX_POINTS + max_rows:
+                raise TerraInputError(f"{where}: {leaves[i]} holds {values} values, more than {MAX_POINTS}; give "
+                                      "the part of the map the drive uses")
+        _check_size(sum(meta.row_group(g).column(i).total_uncompressed_size
+                        for g in range(meta.num_row_groups) for i in chosen), where)
+        read = file.read(columns=[leaves[i] for i in chosen])
+    except TerraInputError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError) as err:
+        raise TerraInputError(f"{where}: is not a readable parquet table ({error_reason(err)})") from None
+    return {renamed[column]: read.column(column).combine_chunks() for column in read.column_names}
+
+
+def _struct_field(column: Any, field: str, what: str) -> Any:
+    import pyarrow as pa
+
+    if not pa.types.is_struct(column.type) or column.type.get_field_index(field) < 0:
+        raise TerraInputError(f"{what}: must be a struct with a field {field!r}, got {column.type}")
+    if column.null_count:
+        raise TerraInputError(f"{what}: row {_first_null(column)} is null")
+    return column.field(field)
+
+
+def _first_null(array: Any) -> int:
+    return int(np.flatnonzero(np.asarray(array.is_null()))[0])
+
+
+def _polylines(lists: Any, what: str, ids: list[str]) -> list[np.ndarray]:
+    """``[N, 2]`` x, y of each row of a list of ``{x, y, z}`` points."""
+    import pyarrow as pa
+
+    kind = lists.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        raise TerraInputError(f"{what}: must be a list of {{x, y, z}} points, got {kind}")
+    if lists.null_count:
+        raise TerraInputError(f"{what}: is null in row {ids[_first_null(lists)]!r}")
+    offsets = np.asarray(lists.offsets, dtype=np.int64)
+    offsets -= offsets[0]
+    points = lists.flatten()
+    xy = []
+    for axis in ("x", "y"):
+        values = _struct_field(points, axis, f"{what} points")
+        if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+            raise TerraInputError(f"{what}.{axis}: must be numbers, got {values.type}")
+        if values.null_count:
+            raise TerraInputError(f"{what}.{axis}: is null in row {ids[_row_of(offsets, _first_null(values))]!r}")
+        xy.append(values.to_numpy(zero_copy_only=False).astype(np.float64))
+    xy = np.stack(xy, axis=-1)
+    bad = ~np.isfinite(xy).all(axis=1)
+    if bad.any():
+        row = _row_of(offsets, int(np.flatnonzero(bad)[0]))
+        raise TerraInputError(f"{what}: row {ids[row]!r} holds a point that is not finite; give finite x, y")
+    return [xy[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _row_of(offsets: np.ndarray, point: int) -> int:
+    return int(np.searchsorted(offsets, point, side="right") - 1)
+
+
+def _ids(columns: dict, count: int) -> list[str]:
+    """Each row's ``key.map_id``, or its row number where the table has none."""
+    import pyarrow as pa
+
+    key = columns.get("key")
+    if key is None or key.type.get_field_index("map_id") < 0:
+        return [str(i) for i in range(count)]
+    ids = key.field("map_id").cast(pa.string()).to_pylist()
+    return [str(i) if value is None else value for i, value in enumerate(ids)]
+
+
+def _lanes(table: tuple[str, bytes], source: str) -> list[Lane]:
+    columns = _read(table, "lane", {"lane": ("left_rail", "right_rail"), "key": ("map_id",)}, source, MAX_LANES)
+    lane, where = columns["lane"], f"{source}: {table[0]}: lane"
+    ids = _ids(columns, len(lane))
+    left = _polylines(_struct_field(lane, "left_rail", where), f"{where}.left_rail", ids)
+    right = _polylines(_struct_field(lane, "right_rail", where), f"{where}.right_rail", ids)
+    return [Lane(_midline(a, b, f"{where} {i!r}"), i, None, f"{source} lane {i}") for i, a, b in zip(ids, left, right)]
+
+
+def _midline(left: np.ndarray, right: np.ndarray, what: str) -> np.ndarray:
+    """The centreline between a lane's rails: point by point, or at equal shares of each rail's length."""
+    for rail, name in ((left, "left_rail"), (right, "right_rail")):
+        if len(rail) < 2:
+            raise TerraInputError(f"{what}: its {name} has {len(rail)} point(s); a rail needs at least 2")
+    if len(left) == len(right):
+        return (left + right) / 2.0
+    shares = []
+    for rail, name in ((left, "left_rail"), (right, "right_rail")):
+        along = np.concatenate([[0.0], np.cumsum(np.hypot(*np.diff(rail, axis=0).T))])
+        if along[-1] <= 0.0:
+            raise TerraInputError(f"{what}: its {name} has no length; a rail needs at least 2 distinct points")
+        shares.append(along / along[-1])
+    u = np.union1d(*shares)
+    return np.stack([(np.interp(u, shares[0], left[:, k]) + np.interp(u, shares[1], right[:, k])) / 2.0
+                     for k in range(2)], axis=-1)
+
+
+def _boundaries(table: tuple[str, bytes], source: str) -> list[np.ndarray]:
+    columns = _read(table, "road_boundary", {"road_boundary": ("location",), "key": ("map_id",)}, source, MAX_LANES)
+    column, where = columns["road_boundary"], f"{source}: {table[0]}: road_boundary"
+    return _polylines(_struct_field(column, "location", where), f"{where}.location", _ids(columns, len(column)))
+
+
+def _next_lanes(table: tuple[str, bytes], source: str) -> dict[str, tuple[str, ...]]:
+    """``lane id -> ids of the lanes it leads into`` from an association table's ``NEXT_LANE`` rows."""
+    import pyarrow as pa
+
+    columns = _read(table, "association", {"association": ("subjects", "objects"), "key": ("kind",)}, source,
+                    MAX_POINTS)
+    where = f"{source}: {table[0]}: association"
+    if "key" not in columns or not pa.types.is_string(_struct_field(columns["key"], "kind", where).type):
+        raise TerraInputError(f"{where}: needs a key.kind string (NEXT_LANE, ...) on each row")
+    kinds = columns["key"].field("kind")
+    subjects = _struct_field(columns["association"], "subjects", where)
+    objects = _struct_field(columns["association"], "objects", where)
+    if not pa.types.is_string(subjects.type) or not (pa.types.is_list(objects.type)
+                                                     and pa.types.is_string(objects.type.value_type)):
+        raise TerraInputError(f"{where}: subjects must be a lane id and objects a list of lane ids (strings), got "
+                              f"{subjects.type} and {objects.type}")
+    out: dict[str, tuple[str, ...]] = {}
+    for kind, subject, targets in zip(kinds.to_pylist(), subjects.to_pylist(), objects.to_pylist()):
+        if kind == "NEXT_LANE" and subject is not None:
+            out[subject] = out.get(subject, ()) + tuple(t for t in targets or () if t is not None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+
+def _key(clip_id: str, label: str, map_id: str) -> dict[str, str]:
+    return {"clip_id": clip_id, "label_class_id": label, "map_id": map_id, "map_id_version": "v1"}
+
+
+def _offset(points: np.ndarray, left_m: float) -> np.ndarray:
+    """A polyline moved ``left_m`` to its left, each point along the mean of its segments' normals (so the midpoint
+    of two opposite offsets is the polyline itself)."""
+    tangent = np.gradient(points, axis=0)
+    tangent /= np.linalg.norm(tangent, axis=1, keepdims=True)
+    return points + left_m * np.stack([-tangent[:, 1], tangent[:, 0]], axis=-1)
+
+
+def _point_lists(polylines: list[np.ndarray]) -> Any:
+    """A parquet list column of ``{x, y, z}`` points (z = 0) from ``[N, 2]`` polylines."""
+    import pyarrow as pa
+
+    xy = np.concatenate(polylines) if polylines else np.zeros((0, 2))
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in polylines])]).astype(np.int32)
+    points = pa.StructArray.from_arrays([pa.array(xy[:, 0]), pa.array(xy[:, 1]), pa.array(np.zeros(len(xy)))],
+                                        names=["x", "y", "z"])
+    return pa.ListArray.from_arrays(pa.array(offsets), points)
+
+
+__all__ = ["LANE_WIDTH_M", "MAX_MAP_BYTES", "read_clipgt", "write_clipgt"]

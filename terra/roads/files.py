@@ -1,0 +1,192 @@
+"""A road a person writes: lane centrelines in a trajectory's own world frame, x first like every other input.
+
+JSON (:func:`road_from_json`, the value of a ``road`` key; :func:`read_road_file` for a ``road.json`` holding
+``{"road": ...}`` or the value alone):
+
+* one polyline ``[[x, y], [x, y], ...]`` (a lane, in its driving direction), or
+* a list of lanes, each a polyline or ``{"points": [[x, y], ...], "successors": [j, ...]}`` (``j``: the 0-based
+  indices of the lanes it leads into; without ``successors`` a lane is chained by geometry, terra/roads/road.py).
+
+CSV (:func:`road_from_csv`, ``road.csv``): a header naming columns ``x``, ``y`` and optionally ``lane`` (a label;
+the rows of one label, in file order, are one lane).
+
+x, y are metres in the world frame of the trajectory the road goes with (x forward at yaw 0, y left). Numbers must
+be numbers: strings and booleans are refused, every error one :class:`TerraInputError` line naming the key, the
+index or the row; the rest is checked once, as every road is, by :class:`Road`.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from terra.contract.actions import number_from_text
+from terra.core.errors import TerraInputError, past
+from terra.roads.road import MAX_LANES, MAX_POINTS, Lane, Road
+
+LANE_KEYS = ("points", "successors")
+CSV_COLUMNS = ("x", "y", "lane")
+FILE_KEYS = ("road",)
+MAX_FILE_BYTES = 256 * 2**20  # a road file of MAX_POINTS points is well under this
+
+
+def road_from_json(value: Any, source: str = "road") -> Road:
+    """The road of a JSON value: one polyline or a list of lanes (module docstring); ``source`` names it in
+    errors (``trajectory.json: road``)."""
+    if not isinstance(value, list) or not value:
+        raise TerraInputError(f"{source}: must be a polyline [[x, y], ...] or a list of lanes, got "
+                              f"{_shown(value)}")
+    if _is_point(value[0]):
+        value = [value]
+        where = [source]
+    else:
+        where = [f"{source}[{i}]" for i in range(len(value))]
+    if len(value) > MAX_LANES:
+        raise TerraInputError(f"{source}: holds {len(value)} lanes, more than {MAX_LANES}")
+    lanes, count = [], 0
+    for i, (lane, name) in enumerate(zip(value, where)):
+        points, successors = _lane_parts(lane, name, len(value))
+        count += len(points)
+        if count > MAX_POINTS:
+            raise TerraInputError(f"{source}: holds more than {MAX_POINTS} points; give the part of the road the "
+                                  "drive uses")
+        lanes.append(Lane(_points(points, f"{name}.points" if isinstance(lane, dict) else name), str(i),
+                          successors, f"{name}"))
+    return Road(lanes, source=source)
+
+
+def road_from_csv(text: str, source: str = "road.csv") -> Road:
+    """The road of a CSV text with columns ``x``, ``y`` and optionally ``lane`` (module docstring)."""
+    reader = csv.reader(io.StringIO(text))
+    header = [name.strip() for name in next(reader, [])]
+    for name in header:
+        if name not in CSV_COLUMNS:
+            raise TerraInputError(f"{source}: unknown column {name!r}{_did_you_mean(name, CSV_COLUMNS)}; a road CSV "
+                                  "has columns x, y and optionally lane")
+    if "x" not in header or "y" not in header or len(set(header)) != len(header):
+        raise TerraInputError(f"{source}: its header must name columns x and y once each (and optionally lane), "
+                              f"got {header}")
+    cx, cy, cl = header.index("x"), header.index("y"), header.index("lane") if "lane" in header else None
+    lanes: dict[str, list[list[float]]] = {}
+    for row_number, row in enumerate(reader, start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            raise TerraInputError(f"{source}: line {row_number} has {len(row)} values, the header {len(header)}")
+        label = row[cl].strip() if cl is not None else "0"
+        if label not in lanes and len(lanes) >= MAX_LANES:
+            raise TerraInputError(f"{source}: holds more than {MAX_LANES} lanes")
+        lanes.setdefault(label, []).append([_csv_number(row[c], source, row_number, n) for c, n in ((cx, "x"),
+                                                                                                    (cy, "y"))])
+        if row_number > MAX_POINTS + 1:
+            raise TerraInputError(f"{source}: holds more than {MAX_POINTS} points; give the part of the road the "
+                                  "drive uses")
+    if not lanes:
+        raise TerraInputError(f"{source}: holds no points; give rows of x, y (metres) under the header x,y")
+    return Road([Lane(points, label, None, f"{source} lane {label}") for label, points in lanes.items()],
+                source=source)
+
+
+def read_road_file(path: str | Path) -> Road:
+    """The road of a ``.json`` or ``.csv`` road file (module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TerraInputError(f"road file {path}: {'is not a regular file' if path.exists() else 'does not exist'}")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise TerraInputError(f"road file {path}: is {past(path.stat().st_size / 2**20, MAX_FILE_BYTES / 2**20)} "
+                              f"MiB, more than {MAX_FILE_BYTES / 2**20:g} MiB")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        try:
+            return road_from_csv(path.read_text(encoding="utf-8"), path.name)
+        except UnicodeDecodeError:
+            raise TerraInputError(f"{path.name}: is not UTF-8 text; save the road as a UTF-8 CSV") from None
+    if suffix != ".json":
+        raise TerraInputError(f"road file {path}: must be .json or .csv")
+    try:
+        value = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as err:
+        raise TerraInputError(f"{path.name}: cannot be read, malformed JSON ({str(err)[:120]})") from None
+    if isinstance(value, dict):
+        for key in value:
+            if key not in FILE_KEYS:
+                raise TerraInputError(f"{path.name}: unknown key {key!r}{_did_you_mean(key, FILE_KEYS)}; a road "
+                                      "file holds {\"road\": [...]}")
+        if "road" not in value:
+            raise TerraInputError(f"{path.name}: has no \"road\" key; give {{\"road\": [[x, y], ...]}}")
+        return road_from_json(value["road"], f"{path.name}: road")
+    return road_from_json(value, path.name)
+
+
+def _is_point(item: Any) -> bool:
+    return isinstance(item, list) and not any(isinstance(v, (list, dict)) for v in item)
+
+
+def _lane_parts(lane: Any, where: str, count: int) -> tuple[list, tuple[str, ...] | None]:
+    """A lane's points and its successors' ids (None: not given)."""
+    if isinstance(lane, list):
+        return lane, None
+    if not isinstance(lane, dict):
+        raise TerraInputError(f"{where}: a lane must be a polyline [[x, y], ...] or {{\"points\": [...]}}, got "
+                              f"{_shown(lane)}")
+    for key in lane:
+        if key not in LANE_KEYS:
+            raise TerraInputError(f"{where}: unknown key {key!r}{_did_you_mean(key, LANE_KEYS)}; a lane has points "
+                                  "and optionally successors")
+    if "points" not in lane:
+        raise TerraInputError(f"{where}: has no \"points\"; give {{\"points\": [[x, y], ...]}}")
+    if "successors" not in lane:
+        return lane["points"], None
+    successors = lane["successors"]
+    if not isinstance(successors, list):
+        raise TerraInputError(f"{where}.successors: must be a list of lane indices, got {_shown(successors)}")
+    for k, j in enumerate(successors):
+        if type(j) is not int or not 0 <= j < count:
+            raise TerraInputError(f"{where}.successors[{k}]: must be the index of a lane (0 to {count - 1}), got "
+                                  f"{_shown(j)}")
+    return lane["points"], tuple(str(j) for j in successors)
+
+
+def _points(points: Any, where: str) -> list[list[float]]:
+    """A polyline's ``[[x, y], ...]``, every value a JSON number (not a string, not a boolean)."""
+    if not isinstance(points, list):
+        raise TerraInputError(f"{where}: must be a polyline [[x, y], ...], got {_shown(points)}")
+    for i, point in enumerate(points):
+        if not isinstance(point, list) or len(point) != 2:
+            raise TerraInputError(f"{where}[{i}]: must be a point [x, y] (x first, metres), got {_shown(point)}")
+        for k, v in enumerate(point):
+            if type(v) not in (int, float):
+                raise TerraInputError(f"{where}[{i}][{k}]: must be a number ({'xy'[k]}, metres), got {_shown(v)}")
+    return points
+
+
+def _csv_number(cell: str, source: str, line: int, column: str) -> float:
+    try:
+        value = number_from_text(cell)  # no 1_0, nan or inf, which float() takes
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise TerraInputError(f"{source}: line {line}, column {column}: {cell.strip()!r} is not a finite number "
+                              "(metres)")
+    return value
+
+
+def _did_you_mean(name: str, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _shown(value: Any) -> str:
+    kind = {bool: "a boolean", str: "a string", dict: "an object", list: "a list", type(None): "null"}.get(
+        type(value), type(value).__name__)
+    text = repr(value)
+    return f"{text[:40]}{'...' if len(text) > 40 else ''} ({kind})"
+
+
+__all__ = ["read_road_file", "road_from_csv", "road_from_json"]

@@ -1,0 +1,181 @@
+"""The one place a world-frame road becomes ego routes: each pose's route in the contract's layout
+(terra/contract/routes.py).
+
+:func:`route_at` takes the lane the car is in, the nearest centreline (within :data:`MAX_LANE_DISTANCE_M`) whose
+direction is within :data:`MAX_HEADING_RAD` of the car's, and follows it from the car's nearest centreline point
+through the lanes it leads into, to the contract's distances (``route_distances(K)``, up to 80 m). Where a lane leads
+into several, it follows the branch nearest the points the caller knows the car will pass (``ahead``: later poses of
+its trajectory, AlpaSim's chunk of rig poses), when one branch is nearer than the others by
+:data:`AHEAD_MARGIN_M`; else the straightest branch (the least turn over its first :data:`STRAIGHT_WINDOW_M`).
+The same points choose the car's lane where another comes within :data:`LANE_TIE_M` of the nearest (just past a
+fork, where both branches still run side by side; astride a lane line).
+Where the road ends before a point's distance, the point stays at the road's end (as ``Scene.route`` does). No lane
+near the car, or a road without lanes: the contract's "no route" rows (NaN), which the model embeds as such.
+:func:`routes_along` does it for every pose of a trajectory, each pose's ``ahead`` being the poses after it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from terra.contract.routes import ROUTE_HORIZON_M, no_route, route_distances, routes_from_yx
+from terra.core.errors import TerraInputError
+from terra.roads.road import MAX_COORDINATE_M, Road
+
+MAX_LANE_DISTANCE_M = 4.0  # a car farther than this from every lane's centreline is on no lane of the road
+MAX_HEADING_RAD = np.radians(60.0)  # a lane heading farther than this from the car's is not the car's lane
+AHEAD_MARGIN_M = 0.25  # a branch is the one the known poses take when it is this much nearer them than the others
+LANE_TIE_M = 1.0  # lanes this close to as near the car as its nearest are told apart by the known poses
+STRAIGHT_WINDOW_M = 20.0  # a branch's turn is measured over this much of it
+MAX_HOPS = 2_000  # lanes followed from one pose: bounds a walk over a map of many tiny lanes
+
+
+def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray | None = None) -> np.ndarray:
+    """The route ``[K, 3]`` (``K = route_tokens``) of world ``pose`` ``(x, y, yaw)`` along ``road``: ego ``(y, x)``
+    of the followed centreline at ``route_distances(K)``, or ``no_route`` rows where no lane is near. ``ahead``:
+    world points ``[M, 2]`` (or poses ``[M, 3]``) the car is known to pass after ``pose``, which choose the branch
+    at a fork."""
+    pose = _pose(pose)
+    known = None if ahead is None or len(ahead) == 0 else np.atleast_2d(np.asarray(ahead, dtype=np.float64))[:, :2]
+    found = _car_lane(road, pose, known)
+    if found is None:
+        return no_route(1, route_tokens)[0]
+    lane, s0 = found
+    world = _follow(road, lane, s0, route_distances(route_tokens).astype(np.float64), known)
+    c, s = np.cos(pose[2]), np.sin(pose[2])
+    d = world - pose[:2]
+    forward, left = c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]
+    return routes_from_yx(np.stack([left, forward], axis=-1))
+
+
+def routes_along(road: Road, poses: np.ndarray, route_tokens: int,
+                 ahead_poses: np.ndarray | None = None) -> np.ndarray:
+    """Routes ``[T, K, 3]`` of a trajectory's world ``poses`` ``[T, 3]``: pose ``t``'s :func:`route_at` with the
+    poses after it (then ``ahead_poses``, points ``[M, 2]`` or poses ``[M, 3]`` known beyond the trajectory) as the
+    points it is known to pass."""
+    poses = np.asarray(poses, dtype=np.float64)
+    if poses.ndim != 2 or poses.shape[1] != 3:
+        raise TerraInputError(f"routes along a road: poses must be [frames, 3] (x, y, yaw), got {list(poses.shape)}")
+    later = poses[:, :2]
+    if ahead_poses is not None and len(ahead_poses):
+        later = np.concatenate([later, np.asarray(ahead_poses, dtype=np.float64)[:, :2]])
+    out = np.empty((len(poses), route_tokens, 3), dtype=np.float32)
+    for t, pose in enumerate(poses):
+        out[t] = route_at(road, pose, route_tokens, later[t + 1:])
+    return out
+
+
+def _pose(pose: np.ndarray) -> np.ndarray:
+    pose = np.asarray(pose, dtype=np.float64)
+    if pose.shape != (3,) or not np.isfinite(pose).all():
+        raise TerraInputError(f"route at a pose: the pose must be 3 finite numbers (x, y, yaw), got {pose.tolist()}")
+    return pose
+
+
+def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None) -> tuple[int, float] | None:
+    """(lane, arc length) of the car's point on its lane: the nearest centreline point within
+    :data:`MAX_LANE_DISTANCE_M` on a lane heading within :data:`MAX_HEADING_RAD` of ``pose``; where other lanes
+    come within :data:`LANE_TIE_M` of that (just past a fork, astride a lane line), the one whose road ahead the
+    ``ahead`` points follow, when they tell. None where no lane is near."""
+    if not len(road) or np.abs(pose[:2]).max() > MAX_COORDINATE_M + road.cells.cell_m:
+        return None
+    first = road.segment_starts[road.cells.near(pose[:2])]
+    if not len(first):
+        return None
+    a, b = road.xy[first], road.xy[first + 1]
+    seg = b - a
+    length2 = np.einsum("ij,ij->i", seg, seg)
+    raw = np.einsum("ij,ij->i", pose[:2] - a, seg) / length2
+    t = np.clip(raw, 0.0, 1.0)
+    dist = np.hypot(*(a + t[:, None] * seg - pose[:2]).T)
+    turn = np.abs(np.angle(np.exp(1j * (np.arctan2(seg[:, 1], seg[:, 0]) - pose[2]))))
+    dist = np.where(turn <= MAX_HEADING_RAD, dist, np.inf)
+    best = int(np.argmin(dist))
+    if not dist[best] <= MAX_LANE_DISTANCE_M:
+        return None
+    along = road.along[first] + t * (road.along[first + 1] - road.along[first])
+    lanes = road.lane_of[first]
+    beyond = ((raw > 1.0) & (first + 2 == road.starts[lanes + 1])) | ((raw < 0.0) & (first == road.starts[lanes]))
+    tied = (dist <= dist[best] + LANE_TIE_M) & ~beyond  # a lane the car is before or past is no other choice
+    options = [best, *(int(np.argmin(np.where((lanes == lane) & ~beyond, dist, np.inf)))
+                       for lane in np.unique(lanes[tied]) if lane != lanes[best])]
+    if ahead is not None and len(options) > 1:
+        chosen = _nearest_to(ahead, pose[:2], [_branch_points(road, int(lanes[k]), along[k]) for k in options])
+        best = best if chosen is None else options[chosen]
+    return int(lanes[best]), float(along[best])
+
+
+def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.ndarray | None) -> np.ndarray:
+    """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, through the lanes it
+    leads into; those past the road's end at its end."""
+    lanes, offsets = [lane], [-s0]  # the route distance at which each followed lane starts
+    reach = road.lengths[lane] - s0
+    while reach < distances[-1] and len(lanes) <= MAX_HOPS:
+        following = _next_lane(road, lanes[-1], ahead)
+        if following is None:
+            break
+        lanes.append(following)
+        offsets.append(reach)
+        reach += road.lengths[following]
+    which = np.clip(np.searchsorted(offsets, distances, side="right") - 1, 0, len(lanes) - 1)
+    out = np.empty((len(distances), 2))
+    for j in np.unique(which):
+        rows = which == j
+        out[rows] = road.point_at(lanes[j], distances[rows] - offsets[j])
+    return out
+
+
+def _next_lane(road: Road, lane: int, ahead: np.ndarray | None) -> int | None:
+    """The lane followed after ``lane``: its one successor, or at a fork the branch ``ahead`` takes, else the
+    straightest; None at the road's end."""
+    options = road.next_lanes[lane]
+    if len(options) <= 1:
+        return options[0] if options else None
+    if ahead is not None:
+        chosen = _nearest_to(ahead, road.lane_points(lane)[-1], [_branch_points(road, j) for j in options])
+        if chosen is not None:
+            return options[chosen]
+    return _straightest(road, lane, options)
+
+
+def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]) -> int | None:
+    """The branch (index) the ``ahead`` points within :data:`ROUTE_HORIZON_M` of ``place`` lie nearest, by
+    :data:`AHEAD_MARGIN_M` at least; None when none does."""
+    known = ahead[np.hypot(*(ahead - place).T) <= ROUTE_HORIZON_M]
+    if not len(known):
+        return None
+    gaps = np.array([_mean_gap(known, points) for points in branches])
+    order = np.argsort(gaps, kind="stable")
+    return int(order[0]) if gaps[order[1]] - gaps[order[0]] >= AHEAD_MARGIN_M else None
+
+
+def _straightest(road: Road, lane: int, options: tuple[int, ...]) -> int:
+    """The option turning least from ``lane``'s end heading over its first :data:`STRAIGHT_WINDOW_M`."""
+    end = road.lengths[lane]
+    incoming = road.heading(lane, max(0.0, end - STRAIGHT_WINDOW_M / 4), end)
+    turns = [abs(float(np.angle(np.exp(1j * (road.heading(j, 0.0, STRAIGHT_WINDOW_M) - incoming)))))
+             for j in options]
+    return options[int(np.argmin(turns))]
+
+
+def _branch_points(road: Road, lane: int, start: float = 0.0) -> np.ndarray:
+    """The points of ``lane`` from ``start`` metres along it and of its straightest continuation, up to
+    :data:`ROUTE_HORIZON_M` of road."""
+    along = road.lane_along(lane)
+    parts = [np.concatenate([road.point_at(lane, start)[None], road.lane_points(lane)[along > start]])]
+    reach, hops = road.lengths[lane] - start, 0
+    while reach < ROUTE_HORIZON_M and road.next_lanes[lane] and hops < MAX_HOPS:
+        lane = _straightest(road, lane, road.next_lanes[lane])
+        parts.append(road.lane_points(lane))
+        reach += road.lengths[lane]
+        hops += 1
+    return np.concatenate(parts)
+
+
+def _mean_gap(points: np.ndarray, polyline: np.ndarray) -> float:
+    """Mean over ``points`` of the distance to the nearest of ``polyline``'s points."""
+    gaps = np.hypot(points[:, None, 0] - polyline[None, :, 0], points[:, None, 1] - polyline[None, :, 1])
+    return float(gaps.min(axis=1).mean())
+
+
+__all__ = ["MAX_HEADING_RAD", "MAX_LANE_DISTANCE_M", "route_at", "routes_along"]

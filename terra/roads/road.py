@@ -1,0 +1,211 @@
+"""A road: lane centrelines in a world frame, checked once and ready to be followed (terra/roads/follow.py).
+
+A :class:`Road` is built from :class:`Lane` s, whatever their source (AlpaSim's map, terra/roads/clipgt.py; a road
+file, terra/roads/files.py; the synthetic scene, terra/sim/roads.py). World frame as in
+terra/inputs/trajectory.py: x, y in metres, yaw counter-clockwise from +x. Each lane is a polyline in its driving
+direction; at construction it is checked (finite, at least two distinct points, coordinates within
+:data:`MAX_COORDINATE_M`; the road at most :data:`MAX_LANES` lanes and :data:`MAX_POINTS` points), each failure one
+:class:`TerraInputError` line, and resampled every ``spacing_m`` along its length (1 m: finer than any map's
+accuracy, coarse enough for maps of thousands of lanes). Where a lane states its successors (ids of the lanes it
+leads into) they are used; where it does not, it leads into every lane starting within :data:`CHAIN_GAP_M` of its
+end and heading within :data:`CHAIN_HEADING_RAD` of it. Road boundaries, where a source has them, are kept as given
+(checked like lanes): drawn, never followed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from terra.core.errors import TerraInputError, past
+from terra.roads.cells import CellIndex
+
+LANE_SPACING_M = 1.0  # a lane's points after resampling
+MAX_LANES = 20_000  # a city district's map; a million lanes is a mistake or an attack
+MAX_POINTS = 2_000_000  # points given, and points after resampling, over all lanes and boundaries
+MAX_COORDINATE_M = 1e6  # |x|, |y|: a map is in a local frame (a clip's, a trajectory's), not in UTM or ECEF
+MIN_POINT_GAP_M = 0.01  # points closer than this to the one before are one point
+CHAIN_GAP_M = 1.5  # a lane without stated successors leads into lanes starting this close to its end ...
+CHAIN_HEADING_RAD = np.radians(30.0)  # ... heading within this of its end
+HEADING_WINDOW_M = 2.0  # a lane's start and end heading: its direction over this length
+CELL_M = 8.0  # the cells of the lane index: more than follow.py's reach to a lane (4 m) plus a point's spacing
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One lane's centreline ``[N, 2]`` (x, y world metres, in its driving direction), its id, the ids of the lanes
+    it leads into (None: not known, found from the geometry) and where it came from."""
+
+    points: np.ndarray
+    id: str = ""
+    successors: tuple[str, ...] | None = None
+    source: str = ""
+
+
+class Road:
+    """Lane centrelines in one world frame, checked and resampled; what :func:`terra.roads.follow.route_at` follows.
+
+    ``lanes`` are the resampled lanes (ids default to their index, sources to the road's), ``next_lanes[i]`` the
+    indices of the lanes lane ``i`` leads into, ``boundaries`` the road boundaries ``[M, 2]`` as given. Behind the
+    lookups, the lanes' points end to end: ``xy`` ``[P, 2]``, ``lane_of`` and ``along`` (a point's lane and arc
+    length in it), ``starts`` (lane ``i`` is ``xy[starts[i]:starts[i + 1]]``), ``lengths``, and ``cells``, the
+    index of the segments ``xy[j] -> xy[j + 1]`` for ``j`` in ``segment_starts``.
+    """
+
+    def __init__(self, lanes: Sequence[Lane], boundaries: Sequence[np.ndarray] = (), source: str = "road",
+                 spacing_m: float = LANE_SPACING_M) -> None:
+        self.source = source
+        for count, what in ((len(lanes), "lanes"), (len(boundaries), "road boundaries")):
+            if count > MAX_LANES:
+                raise TerraInputError(f"{source}: holds {count} {what}, more than {MAX_LANES}; give the part of the "
+                                      "map the drive uses")
+        given = sum(len(lane.points) for lane in lanes) + sum(len(b) for b in boundaries)
+        if given > MAX_POINTS:
+            raise TerraInputError(f"{source}: holds {given} points, more than {MAX_POINTS}; give the part of the map "
+                                  "the drive uses")
+        ids = [lane.id or str(i) for i, lane in enumerate(lanes)]
+        xy, lane_of = _polylines([lane.points for lane in lanes], [f"{source}: lane {i!r}" for i in ids])
+        bxy, boundary_of = _polylines(list(boundaries), [f"{source}: road boundary {i}"
+                                                         for i in range(len(boundaries))])
+        self.boundaries = tuple(np.split(bxy, np.flatnonzero(np.diff(boundary_of)) + 1)) if len(bxy) else ()
+        curve = _Polylines(xy, lane_of, len(lanes))
+        counts = np.ceil(curve.lengths / spacing_m).astype(np.int64) + 1
+        if counts.sum() > MAX_POINTS:
+            most_km = MAX_POINTS * spacing_m / 1000
+            raise TerraInputError(f"{source}: its lanes are {past(curve.lengths.sum() / 1000, most_km)} km long in "
+                                  f"all, more than {most_km:g} km; give the part of the map the drive uses")
+        self.lane_of = np.repeat(np.arange(len(lanes)), counts)
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        share = (np.arange(self.starts[-1]) - self.starts[:-1][self.lane_of]) / np.maximum(counts - 1, 1)[self.lane_of]
+        self.along = share * curve.lengths[self.lane_of]
+        self.xy = curve.at(self.lane_of, self.along)
+        self.lengths = curve.lengths
+        self.lanes = tuple(Lane(self.xy[a:b], i, lane.successors, lane.source or source)
+                           for lane, i, a, b in zip(lanes, ids, self.starts[:-1], self.starts[1:]))
+        self.next_lanes = _connections(self.lanes, curve, source)
+        self.segment_starts = np.flatnonzero(np.diff(self.lane_of) == 0)  # every point but each lane's last
+        self.cells = CellIndex(self.xy[self.segment_starts], CELL_M)
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def __repr__(self) -> str:
+        return f"Road({self.source!r}, {len(self.lanes)} lanes, {len(self.boundaries)} boundaries)"
+
+    def lane_points(self, lane: int) -> np.ndarray:
+        """``[N, 2]`` resampled centreline of lane ``lane``."""
+        return self.xy[self.starts[lane]:self.starts[lane + 1]]
+
+    def lane_along(self, lane: int) -> np.ndarray:
+        """``[N]`` arc length of lane ``lane``'s points from its start."""
+        return self.along[self.starts[lane]:self.starts[lane + 1]]
+
+    def point_at(self, lane: int, s: np.ndarray | float) -> np.ndarray:
+        """``[..., 2]`` points ``s`` metres along lane ``lane`` (clamped to its ends)."""
+        along, points = self.lane_along(lane), self.lane_points(lane)
+        return np.stack([np.interp(s, along, points[:, 0]), np.interp(s, along, points[:, 1])], axis=-1)
+
+    def heading(self, lane: int, s0: float, s1: float) -> float:
+        """Direction (rad) from the point ``s0`` to the point ``s1`` metres along lane ``lane``."""
+        d = self.point_at(lane, s1) - self.point_at(lane, s0)
+        return float(np.arctan2(d[1], d[0]))
+
+
+def _polylines(polylines: list, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Polylines end to end, ``xy [P, 2]`` and the polyline of each point, checked: ``[N, 2]`` numbers, finite,
+    within :data:`MAX_COORDINATE_M`, at least two distinct points each (points within :data:`MIN_POINT_GAP_M` of
+    the one before dropped)."""
+    arrays = []
+    for points, what in zip(polylines, names):
+        try:
+            arr = np.asarray(points, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TerraInputError(f"{what}: points must be [x, y] pairs of numbers") from None
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise TerraInputError(f"{what}: points must be [x, y] pairs, got an array of shape {list(arr.shape)}")
+        arrays.append(arr)
+    if not arrays:
+        return np.zeros((0, 2)), np.zeros(0, dtype=np.int64)
+    xy = np.concatenate(arrays)
+    owner = np.repeat(np.arange(len(arrays)), [len(a) for a in arrays])
+    first = np.concatenate([[0], np.cumsum([len(a) for a in arrays])])
+    bad = ~np.isfinite(xy).all(axis=1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise TerraInputError(f"{names[owner[row]]}: point {row - first[owner[row]]} is not finite "
+                              f"({xy[row].tolist()}); give finite x, y in metres")
+    far = np.abs(xy).max(axis=1) > MAX_COORDINATE_M
+    if far.any():
+        row = int(np.flatnonzero(far)[0])
+        raise TerraInputError(f"{names[owner[row]]}: point {row - first[owner[row]]} lies "
+                              f"{past(np.abs(xy[row]).max(), MAX_COORDINATE_M)} m from the origin, beyond "
+                              f"{MAX_COORDINATE_M:g} m; give the road in the drive's local frame (metres)")
+    step = np.hypot(*np.diff(xy, axis=0).T)
+    keep = np.concatenate([[True], (step >= MIN_POINT_GAP_M) | (owner[1:] != owner[:-1])])
+    xy, owner = xy[keep], owner[keep]
+    counts = np.bincount(owner, minlength=len(arrays))
+    if (counts < 2).any():
+        short = int(np.flatnonzero(counts < 2)[0])
+        raise TerraInputError(f"{names[short]}: has {counts[short]} distinct point(s); a polyline needs at least 2")
+    return xy, owner
+
+
+class _Polylines:
+    """Checked polylines end to end, for interpolation along each: their points on one axis of arc length, each
+    polyline starting 1 m past the end of the one before."""
+
+    def __init__(self, xy: np.ndarray, owner: np.ndarray, count: int) -> None:
+        step = np.hypot(*np.diff(xy, axis=0).T) if len(xy) else np.zeros(0)
+        step[owner[1:] != owner[:-1]] = 1.0
+        self.xy, self.axis = xy, np.concatenate([[0.0], np.cumsum(step)])
+        first = np.concatenate([[0], np.flatnonzero(np.diff(owner)) + 1]).astype(np.int64)
+        last = np.concatenate([first[1:] - 1, [len(xy) - 1]]) if count else first
+        self.base = self.axis[first] if count else np.zeros(0)
+        self.lengths = self.axis[last] - self.base if count else np.zeros(0)
+
+    def at(self, which: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Points ``s`` metres along polylines ``which`` (clamped to their ends)."""
+        if not len(self.xy):
+            return np.zeros((0, 2))
+        where = self.base[which] + np.clip(s, 0.0, self.lengths[which])
+        return np.stack([np.interp(where, self.axis, self.xy[:, 0]), np.interp(where, self.axis, self.xy[:, 1])], -1)
+
+
+def _direction(vector: np.ndarray) -> np.ndarray:
+    return np.arctan2(vector[..., 1], vector[..., 0])
+
+
+def _connections(lanes: tuple[Lane, ...], curve: _Polylines, source: str) -> tuple[tuple[int, ...], ...]:
+    """Each lane's successors as lane indices: the stated ones (ids of lanes not on the road are dropped: a map cut
+    at its edge names lanes beyond it), else the lanes its end leads into by :data:`CHAIN_GAP_M` and
+    :data:`CHAIN_HEADING_RAD`, nearest first."""
+    index: dict[str, int] = {}
+    for i, lane in enumerate(lanes):
+        if index.setdefault(lane.id, i) != i:
+            raise TerraInputError(f"{source}: two lanes have the id {lane.id!r}; give each lane its own id")
+    if not lanes:
+        return ()
+    every = np.arange(len(lanes))
+    window = np.minimum(HEADING_WINDOW_M, curve.lengths)
+    begin, end = curve.at(every, np.zeros(len(lanes))), curve.at(every, curve.lengths)
+    start_heading = _direction(curve.at(every, window) - begin)
+    end_heading = _direction(end - curve.at(every, curve.lengths - window))
+    unknown = np.array([lane.successors is None for lane in lanes])
+    lane, other = CellIndex(begin, CHAIN_GAP_M).pairs(end[unknown])
+    lane = every[unknown][lane]
+    gap = np.hypot(*(begin[other] - end[lane]).T)
+    turn = np.abs(np.angle(np.exp(1j * (start_heading[other] - end_heading[lane]))))
+    joins = (gap < CHAIN_GAP_M) & (turn < CHAIN_HEADING_RAD)
+    lane, other, gap = lane[joins], other[joins], gap[joins]
+    order = np.lexsort((other, gap, lane))
+    found: dict[int, list[int]] = {}
+    for i, j in zip(lane[order].tolist(), other[order].tolist()):
+        found.setdefault(i, []).append(j)
+    return tuple(tuple(dict.fromkeys(index[s] for s in lane.successors if s in index)) if lane.successors is not None
+                 else tuple(found.get(i, ())) for i, lane in enumerate(lanes))
+
+
+__all__ = ["CHAIN_GAP_M", "CHAIN_HEADING_RAD", "LANE_SPACING_M", "MAX_COORDINATE_M", "MAX_LANES", "MAX_POINTS",
+           "Lane", "Road"]

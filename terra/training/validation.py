@@ -1,0 +1,126 @@
+"""A training run's validation (terra/training/run.py runs it before the first step and every ``eval_every`` steps):
+the held-out clips' loss and accuracy on the first window of each (with routes, the loss with no route too; with
+held-out recovery clips, theirs), and, with ``sample_gif``, greedy rollouts of the first ``sample_clips`` of them
+scored against their true frames (``val_psnr``, terra/training/preview.py) with the first written as a GIF; and
+whether a validation improves on the best so far (``export.best_by``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from terra.core.errors import TerraInputError
+from terra.training.data import ClipSet, TrainingData, stack_windows, validation_windows
+from terra.training.distributed import Processes, all_sum
+from terra.training.runlog import RunLog
+from terra.training.settings import SAMPLES_DIR, TrainSpec
+from terra.training.trainee import Trainee, trained_model
+
+
+@dataclass
+class Validation:
+    """What a run validates on: the held-out clips (their indices), whether their sample rollouts are scored and
+    drawn (``preview``: every process takes part) and the tokenizer that decodes them (the main process's, loaded
+    once; None on the others)."""
+
+    clips: list[int]
+    preview: bool
+    tokenizer: Any = None
+
+
+def plan_validation(spec: TrainSpec, data: TrainingData, frames: int, processes: Processes) -> Validation:
+    """The run's :class:`Validation` for windows of ``frames`` frames: no sample rollouts when the data's tokenizer
+    is not a folder here (said once), which ``export.best_by=val_psnr`` refuses in one line."""
+    val = validation_windows(data.val, frames)
+    preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
+    tokenizer = None
+    if preview and processes.main:
+        from terra.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
+    if spec.sample_gif and val and not preview:
+        missing = f"the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here"
+        if spec.export_best and spec.best_by == "val_psnr":
+            raise TerraInputError(f"export.best_by=val_psnr scores validation rollouts, and {missing}; "
+                                  "use export.best_by=val_loss")
+        if processes.main:
+            print(f"no sample rollouts: {missing}")
+    return Validation(val, preview, tokenizer)
+
+
+def validation_scores(spec: TrainSpec, trainee: Trainee, data: TrainingData, validation: Validation,
+                      processes: Processes, step: int, log: RunLog | None) -> dict[str, float]:
+    """The validation at ``step`` (the same scores on every process), said before and after on the main
+    process's ``log``; the sample rollouts' GIF written to ``samples/step{step}.gif``."""
+    began = time.perf_counter()
+    val = validation.clips
+    if log is not None:
+        rollouts = f" and greedy rollouts of {min(len(val), spec.sample_clips)}" if validation.preview else ""
+        log.say(f"validation at step {step}/{spec.max_steps}: loss on {len(val)} clips{rollouts} ...")
+    scores = _losses(trainee, data, val, processes)
+    if validation.preview:
+        scores["val_psnr"] = _rollout_psnr(spec, trainee, validation.tokenizer, data, val[:spec.sample_clips],
+                                           processes, spec.output_dir / SAMPLES_DIR / f"step{step:07d}.gif")
+    if log is not None:
+        log.say(f"validation at step {step}/{spec.max_steps} done in {time.perf_counter() - began:.1f} s: "
+                + " ".join(f"{k}={v:.4g}" for k, v in scores.items()))
+    return scores
+
+
+def improves(scores: dict[str, float], best: dict[str, float], metric: str) -> bool:
+    """Whether ``scores`` beat ``best`` on ``metric``: a lower ``val_loss``, a higher ``val_psnr``."""
+    return scores[metric] < best[metric] if metric == "val_loss" else scores[metric] > best[metric]
+
+
+@torch.no_grad()
+def _losses(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
+    """Mean loss and accuracy over the first window of every validation clip (every process scores all); with
+    routes, also the loss with no route (``val_loss_no_route``: above ``val_loss`` when the model reads its
+    routes); with held-out recovery clips, their loss from their first frame back on the car's pose with and without
+    their route (``val_recovery_loss``, ``val_recovery_loss_no_route``: the gap is what the route tells where the
+    earlier frames are off the car)."""
+    trainee.module.eval()
+    scores = _scores(trainee, data.val, val, processes, "val")
+    if data.val_recoveries is not None:
+        held = validation_windows(data.val_recoveries, trainee.frames)
+        scores |= {key: value for key, value in _scores(trainee, data.val_recoveries, held, processes,
+                                                        "val_recovery").items() if "_acc" not in key}
+    trainee.module.train()
+    return scores
+
+
+def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Processes, name: str
+            ) -> dict[str, float]:
+    """``{name}_loss``, ``{name}_acc`` (and ``{name}_loss_no_route`` with routes) over the first windows of the
+    chosen clips."""
+    totals: dict[str, float] = {}
+    for lo in range(0, len(chosen), trainee.micro_batch):
+        part = chosen[lo:lo + trainee.micro_batch]
+        windows = stack_windows(clips, part, [0] * len(part), trainee.frames).to(processes.device)
+        loss, acc = trainee.module(*windows)
+        totals[f"{name}_loss"] = totals.get(f"{name}_loss", 0.0) + float(loss) * len(part)
+        totals[f"{name}_acc"] = totals.get(f"{name}_acc", 0.0) + float(acc) * len(part)
+        if windows.routes is not None:
+            blind, _ = trainee.module(*windows._replace(routes=None))
+            key = f"{name}_loss_no_route"
+            totals[key] = totals.get(key, 0.0) + float(blind) * len(part)
+    return {key: total / max(len(chosen), 1) for key, total in totals.items()}
+
+
+def _rollout_psnr(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, clips: list[int],
+                  processes: Processes, path: Path) -> float:
+    """The validation rollouts' PSNR (terra/training/preview.py), run by the main process and shared with every
+    process; the first clip's GIF written to ``path``."""
+    model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
+    # float64: every process gets the score exactly as computed (float32 would round it)
+    score = torch.zeros(1, dtype=torch.float64, device=processes.device)
+    if model is not None:
+        from terra.training.preview import validation_rollouts
+
+        context = min(spec.sample_context, trainee.frames - 1)
+        score += validation_rollouts(path, model, tokenizer, data.val, clips, trainee.frames, context, processes.device)
+    return float(all_sum(score, processes).item())
