@@ -25,19 +25,16 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from terra.config.checks import one_line, shown
 from terra.core.atomic import json_text, write_text
+from terra.evaluation.settings import PHASE_TITLES as TITLES
+from terra.evaluation.settings import EvaluateSpec
 
-if TYPE_CHECKING:
-    from terra.evaluation.settings import EvaluateSpec  # which claims the folder for FILES
-
-TITLES = {"quality": "frame quality", "adherence": "manoeuvre adherence"}  # in run order: a phase's key → its name
 CHECKPOINTS = {"world_model": "the world model", "tokenizer": "the tokenizer"}  # inputs given as digests
 RUN_SETTINGS = {"overlap": "model.overlap", "zero_embed_code_0": "model.zero_embed_code_0",
                 "resize": "tokenizer.resize"}  # RunSpec.output_settings' keys → the settings' names (conf/)
-FILES = tuple(f"{key}.json" for key in TITLES)  # in out_dir, beside report.json
 
 
 @dataclass

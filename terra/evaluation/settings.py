@@ -18,7 +18,6 @@ from terra.config.checks import SEED, Range, check_choice, check_flag, check_set
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
-from terra.evaluation.phases import FILES as PHASE_FILES
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
 
@@ -39,6 +38,10 @@ SETTINGS = {  # documented in conf/evaluate.yaml; num_context and num_threads ar
 HORIZON = Range(1, 1000, "[4,7,10]", whole=True)  # each of adherence.horizons
 PARAM_RANGES = ("radius_m", "accel_mps2", "change_s")  # adherence's ranges of the pairs' manoeuvre parameters
 PAIRS_EXAMPLE = "adherence.pairs=[[curve_left,curve_right]]"
+
+
+PHASE_TITLES = {"quality": "frame quality", "adherence": "manoeuvre adherence"}  # in run order: key → name
+PHASE_FILES = tuple(f"{key}.json" for key in PHASE_TITLES)  # in out_dir, beside report.json (evaluation/phases.py)
 
 
 @dataclass(frozen=True)
