@@ -186,7 +186,8 @@ def test_the_projects_log_messages_speak_as_the_program(tmp_path):
 
     from terra.apps.runner import program_voice
 
-    (tmp_path / "straight.json").write_text(json.dumps({"manoeuvre": "straight"}))  # a trajectory without routes
+    poses = {"x": [0.0, 1.2, 2.4, 3.6], "y": [0.0] * 4}  # a trajectory without routes (a manoeuvre gets the scene's)
+    (tmp_path / "straight.json").write_text(json.dumps({"trajectory": poses}))
     result = terra_generate(tmp_path, *FAST, "trajectory=straight.json", "num_frames=1", "output.dir=out")
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "route" in line]

@@ -1,6 +1,7 @@
 """The docs' examples run as given: docs/generate.md's trajectory files (CSV and JSON, x forward and y to the left)
 through the ``terra-generate`` command printed beside each, and docs/rollout.md's samples (its sample with routes,
-written by the page's Python, too) through the batch's own check before any model loads. A trajectory covers
+written by the page's Python, too) through the batch's own check before any model loads, and docs/generate.md's
+Python example that passes a road through ``RolloutRequest``. A trajectory covers
 ``num_context + num_frames - 1`` frames; a shorter one is refused with that rule in its line."""
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def test_a_trajectory_example_with_a_broken_key_is_one_error(tmp_path):
     [example] = fenced("generate.md", "json")
     path = tmp_path / "traj.json"
     path.write_text(example.replace('"trajectory"', '"trajectroy"'))
-    with pytest.raises(TerraInputError, match="expected exactly one of the keys"):
+    with pytest.raises(TerraInputError, match="unknown key 'trajectroy' \\(did you mean 'trajectory'\\?\\)"):
         load_actions(path, 3)
 
 
@@ -167,4 +168,21 @@ def test_the_routes_example_runs_as_its_command_says(tmp_path):
     routes = item.inputs.routes  # [frames, K, 3]: y, x, s
     assert routes.shape == (3 + item.num_frames, route_tokens, 3)
     assert 1.7 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
-    np.testing.assert_allclose(np.hypot(*routes[0, :, :2].T - np.array([[200.0], [0.0]])), 200 - 1.75, rtol=1e-5)
+    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[200.0], [0.0]])), 200 - 1.75,
+                               atol=0.01)  # every frame's route: the centre line, 1.75 m to the car's left
+
+
+def test_the_python_road_example_runs_a_road_through_rollout_request(tmp_path, monkeypatch):
+    """docs/generate.md's Python example (its Routes section): a road followed at the car's poses into
+    ``RolloutRequest(routes=)`` on the demo model; its routes are those of the page's ``bend.json`` (to its 1 mm)."""
+    section = (ROOT / "docs" / "generate.md").read_text().split("## Routes", 1)[1].split("\n## ", 1)[0]
+    write, run = re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert "bend.json" in write and "RolloutRequest" in run
+    monkeypatch.chdir(tmp_path)
+    exec(write, {})  # noqa: S102  (the page's own examples)
+    names: dict = {}
+    exec(run, names)  # noqa: S102
+    assert names["result"].frames.shape == (7, 144, 256, 3) and names["request"].routes.shape == (7, 8, 3)
+    from terra.inputs.requests import trajectory_inputs
+
+    np.testing.assert_allclose(names["routes"], trajectory_inputs(tmp_path / "bend.json", 3, 4, 8).routes, atol=0.005)

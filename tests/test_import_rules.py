@@ -99,7 +99,7 @@ RULES = {
 }
 # Inside the closed-loop wing (terra/closedloop/__init__.py): the loop's core at its root, then its concerns, each
 # importing only those below it: car/ < policies/ < outcomes/ < recording/ (the run) < study/ (its client), gym/
-CLOSED_LOOP_CORE = ("loop", "plans", "worlds", "user_world", "scenarios", "guard")
+CLOSED_LOOP_CORE = ("loop", "plans", "worlds", "user_world", "scenarios", "scenario_maps", "guard")
 CLOSED_LOOP_FLOORS = ("car", "policies", "outcomes", "recording", "study")
 for _name in CLOSED_LOOP_CORE:
     RULES[f"terra/closedloop/{_name}.py"] = tuple(f"terra.closedloop.{p}" for p in (*CLOSED_LOOP_FLOORS[1:], "gym"))
@@ -168,9 +168,9 @@ PUBLIC = {
                                                                   "metrics", "videos"))},
     "evaluation": {"terra.evaluation", "terra.evaluation.settings", "terra.evaluation.run"},
     "closedloop": {"terra.closedloop", *(f"terra.closedloop.{m}" for m in (  # the run and what terra-drive composes
-        "recording.run", "recording.drives", "recording.settings", "loop", "scenarios", "worlds", "policies.builtin",
-        "study.report", "study.settings", "study.drives", "outcomes.plan_following", "policies.egodriver",
-        "policies.navsim", "gym.env", "policies.vision"))},
+        "recording.run", "recording.drives", "recording.settings", "loop", "scenarios", "scenario_maps", "worlds",
+        "policies.builtin", "study.report", "study.settings", "study.drives", "outcomes.plan_following",
+        "policies.egodriver", "policies.navsim", "gym.env", "policies.vision"))},
     "alpasim": {"terra.alpasim.settings", "terra.alpasim.sessions", "terra.alpasim.service", "terra.alpasim.client"},
     "apps": {"terra.apps.runner", "terra.apps.help"},  # an app imports no other app
 }

@@ -10,41 +10,70 @@ the road from its route at a window's first new frame scores lower with it when 
 
 from __future__ import annotations
 
-import argparse
+import sys
 from dataclasses import replace
+from pathlib import Path
 
-import torch
+from terra.config.assets import demo_checkpoints
+from terra.core.errors import TerraInputError
 
-from terra.config.sampling import SamplingConfig
-from terra.evaluation.measure import evaluate_quality
-from terra.generation.backends import model_backend
-from terra.pipeline import WorldModelPipeline
-from terra.sim.clips import make_clip
-from terra.sim.scene import Scene
-from terra.tokenizer import load_tokenizer
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import Parser, exit_2_on_input_error, existing, in_range  # noqa: E402
 
 MANOEUVRES = ("straight", "curve_left", "curve_right", "accelerate", "decelerate", "lane_change_left")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", help="route models' folders")
-    parser.add_argument("--tokenizer", default="terra/assets/demo/tokenizer")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+def check_route_model(folder: Path) -> None:
+    """Refuse, in one line, a model without route slots: told a route or none, it reads the same frames."""
+    from terra.contract.layout import TokenLayout
+    from terra.models.configuration_llama_action import LlamaActionConfig
+
+    try:
+        layout = TokenLayout.from_config(LlamaActionConfig.from_pretrained(folder))
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise TerraInputError(f"{folder}: its config.json is not a world model's ({err})") from None
+    if not layout.route_model:
+        raise TerraInputError(f"{folder} has no route slots (num_route_tokens 0): it cannot be told a route; give "
+                              "route models only")
+
+
+@exit_2_on_input_error("open_loop_routes")
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser("open_loop_routes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="+", type=existing("folder", "config.json"), help="route models' folders")
+    parser.add_argument("--tokenizer", type=existing("folder", "config.json"), default=demo_checkpoints()[1],
+                        help="the tokenizer's folder (default: the demo tokenizer)")
+    parser.add_argument("--threads", type=in_range(int, 1, 1024), default=2, help="CPU threads torch uses")
+    args = parser.parse_args(argv)
+    for folder in args.models:
+        check_route_model(folder)
+
+    import torch
+
+    from terra.config.sampling import SamplingConfig
+    from terra.evaluation.measure import evaluate_quality
+    from terra.generation.backends import model_backend
+    from terra.pipeline import WorldModelPipeline
+    from terra.sim.clips import make_clip
+    from terra.sim.scene import Scene
+    from terra.tokenizer import load_tokenizer
+
     torch.set_num_threads(args.threads)
     clips = [make_clip(Scene.generate(10_000_000 + i), name, 13, 144, 256, speed_kmh=30.0, start_s=40.0)
              for i, name in enumerate(MANOEUVRES * 2)]
     blind = [replace(clip, routes=None) for clip in clips]  # a clip without routes is told none (clip_routes)
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(str(args.tokenizer))
     print(f"{'model':40} {'told':9} {'steps 1-4 (dB)':28} mean")
     for folder in args.models:
-        pipeline = WorldModelPipeline(tokenizer, model_backend(folder))
+        pipeline = WorldModelPipeline(tokenizer, model_backend(str(folder)))
         for name, told in (("its route", clips), ("no route", blind)):
             psnr = evaluate_quality(pipeline, told, 3, SamplingConfig(temperature=0.0), 0, False)["psnr"]
             steps = " / ".join(f"{v:.2f}" for v in psnr["mean"][:4])
-            print(f"{folder:40} {name:9} {steps:28} {psnr['overall']:.2f}")
+            print(f"{str(folder):40} {name:9} {steps:28} {psnr['overall']:.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,20 +26,31 @@ response, replayed" (``--drives``), and MODEL_CARD.md, "The route model" (the sw
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from terra.config.assets import demo_checkpoints
 from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.core.atomic import atomic_path, json_text, write_text
+from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import action_arc, along_arc, to_ego
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import Parser, check_output, exit_2_on_input_error, existing, in_range  # noqa: E402
 
 TOLD = ("forecast", "driven", "held")
 FUTURE_STEPS = int(np.ceil(ACTION_TIMES[-1] * FRAME_RATE_HZ))  # the steps of poses an action reads past its own
 BOOTSTRAPS = 2000
+MAX_FRAMES = 10_000  # terra-drive's num_steps bound (conf/drive.yaml)
+MAX_SCENARIOS = 100_000  # terra-drive's num_scenarios bound (conf/drive.yaml)
 
 
 def driven_action(poses: np.ndarray, k: int) -> np.ndarray:
@@ -132,33 +143,77 @@ def replay(pipeline, records: list[dict], told: str, frames: int, seed: int, tem
     return offsets
 
 
+def read_drive(path: Path, told: list[str]) -> dict:
+    """A recorded drive's fields :func:`replay` reads, checked once: the scenario's name ending in its index, finite
+    ``world_poses [N, 3]`` and, told ``forecast``, finite ``actions [M, 6, 3]``; one line naming the file otherwise."""
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TerraInputError(f"--drives {path} line {err.lineno}: not JSON ({err.msg}); give terra-drive's drive "
+                              "JSON files") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise TerraInputError(f"--drives {path}: cannot be read ({err}); give terra-drive's drive JSON files") from None
+    if not isinstance(record, dict):
+        raise TerraInputError(f"--drives {path} holds no JSON object; give terra-drive's drive JSON files")
+    name = record.get("scenario")
+    index = re.fullmatch(r".*-(\d+)", name) if isinstance(name, str) else None
+    if index is None or int(index[1]) >= MAX_SCENARIOS:
+        raise TerraInputError(f"--drives {path}: 'scenario' is {name!r}, not a synthetic scenario's name "
+                              f"(NAME-INDEX, INDEX below {MAX_SCENARIOS})")
+    wanted = {"world_poses": (3,)} | ({"actions": (6, 3)} if "forecast" in told else {})
+    for key, shape in wanted.items():
+        try:
+            value = np.asarray(record.get(key))
+        except ValueError:  # ragged
+            value = np.asarray(None)
+        if value.dtype.kind not in "iuf" or value.ndim != 1 + len(shape) or value.shape[1:] != shape \
+                or not np.isfinite(value).all():
+            raise TerraInputError(f"--drives {path}: {key!r} is not a list of finite numbers of shape "
+                                  f"[N, {', '.join(map(str, shape))}]")
+    return record
+
+
+@exit_2_on_input_error("replay_lane_response")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    world_model, tokenizer = demo_checkpoints()
+    parser = Parser("replay_lane_response", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--drives", help="a glob of recorded drives' JSON files (terra-drive's)")
-    source.add_argument("--weave", nargs=2, type=float, metavar=("WAVELENGTH_M", "AMPLITUDE_M"),
+    source.add_argument("--weave", nargs=2, type=in_range(float, 0, 1000), metavar=("WAVELENGTH_M", "AMPLITUDE_M"),
                         help="replay made-up drives swinging about their lane instead (module docstring)")
-    parser.add_argument("--scenarios", type=int, default=8, help="--weave: the synthetic scenarios driven")
-    parser.add_argument("--model", default="terra/assets/demo/world_model", help="the world model's folder")
-    parser.add_argument("--tokenizer", default="terra/assets/demo/tokenizer", help="the tokenizer's folder")
+    parser.add_argument("--scenarios", type=in_range(int, 1, MAX_SCENARIOS), default=8,
+                        help="--weave: the synthetic scenarios driven")
+    parser.add_argument("--model", type=existing("folder", "config.json"), default=world_model,
+                        help="the world model's folder (default: the demo model)")
+    parser.add_argument("--tokenizer", type=existing("folder", "config.json"), default=tokenizer,
+                        help="the tokenizer's folder (default: the demo tokenizer)")
     parser.add_argument("--told", nargs="+", choices=TOLD, default=list(TOLD), help="the paths the model is told")
-    parser.add_argument("--frames", type=int, default=66, help="steps replayed from each drive's start")
-    parser.add_argument("--within", type=float, default=0.5, help="frames whose true lane lies within this (m)")
-    parser.add_argument("--seed", type=int, default=0, help="the drives' sampling seed")
-    parser.add_argument("--temperature", type=float, default=1.0, help="the model's sampling temperature (0: greedy)")
-    parser.add_argument("--out", help="also write the figures (and the offsets, .npz) here (.json)")
+    parser.add_argument("--frames", type=in_range(int, 1, MAX_FRAMES), default=66,
+                        help="steps replayed from each drive's start")
+    parser.add_argument("--within", type=in_range(float, 0, 100, above=True), default=0.5,
+                        help="frames whose true lane lies within this (m)")
+    parser.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0, help="the drives' sampling seed")
+    parser.add_argument("--temperature", type=in_range(float, 0, 100), default=1.0,
+                        help="the model's sampling temperature (0: greedy)")
+    parser.add_argument("--out", type=Path, help="also write the figures (and the offsets, .npz) here (.json)")
     args = parser.parse_args(argv)
+    paths = [] if args.weave else [Path(p) for p in sorted(glob.glob(args.drives))]
+    if args.drives and not paths:
+        parser.error(f"--drives {args.drives!r} matches no file; give a glob of terra-drive's drive JSON files")
+    if args.out:
+        inputs = [*paths, args.model, args.tokenizer]
+        check_output(args.out, "--out", inputs)
+        check_output(args.out.with_suffix(".npz"), "--out", inputs)
     if args.weave:
         wavelength, amplitude = args.weave
-        if wavelength <= 0 or amplitude < 0 or args.scenarios < 1:
-            parser.error("--weave takes a wavelength > 0 and an amplitude >= 0 (m), --scenarios at least 1")
+        if wavelength <= 0:
+            parser.error("--weave takes a wavelength > 0 and an amplitude >= 0 (m)")
         records = [weave_record(i, args.frames, wavelength, amplitude) for i in range(args.scenarios)]
     else:
-        paths = sorted(glob.glob(args.drives))
-        if not paths:
-            parser.error(f"--drives {args.drives!r} matches no file; give a glob of terra-drive's drive JSON files")
-        records = [json.loads(Path(p).read_text()) for p in paths]
+        records = [read_drive(p, args.told) for p in paths]
     frames = min(args.frames, *(len(r["world_poses"]) - 1 - FUTURE_STEPS for r in records))
+    if "forecast" in args.told:
+        frames = min(frames, *(len(r["actions"]) for r in records))
     if frames < 1:
         parser.error("the drives are too short to replay: each needs 3 s of poses past the first step")
     report: dict = {"drives": len(records), "frames": frames, "within_m": args.within,
@@ -167,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     from terra.pipeline import WorldModelPipeline
     from terra.tokenizer import load_tokenizer
 
-    pipeline = WorldModelPipeline(load_tokenizer(args.tokenizer), model_backend(args.model))
+    pipeline = WorldModelPipeline(load_tokenizer(str(args.tokenizer)), model_backend(str(args.model)))
     arrays = {}
     for told in args.told:
         offsets = replay(pipeline, records, told, frames, args.seed, args.temperature)
@@ -183,8 +238,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"control: the truth through the tokenizer on the truth {fmt(report['control_tokenizer_on_truth'])} "
           f"({len(records)} drives x {frames} steps, true lane within {args.within} m)")
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        np.savez(Path(args.out).with_suffix(".npz"), **arrays)
+        with atomic_path(args.out.with_suffix(".npz")) as tmp:
+            np.savez(tmp, **arrays)
+        write_text(args.out, json_text(report, indent=1) + "\n")
 
 
 def fmt(figure: dict) -> str:

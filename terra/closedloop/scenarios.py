@@ -19,7 +19,7 @@ context frame (terra/closedloop/loop.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -33,6 +33,7 @@ from terra.inputs.ego_motion import speed_of, to_ego
 from terra.inputs.routes import GIVEN_ROUTE_KEYS
 from terra.inputs.samples import Sample, read_samples
 from terra.inputs.trajectory import MAX_COORDINATE_M, EgoTrajectory
+from terra.roads import Road, routes_along
 from terra.sim.clips import FUTURE_S, clip_from_trajectory
 from terra.sim.renderer import FAR_M
 from terra.sim.scene import Scene
@@ -60,6 +61,8 @@ class Scenario:
     scene: Scene | None = None  # the true world's scene: a route and ground truth
     context_poses: np.ndarray | None = None  # [n, 3] world poses of the context frames, where the scene is known
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
+    road: Road | None = None  # a road read from a map (terra/closedloop/scenario_maps.py): the model world's
+    # routes come from it instead of the scene
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
 
@@ -76,9 +79,13 @@ class Scenario:
         return to_ego(ahead, pose)
 
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None:
-        """The world model's routes at world ``poses`` ``[..., 3]``: the scene's centreline ahead of each, ``[..., K,
-        3]`` (terra/contract/routes.py); None where the scene is not known (the model then runs with "no
-        route")."""
+        """The world model's routes at world ``poses`` ``[..., 3]``: the road's (where one was read from a map:
+        ``routes_along``, terra/roads/follow.py), else the scene's centreline ahead of each, ``[..., K, 3]``
+        (terra/contract/routes.py); None where neither is known (the model then runs with "no route")."""
+        if self.road is not None:
+            poses = np.asarray(poses, dtype=np.float64)
+            routes = routes_along(self.road, poses.reshape(-1, 3), route_tokens)
+            return routes.reshape(poses.shape[:-1] + routes.shape[1:])
         return None if self.scene is None else self.scene.route(poses, route_tokens)
 
     def left_scene(self, pose: np.ndarray) -> str | None:
@@ -178,6 +185,7 @@ class ScenarioSource:
     clips: tuple[Path, ...] = ()  # driving logs: the clip folder of each scenario
     samples: tuple[Sample, ...] = ()  # a JSONL of samples: the sample of each scenario
     image_root: str | None = None  # a batch JSONL: where relative context paths start (None: the JSONL's folder)
+    roads: tuple[Road, ...] = ()  # per scenario, a road read from a map that the model world's routes come from
 
     @property
     def inputs(self) -> Reads:
@@ -191,11 +199,15 @@ class ScenarioSource:
         tokenizer's)."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
         if self.kind == SYNTHETIC:
-            return synthetic_scenarios(len(self.ids), self.seed, image_size, num_context, indices=chosen)
-        if self.kind == "logs":
-            return [_log_scenario(self.clips[i], image_size, num_context, resize, self.reads[i]) for i in chosen]
-        return [_sample_scenario(self.samples[i], image_size, num_context, self.image_root, resize, self.reads[i])
-                for i in chosen]
+            loaded = synthetic_scenarios(len(self.ids), self.seed, image_size, num_context, indices=chosen)
+        elif self.kind == "logs":
+            loaded = [_log_scenario(self.clips[i], image_size, num_context, resize, self.reads[i]) for i in chosen]
+        else:
+            loaded = [_sample_scenario(self.samples[i], image_size, num_context, self.image_root, resize,
+                                       self.reads[i]) for i in chosen]
+        if not self.roads:
+            return loaded
+        return [replace(s, road=self.roads[i], reads=self.reads[i]) for i, s in zip(chosen, loaded)]
 
 
 def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0,

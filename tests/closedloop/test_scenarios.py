@@ -52,3 +52,31 @@ def test_batch_samples_become_scenarios(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"sample_id": 1}\n')
     with pytest.raises(TerraInputError, match="line 1"):
         sample_scenarios(tmp_path / "bad.jsonl", SIZE)
+
+
+def test_a_jsonl_scenario_refuses_a_route_in_one_line(tmp_path):
+    """terra-drive takes no route from a sample (its drives go where the policy steers): a route beside the
+    trajectory (even 7 points, which terra-rollout refuses) or in its trajectory file is one line, never dropped;
+    a misspelt key and a number in quotes too."""
+    frames = synthetic_scenarios(1, 5, SIZE)[0].images
+    for i, frame in enumerate(frames):
+        Image.fromarray(frame).save(tmp_path / f"f{i}.png")
+    base = {"sample_id": "a", "context": [f"f{i}.png" for i in range(3)], "manoeuvre": "curve_left"}
+    seven = [[[10.0 * (k + 1), 0.0] for k in range(7)]] * 4
+    (tmp_path / "routed.json").write_text(json.dumps({"manoeuvre": "straight", "ego_routes": seven}))
+    cases = {"ego_routes": ({**base, "ego_routes": seven}, "line 1: gives ego_routes, but terra-drive takes no route "
+                                                           "from a JSONL sample"),
+             "road": ({**base, "road": [[0, 0], [100, 0]]}, "line 1: gives road, but terra-drive takes no route"),
+             "old": ({**base, "routes": seven}, "line 1: gives routes, but terra-drive takes no route"),
+             "typo": ({**base, "route": seven}, "line 1: unknown key 'route' (did you mean 'ego_routes'?)"),
+             "file": ({"sample_id": "a", "context": base["context"], "trajectory": "routed.json"},
+                      "sample 'a': the trajectory carries routes, but terra-drive takes no route"),
+             "quoted": ({"sample_id": "a", "context": base["context"],
+                         "trajectory": {"x": ["0", 1.0, 2.0], "y": [0.0, 0.0, 0.0]}}, "the string '0'")}
+    for name, (line, text) in cases.items():
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(line) + "\n")
+        with pytest.raises(TerraInputError) as err:
+            sample_scenarios(tmp_path / f"{name}.jsonl", SIZE, num_context=3)
+        assert text in str(err.value) and "\n" not in str(err.value), (name, str(err.value))
+    (tmp_path / "null.jsonl").write_text(json.dumps({**base, "ego_routes": None}) + "\n")  # null: no route, as before
+    assert len(sample_scenarios(tmp_path / "null.jsonl", SIZE, num_context=3)) == 1

@@ -6,15 +6,32 @@ the tokenizer) reads near 1."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from terra.contract.actions import ACTION_TIMES
 from terra.inputs.ego_motion import compose, ego_motion, to_ego
-from tests.conftest import load_script
+from tests.conftest import SCRIPTS, load_script
 
 script = load_script("experiments/replay_lane_response")
+SCRIPT = SCRIPTS / "experiments" / "replay_lane_response.py"
+SMALL = ["--told", "held", "--frames", "1"]  # the least work a run does, were a check to come after it
+
+
+def run(args: list[str], cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def refused(args: list[str], *words: str) -> str:
+    """The script run on ``args`` ends with exit 2 and one stderr line holding ``words``, no traceback."""
+    done = run(args)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert all(word in lines[0] for word in words), lines[0]
+    return lines[0]
 
 
 def arc_poses(curvature: float, speed: float, steps: int, start=(3.0, -2.0, 0.7)) -> np.ndarray:
@@ -100,3 +117,51 @@ def test_a_replay_on_the_demo_model_reads_its_control_near_one(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_:
         script.main(["--weave", "0", "0.3"])
     assert exit_.value.code == 2 and "wavelength > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [
+    ["--weave", "8", "0.3", "--frames", "100000000"],
+    ["--weave", "8", "0.3", "--frames", "0"],
+    ["--weave", "8", "0.3", "--within", "-1"],
+    ["--weave", "8", "0.3", "--within", "nan"],
+    ["--weave", "8", "0.3", "--temperature", "inf"],
+    ["--weave", "8", "0.3", "--seed", "-1"],
+    ["--weave", "8", "0.3", "--scenarios", "-3"],
+    ["--weave", "nan", "0.3"],
+    ["--weave", "8", "-0.3"],
+], ids=["frames-huge", "frames-0", "within-negative", "within-nan", "temperature-inf", "seed-negative",
+        "scenarios-negative", "weave-nan", "amplitude-negative"])
+def test_numbers_out_of_range_are_one_line(args):
+    refused(args, "replay_lane_response: error: argument", "takes a")
+
+
+def test_a_bad_out_is_refused_before_the_work(tmp_path):
+    drive = tmp_path / "drive0.json"
+    drive.write_text(json.dumps(script.weave_record(0, 4, 16.0, 0.5)))
+    refused(["--weave", "8", "0.3", "--scenarios", "1", *SMALL, "--out", str(tmp_path / "missing" / "r.json")],
+            "--out", "does not exist")
+    refused(["--weave", "8", "0.3", "--scenarios", "1", *SMALL, "--out", str(tmp_path)], "--out", "is a folder")
+    refused(["--drives", str(drive), *SMALL, "--out", str(drive)], "--out", "would overwrite the input")
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"scenario": "synthetic-0",\n "world_poses": [[0.0, 1.0', ["line 2", "not JSON"]),
+    ('{"scenario": "synthetic-0", "actions": []}', ["'world_poses'"]),
+    ('{"scenario": "synthetic-0", "world_poses": [["1.5", 0, 0]]}', ["'world_poses'"]),
+    ('{"scenario": "synthetic-0", "world_poses": [[NaN, 0, 0]]}', ["'world_poses'"]),
+    ('{"scenario": 7, "world_poses": [[0, 0, 0]]}', ["'scenario'"]),
+    ('[1, 2]', ["no JSON object"]),
+], ids=["torn", "no-poses", "string-poses", "nan-poses", "no-scenario-name", "not-an-object"])
+def test_a_torn_drive_file_is_one_line_naming_it(tmp_path, text, words):
+    (tmp_path / "drive.json").write_text(text)
+    refused(["--drives", str(tmp_path / "*.json"), *SMALL], str(tmp_path / "drive.json"), *words)
+
+
+def test_the_default_and_checkout_paths_work_from_another_folder(tmp_path):
+    out = tmp_path / "r.json"
+    done = run(["--weave", "8", "0.3", "--scenarios", "1", *SMALL, "--out", "r.json"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(out.read_text())["frames"] == 1 and out.with_suffix(".npz").is_file()
+    refused(["--weave", "8", "0.3", "--model", "no/such/model"], "--model", "no/such/model is no folder")
+    assert script.main(["--weave", "8", "0.3", "--scenarios", "1", *SMALL, "--model",
+                        "terra/assets/demo/world_model"]) == 0  # the docs' path, found in the checkout

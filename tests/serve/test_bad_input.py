@@ -59,6 +59,17 @@ def still_serving(client, sid: str) -> None:
                  id="huge-integer"),
     (b'{"action": {"manoeuvre": "\\ud800"}}', 400, "unknown manoeuvre"),
     (b"\xff\xfe{}", 400, "malformed JSON"),
+    # a route in a step is refused, not dropped (a session's route comes from its scene), and numbers are numbers
+    (b'{"action": {"trajectory": {"x": [0, 1, 2], "y": [0, 0, 0], "routes": [[10, 0]]}}}', 400,
+     "an action's trajectory gives 'routes', but a step takes no route"),
+    (b'{"action": {"trajectory": {"x": [0, 1, 2], "y": [0, 0, 0]}, "ego_routes": [[[10, 0]]]}}', 400,
+     "an action gives 'ego_routes', but a step takes no route"),
+    (b'{"action": {"steer": 0, "speed_kmh": 30}, "Road": [[0, 0], [50, 0]]}', 400,
+     "a step gives 'Road', but a step takes no route"),
+    (b'{"action": {"trajectory": {"x": ["0", 1, 2], "y": [0, 0, 0]}}}', 400, "not numbers: the string '0'"),
+    (b'{"action": {"trajectory": {"x": [0, 1, 2], "y": [0, false, 0]}}}', 400, "false (a boolean)"),
+    (b'{"action": [["1.5", 1, 0.45], [0, 2, 0.95], [0, 3, 1.45], [0, 4, 1.95], [0, 5, 2.45], [0, 6, 2.95]]}', 400,
+     "not numbers: the string '1.5'"),
 ])
 def test_bad_steps_are_400_with_one_line(client, session_id, body, status, message):
     response = client.post(f"/sessions/{session_id}/step", content=body, headers=JSON)
@@ -157,12 +168,19 @@ def test_socket_errors_are_frames_and_the_socket_keeps_working(server, client, s
         '{"type": "step", "action": ' + "[" * 20_000 + "]" * 20_000 + "}",
         '{"type": "step", "action": {"steer": 0, "speed_kmh": ' + "9" * 400 + "}}",
     ]
+    said = {  # a route in a step message is refused, not dropped; a misspelt key is guessed
+        json.dumps({"type": "step", "action": STRAIGHT, "routes": [[[10, 0]] * 8] * 2}): "a step takes no route",
+        json.dumps({"type": "step", "action": {"trajectory": {"x": [0, 1], "y": [0, 0], "road": [[0, 0], [9, 0]]}}}):
+            "an action's trajectory gives 'road', but a step takes no route",
+        json.dumps({"type": "step", "acton": STRAIGHT}): "unknown key 'acton' (did you mean 'action'?)",
+    }
     with open_socket(server, session_id) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
-        for message in bad:
+        for message in [*bad, *said]:
             ws.send(message)
             reply = json.loads(ws.recv(timeout=30))
             assert reply["type"] == "error" and reply["message"] and "\n" not in reply["message"], (message, reply)
+            assert said.get(message, "") in reply["message"], (message, reply)
         ws.send(json.dumps({"type": "step", "action": STRAIGHT}))
         assert receive_frame(ws)[0]["index"] == 0
         ws.send("x" * 70_000)  # over serve.max_message_bytes: the server closes this socket (1009)

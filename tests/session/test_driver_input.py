@@ -64,6 +64,10 @@ def test_parse_action_forms():
     ({"steer": 0, "actions": []}, "exactly one of"),
     ({"manoeuvre": "fly"}, "unknown manoeuvre"),
     ({"trajectory": {"x": [0]}}, "lacks y"),
+    ({"trajectory": {"x": [0, 1], "y": [0, 0], "routes": []}}, "an action's trajectory gives 'routes', but a step"),
+    ({"steer": 0, "speed_kmh": 30, "route": []}, "an action gives 'route', but a step takes no route"),
+    ({"trajectory": {"x": [0, "1"], "y": [0, 0]}}, "the string '1'"),
+    ([[True, 1, 0.45]] * 6, "true \\(a boolean\\)"),
 ])
 def test_parse_action_rejects_bad_input_in_one_line(value, message):
     with pytest.raises(TerraInputError, match=message) as err:

@@ -11,7 +11,8 @@ each script puts scripts/ on ``sys.path`` and imports it as ``bench.lib``.
   recorded about it;
 * :mod:`bench.lib.measure`, :mod:`bench.lib.profiling`, :mod:`bench.lib.e2e`: one part's measurements in its worker;
 * :mod:`bench.lib.report`: derived ratios, targets and the table over every part;
-* :mod:`bench.lib.cli`: what every benchmark script's command line shares (comma lists, exit 2, client threads).
+* :mod:`bench.lib.cli`: what the command lines of the benchmarks and experiments share (one-line errors with exit 2,
+  number ranges, input paths found from any folder, outputs checked first, comma lists, client threads).
 * :mod:`bench.lib.engine_steps`: scripts/checks/check_jacobi_vllm.py's: a vLLM engine's steps counted and timed,
   and rollouts run end to end beside what the step time projects.
 

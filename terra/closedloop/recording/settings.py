@@ -25,6 +25,7 @@ from terra.closedloop.plans import Policy
 from terra.closedloop.policies.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
 from terra.closedloop.recording.files import claim_drive_folder
 from terra.closedloop.recording.run import RunSettings
+from terra.closedloop.scenario_maps import SCENE_ROAD, with_maps
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import World
@@ -96,6 +97,7 @@ class DriveSettings:
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model's engine draws
     measure: bool = False  # every drive measured against the truth (a study's): the model world keeps references
     other_world: OtherWorld | None = None  # builds a world none of the above is (a study's controls), on open
+    road: str = SCENE_ROAD  # where the model world's routes come from: the scenes, or a folder of maps
 
     @property
     def drive_ids(self) -> list[str]:
@@ -112,8 +114,9 @@ class DriveSettings:
         the run's part of every fingerprint (terra/config/spec.py, ``RunSpec.output_settings``) and the checkpoints and
         engine that make them (a drive folder holds one model's drives)."""
         run = self.run
+        told = {} if self.road == SCENE_ROAD else {"road": self.road}  # the routes' source, where not the scenes
         return {**run.output_settings(), "world_model": run.world_model, "tokenizer": run.tokenizer,
-                "backend": run.backend, "dtype": run.dtype}
+                "backend": run.backend, "dtype": run.dtype, **told}
 
     def run_settings(self, progress: bool, folder: Path | None = None) -> RunSettings:
         """How the drives run and where they go (``folder``: a study's, each world's sub-folder set by the study;
@@ -158,6 +161,10 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
     scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
                                 None if image_root is None else str(image_root))
+    road = select(cfg, "road")
+    if not isinstance(road, str) or not road:
+        raise TerraInputError(f"road must be {SCENE_ROAD} or a folder of clipgt maps (got {shown(road)})")
+    scenarios = with_maps(scenarios, road)
     if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world renders their scenes)")
     every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
@@ -170,7 +177,7 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
         run_spec(cfg), policies, args, scenarios, tuple(every), values["num_seeds"], world, (world,), user_worlds,
         vehicle, num_steps, values["seed"], timeout_s, values["max_concurrent"], values["writer_processes"],
         check_flag(select(cfg, "resume"), "resume"), check_flag(select(cfg, "progress"), "progress"), estimator, shard,
-        shards, executor, ray, videos, None)
+        shards, executor, ray, videos, None, road=road if road == SCENE_ROAD else str(Path(road).expanduser()))
 
 
 def shard_of(settings: DriveSettings, drives: Sequence[tuple[int, str, int]]) -> tuple[tuple[int, str, int], ...]:

@@ -1,0 +1,73 @@
+"""The road the model world is told, read from maps: terra-drive's ``road`` setting (conf/drive.yaml).
+
+``road=scene`` (the default): a synthetic scenario's routes are its scene's (``Scene.route``). ``road=FOLDER``: a
+folder of AlpaSim clipgt maps (terra/roads/clipgt.py), one per scenario, named ``<scenario id>.zip``
+(``synthetic-0-003.zip``), each in its scenario's world frame; the model world's routes are then read from that map
+through ``routes_along`` (terra/roads/follow.py), the one place a world-frame road becomes ego routes, while the true
+world, the policies and the measurements keep the scene. :func:`with_maps` reads every map before any drive starts (a
+missing or unreadable one is one line naming the scenario and the file); :func:`export_maps` writes the synthetic
+scenarios' roads in that layout (``terra.sim.roads.scene_road``), so a run can be told its road from maps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from terra.closedloop.scenarios import ScenarioSource, synthetic_scenarios
+from terra.core.errors import TerraInputError, error_reason
+
+SCENE_ROAD = "scene"  # road=scene: the scenarios' own scenes tell the routes
+MAP_SUFFIX = ".zip"
+EXPORT_IMAGE_SIZE = (16, 16)  # the scenes are what is exported; their context frames are drawn this small
+
+
+def map_path(folder: str | Path, scenario_id: str) -> Path:
+    """Where scenario ``scenario_id``'s map lies in a ``road`` folder."""
+    return Path(folder).expanduser() / f"{scenario_id}{MAP_SUFFIX}"
+
+
+def with_maps(source: ScenarioSource, road: str) -> ScenarioSource:
+    """``source`` with each scenario's road read from its map in folder ``road`` (``scene``: ``source`` as it is);
+    the maps join what the scenarios read (the output folder stays apart from them). One line for a missing folder,
+    a scenario without its map, or a map that cannot be read."""
+    from terra.roads import read_clipgt
+
+    if road == SCENE_ROAD:
+        return source
+    folder = Path(road).expanduser()
+    if not folder.is_dir():
+        raise TerraInputError(f"road={road} is not a folder; give {SCENE_ROAD} or a folder of clipgt maps, one per "
+                              f"scenario named <scenario id>{MAP_SUFFIX} (docs/drive.md, \"Roads from maps\")")
+    roads = []
+    for scenario_id in source.ids:
+        path = map_path(folder, scenario_id)
+        if not path.is_file():
+            raise TerraInputError(f"road: scenario {scenario_id} has no map {path}; export one (docs/drive.md, "
+                                  "\"Roads from maps\") or use road=scene")
+        try:  # a map the reader cannot take is its one line, naming this source
+            roads.append(read_clipgt(path, f"road: scenario {scenario_id}'s map {path}"))
+        except OSError as err:
+            raise TerraInputError(f"road: scenario {scenario_id}'s map {path} cannot be read ({error_reason(err)})"
+                                  ) from None
+    reads = tuple((*reads, ("road map", str(map_path(folder, i)))) for reads, i in zip(source.reads, source.ids))
+    return replace(source, roads=tuple(roads), reads=reads)
+
+
+def export_maps(folder: str | Path, num_scenarios: int = 4, scenario_seed: int = 0) -> list[Path]:
+    """The roads of the synthetic scenarios terra-drive's ``num_scenarios`` and ``scenario_seed`` draw, written as
+    clipgt maps ``<scenario id>.zip`` into ``folder`` (made where missing), for ``road=folder``; the paths written."""
+    from terra.roads import write_clipgt
+    from terra.sim.roads import scene_road
+
+    out = Path(folder).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for scenario in synthetic_scenarios(num_scenarios, scenario_seed, EXPORT_IMAGE_SIZE, num_context=1):
+        path = map_path(out, scenario.id)
+        write_clipgt(scene_road(scenario.scene), path, clip_id=scenario.id)
+        written.append(path)
+    return written
+
+
+__all__ = ["SCENE_ROAD", "export_maps", "map_path", "with_maps"]
