@@ -1,7 +1,7 @@
 """Frames → files, for ``terra-generate`` and the batch writer alike: what is drawn on the frames
 (:func:`shown_frames`), one file per format (:func:`write_formats`), and a ``terra-generate`` run's videos, grid
 and sidecar (:func:`write_outputs`), of which nothing stays when the run fails or is interrupted while writing.
-The names and checks are terra/config/outputs.py's.
+The names and checks are terra/config/outputs.py's. What a sidecar says of a rollout's routes is :func:`route_record`'s.
 """
 
 from __future__ import annotations
@@ -23,14 +23,27 @@ if TYPE_CHECKING:
 
 
 def shown_frames(frames: np.ndarray, actions: np.ndarray, num_context: int, mark_context: bool,
-                 overlay_trajectory: bool) -> np.ndarray:
-    """The frames as written: with the commanded path drawn on (``overlay_trajectory``) and the context frames
-    marked (``mark_context``)."""
+                 overlay_trajectory: bool, routes: np.ndarray | None = None) -> np.ndarray:
+    """The frames as written: with the commanded path and the told ``routes`` (``[T, K, 3]``, None: none) drawn on
+    (``overlay_trajectory``) and the context frames marked (``mark_context``)."""
     if overlay_trajectory:
-        frames = draw_trajectory(frames, actions[: len(frames)])
+        frames = draw_trajectory(frames, actions[: len(frames)], routes=routes)
     if mark_context:
         frames = mark_frames(frames, num_context)
     return frames
+
+
+def route_record(routes: np.ndarray | None, source: str | None, frames: int) -> dict[str, Any]:
+    """What a sidecar says of a rollout's routes (docs/generate.md, "Routes"): ``route``, whether routes were
+    told; ``route_source``, where they came from (terra/inputs/requests.py, ``RolloutInputs.route_source``; None:
+    none told); ``ego_routes``, each of the ``frames`` frames' told route (``routes[t]``, ``[K, 3]`` ``[y, x, s]``)
+    as ``[[x, y], ...]`` in that frame's ego frame to the millimetre, point ``k`` at ``80 m * (k + 1) / K`` along
+    the road, as a trajectory's ``ego_routes`` are written, or null for a frame told no route (None: none told)."""
+    if routes is None:
+        return {"route": False, "route_source": None, "ego_routes": None}
+    routes = np.asarray(routes, dtype=np.float64)[:frames]
+    told = [np.round(route[:, [1, 0]], 3).tolist() if np.isfinite(route).all() else None for route in routes]
+    return {"route": True, "route_source": source, "ego_routes": told + [None] * (frames - len(told))}
 
 
 def write_formats(paths: Mapping[str, Path], frames: np.ndarray, fps: float, written: list[Path]) -> None:
@@ -51,13 +64,15 @@ def write_outputs(
     config: dict,
     timings: dict[str, float],
     ground_truth: np.ndarray | None = None,
+    route_source: str | None = None,
     **record: Any,
 ) -> list[Path]:
     """Write every rollout's videos and one sidecar describing the run; return the written paths.
 
     ``ground_truth`` (uint8 ``[num_frames, H, W, 3]``), when known, adds per-frame PSNR to the sidecar;
-    ``record`` adds fields to the sidecar. When a write fails or is interrupted, the files and frame folders
-    written so far are removed before the error propagates.
+    ``route_source`` says where the requests' routes came from (:func:`route_record`); ``record`` adds fields to the
+    sidecar. When a write fails or is interrupted, the files and frame folders written so far are removed before the
+    error propagates.
     """
     out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app (terra/config/output_dir.py)
     files: list[Path] = []
@@ -69,7 +84,7 @@ def write_outputs(
         for result in results:
             entry = {"seed": result.request.seed, "num_context": result.num_context,
                      "num_generated": len(result.codes) - result.num_context, "decoding": result.pass_record(),
-                     "route": result.request.routes is not None, "codes": result.codes}
+                     **route_record(result.request.routes, route_source, len(result.codes)), "codes": result.codes}
             if ground_truth is not None and result.frames.shape[1:] == ground_truth.shape[1:]:  # not refined
                 entry["psnr_db_per_generated_frame"] = psnr(result.frames[result.num_context :], ground_truth)
             rollouts.append(entry)
@@ -92,7 +107,7 @@ def _write_videos(out_dir: Path, output: OutputSpec, results: Sequence[RolloutRe
     shown = []
     for result, stem in zip(results, output.stems(len(results))):
         frames = shown_frames(result.frames, actions, result.num_context, output.mark_context,
-                              output.overlay_trajectory)
+                              output.overlay_trajectory, result.request.routes)
         shown.append(frames)
         write_formats({fmt: out_dir / output.file_name(stem, fmt) for fmt in output.formats}, frames, output.fps,
                       files)

@@ -1,7 +1,9 @@
-"""Routes in trajectory files (docs/generate.md, "Routes"): a JSON trajectory's ``routes`` reach the requests of a
-route model as the file gives them, read and checked once where the file enters and before any model loads; a bad
-route is one line (exit 2 from ``terra-generate``); a model without route slots runs without them and says so; the
-docs' example is read as the docs say.
+"""Routes in trajectory files (docs/generate.md, "Routes"): a JSON trajectory's ``ego_routes`` (x first; the old
+``routes``, ``[y, x]``, with one line) reach the requests of a route model as the file gives them, and its ``road``
+becomes every frame's route at that frame's pose, read and checked once where the file enters and before any model
+loads; a bad route, an unknown key, a value that is not a number, a route behind the car or too few routes is one
+line in the user's terms (exit 2 from ``terra-generate``); a model without route slots runs without them and says so;
+the docs' example is read as the docs say, and ``--help`` shows the forms.
 
 The models are tiny (:func:`tests.conftest.tiny_route_model`, K = 4 route slots, and :func:`tests.conftest.tiny_model`,
 none) with the tiny LFQ tokenizer whose 8x8 codes fit them, so a run takes about a second.
@@ -24,6 +26,7 @@ import terra.config.files
 import terra.contract.actions
 import terra.contract.routes
 import terra.inputs.actions
+from terra.apps.help import page_template
 from terra.core.errors import TerraInputError
 from terra.contract.routes import route_distances
 from terra.inputs.requests import trajectory_inputs
@@ -333,10 +336,10 @@ def test_numbers_must_be_numbers_wherever_coordinates_are_read(value, text):
 
 
 def test_a_csv_cell_must_be_a_plain_number(tmp_path):
-    """``float()`` takes "1_0", "nan" and "inf"; a trajectory or road CSV does not."""
-    for cell in ("1_0", "nan", "inf"):
+    """``float()`` takes "1_0", "0_5e1" and other scripts' digits; a trajectory or road CSV does not."""
+    for cell in ("1_0", "0_5e1", "\u0661"):
         path = tmp_path / "t.csv"
-        path.write_text("x,y\n" + "".join(f"{1.2 * i},0\n" for i in range(5)) + f"{cell},0\n")
+        path.write_text("x,y\n" + "".join(f"{1.2 * i},0\n" for i in range(5)) + f"{cell},0\n", encoding="utf-8")
         with pytest.raises(TerraInputError, match=rf"a value is not a number \('{cell}' is not a number\)"):
             trajectory_inputs(path, NUM_CONTEXT, NUM_FRAMES)
         with pytest.raises(TerraInputError, match=rf"line 3, column x: '{cell}' is not a finite number"):
@@ -394,3 +397,12 @@ def test_a_road_needs_world_poses_and_a_lane_near_them():
     assert unused.routes is None and unused.unused_routes
     assert trajectory_inputs({"manoeuvre": "straight", "road": None}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES).routes \
         is None  # null: no route
+
+
+def test_terra_generate_s_help_shows_the_route_forms():
+    """``--help`` named no route, and its JSON line ("an object with one key") ruled them out."""
+    page = page_template("generate").replace("$$", "$")
+    assert "an object with one key" not in page
+    for form in ('"road" [[x, y], ...]', '"ego_routes" [num_context + num_frames, K, 2|3]', "rows [x, y]",
+                 "any other key is an error", "a manoeuvre file\n         drives the built-in scene and gets its road"):
+        assert form in page, form

@@ -113,13 +113,13 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
-    ground_truth = actions = routes = given = None
+    ground_truth = actions = routes = route_source = given = None
     if spec.context is not None:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
     if spec.trajectory is not None:  # read once, sized for the context frames there are; its routes checked here
         given = trajectory_inputs(spec.trajectory, num_context if spec.context is None else len(images), num_frames,
                                   run.model.num_route_tokens)
-        actions, routes = given.actions, given.routes
+        actions, routes, route_source = given.actions, given.routes, given.route_source
         if given.unused_routes:
             print(f"terra-generate: {spec.trajectory} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
         if given.old_routes:
@@ -133,7 +133,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         actions = scene_actions if named else actions
         if named and routes is None and run.model.num_route_tokens:  # the manoeuvre's scene: the road it drives
             scene, poses = builtin_road(manoeuvre, num_context + num_frames, spec.seed, params)
-            routes = scene.route(poses, run.model.num_route_tokens)
+            routes, route_source = scene.route(poses, run.model.num_route_tokens), "scene"
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
@@ -166,7 +166,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     stats = sum((result.pass_stats for result in results), PassStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     files = write_outputs(
-        out_dir, spec.output, results, actions=actions, ground_truth=truth, config=record,
+        out_dir, spec.output, results, actions=actions, ground_truth=truth, route_source=route_source, config=record,
         timings={"generate_s": generate_s, "total_s": time.perf_counter() - t_start, "s_per_frame": s_per_frame},
         backend={"name": run_settings.backend, "class": backend_class}, device=run_settings.device,
     )

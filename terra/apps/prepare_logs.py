@@ -7,7 +7,9 @@
 ``model=terra_v1`` / ``terra_v2`` with ``terra_root`` picks the tokenizer that world model was trained with, as
 in ``terra-generate``; ``tokenizer=...`` / ``tokenizer.path=...`` name one directly (default: the demo
 tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/inputs/driving_logs.py's;
-the shard format terra/training/shards.py's. Rerunning the same command resumes: clips already in
+each frame's route, from a clip's road (``road.json``, ``road.csv``, ``clipgt/``, ``clipgt.zip``) or with
+``routes=driven_path`` from the car's own path, terra/inputs/log_routes.py's; the shard format
+terra/training/shards.py's. Rerunning the same command resumes: clips already in
 ``index.json`` are skipped. A clip that cannot be used is one line on stderr and the run goes on.
 
 It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before

@@ -22,7 +22,8 @@ Sample formats (one JSON object per line; blank lines are ignored)
   sample's seed does not depend on sharding or batching), ``num_frames`` and ``label``, and, for a model with
   route slots, ``routes`` (one route per frame from the trajectory's frame 0, ``[T, K, 2|3]``; ACT-Bench's rows of
   unused context frames dropped as their ``instruction_trajs`` are; or in a JSON ``trajectory`` file, not both:
-  :mod:`terra.inputs.requests`). Each sidecar's ``route`` tells whether a route conditioned its rollout.
+  :mod:`terra.inputs.requests`). Each sidecar's ``route``, ``route_source`` and ``ego_routes`` say whether routes
+  conditioned its rollout, where they came from and each frame's (:func:`terra.outputs.route_record`).
 
 ``sample_id`` is an integer or a string without path separators; it must be unique.
 

@@ -30,6 +30,7 @@ class PreparedSample:
     context: list[str]  # the context sources read
     num_context: int
     started: float  # perf_counter when it began preparing
+    route_source: str | None = None  # where the request's routes came from (RolloutInputs.route_source)
 
 
 def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
@@ -46,4 +47,4 @@ def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, 
     codes = pipeline.encode(images)
     [request] = rollout_requests(codes, inputs.actions, item.num_frames, [item.seed], config.run.overlap,
                                  inputs.routes)
-    return PreparedSample(item, request, inputs.actions, sources, len(images), started)
+    return PreparedSample(item, request, inputs.actions, sources, len(images), started, inputs.route_source)

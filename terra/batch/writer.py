@@ -21,7 +21,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
 from terra.decoder import write_sidecar
 from terra.generation.pass_stats import PassStats
-from terra.outputs import shown_frames, write_formats
+from terra.outputs import route_record, shown_frames, write_formats
 from terra.pipeline import WorldModelPipeline
 
 if TYPE_CHECKING:
@@ -66,8 +66,9 @@ class SampleWriter:
         codes = np.concatenate([context, np.asarray(generated).reshape(-1, *grid)])
         frames, _ = pipeline.frames(codes, item.seed, self.refiner)
         decode_s = time.perf_counter() - t0
+        routes = prepared.request.routes
         shown = shown_frames(frames, prepared.actions, prepared.num_context, config.mark_context,
-                             config.overlay_trajectory)
+                             config.overlay_trajectory, routes)
         out = Path(config.output_dir)
         write_formats(item.videos, shown, config.fps, [])
         files = [os.path.relpath(path, out) for path in item.videos.values()]
@@ -85,7 +86,7 @@ class SampleWriter:
             sample_id=sample.sample_id, label=sample.record.get("label"),
             source={"file": sample.file, "line": sample.line, "format": sample.kind},
             context=prepared.context, num_context=prepared.num_context, num_generated=int(len(generated)),
-            route=prepared.request.routes is not None,  # whether a route conditioned the rollout
+            **route_record(routes, prepared.route_source, len(codes)),  # the routes told, and whence
             files=files, decoding=stats.as_dict(self.sampling),
             engine_options=pipeline.engine_options,  # as the engine ran (terra/generation/backends.py, engine_options)
             batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint, "complete": True,

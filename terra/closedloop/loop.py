@@ -110,6 +110,8 @@ class Drive:
     handle: Any = None
     references: np.ndarray | None = None  # the world's view of the truth at the drive's poses, from the world's
     # reference_frames when it has one (terra/closedloop/worlds.py), taken as the drive ends
+    route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
+    # world's route_source when it has one (terra/closedloop/worlds.py, ModelWorld)
 
     @property
     def ok(self) -> bool:
@@ -196,6 +198,8 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s:
         scenario = handed(spec.scenario)
         user_call(who, "reset", policy_timeout_s, lambda: policy.reset(scenario))
         drive.handle = world.open(spec.scenario, spec.seed, num_steps)
+        told = getattr(world, "route_source", None)
+        drive.route_source = None if told is None else told(drive.handle)
         context = world.context_frames(drive.handle)
     except UserCodeError as err:
         drive.fail("setup", str(err))

@@ -78,6 +78,11 @@ class Scenario:
             return np.zeros((0, 2))
         return to_ego(ahead, pose)
 
+    @property
+    def route_source(self) -> str | None:
+        """Where :meth:`model_routes` reads from, as a drive's record says: ``clipgt map``, ``scene`` or None."""
+        return "clipgt map" if self.road is not None else "scene" if self.scene is not None else None
+
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None:
         """The world model's routes at world ``poses`` ``[..., 3]``: the road's (where one was read from a map:
         ``routes_along``, terra/roads/follow.py), else the scene's centreline ahead of each, ``[..., K, 3]``
@@ -114,9 +119,8 @@ class Scenario:
 
 def check_scenario(scenario: Scenario, where: str) -> None:
     """A scenario of the caller's (the gym env's ``scenarios``, terra/closedloop/gym/drives.py) checked whole, once,
-    where it enters: its id, its context frames (uint8 ``[n, H, W, 3]``), the actions between them, speed, start
-    pose, scene, context poses and path, each of the shape and type the fields above say and finite (poses within
-    :data:`~terra.inputs.trajectory.MAX_COORDINATE_M`); one line naming ``where`` (``scenarios[i]``) and the field."""
+    where it enters: every field of the shape and type said above, finite (poses within ``MAX_COORDINATE_M``); one
+    line naming ``where`` (``scenarios[i]``) and the field."""
     if not isinstance(scenario.id, str) or not scenario.id:
         raise TerraInputError(f"{where}: id must be a non-empty string (got {scenario.id!r:.40})")
     where = f"{where} ({one_line(scenario.id)})"
@@ -135,6 +139,8 @@ def check_scenario(scenario: Scenario, where: str) -> None:
     if scenario.scene is not None and not isinstance(scenario.scene, Scene):
         raise TerraInputError(f"{where}: scene must be a Scene or None (got a {type(scenario.scene).__name__}); "
                               "a scenario of your own has no scene (terra/sim/scene.py)")
+    if scenario.road is not None and not isinstance(scenario.road, Road):
+        raise TerraInputError(f"{where}: road must be a Road or None (got a {type(scenario.road).__name__})")
     for name, shape, what, bound in (
             ("actions", (n - 1, 6, 3), "the actions between its context frames", MAX_ACTION_M),
             ("start_pose", (3,), "the world pose (x, y, yaw) of its last context frame", MAX_COORDINATE_M),

@@ -52,7 +52,10 @@ class World(Protocol):
 
 
 class Road(Protocol):
-    """What a model world reads a drive's routes from: a scenario (its scene's road) or a route control's road."""
+    """What a model world reads a drive's routes from: a scenario (its scene's road) or a route control's road;
+    ``route_source`` names it in the drive's record (None: it tells no route)."""
+
+    route_source: str | None
 
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None: ...
 
@@ -123,6 +126,11 @@ class ModelWorld:
         is not known, or no poses): what a drive is told of the road ahead (terra/contract/routes.py)."""
         layout = self.backend.layout
         return None if not layout.route_model or poses is None else road.model_routes(poses, layout.route_tokens)
+
+    def route_source(self, drive: ModelDrive) -> str | None:
+        """Where ``drive``'s routes come from, as its record says (None: a model without route slots, or a road
+        that tells none)."""
+        return drive.road.route_source if self.backend.layout.route_model else None
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
         """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's

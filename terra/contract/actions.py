@@ -64,7 +64,8 @@ def finite_array(value: Any, source: str) -> np.ndarray:
         kind = np.asarray(value).dtype.kind
         if kind not in "iuf":
             what = {"b": "booleans", "U": "strings", "S": "bytes", "c": "complex numbers"}.get(kind, "values")
-            raise TerraInputError(f"{source}: holds {what}, not real numbers; give numbers (a float array)")
+            raise TerraInputError(f"{source}: holds {what}, not {'real ' if kind == 'c' else ''}numbers; give real "
+                                  "numbers (a float array)")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
@@ -76,8 +77,9 @@ def finite_array(value: Any, source: str) -> np.ndarray:
 
 def number_from_text(text: str) -> float:
     """A number written as text (a CSV cell): an optional sign, digits with an optional decimal point, an optional
-    exponent, nothing else (``1_0``, ``nan``, ``inf``, ``0x10`` or other scripts' digits, which Python's ``float``
-    takes, are refused); raises ``ValueError`` naming the text."""
+    exponent, nothing else (``1_0``, other scripts' digits and spaces inside, which Python's ``float`` takes, are
+    refused; ``nan`` and ``inf`` are read, for the finiteness check to name); raises ``ValueError`` naming the
+    text."""
     stripped = text.strip()
     if not _NUMBER_TEXT.fullmatch(stripped):
         raise ValueError(f"{stripped[:40]!r} is not a number")
@@ -86,7 +88,7 @@ def number_from_text(text: str) -> float:
 
 _NUMBERS = (int, float, np.integer, np.floating)
 _BOOLEANS = (bool, np.bool_)
-_NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_NUMBER_TEXT = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
 
 
 def _not_a_number(cell: Any) -> str:

@@ -10,7 +10,8 @@ each frame's action slots, ``K`` route slots holding the route at the pose the n
 route slots hold ``routes[t + 1]`` and condition frame ``t + 1``, like ``actions[t]`` (:func:`slot_routes`, the one rule
 of that shift, for rollouts and training alike). A frame without a route holds NaN rows (:func:`no_route`), which the
 model replaces by its learned "no route" embedding; that is the one place NaN means something, and it never comes from a
-file: routes read from files are checked finite, in reach and, where a person gave them, ahead of the car
+file a person writes (training files the toolkit writes hold it for frames without a route, terra/training/shards.py):
+routes read from files are checked finite, in reach and, where a person gave them, ahead of the car
 (:func:`validate_routes`, :func:`check_ahead`) where they enter, their shape against the model by the one check of it
 (:func:`check_route_shape`), which rollouts ask again as a cheap check.
 

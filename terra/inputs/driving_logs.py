@@ -23,6 +23,10 @@ The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_
     poses past the clip;
   - per-frame ``instruction_trajs`` ``[T, 60, 2|3]`` or actions ``[T, 6, 3]`` (JSON key or ``.npy`` array):
     one entry per **source** frame (per image or per decoded video frame), resampled with the frames.
+* **Road** (optional, read only with ``routes=road``, terra/inputs/log_routes.py): ``road.json`` or ``road.csv``, a
+  road file of terra/roads/files.py (lane centrelines, x first) in the trajectory's world frame, or AlpaSim's map as
+  a ``clipgt/`` folder or ``clipgt.zip`` of its parquet tables (terra/roads/clipgt.py), in that same frame; at most
+  one of them. A road file is never taken for the trajectory.
 * **Resampling.** The kept frames are the 10 Hz ticks (terra/contract/actions.py, ``FRAME_RATE_HZ``) from the
   clip's first frame to its last: at each tick, the source frame nearest in time (the earlier on a tie), which
   must lie within 0.06 s of the tick (else the clip has dropped frames, or fewer than about 8 per second). A
@@ -64,6 +68,8 @@ from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame
 
 TRAJECTORY_STEM = "trajectory"
+ROAD_FILES = ("road.json", "road.csv")  # a clip's road (module docstring), never its trajectory
+CLIPGT_MAPS = ("clipgt", "clipgt.zip")  # AlpaSim's map: a folder of its parquet tables, or their zip
 TIMESTAMPS_FILE = "timestamps.txt"
 MAX_TICK_OFFSET_S = 0.06  # a kept frame lies at most this far from its 10 Hz tick
 MILLISECONDS_HINT_S = 10.0  # images this far apart (median) were timed in milliseconds, not seconds
@@ -79,6 +85,7 @@ class Clip:
     video: Path | None
     trajectory: Path
     timestamps: Path | None  # timestamps.txt of an image clip
+    road: Path | None = None  # road.json, road.csv, clipgt/ or clipgt.zip
 
     @property
     def shared_clock(self) -> bool:
@@ -117,7 +124,7 @@ def open_clip(folder: Path) -> Clip:
     if videos and timestamps is not None:
         raise TerraInputError(f"holds a video and {TIMESTAMPS_FILE}; a video's frames carry their own timestamps, "
                               f"remove {TIMESTAMPS_FILE}")
-    candidates = [p for p in files if p.suffix.lower() in TRAJECTORY_SUFFIXES]
+    candidates = [p for p in files if p.suffix.lower() in TRAJECTORY_SUFFIXES and p.name not in ROAD_FILES]
     named = [p for p in candidates if p.stem.lower() == TRAJECTORY_STEM]
     chosen = named or candidates
     if len(chosen) != 1:
@@ -126,7 +133,11 @@ def open_clip(folder: Path) -> Clip:
             "has no trajectory file (trajectory.json, .csv or .npy)" if not chosen else
             f"holds {len(chosen)} possible trajectory files ({names}); keep one, or name the one to use "
             "trajectory.json, .csv or .npy")
-    return Clip(images, videos[0] if videos else None, chosen[0], timestamps)
+    roads = [folder / name for name in (*ROAD_FILES, *CLIPGT_MAPS) if (folder / name).exists()]
+    if len(roads) > 1:
+        raise TerraInputError(f"holds {len(roads)} roads ({', '.join(p.name for p in roads)}); keep one of road.json, "
+                              "road.csv, clipgt/ and clipgt.zip")
+    return Clip(images, videos[0] if videos else None, chosen[0], timestamps, roads[0] if roads else None)
 
 
 def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
@@ -199,15 +210,21 @@ def clip_actions(motion: EgoTrajectory | np.ndarray, kept: Resampled, shared_clo
             raise TerraInputError(f"its trajectory file holds {len(motion)} per-frame entries for "
                                   f"{kept.source_frames} frames; give one per image or video frame")
         return motion[kept.indices]
+    ticks = frame_times(motion, kept, shared_clock)
+    return actions_from_trajectory(_starting_at(motion, ticks[0]), len(ticks))
+
+
+def frame_times(trajectory: EgoTrajectory, kept: Resampled, shared_clock: bool) -> np.ndarray:
+    """The kept frames' 10 Hz ticks on the trajectory's clock (module docstring), which it must cover."""
     ticks = np.asarray(kept.times)
     if not shared_clock:
-        ticks = ticks - ticks[0] + motion.t[0]
-    if motion.t[0] > ticks[0] + TIME_SLACK_S or motion.t[-1] < ticks[-1] - TIME_SLACK_S:
-        span = (f"spans {motion.duration:.3f} s but the frames {ticks[-1] - ticks[0]:.3f} s" if not shared_clock
-                else f"covers {motion.t[0]:.3f} to {motion.t[-1]:.3f} s but the frames {ticks[0]:.3f} to "
+        ticks = ticks - ticks[0] + trajectory.t[0]
+    if trajectory.t[0] > ticks[0] + TIME_SLACK_S or trajectory.t[-1] < ticks[-1] - TIME_SLACK_S:
+        span = (f"spans {trajectory.duration:.3f} s but the frames {ticks[-1] - ticks[0]:.3f} s" if not shared_clock
+                else f"covers {trajectory.t[0]:.3f} to {trajectory.t[-1]:.3f} s but the frames {ticks[0]:.3f} to "
                      f"{ticks[-1]:.3f} s")
         raise TerraInputError(f"its trajectory {span}; give poses for the whole clip")
-    return actions_from_trajectory(_starting_at(motion, ticks[0]), len(ticks))
+    return ticks
 
 
 def _starting_at(trajectory: EgoTrajectory, start: float) -> EgoTrajectory:

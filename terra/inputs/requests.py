@@ -41,10 +41,13 @@ class RolloutInputs:
     ``unused_routes``: routes were given but the model has no route slots; ``old_routes``: they were given under
     the old name ``routes`` (terra/inputs/routes.py, ``MOVED_ROUTES``); the caller says each in one line.
     ``manoeuvre``: the named manoeuvre the trajectory is, where it is one (terra-generate drives it in its built-in
-    scene, as ``manoeuvre=``)."""
+    scene, as ``manoeuvre=``). ``route_source``: where ``routes`` came from, as outputs name it (the sidecars,
+    terra/outputs.py's ``route_record``): the mapping and key that gave them (``bend.json: road``,
+    ``sample 'a': ego_routes``); None without routes."""
 
     actions: np.ndarray
     routes: np.ndarray | None = None
+    route_source: str | None = None
     unused_routes: bool = False
     old_routes: bool = False
     manoeuvre: Manoeuvre | None = None
@@ -133,7 +136,7 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
         routes = validate_routes(given.value, route_tokens, given.source, x_first=not given.old, ahead=True)
         if len(routes) < frames:
             raise TerraInputError(_too_few(given.source, len(routes), num_context, num_frames, skip))
-    return RolloutInputs(actions, routes[skip:], old_routes=given.old)
+    return RolloutInputs(actions, routes[skip:], route_source=given.source, old_routes=given.old)
 
 
 def _too_few(source: str, given: int, num_context: int, num_frames: int, skip: int) -> str:

@@ -12,7 +12,8 @@ the rows of one label, in file order, are one lane).
 
 x, y are metres in the world frame of the trajectory the road goes with (x forward at yaw 0, y left). Numbers must
 be numbers: strings and booleans are refused, every error one :class:`TerraInputError` line naming the key, the
-index or the row; the rest is checked once, as every road is, by :class:`Road`.
+index or the row; the rest is checked once, as every road is, by :class:`Road`. :func:`write_road_file` writes a
+road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from terra.contract.actions import number_from_text
@@ -124,6 +126,18 @@ def read_road_file(path: str | Path) -> Road:
     return road_from_json(value, path.name)
 
 
+def write_road_file(road: Road, path: str | Path) -> None:
+    """Write ``road``'s lanes as a ``road.json`` :func:`read_road_file` reads back (points to the millimetre; a
+    lane's successors where it states them, by index)."""
+    index = {lane.id: i for i, lane in enumerate(road.lanes)}
+    lanes = []
+    for lane in road.lanes:
+        points = np.round(lane.points, 3).tolist()
+        lanes.append(points if lane.successors is None else
+                     {"points": points, "successors": [index[s] for s in lane.successors if s in index]})
+    Path(path).write_bytes(orjson.dumps({"road": lanes}))
+
+
 def _is_point(item: Any) -> bool:
     return isinstance(item, list) and not any(isinstance(v, (list, dict)) for v in item)
 
@@ -189,4 +203,4 @@ def _shown(value: Any) -> str:
     return f"{text[:40]}{'...' if len(text) > 40 else ''} ({kind})"
 
 
-__all__ = ["read_road_file", "road_from_csv", "road_from_json"]
+__all__ = ["read_road_file", "road_from_csv", "road_from_json", "write_road_file"]

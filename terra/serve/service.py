@@ -58,6 +58,7 @@ class Entry:
         session = self.session
         return {
             "id": session.id, "context": session.context.source, "num_context": session.num_context,
+            "route": session.route_source is not None, "route_source": session.route_source,
             "frames": session.num_generated, "max_frames": session.max_frames,
             "seed": session.rollout.state.seed,
             "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),

@@ -35,6 +35,12 @@ class SessionContext:
     scene: Scene | None = None  # the built-in world's scene: the road a route model is told of
     poses: np.ndarray | None = None  # [n, 3] world poses of the context frames in ``scene``
 
+    @property
+    def route_source(self) -> str | None:
+        """Where :meth:`routes` reads from: ``scene`` (the built-in world's road), None where the road is not
+        known."""
+        return None if self.scene is None else "scene"
+
     def routes(self, poses: np.ndarray | None, route_tokens: int) -> np.ndarray | None:
         """A route model's routes ``[..., K, 3]`` at ``poses`` ``[..., 3]`` given in the session's frame (the last
         context frame's ego frame; None: the context frames' own); None where the road is not known."""

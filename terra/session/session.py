@@ -71,6 +71,12 @@ class Session:
     def num_generated(self) -> int:
         return len(self.poses)
 
+    @property
+    def route_source(self) -> str | None:
+        """Where the routes the world model is told each step come from (the context's road: ``scene``); None when
+        it is told none (a model without route slots, a context whose road is not known)."""
+        return self.context.route_source if self.host.layout.route_model else None
+
     def step_async(self, action: np.ndarray) -> Future:
         """Queue the next frame under ``action``, a checked ``[6, 3]`` array (what
         :func:`~terra.session.driver_input.parse_action` returns); resolves to a

@@ -11,6 +11,8 @@ Layout of a logs folder::
       trajectory.csv         t,x,y,yaw: the world-frame ego trajectory on the frames' clock, every sample the
                              clip was rendered from (100 Hz) up to 3 s past the last frame, so the actions
                              prepare_driving_logs computes are the clip's own
+      road.json              the scene's road (terra/sim/roads.py) in the trajectory's world frame, a road file
+                             of terra/roads/files.py, so prepare_driving_logs writes each frame's route
       .clip-settings.json    the settings the clip was made with (hidden: prepare_driving_logs does not read it)
     night-1-00001/
     ...
@@ -38,14 +40,17 @@ from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_dir, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
-from terra.inputs.driving_logs import TIMESTAMPS_FILE, TRAJECTORY_STEM
+from terra.inputs.driving_logs import ROAD_FILES, TIMESTAMPS_FILE, TRAJECTORY_STEM
+from terra.roads import write_road_file
 from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes
 from terra.sim.reruns import kept_outputs
+from terra.sim.roads import scene_road
 from terra.sim.scene import DOMAINS
 
 LOGS_META_FILE = "clips.json"
 APP = "terra-make-dataset"  # format=driving_logs (terra/config/output_dir.py)
 TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"  # the layout terra/inputs/driving_logs.py reads
+ROAD_FILE = ROAD_FILES[0]  # road.json
 CLIP_RECORD = ".clip-settings.json"  # in a clip folder: the settings it was made with (hidden: not read as a log)
 
 
@@ -94,9 +99,10 @@ def write_driving_logs(
 
 
 def clip_settings(index: int, num_frames: int, height: int, width: int, seed: int, domain: str, recipe: str) -> dict:
-    """What makes clip folder ``index`` (its :data:`CLIP_RECORD`): a folder is kept by a rerun of the same."""
+    """What makes clip folder ``index`` (its :data:`CLIP_RECORD`): a folder is kept by a rerun of the same. ``road``
+    names the road file it holds, so a folder written before clips had one is written again."""
     return {"index": index, "num_frames": num_frames, "height": height, "width": width, "seed": seed,
-            "domain": domain, "recipe": recipe}
+            "domain": domain, "recipe": recipe, "road": ROAD_FILE}
 
 
 def recorded_settings(folder: Path) -> dict | None:
@@ -126,6 +132,7 @@ def _write_clip(folder: str, index: int, num_frames: int, height: int, width: in
             rows = zip((traj.t - traj.t[0]).tolist(), traj.x.tolist(), traj.y.tolist(), traj.yaw.tolist())
             (tmp / TRAJECTORY_FILE).write_text("t,x,y,yaw\n" + "".join(f"{t!r},{x!r},{y!r},{a!r}\n"
                                                                        for t, x, y, a in rows))
+            write_road_file(scene_road(drive.scene), tmp / ROAD_FILE)  # the trajectory's world frame: the scene's
             settings = clip_settings(index, num_frames, height, width, seed, domain, recipe)
             (tmp / CLIP_RECORD).write_text(json_text(settings) + "\n", encoding="utf-8")
     return {"id": path.name, "manoeuvre": drive.manoeuvre, "scene_seed": drive.scene.seed, "start_s": drive.start_s,

@@ -118,14 +118,19 @@ def load_tokens(path: str | Path) -> TokenizedClips:
 
 def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
     """Routes read from a training file (a tokenized-clips file, a shard), ``[*frames, M, 3]`` with ``M >= 2``:
-    floating point and finite, their third values the distances of ``M`` points and every point in reach
-    (:func:`terra.contract.routes.validate_routes`); returned float32. ``where`` names the file and tensor, ``fix``
-    ends the line."""
+    floating point, each frame's route either all NaN (the contract's "no route", which shards of driving logs hold
+    for frames without a road) or finite, with its third values the distances of ``M`` points and every point in
+    reach (:func:`terra.contract.routes.validate_routes`); returned float32. ``where`` names the file and tensor,
+    ``fix`` ends the line."""
     shape = tuple(routes.shape)
     if shape[:-2] != tuple(frames) or len(shape) != len(frames) + 2 or shape[-2] < 2 or shape[-1] != ROUTE_POINT_VALUES:
         wanted = ", ".join(str(n) for n in frames)
         raise TerraInputError(f"{where} has shape {list(shape)}, not [{wanted}, points >= 2, {ROUTE_POINT_VALUES}]; "
                               f"{fix}")
-    check_floats(routes, where, fix)
-    flat = validate_routes(routes.reshape(-1, shape[-2], shape[-1]), shape[-2], where)
-    return flat.reshape(shape)
+    flat = routes.reshape(-1, shape[-2], shape[-1])
+    told = ~np.isnan(flat).all(axis=(1, 2)) if flat.dtype.kind == "f" else np.ones(len(flat), dtype=bool)
+    check_floats(flat[told], where, fix)
+    out = np.full(flat.shape, np.nan, dtype=np.float32)
+    if told.any():
+        out[told] = validate_routes(flat[told], shape[-2], where)
+    return out.reshape(shape)

@@ -36,17 +36,23 @@ from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.core.media import VIDEO_SUFFIXES
 from terra.inputs.driving_logs import (
+    CLIPGT_MAPS,
     Resampled,
     clip_actions,
     clip_folders,
     clip_frames,
+    frame_times,
     open_clip,
     read_motion,
 )
+from terra.inputs.log_routes import ROUTE_SOURCES, clip_routes
 from terra.inputs.trajectory import RATE_HZ
+from terra.sim.clips import DATASET_ROUTE_POINTS
 from terra.tokenizer.resize import RESIZE_MODES
 from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, read_index, write_shard
 
+# a clip as written into a shard: id, codes [T, h, w], actions [T, 6, 3], routes [T, 16, 3] or None
+PreparedClip = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
 APP = "terra-prepare-logs"  # the app whose run folders these are (terra/config/output_dir.py)
 RANGES = {  # documented in conf/prepare_driving_logs.yaml
     "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
@@ -74,12 +80,14 @@ class PrepareSpec:
     batch_size: int = 64
     read_threads: int = 8  # threads reading and resizing frames while the tokenizer works
     progress: bool = True
+    routes: str = "road"  # road | driven_path (terra/inputs/log_routes.py)
     num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
 
 
 @dataclass
 class PrepareSummary:
-    """What a run did: clips used, skipped and found done, and the frames and clips written per split."""
+    """What a run did: clips used (and of them, those with routes), skipped and found done, and the frames and clips
+    written per split."""
 
     used: int = 0
     skipped: int = 0
@@ -87,11 +95,13 @@ class PrepareSummary:
     frames: int = 0
     train: int = 0
     val: int = 0
+    with_routes: int = 0
 
     def line(self, index: ShardIndex, output: Path) -> str:
         """The closing line: this run's counts, then what the folder holds."""
         held = {split: sum(len(e.clips) for e in index.shards if e.split == split) for split in ("train", "val")}
-        return (f"{self.used} clips used ({self.train} train, {self.val} val; {self.frames} frames written), "
+        routes = f"; {self.with_routes} with routes" if self.with_routes else ""
+        return (f"{self.used} clips used ({self.train} train, {self.val} val; {self.frames} frames written{routes}), "
                 f"{self.skipped} skipped, {self.already_done} already done; {output} holds {held['train']} train "
                 f"and {held['val']} val clips in {len(index.shards)} shards")
 
@@ -107,12 +117,17 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     if not clips:
         raise TerraInputError(f"logs={logs} holds no clip folders; put each clip's frames or video and its "
                               "trajectory in a sub-folder of its own")
+    routes = check_choice(select(cfg, "routes"), "routes", ROUTE_SOURCES)
     tokenizer = checkpoint_path(cfg, "tokenizer", "path")
     output = claim_output_dir(required_path(cfg, "output_dir", "the shard folder"), "output_dir",
                               files=[INDEX_FILE, *SHARD_FILES],
                               inputs=[("logs folder", logs), ("tokenizer", tokenizer)], app=APP)
     if importlib.util.find_spec("av") is None and any(_holds_video(folder) for folder in clips):
         raise TerraInputError("reading the clips' videos needs PyAV: pip install av (or give the frames as images)")
+    if (routes == "road" and importlib.util.find_spec("pyarrow") is None
+            and any((folder / name).exists() for folder in clips for name in CLIPGT_MAPS)):
+        raise TerraInputError("reading the clips' AlpaSim maps (clipgt) needs pyarrow: pip install pyarrow (or give "
+                              "each road as road.json / road.csv)")
     return PrepareSpec(
         logs=logs, clips=clips, output=output, tokenizer=tokenizer,
         device=check_device(select(cfg, "device")),
@@ -120,16 +135,16 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
         frame_rate_hz=RATE_HZ.check(select(cfg, "frame_rate_hz"), "frame_rate_hz"),
         min_frames=values["min_frames"], val_fraction=values["val_fraction"], shard_clips=values["shard_clips"],
         batch_size=values["batch_size"], read_threads=values["read_threads"],
-        progress=check_flag(select(cfg, "progress"), "progress"),
+        progress=check_flag(select(cfg, "progress"), "progress"), routes=routes,
         num_threads=check_num_threads(select(cfg, "num_threads")),
     )
 
 
 def open_index(spec: PrepareSpec, tokenizer: Any) -> ShardIndex:
     """The output's index (a rerun resumes it), or a new one for ``tokenizer``; one line when the folder holds
-    shards of another tokenizer, grid or codebook."""
+    shards of another tokenizer, grid or codebook, or routes of another source."""
     wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
-                        FRAME_RATE_HZ, os.path.realpath(spec.tokenizer))
+                        FRAME_RATE_HZ, os.path.realpath(spec.tokenizer), routes=spec.routes)
     if not (spec.output.path / INDEX_FILE).is_file():
         return wanted
     index = read_index(spec.output.path)
@@ -141,6 +156,10 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> ShardIndex:
         raise TerraInputError(f"output_dir={spec.output.path} holds shards of another tokenizer ({held(index)}), not "
                               f"this run's ({held(wanted)}); choose another output_dir or the tokenizer it was made "
                               "with")
+    if index.routes != spec.routes:
+        raise TerraInputError(f"output_dir={spec.output.path} holds shards prepared with routes={index.routes}, not "
+                              f"routes={spec.routes}; a folder's clips take their routes from one source: choose "
+                              f"another output_dir or routes={index.routes}")
     return index
 
 
@@ -166,10 +185,10 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
     of the smallest :func:`clip_score` goes to ``val``: the train clip of the smallest score so far is held back
     until the end, so a clip that turns out unusable is never the one chosen."""
     summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
-    pending: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {"train": [], "val": []}
-    held: tuple[str, np.ndarray, np.ndarray] | None = None  # the val candidate while no val clip exists
+    pending: dict[str, list[PreparedClip]] = {"train": [], "val": []}
+    held: PreparedClip | None = None  # the val candidate while no val clip exists
 
-    def add(split: str, clip: tuple[str, np.ndarray, np.ndarray]) -> None:
+    def add(split: str, clip: PreparedClip) -> None:
         pending[split].append(clip)
         setattr(summary, split, getattr(summary, split) + 1)
         if len(pending[split]) == spec.shard_clips:
@@ -179,14 +198,15 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
     with ThreadPoolExecutor(spec.read_threads, thread_name_prefix="read-frames") as pool:
         for folder in folders:
             try:
-                codes, actions = tokenize_clip(folder, tokenizer, spec, pool, on_frames)
+                codes, actions, routes = tokenize_clip(folder, tokenizer, spec, pool, on_frames)
             except TerraInputError as err:
                 report(f"skipped clip {one_line(folder.name)}: {err}")
                 summary.skipped += 1
                 continue
             summary.used += 1
             summary.frames += len(codes)
-            clip, split = (folder.name, codes, actions), splits[folder.name]
+            summary.with_routes += routes is not None
+            clip, split = (folder.name, codes, actions, routes), splits[folder.name]
             if split == "train" and spec.val_fraction > 0:
                 if held is None or clip_score(clip[0]) < clip_score(held[0]):
                     clip, held = held, clip
@@ -203,12 +223,15 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
 
 
 def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadPoolExecutor,
-                  on_frames: Callable[[int], None] = lambda count: None) -> tuple[np.ndarray, np.ndarray]:
-    """Codes ``[T, h, w]`` and actions ``[T, 6, 3]`` of one clip folder at 10 Hz, its frames read by ``pool``
-    and encoded ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line
-    (:class:`TerraInputError`) says why a clip cannot be used."""
+                  on_frames: Callable[[int], None] = lambda count: None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` (None: the clip has none; the synthetic
+    datasets' resolution, terra/sim/clips.py) of one clip folder at 10 Hz, its frames read by ``pool`` and encoded
+    ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line (:class:`TerraInputError`) says
+    why a clip cannot be used."""
     clip = open_clip(folder)
     motion = read_motion(clip.trajectory)  # before any frame is decoded
+    routes = clip_routes(clip, motion, spec.routes)  # the road read, or the driven path's poses checked
     kept, batch, codes = Resampled(), [], []
     for read in clip_frames(clip, tuple(tokenizer.image_size), spec.resize, spec.frame_rate_hz, kept):
         batch.append(read)
@@ -222,7 +245,11 @@ def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadP
     if len(kept.times) < spec.min_frames:
         raise TerraInputError(f"has {len(kept.times)} frame(s) at {FRAME_RATE_HZ:g} Hz, fewer than "
                               f"min_frames={spec.min_frames}")
-    return np.concatenate(codes), clip_actions(motion, kept, clip.shared_clock)
+    actions = clip_actions(motion, kept, clip.shared_clock)
+    if routes is None:
+        return np.concatenate(codes), actions, None
+    return np.concatenate(codes), actions, routes.at(frame_times(motion, kept, clip.shared_clock),
+                                                     DATASET_ROUTE_POINTS)
 
 
 def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], np.ndarray]]) -> np.ndarray:
@@ -233,9 +260,9 @@ def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], n
     return tokenizer.encode(frames_to_tensor(frames)).cpu().numpy()
 
 
-def _write(output: Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+def _write(output: Path, index: ShardIndex, split: str, clips: list[PreparedClip]) -> None:
     try:
-        write_shard(output, index, split, clips)
+        write_shard(output, index, split, [clip[:3] for clip in clips], [clip[3] for clip in clips])
     except OSError as err:
         raise TerraInputError(f"cannot write a shard into output_dir={output} ({err.strerror or err}); free some space "
                               "or choose another output_dir, then rerun to resume") from None

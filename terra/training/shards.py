@@ -4,13 +4,17 @@ Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by th
 (:mod:`terra.training.data`). A shard folder holds:
 
 * ``index.json`` — ``version``, ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames
-  the tokenizer saw), ``frame_rate_hz``, ``tokenizer`` (its folder), and ``shards``: one entry per shard file,
+  the tokenizer saw), ``frame_rate_hz``, ``tokenizer`` (its folder), ``routes`` (where the clips' routes come from:
+  ``road``, each clip's own road where it has one, or ``driven_path``; terra/inputs/log_routes.py; an index
+  without the key is ``road``), and ``shards``: one entry per shard file,
   ``{"file", "split", "clips": [{"id", "frames"}, ...]}``. It is rewritten atomically after each shard, so it
   lists only shards that are whole on disk;
 * ``<split>-NNNNN.safetensors`` — ``codes`` ``[F, h, w]`` (int16, int32 for codebooks past 32,768),
   ``actions`` float32 ``[F, 6, 3]`` and ``clip_lengths`` int64 ``[n]``: the frames of ``n`` clips one after
   another, in the order the index lists them; ``routes`` float32 ``[F, M, 3]`` (each frame's route,
-  terra/contract/routes.py) when every clip of the shard has one (recorded driving logs have none).
+  terra/contract/routes.py; ``terra-prepare-logs`` writes 16 points, as the synthetic datasets) when a clip of the
+  shard has them, with NaN rows, the contract's "no route", for the frames of a clip without a road and those no
+  lane is near.
   ``split`` is ``train`` or ``val``; a clip is in one split only.
 """
 
@@ -28,6 +32,7 @@ from safetensors.numpy import load_file, save_file
 
 from terra.config.checks import shown
 from terra.contract.actions import NUM_ACTION_TOKENS
+from terra.contract.routes import no_route
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.errors import TerraInputError
 from terra.sim.tokens import checked_routes
@@ -67,6 +72,7 @@ class ShardIndex:
     frame_rate_hz: float
     tokenizer: str
     shards: list[ShardEntry] = field(default_factory=list)
+    routes: str = "road"  # where the clips' routes come from (module docstring)
 
     def clip_ids(self) -> set[str]:
         """Ids of every clip already in a shard (a rerun skips them)."""
@@ -75,7 +81,7 @@ class ShardIndex:
     def to_json(self) -> dict[str, Any]:
         return {"version": SHARDS_VERSION, "codebook_size": self.codebook_size, "grid": list(self.grid),
                 "image_size": list(self.image_size), "frame_rate_hz": self.frame_rate_hz,
-                "tokenizer": self.tokenizer,
+                "tokenizer": self.tokenizer, "routes": self.routes,
                 "shards": [{"file": e.file, "split": e.split,
                             "clips": [{"id": c.id, "frames": c.frames} for c in e.clips]} for e in self.shards]}
 
@@ -98,7 +104,7 @@ def read_index(folder: str | Path) -> ShardIndex:
             if not match or match.group(1) != entry.split:
                 raise ValueError(f"shard file {shown(entry.file)} of split {shown(entry.split)} is not a shard's name")
         index = ShardIndex(int(raw["codebook_size"]), tuple(raw["grid"]), tuple(raw["image_size"]),
-                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards)
+                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards, str(raw.get("routes", "road")))
     except (ValueError, KeyError, TypeError) as err:
         raise TerraInputError(f"{path} is not a shard index of version {SHARDS_VERSION} ({err}); "
                               "prepare the shards again with terra-prepare-logs") from None
@@ -116,9 +122,10 @@ def read_index(folder: str | Path) -> ShardIndex:
 
 
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
-                routes: list[np.ndarray] | None = None) -> ShardEntry:
+                routes: list[np.ndarray | None] | None = None) -> ShardEntry:
     """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``), with each clip's ``routes``
-    (``[T, M, 3]``) when given, and add it to the index.
+    (``[T, M, 3]``; None: the clip has none, NaN rows beside the others) when a clip has them, and add it to the
+    index.
 
     The shard file is written atomically first, then the index that names it, so an interrupted run leaves
     either both or an unlisted file that the next run overwrites.
@@ -132,8 +139,10 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
         "actions": np.ascontiguousarray(np.concatenate([a for _, _, a in clips]), dtype=np.float32),
         "clip_lengths": np.array([len(c) for _, c, _ in clips], dtype=np.int64),
     }
-    if routes is not None:
-        tensors["routes"] = np.ascontiguousarray(np.concatenate(routes), dtype=np.float32)
+    given = [r for r in routes or () if r is not None]
+    if given:
+        rows = [no_route(len(c), given[0].shape[1]) if r is None else r for (_, c, _), r in zip(clips, routes)]
+        tensors["routes"] = np.ascontiguousarray(np.concatenate(rows), dtype=np.float32)
     folder.mkdir(parents=True, exist_ok=True)
     mark(folder, (INDEX_FILE, name))
     with atomic_path(folder / name) as tmp:

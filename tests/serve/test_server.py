@@ -60,6 +60,7 @@ def test_rest_round_trip_fork_reset_video_and_frame_limit(client):
     info = created.json()
     sid = info["id"]
     assert info["frames"] == 0 and info["max_frames"] == 3 and info["context"] == "built-in curve_left, scene 3"
+    assert (info["route"], info["route_source"]) == (True, "scene")  # the demo model is told the scene's road
 
     first = client.post(f"/sessions/{sid}/step", json={"action": STRAIGHT, "codes": True}).json()
     assert first["index"] == 0 and first["format"] == "jpeg" and first["pose"][0] > 0.5  # moved forward
@@ -160,5 +161,6 @@ def test_uploaded_context_images(client):
     assert created.status_code == 201, created.text
     info = created.json()
     assert info["context"] == "3 images" and info["num_context"] == 3 and info["speed_kmh"] == 20
+    assert (info["route"], info["route_source"]) == (False, None)  # no road known: none told
     frame = client.post(f"/sessions/{info['id']}/step", json={"action": {"manoeuvre": "straight"}}).json()
     assert frame["index"] == 0 and image_of(frame["image"]).size == (256, 144)

@@ -49,10 +49,11 @@ def test_the_logs_hold_each_clips_frames_times_and_trajectory(logs):
         clip = random_clip(np.random.default_rng([1, i]), 3, 144, 256, domain="night")
         folder = logs / clip_id
         assert sorted(p.name for p in folder.iterdir()) == [  # the marker: what the toolkit wrote there
-            CLIP_RECORD, MARKER, "frame_000.png", "frame_001.png", "frame_002.png", "timestamps.txt", "trajectory.csv"]
+            CLIP_RECORD, MARKER, "frame_000.png", "frame_001.png", "frame_002.png", "road.json", "timestamps.txt",
+            "trajectory.csv"]
         assert json.loads((folder / CLIP_RECORD).read_text()) == {  # what a rerun compares (tests/sim/test_reruns.py)
             "index": i, "num_frames": 3, "height": 144, "width": 256, "seed": 1, "domain": "night",
-            "recipe": "manoeuvres"}
+            "recipe": "manoeuvres", "road": "road.json"}
         frames = np.stack([np.asarray(Image.open(folder / f"frame_{t:03d}.png")) for t in range(3)])
         np.testing.assert_array_equal(frames, clip.frames)
         assert (folder / "timestamps.txt").read_text().split() == ["0.0", "0.1", "0.2"]

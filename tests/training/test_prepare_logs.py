@@ -180,10 +180,10 @@ def test_a_clip_reports_each_tokenized_batch(prepared, tokenizer):
     from terra.training.prepare_logs import tokenize_clip
 
     root, _, _ = prepared
-    spec = SimpleNamespace(batch_size=5, resize="crop", frame_rate_hz=10.0, min_frames=2)
+    spec = SimpleNamespace(batch_size=5, resize="crop", frame_rate_hz=10.0, min_frames=2, routes="road")
     batches: list[int] = []
     with ThreadPoolExecutor(2) as pool:
-        codes, _ = tokenize_clip(root / "logs" / "frames_10hz_actions", tokenizer, spec, pool, batches.append)
+        codes, _, _ = tokenize_clip(root / "logs" / "frames_10hz_actions", tokenizer, spec, pool, batches.append)
     assert batches == [5, 5, 2] and len(codes) == 12
 
 

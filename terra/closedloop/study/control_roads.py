@@ -1,7 +1,7 @@
 """The roads the route controls tell a model with route slots (terra/closedloop/study/control_worlds.py): another
 scenario's road (``wrong_route``, :class:`ForeignRoad`), none (``no_route``, :class:`NoRoad`), and the road ahead of
 the pose a control's fed motion reaches (``zero_actions``, ``straight``: :class:`FedMotionRoad`). Each has the
-:class:`~terra.closedloop.worlds.Road` interface: ``model_routes(poses, route_tokens)``."""
+:class:`~terra.closedloop.worlds.Road` interface: ``model_routes(poses, route_tokens)`` and ``route_source``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ class ForeignRoad:
     the route. So the route has the shape of another scenario's road, bends where the true road runs straight and
     the other way, while the car's offset and heading in it stay the true ones."""
 
+    route_source = "wrong_route: another scenario's road"
+
     def __init__(self, own: Scene, other: Scene) -> None:
         self.own, self.other = own, other
 
@@ -46,6 +48,8 @@ class FedMotionRoad:
     scene's centreline ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
     or (``straight_on``) driving on along its heading as far as the car has come along the road."""
 
+    route_source = "scene, ahead of the fed motion"
+
     def __init__(self, scene: Scene, start: np.ndarray, straight_on: bool) -> None:
         self.scene, self.start, self.straight_on = scene, np.asarray(start, dtype=np.float64), straight_on
         self.start_s = scene.arc_length(self.start)
@@ -62,6 +66,8 @@ class FedMotionRoad:
 
 class NoRoad:
     """No route told (``no_route``): the model runs with its "no route" embedding (terra/contract/routes.py)."""
+
+    route_source = None
 
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> None:
         return None

@@ -269,6 +269,9 @@ class ModelControlWorld:
         """The true frames through the model's tokenizer (terra/closedloop/worlds.py, ``ModelWorld``)."""
         return self.model.reference_frames(drive)
 
+    def route_source(self, drive) -> str | None:
+        return self.model.route_source(drive)
+
     def close(self, drive) -> None:
         self.model.close(drive)
 

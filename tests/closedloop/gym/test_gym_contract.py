@@ -223,6 +223,7 @@ def test_a_scenario_of_yours_is_checked_whole_at_construction():
     where = "scenarios\\[1\\] \\(synthetic-0-000\\): "
     for change, text in [
         ({"scene": "abc"}, where + "scene must be a Scene or None \\(got a str\\)"),
+        ({"road": "abc"}, where + "road must be a Road or None \\(got a str\\)"),
         ({"context_poses": np.zeros((2, 2))}, where + "context_poses must be None or \\[3, 3\\] finite numbers"),
         ({"context_poses": np.full((3, 3), np.nan)}, where + "context_poses must be None or .*holds NaN or inf"),
         ({"context_poses": [[0, 0, 0]] * 2 + [["a", 0, 0]]}, where + "context_poses must be None or"),

@@ -1,0 +1,99 @@
+"""Each kept frame's route of a driving-log clip (terra/inputs/driving_logs.py), for ``terra-prepare-logs``'s shards.
+
+Two sources, chosen by the run's ``routes`` setting (:data:`ROUTE_SOURCES`):
+
+* ``road`` (the default): the clip's road (``road.json``, ``road.csv``, ``clipgt/`` or ``clipgt.zip``, read by
+  terra/roads/'s readers, :func:`clip_routes`), followed from each frame's pose by the one route follower,
+  terra/roads/follow.py, with the trajectory's later poses choosing the branch at a fork (:func:`road_routes`). A
+  frame with no lane near the car has no route (NaN rows, terra/contract/routes.py); a road that gives no frame of
+  the clip a route is refused (it is almost surely in another frame than the trajectory). A clip without a road has
+  no routes.
+* ``driven_path``: the path the trajectory drives from each frame's pose on, as its route (:func:`driven_path_routes`).
+  It tells the model where the car goes, so a model trained on it follows its route trivially: use it only where no
+  map exists. A frame whose recorded path ahead is shorter than the route's reach (80 m) has no route, rather than a
+  road that seems to end where the recording does.
+
+Either way the routes need the car's world poses: a clip whose trajectory file gives per-frame actions has none to
+place a road at, and is refused in one line naming its road or trajectory file, before its frames are decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from terra.contract.routes import route_distances, routes_from_yx
+from terra.core.errors import TerraInputError
+from terra.inputs.driving_logs import ROAD_FILES, Clip
+from terra.inputs.ego_motion import to_ego
+from terra.inputs.trajectory import EgoTrajectory
+from terra.roads import Road, read_clipgt, read_road_file, routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M
+
+ROUTE_SOURCES = ("road", "driven_path")  # conf/prepare_driving_logs.yaml's routes
+
+
+@dataclass(frozen=True)
+class ClipRoutes:
+    """Where a clip's routes come from, read and checked before its frames are decoded: its road along its
+    trajectory, or (``road`` None) the path its trajectory drives."""
+
+    trajectory: EgoTrajectory
+    road: Road | None = None
+
+    def at(self, ticks: np.ndarray, points: int) -> np.ndarray:
+        """Routes ``[T, points, 3]`` of the poses at ``ticks`` (the trajectory's clock)."""
+        if self.road is None:
+            return driven_path_routes(self.trajectory, ticks, points)
+        return road_routes(self.road, self.trajectory, ticks, points)
+
+
+def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> ClipRoutes | None:
+    """The routes of ``clip`` by ``source`` (:data:`ROUTE_SOURCES`), its road read and checked; None where the clip
+    has none (no road). One line naming the road or trajectory file when they cannot be used."""
+    if source == "driven_path":
+        if not isinstance(motion, EgoTrajectory):
+            raise TerraInputError(f"{clip.trajectory.name}: routes=driven_path needs the car's world poses, but it "
+                                  "gives per-frame actions; give a world-frame trajectory (t, x, y, yaw)")
+        return ClipRoutes(motion)
+    if clip.road is None:
+        return None
+    name = clip.road.name + ("/" if clip.road.is_dir() else "")
+    if not isinstance(motion, EgoTrajectory):
+        raise TerraInputError(f"{name}: a road needs the car's world poses, but {clip.trajectory.name} gives per-frame "
+                              "actions; give a world-frame trajectory (t, x, y, yaw) or remove the road")
+    try:
+        road = read_road_file(clip.road) if clip.road.name in ROAD_FILES else read_clipgt(clip.road, source=name)
+    except OSError as err:
+        raise TerraInputError(f"{name}: cannot be read ({err.strerror or err})") from None
+    return ClipRoutes(motion, road)
+
+
+def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
+    """Routes ``[T, points, 3]`` of the poses at ``ticks`` along ``road``, the trajectory's samples past the last
+    tick choosing the branch at a fork beyond the clip; one line when no frame has a lane near it."""
+    later = trajectory.t > ticks[-1]  # the car's path beyond the clip
+    routes = routes_along(road, trajectory.poses_at(ticks), points,
+                          np.stack([trajectory.x[later], trajectory.y[later]], axis=-1))
+    if np.isnan(routes).all():
+        raise TerraInputError(f"{road.source}: no frame of the clip has a lane within {MAX_LANE_DISTANCE_M:g} m of the "
+                              f"car heading within {np.degrees(MAX_HEADING_RAD):.0f} degrees of it; give the road in "
+                              "the world frame of the clip's trajectory (x, y in metres, x first)")
+    return routes
+
+
+def driven_path_routes(trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
+    """Routes ``[T, points, 3]`` of the poses at ``ticks``: the trajectory's own path from each pose, at the route's
+    distances along it, in the pose's ego frame; no route where the recorded path ahead falls short of them."""
+    xy = np.stack([trajectory.x, trajectory.y], axis=-1)
+    along = np.concatenate([[0.0], np.cumsum(np.hypot(*np.diff(xy, axis=0).T))])  # the path's arc length
+    poses = trajectory.poses_at(ticks)
+    wanted = np.interp(ticks, trajectory.t, along)[:, None] + route_distances(points).astype(np.float64)
+    world = np.stack([np.interp(wanted, along, xy[:, 0]), np.interp(wanted, along, xy[:, 1])], axis=-1)
+    routes = routes_from_yx(to_ego(world, poses[:, None])[..., ::-1])
+    routes[wanted[:, -1] > along[-1] + 1e-6] = np.nan  # the recording ends before the route's reach
+    return routes
+
+
+__all__ = ["ROUTE_SOURCES", "ClipRoutes", "clip_routes", "driven_path_routes", "road_routes"]
