@@ -64,6 +64,7 @@ from terra.contract.actions import FRAME_RATE_HZ, validate_actions
 from terra.inputs.actions import (
     TRAJECTORY_SUFFIXES, actions_from_trajectory, motion_of, read_trajectory_file, trajectory_file_errors,
 )
+from terra.inputs.routes import GIVEN_ROUTE_KEYS
 from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame
 
@@ -145,7 +146,12 @@ def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
     ``[T, 6, 3]`` (from actions or instruction trajectories), read by terra/inputs/actions.py's readers."""
     source = str(path)
     with trajectory_file_errors(source):
-        motion = motion_of(read_trajectory_file(path), source, None, manoeuvre=False)
+        value = read_trajectory_file(path)
+        carried = [key for key in GIVEN_ROUTE_KEYS if isinstance(value, dict) and value.get(key) is not None]
+        if carried:
+            raise TerraInputError(f"{source}: carries {carried[0]!r}, but a clip's road is read from road.json, "
+                                  "road.csv or clipgt/ beside its trajectory (docs/train.md); move it there")
+        motion = motion_of(value, source, None, manoeuvre=False)
     return motion if isinstance(motion, EgoTrajectory) else validate_actions(motion, source, 1)
 
 

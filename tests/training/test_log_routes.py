@@ -243,3 +243,18 @@ def test_every_bad_road_is_one_line_naming_the_clip_and_the_file(tmp_path):
     assert len(lines) == len(expected)
     for line, start in zip(lines, expected):
         assert line.startswith(start) and "\n" not in line, line
+
+
+def test_a_road_inside_a_clips_trajectory_file_is_refused_not_dropped(tmp_path):
+    logs = tmp_path / "logs"
+    write_clip(logs / "a-inline")
+    (logs / "a-inline" / "trajectory.csv").unlink()
+    s = (SPEED * np.arange(241) / 20).tolist()
+    trajectory = {"x": s, "y": [0.0] * len(s), "t": (np.arange(241) / 20).tolist()}
+    (logs / "a-inline" / "trajectory.json").write_text(json.dumps({"trajectory": trajectory,
+                                                                   "road": [[0, 0], [100, 0]]}))
+    write_clip(logs / "b-good", road=("road.csv", "x,y\n0,0\n100,0\n"))
+    lines, summary = run_prepare(logs, tmp_path / "shards")
+    assert (summary.used, summary.skipped, summary.with_routes) == (1, 1, 1)
+    assert len(lines) == 1 and lines[0].startswith("skipped clip a-inline: ") and "carries 'road'" in lines[0] \
+        and "road.json, road.csv or clipgt/" in lines[0], lines
