@@ -238,7 +238,7 @@ def test_a_user_world_is_handed_read_only_inputs_and_its_frames_are_copied(scena
                                                                 "within 1e+07 m"),
     (lambda: Plan.trajectory([[1.0, 0.0, -1e300]]), "plan pose 0 is (1, 0, -1e+300)"),
     (lambda: Plan(actions=np.full((6, 3), np.nan)), "plan actions: holds NaN or inf"),
-    (lambda: Plan(actions=np.full((6, 3), 1e4)), "plan actions: holds 1e+04, but points 3 s ahead lie within 600 m"),
+    (lambda: Plan(actions=np.full((6, 3), 1e4)), "plan actions: holds 10000, but points 3 s ahead lie within 600 m"),
     (lambda: Plan.from_quaternions([[1, 0, 0]], [[0, 0, 0, 0]], [0.1], (0, 0, 0)),
      "plan pose 0 has a degenerate rotation (a quaternion of norm 0); give unit quaternions"),
     (lambda: Plan.from_quaternions([[1, 0, 0], [2, 0, 0]], [[0, 0, 0, 1], [0, 0, float("inf"), 1]], [0.1, 0.2],
