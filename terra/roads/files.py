@@ -116,10 +116,7 @@ def read_road_file(path: str | Path) -> Road:
     except orjson.JSONDecodeError as err:
         raise TerraInputError(f"{path.name}: cannot be read, malformed JSON ({str(err)[:120]})") from None
     if isinstance(value, dict):
-        for key in value:
-            if key not in FILE_KEYS:
-                raise TerraInputError(f"{path.name}: unknown key {key!r}{_did_you_mean(key, FILE_KEYS)}; a road "
-                                      "file holds {\"road\": [...]}")
+        _only_known_keys(value, FILE_KEYS, path.name, "a road file holds {\"road\": [...]}")
         if "road" not in value:
             raise TerraInputError(f"{path.name}: has no \"road\" key; give {{\"road\": [[x, y], ...]}}")
         return road_from_json(value["road"], f"{path.name}: road")
@@ -149,10 +146,7 @@ def _lane_parts(lane: Any, where: str, count: int) -> tuple[list, tuple[str, ...
     if not isinstance(lane, dict):
         raise TerraInputError(f"{where}: a lane must be a polyline [[x, y], ...] or {{\"points\": [...]}}, got "
                               f"{_shown(lane)}")
-    for key in lane:
-        if key not in LANE_KEYS:
-            raise TerraInputError(f"{where}: unknown key {key!r}{_did_you_mean(key, LANE_KEYS)}; a lane has points "
-                                  "and optionally successors")
+    _only_known_keys(lane, LANE_KEYS, where, "a lane has points and optionally successors")
     if "points" not in lane:
         raise TerraInputError(f"{where}: has no \"points\"; give {{\"points\": [[x, y], ...]}}")
     if "successors" not in lane:
@@ -189,6 +183,13 @@ def _csv_number(cell: str, source: str, line: int, column: str) -> float:
         raise TerraInputError(f"{source}: line {line}, column {column}: {cell.strip()!r} is not a finite number "
                               "(metres)")
     return value
+
+
+def _only_known_keys(mapping: dict, known: tuple[str, ...], where: str, shape: str) -> None:
+    """Refuse the first key of ``mapping`` that is not in ``known``, with a guess and what the object holds."""
+    for key in mapping:
+        if key not in known:
+            raise TerraInputError(f"{where}: unknown key {key!r}{_did_you_mean(key, known)}; {shape}")
 
 
 def _did_you_mean(name: str, known: tuple[str, ...]) -> str:

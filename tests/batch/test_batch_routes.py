@@ -68,10 +68,8 @@ def lines(root: Path) -> list[dict]:
     ]
 
 
-def run(root: Path, tmp_path: Path, model: str, monkeypatch) -> tuple[dict, dict, dict]:
-    """Run the batch; return each sample's request routes (as the engine got them), records and sidecars."""
-    samples = root / f"{tmp_path.name}.jsonl"  # beside the frames and trajectory files its paths name
-    samples.write_text("".join(json.dumps(line) + "\n" for line in lines(root)))
+def record_request_routes(monkeypatch) -> dict:
+    """A dict that fills, as the batch runs, with each sample's request routes (as the engine gets them)."""
     routes: dict = {}
     prepare = stream.prepare_sample
 
@@ -81,6 +79,14 @@ def run(root: Path, tmp_path: Path, model: str, monkeypatch) -> tuple[dict, dict
         return prepared
 
     monkeypatch.setattr(stream, "prepare_sample", recording)
+    return routes
+
+
+def run(root: Path, tmp_path: Path, model: str, monkeypatch) -> tuple[dict, dict, dict]:
+    """Run the batch; return each sample's request routes (as the engine got them), records and sidecars."""
+    samples = root / f"{tmp_path.name}.jsonl"  # beside the frames and trajectory files its paths name
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines(root)))
+    routes = record_request_routes(monkeypatch)
     out = tmp_path / "out"
     result = run_batch(BatchConfig(samples=str(samples), output_dir=str(out), world_model=str(root / model),
                                    tokenizer=str(root / "tokenizer"), backend="hf", device="cpu", num_threads=1,
@@ -132,15 +138,7 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"sample_id": "file", "context": "clip/", "trajectory": "path.json"}) + "\n"
                        + json.dumps({"sample_id": "same", "context": "clip/", "manoeuvre": "straight"}) + "\n")
-    routes: dict = {}
-    prepare = stream.prepare_sample
-
-    def recording(item, *args, **kwargs):
-        prepared = prepare(item, *args, **kwargs)
-        routes[prepared.item.sample.sample_id] = prepared.request.routes
-        return prepared
-
-    monkeypatch.setattr(stream, "prepare_sample", recording)
+    routes = record_request_routes(monkeypatch)
     out = tmp_path / "out"
 
     def rerun(model: Path) -> dict:
@@ -190,15 +188,7 @@ def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, 
              {"sample_id": "actbench", "context_frames": frames, "instruction_trajs": trajs, "road": road}]
     samples = inputs / f"{tmp_path.name}.jsonl"
     samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    routes: dict = {}
-    prepare = stream.prepare_sample
-
-    def recording(item, *args, **kwargs):
-        prepared = prepare(item, *args, **kwargs)
-        routes[prepared.item.sample.sample_id] = prepared.request.routes
-        return prepared
-
-    monkeypatch.setattr(stream, "prepare_sample", recording)
+    routes = record_request_routes(monkeypatch)
     result = run_batch(BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"),
                                    world_model=str(inputs / "route_model"), tokenizer=str(inputs / "tokenizer"),
                                    backend="hf", device="cpu", num_threads=1, num_frames=NUM_FRAMES,
