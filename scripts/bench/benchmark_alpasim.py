@@ -27,7 +27,7 @@ longest wait for the interpreter meanwhile (what other sessions' calls wait at m
 
 The server's engine is sized as ``terra-alpasim`` sizes it: for ``alpasim.max_sessions``, the most rollouts of
 ``--sessions`` (one session: the engine of one rollout). ``--engine-rollouts N`` makes room for N instead, as a
-server started for N sessions serving fewer (``terra-alpasim``'s default is 16).
+server started for N sessions serving fewer (``terra-alpasim``'s default is 64).
 """
 
 from __future__ import annotations
@@ -49,47 +49,45 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import run_threads  # noqa: E402
+from bench.lib.cli import (  # noqa: E402
+    Parser, check_output, compose_config, exit_2_on_input_error, in_range, listed, run_threads)
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
 from terra.alpasim.client import Path as PathOf, RuntimeClient, curve, trajectory  # noqa: E402
 from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
 from terra.alpasim.sessions import SessionTable  # noqa: E402
-from terra.alpasim.settings import alpasim_spec  # noqa: E402
-from terra.apps.runner import CONF_DIR  # noqa: E402
+from terra.alpasim.settings import MAX_SESSIONS, alpasim_spec  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.generation.backends import backend_kind  # noqa: E402
 from terra.pipeline import WorldModelPipeline, resolve_run  # noqa: E402
+from terra.roads.road import MAX_LANES  # noqa: E402
 from terra.sim import builtin_context  # noqa: E402
 
 FIRST_CHUNK, CHUNK = 5, 8  # AlpaSim's 8frame preset
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", default="1,4,16", help="comma-separated numbers of rollouts at once")
-    parser.add_argument("--chunks", type=int, default=4, help="8-frame chunks per rollout, after the first of 5")
+    parser = Parser("benchmark_alpasim", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=listed(in_range(int, 1, MAX_SESSIONS)), default="1,4,16",
+                        help="comma-separated numbers of rollouts at once")
+    parser.add_argument("--chunks", type=in_range(int, 1, 1000), default=4,
+                        help="8-frame chunks per rollout, after the first of 5")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     parser.add_argument("--count-steps", action="store_true",
                         help="vLLM: also count the passes in the engine scheduler's steps (engine core in-process)")
     parser.add_argument("--map", choices=("off", "on", "both"), default="off",
                         help="an HD map along each rollout's path (both: without and with, in turn)")
-    parser.add_argument("--rounds", type=int, default=1, help="with --map both: rounds of without and with")
-    parser.add_argument("--read-maps", help="comma-separated lane counts: only time reading maps of that many lanes")
-    parser.add_argument("--engine-rollouts", type=int,
+    parser.add_argument("--rounds", type=in_range(int, 1, 1000), default=1,
+                        help="with --map both: rounds of without and with")
+    parser.add_argument("--read-maps", type=listed(in_range(int, 1, MAX_LANES)), default=[],
+                        help="comma-separated lane counts: only time reading maps of that many lanes")
+    parser.add_argument("--engine-rollouts", type=in_range(int, 1, MAX_SESSIONS),
                         help="the rollouts the engine makes room for (default: the most of --sessions, as "
                              "terra-alpasim makes for alpasim.max_sessions)")
     parser.add_argument("overrides", nargs="*", help="terra-alpasim's settings, e.g. backend=vllm device=cuda")
     args = parser.parse_args(argv)
-    try:
-        args.sessions = [int(n) for n in args.sessions.split(",")]
-        args.read_maps = [int(n) for n in args.read_maps.split(",")] if args.read_maps else []
-    except ValueError:
-        parser.error(f"--sessions and --read-maps take comma-separated whole numbers (got {args.sessions!r}, "
-                     f"{args.read_maps!r})")
-    if (min(args.sessions) < 1 or args.chunks < 1 or args.rounds < 1
-            or (args.engine_rollouts is not None and args.engine_rollouts < 1)):
-        parser.error("--sessions, --chunks, --rounds and --engine-rollouts must be at least 1")
+    if args.out:
+        check_output(args.out, "--out")
     return args
 
 
@@ -97,11 +95,8 @@ def build(overrides: list[str], sessions: int, engine_rollouts: int | None = Non
     """The server's pipeline and session table from conf/alpasim.yaml, for ``sessions`` rollouts at once, and the
     engine options the run resolved (the ``memory`` preset's among them): as terra/apps/alpasim.py builds them, the
     decoding and the engine's room for ``alpasim.max_sessions`` (``engine_rollouts``: room for that many)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("alpasim", [*overrides, "alpasim.port=0",
-                                  f"alpasim.max_sessions={max(sessions, engine_rollouts or 0)}"])
+    cfg = compose_config("alpasim", [*overrides, "alpasim.port=0",
+                                     f"alpasim.max_sessions={max(sessions, engine_rollouts or 0)}"])
     spec, settings = alpasim_spec(cfg)
     run = resolve_run(spec, settings.max_sessions)
     pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)
@@ -319,4 +314,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("benchmark_alpasim")(main)())

@@ -30,8 +30,8 @@ if str(ROOT) not in sys.path:
 if str(ROOT / "scripts") not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(ROOT / "scripts"))
 
-from bench.lib.cli import exit_2_on_input_error, numbers  # noqa: E402
-from terra.core.atomic import json_text  # noqa: E402
+from bench.lib.cli import Parser, check_output, exit_2_on_input_error, in_range, listed, one_of  # noqa: E402
+from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.models.presets import TERRA  # noqa: E402
 
@@ -44,24 +44,22 @@ LAYERS = TERRA["num_hidden_layers"]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rollouts", type=int, default=412, help="sequences decoded in one step")
-    p.add_argument("--page-sizes", default="16,32,64,128,256", help="KV cache page sizes (multiples of 16)")
-    p.add_argument("--kv-dtypes", default="fp8,bfloat16", help="KV cache dtypes: fp8 (e4m3), bfloat16")
-    p.add_argument("--splits", default="0,32",
+    p = Parser("benchmark_attention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rollouts", type=in_range(int, 1, 1024), default=412,
+                   help="sequences decoded in one step (1024: 61 GB of bf16 KV cache)")
+    p.add_argument("--page-sizes", type=listed(in_range(int, 16, 1024)), default="16,32,64,128,256",
+                   help="KV cache page sizes (multiples of 16)")
+    p.add_argument("--kv-dtypes", type=listed(one_of("fp8", "bfloat16")), default="fp8,bfloat16",
+                   help="KV cache dtypes: fp8 (e4m3), bfloat16")
+    p.add_argument("--splits", type=listed(in_range(int, 0, 1024)), default="0,32",
                    help="FA3 split caps (0 = its heuristic; vLLM caps at 32 under CUDA graphs)")
-    p.add_argument("--iters", type=int, default=50, help="timed calls per setting")
+    p.add_argument("--iters", type=in_range(int, 1, 100_000), default=50, help="timed calls per setting")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = p.parse_args(argv)
-    args.page_sizes = numbers(args.page_sizes, int, "--page-sizes")
-    args.splits = numbers(args.splits, int, "--splits")
-    if any(s < 16 or s % 16 for s in args.page_sizes):
-        raise TerraInputError(f"--page-sizes must be multiples of 16 (got {args.page_sizes}); FA3 pages are")
-    args.kv_dtypes = args.kv_dtypes.split(",")
-    if not set(args.kv_dtypes) <= {"fp8", "bfloat16"}:
-        raise TerraInputError(f"--kv-dtypes takes fp8 and/or bfloat16 (got {args.kv_dtypes})")
-    if args.rollouts < 1 or args.iters < 1:
-        raise TerraInputError("--rollouts and --iters must be at least 1")
+    if any(s % 16 for s in args.page_sizes):
+        p.error(f"argument --page-sizes: takes multiples of 16 (got {args.page_sizes}); FA3 pages are")
+    if args.out:
+        check_output(args.out, "--out")
     return args
 
 
@@ -133,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{row['kv_read_tb_per_s']:>13.2f}", flush=True)
                 torch.cuda.empty_cache()
     if args.out:
-        args.out.write_text(json_text({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        write_text(args.out, json_text({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0
 
 

@@ -31,6 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark_sessions import DEMO, build_model  # noqa: E402  (scripts/: the same model and backend set-up)
 
+from bench.lib.cli import (  # noqa: E402
+    TEMPERATURE, THREADS, Parser, device_name, exit_2_on_input_error, existing, in_range, listed,
+    model_or, one_of)
+
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives  # noqa: E402
 from terra.closedloop.policies.builtin import REFERENCE_POLICIES  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
@@ -84,23 +88,23 @@ class KeptWorld(ModelWorld):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="demo", help="demo | terra (random weights, vLLM) | tiny | a folder")
-    parser.add_argument("--tokenizer")
+    parser = Parser("benchmark_drive", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=model_or("demo", "terra", "tiny"), default="demo",
+                        help="demo | terra (random weights, vLLM) | tiny | a folder")
+    parser.add_argument("--tokenizer", type=existing("folder", "config.json"))
     parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--drives", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--policies", default="route_follower,constant_speed,lane_follower,lane_follower_noisy")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--device", type=device_name, default="auto")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    parser.add_argument("--drives", type=in_range(int, 1, 4096), default=64)
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=16)
+    parser.add_argument("--policies", type=listed(one_of(*REFERENCE_POLICIES)),
+                        default="route_follower,constant_speed,lane_follower,lane_follower_noisy")
+    parser.add_argument("--temperature", type=TEMPERATURE, default=1.0)
+    parser.add_argument("--threads", type=THREADS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    names = args.policies.split(",")
-    if any(n not in REFERENCE_POLICIES for n in names) or args.drives < 1 or args.steps < 1:
-        parser.error(f"--policies from {', '.join(REFERENCE_POLICIES)}; --drives and --steps at least 1")
+    names = args.policies
     output = None
     if args.out:  # the output-folder rule (terra/config/output_dir.py), before the model loads
         checkpoints = [DEMO] if args.model == "demo" else [Path(p) for p in (args.model, args.tokenizer)
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     sampling = SamplingConfig(temperature=args.temperature)
     setup = argparse.Namespace(model=args.model, tokenizer=args.tokenizer, backend=args.backend, device=args.device,
                                dtype=args.dtype, sessions=[args.drives], frames=args.steps, num_context=3,
-                               max_num_seqs=args.drives, requests=None)
+                               max_num_seqs=args.drives, requests=None, threads=args.threads)
     with tempfile.TemporaryDirectory(prefix="terra-bench-drive-") as folder:
         model = build_model(setup, Path(folder), sampling)
         backend = model if isinstance(model, WorldModelBackend) else model.backend
@@ -165,4 +169,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("benchmark_drive")(main)())

@@ -13,7 +13,7 @@ single-threaded numpy; CPU time is the better figure on a machine shared with ot
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +25,12 @@ from terra.fidelity.odometry import MIN_SKY_LUMINANCE, estimate_motion, se2
 from terra.metrics import psnr, ssim
 from terra.sim.renderer import render
 from terra.sim.scene import DOMAINS, Scene
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import SEED, Parser, check_output, exit_2_on_input_error, in_range, listed, one_of  # noqa: E402
 
 HEIGHT, WIDTH = 144, 256
 
@@ -89,21 +95,21 @@ def costs(frames: int, seed: int) -> dict:
     return timed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=200, help="frame pairs per domain")
-    parser.add_argument("--domains", default="day,left_hand,night", help="comma-separated scene domains")
-    parser.add_argument("--frames", type=int, default=100, help="frames of the drive the costs are timed on")
-    parser.add_argument("--seed", type=int, default=1)
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser("benchmark_fidelity", description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=in_range(int, 1, 100_000), default=200, help="frame pairs per domain")
+    parser.add_argument("--domains", type=listed(one_of(*DOMAINS)), default="day,left_hand,night",
+                        help="comma-separated scene domains")
+    parser.add_argument("--frames", type=in_range(int, 23, 10_000), default=100,
+                        help="frames of the drive the costs are timed on (23: the temporal lag's shortest drive)")
+    parser.add_argument("--seed", type=SEED, default=1)
     parser.add_argument("--measure-night", action="store_true",
                         help="measure night pairs too instead of refusing them (shows why they are refused)")
-    parser.add_argument("--out", help="write the results as JSON here")
-    args = parser.parse_args()
-    domains = args.domains.split(",")
-    unknown = set(domains) - set(DOMAINS)
-    if unknown or args.pairs < 1 or args.frames < 23:
-        parser.error(f"domains must be among {', '.join(DOMAINS)} (got {sorted(unknown)}), --pairs >= 1, --frames "
-                     ">= 23 (the temporal lag's shortest drive)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    domains = args.domains
+    if args.out:
+        check_output(args.out, "--out")
     sky = 0.0 if args.measure_night else MIN_SKY_LUMINANCE
     result = {"accuracy": {d: accuracy(args.pairs, args.seed, d, sky) for d in domains},
               "cpu_ms_per_frame": costs(args.frames, args.seed)}
@@ -118,8 +124,8 @@ def main() -> None:
               + "; ".join(parts))
     print("CPU ms per frame: " + ", ".join(f"{k} {v:.1f}" for k, v in result["cpu_ms_per_frame"].items()))
     if args.out:
-        write_text(Path(args.out), json_text(result, indent=2) + "\n")
+        write_text(args.out, json_text(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("benchmark_fidelity")(main)())

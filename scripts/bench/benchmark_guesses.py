@@ -39,7 +39,9 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import exit_2_on_input_error  # noqa: E402
+from bench.lib.cli import (  # noqa: E402
+    DRAFT_TOKENS, TEMPERATURE, THREADS, Parser, check_output, exit_2_on_input_error, existing, in_range, listed,
+    one_of, word_or)
 from bench.lib.first_guesses import first_guesses, oracle, warped  # noqa: E402
 from terra.closedloop.loop import DriveSpec, run_drives  # noqa: E402
 from terra.closedloop.policies.builtin import REFERENCE_POLICIES  # noqa: E402
@@ -48,6 +50,7 @@ from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.contract.actions import FRAME_RATE_HZ  # noqa: E402
+from terra.inputs.trajectory import MANOEUVRES as ALL_MANOEUVRES  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
 from terra.generation import guesses, hf_speculative, speculative  # noqa: E402
 from terra.generation.rollout import RolloutRequest, RolloutState  # noqa: E402
@@ -62,32 +65,29 @@ SOURCES = (*GUESSES, "warp")  # sampling.guesses' and the experiment's
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEMO / "world_model", help="world-model folder (demo)")
-    parser.add_argument("--tokenizer", type=Path, default=DEMO / "tokenizer", help="its tokenizer folder (demo)")
-    parser.add_argument("--sources", default=",".join(SOURCES), help=f"comma-separated, of {', '.join(SOURCES)}")
-    parser.add_argument("--temperatures", default="0.9,1.0")
-    parser.add_argument("--draft-tokens", default="frame,32", help="comma-separated counts; frame: the whole frame")
-    parser.add_argument("--manoeuvres", default=",".join(MANOEUVRES))
-    parser.add_argument("--frames", type=int, default=8, help="frames generated per manoeuvre rollout")
-    parser.add_argument("--drive-seconds", type=float, default=20.0, help="closed-loop drive length; 0: none")
-    parser.add_argument("--oracle-shares", default="", help="comma-separated shares of true first guesses, e.g. 0.9")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    model = existing("folder", "config.json")
+    parser = Parser("benchmark_guesses", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=model, default=DEMO / "world_model", help="world-model folder (demo)")
+    parser.add_argument("--tokenizer", type=model, default=DEMO / "tokenizer", help="its tokenizer folder (demo)")
+    parser.add_argument("--sources", type=listed(one_of(*SOURCES)), default=",".join(SOURCES),
+                        help=f"comma-separated, of {', '.join(SOURCES)}")
+    parser.add_argument("--temperatures", type=listed(TEMPERATURE), default="0.9,1.0")
+    parser.add_argument("--draft-tokens", type=listed(word_or("frame", DRAFT_TOKENS)), default="frame,32",
+                        help="comma-separated counts; frame: the whole frame")
+    parser.add_argument("--manoeuvres", type=listed(one_of(*ALL_MANOEUVRES)), default=",".join(MANOEUVRES))
+    parser.add_argument("--frames", type=in_range(int, 1, 1000), default=8, help="frames generated per manoeuvre "
+                        "rollout")
+    parser.add_argument("--drive-seconds", type=in_range(float, 0, 3600), default=20.0,
+                        help="closed-loop drive length; 0: none")
+    parser.add_argument("--oracle-shares", type=listed(in_range(float, 0, 1), empty=True), default="",
+                        help="comma-separated shares of true first guesses, e.g. 0.9")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch CPU threads")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
-    try:
-        args.temperatures = [float(t) for t in args.temperatures.split(",")]
-        args.draft_tokens = [0 if k.strip() == "frame" else int(k) for k in args.draft_tokens.split(",")]
-        args.oracle_shares = [float(v) for v in args.oracle_shares.split(",") if v.strip()]
-    except ValueError:
-        parser.error("--temperatures are comma-separated numbers, --draft-tokens counts or 'frame'")
-    args.sources = args.sources.split(",")
-    args.manoeuvres = [m for m in args.manoeuvres.split(",") if m]
-    if not set(args.sources) <= set(SOURCES) or min(args.draft_tokens) < 0 or args.frames < 1:
-        parser.error(f"--sources from {', '.join(SOURCES)}; --draft-tokens and --frames at least 1")
-    if not all(0 <= v <= 1 for v in args.oracle_shares):
-        parser.error("--oracle-shares are shares between 0 and 1")
+    args.draft_tokens = [0 if k == "frame" else k for k in args.draft_tokens]
+    if args.out:
+        check_output(args.out, "--out", [args.model, args.tokenizer])
     return args
 
 
@@ -146,7 +146,7 @@ class GuessClock:
     @contextmanager
     def running(self) -> Iterator["GuessClock"]:
         patched = [(guesses.Transitions, "record"), (guesses.Transitions, "recall"),
-                   (speculative.SpeculativeFrame, "ahead_drafts"), (speculative.SpeculativeFrame, "_draw_ahead"),
+                   (speculative.SpeculativeFrame, "ahead_drafts"), (speculative, "_draw_ahead"),
                    (speculative.SpeculativeFrame, "handover")]
         originals = [getattr(owner, name) for owner, name in patched]
         for (owner, name), original in zip(patched, originals):

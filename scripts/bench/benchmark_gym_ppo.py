@@ -13,8 +13,9 @@ untrained agent's (its initial policy is as good as random actions). Needs ``pip
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -24,6 +25,12 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 from terra.closedloop.gym.env import ENV_ID
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import THREADS, Parser, exit_2_on_input_error, in_range  # noqa: E402
 
 
 class ReturnPerRollout(BaseCallback):
@@ -49,18 +56,24 @@ class ReturnPerRollout(BaseCallback):
         self.returns, self.lengths = [], []
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=5.0, help="training time (wall clock)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--num-envs", type=int, default=4, help="drives per rollout (SB3's DummyVecEnv)")
-    parser.add_argument("--rollout-steps", type=int, default=128, help="steps per env per rollout (PPO's n_steps)")
-    parser.add_argument("--num-steps", type=int, default=100, help="steps per episode at most (10 s)")
-    parser.add_argument("--image-size", type=int, nargs=2, default=(36, 64), help="frame height and width")
-    parser.add_argument("--learning-rate", type=float, default=3e-4,
+@exit_2_on_input_error("benchmark_gym_ppo")
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser("benchmark_gym_ppo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=in_range(float, 0, 7 * 24 * 60, above=True), default=5.0,
+                        help="training time (wall clock)")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch CPU threads")
+    parser.add_argument("--num-envs", type=in_range(int, 1, 256), default=4,
+                        help="drives per rollout (SB3's DummyVecEnv)")
+    parser.add_argument("--rollout-steps", type=in_range(int, 2, 100_000), default=128,
+                        help="steps per env per rollout (PPO's n_steps)")
+    parser.add_argument("--num-steps", type=in_range(int, 1, 10_000), default=100,
+                        help="steps per episode at most (10 s)")
+    parser.add_argument("--image-size", type=in_range(int, 36, 1024), nargs=2, default=(36, 64),
+                        help="frame height and width (36: the least SB3's CNN takes)")
+    parser.add_argument("--learning-rate", type=in_range(float, 0, 1), default=3e-4,
                         help="PPO's (SB3's default); 0: the control, an agent that does not learn")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    parser.add_argument("--seed", type=in_range(int, 0, 2**31 - 1), default=0, help="(numpy's global seed: 32 bits)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     env = make_vec_env(ENV_ID, n_envs=args.num_envs, seed=args.seed, env_kwargs={
         "action_mode": "actuation", "reward": "lane_keeping", "num_steps": args.num_steps,
@@ -73,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -33,7 +33,7 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import exit_2_on_input_error  # noqa: E402
+from bench.lib.cli import Parser, check_output, device_name, exit_2_on_input_error, in_range  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.core.device import resolve_device  # noqa: E402
@@ -95,21 +95,25 @@ def analyse(rss_mb: Sequence[float], warmup: int, max_growth_mb: float) -> dict:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Command line; bad values raise :class:`TerraInputError`."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iterations", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=10, help="first iterations left out of slope and growth")
-    p.add_argument("--frames", type=int, default=2, help="frames generated per call")
-    p.add_argument("--context", type=int, default=2, help="context frames per call")
-    p.add_argument("--max-growth-mb", type=float, default=20.0, help="allowed RSS (and CUDA) growth after warm-up")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    """Command line; bad values raise :class:`TerraInputError` (a bad flag value: one line, exit 2)."""
+    window = WORLD_MODEL["num_temporal_embeddings"]
+    p = Parser("benchmark_memory", description=__doc__.split("\n\n")[0])
+    p.add_argument("--iterations", type=in_range(int, 3, 100_000), default=100)
+    p.add_argument("--warmup", type=in_range(int, 0, 100_000), default=10,
+                   help="first iterations left out of slope and growth")
+    p.add_argument("--frames", type=in_range(int, 1, window - 1), default=2, help="frames generated per call")
+    p.add_argument("--context", type=in_range(int, 1, window - 1), default=2, help="context frames per call")
+    p.add_argument("--max-growth-mb", type=in_range(float, 0, 1 << 20), default=20.0,
+                   help="allowed RSS (and CUDA) growth after warm-up")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu | cuda | auto")
     p.add_argument("--out", type=Path, help="write the series and the verdict here (JSON)")
     args = p.parse_args(list(argv))
     if args.iterations < args.warmup + 2:
         raise TerraInputError(f"--iterations ({args.iterations}) must exceed --warmup ({args.warmup}) by at least 2")
-    window = WORLD_MODEL["num_temporal_embeddings"]
-    if args.frames < 1 or args.context < 1 or args.context + args.frames > window:
-        raise TerraInputError(f"--context and --frames must be >= 1 and fit one window of {window} frames together")
+    if args.context + args.frames > window:
+        raise TerraInputError(f"--context and --frames must fit one window of {window} frames together")
+    if args.out:
+        check_output(args.out, "--out")
     args.device = resolve_device(args.device)
     return args
 

@@ -48,7 +48,9 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
+from bench.lib.cli import Parser, check_output, exit_2_on_input_error, in_range, listed, one_of  # noqa: E402
 from terra.config.memory import GIB, PRESETS, ModelShape, plan_memory, preset_cap  # noqa: E402
+from terra.core.device import resolve_device  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 
 WORKFLOWS = ("vllm", "refine", "score", "alpasim")
@@ -300,34 +302,39 @@ def markdown(cases: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser("benchmark_memory_table", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--workflows", default=",".join(WORKFLOWS))
-    parser.add_argument("--caps", default=",".join(CAPS))
-    parser.add_argument("--frames", type=int, default=8, help="frames per rollout / session")
-    parser.add_argument("--batch", type=int, default=32, help="rollouts of the batch")
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--videos", type=int, default=64, help="videos scored")
+    parser.add_argument("--workflows", type=listed(one_of(*WORKFLOWS)), default=",".join(WORKFLOWS))
+    parser.add_argument("--caps", type=listed(one_of(*CAPS)), default=",".join(CAPS))
+    parser.add_argument("--frames", type=in_range(int, 1, 1000), default=8, help="frames per rollout / session")
+    parser.add_argument("--batch", type=in_range(int, 1, 4096), default=32, help="rollouts of the batch")
+    parser.add_argument("--sessions", type=in_range(int, 1, 1024), default=8)
+    parser.add_argument("--videos", type=in_range(int, 1, 10_000), default=64, help="videos scored")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
-    parser.add_argument("--timeout-s", type=float, default=240, help="the most one case may take")
+    parser.add_argument("--timeout-s", type=in_range(float, 0, 86_400, above=True), default=240,
+                        help="the most one case may take")
     parser.add_argument("--worker", choices=WORKFLOWS, help=argparse.SUPPRESS)
-    parser.add_argument("--cap", default="uncapped", help=argparse.SUPPRESS)
+    parser.add_argument("--cap", choices=CAPS, default="uncapped", help=argparse.SUPPRESS)
     parser.add_argument("--record", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--models", type=Path, help=argparse.SUPPRESS)  # alpasim_models' folder
     args = parser.parse_args(argv)
+    if not args.worker:
+        resolve_device(args.device)
+        if args.out:
+            check_output(args.out, "--out")
     if args.worker:  # inside a case's process
         with tempfile.TemporaryDirectory() as tmp:
             record = WORKERS[args.worker](args.cap, args, Path(tmp))
         write_text(args.record, json_text(record) + "\n")
         return record
     cases = []
-    workflows = [w for w in args.workflows.split(",") if w]
+    workflows = args.workflows
     with tempfile.TemporaryDirectory() as tmp:
         if "alpasim" in workflows:
             args.models = alpasim_models(Path(tmp), args.device)
         for workflow in workflows:
-            for cap in [c for c in args.caps.split(",") if c]:
+            for cap in args.caps:
                 cases.append(run_case(workflow, cap, args))
                 print(f"{workflow} {cap}: peak {cases[-1]['peak_gib']} GiB, "
                       f"{cases[-1].get('error') or [(r, v) for r, v, _ in speed(cases[-1])]}", flush=True)
@@ -343,4 +350,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("benchmark_memory_table")(main)())

@@ -14,7 +14,6 @@ compiles the UNet with --compile). UNet FLOPs are counted once per input shape w
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import platform
 import sys
@@ -25,7 +24,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
 
+from bench.lib.cli import Parser, check_output, device_name, exit_2_on_input_error, in_range, listed  # noqa: E402
+from terra.core.device import resolve_device  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.decoder.refiner import TERRA, plan_passes, preset  # noqa: E402
 from terra.decoder.refiner.model import VideoRefiner  # noqa: E402
@@ -94,20 +98,25 @@ def run_case(refiner: VideoRefiner, tokenizer: LFQTokenizer, frames: int, seed: 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="terra", help="terra (full size) | tiny (smoke run)")
-    parser.add_argument("--device", default="cuda")
+    parser = Parser("benchmark_refiner", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="terra", choices=("terra", "tiny"), help="terra (full size) | tiny "
+                        "(smoke run)")
+    parser.add_argument("--device", type=device_name, default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--frames", default="25,47", help="comma-separated video lengths to refine")
-    parser.add_argument("--steps", type=int, default=None, help="Euler steps per pass (default: the preset's 15)")
+    parser.add_argument("--frames", type=listed(in_range(int, 1, 1000)), default="25,47",
+                        help="comma-separated video lengths to refine")
+    parser.add_argument("--steps", type=in_range(int, 1, 1000), default=None,
+                        help="Euler steps per pass (default: the preset's 15)")
     parser.add_argument("--guidance", default="published", choices=["published", "zero_frames"])
-    parser.add_argument("--decode-batch", type=int, default=None)
+    parser.add_argument("--decode-batch", type=in_range(int, 1, 1024), default=None)
     parser.add_argument("--compile", action="store_true", help="torch.compile the UNet")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        check_output(args.out, "--out")
 
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device, dtype = torch.device(resolve_device(args.device)), getattr(torch, args.dtype)
     changes = {"guidance": args.guidance, "compile": args.compile, "channels_last": args.channels_last}
     if args.steps is not None:
         changes["num_steps"] = args.steps
@@ -136,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                      "channels_last", "num_frames", "height", "width")},
         "unet_parameters": sum(p.numel() for p in refiner.unet.parameters()),
         "full_size": config.unet_channels == TERRA.unet_channels, "warmup_s": round(warmup_s, 2),
-        "cases": [run_case(refiner, tokenizer, int(n), seed=i) for i, n in enumerate(args.frames.split(","))],
+        "cases": [run_case(refiner, tokenizer, n, seed=i) for i, n in enumerate(args.frames)],
     }
     text = json_text(report, indent=2)
     print(text)
@@ -146,4 +155,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("benchmark_refiner")(main)())

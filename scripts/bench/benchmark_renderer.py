@@ -9,12 +9,19 @@ time is the better measure of the renderer itself (it is single-threaded numpy).
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from terra.sim import Scene, render
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import SEED, Parser, exit_2_on_input_error, in_range  # noqa: E402
 
 SIZES = ((288, 512), (144, 256))
 
@@ -35,12 +42,13 @@ def benchmark(frames: int, seed: int) -> dict[tuple[int, int], np.ndarray]:
     return times
 
 
-def main() -> None:
+@exit_2_on_input_error("benchmark_renderer")
+def main(argv: list[str] | None = None) -> None:
     """Print wall-clock and CPU milliseconds per frame for each size."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=50, help="frames per size")
-    parser.add_argument("--seed", type=int, default=0, help="scene seed")
-    args = parser.parse_args()
+    parser = Parser("benchmark_renderer", description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=in_range(int, 1, 100_000), default=50, help="frames per size")
+    parser.add_argument("--seed", type=SEED, default=0, help="scene seed")
+    args = parser.parse_args(argv)
     for (height, width), t in benchmark(args.frames, args.seed).items():
         wall, cpu = 1e3 * t[:, 0], 1e3 * t[:, 1]
         print(f"{height}x{width}: {wall.mean():.1f} ms/frame wall (median {np.median(wall):.1f}), "
@@ -48,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

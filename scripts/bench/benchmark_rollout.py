@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "scripts") not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(ROOT / "scripts"))
 
-from bench.lib.cli import exit_2_on_input_error  # noqa: E402
+from bench.lib.cli import (  # noqa: E402
+    Parser, check_output, exit_2_on_input_error, existing, in_range, listed, word_or)
 from bench.lib.environment import GpuBusyMonitor  # noqa: E402
 from bench.lib.models import random_tokenizer, random_world_model  # noqa: E402
 from terra.batch import read_manifest  # noqa: E402
@@ -60,63 +61,49 @@ ACTBENCH_FRAMES = 44  # Terra's ACT-Bench generation: 3 context frames, 44 gener
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Command line; bad values raise :class:`TerraInputError`."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Command line; bad values raise :class:`TerraInputError` (a bad flag value: one line, exit 2)."""
+    model = existing("folder", "config.json")
+    p = Parser("benchmark_rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmark_rollout"), help="folder for models, samples, runs, JSON")
     p.add_argument("--executor", default="local", choices=("local", "ray"), help="terra-rollout's executor")
-    p.add_argument("--gpus", default="1", help="executor=local: comma list of runs, 1 = one GPU, 0 = the CPU")
-    p.add_argument("--actors", default="1,2", help="executor=ray: comma list of actor counts, one run each")
+    p.add_argument("--gpus", type=listed(in_range(int, 0, 64)), default="1",
+                   help="executor=local: comma list of runs, 1 = one GPU, 0 = the CPU")
+    p.add_argument("--actors", type=listed(in_range(int, 1, 64)), default="1,2",
+                   help="executor=ray: comma list of actor counts, one run each")
     p.add_argument("--device", default="auto", choices=("auto", "cpu"), help="cpu: CPU actors (executor=ray)")
-    p.add_argument("--samples", type=int, default=256, help="samples in the JSONL")
-    p.add_argument("--frames", type=int, default=8, help="frames generated per sample")
+    p.add_argument("--samples", type=in_range(int, 1, 100_000), default=256, help="samples in the JSONL")
+    p.add_argument("--frames", type=in_range(int, 1, 10_000), default=8, help="frames generated per sample")
     p.add_argument("--actbench", action="store_true", help="ACT-Bench's shape: 44 generated frames, MP4 written")
-    p.add_argument("--project", type=int, default=2286, help="samples whose wall time is projected (ACT-Bench's)")
-    p.add_argument("--max-concurrent", default="auto", help="rollouts in flight per engine (auto: what fits)")
+    p.add_argument("--project", type=in_range(int, 1, 10**7), default=2286,
+                   help="samples whose wall time is projected (ACT-Bench's)")
+    p.add_argument("--max-concurrent", type=word_or("auto", in_range(int, 1, 4096)), default="auto",
+                   help="rollouts in flight per engine (auto: what fits)")
     p.add_argument("--backend", default="vllm", choices=("vllm", "hf", "auto"), help="rollout backend")
     p.add_argument("--requests", choices=("auto", "streaming", "per_frame"),
                    help="vLLM request path (backend.options.requests): a streaming-input request per window, a "
                         "request per frame, or auto (streaming where vLLM has it); default: the config's (per_frame)")
     p.add_argument("--format", default="gif", choices=("gif", "mp4", "png"), help="video format written per sample")
-    p.add_argument("--model", help="world model folder (default: Terra's shape, random weights, written under OUT)")
-    p.add_argument("--tokenizer", help="tokenizer folder (default: a random Terra-sized LFQ tokenizer under OUT)")
+    p.add_argument("--model", type=model,
+                   help="world model folder (default: Terra's shape, random weights, written under OUT)")
+    p.add_argument("--tokenizer", type=model,
+                   help="tokenizer folder (default: a random Terra-sized LFQ tokenizer under OUT)")
     p.add_argument("--demo", action="store_true", help="use the shipped demo model and tokenizer")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Hydra override for terra-rollout, e.g. +backend.options.kv_cache_dtype=fp8")
     args = p.parse_args(list(argv))
     if args.actbench:
         args.frames, args.format = ACTBENCH_FRAMES, "mp4"
-    if args.executor == "local":
-        args.runs = _counts(args.gpus, "--gpus", 0, "1 (one GPU) or 0 (CPU)")
-        if max(args.runs) > 1:
-            raise TerraInputError("--gpus takes 0 or 1 with executor=local; compare GPUs with --executor ray "
-                                  f"--actors {args.gpus}")
-    else:
-        args.runs = _counts(args.actors, "--actors", 1, "1,2")
-    if args.max_concurrent != "auto" and not args.max_concurrent.isdigit():
-        raise TerraInputError(f"--max-concurrent must be auto or a whole number (got {args.max_concurrent!r})")
-    for flag in ("samples", "frames", "project", "max_concurrent"):
-        value = getattr(args, flag)
-        if value != "auto" and int(value) < 1:
-            raise TerraInputError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    args.runs = args.gpus if args.executor == "local" else args.actors
+    if args.executor == "local" and max(args.runs) > 1:
+        raise TerraInputError("--gpus takes 0 or 1 with executor=local; compare GPUs with --executor ray "
+                              f"--actors {','.join(map(str, args.gpus))}")
     if args.requests and args.backend != "vllm":
         raise TerraInputError(f"--requests picks vLLM's request path; it needs --backend vllm (got {args.backend})")
     if args.demo and (args.model or args.tokenizer):
         raise TerraInputError("--demo uses the shipped model and tokenizer; drop --model/--tokenizer or --demo")
-    for flag, path in (("--model", args.model), ("--tokenizer", args.tokenizer)):
-        if path and not (Path(path) / "config.json").is_file():
-            raise TerraInputError(f"{flag} {path} has no config.json; pass a saved checkpoint folder")
+    args.model, args.tokenizer = (str(path) if path else None for path in (args.model, args.tokenizer))
+    check_output(args.out, "--out", [path for path in (args.model, args.tokenizer) if path], folder=True)
     return args
-
-
-def _counts(text: str, flag: str, minimum: int, example: str) -> list[int]:
-    """A comma list of whole numbers >= ``minimum`` (raises :class:`TerraInputError`)."""
-    try:
-        counts = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < minimum:
-        raise TerraInputError(f"{flag} must be a comma list of counts >= {minimum} (got {text!r}), e.g. {example}")
-    return counts
 
 
 def random_models(out: Path, model: str | None, tokenizer: str | None) -> tuple[str, str]:

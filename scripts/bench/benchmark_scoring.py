@@ -27,7 +27,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
 
+from bench.lib.cli import Parser, check_output, device_name, exit_2_on_input_error, in_range  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator  # noqa: E402
 from terra.scoring.run import score  # noqa: E402
@@ -114,22 +118,30 @@ def write_samples(path: Path, sample_ids: list[int], num_frames: int, seed: int 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--videos", type=int, default=2286, help="videos to score (ACT-Bench: 2,286)")
-    parser.add_argument("--frames", type=int, default=47, help="frames per video (3 context + 44 generated)")
-    parser.add_argument("--height", type=int, default=288)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--distinct", type=int, default=32, help="videos encoded; the others are hard links")
+    size = in_range(int, 16, 2160)
+    parser = Parser("benchmark_scoring", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--videos", type=in_range(int, 1, 100_000), default=2286,
+                        help="videos to score (ACT-Bench: 2,286)")
+    parser.add_argument("--frames", type=in_range(int, 4, 1000), default=47,
+                        help="frames per video (3 context + 44 generated)")
+    parser.add_argument("--height", type=size, default=288)
+    parser.add_argument("--width", type=size, default=512)
+    parser.add_argument("--distinct", type=in_range(int, 1, 10_000), default=32,
+                        help="videos encoded; the others are hard links")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full", help="estimator size")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--num-workers", type=int, default=8)
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batch-size", type=in_range(int, 1, 1024), default=16)
+    parser.add_argument("--num-workers", type=in_range(int, 0, 256), default=8)
+    parser.add_argument("--device", type=device_name, default="auto")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--workdir", type=Path, default=None, help="inputs go here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=None, help="write the record as JSON here too")
     args = parser.parse_args(argv)
-    if min(args.videos, args.frames, args.height, args.width, args.distinct, args.batch_size) < 1:
-        parser.error("--videos, --frames, --height, --width, --distinct and --batch-size must be at least 1")
+    if args.height % 2 or args.width % 2:
+        parser.error(f"--height and --width must be even (MP4's colour planes; got {args.height}x{args.width})")
+    if args.workdir is not None:
+        check_output(args.workdir, "--workdir", folder=True)
+    if args.out is not None:
+        check_output(args.out, "--out")
     return args
 
 
@@ -170,4 +182,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("benchmark_scoring")(main)())

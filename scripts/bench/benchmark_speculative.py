@@ -28,13 +28,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import exit_2_on_input_error  # noqa: E402
+from bench.lib.cli import (  # noqa: E402
+    DRAFT_TOKENS, TEMPERATURE, THREADS, Parser, check_output, exit_2_on_input_error, existing, in_range, listed)
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
@@ -49,31 +49,29 @@ PROFILE_BUCKETS = 8  # the frame's image tokens split into this many ranges of w
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEMO / "world_model", help="world-model folder (demo)")
-    parser.add_argument("--tokenizer", type=Path, default=DEMO / "tokenizer", help="its tokenizer folder (demo)")
-    parser.add_argument("--rollouts", type=int, default=32)
-    parser.add_argument("--frames", type=int, default=8, help="frames generated per rollout")
-    parser.add_argument("--num-context", type=int, default=3)
-    parser.add_argument("--temperatures", default="0,0.9")
-    parser.add_argument("--draft-tokens", default="16,32,64,144", help="sampling.draft_tokens of the speculative runs")
-    parser.add_argument("--sequential-rollouts", type=int, default=4,
+    model = existing("folder", "config.json")
+    rollouts = in_range(int, 0, 4096)
+    parser = Parser("benchmark_speculative", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=model, default=DEMO / "world_model", help="world-model folder (demo)")
+    parser.add_argument("--tokenizer", type=model, default=DEMO / "tokenizer", help="its tokenizer folder (demo)")
+    parser.add_argument("--rollouts", type=rollouts, default=32)
+    parser.add_argument("--frames", type=in_range(int, 1, 1000), default=8, help="frames generated per rollout")
+    parser.add_argument("--num-context", type=in_range(int, 1, 24), default=3)
+    parser.add_argument("--temperatures", type=listed(TEMPERATURE), default="0,0.9")
+    parser.add_argument("--draft-tokens", type=listed(DRAFT_TOKENS), default="16,32,64,144",
+                        help="sampling.draft_tokens of the speculative runs")
+    parser.add_argument("--sequential-rollouts", type=rollouts, default=4,
                         help="rollouts also run sequentially (their codes compared with speculative decoding's)")
-    parser.add_argument("--streams", default="", help="comma-separated rollouts in flight for frames/s, e.g. 1,2,4,8")
-    parser.add_argument("--stream-draft-tokens", type=int, default=32,
+    parser.add_argument("--streams", type=listed(in_range(int, 1, 4096), empty=True), default="",
+                        help="comma-separated rollouts in flight for frames/s, e.g. 1,2,4,8")
+    parser.add_argument("--stream-draft-tokens", type=DRAFT_TOKENS, default=32,
                         help="sampling.draft_tokens of the --streams runs")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=THREADS, default=1, help="torch CPU threads")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
-    try:
-        args.temperatures = [float(t) for t in args.temperatures.split(",")]
-        args.draft_tokens = [int(k) for k in args.draft_tokens.split(",")]
-        args.streams = [int(n) for n in args.streams.split(",")] if args.streams else []
-    except ValueError:
-        parser.error("--temperatures, --draft-tokens and --streams are comma-separated numbers")
-    if args.rollouts < 0 or args.frames < 1 or min(args.draft_tokens) < 1 or min(args.streams, default=1) < 1:
-        parser.error("--rollouts must be at least 0, --frames, --draft-tokens and --streams at least 1")
+    if args.out:
+        check_output(args.out, "--out", [args.model, args.tokenizer])
     return args
 
 
@@ -88,28 +86,29 @@ def requests(pipeline: WorldModelPipeline, count: int, frames: int, num_context:
 
 
 class Profile:
-    """Tokens committed per pass by where in the frame the pass began (recorded around SpeculativeFrame.advance)."""
+    """Tokens committed per pass by where in the frame the pass began (recorded around the passes a backend step
+    takes together, speculative.advance_frames)."""
 
     def __init__(self, image_tokens: int) -> None:
         self.image_tokens = image_tokens
         self.commits: dict[int, list[int]] = defaultdict(list)
-        self._advance = speculative.SpeculativeFrame.advance
+        self._advance = speculative.advance_frames
 
     def __enter__(self) -> "Profile":
         profile = self
 
-        def advance(frame: speculative.SpeculativeFrame, logits: torch.Tensor,
-                    ahead_logits: torch.Tensor | None = None) -> int:
-            begin = frame.count
-            committed = profile._advance(frame, logits, ahead_logits)
-            profile.commits[begin * PROFILE_BUCKETS // profile.image_tokens].append(committed)
+        def advance(frames, logits, ahead_logits) -> list[int]:
+            begins = [frame.count for frame in frames]
+            committed = profile._advance(frames, logits, ahead_logits)
+            for begin, count in zip(begins, committed):
+                profile.commits[begin * PROFILE_BUCKETS // profile.image_tokens].append(count)
             return committed
 
-        speculative.SpeculativeFrame.advance = advance
+        speculative.advance_frames = advance
         return self
 
     def __exit__(self, *exc) -> None:
-        speculative.SpeculativeFrame.advance = self._advance
+        speculative.advance_frames = self._advance
 
     def table(self) -> list[dict]:
         size = self.image_tokens / PROFILE_BUCKETS

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,12 +25,17 @@ import torch
 from omegaconf import OmegaConf
 
 from terra.core.atomic import json_text, write_text
-from terra.core.device import check_device, resolve_device
+from terra.core.device import resolve_device
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.lfq import TERRA_CONFIG
 from terra.tokenizer.vq import VQ16_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "scripts") not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(ROOT / "scripts"))
+
+from bench.lib.cli import (  # noqa: E402
+    THREADS, Parser, check_output, device_name, exit_2_on_input_error, in_range, listed, one_of)
 
 
 def _demo() -> ImageTokenizer:
@@ -91,36 +97,37 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
-def main() -> None:
+@exit_2_on_input_error("benchmark_tokenizer")
+def main(argv: list[str] | None = None) -> None:
     """Benchmark the models named by ``--models`` and print one Markdown row each."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="lfq_terra,vq16,lfq_demo", help=f"comma list of {sorted(MODELS)}")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser = Parser("benchmark_tokenizer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=listed(one_of(*MODELS)), default="lfq_terra,vq16,lfq_demo",
+                        help=f"comma list of {sorted(MODELS)}")
+    parser.add_argument("--device", type=device_name, default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--batch-size", default=None,
+    parser.add_argument("--batch-size", type=listed(in_range(int, 1, 1024)), default=None,
                         help="frames per call, or a comma list of them (default 1 on CPU, 16 on CUDA)")
-    parser.add_argument("--frames", type=int, default=None,
+    parser.add_argument("--frames", type=in_range(int, 1, 100_000), default=None,
                         help="timed frames per measurement (default 2 CPU, 256 CUDA)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--warmup", type=in_range(int, 0, 1000), default=1, help="untimed calls first")
+    parser.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="cuDNN's algorithm search (the apps leave it off: --no-cudnn-benchmark measures "
                         "their peak)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")
 
-    device = torch.device(resolve_device(check_device(args.device)))
+    device = torch.device(resolve_device(args.device))
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = args.cudnn_benchmark
     gpu = device.type == "cuda"
-    batches = [int(b) for b in args.batch_size.split(",")] if args.batch_size else [16 if gpu else 1]
+    batches = args.batch_size or [16 if gpu else 1]
     frames = args.frames or (256 if gpu else 2)
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown models {unknown}; choose from {sorted(MODELS)}")
+    names = args.models
 
     rows = []
     columns = ["model", "family", "input", "codes", "codebook", "params (M)", "device", "dtype", "batch",
@@ -140,4 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,25 +58,36 @@ from terra.training.run import build_trainee, train_step
 from terra.training.settings import DTYPES, OPTIMIZERS, train_spec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"  # read directly: Hydra need not be installed
+if str(CONF.parent / "scripts") not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(CONF.parent / "scripts"))
+
+from bench.lib.cli import Parser, check_output, exit_2_on_input_error, in_range  # noqa: E402
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser("benchmark_training", description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", choices=("full", "lora"), default="full")
-    parser.add_argument("--micro-batch", type=int, default=1, help="windows per GPU per step")
-    parser.add_argument("--activation-checkpointing", nargs="?", const=True, default=False, type=int, metavar="N",
+    parser.add_argument("--micro-batch", type=in_range(int, 1, 64), default=1, help="windows per GPU per step")
+    parser.add_argument("--activation-checkpointing", nargs="?", const=True, default=False,
+                        type=in_range(int, 1, TERRA["num_hidden_layers"]), metavar="N",
                         help="recompute every decoder layer in the backward pass, or the first N")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     parser.add_argument("--weights-dtype", choices=DTYPES, default="float32",
                         help="the trained weights' dtype (bfloat16 needs --optimizer adamw8bit)")
-    parser.add_argument("--memory-cap-gib", type=float, help="cap this process's GPU memory (default: the whole GPU)")
+    parser.add_argument("--memory-cap-gib", type=in_range(float, 0, 4096, above=True),
+                        help="cap this process's GPU memory (default: the whole GPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps (after 2 warm-up steps)")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU")
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=6, help="timed steps (after 2 warm-up steps)")
+    parser.add_argument("--peak-tflops", type=in_range(float, 0, 10**6, above=True), default=989.0,
+                        help="dense bf16 peak of one GPU")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines file to append the result to")
     parser.add_argument("--profile", type=Path,
                         help="one process: also write the GPU kernels of two more steps, by time, here")
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    for flag, path in (("--out", args.out), ("--profile", args.profile)):
+        if path is not None:
+            check_output(path, flag)
+    return args
 
 
 def terra_spec(args: argparse.Namespace, world_size: int):
@@ -138,8 +150,9 @@ def write_profile(path: Path, step) -> None:
     path.write_text(head + events.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90))
 
 
-def main() -> None:
-    args = parse_args()
+@exit_2_on_input_error("benchmark_training")
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     processes = start_processes("cuda")
     if args.memory_cap_gib is not None:
         device = torch.cuda.current_device()  # processes.device may be "cuda" without an index
@@ -197,4 +210,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,15 +11,22 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from terra.closedloop.car.motion import VEHICLES, make_vehicle
 from terra.closedloop.plans import Plan
 from terra.contract.actions import ACTION_TIMES
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import Parser, exit_2_on_input_error, in_range  # noqa: E402
 
 
 def plan(spacing: float, count: int) -> Plan:
@@ -44,10 +51,11 @@ def median_ms(call, repeats: int) -> float:
     return 1000.0 * statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=300)
-    args = parser.parse_args()
+@exit_2_on_input_error("benchmark_vehicle")
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser("benchmark_vehicle", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=in_range(int, 1, 10**6), default=300)
+    args = parser.parse_args(argv)
     print("| vehicle | plan | step ms | forecast ms | forecast, then step ms |\n|---|---|---:|---:|---:|")
     for kind in VEHICLES:
         for name, (spacing, count) in {"8 poses at 0.5 s": (0.5, 8), "40 poses at 10 Hz": (0.1, 40)}.items():
@@ -61,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

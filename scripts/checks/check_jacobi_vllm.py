@@ -66,6 +66,8 @@ from pathlib import Path
 from typing import Any
 
 from terra.config.assets import DEMO
+from terra.config.files import load_json
+from terra.core.atomic import write_text
 from terra.core.errors import TerraInputError
 
 SCRIPTS = Path(__file__).resolve().parents[1]
@@ -73,9 +75,11 @@ if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its
     sys.path.append(str(SCRIPTS))
 
 from bench.lib.arguments import FLAGGED_ENGINE_ARGS, engine_arguments  # noqa: E402
-from bench.lib.engine_steps import (InFlight, StepCounter, draft_tokens_of, end_to_end, engine_drafts,  # noqa: E402
-                                engine_label, engine_record, print_steps, projected, random_requests, start_engine,
-                                step_table)
+from bench.lib.cli import (  # noqa: E402
+    TEMPERATURE, Parser, check_output, exit_2_on_input_error, in_range, listed, one_of)
+from bench.lib.engine_steps import (InFlight, StepCounter, draft_tokens_of, e2e_engine_type,  # noqa: E402
+                                end_to_end, engine_drafts, engine_label, engine_record, engine_type, print_steps,
+                                projected, random_requests, start_engine, step_table)
 
 ACTBENCH_FRAMES = 2286 * 44  # ACT-Bench's samples x generated frames
 SESSIONS, ACTBENCH_STREAMS = 64, 256
@@ -83,31 +87,35 @@ MODELS = ("demo", "terra")  # the e2e part's: the demo world model, Terra's 2 B 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = in_range(int, 0, 100_000)
+    parser = Parser("check_jacobi_vllm", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file (parts already in it are kept)")
-    parser.add_argument("--parts", default="demo,terra")
-    parser.add_argument("--demo-draft-tokens", default="0,16,32",
+    parser.add_argument("--parts", type=listed(one_of("demo", "terra", "e2e"), empty=True), default="demo,terra")
+    parser.add_argument("--demo-draft-tokens", type=listed(engine_type), default="0,16,32",
                         help="sampling.draft_tokens of the demo part's engines; 0 = sequential; 32x3: 3 verifying "
                              "passes an engine step (backend.options.passes_per_step)")
-    parser.add_argument("--terra-draft-tokens", default="0,8,16,32",
+    parser.add_argument("--terra-draft-tokens", type=listed(engine_type), default="0,8,16,32",
                         help="sampling.draft_tokens of the terra part, as --demo-draft-tokens")
-    parser.add_argument("--temperatures", default="0,0.9", help="demo part")
-    parser.add_argument("--rollouts", type=int, default=32, help="demo part")
-    parser.add_argument("--frames", type=int, default=8, help="demo part: frames per rollout")
-    parser.add_argument("--streams", default=f"1,{SESSIONS},{ACTBENCH_STREAMS}",
+    parser.add_argument("--temperatures", type=listed(TEMPERATURE), default="0,0.9", help="demo part")
+    parser.add_argument("--rollouts", type=in_range(int, 1, 4096), default=32, help="demo part")
+    parser.add_argument("--frames", type=in_range(int, 1, 1000), default=8, help="demo part: frames per rollout")
+    parser.add_argument("--streams", type=listed(in_range(int, 1, 4096)), default=f"1,{SESSIONS},{ACTBENCH_STREAMS}",
                         help="terra and e2e parts: rollouts in flight")
-    parser.add_argument("--steps", type=int, default=120, help="terra and e2e parts: engine steps timed per count")
-    parser.add_argument("--warmup", type=int, default=80, help="terra and e2e parts: engine steps before the timing")
-    parser.add_argument("--e2e-engines", default="demo:32,terra:0",
+    parser.add_argument("--steps", type=in_range(int, 1, 100_000), default=120,
+                        help="terra and e2e parts: engine steps timed per count")
+    parser.add_argument("--warmup", type=steps, default=80, help="terra and e2e parts: engine steps before the timing")
+    parser.add_argument("--e2e-engines", type=listed(e2e_engine_type(MODELS)), default="demo:32,terra:0",
                         help="e2e part: MODEL:DRAFT_TOKENS engines, MODEL demo or terra (0 = sequential)")
-    parser.add_argument("--e2e-frames", type=int, default=4, help="e2e part: frames generated per rollout")
+    parser.add_argument("--e2e-frames", type=in_range(int, 1, 1000), default=4,
+                        help="e2e part: frames generated per rollout")
     parser.add_argument("--passes", type=Path, help="measure_decoding.py's JSON of a trained Terra-layout model")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: the backend's, 0.9 on a GPU)")
-    parser.add_argument("--max-num-seqs", type=int,
+    parser.add_argument("--dtype", default="bfloat16", choices=("auto", "bfloat16", "float16", "float32"))
+    parser.add_argument("--gpu-memory-utilization", type=in_range(float, 0, 1, above=True),
+                        help="vLLM's (default: the backend's, 0.9 on a GPU)")
+    parser.add_argument("--max-num-seqs", type=in_range(int, 1, 4096),
                         help="the engines' max_num_seqs (default: the most --streams; the demo part: --rollouts)")
-    parser.add_argument("--profile-steps", type=int, default=0,
+    parser.add_argument("--profile-steps", type=steps, default=0,
                         help="terra part: after timing one rollout, profile this many steps (torch.profiler): the "
                              "GPU's busy time a step against the wall time, and the kernels that take it")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -117,25 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # engine, in a subprocess
     args = parser.parse_args(argv)
     try:
-        args.parts = [p for p in args.parts.split(",") if p]
-        for name in ("demo_draft_tokens", "terra_draft_tokens"):
-            setattr(args, name, [engine_drafts(v) for v in getattr(args, name).split(",")])
-        args.streams = [int(v) for v in args.streams.split(",")]
-        args.temperatures = [float(t) for t in args.temperatures.split(",")]
-        args.e2e_engines = [(model, engine_drafts(drafts)) for model, drafts in
-                            (engine.split(":") for engine in args.e2e_engines.split(","))]
-    except ValueError:
-        parser.error("--demo-draft-tokens and --terra-draft-tokens are comma-separated DRAFT_TOKENS[xPASSES] (e.g. "
-                     "0,32,32x3), --streams and --temperatures comma-separated numbers, --e2e-engines "
-                     "MODEL:DRAFT_TOKENS[xPASSES] pairs (e.g. demo:32x2,terra:0)")
-    if not {model for model, _ in args.e2e_engines} <= set(MODELS) or args.e2e_frames < 1:
-        parser.error(f"--e2e-engines names models of {MODELS} (got {args.e2e_engines}), --e2e-frames at least 1")
-    try:
         args.engine_kwargs = engine_arguments(args.engine_arg, FLAGGED_ENGINE_ARGS)  # --dtype, --max-num-seqs, ...
+        check_output(args.out, "--out", [args.passes] if args.passes else [])
     except TerraInputError as err:
         parser.error(str(err))
-    if not set(args.parts) <= {"demo", "terra", "e2e"}:
-        parser.error(f"--parts takes demo, terra and e2e (got {args.parts})")
     return args
 
 
@@ -322,13 +315,16 @@ def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def projection(terra: list[dict[str, Any]], passes_file: Path) -> dict[str, Any]:
     """Seconds per frame (1 stream), frames/s (64 sessions), ACT-Bench H100-hours (256 in flight) per
     ``draft_tokens``: vLLM's passes per frame (the Transformers count + 1) x the measured step time."""
-    report = json.loads(passes_file.read_text())
-    image_tokens = report["layout"]["image_tokens"]
-    passes = {0: float(image_tokens)}
-    for mode in report["modes"]:
-        sampling = mode.get("sampling", {})
-        if mode.get("available") and mode["temperature"] == 0.9 and sampling.get("decoding") == "speculative":
-            passes[draft_tokens_of(sampling)] = mode["passes_per_frame"] + 1  # + the prompt's pass on vLLM
+    report = load_json(passes_file, "--passes")
+    try:
+        passes = {0: float(report["layout"]["image_tokens"])}
+        for mode in report["modes"]:
+            sampling = mode.get("sampling", {})
+            if mode.get("available") and mode["temperature"] == 0.9 and sampling.get("decoding") == "speculative":
+                passes[draft_tokens_of(sampling)] = mode["passes_per_frame"] + 1  # + the prompt's pass on vLLM
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise TerraInputError(f"--passes {passes_file} is not measure_decoding.py's report ({type(err).__name__}: "
+                              f"{err}); give its --out file") from None
     rows = []
     for record in terra:
         drafts = draft_tokens_of(record)
@@ -356,14 +352,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.worker:
         worker(args)
         return {}
-    report = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    report = load_json(args.out, "--out") if args.out.is_file() else {}
+    if not isinstance(report, dict):
+        raise TerraInputError(f"--out {args.out} holds no JSON object of this script's parts; choose another file")
     if args.parts:  # the machine the engines run on
         import torch
         import vllm
 
         report.update(vllm=vllm.__version__, torch=torch.__version__,
                       device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         records = report[part] = []
         engines = ([(f"e2e:{model}:{engine_label(*drafts)}", drafts) for model, drafts in args.e2e_engines]
@@ -377,12 +374,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   flush=True)
             if part == "demo":
                 report["demo_summary"] = demo_summary(records)
-            args.out.write_text(json.dumps(report))
+            write_text(args.out, json.dumps(report))
     if args.passes and not args.passes.is_file():
         print(f"no projection: {args.passes} does not exist (rerun with --parts \"\" once it does)", flush=True)
     elif args.passes and report.get("terra"):
         report["projection"] = projection(report["terra"], args.passes)
-        args.out.write_text(json.dumps(report))
+        write_text(args.out, json.dumps(report))
     for row in report.get("demo_summary", []):
         print("demo", {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     for row in (report.get("projection") or {}).get("rows", []):
@@ -393,4 +390,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("check_jacobi_vllm")(main)())

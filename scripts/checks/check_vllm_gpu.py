@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -37,7 +38,14 @@ from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
+from terra.core.device import resolve_device
 from terra.models.presets import SMALL, TINY
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import Parser, check_output, exit_2_on_input_error, in_range  # noqa: E402
 
 # Terra's frame layout on a small decoder (GPU) / a tiny one (CPU engine: 2 cores in CI).
 SHAPES = {"cuda": SMALL, "cpu": TINY}
@@ -152,17 +160,22 @@ def print_cache_stats(stats: list[dict]) -> None:
               f"({s['hit_rate']:.1%}){' [window start]' if s['window_start'] else ''}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the checks and write their results to ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write the results to")
+    window = min(shape["num_temporal_embeddings"] for shape in SHAPES.values())
+    parser = Parser("check_vllm_gpu", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write the results to")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rollouts", type=int, default=3)
-    parser.add_argument("--context", type=int, default=2)
-    parser.add_argument("--frames", type=int, default=5, help="generated frames per rollout (5 crosses a window)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--rollouts", type=in_range(int, 1, 256), default=3)
+    parser.add_argument("--context", type=in_range(int, 1, window - 1), default=2,
+                        help=f"context frames (the check's models' window: {window})")
+    parser.add_argument("--frames", type=in_range(int, 1, 1000), default=5,
+                        help="generated frames per rollout (5 crosses a window)")
+    parser.add_argument("--gpu-memory-utilization", type=in_range(float, 0, 1, above=True), default=None)
     parser.add_argument("--skip-bf16", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    resolve_device(args.device)
+    check_output(args.out, "--out")
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = 0.3 if args.device == "cuda" else 0.1
 
@@ -222,4 +235,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("check_vllm_gpu")(main)())

@@ -13,53 +13,66 @@ benchmarks/decoding.md's first guesses (how often a code equals the previous fra
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
 from terra.core.errors import TerraInputError
-from terra.evaluation.decoding import DecodingSettings, measure_decoding
+from terra.evaluation.decoding import COUNTS, DecodingSettings, measure_decoding
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import (  # noqa: E402
+    SEED, TEMPERATURE, Parser, check_output, device_name, exit_2_on_input_error, existing, in_range, listed)
+
+
+def count(name: str):
+    """The argparse type of a count of :class:`DecodingSettings` (its range, terra/evaluation/decoding.py)."""
+    return in_range(int, COUNTS[name].low, COUNTS[name].high)
 
 
 def parse_args(argv: list[str] | None = None) -> DecodingSettings:
-    """The command line as checked :class:`DecodingSettings` (a bad value: one line, exit 2)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world-model", required=True, help="world-model folder (config.json + safetensors)")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer folder the world model's data was encoded with")
+    """The command line as checked :class:`DecodingSettings`, the output checked writable (a bad value: one line,
+    exit 2)."""
+    parser = Parser("measure_decoding", description=__doc__.split("\n\n")[0])
+    model = existing("folder", "config.json")
+    parser.add_argument("--world-model", type=model, required=True,
+                        help="world-model folder (config.json + safetensors)")
+    parser.add_argument("--tokenizer", type=model, required=True,
+                        help="tokenizer folder the world model's data was encoded with")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--temperatures", default="0,0.9", help="comma-separated; 0 is greedy")
+    parser.add_argument("--temperatures", type=listed(TEMPERATURE), default="0,0.9",
+                        help="comma-separated; 0 is greedy")
     parser.add_argument("--speculative", default="decoding=speculative",
                         help="sampling settings of the speculative modes: key=value,... sets separated by ';'")
-    parser.add_argument("--rollouts", type=int, default=32)
-    parser.add_argument("--context", type=int, default=3, help="ground-truth context frames per rollout")
-    parser.add_argument("--frames", type=int, default=10, help="frames generated per rollout")
-    parser.add_argument("--clip-seed", type=int, default=1, help="clip i: random_drive(default_rng([seed, i]))")
-    parser.add_argument("--exclude-seed", type=int, default=0, help="terra-make-dataset seed of the training clips")
-    parser.add_argument("--exclude-clips", type=int, default=0, help="number of training clips whose scenes to skip")
-    parser.add_argument("--seed", type=int, default=0, help="rollout k samples with seed + k")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--rollouts", type=count("rollouts"), default=32)
+    parser.add_argument("--context", type=count("context"), default=3, help="ground-truth context frames per rollout")
+    parser.add_argument("--frames", type=count("frames"), default=10, help="frames generated per rollout")
+    parser.add_argument("--clip-seed", type=SEED, default=1, help="clip i: random_drive(default_rng([seed, i]))")
+    parser.add_argument("--exclude-seed", type=SEED, default=0, help="terra-make-dataset seed of the training clips")
+    parser.add_argument("--exclude-clips", type=count("exclude_clips"), default=0,
+                        help="number of training clips whose scenes to skip")
+    parser.add_argument("--seed", type=SEED, default=0, help="rollout k samples with seed + k")
+    parser.add_argument("--device", type=device_name, default="auto")
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
     args = parser.parse_args(argv)
     try:
-        temperatures = tuple(float(part) for part in args.temperatures.split(",") if part.strip())
-    except ValueError:
-        parser.error(f"--temperatures must be comma-separated numbers (got {args.temperatures!r}); e.g. 0,0.9")
-    try:
+        check_output(args.out, "--out", [args.world_model, args.tokenizer])
         return DecodingSettings(
-            args.world_model, args.tokenizer, args.out, temperatures,
+            str(args.world_model), str(args.tokenizer), args.out, tuple(args.temperatures),
             tuple(text.strip() for text in args.speculative.split(";") if text.strip()), args.rollouts, args.context,
             args.frames, args.clip_seed, args.exclude_seed, args.exclude_clips, args.seed, args.device, args.dtype)
     except TerraInputError as err:
         parser.error(str(err))
 
 
+@exit_2_on_input_error("measure_decoding")
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
-    try:
-        measure_decoding(settings)
-    except TerraInputError as err:
-        raise SystemExit(f"measure_decoding: error: {err}") from None
+    measure_decoding(settings)
     print(f"wrote {settings.out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

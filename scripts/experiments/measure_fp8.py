@@ -50,6 +50,7 @@ KL, token agreement and PSNR), and MODEL_CARD.md, "A model of Terra's token layo
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,7 +72,16 @@ from terra.generation.vllm_backend import VLLMBackend
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TERRA, TINY
+from terra.core.device import resolve_device
+from terra.core.errors import TerraInputError
 from terra.stats import Bootstrap, mean
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import (  # noqa: E402
+    Parser, check_output, exit_2_on_input_error, existing, in_range, listed, model_layout, one_of)
 
 SETTINGS = ("bf16", "fp8_per_tensor", "fp8_per_channel", "fp8_weights", "fp8_weights_kv", "fp8_kv")
 DEFAULT_SETTINGS = "bf16,fp8_per_tensor,fp8_per_channel,fp8_weights,fp8_weights_kv"
@@ -322,21 +332,49 @@ def measure_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str
     return {"name": name, **report}
 
 
+def model_entry(text: str) -> str:
+    """An argparse ``type``: a ``--models`` entry, its folders found here or in the checkout (one line otherwise)."""
+    if text == "demo" or text in RANDOM_SHAPES:
+        return text
+    name, sep, paths = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"takes demo, {', '.join(RANDOM_SHAPES)} or NAME=WORLD_MODEL[:TOKENIZER] "
+                                         f"(got {text!r})")
+    world_model, _, tokenizer = paths.partition(":")
+    folder = existing("folder", "config.json")
+    return f"{name}={folder(world_model)}" + (f":{folder(tokenizer)}" if tokenizer else "")
+
+
+def check_window(spec: str, frames: int) -> None:
+    """Refuse, in one line, ``frames`` (context and generated) more than the ``--models`` entry's window holds."""
+    folder = demo_checkpoints()[0] if spec == "demo" else Path(spec.partition("=")[2].split(":")[0])
+    layout = (TokenLayout.from_config(LlamaActionConfig(**RANDOM_SHAPES[spec])) if spec in RANDOM_SHAPES
+              else model_layout(folder))
+    if frames > (window := layout.max_frames):
+        raise TerraInputError(f"--context + --frames ({frames}) is more than {spec}'s window of {window}; lower them")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser("measure_fp8", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default="demo,terra-random")
-    parser.add_argument("--settings", default=DEFAULT_SETTINGS, help=f"of {', '.join(SETTINGS)}; bf16 runs first")
-    parser.add_argument("--rollouts", type=int, default=8)
-    parser.add_argument("--context", type=int, default=3)
-    parser.add_argument("--frames", type=int, default=4, help="generated frames (context + frames within a window)")
-    parser.add_argument("--top-k", type=int, default=None, help="log-probabilities per position; default: the whole "
-                        f"codebook up to {EXACT_UP_TO} codes (exact KL), else {LISTED}")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--models", type=listed(model_entry), default="demo,terra-random")
+    parser.add_argument("--settings", type=listed(one_of(*SETTINGS)), default=DEFAULT_SETTINGS,
+                        help=f"of {', '.join(SETTINGS)}; bf16 runs first")
+    parser.add_argument("--rollouts", type=in_range(int, 1, 4096), default=8)
+    parser.add_argument("--context", type=in_range(int, 1, 64), default=3)
+    parser.add_argument("--frames", type=in_range(int, 1, 64), default=4,
+                        help="generated frames (context + frames within a window)")
+    parser.add_argument("--top-k", type=in_range(int, 1, 1 << 20), default=None, help="log-probabilities per "
+                        f"position; default: the whole codebook up to {EXACT_UP_TO} codes (exact KL), else {LISTED}")
+    parser.add_argument("--gpu-memory-utilization", type=in_range(float, 0, 1, above=True), default=None)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start, slower frames)")
     args = parser.parse_args(argv)
-    args.settings = ["bf16", *[s for s in args.settings.split(",") if s and s != "bf16"]]
+    resolve_device(args.device)
+    check_output(args.out, "--out", [Path(p) for m in args.models for p in m.partition("=")[2].split(":") if p])
+    for spec in args.models:
+        check_window(spec, args.context + args.frames)
+    args.settings = ["bf16", *[s for s in args.settings if s != "bf16"]]
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = 0.5 if args.device == "cuda" else 0.1
     results: dict[str, Any] = {
@@ -349,7 +387,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     results["vllm"] = vllm.__version__
     with tempfile.TemporaryDirectory() as tmp:
-        for spec in [s for s in args.models.split(",") if s]:
+        for spec in args.models:
             results["models"].append(measure_model(spec, args, Path(tmp)))
             write_text(args.out, json_text(results, indent=1) + "\n")  # what is done so far survives a time limit
     print(f"wrote {args.out}")
@@ -357,4 +395,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("measure_fp8")(main)())

@@ -21,21 +21,14 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import Parser, exit_2_on_input_error, existing, in_range  # noqa: E402
+from bench.lib.cli import THREADS, Parser, exit_2_on_input_error, existing, model_layout  # noqa: E402
 
 MANOEUVRES = ("straight", "curve_left", "curve_right", "accelerate", "decelerate", "lane_change_left")
 
 
 def check_route_model(folder: Path) -> None:
     """Refuse, in one line, a model without route slots: told a route or none, it reads the same frames."""
-    from terra.contract.layout import TokenLayout
-    from terra.models.configuration_llama_action import LlamaActionConfig
-
-    try:
-        layout = TokenLayout.from_config(LlamaActionConfig.from_pretrained(folder))
-    except (OSError, ValueError, TypeError, AttributeError) as err:
-        raise TerraInputError(f"{folder}: its config.json is not a world model's ({err})") from None
-    if not layout.route_model:
+    if not model_layout(folder).route_model:
         raise TerraInputError(f"{folder} has no route slots (num_route_tokens 0): it cannot be told a route; give "
                               "route models only")
 
@@ -46,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="+", type=existing("folder", "config.json"), help="route models' folders")
     parser.add_argument("--tokenizer", type=existing("folder", "config.json"), default=demo_checkpoints()[1],
                         help="the tokenizer's folder (default: the demo tokenizer)")
-    parser.add_argument("--threads", type=in_range(int, 1, 1024), default=2, help="CPU threads torch uses")
+    parser.add_argument("--threads", type=THREADS, default=2, help="CPU threads torch uses")
     args = parser.parse_args(argv)
     for folder in args.models:
         check_route_model(folder)

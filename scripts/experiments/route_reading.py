@@ -43,8 +43,8 @@ core) and "Recovery clips" (``--recoveries``).
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -63,7 +63,11 @@ from terra.sim.scene import Scene
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from terra.stats import mean
 from terra.training.objective import WindowLoss
+from terra.sim.recoveries import CONTEXT_FRAMES
 from terra.training.tokenize import tokenize_dataset
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # scripts/: the command-line helpers are bench.lib's
+from bench.lib.cli import THREADS, Parser, check_output, exit_2_on_input_error, in_range  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HEIGHT, WIDTH = 72, 128
@@ -284,24 +288,32 @@ def intervals(rows: dict, pairs: dict[str, tuple[str, str]], clusters: list) -> 
             pairs.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@exit_2_on_input_error("route_reading")
+def main(argv: list[str] | None = None) -> None:
+    count = in_range(int, 0, 100_000)
+    parser = Parser("route_reading", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/route_reading"))
-    parser.add_argument("--drives", type=int, default=400)
-    parser.add_argument("--frames", type=int, default=40)
-    parser.add_argument("--steps", type=int, default=800)
-    parser.add_argument("--window", type=int, default=6)
-    parser.add_argument("--val-clips", type=int, default=32)
-    parser.add_argument("--scenarios", type=int, default=32)
-    parser.add_argument("--input-noise", type=float, default=0.0,
+    parser.add_argument("--drives", type=count, default=400)
+    parser.add_argument("--frames", type=in_range(int, 2, 1000), default=40)
+    parser.add_argument("--steps", type=in_range(int, 1, 10**6), default=800)
+    parser.add_argument("--window", type=in_range(int, CONTEXT_FRAMES + 1, 64), default=6)
+    parser.add_argument("--val-clips", type=in_range(int, 1, 100_000), default=32)
+    parser.add_argument("--scenarios", type=in_range(int, 1, 1000), default=32)
+    parser.add_argument("--input-noise", type=in_range(float, 0, 0.5), default=0.0,
                         help="train.input_noise: the most share of a window's input codes replaced by random ones")
-    parser.add_argument("--recoveries", type=int, default=0, help="recovery clips in training (0: none)")
-    parser.add_argument("--recovery-share", type=float, default=0.3, help="train.recovery_share")
+    parser.add_argument("--recoveries", type=count, default=0, help="recovery clips in training (0: none)")
+    parser.add_argument("--recovery-share", type=in_range(float, 0, 1), default=0.3, help="train.recovery_share")
     parser.add_argument("--only", choices=("route", "control"), help="train and measure one model (run the two "
                         "in parallel processes, then once more without --only for the report)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=1, help="processes rendering the drives")
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=THREADS, default=1)
+    parser.add_argument("--workers", type=in_range(int, 1, 256), default=1, help="processes rendering the drives")
+    args = parser.parse_args(argv)
+    if args.frames < args.window:
+        parser.error(f"--frames {args.frames} is shorter than --window {args.window}; a clip holds whole windows")
+    for flag, clips in (("--drives", args.drives), ("--recoveries", args.recoveries or args.val_clips + 1)):
+        if clips <= args.val_clips:
+            parser.error(f"{flag} {clips} leaves no training clip beside --val-clips {args.val_clips}; raise it")
+    check_output(args.out, "--out", folder=True)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     times = {}
@@ -379,4 +391,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

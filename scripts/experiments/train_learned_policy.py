@@ -10,7 +10,6 @@ It backs benchmarks/drives.md, "Pixel policies in the true world" (the shipped w
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -21,19 +20,29 @@ import torch
 from terra.closedloop.policies.imitation import draw_samples, path_errors, save_net, train
 from terra.config.assets import LEARNED_DRIVER
 
+SCRIPTS = Path(__file__).resolve().parents[1]
+if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench.lib's
+    sys.path.append(str(SCRIPTS))
+
+from bench.lib.cli import SEED, THREADS, Parser, check_output, exit_2_on_input_error, in_range  # noqa: E402
+
+MAX_FRAMES = 100_000  # frames of one set, each kept as the net's input (18 kB: 1.8 GB in all)
+
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", type=int, default=6000, help="training frames")
-    parser.add_argument("--held-out", type=int, default=600, help="held-out frames (other scenes)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--size", type=int, nargs=2, default=(144, 256), help="frame rows and columns rendered")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (one is fastest on a shared 2-core CPU)")
+    parser = Parser("train_learned_policy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train", type=in_range(int, 1, MAX_FRAMES), default=6000, help="training frames")
+    parser.add_argument("--held-out", type=in_range(int, 1, MAX_FRAMES), default=600,
+                        help="held-out frames (other scenes)")
+    parser.add_argument("--epochs", type=in_range(int, 1, 10_000), default=30)
+    parser.add_argument("--size", type=in_range(int, 16, 1024), nargs=2, default=(144, 256),
+                        help="frame rows and columns rendered")
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--threads", type=THREADS, default=1,
+                        help="torch threads (one is fastest on a shared 2-core CPU)")
     parser.add_argument("--out", type=Path, default=LEARNED_DRIVER)
     args = parser.parse_args(argv)
-    if min(args.train, args.held_out, args.epochs, *args.size) < 1:
-        parser.error("--train, --held-out, --epochs and --size must be at least 1")
+    check_output(args.out, "--out")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     training = draw_samples(args.train, args.seed, args.size)
@@ -49,4 +58,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_2_on_input_error("train_learned_policy")(main)())

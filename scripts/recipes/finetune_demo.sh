@@ -28,6 +28,9 @@ EXTRA=${EXTRA:-}
 EVAL_EXTRA=${EVAL_EXTRA:-}
 BASE=terra/assets/demo/world_model
 RUNS="full lora full_mix lora_mix"
+source scripts/recipes/arguments.sh
+check_at_most "$([ "${1:-}" = train ] && echo 2 || echo 1)" "$@"
+check_count STEPS JOBS NEW_CLIPS DAY_CLIPS FRAMES
 
 logs() {
   "$PY" -m terra.apps.make_dataset format=driving_logs out_dir="$RUN/logs_new" domain="$DOMAIN" seed=1 \
@@ -62,6 +65,7 @@ train() {
 
 evaluate() {
   local jobs=() model name domain
+  mkdir -p "$RUN"
   for name in base $RUNS; do
     model=$BASE
     [ "$name" = base ] || model="$RUN/$name/model"  # the run's final weights
@@ -90,7 +94,6 @@ for report in sorted(Path(sys.argv[1]).glob("*/report.json")):
 EOF
 }
 
-mkdir -p "$RUN"
 case "${1:-}" in
   logs) logs ;;
   shards) shards ;;

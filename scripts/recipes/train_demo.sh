@@ -23,6 +23,11 @@ RUN=${RUN:-runs/demo}
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 MINUTES=${MINUTES:-15}
 EXTRA=${EXTRA:-}
+source scripts/recipes/arguments.sh
+check_at_most 1 "$@"
+check_minutes MINUTES
+check_count CLIPS FRAMES TOK_STEPS WM_STEPS RECOVERY_CLIPS
+check_whole ROUTES WORKERS
 
 last_step() {  # last "step" of a JSON-lines training log
   "$PY" -c "import json,sys; print(max(json.loads(l).get('step', 0) for l in open(sys.argv[1])))" "$1"

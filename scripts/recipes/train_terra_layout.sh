@@ -56,6 +56,13 @@ DRAFTS="decoding=speculative,draft_tokens=8;decoding=speculative,draft_tokens=16
 SPECULATIVE=${SPECULATIVE:-$DRAFTS}
 DECODING_OUT=${DECODING_OUT:-decoding.json}  # in $RUN/results; another name measures again (other settings)
 RUN=$(realpath -m "$RUN"); RESULTS=$RUN/results; export RUN
+source "$ROOT/scripts/recipes/arguments.sh"
+check_at_most 1 "$@"
+check_count CLIPS FRAMES TOK_FRAMES TOK_BATCH TOK_CH WM_BATCH WM_WINDOW ROLLOUTS DECODE_FRAMES
+check_whole DATA_WORKERS TOK_WARMUP WM_WARMUP WAIT_S
+check_minutes TOK_MINUTES WM_MINUTES TOK_CALIBRATE_MINUTES WM_CALIBRATE_MINUTES
+[ "$TOK_STEPS" = auto ] || check_count TOK_STEPS
+[ "$WM_STEPS" = auto ] || check_count WM_STEPS
 
 mark() {  # STAGE STATE [DETAIL]: one line of the status file that `poll` shows
   mkdir -p "$RUN"; echo "$(date -u +%FT%TZ) $*" >> "$RUN/status.log"

@@ -26,4 +26,5 @@ def test_the_fidelity_benchmark_measures_and_writes(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(sys, "argv", ["benchmark_fidelity", "--domains", "dusk"])
     with pytest.raises(SystemExit) as exit_:
         script.main()
-    assert exit_.value.code == 2 and "domains must be among" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --domains: a comma list whose every item takes one of day" in \
+        capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from terra.config.assets import demo_checkpoints
 from tests.conftest import load_script
 from tests.evaluation.test_decoding import pair  # noqa: F401 (a fixture)
 
@@ -29,11 +30,13 @@ def test_the_command_line_runs_the_measurement(measure, pair, tmp_path, single_t
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--temperatures", "greedy"], "--temperatures must be comma-separated numbers"),
+    (["--temperatures", "greedy"], "argument --temperatures: a comma list whose every item takes a number"),
     (["--speculative", "decoding"], "is not key=value"),
-    (["--rollouts", "0"], "rollouts must be a whole number"),
+    (["--rollouts", "0"], "argument --rollouts: takes a whole number from 1 to 4096"),
 ])
 def test_bad_arguments_are_one_line(measure, tmp_path, capsys, args, message):
+    world_model, tokenizer = demo_checkpoints()
     with pytest.raises(SystemExit) as exit_:
-        measure.parse_args(["--world-model", "wm", "--tokenizer", "tok", "--out", str(tmp_path / "x.json"), *args])
+        measure.parse_args(["--world-model", str(world_model), "--tokenizer", str(tokenizer), "--out",
+                            str(tmp_path / "x.json"), *args])
     assert exit_.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]

@@ -1,6 +1,6 @@
-"""What the command lines of scripts/bench/ and scripts/experiments/ share: a parser whose bad input is one line and
-exit 2, number ranges, input paths found from any folder, outputs checked before the work, comma lists of numbers,
-N client threads timed together."""
+"""What the command lines of scripts/ share: a parser whose bad input is one line and exit 2, number ranges, device
+names, comma lists, input paths found from any folder, outputs checked before the work, N client threads timed
+together."""
 
 from __future__ import annotations
 
@@ -12,9 +12,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, NoReturn, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, NoReturn, Sequence, TypeVar
 
+from terra.config.checks import MAX_SEED
+from terra.config.moved import DRAFT_TOKENS as DRAFT_TOKENS_SETTING
+from terra.config.sampling import SAMPLING
+from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from terra.contract.layout import TokenLayout
 
 T = TypeVar("T")
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root: scripts/bench/lib/cli.py
@@ -33,11 +42,13 @@ def in_range(kind: Callable[[str], T], low: float | None = None, high: float | N
     """An argparse ``type``: a finite ``kind`` (``int`` or ``float``) of at least ``low`` (more than it, ``above``)
     and at most ``high``; NaN, infinities and values outside are one line naming the range."""
     noun = "a whole number" if kind is int else "a number"
+    shown = {bound: str(bound) if isinstance(bound, int) else f"{bound:g}"  # whole bounds in full (a seed's)
+             for bound in (low, high) if bound is not None}
     if low is not None and high is not None and not above:
-        wanted = f"{noun} from {low:g} to {high:g}"
+        wanted = f"{noun} from {shown[low]} to {shown[high]}"
     else:
-        bounds = [f"{'more than' if above else 'at least'} {low:g}" if low is not None else "",
-                  f"at most {high:g}" if high is not None else ""]
+        bounds = [f"{'more than' if above else 'at least'} {shown[low]}" if low is not None else "",
+                  f"at most {shown[high]}" if high is not None else ""]
         wanted = f"{noun} {' and '.join(b for b in bounds if b)}".strip()
 
     def parse(text: str) -> T:
@@ -52,6 +63,66 @@ def in_range(kind: Callable[[str], T], low: float | None = None, high: float | N
 
     parse.__name__ = wanted  # argparse names a type by it
     return parse
+
+
+def one_of(*names: str) -> Callable[[str], str]:
+    """An argparse ``type``: one of ``names`` (an item of :func:`listed`, where argparse's ``choices`` cannot go)."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"takes one of {', '.join(names)} (got {text!r})")
+        return text
+
+    parse.__name__ = "name"
+    return parse
+
+
+def listed(item: Callable[[str], T], *, empty: bool = False) -> Callable[[str], list[T]]:
+    """An argparse ``type``: a comma list of ``item``s (an :func:`in_range` or :func:`one_of` type), e.g. ``1,4,16``;
+    no items only where ``empty``; a bad item is one line naming it."""
+
+    def parse(text: str) -> list[T]:
+        try:
+            values = [item(part.strip()) for part in text.split(",") if part.strip()]
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"a comma list whose every item {err}") from None
+        if not values and not empty:
+            raise argparse.ArgumentTypeError(f"takes a comma list of at least one item (got {text!r})")
+        return values
+
+    parse.__name__ = "comma list"
+    return parse
+
+
+def word_or(word: str, item: Callable[[str], T]) -> Callable[[str], T | str]:
+    """An argparse ``type``: ``word`` (``auto``, ``frame``: a value the script works out) or an ``item`` (an
+    :func:`in_range` type)."""
+
+    def parse(text: str) -> T | str:
+        if text == word:
+            return text
+        try:
+            return item(text)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"takes {word} or {str(err).removeprefix('takes ')}") from None
+
+    parse.__name__ = f"{word} or {item.__name__}"
+    return parse
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether that GPU is there is
+    terra/core/device.py's ``resolve_device``, once torch is loaded)."""
+    try:
+        return check_device(text)
+    except TerraInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+SEED = in_range(int, 0, MAX_SEED)  # every seed flag (terra/config/checks.py's bound)
+THREADS = in_range(int, 1, 1024)  # torch's CPU threads
+TEMPERATURE = in_range(float, 0, SAMPLING["temperature"].high)  # sampling.temperature's range (0: greedy)
+DRAFT_TOKENS = in_range(int, DRAFT_TOKENS_SETTING.check.low, DRAFT_TOKENS_SETTING.check.high)  # sampling.draft_tokens
 
 
 def existing(what: str = "folder", holding: str | None = None) -> Callable[[str], Path]:
@@ -71,9 +142,71 @@ def existing(what: str = "folder", holding: str | None = None) -> Callable[[str]
     return parse
 
 
-def check_output(path: Path, flag: str, inputs: Iterable[Path] = ()) -> Path:
+def compose_config(name: str, overrides: Sequence[str]) -> DictConfig:
+    """conf/<name>.yaml with ``overrides``, composed as the apps compose it; a bad override is one line (the apps'
+    words, terra/apps/runner.py)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from terra.apps.runner import CONF_DIR, hydra_error_line
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            return compose(name, list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise TerraInputError(hydra_error_line(err)) from None
+
+
+def model_layout(folder: Path) -> TokenLayout:
+    """The token layout (terra/contract/layout.py) of the world model in ``folder``; one line naming the folder when
+    its config.json is not a world model's."""
+    from terra.contract.layout import TokenLayout
+    from terra.models.configuration_llama_action import LlamaActionConfig
+
+    try:
+        return TokenLayout.from_config(LlamaActionConfig.from_pretrained(folder))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:
+        raise TerraInputError(f"{folder}: its config.json is not a world model's ({err})") from None
+
+
+def model_or(*names: str) -> Callable[[str], str]:
+    """An argparse ``type``: one of ``names`` (``demo``, ``tiny``: models a script makes or ships) or a checkpoint
+    folder with a config.json, found as :func:`existing` finds it (its path as text)."""
+    folder = existing("folder", "config.json")
+
+    def parse(text: str) -> str:
+        if text in names:
+            return text
+        try:
+            return str(folder(text))
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"takes {', '.join(names)} or a model folder: {err}") from None
+
+    parse.__name__ = "model"
+    return parse
+
+
+def check_output(path: Path, flag: str, inputs: Iterable[Path] = (), *, folder: bool = False) -> Path:
     """``path``, a file to write, checked before any work: its folder exists and is writable, it is not a folder, and
-    it is none of ``inputs`` nor inside an input folder; otherwise one line naming ``flag``."""
+    it is none of ``inputs`` nor inside an input folder; otherwise one line naming ``flag``. ``folder``: ``path`` is a
+    folder the script makes (parents too) or adds to, checked as the apps' output folders are
+    (terra/config/outputs.py)."""
+    if folder:
+        from terra.config.outputs import check_output_dir
+
+        check_output_dir(path, (), flag)
+    else:
+        _check_output_file(path, flag)
+    target = path.resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if target == source or source in target.parents:
+            raise TerraInputError(f"{flag} {path} would overwrite the input {source}; choose another file")
+    return path
+
+
+def _check_output_file(path: Path, flag: str) -> None:
     folder = path.resolve().parent
     if not folder.is_dir():
         raise TerraInputError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another")
@@ -81,12 +214,6 @@ def check_output(path: Path, flag: str, inputs: Iterable[Path] = ()) -> Path:
         raise TerraInputError(f"{flag} {path} is a folder; give a file name in it")
     if not os.access(folder, os.W_OK):
         raise TerraInputError(f"{flag} {path}: the folder {folder} is not writable; choose another")
-    target = path.resolve()
-    for source in inputs:
-        source = Path(source).resolve()
-        if target == source or source in target.parents:
-            raise TerraInputError(f"{flag} {path} would overwrite the input {source}; choose another file")
-    return path
 
 
 def numbers(text: str, kind: Callable[[str], T], flag: str) -> list[T]:

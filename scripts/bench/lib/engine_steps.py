@@ -154,6 +154,31 @@ def engine_drafts(text: str) -> tuple[int, int]:
     return int(drafts), int(passes or 1)
 
 
+def engine_type(text: str) -> tuple[int, int]:
+    """An argparse ``type``: :func:`engine_drafts` of 0-4096 draft tokens (0: sequential) and 1-64 passes a step."""
+    try:
+        drafts, passes = engine_drafts(text)
+    except ValueError:
+        drafts, passes = -1, 0
+    if not (0 <= drafts <= 4096 and 1 <= passes <= 64):
+        raise argparse.ArgumentTypeError(f"takes DRAFT_TOKENS[xPASSES], 0-4096 draft tokens and 1-64 passes, e.g. "
+                                         f"0,32,32x3 (got {text!r})")
+    return drafts, passes
+
+
+def e2e_engine_type(models: Sequence[str]):
+    """An argparse ``type``: an e2e engine, ``MODEL:DRAFT_TOKENS[xPASSES]``, MODEL one of ``models``."""
+
+    def parse(text: str) -> tuple[str, tuple[int, int]]:
+        model, sep, drafts = text.partition(":")
+        if not sep or model not in models:
+            raise argparse.ArgumentTypeError(f"takes MODEL:DRAFT_TOKENS[xPASSES], MODEL one of {', '.join(models)}, "
+                                             f"e.g. demo:32x2,terra:0 (got {text!r})")
+        return model, engine_type(drafts)
+
+    return parse
+
+
 def engine_label(drafts: int, passes: int) -> str:
     """The inverse of :func:`engine_drafts`."""
     return f"{drafts}x{passes}" if passes > 1 else str(drafts)

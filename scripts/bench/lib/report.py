@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 
 from bench.lib.parts import PARTS
+from terra.config.files import load_json
 
 
 def load_records(out: Path) -> dict[str, dict]:
-    """Every part JSON in ``out``, by part name."""
-    return {n: json.loads((out / f"{n}.json").read_text()) for n in PARTS if (out / f"{n}.json").is_file()}
+    """Every part JSON in ``out``, by part name (a torn one: one line naming it)."""
+    return {n: load_json(out / f"{n}.json", "part record") for n in PARTS if (out / f"{n}.json").is_file()}
 
 
 def greedy_agreement(a: list[int], b: list[int]) -> dict:
