@@ -1,7 +1,8 @@
 """Frames → files, for ``terra-generate`` and the batch writer alike: what is drawn on the frames
 (:func:`shown_frames`), one file per format (:func:`write_formats`), and a ``terra-generate`` run's videos, grid
 and sidecar (:func:`write_outputs`), of which nothing stays when the run fails or is interrupted while writing.
-The names and checks are terra/config/outputs.py's. What a sidecar says of a rollout's routes is :func:`route_record`'s.
+The names are planned once before any work (terra/config/outputs.py, ``OutputSpec.names``) and written as planned.
+What a sidecar says of a rollout's routes is :func:`route_record`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from terra.config.outputs import OutputSpec
+from terra.config.outputs import OutputNames, OutputSpec
 from terra.decoder.overlay import draw_trajectory, mark_frames
 from terra.decoder.sidecar import write_sidecar
 from terra.decoder.writers import write_grid, write_png_sequence, write_video
@@ -59,6 +60,7 @@ def write_formats(paths: Mapping[str, Path], frames: np.ndarray, fps: float, wri
 def write_outputs(
     out_dir: Path,
     output: OutputSpec,
+    names: OutputNames,
     results: Sequence[RolloutResult],
     actions: np.ndarray,
     config: dict,
@@ -67,7 +69,8 @@ def write_outputs(
     route_source: str | None = None,
     **record: Any,
 ) -> list[Path]:
-    """Write every rollout's videos and one sidecar describing the run; return the written paths.
+    """Write every rollout's videos and one sidecar describing the run, drawn and timed as ``output`` says and named
+    as ``names`` (``output.names(len(results))``, claimed by the app) plans; return the written paths.
 
     ``ground_truth`` (uint8 ``[num_frames, H, W, 3]``), when known, adds per-frame PSNR to the sidecar;
     ``route_source`` says where the requests' routes came from (:func:`route_record`); ``record`` adds fields to the
@@ -76,10 +79,9 @@ def write_outputs(
     """
     out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app (terra/config/output_dir.py)
     files: list[Path] = []
-    new_folders = [out_dir / name for name in output.file_names(len(results))
-                   if name.endswith("_frames") and not (out_dir / name).exists()]
+    new_folders = [out_dir / name for name in names.folders if not (out_dir / name).exists()]
     try:
-        _write_videos(out_dir, output, results, actions, files)
+        _write_videos(out_dir, output, names, results, actions, files)
         rollouts: list[dict[str, Any]] = []
         for result in results:
             entry = {"seed": result.request.seed, "num_context": result.num_context,
@@ -89,7 +91,7 @@ def write_outputs(
                 entry["psnr_db_per_generated_frame"] = psnr(result.frames[result.num_context :], ground_truth)
             rollouts.append(entry)
         sidecar = write_sidecar(
-            out_dir / f"{output.name}.json", config=config, seed=results[0].request.seed, actions=actions,
+            out_dir / names.sidecar, config=config, seed=results[0].request.seed, actions=actions,
             timings=timings, rollouts=rollouts, files=[str(f.relative_to(out_dir)) for f in files], **record,
         )
     except BaseException:
@@ -101,16 +103,14 @@ def write_outputs(
     return files + [sidecar]
 
 
-def _write_videos(out_dir: Path, output: OutputSpec, results: Sequence[RolloutResult], actions: np.ndarray,
-                  files: list[Path]) -> None:
+def _write_videos(out_dir: Path, output: OutputSpec, names: OutputNames, results: Sequence[RolloutResult],
+                  actions: np.ndarray, files: list[Path]) -> None:
     """Each rollout's videos / PNG frames and the grid; every path is added to ``files`` once written."""
     shown = []
-    for result, stem in zip(results, output.stems(len(results))):
+    for result, sample in zip(results, names.samples):
         frames = shown_frames(result.frames, actions, result.num_context, output.mark_context,
                               output.overlay_trajectory, result.request.routes)
         shown.append(frames)
-        write_formats({fmt: out_dir / output.file_name(stem, fmt) for fmt in output.formats}, frames, output.fps,
-                      files)
-    if len(results) > 1:
-        for fmt in (f for f in output.formats if f != "png"):
-            files.append(write_grid(out_dir / f"{output.name}_grid.{fmt}", shown, fps=output.fps))
+        write_formats({fmt: out_dir / name for fmt, name in sample.items()}, frames, output.fps, files)
+    for _, name in names.grids:
+        files.append(write_grid(out_dir / name, shown, fps=output.fps))

@@ -19,7 +19,7 @@ import torch
 from terra.config.assets import DEMO_NAME, demo_checkpoints
 from terra.config.backend import DEFAULT_THREADS, DTYPES, check_backend, check_num_threads, resolve_backend
 from terra.config.checks import check_choice, check_flag
-from terra.config.memory import tokenizer_batch
+from terra.config.memory import FULL_DECODE_PIXELS
 from terra.config.moved import TOKENIZER_BATCH_SIZE, moved_value
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
@@ -29,11 +29,10 @@ from terra.core.lazy import renamed
 from terra.core.progress import announce
 from terra.decoder import codes_to_frames
 from terra.generation.backends import build_backend, engine_options
-from terra.generation.resolve import BackendRun, resolve_backend_run
 from terra.generation.pass_stats import PassStats
 from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
-from terra.refiner import RefinerSettings, check_decoder
+from terra.run import ResolvedRun, resolve_run
 from terra.tokenizer import ImageTokenizer, load_tokenizer
 from terra.vllm.plugin import check_vllm_plugin
 
@@ -60,30 +59,6 @@ class RolloutResult:
         """The forward passes of the generated frames, for a sidecar: the decoding that ran, its draft_tokens,
         passes per frame."""
         return (self.pass_stats or PassStats()).as_dict(self.sampling)
-
-
-@dataclass(frozen=True)
-class ResolvedRun(BackendRun):
-    """A run as this process makes it, once (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds.
-    Its backend's every setting concrete (terra/generation/resolve.py, ``BackendRun``: ``spec`` with the threads,
-    device, backend, decoding, block, guesses and memory plan, ``model``, ``dtype``, ``requests``) and beside them
-    ``decoder=refiner``'s."""
-
-    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
-
-
-def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
-                refine_after: bool = False) -> ResolvedRun:
-    """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
-    order for every app: its backend's settings in one step (terra/generation/resolve.py, ``resolve_backend_run``:
-    the model's config read and its window checked, unless ``model`` is that config as the run already read it (a
-    Ray actor gets it from its driver), threads, device, dtype and backend, decoding, guesses and block for at most
-    ``streams`` rollouts in flight of that model, vLLM's request path, the engine's options fitted to the
-    ``memory`` preset with the refiner beside the engine unless ``refine_after``: the app refines once the engine is
-    closed, as terra-generate does), then ``decoder=refiner``'s settings checked on the device chosen."""
-    place = "off" if spec.decoder == "tokenizer" else "after" if refine_after else "shared"
-    run = resolve_backend_run(spec, streams, model, place)
-    return ResolvedRun(**vars(run), refiner=check_decoder(run.spec))
 
 
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
@@ -148,7 +123,7 @@ class WorldModelPipeline:
 
     def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu",
                  tokenizer_batch_size: int | None = None, engine_options: Mapping[str, Any] | None = None,
-                 decode_batch_size: int | None = None) -> None:
+                 decode_batch_size: int | None = None, tokenizer_pixels: int = FULL_DECODE_PIXELS) -> None:
         if decode_batch_size is not None:  # tokenizer_batch_size's old name, taken until 0.2.0
             tokenizer_batch_size = moved_value(TOKENIZER_BATCH_SIZE, decode_batch_size)
         self.tokenizer = tokenizer.to(device).eval()
@@ -156,9 +131,11 @@ class WorldModelPipeline:
         # the options the backend was built with (terra/generation/backends.py, engine_options): what a run records
         self.engine_options = dict(engine_options or {})
         self.device = device
-        # frames per tokenizer call, encoding and decoding: by default what fits beside vLLM's own 90 %
-        # (terra/config/memory.py)
-        self.tokenizer_batch_size = tokenizer_batch_size or tokenizer_batch(tokenizer.image_size)
+        # frames per tokenizer call, encoding and decoding: as many whole frames as ``tokenizer_pixels`` hold (at
+        # least one), the run's memory preset's (terra/config/memory.py, tokenizer_pixels; by default what fits
+        # beside vLLM's own 90 %)
+        frame = int(tokenizer.image_size[0]) * int(tokenizer.image_size[1])
+        self.tokenizer_batch_size = tokenizer_batch_size or max(1, tokenizer_pixels // max(1, frame))
         # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
         # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
         # writer threads decoding 288x512 frames at once ran the H100 out of memory: benchmarks/rollout.md).
@@ -181,7 +158,7 @@ class WorldModelPipeline:
             announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
         options = engine_options(spec.backend, spec.backend_options, max_rollouts)
         backend = build_backend(run, options)
-        return cls(tok, backend, spec.device, tokenizer_batch(tok.image_size, spec.memory), options)
+        return cls(tok, backend, spec.device, engine_options=options, tokenizer_pixels=run.tokenizer_pixels)
 
     @classmethod
     def from_pretrained(

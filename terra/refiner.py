@@ -43,10 +43,19 @@ class RefinerSettings:
 
 
 def check_decoder(spec: RunSpec) -> RefinerSettings | None:
+    """:func:`refiner_settings` for a caller without a resolved run (a batch's driver, which leaves the run to its
+    actors; a batch given a loaded pipeline): the refiner's device, ``refiner.device`` or else the spec's, checked
+    and resolved here as a run resolves it (terra/generation/resolve.py, ``resolve_backend_run``)."""
+    if spec.decoder == "tokenizer":
+        return None
+    return refiner_settings(spec, resolve_device(check_device(spec.refiner.get("device") or spec.device)))
+
+
+def refiner_settings(spec: RunSpec, device: str | None) -> RefinerSettings | None:
     """None for ``decoder=tokenizer``; for ``refiner`` the checked :class:`RefinerSettings` (file present, device
-    able), from the spec's ``refiner`` block (the keys of ``conf/refiner/terra.yaml``) and its device (resolved:
-    terra/generation/resolve.py, ``resolve_backend_run``), used when ``refiner.device`` is null. Every problem raises
-    one line (:class:`TerraInputError`)."""
+    able), from the spec's ``refiner`` block (the keys of ``conf/refiner/terra.yaml``) on ``device``, the refiner's
+    device as the run resolved it (terra/generation/resolve.py, ``BackendRun.refiner_device``; None with
+    ``decoder=tokenizer``). Every problem raises one line (:class:`TerraInputError`)."""
     if spec.decoder == "tokenizer":
         return None
     node = spec.refiner
@@ -60,7 +69,6 @@ def check_decoder(spec: RunSpec) -> RefinerSettings | None:
         where = "" if spec.terra_root is None else f" (terra_root={spec.terra_root} gives none)"
         raise TerraInputError(f"decoder=refiner needs Terra's refiner weights{where}: add terra_root=/path/to/Terra "
                               f"({DOWNLOAD_HINT}) or refiner.path=/path/to/refiner_model.pt")
-    device = torch.device(resolve_device(check_device(node.get("device") or spec.device)))
-    allow_cpu = bool(node.get("allow_cpu", False))
-    check_refiner_device(config, device, allow_cpu)
-    return RefinerSettings(check_file(path), config, device, str(node.get("dtype", "auto")), allow_cpu)
+    on, allow_cpu = torch.device(device), bool(node.get("allow_cpu", False))
+    check_refiner_device(config, on, allow_cpu)
+    return RefinerSettings(check_file(path), config, on, str(node.get("dtype", "auto")), allow_cpu)

@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import check_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest

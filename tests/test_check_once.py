@@ -29,7 +29,7 @@ import terra.contract.actions
 import terra.inputs.actions
 import terra.inputs.ego_motion
 import terra.models.checkpoint
-import terra.pipeline
+import terra.run
 import terra.session.context
 import terra.session.driver_input
 from terra.batch import BatchConfig, run_batch
@@ -70,7 +70,7 @@ def test_generate_reads_a_trajectory_file_once_and_validates_its_actions_once(tm
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("generate", overrides=["backend=hf", "device=cpu", "num_frames=2", f"trajectory={trajectory}"])
     with calls(terra.inputs.actions.read_trajectory_file, terra.config.files.read_input_text,
-               terra.contract.actions.validate_actions, terra.config.spec.run_spec, terra.pipeline.resolve_run,
+               terra.contract.actions.validate_actions, terra.config.spec.run_spec, terra.run.resolve_run,
                terra.models.checkpoint.read_world_model_config) as counts:
         summary = terra.apps.generate.run(terra.apps.generate.generate_spec(cfg), tmp_path / "out")
     assert summary["generated_frames"] == 2

@@ -34,7 +34,7 @@ from PIL import Image
 from terra.config.backend import check_backend
 from terra.config.checks import check_number
 from terra.config.files import check_context_paths
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import check_output_dir
 from terra.config.sampling import SamplingConfig
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError

@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from terra.config.checks import one_line
-from terra.config.output_dir import claim_output_dir, claim_output_file
-from terra.config.outputs import check_output_dir
+from terra.config.output_dir import check_output_dir, claim_output_dir, claim_output_file
 from terra.config.manifest import Manifest
 from terra.core.atomic import MARKER, atomic_dir, json_text, mark, marked, owner
 from terra.core.errors import TerraInputError

@@ -164,7 +164,9 @@ def test_a_vllm_engine_start_is_said_to_be_the_slow_part_before_it(tiny_model_di
     """vLLM's engine took minutes to start on a CPU with no word of it; the line comes before the engine starts."""
     import terra.pipeline
     from terra.models.checkpoint import read_world_model_config
-    from terra.pipeline import ResolvedRun
+    from terra.config.memory import tokenizer_pixels
+    from terra.contract.layout import TokenLayout
+    from terra.run import ResolvedRun
 
     said = []
 
@@ -173,8 +175,9 @@ def test_a_vllm_engine_start_is_said_to_be_the_slow_part_before_it(tiny_model_di
         raise KeyboardInterrupt
 
     monkeypatch.setattr(terra.pipeline, "build_backend", create)
-    run = ResolvedRun(RunSpec(tiny_model_dir, "", backend=backend, device="cpu"),
-                      read_world_model_config(tiny_model_dir), "float32", "per_frame", None)
+    model = read_world_model_config(tiny_model_dir)
+    run = ResolvedRun(RunSpec(tiny_model_dir, "", backend=backend, device="cpu"), model, "float32", "per_frame",
+                      TokenLayout.from_config(model), tokenizer_pixels(), refiner_device=None, refiner=None)
     with pytest.raises(KeyboardInterrupt):
         WorldModelPipeline.from_run(run, LFQTokenizer(TINY_TOKENIZER))
     expected = ["terra: starting vLLM's engine, the slow part of the start (1-5 min on a CPU) ...\n"] if told else [""]

@@ -28,7 +28,7 @@ class AlpasimSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     token: str | None = None
-    max_sessions: int = 16
+    max_sessions: int = 64  # conf/alpasim.yaml's; docs/alpasim.md, "Sessions and memory"
     max_frames: int = 3000
     max_image_pixels: int = 3840 * 2160
     idle_timeout_s: float = 600.0

@@ -22,13 +22,14 @@ STOP_GRACE_S = 5.0  # calls in flight get this long to end when the server stops
 
 
 def serve(spec: RunSpec, settings: AlpasimSettings, model: str) -> None:
-    """Bind, load the model (terra/pipeline.py, ``resolve_run``), serve until interrupted, then close everything."""
+    """Bind, load the model (terra/run.py, ``resolve_run``), serve until interrupted, then close everything."""
     from terra.alpasim.service import WorldModelServicer, bind, start
 
     server, port = bind(settings)  # before the model loads: a port in use is one line at once
     # torch and the model load only once the settings are known to be good and the port is ours
     from terra.alpasim.sessions import SessionTable
-    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.pipeline import WorldModelPipeline
+    from terra.run import resolve_run
 
     run = resolve_run(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
     pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)  # and its room

@@ -1,9 +1,9 @@
 """``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, ``conf/generate.yaml``).
 
 The settings are checked once into a :class:`GenerateSpec` (:func:`generate_spec`); :func:`run` reads as its steps,
-each input checked once where it enters: (1) the output folder and names, the context paths (before torch or
-Transformers is imported); (2) the run made concrete (terra/pipeline.py, ``resolve_run``), the tokenizer, the
-context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files.
+each input checked once where it enters: (1) the input files, the output names and folder (before torch or
+Transformers is imported); (2) the run made concrete (terra/run.py, ``resolve_run``), the tokenizer, the
+context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files, as named in (1).
 A user mistake ends with exit code 2 and one line on stderr naming the input and the fix; Ctrl-C or SIGTERM
 stops the engine and exits with 130 / 143; either way no output file of the run is left behind
 (terra/apps/runner.py prints the line and sets the exit code).
@@ -24,14 +24,13 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded, task
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
-from terra.config.files import check_context_paths
 from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
-from terra.inputs.actions import check_trajectory_file
+from terra.inputs.actions import check_input_files
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
@@ -85,24 +84,20 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked configuration (:func:`generate_spec`) and write them under ``out_dir``;
     return the summary."""
     t_start = time.perf_counter()
-    # 1. the output folder and names, every input file there (context, trajectory; the checkpoints' in step 2, still
-    # before any model loads): no file read, nothing heavy imported
-    if spec.context is not None:
-        check_context_paths(spec.context)  # no decoding yet: a FIFO or a typo fails at once
-    if spec.trajectory is not None:
-        check_trajectory_file(spec.trajectory)  # read in step 2, once the context frames are counted
-    names = spec.output.file_names(spec.num_samples)
-    output = claim_output_dir(out_dir, "output.dir", files=[n for n in names if not n.endswith("_frames")],
-                              folders=[n for n in names if n.endswith("_frames")], inputs=[
-                                  ("context", spec.context), ("trajectory file", spec.trajectory),
-                                  ("world model", spec.run.world_model), ("tokenizer", spec.run.tokenizer),
-                                  ("refiner weights", spec.run.refiner.get("path"))], app=APP)
+    # 1. the input files (context, trajectory: read in step 2, once the context frames are counted; the checkpoints'
+    # in step 2, still before any model loads), then the output names and folder: no file read, nothing heavy imported
+    check_input_files(spec.context, spec.trajectory)
+    names = spec.output.names(spec.num_samples)  # planned once: claimed here, written in step 5
+    output = claim_output_dir(out_dir, "output.dir", files=names.files, folders=names.folders, inputs=[
+        ("context", spec.context), ("trajectory file", spec.trajectory), ("world model", spec.run.world_model),
+        ("tokenizer", spec.run.tokenizer), ("refiner weights", spec.run.refiner.get("path"))], app=APP)
 
     from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
     from terra.inputs.routes import MOVED_ROUTES
     from terra.outputs import write_outputs
-    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.pipeline import WorldModelPipeline
+    from terra.run import resolve_run
     from terra.sim import builtin_context, builtin_road
     from terra.tokenizer import load_tokenizer
 
@@ -166,7 +161,8 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     stats = sum((result.pass_stats for result in results), PassStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     files = write_outputs(
-        out_dir, spec.output, results, actions=actions, ground_truth=truth, route_source=route_source, config=record,
+        out_dir, spec.output, names, results, actions=actions, ground_truth=truth, route_source=route_source,
+        config=record,
         timings={"generate_s": generate_s, "total_s": time.perf_counter() - t_start, "s_per_frame": s_per_frame},
         backend={"name": run_settings.backend, "class": backend_class}, device=run_settings.device,
     )

@@ -72,9 +72,10 @@ def bind(settings: ServeSettings) -> socket.socket:
 
 
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
-    """(1) the run made concrete and its pipeline (terra/pipeline.py, ``resolve_run``), (2) the session service."""
+    """(1) the run made concrete and its pipeline (terra/run.py, ``resolve_run``), (2) the session service."""
     # torch, Transformers, FastAPI and uvicorn load only once the settings are known to be good
-    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.pipeline import WorldModelPipeline
+    from terra.run import resolve_run
     from terra.serve.service import SessionService
     from terra.session import SessionHost
 

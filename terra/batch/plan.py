@@ -21,7 +21,7 @@ from terra.batch.manifest import sample_error, sample_record
 from terra.batch.samples import check_inputs, in_shard, input_digests, sample_files
 from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, checkpoint_digest, load_json
-from terra.config.outputs import check_output_names
+from terra.config.output_dir import check_output_names
 from terra.config.spec import fingerprint as spec_fingerprint
 from terra.core.atomic import marked, remove_abandoned, temporary_target
 from terra.core.errors import TerraInputError

@@ -27,7 +27,8 @@ from terra.batch.manifest import sample_error
 from terra.batch.plan import Item
 from terra.batch.stream import StreamingEngine, prefetch
 from terra.models import LlamaActionConfig
-from terra.pipeline import WorldModelPipeline, actor_spec, resolve_run
+from terra.pipeline import WorldModelPipeline, actor_spec
+from terra.run import resolve_run
 
 
 class RolloutActor:

@@ -26,8 +26,9 @@ from terra.generation.pass_stats import PassStats
 from terra.inputs.requests import UNUSED_ROUTES
 from terra.inputs.routes import MOVED_ROUTES
 from terra.inputs.samples import Sample
-from terra.pipeline import WorldModelPipeline, check_compatible, resolve_run
+from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.refiner import RefinerSettings, check_decoder
+from terra.run import resolve_run
 from terra.tokenizer import load_tokenizer
 
 

@@ -41,7 +41,8 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
         "requests": REQUEST_PATHS,
         # speculative decoding: verifying passes per engine step (terra/vllm/jacobi_runner.py); sequential: 1;
-        # null: terra/generation/decoding.py's auto_passes_per_step (3 in an engine of one rollout, else 1)
+        # null: terra/generation/decoding.py's auto_passes_per_step (3 in an engine of one rollout or where the host
+        # bounds a step of several, else 1)
         "passes_per_step": Range(1, 64, 3, whole=True, nullable=True),
     },
 }

@@ -62,13 +62,12 @@ def fp8_weights_config(layers: int) -> dict[str, list[str]]:
     return {"ignore": [rf"re:model\.layers\.({kept})\..*"]}
 
 
-def tokenizer_batch(image_size: tuple[int, int], memory: str = "full") -> int:
-    """Frames of ``image_size`` the tokenizer encodes or decodes at once beside an engine fitted to ``memory``: as many
-    as hold ``DECODE_PIXELS`` under a plan, the batch whose activations ``MAIN_PROCESS`` counts (0.49 GiB a Terra
-    frame, float32; 8 at once put the AlpaSim server 6.5 GiB over memory=16GiB), ``FULL_DECODE_PIXELS`` beside
-    vLLM's own 90 %; at least one."""
-    pixels = FULL_DECODE_PIXELS if memory == "full" else DECODE_PIXELS
-    return max(1, pixels // max(1, int(image_size[0]) * int(image_size[1])))
+def tokenizer_pixels(memory: str = "full") -> int:
+    """Pixels the tokenizer encodes or decodes at once beside an engine fitted to ``memory`` (terra/pipeline.py takes
+    as many whole frames, at least one): ``DECODE_PIXELS`` under a plan, the batch whose activations ``MAIN_PROCESS``
+    counts (0.49 GiB a Terra frame, float32; 8 at once put the AlpaSim server 6.5 GiB over memory=16GiB),
+    ``FULL_DECODE_PIXELS`` beside vLLM's own 90 %."""
+    return FULL_DECODE_PIXELS if memory == "full" else DECODE_PIXELS
 
 
 def check_memory(value: Any) -> str:
@@ -89,9 +88,13 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelShape":
-        """The shape of a ``LlamaActionConfig`` (or any object with its attributes); its window's positions and
-        route slots as its token layout states them (terra/contract/layout.py)."""
-        layout = TokenLayout.from_config(config)
+        """The shape of a ``LlamaActionConfig`` (or any object with its attributes), its token layout read from it."""
+        return cls.of(config, TokenLayout.from_config(config))
+
+    @classmethod
+    def of(cls, config: Any, layout: TokenLayout) -> "ModelShape":
+        """The shape of a ``LlamaActionConfig`` whose token layout is ``layout`` (terra/contract/layout.py: its
+        window's positions and route slots; a run reads it once, terra/generation/resolve.py)."""
         h, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or h // heads
@@ -307,4 +310,4 @@ def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, reque
 
 
 __all__ = ["BF16_LAYERS", "FP8_WEIGHTS", "MEMORY", "MemoryPlan", "ModelShape", "PRESETS", "check_memory",
-           "fp8_weights_config", "plan_memory", "preset_cap", "smallest_card", "tokenizer_batch"]
+           "fp8_weights_config", "plan_memory", "preset_cap", "smallest_card", "tokenizer_pixels"]

@@ -15,10 +15,12 @@
   ``manifest_app``), and a folder without a manifest to the next app that claims it. A run that writes one file
   (:func:`claim_output_file`) takes no folder: it may write into a folder of no app's, not into another app's.
 
-:func:`claim_output_dir` checks both (and :func:`~terra.config.outputs.check_output_dir`: writable, names fit,
-on a disk) and returns an :class:`OutputDir`; :meth:`OutputDir.hold` then takes the folder's lock for runs that
-write over time (terra/core/lock.py), creates it and records the run's names in its marker. Nothing here
-imports torch.
+:func:`claim_output_dir` checks both (and :func:`check_output_dir`: writable, names that fit its file system with
+the temporary suffix of an atomic write, :data:`ATOMIC_EXTRA`, and :data:`MIN_FREE_BYTES` free on its disk: a disk
+that fills up later fails at the write) and returns an :class:`OutputDir`; :meth:`OutputDir.hold` then takes the
+folder's lock for runs that write over time (terra/core/lock.py), creates it and records the run's names in its
+marker. Name patterns a run makes (a batch's) are held to the same file system by :func:`check_output_names`.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -33,12 +36,13 @@ from pathlib import Path
 
 from terra.config.checks import one_line, shown
 from terra.config.manifest import manifest_app
-from terra.config.outputs import check_output_dir
 from terra.core.atomic import MARKER, mark, marked, owner
 from terra.core.errors import TerraInputError
 from terra.core.lock import output_lock
 
 Inputs = Iterable[tuple[str, "str | os.PathLike | Iterable[str | os.PathLike] | None"]]
+MIN_FREE_BYTES = 1 << 20  # an output folder's disk needs at least this much room before any work starts
+ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # terra/core/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
 
 
 @dataclass(frozen=True)
@@ -207,3 +211,75 @@ def _listed(names: list[str]) -> str:
     names = sorted(names)
     text = ", ".join(shown(n, 60) for n in names[:3])
     return text + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _limit(folder: Path, name: str, default: int) -> int:
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
+
+
+def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), setting: str = "output.dir") -> Path:
+    """Check, without creating anything, that folder ``path`` can be created or written and that ``file_names``
+    fit the file system there (with the temporary suffix of an atomic write); return it as an absolute path."""
+    folder = Path(os.path.abspath(Path(path).expanduser()))
+    existing = folder
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TerraInputError(f"output folder {path} is not writable ({existing} is not a folder); "
+                              f"choose another {setting}")
+    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+    parts = [(p, 0) for p in folder.relative_to(existing).parts] + [(n, ATOMIC_EXTRA) for n in file_names]
+    for name, extra in parts:
+        size = len(os.fsencode(name)) + extra
+        if size > name_max:
+            what = "the output file name" if extra else "the folder name"
+            fix = "a shorter output.name" if extra else f"a shorter {setting}"
+            raise TerraInputError(f"{what} {shown(name)} is too long: {size} bytes"
+                                  f"{' with its temporary suffix' * bool(extra)}, more than the file system allows "
+                                  f"({name_max}); choose {fix}")
+    longest = max([len(os.fsencode(n)) + ATOMIC_EXTRA for n in file_names] or [0])
+    if len(os.fsencode(str(folder))) + 1 + longest > path_max:
+        raise TerraInputError(f"output folder {shown(str(path))} makes paths longer than the file system allows "
+                              f"({path_max} bytes); choose a shorter {setting}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TerraInputError(f"output folder {path} is not writable ({existing} cannot be written); "
+                              f"choose another {setting}")
+    usage = shutil.disk_usage(existing)
+    if usage.total == 0:  # /proc, /sys: a kernel interface, not storage
+        raise TerraInputError(f"output folder {path} is not on a disk ({existing} is on a virtual file system that "
+                              f"holds no files); choose another {setting}")
+    free = usage.free
+    if free < MIN_FREE_BYTES:
+        raise TerraInputError(f"output folder {path} is on a full disk ({free >> 10} KiB free); free some space "
+                              f"or choose another {setting}")
+    return folder
+
+
+def check_output_names(folder: str | os.PathLike, names: Iterable[str], what: str = "output file") -> None:
+    """Raise unless each of ``names`` (paths relative to ``folder``, e.g. from a naming pattern) is text the file
+    system takes there: no NUL or lone surrogate, each part at most ``NAME_MAX`` bytes (the last with the
+    temporary suffix of an atomic write) and the whole path at most ``PATH_MAX``. Nothing is created."""
+    base = Path(os.path.abspath(Path(folder).expanduser()))
+    existing = base
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+    for name in names:
+        try:
+            encoded = os.fsencode(name)
+        except UnicodeEncodeError:
+            raise TerraInputError(f"{what} name {shown(name)} is not valid text (a lone surrogate escape)") from None
+        if b"\0" in encoded:
+            raise TerraInputError(f"{what} name {shown(name)} holds a NUL character")
+        parts = Path(name).parts
+        for i, part in enumerate(parts):
+            size = len(os.fsencode(part)) + (ATOMIC_EXTRA if i == len(parts) - 1 else 0)
+            if size > name_max:
+                raise TerraInputError(f"{what} name {shown(part)} is too long: {size} bytes with its temporary "
+                                      f"suffix, more than the file system allows ({name_max})")
+        if len(os.fsencode(str(base))) + 1 + len(encoded) + ATOMIC_EXTRA > path_max:
+            raise TerraInputError(f"{what} {shown(name)} makes a path longer than the file system allows "
+                                  f"({path_max} bytes) in {shown(str(base))}")

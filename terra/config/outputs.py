@@ -1,28 +1,26 @@
-"""Where a run writes, checked before any work: output formats and names, the output folder and its disk.
+"""What a run writes, checked before any work: output formats, and the names of ``terra-generate``'s files.
 
-:class:`OutputSpec` is ``terra-generate``'s ``output`` block checked once; batch rollouts check their own
-naming (terra/batch/config.py) with :func:`check_output_formats` and :func:`check_output_names`. Output names
-must fit the file system with the temporary suffix of an atomic write (:data:`ATOMIC_EXTRA`), and the output
-disk must have :data:`MIN_FREE_BYTES` free (a disk that fills up later fails at the write). Nothing here
-creates a file; the rule on what an output folder may hold and replace is terra/config/output_dir.py's.
+:class:`OutputSpec` is ``terra-generate``'s ``output`` block checked once, and :meth:`OutputSpec.names` plans the run's
+names once (:class:`OutputNames`), which the app claims (terra/config/output_dir.py) and terra/outputs.py writes; batch
+rollouts check their own naming (terra/batch/config.py) with :func:`check_output_formats`. Nothing here creates a
+file; where the names go (the output folder, its file system and disk, what it may hold and replace) is
+terra/config/output_dir.py's.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-from terra.config.checks import check_flag, shown
+from terra.config.checks import check_flag
 from terra.core.errors import TerraInputError
+from terra.core.lazy import renamed
 from terra.decoder.writers import check_fps, ffmpeg_exe
 
-MIN_FREE_BYTES = 1 << 20  # an output folder's disk needs at least this much room before any work starts
-ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # terra/core/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
-FORMATS = ("gif", "mp4", "png")
+__getattr__ = renamed(__name__, {name: name for name in (  # until 0.2.0: the output folder's rules
+    "check_output_dir", "check_output_names", "ATOMIC_EXTRA", "MIN_FREE_BYTES")}, home="terra.config.output_dir")
 
+FORMATS = ("gif", "mp4", "png")
 
 
 def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -> list[str]:
@@ -65,90 +63,28 @@ class OutputSpec:
                    check_flag(output["mark_context"], "output.mark_context"),
                    check_flag(output["overlay_trajectory"], "output.overlay_trajectory"))
 
-    def stems(self, num_samples: int) -> list[str]:
-        """One file stem per sample: ``name``, or ``name_00``, ``name_01``, ... for several."""
-        return [self.name] if num_samples == 1 else [f"{self.name}_{i:02d}" for i in range(num_samples)]
-
-    @staticmethod
-    def file_name(stem: str, fmt: str) -> str:
-        """A rollout's file in format ``fmt``: ``stem.mp4``, ``stem.gif``, or the PNG folder ``stem_frames``."""
-        return f"{stem}_frames" if fmt == "png" else f"{stem}.{fmt}"
-
-    def file_names(self, num_samples: int) -> list[str]:
-        """The names terra/outputs.py gives its files and folders in the output folder, sidecar last."""
-        names = [self.file_name(stem, fmt) for stem in self.stems(num_samples) for fmt in self.formats]
-        if num_samples > 1:
-            names += [f"{self.name}_grid.{fmt}" for fmt in self.formats if fmt != "png"]
-        return names + [f"{self.name}.json"]
+    def names(self, num_samples: int) -> OutputNames:
+        """The run's names in the output folder for ``num_samples`` samples, planned once: one file stem per sample
+        (``name``, or ``name_00``, ``name_01``, ... for several), its ``stem.mp4``, ``stem.gif`` or PNG folder
+        ``stem_frames`` per format, the grid videos of several samples and the sidecar ``name.json``."""
+        stems = [self.name] if num_samples == 1 else [f"{self.name}_{i:02d}" for i in range(num_samples)]
+        samples = [[(fmt, f"{stem}_frames" if fmt == "png" else f"{stem}.{fmt}") for fmt in self.formats]
+                   for stem in stems]
+        grids = tuple((fmt, f"{self.name}_grid.{fmt}") for fmt in self.formats if fmt != "png" and num_samples > 1)
+        every = [*(pair for sample in samples for pair in sample), *grids]
+        sidecar = f"{self.name}.json"
+        return OutputNames(tuple(dict(sample) for sample in samples), grids, sidecar,
+                           files=tuple(name for fmt, name in every if fmt != "png") + (sidecar,),
+                           folders=tuple(name for fmt, name in every if fmt == "png"))
 
 
-def _limit(folder: Path, name: str, default: int) -> int:
-    try:
-        return os.pathconf(folder, name)
-    except (OSError, ValueError):
-        return default
+@dataclass(frozen=True)
+class OutputNames:
+    """A ``terra-generate`` run's names in its output folder (:meth:`OutputSpec.names`): what the app claims before any
+    work (terra/config/output_dir.py) and what terra/outputs.py writes, each name made once."""
 
-
-def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), setting: str = "output.dir") -> Path:
-    """Check, without creating anything, that folder ``path`` can be created or written and that ``file_names``
-    fit the file system there (with the temporary suffix of an atomic write); return it as an absolute path."""
-    folder = Path(os.path.abspath(Path(path).expanduser()))
-    existing = folder
-    while not os.path.lexists(existing):
-        existing = existing.parent
-    if not existing.is_dir():
-        raise TerraInputError(f"output folder {path} is not writable ({existing} is not a folder); "
-                              f"choose another {setting}")
-    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
-    parts = [(p, 0) for p in folder.relative_to(existing).parts] + [(n, ATOMIC_EXTRA) for n in file_names]
-    for name, extra in parts:
-        size = len(os.fsencode(name)) + extra
-        if size > name_max:
-            what = "the output file name" if extra else "the folder name"
-            fix = "a shorter output.name" if extra else f"a shorter {setting}"
-            raise TerraInputError(f"{what} {shown(name)} is too long: {size} bytes"
-                                  f"{' with its temporary suffix' * bool(extra)}, more than the file system allows "
-                                  f"({name_max}); choose {fix}")
-    longest = max([len(os.fsencode(n)) + ATOMIC_EXTRA for n in file_names] or [0])
-    if len(os.fsencode(str(folder))) + 1 + longest > path_max:
-        raise TerraInputError(f"output folder {shown(str(path))} makes paths longer than the file system allows "
-                              f"({path_max} bytes); choose a shorter {setting}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise TerraInputError(f"output folder {path} is not writable ({existing} cannot be written); "
-                              f"choose another {setting}")
-    usage = shutil.disk_usage(existing)
-    if usage.total == 0:  # /proc, /sys: a kernel interface, not storage
-        raise TerraInputError(f"output folder {path} is not on a disk ({existing} is on a virtual file system that "
-                              f"holds no files); choose another {setting}")
-    free = usage.free
-    if free < MIN_FREE_BYTES:
-        raise TerraInputError(f"output folder {path} is on a full disk ({free >> 10} KiB free); free some space "
-                              f"or choose another {setting}")
-    return folder
-
-
-def check_output_names(folder: str | os.PathLike, names: Iterable[str], what: str = "output file") -> None:
-    """Raise unless each of ``names`` (paths relative to ``folder``, e.g. from a naming pattern) is text the file
-    system takes there: no NUL or lone surrogate, each part at most ``NAME_MAX`` bytes (the last with the
-    temporary suffix of an atomic write) and the whole path at most ``PATH_MAX``. Nothing is created."""
-    base = Path(os.path.abspath(Path(folder).expanduser()))
-    existing = base
-    while not os.path.lexists(existing):
-        existing = existing.parent
-    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
-    for name in names:
-        try:
-            encoded = os.fsencode(name)
-        except UnicodeEncodeError:
-            raise TerraInputError(f"{what} name {shown(name)} is not valid text (a lone surrogate escape)") from None
-        if b"\0" in encoded:
-            raise TerraInputError(f"{what} name {shown(name)} holds a NUL character")
-        parts = Path(name).parts
-        for i, part in enumerate(parts):
-            size = len(os.fsencode(part)) + (ATOMIC_EXTRA if i == len(parts) - 1 else 0)
-            if size > name_max:
-                raise TerraInputError(f"{what} name {shown(part)} is too long: {size} bytes with its temporary "
-                                      f"suffix, more than the file system allows ({name_max})")
-        if len(os.fsencode(str(base))) + 1 + len(encoded) + ATOMIC_EXTRA > path_max:
-            raise TerraInputError(f"{what} {shown(name)} makes a path longer than the file system allows "
-                                  f"({path_max} bytes) in {shown(str(base))}")
+    samples: tuple[dict[str, str], ...]  # each sample's file (mp4, gif) or PNG folder (png), by format
+    grids: tuple[tuple[str, str], ...]  # (format, file) of the grid video of several samples, per format (no png)
+    sidecar: str  # the run's JSON sidecar
+    files: tuple[str, ...]  # every file above, in the order written, the sidecar last
+    folders: tuple[str, ...]  # every PNG folder above

@@ -3,9 +3,10 @@
 ``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
 ``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``, ``decoder``,
 ``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before
-torch is imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/pipeline.py, ``resolve_run``,
-``from_run``); nothing downstream reads the raw config again. What needs torch or a file's contents (whether a
-GPU exists, the world model's window, the refiner's weights) is checked once each where it is first known.
+torch is imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/run.py, ``resolve_run``;
+terra/pipeline.py, ``from_run``); nothing downstream reads the raw config again. What needs torch or a file's
+contents (whether a GPU exists, the world model's window, the refiner's weights) is checked once each where it is
+first known.
 
 Beside it, the one rule of resume fingerprints (:func:`fingerprint`, and the run's part of every payload:
 :meth:`RunSpec.output_settings`): a batch run's samples (terra/batch/plan.py) and ``terra-drive``'s drives
@@ -29,7 +30,11 @@ from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
+from terra.core.lazy import renamed
 from terra.tokenizer.resize import RESIZE_MODES
+
+__getattr__ = renamed(__name__, {"check_window": "check_window"},  # until 0.2.0: the window is the token layout's
+                      home="terra.contract.layout")
 
 DECODERS = ("tokenizer", "refiner")  # how codes become frames: the tokenizer's decoder or Terra's video refiner
 REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # conf/refiner/terra.yaml: shape its frames
@@ -120,14 +125,3 @@ def check_decoder_name(decoder: Any) -> str:
                               "or decoder=refiner (Terra's video refiner, GPU)")
     return decoder
 
-
-def check_window(window: int, num_context: int, overlap: int | None = None,
-                 overlap_name: str = "model.overlap") -> None:
-    """Raise when ``num_context`` (or the window ``overlap``) leaves no room to generate in a ``window`` of frames
-    (the world model's ``num_temporal_embeddings``, known once its config.json is read)."""
-    if num_context >= window:
-        raise TerraInputError(f"num_context={num_context} does not fit a window of {window} frames; "
-                              f"use at most {window - 1}")
-    if overlap is not None and overlap >= window:
-        raise TerraInputError(f"{overlap_name}={overlap} does not fit a window of {window} frames; "
-                              f"use at most {window - 1} (Terra: 3)")

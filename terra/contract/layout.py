@@ -122,6 +122,19 @@ class Window:
         return self.start + self.num_context + self.num_new
 
 
+def check_window(window: int, num_context: int, overlap: int | None = None,
+                 overlap_name: str = "model.overlap") -> None:
+    """Raise when the run's ``num_context`` (or its window ``overlap``) leaves no room to generate in a ``window`` of
+    frames (``max_frames``: the world model's ``num_temporal_embeddings``, known once its config.json is read),
+    naming the setting; :func:`plan_windows` holds a rollout to the same bounds."""
+    if num_context >= window:
+        raise TerraInputError(f"num_context={num_context} does not fit a window of {window} frames; "
+                              f"use at most {window - 1}")
+    if overlap is not None and overlap >= window:
+        raise TerraInputError(f"{overlap_name}={overlap} does not fit a window of {window} frames; "
+                              f"use at most {window - 1} (Terra: 3)")
+
+
 def plan_windows(num_context: int, num_generate: int, max_frames: int, overlap: int) -> list[Window]:
     """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md,
     "Windows").

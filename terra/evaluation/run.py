@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from terra.config.sampling import SamplingConfig
-from terra.config.spec import check_window
+from terra.contract.layout import check_window
 from terra.core.atomic import json_text, write_text
 from terra.core.device import set_threads
 from terra.core.progress import announce, duration
@@ -26,7 +26,8 @@ from terra.evaluation.measure import evaluate_adherence, evaluate_quality
 from terra.evaluation.phases import TITLES, Phase, keep, plan_phases
 from terra.evaluation.settings import REPORT, EvaluateSpec, Targets
 from terra.generation.backends import backend_kind
-from terra.pipeline import WorldModelPipeline, resolve_run
+from terra.pipeline import WorldModelPipeline
+from terra.run import resolve_run
 
 PROG = "terra-evaluate"  # its stage lines start with the console script's name
 

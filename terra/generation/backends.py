@@ -13,6 +13,7 @@ import torch
 
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
+from terra.contract.layout import TokenLayout
 from terra.core.errors import TerraInputError
 from terra.core.lazy import renamed
 from terra.generation.decoding import auto_passes_per_step
@@ -65,8 +66,9 @@ def build_backend(run: BackendRun, options: Mapping[str, Any]) -> WorldModelBack
         if spec.sampling.decoding == "speculative":
             rollouts = options.setdefault("max_num_seqs", DEFAULT_ROLLOUTS)
             passes = options.pop("passes_per_step", None)
-            options.update(draft_tokens=spec.sampling.draft_tokens,
-                           passes_per_step=auto_passes_per_step(rollouts) if passes is None else passes)
+            if passes is None:
+                passes = auto_passes_per_step(rollouts, spec.sampling.draft_tokens, run.model)
+            options.update(draft_tokens=spec.sampling.draft_tokens, passes_per_step=passes)
         else:
             options.pop("passes_per_step", None)
         chosen = StreamingVLLMBackend if run.requests == "streaming" else VLLMBackend
@@ -75,7 +77,7 @@ def build_backend(run: BackendRun, options: Mapping[str, Any]) -> WorldModelBack
         from terra.generation.hf_backend import HFBackend
 
         build = lambda: HFBackend(spec.world_model, spec.device, getattr(torch, run.dtype),  # noqa: E731
-                                  config=config, decoding=spec.sampling.decoding,
+                                  config=config, layout=run.layout, decoding=spec.sampling.decoding,
                                   draft_tokens=spec.sampling.draft_tokens, **options)
     try:
         return build()
@@ -124,8 +126,8 @@ def model_backend(model: torch.nn.Module | str | Path, device: str | torch.devic
 
         config, dtype = AutoConfig.from_pretrained(str(model)), dtype or torch.float32
     sampling = resolve_decoding(SamplingConfig(), "hf", str(device), streams, config=config)
-    return HFBackend(model, device, dtype, config=config, decoding=sampling.decoding,
-                     draft_tokens=sampling.draft_tokens, **options)
+    return HFBackend(model, device, dtype, config=config, layout=TokenLayout.from_config(config),
+                     decoding=sampling.decoding, draft_tokens=sampling.draft_tokens, **options)
 
 
 def backend_kind(backend: WorldModelBackend) -> str:

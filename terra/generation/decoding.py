@@ -17,14 +17,18 @@ from terra.core.errors import TerraInputError
 # decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
 # kind, and sequential above it (a kind not listed: never). Why each number:
 # benchmarks/decoding.md, "When decoding=auto is speculative", the table of these numbers with the measurements.
-SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 32}
+SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 64}
 # backend.options.passes_per_step=null: the verifying passes an engine step of a speculative vLLM engine of one rollout
-# (max_num_seqs 1), 1 in any other. One rollout's step waits on the host, and with several passes its full graphs
-# keep FlashAttention's splits (terra/vllm/compat.py, jacobi_graph_kwargs): at Terra's 2 B shape a pass 3.8 -> 2.1 ms,
+# (max_num_seqs 1), and of a larger one whose step waits on the host (auto_passes_per_step), 1 in any other. One
+# rollout's step waits on the host, and with several passes its full graphs keep FlashAttention's splits
+# (terra/vllm/compat.py, jacobi_graph_kwargs): at Terra's 2 B shape a pass 3.8 -> 2.1 ms,
 # the demo model 0.058 -> 0.041 s a frame (benchmarks/decoding.md, "FlashAttention's splits in an engine of one"); a
 # fourth pass adds passes a frame for no shorter pass there. Batched at Terra's shape the step is bound by the GPU,
 # and each pass costs its full time ("Several passes a step").
 ONE_ROLLOUT_PASSES = 3
+# Each more pass a step adds this share to a frame's passes: the demo model's 17.3 -> 22.0 passes a frame at block 32
+# and 11.1 -> 12.2 at 144 with three passes a step (benchmarks/decoding.md, "Several passes a step").
+EXTRA_PASSES = 0.14
 
 
 def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "per_frame") -> str:
@@ -38,10 +42,26 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
     return "speculative" if limit is None or streams <= limit else "sequential"
 
 
-def auto_passes_per_step(max_num_seqs: int) -> int:
+def auto_passes_per_step(max_num_seqs: int, draft_tokens: int | None = None, config: Any = None) -> int:
     """What ``backend.options.passes_per_step=null`` is for a speculative vLLM engine holding at most
-    ``max_num_seqs`` rollouts: :data:`ONE_ROLLOUT_PASSES` for one, else 1."""
-    return ONE_ROLLOUT_PASSES if max_num_seqs == 1 else 1
+    ``max_num_seqs`` rollouts of block ``draft_tokens``, for the world model of ``config``: :data:`ONE_ROLLOUT_PASSES`
+    for one rollout; for more, the same where the host bounds a step of every rollout's block, so the passes share its
+    time (a small model, the demo's; :data:`PASS_COSTS`, :func:`pass_seconds`), else 1 (Terra's 2 B shape batched:
+    the GPU bounds the step, and every pass costs its time); 1 without a block and ``config``."""
+    if max_num_seqs == 1:
+        return ONE_ROLLOUT_PASSES
+    if draft_tokens is None or config is None:
+        return 1
+    cost, shape = PASS_COSTS[("vllm", "cuda")], PassShape.from_config(config, "cuda")
+    tokens = max_num_seqs * (draft_tokens + 1)
+    several = _more_passes(ONE_ROLLOUT_PASSES) * pass_seconds(cost, shape, tokens, ONE_ROLLOUT_PASSES)
+    return ONE_ROLLOUT_PASSES if several < pass_seconds(cost, shape, tokens) else 1
+
+
+def _more_passes(passes_per_step: int) -> float:
+    """How many times the passes a frame takes at ``passes_per_step`` a step are those at one (a block does not
+    slide between the passes of a step)."""
+    return 1.0 + EXTRA_PASSES * (passes_per_step - 1)
 
 
 def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:
@@ -180,7 +200,7 @@ def auto_draft_tokens(backend: str, device: str, streams: int, config: Any) -> i
     """What ``sampling.draft_tokens=auto`` is for a speculative run of at most ``streams`` rollouts in flight on the
     resolved ``backend`` and ``device``, for the world model of ``config``: the block (of :data:`BLOCKS`, or the
     frame's image tokens) with the fewest predicted seconds a frame, ``passes x`` :func:`pass_seconds`. vLLM puts
-    every rollout's block in one step (and an engine of one rollout runs :func:`auto_passes_per_step` passes a step);
+    every rollout's block in one step (of :func:`auto_passes_per_step` passes);
     the Transformers backend runs one rollout a pass, its block running past the frame into the action slots
     (``sampling.guesses=lookahead``). Of blocks predicted within :data:`NEAR` of the fastest, the smallest."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
@@ -190,11 +210,11 @@ def auto_draft_tokens(backend: str, device: str, streams: int, config: Any) -> i
     if cost is None:  # vLLM's CPU engine decodes sequentially: the block is never used
         return frame
     vllm = backend == "vllm"
-    passes = auto_passes_per_step(streams) if vllm else 1
 
     def seconds(block: int) -> float:
         tokens = streams * (block + 1) if vllm else block + 1 + shape.slot_tokens
-        return pass_seconds(cost, shape, tokens, passes) / block ** ACCEPTANCE
+        passes = auto_passes_per_step(streams, block, config) if vllm else 1
+        return _more_passes(passes) * pass_seconds(cost, shape, tokens, passes) / block ** ACCEPTANCE
 
     blocks = [b for b in BLOCKS if b < frame] + [frame]
     fastest = min(seconds(b) for b in blocks)

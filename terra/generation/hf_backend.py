@@ -72,6 +72,7 @@ class HFBackend(WorldModelBackend):
     ``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` run as: the run's choices, made before it is built
     (terra/generation/resolve.py; a caller without a run: terra/generation/backends.py, ``model_backend``,
     ``create_backend``). A call that names its own gets it; ``sampling.guesses=auto`` runs as ``lookahead``.
+    ``layout`` is the model's token layout as the run read it from its config (terra/contract/layout.py).
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class HFBackend(WorldModelBackend):
         max_batch_size: int = 16,
         config: LlamaActionConfig | None = None,
         *,
+        layout: TokenLayout,
         decoding: str,
         draft_tokens: int,
     ) -> None:
@@ -89,7 +91,7 @@ class HFBackend(WorldModelBackend):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, config=config)
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = torch.device(device)
-        self.layout = TokenLayout.from_config(self.model.config)
+        self.layout = layout
         self.max_batch_size = max_batch_size
         self._queue: list[tuple[RolloutState, SamplingConfig]] = []
         self._rows: list[_Row] = []  # frames in flight, in the order of the batch

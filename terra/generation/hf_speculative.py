@@ -5,10 +5,11 @@
 decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
 (their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
 first pass is its prompt (the window's frames at a window start, else the previous frame's last token and
-slots) followed by the draft tokens; later passes are the last committed token followed by them. After each pass
-the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next pass's first
-input), so between frames the cache is exactly what sequential decoding leaves. The cache is a window's buffer
-(terra/generation/kv.py, ``window_cache``): a pass writes its tokens in place after the kept ones, and the
+slots) followed by the draft tokens; later passes are the last committed token followed by them. The passes'
+draws, acceptance and refill then run for every frame at once (terra/generation/speculative.py, ``advance_frames``).
+After each pass the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next
+pass's first input), so between frames the cache is exactly what sequential decoding leaves. The cache is a window's
+buffer (terra/generation/kv.py, ``window_cache``): a pass writes its tokens in place after the kept ones, and the
 rollout's next frame writes on into it, so no pass copies the cache (a fork's next frame copies it once).
 """
 
@@ -24,6 +25,7 @@ from transformers import DynamicCache
 from terra.config.sampling import SamplingConfig
 from terra.generation.kv import crop, kv_tensors, window_cache
 from terra.generation.rollout import FrameDone, RolloutState
+from terra.generation import speculative
 from terra.generation.speculative import SpeculativeFrame
 
 
@@ -95,17 +97,27 @@ class SpeculativeRows:
         self._frames = [f for f in self._frames if id(f.state) not in drop]
 
     def step(self) -> list[FrameDone]:
-        """One forward pass for every frame in flight; the frames that are complete, added to their states (in
-        inference mode: :meth:`HFBackend.poll <terra.generation.hf_backend.HFBackend.poll>` calls it)."""
+        """One forward pass for every frame in flight, then their draws, acceptance and refill together
+        (:func:`~terra.generation.speculative.advance_frames`: the rule's work once a step, however many rollouts);
+        the frames that are complete, added to their states (in inference mode: :meth:`HFBackend.poll
+        <terra.generation.hf_backend.HFBackend.poll>` calls it)."""
+        entries = list(self._frames)
+        if not entries:
+            return []
+        passes = [self._pass(entry) for entry in entries]
+        speculative.advance_frames([entry.frame for entry in entries], *zip(*passes))
         done = []
-        for entry in list(self._frames):
-            self._pass(entry)
+        for entry in entries:
+            entry.length = entry.start + entry.frame.count - 1  # the last committed token is the next pass's input
+            crop(entry.cache, entry.length)
             if entry.frame.done:
                 self._frames.remove(entry)
                 done.append(self._finish(entry))
         return done
 
-    def _pass(self, entry: _Frame) -> None:
+    def _pass(self, entry: _Frame) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The frame's forward pass: the logits of its rows and, where it ran past the frame's end, of the next
+        frame's first positions (:meth:`SpeculativeFrame.advance`'s two arguments)."""
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)
@@ -129,9 +141,7 @@ class SpeculativeRows:
             logits_to_keep=width + 1 + slots + reach,
         )
         logits = out.logits[0]
-        frame.advance(logits[: width + 1], logits[width + slots:] if slots else None)
-        entry.length = entry.start + frame.count - 1  # the last committed token is the next pass's input
-        crop(entry.cache, entry.length)
+        return logits[: width + 1], logits[width + slots:] if slots else None
 
     def _finish(self, entry: _Frame) -> FrameDone:
         state, frame = entry.state, entry.frame

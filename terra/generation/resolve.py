@@ -1,11 +1,12 @@
 """A run's backend resolved once: every ``auto`` of its settings made concrete for this machine, the world model and
 the rollouts the run keeps in flight.
 
-:func:`resolve_backend_run` makes one frozen :class:`BackendRun` (terra/pipeline.py's ``resolve_run`` asks for it
-once per run); terra/generation/backends.py builds it as it is, and no backend decides a setting again. Each rule
-lives with its facts and is asked once, in one order: the device and dtype (terra/core/device.py), the backend
-(terra/config/backend.py), ``decoding``, ``guesses`` and the block (terra/generation/decoding.py), vLLM's request
-path (terra/vllm/compat.py) and the ``memory`` preset (terra/config/memory.py).
+:func:`resolve_backend_run` makes one frozen :class:`BackendRun` (terra/run.py's ``resolve_run`` asks for it once per
+run); terra/generation/backends.py builds it as it is, and no backend decides a setting again. Each rule lives with
+its facts and is asked once, in one order: the world model's token layout and window (terra/contract/layout.py), the
+devices and dtype (terra/core/device.py), the backend (terra/config/backend.py), ``decoding``, ``guesses`` and the
+block (terra/generation/decoding.py), vLLM's request path (terra/vllm/compat.py) and the ``memory`` preset
+(terra/config/memory.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from terra.config.backend import resolve_backend
-from terra.config.memory import ModelShape, plan_memory
-from terra.config.spec import RunSpec, check_window
-from terra.core.device import auto_dtype, resolve_device, set_threads
+from terra.config.memory import ModelShape, plan_memory, tokenizer_pixels
+from terra.config.spec import RunSpec
+from terra.contract.layout import TokenLayout, check_window
+from terra.core.device import auto_dtype, check_device, resolve_device, set_threads
 from terra.generation.decoding import auto_streams, resolve_decoding
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
@@ -30,7 +32,7 @@ DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where
 @dataclass(frozen=True)
 class BackendRun:
     """A run's backend as :func:`resolve_backend_run` made it, once: every setting it is built with, concrete
-    (terra/generation/backends.py, ``build_backend``, builds it as it is)."""
+    (terra/generation/backends.py, ``build_backend``, builds it as it is), and the facts the run hands down with it."""
 
     # the settings the apps carry and record, resolved: threads set; device, backend and sampling (decoding,
     # draft_tokens, guesses) concrete; backend_options with the memory preset's choices
@@ -38,22 +40,31 @@ class BackendRun:
     model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
     dtype: str  # float32 | bfloat16 | float16: the spec's, ``auto`` made the device's
     requests: str  # vLLM's request path: streaming | per_frame (per_frame on the Transformers backend)
+    layout: TokenLayout  # the model's token layout, read from ``model`` once (terra/contract/layout.py)
+    tokenizer_pixels: int  # pixels the tokenizer takes at once beside the engine (terra/config/memory.py)
+    refiner_device: str | None  # decoder=refiner's device, resolved: refiner.device, else the run's; None: no refiner
 
 
 def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
                         refiner: str = "off") -> BackendRun:
     """``spec`` (checked: terra/config/spec.py) made concrete for this process, in one order for every app: the world
     model's config read and its window checked (:func:`check_model`; ``model``: that config as the run already read
-    it), its torch threads set, its device and dtype chosen and its backend (``auto``: what this machine has), then
-    ``decoding``, ``guesses`` and the block for at most ``streams`` rollouts in flight of that model, vLLM's request
-    path, and last a vLLM engine's options fitted to the ``memory`` preset with the refiner ``off``, run ``after``
-    the engine or ``shared`` beside it (terra/config/memory.py, ``plan_memory``: one line instead of a CUDA
-    out-of-memory error when nothing fits; the card is read once, here, and only for a vLLM engine on a GPU under a
-    preset other than ``full``)."""
+    it) and its token layout read, its torch threads set, its device and dtype chosen (and decoder=refiner's device)
+    and its backend (``auto``: what this machine has), then ``decoding``, ``guesses`` and the block for at most
+    ``streams`` rollouts in flight of that model, vLLM's request path, and last a vLLM engine's options fitted to the
+    ``memory`` preset with the refiner ``off``, run ``after`` the engine or ``shared`` beside it
+    (terra/config/memory.py, ``plan_memory``: one line instead of a CUDA out-of-memory error when nothing fits; the
+    card is read once, here, and only for a vLLM engine on a GPU under a preset other than ``full``), and the pixels
+    the tokenizer takes at once beside the engine under that preset."""
     model = model or check_model(spec)
+    layout = TokenLayout.from_config(model)
     set_threads(spec.num_threads)
     device = resolve_device(spec.device)
     dtype = auto_dtype(device, spec.dtype)
+    refiner_device = None
+    if spec.decoder == "refiner":  # its own device (refiner.device, checked here), else the run's
+        own = spec.refiner.get("device")
+        refiner_device = resolve_device(check_device(own)) if own else device
     kind = resolve_backend(spec.backend, device)
     asked = spec.backend_options.get("requests", "per_frame")
     sampling = resolve_decoding(spec.sampling, kind, device, streams, asked, model)
@@ -65,15 +76,16 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
     options = spec.backend_options
     if spec.memory != "full" and kind == "vllm" and device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        plan = plan_memory(spec.memory, total, ModelShape.from_config(model), refiner, streams, options, free)
+        plan = plan_memory(spec.memory, total, ModelShape.of(model, layout), refiner, streams, options, free)
         options = {**options, **plan.engine_options()}
+    pixels = tokenizer_pixels(spec.memory)
     spec = spec.replace(device=device, backend=kind, sampling=sampling, backend_options=options)
-    return BackendRun(spec, model, dtype, requests)
+    return BackendRun(spec, model, dtype, requests, layout, pixels, refiner_device)
 
 
 def check_model(spec: RunSpec) -> LlamaActionConfig:
     """The world model's config, read once (terra/models/checkpoint.py), with the spec's ``num_context`` and
-    ``model.overlap`` checked against its window before anything loads."""
+    ``model.overlap`` checked against its window (terra/contract/layout.py) before anything loads."""
     config = read_world_model_config(spec.world_model)
     check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
     return config

@@ -52,8 +52,10 @@ model and rejects wrong rules; tests/generation/test_speculative_hf.py checks th
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.guesses import Transitions
@@ -132,7 +134,6 @@ class SpeculativeFrame:
         self.ahead = torch.empty(0, dtype=torch.long, device=later.device)  # latest draws, next frame's 0 .. n-1
         self._nothing = self.ahead  # no guesses
         self._ahead_noise = torch.empty(0, codebook_size, device=later.device)
-        self._widths: dict[int, torch.Tensor] = {}  # ``[1]`` tensors of a pass's number of guesses
 
     @property
     def done(self) -> bool:
@@ -184,37 +185,9 @@ class SpeculativeFrame:
         """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
         refill with :func:`next_guesses`; return the number of tokens committed. ``ahead_logits [len(ahead_drafts)
         + 1, vocab]`` (when the pass ran past the frame's end) are the rows of the next frame's first positions:
-        their draws become that frame's first guesses, never codes of this one."""
-        if ahead_logits is not None:
-            self._draw_ahead(ahead_logits, self._ahead_rows(ahead_logits.shape[0]))
-        width = min(self.draft_tokens, self.size - self.count)
-        rows = min(width + 1, self.size - self.count)  # a row past the frame's end would be an action slot
-        drawn = sample_image_tokens(logits if rows == logits.shape[0] else logits[:rows], self.codebook_size,
-                                    self.sampling, self._rows(rows))
-        if rows > width:
-            samples = drawn[None]
-        else:  # the frame's last pass: no row for the position after its last guess
-            samples = torch.cat([drawn, drawn.new_full((1,), -1)])[None]
-        num_guesses = self._widths.get(width)
-        if num_guesses is None:
-            num_guesses = self._widths[width] = torch.tensor([width], dtype=torch.int32, device=logits.device)
-        accepted = accepted_guesses(samples, self.guesses[None, :width], num_guesses)
-        emitted = min(int(accepted) + 1, rows)
-        if self._memory is not None and emitted < rows:  # row j drew position count + j after the token fed there
-            fed = torch.cat([self.last_token(), self.guesses[:width]])  # rows before ``emitted`` are committed
-            self._memory.record(self._positions(self.count + emitted, rows - emitted), fed[emitted:rows],
-                                drawn[emitted:rows])
-        self._codes[self.count : self.count + emitted] = drawn[:emitted]
-        self.count += emitted
-        self.guesses = next_guesses(samples, accepted, num_guesses, self._later(self.count, self.draft_tokens)[None])[0]
-        if self._memory is not None and not self.done:
-            scored = min(self.draft_tokens, self.size - self.count)  # the guesses the next pass feeds
-            before = torch.cat([self.last_token(), self.guesses[: scored - 1]])
-            self.guesses[:scored] = self._memory.recall(self._positions(self.count, scored), before,
-                                                        self.guesses[:scored])
-        self._noise = self._noise[emitted:]
-        self.passes += 1
-        return emitted
+        their draws become that frame's first guesses, never codes of this one. :func:`advance_frames` with this
+        frame alone."""
+        return advance_frames([self], [logits], [ahead_logits])[0]
 
     def codes(self) -> torch.Tensor:
         """The frame's ``P`` committed codes (once :attr:`done`; before, those committed so far)."""
@@ -229,11 +202,6 @@ class SpeculativeFrame:
         if start + count <= self.size:
             return self.later[start : start + count]
         return self.later[self._positions(start, count)]
-
-    def _draw_ahead(self, logits: torch.Tensor, noise: torch.Tensor | None) -> None:
-        """Draw the next frame's positions ``0 .. len(logits) - 1`` from their rows with that frame's ``noise``."""
-        drawn = sample_image_tokens(logits, self.codebook_size, self.sampling, noise)
-        self.ahead = torch.cat([drawn, self.ahead[logits.shape[0]:]])
 
     def _ahead_rows(self, rows: int) -> torch.Tensor | None:
         """The noise of the next frame's positions ``0 .. rows - 1``: each drawn once, and handed over with the
@@ -259,3 +227,61 @@ class SpeculativeFrame:
         end = first + min(max(rows, NOISE_ELEMENTS // self.codebook_size), self.size - first)
         fresh = gumbel_noise(self.seed, frame, range(first + have, end), self.codebook_size, kept.device)
         return torch.cat([kept, fresh])
+
+
+def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Tensor],
+                   ahead_logits: Sequence[torch.Tensor | None]) -> list[int]:
+    """One pass of each of ``frames`` taken at once (:meth:`SpeculativeFrame.advance` of each, the same codes): each
+    frame's rows drawn with its own noise (a frame's rows at a time: on a CPU a block's scores stay in the cache,
+    where all frames' together would not), then acceptance and refill in one call for all, so a backend stepping many
+    rollouts does the rule's work once a step, not once a rollout. ``logits[i]`` and ``ahead_logits[i]`` are frame
+    ``i``'s, as :meth:`SpeculativeFrame.advance` takes them; returns the tokens each frame committed."""
+    ahead = [(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None]
+    if ahead:
+        _draw_ahead(ahead)
+    widths = [min(frame.draft_tokens, frame.size - frame.count) for frame in frames]
+    rows = [min(width + 1, frame.size - frame.count) for frame, width in zip(frames, widths)]  # none past the end
+    drawn = [sample_image_tokens(scores if count == scores.shape[0] else scores[:count], frame.codebook_size,
+                                 frame.sampling, frame._rows(count))
+             for frame, scores, count in zip(frames, logits, rows)]
+    device = drawn[0].device
+    columns = max(widths) + 1  # a frame's last pass has no row after its last guess: -1 there
+    samples = _stacked(drawn, -1)
+    if samples.shape[1] < columns:
+        samples = torch.nn.functional.pad(samples, (0, columns - samples.shape[1]), value=-1)
+    fed = _stacked([frame.guesses[:width] for frame, width in zip(frames, widths)])
+    num_guesses = torch.tensor(widths, dtype=torch.int32, device=device)
+    accepted = accepted_guesses(samples, fed, num_guesses)
+    emitted = [min(a + 1, r) for a, r in zip(accepted.tolist(), rows)]
+    for frame, width, count, tokens, taken in zip(frames, widths, rows, drawn, emitted):
+        if frame._memory is not None and taken < count:  # row j drew position count + j after the token fed there
+            before = torch.cat([frame.last_token(), frame.guesses[:width]])  # rows before ``taken``: committed
+            frame._memory.record(frame._positions(frame.count + taken, count - taken), before[taken:count],
+                                 tokens[taken:count])
+        frame._codes[frame.count : frame.count + taken] = tokens[:taken]
+        frame.count += taken
+    later = _stacked([frame._later(frame.count, frame.draft_tokens) for frame in frames])
+    refilled = next_guesses(samples, accepted, num_guesses, later)
+    for frame, guesses, taken in zip(frames, refilled, emitted):
+        frame.guesses = guesses[: frame.draft_tokens]
+        if frame._memory is not None and not frame.done:
+            scored = min(frame.draft_tokens, frame.size - frame.count)  # the guesses the next pass feeds
+            before = torch.cat([frame.last_token(), frame.guesses[: scored - 1]])
+            frame.guesses[:scored] = frame._memory.recall(frame._positions(frame.count, scored), before,
+                                                          frame.guesses[:scored])
+        frame._noise = frame._noise[taken:]
+        frame.passes += 1
+    return emitted
+
+
+def _draw_ahead(ahead: list[tuple[SpeculativeFrame, torch.Tensor]]) -> None:
+    """Each frame's next frame's positions ``0 .. len(logits) - 1`` drawn from the rows a pass ran past its end
+    (frame, ``ahead_logits``), with that frame's noise: its first guesses there (:meth:`SpeculativeFrame.handover`)."""
+    for frame, rows in ahead:
+        tokens = sample_image_tokens(rows, frame.codebook_size, frame.sampling, frame._ahead_rows(rows.shape[0]))
+        frame.ahead = torch.cat([tokens, frame.ahead[rows.shape[0]:]])
+
+
+def _stacked(rows: list[torch.Tensor], fill: int = 0) -> torch.Tensor:
+    """1-D ``rows`` as the rows of one tensor, the shorter ones filled on with ``fill`` (a lone row: a view of it)."""
+    return rows[0][None] if len(rows) == 1 else pad_sequence(rows, batch_first=True, padding_value=fill)

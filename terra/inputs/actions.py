@@ -16,7 +16,8 @@ terra/inputs/routes.py reads; any other key is refused with a guess at the one m
 (a header row naming ``x, y`` and optionally ``t``/``timestamp`` and ``yaw``; UTF-8 with or without a byte-order
 mark). Files are read through terra/config/files.py (regular files of bounded size, strict JSON); every number must
 be a number (not a string or a boolean: terra/contract/actions.py, ``finite_array``), finite and within the ranges
-of terra/inputs/trajectory.py and terra/contract/actions.py.
+of terra/inputs/trajectory.py and terra/contract/actions.py. A run's input files are checked once before anything
+loads (:func:`check_input_files`: the trajectory file with the context frames' paths), and read once later.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from terra.config.checks import MAX_FRAMES, Range, check_keys, shown
 from terra.core.errors import TerraInputError
-from terra.config.files import MAX_TRAJECTORY_BYTES, load_json, open_input_file, read_input_text
+from terra.config.files import (
+    MAX_TRAJECTORY_BYTES, check_context_paths, load_json, open_input_file, read_input_text,
+)
 from terra.contract.actions import (
     ACTION_POINT_INDICES, ACTION_TIMES, FRAME_RATE_HZ, FUTURE_POINTS, NUM_ACTION_TOKENS, finite_array, in_reach,
     number_from_text, validate_actions,
@@ -117,13 +120,18 @@ def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[An
     return value, validate_actions(actions, source, num_frames or 1)
 
 
-def check_trajectory_file(path: str | Path) -> None:
-    """A trajectory file as it can be checked before anything loads: a known type, a regular file of at most
-    :data:`~terra.config.files.MAX_TRAJECTORY_BYTES` (its content is read once, when the rollout's frames are
-    known: :func:`load_actions`)."""
-    if Path(path).suffix.lower() not in TRAJECTORY_SUFFIXES:
-        raise TerraInputError(f"trajectory file {path} has an unknown type; use .json, .csv or .npy")
-    open_input_file(path, "trajectory file", MAX_TRAJECTORY_BYTES).close()
+def check_input_files(context: str | Sequence[str] | None, trajectory: str | Path | None) -> None:
+    """A run's input files as they can be checked before anything loads, nothing decoded: the ``context`` paths (a
+    folder, a regular file or a glob that matches: terra/config/files.py, ``check_context_paths``; a FIFO or a typo
+    fails at once) and the ``trajectory`` file, a known type and a regular file of at most
+    :data:`~terra.config.files.MAX_TRAJECTORY_BYTES` (its content is read once, when the rollout's frames are known:
+    :func:`load_trajectory`). None: no such input."""
+    if context is not None:
+        check_context_paths(context)
+    if trajectory is not None:
+        if Path(trajectory).suffix.lower() not in TRAJECTORY_SUFFIXES:
+            raise TerraInputError(f"trajectory file {trajectory} has an unknown type; use .json, .csv or .npy")
+        open_input_file(trajectory, "trajectory file", MAX_TRAJECTORY_BYTES).close()
 
 
 def read_trajectory_file(path: Path) -> Any:

@@ -87,15 +87,26 @@ def test_max_concurrent_auto_reads_the_same_table(monkeypatch):
     assert decoding.auto_streams("hf", "cpu") is None  # would batch sequential rollouts instead
 
 
-def test_passes_per_step_null_is_three_in_an_engine_of_one_rollout_and_one_elsewhere():
+def test_passes_per_step_null_is_three_where_the_host_bounds_a_step_and_one_elsewhere():
     """``backend.options.passes_per_step=null`` (conf/backend/vllm.yaml's default): the passes its measurements chose
-    (benchmarks/decoding.md, "FlashAttention's splits in an engine of one rollout"), checked as any option's value
-    is."""
+    (benchmarks/decoding.md, "FlashAttention's splits in an engine of one rollout", "Several passes a step"): three
+    in an engine of one rollout; in a larger one three where the host bounds a step of every rollout's block (the
+    demo model, whose 8 rollouts ran 1.33x faster at three), one where the GPU does (Terra's 2 B shape); checked as
+    any option's value is."""
+    from types import SimpleNamespace
+
     from terra.config.backend import check_backend
     from terra.core.errors import TerraInputError
+    from terra.models.checkpoint import read_world_model_config
 
     assert decoding.ONE_ROLLOUT_PASSES == 3
-    assert [decoding.auto_passes_per_step(n) for n in (1, 2, 4, 64, 4096)] == [3, 1, 1, 1, 1]
+    assert [decoding.auto_passes_per_step(n) for n in (1, 2, 4, 64, 4096)] == [3, 1, 1, 1, 1]  # no model: one
+    demo = read_world_model_config(str(ROOT / "terra" / "assets" / "demo" / "world_model"))
+    assert [decoding.auto_passes_per_step(n, 144, demo) for n in (1, 8, 16, 64)] == [3, 3, 3, 3]
+    terra = SimpleNamespace(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32,
+                            num_key_value_heads=4, head_dim=64, vocab_size=262145, num_temporal_embeddings=25,
+                            num_spatio_embeddings=582, num_image_patches=576, num_action_tokens=6)
+    assert [decoding.auto_passes_per_step(n, 32, terra) for n in (1, 16, 64)] == [3, 1, 1]
     assert check_backend("vllm", {"passes_per_step": None})[1]["passes_per_step"] is None
     assert check_backend("vllm", {"passes_per_step": 4})[1]["passes_per_step"] == 4
     with pytest.raises(TerraInputError, match="passes_per_step"):
@@ -231,7 +242,7 @@ def test_guesses_auto_is_what_the_backend_runs_and_vllm_refuses_the_others(monke
 def test_a_run_decides_the_block_once_for_its_model(tiny_model_dir, single_thread):
     """resolve_run makes draft_tokens=auto the block for the model read and the rollouts in flight; the backend runs
     it for every call's auto and records it, never auto."""
-    from terra.pipeline import resolve_run
+    from terra.run import resolve_run
 
     spec = RunSpec(tiny_model_dir, "", backend="hf", device="cpu")
     assert spec.sampling.draft_tokens == "auto" and spec.sampling.guesses == "auto"

@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from terra.config.backend import check_backend
 from terra.config.memory import (BF16_LAYERS, CANDIDATES, ENGINE_OVERHEAD, FP8_WEIGHTS, GIB, MAIN_PROCESS, REFINER_PEAK,
                                  SHARE_STEP, ModelShape, check_memory, engine_share, fp8_weights_config, plan_memory,
-                                 smallest_card, tokenizer_batch)
+                                 smallest_card, tokenizer_pixels)
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.errors import TerraInputError
@@ -249,13 +249,27 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
     288x512, four of the demo tokenizer's 144x256, one of anything larger; beside vLLM's own 90 % (memory=full) four
     times as many pixels; a pipeline built by itself takes memory=full's batch, one built for a run its memory's."""
     from terra.generation.backends import model_backend
-    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.pipeline import WorldModelPipeline
+    from terra.run import resolve_run
     from terra.tokenizer import load_tokenizer
 
+    class Frames:  # a tokenizer of frames of ``image_size``, all the pipeline asks of it here
+        def __init__(self, image_size):
+            self.image_size = image_size
+
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+    def batch(size, memory):
+        return WorldModelPipeline(Frames(size), None, tokenizer_pixels=tokenizer_pixels(memory)).tokenizer_batch_size
+
     sizes = ((288, 512), (144, 256), (576, 1024), (16, 16))
-    assert [tokenizer_batch(size, "16GiB") for size in sizes] == [1, 4, 1, 576]
-    assert [tokenizer_batch(size, "auto") for size in sizes] == [1, 4, 1, 576]
-    assert [tokenizer_batch(size, "full") for size in sizes] == [4, 16, 1, 2304]
+    assert [batch(size, "16GiB") for size in sizes] == [1, 4, 1, 576]
+    assert [batch(size, "auto") for size in sizes] == [1, 4, 1, 576]
+    assert [batch(size, "full") for size in sizes] == [4, 16, 1, 2304]
     tokenizer = load_tokenizer("terra/assets/demo/tokenizer")
     model = LlamaActionForCausalLM(LlamaActionConfig(**{**TERRA, "hidden_size": 64, "intermediate_size": 64,
                                                         "num_hidden_layers": 1, "num_attention_heads": 1,

@@ -63,6 +63,32 @@ def test_speculative_equals_sequential_across_window_rollovers(backend, sequenti
     assert stats.tokens_per_pass == pytest.approx(9 * P / stats.passes)
 
 
+def test_rollouts_of_other_blocks_guesses_and_samplings_stepped_together_keep_their_codes(backend, sequential):
+    """A step is one pass of every rollout in flight, their draws, acceptance and refill taken together
+    (terra/generation/speculative.py, ``advance_frames``): rollouts of other blocks (one past the frame: lookahead),
+    guesses and samplings, each frame in its own pass, keep sequential decoding's codes."""
+    speculative = SAMPLED.replace(decoding="speculative")
+    runs = [(request(3), speculative.replace(draft_tokens=5, guesses="transitions"), "sampled", 0),
+            (request(3), GREEDY.replace(decoding="speculative", draft_tokens=200), "greedy", 0),
+            (request(4, num_context=1, num_frames=7), speculative.replace(draft_tokens=64), "sampled", 1),
+            (request(3), speculative.replace(draft_tokens=16, guesses="previous"), "sampled", 0)]
+    states = [backend.start(r) for r, *_ in runs]
+    samplings = {id(state): sampling for state, (_, sampling, _, _) in zip(states, runs)}
+    for state in states:
+        backend.submit(state, samplings[id(state)])
+    steps = 0
+    while backend.num_queued:
+        steps += 1
+        for done in backend.poll():
+            if done.state.finished:
+                backend.release(done.state)
+            else:
+                backend.submit(done.state, samplings[id(done.state)])
+    for state, (_, _, name, index) in zip(states, runs):
+        np.testing.assert_array_equal(state.generated(), sequential[name][index])
+    assert steps == max(sum(state.passes) for state in states)  # every rollout in flight took a pass each step
+
+
 @pytest.mark.parametrize("guesses", ["auto", "previous", "transitions"])
 def test_a_frame_cancelled_mid_way_and_forks_leave_the_codes_sequential(backend, sequential, guesses):
     """A rollout's window cache (terra/generation/kv.py) is written on in place by its next frames: a frame cancelled

@@ -191,9 +191,9 @@ def check_output(path: Path, flag: str, inputs: Iterable[Path] = (), *, folder: 
     """``path``, a file to write, checked before any work: its folder exists and is writable, it is not a folder, and
     it is none of ``inputs`` nor inside an input folder; otherwise one line naming ``flag``. ``folder``: ``path`` is a
     folder the script makes (parents too) or adds to, checked as the apps' output folders are
-    (terra/config/outputs.py)."""
+    (terra/config/output_dir.py)."""
     if folder:
-        from terra.config.outputs import check_output_dir
+        from terra.config.output_dir import check_output_dir
 
         check_output_dir(path, (), flag)
     else:

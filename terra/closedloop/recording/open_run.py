@@ -34,10 +34,11 @@ class OpenWorlds:
 def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
     """The worlds ``names`` (default: every world ``settings.worlds`` names; the model's too when another world drawn
     by its engine is named, ``settings.model_worlds``; the rest built by ``settings.other_world``), on the device
-    its settings choose (once: terra/pipeline.py, ``resolve_run``); the world model's checkpoint and window are
+    its settings choose (once: terra/run.py, ``resolve_run``); the world model's checkpoint and window are
     checked against the settings before it loads, and the user's worlds built before it
     (terra/closedloop/user_world.py). ``tokenizer``: the run's, when the caller loaded it already."""
-    from terra.pipeline import WorldModelPipeline, resolve_run
+    from terra.pipeline import WorldModelPipeline
+    from terra.run import resolve_run
     from terra.tokenizer import load_tokenizer
 
     run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once

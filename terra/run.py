@@ -1,0 +1,38 @@
+"""A run made concrete once for this process: :func:`resolve_run` and the :class:`ResolvedRun` it makes, which
+:meth:`~terra.pipeline.WorldModelPipeline.from_run` builds and the apps carry (``terra-generate``, ``-serve``,
+``-rollout`` and its Ray actors, ``-drive``, ``-evaluate``, ``-alpasim``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from terra.config.spec import RunSpec
+from terra.generation.resolve import BackendRun, resolve_backend_run
+from terra.models import LlamaActionConfig
+from terra.refiner import RefinerSettings, refiner_settings
+
+
+@dataclass(frozen=True)
+class ResolvedRun(BackendRun):
+    """A run as this process makes it, once (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds.
+    Its backend's every setting concrete (terra/generation/resolve.py, ``BackendRun``: ``spec`` with the threads,
+    device, backend, decoding, block, guesses and memory plan, ``model``, ``dtype``, ``requests``, and the facts
+    handed down with them: the token ``layout``, the tokenizer's pixels at once, the refiner's device) and beside
+    them ``decoder=refiner``'s settings."""
+
+    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
+
+
+def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
+                refine_after: bool = False) -> ResolvedRun:
+    """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
+    order for every app: its backend's settings in one step (terra/generation/resolve.py, ``resolve_backend_run``:
+    the model's config read and its window checked, unless ``model`` is that config as the run already read it (a
+    Ray actor gets it from its driver), its token layout, threads, device, dtype and backend, the refiner's device,
+    decoding, guesses and block for at most ``streams`` rollouts in flight of that model, vLLM's request path, the
+    engine's options fitted to the ``memory`` preset with the refiner beside the engine unless ``refine_after``: the
+    app refines once the engine is closed, as terra-generate does), then ``decoder=refiner``'s settings checked on
+    the device chosen (terra/refiner.py)."""
+    place = "off" if spec.decoder == "tokenizer" else "after" if refine_after else "shared"
+    run = resolve_backend_run(spec, streams, model, place)
+    return ResolvedRun(**vars(run), refiner=refiner_settings(run.spec, run.refiner_device))
