@@ -110,6 +110,8 @@ class Drive:
     handle: Any = None
     references: np.ndarray | None = None  # the world's view of the truth at the drive's poses, from the world's
     # reference_frames when it has one (terra/closedloop/worlds.py), taken as the drive ends
+    truths: dict[bytes, np.ndarray] | None = None  # the true renders the world made at the drive's world poses, by
+    # pose (terra/closedloop/worlds.py, true_renders), taken as the drive ends: its measurement renders the rest
     route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
     # world's route_source when it has one (terra/closedloop/worlds.py, ModelWorld)
 
@@ -300,17 +302,20 @@ def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> N
 
 
 def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
-    """Free the drives' sessions and policies (a good drive takes the world's reference frames first, when the world
-    keeps them); the policies' closes run at once, each within ``policy_timeout_s``
+    """Free the drives' sessions and policies (a good drive takes the world's reference frames and its true renders
+    first, when the world keeps them); the policies' closes run at once, each within ``policy_timeout_s``
     (drivers that never answer cost the run that long once, not once a drive). A policy that fails to close leaves
     a warning on its drive: what it recorded stands."""
     calls = []
     references = getattr(world, "reference_frames", None)
+    truths = getattr(world, "true_renders", None)
     for drive in drives:
         try:
             if drive.handle is not None:
                 if references is not None and drive.ok:
                     drive.references = references(drive.handle)
+                if truths is not None and drive.ok:
+                    drive.truths = truths(drive.handle)
                 world.close(drive.handle)
         except Exception:  # noqa: BLE001  (the world's session is gone either way)
             pass

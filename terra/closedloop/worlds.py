@@ -12,7 +12,8 @@ A world may also say what the truth looks like through it (``reference_frames``)
 ``references=True`` (the fidelity study), renders the true scene at each pose and passes it through its tokenizer, so
 that its frames are measured against a perfect world model of the same tokenizer, not against pixels no tokenizer
 can give back (terra/closedloop/outcomes/frames.py: the road-plane odometry reads the true frames' motion through the
-demo tokenizer as 0.6 to 0.9 of it).
+demo tokenizer as 0.6 to 0.9 of it). A world that renders the truth at the car's poses anyway may hand those renders
+on (``true_renders``: by :func:`pose_key`), so that the drive's measurement does not render them again.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class Road(Protocol):
 WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World must have (name, counters: optional)
 
 
+def pose_key(pose: np.ndarray) -> bytes:
+    """A true render's key: the exact float64 bytes of the world pose ``[x, y, yaw]`` it was rendered at (a render
+    is a pure function of the scene and the pose: terra/sim/renderer.py)."""
+    return np.asarray(pose, dtype=np.float64).tobytes()
+
+
 @dataclass
 class ModelDrive:
     """A drive in the model world: its session's rollout, its context codes, the sampling it steps with and the
@@ -77,6 +84,7 @@ class ModelDrive:
     road: Road  # what tells the drive's routes (the scenario itself, but for the route controls)
     keeps_references: bool = False  # its true frames kept, its scene known (ModelWorld.references)
     references: list[np.ndarray] = field(default_factory=list)  # the true frames through the tokenizer, step by step
+    truths: dict[bytes, np.ndarray] = field(default_factory=dict)  # the true frames themselves, by pose (pose_key)
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, h, w]``, context first."""
@@ -139,6 +147,10 @@ class ModelWorld:
             return None
         return np.stack([self.context_frames(drive)[-1], *drive.references])
 
+    def true_renders(self, drive: ModelDrive) -> dict[bytes, np.ndarray] | None:
+        """The true renders its references were made from, by pose (:func:`pose_key`; None: no references kept)."""
+        return drive.truths if drive.keeps_references else None
+
     def context_frames(self, drive: ModelDrive) -> np.ndarray:
         """The context as the model sees it: the tokenizer's reconstruction of the context codes."""
         return self.pipeline.decode(drive.context)
@@ -177,6 +189,8 @@ class ModelWorld:
             return
         truth = np.stack([render(drive.scenario.scene, np.asarray(pose, dtype=np.float64), *size)
                           for drive, pose in kept])
+        for (drive, pose), rendered in zip(kept, truth):
+            drive.truths[pose_key(pose)] = rendered
         for (drive, _), frame in zip(kept, self.pipeline.decode(self.pipeline.encode(frames_to_tensor(truth)))):
             drive.references.append(frame)
 

@@ -182,14 +182,19 @@ def _lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, block: i
 
     As ``|w|^2 + |b|^2 - 2 w.b``, the dot products of a block of world frames with the true frames within
     ``max_lag`` of them being one matrix product. Exact: in float64, every product and partial sum is an integer
-    below 2^53 (up to 10^11 values a frame), whatever the order of summation."""
-    steps = len(world)
+    below 2^53 (up to 10^11 values a frame), whatever the order of summation. The blocks are made in two float64
+    buffers made once (a fresh array of a block's size costs more in page faults than its product)."""
+    steps, pixels = world.shape
     out = np.full((steps, 2 * max_lag + 1), np.nan)
     lags = np.arange(-max_lag, max_lag + 1)
+    world_block = np.empty((min(block, steps), pixels))
+    truth_block = np.empty((min(block + 2 * max_lag, steps), pixels))
     for start in range(0, steps, block):
         stop = min(start + block, steps)
         low, high = max(start - max_lag, 0), min(stop + max_lag, steps)
-        w, b = world[start:stop].astype(np.float64), truth[low:high].astype(np.float64)
+        w, b = world_block[:stop - start], truth_block[:high - low]
+        np.copyto(w, world[start:stop])
+        np.copyto(b, truth[low:high])
         cross = w @ b.T
         t = np.arange(start, stop)[:, None]
         other = t - lags  # the true frame t - k

@@ -26,7 +26,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from terra.fidelity.odometry import MIN_MATCH, estimate_motions
+from terra.fidelity.odometry import MIN_MATCH, estimate_series
 from terra.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, regression_slope
 
 BLOCK_STEPS = 10  # a second at 10 Hz: the steps of a drive resampled together for one drive's intervals
@@ -77,13 +77,14 @@ def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MA
                          f"(got {frames.shape} and {commanded.shape})")
     recovered = np.full(commanded.shape, np.nan)
     match = np.full(len(commanded), np.nan)
-    for t, motion in enumerate(estimate_motions(frames, min_match)):
+    series = estimate_series([frames] if reference is None else [frames, np.asarray(reference)], min_match)
+    for t, motion in enumerate(series[0]):
         if motion is not None:
             recovered[t], match[t] = motion.as_array(), motion.match
     truth = None
     if reference is not None:
         truth = np.full(commanded.shape, np.nan)
-        for t, motion in enumerate(estimate_motions(np.asarray(reference), min_match)):
+        for t, motion in enumerate(series[1]):
             if motion is not None:
                 truth[t] = motion.as_array()
     return Following(commanded, recovered, match, truth)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from scipy import ndimage
@@ -197,16 +197,40 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
 
 def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH) -> list[Motion | None]:
     """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next: the same motions, each frame's
-    luminance and ground grids made once for the two pairs it belongs to."""
-    frames = np.asarray(frames)
-    if frames.ndim != 4 or frames.shape[3] != 3:
-        raise ValueError(f"frames must be [T + 1, H, W, 3] images (got {frames.shape})")
-    motions, before = [], None
-    for t in range(len(frames) - 1):
-        before = _Ground(frames[t]) if before is None else before
-        after = _Ground(frames[t + 1])
-        motions.append(_motion(before, after, min_match, MIN_SKY_LUMINANCE))
-        before = after
+    luminance and ground grids made once for the two pairs it belongs to (:func:`estimate_series`)."""
+    return estimate_series([frames], min_match)[0]
+
+
+def estimate_series(series: Sequence[np.ndarray], min_match: float = MIN_MATCH) -> list[list[Motion | None]]:
+    """:func:`estimate_motions` of each of ``series`` (frames ``[T + 1, H, W, 3]`` of one drive, frame t of each
+    seen at the same pose: a world's and the truth's), the same motions with each motion estimated once among pairs of
+    frames equal byte for byte: a pair an earlier series shows at the same step, or the pair before (a world that
+    shows one frame again and again); a frame shown again keeps its ground. Series by series, pair by pair, as
+    :func:`estimate_motions` goes (each frame's ground serves the two pairs it belongs to while it is in cache)."""
+    series = [np.asarray(frames) for frames in series]
+    for frames in series:
+        if frames.ndim != 4 or frames.shape[3] != 3 or len(frames) != len(series[0]):
+            raise ValueError(f"frames must be [T + 1, H, W, 3] images, as many in each series (got {frames.shape})")
+    motions: list[list[Motion | None]] = []
+    for s, frames in enumerate(series):
+        again = [t > 0 and frames[t].tobytes() == frames[t - 1].tobytes() for t in range(len(frames))]
+        shown = [{o for o in range(s) if series[o][t].tobytes() == frames[t].tobytes()} for t in range(len(frames))]
+        first = list(range(len(frames)))  # the first frame of the run of equal frames each frame is in
+        for t in range(1, len(frames)):
+            first[t] = first[t - 1] if again[t] else t
+        grounds: dict[int, _Ground] = {}
+        found: list[Motion | None] = []
+        for t in range(len(frames) - 1):
+            earlier = shown[t] & shown[t + 1]
+            if earlier:
+                found.append(motions[min(earlier)][t])
+            elif t and again[t] and again[t + 1]:
+                found.append(found[t - 1])
+            else:
+                before, after = (grounds.get(first[k]) or _Ground(frames[k]) for k in (t, t + 1))
+                grounds = {first[t]: before, first[t + 1]: after}
+                found.append(_motion(before, after, min_match, MIN_SKY_LUMINANCE))
+        motions.append(found)
     return motions
 
 

@@ -37,8 +37,8 @@ def test_help_and_one_line_errors(tmp_path):
                        (["world=truth", "scenarios=/no/such/folder"], "does not exist"),
                        (["num_steps=0"], "num_steps"),
                        (["vehicle=car"], "unknown vehicle 'car'; choose one of: bicycle, exact"),
-                       (["exploitability=true"], "exploitability=true is part of the fidelity study in this process: "
-                                                 "it needs world=both and executor=local (got world=model"),
+                       (["exploitability=true"], "exploitability=true is part of the fidelity study: it needs "
+                                                 "world=both (got world=model)"),
                        (["world=both", "num_scenarios=1", "exploitability=true"], "it needs num_scenarios >= 2"),
                        (["world=both", "num_scenarios=2", "num_control_scenarios=3"],
                         "num_control_scenarios=3 is how many of the study's num_scenarios=2 the controls drive"),
@@ -85,7 +85,7 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             cfg = compose("drive", overrides=[f"study={preset}", "num_threads=1"])
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("terra.closedloop.study.settings.needs_gpu", lambda preset, device, processes: None)
+            patch.setattr("terra.closedloop.study.settings.needs_gpu", lambda *args: None)
             found[preset] = terra_drive_settings(cfg, tmp_path / preset)
         assert isinstance(found[preset], StudySettings) and not found[preset].drive.videos
     cpu, gpu = found["cpu"], found["gpu"]

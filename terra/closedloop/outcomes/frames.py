@@ -1,8 +1,9 @@
 """What one drive's frames say about its world, measured against the true world's renders at the drive's poses.
 
 For a drive in any world but the true one, on a synthetic scenario: the scene rendered at each pose the car reached
-(terra/sim/renderer.py) is what a faithful world would have shown there, so every difference is the world's. Per
-drive (terra/fidelity/, where each measurement is defined and calibrated):
+(terra/sim/renderer.py) is what a faithful world would have shown there, so every difference is the world's (the
+renders the world made at those poses itself, the drive's ``truths``, are taken as they are: a render is a pure
+function of the scene and the pose). Per drive (terra/fidelity/, where each measurement is defined and calibrated):
 
 * **action following**: the motion recovered from each pair of consecutive frames against the motion commanded
   between their poses, and the motion recovered from the reference frames at the same poses, which the world's gains
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from terra.closedloop.loop import Drive
+from terra.closedloop.worlds import pose_key
 from terra.fidelity.agreement import (
     MAX_LAG, Lag, LaneAgreement, frame_changes, frame_fidelity, lane_agreement, temporal_lag,
 )
@@ -44,7 +46,9 @@ def measure_frames(drive: Drive) -> dict[str, Any] | None:
     frames = np.stack(drive.frames[drive.num_context - 1:])  # the last context frame, then each step's
     poses = drive.world_poses()  # [steps + 1, 3]: the last context frame's pose first
     height, width = frames.shape[1:3]
-    truth = np.stack([render(scene, pose, height, width) for pose in poses])  # the last context frame's pose first
+    renders = drive.truths or {}  # those the world made (terra/closedloop/worlds.py, true_renders)
+    truth = np.stack([renders.get(pose_key(pose)) if pose_key(pose) in renders else render(scene, pose, height, width)
+                      for pose in poses])  # the last context frame's pose first
     kept = drive.references
     through = kept is not None and len(kept) >= len(poses)  # the truth through the world's tokenizer
     reference = np.asarray(kept[:len(poses)]) if through else truth

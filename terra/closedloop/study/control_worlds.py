@@ -41,13 +41,14 @@ it). :func:`control_world` builds one by name; a control is added by a class her
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.study.control_roads import fed_motion_road, foreign_road, no_road
-from terra.closedloop.worlds import ModelWorld, Road, TrueWorld
+from terra.closedloop.worlds import ModelWorld, Road, TrueWorld, pose_key
 from terra.core.errors import TerraInputError
 
 GRAY_LEVEL = 128
@@ -90,17 +91,53 @@ class GrayWorld(FrozenWorld):
         return [np.full((*self.image_size, 3), GRAY_LEVEL, dtype=np.uint8) for _ in drives]
 
 
-class MirroredWorld(TrueWorld):
+@dataclass
+class KeptDrive:
+    """A drive of a control world whose frames are made of true renders at poses the car reached: its scenario, the
+    control's own state, and those renders by pose (terra/closedloop/worlds.py, ``pose_key``), handed to the drive's
+    measurement, which then renders them no more (terra/closedloop/outcomes/frames.py)."""
+
+    scenario: Scenario
+    state: Any = None
+    renders: dict[bytes, np.ndarray] = field(default_factory=dict)
+
+
+class KeepingWorld(TrueWorld):
+    """A true world whose drives keep the renders it makes (:meth:`rendered`) at poses the car reached."""
+
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> KeptDrive:
+        return KeptDrive(super().open(scenario, seed, max_frames), self.start(scenario))
+
+    def start(self, scenario: Scenario) -> Any:
+        """The control's state at a drive's start (none)."""
+        return None
+
+    def context_frames(self, drive: KeptDrive) -> np.ndarray:
+        return super().context_frames(drive.scenario)
+
+    def rendered(self, drives: Sequence[KeptDrive], poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]:
+        """The true renders at world ``poses`` the car reached, each kept on its drive."""
+        frames = TrueWorld.step(self, [drive.scenario for drive in drives], None, poses)
+        for drive, pose, frame in zip(drives, poses, frames):
+            if not isinstance(frame, BaseException):
+                drive.renders[pose_key(pose)] = frame
+        return frames
+
+    def true_renders(self, drive: KeptDrive) -> dict[bytes, np.ndarray]:
+        return drive.renders
+
+
+class MirroredWorld(KeepingWorld):
     """The true renders at the car's pose, mirrored left-right."""
 
     name = "mirrored"
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         return [f if isinstance(f, BaseException) else np.ascontiguousarray(f[:, ::-1])
-                for f in super().step(drives, actions, poses)]
+                for f in self.rendered(drives, poses)]
 
 
-class LateWorld(TrueWorld):
+class LateWorld(KeepingWorld):
     """The true renders ``delay`` steps late: each step shows the pose the car had ``delay`` steps before (the
     start pose until then)."""
 
@@ -110,19 +147,15 @@ class LateWorld(TrueWorld):
         super().__init__(image_size)
         self.delay = delay
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Any, list[np.ndarray]]:
-        start = np.asarray(scenario.start_pose, dtype=np.float64)
-        return super().open(scenario, seed, max_frames), [start] * self.delay
-
-    def context_frames(self, drive) -> np.ndarray:
-        return super().context_frames(drive[0])
+    def start(self, scenario: Scenario) -> list[np.ndarray]:
+        return [np.asarray(scenario.start_pose, dtype=np.float64)] * self.delay  # the poses shown next
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
-        for (_, past), pose in zip(drives, poses):
-            past.append(np.asarray(pose, dtype=np.float64))
-            shown.append(past.pop(0))
-        return super().step([inner for inner, _ in drives], actions, shown)
+        for drive, pose in zip(drives, poses):
+            drive.state.append(np.asarray(pose, dtype=np.float64))
+            shown.append(drive.state.pop(0))
+        return self.rendered(drives, shown)
 
 
 def shifted_left(pose: np.ndarray, metres: float) -> np.ndarray:
@@ -198,7 +231,7 @@ class TurningWorld(TrueWorld):
         return super().step([scenario for scenario, _ in drives], actions, shown)
 
 
-class StutterWorld(TrueWorld):
+class StutterWorld(KeepingWorld):
     """The true renders, with every ``period``-th step's frame the previous frame again."""
 
     name = "stutter"
@@ -207,18 +240,17 @@ class StutterWorld(TrueWorld):
         super().__init__(image_size)
         self.period = period
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, list]:
-        return super().open(scenario, seed, max_frames), [0, scenario.images[-1]]  # steps, the last frame shown
-
-    def context_frames(self, drive) -> np.ndarray:
-        return super().context_frames(drive[0])
+    def start(self, scenario: Scenario) -> list:
+        return [0, scenario.images[-1]]  # steps, the last frame shown
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
-        frames = super().step([scenario for scenario, _ in drives], actions, poses)
-        for (_, state), frame in zip(drives, frames):
+        frames = self.rendered(drives, poses)
+        for k, (drive, frame) in enumerate(zip(drives, frames)):
+            state = drive.state
             state[0] += 1
             if not isinstance(frame, BaseException):
-                if state[0] % self.period == 0:
+                if state[0] % self.period == 0:  # the last frame again, the render kept as it is
+                    frames[k] = frame = np.empty_like(frame)
                     frame[...] = state[1]
                 state[1] = frame
         return frames
@@ -268,6 +300,9 @@ class ModelControlWorld:
     def reference_frames(self, drive) -> np.ndarray | None:
         """The true frames through the model's tokenizer (terra/closedloop/worlds.py, ``ModelWorld``)."""
         return self.model.reference_frames(drive)
+
+    def true_renders(self, drive) -> dict[bytes, np.ndarray] | None:
+        return self.model.true_renders(drive)
 
     def route_source(self, drive) -> str | None:
         return self.model.route_source(drive)

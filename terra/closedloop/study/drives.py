@@ -1,20 +1,30 @@
 """A fidelity study from its checked settings (terra/closedloop/study/settings.py), made of the drive run's parts
 (terra/closedloop/recording/drives.py): every world's drives made and recorded in its folder, then the report
 (terra/closedloop/study/report.py; with ``exploitability=true`` its exploitability study:
-terra/closedloop/study/exploit.py). :func:`terra_drive` runs what ``terra-drive``'s settings ask for: a study, or a
-run in one world.
+terra/closedloop/study/exploit.py). The drives are made here, first by shard processes of this machine
+(``shard_processes``: terra/closedloop/study/processes.py, the exploitability study made here meanwhile on an engine
+of its own), or by shards on a Ray cluster (``executor=ray``:
+terra/closedloop/study/ray_shards.py, whose report step runs this module's again on a worker). :func:`terra_drive`
+runs what ``terra-drive``'s settings ask for: a study, or a run in one world.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from terra.closedloop.recording.drives import DriveOutcome, drive, start_drives
 from terra.closedloop.recording.settings import DriveSettings
 from terra.closedloop.study.settings import StudySettings
 from terra.closedloop.worlds import TRUTH
 from terra.core.progress import announce
+
+if TYPE_CHECKING:
+    from terra.closedloop.study.exploit import ExploitStudy
 
 
 def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None = None) -> DriveOutcome:
@@ -25,12 +35,14 @@ def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None =
     return drive(settings, progress)
 
 
-def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveOutcome:
-    """Make and record the drives of every world of the study's shard (here, on Ray's actors with ``executor=ray``,
-    or first by shard processes of this machine with ``shard_processes``), then with the whole study the report;
-    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (terra/core/progress.py)."""
+def drive_study(settings: StudySettings, progress: bool | None = None,
+                exploit: ExploitStudy | None = None) -> DriveOutcome:
+    """Make and record the drives of every world of the study's shard (here, first by shard processes of this machine
+    with ``shard_processes``; with ``executor=ray`` by shards on the cluster, the report too), then with the whole
+    study the report; ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log
+    (terra/core/progress.py); ``exploit``: the exploitability study made already (on Ray, beside the shards),
+    reported instead of made here."""
     from terra.closedloop.study.exploit import exploit_study
-    from terra.closedloop.study.processes import drive_in_shards
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
 
     run, folders = settings.drive, settings.folders
@@ -41,15 +53,18 @@ def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveO
     progress = run.progress if progress is None else progress
     run_settings = run.run_settings(progress, folders.top.path)
     announce(study_plan(folders.drive_ids, run.num_steps), progress)
+    if run.executor == "ray":  # the shards, the exploitability study and the report on the cluster's workers
+        from terra.closedloop.study.ray_shards import study_on_ray
+
+        return study_on_ray(settings, drive_study)
     lines, code = [], 0
     if settings.shard_processes.groups:  # the drives made by shard processes first, then the report here
-        total = sum(len(ids) for ids in folders.drive_ids.values())
-        lines, code = drive_in_shards([*settings.overrides, f"output_dir={folders.top.path}"],
-                                      settings.shard_processes, folders.top.path, total)
-    exploit = settings.exploitability and folders.report  # executor=local only (terra/closedloop/study/settings.py)
+        lines, code, exploit = _beside_shards(settings, exploit)
+    here = settings.exploitability and folders.report and exploit is None  # its worlds opened here
     started = start_drives(run, measured_settings(run_settings), {w: f.path for w, f in folders.worlds.items()},
-                           folders.drive_ids, ("model", TRUTH) if exploit else ())
-    study = partial(exploit_study, started.worlds, started.specs, run_settings) if settings.exploitability else None
+                           folders.drive_ids, ("model", TRUTH) if here else ())
+    study = (partial(exploit_study, started.worlds, started.specs, run_settings) if here
+             else (lambda: exploit) if settings.exploitability else None)
     try:
         report, runs = study_run(started.runner, run_settings, folders, study, settings.within_horizon)
         lines += [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
@@ -66,3 +81,42 @@ def drive_study(settings: StudySettings, progress: bool | None = None) -> DriveO
         return DriveOutcome(lines, max(code, 1 if any(r.counts["failed"] for r in runs.values()) else 0))
     finally:
         started.closing.close()
+
+
+def _beside_shards(settings: StudySettings, exploit: ExploitStudy | None) -> tuple[list[str], int, ExploitStudy | None]:
+    """The study's drives made by its shard processes (terra/closedloop/study/processes.py) and, when its report needs
+    the exploitability study and none was made, that study made here meanwhile on an engine of its own (its share of
+    the first card beside the shards' engines, ``shard_plan``; terra/closedloop/study/exploit.py, ``exploit_beside``):
+    the shards' lines, their worst exit code and the exploitability study. The engine opens on this thread (the
+    shards are followed on another), so a shard that fails is told once the exploitability study is made."""
+    from terra.closedloop.study.exploit import exploit_beside
+    from terra.closedloop.study.processes import drive_in_shards, engine_share, shard_plan
+
+    folders, processes = settings.folders, settings.shard_processes
+    shards = ([*settings.overrides, f"output_dir={folders.top.path}"], processes, folders.top.path,
+              sum(len(ids) for ids in folders.drive_ids.values()))
+    if exploit is not None or not (settings.exploitability and folders.report):
+        return (*drive_in_shards(*shards), exploit)
+    per_card = shard_plan(processes.groups, beside=1)[2]
+    spec = settings.drive.run
+    share = engine_share(processes.kv_cache_gib, per_card or 1) if spec.backend == "vllm" else {}
+    run = replace(settings.drive, run=spec.replace(backend_options={**spec.backend_options, **share}))
+    driven: Future = Future()
+    follower = threading.Thread(target=_made, args=(driven, drive_in_shards, *shards, 1), name="terra-shards",
+                                daemon=True)  # Ctrl-C ends the command at once (the shards get it too)
+    follower.start()
+    try:
+        exploit = exploit_beside(run, folders.top.path)
+    except Exception:
+        follower.join()  # the shards' drives are kept: the same command again resumes them
+        raise
+    follower.join()
+    return (*driven.result(), exploit)
+
+
+def _made(future: Future, function, *args) -> None:
+    """``function(*args)``'s value or exception into ``future`` (a thread's work)."""
+    try:
+        future.set_result(function(*args))
+    except BaseException as err:  # noqa: BLE001  (raised where the value is taken)
+        future.set_exception(err)

@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
@@ -72,16 +72,25 @@ def setting(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+")
 
 
+def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
+    """The backend options of an engine shard whose card ``per_card`` engines share (a process here, or a Ray shard:
+    terra/closedloop/study/ray_shards.py): its KV cache and ``0.9 / per_card`` of the card; none without a cache size
+    (vLLM sizes an engine alone on its card)."""
+    if kv_cache_gib is None:
+        return {}
+    share = round(SHARED_MEMORY / per_card, 3)
+    return {"kv_cache_memory_bytes": int(kv_cache_gib * GIB), "gpu_memory_utilization": share}
+
+
 def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None,
                   worlds: str = "all", per_card: int | None = None) -> list[str]:
     """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds``
     (``shard_worlds``; ``scene``: no engine to size); ``per_card``: how many engines share its card (``shards``)."""
-    engine = worlds != "scene" and kv_cache_gib is not None
-    share = [f"++backend.options.gpu_memory_utilization={SHARED_MEMORY / (per_card or shards):.3f}"] if engine else []
+    share = engine_share(kv_cache_gib, per_card or shards) if worlds != "scene" else {}
     mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
     return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
             f"num_threads={threads}", f"shard_worlds={worlds}", "shard_processes.engine=0", "shard_processes.scene=0",
-            "progress=false", *(kv_cache(kv_cache_gib) if engine else []), *share]
+            "progress=false", *(f"++backend.options.{key}={value}" for key, value in share.items())]
 
 
 def visible_gpus() -> list[str]:
@@ -105,15 +114,22 @@ def records(folder: Path) -> int:
     return sum(sum(1 for _ in path.open()) for path in folder.glob("**/manifest.shard-*-of-*.jsonl"))
 
 
-def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: float | None, folder: Path,
-               logs: Path, total: int | None = None) -> dict[str, list[int]]:
-    """Start every shard of ``groups`` (``shard_worlds`` -> its shards: ``{"all": K}``, or ``{"engine": K, "scene":
-    M}``; each shard's output in ``logs``), count the drives recorded in ``folder`` as they come (a bar on a
-    terminal, a line a minute off one), and return each group's exit codes."""
-    threads = max(1, (os.cpu_count() or 1) // sum(groups.values()))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str | None], int | None]:
+    """How the shards of ``groups`` share this machine with ``beside`` engines of the command's own process (on the
+    first card: the exploitability study's, terra/closedloop/study/drives.py): each process's threads (the cores
+    over all of them), each engine shard's card, and how many engines the busiest card holds."""
+    threads = max(1, (os.cpu_count() or 1) // (sum(groups.values()) + beside))
     cards = engine_cards(groups.get("engine", groups.get("all", 0)), visible_gpus())
-    per_card = max((cards.count(card) for card in cards), default=None)
+    return threads, cards, max((cards.count(card) for card in cards), default=0) + beside or None
+
+
+def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: float | None, folder: Path,
+               logs: Path, total: int | None = None, beside: int = 0) -> dict[str, list[int]]:
+    """Start every shard of ``groups`` (``shard_worlds`` -> its shards: ``{"all": K}``, or ``{"engine": K, "scene":
+    M}``; each shard's output in ``logs``; :func:`shard_plan` with ``beside``), count the drives recorded in
+    ``folder`` as they come (a bar on a terminal, a line a minute off one), and return each group's exit codes."""
+    threads, cards, per_card = shard_plan(groups, beside)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     running: dict[str, list] = {worlds: [] for worlds in groups}
     for worlds, shards in groups.items():
         for shard in range(shards):
@@ -123,20 +139,26 @@ def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: f
             process = subprocess.Popen(command, env={**env, **card}, stdout=log, stderr=subprocess.STDOUT)
             running[worlds].append((process, log))
     every = [item for group in running.values() for item in group]
+    follow(folder, total, len(every), lambda: any(process.poll() is None for process, _ in every))
+    for _, log in every:
+        log.close()
+    return {worlds: [process.returncode for process, _ in group] for worlds, group in running.items()}
+
+
+def follow(folder: Path, total: int | None, shards: int, running: Callable[[], bool]) -> None:
+    """Count the drives ``shards`` shards record in ``folder`` as they come, while ``running()``: a bar on a terminal,
+    a line a minute off one."""
     started = last = time.monotonic()
     terminal = sys.stderr.isatty()
-    with tqdm(total=total, unit="drive", desc=f"{len(every)} shards", dynamic_ncols=True, disable=not terminal) as bar:
-        while any(process.poll() is None for process, _ in every):
+    with tqdm(total=total, unit="drive", desc=f"{shards} shards", dynamic_ncols=True, disable=not terminal) as bar:
+        while running():
             time.sleep(POLL_S)
             bar.update(records(folder) - bar.n)
             if not terminal and time.monotonic() - last >= 60:
                 last = time.monotonic()
-                print(f"terra-drive: {records(folder)} of {total or '?'} drives recorded by {len(every)} shards in "
+                print(f"terra-drive: {records(folder)} of {total or '?'} drives recorded by {shards} shards in "
                       f"{last - started:.0f} s", file=sys.stderr, flush=True)
         bar.update(records(folder) - bar.n)
-    for _, log in every:
-        log.close()
-    return {worlds: [process.returncode for process, _ in group] for worlds, group in running.items()}
 
 
 def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path) -> None:
@@ -152,13 +174,14 @@ def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path)
 
 
 def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder: Path,
-                    total: int | None = None) -> tuple[list[str], int]:
+                    total: int | None = None, beside: int = 0) -> tuple[list[str], int]:
     """The study's drives made by ``processes``' shards (``overrides``: the command's settings, the report's
-    ``output_dir`` among them); the lines to print and the worst shard's exit code (0 or 1). A shard refused at its
-    settings or ended otherwise raises one line naming its log."""
+    ``output_dir`` among them; ``beside``: engines this process runs meanwhile, :func:`shard_plan`); the lines to
+    print and the worst shard's exit code (0 or 1). A shard refused at its settings or ended otherwise raises one
+    line naming its log."""
     logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
     started = time.perf_counter()
-    codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total)
+    codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total, beside)
     check_ended(codes, processes.groups, logs)
     every = [code for group in codes.values() for code in group]
     line = (f"terra-drive: {len(every)} shard processes ({', '.join(f'{n} {w}' for w, n in processes.groups.items())}"

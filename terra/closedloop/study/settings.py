@@ -56,7 +56,8 @@ class StudySettings:
     folders: StudyFolders  # the study's folders, claimed
     exploitability: bool  # the exploitability study too (terra/closedloop/study/exploit.py)
     within_horizon: bool = False  # each world judged within its fidelity horizon too (study/horizons.py)
-    shard_processes: ShardProcesses = ShardProcesses()  # the study as shards of this machine (study/processes.py)
+    shard_processes: ShardProcesses = ShardProcesses()  # the study as shards of this machine (study/processes.py);
+    # with executor=ray, per GPU of the cluster (study/ray_shards.py)
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
 
 
@@ -78,8 +79,8 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
         raise TerraInputError(f"shard_worlds={shard_worlds} picks some of a fidelity study's worlds: it needs "
                               "world=both (or shard_worlds=all)")
     if check_flag(select(cfg, "exploitability"), "exploitability"):
-        raise TerraInputError(f"exploitability=true is part of the fidelity study in this process: it needs world=both "
-                              f"and executor=local (got world={world}, executor={select(cfg, 'executor')})")
+        raise TerraInputError(f"exploitability=true is part of the fidelity study: it needs world=both (got "
+                              f"world={world})")
     if check_flag(select(cfg, "within_horizon"), "within_horizon"):
         raise TerraInputError(f"within_horizon=true judges a fidelity study's worlds within their horizons: it needs "
                               f"world=both (got world={world})")
@@ -96,16 +97,20 @@ def _shard_processes(cfg: DictConfig) -> ShardProcesses:
                           values["shard_processes.kv_cache_gib"])
 
 
-def needs_gpu(preset: str | None, device: str, processes: ShardProcesses) -> None:
+def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, executor: str = "local") -> None:
     """A study whose world model runs on a GPU (the GPU preset, whatever its shard settings and device say; engine
     shards, each dealt a CUDA card; ``device=cuda``) is refused in one line naming study=cpu where the device resolves
-    to the CPU (``device=cpu``, or no CUDA GPU visible), before anything else starts."""
-    engines = f"shard_processes.engine={processes.engine}" if processes.engine else None
+    to the CPU (``device=cpu``, or no CUDA GPU visible), before anything else starts. With ``executor=ray`` the GPUs
+    are the cluster's, counted as it is joined (terra/core/ray_cluster.py), and engine shards with ``device=cpu`` are
+    CPU actors (terra/closedloop/study/ray_shards.py)."""
+    engines = f"shard_processes.engine={processes.engine}" if processes.engine and executor == "local" else None
     what = "study=gpu" if preset == "gpu" else engines or (f"device={device}" if device.startswith("cuda") else None)
     if what is None:
         return
     if device == "cpu":
         why = "device=cpu was asked for"
+    elif executor == "ray":
+        return
     else:
         import torch
 
@@ -123,7 +128,7 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
     run = checked_run(cfg)
     values = check_settings(cfg, SETTINGS)
     processes = _shard_processes(cfg)
-    needs_gpu(preset, run.run.device, processes)
+    needs_gpu(preset, run.run.device, processes, run.executor)
     user_worlds = dict(run.user_worlds)
     controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s, _route_tokens(run))
     control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
@@ -134,33 +139,48 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
                                   f"needs world=both and at most {most} (null: all)")
     shard_worlds = check_choice(select(cfg, "shard_worlds"), "shard_worlds", SHARD_WORLDS)
     exploit = check_flag(select(cfg, "exploitability"), "exploitability")
-    if exploit and run.executor != "local":
-        raise TerraInputError(f"exploitability=true is part of the fidelity study in this process: it needs world=both "
-                              f"and executor=local (got world=both, executor={run.executor})")
     if exploit and len(run.scenarios.ids) < 2:
         raise TerraInputError("exploitability=true tunes on half the scenarios and tests on the other half: it needs "
                               "num_scenarios >= 2")
+    if (processes.groups or run.executor == "ray") and (run.num_shards > 1 or shard_worlds != "all"):
+        raise TerraInputError("shard_processes and executor=ray make the study's shards themselves: give them "
+                              "without num_shards, shard_index or shard_worlds")
     ids, every = run.scenarios.ids, run.drives
-    every_id = {d: drive_id(ids[d[0]], d[1], d[2]) for d in every}
-    worlds = study_drives([(ids[d[0]], d[2], every_id[d]) for d in every], ids, ("model", TRUTH, *controls),
-                          control_scenarios, control_seeds)
-    mine: dict[str, list[str]] = {}
-    for world, world_ids in worlds.items():  # drive k of each world's list goes to shard k % num_shards
-        mine[world] = world_ids[run.shard_index::run.num_shards]
-    taken = {d for world_ids in mine.values() for d in world_ids}
-    drives = checked_shard(run, [d for d in every if every_id[d] in taken], len(every))
-    manifest = manifest_name(shard_index=run.shard_index, num_shards=run.num_shards)
-    folders = claim_study_folders(output_dir, mine, run.videos, manifest, run_inputs(run),
-                                  shard_worlds=shard_worlds)
+    worlds = study_drives([(ids[d[0]], d[2], drive_id(ids[d[0]], d[1], d[2])) for d in every], ids,
+                          ("model", TRUTH, *controls), control_scenarios, control_seeds)
     num_steps = FIDELITY_STEPS if select(cfg, "num_steps") is None else run.num_steps
-    drive = replace(run, drives=drives, worlds=tuple(folders.worlds), user_worlds=user_worlds, num_steps=num_steps,
-                    model_worlds=MODEL_WORLDS, other_world=control_world, measure=True)
+    whole = replace(run, user_worlds=user_worlds, num_steps=num_steps, model_worlds=MODEL_WORLDS,
+                    other_world=control_world, measure=True)
+    drive, folders = _shard(whole, worlds, shard_worlds, output_dir)
     within_horizon = check_flag(select(cfg, "within_horizon"), "within_horizon")
-    if processes.groups and (run.num_shards > 1 or shard_worlds != "all" or run.executor != "local"):
-        raise TerraInputError("shard_processes makes the study's shards itself: give it without num_shards, "
-                              "shard_index, shard_worlds or executor=ray")
     return StudySettings(drive, controls, control_scenarios, control_seeds, shard_worlds, folders, exploit,
                          within_horizon, processes, tuple(overrides))
+
+
+def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
+           output_dir: str | Path) -> tuple[DriveSettings, StudyFolders]:
+    """The study's shard ``run.shard_index`` of ``run.num_shards`` of its ``shard_worlds`` worlds (``worlds``: each
+    world's drive ids, :func:`~terra.closedloop.study.report.study_drives`; drive k of each world's list goes to shard
+    k % num_shards, the controls' fewer drives too): ``run`` with its drives and worlds, and its folders claimed."""
+    ids, every = run.scenarios.ids, run.drives
+    mine = {world: world_ids[run.shard_index::run.num_shards] for world, world_ids in worlds.items()}
+    taken = {d for world_ids in mine.values() for d in world_ids}
+    drives = checked_shard(run, [d for d in every if drive_id(ids[d[0]], d[1], d[2]) in taken], len(every))
+    manifest = manifest_name(shard_index=run.shard_index, num_shards=run.num_shards)
+    folders = claim_study_folders(output_dir, mine, run.videos, manifest, run_inputs(run), shard_worlds=shard_worlds)
+    return replace(run, drives=drives, worlds=tuple(folders.worlds)), folders
+
+
+def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, num_shards: int) -> StudySettings:
+    """Shard ``shard_index`` of ``num_shards`` of the whole study ``settings``' ``shard_worlds`` worlds, as the
+    command with ``shard_index``, ``num_shards`` and ``shard_worlds`` would check it, made from the checked study
+    (its Ray shards: terra/closedloop/study/ray_shards.py): its drives in this process (``executor=local``), no bar,
+    no exploitability study (the whole study's report runs it); its folders claimed."""
+    whole = settings.folders.drive_ids  # every world's drives: the whole study's settings are one shard of one
+    run = replace(settings.drive, shard_index=shard_index, num_shards=num_shards, executor="local", progress=False)
+    drive, folders = _shard(run, whole, shard_worlds, settings.folders.top.path)
+    return replace(settings, drive=drive, shard_worlds=shard_worlds, folders=folders, exploitability=False,
+                   within_horizon=False, shard_processes=ShardProcesses(), overrides=())
 
 
 def _route_tokens(run: DriveSettings) -> int:

@@ -1,14 +1,13 @@
 """terra-drive with ``executor=ray`` (terra/closedloop/recording/ray_executor.py) on a local Ray cluster of 2 CPUs, the
 demo model on the Transformers backend: two actors write what one process writes, each drive recorded once by the
 driver; an actor that dies mid-share is restarted and its share runs again; a share that keeps losing its actor
-fails with the cause; the fidelity study on actors."""
+fails with the cause. The fidelity study on Ray: tests/closedloop/study/test_study_ray.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -98,15 +97,3 @@ def test_a_dead_actor_restarts_and_its_share_runs_again(tmp_path, ray_cluster):
     assert len(records) == 2 and all(r["status"] == "failed" and "its Ray actor died 2 times" in r["error"]
                                      for r in records)
 
-
-def test_a_fidelity_study_on_actors(tmp_path, ray_cluster):
-    outcome = drive(settings(tmp_path, "executor=ray", "ray.num_actors=2", "world=both", "num_scenarios=1",
-                             "controls=[frozen,zero_actions]"))
-    verdict = outcome.lines[-1]  # the verdict last, after the worlds' lines
-    assert outcome.exit_code == 0 and verdict.startswith("Fidelity verdict")
-    assert all(re.search(rf"^{world} +2 +(>= )?\S+ s +undecided", verdict, re.M) for world in ("model", "frozen",
-                                                                                         "zero_actions"))
-    for world in ("model", "truth", "frozen", "zero_actions"):
-        assert {r["actor"] for r in read_manifest(tmp_path / world / "manifest.jsonl")} == {0, 1}
-    report = json.loads((tmp_path / "fidelity.json").read_text())
-    assert [(v["world"], v["drives"]) for v in report["verdicts"]] == [("model", 2), ("frozen", 2), ("zero_actions", 2)]

@@ -130,7 +130,7 @@ def test_a_shard_is_told_its_shard_and_its_engine_share():
     assert not any("backend.options" in part for part in scene)  # no engine to size
     assert ShardProcesses(4, 6, 2.0).groups == {"engine": 4, "scene": 6} and ShardProcesses().groups == {}
     two_a_card = shard_command(["study=gpu"], 5, 8, 2, 2.0, "engine", per_card=2)
-    assert two_a_card[-1] == "++backend.options.gpu_memory_utilization=0.450"
+    assert two_a_card[-1] == "++backend.options.gpu_memory_utilization=0.45"
 
 
 def test_engine_shards_are_dealt_over_the_visible_cards(monkeypatch):
