@@ -28,7 +28,7 @@ from terra.core.errors import TerraInputError
 from terra.core.lazy import renamed
 from terra.core.progress import announce
 from terra.decoder import codes_to_frames
-from terra.generation.backends import build_backend, engine_options
+from terra.generation.backends import build_backend
 from terra.generation.pass_stats import PassStats
 from terra.generation.rollout import FrameCallback, RolloutRequest, WorldModelBackend
 from terra.models import LlamaActionConfig
@@ -128,7 +128,7 @@ class WorldModelPipeline:
             tokenizer_batch_size = moved_value(TOKENIZER_BATCH_SIZE, decode_batch_size)
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
-        # the options the backend was built with (terra/generation/backends.py, engine_options): what a run records
+        # the options the backend was built with (terra/generation/resolve.py, engine_options): what a run records
         self.engine_options = dict(engine_options or {})
         self.device = device
         # frames per tokenizer call, encoding and decoding: as many whole frames as ``tokenizer_pixels`` hold (at
@@ -143,22 +143,19 @@ class WorldModelPipeline:
         self._refiner_lock = threading.Lock()
 
     @classmethod
-    def from_run(cls, run: ResolvedRun, tokenizer: ImageTokenizer | None = None,
-                 max_rollouts: int | None = None) -> "WorldModelPipeline":
+    def from_run(cls, run: ResolvedRun, tokenizer: ImageTokenizer | None = None) -> "WorldModelPipeline":
         """The one builder of every app's pipeline (terra-generate, -serve, -rollout and its Ray actors, -drive,
         -evaluate, :meth:`from_pretrained`): the tokenizer loaded (or the one given), the pair checked, then the
         world model loaded on ``run``'s backend, built as the run resolved it (terra/generation/backends.py,
-        ``build_backend``). ``max_rollouts`` is the most rollouts the run keeps in flight, which a vLLM engine makes
-        room for (``engine_options``); None: the backend's options decide."""
+        ``build_backend``), with the engine options the run resolved (a vLLM engine's room among them)."""
         spec = run.spec
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(run.model, tok)
         if spec.backend == "vllm":  # the slow part of a start, said before it (benchmarks/durations.md)
             how_long = "1-5 min on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
             announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
-        options = engine_options(spec.backend, spec.backend_options, max_rollouts)
-        backend = build_backend(run, options)
-        return cls(tok, backend, spec.device, engine_options=options, tokenizer_pixels=run.tokenizer_pixels)
+        backend = build_backend(run)
+        return cls(tok, backend, spec.device, engine_options=run.engine_options, tokenizer_pixels=run.tokenizer_pixels)
 
     @classmethod
     def from_pretrained(

@@ -177,7 +177,8 @@ def test_a_vllm_engine_start_is_said_to_be_the_slow_part_before_it(tiny_model_di
     monkeypatch.setattr(terra.pipeline, "build_backend", create)
     model = read_world_model_config(tiny_model_dir)
     run = ResolvedRun(RunSpec(tiny_model_dir, "", backend=backend, device="cpu"), model, "float32", "per_frame",
-                      TokenLayout.from_config(model), tokenizer_pixels(), refiner_device=None, refiner=None)
+                      TokenLayout.from_config(model), tokenizer_pixels(), refiner_device=None, engine_options={},
+                      passes_per_step=None, refiner=None)
     with pytest.raises(KeyboardInterrupt):
         WorldModelPipeline.from_run(run, LFQTokenizer(TINY_TOKENIZER))
     expected = ["terra: starting vLLM's engine, the slow part of the start (1-5 min on a CPU) ...\n"] if told else [""]

@@ -98,8 +98,8 @@ def build(overrides: list[str], sessions: int, engine_rollouts: int | None = Non
     cfg = compose_config("alpasim", [*overrides, "alpasim.port=0",
                                      f"alpasim.max_sessions={max(sessions, engine_rollouts or 0)}"])
     spec, settings = alpasim_spec(cfg)
-    run = resolve_run(spec, settings.max_sessions)
-    pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)
+    run = resolve_run(spec, settings.max_sessions, max_rollouts=settings.max_sessions)
+    pipeline = WorldModelPipeline.from_run(run)
     table = SessionTable(pipeline, settings, run.spec.sampling, run.spec.overlap, run.spec.resize)
     return str(cfg.model.get("name", "world model")), pipeline, table, run.spec.backend_options
 

@@ -31,8 +31,9 @@ def serve(spec: RunSpec, settings: AlpasimSettings, model: str) -> None:
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
 
-    run = resolve_run(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
-    pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)  # and its room
+    # a vLLM engine's decoding chosen for its most sessions, and its room
+    run = resolve_run(spec, settings.max_sessions, max_rollouts=settings.max_sessions)
+    pipeline = WorldModelPipeline.from_run(run)
     table = SessionTable(pipeline, settings, run.spec.sampling, run.spec.overlap, run.spec.resize)
     try:
         start(server, WorldModelServicer(table, model))

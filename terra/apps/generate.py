@@ -103,7 +103,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     # 2. the run made concrete (threads, device, backend, vLLM's decoding, the refiner's settings, the window),
     # the tokenizer, the context frames and the trajectory
-    run = resolve_run(spec.run, spec.num_samples, refine_after=True)
+    run = resolve_run(spec.run, spec.num_samples, refine_after=True, max_rollouts=spec.num_samples)
     run_settings, refiner = run.spec, run.refiner
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
@@ -132,9 +132,9 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
-    # 3. the world model, its engine sized for the samples (one: a vLLM engine of one rollout, which verifies
-    # several passes a step: terra/generation/decoding.py, auto_passes_per_step)
-    pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=spec.num_samples)
+    # 3. the world model, its engine sized for the samples when the run was resolved (one: a vLLM engine of one
+    # rollout, which verifies several passes a step: terra/generation/decoding.py, auto_passes_per_step)
+    pipeline = WorldModelPipeline.from_run(run, tokenizer)
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
         seeds = [spec.seed + i for i in range(spec.num_samples)]

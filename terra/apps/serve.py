@@ -79,9 +79,10 @@ def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
     from terra.serve.service import SessionService
     from terra.session import SessionHost
 
-    run = resolve_run(spec, settings.max_sessions)  # a vLLM engine's decoding chosen for its most sessions
+    # a vLLM engine's decoding chosen for its most sessions, and its room
+    run = resolve_run(spec, settings.max_sessions, max_rollouts=settings.max_sessions)
     spec = run.spec
-    pipeline = WorldModelPipeline.from_run(run, max_rollouts=settings.max_sessions)  # and its room
+    pipeline = WorldModelPipeline.from_run(run)
     host = SessionHost(pipeline, spec.sampling, max_frames=settings.max_frames, overlap=spec.overlap,
                        num_context=spec.num_context, resize=spec.resize)
     return SessionService(host, settings)

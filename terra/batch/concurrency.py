@@ -7,7 +7,7 @@ window's blocks, terra/generation/vllm_backend.py), up to the most the engine is
 ``most_rollouts`` in terra/generation/resolve.py, ``GPU_ROLLOUTS`` on a GPU). The Transformers backend has no fixed
 bound; ``auto`` is ``DEFAULT_ROLLOUTS`` there, or one rollout where it decodes speculatively (it takes speculative
 rollouts' passes one after another): the table that decides the run's ``decoding=auto`` decides that too
-(terra/generation/decoding.py), and the run's decoding is chosen for the count it gives (:func:`planned_streams`).
+(terra/generation/decoding.py), and the run's decoding is chosen for the count it gives (:func:`planned_rollouts`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ def max_rollouts(config: BatchSpec, spec: RunSpec) -> int:
     return most_rollouts(spec.backend, spec.device, spec.sampling.decoding)
 
 
-def planned_streams(config: BatchSpec, samples: int) -> int:
-    """The most rollouts an engine of this run keeps in flight, before its run is resolved: :func:`max_rollouts`
-    on the device and backend it will resolve to, capped by the ``samples`` to run; the run's ``decoding=auto`` is
-    chosen for this many (terra/generation/resolve.py, ``resolve_backend_run``)."""
+def planned_rollouts(config: BatchSpec, samples: int) -> tuple[int, int]:
+    """Before the run is resolved (terra/run.py, ``resolve_run``, takes both): the rollouts its ``decoding=auto`` is
+    chosen for, and the room its engine makes. The room is :func:`max_rollouts` on the device and backend the run
+    will resolve to; the rollouts are that, capped by the ``samples`` to run."""
     device = resolve_device(config.run.device)
-    spec = config.run.replace(device=device, backend=resolve_backend(config.run.backend, device))
-    return max(1, min(max_rollouts(config, spec), samples))
+    most = max_rollouts(config, config.run.replace(device=device, backend=resolve_backend(config.run.backend, device)))
+    return max(1, min(most, samples)), most
 
 
 def resolve_max_concurrent(config: BatchSpec, pipeline: WorldModelPipeline, longest: int) -> int:

@@ -55,8 +55,8 @@ class RolloutActor:
         spec = actor_spec(config.run, self.gpus)
         self.device = spec.device
         most = max_rollouts(config, spec)
-        run = resolve_run(spec, most, model_config)
-        self.pipeline = WorldModelPipeline.from_run(run, max_rollouts=most)
+        run = resolve_run(spec, most, model_config, max_rollouts=most)
+        self.pipeline = WorldModelPipeline.from_run(run)
         self.max_concurrent = resolve_max_concurrent(config, self.pipeline, longest)
         self.engine = StreamingEngine(self.pipeline, config, self._emit, self.max_concurrent,
                                       on_generated=self._left_engine,

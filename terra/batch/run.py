@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from terra.batch.concurrency import max_rollouts, planned_streams
+from terra.batch.concurrency import planned_rollouts
 from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_output
 from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
@@ -116,7 +116,8 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
     if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here
         refiner = check_decoder(config.run)
     elif pipeline is None:  # the settings fit the model even when no sample is left to run
-        run = resolve_run(config.run, planned_streams(config, len(the_plan.to_run)), model=model_config)
+        streams, most = planned_rollouts(config, len(the_plan.to_run))
+        run = resolve_run(config.run, streams, model=model_config, max_rollouts=most)
         refiner = run.refiner
     else:  # a loaded pipeline: its device
         set_threads(config.run.num_threads)
@@ -127,7 +128,7 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
             check_compatible(model_config, load_tokenizer(config.run.tokenizer))  # the actors load their own
             executor = _ray_executor(config)
         elif pipeline is None:  # the pair is checked before any output is written
-            pipeline = WorldModelPipeline.from_run(run, max_rollouts=max_rollouts(config, run.spec))
+            pipeline = WorldModelPipeline.from_run(run)
             own = True
     try:
         return _run_planned(config, the_plan, started, pipeline, executor, refiner, model_config)

@@ -1,11 +1,10 @@
 """Building a generation backend from a run resolved once (terra/generation/resolve.py, ``BackendRun``); the only
-module that knows both backends exist. Nothing here decides a setting again; the engine's room alone is given here,
-when the engine is built."""
+module that knows both backends exist. Nothing here decides a setting: the run's engine options, room and passes a
+step included, come resolved."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,7 @@ from terra.config.spec import RunSpec
 from terra.contract.layout import TokenLayout
 from terra.core.errors import TerraInputError
 from terra.core.lazy import renamed
-from terra.generation.decoding import auto_passes_per_step
-from terra.generation.resolve import DEFAULT_ROLLOUTS, BackendRun, resolve_backend_run
+from terra.generation.resolve import BackendRun, resolve_backend_run
 from terra.generation.rollout import WorldModelBackend
 
 _MOVED = {  # the choices a run makes, now with the facts they are made from: new home -> old names here
@@ -35,42 +33,25 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def engine_options(kind: str, options: Mapping[str, Any], max_rollouts: int | None = None) -> dict[str, Any]:
-    """The options a backend of ``kind`` (resolved: vllm | hf) is built with, decided here only, so that a run
-    records what its engine ran with (terra/pipeline.py, ``WorldModelPipeline.engine_options``): ``options`` (the
-    run's ``backend.options``, with the memory preset's choices: terra/generation/resolve.py) and,
-    for a vLLM engine, room for ``max_rollouts`` rollouts in flight (``max_num_seqs``) when given."""
-    options = dict(options)
-    if kind == "vllm" and max_rollouts is not None:
-        options["max_num_seqs"] = max_rollouts
-    return options
-
-
-def build_backend(run: BackendRun, options: Mapping[str, Any]) -> WorldModelBackend:
-    """The backend ``run`` resolved, built as it is with ``options`` (:func:`engine_options`: what the run records).
+def build_backend(run: BackendRun) -> WorldModelBackend:
+    """The backend ``run`` resolved, built as it is with its ``engine_options`` (what the run records).
 
     The Transformers backend runs the run's ``decoding`` and block where a call leaves them ``auto``. A vLLM engine
     starts on the run's request path (terra/generation/vllm_streaming.py) and, when the run decodes speculatively,
-    with its block of draft slots and the verifying passes a step for the rollouts it makes room for
-    (``passes_per_step=null``: terra/generation/decoding.py, ``auto_passes_per_step``). The world model's config
-    goes in as a copy with the spec's ``zero_embed_code_0`` (Terra's vLLM port embeds image code 0 as zeros)."""
+    with its block of draft slots and the run's verifying passes a step. The world model's config goes in as a copy
+    with the spec's ``zero_embed_code_0`` (Terra's vLLM port embeds image code 0 as zeros)."""
     spec = run.spec
     config = copy.deepcopy(run.model)
     config.zero_embed_code_0 = spec.zero_embed_code_0
-    options = dict(options)
+    options = dict(run.engine_options)
     if spec.backend == "vllm":
         from terra.generation.vllm_backend import VLLMBackend
         from terra.generation.vllm_streaming import StreamingVLLMBackend
 
         options.pop("requests", None)
+        options.pop("passes_per_step", None)
         if spec.sampling.decoding == "speculative":
-            rollouts = options.setdefault("max_num_seqs", DEFAULT_ROLLOUTS)
-            passes = options.pop("passes_per_step", None)
-            if passes is None:
-                passes = auto_passes_per_step(rollouts, spec.sampling.draft_tokens, run.model)
-            options.update(draft_tokens=spec.sampling.draft_tokens, passes_per_step=passes)
-        else:
-            options.pop("passes_per_step", None)
+            options.update(draft_tokens=spec.sampling.draft_tokens, passes_per_step=run.passes_per_step)
         chosen = StreamingVLLMBackend if run.requests == "streaming" else VLLMBackend
         build = lambda: chosen(spec.world_model, dtype=run.dtype, config=config, **options)  # noqa: E731
     else:
@@ -105,8 +86,7 @@ def create_backend(
     spec = RunSpec(str(world_model), "", backend=kind, backend_options=options, device=device, dtype=dtype,
                    sampling=sampling or SamplingConfig(),
                    zero_embed_code_0=bool(getattr(config, "zero_embed_code_0", False)))
-    run = resolve_backend_run(spec, max_rollouts or 1, config)
-    return build_backend(run, engine_options(run.spec.backend, run.spec.backend_options, max_rollouts))
+    return build_backend(resolve_backend_run(spec, max_rollouts or 1, config, max_rollouts=max_rollouts))
 
 
 def model_backend(model: torch.nn.Module | str | Path, device: str | torch.device = "cpu", streams: int = 1,

@@ -82,6 +82,25 @@ def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, stream
     (:func:`backend_guesses`) and, given the world model's ``config``, ``draft_tokens=auto`` the block for it
     (:func:`auto_draft_tokens`). ``speculative`` asked for where vLLM cannot run it is one line, before anything
     loads, and so are guesses it does not run."""
+    decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
+    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
+
+
+def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
+                            config: Any, room: int, passes_per_step: int | None) -> tuple[SamplingConfig, int | None]:
+    """:func:`resolve_decoding` for a run's engine, and the verifying passes a step a speculative vLLM engine of
+    ``room`` rollouts (its ``max_num_seqs``) runs: ``passes_per_step`` as asked, or for None (the option's
+    ``null``) :func:`auto_passes_per_step` for that room, the block and the model; None for any other engine."""
+    decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
+    passes = None
+    if backend == "vllm" and decoding == "speculative":
+        passes = auto_passes_per_step(room, block, config) if passes_per_step is None else passes_per_step
+    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block), passes
+
+
+def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
+                      config: Any) -> tuple[str, str, int | str]:
+    """The decoding, guesses and block of :func:`resolve_decoding`."""
     decoding, block = sampling.decoding, sampling.draft_tokens
     if decoding == "speculative" and backend == "vllm":
         why = vllm_speculative_unavailable(device, requests)
@@ -93,7 +112,7 @@ def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, stream
     guesses = backend_guesses(backend, decoding, sampling.guesses)
     if block == "auto" and config is not None:
         block = auto_draft_tokens(backend, device, streams, config)
-    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
+    return decoding, guesses, block
 
 
 def backend_guesses(backend: str, decoding: str, guesses: str) -> str:

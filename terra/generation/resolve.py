@@ -12,6 +12,7 @@ block (terra/generation/decoding.py), vLLM's request path (terra/vllm/compat.py)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ from terra.config.memory import ModelShape, plan_memory, tokenizer_pixels
 from terra.config.spec import RunSpec
 from terra.contract.layout import TokenLayout, check_window
 from terra.core.device import auto_dtype, check_device, resolve_device, set_threads
-from terra.generation.decoding import auto_streams, resolve_decoding
+from terra.generation.decoding import auto_streams, resolve_engine_decoding
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 
@@ -43,19 +44,23 @@ class BackendRun:
     layout: TokenLayout  # the model's token layout, read from ``model`` once (terra/contract/layout.py)
     tokenizer_pixels: int  # pixels the tokenizer takes at once beside the engine (terra/config/memory.py)
     refiner_device: str | None  # decoder=refiner's device, resolved: refiner.device, else the run's; None: no refiner
+    engine_options: dict[str, Any]  # what the backend is built with and the run records, a vLLM engine's room too
+    passes_per_step: int | None  # a speculative vLLM engine's verifying passes a step; None: any other backend
 
 
 def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
-                        refiner: str = "off") -> BackendRun:
+                        refiner: str = "off", max_rollouts: int | None = None) -> BackendRun:
     """``spec`` (checked: terra/config/spec.py) made concrete for this process, in one order for every app: the world
     model's config read and its window checked (:func:`check_model`; ``model``: that config as the run already read
     it) and its token layout read, its torch threads set, its device and dtype chosen (and decoder=refiner's device)
-    and its backend (``auto``: what this machine has), then ``decoding``, ``guesses`` and the block for at most
-    ``streams`` rollouts in flight of that model, vLLM's request path, and last a vLLM engine's options fitted to the
+    and its backend (``auto``: what this machine has), vLLM's request path, a vLLM engine's options fitted to the
     ``memory`` preset with the refiner ``off``, run ``after`` the engine or ``shared`` beside it
     (terra/config/memory.py, ``plan_memory``: one line instead of a CUDA out-of-memory error when nothing fits; the
-    card is read once, here, and only for a vLLM engine on a GPU under a preset other than ``full``), and the pixels
-    the tokenizer takes at once beside the engine under that preset."""
+    card is read once, here, and only for a vLLM engine on a GPU under a preset other than ``full``) and the pixels
+    the tokenizer takes at once beside the engine under that preset, the options the backend is built with (a vLLM
+    engine's room: ``max_num_seqs``, ``max_rollouts`` when given), and last ``decoding``, ``guesses`` and the block
+    for at most ``streams`` rollouts in flight of that model with, for a speculative vLLM engine, its verifying
+    passes a step for its room."""
     model = model or check_model(spec)
     layout = TokenLayout.from_config(model)
     set_threads(spec.num_threads)
@@ -67,7 +72,6 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
         refiner_device = resolve_device(check_device(own)) if own else device
     kind = resolve_backend(spec.backend, device)
     asked = spec.backend_options.get("requests", "per_frame")
-    sampling = resolve_decoding(spec.sampling, kind, device, streams, asked, model)
     requests = "per_frame"
     if kind == "vllm" and asked != "per_frame":  # auto | streaming: what this vLLM release takes
         from terra.vllm.compat import request_path
@@ -79,8 +83,18 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
         plan = plan_memory(spec.memory, total, ModelShape.of(model, layout), refiner, streams, options, free)
         options = {**options, **plan.engine_options()}
     pixels = tokenizer_pixels(spec.memory)
+    # what the backend is built with and the run records (terra/pipeline.py, WorldModelPipeline.engine_options):
+    # the options above and a vLLM engine's room for the rollouts the run keeps in flight, when it says how many
+    engine = dict(options)
+    if kind == "vllm" and max_rollouts is not None:
+        engine["max_num_seqs"] = max_rollouts
+    sampling, passes = resolve_engine_decoding(spec.sampling, kind, device, streams, asked, model,
+                                               engine.get("max_num_seqs", DEFAULT_ROLLOUTS),
+                                               options.get("passes_per_step"))
+    if passes is not None:  # a speculative vLLM engine: its graphs and passes a step are for this room
+        engine.setdefault("max_num_seqs", DEFAULT_ROLLOUTS)
     spec = spec.replace(device=device, backend=kind, sampling=sampling, backend_options=options)
-    return BackendRun(spec, model, dtype, requests, layout, pixels, refiner_device)
+    return BackendRun(spec, model, dtype, requests, layout, pixels, refiner_device, engine, passes)
 
 
 def check_model(spec: RunSpec) -> LlamaActionConfig:

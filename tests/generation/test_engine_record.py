@@ -1,5 +1,5 @@
 """What a run records of its engine is what the engine ran with: the options the backend was built with
-(terra/generation/backends.py, ``engine_options``: the one place that decides them), not the options as configured.
+(terra/generation/resolve.py, ``engine_options``: the one place that decides them), not the options as configured.
 A vLLM engine is sized for the run's rollouts: terra-generate's sidecar records ``max_num_seqs: 1`` for one sample
 where conf/backend/vllm.yaml says 64, and terra-rollout's sidecars ``engine_options`` beside the settings as given.
 """
@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from terra.generation import backends
+from terra.config.sampling import SamplingConfig
+from terra.config.spec import RunSpec
+from terra.generation import backends, resolve
 from tests.batch.test_batch import scenes, terra_line  # noqa: F401  (scenes: the module's context images)
 
 
@@ -20,21 +22,28 @@ def engines_built(monkeypatch) -> list:
     built = []
     real = backends.build_backend
 
-    def build_backend(run, options):
-        built.append((run.spec.backend, options))
+    def build_backend(run):
+        built.append((run.spec.backend, run.engine_options))
         spec = run.spec.replace(backend="hf", device="cpu", backend_options={},
                                 sampling=run.spec.sampling.replace(decoding="sequential"))
-        return real(dataclasses.replace(run, spec=spec), {})
+        return real(dataclasses.replace(run, spec=spec, engine_options={}, passes_per_step=None))
 
     monkeypatch.setattr("terra.pipeline.build_backend", build_backend)
     monkeypatch.setattr("terra.generation.resolve.resolve_backend", lambda kind, device: kind)
     return built
 
-def test_engine_options_size_a_vllm_engine_for_the_run_and_leave_transformers_as_set():
+def test_engine_options_size_a_vllm_engine_for_the_run_and_leave_transformers_as_set(monkeypatch, tiny_model_dir):
+    monkeypatch.setattr(resolve, "resolve_backend", lambda kind, device: kind)  # vLLM's options, on any machine
     asked = {"max_num_seqs": 64, "enforce_eager": True}
-    assert backends.engine_options("vllm", asked, 3) == {"max_num_seqs": 3, "enforce_eager": True}
-    assert backends.engine_options("vllm", asked) == asked  # no rollout count: the options decide
-    assert backends.engine_options("hf", {"max_batch_size": 8}, 3) == {"max_batch_size": 8}
+    sequential = SamplingConfig(decoding="sequential")
+
+    def engine(kind: str, options: dict, max_rollouts: int | None = None) -> dict:
+        spec = RunSpec(tiny_model_dir, "", backend=kind, device="cpu", backend_options=options, sampling=sequential)
+        return resolve.resolve_backend_run(spec, 1, max_rollouts=max_rollouts).engine_options
+
+    assert engine("vllm", asked, 3) == {"max_num_seqs": 3, "enforce_eager": True}
+    assert engine("vllm", asked) == asked  # no rollout count: the options decide
+    assert engine("hf", {"max_batch_size": 8}, 3) == {"max_batch_size": 8}
     assert asked == {"max_num_seqs": 64, "enforce_eager": True}  # the caller's options are not changed
 
 

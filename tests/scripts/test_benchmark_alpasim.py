@@ -43,14 +43,14 @@ def test_the_server_is_built_as_terra_alpasim_builds_it(monkeypatch, sessions, e
     bench = load_script("bench/benchmark_alpasim")
     asked = []
 
-    def engine_options(kind, options, max_rollouts=None):
-        asked.append(max_rollouts)
+    def resolve_backend_run(spec, streams, model, refiner, max_rollouts):
+        asked.append((streams, max_rollouts))
         raise KeyboardInterrupt  # the engine's size is all this test needs
 
-    monkeypatch.setattr("terra.pipeline.engine_options", engine_options)
+    monkeypatch.setattr("terra.run.resolve_backend_run", resolve_backend_run)
     with pytest.raises(KeyboardInterrupt):
         bench.build(["backend=hf", "device=cpu"], sessions, engine_rollouts)
-    assert asked == [engine_rollouts or sessions]
+    assert asked == [(engine_rollouts or sessions,) * 2]  # decoding chosen for the room it has
     assert bench.parse_args(["--engine-rollouts", "16"]).engine_rollouts == 16
     with pytest.raises(SystemExit):
         bench.parse_args(["--engine-rollouts", "0"])

@@ -41,7 +41,8 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
     from terra.run import resolve_run
     from terra.tokenizer import load_tokenizer
 
-    run = resolve_run(settings.run, settings.max_concurrent)  # a vLLM engine decodes for the drives at once
+    # a vLLM engine decodes for the drives at once, and makes room for them
+    run = resolve_run(settings.run, settings.max_concurrent, max_rollouts=settings.max_concurrent)
     spec = run.spec
     tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
     size = frame_size(tokenizer)
@@ -50,7 +51,7 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
              for name in worlds if name in settings.user_worlds}  # a constructor that fails is one line (exit 2)
     opened = OpenWorlds({}, size)
     if set(worlds) & set(settings.model_worlds):
-        pipeline = WorldModelPipeline.from_run(run, tokenizer, max_rollouts=settings.max_concurrent)
+        pipeline = WorldModelPipeline.from_run(run, tokenizer)
         opened.worlds["model"] = ModelWorld(pipeline, spec.sampling, spec.overlap, references=settings.measure)
     try:
         for name in worlds:
