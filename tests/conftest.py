@@ -40,6 +40,16 @@ def start_local_ray() -> None:
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
 
 
+@pytest.fixture(scope="module")
+def ray_cluster() -> str:
+    """:func:`start_local_ray` for a test module, shut down after it; its address, for scripts that join it."""
+    import ray
+
+    start_local_ray()
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
 def one_error_line(result: subprocess.CompletedProcess, prog: str, text: str = "") -> str:
     """The one line of a command refused before any work: exit 2, one stderr line ``<prog>: error: ...`` holding
     ``text``, no traceback."""

@@ -83,10 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="the apps' settings, e.g. backend=vllm device=cuda")
     args = parser.parse_args(argv)
     if args.out is not None:
-        try:
+        with parser.one_line_errors():
             check_output(args.out, "--out")
-        except TerraInputError as err:
-            parser.error(str(err))
     return args
 
 

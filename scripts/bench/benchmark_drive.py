@@ -42,7 +42,6 @@ from terra.closedloop.worlds import ModelWorld  # noqa: E402
 from terra.config.output_dir import claim_output_file  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
-from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.rollout import RolloutRequest, WorldModelBackend  # noqa: E402
 
 BLANK_SIZE = (288, 512)  # Terra's frames, for policies when there is no tokenizer
@@ -109,11 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:  # the output-folder rule (terra/config/output_dir.py), before the model loads
         checkpoints = [DEMO] if args.model == "demo" else [Path(p) for p in (args.model, args.tokenizer)
                                                             if p and p not in ("terra", "tiny")]
-        try:
+        with parser.one_line_errors():
             output = claim_output_file(args.out, "--out", inputs=[("checkpoint", checkpoints)],
                                        app="scripts/bench/benchmark_drive.py")
-        except TerraInputError as err:
-            parser.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)

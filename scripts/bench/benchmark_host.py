@@ -51,7 +51,6 @@ from bench.lib.cli import (DRAFT_TOKENS, TEMPERATURE, Parser, check_output, exit
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
-from terra.core.errors import TerraInputError  # noqa: E402
 from transformers.cache_utils import DynamicLayer  # noqa: E402
 
 from terra.generation import guesses, hf_speculative, kv, speculative  # noqa: E402
@@ -90,10 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     if args.out is not None:
-        try:
+        with parser.one_line_errors():
             check_output(args.out, "--out")
-        except TerraInputError as err:
-            parser.error(str(err))
     return args
 
 

@@ -124,11 +124,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # "part:drafts" or "e2e:model:drafts": one
     # engine, in a subprocess
     args = parser.parse_args(argv)
-    try:
+    with parser.one_line_errors():
         args.engine_kwargs = engine_arguments(args.engine_arg, FLAGGED_ENGINE_ARGS)  # --dtype, --max-num-seqs, ...
         check_output(args.out, "--out", [args.passes] if args.passes else [])
-    except TerraInputError as err:
-        parser.error(str(err))
     return args
 
 

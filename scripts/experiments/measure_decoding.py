@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from terra.core.errors import TerraInputError
 from terra.evaluation.decoding import COUNTS, DecodingSettings, measure_decoding
 
 SCRIPTS = Path(__file__).resolve().parents[1]
@@ -57,14 +56,12 @@ def parse_args(argv: list[str] | None = None) -> DecodingSettings:
     parser.add_argument("--device", type=device_name, default="auto")
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
     args = parser.parse_args(argv)
-    try:
+    with parser.one_line_errors():
         check_output(args.out, "--out", [args.world_model, args.tokenizer])
         return DecodingSettings(
             str(args.world_model), str(args.tokenizer), args.out, tuple(args.temperatures),
             tuple(text.strip() for text in args.speculative.split(";") if text.strip()), args.rollouts, args.context,
             args.frames, args.clip_seed, args.exclude_seed, args.exclude_clips, args.seed, args.device, args.dtype)
-    except TerraInputError as err:
-        parser.error(str(err))
 
 
 @exit_2_on_input_error("measure_decoding")

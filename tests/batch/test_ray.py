@@ -25,21 +25,13 @@ import ray
 
 from terra.batch import BatchConfig, read_manifest, run_batch
 from terra.core.errors import TerraInputError
-from tests.conftest import load_script, spawn_interruptible, start_local_ray
+from tests.conftest import load_script, spawn_interruptible
 from tests.batch.test_batch import (  # noqa: F401  (scenes: the module-scoped fixture of context images)
     NUM_CONTEXT, NUM_FRAMES, ROOT, actbench_line, check_outputs, mixed_lines, scenes, script_args, script_env,
 )
 from terra.core.atomic import MARKER
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> str:
-    """A local Ray cluster for this module (2 CPUs, no dashboard); its address, for scripts that join it."""
-    start_local_ray()
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ together."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -12,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, NoReturn, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NoReturn, Sequence, TypeVar
 
 from terra.config.checks import MAX_SEED
 from terra.config.moved import DRAFT_TOKENS as DRAFT_TOKENS_SETTING
@@ -35,6 +36,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+    @contextlib.contextmanager
+    def one_line_errors(self) -> Iterator[None]:
+        """A block of checks after ``parse_args`` (an output path, ...) whose :class:`TerraInputError` is
+        :meth:`error`'s one line and exit 2."""
+        try:
+            yield
+        except TerraInputError as err:
+            self.error(str(err))
 
 
 def in_range(kind: Callable[[str], T], low: float | None = None, high: float | None = None, *,

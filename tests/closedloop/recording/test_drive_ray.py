@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-import ray
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
@@ -19,17 +18,9 @@ from terra.closedloop.study.drives import terra_drive as drive
 from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.config.manifest import read_manifest
-from tests.conftest import start_local_ray
 
 pytestmark = pytest.mark.slow
 ARGS = ("num_scenarios=2", "policies=[lane_follower,constant_speed]", "num_steps=2", "max_concurrent=1")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    start_local_ray()
-    yield
-    ray.shutdown()
 
 
 def settings(out: Path, *overrides: str):

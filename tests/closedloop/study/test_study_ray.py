@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import ray
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
@@ -24,7 +23,6 @@ from terra.closedloop.study.ray_shards import ray_groups, task_options
 from terra.closedloop.study.settings import StudySettings, study_shard, terra_drive_settings
 from terra.config.manifest import read_manifest
 from terra.core.errors import TerraInputError
-from tests.conftest import start_local_ray
 
 pytestmark = pytest.mark.slow
 STUDY = ("num_threads=1", "backend=hf", "device=cpu", "progress=false", "world=both", "num_scenarios=2",
@@ -32,13 +30,6 @@ STUDY = ("num_threads=1", "backend=hf", "device=cpu", "progress=false", "world=b
          "num_control_scenarios=1", "videos=false", "writer_processes=0")
 RAY = ("executor=ray", "shard_processes.engine=1", "shard_processes.scene=2")
 WORLDS = ("model", "truth", "frozen", "zero_actions")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    start_local_ray()
-    yield
-    ray.shutdown()
 
 
 def settings(out: Path, *overrides: str):
