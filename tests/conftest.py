@@ -110,6 +110,23 @@ def tiny_model(seed: int = 0, **overrides) -> LlamaActionForCausalLM:
     return model
 
 
+def save_tiny_tokenizer(folder: Path) -> None:
+    """The random LFQ tokenizer (seed 0) whose 8x8 codes of 9 bits fit the tiny models, saved in ``folder``."""
+    from terra.models.presets import TINY_TOKENIZER
+    from terra.tokenizer import LFQTokenizer
+
+    torch.manual_seed(0)
+    LFQTokenizer(TINY_TOKENIZER).save_pretrained(folder)
+
+
+def save_tiny_pair(root: Path) -> Path:
+    """:func:`tiny_model` saved in ``root/world_model`` and the tokenizer whose codes fit it in ``root/tokenizer``
+    (:func:`save_tiny_tokenizer`); ``root``."""
+    tiny_model().save_pretrained(root / "world_model")
+    save_tiny_tokenizer(root / "tokenizer")
+    return root
+
+
 TINY_ROUTES = 4  # route slots of the tiny route model
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import terra.apps.generate
 import terra.config.files
@@ -33,10 +32,8 @@ from terra.inputs.requests import trajectory_inputs
 from terra.inputs.samples import HOLDS, read_samples
 from terra.roads import road_from_csv
 from terra.sim import builtin_road
-from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from terra.tokenizer import LFQTokenizer
-from tests.conftest import TINY_ROUTES, one_error_line, tiny_model, tiny_route_model
+from tests.conftest import TINY_ROUTES, one_error_line, save_tiny_tokenizer, tiny_model, tiny_route_model
 from tests.test_check_once import calls
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +49,7 @@ def models(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("route_files")
     tiny_route_model().save_pretrained(root / "route_model")
     tiny_model().save_pretrained(root / "plain_model")
-    torch.manual_seed(0)
-    LFQTokenizer(TINY_TOKENIZER).save_pretrained(root / "tokenizer")
+    save_tiny_tokenizer(root / "tokenizer")
     return root
 
 

@@ -220,17 +220,23 @@ def _limit(folder: Path, name: str, default: int) -> int:
         return default
 
 
-def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), setting: str = "output.dir") -> Path:
-    """Check, without creating anything, that folder ``path`` can be created or written and that ``file_names``
-    fit the file system there (with the temporary suffix of an atomic write); return it as an absolute path."""
+def _file_system(path: str | os.PathLike) -> tuple[Path, Path, int, int]:
+    """``path`` as an absolute folder, the deepest of it and its parents that exists, and the name and path limits
+    (``NAME_MAX``, ``PATH_MAX``) of that one's file system."""
     folder = Path(os.path.abspath(Path(path).expanduser()))
     existing = folder
     while not os.path.lexists(existing):
         existing = existing.parent
+    return folder, existing, _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+
+
+def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), setting: str = "output.dir") -> Path:
+    """Check, without creating anything, that folder ``path`` can be created or written and that ``file_names``
+    fit the file system there (with the temporary suffix of an atomic write); return it as an absolute path."""
+    folder, existing, name_max, path_max = _file_system(path)
     if not existing.is_dir():
         raise TerraInputError(f"output folder {path} is not writable ({existing} is not a folder); "
                               f"choose another {setting}")
-    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
     parts = [(p, 0) for p in folder.relative_to(existing).parts] + [(n, ATOMIC_EXTRA) for n in file_names]
     for name, extra in parts:
         size = len(os.fsencode(name)) + extra
@@ -262,11 +268,7 @@ def check_output_names(folder: str | os.PathLike, names: Iterable[str], what: st
     """Raise unless each of ``names`` (paths relative to ``folder``, e.g. from a naming pattern) is text the file
     system takes there: no NUL or lone surrogate, each part at most ``NAME_MAX`` bytes (the last with the
     temporary suffix of an atomic write) and the whole path at most ``PATH_MAX``. Nothing is created."""
-    base = Path(os.path.abspath(Path(folder).expanduser()))
-    existing = base
-    while not os.path.lexists(existing):
-        existing = existing.parent
-    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+    base, _, name_max, path_max = _file_system(folder)
     for name in names:
         try:
             encoded = os.fsencode(name)

@@ -71,11 +71,7 @@ class OutputSpec:
         samples = [[(fmt, f"{stem}_frames" if fmt == "png" else f"{stem}.{fmt}") for fmt in self.formats]
                    for stem in stems]
         grids = tuple((fmt, f"{self.name}_grid.{fmt}") for fmt in self.formats if fmt != "png" and num_samples > 1)
-        every = [*(pair for sample in samples for pair in sample), *grids]
-        sidecar = f"{self.name}.json"
-        return OutputNames(tuple(dict(sample) for sample in samples), grids, sidecar,
-                           files=tuple(name for fmt, name in every if fmt != "png") + (sidecar,),
-                           folders=tuple(name for fmt, name in every if fmt == "png"))
+        return OutputNames(tuple(dict(sample) for sample in samples), grids, f"{self.name}.json")
 
 
 @dataclass(frozen=True)
@@ -86,5 +82,17 @@ class OutputNames:
     samples: tuple[dict[str, str], ...]  # each sample's file (mp4, gif) or PNG folder (png), by format
     grids: tuple[tuple[str, str], ...]  # (format, file) of the grid video of several samples, per format (no png)
     sidecar: str  # the run's JSON sidecar
-    files: tuple[str, ...]  # every file above, in the order written, the sidecar last
-    folders: tuple[str, ...]  # every PNG folder above
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file above, in the order written, the sidecar last."""
+        return tuple(name for fmt, name in self._by_format() if fmt != "png") + (self.sidecar,)
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        """Every PNG folder above."""
+        return tuple(name for fmt, name in self._by_format() if fmt == "png")
+
+    def _by_format(self) -> list[tuple[str, str]]:
+        """(format, name) of each sample's outputs, then of the grids, in the order written."""
+        return [*(pair for sample in self.samples for pair in sample.items()), *self.grids]

@@ -25,8 +25,7 @@ from transformers import DynamicCache
 from terra.config.sampling import SamplingConfig
 from terra.generation.kv import crop, kv_tensors, window_cache
 from terra.generation.rollout import FrameDone, RolloutState
-from terra.generation import speculative
-from terra.generation.speculative import SpeculativeFrame
+from terra.generation.speculative import SpeculativeFrame, advance_frames
 
 
 @dataclass
@@ -105,7 +104,7 @@ class SpeculativeRows:
         if not entries:
             return []
         passes = [self._pass(entry) for entry in entries]
-        speculative.advance_frames([entry.frame for entry in entries], *zip(*passes))
+        advance_frames([entry.frame for entry in entries], *zip(*passes))
         done = []
         for entry in entries:
             entry.length = entry.start + entry.frame.count - 1  # the last committed token is the next pass's input

@@ -236,9 +236,7 @@ def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Te
     where all frames' together would not), then acceptance and refill in one call for all, so a backend stepping many
     rollouts does the rule's work once a step, not once a rollout. ``logits[i]`` and ``ahead_logits[i]`` are frame
     ``i``'s, as :meth:`SpeculativeFrame.advance` takes them; returns the tokens each frame committed."""
-    ahead = [(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None]
-    if ahead:
-        _draw_ahead(ahead)
+    _draw_ahead([(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None])
     widths = [min(frame.draft_tokens, frame.size - frame.count) for frame in frames]
     rows = [min(width + 1, frame.size - frame.count) for frame, width in zip(frames, widths)]  # none past the end
     drawn = [sample_image_tokens(scores if count == scores.shape[0] else scores[:count], frame.codebook_size,

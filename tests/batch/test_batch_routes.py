@@ -14,15 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from terra.batch import BatchConfig, run_batch, stream
 from terra.contract.routes import route_distances
-from terra.models.presets import TINY_TOKENIZER
 from terra.sim import Scene, make_clip
-from terra.tokenizer import LFQTokenizer
-from tests.conftest import TINY_ROUTES, tiny_model, tiny_route_model
+from tests.conftest import TINY_ROUTES, save_tiny_tokenizer, tiny_model, tiny_route_model
 from tests.test_route_files import bending_routes
 
 NUM_CONTEXT, NUM_FRAMES = 3, 2
@@ -38,8 +35,7 @@ def inputs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("batch_routes")
     tiny_route_model().save_pretrained(root / "route_model")
     tiny_model().save_pretrained(root / "plain_model")
-    torch.manual_seed(0)
-    LFQTokenizer(TINY_TOKENIZER).save_pretrained(root / "tokenizer")
+    save_tiny_tokenizer(root / "tokenizer")
     clip = make_clip(Scene.generate(0), "straight", FRAMES + 1, 64, 64)
     (root / "clip").mkdir()
     for t in range(NUM_CONTEXT + 1):

@@ -7,24 +7,18 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from terra.core.errors import TerraInputError
 from terra.evaluation.decoding import (DecodingSettings, held_out_clips, measure_decoding, parse_settings,
                                       previous_frame_hits)
-from terra.models.presets import TINY, TINY_TOKENIZER
-from terra.tokenizer import LFQTokenizer
-from tests.conftest import tiny_model
+from terra.models.presets import TINY
+from tests.conftest import save_tiny_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A tiny world model and the random LFQ tokenizer whose 8x8 codes of 9 bits fit it, saved."""
-    root = tmp_path_factory.mktemp("pair")
-    tiny_model().save_pretrained(root / "world_model")
-    torch.manual_seed(0)
-    LFQTokenizer(TINY_TOKENIZER).save_pretrained(root / "tokenizer")
-    return root
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
 def settings(pair, out, **changes) -> DecodingSettings:

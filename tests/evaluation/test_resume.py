@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -24,10 +23,8 @@ from terra.apps.evaluate import resume_command
 from terra.config.assets import register_resolvers
 from terra.evaluation.run import MEASURES, format_table, run
 from terra.evaluation.settings import evaluate_spec
-from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from terra.tokenizer import LFQTokenizer
-from tests.conftest import tiny_model
+from tests.conftest import save_tiny_pair, tiny_model
 
 register_resolvers()  # conf/ uses ${terra_asset:...}
 
@@ -40,11 +37,7 @@ TIMINGS = ("generate_s", "s_per_frame")  # of each measurement: how long it took
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> Path:
     """A tiny world model (a window of 6 frames) and the random LFQ tokenizer whose 8x8 codes fit it, saved."""
-    root = tmp_path_factory.mktemp("pair")
-    tiny_model().save_pretrained(root / "world_model")
-    torch.manual_seed(0)
-    LFQTokenizer(TINY_TOKENIZER).save_pretrained(root / "tokenizer")
-    return root
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
 def arguments(pair: Path, out: Path, *overrides: str) -> list[str]:

@@ -7,11 +7,8 @@ import json
 import re
 
 import pytest
-import torch
 
-from terra.models.presets import TINY_TOKENIZER
-from terra.tokenizer import LFQTokenizer
-from tests.conftest import load_script, tiny_model
+from tests.conftest import load_script, save_tiny_pair
 
 
 def test_each_path_runs_at_its_defaults_and_at_another_block(tmp_path, single_thread):
@@ -29,11 +26,7 @@ def test_each_path_runs_at_its_defaults_and_at_another_block(tmp_path, single_th
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """A tiny world model (8x8 codes, windows of 6 frames) and the random LFQ tokenizer whose codes fit it, saved."""
-    root = tmp_path_factory.mktemp("tiny_pair")
-    tiny_model().save_pretrained(root / "world_model")
-    torch.manual_seed(0)
-    LFQTokenizer(TINY_TOKENIZER).save_pretrained(root / "tokenizer")
-    return root
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))
 
 
 ROW = re.compile(r"\| (generate|alpasim) \| (–|\d+) \| defaults \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (–|[\d.]+) \| "

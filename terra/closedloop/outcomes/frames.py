@@ -47,7 +47,7 @@ def measure_frames(drive: Drive) -> dict[str, Any] | None:
     poses = drive.world_poses()  # [steps + 1, 3]: the last context frame's pose first
     height, width = frames.shape[1:3]
     renders = drive.truths or {}  # those the world made (terra/closedloop/worlds.py, true_renders)
-    truth = np.stack([renders.get(pose_key(pose)) if pose_key(pose) in renders else render(scene, pose, height, width)
+    truth = np.stack([renders[key] if (key := pose_key(pose)) in renders else render(scene, pose, height, width)
                       for pose in poses])  # the last context frame's pose first
     kept = drive.references
     through = kept is not None and len(kept) >= len(poses)  # the truth through the world's tokenizer
