@@ -25,7 +25,8 @@ from transformers import DynamicCache
 from terra.config.sampling import SamplingConfig
 from terra.generation.kv import crop, kv_tensors, window_cache
 from terra.generation.rollout import FrameDone, RolloutState
-from terra.generation.speculative import SpeculativeFrame, advance_frames
+from terra.generation import speculative  # advance_frames through its module: benchmark_speculative.py profiles it
+from terra.generation.speculative import SpeculativeFrame
 
 
 @dataclass
@@ -104,7 +105,7 @@ class SpeculativeRows:
         if not entries:
             return []
         passes = [self._pass(entry) for entry in entries]
-        advance_frames([entry.frame for entry in entries], *zip(*passes))
+        speculative.advance_frames([entry.frame for entry in entries], *zip(*passes))
         done = []
         for entry in entries:
             entry.length = entry.start + entry.frame.count - 1  # the last committed token is the next pass's input
