@@ -270,14 +270,12 @@ class SessionTable:
                               f"{count}: start a new session, or the server with more")
 
     def _generate(self, session: AlpasimSession, actions: np.ndarray, routes: np.ndarray | None) -> np.ndarray:
-        """Queue every frame of the chunk at once and wait for their codes ``[m, h, w]``. Each step is given its
-        frame's ``actions[i]`` and, for a model with route slots, ``routes[i]``, the route at the pose that frame is
-        drawn from (None: no route), which the engine puts in the slots of the frame before it
-        (terra/generation/session_engine.py, ``SessionEngine.step``)."""
-        futures = [self.engine.step(session.rollout, action, self.sampling, None if routes is None else routes[i])
-                   for i, action in enumerate(actions)]
+        """The chunk's codes ``[m, h, w]``, its frames known up front: one request. ``routes[i]`` is the route at the
+        pose frame ``i`` is drawn from (None: no route)."""
+        results = self.engine.steps(session.rollout, actions, self.sampling,
+                                    None if routes is None else list(routes)).result()
         grid = self.pipeline.tokenizer.grid_shape
-        return np.stack([future.result().codes.reshape(grid) for future in futures])
+        return np.stack([result.codes.reshape(grid) for result in results])
 
     def _encode(self, session: AlpasimSession, codes: np.ndarray) -> list[bytes]:
         frames = self.pipeline.decode(codes)

@@ -119,7 +119,7 @@ class HFBackend(WorldModelBackend):
     def default_seed(self, request: RolloutRequest, index: int) -> int:
         return request.seed if request.seed is not None else secrets.randbits(63)
 
-    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+    def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
         sampling = self.as_run(sampling)
         if state.cache is None:
             state.cache = _Slot(None)
@@ -127,12 +127,13 @@ class HFBackend(WorldModelBackend):
             self._speculative.add(state, sampling)
         else:
             self._queue.append((state, sampling))
+        return 1
 
     @property
     def num_queued(self) -> int:
         return len(self._queue) + len(self._rows) + len(self._speculative)
 
-    def cancel(self, states: Sequence[RolloutState]) -> None:
+    def _cancel(self, states: Sequence[RolloutState]) -> None:
         self._speculative.cancel(states)
         drop = {id(s) for s in states}
         self._queue = [(s, c) for s, c in self._queue if id(s) not in drop]
@@ -145,7 +146,7 @@ class HFBackend(WorldModelBackend):
         return twin
 
     @torch.inference_mode()
-    def poll(self) -> list[FrameDone]:
+    def _poll(self) -> list[FrameDone]:
         """One forward pass for every speculative frame (terra/generation/hf_speculative.py); admit queued frames
         (up to ``max_batch_size`` in flight), then one decode step for every sequential frame."""
         return self._speculative.step() + self._sequential_step()

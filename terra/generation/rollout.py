@@ -163,22 +163,35 @@ class RolloutState:
             self.window_index += 1
 
     def set_next_action(self, action: np.ndarray) -> None:
-        """Replace the action of the newest frame, the one that conditions the next frame (closed loop); ``action``
-        is a checked ``[6, 3]`` array (terra/session/driver_input.py, ``parse_action``). Until the caller sets the
-        one after it, the frame after the next is taken to be driven the same way: speculative decoding's lookahead
-        draws its first guesses under that action (terra/generation/speculative.py; speed only, never codes)."""
-        self.actions[self.next_frame - 1] = action
-        if self.next_frame < len(self.actions):
-            self.actions[self.next_frame] = action
+        """Set the action of the newest frame, the one that conditions the next frame (closed loop; a checked
+        ``[6, 3]``)."""
+        self.set_next_actions(action[None])
+
+    def set_next_actions(self, actions: np.ndarray) -> None:
+        """Set the actions ``[n, 6, 3]`` (checked) that condition the next ``n`` frames. Until the caller sets the one
+        after them, the frame after is taken to be driven as the last: speculative decoding's lookahead draws its
+        first guesses under it (speed only, never codes)."""
+        start = self.next_frame - 1
+        end = min(start + len(actions), len(self.actions))
+        self.actions[start:end] = actions[: end - start]
+        if end < len(self.actions):
+            self.actions[end] = actions[-1]
 
     def set_next_route(self, route: np.ndarray | None) -> None:
-        """Set the next frame's route (closed loop: the road ahead of the pose it is drawn from, a checked ``[K, 3]``
-        array; None: no route), which the newest frame's route slots hold; like :meth:`set_next_action`, the frame
-        after it is taken to have the same route until the caller sets it (guesses only)."""
-        value = np.nan if route is None else route
-        self.routes[self.next_frame - 1] = value
-        if self.next_frame < len(self.routes):
-            self.routes[self.next_frame] = value
+        """Set the next frame's route (the road ahead of the pose it is drawn from, a checked ``[K, 3]``; None: no
+        route), held by the newest frame's route slots."""
+        self.set_next_routes([route])
+
+    def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:
+        """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route); the frame after them is taken
+        to have the last, as :meth:`set_next_actions` takes its action."""
+        start = self.next_frame - 1
+        values = [np.nan if route is None else route for route in routes]
+        end = min(start + len(values), len(self.routes))
+        for row, value in zip(range(start, end), values):
+            self.routes[row] = value
+        if end < len(self.routes):
+            self.routes[end] = values[-1]
 
     def generated(self) -> np.ndarray:
         """The generated frames ``[num_frames, P]`` (context excluded, overlap frames once)."""
@@ -206,6 +219,7 @@ class FrameDone:
     prompt_tokens: int  # tokens of the frame's prompt (the window so far)
     cached_tokens: int  # of those, served from a cache instead of being computed
     window_start: bool  # the first frame of a window (a fresh prompt)
+    last: bool = True  # the last frame of its submission
 
 
 FrameCallback = Callable[[int, int, np.ndarray], None]
@@ -249,21 +263,52 @@ class WorldModelBackend(ABC):
         """The seed of a rollout whose request has none (None: the backend draws one)."""
         return request.seed
 
-    @abstractmethod
-    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
-        """Queue the next frame of ``state`` (not finished, not already queued)."""
+    def submit(self, state: RolloutState, sampling: SamplingConfig, frames: int = 1) -> None:
+        """Queue the next ``frames`` frames of ``state`` (their actions set; not already queued). :meth:`poll` returns
+        them one by one, in order; the last has ``FrameDone.last``."""
+        frames = min(frames, state.request.num_frames - state.num_generated)
+        self._left[id(state)] = [frames, self._request(state, sampling, frames), sampling]
 
-    @abstractmethod
     def poll(self) -> list[FrameDone]:
         """Advance the queued frames; return those that finished (added to their states), possibly none."""
+        finished = self._poll()
+        for done in finished:
+            left = self._left[id(done.state)]
+            left[0] -= 1
+            left[1] -= 1
+            done.last = not left[0]
+            if done.last:
+                del self._left[id(done.state)]
+            elif not left[1]:  # the request ended before the submission: the next window's request
+                left[1] = self._request(done.state, left[2], left[0])
+        return finished
+
+    @property
+    def _left(self) -> dict[int, list]:
+        """Per queued state: frames left of its submission, frames left of its engine request, its sampling."""
+        return self.__dict__.setdefault("_submissions", {})
+
+    @abstractmethod
+    def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
+        """Start generating up to ``frames`` next frames of ``state`` as one engine request; the frames it covers."""
+
+    @abstractmethod
+    def _poll(self) -> list[FrameDone]:
+        """Advance the requests; the frames that finished, added to their states."""
 
     @property
     @abstractmethod
     def num_queued(self) -> int:
-        """Frames submitted and not yet returned by :meth:`poll`."""
+        """Requests submitted and not yet finished."""
 
     def cancel(self, states: Sequence[RolloutState]) -> None:
         """Drop the queued frames of ``states``; their states stay as they were."""
+        for state in states:
+            self._left.pop(id(state), None)
+        self._cancel(states)
+
+    def _cancel(self, states: Sequence[RolloutState]) -> None:
+        """Abort the engine requests of ``states``."""
 
     def fork(self, state: RolloutState) -> RolloutState:
         """A second rollout continuing from ``state``'s point, sharing its past (not while a frame is queued)."""
@@ -295,8 +340,8 @@ class WorldModelBackend(ABC):
     ) -> list[RolloutState]:
         """Run every request to completion; return their finished states in order (codes, forward passes).
 
-        ``decoding=auto`` runs as the run chose (:meth:`as_run`). Each rollout's next frame is submitted the moment
-        its last one is done (no barrier across rollouts).
+        ``decoding=auto`` runs as the run chose (:meth:`as_run`). Each rollout is submitted whole: its actions are
+        known, so a backend may generate several frames a request.
         """
         sampling = self.as_run(sampling)
         states = [self.start(r, i) for i, r in enumerate(requests)]
@@ -305,7 +350,7 @@ class WorldModelBackend(ABC):
         try:
             with Progress(total, f"generating ({self.name})", "frame", enabled=progress) as bar:
                 for state in states:
-                    self.submit(state, sampling)
+                    self.submit(state, sampling, frames=state.request.num_frames)
                 while self.num_queued:
                     for done in self.poll():
                         state = done.state
@@ -315,8 +360,6 @@ class WorldModelBackend(ABC):
                             on_frame(index[id(state)], state.next_frame - 1 - state.num_context, done.codes)
                         if state.finished:
                             self.release(state)
-                        else:
-                            self.submit(state, sampling)
         except BaseException:
             self.cancel(states)
             raise

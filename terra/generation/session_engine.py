@@ -73,9 +73,11 @@ class _Job:
     kind: str  # step | fork | reset | close
     rollout: Rollout
     future: Future = field(default_factory=Future)
-    action: np.ndarray | None = None
-    route: np.ndarray | None = None  # the next frame's route, for a model with route slots (None: no route)
+    actions: np.ndarray | None = None  # [n, 6, 3] of the next n frames
+    routes: list | None = None  # their routes, for a model with route slots (None in it: no route)
     sampling: SamplingConfig | None = None
+    single: bool = True  # the future resolves to one StepResult, else to the list of them
+    results: list = field(default_factory=list)
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float = 0.0
 
@@ -124,7 +126,14 @@ class SessionEngine:
              route: np.ndarray | None = None) -> Future:
         """Generate ``rollout``'s next frame under ``action`` and, for a model with route slots, ``route`` (the road
         ahead of the pose the frame is drawn from, ``[K, 3]``; None: no route); resolves to a :class:`StepResult`."""
-        return self._put(_Job("step", rollout, action=action, route=route, sampling=sampling))
+        return self._put(_Job("step", rollout, actions=action[None], routes=[route], sampling=sampling))
+
+    def steps(self, rollout: Rollout, actions: np.ndarray, sampling: SamplingConfig,
+              routes: list | None = None) -> Future:
+        """Generate ``rollout``'s next ``len(actions)`` frames, known up front, as one request where the backend can;
+        resolves to their :class:`StepResult` list."""
+        routes = [None] * len(actions) if routes is None else list(routes)
+        return self._put(_Job("step", rollout, actions=actions, routes=routes, sampling=sampling, single=False))
 
     def fork(self, rollout: Rollout) -> Future:
         """A second :class:`Rollout` continuing from ``rollout`` after its queued steps."""
@@ -214,14 +223,15 @@ class SessionEngine:
                 raise TerraInputError("the session is closed")
             if job.kind == "step":
                 state = rollout.state
-                if state.finished:
-                    raise TerraInputError(f"the session has reached its limit of {state.request.num_frames} frames; "
-                                          "reset it or open a new one")
-                state.set_next_action(job.action)
+                left = state.request.num_frames - state.num_generated
+                if left < len(job.actions):
+                    raise TerraInputError(f"the session has reached its limit of {state.request.num_frames} frames "
+                                          f"({left} left, {len(job.actions)} asked); reset it or open a new one")
+                state.set_next_actions(job.actions)
                 if state.layout.route_model:
-                    state.set_next_route(job.route)
+                    state.set_next_routes(job.routes)
                 job.started_at = time.perf_counter()
-                self.backend.submit(state, job.sampling)
+                self.backend.submit(state, job.sampling, frames=len(job.actions))
                 rollout.busy, rollout.current = True, job
                 self._owner[id(state)] = rollout
                 return
@@ -240,8 +250,8 @@ class SessionEngine:
             job.future.set_exception(err)
 
     def _finish(self, done: FrameDone) -> None:
-        rollout = self._owner.pop(id(done.state))
-        job, rollout.busy, rollout.current = rollout.current, False, None
+        rollout = self._owner[id(done.state)]
+        job = rollout.current
         now = time.perf_counter()
         state = done.state
         with self._lock:
@@ -250,12 +260,17 @@ class SessionEngine:
             self.cached_tokens += done.cached_tokens
             self.prompt_tokens += done.prompt_tokens
             self.pass_stats += PassStats(1, state.passes[-1], state.layout.image_tokens)
-        job.future.set_result(StepResult(
+        job.results.append(StepResult(
             index=state.next_frame - 1 - state.num_context, codes=done.codes,
             action=state.actions[state.next_frame - 2].copy(), queue_s=job.started_at - job.queued_at,
             generate_s=now - job.started_at, cached_tokens=done.cached_tokens, prompt_tokens=done.prompt_tokens,
             passes=state.passes[-1],
         ))
+        if not done.last:
+            return
+        del self._owner[id(done.state)]
+        rollout.busy, rollout.current = False, None
+        job.future.set_result(job.results[0] if job.single else job.results)
         self._drain(rollout)
 
     def _drain(self, rollout: Rollout) -> None:

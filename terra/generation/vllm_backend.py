@@ -1,24 +1,16 @@
-"""The vLLM backend: many rollouts on one vLLM engine, each advancing the moment its last frame is done.
+"""The vLLM backend: many rollouts on one vLLM engine, each request the frames of a window whose actions are known.
 
-Every frame is one engine request: the current window's prompt (token ids with action placeholders, plus
-one ``"actions"`` item per frame, see :mod:`terra.vllm.llama_action`) and exactly ``P`` sampled tokens.
-:meth:`VLLMBackend.submit` adds it to the engine and :meth:`VLLMBackend.poll` runs one engine step, so a
-rollout whose frame finishes submits its next frame at once while the others keep decoding (no barrier across
-rollouts), and closed-loop sessions (:mod:`terra.session`) join the running batch whenever their next action
-arrives (continuous batching). Prefix caching keeps resubmitting the growing prompt
-cheap: only the new frame's action slots and the last partial KV block are recomputed. Each frame request's
-prompt and cached token counts are appended to :attr:`VLLMBackend.frame_stats` (kept across calls, so a
-benchmark can slice out one configuration's requests).
-
-This is the ``per_frame`` request path (``backend.options.requests``). The ``streaming`` path,
-:mod:`terra.generation.vllm_streaming`, keeps one vLLM streaming-input request open per rollout window instead;
-it shares this class's engine settings, prompts and sampling parameters.
+A request is the window's prompt (token ids with slot placeholders and one ``"actions"`` item a frame) and the next
+frames' image codes; on Model Runner V2 it spans every frame whose actions are known, up to the window's end, the
+slots between them forced and embedded by the model (:mod:`terra.vllm.jacobi_state`), so the host touches the engine
+once a chunk; on the V1 runner (vLLM's CPU engine) one request a frame. Each :meth:`VLLMBackend.poll` is one engine
+step, so a session's request joins the running batch when it arrives (continuous batching).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,6 +23,7 @@ from terra.generation.resolve import DEFAULT_ROLLOUTS
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 
 
+FUTURE_SLOTS = "terra_future_slots"  # SamplingParams.extra_args: the slot values between a request's frames
 GRAPH_STREAMS = 64  # speculative decoding: the most rollouts whose decode step is captured as one full CUDA graph
 
 
@@ -38,6 +31,19 @@ def kv_capacity(blocks: int, block_size: int, window_tokens: int, max_num_seqs: 
     """Sequences of ``window_tokens`` tokens a KV cache of ``blocks`` blocks of ``block_size`` tokens holds at once
     without preemption, at most the engine's ``max_num_seqs`` and at least one."""
     return max(1, min(blocks // -(-window_tokens // block_size), max_num_seqs))
+
+
+@dataclass
+class _Request:
+    """An engine request in flight: ``frames`` frames of ``state`` after a prompt of ``prompt_tokens``."""
+
+    state: RolloutState
+    prompt_tokens: int
+    window_start: bool
+    frames: int
+    tokens: list[int] = field(default_factory=list)  # image codes and slot placeholders so far
+    emitted: int = 0  # frames handed back
+    steps: int = 0  # engine steps since the last frame handed back
 
 
 @dataclass(frozen=True)
@@ -56,12 +62,16 @@ class FrameStat:
 
     @property
     def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens
+        """Share of the prompt served from the cache; a frame that continues its request has no prompt (1.0)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 1.0
 
 
-def frame_seed(rollout_seed: int, frame_index: int) -> int:
-    """Seed of one frame request, derived from the rollout's seed and the frame's index (not the batch)."""
-    return int(np.random.SeedSequence([rollout_seed, frame_index]).generate_state(1)[0] & 0x7FFFFFFF)
+def request_seed(state: RolloutState, position_keyed: bool) -> int:
+    """Seed of ``state``'s next request. Model Runner V2 keys a draw's noise by the seed and the token's position in
+    its window: one seed a window, so a request of many frames draws what requests of one frame draw. The V1 runner
+    draws from a generator the seed starts: one seed a frame."""
+    key = state.window_index if position_keyed else state.next_frame - state.num_context
+    return int(np.random.SeedSequence([state.seed, key]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def cpu_whole_prompts(window_positions: int) -> dict[str, Any]:
@@ -156,8 +166,7 @@ class VLLMBackend(WorldModelBackend):
         compat.allow_clean_exit()
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
-        self._pending: dict[str, tuple[RolloutState, int, bool]] = {}  # request id -> state, prompt length, start
-        self._passes: dict[str, tuple[list[int], int]] = {}  # speculative: request id -> codes so far, passes
+        self._pending: dict[str, _Request] = {}
         self._start_engine(dict(
             model=model_path,
             skip_tokenizer_init=True,
@@ -180,6 +189,9 @@ class VLLMBackend(WorldModelBackend):
             except TerraInputError:
                 self.close()
                 raise
+        # Model Runner V2 asks the model for its sampler and state, which generate a window's known frames as one
+        # request and key draws by position; the V1 runner, one request a frame, draws from a seeded generator
+        self.position_keyed = bool(getattr(self.engine.vllm_config, "use_v2_model_runner", False))
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         """Build the synchronous engine, stepped by :meth:`poll`, from ``engine_args`` (``EngineArgs``' fields).
@@ -228,23 +240,30 @@ class VLLMBackend(WorldModelBackend):
         items = np.ascontiguousarray(conditions, dtype=np.float32)
         return {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
 
-    def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False):
-        """Parameters of ``state``'s next frame: exactly ``P`` image codes, seeded with :func:`frame_seed` (the
-        rollout's seed and the frame's index) unless greedy; final-only output, or deltas (``delta``, and always
-        on a speculative engine: one delta per engine step is how its forward passes are counted)."""
+    def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False, frames: int = 1):
+        """Parameters of ``state``'s next ``frames`` frames: their image codes and the slots between them (forced by
+        the model's sampler, embedded from ``extra_args``), seeded by :func:`request_seed` unless greedy; final-only
+        output, or deltas (``delta``, several frames, or a speculative engine, whose passes are counted a step)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        seed = frame_seed(state.seed, state.next_frame - state.num_context)
+        layout = self.layout
+        extra = None
+        if frames > 1:
+            start = state.next_frame
+            extra = {FUTURE_SLOTS: {"first": start - state.window.start,
+                                    "values": state.conditions[start : start + frames - 1].tolist()}}
         return SamplingParams(
             temperature=sampling.temperature,
             top_k=sampling.top_k,  # 0 = off, as in SamplingConfig
             top_p=sampling.top_p,
-            seed=None if sampling.greedy else seed,
-            max_tokens=self.layout.image_tokens,
+            seed=None if sampling.greedy else request_seed(state, self.position_keyed),
+            max_tokens=frames * layout.frame_span - layout.slot_tokens,
             ignore_eos=True,
             detokenize=False,
-            output_kind=RequestOutputKind.DELTA if delta or self.draft_tokens else RequestOutputKind.FINAL_ONLY,
+            extra_args=extra,
+            output_kind=RequestOutputKind.DELTA if delta or frames > 1 or self.draft_tokens
+            else RequestOutputKind.FINAL_ONLY,
         )
 
     def default_seed(self, request: RolloutRequest, index: int) -> int:
@@ -262,47 +281,54 @@ class VLLMBackend(WorldModelBackend):
         seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or int(blocks)
         return kv_capacity(int(blocks), int(block_size), tokens, int(seqs))
 
-    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+    def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
+        frames = min(frames, state.window.end - state.next_frame) if self.position_keyed else 1
         prompt = self.frame_prompt(state)
         request_id = f"terra-{next(self._ids)}"
-        self.engine.add_request(request_id, prompt, self._sampling_params(sampling, state))
-        self._pending[request_id] = (state, len(prompt["prompt_token_ids"]), state.window_starts)
+        self.engine.add_request(request_id, prompt, self._sampling_params(sampling, state, frames=frames))
+        self._pending[request_id] = _Request(state, len(prompt["prompt_token_ids"]), state.window_starts, frames)
+        return frames
 
     @property
     def num_queued(self) -> int:
         return len(self._pending)
 
-    def poll(self) -> list[FrameDone]:
+    def _poll(self) -> list[FrameDone]:
         """One engine step; the frames it finished."""
         done = []
+        span, image = self.layout.frame_span, self.layout.image_tokens
         for output in self.engine.step():
-            if output.request_id not in self._pending:
+            request = self._pending.get(output.request_id)
+            if request is None:
                 continue
-            passes = None  # sequential: one per image token
-            tokens = list(output.outputs[0].token_ids)
-            if self.draft_tokens:  # a delta per step that produced tokens for the request: its passes
-                earlier, passes = self._passes.get(output.request_id, ([], 0))
-                # the prompt's step is one pass; a decode step passes_per_step (one that shared its step with
-                # another request's prompt ran one pass: counted high there, terra/vllm/jacobi_runner.py)
-                tokens, passes = earlier + tokens, passes + (self.passes_per_step if earlier else 1)
-                self._passes[output.request_id] = (tokens, passes)
-            if not output.finished:
-                continue
-            self._passes.pop(output.request_id, None)
-            state, prompt_tokens, window_start = self._pending.pop(output.request_id)
-            codes = np.asarray(tokens, dtype=np.int64)
-            state.add_frame(codes, passes=passes)
-            done.append(FrameDone(state, codes, prompt_tokens, self._cached_tokens(output), window_start))
+            request.tokens += output.outputs[0].token_ids
+            request.steps += 1
+            while len(request.tokens) >= request.emitted * span + image:
+                start = request.emitted * span
+                codes = np.asarray(request.tokens[start : start + image], dtype=np.int64)
+                # speculative: the prompt's step is one pass, a decode step passes_per_step (one that shared its
+                # step with another request's prompt ran one: counted high there); sequential: one a token
+                passes = None
+                if self.draft_tokens:
+                    passes = 1 + (request.steps - 1) * self.passes_per_step if not request.emitted else \
+                        request.steps * self.passes_per_step
+                first = not request.emitted
+                request.emitted, request.steps = request.emitted + 1, 0
+                request.state.add_frame(codes, passes=passes)
+                cached = self._cached_tokens(output) if first else 0
+                done.append(FrameDone(request.state, codes, request.prompt_tokens if first else 0, cached,
+                                      request.window_start and first))
+            if request.emitted == request.frames:
+                del self._pending[output.request_id]
         return done
 
-    def cancel(self, states: Sequence[RolloutState]) -> None:
+    def _cancel(self, states: Sequence[RolloutState]) -> None:
         drop = {id(s) for s in states}
-        ids = [request_id for request_id, (state, _, _) in self._pending.items() if id(state) in drop]
+        ids = [request_id for request_id, request in self._pending.items() if id(request.state) in drop]
         if ids:
             self.engine.abort_request(ids)
         for request_id in ids:
             del self._pending[request_id]
-            self._passes.pop(request_id, None)
 
     def record(self, done: FrameDone, rollout: int) -> None:
         """Append the frame's prompt and cached token counts to :attr:`frame_stats`."""
@@ -319,4 +345,4 @@ class VLLMBackend(WorldModelBackend):
         self.engine = None
 
 
-__all__ = ["FrameStat", "VLLMBackend", "frame_seed"]
+__all__ = ["FrameStat", "VLLMBackend", "request_seed"]

@@ -97,7 +97,7 @@ class StreamingVLLMBackend(VLLMBackend):
 
     # ------------------------------------------------------------------ driver thread
 
-    def submit(self, state: RolloutState, sampling: SamplingConfig) -> None:
+    def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
         from vllm.engine.protocol import StreamingInput
 
         params = self._sampling_params(sampling, state, delta=True)
@@ -112,7 +112,7 @@ class StreamingVLLMBackend(VLLMBackend):
             self._loop.call_soon_threadsafe(self._start, stream, StreamingInput(prompt, params), params)
             self._open[stream.request_id] = state
             self._pending[stream.request_id] = (state, window_tokens, True)
-            return
+            return 1
         self._open.move_to_end(stream.request_id)
         layout, frame = self.layout, state.next_frame
         ids = [stream.last_code] + [layout.slot_token_id] * layout.slot_tokens
@@ -120,8 +120,9 @@ class StreamingVLLMBackend(VLLMBackend):
         chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": conditions}}, params)
         self._loop.call_soon_threadsafe(self._feed, stream, chunk)
         self._pending[stream.request_id] = (state, window_tokens, False)
+        return 1
 
-    def poll(self) -> list[FrameDone]:
+    def _poll(self) -> list[FrameDone]:
         """The frames finished so far; waits for one up to :data:`POLL_WAIT_S` when frames are queued."""
         if self._error is not None:
             error, self._error = self._error, None
@@ -157,7 +158,7 @@ class StreamingVLLMBackend(VLLMBackend):
             raise error
         return done
 
-    def cancel(self, states: Sequence[RolloutState]) -> None:
+    def _cancel(self, states: Sequence[RolloutState]) -> None:
         """Abort the requests of ``states``' queued frames (their streams end; a later frame opens a new one)."""
         for state in states:
             stream = state.cache

@@ -1,31 +1,17 @@
-"""Speculative Jacobi decoding inside vLLM's Model Runner V2, through hooks the model owns (no fork of vLLM).
+"""Terra's model state and sampler in vLLM's Model Runner V2, through hooks the model owns (no fork of vLLM).
 
-docs/decoding.md ("On vLLM") says why this route and what each vLLM release does with it.
-In short, Model Runner V2 (``vllm/v1/worker/gpu/``, the default on a GPU for this model) asks the model for its
-per-request state class (``get_model_state_cls()``) and that state for a sampler (``custom_sampler``), and
-``draft_tokens`` given to the engine (terra/vllm/compat.py, ``jacobi_engine_kwargs``, puts them in vLLM's words)
-make every decode step carry that many draft slots per request with no speculator: the runner feeds each request
-``[last sampled token, guesses...]`` from its own GPU table ``req_states.draft_tokens`` and leaves filling that
-table to the sampler. :class:`JacobiSampler` is that sampler, and runs the rule of terra/generation/speculative.py
-(the one the Transformers backend runs too):
-
-* vLLM's own sampler draws one token from every logits row (temperature, top-k, top-p and Gumbel noise keyed by
-  the request's seed and the row's position: exactly the token sequential decoding draws at that position once
-  its prefix is the row's);
-* :func:`~terra.generation.speculative.accepted_guesses` keeps the leading guesses that equal those draws, so a
-  request emits 1 .. K+1 tokens a step, each the token sequential decoding draws there: the same codes;
-* :func:`~terra.generation.speculative.next_guesses` refills the table for the next step from the same draws
-  and, past the pass, from the previous frame's codes (:func:`previous_frame_codes`).
-
-Everything stays on the device and no host sync is added, so asynchronous scheduling and CUDA graphs (uniform
-decode batches of ``K + 1`` tokens a request) keep working. The model's config must not carry vLLM's draft slots
-(terra/vllm/compat.py): that would mark it a diffusion model, whose steps emit no bonus token.
-
-Imported only by :meth:`terra.vllm.llama_action.TerraForCausalLM.get_model_state_cls`, i.e. by Model Runner V2.
+The runner asks the model for its per-request state (``get_model_state_cls``) and that state for a sampler
+(``custom_sampler``). :class:`JacobiModelState` lets one request generate several frames whose actions are known:
+the slot values between them come with the request and are embedded where the request's draws put placeholders.
+:class:`JacobiSampler` forces those placeholders and, when the engine schedules draft slots, decodes speculative
+Jacobi blocks by the rule of :mod:`terra.generation.speculative`: vLLM's draws (noise keyed by seed and position),
+the leading guesses that equal them accepted, the next guesses from the draws and the previous frame's codes. The
+codes are sequential decoding's; nothing syncs the host. docs/decoding.md, "On vLLM".
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -33,7 +19,10 @@ from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
+from terra.contract.layout import TokenLayout
 from terra.generation.speculative import accepted_guesses, next_guesses
+from terra.generation.vllm_backend import FUTURE_SLOTS
+from terra.models.modeling_llama_action import embed_slots
 from terra.vllm.compat import engine_draft_tokens
 
 
@@ -51,36 +40,46 @@ def previous_frame_codes(
 
 
 class JacobiSampler:
-    """vLLM's sampler over every row of a block, plus acceptance and the next block's drafts.
+    """vLLM's sampler over every row of a block, plus acceptance and the next block's drafts; every draw at a slot
+    position is the slot's placeholder, so a request runs on through the slots between its frames.
 
     Everything but :meth:`__call__` (``add_request``, ``apply_staged_writes``, ``sampling_states``,
     ``penalties_state``, ``req_states``, ...) is the wrapped sampler's, so the runner drives it as its own.
     Logprobs are not returned for speculative steps.
     """
 
-    def __init__(self, sampler: Any, frame_span: int, draft_tokens: int) -> None:
+    def __init__(self, sampler: Any, layout: TokenLayout, draft_tokens: int) -> None:
         self.base = sampler
-        self.frame_span = frame_span
+        self.layout = layout
+        self.frame_span = layout.frame_span
         self.draft_tokens = draft_tokens
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
 
+    def draw(self, logits: torch.Tensor, input_batch: Any) -> tuple[Any, torch.Tensor]:
+        """vLLM's draws, one a logits row, with the placeholder at every row that draws a slot position."""
+        drawn = self.base(logits, input_batch)
+        at = input_batch.positions[input_batch.logits_indices].to(torch.int64) + 1
+        flat = drawn.sampled_token_ids.reshape(-1)
+        slot = at % self.frame_span >= self.layout.image_tokens
+        return drawn, torch.where(slot, torch.full_like(flat, self.layout.slot_token_id), flat)
+
     def iterate_block(self, logits: torch.Tensor, input_batch: Any) -> None:
         """Rewrite the step's fed guesses in place (``input_batch.input_ids``) as the block's next Jacobi iterate:
         each guess becomes the token drawn from the row before it, at the same positions (row 0's input, the last
-        committed token, stays). The pass that follows over the same positions then holds at least one more of
-        sequential decoding's tokens in each request's block; :meth:`__call__` on the step's last pass accepts and
-        emits them (terra/vllm/jacobi_runner.py runs the passes). No host sync."""
-        drawn = self.base(logits, input_batch).sampled_token_ids.reshape(-1)
+        committed token, stays). The pass that follows then holds at least one more of sequential decoding's tokens
+        in each request's block. No host sync."""
+        drawn = self.draw(logits, input_batch)[1]
         rows = input_batch.logits_indices
         ids = input_batch.input_ids
         first = input_batch.expanded_local_pos == 0  # row 0 of its request: fed the last committed token
         ids[rows] = torch.where(first, ids[rows], drawn.roll(1).to(ids.dtype))
 
     def __call__(self, logits: torch.Tensor, input_batch: Any) -> SamplerOutput:
-        drawn = self.base(logits, input_batch)  # one token per logits row, as sequential decoding draws it
-        flat = drawn.sampled_token_ids.reshape(-1)
+        drawn, flat = self.draw(logits, input_batch)  # a token per logits row, as sequential decoding draws it
+        if not self.draft_tokens:
+            return dataclasses.replace(drawn, sampled_token_ids=flat.view(-1, 1))
         num_reqs = input_batch.num_reqs
         cu = input_batch.cu_num_logits[: num_reqs + 1].to(torch.int64)
         rows = torch.arange(flat.shape[0], device=flat.device)
@@ -121,15 +120,55 @@ class JacobiSampler:
         )
 
 
+NO_PROMPT = 1 << 40  # a request's prompt length that no position reaches: nothing of it is a known frame's slot
+
+
 class JacobiModelState(DefaultModelState):
-    """vLLM's default model state, with :class:`JacobiSampler` when the engine schedules draft slots."""
+    """vLLM's default model state, with :class:`JacobiSampler` and a request's known frames: the slot values
+    between them (``SamplingParams.extra_args``) embedded where the request's own draws put their placeholders."""
+
+    def __init__(self, vllm_config: Any, model: Any, encoder_cache: Any, device: torch.device) -> None:
+        super().__init__(vllm_config, model, encoder_cache, device)
+        self.layout = TokenLayout.from_config(self.model_config.hf_config)
+        layout = self.layout
+        self.future_slots = torch.zeros(self.max_num_reqs, layout.max_frames, layout.slot_tokens,
+                                        self.inputs_embeds_size, dtype=self.dtype, device=device)
+        self.prompt_len = torch.full((self.max_num_reqs,), NO_PROMPT, dtype=torch.int64, device=device)
+
+    def add_request(self, req_index: int, new_req_data: Any) -> None:
+        super().add_request(req_index, new_req_data)
+        params = new_req_data.sampling_params
+        future = (params.extra_args or {}).get(FUTURE_SLOTS) if params is not None else None
+        if future is None:
+            self.prompt_len[req_index] = NO_PROMPT
+            return
+        weight = next(self.model.action_projection.parameters())
+        values = torch.tensor(future["values"], dtype=weight.dtype, device=weight.device)
+        slots = torch.arange(values.shape[1], device=weight.device)
+        first = int(future["first"])
+        self.future_slots[req_index, first : first + len(values)] = embed_slots(self.model, values, slots).to(
+            self.dtype)
+        self.prompt_len[req_index] = len(new_req_data.prompt_token_ids)
+
+    def get_mm_embeddings(self, scheduled_encoder_inputs: Any, input_batch: Any, req_states: Any) -> torch.Tensor:
+        """The step's input embeddings, each slot a request drew past its prompt embedded from its known frames."""
+        embeds = super().get_mm_embeddings(scheduled_encoder_inputs, input_batch, req_states)
+        n, layout = input_batch.num_tokens, self.layout
+        starts = input_batch.query_start_loc[1 : input_batch.num_reqs + 1]
+        token = torch.arange(n, device=starts.device, dtype=starts.dtype)
+        req = input_batch.idx_mapping[torch.searchsorted(starts, token, right=True)].to(torch.int64)
+        positions = input_batch.positions[:n].to(torch.int64)
+        spatial = positions % layout.frame_span
+        known = (positions >= self.prompt_len[req]) & (spatial >= layout.image_tokens)
+        frame = (positions // layout.frame_span).clamp(max=layout.max_frames - 1)
+        values = self.future_slots[req, frame, (spatial - layout.image_tokens).clamp(min=0)]
+        embeds[:n] = torch.where(known[:, None], values, embeds[:n])
+        return embeds
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any] | None:
-        draft_tokens = engine_draft_tokens(self.vllm_config)
-        if not draft_tokens:
-            return None  # sequential decoding, or vLLM's own speculators and rejection sampler
-        frame_span = self.model_config.hf_config.num_spatio_embeddings
-        return JacobiSampler(sampler, frame_span, draft_tokens), None
+        if self.vllm_config.speculative_config is not None:
+            return None  # vLLM's own speculators and rejection sampler
+        return JacobiSampler(sampler, self.layout, engine_draft_tokens(self.vllm_config)), None
 
 
 __all__ = ["JacobiModelState", "JacobiSampler", "previous_frame_codes"]

@@ -132,8 +132,13 @@ def test_terra_model_offers_the_jacobi_state(v2):
 
     assert TerraForCausalLM.get_model_state_cls(None) is JacobiModelState
     assert issubclass(JacobiModelState, v2.default.DefaultModelState)
-    sequential = SimpleNamespace(vllm_config=SimpleNamespace(num_speculative_tokens=0, speculative_config=None))
-    assert JacobiModelState.custom_sampler(sequential, object()) is None
+    layout = SimpleNamespace(frame_span=20, image_tokens=18, slot_token_id=999)
+    sequential = SimpleNamespace(layout=layout,
+                                 vllm_config=SimpleNamespace(num_speculative_tokens=0, speculative_config=None))
+    sampler, rejection = JacobiModelState.custom_sampler(sequential, object())  # forces a request's slots
+    assert sampler.draft_tokens == 0 and rejection is None
+    speculator = SimpleNamespace(layout=layout, vllm_config=SimpleNamespace(speculative_config=object()))
+    assert JacobiModelState.custom_sampler(speculator, object()) is None  # vLLM's own speculators keep their sampler
 
 
 def test_engine_settings_refuse_what_cannot_run():
@@ -225,7 +230,8 @@ def test_sampler_reads_vllms_batch_layout_and_fills_the_draft_table(v2, monkeypa
             return SimpleNamespace(sampled_token_ids=draws.view(-1, 1), num_nans=None)
 
     base = Base()
-    sampler = jacobi_state.JacobiSampler(base, frame_span=20, draft_tokens=3)
+    layout = SimpleNamespace(frame_span=20, image_tokens=18, slot_token_id=999)  # no draw here is at a slot
+    sampler = jacobi_state.JacobiSampler(base, layout, draft_tokens=3)
     # request slot 4: x=10 at 40, drafts 11 12 13 (41..43); slot 2: prompt ends at 49; slot 5: x at 60, drafts 31 9
     fed = torch.tensor([10, 11, 12, 13, 7, 30, 31, 9])
     batch = SimpleNamespace(

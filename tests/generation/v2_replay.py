@@ -2,7 +2,7 @@
 :class:`terra.vllm.jacobi_state.JacobiSampler` is handed and what it does (tests/generation/test_vllm_jacobi.py).
 
 A frame is one request, as terra/generation/vllm_backend.py sends it: the window's prompt, seeded with
-``frame_seed``, ``max_tokens = P``. Its first step computes the prompt and draws one token from the last row;
+``request_seed``, ``max_tokens = P``. Its first step computes the prompt and draws one token from the last row;
 every later step feeds ``[last token, the request's row of req_states.draft_tokens]`` (fewer guesses near the
 window's end: vLLM's scheduler caps a request's slots at ``max_model_len``) and hands the rows to the sampler;
 the request keeps ``num_sampled`` tokens (the KV of rejected slots dropped) until it has ``P``. vLLM's own
@@ -26,7 +26,7 @@ from terra.config.sampling import SamplingConfig
 from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
 from terra.generation.sampling import gumbel_noise, sample_image_tokens
-from terra.generation.vllm_backend import frame_seed
+from terra.generation.vllm_backend import request_seed
 
 SLOT, SLOTS = 2, 4  # the request's row in V2's per-request tables, and their rows
 
@@ -79,8 +79,8 @@ def replay_frame(model, state: RolloutState, draft_tokens: int, sampling: Sampli
 
     layout = state.layout
     base = VLLMSampler(sampling, layout, draft_tokens)
-    base.seed = frame_seed(state.seed, state.next_frame - state.num_context)
-    sample = JacobiSampler(base, layout.frame_span, draft_tokens) if draft_tokens else None
+    base.seed = request_seed(state, position_keyed=True)
+    sample = JacobiSampler(base, layout, draft_tokens) if draft_tokens else None
     tables = base.req_states
     ids, actions, _ = state.prompt()
     prompt = torch.tensor(ids)
