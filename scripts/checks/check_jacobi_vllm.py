@@ -8,8 +8,9 @@ starts, and results are written after each engine (a run cut short keeps what it
 * ``demo``: the demo world model on the rollouts of scripts/bench/benchmark_speculative.py (built-in scenes, the
   manoeuvres in turn, seed = index), an engine per count of ``--demo-draft-tokens`` (0 = sequential), greedy and
   at temperature 0.9: forward passes per frame (the engine's per-step outputs, checked against its scheduler's
-  steps) and seconds per frame one rollout at a time, and the codes, one at a time and all at once, against the
-  sequential engine's (the rule emits sequential decoding's draws, so they must be equal; a difference could only
+  steps) and seconds per frame one rollout at a time, and the codes, one at a time, all at once and at one request a
+  frame (as a closed loop steps them; the others are a window's frames a request), against the sequential engine's
+  (the rule emits sequential decoding's draws, so they must be equal; a difference could only
   be a bf16 near-tie between passes of 1 and K + 1 tokens, and is reported as the fraction of tokens that agree).
 * ``terra``: Terra's 2 B shape with random weights (vLLM's dummy loader), an engine per count of
   ``--terra-draft-tokens``: the engine's step time at temperature 0.9 with each count of ``--streams`` rollouts in
@@ -185,11 +186,25 @@ def demo_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespac
             start = time.perf_counter()
             states = backend.run_rollouts(requests, sampling, progress=False)
             run.update(batch_frames_per_s=sum(len(s.passes) for s in states) / (time.perf_counter() - start),
-                       batched=[s.generated().tolist() for s in states])
+                       batched=[s.generated().tolist() for s in states],
+                       framewise=framewise(backend, requests, sampling))
             record["runs"].append(run)
     finally:
         backend.close()
     return record
+
+
+def framewise(backend, requests, sampling) -> list:
+    """Every rollout at one request a frame, as a closed loop steps it: codes to hold against a window a request."""
+    sampling = backend.as_run(sampling)
+    states = [backend.start(request, i) for i, request in enumerate(requests)]
+    for state in states:
+        backend.submit(state, sampling)
+    while backend.num_queued:
+        for done in backend.poll():
+            if not done.state.finished:
+                backend.submit(done.state, sampling)
+    return [state.generated().tolist() for state in states]
 
 
 def terra_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -301,9 +316,9 @@ def demo_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in records:
         for run in record.get("runs", []):
             ref = reference.get(run["temperature"])
-            row = {k: v for k, v in run.items() if k not in ("single", "batched")}
+            row = {k: v for k, v in run.items() if k not in ("single", "batched", "framewise")}
             row.update(draft_tokens=draft_tokens_of(record), passes_per_step=record.get("passes_per_step", 1))
-            for name in ("single", "batched"):
+            for name in ("single", "batched", "framewise"):
                 if ref is not None and name in run:
                     row[f"{name}_agreement"] = float((np.asarray(run[name]) == ref).mean())
             rows.append(row)

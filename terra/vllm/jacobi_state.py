@@ -120,6 +120,19 @@ class JacobiSampler:
         )
 
 
+def embed_known_slots(embeds: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor, prompt_len: torch.Tensor,
+                      future_slots: torch.Tensor, layout: TokenLayout) -> None:
+    """Write into ``embeds [n, hidden]`` the embedding of every slot its request drew past its prompt: token ``i``
+    at ``positions[i]`` of request ``requests[i]``, whose known frames' slots ``future_slots [reqs, frames, slots,
+    hidden]`` hold by window frame."""
+    requests, positions = requests.to(torch.int64), positions.to(torch.int64)
+    spatial = positions % layout.frame_span
+    known = (positions >= prompt_len[requests]) & (spatial >= layout.image_tokens)
+    frame = (positions // layout.frame_span).clamp(max=layout.max_frames - 1)
+    values = future_slots[requests, frame, (spatial - layout.image_tokens).clamp(min=0)]
+    embeds[:] = torch.where(known[:, None], values.to(embeds.dtype), embeds)
+
+
 NO_PROMPT = 1 << 40  # a request's prompt length that no position reaches: nothing of it is a known frame's slot
 
 
@@ -153,16 +166,12 @@ class JacobiModelState(DefaultModelState):
     def get_mm_embeddings(self, scheduled_encoder_inputs: Any, input_batch: Any, req_states: Any) -> torch.Tensor:
         """The step's input embeddings, each slot a request drew past its prompt embedded from its known frames."""
         embeds = super().get_mm_embeddings(scheduled_encoder_inputs, input_batch, req_states)
-        n, layout = input_batch.num_tokens, self.layout
+        n = input_batch.num_tokens
         starts = input_batch.query_start_loc[1 : input_batch.num_reqs + 1]
         token = torch.arange(n, device=starts.device, dtype=starts.dtype)
-        req = input_batch.idx_mapping[torch.searchsorted(starts, token, right=True)].to(torch.int64)
-        positions = input_batch.positions[:n].to(torch.int64)
-        spatial = positions % layout.frame_span
-        known = (positions >= self.prompt_len[req]) & (spatial >= layout.image_tokens)
-        frame = (positions // layout.frame_span).clamp(max=layout.max_frames - 1)
-        values = self.future_slots[req, frame, (spatial - layout.image_tokens).clamp(min=0)]
-        embeds[:n] = torch.where(known[:, None], values, embeds[:n])
+        requests = input_batch.idx_mapping[torch.searchsorted(starts, token, right=True)]
+        embed_known_slots(embeds[:n], input_batch.positions[:n], requests, self.prompt_len, self.future_slots,
+                          self.layout)
         return embeds
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any] | None:
@@ -171,4 +180,4 @@ class JacobiModelState(DefaultModelState):
         return JacobiSampler(sampler, self.layout, engine_draft_tokens(self.vllm_config)), None
 
 
-__all__ = ["JacobiModelState", "JacobiSampler", "previous_frame_codes"]
+__all__ = ["JacobiModelState", "JacobiSampler", "embed_known_slots", "previous_frame_codes"]

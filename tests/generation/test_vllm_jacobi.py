@@ -24,7 +24,7 @@ from terra.generation.rollout import RolloutRequest
 from terra.generation.speculative import accepted_guesses, next_guesses
 from terra.contract.routes import routes_from_yx
 from tests.conftest import tiny_model, tiny_route_model
-from tests.generation.v2_replay import replay_rollout
+from tests.generation.v2_replay import replay_rollout, replay_rollout_by_window
 
 # ---------------------------------------------------------------- the hooks, in the installed vLLM
 
@@ -421,3 +421,39 @@ def test_an_unshifted_iterate_is_caught(model_and_request, monkeypatch, v2):
     codes, steps = replay_rollout(model, request, 16, sampling, passes_per_step=4)
     np.testing.assert_array_equal(codes, reference)
     assert any(s > 1 + -(-(model.config.num_image_patches - 1) // 4) for s in steps)
+
+
+# ---------------------------------------------------------------- a window's known frames as one request
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(0.9, top_k=40, top_p=0.95)],
+                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize("drafts, passes", [(0, 1), (5, 1), (16, 3)])
+def test_one_request_a_window_gives_the_codes_of_one_a_frame(sampling, drafts, passes, v2, single_thread):
+    """A request of every frame of a window whose actions (and routes) are known: the slots between its frames
+    drawn as placeholders and embedded from the request's values gives, frame for frame, the codes of one
+    sequential request a frame; and the host hands the engine 2 requests for 7 frames, not 7."""
+    model = tiny_route_model(seed=3)
+    rng = np.random.default_rng(2)
+    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
+    request = RolloutRequest(context, rng.normal(0, 1, (8, 6, 3)).astype(np.float32), 7, seed=11,
+                             routes=routes_from_yx(rng.normal(0, 5, (9, model.config.num_route_tokens, 2))))
+    reference, _ = replay_rollout(model, request, 0, sampling)
+    codes, steps = replay_rollout_by_window(model, request, drafts, sampling, passes_per_step=passes)
+    np.testing.assert_array_equal(codes, reference)
+    assert len(steps) == 2  # the 6-frame window's 4 frames after its context, then the next window's
+
+
+def test_slots_embedded_as_placeholders_are_caught(v2, single_thread):
+    """The control: the same request with the drawn slots left as placeholder rows (no known frames) draws other
+    codes from its second frame on."""
+    model = tiny_route_model(seed=3)
+    rng = np.random.default_rng(2)
+    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
+    request = RolloutRequest(context, rng.normal(0, 1, (8, 6, 3)).astype(np.float32), 4, seed=11,
+                             routes=routes_from_yx(rng.normal(0, 5, (9, model.config.num_route_tokens, 2))))
+    sampling = SamplingConfig(0.9)
+    reference, _ = replay_rollout(model, request, 0, sampling)
+    codes, _ = replay_rollout_by_window(model, request, 0, sampling, known_slots=False)
+    np.testing.assert_array_equal(codes[0], reference[0])
+    assert (codes[1:] != reference[1:]).any()

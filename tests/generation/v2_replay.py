@@ -51,12 +51,16 @@ class VLLMSampler:
             all_token_ids=SimpleNamespace(gpu=torch.zeros(SLOTS, layout.window_positions, dtype=torch.int32)),
             draft_tokens=torch.zeros(SLOTS, max(draft_tokens, 1), dtype=torch.int32))
 
-    def __call__(self, logits: torch.Tensor, input_batch) -> SimpleNamespace:
+    def __call__(self, logits: torch.Tensor, input_batch):
         positions = input_batch.positions[input_batch.logits_indices].tolist()
         noise = None if self.sampling.greedy else torch.cat(
             [gumbel_noise(self.seed, 0, [p], self.codebook) for p in positions])
         tokens = sample_image_tokens(logits, self.codebook, self.sampling, noise)
-        return SimpleNamespace(sampled_token_ids=tokens[:, None], num_nans=None)
+        from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+        rows = torch.ones(input_batch.num_reqs, dtype=torch.int32)
+        return SamplerOutput(sampled_token_ids=tokens[:, None], logprobs_tensors=None, num_nans=None,
+                             num_sampled=rows, num_rejected=rows - 1)
 
 
 def batch(ids: torch.Tensor, first: int, rows: int, prompt: int) -> SimpleNamespace:
@@ -134,5 +138,101 @@ def replay_rollout(model, request: RolloutRequest, draft_tokens: int, sampling: 
         while not state.finished:
             codes, taken = replay_frame(model, state, draft_tokens, sampling, passes_per_step)
             state.add_frame(codes)
+            steps.append(taken)
+    return state.generated(), steps
+
+
+def embed_decode_step(model, fed: torch.Tensor, positions: torch.Tensor, prompt_len: torch.Tensor,
+                      future: torch.Tensor, known_slots: bool) -> torch.Tensor:
+    """A decode step's input embeddings as V2 builds them: token rows (placeholders too), the slots a request drew
+    past its prompt from its known frames (:func:`~terra.vllm.jacobi_state.embed_known_slots`; ``known_slots=False``
+    leaves the placeholder rows, the wrong rule), then the position table."""
+    from terra.vllm.jacobi_state import embed_known_slots
+
+    layout = TokenLayout.from_config(model.config)
+    embeds = model.model.embed_tokens(fed)
+    if model.config.zero_embed_code_0:
+        embeds = embeds.masked_fill((fed == 0).unsqueeze(-1), 0.0)
+    if known_slots:
+        embed_known_slots(embeds, positions, torch.full_like(positions, SLOT), prompt_len, future, layout)
+    return (embeds + model.pos_embedding_spatio_temporal(positions[None]).to(embeds.dtype)[0])[None]
+
+
+@torch.no_grad()
+def replay_request(model, state: RolloutState, frames: int, draft_tokens: int, sampling: SamplingConfig,
+                   passes_per_step: int = 1, known_slots: bool = True) -> tuple[list[np.ndarray], int]:
+    """The next ``frames`` frames of ``state`` (within its window) as V2 decodes them in one request: the slot values
+    between them come with it (:class:`~terra.vllm.jacobi_state.JacobiModelState`), the sampler forces their
+    placeholders; ``max_tokens = frames * S - slots``. Returns each frame's codes and the request's engine steps."""
+    from terra.models.modeling_llama_action import embed_slots
+    from terra.vllm.jacobi_state import JacobiSampler
+
+    layout = state.layout
+    base = VLLMSampler(sampling, layout, draft_tokens)
+    base.seed = request_seed(state, position_keyed=True)
+    sample = JacobiSampler(base, layout, draft_tokens)
+    tables = base.req_states
+    ids, conditions, _ = state.prompt()
+    prompt = torch.tensor(ids)
+    tables.prefill_len.gpu[SLOT] = len(ids)
+    tables.all_token_ids.gpu[SLOT, : len(ids)] = prompt.to(torch.int32)
+    future = torch.zeros(SLOTS, layout.max_frames, layout.slot_tokens, model.config.hidden_size)
+    start, first_frame = state.next_frame, state.next_frame - state.window.start
+    values = torch.from_numpy(state.conditions[start : start + frames - 1])
+    future[SLOT, first_frame : first_frame + frames - 1] = embed_slots(model, values, torch.arange(layout.slot_tokens))
+    prompt_len = torch.full((SLOTS,), 1 << 40)
+    prompt_len[SLOT] = len(ids)
+    wanted = frames * layout.frame_span - layout.slot_tokens
+    cache = DynamicCache()
+    fed, first, tokens, steps = prompt, 0, [], 0
+    while len(tokens) < wanted:
+        rows = 1 if first == 0 else len(fed)
+        positions = torch.arange(first, first + len(fed))
+
+        def forward(fed, first=first, positions=positions, rows=rows):
+            if first == 0:
+                return model(input_ids=fed[None], conditions=torch.from_numpy(conditions).flatten(0, 1)[None],
+                             position_ids=positions[None], cache=cache, use_cache=True, logits_to_keep=rows).logits[0]
+            embeds = embed_decode_step(model, fed, positions, prompt_len, future, known_slots)
+            return model(inputs_embeds=embeds, position_ids=positions[None], cache=cache, use_cache=True,
+                         logits_to_keep=rows).logits[0]
+
+        logits = forward(fed)
+        inputs = batch(fed, first, rows, len(ids))
+        for _ in range(passes_per_step - 1 if draft_tokens and first else 0):  # a full-graph decode step
+            sample.iterate_block(logits, inputs)
+            fed = inputs.input_ids.to(torch.int64)
+            cache.crop(first)
+            logits = forward(fed)
+        out = sample(logits, inputs)
+        emitted = out.sampled_token_ids[0, : int(out.num_sampled[0])].tolist()
+        begin = first + len(fed) - rows + 1
+        position = begin + len(emitted) - 1
+        cache.crop(position)
+        emitted = emitted[: wanted - len(tokens)]
+        tables.all_token_ids.gpu[SLOT, begin : begin + len(emitted)] = torch.tensor(emitted, dtype=torch.int32)
+        tokens += emitted
+        steps += 1
+        room = min(draft_tokens, layout.window_positions - 1 - position)
+        fed = torch.cat([torch.tensor([tokens[-1]]), tables.draft_tokens[SLOT, :room].to(torch.int64)])
+        first = position
+    span = layout.frame_span
+    return [np.asarray(tokens[f * span : f * span + layout.image_tokens], dtype=np.int64) for f in range(frames)], steps
+
+
+def replay_rollout_by_window(model, request: RolloutRequest, draft_tokens: int, sampling: SamplingConfig,
+                             passes_per_step: int = 1, known_slots: bool = True) -> tuple[np.ndarray, list[int]]:
+    """All generated frames of ``request``, one request a window (every frame of it after the context), and the
+    engine steps of each request."""
+    from terra.vllm import jacobi_state
+
+    state = RolloutState(request, TokenLayout.from_config(model.config))
+    steps = []
+    with mock.patch.object(jacobi_state, "get_num_sampled_and_rejected", counts):
+        while not state.finished:
+            frames = min(state.window.end, state.num_context + request.num_frames) - state.next_frame
+            codes, taken = replay_request(model, state, frames, draft_tokens, sampling, passes_per_step, known_slots)
+            for frame in codes:
+                state.add_frame(frame)
             steps.append(taken)
     return state.generated(), steps
