@@ -228,17 +228,15 @@ class VLLMBackend(WorldModelBackend):
         """Engine arguments the prompts of :meth:`frame_prompt` need: room for one slots item per frame."""
         return {"limit_mm_per_prompt": {"actions": self.layout.max_frames}}
 
-    def frame_prompt(self, state: RolloutState) -> dict[str, Any]:
-        """The engine prompt of a rollout's next frame: the window's token ids and its frames' slot values (the
-        ``"actions"`` items, terra/vllm/llama_action.py: each frame's action points, then its route points).
-
-        :meth:`submit` sends whatever this returns. It is the one place that says what a frame
-        request carries, so a baseline of Terra's shape fed the same ids without the action items
-        (scripts/bench/lib/plain_llama.py) overrides it, together with :meth:`prompt_limits`.
-        """
-        ids, conditions, _ = state.prompt()
-        items = np.ascontiguousarray(conditions, dtype=np.float32)
-        return {"prompt_token_ids": ids, "multi_modal_data": {"actions": items}}
+    def frame_prompt(self, state: RolloutState, frames: int = 1) -> dict[str, Any]:
+        """The engine prompt of a rollout's next ``frames`` frames: the window's token ids and one ``"actions"`` item
+        a frame (its action points, then its route points), those of the slots between the next frames included:
+        they lie past the prompt, where the request draws their placeholders, so the blocks it generates hash as
+        the next request's prompt will (prefix caching across requests). A baseline fed the same ids without
+        items overrides this with :meth:`prompt_limits`."""
+        ids, _, _ = state.prompt()
+        items = state.conditions[state.window.start : state.next_frame + frames - 1]
+        return {"prompt_token_ids": ids, "multi_modal_data": {"actions": np.ascontiguousarray(items, np.float32)}}
 
     def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False, frames: int = 1):
         """Parameters of ``state``'s next ``frames`` frames: their image codes and the slots between them (forced by
@@ -283,7 +281,7 @@ class VLLMBackend(WorldModelBackend):
 
     def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
         frames = min(frames, state.window.end - state.next_frame) if self.position_keyed else 1
-        prompt = self.frame_prompt(state)
+        prompt = self.frame_prompt(state, frames)
         request_id = f"terra-{next(self._ids)}"
         self.engine.add_request(request_id, prompt, self._sampling_params(sampling, state, frames=frames))
         self._pending[request_id] = _Request(state, len(prompt["prompt_token_ids"]), state.window_starts, frames)

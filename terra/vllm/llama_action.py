@@ -182,19 +182,22 @@ class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
         if not ids:
             ids = [slot_id] * (slots * len(actions))
         offsets = find_slots(ids, slot_id, slots)
-        if len(offsets) != len(actions):
+        if len(offsets) > len(actions):
             raise ValueError(
                 f"the prompt has {len(offsets)} frames of slots but {len(actions)} 'actions' items were given"
             )
+        # items past the prompt's: the slots between the frames the request draws, a frame apart; nothing embeds
+        # them here (the model's state does), they only make the generated blocks hash as a later prompt's
+        placeholders = [PlaceholderRange(offset=o, length=slots) for o in offsets]
+        span, image = config.num_spatio_embeddings, config.num_image_patches
+        placeholders += [PlaceholderRange(offset=len(ids) + j * span + image, length=slots,
+                                          is_embed=torch.zeros(slots, dtype=torch.bool))
+                         for j in range(len(actions) - len(offsets))]
         data = BatchFeature({MODALITY: actions})
         mm_kwargs = MultiModalKwargsItems.from_hf_inputs(data, self._get_mm_fields_config(data, {}))
         hashes = compat.mm_hashes(inputs, self.info.model_id, self.info.ctx.get_mm_config())
-        return mm_input(
-            prompt_token_ids=ids,
-            mm_kwargs=mm_kwargs,
-            mm_hashes=hashes,
-            mm_placeholders={MODALITY: [PlaceholderRange(offset=o, length=slots) for o in offsets]},
-        )
+        return mm_input(prompt_token_ids=ids, mm_kwargs=mm_kwargs, mm_hashes=hashes,
+                        mm_placeholders={MODALITY: placeholders})
 
 
 # ---------------------------------------------------------------- the model

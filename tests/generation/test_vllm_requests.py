@@ -86,6 +86,8 @@ def test_a_window_of_known_frames_is_one_request(layout_and_requests, position_k
         extra = (params.extra_args or {}).get(FUTURE_SLOTS)
         assert (extra is None) == (frames == 1)
         start = len(prompt["prompt_token_ids"])  # the prompt ends where the next frame starts
+        # an item a prompt frame, and one for the slots between the request's frames (hashed, not embedded)
+        assert len(prompt["multi_modal_data"]["actions"]) == start // layout.frame_span + frames - 1
         if extra is not None:
             assert extra["first"] == start // layout.frame_span
             assert np.asarray(extra["values"]).shape == (frames - 1, layout.slot_tokens, 3)

@@ -29,7 +29,7 @@ class PlainLlamaBackend(VLLMBackend):
         """No multimodal limit: a plain Llama takes no items, and older vLLM releases reject the setting for it."""
         return {}
 
-    def frame_prompt(self, state: RolloutState) -> dict[str, Any]:
+    def frame_prompt(self, state: RolloutState, frames: int = 1) -> dict[str, Any]:
         """The window's token ids only."""
         ids, _, _ = state.prompt()
         return {"prompt_token_ids": ids}
