@@ -5,11 +5,12 @@
 ``--path alpasim`` ``--sessions`` AlpaSim sessions at once of ``--chunks`` chunks (benchmark_alpasim.py's), each from
 the moment it starts generating (the model loaded; for AlpaSim, the engine warmed up) to its end. Two py-spy recorders
 (the dev extra) sample this process and its children ``--rate`` times a second: every thread (``--idle``), and the
-threads on a CPU (py-spy's own test of a thread's state; ``--gil``: the thread holding each interpreter's GIL). A busy
-sample goes to the part of its innermost frame that a pattern of ``PARTS`` names; waiting is every thread's samples
-less the busy ones. The table gives each part's thread-milliseconds a frame and share, for the client (this process
-and its other children) and for vLLM's engine-core process. ``--raw FOLDER`` keeps the samples there (``idle.raw``,
-and ``busy.raw`` or ``gil.raw``); ``--read FOLDER`` only sorts them. Examples::
+busy ones (py-spy's test of a thread's state: running or ready to run; ``--gil``: the thread holding each
+interpreter's GIL). A busy sample goes to the part of its innermost frame that a pattern of ``PARTS`` names; waiting
+is every thread's samples less the busy ones. The table gives each part's thread-milliseconds a frame and share, for
+the client (this process and its other children) and for vLLM's engine-core process with its workers. ``--raw
+FOLDER`` keeps the samples there (``idle.raw``, and ``busy.raw`` or ``gil.raw``); ``--read FOLDER`` only sorts them.
+Examples::
 
     OMP_NUM_THREADS=1 python scripts/bench/profile_host.py --path generate --frames 4 backend=hf device=cpu
     python scripts/bench/profile_host.py --path alpasim --sessions 64 --chunks 8 backend=vllm device=cuda \\
@@ -54,6 +55,8 @@ PARTS = (
                                           r"/vllm/jacobi_state\.py"),
     ("model execution", r"execute_model|sample_tokens|_model_forward|/torch/nn/modules/|modeling_llama|"
                         r"/worker/\w*model_runner\.py|/vllm/llama_action\.py"),
+    ("executor messages (shared memory, spinning)", r"/device_communicators/shm_broadcast\.py|/v1/executor/|"
+                                                    r"sched_yield"),
     ("engine step (scheduling, outputs)", r"EngineCore\w*\.(step\w*|run_busy_loop)|schedule|update_from_output|"
                                           r"process_outputs|/v1/core/sched/|/v1/engine/|"
                                           r"/generation/(session_engine|hf_backend|vllm_backend)\.py"),
@@ -85,14 +88,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def read_samples(text: str) -> Counter:
     """py-spy's raw samples (``process ...;frame;...;frame count`` a stack) → counts by (role, stack), the role
-    ``engine core`` where the innermost process is vLLM's engine core, else ``client``; a stack root first."""
+    ``engine core`` in vLLM's engine-core process and its children (the model's workers), else ``client``; a stack
+    root first."""
     samples: Counter = Counter()
     position = 0
     while position < len(text):
         role, separator = "client", ";"
         while text.startswith("process ", position):
             process = PROCESS.match(text, position)
-            role = "engine core" if ENGINE_CORE in process.group(2) else "client"
+            role = "engine core" if role == "engine core" or ENGINE_CORE in process.group(2) else "client"
             separator, position = process.group(3), process.end()
         end = text.find("\n", position)
         end = len(text) if end < 0 else end

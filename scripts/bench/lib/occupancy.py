@@ -21,21 +21,22 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 def engine_cores(client: psutil.Process) -> list[psutil.Process]:
-    """The client's descendants that vLLM titled its engine core."""
+    """The client's descendants that vLLM titled its engine core, and theirs (the model's workers)."""
     found = []
     for child in client.children(recursive=True):
         try:
             if ENGINE_CORE in child.name() or any(ENGINE_CORE in part for part in child.cmdline()):
-                found.append(child)
+                found += [child, *child.children(recursive=True)]
         except psutil.Error:
             continue  # ended meanwhile
-    return found
+    return list(dict.fromkeys(found))
 
 
 class Occupancy:
     """While entered: the GPU's busy share (NVML's utilisation every ``period_s``; mean, p10 and p90 in %, None
     without NVML or off ``cuda``) and the CPU seconds over wall seconds of this process (the client, every thread)
-    and of its engine-core children (None where vLLM's engine core runs in no process of its own). The figures are
+    and of its engine-core processes with their workers (None where vLLM's engine core runs in no process of its
+    own). The figures are
     in :attr:`figures` after the block."""
 
     def __init__(self, device: str, period_s: float = 0.05) -> None:
