@@ -23,7 +23,8 @@ IDLE = "import sys\nsys.stdin.read()"
 
 @pytest.fixture
 def engine_core():
-    """A child process titled as vLLM's engine core, running the code it is given; ended after the test."""
+    """A child process titled as vLLM's engine core, running the code it is given; ended, its children too, after
+    the test."""
     children = []
 
     def start(code: str) -> psutil.Process:
@@ -33,6 +34,8 @@ def engine_core():
 
     yield start
     for child in children:
+        for worker in psutil.Process(child.pid).children(recursive=True):
+            worker.kill()
         child.kill()
         child.wait()
 
@@ -56,6 +59,19 @@ def test_a_busy_engine_core_and_an_idle_client(engine_core):
     wall, figures = time.perf_counter() - begin, occupancy.figures
     assert 0.45 < figures["engine_core_cpu"] * wall < 0.8 and figures["client_cpu"] * wall < 0.1, (figures, wall)
     assert figures["gpu_busy_pct"] is None and occupancy_cells(figures).startswith("– | ")
+
+
+def test_the_engine_core_counts_its_workers(engine_core):
+    """vLLM's multiprocess executor runs the model in a child of the engine core: its CPU seconds are the engine's."""
+    core = engine_core(f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {BUSY!r}])")
+    wait_for(lambda: core.children() and cpu_seconds(core.children()[0]) > 0.05)  # the worker started
+    worker = core.children()[0]
+    begin = time.perf_counter()
+    with Occupancy("cpu") as occupancy:
+        start = cpu_seconds(worker)
+        wait_for(lambda: cpu_seconds(worker) - start > 0.5)
+    wall = time.perf_counter() - begin
+    assert 0.45 < occupancy.figures["engine_core_cpu"] * wall < 0.8, (occupancy.figures, wall)
 
 
 def test_an_idle_engine_core_and_a_busy_client(engine_core):

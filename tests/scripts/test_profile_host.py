@@ -10,6 +10,7 @@ from tests.conftest import load_script, save_tiny_pair
 
 CLIENT = 'process 41:"python scripts/bench/profile_host.py -c import x\nrun()"'  # a cmdline over two lines
 CORE = 'process 57:"VLLM::EngineCore"'
+WORKER = f'{CORE};process 58:"VLLM::Worker"'  # the engine core's child that runs the model
 THREAD = "Thread._bootstrap (/usr/lib/python3.11/threading.py:1002);Thread.run (/usr/lib/python3.11/threading.py:982)"
 GRPC = f"{THREAD};_serve (/site-packages/grpc/_server.py:1200);_handle_call (/site-packages/grpc/_server.py:900)"
 ENCODE = ("render_video_chunk (/terra/alpasim/service.py:200);SessionTable._encode (/terra/alpasim/sessions.py:289);"
@@ -20,8 +21,7 @@ BUSY = [  # the threads on a CPU
     f"{CLIENT};{GRPC};{ENCODE} 30",  # JPEG inside a gRPC call: the innermost part named decides
     f"{CLIENT};{GRPC};render_video_chunk (/terra/alpasim/service.py:210) 10",  # gRPC
     f"{CLIENT};{THREAD};helper (/somewhere/else.py:3) 5",  # no part named
-    f"{CLIENT};{CORE};{LOOP};EngineCore.step (/site-packages/vllm/v1/engine/core.py:300);"
-    "Worker.execute_model (/site-packages/vllm/v1/worker/gpu_worker.py:400);"
+    f"{CLIENT};{WORKER};Worker.execute_model (/site-packages/vllm/v1/worker/gpu_worker.py:400);"
     "Module._call_impl (/site-packages/torch/nn/modules/module.py:1700) 60",
     f"{CLIENT};{CORE};{LOOP};hash_block_tokens (/site-packages/vllm/v1/core/kv_cache_utils.py:500) 20",
     f"{CLIENT};{CORE} 5",  # a thread of no Python frames
