@@ -37,10 +37,9 @@ if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its
     sys.path.append(str(SCRIPTS))
 
 from bench.lib.cli import Parser, check_output, existing, exit_2_on_input_error, in_range  # noqa: E402
+from bench.lib.occupancy import ENGINE_CORE  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 
-FIRST_CHUNK, CHUNK = 5, 8  # an AlpaSim session's first chunk and the chunks after it (benchmark_alpasim.py's)
-ENGINE_CORE = "EngineCore"  # the title vLLM gives its engine core's process
 WAITING = {"busy": "waiting (off the CPU: locks, queues, sockets, the GIL)", "gil": "not holding the GIL"}
 # (part, pattern of a frame "function (file:line)"); a sample's innermost frame that one names decides, the first
 # part in this order where one frame matches several
@@ -193,8 +192,8 @@ class PySpy:
                 raise RuntimeError(f"py-spy wrote no samples: {text.strip().splitlines()[-1:]}")
 
 
-def profile_generate(overrides: list[str], frames: int, spy: PySpy) -> None:
-    """terra-generate's stream (benchmark_defaults.py's run), its generation under ``spy``."""
+def profile_generate(overrides: list[str], frames: int, spy: PySpy) -> int:
+    """terra-generate's stream of ``frames`` frames, its generation under ``spy``; the frames."""
     from bench.benchmark_defaults import run_generate
 
     from terra.pipeline import WorldModelPipeline
@@ -210,10 +209,12 @@ def profile_generate(overrides: list[str], frames: int, spy: PySpy) -> None:
         run_generate(overrides, frames)
     finally:
         WorldModelPipeline.generate = generate
+    return frames
 
 
-def profile_alpasim(overrides: list[str], sessions: int, chunks: int, spy: PySpy) -> None:
-    """``sessions`` AlpaSim sessions at once (benchmark_alpasim.py's), their rollouts under ``spy``."""
+def profile_alpasim(overrides: list[str], sessions: int, chunks: int, spy: PySpy) -> int:
+    """``sessions`` AlpaSim sessions at once of ``chunks`` chunks after the first, their rollouts under ``spy``; the
+    frames of all."""
     import bench.benchmark_alpasim as alpasim
 
     run_threads = alpasim.run_threads
@@ -227,6 +228,7 @@ def profile_alpasim(overrides: list[str], sessions: int, chunks: int, spy: PySpy
         alpasim.main(["--sessions", str(sessions), "--chunks", str(chunks), *overrides])
     finally:
         alpasim.run_threads = run_threads
+    return sessions * (alpasim.FIRST_CHUNK + alpasim.CHUNK * chunks)
 
 
 def samples_in(folder: Path, mode: str) -> tuple[Counter, Counter]:
@@ -245,12 +247,8 @@ def main(argv: list[str] | None = None) -> dict:
             folder = args.raw or Path(scratch)
             folder.mkdir(parents=True, exist_ok=True)
             spy = PySpy(folder, args.rate, args.gil)
-            if args.path == "generate":
-                profile_generate(args.overrides, args.frames, spy)
-                frames = args.frames
-            else:
-                profile_alpasim(args.overrides, args.sessions, args.chunks, spy)
-                frames = args.sessions * (FIRST_CHUNK + CHUNK * args.chunks)
+            frames = (profile_generate(args.overrides, args.frames, spy) if args.path == "generate"
+                      else profile_alpasim(args.overrides, args.sessions, args.chunks, spy))
             mode, (every, busy) = spy.mode, samples_in(folder, spy.mode)
         print(f"{args.path}: {frames} frames in {spy.seconds:.2f} s ({1000 * spy.seconds / frames:.1f} ms a frame), "
               f"py-spy at {args.rate} a second", flush=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.conftest import load_script, save_tiny_pair
@@ -64,11 +62,19 @@ def tiny_pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))
 
 
-def test_a_stream_of_terra_generate_profiled(tiny_pair, tmp_path, capsys, single_thread):
-    """py-spy records the run's generation: the model's forward passes are where the client's time goes."""
-    bench = load_script("bench/profile_host")
-    if shutil.which("py-spy") is None and not bench.Path(bench.sys.executable).with_name("py-spy").exists():
+@pytest.fixture
+def bench():
+    """The script, where py-spy is installed (the dev extra has it)."""
+    script = load_script("bench/profile_host")
+    try:
+        script.py_spy()
+    except script.TerraInputError:
         pytest.skip("py-spy is not installed")
+    return script
+
+
+def test_a_stream_of_terra_generate_profiled(bench, tiny_pair, tmp_path, capsys, single_thread):
+    """py-spy records the run's generation: the model's forward passes are where the client's time goes."""
     raw = tmp_path / "samples"
     record = bench.main(["--path", "generate", "--frames", "4", "--rate", "200", "--raw", str(raw),
                          f"model.world_model={tiny_pair / 'world_model'}", f"tokenizer.path={tiny_pair / 'tokenizer'}",
@@ -80,3 +86,15 @@ def test_a_stream_of_terra_generate_profiled(tiny_pair, tmp_path, capsys, single
     assert max(busy, key=busy.get) == "model execution", client
     printed = capsys.readouterr().out
     assert "generate: 4 frames in " in printed and "| model execution | " in printed
+
+
+def test_alpasim_sessions_profiled(bench, tiny_pair, capsys, single_thread):
+    """Two sessions at once: every thread of the server and its clients is sampled, the waiting ones too."""
+    pytest.importorskip("carla_driver_interface")
+    record = bench.main(["--path", "alpasim", "--sessions", "2", "--chunks", "1", "--rate", "200",
+                         f"model.world_model={tiny_pair / 'world_model'}", f"tokenizer.path={tiny_pair / 'tokenizer'}",
+                         "backend=hf", "device=cpu", "num_threads=1"])
+    client = record["parts"]["client"]
+    assert record["frames"] == 2 * (5 + 8)
+    assert client[bench.WAITING["busy"]] > 0 and sum(client.values()) > client[bench.WAITING["busy"]]
+    assert "alpasim: 26 frames in " in capsys.readouterr().out
