@@ -104,9 +104,9 @@ def run_generate(overrides: list[str], frames: int) -> dict:
     generate, cpu, occupancy = WorldModelPipeline.generate, [], []
 
     def timed(self, *args, **kwargs):
-        start = time.process_time()
+        start, busy = time.process_time(), Occupancy(str(self.device))
         try:
-            with Occupancy(str(self.device)) as busy:
+            with busy:
                 return generate(self, *args, **kwargs)
         finally:
             cpu.append(time.process_time() - start)
