@@ -36,8 +36,7 @@ class Occupancy:
     """While entered: the GPU's busy share (NVML's utilisation every ``period_s``; mean, p10 and p90 in %, None
     without NVML or off ``cuda``) and the CPU seconds over wall seconds of this process (the client, every thread)
     and of its engine-core processes with their workers (None where vLLM's engine core runs in no process of its
-    own). The figures are
-    in :attr:`figures` after the block."""
+    own), in :attr:`figures` after the block."""
 
     def __init__(self, device: str, period_s: float = 0.05) -> None:
         self.gpu = GpuBusyMonitor(period_s, enabled=device.startswith("cuda"))
