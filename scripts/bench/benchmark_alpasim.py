@@ -7,8 +7,10 @@ Hydra's, as on its command line), on a free loopback port; N clients (terra/alpa
 runtime at once, each in its own thread: ``start_session`` with a frame of the synthetic world as the camera's
 JPEG, a first chunk of 5 frames, ``--chunks`` chunks of 8, ``close_session``, each rollout along its own curve.
 A chunk's time is the client's, from request to answer (gRPC, generation, decoding, JPEG encoding). Before the
-first N, one rollout's first chunk warms the engine up. Targets (benchmarks/alpasim.md):
-on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame chunk in <= 0.4 s. Examples::
+first N, one rollout's first chunk warms the engine up. Beside each N, who waits meanwhile (bench/lib/occupancy.py):
+the GPU's busy share, and the CPU shares of vLLM's engine core and of this process (server and clients). Targets
+(benchmarks/alpasim.md): on one H100 with the demo model, 16 rollouts at once, and one rollout's 8-frame chunk in
+<= 0.4 s. Examples::
 
     python scripts/bench/benchmark_alpasim.py --sessions 1,4 --chunks 3 backend=hf device=cpu     # CPU, demo model
     python scripts/bench/benchmark_alpasim.py --sessions 1,4,16,32 --chunks 8 backend=vllm device=cuda \\
@@ -51,6 +53,7 @@ if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its
 
 from bench.lib.cli import (  # noqa: E402
     Parser, check_output, compose_config, exit_2_on_input_error, in_range, listed, run_threads)
+from bench.lib.occupancy import Occupancy, occupancy_line  # noqa: E402
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
 from terra.alpasim.client import Path as PathOf, RuntimeClient, curve, trajectory  # noqa: E402
 from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
@@ -138,9 +141,9 @@ def map_along(path: PathOf, speed: float, seconds: float) -> bytes:
     return buffer.getvalue()
 
 
-def rollouts(address: str, frame: bytes, count: int, chunks: int, with_map: bool = False) -> dict:
+def rollouts(address: str, frame: bytes, count: int, chunks: int, device: str, with_map: bool = False) -> dict:
     """``count`` rollouts at once (``with_map``: each with an HD map along its path); each one's start, first chunk
-    and 8-frame chunk times."""
+    and 8-frame chunk times, and who was busy meanwhile (the GPU of ``device``, the engine core, this process)."""
     times: list[dict] = [{} for _ in range(count)]
     seconds = (FIRST_CHUNK + CHUNK * chunks) / 10.0
     maps = [map_along(*path_of(i), seconds) if with_map else b"PK\x05\x06" + bytes(18) for i in range(count)]
@@ -165,7 +168,8 @@ def rollouts(address: str, frame: bytes, count: int, chunks: int, with_map: bool
             client.close_channel()
 
     cpu = time.process_time()
-    wall = run_threads(count, drive)
+    with Occupancy(device) as occupancy:
+        wall = run_threads(count, drive)
     cpu = time.process_time() - cpu  # every thread of the process: the server's and the clients' (a shared CPU's
     # robust figure where the wall time is not)
     chunk = [t for record in times for t in record["chunk_s"]]
@@ -176,7 +180,7 @@ def rollouts(address: str, frame: bytes, count: int, chunks: int, with_map: bool
             "chunk_p50_s": float(np.percentile(chunk, 50)), "chunk_p90_s": float(np.percentile(chunk, 90)),
             "chunk_max_s": max(chunk),
             "realtime_x": CHUNK / 10.0 / float(np.percentile(chunk, 50)),  # 8 frames are 0.8 s of video
-            "cpu_s_per_frame": cpu / frames}
+            "cpu_s_per_frame": cpu / frames, **occupancy.figures}
 
 
 def read_maps(counts: list[int]) -> list[dict]:
@@ -284,8 +288,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if counter is not None:
                 counter.reset()
             clock.seconds = 0.0
-            record = {"model": model, "backend": pipeline.backend.name, "device": str(pipeline.device),
-                      "machine": machine, **rollouts(address, frame, count, args.chunks, with_map)}
+            device = str(pipeline.device)
+            record = {"model": model, "backend": pipeline.backend.name, "device": device, "machine": machine,
+                      **rollouts(address, frame, count, args.chunks, device, with_map)}
             record["routes_s_per_chunk"] = clock.seconds / (count * (FIRST_CHUNK + CHUNK * args.chunks)) * CHUNK
             after = table.engine.pass_stats
             record["decoding"] = table.sampling.decoding
@@ -300,7 +305,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{record['first_chunk_s']:.3f} s; start {record['start_s']:.3f} s; {record['frames_per_s']:.1f} "
                   "frames/s in all; "
                   f"{record['passes_per_frame']:.1f} passes a frame ({record['decoding']}); "
-                  f"{record['routes_s_per_chunk'] * 1000:.2f} ms a chunk in routes"
+                  f"{record['routes_s_per_chunk'] * 1000:.2f} ms a chunk in routes; {occupancy_line(record)}"
                   + (f", {record['scheduler_passes_per_frame']:.1f} in the scheduler's steps" if counter else ""),
                   flush=True)
     finally:

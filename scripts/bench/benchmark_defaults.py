@@ -16,6 +16,9 @@ e.g. ``backend=vllm device=cuda``):
 Real time is 10 frames a second (an 8-frame chunk is 0.8 s of a drive): ``x real time`` is a session's 0.8 s over its
 chunk's p50, and ``terra-generate``'s frames a second over 10. Beside the seconds, the process's CPU seconds (every
 thread) for the same unit: on a CPU shared with other work the wall time says little, the CPU time what the run cost.
+Who waits over each row (bench/lib/occupancy.py): the GPU's busy share (NVML every 50 ms: mean, p10-p90; "–" without
+NVML), and the CPU seconds over wall seconds of vLLM's engine-core process ("–" where it has none) and of this process,
+the client (every thread: for ``alpasim``, the server's and its clients').
 The run starts with the card (or the CPU), the versions and the commit (``git`` in the checkout; ``--commit`` names it
 where the tree is a copy without git).
 
@@ -46,6 +49,7 @@ if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its
 
 from bench.lib.cli import (CHECKOUT, DRAFT_TOKENS, Parser, check_output, exit_2_on_input_error,  # noqa: E402
                            in_range, listed, one_of)
+from bench.lib.occupancy import OCCUPANCY, Occupancy, occupancy_cells  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 
@@ -53,7 +57,7 @@ PATHS = ("generate", "alpasim")
 REAL_TIME_FPS = 10.0  # Terra's frames are 100 ms apart
 CHUNK = 8  # frames of an AlpaSim chunk after the first (benchmark_alpasim.py's)
 HEADER = ("| path | sessions | setting | block | passes a frame | seconds | p90 | frames/s | x real time | CPU seconds "
-          "| of |")
+          "| of | GPU busy % (p10-p90) | engine-core CPU | client CPU |")
 
 
 def draft_setting(text: str) -> str:
@@ -97,14 +101,16 @@ def run_generate(overrides: list[str], frames: int) -> dict:
     from terra.apps.runner import CONF_DIR
     from terra.pipeline import WorldModelPipeline
 
-    generate, cpu = WorldModelPipeline.generate, []
+    generate, cpu, occupancy = WorldModelPipeline.generate, [], []
 
     def timed(self, *args, **kwargs):
-        start = time.process_time()
+        start, busy = time.process_time(), Occupancy(str(self.device))
         try:
-            return generate(self, *args, **kwargs)
+            with busy:
+                return generate(self, *args, **kwargs)
         finally:
             cpu.append(time.process_time() - start)
+            occupancy.append(busy.figures)
 
     with tempfile.TemporaryDirectory() as folder:
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -120,7 +126,7 @@ def run_generate(overrides: list[str], frames: int) -> dict:
     return {"path": "generate", "sessions": None, "block": decoding["draft_tokens"], "decoding": decoding["decoding"],
             "passes_per_frame": decoding["passes_per_frame"], "seconds": seconds, "p90": None,
             "frames_per_s": 1.0 / seconds, "realtime_x": 1.0 / seconds / REAL_TIME_FPS, "cpu_s": sum(cpu) / frames,
-            "of": "s a frame"}
+            "of": "s a frame", **occupancy[-1]}
 
 
 def run_alpasim(overrides: list[str], sessions: list[int], chunks: int) -> list[dict]:
@@ -139,7 +145,7 @@ def run_alpasim(overrides: list[str], sessions: list[int], chunks: int) -> list[
              "decoding": record["decoding"], "passes_per_frame": round(record["passes_per_frame"], 3),
              "seconds": record["chunk_p50_s"], "p90": record["chunk_p90_s"], "frames_per_s": record["frames_per_s"],
              "realtime_x": record["realtime_x"], "cpu_s": CHUNK * record["cpu_s_per_frame"],
-             "of": "s an 8-frame chunk (p50)"} for record in records]
+             "of": "s an 8-frame chunk (p50)", **{key: record[key] for key in OCCUPANCY}} for record in records]
 
 
 def row(record: dict) -> str:
@@ -148,7 +154,7 @@ def row(record: dict) -> str:
     sessions = "–" if record["sessions"] is None else str(record["sessions"])
     return (f"| {record['path']} | {sessions} | {record['setting']} | {block} | {record['passes_per_frame']:.2f} | "
             f"{record['seconds']:.3f} | {p90} | {record['frames_per_s']:.1f} | {record['realtime_x']:.2f} | "
-            f"{record['cpu_s']:.3f} | {record['of']} |")
+            f"{record['cpu_s']:.3f} | {record['of']} | {occupancy_cells(record)} |")
 
 
 def commit(given: str | None) -> str:
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"transformers {machine['transformers']}, Python {machine['python']}", flush=True)
     records: list[dict] = []
     print(HEADER)
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for path in args.paths:
         ran: set = set()
         for setting in args.draft_tokens:

@@ -228,7 +228,8 @@ def alpasim_worker(cap: str, args: argparse.Namespace, folder: Path) -> dict[str
     try:
         frame = benchmark_alpasim.camera_frame(pipeline.image_size)
         benchmark_alpasim.warm_up(address, frame)
-        record["alpasim"] = benchmark_alpasim.rollouts(address, frame, args.sessions, ALPASIM_CHUNKS)
+        record["alpasim"] = benchmark_alpasim.rollouts(address, frame, args.sessions, ALPASIM_CHUNKS,
+                                                       str(pipeline.device))
     finally:
         server.stop(1).wait()
         table.shutdown()

@@ -20,6 +20,8 @@ def test_rollouts_at_once_are_timed_chunk_by_chunk(tmp_path, single_thread):
     assert record["chunk_max_s"] >= record["chunk_p90_s"] >= record["chunk_p50_s"] > 0
     assert record["realtime_x"] == pytest.approx(0.8 / record["chunk_p50_s"])
     assert record["frames_per_s"] == pytest.approx(2 * 13 / record["wall_s"])
+    # who waits: no GPU here, no engine-core process on the Transformers backend, the client's threads busy
+    assert record["gpu_busy_pct"] is None and record["engine_core_cpu"] is None and record["client_cpu"] > 0.1
     # the demo model's 144 tokens a frame: one pass each decoded sequentially, fewer speculatively
     sequential = record["decoding"] == "sequential"
     assert sequential and record["passes_per_frame"] == 144 or not sequential and 1 <= record["passes_per_frame"] < 144

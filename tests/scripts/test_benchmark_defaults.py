@@ -30,7 +30,8 @@ def tiny_pair(tmp_path_factory):
 
 
 ROW = re.compile(r"\| (generate|alpasim) \| (–|\d+) \| defaults \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (–|[\d.]+) \| "
-                 r"([\d.]+) \| ([\d.]+) \| ([\d.]+) \| (s a frame|s an 8-frame chunk \(p50\)) \|$")
+                 r"([\d.]+) \| ([\d.]+) \| ([\d.]+) \| (s a frame|s an 8-frame chunk \(p50\)) \| "
+                 r"(–) \| (–) \| ([\d.]+) \|$")  # no GPU busy share, no engine-core process: the client's CPU
 
 
 def test_sessions_rows_and_terra_generate_in_one_run(tiny_pair, tmp_path, capsys, single_thread):
@@ -55,11 +56,14 @@ def test_sessions_rows_and_terra_generate_in_one_run(tiny_pair, tmp_path, capsys
         assert record["p90"] >= record["seconds"] > 0 and record["frames_per_s"] > 0
         assert record["realtime_x"] == pytest.approx(0.8 / record["seconds"])
         assert 1 <= record["passes_per_frame"] < 64  # the tiny model's 64 codes a frame, several a pass
-    for (_, _, block, passes, seconds, p90, fps, realtime, _, _), record in zip(rows, records):
+    for (_, _, block, passes, seconds, p90, fps, realtime, _, _, _, _, client), record in zip(rows, records):
         assert (int(block), float(passes), float(seconds), float(fps), float(realtime)) == (
             record["block"], round(record["passes_per_frame"], 2), round(record["seconds"], 3),
             round(record["frames_per_s"], 1), round(record["realtime_x"], 2))
         assert p90 == ("–" if record["p90"] is None else f"{record['p90']:.3f}")
+        # no GPU here, and the Transformers backend has no engine-core process: the client does all the work
+        assert record["gpu_busy_pct"] is None and record["engine_core_cpu"] is None
+        assert float(client) == round(record["client_cpu"], 2) and 0.1 < record["client_cpu"] <= 2.0
     written = json.loads(out.read_text())
     assert written["commit"] == "abc123" and written["records"] == json.loads(json.dumps(records))
 

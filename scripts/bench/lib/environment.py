@@ -119,10 +119,10 @@ class GpuMemoryMonitor(_NvmlPoller):
 class GpuBusyMonitor(_NvmlPoller):
     """GPU utilisation (NVML: the share of the last sample period in which any kernel ran) every ``period_s``
     seconds, with Unix times, so a run's busy share can be taken over the span its manifest names; vLLM's
-    engine process counts too. Without NVML it records nothing."""
+    engine process counts too. Without NVML, or not ``enabled`` (default: where CUDA is), it records nothing."""
 
-    def __init__(self, period_s: float = 0.5) -> None:
-        super().__init__(torch.cuda.is_available(), period_s)
+    def __init__(self, period_s: float = 0.5, enabled: bool | None = None) -> None:
+        super().__init__(torch.cuda.is_available() if enabled is None else enabled, period_s)
         self.trace: list[tuple[float, int]] = []  # (Unix time, utilisation %)
 
     def _sample(self) -> None:
