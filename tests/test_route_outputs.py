@@ -19,6 +19,7 @@ from terra.outputs import route_record
 from terra.sim import Scene, builtin_road, make_clip
 from tests.conftest import TINY_ROUTES
 from tests.decoder.test_route_inset import magenta
+from tests.roads.conftest import route_offsets
 from tests.test_route_files import (  # noqa: F401  (models: the fixture)
     FRAMES, NUM_CONTEXT, NUM_FRAMES, bending_routes, models, run_generate, write_trajectory, x_first,
 )
@@ -52,12 +53,14 @@ def test_terra_generate_keeps_and_draws_the_routes_told(models, tmp_path, monkey
     entry, _ = generated(models, road, tmp_path / "road", monkeypatch)
     assert entry["route_source"] == f"{road}: road"
     s = (80.0 * np.arange(1, TINY_ROUTES + 1) / TINY_ROUTES).tolist()
-    assert entry["ego_routes"][0] == [[x, 0.0] for x in s]  # on the road's centre line, straight ahead
+    assert entry["ego_routes"][0] == [[x, 0.0] for x in s]  # on the lane given, straight ahead
 
     entry, _ = generated(models, None, tmp_path / "scene", monkeypatch, "manoeuvre=curve_left", "seed=3")
     scene, poses = builtin_road("curve_left", FRAMES, 3, {})
     assert entry["route_source"] == "scene"
     np.testing.assert_allclose(entry["ego_routes"], scene.route(poses, TINY_ROUTES)[..., [1, 0]], atol=5e-4)
+    told = route_offsets(scene, poses, np.array(entry["ego_routes"])[..., ::-1])  # where on the road each point is
+    np.testing.assert_allclose(told, scene.ego_lane_offset_m, atol=0.05)  # the ego lane's centre, not the road's
 
     plain = tmp_path / "plain.json"  # control: poses without routes; nothing told, nothing drawn
     plain.write_text(json.dumps({"trajectory": {"x": [1.2 * i for i in range(8)], "y": [0.0] * 8}}))
