@@ -103,3 +103,23 @@ def test_terra_rollout_sidecars_keep_the_routes_told(models, tmp_path):
     assert (sidecars["none"]["route_source"], sidecars["none"]["ego_routes"]) == (None, None)
     assert magenta(inset(iio.imread(out / "ego.gif", index=0))).any()
     assert not magenta(inset(iio.imread(out / "none.gif", index=None)[: FRAMES - 1])).any()
+
+
+def test_terra_rollouts_inset_is_on_by_default_but_off_for_act_bench(tmp_path):
+    """terra-rollout's settings as its Hydra run composes them: the inset draws by default; with
+    ``output.naming=actbench`` it is off (ACT-Bench's scorer reads the frames) unless asked for."""
+    from hydra import compose, initialize_config_dir
+
+    from terra.apps.runner import CONF_DIR
+    from terra.batch import batch_spec
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    drawn = {}
+    for name, extra in (("default", []), ("actbench", ["output.naming=actbench"]),
+                        ("actbench, asked", ["output.naming=actbench", "output.overlay_trajectory=true"]),
+                        ("off", ["output.overlay_trajectory=false"])):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("rollout", overrides=[f"samples={samples}", f"output.dir={tmp_path / 'out'}", *extra])
+        drawn[name] = batch_spec(cfg, progress=False).overlay_trajectory
+    assert drawn == {"default": True, "actbench": False, "actbench, asked": True, "off": False}
