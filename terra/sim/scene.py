@@ -180,9 +180,9 @@ class Scene:
             np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
-    def lane_lengths(self, d: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``; linear
-        in ``s`` on each segment (a parallel curve's length is ``s - d`` times the heading turned)."""
+    def _lane_lengths(self, d: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``, linear
+        in ``s`` on each segment (a parallel curve is shorter than the centreline by ``d`` times the heading turned)."""
         s = np.append(self.seg_s0, self.length_m)
         return s, s - d * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
 
@@ -193,7 +193,7 @@ class Scene:
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])
-        s, along = self.lane_lengths(self.ego_lane_offset_m)
+        s, along = self._lane_lengths(self.ego_lane_offset_m)
         reached = np.interp(np.interp(s0, s, along)[:, None] + route_distances(points)[None], along, s)
         forward_left = to_ego(self.lane_pose(reached)[..., :2], flat[:, None])
         return routes_from_yx(forward_left[..., ::-1]).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))

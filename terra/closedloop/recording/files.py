@@ -2,17 +2,19 @@
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
 generated frames), ``<drive id>.png`` (the drive from above: road, told route, driven path) and ``<drive id>.json``
-(scenario, policy, world, vehicle, seed, status and the one-line reason of a failure, why it ended early (the car left
-the scene), warnings (a policy that failed to close after a good drive), whether the world model was told a route and
-from where (``route``, ``route_source``: ``scene``, ``clipgt map``, a route control's road; null when none), plans,
-actions, poses, speeds, policy times, metrics, fingerprint), written atomically, the JSON last (strict JSON:
-terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's ``manifest.shard-<i>-of-<n>.jsonl``:
-terra/config/manifest.py), one record per drive as it is written (``status`` ok | failed | skipped = already complete,
-``stage`` and ``error`` of a failure); ``manifest.summary.json``; the folder's marker, listing every name the run
-writes; and while a run goes, the folder's lock (terra/core/lock.py). :func:`claim_drive_folder` checks the folder
-before any work (terra/config/output_dir.py: apart from the run's inputs, and every file it would write over one the
-toolkit wrote). A drive is complete when its JSON carries the same fingerprint (scenario, policy, seed, steps, world,
-vehicle and model settings: terra/config/spec.py's rule), says it is complete and its video exists: a rerun skips it.
+(scenario, policy, world, vehicle, seed, status and the one-line reason of
+a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
+drive), whether the world model was told a route and from where (``route``, ``route_source``: ``scene``,
+``clipgt map``, a route control's road; null when none), plans, actions, poses, speeds, policy times, metrics,
+fingerprint), written atomically, the JSON last
+(strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
+``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
+ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
+folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
+:func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
+inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
+same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
+says it is complete and its video exists: a rerun skips it.
 """
 
 from __future__ import annotations
