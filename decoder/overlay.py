@@ -3,7 +3,8 @@
 The trajectory inset is a bird's-eye view in the bottom-right corner: the ego car sits at the bottom
 centre facing up, and the 6 action points ``[y (left), x (forward), time]`` of the frame are drawn as a
 polyline from it (x up, y to the left, one metre per pixel scale shared by both axes). Frame ``t`` shows
-``actions[t]``, i.e. where the car is commanded to go from that frame on. Given ``routes``, the inset also draws
+``actions[t]``, i.e. where the car is commanded to go from that frame on; a frame after the last action (the last
+frame) shows the car and its route alone. Given ``routes``, the inset also draws
 frame ``t``'s told route, its points ``[y, x, ...]`` in the same ego frame (terra/contract/routes.py's layout), as a
 line of :data:`ROUTE_COLOR` under the path, labelled "route" above the inset; a frame without a route (NaN rows)
 gets none.
@@ -26,6 +27,7 @@ ROUTE_COLOR = (255, 60, 230)  # magenta: the route the world model was told
 ROUTE_LABEL = "route"  # above the inset, in ROUTE_COLOR, on a frame with a route
 INSET_MARGIN = 3  # pixels between the inset and the frame's edge, and inside it
 ROUTE_FIT_M = 60.0  # the inset fits a route as far as a demo frame shows road (it reaches 80 m: cut at the edge)
+INSET_FRACTION = 0.45  # the inset's side, of the frame's shorter side: 64 px at 144x256, where its route reads
 
 
 def mark_frames(frames: np.ndarray, num_context: int, border: int = 3, labels: bool = True) -> np.ndarray:
@@ -60,7 +62,7 @@ class Inset:
     scale: float  # pixels per metre
 
     @classmethod
-    def fit(cls, height: int, width: int, reach_m: float, inset_fraction: float = 0.33) -> "Inset":
+    def fit(cls, height: int, width: int, reach_m: float, inset_fraction: float = INSET_FRACTION) -> "Inset":
         """The inset of a ``height`` x ``width`` frame whose height spans ``reach_m`` metres ahead (at least 5 m)."""
         size = max(24, int(min(height, width) * inset_fraction))
         return cls(width - size - INSET_MARGIN, height - size - INSET_MARGIN, size,
@@ -81,13 +83,14 @@ class Inset:
                 for px, py in points]
 
 
-def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: float = 0.33,
+def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: float = INSET_FRACTION,
                     routes: np.ndarray | None = None) -> np.ndarray:
     """Copy of ``frames`` with a bird's-eye inset of each frame's commanded path (``actions [T, 6, 3]``) and, given
     ``routes`` (``[T', K, 2|3]`` ``[y, x(, s)]``, NaN rows: no route), each frame's told route beside it.
 
-    Frames beyond the last action row get no inset. The scale fits the largest point of the whole clip's paths and
-    of its routes' points within :data:`ROUTE_FIT_M` of the car; a route beyond the inset is cut at its edge.
+    Frames beyond the last action row get the inset without a path. The scale fits the largest point of the whole
+    clip's paths and of its routes' points within :data:`ROUTE_FIT_M` of the car; a route beyond the inset is cut at
+    its edge.
     """
     frames = check_frames(frames).copy()
     actions = np.asarray(actions, dtype=np.float64)
@@ -97,17 +100,18 @@ def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: flo
     inset = Inset.fit(*frames.shape[1:3], _reach(actions, routes), inset_fraction)
     x0, y0, size = inset.x0, inset.y0, inset.size
     font = ImageFont.load_default()
-    for index in range(min(len(frames), len(actions))):
+    for index in range(len(frames)):
         image = Image.fromarray(frames[index]).convert("RGBA")
         layer = Image.new("RGBA", image.size, (0, 0, 0, 0))
         draw = ImageDraw.Draw(layer)
         draw.rectangle([x0, y0, x0 + size, y0 + size], fill=(0, 0, 0, 150), outline=(255, 255, 255, 200))
         if routes is not None and index < len(routes) and np.isfinite(routes[index]).all():
             _draw_route(layer, inset, routes[index], font)
-        points = [inset.ego] + inset.pixels(actions[index])
-        draw.line(points, fill=PATH_COLOR + (255,), width=2)
-        for px, py in points[1:]:
-            draw.ellipse([px - 2, py - 2, px + 2, py + 2], fill=PATH_COLOR + (255,))
+        if index < len(actions):
+            points = [inset.ego] + inset.pixels(actions[index])
+            draw.line(points, fill=PATH_COLOR + (255,), width=2)
+            for px, py in points[1:]:
+                draw.ellipse([px - 2, py - 2, px + 2, py + 2], fill=PATH_COLOR + (255,))
         ego = inset.ego
         tri = [(ego[0], ego[1] - 6), (ego[0] - 4, ego[1] + 2), (ego[0] + 4, ego[1] + 2)]
         draw.polygon(tri, fill=(255, 255, 255, 255))

@@ -227,7 +227,7 @@ def test_the_docs_route_example_writes_a_file_that_a_k8_model_reads(tmp_path, mo
     np.testing.assert_allclose(given.routes[0, :, 2], np.arange(10, 90, 10))  # s: 10, 20, ..., 80 m
     assert (np.diff(given.routes[0, :, 0]) > 0).all()  # y grows: the road bends left
     assert given.actions[-1, -1, 0] > 0  # and curve_left drives left
-    np.testing.assert_allclose(np.hypot(given.routes[0, :, 0] - 200.0, given.routes[0, :, 1]), 198.25, atol=0.01)
+    np.testing.assert_allclose(np.hypot(given.routes[0, :, 0] - 200.0, given.routes[0, :, 1]), 200.0, atol=0.01)
     four = trajectory_inputs(tmp_path / "bend.json", 3, 16, route_tokens=4)  # a road serves a model of any K
     np.testing.assert_allclose(four.routes[..., :2], given.routes[:, 1::2, :2], atol=0.01)
 
@@ -354,7 +354,7 @@ def test_a_road_gives_every_frame_the_route_at_its_pose(tmp_path, manoeuvre):
     """A built-in scene's road written as a road file in the scene's world frame, beside the poses of a drive there:
     each frame's route is the scene's own at that pose (within 5 cm), so nothing need be transformed by hand."""
     scene, poses = builtin_road(manoeuvre, 30, 406, {})
-    lane = scene.road_pose(np.arange(0.0, scene.length_m, 0.5))[:, :2]
+    lane = scene.lane_pose(np.arange(0.0, scene.length_m, 0.5))[:, :2]  # the ego lane's centre, as a map gives it
     path = tmp_path / "drive.json"
     path.write_text(json.dumps({**_scene_trajectory(scene, poses), "road": lane.round(4).tolist()}))
     given = trajectory_inputs(path, NUM_CONTEXT, 16, route_tokens=8)

@@ -19,6 +19,7 @@ from terra.outputs import route_record
 from terra.sim import Scene, builtin_road, make_clip
 from tests.conftest import TINY_ROUTES
 from tests.decoder.test_route_inset import magenta
+from tests.roads.conftest import route_offsets
 from tests.test_route_files import (  # noqa: F401  (models: the fixture)
     FRAMES, NUM_CONTEXT, NUM_FRAMES, bending_routes, models, run_generate, write_trajectory, x_first,
 )
@@ -46,24 +47,26 @@ def test_terra_generate_keeps_and_draws_the_routes_told(models, tmp_path, monkey
     entry, video = generated(models, ego, tmp_path / "ego", monkeypatch)
     assert entry["route"] is True and entry["route_source"] == f"{ego}: ego_routes"
     np.testing.assert_allclose(entry["ego_routes"], x_first(routes), atol=5e-4)  # as the file gave them
-    assert all(magenta(inset(frame)).any() for frame in video[: FRAMES - 1])  # the last frame has no action: no inset
+    assert all(magenta(inset(frame)).any() for frame in video)  # the last one too: it has no action, but a route
 
     road = write_trajectory(tmp_path / "road.json", ROAD, "road")
     entry, _ = generated(models, road, tmp_path / "road", monkeypatch)
     assert entry["route_source"] == f"{road}: road"
     s = (80.0 * np.arange(1, TINY_ROUTES + 1) / TINY_ROUTES).tolist()
-    assert entry["ego_routes"][0] == [[x, 0.0] for x in s]  # on the road's centre line, straight ahead
+    assert entry["ego_routes"][0] == [[x, 0.0] for x in s]  # on the lane given, straight ahead
 
     entry, _ = generated(models, None, tmp_path / "scene", monkeypatch, "manoeuvre=curve_left", "seed=3")
     scene, poses = builtin_road("curve_left", FRAMES, 3, {})
     assert entry["route_source"] == "scene"
     np.testing.assert_allclose(entry["ego_routes"], scene.route(poses, TINY_ROUTES)[..., [1, 0]], atol=5e-4)
+    told = route_offsets(scene, poses, np.array(entry["ego_routes"])[..., ::-1])  # where on the road each point is
+    np.testing.assert_allclose(told, scene.ego_lane_offset_m, atol=0.05)  # the ego lane's centre, not the road's
 
     plain = tmp_path / "plain.json"  # control: poses without routes; nothing told, nothing drawn
     plain.write_text(json.dumps({"trajectory": {"x": [1.2 * i for i in range(8)], "y": [0.0] * 8}}))
     entry, video = generated(models, plain, tmp_path / "plain", monkeypatch)
     assert (entry["route"], entry["route_source"], entry["ego_routes"]) == (False, None, None)
-    assert not magenta(inset(video[: FRAMES - 1])).any()
+    assert not magenta(inset(video)).any()
 
 
 def test_a_frame_told_no_route_is_null():
@@ -100,3 +103,23 @@ def test_terra_rollout_sidecars_keep_the_routes_told(models, tmp_path):
     assert (sidecars["none"]["route_source"], sidecars["none"]["ego_routes"]) == (None, None)
     assert magenta(inset(iio.imread(out / "ego.gif", index=0))).any()
     assert not magenta(inset(iio.imread(out / "none.gif", index=None)[: FRAMES - 1])).any()
+
+
+def test_terra_rollouts_inset_is_on_by_default_but_off_for_act_bench(tmp_path):
+    """terra-rollout's settings as its Hydra run composes them: the inset draws by default; with
+    ``output.naming=actbench`` it is off (ACT-Bench's scorer reads the frames) unless asked for."""
+    from hydra import compose, initialize_config_dir
+
+    from terra.apps.runner import CONF_DIR
+    from terra.batch import batch_spec
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    drawn = {}
+    for name, extra in (("default", []), ("actbench", ["output.naming=actbench"]),
+                        ("actbench, asked", ["output.naming=actbench", "output.overlay_trajectory=true"]),
+                        ("off", ["output.overlay_trajectory=false"])):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = compose("rollout", overrides=[f"samples={samples}", f"output.dir={tmp_path / 'out'}", *extra])
+        drawn[name] = batch_spec(cfg, progress=False).overlay_trajectory
+    assert drawn == {"default": True, "actbench": False, "actbench, asked": True, "off": False}

@@ -252,6 +252,8 @@ def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
         value = own[name]
         if not (name == "max_concurrent" and value == "auto"):
             limits.check(value, setting)
+    if own["overlay_trajectory"] is None:
+        own = {**own, "overlay_trajectory": own["naming"] != "actbench"}
     for name, setting in FLAGS.items():
         check_flag(own[name], setting)
     if own["shard_index"] >= own["num_shards"]:

@@ -85,7 +85,7 @@ class Scenario:
 
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None:
         """The world model's routes at world ``poses`` ``[..., 3]``: the road's (where one was read from a map:
-        ``routes_along``, terra/roads/follow.py), else the scene's centreline ahead of each, ``[..., K, 3]``
+        ``routes_along``, terra/roads/follow.py), else the scene's ego lane ahead of each, ``[..., K, 3]``
         (terra/contract/routes.py); None where neither is known (the model then runs with "no route")."""
         if self.road is not None:
             poses = np.asarray(poses, dtype=np.float64)

@@ -1,9 +1,11 @@
 """The world model's route contract: a frame's route is ``[K, 3]`` floats ``[y, x, s]`` (docs/ARCHITECTURE.md,
 "Routes").
 
-A route is the road's centreline ahead of a pose, in that pose's ego frame (x forward, y left, metres): point ``k`` is
-the centreline point ``s_k`` metres along the road from the pose's nearest centreline point, with
-``s_k = ROUTE_HORIZON_M * (k + 1) / K``, so ``K`` points reach as far as a frame shows road. The three values are
+A route is the centreline of the lane the car is to drive in (the midpoint of its rails, as AlpaSim's clipgt maps,
+nuPlan and NAVSIM give a lane; never the road's centre line), ahead of a pose, in that pose's ego frame (x forward,
+y left, metres): point ``k`` is the lane's centreline point ``s_k`` metres along the lane (and the lanes it leads
+into) from the pose's nearest point on it, with ``s_k = ROUTE_HORIZON_M * (k + 1) / K``, so ``K`` points reach as far
+as a frame shows road; a car keeping its lane has its route's first points at ``y`` near 0. The three values are
 ordered as an action point's ``[y, x, time]``. ``routes[t]`` is always the route of frame ``t``: the road ahead of the
 pose frame ``t`` was drawn from (files, datasets, requests). A model with ``num_route_tokens = K > 0`` carries, after
 each frame's action slots, ``K`` route slots holding the route at the pose the next frame is drawn from: frame ``t``'s
@@ -29,7 +31,7 @@ from terra.contract.actions import finite_array
 from terra.core.errors import TerraInputError, past
 from terra.core.lazy import renamed
 
-ROUTE_HORIZON_M = 80.0  # the last route point's distance along the road; a demo frame shows road to about 60 m
+ROUTE_HORIZON_M = 80.0  # the last route point's distance along the lane; a demo frame shows road to about 60 m
 ROUTE_POINT_VALUES = 3  # [y, x, s], the width of an action point
 MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that left the road far behind still has one)
 # car's distance from the road, which the bound leaves room for

@@ -1,9 +1,11 @@
-"""The synthetic scene as a :class:`terra.roads.Road`: the road the scene's routes follow, for every reader of roads.
+"""The synthetic scene as a :class:`terra.roads.Road`: its lanes, as a map gives them, for every reader of roads.
 
-Its one lane is the scene's centreline (``Scene.route`` follows the road's centreline, not the ego lane's centre),
+The road has a lane each way: the ego lane (the direction of increasing arc length, whose centre ``Scene.route``
+follows) and the oncoming one, each in pieces of about :data:`SCENE_LANE_PIECE_M` chained by their stated successors,
 sampled every :data:`SCENE_ROAD_SPACING_M` and resampled as finely, so that ``routes_along(scene_road(scene), poses,
-K)`` gives ``scene.route(poses, K)`` within millimetres (tests/roads/test_scene_road.py); its boundaries are the
-road's two edges. Exported with ``terra.roads.write_clipgt``, a scene becomes an AlpaSim map.
+K)`` gives ``scene.route(poses, K)`` within millimetres (tests/roads/test_scene_road.py). Its boundaries are the
+road's two edges. Exported with ``terra.roads.write_clipgt`` (rails a lane's width apart about each centre), a scene
+becomes an AlpaSim map.
 """
 
 from __future__ import annotations
@@ -14,12 +16,24 @@ from terra.roads import Lane, Road
 from terra.sim.scene import ROAD_HALF_WIDTH_M, Scene
 
 SCENE_ROAD_SPACING_M = 0.25  # a chord's sag on the tightest bend (60 m radius): 0.1 mm
+SCENE_LANE_PIECE_M = 100.0  # a lane's pieces, as a map splits lanes at its junctions
+EGO_LANE, ONCOMING_LANE = "ego", "oncoming"  # the pieces' ids: "ego-0", "ego-1", ... in driving order
 
 
 def scene_road(scene: Scene) -> Road:
-    """``scene``'s road: its centreline as one lane (in the direction of increasing arc length), its edges as
-    boundaries."""
+    """``scene``'s road: its two lanes, each in pieces in its driving direction chained by their successors, and
+    its edges as boundaries."""
+    ends = np.linspace(0.0, scene.length_m, max(1, round(scene.length_m / SCENE_LANE_PIECE_M)) + 1)
+    pieces = [np.linspace(a, b, int(np.ceil((b - a) / SCENE_ROAD_SPACING_M)) + 1) for a, b in zip(ends, ends[1:])]
+    lanes = []
+    for name, offset, order in ((EGO_LANE, scene.ego_lane_offset_m, pieces),
+                                (ONCOMING_LANE, -scene.ego_lane_offset_m, [s[::-1] for s in pieces[::-1]])):
+        for i, s in enumerate(order):
+            successors = (f"{name}-{i + 1}",) if i + 1 < len(order) else ()
+            lanes.append(Lane(scene.lane_pose(s, offset)[:, :2], id=f"{name}-{i}", successors=successors))
     s = np.linspace(0.0, scene.length_m, int(np.ceil(scene.length_m / SCENE_ROAD_SPACING_M)) + 1)
     edges = [scene.lane_pose(s, side * ROAD_HALF_WIDTH_M)[:, :2] for side in (1.0, -1.0)]
-    return Road([Lane(scene.road_pose(s)[:, :2], id="centreline", successors=())], edges,
-                source=f"scene {scene.seed} ({scene.domain})", spacing_m=SCENE_ROAD_SPACING_M)
+    return Road(lanes, edges, source=f"scene {scene.seed} ({scene.domain})", spacing_m=SCENE_ROAD_SPACING_M)
+
+
+__all__ = ["EGO_LANE", "ONCOMING_LANE", "SCENE_LANE_PIECE_M", "SCENE_ROAD_SPACING_M", "scene_road"]

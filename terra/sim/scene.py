@@ -180,14 +180,22 @@ class Scene:
             np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
+    def _lane_lengths(self, d: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``, linear
+        in ``s`` on each segment (a parallel curve is shorter than the centreline by ``d`` times the heading turned)."""
+        s = np.append(self.seg_s0, self.length_m)
+        return s, s - d * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
+
     def route(self, poses: np.ndarray, points: int) -> np.ndarray:
-        """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the centreline ahead of each pose, from its nearest
-        centreline point, in its ego frame at the route contract's distances (terra/contract/routes.py)."""
+        """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the ego lane's centre ahead of each pose, from its
+        point nearest the pose, at the route contract's distances along that lane, in the pose's ego frame
+        (terra/contract/routes.py)."""
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])
-        ahead = self.road_pose(s0[:, None] + route_distances(points)[None])[..., :2]
-        forward_left = to_ego(ahead, flat[:, None])
+        s, along = self._lane_lengths(self.ego_lane_offset_m)
+        reached = np.interp(np.interp(s0, s, along)[:, None] + route_distances(points)[None], along, s)
+        forward_left = to_ego(self.lane_pose(reached)[..., :2], flat[:, None])
         return routes_from_yx(forward_left[..., ::-1]).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
 
     def road_outline(self, margin: float) -> tuple[np.ndarray, np.ndarray]:

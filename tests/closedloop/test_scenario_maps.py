@@ -1,6 +1,7 @@
 """terra-drive's ``road`` setting: the model world told its routes from AlpaSim maps exported from the scenarios'
-scenes gets the scene's routes within 5 cm at every step of a drive; maps of other scenes are told apart by metres;
-a scenario without its map, or with a map that cannot be read, is one line before any drive."""
+scenes gets the scene's routes, on the ego lane's centre, within 5 cm at every step of a drive; maps of other scenes
+are told apart by metres; a scenario without its map, or with a map that cannot be read, is one line before any
+drive."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from terra.closedloop.loop import drive_specs, run_drives
 from terra.closedloop.policies.builtin import policy_factories
 from terra.closedloop.scenario_maps import export_maps, map_path
+from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import ModelWorld
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
@@ -21,6 +23,7 @@ from terra.pipeline import WorldModelPipeline
 from terra.tokenizer.lfq import LFQTokenizer
 from tests.closedloop.conftest import drive_settings_of
 from tests.conftest import TINY_ROUTES, tiny_route_model
+from tests.roads.conftest import route_offsets
 
 SEED, OTHER_SEED, STEPS = 3, 11, 4
 
@@ -69,6 +72,7 @@ def told(out, road: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
 
 def test_routes_from_exported_maps_are_the_scenes_within_5_cm(tmp_path, maps):
     by_scene, by_map = told(tmp_path / "scene", "scene"), told(tmp_path / "maps", str(maps / "own"))
+    scenes = {scenario.id: scenario.scene for scenario in synthetic_scenarios(2, SEED, (16, 16), num_context=1)}
     assert len(by_map) == len(by_scene) == 2 * (1 + STEPS)  # each drive's context, then each step
     for (scene_id, scene_poses, scene_routes), (map_id, map_poses, map_routes) in zip(by_scene, by_map):
         assert scene_id == map_id
@@ -76,6 +80,8 @@ def test_routes_from_exported_maps_are_the_scenes_within_5_cm(tmp_path, maps):
         assert np.isfinite(map_routes).all()
         gap = np.hypot(*(map_routes[..., :2] - scene_routes[..., :2]).transpose(2, 0, 1))
         assert gap.max() < 0.05, (map_id, gap.max())
+        lane = route_offsets(scenes[map_id], map_poses, map_routes) - scenes[map_id].ego_lane_offset_m
+        assert np.abs(lane).max() < 0.05, (map_id, lane)  # on the ego lane's centre, not the road's centre line
 
 
 def test_maps_of_other_scenes_tell_another_road(tmp_path, maps):

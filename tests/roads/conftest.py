@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from terra.closedloop.scenarios import synthetic_scenarios
+from terra.inputs.ego_motion import to_world
 
 DEADLINE_S = 60  # the slowest test here (16 scenarios' routes on a loaded 2-core machine) takes a few seconds
 TOLERANCE_M = 0.05  # a route point's distance from the scene's
@@ -39,3 +40,10 @@ def drive_poses(scenario, lateral_m: float = 0.0) -> np.ndarray:
     scene = scenario.scene
     s = scene.arc_length(scenario.start_pose) + scenario.speed_kmh / 3.6 * np.arange(0.0, DRIVE_S + 1e-9, STEP_S)
     return scene.lane_pose(s, scene.ego_lane_offset_m + lateral_m)
+
+
+def route_offsets(scene, poses: np.ndarray, routes: np.ndarray) -> np.ndarray:
+    """``[T, K]`` lateral offsets from the scene's road centre line (m, left positive) of routes ``[T, K, 3]`` told
+    at world ``poses`` ``[T, 3]``: where on the road each route point lies."""
+    world = to_world(np.asarray(routes, dtype=np.float64)[..., 1::-1], np.asarray(poses)[:, None])
+    return scene.road_coords(world[..., 0], world[..., 1])[1]

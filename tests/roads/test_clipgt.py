@@ -1,5 +1,6 @@
-"""AlpaSim's map: a scene written in its layout and read back gives the scene's routes; the names, folders and
-tables AlpaSim and NVIDIA's readers use; successors from the association table, else from the geometry."""
+"""AlpaSim's map: a scene written in its layout (its lanes both ways, with rails and successors) and read back gives
+the scene's routes, on its ego lane's centre; the names, folders and tables AlpaSim and NVIDIA's readers use;
+successors from the association table, else from the geometry."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pyarrow.parquet as pq
 
 from terra.roads import Lane, Road, read_clipgt, routes_along, write_clipgt
 from terra.sim.roads import scene_road
-from tests.roads.conftest import TOLERANCE_M, drive_poses
+from terra.sim.scene import ROAD_HALF_WIDTH_M
+from tests.roads.conftest import TOLERANCE_M, drive_poses, route_offsets
 from tests.roads.test_follow import y_fork
 
 CLIP = "00000000-0000-0000-0000-000000000001_1000000_2000000"
@@ -42,10 +44,32 @@ def test_a_scene_exported_as_an_alpasim_map_gives_the_scenes_routes_at_every_fra
             assert sorted(archive.namelist()) == [f"{CLIP}.{e}.parquet" for e in ("association", "lane",
                                                                                   "road_boundary")]
         road = read_clipgt(data)
-        assert len(road) == 1 and len(road.boundaries) == 2 and road.lanes[0].id == "centreline"
-        poses = drive_poses(scenario)
-        worst = max(worst, float(np.abs(routes_along(road, poses, 8) - scenario.scene.route(poses, 8)).max()))
+        assert len(road.boundaries) == 2
+        for lateral in (0.0, 0.9):  # on the lane's centre, and drifted towards the yellow line
+            poses = drive_poses(scenario, lateral)
+            routes = routes_along(road, poses, 8)
+            worst = max(worst, float(np.abs(routes - scenario.scene.route(poses, 8)).max()))
+            on_lane = route_offsets(scenario.scene, poses, routes)[:, :-1]  # the last point may lie at the road's end
+            assert np.abs(on_lane - scenario.scene.ego_lane_offset_m).max() < TOLERANCE_M  # the lane, not the road
     assert worst < TOLERANCE_M, f"max error {worst * 100:.2f} cm"
+
+
+def test_a_scene_exported_as_an_alpasim_map_holds_its_lanes_both_ways_with_rails_and_successors(scenarios):
+    scene = scenarios[0].scene
+    tables = zipfile.ZipFile(io.BytesIO(exported(scene_road(scene))))
+    lanes = pq.read_table(io.BytesIO(tables.read(f"{CLIP}.lane.parquet"))).to_pylist()
+    links = pq.read_table(io.BytesIO(tables.read(f"{CLIP}.association.parquet"))).to_pylist()
+    ids = [row["key"]["map_id"] for row in lanes]
+    ways = {way: [i for i in ids if i.startswith(way)] for way in ("ego-", "oncoming-")}
+    assert len(ways["ego-"]) == len(ways["oncoming-"]) > 1 and len(ids) == 2 * len(ways["ego-"])
+    assert {row["association"]["subjects"]: row["association"]["objects"] for row in links} == {
+        **{way[i]: [way[i + 1]] for way in ways.values() for i in range(len(way) - 1)}}
+    for row in lanes:
+        edge = -ROAD_HALF_WIDTH_M if row["key"]["map_id"].startswith("ego-") else ROAD_HALF_WIDTH_M
+        for rail, want in (("left_rail", 0.0), ("right_rail", edge)):  # the yellow line on each lane's left
+            xy = np.array([[p["x"], p["y"]] for p in row["lane"][rail]])
+            d = scene.road_coords(xy[:, 0], xy[:, 1])[1]
+            np.testing.assert_allclose(d[np.isfinite(d)], want, atol=1e-3)
 
 
 def test_the_layout_is_the_one_nvidias_readers_take():

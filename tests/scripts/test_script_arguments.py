@@ -42,6 +42,10 @@ def one_line(name: str, function: str, argv: list[str], capsys) -> str:
 # (script, function, arguments, words of the one line); {tmp}: the test's folder, {file}: a file in it (an input),
 # {missing}: a file in a folder that does not exist
 CASES = [
+    ("experiments/lane_keeping_alpasim", "parse_args", ["--scenarios", "0"], "--scenarios", "from 1 to 256"),
+    ("experiments/lane_keeping_alpasim", "parse_args", ["--map-shift-m", "nan"], "--map-shift-m", "from -10 to 10"),
+    ("experiments/lane_keeping_alpasim", "parse_args", ["--out", "{tmp}"], "--out", "is a folder"),
+    ("experiments/lane_keeping_alpasim", "main", ["--policies", "no_such"], "unknown policy 'no_such'"),
     ("experiments/measure_decoding", "parse_args", ["--rollouts", "0"], "--rollouts", "from 1 to 4096"),
     ("experiments/measure_decoding", "parse_args", ["--temperatures", "0,nan"], "--temperatures", "from 0 to 10"),
     ("experiments/measure_decoding", "parse_args", ["--seed", "-1"], "--seed", "from 0 to 4611686018427387903"),

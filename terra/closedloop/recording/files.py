@@ -1,7 +1,8 @@
 """Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
 
 Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
-generated frames) and ``<drive id>.json`` (scenario, policy, world, vehicle, seed, status and the one-line reason of
+generated frames), ``<drive id>.png`` (the drive from above: road, told route, driven path) and ``<drive id>.json``
+(scenario, policy, world, vehicle, seed, status and the one-line reason of
 a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
 drive), whether the world model was told a route and from where (``route``, ``route_source``: ``scene``,
 ``clipgt map``, a route control's road; null when none), plans, actions, poses, speeds, policy times, metrics,
@@ -34,7 +35,8 @@ from terra.config.files import load_json
 from terra.config.manifest import MANIFEST, summary_name
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.config.spec import fingerprint as spec_fingerprint
-from terra.core.atomic import json_text, write_text
+from terra.closedloop.recording.topdown import topdown_png
+from terra.core.atomic import atomic_path, json_text, write_text
 from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
@@ -48,9 +50,9 @@ def file_stem(drive_id: str) -> str:
 
 
 def drive_files(drive_id: str, videos: bool = True) -> list[str]:
-    """The files a drive writes: its video (unless ``videos`` is False) and its JSON."""
+    """The files a drive writes: its video and its top-down picture (unless ``videos`` is False) and its JSON."""
     stem = file_stem(drive_id)
-    return [f"{stem}.mp4"] * videos + [f"{stem}.json"]
+    return [f"{stem}.mp4", f"{stem}.png"] * videos + [f"{stem}.json"]
 
 
 def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
@@ -140,14 +142,18 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
                 extra_metrics: dict | None = None, measure: bool = False) -> dict:
-    """Write the drive's video (unless ``fps`` is None) and JSON (atomically, the JSON last); return the JSON.
+    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last);
+    return the JSON.
     ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py);
     ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:
         write_video(video, np.stack(drive.frames), fps)
-        files.append(video.name)
+        picture = video.with_suffix(".png")
+        with atomic_path(picture) as tmp:
+            tmp.write_bytes(topdown_png(drive))
+        files += [video.name, picture.name]
     content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
     if measure and drive.ok:
         content["fidelity"] = measure_frames(drive)

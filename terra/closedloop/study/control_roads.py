@@ -23,7 +23,7 @@ FOREIGN_TRIES = 32  # wrong_route: candidate roads drawn at most
 
 class ForeignRoad:
     """Another road told as a drive's route (``wrong_route``): the car's place on its own scene's road (arc length,
-    lateral offset, heading against the road) carried onto ``other``'s road, whose centreline ahead of that place is
+    lateral offset, heading against the road) carried onto ``other``'s road, whose ego lane ahead of that place is
     the route. So the route has the shape of another scenario's road, bends where the true road runs straight and
     the other way, while the car's offset and heading in it stay the true ones."""
 
@@ -45,7 +45,7 @@ class ForeignRoad:
 
 class FedMotionRoad:
     """The road told to a model control fed another motion than the car's (``zero_actions``, ``straight``): the
-    scene's centreline ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
+    scene's ego lane ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
     or (``straight_on``) driving on along its heading as far as the car has come along the road."""
 
     route_source = "scene, ahead of the fed motion"

@@ -142,10 +142,11 @@ def test_a_run_marks_what_it_writes_holds_the_lock_and_writes_strict_json(tmp_pa
             drive_and_record(TrueWorld(SIZE), specs, run)
     result = drive_and_record(TrueWorld(SIZE), specs, run)
     assert result.counts == {"ok": 1, "failed": 1, "skipped": 0}
-    names = {"manifest.jsonl", "manifest.summary.json", f"{LANE}.json", f"{LANE}.mp4",
-             f"{scenarios[0].id}__broken.json", f"{scenarios[0].id}__broken.mp4"}
+    broken = f"{scenarios[0].id}__broken"
+    names = {"manifest.jsonl", "manifest.summary.json", f"{LANE}.json", f"{LANE}.mp4", f"{LANE}.png",
+             f"{broken}.json", f"{broken}.mp4", f"{broken}.png"}
     assert marked(tmp_path / "run") == names
-    assert {p.name for p in (tmp_path / "run").iterdir()} == names - {f"{scenarios[0].id}__broken.mp4"} | {MARKER}
+    assert {p.name for p in (tmp_path / "run").iterdir()} == names - {f"{broken}.mp4", f"{broken}.png"} | {MARKER}
     for path in (tmp_path / "run").glob("*.json"):
         json.loads(path.read_text(), parse_constant=pytest.fail)  # no NaN or Infinity
 
