@@ -41,6 +41,7 @@ from terra.closedloop.study.exploit import GRID, METRICS, TRUTH_PROCESSES
 from terra.closedloop.study.report import compare
 from terra.closedloop.worlds import TrueWorld
 from terra.core.atomic import json_text, write_text
+from terra.core.device import usable_cores
 from terra.decoder.sidecar import to_jsonable
 from terra.sim.renderer import render
 
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                              "cpu_work_on_all_cores": cpu / plan["cores"], "drives": drives_s,
                              "study": drives_s + read_s + report_s},
              "rates": {"engine_frames_per_s": args.engine_rate, "exploit_frames_per_s": args.exploit_rate},
-             "cores_here": os.cpu_count()}
+             "cores_here": usable_cores()}
     print(json.dumps(found, indent=2))
     if args.out:
         write_text(args.out, json.dumps(found, indent=2) + "\n")
