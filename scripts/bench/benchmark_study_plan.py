@@ -24,7 +24,6 @@ them on one engine (``--exploit-rate``), every group's CPU work over the preset'
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import defaultdict

@@ -7,7 +7,6 @@ loaded, once per run); the backend ``auto`` stands for on that device: :func:`re
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any, Mapping
 
 from terra.config.checks import Range, check_choice, shown

@@ -11,7 +11,6 @@ softmax of the logits, taken on the CPU in float32 as ACT-Bench does.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
