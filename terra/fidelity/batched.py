@@ -5,6 +5,7 @@ path within float tolerance (tests/fidelity/test_batched.py)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -211,6 +212,12 @@ def _align(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor, motion: torc
     return motion, _masked_correlation(values, template, seen), seen.sum(1), ok
 
 
+@lru_cache(maxsize=4)
+def _grids(height: int, width: int, device: str) -> tuple[_Grid, ...]:
+    """The odometry's grids for an image size on ``device`` (cached: the same for every drive)."""
+    return tuple(_Grid(grid, torch.device(device)) for grid in ladder(height, width))
+
+
 def luminance(frames: torch.Tensor) -> torch.Tensor:
     """``[F, H, W]`` float32 luminance (0-255) of uint8 frames ``[F, H, W, 3]``."""
     return frames.float() @ _tensor(LUMA, frames.device)
@@ -228,7 +235,7 @@ def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_mat
     with torch.inference_mode():
         grey = luminance(_tensor(frames, where))
         sky = grey[:, :camera(height, width).ground_row0].mean((1, 2))
-        grids = [_Grid(grid, where) for grid in ladder(height, width)]
+        grids = _grids(height, width, str(where))
         images = [grid.images(grey) for grid in grids]
         found: list[Motion | None] = []
         for start in range(0, len(pairs), PAIRS_AT_ONCE):
