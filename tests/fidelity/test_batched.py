@@ -1,5 +1,5 @@
 """The measurement in torch (a run on a GPU: every frame at once, terra/fidelity/batched.py) writes the numbers the
-numpy path writes, within float tolerance: both paths run here, torch on the CPU."""
+numpy path writes, within float tolerance: both paths run here, torch on the CPU (and on CUDA where a GPU is)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies.builtin import reference_policy
@@ -22,6 +23,7 @@ from terra.sim.scene import Scene
 SIZE = (72, 128)
 STEPS = 24  # long enough for the temporal lag (1.5 x its 15 steps)
 ODOMETRY_TOLERANCE = 1e-6  # metres, radians, correlation: float64 sums in another order
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 @pytest.fixture(scope="module")
@@ -45,25 +47,27 @@ def close(a, b, path: str = "") -> None:
         assert a == b, path
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("world", [FastWorld, LateWorld, StutterWorld, FrozenWorld, GrayWorld])
-def test_a_drive_measured_in_torch_writes_the_numpy_paths_numbers(world, scenario, tmp_path):
+def test_a_drive_measured_in_torch_writes_the_numpy_paths_numbers(world, device, scenario, tmp_path):
     [drive] = run_drives(world(SIZE), [DriveSpec(scenario, "lane_follower", reference_policy("lane_follower"))],
                          STEPS)
     drive = pickle.loads(pickle.dumps(drive.finished()))  # as a writer process gets it
     written = {}
-    for device in (None, "cpu"):
-        folder = tmp_path / str(device)
+    for on in (None, device):
+        folder = tmp_path / str(on)
         folder.mkdir()
-        write_drive(folder, drive, "print", None, measure=True, device=device)
+        write_drive(folder, drive, "print", None, measure=True, device=on)
         [path] = folder.glob("*.json")
-        written[device] = json.loads(path.read_text())["fidelity"]
-    numpy_path, torch_path = written[None], written["cpu"]
+        written[on] = json.loads(path.read_text())["fidelity"]
+    numpy_path, torch_path = written[None], written[device]
     close(numpy_path, torch_path)
     moved = [r for r in numpy_path["recovered"] if r is not None and r[0] is not None]
     assert moved or world in (FrozenWorld, GrayWorld)  # odometry compared, not refusals alone
 
 
-def test_the_odometry_of_many_pairs_at_once_is_each_pairs_own(scenario):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_odometry_of_many_pairs_at_once_is_each_pairs_own(device):
     """Pairs of every kind at once: moving day frames, a night frame (refused), a uniform frame (refused)."""
     rng = np.random.default_rng(3)
     frames, pairs = [], []
@@ -77,7 +81,7 @@ def test_the_odometry_of_many_pairs_at_once_is_each_pairs_own(scenario):
     frames.append(np.full_like(frames[0], 128))
     pairs += [(0, len(frames) - 1), (1, 0)]
     alone = [estimate_motion(frames[i], frames[j]) for i, j in pairs]
-    together = estimate_pairs(np.stack(frames), pairs, 0.5, "cpu")
+    together = estimate_pairs(np.stack(frames), pairs, 0.5, device)
     assert [m is None for m in together] == [m is None for m in alone]
     assert alone[3] is None and alone[4] is None and sum(m is not None for m in alone) >= 3  # night, uniform
     for mine, own in zip(together, alone):
