@@ -68,9 +68,14 @@ class LaneAgreement:
         return self.world - self.truth
 
 
-def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray) -> LaneAgreement:
-    """The lane detector's reading of each world frame and of the true frame at the same pose."""
+def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: str | None = None) -> LaneAgreement:
+    """The lane detector's reading of each world frame and of the true frame at the same pose (on torch's
+    ``device``, every frame at once; None: numpy, frame by frame)."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
+    if device is not None:
+        from terra.fidelity.batched import lane_readings
+
+        return LaneAgreement(*(lane_readings(frames, LOOKAHEAD_M, device) for frames in (world_frames, true_frames)))
     return LaneAgreement(np.array([lane_reading(f) for f in world_frames]),
                          np.array([lane_reading(f) for f in true_frames]))
 

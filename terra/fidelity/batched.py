@@ -1,6 +1,6 @@
 """The frame measurements in torch on a run's device, many frames at once: the odometry of frame pairs (the method of
-terra/fidelity/odometry.py, step by step, every pair at once), frame changes and the temporal lag's squared
-differences. The same numbers as the numpy
+terra/fidelity/odometry.py, step by step, every pair at once), the lane readings, frame changes and the temporal lag's
+squared differences. The same numbers as the numpy
 path within float tolerance (tests/fidelity/test_batched.py)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from terra.fidelity.bilinear import Taps
+from terra.fidelity.lanes import CENTRE_LINE_LEFT_M, EDGE_LINE_RIGHT_M, MIN_SPAN_M, ground_points, ground_rows
 from terra.fidelity.odometry import (
     HUBER, LUMA, MIN_OVERLAP, MIN_SKY_LUMINANCE, MIN_TEXTURE, PHOTOMETRIC_PRIOR, BirdsEye, Motion, ladder,
     optical_depth, search_taps,
@@ -23,7 +24,7 @@ GEOMETRIC_SCALE = (1.0, 1.0, 0.1)  # the observability check's yaw at 10 m, as t
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.ascontiguousarray(array), device=device)
+    return torch.as_tensor(np.require(array, requirements=("C", "W")), device=device)  # torch takes no read-only
 
 
 class _Grid:
@@ -292,3 +293,30 @@ def estimate_steps(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int,
                            [(index[(s, before)], index[(s, after)]) for s, _, (before, after) in steps], min_match,
                            device)
     return {(s, t): motion for (s, t, _), motion in zip(steps, found)}
+
+
+def lane_readings(frames: np.ndarray, ahead: float, device: str, min_points: int = 12) -> np.ndarray:
+    """terra/fidelity/lanes.py's ``find_lane`` of each of uint8 ``frames [T, H, W, 3]`` on ``device``, read ``ahead``
+    metres ahead (NaN: no lane found): the same markings, the median's outliers left out, the same weighted line."""
+    height, width = frames.shape[1:3]
+    band = ground_rows(height, width)
+    where = torch.device(device)
+    with torch.inference_mode():
+        fwd, left, valid = (_tensor(a[band], where).flatten() for a in ground_points(height, width))
+        rgb = _tensor(frames[:, band], where).float().flatten(1, 2)
+        r, g, b = rgb.unbind(-1)
+        brightest, darkest = rgb.max(-1).values, rgb.min(-1).values
+        yellow = valid & (r > 140) & (g > 110) & (r - b > 100) & (g - b > 80)
+        white = valid & (brightest > 175) & (brightest - darkest < 45) & (left < -0.3)
+        marked = yellow | white
+        centre = torch.where(yellow, left - CENTRE_LINE_LEFT_M, left + EDGE_LINE_RIGHT_M)
+        median = _masked_median(centre, marked)
+        keep = marked & ((centre - median[:, None]).abs() < 1.5)
+        span = torch.where(keep, fwd, -torch.inf).max(1).values - torch.where(keep, fwd, torch.inf).min(1).values
+        found = (marked.sum(1) >= min_points) & (keep.sum(1) >= min_points) & (span >= MIN_SPAN_M)
+        weight = keep / fwd.clamp(min=1.0)  # near pixels are sharper
+        total, sx, sy = weight.sum(1), weight @ fwd, (weight * centre).sum(1)
+        sxx, sxy = weight @ (fwd * fwd), (weight * fwd * centre).sum(1)
+        slope = (total * sxy - sx * sy) / (total * sxx - sx * sx)
+        offset = (sy - slope * sx) / total
+        return torch.where(found, offset + slope * ahead, torch.nan).cpu().numpy()

@@ -64,6 +64,7 @@ def test_a_drive_measured_in_torch_writes_the_numpy_paths_numbers(world, device,
     close(numpy_path, torch_path)
     moved = [r for r in numpy_path["recovered"] if r is not None and r[0] is not None]
     assert moved or world in (FrozenWorld, GrayWorld)  # odometry compared, not refusals alone
+    assert any(v is not None for v in numpy_path["lane_truth"])  # lane readings compared, not misses alone
 
 
 @pytest.mark.parametrize("device", DEVICES)

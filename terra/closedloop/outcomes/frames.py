@@ -39,8 +39,9 @@ from terra.sim.renderer import render
 
 def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
     """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
-    has no generated frame or no synthetic scene to render; ``device``: torch's, where the odometry, the frame
-    changes and the temporal lag run, every frame at once (None: numpy, the same numbers within float tolerance)."""
+    has no generated frame or no synthetic scene to render; ``device``: torch's, where the odometry, the lane
+    readings, the frame changes and the temporal lag run, every frame at once (None: numpy, the same numbers within
+    float tolerance)."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:
         return None
@@ -55,7 +56,7 @@ def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | 
     reference = np.asarray(kept[:len(poses)]) if through else truth
     following = recover(frames, step_motions(poses), reference=reference, device=device)
     truth = truth[1:]
-    lanes = lane_agreement(frames[1:], reference[1:])
+    lanes = lane_agreement(frames[1:], reference[1:], device)
     lag = temporal_lag(frames[1:], truth, device=device) if len(truth) >= int(np.ceil(1.5 * MAX_LAG)) else None
     return {
         "commanded": following.commanded, "recovered": following.recovered, "match": following.match,
