@@ -51,7 +51,11 @@ def test_help_and_one_line_errors(tmp_path):
                        (["within_horizon=true"], "within_horizon=true judges a fidelity study's worlds within their "
                                                  "horizons: it needs world=both"),
                        (["shard_processes.scene=2"], "shard_processes runs a fidelity study as shards of this "
-                                                     "machine: it needs world=both")):
+                                                     "machine: it needs world=both"),
+                       (["until=decided"], "until=decided adds scenarios to a fidelity study until its verdict is "
+                                           "decided: it needs world=both"),
+                       (["world=both", "until=decided", "until_scenarios=4"],
+                        "until_scenarios=4 leaves no room for a round beyond num_scenarios=4")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
 
