@@ -21,6 +21,7 @@ import torch
 from terra.generation.backends import create_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.config.spec import RunSpec
+from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 from terra.pipeline import WorldModelPipeline, actor_spec
 from terra.tokenizer import LFQTokenizer
@@ -154,8 +155,7 @@ def test_from_pretrained_sets_threads_as_terra_generate_does(monkeypatch, given)
     assert run.spec.num_threads == cli_threads
     assert applied == (untouched if cli_threads is None else cli_threads)
     if given == "default":  # the CLI's default decides a number here (auto), unlike torch's one per core
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        assert cli_threads == max(1, usable // 2)
+        assert cli_threads == max(1, usable_cores() // 2)
 
 
 @pytest.mark.parametrize("backend, told", [("vllm", True), ("hf", False)])

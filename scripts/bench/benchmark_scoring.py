@@ -33,6 +33,7 @@ if str(SCRIPTS) not in sys.path:  # scripts/: the command-line helpers are bench
 
 from bench.lib.cli import Parser, check_output, device_name, exit_2_on_input_error, in_range  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
+from terra.core.device import usable_cores  # noqa: E402
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator  # noqa: E402
 from terra.scoring.run import score  # noqa: E402
 from terra.scoring.settings import ScoringSettings  # noqa: E402
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         "videos": args.videos, "frames": args.frames, "size": [args.height, args.width], "preset": args.preset,
         "batch_size": args.batch_size, "num_workers": args.num_workers, "dtype": args.dtype,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu",
-        "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+        "cpus": usable_cores(), "torch": torch.__version__, "python": platform.python_version(),
         "inputs_s": round(inputs_s, 1), **{k: round(v, 2) for k, v in timings.items()},
         "videos_per_s": round(args.videos / timings["estimate_s"], 2),
         "videos_per_s_overall": round(args.videos / timings["total_s"], 2),

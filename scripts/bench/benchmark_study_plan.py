@@ -12,7 +12,8 @@ on an engine of its own (terra/closedloop/study/drives.py); then the report. The
 a GPU; this script counts every world's frames from the preset (the route controls too, for a model with route
 slots) and measures, in one process on one thread (CPU seconds, which a shared machine does not inflate), what the CPU
 does per frame: the truth's drives (a pixel policy's plan and the vehicle, and the true render, timed apart by
-rendering the same poses again); the measurement of a frame (terra/closedloop/outcomes/frames.py) by part, on the
+rendering the same poses again); the measurement of a frame (terra/closedloop/outcomes/frames.py; ``--device``: in
+numpy or in torch on a device) by part, on the
 ``mirrored`` control's drives (frames that are not the truth's), with the true renders its world made at the drive's
 poses (as the model worlds, ``mirrored``, ``late`` and ``stutter`` hand them on) and without them (the other scene
 controls), and on the ``frozen`` control's (a frame shown again: its ground and motions made once); and the report
@@ -24,7 +25,6 @@ them on one engine (``--exploit-rate``), every group's CPU work over the preset'
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -41,6 +41,7 @@ from terra.closedloop.study.exploit import GRID, METRICS, TRUTH_PROCESSES
 from terra.closedloop.study.report import compare
 from terra.closedloop.worlds import TrueWorld
 from terra.core.atomic import json_text, write_text
+from terra.core.device import usable_cores
 from terra.decoder.sidecar import to_jsonable
 from terra.sim.renderer import render
 
@@ -93,11 +94,12 @@ class PartTimes:
             return result
         return timed
 
-    def measure(self, drives, frames: int, renders: bool = True) -> dict[str, float]:
-        """Seconds a frame of ``drives`` measured (``renders``: with the true renders their world made), by part."""
+    def measure(self, drives, frames: int, renders: bool = True, device: str | None = None) -> dict[str, float]:
+        """Seconds a frame of ``drives`` measured (``renders``: with the true renders their world made; on torch's
+        ``device``, None: numpy), by part."""
         self.seconds.clear()
-        _, total = cpu_seconds(lambda: [frame_measures.measure_frames(d if renders else replace(d, truths=None))
-                                        for d in drives])
+        _, total = cpu_seconds(lambda: [frame_measures.measure_frames(d if renders else replace(d, truths=None),
+                                                                      device) for d in drives])
         parts = {name: self.seconds[name] / frames for name in PARTS}
         return {"total": total / frames, **parts, "other": total / frames - sum(parts.values())}
 
@@ -132,11 +134,15 @@ def main(argv: list[str] | None = None) -> None:
                              "90-95 s on 4 engines, benchmarks/drives.md)")
     parser.add_argument("--exploit-rate", type=in_range(float, 1.0, 1e6), default=65.0,
                         help="model frames a second of the exploitability study's one engine")
+    parser.add_argument("--device", choices=("numpy", "cpu", "cuda"), default="numpy",
+                        help="where the measurement runs: numpy (a study on the CPU), or torch on cpu or cuda (a study "
+                             "on a GPU measures there)")
     parser.add_argument("--out", type=Path, help="the numbers as JSON")
     args = parser.parse_args(argv)
     if args.out:
         check_output(args.out, "--out")
     plan = preset()
+    device = None if args.device == "numpy" else args.device
     specs = drive_specs(synthetic_scenarios(args.scenarios, 0, SIZE), policy_factories(plan["policies"]))
     truth, truth_s = cpu_seconds(lambda: run_drives(TrueWorld(SIZE), specs, args.steps))
     frames = sum(d.steps for d in truth)
@@ -148,10 +154,11 @@ def main(argv: list[str] | None = None) -> None:
         drives = [d.finished() for d in run_drives(SCENE_CONTROLS[name](SIZE), specs, args.steps)]
         count = sum(d.steps for d in drives)
         if name == "mirrored":
-            measured["kept"] = timer.measure(drives, count)
-            measured["rendered"] = timer.measure(drives, count, renders=False)
+            timer.measure(drives[:1], drives[0].steps, device=device)  # loads torch, makes the grids, warms the device
+            measured["kept"] = timer.measure(drives, count, device=device)
+            measured["rendered"] = timer.measure(drives, count, renders=False, device=device)
         else:
-            measured["still"] = timer.measure(drives, count)
+            measured["still"] = timer.measure(drives, count, device=device)
     records = []
     for drive in truth:
         content = drive_json(drive.finished(), metrics_of(drive), "", [])
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                              "cpu_work_on_all_cores": cpu / plan["cores"], "drives": drives_s,
                              "study": drives_s + read_s + report_s},
              "rates": {"engine_frames_per_s": args.engine_rate, "exploit_frames_per_s": args.exploit_rate},
-             "cores_here": os.cpu_count()}
+             "cores_here": usable_cores(), "measured_on": args.device}
     print(json.dumps(found, indent=2))
     if args.out:
         write_text(args.out, json.dumps(found, indent=2) + "\n")

@@ -7,10 +7,10 @@ loaded, once per run); the backend ``auto`` stands for on that device: :func:`re
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any, Mapping
 
 from terra.config.checks import Range, check_choice, shown
+from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -60,8 +60,7 @@ def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
     machine shared with other work, one thread per core collapses: benchmarks/cpu.md, "Threads on a busy CPU"), a
     whole number 1 .. 1024 that many, None torch's default (one per core)."""
     if value == "auto":
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return max(1, usable // 2)
+        return max(1, usable_cores() // 2)
     if isinstance(value, str):
         raise TerraInputError(f"{name} must be auto, a whole number from 1 to 1024 or null (got {shown(value)}); "
                               f"e.g. {name}=1")

@@ -1,14 +1,19 @@
 """Where a run computes: the device name checked (without torch), ``auto`` resolved once torch is loaded, the
-dtype ``auto`` stands for, and torch's CPU threads. The one home of these rules for every wing."""
+dtype ``auto`` stands for, torch's CPU threads and the CPU cores this process may use. The one home of these rules
+for every wing."""
 
 from __future__ import annotations
 
+import math
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from terra.core.errors import TerraInputError
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,2})?")
+CGROUP = Path("/sys/fs/cgroup")
 
 
 def check_device(value: Any) -> str:
@@ -50,3 +55,26 @@ def set_threads(num_threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(num_threads)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may use: its CPU affinity (taskset, Slurm), no more than its cgroup's CPU quota
+    (containers, Kubernetes) rounded up, at least one; never the host's count alone."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota)) if quota is not None else cores)
+
+
+def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
+    """The CPUs' worth of time a second that the cgroup under ``root`` allows (cgroup v2's ``cpu.max``, v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without a quota."""
+    try:
+        if (root / "cpu.max").exists():
+            quota, period = (root / "cpu.max").read_text().split()[:2]
+        else:
+            quota, period = ((root / "cpu" / f"cpu.cfs_{name}_us").read_text().strip() for name in ("quota", "period"))
+    except (OSError, ValueError):
+        return None
+    if quota in ("max", "-1") or int(period) <= 0:
+        return None
+    return int(quota) / int(period)

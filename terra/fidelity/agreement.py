@@ -68,9 +68,14 @@ class LaneAgreement:
         return self.world - self.truth
 
 
-def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray) -> LaneAgreement:
-    """The lane detector's reading of each world frame and of the true frame at the same pose."""
+def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: str | None = None) -> LaneAgreement:
+    """The lane detector's reading of each world frame and of the true frame at the same pose (on torch's
+    ``device``, every frame at once; None: numpy, frame by frame)."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
+    if device is not None:
+        from terra.fidelity.batched import lane_readings
+
+        return LaneAgreement(*(lane_readings(frames, LOOKAHEAD_M, device) for frames in (world_frames, true_frames)))
     return LaneAgreement(np.array([lane_reading(f) for f in world_frames]),
                          np.array([lane_reading(f) for f in true_frames]))
 
@@ -157,17 +162,23 @@ class Lag:
         return np.arange(-half, half + 1)
 
 
-def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int = MAX_LAG) -> Lag:
+def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int = MAX_LAG,
+                 device: str | None = None) -> Lag:
     """The shift k maximising the mean PSNR of world frame t against true frame t - k over the frames both have;
     ties go to the smallest |k|. Every lag is compared over at least a third of the drive, so a drive needs
-    ``1.5 max_lag`` frames."""
+    ``1.5 max_lag`` frames. ``device``: torch's, where the squared differences are summed (None: numpy)."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     steps = len(world_frames)
     if 3 * (steps - max_lag) < steps:
         raise ValueError(f"a drive of {steps} frames is too short to search lags of up to {max_lag} steps "
                          f"(it needs {int(np.ceil(1.5 * max_lag))})")
     world, truth = world_frames.reshape(steps, -1), true_frames.reshape(steps, -1)
-    squares = _lagged_squares(world, truth, max_lag)
+    if device is None:
+        squares = _lagged_squares(world, truth, max_lag)
+    else:
+        from terra.fidelity.batched import lagged_squares
+
+        squares = lagged_squares(world, truth, max_lag, device)
     curve = np.empty(2 * max_lag + 1)
     for k in range(-max_lag, max_lag + 1):
         first, last = max(k, 0), min(steps, steps + k)  # world frames t with a true frame t - k
@@ -226,9 +237,13 @@ def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bo
                             bootstrap)
 
 
-def frame_changes(frames: np.ndarray) -> np.ndarray:
+def frame_changes(frames: np.ndarray, device: str | None = None) -> np.ndarray:
     """``[T]``: the mean squared difference (grey levels^2) of each of ``frames [T + 1, H, W, 3]`` but the first from
-    the frame before it."""
+    the frame before it (on torch's ``device``; None: numpy)."""
+    if device is not None:
+        from terra.fidelity.batched import frame_changes as changes
+
+        return changes(frames, device)
     frames = np.asarray(frames, dtype=np.float32)
     return np.array([float(np.mean((b - a) ** 2)) for a, b in zip(frames[:-1], frames[1:])])
 

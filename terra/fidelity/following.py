@@ -67,17 +67,18 @@ class FollowingFit:
 
 
 def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MATCH,
-            reference: np.ndarray | None = None) -> Following:
+            reference: np.ndarray | None = None, device: str | None = None) -> Following:
     """The motion recovered between each pair of consecutive ``frames [T + 1, H, W, 3]`` (frame t seen at pose t,
     frame 0 the last context frame) beside the ``commanded [T, 3]`` motions from pose t to pose t + 1; with the
-    true renders at the same poses (``reference``, frames like ``frames``), the motion recovered from them too."""
+    true renders at the same poses (``reference``, frames like ``frames``), the motion recovered from them too;
+    ``device``: torch's, where the odometry runs (None: numpy)."""
     frames, commanded = np.asarray(frames), np.asarray(commanded, dtype=np.float64)
     if frames.ndim != 4 or commanded.shape != (len(frames) - 1, 3):
         raise ValueError(f"action following needs frames [T + 1, H, W, 3] and commanded motions [T, 3] "
                          f"(got {frames.shape} and {commanded.shape})")
     recovered = np.full(commanded.shape, np.nan)
     match = np.full(len(commanded), np.nan)
-    series = estimate_series([frames] if reference is None else [frames, np.asarray(reference)], min_match)
+    series = estimate_series([frames] if reference is None else [frames, np.asarray(reference)], min_match, device)
     for t, motion in enumerate(series[0]):
         if motion is not None:
             recovered[t], match[t] = motion.as_array(), motion.match

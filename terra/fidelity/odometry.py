@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy import ndimage
 
+from terra.fidelity.bilinear import Taps, interpolate, taps
 from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_PITCH_RAD
 from terra.sim.renderer import camera
 
@@ -99,46 +100,6 @@ def se2(dx: float, dy: float, dyaw: float) -> np.ndarray:
     return np.array([[c, -s, dx], [s, c, dy], [0.0, 0.0, 1.0]])
 
 
-class Taps(NamedTuple):
-    """Where bilinear interpolation reads a grid for a set of points (:func:`taps`): the four corners' flat indices,
-    the weights along rows and columns, and which points lie inside the grid."""
-
-    corners: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    weights: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    inside: np.ndarray
-
-
-def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
-    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's
-    ``map_coordinates(order=1, mode="constant")`` takes them (scipy/ndimage/src/ni_interpolation.c and
-    ni_splines.c): a point beyond the first or last cell's centre (or NaN) is outside, the weights are
-    ``1 - (x - floor(x))`` and one minus that, and a point on the last row or column mirrors its second tap."""
-    height, width = shape
-    inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
-    rows, cols = np.where(inside, rows, 0.0), np.where(inside, cols, 0.0)
-    row0, col0 = np.floor(rows), np.floor(cols)
-    row_w0, col_w0 = 1.0 - (rows - row0), 1.0 - (cols - col0)
-    i0, j0 = row0.astype(np.intp), col0.astype(np.intp)
-    i1 = np.where(i0 + 1 < height, i0 + 1, max(height - 2, 0)) * width
-    j1 = np.where(j0 + 1 < width, j0 + 1, max(width - 2, 0))
-    i0 = i0 * width
-    return Taps((i0 + j0, i0 + j1, i1 + j0, i1 + j1), (row_w0, 1.0 - row_w0, col_w0, 1.0 - col_w0), inside)
-
-
-def interpolate(grid: np.ndarray, where: Taps, cval: float) -> np.ndarray:
-    """``grid`` (2-D) read bilinearly at the points of ``where``, ``cval`` outside: bit for bit scipy's
-    ``map_coordinates(grid, ..., order=1, mode="constant", cval=cval)`` in float64 (its sum, corner by corner in
-    row-major order, each value times its row weight, then its column weight), without scipy's per-point cost; taps
-    made once serve every grid of their shape."""
-    flat = grid.ravel()
-    (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1) = where.corners, where.weights
-    total = 0.0 + flat[c00] * row_w0 * col_w0
-    total = total + flat[c01] * row_w0 * col_w1
-    total = total + flat[c10] * row_w1 * col_w0
-    total = total + flat[c11] * row_w1 * col_w1
-    return np.where(where.inside, total, cval)
-
-
 class BirdsEye:
     """A :class:`Level`'s ground grid for one image size: where each cell lies in the image, which cells the camera
     sees (away from the view's edges by the blur), and the later frame's cells that are aligned (``points``)."""
@@ -195,43 +156,77 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
     return _motion(_Ground(before), _Ground(after), min_match, min_sky_luminance)
 
 
-def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH) -> list[Motion | None]:
+def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH,
+                     device: str | None = None) -> list[Motion | None]:
     """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next: the same motions, each frame's
     luminance and ground grids made once for the two pairs it belongs to (:func:`estimate_series`)."""
-    return estimate_series([frames], min_match)[0]
+    return estimate_series([frames], min_match, device)[0]
 
 
-def estimate_series(series: Sequence[np.ndarray], min_match: float = MIN_MATCH) -> list[list[Motion | None]]:
+def estimate_series(series: Sequence[np.ndarray], min_match: float = MIN_MATCH,
+                    device: str | None = None) -> list[list[Motion | None]]:
     """:func:`estimate_motions` of each of ``series`` (frames ``[T + 1, H, W, 3]`` of one drive, frame t of each
     seen at the same pose: a world's and the truth's), the same motions with each motion estimated once among pairs of
     frames equal byte for byte: a pair an earlier series shows at the same step, or the pair before (a world that
-    shows one frame again and again); a frame shown again keeps its ground. Series by series, pair by pair, as
-    :func:`estimate_motions` goes (each frame's ground serves the two pairs it belongs to while it is in cache)."""
+    shows one frame again and again); a frame shown again keeps its ground. ``device``: torch's device for every
+    pair at once (terra/fidelity/batched.py); None: numpy, series by series, pair by pair (each frame's ground serves
+    the two pairs it belongs to while it is in cache)."""
     series = [np.asarray(frames) for frames in series]
     for frames in series:
         if frames.ndim != 4 or frames.shape[3] != 3 or len(frames) != len(series[0]):
             raise ValueError(f"frames must be [T + 1, H, W, 3] images, as many in each series (got {frames.shape})")
+    sources = _pair_sources(series)
+    steps = [(s, t, firsts) for s, rows in enumerate(sources) for t, (source, firsts) in enumerate(rows)
+             if source == NEW]
+    if device is None:
+        new = _estimated_here(series, steps, min_match)
+    else:
+        from terra.fidelity.batched import estimate_steps
+
+        new = estimate_steps(series, steps, min_match, device)
     motions: list[list[Motion | None]] = []
+    for s, rows in enumerate(sources):
+        motions.append([])
+        for t, (source, earlier) in enumerate(rows):
+            motions[s].append(new[(s, t)] if source == NEW else motions[earlier][t] if source == SHOWN
+                              else motions[s][t - 1])
+    return motions
+
+
+NEW, SHOWN, AGAIN = "new", "shown", "again"  # a pair estimated, shown by an earlier series, the pair before again
+
+
+def _pair_sources(series: Sequence[np.ndarray]) -> list[list[tuple[str, Any]]]:
+    """Where each series' motion at each step comes from: ``(NEW, (k, k'))`` estimated between the first frames of the
+    runs of equal frames that frames t and t + 1 are in, ``(SHOWN, o)`` series o's at the same step, ``(AGAIN,
+    None)`` the step before's."""
+    sources = []
     for s, frames in enumerate(series):
         again = [t > 0 and frames[t].tobytes() == frames[t - 1].tobytes() for t in range(len(frames))]
         shown = [{o for o in range(s) if series[o][t].tobytes() == frames[t].tobytes()} for t in range(len(frames))]
         first = list(range(len(frames)))  # the first frame of the run of equal frames each frame is in
         for t in range(1, len(frames)):
             first[t] = first[t - 1] if again[t] else t
-        grounds: dict[int, _Ground] = {}
-        found: list[Motion | None] = []
+        rows: list[tuple[str, Any]] = []
         for t in range(len(frames) - 1):
             earlier = shown[t] & shown[t + 1]
-            if earlier:
-                found.append(motions[min(earlier)][t])
-            elif t and again[t] and again[t + 1]:
-                found.append(found[t - 1])
-            else:
-                before, after = (grounds.get(first[k]) or _Ground(frames[k]) for k in (t, t + 1))
-                grounds = {first[t]: before, first[t + 1]: after}
-                found.append(_motion(before, after, min_match, MIN_SKY_LUMINANCE))
-        motions.append(found)
-    return motions
+            rows.append((SHOWN, min(earlier)) if earlier else (AGAIN, None) if t and again[t] and again[t + 1]
+                        else (NEW, (first[t], first[t + 1])))
+        sources.append(rows)
+    return sources
+
+
+def _estimated_here(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int, tuple[int, int]]],
+                    min_match: float) -> dict[tuple[int, int], Motion | None]:
+    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))``, in
+    numpy, pair by pair, each frame's ground kept for the next pair."""
+    found: dict[tuple[int, int], Motion | None] = {}
+    grounds: dict[tuple[int, int], _Ground] = {}
+    for s, t, firsts in steps:
+        before, after = (grounds.get((s, k)) or _Ground(series[s][k]) for k in firsts)
+        grounds = {(s, firsts[0]): before, (s, firsts[1]): after}
+        found[(s, t)] = _motion(before, after, min_match, MIN_SKY_LUMINANCE)
+    return found
 
 
 class _Ground:
@@ -276,7 +271,7 @@ def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: i
     """The coarse search's best motion over forward motion and yaw (no sideways motion), or None when no candidate
     keeps enough of the ground in view."""
     template = template[::stride]
-    candidates, where = _search_taps(grid, stride)
+    candidates, where = search_taps(grid, stride)
     values = interpolate(earlier, where, np.nan)
     seen = np.isfinite(values)
     count = seen.sum(1)
@@ -288,7 +283,7 @@ def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: i
 
 
 @lru_cache(maxsize=8)
-def _search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
+def search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
     """The coarse search's candidate motions ``[C, 3, 3]`` and the taps of every ``stride``-th template point moved
     by each (``[C, points]``): the same for every frame pair of an image size, so made once."""
     points = grid.points[::stride]

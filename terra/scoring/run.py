@@ -11,7 +11,6 @@ softmax of the logits, taken on the CPU in float32 as ACT-Bench does.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from terra.core.atomic import json_text
-from terra.core.device import resolve_device, set_threads
+from terra.core.device import resolve_device, set_threads, usable_cores
 from terra.core.progress import Progress, announce
 from terra.core.errors import TerraInputError
 from terra.scoring.estimator import VideoActionEstimator
@@ -56,7 +55,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
     config = estimator.config
     num_frames = config.input_shape[1]
     clips = VideoClips(paths, num_frames, tuple(config.input_shape[2:]))
-    workers = min(settings.num_workers, len(os.sched_getaffinity(0)), len(paths))  # no more than CPUs or videos
+    workers = min(settings.num_workers, usable_cores(), len(paths))  # no more than CPUs or videos
     loader = DataLoader(clips, batch_size=settings.batch_size, num_workers=workers, collate_fn=collate,
                         pin_memory=device.type == "cuda")
     times = timestamps(num_frames).to(device) if config.timestamp_dim else None

@@ -37,6 +37,7 @@ from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_fla
 from terra.config.output_dir import claim_output_dir
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError, past
 from terra.core.progress import Progress
 from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
@@ -164,8 +165,9 @@ def check_sizes(**values: Any) -> tuple[int, ...]:
 
 
 def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterable[Any]:
-    """``function(*job)`` of each job, in order, run in ``workers`` processes (0 = one per CPU core; 1 = here)."""
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    """``function(*job)`` of each job, in order, run in ``workers`` processes (0 = one per core this process may
+    use; 1 = here)."""
+    workers = min(workers or usable_cores(), len(jobs))
     if workers <= 1:
         return (function(*job) for job in jobs)
     # fork: workers inherit the imported modules instead of re-importing torch/transformers.

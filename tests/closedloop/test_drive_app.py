@@ -51,7 +51,11 @@ def test_help_and_one_line_errors(tmp_path):
                        (["within_horizon=true"], "within_horizon=true judges a fidelity study's worlds within their "
                                                  "horizons: it needs world=both"),
                        (["shard_processes.scene=2"], "shard_processes runs a fidelity study as shards of this "
-                                                     "machine: it needs world=both")):
+                                                     "machine: it needs world=both"),
+                       (["until=decided"], "until=decided adds scenarios to a fidelity study until its verdict is "
+                                           "decided: it needs world=both"),
+                       (["world=both", "until=decided", "until_scenarios=4"],
+                        "until_scenarios=4 leaves no room for a round beyond num_scenarios=4")):
         result = drive(*args, cwd=tmp_path)
         one_error_line(result, "terra-drive", text)
 
@@ -306,3 +310,29 @@ def test_a_rerun_opens_only_the_worlds_it_has_drives_to_make(tmp_path, monkeypat
     (out / "zero_actions" / drive_file).unlink()
     with pytest.raises(AssertionError, match="the world model was loaded"):
         run_drive(settings())
+
+
+def test_until_decided_adds_scenarios_in_rounds_keeping_every_drive_and_says_what_is_left(tmp_path):
+    """2 scenarios decide nothing (every statistic needs 4): a round of 4, the first round's drives kept, then the
+    budget (until_scenarios=4) is spent; the exploitability study once, on the last round's scenarios."""
+    out = tmp_path / "out"
+    args = ["world=both", "num_scenarios=2", "num_control_scenarios=1", "num_steps=2",
+            "policies=[lane_follower,constant_speed]", "controls=[frozen]", "backend=hf", "num_threads=1",
+            "exploitability=true", "until=decided", "until_scenarios=4", f"output_dir={out}"]
+    result = drive(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rounds = [line for line in result.stdout.splitlines() if line.startswith("terra-drive: until=decided: ")]
+    assert rounds[0].startswith("terra-drive: until=decided: 2 scenarios") and "undecided " in rounds[0]
+    assert rounds[1].startswith("terra-drive: until=decided: 4 scenarios") and len(rounds) == 3
+    assert rounds[2].startswith("terra-drive: until=decided: the budget left undecided: ") and "about" in rounds[2]
+    records = [json.loads(line) for line in (out / "model" / "manifest.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and sum(r["status"] == "skipped" for r in records) == 8  # the last pass drove nothing
+    written = {path.name: path.stat().st_mtime_ns for path in (out / "model").glob("synthetic-*.json")}
+    first = [t for name, t in written.items() if "-000__" in name or "-001__" in name]
+    assert len(first) == 4 and len(written) == 8 and max(first) < min(set(written.values()) - set(first))  # kept
+    report = json.loads((out / "fidelity.json").read_text())
+    assert report["verdicts"][0]["drives"] == 8 and report["exploitability"] is not None
+    assert report["settings"]["scenarios"] == 4
+    left = [name for name, s in report["verdicts"][0]["statistics"].items()
+            if s["decision"] == "inconclusive" and s["reason"] is None]
+    assert left and all(name in rounds[2] for name in left)  # every statistic left open is named with its cost

@@ -37,9 +37,11 @@ from terra.fidelity.odometry import step_motions
 from terra.sim.renderer import render
 
 
-def measure_frames(drive: Drive) -> dict[str, Any] | None:
+def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
     """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
-    has no generated frame or no synthetic scene to render."""
+    has no generated frame or no synthetic scene to render; ``device``: torch's, where the odometry, the lane
+    readings, the frame changes and the temporal lag run, every frame at once (None: numpy, the same numbers within
+    float tolerance)."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:
         return None
@@ -52,14 +54,14 @@ def measure_frames(drive: Drive) -> dict[str, Any] | None:
     kept = drive.references
     through = kept is not None and len(kept) >= len(poses)  # the truth through the world's tokenizer
     reference = np.asarray(kept[:len(poses)]) if through else truth
-    following = recover(frames, step_motions(poses), reference=reference)
+    following = recover(frames, step_motions(poses), reference=reference, device=device)
     truth = truth[1:]
-    lanes = lane_agreement(frames[1:], reference[1:])
-    lag = temporal_lag(frames[1:], truth) if len(truth) >= int(np.ceil(1.5 * MAX_LAG)) else None
+    lanes = lane_agreement(frames[1:], reference[1:], device)
+    lag = temporal_lag(frames[1:], truth, device=device) if len(truth) >= int(np.ceil(1.5 * MAX_LAG)) else None
     return {
         "commanded": following.commanded, "recovered": following.recovered, "match": following.match,
         "recovered_truth": following.reference, "reference": "tokenizer" if through else "truth",
-        "change_world": frame_changes(frames), "change_truth": frame_changes(reference),
+        "change_world": frame_changes(frames, device), "change_truth": frame_changes(reference, device),
         "lane_world": lanes.world, "lane_truth": lanes.truth,
         "horizons": {str(h): values for h, values in frame_fidelity(frames[1:], truth).items()},
         "lag": None if lag is None else {"lag": lag.lag, "curve": lag.curve},

@@ -28,8 +28,13 @@ if TYPE_CHECKING:
 
 
 def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None = None) -> DriveOutcome:
-    """Make and record every drive of ``settings``: a study's (:func:`drive_study`) or a run's in one world
-    (terra/closedloop/recording/drives.py, ``drive``)."""
+    """Make and record every drive of ``settings``: a study's (:func:`drive_study`; with ``until=decided`` in rounds,
+    terra/closedloop/study/rounds.py) or a run's in one world (terra/closedloop/recording/drives.py, ``drive``)."""
+    if isinstance(settings, StudySettings) and settings.until is not None:
+        from terra.closedloop.study.rounds import drive_until_decided
+
+        return drive_until_decided(settings.until, len(settings.drive.scenarios.ids), settings.exploitability,
+                                   partial(drive_study, progress=progress))
     if isinstance(settings, StudySettings):
         return drive_study(settings, progress)
     return drive(settings, progress)

@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
 POLL_S = 2.0  # how often the shards' manifests are counted
@@ -117,8 +118,8 @@ def records(folder: Path) -> int:
 def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str | None], int | None]:
     """How the shards of ``groups`` share this machine with ``beside`` engines of the command's own process (on the
     first card: the exploitability study's, terra/closedloop/study/drives.py): each process's threads (the cores
-    over all of them), each engine shard's card, and how many engines the busiest card holds."""
-    threads = max(1, (os.cpu_count() or 1) // (sum(groups.values()) + beside))
+    this process may use, over all of them), each engine shard's card, and how many engines the busiest card holds."""
+    threads = max(1, usable_cores() // (sum(groups.values()) + beside))
     cards = engine_cards(groups.get("engine", groups.get("all", 0)), visible_gpus())
     return threads, cards, max((cards.count(card) for card in cards), default=0) + beside or None
 

@@ -24,6 +24,7 @@ PROBE_REWARD = ("scene_score", "time_in_lane", "progress_along_road_m")  # a pro
 MARKS = {PASS: "pass", FAIL: "**fail**", INCONCLUSIVE: "?", TOO_FEW: "too few"}
 MOST_SCENARIOS = 100  # a statistic that would need more to decide is said to sit near its band's edge
 GPU_PRESET = "study=gpu (16 scenarios x 20 s on a GPU)"
+GPU_PRESET_SIZE = (16, 200)  # its scenarios and steps: a study as large is not told to run it
 
 
 def shown(value: Interval | None) -> str:
@@ -63,24 +64,25 @@ def horizon_sentence(world: str, horizon: WorldHorizon | None) -> str:
             f"{shown_seconds(p10.estimate, longest)}; {found.departed} of {found.drives} drives departed). ")
 
 
-def scenarios_to_decide(verdict: WorldVerdict, name: str) -> float:
-    """About how many scenarios would decide ``name`` if its estimate held: the interval narrows as one over the
-    square root of the scenarios, until its side towards the nearest band edge is shorter than its distance to it
-    (inf: the estimate sits on an edge)."""
-    value, (low, high) = verdict.values[name], statistic(name).band
+def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
+    """About how many scenarios would decide statistic ``name`` of interval ``value`` on ``scenarios`` if its
+    estimate held: the interval narrows as one over the square root of the scenarios, until its side towards the
+    nearest band edge is shorter than its distance to it (inf: the estimate sits on an edge)."""
+    low, high = statistic(name).band
     if not (np.isfinite(value.low) and np.isfinite(value.high)):
         return float("inf")
     edge = min((low, high), key=lambda e: abs(value.estimate - e))
     distance = abs(value.estimate - edge)
     width = value.estimate - value.low if edge < value.estimate else value.high - value.estimate
-    return float("inf") if distance <= 0 else verdict.scenarios[name] * (width / distance) ** 2
+    return float("inf") if distance <= 0 else scenarios * (width / distance) ** 2
 
 
 def next_step(verdict: WorldVerdict) -> str:
-    """What would decide an undecided world: more scenarios (about how many), longer drives, or the GPU preset."""
+    """What would decide an undecided world: more scenarios (about how many), longer drives, or the GPU preset where
+    the study is smaller than it."""
     straddling = [name for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE
                   and name not in verdict.reasons]
-    needs = {name: scenarios_to_decide(verdict, name) for name in straddling}
+    needs = {name: scenarios_to_decide(name, verdict.values[name], verdict.scenarios[name]) for name in straddling}
     finite = {name: n for name, n in needs.items() if n <= MOST_SCENARIOS}
     parts = []
     if verdict.too_few is not None:
@@ -94,10 +96,11 @@ def next_step(verdict: WorldVerdict) -> str:
                      f"{MOST_SCENARIOS} scenarios): more narrow the interval but may not decide it")
     if any("23 steps" in reason for reason in verdict.reasons.values()):
         parts.append("num_steps=23 or more for the lag")
-    parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
-                 + (" (the demo world models' verdicts over 20 s: docs/fidelity.md, \"The demo model's verdict\")"
-                    if verdict.world == "model" else ""))
-    return f" To decide it: {'; '.join(parts)}."
+    if max(verdict.scenarios.values(), default=0) < GPU_PRESET_SIZE[0] or verdict.steps < GPU_PRESET_SIZE[1]:
+        parts.append(f"or {GPU_PRESET}, which decides what short drives cannot"
+                     + (" (the demo world models' verdicts over 20 s: docs/fidelity.md, \"The demo model's verdict\")"
+                        if verdict.world == "model" else ""))
+    return f" To decide it: {'; '.join(parts)}." if parts else ""
 
 
 def verdict_sentence(verdict: WorldVerdict) -> str:

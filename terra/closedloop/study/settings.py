@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from terra.closedloop.loop import drive_id
 from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
 from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, ROUTE_CONTROLS, control_world
-from terra.closedloop.study.processes import ShardProcesses
+from terra.closedloop.study.processes import ShardProcesses, setting
 from terra.closedloop.study.report import SHARD_WORLDS, StudyFolders, claim_study_folders, study_drives
+from terra.closedloop.study.rounds import Until
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import TRUTH
 from terra.config.checks import Range, check_choice, check_flag, check_settings, select
@@ -35,6 +37,12 @@ SETTINGS = {
     "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
     "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
 }
+UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided (study/rounds.py)
+UNTIL_BUDGET = {
+    "until_minutes": Range(0.1, 100_000, 30, nullable=True),
+    "until_scenarios": Range(2, 100_000, 128, whole=True),
+}
+ROUND_SETTINGS = ("num_scenarios", "exploitability", "until", "until_minutes", "until_scenarios")  # a round's own
 PROCESSES = {  # shard_processes: the study as shards of this machine (terra/closedloop/study/processes.py)
     "shard_processes.engine": Range(0, 64, 4, whole=True),
     "shard_processes.scene": Range(0, 256, 6, whole=True),
@@ -59,6 +67,7 @@ class StudySettings:
     shard_processes: ShardProcesses = ShardProcesses()  # the study as shards of this machine (study/processes.py);
     # with executor=ray, per GPU of the cluster (study/ray_shards.py)
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
+    until: Until | None = None  # until=decided: rounds of more scenarios (terra/closedloop/study/rounds.py)
 
 
 def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
@@ -81,6 +90,9 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
     if check_flag(select(cfg, "exploitability"), "exploitability"):
         raise TerraInputError(f"exploitability=true is part of the fidelity study: it needs world=both (got "
                               f"world={world})")
+    if check_choice(select(cfg, "until"), "until", UNTIL) != "once":
+        raise TerraInputError(f"until=decided adds scenarios to a fidelity study until its verdict is decided: it "
+                              f"needs world=both (got world={world})")
     if check_flag(select(cfg, "within_horizon"), "within_horizon"):
         raise TerraInputError(f"within_horizon=true judges a fidelity study's worlds within their horizons: it needs "
                               f"world=both (got world={world})")
@@ -154,7 +166,36 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
     drive, folders = _shard(whole, worlds, shard_worlds, output_dir)
     within_horizon = check_flag(select(cfg, "within_horizon"), "within_horizon")
     return StudySettings(drive, controls, control_scenarios, control_seeds, shard_worlds, folders, exploit,
-                         within_horizon, processes, tuple(overrides))
+                         within_horizon, processes, tuple(overrides), _until(cfg, output_dir, overrides, preset))
+
+
+def _until(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str], preset: str | None) -> Until | None:
+    """``until=decided``'s budget, or None (``until=once``); refused in a shard (the whole study makes its rounds)."""
+    if check_choice(select(cfg, "until"), "until", UNTIL) == "once":
+        return None
+    budget = check_settings(cfg, UNTIL_BUDGET)
+    if select(cfg, "num_shards") != 1 or select(cfg, "shard_worlds") != "all":
+        raise TerraInputError("until=decided makes the whole study's rounds: give it without num_shards, shard_index "
+                              "or shard_worlds")
+    if select(cfg, "scenarios") != "synthetic":
+        raise TerraInputError("until=decided adds synthetic scenarios: it needs scenarios=synthetic")
+    if budget["until_scenarios"] <= select(cfg, "num_scenarios"):
+        raise TerraInputError(f"until_scenarios={budget['until_scenarios']} leaves no room for a round beyond "
+                              f"num_scenarios={select(cfg, 'num_scenarios')}; give more, e.g. until_scenarios=128")
+    return Until(budget["until_minutes"], budget["until_scenarios"],
+                 partial(resized_study, OmegaConf.to_container(cfg), str(output_dir), tuple(overrides), preset))
+
+
+def resized_study(values: dict, output_dir: str, overrides: Sequence[str], preset: str | None, scenarios: int,
+                  exploitability: bool) -> StudySettings:
+    """The command's study with ``scenarios`` scenarios and ``exploitability``, one round of ``until=decided``:
+    checked, its folders claimed, as the command with those settings."""
+    cfg = OmegaConf.create(values)
+    with open_dict(cfg):
+        cfg.num_scenarios, cfg.exploitability, cfg.until = scenarios, exploitability, "once"
+    kept = [o for o in overrides if setting(o) not in ROUND_SETTINGS]
+    return checked_study(cfg, output_dir, (*kept, f"num_scenarios={scenarios}",
+                                           f"exploitability={str(exploitability).lower()}"), preset)
 
 
 def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,

@@ -135,6 +135,7 @@ class WorldVerdict:
     horizon: WorldHorizon | None = None
     within: WorldVerdict | None = None
     within_s: float | None = None  # where the drives were cut for ``within``
+    steps: int = 0  # the longest of its drives' steps
 
     @property
     def flagged_by(self) -> list[str]:
@@ -221,5 +222,6 @@ def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstr
         measured["kendall_tau"] = replace(tau, low=float(np.clip(tau.low, -1, 1)), high=float(np.clip(tau.high, -1, 1)))
     ranking = ranking_of(outcomes) if outcomes else None
     return WorldVerdict(name, values, decisions, len(pairs), measured, differences(pairs, bootstrap), reasons,
-                        scenarios, tuple(policies), ranking)
+                        scenarios, tuple(policies), ranking,
+                        steps=max((p.world.get("steps") or 0 for p in pairs), default=0))
 

@@ -238,3 +238,19 @@ def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_
         assert {f"{m}_h{h}" for m in ("psnr_db", "ssim") for h in (1, 5, 10, 20)} | {
             "path_distance_m", "kendall_tau"} == set(verdict["measurements"]), verdict["world"]  # tau n/a: 2 policies
         assert {"pearson_r", "mmrv", "lateral_bias_m", "repeated_frames"} <= set(verdict["statistics"])
+
+
+def test_the_advice_names_the_gpu_preset_only_to_a_study_smaller_than_it():
+    """study=gpu's own report (16 scenarios x 200 steps) is not told to run study=gpu; a shorter or smaller study is."""
+    from dataclasses import replace
+
+    from terra.closedloop.study.report_text import verdict_sentence
+    from terra.closedloop.study.verdict import WorldVerdict
+    from terra.stats import INCONCLUSIVE, Interval
+
+    straddling = Interval(0.860, 0.800 - 1e-3, 0.914, 0.95)  # lane slope of the shipped route model, band [0.8, 1.2]
+    gpu = WorldVerdict("model", {"lane_slope": straddling}, {"lane_slope": INCONCLUSIVE}, 240, {}, {},
+                       scenarios={"lane_slope": 16}, steps=200)
+    assert "num_scenarios=" in verdict_sentence(gpu) and "study=gpu" not in verdict_sentence(gpu)
+    assert "study=gpu" in verdict_sentence(replace(gpu, steps=25))
+    assert "study=gpu" in verdict_sentence(replace(gpu, scenarios={"lane_slope": 5}))
