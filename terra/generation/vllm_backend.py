@@ -21,9 +21,9 @@ from terra.generation.decoding import backend_guesses
 from terra.contract.layout import TokenLayout
 from terra.generation.resolve import DEFAULT_ROLLOUTS
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
+from terra.vllm import FUTURE_SLOTS
 
 
-FUTURE_SLOTS = "terra_future_slots"  # SamplingParams.extra_args: the slot values between a request's frames
 GRAPH_STREAMS = 64  # speculative decoding: the most rollouts whose decode step is captured as one full CUDA graph
 
 

