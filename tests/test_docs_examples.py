@@ -167,9 +167,9 @@ def test_the_routes_example_runs_as_its_command_says(tmp_path):
     [item] = plan.to_run
     routes = item.inputs.routes  # [frames, K, 3]: y, x, s
     assert routes.shape == (3 + item.num_frames, route_tokens, 3)
-    assert 1.7 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
-    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[200.0], [0.0]])), 200 - 1.75,
-                               atol=0.01)  # every frame's route: the centre line, 1.75 m to the car's left
+    assert 0.0 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
+    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[200.0], [0.0]])), 200.0,
+                               atol=0.01)  # every frame's route: the car's lane, through the car
 
 
 def test_the_python_road_example_runs_a_road_through_rollout_request(tmp_path, monkeypatch):
