@@ -144,8 +144,8 @@ def test_a_sample_too_short_for_its_frames_fails_alone_naming_the_rule(tmp_path)
 
 def test_the_routes_example_runs_as_its_command_says(tmp_path):
     """docs/rollout.md's sample with routes, written by its Python in the samples' folder and planned by the command
-    printed after it for the demo model's route slots: it runs, told the bend's centre line ahead of every frame (y
-    grows as the road turns left, 1.75 m to the left where the car stands)."""
+    printed after it for the demo model's route slots: it runs, told the bend's lane ahead of every frame (y grows as
+    the road turns left, from the car's own place)."""
     from terra.config.assets import ASSETS
 
     folder = samples_folder(tmp_path)
