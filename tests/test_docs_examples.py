@@ -144,8 +144,8 @@ def test_a_sample_too_short_for_its_frames_fails_alone_naming_the_rule(tmp_path)
 
 def test_the_routes_example_runs_as_its_command_says(tmp_path):
     """docs/rollout.md's sample with routes, written by its Python in the samples' folder and planned by the command
-    printed after it for the demo model's route slots: it runs, told the bend's centre line ahead of every frame (y
-    grows as the road turns left, 1.75 m to the left where the car stands)."""
+    printed after it for the demo model's route slots: it runs, told the bend's lane ahead of every frame (y grows as
+    the road turns left, from the car's own place)."""
     from terra.config.assets import ASSETS
 
     folder = samples_folder(tmp_path)
@@ -167,9 +167,9 @@ def test_the_routes_example_runs_as_its_command_says(tmp_path):
     [item] = plan.to_run
     routes = item.inputs.routes  # [frames, K, 3]: y, x, s
     assert routes.shape == (3 + item.num_frames, route_tokens, 3)
-    assert 1.7 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
-    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[200.0], [0.0]])), 200 - 1.75,
-                               atol=0.01)  # every frame's route: the centre line, 1.75 m to the car's left
+    assert 0.0 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
+    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[200.0], [0.0]])), 200.0,
+                               atol=0.01)  # every frame's route: the car's lane, through the car
 
 
 def test_the_python_road_example_runs_a_road_through_rollout_request(tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its
     sys.path.append(str(SCRIPTS))
 
 from bench.benchmark_alpasim import build  # noqa: E402
-from bench.lib.cli import Parser, check_output, exit_2_on_input_error, in_range, listed  # noqa: E402
+from bench.lib.cli import Parser, check_output, compose_config, exit_2_on_input_error, in_range, listed  # noqa: E402
 from terra.alpasim import video_model_pb2 as pb  # noqa: E402
 from terra.alpasim.client import ANCHOR_US, RuntimeClient, pose_at  # noqa: E402
 from terra.alpasim.poses import FRAME_INTERVAL_US  # noqa: E402
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     factories = policy_factories(args.policies)
     overrides = [*args.overrides, "alpasim.image_format=png"]
     model, pipeline, table, _ = build(overrides, args.scenarios * len(factories))
+    model = f"{model} ({compose_config('alpasim', overrides).model.world_model})"
     height, width = pipeline.image_size
     scenarios = synthetic_scenarios(args.scenarios, args.scenario_seed, (height, width), num_context=1)
     server, port = bind(table.settings)

@@ -8,7 +8,7 @@
 #   bash scripts/recipes/retrain_lane_routes.sh OUT            # one GPU
 #   SMOKE=1 bash scripts/recipes/retrain_lane_routes.sh OUT    # tiny sizes: end to end on the CPU in minutes
 #
-# Environment: RUN (work folder, default runs/lane_routes; a rerun starts it afresh), PY (default .venv/bin/python),
+# Environment: RUN (work folder, default runs/lane_routes; a rerun of the recipe starts it afresh), PY (default .venv/bin/python),
 # WORKERS (render processes, 0 = one per core), CLIPS, RECOVERY_CLIPS, WM_STEPS, MINUTES (the training's budget; the
 # model is exported where it ran out), EXTRA (more terra-train overrides).
 set -euo pipefail
@@ -22,6 +22,8 @@ check_at_most 1 "$@"
 [ "$#" -eq 1 ] || refuse "give the folder to export the retrained model into: $0 OUT"
 OUT=$1
 [ ! -e "$OUT" ] || refuse "$OUT already exists; give a new folder (the shipped model stays where it is)"
+MARK=.retrain_lane_routes  # what this recipe's work folder holds: only such a folder is made afresh
+[ ! -e "$RUN" ] || [ -f "$RUN/$MARK" ] || refuse "RUN=$RUN exists and is not this recipe's work folder; give a new one"
 check_count CLIPS RECOVERY_CLIPS WM_STEPS
 check_whole WORKERS
 check_minutes MINUTES
@@ -38,6 +40,7 @@ START=$SECONDS
 stage() { echo "[retrain_lane_routes +$((SECONDS - START)) s] $*"; }
 rm -rf "$RUN"
 mkdir -p "$RUN"
+touch "$RUN/$MARK"
 stage "rendering $CLIPS drives of $FRAMES frames with lane routes"
 "$PY" -m terra.apps.make_dataset recipe=long_drives out_dir="$RUN/drives" num_clips="$CLIPS" num_frames="$FRAMES" \
   height=144 width=256 seed=0 workers="${WORKERS:-0}" compress=false clips_per_shard=8
