@@ -37,6 +37,16 @@ from terra.fidelity.odometry import step_motions
 from terra.sim.renderer import render
 
 
+def measure_device(device: str) -> str | None:
+    """torch's device for the measurements of a run on ``device`` (auto, cpu, cuda, cuda:N): its GPU where this
+    process sees one; None (numpy) on the CPU."""
+    if device == "cpu":
+        return None
+    import torch
+
+    return ("cuda" if device == "auto" else device) if torch.cuda.is_available() else None
+
+
 def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
     """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
     has no generated frame or no synthetic scene to render; ``device``: torch's, where the odometry, the lane
