@@ -115,16 +115,21 @@ def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
     )
 
 
-def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray,
-                   horizons: Sequence[int] = HORIZONS) -> dict[int, dict[str, float]]:
+def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray, horizons: Sequence[int] = HORIZONS,
+                   device: str | None = None) -> dict[int, dict[str, float]]:
     """PSNR (dB, capped at ``PSNR_CAP_DB`` for identical frames) and SSIM of the world's frame against the true one
-    at each horizon the drive reaches."""
+    at each horizon the drive reaches (on torch's ``device``; None: numpy and scikit-image)."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     reached = [h for h in horizons if 1 <= h <= len(world_frames)]
     if not reached:
         return {}
     index = [h - 1 for h in reached]
-    values = zip(psnr(world_frames[index], true_frames[index]), ssim(world_frames[index], true_frames[index]))
+    if device is None:
+        values = zip(psnr(world_frames[index], true_frames[index]), ssim(world_frames[index], true_frames[index]))
+    else:
+        from terra.fidelity.batched import psnr_ssim
+
+        values = zip(*psnr_ssim(world_frames[index], true_frames[index], device))
     return {h: {"psnr_db": min(p, PSNR_CAP_DB), "ssim": s} for h, (p, s) in zip(reached, values)}
 
 

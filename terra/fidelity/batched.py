@@ -1,6 +1,6 @@
 """The frame measurements in torch on a run's device, many frames at once: the odometry of frame pairs (the method of
-terra/fidelity/odometry.py, step by step, every pair at once), the lane readings, frame changes and the temporal lag's
-squared differences. The same numbers as the numpy
+terra/fidelity/odometry.py, step by step, every pair at once), the lane readings, frame changes, PSNR and SSIM, and the
+temporal lag's squared differences. The same numbers as the numpy
 path within float tolerance (tests/fidelity/test_batched.py)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from terra.fidelity.odometry import (
     HUBER, LUMA, MIN_OVERLAP, MIN_SKY_LUMINANCE, MIN_TEXTURE, PHOTOMETRIC_PRIOR, BirdsEye, Motion, ladder,
     optical_depth, search_taps,
 )
+from terra.metrics import psnr_db
 from terra.sim.renderer import camera
 
 PAIRS_AT_ONCE = 64  # frame pairs aligned together (the finest grid's design matrices: 64 x 8,094 x 6 float64)
@@ -320,3 +321,24 @@ def lane_readings(frames: np.ndarray, ahead: float, device: str, min_points: int
         slope = (total * sxy - sx * sy) / (total * sxx - sx * sx)
         offset = (sy - slope * sx) / total
         return torch.where(found, offset + slope * ahead, torch.nan).cpu().numpy()
+
+
+SSIM_WINDOW, SSIM_K1, SSIM_K2 = 7, 0.01, 0.03  # scikit-image's defaults (a uniform window, sample covariances)
+
+
+def psnr_ssim(frames: np.ndarray, reference: np.ndarray, device: str) -> tuple[list[float], list[float]]:
+    """terra/metrics.py's PSNR and SSIM of uint8 ``frames [T, H, W, 3]`` against ``reference`` on ``device``: the
+    mean squared error, and scikit-image's SSIM (its 7 x 7 window's statistics over the pixels it keeps, the
+    borders it crops never read), colour channels averaged."""
+    where = torch.device(device)
+    with torch.inference_mode():
+        x, y = (_tensor(a, where).double().permute(0, 3, 1, 2) for a in (frames, reference))
+        mse = ((x - y) ** 2).flatten(1).mean(1)
+        mean = lambda z: torch.nn.functional.avg_pool2d(z, SSIM_WINDOW, stride=1)  # noqa: E731
+        n = SSIM_WINDOW**2
+        ux, uy = mean(x), mean(y)
+        vx, vy, vxy = ((mean(a * b) - ua * ub) * n / (n - 1) for a, b, ua, ub in ((x, x, ux, ux), (y, y, uy, uy),
+                                                                                  (x, y, ux, uy)))
+        c1, c2 = (SSIM_K1 * 255) ** 2, (SSIM_K2 * 255) ** 2
+        ssim = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux**2 + uy**2 + c1) * (vx + vy + c2))
+        return [psnr_db(m) for m in mse.tolist()], ssim.flatten(1).mean(1).tolist()

@@ -12,6 +12,7 @@ import torch
 
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies.builtin import reference_policy
+from terra.closedloop.recording import files
 from terra.closedloop.recording.files import write_drive
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.study.control_worlds import FastWorld, FrozenWorld, GrayWorld, LateWorld, StutterWorld
@@ -49,18 +50,21 @@ def close(a, b, path: str = "") -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("world", [FastWorld, LateWorld, StutterWorld, FrozenWorld, GrayWorld])
-def test_a_drive_measured_in_torch_writes_the_numpy_paths_numbers(world, device, scenario, tmp_path):
+def test_a_drive_measured_in_torch_writes_the_numpy_paths_numbers(world, device, scenario, tmp_path, monkeypatch):
+    """A run on the CPU measures in numpy; one on a GPU in torch there (here ``device``, torch on the CPU too)."""
     [drive] = run_drives(world(SIZE), [DriveSpec(scenario, "lane_follower", reference_policy("lane_follower"))],
                          STEPS)
     drive = pickle.loads(pickle.dumps(drive.finished()))  # as a writer process gets it
     written = {}
-    for on in (None, device):
-        folder = tmp_path / str(on)
+    for path_name in ("numpy", "torch"):
+        if path_name == "torch":
+            monkeypatch.setattr(files, "measure_device", lambda run_device: device)
+        folder = tmp_path / path_name
         folder.mkdir()
-        write_drive(folder, drive, "print", None, measure=True, device=on)
+        write_drive(folder, drive, "print", None, measure=True, device="cpu")
         [path] = folder.glob("*.json")
-        written[on] = json.loads(path.read_text())["fidelity"]
-    numpy_path, torch_path = written[None], written[device]
+        written[path_name] = json.loads(path.read_text())["fidelity"]
+    numpy_path, torch_path = written["numpy"], written["torch"]
     close(numpy_path, torch_path)
     moved = [r for r in numpy_path["recovered"] if r is not None and r[0] is not None]
     assert moved or world in (FrozenWorld, GrayWorld)  # odometry compared, not refusals alone
@@ -89,3 +93,10 @@ def test_the_odometry_of_many_pairs_at_once_is_each_pairs_own(device):
         if own is not None:
             np.testing.assert_allclose(mine.as_array(), own.as_array(), atol=ODOMETRY_TOLERANCE)
             assert abs(mine.match - own.match) < ODOMETRY_TOLERANCE and mine.cells == own.cells
+
+
+def test_a_run_measures_in_torch_on_its_gpu_and_in_numpy_on_a_cpu():
+    gpu = torch.cuda.is_available()
+    assert files.measure_device("cpu") is None
+    assert files.measure_device("auto") == ("cuda" if gpu else None)
+    assert files.measure_device("cuda:0") == ("cuda:0" if gpu else None)  # a writer that sees no GPU: numpy

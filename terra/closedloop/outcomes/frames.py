@@ -37,11 +37,20 @@ from terra.fidelity.odometry import step_motions
 from terra.sim.renderer import render
 
 
+def measure_device(device: str) -> str | None:
+    """torch's device for the measurements of a run on ``device`` (auto, cpu, cuda, cuda:N): its GPU where this
+    process sees one; None (numpy) on the CPU."""
+    if device == "cpu":
+        return None
+    import torch
+
+    return ("cuda" if device == "auto" else device) if torch.cuda.is_available() else None
+
+
 def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
     """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
-    has no generated frame or no synthetic scene to render; ``device``: torch's, where the odometry, the lane
-    readings, the frame changes and the temporal lag run, every frame at once (None: numpy, the same numbers within
-    float tolerance)."""
+    has no generated frame or no synthetic scene to render; ``device``: torch's, where every measurement but the
+    true renders runs, every frame at once (None: numpy, the same numbers within float tolerance)."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:
         return None
@@ -63,7 +72,7 @@ def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | 
         "recovered_truth": following.reference, "reference": "tokenizer" if through else "truth",
         "change_world": frame_changes(frames, device), "change_truth": frame_changes(reference, device),
         "lane_world": lanes.world, "lane_truth": lanes.truth,
-        "horizons": {str(h): values for h, values in frame_fidelity(frames[1:], truth).items()},
+        "horizons": {str(h): values for h, values in frame_fidelity(frames[1:], truth, device=device).items()},
         "lag": None if lag is None else {"lag": lag.lag, "curve": lag.curve},
     }
 

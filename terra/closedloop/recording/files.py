@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from terra.closedloop.outcomes.alpasim import alpasim_metrics
-from terra.closedloop.outcomes.frames import measure_frames
+from terra.closedloop.outcomes.frames import measure_device, measure_frames
 from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.outcomes.mapless import drive_metrics
 from terra.closedloop.outcomes.truth import truth_metrics
@@ -141,12 +141,12 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 
 
 def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
-                extra_metrics: dict | None = None, measure: bool = False, device: str | None = None) -> dict:
+                extra_metrics: dict | None = None, measure: bool = False, device: str = "cpu") -> dict:
     """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last);
     return the JSON.
     ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py);
-    ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py) on torch's ``device``
-    (None: numpy)."""
+    ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py) on the run's ``device``
+    (:func:`measure_device`)."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:
@@ -157,7 +157,7 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
         files += [video.name, picture.name]
     content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
     if measure and drive.ok:
-        content["fidelity"] = measure_frames(drive, device)
+        content["fidelity"] = measure_frames(drive, measure_device(device))
     write_text(sidecar, json_text(to_jsonable(content)) + "\n")
     return content
 

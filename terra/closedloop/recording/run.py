@@ -54,7 +54,7 @@ class RunSettings:
     vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/car/motion.py), the same in every world
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model draws: its settings shape them
     writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
-    measure_device: str | None = None  # torch's device the measurements run on, every frame at once (None: numpy)
+    measure_on: str = "cpu"  # the run's device: the measurements in torch on its GPU where the writer sees one
 
 
 @dataclass
@@ -244,7 +244,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
                 writers.write(seconds, folder, drive.finished(), prints[drive.spec.id],
                               settings.fps if settings.videos else None,
                               None if plan_following is None else {"plan_following": score}, measure,
-                              settings.measure_device)
+                              settings.measure_on)
             writers.wait(settings.max_concurrent)  # one chunk at most in the writers while the next one drives
             timings.record_s += time.perf_counter() - writing
         writing = time.perf_counter()

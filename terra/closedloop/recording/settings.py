@@ -45,7 +45,6 @@ from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
 from terra.config.ray_settings import RaySettings, check_executor
 from terra.config.spec import RunSpec, run_spec
-from terra.core.device import resolve_device
 from terra.core.errors import TerraInputError
 
 SETTINGS = {
@@ -127,13 +126,7 @@ class DriveSettings:
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
                            vehicle=self.vehicle, videos=self.videos, writer_processes=self.writer_processes,
                            model_worlds=self.model_worlds,
-                           measure_device=measure_device(self.run.device) if self.measure else None)
-
-
-def measure_device(device: str) -> str | None:
-    """torch's device for the frame measurements of a run on ``device``: its GPU, or None (numpy) on the CPU."""
-    resolved = resolve_device(device)
-    return None if resolved == "cpu" else resolved
+                           measure_on=self.run.device)
 
 
 def checked_run(cfg: DictConfig) -> DriveSettings:
