@@ -12,8 +12,8 @@ fork, where both branches still run side by side; astride a lane line).
 Where the road ends before a point's distance, the point stays at the road's end (as ``Scene.route`` does); a road
 ending within :data:`MIN_ROAD_AHEAD_M` tells no route. No lane near the car, or a road without lanes: the contract's
 "no route" rows (NaN), which the model embeds as such; :func:`told_route_at` says which. A frame's work is bounded
-whatever the map: at most :data:`MAX_LANE_VISITS` lanes looked at, :data:`MAX_BRANCHES` weighed at a fork, no lane
-twice in a route.
+whatever the map: at most :data:`MAX_LANE_VISITS` lanes followed and as many looked at along branches,
+:data:`MAX_BRANCHES` weighed at a fork, no lane twice in a route.
 :func:`routes_along` does it for every pose of a trajectory, each pose's ``ahead`` being the poses after it.
 """
 
@@ -34,7 +34,7 @@ AHEAD_MARGIN_M = 0.25  # a branch is the one the known poses take when it is thi
 LANE_TIE_M = 1.0  # lanes this close to as near the car as its nearest are told apart by the known poses
 MAX_BRANCHES = 4  # branches weighed at a fork (the straightest first) or where lanes tie at the car (the nearest)
 MAX_KNOWN_POINTS = 64  # known points weighed at a fork, evenly picked from those within reach
-MAX_LANE_VISITS = 256  # lanes one frame's route looks at, its branches' included: a frame's work on any map
+MAX_LANE_VISITS = 256  # lanes one frame's route follows, and as many its forks' branches look at: a frame's work
 MIN_ROAD_AHEAD_M = ROUTE_HORIZON_M / 2  # a road ending nearer than this ahead tells no route ("road ended")
 
 
@@ -53,12 +53,12 @@ def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
     followed ends short of :data:`MIN_ROAD_AHEAD_M`: no route, rather than points stacked on its end)."""
     pose = _pose(pose)
     known = None if ahead is None or len(ahead) == 0 else np.atleast_2d(np.asarray(ahead, dtype=np.float64))[:, :2]
-    budget = _Budget()
-    found = _car_lane(road, pose, known, budget)
+    branches = _Budget()  # then a fork takes the straightest
+    found = _car_lane(road, pose, known, branches)
     if found is None:
         return no_route(1, route_tokens)[0], NO_LANE_NEAR
     lane, s0 = found
-    world, reach = _follow(road, lane, s0, route_distances(route_tokens).astype(np.float64), known, budget)
+    world, reach = _follow(road, lane, s0, route_distances(route_tokens).astype(np.float64), known, branches)
     if reach < MIN_ROAD_AHEAD_M:
         return no_route(1, route_tokens)[0], ROAD_ENDED
     c, s = np.cos(pose[2]), np.sin(pose[2])
@@ -92,7 +92,7 @@ def told_routes_along(road: Road, poses: np.ndarray, route_tokens: int,
 
 
 class _Budget:
-    """The lanes a frame's route may still look at (:data:`MAX_LANE_VISITS`)."""
+    """The lanes a frame's route may still follow, or its branches look at (:data:`MAX_LANE_VISITS`)."""
 
     def __init__(self) -> None:
         self.left = MAX_LANE_VISITS
@@ -150,8 +150,8 @@ def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.n
     """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, through the lanes it
     leads into (each once), those past the road's end at its end; and how far the road reaches."""
     lanes, offsets = [lane], [-s0]  # the route distance at which each followed lane starts
-    visited, reach = {lane}, road.lengths[lane] - s0
-    while reach < distances[-1] and budget.take():
+    visited, reach, hops = {lane}, road.lengths[lane] - s0, _Budget()
+    while reach < distances[-1] and hops.take():
         following = _next_lane(road, lanes[-1], visited, ahead, budget)
         if following is None:
             break
@@ -178,7 +178,7 @@ def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | Non
     options = _options(road, lane, visited)
     if len(options) <= 1:
         return options[0] if options else None
-    if ahead is not None:
+    if ahead is not None and budget.left > 0:
         branches = [_branch_points(road, j, 0.0, budget, visited) for j in options]
         chosen = _nearest_to(ahead, road.lane_points(lane)[-1], branches)
         if chosen is not None:

@@ -258,3 +258,62 @@ def test_a_road_inside_a_clips_trajectory_file_is_refused_not_dropped(tmp_path):
     assert (summary.used, summary.skipped, summary.with_routes) == (1, 1, 1)
     assert len(lines) == 1 and lines[0].startswith("skipped clip a-inline: ") and "carries 'road'" in lines[0] \
         and "road.json, road.csv or clipgt/" in lines[0], lines
+
+
+def clipgt_with_rails(tmp_path: Path, layout) -> bytes:
+    """AlpaSim's map of one lane along +x under the car, its rails stored as the Arrow list ``layout`` (parquet keeps
+    list, large_list and fixed_size_list)."""
+    import io
+    import zipfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    point = pa.struct([("x", pa.float64()), ("y", pa.float64()), ("z", pa.float64())])
+    rails = [pa.array([[{"x": -20.0, "y": side, "z": 0.0}, {"x": 400.0, "y": side, "z": 0.0}]],
+                      type=pa.list_(point)).cast(layout(point)) for side in (1.75, -1.75)]
+    table = pa.table({"lane": pa.StructArray.from_arrays(rails, names=["left_rail", "right_rail"])})
+    buffer, out = io.BytesIO(), io.BytesIO()
+    pq.write_table(table, buffer)
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("lane.parquet", buffer.getvalue())
+    return out.getvalue()
+
+
+def test_a_road_with_a_byte_order_mark_or_rails_in_any_arrow_list_layout_gives_routes(tmp_path):
+    import pyarrow as pa
+
+    logs = tmp_path / "logs"
+    write_clip(logs / "a-csv-bom", road=("road.csv", b"\xef\xbb\xbfx,y\n-10,0\n500,0\n"))
+    write_clip(logs / "b-json-bom", road=("road.json", b"\xef\xbb\xbf" + b'{"road": [[-10, 0], [500, 0]]}'))
+    layouts = {"list": pa.list_, "large_list": pa.large_list, "fixed_size_list": lambda t: pa.list_(t, 2)}
+    for name, layout in layouts.items():
+        write_clip(logs / f"c-{name}", road=("clipgt.zip", clipgt_with_rails(tmp_path, layout)))
+    lines, summary = run_prepare(logs, tmp_path / "shards")
+    assert lines == [] and (summary.used, summary.with_routes) == (5, 5), lines
+    for name, (_, routes) in shard_clips(tmp_path / "shards").items():
+        np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3, err_msg=name)  # the lane under the car
+        np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
+
+
+def test_stacked_and_finely_split_short_lanes_are_read_quickly_and_never_lead_a_route_back(tmp_path):
+    """Maps that took minutes a clip: 200 lanes of 1.2 m stacked where the car starts (a road that ends there) and a
+    road split into 2,000 lanes of 5 cm (past a route's 256 lanes): one line each; split into lanes of 50 cm, every
+    frame's route runs straight ahead."""
+    import time
+
+    logs = tmp_path / "logs"
+    stacked = [[[0, 0], [1.2, 0]]] * 200
+    write_clip(logs / "a-stacked", road=("road.json", json.dumps({"road": stacked})))
+    for name, step in (("b-5cm", 0.05), ("c-50cm", 0.5)):
+        split = [[[step * i, 0], [step * (i + 1), 0]] for i in range(int(200 / step))]
+        write_clip(logs / name, road=("road.json", json.dumps({"road": split})))
+    start = time.perf_counter()
+    lines, summary = run_prepare(logs, tmp_path / "shards")
+    assert time.perf_counter() - start < 30.0
+    assert lines == [f"skipped clip {name}: road.json: road: the road ends within 40 m ahead of every frame of the "
+                     "clip that lies on a lane, so no frame has a route; give the road ahead of the drive"
+                     for name in ("a-stacked", "b-5cm")]
+    routes = shard_clips(tmp_path / "shards")["c-50cm"][1]
+    np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
+    np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3)
