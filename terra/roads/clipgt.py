@@ -146,9 +146,8 @@ def _claim(found: dict, element: str | None, entry: Any, source: str) -> None:
     if element not in ELEMENTS:
         return
     if element in found:
-        names = [getattr(e, "filename", e) for e in (found[element], entry)]
-        raise TerraInputError(f"{source}: holds two {element} tables ({clipped(names[0])}, {clipped(names[1])}); "
-                              "keep one")
+        names = [clipped(getattr(e, "filename", e)) for e in (found[element], entry)]
+        raise TerraInputError(f"{source}: holds two {element} tables ({names[0]}, {names[1]}); keep one")
     found[element] = entry
 
 
@@ -300,10 +299,9 @@ def _lanes(table: tuple[str, bytes], source: str) -> list[Lane]:
     columns = _read(table, "lane", {"lane": ("left_rail", "right_rail"), "key": ("map_id",)}, source, MAX_LANES)
     lane, where = columns["lane"], f"{source}: {table[0]}: lane"
     ids = _ids(columns, len(lane))
-    left = _polylines(_struct_field(lane, "left_rail", where), f"{where}.left_rail", ids)
-    right = _polylines(_struct_field(lane, "right_rail", where), f"{where}.right_rail", ids)
+    rails = [_polylines(_struct_field(lane, r, where), f"{where}.{r}", ids) for r in ("left_rail", "right_rail")]
     return [Lane(_midline(a, b, f"{where} {quoted(i)}"), i, None, f"{source} lane {quoted(i)}")
-            for i, a, b in zip(ids, left, right)]
+            for i, a, b in zip(ids, *rails)]
 
 
 def _midline(left: np.ndarray, right: np.ndarray, what: str) -> np.ndarray:

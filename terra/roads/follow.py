@@ -127,8 +127,8 @@ def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _B
     raw = np.einsum("ij,ij->i", pose[:2] - a, seg) / length2
     t = np.clip(raw, 0.0, 1.0)
     dist = np.hypot(*(a + t[:, None] * seg - pose[:2]).T)
-    turn = np.abs(np.angle(np.exp(1j * (np.arctan2(seg[:, 1], seg[:, 0]) - pose[2]))))
-    dist = np.where(turn <= MAX_HEADING_RAD, dist, np.inf)
+    along_car = seg @ np.array([np.cos(pose[2]), np.sin(pose[2])])
+    dist = np.where(along_car >= np.cos(MAX_HEADING_RAD) * np.sqrt(length2), dist, np.inf)  # heading within bound
     best = int(np.argmin(dist))
     if not dist[best] <= MAX_LANE_DISTANCE_M:
         return None
