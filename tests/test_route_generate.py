@@ -68,3 +68,15 @@ def test_a_manoeuvre_file_over_the_builtin_frames_drives_them_as_manoeuvre_does(
     road.write_text(json.dumps({"manoeuvre": spec, "road": [[-20.0, 0.0], [200.0, 0.0]]}))
     [own] = run_generate(models, "route_model", road, tmp_path / "own", monkeypatch, "seed=3")
     np.testing.assert_allclose(own.routes[0, :, :2], np.stack([np.zeros(4), route_distances(4)], 1), atol=1e-4)
+
+
+def test_a_road_given_as_null_tells_no_route_not_the_scenes_road(models, tmp_path, monkeypatch):
+    """``"road": null`` is documented as "no route": the built-in scene's road is not told in its place, and the
+    sidecar says no route was told."""
+    trajectory = tmp_path / "none.json"
+    trajectory.write_text(json.dumps({"manoeuvre": "curve_left", "road": None}))
+    [request] = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "seed=3")
+    assert request.routes is None
+    [sidecar] = (tmp_path / "out").rglob("rollout.json")
+    record = json.loads(sidecar.read_text())["rollouts"][0]
+    assert (record["route"], record["route_source"], record["ego_routes"]) == (False, None, None)

@@ -126,7 +126,8 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         images, scene_actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed, params)
         ground_truth, images = images[num_context:], images[:num_context]
         actions = scene_actions if named else actions
-        if named and routes is None and run.model.num_route_tokens:  # the manoeuvre's scene: the road it drives
+        told_none = given is not None and given.no_route  # "road": null
+        if named and routes is None and run.model.num_route_tokens and not told_none:  # the scene's road
             scene, poses = builtin_road(manoeuvre, num_context + num_frames, spec.seed, params)
             routes, route_source = scene.route(poses, run.model.num_route_tokens), "scene"
     elif actions is None:

@@ -43,7 +43,8 @@ class RolloutInputs:
     ``manoeuvre``: the named manoeuvre the trajectory is, where it is one (terra-generate drives it in its built-in
     scene, as ``manoeuvre=``). ``route_source``: where ``routes`` came from, as outputs name it (the sidecars,
     terra/outputs.py's ``route_record``): the mapping and key that gave them (``bend.json: road``,
-    ``sample 'a': ego_routes``); None without routes."""
+    ``sample 'a': ego_routes``); None without routes. ``no_route``: the trajectory gives its route as null: no
+    route, not even its built-in scene's road."""
 
     actions: np.ndarray
     routes: np.ndarray | None = None
@@ -51,6 +52,7 @@ class RolloutInputs:
     unused_routes: bool = False
     old_routes: bool = False
     manoeuvre: Manoeuvre | None = None
+    no_route: bool = False
 
 
 def actions_needed(num_context: int, num_frames: int) -> int:
@@ -122,6 +124,8 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
     enough of them. For a model without route slots they are not used (:attr:`RolloutInputs.unused_routes`)."""
     if given is None:
         return RolloutInputs(actions)
+    if given.value is None:
+        return RolloutInputs(actions, no_route=True)
     if not route_tokens:
         return RolloutInputs(actions, unused_routes=True, old_routes=given.old)
     frames = routes_needed(num_context, num_frames) + skip

@@ -44,8 +44,8 @@ ROUTE_FORMS = ('"road": [[x, y], ...] (the road in the trajectory\'s world frame
 @dataclass(frozen=True)
 class GivenRoutes:
     """The routes a mapping gives: under ``key`` (one of :data:`GIVEN_ROUTE_KEYS`), ``value`` a checked
-    :class:`~terra.roads.Road` for a road, else the per-frame routes as given (checked against the model's K by
-    ``validate_routes``); ``where`` names the mapping (``bend.json``, ``sample 7``)."""
+    :class:`~terra.roads.Road` for a road, None for null (no route), else the per-frame routes as given (checked
+    against the model's K by ``validate_routes``); ``where`` names the mapping (``bend.json``, ``sample 7``)."""
 
     key: str
     value: Any
@@ -63,13 +63,15 @@ class GivenRoutes:
 
 
 def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
-    """The routes ``mapping`` gives (None: none, or null), a road read now (terra/roads/files.py); more than one of
-    :data:`GIVEN_ROUTE_KEYS` is one line."""
+    """The routes ``mapping`` gives (None: no key gives any; a key given null: ``value`` None, no route, not even
+    a scene's road), a road read now (terra/roads/files.py); more than one of :data:`GIVEN_ROUTE_KEYS` is one
+    line."""
     present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
     if len(present) > 1:
         raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
     if not present:
-        return None
+        null = [key for key in GIVEN_ROUTE_KEYS if key in mapping]
+        return GivenRoutes(null[0], None, where) if null else None
     key = present[0]
     value = road_from_json(mapping[key], f"{where}: {key}") if key == ROAD else mapping[key]
     return GivenRoutes(key, value, where)

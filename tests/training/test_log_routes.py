@@ -70,7 +70,8 @@ def logs_shards(tmp_path_factory) -> tuple[Path, Path]:
                            "device=cpu", "progress=false", "batch_size=8"], cwd=root, env=ENV, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert f"{CLIPS} clips used" in done.stdout and f"{CLIPS} with routes" in done.stdout, done.stdout
+    routed = f"{CLIPS * FRAMES} frames written; {CLIPS * FRAMES} of them with a route"
+    assert f"{CLIPS} clips used" in done.stdout and routed in done.stdout, done.stdout
     return root / "logs", root / "shards"
 
 
@@ -180,7 +181,7 @@ def test_each_clips_road_gives_its_frames_routes_and_a_clip_without_one_no_route
     write_clip(logs / "d-json", circle=True, road=("road.json", json.dumps(
         {"road": [[RADIUS * math.sin(a), RADIUS * (1 - math.cos(a))] for a in np.linspace(-0.2, 3.0, 600)]})))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert lines == [] and (summary.used, summary.with_routes) == (4, 3)
+    assert lines == [] and (summary.used, summary.routed_frames) == (4, 18)
     found = shard_clips(tmp_path / "shards")
     assert len(read_index(tmp_path / "shards").shards) == 1  # one shard mixes clips with and without routes
     ahead = route_distances(16)
@@ -201,7 +202,7 @@ def test_routes_driven_path_are_the_cars_own_path_ahead_and_none_past_the_record
     logs = tmp_path / "logs"
     write_clip(logs / "circle", seconds=8.35, circle=True, road=("road.csv", "x,y\n0,1e5\n1,1e5\n"))
     lines, summary = run_prepare(logs, tmp_path / "shards", "routes=driven_path")
-    assert lines == [] and summary.with_routes == 1
+    assert lines == [] and summary.routed_frames == 4
     routes = shard_clips(tmp_path / "shards")["circle"][1]
     phi = route_distances(16) / RADIUS
     expected = np.stack([RADIUS * (1 - np.cos(phi)), RADIUS * np.sin(phi)], axis=-1)
@@ -213,6 +214,17 @@ def test_routes_driven_path_are_the_cars_own_path_ahead_and_none_past_the_record
         run_prepare(logs, tmp_path / "shards")
     with pytest.raises(TerraInputError, match=r"^unknown routes 'map'; choose one of: road, driven_path$"):
         run_prepare(logs, tmp_path / "other", "routes=map")
+
+
+def test_routes_are_counted_by_frame_not_by_clip(tmp_path):
+    """Two clips recorded for 1 s: driven_path has 80 m ahead of no frame, so none is told a route, and the closing
+    line says so rather than "2 with routes"."""
+    logs = tmp_path / "logs"
+    for name in ("a", "b"):
+        write_clip(logs / name, frames=4, seconds=1.0)
+    lines, summary = run_prepare(logs, tmp_path / "shards", "routes=driven_path")
+    assert lines == [] and (summary.used, summary.frames, summary.routed_frames) == (2, 8, 0)
+    assert "8 frames written; 0 of them with a route)" in summary.line(read_index(tmp_path / "shards"), tmp_path)
 
 
 def test_every_bad_road_is_one_line_naming_the_clip_and_the_file(tmp_path):
@@ -228,7 +240,7 @@ def test_every_bad_road_is_one_line_naming_the_clip_and_the_file(tmp_path):
     np.save(logs / "f-actions" / "trajectory.npy", np.zeros((6, 6, 3), dtype=np.float32))
     write_clip(logs / "g-good", road=("road.csv", "x,y\n0,0\n100,0\n"))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert (summary.used, summary.skipped, summary.with_routes) == (1, 6, 1)
+    assert (summary.used, summary.skipped, summary.routed_frames) == (1, 6, 6)
     expected = [
         "skipped clip a-nan: road.json: road[1][1]: must be a number (y, metres), got '1' (a string)",
         "skipped clip b-far: road.csv: no frame of the clip has a lane within 4 m of the car heading within 60 "
@@ -255,7 +267,7 @@ def test_a_road_inside_a_clips_trajectory_file_is_refused_not_dropped(tmp_path):
                                                                    "road": [[0, 0], [100, 0]]}))
     write_clip(logs / "b-good", road=("road.csv", "x,y\n0,0\n100,0\n"))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert (summary.used, summary.skipped, summary.with_routes) == (1, 1, 1)
+    assert (summary.used, summary.skipped, summary.routed_frames) == (1, 1, 6)
     assert len(lines) == 1 and lines[0].startswith("skipped clip a-inline: ") and "carries 'road'" in lines[0] \
         and "road.json, road.csv or clipgt/" in lines[0], lines
 
@@ -290,7 +302,7 @@ def test_a_road_with_a_byte_order_mark_or_rails_in_any_arrow_list_layout_gives_r
     for name, layout in layouts.items():
         write_clip(logs / f"c-{name}", road=("clipgt.zip", clipgt_with_rails(tmp_path, layout)))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert lines == [] and (summary.used, summary.with_routes) == (5, 5), lines
+    assert lines == [] and (summary.used, summary.routed_frames) == (5, 30), lines
     for name, (_, routes) in shard_clips(tmp_path / "shards").items():
         np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3, err_msg=name)  # the lane under the car
         np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
