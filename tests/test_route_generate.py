@@ -80,3 +80,18 @@ def test_a_road_given_as_null_tells_no_route_not_the_scenes_road(models, tmp_pat
     [sidecar] = (tmp_path / "out").rglob("rollout.json")
     record = json.loads(sidecar.read_text())["rollouts"][0]
     assert (record["route"], record["route_source"], record["ego_routes"]) == (False, None, None)
+
+
+def test_a_road_that_ends_ahead_is_said_per_frame_and_in_one_line(models, tmp_path, monkeypatch, capsys):
+    """A road ending 42 m past the start: the frames from which it ends within 40 m ahead are told no route (not 4
+    points stacked on its end); the sidecar says each frame's verdict and stdout how many frames got one."""
+    trajectory = tmp_path / "short.json"
+    trajectory.write_text(json.dumps({"manoeuvre": "straight", "road": [[-20.0, 0.0], [42.0, 0.0]]}))
+    [request] = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "seed=3")
+    told = np.isfinite(request.routes).all(axis=(1, 2)).tolist()
+    assert told == [True, True, True, False, False]
+    [sidecar] = (tmp_path / "out").rglob("rollout.json")
+    record = json.loads(sidecar.read_text())["rollouts"][0]
+    assert record["route"] is True and record["route_told"] == ["told"] * 3 + ["road ended"] * 2
+    assert record["ego_routes"][3:] == [None, None]
+    assert "terra-generate: 3 of 5 frames told a route (2 road ended)" in capsys.readouterr().out

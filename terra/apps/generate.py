@@ -28,6 +28,7 @@ from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
+from terra.contract.routes import TOLD
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
@@ -108,17 +109,21 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     num_context, num_frames = run_settings.num_context, spec.num_frames
-    ground_truth = actions = routes = route_source = given = None
+    ground_truth = actions = routes = route_source = route_told = given = None
     if spec.context is not None:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
     if spec.trajectory is not None:  # read once, sized for the context frames there are; its routes checked here
         given = trajectory_inputs(spec.trajectory, num_context if spec.context is None else len(images), num_frames,
                                   run.model.num_route_tokens)
-        actions, routes, route_source = given.actions, given.routes, given.route_source
+        actions, routes, route_source, route_told = given.actions, given.routes, given.route_source, given.route_told
         if given.unused_routes:
             print(f"terra-generate: {spec.trajectory} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
         if given.old_routes:
             print(f"terra-generate: {spec.trajectory}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
+        if route_told is not None and route_told.count(TOLD) < len(route_told):
+            print(f"terra-generate: {route_told.count(TOLD)} of {len(route_told)} frames told a route "
+                  f"({', '.join(f'{route_told.count(v)} {v}' for v in dict.fromkeys(route_told) if v != TOLD)})",
+                  flush=True)
     if spec.context is None:  # the built-in scene driven by the manoeuvre (of the file: as manoeuvre= drives it)
         named = given is None or given.manoeuvre is not None
         manoeuvre = spec.manoeuvre if given is None else given.manoeuvre.name if named else "straight"
@@ -163,7 +168,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     files = write_outputs(
         out_dir, spec.output, names, results, actions=actions, ground_truth=truth, route_source=route_source,
-        config=record,
+        route_told=route_told, config=record,
         timings={"generate_s": generate_s, "total_s": time.perf_counter() - t_start, "s_per_frame": s_per_frame},
         backend={"name": run_settings.backend, "class": backend_class}, device=run_settings.device,
     )

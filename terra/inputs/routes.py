@@ -26,11 +26,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from terra.contract.actions import FRAME_RATE_HZ
+from terra.contract.routes import ROAD_ENDED, TOLD
 from terra.core.errors import TerraInputError
 from terra.core.lazy import REMOVED_IN
 from terra.inputs.trajectory import EgoTrajectory
-from terra.roads import Road, road_from_json, routes_along
-from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M
+from terra.roads import Road, road_from_json, told_routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
 
 ROAD, EGO_ROUTES, OLD_ROUTES = "road", "ego_routes", "routes"
 ROUTE_KEYS = (ROAD, EGO_ROUTES)  # the routes a trajectory may carry beside its form
@@ -77,20 +78,26 @@ def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
     return GivenRoutes(key, value, where)
 
 
-def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int, source: str) -> np.ndarray:
+def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
+                source: str) -> tuple[np.ndarray, list[str]]:
     """Routes ``[frames, K, 3]`` along ``road`` at the poses of ``motion``'s first ``frames`` frames (10 Hz from its
     first sample; past its last, at its final speed and yaw rate), its samples after them the points the car is
-    known to pass at a fork. A road no frame's pose lies on is one line: the road and the trajectory are then in
-    different frames (or x and y swapped)."""
+    known to pass at a fork; and whether each frame was told its route (terra/roads/follow.py, ``told_route_at``). A
+    road no frame's pose lies on is one line: the road and the trajectory are then in different frames (or x and y
+    swapped)."""
     times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
     later = motion.t > times[-1]
-    routes = routes_along(road, motion.poses_at(times), route_tokens, np.stack([motion.x[later], motion.y[later]], -1))
-    if np.isnan(routes).all():
+    routes, told = told_routes_along(road, motion.poses_at(times), route_tokens,
+                                     np.stack([motion.x[later], motion.y[later]], -1))
+    if ROAD_ENDED in told and TOLD not in told:
+        raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame that lies "
+                              "on a lane, so no frame has a route; give the road ahead of the drive")
+    if TOLD not in told:
         raise TerraInputError(f"{source}: no frame's pose lies on a lane of the road (within "
                               f"{MAX_LANE_DISTANCE_M:g} m of a centreline, heading within "
                               f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it); give the road in the trajectory's "
                               "world frame: [x, y] in metres, x first, each lane in its driving direction")
-    return routes
+    return routes, told
 
 
 __all__ = ["EGO_ROUTES", "GIVEN_ROUTE_KEYS", "GivenRoutes", "MOVED_ROUTES", "OLD_ROUTES", "ROAD", "ROUTE_HINTS",
