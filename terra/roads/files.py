@@ -11,9 +11,9 @@ CSV (:func:`road_from_csv`, ``road.csv``): a header naming columns ``x``, ``y`` 
 the rows of one label, in file order, are one lane).
 
 x, y are metres in the world frame of the trajectory the road goes with (x forward at yaw 0, y left). Numbers must
-be numbers: strings and booleans are refused, every error one :class:`TerraInputError` line naming the key, the
-index or the row; the rest is checked once, as every road is, by :class:`Road`. :func:`write_road_file` writes a
-road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
+be numbers (Python's or numpy's): strings and booleans are refused, every error one :class:`TerraInputError` line
+naming the key, the index or the row; the rest is checked once, as every road is, by :class:`Road`.
+:func:`write_road_file` writes a road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import csv
 import difflib
 import io
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +163,10 @@ def _lane_parts(lane: Any, where: str, count: int) -> tuple[list, tuple[str, ...
     if not isinstance(successors, list):
         raise TerraInputError(f"{where}.successors: must be a list of lane indices, got {_shown(successors)}")
     for k, j in enumerate(successors):
-        if type(j) is not int or not 0 <= j < count:
+        if not _is_whole(j) or not 0 <= j < count:
             raise TerraInputError(f"{where}.successors[{k}]: must be the index of a lane (0 to {count - 1}), got "
                                   f"{_shown(j)}")
-    return lane["points"], tuple(str(j) for j in successors)
+    return lane["points"], tuple(str(int(j)) for j in successors)
 
 
 def _points(points: Any, where: str) -> list[list[float]]:
@@ -176,9 +177,18 @@ def _points(points: Any, where: str) -> list[list[float]]:
         if not isinstance(point, list) or len(point) != 2:
             raise TerraInputError(f"{where}[{i}]: must be a point [x, y] (x first, metres), got {_shown(point)}")
         for k, v in enumerate(point):
-            if type(v) not in (int, float):
+            if not _is_number(v):
                 raise TerraInputError(f"{where}[{i}][{k}]: must be a number ({'xy'[k]}, metres), got {_shown(v)}")
     return points
+
+
+def _is_number(value: Any) -> bool:
+    """A number (Python's or numpy's), not a boolean nor a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _csv_number(cell: str, source: str, line: int, column: str) -> float:
