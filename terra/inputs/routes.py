@@ -21,17 +21,19 @@ values against the model's K.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import orjson
 
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.contract.routes import ROAD_ENDED, TOLD
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, clipped, error_reason
 from terra.core.lazy import REMOVED_IN
 from terra.inputs.trajectory import EgoTrajectory
-from terra.roads import Road, road_from_json, told_routes_along
-from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
+from terra.roads import Road, read_clipgt, read_road_file, road_from_json, told_routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M, nearest_lane
 
 ROAD, EGO_ROUTES, OLD_ROUTES = "road", "ego_routes", "routes"
 ROUTE_KEYS = (ROAD, EGO_ROUTES)  # the routes a trajectory may carry beside its form
@@ -78,6 +80,29 @@ def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
     return GivenRoutes(key, value, where)
 
 
+def road_of_setting(value: Any, setting: str = "road") -> Road:
+    """The road a ``road=`` setting gives, read and checked at once: a road file (``.json``, ``.csv``), AlpaSim's map
+    (a ``.zip`` or a folder of its parquet tables), or inline JSON (a polyline ``[[x, y], ...]`` or lanes)."""
+    if isinstance(value, (list, tuple)):
+        return road_from_json(list(value), setting)
+    text = str(value)
+    if text.lstrip().startswith("["):
+        try:
+            return road_from_json(orjson.loads(text), setting)
+        except orjson.JSONDecodeError as err:
+            raise TerraInputError(f"{setting}: is not valid JSON ({error_reason(err)}); give a road file or "
+                                  "[[x, y], ...]") from None
+    path = Path(text)
+    if path.is_dir() or path.suffix.lower() == ".zip":
+        if not path.exists():
+            raise TerraInputError(f"{setting}={clipped(text)}: does not exist; give a clipgt map (.zip or folder)")
+        return read_clipgt(path, f"{setting}={clipped(text)}")
+    if path.suffix.lower() in (".json", ".csv"):
+        return read_road_file(path)
+    raise TerraInputError(f"{setting}={clipped(text)}: give a road file (.json, .csv), AlpaSim's map (a .zip or a "
+                          "clipgt folder) or [[x, y], ...]")
+
+
 def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
                 source: str) -> tuple[np.ndarray, list[str]]:
     """Routes ``[frames, K, 3]`` along ``road`` at the poses of ``motion``'s first ``frames`` frames (10 Hz from its
@@ -93,12 +118,14 @@ def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: in
         raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame that lies "
                               "on a lane, so no frame has a route; give the road ahead of the drive")
     if TOLD not in told:
+        distance, turn = nearest_lane(road, motion.poses_at(times[:1])[0]) or (np.inf, 0.0)
         raise TerraInputError(f"{source}: no frame's pose lies on a lane of the road (within "
                               f"{MAX_LANE_DISTANCE_M:g} m of a centreline, heading within "
-                              f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it); give the road in the trajectory's "
-                              "world frame: [x, y] in metres, x first, each lane in its driving direction")
+                              f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it): at frame 0 the nearest lane is "
+                              f"{distance:.1f} m away, heading {turn:.0f} degrees off the car's; give the road in the "
+                              "trajectory's world frame: [x, y] in metres, x first, each lane in its driving direction")
     return routes, told
 
 
 __all__ = ["EGO_ROUTES", "GIVEN_ROUTE_KEYS", "GivenRoutes", "MOVED_ROUTES", "OLD_ROUTES", "ROAD", "ROUTE_HINTS",
-           "ROUTE_KEYS", "given_routes", "road_routes"]
+           "ROUTE_KEYS", "given_routes", "road_of_setting", "road_routes"]

@@ -91,6 +91,19 @@ def told_routes_along(road: Road, poses: np.ndarray, route_tokens: int,
     return out, told
 
 
+def nearest_lane(road: Road, pose: np.ndarray) -> tuple[float, float] | None:
+    """How far world ``pose``'s nearest lane point is (m), and how far that lane's heading there is from the car's
+    (degrees), over every lane (for an error line: it reads all the road's points); None without lanes."""
+    if not len(road.segment_starts):
+        return None
+    pose = _pose(pose)
+    first = road.segment_starts
+    k = int(np.argmin(np.hypot(*(road.xy[first] - pose[:2]).T)))
+    d = road.xy[first[k] + 1] - road.xy[first[k]]
+    turn = np.angle(np.exp(1j * (np.arctan2(d[1], d[0]) - pose[2])))
+    return float(np.hypot(*(road.xy[first[k]] - pose[:2]))), float(np.degrees(abs(turn)))
+
+
 class _Budget:
     """The lanes a frame's route may still follow, or its branches look at (:data:`MAX_LANE_VISITS`)."""
 
@@ -231,5 +244,5 @@ def _mean_gap(points: np.ndarray, polyline: np.ndarray) -> float:
     return float(gaps.min(axis=1).mean())
 
 
-__all__ = ["MAX_HEADING_RAD", "MAX_LANE_DISTANCE_M", "MIN_ROAD_AHEAD_M", "route_at", "routes_along", "told_route_at",
-           "told_routes_along"]
+__all__ = ["MAX_HEADING_RAD", "MAX_LANE_DISTANCE_M", "MIN_ROAD_AHEAD_M", "nearest_lane", "route_at", "routes_along",
+           "told_route_at", "told_routes_along"]
