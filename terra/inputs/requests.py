@@ -95,7 +95,7 @@ def trajectory_inputs(
         motion = motion_of(value, source, need + skip)
         actions = actions_of(motion, source, need + skip)
     actions = validate_actions(actions, source, need + skip)[skip:]
-    given = given_routes(value, source) if isinstance(value, dict) else None
+    given = given_routes(value, source, Path(source).parent if file else base) if isinstance(value, dict) else None
     if beside is not None:
         if given is not None:
             raise TerraInputError(f"{beside.where} gives routes twice, in the sample and in its trajectory file "

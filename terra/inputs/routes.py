@@ -65,10 +65,10 @@ class GivenRoutes:
         return self.key == OLD_ROUTES
 
 
-def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
+def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> GivenRoutes | None:
     """The routes ``mapping`` gives (None: no key gives any; a key given null: ``value`` None, no route, not even
-    a scene's road), a road read now (terra/roads/files.py); more than one of :data:`GIVEN_ROUTE_KEYS` is one
-    line."""
+    a scene's road), a road read now (inline, or a path as ``road=`` takes it, relative to ``base``:
+    :func:`road_of_setting`); more than one of :data:`GIVEN_ROUTE_KEYS` is one line."""
     present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
     if len(present) > 1:
         raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
@@ -76,16 +76,21 @@ def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
         null = [key for key in GIVEN_ROUTE_KEYS if key in mapping]
         return GivenRoutes(null[0], None, where) if null else None
     key = present[0]
-    value = road_from_json(mapping[key], f"{where}: {key}") if key == ROAD else mapping[key]
+    value = mapping[key]
+    if key == ROAD and isinstance(value, str) and not value.lstrip().startswith("["):
+        path = Path(value).expanduser()
+        value = road_of_setting(str(path if path.is_absolute() or base is None else base / path), f"{where}: {key}")
+    elif key == ROAD:
+        value = road_of_setting(value, f"{where}: {key}")
     return GivenRoutes(key, value, where)
 
 
 def road_of_setting(value: Any, setting: str = "road") -> Road:
     """The road a ``road=`` setting gives, read and checked at once: a road file (``.json``, ``.csv``), AlpaSim's map
     (a ``.zip`` or a folder of its parquet tables), or inline JSON (a polyline ``[[x, y], ...]`` or lanes)."""
-    if isinstance(value, (list, tuple)):
-        return road_from_json(list(value), setting)
-    text = str(value)
+    if not isinstance(value, str):
+        return road_from_json(list(value) if isinstance(value, tuple) else value, setting)
+    text = value
     if text.lstrip().startswith("["):
         try:
             return road_from_json(orjson.loads(text), setting)
