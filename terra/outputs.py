@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from terra.config.outputs import OutputNames, OutputSpec
+from terra.contract.routes import NONE_GIVEN, TOLD
 from terra.decoder.overlay import draw_trajectory, mark_frames
 from terra.decoder.sidecar import write_sidecar
 from terra.decoder.writers import write_grid, write_png_sequence, write_video
@@ -34,17 +35,24 @@ def shown_frames(frames: np.ndarray, actions: np.ndarray, num_context: int, mark
     return frames
 
 
-def route_record(routes: np.ndarray | None, source: str | None, frames: int) -> dict[str, Any]:
-    """What a sidecar says of a rollout's routes (docs/generate.md, "Routes"): ``route``, whether routes were
-    told; ``route_source``, where they came from (terra/inputs/requests.py, ``RolloutInputs.route_source``; None:
-    none told); ``ego_routes``, each of the ``frames`` frames' told route (``routes[t]``, ``[K, 3]`` ``[y, x, s]``)
-    as ``[[x, y], ...]`` in that frame's ego frame to the millimetre, point ``k`` at ``80 m * (k + 1) / K`` along
-    the road, as a trajectory's ``ego_routes`` are written, or null for a frame told no route (None: none told)."""
+def route_record(routes: np.ndarray | None, source: str | None, frames: int,
+                 told: Sequence[str] | None = None) -> dict[str, Any]:
+    """What a sidecar says of a rollout's routes (docs/generate.md, "Routes"): ``route``, whether any frame was told
+    one (by content); ``route_source``, where they came from (terra/inputs/requests.py, ``RolloutInputs.route_source``;
+    None: none told); ``ego_routes``, each of the ``frames`` frames' told route (``routes[t]``, ``[K, 3]``
+    ``[y, x, s]``) as ``[[x, y], ...]`` in that frame's ego frame to the millimetre, point ``k`` at
+    ``80 m * (k + 1) / K`` along the road, as a trajectory's ``ego_routes`` are written, or null for a frame told no
+    route (None: none told); ``route_told``, each frame's verdict (``told``, else why not: terra/contract/routes.py;
+    ``told`` the verdicts known, else from content)."""
     if routes is None:
-        return {"route": False, "route_source": None, "ego_routes": None}
+        return {"route": False, "route_source": None, "ego_routes": None, "route_told": [NONE_GIVEN] * frames}
     routes = np.asarray(routes, dtype=np.float64)[:frames]
-    told = [np.round(route[:, [1, 0]], 3).tolist() if np.isfinite(route).all() else None for route in routes]
-    return {"route": True, "route_source": source, "ego_routes": told + [None] * (frames - len(told))}
+    finite = [bool(np.isfinite(route).all()) for route in routes] + [False] * (frames - len(routes))
+    verdicts = list(told or ())[:frames]
+    verdicts += [TOLD if ok else NONE_GIVEN for ok in finite[len(verdicts):]]
+    ego = [np.round(route[:, [1, 0]], 3).tolist() if ok else None for route, ok in zip(routes, finite)]
+    return {"route": any(finite), "route_source": source, "ego_routes": ego + [None] * (frames - len(ego)),
+            "route_told": verdicts}
 
 
 def write_formats(paths: Mapping[str, Path], frames: np.ndarray, fps: float, written: list[Path]) -> None:
@@ -67,13 +75,15 @@ def write_outputs(
     timings: dict[str, float],
     ground_truth: np.ndarray | None = None,
     route_source: str | None = None,
+    route_told: Sequence[str] | None = None,
     **record: Any,
 ) -> list[Path]:
     """Write every rollout's videos and one sidecar describing the run, drawn and timed as ``output`` says and named
     as ``names`` (``output.names(len(results))``, claimed by the app) plans; return the written paths.
 
     ``ground_truth`` (uint8 ``[num_frames, H, W, 3]``), when known, adds per-frame PSNR to the sidecar;
-    ``route_source`` says where the requests' routes came from (:func:`route_record`); ``record`` adds fields to the
+    ``route_source`` says where the requests' routes came from and ``route_told`` each frame's verdict
+    (:func:`route_record`); ``record`` adds fields to the
     sidecar. When a write fails or is interrupted, the files and frame folders written so far are removed before the
     error propagates.
     """
@@ -86,7 +96,8 @@ def write_outputs(
         for result in results:
             entry = {"seed": result.request.seed, "num_context": result.num_context,
                      "num_generated": len(result.codes) - result.num_context, "decoding": result.pass_record(),
-                     **route_record(result.request.routes, route_source, len(result.codes)), "codes": result.codes}
+                     **route_record(result.request.routes, route_source, len(result.codes), route_told),
+                     "codes": result.codes}
             if ground_truth is not None and result.frames.shape[1:] == ground_truth.shape[1:]:  # not refined
                 entry["psnr_db_per_generated_frame"] = psnr(result.frames[result.num_context :], ground_truth)
             rollouts.append(entry)

@@ -331,6 +331,19 @@ def test_numbers_must_be_numbers_wherever_coordinates_are_read(value, text):
     assert str(err.value).startswith(text), str(err.value)
 
 
+def test_numpy_numbers_are_numbers_in_a_road_given_from_python():
+    """A road built with numpy (float32 and int64 points, int64 successors) is the road its Python numbers give."""
+    lanes = [{"points": [[np.int64(-20), np.float32(0)], [np.float64(30), np.float32(0)]], "successors": [np.int64(1)]},
+             [[np.float32(30), np.float32(0)], [np.float32(200), np.float32(0)]]]
+    plain = [{"points": [[-20, 0.0], [30.0, 0.0]], "successors": [1]}, [[30.0, 0.0], [200.0, 0.0]]]
+    given, expected = (trajectory_inputs({"manoeuvre": "straight", "road": road}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES)
+                       for road in (lanes, plain))
+    np.testing.assert_array_equal(given.routes, expected.routes)
+    with pytest.raises(TerraInputError, match=r"road\[0\]\[0\]: must be a number \(x, metres\), got np.True_"):
+        trajectory_inputs({"manoeuvre": "straight", "road": [[np.bool_(True), 0], [1, 0]]}, NUM_CONTEXT, NUM_FRAMES,
+                          TINY_ROUTES, "s")
+
+
 def test_a_csv_cell_must_be_a_plain_number(tmp_path):
     """``float()`` takes "1_0", "0_5e1" and other scripts' digits; a trajectory or road CSV does not."""
     for cell in ("1_0", "0_5e1", "\u0661"):

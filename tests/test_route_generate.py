@@ -6,6 +6,7 @@ without a route."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from terra.pipeline import WorldModelPipeline
 from terra.sim import builtin_context, builtin_road
 from terra.tokenizer.lfq import LFQTokenizer
 from terra.contract.routes import route_distances
+from terra.core.errors import TerraInputError
 from tests.conftest import TINY_ROUTES, tiny_route_model
 from tests.test_cli import terra_generate
 from tests.test_route_files import FRAMES, models, run_generate  # noqa: F401  (models: the fixture)
@@ -68,3 +70,54 @@ def test_a_manoeuvre_file_over_the_builtin_frames_drives_them_as_manoeuvre_does(
     road.write_text(json.dumps({"manoeuvre": spec, "road": [[-20.0, 0.0], [200.0, 0.0]]}))
     [own] = run_generate(models, "route_model", road, tmp_path / "own", monkeypatch, "seed=3")
     np.testing.assert_allclose(own.routes[0, :, :2], np.stack([np.zeros(4), route_distances(4)], 1), atol=1e-4)
+
+
+def test_a_road_given_as_null_tells_no_route_not_the_scenes_road(models, tmp_path, monkeypatch):
+    """``"road": null`` is documented as "no route": the built-in scene's road is not told in its place, and the
+    sidecar says no route was told."""
+    trajectory = tmp_path / "none.json"
+    trajectory.write_text(json.dumps({"manoeuvre": "curve_left", "road": None}))
+    [request] = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "seed=3")
+    assert request.routes is None
+    [sidecar] = (tmp_path / "out").rglob("rollout.json")
+    record = json.loads(sidecar.read_text())["rollouts"][0]
+    assert (record["route"], record["route_source"], record["ego_routes"]) == (False, None, None)
+
+
+def test_a_road_that_ends_ahead_is_said_per_frame_and_in_one_line(models, tmp_path, monkeypatch, capsys):
+    """A road ending 42 m past the start: the frames from which it ends within 40 m ahead are told no route (not 4
+    points stacked on its end); the sidecar says each frame's verdict and stdout how many frames got one."""
+    trajectory = tmp_path / "short.json"
+    trajectory.write_text(json.dumps({"manoeuvre": "straight", "road": [[-20.0, 0.0], [42.0, 0.0]]}))
+    [request] = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "seed=3")
+    told = np.isfinite(request.routes).all(axis=(1, 2)).tolist()
+    assert told == [True, True, True, False, False]
+    [sidecar] = (tmp_path / "out").rglob("rollout.json")
+    record = json.loads(sidecar.read_text())["rollouts"][0]
+    assert record["route"] is True and record["route_told"] == ["told"] * 3 + ["road ended"] * 2
+    assert record["ego_routes"][3:] == [None, None]
+    assert "terra-generate: 3 of 5 frames told a route (2 road ended)" in capsys.readouterr().out
+
+
+def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_before_any_model(models, tmp_path,
+                                                                                             monkeypatch):
+    """``road=`` takes a road file (here a CSV with a byte-order mark), AlpaSim's map or inline JSON, in the drive's
+    world frame (a manoeuvre's: from the origin heading +x); a road off the drive is one line, before any model
+    loads, saying how far the nearest lane was and at what heading."""
+    road = tmp_path / "road.csv"
+    road.write_bytes(b"\xef\xbb\xbfx,y\n-20,0\n200,0\n")
+    for value in (str(road), "[[-20, 0], [200, 0]]"):
+        [request] = run_generate(models, "route_model", None, tmp_path / f"out{len(value)}", monkeypatch,
+                                 "manoeuvre=straight", f"road='{value}'")
+        np.testing.assert_allclose(request.routes[..., 1], np.broadcast_to(route_distances(4), (FRAMES, 4)),
+                                   atol=1e-3)
+        np.testing.assert_allclose(request.routes[..., 0], 0.0, atol=1e-3)
+    loads = []
+    monkeypatch.setattr("terra.tokenizer.load_tokenizer", lambda *a, **k: loads.append(a))
+    start = time.perf_counter()
+    with pytest.raises(TerraInputError) as err:
+        run_generate(models, "route_model", None, tmp_path / "bad", monkeypatch, "manoeuvre=straight",
+                     "road='[[5, -20], [5, 200]]'")
+    assert time.perf_counter() - start < 3.0 and not loads
+    assert "no frame's pose lies on a lane" in str(err.value) and "the nearest lane is 5.0 m away, heading 90 " \
+        "degrees off the car's" in str(err.value), str(err.value)

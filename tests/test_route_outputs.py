@@ -74,7 +74,8 @@ def test_a_frame_told_no_route_is_null():
                                                                    np.arange(1.0, 5.0)], 1)])
     record = route_record(routes, "scene", 3)  # the video's third frame: beyond the routes given
     assert record == {"route": True, "route_source": "scene",
-                      "ego_routes": [None, [[1.0, 0.5], [2.0, 0.5], [3.0, 0.5], [4.0, 0.5]], None]}
+                      "ego_routes": [None, [[1.0, 0.5], [2.0, 0.5], [3.0, 0.5], [4.0, 0.5]], None],
+                      "route_told": ["none given", "told", "none given"]}
 
 
 def test_terra_rollout_sidecars_keep_the_routes_told(models, tmp_path):

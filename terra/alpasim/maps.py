@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.contract.routes import no_route
-from terra.roads import Road, read_clipgt, routes_along
-from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M
+from terra.contract.routes import ROAD_ENDED, TOLD, no_route
+from terra.roads import Road, read_clipgt, told_routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
 
 log = logging.getLogger("terra.alpasim")
 MAP_FIELD = "static_world_map.hdmap_parquets"
@@ -51,14 +51,16 @@ class SessionMap:
         logged, once a session."""
         if self.road is None:
             return None
-        routes = routes_along(self.road, poses, self.route_tokens)
-        lost = np.flatnonzero(np.isnan(routes).any(axis=(1, 2)))
-        if lost.size and not self.told_off_road:
+        routes, told = told_routes_along(self.road, poses, self.route_tokens)
+        lost = [t for t, verdict in enumerate(told) if verdict != TOLD]
+        if lost and not self.told_off_road:
             self.told_off_road = True
             x, y, yaw = poses[lost[0]]
-            log.info("session %s: no lane of the HD map within %.0f m of the rig heading within %.0f degrees at "
-                     "(%.1f, %.1f, yaw %.2f): such frames run without a route (said once a session)",
-                     self.session_id, MAX_LANE_DISTANCE_M, np.degrees(MAX_HEADING_RAD), x, y, yaw)
+            why = (f"the HD map's road ends within {MIN_ROAD_AHEAD_M:.0f} m ahead" if told[lost[0]] == ROAD_ENDED else
+                   f"no lane of the HD map within {MAX_LANE_DISTANCE_M:.0f} m of the rig heading within "
+                   f"{np.degrees(MAX_HEADING_RAD):.0f} degrees")
+            log.info("session %s: %s at (%.1f, %.1f, yaw %.2f): such frames run without a route (said once a "
+                     "session)", self.session_id, why, x, y, yaw)
         return routes
 
 

@@ -28,9 +28,11 @@ from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
-from terra.core.errors import TerraInputError
+from terra.contract.routes import TOLD
+from terra.core.errors import TerraInputError, clipped
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
+from terra.inputs.routes import road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
@@ -52,6 +54,7 @@ class GenerateSpec:
     seed: int
     context: str | list[str] | None  # None: frames rendered by terra.sim
     trajectory: str | None  # a trajectory file; None: the manoeuvre
+    road: str | list | None  # the road every frame's route is told from (terra/inputs/routes.py, road_of_setting)
     manoeuvre: str
     manoeuvre_params: dict[str, float]
     record: dict  # the settings as given, stored in the sidecar (with the backend and device that ran)
@@ -75,9 +78,15 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     if cfg.trajectory is None and cfg.manoeuvre == FOLLOW_LANE and context is not None:
         raise TerraInputError(f"manoeuvre={FOLLOW_LANE} keeps the lane of the built-in scene's road, which frames of "
                               "your own do not have; leave context unset, or give your drive as trajectory=FILE")
+    road = select(cfg, "road")
+    if road is not None and cfg.trajectory is None and cfg.manoeuvre == FOLLOW_LANE:
+        raise TerraInputError(f"road= with manoeuvre={FOLLOW_LANE}: follow_lane drives the built-in scene's own road; "
+                              "give another manoeuvre, or your drive as trajectory=FILE")
     return GenerateSpec(run_spec(cfg), output, values["num_frames"], values["num_samples"], values["seed"],
                         context if context is None or isinstance(context, list) else str(context),
-                        None if cfg.trajectory is None else str(cfg.trajectory), str(cfg.manoeuvre), params, plain(cfg))
+                        None if cfg.trajectory is None else str(cfg.trajectory),
+                        road if road is None or isinstance(road, list) else str(road), str(cfg.manoeuvre), params,
+                        plain(cfg))
 
 
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
@@ -87,6 +96,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     # 1. the input files (context, trajectory: read in step 2, once the context frames are counted; the checkpoints'
     # in step 2, still before any model loads), then the output names and folder: no file read, nothing heavy imported
     check_input_files(spec.context, spec.trajectory)
+    road = None if spec.road is None else road_of_setting(spec.road)  # read and checked before anything loads
     names = spec.output.names(spec.num_samples)  # planned once: claimed here, written in step 5
     output = claim_output_dir(out_dir, "output.dir", files=names.files, folders=names.folders, inputs=[
         ("context", spec.context), ("trajectory file", spec.trajectory), ("world model", spec.run.world_model),
@@ -94,7 +104,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
-    from terra.inputs.routes import MOVED_ROUTES
+    from terra.inputs.routes import MOVED_ROUTES, ROAD, GivenRoutes
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
@@ -105,20 +115,30 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     # the tokenizer, the context frames and the trajectory
     run = resolve_run(spec.run, spec.num_samples, refine_after=True, max_rollouts=spec.num_samples)
     run_settings, refiner = run.spec, run.refiner
+    num_context, num_frames = run_settings.num_context, spec.num_frames
+    ground_truth = actions = routes = route_source = route_told = given = None
+    beside = None if road is None else GivenRoutes(ROAD, road, f"road={clipped(spec.road)}")
+    drive = spec.trajectory if spec.trajectory is not None or beside is None else {  # the road's poses
+        "manoeuvre": {"name": spec.manoeuvre, **spec.manoeuvre_params}}
+    named_drive = spec.trajectory or f"road={clipped(spec.road)}"
+    if drive is not None and spec.context is None:  # read once, its routes checked, before the tokenizer loads
+        given = trajectory_inputs(drive, num_context, num_frames, run.model.num_route_tokens, beside=beside)
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
-    num_context, num_frames = run_settings.num_context, spec.num_frames
-    ground_truth = actions = routes = route_source = given = None
     if spec.context is not None:
         images, _ = load_context(spec.context, image_size, num_context, resize=run_settings.resize)
-    if spec.trajectory is not None:  # read once, sized for the context frames there are; its routes checked here
-        given = trajectory_inputs(spec.trajectory, num_context if spec.context is None else len(images), num_frames,
-                                  run.model.num_route_tokens)
-        actions, routes, route_source = given.actions, given.routes, given.route_source
+        if drive is not None:  # sized for the context frames there are
+            given = trajectory_inputs(drive, len(images), num_frames, run.model.num_route_tokens, beside=beside)
+    if given is not None:
+        actions, routes, route_source, route_told = given.actions, given.routes, given.route_source, given.route_told
         if given.unused_routes:
-            print(f"terra-generate: {spec.trajectory} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
+            print(f"terra-generate: {named_drive} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
         if given.old_routes:
-            print(f"terra-generate: {spec.trajectory}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
+            print(f"terra-generate: {named_drive}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
+        if route_told is not None and route_told.count(TOLD) < len(route_told):
+            print(f"terra-generate: {route_told.count(TOLD)} of {len(route_told)} frames told a route "
+                  f"({', '.join(f'{route_told.count(v)} {v}' for v in dict.fromkeys(route_told) if v != TOLD)})",
+                  flush=True)
     if spec.context is None:  # the built-in scene driven by the manoeuvre (of the file: as manoeuvre= drives it)
         named = given is None or given.manoeuvre is not None
         manoeuvre = spec.manoeuvre if given is None else given.manoeuvre.name if named else "straight"
@@ -126,7 +146,8 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         images, scene_actions = builtin_context(manoeuvre, num_context + num_frames, image_size, spec.seed, params)
         ground_truth, images = images[num_context:], images[:num_context]
         actions = scene_actions if named else actions
-        if named and routes is None and run.model.num_route_tokens:  # the manoeuvre's scene: the road it drives
+        told_none = given is not None and given.no_route  # "road": null
+        if named and routes is None and run.model.num_route_tokens and not told_none:  # the scene's road
             scene, poses = builtin_road(manoeuvre, num_context + num_frames, spec.seed, params)
             routes, route_source = scene.route(poses, run.model.num_route_tokens), "scene"
     elif actions is None:
@@ -162,7 +183,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     files = write_outputs(
         out_dir, spec.output, names, results, actions=actions, ground_truth=truth, route_source=route_source,
-        config=record,
+        route_told=route_told, config=record,
         timings={"generate_s": generate_s, "total_s": time.perf_counter() - t_start, "s_per_frame": s_per_frame},
         backend={"name": run_settings.backend, "class": backend_class}, device=run_settings.device,
     )

@@ -31,6 +31,7 @@ class PreparedSample:
     num_context: int
     started: float  # perf_counter when it began preparing
     route_source: str | None = None  # where the request's routes came from (RolloutInputs.route_source)
+    route_told: tuple[str, ...] | None = None  # each frame's verdict (RolloutInputs.route_told)
 
 
 def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
@@ -47,4 +48,5 @@ def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, 
     codes = pipeline.encode(images)
     [request] = rollout_requests(codes, inputs.actions, item.num_frames, [item.seed], config.run.overlap,
                                  inputs.routes)
-    return PreparedSample(item, request, inputs.actions, sources, len(images), started, inputs.route_source)
+    return PreparedSample(item, request, inputs.actions, sources, len(images), started, inputs.route_source,
+                          inputs.route_told)

@@ -105,7 +105,7 @@ def sample_inputs(sample: Sample, config: BatchSpec, loaded: int, num_frames: in
     A sample's routes (a ``road`` or ``ego_routes``: terra/inputs/routes.py) sit beside its trajectory form, or in its
     trajectory file (JSON), not in both."""
     record, where = sample.record, f"sample {shown(sample.sample_id)}"
-    beside = given_routes(record, where)
+    beside = given_routes(record, where, Path(sample.file).resolve().parent)
     if sample.kind == "actbench":
         drop = max(0, loaded - config.run.num_context)  # instruction_trajs[0] belongs to context_frames[0]
         return trajectory_inputs({"instruction_trajs": record["instruction_trajs"]}, loaded - drop, num_frames,

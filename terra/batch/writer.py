@@ -86,7 +86,7 @@ class SampleWriter:
             sample_id=sample.sample_id, label=sample.record.get("label"),
             source={"file": sample.file, "line": sample.line, "format": sample.kind},
             context=prepared.context, num_context=prepared.num_context, num_generated=int(len(generated)),
-            **route_record(routes, prepared.route_source, len(codes)),  # the routes told, and whence
+            **route_record(routes, prepared.route_source, len(codes), prepared.route_told),  # told, whence
             files=files, decoding=stats.as_dict(self.sampling),
             engine_options=pipeline.engine_options,  # as the engine ran (terra/generation/backends.py, engine_options)
             batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint, "complete": True,

@@ -114,6 +114,8 @@ class Drive:
     # pose (terra/closedloop/worlds.py, true_renders), taken as the drive ends: its measurement renders the rest
     route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
     # world's route_source when it has one (terra/closedloop/worlds.py, ModelWorld)
+    routed: list[bool] | None = None  # each step: whether the model was told a route (its world's routed_steps,
+    # taken as the drive ends; None: a world that tells no route)
 
     @property
     def ok(self) -> bool:
@@ -309,9 +311,12 @@ def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float 
     calls = []
     references = getattr(world, "reference_frames", None)
     truths = getattr(world, "true_renders", None)
+    routed = getattr(world, "routed_steps", None)
     for drive in drives:
         try:
             if drive.handle is not None:
+                if routed is not None:
+                    drive.routed = routed(drive.handle)
                 if references is not None and drive.ok:
                     drive.references = references(drive.handle)
                 if truths is not None and drive.ok:

@@ -85,6 +85,7 @@ class ModelDrive:
     keeps_references: bool = False  # its true frames kept, its scene known (ModelWorld.references)
     references: list[np.ndarray] = field(default_factory=list)  # the true frames through the tokenizer, step by step
     truths: dict[bytes, np.ndarray] = field(default_factory=dict)  # the true frames themselves, by pose (pose_key)
+    routed: list[bool] = field(default_factory=list)  # each step: whether the model was told a route (a finite one)
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, h, w]``, context first."""
@@ -140,6 +141,10 @@ class ModelWorld:
         that tells none)."""
         return drive.road.route_source if self.backend.layout.route_model else None
 
+    def routed_steps(self, drive: ModelDrive) -> list[bool] | None:
+        """Whether each step of ``drive`` was told a route, by content (None: a model without route slots)."""
+        return list(drive.routed) if self.backend.layout.route_model else None
+
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
         """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's
         first (None: no references kept)."""
@@ -159,8 +164,11 @@ class ModelWorld:
         """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of
         each pose (the model is shown no pose)."""
         start = time.perf_counter()
-        futures = [self.engine.step(drive.rollout, action, drive.sampling, self.routes(drive.road, pose))
-                   for drive, action, pose in zip(drives, actions, poses)]
+        told = [self.routes(drive.road, pose) for drive, pose in zip(drives, poses)]
+        for drive, routes in zip(drives, told):
+            drive.routed.append(routes is not None and bool(np.isfinite(routes).all()))
+        futures = [self.engine.step(drive.rollout, action, drive.sampling, routes)
+                   for drive, action, routes in zip(drives, actions, told)]
         results: list[Any] = []
         for future in futures:
             try:

@@ -36,6 +36,8 @@ ROUTE_POINT_VALUES = 3  # [y, x, s], the width of an action point
 MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that left the road far behind still has one)
 # car's distance from the road, which the bound leaves room for
 NO_ROUTE_SLOTS = "the world model has no route slots (num_route_tokens 0)"
+TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN = "told", "no lane near", "road ended", "none given"  # a frame's route
+ROUTE_VERDICTS = (TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN)
 __getattr__ = renamed(__name__, {"route_points": "routes_from_yx"})  # until 0.2.0
 
 
@@ -144,5 +146,6 @@ def _distances_text(points: int) -> str:
     return ", ".join(f"{d:g}" for d in route_distances(points))
 
 
-__all__ = ["MAX_ROUTE_M", "NO_ROUTE_SLOTS", "ROUTE_HORIZON_M", "ROUTE_POINT_VALUES", "check_ahead", "check_route_shape",
-           "no_route", "resample_routes", "route_distances", "routes_from_yx", "slot_routes", "validate_routes"]
+__all__ = ["MAX_ROUTE_M", "NONE_GIVEN", "NO_LANE_NEAR", "NO_ROUTE_SLOTS", "ROAD_ENDED", "ROUTE_HORIZON_M",
+           "ROUTE_POINT_VALUES", "ROUTE_VERDICTS", "TOLD", "check_ahead", "check_route_shape", "no_route",
+           "resample_routes", "route_distances", "routes_from_yx", "slot_routes", "validate_routes"]

@@ -48,6 +48,27 @@ def past(value: float, bound: float) -> str:
             return text
     return repr(value)
 
+
+MAX_QUOTE_CHARS = 200  # user text quoted in a message
+
+
+def quoted(text: object) -> str:
+    """User text (a name, an id, a cell) as a message quotes it: its ``repr``, cut to :data:`MAX_QUOTE_CHARS`
+    characters, its length said where cut (a 20 MiB map id is no 20-million-character line)."""
+    text = str(text)
+    shown = repr(text[:MAX_QUOTE_CHARS])
+    if len(text) <= MAX_QUOTE_CHARS and len(shown) <= MAX_QUOTE_CHARS:
+        return shown
+    return f"{shown[: MAX_QUOTE_CHARS - 3]}... ({len(text)} characters)"
+
+
+def clipped(text: object) -> str:
+    """User text named unquoted (a file's name in an archive): cut to :data:`MAX_QUOTE_CHARS` characters like
+    :func:`quoted`."""
+    text = str(text)
+    return text if len(text) <= MAX_QUOTE_CHARS else f"{text[: MAX_QUOTE_CHARS - 3]}... ({len(text)} characters)"
+
+
 MAX_ERROR_CHARS = 500  # an error recorded in a manifest or a drive's record is one line, cut to this length
 
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.contract.routes import route_distances, routes_from_yx
+from terra.contract.routes import ROAD_ENDED, TOLD, route_distances, routes_from_yx
 from terra.core.errors import TerraInputError
 from terra.inputs.driving_logs import ROAD_FILES, Clip
 from terra.inputs.ego_motion import to_ego
 from terra.inputs.trajectory import EgoTrajectory
-from terra.roads import Road, read_clipgt, read_road_file, routes_along
-from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M
+from terra.roads import Road, read_clipgt, read_road_file, told_routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
 
 ROUTE_SOURCES = ("road", "driven_path")  # conf/prepare_driving_logs.yaml's routes
 
@@ -74,9 +74,12 @@ def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points
     """Routes ``[T, points, 3]`` of the poses at ``ticks`` along ``road``, the trajectory's samples past the last
     tick choosing the branch at a fork beyond the clip; one line when no frame has a lane near it."""
     later = trajectory.t > ticks[-1]  # the car's path beyond the clip
-    routes = routes_along(road, trajectory.poses_at(ticks), points,
-                          np.stack([trajectory.x[later], trajectory.y[later]], axis=-1))
-    if np.isnan(routes).all():
+    routes, told = told_routes_along(road, trajectory.poses_at(ticks), points,
+                                     np.stack([trajectory.x[later], trajectory.y[later]], axis=-1))
+    if ROAD_ENDED in told and TOLD not in told:
+        raise TerraInputError(f"{road.source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame of the "
+                              "clip that lies on a lane, so no frame has a route; give the road ahead of the drive")
+    if TOLD not in told:
         raise TerraInputError(f"{road.source}: no frame of the clip has a lane within {MAX_LANE_DISTANCE_M:g} m of the "
                               f"car heading within {np.degrees(MAX_HEADING_RAD):.0f} degrees of it; give the road in "
                               "the world frame of the clip's trajectory (x, y in metres, x first)")

@@ -21,7 +21,7 @@ import numpy as np
 
 from terra.config.checks import shown
 from terra.contract.actions import validate_actions
-from terra.contract.routes import NO_ROUTE_SLOTS, validate_routes
+from terra.contract.routes import NO_ROUTE_SLOTS, TOLD, validate_routes
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.actions import (
@@ -43,7 +43,9 @@ class RolloutInputs:
     ``manoeuvre``: the named manoeuvre the trajectory is, where it is one (terra-generate drives it in its built-in
     scene, as ``manoeuvre=``). ``route_source``: where ``routes`` came from, as outputs name it (the sidecars,
     terra/outputs.py's ``route_record``): the mapping and key that gave them (``bend.json: road``,
-    ``sample 'a': ego_routes``); None without routes."""
+    ``sample 'a': ego_routes``); None without routes. ``no_route``: the trajectory gives its route as null: no
+    route, not even its built-in scene's road. ``route_told``: whether each frame's route was told, else why not
+    (terra/contract/routes.py's verdicts; None without routes)."""
 
     actions: np.ndarray
     routes: np.ndarray | None = None
@@ -51,6 +53,8 @@ class RolloutInputs:
     unused_routes: bool = False
     old_routes: bool = False
     manoeuvre: Manoeuvre | None = None
+    no_route: bool = False
+    route_told: tuple[str, ...] | None = None
 
 
 def actions_needed(num_context: int, num_frames: int) -> int:
@@ -91,7 +95,7 @@ def trajectory_inputs(
         motion = motion_of(value, source, need + skip)
         actions = actions_of(motion, source, need + skip)
     actions = validate_actions(actions, source, need + skip)[skip:]
-    given = given_routes(value, source) if isinstance(value, dict) else None
+    given = given_routes(value, source, Path(source).parent if file else base) if isinstance(value, dict) else None
     if beside is not None:
         if given is not None:
             raise TerraInputError(f"{beside.where} gives routes twice, in the sample and in its trajectory file "
@@ -122,6 +126,8 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
     enough of them. For a model without route slots they are not used (:attr:`RolloutInputs.unused_routes`)."""
     if given is None:
         return RolloutInputs(actions)
+    if given.value is None:
+        return RolloutInputs(actions, no_route=True)
     if not route_tokens:
         return RolloutInputs(actions, unused_routes=True, old_routes=given.old)
     frames = routes_needed(num_context, num_frames) + skip
@@ -131,12 +137,14 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
             raise TerraInputError(f"{given.source}: a road is followed along the trajectory's world poses, which a "
                                   "\"trajectory\" (x, y) or a \"manoeuvre\" has; actions and instruction_trajs are in "
                                   "each frame's own ego frame: give ego_routes instead")
-        routes = road_routes(given.value, world, frames, route_tokens, given.source)
+        routes, told = road_routes(given.value, world, frames, route_tokens, given.source)
     else:
         routes = validate_routes(given.value, route_tokens, given.source, x_first=not given.old, ahead=True)
         if len(routes) < frames:
             raise TerraInputError(_too_few(given.source, len(routes), num_context, num_frames, skip))
-    return RolloutInputs(actions, routes[skip:], route_source=given.source, old_routes=given.old)
+        told = [TOLD] * len(routes)
+    return RolloutInputs(actions, routes[skip:], route_source=given.source, old_routes=given.old,
+                         route_told=tuple(told[skip:]))
 
 
 def _too_few(source: str, given: int, num_context: int, num_frames: int, skip: int) -> str:

@@ -21,16 +21,19 @@ values against the model's K.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import orjson
 
 from terra.contract.actions import FRAME_RATE_HZ
-from terra.core.errors import TerraInputError
+from terra.contract.routes import ROAD_ENDED, TOLD
+from terra.core.errors import TerraInputError, clipped, error_reason
 from terra.core.lazy import REMOVED_IN
 from terra.inputs.trajectory import EgoTrajectory
-from terra.roads import Road, road_from_json, routes_along
-from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M
+from terra.roads import Road, read_clipgt, read_road_file, road_from_json, told_routes_along
+from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M, nearest_lane
 
 ROAD, EGO_ROUTES, OLD_ROUTES = "road", "ego_routes", "routes"
 ROUTE_KEYS = (ROAD, EGO_ROUTES)  # the routes a trajectory may carry beside its form
@@ -44,8 +47,8 @@ ROUTE_FORMS = ('"road": [[x, y], ...] (the road in the trajectory\'s world frame
 @dataclass(frozen=True)
 class GivenRoutes:
     """The routes a mapping gives: under ``key`` (one of :data:`GIVEN_ROUTE_KEYS`), ``value`` a checked
-    :class:`~terra.roads.Road` for a road, else the per-frame routes as given (checked against the model's K by
-    ``validate_routes``); ``where`` names the mapping (``bend.json``, ``sample 7``)."""
+    :class:`~terra.roads.Road` for a road, None for null (no route), else the per-frame routes as given (checked
+    against the model's K by ``validate_routes``); ``where`` names the mapping (``bend.json``, ``sample 7``)."""
 
     key: str
     value: Any
@@ -62,34 +65,72 @@ class GivenRoutes:
         return self.key == OLD_ROUTES
 
 
-def given_routes(mapping: Mapping, where: str) -> GivenRoutes | None:
-    """The routes ``mapping`` gives (None: none, or null), a road read now (terra/roads/files.py); more than one of
-    :data:`GIVEN_ROUTE_KEYS` is one line."""
+def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> GivenRoutes | None:
+    """The routes ``mapping`` gives (None: no key gives any; a key given null: ``value`` None, no route, not even
+    a scene's road), a road read now (inline, or a path as ``road=`` takes it, relative to ``base``:
+    :func:`road_of_setting`); more than one of :data:`GIVEN_ROUTE_KEYS` is one line."""
     present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
     if len(present) > 1:
         raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
     if not present:
-        return None
+        null = [key for key in GIVEN_ROUTE_KEYS if key in mapping]
+        return GivenRoutes(null[0], None, where) if null else None
     key = present[0]
-    value = road_from_json(mapping[key], f"{where}: {key}") if key == ROAD else mapping[key]
+    value = mapping[key]
+    if key == ROAD and isinstance(value, str) and not value.lstrip().startswith("["):
+        path = Path(value).expanduser()
+        value = road_of_setting(str(path if path.is_absolute() or base is None else base / path), f"{where}: {key}")
+    elif key == ROAD:
+        value = road_of_setting(value, f"{where}: {key}")
     return GivenRoutes(key, value, where)
 
 
-def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int, source: str) -> np.ndarray:
+def road_of_setting(value: Any, setting: str = "road") -> Road:
+    """The road a ``road=`` setting gives, read and checked at once: a road file (``.json``, ``.csv``), AlpaSim's map
+    (a ``.zip`` or a folder of its parquet tables), or inline JSON (a polyline ``[[x, y], ...]`` or lanes)."""
+    if not isinstance(value, str):
+        return road_from_json(list(value) if isinstance(value, tuple) else value, setting)
+    text = value
+    if text.lstrip().startswith("["):
+        try:
+            return road_from_json(orjson.loads(text), setting)
+        except orjson.JSONDecodeError as err:
+            raise TerraInputError(f"{setting}: is not valid JSON ({error_reason(err)}); give a road file or "
+                                  "[[x, y], ...]") from None
+    path = Path(text)
+    if path.is_dir() or path.suffix.lower() == ".zip":
+        if not path.exists():
+            raise TerraInputError(f"{setting}={clipped(text)}: does not exist; give a clipgt map (.zip or folder)")
+        return read_clipgt(path, f"{setting}={clipped(text)}")
+    if path.suffix.lower() in (".json", ".csv"):
+        return read_road_file(path)
+    raise TerraInputError(f"{setting}={clipped(text)}: give a road file (.json, .csv), AlpaSim's map (a .zip or a "
+                          "clipgt folder) or [[x, y], ...]")
+
+
+def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
+                source: str) -> tuple[np.ndarray, list[str]]:
     """Routes ``[frames, K, 3]`` along ``road`` at the poses of ``motion``'s first ``frames`` frames (10 Hz from its
     first sample; past its last, at its final speed and yaw rate), its samples after them the points the car is
-    known to pass at a fork. A road no frame's pose lies on is one line: the road and the trajectory are then in
-    different frames (or x and y swapped)."""
+    known to pass at a fork; and whether each frame was told its route (terra/roads/follow.py, ``told_route_at``). A
+    road no frame's pose lies on is one line: the road and the trajectory are then in different frames (or x and y
+    swapped)."""
     times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
     later = motion.t > times[-1]
-    routes = routes_along(road, motion.poses_at(times), route_tokens, np.stack([motion.x[later], motion.y[later]], -1))
-    if np.isnan(routes).all():
+    routes, told = told_routes_along(road, motion.poses_at(times), route_tokens,
+                                     np.stack([motion.x[later], motion.y[later]], -1))
+    if ROAD_ENDED in told and TOLD not in told:
+        raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame that lies "
+                              "on a lane, so no frame has a route; give the road ahead of the drive")
+    if TOLD not in told:
+        distance, turn = nearest_lane(road, motion.poses_at(times[:1])[0]) or (np.inf, 0.0)
         raise TerraInputError(f"{source}: no frame's pose lies on a lane of the road (within "
                               f"{MAX_LANE_DISTANCE_M:g} m of a centreline, heading within "
-                              f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it); give the road in the trajectory's "
-                              "world frame: [x, y] in metres, x first, each lane in its driving direction")
-    return routes
+                              f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it): at frame 0 the nearest lane is "
+                              f"{distance:.1f} m away, heading {turn:.0f} degrees off the car's; give the road in the "
+                              "trajectory's world frame: [x, y] in metres, x first, each lane in its driving direction")
+    return routes, told
 
 
 __all__ = ["EGO_ROUTES", "GIVEN_ROUTE_KEYS", "GivenRoutes", "MOVED_ROUTES", "OLD_ROUTES", "ROAD", "ROUTE_HINTS",
-           "ROUTE_KEYS", "given_routes", "road_routes"]
+           "ROUTE_KEYS", "given_routes", "road_of_setting", "road_routes"]

@@ -31,16 +31,23 @@ class CellIndex:
         """Indices (ascending) of the points in the 3 x 3 cells around ``xy`` ``[2]``: all within ``cell_m``."""
         return np.sort(self.pairs(np.asarray(xy, dtype=np.float64)[None])[1])
 
+    def counts(self, places: np.ndarray) -> np.ndarray:
+        """``[Q]`` the number of points in the 3 x 3 cells around each of ``places`` ``[Q, 2]``."""
+        return self._ranges(places)[1].reshape(len(places), len(_NEIGHBOURS)).sum(axis=1)
+
     def pairs(self, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(place, point)`` index pairs of every point in the 3 x 3 cells around each of ``places`` ``[Q, 2]``."""
-        around = places[:, None, :] + _NEIGHBOURS * self.cell_m  # [Q, 9, 2]
-        keys = self._keys(around).reshape(-1)
-        lo = np.searchsorted(self.sorted_keys, keys, side="left")
-        counts = np.searchsorted(self.sorted_keys, keys, side="right") - lo
+        lo, counts = self._ranges(places)
         total = int(counts.sum())
         first = np.cumsum(counts) - counts
         rank = np.arange(total) - np.repeat(first, counts) + np.repeat(lo, counts)
-        return np.repeat(np.arange(len(keys)) // len(_NEIGHBOURS), counts), self.order[rank]
+        return np.repeat(np.arange(len(counts)) // len(_NEIGHBOURS), counts), self.order[rank]
+
+    def _ranges(self, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each of the 9 cells around each place starts in the sorted points, and how many it holds."""
+        keys = self._keys(places[:, None, :] + _NEIGHBOURS * self.cell_m).reshape(-1)  # [Q * 9]
+        lo = np.searchsorted(self.sorted_keys, keys, side="left")
+        return lo, np.searchsorted(self.sorted_keys, keys, side="right") - lo
 
 
 _NEIGHBOURS = np.array([[dx, dy] for dx in (-1.0, 0.0, 1.0) for dy in (-1.0, 0.0, 1.0)])

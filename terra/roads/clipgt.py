@@ -36,7 +36,7 @@ from typing import IO, Any
 import numpy as np
 
 from terra.core.atomic import atomic_path
-from terra.core.errors import TerraInputError, error_reason, past
+from terra.core.errors import TerraInputError, clipped, error_reason, past, quoted
 from terra.roads.road import MAX_LANES, MAX_POINTS, Lane, Road
 
 MAX_MAP_BYTES = 512 * 2**20  # the tables read, unpacked: a map of a city district is tens of MiB
@@ -134,7 +134,7 @@ def _tables(data: bytes | str | Path | IO[bytes], source: str) -> dict[str, tupl
             if not info.is_dir():
                 _claim(found, _element(info.filename), info, source)
         _check_size(sum(info.file_size for info in found.values()), source)
-        return {element: (info.filename, _unpacked(archive, info, source)) for element, info in found.items()}
+        return {element: (clipped(info.filename), _unpacked(archive, info, source)) for element, info in found.items()}
 
 
 def _element(name: str) -> str | None:
@@ -146,7 +146,7 @@ def _claim(found: dict, element: str | None, entry: Any, source: str) -> None:
     if element not in ELEMENTS:
         return
     if element in found:
-        names = [getattr(e, "filename", e) for e in (found[element], entry)]
+        names = [clipped(getattr(e, "filename", e)) for e in (found[element], entry)]
         raise TerraInputError(f"{source}: holds two {element} tables ({names[0]}, {names[1]}); keep one")
     found[element] = entry
 
@@ -167,13 +167,13 @@ def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> b
             while chunk := entry.read(_CHUNK):
                 size += len(chunk)
                 if size > limit:
-                    raise TerraInputError(f"{source}: {info.filename} unpacks to more than the {limit} bytes its "
-                                          "header states; the archive is damaged or forged")
+                    raise TerraInputError(f"{source}: {clipped(info.filename)} unpacks to more than the {limit} "
+                                          "bytes its header states; the archive is damaged or forged")
                 parts.append(chunk)
     except TerraInputError:
         raise
     except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError, ValueError) as err:
-        raise TerraInputError(f"{source}: {info.filename} cannot be unpacked ({error_reason(err)}); write the "
+        raise TerraInputError(f"{source}: {clipped(info.filename)} cannot be unpacked ({error_reason(err)}); write the "
                               "archive again with plain deflate") from None
     return b"".join(parts)
 
@@ -200,7 +200,7 @@ def _read(table: tuple[str, bytes], element: str, wanted: dict[str, tuple[str, .
                                   "part of the map the drive uses")
         main = next((column for column in names if column.lower() == element), None)
         if main is None:
-            raise TerraInputError(f"{where}: has no {element!r} column (it has {names}); an AlpaSim {element} "
+            raise TerraInputError(f"{where}: has no {element!r} column (it has {clipped(names)}); an AlpaSim {element} "
                                   f"table holds its {element}s in a struct column {element!r}")
         leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
         chosen, renamed = [], {}
@@ -218,8 +218,8 @@ def _read(table: tuple[str, bytes], element: str, wanted: dict[str, tuple[str, .
         for i in chosen:
             values = sum(meta.row_group(g).column(i).num_values for g in range(meta.num_row_groups))
             if values > MAX_POINTS + max_rows:
-                raise TerraInputError(f"{where}: {leaves[i]} holds {values} values, more than {MAX_POINTS}; give "
-                                      "the part of the map the drive uses")
+                raise TerraInputError(f"{where}: {clipped(leaves[i])} holds {values} values, more than "
+                                      f"{MAX_POINTS}; give the part of the map the drive uses")
         _check_size(sum(meta.row_group(g).column(i).total_uncompressed_size
                         for g in range(meta.num_row_groups) for i in chosen), where)
         read = file.read(columns=[leaves[i] for i in chosen])
@@ -234,7 +234,7 @@ def _struct_field(column: Any, field: str, what: str) -> Any:
     import pyarrow as pa
 
     if not pa.types.is_struct(column.type) or column.type.get_field_index(field) < 0:
-        raise TerraInputError(f"{what}: must be a struct with a field {field!r}, got {column.type}")
+        raise TerraInputError(f"{what}: must be a struct with a field {field!r}, got {clipped(column.type)}")
     if column.null_count:
         raise TerraInputError(f"{what}: row {_first_null(column)} is null")
     return column.field(field)
@@ -249,12 +249,12 @@ def _polylines(lists: Any, what: str, ids: list[str]) -> list[np.ndarray]:
     import pyarrow as pa
 
     kind = lists.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
-        raise TerraInputError(f"{what}: must be a list of {{x, y, z}} points, got {kind}")
+    if not _is_list(kind) or not pa.types.is_struct(kind.value_type):
+        raise TerraInputError(f"{what}: must be a list of {{x, y, z}} points, got {clipped(kind)}")
     if lists.null_count:
-        raise TerraInputError(f"{what}: is null in row {ids[_first_null(lists)]!r}")
-    offsets = np.asarray(lists.offsets, dtype=np.int64)
-    offsets -= offsets[0]
+        raise TerraInputError(f"{what}: is null in row {quoted(ids[_first_null(lists)])}")
+    lists = lists.cast(pa.large_list(kind.value_type))  # every list layout as offsets into its points
+    offsets = np.asarray(lists.offsets, dtype=np.int64) - lists.offsets[0].as_py()
     points = lists.flatten()
     xy = []
     for axis in ("x", "y"):
@@ -262,14 +262,22 @@ def _polylines(lists: Any, what: str, ids: list[str]) -> list[np.ndarray]:
         if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
             raise TerraInputError(f"{what}.{axis}: must be numbers, got {values.type}")
         if values.null_count:
-            raise TerraInputError(f"{what}.{axis}: is null in row {ids[_row_of(offsets, _first_null(values))]!r}")
+            raise TerraInputError(f"{what}.{axis}: is null in row {quoted(ids[_row_of(offsets, _first_null(values))])}")
         xy.append(values.to_numpy(zero_copy_only=False).astype(np.float64))
     xy = np.stack(xy, axis=-1)
     bad = ~np.isfinite(xy).all(axis=1)
     if bad.any():
         row = _row_of(offsets, int(np.flatnonzero(bad)[0]))
-        raise TerraInputError(f"{what}: row {ids[row]!r} holds a point that is not finite; give finite x, y")
+        raise TerraInputError(f"{what}: row {quoted(ids[row])} holds a point that is not finite; give finite x, y")
     return [xy[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _is_list(kind: Any) -> bool:
+    """An Arrow list of any layout: list, large_list, fixed_size_list, list_view, large_list_view."""
+    import pyarrow as pa
+
+    return any(test(kind) for test in (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
+                                       pa.types.is_list_view, pa.types.is_large_list_view))
 
 
 def _row_of(offsets: np.ndarray, point: int) -> int:
@@ -291,9 +299,9 @@ def _lanes(table: tuple[str, bytes], source: str) -> list[Lane]:
     columns = _read(table, "lane", {"lane": ("left_rail", "right_rail"), "key": ("map_id",)}, source, MAX_LANES)
     lane, where = columns["lane"], f"{source}: {table[0]}: lane"
     ids = _ids(columns, len(lane))
-    left = _polylines(_struct_field(lane, "left_rail", where), f"{where}.left_rail", ids)
-    right = _polylines(_struct_field(lane, "right_rail", where), f"{where}.right_rail", ids)
-    return [Lane(_midline(a, b, f"{where} {i!r}"), i, None, f"{source} lane {i}") for i, a, b in zip(ids, left, right)]
+    rails = [_polylines(_struct_field(lane, r, where), f"{where}.{r}", ids) for r in ("left_rail", "right_rail")]
+    return [Lane(_midline(a, b, f"{where} {quoted(i)}"), i, None, f"{source} lane {quoted(i)}")
+            for i, a, b in zip(ids, *rails)]
 
 
 def _midline(left: np.ndarray, right: np.ndarray, what: str) -> np.ndarray:
@@ -332,10 +340,10 @@ def _next_lanes(table: tuple[str, bytes], source: str) -> dict[str, tuple[str, .
     kinds = columns["key"].field("kind")
     subjects = _struct_field(columns["association"], "subjects", where)
     objects = _struct_field(columns["association"], "objects", where)
-    if not pa.types.is_string(subjects.type) or not (pa.types.is_list(objects.type)
+    if not pa.types.is_string(subjects.type) or not (_is_list(objects.type)
                                                      and pa.types.is_string(objects.type.value_type)):
         raise TerraInputError(f"{where}: subjects must be a lane id and objects a list of lane ids (strings), got "
-                              f"{subjects.type} and {objects.type}")
+                              f"{clipped(subjects.type)} and {clipped(objects.type)}")
     out: dict[str, tuple[str, ...]] = {}
     for kind, subject, targets in zip(kinds.to_pylist(), subjects.to_pylist(), objects.to_pylist()):
         if kind == "NEXT_LANE" and subject is not None:

@@ -11,17 +11,19 @@ CSV (:func:`road_from_csv`, ``road.csv``): a header naming columns ``x``, ``y`` 
 the rows of one label, in file order, are one lane).
 
 x, y are metres in the world frame of the trajectory the road goes with (x forward at yaw 0, y left). Numbers must
-be numbers: strings and booleans are refused, every error one :class:`TerraInputError` line naming the key, the
-index or the row; the rest is checked once, as every road is, by :class:`Road`. :func:`write_road_file` writes a
-road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
+be numbers (Python's or numpy's): strings and booleans are refused, every error one :class:`TerraInputError` line
+naming the key, the index or the row; the rest is checked once, as every road is, by :class:`Road`.
+:func:`write_road_file` writes a road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import difflib
 import io
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import numpy as np
 import orjson
 
 from terra.contract.actions import number_from_text
-from terra.core.errors import TerraInputError, past
+from terra.core.errors import TerraInputError, clipped, error_reason, past, quoted
 from terra.roads.road import MAX_LANES, MAX_POINTS, Lane, Road
 
 LANE_KEYS = ("points", "successors")
@@ -65,15 +67,21 @@ def road_from_json(value: Any, source: str = "road") -> Road:
 
 def road_from_csv(text: str, source: str = "road.csv") -> Road:
     """The road of a CSV text with columns ``x``, ``y`` and optionally ``lane`` (module docstring)."""
-    reader = csv.reader(io.StringIO(text))
+    try:
+        return _road_from_csv(csv.reader(io.StringIO(text)), source)
+    except csv.Error as err:
+        raise TerraInputError(f"{source}: is not a readable CSV ({error_reason(err)})") from None
+
+
+def _road_from_csv(reader: Any, source: str) -> Road:
     header = [name.strip() for name in next(reader, [])]
     for name in header:
         if name not in CSV_COLUMNS:
-            raise TerraInputError(f"{source}: unknown column {name!r}{_did_you_mean(name, CSV_COLUMNS)}; a road CSV "
-                                  "has columns x, y and optionally lane")
+            raise TerraInputError(f"{source}: unknown column {quoted(name)}{_did_you_mean(name, CSV_COLUMNS)}; a road "
+                                  "CSV has columns x, y and optionally lane")
     if "x" not in header or "y" not in header or len(set(header)) != len(header):
         raise TerraInputError(f"{source}: its header must name columns x and y once each (and optionally lane), "
-                              f"got {header}")
+                              f"got {clipped(header)}")
     cx, cy, cl = header.index("x"), header.index("y"), header.index("lane") if "lane" in header else None
     lanes: dict[str, list[list[float]]] = {}
     for row_number, row in enumerate(reader, start=2):
@@ -91,7 +99,7 @@ def road_from_csv(text: str, source: str = "road.csv") -> Road:
                                   "drive uses")
     if not lanes:
         raise TerraInputError(f"{source}: holds no points; give rows of x, y (metres) under the header x,y")
-    return Road([Lane(points, label, None, f"{source} lane {label}") for label, points in lanes.items()],
+    return Road([Lane(points, label, None, f"{source} lane {clipped(label)}") for label, points in lanes.items()],
                 source=source)
 
 
@@ -106,13 +114,13 @@ def read_road_file(path: str | Path) -> Road:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         try:
-            return road_from_csv(path.read_text(encoding="utf-8"), path.name)
+            return road_from_csv(path.read_text(encoding="utf-8-sig"), path.name)
         except UnicodeDecodeError:
             raise TerraInputError(f"{path.name}: is not UTF-8 text; save the road as a UTF-8 CSV") from None
     if suffix != ".json":
         raise TerraInputError(f"road file {path}: must be .json or .csv")
     try:
-        value = orjson.loads(path.read_bytes())
+        value = orjson.loads(path.read_bytes().removeprefix(codecs.BOM_UTF8))
     except orjson.JSONDecodeError as err:
         raise TerraInputError(f"{path.name}: cannot be read, malformed JSON ({str(err)[:120]})") from None
     if isinstance(value, dict):
@@ -155,10 +163,10 @@ def _lane_parts(lane: Any, where: str, count: int) -> tuple[list, tuple[str, ...
     if not isinstance(successors, list):
         raise TerraInputError(f"{where}.successors: must be a list of lane indices, got {_shown(successors)}")
     for k, j in enumerate(successors):
-        if type(j) is not int or not 0 <= j < count:
+        if not _is_whole(j) or not 0 <= j < count:
             raise TerraInputError(f"{where}.successors[{k}]: must be the index of a lane (0 to {count - 1}), got "
                                   f"{_shown(j)}")
-    return lane["points"], tuple(str(j) for j in successors)
+    return lane["points"], tuple(str(int(j)) for j in successors)
 
 
 def _points(points: Any, where: str) -> list[list[float]]:
@@ -169,9 +177,18 @@ def _points(points: Any, where: str) -> list[list[float]]:
         if not isinstance(point, list) or len(point) != 2:
             raise TerraInputError(f"{where}[{i}]: must be a point [x, y] (x first, metres), got {_shown(point)}")
         for k, v in enumerate(point):
-            if type(v) not in (int, float):
+            if not _is_number(v):
                 raise TerraInputError(f"{where}[{i}][{k}]: must be a number ({'xy'[k]}, metres), got {_shown(v)}")
     return points
+
+
+def _is_number(value: Any) -> bool:
+    """A number (Python's or numpy's), not a boolean nor a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _csv_number(cell: str, source: str, line: int, column: str) -> float:
@@ -180,7 +197,7 @@ def _csv_number(cell: str, source: str, line: int, column: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise TerraInputError(f"{source}: line {line}, column {column}: {cell.strip()!r} is not a finite number "
+        raise TerraInputError(f"{source}: line {line}, column {column}: {quoted(cell.strip())} is not a finite number "
                               "(metres)")
     return value
 
@@ -189,11 +206,11 @@ def _only_known_keys(mapping: dict, known: tuple[str, ...], where: str, shape: s
     """Refuse the first key of ``mapping`` that is not in ``known``, with a guess and what the object holds."""
     for key in mapping:
         if key not in known:
-            raise TerraInputError(f"{where}: unknown key {key!r}{_did_you_mean(key, known)}; {shape}")
+            raise TerraInputError(f"{where}: unknown key {quoted(key)}{_did_you_mean(key, known)}; {shape}")
 
 
 def _did_you_mean(name: str, known: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
+    close = difflib.get_close_matches(name[:100], known, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

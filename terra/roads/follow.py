@@ -9,16 +9,22 @@ its trajectory, AlpaSim's chunk of rig poses), when one branch is nearer than th
 :data:`AHEAD_MARGIN_M`; else the straightest branch (the least turn over its first :data:`STRAIGHT_WINDOW_M`).
 The same points choose the car's lane where another comes within :data:`LANE_TIE_M` of the nearest (just past a
 fork, where both branches still run side by side; astride a lane line).
-Where the road ends before a point's distance, the point stays at the road's end (as ``Scene.route`` does). No lane
-near the car, or a road without lanes: the contract's "no route" rows (NaN), which the model embeds as such.
+Where the road ends before a point's distance, the point stays at the road's end (as ``Scene.route`` does); a road
+ending within :data:`MIN_ROAD_AHEAD_M` tells no route. No lane near the car, or a road without lanes: the contract's
+"no route" rows (NaN), which the model embeds as such; :func:`told_route_at` says which. A frame's work is bounded
+whatever the map: at most :data:`MAX_LANE_VISITS` lanes followed and as many looked at along branches,
+:data:`MAX_BRANCHES` weighed at a fork, no lane twice in a route.
 :func:`routes_along` does it for every pose of a trajectory, each pose's ``ahead`` being the poses after it.
 """
 
 from __future__ import annotations
 
+from itertools import islice
+
 import numpy as np
 
-from terra.contract.routes import ROUTE_HORIZON_M, no_route, route_distances, routes_from_yx
+from terra.contract.routes import (NO_LANE_NEAR, ROAD_ENDED, ROUTE_HORIZON_M, TOLD, no_route, route_distances,
+                                   routes_from_yx)
 from terra.core.errors import TerraInputError
 from terra.roads.road import MAX_COORDINATE_M, Road
 
@@ -26,8 +32,10 @@ MAX_LANE_DISTANCE_M = 4.0  # a car farther than this from every lane's centrelin
 MAX_HEADING_RAD = np.radians(60.0)  # a lane heading farther than this from the car's is not the car's lane
 AHEAD_MARGIN_M = 0.25  # a branch is the one the known poses take when it is this much nearer them than the others
 LANE_TIE_M = 1.0  # lanes this close to as near the car as its nearest are told apart by the known poses
-STRAIGHT_WINDOW_M = 20.0  # a branch's turn is measured over this much of it
-MAX_HOPS = 2_000  # lanes followed from one pose: bounds a walk over a map of many tiny lanes
+MAX_BRANCHES = 4  # branches weighed at a fork (the straightest first) or where lanes tie at the car (the nearest)
+MAX_KNOWN_POINTS = 64  # known points weighed at a fork, evenly picked from those within reach
+MAX_LANE_VISITS = 256  # lanes one frame's route follows, and as many its forks' branches look at: a frame's work
+MIN_ROAD_AHEAD_M = ROUTE_HORIZON_M / 2  # a road ending nearer than this ahead tells no route ("road ended")
 
 
 def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray | None = None) -> np.ndarray:
@@ -35,17 +43,28 @@ def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray 
     of the followed centreline at ``route_distances(K)``, or ``no_route`` rows where no lane is near. ``ahead``:
     world points ``[M, 2]`` (or poses ``[M, 3]``) the car is known to pass after ``pose``, which choose the branch
     at a fork."""
+    return told_route_at(road, pose, route_tokens, ahead)[0]
+
+
+def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
+                  ahead: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+    """:func:`route_at` and whether it is told: :data:`~terra.contract.routes.TOLD`, else why not
+    (:data:`~terra.contract.routes.NO_LANE_NEAR`, or :data:`~terra.contract.routes.ROAD_ENDED` where the road
+    followed ends short of :data:`MIN_ROAD_AHEAD_M`: no route, rather than points stacked on its end)."""
     pose = _pose(pose)
     known = None if ahead is None or len(ahead) == 0 else np.atleast_2d(np.asarray(ahead, dtype=np.float64))[:, :2]
-    found = _car_lane(road, pose, known)
+    branches = _Budget()  # then a fork takes the straightest
+    found = _car_lane(road, pose, known, branches)
     if found is None:
-        return no_route(1, route_tokens)[0]
+        return no_route(1, route_tokens)[0], NO_LANE_NEAR
     lane, s0 = found
-    world = _follow(road, lane, s0, route_distances(route_tokens).astype(np.float64), known)
+    world, reach = _follow(road, lane, s0, route_distances(route_tokens).astype(np.float64), known, branches)
+    if reach < MIN_ROAD_AHEAD_M:
+        return no_route(1, route_tokens)[0], ROAD_ENDED
     c, s = np.cos(pose[2]), np.sin(pose[2])
     d = world - pose[:2]
     forward, left = c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]
-    return routes_from_yx(np.stack([left, forward], axis=-1))
+    return routes_from_yx(np.stack([left, forward], axis=-1)), TOLD
 
 
 def routes_along(road: Road, poses: np.ndarray, route_tokens: int,
@@ -53,16 +72,48 @@ def routes_along(road: Road, poses: np.ndarray, route_tokens: int,
     """Routes ``[T, K, 3]`` of a trajectory's world ``poses`` ``[T, 3]``: pose ``t``'s :func:`route_at` with the
     poses after it (then ``ahead_poses``, points ``[M, 2]`` or poses ``[M, 3]`` known beyond the trajectory) as the
     points it is known to pass."""
+    return told_routes_along(road, poses, route_tokens, ahead_poses)[0]
+
+
+def told_routes_along(road: Road, poses: np.ndarray, route_tokens: int,
+                      ahead_poses: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+    """:func:`routes_along` and each frame's :func:`told_route_at` verdict."""
     poses = np.asarray(poses, dtype=np.float64)
     if poses.ndim != 2 or poses.shape[1] != 3:
         raise TerraInputError(f"routes along a road: poses must be [frames, 3] (x, y, yaw), got {list(poses.shape)}")
     later = poses[:, :2]
     if ahead_poses is not None and len(ahead_poses):
         later = np.concatenate([later, np.asarray(ahead_poses, dtype=np.float64)[:, :2]])
-    out = np.empty((len(poses), route_tokens, 3), dtype=np.float32)
+    out, told = np.empty((len(poses), route_tokens, 3), dtype=np.float32), []
     for t, pose in enumerate(poses):
-        out[t] = route_at(road, pose, route_tokens, later[t + 1:])
-    return out
+        out[t], verdict = told_route_at(road, pose, route_tokens, later[t + 1:])
+        told.append(verdict)
+    return out, told
+
+
+def nearest_lane(road: Road, pose: np.ndarray) -> tuple[float, float] | None:
+    """How far world ``pose``'s nearest lane point is (m), and how far that lane's heading there is from the car's
+    (degrees), over every lane (for an error line: it reads all the road's points); None without lanes."""
+    if not len(road.segment_starts):
+        return None
+    pose = _pose(pose)
+    first = road.segment_starts
+    k = int(np.argmin(np.hypot(*(road.xy[first] - pose[:2]).T)))
+    d = road.xy[first[k] + 1] - road.xy[first[k]]
+    turn = np.angle(np.exp(1j * (np.arctan2(d[1], d[0]) - pose[2])))
+    return float(np.hypot(*(road.xy[first[k]] - pose[:2]))), float(np.degrees(abs(turn)))
+
+
+class _Budget:
+    """The lanes a frame's route may still follow, or its branches look at (:data:`MAX_LANE_VISITS`)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_LANE_VISITS
+
+    def take(self) -> bool:
+        """Spend one lane's look; False once none is left."""
+        self.left -= 1
+        return self.left >= 0
 
 
 def _pose(pose: np.ndarray) -> np.ndarray:
@@ -72,11 +123,12 @@ def _pose(pose: np.ndarray) -> np.ndarray:
     return pose
 
 
-def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None) -> tuple[int, float] | None:
+def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _Budget) -> tuple[int, float] | None:
     """(lane, arc length) of the car's point on its lane: the nearest centreline point within
     :data:`MAX_LANE_DISTANCE_M` on a lane heading within :data:`MAX_HEADING_RAD` of ``pose``; where other lanes
-    come within :data:`LANE_TIE_M` of that (just past a fork, astride a lane line), the one whose road ahead the
-    ``ahead`` points follow, when they tell. None where no lane is near."""
+    come within :data:`LANE_TIE_M` of that (just past a fork, astride a lane line), the one of the
+    :data:`MAX_BRANCHES` nearest whose road ahead the ``ahead`` points follow, when they tell. None where no lane
+    is near."""
     if not len(road) or np.abs(pose[:2]).max() > MAX_COORDINATE_M + road.cells.cell_m:
         return None
     first = road.segment_starts[road.cells.near(pose[:2])]
@@ -88,33 +140,36 @@ def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None) -> tuple[i
     raw = np.einsum("ij,ij->i", pose[:2] - a, seg) / length2
     t = np.clip(raw, 0.0, 1.0)
     dist = np.hypot(*(a + t[:, None] * seg - pose[:2]).T)
-    turn = np.abs(np.angle(np.exp(1j * (np.arctan2(seg[:, 1], seg[:, 0]) - pose[2]))))
-    dist = np.where(turn <= MAX_HEADING_RAD, dist, np.inf)
+    along_car = seg @ np.array([np.cos(pose[2]), np.sin(pose[2])])
+    dist = np.where(along_car >= np.cos(MAX_HEADING_RAD) * np.sqrt(length2), dist, np.inf)  # heading within bound
     best = int(np.argmin(dist))
     if not dist[best] <= MAX_LANE_DISTANCE_M:
         return None
     along = road.along[first] + t * (road.along[first + 1] - road.along[first])
     lanes = road.lane_of[first]
     beyond = ((raw > 1.0) & (first + 2 == road.starts[lanes + 1])) | ((raw < 0.0) & (first == road.starts[lanes]))
-    tied = (dist <= dist[best] + LANE_TIE_M) & ~beyond  # a lane the car is before or past is no other choice
-    options = [best, *(int(np.argmin(np.where((lanes == lane) & ~beyond, dist, np.inf)))
-                       for lane in np.unique(lanes[tied]) if lane != lanes[best])]
+    tied = np.flatnonzero((dist <= dist[best] + LANE_TIE_M) & ~beyond & (lanes != lanes[best]))  # a lane the car
+    tied = tied[np.argsort(dist[tied], kind="stable")]  # is before or past is no other choice
+    _, nearest = np.unique(lanes[tied], return_index=True)  # each other lane's nearest point
+    options = [best, *tied[np.sort(nearest)][: MAX_BRANCHES - 1].tolist()]
     if ahead is not None and len(options) > 1:
-        chosen = _nearest_to(ahead, pose[:2], [_branch_points(road, int(lanes[k]), along[k]) for k in options])
+        chosen = _nearest_to(ahead, pose[:2], [_branch_points(road, int(lanes[k]), along[k], budget) for k in options])
         best = best if chosen is None else options[chosen]
     return int(lanes[best]), float(along[best])
 
 
-def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.ndarray | None) -> np.ndarray:
+def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.ndarray | None,
+            budget: _Budget) -> tuple[np.ndarray, float]:
     """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, through the lanes it
-    leads into; those past the road's end at its end."""
+    leads into (each once), those past the road's end at its end; and how far the road reaches."""
     lanes, offsets = [lane], [-s0]  # the route distance at which each followed lane starts
-    reach = road.lengths[lane] - s0
-    while reach < distances[-1] and len(lanes) <= MAX_HOPS:
-        following = _next_lane(road, lanes[-1], ahead)
+    visited, reach, hops = {lane}, road.lengths[lane] - s0, _Budget()
+    while reach < distances[-1] and hops.take():
+        following = _next_lane(road, lanes[-1], visited, ahead, budget)
         if following is None:
             break
         lanes.append(following)
+        visited.add(following)
         offsets.append(reach)
         reach += road.lengths[following]
     which = np.clip(np.searchsorted(offsets, distances, side="right") - 1, 0, len(lanes) - 1)
@@ -122,54 +177,65 @@ def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.n
     for j in np.unique(which):
         rows = which == j
         out[rows] = road.point_at(lanes[j], distances[rows] - offsets[j])
-    return out
+    return out, reach
 
 
-def _next_lane(road: Road, lane: int, ahead: np.ndarray | None) -> int | None:
+def _options(road: Road, lane: int, visited: set[int]) -> list[int]:
+    """The :data:`MAX_BRANCHES` straightest lanes ``lane`` leads into that are not ``visited``."""
+    return list(islice((j for j in road.next_lanes[lane] if j not in visited), MAX_BRANCHES))
+
+
+def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | None, budget: _Budget) -> int | None:
     """The lane followed after ``lane``: its one successor, or at a fork the branch ``ahead`` takes, else the
-    straightest; None at the road's end."""
-    options = road.next_lanes[lane]
+    straightest; None at the road's end (or where every lane it leads into is ``visited``)."""
+    options = _options(road, lane, visited)
     if len(options) <= 1:
         return options[0] if options else None
-    if ahead is not None:
-        chosen = _nearest_to(ahead, road.lane_points(lane)[-1], [_branch_points(road, j) for j in options])
+    if ahead is not None and budget.left > 0:
+        branches = [_branch_points(road, j, 0.0, budget, visited) for j in options]
+        chosen = _nearest_to(ahead, road.lane_points(lane)[-1], branches)
         if chosen is not None:
             return options[chosen]
-    return _straightest(road, lane, options)
+    return options[0]
 
 
 def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]) -> int | None:
-    """The branch (index) the ``ahead`` points within :data:`ROUTE_HORIZON_M` of ``place`` lie nearest, by
-    :data:`AHEAD_MARGIN_M` at least; None when none does."""
+    """The branch (index) the ``ahead`` points within :data:`ROUTE_HORIZON_M` of ``place`` (at most
+    :data:`MAX_KNOWN_POINTS` of them) lie nearest, by :data:`AHEAD_MARGIN_M` at least; None when none does."""
     known = ahead[np.hypot(*(ahead - place).T) <= ROUTE_HORIZON_M]
     if not len(known):
         return None
+    if len(known) > MAX_KNOWN_POINTS:
+        known = known[np.linspace(0, len(known) - 1, MAX_KNOWN_POINTS).round().astype(np.int64)]
     gaps = np.array([_mean_gap(known, points) for points in branches])
     order = np.argsort(gaps, kind="stable")
     return int(order[0]) if gaps[order[1]] - gaps[order[0]] >= AHEAD_MARGIN_M else None
 
 
-def _straightest(road: Road, lane: int, options: tuple[int, ...]) -> int:
-    """The option turning least from ``lane``'s end heading over its first :data:`STRAIGHT_WINDOW_M`."""
-    end = road.lengths[lane]
-    incoming = road.heading(lane, max(0.0, end - STRAIGHT_WINDOW_M / 4), end)
-    turns = [abs(float(np.angle(np.exp(1j * (road.heading(j, 0.0, STRAIGHT_WINDOW_M) - incoming)))))
-             for j in options]
-    return options[int(np.argmin(turns))]
-
-
-def _branch_points(road: Road, lane: int, start: float = 0.0) -> np.ndarray:
-    """The points of ``lane`` from ``start`` metres along it and of its straightest continuation, up to
-    :data:`ROUTE_HORIZON_M` of road."""
-    along = road.lane_along(lane)
-    parts = [np.concatenate([road.point_at(lane, start)[None], road.lane_points(lane)[along > start]])]
-    reach, hops = road.lengths[lane] - start, 0
-    while reach < ROUTE_HORIZON_M and road.next_lanes[lane] and hops < MAX_HOPS:
-        lane = _straightest(road, lane, road.next_lanes[lane])
-        parts.append(road.lane_points(lane))
+def _branch_points(road: Road, lane: int, start: float, budget: _Budget, visited: set[int] = frozenset()) -> np.ndarray:
+    """The points of ``lane`` from ``start`` metres along it and of its straightest continuation (no lane twice, none
+    ``visited``), up to :data:`ROUTE_HORIZON_M` of road."""
+    walked = {*visited, lane}
+    parts = [road.point_at(lane, start)[None], _lane_part(road, lane, start, start + ROUTE_HORIZON_M)]
+    reach = road.lengths[lane] - start
+    while reach < ROUTE_HORIZON_M and budget.take():
+        options = _options(road, lane, walked)
+        if not options:
+            break
+        lane = options[0]
+        walked.add(lane)
+        parts.append(_lane_part(road, lane, 0.0, ROUTE_HORIZON_M - reach))
         reach += road.lengths[lane]
-        hops += 1
     return np.concatenate(parts)
+
+
+def _lane_part(road: Road, lane: int, start: float, stop: float) -> np.ndarray:
+    """The points of ``lane`` after ``start`` up to ``stop`` metres along it."""
+    if start <= 0.0 and stop >= road.lengths[lane]:
+        return road.lane_points(lane)
+    along = road.lane_along(lane)
+    first, last = np.searchsorted(along, [start, stop], side="right")
+    return road.lane_points(lane)[first:last]
 
 
 def _mean_gap(points: np.ndarray, polyline: np.ndarray) -> float:
@@ -178,4 +244,5 @@ def _mean_gap(points: np.ndarray, polyline: np.ndarray) -> float:
     return float(gaps.min(axis=1).mean())
 
 
-__all__ = ["MAX_HEADING_RAD", "MAX_LANE_DISTANCE_M", "route_at", "routes_along"]
+__all__ = ["MAX_HEADING_RAD", "MAX_LANE_DISTANCE_M", "MIN_ROAD_AHEAD_M", "nearest_lane", "route_at", "routes_along",
+           "told_route_at", "told_routes_along"]

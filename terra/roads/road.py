@@ -7,9 +7,11 @@ direction; at construction it is checked (finite, at least two distinct points, 
 :data:`MAX_COORDINATE_M`; the road at most :data:`MAX_LANES` lanes and :data:`MAX_POINTS` points), each failure one
 :class:`TerraInputError` line, and resampled every ``spacing_m`` along its length (1 m: finer than any map's
 accuracy, coarse enough for maps of thousands of lanes). Where a lane states its successors (ids of the lanes it
-leads into) they are used; where it does not, it leads into every lane starting within :data:`CHAIN_GAP_M` of its
-end and heading within :data:`CHAIN_HEADING_RAD` of it. Road boundaries, where a source has them, are kept as given
-(checked like lanes): drawn, never followed.
+leads into; at most :data:`MAX_SUCCESSORS`) they are used; where it does not, it leads into every other lane starting
+within :data:`CHAIN_GAP_M` of its end and heading within :data:`CHAIN_HEADING_RAD` of it (more than
+:data:`MAX_STARTS_NEAR` lanes starting by one lane's end is refused); no lane leads into itself nor into one starting
+over half its length behind its end, and a lane's successors are kept straightest first. Road boundaries, where a
+source has them, are kept as given (checked like lanes): drawn, never followed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from terra.core.errors import TerraInputError, past
+from terra.core.errors import TerraInputError, past, quoted
 from terra.roads.cells import CellIndex
 
 LANE_SPACING_M = 1.0  # a lane's points after resampling
@@ -29,7 +31,10 @@ MAX_COORDINATE_M = 1e6  # |x|, |y|: a map is in a local frame (a clip's, a traje
 MIN_POINT_GAP_M = 0.01  # points closer than this to the one before are one point
 CHAIN_GAP_M = 1.5  # a lane without stated successors leads into lanes starting this close to its end ...
 CHAIN_HEADING_RAD = np.radians(30.0)  # ... heading within this of its end
-HEADING_WINDOW_M = 2.0  # a lane's start and end heading: its direction over this length
+HEADING_WINDOW_M = 2.0  # a lane's start and end heading, for chaining: its direction over this length
+STRAIGHT_WINDOW_M = 20.0  # a successor's turn: its heading over this much of it against its lane's over the last 1/4
+MAX_STARTS_NEAR = 256  # lanes starting by one lane's end (within about 4 m): a junction has tens
+MAX_SUCCESSORS = 64  # stated successors of one lane: a junction's lane leads into a few
 CELL_M = 8.0  # the cells of the lane index: more than follow.py's reach to a lane (4 m) plus a point's spacing
 
 
@@ -48,10 +53,10 @@ class Road:
     """Lane centrelines in one world frame, checked and resampled; what :func:`terra.roads.follow.route_at` follows.
 
     ``lanes`` are the resampled lanes (ids default to their index, sources to the road's), ``next_lanes[i]`` the
-    indices of the lanes lane ``i`` leads into, ``boundaries`` the road boundaries ``[M, 2]`` as given. Behind the
-    lookups, the lanes' points end to end: ``xy`` ``[P, 2]``, ``lane_of`` and ``along`` (a point's lane and arc
-    length in it), ``starts`` (lane ``i`` is ``xy[starts[i]:starts[i + 1]]``), ``lengths``, and ``cells``, the
-    index of the segments ``xy[j] -> xy[j + 1]`` for ``j`` in ``segment_starts``.
+    indices of the lanes lane ``i`` leads into, straightest first, ``boundaries`` the road boundaries ``[M, 2]`` as
+    given. Behind the lookups, the lanes' points end to end: ``xy`` ``[P, 2]``, ``lane_of`` and ``along`` (a point's
+    lane and arc length in it), ``starts`` (lane ``i`` is ``xy[starts[i]:starts[i + 1]]``), ``lengths``, and
+    ``cells``, the index of the segments ``xy[j] -> xy[j + 1]`` for ``j`` in ``segment_starts``.
     """
 
     def __init__(self, lanes: Sequence[Lane], boundaries: Sequence[np.ndarray] = (), source: str = "road",
@@ -66,7 +71,7 @@ class Road:
             raise TerraInputError(f"{source}: holds {given} points, more than {MAX_POINTS}; give the part of the map "
                                   "the drive uses")
         ids = [lane.id or str(i) for i, lane in enumerate(lanes)]
-        xy, lane_of = _polylines([lane.points for lane in lanes], [f"{source}: lane {i!r}" for i in ids])
+        xy, lane_of = _polylines([lane.points for lane in lanes], [f"{source}: lane {quoted(i)}" for i in ids])
         bxy, boundary_of = _polylines(list(boundaries), [f"{source}: road boundary {i}"
                                                          for i in range(len(boundaries))])
         self.boundaries = tuple(np.split(bxy, np.flatnonzero(np.diff(boundary_of)) + 1)) if len(bxy) else ()
@@ -178,33 +183,58 @@ def _direction(vector: np.ndarray) -> np.ndarray:
 
 
 def _connections(lanes: tuple[Lane, ...], curve: _Polylines, source: str) -> tuple[tuple[int, ...], ...]:
-    """Each lane's successors as lane indices: the stated ones (ids of lanes not on the road are dropped: a map cut
-    at its edge names lanes beyond it), else the lanes its end leads into by :data:`CHAIN_GAP_M` and
-    :data:`CHAIN_HEADING_RAD`, nearest first."""
+    """Each lane's successors as lane indices, straightest first (the least turn from the lane's last
+    ``STRAIGHT_WINDOW_M / 4`` to the successor's first :data:`STRAIGHT_WINDOW_M`): the stated ones (ids of lanes not
+    on the road are dropped: a map cut at its edge names lanes beyond it), else the lanes its end leads into by
+    :data:`CHAIN_GAP_M` and :data:`CHAIN_HEADING_RAD`; never the lane itself, nor one starting more than half the
+    lane's length behind its end (stacked lanes would lead a route back and forth)."""
     index: dict[str, int] = {}
     for i, lane in enumerate(lanes):
         if index.setdefault(lane.id, i) != i:
-            raise TerraInputError(f"{source}: two lanes have the id {lane.id!r}; give each lane its own id")
+            raise TerraInputError(f"{source}: two lanes have the id {quoted(lane.id)}; give each lane its own id")
     if not lanes:
         return ()
     every = np.arange(len(lanes))
-    window = np.minimum(HEADING_WINDOW_M, curve.lengths)
     begin, end = curve.at(every, np.zeros(len(lanes))), curve.at(every, curve.lengths)
+    for lane in lanes:
+        if lane.successors is not None and len(lane.successors) > MAX_SUCCESSORS:
+            raise TerraInputError(f"{source}: lane {quoted(lane.id)} states {len(lane.successors)} successors, more "
+                                  f"than {MAX_SUCCESSORS}; a lane leads into the few lanes that continue it")
+    unknown = np.flatnonzero([lane.successors is None for lane in lanes])
+    starts = CellIndex(begin, CHAIN_GAP_M)
+    crowded = np.flatnonzero(starts.counts(end[unknown]) > MAX_STARTS_NEAR)
+    if len(crowded):
+        lane = lanes[unknown[crowded[0]]]
+        raise TerraInputError(f"{source}: more than {MAX_STARTS_NEAR} lanes start by the end of lane "
+                              f"{quoted(lane.id)} (within {3 * CHAIN_GAP_M:g} m); a junction has tens: give each "
+                              "lane once")
+    lane, other = starts.pairs(end[unknown])
+    lane = unknown[lane]
+    window = np.minimum(HEADING_WINDOW_M, curve.lengths)
     start_heading = _direction(curve.at(every, window) - begin)
     end_heading = _direction(end - curve.at(every, curve.lengths - window))
-    unknown = np.array([lane.successors is None for lane in lanes])
-    lane, other = CellIndex(begin, CHAIN_GAP_M).pairs(end[unknown])
-    lane = every[unknown][lane]
     gap = np.hypot(*(begin[other] - end[lane]).T)
-    turn = np.abs(np.angle(np.exp(1j * (start_heading[other] - end_heading[lane]))))
-    joins = (gap < CHAIN_GAP_M) & (turn < CHAIN_HEADING_RAD)
-    lane, other, gap = lane[joins], other[joins], gap[joins]
-    order = np.lexsort((other, gap, lane))
+    joins = (gap < CHAIN_GAP_M) & (_turn(start_heading[other], end_heading[lane]) < CHAIN_HEADING_RAD)
+    stated = [(i, index[s]) for i, lane in enumerate(lanes) if lane.successors is not None
+              for s in lane.successors if s in index]
+    stated_lane, stated_other = np.array(stated, dtype=np.int64).reshape(-1, 2).T
+    lane, other = np.concatenate([lane[joins], stated_lane]), np.concatenate([other[joins], stated_other])
+    back = np.einsum("ij,ij->i", begin[other] - end[lane], np.stack([np.cos(end_heading[lane]),
+                                                                      np.sin(end_heading[lane])], axis=-1))
+    forward = (lane != other) & (back > -curve.lengths[lane] / 2)  # a route never runs back over half a lane
+    lane, other = lane[forward], other[forward]
+    incoming = _direction(end - curve.at(every, curve.lengths - np.minimum(STRAIGHT_WINDOW_M / 4, curve.lengths)))
+    outgoing = _direction(curve.at(every, np.minimum(STRAIGHT_WINDOW_M, curve.lengths)) - begin)
+    order = np.lexsort((other, _turn(outgoing[other], incoming[lane]), lane))
     found: dict[int, list[int]] = {}
     for i, j in zip(lane[order].tolist(), other[order].tolist()):
         found.setdefault(i, []).append(j)
-    return tuple(tuple(dict.fromkeys(index[s] for s in lane.successors if s in index)) if lane.successors is not None
-                 else tuple(found.get(i, ())) for i, lane in enumerate(lanes))
+    return tuple(tuple(dict.fromkeys(found.get(i, ()))) for i in range(len(lanes)))
+
+
+def _turn(heading: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """|heading - reference| wrapped to [0, pi]."""
+    return np.abs(np.angle(np.exp(1j * (heading - reference))))
 
 
 __all__ = ["CHAIN_GAP_M", "CHAIN_HEADING_RAD", "LANE_SPACING_M", "MAX_COORDINATE_M", "MAX_LANES", "MAX_POINTS",

@@ -58,7 +58,8 @@ class Entry:
         session = self.session
         return {
             "id": session.id, "context": session.context.source, "num_context": session.num_context,
-            "route": session.route_source is not None, "route_source": session.route_source,
+            "route": session.route_source is not None and (any(session.routed) or not session.routed),
+            "route_source": session.route_source, "routed_steps": sum(session.routed),
             "frames": session.num_generated, "max_frames": session.max_frames,
             "seed": session.rollout.state.seed,
             "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),

@@ -58,6 +58,7 @@ class Session:
         self.queued_pose: Pose = self.pose_at(len(self.poses) - 1)  # after the last queued step: where its route is
         self.driver = KeyDriver(context.speed_kmh)
         self.created = time.time()
+        self.routed: list[bool] = []  # routed[k]: whether queued step k was told a route (a finite one)
 
     @property
     def num_context(self) -> int:
@@ -85,6 +86,7 @@ class Session:
         self.queued_pose = advance_pose(self.queued_pose, action)
         layout = self.host.layout
         route = self.context.routes(np.asarray(self.queued_pose), layout.route_tokens) if layout.route_model else None
+        self.routed.append(route is not None and bool(np.isfinite(route).all()))
         step = self.host.engine.step(self.rollout, action, self.sampling, route)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
         done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
@@ -118,12 +120,14 @@ class Session:
         twin = Session(self.host, rollout, self.context, self.sampling, self.poses[: rollout.state.next_frame
                                                                                  - rollout.state.num_context])
         twin.driver.speed_kmh, twin.driver.steer = self.driver.speed_kmh, self.driver.steer
+        twin.routed = self.routed[: len(twin.poses)]
         return twin
 
     def reset(self) -> None:
         """Back to the context frames; the same actions then give the same frames again."""
         self.host.engine.reset(self.rollout).result()
         self.poses.clear()
+        self.routed.clear()
         self.queued_pose = self.pose_at(-1)
         self.driver = KeyDriver(self.context.speed_kmh)
 

@@ -86,8 +86,8 @@ class PrepareSpec:
 
 @dataclass
 class PrepareSummary:
-    """What a run did: clips used (and of them, those with routes), skipped and found done, and the frames and clips
-    written per split."""
+    """What a run did: clips used, skipped and found done, the frames and clips written per split, and of the frames
+    written those told a route (by content: a finite route), where any clip had routes."""
 
     used: int = 0
     skipped: int = 0
@@ -95,12 +95,13 @@ class PrepareSummary:
     frames: int = 0
     train: int = 0
     val: int = 0
-    with_routes: int = 0
+    routed_frames: int = 0
+    any_routes: bool = False
 
     def line(self, index: ShardIndex, output: Path) -> str:
         """The closing line: this run's counts, then what the folder holds."""
         held = {split: sum(len(e.clips) for e in index.shards if e.split == split) for split in ("train", "val")}
-        routes = f"; {self.with_routes} with routes" if self.with_routes else ""
+        routes = f"; {self.routed_frames} of them with a route" if self.any_routes else ""
         return (f"{self.used} clips used ({self.train} train, {self.val} val; {self.frames} frames written{routes}), "
                 f"{self.skipped} skipped, {self.already_done} already done; {output} holds {held['train']} train "
                 f"and {held['val']} val clips in {len(index.shards)} shards")
@@ -205,7 +206,9 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
                 continue
             summary.used += 1
             summary.frames += len(codes)
-            summary.with_routes += routes is not None
+            if routes is not None:
+                summary.any_routes = True
+                summary.routed_frames += int(np.isfinite(routes).all(axis=(1, 2)).sum())
             clip, split = (folder.name, codes, actions, routes), splits[folder.name]
             if split == "train" and spec.val_fraction > 0:
                 if held is None or clip_score(clip[0]) < clip_score(held[0]):

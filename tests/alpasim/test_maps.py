@@ -367,3 +367,23 @@ def test_a_model_without_route_slots_does_not_read_the_map(caplog):
     assert len([r for r in caplog.records if "no route slots, so the HD map (9 bytes) is not read"
                 in r.getMessage()]) == 1
 
+
+
+def test_maps_of_stacked_or_finely_split_short_lanes_answer_each_chunk_within_a_second(recorded, scenarios):
+    """Maps that stalled a session for minutes (terra/roads/follow.py's branch search): 256 lanes of 1.2 m stacked
+    where the rig starts, and the rig's path split into lanes of 5 cm; each chunk is answered within a second."""
+    table, runtime = recorded
+    poses = drive_poses(scenarios[1])[:22]
+    start, heading = poses[0, :2], np.array([np.cos(poses[0, 2]), np.sin(poses[0, 2])])
+    stacked = Road([Lane(np.stack([start, start + 1.2 * heading]), f"s{i}") for i in range(256)])
+    along = np.concatenate([[0.0], np.cumsum(np.hypot(*np.diff(poses[:, :2], axis=0).T))])
+    s = np.arange(0.0, along[-1], 0.05)
+    path = np.stack([np.interp(s, along, poses[:, 0]), np.interp(s, along, poses[:, 1])], axis=-1)
+    split = Road([Lane(path[i:i + 2], f"p{i}") for i in range(len(path) - 1)])
+    for road in (stacked, split):
+        session = runtime.start(static_world_map=clipgt(road))
+        for chunk in chunked(poses):
+            begin = time.perf_counter()
+            runtime.chunk(session, chunk)
+            assert time.perf_counter() - begin < 1.0
+        runtime.close(session)

@@ -205,3 +205,24 @@ def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, 
     said = [line for line in capsys.readouterr().err.splitlines() if '"routes"' in line]
     assert said == ['terra-rollout: 2 sample(s): "routes" ([y, x] rows) is now "ego_routes" ([x, y] rows); the old '
                     "name goes in 0.2.0"]
+
+
+def test_a_samples_road_may_be_a_file_beside_the_samples(inputs, tmp_path, monkeypatch):
+    """``"road": "road.csv"`` (relative to the JSONL; a clipgt zip or folder, a road.json alike) is the road the
+    inline polyline gives; a road file that does not exist fails its sample alone, before the model loads."""
+    (inputs / "road.csv").write_text("x,y\n-20,0\n200,0\n")
+    samples = inputs / f"{tmp_path.name}.jsonl"  # beside the frames and the road
+    samples.write_text("".join(json.dumps({"sample_id": sid, "context": "clip/", "manoeuvre": "straight",
+                                           "road": road}) + "\n"
+                               for sid, road in (("file", "road.csv"), ("inline", [[-20, 0], [200, 0]]),
+                                                 ("missing", "nowhere.csv"))))
+    routes = record_request_routes(monkeypatch)
+    result = run_batch(BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"),
+                                   world_model=str(inputs / "route_model"), tokenizer=str(inputs / "tokenizer"),
+                                   backend="hf", device="cpu", num_threads=1, num_frames=NUM_FRAMES,
+                                   num_context=NUM_CONTEXT, progress=False, formats=("gif",)))
+    records = {r["sample_id"]: r for r in result.records}
+    assert records["file"]["status"] == records["inline"]["status"] == "ok"
+    np.testing.assert_array_equal(routes["file"], routes["inline"])
+    np.testing.assert_allclose(routes["file"][..., 1], np.broadcast_to(route_distances(4), (FRAMES, 4)), atol=1e-3)
+    assert records["missing"]["stage"] == "input" and "nowhere.csv: does not exist" in records["missing"]["error"]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from terra.closedloop.loop import drive_specs, run_drives
+from terra.closedloop.recording.files import drive_json
 from terra.closedloop.policies.builtin import policy_factories
 from terra.closedloop.scenario_maps import export_maps, map_path
 from terra.closedloop.scenarios import synthetic_scenarios
@@ -20,6 +21,7 @@ from terra.core.errors import TerraInputError
 from terra.generation.backends import model_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
+from terra.roads import Lane, Road, read_clipgt, write_clipgt
 from terra.tokenizer.lfq import LFQTokenizer
 from tests.closedloop.conftest import drive_settings_of
 from tests.conftest import TINY_ROUTES, tiny_route_model
@@ -55,9 +57,9 @@ def maps(tmp_path_factory, single_thread):
     return folder
 
 
-def told(out, road: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """What the model world tells the model over a run of 2 scenarios x route_follower x STEPS steps (HF on CPU,
-    the tiny route model), with the ``road`` setting (the run's folder ``out``)."""
+def drive_with(out, road: str) -> tuple[TellingWorld, list]:
+    """A run of 2 scenarios x route_follower x STEPS steps (HF on CPU, the tiny route model) with the ``road``
+    setting (the run's folder ``out``): its world and drives."""
     settings = drive_settings_of(out, "num_scenarios=2", f"scenario_seed={SEED}", f"road={road}")
     scenarios = settings.scenarios.load((64, 64), num_context=2)
     world = TellingWorld(WorldModelPipeline(LFQTokenizer(TINY_TOKENIZER), model_backend(tiny_route_model())),
@@ -67,7 +69,29 @@ def told(out, road: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
     finally:
         world.shutdown()
     assert all(drive.error is None and drive.steps == STEPS for drive in drives)
-    return world.told
+    return world, drives
+
+
+def told(out, road: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """What the model world tells the model over :func:`drive_with`'s run."""
+    return drive_with(out, road)[0].told
+
+
+def test_maps_in_another_frame_are_recorded_as_telling_no_route(tmp_path, maps):
+    """The scenarios' own maps moved 500 m: no step has a lane near the car, and each drive's record says so by
+    content (before, ``"route": true, "route_source": "clipgt map"``)."""
+    far = tmp_path / "far"
+    far.mkdir()
+    for path in sorted((maps / "own").glob("*.zip")):
+        road = read_clipgt(path)
+        write_clipgt(Road([Lane(lane.points + [500.0, 0.0], lane.id, lane.successors) for lane in road.lanes]),
+                     far / path.name)
+    for out, road, routed in ((tmp_path / "far-run", far, 0), (tmp_path / "own-run", maps / "own", STEPS)):
+        for drive in drive_with(out, str(road))[1]:
+            record = drive_json(drive, {}, "", [])
+            assert (record["route"], record["route_source"], record["routed_steps"]) == (routed > 0, "clipgt map",
+                                                                                          routed)
+            assert record["route_told"] == [routed > 0] * STEPS
 
 
 def test_routes_from_exported_maps_are_the_scenes_within_5_cm(tmp_path, maps):

@@ -164,3 +164,57 @@ def test_each_bad_lane_given_directly_is_one_line(points, text):
 def test_two_lanes_of_one_id_are_refused():
     with pytest.raises(TerraInputError, match="two lanes have the id 'a'"):
         Road([Lane([[0.0, 0.0], [1.0, 0.0]], "a"), Lane([[0.0, 1.0], [1.0, 1.0]], "a")])
+
+
+FRAME_S = 0.05  # a frame's route on any map within the limits
+
+
+def stacked_lanes(count: int) -> Road:
+    """``count`` lanes of 1.2 m, all from (0, 0) along +x: each chains into every other."""
+    return Road([Lane(np.array([[0.0, 0.0], [1.2, 0.0]]), f"s{i}") for i in range(count)])
+
+
+def split_lanes(count: int, step_m: float) -> Road:
+    """One straight road along +x split into ``count`` lanes of ``step_m``: each chains into the ~1.5 / step_m
+    starting within the chain gap of its end, behind it as well as ahead."""
+    return Road([Lane(np.array([[i * step_m, 0.0], [(i + 1) * step_m, 0.0]]), f"p{i}") for i in range(count)])
+
+
+@pytest.mark.parametrize("road", [stacked_lanes(3), stacked_lanes(256), split_lanes(400, 0.05),
+                                  split_lanes(20_000, 0.02)], ids=["3_stacked", "256_stacked", "400_of_5_cm",
+                                                                   "20000_of_2_cm"])
+def test_a_hostile_map_within_the_limits_answers_each_frame_quickly_and_loops_nowhere(road):
+    poses = np.stack([np.linspace(0.1, 1.0, 10), np.zeros(10), np.zeros(10)], axis=-1)
+    start = time.perf_counter()
+    for t, pose in enumerate(poses):
+        route = route_at(road, pose, 8, poses[t + 1:])
+        assert np.isnan(route).all() or (route[:, 1] > 0.0).all(), route  # never a point behind the car
+    assert (time.perf_counter() - start) / len(poses) < FRAME_S
+
+
+def test_no_lane_leads_into_itself_nor_back_over_itself():
+    short, after = np.array([[0.0, 0.0], [1.2, 0.0]]), np.array([[1.2, 0.0], [50.0, 0.0]])
+    road = Road([Lane(short, "short"), Lane(short, "twin"), Lane(after, "after"), Lane(after + [0, 9], "own",
+                                                                                         ("own", "short", "after"))])
+    assert road.next_lanes == ((2,), (2,), (), ())
+    route = route_at(road, np.array([0.1, 0.0, 0.0]), 8)
+    np.testing.assert_allclose(route[:, 1], np.arange(10.0, 41.0, 10.0).tolist() + [49.9] * 4, atol=1e-4)
+
+
+def test_crowded_junctions_and_too_many_stated_successors_are_one_line():
+    with pytest.raises(TerraInputError, match=r"more than 256 lanes start by the end of lane 's0'"):
+        stacked_lanes(300)
+    lanes = [Lane(np.array([[0.0, 0.0], [1.2, 0.0]]), str(i), tuple(str(j) for j in range(65))) for i in range(65)]
+    with pytest.raises(TerraInputError, match=r"lane '0' states 65 successors, more than 64"):
+        Road(lanes)
+
+
+def test_user_text_is_quoted_at_most_200_characters():
+    huge = "L" * (20 * 2**20)  # a 20 MiB map id
+    data = archive({"lane.parquet": parquet([lane_row(huge, points([0, 10], [1, 1]),
+                                                      points([0, 10], [np.nan, -1]))])})
+    message = refused(data, "lane.right_rail", "not finite", "(20971520 characters)")
+    assert len(message) < 500, len(message)
+    with pytest.raises(TerraInputError) as err:
+        Road([Lane(np.array([[0.0, 0.0], [1.0, 0.0]]), huge), Lane(np.array([[0.0, 5.0]]), "x" * 300)])
+    assert len(str(err.value)) < 400 and "(300 characters)" in str(err.value)

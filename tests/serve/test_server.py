@@ -69,10 +69,12 @@ def test_rest_round_trip_fork_reset_video_and_frame_limit(client):
     assert set(first["timings"]) >= {"queue_s", "generate_s", "decode_s", "encode_s", "total_s"}
     second = client.post(f"/sessions/{sid}/step", json={"action": LEFT}).json()
     assert second["index"] == 1 and second["pose"][2] > first["pose"][2]  # turning left
-    assert client.get(f"/sessions/{sid}").json()["frames"] == 2
+    stepped = client.get(f"/sessions/{sid}").json()
+    assert (stepped["frames"], stepped["route"], stepped["routed_steps"]) == (2, True, 2)  # told at each step
 
     fork = client.post(f"/sessions/{sid}/fork")
     assert fork.status_code == 201 and fork.json()["frames"] == 2 and fork.json()["id"] != sid
+    assert fork.json()["routed_steps"] == 2
 
     assert client.post(f"/sessions/{sid}/reset").json()["frames"] == 0
     again = client.post(f"/sessions/{sid}/step", json={"action": STRAIGHT, "codes": True}).json()

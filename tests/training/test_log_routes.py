@@ -70,7 +70,8 @@ def logs_shards(tmp_path_factory) -> tuple[Path, Path]:
                            "device=cpu", "progress=false", "batch_size=8"], cwd=root, env=ENV, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert f"{CLIPS} clips used" in done.stdout and f"{CLIPS} with routes" in done.stdout, done.stdout
+    routed = f"{CLIPS * FRAMES} frames written; {CLIPS * FRAMES} of them with a route"
+    assert f"{CLIPS} clips used" in done.stdout and routed in done.stdout, done.stdout
     return root / "logs", root / "shards"
 
 
@@ -180,7 +181,7 @@ def test_each_clips_road_gives_its_frames_routes_and_a_clip_without_one_no_route
     write_clip(logs / "d-json", circle=True, road=("road.json", json.dumps(
         {"road": [[RADIUS * math.sin(a), RADIUS * (1 - math.cos(a))] for a in np.linspace(-0.2, 3.0, 600)]})))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert lines == [] and (summary.used, summary.with_routes) == (4, 3)
+    assert lines == [] and (summary.used, summary.routed_frames) == (4, 18)
     found = shard_clips(tmp_path / "shards")
     assert len(read_index(tmp_path / "shards").shards) == 1  # one shard mixes clips with and without routes
     ahead = route_distances(16)
@@ -201,7 +202,7 @@ def test_routes_driven_path_are_the_cars_own_path_ahead_and_none_past_the_record
     logs = tmp_path / "logs"
     write_clip(logs / "circle", seconds=8.35, circle=True, road=("road.csv", "x,y\n0,1e5\n1,1e5\n"))
     lines, summary = run_prepare(logs, tmp_path / "shards", "routes=driven_path")
-    assert lines == [] and summary.with_routes == 1
+    assert lines == [] and summary.routed_frames == 4
     routes = shard_clips(tmp_path / "shards")["circle"][1]
     phi = route_distances(16) / RADIUS
     expected = np.stack([RADIUS * (1 - np.cos(phi)), RADIUS * np.sin(phi)], axis=-1)
@@ -213,6 +214,17 @@ def test_routes_driven_path_are_the_cars_own_path_ahead_and_none_past_the_record
         run_prepare(logs, tmp_path / "shards")
     with pytest.raises(TerraInputError, match=r"^unknown routes 'map'; choose one of: road, driven_path$"):
         run_prepare(logs, tmp_path / "other", "routes=map")
+
+
+def test_routes_are_counted_by_frame_not_by_clip(tmp_path):
+    """Two clips recorded for 1 s: driven_path has 80 m ahead of no frame, so none is told a route, and the closing
+    line says so rather than "2 with routes"."""
+    logs = tmp_path / "logs"
+    for name in ("a", "b"):
+        write_clip(logs / name, frames=4, seconds=1.0)
+    lines, summary = run_prepare(logs, tmp_path / "shards", "routes=driven_path")
+    assert lines == [] and (summary.used, summary.frames, summary.routed_frames) == (2, 8, 0)
+    assert "8 frames written; 0 of them with a route)" in summary.line(read_index(tmp_path / "shards"), tmp_path)
 
 
 def test_every_bad_road_is_one_line_naming_the_clip_and_the_file(tmp_path):
@@ -228,7 +240,7 @@ def test_every_bad_road_is_one_line_naming_the_clip_and_the_file(tmp_path):
     np.save(logs / "f-actions" / "trajectory.npy", np.zeros((6, 6, 3), dtype=np.float32))
     write_clip(logs / "g-good", road=("road.csv", "x,y\n0,0\n100,0\n"))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert (summary.used, summary.skipped, summary.with_routes) == (1, 6, 1)
+    assert (summary.used, summary.skipped, summary.routed_frames) == (1, 6, 6)
     expected = [
         "skipped clip a-nan: road.json: road[1][1]: must be a number (y, metres), got '1' (a string)",
         "skipped clip b-far: road.csv: no frame of the clip has a lane within 4 m of the car heading within 60 "
@@ -255,6 +267,65 @@ def test_a_road_inside_a_clips_trajectory_file_is_refused_not_dropped(tmp_path):
                                                                    "road": [[0, 0], [100, 0]]}))
     write_clip(logs / "b-good", road=("road.csv", "x,y\n0,0\n100,0\n"))
     lines, summary = run_prepare(logs, tmp_path / "shards")
-    assert (summary.used, summary.skipped, summary.with_routes) == (1, 1, 1)
+    assert (summary.used, summary.skipped, summary.routed_frames) == (1, 1, 6)
     assert len(lines) == 1 and lines[0].startswith("skipped clip a-inline: ") and "carries 'road'" in lines[0] \
         and "road.json, road.csv or clipgt/" in lines[0], lines
+
+
+def clipgt_with_rails(tmp_path: Path, layout) -> bytes:
+    """AlpaSim's map of one lane along +x under the car, its rails stored as the Arrow list ``layout`` (parquet keeps
+    list, large_list and fixed_size_list)."""
+    import io
+    import zipfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    point = pa.struct([("x", pa.float64()), ("y", pa.float64()), ("z", pa.float64())])
+    rails = [pa.array([[{"x": -20.0, "y": side, "z": 0.0}, {"x": 400.0, "y": side, "z": 0.0}]],
+                      type=pa.list_(point)).cast(layout(point)) for side in (1.75, -1.75)]
+    table = pa.table({"lane": pa.StructArray.from_arrays(rails, names=["left_rail", "right_rail"])})
+    buffer, out = io.BytesIO(), io.BytesIO()
+    pq.write_table(table, buffer)
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("lane.parquet", buffer.getvalue())
+    return out.getvalue()
+
+
+def test_a_road_with_a_byte_order_mark_or_rails_in_any_arrow_list_layout_gives_routes(tmp_path):
+    import pyarrow as pa
+
+    logs = tmp_path / "logs"
+    write_clip(logs / "a-csv-bom", road=("road.csv", b"\xef\xbb\xbfx,y\n-10,0\n500,0\n"))
+    write_clip(logs / "b-json-bom", road=("road.json", b"\xef\xbb\xbf" + b'{"road": [[-10, 0], [500, 0]]}'))
+    layouts = {"list": pa.list_, "large_list": pa.large_list, "fixed_size_list": lambda t: pa.list_(t, 2)}
+    for name, layout in layouts.items():
+        write_clip(logs / f"c-{name}", road=("clipgt.zip", clipgt_with_rails(tmp_path, layout)))
+    lines, summary = run_prepare(logs, tmp_path / "shards")
+    assert lines == [] and (summary.used, summary.routed_frames) == (5, 30), lines
+    for name, (_, routes) in shard_clips(tmp_path / "shards").items():
+        np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3, err_msg=name)  # the lane under the car
+        np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
+
+
+def test_stacked_and_finely_split_short_lanes_are_read_quickly_and_never_lead_a_route_back(tmp_path):
+    """Maps that took minutes a clip: 200 lanes of 1.2 m stacked where the car starts (a road that ends there) and a
+    road split into 2,000 lanes of 5 cm (past a route's 256 lanes): one line each; split into lanes of 50 cm, every
+    frame's route runs straight ahead."""
+    import time
+
+    logs = tmp_path / "logs"
+    stacked = [[[0, 0], [1.2, 0]]] * 200
+    write_clip(logs / "a-stacked", road=("road.json", json.dumps({"road": stacked})))
+    for name, step in (("b-5cm", 0.05), ("c-50cm", 0.5)):
+        split = [[[step * i, 0], [step * (i + 1), 0]] for i in range(int(200 / step))]
+        write_clip(logs / name, road=("road.json", json.dumps({"road": split})))
+    start = time.perf_counter()
+    lines, summary = run_prepare(logs, tmp_path / "shards")
+    assert time.perf_counter() - start < 30.0
+    assert lines == [f"skipped clip {name}: road.json: road: the road ends within 40 m ahead of every frame of the "
+                     "clip that lies on a lane, so no frame has a route; give the road ahead of the drive"
+                     for name in ("a-stacked", "b-5cm")]
+    routes = shard_clips(tmp_path / "shards")["c-50cm"][1]
+    np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
+    np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3)

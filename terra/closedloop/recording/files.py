@@ -4,8 +4,9 @@ Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the contex
 generated frames), ``<drive id>.png`` (the drive from above: road, told route, driven path) and ``<drive id>.json``
 (scenario, policy, world, vehicle, seed, status and the one-line reason of
 a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
-drive), whether the world model was told a route and from where (``route``, ``route_source``: ``scene``,
-``clipgt map``, a route control's road; null when none), plans, actions, poses, speeds, policy times, metrics,
+drive), whether the world model was told a route at any step, where from and at which steps, by content (``route``,
+``route_source``: ``scene``, ``clipgt map``, a route control's road, null when none; ``routed_steps``, ``route_told``
+a flag a step), plans, actions, poses, speeds, policy times, metrics,
 fingerprint), written atomically, the JSON last
 (strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
 ``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
@@ -119,7 +120,8 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
         "status": "ok" if drive.ok else "failed",
         "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
         "num_context": drive.num_context, "steps": drive.steps,
-        "route": drive.route_source is not None, "route_source": drive.route_source,
+        "route": bool(drive.routed) and any(drive.routed), "route_source": drive.route_source,
+        "routed_steps": None if drive.routed is None else sum(drive.routed), "route_told": drive.routed,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
         "poses": np.round(np.array(drive.poses), 4).tolist(),
@@ -135,7 +137,7 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
     return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world,
             "vehicle": vehicle, "seed": None,
             "status": "failed", "stage": "world", "error": error, "warnings": [], "num_context": 0, "steps": 0,
-            "route": False, "route_source": None,
+            "route": False, "route_source": None, "routed_steps": None, "route_told": None,
             "frames": 0, "files": [], "metrics": {}, "plans": [], "actions": [], "poses": [], "world_poses": [],
             "speeds_mps": [], "policy_s": [], "fingerprint": None, "complete": False}
 

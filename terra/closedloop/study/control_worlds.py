@@ -307,6 +307,9 @@ class ModelControlWorld:
     def route_source(self, drive) -> str | None:
         return self.model.route_source(drive)
 
+    def routed_steps(self, drive) -> list[bool] | None:
+        return self.model.routed_steps(drive)
+
     def close(self, drive) -> None:
         self.model.close(drive)
 
