@@ -65,9 +65,9 @@ class RecordingEngine:
     def open(self, codes, actions, max_frames, seed=None, overlap=0, routes=None):
         return SimpleNamespace(context_routes=routes, routes=[])
 
-    def step(self, rollout, action, sampling, route=None) -> Future:
-        rollout.routes.append(route)
-        return self._done(SimpleNamespace(codes=np.zeros(self.cells, np.int64)))
+    def steps(self, rollout, actions, sampling, routes=None) -> Future:
+        rollout.routes.extend(routes or [None] * len(actions))
+        return self._done([SimpleNamespace(codes=np.zeros(self.cells, np.int64)) for _ in actions])
 
     def close_rollout(self, rollout) -> Future:
         return self._done(None)
