@@ -12,7 +12,7 @@ so a chunk that ends before the branches part follows the straightest.
 Only a model with route slots reads the map; a model without them ignores it (one log line a session). No map
 (empty bytes), a map without lanes, or a car with no lane near it (terra/roads/follow.py's bounds), runs without a
 route: the contract's "no route" rows (terra/contract/routes.py), and one log line a session says so. The memory a
-map's reading freed is given back to the system once it is read (:func:`give_back_memory`).
+map's reading freed is released to the system once it is read (:func:`release_map_memory`).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class SessionMap:
         return routes
 
 
-def give_back_memory() -> None:
-    """Hand the memory a map's reading freed back to the system: Arrow's pool keeps it for its next tables, and
+def release_map_memory() -> None:
+    """Return the memory a map's reading freed to the system: Arrow's pool keeps it for its next tables, and
     glibc's heap the Python objects' (a long-running server would hold a map's peak for every later session)."""
     import sys
 
@@ -73,7 +73,7 @@ def give_back_memory() -> None:
         sys.modules["pyarrow"].default_memory_pool().release_unused()
     try:
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator gives back on its own terms
+    except (OSError, AttributeError):  # not glibc: its allocator releases memory on its own terms
         pass
 
 
@@ -92,7 +92,7 @@ def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
     try:
         road = read_clipgt(data, MAP_FIELD)
     finally:
-        give_back_memory()
+        release_map_memory()
     seconds = time.perf_counter() - start
     if not len(road):
         log.info("session %s: the HD map (%d bytes) holds no lanes: the model runs without a route", session_id,
