@@ -128,9 +128,10 @@ def _read_sidecar(path: Path) -> dict | None:
     return sidecar if isinstance(sidecar, dict) else None
 
 
-def is_complete(item: Item) -> tuple[bool, dict | None, str | None]:
-    """``(complete, sidecar, why)``: the sidecar exists with this item's fingerprint and every file it lists is as it
-    was written (its size and hash); else ``why`` an earlier output is made again (None: there was none)."""
+def is_complete(item: Item, out: Path) -> tuple[bool, dict | None, str | None]:
+    """``(complete, sidecar, why)``: the sidecar exists with this item's fingerprint and every file it lists (by its
+    name in ``out``, the output folder) is as it was written (its size and hash); else ``why`` an earlier output is
+    made again (None: there was none)."""
     sidecar = _read_sidecar(item.sidecar) if item.sidecar.is_file() else None
     if sidecar is None:
         return False, None, None
@@ -140,8 +141,8 @@ def is_complete(item: Item) -> tuple[bool, dict | None, str | None]:
     if batch.get("fingerprint") != item.fingerprint:
         return False, sidecar, changed_inputs(batch.get("inputs"), item.made_from)
     listed = sidecar.get("files")
-    if not whole_files(item.sidecar.parent, listed, batch.get("file_digests")) or not all(
-            os.path.relpath(path, item.sidecar.parent) in listed for path in item.targets if path != item.sidecar):
+    if not whole_files(out, listed, batch.get("file_digests")) or not all(
+            os.path.relpath(path, out) in listed for path in item.targets if path != item.sidecar):
         return False, sidecar, "its files are not whole"
     return True, sidecar, None
 
@@ -207,7 +208,7 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
         try:
             files = sample_files(sample, config)
             item.made_from = made_from(config, sample, seed, num_frames, input_digests(files), checkpoints)
-            complete, old, why = is_complete(item) if config.resume else (False, None, None)
+            complete, old, why = is_complete(item, Path(config.output_dir)) if config.resume else (False, None, None)
             if not complete:
                 inputs, final = check_inputs(sample, config, files, num_frames, route_tokens)
                 check_outputs(item, config, listed)

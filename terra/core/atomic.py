@@ -173,7 +173,7 @@ def written(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, list]:
     root, sizes = Path(folder), {}
     for name in names:
         path = root / name
-        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
             with open(file, "rb") as fh:
                 sizes[file.relative_to(root).as_posix()] = [os.fstat(fh.fileno()).st_size,
                                                             hashlib.file_digest(fh, "sha256").hexdigest()]

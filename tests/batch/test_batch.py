@@ -375,8 +375,9 @@ def test_a_kept_sample_cut_short_or_swapped_is_made_again(tmp_path, scenes, demo
     samples = tmp_path / "samples.jsonl"
     samples.write_text("\n".join(terra_line(scenes, f"s{i}") for i in range(2)) + "\n")
     config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"],
-                         backend="hf", num_frames=1, num_context=NUM_CONTEXT, progress=False)
+                         backend="hf", num_frames=1, num_context=NUM_CONTEXT, progress=False, formats=("mp4", "png"))
     assert run_batch(config, pipeline=demo_pipeline).counts["ok"] == 2
+    assert run_batch(config, pipeline=demo_pipeline).counts["skipped"] == 2  # whole: kept, PNG folders too
     first, second = tmp_path / "out" / "s0.mp4", tmp_path / "out" / "s1.mp4"
     whole = second.read_bytes()
     first.write_bytes(first.read_bytes()[:64])
