@@ -88,9 +88,9 @@ def test_a_batch_checks_its_settings_and_takes_its_lock_once(tmp_path, scenes, d
                terra.config.files.file_digest) as counts:
         result = run_batch(config, pipeline=demo_pipeline)
     assert result.counts["ok"] == 2
-    # the world model digested once for the run (config.json and model.safetensors), each context image once
+    # the world model (its 3 files) and the tokenizer (2) digested once for the run, each context image once
     assert counts == {"check_config": 1, "_acquire": 1, "sample_inputs": 2, "validate_actions": 2,
-                      "checkpoint_digest": 1, "file_digest": 2 + 2 * NUM_CONTEXT}
+                      "checkpoint_digest": 2, "file_digest": 3 + 2 + 2 * NUM_CONTEXT}
 
 
 def test_terra_rollout_checks_its_settings_and_checkpoint_folders_once(tmp_path):

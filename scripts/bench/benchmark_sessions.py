@@ -33,9 +33,13 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import exit_2_on_input_error, run_threads  # noqa: E402
+from bench.lib.cli import (  # noqa: E402
+    DRAFT_TOKENS, Parser, check_output, device_name, existing, exit_2_on_input_error, in_range, listed, model_or,
+    run_threads)
 from bench.lib.models import dummy_weights_model  # noqa: E402
-from terra.config.backend import REQUEST_PATHS  # noqa: E402
+from terra.alpasim.settings import MAX_SESSIONS  # noqa: E402
+from terra.config.backend import DTYPES, REQUEST_PATHS  # noqa: E402
+from terra.config.checks import MAX_FRAMES  # noqa: E402
 from terra.config.assets import DEMO  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
@@ -53,39 +57,42 @@ from terra.session.context import SessionContext, builtin  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="demo", help="demo | terra (random weights) | tiny | a checkpoint folder")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: the demo tokenizer with --model demo)")
+    """The command line, each value in its range (scripts/bench/lib/cli.py): a bad one is one line and exit 2."""
+    parser = Parser("benchmark_sessions", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=model_or("demo", "terra", "tiny"), default="demo",
+                        help="demo | terra (random weights) | tiny | a checkpoint folder")
+    parser.add_argument("--tokenizer", type=existing("folder", "config.json"),
+                        help="tokenizer folder (default: the demo tokenizer with --model demo)")
     parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--sessions", default="1,4,8", help="comma-separated session counts")
-    parser.add_argument("--frames", type=int, default=6, help="frames each session steps")
-    parser.add_argument("--num-context", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--device", type=device_name, default="auto")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--sessions", type=listed(in_range(int, 1, MAX_SESSIONS)), default="1,4,8",
+                        help="comma-separated session counts")
+    parser.add_argument("--frames", type=in_range(int, 1, MAX_FRAMES), default=6, help="frames each session steps")
+    parser.add_argument("--num-context", type=in_range(int, 1, MAX_FRAMES), default=3)
+    parser.add_argument("--temperature", type=in_range(float, 0, 100), default=1.0)
     parser.add_argument("--decoding", default="auto", choices=("auto", "sequential", "speculative"),
                         help="sampling.decoding (auto: as terra-serve chooses it for the most sessions)")
-    parser.add_argument("--draft-tokens", type=int, default=32, help="sampling.draft_tokens of speculative decoding")
+    parser.add_argument("--draft-tokens", type=DRAFT_TOKENS, default=32,
+                        help="sampling.draft_tokens of speculative decoding")
     parser.add_argument("--batch", action="store_true", help="also run the same rollouts as one generate() call")
     parser.add_argument("--decode", action="store_true", help="decode every frame to RGB inside the step loop")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--max-num-seqs", type=int, help="vLLM: sequences per step (default: the largest N)")
+    parser.add_argument("--threads", type=in_range(int, 1, 1024), help="torch CPU threads (default: torch's)")
+    parser.add_argument("--max-num-seqs", type=in_range(int, 1, 4096),
+                        help="vLLM: sequences per step (default: the largest N)")
     parser.add_argument("--requests", choices=REQUEST_PATHS,
                         help="vLLM's request path (backend.options.requests; default per_frame)")
-    parser.add_argument("--block", type=int, default=0,
+    parser.add_argument("--block", type=in_range(int, 0, MAX_FRAMES), default=0,
                         help="long sessions: the mean step time and the memory of this process and its children (the "
                              "engine's) per block of this many frames, to see both stay flat as windows roll over")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
-    try:
-        args.sessions = [int(n) for n in args.sessions.split(",")]
-    except ValueError:
-        parser.error(f"--sessions must be comma-separated whole numbers (got {args.sessions!r})")
-    if min(args.sessions) < 1 or args.frames < 1 or args.num_context < 1:
-        parser.error("--sessions, --frames and --num-context must be at least 1")
     if args.requests and args.backend != "vllm":
         parser.error(f"--requests picks vLLM's request path; it needs --backend vllm (got {args.backend})")
+    with parser.one_line_errors():
+        if args.out is not None:
+            check_output(args.out, "--out")
     return args
 
 

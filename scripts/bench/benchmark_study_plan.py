@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             measured["still"] = timer.measure(drives, count, device=device)
     records = []
     for drive in truth:
-        content = drive_json(drive.finished(), metrics_of(drive), "", [])
+        content = drive_json(drive.finished(), metrics_of(drive), {}, [])
         content["fidelity"] = frame_measures.measure_frames(drive)
         records.append(json.loads(json_text(to_jsonable(content))))
     per_frame = {"truth": truth_s / frames, "render": render_s / frames,

@@ -9,13 +9,15 @@ between them. Each pose's route is ``routes_along`` (terra/roads/follow.py) over
 poses are the points known ahead, which choose the branch at a fork; beyond the chunk AlpaSim has decided nothing,
 so a chunk that ends before the branches part follows the straightest.
 
-Only a model with route slots reads the map; a model without them ignores it (one log line a session). A map
-without lanes, or a car with no lane near it (terra/roads/follow.py's bounds), runs without a route: the contract's
-"no route" rows (terra/contract/routes.py), and one log line a session says so.
+Only a model with route slots reads the map; a model without them ignores it (one log line a session). No map
+(empty bytes), a map without lanes, or a car with no lane near it (terra/roads/follow.py's bounds), runs without a
+route: the contract's "no route" rows (terra/contract/routes.py), and one log line a session says so. The memory a
+map's reading freed is released to the system once it is read (:func:`release_map_memory`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from dataclasses import dataclass
@@ -64,6 +66,19 @@ class SessionMap:
         return routes
 
 
+def release_map_memory() -> None:
+    """Return the memory a map's reading freed to the system: Arrow's pool keeps it for its next tables, and
+    glibc's heap the Python objects' (a long-running server would hold a map's peak for every later session)."""
+    import sys
+
+    if "pyarrow" in sys.modules:
+        sys.modules["pyarrow"].default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator releases memory on its own terms
+        pass
+
+
 def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
     """The map of a session whose model has ``route_tokens`` route slots, from ``hdmap_parquets`` ``data``; a map
     that cannot be read raises one :class:`~terra.core.errors.TerraInputError` line naming the element and the
@@ -72,8 +87,14 @@ def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
         log.info("session %s: the world model has no route slots, so the HD map (%d bytes) is not read",
                  session_id, len(data))
         return SessionMap(session_id, None, 0)
+    if not data:
+        log.info("session %s: no HD map (%s is empty): the model runs without a route", session_id, MAP_FIELD)
+        return SessionMap(session_id, None, route_tokens)
     start = time.perf_counter()
-    road = read_clipgt(data, MAP_FIELD)
+    try:
+        road = read_clipgt(data, MAP_FIELD)
+    finally:
+        release_map_memory()
     seconds = time.perf_counter() - start
     if not len(road):
         log.info("session %s: the HD map (%d bytes) holds no lanes: the model runs without a route", session_id,

@@ -10,7 +10,8 @@ tokenizer). The clip layout, timestamps, resampling, actions and split rule are 
 each frame's route, from a clip's road (``road.json``, ``road.csv``, ``clipgt/``, ``clipgt.zip``) or with
 ``routes=driven_path`` from the car's own path, terra/inputs/log_routes.py's; the shard format
 terra/training/shards.py's. Rerunning the same command resumes: clips already in
-``index.json`` are skipped. A clip that cannot be used is one line on stderr and the run goes on.
+``index.json`` are skipped, unless their folder, the tokenizer or the settings changed or their shard is not
+whole: those are made again, said in one line. A clip that cannot be used is one line on stderr and the run goes on.
 
 It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
 torch is imported and before anything is written; Ctrl-C or SIGTERM keep the shards written so far (exit 130 /
@@ -47,12 +48,23 @@ def _main(cfg: DictConfig) -> None:
         from terra.core.device import resolve_device, set_threads
         from terra.core.progress import Progress
         from terra.tokenizer import load_tokenizer
-        from terra.training.prepare_logs import assign_splits, open_index, prepare_shards
+        from terra.config.files import checkpoint_digest
+        from terra.config.spec import redone_line
+        from terra.training.prepare_logs import assign_splits, clip_inputs, clips_to_redo, open_index, prepare_shards
+        from terra.training.shards import drop_clips
 
         set_threads(spec.num_threads)
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
-        index = open_index(spec, tokenizer)
-        # 3. the clips: those the index lists are done; each new one gets its split
+        index, damaged = open_index(spec, tokenizer)
+        # 3. the clips: those the index lists, whole and made from the same inputs, are done; each other one gets
+        # its split
+        made_of = checkpoint_digest(spec.tokenizer)
+        inputs = {folder.name: clip_inputs(spec, folder, made_of) for folder in spec.clips}
+        redo = clips_to_redo(index, damaged, inputs)
+        if redo:
+            tqdm.write(f"{PROG}: {redone_line(redo.values(), 'clip')}", file=sys.stderr)
+        if redo or damaged:
+            drop_clips(spec.output.path, index, set(redo), damaged)
         done = index.clip_ids()
         todo = [folder for folder in spec.clips if folder.name not in done]
         splits = assign_splits([folder.name for folder in todo], spec.val_fraction)
@@ -61,7 +73,7 @@ def _main(cfg: DictConfig) -> None:
         frames = Progress(None, "frames tokenized", "frame", enabled=spec.progress, lines=False, position=1)
         summary = prepare_shards(spec, tokenizer, index, bar.counted(todo), splits,
                                  report=lambda line: tqdm.write(f"{PROG}: {line}", file=sys.stderr),
-                                 on_frames=frames.update)
+                                 on_frames=frames.update, inputs=inputs)
         frames.close()
         bar.close()
     # 5. the summary

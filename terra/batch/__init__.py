@@ -43,9 +43,10 @@ Outputs (under ``output_dir``)
   ``num_frames=44`` with 3 context frames); overlays stay off for scoring. ``png`` writes a folder
   ``<stem>_frames/``.
 * Sidecar: ``sidecar_pattern`` (default ``{sample_id}.json``), :func:`terra.decoder.write_sidecar` plus a ``batch``
-  block (fingerprint of the sample's line, the content of the files it reads, the world model's config and weights
-  and the generation settings: terra/batch/plan.py). It is written last: a sample is complete when its sidecar
-  exists, carries the same fingerprint and every file it lists exists. All writes are atomic
+  block (what shaped the sample, by part: the world model's and tokenizer's config and weights, the content of the
+  files it reads, its line and the generation settings, and their fingerprint: terra/batch/plan.py; each file's size
+  and hash). It is written last: a sample is complete when its sidecar exists, carries the same fingerprint and
+  every file it lists is as written. All writes are atomic
   (temporary file + rename); temporary files left by a killed run are removed when the sample is planned again.
 * Manifest: ``manifest.jsonl`` (``manifest.shard-<i>-of-<n>.jsonl`` when sharded), rewritten by every run, one
   record per sample as it finishes: ``sample_id``, ``line``, ``file``, ``status`` (``ok`` | ``failed`` |
@@ -77,10 +78,11 @@ a shared folder, as must the images. ``shard_index``/``num_shards`` split the in
 ``num_shards`` (every line in exactly one shard, malformed ones included) for runs split by hand.
 
 A rerun redoes a finished sample whose inputs changed: its line, a context image or video, its trajectory file
-(routes included), or the world model (other config or weights, in whatever folder; digested once per run, about
-a second a gigabyte). The tokenizer folder is not part of the fingerprint: use a new ``output_dir``
-(or ``resume=False``) for another tokenizer. The model's ``zero_embed_code_0`` and the tokenizer's ``resize``
-(``conf/model``, ``conf/tokenizer``) are part of the fingerprint: changing them regenerates finished samples.
+(routes included), the world model or the tokenizer (other config or weights, in whatever folder; digested once
+per run, about a second a gigabyte). A kept sample's files are checked against the sizes and hashes its sidecar
+recorded when they were written: one cut short or swapped is made again. The model's ``zero_embed_code_0`` and
+the tokenizer's ``resize`` (``conf/model``, ``conf/tokenizer``) are part of the fingerprint: changing them
+regenerates finished samples.
 
 Modules: :mod:`~terra.batch.config` (settings and their checks), :mod:`~terra.batch.samples` (a sample's inputs
 checked, shards; its JSONL line is read by :mod:`terra.inputs.samples`), :mod:`~terra.batch.plan` (output files,
@@ -109,7 +111,7 @@ _HOMES = {
     "read_manifest": "terra.config.manifest",
     "BatchPlan": "terra.batch.plan",
     "Item": "terra.batch.plan",
-    "fingerprint": "terra.batch.plan",
+    "made_from": "terra.batch.plan",
     "is_complete": "terra.batch.plan",
     "plan_batch": "terra.batch.plan",
     "remove_stale_temporaries": "terra.batch.plan",

@@ -1,10 +1,11 @@
 """Planning a batch run: each sample's output files and fingerprint, which samples are already complete
 (resume), and the temporary files a killed run left behind.
 
-A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists exists. The
-fingerprint covers what the sample reads: its line, the content of every file it names (context images and videos,
-trajectory file: terra/batch/samples.py, ``sample_files``), the world model (its config and weights, digested once
-per run) and the settings that shape its outputs; so a rerun redoes a sample whose inputs or model changed.
+A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists is as written.
+The fingerprint covers what the sample reads: its line, the content of every file it names (context images and
+videos, trajectory file: terra/batch/samples.py, ``sample_files``), the world model and tokenizer (config and
+weights, digested once per run) and the settings that shape its outputs; so a rerun redoes a sample whose inputs or
+model changed, and says why.
 Every sample still to run has its inputs checked here (terra/batch/samples.py: ``check_inputs``) and its file
 names fitted to the file system, so a bad sample is recorded as failed before the model loads.
 """
@@ -22,8 +23,9 @@ from terra.batch.samples import check_inputs, in_shard, input_digests, sample_fi
 from terra.config.checks import shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, checkpoint_digest, load_json
 from terra.config.output_dir import check_output_names
+from terra.config.spec import changed_inputs
 from terra.config.spec import fingerprint as spec_fingerprint
-from terra.core.atomic import marked, remove_abandoned, temporary_target
+from terra.core.atomic import marked, remove_abandoned, temporary_target, whole_files
 from terra.core.errors import TerraInputError
 from terra.inputs.requests import RolloutInputs
 from terra.inputs.samples import Sample, read_samples
@@ -40,9 +42,14 @@ class Item:
     videos: dict[str, Path]  # format -> file (png: folder)
     sidecar: Path
     codes: Path | None
-    fingerprint: str = ""  # set once its input files are read (a sample whose files cannot be read has none)
+    made_from: dict[str, str] = field(default_factory=dict)  # what shapes its outputs, by part (:func:`made_from`),
+    # set once its input files are read (a sample whose files cannot be read has none)
     inputs: RolloutInputs | None = None  # actions and routes, built when planned (None: a video context, whose
     # frames count when read)
+
+    @property
+    def fingerprint(self) -> str:
+        return spec_fingerprint(self.made_from)
 
     @property
     def targets(self) -> list[Path]:
@@ -60,7 +67,7 @@ class BatchPlan:
     skipped: list[dict]  # manifest records of complete samples
     failed: list[dict]  # manifest records of malformed/invalid lines and unusable outputs
     items: list[Item] = field(default_factory=list)  # every valid sample of this shard (to run or complete)
-    stale: int = 0  # samples with an earlier sidecar that is outdated (other settings) or lacks files: rerun
+    redone: list[str] = field(default_factory=list)  # why each sample with an earlier, outdated or cut output is rerun
     unused_routes: int = 0  # samples to run that carry routes, which a model without route slots does not take
     old_routes: int = 0  # samples to run that give routes under their old name, "routes" ([y, x] rows)
 
@@ -99,15 +106,17 @@ def _outputs(config: BatchSpec, sample: Sample) -> tuple[dict[str, Path], Path, 
     return videos, sidecar, codes
 
 
-def fingerprint(config: BatchSpec, sample: Sample, seed: int, num_frames: int, inputs: Sequence[str],
-                model: str) -> str:
-    """The fingerprint (terra/config/spec.py) of the sample's record, the digests of the files it reads (``inputs``:
-    terra/batch/samples.py, ``input_digests``), the world model's (``model``: terra/config/files.py,
-    ``checkpoint_digest``) and the settings that shape its outputs."""
+def made_from(config: BatchSpec, sample: Sample, seed: int, num_frames: int, inputs: Sequence[str],
+              checkpoints: dict[str, str]) -> dict[str, str]:
+    """What shapes a sample's outputs, by part (terra/config/spec.py, ``INPUT_NAMES``): the checkpoints' digests
+    (``checkpoints``: terra/config/files.py, ``checkpoint_digest``), the digests of the files it reads (``inputs``:
+    terra/batch/samples.py, ``input_digests``), and the fingerprint of its record and the settings that shape its
+    outputs; its fingerprint is theirs (terra/config/spec.py)."""
     root = None if config.image_root is None else os.path.realpath(os.path.expanduser(config.image_root))
-    return spec_fingerprint({"record": sample.record, "seed": seed, "num_frames": num_frames, "inputs": list(inputs),
-                             "world_model": model, "image_root": root,  # a path as resolved
-                             **config.generation_settings()})
+    return {**checkpoints, "sample": spec_fingerprint(list(inputs)),
+            "settings": spec_fingerprint({"record": sample.record, "seed": seed, "num_frames": num_frames,
+                                          "image_root": root,  # a path as resolved
+                                          **config.generation_settings()})}
 
 
 def _read_sidecar(path: Path) -> dict | None:
@@ -119,26 +128,23 @@ def _read_sidecar(path: Path) -> dict | None:
     return sidecar if isinstance(sidecar, dict) else None
 
 
-def is_complete(item: Item) -> tuple[bool, dict | None]:
-    """``(complete, sidecar)``: the sidecar exists with this item's fingerprint and every file it lists exists."""
+def is_complete(item: Item, out: Path) -> tuple[bool, dict | None, str | None]:
+    """``(complete, sidecar, why)``: the sidecar exists with this item's fingerprint and every file it lists (by its
+    name in ``out``, the output folder) is as it was written (its size and hash); else ``why`` an earlier output is
+    made again (None: there was none)."""
     sidecar = _read_sidecar(item.sidecar) if item.sidecar.is_file() else None
     if sidecar is None:
-        return False, None
+        return False, None, None
     batch = sidecar.get("batch") or {}
-    if batch.get("fingerprint") != item.fingerprint or not batch.get("complete"):
-        return False, sidecar
-    out = item.sidecar.parent
-    frames = batch.get("frames")
-    for path in item.targets:
-        if path == item.sidecar:
-            continue
-        if path.is_dir():
-            if frames is not None and len(list(path.glob("frame_*.png"))) < frames:
-                return False, sidecar
-        elif not path.is_file() or path.stat().st_size == 0:
-            return False, sidecar
-    listed = [out / f for f in sidecar.get("files", [])]
-    return all(p.exists() for p in listed), sidecar
+    if not batch.get("complete"):
+        return False, sidecar, "it was not finished"
+    if batch.get("fingerprint") != item.fingerprint:
+        return False, sidecar, changed_inputs(batch.get("inputs"), item.made_from)
+    listed = sidecar.get("files")
+    if not whole_files(out, listed, batch.get("file_digests")) or not all(
+            os.path.relpath(path, out) in listed for path in item.targets if path != item.sidecar):
+        return False, sidecar, "its files are not whole"
+    return True, sidecar, None
 
 
 def top_names(item: Item, out: Path) -> set[str]:
@@ -184,7 +190,8 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
             owners.setdefault(key, sample)
     mine = [s for s in all_samples if in_shard(s.index, config.shard_index, config.num_shards)]
     listed = marked(Path(config.output_dir))  # what the toolkit wrote there: a sample may replace only that
-    model = checkpoint_digest(config.run.world_model)  # once per run: samples another model drew are made again
+    checkpoints = {"world_model": checkpoint_digest(config.run.world_model),  # once per run: samples another model
+                   "tokenizer": checkpoint_digest(config.run.tokenizer)}  # or tokenizer drew are made again
     result = BatchPlan(config, mine, [], [], [])
     for sample in mine:
         if sample.error is not None:
@@ -200,8 +207,8 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
         result.items.append(item)  # its temporaries are swept, whatever its inputs
         try:
             files = sample_files(sample, config)
-            item.fingerprint = fingerprint(config, sample, seed, num_frames, input_digests(files), model)
-            complete, old = is_complete(item) if config.resume else (False, None)
+            item.made_from = made_from(config, sample, seed, num_frames, input_digests(files), checkpoints)
+            complete, old, why = is_complete(item, Path(config.output_dir)) if config.resume else (False, None, None)
             if not complete:
                 inputs, final = check_inputs(sample, config, files, num_frames, route_tokens)
                 check_outputs(item, config, listed)
@@ -213,7 +220,7 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
                 os.path.relpath(item.sidecar, config.output_dir)]))
             continue
         item.inputs = inputs if final else None
-        result.stale += old is not None
+        result.redone += [why] if why else []
         result.unused_routes += inputs.unused_routes
         result.old_routes += inputs.old_routes
         result.to_run.append(item)

@@ -19,6 +19,7 @@ from terra.batch.progress import BatchProgress
 from terra.batch.stream import run_items
 from terra.config.checks import shown
 from terra.config.manifest import Manifest, count_statuses
+from terra.config.spec import redone_line
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.resolve import check_model
@@ -155,9 +156,8 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
         tqdm.write(f"terra-rollout: {the_plan.unused_routes} sample(s) carry routes; {UNUSED_ROUTES}", file=sys.stderr)
     if the_plan.old_routes:
         tqdm.write(f"terra-rollout: {the_plan.old_routes} sample(s): {MOVED_ROUTES}", file=sys.stderr)
-    if the_plan.stale:
-        tqdm.write(f"terra-rollout: {the_plan.stale} sample(s) have earlier outputs made with other settings, input "
-                   "files or world model, or with files missing; generating them again", file=sys.stderr)
+    if the_plan.redone:
+        tqdm.write(f"terra-rollout: {redone_line(the_plan.redone, 'sample')}", file=sys.stderr)
     progress = BatchProgress(the_plan.to_run, config.progress)
 
     def on_record(record: dict) -> None:
@@ -210,7 +210,7 @@ def _write_summary(config: BatchSpec, result: BatchResult, the_plan: BatchPlan) 
     summary = {
         "counts": result.counts, "samples": len(result.records), "seconds": round(result.seconds, 3),
         "mean_seconds_per_ok_sample": round(sum(r["seconds"] for r in ran) / len(ran), 3) if ran else None,
-        "shard_index": config.shard_index, "num_shards": config.num_shards, "replaced_stale": the_plan.stale,
+        "shard_index": config.shard_index, "num_shards": config.num_shards, "replaced_stale": len(the_plan.redone),
         "manifest": result.manifest.name, "exit_code": result.exit_code, "executor": config.executor,
         **({"interrupted_by": signal.Signals(result.interrupted_by).name} if result.interrupted_by else {}),
         **({"actors": result.per_actor} if config.executor == "ray" else {}),

@@ -18,7 +18,7 @@ from terra.batch.config import BatchSpec
 from terra.batch.manifest import sample_error, sample_record
 from terra.batch.prepared_sample import PreparedSample
 from terra.config.sampling import SamplingConfig
-from terra.core.atomic import atomic_path
+from terra.core.atomic import atomic_path, written
 from terra.decoder import write_sidecar
 from terra.generation.pass_stats import PassStats
 from terra.outputs import route_record, shown_frames, write_formats
@@ -89,8 +89,9 @@ class SampleWriter:
             **route_record(routes, prepared.route_source, len(codes), prepared.route_told),  # told, whence
             files=files, decoding=stats.as_dict(self.sampling),
             engine_options=pipeline.engine_options,  # as the engine ran (terra/generation/backends.py, engine_options)
-            batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint, "complete": True,
-                   "frames": int(len(codes))},
+            batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint,
+                   "inputs": item.made_from, "complete": True, "frames": int(len(codes)),
+                   "file_digests": written(out, files)},
         )
         return files + [os.path.relpath(item.sidecar, out)]
 

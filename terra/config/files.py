@@ -69,21 +69,46 @@ def open_input_file(path: str | os.PathLike, what: str, max_bytes: int) -> IO[by
     return os.fdopen(fd, "rb")
 
 
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}  # (path, device, inode, size, mtime_ns) -> SHA-256
+
+
 def file_digest(path: str | os.PathLike, what: str, max_bytes: int) -> str:
     """The SHA-256 (hex) of a regular file's content (opened as :func:`open_input_file` opens it): what a resume
-    fingerprint records of a file the output was made from, so a changed file makes the output again."""
+    fingerprint records of a file an output was made from, so a changed file makes the output again. Read once per
+    process while the file's size and modification time stay the same."""
     with open_input_file(path, what, max_bytes) as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+        info = os.fstat(fh.fileno())
+        key = (os.path.realpath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        if key not in _DIGESTS:
+            _DIGESTS[key] = hashlib.file_digest(fh, "sha256").hexdigest()
+        return _DIGESTS[key]
+
+
+def content_digest(paths: Sequence[str | os.PathLike], what: str, max_bytes: int = MAX_WEIGHTS_BYTES) -> str:
+    """sha256 (32 hex digits) of the names and contents of ``paths``: a file by its content, a folder by its visible
+    files (recursively, by their names inside it); a path that is neither (a Hub id) by its name."""
+    digest = hashlib.sha256()
+    for path in map(Path, paths):
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file()
+                           and not any(part.startswith(".") for part in p.relative_to(path).parts))
+            for file in files:
+                name = file.relative_to(path).as_posix()
+                digest.update(f"{name}\0{file_digest(file, what, max_bytes)}\n".encode())
+        elif path.is_file():
+            digest.update(f"{path.name}\0{file_digest(path, what, max_bytes)}\n".encode())
+        else:
+            digest.update(f"{path}\0\n".encode())
+    return digest.hexdigest()[:32]
 
 
 def checkpoint_digest(folder: str | os.PathLike) -> str:
-    """The SHA-256 (hex) over a checkpoint folder's ``config.json`` and weights (``*.safetensors``), their names and
-    content: what a resume fingerprint records of a model (terra/batch/plan.py), so that outputs of another model, or
-    of the same folder trained further, are made again. Read once per run, about a second a gigabyte on one core."""
-    folder = Path(folder)
-    files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
-    listing = "".join(f"{path.name}\0{file_digest(path, 'checkpoint file', MAX_WEIGHTS_BYTES)}\n" for path in files)
-    return hashlib.sha256(listing.encode()).hexdigest()
+    """What a resume fingerprint records of a checkpoint (:func:`content_digest` of the visible files at the top of
+    its folder, config and weights, or of the file), so that outputs of another model, or of the same folder trained
+    further, are made again. About a second a gigabyte on one core, once per process."""
+    root = Path(folder)
+    files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")) if root.is_dir() else [root]
+    return content_digest(files, "checkpoint file")
 
 
 def read_input_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> str:

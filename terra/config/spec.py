@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections import Counter
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig
 
@@ -80,12 +81,33 @@ class RunSpec:
                 **(refiner if self.decoder == "refiner" else {})}
 
 
+# the parts of what shapes an output, as a rerun names them
+INPUT_NAMES = {"world_model": "the world model", "tokenizer": "the tokenizer", "scenario": "the scenario's files",
+               "sample": "the sample's files", "clip": "the clip's files", "settings": "the settings"}
+
+
 def fingerprint(payload: Mapping[str, Any]) -> str:
     """The resume fingerprint of what shapes one output (a sample's, a drive's): sha256 of ``payload`` as sorted,
     compact JSON (a value JSON lacks as its ``str``), 32 hex digits. An output stored with the same fingerprint is
     complete and kept on resume."""
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def changed_inputs(kept: Any, inputs: Mapping[str, Any]) -> str:
+    """What a rerun says of an output made from ``kept`` (an earlier output's inputs, name -> digest or value) that
+    ``inputs`` no longer match: "the world model changed", naming every part (:data:`INPUT_NAMES`) that differs."""
+    if not isinstance(kept, Mapping):
+        return "it was made by another version"
+    names = [INPUT_NAMES.get(name, name) for name in inputs if kept.get(name) != inputs[name]]
+    return f"{' and '.join(names) or 'its inputs'} changed"
+
+
+def redone_line(reasons: Iterable[str], noun: str) -> str:
+    """How many outputs (``noun``: drive, clip) a rerun redoes and why, one line: "3 drives redone: the world model
+    changed" ("" when none)."""
+    counts = Counter(reasons)
+    return "; ".join(f"{n} {noun}{'s' * (n != 1)} redone: {why}" for why, n in counts.most_common())
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -37,7 +38,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from terra.core.errors import TerraInputError
 
@@ -164,6 +165,31 @@ def sweep_stale(folder: str | os.PathLike) -> None:
         match = _TEMPORARY.match(entry.name)
         if match and match["host"] == host and temporary_target(entry.name) in listed and _gone(int(match["pid"])):
             remove_abandoned(entry.path)
+
+
+def written(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, list]:
+    """Each file's ``[size, SHA-256]`` as written into ``folder`` (a folder's: its files', by name inside it): what
+    its record keeps, so that a rerun keeps only what :func:`whole_files` finds as written."""
+    root, sizes = Path(folder), {}
+    for name in names:
+        path = root / name
+        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+            with open(file, "rb") as fh:
+                sizes[file.relative_to(root).as_posix()] = [os.fstat(fh.fileno()).st_size,
+                                                            hashlib.file_digest(fh, "sha256").hexdigest()]
+    return sizes
+
+
+def whole_files(folder: str | os.PathLike, names: Any, kept: Any) -> bool:
+    """Whether ``folder`` holds every one of ``names`` (a list of names) as ``kept`` recorded it when written
+    (:func:`written`): a file cut short, swapped or missing, or a record that kept nothing, says no."""
+    if not isinstance(names, list) or not isinstance(kept, dict) or not all(isinstance(n, str) for n in names):
+        return False
+    try:
+        now = written(folder, names)
+    except OSError:
+        return False
+    return bool(now) == bool(names) and now == kept
 
 
 def _finite(value):

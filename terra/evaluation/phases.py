@@ -4,8 +4,8 @@ The phases run in order, each when the spec measures it: ``quality`` (frame qual
 (manoeuvre adherence). As a phase ends, its results go to ``<out_dir>/<phase>.json`` (written atomically:
 terra/core/atomic.py) with the inputs that shaped them, one value per name:
 
-* ``world_model``, ``tokenizer``: a sha256 of the checkpoint's files (:func:`checkpoint_digest`: its config and
-  weights): a checkpoint trained further in the same folder is told apart, a copy of the same files elsewhere is not;
+* ``world_model``, ``tokenizer``: a sha256 of the checkpoint's files (``checkpoint_digest``: its config and weights):
+  a checkpoint trained further in the same folder is told apart, a copy of the same files elsewhere is not;
 * ``backend``, ``device``, ``dtype``: the engine the rollouts ran on (resolved: ``auto`` is what it chose);
 * what of the run shapes a world model's outputs (terra/config/spec.py, ``RunSpec.output_settings``: the window,
   how context frames are fitted, the sampling draw), under the names of the settings (``model.overlap``,
@@ -20,7 +20,6 @@ made from the phases at the end (terra/evaluation/run.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from terra.config.checks import one_line, shown
+from terra.config.files import checkpoint_digest
 from terra.core.atomic import json_text, write_text
 from terra.evaluation.settings import PHASE_TITLES as TITLES
 from terra.evaluation.settings import EvaluateSpec
@@ -54,23 +54,6 @@ class Phase:
     @property
     def file(self) -> str:
         return f"{self.key}.json"
-
-
-def checkpoint_digest(path: str) -> str:
-    """sha256 (32 hex digits) of a checkpoint's names and contents: the visible files at the top of its folder
-    (config.json and the weights), or the file itself; a path that is neither (a Hub id) by its name."""
-    root = Path(path)
-    if root.is_dir():
-        files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
-    else:
-        files = [root] if root.is_file() else []
-    digest = hashlib.sha256(b"" if files else str(path).encode())
-    for file in files:
-        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:32]
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -74,6 +74,9 @@ def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: l
         engine = {"backend": backend_kind(pipeline.backend), "device": str(pipeline.device)}
         sampling = spec.run.sampling
     phases.extend(plan_phases(spec, engine))
+    for phase in phases:  # a kept phase whose fields this version cannot read is measured again
+        if phase.kept is not None and (why := _unreadable(spec, phase)) is not None:
+            phase.kept, phase.why = None, why
     for number, phase in enumerate(phases, 1):
         if phase.why is not None:
             _tell(f"{phase.title}: measuring it again: {phase.why}")
@@ -103,18 +106,7 @@ def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipel
                    "routes": pipeline.backend.layout.route_model}  # a route model is told each clip's road
     else:  # every phase kept: the pipeline they were measured with (the same engine and checkpoints: their inputs)
         made_by = phases[0].kept["pipeline"]
-    report: dict = {
-        "world_model": spec.run.world_model,
-        "tokenizer": spec.run.tokenizer,
-        "backend": made_by["backend"],
-        "device": made_by["device"],
-        "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
-        "num_context": spec.run.num_context,
-        "horizon": spec.horizon,
-        "image_size": made_by["image_size"],
-        "domain": spec.domain,
-        "routes": made_by["routes"],
-    }
+    report = _header(spec, made_by)
     exclude = training_scene_seeds(spec.exclude_training.seed, spec.exclude_training.num_clips)
     for number, phase in enumerate(phases, 1):
         if phase.kept is not None:
@@ -127,6 +119,35 @@ def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipel
         say(f"{phase.title}: done in {duration(time.perf_counter() - started)}, kept in "
             f"{spec.output.path / phase.file}")
     return report
+
+
+def _header(spec: EvaluateSpec, made_by: dict) -> dict:
+    """The report's header: the run's checkpoints and settings, and ``made_by``, the pipeline the phases ran on."""
+    return {
+        "world_model": spec.run.world_model,
+        "tokenizer": spec.run.tokenizer,
+        "backend": made_by["backend"],
+        "device": made_by["device"],
+        "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
+        "num_context": spec.run.num_context,
+        "horizon": spec.horizon,
+        "image_size": made_by["image_size"],
+        "domain": spec.domain,
+        "routes": made_by["routes"],
+    }
+
+
+def _unreadable(spec: EvaluateSpec, phase: Phase) -> str | None:
+    """Why a kept phase's record lacks what the report reads of it (None: the report reads it whole): its pipeline
+    and result are put through the report's targets and table as they would be."""
+    try:
+        report = {**_header(spec, phase.kept["pipeline"]), phase.key: phase.kept["result"], "reused": [],
+                  "timings": {"total_s": 0.0}, "path": ""}
+        report["targets"] = _targets(spec.targets, report)
+        format_table(report)
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError) as err:
+        return f"{phase.file} lacks what this version reads of it ({type(err).__name__}: {str(err)[:80]})"
+    return None
 
 
 def _quality(spec: EvaluateSpec, pipeline: WorldModelPipeline, sampling: SamplingConfig, exclude: set[int],

@@ -39,7 +39,8 @@ from terra.core.atomic import atomic_path
 from terra.core.errors import TerraInputError, clipped, error_reason, past, quoted
 from terra.roads.road import MAX_LANES, MAX_POINTS, Lane, Road
 
-MAX_MAP_BYTES = 512 * 2**20  # the tables read, unpacked: a map of a city district is tens of MiB
+MAX_MAP_BYTES = 128 * 2**20  # the tables read, unpacked (a map of a city district is tens of MiB): reading one
+# holds about this and its decoded points (MAX_POINTS) at once, a few hundred MiB
 MAX_ENTRIES = 10_000  # files in the archive
 ELEMENTS = ("lane", "road_boundary", "association")  # the tables read; the others are skipped unread
 LANE_WIDTH_M = 3.5  # the rails :func:`write_clipgt` draws about each centreline
@@ -119,6 +120,9 @@ def _tables(data: bytes | str | Path | IO[bytes], source: str) -> dict[str, tupl
         total = sum(Path(data, name).stat().st_size for name in found.values())
         _check_size(total, source)
         return {element: (name, Path(data, name).read_bytes()) for element, name in found.items()}
+    if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
+        raise TerraInputError(f"{source}: is empty, no map; give AlpaSim's hdmap_parquets bytes or a zip of a clipgt/ "
+                              "folder")
     try:
         archive = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
@@ -158,24 +162,23 @@ def _check_size(total: int, source: str) -> None:
                               f"{MAX_MAP_BYTES / 2**20:g} MiB; give the part of the map the drive uses")
 
 
-def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytes:
-    """An entry's bytes, never more than its header states (nor than :data:`MAX_MAP_BYTES`)."""
+def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytearray:
+    """An entry's bytes, never more than its header states (nor than :data:`MAX_MAP_BYTES`), unpacked into one
+    buffer of that size."""
     limit = min(info.file_size, MAX_MAP_BYTES)
-    parts, size = [], 0
+    buffer, size = bytearray(limit + 1), 0  # one byte past the limit tells an entry that unpacks to more
     try:
         with archive.open(info) as entry:
-            while chunk := entry.read(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise TerraInputError(f"{source}: {clipped(info.filename)} unpacks to more than the {limit} "
-                                          "bytes its header states; the archive is damaged or forged")
-                parts.append(chunk)
-    except TerraInputError:
-        raise
+            while size <= limit and (count := entry.readinto(memoryview(buffer)[size:size + _CHUNK])):
+                size += count
     except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError, ValueError) as err:
         raise TerraInputError(f"{source}: {clipped(info.filename)} cannot be unpacked ({error_reason(err)}); write the "
                               "archive again with plain deflate") from None
-    return b"".join(parts)
+    if size > limit:
+        raise TerraInputError(f"{source}: {clipped(info.filename)} unpacks to more than the {limit} bytes its header "
+                              "states; the archive is damaged or forged")
+    del buffer[size:]
+    return buffer
 
 
 # ------------------------------------------------------------------------------------------------- the tables

@@ -29,8 +29,10 @@ from terra.config.checks import (
     required_path,
     select,
 )
+from terra.config.files import content_digest
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
+from terra.config.spec import changed_inputs, fingerprint
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
@@ -49,7 +51,7 @@ from terra.inputs.log_routes import ROUTE_SOURCES, clip_routes
 from terra.inputs.trajectory import RATE_HZ
 from terra.sim.clips import DATASET_ROUTE_POINTS
 from terra.tokenizer.resize import RESIZE_MODES
-from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, read_index, write_shard
+from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, open_shards, write_shard
 
 # a clip as written into a shard: id, codes [T, h, w], actions [T, 6, 3], routes [T, 16, 3] or None
 PreparedClip = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
@@ -141,14 +143,15 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     )
 
 
-def open_index(spec: PrepareSpec, tokenizer: Any) -> ShardIndex:
-    """The output's index (a rerun resumes it), or a new one for ``tokenizer``; one line when the folder holds
-    shards of another tokenizer, grid or codebook, or routes of another source."""
+def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str, str]]:
+    """The output's index (a rerun resumes it) and why each listed shard that is not whole is not (file -> why:
+    terra/training/shards.py, ``open_shards``), or a new index for ``tokenizer``; one line when the folder holds
+    shards of another tokenizer, grid or codebook, or routes of another source, or another folder's index."""
     wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
                         FRAME_RATE_HZ, os.path.realpath(spec.tokenizer), routes=spec.routes)
     if not (spec.output.path / INDEX_FILE).is_file():
-        return wanted
-    index = read_index(spec.output.path)
+        return wanted, {}
+    index, damaged = open_shards(spec.output.path)
     keys = ("tokenizer", "codebook_size", "grid", "image_size", "frame_rate_hz")
     if any(getattr(index, k) != getattr(wanted, k) for k in keys):
         def held(i: ShardIndex) -> str:
@@ -161,7 +164,32 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> ShardIndex:
         raise TerraInputError(f"output_dir={spec.output.path} holds shards prepared with routes={index.routes}, not "
                               f"routes={spec.routes}; a folder's clips take their routes from one source: choose "
                               f"another output_dir or routes={index.routes}")
-    return index
+    return index, damaged
+
+
+def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, str]:
+    """What a clip's shard rows are made from, by part (terra/config/spec.py, ``INPUT_NAMES``): the content of its
+    folder (frames or video, trajectory, road), the tokenizer's digest (``tokenizer``) and the settings that shape
+    them."""
+    settings = {"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes}
+    return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"),
+            "settings": fingerprint(settings)}
+
+
+def clips_to_redo(index: ShardIndex, damaged: dict[str, str], inputs: dict[str, dict[str, str]]
+                  ) -> dict[str, str]:
+    """The clips of the logs folder that the index lists but that are made again, and why: their shard is not whole
+    (``damaged``), or they were made from other inputs than ``inputs`` (clip name -> :func:`clip_inputs`)."""
+    redo = {}
+    for entry in index.shards:
+        for clip in entry.clips:
+            if clip.id not in inputs:
+                continue
+            if entry.file in damaged:
+                redo[clip.id] = f"their shard {entry.file} {damaged[entry.file]}"
+            elif clip.inputs != inputs[clip.id]:
+                redo[clip.id] = changed_inputs(clip.inputs, inputs[clip.id])
+    return redo
 
 
 def clip_score(clip_id: str) -> float:
@@ -177,10 +205,12 @@ def assign_splits(new: list[str], val_fraction: float) -> dict[str, str]:
 
 def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders: Iterable[Path],
                    splits: dict[str, str], report: Callable[[str], None],
-                   on_frames: Callable[[int], None] = lambda count: None) -> PrepareSummary:
+                   on_frames: Callable[[int], None] = lambda count: None,
+                   inputs: dict[str, dict[str, str]] | None = None) -> PrepareSummary:
     """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that
     cannot be used is reported (``report``, one line naming it) and written nowhere; ``on_frames`` hears each
-    tokenized batch's frame count (a long clip's progress).
+    tokenized batch's frame count (a long clip's progress); ``inputs``: what each clip is made from, kept in the
+    index (:func:`clip_inputs`).
 
     When the folder would end with no ``val`` clip among at least 2 (and ``val_fraction`` > 0), the usable new clip
     of the smallest :func:`clip_score` goes to ``val``: the train clip of the smallest score so far is held back
@@ -193,7 +223,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
         pending[split].append(clip)
         setattr(summary, split, getattr(summary, split) + 1)
         if len(pending[split]) == spec.shard_clips:
-            _write(spec.output.path, index, split, pending[split])
+            _write(spec.output.path, index, split, pending[split], inputs)
             pending[split] = []
 
     with ThreadPoolExecutor(spec.read_threads, thread_name_prefix="read-frames") as pool:
@@ -221,7 +251,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
         add("train" if has_val or len(index.clip_ids()) + summary.used < 2 else "val", held)
     for split, clips in pending.items():
         if clips:
-            _write(spec.output.path, index, split, clips)
+            _write(spec.output.path, index, split, clips, inputs)
     return summary
 
 
@@ -263,9 +293,10 @@ def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], n
     return tokenizer.encode(frames_to_tensor(frames)).cpu().numpy()
 
 
-def _write(output: Path, index: ShardIndex, split: str, clips: list[PreparedClip]) -> None:
+def _write(output: Path, index: ShardIndex, split: str, clips: list[PreparedClip],
+           inputs: dict[str, dict[str, str]] | None) -> None:
     try:
-        write_shard(output, index, split, [clip[:3] for clip in clips], [clip[3] for clip in clips])
+        write_shard(output, index, split, [clip[:3] for clip in clips], [clip[3] for clip in clips], inputs)
     except OSError as err:
         raise TerraInputError(f"cannot write a shard into output_dir={output} ({err.strerror or err}); free some space "
                               "or choose another output_dir, then rerun to resume") from None

@@ -3,34 +3,38 @@
 Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by the trainer
 (:mod:`terra.training.data`). A shard folder holds:
 
-* ``index.json`` — ``version``, ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames
+* ``index.json`` — ``version``, ``index_id`` (a random id every shard of the folder carries: an index copied from
+  another folder is told apart), ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames
   the tokenizer saw), ``frame_rate_hz``, ``tokenizer`` (its folder), ``routes`` (where the clips' routes come from:
   ``road``, each clip's own road where it has one, or ``driven_path``; terra/inputs/log_routes.py; an index
   without the key is ``road``), and ``shards``: one entry per shard file,
-  ``{"file", "split", "clips": [{"id", "frames"}, ...]}``. It is rewritten atomically after each shard, so it
-  lists only shards that are whole on disk;
+  ``{"file", "split", "clips": [{"id", "frames", "inputs"}, ...]}`` (``inputs``: what the clip was made from, by
+  part: terra/training/prepare_logs.py). It is rewritten atomically after each shard, so it lists only shards that
+  are whole on disk;
 * ``<split>-NNNNN.safetensors`` — ``codes`` ``[F, h, w]`` (int16, int32 for codebooks past 32,768),
   ``actions`` float32 ``[F, 6, 3]`` and ``clip_lengths`` int64 ``[n]``: the frames of ``n`` clips one after
   another, in the order the index lists them; ``routes`` float32 ``[F, M, 3]`` (each frame's route,
   terra/contract/routes.py; ``terra-prepare-logs`` writes 16 points, as the synthetic datasets) when a clip of the
   shard has them, with NaN rows, the contract's "no route", for the frames of a clip without a road and those no
   lane is near.
-  ``split`` is ``train`` or ``val``; a clip is in one split only.
+  ``split`` is ``train`` or ``val``; a clip is in one split only. Its safetensors metadata names the index's id and
+  its clips' ids: :func:`open_shards` checks both, and the clips' frames, from the header alone.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from terra.config.checks import shown
+from terra.config.checks import one_line, shown
 from terra.contract.actions import NUM_ACTION_TOKENS
 from terra.contract.routes import no_route
 from terra.core.atomic import atomic_path, json_text, mark, write_text
@@ -38,7 +42,7 @@ from terra.core.errors import TerraInputError
 from terra.sim.tokens import checked_routes
 from terra.tokenizer.tensors import check_codes, check_floats
 
-SHARDS_VERSION = 1
+SHARDS_VERSION = 2
 INDEX_FILE = "index.json"
 SPLITS = ("train", "val")
 SHARD_FILE = re.compile(r"(train|val)-\d{5}\.safetensors")
@@ -51,6 +55,7 @@ class ShardClip:
 
     id: str
     frames: int
+    inputs: dict[str, str] = field(default_factory=dict, compare=False)  # what it was made from, by part
 
 
 @dataclass(frozen=True)
@@ -73,22 +78,35 @@ class ShardIndex:
     tokenizer: str
     shards: list[ShardEntry] = field(default_factory=list)
     routes: str = "road"  # where the clips' routes come from (module docstring)
+    index_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # carried by every shard of the index
 
     def clip_ids(self) -> set[str]:
         """Ids of every clip already in a shard (a rerun skips them)."""
         return {clip.id for entry in self.shards for clip in entry.clips}
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": SHARDS_VERSION, "codebook_size": self.codebook_size, "grid": list(self.grid),
+        return {"version": SHARDS_VERSION, "index_id": self.index_id, "codebook_size": self.codebook_size,
+                "grid": list(self.grid),
                 "image_size": list(self.image_size), "frame_rate_hz": self.frame_rate_hz,
                 "tokenizer": self.tokenizer, "routes": self.routes,
                 "shards": [{"file": e.file, "split": e.split,
-                            "clips": [{"id": c.id, "frames": c.frames} for c in e.clips]} for e in self.shards]}
+                            "clips": [{"id": c.id, "frames": c.frames, "inputs": c.inputs} for c in e.clips]}
+                           for e in self.shards]}
 
 
 def read_index(folder: str | Path) -> ShardIndex:
-    """Read ``folder/index.json``; one line names a missing or foreign index, a listed shard that is missing, or a
-    clip listed twice."""
+    """Read ``folder/index.json`` (:func:`open_shards`); one line also names a listed shard that is not whole."""
+    index, damaged = open_shards(folder)
+    for file, why in damaged.items():
+        raise TerraInputError(f"{Path(folder) / INDEX_FILE} lists shard {file}, which {why}; prepare the shards "
+                              "again into a new folder")
+    return index
+
+
+def open_shards(folder: str | Path) -> tuple[ShardIndex, dict[str, str]]:
+    """``folder/index.json`` and, for each listed shard whose file is not what it lists (cut short, another folder's
+    or other clips), why (:func:`shard_damage`); one line names a missing or foreign index (none of its shards
+    carry its id), a listed shard that is missing, or a clip listed twice."""
     path = Path(folder) / INDEX_FILE
     if not path.is_file():
         raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with terra-prepare-logs")
@@ -97,14 +115,16 @@ def read_index(folder: str | Path) -> ShardIndex:
         if raw["version"] != SHARDS_VERSION:
             raise ValueError(f"version {raw['version']}, expected {SHARDS_VERSION}")
         shards = [ShardEntry(str(e["file"]), str(e["split"]),
-                             tuple(ShardClip(str(c["id"]), int(c["frames"])) for c in e["clips"]))
+                             tuple(ShardClip(str(c["id"]), int(c["frames"]), dict(c.get("inputs") or {}))
+                                   for c in e["clips"]))
                   for e in raw["shards"]]
         for entry in shards:
             match = SHARD_FILE.fullmatch(entry.file)
             if not match or match.group(1) != entry.split:
                 raise ValueError(f"shard file {shown(entry.file)} of split {shown(entry.split)} is not a shard's name")
         index = ShardIndex(int(raw["codebook_size"]), tuple(raw["grid"]), tuple(raw["image_size"]),
-                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards, str(raw.get("routes", "road")))
+                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards, str(raw.get("routes", "road")),
+                           str(raw["index_id"]))
     except (ValueError, KeyError, TypeError) as err:
         raise TerraInputError(f"{path} is not a shard index of version {SHARDS_VERSION} ({err}); "
                               "prepare the shards again with terra-prepare-logs") from None
@@ -118,20 +138,49 @@ def read_index(folder: str | Path) -> ShardIndex:
                 raise TerraInputError(f"{path} lists clip {shown(clip.id)} in two shards ({seen[clip.id]} and "
                                       f"{entry.file}); prepare the shards again into a new folder")
             seen[clip.id] = entry.file
-    return index
+    damaged = {entry.file: why for entry in shards if (why := shard_damage(folder, index, entry))}
+    if shards and all(why == FOREIGN for why in damaged.values()) and len(damaged) == len(shards):
+        raise TerraInputError(f"{path} is not the index its shards were written with (none carries its id): another "
+                              "folder's index; restore this folder's index.json, or prepare the shards again into a "
+                              "new folder")
+    return index, damaged
+
+
+FOREIGN = "was written for another index"
+
+
+def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> str | None:
+    """Why the shard file of ``entry`` is not what ``index`` lists (None: it is), from its header alone: it cannot
+    be read (cut short), was written for another index (:data:`FOREIGN`), or holds other clips or frames."""
+    try:
+        with safe_open(str(Path(folder) / entry.file), "np") as shard:
+            metadata = shard.metadata() or {}
+            lengths = shard.get_tensor("clip_lengths").tolist()
+            shapes = {name: shard.get_slice(name).get_shape() for name in ("codes", "actions")}
+    except (SafetensorError, OSError, KeyError, ValueError) as err:
+        return f"cannot be read ({one_line(str(err))[:80]})"
+    if metadata.get("index_id") != index.index_id:
+        return FOREIGN
+    frames = sum(c.frames for c in entry.clips)
+    if (metadata.get("clips") != json.dumps([c.id for c in entry.clips]) or lengths != [c.frames for c in entry.clips]
+            or shapes["codes"][:1] != [frames] or shapes["actions"][:1] != [frames]):
+        return "holds other clips than the index lists"
+    return None
 
 
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
-                routes: list[np.ndarray | None] | None = None) -> ShardEntry:
+                routes: list[np.ndarray | None] | None = None, inputs: dict[str, dict[str, str]] | None = None
+                ) -> ShardEntry:
     """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``), with each clip's ``routes``
     (``[T, M, 3]``; None: the clip has none, NaN rows beside the others) when a clip has them, and add it to the
-    index.
+    index with each clip's ``inputs`` (clip id -> what it was made from).
 
     The shard file is written atomically first, then the index that names it, so an interrupted run leaves
     either both or an unlisted file that the next run overwrites.
     """
     folder = Path(folder)
-    number = sum(1 for e in index.shards if e.split == split)
+    number = 1 + max((int(e.file[len(split) + 1:-len(".safetensors")]) for e in index.shards if e.split == split),
+                     default=-1)
     name = f"{split}-{number:05d}.safetensors"
     dtype = np.int16 if index.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
     tensors = {
@@ -143,14 +192,47 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
     if given:
         rows = [no_route(len(c), given[0].shape[1]) if r is None else r for (_, c, _), r in zip(clips, routes)]
         tensors["routes"] = np.ascontiguousarray(np.concatenate(rows), dtype=np.float32)
+    entry = ShardEntry(name, split, tuple(ShardClip(cid, len(codes), (inputs or {}).get(cid, {}))
+                                          for cid, codes, _ in clips))
     folder.mkdir(parents=True, exist_ok=True)
     mark(folder, (INDEX_FILE, name))
-    with atomic_path(folder / name) as tmp:
-        save_file(tensors, str(tmp))
-    entry = ShardEntry(name, split, tuple(ShardClip(cid, len(codes)) for cid, codes, _ in clips))
+    _save(folder / name, tensors, index, entry)
     index.shards.append(entry)
     write_text(folder / INDEX_FILE, json_text(index.to_json(), indent=1) + "\n")
     return entry
+
+
+def _save(path: Path, tensors: dict[str, np.ndarray], index: ShardIndex, entry: ShardEntry) -> None:
+    """A shard's tensors written atomically, its metadata naming the index's id and the clips' ids."""
+    metadata = {"index_id": index.index_id, "clips": json.dumps([c.id for c in entry.clips])}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def drop_clips(folder: str | Path, index: ShardIndex, ids: set[str], damaged: Iterable[str] = ()) -> None:
+    """Take the clips ``ids`` out of ``folder``'s shards (each shard holding one rewritten without them, or removed
+    when none is left) and the ``damaged`` shard files (names) out of the index with their clips. The index is
+    rewritten first: a stop in between leaves a shard the index lists less of, redone on the next run."""
+    folder, damaged = Path(folder), set(damaged)
+    kept, rewrite, remove = [], [], []
+    for entry in index.shards:
+        keep = [c.id not in ids for c in entry.clips]
+        if entry.file not in damaged and all(keep):
+            kept.append(entry)
+        elif entry.file not in damaged and any(keep):
+            kept.append(ShardEntry(entry.file, entry.split, tuple(c for c, k in zip(entry.clips, keep) if k)))
+            rewrite.append((entry, kept[-1], keep))
+        else:
+            remove.append(entry.file)
+    index.shards = kept
+    write_text(folder / INDEX_FILE, json_text(index.to_json(), indent=1) + "\n")
+    for file in remove:
+        (folder / file).unlink(missing_ok=True)
+    for before, after, keep in rewrite:
+        tensors = load_file(str(folder / before.file))
+        rows = np.repeat(keep, [c.frames for c in before.clips])
+        _save(folder / after.file, {name: np.ascontiguousarray(t[keep] if name == "clip_lengths" else t[rows])
+                                    for name, t in tensors.items()}, index, after)
 
 
 def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry

@@ -237,12 +237,13 @@ def distant_road(offset_m: float) -> Road:
     return Road([Lane(np.array([[offset_m, 0.0], [offset_m + 100.0, 0.0]]), "far")])
 
 
-def zip_bomb() -> bytes:
+def zip_bomb(mib: int = 528) -> bytes:
+    """A lane table of ``mib`` MiB of zeros, zipped to a few MiB."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as out:
         with out.open("clip.lane.parquet", "w", force_zip64=True) as entry:
             zeros = bytes(8 * 2**20)
-            for _ in range(66):  # 528 MiB of zeros in a few MiB
+            for _ in range(mib // 8):
                 entry.write(zeros)
     return buffer.getvalue()
 
@@ -258,7 +259,8 @@ def many_lanes(count: int = 100_000) -> bytes:
 
 
 HOSTILE = {
-    "zip bomb": (zip_bomb, ["unpack to 528 MiB, more than 512 MiB"]),
+    "zip bomb": (zip_bomb, ["unpack to 528 MiB, more than 128 MiB"]),
+    "200 MiB of tables": (lambda: zip_bomb(200), ["unpack to 200 MiB, more than 128 MiB"]),  # held whole to read
     "not a zip": (lambda: b"PK\x03\x04 not really a zip", ["not a zip archive"]),
     "wrong types": (lambda: archive({"lane.parquet": parquet([{"lane": {"left_rail": [{"x": "1", "y": "2"}] * 2,
                                                                        "right_rail": [{"x": "1", "y": "2"}] * 2}}])}),
@@ -317,8 +319,9 @@ def test_each_hostile_map_is_one_status_while_another_session_goes_on(recorded, 
 @pytest.mark.parametrize("world_map, line", [
     (clipgt(distant_road(1e5)), "no lane of the HD map within 4 m"),
     (pb.StaticWorldMap(hdmap_parquets=b"PK\x05\x06" + bytes(18)), "holds no lanes"),  # an empty zip
+    (pb.StaticWorldMap(hdmap_parquets=b""), "no HD map (static_world_map.hdmap_parquets is empty)"),
     (pb.StaticWorldMap(hdmap_parquets=archive({"clip.crosswalk.parquet": b"not read"})), "holds no lanes"),
-], ids=["road_1e5_m_away", "empty_map", "no_lane_table"])
+], ids=["road_1e5_m_away", "empty_map", "no_map", "no_lane_table"])
 def test_no_lane_near_the_car_runs_without_a_route_and_says_so_once(recorded, scenarios, caplog, world_map, line):
     table, runtime = recorded
     caplog.set_level(logging.INFO, logger="terra.alpasim")

@@ -275,27 +275,29 @@ def test_decoding_is_not_part_of_the_fingerprint(tmp_path, scenes):
 
 
 @pytest.mark.parametrize("settings, expected", [
-    ({}, "c4e5a1346a572ed3baeb81a102818911"),
+    ({}, "ae0165e0f7a94404ec899003df1cd77f"),
     ({"sampling": {"temperature": 0.5, "top_k": 10}, "resize": "stretch", "zero_embed_code_0": True,
       "formats": ["gif", "mp4"], "fps": 5, "mark_context": True, "default_manoeuvre": "straight"},
-     "152253ecba50831f721c4338db7df9a5"),
-    ({"decoder": "refiner", "refiner": {"preset": "fast", "num_steps": 4}}, "47f6ff21cee42e2961f8781e5632dfe8"),
+     "fdb9b7129535773f1dcfee66ed3749d3"),
+    ({"decoder": "refiner", "refiner": {"preset": "fast", "num_steps": 4}}, "2db12e6fbd28cf823b568648b155733e"),
 ])
 def test_a_samples_fingerprint_is_the_one_it_had_before_the_rule_moved(tmp_path, settings, expected):
     """The batch's fingerprints start from the run's rule (terra/config/spec.py, ``RunSpec.output_settings`` and
     ``fingerprint``) and are byte for byte those of the releases before it, so a resumed run keeps its samples. The
-    values changed twice since: with the draw rule (``DRAW_RULE``: the Transformers backend's noise became a hash of
-    seed, frame, position and code), whose files a resumed run draws again rather than mixing two rules; and when
-    they came to cover the content of the files a sample reads and the world model's digest (here made-up digests),
-    so that a sample made from other inputs or by another model is made again."""
-    from terra.batch import fingerprint
+    values changed since: with the draw rule (``DRAW_RULE``: the Transformers backend's noise became a hash of seed,
+    frame, position and code), whose files a resumed run draws again rather than mixing two rules; and when they came
+    to cover the content of the files a sample reads and the checkpoints' digests (here made-up digests), so that a
+    sample made from other inputs or by another model or tokenizer is made again."""
+    from terra.batch import made_from
+    from terra.config.spec import fingerprint
 
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"sample_id": "s0", "context_frames": ["a.png", "b.png", "c.png"],
                                    "manoeuvre": "curve_left"}) + "\n")
     [sample] = read_samples(samples)
     spec = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), **settings).spec()
-    assert fingerprint(spec, sample, 7, 12, ["ab" * 32] * 3, "cd" * 32) == expected
+    checkpoints = {"world_model": "cd" * 16, "tokenizer": "ef" * 16}
+    assert fingerprint(made_from(spec, sample, 7, 12, ["ab" * 32] * 3, checkpoints)) == expected
 
 
 def test_renamed_settings_keep_the_fingerprints(tmp_path):
@@ -365,6 +367,27 @@ def test_two_shards_with_actbench_names(tmp_path, scenes, demo_pipeline):
     assert longer.counts == {"ok": 2, "failed": 0, "skipped": 0}
     assert iio.imread(out / "NUSCENES_ACTION_000003.mp4", index=None).shape[0] == NUM_CONTEXT + 2
     assert iio.imread(out / "NUSCENES_ACTION_000002.mp4", index=None).shape[0] == NUM_CONTEXT + 1  # shard 0's
+
+
+def test_a_kept_sample_cut_short_or_swapped_is_made_again(tmp_path, scenes, demo_pipeline, capsys):
+    """A finished sample's video cut to 64 bytes, or another sample's video in its place: the rerun makes it again,
+    in one line saying why, and keeps the whole one."""
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("\n".join(terra_line(scenes, f"s{i}") for i in range(2)) + "\n")
+    config = BatchConfig(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"],
+                         backend="hf", num_frames=1, num_context=NUM_CONTEXT, progress=False, formats=("mp4", "png"))
+    assert run_batch(config, pipeline=demo_pipeline).counts["ok"] == 2
+    assert run_batch(config, pipeline=demo_pipeline).counts["skipped"] == 2  # whole: kept, PNG folders too
+    first, second = tmp_path / "out" / "s0.mp4", tmp_path / "out" / "s1.mp4"
+    whole = second.read_bytes()
+    first.write_bytes(first.read_bytes()[:64])
+    capsys.readouterr()
+    again = run_batch(config, pipeline=demo_pipeline)
+    assert again.counts == {"ok": 1, "failed": 0, "skipped": 1}
+    assert "terra-rollout: 1 sample redone: its files are not whole" in capsys.readouterr().err
+    assert iio.imread(first, index=None).shape[0] == NUM_CONTEXT + 1 and second.read_bytes() == whole
+    second.write_bytes(first.read_bytes())  # a foreign video of the right form
+    assert run_batch(config, pipeline=demo_pipeline).counts == {"ok": 1, "failed": 0, "skipped": 1}
 
 
 def test_a_run_shows_generated_frames_and_samples_written(tmp_path, scenes, demo_pipeline, capsys, monkeypatch):

@@ -153,8 +153,7 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
         assert rerun(model) == {"file": "ok", "same": "skipped"}
         assert json.loads((out / "file.json").read_text())["route"] is True
         np.testing.assert_allclose(routes["file"][..., :2], bending_routes() * scale, rtol=1e-6)
-    assert "1 sample(s) have earlier outputs made with other settings, input files or world model" in (
-        capsys.readouterr().err)
+    assert "terra-rollout: 1 sample redone: the sample's files changed" in capsys.readouterr().err
     copy = tmp_path / "copy"  # the same files elsewhere: the same model
     copy.mkdir()
     for file in model.iterdir():
@@ -162,7 +161,7 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
     assert rerun(copy) == {"file": "skipped", "same": "skipped"} and routes == {}
     tiny_route_model(seed=1).save_pretrained(copy)  # other weights in the same folder
     assert rerun(copy) == {"file": "ok", "same": "ok"}
-    assert "2 sample(s) have earlier outputs" in capsys.readouterr().err
+    assert "terra-rollout: 2 samples redone: the world model changed" in capsys.readouterr().err
 
 
 def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, tmp_path, monkeypatch, capsys):

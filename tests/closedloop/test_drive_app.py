@@ -336,3 +336,32 @@ def test_until_decided_adds_scenarios_in_rounds_keeping_every_drive_and_says_wha
     left = [name for name, s in report["verdicts"][0]["statistics"].items()
             if s["decision"] == "inconclusive" and s["reason"] is None]
     assert left and all(name in rounds[2] for name in left)  # every statistic left open is named with its cost
+
+
+def test_a_rerun_redoes_the_drives_whose_model_changed_in_place_or_whose_video_was_cut(tmp_path, capsys):
+    """The world model's weights replaced in the same folder: every drive is made again, said in one line; a drive
+    whose video was cut short is made again too, the others kept."""
+    from terra.closedloop.study.drives import terra_drive as run_drive
+    from tests.conftest import save_tiny_pair, tiny_model
+
+    pair, out = save_tiny_pair(tmp_path / "pair"), tmp_path / "out"
+    args = ["world=model", "num_scenarios=2", "num_steps=1", "policies=[constant_speed]", "backend=hf", "device=cpu",
+            "num_threads=1", "progress=false", f"model.world_model={pair / 'world_model'}",
+            f"tokenizer.path={pair / 'tokenizer'}"]
+
+    def rerun() -> str:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            outcome = run_drive(terra_drive_settings(compose("drive", overrides=args), out))
+        assert outcome.exit_code == 0
+        return capsys.readouterr().out + "\n".join(outcome.lines)
+
+    assert "2 drives ok, 0 failed, 0 already complete" in rerun()
+    tiny_model(seed=1).save_pretrained(pair / "world_model")  # other weights, the same folder
+    said = rerun()
+    assert "terra-drive: model world: 2 drives redone: the world model changed" in said
+    assert "2 drives ok, 0 failed, 0 already complete" in said
+    video = sorted(out.glob("*.mp4"))[0]
+    video.write_bytes(video.read_bytes()[:64])
+    said = rerun()
+    assert "1 drive redone: its files are not whole" in said and "1 drives ok, 0 failed, 1 already complete" in said
+    assert video.stat().st_size > 64

@@ -131,6 +131,20 @@ def test_a_rerun_measures_again_the_phases_whose_inputs_changed(pair, tmp_path, 
                 "world model (config or weights) (and 1 more input)\n") in err
 
 
+def test_a_kept_phase_without_the_fields_the_report_reads_is_measured_again(pair, tmp_path, capsys):
+    """A kept phase of the same inputs whose ``result`` and ``pipeline`` are ``{}``: one line and the phase measured
+    again, not an internal error."""
+    out = tmp_path / "eval"
+    first = run(spec(pair, out))
+    record = json.loads((out / "quality.json").read_text())
+    (out / "quality.json").write_text(json.dumps({**record, "result": {}, "pipeline": {}}))
+    capsys.readouterr()
+    report = run(spec(pair, out))
+    assert ("terra-evaluate: frame quality: measuring it again: quality.json lacks what this version reads of it "
+            "(KeyError: 'backend')\n") in capsys.readouterr().err
+    assert report["reused"] == ["adherence"] and numbers(report) == numbers(first)
+
+
 def test_sigterm_keeps_the_finished_phase_and_the_printed_command_resumes(pair, tmp_path):
     """The app itself: SIGTERM while the second phase runs (a stand-in that tells it started, then waits) keeps the
     first phase and prints the command that resumes; that command, run as printed, measures only the second."""

@@ -125,6 +125,9 @@ CASES = [
     ("checks/check_vllm_gpu", "main", ["--out", "{tmp}/g.json", "--context", "9"], "--context", "from 1 to 5"),
     ("checks/check_vllm_gpu", "main", ["--out", "{tmp}/g.json", "--gpu-memory-utilization", "1.5"], "more than 0"),
     ("tools/compile_alpasim_proto", "main", ["--out", "{tmp}/none"], "--out", "does not exist"),
+    ("bench/benchmark_sessions", "parse_args", ["--frames", "0"], "--frames", "from 1 to 10000"),
+    ("bench/benchmark_sessions", "parse_args", ["--max-num-seqs", "nan"], "--max-num-seqs"),
+    ("bench/benchmark_sessions", "parse_args", ["--out", "{missing}"], "--out", "does not exist"),
 ]
 DEFAULTS = {"experiments/measure_decoding": ["--world-model", DEMO_MODEL, "--tokenizer", "terra/assets/demo/tokenizer",
                                              "--out", "{tmp}/decoding.json"]}
@@ -146,6 +149,14 @@ def test_a_bad_input_is_one_line_and_exit_2_and_leaves_nothing(case, tmp_path, c
     line = one_line(name, function, [filled(a) for a in DEFAULTS.get(name, []) + argv], capsys)
     assert line.startswith(f"{name.split('/')[1]}: error: ") and all(filled(w) in line for w in words), line
     assert sorted(tmp_path.rglob("*")) == before  # no output, no folder made
+
+
+def test_every_script_parses_its_arguments_through_the_bounded_parser():
+    """No script builds argparse's own parser or reads a bare number (scripts/bench/lib/cli.py's ``Parser`` and its
+    ranged types)."""
+    own = [str(path.relative_to(SCRIPTS)) for path in SCRIPTS.rglob("*.py") if path.name != "cli.py"
+           and any(words in path.read_text() for words in ("argparse.ArgumentParser(", "type=int,", "type=float,"))]
+    assert own == []
 
 
 def test_a_bad_hydra_override_is_one_line():
@@ -175,6 +186,8 @@ def test_a_torn_passes_file_is_one_line_and_the_report_is_kept(tmp_path, capsys,
     ("bench/benchmark_vehicle.py", ["--repeats", "nan"], "argument --repeats: takes a whole number"),
     ("bench/benchmark_memory_table.py", ["--device", "cpu", "--workflows", "vllm,train"], "'train'"),
     ("tools/compile_alpasim_proto.py", ["--imports-out", "no/such/folder/imports.pb"], "does not exist"),
+    ("bench/benchmark_sessions.py", ["--sessions", "1000000"], "argument --sessions: a comma list whose every item "
+                                                               "takes a whole number from 1 to 1024"),
 ])
 def test_a_script_run_as_a_program_prints_one_line_and_exits_2(tmp_path, script_name, args, words):
     done = subprocess.run([sys.executable, str(SCRIPTS / script_name), *args], capture_output=True, text=True,

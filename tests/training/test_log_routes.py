@@ -159,7 +159,7 @@ def run_prepare(logs: Path, out: Path, *overrides: str) -> tuple[list[str], obje
         cfg = compose("prepare_driving_logs", overrides=[f"logs={logs}", f"output_dir={out}", "device=cpu",
                                                          "progress=false", "val_fraction=0", *overrides])
     spec = prepare_spec(cfg)
-    index = open_index(spec, PoolTokenizer())
+    index, _ = open_index(spec, PoolTokenizer())
     lines: list[str] = []
     summary = prepare_shards(spec, PoolTokenizer(), index, spec.clips, {f.name: "train" for f in spec.clips},
                              lines.append)

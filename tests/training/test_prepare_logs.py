@@ -191,7 +191,7 @@ def test_the_index_and_the_split_by_clip(prepared):
     root, result, _ = prepared
     index = json.loads((root / "shards" / "index.json").read_text())
     assert {k: index[k] for k in ("version", "codebook_size", "grid", "image_size", "frame_rate_hz", "tokenizer")} == {
-        "version": 1, "codebook_size": 1024, "grid": [9, 16], "image_size": [144, 256], "frame_rate_hz": 10.0,
+        "version": 2, "codebook_size": 1024, "grid": [9, 16], "image_size": [144, 256], "frame_rate_hz": 10.0,
         "tokenizer": str(DEMO_TOKENIZER.resolve())}
     split = expected_split(["frames_10hz_actions", "frames_12hz_csv", "video_json"])
     frames = {"frames_12hz_csv": 25, "video_json": 15, "frames_10hz_actions": 12}
@@ -220,6 +220,38 @@ def test_a_rerun_skips_finished_clips_and_writes_nothing(prepared):
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert "0 clips used (0 train, 0 val; 0 frames written), 0 skipped, 3 already done" in result.stdout
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (root / "shards").iterdir()} == before
+
+
+def test_a_rerun_redoes_the_clips_whose_files_changed_or_whose_shard_was_cut_and_refuses_a_foreign_index(
+        prepared, tmp_path):
+    """A clip's trajectory changed in place: that clip alone is made again, said in one line. A listed shard cut to
+    100 bytes: its clips are made again, not kept as done. Another folder's index.json: refused in one line."""
+    root, _, _ = prepared
+    shutil.copytree(root / "logs", tmp_path / "logs")
+    shutil.copytree(root / "shards", tmp_path / "shards")
+    args = [f"logs={tmp_path / 'logs'}", f"output_dir={tmp_path / 'shards'}", "shard_clips=2"]
+    actions = np.random.default_rng(4).uniform(-20, 20, (12, 6, 3)).astype(np.float32)
+    np.save(tmp_path / "logs" / "frames_10hz_actions" / "per_frame.npy", actions)
+    result = prepare(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"{PROG}: 1 clip redone: the clip's files changed\n"
+    assert "1 clips used" in result.stdout and "2 already done" in result.stdout
+    clips = clips_in(tmp_path / "shards")
+    assert sorted(clips) == ["frames_10hz_actions", "frames_12hz_csv", "video_json"]
+    assert np.allclose(clips["frames_10hz_actions"][2], actions, atol=1e-4)
+    shard = tmp_path / "shards" / read_index(tmp_path / "shards").shards[0].file
+    cut = [c.id for c in read_index(tmp_path / "shards").shards[0].clips]
+    shard.write_bytes(shard.read_bytes()[:100])
+    result = prepare(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith(f"{PROG}: {len(cut)} clip{'s' * (len(cut) > 1)} redone: their shard {shard.name} "
+                                    "cannot be read")
+    assert f"{len(cut)} clips used" in result.stdout and sorted(clips_in(tmp_path / "shards")) == sorted(clips)
+    index = json.loads((tmp_path / "shards" / "index.json").read_text())
+    index["index_id"] = "another folder's"
+    (tmp_path / "shards" / "index.json").write_text(json.dumps(index))
+    result = prepare(*args, cwd=tmp_path)
+    assert result.returncode == 2 and one_error_line(result, PROG, "is not the index its shards were written with")
 
 
 def test_another_tokenizer_into_the_same_output_is_refused(prepared, tmp_path):

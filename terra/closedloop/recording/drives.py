@@ -70,6 +70,9 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
     tokenizer = load_tokenizer(settings.run.tokenizer)
     specs = load_specs(settings, frame_size(tokenizer))
     recorded = recorded_worlds(settings, specs, run_settings, folders, ids)
+    for world, found in recorded.items():
+        if found.redone:
+            print(found.line(world), flush=True)
     opened: OpenWorlds = open_worlds(settings, worlds_to_drive(recorded, also), tokenizer)
     runner = LocalDrives(opened.worlds, specs, settings.model_settings, opened.plan_following, recorded)
     return Started(runner, opened, opened.worlds, specs)

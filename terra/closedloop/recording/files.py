@@ -15,11 +15,13 @@ folder's marker, listing every name the run writes; and while a run goes, the fo
 :func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
 inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
 same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
-says it is complete and its video exists: a rerun skips it.
+says it is complete and its video is as written (its size and hash): a rerun skips it, and says why it redoes one
+made from other inputs (the world model changed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,14 @@ from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.outcomes.mapless import drive_metrics
 from terra.closedloop.outcomes.truth import truth_metrics
 from terra.config.checks import shown
-from terra.config.files import load_json
+from terra.config.files import content_digest, load_json
 from terra.config.manifest import MANIFEST, summary_name
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
+from terra.closedloop.scenarios import Scenario
+from terra.config.spec import changed_inputs
 from terra.config.spec import fingerprint as spec_fingerprint
 from terra.closedloop.recording.topdown import topdown_png
-from terra.core.atomic import atomic_path, json_text, write_text
+from terra.core.atomic import atomic_path, json_text, whole_files, write_text, written
 from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
@@ -71,14 +75,38 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
                             app=APP)
 
 
-def fingerprint(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]) -> str:
-    """The fingerprint (terra/config/spec.py) of what shapes a drive's outputs: its scenario, policy (and the
-    arguments it is built with, when it has any), seed, steps, world and vehicle, and ``settings`` (the world model's:
-    terra/closedloop/recording/settings.py, ``DriveSettings.model_settings``)."""
+SHARED_READS = ("scenarios file",)  # read by every scenario of a run: each one's own content is its arrays
+
+
+def scenario_digest(scenario: Scenario) -> str:
+    """sha256 (32 hex digits) of what a drive starts from: the scenario's context frames, actions, speed and poses,
+    its recorded path, and the content of the files it read (its map, its trajectory file), so a rerun redoes the
+    drives of a scenario whose files changed in place."""
+    digest = hashlib.sha256()
+    for array in (scenario.images, scenario.actions, [scenario.speed_kmh], scenario.start_pose,
+                  scenario.context_poses, scenario.path):
+        digest.update(b"-" if array is None else np.ascontiguousarray(array, dtype=np.float64).tobytes() + b"|")
+    files = [path for what, path in scenario.reads if what not in SHARED_READS and Path(path).is_file()]
+    digest.update(content_digest(files, "scenario file").encode())
+    return digest.hexdigest()[:32]
+
+
+CHECKPOINTS = ("world_model", "tokenizer")  # parts of the world model's settings that are checkpoints' digests
+
+
+def drive_inputs(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]
+                 ) -> dict[str, str]:
+    """What shapes a drive's outputs, by part (terra/config/spec.py, ``INPUT_NAMES``): the scenario's content
+    (:func:`scenario_digest`), the checkpoints' digests in ``settings`` (the world
+    model's: terra/closedloop/recording/settings.py, ``DriveSettings.model_settings``) and the fingerprint of the
+    rest: scenario, policy (and its arguments, when it has any), seed, steps, world, vehicle and settings."""
     args = {"policy_args": spec.policy_args} if spec.policy_args else {}
-    return spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source, "policy": spec.policy,
-                             **args, "seed": spec.seed, "num_steps": num_steps, "world": world, "vehicle": vehicle,
-                             **settings})
+    rest = {key: value for key, value in settings.items() if key not in CHECKPOINTS}
+    return {**{key: settings[key] for key in CHECKPOINTS if key in settings},
+            "scenario": scenario_digest(spec.scenario),
+            "settings": spec_fingerprint({"scenario": spec.scenario.id, "source": spec.scenario.source,
+                                          "policy": spec.policy, **args, "seed": spec.seed, "num_steps": num_steps,
+                                          "world": world, "vehicle": vehicle, **rest})}
 
 
 def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
@@ -87,17 +115,24 @@ def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
     return output_dir / f"{stem}.mp4", output_dir / f"{stem}.json"
 
 
-def completed(output_dir: Path, spec: DriveSpec, print_: str) -> dict | None:
-    """The JSON of a complete earlier drive with fingerprint ``print_``, or None."""
+def completed(output_dir: Path, spec: DriveSpec, inputs: dict[str, str]) -> tuple[dict | None, str | None]:
+    """``(record, None)``: the JSON of a complete earlier drive made from ``inputs`` whose files are whole;
+    ``(None, why)``: an earlier drive that is redone (:func:`terra.config.spec.changed_inputs`, or its files not
+    whole); ``(None, None)``: none, or an unfinished one."""
     video, sidecar = paths(output_dir, spec)
     if not sidecar.is_file():
-        return None
+        return None, None
     try:
         record = load_json(sidecar, "drive record")
     except TerraInputError:
-        return None
-    ok = isinstance(record, dict) and record.get("fingerprint") == print_ and record.get("complete")
-    return record if ok and all((output_dir / name).is_file() for name in record.get("files", [])) else None
+        return None, None
+    if not (isinstance(record, dict) and record.get("complete")):
+        return None, None
+    if record.get("fingerprint") != spec_fingerprint(inputs):
+        return None, changed_inputs(record.get("inputs"), inputs)
+    if not whole_files(output_dir, record.get("files"), record.get("file_digests")):
+        return None, "its files are not whole"
+    return record, None
 
 
 def metrics_of(drive: Drive) -> dict:
@@ -111,7 +146,7 @@ def metrics_of(drive: Drive) -> dict:
     return metrics
 
 
-def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> dict:
+def drive_json(drive: Drive, metrics: dict, inputs: dict[str, str], files: list[str]) -> dict:
     """The drive's JSON file."""
     scenario = drive.spec.scenario
     return {
@@ -127,7 +162,8 @@ def drive_json(drive: Drive, metrics: dict, print_: str, files: list[str]) -> di
         "poses": np.round(np.array(drive.poses), 4).tolist(),
         "world_poses": np.round(drive.world_poses(), 4).tolist() if drive.poses else [],
         "speeds_mps": np.round(drive.speeds, 4).tolist(), "policy_s": np.round(drive.policy_s, 5).tolist(),
-        "fingerprint": print_, "complete": drive.ok,  # a failed drive runs again on a rerun
+        "fingerprint": spec_fingerprint(inputs), "inputs": inputs,
+        "complete": drive.ok,  # a failed drive runs again on a rerun
     }
 
 
@@ -142,10 +178,10 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
             "speeds_mps": [], "policy_s": [], "fingerprint": None, "complete": False}
 
 
-def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None = 10.0,
+def write_drive(output_dir: Path, drive: Drive, inputs: dict[str, str], fps: float | None = 10.0,
                 extra_metrics: dict | None = None, measure: bool = False, device: str = "cpu") -> dict:
-    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last);
-    return the JSON.
+    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last,
+    with the files' sizes and hashes and the drive's ``inputs``: :func:`drive_inputs`); return the JSON.
     ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py);
     ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py) on the run's ``device``
     (:func:`measure_device`)."""
@@ -157,7 +193,8 @@ def write_drive(output_dir: Path, drive: Drive, print_: str, fps: float | None =
         with atomic_path(picture) as tmp:
             tmp.write_bytes(topdown_png(drive))
         files += [video.name, picture.name]
-    content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, print_, files)
+    content = drive_json(drive, {**metrics_of(drive), **(extra_metrics or {})}, inputs, files)
+    content["file_digests"] = written(output_dir, files)
     if measure and drive.ok:
         content["fidelity"] = measure_frames(drive, measure_device(device))
     write_text(sidecar, json_text(to_jsonable(content)) + "\n")

@@ -28,11 +28,12 @@ from tqdm.auto import tqdm
 
 from terra.closedloop.outcomes.alpasim import scene_scores
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
-from terra.closedloop.recording.files import claim_drive_folder, completed, fingerprint, manifest_record
+from terra.closedloop.recording.files import claim_drive_folder, completed, drive_inputs, manifest_record
 from terra.closedloop.recording.writers import DriveWriters, Emit
 from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
 from terra.config.output_dir import OutputDir
+from terra.config.spec import redone_line
 from terra.core.atomic import json_text, write_text
 from terra.core.progress import Progress
 
@@ -161,12 +162,19 @@ class DriveRunner(Protocol):
 
 @dataclass(frozen=True)
 class Recorded:
-    """What a folder holds of some drives in one world (:func:`recorded_drives`): each drive's fingerprint, the
-    specs still to drive, and the JSON contents of those complete already, in the specs' order."""
+    """What a folder holds of some drives in one world (:func:`recorded_drives`): each drive's inputs
+    (terra/closedloop/recording/files.py, ``drive_inputs``), the specs still to drive, the JSON contents of those
+    complete already, in the specs' order, and why each earlier drive that is made again is redone."""
 
-    prints: dict[str, str]
+    inputs: dict[str, dict[str, str]]
     todo: list[DriveSpec]
     done: list[dict]
+    redone: list[str] = field(default_factory=list)
+
+    def line(self, world: str) -> str:
+        """The drives redone and why, one line ("" when none): "3 drives redone: the world model changed"."""
+        said = redone_line(self.redone, "drive")
+        return f"terra-drive: {world} world: {said}" if said else ""
 
 
 def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
@@ -175,17 +183,18 @@ def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSetting
     ``settings.resume``."""
     shaping = {**(model_settings if world in settings.model_worlds else {}),
                **({"measure": True} if measured(world, settings) else {})}
-    prints = {spec.id: fingerprint(spec, world, settings.num_steps, settings.vehicle, shaping) for spec in specs}
-    if len(prints) != len(specs):
+    inputs = {spec.id: drive_inputs(spec, world, settings.num_steps, settings.vehicle, shaping) for spec in specs}
+    if len(inputs) != len(specs):
         raise ValueError("drive ids must be distinct (scenario ids x policy names)")
-    todo, done = [], []
+    todo, done, redone = [], [], []
     for spec in specs:
-        record = completed(folder, spec, prints[spec.id]) if settings.resume else None
+        record, why = completed(folder, spec, inputs[spec.id]) if settings.resume else (None, None)
         if record is None:
             todo.append(spec)
+            redone += [why] if why else []
         else:
             done.append(record)
-    return Recorded(prints, todo, done)
+    return Recorded(inputs, todo, done, redone)
 
 
 def specs_of(specs: Sequence[DriveSpec], drive_ids: Sequence[str]) -> list[DriveSpec]:
@@ -221,7 +230,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
     recorded = recorded or recorded_drives(world.name, specs, settings, folder, model_settings)
-    prints, todo = recorded.prints, recorded.todo
+    inputs, todo = recorded.inputs, recorded.todo
     for record in recorded.done:
         emit(manifest_record(record, "skipped"), record)
     with DriveWriters(settings.writer_processes, emit) as writers:
@@ -241,7 +250,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
             writing = time.perf_counter()
             scores = plan_following.score(drives) if plan_following is not None else [None] * len(drives)
             for drive, score in zip(drives, scores):
-                writers.write(seconds, folder, drive.finished(), prints[drive.spec.id],
+                writers.write(seconds, folder, drive.finished(), inputs[drive.spec.id],
                               settings.fps if settings.videos else None,
                               None if plan_following is None else {"plan_following": score}, measure,
                               settings.measure_on)

@@ -41,6 +41,7 @@ from terra.config.checks import (
     select,
     shown,
 )
+from terra.config.files import checkpoint_digest
 from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
 from terra.config.ray_settings import RaySettings, check_executor
@@ -115,8 +116,8 @@ class DriveSettings:
         engine that make them (a drive folder holds one model's drives)."""
         run = self.run
         told = {} if self.road == SCENE_ROAD else {"road": self.road}  # the routes' source, where not the scenes
-        return {**run.output_settings(), "world_model": run.world_model, "tokenizer": run.tokenizer,
-                "backend": run.backend, "dtype": run.dtype, **told}
+        return {**run.output_settings(), "world_model": checkpoint_digest(run.world_model),
+                "tokenizer": checkpoint_digest(run.tokenizer), "backend": run.backend, "dtype": run.dtype, **told}
 
     def run_settings(self, progress: bool, folder: Path | None = None) -> RunSettings:
         """How the drives run and where they go (``folder``: a study's, each world's sub-folder set by the study;

@@ -81,17 +81,18 @@ def test_outputs_never_inside_or_holding_what_the_run_reads(tmp_path, samples):
 
 
 def test_a_drives_fingerprint_starts_from_the_runs_rule(tmp_path):
-    """A drive's fingerprint holds what every run's does (terra/config/spec.py, ``RunSpec.output_settings``: resize
-    included), the checkpoints and engine, and the vehicle: another resize makes the drives again on resume."""
-    from terra.closedloop.recording.files import fingerprint
+    """A drive's inputs hold what every run's do (terra/config/spec.py, ``RunSpec.output_settings``: resize
+    included), the checkpoints' digests and engine, and the vehicle: another resize makes the drives again on resume."""
+    from terra.closedloop.recording.files import drive_inputs
+    from terra.config.spec import fingerprint
 
     crop, stretch = settings(tmp_path / "a"), settings(tmp_path / "b", "tokenizer.resize=stretch")
     assert crop.model_settings.items() >= crop.run.output_settings().items()
     assert {"resize", "world_model", "tokenizer", "backend", "dtype"} <= set(crop.model_settings)
     [spec] = drive_specs(synthetic_scenarios(1, 0, SIZE), {"lane_follower": reference_policy("lane_follower")})
-    prints = {fingerprint(spec, "model", 4, "bicycle", drive.model_settings) for drive in (crop, stretch)}
+    prints = {fingerprint(drive_inputs(spec, "model", 4, "bicycle", drive.model_settings)) for drive in (crop, stretch)}
     assert len(prints) == 2 and all(len(p) == 32 for p in prints)
-    assert fingerprint(spec, "model", 4, "exact", crop.model_settings) not in prints  # the vehicle counts too
+    assert fingerprint(drive_inputs(spec, "model", 4, "exact", crop.model_settings)) not in prints  # the vehicle too
 
 
 def test_outputs_never_over_a_file_the_toolkit_did_not_write(tmp_path):
@@ -191,11 +192,11 @@ def test_the_loop_writes_the_newest_drives_while_its_writer_takes_the_oldest(tmp
     emitted = []
     with DriveWriters(1, lambda record, content: emitted.append(record)) as writers:
         for drive in drives:
-            writers.write(1.0, tmp_path / "shared", drive, "print", None, None, True)
+            writers.write(1.0, tmp_path / "shared", drive, {"settings": "print"}, None, None, True)
         writers.wait(0)
     assert [r["drive"] for r in emitted] == [s.id for s in specs] and not writers.pending
     for drive in drives:
-        write_drive(tmp_path / "loop", drive, "print", None, None, True)
+        write_drive(tmp_path / "loop", drive, {"settings": "print"}, None, None, True)
     shared = {spec.id: tmp_path / "shared" / f"{spec.id}.json" for spec in specs}
     assert all(path.read_text() == (tmp_path / "loop" / path.name).read_text() for path in shared.values())
     newest, oldest = (shared[spec.id].stat().st_mtime_ns for spec in (specs[-1], specs[0]))
@@ -209,14 +210,15 @@ def test_a_writer_process_that_dies_leaves_its_drives_to_the_loop(tmp_path, caps
     drives = run_drives(control_world("late", SIZE), specs, 12)
     emitted = []
     with DriveWriters(1, lambda record, content: emitted.append(record)) as writers:
-        writers.write(1.0, tmp_path, drives[0].finished(), "print", None, None, True)
+        writers.write(1.0, tmp_path, drives[0].finished(), {"settings": "print"}, None, None, True)
         pool = writers.pool
         for process in list(pool._processes.values()):  # killed while it starts (spawned: ~1 s of imports)
             process.kill()
         deadline = time.monotonic() + 60
         while not pool._broken and time.monotonic() < deadline:  # the executor has seen it die
             time.sleep(0.05)
-        writers.write(1.0, tmp_path, drives[1].finished(), "print", None, None, True)  # refused by the broken pool
+        # refused by the broken pool
+        writers.write(1.0, tmp_path, drives[1].finished(), {"settings": "print"}, None, None, True)
         writers.wait(0)
     assert [r["drive"] for r in emitted] == [s.id for s in specs] and writers.pool is None
     assert all(json.loads((tmp_path / f"{s.id}.json").read_text())["fidelity"]["recovered"] for s in specs)
