@@ -1,27 +1,4 @@
-"""The one boundary between the loop and user code: policies, NAVSIM agents, gRPC drivers' client objects.
-
-Every call into user code (build, reset, plan, close: terra/closedloop/loop.py) is a :class:`UserCall`: it runs on
-a daemon thread of its own, and its :meth:`~UserCall.result` turns what can go wrong into :class:`UserCodeError`,
-one line naming the policy and the call, which ends that drive only:
-
-* any ``Exception``, and ``SystemExit`` (an agent that calls ``sys.exit`` ends its drive, not the run);
-  ``KeyboardInterrupt`` propagates (Ctrl-C stops the run, as everywhere);
-* a call that has not returned by its deadline: it is abandoned on its thread (a daemon thread cannot keep the
-  process from exiting) and the drive goes on without it.
-
-What user code is handed is its own read-only copy (:func:`handed`): every numpy array of an observation, a
-scenario (its synthetic scene's too), a NAVSIM ``AgentInput`` or a user world's action, at any depth of tuples,
-lists, dicts and dataclasses, is a fresh copy that cannot be written (any other mutable object a deep copy), so a
-policy that changes its camera frames in place cannot change the recorded video, another drive's context or the
-true world's scene: a plain write fails its drive with a line saying so, and what goes around the flag (``.base``,
-``torch.from_numpy`` and an in-place op, ``setflags(write=True)``) reaches only the copy. A copy per call costs
-little next to a plan (a policy's frame history is a few frames at the tokenizer's size).
-
-User code named by a setting (a NAVSIM agent's module, a user world's) is imported by :func:`user_class` behind the
-same boundary, under the run's ``policy_timeout_s``: a module that hangs on import is one line, not a hang. Such a
-module is found in the working folder, the named module alone, without the folder going on ``sys.path``
-(:func:`user_module`), else on ``PYTHONPATH``.
-"""
+"""The one boundary between the loop and user code: policies, NAVSIM agents, gRPC drivers' client objects."""
 
 from __future__ import annotations
 
@@ -52,9 +29,9 @@ class UserCodeError(Exception):
 
 
 class UserCall:
-    """``function(*args)``, user code of ``who`` (e.g. ``policy lane_follower``) doing ``call`` (e.g. ``plan at
-    step 3``), started now on a daemon thread of its own, or queued on ``line`` (:class:`CallLine`) to start when
-    the calls before it there have returned or been left behind."""
+    """``function(*args)``, user code of ``who`` (e.g. ``policy lane_follower``) doing ``call`` (e.g. ``plan at step
+    3``), started now on a daemon thread of its own, or queued on ``line`` (:class:`CallLine`) to start when the
+    calls before it there have returned or been left behind."""
 
     def __init__(self, who: str, call: str, function: Callable[..., Any], *args: Any,
                  line: "CallLine | None" = None) -> None:
@@ -76,9 +53,9 @@ class UserCall:
                 self._future.set_exception(err)
 
     def returned(self, timeout_s: float) -> Any:
-        """The call's value once it returns, at most ``timeout_s`` after it started, or what it raised, raised here
-        as it is (for a caller that words it itself); :class:`UserCodeError` when it has not returned by then (a
-        call of a line is then left behind on its thread, the calls after it going on)."""
+        """The call's value once it returns, at most ``timeout_s`` after it started, or what it raised, raised here as
+        it is (for a caller that words it itself); :class:`UserCodeError` when it has not returned by then (a call of
+        a line is then left behind on its thread, the calls after it going on)."""
         try:
             if not self._began.wait(timeout_s):
                 raise FuturesTimeout
@@ -89,8 +66,7 @@ class UserCall:
             raise UserCodeError(f"{self.who} timed out after {timeout_s:g} s in {self.call}") from None
 
     def result(self, timeout_s: float) -> Any:
-        """The call's value once it returns, at most ``timeout_s`` after it started; otherwise
-        :class:`UserCodeError` (``KeyboardInterrupt`` raised by the call propagates)."""
+        """The call's value once it returns, at most ``timeout_s`` after it started."""
         try:
             return self.returned(timeout_s)
         except (UserCodeError, KeyboardInterrupt):
@@ -100,11 +76,7 @@ class UserCall:
 
 
 class CallLine:
-    """User calls run one after another on one daemon thread, each under a deadline from its own start: for code
-    that holds the GIL while it works (policies that say so, ``gil_bound``: terra/closedloop/plans.py), whose calls
-    at once would only take turns on it, the switching costing more than the work. A call past its deadline is left
-    on its thread and the calls behind it go on on a new one. :meth:`drain` waits for all of them at once; results
-    taken one by one are taken in the order the calls were queued (each waits for those before it)."""
+    """User calls run one after another on one daemon thread, each under a deadline from its own start."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -121,16 +93,15 @@ class CallLine:
                 self._serve_anew()
 
     def leave(self, call: UserCall) -> None:
-        """``call`` overran its deadline: one still waiting never runs; one still running keeps its thread, and a
-        new one serves the rest."""
+        """``call`` overran its deadline: one still waiting never runs."""
         with self._lock:
             self._waiting = deque(entry for entry in self._waiting if entry[0] is not call)
             if self._current is call and not call._future.done():
                 self._leave_current()
 
     def drain(self, timeout_s: float) -> None:
-        """Wait until every queued call has returned or been left behind ``timeout_s`` after it started, waking
-        once rather than once a call (each wake-up of a waiting thread costs a hand-over of the GIL)."""
+        """Wait until every queued call has returned or been left behind ``timeout_s`` after it started, waking once
+        rather than once a call (each wake-up of a waiting thread costs a hand-over of the GIL)."""
         with self._lock:
             while self._serving is not None:
                 current = self._current
@@ -189,18 +160,14 @@ IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic, Pure
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
-    """A read-only copy of ``array``: it shares no memory with ``array`` (its ``.base`` is None), so nothing done
-    to it or its buffer reaches the original."""
+    """A read-only copy of ``array``."""
     copy = np.array(array, copy=True, subok=False)
     copy.flags.writeable = False
     return copy
 
 
 def handed(value: Any) -> Any:
-    """``value`` as user code gets it: every numpy array in it a read-only copy (:func:`read_only`), at any depth of
-    tuples, lists, dicts and dataclasses (rebuilt around the copies, so a list or dict that user code changes is its
-    own; a frozen dataclass that holds none of them is handed as it is); an immutable value as it is, and any other
-    object a deep copy."""
+    """``value`` as user code gets it."""
     if isinstance(value, np.ndarray):
         return read_only(value)
     if isinstance(value, IMMUTABLE):
@@ -219,13 +186,7 @@ def handed(value: Any) -> Any:
 
 
 def user_module(module: str) -> ModuleType:
-    """The user's module ``module`` (``name`` or ``package.sub``). Its top-level module or package is taken from the
-    working folder when it is there (``name.py``, ``name/``), the one name alone: ``sys.path`` is left as it was, so
-    nothing else lying in that folder (a ``safetensors.py``, an ``imageio.py``) ever stands in for a module the
-    toolkit imports, in this process or in those it starts (spawned processes copy ``sys.path``). Submodules come from
-    that package's folder; a name not in the working folder is imported as any other (``PYTHONPATH``). A working
-    folder's module with the name of another module, imported or installed, is refused: registered under that name,
-    it would replace that module for the rest of the run."""
+    """The user's module ``module`` (``name`` or ``package.sub``)."""
     top = module.partition(".")[0]
     spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
     if spec is not None:
@@ -251,9 +212,9 @@ def _place(spec: importlib.machinery.ModuleSpec) -> str:
 
 
 def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -> type:
-    """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``) from the
-    working folder or ``PYTHONPATH`` (:func:`user_module`); ``where`` opens the one line of a failure (the setting
-    and what it names), ``fix`` says what to give instead."""
+    """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``) from the working
+    folder or ``PYTHONPATH`` (:func:`user_module`); ``where`` opens the one line of a failure (the setting and what
+    it names), ``fix`` says what to give instead."""
     try:
         found = UserCall(f"{where}: importing {module}", "its import", _attribute, module, name).returned(timeout_s)
     except UserCodeError as err:

@@ -1,19 +1,4 @@
-"""The driving loop: many drives (scenario x policy) at once in one world, step by step.
-
-Each step, every drive still going gets an :class:`~terra.closedloop.plans.Observation` (its newest frames, ego
-status, route), its policy plans (each on a thread of its own, with a deadline; those that hold the GIL one after
-another on one thread, each with its deadline: terra/closedloop/guard.py, ``CallLine``), and the plan goes to the
-drive's vehicle (terra/closedloop/car/motion.py, the run's ``vehicle``: a tracking controller on a kinematic bicycle, or
-the plan followed exactly): the next frame's action is the vehicle's forecast of the next 3 s, and the car moves to
-the vehicle's pose 0.1 s on. Then the world generates the next frame of every drive together at the pose each car
-reached (terra/closedloop/worlds.py: on the world model one batched engine, sessions sharing it). Every call into a
-policy (build, reset, plan, close) crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``: a policy
-that raises, exits, overruns its deadline or returns a plan that is not finite or of the wrong shape ends its own
-drive with one recorded reason; the other drives go on. A policy that fails to close after a good drive leaves a
-warning on it, not a failure (its frames, plans and metrics are whole). A drive whose car leaves the scene
-(terra/closedloop/scenarios.py, ``Scenario.left_scene``) ends there, early but not failed: the step that left, a
-frame of nothing, is not kept.
-"""
+"""The driving loop: many drives (scenario x policy) at once in one world, step by step."""
 
 from __future__ import annotations
 
@@ -37,8 +22,7 @@ DT_S = 1.0 / FRAME_RATE_HZ
 
 
 def drive_id(scenario_id: str, policy: str, replica: int = 0) -> str:
-    """The id of a drive: its scenario's and its policy's, and past the first its replica's (the same drive with
-    another seed: ``num_seeds``); terra/closedloop/recording/files.py names its files by it."""
+    """The id of a drive."""
     return f"{scenario_id}__{policy}" + (f"__seed{replica}" if replica else "")
 
 
@@ -61,10 +45,7 @@ class DriveSpec:
 def drive_specs(scenarios: Sequence[Scenario], policies: dict[str, Callable[[], Policy]], seed: int = 0,
                 indices: Sequence[int] | None = None, policy_args: dict[str, dict] | None = None,
                 num_seeds: int = 1) -> list[DriveSpec]:
-    """Every scenario x policy x replica (``num_seeds`` of each), scenario by scenario; replica ``k`` of scenario
-    ``i``'s drives (``indices[i]``, its index in the run's scenarios, when given) samples the world model with seed
-    ``seed + i * num_seeds + k`` (``seed + i`` with one seed); ``policy_args`` are the policies' keyword arguments by
-    name."""
+    """Every scenario x policy x replica (``num_seeds`` of each), scenario by scenario."""
     indices = range(len(scenarios)) if indices is None else indices
     policy_args = policy_args or {}
     return [DriveSpec(scenario, name, factory, seed=seed + index * num_seeds + k, policy_args=policy_args.get(name),
@@ -80,7 +61,7 @@ class LoopTimings:
     setup_s: float = 0.0  # policies built, drives opened (context frames encoded and decoded)
     policies_s: float = 0.0  # the plans: the policies of all drives plan at once, the vehicles follow them
     world_s: float = 0.0  # the world's steps (the world model's generation and decoding, or the renderer)
-    record_s: float = 0.0  # the drives' files written (terra/closedloop/recording/run.py)
+    record_s: float = 0.0  # the drives' files written (run)
 
     def add(self, other: "LoopTimings") -> None:
         for name, value in other.__dict__.items():
@@ -109,11 +90,11 @@ class Drive:
     gil_bound: bool = False  # the policy's plans run one after another on the loop's CallLine (guard.py)
     handle: Any = None
     references: np.ndarray | None = None  # the world's view of the truth at the drive's poses, from the world's
-    # reference_frames when it has one (terra/closedloop/worlds.py), taken as the drive ends
+    # reference_frames when it has one (worlds), taken as the drive ends
     truths: dict[bytes, np.ndarray] | None = None  # the true renders the world made at the drive's world poses, by
-    # pose (terra/closedloop/worlds.py, true_renders), taken as the drive ends: its measurement renders the rest
+    # pose (worlds, true_renders), taken as the drive ends: its measurement renders the rest
     route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
-    # world's route_source when it has one (terra/closedloop/worlds.py, ModelWorld)
+    # world's route_source when it has one (worlds, ModelWorld)
     routed: list[bool] | None = None  # each step: whether the model was told a route (its world's routed_steps,
     # taken as the drive ends; None: a world that tells no route)
 
@@ -134,13 +115,12 @@ class Drive:
         return self._in_world(np.stack(self.poses))
 
     def action_for(self, plan: Plan | Actuation) -> np.ndarray:
-        """The next frame's action if the car keeps to ``plan``: the vehicle's forecast at the action times (the
-        world model is shown what the car will do). The car does not move; a plan the vehicle cannot read raises."""
+        """The next frame's action if the car keeps to ``plan``."""
         return action_of(self.vehicle.forecast(plan, ACTION_TIMES))
 
     def command(self, plan: Plan | Actuation, action: np.ndarray, seconds: float = 0.0) -> None:
-        """Record the plan and its action (:meth:`action_for`) and move the car along the plan to the next frame's
-        pose."""
+        """Record the plan and its action (:meth:`action_for`) and move the car along the plan to the next frame's pose.
+        """
         self.vehicle.step(plan, DT_S)
         self.plans.append(plan)
         self.actions.append(action)
@@ -157,8 +137,8 @@ class Drive:
         self.speeds.append(self.vehicle.speed)
 
     def finished(self) -> "Drive":
-        """The drive as its records need it, without what only driving needed (its policy, its world's session and
-        the policy's factory): what can go to another process to be measured and written."""
+        """The drive as its records need it, without what only driving needed (its policy, its world's session and the
+        policy's factory): what can go to another process to be measured and written."""
         return replace(self, spec=replace(self.spec, make_policy=None), policy=None, handle=None)
 
     def fail(self, stage: str, message: str) -> None:
@@ -191,9 +171,9 @@ class Drive:
 
 def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
                 vehicle: str = "bicycle") -> Drive:
-    """Build the drive's policy, reset it (each within ``policy_timeout_s``), make its ``vehicle`` (a name of
-    terra/closedloop/car/motion.py's ``VEHICLES``, at the scenario's speed) and open the drive in ``world``; a failure
-    is recorded on the drive (stage setup)."""
+    """Build the drive's policy, reset it (each within ``policy_timeout_s``), make its ``vehicle`` (a name of motion's
+    ``VEHICLES``, at the scenario's speed) and open the drive in ``world``; a failure is recorded on the drive (stage
+    setup)."""
     drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
     try:
@@ -220,8 +200,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
                history: int = 16, progress: Callable[[int], None] | None = None,
                timings: LoopTimings | None = None, vehicle: str = "bicycle") -> list[Drive]:
     """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep), each car a ``vehicle``
-    (terra/closedloop/car/motion.py); return the drives. ``progress`` gets the steps done so far; ``timings`` (when
-    given) gains where the time went."""
+    (motion); return the drives."""
     timings = LoopTimings() if timings is None else timings
     started = time.perf_counter()
     drives = [start_drive(world, spec, num_steps, policy_timeout_s, vehicle) for spec in specs]
@@ -258,9 +237,9 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
 
 
 def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, line: CallLine) -> None:
-    """Ask every drive's policy for its plan at once (each handed a read-only observation; those of policies that
-    hold the GIL, ``gil_bound``, one after another on ``line``); each answer is checked and goes to the drive's
-    vehicle."""
+    """Ask every drive's policy for its plan at once (each handed a read-only observation; those of policies that hold
+    the GIL, ``gil_bound``, one after another on ``line``); each answer is checked and goes to the drive's vehicle.
+    """
     calls = [(drive, UserCall(f"policy {drive.spec.policy}", f"plan at step {step}", _timed_plan, drive.policy,
                               handed(drive.observation(history)), line=line if drive.gil_bound else None))
              for drive in drives]
@@ -283,9 +262,7 @@ def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, li
 
 
 def _timed_plan(policy: Policy, observation: Observation) -> tuple[Plan | None, float, Exception | None]:
-    """The policy's plan, read (:func:`as_plan`) on the policy's own thread, under its deadline: reading what a
-    policy returns may run its code (an ``__array__``, a mapping's lookups). What the value read as, or why not,
-    names the value's class."""
+    """The policy's plan, read (:func:`as_plan`) on the policy's own thread, under its deadline."""
     start = time.perf_counter()
     value = policy.plan(observation)
     seconds = time.perf_counter() - start
@@ -305,9 +282,8 @@ def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> N
 
 def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
     """Free the drives' sessions and policies (a good drive takes the world's reference frames and its true renders
-    first, when the world keeps them); the policies' closes run at once, each within ``policy_timeout_s``
-    (drivers that never answer cost the run that long once, not once a drive). A policy that fails to close leaves
-    a warning on its drive: what it recorded stands."""
+    first, when the world keeps them); the policies' closes run at once, each within ``policy_timeout_s`` (drivers
+    that never answer cost the run that long once, not once a drive)."""
     calls = []
     references = getattr(world, "reference_frames", None)
     truths = getattr(world, "true_renders", None)

@@ -1,17 +1,4 @@
-"""What a policy sees and returns: :class:`Observation` in, :class:`Plan` out.
-
-A plan is the ego car's future in the ego frame of the newest frame (x forward, y left, heading counter-clockwise,
-metres, radians, seconds after now; the origin is the rear axle's centre, as in NAVSIM's ego frame and AlpaSim's
-rig): a trajectory of poses (NAVSIM's 8 poses at 0.5 s, AlpaSim's rig-frame trajectory at 10 Hz, or any other
-timestamps), or the world model's own ``[6, 3]`` action (its points at the action times). The drive's vehicle
-follows it (terra/closedloop/car/motion.py, reading it as terra/closedloop/car/path.py does), and the world model is
-shown the motion the vehicle forecasts.
-
-A plan is checked once, when it is built, wherever it comes from (a policy's answer, a NAVSIM agent's trajectory, a
-gRPC driver's poses: :meth:`Plan.from_quaternions`): shapes, increasing times, finite values within
-:data:`MAX_POSITION_M` (actions within the world model's reach), rotations that are rotations. A plan holds copies
-of what it was built from, read-only: the policy that made it cannot change it afterwards, nor can anything else.
-"""
+"""What a policy sees and returns: :class:`Observation` in, :class:`Plan` out."""
 
 from __future__ import annotations
 
@@ -35,8 +22,8 @@ MIN_QUATERNION_NORM = 1e-6  # below it a pose's quaternion is no rotation (carla
 
 @dataclass(frozen=True)
 class Plan:
-    """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` seconds after now, or ``actions
-    [6, 3]``; checked when it is built (one line naming the problem), its arrays read-only copies."""
+    """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` seconds after now, or ``actions [6, 3]``.
+    """
 
     poses: np.ndarray | None = None
     times: np.ndarray | None = None
@@ -69,11 +56,8 @@ class Plan:
     @classmethod
     def from_quaternions(cls, positions: Any, quaternions: Any, times: Any, origin: Any) -> "Plan":
         """Poses given as ``positions [N, 2|3]`` (x, y[, z]) and rotations ``quaternions [N, 4]`` (x, y, z, w) in a
-        frame where the car stands at ``origin`` (x, y, yaw) now (a gRPC driver's answer:
-        terra/closedloop/policies/egodriver.py), at ``times``: the plan of those poses in the car's ego frame, each
-        heading its rotation's yaw. A position that is not finite or lies beyond :data:`MAX_POSITION_M`, and a
-        quaternion that is not finite or has a norm below :data:`MIN_QUATERNION_NORM` (no rotation), are refused as
-        given, naming the pose."""
+        frame where the car stands at ``origin`` (x, y, yaw) now (a gRPC driver's answer: egodriver), at ``times``:
+        the plan of those poses in the car's ego frame, each heading its rotation's yaw."""
         from scipy.spatial.transform import Rotation
 
         positions, quaternions = _array(positions, "plan positions"), _array(quaternions, "plan quaternions")
@@ -96,9 +80,7 @@ class Plan:
 
 
 def as_plan(value: Any) -> Plan:
-    """A policy's answer as a :class:`Plan`: a Plan (as it is), an action array ``[6, 3]``, NAVSIM-like poses
-    ``[8, 2|3]`` at 0.5 s, or a mapping ``{"poses": [N, 2|3], "times": [N]}`` (or ``"dt"``) or
-    ``{"actions": [6, 3]}``."""
+    """A policy's answer as a :class:`Plan`."""
     if isinstance(value, Plan):
         return value
     if isinstance(value, dict):
@@ -122,8 +104,8 @@ def _array(value: Any, what: str) -> np.ndarray:
 
 
 def _check_poses(poses: np.ndarray) -> None:
-    """Refuse poses ``[N, 2|3]`` holding a value that is not finite or lies beyond :data:`MAX_POSITION_M`, naming
-    the first such pose."""
+    """Refuse poses ``[N, 2|3]`` holding a value that is not finite or lies beyond :data:`MAX_POSITION_M`, naming the
+    first such pose."""
     bad = ~np.all(np.isfinite(poses) & (np.abs(poses) <= MAX_POSITION_M), axis=1)
     if bad.any():
         k = int(np.argmax(bad))
@@ -171,11 +153,7 @@ class Observation:
 
 
 class Policy(Protocol):
-    """A driving policy: one instance per drive. :meth:`plan` returns anything :func:`as_plan` reads. A policy may
-    say ``gil_bound = True``: its plan is Python work that holds the GIL (the reference pixel policies' numpy), so
-    the loop runs such plans one after another on one thread (terra/closedloop/guard.py, ``CallLine``) instead of at
-    once on threads that would only take turns; without it (a driver over gRPC, an agent on a GPU) each plan has a
-    thread of its own."""
+    """A driving policy: one instance per drive. :meth:`plan` returns anything :func:`as_plan` reads."""
 
     name: str
 

@@ -1,13 +1,4 @@
-"""The road the model world is told, read from maps: terra-drive's ``road`` setting (conf/drive.yaml).
-
-``road=scene`` (the default): a synthetic scenario's routes are its scene's (``Scene.route``). ``road=FOLDER``: a
-folder of AlpaSim clipgt maps (terra/roads/clipgt.py), one per scenario, named ``<scenario id>.zip``
-(``synthetic-0-003.zip``), each in its scenario's world frame; the model world's routes are then read from that map
-through ``routes_along`` (terra/roads/follow.py), the one place a world-frame road becomes ego routes, while the true
-world, the policies and the measurements keep the scene. :func:`with_maps` reads every map before any drive starts (a
-missing or unreadable one is one line naming the scenario and the file); :func:`export_maps` writes the synthetic
-scenarios' roads in that layout (``terra.sim.roads.scene_road``), so a run can be told its road from maps.
-"""
+"""The road the model world is told, read from maps: terra-drive's ``road`` setting (drive)."""
 
 from __future__ import annotations
 
@@ -28,9 +19,7 @@ def map_path(folder: str | Path, scenario_id: str) -> Path:
 
 
 def with_maps(source: ScenarioSource, road: str) -> ScenarioSource:
-    """``source`` with each scenario's road read from its map in folder ``road`` (``scene``: ``source`` as it is);
-    the maps join what the scenarios read (the output folder stays apart from them). One line for a missing folder,
-    a scenario without its map, or a map that cannot be read."""
+    """``source`` with each scenario's road read from its map in folder ``road`` (``scene``: ``source`` as it is)."""
     from terra.roads import read_clipgt
 
     if road == SCENE_ROAD:
@@ -56,7 +45,8 @@ def with_maps(source: ScenarioSource, road: str) -> ScenarioSource:
 
 def export_maps(folder: str | Path, num_scenarios: int = 4, scenario_seed: int = 0) -> list[Path]:
     """The roads of the synthetic scenarios terra-drive's ``num_scenarios`` and ``scenario_seed`` draw, written as
-    clipgt maps ``<scenario id>.zip`` into ``folder`` (made where missing), for ``road=folder``; the paths written."""
+    clipgt maps ``<scenario id>.zip`` into ``folder`` (made where missing), for ``road=folder``; the paths written.
+    """
     from terra.roads import write_clipgt
     from terra.sim.roads import scene_road
 

@@ -1,21 +1,4 @@
-"""Where a drive starts: context frames, the actions between them, the speed, and what is known of the world.
-
-Three sources, one :class:`Scenario` each:
-
-* :func:`synthetic_scenarios`: scenes of terra/sim/, the car keeping its lane along the road's bends; the
-  scene is known, so the drive has a route (the ego lane's centre ahead) and ground truth
-  (terra/closedloop/outcomes/truth.py);
-* :func:`log_scenarios`: a folder of driving-log clips (docs/train.md, "Driving logs"): the first
-  ``num_context`` 10 Hz frames, their actions from the recorded trajectory and the recorded path ahead as route;
-* :func:`sample_scenarios`: a JSONL of samples in the batch's format (terra/inputs/samples.py), each sample's
-  context frames and trajectory.
-
-:func:`scenario_source` reads what a run's ``scenarios`` setting names before any frame is decoded: the scenarios'
-ids and every file they read (a :class:`ScenarioSource`, which the output folder is kept apart from:
-terra/closedloop/recording/settings.py); its :meth:`ScenarioSource.load` then reads the frames of the scenarios a run
-drives. Poses are world poses ``(x, y, yaw)`` (terra/inputs/ego_motion.py); a drive's own poses start at the last
-context frame (terra/closedloop/loop.py).
-"""
+"""Where a drive starts: context frames, the actions between them, the speed, and what is known of the world."""
 
 from __future__ import annotations
 
@@ -46,7 +29,7 @@ ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its neare
 SYNTHETIC = "synthetic"  # the scenarios setting of the true world's scenarios
 NO_SAMPLE_ROUTE = ("terra-drive takes no route from a JSONL sample: a drive goes where its policy steers, and only "
                    "the synthetic scenarios know their road (docs/drive.md, \"Routes\")")
-Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (terra/config/output_dir.py)
+Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (output_dir)
 
 
 @dataclass(frozen=True)
@@ -61,7 +44,7 @@ class Scenario:
     scene: Scene | None = None  # the true world's scene: a route and ground truth
     context_poses: np.ndarray | None = None  # [n, 3] world poses of the context frames, where the scene is known
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
-    road: Road | None = None  # a road read from a map (terra/closedloop/scenario_maps.py): the model world's
+    road: Road | None = None  # a road read from a map (scenario_maps): the model world's
     # routes come from it instead of the scene
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
@@ -84,9 +67,7 @@ class Scenario:
         return "clipgt map" if self.road is not None else "scene" if self.scene is not None else None
 
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None:
-        """The world model's routes at world ``poses`` ``[..., 3]``: the road's (where one was read from a map:
-        ``routes_along``, terra/roads/follow.py), else the scene's ego lane ahead of each, ``[..., K, 3]``
-        (terra/contract/routes.py); None where neither is known (the model then runs with "no route")."""
+        """The world model's routes at world ``poses`` ``[..., 3]``."""
         if self.road is not None:
             poses = np.asarray(poses, dtype=np.float64)
             routes = routes_along(self.road, poses.reshape(-1, 3), route_tokens)
@@ -94,11 +75,9 @@ class Scenario:
         return None if self.scene is None else self.scene.route(poses, route_tokens)
 
     def left_scene(self, pose: np.ndarray) -> str | None:
-        """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is
-        not known): at or past an end of the synthetic road (its front at the road's end: a route follower stops
-        there), or farther from it than the world draws. Where no segment's perpendicular reaches the car (beyond
-        the centre of a bend, far to its side), its nearest point of the centreline sampled every
-        :data:`ROAD_SAMPLE_M` says which."""
+        """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is not
+        known): at or past an end of the synthetic road (its front at the road's end: a route follower stops there),
+        or farther from it than the world draws."""
         if self.scene is None:
             return None
         x, y = float(pose[0]), float(pose[1])
@@ -118,9 +97,7 @@ class Scenario:
 
 
 def check_scenario(scenario: Scenario, where: str) -> None:
-    """A scenario of the caller's (the gym env's ``scenarios``, terra/closedloop/gym/drives.py) checked whole, once,
-    where it enters: every field of the shape and type said above, finite (poses within ``MAX_COORDINATE_M``); one
-    line naming ``where`` (``scenarios[i]``) and the field."""
+    """A scenario of the caller's (the gym env's ``scenarios``, drives) checked whole, once, where it enters."""
     if not isinstance(scenario.id, str) or not scenario.id:
         raise TerraInputError(f"{where}: id must be a non-empty string (got {scenario.id!r:.40})")
     where = f"{where} ({one_line(scenario.id)})"
@@ -157,8 +134,8 @@ def check_scenario(scenario: Scenario, where: str) -> None:
 
 
 def _array_problem(value, shape: tuple, bound: float) -> str | None:
-    """What is wrong with ``value`` as an array of ``shape`` (``"M"``: any length) of finite numbers within
-    ``bound`` (None: nothing)."""
+    """What is wrong with ``value`` as an array of ``shape`` (``"M"``: any length) of finite numbers within ``bound``
+    (None: nothing)."""
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
@@ -201,8 +178,7 @@ class ScenarioSource:
     def load(self, image_size: Sequence[int], num_context: int = 3, resize: str = "crop",
              indices: Iterable[int] | None = None) -> list[Scenario]:
         """The scenarios at ``indices`` (default: all), in index order, their context frames read and fitted to
-        ``image_size`` (driving logs and JSONL samples by ``resize``: terra/closedloop/recording/settings.py passes the
-        tokenizer's)."""
+        ``image_size`` (driving logs and JSONL samples by ``resize``: settings passes the tokenizer's)."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
         if self.kind == SYNTHETIC:
             loaded = synthetic_scenarios(len(self.ids), self.seed, image_size, num_context, indices=chosen)
@@ -218,8 +194,7 @@ class ScenarioSource:
 
 def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0,
                     image_root: str | None = None) -> ScenarioSource:
-    """The scenarios a ``scenarios`` setting names: ``synthetic`` (``num_scenarios`` drawn with ``seed``), a folder
-    of driving-log clips, or a batch JSONL of samples (a malformed line is one line naming it); nothing decoded."""
+    """The scenarios a ``scenarios`` setting names."""
     if str(scenarios) == SYNTHETIC:
         ids = tuple(synthetic_id(seed, i) for i in range(num_scenarios))
         return ScenarioSource(SYNTHETIC, ids, ((),) * num_scenarios, seed=seed)
@@ -258,8 +233,7 @@ def synthetic_id(seed: int, index: int) -> str:
 def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_context: int = 3,
                         speed_kmh: tuple[float, float] = (20.0, 40.0), domain: str = "day",
                         indices: Iterable[int] | None = None) -> list[Scenario]:
-    """``count`` scenarios of the true world (or those at ``indices`` of them): a random scene, start and
-    speed each, the context driven along the ego lane's centre (the same ``seed`` gives the same scenarios)."""
+    """``count`` scenarios of the true world (or those at ``indices`` of them)."""
     rng = np.random.default_rng([int(seed), 0xD21E])
     chosen = set(range(count) if indices is None else indices)
     out = []
@@ -282,8 +256,7 @@ def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_co
 
 def log_scenarios(logs: str | Path, image_size: Sequence[int], num_context: int = 3,
                   resize: str = "stretch") -> list[Scenario]:
-    """A scenario per clip folder of a driving log (the first ``num_context`` frames at 10 Hz); a clip that breaks
-    the folder's rules (terra/inputs/driving_logs.py) is one line."""
+    """A scenario per clip folder of a driving log (the first ``num_context`` frames at 10 Hz)."""
     folder = Path(logs).expanduser()
     if not folder.is_dir():
         raise TerraInputError(f"scenarios: driving-log folder {folder} does not exist; give a folder of clip folders")
@@ -322,8 +295,7 @@ def _log_scenario(clip_dir: Path, image_size: Sequence[int], num_context: int, r
 
 def sample_scenarios(samples: str | Path, image_size: Sequence[int], num_context: int = 3,
                      image_root: str | Path | None = None, resize: str = "crop") -> list[Scenario]:
-    """A scenario per sample of a batch JSONL (terra/batch/__init__.py): its last ``num_context`` context frames
-    and the actions between them; a malformed line is one line naming it."""
+    """A scenario per sample of a batch JSONL (__init__)."""
     root = None if image_root is None else str(image_root)
     return scenario_source(samples, image_root=root).load(image_size, num_context, resize)
 
@@ -334,8 +306,7 @@ def _context_items(record: dict) -> list[str]:
 
 
 def _sample_reads(sample: Sample, image_root: str | None) -> Reads:
-    """What a JSONL sample reads: the JSONL, its context frames (relative to ``image_root``, default the JSONL's
-    folder) and a trajectory file (relative to the JSONL's folder)."""
+    """What a JSONL sample reads."""
     from terra.inputs.context import resolve_path
 
     jsonl_dir = Path(sample.file).resolve().parent

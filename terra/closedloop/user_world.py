@@ -1,17 +1,4 @@
-"""A world of the user's own (``module:Class``), driven and judged as the built-in worlds are.
-
-The class implements :class:`~terra.closedloop.worlds.World` (``open``, ``context_frames``, ``step``, ``close``;
-``name`` and the timing counters are optional) and is built as ``Class(image_size=(height, width))``. The setting is
-checked before any drive: the module imported, the class's four methods found and its constructor's signature read
-(:func:`world_class`); the one build, before the drives and the world model (terra/closedloop/recording/open_run.py),
-is one line too when it fails, and so is a built world without the four methods. Every call into it, the lookup of
-the method included, crosses terra/closedloop/guard.py's boundary under ``policy_timeout_s``, one drive at a time:
-what it is handed (the scenario, the actions and poses) is read-only, and every frame it returns is checked here,
-once (uint8
-``[height, width, 3]``), and copied, so that a world that reuses its buffer cannot change frames recorded before. A
-world that raises, overruns, exits or returns anything else ends that drive ``failed`` with one line naming the
-class and the problem; the other drives go on.
-"""
+"""A world of the user's own (``module:Class``), driven and judged as the built-in worlds are."""
 
 from __future__ import annotations
 
@@ -51,8 +38,7 @@ def world_class(entry: str, setting: str, timeout_s: float) -> type:
 
 
 def _class_problem(cls: type, name: str) -> str | None:
-    """Why ``cls`` cannot be a world (None: it can): a method of :data:`WORLD_METHODS` it lacks, or a constructor
-    that cannot take ``image_size`` alone. Run behind the boundary: looking at a class runs its code."""
+    """Why ``cls`` cannot be a world (None: it can)."""
     try:
         inspect.signature(cls).bind(image_size=(1, 1))
     except TypeError as err:
@@ -130,8 +116,7 @@ class UserWorld:
         self._call("close", drive)
 
     def _check(self, frame: Any, call: str) -> np.ndarray:
-        """A copy of ``frame`` (the world's buffer stays its own) if it is uint8 ``[height, width, 3]``; otherwise
-        one line naming what it is."""
+        """A copy of ``frame`` (the world's buffer stays its own) if it is uint8 ``[height, width, 3]``."""
         expected = (*self.image_size, 3)
         if type(frame) is not np.ndarray:  # a subclass's methods are user code
             raise UserCodeError(f"{self.who} returned a {type(frame).__name__} from {call}, not a numpy frame")

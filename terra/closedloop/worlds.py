@@ -1,20 +1,4 @@
-"""The two worlds a policy can drive in, behind one interface: the world model, and the true world.
-
-Each step a world gets, per drive, the next frame's action (the car's forecast motion over the next 3 s,
-docs/ARCHITECTURE.md "Actions") and the world pose the car reached (both from the drive's vehicle:
-terra/closedloop/car/motion.py), and returns the next frame. :class:`ModelWorld` runs each drive as a session on one
-:class:`~terra.generation.session_engine.SessionEngine` (continuous batching: every drive's next frame is submitted
-at once and the backend batches them); its frames are the world model's, conditioned on the action, decoded by the
-tokenizer. :class:`TrueWorld` renders the synthetic scene (terra/sim/renderer.py) at the pose: an exact simulator of
-the world the demo model was trained on, for ground truth. So both worlds show the same motion of the same car.
-
-A world may also say what the truth looks like through it (``reference_frames``): the model world, asked with
-``references=True`` (the fidelity study), renders the true scene at each pose and passes it through its tokenizer, so
-that its frames are measured against a perfect world model of the same tokenizer, not against pixels no tokenizer
-can give back (terra/closedloop/outcomes/frames.py: the road-plane odometry reads the true frames' motion through the
-demo tokenizer as 0.6 to 0.9 of it). A world that renders the truth at the car's poses anyway may hand those renders
-on (``true_renders``: by :func:`pose_key`), so that the drive's measurement does not render them again.
-"""
+"""The two worlds a policy can drive in, behind one interface: the world model, and the true world."""
 
 from __future__ import annotations
 
@@ -33,10 +17,7 @@ from terra.sim.renderer import render
 
 
 class World(Protocol):
-    """Opens a drive on a scenario and steps many drives at once: :meth:`step` gets each drive's action ``[6, 3]``
-    and the world pose ``[x, y, yaw]`` of its next frame and returns the frames (uint8 ``[H, W, 3]``, or the
-    exception that ended that drive); ``generate_s`` and ``decode_s`` sum the seconds its steps spent making frames
-    (the world model's generation, the renderer) and decoding them to pixels."""
+    """Opens a drive on a scenario and steps many drives at once."""
 
     name: str
     generate_s: float
@@ -53,8 +34,7 @@ class World(Protocol):
 
 
 class Road(Protocol):
-    """What a model world reads a drive's routes from: a scenario (its scene's road) or a route control's road;
-    ``route_source`` names it in the drive's record (None: it tells no route)."""
+    """What a model world reads a drive's routes from: a scenario (its scene's road) or a route control's road."""
 
     route_source: str | None
 
@@ -65,16 +45,13 @@ WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World mu
 
 
 def pose_key(pose: np.ndarray) -> bytes:
-    """A true render's key: the exact float64 bytes of the world pose ``[x, y, yaw]`` it was rendered at (a render
-    is a pure function of the scene and the pose: terra/sim/renderer.py)."""
+    """A true render's key."""
     return np.asarray(pose, dtype=np.float64).tobytes()
 
 
 @dataclass
 class ModelDrive:
-    """A drive in the model world: its session's rollout, its context codes, the sampling it steps with and the
-    scenario it started from and the road its routes are read from (the scenario's own, but in the route controls,
-    terra/closedloop/study/control_worlds.py)."""
+    """A drive in the model world."""
 
     rollout: Rollout
     context: np.ndarray  # [n, h, w] context codes
@@ -93,12 +70,7 @@ class ModelDrive:
 
 
 class ModelWorld:
-    """The world model as a simulator: one session per drive on ``pipeline``'s backend (a
-    :class:`~terra.pipeline.WorldModelPipeline`; a bare :class:`~terra.generation.rollout.WorldModelBackend` when
-    a subclass brings its own context codes and frames, as scripts/bench/benchmark_drive.py does). ``sampling`` draws
-    every drive's frames (each drive is one stream); ``overlap`` is the window overlap (docs/ARCHITECTURE.md,
-    "Windows"). Its engine drives the backend from a thread of its own: one model world per backend at a time
-    (:meth:`shutdown` stops the engine; the pipeline stays open for its owner)."""
+    """The world model as a simulator."""
 
     name = "model"
 
@@ -131,14 +103,14 @@ class ModelWorld:
         return ModelDrive(rollout, codes, self.sampling, seed, scenario, road, keep)
 
     def routes(self, road: Road, poses: np.ndarray | None) -> np.ndarray | None:
-        """The model's routes at world ``poses`` read from ``road`` (None: a model without route slots, a road that
-        is not known, or no poses): what a drive is told of the road ahead (terra/contract/routes.py)."""
+        """The model's routes at world ``poses`` read from ``road`` (None: a model without route slots, a road that is
+        not known, or no poses): what a drive is told of the road ahead (routes)."""
         layout = self.backend.layout
         return None if not layout.route_model or poses is None else road.model_routes(poses, layout.route_tokens)
 
     def route_source(self, drive: ModelDrive) -> str | None:
-        """Where ``drive``'s routes come from, as its record says (None: a model without route slots, or a road
-        that tells none)."""
+        """Where ``drive``'s routes come from, as its record says (None: a model without route slots, or a road that
+        tells none)."""
         return drive.road.route_source if self.backend.layout.route_model else None
 
     def routed_steps(self, drive: ModelDrive) -> list[bool] | None:
@@ -146,8 +118,8 @@ class ModelWorld:
         return list(drive.routed) if self.backend.layout.route_model else None
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
-        """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's
-        first (None: no references kept)."""
+        """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's first
+        (None: no references kept)."""
         if not drive.keeps_references:
             return None
         return np.stack([self.context_frames(drive)[-1], *drive.references])
@@ -161,8 +133,8 @@ class ModelWorld:
         return self.pipeline.decode(drive.context)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
-        """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of
-        each pose (the model is shown no pose)."""
+        """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of each
+        pose (the model is shown no pose)."""
         start = time.perf_counter()
         told = [self.routes(drive.road, pose) for drive, pose in zip(drives, poses)]
         for drive, routes in zip(drives, told):

@@ -1,21 +1,4 @@
-"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, two kinds behind one interface.
-
-* ``bicycle`` (:class:`BicycleVehicle`): a tracking controller (terra/closedloop/car/tracking.py) follows the whole
-  plan and drives a kinematic bicycle (terra/closedloop/car/vehicle.py), as AlpaSim runs a controller and vehicle
-  dynamics between its driver and the pose;
-* ``exact`` (:class:`ExactVehicle`): the car is where the plan says, at every time (carla-driver-interface's
-  ``FakeLoop`` rule: the pose at the next step is the plan's pose at that time, interpolated; past the plan's end it
-  goes on at its last speed and heading): what is tested is then the policy, not a controller.
-
-Each step the loop (terra/closedloop/loop.py) hands the plan to the drive's vehicle twice: :meth:`Vehicle.forecast`
-gives the poses the car will drive over the next 3 s if it keeps to this plan, from which the world model's action
-is built (:func:`action_of`: the forecast at the action times, docs/ARCHITECTURE.md "Actions"), and
-:meth:`Vehicle.step` moves the car to the next frame's pose. The model was trained on actions that are the car's
-actual future, so it is shown what the car will actually do, not what the policy wished; and the next pose is the
-same simulation's pose at 0.1 s, so the world model and the true renderer see the same motion. The bicycle also
-takes :class:`~terra.closedloop.car.tracking.Actuation` in place of a plan (steering and acceleration held: the
-gymnasium env's ``actuation`` actions); the exact vehicle follows plans only.
-"""
+"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, two kinds behind one interface."""
 
 from __future__ import annotations
 
@@ -41,7 +24,7 @@ class Vehicle(Protocol):
 
     @property
     def pose(self) -> np.ndarray:
-        """``[x, y, yaw]`` in the drive's frame (terra/closedloop/loop.py)."""
+        """``[x, y, yaw]`` in the drive's frame (loop)."""
 
     @property
     def speed(self) -> float:
@@ -51,13 +34,13 @@ class Vehicle(Protocol):
         """Follow ``plan`` for ``dt`` seconds; the new pose (the next frame's, in the drive's frame)."""
 
     def forecast(self, plan: Plan, times: np.ndarray) -> np.ndarray:
-        """Poses ``[len(times), 3]`` at ``times`` (seconds, > 0) in the ego frame of now, if the car keeps to
-        ``plan``; the car does not move."""
+        """Poses ``[len(times), 3]`` at ``times`` (seconds, > 0) in the ego frame of now, if the car keeps to ``plan``.
+        """
 
 
 class BicycleVehicle:
-    """A kinematic bicycle following plans with a tracking controller, starting at ``speed`` (m/s) and ``steer``
-    (rad) at the drive frame's origin."""
+    """A kinematic bicycle following plans with a tracking controller, starting at ``speed`` (m/s) and ``steer`` (rad)
+    at the drive frame's origin."""
 
     name = "bicycle"
 
@@ -76,9 +59,7 @@ class BicycleVehicle:
         return self.state.speed
 
     def _simulate(self, plan: Plan | Actuation, times: np.ndarray) -> list[VehicleState]:
-        """The states at ``times`` (ascending) in the plan's frame (the car's now): a command every control period
-        (the tracker's on a plan, or the actuation held), the vehicle integrated between commands and up to each time
-        asked for."""
+        """The states at ``times`` (ascending) in the plan's frame (the car's now)."""
         tracker = plan if isinstance(plan, Actuation) else Tracker(TrackedPath.from_plan(plan), self.params, self.gains)
         state = replace(self.state, x=0.0, y=0.0, yaw=0.0)
         period, now, k, out = self.gains.period_s, 0.0, 0, []
@@ -94,9 +75,7 @@ class BicycleVehicle:
         return out
 
     def forecast(self, plan: Plan | Actuation, times: np.ndarray) -> np.ndarray:
-        """As :meth:`Vehicle.forecast`; the simulation also stops at the next frame's time, whose state the
-        :meth:`step` along the same plan then takes as it is: the integration it would make itself (bit for bit with
-        the default gains, whose control instants fall on every frame)."""
+        """As :meth:`Vehicle.forecast`."""
         times = np.r_[DT_S, np.asarray(times, dtype=np.float64)]  # the next frame's time first
         order = np.argsort(times, kind="stable")
         states = self._simulate(plan, times[order])
@@ -117,8 +96,7 @@ class BicycleVehicle:
 
 
 class ExactVehicle:
-    """The car where the plan puts it (``FakeLoop``'s rule), starting at ``speed`` (m/s) at the drive frame's
-    origin; its speed is the plan's at the time it reached."""
+    """The car where the plan puts it (``FakeLoop``'s rule), starting at ``speed`` (m/s) at the drive frame's origin."""
 
     name = "exact"
 
@@ -154,5 +132,5 @@ def make_vehicle(kind: str, speed: float) -> Vehicle:
 
 def action_of(poses: np.ndarray) -> np.ndarray:
     """The world model's ``[6, 3]`` action ``[y, x, time]`` from poses ``[6, 2|3]`` at the action times (ego frame of
-    now), checked in reach (terra/contract/actions.py)."""
+    now), checked in reach (actions)."""
     return validate_actions(np.stack([poses[:, 1], poses[:, 0], ACTION_TIMES], axis=-1)[None], "plan")[0]

@@ -1,21 +1,5 @@
 """A policy's plan as a tracked path (:class:`TrackedPath`): the path the car follows, where along it the car should be
 at any time, and the pose there.
-
-The plan's poses (terra/closedloop/plans.py: ``[N, 2|3]`` at ``times``, or a ``[6, 3]`` action at the action
-times) are led by the car's pose now, the origin at time 0:
-
-* **path**: a smooth curve from the origin through them, by arc length: between two poses the cubic Hermite curve
-  tangent to the path's heading at both (sampled at ``SUBSEGMENTS`` points), the heading at a pose being the
-  direction of the chord from the pose before to the pose after, at the first and last pose the end chord's turned
-  by half the turn to the next chord (all three exact on straight lines and circles); where the path stands still,
-  the heading before. A plan without headings (``[N, 2]``, actions) takes these; a one-pose plan heads along the
-  chord from the origin. Beyond the last pose the path goes on straight along the last heading. The first segment,
-  from where the car is to the plan's first pose, counts for its length along the first pose's heading: a plan that
-  starts beside the car (a route follower's, off its route) asks it to merge, not to speed up.
-* **timing**: the distance along the path as a function of time, a cubic Hermite curve through each pose's
-  ``(time, distance)`` whose slopes (the speeds at the poses) are the three-point estimates, limited so that the
-  distance never decreases (Fritsch and Carlson's monotone rule): exact for plans at constant acceleration, whatever
-  their sampling, and the car never backs up along the path. Beyond the last pose the plan goes on at its last speed.
 """
 
 from __future__ import annotations
@@ -99,9 +83,9 @@ class TrackedPath:
         return np.r_[self.point_at(s), np.interp(t, self.times, self.yaws)]
 
     def project(self, xy: np.ndarray, first: int, reach: float) -> tuple[float, int]:
-        """The distance along the path of the point nearest ``xy`` on the segments from ``first`` up to ``reach``
-        metres further, and its segment: the car moves forward along its plan and no faster than it can, so a path
-        that crosses itself or comes close again further on is not taken for where the car is."""
+        """The distance along the path of the point nearest ``xy`` on the segments from ``first`` up to ``reach`` metres
+        further, and its segment: the car moves forward along its plan and no faster than it can, so a path that
+        crosses itself or comes close again further on is not taken for where the car is."""
         last = bisect.bisect_right(self.along, float(self.along[first]) + reach, lo=first + 1)
         spans, lengths2 = self._segments
         start, span = self.points[first:last], spans[first:last]
@@ -112,15 +96,13 @@ class TrackedPath:
 
     @cached_property
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each path segment's span ``[K - 1, 2]`` and squared length (at least ``STILL_M ** 2``): made once, read by
-        every :meth:`project` of a forecast."""
+        """Each path segment's span ``[K - 1, 2]`` and squared length (at least ``STILL_M ** 2``)."""
         spans = self.points[1:] - self.points[:-1]
         return spans, np.maximum((spans * spans).sum(-1), STILL_M ** 2)
 
 
 def _headings(points: np.ndarray) -> np.ndarray:
-    """Headings at points ``[N + 1, 2]`` led by the origin (heading 0 there; see the module docstring); the chord
-    from the origin counts only for a one-pose plan, so that a plan starting beside the car heads as it goes on."""
+    """Headings at points ``[N + 1, 2]`` led by the origin (heading 0 there; see the module docstring)."""
     n = len(points) - 1
     if n == 1:
         return np.r_[0.0, _direction(points[1] - points[0], 0.0)]
@@ -144,8 +126,7 @@ def _direction(chord: np.ndarray, otherwise: float) -> float:
 
 
 def _end_direction(chord: np.ndarray, inner: np.ndarray | None, otherwise: float) -> float:
-    """The heading at the end of a path whose end chord is ``chord`` and the chord next to it ``inner``: the end
-    chord's direction turned away from the inner chord's by half their difference."""
+    """The heading at the end of a path whose end chord is ``chord`` and the chord next to it ``inner``."""
     near = _direction(chord, otherwise)
     if inner is None or math.hypot(float(inner[0]), float(inner[1])) <= STILL_M:
         return near

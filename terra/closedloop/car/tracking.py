@@ -1,29 +1,4 @@
-"""The tracking controller between a plan and the car: pure pursuit on the plan's path, a speed loop on its timing.
-
-Every ``period_s`` (AlpaSim's controller runs every 0.1 s and holds its command in between) it reads the whole plan
-(terra/closedloop/car/path.py) from the car's state, in the plan's frame:
-
-* **steering**: pure pursuit about the rear axle (Coulter, CMU-RI-TR-92-01): the point of the path ``lookahead``
-  metres on from where the car is along it, ``lookahead = clip(lookahead_s * speed, min, max)``; the arc from the
-  car through it has curvature ``2 y / d^2`` (``y`` its lateral offset, ``d`` its distance), and the steering is
-  ``atan(wheelbase * curvature)``. An arc needs no heading, so a plan without one is followed as well.
-* **acceleration**: the plan's own acceleration (feed-forward, read ``lag`` ahead so that it arrives through the
-  actuator's lag), plus feedback on the speed and on the distance along the path against where the plan has the car
-  at that time: ``a = a_plan(t + lag) + speed_gain (v_plan - v) + position_gain (s_plan - s)``. Where the plan has
-  come to rest (slower than ``hold_speed``, less than ``hold_m`` short of its end) the car brakes at ``hold_accel``
-  at least, so that it comes to rest too instead of creeping.
-
-:class:`Actuation` is the other controller: steering and acceleration given directly and held (the gymnasium env's
-``actuation`` actions, terra/closedloop/gym/spaces.py), the car's limits and lags applied by the vehicle.
-
-The gains are this module's own. The speed loop is critically damped at 1 rad/s (``position_gain = 1``,
-``speed_gain = 2``), slow beside the 0.1 s lag. The look-ahead came from a sweep (0.3 to 1 s, at least 2 to 5 m) over
-tests/closedloop/car/test_vehicle.py's plans: with 0.6 s and 4 m a 3.5 m lane change in 3 s is followed within 10 cm at
-5 to 30 m/s, a car starting 0.5 m beside a straight plan overshoots it by under 4 cm at 3 to 30 m/s, and a circle
-is tracked exactly once the steering has settled; 0.45 s or a 3 m minimum overshoot by up to 23 cm at 5 to 8 m/s,
-a 2 m minimum loses the plan at 3 m/s (5 m off after 10 s, the steering-rate limit lagging it), and 0.8 s cuts
-the lane change by 15 cm.
-"""
+"""The tracking controller between a plan and the car: pure pursuit on the plan's path, a speed loop on its timing."""
 
 from __future__ import annotations
 
@@ -53,8 +28,7 @@ class TrackingGains:
 
 @dataclass
 class Tracker:
-    """Follows one plan: :meth:`command` gives the steering and acceleration for the car's state at time ``t``
-    (seconds after the plan was made, the state in the plan's frame)."""
+    """Follows one plan."""
 
     path: TrackedPath
     params: VehicleParams
@@ -83,9 +57,7 @@ class Tracker:
 
 @dataclass(frozen=True)
 class Actuation:
-    """Steering (rad, road wheels, left positive) and acceleration (m/s^2) commands held until the next ones: what
-    :meth:`command` gives whatever the car's state (the vehicle clips them to its limits:
-    terra/closedloop/car/vehicle.py)."""
+    """Steering (rad, road wheels, left positive) and acceleration (m/s^2) commands held until the next ones."""
 
     steer: float
     accel: float

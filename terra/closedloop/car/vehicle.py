@@ -1,12 +1,4 @@
 """The ego car's body: a kinematic bicycle about the rear axle, with actuator lags and limits, integrated in sub-steps.
-
-The pose is the rear axle's centre on the ground, x forward, y left, yaw counter-clockwise (AlpaSim's rig frame,
-NAVSIM's ego frame). A rear-axle bicycle does not slip sideways there, so the pose moves along its heading at the
-speed and turns at ``speed * tan(steer) / wheelbase``. Steering and acceleration follow their commands through
-first-order lags (AlpaSim's vehicle model does the same), the steering no faster than its rate limit; the speed
-stays in ``[0, max_speed]``: the car never reverses. Commands outside the limits are clipped to them, so no command,
-however absurd, drives the car past them. Each call integrates with explicit midpoint (RK2) sub-steps of at most
-``substep_s``, as AlpaSim's ``vehicle_model.py`` does.
 """
 
 from __future__ import annotations
@@ -14,16 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-EGO_LENGTH_M = 4.5  # the body's rectangle (terra/closedloop/outcomes/truth.py judges it in the scene)
+EGO_LENGTH_M = 4.5  # the body's rectangle (truth judges it in the scene)
 EGO_WIDTH_M = 1.8
 
 
 @dataclass(frozen=True)
 class VehicleParams:
-    """A mid-size car. Sources: AlpaSim (NVlabs/alpasim, src/controller/alpasim_controller/): its default vehicle
-    (``vehicle_model.py`` ``Parameters``, a Ford Fusion), its linear MPC's bounds (``mpc_impl/linear_mpc.py``) and
-    its integration step (``DT_STEP_MAX``); CommonRoad's vehicle models (Althoff et al., vehicles 1-3:
-    ``parameters_vehicle*.py``) for the steering rate, which AlpaSim's MPC only penalises."""
+    """A mid-size car."""
 
     wheelbase_m: float = 2.85  # AlpaSim's default vehicle
     max_steer_rad: float = 0.6  # 34 deg road-wheel lock (a 4.2 m turning radius at the rear axle), within
@@ -39,8 +28,7 @@ class VehicleParams:
 
 @dataclass(frozen=True)
 class VehicleState:
-    """Where the car is and what its actuators do: the rear axle's pose, its speed (m/s), the road wheels' angle
-    (rad, left positive) and the acceleration the drivetrain and brakes apply (m/s^2)."""
+    """Where the car is and what its actuators do."""
 
     x: float = 0.0
     y: float = 0.0
@@ -56,9 +44,7 @@ def _clip(value: float, low: float, high: float) -> float:
 
 def integrate(state: VehicleState, steer_cmd: float, accel_cmd: float, duration: float,
               params: VehicleParams) -> VehicleState:
-    """The state ``duration`` seconds later with the commands held (each clipped to the car's limits). Each sub-step
-    evaluates the bicycle's rates (written out inline: this loop is most of a forecast's time) at its start
-    and at its midpoint."""
+    """The state ``duration`` seconds later with the commands held (each clipped to the car's limits)."""
     p = params
     steer_cmd = _clip(steer_cmd, -p.max_steer_rad, p.max_steer_rad)
     accel_cmd = _clip(accel_cmd, p.min_accel, p.max_accel)

@@ -1,7 +1,7 @@
-"""What both gymnasium envs of terra/closedloop/gym/env.py share (:class:`EnvDrives`): their settings checked, the
-world and the scenarios they drive (:func:`env_scenarios`; synthetic ones built when a reset first asks for them,
-:class:`SyntheticScenarios`), opening a drive on a scenario and stepping drives with the agents' actions. The env
-module's docstring says what each setting, reset option and refusal means."""
+"""What both gymnasium envs of env share (:class:`EnvDrives`): their settings checked, the world and the scenarios they
+drive (:func:`env_scenarios`; synthetic ones built when a reset first asks for them, :class:`SyntheticScenarios`),
+opening a drive on a scenario and stepping drives with the agents' actions.
+"""
 
 from __future__ import annotations
 
@@ -74,8 +74,7 @@ class SyntheticScenarios(SequenceABC):
 
 def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed: int,
                   image_size: Sequence[int]) -> tuple[World, Sequence[Scenario], tuple[int, int]]:
-    """The world, the scenarios an env drives (see the module docstring) and their frames' size, checked now: a
-    world that is not one, or scenarios that are not a list of Scenario of one frame size, are one line here."""
+    """The world, the scenarios an env drives (see the module docstring) and their frames' size, checked now."""
     if isinstance(world, str):
         if world != TRUTH:
             raise TerraInputError(f"world={world!r}: the env builds only the true world ('{TRUTH}'); pass a World "
@@ -100,8 +99,7 @@ def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed:
 
 
 def user_scenarios(scenarios: Any) -> list[Scenario]:
-    """The caller's ``scenarios``: a non-empty list of :class:`Scenario`, each checked whole, whose context frames
-    share one size."""
+    """The caller's ``scenarios``."""
     if isinstance(scenarios, (str, bytes, Scenario)) or not isinstance(scenarios, SequenceABC):
         raise TerraInputError(f"scenarios must be a list of Scenario (got a {type(scenarios).__name__}); or leave it "
                               "None for num_scenarios synthetic ones")
@@ -111,7 +109,7 @@ def user_scenarios(scenarios: Any) -> list[Scenario]:
         if not isinstance(scenario, Scenario):
             raise TerraInputError(f"scenarios[{i}] is a {type(scenario).__name__}, not a Scenario (terra/closedloop/"
                                   "scenarios.py: synthetic_scenarios, log_scenarios)")
-        check_scenario(scenario, f"scenarios[{i}]")  # every field, once (terra/closedloop/scenarios.py)
+        check_scenario(scenario, f"scenarios[{i}]")  # every field, once (scenarios)
         images = scenario.images
         if images.shape[1:3] != scenarios[0].images.shape[1:3]:
             raise TerraInputError(f"scenarios[{i}] ({scenario.id}) has {images.shape[1]}x{images.shape[2]} frames, "
@@ -173,12 +171,11 @@ class EnvDrives:
         return drive
 
     def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
-        """A step's ``action`` checked (terra/closedloop/gym/spaces.py ``read_action``); the car does not move yet."""
+        """A step's ``action`` checked (spaces ``read_action``); the car does not move yet."""
         return read_action(self.action_mode, drive, action, where)
 
     def step(self, drives: list[Drive], commands: Sequence[tuple[Plan | Actuation, np.ndarray]]) -> list[tuple]:
-        """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info. A
-        frame the world failed to make raises its error (the drives are then half-stepped: reset them)."""
+        """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info."""
         for drive, (plan, action) in zip(drives, commands):
             drive.command(plan, action)
         frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives],

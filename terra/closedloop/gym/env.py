@@ -1,35 +1,6 @@
 """The loop as a ``gymnasium`` environment: :class:`DriveEnv` (one drive) and :class:`DriveVectorEnv` (many drives
-stepped together on one world, so a world model's engine batches them), registered as :data:`ENV_ID` when this
-module is imported: ``gymnasium.make("terra/Drive-v0")`` and ``gymnasium.make_vec("terra/Drive-v0", num_envs=8)``
-(or ``gymnasium.make("terra.closedloop.gym.env:terra/Drive-v0")``, which imports it).
-
-* the world: ``world="truth"`` (the default: the true world, rendered at the car's pose, terra/closedloop/worlds.py)
-  or a :class:`~terra.closedloop.worlds.World` of the caller's (``ModelWorld(pipeline)``: the world model); the
-  scenarios: a list of the caller's, else ``num_scenarios`` synthetic ones drawn with ``scenario_seed`` at
-  ``image_size`` (terra-drive's settings of the same names, conf/drive.yaml), each built when a reset first drives
-  it (terra/closedloop/gym/drives.py, ``SyntheticScenarios``);
-* ``reset(seed, options)``: a scenario (``options={"scenario": i}``, else drawn with the seed) opened in the world,
-  the world model's sampling seeded from ``seed``;
-* ``step(action)``: the action (``action_mode``: ``actuation``, normalized steering and acceleration, or ``plan``,
-  NAVSIM's trajectory; terra/closedloop/gym/spaces.py) goes to the drive's ``vehicle`` (terra/closedloop/car/motion.py),
-  which moves the car and forecasts the world model's action, as in the loop (terra/closedloop/loop.py);
-* observation and reward (``reward``: ``progress`` or ``lane_keeping``): terra/closedloop/gym/spaces.py;
-  ``terminated`` when the car leaves the road or hits a parked car (synthetic scenarios:
-  terra/closedloop/outcomes/truth.py), ``truncated`` after ``num_steps`` or when the car leaves the scene
-  (``Scenario.left_scene``); ``info`` holds the pose and, in the true world, the lane offset (and ``ended``: why the
-  drive ended early);
-* ``render()``: the newest frame (``render_mode="rgb_array"``).
-
-Bad calls are refused as gymnasium's own envs refuse them, in one line, before anything changes: an action that is
-not one of the action space's raises ``gymnasium.error.InvalidAction``, ``step()`` before ``reset()``, after the
-drive ended (terminated or truncated) or after a step the world failed ``gymnasium.error.ResetNeeded``, a bad
-setting, scenario index, reset option or seed list a :class:`~terra.core.errors.TerraInputError` (a
-``ValueError``): a ``world`` without the World methods, or ``scenarios`` that are not Scenarios of uint8 frames of
-one size, each checked whole (its scene, poses, path, speed and actions: terra/closedloop/scenarios.py,
-``check_scenario``), at construction; a world's frame that is not uint8 ``[H, W, 3]`` at that size, before it becomes an
-observation (terra/closedloop/gym/spaces.py, ``checked_frame``). ``step()`` or ``reset()`` after ``close()`` raises
-``gymnasium.error.ClosedEnvironmentError``. The vector env checks every action of a step before it moves any drive: a
-refused step changes no env.
+stepped together on one world, so a world model's engine batches them), registered as :data:`ENV_ID` when this module
+is imported.
 """
 
 from __future__ import annotations

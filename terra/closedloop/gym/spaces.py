@@ -1,24 +1,5 @@
-"""What the gymnasium envs' agent sees, does and earns (terra/closedloop/gym/env.py): the observation, the two action
-modes (``action_mode``) and the two rewards (``reward``).
-
-* observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, acceleration m/s^2], "command":
-  NAVSIM's driving command as Discrete(4): 0 left, 1 straight, 2 right, 3 unknown}`` (terra/closedloop/plans.py's
-  ``COMMANDS``, where the route goes 20 m ahead);
-* ``action_mode="actuation"``: ``Box([-1, 1]^2, float32)``, steering and acceleration normalized by the vehicle's
-  limits (terra/closedloop/car/vehicle.py ``VehicleParams``): steering times ``max_steer_rad`` (0.6 rad of road-wheel
-  angle, left positive), acceleration times ``max_accel`` (6 m/s^2) above 0 and ``-min_accel`` (8 m/s^2) below, so
-  that 0 is wheels straight and no throttle. The bicycle vehicle holds them for the step (0.1 s) through its actuator
-  lags and its steering-rate limit (0.4 rad/s): a random action moves the wheels 0.04 rad at most, so random actions
-  wander instead of throwing the car off the road. Bicycle vehicle only;
-* ``action_mode="plan"``: NAVSIM's trajectory, 8 poses ``(x, y, heading)`` at 0.5 s in the ego frame (any form
-  :func:`~terra.closedloop.plans.as_plan` reads is taken too), followed by the drive's vehicle as in the loop. Every
-  pose (or Terra action) must lie within the action space's bounds (:data:`PLAN_LOW`, :data:`PLAN_HIGH`: x 0 to 45 m
-  ahead, y within 10 m to a side, heading within pi); one beyond them is refused (``InvalidAction``), not clipped;
-* ``reward="progress"``: metres driven forward in the step, along the previous heading (any world and scenario);
-* ``reward="lane_keeping"``: metres gained along the road in the step (the synthetic scene's road coordinates,
-  terra/closedloop/outcomes/truth.py) minus :data:`LANE_PENALTY` times the car's distance (m) from its lane's centre at
-  the new pose: a car a metre off the centre earns 0.5 m less each step than one on it, and one on the lane line (0.85
-  m) at the scenarios' 6-11 m/s still gains; synthetic scenarios only.
+"""What the gymnasium envs' agent sees, does and earns (env): the observation, the two action modes (``action_mode``)
+and the two rewards (``reward``).
 """
 
 from __future__ import annotations
@@ -47,7 +28,7 @@ LANE_PENALTY = 0.5  # lane_keeping: progress (m) lost per metre off the lane's c
 PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
 PLAN_HIGH = np.tile(np.array([45.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
 # Largest speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) between two frames any plan in the action space
-# can command through terra/closedloop/car/path.py: a segment's curve is at most 3.5 chords long (tangents as long as
+# can command through path: a segment's curve is at most 3.5 chords long (tangents as long as
 # the chord), a chord at most hypot(45, 20) m a 0.5 s, so secant speeds stay under 345 m/s, the monotone timing's
 # speeds under 4.5 times that (1,551 m/s), a speed change within a 0.1 s frame under 15,510 m/s^2; headings turn by
 # at most pi a pose (6.3 rad/s). Random plans reach 118 m/s and 1,095 m/s^2.
@@ -64,9 +45,7 @@ def observation_space(height: int, width: int) -> spaces.Dict:
 
 
 def checked_frame(frame: Any, size: tuple[int, int], world: str, call: str) -> np.ndarray:
-    """``frame`` if it is what the observation's ``frame`` holds, uint8 ``[height, width, 3]``; else one line naming
-    the ``world``, its ``call`` and what it returned (:class:`TerraInputError`): a World of the caller's answers for its
-    frames here, before one becomes an observation outside the observation space."""
+    """``frame`` if it is what the observation's ``frame`` holds, uint8 ``[height, width, 3]``."""
     if type(frame) is np.ndarray and frame.dtype == np.uint8 and frame.shape == (*size, 3):
         return frame
     what = f"a {frame.dtype} frame of shape {list(frame.shape)}" if isinstance(frame, np.ndarray) else \
@@ -121,8 +100,8 @@ def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> 
 
 
 def within_space(plan: Plan) -> None:
-    """Refuse a plan whose poses (or Terra actions) leave the plan action space's bounds (the module docstring),
-    naming the first such pose."""
+    """Refuse a plan whose poses (or Terra actions) leave the plan action space's bounds (the module docstring), naming
+    the first such pose."""
     poses = plan.actions if plan.poses is None else plan.poses
     low, high = PLAN_LOW[0, : poses.shape[1]], PLAN_HIGH[0, : poses.shape[1]]
     outside = np.flatnonzero(~np.all((poses >= low) & (poses <= high), axis=1))
@@ -135,7 +114,7 @@ def within_space(plan: Plan) -> None:
 
 def reward_of(kind: str, before: np.ndarray, after: np.ndarray, truth: dict | None) -> float:
     """The step's reward of ``kind`` (one of :data:`REWARDS`) for a car that moved from pose ``before`` to ``after``
-    (the drive's frame); ``truth``: terra/closedloop/outcomes/truth.py's metrics of the new pose (lane_keeping)."""
+    (the drive's frame); ``truth``: truth's metrics of the new pose (lane_keeping)."""
     if kind == "progress":
         return float(to_ego(after[:2], before)[0])
     offset = truth["mean_abs_lane_offset_m"]

@@ -1,51 +1,4 @@
-"""AlpaSim's closed-loop metrics and scene score, computed from the true world's ground truth.
-
-The names and definitions are AlpaSim's evaluation (NVlabs/alpasim, ``src/eval/src/eval/``: ``scorers/collision.py``,
-``scorers/offroad.py``, ``scorers/ground_truth.py``, ``aggregation/processing.py``, ``aggregation/scene_score.py``).
-Per timestep ``t_k = k / 10 s`` of a drive (``k = 0`` the start pose, the last context frame; the policy drives from
-its first plan there, so no pre-engagement timestep is dropped):
-
-* the ego's **box**: the pose is the rear axle (AlpaSim's rig, the closed loop's pose); the box centre lies
-  ``aabb_x_offset_m + aabb_x_m / 2`` ahead of it along the heading. The dimensions are AlpaSim's default vehicle
-  (``VehicleConfig``: 5.393 x 2.109 m, rear plane 1.3 m behind the rear axle), not terra/closedloop/outcomes/truth.py's
-  4.5 x 1.8 m rectangle centred on the pose. Every metric box (the ego's and each parked car's, 4.5 m x the car's
-  drawn width) is shrunk by 2 % and its corners rounded with radius ``0.5 * min(size) / 2`` (AlpaSim's
-  ``vehicle_shrink_factor`` and ``vehicle_corner_roundness`` defaults), a polygon of 16 segments per quarter circle;
-* ``collision_front`` / ``collision_rear`` / ``collision_lateral``: a parked car's box overlaps the ego's and touches
-  its front bumper band (the front edge buffered by the corner radius, inside the box), else its rear band, else
-  it is lateral (AlpaSim keeps only the last overlapping actor's class; here each class is set by any car, which
-  differs only when two cars touch the ego at once); ``collision_any``; ``collision_at_fault`` = front or lateral;
-* ``offroad``: the ego's box is not inside the asphalt (``|d| <= ROAD_HALF_WIDTH_M``, both lanes) and touches or
-  crosses its edge. As in AlpaSim, a box entirely beyond the edge without touching it is not offroad;
-* the **ground-truth trajectory** (:func:`expert_trajectory`): what the scenario's expert drives, the ego lane's
-  centre at the scenario's speed from its start for the drive's duration (terra/closedloop/scenarios.py drives the
-  context the same way), its boxes' centres a polyline; ``progress`` = ``progress_rel_to_total``: the ego box
-  centre's projection onto it, as a fraction of its length; ``progress_rel``: the same onto the polyline truncated
-  to the timesteps so far (1 at ``k = 0``; AlpaSim sets its first two timesteps so, and their distances to 0: here
-  the second is computed); ``dist_to_gt_trajectory``: distance to the polyline;
-  ``dist_to_gt_location``: to the expert's box centre at the same time; ``dist_traveled_m``: the path length of the
-  ego's box centre (AlpaSim projects onto the ego's own path: the same unless the path doubles back);
-  ``gt_dist_traveled_m``: the polyline's length;
-* ``wrong_lane``: the box centre's heading is more than 2 pi / 3 from its lane's direction (the oncoming lane runs
-  against the road; AlpaSim takes the nearest map lane), reported but, as in AlpaSim, not part of the score;
-* ``duration_frac_20s`` = time since the start / 20 s.
-
-A drive's values: the timesteps after the first ``offroad`` or collision, and after the first with
-``dist_to_gt_trajectory >= 4 m``, are dropped (the event's own kept); then each metric takes AlpaSim's time
-aggregation over the kept timesteps (collisions, offroad and distances their maximum, ``progress_rel`` its
-minimum, the rest the last value); ``progress_clipped_rel`` is the last kept ``progress_rel_to_total``. The
-**scene score**: 0 with ``failure_reason`` ``collision_at_fault`` if there is one, else 0 with ``offroad``, else
-``min(clamp(progress_clipped_rel, 0, 1) / 0.8, 1)``, and the progress part is 1 when the expert drives under 5 m.
-A drive that failed (its policy or world raised) scores 0 with its error as the reason, as AlpaSim's crashed
-rollouts do.
-
-Beyond AlpaSim's: the road is the synthetic scene's, exact (no map lanes: the drivable area is both lanes, its edge
-the asphalt's), the only actors are parked cars, and the ground truth is the expert's drive rather than a recorded
-log. Newer AlpaSim versions add ``lateral_dist_to_gt_trajectory`` and a third failure reason,
-``left_corridor_laterally``; this module follows the version without them (NVlabs/alpasim 3032e0c). AlpaSim computes
-no mean of the score over scenes; the run summary's mean with its bootstrap interval is this toolkit's
-(terra/closedloop/recording/run.py).
-"""
+"""AlpaSim's closed-loop metrics and scene score, computed from the true world's ground truth."""
 
 from __future__ import annotations
 
@@ -80,8 +33,7 @@ FLAGS = ("collision_front", "collision_rear", "collision_lateral", "collision_an
 
 @dataclass(frozen=True)
 class VehicleBox:
-    """A vehicle's box about its rear axle: AlpaSim's default vehicle (``VehicleConfig``: ``aabb_x_m``,
-    ``aabb_y_m``, ``-aabb_x_offset_m``)."""
+    """A vehicle's box about its rear axle."""
 
     length_m: float = 5.393
     width_m: float = 2.109
@@ -94,8 +46,7 @@ class VehicleBox:
 
 @dataclass(frozen=True)
 class MetricBox:
-    """A box as AlpaSim's metrics see it (``RAABB``): ``length x width`` shrunk by :data:`SHRINK`, its corners
-    rounded with ``radius``; ``outline`` is its polygon about its centre, counter-clockwise."""
+    """A box as AlpaSim's metrics see it (``RAABB``)."""
 
     outline: np.ndarray  # [N, 2]
     length: float  # shrunk
@@ -127,8 +78,7 @@ class MetricBox:
 
 
 def clip(subject: np.ndarray, clipper: np.ndarray) -> np.ndarray:
-    """The intersection of two convex counter-clockwise polygons (Sutherland-Hodgman); points on both boundaries
-    count as inside, so polygons that only touch give a degenerate, non-empty result. ``[0, 2]`` when apart."""
+    """The intersection of two convex counter-clockwise polygons (Sutherland-Hodgman)."""
     out = np.asarray(subject, dtype=np.float64)
     for a, b in zip(clipper, np.roll(clipper, -1, axis=0)):
         edge = b - a
@@ -149,9 +99,7 @@ def clip(subject: np.ndarray, clipper: np.ndarray) -> np.ndarray:
 
 def collision_classes(ego: MetricBox, pose: np.ndarray, others: list[tuple[MetricBox, np.ndarray]]
                       ) -> tuple[bool, bool, bool]:
-    """``(front, rear, lateral)`` of the ``ego`` box centred on ``pose``: for each ``(box, pose)`` of ``others``
-    overlapping it, whether it touches the ego's front bumper band (the box within the corner radius of its front
-    edge: AlpaSim's bumper line buffered by that radius, inside the box), else the rear band, else the side."""
+    """``(front, rear, lateral)`` of the ``ego`` box centred on ``pose``."""
     front = rear = lateral = False
     near = [(box, where) for box, where in others if np.hypot(*(where[:2] - pose[:2])) <= ego.reach + box.reach]
     if not near:
@@ -172,8 +120,8 @@ def collision_classes(ego: MetricBox, pose: np.ndarray, others: list[tuple[Metri
 
 
 def offroad(scene: Scene, box: MetricBox, poses: np.ndarray) -> np.ndarray:
-    """``[T]`` whether ``box`` centred on each of ``poses [T, 3]`` is not within the asphalt and touches or crosses
-    its edge (AlpaSim's rule; a box beyond the road's ends, without an edge to touch, is not)."""
+    """``[T]`` whether ``box`` centred on each of ``poses [T, 3]`` is not within the asphalt and touches or crosses its
+    edge (AlpaSim's rule; a box beyond the road's ends, without an edge to touch, is not)."""
     polygons = box.dense(SIDE_STEP_M).at(poses)
     _, d = scene.road_coords(polygons[..., 0], polygons[..., 1])
     out = np.zeros(len(polygons), dtype=bool)
@@ -183,8 +131,8 @@ def offroad(scene: Scene, box: MetricBox, poses: np.ndarray) -> np.ndarray:
 
 
 def wrong_lane(scene: Scene, poses: np.ndarray) -> np.ndarray:
-    """``[T]`` whether box-centre ``poses [T, 3]`` head more than 2 pi / 3 away from the direction of the lane they
-    are in (AlpaSim's ``wrong_lane``, the nearest lane's): the ego's lane runs along the road, the other against it."""
+    """``[T]`` whether box-centre ``poses [T, 3]`` head more than 2 pi / 3 away from the direction of the lane they are
+    in (AlpaSim's ``wrong_lane``, the nearest lane's): the ego's lane runs along the road, the other against it."""
     s, d = scene.road_coords(poses[:, 0], poses[:, 1])
     own = np.sign(d) == np.sign(scene.ego_lane_offset_m)
     direction = scene.road_pose(s)[:, 2] + np.where(own, 0.0, np.pi)
@@ -192,9 +140,7 @@ def wrong_lane(scene: Scene, poses: np.ndarray) -> np.ndarray:
 
 
 def project(polyline: np.ndarray, points: np.ndarray, upto: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(along, distance)`` ``[T]`` of ``points [T, 2]`` on ``polyline [M, 2]``: the arc length of the nearest point
-    of the polyline (the first of equals) and the distance to it, as shapely's ``LineString.project`` and
-    ``distance``; ``upto [T]``: point t sees only the polyline's first ``upto[t] + 1`` vertices."""
+    """``(along, distance)`` ``[T]`` of ``points [T, 2]`` on ``polyline [M, 2]``."""
     a, seg = polyline[:-1], np.diff(polyline, axis=0)
     if not len(seg):
         return np.zeros(len(points)), np.hypot(*(points - polyline[0]).T)
@@ -213,9 +159,7 @@ def project(polyline: np.ndarray, points: np.ndarray, upto: np.ndarray | None = 
 
 
 def expert_trajectory(scene: Scene, start_pose: np.ndarray, speed_mps: float, steps: int) -> np.ndarray:
-    """``[steps + 1, 3]`` rear-axle poses of the scenario's expert at ``t = 0, 0.1, ...``: on the ego lane's centre
-    from the road position of ``start_pose``, its arc length along the road's centre growing at ``speed_mps`` (as
-    terra/closedloop/scenarios.py drives the context)."""
+    """``[steps + 1, 3]`` rear-axle poses of the scenario's expert at ``t = 0, 0.1, ...``."""
     s0, _ = scene.road_coords(np.array([start_pose[0]], dtype=np.float64), np.array([start_pose[1]], dtype=np.float64))
     return scene.lane_pose(s0[0] + speed_mps * DT_S * np.arange(steps + 1))
 
@@ -258,8 +202,7 @@ def timestep_metrics(scene: Scene, poses: np.ndarray, expert: np.ndarray,
 
 
 def truncation(metrics: dict[str, np.ndarray]) -> tuple[int, str | None]:
-    """``(kept, cause)``: how many timesteps stay (up to the first offroad or collision, or the first at
-    ``dist_to_gt_trajectory >= 4 m``, that one kept) and what cut the rest (None: nothing)."""
+    """``(kept, cause)``."""
     event, far = metrics["offroad_or_collision"], metrics["dist_to_gt_trajectory"] >= MAX_DIST_TO_GT_M
     first = np.flatnonzero(event | far)
     if not len(first):
@@ -313,10 +256,9 @@ def alpasim_metrics(scenario: Scenario, world_poses: np.ndarray, error: str | No
 
 
 def scene_scores(drives: Iterable[dict], bootstrap: Bootstrap = Bootstrap()) -> dict | None:
-    """A run's AlpaSim summary from its drives' JSON contents (terra/closedloop/recording/files.py; those without
-    AlpaSim's metrics left out; None when none has them): the mean scene score with its bootstrap interval over
-    scenarios (terra/stats.py), the same per policy, the means of :data:`SUMMARIZED`, and how many drives passed or
-    failed each way. AlpaSim itself reports each rollout's score and no mean of it over scenes."""
+    """A run's AlpaSim summary from its drives' JSON contents (files; those without AlpaSim's metrics left out; None
+    when none has them): the mean scene score with its bootstrap interval over scenarios (stats), the same per
+    policy, the means of :data:`SUMMARIZED`, and how many drives passed or failed each way."""
     rows = [(c["scenario"], c["policy"], c["metrics"]["alpasim"]) for c in drives
             if (c.get("metrics") or {}).get("alpasim")]
     if not rows:

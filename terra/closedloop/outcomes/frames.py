@@ -1,25 +1,4 @@
-"""What one drive's frames say about its world, measured against the true world's renders at the drive's poses.
-
-For a drive in any world but the true one, on a synthetic scenario: the scene rendered at each pose the car reached
-(terra/sim/renderer.py) is what a faithful world would have shown there, so every difference is the world's (the
-renders the world made at those poses itself, the drive's ``truths``, are taken as they are: a render is a pure
-function of the scene and the pose). Per drive (terra/fidelity/, where each measurement is defined and calibrated):
-
-* **action following**: the motion recovered from each pair of consecutive frames against the motion commanded
-  between their poses, and the motion recovered from the reference frames at the same poses, which the world's gains
-  are judged against (terra/fidelity/following.py): the true renders, or, for a world model, the true renders
-  through its tokenizer (the drive's ``references``: terra/closedloop/worlds.py);
-* **repeated frames**: how much each frame changed from the one before, in the world and in the reference
-  (terra/fidelity/agreement.py);
-* **perception agreement**: the lane detector's reading 10 m ahead in each world frame and in the reference frame
-  (the true frame, or through the world model's tokenizer: a coarse tokenizer alone moves the reading by 0.15 m on
-  average; terra/fidelity/agreement.py);
-* **frame fidelity**: PSNR and SSIM against the true frame at 1, 5, 10 and 20 steps;
-* **temporal lag**: the mean PSNR of world frame t against true frame t - k for every k (drives long enough).
-
-The values are stored in the drive's JSON (``fidelity``), so that terra/closedloop/study/verdict.py judges a world from
-its records alone, and a resumed run judges drives it did not make again.
-"""
+"""What one drive's frames say about its world, measured against the true world's renders at the drive's poses."""
 
 from __future__ import annotations
 
@@ -38,8 +17,7 @@ from terra.sim.renderer import render
 
 
 def measure_device(device: str) -> str | None:
-    """torch's device for the measurements of a run on ``device`` (auto, cpu, cuda, cuda:N): its GPU where this
-    process sees one; None (numpy) on the CPU."""
+    """torch's device for the measurements of a run on ``device`` (auto, cpu, cuda, cuda:N)."""
     if device == "cpu":
         return None
     import torch
@@ -48,16 +26,16 @@ def measure_device(device: str) -> str | None:
 
 
 def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
-    """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive
-    has no generated frame or no synthetic scene to render; ``device``: torch's, where every measurement but the
-    true renders runs, every frame at once (None: numpy, the same numbers within float tolerance)."""
+    """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive has no
+    generated frame or no synthetic scene to render; ``device``: torch's, where every measurement but the true
+    renders runs, every frame at once (None: numpy, the same numbers within float tolerance)."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:
         return None
     frames = np.stack(drive.frames[drive.num_context - 1:])  # the last context frame, then each step's
     poses = drive.world_poses()  # [steps + 1, 3]: the last context frame's pose first
     height, width = frames.shape[1:3]
-    renders = drive.truths or {}  # those the world made (terra/closedloop/worlds.py, true_renders)
+    renders = drive.truths or {}  # those the world made (worlds, true_renders)
     truth = np.stack([renders[key] if (key := pose_key(pose)) in renders else render(scene, pose, height, width)
                       for pose in poses])  # the last context frame's pose first
     kept = drive.references
@@ -86,16 +64,16 @@ def _floats(values: Any, columns: int | None = None) -> np.ndarray:
 
 
 def read_following(record: dict) -> Following:
-    """The action following of a drive's stored measurements (records made before the true frames' motion was
-    measured have no ``recovered_truth``: their gains are on the commanded motion alone)."""
+    """The action following of a drive's stored measurements (records made before the true frames' motion was measured
+    have no ``recovered_truth``: their gains are on the commanded motion alone)."""
     reference = record.get("recovered_truth")
     return Following(_floats(record["commanded"], 3), _floats(record["recovered"], 3), _floats(record["match"]),
                      None if reference is None else _floats(reference, 3))
 
 
 def read_changes(record: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    """How much each frame changed from the one before in the world and in the reference (None: a record made
-    before they were measured)."""
+    """How much each frame changed from the one before in the world and in the reference (None: a record made before
+    they were measured)."""
     if record.get("change_world") is None:
         return None
     return _floats(record["change_world"]), _floats(record["change_truth"])

@@ -1,15 +1,4 @@
-"""Closed-loop metrics of a drive that need no map: progress, comfort, plan consistency.
-
-Comfort follows NAVSIM's PDM score (navsim/planning/simulation/planner/pdm_planner/scoring/pdm_comfort_metrics.py):
-**history comfort (HC)** holds when, over the whole drive, longitudinal acceleration stays in [-4.05, 2.40] m/s^2,
-|lateral acceleration| <= 4.89 m/s^2, |jerk| <= 8.37 m/s^3, |longitudinal jerk| <= 4.13 m/s^3, |yaw acceleration|
-<= 1.93 rad/s^2 and |yaw rate| <= 0.95 rad/s; **extended comfort (EC)** compares each plan with the previous
-step's over the time they share: the RMS of their differences in acceleration (0.7 m/s^2), jerk (0.5 m/s^3), yaw
-rate (0.1 rad/s) and yaw acceleration (0.1 rad/s^2) must stay under those thresholds; a drive's EC is the share of
-consecutive plan pairs that meet them all. NAVSIM smooths states with a Savitzky-Golay filter before
-differentiating; here derivatives are central finite differences at 10 Hz (second order at the ends), exact for
-poses that are quadratic in time.
-"""
+"""Closed-loop metrics of a drive that need no map: progress, comfort, plan consistency."""
 
 from __future__ import annotations
 
@@ -65,17 +54,14 @@ def history_comfort(poses: np.ndarray, dt: float = DT_S) -> dict[str, float | bo
 
 
 def plan_poses(plan: Plan, step: int, start: np.ndarray, dt: float = DT_S) -> tuple[np.ndarray, np.ndarray]:
-    """A plan made at ``step`` (ego pose ``start``) resampled at 10 Hz in the drive's frame: ``(times, poses)``,
-    led by the pose it was made at, as the exact vehicle reads it (terra/closedloop/car/path.py: headings along
-    the path where the plan gives none, a timing exact at constant acceleration)."""
+    """A plan made at ``step`` (ego pose ``start``) resampled at 10 Hz in the drive's frame."""
     path = TrackedPath.from_plan(plan)
     grid = np.arange(0.0, path.times[-1] + 1e-9, dt)
     return step * dt + grid, compose(start, np.stack([path.pose_at(float(t)) for t in grid]))
 
 
 def extended_comfort(plans: Sequence[Plan], poses: np.ndarray, dt: float = DT_S) -> dict[str, float | None]:
-    """NAVSIM's EC over consecutive plans (``plans[k]`` made at ``poses[k]``): the share of pairs within the
-    thresholds and the worst RMS difference of each feature (None with fewer than two plans)."""
+    """NAVSIM's EC over consecutive plans (``plans[k]`` made at ``poses[k]``)."""
     passed, worst = [], dict.fromkeys(EC_THRESHOLDS, 0.0)
     resampled = [plan_poses(plan, k, poses[k], dt) for k, plan in enumerate(plans)]  # each plan once, not twice
     for (t0, p0), (t1, p1) in zip(resampled, resampled[1:]):

@@ -1,12 +1,6 @@
-"""Plan following: does the generated clip show the motion the policy commanded? The ACT-Estimator
-(terra/scoring/estimator.py) reads the ego trajectory off the drive's last frames; it is compared with the path the
-commands integrate to over those frames, as ACT-Bench compares its estimate with the instruction trajectory.
-
-The estimator sees the last ``T`` frames (``input_shape[1]``: 44 for the published ACT-Estimator, so the drive's
-context and generated frames together must number at least 44), preprocessed as ``terra/scoring/`` does, with
-timestamps 0.1 s apart. The driven path (ACT-Bench's reference) is the drive's poses over the same frames,
-relative to the first of them, in the estimator's frame (ACT-Bench's ``(-y, x)``). Reported per drive: ADE and FDE
-in metres and the estimated class.
+"""Plan following: does the generated clip show the motion the policy commanded? The ACT-Estimator (estimator) reads the
+ego trajectory off the drive's last frames; it is compared with the path the commands integrate to over those frames,
+as ACT-Bench compares its estimate with the instruction trajectory.
 """
 
 from __future__ import annotations

@@ -1,17 +1,4 @@
-"""Ground truth of a drive in the true world: where the integrated ego poses put the car in the true scene.
-
-The car is a rectangle of ``EGO_LENGTH_M`` x ``EGO_WIDTH_M`` (terra/closedloop/car/vehicle.py) centred on its pose.
-At each generated frame's pose (the scene's exact road coordinates, terra/sim/scene.py): the **lane offset**
-(lateral distance of the car's centre from the ego lane's centre; its mean signed too, left positive, and the mean
-heading against the road's, so that a world's bias shows in the verdict: terra/closedloop/study/verdict.py), **out
-of lane** when the car's body crosses a line of its lane (|offset| > (lane width - car width) / 2), **off road** when
-any part of it lies beyond the asphalt's edge, and a **collision** when it overlaps a parked car (a car-sized
-rectangle along the road at the parked car's position). Beside the drive's metrics, their values frame by frame
-(``per_frame``: the lane offset, the heading against the road, out of lane, off road), from which the metrics of the
-drive's first frames alone are :func:`metrics_until`'s (the fidelity horizon's verdict: terra/closedloop/study/
-horizons.py), and how far the road under the drive turns (``road_turn_rad``: the largest change of the road's heading
-from the drive's start, which tells drives on bends from drives on straights).
-"""
+"""Ground truth of a drive in the true world: where the integrated ego poses put the car in the true scene."""
 
 from __future__ import annotations
 
@@ -51,8 +38,8 @@ def parked_cars(scene: Scene) -> np.ndarray:
 
 
 def truth_metrics(scene: Scene, drive_poses: np.ndarray) -> dict:
-    """Lane offset, time out of lane, off road, collisions and progress along the road of a drive whose world
-    poses are ``drive_poses [steps + 1, 3]`` (the start first; the frames' metrics are of the generated frames)."""
+    """Lane offset, time out of lane, off road, collisions and progress along the road of a drive whose world poses are
+    ``drive_poses [steps + 1, 3]`` (the start first; the frames' metrics are of the generated frames)."""
     drive_poses = np.asarray(drive_poses, dtype=np.float64)
     world_poses = drive_poses[1:]
     if not len(world_poses):
@@ -102,8 +89,8 @@ def _summary(series: dict[str, np.ndarray]) -> dict:
 
 
 def metrics_until(metrics: dict, frames: int) -> dict | None:
-    """A drive's lane, heading and road metrics (:func:`truth_metrics`' ``metrics``) over its first ``frames``
-    frames alone, from its values frame by frame (None: a record without them, written before they were kept)."""
+    """A drive's lane, heading and road metrics (:func:`truth_metrics`' ``metrics``) over its first ``frames`` frames
+    alone, from its values frame by frame (None: a record without them, written before they were kept)."""
     series = metrics.get("per_frame")
     if not series or frames < 1:
         return None

@@ -1,28 +1,4 @@
-"""Reference policies, good to bad, so that a ranking of policies means something.
-
-* baselines that read no pixels (:data:`NO_PIXELS`): ``route_follower`` and ``constant_speed``, the egodriver
-  contract's own (carla_driver_interface.policies), driven over that contract in this process
-  (terra/closedloop/policies/egodriver.py): the first tracks the route (in the true world the ego lane's centre ahead),
-  the second plans straight ahead whatever the road does;
-* pixel policies (:data:`PIXEL_POLICIES`), which see the camera frame and their own speed alone
-  (terra/closedloop/policies/vision.py's detectors and steering laws): ``lane_follower`` (the lane markings by colour,
-  pure pursuit 1.2 s ahead), ``lane_follower_cautious`` (the same at 4.5 m/s), ``lane_follower_far`` and
-  ``lane_follower_near`` (pursuit 3 s / at least 25 m and 0.3 s / at least 3 m ahead), ``lane_follower_stanley``
-  (Stanley's law instead of pure pursuit), ``lane_follower_bang_bang`` (a fixed turn towards the lane),
-  ``centre_line_follower`` (the yellow centre line alone), ``road_edge_follower`` (the paved road's right edge,
-  no markings), ``learned_driver`` (a CNN trained by behaviour cloning: terra/closedloop/policies/learned.py);
-* a probe, not a reference (left out of ``all_reference``, ``all_pixel`` and the verdict's outcome statistics):
-  ``brake_hard`` (the lane follower braking at :data:`BRAKE_HARD_MPS2` to a standstill and staying there), which a
-  world can reward for its safety metrics though it drives nowhere (terra/closedloop/study/report.py asks whether
-  the world rewards it more than the truth does);
-* degraded lane followers: ``lane_follower_latency`` (plans on the frame 5 steps old), ``lane_follower_noisy``
-  (each plan turned by a random angle, 0.12 rad standard deviation, its random stream drawn from the run's ``seed``,
-  the scenario and the policy: terra/closedloop/plans.py, ``policy_seed``) and
-  ``lane_follower_bias_left`` (each plan shifted 1 m to the left).
-
-The degradations wrap any policy: :class:`Latency`, :class:`Noise`, :class:`Bias`. The pixel policies hold the
-GIL as they plan (``gil_bound``: the loop runs their plans one after another, terra/closedloop/plans.py).
-"""
+"""Reference policies, good to bad, so that a ranking of policies means something."""
 
 from __future__ import annotations
 
@@ -87,8 +63,7 @@ def _poses(plan: Plan) -> np.ndarray:
 
 
 class Noise(Degradation):
-    """``policy`` with each plan turned about the car by a random angle (``std_rad``); the angles of a drive are
-    drawn from the run's ``seed``, its scenario and the policy's name (terra/closedloop/plans.py, ``policy_seed``)."""
+    """``policy`` with each plan turned about the car by a random angle (``std_rad``)."""
 
     def __init__(self, policy: Policy, std_rad: float = 0.06, name: str | None = None, seed: int = 0) -> None:
         super().__init__(policy)
@@ -163,7 +138,7 @@ PROBE_POLICIES: dict[str, Callable[[], Policy]] = {
     "brake_hard": lambda: LaneFollower(0.0, accel_mps2=BRAKE_HARD_MPS2, name="brake_hard"),
 }
 # The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
-# (terra/closedloop/study/verdict.py) and out of all_pixel.
+# (verdict) and out of all_pixel.
 NO_PIXELS = frozenset(CONTRACT_POLICIES)
 PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
 
@@ -173,8 +148,7 @@ EXPANSIONS = {ALL_REFERENCE: tuple(REFERENCE_POLICIES), ALL_PIXEL: PIXEL_POLICIE
 
 
 def reference_policy(name: str, seed: int = 0) -> Callable[[], Policy]:
-    """The factory of a reference policy by name (one line naming the choices otherwise); a policy that draws
-    random numbers (:data:`RANDOM_POLICIES`) draws them from ``seed`` (the run's)."""
+    """The factory of a reference policy by name (one line naming the choices otherwise)."""
     known = {**REFERENCE_POLICIES, **PROBE_POLICIES}
     if name not in known:
         raise TerraInputError(f"unknown policy {name!r}{did_you_mean(name, known)}; choose one of: {', '.join(known)}")
@@ -182,9 +156,7 @@ def reference_policy(name: str, seed: int = 0) -> Callable[[], Policy]:
 
 
 def policy_names(entries: Sequence[str]) -> list[str]:
-    """The policies of ``terra-drive``'s ``policies`` setting (conf/drive.yaml) by name: each entry, with
-    :data:`ALL_REFERENCE` standing for every reference policy and :data:`ALL_PIXEL` for every pixel policy; each
-    once."""
+    """The policies of ``terra-drive``'s ``policies`` setting (drive) by name."""
     names = [name for entry in entries for name in EXPANSIONS.get(entry, [entry])]
     if len(set(names)) != len(names):
         raise TerraInputError(f"policies names one twice ({names}); list each once")
@@ -192,8 +164,7 @@ def policy_names(entries: Sequence[str]) -> list[str]:
 
 
 def policy_args(names: Sequence[str], navsim_args: Any = None) -> dict[str, dict]:
-    """The keyword arguments the NAVSIM agents among ``names`` are built with, by policy name: ``navsim_args``
-    (terra-drive's setting: a mapping per agent class name, ``navsim:MODULE:CLASS``'s ``CLASS``), checked."""
+    """The keyword arguments the NAVSIM agents among ``names`` are built with, by policy name."""
     navsim_args = {} if navsim_args is None else navsim_args
     if not isinstance(navsim_args, Mapping):
         raise TerraInputError(f"navsim_args must map NAVSIM agent class names to their keyword arguments (got "
@@ -211,12 +182,7 @@ def policy_args(names: Sequence[str], navsim_args: Any = None) -> dict[str, dict
 
 def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 0,
                      args: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Callable[[], Policy]]:
-    """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now: a reference
-    policy, ``grpc:HOST:PORT`` or ``unix:///PATH`` (a driver of AlpaSim's egodriver contract,
-    terra/closedloop/policies/egodriver.py, each call of a drive's within ``timeout_s``, as the contract's reference
-    policies' calls are; each session's seed from the run's ``seed``) or ``navsim:MODULE:CLASS`` (a NAVSIM agent
-    class, imported and built here within ``timeout_s``, with ``args[name]`` (:func:`policy_args`):
-    terra/closedloop/policies/navsim.py)."""
+    """The factories of the policies ``names`` (:func:`policy_names`), each built and checked now."""
     args = args or {}
     return {name: _factory(name, timeout_s, seed, args.get(name)) for name in names}
 

@@ -1,36 +1,4 @@
-"""AlpaSim's driver contract (``egodriver.EgodriverService``, gRPC): any driver that speaks it drives here.
-
-:class:`EgodriverPolicy` plays AlpaSim's runtime and sensor simulator for one drive, through the client end of
-``carla-driver-interface`` (the contract's messages and stubs, vendored from NVlabs/alpasim unchanged), in the order
-AlpaSim's runtime calls a driver:
-
-* reset: ``get_version`` (the contract revision negotiated), then ``start_session`` with a per-drive
-  ``random_seed`` (terra/closedloop/plans.py, ``policy_seed``: the run's ``seed``, the scenario and the policy, so
-  a rerun sends the same seed and two drives different ones) and the front camera declared;
-* each step: the frames the driver has not seen (``submit_image_observation``, the first step every context frame
-  the observation holds), the ego poses it has not seen (``submit_egomotion_observation``, the first step the whole
-  context's history, as the runtime sends the recorded history up to the first decision), the route in the rig
-  frame (``submit_route``), then ``drive`` for a plan.
-
-The drive's clock starts at its first context frame (0 µs) and ticks 100 ms a frame, so the first decision is at
-``(num_context - 1) * 100_000`` µs and every frame's and pose's timestamp is the time it was taken. Poses are the
-rig's in the drive's ``local`` frame (the last context frame's ego frame); the rig is the closed loop's ego pose,
-whose origin is the centre of the rear axle on the ground (x forward, y left, z up), as in AlpaSim. The camera
-(terra/sim/camera.py, the true world's pinhole: 70 degrees across, pitched 4 degrees down) sits 1.6 m straight
-above that origin, so it is declared at ``(0, 0, 1.6)`` in the rig. The answer, in the local frame and led by the
-pose now, comes back to the loop in the rig frame (x forward, y left).
-
-The driver may run anywhere gRPC reaches (``"host:port"``, ``unix:///path``) or in this process
-(:func:`in_process`, over ``carla_driver_interface.inprocess``: the same bytes, no socket); the contract's own
-reference policies ``constant_speed`` and ``route_follower`` are :func:`reference_driver`.
-
-Every call into the policy (reset: ``get_version`` and ``start_session``; plan: the submissions and ``drive``;
-close: ``close_session``) shares one deadline, ``timeout_s`` (terra-drive's ``policy_timeout_s``), so a driver that
-never answers costs the drive that long and no more. A failed call is one line, ``driver at HOST:PORT: <status
-code>: <details>``; an answer whose poses are not finite, lie beyond any scene or whose rotations are degenerate (a
-quaternion of norm 0) fails the drive instead of being driven (terra/closedloop/plans.py, ``Plan.from_quaternions``,
-checks them as given).
-"""
+"""AlpaSim's driver contract (``egodriver.EgodriverService``, gRPC): any driver that speaks it drives here."""
 
 from __future__ import annotations
 
@@ -53,8 +21,7 @@ MAX_SOCKET_PATH_BYTES = 107  # a Unix socket's path (sun_path) holds no more
 
 
 def driver_target(entry: str) -> str:
-    """The gRPC target of a ``policies`` entry: ``grpc:HOST:PORT`` (``grpc:[::1]:PORT`` for IPv6) as ``HOST:PORT``,
-    ``unix:PATH`` / ``unix:///ABSOLUTE/PATH`` as it is; checked before any drive (one line otherwise)."""
+    """The gRPC target of a ``policies`` entry."""
     if entry.startswith("unix:"):
         path = entry[len("unix:"):]
         path = path[2:] if path.startswith("//") else path
@@ -73,8 +40,7 @@ def driver_target(entry: str) -> str:
 
 
 def _camera(width: int, height: int):
-    """The true world's front camera as a pinhole the contract declares (terra/sim/camera.py): 1.6 m straight
-    above the rig's origin, the rear axle's centre on the ground."""
+    """The true world's front camera as a pinhole the contract declares (camera)."""
     from carla_driver_interface.testing import FakeCamera
 
     from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
@@ -85,9 +51,9 @@ def _camera(width: int, height: int):
 
 def context_motion(scenario) -> np.ndarray:
     """The ego history of ``scenario``'s context frames before the last, as the actions between them moved the car
-    (terra/inputs/ego_motion.py, ``advance_pose``): ``[n - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last
-    context frame's ego frame (the drive's local frame), the speed (m/s) and yaw rate (rad/s) of the action it
-    starts (``action_arc``) and the acceleration (m/s^2) to the next frame's speed."""
+    (ego_motion, ``advance_pose``): ``[n - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last context frame's
+    ego frame (the drive's local frame), the speed (m/s) and yaw rate (rad/s) of the action it starts
+    (``action_arc``) and the acceleration (m/s^2) to the next frame's speed."""
     poses = [(0.0, 0.0, 0.0)]
     for action in scenario.actions:
         poses.append(advance_pose(poses[-1], action))
@@ -101,8 +67,7 @@ def context_motion(scenario) -> np.ndarray:
 
 
 class EgodriverPolicy:
-    """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive); ``seed`` is
-    the run's, from which each session's ``random_seed`` comes (terra/closedloop/plans.py, ``policy_seed``)."""
+    """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive)."""
 
     def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, image_format: str = "PNG",
                  own_channel: bool | None = None, seed: int = 0) -> None:
@@ -124,8 +89,7 @@ class EgodriverPolicy:
         self._seen_us = -1  # the newest frame the driver was sent
 
     def _calls(self) -> Callable[..., Any]:
-        """A caller of this policy's gRPC methods that share one deadline, ``timeout_s`` from now: ``call(method,
-        request, **options)``; a failed call raises one line (:class:`TerraInputError`)."""
+        """A caller of this policy's gRPC methods that share one deadline, ``timeout_s`` from now."""
         import grpc
 
         deadline = time.monotonic() + self.timeout_s
@@ -183,8 +147,8 @@ class EgodriverPolicy:
             raise TerraInputError(f"{self.where} answered a bad plan: {err}") from None
 
     def _submit_frames(self, call: Callable[..., Any], frames, now_us: int) -> None:
-        """Send the frames the driver has not seen, oldest first, each stamped with the time it was taken (the
-        newest now): the first plan every context frame the observation holds, then the new frame."""
+        """Send the frames the driver has not seen, oldest first, each stamped with the time it was taken (the newest
+        now): the first plan every context frame the observation holds, then the new frame."""
         from carla_driver_interface.protocol import RolloutCameraImage
 
         for k, frame in enumerate(frames):
@@ -198,8 +162,7 @@ class EgodriverPolicy:
         self._seen_us = now_us
 
     def _submit_motion(self, call: Callable[..., Any], observation: Observation, now_us: int) -> None:
-        """Send the ego poses the driver has not seen with their dynamic states (rig frame): the first plan the
-        context's history and the pose now, then the pose now."""
+        """Send the ego poses the driver has not seen with their dynamic states (rig frame)."""
         from carla_driver_interface.geometry import Pose, Trajectory
         from carla_driver_interface.protocol import DynamicState, RolloutEgoTrajectory, Vec3
 

@@ -1,13 +1,4 @@
-"""Behaviour cloning of the learned driver (terra/closedloop/policies/learned.py) on the true world's frames.
-
-Samples are poses near the ego lane of random scenes (terra/sim/scene.py): off its centre by up to
-:data:`OFFSET_M` and turned from the road's heading by up to :data:`HEADING_RAD`, so that the net also sees the
-states a follower drifts into and learns the way back (as DAgger's states would teach it). Each is rendered at the
-frames' size (terra/sim/renderer.py) and labelled by the expert, the scene's geometry: the lane centre's lateral
-position at :data:`~terra.closedloop.policies.learned.PATH_AHEAD_M` in the pose's ego frame (:func:`expert_path`).
-Training and held-out scenes come from different seeds. Training jitters each frame's brightness and colour a little, so
-the net does not hang on the renderer's exact palette.
-"""
+"""Behaviour cloning of the learned driver (learned) on the true world's frames."""
 
 from __future__ import annotations
 
@@ -99,8 +90,8 @@ def path_errors(net: PathNet, samples: Samples) -> dict[str, float]:
 
 
 def save_net(net: PathNet, path: Path, metadata: dict[str, str]) -> None:
-    """``net``'s tensors as safetensors at ``path`` (checked as the loader checks them; written whole or not at
-    all), with ``metadata`` (how it was trained, its held-out error)."""
+    """``net``'s tensors as safetensors at ``path`` (checked as the loader checks them; written whole or not at all),
+    with ``metadata`` (how it was trained, its held-out error)."""
     from safetensors.torch import save_file
 
     tensors = {name: t.detach().contiguous() for name, t in net.state_dict().items()}

@@ -1,12 +1,5 @@
 """A learned driver: a small CNN reads the ego lane's centre ahead from one downscaled camera frame, and pure pursuit
-drives along it (terra/closedloop/policies/vision.py's :class:`~terra.closedloop.policies.vision.LaneFollower`).
-
-Trained here by behaviour cloning on the true world's frames (terra/closedloop/policies/imitation.py,
-scripts/experiments/train_learned_policy.py): the expert is the world's own geometry, the lane centre's lateral position
-at :data:`PATH_AHEAD_M` in the ego frame. The net sees the frame's lower part (below the horizon: the road),
-area-averaged to :data:`INPUT_SIZE`, so any frame size reads alike. Its weights ship in terra/assets/learned_driver/
-(:data:`~terra.config.assets.LEARNED_DRIVER`) and are checked when they load (:func:`load_path_net`): exactly the
-net's tensors, each float32, finite and of its shape; anything else is one line naming the file and the fix.
+drives along it (vision's :class:`~terra.closedloop.policies.vision.LaneFollower`).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ RETRAIN = "retrain it with scripts/experiments/train_learned_policy.py"
 
 
 class PathNet(nn.Module):
-    """Three strided convolutions and two linear layers: ``[N, 3, 24, 64]`` in ``[-1, 1]`` to the lane centre's
-    lateral positions ``[N, len(PATH_AHEAD_M)]`` in metres."""
+    """Three strided convolutions and two linear layers."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,8 +40,7 @@ class PathNet(nn.Module):
 
 
 def net_input(frames: np.ndarray) -> torch.Tensor:
-    """The net's input ``[N, 3, 24, 64]`` from uint8 frames ``[N, H, W, 3]`` of any size: the rows below
-    :data:`SKY_SHARE`, area-averaged, scaled to ``[-1, 1]``."""
+    """The net's input ``[N, 3, 24, 64]`` from uint8 frames ``[N, H, W, 3]`` of any size."""
     frames = np.asarray(frames)
     below = frames[:, int(frames.shape[1] * SKY_SHARE):]
     x = torch.from_numpy(np.array(below)).permute(0, 3, 1, 2).float()  # a copy: frames are handed read-only
@@ -108,8 +99,7 @@ class PathEstimate:
 
 
 class LearnedLane:
-    """A detector for :class:`~terra.closedloop.policies.vision.LaneFollower`: the net's reading of a frame (never
-    None)."""
+    """A detector for :class:`~terra.closedloop.policies.vision.LaneFollower`."""
 
     def __init__(self, weights: Path | None = None) -> None:
         self.net = load_path_net(weights)

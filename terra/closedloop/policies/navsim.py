@@ -1,23 +1,5 @@
-"""NAVSIM's agent contract: an agent written for NAVSIM (``compute_trajectory(agent_input) -> Trajectory``) drives
-here with its own class.
-
-:class:`NavsimPolicy` builds NAVSIM's ``AgentInput`` each step as navsim/common/dataclasses.py defines it:
-``ego_statuses`` (``EgoStatus``: ``ego_pose`` ``(x, y, heading)`` in the current ego frame, ``ego_velocity`` and
-``ego_acceleration`` ``(x, y)`` in each frame's ego frame, ``driving_command`` one-hot left / straight / right /
-unknown), ``cameras`` (``Cameras`` with the front camera ``cam_f0`` holding the frame, its intrinsics and mount,
-the seven others empty) and ``lidars`` (empty ``Lidar``), for ``num_history_frames`` frames at NAVSIM's 2 Hz
-(0.5 s apart; the newest last). NAVSIM's own dataclasses are used when ``navsim`` (autonomousvision/navsim, not on
-PyPI) is importable; otherwise dataclasses of the same names and fields from this module, which such an agent
-reads the same way. The agent is handed the ``AgentInput`` read-only (terra/closedloop/guard.py, ``handed``: its
-frames and every array of it), and its ``Trajectory`` (``poses [N, 3]`` at ``trajectory_sampling.interval_length``)
-becomes the plan.
-
-The agent's contract is honoured before it drives: its ``get_sensor_config()`` may ask for ``cam_f0`` (every history
-frame, or the history indices it lists: 0 the oldest) and nothing else, since the world renders the front camera
-alone (no side or rear camera, no lidar); an agent with ``requires_scene`` (NAVSIM's privileged agents, planning
-from the logged scene) is refused. ``terra-drive`` builds a ``navsim:MODULE:CLASS`` agent with the keyword
-arguments of its ``navsim_args.CLASS`` setting (:func:`agent_factory`), checked against the constructor, and
-checks one built agent before any drive.
+"""NAVSIM's agent contract: an agent written for NAVSIM (``compute_trajectory(agent_input) -> Trajectory``) drives here
+with its own class.
 """
 
 from __future__ import annotations
@@ -39,7 +21,7 @@ NAVSIM_FRAME_STEP = 5  # NAVSIM's frames are 0.5 s apart: every fifth 10 Hz fram
 NUM_HISTORY_FRAMES = 4  # NAVSIM's SceneFilter.num_history_frames: 1.5 s of history and the frame now
 CAMERAS = ("cam_f0", "cam_l0", "cam_l1", "cam_l2", "cam_r0", "cam_r1", "cam_r2", "cam_b0")
 SENSORS = (*CAMERAS, "lidar_pc")  # navsim.common.dataclasses.SensorConfig's fields
-RENDERED = "cam_f0"  # the one sensor the world renders (terra/sim/camera.py)
+RENDERED = "cam_f0"  # the one sensor the world renders (camera)
 NAVSIM_SAMPLING = {"time_horizon": 4.0, "interval_length": 0.5}  # NAVSIM's default: 8 poses over 4 s
 
 
@@ -47,7 +29,7 @@ NAVSIM_SAMPLING = {"time_horizon": 4.0, "interval_length": 0.5}  # NAVSIM's defa
 class TrajectorySampling:
     """nuplan's ``TrajectorySampling`` (nuplan/planning/simulation/trajectory/trajectory_sampling.py), what a NAVSIM
     agent takes as ``trajectory_sampling``: ``num_poses`` poses after the current state, ``interval_length`` seconds
-    apart, over ``time_horizon`` seconds; two of them give the third. Used when nuplan is not installed."""
+    apart, over ``time_horizon`` seconds; two of them give the third."""
 
     num_poses: Optional[int] = None
     time_horizon: Optional[float] = None
@@ -147,9 +129,7 @@ def dataclasses_module():
 
 
 def front_camera(image: np.ndarray, classes) -> Any:
-    """``cam_f0`` for a frame of the true world's front camera (terra/sim/camera.py): its pinhole intrinsics,
-    its optical axes as the rotation and its mount 1.6 m up as the translation (the ego frame stands for the
-    lidar's)."""
+    """``cam_f0`` for a frame of the true world's front camera (camera)."""
     return classes.Camera(image=image, sensor2lidar_rotation=OPTICAL_AXES.astype(np.float32),
                           sensor2lidar_translation=np.array([0.0, 0.0, CAMERA_HEIGHT_M], dtype=np.float32),
                           intrinsics=FrontCamera(*image.shape[:2]).intrinsics().astype(np.float32),
@@ -167,8 +147,8 @@ def sampling_class() -> type:
 
 
 def agent_class(entry: str, timeout_s: float) -> type:
-    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported now (within
-    ``timeout_s``); one line otherwise."""
+    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported now (within ``timeout_s``).
+    """
     module, _, name = entry[len("navsim:"):].rpartition(":")
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
     if not module or not name:
@@ -185,13 +165,10 @@ def _signature(cls: type) -> inspect.Signature | None:
 
 
 def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Callable[[], Any]:
-    """A builder of the agent ``navsim:MODULE:CLASS`` names, one per drive, with ``args`` (``navsim_args.CLASS``)
-    as its keyword arguments, checked now: imported, the arguments against the constructor, one agent built and
-    checked as :class:`NavsimPolicy` checks it (the import and the build each within ``timeout_s``, behind
-    terra/closedloop/guard.py's boundary); one line otherwise. A ``trajectory_sampling`` given as a mapping
-    becomes a :func:`sampling_class` (``{time_horizon: 4, interval_length: 0.5}``), and a constructor that needs one
-    gets NAVSIM's default when none is given; values holding Hydra ``_target_`` nodes (e.g. NAVSIM's
-    ``TransfuserConfig``) are instantiated for each agent, as NAVSIM's own agent configs are."""
+    """A builder of the agent ``navsim:MODULE:CLASS`` names, one per drive, with ``args`` (``navsim_args.CLASS``) as its
+    keyword arguments, checked now: imported, the arguments against the constructor, one agent built and checked as
+    :class:`NavsimPolicy` checks it (the import and the build each within ``timeout_s``, behind guard's boundary);
+    one line otherwise."""
     cls = agent_class(entry, timeout_s)
     name = cls.__name__
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
@@ -243,10 +220,7 @@ def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: 
 
 
 class NavsimPolicy:
-    """A NAVSIM agent (any object with ``initialize()`` and ``compute_trajectory(agent_input)``) as a policy; it
-    sees ``num_history_frames`` frames (at least 1) 0.5 s apart, and ``cam_f0`` where its ``get_sensor_config()``
-    asks for it (every frame when it has none). An agent that asks for a sensor the world does not render, or
-    ``requires_scene``, is refused here, before it drives."""
+    """A NAVSIM agent (any object with ``initialize()`` and ``compute_trajectory(agent_input)``) as a policy."""
 
     def __init__(self, agent: Any, name: str | None = None, num_history_frames: int = NUM_HISTORY_FRAMES) -> None:
         self.agent = agent
@@ -266,8 +240,7 @@ class NavsimPolicy:
         self._initialized = False
 
     def _front_frames(self) -> frozenset[int]:
-        """The history frames (0 the oldest) whose ``cam_f0`` the agent gets, from its ``get_sensor_config()``;
-        one line naming the sensors it asks for that the world does not render."""
+        """The history frames (0 the oldest) whose ``cam_f0`` the agent gets, from its ``get_sensor_config()``."""
         every = frozenset(range(self.num_history_frames))
         if not callable(getattr(self.agent, "get_sensor_config", None)):
             return every
@@ -301,8 +274,7 @@ class NavsimPolicy:
             self._initialized = True
 
     def agent_input(self, observation: Observation) -> Any:
-        """NAVSIM's ``AgentInput`` for ``observation``: its frames and ego states 0.5 s apart (the oldest repeated
-        when the drive is younger than the history)."""
+        """NAVSIM's ``AgentInput`` for ``observation``."""
         classes, n = self.classes, len(observation.history)
         picks = [max(0, n - 1 - NAVSIM_FRAME_STEP * k) for k in range(self.num_history_frames)][::-1]
         frame_of = len(observation.frames) - n  # frames older than the drive's first pose: context frames

@@ -1,18 +1,5 @@
 """Camera-only drivers: a detector reads the ego lane's centre ahead from the newest frame's pixels, a steering law
 turns it into a curvature, and the car plans an arc at its cruise speed (10 Hz over 4 s).
-
-Classical vision, no learning (the learned detector is terra/closedloop/policies/learned.py's). Detectors, each a
-function ``frame -> estimate | None`` whose estimate has ``lateral(ahead)``, the lane centre's lateral position
-``ahead`` metres on (ego frame, left positive; terra/fidelity/lanes.py's ``LaneEstimate``):
-
-* :func:`~terra.fidelity.lanes.find_lane`: the lane markings by colour, both lines (or the yellow centre line
-  alone: :func:`find_centre_line`);
-* :func:`find_road_edge`: the paved road's region (grey asphalt and markings) and its right edge, half a lane right
-  of the lane's centre.
-
-Steering laws, each ``(estimate, speed) -> curvature``: :class:`PurePursuit` (the arc through the lane centre a
-look-ahead away), :class:`Stanley` (heading error plus cross-track error at the front axle) and :class:`BangBang`
-(a fixed turn towards the lane). Right-hand traffic, as in the true world's day scenes.
 """
 
 from __future__ import annotations
@@ -56,11 +43,7 @@ def find_centre_line(frame: np.ndarray) -> LaneEstimate | None:
 
 
 def find_road_edge(frame: np.ndarray, min_rows: int = 8) -> LaneEstimate | None:
-    """The ego lane's centre from the paved road's right edge: on each ground row ``ROAD_BAND_M`` ahead, scanning
-    right from the image's centre column (which must be paved), the first two unpaved pixels mark the edge; the
-    lane's centre lies half a lane to its left. A line fit over the rows, robust to rows that miss; None when fewer
-    than ``min_rows`` rows see the edge where the camera's ray meets the ground (:func:`ground_points`' valid
-    pixels)."""
+    """The ego lane's centre from the paved road's right edge."""
     fwd, left, valid = ground_points(*frame.shape[:2])
     centre = frame.shape[1] // 2
     rows = np.flatnonzero(valid[:, centre] & (fwd[:, centre] > ROAD_BAND_M[0]) & (fwd[:, centre] < ROAD_BAND_M[1]))
@@ -102,8 +85,7 @@ class PurePursuit:
 
 @dataclass(frozen=True)
 class Stanley:
-    """Stanley's law (Thrun et al. 2006, the DARPA Grand Challenge's Stanley): steer by the lane's heading error
-    plus ``atan(gain * cross-track error / speed)``, both read at the front axle; the curvature of that steering."""
+    """Stanley's law (Thrun et al. 2006, the DARPA Grand Challenge's Stanley)."""
 
     gain: float = 1.0
     wheelbase_m: float = VehicleParams().wheelbase_m
@@ -127,13 +109,7 @@ class BangBang:
 
 
 class LaneFollower:
-    """Keeps its lane from the newest camera frame alone (no route, no map): ``detect`` reads the lane, ``steer``
-    turns it into a curvature (default: :func:`~terra.fidelity.lanes.find_lane` and :class:`PurePursuit`).
-
-    ``cruise_speed_mps`` is the speed it settles at (``accel_mps2`` per second towards it); with no lane in view it
-    keeps its last curvature. Its plan is numpy (or a small CNN's) work on the CPU that holds the GIL: ``gil_bound``
-    (terra/closedloop/plans.py, ``Policy``).
-    """
+    """Keeps its lane from the newest camera frame alone (no route, no map)."""
 
     gil_bound = True
 

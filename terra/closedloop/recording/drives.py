@@ -1,8 +1,6 @@
-"""A ``terra-drive`` run from its checked settings (terra/closedloop/recording/settings.py): the worlds opened once
-and the scenarios read (terra/closedloop/recording/open_run.py), here or on Ray's actors
-(terra/closedloop/recording/ray_executor.py), every drive made and recorded in its world
-(terra/closedloop/recording/run.py). :func:`drive` runs it all and returns how the run ended; :func:`start_drives`
-is what the fidelity study runs its worlds with (terra/closedloop/study/drives.py).
+"""A ``terra-drive`` run from its checked settings (settings): the worlds opened once and the scenarios read (open_run),
+here or on Ray's actors (ray_executor), every drive made and recorded in its world (run). :func:`drive` runs it all
+and returns how the run ended; :func:`start_drives` is what the fidelity study runs its worlds with (drives).
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ class DriveOutcome:
 
 @dataclass
 class Started:
-    """A run's drives ready to make: the runner (this process's worlds, or Ray's actors), what to close after, and
-    with ``executor=local`` the worlds opened here and the drives' specs (a study's exploitability drives them too)."""
+    """A run's drives ready to make."""
 
     runner: DriveRunner
     closing: Any  # OpenWorlds or RayDrives: close() ends it
@@ -40,24 +37,21 @@ class Started:
 
 def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings,
                     folders: dict[str, Path], ids: dict[str, list[str]]) -> dict[str, Recorded]:
-    """What each world's folder (``folders``: world -> folder, ``ids``: world -> its drives) holds of its drives
-    (terra/closedloop/recording/run.py, ``recorded_drives``), read once before any world opens:
-    :func:`worlds_to_drive` decides from it, and the run's records reuse it."""
+    """What each world's folder (``folders``: world -> folder, ``ids``: world -> its drives) holds of its drives (run,
+    ``recorded_drives``), read once before any world opens: :func:`worlds_to_drive` decides from it, and the run's
+    records reuse it."""
     return {world: recorded_drives(world, specs_of(specs, ids[world]), run_settings, folder, settings.model_settings)
             for world, folder in folders.items()}
 
 
 def worlds_to_drive(recorded: dict[str, Recorded], also: Sequence[str] = ()) -> list[str]:
-    """The worlds with a drive not yet complete, and ``also`` (worlds a caller drives beyond the recorded run): the
-    only worlds opened, so that a rerun whose drives are all recorded, as the report step after a study's shards,
-    starts no engine."""
+    """The worlds with a drive not yet complete, and ``also`` (worlds a caller drives beyond the recorded run)."""
     return list(dict.fromkeys([*(world for world, found in recorded.items() if found.todo), *also]))
 
 
 def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: dict[str, Path],
                  ids: dict[str, list[str]], also: Sequence[str] = ()) -> Started:
-    """The drives of ``ids`` (world -> drive ids) into ``folders`` made ready: on Ray's actors with
-    ``executor=ray``, else here, the worlds with drives to make (and ``also``) opened and the rest read as recorded."""
+    """The drives of ``ids`` (world -> drive ids) into ``folders`` made ready."""
     if settings.executor == "ray":
         from terra.closedloop.recording.ray_executor import RayDrives
 
@@ -79,8 +73,7 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
 
 
 def run_plan(settings: DriveSettings) -> str:
-    """The run in one line, said before any world opens (the world model's start is a minute of silence on a CPU):
-    its drives as policies x scenarios (x seeds), their steps, the world and the folder."""
+    """The run in one line, said before any world opens (the world model's start is a minute of silence on a CPU)."""
     policies, scenarios = {name for _, name, _ in settings.drives}, settings.scenario_indices
     seeds = f" x {settings.num_seeds} seeds" if settings.num_seeds > 1 else ""
     return (f"terra-drive: {_counted(len(settings.drives), 'drive')}: {_counted(len(policies), 'policy', 'policies')}"
@@ -93,9 +86,7 @@ def _counted(count: int, one: str, many: str | None = None) -> str:
 
 
 def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome:
-    """Make and record every drive of ``settings`` in its world (here, or on Ray's actors with ``executor=ray``);
-    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (terra/core/progress.py),
-    after the plan's line (:func:`run_plan`)."""
+    """Make and record every drive of ``settings`` in its world (here, or on Ray's actors with ``executor=ray``)."""
     from terra.closedloop.recording.run import record_run
 
     progress = settings.progress if progress is None else progress

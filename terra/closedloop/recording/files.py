@@ -1,23 +1,4 @@
-"""Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable.
-
-Under ``output_dir``: ``<drive id>.mp4`` (every frame the policy saw: the context as the world shows it, then the
-generated frames), ``<drive id>.png`` (the drive from above: road, told route, driven path) and ``<drive id>.json``
-(scenario, policy, world, vehicle, seed, status and the one-line reason of
-a failure, why it ended early (the car left the scene), warnings (a policy that failed to close after a good
-drive), whether the world model was told a route at any step, where from and at which steps, by content (``route``,
-``route_source``: ``scene``, ``clipgt map``, a route control's road, null when none; ``routed_steps``, ``route_told``
-a flag a step), plans, actions, poses, speeds, policy times, metrics,
-fingerprint), written atomically, the JSON last
-(strict JSON: terra/core/atomic.py, ``json_text``); ``manifest.jsonl`` (a shard's
-``manifest.shard-<i>-of-<n>.jsonl``: terra/config/manifest.py), one record per drive as it is written (``status``
-ok | failed | skipped = already complete, ``stage`` and ``error`` of a failure); ``manifest.summary.json``; the
-folder's marker, listing every name the run writes; and while a run goes, the folder's lock (terra/core/lock.py).
-:func:`claim_drive_folder` checks the folder before any work (terra/config/output_dir.py: apart from the run's
-inputs, and every file it would write over one the toolkit wrote). A drive is complete when its JSON carries the
-same fingerprint (scenario, policy, seed, steps, world, vehicle and model settings: terra/config/spec.py's rule),
-says it is complete and its video is as written (its size and hash): a rerun skips it, and says why it redoes one
-made from other inputs (the world model changed).
-"""
+"""Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable."""
 
 from __future__ import annotations
 
@@ -46,7 +27,7 @@ from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 
-APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (terra/config/output_dir.py)
+APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (output_dir)
 
 
 def file_stem(drive_id: str) -> str:
@@ -62,8 +43,7 @@ def drive_files(drive_id: str, videos: bool = True) -> list[str]:
 
 def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
                        inputs: Inputs = (), setting: str = "output_dir") -> OutputDir:
-    """The folder a run of drives (``drive_ids``) writes, checked before any work: apart from ``inputs`` (what the
-    run reads), and every file of the run already there one the toolkit wrote (terra/config/output_dir.py)."""
+    """The folder a run of drives (``drive_ids``) writes, checked before any work."""
     owners: dict[str, str] = {}
     for drive_id in drive_ids:
         other = owners.setdefault(file_stem(drive_id), drive_id)
@@ -79,9 +59,7 @@ SHARED_READS = ("scenarios file",)  # read by every scenario of a run: each one'
 
 
 def scenario_digest(scenario: Scenario) -> str:
-    """sha256 (32 hex digits) of what a drive starts from: the scenario's context frames, actions, speed and poses,
-    its recorded path, and the content of the files it read (its map, its trajectory file), so a rerun redoes the
-    drives of a scenario whose files changed in place."""
+    """sha256 (32 hex digits) of what a drive starts from."""
     digest = hashlib.sha256()
     for array in (scenario.images, scenario.actions, [scenario.speed_kmh], scenario.start_pose,
                   scenario.context_poses, scenario.path):
@@ -96,10 +74,7 @@ CHECKPOINTS = ("world_model", "tokenizer")  # parts of the world model's setting
 
 def drive_inputs(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]
                  ) -> dict[str, str]:
-    """What shapes a drive's outputs, by part (terra/config/spec.py, ``INPUT_NAMES``): the scenario's content
-    (:func:`scenario_digest`), the checkpoints' digests in ``settings`` (the world
-    model's: terra/closedloop/recording/settings.py, ``DriveSettings.model_settings``) and the fingerprint of the
-    rest: scenario, policy (and its arguments, when it has any), seed, steps, world, vehicle and settings."""
+    """What shapes a drive's outputs, by part (spec, ``INPUT_NAMES``)."""
     args = {"policy_args": spec.policy_args} if spec.policy_args else {}
     rest = {key: value for key, value in settings.items() if key not in CHECKPOINTS}
     return {**{key: settings[key] for key in CHECKPOINTS if key in settings},
@@ -116,9 +91,7 @@ def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
 
 
 def completed(output_dir: Path, spec: DriveSpec, inputs: dict[str, str]) -> tuple[dict | None, str | None]:
-    """``(record, None)``: the JSON of a complete earlier drive made from ``inputs`` whose files are whole;
-    ``(None, why)``: an earlier drive that is redone (:func:`terra.config.spec.changed_inputs`, or its files not
-    whole); ``(None, None)``: none, or an unfinished one."""
+    """``(record, None)``: the JSON of a complete earlier drive made from ``inputs`` whose files are whole."""
     video, sidecar = paths(output_dir, spec)
     if not sidecar.is_file():
         return None, None
@@ -136,8 +109,7 @@ def completed(output_dir: Path, spec: DriveSpec, inputs: dict[str, str]) -> tupl
 
 
 def metrics_of(drive: Drive) -> dict:
-    """The drive's map-free metrics and, in the true world, its ground truth and AlpaSim's metrics
-    (terra/closedloop/outcomes/alpasim.py)."""
+    """The drive's map-free metrics and, in the true world, its ground truth and AlpaSim's metrics (alpasim)."""
     poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
     metrics = drive_metrics(poses, drive.plans)
     if drive.spec.scenario.scene is not None and drive.poses:
@@ -168,8 +140,7 @@ def drive_json(drive: Drive, metrics: dict, inputs: dict[str, str], files: list[
 
 
 def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehicle: str, error: str) -> dict:
-    """The JSON content of a drive that never reached its files (its Ray actor was lost with it): failed at the
-    world stage with ``error``, nothing recorded (it is not written; a rerun makes the drive)."""
+    """The JSON content of a drive that never reached its files (its Ray actor was lost with it)."""
     return {"drive": drive_id, "scenario": scenario, "source": "", "policy": policy, "world": world,
             "vehicle": vehicle, "seed": None,
             "status": "failed", "stage": "world", "error": error, "warnings": [], "num_context": 0, "steps": 0,
@@ -180,11 +151,8 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 
 def write_drive(output_dir: Path, drive: Drive, inputs: dict[str, str], fps: float | None = 10.0,
                 extra_metrics: dict | None = None, measure: bool = False, device: str = "cpu") -> dict:
-    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last,
-    with the files' sizes and hashes and the drive's ``inputs``: :func:`drive_inputs`); return the JSON.
-    ``extra_metrics`` join the drive's metrics (plan following, terra/closedloop/outcomes/plan_following.py);
-    ``measure`` adds the measurements of its frames (terra/closedloop/outcomes/frames.py) on the run's ``device``
-    (:func:`measure_device`)."""
+    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last, with
+    the files' sizes and hashes and the drive's ``inputs``: :func:`drive_inputs`); return the JSON."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:

@@ -1,6 +1,6 @@
-"""A ``terra-drive`` run made ready from its checked settings (terra/closedloop/recording/settings.py), in this process
-or in each Ray actor (terra/closedloop/recording/ray_executor.py): the worlds opened once on the run's device
-(:func:`open_worlds`), the drives' scenarios read (:func:`load_specs`).
+"""A ``terra-drive`` run made ready from its checked settings (settings), in this process or in each Ray actor
+(ray_executor): the worlds opened once on the run's device (:func:`open_worlds`), the drives' scenarios read
+(:func:`load_specs`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ class OpenWorlds:
 
 
 def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
-    """The worlds ``names`` (default: every world ``settings.worlds`` names; the model's too when another world drawn
-    by its engine is named, ``settings.model_worlds``; the rest built by ``settings.other_world``), on the device
-    its settings choose (once: terra/run.py, ``resolve_run``); the world model's checkpoint and window are
-    checked against the settings before it loads, and the user's worlds built before it
-    (terra/closedloop/user_world.py). ``tokenizer``: the run's, when the caller loaded it already."""
+    """The worlds ``names`` (default: every world ``settings.worlds`` names; the model's too when another world drawn by
+    its engine is named, ``settings.model_worlds``; the rest built by ``settings.other_world``), on the device its
+    settings choose (once: run, ``resolve_run``); the world model's checkpoint and window are checked against the
+    settings before it loads, and the user's worlds built before it (user_world)."""
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
     from terra.tokenizer import load_tokenizer

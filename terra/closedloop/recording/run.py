@@ -1,18 +1,4 @@
 """A recorded run of many drives in one world: resume, drive in chunks of ``max_concurrent``, write, manifest, summary.
-
-:func:`record_run` is a run: it holds the run folder's lock throughout (terra/config/output_dir.py,
-``OutputDir.hold``), a :class:`DriveRunner` makes the drives (:class:`LocalDrives` in this process, or Ray's actors:
-terra/closedloop/recording/ray_executor.py), each with :func:`record_drives`, and the driver alone writes the manifest
-and the summary (:class:`RunRecorder`). :func:`drive_and_record` is the same for drives in a world of this process, its
-folder claimed first when the caller has not (apart from the scenarios' files). The files are
-terra/closedloop/recording/files.py's, written by terra/closedloop/recording/writers.py's ``DriveWriters``.
-
-The summary (``manifest.summary.json`` and the line :meth:`RunResult.line`) reports the policies' time apart from
-the world's: ``timings_s`` splits the wall time into setup, policies (the plan phases: every drive's policy plans
-at once), the world (its generation and decoding) and recording; ``plan_s`` is the time of one plan over all of
-them; ``world_frames_per_s`` is the world's frames per second of its own time, policy time excluded; ``alpasim``
-is AlpaSim's scene score over the true world's drives, its mean with a bootstrap interval over scenarios
-(terra/closedloop/outcomes/alpasim.py, ``scene_scores``).
 """
 
 from __future__ import annotations
@@ -50,9 +36,9 @@ class RunSettings:
     fps: float = 10.0
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
-    measure: bool = False  # each drive's frames measured against the truth (terra/closedloop/outcomes/frames.py)
-    manifest: str = MANIFEST  # the manifest's name (a shard's own: terra/config/manifest.py, manifest_name)
-    vehicle: str = "bicycle"  # how plans move the cars (terra/closedloop/car/motion.py), the same in every world
+    measure: bool = False  # each drive's frames measured against the truth (frames)
+    manifest: str = MANIFEST  # the manifest's name (a shard's own: manifest, manifest_name)
+    vehicle: str = "bicycle"  # how plans move the cars (motion), the same in every world
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model draws: its settings shape them
     writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
     measure_on: str = "cpu"  # the run's device: the measurements in torch on its GPU where the writer sees one
@@ -104,8 +90,7 @@ class RunResult:
 
 
 class RunRecorder:
-    """The driver's side of a run in one world: the manifest, the progress bar and the result, from the drives'
-    records as they come (from this process or from Ray's actors); :meth:`close` writes the summary."""
+    """The driver's side of a run in one world."""
 
     def __init__(self, folder: Path, settings: RunSettings, world: str, total: int) -> None:
         self.folder, self.settings, self.world = folder, settings, world
@@ -151,20 +136,16 @@ class RunRecorder:
 
 
 class DriveRunner(Protocol):
-    """Where a run's drives are made: in this process (:class:`LocalDrives`) or on Ray's actors
-    (terra/closedloop/recording/ray_executor.py, ``RayDrives``)."""
+    """Where a run's drives are made."""
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
-        """Make and write the drives ``drive_ids`` of the run in ``world`` (its name) into ``folder``; every drive's
-        record goes to ``recorder``."""
+        """Make and write the drives ``drive_ids`` of the run in ``world`` (its name) into ``folder``."""
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """What a folder holds of some drives in one world (:func:`recorded_drives`): each drive's inputs
-    (terra/closedloop/recording/files.py, ``drive_inputs``), the specs still to drive, the JSON contents of those
-    complete already, in the specs' order, and why each earlier drive that is made again is redone."""
+    """What a folder holds of some drives in one world (:func:`recorded_drives`)."""
 
     inputs: dict[str, dict[str, str]]
     todo: list[DriveSpec]
@@ -179,8 +160,7 @@ class Recorded:
 
 def recorded_drives(world: str, specs: Sequence[DriveSpec], settings: RunSettings, folder: Path,
                     model_settings: dict[str, Any]) -> Recorded:
-    """What ``folder`` holds of ``specs`` driven in ``world`` (its name); a drive is complete only with
-    ``settings.resume``."""
+    """What ``folder`` holds of ``specs`` driven in ``world`` (its name)."""
     shaping = {**(model_settings if world in settings.model_worlds else {}),
                **({"measure": True} if measured(world, settings) else {})}
     inputs = {spec.id: drive_inputs(spec, world, settings.num_steps, settings.vehicle, shaping) for spec in specs}
@@ -204,14 +184,12 @@ def specs_of(specs: Sequence[DriveSpec], drive_ids: Sequence[str]) -> list[Drive
 
 
 def measured(world: str, settings: RunSettings) -> bool:
-    """Whether ``world``'s drives carry the frame measurements: asked for, and not the true world (its frames are
-    the truth: nothing to measure)."""
+    """Whether ``world``'s drives carry the frame measurements."""
     return settings.measure and world != TRUTH
 
 
 def even_chunks(items: Sequence[DriveSpec], most: int) -> list[Sequence[DriveSpec]]:
-    """``items`` in as few chunks of at most ``most`` as hold them, their sizes within one of each other: every
-    chunk's drives take their whole length, so a last chunk of a few drives would cost a chunk's time for them."""
+    """``items`` in as few chunks of at most ``most`` as hold them, their sizes within one of each other."""
     count = -(-len(items) // most)
     bounds = [len(items) * k // max(count, 1) for k in range(count + 1)]
     return [items[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -223,9 +201,8 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
                   recorded: Recorded | None = None) -> LoopTimings:
     """Drive every spec not already complete in ``folder`` (in chunks of at most ``settings.max_concurrent``,
     :func:`even_chunks`) and write its files; ``emit`` gets each spec's manifest record and JSON content (a complete
-    one's as ``skipped``), ``advance`` the frames generated as they come, ``timings`` (returned) where the time
-    went. ``plan_following``: a :class:`~terra.closedloop.outcomes.plan_following.PlanFollowing` scoring each drive's
-    clip. ``recorded``: what the folder holds of ``specs``, when the caller read it already (None: read here)."""
+    one's as ``skipped``), ``advance`` the frames generated as they come, ``timings`` (returned) where the time went.
+    """
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
@@ -264,22 +241,21 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
 
 @dataclass
 class LocalDrives:
-    """Drives made in this process: ``specs`` in ``worlds`` (by name); ``model_settings`` shape the world model's
-    drives (part of their fingerprint)."""
+    """Drives made in this process: ``specs`` in ``worlds`` (by name)."""
 
     worlds: dict[str, World]
     specs: Sequence[DriveSpec]
     model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
     plan_following: Any = None  # a terra.closedloop.outcomes.plan_following.PlanFollowing
     recorded: dict[str, Recorded] = field(default_factory=dict)  # world -> its folder as read before the worlds were
-    # opened (terra/closedloop/recording/drives.py, worlds_to_drive), each used once instead of reading the folder again
+    # opened (drives, worlds_to_drive), each used once instead of reading the folder again
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
         specs = specs_of(self.specs, drive_ids)
         recorded = self.recorded.pop(world, None) or recorded_drives(world, specs, settings, folder,
                                                                      self.model_settings)
-        if world not in self.worlds:  # not opened: every drive of it complete (terra/closedloop/recording/drives.py)
+        if world not in self.worlds:  # not opened: every drive of it complete (drives)
             if recorded.todo:
                 raise RuntimeError(f"the {world} world was not opened, yet its drive {recorded.todo[0].id} is not "
                                    "complete")
@@ -297,8 +273,8 @@ class LocalDrives:
 
 def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settings: RunSettings,
                output: OutputDir) -> RunResult:
-    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed:
-    terra/closedloop/recording/files.py, ``claim_drive_folder``), holding its lock throughout; its records."""
+    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed: files,
+    ``claim_drive_folder``), holding its lock throughout; its records."""
     with output.hold(settings.manifest):
         recorder = RunRecorder(output.path, settings, world, len(drive_ids))
         try:
@@ -311,10 +287,7 @@ def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settin
 def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSettings,
                      model_settings: dict[str, Any] | None = None, plan_following=None,
                      output: OutputDir | None = None) -> RunResult:
-    """Drive every spec not already complete in the run folder and record it; return the run's records.
-
-    ``output``: the folder as the caller claimed it (terra/closedloop/recording/files.py, ``claim_drive_folder``); None
-    claims ``settings.output_dir`` here, apart from the files the scenarios were read from."""
+    """Drive every spec not already complete in the run folder and record it; return the run's records."""
     ids = [spec.id for spec in specs]
     if output is None:
         output = claim_drive_folder(settings.output_dir, ids, settings.videos, settings.manifest,

@@ -1,13 +1,5 @@
 """The short table a ``terra-drive`` run ends with: what it measured, one row per world and policy, from the drives'
-JSON contents (terra/closedloop/recording/files.py; the run summary, ``manifest.summary.json``, holds the same scene
-scores: terra/closedloop/recording/run.py).
-
-Columns: the drives (ok, failed); AlpaSim's scene score (terra/closedloop/outcomes/alpasim.py: 0 for a collision at
-fault or leaving the road, else the progress made), its mean over the scenarios with the 95 % bootstrap interval
-(terra/stats.py; a failed drive scores 0); the mean distance driven; in the synthetic world the mean share of
-frames in lane and how many drives left the road or hit a parked car; how many drives NAVSIM's history comfort
-passed (terra/closedloop/outcomes/mapless.py). A cell is ``-`` where a drive carries no such measurement (driving logs
-and JSONL scenarios have no ground truth).
+JSON contents (files; the run summary, ``manifest.summary.json``, holds the same scene scores: run).
 """
 
 from __future__ import annotations
@@ -77,8 +69,8 @@ def policy_rows(world: str, drives: Iterable[Mapping], bootstrap: Bootstrap = Bo
 
 
 def run_table(worlds: Mapping[str, Iterable[Mapping]], bootstrap: Bootstrap = Bootstrap()) -> list[str]:
-    """The table's lines for the drives of each world (world name -> its drives' JSON contents), aligned
-    columns under a header, and the legend; no lines when there is no drive."""
+    """The table's lines for the drives of each world (world name -> its drives' JSON contents), aligned columns under a
+    header, and the legend; no lines when there is no drive."""
     rows = [row for world, drives in worlds.items() for row in policy_rows(world, drives, bootstrap)]
     if not rows:
         return []

@@ -1,15 +1,4 @@
-"""The settings of a ``terra-drive`` run (conf/drive.yaml), checked once, before any model loads.
-
-:func:`drive_settings` turns the Hydra config into a frozen :class:`DriveSettings` (:func:`checked_run`, which the
-fidelity study's settings wrap: terra/closedloop/study/settings.py): the model and engine settings as
-a :class:`~terra.config.spec.RunSpec` (``num_threads=auto`` as in every app), each policy built into its factory
-once (a NAVSIM agent's class imported, and one agent built with its ``navsim_args`` and checked here, each within
-``policy_timeout_s``), a world of the user's imported and its constructor read (terra/closedloop/user_world.py),
-the scenarios as a :class:`~terra.closedloop.scenarios.ScenarioSource` (their ids and every file they read; nothing
-decoded), this shard's drives (drive ``k``, scenario by scenario, of each world's list to shard ``k % num_shards``),
-and the output folder claimed (terra/config/output_dir.py): apart from the scenarios' files, the checkpoints and the
-estimator, and writing over nothing the toolkit did not write there. Everything after it takes the values as given.
-"""
+"""The settings of a ``terra-drive`` run (drive), checked once, before any model loads."""
 
 from __future__ import annotations
 
@@ -60,9 +49,9 @@ SETTINGS = {
     "num_shards": Range(1, 1 << 20, 4, whole=True),
     "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
-WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class (terra/closedloop/user_world.py);
-# both: the fidelity study, which wraps this run (terra/closedloop/study/settings.py)
-DEMO_STEPS = 20  # num_steps=null: 2 s drives (the study's own default: terra/closedloop/study/settings.py)
+WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class (user_world);
+# both: the fidelity study, which wraps this run (settings)
+DEMO_STEPS = 20  # num_steps=null: 2 s drives (the study's own default: settings)
 OtherWorld = Callable[[str, tuple[int, int], Any], World]  # (name, frame size, the model world or None) -> a world
 
 
@@ -80,7 +69,7 @@ class DriveSettings:
     world: str  # model | truth | both | a user world's name (module.Class)
     worlds: tuple[str, ...]  # the worlds this run drives in, in order (a study's: the model, the truth, the controls)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
-    vehicle: str  # bicycle | exact: how plans move the cars (terra/closedloop/car/motion.py), in every world alike
+    vehicle: str  # bicycle | exact: how plans move the cars (motion), in every world alike
     num_steps: int  # frames each drive generates (drive_steps)
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
@@ -91,8 +80,8 @@ class DriveSettings:
     estimator: Path | None  # an ACT-Estimator folder: plan following
     shard_index: int
     num_shards: int
-    executor: str  # local | ray (terra/closedloop/recording/ray_executor.py)
-    ray: RaySettings  # executor=ray's settings (terra/config/ray_settings.py)
+    executor: str  # local | ray (ray_executor)
+    ray: RaySettings  # executor=ray's settings (ray_settings)
     videos: bool  # a video per drive beside its JSON
     output: OutputDir | None  # the run folder, claimed (None: a study's run, whose folders the study claims)
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model's engine draws
@@ -111,17 +100,15 @@ class DriveSettings:
 
     @property
     def model_settings(self) -> dict[str, Any]:
-        """What shapes the world model's drives (part of each one's fingerprint: terra/closedloop/recording/files.py):
-        the run's part of every fingerprint (terra/config/spec.py, ``RunSpec.output_settings``) and the checkpoints and
-        engine that make them (a drive folder holds one model's drives)."""
+        """What shapes the world model's drives (part of each one's fingerprint: files)."""
         run = self.run
         told = {} if self.road == SCENE_ROAD else {"road": self.road}  # the routes' source, where not the scenes
         return {**run.output_settings(), "world_model": checkpoint_digest(run.world_model),
                 "tokenizer": checkpoint_digest(run.tokenizer), "backend": run.backend, "dtype": run.dtype, **told}
 
     def run_settings(self, progress: bool, folder: Path | None = None) -> RunSettings:
-        """How the drives run and where they go (``folder``: a study's, each world's sub-folder set by the study;
-        None: the run's own)."""
+        """How the drives run and where they go (``folder``: a study's, each world's sub-folder set by the study; None:
+        the run's own)."""
         return RunSettings(self.output.path if folder is None else folder, self.num_steps, self.policy_timeout_s,
                            max_concurrent=self.max_concurrent, resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
@@ -131,8 +118,7 @@ class DriveSettings:
 
 
 def checked_run(cfg: DictConfig) -> DriveSettings:
-    """Every setting of the run itself checked once (conf/drive.yaml less the study's), one line for a bad one: the
-    settings with every drive of the run (no shard taken yet), in its one world, and no folder claimed."""
+    """Every setting of the run itself checked once (drive less the study's), one line for a bad one."""
     values = check_settings(cfg, SETTINGS)
     shard, shards = values["shard_index"], values["num_shards"]
     if shard >= shards:
@@ -197,8 +183,7 @@ def checked_shard(settings: DriveSettings, mine: Sequence[tuple[int, str, int]],
 
 
 def run_inputs(settings: DriveSettings) -> list[tuple[str, Any]]:
-    """What the run reads, which its folder must not hold (terra/config/output_dir.py): the scenarios' files, the
-    checkpoints and the estimator."""
+    """What the run reads, which its folder must not hold (output_dir)."""
     inputs = [*settings.scenarios.inputs, ("tokenizer", settings.run.tokenizer),
               ("estimator folder", settings.estimator)]
     if settings.world in ("model", "both"):
@@ -207,9 +192,8 @@ def run_inputs(settings: DriveSettings) -> list[tuple[str, Any]]:
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
-    """Every setting of a run in one world (conf/drive.yaml) checked once, this shard's drives taken and
-    ``output_dir`` claimed; one line for a bad one. ``world=both`` is the study's (terra/closedloop/study/settings.py,
-    which checks it with :func:`checked_run`)."""
+    """Every setting of a run in one world (drive) checked once, this shard's drives taken and ``output_dir`` claimed.
+    """
     settings = checked_run(cfg)
     if settings.world == "both":
         raise ValueError("world=both is the fidelity study: terra/closedloop/study/settings.py checks its settings")

@@ -1,11 +1,4 @@
-"""A drive seen from above: the road, the route the world model was told and the path the car drove, as a PNG.
-
-World frame, metres (x right, y up); the view is a square holding the driven path and the routes drawn, with
-:data:`MARGIN_M` around them. The
-road is the one the scenario's routes come from (its map where one was read, else its scene's lanes and edges);
-the told route is redrawn every :data:`ROUTE_EVERY` frames from that road at the car's pose (magenta, as the video's
-inset draws it), only where the drive's record says the model was told the scenario's own road.
-"""
+"""A drive seen from above: the road, the route the world model was told and the path the car drove, as a PNG."""
 
 from __future__ import annotations
 

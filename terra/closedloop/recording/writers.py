@@ -1,7 +1,6 @@
-"""Where a run's finished drives are measured and written: :class:`DriveWriters`, in the loop's process or in
-processes beside it, so that the CPU's work on one chunk of drives overlaps the next chunk's driving
-(terra/closedloop/recording/run.py, ``record_drives``, hands them in; the files are
-terra/closedloop/recording/files.py's).
+"""Where a run's finished drives are measured and written: :class:`DriveWriters`, in the loop's process or in processes
+beside it, so that the CPU's work on one chunk of drives overlaps the next chunk's driving (run, ``record_drives``,
+hands them in; the files are files's).
 """
 
 from __future__ import annotations
@@ -21,12 +20,7 @@ Emit = Callable[[dict, dict], None]  # (manifest record, the drive's JSON conten
 
 
 class DriveWriters:
-    """Where finished drives are measured and written (terra/closedloop/recording/files.py, ``write_drive``): in this
-    process (``processes`` 0) or in that many processes beside the loop, so that the CPU's measurements of one chunk of
-    drives overlap the next chunk's driving; the loop's process writes some too while it waits for them. The
-    processes are spawned (the loop's process may hold a GPU engine and its threads); should one die, what it held
-    is written here and so is every later drive, after one warning line. ``emit`` gets each drive's manifest record
-    and JSON content in the order they were handed in."""
+    """Where finished drives are measured and written (files, ``write_drive``)."""
 
     def __init__(self, processes: int, emit: Emit) -> None:
         self.emit = emit
@@ -45,8 +39,7 @@ class DriveWriters:
         self.wait(len(self.pending) if self.pool is not None else 0)
 
     def wait(self, backlog: int) -> None:
-        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write.
-        While it waits, this process writes drives too (:meth:`_write_newest_here`)."""
+        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write."""
         while self.pending:
             first = self.pending[0][0]
             if first is not None and not first.done():
@@ -58,9 +51,8 @@ class DriveWriters:
             self._emit(self._written(future, args), seconds)
 
     def _write_newest_here(self) -> bool:
-        """Write here the newest drive no writer has begun (the writers take the oldest first), so that one more
-        process works on a backlog, as on a world's last chunk; False when every drive left has begun. Its record
-        is still emitted in order."""
+        """Write here the newest drive no writer has begun (the writers take the oldest first), so that one more process
+        works on a backlog, as on a world's last chunk; False when every drive left has begun."""
         for index in range(len(self.pending) - 1, -1, -1):
             future, seconds, args = self.pending[index]
             if future is None or (not future.done() and not future.cancel()):

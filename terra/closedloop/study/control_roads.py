@@ -1,7 +1,7 @@
-"""The roads the route controls tell a model with route slots (terra/closedloop/study/control_worlds.py): another
-scenario's road (``wrong_route``, :class:`ForeignRoad`), none (``no_route``, :class:`NoRoad`), and the road ahead of
-the pose a control's fed motion reaches (``zero_actions``, ``straight``: :class:`FedMotionRoad`). Each has the
-:class:`~terra.closedloop.worlds.Road` interface: ``model_routes(poses, route_tokens)`` and ``route_source``."""
+"""The roads the route controls tell a model with route slots (control_worlds): another scenario's road
+(``wrong_route``, :class:`ForeignRoad`), none (``no_route``, :class:`NoRoad`), and the road ahead of the pose a
+control's fed motion reaches (``zero_actions``, ``straight``: :class:`FedMotionRoad`).
+"""
 
 from __future__ import annotations
 
@@ -22,10 +22,7 @@ FOREIGN_TRIES = 32  # wrong_route: candidate roads drawn at most
 
 
 class ForeignRoad:
-    """Another road told as a drive's route (``wrong_route``): the car's place on its own scene's road (arc length,
-    lateral offset, heading against the road) carried onto ``other``'s road, whose ego lane ahead of that place is
-    the route. So the route has the shape of another scenario's road, bends where the true road runs straight and
-    the other way, while the car's offset and heading in it stay the true ones."""
+    """Another road told as a drive's route (``wrong_route``)."""
 
     route_source = "wrong_route: another scenario's road"
 
@@ -44,9 +41,7 @@ class ForeignRoad:
 
 
 class FedMotionRoad:
-    """The road told to a model control fed another motion than the car's (``zero_actions``, ``straight``): the
-    scene's ego lane ahead of the pose that motion reaches from the drive's start pose ``start``: standing there,
-    or (``straight_on``) driving on along its heading as far as the car has come along the road."""
+    """The road told to a model control fed another motion than the car's (``zero_actions``, ``straight``)."""
 
     route_source = "scene, ahead of the fed motion"
 
@@ -65,7 +60,7 @@ class FedMotionRoad:
 
 
 class NoRoad:
-    """No route told (``no_route``): the model runs with its "no route" embedding (terra/contract/routes.py)."""
+    """No route told (``no_route``): the model runs with its "no route" embedding (routes)."""
 
     route_source = None
 
@@ -74,11 +69,7 @@ class NoRoad:
 
 
 def foreign_road(scenario: Scenario) -> ForeignRoad:
-    """``scenario``'s road carried onto another scene's, the same length and domain, drawn from its own: the first of
-    the scene seeds :data:`FOREIGN_SEED` apart whose road leaves the true one by a lane's width within
-    :data:`FOREIGN_REACH_M` of the drive's start (:func:`separation`), so that the route told is known to be wrong
-    where the car drives (another scenario's road can run as the true one does for a drive's length); after
-    :data:`FOREIGN_TRIES` seeds, the one that leaves it furthest."""
+    """``scenario``'s road carried onto another scene's, the same length and domain, drawn from its own."""
     own = scenario.scene
     if own is None:
         raise TerraInputError(f"the wrong_route control needs a scenario whose scene is known (synthetic); "
@@ -96,8 +87,8 @@ def foreign_road(scenario: Scenario) -> ForeignRoad:
 
 
 def separation(own: Scene, other: Scene, start_s: float, reach_m: float = FOREIGN_REACH_M) -> float:
-    """How far apart (m) the two roads' centrelines come within ``reach_m`` of arc length ``start_s``, ``other``'s
-    laid onto ``own``'s there (the same place and heading at ``start_s``), points of equal arc length compared."""
+    """How far apart (m) the two roads' centrelines come within ``reach_m`` of arc length ``start_s``, ``other``'s laid
+    onto ``own``'s there (the same place and heading at ``start_s``), points of equal arc length compared."""
     s = start_s + np.linspace(0.0, reach_m, 31)
     mine, theirs = own.road_pose(s), other.road_pose(s)
     relative = np.concatenate([to_ego(theirs[:, :2], theirs[0]), np.zeros((len(s), 1))], axis=-1)
@@ -110,8 +101,8 @@ def no_road(scenario: Scenario) -> NoRoad:
 
 
 def fed_motion_road(straight_on: bool) -> Callable[[Scenario], Road]:
-    """The road builder of a model control fed another motion (:class:`FedMotionRoad`: standing at the drive's start,
-    or ``straight_on`` from it); a scenario without a known scene keeps its own (no route)."""
+    """The road builder of a model control fed another motion (:class:`FedMotionRoad`: standing at the drive's start, or
+    ``straight_on`` from it); a scenario without a known scene keeps its own (no route)."""
     def road_of(scenario: Scenario) -> Road:
         return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, straight_on)
     return road_of

@@ -1,43 +1,4 @@
-"""Worlds known to be wrong: the controls that show the fidelity verdict can fail (terra/closedloop/study/verdict.py).
-
-A verdict that passes the world model must fail each of these, or it cannot tell a world model from a broken one
-(docs/fidelity.md). Each implements the :class:`~terra.closedloop.worlds.World` interface
-and drives as any world does:
-
-* ``frozen``: the last context frame, whatever the car does;
-* ``gray``: uniform mid-gray frames, no lane ever visible;
-* ``mirrored``: the true renders at the car's pose, mirrored left-right;
-* ``late``: the true renders :data:`LATE_STEPS` steps (1 s) late: frame t shows the pose of step t - 10 (the start
-  pose until then);
-* ``offset_camera``: the true renders from a camera mounted :data:`CAMERA_OFFSET_M` (0.3 m) left of the car's
-  centre line: a world that draws the road from a shifted viewpoint, which drives lane followers off the lane's
-  centre (the lateral bias sees it);
-* ``fast`` and ``slow``: the true renders at a pose that runs :data:`SPEED_ERROR` (10 %) ahead of or behind the
-  car's own progress along the road, its lateral place and heading in the lane kept: a world whose video moves too
-  fast or too slow (the forward following gain sees it);
-* ``under_turning`` and ``over_turning``: the true renders from a camera that turns :data:`TURN_ERROR` (15 %) less
-  or more than the car since the drive's start, at the car's place: a world that ignores part of the steering, or
-  exaggerates it (the yaw gain sees it, and the lane drawn where it is not, on the side of each bend);
-* ``stutter``: the true renders, every :data:`STUTTER_PERIOD`-th frame the previous one repeated: a video that
-  stalls and catches up (the stalled steps see it; the gains, over whole drives, do not);
-* ``zero_actions``: the world model fed the action of a car standing still (every point of the 3 s path at the
-  origin), whatever the car does;
-* ``straight``: the world model fed the car's path straightened: each action point at its distance straight ahead,
-  so the model renders driving straight at the commanded speed while the car steers;
-* a model with route slots is told, in these two, the road ahead of the pose the fed motion reaches (the drive's
-  start, or straight on from it: terra/closedloop/study/control_roads.py's ``FedMotionRoad``), not of the car's: a
-  route read at the car's pose turns with the car and would tell the model the motion the control withholds;
-* ``wrong_route`` (a world model with route slots only): the world model fed another scenario's road as its route,
-  one that leaves the true road by a lane's width within 60 m of the start (control_roads.py's ``foreign_road``): a
-  model that follows its route draws that road, not the true one, so the verdict flags it;
-* ``no_route`` (a world model with route slots only): the same checkpoint told no route, its "no route" embedding in
-  the route slots: the mapless world beside the model, which invents the road beyond what its frames showed (its
-  fidelity horizon is how long a mapless world of this checkpoint stays a simulator).
-
-The scene controls (:data:`SCENE_CONTROLS`) need the true world's scene (synthetic scenarios); the model controls
-(:data:`MODEL_CONTROLS`, :data:`ROUTE_CONTROLS`) share the model world's engine (they run after it, never beside
-it). :func:`control_world` builds one by name; a control is added by a class here and an entry in one of the tables.
-"""
+"""Worlds known to be wrong: the controls that show the fidelity verdict can fail (verdict)."""
 
 from __future__ import annotations
 
@@ -93,9 +54,7 @@ class GrayWorld(FrozenWorld):
 
 @dataclass
 class KeptDrive:
-    """A drive of a control world whose frames are made of true renders at poses the car reached: its scenario, the
-    control's own state, and those renders by pose (terra/closedloop/worlds.py, ``pose_key``), handed to the drive's
-    measurement, which then renders them no more (terra/closedloop/outcomes/frames.py)."""
+    """A drive of a control world whose frames are made of true renders at poses the car reached."""
 
     scenario: Scenario
     state: Any = None
@@ -138,8 +97,7 @@ class MirroredWorld(KeepingWorld):
 
 
 class LateWorld(KeepingWorld):
-    """The true renders ``delay`` steps late: each step shows the pose the car had ``delay`` steps before (the
-    start pose until then)."""
+    """The true renders ``delay`` steps late."""
 
     name = "late"
 
@@ -178,8 +136,8 @@ class OffsetCameraWorld(TrueWorld):
 
 
 class FastWorld(TrueWorld):
-    """The true renders at the pose ``factor`` times as far along the road from the drive's start as the car is,
-    at the car's lateral offset and heading against the road (``factor`` below 1: a slow world)."""
+    """The true renders at the pose ``factor`` times as far along the road from the drive's start as the car is, at the
+    car's lateral offset and heading against the road (``factor`` below 1: a slow world)."""
 
     name = "fast"
 
@@ -205,8 +163,8 @@ class FastWorld(TrueWorld):
 
 
 class TurningWorld(TrueWorld):
-    """The true renders at the car's place from a camera whose heading has turned ``factor`` times as much as the
-    car's since the drive's start (below 1: a world that under-turns)."""
+    """The true renders at the car's place from a camera whose heading has turned ``factor`` times as much as the car's
+    since the drive's start (below 1: a world that under-turns)."""
 
     name = "under_turning"
 
@@ -272,9 +230,9 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model (``model``, a :class:`~terra.closedloop.worlds.ModelWorld`) fed ``transform(action)``
-    instead of the car's action, and the routes of ``road_of(scenario)`` instead of its scene's (None: its own);
-    drives, context and decoding are the model world's."""
+    """The world model (``model``, a :class:`~terra.closedloop.worlds.ModelWorld`) fed ``transform(action)`` instead of
+    the car's action, and the routes of ``road_of(scenario)`` instead of its scene's (None: its own); drives, context
+    and decoding are the model world's."""
 
     def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                  road_of: Callable[[Scenario], Road] | None = None) -> None:
@@ -298,7 +256,7 @@ class ModelControlWorld:
         return frames
 
     def reference_frames(self, drive) -> np.ndarray | None:
-        """The true frames through the model's tokenizer (terra/closedloop/worlds.py, ``ModelWorld``)."""
+        """The true frames through the model's tokenizer (worlds, ``ModelWorld``)."""
         return self.model.reference_frames(drive)
 
     def true_renders(self, drive) -> dict[bytes, np.ndarray] | None:

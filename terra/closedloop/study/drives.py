@@ -1,11 +1,6 @@
-"""A fidelity study from its checked settings (terra/closedloop/study/settings.py), made of the drive run's parts
-(terra/closedloop/recording/drives.py): every world's drives made and recorded in its folder, then the report
-(terra/closedloop/study/report.py; with ``exploitability=true`` its exploitability study:
-terra/closedloop/study/exploit.py). The drives are made here, first by shard processes of this machine
-(``shard_processes``: terra/closedloop/study/processes.py, the exploitability study made here meanwhile on an engine
-of its own), or by shards on a Ray cluster (``executor=ray``:
-terra/closedloop/study/ray_shards.py, whose report step runs this module's again on a worker). :func:`terra_drive`
-runs what ``terra-drive``'s settings ask for: a study, or a run in one world.
+"""A fidelity study from its checked settings (settings), made of the drive run's parts (drives): every world's drives
+made and recorded in its folder, then the report (report; with ``exploitability=true`` its exploitability study:
+exploit).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ if TYPE_CHECKING:
 
 
 def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None = None) -> DriveOutcome:
-    """Make and record every drive of ``settings``: a study's (:func:`drive_study`; with ``until=decided`` in rounds,
-    terra/closedloop/study/rounds.py) or a run's in one world (terra/closedloop/recording/drives.py, ``drive``)."""
+    """Make and record every drive of ``settings``."""
     if isinstance(settings, StudySettings) and settings.until is not None:
         from terra.closedloop.study.rounds import drive_until_decided
 
@@ -45,8 +39,8 @@ def drive_study(settings: StudySettings, progress: bool | None = None,
     """Make and record the drives of every world of the study's shard (here, first by shard processes of this machine
     with ``shard_processes``; with ``executor=ray`` by shards on the cluster, the report too), then with the whole
     study the report; ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log
-    (terra/core/progress.py); ``exploit``: the exploitability study made already (on Ray, beside the shards),
-    reported instead of made here."""
+    (progress); ``exploit``: the exploitability study made already (on Ray, beside the shards), reported instead of
+    made here."""
     from terra.closedloop.study.exploit import exploit_study
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
 
@@ -89,11 +83,10 @@ def drive_study(settings: StudySettings, progress: bool | None = None,
 
 
 def _beside_shards(settings: StudySettings, exploit: ExploitStudy | None) -> tuple[list[str], int, ExploitStudy | None]:
-    """The study's drives made by its shard processes (terra/closedloop/study/processes.py) and, when its report needs
-    the exploitability study and none was made, that study made here meanwhile on an engine of its own (its share of
-    the first card beside the shards' engines, ``shard_plan``; terra/closedloop/study/exploit.py, ``exploit_beside``):
-    the shards' lines, their worst exit code and the exploitability study. The engine opens on this thread (the
-    shards are followed on another), so a shard that fails is told once the exploitability study is made."""
+    """The study's drives made by its shard processes (processes) and, when its report needs the exploitability study
+    and none was made, that study made here meanwhile on an engine of its own (its share of the first card beside the
+    shards' engines, ``shard_plan``; exploit, ``exploit_beside``): the shards' lines, their worst exit code and the
+    exploitability study."""
     from terra.closedloop.study.exploit import exploit_beside
     from terra.closedloop.study.processes import drive_in_shards, engine_share, shard_plan
 

@@ -1,21 +1,5 @@
-"""How long each world of a study stays a simulator: its fidelity horizon (terra/fidelity/horizon.py), from the
-drives' records, and the statistics judged again within it.
-
-Every drive of a world is measured frame by frame against the true renders at its poses, so each drive has a
-horizon: the time its road departs from the truth's (or its whole length, censored). Over a world's drives:
-
-* **closed loop**: the drives of the policies that read the world's frames (the pixel policies and probes): what a
-  policy tested in the world lives through, the world's errors and the policy's answers to them together;
-* **open loop**: the drives of the policies that read no pixels (``route_follower``, ``constant_speed``): their plans
-  are the same in every world, so each is one action sequence replayed in the world and in the truth, and its
-  horizon is the world's alone (a study without them has none);
-* the closed-loop drives on **straights** and on **bends** apart: a drive is on a bend when the true road under
-  its truth drive turns more than :data:`BEND_RAD` (terra/closedloop/outcomes/truth.py, ``road_turn_rad``).
-
-With ``within_horizon=true`` every statistic that can be judged on drives cut short is judged again on each drive's
-first frames up to the world's closed-loop median horizon (the truth's paired drive cut at the same frame), beside
-the whole-drive verdict, never instead of it: the lag and AlpaSim's scene score need the whole drive
-(terra/closedloop/study/statistics.py, ``Statistic.cut``).
+"""How long each world of a study stays a simulator: its fidelity horizon (horizon), from the drives' records, and the
+statistics judged again within it.
 """
 
 from __future__ import annotations
@@ -83,10 +67,7 @@ def world_horizon(pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstrap()) -> 
 
 
 def cut_record(record: dict, frames: int) -> dict:
-    """A drive's record as if it had ended after ``frames`` frames: its frame measurements and poses cut, its lane
-    and road metrics recomputed from their values frame by frame (terra/closedloop/outcomes/truth.py,
-    ``metrics_until``; none where the record lacks them), and what needs the whole drive left out (the lag, AlpaSim's
-    metrics)."""
+    """A drive's record as if it had ended after ``frames`` frames."""
     cut = {**record, "world_poses": record.get("world_poses", [])[:frames + 1], "steps": min(record["steps"], frames)}
     metrics = {key: value for key, value in (record.get("metrics") or {}).items() if key != "alpasim"}
     if "truth" in metrics:
@@ -107,8 +88,7 @@ def within(pairs: Sequence[Pair], seconds: float) -> list[Pair]:
 
 
 def cut_at(horizon: WorldHorizon, pairs: Sequence[Pair]) -> float | None:
-    """Where a world's drives are cut to be judged within its horizon: its closed-loop median (s), or None when
-    there is nothing to cut (no closed-loop drive, or the median lies beyond every drive)."""
+    """Where a world's drives are cut to be judged within its horizon."""
     median = horizon.median_s
     longest = max((len(p.world["fidelity"]["lane_world"]) for p in pairs), default=0) * STEP_S
     return float(median) if np.isfinite(median) and median < longest else None

@@ -1,20 +1,4 @@
-"""The synthetic world made a little wrong, to learn what a policy tolerates from a world model.
-
-``terra-drive`` drives any world class named ``module:Class`` (docs/drive.md, "Your own world"), these too:
-
-    terra-drive world=terra.closedloop.study.perturbed_worlds:TokenizerWorld 'policies=[lane_follower_near]' \\
-        num_scenarios=16 num_steps=200 output_dir=runs/near_tokenizer
-    terra-drive world=terra.closedloop.study.perturbed_worlds:Shaken8cm \\
-        'policies=[lane_follower_near,lane_follower]' num_scenarios=16 num_steps=200 output_dir=runs/near_shaken8
-
-* :class:`TokenizerWorld`: the true frames through the demo tokenizer (encoded and decoded), a perfect world model
-  of that tokenizer: what no model of it can do better than;
-* :class:`ShakenWorld` and its settings (:class:`Shaken4cm`, :class:`Shaken8cm`, :class:`Drifting4cm`): the true
-  frames seen from a camera moved sideways each step by a random offset, independent from step to step or
-  correlated (each step ``rho`` of the last plus a fresh draw), drawn from the scenario's id (the same for every
-  policy): a world whose lane wanders about where it is, as a world model's does (benchmarks/fidelity.md, "Why the
-  near follower left the road").
-"""
+"""The synthetic world made a little wrong, to learn what a policy tolerates from a world model."""
 
 from __future__ import annotations
 
@@ -76,8 +60,8 @@ class ShakenDrive:
 
 
 class ShakenWorld(TrueWorld):
-    """The true world seen from a camera moved ``sigma_m`` sideways at random each step (left positive), each
-    offset ``rho`` times the last plus a fresh draw."""
+    """The true world seen from a camera moved ``sigma_m`` sideways at random each step (left positive), each offset
+    ``rho`` times the last plus a fresh draw."""
 
     name = "shaken"
     sigma_m = 0.08

@@ -1,28 +1,5 @@
 """A ``terra-drive`` command as shards in processes of this machine, then its report: how ``study=gpu`` runs
 (``shard_processes``), and, run as a module, how any command runs so (a run in one world too)::
-
-    python -m terra.closedloop.study.processes --processes 4 --scene-processes 8 --kv-cache-gib 2 -- world=both \\
-        'policies=[all_pixel]' num_scenarios=50 num_seeds=3 num_control_scenarios=4 num_control_seeds=1 \\
-        backend=vllm device=cuda videos=false output_dir=runs/fid
-
-``--processes K`` shards (with ``--scene-processes M``, ``world=both``: ``K`` of the engine's worlds and ``M`` of the
-others), each engine's KV cache ``--kv-cache-gib``; the command's ``output_dir`` is every shard's and the report's.
-
-A fidelity study's work beside the world model's engine is the CPU's: the policies' plans, the true renders and the
-measurements of every frame (benchmarks/drives.md, "Closed-loop drives"), about 25-35 ms a frame, which one process
-(and its writer processes, ``writer_processes``) runs on a core or two. So the study's worlds are split by what they
-need: ``engine`` shards drive the worlds the world model draws (``shard_worlds=engine``: the model, zero_actions,
-straight), each with an engine of its own on one of this machine's GPUs, dealt in turn (``CUDA_VISIBLE_DEVICES``
-names one card a shard; ``0.9 / K`` of its card each for the ``K`` shards that share it, and ``kv_cache_gib`` of KV
-cache: with the cache given, vLLM skips the memory profiling that fails while another process's memory moves), and
-``scene`` shards every other world (the truth, the scene controls), which need no GPU and drive on the cores the
-engines' shards leave while the model's drives are made. Shard ``i`` of ``K`` is ``terra-drive <overrides>
-shard_index=i num_shards=K shard_worlds=<group> progress=false`` (conf/drive.yaml: drive ``k`` of each world's list
-to shard ``k % K``), with ``num_threads`` and ``OMP_NUM_THREADS`` this machine's cores over the processes; its output
-goes to ``<group>-<i>-of-<K>.log`` in a new folder of the system's temporary folder. Once every shard has ended, the
-same command without the shard settings writes the report from the shards' drives, driving none again and opening
-no world whose drives are all recorded. A shard refused at its settings (exit 2) stops the run before the report;
-one whose drives failed (exit 1) does not.
 """
 
 from __future__ import annotations
@@ -50,8 +27,8 @@ SHARD_SETTINGS = ("shard_index", "num_shards", "shard_worlds", "shard_processes"
 
 @dataclass(frozen=True)
 class ShardProcesses:
-    """How many shard processes of each group a study runs on this machine (0 and 0: none, the study in this
-    process) and each engine's KV cache (GiB; None: vLLM's own sizing)."""
+    """How many shard processes of each group a study runs on this machine (0 and 0: none, the study in this process)
+    and each engine's KV cache (GiB; None: vLLM's own sizing)."""
 
     engine: int = 0
     scene: int = 0
@@ -75,8 +52,8 @@ def setting(override: str) -> str:
 
 def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
     """The backend options of an engine shard whose card ``per_card`` engines share (a process here, or a Ray shard:
-    terra/closedloop/study/ray_shards.py): its KV cache and ``0.9 / per_card`` of the card; none without a cache size
-    (vLLM sizes an engine alone on its card)."""
+    ray_shards): its KV cache and ``0.9 / per_card`` of the card; none without a cache size (vLLM sizes an engine
+    alone on its card)."""
     if kv_cache_gib is None:
         return {}
     share = round(SHARED_MEMORY / per_card, 3)
@@ -85,8 +62,8 @@ def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
 
 def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None,
                   worlds: str = "all", per_card: int | None = None) -> list[str]:
-    """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds``
-    (``shard_worlds``; ``scene``: no engine to size); ``per_card``: how many engines share its card (``shards``)."""
+    """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds`` (``shard_worlds``;
+    ``scene``: no engine to size); ``per_card``: how many engines share its card (``shards``)."""
     share = engine_share(kv_cache_gib, per_card or shards) if worlds != "scene" else {}
     mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
     return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
@@ -95,8 +72,8 @@ def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: in
 
 
 def visible_gpus() -> list[str]:
-    """The CUDA cards this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (every card when it is unset;
-    none on a machine without CUDA)."""
+    """The CUDA cards this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (every card when it is unset; none on
+    a machine without CUDA)."""
     named = os.environ.get("CUDA_VISIBLE_DEVICES")
     if named is not None:
         return [card.strip() for card in named.split(",") if card.strip()]
@@ -117,8 +94,8 @@ def records(folder: Path) -> int:
 
 def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str | None], int | None]:
     """How the shards of ``groups`` share this machine with ``beside`` engines of the command's own process (on the
-    first card: the exploitability study's, terra/closedloop/study/drives.py): each process's threads (the cores
-    this process may use, over all of them), each engine shard's card, and how many engines the busiest card holds."""
+    first card: the exploitability study's, drives): each process's threads (the cores this process may use, over all
+    of them), each engine shard's card, and how many engines the busiest card holds."""
     threads = max(1, usable_cores() // (sum(groups.values()) + beside))
     cards = engine_cards(groups.get("engine", groups.get("all", 0)), visible_gpus())
     return threads, cards, max((cards.count(card) for card in cards), default=0) + beside or None
@@ -147,8 +124,7 @@ def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: f
 
 
 def follow(folder: Path, total: int | None, shards: int, running: Callable[[], bool]) -> None:
-    """Count the drives ``shards`` shards record in ``folder`` as they come, while ``running()``: a bar on a terminal,
-    a line a minute off one."""
+    """Count the drives ``shards`` shards record in ``folder`` as they come, while ``running()``."""
     started = last = time.monotonic()
     terminal = sys.stderr.isatty()
     with tqdm(total=total, unit="drive", desc=f"{shards} shards", dynamic_ncols=True, disable=not terminal) as bar:
@@ -163,8 +139,8 @@ def follow(folder: Path, total: int | None, shards: int, running: Callable[[], b
 
 
 def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path) -> None:
-    """Raise one line naming its log for the first shard that ended other than done (0) or with drives that failed
-    (1): refused at its settings (2) or killed."""
+    """Raise one line naming its log for the first shard that ended other than done (0) or with drives that failed (1).
+    """
     for worlds, group in codes.items():
         for shard, code in enumerate(group):
             if code not in (0, 1):
@@ -178,8 +154,7 @@ def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder:
                     total: int | None = None, beside: int = 0) -> tuple[list[str], int]:
     """The study's drives made by ``processes``' shards (``overrides``: the command's settings, the report's
     ``output_dir`` among them; ``beside``: engines this process runs meanwhile, :func:`shard_plan`); the lines to
-    print and the worst shard's exit code (0 or 1). A shard refused at its settings or ended otherwise raises one
-    line naming its log."""
+    print and the worst shard's exit code (0 or 1)."""
     logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
     started = time.perf_counter()
     codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total, beside)
@@ -202,10 +177,8 @@ def output_dir(overrides: Sequence[str]) -> Path:
 
 
 def main() -> None:
-    """Any ``terra-drive`` command as shards of this machine, then the same command without the shard settings,
-    which writes the manifest (``world=both``: the fidelity report) from the shards' drives, driving none again. A
-    shard refused at its settings (exit 2) stops the run before the report; one whose drives failed (exit 1) does
-    not."""
+    """Any ``terra-drive`` command as shards of this machine, then the same command without the shard settings, which
+    writes the manifest (``world=both``: the fidelity report) from the shards' drives, driving none again."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, required=True,
                         help="shards, each a terra-drive process (with --scene-processes: of the engine's worlds)")

@@ -1,19 +1,5 @@
-"""How faithful a world model is as a simulator: the same drives in the model, in the true world and in
-worlds known to be wrong, then the verdict (terra/closedloop/study/verdict.py).
-
-Each scenario x policy is driven with the same seed in every world of the study: the world model
-(:class:`~terra.closedloop.worlds.ModelWorld`), the renderer's true frames (:class:`~terra.closedloop.worlds.
-TrueWorld`) and the controls (terra/closedloop/study/control_worlds.py, or worlds of the user's). Every drive's poses
-are judged in the true scene (terra/closedloop/outcomes/truth.py, and AlpaSim's scene score:
-terra/closedloop/outcomes/alpasim.py) and every frame of a world but the true one is measured against the true render
-at its pose (terra/closedloop/outcomes/frames.py). The report (written by terra/closedloop/study/report_text.py) opens
-with a sentence per world (how long it stays a simulator: its fidelity horizon, terra/closedloop/study/horizons.py;
-then flagged, passed or undecided, and the statistic that decided it), the brake-hard probe and the run's settings;
-then the horizons, per world each statistic with its interval, decision and, when undecided, its reason, which
-statistics separate the model from each control, the unjudged measurements and paired differences of every metric;
-per policy, the model's and the truth's outcomes side by side with their paired differences and the model's
-following gain; and, when asked for, the exploitability of the model world (terra/closedloop/study/exploit.py).
-Everything is computed from the drives' records, so a study's report can be written again from its folders.
+"""How faithful a world model is as a simulator: the same drives in the model, in the true world and in worlds known to
+be wrong, then the verdict (verdict).
 """
 
 from __future__ import annotations
@@ -51,20 +37,19 @@ REPORT_FILES = ("fidelity.json", "fidelity.md")
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
 __getattr__ = renamed(__name__, {"run_fidelity": "run_study", "FidelityReport": "StudyReport"})  # until 0.2.0
 COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
-    "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # terra/closedloop/outcomes/truth.py
+    "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # truth
     "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),
     "off_road": ("off road", ("truth", "off_road")),
     "collision": ("collisions", ("truth", "collision")),
     "progress_along_road_m": ("progress m", ("truth", "progress_along_road_m")),
-    "scene_score": ("AlpaSim score", ("alpasim", "score")),  # terra/closedloop/outcomes/alpasim.py
+    "scene_score": ("AlpaSim score", ("alpasim", "score")),  # alpasim
 }
 
 
 @dataclass
 class StudyReport:
-    """The verdict on every world but the true one (the model's first), per policy the model's and the truth's
-    outcomes and their paired differences (:func:`policy_outcomes`), and the exploitability study when one ran
-    (terra/closedloop/study/exploit.py)."""
+    """The verdict on every world but the true one (the model's first), per policy the model's and the truth's outcomes
+    and their paired differences (:func:`policy_outcomes`), and the exploitability study when one ran (exploit)."""
 
     verdicts: list[WorldVerdict]
     policies: dict[str, dict]
@@ -78,8 +63,8 @@ class StudyReport:
                                 and control.decisions[s.name] == FAIL] for control in controls}
 
     def sentences(self) -> list[str]:
-        """A world's sentences each (the model's first), the verdict within its horizon under it when judged, then
-        the probes' lines."""
+        """A world's sentences each (the model's first), the verdict within its horizon under it when judged, then the
+        probes' lines."""
         lines = []
         for v in self.verdicts:
             lines.append(f"- {headline(v)}")
@@ -106,16 +91,13 @@ class StudyReport:
         return ["# Fidelity verdict", "", *self.sentences(), "", "## Run", *run_lines(self.settings)]
 
     def terminal(self) -> str:
-        """What the terminal shows, as plain text: a row per world, what tells the model from each control, then
-        the sentences, last (the whole report is fidelity.md)."""
+        """What the terminal shows, as plain text."""
         lines = ["Fidelity verdict (the whole report: fidelity.md)", "", text_table(world_rows(self.verdicts)), "",
                  *separation_lines(self.separations(), self.verdicts), "", *self.sentences()]
         return "\n".join(plain(line) for line in lines)
 
     def table(self) -> str:
-        """Markdown (fidelity.md): the opening, the legend, the horizons, the verdict table with every undecided
-        statistic's reason, the separations, per policy the outcomes in both worlds (model / truth, then model -
-        truth on paired drives with its interval), and the exploitability."""
+        """Markdown (fidelity.md)."""
         lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Fidelity horizons",
                  *horizon_table(self.verdicts), "", "## Verdicts", verdict_table(self.verdicts),
                  *separation_lines(self.separations(), self.verdicts), "", "## Policies"]
@@ -136,10 +118,7 @@ class StudyReport:
 
 def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
                     bootstrap: Bootstrap = Bootstrap()) -> dict[str, dict]:
-    """Per policy of the model's drives (drive id -> JSON content, terra/closedloop/recording/files.py), over the drives
-    made well in both worlds: the means of :data:`COLUMNS` in the model and in the true world, their paired differences
-    model - truth, the distance between the two paths at the same frames and the model's following gain
-    (``following_gain_dx``: where its video stops moving with the car), with intervals over scenarios."""
+    """Per policy of the model's drives (drive id -> JSON content, files), over the drives made well in both worlds."""
     pairs = pairs_of(model, truth)
     policies: dict[str, dict] = {}
     for drive_id, record in model.items():
@@ -169,8 +148,7 @@ def _mean(values: np.ndarray) -> float:
 
 
 def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
-    """What the study was, read from its drive records (world -> drive id -> JSON content): the worlds and their
-    drives, the scenarios, the policies, the steps and seeds, and the verdict's own settings."""
+    """What the study was, read from its drive records (world -> drive id -> JSON content)."""
     model = list(runs["model"].values())
     return {"worlds": ", ".join(f"{world} ({len(drives)} drives)" for world, drives in runs.items()),
             "scenarios": len({r["scenario"] for r in model}),
@@ -184,8 +162,8 @@ def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
 
 def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False,
                   bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
-    """A world's verdict over its whole drives with its fidelity horizon, and with ``within_horizon`` the verdict
-    on its drives cut at its median horizon too (terra/closedloop/study/horizons.py)."""
+    """A world's verdict over its whole drives with its fidelity horizon, and with ``within_horizon`` the verdict on its
+    drives cut at its median horizon too (horizons)."""
     pairs = pairs_of(drives, truth)
     verdict = replace(judge_pairs(world, pairs, bootstrap), horizon=world_horizon(pairs, bootstrap))
     seconds = cut_at(verdict.horizon, pairs) if within_horizon else None
@@ -197,8 +175,8 @@ def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], w
 
 def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None,
             within_horizon: bool = False) -> StudyReport:
-    """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability
-    study's result, if one ran; ``within_horizon``: each world judged within its fidelity horizon too."""
+    """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability study's
+    result, if one ran; ``within_horizon``: each world judged within its fidelity horizon too."""
     truth = runs[TRUTH]
     verdicts = [world_verdict(world, drives, truth, within_horizon) for world, drives in runs.items()
                 if world != TRUTH]
@@ -207,8 +185,7 @@ def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = Non
 
 @dataclass(frozen=True)
 class StudyFolders:
-    """Where a fidelity study writes, claimed (terra/config/output_dir.py): its report in ``top``, each world's
-    drives in a sub-folder of the world's name (``model/``, ``truth/``, ``frozen/``, ...)."""
+    """Where a fidelity study writes, claimed (output_dir)."""
 
     top: OutputDir
     worlds: dict[str, OutputDir]  # the worlds this run drives (a shard of shard_worlds: some of the study's)
@@ -218,21 +195,17 @@ class StudyFolders:
 
 
 def in_shard(world: str, shard_worlds: str) -> bool:
-    """Whether a process of ``shard_worlds`` (:data:`SHARD_WORLDS`) drives the study's ``world``: ``engine`` the
-    worlds whose frames the world model's engine draws (terra/closedloop/study/control_worlds.py, ``MODEL_WORLDS``), so
-    that they run where the GPU is, ``scene`` every other (the truth, the scene controls, worlds of the user's),
-    which need the CPU alone and can drive beside them."""
+    """Whether a process of ``shard_worlds`` (:data:`SHARD_WORLDS`) drives the study's ``world``."""
     return shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")
 
 
 def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
                  num_control_scenarios: int | None = None, num_control_seeds: int | None = None
                  ) -> dict[str, list[str]]:
-    """Per world of a study (the model's and the truth's first, then the controls), the ids of the drives it makes
-    from ``drives`` (scenario id, replica, drive id): all of them in the model and the truth, in each control only
-    those of the study's first ``num_control_scenarios`` ``scenarios`` and first ``num_control_seeds`` replicas
-    (None: all). A control only has to be seen to fail, so it needs fewer drives than the model, whose every
-    statistic is graded."""
+    """Per world of a study (the model's and the truth's first, then the controls), the ids of the drives it makes from
+    ``drives`` (scenario id, replica, drive id): all of them in the model and the truth, in each control only those
+    of the study's first ``num_control_scenarios`` ``scenarios`` and first ``num_control_seeds`` replicas (None:
+    all)."""
     first = set(scenarios if num_control_scenarios is None else scenarios[:num_control_scenarios])
     seeds = float("inf") if num_control_seeds is None else num_control_seeds
     controls = [drive for scenario, replica, drive in drives if scenario in first and replica < seeds]
@@ -241,8 +214,7 @@ def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequenc
 
 
 def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
-    """One line, before any world opens: the frames each world of the study draws, the world model's first (the
-    long part on a CPU: the first world's progress bar gives its ETA after one step)."""
+    """One line, before any world opens."""
     engine = sum(len(ids) for world, ids in drive_ids.items() if world in MODEL_WORLDS) * num_steps
     worlds = ", ".join(f"{world} {len(ids) * num_steps}" for world, ids in drive_ids.items())
     return (f"terra-drive: fidelity study: frames per world: {worlds}; the world model draws {engine} of them (the "
@@ -252,10 +224,8 @@ def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
 def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
                         manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
                         shard_worlds: str = "all") -> StudyFolders:
-    """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the
-    model's and the truth's first) that this run drives (``shard_worlds``: :func:`in_shard`), checked before any
-    work. A shard (``manifest`` not ``manifest.jsonl``, or some of the study's worlds alone) writes no report; it
-    holds the study folder's lock of its manifest and worlds, so that shards of both kinds run at once."""
+    """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the model's and
+    the truth's first) that this run drives (``shard_worlds``: :func:`in_shard`), checked before any work."""
     report = manifest == MANIFEST and shard_worlds == "all"
     drive_ids = {world: ids for world, ids in drive_ids.items() if in_shard(world, shard_worlds)}
     top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
@@ -271,15 +241,12 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
               folders: StudyFolders | None = None, exploit: bool = False,
               num_control_scenarios: int | None = None, num_control_seeds: int | None = None,
               within_horizon: bool = False) -> StudyReport | None:
-    """Drive every spec (terra/closedloop/loop.py, ``drive_specs``) in every world of ``worlds`` (name -> world:
-    ``model`` and ``truth`` first, then the controls; the controls only the specs of the first
-    ``num_control_scenarios`` scenarios and ``num_control_seeds`` replicas: :func:`study_drives`), each into
-    ``settings.output_dir``/<world>, judge them and write ``fidelity.json`` and ``fidelity.md`` into
-    ``settings.output_dir``; ``plan_following`` scores every world's clips
-    (terra/closedloop/outcomes/plan_following.py); ``exploit``: the exploitability study too
-    (terra/closedloop/study/exploit.py); ``within_horizon``: each world judged within its fidelity horizon too.
-    ``folders``: as the caller claimed them (None: claimed here, apart from the scenarios' files). A shard's run
-    writes no report (None)."""
+    """Drive every spec (loop, ``drive_specs``) in every world of ``worlds`` (name -> world: ``model`` and ``truth``
+    first, then the controls; the controls only the specs of the first ``num_control_scenarios`` scenarios and
+    ``num_control_seeds`` replicas: :func:`study_drives`), each into ``settings.output_dir``/<world>, judge them and
+    write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores every world's
+    clips (plan_following); ``exploit``: the exploitability study too (exploit); ``within_horizon``: each world
+    judged within its fidelity horizon too."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
@@ -293,8 +260,7 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
 
 
 def measured_settings(settings: RunSettings) -> RunSettings:
-    """How a study's drives run: ``settings`` with every drive measured (terra/closedloop/outcomes/frames.py), and the
-    model's controls shaped by the model's settings as the model is."""
+    """How a study's drives run."""
     return replace(settings, measure=True, model_worlds=MODEL_WORLDS)
 
 
@@ -304,7 +270,7 @@ def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
     folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given (and each
     world judged within its horizon too with ``within_horizon``), holding the study folder's lock throughout; the
-    report and each world's run. Every drive is measured (``settings.measure``)."""
+    report and each world's run."""
     runs: dict[str, RunResult] = {}
     measured = measured_settings(settings)
     with folders.top.hold(folders.lock) as out:

@@ -1,12 +1,4 @@
-"""The fidelity report as people read it: a sentence per world first, then the run, a legend, the tables.
-
-terra/closedloop/study/report.py gathers the verdicts (terra/closedloop/study/verdict.py), the horizons
-(terra/closedloop/study/horizons.py), the per-policy outcomes and the exploitability study; this module writes them.
-``fidelity.md`` holds everything in Markdown; the terminal gets the same sentences and a table of the worlds as plain
-text (:func:`plain`, :func:`text_table`). Every world's sentence opens with its fidelity horizon; every ``n/a`` and
-every undecided statistic carries its reason, a world judged on too few scenarios says so once, and an undecided
-world says what would decide it.
-"""
+"""The fidelity report as people read it: a sentence per world first, then the run, a legend, the tables."""
 
 from __future__ import annotations
 
@@ -65,9 +57,9 @@ def horizon_sentence(world: str, horizon: WorldHorizon | None) -> str:
 
 
 def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
-    """About how many scenarios would decide statistic ``name`` of interval ``value`` on ``scenarios`` if its
-    estimate held: the interval narrows as one over the square root of the scenarios, until its side towards the
-    nearest band edge is shorter than its distance to it (inf: the estimate sits on an edge)."""
+    """About how many scenarios would decide statistic ``name`` of interval ``value`` on ``scenarios`` if its estimate
+    held: the interval narrows as one over the square root of the scenarios, until its side towards the nearest band
+    edge is shorter than its distance to it (inf: the estimate sits on an edge)."""
     low, high = statistic(name).band
     if not (np.isfinite(value.low) and np.isfinite(value.high)):
         return float("inf")
@@ -78,8 +70,7 @@ def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
 
 
 def next_step(verdict: WorldVerdict) -> str:
-    """What would decide an undecided world: more scenarios (about how many), longer drives, or the GPU preset where
-    the study is smaller than it."""
+    """What would decide an undecided world."""
     straddling = [name for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE
                   and name not in verdict.reasons]
     needs = {name: scenarios_to_decide(name, verdict.values[name], verdict.scenarios[name]) for name in straddling}
@@ -161,8 +152,7 @@ def legend() -> list[str]:
 
 
 def horizon_table(verdicts: Sequence[WorldVerdict]) -> list[str]:
-    """Markdown: per world and part (closed loop, straights, bends, open loop) the horizon's median and 10th
-    percentile with intervals, and the share of drives not yet departed at 1, 2, 5, 10 and 20 s."""
+    """Markdown."""
     lines = ["| world | drives | horizon | surviving at 1 / 2 / 5 / 10 / 20 s |", "|---|---|---|---|"]
     for v in verdicts:
         for name, found in ({} if v.horizon is None else v.horizon.parts()).items():
@@ -173,9 +163,7 @@ def horizon_table(verdicts: Sequence[WorldVerdict]) -> list[str]:
 
 
 def verdict_table(verdicts: Sequence[WorldVerdict]) -> str:
-    """Markdown: a row per statistic (its band), a column per world: the estimate, its interval and the decision;
-    each world's state, the reasons of its undecided statistics, the policies its outcome statistics rest on and its
-    ranking; then the measurements and the paired differences, a row each."""
+    """Markdown: a row per statistic (its band), a column per world: the estimate, its interval and the decision."""
     worlds = " | ".join(v.world for v in verdicts)
     lines = [f"| statistic | band | {worlds} |", "|---|---|" + "---|" * len(verdicts)]
     for s in STATISTICS:
@@ -243,8 +231,7 @@ def probe_line(policy: str, difference: dict[str, Interval | None]) -> str:
 
 
 def separation_lines(separations: dict[str, list[str]], verdicts: Sequence[WorldVerdict]) -> list[str]:
-    """Per control, the statistics that pass the model and fail the control; where there is none, why: the
-    control fails only statistics the model fails or leaves undecided too (or none)."""
+    """Per control, the statistics that pass the model and fail the control; where there is none, why."""
     by_world = {v.world: v for v in verdicts}
     lines = []
     for control, names in separations.items():

@@ -1,6 +1,7 @@
 """``until=decided``: a fidelity study in rounds of more scenarios, every drive already made kept, until each statistic
 of the model is decided or the budget (``until_minutes``, ``until_scenarios``) is spent; then what the budget left
-undecided and what deciding it would cost."""
+undecided and what deciding it would cost.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ REPORT_JSON = "fidelity.json"
 
 @dataclass(frozen=True)
 class Until:
-    """``until=decided``'s budget and how to size the study: ``resize(scenarios, exploitability)`` checks the same
-    command's study with that many scenarios (its folders claimed again)."""
+    """``until=decided``'s budget and how to size the study."""
 
     minutes: float | None
     scenarios: int
@@ -32,8 +32,8 @@ class Until:
 
 
 def open_statistics(report: dict) -> dict[str, float]:
-    """The model's undecided statistics that more scenarios could decide (fidelity.json's content), each with about
-    how many scenarios would decide it (inf: its estimate sits on a band's edge)."""
+    """The model's undecided statistics that more scenarios could decide (fidelity.json's content), each with about how
+    many scenarios would decide it (inf: its estimate sits on a band's edge)."""
     model = report["verdicts"][0]
     needed = {}
     for name, found in model["statistics"].items():
@@ -47,8 +47,7 @@ def open_statistics(report: dict) -> dict[str, float]:
 
 
 def next_size(scenarios: int, needed: float, until: Until, elapsed_s: float) -> int:
-    """The next round's scenarios: what the open statistics need, at least twice as many, within the scenarios and
-    the minutes left (at the rounds' rate so far); ``scenarios`` when nothing more fits."""
+    """The next round's scenarios."""
     size = min(until.scenarios, max(2 * scenarios, math.ceil(needed) if math.isfinite(needed) else until.scenarios))
     if until.minutes is not None:
         per_scenario = elapsed_s / scenarios
@@ -71,9 +70,9 @@ def left_line(needed: dict[str, float], scenarios: int, seconds_a_scenario: floa
 
 def drive_until_decided(until: Until, first: int, exploitability: bool,
                         study: Callable[["StudySettings"], DriveOutcome]) -> DriveOutcome:
-    """The study of ``first`` scenarios, then rounds of more (``study`` drives and reports each; the drives made
-    before are kept), until the model's every statistic that scenarios can decide is decided or ``until``'s budget
-    is spent; the exploitability study, when asked for, once, on the last round's scenarios."""
+    """The study of ``first`` scenarios, then rounds of more (``study`` drives and reports each; the drives made before
+    are kept), until the model's every statistic that scenarios can decide is decided or ``until``'s budget is spent;
+    the exploitability study, when asked for, once, on the last round's scenarios."""
     started, scenarios, lines = time.monotonic(), first, []
     while True:
         settings = until.resize(scenarios, False)

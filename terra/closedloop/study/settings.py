@@ -1,14 +1,5 @@
-"""The settings of a fidelity study (``terra-drive world=both``, conf/drive.yaml), checked once, before any model
-loads: the drive run's own (terra/closedloop/recording/settings.py, ``checked_run``) wrapped with the study's.
-
-:func:`terra_drive_settings` is ``terra-drive``'s one entry: the study's settings with ``world=both``, else the run's
-(:func:`~terra.closedloop.recording.settings.drive_settings`); a setting of the study given to a run is one line.
-The study's: the worlds judged beside the model (``controls``: built-in control worlds, terra/closedloop/study/
-control_worlds.py, or worlds of the user's, imported here), how many of the scenarios and replicas they drive, which
-of the study's worlds this process drives (``shard_worlds``), the exploitability study, whether each world is judged
-within its fidelity horizon too (``within_horizon``), and the study's folders claimed
-(terra/closedloop/study/report.py). Drive ``k`` of each world's list goes to shard ``k % num_shards``: the
-controls' fewer drives too.
+"""The settings of a fidelity study (``terra-drive world=both``, drive), checked once, before any model loads: the drive
+run's own (settings, ``checked_run``) wrapped with the study's.
 """
 
 from __future__ import annotations
@@ -43,7 +34,7 @@ UNTIL_BUDGET = {
     "until_scenarios": Range(2, 100_000, 128, whole=True),
 }
 ROUND_SETTINGS = ("num_scenarios", "exploitability", "until", "until_minutes", "until_scenarios")  # a round's own
-PROCESSES = {  # shard_processes: the study as shards of this machine (terra/closedloop/study/processes.py)
+PROCESSES = {  # shard_processes: the study as shards of this machine (processes)
     "shard_processes.engine": Range(0, 64, 4, whole=True),
     "shard_processes.scene": Range(0, 256, 6, whole=True),
     "shard_processes.kv_cache_gib": Range(0.1, 1024, 2, nullable=True),
@@ -57,24 +48,22 @@ class StudySettings:
     """A fidelity study, checked: the drive run it is made of and the study's own settings."""
 
     drive: DriveSettings  # the run: every world of this process's shard (drive.worlds), its drives of any of them
-    controls: tuple[str, ...]  # the worlds judged beside the model (terra/closedloop/study/control_worlds.py)
+    controls: tuple[str, ...]  # the worlds judged beside the model (control_worlds)
     num_control_scenarios: int | None  # the controls drive the first this many scenarios (None: all)
     num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
     shard_worlds: str  # all | engine (the worlds the world model's engine draws) | scene (the others)
     folders: StudyFolders  # the study's folders, claimed
-    exploitability: bool  # the exploitability study too (terra/closedloop/study/exploit.py)
+    exploitability: bool  # the exploitability study too (exploit)
     within_horizon: bool = False  # each world judged within its fidelity horizon too (study/horizons.py)
     shard_processes: ShardProcesses = ShardProcesses()  # the study as shards of this machine (study/processes.py);
     # with executor=ray, per GPU of the cluster (study/ray_shards.py)
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
-    until: Until | None = None  # until=decided: rounds of more scenarios (terra/closedloop/study/rounds.py)
+    until: Until | None = None  # until=decided: rounds of more scenarios (rounds)
 
 
 def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
                          preset: str | None = None) -> DriveSettings | StudySettings:
-    """``terra-drive``'s settings: a study's with ``world=both``, else a run's; one line for a bad one (a setting
-    of the study's given to a run among them). ``overrides``: the command's settings as typed, which a study's shard
-    processes are given; ``preset``: the study preset the command chose (``study``: cpu, gpu or None)."""
+    """``terra-drive``'s settings: a study's with ``world=both``, else a run's."""
     world = select(cfg, "world")
     if world == "both":
         return checked_study(cfg, output_dir, overrides, preset)
@@ -111,10 +100,8 @@ def _shard_processes(cfg: DictConfig) -> ShardProcesses:
 
 def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, executor: str = "local") -> None:
     """A study whose world model runs on a GPU (the GPU preset, whatever its shard settings and device say; engine
-    shards, each dealt a CUDA card; ``device=cuda``) is refused in one line naming study=cpu where the device resolves
-    to the CPU (``device=cpu``, or no CUDA GPU visible), before anything else starts. With ``executor=ray`` the GPUs
-    are the cluster's, counted as it is joined (terra/core/ray_cluster.py), and engine shards with ``device=cpu`` are
-    CPU actors (terra/closedloop/study/ray_shards.py)."""
+    shards, each dealt a CUDA card; ``device=cuda``) is refused in one line naming study=cpu where the device
+    resolves to the CPU (``device=cpu``, or no CUDA GPU visible), before anything else starts."""
     engines = f"shard_processes.engine={processes.engine}" if processes.engine and executor == "local" else None
     what = "study=gpu" if preset == "gpu" else engines or (f"device={device}" if device.startswith("cuda") else None)
     if what is None:
@@ -188,8 +175,7 @@ def _until(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str], pr
 
 def resized_study(values: dict, output_dir: str, overrides: Sequence[str], preset: str | None, scenarios: int,
                   exploitability: bool) -> StudySettings:
-    """The command's study with ``scenarios`` scenarios and ``exploitability``, one round of ``until=decided``:
-    checked, its folders claimed, as the command with those settings."""
+    """The command's study with ``scenarios`` scenarios and ``exploitability``, one round of ``until=decided``."""
     cfg = OmegaConf.create(values)
     with open_dict(cfg):
         cfg.num_scenarios, cfg.exploitability, cfg.until = scenarios, exploitability, "once"
@@ -201,8 +187,9 @@ def resized_study(values: dict, output_dir: str, overrides: Sequence[str], prese
 def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
            output_dir: str | Path) -> tuple[DriveSettings, StudyFolders]:
     """The study's shard ``run.shard_index`` of ``run.num_shards`` of its ``shard_worlds`` worlds (``worlds``: each
-    world's drive ids, :func:`~terra.closedloop.study.report.study_drives`; drive k of each world's list goes to shard
-    k % num_shards, the controls' fewer drives too): ``run`` with its drives and worlds, and its folders claimed."""
+    world's drive ids, :func:`~terra.closedloop.study.report.study_drives`; drive k of each world's list goes to
+    shard k % num_shards, the controls' fewer drives too): ``run`` with its drives and worlds, and its folders
+    claimed."""
     ids, every = run.scenarios.ids, run.drives
     mine = {world: world_ids[run.shard_index::run.num_shards] for world, world_ids in worlds.items()}
     taken = {d for world_ids in mine.values() for d in world_ids}
@@ -213,10 +200,10 @@ def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
 
 
 def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, num_shards: int) -> StudySettings:
-    """Shard ``shard_index`` of ``num_shards`` of the whole study ``settings``' ``shard_worlds`` worlds, as the
-    command with ``shard_index``, ``num_shards`` and ``shard_worlds`` would check it, made from the checked study
-    (its Ray shards: terra/closedloop/study/ray_shards.py): its drives in this process (``executor=local``), no bar,
-    no exploitability study (the whole study's report runs it); its folders claimed."""
+    """Shard ``shard_index`` of ``num_shards`` of the whole study ``settings``' ``shard_worlds`` worlds, as the command
+    with ``shard_index``, ``num_shards`` and ``shard_worlds`` would check it, made from the checked study (its Ray
+    shards: ray_shards): its drives in this process (``executor=local``), no bar, no exploitability study (the whole
+    study's report runs it); its folders claimed."""
     whole = settings.folders.drive_ids  # every world's drives: the whole study's settings are one shard of one
     run = replace(settings.drive, shard_index=shard_index, num_shards=num_shards, executor="local", progress=False)
     drive, folders = _shard(run, whole, shard_worlds, settings.folders.top.path)
@@ -225,8 +212,8 @@ def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, nu
 
 
 def _route_tokens(run: DriveSettings) -> int:
-    """The world model's route slots per frame (``num_route_tokens`` of its config.json; 0 when it cannot be read:
-    the checkpoint's own checks name the problem when it loads, terra/models/checkpoint.py)."""
+    """The world model's route slots per frame (``num_route_tokens`` of its config.json; 0 when it cannot be read: the
+    checkpoint's own checks name the problem when it loads, checkpoint)."""
     try:
         value = json.loads((Path(run.run.world_model) / "config.json").read_text()).get("num_route_tokens", 0)
     except (OSError, ValueError, AttributeError):
@@ -236,9 +223,7 @@ def _route_tokens(run: DriveSettings) -> int:
 
 def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_tokens: int
               ) -> tuple[str, ...]:
-    """The ``controls`` setting: built-in control worlds (``all``: every one the world model can be given, the route
-    controls only to a model with ``route_tokens``) and worlds of the user's (``module:Class``, imported now into
-    ``user_worlds``, each within ``timeout_s``), as world names."""
+    """The ``controls`` setting."""
     entries = [value] if isinstance(value, str) else list(value or [])
     if not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "

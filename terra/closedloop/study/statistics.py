@@ -1,27 +1,5 @@
-"""The fidelity verdict's statistics: what each one measures on a world's drives paired with the truth's, its band
-for a faithful world, and what it rests on (terra/closedloop/study/verdict.py judges them).
-
-Every world drives the same drives (scenario x policy x seed) as the true world. From the drives' records
-(terra/closedloop/recording/files.py; the per-drive measurements of terra/closedloop/outcomes/frames.py), each
-statistic of :data:`STATISTICS` is an estimate with a cluster-bootstrap interval over scenarios (terra/stats.py).
-
-The **frame statistics** (following, repeated frames, lanes, lag) rest on every drive of the world. The gains
-divide the motion recovered from the world's frames by the motion recovered from the reference frames at the same
-poses, each on the commanded motion, so that the odometry's own error on a scene divides out
-(terra/fidelity/following.py): a world 10 % too slow is 0.90, a faithful one 1.00 within 0.01. The reference is the
-true render, or for a world model the true render through its tokenizer: what a perfect model of that tokenizer
-would show (terra/closedloop/worlds.py, ``reference_frames``); the lanes are read against the same reference. The
-**outcome statistics** (lateral and heading bias,
-time in lane, off road, the scene score, the ranking by :data:`RANK_METRIC`, which spreads the policies) rest on the
-pixel policies' drives alone (:func:`outcome_policies`: a policy that reads no pixels drives alike in any world; a
-probe such as ``brake_hard`` is judged apart, terra/closedloop/study/report.py). Each outcome difference is the median
-over the policies of each policy's mean world - truth (terra/stats.py, ``policies_median_difference``): a policy that
-draws random numbers, or one whose drives sit on the edge between two outcomes (a car that grazes the road's edge in
-one world and not the other), cannot decide it alone, so that the truth driven with other random numbers, or under
-other light, passes.
-
-Bands: each is wider than what the truth rendered at poses jittered by 5 cm and 0.2 degree reaches at the CPU
-preset's size, and narrower than a control's error (docs/fidelity.md gives both for every statistic).
+"""The fidelity verdict's statistics: what each one measures on a world's drives paired with the truth's, its band for a
+faithful world, and what it rests on (verdict judges them).
 """
 
 from __future__ import annotations
@@ -39,8 +17,8 @@ from terra.stats import (
     Bootstrap, DriveValues, Interval, mean, paired_difference, policies_median_difference, rank_agreement,
 )
 
-MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (terra/fidelity/agreement.py, Lag.prominence_db)
-RANK_METRIC = "mean_abs_lane_offset_m"  # terra/closedloop/outcomes/truth.py: the policies ranked by it in both worlds
+MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (agreement, Lag.prominence_db)
+RANK_METRIC = "mean_abs_lane_offset_m"  # truth: the policies ranked by it in both worlds
 FRAMES, OUTCOMES = "every drive", "pixel policies"  # what a statistic rests on (Statistic.rests_on)
 
 
@@ -92,8 +70,8 @@ def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
 
 
 def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The gain of the motion recovered from the world's frames (``dx`` or ``dyaw``: terra/fidelity/following.py)
-    over some paired drives, with its interval over their scenarios."""
+    """The gain of the motion recovered from the world's frames (``dx`` or ``dyaw``: following) over some paired drives,
+    with its interval over their scenarios."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         gain = _followed(pairs, bootstrap).gain[component]
         if not np.isfinite(gain.estimate):
@@ -104,8 +82,8 @@ def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Inte
 
 
 def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """The share of the steps that moved the car whose world frame changed less than a tenth as much as the
-    reference frame did (terra/fidelity/agreement.py, ``repeated``)."""
+    """The share of the steps that moved the car whose world frame changed less than a tenth as much as the reference
+    frame did (agreement, ``repeated``)."""
     labels, shares = [], []
     for p in pairs:
         changes = read_changes(p.world["fidelity"])
@@ -129,8 +107,8 @@ def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
 
 
 def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The mean of ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames at
-    the same poses, over every frame of the drives: signed (where the world draws the lane) or absolute (how far)."""
+    """The mean of ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames at the
+    same poses, over every frame of the drives: signed (where the world draws the lane) or absolute (how far)."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         labels, errors = [], []
         for p in pairs:
@@ -152,9 +130,7 @@ def _lanes_found(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
 
 
 def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """The lag of the drives' mean PSNR curve; undefined when no drive is long enough or the mean curve is flat
-    (its best lag stands less than :data:`MIN_LAG_PROMINENCE_DB` above its median: a frozen or gray world, where any
-    lag matches as well as any other)."""
+    """The lag of the drives' mean PSNR curve."""
     kept = [(p.scenario, read_lag(p.world["fidelity"])) for p in pairs]
     kept = [(s, lag) for s, lag in kept if lag is not None]
     if not kept:
@@ -172,8 +148,8 @@ def metric_value(record: dict, block: str, metric: str) -> float:
 
 
 def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The median over the policies of each one's mean world - truth of a metric (times ``scale``) on its paired
-    drives, with its interval."""
+    """The median over the policies of each one's mean world - truth of a metric (times ``scale``) on its paired drives,
+    with its interval."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         world = np.array([metric_value(p.world, block, metric) for p in pairs]) * scale
         truth = np.array([metric_value(p.truth, block, metric) for p in pairs]) * scale
@@ -193,9 +169,9 @@ def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:
 
 
 def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """A ranking statistic (``kendall_tau``, ``pearson_r`` or ``mmrv`` of terra/stats.py's ``RankAgreement``) of
-    the policies' mean :data:`RANK_METRIC` in the world against in truth; undefined with fewer than 3 policies or
-    means that all tie."""
+    """A ranking statistic (``kendall_tau``, ``pearson_r`` or ``mmrv`` of stats's ``RankAgreement``) of the policies'
+    mean :data:`RANK_METRIC` in the world against in truth; undefined with fewer than 3 policies or means that all
+    tie."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         if len({p.policy for p in pairs}) < 3:
             raise Undefined("fewer than 3 pixel policies to rank (policies that read no pixels and probes are left "
@@ -209,10 +185,10 @@ def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval
 
 @dataclass(frozen=True)
 class Statistic:
-    """A statistic of a world's paired drives, its acceptance band for a faithful world, what it shows, the drives
-    it rests on (:data:`FRAMES` or :data:`OUTCOMES`), the range its values can take (the widened interval is kept
-    inside it), and whether it can be judged on drives cut short (``cut``: within the fidelity horizon,
-    terra/closedloop/study/horizons.py; the lag and AlpaSim's score need the whole drive)."""
+    """A statistic of a world's paired drives, its acceptance band for a faithful world, what it shows, the drives it
+    rests on (:data:`FRAMES` or :data:`OUTCOMES`), the range its values can take (the widened interval is kept inside
+    it), and whether it can be judged on drives cut short (``cut``: within the fidelity horizon, horizons; the lag
+    and AlpaSim's score need the whole drive)."""
 
     name: str
     band: tuple[float, float]
@@ -274,11 +250,11 @@ def statistic(name: str) -> Statistic:
 
 
 def kendall_tau(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """Kendall's tau-b of the policies ranked by their mean :data:`RANK_METRIC` in the world against in truth,
-    measured beside the judged ranking statistics but not judged: it counts each pair of policies the world orders
-    otherwise as much whatever their true gap, so that two policies whose means nearly tie (the noisy follower and
-    another, drawing other random numbers) decide it alone (1.000 [0.472, 1.000] for the truth with other random
-    numbers, 4 policies); Pearson's r and the MMRV weigh an order by its gap (undefined: NaN)."""
+    """Kendall's tau-b of the policies ranked by their mean :data:`RANK_METRIC` in the world against in truth, measured
+    beside the judged ranking statistics but not judged: it counts each pair of policies the world orders otherwise
+    as much whatever their true gap, so that two policies whose means nearly tie (the noisy follower and another,
+    drawing other random numbers) decide it alone (1.000 [0.472, 1.000] for the truth with other random numbers, 4
+    policies); Pearson's r and the MMRV weigh an order by its gap (undefined: NaN)."""
     try:
         return _ranking("kendall_tau")(pairs, bootstrap)
     except Undefined:

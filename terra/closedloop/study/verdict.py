@@ -1,17 +1,5 @@
-"""The fidelity verdict: is a world a simulator of the true world? Judged per statistic, with intervals, for the
-world model and for worlds known to be wrong (terra/closedloop/study/control_worlds.py), so the verdict is seen to fail.
-
-Each statistic of terra/closedloop/study/statistics.py is an estimate with a 95 % cluster-bootstrap interval over
-scenarios (terra/stats.py), widened for the number of scenarios it rests on (``few_clusters_factor``), and a
-decision against its acceptance band: ``pass`` (inside), ``fail`` (entirely outside), ``inconclusive`` (it straddles
-an edge, or has no value: the reason is kept) or ``too few scenarios`` (fewer than :data:`MIN_SCENARIOS`: not
-decided). A world is **flagged** when a statistic fails, **passed** when every one passes, **undecided** otherwise. A
-statistic **separates** the model from a control when it passes the model and fails the control. Measured, judged by
-nothing: the distance between the world's and the truth's paths, PSNR and SSIM at 1, 5, 10 and 20 steps (a frozen
-video can match the true frames as well as a world model does), Kendall's tau of the policies' ranking (which two
-nearly tied policies decide), and world - truth on paired drives of every metric a drive records. No statistic sees
-what is beyond the lane and the ground's motion (other road users, lighting). How long a world stays a simulator, its
-fidelity horizon, is terra/closedloop/study/horizons.py's.
+"""The fidelity verdict: is a world a simulator of the true world? Judged per statistic, with intervals, for the world
+model and for worlds known to be wrong (control_worlds), so the verdict is seen to fail.
 """
 
 from __future__ import annotations
@@ -82,8 +70,8 @@ def differences(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Interv
 
 @dataclass(frozen=True)
 class Ranking:
-    """The policies ranked (outcome policies), their mean :data:`RANK_METRIC` in the world and in truth, and the
-    pairs of them that tie in truth (means within :data:`TIE`)."""
+    """The policies ranked (outcome policies), their mean :data:`RANK_METRIC` in the world and in truth, and the pairs
+    of them that tie in truth (means within :data:`TIE`)."""
 
     policies: tuple[str, ...]
     world: tuple[float, ...]
@@ -116,11 +104,11 @@ FLAGGED, PASSED, UNDECIDED = "flagged", "passed", "undecided"  # a world's state
 
 @dataclass(frozen=True)
 class WorldVerdict:
-    """One world's statistics (name -> interval, widened for its scenarios), their decisions, why each undecided
-    one is (name -> reason), the drives and scenarios they rest on, the policies the outcome statistics rest on, the
+    """One world's statistics (name -> interval, widened for its scenarios), their decisions, why each undecided one is
+    (name -> reason), the drives and scenarios they rest on, the policies the outcome statistics rest on, the
     ranking, and the unjudged measurements and paired differences (:func:`measurements`, :func:`differences`); its
-    fidelity horizon and the verdict within it, when the study computed them (terra/closedloop/study/horizons.py:
-    ``within`` holds the statistics judged on the drives cut at ``within_s``)."""
+    fidelity horizon and the verdict within it, when the study computed them (horizons: ``within`` holds the
+    statistics judged on the drives cut at ``within_s``)."""
 
     world: str
     values: dict[str, Interval]
@@ -152,8 +140,7 @@ class WorldVerdict:
 
     @property
     def too_small(self) -> bool:
-        """Whether the study was too small to judge the world: nothing failed and some statistic had too few
-        scenarios or an interval too wide to decide."""
+        """Whether the study was too small to judge the world."""
         return self.state == UNDECIDED and any(
             self.decisions[name] == TOO_FEW or (self.decisions[name] == INCONCLUSIVE and name not in self.reasons)
             for name in self.undecided)
@@ -186,8 +173,7 @@ def pairs_of(world: dict[str, dict], truth: dict[str, dict]) -> list[Pair]:
 
 def _judged(statistic: Statistic, pairs: Sequence[Pair], bootstrap: Bootstrap
             ) -> tuple[Interval, str, str | None, int]:
-    """One statistic on its drives: its widened interval, decision, the reason when it has no value or too few
-    scenarios, and the number of scenarios."""
+    """One statistic on its drives."""
     scenarios = len({p.scenario for p in pairs})
     if not pairs:
         reason = NO_PAIRS if statistic.rests_on == FRAMES else \
@@ -216,7 +202,7 @@ def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstr
         if reason is not None:
             reasons[s.name] = reason
     measured = measurements(pairs, bootstrap) if pairs else {}
-    if outcomes:  # measured, not judged (terra/closedloop/study/statistics.py, kendall_tau)
+    if outcomes:  # measured, not judged (statistics, kendall_tau)
         tau = widened(kendall_tau(outcomes, bootstrap),
                       few_clusters_factor(len({p.scenario for p in outcomes}), bootstrap.level))
         measured["kendall_tau"] = replace(tau, low=float(np.clip(tau.low, -1, 1)), high=float(np.clip(tau.high, -1, 1)))
