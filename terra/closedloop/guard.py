@@ -29,9 +29,9 @@ class UserCodeError(Exception):
 
 
 class UserCall:
-    """``function(*args)``, user code of ``who`` (e.g. ``policy lane_follower``) doing ``call`` (e.g. ``plan at step
-    3``), started now on a daemon thread of its own, or queued on ``line`` (:class:`CallLine`) to start when the
-    calls before it there have returned or been left behind."""
+    """``function(*args)``, user code of ``who`` doing ``call`` (e.g. ``plan at step 3``), started now on a daemon
+    thread of its own, or queued on ``line`` (:class:`CallLine`) to start when the calls before it there have
+    returned or been left behind."""
 
     def __init__(self, who: str, call: str, function: Callable[..., Any], *args: Any,
                  line: "CallLine | None" = None) -> None:
@@ -54,8 +54,7 @@ class UserCall:
 
     def returned(self, timeout_s: float) -> Any:
         """The call's value once it returns, at most ``timeout_s`` after it started, or what it raised, raised here as
-        it is (for a caller that words it itself); :class:`UserCodeError` when it has not returned by then (a call of
-        a line is then left behind on its thread, the calls after it going on)."""
+        it is; :class:`UserCodeError` when it has not returned by then."""
         try:
             if not self._began.wait(timeout_s):
                 raise FuturesTimeout
@@ -101,7 +100,7 @@ class CallLine:
 
     def drain(self, timeout_s: float) -> None:
         """Wait until every queued call has returned or been left behind ``timeout_s`` after it started, waking once
-        rather than once a call (each wake-up of a waiting thread costs a hand-over of the GIL)."""
+        rather than once a call."""
         with self._lock:
             while self._serving is not None:
                 current = self._current
@@ -213,8 +212,8 @@ def _place(spec: importlib.machinery.ModuleSpec) -> str:
 
 def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -> type:
     """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``) from the working
-    folder or ``PYTHONPATH`` (:func:`user_module`); ``where`` opens the one line of a failure (the setting and what
-    it names), ``fix`` says what to give instead."""
+    folder or ``PYTHONPATH`` (:func:`user_module`); ``where`` opens the one line of a failure, ``fix`` says what to
+    give instead."""
     try:
         found = UserCall(f"{where}: importing {module}", "its import", _attribute, module, name).returned(timeout_s)
     except UserCodeError as err:

@@ -137,8 +137,8 @@ class Drive:
         self.speeds.append(self.vehicle.speed)
 
     def finished(self) -> "Drive":
-        """The drive as its records need it, without what only driving needed (its policy, its world's session and the
-        policy's factory): what can go to another process to be measured and written."""
+        """The drive as its records need it, without what only driving needed: what can go to another process to be
+        measured and written."""
         return replace(self, spec=replace(self.spec, make_policy=None), policy=None, handle=None)
 
     def fail(self, stage: str, message: str) -> None:
@@ -171,9 +171,8 @@ class Drive:
 
 def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
                 vehicle: str = "bicycle") -> Drive:
-    """Build the drive's policy, reset it (each within ``policy_timeout_s``), make its ``vehicle`` (a name of motion's
-    ``VEHICLES``, at the scenario's speed) and open the drive in ``world``; a failure is recorded on the drive (stage
-    setup)."""
+    """Build the drive's policy, reset it, make its ``vehicle`` and open the drive in ``world``; a failure is recorded
+    on the drive (stage setup)."""
     drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
     try:
@@ -237,9 +236,7 @@ def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_
 
 
 def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, line: CallLine) -> None:
-    """Ask every drive's policy for its plan at once (each handed a read-only observation; those of policies that hold
-    the GIL, ``gil_bound``, one after another on ``line``); each answer is checked and goes to the drive's vehicle.
-    """
+    """Ask every drive's policy for its plan at once; each answer is checked and goes to the drive's vehicle."""
     calls = [(drive, UserCall(f"policy {drive.spec.policy}", f"plan at step {step}", _timed_plan, drive.policy,
                               handed(drive.observation(history)), line=line if drive.gil_bound else None))
              for drive in drives]
@@ -281,9 +278,7 @@ def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> N
 
 
 def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
-    """Free the drives' sessions and policies (a good drive takes the world's reference frames and its true renders
-    first, when the world keeps them); the policies' closes run at once, each within ``policy_timeout_s`` (drivers
-    that never answer cost the run that long once, not once a drive)."""
+    """Free the drives' sessions and policies; the policies' closes run at once, each within ``policy_timeout_s``."""
     calls = []
     references = getattr(world, "reference_frames", None)
     truths = getattr(world, "true_renders", None)

@@ -56,8 +56,8 @@ class Plan:
     @classmethod
     def from_quaternions(cls, positions: Any, quaternions: Any, times: Any, origin: Any) -> "Plan":
         """Poses given as ``positions [N, 2|3]`` (x, y[, z]) and rotations ``quaternions [N, 4]`` (x, y, z, w) in a
-        frame where the car stands at ``origin`` (x, y, yaw) now (a gRPC driver's answer: egodriver), at ``times``:
-        the plan of those poses in the car's ego frame, each heading its rotation's yaw."""
+        frame where the car stands at ``origin`` (x, y, yaw) now, at ``times``: the plan of those poses in the car's
+        ego frame, each heading its rotation's yaw."""
         from scipy.spatial.transform import Rotation
 
         positions, quaternions = _array(positions, "plan positions"), _array(quaternions, "plan quaternions")
@@ -168,8 +168,7 @@ class Policy(Protocol):
 
 
 def policy_seed(seed: int, scenario_id: str, policy: str) -> int:
-    """The seed of a drive's policy's random stream (the noisy follower's turns, an egodriver session's
-    ``random_seed``): 64 bits of the SHA-256 of the run's ``seed``, the scenario's id and the policy's name, the same
-    on every rerun, different for every drive, and changed by the run's ``seed``."""
+    """The seed of a drive's policy's random stream: 64 bits of the SHA-256 of the run's ``seed``, the scenario's id and
+    the policy's name, the same on every rerun, different for every drive, and changed by the run's ``seed``."""
     digest = hashlib.sha256(f"{seed}\0{scenario_id}\0{policy}".encode()).digest()
     return int.from_bytes(digest[:8], "little")

@@ -76,8 +76,7 @@ class Scenario:
 
     def left_scene(self, pose: np.ndarray) -> str | None:
         """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is not
-        known): at or past an end of the synthetic road (its front at the road's end: a route follower stops there),
-        or farther from it than the world draws."""
+        known): at or past an end of the synthetic road, or farther from it than the world draws."""
         if self.scene is None:
             return None
         x, y = float(pose[0]), float(pose[1])
@@ -178,7 +177,7 @@ class ScenarioSource:
     def load(self, image_size: Sequence[int], num_context: int = 3, resize: str = "crop",
              indices: Iterable[int] | None = None) -> list[Scenario]:
         """The scenarios at ``indices`` (default: all), in index order, their context frames read and fitted to
-        ``image_size`` (driving logs and JSONL samples by ``resize``: settings passes the tokenizer's)."""
+        ``image_size``."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
         if self.kind == SYNTHETIC:
             loaded = synthetic_scenarios(len(self.ids), self.seed, image_size, num_context, indices=chosen)

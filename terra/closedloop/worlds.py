@@ -94,8 +94,7 @@ class ModelWorld:
 
     def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int,
                    road: Road | None = None) -> ModelDrive:
-        """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]`` (its actions between them, and for a model
-        with route slots the context frames' routes, read from ``road``: None, the scenario's own)."""
+        """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]``."""
         road = scenario if road is None else road
         routes = self.routes(road, scenario.context_poses)
         rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap, routes)
@@ -103,8 +102,7 @@ class ModelWorld:
         return ModelDrive(rollout, codes, self.sampling, seed, scenario, road, keep)
 
     def routes(self, road: Road, poses: np.ndarray | None) -> np.ndarray | None:
-        """The model's routes at world ``poses`` read from ``road`` (None: a model without route slots, a road that is
-        not known, or no poses): what a drive is told of the road ahead (routes)."""
+        """The model's routes at world ``poses`` read from ``road``: what a drive is told of the road ahead (routes)."""
         layout = self.backend.layout
         return None if not layout.route_model or poses is None else road.model_routes(poses, layout.route_tokens)
 
@@ -134,7 +132,7 @@ class ModelWorld:
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of each
-        pose (the model is shown no pose)."""
+        pose."""
         start = time.perf_counter()
         told = [self.routes(drive.road, pose) for drive, pose in zip(drives, poses)]
         for drive, routes in zip(drives, told):

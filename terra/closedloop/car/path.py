@@ -21,9 +21,8 @@ STILL_M = 1e-6  # a segment shorter than this stands still
 
 @dataclass(frozen=True)
 class TrackedPath:
-    """The plan as a path (``points [K, 2]`` at ``along [K]`` metres, the last one on the straight extension) and a
-    timing: the poses (the origin first) at ``times`` lie ``poses_along`` metres along it with ``speeds``; ``yaws``
-    are their headings (unwrapped)."""
+    """The plan as a path and a timing: the poses (the origin first) at ``times`` lie ``poses_along`` metres along it
+    with ``speeds``; ``yaws`` are their headings (unwrapped)."""
 
     times: np.ndarray
     points: np.ndarray
@@ -136,7 +135,7 @@ def _end_direction(chord: np.ndarray, inner: np.ndarray | None, otherwise: float
 
 def _hermite_path(vertices: np.ndarray, headings: np.ndarray) -> np.ndarray:
     """Points ``[SUBSEGMENTS * N + 1, 2]`` along the cubic Hermite curves between consecutive ``vertices [N + 1, 2]``,
-    tangent to ``headings`` (tangents as long as the chord); every ``SUBSEGMENTS``-th point is a vertex."""
+    tangent to ``headings``; every ``SUBSEGMENTS``-th point is a vertex."""
     chord = np.hypot(*np.diff(vertices, axis=0).T)[:, None, None]
     tangent = np.stack([np.cos(headings), np.sin(headings)], axis=-1)[:, None, :]
     u = np.linspace(0.0, 1.0, SUBSEGMENTS, endpoint=False)[None, :, None]

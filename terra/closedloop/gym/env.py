@@ -76,8 +76,7 @@ class DriveEnv(gym.Env):
 
 
 class DriveVectorEnv(VectorEnv):
-    """``num_envs`` drives stepped together in one world (one batched world step per ``step``; the settings as
-    :class:`DriveEnv`'s); a drive that ends is reset on its next step (gymnasium's next-step autoreset)."""
+    """``num_envs`` drives stepped together in one world; a drive that ends is reset on its next step."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "autoreset_mode": AutoresetMode.NEXT_STEP}
 

@@ -81,8 +81,8 @@ def actuation_of(action: Any, params: VehicleParams) -> Actuation:
 
 
 def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
-    """A step's ``action`` in ``mode`` as what the drive's vehicle follows and the world model's action for it (the
-    vehicle's forecast; the car does not move yet), or ``InvalidAction`` in one line."""
+    """A step's ``action`` in ``mode`` as what the drive's vehicle follows and the world model's action for it, or
+    ``InvalidAction`` in one line."""
     try:
         if mode == "actuation":
             command = actuation_of(action, drive.vehicle.params)

@@ -26,9 +26,9 @@ def measure_device(device: str) -> str | None:
 
 
 def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
-    """The drive's frame measurements (JSON-ready, NaN kept for the writer to make null), or None when the drive has no
-    generated frame or no synthetic scene to render; ``device``: torch's, where every measurement but the true
-    renders runs, every frame at once (None: numpy, the same numbers within float tolerance)."""
+    """The drive's frame measurements, or None when the drive has no generated frame or no synthetic scene to render;
+    ``device``: torch's, where every measurement but the true renders runs, every frame at once (None: numpy, the
+    same numbers within float tolerance)."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:
         return None
@@ -64,8 +64,7 @@ def _floats(values: Any, columns: int | None = None) -> np.ndarray:
 
 
 def read_following(record: dict) -> Following:
-    """The action following of a drive's stored measurements (records made before the true frames' motion was measured
-    have no ``recovered_truth``: their gains are on the commanded motion alone)."""
+    """The action following of a drive's stored measurements."""
     reference = record.get("recovered_truth")
     return Following(_floats(record["commanded"], 3), _floats(record["recovered"], 3), _floats(record["match"]),
                      None if reference is None else _floats(reference, 3))

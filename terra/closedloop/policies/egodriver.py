@@ -50,10 +50,10 @@ def _camera(width: int, height: int):
 
 
 def context_motion(scenario) -> np.ndarray:
-    """The ego history of ``scenario``'s context frames before the last, as the actions between them moved the car
-    (ego_motion, ``advance_pose``): ``[n - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last context frame's
-    ego frame (the drive's local frame), the speed (m/s) and yaw rate (rad/s) of the action it starts
-    (``action_arc``) and the acceleration (m/s^2) to the next frame's speed."""
+    """The ego history of ``scenario``'s context frames before the last, as the actions between them moved the car: ``[n
+    - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last context frame's ego frame (the drive's local frame),
+    the speed (m/s) and yaw rate (rad/s) of the action it starts (``action_arc``) and the acceleration (m/s^2) to the
+    next frame's speed."""
     poses = [(0.0, 0.0, 0.0)]
     for action in scenario.actions:
         poses.append(advance_pose(poses[-1], action))

@@ -23,8 +23,7 @@ POSES_PER_SCENE = 25
 
 @dataclass(frozen=True)
 class Samples:
-    """Net inputs ``[N, 3, 24, 64]`` (:func:`~terra.closedloop.policies.learned.net_input`) and the expert's labels
-    ``[N, len(PATH_AHEAD_M)]`` (metres)."""
+    """Net inputs ``[N, 3, 24, 64]`` and the expert's labels ``[N, len(PATH_AHEAD_M)]`` (metres)."""
 
     inputs: torch.Tensor
     labels: torch.Tensor
@@ -90,8 +89,7 @@ def path_errors(net: PathNet, samples: Samples) -> dict[str, float]:
 
 
 def save_net(net: PathNet, path: Path, metadata: dict[str, str]) -> None:
-    """``net``'s tensors as safetensors at ``path`` (checked as the loader checks them; written whole or not at all),
-    with ``metadata`` (how it was trained, its held-out error)."""
+    """``net``'s tensors as safetensors at ``path``, with ``metadata``."""
     from safetensors.torch import save_file
 
     tensors = {name: t.detach().contiguous() for name, t in net.state_dict().items()}

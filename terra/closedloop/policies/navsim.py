@@ -27,9 +27,8 @@ NAVSIM_SAMPLING = {"time_horizon": 4.0, "interval_length": 0.5}  # NAVSIM's defa
 
 @dataclass(frozen=True)
 class TrajectorySampling:
-    """nuplan's ``TrajectorySampling`` (nuplan/planning/simulation/trajectory/trajectory_sampling.py), what a NAVSIM
-    agent takes as ``trajectory_sampling``: ``num_poses`` poses after the current state, ``interval_length`` seconds
-    apart, over ``time_horizon`` seconds; two of them give the third."""
+    """nuplan's ``TrajectorySampling``, what a NAVSIM agent takes as ``trajectory_sampling``: ``num_poses`` poses after
+    the current state, ``interval_length`` seconds apart, over ``time_horizon`` seconds; two of them give the third."""
 
     num_poses: Optional[int] = None
     time_horizon: Optional[float] = None
@@ -167,8 +166,7 @@ def _signature(cls: type) -> inspect.Signature | None:
 def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Callable[[], Any]:
     """A builder of the agent ``navsim:MODULE:CLASS`` names, one per drive, with ``args`` (``navsim_args.CLASS``) as its
     keyword arguments, checked now: imported, the arguments against the constructor, one agent built and checked as
-    :class:`NavsimPolicy` checks it (the import and the build each within ``timeout_s``, behind guard's boundary);
-    one line otherwise."""
+    :class:`NavsimPolicy` checks it; one line otherwise."""
     cls = agent_class(entry, timeout_s)
     name = cls.__name__
     where = f"policies: cannot load the NAVSIM agent {entry!r}"

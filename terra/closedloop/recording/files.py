@@ -151,8 +151,7 @@ def lost_drive_json(drive_id: str, scenario: str, policy: str, world: str, vehic
 
 def write_drive(output_dir: Path, drive: Drive, inputs: dict[str, str], fps: float | None = 10.0,
                 extra_metrics: dict | None = None, measure: bool = False, device: str = "cpu") -> dict:
-    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON (atomically, the JSON last, with
-    the files' sizes and hashes and the drive's ``inputs``: :func:`drive_inputs`); return the JSON."""
+    """Write the drive's video and top-down picture (unless ``fps`` is None) and JSON; return the JSON."""
     video, sidecar = paths(output_dir, drive.spec)
     files = []
     if drive.frames and fps is not None:

@@ -16,8 +16,7 @@ from terra.closedloop.worlds import TRUTH, ModelWorld, TrueWorld, World
 
 @dataclass
 class OpenWorlds:
-    """The worlds of a run by name (``model``, ``truth``, a user's, a study's controls: terra/closedloop/recording/
-    settings.py, ``DriveSettings.worlds``), the frames' size and the plan-following scorer."""
+    """The worlds of a run by name, the frames' size and the plan-following scorer."""
 
     worlds: dict[str, World]
     image_size: tuple[int, int]
@@ -32,10 +31,9 @@ class OpenWorlds:
 
 
 def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
-    """The worlds ``names`` (default: every world ``settings.worlds`` names; the model's too when another world drawn by
-    its engine is named, ``settings.model_worlds``; the rest built by ``settings.other_world``), on the device its
-    settings choose (once: run, ``resolve_run``); the world model's checkpoint and window are checked against the
-    settings before it loads, and the user's worlds built before it (user_world)."""
+    """The worlds ``names``, on the device its settings choose (once: run, ``resolve_run``); the world model's
+    checkpoint and window are checked against the settings before it loads, and the user's worlds built before it
+    (user_world)."""
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
     from terra.tokenizer import load_tokenizer

@@ -52,8 +52,7 @@ class DriveActor:
         return self.frames
 
     async def record(self, world: str, drives: tuple[tuple[int, str, int], ...], settings: RunSettings) -> dict:
-        """Drive and write ``drives`` (scenario index, policy name, replica) in ``world`` into ``settings.output_dir``.
-        """
+        """Drive and write ``drives`` in ``world`` into ``settings.output_dir``."""
         if self.error is not None:
             raise RuntimeError(f"the actor could not start: {self.error}")
         return await asyncio.get_running_loop().run_in_executor(None, self._record, world, drives, settings)

@@ -199,10 +199,9 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
                   model_settings: dict[str, Any], plan_following=None, emit: Emit | None = None,
                   advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None,
                   recorded: Recorded | None = None) -> LoopTimings:
-    """Drive every spec not already complete in ``folder`` (in chunks of at most ``settings.max_concurrent``,
-    :func:`even_chunks`) and write its files; ``emit`` gets each spec's manifest record and JSON content (a complete
-    one's as ``skipped``), ``advance`` the frames generated as they come, ``timings`` (returned) where the time went.
-    """
+    """Drive every spec not already complete in ``folder`` and write its files; ``emit`` gets each spec's manifest
+    record and JSON content, ``advance`` the frames generated as they come, ``timings`` (returned) where the time
+    went."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
@@ -273,8 +272,8 @@ class LocalDrives:
 
 def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settings: RunSettings,
                output: OutputDir) -> RunResult:
-    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` (claimed: files,
-    ``claim_drive_folder``), holding its lock throughout; its records."""
+    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output``, holding its lock throughout; its
+    records."""
     with output.hold(settings.manifest):
         recorder = RunRecorder(output.path, settings, world, len(drive_ids))
         try:

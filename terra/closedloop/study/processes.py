@@ -27,8 +27,8 @@ SHARD_SETTINGS = ("shard_index", "num_shards", "shard_worlds", "shard_processes"
 
 @dataclass(frozen=True)
 class ShardProcesses:
-    """How many shard processes of each group a study runs on this machine (0 and 0: none, the study in this process)
-    and each engine's KV cache (GiB; None: vLLM's own sizing)."""
+    """How many shard processes of each group a study runs on this machine and each engine's KV cache (GiB; None: vLLM's
+    own sizing)."""
 
     engine: int = 0
     scene: int = 0
@@ -51,9 +51,8 @@ def setting(override: str) -> str:
 
 
 def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
-    """The backend options of an engine shard whose card ``per_card`` engines share (a process here, or a Ray shard:
-    ray_shards): its KV cache and ``0.9 / per_card`` of the card; none without a cache size (vLLM sizes an engine
-    alone on its card)."""
+    """The backend options of an engine shard whose card ``per_card`` engines share: its KV cache and ``0.9 / per_card``
+    of the card; none without a cache size."""
     if kv_cache_gib is None:
         return {}
     share = round(SHARED_MEMORY / per_card, 3)
@@ -62,8 +61,8 @@ def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
 
 def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None,
                   worlds: str = "all", per_card: int | None = None) -> list[str]:
-    """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds`` (``shard_worlds``;
-    ``scene``: no engine to size); ``per_card``: how many engines share its card (``shards``)."""
+    """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds``; ``per_card``: how
+    many engines share its card (``shards``)."""
     share = engine_share(kv_cache_gib, per_card or shards) if worlds != "scene" else {}
     mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
     return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
@@ -72,8 +71,7 @@ def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: in
 
 
 def visible_gpus() -> list[str]:
-    """The CUDA cards this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (every card when it is unset; none on
-    a machine without CUDA)."""
+    """The CUDA cards this process may use, as ``CUDA_VISIBLE_DEVICES`` names them."""
     named = os.environ.get("CUDA_VISIBLE_DEVICES")
     if named is not None:
         return [card.strip() for card in named.split(",") if card.strip()]
@@ -93,9 +91,8 @@ def records(folder: Path) -> int:
 
 
 def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str | None], int | None]:
-    """How the shards of ``groups`` share this machine with ``beside`` engines of the command's own process (on the
-    first card: the exploitability study's, drives): each process's threads (the cores this process may use, over all
-    of them), each engine shard's card, and how many engines the busiest card holds."""
+    """How the shards of ``groups`` share this machine with ``beside`` engines of the command's own process: each
+    process's threads, each engine shard's card, and how many engines the busiest card holds."""
     threads = max(1, usable_cores() // (sum(groups.values()) + beside))
     cards = engine_cards(groups.get("engine", groups.get("all", 0)), visible_gpus())
     return threads, cards, max((cards.count(card) for card in cards), default=0) + beside or None
@@ -103,9 +100,8 @@ def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str |
 
 def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: float | None, folder: Path,
                logs: Path, total: int | None = None, beside: int = 0) -> dict[str, list[int]]:
-    """Start every shard of ``groups`` (``shard_worlds`` -> its shards: ``{"all": K}``, or ``{"engine": K, "scene":
-    M}``; each shard's output in ``logs``; :func:`shard_plan` with ``beside``), count the drives recorded in
-    ``folder`` as they come (a bar on a terminal, a line a minute off one), and return each group's exit codes."""
+    """Start every shard of ``groups``, count the drives recorded in ``folder`` as they come, and return each group's
+    exit codes."""
     threads, cards, per_card = shard_plan(groups, beside)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     running: dict[str, list] = {worlds: [] for worlds in groups}
@@ -152,9 +148,7 @@ def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path)
 
 def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder: Path,
                     total: int | None = None, beside: int = 0) -> tuple[list[str], int]:
-    """The study's drives made by ``processes``' shards (``overrides``: the command's settings, the report's
-    ``output_dir`` among them; ``beside``: engines this process runs meanwhile, :func:`shard_plan`); the lines to
-    print and the worst shard's exit code (0 or 1)."""
+    """The study's drives made by ``processes``' shards; the lines to print and the worst shard's exit code (0 or 1)."""
     logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
     started = time.perf_counter()
     codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total, beside)
@@ -178,7 +172,7 @@ def output_dir(overrides: Sequence[str]) -> Path:
 
 def main() -> None:
     """Any ``terra-drive`` command as shards of this machine, then the same command without the shard settings, which
-    writes the manifest (``world=both``: the fidelity report) from the shards' drives, driving none again."""
+    writes the manifest from the shards' drives, driving none again."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, required=True,
                         help="shards, each a terra-drive process (with --scene-processes: of the engine's worlds)")

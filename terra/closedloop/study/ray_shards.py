@@ -31,9 +31,8 @@ def ray_groups(processes: ShardProcesses, slots: int, drives: int) -> tuple[dict
 
 
 def task_options(cluster: RayCluster, per_gpu: int) -> dict[str, dict[str, Any]]:
-    """The ``ray.remote`` arguments of a task with an engine (``1 / per_gpu`` of a GPU group, or a CPU actor's cores; a
-    process of its own, whose engine ends with it) and of a task on the CPU alone; either runs again on another
-    worker when its own dies (``ray.max_retries``)."""
+    """The ``ray.remote`` arguments of a task with an engine and of a task on the CPU alone; either runs again on
+    another worker when its own dies (``ray.max_retries``)."""
     actor = cluster.options
     base = {"num_cpus": actor["num_cpus"], "max_retries": cluster.settings.max_retries,
             **({"runtime_env": actor["runtime_env"]} if "runtime_env" in actor else {})}
@@ -42,8 +41,8 @@ def task_options(cluster: RayCluster, per_gpu: int) -> dict[str, dict[str, Any]]
 
 
 def on_worker(settings: StudySettings, spec: RunSpec) -> StudySettings:
-    """``settings`` driven in a Ray task on ``spec`` (each task's own: its engine's share, or the CPU's), in the task's
-    process, without a bar and without shard processes."""
+    """``settings`` driven in a Ray task on ``spec``, in the task's process, without a bar and without shard processes.
+    """
     return replace(settings, drive=replace(settings.drive, run=spec, executor="local", progress=False),
                    shard_processes=ShardProcesses())
 
@@ -62,8 +61,7 @@ def drive_shard(settings: StudySettings, drive: StudyDrive) -> DriveOutcome:
 
 
 def exploitability(settings: StudySettings) -> ExploitStudy:
-    """The study's exploitability study in this Ray task, in worlds of its own on its GPUs (terra/closedloop/study/
-    exploit.py, ``exploit_beside``)."""
+    """The study's exploitability study in this Ray task, in worlds of its own on its GPUs."""
     return exploit_beside(on_gpus(settings).drive, settings.folders.top.path)
 
 

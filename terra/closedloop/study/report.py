@@ -175,8 +175,8 @@ def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], w
 
 def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None,
             within_horizon: bool = False) -> StudyReport:
-    """The report from every world's drive records (world -> drive id -> JSON content) and the exploitability study's
-    result, if one ran; ``within_horizon``: each world judged within its fidelity horizon too."""
+    """The report from every world's drive records and the exploitability study's result, if one ran;
+    ``within_horizon``: each world judged within its fidelity horizon too."""
     truth = runs[TRUTH]
     verdicts = [world_verdict(world, drives, truth, within_horizon) for world, drives in runs.items()
                 if world != TRUTH]
@@ -202,10 +202,9 @@ def in_shard(world: str, shard_worlds: str) -> bool:
 def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
                  num_control_scenarios: int | None = None, num_control_seeds: int | None = None
                  ) -> dict[str, list[str]]:
-    """Per world of a study (the model's and the truth's first, then the controls), the ids of the drives it makes from
-    ``drives`` (scenario id, replica, drive id): all of them in the model and the truth, in each control only those
-    of the study's first ``num_control_scenarios`` ``scenarios`` and first ``num_control_seeds`` replicas (None:
-    all)."""
+    """Per world of a study, the ids of the drives it makes from ``drives``: all of them in the model and the truth, in
+    each control only those of the study's first ``num_control_scenarios`` ``scenarios`` and first
+    ``num_control_seeds`` replicas (None: all)."""
     first = set(scenarios if num_control_scenarios is None else scenarios[:num_control_scenarios])
     seeds = float("inf") if num_control_seeds is None else num_control_seeds
     controls = [drive for scenario, replica, drive in drives if scenario in first and replica < seeds]
@@ -224,8 +223,7 @@ def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
 def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
                         manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
                         shard_worlds: str = "all") -> StudyFolders:
-    """The folders of a fidelity study of ``drive_ids`` (world -> its drives' ids: :func:`study_drives`; the model's and
-    the truth's first) that this run drives (``shard_worlds``: :func:`in_shard`), checked before any work."""
+    """The folders of a fidelity study of ``drive_ids`` that this run drives, checked before any work."""
     report = manifest == MANIFEST and shard_worlds == "all"
     drive_ids = {world: ids for world, ids in drive_ids.items() if in_shard(world, shard_worlds)}
     top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
@@ -241,12 +239,10 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
               folders: StudyFolders | None = None, exploit: bool = False,
               num_control_scenarios: int | None = None, num_control_seeds: int | None = None,
               within_horizon: bool = False) -> StudyReport | None:
-    """Drive every spec (loop, ``drive_specs``) in every world of ``worlds`` (name -> world: ``model`` and ``truth``
-    first, then the controls; the controls only the specs of the first ``num_control_scenarios`` scenarios and
-    ``num_control_seeds`` replicas: :func:`study_drives`), each into ``settings.output_dir``/<world>, judge them and
-    write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following`` scores every world's
-    clips (plan_following); ``exploit``: the exploitability study too (exploit); ``within_horizon``: each world
-    judged within its fidelity horizon too."""
+    """Drive every spec (loop, ``drive_specs``) in every world of ``worlds``, each into ``settings.output_dir``/<world>,
+    judge them and write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following``
+    scores every world's clips (plan_following); ``exploit``: the exploitability study too (exploit);
+    ``within_horizon``: each world judged within its fidelity horizon too."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
@@ -268,9 +264,8 @@ def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
               exploit: Callable[[], ExploitStudy] | None = None, within_horizon: bool = False
               ) -> tuple[StudyReport | None, dict[str, RunResult]]:
     """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
-    folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given (and each
-    world judged within its horizon too with ``within_horizon``), holding the study folder's lock throughout; the
-    report and each world's run."""
+    folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
+    study folder's lock throughout; the report and each world's run."""
     runs: dict[str, RunResult] = {}
     measured = measured_settings(settings)
     with folders.top.hold(folders.lock) as out:

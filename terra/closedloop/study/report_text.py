@@ -59,7 +59,7 @@ def horizon_sentence(world: str, horizon: WorldHorizon | None) -> str:
 def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
     """About how many scenarios would decide statistic ``name`` of interval ``value`` on ``scenarios`` if its estimate
     held: the interval narrows as one over the square root of the scenarios, until its side towards the nearest band
-    edge is shorter than its distance to it (inf: the estimate sits on an edge)."""
+    edge is shorter than its distance to it."""
     low, high = statistic(name).band
     if not (np.isfinite(value.low) and np.isfinite(value.high)):
         return float("inf")

@@ -99,9 +99,8 @@ def _shard_processes(cfg: DictConfig) -> ShardProcesses:
 
 
 def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, executor: str = "local") -> None:
-    """A study whose world model runs on a GPU (the GPU preset, whatever its shard settings and device say; engine
-    shards, each dealt a CUDA card; ``device=cuda``) is refused in one line naming study=cpu where the device
-    resolves to the CPU (``device=cpu``, or no CUDA GPU visible), before anything else starts."""
+    """A study whose world model runs on a GPU is refused in one line naming study=cpu where the device resolves to the
+    CPU, before anything else starts."""
     engines = f"shard_processes.engine={processes.engine}" if processes.engine and executor == "local" else None
     what = "study=gpu" if preset == "gpu" else engines or (f"device={device}" if device.startswith("cuda") else None)
     if what is None:
@@ -122,8 +121,8 @@ def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, execut
 
 def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
                   preset: str | None = None) -> StudySettings:
-    """Every setting of a study checked once (the run's, then the study's), this shard's drives taken and the study's
-    folders claimed; one line for a bad one (``preset``: the study preset chosen, study=gpu needing a GPU)."""
+    """Every setting of a study checked once, this shard's drives taken and the study's folders claimed; one line for a
+    bad one."""
     run = checked_run(cfg)
     values = check_settings(cfg, SETTINGS)
     processes = _shard_processes(cfg)
@@ -186,10 +185,8 @@ def resized_study(values: dict, output_dir: str, overrides: Sequence[str], prese
 
 def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
            output_dir: str | Path) -> tuple[DriveSettings, StudyFolders]:
-    """The study's shard ``run.shard_index`` of ``run.num_shards`` of its ``shard_worlds`` worlds (``worlds``: each
-    world's drive ids, :func:`~terra.closedloop.study.report.study_drives`; drive k of each world's list goes to
-    shard k % num_shards, the controls' fewer drives too): ``run`` with its drives and worlds, and its folders
-    claimed."""
+    """The study's shard ``run.shard_index`` of ``run.num_shards`` of its ``shard_worlds`` worlds: ``run`` with its
+    drives and worlds, and its folders claimed."""
     ids, every = run.scenarios.ids, run.drives
     mine = {world: world_ids[run.shard_index::run.num_shards] for world, world_ids in worlds.items()}
     taken = {d for world_ids in mine.values() for d in world_ids}
@@ -201,9 +198,8 @@ def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
 
 def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, num_shards: int) -> StudySettings:
     """Shard ``shard_index`` of ``num_shards`` of the whole study ``settings``' ``shard_worlds`` worlds, as the command
-    with ``shard_index``, ``num_shards`` and ``shard_worlds`` would check it, made from the checked study (its Ray
-    shards: ray_shards): its drives in this process (``executor=local``), no bar, no exploitability study (the whole
-    study's report runs it); its folders claimed."""
+    with ``shard_index``, ``num_shards`` and ``shard_worlds`` would check it, made from the checked study: its drives
+    in this process (``executor=local``), no bar, no exploitability study; its folders claimed."""
     whole = settings.folders.drive_ids  # every world's drives: the whole study's settings are one shard of one
     run = replace(settings.drive, shard_index=shard_index, num_shards=num_shards, executor="local", progress=False)
     drive, folders = _shard(run, whole, shard_worlds, settings.folders.top.path)
@@ -212,8 +208,7 @@ def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, nu
 
 
 def _route_tokens(run: DriveSettings) -> int:
-    """The world model's route slots per frame (``num_route_tokens`` of its config.json; 0 when it cannot be read: the
-    checkpoint's own checks name the problem when it loads, checkpoint)."""
+    """The world model's route slots per frame."""
     try:
         value = json.loads((Path(run.run.world_model) / "config.json").read_text()).get("num_route_tokens", 0)
     except (OSError, ValueError, AttributeError):

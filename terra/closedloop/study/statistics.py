@@ -56,8 +56,8 @@ def undefined(bootstrap: Bootstrap) -> Interval:
 def value_or_reason(compute: Callable[[Sequence[Pair], Bootstrap], Interval], pairs: Sequence[Pair],
                     bootstrap: Bootstrap) -> tuple[Interval, str | None]:
     """A statistic ``compute`` on ``pairs`` and None, or, where it has no value (:class:`Undefined`), the interval
-    without one and why: every table of the report (the verdicts', the per-policy one) shows it as ``n/a`` with its
-    reason, so that a world bad enough to leave a statistic undefined is still reported, and flagged."""
+    without one and why: every table of the report shows it as ``n/a`` with its reason, so that a world bad enough to
+    leave a statistic undefined is still reported, and flagged."""
     try:
         return compute(pairs, bootstrap), None
     except Undefined as why:
@@ -70,8 +70,8 @@ def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
 
 
 def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The gain of the motion recovered from the world's frames (``dx`` or ``dyaw``: following) over some paired drives,
-    with its interval over their scenarios."""
+    """The gain of the motion recovered from the world's frames over some paired drives, with its interval over their
+    scenarios."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         gain = _followed(pairs, bootstrap).gain[component]
         if not np.isfinite(gain.estimate):
@@ -108,7 +108,7 @@ def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
 
 def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
     """The mean of ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames at the
-    same poses, over every frame of the drives: signed (where the world draws the lane) or absolute (how far)."""
+    same poses, over every frame of the drives: signed or absolute (how far)."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         labels, errors = [], []
         for p in pairs:
@@ -169,9 +169,8 @@ def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:
 
 
 def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """A ranking statistic (``kendall_tau``, ``pearson_r`` or ``mmrv`` of stats's ``RankAgreement``) of the policies'
-    mean :data:`RANK_METRIC` in the world against in truth; undefined with fewer than 3 policies or means that all
-    tie."""
+    """A ranking statistic of the policies' mean :data:`RANK_METRIC` in the world against in truth; undefined with fewer
+    than 3 policies or means that all tie."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         if len({p.policy for p in pairs}) < 3:
             raise Undefined("fewer than 3 pixel policies to rank (policies that read no pixels and probes are left "
@@ -186,9 +185,7 @@ def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval
 @dataclass(frozen=True)
 class Statistic:
     """A statistic of a world's paired drives, its acceptance band for a faithful world, what it shows, the drives it
-    rests on (:data:`FRAMES` or :data:`OUTCOMES`), the range its values can take (the widened interval is kept inside
-    it), and whether it can be judged on drives cut short (``cut``: within the fidelity horizon, horizons; the lag
-    and AlpaSim's score need the whole drive)."""
+    rests on, the range its values can take, and whether it can be judged on drives cut short."""
 
     name: str
     band: tuple[float, float]
@@ -252,9 +249,8 @@ def statistic(name: str) -> Statistic:
 def kendall_tau(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     """Kendall's tau-b of the policies ranked by their mean :data:`RANK_METRIC` in the world against in truth, measured
     beside the judged ranking statistics but not judged: it counts each pair of policies the world orders otherwise
-    as much whatever their true gap, so that two policies whose means nearly tie (the noisy follower and another,
-    drawing other random numbers) decide it alone (1.000 [0.472, 1.000] for the truth with other random numbers, 4
-    policies); Pearson's r and the MMRV weigh an order by its gap (undefined: NaN)."""
+    as much whatever their true gap, so that two policies whose means nearly tie decide it alone; Pearson's r and the
+    MMRV weigh an order by its gap (undefined: NaN)."""
     try:
         return _ranking("kendall_tau")(pairs, bootstrap)
     except Undefined:

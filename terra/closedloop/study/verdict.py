@@ -104,11 +104,9 @@ FLAGGED, PASSED, UNDECIDED = "flagged", "passed", "undecided"  # a world's state
 
 @dataclass(frozen=True)
 class WorldVerdict:
-    """One world's statistics (name -> interval, widened for its scenarios), their decisions, why each undecided one is
-    (name -> reason), the drives and scenarios they rest on, the policies the outcome statistics rest on, the
-    ranking, and the unjudged measurements and paired differences (:func:`measurements`, :func:`differences`); its
-    fidelity horizon and the verdict within it, when the study computed them (horizons: ``within`` holds the
-    statistics judged on the drives cut at ``within_s``)."""
+    """One world's statistics, their decisions, why each undecided one is (name -> reason), the drives and scenarios
+    they rest on, the policies the outcome statistics rest on, the ranking, and the unjudged measurements and paired
+    differences; its fidelity horizon and the verdict within it, when the study computed them."""
 
     world: str
     values: dict[str, Interval]
