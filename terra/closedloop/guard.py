@@ -29,9 +29,7 @@ class UserCodeError(Exception):
 
 
 class UserCall:
-    """``function(*args)``, user code of ``who`` doing ``call`` (e.g. ``plan at step 3``), started now on a daemon
-    thread of its own, or queued on ``line`` (:class:`CallLine`) to start when the calls before it there have
-    returned or been left behind."""
+    """``function(*args)``, user code of ``who`` doing ``call``, on a daemon thread of its own or queued on ``line``."""
 
     def __init__(self, who: str, call: str, function: Callable[..., Any], *args: Any,
                  line: "CallLine | None" = None) -> None:
@@ -53,8 +51,7 @@ class UserCall:
                 self._future.set_exception(err)
 
     def returned(self, timeout_s: float) -> Any:
-        """The call's value once it returns, at most ``timeout_s`` after it started, or what it raised, raised here as
-        it is; :class:`UserCodeError` when it has not returned by then."""
+        """The call's value or exception, or :class:`UserCodeError` when not returned ``timeout_s`` after it started."""
         try:
             if not self._began.wait(timeout_s):
                 raise FuturesTimeout
@@ -99,8 +96,7 @@ class CallLine:
                 self._leave_current()
 
     def drain(self, timeout_s: float) -> None:
-        """Wait until every queued call has returned or been left behind ``timeout_s`` after it started, waking once
-        rather than once a call."""
+        """Wait until every queued call has returned or been left behind ``timeout_s`` after it started."""
         with self._lock:
             while self._serving is not None:
                 current = self._current
@@ -211,9 +207,7 @@ def _place(spec: importlib.machinery.ModuleSpec) -> str:
 
 
 def user_class(module: str, name: str, where: str, fix: str, timeout_s: float) -> type:
-    """The class ``module.name`` of user code, imported now behind the boundary (within ``timeout_s``) from the working
-    folder or ``PYTHONPATH`` (:func:`user_module`); ``where`` opens the one line of a failure, ``fix`` says what to
-    give instead."""
+    """The class ``module.name`` of user code, imported behind the boundary within ``timeout_s``."""
     try:
         found = UserCall(f"{where}: importing {module}", "its import", _attribute, module, name).returned(timeout_s)
     except UserCodeError as err:

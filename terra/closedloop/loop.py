@@ -119,8 +119,7 @@ class Drive:
         return action_of(self.vehicle.forecast(plan, ACTION_TIMES))
 
     def command(self, plan: Plan | Actuation, action: np.ndarray, seconds: float = 0.0) -> None:
-        """Record the plan and its action (:meth:`action_for`) and move the car along the plan to the next frame's pose.
-        """
+        """Record the plan and its action and move the car along the plan to the next frame's pose."""
         self.vehicle.step(plan, DT_S)
         self.plans.append(plan)
         self.actions.append(action)
@@ -137,8 +136,7 @@ class Drive:
         self.speeds.append(self.vehicle.speed)
 
     def finished(self) -> "Drive":
-        """The drive as its records need it, without what only driving needed: what can go to another process to be
-        measured and written."""
+        """The drive without its policy, world session and factory: what can go to another process."""
         return replace(self, spec=replace(self.spec, make_policy=None), policy=None, handle=None)
 
     def fail(self, stage: str, message: str) -> None:
@@ -171,8 +169,7 @@ class Drive:
 
 def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
                 vehicle: str = "bicycle") -> Drive:
-    """Build the drive's policy, reset it, make its ``vehicle`` and open the drive in ``world``; a failure is recorded
-    on the drive (stage setup)."""
+    """Build and reset the drive's policy, make its ``vehicle`` and open the drive in ``world``; failures recorded."""
     drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
     try:
@@ -198,8 +195,7 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s:
 def run_drives(world: World, specs: Sequence[DriveSpec], num_steps: int, policy_timeout_s: float = 30.0,
                history: int = 16, progress: Callable[[int], None] | None = None,
                timings: LoopTimings | None = None, vehicle: str = "bicycle") -> list[Drive]:
-    """Drive every spec for ``num_steps`` frames in ``world`` (all at once, in lockstep), each car a ``vehicle``
-    (motion); return the drives."""
+    """Drive every spec for ``num_steps`` frames in ``world``, all in lockstep; return the drives."""
     timings = LoopTimings() if timings is None else timings
     started = time.perf_counter()
     drives = [start_drive(world, spec, num_steps, policy_timeout_s, vehicle) for spec in specs]

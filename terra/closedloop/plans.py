@@ -22,8 +22,7 @@ MIN_QUATERNION_NORM = 1e-6  # below it a pose's quaternion is no rotation (carla
 
 @dataclass(frozen=True)
 class Plan:
-    """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` seconds after now, or ``actions [6, 3]``.
-    """
+    """A policy's plan: ``poses [N, 2|3]`` (x, y[, heading]) at ``times [N]`` s after now, or ``actions [6, 3]``."""
 
     poses: np.ndarray | None = None
     times: np.ndarray | None = None
@@ -55,9 +54,7 @@ class Plan:
 
     @classmethod
     def from_quaternions(cls, positions: Any, quaternions: Any, times: Any, origin: Any) -> "Plan":
-        """Poses given as ``positions [N, 2|3]`` (x, y[, z]) and rotations ``quaternions [N, 4]`` (x, y, z, w) in a
-        frame where the car stands at ``origin`` (x, y, yaw) now, at ``times``: the plan of those poses in the car's
-        ego frame, each heading its rotation's yaw."""
+        """The ego-frame plan of ``positions [N, 2|3]`` and ``quaternions [N, 4]`` (x, y, z, w) seen from ``origin``."""
         from scipy.spatial.transform import Rotation
 
         positions, quaternions = _array(positions, "plan positions"), _array(quaternions, "plan quaternions")
@@ -104,8 +101,7 @@ def _array(value: Any, what: str) -> np.ndarray:
 
 
 def _check_poses(poses: np.ndarray) -> None:
-    """Refuse poses ``[N, 2|3]`` holding a value that is not finite or lies beyond :data:`MAX_POSITION_M`, naming the
-    first such pose."""
+    """Refuse poses ``[N, 2|3]`` that are not finite or lie beyond :data:`MAX_POSITION_M`, naming the first."""
     bad = ~np.all(np.isfinite(poses) & (np.abs(poses) <= MAX_POSITION_M), axis=1)
     if bad.any():
         k = int(np.argmax(bad))
@@ -168,7 +164,6 @@ class Policy(Protocol):
 
 
 def policy_seed(seed: int, scenario_id: str, policy: str) -> int:
-    """The seed of a drive's policy's random stream: 64 bits of the SHA-256 of the run's ``seed``, the scenario's id and
-    the policy's name, the same on every rerun, different for every drive, and changed by the run's ``seed``."""
+    """A drive's policy seed: 64 bits of SHA-256 of the run's ``seed``, the scenario id and the policy name."""
     digest = hashlib.sha256(f"{seed}\0{scenario_id}\0{policy}".encode()).digest()
     return int.from_bytes(digest[:8], "little")

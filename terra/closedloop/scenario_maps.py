@@ -44,8 +44,7 @@ def with_maps(source: ScenarioSource, road: str) -> ScenarioSource:
 
 
 def export_maps(folder: str | Path, num_scenarios: int = 4, scenario_seed: int = 0) -> list[Path]:
-    """The roads of the synthetic scenarios terra-drive's ``num_scenarios`` and ``scenario_seed`` draw, written as
-    clipgt maps ``<scenario id>.zip`` into ``folder`` (made where missing), for ``road=folder``; the paths written."""
+    """Write the synthetic scenarios' roads as clipgt maps ``<scenario id>.zip`` into ``folder``; the paths written."""
     from terra.roads import write_clipgt
     from terra.sim.roads import scene_road
 

@@ -75,8 +75,7 @@ class Scenario:
         return None if self.scene is None else self.scene.route(poses, route_tokens)
 
     def left_scene(self, pose: np.ndarray) -> str | None:
-        """Why a car at world ``pose`` has left the scenario's scene (None while it is in it, or when the scene is not
-        known): at or past an end of the synthetic road, or farther from it than the world draws."""
+        """Why a car at world ``pose`` has left the scenario's scene; None while in it or when the scene is unknown."""
         if self.scene is None:
             return None
         x, y = float(pose[0]), float(pose[1])
@@ -133,8 +132,7 @@ def check_scenario(scenario: Scenario, where: str) -> None:
 
 
 def _array_problem(value, shape: tuple, bound: float) -> str | None:
-    """What is wrong with ``value`` as an array of ``shape`` (``"M"``: any length) of finite numbers within ``bound``
-    (None: nothing)."""
+    """What is wrong with ``value`` as a finite array of ``shape`` (``"M"``: any length) within ``bound``, or None."""
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
@@ -176,8 +174,7 @@ class ScenarioSource:
 
     def load(self, image_size: Sequence[int], num_context: int = 3, resize: str = "crop",
              indices: Iterable[int] | None = None) -> list[Scenario]:
-        """The scenarios at ``indices`` (default: all), in index order, their context frames read and fitted to
-        ``image_size``."""
+        """The scenarios at ``indices`` (default: all), their context frames read and fitted to ``image_size``."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
         if self.kind == SYNTHETIC:
             loaded = synthetic_scenarios(len(self.ids), self.seed, image_size, num_context, indices=chosen)

@@ -20,8 +20,7 @@ def is_world_target(entry: str) -> bool:
 
 
 def world_class(entry: str, setting: str, timeout_s: float) -> type:
-    """The world class ``module:Class`` of the setting ``setting``, imported now (within ``timeout_s``) and its
-    constructor read: it must take ``image_size`` and need nothing else."""
+    """The world class ``module:Class`` of ``setting``, imported within ``timeout_s``; it must take ``image_size``."""
     module, _, name = entry.rpartition(":")
     where = f"{setting}: cannot load the world {entry!r}"
     fix = "give package.module:Class of a world (docs/drive.md, \"Your own world\")"

@@ -107,8 +107,7 @@ class ModelWorld:
         return None if not layout.route_model or poses is None else road.model_routes(poses, layout.route_tokens)
 
     def route_source(self, drive: ModelDrive) -> str | None:
-        """Where ``drive``'s routes come from, as its record says (None: a model without route slots, or a road that
-        tells none)."""
+        """Where ``drive``'s routes come from (None: a model without route slots, or a road that tells none)."""
         return drive.road.route_source if self.backend.layout.route_model else None
 
     def routed_steps(self, drive: ModelDrive) -> list[bool] | None:
@@ -116,8 +115,7 @@ class ModelWorld:
         return list(drive.routed) if self.backend.layout.route_model else None
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
-        """The true scene at the drive's poses as this world's tokenizer gives it back, the last context frame's first
-        (None: no references kept)."""
+        """The true scene at the drive's poses through this world's tokenizer (None: no references kept)."""
         if not drive.keeps_references:
             return None
         return np.stack([self.context_frames(drive)[-1], *drive.references])
@@ -131,8 +129,7 @@ class ModelWorld:
         return self.pipeline.decode(drive.context)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
-        """The model's next frames, conditioned on the actions and, for a model with route slots, the road ahead of each
-        pose."""
+        """The model's next frames, conditioned on the actions and, with route slots, the road ahead."""
         start = time.perf_counter()
         told = [self.routes(drive.road, pose) for drive, pose in zip(drives, poses)]
         for drive, routes in zip(drives, told):

@@ -34,13 +34,11 @@ class Vehicle(Protocol):
         """Follow ``plan`` for ``dt`` seconds; the new pose (the next frame's, in the drive's frame)."""
 
     def forecast(self, plan: Plan, times: np.ndarray) -> np.ndarray:
-        """Poses ``[len(times), 3]`` at ``times`` (seconds, > 0) in the ego frame of now, if the car keeps to ``plan``.
-        """
+        """Poses ``[len(times), 3]`` at ``times`` (s, > 0) in the ego frame of now, if the car keeps to ``plan``."""
 
 
 class BicycleVehicle:
-    """A kinematic bicycle following plans with a tracking controller, starting at ``speed`` (m/s) and ``steer`` (rad)
-    at the drive frame's origin."""
+    """A kinematic bicycle with a tracking controller, starting at ``speed`` (m/s) and ``steer`` (rad)."""
 
     name = "bicycle"
 
@@ -131,6 +129,5 @@ def make_vehicle(kind: str, speed: float) -> Vehicle:
 
 
 def action_of(poses: np.ndarray) -> np.ndarray:
-    """The world model's ``[6, 3]`` action ``[y, x, time]`` from poses ``[6, 2|3]`` at the action times (ego frame of
-    now), checked in reach (actions)."""
+    """The world model's ``[6, 3]`` action ``[y, x, time]`` from ego-frame poses ``[6, 2|3]`` at the action times."""
     return validate_actions(np.stack([poses[:, 1], poses[:, 0], ACTION_TIMES], axis=-1)[None], "plan")[0]

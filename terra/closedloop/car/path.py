@@ -21,8 +21,7 @@ STILL_M = 1e-6  # a segment shorter than this stands still
 
 @dataclass(frozen=True)
 class TrackedPath:
-    """The plan as a path and a timing: the poses (the origin first) at ``times`` lie ``poses_along`` metres along it
-    with ``speeds``; ``yaws`` are their headings (unwrapped)."""
+    """The plan as a path: the poses at ``times`` (origin first) lie ``poses_along`` metres along it."""
 
     times: np.ndarray
     points: np.ndarray
@@ -82,9 +81,7 @@ class TrackedPath:
         return np.r_[self.point_at(s), np.interp(t, self.times, self.yaws)]
 
     def project(self, xy: np.ndarray, first: int, reach: float) -> tuple[float, int]:
-        """The distance along the path of the point nearest ``xy`` on the segments from ``first`` up to ``reach`` metres
-        further, and its segment: the car moves forward along its plan and no faster than it can, so a path that
-        crosses itself or comes close again further on is not taken for where the car is."""
+        """Distance along the path of the point nearest ``xy`` within ``reach`` m after ``first``, and its segment."""
         last = bisect.bisect_right(self.along, float(self.along[first]) + reach, lo=first + 1)
         spans, lengths2 = self._segments
         start, span = self.points[first:last], spans[first:last]
@@ -134,8 +131,7 @@ def _end_direction(chord: np.ndarray, inner: np.ndarray | None, otherwise: float
 
 
 def _hermite_path(vertices: np.ndarray, headings: np.ndarray) -> np.ndarray:
-    """Points ``[SUBSEGMENTS * N + 1, 2]`` along the cubic Hermite curves between consecutive ``vertices [N + 1, 2]``,
-    tangent to ``headings``; every ``SUBSEGMENTS``-th point is a vertex."""
+    """Points ``[SUBSEGMENTS * N + 1, 2]`` along cubic Hermite curves through ``vertices [N + 1, 2]``."""
     chord = np.hypot(*np.diff(vertices, axis=0).T)[:, None, None]
     tangent = np.stack([np.cos(headings), np.sin(headings)], axis=-1)[:, None, :]
     u = np.linspace(0.0, 1.0, SUBSEGMENTS, endpoint=False)[None, :, None]

@@ -51,8 +51,7 @@ class _StepPolicy:
 
 
 class SyntheticScenarios(SequenceABC):
-    """``count`` synthetic scenarios drawn with ``seed`` at ``size``, each built when a reset first asks for it: an env
-    of 100000 scenarios starts at once and holds a few."""
+    """``count`` synthetic scenarios drawn with ``seed`` at ``size``, each built lazily on first reset."""
 
     def __init__(self, count: int, seed: int, size: tuple[int, int]) -> None:
         self.count, self.seed, self.size = count, seed, size

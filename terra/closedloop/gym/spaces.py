@@ -81,8 +81,7 @@ def actuation_of(action: Any, params: VehicleParams) -> Actuation:
 
 
 def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
-    """A step's ``action`` in ``mode`` as what the drive's vehicle follows and the world model's action for it, or
-    ``InvalidAction`` in one line."""
+    """A step's ``action`` in ``mode`` as the vehicle's command and the world model's action, or ``InvalidAction``."""
     try:
         if mode == "actuation":
             command = actuation_of(action, drive.vehicle.params)
@@ -100,8 +99,7 @@ def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> 
 
 
 def within_space(plan: Plan) -> None:
-    """Refuse a plan whose poses (or Terra actions) leave the plan action space's bounds (the module docstring), naming
-    the first such pose."""
+    """Refuse a plan whose poses leave the plan action space's bounds, naming the first such pose."""
     poses = plan.actions if plan.poses is None else plan.poses
     low, high = PLAN_LOW[0, : poses.shape[1]], PLAN_HIGH[0, : poses.shape[1]]
     outside = np.flatnonzero(~np.all((poses >= low) & (poses <= high), axis=1))
@@ -113,8 +111,7 @@ def within_space(plan: Plan) -> None:
 
 
 def reward_of(kind: str, before: np.ndarray, after: np.ndarray, truth: dict | None) -> float:
-    """The step's reward of ``kind`` (one of :data:`REWARDS`) for a car that moved from pose ``before`` to ``after``
-    (the drive's frame); ``truth``: truth's metrics of the new pose (lane_keeping)."""
+    """The step's reward of ``kind`` for a car moved from pose ``before`` to ``after`` (drive frame)."""
     if kind == "progress":
         return float(to_ego(after[:2], before)[0])
     offset = truth["mean_abs_lane_offset_m"]

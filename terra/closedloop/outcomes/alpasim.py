@@ -120,8 +120,7 @@ def collision_classes(ego: MetricBox, pose: np.ndarray, others: list[tuple[Metri
 
 
 def offroad(scene: Scene, box: MetricBox, poses: np.ndarray) -> np.ndarray:
-    """``[T]`` whether ``box`` centred on each of ``poses [T, 3]`` is not within the asphalt and touches or crosses its
-    edge."""
+    """``[T]`` whether ``box`` at each of ``poses [T, 3]`` is not within the asphalt and touches or crosses its edge."""
     polygons = box.dense(SIDE_STEP_M).at(poses)
     _, d = scene.road_coords(polygons[..., 0], polygons[..., 1])
     out = np.zeros(len(polygons), dtype=bool)
@@ -131,8 +130,7 @@ def offroad(scene: Scene, box: MetricBox, poses: np.ndarray) -> np.ndarray:
 
 
 def wrong_lane(scene: Scene, poses: np.ndarray) -> np.ndarray:
-    """``[T]`` whether box-centre ``poses [T, 3]`` head more than 2 pi / 3 away from the direction of the lane they are
-    in: the ego's lane runs along the road, the other against it."""
+    """``[T]`` whether box-centre ``poses [T, 3]`` head more than 2 pi / 3 away from their lane's direction."""
     s, d = scene.road_coords(poses[:, 0], poses[:, 1])
     own = np.sign(d) == np.sign(scene.ego_lane_offset_m)
     direction = scene.road_pose(s)[:, 2] + np.where(own, 0.0, np.pi)
@@ -242,8 +240,7 @@ def drive_values(metrics: dict[str, np.ndarray]) -> dict:
 
 def alpasim_metrics(scenario: Scenario, world_poses: np.ndarray, error: str | None = None,
                     vehicle: VehicleBox = VehicleBox()) -> dict:
-    """AlpaSim's metrics and scene score of a drive of a synthetic ``scenario`` whose rear-axle world poses are
-    ``world_poses [steps + 1, 3]`` (the start first), against its expert; ``error``: the drive's failure."""
+    """AlpaSim's metrics and scene score of rear-axle ``world_poses [steps + 1, 3]``; ``error``: the drive's failure."""
     if scenario.scene is None:
         raise ValueError(f"scenario {scenario.id} has no synthetic scene: AlpaSim's metrics need its ground truth")
     world_poses = np.asarray(world_poses, dtype=np.float64)
@@ -255,9 +252,7 @@ def alpasim_metrics(scenario: Scenario, world_poses: np.ndarray, error: str | No
 
 
 def scene_scores(drives: Iterable[dict], bootstrap: Bootstrap = Bootstrap()) -> dict | None:
-    """A run's AlpaSim summary from its drives' JSON contents: the mean scene score with its bootstrap interval over
-    scenarios (stats), the same per policy, the means of :data:`SUMMARIZED`, and how many drives passed or failed
-    each way."""
+    """A run's AlpaSim summary: mean scene score with its bootstrap interval, per policy too, and pass/fail counts."""
     rows = [(c["scenario"], c["policy"], c["metrics"]["alpasim"]) for c in drives
             if (c.get("metrics") or {}).get("alpasim")]
     if not rows:

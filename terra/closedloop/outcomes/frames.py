@@ -26,9 +26,7 @@ def measure_device(device: str) -> str | None:
 
 
 def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | None:
-    """The drive's frame measurements, or None when the drive has no generated frame or no synthetic scene to render;
-    ``device``: torch's, where every measurement but the true renders runs, every frame at once (None: numpy, the
-    same numbers within float tolerance)."""
+    """The drive's frame measurements, or None without a generated frame or synthetic scene; ``device`` None: numpy."""
     scene = drive.spec.scenario.scene
     if scene is None or drive.steps == 0:
         return None
@@ -71,8 +69,7 @@ def read_following(record: dict) -> Following:
 
 
 def read_changes(record: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    """How much each frame changed from the one before in the world and in the reference (None: a record made before
-    they were measured)."""
+    """How much each frame changed from the one before, in the world and in the reference (None: not measured)."""
     if record.get("change_world") is None:
         return None
     return _floats(record["change_world"]), _floats(record["change_truth"])

@@ -38,8 +38,7 @@ def parked_cars(scene: Scene) -> np.ndarray:
 
 
 def truth_metrics(scene: Scene, drive_poses: np.ndarray) -> dict:
-    """Lane offset, time out of lane, off road, collisions and progress along the road of a drive whose world poses are
-    ``drive_poses [steps + 1, 3]``."""
+    """Lane, road, collision and progress metrics of a drive whose world poses are ``drive_poses [steps + 1, 3]``."""
     drive_poses = np.asarray(drive_poses, dtype=np.float64)
     world_poses = drive_poses[1:]
     if not len(world_poses):
@@ -89,8 +88,7 @@ def _summary(series: dict[str, np.ndarray]) -> dict:
 
 
 def metrics_until(metrics: dict, frames: int) -> dict | None:
-    """A drive's lane, heading and road metrics over its first ``frames`` frames alone, from its values frame by frame
-    (None: a record without them, written before they were kept)."""
+    """The drive's lane, heading and road metrics over its first ``frames`` frames (None: not recorded)."""
     series = metrics.get("per_frame")
     if not series or frames < 1:
         return None

@@ -50,10 +50,7 @@ def _camera(width: int, height: int):
 
 
 def context_motion(scenario) -> np.ndarray:
-    """The ego history of ``scenario``'s context frames before the last, as the actions between them moved the car: ``[n
-    - 1, 6]``, per frame its pose ``(x, y, yaw)`` in the last context frame's ego frame (the drive's local frame),
-    the speed (m/s) and yaw rate (rad/s) of the action it starts (``action_arc``) and the acceleration (m/s^2) to the
-    next frame's speed."""
+    """``[n - 1, 6]`` ego history of the context frames: pose (x, y, yaw), speed, yaw rate and acceleration."""
     poses = [(0.0, 0.0, 0.0)]
     for action in scenario.actions:
         poses.append(advance_pose(poses[-1], action))
@@ -147,8 +144,7 @@ class EgodriverPolicy:
             raise TerraInputError(f"{self.where} answered a bad plan: {err}") from None
 
     def _submit_frames(self, call: Callable[..., Any], frames, now_us: int) -> None:
-        """Send the frames the driver has not seen, oldest first, each stamped with the time it was taken (the newest
-        now): the first plan every context frame the observation holds, then the new frame."""
+        """Send the frames the driver has not seen, oldest first, each stamped with the time it was taken."""
         from carla_driver_interface.protocol import RolloutCameraImage
 
         for k, frame in enumerate(frames):

@@ -64,8 +64,7 @@ def check_tensors(tensors: dict[str, torch.Tensor], where: str) -> None:
 
 
 def load_path_net(path: Path | None = None) -> PathNet:
-    """The learned driver's net from a safetensors file (None: the shipped one, :data:`LEARNED_DRIVER`), its tensors
-    checked (:func:`check_tensors`); cached per path."""
+    """The learned driver's net from a safetensors file (None: the shipped one), checked; cached per path."""
     return _load_path_net(Path(LEARNED_DRIVER if path is None else path))
 
 

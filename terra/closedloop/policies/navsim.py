@@ -27,8 +27,7 @@ NAVSIM_SAMPLING = {"time_horizon": 4.0, "interval_length": 0.5}  # NAVSIM's defa
 
 @dataclass(frozen=True)
 class TrajectorySampling:
-    """nuplan's ``TrajectorySampling``, what a NAVSIM agent takes as ``trajectory_sampling``: ``num_poses`` poses after
-    the current state, ``interval_length`` seconds apart, over ``time_horizon`` seconds; two of them give the third."""
+    """nuplan's ``TrajectorySampling``: ``num_poses`` poses ``interval_length`` s apart over ``time_horizon`` s."""
 
     num_poses: Optional[int] = None
     time_horizon: Optional[float] = None
@@ -146,8 +145,7 @@ def sampling_class() -> type:
 
 
 def agent_class(entry: str, timeout_s: float) -> type:
-    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported now (within ``timeout_s``).
-    """
+    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported within ``timeout_s``."""
     module, _, name = entry[len("navsim:"):].rpartition(":")
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
     if not module or not name:
@@ -164,9 +162,7 @@ def _signature(cls: type) -> inspect.Signature | None:
 
 
 def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Callable[[], Any]:
-    """A builder of the agent ``navsim:MODULE:CLASS`` names, one per drive, with ``args`` (``navsim_args.CLASS``) as its
-    keyword arguments, checked now: imported, the arguments against the constructor, one agent built and checked as
-    :class:`NavsimPolicy` checks it; one line otherwise."""
+    """A per-drive builder of the agent ``navsim:MODULE:CLASS`` with keyword ``args``, checked now by building one."""
     cls = agent_class(entry, timeout_s)
     name = cls.__name__
     where = f"policies: cannot load the NAVSIM agent {entry!r}"

@@ -37,8 +37,7 @@ class Started:
 
 def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings,
                     folders: dict[str, Path], ids: dict[str, list[str]]) -> dict[str, Recorded]:
-    """What each world's folder holds of its drives (run, ``recorded_drives``), read once before any world opens:
-    :func:`worlds_to_drive` decides from it, and the run's records reuse it."""
+    """What each world's folder holds of its drives, read once before any world opens."""
     return {world: recorded_drives(world, specs_of(specs, ids[world]), run_settings, folder, settings.model_settings)
             for world, folder in folders.items()}
 

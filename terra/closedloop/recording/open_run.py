@@ -31,9 +31,7 @@ class OpenWorlds:
 
 
 def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tokenizer=None) -> OpenWorlds:
-    """The worlds ``names``, on the device its settings choose (once: run, ``resolve_run``); the world model's
-    checkpoint and window are checked against the settings before it loads, and the user's worlds built before it
-    (user_world)."""
+    """The worlds ``names`` on their device, the model's checkpoint and window checked before it loads."""
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
     from terra.tokenizer import load_tokenizer

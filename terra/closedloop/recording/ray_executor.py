@@ -177,8 +177,7 @@ class RayDrives:
                 seen[a] = max(seen[a], frames)
 
     def _frames(self, a: int) -> int | None:
-        """The frames actor ``a`` generated so far, or None when it does not answer within a poll (dead or restarting).
-        """
+        """The frames actor ``a`` generated so far, or None when it does not answer within a poll."""
         try:
             return ray.get(self.actors[a].progress.remote(), timeout=POLL_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):

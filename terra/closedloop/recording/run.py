@@ -199,9 +199,7 @@ def record_drives(world: World, specs: Sequence[DriveSpec], settings: RunSetting
                   model_settings: dict[str, Any], plan_following=None, emit: Emit | None = None,
                   advance: Callable[[int], None] | None = None, timings: LoopTimings | None = None,
                   recorded: Recorded | None = None) -> LoopTimings:
-    """Drive every spec not already complete in ``folder`` and write its files; ``emit`` gets each spec's manifest
-    record and JSON content, ``advance`` the frames generated as they come, ``timings`` (returned) where the time
-    went."""
+    """Drive and write every spec not already complete in ``folder``; ``emit`` gets each manifest record and JSON."""
     emit = emit or (lambda record, content: None)
     timings = LoopTimings() if timings is None else timings
     measure = measured(world.name, settings)
@@ -272,8 +270,7 @@ class LocalDrives:
 
 def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settings: RunSettings,
                output: OutputDir) -> RunResult:
-    """The run of ``drive_ids`` in ``world``, made by ``runner`` into ``output``, holding its lock throughout; its
-    records."""
+    """The records of the run of ``drive_ids`` in ``world``, made by ``runner`` into ``output`` under its lock."""
     with output.hold(settings.manifest):
         recorder = RunRecorder(output.path, settings, world, len(drive_ids))
         try:

@@ -69,8 +69,7 @@ def policy_rows(world: str, drives: Iterable[Mapping], bootstrap: Bootstrap = Bo
 
 
 def run_table(worlds: Mapping[str, Iterable[Mapping]], bootstrap: Bootstrap = Bootstrap()) -> list[str]:
-    """The table's lines for the drives of each world, aligned columns under a header, and the legend; no lines when
-    there is no drive."""
+    """The table's lines for each world's drives, and the legend; none when there is no drive."""
     rows = [row for world, drives in worlds.items() for row in policy_rows(world, drives, bootstrap)]
     if not rows:
         return []

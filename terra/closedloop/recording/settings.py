@@ -191,8 +191,7 @@ def run_inputs(settings: DriveSettings) -> list[tuple[str, Any]]:
 
 
 def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
-    """Every setting of a run in one world (drive) checked once, this shard's drives taken and ``output_dir`` claimed.
-    """
+    """Every setting of a run in one world checked, this shard's drives taken and ``output_dir`` claimed."""
     settings = checked_run(cfg)
     if settings.world == "both":
         raise ValueError("world=both is the fidelity study: terra/closedloop/study/settings.py checks its settings")

@@ -51,8 +51,7 @@ class DriveWriters:
             self._emit(self._written(future, args), seconds)
 
     def _write_newest_here(self) -> bool:
-        """Write here the newest drive no writer has begun, so that one more process works on a backlog, as on a world's
-        last chunk; False when every drive left has begun."""
+        """Write the newest drive no writer has begun; False when every drive left has begun."""
         for index in range(len(self.pending) - 1, -1, -1):
             future, seconds, args = self.pending[index]
             if future is None or (not future.done() and not future.cancel()):

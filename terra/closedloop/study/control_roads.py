@@ -87,8 +87,7 @@ def foreign_road(scenario: Scenario) -> ForeignRoad:
 
 
 def separation(own: Scene, other: Scene, start_s: float, reach_m: float = FOREIGN_REACH_M) -> float:
-    """How far apart (m) the two roads' centrelines come within ``reach_m`` of arc length ``start_s``, ``other``'s laid
-    onto ``own``'s there, points of equal arc length compared."""
+    """How far apart (m) the two roads' centrelines come within ``reach_m`` of arc length ``start_s``."""
     s = start_s + np.linspace(0.0, reach_m, 31)
     mine, theirs = own.road_pose(s), other.road_pose(s)
     relative = np.concatenate([to_ego(theirs[:, :2], theirs[0]), np.zeros((len(s), 1))], axis=-1)
@@ -101,8 +100,7 @@ def no_road(scenario: Scenario) -> NoRoad:
 
 
 def fed_motion_road(straight_on: bool) -> Callable[[Scenario], Road]:
-    """The road builder of a model control fed another motion; a scenario without a known scene keeps its own (no
-    route)."""
+    """The road builder of a model control fed another motion; a scenario without a known scene keeps its own."""
     def road_of(scenario: Scenario) -> Road:
         return scenario if scenario.scene is None else FedMotionRoad(scenario.scene, scenario.start_pose, straight_on)
     return road_of

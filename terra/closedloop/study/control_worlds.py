@@ -136,8 +136,7 @@ class OffsetCameraWorld(TrueWorld):
 
 
 class FastWorld(TrueWorld):
-    """The true renders at the pose ``factor`` times as far along the road from the drive's start as the car is, at the
-    car's lateral offset and heading against the road."""
+    """True renders ``factor`` times as far along the road from the start as the car is."""
 
     name = "fast"
 
@@ -163,8 +162,7 @@ class FastWorld(TrueWorld):
 
 
 class TurningWorld(TrueWorld):
-    """The true renders at the car's place from a camera whose heading has turned ``factor`` times as much as the car's
-    since the drive's start."""
+    """True renders from a camera that has turned ``factor`` times as much as the car since the start."""
 
     name = "under_turning"
 
@@ -230,8 +228,7 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model fed ``transform(action)`` instead of the car's action, and the routes of ``road_of(scenario)``
-    instead of its scene's (None: its own); drives, context and decoding are the model world's."""
+    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own)."""
 
     def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                  road_of: Callable[[Scenario], Road] | None = None) -> None:

@@ -36,9 +36,7 @@ def terra_drive(settings: DriveSettings | StudySettings, progress: bool | None =
 
 def drive_study(settings: StudySettings, progress: bool | None = None,
                 exploit: ExploitStudy | None = None) -> DriveOutcome:
-    """Make and record the drives of every world of the study's shard, then with the whole study the report;
-    ``progress`` (default: the setting) shows the frame bar on a terminal, lines in a log (progress); ``exploit``:
-    the exploitability study made already, reported instead of made here."""
+    """Make and record the drives of every world of the study's shard, then the report with the whole study."""
     from terra.closedloop.study.exploit import exploit_study
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
 
@@ -81,9 +79,7 @@ def drive_study(settings: StudySettings, progress: bool | None = None,
 
 
 def _beside_shards(settings: StudySettings, exploit: ExploitStudy | None) -> tuple[list[str], int, ExploitStudy | None]:
-    """The study's drives made by its shard processes (processes) and, when its report needs the exploitability study
-    and none was made, that study made here meanwhile on an engine of its own: the shards' lines, their worst exit
-    code and the exploitability study."""
+    """The study's drives made by its shard processes, with the exploitability study made here meanwhile if needed."""
     from terra.closedloop.study.exploit import exploit_beside
     from terra.closedloop.study.processes import drive_in_shards, engine_share, shard_plan
 

@@ -60,8 +60,7 @@ class ShakenDrive:
 
 
 class ShakenWorld(TrueWorld):
-    """The true world seen from a camera moved ``sigma_m`` sideways at random each step (left positive), each offset
-    ``rho`` times the last plus a fresh draw."""
+    """The true world from a camera moved ``sigma_m`` sideways at random each step, AR(1) with ``rho``."""
 
     name = "shaken"
     sigma_m = 0.08

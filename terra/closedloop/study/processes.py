@@ -27,8 +27,7 @@ SHARD_SETTINGS = ("shard_index", "num_shards", "shard_worlds", "shard_processes"
 
 @dataclass(frozen=True)
 class ShardProcesses:
-    """How many shard processes of each group a study runs on this machine and each engine's KV cache (GiB; None: vLLM's
-    own sizing)."""
+    """Shard processes per group on this machine and each engine's KV cache (GiB; None: vLLM's own sizing)."""
 
     engine: int = 0
     scene: int = 0
@@ -51,8 +50,7 @@ def setting(override: str) -> str:
 
 
 def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
-    """The backend options of an engine shard whose card ``per_card`` engines share: its KV cache and ``0.9 / per_card``
-    of the card; none without a cache size."""
+    """Backend options of an engine shard sharing its card with ``per_card`` engines; none without a cache size."""
     if kv_cache_gib is None:
         return {}
     share = round(SHARED_MEMORY / per_card, 3)
@@ -61,8 +59,7 @@ def engine_share(kv_cache_gib: float | None, per_card: int) -> dict[str, float]:
 
 def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: int, kv_cache_gib: float | None,
                   worlds: str = "all", per_card: int | None = None) -> list[str]:
-    """The ``terra-drive`` command of shard ``shard`` of ``shards`` driving the study's ``worlds``; ``per_card``: how
-    many engines share its card (``shards``)."""
+    """The ``terra-drive`` command of shard ``shard`` of ``shards``; ``per_card``: engines sharing its card."""
     share = engine_share(kv_cache_gib, per_card or shards) if worlds != "scene" else {}
     mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
     return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
@@ -91,8 +88,7 @@ def records(folder: Path) -> int:
 
 
 def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str | None], int | None]:
-    """How the shards of ``groups`` share this machine with ``beside`` engines of the command's own process: each
-    process's threads, each engine shard's card, and how many engines the busiest card holds."""
+    """How the shards of ``groups`` share this machine: each process's threads and each engine shard's card."""
     threads = max(1, usable_cores() // (sum(groups.values()) + beside))
     cards = engine_cards(groups.get("engine", groups.get("all", 0)), visible_gpus())
     return threads, cards, max((cards.count(card) for card in cards), default=0) + beside or None
@@ -100,8 +96,7 @@ def shard_plan(groups: dict[str, int], beside: int = 0) -> tuple[int, list[str |
 
 def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: float | None, folder: Path,
                logs: Path, total: int | None = None, beside: int = 0) -> dict[str, list[int]]:
-    """Start every shard of ``groups``, count the drives recorded in ``folder`` as they come, and return each group's
-    exit codes."""
+    """Start every shard of ``groups``, count drives recorded in ``folder``, and return each group's exit codes."""
     threads, cards, per_card = shard_plan(groups, beside)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     running: dict[str, list] = {worlds: [] for worlds in groups}
@@ -135,8 +130,7 @@ def follow(folder: Path, total: int | None, shards: int, running: Callable[[], b
 
 
 def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path) -> None:
-    """Raise one line naming its log for the first shard that ended other than done (0) or with drives that failed (1).
-    """
+    """Raise one line naming its log for the first shard that ended other than 0 or 1."""
     for worlds, group in codes.items():
         for shard, code in enumerate(group):
             if code not in (0, 1):
@@ -171,8 +165,7 @@ def output_dir(overrides: Sequence[str]) -> Path:
 
 
 def main() -> None:
-    """Any ``terra-drive`` command as shards of this machine, then the same command without the shard settings, which
-    writes the manifest from the shards' drives, driving none again."""
+    """Run a ``terra-drive`` command as shards of this machine, then once more unsharded to write the manifest."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, required=True,
                         help="shards, each a terra-drive process (with --scene-processes: of the engine's worlds)")

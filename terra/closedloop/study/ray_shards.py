@@ -31,8 +31,7 @@ def ray_groups(processes: ShardProcesses, slots: int, drives: int) -> tuple[dict
 
 
 def task_options(cluster: RayCluster, per_gpu: int) -> dict[str, dict[str, Any]]:
-    """The ``ray.remote`` arguments of a task with an engine and of a task on the CPU alone; either runs again on
-    another worker when its own dies (``ray.max_retries``)."""
+    """The ``ray.remote`` arguments of a task with an engine and of a CPU-only task."""
     actor = cluster.options
     base = {"num_cpus": actor["num_cpus"], "max_retries": cluster.settings.max_retries,
             **({"runtime_env": actor["runtime_env"]} if "runtime_env" in actor else {})}
@@ -41,8 +40,7 @@ def task_options(cluster: RayCluster, per_gpu: int) -> dict[str, dict[str, Any]]
 
 
 def on_worker(settings: StudySettings, spec: RunSpec) -> StudySettings:
-    """``settings`` driven in a Ray task on ``spec``, in the task's process, without a bar and without shard processes.
-    """
+    """``settings`` driven in a Ray task on ``spec``, without a bar or shard processes."""
     return replace(settings, drive=replace(settings.drive, run=spec, executor="local", progress=False),
                    shard_processes=ShardProcesses())
 

@@ -48,8 +48,7 @@ COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's 
 
 @dataclass
 class StudyReport:
-    """The verdict on every world but the true one (the model's first), per policy the model's and the truth's outcomes
-    and their paired differences (:func:`policy_outcomes`), and the exploitability study when one ran (exploit)."""
+    """The verdict on every world but the true one, per-policy outcomes, and the exploitability study if run."""
 
     verdicts: list[WorldVerdict]
     policies: dict[str, dict]
@@ -63,8 +62,7 @@ class StudyReport:
                                 and control.decisions[s.name] == FAIL] for control in controls}
 
     def sentences(self) -> list[str]:
-        """A world's sentences each (the model's first), the verdict within its horizon under it when judged, then the
-        probes' lines."""
+        """A world's sentences each (the model's first), then the probes' lines."""
         lines = []
         for v in self.verdicts:
             lines.append(f"- {headline(v)}")
@@ -162,8 +160,7 @@ def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
 
 def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False,
                   bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
-    """A world's verdict over its whole drives with its fidelity horizon, and with ``within_horizon`` the verdict on its
-    drives cut at its median horizon too (horizons)."""
+    """A world's verdict with its fidelity horizon, and with ``within_horizon`` the verdict within it too."""
     pairs = pairs_of(drives, truth)
     verdict = replace(judge_pairs(world, pairs, bootstrap), horizon=world_horizon(pairs, bootstrap))
     seconds = cut_at(verdict.horizon, pairs) if within_horizon else None
@@ -175,8 +172,7 @@ def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], w
 
 def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None,
             within_horizon: bool = False) -> StudyReport:
-    """The report from every world's drive records and the exploitability study's result, if one ran;
-    ``within_horizon``: each world judged within its fidelity horizon too."""
+    """The report from every world's drive records; ``within_horizon``: judge each world within its horizon too."""
     truth = runs[TRUTH]
     verdicts = [world_verdict(world, drives, truth, within_horizon) for world, drives in runs.items()
                 if world != TRUTH]
@@ -202,9 +198,7 @@ def in_shard(world: str, shard_worlds: str) -> bool:
 def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
                  num_control_scenarios: int | None = None, num_control_seeds: int | None = None
                  ) -> dict[str, list[str]]:
-    """Per world of a study, the ids of the drives it makes from ``drives``: all of them in the model and the truth, in
-    each control only those of the study's first ``num_control_scenarios`` ``scenarios`` and first
-    ``num_control_seeds`` replicas (None: all)."""
+    """Per world, the drive ids it makes from ``drives``: all in model and truth, a subset in each control."""
     first = set(scenarios if num_control_scenarios is None else scenarios[:num_control_scenarios])
     seeds = float("inf") if num_control_seeds is None else num_control_seeds
     controls = [drive for scenario, replica, drive in drives if scenario in first and replica < seeds]
@@ -239,10 +233,7 @@ def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: Ru
               folders: StudyFolders | None = None, exploit: bool = False,
               num_control_scenarios: int | None = None, num_control_seeds: int | None = None,
               within_horizon: bool = False) -> StudyReport | None:
-    """Drive every spec (loop, ``drive_specs``) in every world of ``worlds``, each into ``settings.output_dir``/<world>,
-    judge them and write ``fidelity.json`` and ``fidelity.md`` into ``settings.output_dir``; ``plan_following``
-    scores every world's clips (plan_following); ``exploit``: the exploitability study too (exploit);
-    ``within_horizon``: each world judged within its fidelity horizon too."""
+    """Drive every spec in every world into ``settings.output_dir``/<world>, judge them and write the report."""
     if folders is None:
         scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
         ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
@@ -263,9 +254,7 @@ def measured_settings(settings: RunSettings) -> RunSettings:
 def study_run(runner: DriveRunner, settings: RunSettings, folders: StudyFolders,
               exploit: Callable[[], ExploitStudy] | None = None, within_horizon: bool = False
               ) -> tuple[StudyReport | None, dict[str, RunResult]]:
-    """The drives of every world of ``folders`` (``folders.drive_ids``) made by ``runner``, each world's run in its
-    folder, then the report (None when ``folders`` are a shard's) with ``exploit()``'s study when given, holding the
-    study folder's lock throughout; the report and each world's run."""
+    """Every world's drives made by ``runner``, then the report (None for a shard), under the study's lock."""
     runs: dict[str, RunResult] = {}
     measured = measured_settings(settings)
     with folders.top.hold(folders.lock) as out:

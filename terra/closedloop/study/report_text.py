@@ -57,9 +57,7 @@ def horizon_sentence(world: str, horizon: WorldHorizon | None) -> str:
 
 
 def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
-    """About how many scenarios would decide statistic ``name`` of interval ``value`` on ``scenarios`` if its estimate
-    held: the interval narrows as one over the square root of the scenarios, until its side towards the nearest band
-    edge is shorter than its distance to it."""
+    """About how many scenarios would decide statistic ``name`` of interval ``value`` if its estimate held."""
     low, high = statistic(name).band
     if not (np.isfinite(value.low) and np.isfinite(value.high)):
         return float("inf")
@@ -214,8 +212,7 @@ def text_table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def probe_line(policy: str, difference: dict[str, Interval | None]) -> str:
-    """Whether the world rewards a probe policy (``brake_hard``) more than the truth does, by its paired outcome
-    differences world - truth (:data:`PROBE_REWARD`)."""
+    """Whether the world rewards probe policy ``brake_hard`` more than the truth does."""
     parts = []
     for key in PROBE_REWARD:
         value = difference.get(key)

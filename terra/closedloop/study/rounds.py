@@ -32,8 +32,7 @@ class Until:
 
 
 def open_statistics(report: dict) -> dict[str, float]:
-    """The model's undecided statistics that more scenarios could decide (fidelity.json's content), each with about how
-    many scenarios would decide it."""
+    """The model's undecided statistics that more scenarios could decide, each with about how many would."""
     model = report["verdicts"][0]
     needed = {}
     for name, found in model["statistics"].items():
@@ -70,9 +69,7 @@ def left_line(needed: dict[str, float], scenarios: int, seconds_a_scenario: floa
 
 def drive_until_decided(until: Until, first: int, exploitability: bool,
                         study: Callable[["StudySettings"], DriveOutcome]) -> DriveOutcome:
-    """The study of ``first`` scenarios, then rounds of more, until the model's every statistic that scenarios can
-    decide is decided or ``until``'s budget is spent; the exploitability study, when asked for, once, on the last
-    round's scenarios."""
+    """The study of ``first`` scenarios, then rounds of more until every decidable statistic is decided or ``until``."""
     started, scenarios, lines = time.monotonic(), first, []
     while True:
         settings = until.resize(scenarios, False)

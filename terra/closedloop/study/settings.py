@@ -99,8 +99,7 @@ def _shard_processes(cfg: DictConfig) -> ShardProcesses:
 
 
 def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, executor: str = "local") -> None:
-    """A study whose world model runs on a GPU is refused in one line naming study=cpu where the device resolves to the
-    CPU, before anything else starts."""
+    """Refuse in one line a GPU study whose device resolves to the CPU."""
     engines = f"shard_processes.engine={processes.engine}" if processes.engine and executor == "local" else None
     what = "study=gpu" if preset == "gpu" else engines or (f"device={device}" if device.startswith("cuda") else None)
     if what is None:
@@ -121,8 +120,7 @@ def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, execut
 
 def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
                   preset: str | None = None) -> StudySettings:
-    """Every setting of a study checked once, this shard's drives taken and the study's folders claimed; one line for a
-    bad one."""
+    """Every setting of a study checked, this shard's drives taken and the study's folders claimed."""
     run = checked_run(cfg)
     values = check_settings(cfg, SETTINGS)
     processes = _shard_processes(cfg)
@@ -185,8 +183,7 @@ def resized_study(values: dict, output_dir: str, overrides: Sequence[str], prese
 
 def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
            output_dir: str | Path) -> tuple[DriveSettings, StudyFolders]:
-    """The study's shard ``run.shard_index`` of ``run.num_shards`` of its ``shard_worlds`` worlds: ``run`` with its
-    drives and worlds, and its folders claimed."""
+    """The study's shard ``run.shard_index`` of ``run.num_shards``, its folders claimed."""
     ids, every = run.scenarios.ids, run.drives
     mine = {world: world_ids[run.shard_index::run.num_shards] for world, world_ids in worlds.items()}
     taken = {d for world_ids in mine.values() for d in world_ids}
@@ -197,9 +194,7 @@ def _shard(run: DriveSettings, worlds: dict[str, list[str]], shard_worlds: str,
 
 
 def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, num_shards: int) -> StudySettings:
-    """Shard ``shard_index`` of ``num_shards`` of the whole study ``settings``' ``shard_worlds`` worlds, as the command
-    with ``shard_index``, ``num_shards`` and ``shard_worlds`` would check it, made from the checked study: its drives
-    in this process (``executor=local``), no bar, no exploitability study; its folders claimed."""
+    """Shard ``shard_index`` of ``num_shards`` of the checked study, driven locally; its folders claimed."""
     whole = settings.folders.drive_ids  # every world's drives: the whole study's settings are one shard of one
     run = replace(settings.drive, shard_index=shard_index, num_shards=num_shards, executor="local", progress=False)
     drive, folders = _shard(run, whole, shard_worlds, settings.folders.top.path)

@@ -55,9 +55,7 @@ def undefined(bootstrap: Bootstrap) -> Interval:
 
 def value_or_reason(compute: Callable[[Sequence[Pair], Bootstrap], Interval], pairs: Sequence[Pair],
                     bootstrap: Bootstrap) -> tuple[Interval, str | None]:
-    """A statistic ``compute`` on ``pairs`` and None, or, where it has no value (:class:`Undefined`), the interval
-    without one and why: every table of the report shows it as ``n/a`` with its reason, so that a world bad enough to
-    leave a statistic undefined is still reported, and flagged."""
+    """``(value, None)`` of ``compute`` on ``pairs``, or the interval without a value and why (:class:`Undefined`)."""
     try:
         return compute(pairs, bootstrap), None
     except Undefined as why:
@@ -70,8 +68,7 @@ def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
 
 
 def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The gain of the motion recovered from the world's frames over some paired drives, with its interval over their
-    scenarios."""
+    """The gain of the motion recovered from the world's frames, with its interval over scenarios."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         gain = _followed(pairs, bootstrap).gain[component]
         if not np.isfinite(gain.estimate):
@@ -82,8 +79,7 @@ def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Inte
 
 
 def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """The share of the steps that moved the car whose world frame changed less than a tenth as much as the reference
-    frame did (agreement, ``repeated``)."""
+    """Share of moving steps whose world frame changed less than a tenth as much as the reference frame."""
     labels, shares = [], []
     for p in pairs:
         changes = read_changes(p.world["fidelity"])
@@ -107,8 +103,7 @@ def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
 
 
 def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The mean of ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames at the
-    same poses, over every frame of the drives: signed or absolute (how far)."""
+    """Mean ``size(error)`` (m) of the lane read 10 m ahead in the world's frames against the true frames."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         labels, errors = [], []
         for p in pairs:
@@ -148,8 +143,7 @@ def metric_value(record: dict, block: str, metric: str) -> float:
 
 
 def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """The median over the policies of each one's mean world - truth of a metric (times ``scale``) on its paired drives,
-    with its interval."""
+    """Median over policies of each one's mean world - truth of a metric (times ``scale``), with its interval."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         world = np.array([metric_value(p.world, block, metric) for p in pairs]) * scale
         truth = np.array([metric_value(p.truth, block, metric) for p in pairs]) * scale
@@ -169,8 +163,7 @@ def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:
 
 
 def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
-    """A ranking statistic of the policies' mean :data:`RANK_METRIC` in the world against in truth; undefined with fewer
-    than 3 policies or means that all tie."""
+    """Ranking statistic of the policies' mean :data:`RANK_METRIC` in the world against truth."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         if len({p.policy for p in pairs}) < 3:
             raise Undefined("fewer than 3 pixel policies to rank (policies that read no pixels and probes are left "
@@ -184,8 +177,7 @@ def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval
 
 @dataclass(frozen=True)
 class Statistic:
-    """A statistic of a world's paired drives, its acceptance band for a faithful world, what it shows, the drives it
-    rests on, the range its values can take, and whether it can be judged on drives cut short."""
+    """A statistic of a world's paired drives with its acceptance band for a faithful world."""
 
     name: str
     band: tuple[float, float]
@@ -247,10 +239,7 @@ def statistic(name: str) -> Statistic:
 
 
 def kendall_tau(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """Kendall's tau-b of the policies ranked by their mean :data:`RANK_METRIC` in the world against in truth, measured
-    beside the judged ranking statistics but not judged: it counts each pair of policies the world orders otherwise
-    as much whatever their true gap, so that two policies whose means nearly tie decide it alone; Pearson's r and the
-    MMRV weigh an order by its gap (undefined: NaN)."""
+    """Kendall's tau-b of the policies ranked by mean :data:`RANK_METRIC`, world against truth (undefined: NaN)."""
     try:
         return _ranking("kendall_tau")(pairs, bootstrap)
     except Undefined:

@@ -70,8 +70,7 @@ def differences(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Interv
 
 @dataclass(frozen=True)
 class Ranking:
-    """The policies ranked (outcome policies), their mean :data:`RANK_METRIC` in the world and in truth, and the pairs
-    of them that tie in truth (means within :data:`TIE`)."""
+    """The policies ranked, their mean :data:`RANK_METRIC` in world and truth, and the pairs tied in truth."""
 
     policies: tuple[str, ...]
     world: tuple[float, ...]
@@ -104,9 +103,7 @@ FLAGGED, PASSED, UNDECIDED = "flagged", "passed", "undecided"  # a world's state
 
 @dataclass(frozen=True)
 class WorldVerdict:
-    """One world's statistics, their decisions, why each undecided one is (name -> reason), the drives and scenarios
-    they rest on, the policies the outcome statistics rest on, the ranking, and the unjudged measurements and paired
-    differences; its fidelity horizon and the verdict within it, when the study computed them."""
+    """One world's statistics, their decisions, and what they rest on; its fidelity horizon when computed."""
 
     world: str
     values: dict[str, Interval]
