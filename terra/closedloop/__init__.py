@@ -1,6 +1,4 @@
-"""Closed-loop driving: a policy in the loop with a world (the world model, the true world's frames, or a world of the
-user's), step by step.
-"""
+"""Closed-loop driving: a policy in the loop with a world, step by step."""
 
 from terra.core.lazy import moved_modules
 

@@ -1,4 +1,4 @@
-"""The one boundary between the loop and user code: policies, NAVSIM agents, gRPC drivers' client objects."""
+"""The one boundary between the loop and user code: policies, NAVSIM agents, gRPC drivers' clients."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The road the model world is told, read from maps: terra-drive's ``road`` setting (drive)."""
+"""The road the model world is told, read from maps (``road`` setting)."""
 
 from __future__ import annotations
 

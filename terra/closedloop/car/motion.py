@@ -1,4 +1,4 @@
-"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, two kinds behind one interface."""
+"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""A policy's plan as a tracked path (:class:`TrackedPath`): the path the car follows, where along it the car should be
-at any time, and the pose there.
-"""
+"""A policy's plan as a tracked path: where along it the car should be at any time, and the pose there."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tracking controller between a plan and the car: pure pursuit on the plan's path, a speed loop on its timing."""
+"""The tracking controller: pure pursuit on the plan's path, a speed loop on its timing."""
 
 from __future__ import annotations
 

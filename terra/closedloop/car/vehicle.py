@@ -1,5 +1,4 @@
-"""The ego car's body: a kinematic bicycle about the rear axle, with actuator lags and limits, integrated in sub-steps.
-"""
+"""The ego car's body: a kinematic bicycle about the rear axle with actuator lags and limits."""
 
 from __future__ import annotations
 

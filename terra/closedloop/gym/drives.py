@@ -1,7 +1,4 @@
-"""What both gymnasium envs of env share (:class:`EnvDrives`): their settings checked, the world and the scenarios they
-drive (:func:`env_scenarios`; synthetic ones built when a reset first asks for them, :class:`SyntheticScenarios`),
-opening a drive on a scenario and stepping drives with the agents' actions.
-"""
+"""What both gymnasium envs share: settings, the world and scenarios, opening and stepping drives."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The loop as a ``gymnasium`` environment: :class:`DriveEnv` (one drive) and :class:`DriveVectorEnv` (many drives
-stepped together on one world, so a world model's engine batches them), registered as :data:`ENV_ID` when this module
-is imported.
-"""
+"""The loop as ``gymnasium`` envs: :class:`DriveEnv` and :class:`DriveVectorEnv`, registered as :data:`ENV_ID`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""What the gymnasium envs' agent sees, does and earns (env): the observation, the two action modes (``action_mode``)
-and the two rewards (``reward``).
-"""
+"""What the gymnasium envs' agent sees, does and earns: observation, action modes and rewards."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Plan following: does the generated clip show the motion the policy commanded? The ACT-Estimator (estimator) reads the
-ego trajectory off the drive's last frames; it is compared with the path the commands integrate to over those frames,
-as ACT-Bench compares its estimate with the instruction trajectory.
-"""
+"""Plan following: does the generated clip show the motion the policy commanded (ACT-Estimator)?"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ground truth of a drive in the true world: where the integrated ego poses put the car in the true scene."""
+"""Ground truth of a drive in the true world: where the ego poses put the car in the true scene."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Behaviour cloning of the learned driver (learned) on the true world's frames."""
+"""Behaviour cloning of the learned driver on the true world's frames."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""A learned driver: a small CNN reads the ego lane's centre ahead from one downscaled camera frame, and pure pursuit
-drives along it (vision's :class:`~terra.closedloop.policies.vision.LaneFollower`).
-"""
+"""A learned driver: a small CNN reads the lane centre ahead from one frame, pure pursuit follows it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""NAVSIM's agent contract: an agent written for NAVSIM (``compute_trajectory(agent_input) -> Trajectory``) drives here
-with its own class.
-"""
+"""NAVSIM's agent contract: an agent written for NAVSIM drives here with its own class."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Camera-only drivers: a detector reads the ego lane's centre ahead from the newest frame's pixels, a steering law
-turns it into a curvature, and the car plans an arc at its cruise speed (10 Hz over 4 s).
-"""
+"""Camera-only drivers: a detector finds the lane centre ahead, a steering law turns it into an arc."""
 
 from __future__ import annotations
 

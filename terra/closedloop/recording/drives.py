@@ -1,7 +1,4 @@
-"""A ``terra-drive`` run from its checked settings (settings): the worlds opened once and the scenarios read (open_run),
-here or on Ray's actors (ray_executor), every drive made and recorded in its world (run). :func:`drive` runs it all
-and returns how the run ended; :func:`start_drives` is what the fidelity study runs its worlds with (drives).
-"""
+"""A ``terra-drive`` run from its checked settings: worlds opened, every drive made and recorded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Drives recorded as batch rollouts are (terra/batch/): a video and a JSON file per drive, a manifest, resumable."""
+"""Drives recorded as batch rollouts are: a video and a JSON file per drive, a manifest, resumable."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""A ``terra-drive`` run made ready from its checked settings (settings), in this process or in each Ray actor
-(ray_executor): the worlds opened once on the run's device (:func:`open_worlds`), the drives' scenarios read
-(:func:`load_specs`).
-"""
+"""A ``terra-drive`` run made ready: the worlds opened once on the run's device, the scenarios read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``executor=ray`` for drives: one :class:`DriveActor` per GPU (or group of ``tensor_parallel_size`` GPUs; on a cluster
-without GPUs, ``ray.num_actors`` CPU actors), on the cluster batch runs join (ray_cluster), each holding the run's
-worlds on its device (open_run, ``open_worlds``).
-"""
+"""``executor=ray`` for drives: one :class:`DriveActor` per GPU (group), each holding the run's worlds."""
 
 from __future__ import annotations
 

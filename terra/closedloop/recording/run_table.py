@@ -1,6 +1,4 @@
-"""The short table a ``terra-drive`` run ends with: what it measured, one row per world and policy, from the drives'
-JSON contents (files; the run summary, ``manifest.summary.json``, holds the same scene scores: run).
-"""
+"""The short table a ``terra-drive`` run ends with: one row per world and policy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The settings of a ``terra-drive`` run (drive), checked once, before any model loads."""
+"""The settings of a ``terra-drive`` run, checked once, before any model loads."""
 
 from __future__ import annotations
 

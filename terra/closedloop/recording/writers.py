@@ -1,7 +1,4 @@
-"""Where a run's finished drives are measured and written: :class:`DriveWriters`, in the loop's process or in processes
-beside it, so that the CPU's work on one chunk of drives overlaps the next chunk's driving (run, ``record_drives``,
-hands them in; the files are files's).
-"""
+"""Where a run's finished drives are measured and written, in the loop's process or beside it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The roads the route controls tell a model with route slots (control_worlds): another scenario's road
-(``wrong_route``, :class:`ForeignRoad`), none (``no_route``, :class:`NoRoad`), and the road ahead of the pose a
-control's fed motion reaches (``zero_actions``, ``straight``: :class:`FedMotionRoad`).
-"""
+"""The roads the route controls tell a model with route slots: a foreign road, none, or the fed motion's."""
 
 from __future__ import annotations
 

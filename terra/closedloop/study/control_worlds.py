@@ -1,4 +1,4 @@
-"""Worlds known to be wrong: the controls that show the fidelity verdict can fail (verdict)."""
+"""Worlds known to be wrong: the controls that show the fidelity verdict can fail."""
 
 from __future__ import annotations
 

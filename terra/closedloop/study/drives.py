@@ -1,7 +1,4 @@
-"""A fidelity study from its checked settings (settings), made of the drive run's parts (drives): every world's drives
-made and recorded in its folder, then the report (report; with ``exploitability=true`` its exploitability study:
-exploit).
-"""
+"""A fidelity study from its checked settings: every world's drives made and recorded, then the report."""
 
 from __future__ import annotations
 

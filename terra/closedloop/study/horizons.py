@@ -1,6 +1,4 @@
-"""How long each world of a study stays a simulator: its fidelity horizon (horizon), from the drives' records, and the
-statistics judged again within it.
-"""
+"""How long each world of a study stays a simulator: its fidelity horizon, and the statistics within it."""
 
 from __future__ import annotations
 

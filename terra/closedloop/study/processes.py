@@ -1,6 +1,4 @@
-"""A ``terra-drive`` command as shards in processes of this machine, then its report: how ``study=gpu`` runs
-(``shard_processes``), and, run as a module, how any command runs so (a run in one world too)::
-"""
+"""A ``terra-drive`` command as shards in processes of this machine, then its report."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""A fidelity study on a Ray cluster (``terra-drive world=both executor=ray``, the study presets too): its shards as Ray
-tasks placed by what they need, beside them its exploitability study, then its report on a worker: the report one
-machine writes.
-"""
+"""A fidelity study on a Ray cluster: its shards as Ray tasks, its exploitability study, then its report."""
 
 from __future__ import annotations
 

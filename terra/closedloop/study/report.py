@@ -1,6 +1,4 @@
-"""How faithful a world model is as a simulator: the same drives in the model, in the true world and in worlds known to
-be wrong, then the verdict (verdict).
-"""
+"""How faithful a world model is: the same drives in the model, the truth and known-wrong worlds, judged."""
 
 from __future__ import annotations
 

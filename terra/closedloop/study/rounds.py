@@ -1,7 +1,4 @@
-"""``until=decided``: a fidelity study in rounds of more scenarios, every drive already made kept, until each statistic
-of the model is decided or the budget (``until_minutes``, ``until_scenarios``) is spent; then what the budget left
-undecided and what deciding it would cost.
-"""
+"""``until=decided``: a fidelity study in rounds of more scenarios until every statistic is decided."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The settings of a fidelity study (``terra-drive world=both``, drive), checked once, before any model loads: the drive
-run's own (settings, ``checked_run``) wrapped with the study's.
-"""
+"""The settings of a fidelity study, checked once before any model loads: the run's own wrapped."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The fidelity verdict's statistics: what each one measures on a world's drives paired with the truth's, its band for a
-faithful world, and what it rests on (verdict judges them).
-"""
+"""The fidelity verdict's statistics: each one's measure on paired drives, band and what it rests on."""
 
 from __future__ import annotations
 

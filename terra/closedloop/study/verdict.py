@@ -1,6 +1,4 @@
-"""The fidelity verdict: is a world a simulator of the true world? Judged per statistic, with intervals, for the world
-model and for worlds known to be wrong (control_worlds), so the verdict is seen to fail.
-"""
+"""The fidelity verdict: is a world a simulator of the true world? Judged per statistic, with intervals."""
 
 from __future__ import annotations
 
