@@ -87,7 +87,7 @@ class Drive:
     ended: str | None = None  # why it ended before num_steps (the car left the scene), not failed
     warnings: list[str] = field(default_factory=list)  # what went wrong without spoiling the drive (a close)
     policy: Any = None
-    gil_bound: bool = False  # the policy's plans run one after another on the loop's CallLine (guard.py)
+    gil_bound: bool = False  # the policy's plans run one after another on the loop's CallLine
     handle: Any = None
     references: np.ndarray | None = None  # the world's view of the truth at the drive's poses, from the world's
     # reference_frames when it has one (worlds), taken as the drive ends

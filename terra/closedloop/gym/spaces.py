@@ -21,15 +21,10 @@ ACTION_MODES = ("actuation", "plan")  # the envs' action_mode setting
 REWARDS = ("progress", "lane_keeping")  # the envs' reward setting
 LANE_PENALTY = 0.5  # lane_keeping: progress (m) lost per metre off the lane's centre, each step
 
-# Plans a random sample of the plan action space gives stay within a car's reach (100 m/s between samples), and a
-# plan at the scenarios' speeds (up to 40 km/h: 44 m in 4 s) lies inside.
+# Plan action space bounds per pose: (x, y, heading).
 PLAN_LOW = np.tile(np.array([0.0, -10.0, -np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
 PLAN_HIGH = np.tile(np.array([45.0, 10.0, np.pi], dtype=np.float32), (NAVSIM_POSES, 1))
-# Largest speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) between two frames any plan in the action space
-# can command through path: a segment's curve is at most 3.5 chords long (tangents as long as
-# the chord), a chord at most hypot(45, 20) m a 0.5 s, so secant speeds stay under 345 m/s, the monotone timing's
-# speeds under 4.5 times that (1,551 m/s), a speed change within a 0.1 s frame under 15,510 m/s^2; headings turn by
-# at most pi a pose (6.3 rad/s). Random plans reach 118 m/s and 1,095 m/s^2.
+# Bounds on speed (m/s), |yaw rate| (rad/s) and |acceleration| (m/s^2) any plan in the action space can command.
 EGO_LIMIT = np.array([2000.0, 100.0, 20000.0], dtype=np.float32)
 
 

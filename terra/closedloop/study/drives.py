@@ -38,9 +38,7 @@ def drive_study(settings: StudySettings, progress: bool | None = None,
     from terra.closedloop.study.report import measured_settings, study_plan, study_run
 
     run, folders = settings.drive, settings.folders
-    # the processes this study starts (its writers, its shards) run numpy's BLAS on one thread each, unless the
-    # environment says otherwise: the measurements' products otherwise spin their threads against the loop's and the
-    # engine's (the temporal lag took 3.5 times the CPU with two threads on a busy 2-core machine)
+    # the study's child processes run BLAS on one thread each unless the environment says otherwise
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     progress = run.progress if progress is None else progress
     run_settings = run.run_settings(progress, folders.top.path)

@@ -26,7 +26,7 @@ SETTINGS = {
     "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
     "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
 }
-UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided (study/rounds.py)
+UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided (rounds)
 UNTIL_BUDGET = {
     "until_minutes": Range(0.1, 100_000, 30, nullable=True),
     "until_scenarios": Range(2, 100_000, 128, whole=True),
@@ -37,8 +37,7 @@ PROCESSES = {  # shard_processes: the study as shards of this machine (processes
     "shard_processes.scene": Range(0, 256, 6, whole=True),
     "shard_processes.kv_cache_gib": Range(0.1, 1024, 2, nullable=True),
 }
-FIDELITY_STEPS = 200  # num_steps=null: 20 s drives, AlpaSim's ``duration_frac_20s``: long enough for a car that reads
-# nothing from a broken world's frames to leave its lane, so that the verdict can see it
+FIDELITY_STEPS = 200  # num_steps=null: 20 s drives (AlpaSim's ``duration_frac_20s``)
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,8 @@ class StudySettings:
     shard_worlds: str  # all | engine (the worlds the world model's engine draws) | scene (the others)
     folders: StudyFolders  # the study's folders, claimed
     exploitability: bool  # the exploitability study too (exploit)
-    within_horizon: bool = False  # each world judged within its fidelity horizon too (study/horizons.py)
-    shard_processes: ShardProcesses = ShardProcesses()  # the study as shards of this machine (study/processes.py);
-    # with executor=ray, per GPU of the cluster (study/ray_shards.py)
+    within_horizon: bool = False  # each world judged within its fidelity horizon too (horizons)
+    shard_processes: ShardProcesses = ShardProcesses()  # shards on this machine, or per GPU with Ray
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
     until: Until | None = None  # until=decided: rounds of more scenarios (rounds)
 

@@ -24,7 +24,7 @@ TOO_FEW = "too few scenarios"  # a fourth decision: below MIN_SCENARIOS nothing 
 MIN_SCENARIOS = 4  # fewer scenarios under a statistic leave it undecided, whatever its interval
 NO_PAIRS = "no drive made well in both worlds"  # why a statistic of no paired drives has no value
 TIE = 5e-4  # two policies whose true means differ by less tie (the tables' precision)
-METRIC_BLOCKS = ("truth", "alpasim", "progress", "history_comfort", "extended_comfort")  # record.py, metrics_of
+METRIC_BLOCKS = ("truth", "alpasim", "progress", "history_comfort", "extended_comfort")  # a record's metric blocks
 NOT_OUTCOMES = ("first_collision_frame", "road_turn_rad")  # an index, the road's own shape: no difference taken
 
 
