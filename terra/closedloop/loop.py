@@ -61,7 +61,7 @@ class LoopTimings:
     setup_s: float = 0.0  # policies built, drives opened (context frames encoded and decoded)
     policies_s: float = 0.0  # the plans: the policies of all drives plan at once, the vehicles follow them
     world_s: float = 0.0  # the world's steps (the world model's generation and decoding, or the renderer)
-    record_s: float = 0.0  # the drives' files written (run)
+    record_s: float = 0.0  # the drives' files written
 
     def add(self, other: "LoopTimings") -> None:
         for name, value in other.__dict__.items():
@@ -90,11 +90,11 @@ class Drive:
     gil_bound: bool = False  # the policy's plans run one after another on the loop's CallLine
     handle: Any = None
     references: np.ndarray | None = None  # the world's view of the truth at the drive's poses, from the world's
-    # reference_frames when it has one (worlds), taken as the drive ends
+    # reference_frames when it has one, taken as the drive ends
     truths: dict[bytes, np.ndarray] | None = None  # the true renders the world made at the drive's world poses, by
-    # pose (worlds, true_renders), taken as the drive ends: its measurement renders the rest
+    # pose, taken as the drive ends: its measurement renders the rest
     route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
-    # world's route_source when it has one (worlds, ModelWorld)
+    # world's route_source when it has one
     routed: list[bool] | None = None  # each step: whether the model was told a route (its world's routed_steps,
     # taken as the drive ends; None: a world that tells no route)
 

@@ -29,7 +29,7 @@ ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its neare
 SYNTHETIC = "synthetic"  # the scenarios setting of the true world's scenarios
 NO_SAMPLE_ROUTE = ("terra-drive takes no route from a JSONL sample: a drive goes where its policy steers, and only "
                    "the synthetic scenarios know their road (docs/drive.md, \"Routes\")")
-Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read (output_dir)
+Reads = tuple[tuple[str, str], ...]  # (what, path) of files and folders read
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Scenario:
     scene: Scene | None = None  # the true world's scene: a route and ground truth
     context_poses: np.ndarray | None = None  # [n, 3] world poses of the context frames, where the scene is known
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
-    road: Road | None = None  # a road read from a map (scenario_maps): the model world's
+    road: Road | None = None  # a road read from a map: the model world's
     # routes come from it instead of the scene
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)

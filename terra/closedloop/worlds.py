@@ -102,7 +102,7 @@ class ModelWorld:
         return ModelDrive(rollout, codes, self.sampling, seed, scenario, road, keep)
 
     def routes(self, road: Road, poses: np.ndarray | None) -> np.ndarray | None:
-        """The model's routes at world ``poses`` read from ``road``: what a drive is told of the road ahead (routes)."""
+        """The model's routes at world ``poses`` read from ``road``: what a drive is told of the road ahead."""
         layout = self.backend.layout
         return None if not layout.route_model or poses is None else road.model_routes(poses, layout.route_tokens)
 

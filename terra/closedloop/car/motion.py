@@ -24,7 +24,7 @@ class Vehicle(Protocol):
 
     @property
     def pose(self) -> np.ndarray:
-        """``[x, y, yaw]`` in the drive's frame (loop)."""
+        """``[x, y, yaw]`` in the drive's frame."""
 
     @property
     def speed(self) -> float:

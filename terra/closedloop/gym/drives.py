@@ -105,7 +105,7 @@ def user_scenarios(scenarios: Any) -> list[Scenario]:
         if not isinstance(scenario, Scenario):
             raise TerraInputError(f"scenarios[{i}] is a {type(scenario).__name__}, not a Scenario (terra/closedloop/"
                                   "scenarios.py: synthetic_scenarios, log_scenarios)")
-        check_scenario(scenario, f"scenarios[{i}]")  # every field, once (scenarios)
+        check_scenario(scenario, f"scenarios[{i}]")  # every field, once
         images = scenario.images
         if images.shape[1:3] != scenarios[0].images.shape[1:3]:
             raise TerraInputError(f"scenarios[{i}] ({scenario.id}) has {images.shape[1]}x{images.shape[2]} frames, "

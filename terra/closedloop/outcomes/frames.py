@@ -33,7 +33,7 @@ def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | 
     frames = np.stack(drive.frames[drive.num_context - 1:])  # the last context frame, then each step's
     poses = drive.world_poses()  # [steps + 1, 3]: the last context frame's pose first
     height, width = frames.shape[1:3]
-    renders = drive.truths or {}  # those the world made (worlds, true_renders)
+    renders = drive.truths or {}  # those the world made
     truth = np.stack([renders[key] if (key := pose_key(pose)) in renders else render(scene, pose, height, width)
                       for pose in poses])  # the last context frame's pose first
     kept = drive.references

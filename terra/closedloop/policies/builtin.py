@@ -138,7 +138,7 @@ PROBE_POLICIES: dict[str, Callable[[], Policy]] = {
     "brake_hard": lambda: LaneFollower(0.0, accel_mps2=BRAKE_HARD_MPS2, name="brake_hard"),
 }
 # The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
-# (verdict) and out of all_pixel.
+# and out of all_pixel.
 NO_PIXELS = frozenset(CONTRACT_POLICIES)
 PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
 
@@ -156,7 +156,7 @@ def reference_policy(name: str, seed: int = 0) -> Callable[[], Policy]:
 
 
 def policy_names(entries: Sequence[str]) -> list[str]:
-    """The policies of ``terra-drive``'s ``policies`` setting (drive) by name."""
+    """The policies of ``terra-drive``'s ``policies`` setting by name."""
     names = [name for entry in entries for name in EXPANSIONS.get(entry, [entry])]
     if len(set(names)) != len(names):
         raise TerraInputError(f"policies names one twice ({names}); list each once")

@@ -40,7 +40,7 @@ def driver_target(entry: str) -> str:
 
 
 def _camera(width: int, height: int):
-    """The true world's front camera as a pinhole the contract declares (camera)."""
+    """The true world's front camera as a pinhole the contract declares."""
     from carla_driver_interface.testing import FakeCamera
 
     from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD

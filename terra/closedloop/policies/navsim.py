@@ -19,7 +19,7 @@ NAVSIM_FRAME_STEP = 5  # NAVSIM's frames are 0.5 s apart: every fifth 10 Hz fram
 NUM_HISTORY_FRAMES = 4  # NAVSIM's SceneFilter.num_history_frames: 1.5 s of history and the frame now
 CAMERAS = ("cam_f0", "cam_l0", "cam_l1", "cam_l2", "cam_r0", "cam_r1", "cam_r2", "cam_b0")
 SENSORS = (*CAMERAS, "lidar_pc")  # navsim.common.dataclasses.SensorConfig's fields
-RENDERED = "cam_f0"  # the one sensor the world renders (camera)
+RENDERED = "cam_f0"  # the one sensor the world renders
 NAVSIM_SAMPLING = {"time_horizon": 4.0, "interval_length": 0.5}  # NAVSIM's default: 8 poses over 4 s
 
 
@@ -125,7 +125,7 @@ def dataclasses_module():
 
 
 def front_camera(image: np.ndarray, classes) -> Any:
-    """``cam_f0`` for a frame of the true world's front camera (camera)."""
+    """``cam_f0`` for a frame of the true world's front camera."""
     return classes.Camera(image=image, sensor2lidar_rotation=OPTICAL_AXES.astype(np.float32),
                           sensor2lidar_translation=np.array([0.0, 0.0, CAMERA_HEIGHT_M], dtype=np.float32),
                           intrinsics=FrontCamera(*image.shape[:2]).intrinsics().astype(np.float32),

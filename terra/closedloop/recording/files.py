@@ -27,7 +27,7 @@ from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 
-APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API (output_dir)
+APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API
 
 
 def file_stem(drive_id: str) -> str:
@@ -74,7 +74,7 @@ CHECKPOINTS = ("world_model", "tokenizer")  # parts of the world model's setting
 
 def drive_inputs(spec: DriveSpec, world: str, num_steps: int, vehicle: str, settings: dict[str, Any]
                  ) -> dict[str, str]:
-    """What shapes a drive's outputs, by part (spec, ``INPUT_NAMES``)."""
+    """What shapes a drive's outputs, by part."""
     args = {"policy_args": spec.policy_args} if spec.policy_args else {}
     rest = {key: value for key, value in settings.items() if key not in CHECKPOINTS}
     return {**{key: settings[key] for key in CHECKPOINTS if key in settings},
@@ -109,7 +109,7 @@ def completed(output_dir: Path, spec: DriveSpec, inputs: dict[str, str]) -> tupl
 
 
 def metrics_of(drive: Drive) -> dict:
-    """The drive's map-free metrics and, in the true world, its ground truth and AlpaSim's metrics (alpasim)."""
+    """The drive's map-free metrics and, in the true world, its ground truth and AlpaSim's metrics."""
     poses = np.stack(drive.poses) if drive.poses else np.zeros((1, 3))
     metrics = drive_metrics(poses, drive.plans)
     if drive.spec.scenario.scene is not None and drive.poses:

@@ -36,9 +36,9 @@ class RunSettings:
     fps: float = 10.0
     progress: bool = True
     videos: bool = True  # False: the JSON files and manifest only (no video writer needed)
-    measure: bool = False  # each drive's frames measured against the truth (frames)
+    measure: bool = False  # each drive's frames measured against the truth
     manifest: str = MANIFEST  # the manifest's name (a shard's own: manifest, manifest_name)
-    vehicle: str = "bicycle"  # how plans move the cars (motion), the same in every world
+    vehicle: str = "bicycle"  # how plans move the cars, the same in every world
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model draws: its settings shape them
     writer_processes: int = 0  # processes measuring and writing finished drives while the next ones drive (0: none)
     measure_on: str = "cpu"  # the run's device: the measurements in torch on its GPU where the writer sees one
@@ -245,14 +245,14 @@ class LocalDrives:
     model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
     plan_following: Any = None  # a terra.closedloop.outcomes.plan_following.PlanFollowing
     recorded: dict[str, Recorded] = field(default_factory=dict)  # world -> its folder as read before the worlds were
-    # opened (drives, worlds_to_drive), each used once instead of reading the folder again
+    # opened, each used once instead of reading the folder again
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
         specs = specs_of(self.specs, drive_ids)
         recorded = self.recorded.pop(world, None) or recorded_drives(world, specs, settings, folder,
                                                                      self.model_settings)
-        if world not in self.worlds:  # not opened: every drive of it complete (drives)
+        if world not in self.worlds:  # not opened: every drive of it complete
             if recorded.todo:
                 raise RuntimeError(f"the {world} world was not opened, yet its drive {recorded.todo[0].id} is not "
                                    "complete")

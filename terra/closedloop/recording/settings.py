@@ -49,8 +49,8 @@ SETTINGS = {
     "num_shards": Range(1, 1 << 20, 4, whole=True),
     "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
 }
-WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class (user_world);
-# both: the fidelity study, which wraps this run (settings)
+WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class;
+# both: the fidelity study, which wraps this run
 DEMO_STEPS = 20  # num_steps=null: 2 s drives (the study's own default: settings)
 OtherWorld = Callable[[str, tuple[int, int], Any], World]  # (name, frame size, the model world or None) -> a world
 
@@ -69,7 +69,7 @@ class DriveSettings:
     world: str  # model | truth | both | a user world's name (module.Class)
     worlds: tuple[str, ...]  # the worlds this run drives in, in order (a study's: the model, the truth, the controls)
     user_worlds: dict[str, tuple[str, type]]  # a user world's name -> (its module:Class entry, the class)
-    vehicle: str  # bicycle | exact: how plans move the cars (motion), in every world alike
+    vehicle: str  # bicycle | exact: how plans move the cars, in every world alike
     num_steps: int  # frames each drive generates (drive_steps)
     seed: int  # the drives of scenario i sample the world model with seed + i
     policy_timeout_s: float
@@ -80,8 +80,8 @@ class DriveSettings:
     estimator: Path | None  # an ACT-Estimator folder: plan following
     shard_index: int
     num_shards: int
-    executor: str  # local | ray (ray_executor)
-    ray: RaySettings  # executor=ray's settings (ray_settings)
+    executor: str  # local | ray
+    ray: RaySettings  # executor=ray's settings
     videos: bool  # a video per drive beside its JSON
     output: OutputDir | None  # the run folder, claimed (None: a study's run, whose folders the study claims)
     model_worlds: tuple[str, ...] = ("model",)  # the worlds whose frames the world model's engine draws
@@ -182,7 +182,7 @@ def checked_shard(settings: DriveSettings, mine: Sequence[tuple[int, str, int]],
 
 
 def run_inputs(settings: DriveSettings) -> list[tuple[str, Any]]:
-    """What the run reads, which its folder must not hold (output_dir)."""
+    """What the run reads, which its folder must not hold."""
     inputs = [*settings.scenarios.inputs, ("tokenizer", settings.run.tokenizer),
               ("estimator folder", settings.estimator)]
     if settings.world in ("model", "both"):

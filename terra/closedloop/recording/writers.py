@@ -17,7 +17,7 @@ Emit = Callable[[dict, dict], None]  # (manifest record, the drive's JSON conten
 
 
 class DriveWriters:
-    """Where finished drives are measured and written (files, ``write_drive``)."""
+    """Where finished drives are measured and written."""
 
     def __init__(self, processes: int, emit: Emit) -> None:
         self.emit = emit

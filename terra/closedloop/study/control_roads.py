@@ -57,7 +57,7 @@ class FedMotionRoad:
 
 
 class NoRoad:
-    """No route told (``no_route``): the model runs with its "no route" embedding (routes)."""
+    """No route told (``no_route``): the model runs with its "no route" embedding."""
 
     route_source = None
 

@@ -252,7 +252,7 @@ class ModelControlWorld:
         return frames
 
     def reference_frames(self, drive) -> np.ndarray | None:
-        """The true frames through the model's tokenizer (worlds, ``ModelWorld``)."""
+        """The true frames through the model's tokenizer."""
         return self.model.reference_frames(drive)
 
     def true_renders(self, drive) -> dict[bytes, np.ndarray] | None:

@@ -179,7 +179,7 @@ def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = Non
 
 @dataclass(frozen=True)
 class StudyFolders:
-    """Where a fidelity study writes, claimed (output_dir)."""
+    """Where a fidelity study writes, claimed."""
 
     top: OutputDir
     worlds: dict[str, OutputDir]  # the worlds this run drives (a shard of shard_worlds: some of the study's)

@@ -26,13 +26,13 @@ SETTINGS = {
     "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
     "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
 }
-UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided (rounds)
+UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided
 UNTIL_BUDGET = {
     "until_minutes": Range(0.1, 100_000, 30, nullable=True),
     "until_scenarios": Range(2, 100_000, 128, whole=True),
 }
 ROUND_SETTINGS = ("num_scenarios", "exploitability", "until", "until_minutes", "until_scenarios")  # a round's own
-PROCESSES = {  # shard_processes: the study as shards of this machine (processes)
+PROCESSES = {  # shard_processes: the study as shards of this machine
     "shard_processes.engine": Range(0, 64, 4, whole=True),
     "shard_processes.scene": Range(0, 256, 6, whole=True),
     "shard_processes.kv_cache_gib": Range(0.1, 1024, 2, nullable=True),
@@ -45,16 +45,16 @@ class StudySettings:
     """A fidelity study, checked: the drive run it is made of and the study's own settings."""
 
     drive: DriveSettings  # the run: every world of this process's shard (drive.worlds), its drives of any of them
-    controls: tuple[str, ...]  # the worlds judged beside the model (control_worlds)
+    controls: tuple[str, ...]  # the worlds judged beside the model
     num_control_scenarios: int | None  # the controls drive the first this many scenarios (None: all)
     num_control_seeds: int | None  # ... and of each scenario x policy the first this many replicas (None: all)
     shard_worlds: str  # all | engine (the worlds the world model's engine draws) | scene (the others)
     folders: StudyFolders  # the study's folders, claimed
-    exploitability: bool  # the exploitability study too (exploit)
-    within_horizon: bool = False  # each world judged within its fidelity horizon too (horizons)
+    exploitability: bool  # the exploitability study too
+    within_horizon: bool = False  # each world judged within its fidelity horizon too
     shard_processes: ShardProcesses = ShardProcesses()  # shards on this machine, or per GPU with Ray
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
-    until: Until | None = None  # until=decided: rounds of more scenarios (rounds)
+    until: Until | None = None  # until=decided: rounds of more scenarios
 
 
 def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),

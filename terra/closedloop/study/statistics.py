@@ -15,7 +15,7 @@ from terra.stats import (
     Bootstrap, DriveValues, Interval, mean, paired_difference, policies_median_difference, rank_agreement,
 )
 
-MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag (agreement, Lag.prominence_db)
+MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag
 RANK_METRIC = "mean_abs_lane_offset_m"  # truth: the policies ranked by it in both worlds
 FRAMES, OUTCOMES = "every drive", "pixel policies"  # what a statistic rests on (Statistic.rests_on)
 

@@ -195,7 +195,7 @@ def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstr
         if reason is not None:
             reasons[s.name] = reason
     measured = measurements(pairs, bootstrap) if pairs else {}
-    if outcomes:  # measured, not judged (statistics, kendall_tau)
+    if outcomes:  # measured, not judged
         tau = widened(kendall_tau(outcomes, bootstrap),
                       few_clusters_factor(len({p.scenario for p in outcomes}), bootstrap.level))
         measured["kendall_tau"] = replace(tau, low=float(np.clip(tau.low, -1, 1)), high=float(np.clip(tau.high, -1, 1)))
