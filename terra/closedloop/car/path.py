@@ -96,7 +96,7 @@ class TrackedPath:
 
 
 def _headings(points: np.ndarray) -> np.ndarray:
-    """Headings at points ``[N + 1, 2]`` led by the origin (heading 0 there; see the module docstring)."""
+    """Headings at points ``[N + 1, 2]`` led by the origin (heading 0 there): each pose's neighbour chord."""
     n = len(points) - 1
     if n == 1:
         return np.r_[0.0, _direction(points[1] - points[0], 0.0)]

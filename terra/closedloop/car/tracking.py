@@ -13,7 +13,7 @@ from terra.closedloop.car.vehicle import VehicleParams, VehicleState
 
 @dataclass(frozen=True)
 class TrackingGains:
-    """The controller's settings (see the module docstring for where they come from)."""
+    """The controller's settings."""
 
     period_s: float = 0.1  # a command every 0.1 s, held in between (AlpaSim's dt_mpc)
     lookahead_s: float = 0.6  # look-ahead distance per m/s of speed

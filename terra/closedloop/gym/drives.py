@@ -70,7 +70,7 @@ class SyntheticScenarios(SequenceABC):
 
 def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed: int,
                   image_size: Sequence[int]) -> tuple[World, Sequence[Scenario], tuple[int, int]]:
-    """The world, the scenarios an env drives (see the module docstring) and their frames' size, checked now."""
+    """The world, the scenarios an env drives and their frames' size, checked now."""
     if isinstance(world, str):
         if world != TRUTH:
             raise TerraInputError(f"world={world!r}: the env builds only the true world ('{TRUTH}'); pass a World "

@@ -1,4 +1,8 @@
-"""The loop as ``gymnasium`` envs: :class:`DriveEnv` and :class:`DriveVectorEnv`, registered as :data:`ENV_ID`."""
+"""The loop as ``gymnasium`` envs: :class:`DriveEnv` and :class:`DriveVectorEnv`, registered as :data:`ENV_ID`.
+
+``gymnasium.make("terra/Drive-v0")``; ``world="truth"`` or a caller's World; ``terminated`` when the car leaves the road
+or hits a parked car, ``truncated`` after ``num_steps`` or when it leaves the scene. Bad calls raise in one line.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ RENDER_MODES = ("rgb_array", None)
 
 
 class DriveEnv(gym.Env):
-    """One drive at a time (see the module docstring for the settings)."""
+    """One drive at a time."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 

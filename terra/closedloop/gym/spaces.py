@@ -1,4 +1,8 @@
-"""What the gymnasium envs' agent sees, does and earns: observation, action modes and rewards."""
+"""What the gymnasium envs' agent sees, does and earns.
+
+Observation: ``{"frame": uint8 [H, W, 3], "ego": [speed m/s, yaw rate rad/s, accel m/s^2], "command": Discrete(4)}``
+(NAVSIM's command: 0 left, 1 straight, 2 right, 3 unknown).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ EGO_LIMIT = np.array([2000.0, 100.0, 20000.0], dtype=np.float32)
 
 
 def observation_space(height: int, width: int) -> spaces.Dict:
-    """One drive's observation space (see the module docstring)."""
+    """One drive's observation space (the module docstring's)."""
     return spaces.Dict({
         "frame": spaces.Box(0, 255, (height, width, 3), np.uint8),
         "ego": spaces.Box(np.array([0.0, -EGO_LIMIT[1], -EGO_LIMIT[2]], np.float32), EGO_LIMIT),
@@ -56,14 +60,14 @@ def observation(drive: Drive) -> dict[str, Any]:
 
 
 def action_space(mode: str) -> spaces.Box:
-    """One drive's action space in ``mode`` (one of :data:`ACTION_MODES`)."""
+    """``actuation``: ``Box([-1, 1]^2)`` steering, acceleration; ``plan``: 8 ego poses (x, y, heading) at 0.5 s."""
     if mode == "actuation":
         return spaces.Box(-1.0, 1.0, (2,), np.float32)
     return spaces.Box(PLAN_LOW, PLAN_HIGH, dtype=np.float32)
 
 
 def actuation_of(action: Any, params: VehicleParams) -> Actuation:
-    """A normalized ``[steering, acceleration]`` in ``[-1, 1]`` as the commands it stands for (module docstring)."""
+    """``[steering, acceleration]`` in ``[-1, 1]`` scaled by ``max_steer_rad`` (left +) and ``max_accel``/``min_accel``."""
     arr = finite_array(action, "an actuation action")
     if arr.shape != (2,):
         raise TerraInputError(f"an actuation action is 2 numbers [steering, acceleration], got shape {list(arr.shape)}")
@@ -104,7 +108,8 @@ def within_space(plan: Plan) -> None:
 
 
 def reward_of(kind: str, before: np.ndarray, after: np.ndarray, truth: dict | None) -> float:
-    """The step's reward of ``kind`` for a car moved from pose ``before`` to ``after`` (drive frame)."""
+    """``progress``: metres forward along the old heading; ``lane_keeping``: metres along the road less
+    :data:`LANE_PENALTY` times the distance from the lane's centre (synthetic scenarios only)."""
     if kind == "progress":
         return float(to_ego(after[:2], before)[0])
     offset = truth["mean_abs_lane_offset_m"]
