@@ -67,7 +67,7 @@ def action_space(mode: str) -> spaces.Box:
 
 
 def actuation_of(action: Any, params: VehicleParams) -> Actuation:
-    """``[steering, acceleration]`` in ``[-1, 1]`` scaled by ``max_steer_rad`` (left +) and ``max_accel``/``min_accel``."""
+    """``[steering, acceleration]`` in ``[-1, 1]`` scaled by ``max_steer_rad`` (left +) and the accel limits."""
     arr = finite_array(action, "an actuation action")
     if arr.shape != (2,):
         raise TerraInputError(f"an actuation action is 2 numbers [steering, acceleration], got shape {list(arr.shape)}")
