@@ -38,7 +38,7 @@ def path_distance_m(pair: Pair) -> float:
 
 
 def measurements(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Interval]:
-    """What a world's drives measure without a verdict (see the module's docstring), each with its interval."""
+    """What a world's drives measure without a verdict, each with its interval."""
     scenarios = [p.scenario for p in pairs]
     found = {"path_distance_m": mean(scenarios, np.array([path_distance_m(p) for p in pairs]), bootstrap)}
     horizons = horizon_summary([read_horizons(p.world["fidelity"]) for p in pairs], scenarios, bootstrap)
