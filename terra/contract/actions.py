@@ -1,11 +1,4 @@
-"""The world model's action contract: each frame's action is ``[6, 3]`` floats ``[y, x, time]``.
-
-The action of frame ``t`` holds points ``9 + 10 k`` (k = 0..5) of the ego trajectory that starts at frame
-``t``: 60 points at 20 Hz over 3 s in frame ``t``'s ego frame (x forward, y left), so it says where the car
-goes from frame ``t`` on and conditions frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"). The rates and the
-layout are stated here once; terra/inputs/ turns what users give into such arrays and checks them with
-:func:`validate_actions` at the edge, so lower layers take them as they are.
-"""
+"""The world model's action contract: each frame's action is ``[6, 3]`` floats ``[y, x, time]``."""
 
 from __future__ import annotations
 
@@ -49,8 +42,7 @@ def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1)
 
 def finite_array(value: Any, source: str) -> np.ndarray:
     """``value`` as a float64 array of finite real numbers: numbers (JSON's ints and floats, numpy's) in nested lists,
-    or a real-valued array. The one check of coordinates wherever they are read: nothing is converted, so strings
-    (``"1.5"``, ``"1_0"``), booleans, complex numbers and objects are refused, each in one line naming ``source``."""
+    or a real-valued array."""
     if isinstance(value, (list, tuple)):
         try:
             cells = np.asarray(value, dtype=object)
@@ -78,8 +70,7 @@ def finite_array(value: Any, source: str) -> np.ndarray:
 def number_from_text(text: str) -> float:
     """A number written as text (a CSV cell): an optional sign, digits with an optional decimal point, an optional
     exponent, nothing else (``1_0``, other scripts' digits and spaces inside, which Python's ``float`` takes, are
-    refused; ``nan`` and ``inf`` are read, for the finiteness check to name); raises ``ValueError`` naming the
-    text."""
+    refused; ``nan`` and ``inf`` are read, for the finiteness check to name); raises ``ValueError`` naming the text."""
     stripped = text.strip()
     if not _NUMBER_TEXT.fullmatch(stripped):
         raise ValueError(f"{stripped[:40]!r} is not a number")

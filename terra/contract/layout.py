@@ -1,12 +1,4 @@
-"""The token layout of a Terra window and the plan of windows for long rollouts (docs/ARCHITECTURE.md).
-
-A window holds up to ``max_frames`` frames. Frame ``j`` of a window occupies positions
-``[j * S, (j + 1) * S)`` with ``S = image_tokens + action_tokens + route_tokens``: first its image tokens
-(row-major), then its action slots, which carry ``action_projection(a_t[k])`` instead of a token embedding, then
-its route slots (none in Terra's layout), which carry ``route_projection(r_{t+1}[k])`` or the learned "no route"
-embedding. Position ``p`` gets ``spatial[p % S] + temporal[p // S]`` added to its input embedding. Every backend
-builds its prompts here.
-"""
+"""The token layout of a Terra window and the plan of windows for long rollouts."""
 
 from __future__ import annotations
 
@@ -85,10 +77,7 @@ class TokenLayout:
         return slot * self.frame_span
 
     def prompt_ids(self, frame_codes: np.ndarray) -> list[int]:
-        """Token ids for complete frames: each frame's image codes followed by its slots' placeholders.
-
-        ``frame_codes`` is ``[n, image_tokens]`` (or ``[n, h, w]``); the result has ``n * frame_span`` ids.
-        """
+        """Token ids for complete frames: each frame's image codes followed by its slots' placeholders."""
         codes = np.asarray(frame_codes).reshape(len(frame_codes), -1)
         if codes.shape[1] != self.image_tokens:
             raise TerraInputError(
@@ -136,12 +125,7 @@ def check_window(window: int, num_context: int, overlap: int | None = None,
 
 
 def plan_windows(num_context: int, num_generate: int, max_frames: int, overlap: int) -> list[Window]:
-    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md,
-    "Windows").
-
-    The first window starts with the given context; each later one starts with the last ``overlap`` frames
-    of the previous window as context, so every frame is generated exactly once.
-    """
+    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows."""
     if num_context < 1:
         raise TerraInputError("a rollout needs at least one context frame; pass one or more context images")
     if num_context >= max_frames:

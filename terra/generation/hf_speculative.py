@@ -1,17 +1,4 @@
-"""The Transformers backend's speculative path: a forward pass per rollout per poll, its draft tokens in each.
-
-:class:`SpeculativeRows` holds the frames that :class:`~terra.generation.hf_backend.HFBackend` decodes with
-``sampling.decoding=speculative`` (terra/generation/speculative.py has the rule and why its codes are sequential
-decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
-(their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
-first pass is its prompt (the window's frames at a window start, else the previous frame's last token and
-slots) followed by the draft tokens; later passes are the last committed token followed by them. The passes'
-draws, acceptance and refill then run for every frame at once (terra/generation/speculative.py, ``advance_frames``).
-After each pass the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next
-pass's first input), so between frames the cache is exactly what sequential decoding leaves. The cache is a window's
-buffer (terra/generation/kv.py, ``window_cache``): a pass writes its tokens in place after the kept ones, and the
-rollout's next frame writes on into it, so no pass copies the cache (a fork's next frame copies it once).
-"""
+"""The Transformers backend's speculative path: a forward pass per rollout per poll, its draft tokens in each."""
 
 from __future__ import annotations
 
@@ -116,8 +103,8 @@ class SpeculativeRows:
         return done
 
     def _pass(self, entry: _Frame) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The frame's forward pass: the logits of its rows and, where it ran past the frame's end, of the next
-        frame's first positions (:meth:`SpeculativeFrame.advance`'s two arguments)."""
+        """The frame's forward pass: the logits of its rows and, where it ran past the frame's end, of the next frame's
+        first positions (:meth:`SpeculativeFrame.advance`'s two arguments)."""
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)

@@ -1,9 +1,5 @@
-"""The Transformers backend's KV caches as plain tensors: a rollout keeps ``KV`` between frames, a forward pass
-takes a :class:`DynamicCache` (terra/generation/hf_backend.py, terra/generation/hf_speculative.py).
-
-Nothing here writes a tensor a rollout keeps in place (a :class:`DynamicCache` grows by concatenation, :func:`crop`
-slices; a :func:`window_cache` writes only past the positions it was given), so a forked rollout may share its
-parent's tensors.
+"""The Transformers backend's KV caches as plain tensors: a rollout keeps ``KV`` between frames, a forward pass takes a
+:class:`DynamicCache`.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ def kv_cache(kv: KV) -> DynamicCache:
 
 
 def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer of ``cache`` (a :class:`BufferLayer`: only its end
-    moves, once a speculative pass)."""
+    """Keep the first ``length`` positions of every layer of ``cache`` (a :class:`BufferLayer`: only its end moves, once
+    a speculative pass)."""
     for layer in cache.layers:
         if isinstance(layer, BufferLayer):
             layer.length = min(layer.length, length)
@@ -41,10 +37,10 @@ def crop(cache: DynamicCache, length: int) -> None:
 
 
 class BufferLayer(DynamicLayer):
-    """A cache layer whose keys and values live at the front of buffers of ``capacity`` positions: a forward pass
-    writes its positions in place after the kept ones and attends to views, so a speculative pass copies only its
-    own tokens, not the cache (a :class:`DynamicLayer` concatenates the whole cache every pass); :meth:`crop` moves
-    the end back. Past its capacity it doubles (one copy)."""
+    """A cache layer whose keys and values live at the front of buffers of ``capacity`` positions: a forward pass writes
+    its positions in place after the kept ones and attends to views, so a speculative pass copies only its own
+    tokens, not the cache (a :class:`DynamicLayer` concatenates the whole cache every pass); :meth:`crop` moves the
+    end back."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -79,9 +75,7 @@ class BufferLayer(DynamicLayer):
         return self.length
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last ``-tokens_to_remove`` positions (a positive value: keep that many, as DynamicLayer). Only
-        the length moves: ``keys`` and ``values`` are the views the last :meth:`update` returned until the next one
-        (:meth:`held` gives the positions kept)."""
+        """Drop the last ``-tokens_to_remove`` positions (a positive value: keep that many, as DynamicLayer)."""
         self.length = min(tokens_to_remove, self.length) if tokens_to_remove > 0 else self.length + tokens_to_remove
 
     def held(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,7 @@
 """The forward passes that drew a rollout's image tokens: :class:`PassStats`, what speculative decoding saves over
-sequential decoding (one pass per image token), counted by each rollout's state (terra/generation/rollout.py,
-``RolloutState.pass_stats``) and written to sidecars, manifests and benchmarks' JSON."""
+sequential decoding (one pass per image token), counted by each rollout's state and written to sidecars, manifests
+and benchmarks' JSON.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from terra.config.sampling import SamplingConfig
 
 @dataclass(frozen=True)
 class PassStats:
-    """How many forward passes generated how many frames: what speculative decoding saves (sequential decoding
-    takes one pass per image token). Sums of several rollouts add up with ``+``."""
+    """How many forward passes generated how many frames: what speculative decoding saves (sequential decoding takes one
+    pass per image token)."""
 
     frames: int = 0
     passes: int = 0

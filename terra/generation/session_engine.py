@@ -1,19 +1,4 @@
-"""Sessions: many open-ended rollouts on one backend, each stepped one action at a time, from one driver thread.
-
-A session's rollout is opened from context codes with room for its frames (:meth:`SessionEngine.open`), and each
-step writes the action of the newest frame just before the next one is generated, so windows roll over exactly as
-in a batch rollout (terra/contract/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's
-given the same actions and seed. Sessions serve ``terra-serve`` (through terra/session/, the user-facing
-``Session``), the closed loop's model world (terra/closedloop/worlds.py) and AlpaSim's video-model server
-(terra/alpasim/sessions.py).
-
-A backend is driven by one thread (terra/generation/rollout.py, :class:`WorldModelBackend`). The
-:class:`SessionEngine` owns that thread: callers on any thread hand it jobs (step, fork, reset, close) and get
-a :class:`concurrent.futures.Future` back. The thread submits every runnable step to the backend and polls it;
-on vLLM each poll is one engine step, so a step that arrives joins the running batch at once (continuous
-batching, the prefix cache serving each rollout's past); on Transformers each poll generates one frame for
-all queued rollouts together. Jobs of one rollout run in the order given, one at a time.
-"""
+"""Sessions: many open-ended rollouts on one backend, each stepped one action at a time, from one driver thread."""
 
 from __future__ import annotations
 
@@ -106,11 +91,9 @@ class SessionEngine:
 
     def open(self, codes: np.ndarray, actions: np.ndarray, max_frames: int, seed: int | None = None,
              overlap: int = DEFAULT_OVERLAP, routes: np.ndarray | None = None) -> Rollout:
-        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them,
-        with room for ``max_frames`` frames whose actions (and routes) come with the steps (checked now: bad input
-        raises here). ``routes``: the context frames' ``[n, K, 3]``, for a model with route slots (None: no route,
-        terra/contract/routes.py). ``seed`` fixes sampling (None: the backend picks one); ``overlap``:
-        docs/ARCHITECTURE.md, "Windows"."""
+        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them, with
+        room for ``max_frames`` frames whose actions (and routes) come with the steps (checked now: bad input raises
+        here)."""
         n = len(codes)
         room = np.zeros((n + max_frames - 1, 6, 3), dtype=np.float32)
         room[: n - 1] = actions

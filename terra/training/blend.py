@@ -1,14 +1,4 @@
-"""Blending a fine-tuned world model with the checkpoint it started from, in weight space.
-
-Every tensor becomes ``base + weight * (tuned - base)`` (weight-space ensembling, "WiSE-FT": Wortsman et al.,
-*Robust fine-tuning of zero-shot models*, CVPR 2022). Between 0 (the starting model) and 1 (the fine-tune), a blend
-gives back part of the new domain's gain for a smaller loss on the domain the model knew, with no training and no
-data: the demo's left-hand-traffic fine-tune and its blends are in MODEL_CARD.md, "Fine-tuning on a new domain".
-
-:func:`blend_spec` checks the settings without torch; :func:`blend` checks that both folders hold world models of
-one architecture and token layout (config.json alike but for bookkeeping keys, the same tensors), and writes the
-blend in Terra's layout (``config.json``, safetensors shards below ``max_shard_size``) atomically.
-"""
+"""Blending a fine-tuned world model with the checkpoint it started from, in weight space."""
 
 from __future__ import annotations
 

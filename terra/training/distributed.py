@@ -1,14 +1,4 @@
-"""One process or many: the same training command under ``torchrun --nproc_per_node=N`` (and across nodes
-through torchrun's rendezvous, docs/train.md, "Several GPUs").
-
-* ``finetune=full`` on several processes: FSDP2 (``fully_shard``) — each decoder layer is a shard unit, the
-  rest of the model (embeddings, position tables, action projection, output layer) the outer one; weights,
-  gradients and optimizer state are split across the processes; bf16 compute with float32 gradient reduction.
-* ``finetune=lora``: DDP (the frozen base is replicated, only the adapters' gradients are averaged).
-* One process (no ``torchrun``, or ``--nproc_per_node=1``): the module as it is.
-
-GPUs use NCCL, CPUs gloo (CI runs two CPU processes).
-"""
+"""One process or many: the same training command under ``torchrun --nproc_per_node=N``."""
 
 from __future__ import annotations
 
@@ -67,8 +57,8 @@ def stop_processes(processes: Processes) -> None:
 
 def parallelize(module: nn.Module, layers: nn.ModuleList, processes: Processes, sharded: bool,
                 compute_dtype: torch.dtype | None) -> nn.Module:
-    """``module`` ready for data-parallel training: FSDP2 when ``sharded`` (``layers`` become their own units),
-    else DDP; unchanged on one process."""
+    """``module`` ready for data-parallel training: FSDP2 when ``sharded`` (``layers`` become their own units), else
+    DDP; unchanged on one process."""
     if not processes.distributed:
         return module
     if not sharded:
@@ -84,8 +74,8 @@ def parallelize(module: nn.Module, layers: nn.ModuleList, processes: Processes, 
 
 
 def gradient_sync(module: nn.Module, enabled: bool) -> AbstractContextManager:
-    """A context in which backward passes accumulate without averaging across processes (all but the last
-    micro-batch of a step), or do (``enabled``)."""
+    """A context in which backward passes accumulate without averaging across processes (all but the last micro-batch of
+    a step), or do (``enabled``)."""
     if isinstance(module, nn.parallel.DistributedDataParallel):
         return nullcontext() if enabled else module.no_sync()
     if hasattr(module, "set_requires_gradient_sync"):  # FSDP2

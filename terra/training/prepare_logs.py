@@ -1,8 +1,5 @@
-"""Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips
-finish, resuming, and the summary (``terra-prepare-logs``; the data rules are
-terra/inputs/driving_logs.py's, the shard format terra/training/shards.py's).
-
-Importing this module loads no torch: :func:`prepare_spec` checks the settings first (terra/apps/prepare_logs.py).
+"""Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips finish,
+resuming, and the summary.
 """
 
 from __future__ import annotations
@@ -110,8 +107,8 @@ class PrepareSummary:
 
 
 def prepare_spec(cfg: DictConfig) -> PrepareSpec:
-    """Every setting of ``conf/prepare_driving_logs.yaml`` checked once, without importing torch; the tokenizer
-    folder, device and resize mode as :func:`terra.config.spec.run_spec` checks them."""
+    """Every setting of ```prepare_driving_logs``` checked once, without importing torch; the tokenizer folder, device
+    and resize mode as :func:`terra.config.spec.run_spec` checks them."""
     values = check_settings(cfg, RANGES)
     logs = required_path(cfg, "logs", "the folder of clip folders")
     if not logs.is_dir():
@@ -144,9 +141,9 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
 
 
 def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str, str]]:
-    """The output's index (a rerun resumes it) and why each listed shard that is not whole is not (file -> why:
-    terra/training/shards.py, ``open_shards``), or a new index for ``tokenizer``; one line when the folder holds
-    shards of another tokenizer, grid or codebook, or routes of another source, or another folder's index."""
+    """The output's index (a rerun resumes it) and why each listed shard that is not whole is not, or a new index for
+    ``tokenizer``; one line when the folder holds shards of another tokenizer, grid or codebook, or routes of another
+    source, or another folder's index."""
     wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
                         FRAME_RATE_HZ, os.path.realpath(spec.tokenizer), routes=spec.routes)
     if not (spec.output.path / INDEX_FILE).is_file():
@@ -168,9 +165,8 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str,
 
 
 def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, str]:
-    """What a clip's shard rows are made from, by part (terra/config/spec.py, ``INPUT_NAMES``): the content of its
-    folder (frames or video, trajectory, road), the tokenizer's digest (``tokenizer``) and the settings that shape
-    them."""
+    """What a clip's shard rows are made from, by part: the content of its folder (frames or video, trajectory, road),
+    the tokenizer's digest (``tokenizer``) and the settings that shape them."""
     settings = {"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes}
     return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"),
             "settings": fingerprint(settings)}
@@ -198,8 +194,7 @@ def clip_score(clip_id: str) -> float:
 
 
 def assign_splits(new: list[str], val_fraction: float) -> dict[str, str]:
-    """``train`` or ``val`` for each new clip id by :func:`clip_score` against ``val_fraction`` (the rule of
-    terra/inputs/driving_logs.py; :func:`prepare_shards` adds the one exception)."""
+    """``train`` or ``val`` for each new clip id by :func:`clip_score` against ``val_fraction``."""
     return {clip: "val" if clip_score(clip) < val_fraction else "train" for clip in new}
 
 
@@ -207,14 +202,10 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
                    splits: dict[str, str], report: Callable[[str], None],
                    on_frames: Callable[[int], None] = lambda count: None,
                    inputs: dict[str, dict[str, str]] | None = None) -> PrepareSummary:
-    """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that
-    cannot be used is reported (``report``, one line naming it) and written nowhere; ``on_frames`` hears each
-    tokenized batch's frame count (a long clip's progress); ``inputs``: what each clip is made from, kept in the
-    index (:func:`clip_inputs`).
-
-    When the folder would end with no ``val`` clip among at least 2 (and ``val_fraction`` > 0), the usable new clip
-    of the smallest :func:`clip_score` goes to ``val``: the train clip of the smallest score so far is held back
-    until the end, so a clip that turns out unusable is never the one chosen."""
+    """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that cannot be
+    used is reported (``report``, one line naming it) and written nowhere; ``on_frames`` hears each tokenized batch's
+    frame count (a long clip's progress); ``inputs``: what each clip is made from, kept in the index
+    (:func:`clip_inputs`)."""
     summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
     pending: dict[str, list[PreparedClip]] = {"train": [], "val": []}
     held: PreparedClip | None = None  # the val candidate while no val clip exists
@@ -258,10 +249,9 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
 def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadPoolExecutor,
                   on_frames: Callable[[int], None] = lambda count: None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` (None: the clip has none; the synthetic
-    datasets' resolution, terra/sim/clips.py) of one clip folder at 10 Hz, its frames read by ``pool`` and encoded
-    ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line (:class:`TerraInputError`) says
-    why a clip cannot be used."""
+    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` of one clip folder at 10 Hz, its frames read
+    by ``pool`` and encoded ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line
+    (:class:`TerraInputError`) says why a clip cannot be used."""
     clip = open_clip(folder)
     motion = read_motion(clip.trajectory)  # before any frame is decoded
     routes = clip_routes(clip, motion, spec.routes)  # the road read, or the driven path's poses checked

@@ -1,17 +1,4 @@
-"""A training run from a checked :class:`~terra.training.settings.TrainSpec`: data → model → steps → export.
-
-Each step draws ``batch_size`` windows (the same on every process; each takes its slice), runs them in
-micro-batches of ``micro_batch_size`` with gradients accumulated, clips the gradient norm and steps AdamW on a
-cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged, and greedy rollouts of
-a few of them are scored (``val_psnr``) with the first written as a GIF (terra/training/validation.py); every
-``ckpt_every`` steps, when ``max_minutes`` is spent and on SIGTERM the run checkpoints
-(terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
-``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
-merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are. With
-``export.best`` every validation that improves on ``export.best_by`` (a lower loss, or a higher rollout PSNR; the
-validation before the first step included) rewrites ``best/`` the same way, so a run that overfits still leaves
-the weights it was best at.
-"""
+"""A training run from a checked :class:`~terra.training.settings.TrainSpec`: data → model → steps → export."""
 
 from __future__ import annotations
 
@@ -199,8 +186,8 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Wind
 
 
 def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, bool]:
-    """Whether any process wants to stop (a signal or the time budget) and whether any process's loss is not
-    finite, so all stop after the same step."""
+    """Whether any process wants to stop (a signal or the time budget) and whether any process's loss is not finite, so
+    all stop after the same step."""
     flags = torch.stack([torch.tensor(float(flag), device=processes.device), (~torch.isfinite(loss)).float()])
     stopping, diverged = all_sum(flags, processes).tolist()
     return stopping > 0, diverged > 0
@@ -218,16 +205,16 @@ def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
 
 
 def export_best(spec: TrainSpec, trainee: Trainee, processes: Processes, scores: dict[str, float]) -> None:
-    """Write ``best/``: the current weights as :func:`export` writes ``model/``, with :data:`BEST_FILE` (``scores``:
-    the step and its validation) beside them."""
+    """Write ``best/``: the current weights as :func:`export` writes ``model/``, with :data:`BEST_FILE` (``scores``: the
+    step and its validation) beside them."""
     _write_model(spec, trainee, processes, spec.output_dir / BEST_DIR, scores)
     barrier(processes)
 
 
 def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target: Path,
                  scores: dict[str, float] | None = None) -> bool:
-    """The trained model in Terra's layout at ``target``, atomically, with ``scores`` as :data:`BEST_FILE` when
-    given; a collective call (a sharded model is gathered). True on the process that wrote it."""
+    """The trained model in Terra's layout at ``target``, atomically, with ``scores`` as :data:`BEST_FILE` when given; a
+    collective call (a sharded model is gathered)."""
     model = trained_model(trainee, processes, getattr(torch, spec.export_dtype))
     if model is None:
         return False

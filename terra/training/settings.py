@@ -1,24 +1,5 @@
-"""A training run's settings, checked once: :class:`TrainSpec`, built from ``conf/train_world_model.yaml`` by
+"""A training run's settings, checked once: :class:`TrainSpec`, built from ```train_world_model``` by
 :func:`train_spec` before torch is imported.
-
-Where the weights start (``init``):
-
-* a new model of the ``net.*`` shape (the default when no ``model`` group is chosen);
-* ``init=<folder>``: a checkpoint in Terra's layout (``config.json`` with ``model_type: llama_action``,
-  safetensors) — Terra's own ``world_model/``, or a run's ``model/`` export;
-* ``model=terra_v1|terra_v2 terra_root=...`` (or ``model=demo``): the world model that group names.
-
-``net.num_route_tokens`` (K route slots a frame, terra/contract/routes.py) is the one ``net`` setting a checkpoint
-takes too: unset, a new model has none and a checkpoint keeps its own; K > 0 grows a checkpoint without route slots
-into a model with K of them (terra/training/model.py, ``with_route_slots``).
-
-``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules`` (plus the
-action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
-``lora.train_position_embeddings``). Memory (benchmarks/training.md, "Fine-tuning in 24 GiB"):
-``train.optimizer=adamw8bit`` keeps AdamW's moments in 8 bits (torchao), ``train.weights_dtype=bfloat16`` the trained
-weights in bf16 (updated with stochastic rounding), ``train.activation_checkpointing`` recomputes every decoder layer
-(``true``) or the first N in the backward pass. What needs the model or the data (their shapes, the GPU count) is
-checked once where it is first known: terra/training/model.py and terra/training/data.py.
 """
 
 from __future__ import annotations
@@ -160,8 +141,8 @@ class TrainSpec:
 
 
 def train_spec(cfg: DictConfig) -> TrainSpec:
-    """Check a training config once and return it as a :class:`TrainSpec` (no torch, no file read but the
-    existence of folders)."""
+    """Check a training config once and return it as a :class:`TrainSpec` (no torch, no file read but the existence of
+    folders)."""
     values = check_settings(cfg, TRAIN_RANGES)
     finetune = check_choice(select(cfg, "finetune"), "finetune", FINETUNE_MODES)
     init = _init_folder(cfg)
@@ -220,16 +201,14 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
 
 
 def check_betas(value: Any, name: str) -> tuple[float, float]:
-    """AdamW's ``betas`` setting ``name``: two numbers in [0, 1) (both trainers: this one and
-    terra/training/tokenizer_settings.py)."""
+    """AdamW's ``betas`` setting ``name``: two numbers in [0, 1)."""
     if not (isinstance(value, list) and len(value) == 2):
         raise TerraInputError(f"{name} must be two numbers (got {shown(value)}); e.g. {name}=[0.9,0.95]")
     return tuple(Range(0, 0.999999, 0.9).check(b, name) for b in value)
 
 
 def _memory(cfg: DictConfig) -> dict[str, Any]:
-    """``train.optimizer``, ``train.weights_dtype`` and ``train.activation_checkpointing`` (true, false or a
-    number of decoder layers; the model's layer count is checked in terra/training/model.py, ``checkpoint_layers``)."""
+    """``train.optimizer``, ``train.weights_dtype`` and ``train.activation_checkpointing``."""
     optimizer = check_choice(select(cfg, "train.optimizer"), "train.optimizer", OPTIMIZERS)
     if optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise TerraInputError("train.optimizer=adamw8bit needs torchao, which is not installed; "

@@ -1,7 +1,6 @@
-"""A clip dataset (terra/sim/dataset.py) encoded with an image tokenizer into one tokenized-clips file
-(terra/sim/tokens.py: ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]`` and, when the dataset
-has them, ``routes [N, T, M, 3]``) that ``terra-train`` reads. The settings are checked once into a
-:class:`TokenizeSpec` (conf/tokenize_dataset.yaml), without torch."""
+"""A clip dataset encoded with an image tokenizer into one tokenized-clips file that ``terra-train`` reads. The
+settings are checked once into a :class:`TokenizeSpec`, without torch.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ class TokenizeSpec:
 
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
-    """Every setting of conf/tokenize_dataset.yaml checked once (the tokenizer folder must exist)."""
+    """Every setting of `tokenize_dataset` checked once (the tokenizer folder must exist)."""
     tokenizer = required_path(cfg, "tokenizer_path", f"a saved tokenizer folder, e.g. the demo tokenizer's: "
                                                      f"tokenizer_path={DEMO / 'tokenizer'}")
     if not tokenizer.exists():
@@ -97,8 +96,8 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
 
 
 def run(spec: TokenizeSpec) -> TokenizedClips:
-    """Load the tokenizer, encode the dataset and write the tokens file (replacing only a file the toolkit
-    wrote); return the clips."""
+    """Load the tokenizer, encode the dataset and write the tokens file (replacing only a file the toolkit wrote);
+    return the clips."""
     import torch
 
     from terra.core.device import resolve_device, set_threads

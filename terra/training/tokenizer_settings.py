@@ -1,10 +1,6 @@
-"""The settings of ``terra-train-tokenizer`` (conf/train_tokenizer.yaml), checked once: :class:`TokenizerTrainSpec`,
-built by :func:`tokenizer_train_spec` before torch is imported (terra/apps/train_tokenizer.py) and carried typed
-through the loop (terra/training/tokenizer_run.py), as terra/training/settings.py does for the world model.
-
-``model.config`` is the family's own tokenizer config (the keys of its ``config.json``: tokenizer/lfq.py,
-tokenizer/vq.py). Here it is checked to be a mapping; the family's class checks its contents when the run builds
-the model, and the run then checks ``disc.layers`` against the model's frame size: both before the first step.
+"""The settings of ``terra-train-tokenizer``, checked once: :class:`TokenizerTrainSpec`, built by
+:func:`tokenizer_train_spec` before torch is imported and carried typed through the loop, as `settings` does for the
+world model.
 """
 
 from __future__ import annotations
@@ -127,7 +123,7 @@ class LossWeights:
 
 @dataclass(frozen=True)
 class DiscriminatorSpec:
-    """``disc`` when enabled: the PatchGAN discriminator (terra/training/tokenizer_losses.py) and its hinge loss."""
+    """``disc`` when enabled: the PatchGAN discriminator and its hinge loss."""
 
     start_step: int
     weight: float
@@ -149,8 +145,8 @@ class TokenizerTrainSpec:
 
 
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
-    """Check conf/train_tokenizer.yaml's settings once and return them as a :class:`TokenizerTrainSpec` (no torch,
-    no file read but the output folders' markers)."""
+    """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch, no file read but the output
+    folders' markers)."""
     model, data = _model(cfg), _frames(cfg)
     loss = LossWeights(**_checked(cfg, LOSS_RANGES))
     disc = _disc(cfg) if check_flag(select(cfg, "disc.enabled"), "disc.enabled") else None

@@ -1,8 +1,7 @@
-"""What a training run trains (terra/training/run.py): :class:`Trainee`, the world model built for the run
-(terra/training/model.py: new, ``init`` or ``model=`` weights, LoRA added, its weights' dtypes, activation
-checkpointing) inside its loss (terra/training/objective.py) and wrapped for the run's processes
-(terra/training/distributed.py), with its window and micro-batching; and :func:`trained_model`, the weights read back
-as a plain model for the validation rollouts and the export."""
+"""What a training run trains: :class:`Trainee`, the world model built for the run inside its loss and wrapped for the
+run's processes, with its window and micro-batching; and :func:`trained_model`, the weights read back as a plain
+model for the validation rollouts and the export.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from terra.training.settings import TrainSpec
 
 @dataclass
 class Trainee:
-    """What a run trains and how: the loss module (possibly wrapped for several processes), the PEFT model
-    when ``finetune=lora``, the window size and the micro-batching of this process."""
+    """What a run trains and how: the loss module (possibly wrapped for several processes), the PEFT model when
+    ``finetune=lora``, the window size and the micro-batching of this process."""
 
     module: torch.nn.Module
     loss: WindowLoss
