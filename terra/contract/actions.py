@@ -21,7 +21,7 @@ ACTION_TIMES = (ACTION_POINT_INDICES / FUTURE_RATE_HZ).astype(np.float32)  # 0.4
 MAX_ACTION_M = 2 * MAX_SPEED_MPS * FUTURE_POINTS / FUTURE_RATE_HZ  # |value| of actions / instruction points (600 m)
 
 
-RULE = "num_context + num_frames - 1: an action for every frame but the last generated"  # docs/generate.md
+RULE = "num_context + num_frames - 1: an action for every frame but the last generated"
 
 
 def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1) -> np.ndarray:

@@ -15,19 +15,12 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 
 # decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
-# kind, and sequential above it (a kind not listed: never). Why each number:
-# benchmarks/decoding.md, "When decoding=auto is speculative", the table of these numbers with the measurements.
+# kind; sequential above it (a kind not listed: never).
 SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 64}
-# backend.options.passes_per_step=null: the verifying passes an engine step of a speculative vLLM engine of one rollout
-# (max_num_seqs 1), and of a larger one whose step waits on the host (auto_passes_per_step), 1 in any other. One
-# rollout's step waits on the host, and with several passes its full graphs keep FlashAttention's splits
-# (terra/vllm/compat.py, jacobi_graph_kwargs): at Terra's 2 B shape a pass 3.8 -> 2.1 ms,
-# the demo model 0.058 -> 0.041 s a frame (benchmarks/decoding.md, "FlashAttention's splits in an engine of one"); a
-# fourth pass adds passes a frame for no shorter pass there. Batched at Terra's shape the step is bound by the GPU,
-# and each pass costs its full time ("Several passes a step").
+# backend.options.passes_per_step=null: verifying passes per engine step of a speculative vLLM engine of one rollout
+# (or of a larger one whose step waits on the host); 1 in any other.
 ONE_ROLLOUT_PASSES = 3
-# Each more pass a step adds this share to a frame's passes: the demo model's 17.3 -> 22.0 passes a frame at block 32
-# and 11.1 -> 12.2 at 144 with three passes a step (benchmarks/decoding.md, "Several passes a step").
+# Each more pass a step adds this share to a frame's passes.
 EXTRA_PASSES = 0.14
 
 
@@ -141,15 +134,12 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
     return jacobi_unavailable()
 
 
-# The block. A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's; the exponent between
-# measured blocks 0.56-0.64 on the demo model at K = 16 .. 144, 0.63-0.66 on the Terra-layout model at K = 8 .. 32:
-# benchmarks/decoding.md, "The block decoding=auto picks"), so a frame takes P / (a * K ** ACCEPTANCE) passes, and the
-# block is the one of BLOCKS (or the whole frame) whose passes times a pass's cost (PASS_COSTS) is least.
+# A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's), so a frame takes
+# P / (a * K ** ACCEPTANCE) passes; the block is the one of BLOCKS (or the whole frame) with the least passes x cost.
 ACCEPTANCE = 0.6
 BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
 # the whole frame
-NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken (a
-# larger block's cost grows faster than the rule's line: on the CPU 64 took 12 % more than 48, predicted 0.6 %)
+NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken
 
 
 @dataclass(frozen=True)
@@ -167,13 +157,11 @@ class PassCost:
 
 
 PASS_COSTS: dict[tuple[str, str], PassCost] = {
-    # one CPU thread (the 2-core development machine), float32: a pass's CPU time at blocks 16 .. 144 on the demo
-    # model (6.1 ms + 0.237 ms a token, the host's work included: scripts/bench/benchmark_host.py)
+    # one CPU thread, float32
     ("hf", "cpu"): PassCost(host_s=0.45e-3, layer_s=0.77e-3, bytes_per_s=20e9, flops_per_s=76e9, overlapped=False),
-    # an estimate (the Transformers backend was not timed on a GPU): its Python per layer, an H100's rates
+    # an estimate: its Python per layer, an H100's rates
     ("hf", "cuda"): PassCost(host_s=1e-3, layer_s=0.15e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=False),
-    # vLLM on an H100: an engine step's host time (the demo model, one rollout: 3.5-5.3 ms), the verifying step's
-    # GPU time at Terra's 2 B shape (1.5-1.8 ms for one token, + 17 us a token: 8.7 ms at 16 x 33 tokens)
+    # vLLM on an H100
     ("vllm", "cuda"): PassCost(host_s=4e-3, layer_s=0.03e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=True),
 }
 

@@ -28,10 +28,10 @@ class _Slot:
 
     kv: KV | None
     # the frame they are for, its first guesses and the noise of its first positions, drawn by the previous frame's
-    # passes (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous codes
+    # passes; None: start from the previous codes
     ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
     # the speculative path's window cache and the ``kv`` it holds: its next frame writes on into it while ``kv`` is
-    # still that one (terra/generation/hf_speculative.py); never a fork's (its twin would write there too)
+    # still that one; never a fork's (its twin would write there too)
     window: tuple[DynamicCache, KV] | None = None
 
 

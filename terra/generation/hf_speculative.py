@@ -24,7 +24,7 @@ class _Frame:
     frame: SpeculativeFrame
     cache: DynamicCache
     prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its drafts (None once the first pass ran)
-    prefix_conditions: torch.Tensor  # [slots, 3] values of the prefix's slots (terra/generation/rollout.py)
+    prefix_conditions: torch.Tensor  # [slots, 3] values of the prefix's slots
     next_conditions: torch.Tensor | None  # [A + K, 3] of the frame's own slots, where a pass may run past its end
     start: int  # window position of the frame's first image token
     prompt_tokens: int

@@ -34,8 +34,8 @@ class BackendRun:
     model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
     dtype: str  # float32 | bfloat16 | float16: the spec's, ``auto`` made the device's
     requests: str  # vLLM's request path: streaming | per_frame (per_frame on the Transformers backend)
-    layout: TokenLayout  # the model's token layout, read from ``model`` once (terra/contract/layout.py)
-    tokenizer_pixels: int  # pixels the tokenizer takes at once beside the engine (terra/config/memory.py)
+    layout: TokenLayout  # the model's token layout, read from ``model`` once
+    tokenizer_pixels: int  # pixels the tokenizer takes at once beside the engine
     refiner_device: str | None  # decoder=refiner's device, resolved: refiner.device, else the run's; None: no refiner
     engine_options: dict[str, Any]  # what the backend is built with and the run records, a vLLM engine's room too
     passes_per_step: int | None  # a speculative vLLM engine's verifying passes a step; None: any other backend
@@ -73,7 +73,7 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
         plan = plan_memory(spec.memory, total, ModelShape.of(model, layout), refiner, streams, options, free)
         options = {**options, **plan.engine_options()}
     pixels = tokenizer_pixels(spec.memory)
-    # what the backend is built with and the run records (terra/pipeline.py, WorldModelPipeline.engine_options):
+    # what the backend is built with and the run records
     # the options above and a vLLM engine's room for the rollouts the run keeps in flight, when it says how many
     engine = dict(options)
     if kind == "vllm" and max_rollouts is not None:

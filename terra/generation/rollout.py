@@ -198,7 +198,7 @@ class WorldModelBackend(ABC):
     layout: TokenLayout
     _told_no_route = False  # a rollout without a route was announced (:meth:`start`)
     decoding: str = "sequential"  # what a call's sampling.decoding=auto runs as: the run's choice, given when the
-    # backend is built (terra/generation/decoding.py, auto_decoding)
+    # backend is built
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
         """``sampling`` as this backend decodes it: ``decoding=auto`` is the run's choice (:attr:`decoding`), never

@@ -12,7 +12,7 @@ from terra.config.checks import Range, check_choice, check_file_size, required_p
 from terra.config.output_dir import claim_output_dir
 from terra.core.errors import TerraInputError
 
-APP = "terra-blend"  # the app whose folders blends are (terra/config/output_dir.py)
+APP = "terra-blend"  # the app whose folders blends are
 WEIGHT = Range(0, 1, 0.8)
 DTYPES = ("bfloat16", "float32")
 # config.json keys that say how a file was written, not what the model is
@@ -39,7 +39,7 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
         if not (folder / "config.json").is_file():
             raise TerraInputError(f"{key}={folder} has no config.json; pass a world model's folder ({what})")
         folders[key] = folder
-    # the blend replaces output_dir whole (terra/core/atomic.py): new, empty or an earlier blend, apart from the inputs
+    # the blend replaces output_dir whole: new, empty or an earlier blend, apart from the inputs
     output = claim_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"), "output_dir",
                               files=["config.json", "model.safetensors"], replaced=True,
                               inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()],

@@ -52,8 +52,8 @@ from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, open_shar
 
 # a clip as written into a shard: id, codes [T, h, w], actions [T, 6, 3], routes [T, 16, 3] or None
 PreparedClip = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
-APP = "terra-prepare-logs"  # the app whose run folders these are (terra/config/output_dir.py)
-RANGES = {  # documented in conf/prepare_driving_logs.yaml
+APP = "terra-prepare-logs"  # the app whose run folders these are
+RANGES = {
     "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
     "val_fraction": Range(0, 0.5, 0.05),
     "shard_clips": Range(1, 100_000, 64, whole=True),
@@ -71,7 +71,7 @@ class PrepareSpec:
     output: OutputDir  # claimed: apart from logs and the tokenizer
     tokenizer: str  # checkpoint folder (exists)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    resize: str = "crop"  # crop | stretch (tokenizer/resize.py)
+    resize: str = "crop"  # crop | stretch
     frame_rate_hz: float = 10.0  # image clips without timestamps.txt
     min_frames: int = 2
     val_fraction: float = 0.05
@@ -79,8 +79,8 @@ class PrepareSpec:
     batch_size: int = 64
     read_threads: int = 8  # threads reading and resizing frames while the tokenizer works
     progress: bool = True
-    routes: str = "road"  # road | driven_path (terra/inputs/log_routes.py)
-    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
+    routes: str = "road"  # road | driven_path
+    num_threads: int | None = None  # torch CPU threads
 
 
 @dataclass

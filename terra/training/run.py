@@ -39,7 +39,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
 
 
 def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
-    out = spec.output_dir  # created and locked by the main process (terra/apps/train.py)
+    out = spec.output_dir  # created and locked by the main process
     torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
     torch.manual_seed(spec.seed)
     data = load_training_data(spec.data, spec.val_clips, spec.recoveries)

@@ -20,10 +20,10 @@ from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 
-# The run folder (docs/train.md, "The run folder"): what a run writes in output_dir
+# The run folder: what a run writes in output_dir
 CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR = "checkpoint", "model", "best", "adapter"  # each replaced whole
 SAMPLES_DIR, TENSORBOARD_DIR, LOG_FILE = "samples", "tensorboard", "train_log.jsonl"
-APP = "terra-train"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-train"  # the app whose run folders these are
 FINETUNE_MODES = ("full", "lora")
 BEST_METRICS = ("val_loss", "val_psnr")  # what best/ keeps the best of: the lowest val_loss, the highest val_psnr
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -90,7 +90,7 @@ class TrainSpec:
 
     data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
-    recoveries: str | None  # a tokenized-clips file of recovery clips (terra/sim/recoveries.py); None: none
+    recoveries: str | None  # a tokenized-clips file of recovery clips; None: none
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
     init: str | None  # checkpoint folder to start from; None: a new model of ``net``
@@ -101,9 +101,9 @@ class TrainSpec:
     micro_batch_size: int | None  # windows per process per forward; None: batch_size / processes
     window: int | None  # frames per window; None: the model's num_temporal_embeddings
     loss_on_first_frame: bool
-    input_noise: float  # most share of a window's input codes replaced by random ones (terra/training/objective.py)
-    no_route_share: float  # a route model's share of windows trained without a route (terra/training/data.py)
-    recovery_share: float  # with recoveries: the share of windows that are recovery clips' (terra/training/data.py)
+    input_noise: float  # most share of a window's input codes replaced by random ones
+    no_route_share: float  # a route model's share of windows trained without a route
+    recovery_share: float  # with recoveries: the share of windows that are recovery clips'
     loss_chunk: int  # positions whose logits are computed at once
     lr: float
     min_lr_ratio: float
@@ -133,7 +133,7 @@ class TrainSpec:
     export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
     export_best: bool  # also keep best/: the export at the best validation score so far
     best_by: str  # that score: val_loss (lowest) | val_psnr (highest; needs sample_gif)
-    progress: bool  # the step bar (terra/training/runlog.py), on a terminal (terra/core/progress.py)
+    progress: bool  # the step bar, on a terminal
 
     @property
     def output_dir(self) -> Path:

@@ -33,7 +33,7 @@ class TokenizeSpec:
     out: Path
     batch_size: int = 64
     device: str = "auto"
-    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
+    num_threads: int | None = None  # torch CPU threads
 
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
@@ -80,7 +80,7 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
         done += len(batch)
         pending.clear()
 
-    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:  # terra/core/progress.py
+    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:
         for i, clip in enumerate(bar.counted(dataset)):
             actions[i], poses[i], off_pose[i] = clip.actions, clip.poses, clip.off_pose_frames
             if routes is not None:

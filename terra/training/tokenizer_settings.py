@@ -18,11 +18,11 @@ from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.training.settings import DTYPES, check_betas
 
-FAMILIES = ("lfq", "vq")  # model.family: tokenizer/lfq.py, tokenizer/vq.py
-SOURCES = ("synthetic", "folder")  # data.source: terra/sim/clips.py's render_frames, tokenizer/images.py's load_frames
+FAMILIES = ("lfq", "vq")  # model.family
+SOURCES = ("synthetic", "folder")  # data.source: render_frames, load_frames
 # The run folder: what a run writes in train.output_dir (the checkpoint replaced whole), and in train.export_dir
 CHECKPOINT, LOG, SUMMARY = "checkpoint", "train_log.jsonl", "summary.json"
-APP = "terra-train-tokenizer"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-train-tokenizer"  # the app whose run folders these are
 SYNTHETIC_FRAMES = "synthetic_*.npy"  # data.source=synthetic: the rendered frames, cached
 EXPORT_FILES = ("config.json", "model.safetensors")
 
@@ -74,7 +74,7 @@ class FramesSpec:
     path: str | None  # source=folder: a folder, glob or video file; None with source=synthetic
     num_frames: int  # source=synthetic: frames rendered once and cached in the output folder
     workers: int
-    seed: int  # the synthetic frames' and the batches' (terra/training/tokenizer_losses.py's sample_batch)
+    seed: int  # the synthetic frames' and the batches'
     hflip: bool
     device_cache_gb: float
 
