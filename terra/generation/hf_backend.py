@@ -81,8 +81,8 @@ class HFBackend(WorldModelBackend):
         return "transformers"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """``sampling`` as this backend decodes it: ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` are the
-        run's choices (never decided again here); the codes do not depend on them."""
+        """``sampling`` with ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` replaced by the run's choices.
+        ``sampling`` with ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` replaced by the run's choices."""
         sampling = super().as_run(sampling)
         if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
             block = self.draft_tokens if sampling.draft_tokens == "auto" else sampling.draft_tokens
@@ -121,8 +121,8 @@ class HFBackend(WorldModelBackend):
 
     @torch.inference_mode()
     def _poll(self) -> list[FrameDone]:
-        """One forward pass for every speculative frame; admit queued frames (up to ``max_batch_size`` in flight), then
-        one decode step for every sequential frame."""
+        """One forward pass for every speculative frame; admit queued frames, then one decode step for every sequential
+        one."""
         return self._speculative.step() + self._sequential_step()
 
     def _sequential_step(self) -> list[FrameDone]:
@@ -148,8 +148,7 @@ class HFBackend(WorldModelBackend):
         return done
 
     def _noise(self, rows: list[_Row]) -> torch.Tensor:
-        """The Gumbel noise ``[len(rows), codebook_size]`` of the tokens ``rows`` sample now, each keyed by its
-        rollout's seed, frame and position (the noise speculative decoding draws that token with too), in one call."""
+        """The Gumbel noise ``[len(rows), codebook_size]`` of the tokens ``rows`` sample now."""
         keys = torch.tensor([(row.state.seed, row.state.next_frame, len(row.tokens)) for row in rows],
                             device=self.device).T
         return gumbel_noise(keys[0], keys[1], keys[2], self.layout.codebook_size, self.device)
@@ -204,7 +203,6 @@ class HFBackend(WorldModelBackend):
 
     def _forward_new(self, ids: torch.Tensor, conditions: torch.Tensor, positions: torch.Tensor,
                      kv: KV) -> tuple[torch.Tensor, KV]:
-        """A first pass over unpadded rows sharing ``positions``; the last logits and the grown cache."""
         cache = kv_cache(kv)
         logits = self._model(ids, conditions, positions.expand(len(ids), -1), cache, None)
         return logits, kv_tensors(cache)
@@ -249,8 +247,7 @@ class HFBackend(WorldModelBackend):
 
     def _model(self, ids: torch.Tensor, conditions: torch.Tensor | None, positions: torch.Tensor,
                cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
-        """Run new tokens (``conditions``: their slots' values) through the model with the cache; return the last
-        position's logits ``[B, vocab]``."""
+        """Run new tokens (``conditions``: their slots' values) through the model; the last logits ``[B, vocab]``."""
         out = self.model(
             input_ids=ids,
             conditions=None if conditions is None else conditions.to(self.model.dtype),

@@ -68,7 +68,7 @@ class _Job:
 
 
 class SessionEngine:
-    """Runs :class:`Rollout` jobs on ``backend`` from one driver thread (see the module docstring)."""
+    """Runs :class:`Rollout` jobs on ``backend`` from one driver thread."""
 
     def __init__(self, backend: WorldModelBackend) -> None:
         self.backend = backend
@@ -91,9 +91,7 @@ class SessionEngine:
 
     def open(self, codes: np.ndarray, actions: np.ndarray, max_frames: int, seed: int | None = None,
              overlap: int = DEFAULT_OVERLAP, routes: np.ndarray | None = None) -> Rollout:
-        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them, with
-        room for ``max_frames`` frames whose actions (and routes) come with the steps (checked now: bad input raises
-        here)."""
+        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them."""
         n = len(codes)
         room = np.zeros((n + max_frames - 1, 6, 3), dtype=np.float32)
         room[: n - 1] = actions
@@ -107,14 +105,12 @@ class SessionEngine:
 
     def step(self, rollout: Rollout, action: np.ndarray, sampling: SamplingConfig,
              route: np.ndarray | None = None) -> Future:
-        """Generate ``rollout``'s next frame under ``action`` and, for a model with route slots, ``route`` (the road
-        ahead of the pose the frame is drawn from, ``[K, 3]``; None: no route); resolves to a :class:`StepResult`."""
+        """Generate ``rollout``'s next frame under ``action`` (and ``route`` ``[K, 3]``; None: no route)."""
         return self._put(_Job("step", rollout, actions=action[None], routes=[route], sampling=sampling))
 
     def steps(self, rollout: Rollout, actions: np.ndarray, sampling: SamplingConfig,
               routes: list | None = None) -> Future:
-        """Generate ``rollout``'s next ``len(actions)`` frames, known up front, as one request where the backend can;
-        resolves to their :class:`StepResult` list."""
+        """Generate ``rollout``'s next ``len(actions)`` frames, as one request where the backend can."""
         routes = [None] * len(actions) if routes is None else list(routes)
         return self._put(_Job("step", rollout, actions=actions, routes=routes, sampling=sampling, single=False))
 
@@ -147,7 +143,7 @@ class SessionEngine:
             }
 
     def close(self) -> None:
-        """Stop the driver thread; queued and in-flight jobs fail. The backend stays open (its owner closes it)."""
+        """Stop the driver thread; queued and in-flight jobs fail. The backend stays open."""
         if not self._closed:
             self._closed = True
             self._inbox.put(None)

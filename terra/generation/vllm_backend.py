@@ -21,8 +21,7 @@ GRAPH_STREAMS = 64  # speculative decoding: the most rollouts whose decode step 
 
 
 def kv_capacity(blocks: int, block_size: int, window_tokens: int, max_num_seqs: int) -> int:
-    """Sequences of ``window_tokens`` tokens a KV cache of ``blocks`` blocks of ``block_size`` tokens holds at once
-    without preemption, at most the engine's ``max_num_seqs`` and at least one."""
+    """Sequences of ``window_tokens`` a KV cache holds at once without preemption, in ``[1, max_num_seqs]``."""
     return max(1, min(blocks // -(-window_tokens // block_size), max_num_seqs))
 
 
@@ -60,7 +59,6 @@ class FrameStat:
 
 
 def request_seed(state: RolloutState, position_keyed: bool) -> int:
-    """Seed of ``state``'s next request."""
     key = state.window_index if position_keyed else state.next_frame - state.num_context
     return int(np.random.SeedSequence([state.seed, key]).generate_state(1)[0] & 0x7FFFFFFF)
 
@@ -159,7 +157,6 @@ class VLLMBackend(WorldModelBackend):
         self.position_keyed = bool(getattr(self.engine.vllm_config, "use_v2_model_runner", False))
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
-        """Build the synchronous engine, stepped by :meth:`poll`, from ``engine_args`` (``EngineArgs``' fields)."""
         from vllm.engine.arg_utils import EngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -173,12 +170,10 @@ class VLLMBackend(WorldModelBackend):
 
     @property
     def decoding(self) -> str:
-        """The engine's decoding, fixed when it started."""
         return "speculative" if self.draft_tokens else "sequential"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts, and
-        its sampler guesses the previous frame's codes."""
+        """The engine's decoding, whatever ``sampling`` asks (fixed when the engine starts)."""
         sampling = sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
         return sampling.replace(guesses=backend_guesses("vllm", sampling.decoding, sampling.guesses))
 
@@ -188,17 +183,13 @@ class VLLMBackend(WorldModelBackend):
 
     def frame_prompt(self, state: RolloutState, frames: int = 1) -> dict[str, Any]:
         """The engine prompt of a rollout's next ``frames`` frames: the window's token ids and one ``"actions"`` item a
-        frame (its action points, then its route points), those of the slots between the next frames included: they
-        lie past the prompt, where the request draws their placeholders, so the blocks it generates hash as the next
-        request's prompt will (prefix caching across requests)."""
+        frame."""
         ids, _, _ = state.prompt()
         items = state.conditions[state.window.start : state.next_frame + frames - 1]
         return {"prompt_token_ids": ids, "multi_modal_data": {"actions": np.ascontiguousarray(items, np.float32)}}
 
     def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False, frames: int = 1):
-        """Parameters of ``state``'s next ``frames`` frames: their image codes and the slots between them (forced by the
-        model's sampler, embedded from ``extra_args``), seeded by :func:`request_seed` unless greedy; final-only
-        output, or deltas (``delta``, several frames, or a speculative engine, whose passes are counted a step)."""
+        """Parameters of ``state``'s next ``frames`` frames, seeded unless greedy."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -225,8 +216,8 @@ class VLLMBackend(WorldModelBackend):
         return request.seed if request.seed is not None else self.seed + index
 
     def capacity(self, window_frames: int) -> int | None:
-        """Rollouts of ``window_frames`` frames the engine's KV cache holds at once, capped by ``max_num_seqs`` (None:
-        this vLLM release does not report its cache size)."""
+        """Rollouts of ``window_frames`` frames the KV cache holds at once (None: vLLM does not report its cache size).
+        Rollouts of ``window_frames`` frames the KV cache holds at once (None: vLLM does not report its cache size)."""
         config = self.engine.vllm_config
         cache = getattr(config, "cache_config", None)
         blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
@@ -286,12 +277,10 @@ class VLLMBackend(WorldModelBackend):
             del self._pending[request_id]
 
     def record(self, done: FrameDone, rollout: int) -> None:
-        """Append the frame's prompt and cached token counts to :attr:`frame_stats`."""
         frame = done.state.next_frame - 1 - done.state.num_context
         self.frame_stats.append(FrameStat(rollout, frame, done.prompt_tokens, done.cached_tokens, done.window_start))
 
     def close(self) -> None:
-        """Shut the engine down and free its memory."""
         from terra.vllm import compat
 
         core = getattr(getattr(self, "engine", None), "engine_core", None)

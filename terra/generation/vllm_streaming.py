@@ -137,7 +137,6 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._drop_stream(state)
 
     def release(self, state: RolloutState) -> None:
-        """Close ``state``'s stream (aborted if a frame of it is still queued)."""
         stream = state.cache
         if isinstance(stream, _Stream):
             if self._pending.pop(stream.request_id, None) is not None:
@@ -160,7 +159,7 @@ class StreamingVLLMBackend(VLLMBackend):
             self._stop_loop()
 
     def _close_stream(self, state: RolloutState) -> None:
-        """End the input of ``state``'s stream: vLLM finishes the request and frees its KV (full blocks stay cached)."""
+        """End the input of ``state``'s stream; vLLM frees its KV (full blocks stay cached)."""
         stream, state.cache = state.cache, None
         self._open.pop(stream.request_id, None)
         self._loop.call_soon_threadsafe(self._feed, stream, None)
@@ -179,7 +178,6 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._close_stream(idle)
 
     def _call(self, coroutine) -> Any:
-        """Run ``coroutine`` on the loop thread and return its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(CALL_TIMEOUT_S)
 
     def _stop_loop(self) -> None:
