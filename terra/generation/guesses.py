@@ -1,5 +1,5 @@
-"""Speculative decoding's ``transitions`` guesses (``sampling.guesses``): a memory of a frame's own passes that turns a
-refilled guess into the draw an earlier pass made at that position after the same token.
+"""Speculative decoding's ``transitions`` guesses: a refilled guess becomes the draw an earlier pass made at that
+position after the same token.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ MEMORY_SLOTS = 4  # per position: the most recent distinct tokens before it whos
 
 
 class Transitions:
-    """Per position of a frame, the token each pass drew there after a given token before it (the last
-    :data:`MEMORY_SLOTS` distinct ones): :meth:`recall` turns a refilled guess into the draw made after the token the
-    next pass will feed before it, where some pass fed that token."""
+    """Per position of a frame, the tokens passes drew there after given tokens (the last :data:`MEMORY_SLOTS`)."""
 
     def __init__(self, size: int, device: torch.device) -> None:
         self.before = torch.full((size, MEMORY_SLOTS), -1, dtype=torch.long, device=device)

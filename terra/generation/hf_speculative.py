@@ -34,8 +34,7 @@ class _Frame:
 
 
 class SpeculativeRows:
-    """The speculative frames of one :class:`~terra.generation.hf_backend.HFBackend` (``model`` in eval mode on
-    ``device``; rollouts' ``cache`` is the backend's slot, holding their KV between frames)."""
+    """The speculative frames of one :class:`HFBackend`; a rollout's ``cache`` holds its KV between frames."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model = model
@@ -46,7 +45,6 @@ class SpeculativeRows:
         return len(self._frames)
 
     def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
-        """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
         handed = state.cache.ahead  # a lookahead's handover; a frame decoded another way since leaves it stale
         if handed is not None and handed[0] == state.next_frame:
@@ -84,10 +82,7 @@ class SpeculativeRows:
         self._frames = [f for f in self._frames if id(f.state) not in drop]
 
     def step(self) -> list[FrameDone]:
-        """One forward pass for every frame in flight, then their draws, acceptance and refill together
-        (:func:`~terra.generation.speculative.advance_frames`: the rule's work once a step, however many rollouts);
-        the frames that are complete, added to their states (in inference mode: :meth:`HFBackend.poll
-        <terra.generation.hf_backend.HFBackend.poll>` calls it)."""
+        """One forward pass for every frame in flight, then acceptance and refill together; the frames completed."""
         entries = list(self._frames)
         if not entries:
             return []
@@ -103,8 +98,8 @@ class SpeculativeRows:
         return done
 
     def _pass(self, entry: _Frame) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The frame's forward pass: the logits of its rows and, where it ran past the frame's end, of the next frame's
-        first positions (:meth:`SpeculativeFrame.advance`'s two arguments)."""
+        """The logits of the frame's rows and, where the pass ran past the frame's end, of the next frame's first
+        positions."""
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)

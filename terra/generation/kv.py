@@ -1,5 +1,5 @@
-"""The Transformers backend's KV caches as plain tensors: a rollout keeps ``KV`` between frames, a forward pass takes a
-:class:`DynamicCache`.
+"""The Transformers backend's KV caches as plain tensors (``KV``) between frames, :class:`DynamicCache` s in a pass.
+A rollout's tensors are never written in place, so a fork may share its parent's.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ def kv_cache(kv: KV) -> DynamicCache:
 
 
 def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer of ``cache`` (a :class:`BufferLayer`: only its end moves, once
-    a speculative pass)."""
+    """Keep the first ``length`` positions of every layer of ``cache``."""
     for layer in cache.layers:
         if isinstance(layer, BufferLayer):
             layer.length = min(layer.length, length)
@@ -37,10 +36,8 @@ def crop(cache: DynamicCache, length: int) -> None:
 
 
 class BufferLayer(DynamicLayer):
-    """A cache layer whose keys and values live at the front of buffers of ``capacity`` positions: a forward pass writes
-    its positions in place after the kept ones and attends to views, so a speculative pass copies only its own
-    tokens, not the cache (a :class:`DynamicLayer` concatenates the whole cache every pass); :meth:`crop` moves the
-    end back."""
+    """A cache layer in buffers of ``capacity`` positions, written in place, so a speculative pass copies only its
+    tokens."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -79,7 +76,6 @@ class BufferLayer(DynamicLayer):
         self.length = min(tokens_to_remove, self.length) if tokens_to_remove > 0 else self.length + tokens_to_remove
 
     def held(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the keys and values of the positions kept."""
         return self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
     def _end(self, length: int) -> None:
@@ -88,8 +84,8 @@ class BufferLayer(DynamicLayer):
 
 
 def window_cache(kv: KV | None, capacity: int) -> DynamicCache:
-    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions (a rollout's window),
-    holding a copy of ``kv`` (None: empty)."""
+    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of ``kv``.
+    A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of ``kv``."""
     cache = DynamicCache()
     cache.layer_class_to_replicate = partial(BufferLayer, capacity)
     for layer, (keys, values) in enumerate(kv or []):

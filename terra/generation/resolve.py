@@ -1,6 +1,4 @@
-"""A run's backend resolved once: every ``auto`` of its settings made concrete for this machine, the world model and
-the rollouts the run keeps in flight.
-"""
+"""A run's backend resolved once: every ``auto`` of its settings made concrete for this machine and world model."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where
 
 @dataclass(frozen=True)
 class BackendRun:
-    """A run's backend as :func:`resolve_backend_run` made it, once: every setting it is built with, concrete, and the
-    facts the run hands down with it."""
+    """A run's backend as :func:`resolve_backend_run` made it: every setting it is built with, concrete."""
 
     # the settings the apps carry and record, resolved: threads set; device, backend and sampling (decoding,
     # draft_tokens, guesses) concrete; backend_options with the memory preset's choices
@@ -43,14 +40,14 @@ class BackendRun:
 
 def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
                         refiner: str = "off", max_rollouts: int | None = None) -> BackendRun:
-    """``spec`` made concrete for this process, in one order for every app: the world model's config read and its window
-    checked (:func:`check_model`; ``model``: that config as the run already read it) and its token layout read, its
-    torch threads set, its device and dtype chosen (and decoder=refiner's device) and its backend (``auto``: what
-    this machine has), vLLM's request path, a vLLM engine's options fitted to the ``memory`` preset with the refiner
-    ``off``, run ``after`` the engine or ``shared`` beside it and the pixels the tokenizer takes at once beside the
-    engine under that preset, the options the backend is built with (a vLLM engine's room: ``max_num_seqs``,
-    ``max_rollouts`` when given), and last ``decoding``, ``guesses`` and the block for at most ``streams`` rollouts
-    in flight of that model with, for a speculative vLLM engine, its verifying passes a step for its room."""
+    """``spec`` made concrete for this process: model config, device, dtype, backend, engine options and decoding.
+
+    Args:
+        model: the world model's config, if the run already read it.
+        streams: the most rollouts the run keeps in flight.
+        refiner: off | after (the engine) | shared (beside it), for fitting the engine's memory.
+        max_rollouts: a vLLM engine's room, when given.
+    """
     model = model or check_model(spec)
     layout = TokenLayout.from_config(model)
     set_threads(spec.num_threads)
@@ -88,15 +85,12 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
 
 
 def check_model(spec: RunSpec) -> LlamaActionConfig:
-    """The world model's config, read once, with the spec's ``num_context`` and ``model.overlap`` checked against its
-    window before anything loads."""
+    """The world model's config, with the spec's ``num_context`` and ``model.overlap`` checked against its window."""
     config = read_world_model_config(spec.world_model)
     check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
     return config
 
 
 def most_rollouts(backend: str, device: str, decoding: str = "auto") -> int:
-    """The most rollouts an engine of the resolved ``backend`` on ``device`` is built for when the run leaves it open (a
-    batch's ``max_concurrent=auto``), for a run of ``decoding`` (``auto``: the run's choice to come): one where the
-    Transformers backend decodes speculatively, else ``GPU_ROLLOUTS`` on a GPU and ``DEFAULT_ROLLOUTS`` on a CPU."""
+    """Rollouts an engine is built for when the run leaves it open: 1 where hf decodes speculatively, else by device."""
     return auto_streams(backend, device, decoding) or (GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS)

@@ -11,9 +11,7 @@ from terra.config.sampling import SamplingConfig
 
 
 def image_token_scores(logits: torch.Tensor, codebook_size: int, config: SamplingConfig) -> torch.Tensor:
-    """The warped scores ``[B, codebook_size]`` (float32) of each row of ``logits [B, vocab]``: divided by the
-    temperature, then ``-inf`` outside the top-k (0 = off) and outside top-p (the smallest set of most likely codes
-    whose mass reaches it)."""
+    """The warped scores ``[B, codebook_size]`` float32 of ``logits [B, vocab]``: temperature, top-k (0: off), top-p."""
     scores = logits[:, :codebook_size]
     if scores.dtype != torch.float32:
         scores = scores.float()
@@ -36,13 +34,11 @@ _STREAMS = (0x2545F491, 0x4F6CDD1D)  # the two words of a key (and of a uniform)
 
 
 def _int32(values: torch.Tensor) -> torch.Tensor:
-    """int64 ``values`` in ``[0, 2^32)`` as int32 words of the same bits (two's complement)."""
     return (((values + _SIGN) & _WORD) - _SIGN).to(torch.int32)
 
 
 def _hash32(words: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (Chris Wellons' ``lowbias32``) of int32 ``words``, changed in place and returned: a
-    bijection of 32-bit words that spreads every input bit over the output."""
+    """Chris Wellons' ``lowbias32`` hash of int32 ``words``, in place: a bijection of 32-bit words."""
     scratch = torch.empty_like(words)
     for multiplier, shift in ((0x21F0AAAD, 16), (0x735A2D97, 15), (None, 15)):
         words.bitwise_xor_(torch.bitwise_right_shift(words, shift, out=scratch).bitwise_and_((1 << 32 - shift) - 1))
@@ -52,11 +48,8 @@ def _hash32(words: torch.Tensor) -> torch.Tensor:
 
 
 def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The keys ``[2, n]`` (two int32 words) of the Gumbel noise of image positions ``positions [n]`` of frame ``frame``
-    (its index in the rollout, context frames counted) of the rollout seeded ``seed`` (each a non-negative int below
-    2^63, or a tensor broadcast with ``positions``): a hash chain over the words of (seed, frame, position) from each
-    of two starts, so distinct triples get distinct keys in practice, and the positions of one frame distinct keys
-    always (each link of a chain is a bijection)."""
+    """The keys ``[2, n]`` int32 of the Gumbel noise of image ``positions [n]`` of ``frame`` of the rollout seeded
+    ``seed``."""
     device = positions.device
     seed, frame = (torch.as_tensor(v, dtype=torch.int64, device=device) for v in (seed, frame))
     keys = torch.tensor(_STREAMS, dtype=torch.int32, device=device)[:, None]  # both chains at once
@@ -67,15 +60,14 @@ def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: t
 
 @lru_cache(maxsize=4)
 def _column_words(size: int, device: torch.device) -> torch.Tensor:
-    """``[2, size]``: each code's two words, which a row's key words are combined with (kept: one codebook a run)."""
     codes = torch.arange(size, dtype=torch.int32, device=device)
     return torch.stack([_hash32(codes ^ start) for start in _STREAMS])
 
 
 def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: Sequence[int] | torch.Tensor,
                  size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Standard Gumbel noise ``[len(positions), size]`` (float32) for image positions ``positions`` of frame ``frame``
-    of the rollout seeded ``seed`` (ints, or tensors of one per position: rows of several rollouts at once)."""
+    """Standard Gumbel noise ``[len(positions), size]`` float32 for image ``positions`` of ``frame`` of the rollout
+    ``seed``."""
     device = torch.device(device)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1)
     keys = noise_keys(seed, frame, positions)
@@ -91,9 +83,7 @@ def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions:
 
 def sample_image_tokens(logits: torch.Tensor, codebook_size: int, config: SamplingConfig,
                         noise: torch.Tensor | None) -> torch.Tensor:
-    """One image token per row of ``logits [B, vocab]``: ``argmax(scores + noise)`` with ``noise [B, codebook_size]``
-    from :func:`gumbel_noise` (the Gumbel-max trick: a draw from ``softmax(scores)``), or the argmax of the logits
-    when greedy (``noise`` unused, may be None)."""
+    """One image token per row of ``logits [B, vocab]``: ``argmax(scores + noise)``, or of the logits when greedy."""
     if config.greedy:
         return logits[:, :codebook_size].float().argmax(dim=-1)
     return (image_token_scores(logits, codebook_size, config) + noise).argmax(dim=-1)
