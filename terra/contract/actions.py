@@ -41,8 +41,7 @@ def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1)
 
 
 def finite_array(value: Any, source: str) -> np.ndarray:
-    """``value`` as a float64 array of finite real numbers: numbers (JSON's ints and floats, numpy's) in nested lists,
-    or a real-valued array."""
+    """``value`` (numbers in nested lists, or a real-valued array) as a float64 array of finite numbers."""
     if isinstance(value, (list, tuple)):
         try:
             cells = np.asarray(value, dtype=object)
@@ -68,9 +67,8 @@ def finite_array(value: Any, source: str) -> np.ndarray:
 
 
 def number_from_text(text: str) -> float:
-    """A number written as text (a CSV cell): an optional sign, digits with an optional decimal point, an optional
-    exponent, nothing else (``1_0``, other scripts' digits and spaces inside, which Python's ``float`` takes, are
-    refused; ``nan`` and ``inf`` are read, for the finiteness check to name); raises ``ValueError`` naming the text."""
+    """A number written as text (a CSV cell): sign, digits, decimal point, exponent only; ``nan``/``inf`` read; else
+    ValueError."""
     stripped = text.strip()
     if not _NUMBER_TEXT.fullmatch(stripped):
         raise ValueError(f"{stripped[:40]!r} is not a number")
@@ -83,7 +81,6 @@ _NUMBER_TEXT = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|i
 
 
 def _not_a_number(cell: Any) -> str:
-    """Why one cell of a nested list is not a number, for one line."""
     if isinstance(cell, (list, tuple)):
         return "holds rows of unequal length"
     if isinstance(cell, _BOOLEANS):

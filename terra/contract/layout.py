@@ -25,7 +25,7 @@ class TokenLayout:
 
     @classmethod
     def from_config(cls, config) -> "TokenLayout":
-        """Read the layout from a :class:`~terra.models.configuration_llama_action.LlamaActionConfig`."""
+        """Read the layout from a :class:`LlamaActionConfig`."""
         return cls(
             image_tokens=config.num_image_patches,
             action_tokens=config.num_action_tokens,
@@ -69,7 +69,6 @@ class TokenLayout:
         return self.spatial_index(positions) >= self.image_tokens
 
     def is_route_slot(self, positions: np.ndarray) -> np.ndarray:
-        """True where a window position is a route slot."""
         return self.spatial_index(positions) >= self.image_tokens + self.action_tokens
 
     def frame_start(self, slot: int) -> int:
@@ -113,9 +112,8 @@ class Window:
 
 def check_window(window: int, num_context: int, overlap: int | None = None,
                  overlap_name: str = "model.overlap") -> None:
-    """Raise when the run's ``num_context`` (or its window ``overlap``) leaves no room to generate in a ``window`` of
-    frames (``max_frames``: the world model's ``num_temporal_embeddings``, known once its config.json is read),
-    naming the setting; :func:`plan_windows` holds a rollout to the same bounds."""
+    """Raise, naming the setting, when ``num_context`` (or ``overlap``) leaves no room to generate in a ``window`` of
+    frames."""
     if num_context >= window:
         raise TerraInputError(f"num_context={num_context} does not fit a window of {window} frames; "
                               f"use at most {window - 1}")
