@@ -15,8 +15,7 @@ ALIGNED_ROWS = 64  # the output layer's rows are padded to a multiple of this (1
 
 def target_positions(patches: int, frames: int, loss_on_first_frame: bool,
                      span: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]`` (a frame spans
-    ``span`` positions: its patches, then its slots)."""
+    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]``."""
     nxt = torch.arange(1, frames * span)
     frame, slot = nxt // span, nxt % span
     keep = (slot < patches) & ((frame > 0) | loss_on_first_frame)
@@ -47,9 +46,8 @@ class WindowLoss(nn.Module):
 
     def forward(self, image_ids: torch.Tensor, actions: torch.Tensor, routes: torch.Tensor | None = None,
                 first_target_frame: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean loss and accuracy (greedy over the codebook) of windows ``[B, W*P]`` under actions ``[B, W*6, 3]`` and,
-        for a model with route slots, routes ``[B, W*K, 3]`` (NaN rows or None: no route); with ``first_target_frame
-        [B]``, over each window's frames from that one on."""
+        """Mean loss and accuracy of windows ``[B, W*P]`` under actions ``[B, W*6, 3]`` and routes ``[B, W*K, 3]`` (or
+        None)."""
         enabled = self.autocast_dtype is not None
         inputs = noisy_inputs(image_ids, self.input_noise, self.codebook_size) if self.training else image_ids
         with torch.autocast(image_ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
@@ -68,8 +66,7 @@ class WindowLoss(nn.Module):
 
 
 def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.Tensor:
-    """``image_ids [B, N]`` with a share of each window's codes replaced by random codes, the share drawn per window
-    uniformly in ``[0, most]``."""
+    """``image_ids [B, N]`` with a share of each window's codes, uniform in ``[0, most]``, replaced by random codes."""
     if most <= 0.0:
         return image_ids
     share = torch.rand(image_ids.shape[0], 1, device=image_ids.device) * most
@@ -79,9 +76,8 @@ def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.T
 
 def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebook: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For logits ``[N, V']`` whose columns from ``vocab`` on are padding: the summed cross-entropy, the count of
-    targets that are the greedy code among the first ``codebook``, and the gradient of the summed loss by the logits
-    (softmax minus one-hot, in the logits' dtype); a target of -1 counts nowhere and has no gradient."""
+    """Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts nowhere.
+    Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts nowhere."""
     columns = torch.arange(logits.shape[1], device=logits.device)
     z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill(columns >= vocab, float("-inf"))
     lse = torch.logsumexp(z, -1)
@@ -95,8 +91,8 @@ def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebo
 
 @dataclass(frozen=True)
 class HeadLoss:
-    """How :class:`FusedHeadLoss` runs: matrix products in ``dtype``, ``chunk`` positions at a time, gradients only when
-    ``grads`` (not under ``torch.no_grad``), the softmax by ``step`` (:func:`softmax_step`, compiled or not)."""
+    """How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when ``grads``.
+    How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when ``grads``."""
 
     dtype: torch.dtype
     chunk: int
@@ -106,9 +102,7 @@ class HeadLoss:
 
 
 class FusedHeadLoss(torch.autograd.Function):
-    """Summed cross-entropy of ``hidden [N, D] @ weight[V, D].T`` against ``targets [N]`` and the count of correct
-    greedy codes; the gradients of the hidden states and the weight are computed in the forward pass, chunk by chunk,
-    and the backward only scales them."""
+    """Summed cross-entropy of ``hidden [N, D] @ weight[V, D].T`` against ``targets [N]``, gradients in the forward."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, head: HeadLoss

@@ -1,6 +1,4 @@
-"""Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips finish,
-resuming, and the summary.
-"""
+"""Driving logs → training shards: each clip tokenized in batches, shards written as clips finish, resumable."""
 
 from __future__ import annotations
 
@@ -85,8 +83,7 @@ class PrepareSpec:
 
 @dataclass
 class PrepareSummary:
-    """What a run did: clips used, skipped and found done, the frames and clips written per split, and of the frames
-    written those told a route (by content: a finite route), where any clip had routes."""
+    """Clips used, skipped and found done, and the frames and clips written per split (and those with a route)."""
 
     used: int = 0
     skipped: int = 0
@@ -98,7 +95,6 @@ class PrepareSummary:
     any_routes: bool = False
 
     def line(self, index: ShardIndex, output: Path) -> str:
-        """The closing line: this run's counts, then what the folder holds."""
         held = {split: sum(len(e.clips) for e in index.shards if e.split == split) for split in ("train", "val")}
         routes = f"; {self.routed_frames} of them with a route" if self.any_routes else ""
         return (f"{self.used} clips used ({self.train} train, {self.val} val; {self.frames} frames written{routes}), "
@@ -107,8 +103,7 @@ class PrepareSummary:
 
 
 def prepare_spec(cfg: DictConfig) -> PrepareSpec:
-    """Every setting of ```prepare_driving_logs``` checked once, without importing torch; the tokenizer folder, device
-    and resize mode as :func:`terra.config.spec.run_spec` checks them."""
+    """Every setting of ``prepare_driving_logs`` checked once, without importing torch."""
     values = check_settings(cfg, RANGES)
     logs = required_path(cfg, "logs", "the folder of clip folders")
     if not logs.is_dir():
@@ -141,9 +136,7 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
 
 
 def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str, str]]:
-    """The output's index (a rerun resumes it) and why each listed shard that is not whole is not, or a new index for
-    ``tokenizer``; one line when the folder holds shards of another tokenizer, grid or codebook, or routes of another
-    source, or another folder's index."""
+    """The output's index (or a new one) and why each listed shard that is not whole is not."""
     wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
                         FRAME_RATE_HZ, os.path.realpath(spec.tokenizer), routes=spec.routes)
     if not (spec.output.path / INDEX_FILE).is_file():
@@ -165,8 +158,7 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str,
 
 
 def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, str]:
-    """What a clip's shard rows are made from, by part: the content of its folder (frames or video, trajectory, road),
-    the tokenizer's digest (``tokenizer``) and the settings that shape them."""
+    """What a clip's shard rows are made from: its folder's content, the tokenizer's digest and the shaping settings."""
     settings = {"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes}
     return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"),
             "settings": fingerprint(settings)}
@@ -174,8 +166,7 @@ def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, st
 
 def clips_to_redo(index: ShardIndex, damaged: dict[str, str], inputs: dict[str, dict[str, str]]
                   ) -> dict[str, str]:
-    """The clips of the logs folder that the index lists but that are made again, and why: their shard is not whole
-    (``damaged``), or they were made from other inputs than ``inputs`` (clip name -> :func:`clip_inputs`)."""
+    """The indexed clips to make again, and why: a damaged shard, or inputs other than ``inputs``."""
     redo = {}
     for entry in index.shards:
         for clip in entry.clips:
@@ -202,10 +193,13 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
                    splits: dict[str, str], report: Callable[[str], None],
                    on_frames: Callable[[int], None] = lambda count: None,
                    inputs: dict[str, dict[str, str]] | None = None) -> PrepareSummary:
-    """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that cannot be
-    used is reported (``report``, one line naming it) and written nowhere; ``on_frames`` hears each tokenized batch's
-    frame count (a long clip's progress); ``inputs``: what each clip is made from, kept in the index
-    (:func:`clip_inputs`)."""
+    """Tokenize the clips of ``folders`` into shards of their split; a clip that cannot be used is written nowhere.
+
+    Args:
+        report: hears one line naming each clip that cannot be used.
+        on_frames: hears each tokenized batch's frame count.
+        inputs: what each clip is made from, kept in the index.
+    """
     summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
     pending: dict[str, list[PreparedClip]] = {"train": [], "val": []}
     held: PreparedClip | None = None  # the val candidate while no val clip exists
@@ -249,9 +243,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
 def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadPoolExecutor,
                   on_frames: Callable[[int], None] = lambda count: None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` of one clip folder at 10 Hz, its frames read
-    by ``pool`` and encoded ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line
-    (:class:`TerraInputError`) says why a clip cannot be used."""
+    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` of one clip folder at 10 Hz."""
     clip = open_clip(folder)
     motion = read_motion(clip.trajectory)  # before any frame is decoded
     routes = clip_routes(clip, motion, spec.routes)  # the road read, or the driven path's poses checked

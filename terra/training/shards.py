@@ -39,7 +39,6 @@ class ShardClip:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One shard file of the index."""
 
     file: str
     split: str
@@ -74,7 +73,7 @@ class ShardIndex:
 
 
 def read_index(folder: str | Path) -> ShardIndex:
-    """Read ``folder/index.json`` (:func:`open_shards`); one line also names a listed shard that is not whole."""
+    """Read ``folder/index.json``; one line also names a listed shard that is not whole."""
     index, damaged = open_shards(folder)
     for file, why in damaged.items():
         raise TerraInputError(f"{Path(folder) / INDEX_FILE} lists shard {file}, which {why}; prepare the shards "
@@ -83,9 +82,7 @@ def read_index(folder: str | Path) -> ShardIndex:
 
 
 def open_shards(folder: str | Path) -> tuple[ShardIndex, dict[str, str]]:
-    """``folder/index.json`` and, for each listed shard whose file is not what it lists (cut short, another folder's or
-    other clips), why (:func:`shard_damage`); one line names a missing or foreign index (none of its shards carry its
-    id), a listed shard that is missing, or a clip listed twice."""
+    """``folder/index.json`` and why each listed shard whose file is not what it lists is damaged."""
     path = Path(folder) / INDEX_FILE
     if not path.is_file():
         raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with terra-prepare-logs")
@@ -129,8 +126,7 @@ FOREIGN = "was written for another index"
 
 
 def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> str | None:
-    """Why the shard file of ``entry`` is not what ``index`` lists (None: it is), from its header alone: it cannot be
-    read (cut short), was written for another index (:data:`FOREIGN`), or holds other clips or frames."""
+    """Why the shard file of ``entry`` is not what ``index`` lists, from its header alone; None: it is."""
     try:
         with safe_open(str(Path(folder) / entry.file), "np") as shard:
             metadata = shard.metadata() or {}
@@ -150,9 +146,13 @@ def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> st
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
                 routes: list[np.ndarray | None] | None = None, inputs: dict[str, dict[str, str]] | None = None
                 ) -> ShardEntry:
-    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``), with each clip's ``routes`` (``[T,
-    M, 3]``; None: the clip has none, NaN rows beside the others) when a clip has them, and add it to the index with
-    each clip's ``inputs`` (clip id -> what it was made from)."""
+    """Write one shard of ``clips`` and add it to the index.
+
+    Args:
+        clips: ``(id, codes [T, h, w], actions [T, 6, 3])`` each.
+        routes: each clip's ``[T, M, 3]`` (None: it has none).
+        inputs: clip id -> what it was made from.
+    """
     folder = Path(folder)
     number = 1 + max((int(e.file[len(split) + 1:-len(".safetensors")]) for e in index.shards if e.split == split),
                      default=-1)
@@ -178,15 +178,13 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
 
 
 def _save(path: Path, tensors: dict[str, np.ndarray], index: ShardIndex, entry: ShardEntry) -> None:
-    """A shard's tensors written atomically, its metadata naming the index's id and the clips' ids."""
     metadata = {"index_id": index.index_id, "clips": json.dumps([c.id for c in entry.clips])}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
 
 
 def drop_clips(folder: str | Path, index: ShardIndex, ids: set[str], damaged: Iterable[str] = ()) -> None:
-    """Take the clips ``ids`` out of ``folder``'s shards (each shard holding one rewritten without them, or removed when
-    none is left) and the ``damaged`` shard files (names) out of the index with their clips."""
+    """Take the clips ``ids`` and the ``damaged`` shard files out of ``folder``'s shards and index."""
     folder, damaged = Path(folder), set(damaged)
     kept, rewrite, remove = [], [], []
     for entry in index.shards:
@@ -211,9 +209,7 @@ def drop_clips(folder: str | Path, index: ShardIndex, ids: set[str], damaged: It
 
 def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Codes ``[F, h, w]`` (int64), actions ``[F, 6, 3]`` and routes ``[F, M, 3]`` (None: the shard has none) of one
-    shard, checked against ``index`` and its entry: the clips' frames, the codes whole numbers of the codebook on the
-    index's grid, the actions finite, the routes as ``checked_routes`` checks them."""
+    """Codes ``[F, h, w]`` int64, actions ``[F, 6, 3]`` and routes ``[F, M, 3]`` (or None) of one shard, checked."""
     path = Path(folder) / entry.file
     try:
         tensors = load_file(str(path))
