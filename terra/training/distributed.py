@@ -50,15 +50,13 @@ def start_processes(device: str) -> Processes:
 
 
 def stop_processes(processes: Processes) -> None:
-    """Leave the process group (at the end of a run, or when it fails)."""
     if processes.distributed and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def parallelize(module: nn.Module, layers: nn.ModuleList, processes: Processes, sharded: bool,
                 compute_dtype: torch.dtype | None) -> nn.Module:
-    """``module`` ready for data-parallel training: FSDP2 when ``sharded`` (``layers`` become their own units), else
-    DDP; unchanged on one process."""
+    """``module`` ready for data-parallel training: FSDP2 when ``sharded`` (``layers`` their own units), else DDP."""
     if not processes.distributed:
         return module
     if not sharded:
@@ -74,8 +72,7 @@ def parallelize(module: nn.Module, layers: nn.ModuleList, processes: Processes, 
 
 
 def gradient_sync(module: nn.Module, enabled: bool) -> AbstractContextManager:
-    """A context in which backward passes accumulate without averaging across processes (all but the last micro-batch of
-    a step), or do (``enabled``)."""
+    """A context in which backward passes accumulate without averaging across processes unless ``enabled``."""
     if isinstance(module, nn.parallel.DistributedDataParallel):
         return nullcontext() if enabled else module.no_sync()
     if hasattr(module, "set_requires_gradient_sync"):  # FSDP2

@@ -45,8 +45,8 @@ def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
 
 
 def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
-    """The model to train, in float32 on the CPU: ``init``'s checkpoint (grown ``net.num_route_tokens`` route slots when
-    it has none and the setting asks for some), or a new one of ``net``'s shape."""
+    """The model to train, float32 on the CPU: ``init``'s checkpoint (grown route slots if asked), or a new one of
+    ``net``."""
     if spec.init is None:
         config = new_config(spec.net, data)
         return AutoModelForCausalLM.from_config(config, attn_implementation=spec.attn_implementation)
@@ -71,8 +71,7 @@ def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
 
 def with_route_slots(model: LlamaActionForCausalLM, num_route_tokens: int,
                      attn_implementation: str = "sdpa") -> LlamaActionForCausalLM:
-    """A model without route slots grown ``num_route_tokens`` (K) of them after each frame's action slots: a warm start
-    from a checkpoint in Terra's layout."""
+    """A model without route slots grown ``num_route_tokens`` (K) of them after each frame's action slots."""
     config = copy.deepcopy(model.config)
     span = config.num_spatio_embeddings + num_route_tokens
     config.num_route_tokens, config.num_spatio_embeddings = num_route_tokens, span
@@ -114,15 +113,14 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
 
 
 def store_weights(module: nn.Module, trained: torch.dtype, frozen: torch.dtype) -> None:
-    """Keep the trained weights in ``trained`` (``train.weights_dtype``) and the frozen ones (LoRA's base model) in
-    ``frozen``; buffers (RoPE's frequencies) stay as they are."""
+    """Keep the trained weights in ``trained`` dtype and the frozen ones (LoRA's base) in ``frozen``; buffers as they
+    are."""
     for param in module.parameters():
         param.data = param.data.to(trained if param.requires_grad else frozen)
 
 
 def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None:
-    """Recompute decoder layers in the backward pass (``train.activation_checkpointing``): every one (True), none
-    (False) or the first ``layers``."""
+    """Recompute decoder layers in the backward pass: all (True), none (False) or the first ``layers``."""
     total = len(model.model.layers)
     if layers is False:
         return

@@ -1,6 +1,4 @@
-"""A training run's settings, checked once: :class:`TrainSpec`, built from ```train_world_model``` by
-:func:`train_spec` before torch is imported.
-"""
+"""A training run's settings, checked once before torch is imported: :class:`TrainSpec`."""
 
 from __future__ import annotations
 
@@ -141,8 +139,7 @@ class TrainSpec:
 
 
 def train_spec(cfg: DictConfig) -> TrainSpec:
-    """Check a training config once and return it as a :class:`TrainSpec` (no torch, no file read but the existence of
-    folders)."""
+    """Check a training config once and return it as a :class:`TrainSpec` (no torch; no file read)."""
     values = check_settings(cfg, TRAIN_RANGES)
     finetune = check_choice(select(cfg, "finetune"), "finetune", FINETUNE_MODES)
     init = _init_folder(cfg)
@@ -234,7 +231,6 @@ def _best_by(cfg: DictConfig, sample_gif: bool) -> str:
 
 
 def _init_folder(cfg: DictConfig) -> str | None:
-    """The checkpoint folder training starts from: ``init``, else the ``model`` group's world model, else None."""
     init = cfg.get("init")
     if init is not None:
         if not isinstance(init, str) or not Path(init).is_dir():

@@ -34,13 +34,11 @@ class PatchDiscriminator(nn.Module):
 
 
 def patch_grid_side(side: int, num_layers: int) -> int:
-    """Logits per side of a :class:`PatchDiscriminator` of ``num_layers`` on ``side`` pixels: each stride-2 convolution
-    halves the side (rounding down), each of the two stride-1 ones takes one off."""
+    """Logits per side of a :class:`PatchDiscriminator` of ``num_layers`` on ``side`` pixels."""
     return side // 2**num_layers - 2
 
 
 def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.Tensor:
-    """Discriminator hinge loss."""
     return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())
 
 
@@ -63,7 +61,6 @@ def psnr(reconstruction: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def make_ema(model: nn.Module, decay: float) -> AveragedModel:
-    """Exponential moving average of ``model``'s parameters (torch's own implementation)."""
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 

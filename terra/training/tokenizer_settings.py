@@ -1,7 +1,4 @@
-"""The settings of ``terra-train-tokenizer``, checked once: :class:`TokenizerTrainSpec`, built by
-:func:`tokenizer_train_spec` before torch is imported and carried typed through the loop, as `settings` does for the
-world model.
-"""
+"""The settings of ``terra-train-tokenizer``, checked once before torch is imported: :class:`TokenizerTrainSpec`."""
 
 from __future__ import annotations
 
@@ -134,7 +131,7 @@ class DiscriminatorSpec:
 
 @dataclass(frozen=True)
 class TokenizerTrainSpec:
-    """Everything a tokenizer training run reads, each value checked once (:func:`tokenizer_train_spec`)."""
+    """Everything a tokenizer training run reads, each value checked once."""
 
     model: TokenizerModelSpec
     data: FramesSpec
@@ -145,8 +142,7 @@ class TokenizerTrainSpec:
 
 
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
-    """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch, no file read but the output
-    folders' markers)."""
+    """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch)."""
     model, data = _model(cfg), _frames(cfg)
     loss = LossWeights(**_checked(cfg, LOSS_RANGES))
     disc = _disc(cfg) if check_flag(select(cfg, "disc.enabled"), "disc.enabled") else None
@@ -154,7 +150,6 @@ def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
 
 
 def _checked(cfg: DictConfig, ranges: dict[str, Range]) -> dict[str, Any]:
-    """The settings of ``ranges`` (one group's, e.g. ``loss.*``) checked, by their names in the group."""
     return {key.partition(".")[2]: value for key, value in check_settings(cfg, ranges).items()}
 
 
@@ -199,8 +194,7 @@ def _run(cfg: DictConfig, data: FramesSpec) -> TrainingRun:
 
 
 def _disc(cfg: DictConfig) -> DiscriminatorSpec:
-    """``disc.*`` checked; ``disc.ch`` a multiple of 16 (its GroupNorm layers split 2·ch channels and more in 32
-    groups)."""
+    """``disc.*`` checked; ``disc.ch`` a multiple of 16 (GroupNorm of 32 groups over 2·ch channels)."""
     values = _checked(cfg, DISC_RANGES)
     if values["ch"] % 16:
         raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['ch']}); e.g. disc.ch=64")
