@@ -8,8 +8,7 @@ from terra.training.settings import TrainSpec
 
 
 def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.Optimizer:
-    """``train.optimizer`` over ``module``'s trained weights, with weight decay on matrices only (not on norms and
-    biases)."""
+    """``train.optimizer`` over ``module``'s trained weights, weight decay on matrices only."""
     params = [p for p in module.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]

@@ -1,6 +1,5 @@
-"""What a run reports as it goes: ``train_log.jsonl`` (one row per logged step), TensorBoard events beside it
-(``tensorboard/``), a tqdm bar over the steps (``N/max_steps``, loss, tokens/s, the time left) on a terminal, and a
-line per logged row and per validation (when it starts and when it ends). Only the main process writes.
+"""What a run reports as it goes: ``train_log.jsonl``, TensorBoard events, a progress bar and a line per logged row.
+Only the main process writes.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ class RunLog:
         self.bar.update(1)
 
     def say(self, line: str) -> None:
-        """Print ``line`` on stdout above the bar."""
         tqdm.write(line)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -63,8 +61,7 @@ class RunLog:
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
-    """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further); a run that
-    starts at step 0 has no checkpoint and starts its log anew (its step-0 validation row included)."""
+    """Drop log rows written after the checkpoint a run resumes from; a run from step 0 starts its log anew."""
     if not path.is_file():
         return
     rows = [line for line in path.read_text().splitlines() if line.strip()]

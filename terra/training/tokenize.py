@@ -1,6 +1,4 @@
-"""A clip dataset encoded with an image tokenizer into one tokenized-clips file that ``terra-train`` reads. The
-settings are checked once into a :class:`TokenizeSpec`, without torch.
-"""
+"""A clip dataset encoded with an image tokenizer into one tokenized-clips file that ``terra-train`` reads."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ class TokenizeSpec:
 
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
-    """Every setting of `tokenize_dataset` checked once (the tokenizer folder must exist)."""
+    """Every setting of ``terra-tokenize`` checked once (the tokenizer folder must exist)."""
     tokenizer = required_path(cfg, "tokenizer_path", f"a saved tokenizer folder, e.g. the demo tokenizer's: "
                                                      f"tokenizer_path={DEMO / 'tokenizer'}")
     if not tokenizer.exists():
@@ -50,8 +48,7 @@ def tokenize_spec(cfg: Any) -> TokenizeSpec:
 
 def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
                      progress: bool = True) -> TokenizedClips:
-    """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``), with the
-    clips' actions, poses and routes (None for a dataset written before clips carried routes)."""
+    """Codes of every frame of ``dataset`` from ``tokenizer``, with the clips' actions, poses and routes (or None)."""
     import torch
     from einops import rearrange
 
@@ -96,8 +93,7 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
 
 
 def run(spec: TokenizeSpec) -> TokenizedClips:
-    """Load the tokenizer, encode the dataset and write the tokens file (replacing only a file the toolkit wrote);
-    return the clips."""
+    """Load the tokenizer, encode the dataset and write the tokens file; return the clips."""
     import torch
 
     from terra.core.device import resolve_device, set_threads
