@@ -60,8 +60,8 @@ def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, stream
 
 def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
                             config: Any, room: int, passes_per_step: int | None) -> tuple[SamplingConfig, int | None]:
-    """:func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative vLLM).
-    :func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative vLLM)."""
+    """:func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative
+    vLLM)."""
     decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
     passes = None
     if backend == "vllm" and decoding == "speculative":

@@ -84,8 +84,8 @@ class BufferLayer(DynamicLayer):
 
 
 def window_cache(kv: KV | None, capacity: int) -> DynamicCache:
-    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of ``kv``.
-    A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of ``kv``."""
+    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of
+    ``kv``."""
     cache = DynamicCache()
     cache.layer_class_to_replicate = partial(BufferLayer, capacity)
     for layer, (keys, values) in enumerate(kv or []):

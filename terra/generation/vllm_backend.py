@@ -216,8 +216,8 @@ class VLLMBackend(WorldModelBackend):
         return request.seed if request.seed is not None else self.seed + index
 
     def capacity(self, window_frames: int) -> int | None:
-        """Rollouts of ``window_frames`` frames the KV cache holds at once (None: vLLM does not report its cache size).
-        Rollouts of ``window_frames`` frames the KV cache holds at once (None: vLLM does not report its cache size)."""
+        """Rollouts of ``window_frames`` frames the KV cache holds at once (None: vLLM does not report its cache
+        size)."""
         config = self.engine.vllm_config
         cache = getattr(config, "cache_config", None)
         blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)

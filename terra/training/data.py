@@ -35,8 +35,8 @@ class Windows(NamedTuple):
 
 @dataclass(frozen=True)
 class ClipSet:
-    """Clips one after another: codes ``[F, P]`` int32, actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None: no routes).
-    Clips one after another: codes ``[F, P]`` int32, actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None: no routes)."""
+    """Clips one after another: codes ``[F, P]`` int32, actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None: no
+    routes)."""
 
     codes: torch.Tensor
     actions: torch.Tensor
@@ -120,8 +120,8 @@ class TrainingData:
 
 
 def load_training_data(path: str, val_clips: int, recoveries: str | None = None) -> TrainingData:
-    """Read a shard folder or a tokenized-clips file into memory, and the recovery clips of ``recoveries`` when given.
-    Read a shard folder or a tokenized-clips file into memory, and the recovery clips of ``recoveries`` when given."""
+    """Read a shard folder or a tokenized-clips file into memory, and the recovery clips of ``recoveries`` when
+    given."""
     data = _load_source(path, val_clips)
     if recoveries is None:
         return data

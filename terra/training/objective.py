@@ -76,8 +76,8 @@ def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.T
 
 def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebook: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts nowhere.
-    Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts nowhere."""
+    """Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts
+    nowhere."""
     columns = torch.arange(logits.shape[1], device=logits.device)
     z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill(columns >= vocab, float("-inf"))
     lse = torch.logsumexp(z, -1)
@@ -91,8 +91,8 @@ def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebo
 
 @dataclass(frozen=True)
 class HeadLoss:
-    """How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when ``grads``.
-    How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when ``grads``."""
+    """How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when
+    ``grads``."""
 
     dtype: torch.dtype
     chunk: int

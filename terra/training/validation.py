@@ -1,5 +1,5 @@
-"""A training run's validation: held-out clips' loss and accuracy, sample rollouts' PSNR and GIF, and the best so far.
-A training run's validation: held-out clips' loss and accuracy, sample rollouts' PSNR and GIF, and the best so far."""
+"""A training run's validation: held-out clips' loss and accuracy, sample rollouts' PSNR and GIF, and the best so
+far."""
 
 from __future__ import annotations
 
