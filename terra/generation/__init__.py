@@ -13,5 +13,5 @@ _HOMES = {
 }
 
 __all__, __getattr__ = lazy_face(__name__, _HOMES)
-# the contract moved a floor down (terra/contract/): its old paths until this release
+# the contract's old module paths, until this release
 MOVED_MODULES = moved_modules(__name__, {name: name for name in ("actions", "layout", "routes")}, home="terra.contract")

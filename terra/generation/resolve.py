@@ -16,8 +16,7 @@ from terra.generation.decoding import auto_streams, resolve_engine_decoding
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 
-GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
-# batch by default, and more sequences a step gain little
+GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told
 DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where the backend knows no bound
 
 

@@ -42,8 +42,7 @@ def _steps(width: int, device: torch.device) -> torch.Tensor:
     return torch.arange(1, width + 1, device=device)
 
 
-NOISE_ELEMENTS = 1 << 20  # the noise of a frame is drawn this many values at a time at least (whole frames of a
-# small codebook at once: one call a frame, not one a pass), never past the frame's last position
+NOISE_ELEMENTS = 1 << 20  # a frame's noise is drawn at least this many values at a time, never past its last position
 
 
 class SpeculativeFrame:
