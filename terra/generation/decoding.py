@@ -71,7 +71,6 @@ def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str,
 
 def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
                       config: Any) -> tuple[str, str, int | str]:
-    """The decoding, guesses and block of :func:`resolve_decoding`."""
     decoding, block = sampling.decoding, sampling.draft_tokens
     if decoding == "speculative" and backend == "vllm":
         why = vllm_speculative_unavailable(device, requests)

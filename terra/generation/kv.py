@@ -14,7 +14,6 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, head
 
 
 def kv_tensors(cache: DynamicCache) -> KV:
-    """The cache's keys and values, layer by layer."""
     return [layer.held() if isinstance(layer, BufferLayer) else (layer.keys, layer.values) for layer in cache.layers]
 
 

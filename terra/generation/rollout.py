@@ -175,7 +175,6 @@ class RolloutState:
         return twin
 
     def pass_stats(self) -> PassStats:
-        """Forward passes of the generated frames so far."""
         return PassStats(len(self.passes), sum(self.passes), self.layout.image_tokens)
 
 
@@ -325,7 +324,6 @@ class WorldModelBackend(ABC):
 
     @property
     def name(self) -> str:
-        """Short name for progress bars and logs."""
         return type(self).__name__
 
     def close(self) -> None:

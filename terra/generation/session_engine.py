@@ -24,8 +24,6 @@ RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 
 @dataclass
 class StepResult:
-    """A generated frame of a :class:`Rollout`."""
-
     index: int  # frames generated before it since the last reset (0 = first after the context)
     codes: np.ndarray  # [P]
     action: np.ndarray  # [6, 3] that conditioned it

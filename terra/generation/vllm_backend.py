@@ -40,8 +40,6 @@ class _Request:
 
 @dataclass(frozen=True)
 class FrameStat:
-    """Prefix-cache use of one frame request."""
-
     rollout: int  # index of the request in the generate() call
     frame: int  # index of the generated frame within that rollout
     prompt_tokens: int  # prompt length submitted

@@ -145,7 +145,6 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._close_stream(state)
 
     def close(self) -> None:
-        """Abort open streams, shut the engine down and end the loop thread."""
         loop = getattr(self, "_loop", None)
         if loop is None or loop.is_closed():
             return
@@ -165,7 +164,6 @@ class StreamingVLLMBackend(VLLMBackend):
         self._loop.call_soon_threadsafe(self._feed, stream, None)
 
     def _drop_stream(self, state: RolloutState) -> None:
-        """Abort ``state``'s stream and wait until vLLM has dropped the request."""
         stream, state.cache = state.cache, None
         self._open.pop(stream.request_id, None)
         self._call(self._abort(stream))

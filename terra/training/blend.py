@@ -21,8 +21,6 @@ BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", 
 
 @dataclass(frozen=True)
 class BlendSpec:
-    """What to blend: the starting checkpoint, its fine-tune, the fine-tune's weight, where the blend goes."""
-
     base: Path
     tuned: Path
     weight: float

@@ -152,7 +152,6 @@ def _file_parts(clips) -> list[ClipPart]:
 
 
 def _load_source(path: str, val_clips: int) -> TrainingData:
-    """A shard folder or a tokenized-clips file, split into train and validation clips."""
     if Path(path).is_dir():
         index = read_index(path)
         splits: dict[str, list] = {"train": [], "val": []}

@@ -16,8 +16,6 @@ from terra.core.errors import TerraInputError
 
 @dataclass(frozen=True)
 class Processes:
-    """This process's place among the run's processes, and its device."""
-
     rank: int
     world_size: int
     device: torch.device
@@ -81,7 +79,6 @@ def gradient_sync(module: nn.Module, enabled: bool) -> AbstractContextManager:
 
 
 def all_sum(values: torch.Tensor, processes: Processes) -> torch.Tensor:
-    """``values`` summed over the processes (as they are on one)."""
     if processes.distributed:
         values = values.clone()
         dist.all_reduce(values)
@@ -89,6 +86,5 @@ def all_sum(values: torch.Tensor, processes: Processes) -> torch.Tensor:
 
 
 def barrier(processes: Processes) -> None:
-    """Wait until every process arrives (around the main process's file writes)."""
     if processes.distributed:
         dist.barrier()

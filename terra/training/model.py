@@ -134,7 +134,6 @@ def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None
 
 def standalone_model(trained: nn.Module, full_state: dict[str, torch.Tensor] | None,
                      config: LlamaActionConfig, dtype: torch.dtype) -> LlamaActionForCausalLM:
-    """A plain model in ``dtype`` on the CPU from what was trained."""
     if full_state is None:
         source = copy.deepcopy(trained).to("cpu")
         model = source.merge_and_unload() if hasattr(source, "merge_and_unload") else source

@@ -62,8 +62,6 @@ RANGES = {
 
 @dataclass(frozen=True)
 class PrepareSpec:
-    """A preparation run, checked once (:func:`prepare_spec`)."""
-
     logs: Path
     clips: tuple[Path, ...]  # the clip folders of ``logs``, in name order
     output: OutputDir  # claimed: apart from logs and the tokenizer
@@ -193,13 +191,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
                    splits: dict[str, str], report: Callable[[str], None],
                    on_frames: Callable[[int], None] = lambda count: None,
                    inputs: dict[str, dict[str, str]] | None = None) -> PrepareSummary:
-    """Tokenize the clips of ``folders`` into shards of their split; a clip that cannot be used is written nowhere.
-
-    Args:
-        report: hears one line naming each clip that cannot be used.
-        on_frames: hears each tokenized batch's frame count.
-        inputs: what each clip is made from, kept in the index.
-    """
+    """Tokenize the clips of ``folders`` into shards of their split; ``report`` names each clip that cannot be used."""
     summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
     pending: dict[str, list[PreparedClip]] = {"train": [], "val": []}
     held: PreparedClip | None = None  # the val candidate while no val clip exists

@@ -221,6 +221,5 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
 
 
 def _saved_best(out: Path) -> dict[str, float] | None:
-    """The step and scores of a resumed run's ``best/`` (None when it has none)."""
     path = out / BEST_DIR / BEST_FILE
     return json.loads(path.read_text()) if path.is_file() else None

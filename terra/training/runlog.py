@@ -16,8 +16,6 @@ from terra.training.settings import LOG_FILE, TENSORBOARD_DIR
 
 
 class RunLog:
-    """The run's JSONL log, TensorBoard writer and progress bar."""
-
     def __init__(self, out: Path, start_step: int, max_steps: int, tensorboard: bool, progress: bool) -> None:
         self.path = out / LOG_FILE
         _drop_rows_after(self.path, start_step)

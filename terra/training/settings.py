@@ -84,8 +84,6 @@ class LoraSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """Everything a training run reads, each value checked once (:func:`train_spec`)."""
-
     data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
     recoveries: str | None  # a tokenized-clips file of recovery clips; None: none
@@ -205,7 +203,6 @@ def check_betas(value: Any, name: str) -> tuple[float, float]:
 
 
 def _memory(cfg: DictConfig) -> dict[str, Any]:
-    """``train.optimizer``, ``train.weights_dtype`` and ``train.activation_checkpointing``."""
     optimizer = check_choice(select(cfg, "train.optimizer"), "train.optimizer", OPTIMIZERS)
     if optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise TerraInputError("train.optimizer=adamw8bit needs torchao, which is not installed; "

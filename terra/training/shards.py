@@ -39,7 +39,6 @@ class ShardClip:
 
 @dataclass(frozen=True)
 class ShardEntry:
-
     file: str
     split: str
     clips: tuple[ShardClip, ...]
@@ -59,7 +58,6 @@ class ShardIndex:
     index_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # carried by every shard of the index
 
     def clip_ids(self) -> set[str]:
-        """Ids of every clip already in a shard (a rerun skips them)."""
         return {clip.id for entry in self.shards for clip in entry.clips}
 
     def to_json(self) -> dict[str, Any]:
@@ -146,13 +144,8 @@ def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> st
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
                 routes: list[np.ndarray | None] | None = None, inputs: dict[str, dict[str, str]] | None = None
                 ) -> ShardEntry:
-    """Write one shard of ``clips`` and add it to the index.
-
-    Args:
-        clips: ``(id, codes [T, h, w], actions [T, 6, 3])`` each.
-        routes: each clip's ``[T, M, 3]`` (None: it has none).
-        inputs: clip id -> what it was made from.
-    """
+    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``, ``routes [T, M, 3]``) to the
+    index."""
     folder = Path(folder)
     number = 1 + max((int(e.file[len(split) + 1:-len(".safetensors")]) for e in index.shards if e.split == split),
                      default=-1)

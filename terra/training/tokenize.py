@@ -24,8 +24,6 @@ BATCH_SIZE = Range(1, 65536, 64, whole=True)
 
 @dataclass(frozen=True)
 class TokenizeSpec:
-    """What ``terra-tokenize`` encodes, with which tokenizer, into which file."""
-
     dataset: Path
     tokenizer: Path
     out: Path
@@ -93,7 +91,6 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
 
 
 def run(spec: TokenizeSpec) -> TokenizedClips:
-    """Load the tokenizer, encode the dataset and write the tokens file; return the clips."""
     import torch
 
     from terra.core.device import resolve_device, set_threads

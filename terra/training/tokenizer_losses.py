@@ -43,7 +43,6 @@ def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.
 
 
 def hinge_g_loss(logits_fake: torch.Tensor) -> torch.Tensor:
-    """Generator side of the hinge GAN loss."""
     return -logits_fake.mean()
 
 
@@ -84,8 +83,6 @@ def sample_batch(frames: torch.Tensor, batch_size: int, step: int, seed: int, hf
 
 
 class CodeUsage:
-    """Counts which codes were used since the last :meth:`reset` (codebook usage logging)."""
-
     def __init__(self, codebook_size: int) -> None:
         self.counts: torch.Tensor | None = None
         self.codebook_size = codebook_size

@@ -76,8 +76,6 @@ def evaluate(model: ImageTokenizer, images: torch.Tensor) -> dict[str, float]:
 
 @dataclass
 class Trainees:
-    """Everything that learns, and its optimiser state."""
-
     model: ImageTokenizer
     optimizer: torch.optim.Optimizer
     ema: torch.optim.swa_utils.AveragedModel | None

@@ -65,8 +65,6 @@ class TokenizerModelSpec:
 
 @dataclass(frozen=True)
 class FramesSpec:
-    """``data``: the training frames."""
-
     source: str  # synthetic | folder
     path: str | None  # source=folder: a folder, glob or video file; None with source=synthetic
     num_frames: int  # source=synthetic: frames rendered once and cached in the output folder
@@ -131,8 +129,6 @@ class DiscriminatorSpec:
 
 @dataclass(frozen=True)
 class TokenizerTrainSpec:
-    """Everything a tokenizer training run reads, each value checked once."""
-
     model: TokenizerModelSpec
     data: FramesSpec
     train: TrainingRun

@@ -33,7 +33,6 @@ def autocast_dtype(spec: TrainSpec, device: torch.device) -> torch.dtype | None:
 
 
 def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> Trainee:
-    """The model on this process's device, LoRA added and wrapped for data parallelism as the spec says."""
     per_process, rest = divmod(spec.batch_size, processes.world_size)
     micro = spec.micro_batch_size or per_process
     if rest or per_process % micro:

@@ -28,7 +28,6 @@ class Validation:
 
 
 def plan_validation(spec: TrainSpec, data: TrainingData, frames: int, processes: Processes) -> Validation:
-    """The run's :class:`Validation` for windows of ``frames`` frames."""
     val = validation_windows(data.val, frames)
     preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
     tokenizer = None
