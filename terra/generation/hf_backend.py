@@ -121,8 +121,7 @@ class HFBackend(WorldModelBackend):
 
     @torch.inference_mode()
     def _poll(self) -> list[FrameDone]:
-        """One forward pass for every speculative frame; admit queued frames, then one decode step for every sequential
-        one."""
+        """One pass for every speculative frame; admit queued frames, then one decode step for every sequential one."""
         return self._speculative.step() + self._sequential_step()
 
     def _sequential_step(self) -> list[FrameDone]:

@@ -148,8 +148,7 @@ class RolloutState:
             self.actions[end] = actions[-1]
 
     def set_next_route(self, route: np.ndarray | None) -> None:
-        """Set the next frame's route (the road ahead of the pose it is drawn from, a checked ``[K, 3]``; None: no
-        route), held by the newest frame's route slots."""
+        """Set the next frame's route, a checked ``[K, 3]`` (None: no route)."""
         self.set_next_routes([route])
 
     def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:

@@ -16,13 +16,8 @@ from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
 def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
-    """The number of leading guesses equal to the draw of their row, per request ``[R]`` int32.
-
-    Args:
-        samples: ``[R, K+1]``, the token drawn from each logits row of the pass.
-        guesses: ``[R, K]``, the guesses the pass was fed.
-        num_guesses: ``[R]``, how many of ``guesses`` are real.
-    """
+    """Per request, int32: how many leading ``guesses [R, K]`` equal the draws ``samples [R, K+1]``, at most
+    ``num_guesses``."""
     match = guesses == samples[:, : guesses.shape[1]]
     leading = match.cumprod(dim=1, dtype=torch.int32).sum(dim=1, dtype=torch.int32)
     return torch.minimum(leading, num_guesses)  # the slots past a request's guesses never count

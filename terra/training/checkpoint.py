@@ -25,8 +25,7 @@ LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)  # the 
 
 
 def _aside(folder: Path) -> tuple[Path, Path]:
-    """The folders a save writes first (``.checkpoint.tmp``) and moves the previous checkpoint to
-    (``.checkpoint.old``)."""
+    """The folders a save writes first (``.checkpoint.tmp``) and parks the previous one in (``.checkpoint.old``)."""
     return folder.with_name(f".{folder.name}.tmp"), folder.with_name(f".{folder.name}.old")
 
 
