@@ -1,11 +1,4 @@
-"""The world model's action contract: each frame's action is ``[6, 3]`` floats ``[y, x, time]``.
-
-The action of frame ``t`` holds points ``9 + 10 k`` (k = 0..5) of the ego trajectory that starts at frame
-``t``: 60 points at 20 Hz over 3 s in frame ``t``'s ego frame (x forward, y left), so it says where the car
-goes from frame ``t`` on and conditions frame ``t + 1`` (docs/ARCHITECTURE.md, "Actions"). The rates and the
-layout are stated here once; terra/inputs/ turns what users give into such arrays and checks them with
-:func:`validate_actions` at the edge, so lower layers take them as they are.
-"""
+"""The world model's action contract: each frame's action is ``[6, 3]`` floats ``[y, x, time]``."""
 
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ ACTION_TIMES = (ACTION_POINT_INDICES / FUTURE_RATE_HZ).astype(np.float32)  # 0.4
 MAX_ACTION_M = 2 * MAX_SPEED_MPS * FUTURE_POINTS / FUTURE_RATE_HZ  # |value| of actions / instruction points (600 m)
 
 
-RULE = "num_context + num_frames - 1: an action for every frame but the last generated"  # docs/generate.md
+RULE = "num_context + num_frames - 1: an action for every frame but the last generated"
 
 
 def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1) -> np.ndarray:
@@ -48,9 +41,7 @@ def validate_actions(actions: Any, source: str = "actions", min_frames: int = 1)
 
 
 def finite_array(value: Any, source: str) -> np.ndarray:
-    """``value`` as a float64 array of finite real numbers: numbers (JSON's ints and floats, numpy's) in nested lists,
-    or a real-valued array. The one check of coordinates wherever they are read: nothing is converted, so strings
-    (``"1.5"``, ``"1_0"``), booleans, complex numbers and objects are refused, each in one line naming ``source``."""
+    """``value`` (numbers in nested lists, or a real-valued array) as a float64 array of finite numbers."""
     if isinstance(value, (list, tuple)):
         try:
             cells = np.asarray(value, dtype=object)
@@ -76,10 +67,8 @@ def finite_array(value: Any, source: str) -> np.ndarray:
 
 
 def number_from_text(text: str) -> float:
-    """A number written as text (a CSV cell): an optional sign, digits with an optional decimal point, an optional
-    exponent, nothing else (``1_0``, other scripts' digits and spaces inside, which Python's ``float`` takes, are
-    refused; ``nan`` and ``inf`` are read, for the finiteness check to name); raises ``ValueError`` naming the
-    text."""
+    """A number written as text (a CSV cell): sign, digits, decimal point, exponent only; ``nan``/``inf`` read; else
+    ValueError."""
     stripped = text.strip()
     if not _NUMBER_TEXT.fullmatch(stripped):
         raise ValueError(f"{stripped[:40]!r} is not a number")
@@ -92,7 +81,6 @@ _NUMBER_TEXT = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|i
 
 
 def _not_a_number(cell: Any) -> str:
-    """Why one cell of a nested list is not a number, for one line."""
     if isinstance(cell, (list, tuple)):
         return "holds rows of unequal length"
     if isinstance(cell, _BOOLEANS):

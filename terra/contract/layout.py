@@ -1,12 +1,4 @@
-"""The token layout of a Terra window and the plan of windows for long rollouts (docs/ARCHITECTURE.md).
-
-A window holds up to ``max_frames`` frames. Frame ``j`` of a window occupies positions
-``[j * S, (j + 1) * S)`` with ``S = image_tokens + action_tokens + route_tokens``: first its image tokens
-(row-major), then its action slots, which carry ``action_projection(a_t[k])`` instead of a token embedding, then
-its route slots (none in Terra's layout), which carry ``route_projection(r_{t+1}[k])`` or the learned "no route"
-embedding. Position ``p`` gets ``spatial[p % S] + temporal[p // S]`` added to its input embedding. Every backend
-builds its prompts here.
-"""
+"""The token layout of a Terra window and the plan of windows for long rollouts."""
 
 from __future__ import annotations
 
@@ -33,7 +25,7 @@ class TokenLayout:
 
     @classmethod
     def from_config(cls, config) -> "TokenLayout":
-        """Read the layout from a :class:`~terra.models.configuration_llama_action.LlamaActionConfig`."""
+        """Read the layout from a :class:`LlamaActionConfig`."""
         return cls(
             image_tokens=config.num_image_patches,
             action_tokens=config.num_action_tokens,
@@ -77,7 +69,6 @@ class TokenLayout:
         return self.spatial_index(positions) >= self.image_tokens
 
     def is_route_slot(self, positions: np.ndarray) -> np.ndarray:
-        """True where a window position is a route slot."""
         return self.spatial_index(positions) >= self.image_tokens + self.action_tokens
 
     def frame_start(self, slot: int) -> int:
@@ -85,10 +76,7 @@ class TokenLayout:
         return slot * self.frame_span
 
     def prompt_ids(self, frame_codes: np.ndarray) -> list[int]:
-        """Token ids for complete frames: each frame's image codes followed by its slots' placeholders.
-
-        ``frame_codes`` is ``[n, image_tokens]`` (or ``[n, h, w]``); the result has ``n * frame_span`` ids.
-        """
+        """Token ids for complete frames: each frame's image codes followed by its slots' placeholders."""
         codes = np.asarray(frame_codes).reshape(len(frame_codes), -1)
         if codes.shape[1] != self.image_tokens:
             raise TerraInputError(
@@ -124,9 +112,8 @@ class Window:
 
 def check_window(window: int, num_context: int, overlap: int | None = None,
                  overlap_name: str = "model.overlap") -> None:
-    """Raise when the run's ``num_context`` (or its window ``overlap``) leaves no room to generate in a ``window`` of
-    frames (``max_frames``: the world model's ``num_temporal_embeddings``, known once its config.json is read),
-    naming the setting; :func:`plan_windows` holds a rollout to the same bounds."""
+    """Raise, naming the setting, when ``num_context`` (or ``overlap``) leaves no room to generate in a ``window`` of
+    frames."""
     if num_context >= window:
         raise TerraInputError(f"num_context={num_context} does not fit a window of {window} frames; "
                               f"use at most {window - 1}")
@@ -136,12 +123,7 @@ def check_window(window: int, num_context: int, overlap: int | None = None,
 
 
 def plan_windows(num_context: int, num_generate: int, max_frames: int, overlap: int) -> list[Window]:
-    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows (docs/ARCHITECTURE.md,
-    "Windows").
-
-    The first window starts with the given context; each later one starts with the last ``overlap`` frames
-    of the previous window as context, so every frame is generated exactly once.
-    """
+    """Split a rollout of ``num_context`` given + ``num_generate`` new frames into windows."""
     if num_context < 1:
         raise TerraInputError("a rollout needs at least one context frame; pass one or more context images")
     if num_context >= max_frames:

@@ -1,25 +1,4 @@
-"""The world model's route contract: a frame's route is ``[K, 3]`` floats ``[y, x, s]`` (docs/ARCHITECTURE.md,
-"Routes").
-
-A route is the centreline of the lane the car is to drive in (the midpoint of its rails, as AlpaSim's clipgt maps,
-nuPlan and NAVSIM give a lane; never the road's centre line), ahead of a pose, in that pose's ego frame (x forward,
-y left, metres): point ``k`` is the lane's centreline point ``s_k`` metres along the lane (and the lanes it leads
-into) from the pose's nearest point on it, with ``s_k = ROUTE_HORIZON_M * (k + 1) / K``, so ``K`` points reach as far
-as a frame shows road; a car keeping its lane has its route's first points at ``y`` near 0. The three values are
-ordered as an action point's ``[y, x, time]``. ``routes[t]`` is always the route of frame ``t``: the road ahead of the
-pose frame ``t`` was drawn from (files, datasets, requests). A model with ``num_route_tokens = K > 0`` carries, after
-each frame's action slots, ``K`` route slots holding the route at the pose the next frame is drawn from: frame ``t``'s
-route slots hold ``routes[t + 1]`` and condition frame ``t + 1``, like ``actions[t]`` (:func:`slot_routes`, the one rule
-of that shift, for rollouts and training alike). A frame without a route holds NaN rows (:func:`no_route`), which the
-model replaces by its learned "no route" embedding; that is the one place NaN means something, and it never comes from a
-file a person writes (training files the toolkit writes hold it for frames without a route, terra/training/shards.py):
-routes read from files are checked finite, in reach and, where a person gave them, ahead of the car
-(:func:`validate_routes`, :func:`check_ahead`) where they enter, their shape against the model by the one check of it
-(:func:`check_route_shape`), which rollouts ask again as a cheap check.
-
-``K`` is ``route_tokens`` in code (the layout's field, terra/contract/layout.py; ``num_route_tokens`` in a model's
-config); ``route_points`` is only a dataset's resolution (the points each frame's route is stored at, terra/sim/).
-"""
+"""The world model's route contract: a frame's route is ``[K, 3]`` floats ``[y, x, s]``."""
 
 from __future__ import annotations
 
@@ -42,8 +21,7 @@ __getattr__ = renamed(__name__, {"route_points": "routes_from_yx"})  # until 0.2
 
 
 def route_distances(points: int) -> np.ndarray:
-    """``s_k`` of a route of ``points`` points (a model's K, or a dataset's resolution): evenly spaced up to
-    :data:`ROUTE_HORIZON_M`, float32."""
+    """``s_k`` of a route of ``points`` points: evenly spaced up to :data:`ROUTE_HORIZON_M`, float32."""
     return (ROUTE_HORIZON_M * np.arange(1, points + 1) / points).astype(np.float32)
 
 
@@ -60,9 +38,8 @@ def routes_from_yx(lateral_forward: np.ndarray) -> np.ndarray:
 
 
 def resample_routes(routes: np.ndarray, points: int) -> np.ndarray:
-    """Routes ``[..., M, 3]`` (``M >= 2``) at :func:`route_distances` of ``M`` points → ``[..., points, 3]`` at
-    those of ``points``: linear along the road, exact where the distances coincide (a dataset's 16 points give a
-    model's 8, every second one); NaN routes stay NaN."""
+    """Routes ``[..., M, 3]`` (``M >= 2``) resampled to ``[..., points, 3]``, linear along the road; NaN routes stay
+    NaN."""
     routes = np.asarray(routes, dtype=np.float32)
     if routes.shape[-2] == points:
         return routes
@@ -74,9 +51,8 @@ def resample_routes(routes: np.ndarray, points: int) -> np.ndarray:
 
 
 def slot_routes(routes: np.ndarray, rows: int) -> np.ndarray:
-    """The route slots' values ``[rows, K, 3]`` float32 of frames ``0 .. rows - 1`` whose own routes are ``routes``
-    (``[T, K, 3]``, ``routes[t]`` frame ``t``'s): frame ``t``'s slots hold ``routes[t + 1]``, the route of the frame
-    they condition; the rows ``routes`` does not reach (the last frame's, at least) hold no route."""
+    """The route slots' values ``[rows, K, 3]`` float32: frame ``t``'s slots hold ``routes[t + 1]`` (``routes [T, K,
+    3]``)."""
     arr = np.asarray(routes, dtype=np.float32)
     slots = arr[1 : rows + 1]
     return np.concatenate([slots, no_route(rows - len(slots), arr.shape[1])])
@@ -84,10 +60,12 @@ def slot_routes(routes: np.ndarray, rows: int) -> np.ndarray:
 
 def check_route_shape(shape: tuple[int, ...], route_tokens: int, source: str = "routes", min_frames: int = 1,
                       values: tuple[int, ...] = (2, ROUTE_POINT_VALUES), x_first: bool = False) -> None:
-    """The one check of routes against a model of ``route_tokens`` (K) route slots a frame: the model has route
-    slots, and the routes are ``[frames >= min_frames, K, v]`` with ``v`` in ``values`` (2: ``y, x``; 3:
-    ``y, x, s``; ``x_first``: rows as a user writes them, ``x, y[, s]``). Shapes only: the values are checked where
-    routes enter (:func:`validate_routes`)."""
+    """Check routes of ``shape`` ``[frames >= min_frames, K, v]`` against a model of ``route_tokens`` (K) route slots.
+
+    Args:
+        values: the allowed ``v`` (2: ``y, x``; 3: ``y, x, s``).
+        x_first: rows as a user writes them, ``x, y[, s]``.
+    """
     if not route_tokens:
         raise TerraInputError(f"{source}: {NO_ROUTE_SLOTS}, so it cannot take a route; leave the route out or use a "
                               "route-conditioned model")
@@ -106,10 +84,7 @@ def check_route_shape(shape: tuple[int, ...], route_tokens: int, source: str = "
 
 def validate_routes(routes: Any, route_tokens: int, source: str = "routes", min_frames: int = 1,
                     x_first: bool = False, ahead: bool = False) -> np.ndarray:
-    """Check routes read from a file or a request against a model of ``route_tokens`` (K) route slots and return
-    them in the contract's layout, ``[T, K, 3]`` float32 ``[y, x, s]``. They come as ``[T, K, 2]`` (``y, x``) or
-    ``[T, K, 3]`` (``y, x, s``), or with ``x_first`` as users write every other point, ``x, y[, s]``. ``ahead``:
-    each route must lie ahead of its car (:func:`check_ahead`), as every route a person gives does."""
+    """Routes from a file or a request as ``[T, K, 3]`` float32 ``[y, x, s]``, checked against K = ``route_tokens``."""
     arr = finite_array(routes, source)
     check_route_shape(arr.shape, route_tokens, source, min_frames, x_first=x_first)
     if arr.shape[2] == 3 and not np.allclose(arr[..., 2], route_distances(route_tokens), atol=1e-3):
@@ -127,10 +102,7 @@ def validate_routes(routes: Any, route_tokens: int, source: str = "routes", min_
 
 
 def check_ahead(lateral_forward: np.ndarray, source: str, x_first: bool = False) -> None:
-    """Each route of ``lateral_forward`` (``[T, K, 2]`` ego ``y, x``) lies ahead of its car: its first point, the
-    first :func:`route_distances` along the road from the car, has a forward ``x`` above 0 (a road turning back
-    within that distance is no road a car follows); one line naming the first frame whose route does not (a route
-    written ``[x, y]`` where ``[y, x]`` was read, or in the world frame, is one)."""
+    """Check each route of ``lateral_forward`` (``[T, K, 2]`` ego ``y, x``) starts ahead of its car (``x > 0``)."""
     forward = lateral_forward[:, 0, 1]
     behind = np.flatnonzero(forward <= 0.0)
     if len(behind):

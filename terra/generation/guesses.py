@@ -1,11 +1,5 @@
-"""Speculative decoding's ``transitions`` guesses (``sampling.guesses``): a memory of a frame's own passes that
-turns a refilled guess into the draw an earlier pass made at that position after the same token.
-
-terra/generation/speculative.py verifies the guesses; whatever they are, the committed codes are sequential
-decoding's, so the guesses decide only how many passes a frame takes. A pass's draws past its first wrong guess
-were made after that wrong token; the next pass feeds the corrected one. Where an earlier pass of the frame fed
-the very token now before a position, the draw it made there is a better guess than the latest draw, made after
-another token (scripts/bench/benchmark_guesses.py measures the sources against each other).
+"""Speculative decoding's ``transitions`` guesses: a refilled guess becomes the draw an earlier pass made at that
+position after the same token.
 """
 
 from __future__ import annotations
@@ -16,9 +10,7 @@ MEMORY_SLOTS = 4  # per position: the most recent distinct tokens before it whos
 
 
 class Transitions:
-    """Per position of a frame, the token each pass drew there after a given token before it (the last
-    :data:`MEMORY_SLOTS` distinct ones): :meth:`recall` turns a refilled guess into the draw made after the token
-    the next pass will feed before it, where some pass fed that token."""
+    """Per position of a frame, the tokens passes drew there after given tokens (the last :data:`MEMORY_SLOTS`)."""
 
     def __init__(self, size: int, device: torch.device) -> None:
         self.before = torch.full((size, MEMORY_SLOTS), -1, dtype=torch.long, device=device)
@@ -36,8 +28,8 @@ class Transitions:
                                                 (self.next_slot[positions] + 1) % MEMORY_SLOTS)
 
     def recall(self, positions: torch.Tensor, before: torch.Tensor, guesses: torch.Tensor) -> torch.Tensor:
-        """``guesses [n]`` for ``positions [n]``, each replaced by the draw made there after ``before [n]`` where
-        one was."""
+        """``guesses [n]`` for ``positions [n]``, each replaced by the draw made there after ``before [n]`` where one
+        was."""
         same = self.before[positions] == before[:, None]
         drawn = self.drawn[positions].gather(1, same.to(torch.int8).argmax(dim=1, keepdim=True))[:, 0]
         return torch.where(same.any(dim=1), drawn, guesses)

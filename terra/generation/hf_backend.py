@@ -1,18 +1,4 @@
-"""The Transformers backend: a KV cache per rollout, and continuous batching of the frames in flight.
-
-Each rollout keeps its own KV cache between frames (in :attr:`RolloutState.cache`). Frames in flight share
-one batched cache: every :meth:`HFBackend.poll` is one decode step for all of them. A frame joins at the next
-poll after it is submitted, with one forward pass that yields its first token's logits: the window's whole
-prompt at a window start, else the previous frame's last token together with its slots (frames whose
-caches are equally long share that pass). A frame leaves once its ``P`` image tokens are sampled. Caches of
-unequal length are left-padded and masked; rollouts that advance in lock step (a batch of equal window plans)
-never need padding, so their numbers are those of one batched rollout.
-
-Tokens are drawn by the Gumbel-max trick with noise keyed by the rollout's seed, the frame and the position
-(terra/generation/sampling.py), so a rollout's codes depend on its seed alone, not on its batch. Frames submitted
-with ``sampling.decoding=speculative`` take the speculative path instead (terra/generation/hf_speculative.py): each
-poll is one forward pass per such frame, scoring its draft tokens, and gives the same codes.
-"""
+"""The Transformers backend: a KV cache per rollout, and continuous batching of the frames in flight."""
 
 from __future__ import annotations
 
@@ -38,19 +24,14 @@ from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 
 @dataclass
 class _Slot:
-    """What a rollout keeps between frames: its KV cache (batch of one). Its random draws need no state: the noise
-    of every position is keyed by the rollout's seed, the frame and the position (terra/generation/sampling.py).
-
-    The cache tensors are never written in place (a :class:`DynamicCache` grows by concatenation, merging
-    copies), so a forked rollout may share them with its parent.
-    """
+    """What a rollout keeps between frames: its KV cache (batch of one)."""
 
     kv: KV | None
     # the frame they are for, its first guesses and the noise of its first positions, drawn by the previous frame's
-    # passes (``sampling.guesses=lookahead``, terra/generation/speculative.py); None: start from the previous codes
+    # passes; None: start from the previous codes
     ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
     # the speculative path's window cache and the ``kv`` it holds: its next frame writes on into it while ``kv`` is
-    # still that one (terra/generation/hf_speculative.py); never a fork's (its twin would write there too)
+    # still that one; never a fork's (its twin would write there too)
     window: tuple[DynamicCache, KV] | None = None
 
 
@@ -66,14 +47,7 @@ class _Row:
 
 
 class HFBackend(WorldModelBackend):
-    """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device).
-
-    ``decoding`` (sequential | speculative) and ``draft_tokens`` (the block) are what a call's
-    ``sampling.decoding=auto`` and ``sampling.draft_tokens=auto`` run as: the run's choices, made before it is built
-    (terra/generation/resolve.py; a caller without a run: terra/generation/backends.py, ``model_backend``,
-    ``create_backend``). A call that names its own gets it; ``sampling.guesses=auto`` runs as ``lookahead``.
-    ``layout`` is the model's token layout as the run read it from its config (terra/contract/layout.py).
-    """
+    """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device)."""
 
     def __init__(
         self,
@@ -107,8 +81,8 @@ class HFBackend(WorldModelBackend):
         return "transformers"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """``sampling`` as this backend decodes it: ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` are
-        the run's choices (never decided again here); the codes do not depend on them."""
+        """``sampling`` with ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` replaced by the run's
+        choices."""
         sampling = super().as_run(sampling)
         if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
             block = self.draft_tokens if sampling.draft_tokens == "auto" else sampling.draft_tokens
@@ -147,8 +121,7 @@ class HFBackend(WorldModelBackend):
 
     @torch.inference_mode()
     def _poll(self) -> list[FrameDone]:
-        """One forward pass for every speculative frame (terra/generation/hf_speculative.py); admit queued frames
-        (up to ``max_batch_size`` in flight), then one decode step for every sequential frame."""
+        """One pass for every speculative frame; admit queued frames, then one decode step for every sequential one."""
         return self._speculative.step() + self._sequential_step()
 
     def _sequential_step(self) -> list[FrameDone]:
@@ -174,9 +147,7 @@ class HFBackend(WorldModelBackend):
         return done
 
     def _noise(self, rows: list[_Row]) -> torch.Tensor:
-        """The Gumbel noise ``[len(rows), codebook_size]`` of the tokens ``rows`` sample now, each keyed by its
-        rollout's seed, frame and position (the noise speculative decoding draws that token with too), in one
-        call."""
+        """The Gumbel noise ``[len(rows), codebook_size]`` of the tokens ``rows`` sample now."""
         keys = torch.tensor([(row.state.seed, row.state.next_frame, len(row.tokens)) for row in rows],
                             device=self.device).T
         return gumbel_noise(keys[0], keys[1], keys[2], self.layout.codebook_size, self.device)
@@ -214,11 +185,7 @@ class HFBackend(WorldModelBackend):
         self._logits = torch.cat(logits)
 
     def _first_pass(self, states: list[RolloutState]) -> tuple[torch.Tensor, KV]:
-        """Logits of the first token of each state's next frame, and the group's cache after the pass.
-
-        At a window start the pass is the window's prompt on an empty cache; otherwise it is the previous
-        frame's last token and slots (every state here has a cache of the same length).
-        """
+        """Logits of the first token of each state's next frame, and the group's cache after the pass."""
         layout = self.layout
         if states[0].window_starts:
             prompts = [s.prompt() for s in states]
@@ -235,7 +202,6 @@ class HFBackend(WorldModelBackend):
 
     def _forward_new(self, ids: torch.Tensor, conditions: torch.Tensor, positions: torch.Tensor,
                      kv: KV) -> tuple[torch.Tensor, KV]:
-        """A first pass over unpadded rows sharing ``positions``; the last logits and the grown cache."""
         cache = kv_cache(kv)
         logits = self._model(ids, conditions, positions.expand(len(ids), -1), cache, None)
         return logits, kv_tensors(cache)
@@ -280,8 +246,7 @@ class HFBackend(WorldModelBackend):
 
     def _model(self, ids: torch.Tensor, conditions: torch.Tensor | None, positions: torch.Tensor,
                cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
-        """Run new tokens (``conditions``: their slots' values) through the model with the cache; return the last
-        position's logits ``[B, vocab]``."""
+        """Run new tokens (``conditions``: their slots' values) through the model; the last logits ``[B, vocab]``."""
         out = self.model(
             input_ids=ids,
             conditions=None if conditions is None else conditions.to(self.model.dtype),

@@ -1,17 +1,4 @@
-"""The Transformers backend's speculative path: a forward pass per rollout per poll, its draft tokens in each.
-
-:class:`SpeculativeRows` holds the frames that :class:`~terra.generation.hf_backend.HFBackend` decodes with
-``sampling.decoding=speculative`` (terra/generation/speculative.py has the rule and why its codes are sequential
-decoding's). Each :meth:`SpeculativeRows.step` runs one forward pass for every such frame, one rollout at a time
-(their caches diverge after the first mismatch, and a single stream is the case this path is for): the frame's
-first pass is its prompt (the window's frames at a window start, else the previous frame's last token and
-slots) followed by the draft tokens; later passes are the last committed token followed by them. The passes'
-draws, acceptance and refill then run for every frame at once (terra/generation/speculative.py, ``advance_frames``).
-After each pass the rollout's KV cache is cut back to the committed tokens (the last one excepted: it is the next
-pass's first input), so between frames the cache is exactly what sequential decoding leaves. The cache is a window's
-buffer (terra/generation/kv.py, ``window_cache``): a pass writes its tokens in place after the kept ones, and the
-rollout's next frame writes on into it, so no pass copies the cache (a fork's next frame copies it once).
-"""
+"""The Transformers backend's speculative path: a forward pass per rollout per poll, its draft tokens in each."""
 
 from __future__ import annotations
 
@@ -37,7 +24,7 @@ class _Frame:
     frame: SpeculativeFrame
     cache: DynamicCache
     prefix_ids: torch.Tensor | None  # [L] the frame's prompt before its drafts (None once the first pass ran)
-    prefix_conditions: torch.Tensor  # [slots, 3] values of the prefix's slots (terra/generation/rollout.py)
+    prefix_conditions: torch.Tensor  # [slots, 3] values of the prefix's slots
     next_conditions: torch.Tensor | None  # [A + K, 3] of the frame's own slots, where a pass may run past its end
     start: int  # window position of the frame's first image token
     prompt_tokens: int
@@ -47,8 +34,7 @@ class _Frame:
 
 
 class SpeculativeRows:
-    """The speculative frames of one :class:`~terra.generation.hf_backend.HFBackend` (``model`` in eval mode on
-    ``device``; rollouts' ``cache`` is the backend's slot, holding their KV between frames)."""
+    """The speculative frames of one :class:`HFBackend`; a rollout's ``cache`` holds its KV between frames."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model = model
@@ -59,7 +45,6 @@ class SpeculativeRows:
         return len(self._frames)
 
     def add(self, state: RolloutState, sampling: SamplingConfig) -> None:
-        """Start ``state``'s next frame (its slot made by the backend)."""
         layout = state.layout
         handed = state.cache.ahead  # a lookahead's handover; a frame decoded another way since leaves it stale
         if handed is not None and handed[0] == state.next_frame:
@@ -97,10 +82,7 @@ class SpeculativeRows:
         self._frames = [f for f in self._frames if id(f.state) not in drop]
 
     def step(self) -> list[FrameDone]:
-        """One forward pass for every frame in flight, then their draws, acceptance and refill together
-        (:func:`~terra.generation.speculative.advance_frames`: the rule's work once a step, however many rollouts);
-        the frames that are complete, added to their states (in inference mode: :meth:`HFBackend.poll
-        <terra.generation.hf_backend.HFBackend.poll>` calls it)."""
+        """One forward pass for every frame in flight, then acceptance and refill together; the frames completed."""
         entries = list(self._frames)
         if not entries:
             return []
@@ -116,8 +98,8 @@ class SpeculativeRows:
         return done
 
     def _pass(self, entry: _Frame) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The frame's forward pass: the logits of its rows and, where it ran past the frame's end, of the next
-        frame's first positions (:meth:`SpeculativeFrame.advance`'s two arguments)."""
+        """The logits of the frame's rows and, where the pass ran past the frame's end, of the next frame's first
+        positions."""
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)

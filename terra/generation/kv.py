@@ -1,9 +1,5 @@
-"""The Transformers backend's KV caches as plain tensors: a rollout keeps ``KV`` between frames, a forward pass
-takes a :class:`DynamicCache` (terra/generation/hf_backend.py, terra/generation/hf_speculative.py).
-
-Nothing here writes a tensor a rollout keeps in place (a :class:`DynamicCache` grows by concatenation, :func:`crop`
-slices; a :func:`window_cache` writes only past the positions it was given), so a forked rollout may share its
-parent's tensors.
+"""The Transformers backend's KV caches as plain tensors (``KV``) between frames, :class:`DynamicCache` s in a pass.
+A rollout's tensors are never written in place, so a fork may share its parent's.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, head
 
 
 def kv_tensors(cache: DynamicCache) -> KV:
-    """The cache's keys and values, layer by layer."""
     return [layer.held() if isinstance(layer, BufferLayer) else (layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -31,8 +26,7 @@ def kv_cache(kv: KV) -> DynamicCache:
 
 
 def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer of ``cache`` (a :class:`BufferLayer`: only its end
-    moves, once a speculative pass)."""
+    """Keep the first ``length`` positions of every layer of ``cache``."""
     for layer in cache.layers:
         if isinstance(layer, BufferLayer):
             layer.length = min(layer.length, length)
@@ -41,10 +35,8 @@ def crop(cache: DynamicCache, length: int) -> None:
 
 
 class BufferLayer(DynamicLayer):
-    """A cache layer whose keys and values live at the front of buffers of ``capacity`` positions: a forward pass
-    writes its positions in place after the kept ones and attends to views, so a speculative pass copies only its
-    own tokens, not the cache (a :class:`DynamicLayer` concatenates the whole cache every pass); :meth:`crop` moves
-    the end back. Past its capacity it doubles (one copy)."""
+    """A cache layer in buffers of ``capacity`` positions, written in place, so a speculative pass copies only its
+    tokens."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -79,13 +71,10 @@ class BufferLayer(DynamicLayer):
         return self.length
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last ``-tokens_to_remove`` positions (a positive value: keep that many, as DynamicLayer). Only
-        the length moves: ``keys`` and ``values`` are the views the last :meth:`update` returned until the next one
-        (:meth:`held` gives the positions kept)."""
+        """Drop the last ``-tokens_to_remove`` positions (a positive value: keep that many, as DynamicLayer)."""
         self.length = min(tokens_to_remove, self.length) if tokens_to_remove > 0 else self.length + tokens_to_remove
 
     def held(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the keys and values of the positions kept."""
         return self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
     def _end(self, length: int) -> None:
@@ -94,8 +83,8 @@ class BufferLayer(DynamicLayer):
 
 
 def window_cache(kv: KV | None, capacity: int) -> DynamicCache:
-    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions (a rollout's window),
-    holding a copy of ``kv`` (None: empty)."""
+    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of
+    ``kv``."""
     cache = DynamicCache()
     cache.layer_class_to_replicate = partial(BufferLayer, capacity)
     for layer, (keys, values) in enumerate(kv or []):

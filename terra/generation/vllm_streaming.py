@@ -1,28 +1,4 @@
-"""vLLM with streaming-input requests: one engine request per rollout window, fed a frame at a time.
-
-The ``streaming`` request path (``backend.options.requests``, chosen once per run: terra/vllm/compat.py,
-``request_path``). Where :class:`~terra.generation.vllm_backend.VLLMBackend` sends every frame as a new request
-carrying the whole window (prefix caching makes that cheap), :class:`StreamingVLLMBackend` keeps one request open
-per rollout window (``AsyncLLM.generate`` over an async generator of ``StreamingInput`` chunks) and its KV stays in
-the engine:
-
-* the window's first frame is a chunk with the whole window prompt (:meth:`VLLMBackend.frame_prompt`);
-* each later frame is a chunk of the previous frame's last code plus the six action slots (and that frame's
-  ``"actions"`` item). vLLM pauses a chunk at ``max_tokens`` keeping only the tokens it computed, so the last
-  sampled code is not in the KV and must lead the next chunk; the action item's offset is shifted by vLLM;
-* at a window rollover the old stream is closed (its generator ends) and a new request opens; a fork
-  (:meth:`fork`) has no stream, so its next frame opens one too, its past served from the prefix cache.
-
-vLLM counts a paused stream (waiting for its next chunk) against ``max_num_seqs`` and keeps its KV blocks, so
-when a new stream would exceed ``max_num_seqs`` the least recently used stream without a queued frame is closed
-first (an idle closed-loop session, say); its next frame opens a new request, served by the prefix cache.
-
-Every chunk carries the frame's own :func:`~terra.generation.vllm_backend.frame_seed`;
-:func:`terra.vllm.compat.reseed_streaming_updates` makes vLLM's V1 model runner honour it, so the same seeds give
-the same codes on both paths. The asyncio engine runs on an event loop in a thread this backend owns;
-:meth:`submit` and :meth:`poll` (on the driver thread, as for every backend) talk to it through thread-safe
-queues, and a stream's delta outputs are gathered on the loop until a frame's ``P`` codes are complete.
-"""
+"""vLLM with streaming-input requests: one engine request per rollout window, fed a frame at a time."""
 
 from __future__ import annotations
 
@@ -57,12 +33,7 @@ class _Stream:
 
 
 class StreamingVLLMBackend(VLLMBackend):
-    """:class:`VLLMBackend` (same arguments) on vLLM's asyncio engine with streaming-input requests.
-
-    :attr:`engine` is the ``AsyncLLM``; it is only touched on the loop thread. :attr:`frame_stats` counts for a
-    frame after a window's first the window prompt so far as its prompt, of which all but the new chunk's
-    tokens were kept in the stream's KV (cached); a window's first frame reports the prefix cache's hits.
-    """
+    """:class:`VLLMBackend` (same arguments) on vLLM's asyncio engine with streaming-input requests."""
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -166,7 +137,6 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._drop_stream(state)
 
     def release(self, state: RolloutState) -> None:
-        """Close ``state``'s stream (aborted if a frame of it is still queued)."""
         stream = state.cache
         if isinstance(stream, _Stream):
             if self._pending.pop(stream.request_id, None) is not None:
@@ -175,7 +145,6 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._close_stream(state)
 
     def close(self) -> None:
-        """Abort open streams, shut the engine down and end the loop thread."""
         loop = getattr(self, "_loop", None)
         if loop is None or loop.is_closed():
             return
@@ -189,14 +158,12 @@ class StreamingVLLMBackend(VLLMBackend):
             self._stop_loop()
 
     def _close_stream(self, state: RolloutState) -> None:
-        """End the input of ``state``'s stream: vLLM finishes the request and frees its KV (full blocks stay
-        cached)."""
+        """End the input of ``state``'s stream; vLLM frees its KV (full blocks stay cached)."""
         stream, state.cache = state.cache, None
         self._open.pop(stream.request_id, None)
         self._loop.call_soon_threadsafe(self._feed, stream, None)
 
     def _drop_stream(self, state: RolloutState) -> None:
-        """Abort ``state``'s stream and wait until vLLM has dropped the request."""
         stream, state.cache = state.cache, None
         self._open.pop(stream.request_id, None)
         self._call(self._abort(stream))
@@ -209,7 +176,6 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._close_stream(idle)
 
     def _call(self, coroutine) -> Any:
-        """Run ``coroutine`` on the loop thread and return its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(CALL_TIMEOUT_S)
 
     def _stop_loop(self) -> None:

@@ -1,14 +1,4 @@
-"""Blending a fine-tuned world model with the checkpoint it started from, in weight space.
-
-Every tensor becomes ``base + weight * (tuned - base)`` (weight-space ensembling, "WiSE-FT": Wortsman et al.,
-*Robust fine-tuning of zero-shot models*, CVPR 2022). Between 0 (the starting model) and 1 (the fine-tune), a blend
-gives back part of the new domain's gain for a smaller loss on the domain the model knew, with no training and no
-data: the demo's left-hand-traffic fine-tune and its blends are in MODEL_CARD.md, "Fine-tuning on a new domain".
-
-:func:`blend_spec` checks the settings without torch; :func:`blend` checks that both folders hold world models of
-one architecture and token layout (config.json alike but for bookkeeping keys, the same tensors), and writes the
-blend in Terra's layout (``config.json``, safetensors shards below ``max_shard_size``) atomically.
-"""
+"""Blending a fine-tuned world model with the checkpoint it started from, in weight space."""
 
 from __future__ import annotations
 
@@ -22,7 +12,7 @@ from terra.config.checks import Range, check_choice, check_file_size, required_p
 from terra.config.output_dir import claim_output_dir
 from terra.core.errors import TerraInputError
 
-APP = "terra-blend"  # the app whose folders blends are (terra/config/output_dir.py)
+APP = "terra-blend"  # the app whose folders blends are
 WEIGHT = Range(0, 1, 0.8)
 DTYPES = ("bfloat16", "float32")
 # config.json keys that say how a file was written, not what the model is
@@ -31,8 +21,6 @@ BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", 
 
 @dataclass(frozen=True)
 class BlendSpec:
-    """What to blend: the starting checkpoint, its fine-tune, the fine-tune's weight, where the blend goes."""
-
     base: Path
     tuned: Path
     weight: float
@@ -49,7 +37,7 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
         if not (folder / "config.json").is_file():
             raise TerraInputError(f"{key}={folder} has no config.json; pass a world model's folder ({what})")
         folders[key] = folder
-    # the blend replaces output_dir whole (terra/core/atomic.py): new, empty or an earlier blend, apart from the inputs
+    # the blend replaces output_dir whole: new, empty or an earlier blend, apart from the inputs
     output = claim_output_dir(required_path(cfg, "output_dir", "the blend's folder, Terra's layout"), "output_dir",
                               files=["config.json", "model.safetensors"], replaced=True,
                               inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()],

@@ -1,12 +1,4 @@
-"""Resumable checkpoints of a training run, sharded by ``torch.distributed.checkpoint`` (DCP).
-
-``output_dir/checkpoint/`` holds the trained weights and the optimizer state as DCP writes them (one file per
-process, loadable by any number of processes) and ``trainer_state.pt``: step, learning-rate schedule and the
-window sampler's generator. LoRA runs save only what they train (the base weights come
-from ``init`` again). Every process writes into ``.checkpoint.tmp/``; the main process writes the trainer state
-last and swaps the folder in, so a run killed at any instant of a save resumes from the newest complete
-checkpoint (:func:`find_checkpoint`).
-"""
+"""Resumable checkpoints of a training run, sharded by ``torch.distributed.checkpoint`` (DCP)."""
 
 from __future__ import annotations
 
@@ -33,8 +25,7 @@ LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)  # the 
 
 
 def _aside(folder: Path) -> tuple[Path, Path]:
-    """The folder a save writes first (``.checkpoint.tmp``) and the one the previous checkpoint moves to while
-    the new one takes its place (``.checkpoint.old``)."""
+    """The folders a save writes first (``.checkpoint.tmp``) and parks the previous one in (``.checkpoint.old``)."""
     return folder.with_name(f".{folder.name}.tmp"), folder.with_name(f".{folder.name}.old")
 
 
@@ -45,10 +36,8 @@ def discard(folder: Path, state_file: str = STATE_FILE) -> None:
 
 
 def swap_in(tmp: Path, folder: Path, old: Path, state: dict[str, Any], state_file: str = STATE_FILE) -> None:
-    """Make the checkpoint written in ``tmp`` ``folder``'s, so that at every instant a complete one exists: its
-    content marked, ``state`` written last (atomically: a folder holding ``state_file`` is complete), then two
-    renames, the previous checkpoint moved to ``old`` and discarded. The world model's and the tokenizer's
-    trainers both save this way."""
+    """Make the checkpoint in ``tmp`` ``folder``'s so a complete one always exists: ``state`` written last, then two
+    renames."""
     mark(tmp, [entry.name for entry in os.scandir(tmp)] + [state_file])
     with atomic_path(tmp / state_file) as part:
         torch.save(state, part)
@@ -71,8 +60,7 @@ def _step(folder: Path) -> int | None:
 
 
 def find_checkpoint(folder: Path, processes: Processes) -> bool:
-    """Whether ``folder`` holds a checkpoint to resume from, after the main process made it the newest complete
-    one: a run killed inside :func:`save_checkpoint` leaves it in ``folder`` or in one of :func:`_aside`'s."""
+    """Whether ``folder`` holds a checkpoint to resume from (the main process made it the newest complete one)."""
     if processes.main:
         found = [(step, path) for path in (folder, *_aside(folder)) if (step := _step(path)) is not None]
         if found:
@@ -88,9 +76,7 @@ def find_checkpoint(folder: Path, processes: Processes) -> bool:
 
 def save_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
                     processes: Processes) -> None:
-    """Write weights, optimizer state and ``state`` (the main process's) to ``folder``, so that at every instant
-    a complete checkpoint exists (:func:`find_checkpoint` finds the newest): the new one is written beside the
-    old, its state file last, then swapped in by two renames."""
+    """Write weights, optimizer state and ``state`` to ``folder`` so that a complete checkpoint always exists."""
     tmp, old = _aside(folder)
     if processes.main:
         discard(tmp)  # left by a run killed while saving
@@ -107,9 +93,7 @@ def save_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Opti
 
 def load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, processes: Processes,
                     settings: dict[str, str]) -> dict[str, Any]:
-    """Load what :func:`save_checkpoint` wrote into ``module`` and ``optimizer``; return the trainer state.
-    ``settings`` (e.g. ``train.optimizer``) must be those the trainer state records under ``"settings"`` (a
-    checkpoint written before they were recorded is taken to match)."""
+    """Load what :func:`save_checkpoint` wrote into ``module`` and ``optimizer``; return the trainer state."""
     state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
     for name, value in settings.items():
         was = state.get("settings", {}).get(name, value)
@@ -143,7 +127,7 @@ def _cause(err: BaseException) -> BaseException:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """Without DCP's warning that a run of one process saves or loads as one process (it is meant to)."""
+    """Without DCP's warning that a run of one process saves or loads as one process."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield

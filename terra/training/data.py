@@ -1,29 +1,4 @@
-"""Training data: tokenized clips in memory, and the windows a training step draws from them.
-
-Two sources, told apart by what ``data.tokens`` names:
-
-* a folder of shards (terra/training/shards.py, written by ``terra-prepare-logs``): clips of any
-  length, already split into train and validation by clip;
-* a tokenized-clips file (terra/sim/tokens.py, written by ``terra-tokenize``): clips of equal
-  length, of which the last ``data.val_clips`` are held out.
-
-Every process draws the same global batch of windows from one seeded generator and takes its own slice, so a
-run on N processes trains on exactly the windows a one-process run would (terra/training/run.py).
-
-Routes (terra/contract/routes.py): either source may hold each frame's route at the data's own resolution (the
-synthetic datasets' 16 points), resampled once to the model's K route slots (:meth:`TrainingData.for_route_slots`).
-A window of frames ``[lo, lo + W)`` carries the slot routes ``routes[lo + 1 : lo + W + 1]`` (frame ``t``'s slots
-hold the route of the frame they condition: the contract's one rule, ``slot_routes``, as rollouts use it), NaN (no
-route) where the clip has no frame ``lo + W``; :class:`WindowSampler` blanks a share of its windows' routes whole
-(``train.no_route_share``), so the model learns its "no route" embedding too.
-
-Recovery clips (``data.recoveries``, terra/sim/recoveries.py: a tokenized-clips file whose clips' first frames are
-seen from off the car's pose) are read beside either source, their last ``data.val_clips`` held out too; a share of
-the windows (``train.recovery_share``) are their first frames, always with their routes, since only the route says
-where the road the frames back on the pose show truly is. Such a window is trained from its first frame on the pose
-on (``Windows.first_target_frame``), never on the frames seen from off it: those are what a rollout's drifted frames
-are, context to correct, not frames to learn to draw.
-"""
+"""Training data: tokenized clips in memory, and the windows a training step draws from them."""
 
 from __future__ import annotations
 
@@ -44,7 +19,7 @@ ClipPart = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
 
 
 class Windows(NamedTuple):
-    """A batch of windows as the training-style forward takes them (terra/models/modeling_llama_action.py)."""
+    """A batch of windows as the training-style forward takes them."""
 
     codes: torch.Tensor  # int64 [B, W*P]
     actions: torch.Tensor  # float32 [B, W*6, 3]
@@ -52,7 +27,6 @@ class Windows(NamedTuple):
     first_target_frame: torch.Tensor | None = None  # int64 [B] no frame before it is trained; None: none held back
 
     def rows(self, part: slice) -> "Windows":
-        """The windows of ``part``."""
         return Windows(*(None if t is None else t[part] for t in self))
 
     def to(self, device: torch.device | str) -> "Windows":
@@ -61,8 +35,8 @@ class Windows(NamedTuple):
 
 @dataclass(frozen=True)
 class ClipSet:
-    """Clips one after another: codes ``[F, P]`` (int32), actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None when
-    the data has none; NaN rows for a clip without them among clips with them), each clip's first frame."""
+    """Clips one after another: codes ``[F, P]`` int32, actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None: no
+    routes)."""
 
     codes: torch.Tensor
     actions: torch.Tensor
@@ -87,9 +61,8 @@ class ClipSet:
         return len(self.ids)
 
     def window(self, clip: int, start: int, frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Codes ``[frames, P]``, actions ``[frames, 6, 3]`` and slot routes ``[frames, M, 3]`` (module docstring:
-        each frame's slots hold the next frame's route, NaN past the clip's end; None without routes) of one clip
-        from frame ``start``."""
+        """Codes ``[frames, P]``, actions ``[frames, 6, 3]`` and slot routes ``[frames, M, 3]`` (or None) from
+        ``start``."""
         lo = int(self.starts[clip]) + start
         routes = None
         if self.routes is not None:
@@ -98,22 +71,20 @@ class ClipSet:
         return self.codes[lo:lo + frames], self.actions[lo:lo + frames], routes
 
     def frame_routes(self, clip: int, start: int, frames: int) -> np.ndarray | None:
-        """The routes ``[frames, M, 3]`` of one clip's frames from ``start`` (``routes[t]``: frame ``t``'s, as a
-        rollout request takes them); None without routes."""
+        """The routes ``[frames, M, 3]`` of one clip's frames from ``start`` (``routes[t]``: frame ``t``'s); None
+        without."""
         lo = int(self.starts[clip]) + start
         return None if self.routes is None else self.routes[lo:lo + frames].numpy()
 
     def with_route_tokens(self, route_tokens: int) -> "ClipSet":
-        """The set with its routes resampled to a model's ``route_tokens`` (K, terra/contract/routes.py); none for
-        0."""
+        """The set with its routes resampled to a model's ``route_tokens``; none for 0."""
         if self.routes is None or not route_tokens:
             return replace(self, routes=None)
         return replace(self, routes=torch.from_numpy(resample_routes(self.routes.numpy(), route_tokens)))
 
 
 def _joined_routes(parts: list[ClipPart]) -> torch.Tensor | None:
-    """The clips' routes one after another; NaN (no route) for a clip without them among clips with them, and None
-    when no clip has them. Clips with routes of different resolutions are resampled to the finest."""
+    """The clips' routes one after another; NaN for a clip without them among others, None when no clip has them."""
     given = [r for _, _, _, r in parts if r is not None]
     if not given:
         return None
@@ -143,15 +114,14 @@ class TrainingData:
         return self.train.routes is not None
 
     def for_route_slots(self, route_tokens: int) -> "TrainingData":
-        """The data as a model of ``route_tokens`` route slots reads it: routes resampled to its K (none for K = 0)."""
         resampled = {name: getattr(self, name).with_route_tokens(route_tokens)
                      for name in ("train", "val", "recoveries", "val_recoveries") if getattr(self, name) is not None}
         return replace(self, **resampled)
 
 
 def load_training_data(path: str, val_clips: int, recoveries: str | None = None) -> TrainingData:
-    """Read a shard folder or a tokenized-clips file (module docstring) into memory, and the recovery clips of
-    ``recoveries`` (a tokenized-clips file) when given."""
+    """Read a shard folder or a tokenized-clips file into memory, and the recovery clips of ``recoveries`` when
+    given."""
     data = _load_source(path, val_clips)
     if recoveries is None:
         return data
@@ -177,13 +147,11 @@ def load_training_data(path: str, val_clips: int, recoveries: str | None = None)
 
 
 def _file_parts(clips) -> list[ClipPart]:
-    """The clips of a tokenized-clips file (terra/sim/tokens.py) as :data:`ClipPart` s."""
     return [(str(i), clips.codes[i].reshape(clips.codes.shape[1], -1), clips.actions[i],
              None if clips.routes is None else clips.routes[i]) for i in range(len(clips.codes))]
 
 
 def _load_source(path: str, val_clips: int) -> TrainingData:
-    """A shard folder or a tokenized-clips file (module docstring), split into train and validation clips."""
     if Path(path).is_dir():
         index = read_index(path)
         splits: dict[str, list] = {"train": [], "val": []}
@@ -212,14 +180,7 @@ def _load_source(path: str, val_clips: int) -> TrainingData:
 
 
 class WindowSampler:
-    """Uniformly random windows of ``frames`` consecutive frames among all clips long enough to hold one; with
-    routes, each window's route slots all hold no route with probability ``no_route_share``. With ``recoveries``,
-    each window is instead, with probability ``recovery_share``, the first ``frames`` frames of a random recovery
-    clip, with its routes, trained from its first frame on the car's pose on (module docstring).
-
-    Its generator state is part of the checkpoint (terra/training/checkpoint.py), so a resumed run draws the
-    windows (and which of them go without a route) an uninterrupted one would.
-    """
+    """Uniformly random windows of ``frames`` consecutive frames; with routes, no route with ``no_route_share``."""
 
     def __init__(self, clips: ClipSet, frames: int, seed: int, no_route_share: float = 0.0,
                  recoveries: ClipSet | None = None, recovery_share: float = 0.0) -> None:
@@ -268,8 +229,8 @@ class WindowSampler:
 
 
 def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
-    """The given windows, flattened as the training-style forward takes them (terra/models/modeling_llama_action.py);
-    for clips seen from off the car's pose at first, each trained from its first frame on the pose on."""
+    """The windows flattened as the training forward takes them; clips off the car's pose trained from their first on
+    it."""
     parts = [clips.window(c, s, frames) for c, s in zip(clip, start)]
     width, slots = int(clips.codes.shape[1]) * frames, frames * int(clips.actions.shape[1])
     codes = torch.stack([p[0] for p in parts]).flatten(1).long() if parts else torch.zeros(0, width, dtype=torch.long)

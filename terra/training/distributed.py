@@ -1,14 +1,4 @@
-"""One process or many: the same training command under ``torchrun --nproc_per_node=N`` (and across nodes
-through torchrun's rendezvous, docs/train.md, "Several GPUs").
-
-* ``finetune=full`` on several processes: FSDP2 (``fully_shard``) — each decoder layer is a shard unit, the
-  rest of the model (embeddings, position tables, action projection, output layer) the outer one; weights,
-  gradients and optimizer state are split across the processes; bf16 compute with float32 gradient reduction.
-* ``finetune=lora``: DDP (the frozen base is replicated, only the adapters' gradients are averaged).
-* One process (no ``torchrun``, or ``--nproc_per_node=1``): the module as it is.
-
-GPUs use NCCL, CPUs gloo (CI runs two CPU processes).
-"""
+"""One process or many: the same training command under ``torchrun --nproc_per_node=N``."""
 
 from __future__ import annotations
 
@@ -26,8 +16,6 @@ from terra.core.errors import TerraInputError
 
 @dataclass(frozen=True)
 class Processes:
-    """This process's place among the run's processes, and its device."""
-
     rank: int
     world_size: int
     device: torch.device
@@ -60,15 +48,13 @@ def start_processes(device: str) -> Processes:
 
 
 def stop_processes(processes: Processes) -> None:
-    """Leave the process group (at the end of a run, or when it fails)."""
     if processes.distributed and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def parallelize(module: nn.Module, layers: nn.ModuleList, processes: Processes, sharded: bool,
                 compute_dtype: torch.dtype | None) -> nn.Module:
-    """``module`` ready for data-parallel training: FSDP2 when ``sharded`` (``layers`` become their own units),
-    else DDP; unchanged on one process."""
+    """``module`` ready for data-parallel training: FSDP2 when ``sharded`` (``layers`` their own units), else DDP."""
     if not processes.distributed:
         return module
     if not sharded:
@@ -84,8 +70,7 @@ def parallelize(module: nn.Module, layers: nn.ModuleList, processes: Processes, 
 
 
 def gradient_sync(module: nn.Module, enabled: bool) -> AbstractContextManager:
-    """A context in which backward passes accumulate without averaging across processes (all but the last
-    micro-batch of a step), or do (``enabled``)."""
+    """A context in which backward passes accumulate without averaging across processes unless ``enabled``."""
     if isinstance(module, nn.parallel.DistributedDataParallel):
         return nullcontext() if enabled else module.no_sync()
     if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
@@ -94,7 +79,6 @@ def gradient_sync(module: nn.Module, enabled: bool) -> AbstractContextManager:
 
 
 def all_sum(values: torch.Tensor, processes: Processes) -> torch.Tensor:
-    """``values`` summed over the processes (as they are on one)."""
     if processes.distributed:
         values = values.clone()
         dist.all_reduce(values)
@@ -102,6 +86,5 @@ def all_sum(values: torch.Tensor, processes: Processes) -> torch.Tensor:
 
 
 def barrier(processes: Processes) -> None:
-    """Wait until every process arrives (around the main process's file writes)."""
     if processes.distributed:
         dist.barrier()

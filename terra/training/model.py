@@ -1,10 +1,4 @@
-"""The model a run trains: a new one of ``net.*``'s shape or a checkpoint, fully trainable or with LoRA adapters.
-
-:func:`build_model` checks that the model and the data share one token layout (the tokenizer's grid and
-codebook) and grows route slots into a checkpoint without them (:func:`with_route_slots`), :func:`add_lora` puts
-PEFT's LoRA adapters on it, and :func:`standalone_model` turns what was trained back into a plain
-:class:`LlamaActionForCausalLM` in Terra's layout (LoRA merged), for export and sample rollouts.
-"""
+"""The model a run trains: a new one of ``net.*``'s shape or a checkpoint, fully trainable or with LoRA adapters."""
 
 from __future__ import annotations
 
@@ -51,8 +45,8 @@ def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
 
 
 def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
-    """The model to train, in float32 on the CPU: ``init``'s checkpoint (grown ``net.num_route_tokens`` route slots
-    when it has none and the setting asks for some), or a new one of ``net``'s shape."""
+    """The model to train, float32 on the CPU: ``init``'s checkpoint (grown route slots if asked), or a new one of
+    ``net``."""
     if spec.init is None:
         config = new_config(spec.net, data)
         return AutoModelForCausalLM.from_config(config, attn_implementation=spec.attn_implementation)
@@ -77,15 +71,7 @@ def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
 
 def with_route_slots(model: LlamaActionForCausalLM, num_route_tokens: int,
                      attn_implementation: str = "sdpa") -> LlamaActionForCausalLM:
-    """A model without route slots grown ``num_route_tokens`` (K) of them after each frame's action slots: a warm
-    start from a checkpoint in Terra's layout (docs/train.md, "Routes").
-
-    Every weight of ``model`` is copied. The spatial position table keeps its image and action rows in place
-    (position ``p % S`` of an image token or action slot names the same row as before) and gains K rows for the
-    route slots; those rows, ``route_projection`` and ``no_route_embedding`` are drawn as a new model's
-    (``initializer_range``, torch's generator). The model computes the first frame of a window exactly as before
-    (its positions, embeddings and everything it attends to are unchanged); later frames sit K positions further per
-    frame and attend to the route slots, so they do not."""
+    """A model without route slots grown ``num_route_tokens`` (K) of them after each frame's action slots."""
     config = copy.deepcopy(model.config)
     span = config.num_spatio_embeddings + num_route_tokens
     config.num_route_tokens, config.num_spatio_embeddings = num_route_tokens, span
@@ -127,15 +113,14 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
 
 
 def store_weights(module: nn.Module, trained: torch.dtype, frozen: torch.dtype) -> None:
-    """Keep the trained weights in ``trained`` (``train.weights_dtype``) and the frozen ones (LoRA's base model) in
-    ``frozen``; buffers (RoPE's frequencies) stay as they are."""
+    """Keep the trained weights in ``trained`` dtype and the frozen ones (LoRA's base) in ``frozen``; buffers as they
+    are."""
     for param in module.parameters():
         param.data = param.data.to(trained if param.requires_grad else frozen)
 
 
 def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None:
-    """Recompute decoder layers in the backward pass (``train.activation_checkpointing``): every one (True), none
-    (False) or the first ``layers``."""
+    """Recompute decoder layers in the backward pass: all (True), none (False) or the first ``layers``."""
     total = len(model.model.layers)
     if layers is False:
         return
@@ -149,12 +134,6 @@ def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None
 
 def standalone_model(trained: nn.Module, full_state: dict[str, torch.Tensor] | None,
                      config: LlamaActionConfig, dtype: torch.dtype) -> LlamaActionForCausalLM:
-    """A plain model in ``dtype`` on the CPU from what was trained.
-
-    ``trained`` is the PEFT model (``finetune=lora``: a copy is merged, the run's model is left as it is) or
-    the plain model; ``full_state`` is the gathered state dict of a sharded model (terra/training/distributed.py),
-    keys relative to the model.
-    """
     if full_state is None:
         source = copy.deepcopy(trained).to("cpu")
         model = source.merge_and_unload() if hasattr(source, "merge_and_unload") else source

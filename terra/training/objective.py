@@ -1,16 +1,4 @@
-"""The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits.
-
-A window of ``W`` frames is ``W * (P + 6 + K)`` positions (K route slots, none in Terra's layout)
-(docs/ARCHITECTURE.md, "Token layout"); the logit at position ``i`` predicts token ``i + 1``, which counts only when
-it is an image token of a frame after the first (the first frame is context, unless ``loss_on_first_frame``) and
-not before the window's ``first_target_frame`` (a recovery clip's frames seen off the car, terra/training/data.py). With
-Terra's 262,145-entry vocabulary one window's logits would be 15 GB in float32, so :class:`FusedHeadLoss` runs the
-output layer and the loss over ``chunk`` positions at a time and computes each chunk's gradients in the same pass
-(nothing is kept or recomputed for the backward). The softmax of a chunk is one function (:func:`softmax_step`) that
-``torch.compile`` fuses into two passes over the logits when ``train.compile`` is on. The output layer is used
-padded with zero rows to a multiple of ``ALIGNED_ROWS``: with 262,145 rows cuBLAS falls back to unaligned kernels
-about 7x slower on an H100 (benchmarks/training.md, "Fine-tuning at Terra's shape").
-"""
+"""The training objective: next-token cross-entropy on image tokens, computed without the window's whole logits."""
 
 from __future__ import annotations
 
@@ -27,8 +15,7 @@ ALIGNED_ROWS = 64  # the output layer's rows are padded to a multiple of this (1
 
 def target_positions(patches: int, frames: int, loss_on_first_frame: bool,
                      span: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]`` (a frame
-    spans ``span`` positions: its patches, then its slots)."""
+    """Positions whose logits are trained, and where their targets sit in the flat image tokens ``[W*P]``."""
     nxt = torch.arange(1, frames * span)
     frame, slot = nxt // span, nxt % span
     keep = (slot < patches) & ((frame > 0) | loss_on_first_frame)
@@ -36,11 +23,7 @@ def target_positions(patches: int, frames: int, loss_on_first_frame: bool,
 
 
 class WindowLoss(nn.Module):
-    """The model's training forward over whole windows: loss and image-token accuracy of a batch.
-
-    It is the module that data parallelism wraps (terra/training/distributed.py), so the model's own weights
-    (embeddings, position tables, action projection, output layer) belong to the outermost shard unit.
-    """
+    """The model's training forward over whole windows: loss and image-token accuracy of a batch."""
 
     def __init__(self, model: LlamaActionForCausalLM, frames: int, loss_on_first_frame: bool, chunk: int,
                  autocast_dtype: torch.dtype | None, compile_softmax: bool = False, input_noise: float = 0.0) -> None:
@@ -63,9 +46,8 @@ class WindowLoss(nn.Module):
 
     def forward(self, image_ids: torch.Tensor, actions: torch.Tensor, routes: torch.Tensor | None = None,
                 first_target_frame: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean loss and accuracy (greedy over the codebook) of windows ``[B, W*P]`` under actions ``[B, W*6, 3]``
-        and, for a model with route slots, routes ``[B, W*K, 3]`` (NaN rows or None: no route); with
-        ``first_target_frame [B]``, over each window's frames from that one on."""
+        """Mean loss and accuracy of windows ``[B, W*P]`` under actions ``[B, W*6, 3]`` and routes ``[B, W*K, 3]`` (or
+        None)."""
         enabled = self.autocast_dtype is not None
         inputs = noisy_inputs(image_ids, self.input_noise, self.codebook_size) if self.training else image_ids
         with torch.autocast(image_ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
@@ -84,9 +66,7 @@ class WindowLoss(nn.Module):
 
 
 def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.Tensor:
-    """``image_ids [B, N]`` with a share of each window's codes replaced by random codes, the share drawn per window
-    uniformly in ``[0, most]``. Only the inputs are noised, the targets stay the true codes: the model learns to draw
-    the next frame right from context frames that hold errors, as its own generated frames do in a long rollout."""
+    """``image_ids [B, N]`` with a share of each window's codes, uniform in ``[0, most]``, replaced by random codes."""
     if most <= 0.0:
         return image_ids
     share = torch.rand(image_ids.shape[0], 1, device=image_ids.device) * most
@@ -96,10 +76,8 @@ def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.T
 
 def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebook: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For logits ``[N, V']`` whose columns from ``vocab`` on are padding: the summed cross-entropy, the count of
-    targets that are the greedy code among the first ``codebook``, and the gradient of the summed loss by the
-    logits (softmax minus one-hot, in the logits' dtype); a target of -1 counts nowhere and has no gradient.
-    Written for ``torch.compile`` to fuse into two passes."""
+    """Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts
+    nowhere."""
     columns = torch.arange(logits.shape[1], device=logits.device)
     z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill(columns >= vocab, float("-inf"))
     lse = torch.logsumexp(z, -1)
@@ -113,9 +91,8 @@ def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebo
 
 @dataclass(frozen=True)
 class HeadLoss:
-    """How :class:`FusedHeadLoss` runs: matrix products in ``dtype``, ``chunk`` positions at a time, gradients
-    only when ``grads`` (not under ``torch.no_grad``), the softmax by ``step`` (:func:`softmax_step`, compiled
-    or not)."""
+    """How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when
+    ``grads``."""
 
     dtype: torch.dtype
     chunk: int
@@ -125,10 +102,7 @@ class HeadLoss:
 
 
 class FusedHeadLoss(torch.autograd.Function):
-    """Summed cross-entropy of ``hidden [N, D] @ weight[V, D].T`` against ``targets [N]`` and the count of correct
-    greedy codes; the gradients of the hidden states and the weight are computed in the forward pass, chunk by
-    chunk, and the backward only scales them. The weight is used as a copy in the compute dtype padded with zero
-    rows to a multiple of ``ALIGNED_ROWS`` (their logits are masked out of the softmax)."""
+    """Summed cross-entropy of ``hidden [N, D] @ weight[V, D].T`` against ``targets [N]``, gradients in the forward."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, head: HeadLoss

@@ -1,13 +1,4 @@
-"""The optimizer a run steps (``train.optimizer``): AdamW over the trained weights, weight decay on matrices only.
-
-``adamw`` is torch's (float32 moments, fused on GPUs): with float32 weights and gradients, 16 bytes a trained
-weight. ``adamw8bit`` is torchao's ``AdamW8bit``: both moments block-quantized to 8 bits (2 bytes a weight; tensors
-under 4,096 values keep float32 moments) and, for bf16 weights (``train.weights_dtype=bfloat16``), the update
-rounded stochastically so that steps smaller than bf16's spacing still move the weights on average: 6 bytes a
-trained weight (benchmarks/training.md, "Fine-tuning in 24 GiB"). torchao compiles its step per weight shape, which
-on a GPU also keeps its float32 temporaries out of memory (run eagerly, the step of Terra's 262,145 x 2,048 output layer
-would hold several GiB of them); on the CPU it runs eagerly (compiling costs minutes there).
-"""
+"""The optimizer a run steps (``train.optimizer``): AdamW over the trained weights, weight decay on matrices only."""
 
 from __future__ import annotations
 
@@ -17,8 +8,7 @@ from terra.training.settings import TrainSpec
 
 
 def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.Optimizer:
-    """``train.optimizer`` over ``module``'s trained weights, with weight decay on matrices only (not on norms and
-    biases)."""
+    """``train.optimizer`` over ``module``'s trained weights, weight decay on matrices only."""
     params = [p for p in module.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
@@ -32,6 +22,5 @@ def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.devic
 
 
 def eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
-    """``cls`` with the ``torch.compile`` calls inside its step run as plain Python (torch's "force_eager"
-    stance)."""
+    """``cls`` with the ``torch.compile`` calls inside its step run as plain Python (torch's "force_eager" stance)."""
     return type(f"Eager{cls.__name__}", (cls,), {"step": torch.compiler.set_stance("force_eager")(cls.step)})

@@ -1,9 +1,4 @@
-"""Driving logs → training shards: the run's settings, each clip tokenized in batches, shards written as clips
-finish, resuming, and the summary (``terra-prepare-logs``; the data rules are
-terra/inputs/driving_logs.py's, the shard format terra/training/shards.py's).
-
-Importing this module loads no torch: :func:`prepare_spec` checks the settings first (terra/apps/prepare_logs.py).
-"""
+"""Driving logs → training shards: each clip tokenized in batches, shards written as clips finish, resumable."""
 
 from __future__ import annotations
 
@@ -55,8 +50,8 @@ from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, open_shar
 
 # a clip as written into a shard: id, codes [T, h, w], actions [T, 6, 3], routes [T, 16, 3] or None
 PreparedClip = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
-APP = "terra-prepare-logs"  # the app whose run folders these are (terra/config/output_dir.py)
-RANGES = {  # documented in conf/prepare_driving_logs.yaml
+APP = "terra-prepare-logs"  # the app whose run folders these are
+RANGES = {
     "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
     "val_fraction": Range(0, 0.5, 0.05),
     "shard_clips": Range(1, 100_000, 64, whole=True),
@@ -67,14 +62,12 @@ RANGES = {  # documented in conf/prepare_driving_logs.yaml
 
 @dataclass(frozen=True)
 class PrepareSpec:
-    """A preparation run, checked once (:func:`prepare_spec`)."""
-
     logs: Path
     clips: tuple[Path, ...]  # the clip folders of ``logs``, in name order
     output: OutputDir  # claimed: apart from logs and the tokenizer
     tokenizer: str  # checkpoint folder (exists)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    resize: str = "crop"  # crop | stretch (tokenizer/resize.py)
+    resize: str = "crop"  # crop | stretch
     frame_rate_hz: float = 10.0  # image clips without timestamps.txt
     min_frames: int = 2
     val_fraction: float = 0.05
@@ -82,14 +75,13 @@ class PrepareSpec:
     batch_size: int = 64
     read_threads: int = 8  # threads reading and resizing frames while the tokenizer works
     progress: bool = True
-    routes: str = "road"  # road | driven_path (terra/inputs/log_routes.py)
-    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
+    routes: str = "road"  # road | driven_path
+    num_threads: int | None = None  # torch CPU threads
 
 
 @dataclass
 class PrepareSummary:
-    """What a run did: clips used, skipped and found done, the frames and clips written per split, and of the frames
-    written those told a route (by content: a finite route), where any clip had routes."""
+    """Clips used, skipped and found done, and the frames and clips written per split (and those with a route)."""
 
     used: int = 0
     skipped: int = 0
@@ -101,7 +93,6 @@ class PrepareSummary:
     any_routes: bool = False
 
     def line(self, index: ShardIndex, output: Path) -> str:
-        """The closing line: this run's counts, then what the folder holds."""
         held = {split: sum(len(e.clips) for e in index.shards if e.split == split) for split in ("train", "val")}
         routes = f"; {self.routed_frames} of them with a route" if self.any_routes else ""
         return (f"{self.used} clips used ({self.train} train, {self.val} val; {self.frames} frames written{routes}), "
@@ -110,8 +101,7 @@ class PrepareSummary:
 
 
 def prepare_spec(cfg: DictConfig) -> PrepareSpec:
-    """Every setting of ``conf/prepare_driving_logs.yaml`` checked once, without importing torch; the tokenizer
-    folder, device and resize mode as :func:`terra.config.spec.run_spec` checks them."""
+    """Every setting of ``prepare_driving_logs`` checked once, without importing torch."""
     values = check_settings(cfg, RANGES)
     logs = required_path(cfg, "logs", "the folder of clip folders")
     if not logs.is_dir():
@@ -144,9 +134,7 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
 
 
 def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str, str]]:
-    """The output's index (a rerun resumes it) and why each listed shard that is not whole is not (file -> why:
-    terra/training/shards.py, ``open_shards``), or a new index for ``tokenizer``; one line when the folder holds
-    shards of another tokenizer, grid or codebook, or routes of another source, or another folder's index."""
+    """The output's index (or a new one) and why each listed shard that is not whole is not."""
     wanted = ShardIndex(int(tokenizer.codebook_size), tuple(tokenizer.grid_shape), tuple(tokenizer.image_size),
                         FRAME_RATE_HZ, os.path.realpath(spec.tokenizer), routes=spec.routes)
     if not (spec.output.path / INDEX_FILE).is_file():
@@ -168,9 +156,7 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str,
 
 
 def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, str]:
-    """What a clip's shard rows are made from, by part (terra/config/spec.py, ``INPUT_NAMES``): the content of its
-    folder (frames or video, trajectory, road), the tokenizer's digest (``tokenizer``) and the settings that shape
-    them."""
+    """What a clip's shard rows are made from: its folder's content, the tokenizer's digest and the shaping settings."""
     settings = {"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes}
     return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"),
             "settings": fingerprint(settings)}
@@ -178,8 +164,7 @@ def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, st
 
 def clips_to_redo(index: ShardIndex, damaged: dict[str, str], inputs: dict[str, dict[str, str]]
                   ) -> dict[str, str]:
-    """The clips of the logs folder that the index lists but that are made again, and why: their shard is not whole
-    (``damaged``), or they were made from other inputs than ``inputs`` (clip name -> :func:`clip_inputs`)."""
+    """The indexed clips to make again, and why: a damaged shard, or inputs other than ``inputs``."""
     redo = {}
     for entry in index.shards:
         for clip in entry.clips:
@@ -198,8 +183,7 @@ def clip_score(clip_id: str) -> float:
 
 
 def assign_splits(new: list[str], val_fraction: float) -> dict[str, str]:
-    """``train`` or ``val`` for each new clip id by :func:`clip_score` against ``val_fraction`` (the rule of
-    terra/inputs/driving_logs.py; :func:`prepare_shards` adds the one exception)."""
+    """``train`` or ``val`` for each new clip id by :func:`clip_score` against ``val_fraction``."""
     return {clip: "val" if clip_score(clip) < val_fraction else "train" for clip in new}
 
 
@@ -207,14 +191,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
                    splits: dict[str, str], report: Callable[[str], None],
                    on_frames: Callable[[int], None] = lambda count: None,
                    inputs: dict[str, dict[str, str]] | None = None) -> PrepareSummary:
-    """Tokenize the clips of ``folders`` and write them into shards of their split as shards fill; a clip that
-    cannot be used is reported (``report``, one line naming it) and written nowhere; ``on_frames`` hears each
-    tokenized batch's frame count (a long clip's progress); ``inputs``: what each clip is made from, kept in the
-    index (:func:`clip_inputs`).
-
-    When the folder would end with no ``val`` clip among at least 2 (and ``val_fraction`` > 0), the usable new clip
-    of the smallest :func:`clip_score` goes to ``val``: the train clip of the smallest score so far is held back
-    until the end, so a clip that turns out unusable is never the one chosen."""
+    """Tokenize the clips of ``folders`` into shards of their split; ``report`` names each clip that cannot be used."""
     summary = PrepareSummary(already_done=len(spec.clips) - len(splits))
     pending: dict[str, list[PreparedClip]] = {"train": [], "val": []}
     held: PreparedClip | None = None  # the val candidate while no val clip exists
@@ -258,10 +235,7 @@ def prepare_shards(spec: PrepareSpec, tokenizer: Any, index: ShardIndex, folders
 def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadPoolExecutor,
                   on_frames: Callable[[int], None] = lambda count: None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` (None: the clip has none; the synthetic
-    datasets' resolution, terra/sim/clips.py) of one clip folder at 10 Hz, its frames read by ``pool`` and encoded
-    ``spec.batch_size`` at a time (``on_frames`` hears each batch's size); one line (:class:`TerraInputError`) says
-    why a clip cannot be used."""
+    """Codes ``[T, h, w]``, actions ``[T, 6, 3]`` and routes ``[T, 16, 3]`` of one clip folder at 10 Hz."""
     clip = open_clip(folder)
     motion = read_motion(clip.trajectory)  # before any frame is decoded
     routes = clip_routes(clip, motion, spec.routes)  # the road read, or the driven path's poses checked

@@ -1,7 +1,5 @@
-"""Validation rollouts while training: the opening frames of a few validation clips as context, their actions (and
-routes, for a model with route slots), the model's greedy continuation. Their PSNR against the clips (``val_psnr``)
-scores the run on what a world model is used for, and the first clip beside its rollout is written as a GIF in the
-run folder (``samples/``)."""
+"""Validation rollouts while training: greedy continuations of a few validation clips, their PSNR (``val_psnr``) and a
+GIF."""
 
 from __future__ import annotations
 
@@ -26,9 +24,10 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, clips: ClipSet, ids: Sequence[int],
                         frames: int, num_context: int, device: torch.device) -> float:
-    """Roll ``model`` out over the first ``frames`` frames of each clip in ``ids`` from ``num_context`` of them;
-    return the mean PSNR (dB) of the generated frames against the clips' own (both decoded by ``tokenizer``),
-    and write the first clip (left) beside its rollout (right) to ``path``, atomically."""
+    """Roll ``model`` out over the clips ``ids`` from ``num_context`` frames; return the mean PSNR (dB).
+
+    The first clip (left) beside its rollout (right) is written to ``path`` as a GIF.
+    """
     grid = tokenizer.grid_shape
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, device, streams=len(ids)), str(device))
     windows = [clips.window(clip, 0, frames)[:2] for clip in ids]

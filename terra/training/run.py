@@ -1,17 +1,4 @@
-"""A training run from a checked :class:`~terra.training.settings.TrainSpec`: data → model → steps → export.
-
-Each step draws ``batch_size`` windows (the same on every process; each takes its slice), runs them in
-micro-batches of ``micro_batch_size`` with gradients accumulated, clips the gradient norm and steps AdamW on a
-cosine schedule with warm-up. Every ``eval_every`` steps the held-out clips' loss is logged, and greedy rollouts of
-a few of them are scored (``val_psnr``) with the first written as a GIF (terra/training/validation.py); every
-``ckpt_every`` steps, when ``max_minutes`` is spent and on SIGTERM the run checkpoints
-(terra/training/checkpoint.py); the same command resumes it. At ``max_steps``
-``model/`` is written in Terra's layout (config.json, safetensors shards below ``export.max_shard_size``, LoRA
-merged), which every backend, ``terra-generate``, batch rollouts and ``terra-serve`` load as they are. With
-``export.best`` every validation that improves on ``export.best_by`` (a lower loss, or a higher rollout PSNR; the
-validation before the first step included) rewrites ``best/`` the same way, so a run that overfits still leaves
-the weights it was best at.
-"""
+"""A training run from a checked :class:`TrainSpec`: data → model → steps → export."""
 
 from __future__ import annotations
 
@@ -52,7 +39,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
 
 
 def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
-    out = spec.output_dir  # created and locked by the main process (terra/apps/train.py)
+    out = spec.output_dir  # created and locked by the main process
     torch.set_float32_matmul_precision("high")  # TF32 for what runs outside autocast on GPUs; no-op on CPU
     torch.manual_seed(spec.seed)
     data = load_training_data(spec.data, spec.val_clips, spec.recoveries)
@@ -174,7 +161,6 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
 
 
 def route_note(route_tokens: int, has_routes: bool, no_route_share: float) -> str:
-    """The line a route model's run says once: what its route slots train on."""
     if not has_routes:
         return (f"data.tokens holds no routes: the model's {route_tokens} route slots train with its \"no route\" "
                 "embedding in every window")
@@ -184,8 +170,8 @@ def route_note(route_tokens: int, has_routes: bool, no_route_share: float) -> st
 
 def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Windows, grad_clip: float
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over this process's windows (``accumulation`` micro-batches); returns the mean loss and
-    accuracy (on the device, unsynchronised) and the gradient norm before clipping."""
+    """One optimizer step over ``accumulation`` micro-batches: mean loss and accuracy (on device) and the unclipped grad
+    norm."""
     loss_sum = acc_sum = torch.zeros((), device=windows.codes.device)
     for k in range(trainee.accumulation):
         with gradient_sync(trainee.module, k == trainee.accumulation - 1):
@@ -199,16 +185,14 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Wind
 
 
 def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, bool]:
-    """Whether any process wants to stop (a signal or the time budget) and whether any process's loss is not
-    finite, so all stop after the same step."""
+    """Whether any process wants to stop and whether any loss is not finite, so all stop after the same step."""
     flags = torch.stack([torch.tensor(float(flag), device=processes.device), (~torch.isfinite(loss)).float()])
     stopping, diverged = all_sum(flags, processes).tolist()
     return stopping > 0, diverged > 0
 
 
 def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
-    """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, for LoRA with ``export.adapter``,
-    ``adapter/`` (PEFT's unmerged adapter), atomically."""
+    """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, with ``export.adapter``, ``adapter/``."""
     target = spec.output_dir / EXPORT_DIR
     if _write_model(spec, trainee, processes, target) and trainee.peft is not None and spec.export_adapter:
         with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
@@ -218,16 +202,14 @@ def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
 
 
 def export_best(spec: TrainSpec, trainee: Trainee, processes: Processes, scores: dict[str, float]) -> None:
-    """Write ``best/``: the current weights as :func:`export` writes ``model/``, with :data:`BEST_FILE` (``scores``:
-    the step and its validation) beside them."""
+    """Write ``best/`` as :func:`export` writes ``model/``, with ``scores`` in :data:`BEST_FILE`."""
     _write_model(spec, trainee, processes, spec.output_dir / BEST_DIR, scores)
     barrier(processes)
 
 
 def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target: Path,
                  scores: dict[str, float] | None = None) -> bool:
-    """The trained model in Terra's layout at ``target``, atomically, with ``scores`` as :data:`BEST_FILE` when
-    given; a collective call (a sharded model is gathered). True on the process that wrote it."""
+    """The trained model in Terra's layout at ``target``, atomically; a collective call."""
     model = trained_model(trainee, processes, getattr(torch, spec.export_dtype))
     if model is None:
         return False
@@ -239,6 +221,5 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
 
 
 def _saved_best(out: Path) -> dict[str, float] | None:
-    """The step and scores of a resumed run's ``best/`` (None when it has none)."""
     path = out / BEST_DIR / BEST_FILE
     return json.loads(path.read_text()) if path.is_file() else None

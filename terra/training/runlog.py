@@ -1,6 +1,6 @@
-"""What a run reports as it goes: ``train_log.jsonl`` (one row per logged step), TensorBoard events beside it
-(``tensorboard/``), a tqdm bar over the steps (``N/max_steps``, loss, tokens/s, the time left) on a terminal, and
-a line per logged row and per validation (when it starts and when it ends). Only the main process writes."""
+"""What a run reports as it goes: ``train_log.jsonl``, TensorBoard events, a progress bar and a line per logged row.
+Only the main process writes.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from terra.training.settings import LOG_FILE, TENSORBOARD_DIR
 
 
 class RunLog:
-    """The run's JSONL log, TensorBoard writer and progress bar."""
-
     def __init__(self, out: Path, start_step: int, max_steps: int, tensorboard: bool, progress: bool) -> None:
         self.path = out / LOG_FILE
         _drop_rows_after(self.path, start_step)
@@ -36,7 +34,6 @@ class RunLog:
         self.bar.update(1)
 
     def say(self, line: str) -> None:
-        """Print ``line`` on stdout above the bar."""
         tqdm.write(line)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -62,8 +59,7 @@ class RunLog:
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
-    """Drop log rows written after the checkpoint a run resumes from (a killed run may have logged further); a
-    run that starts at step 0 has no checkpoint and starts its log anew (its step-0 validation row included)."""
+    """Drop log rows written after the checkpoint a run resumes from; a run from step 0 starts its log anew."""
     if not path.is_file():
         return
     rows = [line for line in path.read_text().splitlines() if line.strip()]

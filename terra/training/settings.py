@@ -1,25 +1,4 @@
-"""A training run's settings, checked once: :class:`TrainSpec`, built from ``conf/train_world_model.yaml`` by
-:func:`train_spec` before torch is imported.
-
-Where the weights start (``init``):
-
-* a new model of the ``net.*`` shape (the default when no ``model`` group is chosen);
-* ``init=<folder>``: a checkpoint in Terra's layout (``config.json`` with ``model_type: llama_action``,
-  safetensors) — Terra's own ``world_model/``, or a run's ``model/`` export;
-* ``model=terra_v1|terra_v2 terra_root=...`` (or ``model=demo``): the world model that group names.
-
-``net.num_route_tokens`` (K route slots a frame, terra/contract/routes.py) is the one ``net`` setting a checkpoint
-takes too: unset, a new model has none and a checkpoint keeps its own; K > 0 grows a checkpoint without route slots
-into a model with K of them (terra/training/model.py, ``with_route_slots``).
-
-``finetune=full`` trains every weight; ``finetune=lora`` trains PEFT LoRA adapters on ``lora.target_modules`` (plus the
-action projection and the spatio-temporal tables when ``lora.train_action_projection`` /
-``lora.train_position_embeddings``). Memory (benchmarks/training.md, "Fine-tuning in 24 GiB"):
-``train.optimizer=adamw8bit`` keeps AdamW's moments in 8 bits (torchao), ``train.weights_dtype=bfloat16`` the trained
-weights in bf16 (updated with stochastic rounding), ``train.activation_checkpointing`` recomputes every decoder layer
-(``true``) or the first N in the backward pass. What needs the model or the data (their shapes, the GPU count) is
-checked once where it is first known: terra/training/model.py and terra/training/data.py.
-"""
+"""A training run's settings, checked once before torch is imported: :class:`TrainSpec`."""
 
 from __future__ import annotations
 
@@ -39,10 +18,10 @@ from terra.core.errors import TerraInputError
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.snapshot import checkpoint_path
 
-# The run folder (docs/train.md, "The run folder"): what a run writes in output_dir
+# The run folder: what a run writes in output_dir
 CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR = "checkpoint", "model", "best", "adapter"  # each replaced whole
 SAMPLES_DIR, TENSORBOARD_DIR, LOG_FILE = "samples", "tensorboard", "train_log.jsonl"
-APP = "terra-train"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-train"  # the app whose run folders these are
 FINETUNE_MODES = ("full", "lora")
 BEST_METRICS = ("val_loss", "val_psnr")  # what best/ keeps the best of: the lowest val_loss, the highest val_psnr
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -105,11 +84,9 @@ class LoraSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """Everything a training run reads, each value checked once (:func:`train_spec`)."""
-
     data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
-    recoveries: str | None  # a tokenized-clips file of recovery clips (terra/sim/recoveries.py); None: none
+    recoveries: str | None  # a tokenized-clips file of recovery clips; None: none
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
     init: str | None  # checkpoint folder to start from; None: a new model of ``net``
@@ -120,9 +97,9 @@ class TrainSpec:
     micro_batch_size: int | None  # windows per process per forward; None: batch_size / processes
     window: int | None  # frames per window; None: the model's num_temporal_embeddings
     loss_on_first_frame: bool
-    input_noise: float  # most share of a window's input codes replaced by random ones (terra/training/objective.py)
-    no_route_share: float  # a route model's share of windows trained without a route (terra/training/data.py)
-    recovery_share: float  # with recoveries: the share of windows that are recovery clips' (terra/training/data.py)
+    input_noise: float  # most share of a window's input codes replaced by random ones
+    no_route_share: float  # a route model's share of windows trained without a route
+    recovery_share: float  # with recoveries: the share of windows that are recovery clips'
     loss_chunk: int  # positions whose logits are computed at once
     lr: float
     min_lr_ratio: float
@@ -152,7 +129,7 @@ class TrainSpec:
     export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
     export_best: bool  # also keep best/: the export at the best validation score so far
     best_by: str  # that score: val_loss (lowest) | val_psnr (highest; needs sample_gif)
-    progress: bool  # the step bar (terra/training/runlog.py), on a terminal (terra/core/progress.py)
+    progress: bool  # the step bar, on a terminal
 
     @property
     def output_dir(self) -> Path:
@@ -160,8 +137,7 @@ class TrainSpec:
 
 
 def train_spec(cfg: DictConfig) -> TrainSpec:
-    """Check a training config once and return it as a :class:`TrainSpec` (no torch, no file read but the
-    existence of folders)."""
+    """Check a training config once and return it as a :class:`TrainSpec` (no torch; no file read)."""
     values = check_settings(cfg, TRAIN_RANGES)
     finetune = check_choice(select(cfg, "finetune"), "finetune", FINETUNE_MODES)
     init = _init_folder(cfg)
@@ -220,16 +196,13 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
 
 
 def check_betas(value: Any, name: str) -> tuple[float, float]:
-    """AdamW's ``betas`` setting ``name``: two numbers in [0, 1) (both trainers: this one and
-    terra/training/tokenizer_settings.py)."""
+    """AdamW's ``betas`` setting ``name``: two numbers in [0, 1)."""
     if not (isinstance(value, list) and len(value) == 2):
         raise TerraInputError(f"{name} must be two numbers (got {shown(value)}); e.g. {name}=[0.9,0.95]")
     return tuple(Range(0, 0.999999, 0.9).check(b, name) for b in value)
 
 
 def _memory(cfg: DictConfig) -> dict[str, Any]:
-    """``train.optimizer``, ``train.weights_dtype`` and ``train.activation_checkpointing`` (true, false or a
-    number of decoder layers; the model's layer count is checked in terra/training/model.py, ``checkpoint_layers``)."""
     optimizer = check_choice(select(cfg, "train.optimizer"), "train.optimizer", OPTIMIZERS)
     if optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise TerraInputError("train.optimizer=adamw8bit needs torchao, which is not installed; "
@@ -255,7 +228,6 @@ def _best_by(cfg: DictConfig, sample_gif: bool) -> str:
 
 
 def _init_folder(cfg: DictConfig) -> str | None:
-    """The checkpoint folder training starts from: ``init``, else the ``model`` group's world model, else None."""
     init = cfg.get("init")
     if init is not None:
         if not isinstance(init, str) or not Path(init).is_dir():

@@ -1,25 +1,4 @@
-"""Training shards: tokenized clips of any length, grouped in safetensors files, with one index per folder.
-
-Written by :mod:`terra.inputs.driving_logs` (``terra-prepare-logs``), read by the trainer
-(:mod:`terra.training.data`). A shard folder holds:
-
-* ``index.json`` — ``version``, ``index_id`` (a random id every shard of the folder carries: an index copied from
-  another folder is told apart), ``codebook_size``, ``grid`` ``[h, w]``, ``image_size`` ``[H, W]`` (the frames
-  the tokenizer saw), ``frame_rate_hz``, ``tokenizer`` (its folder), ``routes`` (where the clips' routes come from:
-  ``road``, each clip's own road where it has one, or ``driven_path``; terra/inputs/log_routes.py; an index
-  without the key is ``road``), and ``shards``: one entry per shard file,
-  ``{"file", "split", "clips": [{"id", "frames", "inputs"}, ...]}`` (``inputs``: what the clip was made from, by
-  part: terra/training/prepare_logs.py). It is rewritten atomically after each shard, so it lists only shards that
-  are whole on disk;
-* ``<split>-NNNNN.safetensors`` — ``codes`` ``[F, h, w]`` (int16, int32 for codebooks past 32,768),
-  ``actions`` float32 ``[F, 6, 3]`` and ``clip_lengths`` int64 ``[n]``: the frames of ``n`` clips one after
-  another, in the order the index lists them; ``routes`` float32 ``[F, M, 3]`` (each frame's route,
-  terra/contract/routes.py; ``terra-prepare-logs`` writes 16 points, as the synthetic datasets) when a clip of the
-  shard has them, with NaN rows, the contract's "no route", for the frames of a clip without a road and those no
-  lane is near.
-  ``split`` is ``train`` or ``val``; a clip is in one split only. Its safetensors metadata names the index's id and
-  its clips' ids: :func:`open_shards` checks both, and the clips' frames, from the header alone.
-"""
+"""Training shards: tokenized clips of any length, grouped in safetensors files, with one index per folder."""
 
 from __future__ import annotations
 
@@ -60,8 +39,6 @@ class ShardClip:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One shard file of the index."""
-
     file: str
     split: str
     clips: tuple[ShardClip, ...]
@@ -81,7 +58,6 @@ class ShardIndex:
     index_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # carried by every shard of the index
 
     def clip_ids(self) -> set[str]:
-        """Ids of every clip already in a shard (a rerun skips them)."""
         return {clip.id for entry in self.shards for clip in entry.clips}
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +71,7 @@ class ShardIndex:
 
 
 def read_index(folder: str | Path) -> ShardIndex:
-    """Read ``folder/index.json`` (:func:`open_shards`); one line also names a listed shard that is not whole."""
+    """Read ``folder/index.json``; one line also names a listed shard that is not whole."""
     index, damaged = open_shards(folder)
     for file, why in damaged.items():
         raise TerraInputError(f"{Path(folder) / INDEX_FILE} lists shard {file}, which {why}; prepare the shards "
@@ -104,9 +80,7 @@ def read_index(folder: str | Path) -> ShardIndex:
 
 
 def open_shards(folder: str | Path) -> tuple[ShardIndex, dict[str, str]]:
-    """``folder/index.json`` and, for each listed shard whose file is not what it lists (cut short, another folder's
-    or other clips), why (:func:`shard_damage`); one line names a missing or foreign index (none of its shards
-    carry its id), a listed shard that is missing, or a clip listed twice."""
+    """``folder/index.json`` and why each listed shard whose file is not what it lists is damaged."""
     path = Path(folder) / INDEX_FILE
     if not path.is_file():
         raise TerraInputError(f"{folder} has no {INDEX_FILE}; prepare shards with terra-prepare-logs")
@@ -150,8 +124,7 @@ FOREIGN = "was written for another index"
 
 
 def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> str | None:
-    """Why the shard file of ``entry`` is not what ``index`` lists (None: it is), from its header alone: it cannot
-    be read (cut short), was written for another index (:data:`FOREIGN`), or holds other clips or frames."""
+    """Why the shard file of ``entry`` is not what ``index`` lists, from its header alone; None: it is."""
     try:
         with safe_open(str(Path(folder) / entry.file), "np") as shard:
             metadata = shard.metadata() or {}
@@ -171,13 +144,8 @@ def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> st
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
                 routes: list[np.ndarray | None] | None = None, inputs: dict[str, dict[str, str]] | None = None
                 ) -> ShardEntry:
-    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``), with each clip's ``routes``
-    (``[T, M, 3]``; None: the clip has none, NaN rows beside the others) when a clip has them, and add it to the
-    index with each clip's ``inputs`` (clip id -> what it was made from).
-
-    The shard file is written atomically first, then the index that names it, so an interrupted run leaves
-    either both or an unlisted file that the next run overwrites.
-    """
+    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``, ``routes [T, M, 3]``) to the
+    index."""
     folder = Path(folder)
     number = 1 + max((int(e.file[len(split) + 1:-len(".safetensors")]) for e in index.shards if e.split == split),
                      default=-1)
@@ -203,16 +171,13 @@ def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[t
 
 
 def _save(path: Path, tensors: dict[str, np.ndarray], index: ShardIndex, entry: ShardEntry) -> None:
-    """A shard's tensors written atomically, its metadata naming the index's id and the clips' ids."""
     metadata = {"index_id": index.index_id, "clips": json.dumps([c.id for c in entry.clips])}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
 
 
 def drop_clips(folder: str | Path, index: ShardIndex, ids: set[str], damaged: Iterable[str] = ()) -> None:
-    """Take the clips ``ids`` out of ``folder``'s shards (each shard holding one rewritten without them, or removed
-    when none is left) and the ``damaged`` shard files (names) out of the index with their clips. The index is
-    rewritten first: a stop in between leaves a shard the index lists less of, redone on the next run."""
+    """Take the clips ``ids`` and the ``damaged`` shard files out of ``folder``'s shards and index."""
     folder, damaged = Path(folder), set(damaged)
     kept, rewrite, remove = [], [], []
     for entry in index.shards:
@@ -237,9 +202,7 @@ def drop_clips(folder: str | Path, index: ShardIndex, ids: set[str], damaged: It
 
 def read_shard(folder: str | Path, index: ShardIndex, entry: ShardEntry
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Codes ``[F, h, w]`` (int64), actions ``[F, 6, 3]`` and routes ``[F, M, 3]`` (None: the shard has none) of
-    one shard, checked against ``index`` and its entry: the clips' frames, the codes whole numbers of the codebook
-    on the index's grid, the actions finite, the routes as terra/sim/tokens.py's ``checked_routes`` checks them."""
+    """Codes ``[F, h, w]`` int64, actions ``[F, 6, 3]`` and routes ``[F, M, 3]`` (or None) of one shard, checked."""
     path = Path(folder) / entry.file
     try:
         tensors = load_file(str(path))

@@ -1,7 +1,4 @@
-"""A clip dataset (terra/sim/dataset.py) encoded with an image tokenizer into one tokenized-clips file
-(terra/sim/tokens.py: ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]`` and, when the dataset
-has them, ``routes [N, T, M, 3]``) that ``terra-train`` reads. The settings are checked once into a
-:class:`TokenizeSpec` (conf/tokenize_dataset.yaml), without torch."""
+"""A clip dataset encoded with an image tokenizer into one tokenized-clips file that ``terra-train`` reads."""
 
 from __future__ import annotations
 
@@ -27,18 +24,16 @@ BATCH_SIZE = Range(1, 65536, 64, whole=True)
 
 @dataclass(frozen=True)
 class TokenizeSpec:
-    """What ``terra-tokenize`` encodes, with which tokenizer, into which file."""
-
     dataset: Path
     tokenizer: Path
     out: Path
     batch_size: int = 64
     device: str = "auto"
-    num_threads: int | None = None  # torch CPU threads (num_threads=auto resolved: terra/config/backend.py)
+    num_threads: int | None = None  # torch CPU threads
 
 
 def tokenize_spec(cfg: Any) -> TokenizeSpec:
-    """Every setting of conf/tokenize_dataset.yaml checked once (the tokenizer folder must exist)."""
+    """Every setting of ``terra-tokenize`` checked once (the tokenizer folder must exist)."""
     tokenizer = required_path(cfg, "tokenizer_path", f"a saved tokenizer folder, e.g. the demo tokenizer's: "
                                                      f"tokenizer_path={DEMO / 'tokenizer'}")
     if not tokenizer.exists():
@@ -51,8 +46,7 @@ def tokenize_spec(cfg: Any) -> TokenizeSpec:
 
 def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
                      progress: bool = True) -> TokenizedClips:
-    """Codes of every frame of ``dataset`` from ``tokenizer`` (``encode([B,3,H,W] in [-1,1]) -> [B,h,w]``), with the
-    clips' actions, poses and routes (None for a dataset written before clips carried routes)."""
+    """Codes of every frame of ``dataset`` from ``tokenizer``, with the clips' actions, poses and routes (or None)."""
     import torch
     from einops import rearrange
 
@@ -81,7 +75,7 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
         done += len(batch)
         pending.clear()
 
-    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:  # terra/core/progress.py
+    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:
         for i, clip in enumerate(bar.counted(dataset)):
             actions[i], poses[i], off_pose[i] = clip.actions, clip.poses, clip.off_pose_frames
             if routes is not None:
@@ -97,8 +91,6 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
 
 
 def run(spec: TokenizeSpec) -> TokenizedClips:
-    """Load the tokenizer, encode the dataset and write the tokens file (replacing only a file the toolkit
-    wrote); return the clips."""
     import torch
 
     from terra.core.device import resolve_device, set_threads

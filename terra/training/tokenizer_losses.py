@@ -1,7 +1,4 @@
-"""Building blocks for training a tokenizer: PatchGAN discriminator, losses, EMA, metrics, data.
-
-The loop itself lives in terra/training/tokenizer_run.py; what is here is small and testable on its own.
-"""
+"""Building blocks for training a tokenizer: PatchGAN discriminator, losses, EMA, metrics, data."""
 
 from __future__ import annotations
 
@@ -37,18 +34,15 @@ class PatchDiscriminator(nn.Module):
 
 
 def patch_grid_side(side: int, num_layers: int) -> int:
-    """Logits per side of a :class:`PatchDiscriminator` of ``num_layers`` on ``side`` pixels: each stride-2
-    convolution halves the side (rounding down), each of the two stride-1 ones takes one off."""
+    """Logits per side of a :class:`PatchDiscriminator` of ``num_layers`` on ``side`` pixels."""
     return side // 2**num_layers - 2
 
 
 def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.Tensor:
-    """Discriminator hinge loss."""
     return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())
 
 
 def hinge_g_loss(logits_fake: torch.Tensor) -> torch.Tensor:
-    """Generator side of the hinge GAN loss."""
     return -logits_fake.mean()
 
 
@@ -60,14 +54,12 @@ def gradient_l1(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def psnr(reconstruction: torch.Tensor, target: torch.Tensor) -> float:
-    """PSNR in dB of images in [-1, 1] (both mapped to [0, 1], reconstruction clamped; terra/metrics.py's
-    formula, at most 100 dB)."""
+    """PSNR in dB of images in [-1, 1]."""
     mse = ((reconstruction.detach().float().clamp(-1, 1) - target.float()) / 2).pow(2).mean().item()
     return psnr_db(max(mse, 1e-10), peak=1.0)
 
 
 def make_ema(model: nn.Module, decay: float) -> AveragedModel:
-    """Exponential moving average of ``model``'s parameters (torch's own implementation)."""
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
@@ -80,11 +72,7 @@ def lr_factor(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0
 
 
 def sample_batch(frames: torch.Tensor, batch_size: int, step: int, seed: int, hflip: bool) -> torch.Tensor:
-    """Batch for ``step`` from uint8 frames ``[N, H, W, 3]`` → float ``[B, 3, H, W]`` in [-1, 1] on their device.
-
-    Indices (and flips) come from a generator seeded by ``(seed, step)``: a resumed run draws the same
-    batches as an uninterrupted one, without saving any RNG state.
-    """
+    """Batch for ``step`` from uint8 frames ``[N, H, W, 3]`` → float ``[B, 3, H, W]`` in [-1, 1] on their device."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     index = torch.randint(len(frames), (batch_size,), generator=generator)
     batch = frames[index.to(frames.device)].permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
@@ -95,8 +83,6 @@ def sample_batch(frames: torch.Tensor, batch_size: int, step: int, seed: int, hf
 
 
 class CodeUsage:
-    """Counts which codes were used since the last :meth:`reset` (codebook usage logging)."""
-
     def __init__(self, codebook_size: int) -> None:
         self.counts: torch.Tensor | None = None
         self.codebook_size = codebook_size

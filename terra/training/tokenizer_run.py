@@ -1,20 +1,4 @@
-"""Train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic world (``terra-train-tokenizer``,
-terra/apps/train_tokenizer.py; the world model's loop is terra/training/run.py), from a
-:class:`~terra.training.tokenizer_settings.TokenizerTrainSpec` checked before torch was imported.
-
-Losses: L1 (+ optional L2 and image-gradient L1) reconstruction, the family's quantiser losses
-(LFQ: commitment + entropy; VQ: codebook + commitment), and optionally a PatchGAN hinge loss that starts
-after ``disc.start_step``. EMA weights, bf16 autocast on CUDA, logs of loss, PSNR and codebook usage to
-stdout and ``train_log.jsonl``.
-
-Runs are resumable: ``train.max_minutes`` bounds one invocation; the run then saves
-``<output_dir>/checkpoint/`` (tokenizer folders ``model/`` and ``ema/`` in the ``save_pretrained`` format plus
-``training_state.pt``) and exits 0; the same command continues from there. At ``train.max_steps`` the
-tokenizer (EMA weights when enabled) is exported to ``train.export_dir``. ``summary.json`` says whether the
-run is finished.
-
-    terra-train-tokenizer train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
-"""
+"""Train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic world."""
 
 from __future__ import annotations
 
@@ -58,8 +42,6 @@ STATE = "training_state.pt"  # in a checkpoint, written last
 
 
 def build_tokenizer(model: TokenizerModelSpec) -> ImageTokenizer:
-    """A freshly initialised tokenizer of ``model.family`` with ``model.config``; the family's class checks the
-    config (one line naming model.config when it cannot be built)."""
     return TOKENIZERS[model.family].from_config(model.config, "model.config",
                                                 "fix the model.config settings (conf/train_tokenizer/model/)")
 
@@ -94,8 +76,6 @@ def evaluate(model: ImageTokenizer, images: torch.Tensor) -> dict[str, float]:
 
 @dataclass
 class Trainees:
-    """Everything that learns, and its optimiser state."""
-
     model: ImageTokenizer
     optimizer: torch.optim.Optimizer
     ema: torch.optim.swa_utils.AveragedModel | None
@@ -146,8 +126,7 @@ class Trainees:
 
 
 def _check_disc_depth(disc: DiscriminatorSpec, image_size: tuple[int, int]) -> None:
-    """``disc.layers`` against the frames the model reads: the discriminator must leave patches to judge (first
-    known here, with the model)."""
+    """Check ``disc.layers`` leaves the discriminator patches to judge."""
     side = min(image_size)
     if patch_grid_side(side, disc.layers) < 1:
         fits = [n for n in range(1, disc.layers) if patch_grid_side(side, n) >= 1]
@@ -157,8 +136,7 @@ def _check_disc_depth(disc: DiscriminatorSpec, image_size: tuple[int, int]) -> N
 
 
 def find_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint: ``checkpoint/``, or ``checkpoint.tmp/`` or ``checkpoint.old/`` when a run
-    was killed while swapping them."""
+    """The newest complete checkpoint: ``checkpoint/``, or ``checkpoint.tmp/`` or ``checkpoint.old/`` after a kill."""
     found = []
     for name in (CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"):
         if (output_dir / name / STATE).is_file():
@@ -209,8 +187,7 @@ def train_step(
 
 
 def train(spec: TokenizerTrainSpec) -> dict[str, Any]:
-    """Run (or resume) the training ``spec`` describes, one run per output folder (its lock held throughout);
-    returns the summary also written to ``summary.json``."""
+    """Run (or resume) the training ``spec`` describes; return the summary also written to ``summary.json``."""
     with spec.train.output.hold(LOG):
         return _train(spec)
 
@@ -306,7 +283,6 @@ def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
 
 
 def _log(output_dir: Path, entry: dict[str, Any]) -> None:
-    """One JSON line in ``train_log.jsonl`` and a compact line on stdout."""
     entry = {k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in entry.items()}
     with open(output_dir / LOG, "a", encoding="utf-8") as fh:
         fh.write(json_text(entry) + "\n")

@@ -1,11 +1,4 @@
-"""The settings of ``terra-train-tokenizer`` (conf/train_tokenizer.yaml), checked once: :class:`TokenizerTrainSpec`,
-built by :func:`tokenizer_train_spec` before torch is imported (terra/apps/train_tokenizer.py) and carried typed
-through the loop (terra/training/tokenizer_run.py), as terra/training/settings.py does for the world model.
-
-``model.config`` is the family's own tokenizer config (the keys of its ``config.json``: tokenizer/lfq.py,
-tokenizer/vq.py). Here it is checked to be a mapping; the family's class checks its contents when the run builds
-the model, and the run then checks ``disc.layers`` against the model's frame size: both before the first step.
-"""
+"""The settings of ``terra-train-tokenizer``, checked once before torch is imported: :class:`TokenizerTrainSpec`."""
 
 from __future__ import annotations
 
@@ -22,11 +15,11 @@ from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.training.settings import DTYPES, check_betas
 
-FAMILIES = ("lfq", "vq")  # model.family: tokenizer/lfq.py, tokenizer/vq.py
-SOURCES = ("synthetic", "folder")  # data.source: terra/sim/clips.py's render_frames, tokenizer/images.py's load_frames
+FAMILIES = ("lfq", "vq")  # model.family
+SOURCES = ("synthetic", "folder")  # data.source: render_frames, load_frames
 # The run folder: what a run writes in train.output_dir (the checkpoint replaced whole), and in train.export_dir
 CHECKPOINT, LOG, SUMMARY = "checkpoint", "train_log.jsonl", "summary.json"
-APP = "terra-train-tokenizer"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-train-tokenizer"  # the app whose run folders these are
 SYNTHETIC_FRAMES = "synthetic_*.npy"  # data.source=synthetic: the rendered frames, cached
 EXPORT_FILES = ("config.json", "model.safetensors")
 
@@ -72,13 +65,11 @@ class TokenizerModelSpec:
 
 @dataclass(frozen=True)
 class FramesSpec:
-    """``data``: the training frames."""
-
     source: str  # synthetic | folder
     path: str | None  # source=folder: a folder, glob or video file; None with source=synthetic
     num_frames: int  # source=synthetic: frames rendered once and cached in the output folder
     workers: int
-    seed: int  # the synthetic frames' and the batches' (terra/training/tokenizer_losses.py's sample_batch)
+    seed: int  # the synthetic frames' and the batches'
     hflip: bool
     device_cache_gb: float
 
@@ -127,7 +118,7 @@ class LossWeights:
 
 @dataclass(frozen=True)
 class DiscriminatorSpec:
-    """``disc`` when enabled: the PatchGAN discriminator (terra/training/tokenizer_losses.py) and its hinge loss."""
+    """``disc`` when enabled: the PatchGAN discriminator and its hinge loss."""
 
     start_step: int
     weight: float
@@ -138,8 +129,6 @@ class DiscriminatorSpec:
 
 @dataclass(frozen=True)
 class TokenizerTrainSpec:
-    """Everything a tokenizer training run reads, each value checked once (:func:`tokenizer_train_spec`)."""
-
     model: TokenizerModelSpec
     data: FramesSpec
     train: TrainingRun
@@ -149,8 +138,7 @@ class TokenizerTrainSpec:
 
 
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
-    """Check conf/train_tokenizer.yaml's settings once and return them as a :class:`TokenizerTrainSpec` (no torch,
-    no file read but the output folders' markers)."""
+    """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch)."""
     model, data = _model(cfg), _frames(cfg)
     loss = LossWeights(**_checked(cfg, LOSS_RANGES))
     disc = _disc(cfg) if check_flag(select(cfg, "disc.enabled"), "disc.enabled") else None
@@ -158,7 +146,6 @@ def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
 
 
 def _checked(cfg: DictConfig, ranges: dict[str, Range]) -> dict[str, Any]:
-    """The settings of ``ranges`` (one group's, e.g. ``loss.*``) checked, by their names in the group."""
     return {key.partition(".")[2]: value for key, value in check_settings(cfg, ranges).items()}
 
 
@@ -203,8 +190,7 @@ def _run(cfg: DictConfig, data: FramesSpec) -> TrainingRun:
 
 
 def _disc(cfg: DictConfig) -> DiscriminatorSpec:
-    """``disc.*`` checked; ``disc.ch`` a multiple of 16 (its GroupNorm layers split 2·ch channels and more in 32
-    groups)."""
+    """``disc.*`` checked; ``disc.ch`` a multiple of 16 (GroupNorm of 32 groups over 2·ch channels)."""
     values = _checked(cfg, DISC_RANGES)
     if values["ch"] % 16:
         raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['ch']}); e.g. disc.ch=64")

@@ -1,8 +1,4 @@
-"""What a training run trains (terra/training/run.py): :class:`Trainee`, the world model built for the run
-(terra/training/model.py: new, ``init`` or ``model=`` weights, LoRA added, its weights' dtypes, activation
-checkpointing) inside its loss (terra/training/objective.py) and wrapped for the run's processes
-(terra/training/distributed.py), with its window and micro-batching; and :func:`trained_model`, the weights read back
-as a plain model for the validation rollouts and the export."""
+"""What a training run trains (:class:`Trainee`) and the trained weights read back as a plain model."""
 
 from __future__ import annotations
 
@@ -20,8 +16,8 @@ from terra.training.settings import TrainSpec
 
 @dataclass
 class Trainee:
-    """What a run trains and how: the loss module (possibly wrapped for several processes), the PEFT model
-    when ``finetune=lora``, the window size and the micro-batching of this process."""
+    """The loss module (maybe wrapped for several processes), the PEFT model with ``finetune=lora``, window and micro-
+    batching."""
 
     module: torch.nn.Module
     loss: WindowLoss
@@ -37,7 +33,6 @@ def autocast_dtype(spec: TrainSpec, device: torch.device) -> torch.dtype | None:
 
 
 def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> Trainee:
-    """The model on this process's device, LoRA added and wrapped for data parallelism as the spec says."""
     per_process, rest = divmod(spec.batch_size, processes.world_size)
     micro = spec.micro_batch_size or per_process
     if rest or per_process % micro:
@@ -71,7 +66,7 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
 
 def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):
     """The trained model as a plain :class:`LlamaActionForCausalLM` in ``dtype`` on the main process (None on the
-    others); a collective call when the model is sharded."""
+    others)."""
     sharded = processes.distributed and trainee.peft is None
     full_state = None
     if sharded:

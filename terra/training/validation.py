@@ -1,8 +1,5 @@
-"""A training run's validation (terra/training/run.py runs it before the first step and every ``eval_every`` steps):
-the held-out clips' loss and accuracy on the first window of each (with routes, the loss with no route too; with
-held-out recovery clips, theirs), and, with ``sample_gif``, greedy rollouts of the first ``sample_clips`` of them
-scored against their true frames (``val_psnr``, terra/training/preview.py) with the first written as a GIF; and
-whether a validation improves on the best so far (``export.best_by``)."""
+"""A training run's validation: held-out clips' loss and accuracy, sample rollouts' PSNR and GIF, and the best so
+far."""
 
 from __future__ import annotations
 
@@ -23,9 +20,7 @@ from terra.training.trainee import Trainee, trained_model
 
 @dataclass
 class Validation:
-    """What a run validates on: the held-out clips (their indices), whether their sample rollouts are scored and
-    drawn (``preview``: every process takes part) and the tokenizer that decodes them (the main process's, loaded
-    once; None on the others)."""
+    """What a run validates on: the held-out clips, whether samples are drawn, and the tokenizer (main process only)."""
 
     clips: list[int]
     preview: bool
@@ -33,8 +28,6 @@ class Validation:
 
 
 def plan_validation(spec: TrainSpec, data: TrainingData, frames: int, processes: Processes) -> Validation:
-    """The run's :class:`Validation` for windows of ``frames`` frames: no sample rollouts when the data's tokenizer
-    is not a folder here (said once), which ``export.best_by=val_psnr`` refuses in one line."""
     val = validation_windows(data.val, frames)
     preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
     tokenizer = None
@@ -54,8 +47,7 @@ def plan_validation(spec: TrainSpec, data: TrainingData, frames: int, processes:
 
 def validation_scores(spec: TrainSpec, trainee: Trainee, data: TrainingData, validation: Validation,
                       processes: Processes, step: int, log: RunLog | None) -> dict[str, float]:
-    """The validation at ``step`` (the same scores on every process), said before and after on the main
-    process's ``log``; the sample rollouts' GIF written to ``samples/step{step}.gif``."""
+    """The validation at ``step``, the same on every process; the sample GIF written to ``samples/step{step}.gif``."""
     began = time.perf_counter()
     val = validation.clips
     if log is not None:
@@ -78,11 +70,7 @@ def improves(scores: dict[str, float], best: dict[str, float], metric: str) -> b
 
 @torch.no_grad()
 def _losses(trainee: Trainee, data: TrainingData, val: list[int], processes: Processes) -> dict[str, float]:
-    """Mean loss and accuracy over the first window of every validation clip (every process scores all); with
-    routes, also the loss with no route (``val_loss_no_route``: above ``val_loss`` when the model reads its
-    routes); with held-out recovery clips, their loss from their first frame back on the car's pose with and without
-    their route (``val_recovery_loss``, ``val_recovery_loss_no_route``: the gap is what the route tells where the
-    earlier frames are off the car)."""
+    """Mean loss and accuracy over the first window of every validation clip (with routes and recoveries, those too)."""
     trainee.module.eval()
     scores = _scores(trainee, data.val, val, processes, "val")
     if data.val_recoveries is not None:
@@ -95,8 +83,7 @@ def _losses(trainee: Trainee, data: TrainingData, val: list[int], processes: Pro
 
 def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Processes, name: str
             ) -> dict[str, float]:
-    """``{name}_loss``, ``{name}_acc`` (and ``{name}_loss_no_route`` with routes) over the first windows of the
-    chosen clips."""
+    """``{name}_loss``, ``{name}_acc`` (and ``{name}_loss_no_route``) over the first windows of the chosen clips."""
     totals: dict[str, float] = {}
     for lo in range(0, len(chosen), trainee.micro_batch):
         part = chosen[lo:lo + trainee.micro_batch]
@@ -113,8 +100,7 @@ def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Proc
 
 def _rollout_psnr(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingData, clips: list[int],
                   processes: Processes, path: Path) -> float:
-    """The validation rollouts' PSNR (terra/training/preview.py), run by the main process and shared with every
-    process; the first clip's GIF written to ``path``."""
+    """The validation rollouts' PSNR, shared with every process; the first clip's GIF written to ``path``."""
     model = trained_model(trainee, processes, torch.bfloat16 if processes.device.type == "cuda" else torch.float32)
     # float64: every process gets the score exactly as computed (float32 would round it)
     score = torch.zeros(1, dtype=torch.float64, device=processes.device)
