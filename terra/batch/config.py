@@ -160,7 +160,7 @@ class BatchConfig:
             object.__setattr__(self, "tokenizer", str(demo_checkpoints()[1]))
 
     def run_config(self) -> dict:
-        """The model and engine settings in conf/rollout.yaml's shape."""
+        """The model and engine settings in the rollout config's shape."""
         return {"model": {"world_model": self.world_model, "overlap": self.overlap,
                           "zero_embed_code_0": self.zero_embed_code_0},
                 "tokenizer": {"path": self.tokenizer, "resize": self.resize},

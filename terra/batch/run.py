@@ -33,7 +33,6 @@ from terra.tokenizer import load_tokenizer
 
 @dataclass
 class BatchResult:
-    """Outcome of :func:`run_batch`."""
 
     records: list[dict]
     manifest: Path
@@ -75,7 +74,6 @@ class BatchResult:
                 sum((PassStats.from_dict(b) for b in blocks), PassStats()))
 
     def summary_line(self) -> str:
-        """One line for the end of a run."""
         c = self.counts
         return (f"{c['ok']} succeeded, {c['failed']} failed, {c['skipped']} skipped (already complete) "
                 f"of {len(self.records)} samples in {self.seconds:.1f} s; manifest: {self.manifest}")
@@ -179,7 +177,6 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
 
 
 def _ray_executor(config: BatchSpec):
-    """A :class:`~terra.batch.ray_executor.RayExecutor` joined to its cluster."""
     from terra.batch.ray_executor import RayExecutor
 
     executor = RayExecutor(config)

@@ -146,5 +146,4 @@ def shard_indices(num_lines: int, shard_index: int, num_shards: int) -> list[int
 
 
 def in_shard(index: int, shard_index: int, num_shards: int) -> bool:
-    """Whether line ``index`` belongs to shard ``shard_index`` of ``num_shards``."""
     return index % num_shards == shard_index

@@ -49,7 +49,6 @@ class StreamingEngine:
         self._preparer = threading.Thread(target=self._prepare_loop, name="terra-batch-prepare", daemon=True)
 
     def put(self, item: Item) -> None:
-        """Queue a sample."""
         self._inbox.put(item)
 
     def end(self) -> None:

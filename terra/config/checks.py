@@ -80,11 +80,8 @@ def check_whole_number(
     value: Any, name: str, minimum: int, example: str, maximum: int | None = None, where: str = "",
     bounds: str | None = None,
 ) -> int:
-    """``value`` as an ``int`` if a whole number (not a bool) in ``[minimum, maximum]`` (None: no cap).
-
-    Args:
-        example: a fix shown in the error. where: starts the message. bounds: the range in other words.
-    """
+    """``value`` as an ``int`` if a whole number (not a bool) in ``[minimum, maximum]`` (None: no cap);
+    ``example``, ``where`` and ``bounds`` word the error line."""
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum
             or (maximum is not None and value > maximum)):
         bounds = bounds or (f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}")
@@ -154,7 +151,6 @@ def known_settings(values: Mapping[str, Any], cls: type, block: str) -> Mapping[
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
-    """``value`` if it is one of ``choices`` (strings)."""
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:
         raise TerraInputError(f"unknown {name} {shown(value)}{did_you_mean(value, choices)}; choose one of: "

@@ -25,7 +25,6 @@ def extra_packages(extra: str) -> list[str]:
 
 
 def installed(name: str) -> bool:
-    """Whether the distribution ``name`` is installed."""
     try:
         importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:

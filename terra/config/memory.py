@@ -214,8 +214,6 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
         refiner: off | after (runs once the engine closes) | shared (beside it).
         requested: the run's ``backend.options``; those it sets are kept.
         free_bytes: the card's free memory now.
-
-    Raises one line naming the preset to use when nothing fits.
     """
     check_choice(refiner, "refiner placement", REFINER_PLACES)
     card_bytes = check_card(card_bytes)

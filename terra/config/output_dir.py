@@ -123,7 +123,6 @@ def folder_owner(folder: Path) -> str | None:
 
 
 def _split(names: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
-    """``names`` as plain names (a set) and patterns."""
     return frozenset(n for n in names if not glob.has_magic(n)), [n for n in names if glob.has_magic(n)]
 
 

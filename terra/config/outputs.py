@@ -76,7 +76,6 @@ class OutputNames:
 
     @property
     def folders(self) -> tuple[str, ...]:
-        """Every PNG folder above."""
         return tuple(name for fmt, name in self._by_format() if fmt == "png")
 
     def _by_format(self) -> list[tuple[str, str]]:

@@ -22,7 +22,6 @@ REMOVED = ("executor=ray runs one engine per GPU (or per tensor_parallel_size GP
 
 @dataclass(frozen=True)
 class RaySettings:
-    """Where and how ``executor=ray`` runs."""
 
     address: str | None = None  # None: a local cluster for this run; "auto": the node's running cluster; host:port
     num_actors: int | None = None  # None: one per GPU group of the cluster (a cluster without GPUs: 1)

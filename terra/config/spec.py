@@ -118,7 +118,6 @@ def run_spec(cfg: DictConfig) -> RunSpec:
 
 
 def check_decoder_name(decoder: Any) -> str:
-    """``decoder`` if it is ``tokenizer`` or ``refiner``."""
     if decoder not in DECODERS:
         raise TerraInputError(f"decoder={decoder!r} is unknown; use decoder=tokenizer (the tokenizer's frames) "
                               "or decoder=refiner (Terra's video refiner, GPU)")

@@ -22,7 +22,6 @@ from terra.tokenizer.images import load_images
 
 @dataclass
 class SessionContext:
-    """Context frames of a session and what they imply."""
 
     codes: np.ndarray  # [n, h, w] int64
     actions: np.ndarray  # [n - 1, 6, 3] float32
@@ -37,10 +36,7 @@ class SessionContext:
         return None if self.scene is None else "scene"
 
     def routes(self, poses: np.ndarray | None, route_tokens: int) -> np.ndarray | None:
-        """A route model's routes ``[..., K, 3]`` at ``poses`` ``[..., 3]`` in the session's frame; None without a road.
-
-        ``poses`` None: the context frames' own.
-        """
+        """Routes ``[..., K, 3]`` at session-frame ``poses`` (None: the context frames'); None without a road."""
         if self.scene is None:
             return None
         return self.scene.route(self.poses if poses is None else compose(self.poses[-1], poses), route_tokens)

@@ -23,7 +23,6 @@ from terra.session.driver_input import KeyDriver, parse_action
 
 @dataclass
 class Frame:
-    """A generated frame of a session."""
 
     index: int  # frames generated before it since the last reset
     codes: np.ndarray  # [h, w]
@@ -218,7 +217,6 @@ class SessionHost:
 
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
-        """A session from an already built :class:`~terra.session.context.SessionContext`."""
         routes = context.routes(None, self.layout.route_tokens) if self.layout.route_model else None
         rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap,
                                    routes)

@@ -124,7 +124,6 @@ def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh:
 
 
 def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int, domain: str = "day") -> Clip:
-    """A clip from the training distribution (:func:`random_drive`), rendered."""
     return random_drive(rng, num_frames, domain).render(num_frames, height, width)
 
 

@@ -33,7 +33,6 @@ def headlight(fwd: np.ndarray, left: np.ndarray) -> np.ndarray:
 
 
 def _pool(fwd: np.ndarray, left: np.ndarray, lamp_fwd: float, lamp_left: float) -> np.ndarray:
-    """Illuminance of one lamp's pool at ego-frame ground points."""
     d2 = (fwd - np.float32(lamp_fwd)) ** 2 + (left - np.float32(lamp_left)) ** 2
     return np.float32(LAMP_GAIN) * np.exp(d2 * np.float32(-1.0 / LAMP_RADIUS_M**2))
 

@@ -59,7 +59,6 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
 
 
 def _remove(path: Path) -> None:
-    """Delete an output of this program's: a folder with its content, or a file."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:

@@ -21,7 +21,6 @@ TOKENS_VERSION = "1"
 
 @dataclass(frozen=True)
 class TokenizedClips:
-    """Codes and actions of N clips of T frames."""
 
     codes: np.ndarray  # [N, T, h, w] integer codes in [0, codebook_size)
     actions: np.ndarray  # [N, T, 6, 3] float32
