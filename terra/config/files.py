@@ -163,7 +163,6 @@ def _plain_numbers(text: str | bytes, wide: int = _WIDE_DIGITS) -> bool:
 
 
 def load_json(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> Any:
-    """A regular JSON file of at most ``max_bytes``, decoded by :func:`parse_json`."""
     return parse_json(read_input_text(path, what, max_bytes), str(path))
 
 

@@ -51,7 +51,6 @@ def tokenizer_pixels(memory: str = "full") -> int:
 
 
 def check_memory(value: Any) -> str:
-    """``memory`` if it is one of full | auto | 16GiB | 24GiB."""
     return check_choice(value, "memory", MEMORY)
 
 
@@ -118,7 +117,6 @@ class MemoryPlan:
     quantization_config: dict[str, Any] | None = None  # vLLM's, for the plan's own FP8 weights (fp8_weights_config)
 
     def engine_options(self) -> dict[str, Any]:
-        """The vLLM options of this plan (``backend.options`` keys)."""
         options = {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype,
                    "gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs}
         if self.quantization_config is not None:

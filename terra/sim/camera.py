@@ -54,7 +54,6 @@ class FrontCamera:
         return self.cy - self.focal * np.tan(CAMERA_PITCH_RAD)
 
     def intrinsics(self) -> np.ndarray:
-        """The pinhole's ``[3, 3]`` intrinsic matrix."""
         return np.array([[self.focal, 0.0, self.cx], [0.0, self.focal, self.cy], [0.0, 0.0, 1.0]])
 
     def project(self, fwd: np.ndarray, left: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

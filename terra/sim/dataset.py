@@ -162,7 +162,6 @@ def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, con
 
 
 def shard_settings(job: tuple) -> dict:
-    """What makes the shard of a :func:`_write_shard` job."""
     return {**dict(zip(SHARD_SETTINGS, job[1:])), "version": DATASET_VERSION, "route_points": DATASET_ROUTE_POINTS}
 
 

@@ -230,7 +230,6 @@ def _smoothed(values: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def _slope_limited(values: np.ndarray, step: float) -> np.ndarray:
-    """``values`` changing by at most ``step`` per sample."""
     out = np.empty_like(values)
     out[0] = values[0]
     for i in range(1, len(values)):
