@@ -1,12 +1,4 @@
-"""A batch run's settings, checked once before any work into a frozen :class:`BatchSpec` that the run carries on.
-
-``terra-rollout`` builds the spec from ``conf/rollout.yaml`` (:func:`batch_spec`), the Python API from the keywords
-of :class:`BatchConfig` (:meth:`BatchConfig.spec`, or :func:`check_config`, which also claims the output folder).
-Either way its model and engine part, :attr:`BatchSpec.run`, is the :class:`~terra.config.spec.RunSpec` of
-:func:`~terra.config.spec.run_spec`: the same function, and so the same checks and error lines, as
-``terra-generate`` and ``terra-serve`` (``terra_root`` kept); the batch's own settings go through one checker
-(the sane ranges of the numbers are :data:`RANGES`, documented in conf/rollout.yaml). This module imports no torch.
-"""
+"""A batch run's settings, checked once (without torch) into a frozen :class:`BatchSpec`."""
 
 from __future__ import annotations
 
@@ -35,14 +27,13 @@ from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.samples import SAMPLE_SETTINGS
 from terra.inputs.trajectory import MANOEUVRES
 
-APP = "terra-rollout"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-rollout"
 NAMING = {
     "default": ("{sample_id}.{ext}", "{sample_id}.json"),
-    "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),  # terra/config/actbench.py
+    "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-# The batch's own numeric settings' sane ranges (conf/rollout.yaml documents them; the model's and engine's are
-# run_spec's): BatchConfig field -> (setting, range).
+# The batch's own numeric settings' sane ranges: BatchConfig field -> (setting, range).
 RANGES = {
     "num_frames": ("num_frames", SAMPLE_SETTINGS["num_frames"]),
     "seed": ("seed", SAMPLE_SETTINGS["seed"]),
@@ -64,11 +55,9 @@ BATCH_SETTINGS = ("samples", "output_dir", "num_frames", "seed", "image_root", "
 
 @dataclass(frozen=True)
 class BatchSpec:
-    """A batch run's settings, each checked once (:func:`batch_spec`, :meth:`BatchConfig.spec`): the model and
-    engine as :attr:`run`, the batch's own beside it. The fields mean what :class:`BatchConfig`'s of the same
-    names do."""
+    """A batch run's checked settings: the model and engine as :attr:`run`, the batch's own beside it."""
 
-    run: RunSpec  # terra/config/spec.py: the checkpoints, backend, device, sampling, window, decoder, threads
+    run: RunSpec  # checkpoints, backend, device, sampling, window, decoder, threads
     sample_files: tuple[Path, ...]  # the JSONL file(s), in reading order
     output_dir: str
     num_frames: int
@@ -81,7 +70,7 @@ class BatchSpec:
     shard_index: int
     num_shards: int
     executor: str
-    ray: RaySettings  # terra/config/ray_settings.py
+    ray: RaySettings
     naming: str
     patterns: tuple[str, str]  # (video pattern, sidecar pattern): the naming preset unless overridden
     formats: tuple[str, ...]
@@ -96,7 +85,7 @@ class BatchSpec:
 
     @property
     def manifest_path(self) -> Path:
-        """``output_dir/manifest.jsonl``, or its shard's (terra/config/manifest.py, ``manifest_name``)."""
+        """``output_dir/manifest.jsonl``, or its shard's."""
         return Path(self.output_dir) / manifest_name(self.manifest, self.shard_index, self.num_shards)
 
     @property
@@ -109,8 +98,7 @@ class BatchSpec:
         return dataclasses.replace(self, **changes)
 
     def generation_settings(self) -> dict:
-        """The settings that shape a sample's outputs (part of its fingerprint: terra/batch/plan.py): the run's
-        (terra/config/spec.py, ``RunSpec.output_settings``) and the batch's files."""
+        """The settings that shape a sample's outputs (part of its fingerprint)."""
         return {**self.run.output_settings(), "formats": sorted(self.formats), "fps": float(self.fps),
                 "mark_context": self.mark_context, "overlay_trajectory": self.overlay_trajectory,
                 "save_codes": self.save_codes, "default_manoeuvre": self.default_manoeuvre}
@@ -118,8 +106,7 @@ class BatchSpec:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """The Python API's keywords for a batch run; :meth:`spec` checks them into the :class:`BatchSpec` the run
-    carries (``run_batch`` does it). Frozen: change a copy with ``dataclasses.replace``."""
+    """The Python API's keywords for a batch run; :meth:`spec` checks them. Frozen."""
 
     samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
     output_dir: str
@@ -133,28 +120,28 @@ class BatchConfig:
     num_frames: int = 16  # frames generated after the context (a sample's "num_frames" overrides it)
     num_context: int = 3  # context frames used: the last ones of a sample's context
     overlap: int = 3  # frames carried into the next window for rollouts longer than one window
-    zero_embed_code_0: bool = False  # Terra's vLLM port: code 0 embeds as zeros (models/configuration_llama_action.py)
-    resize: str = "crop"  # context frames: crop (cover + center-crop) | stretch (as Terra does); tokenizer/images.py
+    zero_embed_code_0: bool = False  # code 0 embeds as zeros
+    resize: str = "crop"  # context frames: crop (cover + center-crop) | stretch
     seed: int = 0  # sample at input index i uses seed + i unless it sets "seed"
     image_root: str | None = None  # relative image paths resolve against it; None = the JSONL's folder
     allow_paths_outside_image_root: bool = False  # absolute or ../ context paths may leave image_root
     default_manoeuvre: str | None = None  # for samples of Terra's format that give no trajectory
-    max_concurrent: int | str = "auto"  # rollouts in flight per engine; auto: terra/batch/concurrency.py
+    max_concurrent: int | str = "auto"  # rollouts in flight per engine
     resume: bool = True  # skip samples whose outputs are complete
     shard_index: int = 0
     num_shards: int = 1
     executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
-    ray: dict = field(default_factory=dict)  # executor=ray's settings (terra/config/ray_settings.py)
-    num_threads: int | str | None = DEFAULT_THREADS  # torch CPU threads: auto (terra/config/backend.py), N or None
-    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory the vLLM engine fits to (terra/config/memory.py)
-    naming: str = "default"  # default | actbench (see terra/batch/__init__.py)
+    ray: dict = field(default_factory=dict)  # executor=ray's settings
+    num_threads: int | str | None = DEFAULT_THREADS  # torch CPU threads: auto, N or None
+    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory the vLLM engine fits to
+    naming: str = "default"  # default | actbench
     video_pattern: str | None = None  # overrides the naming preset
     sidecar_pattern: str | None = None
     formats: Sequence[str] = ("mp4",)
     fps: float = 10.0
     writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
-    decoder: str = "tokenizer"  # tokenizer | refiner: Terra's video refiner (terra/refiner.py), 384x640
-    refiner: dict = field(default_factory=dict)  # the keys of conf/refiner/terra.yaml (decoder=refiner)
+    decoder: str = "tokenizer"  # tokenizer | refiner (384x640)
+    refiner: dict = field(default_factory=dict)  # the refiner's settings (decoder=refiner)
     mark_context: bool = False  # border + label on context frames
     overlay_trajectory: bool = False  # draw the commanded path
     save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
@@ -162,7 +149,7 @@ class BatchConfig:
     progress: bool = True
     record: dict | None = None  # run configuration stored in every sidecar (default: this config)
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
-    decoding: InitVar[str | None] = None  # decoder's old name (framewise | refiner), taken until 0.2.0
+    decoding: InitVar[str | None] = None  # decoder's old name (framewise | refiner)
 
     def __post_init__(self, decoding: str | None) -> None:
         if decoding is not None:
@@ -173,7 +160,7 @@ class BatchConfig:
             object.__setattr__(self, "tokenizer", str(demo_checkpoints()[1]))
 
     def run_config(self) -> dict:
-        """The model and engine settings in conf/rollout.yaml's shape (the groups :func:`run_spec` reads)."""
+        """The model and engine settings in the rollout config's shape."""
         return {"model": {"world_model": self.world_model, "overlap": self.overlap,
                           "zero_embed_code_0": self.zero_embed_code_0},
                 "tokenizer": {"path": self.tokenizer, "resize": self.resize},
@@ -183,24 +170,20 @@ class BatchConfig:
                 "terra_root": self.terra_root, "num_threads": self.num_threads, "memory": self.memory}
 
     def spec(self) -> BatchSpec:
-        """Every setting checked once, without torch: the model and engine by :func:`run_spec`, then the batch's
-        own (:func:`_batch_spec`); user errors → :class:`TerraInputError`."""
+        """Every setting checked once; user errors raise :class:`TerraInputError`."""
         run = run_spec(OmegaConf.create(_escaped(self.run_config())))
         own = {name: getattr(self, name) for name in BATCH_SETTINGS}
         return _batch_spec(run, own, self.record if self.record is not None else dataclasses.asdict(self))
 
 
 def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
-    """``conf/rollout.yaml`` (a Hydra/OmegaConf config) → :class:`BatchSpec`, every setting checked once: the model
-    and engine by :func:`run_spec` on ``cfg`` itself (a missing ``terra_root`` or checkpoint folder is one line
-    before anything loads: terra/config/snapshot.py), then the batch's own. ``progress=False`` turns the bars and
-    progress lines off whatever the config says (terra/core/progress.py decides where each shows)."""
+    """A Hydra rollout config -> :class:`BatchSpec`, every setting checked once."""
     out = cfg.output
     samples = plain(cfg.samples)
     if samples is None or samples == "":
         raise TerraInputError("no samples file given; pass samples=path/to/samples.jsonl")
     first = samples if isinstance(samples, str) else samples[0]
-    for name in ("num_gpus", "gpus"):  # the per-GPU worker processes gave way to executor=ray
+    for name in ("num_gpus", "gpus"):
         removed_setting(name, plain(cfg.get(name)))
     own = dict(
         samples=samples, output_dir=str(out.dir or Path("outputs") / "rollouts" / Path(first).stem),
@@ -217,8 +200,7 @@ def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
 
 
 def _escaped(value: Any) -> Any:
-    """``value`` with every ``${`` in its strings escaped, so that OmegaConf keeps a path such as ``/data/${x}``
-    as it is instead of reading an interpolation."""
+    """``value`` with every ``${`` in its strings escaped, so OmegaConf does not interpolate paths."""
     if isinstance(value, str):
         return value.replace("${", "\\${")
     if isinstance(value, dict):
@@ -235,19 +217,16 @@ def check_config(config: BatchConfig) -> tuple[BatchSpec, OutputDir]:
 
 
 def claim_output(spec: BatchSpec) -> OutputDir:
-    """Claim the run's output folder (terra/config/output_dir.py) against its inputs, before any work."""
+    """Claim the run's output folder against its inputs, before any work."""
     refiner = spec.run.refiner.get("path") if spec.run.decoder == "refiner" else None
-    # each sample's own files are checked where they are known (terra/batch/plan.py, samples.py)
+    # each sample's own files are checked where they are known (plan_batch)
     return claim_output_dir(spec.output_dir, "output.dir", files=[spec.manifest_path.name, spec.summary_path.name],
                             inputs=[("samples file", spec.sample_files), ("world model", spec.run.world_model),
                                     ("tokenizer", spec.run.tokenizer), ("refiner weights", refiner)], app=APP)
 
 
 def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
-    """The batch's own settings (``own``: :data:`BATCH_SETTINGS` by name) checked once beside the checked ``run``:
-    the numbers in :data:`RANGES`, flags, shards, the executor and its ``ray`` block, output names, the samples
-    files and ``image_root``. The refiner's weights and device are checked once the run's device is known
-    (terra/refiner.py, ``check_decoder``)."""
+    """The batch's own settings (``own``, by name) checked beside the checked ``run``."""
     for name, (setting, limits) in RANGES.items():
         value = own[name]
         if not (name == "max_concurrent" and value == "auto"):
@@ -287,7 +266,7 @@ def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     if image_root is not None and not (isinstance(image_root, (str, os.PathLike))
                                        and Path(image_root).expanduser().is_dir()):
         raise TerraInputError(f"image_root {shown(image_root)} is not a folder; point it at the images' root")
-    replaced = ("samples", "ray", "video_pattern", "sidecar_pattern", "formats")  # checked into other fields
+    replaced = ("samples", "ray", "video_pattern", "sidecar_pattern", "formats")
     kept = {name: own[name] for name in BATCH_SETTINGS if name not in replaced}
     return BatchSpec(run=run, sample_files=files, ray=ray, patterns=(video, sidecar), record=record,
                      formats=tuple(check_output_formats(own["formats"], distinct=True)), **kept)

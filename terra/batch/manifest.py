@@ -1,6 +1,4 @@
-"""A batch run's manifest records: one per sample (fields: terra/batch/__init__.py, "Outputs"), written by the
-manifest of every recorded run (terra/config/manifest.py), and a sample's failure as one line.
-"""
+"""A batch run's manifest records and a sample's failure as one line."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from terra.inputs.samples import Sample
 def sample_record(sample: Sample, status: str, *, error: str | None = None, stage: str | None = None,
                   seconds: float | None = None, seed: int | None = None, files: Sequence[str] = (),
                   **extra: Any) -> dict:
-    """The manifest record of ``sample`` with ``status`` (terra/config/manifest.py, ``STATUSES``); ``extra`` adds
-    fields."""
+    """The manifest record of ``sample`` with ``status``; ``extra`` adds fields."""
     record = {
         "sample_id": sample.sample_id, "line": sample.line, "file": sample.file, "index": sample.index,
         "status": status, "stage": stage, "error": error,
@@ -29,13 +26,11 @@ def sample_record(sample: Sample, status: str, *, error: str | None = None, stag
     return record
 
 
-# What frees memory in a batch run: the tokenizer and the writers share the GPU with the engine, whose vLLM KV cache
-# takes gpu_memory_utilization of it (tests/batch/test_batch_hostile.py).
+# What frees memory in a batch run: the tokenizer and the writers share the GPU with the engine's KV cache.
 MEMORY_ADVICE = ("lower backend.options.gpu_memory_utilization (vLLM's share beside the engine), writer_threads or "
                  "max_concurrent")
 
 
 def sample_error(err: BaseException) -> str:
-    """A sample's failure as its manifest record's one-line ``error`` (terra/core/errors.py, ``error_line``), a
-    lack of memory answered with the batch's settings that free it."""
+    """A sample's failure as one line, a lack of memory answered with the settings that free it."""
     return error_line(err, memory_advice=MEMORY_ADVICE)

@@ -1,13 +1,6 @@
-"""Planning a batch run: each sample's output files and fingerprint, which samples are already complete
-(resume), and the temporary files a killed run left behind.
+"""Planning a batch run: each sample's outputs and fingerprint, which are complete (resume), stale temporaries.
 
-A sample is complete when its sidecar exists, carries the same fingerprint and every file it lists is as written.
-The fingerprint covers what the sample reads: its line, the content of every file it names (context images and
-videos, trajectory file: terra/batch/samples.py, ``sample_files``), the world model and tokenizer (config and
-weights, digested once per run) and the settings that shape its outputs; so a rerun redoes a sample whose inputs or
-model changed, and says why.
-Every sample still to run has its inputs checked here (terra/batch/samples.py: ``check_inputs``) and its file
-names fitted to the file system, so a bad sample is recorded as failed before the model loads.
+A sample is complete when its sidecar exists with the same fingerprint and every file it lists is as written.
 """
 
 from __future__ import annotations
@@ -67,7 +60,7 @@ class BatchPlan:
     skipped: list[dict]  # manifest records of complete samples
     failed: list[dict]  # manifest records of malformed/invalid lines and unusable outputs
     items: list[Item] = field(default_factory=list)  # every valid sample of this shard (to run or complete)
-    redone: list[str] = field(default_factory=list)  # why each sample with an earlier, outdated or cut output is rerun
+    redone: list[str] = field(default_factory=list)  # why each sample with an outdated or cut output is rerun
     unused_routes: int = 0  # samples to run that carry routes, which a model without route slots does not take
     old_routes: int = 0  # samples to run that give routes under their old name, "routes" ([y, x] rows)
 
@@ -108,10 +101,7 @@ def _outputs(config: BatchSpec, sample: Sample) -> tuple[dict[str, Path], Path, 
 
 def made_from(config: BatchSpec, sample: Sample, seed: int, num_frames: int, inputs: Sequence[str],
               checkpoints: dict[str, str]) -> dict[str, str]:
-    """What shapes a sample's outputs, by part (terra/config/spec.py, ``INPUT_NAMES``): the checkpoints' digests
-    (``checkpoints``: terra/config/files.py, ``checkpoint_digest``), the digests of the files it reads (``inputs``:
-    terra/batch/samples.py, ``input_digests``), and the fingerprint of its record and the settings that shape its
-    outputs; its fingerprint is theirs (terra/config/spec.py)."""
+    """What shapes a sample's outputs, by part: checkpoint digests, input digests, and settings fingerprint."""
     root = None if config.image_root is None else os.path.realpath(os.path.expanduser(config.image_root))
     return {**checkpoints, "sample": spec_fingerprint(list(inputs)),
             "settings": spec_fingerprint({"record": sample.record, "seed": seed, "num_frames": num_frames,
@@ -129,9 +119,7 @@ def _read_sidecar(path: Path) -> dict | None:
 
 
 def is_complete(item: Item, out: Path) -> tuple[bool, dict | None, str | None]:
-    """``(complete, sidecar, why)``: the sidecar exists with this item's fingerprint and every file it lists (by its
-    name in ``out``, the output folder) is as it was written (its size and hash); else ``why`` an earlier output is
-    made again (None: there was none)."""
+    """``(complete, sidecar, why)``: complete when the fingerprint matches and every file is intact."""
     sidecar = _read_sidecar(item.sidecar) if item.sidecar.is_file() else None
     if sidecar is None:
         return False, None, None
@@ -153,8 +141,7 @@ def top_names(item: Item, out: Path) -> set[str]:
 
 
 def check_outputs(item: Item, config: BatchSpec, listed: frozenset[str]) -> None:
-    """Raise unless every file ``item`` would write over was written by the toolkit (``listed`` by output.dir's
-    marker; terra/config/output_dir.py)."""
+    """Raise unless every file ``item`` would overwrite is ``listed`` as written by the toolkit."""
     out = Path(config.output_dir)
     for top in top_names(item, out):
         if os.path.lexists(out / top) and top not in listed:
@@ -163,13 +150,11 @@ def check_outputs(item: Item, config: BatchSpec, listed: frozenset[str]) -> None
 
 
 def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tokens: int = 0) -> BatchPlan:
-    """Read the samples of this shard, work out their outputs and which are already complete (``config`` as
-    :func:`~terra.batch.config.check_config` checked it); the samples' routes are checked against a model of
-    ``route_tokens`` route slots."""
+    """Plan this shard's samples: outputs, completeness; routes checked against ``route_tokens`` route slots."""
     all_samples = read_samples(config.sample_files) if samples is None else samples
     if samples is None and not all_samples:
         raise TerraInputError(f"samples file(s) {', '.join(map(str, config.sample_files))} hold no samples")
-    # Output collisions are decided over all lines, so that every shard agrees.
+    # Output collisions are decided over all lines, so every shard agrees.
     owners: dict[str, Sample] = {}
     collisions: dict[int, str] = {}  # sample index -> why its output files cannot be used
     outputs: dict[int, tuple[dict[str, Path], Path, Path | None]] = {}  # sample index -> its files, worked out once
@@ -190,8 +175,8 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
             owners.setdefault(key, sample)
     mine = [s for s in all_samples if in_shard(s.index, config.shard_index, config.num_shards)]
     listed = marked(Path(config.output_dir))  # what the toolkit wrote there: a sample may replace only that
-    checkpoints = {"world_model": checkpoint_digest(config.run.world_model),  # once per run: samples another model
-                   "tokenizer": checkpoint_digest(config.run.tokenizer)}  # or tokenizer drew are made again
+    checkpoints = {"world_model": checkpoint_digest(config.run.world_model),  # once per run
+                   "tokenizer": checkpoint_digest(config.run.tokenizer)}
     result = BatchPlan(config, mine, [], [], [])
     for sample in mine:
         if sample.error is not None:
@@ -228,9 +213,7 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
 
 
 def remove_stale_temporaries(items: Iterable[Item]) -> int:
-    """Delete the temporary files (terra/core/atomic.py's exact names) of these items' outputs, next to them or inside
-    their PNG folders, whose writer is gone: no process holds their lock (a killed writer's, on whatever host or PID
-    namespace, since the run holds its folder's lock); a live writer's, or any other file, is left."""
+    """Delete the stale temporary files of these items' outputs (their writer holds no lock); return how many."""
     targets: dict[Path, set[str]] = {}
     folders: list[Path] = []
     for item in items:

@@ -1,9 +1,4 @@
-"""A sample made ready for the engine: its context loaded and encoded, its actions and routes built, its rollout
-request.
-
-The helper thread of terra/batch/stream.py prepares samples ahead of the engine; what a prepared sample carries
-is what its writer needs afterwards (terra/batch/writer.py).
-"""
+"""A sample made ready for the engine: context encoded, actions and routes built, rollout request."""
 
 from __future__ import annotations
 
@@ -35,13 +30,12 @@ class PreparedSample:
 
 
 def prepare_sample(item: Item, pipeline: WorldModelPipeline, config: BatchSpec, started: float) -> PreparedSample:
-    """Load and encode a sample's context, build its actions, routes and request (raises on bad input; the checks of
-    terra/batch/samples.py ran when the run was planned)."""
+    """Load and encode a sample's context, build its actions, routes and request; raises on bad input."""
     sample = item.sample
     every = sample.kind == "actbench"  # ACT-Bench samples read every context frame, then use the last ones
     images, sources = load_context(context_paths(sample, config), pipeline.image_size,
                                    None if every else config.run.num_context, resize=config.run.resize)
-    inputs = item.inputs  # built when the run was planned, unless the context is a video (counted only now)
+    inputs = item.inputs  # built when planned, unless the context is a video
     if inputs is None:
         inputs = sample_inputs(sample, config, len(images), item.num_frames, pipeline.backend.layout.route_tokens)
     images = images[max(0, len(images) - config.run.num_context) :]

@@ -1,13 +1,4 @@
-"""What a batch run shows while it runs: two tqdm bars on stderr, one over the generated frames of every sample
-(all rollouts in flight at once advance it, so it moves from the first engine step, with frames/s and an ETA) and
-one over the samples written (with ok / failed counts); off a terminal, a line a minute of the frames' count with
-the time left (terra/core/progress.py).
-
-The frame bar counts each sample's frames as the engine reports them: in this process through
-:class:`terra.batch.stream.StreamingEngine`'s ``on_frame``, from Ray actors through the driver's polls
-(terra/batch/ray_executor.py). A sample that fails takes its frames not generated off the total, so the ETA stays
-the time to the last frame; a sample run again after its actor died counts from zero again.
-"""
+"""A batch run's progress: a tqdm bar over generated frames and one over written samples (log lines off a terminal)."""
 
 from __future__ import annotations
 
@@ -27,8 +18,8 @@ class BatchProgress:
         self._done: dict[int, int] = {}  # sample index -> frames generated so far (while not yet recorded)
         self._recorded: set[int] = set()
         self._lock = threading.Lock()
-        self.frames_total = sum(self._frames_of.values())  # what the frame bar shows (the bars count nothing when
-        self.frames_done = 0  # they are disabled)
+        self.frames_total = sum(self._frames_of.values())
+        self.frames_done = 0
         common = {"enabled": enabled, "dynamic_ncols": True, "smoothing": 0.1}
         self.frames = Progress(self.frames_total, "generated frames", "frame", position=0, **common)
         self.samples = Progress(len(items), "samples written", "sample", lines=False, position=1, **common)
@@ -46,7 +37,7 @@ class BatchProgress:
         self.frames.update(frames)
 
     def recorded(self, record: dict, records: Sequence[dict]) -> None:
-        """A sample's manifest ``record`` was written (``records``: all of them so far, for the counts)."""
+        """A sample's manifest ``record`` was written (``records``: all so far, for the counts)."""
         with self._lock:
             index = record.get("index")
             full = self._frames_of.get(index)

@@ -1,16 +1,4 @@
-"""The Ray actor of ``executor=ray``: one pipeline and its engine, kept full by samples streaming in.
-
-The driver (terra/batch/ray_executor.py) wraps :class:`RolloutActor` with ``ray.remote`` and makes two calls
-per sample: :meth:`RolloutActor.run` returns once the sample's rollout has left the engine (its slot is free, so
-the driver sends the next sample while this one is still being written), :meth:`RolloutActor.record` once its
-files are written, with its manifest record; :meth:`RolloutActor.progress` answers the driver's polls for the
-frames generated so far. The calls wait on an asyncio loop while
-:class:`terra.batch.stream.StreamingEngine` runs on a thread of its own, so many samples are in flight on one
-engine. Its run is set up as every Ray actor's (terra/pipeline.py, ``actor_spec``: the device, the vLLM plugin,
-the multi-GPU executor). The actor never raises from its constructor: a start-up failure (a missing vLLM plugin,
-a model that does not load) is reported by :meth:`RolloutActor.info` as one line for the driver to print. An engine
-loop that fails later ends the actor's process, so that Ray restarts it.
-"""
+"""The Ray actor of ``executor=ray``: one pipeline whose engine is kept full by streaming samples."""
 
 from __future__ import annotations
 
@@ -32,13 +20,13 @@ from terra.run import resolve_run
 
 
 class RolloutActor:
-    """One engine on the GPU(s) Ray gave this actor (or the CPU); :meth:`run` one sample at a time, many at once."""
+    """One engine on the actor's GPU(s) or CPU; start-up failures are reported by :meth:`info`, not raised."""
 
     def __init__(self, config: BatchSpec, model_config: LlamaActionConfig, longest: int) -> None:
         self.error: str | None = None
         self.max_concurrent = 0
         self.gpus = [str(g) for g in ray.get_gpu_ids()]
-        self.device: str | None = None  # once set up (terra/pipeline.py, actor_spec)
+        self.device: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._generated: dict[int, asyncio.Future] = {}  # sample index -> resolved when its rollout left the engine
         self._records: dict[int, asyncio.Future] = {}  # sample index -> resolved with its manifest record
@@ -50,8 +38,7 @@ class RolloutActor:
             self.error = sample_error(err)
 
     def _start(self, config: BatchSpec, model_config: LlamaActionConfig, longest: int) -> None:
-        # this actor's run made concrete once, with the model's config its driver read; its engine holds (and its
-        # decoding is chosen for) the most rollouts it keeps in flight
+        # this actor's run resolved once with the driver's model config, its decoding chosen for its rollouts in flight
         spec = actor_spec(config.run, self.gpus)
         self.device = spec.device
         most = max_rollouts(config, spec)
@@ -65,8 +52,7 @@ class RolloutActor:
         threading.Thread(target=self._drive, name="terra-batch-engine", daemon=True).start()
 
     def _drive(self) -> None:
-        """Run the engine loop; if it fails (a CUDA error, say), end the process: Ray restarts the actor and the
-        driver retries its samples, as for any other death."""
+        """Run the engine loop; on failure end the process so Ray restarts the actor."""
         try:
             self.engine.run()
         except BaseException as err:  # noqa: BLE001
@@ -94,8 +80,7 @@ class RolloutActor:
         return index
 
     async def record(self, index: int) -> dict | None:
-        """The manifest record of the sample ``index`` (a :meth:`run` call returned it), once its files are
-        written; None when this actor does not hold it (it restarted since, and the sample is lost)."""
+        """The sample's manifest record once its files are written; None when this actor no longer holds it."""
         with self._lock:
             record = self._records.get(index)
         if record is None:
@@ -108,7 +93,7 @@ class RolloutActor:
                 self._frames.pop(index, None)
 
     def progress(self) -> dict[int, int]:
-        """Frames generated so far of each sample this actor holds (the driver's frame bar polls it)."""
+        """Frames generated so far per sample held here."""
         with self._lock:
             return dict(self._frames)
 
@@ -123,8 +108,7 @@ class RolloutActor:
         self._resolve(future, None)
 
     def _emit(self, record: dict) -> None:
-        """A record from the engine or a writer thread: the sample's :meth:`record` call returns it (and its
-        :meth:`run` call, when the sample failed before leaving the engine)."""
+        """A record from the engine or a writer thread resolves the sample's pending calls."""
         with self._lock:
             generated = self._generated.pop(record["index"], None)
             future = self._records.get(record["index"])

@@ -1,17 +1,5 @@
-"""``executor=ray``: the batch on a Ray cluster, one actor (terra/batch/ray_actor.py) per GPU or per group of
-``tensor_parallel_size`` GPUs (on a cluster without GPUs, ``ray.num_actors`` CPU actors).
-
-The driver joins the cluster at ``ray.address`` (or starts a local one for the run: terra/core/ray_cluster.py),
-starts the actors and streams samples to them: each actor holds a few more samples not yet generated than its engine
-runs at once, and gets the next one the moment a rollout leaves its engine (while that one is still being written),
-so a faster actor takes more. Only the driver writes the manifest, from the records the actors return: with the
-plan's resume and skip-if-complete, every sample is recorded exactly once. An actor that dies is restarted by Ray
-(``ray.max_restarts``); its unfinished samples go back to the queue for any live actor, at most ``ray.max_retries``
-more times each, then they are recorded as failed with the error. Ctrl-C (or SIGTERM) kills the actors and leaves a
-cluster this run started shut down; files are written atomically, so a rerun resumes.
-
-Ray is imported only here, in the actor's module and in terra/core/ray_cluster.py's ``connect``, never by
-``executor=local``.
+"""``executor=ray``: one actor per GPU (or ``tensor_parallel_size`` group) streaming samples; the driver alone
+writes the manifest and retries samples of actors that die. Ray is imported only here and in the actor.
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ from terra.core.errors import TerraInputError
 from terra.models import LlamaActionConfig
 
 POLL_S = 1.0  # how often the driver asks each actor for its frames so far (the frame bar)
-WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long (vLLM starts in 1-2 min)
+WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long
 
 
 class RayExecutor:
@@ -47,7 +35,7 @@ class RayExecutor:
         self.settings = self.cluster.settings
 
     def connect(self) -> None:
-        """Join the cluster and size the actors (terra/core/ray_cluster.py); a user error is one line."""
+        """Join the cluster and size the actors; a user error is one line."""
         self.cluster.connect()
 
     def close(self) -> None:
@@ -56,8 +44,7 @@ class RayExecutor:
 
     def run(self, items: Sequence[Item], model_config: LlamaActionConfig, emit: Callable[[dict], None],
             on_frames: Callable[[int, int], None] | None = None) -> None:
-        """Run ``items`` on the actors; ``emit`` gets one record per item (with ``actor``, ``node``, ``gpus``),
-        ``on_frames`` a sample's index and its frames generated so far, as the actors' progress polls tell."""
+        """Run ``items`` on the actors; ``emit`` gets one record per item, ``on_frames`` polled frame counts."""
         from terra.batch.ray_actor import RolloutActor  # imports Ray
 
         ray = self.cluster.ray
@@ -74,13 +61,7 @@ class RayExecutor:
 
 
 class _Dispatcher:
-    """The driver's loop: samples out to the actors as their engines have room, records back, deaths retried.
-
-    Each sample takes two calls (terra/batch/ray_actor.py): ``run`` returns when its rollout has left the engine,
-    ``record`` when its files are written. An actor's room counts only samples not yet generated, so writing never
-    holds an engine slot. While an actor is still starting, the others take no more than their engines run at once
-    (no read-ahead), so the late one still gets its share of a short run.
-    """
+    """The driver's loop: samples out to actors with room, records back, deaths retried."""
 
     def __init__(self, ray: Any, actors: list, settings: RaySettings, emit: Callable[[dict], None],
                  on_frames: Callable[[int, int], None] | None = None) -> None:
@@ -138,8 +119,7 @@ class _Dispatcher:
                 self.polls[self.actors[a].progress.remote()] = a
 
     def _progress(self, ref: Any) -> None:
-        """A progress() call returned: report each sample's frames (an actor that died meanwhile answers nothing;
-        its death reaches the driver through its other calls)."""
+        """A progress() call returned: report each sample's frames."""
         self.polls.pop(ref)
         try:
             frames = self.ray.get(ref)
@@ -149,8 +129,7 @@ class _Dispatcher:
             self.on_frames(index, count)
 
     def _room(self, a: int) -> int:
-        """Samples actor ``a`` may hold before they are generated: its engine's rollouts, plus read-ahead once every
-        actor has started."""
+        """Samples actor ``a`` may hold ungenerated: its engine's rollouts, plus read-ahead once all actors started."""
         info = self.infos[a]
         return info["max_concurrent"] if self.starting else info["depth"]
 
@@ -212,8 +191,7 @@ class _Dispatcher:
                    **({"attempts": tries + 1} if tries else {})})
 
     def _answer(self, ref: Any, item: Item, a: int, queue: deque) -> tuple[Any] | None:
-        """``(value,)`` of a finished call; None after handling its failure: a dead actor's sample is retried, the
-        actor's own error fails the sample."""
+        """``(value,)`` of a finished call; None once a failure is handled (dead actor: retry; actor error: fail)."""
         try:
             return (self.ray.get(ref),)
         except self.ray.exceptions.RayActorError as err:  # died, or unreachable (ActorUnavailableError)

@@ -1,6 +1,4 @@
-"""A whole batch run: plan, check, then run the pending samples in this process (``executor=local``) or on Ray
-actors (``executor=ray``, terra/batch/ray_executor.py), with the manifest, progress bars (terra/batch/progress.py) and
-summary file."""
+"""A whole batch run: plan, check, then run the pending samples here (``executor=local``) or on Ray."""
 
 from __future__ import annotations
 
@@ -35,7 +33,6 @@ from terra.tokenizer import load_tokenizer
 
 @dataclass
 class BatchResult:
-    """Outcome of :func:`run_batch`."""
 
     records: list[dict]
     manifest: Path
@@ -50,15 +47,14 @@ class BatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every sample succeeded (or was already complete), 1 when some failed, 128 + the signal's number
-        when a signal stopped the run (130 for Ctrl-C, 143 for SIGTERM: what the command exits with)."""
+        """0 when no sample failed, 1 when some did, 128 + the signal's number when a signal stopped the run."""
         if self.interrupted_by is not None:
             return 128 + self.interrupted_by
         return 1 if self.counts["failed"] else 0
 
     @property
     def per_actor(self) -> dict[str, dict]:
-        """``executor=ray``: each actor's node, GPUs and counts of the samples it ran (from the records)."""
+        """``executor=ray``: each actor's node, GPUs and sample counts."""
         actors: dict[str, dict] = {}
         for record in self.records:
             if record.get("actor") is not None:
@@ -70,9 +66,7 @@ class BatchResult:
 
     @property
     def decoding(self) -> tuple[str, PassStats] | None:
-        """The decodings that ran (``sequential``, ``speculative``, or both joined by ``+`` across resumed runs) and
-        the forward passes of the samples this run generated, summed from their records; None when it generated
-        none."""
+        """``(decodings that ran, summed passes)`` of the samples this run generated; None when none."""
         blocks = [r["decoding"] for r in self.records if r.get("decoding")]
         if not blocks:
             return None
@@ -80,7 +74,6 @@ class BatchResult:
                 sum((PassStats.from_dict(b) for b in blocks), PassStats()))
 
     def summary_line(self) -> str:
-        """One line for the end of a run."""
         c = self.counts
         return (f"{c['ok']} succeeded, {c['failed']} failed, {c['skipped']} skipped (already complete) "
                 f"of {len(self.records)} samples in {self.seconds:.1f} s; manifest: {self.manifest}")
@@ -88,14 +81,9 @@ class BatchResult:
 
 def run_batch(config: BatchConfig | BatchSpec, pipeline: WorldModelPipeline | None = None,
               samples: list[Sample] | None = None) -> BatchResult:
-    """Plan and run a batch; return its records. ``pipeline`` reuses a loaded :class:`WorldModelPipeline` of the
-    settings' world model (the samples' fingerprints record the settings' folder: terra/batch/plan.py).
+    """Plan and run a batch; return its records. ``pipeline`` reuses a loaded pipeline of the same world model.
 
-    User errors found before any work raise :class:`TerraInputError`; per-sample failures are recorded. The
-    settings are checked once: here for :class:`BatchConfig`'s keywords, already for a :class:`BatchSpec`
-    (terra/batch/config.py, ``batch_spec``); the output folder is claimed here, and the run holds its lock
-    throughout (terra/core/lock.py): a second run into the folder fails at once. An interrupt stops the engine and
-    leaves the samples written so far, their records and no temporaries.
+    Raises :class:`TerraInputError` before any work; per-sample failures are recorded.
     """
     spec, output = (check_config(config) if isinstance(config, BatchConfig)  # before the folder and its lock
                     else (config, claim_output(config)))
@@ -105,10 +93,9 @@ def run_batch(config: BatchConfig | BatchSpec, pipeline: WorldModelPipeline | No
 
 def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
                samples: list[Sample] | None = None) -> BatchResult:
-    """:func:`run_batch` for the checked settings ``config`` (terra/batch/config.py), while its caller holds the output
-    folder's lock (terra/apps/rollout.py takes both before torch is imported)."""
+    """:func:`run_batch` for checked settings while the caller holds the output folder's lock."""
     started = time.perf_counter()
-    # the model's config read once, before the plan: the samples' routes are checked against its route slots
+    # the model's config read once, before the plan: routes are checked against its route slots
     model_config = check_model(config.run) if config.executor == "ray" or pipeline is None else None
     route_tokens = pipeline.backend.layout.route_tokens if model_config is None else model_config.num_route_tokens
     the_plan = plan_batch(config, samples, route_tokens)
@@ -141,7 +128,7 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
 def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipeline: WorldModelPipeline | None,
                  executor, refiner: RefinerSettings | None, model_config) -> BatchResult:
     """Write the plan's records, run its samples (here or on Ray's actors), write the summary."""
-    out = Path(config.output_dir)  # the samples' files were checked (terra/batch/plan.py): now they are the toolkit's
+    out = Path(config.output_dir)
     mark(out, {name for item in the_plan.to_run for name in top_names(item, out)})
     remove_stale_temporaries(the_plan.items)
     manifest = Manifest(config.manifest_path)
@@ -174,7 +161,7 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
         elif the_plan.to_run:
             run_items(the_plan.to_run, config, pipeline, manifest.add, None if refiner is None else refiner.load(),
                       on_frame=progress.generated)
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as terra/apps/runner.py's Interrupted (it has signum)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Interrupted
         interrupted_by = int(getattr(err, "signum", signal.SIGINT))
         raise
     finally:
@@ -190,7 +177,6 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
 
 
 def _ray_executor(config: BatchSpec):
-    """A :class:`~terra.batch.ray_executor.RayExecutor` joined to its cluster (Ray is imported only here)."""
     from terra.batch.ray_executor import RayExecutor
 
     executor = RayExecutor(config)

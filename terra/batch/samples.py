@@ -1,13 +1,4 @@
-"""A batch run's samples against its settings: each sample's context paths and actions, its inputs checked before
-any model loads, and how lines are split into shards.
-
-The samples are read by :func:`terra.inputs.samples.read_samples` (the JSONL format; the two sample formats are
-described in terra/batch/__init__.py). :func:`sample_files` finds every file a sample reads (its context inside
-``image_root``, its trajectory file), regular and apart from ``output.dir``, and :func:`input_digests` their
-content, which its resume fingerprint covers (terra/batch/plan.py). :func:`check_inputs` checks its image headers
-(within :data:`terra.tokenizer.images.MAX_PIXELS`) and builds its actions and routes, all without decoding an image,
-so a bad sample fails alone before the run generates anything.
-"""
+"""A batch run's samples checked against its settings before any model loads; shard splitting."""
 
 from __future__ import annotations
 
@@ -39,14 +30,13 @@ ALLOW_OUTSIDE = "allow_paths_outside_image_root"
 class SampleFiles:
     """The files a sample reads, found and checked to be regular (:func:`sample_files`)."""
 
-    images: list[Path]  # the context images read (Terra's format: the last num_context, all beside a video)
+    images: list[Path]  # the context images read
     videos: list[Path]  # context videos (their frames are counted only when decoded)
     trajectory: Path | None  # its trajectory file, if it names one
 
 
 def context_paths(sample: Sample, config: BatchSpec) -> list[str]:
-    """The sample's context sources as absolute paths, relative ones taken from ``image_root`` (default: its
-    JSONL's folder); one outside that folder is refused unless ``allow_paths_outside_image_root``."""
+    """The sample's context sources as absolute paths under ``image_root``; outside paths refused unless allowed."""
     record = sample.record
     items = record["context_frames"] if sample.kind == "actbench" else record["context"]
     items = [items] if isinstance(items, str) else list(items)
@@ -57,15 +47,13 @@ def context_paths(sample: Sample, config: BatchSpec) -> list[str]:
 
 
 def trajectory_file(sample: Sample) -> Path | None:
-    """The trajectory file a sample of Terra's format names (its ``trajectory`` as a string: a path resolved against
-    its JSONL's folder), or None (an inline trajectory, another form, or an ACT-Bench sample)."""
+    """The trajectory file a sample names (relative to its JSONL), or None."""
     value = sample.record.get("trajectory") if sample.kind != "actbench" else None
     return Path(resolve_path(value, Path(sample.file).resolve().parent)) if isinstance(value, str) else None
 
 
 def _image_files(sources: Sequence[str]) -> tuple[list[Path], list[Path]]:
-    """The image files ``sources`` expand to, in the order tokenizer/images.py reads them, and the videos among
-    them (their frames are counted only when decoded)."""
+    """The image files ``sources`` expand to, in reading order, and the videos among them."""
     files: list[Path] = []
     videos: list[Path] = []
     for source in sources:
@@ -99,11 +87,10 @@ def _check_image(path: Path) -> None:
 
 def sample_inputs(sample: Sample, config: BatchSpec, loaded: int, num_frames: int,
                   route_tokens: int = 0) -> RolloutInputs:
-    """The actions and routes of ``sample`` for ``loaded`` context frames read (ACT-Bench: all its frames, of which
-    the last ``num_context`` are used, their first rows dropped with the frames not used; Terra's format: the frames
-    used) and ``num_frames`` generated ones, its routes checked against a model of ``route_tokens`` route slots.
-    A sample's routes (a ``road`` or ``ego_routes``: terra/inputs/routes.py) sit beside its trajectory form, or in its
-    trajectory file (JSON), not in both."""
+    """The actions and routes of ``sample`` for ``loaded`` context frames and ``num_frames`` generated ones.
+
+    Routes are checked against a model of ``route_tokens`` route slots.
+    """
     record, where = sample.record, f"sample {shown(sample.sample_id)}"
     beside = given_routes(record, where, Path(sample.file).resolve().parent)
     if sample.kind == "actbench":
@@ -118,16 +105,15 @@ def sample_inputs(sample: Sample, config: BatchSpec, loaded: int, num_frames: in
         return with_routes(actions, beside, loaded, num_frames, route_tokens,
                            motion=manoeuvre_motion(config.default_manoeuvre, len(actions)))
     key = [k for k in TRAJECTORY_KEYS if k in record][0]
-    file = trajectory_file(sample)  # a "trajectory" string is a file next to the JSONL; everything else is inline
+    file = trajectory_file(sample)
     return trajectory_inputs({key: record[key]} if file is None else file, loaded, num_frames, route_tokens,
                              f"{where}: {key}", beside=beside)
 
 
 def sample_files(sample: Sample, config: BatchSpec) -> SampleFiles:
-    """Every file ``sample`` reads: its context paths (apart from output.dir) expanded to files, and its trajectory
-    file; raises :class:`TerraInputError` for one that is missing or not a regular file."""
+    """Every file ``sample`` reads; raises :class:`TerraInputError` for one missing or not regular."""
     sources = context_paths(sample, config)
-    for source in sources:  # no output may land on an input (terra/config/output_dir.py)
+    for source in sources:  # no output may land on an input
         check_apart(Path(config.output_dir), "output.dir", "context", source)
     files, videos = _image_files(sources)
     # ACT-Bench samples read every context frame; Terra's the last num_context (with a video: unknown which)
@@ -136,8 +122,7 @@ def sample_files(sample: Sample, config: BatchSpec) -> SampleFiles:
 
 
 def input_digests(files: SampleFiles) -> list[str]:
-    """The SHA-256 of each file's content (terra/config/files.py, ``file_digest``): images, videos, trajectory file.
-    A sample's fingerprint covers them, so a rerun redoes a sample whose images or trajectory file changed."""
+    """The SHA-256 of each file's content: images, videos, trajectory file."""
     trajectory = [files.trajectory] if files.trajectory else []
     return ([file_digest(path, "context image", MAX_IMAGE_BYTES) for path in files.images]
             + [file_digest(path, "context video", MAX_VIDEO_BYTES) for path in files.videos]
@@ -146,10 +131,7 @@ def input_digests(files: SampleFiles) -> list[str]:
 
 def check_inputs(sample: Sample, config: BatchSpec, files: SampleFiles, num_frames: int,
                  route_tokens: int = 0) -> tuple[RolloutInputs, bool]:
-    """Check everything of ``sample`` that can be checked without a model, its ``files`` found: its images (headers,
-    not pixels) and its trajectory, built into the actions and routes the rollout takes (:func:`sample_inputs`);
-    return them and whether they are final (not with a video context: its frames are counted only when decoded, so
-    its inputs are built again then). Raises :class:`TerraInputError`."""
+    """Check ``sample`` without a model; return its inputs and whether they are final (not for a video context)."""
     for file in files.images:
         _check_image(file)
     video = bool(files.videos)
@@ -157,12 +139,11 @@ def check_inputs(sample: Sample, config: BatchSpec, files: SampleFiles, num_fram
 
 
 def shard_indices(num_lines: int, shard_index: int, num_shards: int) -> list[int]:
-    """Line indices of one shard: ``i % num_shards == shard_index`` (every line in exactly one shard)."""
+    """Line indices of one shard: ``i % num_shards == shard_index``."""
     if not 0 <= shard_index < num_shards:
         raise TerraInputError(f"shard_index={shard_index} must be in [0, {num_shards - 1}]")
     return list(range(shard_index, num_lines, num_shards))
 
 
 def in_shard(index: int, shard_index: int, num_shards: int) -> bool:
-    """Whether line ``index`` belongs to shard ``shard_index`` of ``num_shards``."""
     return index % num_shards == shard_index

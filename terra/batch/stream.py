@@ -1,12 +1,4 @@
-"""One engine kept full: samples stream in, each becomes a rollout the moment a slot is free.
-
-A helper thread reads and encodes samples ahead of the engine (:func:`terra.batch.prepared_sample.prepare_sample`); the
-engine loop admits prepared samples while fewer than ``max_concurrent`` rollouts are in flight, advances every
-rollout frame by frame on the backend's submit/poll interface (terra/generation/rollout.py) and hands a rollout
-to the writer threads (:class:`terra.batch.writer.SampleWriter`) as soon as its last frame is generated. There is
-no barrier between samples: a finished rollout's slot goes to the next sample at once. The in-process run
-(:func:`run_items`) and each Ray actor (terra/batch/ray_actor.py) run this same loop.
-"""
+"""One engine kept full: samples stream in, each becomes a rollout the moment a slot is free."""
 
 from __future__ import annotations
 
@@ -36,13 +28,10 @@ def prefetch(max_concurrent: int) -> int:
 
 
 class StreamingEngine:
-    """Runs samples on one pipeline, at most ``max_concurrent`` rollouts in flight; ``emit`` gets one manifest
-    record per sample (from the engine or a writer thread), ``on_generated`` (if given) each sample whose rollout
-    left the engine for the writers: its slot is free before its files are written, ``on_frame`` (if given) a
-    sample's index and its frames generated so far after each of its frames (terra/batch/progress.py).
+    """Runs samples on one pipeline with at most ``max_concurrent`` rollouts in flight.
 
-    :meth:`put` feeds samples (any thread), :meth:`end` says no more will come, :meth:`run` drives the engine
-    on the calling thread until every sample is recorded (or :meth:`stop` is called).
+    ``emit`` gets one manifest record per sample, ``on_generated`` each sample whose rollout left the engine,
+    ``on_frame`` a sample's index and frames so far.
     """
 
     def __init__(self, pipeline: WorldModelPipeline, config: BatchSpec, emit: Callable[[dict], None],
@@ -50,9 +39,9 @@ class StreamingEngine:
                  refiner: "VideoRefiner | None" = None, on_frame: Callable[[int, int], None] | None = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.on_generated, self.on_frame = on_generated, on_frame
-        self.refiner = refiner  # decoder=refiner: the writers' decoder (terra/refiner.py)
+        self.refiner = refiner  # decoder=refiner: the writers' decoder
         self.max_concurrent = max_concurrent
-        # checked by check_config (run_spec); decoding=auto as the pipeline's run chose (terra/pipeline.py)
+        # checked by run_spec; decoding=auto as the pipeline's run chose
         self.sampling = pipeline.backend.as_run(config.run.sampling)
         self._inbox: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue(maxsize=prefetch(max_concurrent))
@@ -60,7 +49,6 @@ class StreamingEngine:
         self._preparer = threading.Thread(target=self._prepare_loop, name="terra-batch-prepare", daemon=True)
 
     def put(self, item: Item) -> None:
-        """Queue a sample."""
         self._inbox.put(item)
 
     def end(self) -> None:
@@ -97,8 +85,7 @@ class StreamingEngine:
                 continue
 
     def run(self) -> None:
-        """Drive the engine until :meth:`end`'s marker is reached and nothing is in flight (or :meth:`stop`);
-        wait for the writers. An interrupt drops the rollouts in flight and lets finished writes complete."""
+        """Drive the engine until :meth:`end` and nothing is in flight (or :meth:`stop`); wait for the writers."""
         backend = self.pipeline.backend
         writer = SampleWriter(self.pipeline, self.config, self.emit, self.sampling, self.refiner)
         active: dict[int, tuple[PreparedSample, RolloutState, float]] = {}  # id(state) -> prepared, state, admitted
@@ -187,9 +174,7 @@ def longest_rollout(items: Iterable[Item]) -> int:
 def run_items(items: Sequence[Item], config: BatchSpec, pipeline: WorldModelPipeline,
               emit: Callable[[dict], None], refiner: "VideoRefiner | None" = None,
               on_frame: Callable[[int, int], None] | None = None) -> None:
-    """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` receives one record per
-    item, ``on_frame`` each generated frame (:class:`StreamingEngine`); ``refiner`` decodes with
-    ``decoder=refiner``. ``max_concurrent=auto`` is resolved against the engine (terra/batch/concurrency.py)."""
+    """Run ``items`` on ``pipeline`` in this thread, keeping its engine full; ``emit`` gets one record per item."""
     in_flight = min(resolve_max_concurrent(config, pipeline, longest_rollout(items)), max(1, len(items)))
     engine = StreamingEngine(pipeline, config, emit, in_flight, refiner=refiner, on_frame=on_frame)
     for item in items:

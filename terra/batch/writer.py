@@ -1,8 +1,4 @@
-"""A finished rollout decoded and written: its videos, codes and sidecar (sidecar last), on writer threads.
-
-The loop of terra/batch/stream.py hands each rollout to :class:`SampleWriter` as soon as its last frame is generated,
-so decoding and writing overlap the engine's next steps.
-"""
+"""A finished rollout decoded and written on writer threads: videos, codes and sidecar (sidecar last)."""
 
 from __future__ import annotations
 
@@ -37,7 +33,7 @@ class SampleWriter:
                  sampling: SamplingConfig, refiner: "VideoRefiner | None" = None) -> None:
         self.pipeline, self.config, self.emit = pipeline, config, emit
         self.sampling = sampling  # as the engine runs it (decoding=auto resolved)
-        self.refiner = refiner  # decoder=refiner: Terra's video refiner beside the engine (terra/refiner.py)
+        self.refiner = refiner  # decoder=refiner: Terra's video refiner
         self.pool = ThreadPoolExecutor(max_workers=config.writer_threads, thread_name_prefix="terra-batch-writer")
 
     def submit(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float, stats: PassStats) -> None:
@@ -88,7 +84,7 @@ class SampleWriter:
             context=prepared.context, num_context=prepared.num_context, num_generated=int(len(generated)),
             **route_record(routes, prepared.route_source, len(codes), prepared.route_told),  # told, whence
             files=files, decoding=stats.as_dict(self.sampling),
-            engine_options=pipeline.engine_options,  # as the engine ran (terra/generation/backends.py, engine_options)
+            engine_options=pipeline.engine_options,  # as the engine ran
             batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint,
                    "inputs": item.made_from, "complete": True, "frames": int(len(codes)),
                    "file_digests": written(out, files)},

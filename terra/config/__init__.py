@@ -1,8 +1,5 @@
-"""The light layer every entry point starts from (no torch, no Transformers), on the ground floor (:mod:`terra.core`):
-the checks (:mod:`terra.config.checks`), input files and strict JSON (:mod:`terra.config.files`), output folders and
-names (:mod:`terra.config.outputs`), the engine settings (:mod:`terra.config.backend`), sampling
-(:mod:`terra.config.sampling`), Terra snapshots (:mod:`terra.config.snapshot`) and :class:`RunSpec`, the checked
-settings of a run (:mod:`terra.config.spec`).
+"""The light layer every entry point starts from (no torch): checks, input files, outputs, engine settings, sampling,
+snapshots and :class:`RunSpec`.
 """
 
 from terra.config.sampling import SamplingConfig

@@ -1,9 +1,4 @@
-"""ACT-Bench's names, shared by the batch (which writes its videos) and the scorer (which reads them).
-
-A video is named as Terra's ACT-Bench generation script names it, ``NUSCENES_ACTION_{sample_id:06d}.mp4``; the
-scorer matches a video to its sample by the number at the end of the stem. A samples file is ACT-Bench's
-``act_bench.jsonl``: one JSON row per sample, an ACT-Bench row being one that carries ``context_frames``.
-"""
+"""ACT-Bench's names, shared by the batch (which writes its videos) and the scorer (which reads them)."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ from typing import Any
 VIDEO_STEM = "NUSCENES_ACTION_{sample_id:06d}"  # a format string: VIDEO_STEM.format(sample_id=7)
 SAMPLE_ID_IN_NAME = re.compile(r"_(\d+)$")  # the sample id at the end of a video's stem
 CONTEXT_KEY = "context_frames"  # the key that makes a samples row an ACT-Bench row
-MAX_SAMPLES_BYTES = 2 << 30  # one JSONL file of samples (ACT-Bench's 2,286 samples: about 150 MB)
+MAX_SAMPLES_BYTES = 2 << 30  # one JSONL file of samples
 
 
 def video_name(sample_id: int, ext: str = "mp4") -> str:

@@ -1,8 +1,4 @@
-"""Which engine runs the world model, and where: ``backend`` with its options, ``device`` and ``dtype``.
-
-Checked without torch (the device name by terra/core/device.py, which also resolves ``auto`` once torch is
-loaded, once per run); the backend ``auto`` stands for on that device: :func:`resolve_backend`.
-"""
+"""Which engine runs the world model, and where: ``backend`` with its options, ``device`` and ``dtype``."""
 
 from __future__ import annotations
 
@@ -14,15 +10,13 @@ from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# vLLM's request paths (terra/generation/vllm_streaming.py, resolve_requests): one streaming-input request per
-# rollout window, or a new request per frame; auto is streaming where the installed vLLM has it.
+# vLLM's request paths: one streaming-input request per rollout window, or a new request per frame;
+# auto is streaming where the installed vLLM has it.
 REQUEST_PATHS = ("auto", "streaming", "per_frame")
-# Options each backend's constructor takes (terra/generation/hf_backend.py, vllm_backend.py): a Range, a tuple of
-# choices, or bool / str for flags and names. vLLM passes further options to its engine, which checks them itself.
-# vLLM's online weight quantization of a bf16 checkpoint, the kind that needs no calibration (vllm/config/
-# quantization.py): fp8 per-tensor weight scales; fp8_per_channel per-output-channel weight scales with dynamic
-# per-token activations (terra/config/memory.py's FP8_WEIGHTS, with quantization_config's "ignore" to keep layers
-# bf16); None: the checkpoint's dtype.
+# Options each backend's constructor takes: a Range, a tuple of choices, or bool / str for flags and names.
+# vLLM passes further options to its engine, which checks them itself.
+# vLLM's online weight quantization of a bf16 checkpoint: fp8 per-tensor weight scales; fp8_per_channel
+# per-output-channel scales with dynamic per-token activations; None: the checkpoint's dtype.
 QUANTIZATIONS = (None, "fp8", "fp8_per_channel")
 BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
     "hf": {"max_batch_size": Range(1, 4096, 16, whole=True)},
@@ -40,9 +34,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Range | type]] = {
         "block_size": Range(1, 1024, 16, whole=True),  # vLLM's KV cache block (tokens), not sampling.draft_tokens
         "max_model_len": Range(1, 1 << 24, 16384, whole=True),
         "requests": REQUEST_PATHS,
-        # speculative decoding: verifying passes per engine step (terra/vllm/jacobi_runner.py); sequential: 1;
-        # null: terra/generation/decoding.py's auto_passes_per_step (3 in an engine of one rollout or where the host
-        # bounds a step of several, else 1)
+        # speculative decoding: verifying passes per engine step; sequential: 1; null: auto
         "passes_per_step": Range(1, 64, 3, whole=True, nullable=True),
     },
 }
@@ -50,15 +42,14 @@ BACKENDS = ("auto", *BACKEND_OPTIONS)
 
 
 THREADS = Range(1, 1024, 1, whole=True, nullable=True)
-# num_threads of every app that runs torch (conf/*.yaml; tests/test_cli.py checks them) and
-# WorldModelPipeline.from_pretrained, terra.batch.BatchConfig
+# num_threads of every app that runs torch, WorldModelPipeline.from_pretrained and BatchConfig
 DEFAULT_THREADS = "auto"
 
 
 def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
-    """torch's CPU threads for this process: ``auto`` is half the CPUs the process may use, at least one (on a
-    machine shared with other work, one thread per core collapses: benchmarks/cpu.md, "Threads on a busy CPU"), a
-    whole number 1 .. 1024 that many, None torch's default (one per core)."""
+    """torch's CPU threads: ``auto`` half the usable CPUs (at least one), a whole number 1 .. 1024, None torch's
+    default.
+    """
     if value == "auto":
         return max(1, usable_cores() // 2)
     if isinstance(value, str):
@@ -68,8 +59,7 @@ def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
 
 
 def check_backend(name: Any, options: Any) -> tuple[str, dict]:
-    """The backend name and its options, checked: known names, and for the options the backend takes, their
-    types and ranges. ``auto`` checks every option that either backend knows."""
+    """The backend name and its options, checked; ``auto`` checks every option either backend knows."""
     name = check_choice(name, "backend", BACKENDS)
     if options is None:
         options = {}
@@ -104,11 +94,8 @@ def vllm_available() -> bool:
 
 
 def resolve_backend(kind: str, device: str) -> str:
-    """The backend of ``kind`` on the resolved ``device``: ``auto`` → ``vllm`` on a GPU when vLLM is installed, else
-    ``hf``; ``vllm`` asked for where it is not installed is one line.
-
-    On a CPU the Transformers backend is chosen even when vLLM's CPU engine is installed: that engine needs
-    about a minute and a half to start, which only pays off for long batch runs (ask for ``backend=vllm``).
+    """The backend of ``kind`` on the resolved ``device``: ``auto`` is ``vllm`` on a GPU with vLLM installed, else
+    ``hf``.
     """
     if kind not in BACKENDS:  # a name not checked by check_backend (the Python API)
         raise TerraInputError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")

@@ -1,11 +1,7 @@
 """The one check of each kind that every entry point uses on its settings.
 
-A failed check raises :class:`terra.core.errors.TerraInputError` (one class for the whole toolkit, on the ground
-floor): one line naming the input and the fix; the entry points print it and exit with code 2
-(terra/apps/runner.py). The checks return the value they checked, typed (an ``int``
-for whole numbers, a ``float`` for numbers), so callers carry it on instead of checking it again. What goes
-into a line stays one line: :func:`shown` and :func:`one_line` escape values and names; a third-party reader's
-exception becomes a short phrase with :func:`terra.core.errors.error_reason`.
+A failed check raises :class:`TerraInputError` with one line naming the input and the fix; checks return the value
+typed (``int`` for whole numbers, ``float`` for numbers).
 """
 
 from __future__ import annotations
@@ -39,9 +35,9 @@ def shown(value: Any, limit: int = 40) -> str:
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:
-    """`` (did you mean 'X'?)`` when ``value`` is a near miss of one of ``choices`` (difflib's ratio of at least
-    0.75: a letter or two wrong in a name; numbers are never guessed, so a choice must hold the same digits), else
-    ``""``: the hint of every line that refuses an unknown name (a choice, a setting, a config group's option)."""
+    """`` (did you mean 'X'?)`` when ``value`` is a near miss of one of ``choices`` (difflib ratio >= 0.75), else
+    ``""``.
+    """
     if not isinstance(value, str):
         return ""
     digits = re.sub(r"\D", "", value)
@@ -52,11 +48,12 @@ def did_you_mean(value: Any, choices: Iterable[str]) -> str:
 
 def check_keys(mapping: Mapping, known: Iterable[str], where: str, holds: str,
                hints: Mapping[str, str] | None = None, strict: bool = True) -> None:
-    """One line for the first key of ``mapping`` (a JSON object a user wrote) that is not in ``known``:
-    ``{where}: unknown key 'K' (did you mean 'X'?); {holds}``. The guess is the nearest spelling of ``hints``
-    (spelling → the key to suggest, so that an old or wrong name points to the right one; default: the known keys),
-    case, spaces and '-' aside, by difflib's ratio of at least 0.75. ``strict=False`` refuses only a key with a
-    guess: a row of another project's format keeps columns of its own, but a near miss of ours is no such column."""
+    """One line for the first key of ``mapping`` not in ``known``, with a spelling hint.
+
+    Args:
+        hints: spelling -> key to suggest (default: the known keys).
+        strict: False refuses only keys that have a hint.
+    """
     known = set(known)
     hints = {key: key for key in known} if hints is None else hints
     for key in mapping:
@@ -74,8 +71,7 @@ def check_keys(mapping: Mapping, known: Iterable[str], where: str, holds: str,
 
 
 def one_line(text: Any) -> str:
-    """``text`` for a one-line message: as it is when printable, else escaped as ``repr`` writes it (a newline
-    or other control character in a file name or id then shows as ``\\n``, never breaking the line)."""
+    """``text`` as it is when printable, else escaped as ``repr`` writes it."""
     text = str(text)
     return text if text.isprintable() else repr(text)
 
@@ -84,9 +80,8 @@ def check_whole_number(
     value: Any, name: str, minimum: int, example: str, maximum: int | None = None, where: str = "",
     bounds: str | None = None,
 ) -> int:
-    """``value`` as an ``int`` if it is a whole number (not a bool) of at least ``minimum`` and at most
-    ``maximum`` (None: no cap); ``example`` shows a fix, ``where`` (e.g. a file name) starts the message,
-    ``bounds`` says the range in other words (a cap that is itself a setting)."""
+    """``value`` as an ``int`` if a whole number (not a bool) in ``[minimum, maximum]`` (None: no cap);
+    ``example``, ``where`` and ``bounds`` word the error line."""
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum
             or (maximum is not None and value > maximum)):
         bounds = bounds or (f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}")
@@ -98,8 +93,7 @@ def check_number(
     value: Any, name: str, low: float, high: float, example: str | None = None, low_open: bool = False,
     where: str = "",
 ) -> float:
-    """``value`` as a ``float`` if it is a finite real number (not a bool) in ``[low, high]`` (``(low, high]``
-    when ``low_open``); ``example`` (e.g. ``speed_kmh=30``) shows a fix, ``where`` starts the message."""
+    """``value`` as a ``float`` if finite (not a bool) in ``[low, high]`` (``(low, high]`` when ``low_open``)."""
     finite = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if finite:
         try:
@@ -118,8 +112,9 @@ def check_number(
 
 @dataclass(frozen=True)
 class Range:
-    """The sane values of a numeric setting: ``[low, high]`` (``(low, high]`` with ``low_open``), whole numbers
-    only with ``whole``, None allowed with ``nullable``; ``example`` goes into the error line."""
+    """The sane values of a numeric setting: ``[low, high]`` (``(low, high]`` with ``low_open``); ``example`` for
+    errors.
+    """
 
     low: float
     high: float
@@ -129,8 +124,7 @@ class Range:
     nullable: bool = False
 
     def check(self, value: Any, name: str, where: str = "") -> Any:
-        """``value`` checked against the range (an ``int`` for whole numbers, else a ``float``); ``where``
-        (e.g. ``"traj.json: "``) starts the error line."""
+        """``value`` checked (an ``int`` for whole numbers, else a ``float``); ``where`` starts the error line."""
         if value is None and self.nullable:
             return None
         example = f"{name}={self.example}"
@@ -143,9 +137,7 @@ SEED = Range(0, MAX_SEED, 0, whole=True)  # every seed setting (a rollout's, a s
 
 
 def known_settings(values: Mapping[str, Any], cls: type, block: str) -> Mapping[str, Any]:
-    """``values`` (a plain mapping, a config block) when every key names a field of the dataclass ``cls``; an unknown
-    key, or a block that is no mapping (``alpasim=null``), fails with one line naming the ``block`` and its settings
-    (``cls(**known_settings(...))``)."""
+    """``values`` when every key names a field of dataclass ``cls``; else one line naming ``block``."""
     known = {f.name for f in fields(cls)}
     if not isinstance(values, Mapping):
         given = "null" if values is None else shown(values)
@@ -159,7 +151,6 @@ def known_settings(values: Mapping[str, Any], cls: type, block: str) -> Mapping[
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
-    """``value`` if it is one of ``choices`` (strings)."""
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:
         raise TerraInputError(f"unknown {name} {shown(value)}{did_you_mean(value, choices)}; choose one of: "
@@ -173,8 +164,7 @@ FILE_SIZES = (10**4, 10**12)  # a file size setting's range in bytes: 10 KB .. 1
 
 
 def check_file_size(value: Any, name: str) -> int:
-    """A size setting such as ``15MB``, ``500KB`` or ``2GiB`` (or a whole number of bytes) as bytes, in
-    :data:`FILE_SIZES`; the units are Transformers' (``save_pretrained``'s ``max_shard_size``), bytes only."""
+    """A size such as ``15MB``, ``500KB``, ``2GiB`` or whole bytes, as bytes within :data:`FILE_SIZES`."""
     match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
     size = int(match.group(1)) * _UNITS[match.group(2).upper()] if match else value
     low, high = FILE_SIZES
@@ -206,8 +196,7 @@ def select(cfg: Any, key: str) -> Any:
 
 
 def required_path(cfg: Any, key: str, what: str, form: str = "DIR") -> Path:
-    """``cfg``'s path setting ``key`` (``~`` expanded); missing or empty is one line naming ``what`` it should be
-    (``form``: how the line writes the value, DIR or FILE)."""
+    """``cfg``'s path setting ``key`` (``~`` expanded); missing or empty is one line (``form``: DIR or FILE)."""
     value = select(cfg, key)
     if value is None or value == "":
         raise TerraInputError(f"no {key} given; pass {key}={form} ({what})")

@@ -1,9 +1,4 @@
-"""The extras of pyproject.toml an app needs, checked before anything loads.
-
-``make demo`` installs the project alone; ``terra-serve`` without FastAPI, or ``terra-drive`` without SciPy, is then
-one line naming the extra to install, not a traceback at import or an internal error minutes into a run. The
-extras' packages are read from the installed project's metadata, so pyproject.toml stays their one list.
-"""
+"""The pyproject extras an app needs, checked before anything loads (one line naming the extra to install)."""
 
 from __future__ import annotations
 
@@ -12,7 +7,7 @@ import re
 
 from terra.core.errors import TerraInputError
 
-PROJECT = "terra-world-model"  # pyproject.toml's [project] name
+PROJECT = "terra-world-model"
 
 
 def extra_packages(extra: str) -> list[str]:
@@ -30,7 +25,6 @@ def extra_packages(extra: str) -> list[str]:
 
 
 def installed(name: str) -> bool:
-    """Whether the distribution ``name`` is installed."""
     try:
         importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
@@ -39,7 +33,7 @@ def installed(name: str) -> bool:
 
 
 def check_extras(extras: tuple[str, ...]) -> None:
-    """One line for the first of ``extras`` (pyproject.toml's names) with a package missing."""
+    """One line for the first of ``extras`` with a package missing."""
     for extra in extras:
         missing = [name for name in extra_packages(extra) if not installed(name)]
         if missing:

@@ -1,14 +1,6 @@
 """Input files as every entry point reads them: regular files of bounded size, strict JSON, context paths.
 
-Hostile input ends with one :class:`TerraInputError` line instead of a traceback, a hang or minutes of wasted
-generation. Limits, in one place:
-
-* input files must be regular files (a FIFO or a device would block the reader forever), JSON/CSV/NPY
-  trajectories at most :data:`MAX_TRAJECTORY_BYTES`; JSON holds no NaN or infinity and, in files, integers of at
-  most :data:`MAX_JSON_DIGITS` digits (:func:`parse_json` takes its limits as arguments: the server allows more);
-* paths a batch sample names stay inside the folder the user gave for them (:func:`check_inside`).
-
-Image limits are in tokenizer/images.py. This module is light (no torch).
+Hostile input ends with one :class:`TerraInputError` line. Light (no torch).
 """
 
 from __future__ import annotations
@@ -45,11 +37,7 @@ def _kind(mode: int) -> str:
 
 
 def open_input_file(path: str | os.PathLike, what: str, max_bytes: int) -> IO[bytes]:
-    """Open ``path`` for reading if it is a regular file of at most ``max_bytes``; ``what`` names it in errors.
-
-    The file is opened without blocking and checked on its descriptor, so a FIFO, a device or a socket is
-    refused at once instead of blocking the reader forever.
-    """
+    """Open ``path`` if it is a regular file of at most ``max_bytes`` (FIFOs and devices refused without blocking)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -73,9 +61,7 @@ _DIGESTS: dict[tuple[str, int, int, int, int], str] = {}  # (path, device, inode
 
 
 def file_digest(path: str | os.PathLike, what: str, max_bytes: int) -> str:
-    """The SHA-256 (hex) of a regular file's content (opened as :func:`open_input_file` opens it): what a resume
-    fingerprint records of a file an output was made from, so a changed file makes the output again. Read once per
-    process while the file's size and modification time stay the same."""
+    """The SHA-256 (hex) of a regular file's content, cached per process while its size and mtime stay the same."""
     with open_input_file(path, what, max_bytes) as fh:
         info = os.fstat(fh.fileno())
         key = (os.path.realpath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
@@ -85,8 +71,7 @@ def file_digest(path: str | os.PathLike, what: str, max_bytes: int) -> str:
 
 
 def content_digest(paths: Sequence[str | os.PathLike], what: str, max_bytes: int = MAX_WEIGHTS_BYTES) -> str:
-    """sha256 (32 hex digits) of the names and contents of ``paths``: a file by its content, a folder by its visible
-    files (recursively, by their names inside it); a path that is neither (a Hub id) by its name."""
+    """sha256 (32 hex digits) of the names and contents of ``paths`` (folders recursively; a Hub id by its name)."""
     digest = hashlib.sha256()
     for path in map(Path, paths):
         if path.is_dir():
@@ -103,9 +88,7 @@ def content_digest(paths: Sequence[str | os.PathLike], what: str, max_bytes: int
 
 
 def checkpoint_digest(folder: str | os.PathLike) -> str:
-    """What a resume fingerprint records of a checkpoint (:func:`content_digest` of the visible files at the top of
-    its folder, config and weights, or of the file), so that outputs of another model, or of the same folder trained
-    further, are made again. About a second a gigabyte on one core, once per process."""
+    """:func:`content_digest` of a checkpoint's top-level visible files (or of the file)."""
     root = Path(folder)
     files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")) if root.is_dir() else [root]
     return content_digest(files, "checkpoint file")
@@ -122,10 +105,12 @@ def read_input_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRA
 
 
 def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS, finite: bool = True) -> Any:
-    """Decode strict JSON: no NaN / Infinity (Python's json takes them), no integers of more than ``max_digits``
-    digits, no nesting deeper than Python's stack and, with ``finite``, no numbers beyond float range
-    (``1e400``; without it they decode as infinities for the caller's range check to name). ``source`` (a file,
-    ``line 3``, ``request body``) starts every error line."""
+    """Decode strict JSON: no NaN / Infinity, integers of at most ``max_digits`` digits, bounded nesting.
+
+    Args:
+        source: starts every error line (a file, ``line 3``, ``request body``).
+        finite: refuse numbers beyond float range (else they decode as infinities).
+    """
 
     def whole(token: str) -> int:
         digits = len(token.lstrip("-"))
@@ -161,19 +146,13 @@ def parse_json(text: str | bytes, source: str, max_digits: int = MAX_JSON_DIGITS
 
 
 def _plain_numbers(text: str | bytes, wide: int = _WIDE_DIGITS) -> bool:
-    """Whether orjson decodes ``text`` as :func:`parse_json`'s checks would, where it decodes it at all: it holds no
-    integer of ``wide`` digits or more (past the checks' ``max_digits``, or, at :data:`_WIDE_DIGITS`, possibly past
-    64 bits, which orjson reads as a float; the checks keep it whole or refuse it). Any run of that many digits not
-    inside a float (after its point, or before a point or an exponent) says no, a string's too, so it may say no
-    when every number is fine (each is then checked as it decodes), never yes when one is not. orjson itself
-    refuses what else the checks would (NaN, infinities, numbers beyond float range, nesting past 1,024), and those
-    are then decoded by the checks to word the error. Bytes: no (small request bodies)."""
+    """Whether orjson decodes ``text`` as :func:`parse_json`'s checks would (no integer of ``wide`` digits or more)."""
     if isinstance(text, bytes):
         return False
     raw = text.encode("utf-8", "surrogatepass")
     digits, at = raw.translate(_DIGIT_MAP), 0
     run = b"1" * wide
-    while (at := digits.find(run, at)) != -1:  # a run's start: the search resumes past the run before it
+    while (at := digits.find(run, at)) != -1:
         end = at + wide
         while end < len(digits) and digits[end] == 0x31:
             end += 1
@@ -184,14 +163,11 @@ def _plain_numbers(text: str | bytes, wide: int = _WIDE_DIGITS) -> bool:
 
 
 def load_json(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> Any:
-    """A regular JSON file of at most ``max_bytes``, decoded by :func:`parse_json`."""
     return parse_json(read_input_text(path, what, max_bytes), str(path))
 
 
 def check_context_paths(sources: str | os.PathLike | Sequence[str], base: Path | None = None) -> list[str]:
-    """Context sources checked without decoding anything: each must be a folder, a regular file or a glob that
-    matches (a FIFO or a device would block the reader). Returns them resolved (relative ones from ``base``);
-    batch runs can check every sample of a chunk this way before any image is read."""
+    """Context sources checked without decoding: folders, regular files or matching globs; resolved from ``base``."""
     items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not items:
         raise TerraInputError("no context frames given; pass image files, a folder, a glob or a video file")
@@ -210,9 +186,7 @@ def check_context_paths(sources: str | os.PathLike | Sequence[str], base: Path |
 
 
 def check_inside(path: str | os.PathLike, root: str | os.PathLike, what: str, allow: str) -> str:
-    """``path`` as an absolute path (``~`` expanded, a relative one taken from ``root``, ``.`` and ``..``
-    resolved without following links) if it lies inside ``root``; otherwise one line naming ``what`` and the
-    setting ``allow`` that lets such paths through."""
+    """``path`` made absolute (relative to ``root``) if inside ``root``; else one line naming ``what`` and ``allow``."""
     base = os.path.abspath(Path(root).expanduser())
     resolved = os.path.abspath(os.path.join(base, Path(path).expanduser()))
     if os.path.commonpath([base, resolved]) != base:

@@ -1,13 +1,4 @@
-"""A recorded run's manifest: one JSON record per item (a batch run's sample, a drive), appended as the item
-finishes, and beside it the run's summary; the names both take, a shard's included.
-
-A run writes ``manifest.jsonl`` (a name of its own where it has one: ``output.manifest`` of a batch run); the shard
-``i`` of ``n`` of a run writes ``manifest.shard-<i>-of-<n>.jsonl`` (:func:`manifest_name`), so that the shards of one
-run share its folder; the summary is the manifest's name with ``.summary.json`` (:func:`summary_name`). Every record
-has a ``status`` (:data:`STATUSES`); their fields are the run's own (terra/batch/__init__.py, "Outputs";
-terra/closedloop/recording/files.py). Used by batch rollouts (terra/batch/) and drives (terra/closedloop/); which of the
-two wrote a manifest shows in its records (:func:`manifest_app`).
-"""
+"""A recorded run's manifest (one JSON record per item, appended as it finishes), its summary, and their names."""
 
 from __future__ import annotations
 
@@ -27,23 +18,19 @@ RECORD_OWNERS = (("drive", "terra-drive"), ("sample_id", "terra-rollout"))
 
 
 def manifest_name(name: str = MANIFEST, shard_index: int = 0, num_shards: int = 1) -> str:
-    """The manifest a run named ``name`` (a ``.jsonl`` file name) writes: ``name`` itself, or for the shard
-    ``shard_index`` of ``num_shards`` ``<stem>.shard-<i>-of-<n>.jsonl``."""
+    """``name``, or for shard ``shard_index`` of ``num_shards`` ``<stem>.shard-<i>-of-<n>.jsonl``."""
     return name if num_shards == 1 else f"{name[: -len('.jsonl')]}.shard-{shard_index}-of-{num_shards}.jsonl"
 
 
 def summary_name(manifest: str) -> str:
-    """The summary beside a manifest: ``manifest.jsonl`` → ``manifest.summary.json`` (a shard's alike)."""
+    """``manifest.jsonl`` -> ``manifest.summary.json`` (a shard's alike)."""
     return manifest[: -len(".jsonl")] + ".summary.json"
 
 
 class Manifest:
-    """A run's manifest: JSONL records appended as its items finish, from any thread.
+    """A run's manifest: JSONL records appended atomically (``O_APPEND``, fsynced) from any thread.
 
-    Each record is one ``write()`` of a complete line to a file opened with ``O_APPEND``, under a lock, then
-    fsynced: a record is either whole in the file or absent, never spliced into another (a write cut short,
-    e.g. by a full disk, is ended with a newline first, so the next record starts a line of its own). Records
-    that arrive after :meth:`close` (a helper thread finishing after an interrupt) are dropped.
+    Records that arrive after :meth:`close` are dropped.
     """
 
     def __init__(self, path: Path, on_record: Callable[[dict], None] | None = None) -> None:
@@ -111,8 +98,7 @@ def count_statuses(records: Iterable[dict]) -> dict[str, int]:
 
 
 def manifest_app(path: str | os.PathLike) -> str | None:
-    """The app that wrote the manifest at ``path``, read from the shape of its first record (:data:`RECORD_OWNERS`);
-    None when the file is absent, empty or holds no record of a known shape."""
+    """The app that wrote the manifest at ``path`` (by its first record's shape), or None."""
     try:
         with open(path, encoding="utf-8") as handle:
             first = json.loads(handle.readline(1 << 20))

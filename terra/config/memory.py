@@ -1,15 +1,6 @@
-"""How much of the GPU a run may take: the ``memory`` setting and the one decision that fits vLLM's settings to it.
+"""How much of the GPU a run may take: the ``memory`` setting and the plan that fits vLLM's settings to it.
 
-``memory=full`` leaves vLLM's own defaults (90 % of whatever card it finds); ``memory=16GiB`` / ``24GiB`` cap the run
-at a card of that size; ``memory=auto`` caps it at this card's total memory (read once per run, by
-terra/generation/resolve.py, ``resolve_backend_run``). Under a cap, :func:`plan_memory` picks, from the model's shape
-(:class:`ModelShape`: weight bytes, KV bytes per token, from its config) and where the refiner runs, the least lossy
-engine settings that fit: bf16 weights and KV, then FP8 weights (``FP8_WEIGHTS``: vLLM quantizes the bf16
-checkpoint's linear layers as it loads them, per output channel, with the first ``BF16_LAYERS`` decoder layers left in
-bf16) with bf16 KV, then FP8 KV (``kv_cache_dtype=fp8``) with bf16 weights, then both (``CANDIDATES``), with vLLM's
-``gpu_memory_utilization`` as the engine's share of the card and ``max_num_seqs`` what its KV cache holds. What
-cannot fit is one line naming the preset that would, before an engine starts (never a CUDA out-of-memory
-traceback). Options set in ``backend.options`` are kept and checked against the cap. Loads without torch.
+Under a cap, :func:`plan_memory` picks the least lossy engine settings that fit (``CANDIDATES``). Loads without torch.
 """
 
 from __future__ import annotations
@@ -25,53 +16,41 @@ from terra.core.errors import TerraInputError, past
 GIB = 1 << 30
 PRESETS = {"16GiB": 16 * GIB, "24GiB": 24 * GIB}  # the caps of the named presets, smallest first
 MEMORY = ("full", "auto", *PRESETS)
-CARD_SLACK = 0.95  # a card sold as 16 GB reports 15.6-15.9 GiB: a preset runs on a card of 95 % of its size or more
+CARD_SLACK = 0.95  # a preset runs on a card of 95 % of its size or more
 REFINER_PLACES = ("off", "after", "shared")  # no refiner; it runs once the engine is closed; beside the engine
-# Estimates of what a run takes besides weights and KV cache (refined by scripts/bench/benchmark_memory_table.py):
+# Estimates of what a run takes besides weights and KV cache:
 MAX_CARD = 1 << 50  # a card's memory: a PiB is beyond any GPU
 MAX_SHARE = 0.9  # the most of a card the engine takes (vLLM's default): room for fragmentation and other work
 SHARE_STEP = 0.001  # the engine's share of the card is planned in thousandths, rounded down
 ENGINE_OVERHEAD = int(1.5 * GIB)  # the engine process's CUDA context, activation peak and CUDA graphs
-# The app's own process: CUDA context and vLLM's client (1.82 GiB measured without a tokenizer), the tokenizer's
-# weights (0.26 GiB for Terra's, float32) and its decoder's peak on DECODE_PIXELS (0.49 GiB a Terra frame): 2.22 GiB
-# measured beside the engine in the AlpaSim server (benchmarks/memory.md, "Memory at Terra's shape").
+# The app's own process: CUDA context, vLLM's client, the tokenizer's weights and its decoder's peak.
 MAIN_PROCESS = int(2.5 * GIB)
 DECODE_PIXELS = 288 * 512  # pixels the tokenizer encodes or decodes at once under a plan: one frame of Terra's
-# Under memory=full vLLM leaves 10 % of the card (8 GiB of an 80 GB one) to the rest: four Terra frames at once (1.98
-# GiB, twice one frame's decoding speed) fit it beside the app's 2.1 GiB; the sixteen of before (7.9 GiB) would not.
+# Under memory=full the rest of the card holds four Terra frames at once beside the app.
 FULL_DECODE_PIXELS = 4 * DECODE_PIXELS
-REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample (benchmarks/memory.md, 11.42 GiB)
-# FP8 weights: vLLM's online per-output-channel weight scales with dynamic per-token activations, the decoder's first
-# BF16_LAYERS layers kept bf16 (vLLM's quantization_config "ignore"). Per-tensor scales on every layer (quantization
-# =fp8) missed the 0.01-nat next-token KL on the demo model; the first layers are the most sensitive
-# (benchmarks/memory.md, "Memory at Terra's shape", scripts/experiments/measure_fp8.py).
+REFINER_PEAK = int(11.5 * GIB)  # Terra's video refiner, one 47-frame sample
+# FP8 weights: vLLM's online per-output-channel scales with dynamic per-token activations, the first
+# BF16_LAYERS decoder layers kept bf16 (quantization_config "ignore").
 FP8_WEIGHTS = "fp8_per_channel"
 BF16_LAYERS = 2
-# Engine settings tried in order, least lossy first as measured on the demo model (next-token KL against bf16: FP8
-# weights 0.006 nats, FP8 KV 0.017, both 0.023; benchmarks/memory.md, "Memory at Terra's shape").
-# (quantization, kv_cache_dtype)
+# Engine settings tried in order, least lossy first: (quantization, kv_cache_dtype)
 CANDIDATES = ((None, "auto"), (FP8_WEIGHTS, "auto"), (None, "fp8"), (FP8_WEIGHTS, "fp8"))
-# Bytes of one value in a model dtype vLLM takes (its ``dtype`` names): a KV cache not in FP8 holds the model's dtype.
+# Bytes of one value in a model dtype vLLM takes: a KV cache not in FP8 holds the model's dtype.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
 def fp8_weights_config(layers: int) -> dict[str, list[str]]:
-    """vLLM's ``quantization_config`` for ``FP8_WEIGHTS`` that leaves the first ``BF16_LAYERS`` of a model's
-    ``layers`` decoder layers in bf16 (vLLM's module names: ``model.layers.<i>.<projection>``)."""
+    """vLLM's ``quantization_config`` for ``FP8_WEIGHTS`` keeping the first ``BF16_LAYERS`` of ``layers`` in bf16."""
     kept = "|".join(str(i) for i in range(min(BF16_LAYERS, layers)))
     return {"ignore": [rf"re:model\.layers\.({kept})\..*"]}
 
 
 def tokenizer_pixels(memory: str = "full") -> int:
-    """Pixels the tokenizer encodes or decodes at once beside an engine fitted to ``memory`` (terra/pipeline.py takes
-    as many whole frames, at least one): ``DECODE_PIXELS`` under a plan, the batch whose activations ``MAIN_PROCESS``
-    counts (0.49 GiB a Terra frame, float32; 8 at once put the AlpaSim server 6.5 GiB over memory=16GiB),
-    ``FULL_DECODE_PIXELS`` beside vLLM's own 90 %."""
+    """Pixels the tokenizer encodes or decodes at once beside an engine fitted to ``memory``."""
     return FULL_DECODE_PIXELS if memory == "full" else DECODE_PIXELS
 
 
 def check_memory(value: Any) -> str:
-    """``memory`` if it is one of full | auto | 16GiB | 24GiB."""
     return check_choice(value, "memory", MEMORY)
 
 
@@ -88,19 +67,18 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelShape":
-        """The shape of a ``LlamaActionConfig`` (or any object with its attributes), its token layout read from it."""
+        """The shape of a ``LlamaActionConfig`` (or any object with its attributes)."""
         return cls.of(config, TokenLayout.from_config(config))
 
     @classmethod
     def of(cls, config: Any, layout: TokenLayout) -> "ModelShape":
-        """The shape of a ``LlamaActionConfig`` whose token layout is ``layout`` (terra/contract/layout.py: its
-        window's positions and route slots; a run reads it once, terra/generation/resolve.py)."""
+        """The shape of a ``LlamaActionConfig`` whose token layout is ``layout``."""
         h, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or h // heads
         per_layer = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2 + 3 * h * ffn
         tables = config.num_spatio_embeddings + config.num_temporal_embeddings
-        width = getattr(config, "action_mlp_hidden_size", h)  # v2's MLP (terra/models/modeling_llama_action.py)
+        width = getattr(config, "action_mlp_hidden_size", h)
         action = ((config.action_dim + 1) * h if getattr(config, "action_projection_type", "linear") == "linear"
                   else (config.action_dim + 1) * width + (width + 1) * width + (width + 1) * h)
         route = 4 * h + layout.route_tokens * h if layout.route_model else 0  # route_projection, "no route" rows
@@ -109,16 +87,13 @@ class ModelShape:
         return cls(per_layer * layers, other, layers, kv_heads, head_dim, layout.window_positions)
 
     def weight_bytes(self, quantization: str | None, bf16_layers: int = 0) -> int:
-        """Bytes of the weights on the GPU: bf16, or FP8 linear layers (but the first ``bf16_layers``) beside bf16
-        embeddings and head."""
+        """Bytes of the weights on the GPU: bf16, or FP8 linear layers (but the first ``bf16_layers``)."""
         fp8 = 0 if quantization is None else self.linear_params * (self.layers - min(bf16_layers, self.layers)) \
             // self.layers
         return (self.linear_params - fp8) * 2 + fp8 + self.other_params * 2
 
     def kv_bytes_per_token(self, kv_cache_dtype: str, dtype: str = "bfloat16") -> int:
-        """Bytes of KV cache one token takes: keys and values of every layer, in FP8 (``kv_cache_dtype`` fp8*) or
-        else in the model's ``dtype`` (bf16 on a GPU, what the presets plan; float32 on a CPU: scripts/bench/
-        measure.py). Terra in bf16: 2 x 22 layers x 4 heads x 64 x 2 bytes = 22528."""
+        """Bytes of KV cache per token: keys and values of every layer in FP8 or the model's ``dtype``."""
         item = 1 if _fp8(kv_cache_dtype) else DTYPE_BYTES[dtype]
         return 2 * self.layers * self.kv_heads * self.head_dim * item
 
@@ -142,7 +117,6 @@ class MemoryPlan:
     quantization_config: dict[str, Any] | None = None  # vLLM's, for the plan's own FP8 weights (fp8_weights_config)
 
     def engine_options(self) -> dict[str, Any]:
-        """The vLLM options of this plan (``backend.options`` keys)."""
         options = {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype,
                    "gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs}
         if self.quantization_config is not None:
@@ -151,15 +125,13 @@ class MemoryPlan:
 
 
 def check_card(card_bytes: Any) -> int:
-    """``card_bytes``, a card's memory in bytes, as an ``int`` if it is a whole number from 1 to :data:`MAX_CARD`;
-    otherwise one line (a library caller's impossible card, not a division by zero)."""
+    """``card_bytes`` as an ``int`` from 1 to :data:`MAX_CARD`; otherwise one line."""
     return check_whole_number(card_bytes, "card_bytes (the card's memory in bytes)", 1, f"card_bytes={80 * GIB}",
                               MAX_CARD)
 
 
 def preset_cap(preset: str, card_bytes: int) -> int:
-    """Bytes the run may use on a card of ``card_bytes``: the card for ``auto``; for a named preset what a card sold
-    at that size reports (``CARD_SLACK`` of it, at most this card), and it needs a card of about that size."""
+    """Bytes the run may use on a card of ``card_bytes``: the card for ``auto``, else ``CARD_SLACK`` of the preset."""
     preset = check_choice(preset, "memory", ("auto", *PRESETS))
     card_bytes = check_card(card_bytes)
     if preset == "auto":
@@ -174,8 +146,7 @@ def preset_cap(preset: str, card_bytes: int) -> int:
 
 
 def engine_share(room: int, card_bytes: int) -> float:
-    """vLLM's ``gpu_memory_utilization`` for an engine given ``room`` bytes of the card: in whole steps of
-    ``SHARE_STEP``, rounded down, so that the engine never takes more than its room."""
+    """vLLM's ``gpu_memory_utilization`` for ``room`` bytes, rounded down to ``SHARE_STEP``."""
     steps = round(1 / SHARE_STEP)
     return room * steps // card_bytes / steps
 
@@ -190,8 +161,7 @@ def _fp8(kv_cache_dtype: Any) -> bool:
 
 
 def _candidates(requested: Mapping[str, Any]) -> list[tuple[str | None, str]]:
-    """The (quantization, kv_cache_dtype) pairs of ``CANDIDATES`` that the ``requested`` options allow, least lossy
-    first (an explicit ``quantization`` such as ``fp8`` or ``kv_cache_dtype`` such as ``fp8_e5m2`` kept as it is)."""
+    """The ``CANDIDATES`` pairs the ``requested`` options allow, least lossy first."""
     allowed = []
     for quantization, kv in CANDIDATES:
         if "quantization" in requested:
@@ -207,23 +177,21 @@ def _candidates(requested: Mapping[str, Any]) -> list[tuple[str | None, str]]:
 
 
 def _own_fp8(quantization: str | None, requested: Mapping[str, Any]) -> bool:
-    """Whether ``quantization`` is the plan's own FP8 weights (``fp8_weights_config``'s layers kept bf16), not one
-    the run set in ``backend.options``."""
+    """Whether ``quantization`` is the plan's own FP8 weights, not one the run set in ``backend.options``."""
     return quantization is not None and "quantization" not in requested
 
 
 def _weight_bytes(shape: ModelShape, quantization: str | None, requested: Mapping[str, Any]) -> int:
-    """The weights' bytes under ``quantization``: the plan's own FP8 weights keep ``BF16_LAYERS`` in bf16; a
-    ``quantization`` the run set keeps none, and with its own ``quantization_config`` (whatever it ignores) is counted
-    as bf16, the most it can take."""
+    """The weights' bytes under ``quantization`` (a run's own ``quantization_config`` counted as bf16)."""
     if quantization is not None and "quantization_config" in requested:
         return shape.weight_bytes(None)
     return shape.weight_bytes(quantization, BF16_LAYERS if _own_fp8(quantization, requested) else 0)
 
 
 def _fit(shape: ModelShape, budget: int, streams: int, requested: Mapping[str, Any]) -> tuple | None:
-    """The least lossy (quantization, kv_cache_dtype, rollouts) allowed whose KV cache holds ``streams`` rollouts in
-    ``budget`` bytes; else the one holding the most; None if none holds one."""
+    """The least lossy (quantization, kv_cache_dtype, rollouts) holding ``streams`` rollouts in ``budget``; else the
+    one holding the most; None if none holds one.
+    """
     best = None
     for quantization, kv in _candidates(requested):
         room = budget - ENGINE_OVERHEAD - _weight_bytes(shape, quantization, requested)
@@ -237,13 +205,13 @@ def _fit(shape: ModelShape, budget: int, streams: int, requested: Mapping[str, A
 
 def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = "off", streams: int = 64,
                 requested: Mapping[str, Any] | None = None, free_bytes: int | None = None) -> MemoryPlan:
-    """The vLLM settings that fit a run of at most ``streams`` rollouts at once under ``preset`` (16GiB | 24GiB |
-    auto) on a card of ``card_bytes``, the refiner ``off``, run ``after`` the engine closes or ``shared`` beside it.
+    """The vLLM settings that fit a run of at most ``streams`` rollouts under ``preset`` on a card of ``card_bytes``.
 
-    ``requested``: the run's ``backend.options``; the plan keeps those it sets itself (``quantization``,
-    ``kv_cache_dtype``, ``gpu_memory_utilization``, ``max_num_seqs`` as the most rollouts). ``free_bytes``: the
-    card's free memory now (vLLM refuses to start on less than its share). Raises one line naming the preset to use
-    (or that the card cannot run this model) when nothing fits.
+    Args:
+        preset: 16GiB | 24GiB | auto.
+        refiner: off | after (runs once the engine closes) | shared (beside it).
+        requested: the run's ``backend.options``; those it sets are kept.
+        free_bytes: the card's free memory now.
     """
     check_choice(refiner, "refiner placement", REFINER_PLACES)
     card_bytes = check_card(card_bytes)
@@ -278,8 +246,7 @@ def plan_memory(preset: str, card_bytes: int, shape: ModelShape, refiner: str = 
 
 
 def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> int:
-    """The fewest bytes of card that run one rollout of ``shape`` with the ``requested`` options (inf when they
-    allow no candidate)."""
+    """The fewest card bytes that run one rollout of ``shape`` with ``requested`` (inf when none allowed)."""
     beside = MAIN_PROCESS + (REFINER_PEAK if refiner == "shared" else 0)
     engines = [ENGINE_OVERHEAD + _weight_bytes(shape, q, requested) + shape.stream_bytes(kv)
                for q, kv in _candidates(requested)]
@@ -288,8 +255,7 @@ def smallest_card(shape: ModelShape, refiner: str, requested: Mapping[str, Any])
 
 
 def _no_fit(preset: str, card_bytes: int, shape: ModelShape, refiner: str, requested: Mapping[str, Any]) -> str:
-    """The line saying that nothing fits ``preset``, and what would: the smallest preset that fits (on this card),
-    ``auto``, or no preset on this card."""
+    """The line saying nothing fits ``preset``, and what would."""
     asked = {key: requested[key] for key in ("quantization", "quantization_config", "kv_cache_dtype")
              if key in requested}
     what = f"the world model ({(shape.linear_params + shape.other_params) / 1e9:.2f} B parameters"

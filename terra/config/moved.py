@@ -1,12 +1,6 @@
-"""Settings renamed in this release, still taken under their old names until 0.2.0 (docs/moved-names.md).
+"""Settings renamed in this release, still taken under their old names until 0.2.0.
 
-:data:`MOVED` is the one table; each entry of it is mapped once, where the setting enters: on an app's command
-line (:func:`moved_overrides`, called by terra/apps/runner.py's ``run_app`` before Hydra reads the arguments), in
-a config file the user composed (:func:`move_settings`, on the apps' composed config) and as a Python keyword
-(:func:`moved_value`: ``SamplingConfig(block_size=)``, ``BatchConfig(decoding=)``,
-``WorldModelPipeline.from_pretrained(block_size=)``, ``WorldModelPipeline(decode_batch_size=)``, the gymnasium
-envs' ``action_mode="control"``). Each prints one line on stderr naming the old and the new setting (or value); an
-old name with a value it never had is one error line. Light (no torch): the apps load it first.
+:data:`MOVED` is the one table, mapped where a setting enters: command line, config file, Python keyword.
 """
 
 from __future__ import annotations
@@ -29,8 +23,8 @@ PYTHON = "terra"  # who says it when a Python keyword or mapping used the old na
 
 @dataclass(frozen=True)
 class MovedSetting:
-    """A setting renamed from ``old`` to ``new`` (dotted names), its values renamed as ``values`` says (old value →
-    new value; empty: the values stay)."""
+    """A setting renamed from ``old`` to ``new`` (dotted names); ``values`` maps old values to new (empty: unchanged).
+    """
 
     old: str
     new: str
@@ -47,8 +41,8 @@ class MovedSetting:
         return not self.values_only or (isinstance(value, str) and value in self.values)
 
     def value(self, value: Any) -> Any:
-        """``value`` of the old setting as the new one takes it; one error line for a value the old one never had,
-        or one outside the new setting's range (then the only line: nothing said about the name)."""
+        """``value`` of the old setting as the new one takes it; one error line for a value out of range or never valid.
+        """
         if self.check is not None:
             return self.check.check(value, self.new, f"{self.old}={shown(value)}: ")
         if not self.values or value in self.values.values() or not self.moves(value):
@@ -71,9 +65,9 @@ class MovedSetting:
 
 DECODER = MovedSetting("decoding", "decoder", {"framewise": "tokenizer", "refiner": "refiner"})
 DRAFT_TOKENS = MovedSetting("sampling.block_size", "sampling.draft_tokens", check=Range(1, 4096, 32, whole=True))
-# the gymnasium envs' keyword (terra/closedloop/gym/env.py): "controls" are the worlds known to be wrong alone
+# the gymnasium envs' keyword: "controls" are the worlds known to be wrong alone
 ACTION_MODE = MovedSetting("action_mode", "action_mode", {"control": "actuation"})
-# the pipeline's keyword (terra/pipeline.py): frames per tokenizer call, encoding as well as decoding
+# the pipeline's keyword: frames per tokenizer call, encoding as well as decoding
 TOKENIZER_BATCH_SIZE = MovedSetting("decode_batch_size", "tokenizer_batch_size")
 MOVED = (DECODER, DRAFT_TOKENS, ACTION_MODE, TOKENIZER_BATCH_SIZE)
 _OVERRIDE = re.compile(r"(~|\+\+|\+)?([\w.]+)(=(.*))?", re.DOTALL)
@@ -89,9 +83,7 @@ def moved_value(moved: MovedSetting, value: Any, who: str = PYTHON) -> Any:
 
 
 def moved_overrides(args: Sequence[str], who: str) -> list[str]:
-    """Hydra command-line arguments with every old setting name of :data:`MOVED` (``decoding=framewise``,
-    ``+sampling.block_size=8``, a sweep ``decoding=framewise,refiner``, ``~decoding``) given its new name and
-    values, one line on stderr for each; other arguments as they are."""
+    """Hydra command-line arguments with every old name of :data:`MOVED` renamed, one line on stderr for each."""
     out = []
     for arg in args:
         match = None if arg.startswith("-") else _OVERRIDE.fullmatch(arg)
@@ -125,8 +117,7 @@ def _parsed(value: str) -> Any:
 
 
 def move_settings(cfg: DictConfig, who: str) -> None:
-    """A composed app config with the old names of :data:`MOVED` that a user's config file set moved to the new
-    names, in place (the old value wins over the new name's default), one line on stderr for each."""
+    """Move the old names of :data:`MOVED` set in a composed config to the new names in place, one line each."""
     for moved in MOVED:
         parent, _, leaf = moved.old.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg

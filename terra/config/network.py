@@ -1,5 +1,4 @@
-"""What the network servers (terra-serve, terra-alpasim) check of where they listen and of their tokens: loopback
-addresses (beyond them a server needs a token), host names and the token's characters."""
+"""Network servers' checks: loopback addresses (beyond them a token is needed), host names, token characters."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ HOST_NAME = re.compile(r"[a-z0-9_.-]+|[0-9a-f:.]+")  # a DNS name or an IPv4 add
 
 
 def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1, and 127.0.0.0/8 mapped into IPv6 as
-    ``::ffff:127.0.0.1``, which an IPv6 socket bound to it serves to this machine alone)."""
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1, IPv4-mapped 127.0.0.0/8)."""
     if host == "localhost":
         return True
     try:
@@ -27,9 +25,7 @@ def is_loopback(host: str) -> bool:
 
 
 def check_token(token: Any, setting: str, variable: str) -> None:
-    """Refuse, in one line, a token ``setting`` (None: no token) that is not 8 to 256 token characters (a WebSocket
-    subprotocol's, so that terra-serve's browser page can send it); ``variable`` names its environment variable.
-    A token of digits alone that Hydra read as a number is told apart: its leading zeros would be lost."""
+    """Refuse a token ``setting`` that is not 8 to 256 token characters; ``variable`` names its environment variable."""
     if token is None or (isinstance(token, str) and TOKEN_PATTERN.fullmatch(token)):
         return
     if isinstance(token, (bool, int, float)):

@@ -1,26 +1,7 @@
 """The one rule for every app's output folder, checked before any work: nothing a user has is lost.
 
-* The output folder may not be, contain or lie inside any input of the run (the files and folders it reads:
-  samples, videos, frames, checkpoints, shards, ...), so no output can overwrite an input and no input folder
-  fills with outputs.
-* A run replaces only what the toolkit wrote: an existing file or folder that the run would write over (its name
-  matches one of the run's names or name patterns) must be listed in the folder's marker (terra/core/atomic.py,
-  :data:`~terra.core.atomic.MARKER`), and a folder the run replaces whole (a blend, a training run's ``model/``,
-  ...) must hold nothing its own marker does not list. A folder the run did not create is never replaced, and a
-  user's file beside the outputs is never deleted.
-* One folder, one app: a run folder belongs to the app (console script) that first wrote it, as its marker
-  records, and a run of another app into it is refused (``terra-drive`` and ``terra-rollout`` both write a
-  ``manifest.jsonl``: one would orphan the other's files). A marker written before owners were recorded names
-  none: its folder belongs to the app whose records its manifest holds (terra/config/manifest.py,
-  ``manifest_app``), and a folder without a manifest to the next app that claims it. A run that writes one file
-  (:func:`claim_output_file`) takes no folder: it may write into a folder of no app's, not into another app's.
-
-:func:`claim_output_dir` checks both (and :func:`check_output_dir`: writable, names that fit its file system with
-the temporary suffix of an atomic write, :data:`ATOMIC_EXTRA`, and :data:`MIN_FREE_BYTES` free on its disk: a disk
-that fills up later fails at the write) and returns an :class:`OutputDir`; :meth:`OutputDir.hold` then takes the
-folder's lock for runs that write over time (terra/core/lock.py), creates it and records the run's names in its
-marker. Name patterns a run makes (a batch's) are held to the same file system by :func:`check_output_names`.
-Nothing here imports torch.
+The folder may not overlap an input, a run replaces only what the toolkit wrote (its marker lists), and one folder
+belongs to one app. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -42,7 +23,7 @@ from terra.core.lock import output_lock
 
 Inputs = Iterable[tuple[str, "str | os.PathLike | Iterable[str | os.PathLike] | None"]]
 MIN_FREE_BYTES = 1 << 20  # an output folder's disk needs at least this much room before any work starts
-ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # terra/core/atomic.py writes ".<stem>.<8 chars>.tmp<suffix>" first
+ATOMIC_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # atomic writes go through ".<stem>.<8 chars>.tmp<suffix>"
 
 
 @dataclass(frozen=True)
@@ -55,16 +36,17 @@ class OutputDir:
     app: str | None = None  # the app that owns the folder (recorded in its marker); None: a single file's folder
 
     def record(self) -> None:
-        """Create the folder and list the run's names and its app in its marker; names given as patterns are listed
-        by their writers, each file as it is written (a pattern would claim a user's file that matches it)."""
+        """Create the folder and record the run's names and app in its marker (pattern names by their writers)."""
         self.path.mkdir(parents=True, exist_ok=True)
         mark(self.path, [name for name in self.names if not glob.has_magic(name)], self.app)
 
     @contextmanager
     def hold(self, main_file: str) -> Iterator[Path]:
-        """For the block: the folder's lock (one run at a time; ``main_file`` names the lock file,
-        ``.<stem>.lock``), the folder created and the run's names recorded. A folder this call created that
-        holds nothing but the marker at the end is removed again (a run refused after the lock leaves nothing)."""
+        """For the block: the folder's lock (``main_file`` names ``.<stem>.lock``), the folder created, the names
+        recorded.
+
+        A folder this call created that holds only the marker at the end is removed.
+        """
         existed = self.path.is_dir()
         with output_lock(self.path / main_file, self.setting) as lock:
             self.record()
@@ -76,8 +58,7 @@ class OutputDir:
 
 
 def unmark_unused(folder: Path, *also: str) -> None:
-    """Remove ``folder``'s marker when nothing else is in it (besides the entries ``also``), so that a run that
-    created the folder and failed before writing can leave nothing behind."""
+    """Remove ``folder``'s marker when nothing else (besides ``also``) is in it."""
     if folder.is_dir() and {entry.name for entry in os.scandir(folder)} <= {MARKER, *also}:
         (folder / MARKER).unlink(missing_ok=True)
 
@@ -85,14 +66,13 @@ def unmark_unused(folder: Path, *also: str) -> None:
 def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str] = (), folders: Iterable[str] = (),
                      whole: Iterable[str] = (), inputs: Inputs = (), replaced: bool = False, *,
                      app: str) -> OutputDir:
-    """Check output folder ``path`` (named by ``setting``) for a run of ``app`` (the console script whose outputs
-    these are) before any work; nothing is created.
+    """Check output folder ``path`` (named by ``setting``) for a run of ``app`` before any work; nothing is created.
 
-    ``files`` and ``folders``: the name patterns (fnmatch, one path component each) of the files and of the
-    sub-folders the run writes into; an existing entry they match must be of that kind and listed in the folder's
-    marker. ``whole``: sub-folders the run replaces whole (each may hold only what its own marker lists);
-    ``replaced``: the run replaces the folder itself whole. ``inputs``: ``(what, path or glob or paths)`` that the
-    run reads (None: nothing). A folder another app owns is refused (the module docstring).
+    Args:
+        files: fnmatch patterns of the files the run writes; existing matches must be listed in the marker.
+        folders: patterns of the sub-folders the run writes into.
+        whole: sub-folders the run replaces whole. replaced: the run replaces the folder itself.
+        inputs: ``(what, path or glob or paths)`` the run reads.
     """
     files, folders, whole = tuple(files), tuple(folders), tuple(whole)
     names = files + folders + whole
@@ -134,8 +114,7 @@ def claim_output_dir(path: str | os.PathLike, setting: str, files: Iterable[str]
 
 
 def folder_owner(folder: Path) -> str | None:
-    """The app whose run folder ``folder`` is: as its marker records, or for a marker written before owners were
-    recorded, the app whose records a manifest it lists holds; None for a folder of no app's."""
+    """The app whose run folder ``folder`` is (marker, else its manifest); None for a folder of no app's."""
     recorded = owner(folder)
     if recorded is not None:
         return recorded
@@ -144,14 +123,11 @@ def folder_owner(folder: Path) -> str | None:
 
 
 def _split(names: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
-    """``names`` as plain names (a set: a run of many drives or samples names thousands) and patterns."""
     return frozenset(n for n in names if not glob.has_magic(n)), [n for n in names if glob.has_magic(n)]
 
 
 def claim_output_file(path: str | os.PathLike, setting: str, inputs: Inputs = (), *, app: str) -> OutputDir:
-    """:func:`claim_output_dir` for a run of ``app`` that writes one file, ``path``: the file may not be or lie
-    inside an input, and replaces only a file the toolkit wrote; the claim is its folder's, which it may share
-    with other files but not with another app's run (it does not take the folder)."""
+    """:func:`claim_output_dir` for a run of ``app`` writing the one file ``path``; it shares its folder."""
     path = Path(os.path.abspath(Path(path).expanduser()))
     for what, given in inputs:
         for item in _paths(given):
@@ -171,8 +147,7 @@ def _paths(given) -> list[Path]:
 
 
 def check_apart(folder: Path, setting: str, what: str, given: str | os.PathLike) -> None:
-    """Refuse output folder ``folder`` (named by ``setting``) when it is, holds or lies inside input ``given``
-    (``what`` it is); symbolic links are followed."""
+    """Refuse output ``folder`` when it is, holds or lies inside input ``given``; links are followed."""
     real, inp = Path(os.path.realpath(folder)), Path(os.path.realpath(given))
     where = f"{setting}={one_line(folder)}"
     if real == inp:
@@ -221,8 +196,7 @@ def _limit(folder: Path, name: str, default: int) -> int:
 
 
 def _file_system(path: str | os.PathLike) -> tuple[Path, Path, int, int]:
-    """``path`` as an absolute folder, the deepest of it and its parents that exists, and the name and path limits
-    (``NAME_MAX``, ``PATH_MAX``) of that one's file system."""
+    """``path`` absolute, its deepest existing ancestor, and that file system's ``NAME_MAX`` and ``PATH_MAX``."""
     folder = Path(os.path.abspath(Path(path).expanduser()))
     existing = folder
     while not os.path.lexists(existing):
@@ -231,8 +205,8 @@ def _file_system(path: str | os.PathLike) -> tuple[Path, Path, int, int]:
 
 
 def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), setting: str = "output.dir") -> Path:
-    """Check, without creating anything, that folder ``path`` can be created or written and that ``file_names``
-    fit the file system there (with the temporary suffix of an atomic write); return it as an absolute path."""
+    """Check that folder ``path`` can be created or written and ``file_names`` fit its file system; return it absolute.
+    """
     folder, existing, name_max, path_max = _file_system(path)
     if not existing.is_dir():
         raise TerraInputError(f"output folder {path} is not writable ({existing} is not a folder); "
@@ -265,9 +239,7 @@ def check_output_dir(path: str | os.PathLike, file_names: Iterable[str] = (), se
 
 
 def check_output_names(folder: str | os.PathLike, names: Iterable[str], what: str = "output file") -> None:
-    """Raise unless each of ``names`` (paths relative to ``folder``, e.g. from a naming pattern) is text the file
-    system takes there: no NUL or lone surrogate, each part at most ``NAME_MAX`` bytes (the last with the
-    temporary suffix of an atomic write) and the whole path at most ``PATH_MAX``. Nothing is created."""
+    """Raise unless each of ``names`` (relative to ``folder``) fits the file system: no NUL, within the name limits."""
     base, _, name_max, path_max = _file_system(folder)
     for name in names:
         try:

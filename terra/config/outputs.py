@@ -1,11 +1,4 @@
-"""What a run writes, checked before any work: output formats, and the names of ``terra-generate``'s files.
-
-:class:`OutputSpec` is ``terra-generate``'s ``output`` block checked once, and :meth:`OutputSpec.names` plans the run's
-names once (:class:`OutputNames`), which the app claims (terra/config/output_dir.py) and terra/outputs.py writes; batch
-rollouts check their own naming (terra/batch/config.py) with :func:`check_output_formats`. Nothing here creates a
-file; where the names go (the output folder, its file system and disk, what it may hold and replace) is
-terra/config/output_dir.py's.
-"""
+"""What a run writes, checked before any work: output formats, and the names of ``terra-generate``'s files."""
 
 from __future__ import annotations
 
@@ -24,11 +17,7 @@ FORMATS = ("gif", "mp4", "png")
 
 
 def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -> list[str]:
-    """Validate ``output.formats`` before any work is done (a single name counts as a list of one).
-
-    ``distinct``: each name at most once (batch rollouts write one file per format and sample). ``mp4`` needs an
-    ffmpeg that runs (:func:`terra.decoder.writers.ffmpeg_exe`): without one a run would generate and then fail every
-    write.
+    """Validate ``output.formats`` (a single name is a list of one); ``distinct``: each at most once; mp4 needs ffmpeg.
     """
     formats = [formats] if isinstance(formats, str) else list(formats)
     unknown = [f for f in formats if f not in FORMATS]
@@ -42,8 +31,7 @@ def check_output_formats(formats: Sequence[str] | str, distinct: bool = False) -
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """The ``output`` block of ``terra-generate`` (conf/generate.yaml), checked: file stem, formats, frame rate
-    and what is drawn on the frames. The folder is the app's (``output.dir`` or Hydra's run folder)."""
+    """``terra-generate``'s ``output`` block, checked: file stem, formats, frame rate, overlays."""
 
     name: str
     formats: tuple[str, ...]
@@ -64,9 +52,8 @@ class OutputSpec:
                    check_flag(output["overlay_trajectory"], "output.overlay_trajectory"))
 
     def names(self, num_samples: int) -> OutputNames:
-        """The run's names in the output folder for ``num_samples`` samples, planned once: one file stem per sample
-        (``name``, or ``name_00``, ``name_01``, ... for several), its ``stem.mp4``, ``stem.gif`` or PNG folder
-        ``stem_frames`` per format, the grid videos of several samples and the sidecar ``name.json``."""
+        """The run's names for ``num_samples`` samples: a stem per sample (``name`` or ``name_00``...), grids, sidecar.
+        """
         stems = [self.name] if num_samples == 1 else [f"{self.name}_{i:02d}" for i in range(num_samples)]
         samples = [[(fmt, f"{stem}_frames" if fmt == "png" else f"{stem}.{fmt}") for fmt in self.formats]
                    for stem in stems]
@@ -76,8 +63,7 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class OutputNames:
-    """A ``terra-generate`` run's names in its output folder (:meth:`OutputSpec.names`): what the app claims before any
-    work (terra/config/output_dir.py) and what terra/outputs.py writes, each name made once."""
+    """A ``terra-generate`` run's names in its output folder, each made once."""
 
     samples: tuple[dict[str, str], ...]  # each sample's file (mp4, gif) or PNG folder (png), by format
     grids: tuple[tuple[str, str], ...]  # (format, file) of the grid video of several samples, per format (no png)
@@ -90,7 +76,6 @@ class OutputNames:
 
     @property
     def folders(self) -> tuple[str, ...]:
-        """Every PNG folder above."""
         return tuple(name for fmt, name in self._by_format() if fmt == "png")
 
     def _by_format(self) -> list[tuple[str, str]]:

@@ -1,10 +1,4 @@
-"""The ``ray`` block of a run with ``executor=ray`` (``conf/rollout.yaml``, ``conf/drive.yaml``), checked without
-importing Ray (:func:`check_executor` imports it, for a run that will use it).
-
-``executor=ray`` runs a batch (terra/batch/ray_executor.py) or drives (terra/closedloop/recording/ray_executor.py) on
-the Ray cluster at ``address`` (terra/core/ray_cluster.py); these settings say which cluster, how many actors with what
-resources, and how hard to try when actors die.
-"""
+"""The ``ray`` block of an ``executor=ray`` run, checked without importing Ray."""
 
 from __future__ import annotations
 
@@ -28,20 +22,18 @@ REMOVED = ("executor=ray runs one engine per GPU (or per tensor_parallel_size GP
 
 @dataclass(frozen=True)
 class RaySettings:
-    """Where and how ``executor=ray`` runs."""
 
     address: str | None = None  # None: a local cluster for this run; "auto": the node's running cluster; host:port
     num_actors: int | None = None  # None: one per GPU group of the cluster (a cluster without GPUs: 1)
     cpus_per_actor: float = 1.0  # CPU cores Ray reserves for each actor
     max_restarts: int = 3  # times Ray restarts an actor that died
     max_retries: int = 2  # times a sample whose actor died is run again before it is recorded as failed
-    runtime_env: dict | None = None  # Ray's runtime_env for the workers (docs/rollout.md, "Running across nodes")
+    runtime_env: dict | None = None  # Ray's runtime_env for the workers
     log_to_driver: bool = False  # the actors' own output on the driver's terminal (else in Ray's session logs)
 
     @classmethod
     def parse(cls, values: Mapping[str, Any] | None) -> "RaySettings":
-        """Check ``values`` (the ``ray`` block) and build the settings; a user error raises
-        :class:`TerraInputError`."""
+        """Check the ``ray`` block and build the settings; a user error raises :class:`TerraInputError`."""
         values = dict(values or {})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
@@ -72,9 +64,7 @@ class RaySettings:
 
 
 def check_executor(value: Any) -> str:
-    """The ``executor`` setting checked: one of :data:`EXECUTORS`, and ``ray`` only where Ray is installed and
-    imports (a partial or broken install fails on import; the run imports it next anyway), so that a run without
-    it stops before any work."""
+    """The ``executor`` setting checked: one of :data:`EXECUTORS`, ``ray`` only where Ray imports."""
     executor = check_choice(value, "executor", EXECUTORS)
     if executor == "ray":
         if importlib.util.find_spec("ray") is None:

@@ -1,9 +1,4 @@
-"""How image tokens are drawn: :class:`SamplingConfig` (temperature, top-k, top-p, and how the decoder walks a
-frame) and its documented ranges.
-
-Light (no torch): apps check ``sampling`` before any model loads; the backends' samplers take the config as
-it is (terra/generation/sampling.py for Transformers, vLLM's own for vLLM).
-"""
+"""How image tokens are drawn: :class:`SamplingConfig` and its ranges. Light (no torch)."""
 
 from __future__ import annotations
 
@@ -16,33 +11,24 @@ from terra.config.checks import Range, check_choice
 from terra.config.moved import DRAFT_TOKENS, moved_value
 from terra.core.errors import TerraInputError
 
-DRAW_RULE = "gumbel-max, noise hashed from (seed, frame, position, code)"  # terra/generation/sampling.py
+DRAW_RULE = "gumbel-max, noise hashed from (seed, frame, position, code)"
 DECODINGS = ("auto", "sequential", "speculative")
-# a frame's speculative guesses (terra/generation/speculative.py); auto: what the backend runs (Transformers:
-# lookahead; vLLM: previous, all its engine guesses)
+# a frame's speculative guesses; auto: what the backend runs (Transformers: lookahead; vLLM: previous)
 GUESSES = ("auto", "previous", "transitions", "lookahead")
 SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
     "top_p": Range(0, 1, 1.0, low_open=True),
-    "draft_tokens": DRAFT_TOKENS.check,  # or auto; its old name, block_size, is checked against the same range
+    "draft_tokens": DRAFT_TOKENS.check,  # or auto; its old name, block_size, shares the range
 }
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off); Terra's authors used 0.9 / 0 / 1.0.
+    """Temperature (0 = greedy), top-k (0 = off) and top-p (1.0 = off), and how tokens are decoded.
 
-    ``decoding`` is how image tokens are decoded: ``sequential`` samples one per forward pass; ``speculative`` has
-    a pass score ``draft_tokens`` guessed tokens past the committed ones (terra/generation/speculative.py);
-    ``auto`` is speculative where that is faster, decided once per run (terra/generation/decoding.py,
-    ``auto_decoding``; its numbers: benchmarks/decoding.md, "When decoding=auto is speculative"); ``draft_tokens=auto``
-    is the block a pass-cost rule finds fastest for the model, the backend and the rollouts in flight, decided with
-    it (``auto_draft_tokens``). They decide how fast the tokens come, not which: for the same seed a backend gives
-    the same codes whatever ``decoding`` and ``draft_tokens`` are (:meth:`draw_settings` are the ones that shape the
-    codes). ``guesses`` names where a speculative pass's guesses past the pass come from
-    (terra/generation/guesses.py), again speed only; ``auto`` is what the backend runs (vLLM's engine runs
-    ``previous`` only, and refuses the others: terra/generation/decoding.py, ``resolve_decoding``).
+    ``decoding`` (sequential | speculative | auto), ``draft_tokens`` and ``guesses`` change speed only: for a seed a
+    backend gives the same codes whatever they are.
     """
 
     temperature: float = 1.0
@@ -72,14 +58,11 @@ class SamplingConfig:
         return self.temperature == 0
 
     def draw_settings(self) -> dict[str, Any]:
-        """What decides which codes a seed gives (temperature, top-k, top-p and the draw rule): ``decoding``,
-        ``draft_tokens`` and ``guesses`` only change the speed (a batch run's fingerprint leaves them out). ``rule``
-        names the noise of terra/generation/sampling.py, so files drawn by an earlier rule are made again, not kept
-        on resume."""
+        """What decides which codes a seed gives: temperature, top-k, top-p and the draw rule."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "rule": DRAW_RULE}
 
     def replace(self, **changes: Any) -> "SamplingConfig":
-        """A copy with ``changes`` (checked again: a config is never out of range)."""
+        """A copy with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)
 
     @classmethod

@@ -1,10 +1,4 @@
-"""A downloaded Terra snapshot: the folder layout of the Hugging Face repo ``turing-motors/Terra``.
-
-``model=terra_v1 terra_root=/path/to/Terra`` (or ``terra_v2``) picks the world model and the tokenizer it was
-trained with (``conf/model/terra_v1.yaml``, ``conf/tokenizer/terra_v1.yaml``); the configs name the folders
-through the ``${terra_snapshot:FOLDER}`` resolver below. :func:`checkpoint_path` turns a config group's path
-into a checked folder, so a missing or partial snapshot fails with one line before anything loads.
-"""
+"""A downloaded Terra snapshot (the Hugging Face repo ``turing-motors/Terra``) and its checked checkpoint folders."""
 
 from __future__ import annotations
 
@@ -26,11 +20,7 @@ def snapshot_folder(folder: str, *, _root_: DictConfig) -> str | None:
 
 
 def checkpoint_path(cfg: DictConfig, group: str, key: str) -> str:
-    """The checkpoint folder that config group ``group`` names in ``key``, checked to exist.
-
-    One line names what is missing and how to give it: a path the group leaves to the user (``???``), a
-    Terra config without ``terra_root``, or a ``terra_root`` without the folder the model needs.
-    """
+    """The checkpoint folder config group ``group`` names in ``key``, checked to exist (one line if missing)."""
     node = cfg[group]
     name = node.get("name", "?")
     if OmegaConf.is_missing(node, key):

@@ -1,16 +1,5 @@
-"""What every app runs, checked once: :class:`RunSpec`, built from a Hydra config by :func:`run_spec`.
-
-``terra-generate``, batch rollouts and ``terra-serve`` share the same groups (``model``, ``tokenizer``,
-``backend``, ``sampling``, ``refiner``) and top-level keys (``device``, ``dtype``, ``num_context``, ``decoder``,
-``terra_root``; ``num_threads`` and ``memory`` where the config has them). :func:`run_spec` checks them once, before
-torch is imported, and returns a frozen :class:`RunSpec` that the apps carry on (terra/run.py, ``resolve_run``;
-terra/pipeline.py, ``from_run``); nothing downstream reads the raw config again. What needs torch or a file's
-contents (whether a GPU exists, the world model's window, the refiner's weights) is checked once each where it is
-first known.
-
-Beside it, the one rule of resume fingerprints (:func:`fingerprint`, and the run's part of every payload:
-:meth:`RunSpec.output_settings`): a batch run's samples (terra/batch/plan.py) and ``terra-drive``'s drives
-(terra/closedloop/recording/files.py) start from it.
+"""What every app runs, checked once before torch loads: :class:`RunSpec`, built by :func:`run_spec`; and resume
+fingerprints (:func:`fingerprint`).
 """
 
 from __future__ import annotations
@@ -34,11 +23,11 @@ from terra.core.errors import TerraInputError
 from terra.core.lazy import renamed
 from terra.tokenizer.resize import RESIZE_MODES
 
-__getattr__ = renamed(__name__, {"check_window": "check_window"},  # until 0.2.0: the window is the token layout's
+__getattr__ = renamed(__name__, {"check_window": "check_window"},  # until 0.2.0
                       home="terra.contract.layout")
 
 DECODERS = ("tokenizer", "refiner")  # how codes become frames: the tokenizer's decoder or Terra's video refiner
-REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # conf/refiner/terra.yaml: shape its frames
+REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # shape the refiner's frames
 WINDOW_SETTINGS = {"num_context": Range(1, MAX_FRAMES, 3, whole=True),
                    "model.overlap": Range(1, MAX_FRAMES, 3, whole=True)}
 
@@ -51,29 +40,25 @@ class RunSpec:
     tokenizer: str  # checkpoint folder (exists)
     backend: str = "auto"  # auto | hf | vllm
     backend_options: dict[str, Any] = field(default_factory=dict)  # checked against the backend's table
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (resolved once torch loads: terra/generation/resolve.py)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"
     sampling: SamplingConfig = SamplingConfig()
     num_context: int = 3
     overlap: int = 3  # frames carried into the next window
-    zero_embed_code_0: bool = False  # Terra's vLLM port: code 0 embeds as zeros (models/configuration_llama_action.py)
-    resize: str = "crop"  # context frames: crop | stretch (tokenizer/resize.py)
-    decoder: str = "tokenizer"  # tokenizer | refiner (terra/refiner.py)
-    refiner: dict[str, Any] = field(default_factory=dict)  # conf/refiner/terra.yaml's keys, for decoder=refiner
+    zero_embed_code_0: bool = False  # code 0 embeds as zeros
+    resize: str = "crop"  # context frames: crop | stretch
+    decoder: str = "tokenizer"  # tokenizer | refiner
+    refiner: dict[str, Any] = field(default_factory=dict)  # the refiner's settings, for decoder=refiner
     terra_root: str | None = None  # a downloaded Terra snapshot, named in error lines
-    num_threads: int | None = None  # torch CPU threads of this process (terra/config/backend.py); None: torch's
-    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory a vLLM engine fits to (terra/config/memory.py)
+    num_threads: int | None = None  # torch CPU threads of this process; None: torch's
+    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory a vLLM engine fits to
 
     def replace(self, **changes: Any) -> "RunSpec":
         """A copy with ``changes`` (already checked values)."""
         return dataclasses.replace(self, **changes)
 
     def output_settings(self) -> dict[str, Any]:
-        """What of this run shapes a world model's outputs (codes and frames) from given inputs and seed: the run's
-        part of every resume fingerprint (:func:`fingerprint`). The window, Terra's code-0 embedding, how context
-        frames are fitted, the draw (``SamplingConfig.draw_settings``: decoding changes only the speed) and, when
-        the refiner decodes, its settings. The checkpoints are each run's to add (a batch run adds the world model's
-        digest, terra/batch/plan.py; drives their folders)."""
+        """What of this run shapes a world model's outputs from given inputs and seed: its part of every fingerprint."""
         # decoder=refiner under the words of the fingerprints before decoder= (a finished sample stays finished)
         refiner = {"decoding": "refiner", "refiner": {key: self.refiner.get(key) for key in REFINER_OUTPUT_KEYS}}
         return {"num_context": self.num_context, "overlap": self.overlap, "zero_embed_code_0": self.zero_embed_code_0,
@@ -87,16 +72,13 @@ INPUT_NAMES = {"world_model": "the world model", "tokenizer": "the tokenizer", "
 
 
 def fingerprint(payload: Mapping[str, Any]) -> str:
-    """The resume fingerprint of what shapes one output (a sample's, a drive's): sha256 of ``payload`` as sorted,
-    compact JSON (a value JSON lacks as its ``str``), 32 hex digits. An output stored with the same fingerprint is
-    complete and kept on resume."""
+    """The resume fingerprint of ``payload``: sha256 of its sorted, compact JSON, 32 hex digits."""
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def changed_inputs(kept: Any, inputs: Mapping[str, Any]) -> str:
-    """What a rerun says of an output made from ``kept`` (an earlier output's inputs, name -> digest or value) that
-    ``inputs`` no longer match: "the world model changed", naming every part (:data:`INPUT_NAMES`) that differs."""
+    """What a rerun says of an output whose ``kept`` inputs ``inputs`` no longer match, naming each changed part."""
     if not isinstance(kept, Mapping):
         return "it was made by another version"
     names = [INPUT_NAMES.get(name, name) for name in inputs if kept.get(name) != inputs[name]]
@@ -104,18 +86,13 @@ def changed_inputs(kept: Any, inputs: Mapping[str, Any]) -> str:
 
 
 def redone_line(reasons: Iterable[str], noun: str) -> str:
-    """How many outputs (``noun``: drive, clip) a rerun redoes and why, one line: "3 drives redone: the world model
-    changed" ("" when none)."""
+    """How many outputs (``noun``) a rerun redoes and why, one line ("" when none)."""
     counts = Counter(reasons)
     return "; ".join(f"{n} {noun}{'s' * (n != 1)} redone: {why}" for why, n in counts.most_common())
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:
-    """Check the shared settings of a Hydra run config once and return them as a :class:`RunSpec`.
-
-    Checkpoint folders must exist (terra/config/snapshot.py names a missing ``terra_root`` or folder); every
-    other value is checked without reading a file or importing torch.
-    """
+    """Check the shared settings of a Hydra run config once; checkpoint folders must exist."""
     window = {key: limits.check(select(cfg, key), key) for key, limits in WINDOW_SETTINGS.items()}
     decoder = check_decoder_name(cfg.get("decoder", "tokenizer"))
     backend, options = check_backend(select(cfg, "backend.name"), select(cfg, "backend.options"))
@@ -141,7 +118,6 @@ def run_spec(cfg: DictConfig) -> RunSpec:
 
 
 def check_decoder_name(decoder: Any) -> str:
-    """``decoder`` if it is ``tokenizer`` or ``refiner`` (the refiner's own settings: terra/refiner.py)."""
     if decoder not in DECODERS:
         raise TerraInputError(f"decoder={decoder!r} is unknown; use decoder=tokenizer (the tokenizer's frames) "
                               "or decoder=refiner (Terra's video refiner, GPU)")

@@ -1,11 +1,6 @@
 """Closed-loop sessions: drive the world model frame by frame, choosing each action after seeing the last frame.
 
-:class:`SessionHost` opens :class:`Session`\\ s on a pipeline; ``session.step(action)`` returns the next
-:class:`Frame` (codes and RGB); ``fork``, ``reset`` and ``close`` manage it. Many sessions advance together on
-one backend through :class:`SessionEngine` (terra/generation/session_engine.py, the floor sessions stand on, which
-the closed loop's model world shares). Actions from what a driver gives: terra/session/driver_input.py (its old path
-``terra.session.controls`` still imports until 0.2.0: terra/core/lazy.py). ``terra-serve``
-(terra/serve/) puts sessions behind HTTP and WebSocket.
+:class:`SessionHost` opens :class:`Session`\\ s on a pipeline; ``session.step(action)`` returns the next :class:`Frame`.
 """
 
 from terra.core.lazy import moved_modules

@@ -1,10 +1,6 @@
 """Where a session starts: context frames as codes, the actions between them and the speed at the last one.
 
-Three sources: the built-in synthetic world (:func:`terra.sim.builtin_context`, with its exact actions and its road,
-which a route model is told of at every step), images (encoded by the pipeline's tokenizer), or codes. Images and
-codes without actions are taken as driving straight at ``speed_kmh``. ``actions[t]`` conditions context frame
-``t + 1`` (docs/ARCHITECTURE.md, "Actions"), so ``n`` context frames carry ``n - 1`` actions; the session's first step
-gives the action of the last one.
+``actions[t]`` conditions context frame ``t + 1``, so ``n`` context frames carry ``n - 1`` actions.
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ from terra.tokenizer.images import load_images
 
 @dataclass
 class SessionContext:
-    """Context frames of a session and what they imply."""
 
     codes: np.ndarray  # [n, h, w] int64
     actions: np.ndarray  # [n - 1, 6, 3] float32
@@ -37,13 +32,11 @@ class SessionContext:
 
     @property
     def route_source(self) -> str | None:
-        """Where :meth:`routes` reads from: ``scene`` (the built-in world's road), None where the road is not
-        known."""
+        """Where :meth:`routes` reads from: ``scene``, or None where the road is not known."""
         return None if self.scene is None else "scene"
 
     def routes(self, poses: np.ndarray | None, route_tokens: int) -> np.ndarray | None:
-        """A route model's routes ``[..., K, 3]`` at ``poses`` ``[..., 3]`` given in the session's frame (the last
-        context frame's ego frame; None: the context frames' own); None where the road is not known."""
+        """Routes ``[..., K, 3]`` at session-frame ``poses`` (None: the context frames'); None without a road."""
         if self.scene is None:
             return None
         return self.scene.route(self.poses if poses is None else compose(self.poses[-1], poses), route_tokens)
@@ -75,8 +68,9 @@ def builtin(pipeline, num_context: int, manoeuvre: str = "straight", scene: int 
 
 def from_images(pipeline, images: torch.Tensor | Sequence[Any], num_context: int | None = None,
                 actions: Any = None, speed_kmh: float = 30.0, resize: str = "crop") -> SessionContext:
-    """Context from images: a tensor ``[N, 3, H, W]`` in [-1, 1], or files / PIL images / uint8 arrays (the last
-    ``num_context`` are used, resized for the tokenizer)."""
+    """Context from a tensor ``[N, 3, H, W]`` in [-1, 1], or files / PIL images / uint8 arrays (the last
+    ``num_context``).
+    """
     if not torch.is_tensor(images):
         images = load_images(list(images), pipeline.image_size, last_n=num_context, resize=resize)
     elif num_context is not None:

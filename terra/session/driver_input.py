@@ -1,10 +1,5 @@
-"""One frame's action from what a driver gives: an actions array, a short ego trajectory, steering and speed,
-a named manoeuvre, or the state of arrow keys. The motion an action implies is terra/inputs/ego_motion.py's.
-
-Every form ends as ``[6, 3]`` actions ``[y, x, time]`` of the frame just seen (docs/ARCHITECTURE.md,
-"Actions"): six points of where the car goes over the next 3 s, in that frame's ego frame (x forward, y left).
-Steering follows a circular arc whose tightest radius keeps the lateral acceleration near what the demo model's
-training world drives (:func:`terra.sim.clips.random_manoeuvre_params`).
+"""One frame's action from what a driver gives: an actions array, a short trajectory, steering and speed, a
+manoeuvre, or arrow keys. Every form ends as ``[6, 3]`` actions ``[y, x, time]`` in the frame's ego frame.
 """
 
 from __future__ import annotations
@@ -38,8 +33,8 @@ def max_curvature(speed_mps: float) -> float:
 
 
 def drive_action(steer: float, speed_kmh: float, accel_mps2: float = 0.0) -> np.ndarray:
-    """``[6, 3]`` action of driving an arc: ``steer`` in [-1, 1] (positive = left) at ``speed_kmh``, changing
-    speed at ``accel_mps2`` (braking stops at standstill, never reverses)."""
+    """``[6, 3]`` action of an arc: ``steer`` in [-1, 1] (positive = left) at ``speed_kmh``, changing at ``accel_mps2``.
+    """
     steer = check_number(steer, "steer", -1.0, 1.0)
     v0 = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH) / 3.6
     accel = check_number(accel_mps2, "accel_mps2", *ACCEL_RANGE)
@@ -55,8 +50,7 @@ def parse_action(value: Any) -> np.ndarray:
     """One frame's ``[6, 3]`` action from an array or a mapping with exactly one of :data:`ACTION_KINDS`:
 
     * ``{"actions": [[y, x, t], ...6]}`` or a bare ``[6, 3]`` array;
-    * ``{"trajectory": {"x": [...], "y": [...]}}`` (or ``[[x, y], ...]``): the car's path from now on in the current
-      ego frame at 10 Hz (or with ``t``): :func:`terra.inputs.actions.trajectory_action`;
+    * ``{"trajectory": {"x": [...], "y": [...]}}`` (or ``[[x, y], ...]``): the path in the current ego frame at 10 Hz;
     * ``{"steer": s, "speed_kmh": v, "accel_mps2": a}`` (:func:`drive_action`);
     * ``{"manoeuvre": "curve_left", "speed_kmh": 30}``: the first frame of a named manoeuvre.
     """
@@ -88,16 +82,14 @@ def parse_action(value: Any) -> np.ndarray:
 
 
 def refuse_route(mapping: dict, where: str) -> None:
-    """One line when ``mapping`` (an action, its trajectory, a step message) gives a route under any spelling of a
-    route's key (terra/inputs/routes.py): a step takes none (:data:`NO_STEP_ROUTE`), and a dropped one would pass
-    unnoticed."""
+    """One line when ``mapping`` gives a route under any spelling of its key: a step takes none."""
     for key in mapping:
         if isinstance(key, str) and re.sub(r"[\s-]+", "_", key.strip().lower()) in ROUTE_HINTS:
             raise TerraInputError(f"{where} gives {key!r:.40}, but {NO_STEP_ROUTE}; leave it out")
 
 
 def _action_array(value: Any) -> np.ndarray:
-    """A ``[6, 3]`` array of finite numbers in reach, checked once (terra/contract/actions.py)."""
+    """A ``[6, 3]`` array of finite numbers in reach, checked once."""
     if not isinstance(value, (list, tuple, np.ndarray)):
         raise TerraInputError(f"an action must be a [6, 3] array of numbers or an object with one of "
                               f"{', '.join(ACTION_KINDS)} (got {type(value).__name__})")

@@ -1,10 +1,4 @@
-"""Closed-loop sessions: open one from context frames, then ``step(action)`` → the next frame, fork, reset, close.
-
-A :class:`SessionHost` holds a pipeline (tokenizer + backend) and one
-:class:`~terra.generation.session_engine.SessionEngine` that advances every open session on the backend (an
-open-ended rollout: terra/generation/session_engine.py); a :class:`Session` adds what a driver needs: actions in
-every form (terra/session/driver_input.py), the car's pose, arrow keys, decoded frames.
-"""
+"""Closed-loop sessions: open one from context frames, then ``step(action)`` -> the next frame, fork, reset, close."""
 
 from __future__ import annotations
 
@@ -29,7 +23,6 @@ from terra.session.driver_input import KeyDriver, parse_action
 
 @dataclass
 class Frame:
-    """A generated frame of a session."""
 
     index: int  # frames generated before it since the last reset
     codes: np.ndarray  # [h, w]
@@ -74,14 +67,11 @@ class Session:
 
     @property
     def route_source(self) -> str | None:
-        """Where the routes the world model is told each step come from (the context's road: ``scene``); None when
-        it is told none (a model without route slots, a context whose road is not known)."""
+        """Where the routes told each step come from (``scene``); None when none are told."""
         return self.context.route_source if self.host.layout.route_model else None
 
     def step_async(self, action: np.ndarray) -> Future:
-        """Queue the next frame under ``action``, a checked ``[6, 3]`` array (what
-        :func:`~terra.session.driver_input.parse_action` returns); resolves to a
-        :class:`~terra.generation.session_engine.StepResult`."""
+        """Queue the next frame under a checked ``[6, 3]`` ``action``; resolves to a :class:`StepResult`."""
         assert action.shape == (6, 3), action.shape
         self.queued_pose = advance_pose(self.queued_pose, action)
         layout = self.host.layout
@@ -95,8 +85,7 @@ class Session:
         return done
 
     def step(self, action: Any, decode: bool = True) -> Frame:
-        """Generate the next frame under ``action``, any form :func:`~terra.session.driver_input.parse_action` reads
-        (bad ones raise here), and wait for it (decoded to RGB unless ``decode`` is False)."""
+        """Generate the next frame under ``action`` (any form ``parse_action`` reads) and wait for it."""
         return self.frame(self.step_async(parse_action(action)).result(), decode)
 
     def frame(self, result: StepResult, decode: bool = True) -> Frame:
@@ -148,8 +137,7 @@ class Session:
         return self.host.decode(self.codes())
 
     def _track_pose(self, step: Future, done: Future, pose: Pose) -> None:
-        """Record where a finished step leaves the car (``pose``, reckoned when it was queued), then resolve ``done``
-        with the step's outcome."""
+        """Record where a finished step leaves the car (``pose``), then resolve ``done`` with its outcome."""
         if step.cancelled():
             done.cancel()
             return
@@ -167,13 +155,13 @@ class Session:
 
 
 class SessionHost:
-    """Opens sessions on a :class:`~terra.pipeline.WorldModelPipeline` and advances them on its backend.
+    """Opens sessions on a :class:`~terra.pipeline.WorldModelPipeline` (or a bare backend: codes only, no decoding).
 
-    Given a bare :class:`~terra.generation.rollout.WorldModelBackend` instead (no tokenizer: benchmarks, policies
-    that work on codes), sessions open from codes through :meth:`open_context` and frames are not decoded.
-    ``max_frames`` caps the frames of one session (its rollout is planned for that many); ``overlap`` is the
-    window overlap (docs/ARCHITECTURE.md, "Windows"); ``sampling`` is the default of :meth:`open`; ``resize``
-    fits context images to the tokenizer (``crop`` or ``stretch``, as the tokenizer's config says).
+    Args:
+        max_frames: the most frames of one session.
+        overlap: window overlap.
+        sampling: the default of :meth:`open`.
+        resize: how context images fit the tokenizer (``crop`` or ``stretch``).
     """
 
     def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), max_frames: int = 1000,
@@ -184,7 +172,7 @@ class SessionHost:
         self.max_frames = check_whole_number(max_frames, "max_frames", 1, "max_frames=600", MAX_FRAMES)
         self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3", MAX_FRAMES)
         self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3", MAX_FRAMES)
-        self.resize = resize  # how context images fit the tokenizer: crop | stretch (tokenizer/images.py)
+        self.resize = resize  # how context images fit the tokenizer: crop | stretch
         self.engine = SessionEngine(self.backend)
 
     @property
@@ -201,9 +189,13 @@ class SessionHost:
              speed_kmh: float = 30.0, seed: int | None = None, sampling: SamplingConfig | None = None,
              num_context: int | None = None, max_frames: int | None = None) -> Session:
         """A session from ``images``, ``codes`` or the built-in world (``builtin``: manoeuvre, scene, speed_kmh;
-        the default when neither images nor codes are given). ``actions``: the context's own actions
-        (default: straight at ``speed_kmh``). ``seed`` fixes sampling (None: the backend picks one);
-        ``max_frames`` lowers the host's cap for this session."""
+        default).
+
+        Args:
+            actions: the context's own actions (default: straight at ``speed_kmh``).
+            seed: fixes sampling (None: the backend picks one).
+            max_frames: lowers the host's cap for this session.
+        """
         if images is not None and codes is not None:
             raise TerraInputError("give context images or codes, not both")
         num_context = self.num_context if num_context is None else check_whole_number(  # within the model's window
@@ -225,7 +217,6 @@ class SessionHost:
 
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
-        """A session from an already built :class:`~terra.session.context.SessionContext`."""
         routes = context.routes(None, self.layout.route_tokens) if self.layout.route_model else None
         rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap,
                                    routes)

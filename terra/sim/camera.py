@@ -1,11 +1,6 @@
-"""The synthetic world's front camera: a pinhole :data:`CAMERA_HFOV_RAD` across, :data:`CAMERA_HEIGHT_M` above the
-ego pose, looking along its yaw pitched down by :data:`CAMERA_PITCH_RAD`, at any image size.
+"""The synthetic world's front camera: a pinhole at any image size.
 
-The one definition of the camera for everything that sees through it: the renderer draws the world with it
-(terra/sim/renderer.py), the camera-only lane follower finds the road plane under its pixels
-(terra/closedloop/policies/vision.py), and the driver contracts declare it to a driver
-(terra/closedloop/policies/egodriver.py, terra/closedloop/policies/navsim.py). Ego frame: x forward, y left, z up;
-image: u right, v down, pixel centres at +0.5.
+Ego frame: x forward, y left, z up; image: u right, v down, pixel centres at +0.5.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ OPTICAL_AXES = np.array([[0.0, -_S, _C], [-1.0, 0.0, 0.0], [0.0, -_C, -_S]])  # 
 
 
 class GroundRays(NamedTuple):
-    """The rays of an image's pixel rows ``first_row`` on, and where they meet the ground (:meth:`FrontCamera.rays`)."""
+    """The rays of an image's pixel rows ``first_row`` on, and where they meet the ground."""
 
     across: np.ndarray  # [W] a column's ray, rightwards per unit of optical depth
     down: np.ndarray  # [rows] a row's ray, downwards in the image plane per unit of optical depth
@@ -59,7 +54,6 @@ class FrontCamera:
         return self.cy - self.focal * np.tan(CAMERA_PITCH_RAD)
 
     def intrinsics(self) -> np.ndarray:
-        """The pinhole's ``[3, 3]`` intrinsic matrix."""
         return np.array([[self.focal, 0.0, self.cx], [0.0, self.focal, self.cy], [0.0, 0.0, 1.0]])
 
     def project(self, fwd: np.ndarray, left: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,8 +64,7 @@ class FrontCamera:
         return self.cx - self.focal * left / safe, self.cy + self.focal * (-fwd * _S - z * _C) / safe, depth
 
     def rays(self, first_row: int = 0, far: float = np.inf) -> GroundRays:
-        """Where the rays of rows ``first_row`` on meet the road plane; a hit at an optical depth of ``far`` or more
-        counts as none (its ``fwd`` and ``left`` are 0)."""
+        """Where the rays of rows ``first_row`` on meet the road plane; hits at depth ``far`` or more count as none."""
         across = (np.arange(self.width) + 0.5 - self.cx) / self.focal
         down = (np.arange(first_row, self.height) + 0.5 - self.cy) / self.focal
         drop = _S + down * _C

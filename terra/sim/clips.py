@@ -1,15 +1,4 @@
-"""Clips of the synthetic world at 10 Hz: rendered frames plus exact ego poses, instruction trajectories, actions and
-routes.
-
-A manoeuvre is synthesised in the car's own frame by :func:`terra.inputs.trajectory.manoeuvre_trajectory` and then
-placed in the world at a lane pose of the road (rotate + translate), so ``curve_left`` turns left relative to
-the road and the clip's actions are exactly the ones :mod:`terra.inputs.actions` computes for that manoeuvre.
-:func:`random_clip` draws a training distribution: single manoeuvres, a straight stretch followed by a
-manoeuvre, and lane keeping along the road's own bends (:func:`random_drive` draws one, unrendered, in any
-domain of terra/sim/scene.py). :func:`sample_frames` draws single frames from diverse poses (off-centre, yawed)
-for tokenizer training. Every clip carries each frame's route at :data:`DATASET_ROUTE_POINTS` points
-(:meth:`terra.sim.scene.Scene.route` at the frame's pose), finer than any model's route slots, which resample it
-(terra/contract/routes.py).
+"""Clips of the synthetic world at 10 Hz: rendered frames with exact poses, instruction trajectories, actions, routes.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ FUTURE_S = FUTURE_POINTS / FUTURE_RATE_HZ  # 3 s of future needed by the last fr
 SAMPLE_RATE_HZ = 100.0  # resolution of synthesised trajectories
 SCENE_LENGTH_M = 600.0
 VIEW_MARGIN_M = 150.0  # road kept ahead of the last frame so the road's end stays in the haze
-DATASET_ROUTE_POINTS = 16  # a clip's routes: every 5 m up to 80 m; a model's K points (8: every 10 m) resample them
+DATASET_ROUTE_POINTS = 16  # a clip's routes: every 5 m up to 80 m
 
 
 @dataclass(frozen=True)
@@ -52,7 +41,7 @@ class Clip:
     domain: str = "day"  # the scene's, terra.sim.scene.DOMAINS
     routes: np.ndarray | None = None  # float32 [T, 16, 3] each frame's route (Scene.route at its pose); None: a
     # dataset written before clips carried routes
-    off_pose_frames: int = 0  # the first frames seen from off the car's pose (terra/sim/recoveries.py)
+    off_pose_frames: int = 0  # the first frames seen from off the car's pose
 
     @property
     def num_frames(self) -> int:
@@ -69,7 +58,7 @@ class Drive:
     start_s: float
     speed_kmh: float
     camera_offsets: np.ndarray | None = None  # [T, 3] (forward, left, yaw) of the camera in the car's frame per
-    # frame (terra/sim/recoveries.py); None: the camera is on the car's pose
+    # frame; None: the camera is on the car's pose
 
     def render(self, num_frames: int, height: int, width: int) -> Clip:
         """The drive's first ``num_frames`` frames at 10 Hz with their ground truth."""
@@ -87,9 +76,11 @@ def clip_from_trajectory(
     scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
     manoeuvre: str, start_s: float, speed_kmh: float, camera_offsets: np.ndarray | None = None,
 ) -> Clip:
-    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes;
-    with ``camera_offsets`` ``[>= num_frames, 3]`` each frame is seen from its pose composed with its offset, while
-    poses, actions and routes stay the car's (the clip counts its first frames seen from off the pose)."""
+    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes.
+
+    ``camera_offsets`` ``[>= num_frames, 3]`` moves each frame's camera off its pose;
+    poses, actions and routes stay the car's.
+    """
     poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
     trajs = trajectory.instruction_trajs(num_frames)
     offsets = None if camera_offsets is None else np.asarray(camera_offsets)[:num_frames]
@@ -114,20 +105,14 @@ def make_clip(
     lateral_m: float | None = None,
     **manoeuvre_params: float,
 ) -> Clip:
-    """A clip of ``manoeuvre`` starting at arc length ``start_s``, ``lateral_m`` left of the road's centre (None:
-    in the ego lane's centre).
-
-    ``manoeuvre_params`` go to :func:`terra.inputs.trajectory.manoeuvre_trajectory` (radius_m, accel_mps2, ...).
-    """
+    """A clip of ``manoeuvre`` from arc length ``start_s``, ``lateral_m`` left of the road's centre (None: ego lane)."""
     world = manoeuvre_in_scene(scene, manoeuvre, num_frames, speed_kmh, start_s, lateral_m, **manoeuvre_params)
     return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)
 
 
 def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh: float = 30.0, start_s: float = 0.0,
                        lateral_m: float | None = None, **manoeuvre_params: float) -> EgoTrajectory:
-    """The world-frame trajectory of :func:`make_clip`: ``manoeuvre`` placed at arc length ``start_s``, long enough
-    for ``num_frames`` frames and their actions; :data:`FOLLOW_LANE` keeps the lane along the road's bends at
-    ``speed_kmh`` (the other parameters are the car-frame manoeuvres')."""
+    """The world-frame trajectory of :func:`make_clip`, long enough for ``num_frames`` frames and their actions."""
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
@@ -139,18 +124,13 @@ def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh:
 
 
 def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: int, domain: str = "day") -> Clip:
-    """A clip from the training distribution (:func:`random_drive`), rendered."""
     return random_drive(rng, num_frames, domain).render(num_frames, height, width)
 
 
 def random_drive(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
     """A drive from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
 
-    Half are single manoeuvres of :data:`terra.inputs.trajectory.MANOEUVRES`; a quarter drive straight for 0.5-2 s
-    and then perform one; a quarter keep their lane along the road's own bends. The start is jittered
-    inside the lane (offset and heading) so the model sees the road from varied positions. The draws are the
-    same in every ``domain``: the same ``rng`` gives the same drive by day and by night (and its
-    counterpart in the mirrored ``left_hand`` scene, started in the left lane).
+    The same ``rng`` gives the same drive in every ``domain``.
     """
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
@@ -231,11 +211,7 @@ def _lane_keeping(
 
 
 def render_frames(num: int, image_size: tuple[int, int], seed: int, workers: int = 1) -> np.ndarray:
-    """``num`` frames uint8 ``[num, H, W, 3]`` of the synthetic world, rendered in ``workers`` processes.
-
-    Work is split into chunks with seeds ``seed * 100_000 + chunk``, so the result does not depend on
-    ``workers``.
-    """
+    """``uint8 [num, H, W, 3]`` frames of the synthetic world in ``workers`` processes (result independent of them)."""
     chunk = max(1, min(256, math.ceil(num / max(1, 4 * workers))))
     jobs = [(min(chunk, num - start), image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
     if workers <= 1:
@@ -252,9 +228,7 @@ def _render_frames_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
 
 
 def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):
-    """Frames the synthetic world renders driving ``manoeuvre`` (a torch tensor ``[N, 3, H, W]`` in [-1, 1], as
-    tokenizers take them) with their exact actions: the context of a run that gives no frames of its own
-    (:func:`builtin_road`: its scene and the frames' poses, where a route model's routes come from)."""
+    """Frames ``[N, 3, H, W]`` in [-1, 1] driving ``manoeuvre`` with their exact actions: a run's built-in context."""
     import torch  # the world itself is numpy; only this hand-over to a tokenizer needs torch
 
     clip = make_clip(Scene.generate(seed), manoeuvre, num_frames, image_size[0], image_size[1], **params)
@@ -262,8 +236,7 @@ def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int]
 
 
 def builtin_road(manoeuvre: str, num_frames: int, seed: int, params: dict) -> tuple[Scene, np.ndarray]:
-    """The scene of :func:`builtin_context` and the world poses ``[num_frames, 3]`` of its frames (unrendered: the
-    same trajectory, as many frames as asked, so a run's generated frames have theirs too)."""
+    """The scene of :func:`builtin_context` and its frames' world poses ``[num_frames, 3]``."""
     scene = Scene.generate(seed)
     world = manoeuvre_in_scene(scene, manoeuvre, num_frames, **params)
     return scene, world.poses_at(world.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)

@@ -1,24 +1,5 @@
-"""A folder of synthetic clips on disk: :func:`write_dataset` renders them (in parallel), :class:`ClipDataset` reads.
-
-Layout of a dataset folder::
-
-    meta.json            version, sizes, seed, domain, route_points, the shard list and every clip's manoeuvre /
-                         scene seed / start / off_pose_frames (its first frames seen from off the car's pose:
-                         recovery clips', terra/sim/recoveries.py; datasets written before it read 0)
-    shard-00000.npz      frames uint8 [n, T, H, W, 3], poses float64 [n, T, 3],
-    shard-00001.npz      instruction_trajs float32 [n, T, 60, 3], actions float32 [n, T, 6, 3],
-    ...                  routes float32 [n, T, route_points, 3] (each frame's route, terra/sim/clips.py),
-                         record: JSON text, the settings the shard was made with and its clips' metadata
-
-Datasets written before clips carried routes have no ``routes`` array (nor ``route_points``); their clips read with
-``routes`` None.
-
-Clip ``i`` is drawn from ``numpy.random.default_rng([seed, i])``, so a dataset is the same whatever the number
-of worker processes. Every file is written to a temporary name and renamed, and ``meta.json`` comes last, so
-a folder with a ``meta.json`` is complete. A rerun of an interrupted run keeps the shards made with its settings
-(the same clips, sizes, seed, domain, recipe, compression) and writes the rest; it removes the shards an earlier run
-of other settings left, and refuses a shard file the toolkit did not write (terra/sim/reruns.py).
-:func:`map_in_processes` runs the writers of this module and of terra/sim/logs.py in worker processes.
+"""A folder of synthetic clips on disk: :func:`write_dataset` renders them into ``.npz`` shards, :class:`ClipDataset`
+reads. Clip ``i`` is drawn from ``default_rng([seed, i])``; ``meta.json`` is written last.
 """
 
 from __future__ import annotations
@@ -47,7 +28,7 @@ from terra.sim.reruns import kept_outputs
 from terra.sim.scene import DOMAINS
 
 DATASET_VERSION = 2  # 2: routes are the ego lane's centre (1: the road's centre line)
-APP = "terra-make-dataset"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-make-dataset"
 META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions", "routes")
 OPTIONAL_ARRAYS = ("routes",)  # absent from datasets written before clips carried routes
@@ -56,9 +37,9 @@ SHARD_RECORD = "record"  # a shard's array of JSON text: {"settings": ..., "clip
 # what makes a shard (its _write_shard job after the path): a rerun keeps a shard made with the same
 SHARD_SETTINGS = ("start", "end", "num_frames", "height", "width", "seed", "compress", "domain", "recipe")
 # What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
-# manoeuvres: 2 s clips of single manoeuvres and lane keeping (terra/sim/clips.py); long_drives: 20 s drives with
-# the states closed-loop policies reach (terra/sim/long_drives.py); recoveries: long drives' stretches whose context
-# frames are seen from off the car's pose (terra/sim/recoveries.py).
+# manoeuvres: 2 s clips of single manoeuvres and lane keeping; long_drives: 20 s drives with the states
+# closed-loop policies reach; recoveries: long drives' stretches whose context frames are seen from off
+# the car's pose.
 RECIPES: dict[str, Callable[[np.random.Generator, int, str], Drive]] = {
     "manoeuvres": random_drive, "long_drives": random_long_drive, "recoveries": random_recovery}
 SIZES = {  # terra-make-dataset's sizes (and write_dataset's, write_driving_logs')
@@ -89,8 +70,9 @@ def write_dataset(
 ) -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
 
-    ``workers`` processes render shards in parallel (0 = one per CPU core); ``domain`` (terra/sim/scene.py) is
-    every clip's; ``recipe`` (:data:`RECIPES`) what the clips are. Returns the folder.
+    Args:
+        workers: processes rendering shards (0 = one per CPU core).
+        recipe: one of :data:`RECIPES`.
     """
     num_clips, num_frames, height, width, seed, clips_per_shard, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed,
@@ -112,7 +94,7 @@ def write_dataset(
     kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards",
                         "out_dir", APP)
     mark(out, wanted)
-    bar = Progress(num_clips, "rendering clips", "clip", enabled=progress)  # terra/core/progress.py
+    bar = Progress(num_clips, "rendering clips", "clip", enabled=progress)
     done = {name: shard_record(out / name)["clips"] for name in kept}
     bar.update(sum(len(metas) for metas in done.values()))
     todo = [job for job in jobs if Path(job[0]).name not in kept]
@@ -148,9 +130,9 @@ def check_recipe(recipe: str, num_frames: int) -> None:
 
 
 def check_sizes(**values: Any) -> tuple[int, ...]:
-    """Each size of :data:`SIZES` given, checked (one line: its range and an example), as ints in the order given; and
-    the frames a writer holds at once (a shard's clips, ``clips_per_shard`` when given, else one clip folder's) at
-    most :data:`MAX_HELD_BYTES`."""
+    """Each size of :data:`SIZES` given, checked, as ints in order; a writer's held frames within
+    :data:`MAX_HELD_BYTES`.
+    """
     sizes = {name: SIZES[name].check(value, name) for name, value in values.items()}
     clips_held = min(sizes.get("clips_per_shard", 1), sizes["num_clips"])
     held = clips_held * sizes["num_frames"] * sizes["height"] * sizes["width"] * 3
@@ -165,8 +147,7 @@ def check_sizes(**values: Any) -> tuple[int, ...]:
 
 
 def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterable[Any]:
-    """``function(*job)`` of each job, in order, run in ``workers`` processes (0 = one per core this process may
-    use; 1 = here)."""
+    """``function(*job)`` of each job, in order, in ``workers`` processes (0 = one per core; 1 = here)."""
     workers = min(workers or usable_cores(), len(jobs))
     if workers <= 1:
         return (function(*job) for job in jobs)
@@ -181,8 +162,6 @@ def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, con
 
 
 def shard_settings(job: tuple) -> dict:
-    """What makes the shard of a :func:`_write_shard` job: its clips, sizes and draws, and the dataset's version and
-    route points."""
     return {**dict(zip(SHARD_SETTINGS, job[1:])), "version": DATASET_VERSION, "route_points": DATASET_ROUTE_POINTS}
 
 
@@ -217,10 +196,7 @@ def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, 
 
 
 class ClipDataset:
-    """Read a folder written by :func:`write_dataset`; ``dataset[i]`` is a :class:`~terra.sim.clips.Clip`.
-
-    The most recently used shard stays in memory, so reading clips in order loads each shard once.
-    """
+    """Read a folder written by :func:`write_dataset`; ``dataset[i]`` is a :class:`~terra.sim.clips.Clip`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -243,13 +219,12 @@ class ClipDataset:
 
     @property
     def domain(self) -> str:
-        """The clips' domain (terra/sim/scene.py); datasets written before domains existed are day."""
+        """The clips' domain; older datasets are day."""
         return str(self.meta.get("domain", "day"))
 
     @property
     def route_points(self) -> int | None:
-        """Points of each frame's route (terra/sim/clips.py); None for a dataset written before clips carried
-        routes."""
+        """Points of each frame's route; None for a dataset without routes."""
         points = self.meta.get("route_points")
         return None if points is None else int(points)
 

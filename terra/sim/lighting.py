@@ -1,18 +1,4 @@
-"""The night's light (a scene of domain ``night``, terra/sim/scene.py): what the renderer multiplies colours by.
-
-By day the renderer draws the palette's colours as they are. At night the sky and hills take the night palette's
-dark colours, and the ground's and objects' colours are what they reflect of three lights:
-
-* moonlight, a faint blue ambient light everywhere (``AMBIENT``);
-* the ego car's headlights: a beam ahead, wider to the right (the kerb side of right-hand traffic), whose light
-  falls off with the square of the distance beyond ``HEAD_REACH_M`` (:func:`headlight`). Markings and sign plates
-  are retroreflective: they send ``RETRO_GAIN`` times more of it back to the camera;
-* street lamps that are on (``Scene.lit`` poles): a warm pool of light on the ground around their foot.
-
-Lit windows and lamp heads glow in their own colour. Everything still fades with distance into the haze, which
-at night is near black. All of it is a function of the ego-frame position of what is lit, so the headlights'
-light on the ground is a fixed per-pixel map (:class:`~terra.sim.renderer.Camera`'s ``headlight``).
-"""
+"""The night's light: moonlight, the ego car's headlights and lit street lamps, as factors on the palette's colours."""
 
 from __future__ import annotations
 
@@ -47,7 +33,6 @@ def headlight(fwd: np.ndarray, left: np.ndarray) -> np.ndarray:
 
 
 def _pool(fwd: np.ndarray, left: np.ndarray, lamp_fwd: float, lamp_left: float) -> np.ndarray:
-    """Illuminance of one lamp's pool at ego-frame ground points."""
     d2 = (fwd - np.float32(lamp_fwd)) ** 2 + (left - np.float32(lamp_left)) ** 2
     return np.float32(LAMP_GAIN) * np.exp(d2 * np.float32(-1.0 / LAMP_RADIUS_M**2))
 
@@ -60,10 +45,11 @@ class NightLights:
 
     def ground(self, weights: np.ndarray, palette: np.ndarray, fwd: np.ndarray, left: np.ndarray,
                head: np.ndarray, retro: tuple[int, ...]) -> np.ndarray:
-        """RGB ``[Hg, W, 3]`` of ground pixels from the renderer's layer ``weights [Hg, W, K]`` and ``palette
-        [K, 3]``, whose last row is the haze (seen as is) and the others what the ground reflects; rows
-        ``retro`` are retroreflective. ``fwd``, ``left``: the pixels' ego-frame ground points, ``head`` their
-        headlight illuminance."""
+        """RGB ``[Hg, W, 3]`` of ground pixels from layer ``weights [Hg, W, K]`` and ``palette [K, 3]`` (last row:
+        haze).
+
+        Rows ``retro`` are retroreflective; ``fwd``, ``left``: the pixels' ego-frame ground points; ``head``: headlight.
+        """
         reflect = palette.copy()
         reflect[-1] = 0.0
         boosted = reflect.copy()
@@ -81,8 +67,7 @@ class NightLights:
                 + weights[..., -1:] * palette[-1])
 
     def objects(self, kind: np.ndarray, fwd: np.ndarray, left: np.ndarray) -> np.ndarray:
-        """``[M, 3]`` light falling on objects whose feet are at the ego-frame points ``fwd``, ``left``; sign
-        plates (retroreflective) get their headlight share boosted."""
+        """``[M, 3]`` light on objects whose feet are at ego-frame ``fwd``, ``left`` (sign plates retroreflective)."""
         head = headlight(fwd, left) * np.where(kind == SIGN, RETRO_GAIN, 1.0)
         lamp = sum((_pool(fwd, left, f, lit) for f, lit in self.lamps), np.zeros_like(fwd, dtype=np.float32))
         return AMBIENT + head[:, None] * HEAD_RGB + lamp[:, None] * LAMP_RGB

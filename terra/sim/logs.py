@@ -1,28 +1,5 @@
-"""Synthetic clips written as driving logs, the folder layout ``terra-prepare-logs`` reads
-(terra/inputs/driving_logs.py), so the synthetic world can stand in for recorded drives.
-
-Layout of a logs folder::
-
-    clips.json               the settings and every clip's manoeuvre / scene seed / start / speed (written last;
-                             files beside the clip folders are not read by prepare_driving_logs)
-    night-1-00000/           clip i of seed 1 in domain night: its id in the shards
-      frame_000.png ...      the frames at 10 Hz, in name order
-      timestamps.txt         each frame's time in seconds (i / 10), so no frame_rate_hz setting can misplace them
-      trajectory.csv         t,x,y,yaw: the world-frame ego trajectory on the frames' clock, every sample the
-                             clip was rendered from (100 Hz) up to 3 s past the last frame, so the actions
-                             prepare_driving_logs computes are the clip's own
-      road.json              the scene's road (terra/sim/roads.py) in the trajectory's world frame, a road file
-                             of terra/roads/files.py, so prepare_driving_logs writes each frame's route
-      .clip-settings.json    the settings the clip was made with (hidden: prepare_driving_logs does not read it)
-    night-1-00001/
-    ...
-
-Clip ``i`` is the drive of ``numpy.random.default_rng([seed, i])`` (:func:`terra.sim.clips.random_drive`), the
-same as clip ``i`` of a shard dataset of that seed (terra/sim/dataset.py). Each clip is written into a hidden
-temporary folder and renamed, so a clip folder is always complete, with its settings in the hidden
-:data:`CLIP_RECORD` (terra-prepare-logs reads no hidden file). A rerun of an interrupted run keeps the clip folders
-made with its settings and writes the rest; it removes the clip folders an earlier run of other settings (or more
-clips) left, and refuses a folder the toolkit did not write (terra/sim/reruns.py).
+"""Synthetic clips written as driving logs (the layout ``terra-prepare-logs`` reads): a folder per clip with
+frames, ``timestamps.txt``, ``trajectory.csv``, ``road.json`` and a hidden settings record; ``clips.json`` last.
 """
 
 from __future__ import annotations
@@ -48,8 +25,8 @@ from terra.sim.roads import scene_road
 from terra.sim.scene import DOMAINS
 
 LOGS_META_FILE = "clips.json"
-APP = "terra-make-dataset"  # format=driving_logs (terra/config/output_dir.py)
-TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"  # the layout terra/inputs/driving_logs.py reads
+APP = "terra-make-dataset"
+TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"
 ROAD_FILE = ROAD_FILES[0]  # road.json
 CLIP_RECORD = ".clip-settings.json"  # in a clip folder: the settings it was made with (hidden: not read as a log)
 
@@ -71,9 +48,7 @@ def write_driving_logs(
     progress: bool = True,
     recipe: str = "manoeuvres",
 ) -> Path:
-    """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` as driving logs in
-    ``out_dir`` (module docstring), in ``workers`` processes (0 = one per CPU core), drawn by ``recipe``
-    (terra/sim/dataset.py's RECIPES). Returns the folder."""
+    """Render ``num_clips`` random clips as driving logs in ``out_dir`` in ``workers`` processes (0 = one per core)."""
     num_clips, num_frames, height, width, seed, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed, workers=workers)
     check_choice(domain, "domain", DOMAINS)
@@ -84,13 +59,13 @@ def write_driving_logs(
     ids = [clip_id(domain, seed, i) for i in range(num_clips)]
     claim_output_dir(out, "out_dir", files=[LOGS_META_FILE], folders=[clip_id(domain, seed, 0)[:-5] + "*"],
                      app=APP).record()
-    # every visible folder is a clip to terra-prepare-logs: only this run's, with its settings, stay
+    # every visible folder is a clip to terra-prepare-logs: only this run's stay
     found = [entry.name for entry in os.scandir(out) if entry.is_dir() and not entry.name.startswith(".")]
     wanted = {name: clip_settings(i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)}
     kept_outputs(out, found, wanted, recorded_settings, "clip folders", "out_dir", APP)
     mark(out, ids)
     jobs = [(str(out / name), i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)]
-    with Progress(len(jobs), "rendering clips", "clip", enabled=progress) as bar:  # terra/core/progress.py
+    with Progress(len(jobs), "rendering clips", "clip", enabled=progress) as bar:
         clips = list(bar.counted(map_in_processes(_write_clip, jobs, workers)))
     meta = {"format": "driving_logs", "num_clips": num_clips, "num_frames": num_frames, "height": height,
             "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "recipe": recipe, "clips": clips}
@@ -99,8 +74,7 @@ def write_driving_logs(
 
 
 def clip_settings(index: int, num_frames: int, height: int, width: int, seed: int, domain: str, recipe: str) -> dict:
-    """What makes clip folder ``index`` (its :data:`CLIP_RECORD`): a folder is kept by a rerun of the same. ``road``
-    names the road file it holds, so a folder written before clips had one is written again."""
+    """What makes clip folder ``index`` (its :data:`CLIP_RECORD`); a rerun keeps a folder with the same."""
     return {"index": index, "num_frames": num_frames, "height": height, "width": width, "seed": seed,
             "domain": domain, "recipe": recipe, "road": ROAD_FILE}
 
@@ -116,8 +90,7 @@ def recorded_settings(folder: Path) -> dict | None:
 
 def _write_clip(folder: str, index: int, num_frames: int, height: int, width: int, seed: int, domain: str,
                 recipe: str) -> dict:
-    """Render clip ``index`` into ``folder`` unless it is there already (made with these settings: the rerun
-    removed any other); return its metadata."""
+    """Render clip ``index`` into ``folder`` unless already there; return its metadata."""
     drive = RECIPES[recipe](np.random.default_rng([seed, index]), num_frames, domain)
     path = Path(folder)
     if not path.is_dir():
@@ -132,7 +105,7 @@ def _write_clip(folder: str, index: int, num_frames: int, height: int, width: in
             rows = zip((traj.t - traj.t[0]).tolist(), traj.x.tolist(), traj.y.tolist(), traj.yaw.tolist())
             (tmp / TRAJECTORY_FILE).write_text("t,x,y,yaw\n" + "".join(f"{t!r},{x!r},{y!r},{a!r}\n"
                                                                        for t, x, y, a in rows))
-            write_road_file(scene_road(drive.scene), tmp / ROAD_FILE)  # the trajectory's world frame: the scene's
+            write_road_file(scene_road(drive.scene), tmp / ROAD_FILE)  # the trajectory's world frame
             settings = clip_settings(index, num_frames, height, width, seed, domain, recipe)
             (tmp / CLIP_RECORD).write_text(json_text(settings) + "\n", encoding="utf-8")
     return {"id": path.name, "manoeuvre": drive.manoeuvre, "scene_seed": drive.scene.seed, "start_s": drive.start_s,

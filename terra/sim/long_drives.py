@@ -1,23 +1,7 @@
-"""Long drives of the synthetic world with the states a driving policy leads a car into, for world-model training.
+"""Long drives with the states a driving policy leads a car into, for world-model training.
 
-A closed-loop drive (terra-drive, the gymnasium env, AlpaSim) lasts 20 s and goes where its policy takes it: off the
-lane's centre and back, into the other lane, off the road and back, weaving, braking to a stop and starting again.
-:func:`random_long_drive` draws such drives, unrendered (a :class:`terra.sim.clips.Drive`), in two kinds:
-
-* **lane-relative** (:data:`LANE_RELATIVE_SHARE` of them): the car's lateral offset from the road's centre is a
-  function of the distance driven, built from behaviour segments (:data:`BEHAVIOURS`: keep the lane with noise,
-  drift to a side and recover, change lanes, leave the road and come back, weave, turn more or less than the
-  road bends: what a lane follower does whose world shows the bend wrong, and wobble), smoothed so that the heading
-  stays within :data:`MAX_SLOPE` of the road's; a wobble (a small swing of 4-12 m wavelength, what a policy steering
-  by a point a few metres ahead does: terra/closedloop/policies/builtin.py's ``lane_follower_near``) is added after
-  the smoothing, which would erase it; the speed is a sequence of cruising, accelerating, braking and stop-and-go
-  segments;
-* **manoeuvre chains**: ACT-Bench's manoeuvres (terra/inputs/trajectory.py) one after another from a lane pose, each
-  1.5-4 s, so open-loop commands (curves off the road's direction too) stay covered.
-
-The car's heading is the direction it moves (a kinematic car), so a drive's actions (terra/inputs/actions.py) say
-exactly how the view moves. Scene seeds of the closed-loop study's synthetic scenarios are never drawn
-(:func:`reserved_scene_seeds`), so a study drives in scenes no training drive saw.
+Lane-relative drives (behaviour segments of lateral offset and speed) and chains of ACT-Bench manoeuvres; scene
+seeds of the closed-loop study's scenarios are never drawn.
 """
 
 from __future__ import annotations
@@ -45,14 +29,13 @@ WOBBLE_MAX_CURVATURE = 0.05  # 1/m: a car's turn at the wobble's crest (a 20-m r
 SMOOTHING_M = (2.0, 4.0)  # a drive's offsets under a Gaussian of this many metres (its sd drawn per drive)
 MAX_SPEED_MPS = 70.0 / 3.6
 GRID_M = 0.25  # resolution of the lateral offset along the distance driven
-RESERVED_SCENARIO_SEEDS = (0, 1, 2, 3)  # the study's scenario seeds (terra/closedloop/scenarios.py) kept out
+RESERVED_SCENARIO_SEEDS = (0, 1, 2, 3)  # the study's scenario seeds, kept out
 RESERVED_SCENARIOS = 256  # of each, the first this many scenarios
 
 
 @lru_cache(maxsize=1)
 def reserved_scene_seeds() -> frozenset[int]:
-    """Scene seeds of the first :data:`RESERVED_SCENARIOS` synthetic scenarios of each reserved scenario seed (the
-    draws of terra/closedloop/scenarios.py's ``synthetic_scenarios``, repeated here without building scenes)."""
+    """Scene seeds of the first :data:`RESERVED_SCENARIOS` synthetic scenarios of each reserved scenario seed."""
     seeds = set()
     for seed in RESERVED_SCENARIO_SEEDS:
         rng = np.random.default_rng([seed, 0xD21E])
@@ -90,8 +73,8 @@ def random_long_drive(rng: np.random.Generator, num_frames: int, domain: str = "
 
 
 def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.ndarray:
-    """Speeds (m/s) at ``t``: segments of 1.5-6 s cruising, accelerating, braking, or braking to a stop, standing
-    and starting again; within [0, :data:`MAX_SPEED_MPS`]."""
+    """Speeds (m/s) at ``t`` in segments of 1.5-6 s (cruise, accelerate, brake, stop and go), within [0, MAX_SPEED_MPS].
+    """
     dt = 1.0 / SAMPLE_RATE_HZ
     i = 0
     speed = speed0
@@ -133,8 +116,9 @@ def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.
 
 def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: float
                     ) -> tuple[np.ndarray, list[str]]:
-    """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` of distance driven (``road_heading``: the
-    road's heading there), starting near the lane centre ``lane_m``, and the behaviours drawn."""
+    """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` driven, from lane centre ``lane_m``, and the
+    behaviours drawn.
+    """
     n = len(road_heading)
     target = np.empty(n)
     fast = np.zeros(n)  # the wobbles, added after the smoothing
@@ -209,9 +193,10 @@ def _ramp(a: float, b: float, metres: float) -> np.ndarray:
 
 
 def _wobble(rng: np.random.Generator, d: float, lane: float) -> tuple[np.ndarray, np.ndarray]:
-    """A wobble from offset ``d``: back to the lane centre ``lane`` over 10 m, then 30-100 m about it; the slow
-    target offsets and the swing added to them after the smoothing (its amplitude held, growing or dying; its
-    slope and its curvature bounded by :data:`WOBBLE_MAX_SLOPE` and :data:`WOBBLE_MAX_CURVATURE`)."""
+    """A wobble from offset ``d``: back to lane centre ``lane`` over 10 m, then 30-100 m about it.
+
+    Returns the slow target offsets and the swing added after smoothing.
+    """
     wavelength = float(rng.uniform(*WOBBLE_WAVELENGTH_M))
     amplitude = float(np.exp(rng.uniform(*np.log(WOBBLE_AMPLITUDE_M))))
     back = _ramp(d, lane, 10.0)
@@ -226,8 +211,7 @@ def _wobble(rng: np.random.Generator, d: float, lane: float) -> tuple[np.ndarray
 
 
 def _bend(rng: np.random.Generator, road_heading: np.ndarray, d: float, lane: float) -> np.ndarray:
-    """Offsets of a car that turns ``k`` times as much as the road (k in [0, 0.7] or [1.3, 1.8]) for 30-120 m from
-    a small heading error, then steers back to the lane centre: the outward and inward drift on a bend."""
+    """Offsets of a car turning ``k`` times as much as the road for 30-120 m, then steering back to the lane centre."""
     k = float(rng.uniform(0.0, 0.7) if rng.random() < 0.6 else rng.uniform(1.3, 1.8))
     count = min(len(road_heading), max(2, int(rng.uniform(30.0, 120.0) / GRID_M)))
     turn = road_heading[:count] - road_heading[0]
@@ -238,8 +222,7 @@ def _bend(rng: np.random.Generator, road_heading: np.ndarray, d: float, lane: fl
 
 
 def _smoothed(values: np.ndarray, sigma: float) -> np.ndarray:
-    """``values`` under a Gaussian of ``sigma`` samples, the ends held: a slope bound of ``values`` still holds, and
-    the heading turns smoothly."""
+    """``values`` under a Gaussian of ``sigma`` samples, the ends held."""
     radius = max(1, int(3 * sigma))
     kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
     padded = np.concatenate([np.full(radius, values[0]), values, np.full(radius, values[-1])])
@@ -247,8 +230,6 @@ def _smoothed(values: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def _slope_limited(values: np.ndarray, step: float) -> np.ndarray:
-    """``values`` changing by at most ``step`` from one sample to the next (a car cannot move sideways faster than
-    its heading allows)."""
     out = np.empty_like(values)
     out[0] = values[0]
     for i in range(1, len(values)):
@@ -258,8 +239,7 @@ def _slope_limited(values: np.ndarray, step: float) -> np.ndarray:
 
 def lane_relative_trajectory(scene: Scene, t: np.ndarray, s: np.ndarray, start_s: float,
                              lateral: np.ndarray) -> EgoTrajectory:
-    """The world trajectory at arc lengths ``s`` (times ``t``) and the offsets ``lateral`` (every :data:`GRID_M` of
-    distance from ``start_s``); the heading is the direction of motion, held while the car stands."""
+    """The world trajectory at arc lengths ``s`` (times ``t``) with offsets ``lateral``; heading is the motion's."""
     d = np.interp(s - start_s, np.arange(len(lateral)) * GRID_M, lateral)
     poses = scene.lane_pose(s, d)
     x, y = poses[:, 0], poses[:, 1]

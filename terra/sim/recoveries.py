@@ -1,16 +1,6 @@
-"""Recovery clips: a world model's frames seen from off the car's pose for a while, then on it again.
+"""Recovery clips: a long drive whose first frames are seen from a camera off the car's pose, the rest on it.
 
-In a long rollout a world model draws the road from its own frames, and they drift from where the car truly is:
-the road shows a little too far left, or turned. Taught on true frames only, a model never sees its frames
-disagree with the car's pose, so it learns to continue them and has no use for a route: the route tells it nothing
-its true frames do not (benchmarks/training.md, "Route reading on the CPU"). A recovery clip is a long drive's
-stretch (terra/sim/long_drives.py) whose first frames (at least a rollout window's context,
-terra/contract/layout.py, and up to all but the last: the drift shows at any position of a window) are rendered
-from a camera moved sideways and turned by one offset, and whose later frames are rendered on the car's pose again;
-poses, actions and routes are the car's throughout. The first frame back on the pose is where the offset goes:
-only the route (the road ahead in the car's frame) says where the road truly is. A model trained on such clips
-(``data.recoveries``, terra/training/data.py) is trained on the frames from that one on, never on the frames seen
-from off the pose, so it learns to draw the road where its route says, whatever its earlier frames showed.
+Poses, actions and routes are the car's throughout, so only the route says where the road truly is.
 """
 
 from __future__ import annotations
@@ -36,10 +26,7 @@ def camera_offset(rng: np.random.Generator) -> np.ndarray:
 
 
 def random_recovery(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
-    """A long drive of ``num_frames`` frames whose first frames (uniformly :data:`CONTEXT_FRAMES` to
-    ``num_frames - 1`` of them) are seen from one camera offset (:func:`camera_offset`), the rest from the car's
-    pose; its name says the offset and how many frames it lasts. ``num_frames`` exceeds :data:`CONTEXT_FRAMES`
-    (terra/sim/dataset.py checks it)."""
+    """A long drive whose first :data:`CONTEXT_FRAMES` to ``num_frames - 1`` frames are seen from one camera offset."""
     drive = random_long_drive(rng, num_frames, domain)
     offset = camera_offset(rng)
     off_pose = int(rng.integers(CONTEXT_FRAMES, num_frames))

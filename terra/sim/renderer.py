@@ -1,12 +1,5 @@
 """Render a :class:`~terra.sim.scene.Scene` from an ego pose with the front camera, vectorised in numpy.
 
-The camera (terra/sim/camera.py) sits ``CAMERA_HEIGHT_M`` above the ego pose, looks along its yaw, pitched down by
-``CAMERA_PITCH_RAD``, with a horizontal field of view of ``CAMERA_HFOV_RAD`` at any resolution. Drawing order:
-sky gradient, two ranges of hills (far away, so they move only when the car turns), the ground (each pixel's
-ray meets the ground plane; the hit point's road coordinates pick asphalt, lane markings, shoulder or a
-field checkerboard), then roadside objects as camera-facing billboards from far to near. Markings and
-textures are box-filtered by the pixel's ground footprint, so far details fade instead of aliasing, and
-everything fades into haze with distance. A night scene's ground and objects are lit by terra/sim/lighting.py.
 Pure function of (scene, pose, size): identical pixels every call.
 """
 
@@ -33,8 +26,7 @@ EDGE_INSET_M = 0.15  # edge line's outer border inside the asphalt edge
 
 @dataclass(frozen=True)
 class Camera(FrontCamera):
-    """The front camera (terra/sim/camera.py) at an image size, with the per-pixel ground geometry that depends only
-    on the size."""
+    """The front camera at an image size, with the per-pixel ground geometry that depends only on the size."""
 
     ground_row0: int  # first row holding any ground pixel
     # Per ground-row pixel, float32; rows [ground_row0, height). Pixels whose ray misses the ground within
@@ -150,11 +142,7 @@ def _periodic(x: np.ndarray, period: float, on: float, width: np.ndarray) -> np.
 
 
 def _draw_ground(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, lights: NightLights | None) -> None:
-    """Ground pixels: fields, shoulder, asphalt and markings at the ray's hit point, faded into haze.
-
-    Each layer gets a coverage in [0, 1]; layers are composited front to back into weights per palette
-    colour, then one matrix product turns the weights into RGB (at night, ``lights`` light the colours).
-    """
+    """Ground pixels: fields, shoulder, asphalt and markings at the ray's hit point, faded into haze."""
     r0 = cam.ground_row0
     # each ground pixel's hit point in the world, one contiguous array per axis (strided views slow every op below)
     wx, wy = (np.ascontiguousarray(axis) for axis in np.moveaxis(to_world(cam.ground, pose), -1, 0))
@@ -216,10 +204,9 @@ def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, 
 
 
 def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog, light=1.0, glow_colour=None) -> None:
-    """One billboard from its parts: rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres.
+    """One billboard from rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres.
 
-    The parts' colours are multiplied by ``light`` (1 by day; RGB at night) before fading into ``haze``;
-    ``glow_colour`` is the colour a lit lamp head or lit windows shine in (night), None for their unlit colour.
+    Colours are multiplied by ``light`` before fading into ``haze``; ``glow_colour``: what a lit part shines in.
     """
     w, h = size
     c1, c2, white = c1 * light, c2 * light, np.full(3, 0.95) * light

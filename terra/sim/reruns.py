@@ -1,12 +1,4 @@
-"""What a rerun of ``terra-make-dataset`` keeps of the outputs an earlier run (killed, or of other settings) left in
-its folder: the shards of terra/sim/dataset.py and the clip folders of terra/sim/logs.py.
-
-Each output records the settings it was made with (a shard inside its ``.npz``, a clip folder in a hidden file), so
-an output is kept only when they are this run's for it. One of this program's outputs (its name listed in the
-folder's marker, terra/core/atomic.py) with other settings, without a record, or that this run does not write is
-removed, and one line says how many and why; an entry of an output's kind that the toolkit did not write is refused
-in one line and never deleted. The folder's ``meta.json`` / ``clips.json`` then lists exactly what is there.
-"""
+"""What a rerun of ``terra-make-dataset`` keeps of an earlier run's outputs: only those recorded with its settings."""
 
 from __future__ import annotations
 
@@ -20,16 +12,16 @@ from terra.config.checks import one_line, shown
 from terra.core.atomic import marked
 from terra.core.errors import TerraInputError
 
-LEFTOVERS = (".tmp", ".old")  # terra/core/atomic.py's atomic_dir: ``.<name>.tmp`` and ``.<name>.old`` folders
+LEFTOVERS = (".tmp", ".old")  # atomic_dir's ``.<name>.tmp`` and ``.<name>.old`` folders
 
 
 def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], recorded: Callable[[Path], dict | None],
                  what: str, setting: str, app: str) -> set[str]:
-    """The names among ``found`` (the entries of one output kind in ``out``: shard files, clip folders) whose settings
-    as ``recorded`` (None: no readable record) are ``wanted[name]``, this run's for that output. The rest of this
-    program's outputs are removed with one line on stderr naming how many and why, with the temporary folders its
-    killed writers left for names this run does not write; an entry the folder's marker does not list stops the run
-    (:class:`TerraInputError`) before anything is removed."""
+    """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``.
+
+    The rest of this program's outputs are removed with one line on stderr; an entry not listed in the folder's marker
+    raises :class:`TerraInputError` before anything is removed.
+    """
     found = sorted(found)
     listed = marked(out)
     foreign = [name for name in found if name not in listed]
@@ -67,7 +59,6 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
 
 
 def _remove(path: Path) -> None:
-    """Delete an output of this program's: a folder with its content, or a file."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:

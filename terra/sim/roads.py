@@ -1,12 +1,4 @@
-"""The synthetic scene as a :class:`terra.roads.Road`: its lanes, as a map gives them, for every reader of roads.
-
-The road has a lane each way: the ego lane (the direction of increasing arc length, whose centre ``Scene.route``
-follows) and the oncoming one, each in pieces of about :data:`SCENE_LANE_PIECE_M` chained by their stated successors,
-sampled every :data:`SCENE_ROAD_SPACING_M` and resampled as finely, so that ``routes_along(scene_road(scene), poses,
-K)`` gives ``scene.route(poses, K)`` within millimetres (tests/roads/test_scene_road.py). Its boundaries are the
-road's two edges. Exported with ``terra.roads.write_clipgt`` (rails a lane's width apart about each centre), a scene
-becomes an AlpaSim map.
-"""
+"""The synthetic scene as a :class:`terra.roads.Road`: an ego and an oncoming lane in pieces, the edges as bounds."""
 
 from __future__ import annotations
 
@@ -21,8 +13,7 @@ EGO_LANE, ONCOMING_LANE = "ego", "oncoming"  # the pieces' ids: "ego-0", "ego-1"
 
 
 def scene_road(scene: Scene) -> Road:
-    """``scene``'s road: its two lanes, each in pieces in its driving direction chained by their successors, and
-    its edges as boundaries."""
+    """``scene``'s road: two lanes in driving-direction pieces chained by successors, edges as boundaries."""
     ends = np.linspace(0.0, scene.length_m, max(1, round(scene.length_m / SCENE_LANE_PIECE_M)) + 1)
     pieces = [np.linspace(a, b, int(np.ceil((b - a) / SCENE_ROAD_SPACING_M)) + 1) for a, b in zip(ends, ends[1:])]
     lanes = []

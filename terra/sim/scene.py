@@ -1,14 +1,7 @@
 """A procedural driving scene: a curving two-lane road, roadside objects, parked cars and distant hills.
 
-World frame as in :mod:`terra.inputs.trajectory`: x forward at yaw 0, y to the left, yaw counter-clockwise, metres
-and radians. The road's centreline starts at the origin heading +x and is a chain of straight and
-constant-curvature segments; ``s`` is arc length along it and ``d`` the signed lateral offset from it
-(positive to the left). Traffic drives on the right: the ego lane's centre is ``d = -LANE_WIDTH_M / 2`` (on the
-left, ``+LANE_WIDTH_M / 2``, in the ``left_hand`` domain).
-Everything is drawn from one seed, so a seed fully determines the scene. A scene's domain (:data:`DOMAINS`) sets
-its light or its side of the road: a night scene has the same road and objects as the day scene of its seed,
-under a night sky (terra/sim/lighting.py); a ``left_hand`` scene is the day scene of its seed mirrored left to
-right (road, objects), driven in its left lane.
+World frame: x forward at yaw 0, y left, yaw counter-clockwise, metres and radians; ``s`` is arc length along the
+centreline, ``d`` the lateral offset (left positive). One seed fully determines the scene.
 """
 
 from __future__ import annotations
@@ -48,11 +41,7 @@ class Objects:
 
 @dataclass(frozen=True)
 class Palette:
-    """Colours of one scene (RGB in [0, 1]); varied slightly between seeds.
-
-    The sky, haze and hills are the colours seen; the ground's colours are what it reflects, seen as they are by
-    day and under the night's lights at night (terra/sim/lighting.py).
-    """
+    """Colours of one scene (RGB in [0, 1]); the ground's are what it reflects."""
 
     sky_top: np.ndarray
     haze: np.ndarray  # sky at the horizon and the colour far ground and objects fade to
@@ -82,7 +71,7 @@ class Scene:
     palette: Palette
     lit: np.ndarray  # [M] bool: at night, the object's lamp is on or its windows are lit (poles, buildings)
     domain: str  # one of DOMAINS
-    # margin -> :meth:`road_outline` of this scene, made when first asked for (a scene made from it starts empty)
+    # margin -> road_outline, made when first asked for
     outlines: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
@@ -146,10 +135,8 @@ class Scene:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset.
 
-        Exact per segment (line or circle); a point takes the segment it lies closest to. ``segments``
-        restricts the search to ``(segment index, slice of the points' first axis)`` pairs, which keeps
-        rendering fast (see :meth:`segments_in_view`); points no segment covers get ``d = inf``, and so do
-        points beyond the road's ends, so nothing of the road is drawn there.
+        ``segments`` restricts the search to ``(segment index, slice)`` pairs; uncovered points and
+        points past the ends get ``d = inf``.
         """
         dtype = np.result_type(x, y)
         best = np.full(x.shape, np.inf, dtype=dtype)
@@ -181,15 +168,14 @@ class Scene:
         return s_out, d_out
 
     def _lane_lengths(self, d: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``, linear
-        in ``s`` on each segment (a parallel curve is shorter than the centreline by ``d`` times the heading turned)."""
+        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``."""
         s = np.append(self.seg_s0, self.length_m)
         return s, s - d * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
 
     def route(self, poses: np.ndarray, points: int) -> np.ndarray:
-        """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the ego lane's centre ahead of each pose, from its
-        point nearest the pose, at the route contract's distances along that lane, in the pose's ego frame
-        (terra/contract/routes.py)."""
+        """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the ego lane's centre ahead, in each pose's ego
+        frame.
+        """
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])
@@ -199,9 +185,7 @@ class Scene:
         return routes_from_yx(forward_left[..., ::-1]).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
 
     def road_outline(self, margin: float) -> tuple[np.ndarray, np.ndarray]:
-        """Where each segment starts (``[K + 1]``) in the points (world frame, ``[N, 2]``) every 2 m along both borders
-        of the segments' road widened by ``margin``: what :meth:`segments_in_view` looks at from every pose, so made
-        once per scene and margin."""
+        """Segment starts ``[K + 1]`` in points ``[N, 2]`` every 2 m along both road borders widened by ``margin``."""
         if margin not in self.outlines:
             parts = []
             for i in range(len(self.seg_len)):
@@ -214,10 +198,9 @@ class Scene:
     def segments_in_view(
         self, pose: np.ndarray, far: float, half_fov: float, margin: float = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
     ) -> list[tuple[int, float, float]]:
-        """Segments that may show road seen from ``pose`` (x, y, yaw) within ``far`` metres and ``half_fov``.
+        """Segments that may show road from ``pose`` (x, y, yaw) within ``far`` and ``half_fov``.
 
-        Returns ``(index, nearest, farthest)``: the range of forward distances (ego frame) that the segment's
-        road, widened by ``margin`` metres on each side and at its ends, covers.
+        Returns ``(index, nearest, farthest)`` forward distances each covers, widened by ``margin``.
         """
         starts, points = self.road_outline(margin)
         fwd, left = to_ego(points, pose).T
@@ -300,9 +283,7 @@ def _palette(rng: np.random.Generator) -> Palette:
 
 
 def _night_palette(day: Palette) -> Palette:
-    """The night's colours of a scene: a deep blue sky over a faintly lighter horizon, hills as dark silhouettes,
-    the ground's colours unchanged (they are lit by terra/sim/lighting.py). Derived from the day's, so the seed's
-    variation carries over without a draw."""
+    """The night's colours of a scene, derived from the day's: deep blue sky, dark hills, ground unchanged."""
     return Palette(**{
         **day.__dict__,
         "sky_top": day.sky_top * np.array([0.04, 0.05, 0.10]),

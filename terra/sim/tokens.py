@@ -1,15 +1,5 @@
-"""Tokenized clips on disk: one safetensors file with every clip's image codes, actions, poses and routes.
-
-Written by ``terra-tokenize``, read by ``terra-train`` (and evaluation):
-
-* ``codes``: int16 (int32 when the codebook needs it) ``[N, T, h, w]``;
-* ``actions``: float32 ``[N, T, 6, 3]``; ``poses``: float64 ``[N, T, 3]``;
-* ``routes`` (when the clip dataset had them): float32 ``[N, T, M, 3]``, each frame's route at ``M`` points
-  (terra/contract/routes.py; the synthetic datasets' 16, terra/sim/clips.py);
-* ``off_pose_frames``: int32 ``[N]``, each clip's first frames seen from off the car's pose (recovery clips',
-  terra/sim/recoveries.py; files written before it read 0);
-* metadata (strings): ``version``, ``codebook_size``, ``image_height``/``image_width``, ``source`` (the clip
-  dataset) and ``tokenizer`` (the tokenizer's path).
+"""Tokenized clips in one safetensors file: ``codes`` ``[N, T, h, w]``, ``actions`` ``[N, T, 6, 3]``, ``poses``
+``[N, T, 3]``, optional ``routes`` ``[N, T, M, 3]`` and ``off_pose_frames`` ``[N]``, and metadata.
 """
 
 from __future__ import annotations
@@ -31,7 +21,6 @@ TOKENS_VERSION = "1"
 
 @dataclass(frozen=True)
 class TokenizedClips:
-    """Codes and actions of N clips of T frames."""
 
     codes: np.ndarray  # [N, T, h, w] integer codes in [0, codebook_size)
     actions: np.ndarray  # [N, T, 6, 3] float32
@@ -67,15 +56,14 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
         "source": clips.source, "tokenizer": clips.tokenizer,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    mark(path.parent, [path.name])  # the toolkit's file: a later run may replace it (terra/config/output_dir.py)
+    mark(path.parent, [path.name])  # the toolkit's file: a later run may replace it
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return path
 
 
 def load_tokens(path: str | Path) -> TokenizedClips:
-    """Read a file written by :func:`save_tokens`, its codes (in the codebook, as int64), actions and poses
-    (finite) and routes (:func:`checked_routes`) checked."""
+    """Read a file written by :func:`save_tokens`, its codes, actions, poses and routes checked."""
     path = Path(path)
     if not path.is_file():
         raise TerraInputError(f"tokenized clips {path} do not exist; run terra-tokenize first")
@@ -117,11 +105,11 @@ def load_tokens(path: str | Path) -> TokenizedClips:
 
 
 def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
-    """Routes read from a training file (a tokenized-clips file, a shard), ``[*frames, M, 3]`` with ``M >= 2``:
-    floating point, each frame's route either all NaN (the contract's "no route", which shards of driving logs hold
-    for frames without a road) or finite, with its third values the distances of ``M`` points and every point in
-    reach (:func:`terra.contract.routes.validate_routes`); returned float32. ``where`` names the file and tensor,
-    ``fix`` ends the line."""
+    """Routes ``[*frames, M, 3]`` (``M >= 2``) from a training file, checked and returned float32.
+
+    Each frame's route is all NaN ("no route") or finite and in reach; ``where`` names the tensor,
+    ``fix`` ends the line.
+    """
     shape = tuple(routes.shape)
     if shape[:-2] != tuple(frames) or len(shape) != len(frames) + 2 or shape[-2] < 2 or shape[-1] != ROUTE_POINT_VALUES:
         wanted = ", ".join(str(n) for n in frames)
