@@ -1,14 +1,4 @@
-"""Annotations drawn onto frames: context/generated borders with labels, and the commanded trajectory.
-
-The trajectory inset is a bird's-eye view in the bottom-right corner: the ego car sits at the bottom
-centre facing up, and the 6 action points ``[y (left), x (forward), time]`` of the frame are drawn as a
-polyline from it (x up, y to the left, one metre per pixel scale shared by both axes). Frame ``t`` shows
-``actions[t]``, i.e. where the car is commanded to go from that frame on; a frame after the last action (the last
-frame) shows the car and its route alone. Given ``routes``, the inset also draws
-frame ``t``'s told route, its points ``[y, x, ...]`` in the same ego frame (terra/contract/routes.py's layout), as a
-line of :data:`ROUTE_COLOR` under the path, labelled "route" above the inset; a frame without a route (NaN rows)
-gets none.
-"""
+"""Annotations drawn onto frames: context/generated borders with labels, and the commanded trajectory."""
 
 from __future__ import annotations
 
@@ -86,12 +76,7 @@ class Inset:
 def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: float = INSET_FRACTION,
                     routes: np.ndarray | None = None) -> np.ndarray:
     """Copy of ``frames`` with a bird's-eye inset of each frame's commanded path (``actions [T, 6, 3]``) and, given
-    ``routes`` (``[T', K, 2|3]`` ``[y, x(, s)]``, NaN rows: no route), each frame's told route beside it.
-
-    Frames beyond the last action row get the inset without a path. The scale fits the largest point of the whole
-    clip's paths and of its routes' points within :data:`ROUTE_FIT_M` of the car; a route beyond the inset is cut at
-    its edge.
-    """
+    ``routes`` (``[T', K, 2|3]`` ``[y, x(, s)]``, NaN rows: no route), each frame's told route beside it."""
     frames = check_frames(frames).copy()
     actions = np.asarray(actions, dtype=np.float64)
     if actions.ndim != 3 or actions.shape[2] != 3 or not np.all(np.isfinite(actions)):

@@ -1,9 +1,4 @@
-"""Reading ``refiner_model.pt`` and checking it against the refiner's tensors, with one-line errors.
-
-The published file is ``{"module": state_dict}`` (DeepSpeed/Lightning), its names prefixed ``_forward_module.``;
-Terra's ``load_video_refiner`` strips the prefix. It is read with ``weights_only=True`` (no code runs from the
-file) and memory-mapped, so loading does not copy 1.7 B parameters through RAM twice.
-"""
+"""Reading ``refiner_model.pt`` and checking it against the refiner's tensors, with one-line errors."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing
 
 def check_file(path: str | os.PathLike) -> Path:
     """``path`` as a :class:`Path` when it names a non-empty file that is a whole zip archive, as ``torch.save``
-    writes (its end read, nothing loaded: a run checks it before any model loads); else one line saying where to
-    get it."""
+    writes (its end read, nothing loaded: a run checks it before any model loads); else one line saying where to…"""
     file = Path(path).expanduser()
     if file.is_dir():
         candidate = file / "refiner_model.pt"

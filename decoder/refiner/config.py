@@ -1,19 +1,4 @@
-"""The video refiner's settings: network sizes and the published sampling recipe (:class:`RefinerConfig`).
-
-Facts from Terra's ``configs/video_refiner/inference.yaml`` and ``generate.py`` (turingmotors/ACT-Bench): a
-Stable Video Diffusion network (via OpenDriveLab/Vista) at 384x640, 25 frames per pass; a VideoUNet with
-``model_channels`` 320, ``channel_mult`` [1, 2, 4, 4], 2 res blocks, attention at the first three levels with
-64-channel heads, ``context_dim`` 1024, 8 input channels (noisy latent + conditioning latent), a 768-wide
-vector (three 256-wide sinusoidal embeddings); SD's autoencoder (ch 128, ch_mult [1, 2, 4, 4], 2 res blocks,
-4 latent channels) as the conditioning encoder, and SVD's temporal autoencoder, latent scale 0.18215.
-Sampling: EDM sigmas (0.002 .. 700, rho 7), 15 Euler steps, v-prediction with EDM noise conditioning,
-LinearPredictionGuider 1.5 → 3.0 over the 25 frames, fps_id 9, motion_bucket_id 127, cond_aug 0; the sampler
-keeps its sigmas as bf16 tensors and runs inside ``torch.autocast("cuda")`` (the dtypes this gives each quantity:
-decoder/refiner/sampler.py). The temporal decoder (``VideoDecoder``) has two res blocks in its mid block at any
-``num_res_blocks``.
-
-Nothing here imports diffusers: the dictionaries below are the keyword arguments of its classes.
-"""
+"""The video refiner's settings: network sizes and the published sampling recipe (:class:`RefinerConfig`)."""
 
 from __future__ import annotations
 

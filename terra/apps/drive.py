@@ -1,13 +1,4 @@
-"""``terra-drive``: driving policies in the loop with the world model (Hydra app, ``conf/drive.yaml``).
-
-(1) the settings, checked once before any model loads (terra/closedloop/study/settings.py: a run's,
-terra/closedloop/recording/settings.py, with ``world=both`` wrapped in the fidelity study's; policies named,
-scenarios listed, ranges, the output folder claimed apart from every input); (2) the worlds, the scenarios and the
-drives, recorded under ``output_dir`` (terra/closedloop/recording/drives.py: a video and JSON per drive, a manifest,
-resumable, the folder locked); with ``world=both`` in every world of the study and its report
-(terra/closedloop/study/drives.py). Exit codes as conf/drive.yaml says; a user mistake is one line
-(terra/apps/runner.py).
-"""
+"""``terra-drive``: driving policies in the loop with the world model (Hydra app, )."""
 
 from __future__ import annotations
 

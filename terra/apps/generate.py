@@ -1,13 +1,4 @@
-"""``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, ``conf/generate.yaml``).
-
-The settings are checked once into a :class:`GenerateSpec` (:func:`generate_spec`); :func:`run` reads as its steps,
-each input checked once where it enters: (1) the input files, the output names and folder (before torch or
-Transformers is imported); (2) the run made concrete (terra/run.py, ``resolve_run``), the tokenizer, the
-context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files, as named in (1).
-A user mistake ends with exit code 2 and one line on stderr naming the input and the fix; Ctrl-C or SIGTERM
-stops the engine and exits with 130 / 143; either way no output file of the run is left behind
-(terra/apps/runner.py prints the line and sets the exit code).
-"""
+"""``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, )."""
 
 from __future__ import annotations
 
@@ -61,7 +52,7 @@ class GenerateSpec:
 
 
 def generate_spec(cfg: DictConfig) -> GenerateSpec:
-    """Every setting of ``conf/generate.yaml`` checked once, without reading a file or importing torch."""
+    """Every setting of checked once, without reading a file or importing torch."""
     output = OutputSpec.from_mapping(select(cfg, "output"))
     values = check_settings(cfg, SETTINGS)
     num_frames, cap = select(cfg, "num_frames"), values["max_num_frames"]
@@ -217,7 +208,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
+    """Console-script entry point; how it ends (exit codes, one line on stderr) is run_app."""
     np.set_printoptions(precision=3)
     run_app(_main, APP)
 

@@ -1,12 +1,4 @@
-"""Every app's ``--help`` page, made one way for all of them (terra/apps/runner.py asks for it).
-
-A page is Hydra's help template (``hydra/help=terra``, stored here), made by the resolver ``terra_help`` from the
-app's config file and its :class:`Page`: the config file's opening comment (what the app does, example commands),
-the page's sections (input formats, each pointing to its docs page for an example), the choices that exist,
-computed from the code that accepts them (policies, worlds, controls, manoeuvres, ...), the configuration groups
-its defaults list picks (``model=``, ``backend=``, presets), the settings as the config file documents them (each
-with its comment: range, meaning), the exit codes, and the docs page. Nothing here imports torch.
-"""
+"""Every app's ``--help`` page, made one way for all of them ( asks for it)."""
 
 from __future__ import annotations
 
@@ -31,8 +23,8 @@ MOVED = "docs/moved-names.md"  # old setting names, still taken until 0.2.0 (ter
 
 @dataclass(frozen=True)
 class Page:
-    """What an app's page adds to its config file: its console script, docs page, sections ``(title, text)``,
-    the choices that exist (computed when the page is asked for) and its exit codes."""
+    """What an app's page adds to its config file: its console script, docs page, sections ``(title, text)``, the
+    choices that exist (computed when the page is asked for) and its exit codes."""
 
     prog: str
     docs: str
@@ -182,8 +174,8 @@ def opening_comment(text: str) -> str:
 
 
 def documented_settings(text: str) -> str:
-    """A config file's settings with their comments: the file without its opening comment, its ``defaults`` list
-    and its ``hydra`` block."""
+    """A config file's settings with their comments: the file without its opening comment, its ``defaults`` list and
+    its ``hydra`` block."""
     kept, block, opening = [], None, True
     for line in text.splitlines():
         if opening and line.startswith("#"):
@@ -221,9 +213,8 @@ def _literal(text: str) -> str:
 
 
 def page_template(config_name: str, prog: str | None = None) -> str:
-    """The Hydra help template of ``conf/<config_name>.yaml``: its page (:data:`PAGES`), every literal ``$``
-    doubled (Hydra fills the template as a ``string.Template``). ``prog``, the console script asked for its page:
-    given a config that is not its own (``--config-name``, ``--config-dir``), :func:`foreign_page`."""
+    """The Hydra help template of ``conf/<config_name>.yaml``: its page (:data:`PAGES`), every literal ``$`` doubled
+    (Hydra fills the template as a ``string.Template``)."""
     page = PAGES.get(config_name)
     if page is None or (prog is not None and page.prog != prog):
         return foreign_page(config_name, prog)
@@ -263,7 +254,7 @@ def foreign_page(config_name: str, prog: str | None) -> str:
 
 
 def _rows(rows: dict[str, str]) -> str:
-    """``name  value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
+    """``name value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
     width = max(len(name) for name in rows)
     return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"  {name.ljust(width)}  ",
                                    subsequent_indent=" " * (width + 4), break_on_hyphens=False)
@@ -275,8 +266,8 @@ def _indented(body: str) -> str:
 
 
 def register_help() -> None:
-    """Hydra's help config ``hydra/help=terra`` (terra/apps/runner.py picks it when ``--help`` is asked for) and
-    its resolver ``terra_help``, which makes the running app's page (once registered, again a no-op)."""
+    """Hydra's help config ``hydra/help=terra`` ( picks it when ``--help`` is asked for) and its resolver
+    ``terra_help``, which makes the running app's page (once registered, again a no-op)."""
     if not OmegaConf.has_resolver("terra_help"):
         OmegaConf.register_new_resolver("terra_help", page_template)
     ConfigStore.instance().store(group="hydra/help", name="terra", provider="terra", node={

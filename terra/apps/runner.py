@@ -1,27 +1,5 @@
-"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve`` (terra/apps/), and the
-Hydra scripts of scripts/ (evaluation, training, scoring).
-
-* The configs: the repository's ``conf/`` folder is installed as the package ``terra.conf`` (``pyproject.toml``
-  maps it; a wheel holds it as ``terra/conf/``), so ``@hydra.main(config_path=CONFIG_PATH, ...)`` finds the same
-  files in an editable install, where they are ``conf/`` itself, and in a wheel install.
-* The resolvers ``${terra_asset:NAME}`` and ``${terra_snapshot:FOLDER}``, registered on import
-  (:func:`terra.config.assets.register_resolvers`).
-* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars where terra/core/progress.py
-  draws none: off a terminal). A user mistake (:class:`TerraInputError`, Hydra's and
-  OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
-  SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
-  error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
-  ``HYDRA_FULL_ERROR=1``. Without ``--verbose`` vLLM logs warnings and errors only (``VLLM_LOGGING_LEVEL``, unless
-  the environment sets it). The project's own log records print as the app's other lines, ``<prog>: ...``
-  (:func:`program_voice`).
-* ``--help``: the app's page, made one way for every app (terra/apps/help.py): what it does, its input formats,
-  the choices that exist, its settings with their comments, exit codes and docs page.
-* :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
-  instead of silently ignored.
-* Renamed settings (terra/config/moved.py): an old name on the command line is given its new name here, before
-  Hydra reads the arguments, with one line on stderr; the apps that have those settings move old names a user's
-  config file set (``move_settings``) before checking their settings.
-"""
+"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve`` (terra/apps/), and the Hydra
+scripts of scripts/ (evaluation, training, scoring)."""
 
 from __future__ import annotations
 
@@ -106,8 +84,7 @@ def shielded() -> Iterator[None]:
 
 def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") -> str:
     """The line refusing the setting ``key`` that no config has, with its near miss among the settings of ``node``
-    (the mapping at ``prefix``, ``key``'s leading part: the job's config, or the mapping that lacks ``key``; the
-    root's ``hydra`` block holds no setting)."""
+    (the mapping at ``prefix``, ``key``'s leading part: the job's config, or the mapping that lacks ``key``; the…"""
     parts = key[len(prefix):].split(".")
     while isinstance(node, (DictConfig, dict)) and len(parts) > 1 and parts[0] in node:
         node, prefix, parts = node[parts[0]], f"{prefix}{parts[0]}.", parts[1:]
@@ -116,9 +93,8 @@ def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") 
 
 
 def check_added_settings(command: str, allowed: Sequence[str] = (), cfg: DictConfig | None = None) -> None:
-    """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have
-    (the app would ignore it), except under the prefixes ``allowed`` (free-form mappings such as
-    ``backend.options.``). ``command`` is how users start the app; ``cfg``, the job's config, names a near miss."""
+    """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have (the app
+    would ignore it), except under the prefixes ``allowed`` (free-form mappings such as ``backend.options.``)."""
     overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
     for override in overrides:
         key = override.key_or_group
@@ -150,8 +126,8 @@ def _hydra_message(err: BaseException, command: str) -> str:
 
 
 class _TaskFailed(BaseException):
-    """An exception of a :func:`task`, carried past Hydra's job runner (which catches only ``Exception`` and
-    writes "Error executing job ..." on stderr) to :func:`run_app`."""
+    """An exception of a :func:`task`, carried past Hydra's job runner (which catches only ``Exception`` and writes
+    "Error executing job ..." on stderr) to :func:`run_app`."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(error)
@@ -160,8 +136,7 @@ class _TaskFailed(BaseException):
 
 def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
     """Decorate an app's task function (under ``@hydra.main``) so that :func:`run_app` alone reports its errors; a
-    task that fails or is interrupted leaves no run folder of Hydra's behind (:func:`remove_empty_run_dir`: a config
-    that is not the app's own may name one, ``terra-drive --config-name generate``)."""
+    task that fails or is interrupted leaves no run folder of Hydra's behind (:func:`remove_empty_run_dir`: a…"""
 
     @functools.wraps(function)
     def wrapper(cfg: Any) -> None:
@@ -179,8 +154,7 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
 
 def remove_empty_run_dir() -> None:
     """Remove the running job's run folder (Hydra's ``hydra.run.dir``, made before the app runs) when it is empty,
-    with its empty parents below the working folder (``outputs/<date>/<time>`` → nothing left of ``outputs/``): only
-    folders made since the app started (by their change time), never the working folder or one that was there."""
+    with its empty parents below the working folder (``outputs/<date>/<time>`` → nothing left of ``outputs/``)…"""
     cwd, path = Path.cwd().resolve(), Path(HydraConfig.get().runtime.output_dir).resolve()
     while path != cwd and path.is_dir() and not any(path.iterdir()) and path.stat().st_ctime >= _STARTED_AT - 0.02:
         path.rmdir()
@@ -206,9 +180,7 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
 
 def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -> str | None:
     """Why a config of the user's (``--config-dir``, ``--config-name``) cannot run ``prog``: the settings of the
-    app's own config (terra/apps/help.py's ``PAGES`` names it) it lacks, in one line; None when it has them all or
-    none was given. Composed as Hydra composes it (``app``'s search path, the user's overrides), before Hydra makes
-    its run folder, where a config without the app's ``hydra:`` block has Hydra write its ``.hydra`` folder and log."""
+    app's own config ( ``PAGES`` names it) it lacks, in one line; None when it has them all or none was given."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
@@ -235,9 +207,8 @@ def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -
 
 
 def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
-    """``arguments`` with the overrides that pick ``prog``'s help page (terra/apps/help.py) among the user's own
-    overrides: Hydra takes its overrides as one run of arguments, so appended after ``--help`` they would be
-    "unrecognized arguments" when overrides come before it (``terra-generate num_frames=3 --help``)."""
+    """``arguments`` with the overrides that pick ``prog``'s help page among the user's own overrides: Hydra takes
+    its overrides as one run of arguments, so appended after ``--help`` they would be "unrecognized arguments"…"""
     page = ["hydra/help=terra", f"hydra.help.app_name={prog}"]
     given = get_args_parser().parse_known_args(list(arguments))[0].overrides
     at = arguments.index(given[0]) if given else len(arguments)
@@ -246,9 +217,8 @@ def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
 
 @contextmanager
 def program_voice(prog: str) -> Iterator[None]:
-    """The project's own log records (loggers under ``terra``, INFO and up) as lines on stderr in the program's voice,
-    ``<prog>: ...`` like its other lines, whatever Hydra's logging config does with the root logger (its
-    ``hydra_logging`` would print them as ``[date][HYDRA] ...``); as they were after the block."""
+    """The project's own log records (loggers under ``terra``, INFO and up) as lines on stderr in the program's
+    voice, ``<prog>: ...`` like its other lines, whatever Hydra's logging config does with the root logger (its…"""
     logger = logging.getLogger("terra")
     before = logger.handlers[:], logger.propagate, logger.level
     handler = logging.StreamHandler(sys.stderr)
@@ -264,8 +234,7 @@ def program_voice(prog: str) -> Iterator[None]:
 
 def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> Callable[[], None]:
     """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
-    function ``app``, which needs pyproject.toml's ``extras``: it runs :func:`run_app`, which says how the app
-    ends."""
+    function ``app``, which needs pyproject.toml's ``extras``: it runs :func:`run_app`, which says how the app…"""
 
     def main() -> None:
         run_app(app, prog, extras)
@@ -276,12 +245,7 @@ def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] =
 
 def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> None:
     """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
-    docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
-    or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
-    Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
-    or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
-    settings on the command line are given their new names first (terra/config/moved.py); the packages of the
-    ``extras`` the app needs are checked before it runs (terra/config/extras.py; not for ``--help`` or ``--cfg``)."""
+    docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)…"""
     global _STARTED_AT
     _STARTED_AT = time.time()
     verbose = "--verbose" in sys.argv[1:]

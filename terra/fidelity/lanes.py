@@ -1,12 +1,4 @@
-"""The ego lane seen in a camera frame: lane markings found by colour, projected onto the road, fitted as a line.
-
-Classical vision, no learning: pixels of the ground near the car are classified by colour as the yellow dashed centre
-line or the white edge line (the markings of terra/sim/renderer.py), projected onto the road plane through the front
-camera (terra/sim/camera.py: a pinhole of known field of view, height and pitch), and each marking's points, shifted
-by its known distance from the lane's centre, vote for that centre's lateral position as a line ahead (least
-squares). It serves two wings: the camera-only lane follower (terra/closedloop/policies/vision.py) and the fidelity
-report's lane agreement (terra/fidelity/agreement.py).
-"""
+"""The ego lane seen in a camera frame: lane markings found by colour, projected onto the road, fitted as a line."""
 
 from __future__ import annotations
 

@@ -1,51 +1,4 @@
-"""Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame.
-
-The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
-
-* **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
-  clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
-* **Frames.** A clip folder holds either its frames as images (the types tokenizer/images.py reads:
-  ``*.png``, ``*.jpg``, ``*.jpeg``, ``*.bmp``, ``*.webp``, ``*.tif``, ``*.tiff``; in file-name order) or exactly one
-  video (``*.mp4``, ``*.mov``, ``*.avi``, ``*.mkv``, ``*.webm``, ``*.gif``), never both. A video's frames carry the
-  container's timestamps. An image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s,
-  unless the folder holds ``timestamps.txt``: one time in seconds per line (blank lines ignored), the n-th line for the
-  n-th image in name order, strictly increasing. A video clip holding ``timestamps.txt`` is refused.
-* **Trajectory.** One file per clip: ``trajectory.json``, ``trajectory.csv`` or ``trajectory.npy`` (at most
-  one of them); without such a file, the clip's only ``*.json``/``*.csv``/``*.npy`` file. Its forms are those
-  of terra/inputs/actions.py, except a manoeuvre (no recording):
-
-  - a world-frame ego trajectory (``x, y[, yaw]`` in metres and radians, with timestamps ``t`` in seconds or
-    at 10 Hz: a CSV, a JSON ``{"trajectory": ...}``, an ``[N, 2|3]`` array). Its clock: with
-    ``timestamps.txt`` the frames' times and the trajectory's ``t`` are on one clock as given (e.g. both Unix
-    seconds); otherwise the trajectory's first sample is taken at the clip's first frame. The trajectory must
-    cover every kept frame (from the first to the last 10 Hz tick below, 1 ms of slack), and beyond its last
-    sample it continues at its final speed and yaw rate (terra/inputs/trajectory.py), so it needs no 3 s of
-    poses past the clip;
-  - per-frame ``instruction_trajs`` ``[T, 60, 2|3]`` or actions ``[T, 6, 3]`` (JSON key or ``.npy`` array):
-    one entry per **source** frame (per image or per decoded video frame), resampled with the frames.
-* **Road** (optional, read only with ``routes=road``, terra/inputs/log_routes.py): ``road.json`` or ``road.csv``, a
-  road file of terra/roads/files.py (lane centrelines, x first) in the trajectory's world frame, or AlpaSim's map as
-  a ``clipgt/`` folder or ``clipgt.zip`` of its parquet tables (terra/roads/clipgt.py), in that same frame; at most
-  one of them. A road file is never taken for the trajectory.
-* **Resampling.** The kept frames are the 10 Hz ticks (terra/contract/actions.py, ``FRAME_RATE_HZ``) from the
-  clip's first frame to its last: at each tick, the source frame nearest in time (the earlier on a tie), which
-  must lie within 0.06 s of the tick (else the clip has dropped frames, or fewer than about 8 per second). A
-  clip spans at most 10,000 ticks (1000 s) and needs at least ``min_frames`` (default 2).
-* **Actions.** The action of kept frame ``t`` is the model's ``[6, 3]`` (docs/ARCHITECTURE.md, "Actions"):
-  where the car goes from frame ``t`` on, computed from the trajectory at tick ``t``'s time (the nominal 10 Hz
-  time, not the picked frame's own), exactly as ``load_actions`` computes a trajectory's frames; a per-frame
-  form gives the entry of the picked source frame. ``actions[t]`` is stored beside frame ``t``'s codes.
-* **Resizing.** Kept frames are fitted to the tokenizer's size by tokenizer/resize.py (``tokenizer.resize``:
-  ``crop`` or ``stretch``), as ``terra-generate`` fits its context frames.
-* **Splits.** A clip is ``val`` when the first 8 bytes of the SHA-256 of its id, read as a fraction of 2^64,
-  fall below ``val_fraction`` (default 0.05), else ``train``: the same on every run and machine, whatever the
-  other clips. When a run would leave the folder with no ``val`` clip among at least 2 clips (and
-  ``val_fraction`` > 0), its usable new clip of the smallest such fraction goes to ``val``
-  (terra/training/prepare_logs.py).
-* **Shards.** terra/training/shards.py: ``index.json`` and ``{train,val}-NNNNN.safetensors`` of up to
-  ``shard_clips`` clips each. A rerun skips the clips the index lists; a clip that cannot be used (a rule
-  above broken, a file unreadable) is skipped with one line and written nowhere.
-"""
+"""Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame."""
 
 from __future__ import annotations
 
@@ -142,8 +95,8 @@ def open_clip(folder: Path) -> Clip:
 
 
 def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
-    """A clip's trajectory file: a world-frame :class:`EgoTrajectory`, or checked per-frame actions
-    ``[T, 6, 3]`` (from actions or instruction trajectories), read by terra/inputs/actions.py's readers."""
+    """A clip's trajectory file: a world-frame :class:`EgoTrajectory`, or checked per-frame actions ``[T, 6, 3]``
+    (from actions or instruction trajectories), read by readers."""
     source = str(path)
     with trajectory_file_errors(source):
         value = read_trajectory_file(path)
@@ -157,9 +110,8 @@ def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
 
 def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate_hz: float,
                 kept: Resampled) -> Iterator[Callable[[], np.ndarray]]:
-    """The clip's frames at 10 Hz (module docstring) as they are kept, each as a call that reads it and fits it
-    to ``image_size`` (uint8 ``[H, W, 3]``), so that a caller may run several at once; ``kept`` records their
-    ticks and source frames. A bad frame or video raises one line (from the call, for an image)."""
+    """The clip's frames at 10 Hz (module docstring) as they are kept, each as a call that reads it and fits it to
+    ``image_size`` (uint8 ``[H, W, 3]``), so that a caller may run several at once; ``kept`` records their ticks…"""
     if clip.video is not None:
         for frame in resample(_video_frames(clip.video), kept):
             yield partial(_fit_video_frame, frame, str(clip.video), image_size, resize)
@@ -170,20 +122,20 @@ def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate
 
 
 def _fit_video_frame(frame: Any, source: str, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """A decoded PyAV frame fitted by tokenizer/resize.py."""
+    """A decoded PyAV frame fitted by."""
     return fit_frame(frame.to_image(), image_size, source, resize)
 
 
 def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """An image file read and fitted as context frames are (tokenizer/images.py, which loads torch)."""
+    """An image file read and fitted as context frames are (, which loads torch)."""
     from terra.tokenizer.images import load_frames
 
     return load_frames([path], image_size, resize=resize)[0]
 
 
 def resample(frames: Iterable[tuple[float | None, Any]], kept: Resampled) -> Iterator[Any]:
-    """Of ``(time, frame)`` pairs in time order, the frame nearest each 10 Hz tick from the first frame's time
-    up to the last's (the earlier on a tie), as they arrive; ``kept`` records each tick and frame index."""
+    """Of ``(time, frame)`` pairs in time order, the frame nearest each 10 Hz tick from the first frame's time up to
+    the last's (the earlier on a tie), as they arrive; ``kept`` records each tick and frame index."""
     first = previous = None  # previous: (time, index, frame)
     tick = 0
     for index, (time, frame) in enumerate(frames):
@@ -275,8 +227,8 @@ def _image_times(clip: Clip, frame_rate_hz: float) -> np.ndarray:
 
 
 def _video_frames(path: Path) -> Iterator[tuple[float | None, Any]]:
-    """``(time in seconds, PyAV frame)`` of every frame of a video, in presentation order; one line for a video
-    that cannot be decoded or holds fewer frames than its header says (a truncated file)."""
+    """``(time in seconds, PyAV frame)`` of every frame of a video, in presentation order; one line for a video that
+    cannot be decoded or holds fewer frames than its header says (a truncated file)."""
     import av
 
     with open_input_file(path, "video", MAX_VIDEO_BYTES) as fh:

@@ -1,19 +1,4 @@
-"""Ego motion in the plane: poses, the frames they are given in, and how an action moves the car.
-
-A pose is ``(x, y, yaw)`` in metres and radians; in an ego frame x points forward and y to the left, yaw turns
-counter-clockwise (docs/ARCHITECTURE.md, "Actions"). The one place the package moves points and poses between
-frames (:func:`to_ego`, :func:`to_world`, :func:`compose`; a rotation is a composition with a pose at the origin)
-and drives circular arcs (:func:`along_arc`):
-
-* the renderer places the ground and the objects in view (terra/sim/), a synthetic clip's trajectory is put on
-  the road (terra/sim/clips.py), a trajectory becomes per-frame instruction trajectories
-  (terra/inputs/trajectory.py);
-* an action's own motion: the arc from the car through the action's first point (:func:`action_arc`), driven at
-  the speed that reaches it in time (:func:`ego_motion`, :func:`speed_of`, :func:`advance_pose`): how a session
-  moves the car (terra/session/; the driving loop's car follows the whole plan instead, terra/closedloop/car/motion.py);
-* the other way, a session's trajectory (the car's path from now on) becomes the next frame's action by
-  :func:`terra.inputs.actions.trajectory_action`, the rule every trajectory form goes through.
-"""
+"""Ego motion in the plane: poses, the frames they are given in, and how an action moves the car."""
 
 from __future__ import annotations
 
@@ -74,11 +59,7 @@ def action_arc(action: np.ndarray) -> tuple[float, float, float]:
 
 
 def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> Pose:
-    """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame.
-
-    Follows the arc through the origin and the action's first point at the speed that reaches it in time: exact
-    for a drive action at constant speed (terra/session/driver_input.py), an estimate for any other action.
-    """
+    """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame."""
     curvature, length, t0 = action_arc(action)
     x, y, yaw = along_arc(curvature, length / t0 * dt)
     return float(x), float(y), float(yaw)

@@ -1,21 +1,4 @@
-"""Each kept frame's route of a driving-log clip (terra/inputs/driving_logs.py), for ``terra-prepare-logs``'s shards.
-
-Two sources, chosen by the run's ``routes`` setting (:data:`ROUTE_SOURCES`):
-
-* ``road`` (the default): the clip's road (``road.json``, ``road.csv``, ``clipgt/`` or ``clipgt.zip``, read by
-  terra/roads/'s readers, :func:`clip_routes`), followed from each frame's pose by the one route follower,
-  terra/roads/follow.py, with the trajectory's later poses choosing the branch at a fork (:func:`road_routes`). A
-  frame with no lane near the car has no route (NaN rows, terra/contract/routes.py); a road that gives no frame of
-  the clip a route is refused (it is almost surely in another frame than the trajectory). A clip without a road has
-  no routes.
-* ``driven_path``: the path the trajectory drives from each frame's pose on, as its route (:func:`driven_path_routes`).
-  It tells the model where the car goes, so a model trained on it follows its route trivially: use it only where no
-  map exists. A frame whose recorded path ahead is shorter than the route's reach (80 m) has no route, rather than a
-  road that seems to end where the recording does.
-
-Either way the routes need the car's world poses: a clip whose trajectory file gives per-frame actions has none to
-place a road at, and is refused in one line naming its road or trajectory file, before its frames are decoded.
-"""
+"""Each kept frame's route of a driving-log clip, for ``terra-prepare-logs``'s shards."""
 
 from __future__ import annotations
 
@@ -51,7 +34,7 @@ class ClipRoutes:
 
 def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> ClipRoutes | None:
     """The routes of ``clip`` by ``source`` (:data:`ROUTE_SOURCES`), its road read and checked; None where the clip
-    has none (no road). One line naming the road or trajectory file when they cannot be used."""
+    has none (no road)."""
     if source == "driven_path":
         if not isinstance(motion, EgoTrajectory):
             raise TerraInputError(f"{clip.trajectory.name}: routes=driven_path needs the car's world poses, but it "

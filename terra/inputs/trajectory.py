@@ -1,11 +1,4 @@
-"""Ego trajectories in a world frame, and named manoeuvres that synthesise them.
-
-An :class:`EgoTrajectory` is a time-stamped 2-D pose track ``(t, x, y, yaw)`` (metres, radians, x forward
-at yaw 0, y to the left). :meth:`EgoTrajectory.instruction_trajs` turns it into the per-frame future
-trajectories of ACT-Bench (docs/ARCHITECTURE.md, "Actions") from which terra/inputs/actions.py takes the
-model's actions. Beyond its last sample a trajectory continues at its final speed and yaw rate, so a clip of
-``T`` frames needs only ``T`` frames' worth of poses rather than 3 s more.
-"""
+"""Ego trajectories in a world frame, and named manoeuvres that synthesise them."""
 
 from __future__ import annotations
 
@@ -174,12 +167,8 @@ MAX_MANOEUVRE_S = MAX_FRAMES / FRAME_RATE_HZ + 10.0  # longest synthesised traje
 
 
 def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str, float]:
-    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers in :data:`MANOEUVRE_RANGES`)
-    and return them as floats.
-
-    Parameters set to ``None`` are left out (the manoeuvre's default applies). ``source`` names where they
-    came from: ``manoeuvre_params`` (the CLI's settings, named ``manoeuvre_params.KEY``) or a file.
-    """
+    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers in :data:`MANOEUVRE_RANGES`) and
+    return them as floats."""
     if params is None:
         return {}
     if not hasattr(params, "items"):
@@ -208,13 +197,7 @@ def manoeuvre_trajectory(
     change_s: float = 3.0,
     rate_hz: float = 100.0,
 ) -> EgoTrajectory:
-    """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x.
-
-    ``straight`` keeps ``speed_kmh``; ``curve_left/right`` follow a circle of ``radius_m``;
-    ``accelerate``/``decelerate`` change speed by ``accel_mps2`` (between 0 and the top speed of
-    :data:`MANOEUVRE_RANGES`); ``stop`` brakes to a standstill at ``accel_mps2``; ``lane_change_left/right``
-    move one ``lane_width_m`` sideways over ``change_s`` seconds along a smooth S-curve.
-    """
+    """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x."""
     if name not in MANOEUVRES:
         raise TerraInputError(f"unknown manoeuvre {shown(name)}; choose one of: {', '.join(MANOEUVRES)}")
     Range(0, MAX_MANOEUVRE_S, 10, low_open=True).check(duration_s, "manoeuvre duration_s")
