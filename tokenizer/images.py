@@ -126,8 +126,7 @@ def _read_image(path: Path) -> Image.Image:
 
 
 def image_from_bytes(data: bytes, source: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """An encoded PNG or JPEG image (sent over the wire) → an RGB PIL image, after checking from its header that it
-    has at most ``max_pixels`` pixels; ``source`` names it in errors (terra-serve's uploads, terra-alpasim's…"""
+    """An encoded PNG or JPEG image → an RGB PIL image, refused from its header above ``max_pixels`` pixels."""
     return _decode(io.BytesIO(data), source, UPLOAD_FORMATS, max_pixels)
 
 

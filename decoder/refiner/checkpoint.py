@@ -17,8 +17,7 @@ DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing
 
 
 def check_file(path: str | os.PathLike) -> Path:
-    """``path`` as a :class:`Path` when it names a non-empty file that is a whole zip archive, as ``torch.save``
-    writes (its end read, nothing loaded: a run checks it before any model loads); else one line saying where to…"""
+    """``path`` when it is a non-empty whole zip archive as ``torch.save`` writes (nothing loaded); else one line."""
     file = Path(path).expanduser()
     if file.is_dir():
         candidate = file / "refiner_model.pt"

@@ -31,8 +31,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def resume_command(arguments: list[str], folder: Path) -> str:
-    """The command that resumes a run started with ``arguments`` (renamed settings under their new names: the runner
-    moved them): the same, with ``out_dir`` set to the run's folder (the default names a new one each time)…"""
+    """The command that resumes a run started with ``arguments``: the same, with ``out_dir`` set to the run's folder."""
     given = [arg for arg in arguments if arg.lstrip("+~").partition("=")[0] != "out_dir"]
     path = str(folder)
     if not re.fullmatch(r"[A-Za-z0-9_./+-]+", path):  # Hydra's quotes: a quote, and backslashes before one, escaped

@@ -83,8 +83,7 @@ def shielded() -> Iterator[None]:
 
 
 def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") -> str:
-    """The line refusing the setting ``key`` that no config has, with its near miss among the settings of ``node``
-    (the mapping at ``prefix``, ``key``'s leading part: the job's config, or the mapping that lacks ``key``; the…"""
+    """The line refusing the setting ``key`` no config has, with its near miss among the settings of ``node``."""
     parts = key[len(prefix):].split(".")
     while isinstance(node, (DictConfig, dict)) and len(parts) > 1 and parts[0] in node:
         node, prefix, parts = node[parts[0]], f"{prefix}{parts[0]}.", parts[1:]
@@ -135,8 +134,7 @@ class _TaskFailed(BaseException):
 
 
 def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Decorate an app's task function (under ``@hydra.main``) so that :func:`run_app` alone reports its errors; a
-    task that fails or is interrupted leaves no run folder of Hydra's behind (:func:`remove_empty_run_dir`: a…"""
+    """Decorate an app's task so that :func:`run_app` alone reports its errors and a failed one leaves no run folder."""
 
     @functools.wraps(function)
     def wrapper(cfg: Any) -> None:
@@ -153,8 +151,7 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
 
 
 def remove_empty_run_dir() -> None:
-    """Remove the running job's run folder (Hydra's ``hydra.run.dir``, made before the app runs) when it is empty,
-    with its empty parents below the working folder (``outputs/<date>/<time>`` → nothing left of ``outputs/``)…"""
+    """Remove the job's run folder when empty, with its empty parents made since the app started."""
     cwd, path = Path.cwd().resolve(), Path(HydraConfig.get().runtime.output_dir).resolve()
     while path != cwd and path.is_dir() and not any(path.iterdir()) and path.stat().st_ctime >= _STARTED_AT - 0.02:
         path.rmdir()
@@ -207,8 +204,7 @@ def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -
 
 
 def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
-    """``arguments`` with the overrides that pick ``prog``'s help page among the user's own overrides: Hydra takes
-    its overrides as one run of arguments, so appended after ``--help`` they would be "unrecognized arguments"…"""
+    """``arguments`` with the overrides that pick ``prog``'s help page placed before ``--help``."""
     page = ["hydra/help=terra", f"hydra.help.app_name={prog}"]
     given = get_args_parser().parse_known_args(list(arguments))[0].overrides
     at = arguments.index(given[0]) if given else len(arguments)
@@ -217,8 +213,7 @@ def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
 
 @contextmanager
 def program_voice(prog: str) -> Iterator[None]:
-    """The project's own log records (loggers under ``terra``, INFO and up) as lines on stderr in the program's
-    voice, ``<prog>: ...`` like its other lines, whatever Hydra's logging config does with the root logger (its…"""
+    """The project's log records (``terra`` loggers, INFO and up) on stderr as ``<prog>: ...`` lines."""
     logger = logging.getLogger("terra")
     before = logger.handlers[:], logger.propagate, logger.level
     handler = logging.StreamHandler(sys.stderr)
@@ -233,8 +228,7 @@ def program_voice(prog: str) -> Iterator[None]:
 
 
 def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> Callable[[], None]:
-    """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
-    function ``app``, which needs pyproject.toml's ``extras``: it runs :func:`run_app`, which says how the app…"""
+    """The console-script entry point ``prog`` of the ``@hydra.main`` function ``app``, which needs ``extras``."""
 
     def main() -> None:
         run_app(app, prog, extras)
@@ -244,8 +238,8 @@ def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] =
 
 
 def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> None:
-    """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
-    docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)…"""
+    """Run ``app``; end with ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (130 / 143)
+    or ``<prog>: internal error: ...`` (1); ``--verbose`` or ``HYDRA_FULL_ERROR=1`` show tracebacks."""
     global _STARTED_AT
     _STARTED_AT = time.time()
     verbose = "--verbose" in sys.argv[1:]

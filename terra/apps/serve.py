@@ -25,8 +25,7 @@ BAD_HANDSHAKE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConte
 
 
 def websocket_protocol() -> type | str:
-    """uvicorn's WebSocket protocol with websockets' sans-I/O implementation (uvicorn's default when websockets is
-    installed), made to send the answer websockets gives a handshake it refuses before the app sees it: uvicorn…"""
+    """uvicorn's websockets sans-I/O protocol, made to send the answer websockets gives a handshake it refuses."""
     try:
         from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
     except ImportError:

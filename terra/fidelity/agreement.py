@@ -61,8 +61,7 @@ def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: st
 
 @dataclass(frozen=True)
 class LaneSummary:
-    """Across drives: the slope of the world's reading on the truth's within drives (each drive's own intercept:
-    does the reading move with the car, rather than do drives that start farther left read farther left), the…"""
+    """Across drives: the slope of the world's reading on the truth's within drives (each drive its own intercept)."""
 
     slope: Interval
     mean_abs_error_m: Interval
@@ -226,8 +225,8 @@ def frame_changes(frames: np.ndarray, device: str | None = None) -> np.ndarray:
 
 
 def repeated(world_change: np.ndarray, truth_change: np.ndarray, commanded_dx: np.ndarray) -> np.ndarray:
-    """``[T]``: 1 where the car moved (:data:`MOVING_M`) and the world's frame changed less than :data:`REPEATED` as
-    much as the true frame did, 0 where it moved and changed more, NaN where the car did not move or the truth…"""
+    """``[T]``: 1 where the car moved and the world's frame changed under :data:`REPEATED` x the true frame's change,
+    0 where it changed more, NaN where the car did not move."""
     world, truth = np.asarray(world_change, float), np.asarray(truth_change, float)
     judged = (np.asarray(commanded_dx, float) > MOVING_M) & (truth > 0)
     return np.where(judged, (world < REPEATED * truth).astype(float), np.nan)

@@ -325,8 +325,7 @@ SSIM_WINDOW, SSIM_K1, SSIM_K2 = 7, 0.01, 0.03  # scikit-image's defaults (a unif
 
 
 def psnr_ssim(frames: np.ndarray, reference: np.ndarray, device: str) -> tuple[list[float], list[float]]:
-    """PSNR and SSIM of uint8 ``frames [T, H, W, 3]`` against ``reference`` on ``device``: the mean squared error,
-    and scikit-image's SSIM (its 7 x 7 window's statistics over the pixels it keeps, the borders it crops never…"""
+    """PSNR and SSIM of uint8 ``frames [T, H, W, 3]`` against ``reference`` on ``device``, as scikit-image has them."""
     where = torch.device(device)
     with torch.inference_mode():
         x, y = (_tensor(a, where).double().permute(0, 3, 1, 2) for a in (frames, reference))

@@ -18,8 +18,8 @@ class Taps(NamedTuple):
 
 
 def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
-    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's
-    ``map_coordinates(order=1, mode="constant")`` takes them (scipy/ndimage/src/ni_interpolation.c and…"""
+    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's order-1
+    ``map_coordinates(mode="constant")`` takes them."""
     height, width = shape
     inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
     rows, cols = np.where(inside, rows, 0.0), np.where(inside, cols, 0.0)
@@ -33,8 +33,7 @@ def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
 
 
 def interpolate(grid: np.ndarray, where: Taps, cval: float) -> np.ndarray:
-    """``grid`` (2-D) read bilinearly at the points of ``where``, ``cval`` outside: bit for bit scipy's
-    ``map_coordinates(grid, ..., order=1, mode="constant", cval=cval)`` in float64 (its sum, corner by corner in…"""
+    """``grid`` (2-D) read bilinearly at ``where``, ``cval`` outside, as scipy's ``map_coordinates(order=1)``."""
     flat = grid.ravel()
     (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1) = where.corners, where.weights
     total = 0.0 + flat[c00] * row_w0 * col_w0

@@ -16,8 +16,8 @@ COMPONENTS = {"dx": 0, "dyaw": 2}  # what is regressed: forward motion (m) and y
 
 @dataclass(frozen=True)
 class Following:
-    """One drive's steps: ``commanded`` and ``recovered`` motions ``[T, 3]`` (dx, dy, dyaw; NaN rows where the
-    odometry refused the frames), the odometry's ``match [T]`` (NaN there too) and, when measured, the motion…"""
+    """One drive's steps: ``commanded`` and ``recovered`` motions ``[T, 3]`` (dx, dy, dyaw; NaN where the odometry
+    refused the frames) and the odometry's ``match [T]``."""
 
     commanded: np.ndarray
     recovered: np.ndarray
@@ -48,8 +48,7 @@ class FollowingFit:
 
 def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MATCH,
             reference: np.ndarray | None = None, device: str | None = None) -> Following:
-    """The motion recovered between each pair of consecutive ``frames [T + 1, H, W, 3]`` (frame t seen at pose t,
-    frame 0 the last context frame) beside the ``commanded [T, 3]`` motions from pose t to pose t + 1; with the…"""
+    """The motion recovered between consecutive ``frames [T + 1, H, W, 3]`` beside the ``commanded [T, 3]`` motions."""
     frames, commanded = np.asarray(frames), np.asarray(commanded, dtype=np.float64)
     if frames.ndim != 4 or commanded.shape != (len(frames) - 1, 3):
         raise ValueError(f"action following needs frames [T + 1, H, W, 3] and commanded motions [T, 3] "
@@ -89,8 +88,7 @@ def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],
 
 def relative_gain(scenarios: Sequence[Hashable], commanded: np.ndarray, recovered: np.ndarray,
                   reference: np.ndarray, bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """``sum(commanded * recovered) / sum(commanded * reference)`` over the steps where all three are known: the
-    gain through the origin of ``recovered`` on ``commanded`` over that of ``reference`` (the truth's recovered…"""
+    """``sum(commanded * recovered) / sum(commanded * reference)`` over the steps where all three are known."""
     commanded, recovered, reference = (np.asarray(v, dtype=np.float64) for v in (commanded, recovered, reference))
     keep = np.isfinite(commanded) & np.isfinite(recovered) & np.isfinite(reference)
     clusters = Clusters.of(scenarios)

@@ -75,8 +75,8 @@ def drive_horizon(lanes: LaneAgreement, following: Following) -> DriveHorizon:
 
 @dataclass(frozen=True)
 class Survival:
-    """Drives' horizons as a survival curve: the share of drives not yet departed after each step (``curve``), its
-    median and 10th percentile (s; ``inf``: not reached within the drives) with intervals over scenarios, how…"""
+    """Drives' horizons as a survival curve (``curve``), its median and 10th percentile (s; ``inf``: not reached) with
+    intervals over scenarios."""
 
     median: Interval
     p10: Interval
@@ -95,7 +95,7 @@ class Survival:
 def survival(horizons: Sequence[DriveHorizon], scenarios: Sequence[Hashable],
              bootstrap: Bootstrap = Bootstrap()) -> Survival:
     """The Kaplan-Meier curve of ``horizons`` (one scenario label per drive), its median and 10th percentile with
-    intervals: percentile intervals of the quantiles over scenario resamplings, widened for the scenarios' number…"""
+    intervals over scenario resamplings."""
     if len(horizons) != len(scenarios) or not horizons:
         raise ValueError(f"one scenario label per drive ({len(horizons)} drives, {len(scenarios)} labels)")
     clusters = Clusters.of(scenarios)

@@ -16,8 +16,8 @@ from terra.sim.renderer import camera
 
 @dataclass(frozen=True)
 class Level:
-    """One grid of the coarse-to-fine ladder: cells of ``cell_x`` x ``cell_y`` metres covering ``near_m`` to
-    ``far_m`` ahead and ``half_width_m`` to each side, a Gaussian blur of ``blur_m``; the later frame's cells up…"""
+    """One grid of the coarse-to-fine ladder: ``cell_x`` x ``cell_y`` m cells from ``near_m`` to ``far_m`` ahead,
+    ``half_width_m`` to each side, blurred by ``blur_m``."""
 
     cell_x: float
     cell_y: float
@@ -119,8 +119,8 @@ def ladder(height: int, width: int) -> tuple[BirdsEye, ...]:
 
 def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MIN_MATCH,
                     min_sky_luminance: float = MIN_SKY_LUMINANCE) -> Motion | None:
-    """The planar motion of the camera from frame ``before`` to frame ``after`` (``[H, W, 3]`` RGB of the synthetic
-    world's camera), or None where it cannot be told (see the module's docstring; ``min_sky_luminance=0``…"""
+    """The planar motion of the camera from RGB frame ``before`` to ``after`` (``[H, W, 3]``), or None where it cannot
+    be told."""
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
@@ -136,8 +136,8 @@ def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH,
 
 def estimate_series(series: Sequence[np.ndarray], min_match: float = MIN_MATCH,
                     device: str | None = None) -> list[list[Motion | None]]:
-    """:func:`estimate_motions` of each of ``series`` (frames ``[T + 1, H, W, 3]`` of one drive, frame t of each
-    seen at the same pose: a world's and the truth's), the same motions with each motion estimated once among…"""
+    """:func:`estimate_motions` of each of ``series`` (``[T + 1, H, W, 3]``, frame t of each seen at one pose), each
+    motion shared among the series estimated once."""
     series = [np.asarray(frames) for frames in series]
     for frames in series:
         if frames.ndim != 4 or frames.shape[3] != 3 or len(frames) != len(series[0]):
@@ -164,8 +164,7 @@ NEW, SHOWN, AGAIN = "new", "shown", "again"  # a pair estimated, shown by an ear
 
 
 def _pair_sources(series: Sequence[np.ndarray]) -> list[list[tuple[str, Any]]]:
-    """Where each series' motion at each step comes from: ``(NEW, (k, k'))`` estimated between the first frames of
-    the runs of equal frames that frames t and t + 1 are in, ``(SHOWN, o)`` series o's at the same step…"""
+    """Where each series' motion at each step comes from: ``(NEW, (k, k'))`` estimated, or ``(SHOWN, o)`` series o's."""
     sources = []
     for s, frames in enumerate(series):
         again = [t > 0 and frames[t].tobytes() == frames[t - 1].tobytes() for t in range(len(frames))]
@@ -262,8 +261,7 @@ def search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
 
 def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
            motion: np.ndarray) -> tuple[np.ndarray, float, int] | None:
-    """Inverse-compositional Gauss-Newton from ``motion`` with the brightness model of the module's docstring; the
-    motion, the match and the cells compared, or None when the ground has no texture or the motion is…"""
+    """Inverse-compositional Gauss-Newton from ``motion``: the motion, the match and the cells compared, or None."""
     points = grid.points
     template = later[grid.template]
     grad_x, grad_y = (g[grid.template] for g in np.gradient(np.nan_to_num(later), grid.level.cell_x,
@@ -314,8 +312,8 @@ def _correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def step_motions(poses: np.ndarray) -> np.ndarray:
-    """``[T, 3]`` planar motions ``(dx, dy, dyaw)`` between consecutive world poses ``[T + 1, 3]`` (x, y, yaw), each
-    in the ego frame of the earlier pose: what :func:`estimate_motion` recovers from the frames seen at those…"""
+    """``[T, 3]`` planar motions ``(dx, dy, dyaw)`` between consecutive world poses ``[T + 1, 3]`` (x, y, yaw), each in
+    the ego frame of the earlier pose."""
     poses = np.asarray(poses, dtype=np.float64)
     delta = poses[1:, :2] - poses[:-1, :2]
     c, s = np.cos(poses[:-1, 2]), np.sin(poses[:-1, 2])

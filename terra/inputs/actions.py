@@ -86,8 +86,7 @@ def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
 
 
 def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[Any, np.ndarray]:
-    """A trajectory file read once: its content (:func:`read_trajectory_file`; a JSON object's other keys, such as
-    its ``routes``, are the caller's) and its checked ``[T, 6, 3]`` actions (``num_frames`` as…"""
+    """A trajectory file read once: its content and its checked ``[T, 6, 3]`` actions."""
     path = Path(path)
     source = str(path)
     with trajectory_file_errors(source):
@@ -97,8 +96,7 @@ def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[An
 
 
 def check_input_files(context: str | Sequence[str] | None, trajectory: str | Path | None) -> None:
-    """A run's input files as they can be checked before anything loads, nothing decoded: the ``context`` paths (a
-    folder, a regular file or a glob that matches:, ``check_context_paths``; a FIFO or a typo fails at once) and…"""
+    """The ``context`` paths and ``trajectory`` file checked before anything loads, nothing decoded (None: no input)."""
     if context is not None:
         check_context_paths(context)
     if trajectory is not None:
@@ -162,8 +160,7 @@ def load_npy(path: Path) -> np.ndarray:
 
 def actions_from_value(value: Any, source: str, num_frames: int | None, skip: int = 0,
                        min_frames: int = 1) -> np.ndarray:
-    """Checked actions from a decoded JSON value or array, told apart by keys or shape (the forms of the module
-    docstring); ``num_frames`` sizes a manoeuvre and caps a trajectory's frames, the first ``skip`` frames are…"""
+    """Checked actions from a decoded JSON value or array less the first ``skip`` frames; ``min_frames`` must remain."""
     return validate_actions(actions_of(motion_of(value, source, num_frames), source, num_frames)[skip:], source,
                             min_frames)
 
@@ -179,8 +176,7 @@ def actions_of(motion: Any, source: str, num_frames: int | None) -> Any:
 
 
 def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool = True) -> Any:
-    """What a trajectory value holds, told apart by keys or shape (the forms of the module docstring): a world-frame
-    :class:`EgoTrajectory`, a :class:`Manoeuvre`, or per-frame actions not yet checked as a whole…"""
+    """A trajectory value as an :class:`EgoTrajectory`, a :class:`Manoeuvre` or per-frame actions not yet checked."""
     if isinstance(value, EgoTrajectory):  # a CSV file, as read_trajectory_file returns it
         return value
     if isinstance(value, dict):

@@ -110,8 +110,7 @@ def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
 
 def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate_hz: float,
                 kept: Resampled) -> Iterator[Callable[[], np.ndarray]]:
-    """The clip's frames at 10 Hz (module docstring) as they are kept, each as a call that reads it and fits it to
-    ``image_size`` (uint8 ``[H, W, 3]``), so that a caller may run several at once; ``kept`` records their ticks…"""
+    """The clip's 10 Hz frames as calls that each read one and fit it to ``image_size`` (uint8 ``[H, W, 3]``)."""
     if clip.video is not None:
         for frame in resample(_video_frames(clip.video), kept):
             yield partial(_fit_video_frame, frame, str(clip.video), image_size, resize)

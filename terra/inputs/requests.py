@@ -27,8 +27,8 @@ UNUSED_ROUTES = f"{NO_ROUTE_SLOTS}, so it runs without them"
 
 @dataclass(frozen=True)
 class RolloutInputs:
-    """What a trajectory gives a rollout, checked: ``actions`` ``[>= num_context + num_frames - 1, 6, 3]`` and
-    ``routes`` ``[>= num_context + num_frames, K, 3]`` (None: none given, or a model without route slots)…"""
+    """What a trajectory gives a rollout, checked: ``actions [>= num_context + num_frames - 1, 6, 3]`` and
+    ``routes [>= num_context + num_frames, K, 3]`` (None: none given, or a model without route slots)."""
 
     actions: np.ndarray
     routes: np.ndarray | None = None
@@ -60,8 +60,7 @@ def trajectory_inputs(
     trajectory: Any, num_context: int, num_frames: int, route_tokens: int = 0, source: str = "trajectory",
     base: Path | None = None, skip: int = 0, beside: GivenRoutes | None = None,
 ) -> RolloutInputs:
-    """Actions and routes for a rollout from any accepted trajectory: a file (.json/.csv/.npy, relative to
-    ``base``), read once, a mapping with one of :data:`TRAJECTORY_KEYS` (and optionally a road or ego routes), or…"""
+    """Actions and routes from a trajectory file (relative to ``base``), mapping or array, less its first ``skip``."""
     need = actions_needed(num_context, num_frames)
     file = isinstance(trajectory, (str, os.PathLike))
     if file:
@@ -95,8 +94,7 @@ def trajectory_actions(
 
 def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int, num_frames: int, route_tokens: int,
                 skip: int = 0, motion: Any = None) -> RolloutInputs:
-    """Checked ``actions`` with the routes given beside them (None: none), checked once here against a model of
-    ``route_tokens`` route slots, one per frame from frame 0, the first ``skip`` then dropped: a road followed at…"""
+    """Checked ``actions`` with their routes (None: none) checked against a model of ``route_tokens`` route slots."""
     if given is None:
         return RolloutInputs(actions)
     if given.value is None:

@@ -29,8 +29,7 @@ ROUTE_FORMS = ('"road": [[x, y], ...] (the road in the trajectory\'s world frame
 
 @dataclass(frozen=True)
 class GivenRoutes:
-    """The routes a mapping gives: under ``key`` (one of :data:`GIVEN_ROUTE_KEYS`), ``value`` a checked
-    :class:`~terra.roads.Road` for a road, None for null (no route), else the per-frame routes as given (checked…"""
+    """The routes a mapping gives under ``key``: a :class:`~terra.roads.Road`, None (no route) or per-frame routes."""
 
     key: str
     value: Any
@@ -48,8 +47,7 @@ class GivenRoutes:
 
 
 def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> GivenRoutes | None:
-    """The routes ``mapping`` gives (None: no key gives any; a key given null: ``value`` None, no route, not even a
-    scene's road), a road read now (inline, or a path as ``road=`` takes it, relative to ``base``…"""
+    """The routes ``mapping`` gives (None: no key gives any), a road read relative to ``base``."""
     present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
     if len(present) > 1:
         raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
@@ -91,8 +89,7 @@ def road_of_setting(value: Any, setting: str = "road") -> Road:
 
 def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
                 source: str) -> tuple[np.ndarray, list[str]]:
-    """Routes ``[frames, K, 3]`` along ``road`` at the poses of ``motion``'s first ``frames`` frames (10 Hz from its
-    first sample; past its last, at its final speed and yaw rate), its samples after them the points the car is…"""
+    """Routes ``[frames, K, 3]`` along ``road`` at ``motion``'s 10 Hz poses, and which frames were told their route."""
     times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
     later = motion.t > times[-1]
     routes, told = told_routes_along(road, motion.poses_at(times), route_tokens,
