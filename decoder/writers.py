@@ -122,7 +122,7 @@ def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.Pa
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) -> Path:
-    """H.264 MP4 encoded as :data:`MP4_ENCODING` says (Terra's imageio writer; see the module's docstring), by
+    """H.264 MP4 encoded as :data:`MP4_ENCODING` says (as Terra's imageio writer), by
     imageio-ffmpeg's ffmpeg binary (:func:`ffmpeg_exe`)."""
     exe = ffmpeg_exe()
     frames, fps = check_frames(frames), check_fps(fps)

@@ -1,4 +1,4 @@
-"""Convolutional encoder and decoder of LlamaGen's VQ-16 (VQGAN layout), used by."""
+"""Convolutional encoder and decoder of LlamaGen's VQ-16 (VQGAN layout)."""
 
 from __future__ import annotations
 

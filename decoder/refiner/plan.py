@@ -1,6 +1,5 @@
-"""Pure arithmetic of a refinement: which frames each pass covers, the per-frame guidance scale, the temporal
-decoder's windows. Worked out from Terra's ``generate.py`` (``video_refiner_decode``) and Vista's
-``DiffusionEngine.decode_first_stage``; tests check them against hand-computed values."""
+"""Pure arithmetic of a refinement, as Terra's ``video_refiner_decode`` and Vista's ``decode_first_stage`` do it:
+which frames each pass covers, the per-frame guidance scale, the temporal decoder's windows."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``terra-alpasim``: the world model as AlpaSim's video-model renderer, its ``WorldModelService`` over gRPC (Hydra
-app,; the service: terra/alpasim/)."""
+"""``terra-alpasim``: the world model as AlpaSim's video-model renderer, its ``WorldModelService`` over gRPC."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ STOP_GRACE_S = 5.0  # calls in flight get this long to end when the server stops
 
 
 def serve(spec: RunSpec, settings: AlpasimSettings, model: str) -> None:
-    """Bind, load the model (, ``resolve_run``), serve until interrupted, then close everything."""
+    """Bind, load the model, serve until interrupted, then close everything."""
     from terra.alpasim.service import WorldModelServicer, bind, start
 
     server, port = bind(settings)  # before the model loads: a port in use is one line at once

@@ -1,4 +1,4 @@
-"""``terra-drive``: driving policies in the loop with the world model (Hydra app, )."""
+"""``terra-drive``: driving policies in the loop with the world model."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``terra-evaluate``: a world model + tokenizer on held-out clips of the synthetic world → report.json and a table
-(terra/evaluation/, which documents the measurements)."""
+"""``terra-evaluate``: a world model + tokenizer on held-out clips of the synthetic world → report.json and a table."""
 
 from __future__ import annotations
 

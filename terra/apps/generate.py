@@ -1,4 +1,4 @@
-"""``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, )."""
+"""``terra-generate``: context frames + a trajectory → generated driving video."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class GenerateSpec:
 
 
 def generate_spec(cfg: DictConfig) -> GenerateSpec:
-    """Every setting of checked once, without reading a file or importing torch."""
+    """Every setting checked once, without reading a file or importing torch."""
     output = OutputSpec.from_mapping(select(cfg, "output"))
     values = check_settings(cfg, SETTINGS)
     num_frames, cap = select(cfg, "num_frames"), values["max_num_frames"]
@@ -208,7 +208,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; how it ends (exit codes, one line on stderr) is run_app."""
+    """Console-script entry point; how it ends (exit codes, one line on stderr) is :func:`run_app`'s."""
     np.set_printoptions(precision=3)
     run_app(_main, APP)
 

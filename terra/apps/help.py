@@ -1,4 +1,4 @@
-"""Every app's ``--help`` page, made one way for all of them ( asks for it)."""
+"""Every app's ``--help`` page, made one way for all of them."""
 
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def _indented(body: str) -> str:
 
 
 def register_help() -> None:
-    """Hydra's help config ``hydra/help=terra`` ( picks it when ``--help`` is asked for) and its resolver
+    """Hydra's help config ``hydra/help=terra`` and its resolver
     ``terra_help``, which makes the running app's page (once registered, again a no-op)."""
     if not OmegaConf.has_resolver("terra_help"):
         OmegaConf.register_new_resolver("terra_help", page_template)

@@ -1,5 +1,5 @@
-"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve`` (terra/apps/), and the Hydra
-scripts of scripts/ (evaluation, training, scoring)."""
+"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve``, and the Hydra
+scripts (evaluation, training, scoring)."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
 
 def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -> str | None:
     """Why a config of the user's (``--config-dir``, ``--config-name``) cannot run ``prog``: the settings of the
-    app's own config ( ``PAGES`` names it) it lacks, in one line; None when it has them all or none was given."""
+    app's own config it lacks, in one line; None when it has them all or none was given."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery

@@ -1,4 +1,4 @@
-"""``terra-serve``: the world model behind HTTP and WebSocket, and a page to drive it (Hydra app, )."""
+"""``terra-serve``: the world model behind HTTP and WebSocket, and a page to drive it."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def bind(settings: ServeSettings) -> socket.socket:
 
 
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
-    """(1) the run made concrete and its pipeline (, ``resolve_run``), (2) the session service."""
+    """(1) the run made concrete and its pipeline, (2) the session service."""
     # torch, Transformers, FastAPI and uvicorn load only once the settings are known to be good
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run

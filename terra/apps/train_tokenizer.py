@@ -1,5 +1,5 @@
 """``terra-train-tokenizer``: train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic
-world ( documents the losses, the budget and resuming; the settings)."""
+world."""
 
 from __future__ import annotations
 

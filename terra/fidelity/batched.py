@@ -1,6 +1,5 @@
-"""The frame measurements in torch on a run's device, many frames at once: the odometry of frame pairs (the method
-of, step by step, every pair at once), the lane readings, frame changes, PSNR and SSIM, and the temporal lag's
-squared differences. The same numbers as the numpy path within float tolerance."""
+"""The frame measurements in torch, many frames at once: odometry of frame pairs, lane readings, frame changes,
+PSNR and SSIM, lagged squared differences; the numpy path's numbers within float tolerance."""
 
 from __future__ import annotations
 
@@ -282,8 +281,7 @@ def lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, device: s
 
 def estimate_steps(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int, tuple[int, int]]],
                    min_match: float, device: str) -> dict[tuple[int, int], Motion | None]:
-    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))`` (
-    ``estimate_series``), every pair at once on ``device``."""
+    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))``, on ``device``."""
     frames = sorted({(s, k) for s, _, firsts in steps for k in firsts})
     index = {key: i for i, key in enumerate(frames)}
     if not frames:

@@ -1,4 +1,7 @@
-"""Actions for the world model from every trajectory form a user may have (, "Actions")."""
+"""Actions ``[T, 6, 3]`` (float32) for the world model from every trajectory form a user may have.
+
+``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the ego trajectory from frame ``t``. Forms: instruction
+trajectories ``[T, >=60, 2|3]``, a world-frame ego trajectory, actions ``[T, 6, 3]``, a named manoeuvre."""
 
 from __future__ import annotations
 

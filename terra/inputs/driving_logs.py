@@ -33,7 +33,7 @@ MAX_VIDEO_BYTES = 1 << 40
 
 @dataclass(frozen=True)
 class Clip:
-    """One clip folder's files, laid out as the module docstring says."""
+    """One clip folder's files."""
 
     images: tuple[Path, ...]  # in name order; empty for a video clip
     video: Path | None
@@ -121,12 +121,12 @@ def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate
 
 
 def _fit_video_frame(frame: Any, source: str, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """A decoded PyAV frame fitted by."""
+    """A decoded PyAV frame fitted to ``image_size``."""
     return fit_frame(frame.to_image(), image_size, source, resize)
 
 
 def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """An image file read and fitted as context frames are (, which loads torch)."""
+    """An image file read and fitted as context frames are."""
     from terra.tokenizer.images import load_frames
 
     return load_frames([path], image_size, resize=resize)[0]
@@ -161,7 +161,7 @@ def resample(frames: Iterable[tuple[float | None, Any]], kept: Resampled) -> Ite
 
 
 def clip_actions(motion: EgoTrajectory | np.ndarray, kept: Resampled, shared_clock: bool) -> np.ndarray:
-    """Actions ``[T, 6, 3]`` of the kept frames from :func:`read_motion`'s result (module docstring)."""
+    """Actions ``[T, 6, 3]`` of the kept frames from :func:`read_motion`'s result."""
     if isinstance(motion, np.ndarray):
         if len(motion) != kept.source_frames:
             raise TerraInputError(f"its trajectory file holds {len(motion)} per-frame entries for "
@@ -172,7 +172,7 @@ def clip_actions(motion: EgoTrajectory | np.ndarray, kept: Resampled, shared_clo
 
 
 def frame_times(trajectory: EgoTrajectory, kept: Resampled, shared_clock: bool) -> np.ndarray:
-    """The kept frames' 10 Hz ticks on the trajectory's clock (module docstring), which it must cover."""
+    """The kept frames' 10 Hz ticks on the trajectory's clock, which it must cover."""
     ticks = np.asarray(kept.times)
     if not shared_clock:
         ticks = ticks - ticks[0] + trajectory.t[0]

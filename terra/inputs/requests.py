@@ -46,7 +46,7 @@ def actions_needed(num_context: int, num_frames: int) -> int:
 
 
 def routes_needed(num_context: int, num_frames: int) -> int:
-    """Routes a rollout takes: one per frame, context frames first (, RolloutRequest)."""
+    """Routes a rollout takes: one per frame, context frames first."""
     return num_context + num_frames
 
 

@@ -1,5 +1,5 @@
 """The routes a trajectory carries, as a person writes them: a road in the trajectory's own world frame, or each
-frame's route in its ego frame, x first like every other point (, "Routes")."""
+frame's route in its ego frame, x first like every other point."""
 
 from __future__ import annotations
 
