@@ -281,7 +281,7 @@ def lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, device: s
 
 def estimate_steps(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int, tuple[int, int]]],
                    min_match: float, device: str) -> dict[tuple[int, int], Motion | None]:
-    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))``, on ``device``."""
+    """Series s's motion at step t between its frames k and k', for each ``(s, t, (k, k'))`` of ``steps``."""
     frames = sorted({(s, k) for s, _, firsts in steps for k in firsts})
     index = {key: i for i, key in enumerate(frames)}
     if not frames:

@@ -20,7 +20,7 @@ QUANTILES = {"median": 0.5, "p10": 0.1}  # share of drives departed
 
 
 def departed_frames(lanes: LaneAgreement, following: Following) -> np.ndarray:
-    """``[T]`` bool: which frames departed (lane off by :data:`DEPARTURE_LANE_M`, or motion by :data:`DEPARTURE_MOTION`)."""
+    """``[T]`` bool: frames departed (lane off by :data:`DEPARTURE_LANE_M`, or motion by :data:`DEPARTURE_MOTION`)."""
     error = lanes.world - lanes.truth
     seen = np.isfinite(lanes.truth)
     with np.errstate(invalid="ignore"):
