@@ -44,8 +44,8 @@ class RefinerConfig:
     rho: float = 7.0
     min_guidance: float = 1.5  # guidance scale of the first frame of a pass ...
     max_guidance: float = 3.0  # ... and of the last; linear in between
-    guidance: str = "published"  # published | zero_frames (see decoder/refiner/sampler.py)
-    arithmetic: str = "published"  # published (Terra's dtypes) | float32 (see decoder/refiner/sampler.py)
+    guidance: str = "published"  # published | zero_frames
+    arithmetic: str = "published"  # published (Terra's dtypes) | float32
     fps_id: int = 9
     motion_bucket_id: int = 127
     cond_aug: float = 0.0

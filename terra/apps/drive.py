@@ -16,9 +16,8 @@ from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script,
 from terra.config.moved import move_settings
 
 
-DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null (conf/drive.yaml), made only once held
-# A driver's failure is one line of its drive (terra/closedloop/policies/egodriver.py): gRPC's C core logs nothing of
-# its own (read when grpc loads, so set before anything imports it; the environment may still ask for its logs).
+DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null; made only once held
+# A driver's failure is one line of its drive: gRPC's C core logs nothing (read when grpc loads).
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
@@ -27,15 +26,13 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 def _main(cfg: DictConfig) -> None:
     from terra.closedloop.study.settings import terra_drive_settings
 
-    # free-form mappings: an engine's options, Ray's runtime_env, a NAVSIM agent's keyword arguments (conf/drive.yaml)
+    # free-form mappings: an engine's options, Ray's runtime_env, a NAVSIM agent's keyword arguments
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env.", "navsim_args."), cfg=cfg)
     move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
-    # no model yet: a bad setting or output folder is one line; the command line is what a study's shard processes
-    # are given (shard_processes: terra/closedloop/study/processes.py)
-    # study=gpu (Hydra's choice of the preset, conf/study/) needs a GPU whatever the settings after it say
+    # no model yet: a bad setting is one line; study=gpu needs a GPU whatever the settings after it say
     settings = terra_drive_settings(cfg, out_dir, sys.argv[1:], HydraConfig.get().runtime.choices.get("study"))
 
     from terra.closedloop.study.drives import terra_drive

@@ -26,8 +26,8 @@ from terra.inputs.actions import check_input_files
 from terra.inputs.routes import road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
-APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
-SETTINGS = {  # documented in conf/generate.yaml; num_frames, 1 .. max_num_frames, is checked against the cap
+APP = "terra-generate"
+SETTINGS = {  # num_frames, 1 .. max_num_frames, is checked against the cap
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
     "seed": SEED,
@@ -45,7 +45,7 @@ class GenerateSpec:
     seed: int
     context: str | list[str] | None  # None: frames rendered by terra.sim
     trajectory: str | None  # a trajectory file; None: the manoeuvre
-    road: str | list | None  # the road every frame's route is told from (terra/inputs/routes.py, road_of_setting)
+    road: str | list | None  # the road every frame's route is told from
     manoeuvre: str
     manoeuvre_params: dict[str, float]
     record: dict  # the settings as given, stored in the sidecar (with the backend and device that ran)
@@ -144,8 +144,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
-    # 3. the world model, its engine sized for the samples when the run was resolved (one: a vLLM engine of one
-    # rollout, which verifies several passes a step: terra/generation/decoding.py, auto_passes_per_step)
+    # 3. the world model, its engine sized for the samples when the run was resolved
     pipeline = WorldModelPipeline.from_run(run, tokenizer)
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
@@ -167,8 +166,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     output.record()
     record = copy.deepcopy(spec.record)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
-    record["backend"]["options"] = dict(pipeline.engine_options)  # as the engine ran: the memory preset's choices,
-    # its room for the samples (terra/generation/backends.py, engine_options)
+    record["backend"]["options"] = dict(pipeline.engine_options)  # as the engine ran
     s_per_frame = generate_s / (num_frames * spec.num_samples)
     stats = sum((result.pass_stats for result in results), PassStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
@@ -196,7 +194,7 @@ def _main(cfg: DictConfig) -> None:
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
             unmark_unused(out_dir)  # the files of a failed run are gone; so goes the marker that lists them
-            remove_empty_folders(created)  # Hydra's run folder, empty: terra/apps/runner.py's task removes it
+            remove_empty_folders(created)  # Hydra's run folder, empty
         raise
     remove_empty_run_dir()  # output.dir elsewhere: nothing was written into Hydra's run folder
     print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "

@@ -18,7 +18,7 @@ CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
               "error (--verbose shows its traceback).")
 WIDTH = 118  # a page's wrapped lines
-MOVED = "docs/moved-names.md"  # old setting names, still taken until 0.2.0 (terra/config/moved.py)
+MOVED = "docs/moved-names.md"  # old setting names
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ motion   trajectory.json / .csv / .npy (or the folder's only such file): world-f
          or at 10 Hz, or per-frame instruction_trajs [T, 60, 2|3] / actions [T, 6, 3], one per source frame
 An example: docs/train.md, "Driving logs" (the rules: terra/inputs/driving_logs.py)."""
 
-PAGES: dict[str, Page] = {  # config name (conf/<name>.yaml) -> its page
+PAGES: dict[str, Page] = {  # config name -> its page
     "generate": Page("terra-generate", "docs/generate.md", (
         ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),
         ("Settings of the groups",

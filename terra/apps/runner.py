@@ -259,7 +259,7 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
-        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
+        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page
             sys.argv[1:] = with_help_page(sys.argv[1:], prog)
         if not any(arg.split("=")[0] in PRINTING_FLAGS for arg in sys.argv[1:]):
             check_extras(extras)  # make demo installs no extra: one line naming it, not a traceback

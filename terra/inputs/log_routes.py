@@ -14,7 +14,7 @@ from terra.inputs.trajectory import EgoTrajectory
 from terra.roads import Road, read_clipgt, read_road_file, told_routes_along
 from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
 
-ROUTE_SOURCES = ("road", "driven_path")  # conf/prepare_driving_logs.yaml's routes
+ROUTE_SOURCES = ("road", "driven_path")  # the routes setting of terra-prepare-logs
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from terra.contract.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ,
 from terra.core.errors import TerraInputError, past
 from terra.inputs.ego_motion import to_ego
 
-# Sane world-frame trajectories: a car, in metres and seconds (wrong units fail here, not as odd videos);
-# MAX_SPEED_MPS (terra/contract/actions.py) bounds the speed between two samples.
+# Sane world-frame trajectories of a car, in metres and seconds; MAX_SPEED_MPS bounds the speed between samples.
 MAX_COORDINATE_M = 1e7  # x, y (projected map coordinates included)
 MAX_TIME_S = 1e10  # timestamps (Unix seconds included)
 MAX_YAW_RAD = 1e4  # unwrapped yaw
@@ -149,12 +148,11 @@ MANOEUVRES = (
     "lane_change_left",
     "lane_change_right",
 )
-# Not a manoeuvre of the car's own frame: keeping the ego lane along a synthetic scene's road, bends and all
-# (terra/sim/clips.py), so only where that road exists: terra-generate's built-in context, the training drives.
+# Keeping the ego lane along a synthetic scene's road: only where that road exists.
 FOLLOW_LANE = "follow_lane"
 
 
-# User-settable manoeuvre parameters and their sane ranges (a car on a road; conf/generate.yaml lists them).
+# User-settable manoeuvre parameters and their sane ranges.
 MANOEUVRE_RANGES = {
     "speed_kmh": Range(0, 250, 30),
     "radius_m": Range(2, 10_000, 30),
