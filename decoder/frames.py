@@ -33,8 +33,7 @@ def codes_to_frames(
 
 
 def _decode_fitting(tokenizer: ImageTokenizer, codes: torch.Tensor) -> list[np.ndarray]:
-    """Frames of checked ``codes`` ``[B, ...]``, decoded in one call or, when the device runs out of memory, in two
-    halves (recursively, down to single frames; a single frame that does not fit raises)."""
+    """Frames of checked ``codes [B, ...]``, decoded at once or, out of memory, in halves down to single frames."""
     try:
         return [images_to_uint8(tokenizer.decode(codes))]
     except torch.OutOfMemoryError:

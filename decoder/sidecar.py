@@ -47,8 +47,7 @@ def write_sidecar(
     timings: dict[str, float] | None = None,
     **extra: Any,
 ) -> Path:
-    """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds any further fields (the CLI adds the
-    backend, device and dtype that ran, which the config may give as ``auto``)."""
+    """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds further fields."""
     record = {
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seed": seed,

@@ -69,8 +69,7 @@ def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, lo
 
 
 def ffmpeg_exe() -> str:
-    """The ffmpeg binary MP4 output runs (imageio-ffmpeg's, or ``IMAGEIO_FFMPEG_EXE``); one error line when there is
-    none that runs."""
+    """The ffmpeg binary for MP4 output (imageio-ffmpeg's, or ``IMAGEIO_FFMPEG_EXE``); one error line when none runs."""
     try:
         import imageio_ffmpeg
     except ImportError:
@@ -88,8 +87,7 @@ def ffmpeg_exe() -> str:
 
 @dataclass(frozen=True)
 class Mp4Encoding:
-    """The encoder settings of an MP4: ffmpeg's video codec, pixel format, CRF (``None``: the codec's default, no
-    flag) and the macro-block size a frame's width and height are scaled up to a multiple of (1: never scaled)."""
+    """An MP4's encoder settings: codec, pixel format, CRF (None: the codec's default), macro-block size (1: none)."""
 
     codec: str
     pix_fmt: str
@@ -108,8 +106,7 @@ MP4_ENCODING = Mp4Encoding(codec="libx264", pix_fmt="yuv420p", crf=None, macro_b
 
 def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.PathLike,
                 encoding: Mp4Encoding = MP4_ENCODING) -> list[str]:
-    """ffmpeg's arguments for raw RGB frames of ``width`` x ``height`` on stdin → ``path``: imageio-ffmpeg's command
-    for the same settings (log level aside: errors only, captured by :func:`write_mp4`)."""
+    """ffmpeg's arguments for raw RGB ``width`` x ``height`` frames on stdin → ``path``, as imageio-ffmpeg's."""
     command = [exe, "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}", "-pix_fmt", "rgb24",
                "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
                "-vcodec", encoding.codec, "-pix_fmt", encoding.pix_fmt]
@@ -122,8 +119,7 @@ def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.Pa
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) -> Path:
-    """H.264 MP4 encoded as :data:`MP4_ENCODING` says (as Terra's imageio writer), by
-    imageio-ffmpeg's ffmpeg binary (:func:`ffmpeg_exe`)."""
+    """H.264 MP4 encoded as :data:`MP4_ENCODING` says, by :func:`ffmpeg_exe`."""
     exe = ffmpeg_exe()
     frames, fps = check_frames(frames), check_fps(fps)
     height, width = frames.shape[1:3]
@@ -148,8 +144,7 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) ->
 
 
 def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes:
-    """One uint8 ``[H, W, 3]`` frame → the bytes of a JPEG (``quality`` 1-100) or PNG file (fast compression, the
-    pixels lossless): frames sent over the wire (terra-serve, terra-alpasim)."""
+    """One uint8 ``[H, W, 3]`` frame → JPEG (``quality`` 1-100) or lossless PNG bytes."""
     buffer = io.BytesIO()
     if image_format == "jpeg":
         Image.fromarray(rgb).save(buffer, format="JPEG", quality=quality)

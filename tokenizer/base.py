@@ -168,8 +168,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str, fix: str) -> "ImageTokenizer":
-        """A new tokenizer of this class (random weights) from ``config``; a config its modules cannot be built from
-        is one line naming ``source`` (where the config came from) and ``fix`` (how to mend it)."""
+        """A new tokenizer of this class (random weights) from ``config``; a bad config is one line."""
         try:
             return cls(config)
         except TerraInputError:
@@ -198,8 +197,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return model.to(device=device, dtype=dtype).eval()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Load weights strictly (after :func:`terra.tokenizer.checkpoint_keys.clean`); mismatches, integer or non-
-        finite weights raise one line."""
+        """Load weights strictly; mismatched, integer or non-finite weights raise one line."""
         converted = checkpoint_keys.clean(state_dict)
         expected = self.state_dict()
         missing = sorted(set(expected) - set(converted))

@@ -104,8 +104,7 @@ def _read_file(path: Path) -> Iterator[tuple[str, Image.Image | Path]]:
 
 
 def _open_regular(path: Path) -> IO[bytes]:
-    """``path`` opened for reading if it is a regular file; opened without blocking, so a FIFO, a device or a socket
-    is refused at once instead of blocking the reader forever."""
+    """``path`` opened without blocking if it is a regular file; a FIFO, device or socket is refused at once."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -131,15 +130,13 @@ def image_from_bytes(data: bytes, source: str, max_pixels: int = MAX_PIXELS) -> 
 
 
 def image_file_size(fh: IO[bytes], source: str) -> tuple[int, int]:
-    """Width and height of the context image file open in ``fh``, from its header alone, refused as
-    :func:`load_images` refuses it (its format, more than :data:`MAX_PIXELS` pixels)."""
+    """Width and height of the image in ``fh`` from its header, refused as :func:`load_images` refuses it."""
     with _opened(fh, source, FILE_FORMATS, MAX_PIXELS) as image:
         return image.size
 
 
 def sniff_format(head: bytes) -> str | None:
-    """The image format the first 12 bytes of a file announce, of PNG, JPEG, BMP, WEBP, TIFF and GIF (None for any
-    other)."""
+    """The image format a file's first 12 bytes announce (PNG, JPEG, BMP, WEBP, TIFF, GIF; None: other)."""
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "WEBP"
     return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
@@ -153,8 +150,7 @@ def _decode(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: in
 
 @contextmanager
 def _opened(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: int) -> Iterator[Image.Image]:
-    """The image in ``fh`` opened (not yet decoded) by the one decoder of ``formats`` its first bytes name, its size
-    checked from its header; any failure of that decoder, in the body too (``load``), is the one-line refusal."""
+    """The image in ``fh`` opened by the one decoder its first bytes name, size checked; any failure is one line."""
     kind = sniff_format(fh.read(12))
     fh.seek(0)
     if kind not in formats:
@@ -203,8 +199,7 @@ def _from_array(array: np.ndarray) -> Iterable[Image.Image]:
 
 
 def _read_video(path: Path, gif: bool) -> Iterator[Image.Image]:
-    """The frames of a video file: a GIF (by its first bytes) by Pillow, whose GIF decoder alone accepts those
-    bytes, any other by ffmpeg; the plugin is named, so imageio never falls back to Pillow's other formats."""
+    """The frames of a video file: a GIF by Pillow, any other by ffmpeg."""
     import imageio.v3 as iio
 
     try:

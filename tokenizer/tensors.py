@@ -38,8 +38,7 @@ def count_non_finite(value: Any) -> int:
 
 
 def check_floats(value: Any, where: str, fix: str) -> None:
-    """Raise unless ``value`` is floating point and finite; ``where`` names the file and tensor, ``fix`` ends the
-    line."""
+    """Raise unless ``value`` is floating point and finite; ``where`` names the tensor, ``fix`` ends the line."""
     if not is_floating(value):
         raise TerraInputError(f"{where} holds {value.dtype} numbers where floating point is needed; {fix}")
     bad = count_non_finite(value)
@@ -48,8 +47,7 @@ def check_floats(value: Any, where: str, fix: str) -> None:
 
 
 def check_like(value: Any, model: Any, where: str, fix: str) -> None:
-    """Raise unless weight ``value`` may load into the model's tensor ``model``: floating point and finite where the
-    model's is floating point (a cast would hide integers), whole numbers where it holds counts."""
+    """Raise unless weight ``value`` may load into ``model``'s tensor: finite floats, or whole numbers for counts."""
     if is_floating(model):
         check_floats(value, where, fix)
     elif is_floating(value):

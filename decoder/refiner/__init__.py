@@ -21,8 +21,7 @@ __all__ = ["PRESETS", "TERRA", "TINY", "RefinerConfig", "check_file", "check_ref
 
 
 def check_refiner_device(config: RefinerConfig, device: torch.device, allow_cpu: bool = False) -> None:
-    """Refuse Terra's full-size refiner off a GPU (hours per video on a CPU) unless ``allow_cpu``; ``device`` is
-    resolved."""
+    """Refuse Terra's full-size refiner off a GPU (hours per video on a CPU) unless ``allow_cpu``."""
     if device.type != "cuda" and config.unet_channels == TERRA.unet_channels and not allow_cpu:
         raise TerraInputError("the video refiner at Terra's size needs a CUDA GPU (about 5 min per video on an H100 in "
                               f"Terra's code; hours on {device.type}); run on a GPU, use decoder=tokenizer, or set "

@@ -52,8 +52,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def match_tensors(state_dict: Mapping[str, torch.Tensor], table: Mapping[str, tuple[str, tuple[int, ...]]],
                   source: str) -> dict[str, torch.Tensor]:
-    """The refiner's tensors of ``state_dict`` under module names (still in their published shapes); missing,
-    unknown (under the refiner's prefixes) or misshapen tensors raise one line."""
+    """``state_dict``'s tensors under module names; missing, unknown or misshapen tensors raise one line."""
     ours = {k: v for k, v in state_dict.items() if k.startswith(CHECKED_PREFIXES)}
     missing = sorted(set(table) - set(ours))
     unexpected = sorted(set(ours) - set(table))

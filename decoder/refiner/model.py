@@ -82,8 +82,7 @@ class VideoRefiner(nn.Module):
             torch.save({"module": self.published_state_dict()}, tmp)
 
     def prepare(self, device: str | torch.device, dtype: torch.dtype) -> "VideoRefiner":
-        """Move to ``device``: the UNet and conditioning encoder in ``dtype``, the temporal decoder in float32;
-        channels-last and ``torch.compile`` of the UNet as the config asks."""
+        """Move to ``device``: UNet and encoder in ``dtype``, temporal decoder in float32."""
         self.eval().requires_grad_(False)
         self.to(device=device, dtype=dtype)
         self.temporal_vae.float()

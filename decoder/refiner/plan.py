@@ -19,8 +19,7 @@ def plan_passes(num_frames: int, window: int, min_overlap: int) -> list[tuple[in
 
 
 def guidance_scales(num_frames: int, window: int, min_scale: float, max_scale: float) -> torch.Tensor:
-    """Guidance scale per frame of a pass (float32 ``[num_frames]``): ``linspace(min, max, window)``, the
-    LinearPredictionGuider's ramp over the frames of a full pass; a shorter pass uses its first entries."""
+    """Per-frame guidance scale of a pass (float32 ``[num_frames]``): the head of ``linspace(min, max, window)``."""
     return torch.linspace(min_scale, max_scale, window, dtype=torch.float32)[:num_frames]
 
 

@@ -54,8 +54,7 @@ def conditioning_vector(config: RefinerConfig, batch: int, device: torch.device)
 
 
 def unet_predictor(refiner: "VideoRefiner", cond: torch.Tensor, uncond: torch.Tensor | None) -> Predictor:
-    """``(x·c_in [1, n, C, h, w], c_noise) → v [B, n, C, h, w]`` in the refiner's dtype: one branch (``cond``) when
-    ``uncond`` is None, else ``[uncond, cond]`` in one UNet batch."""
+    """``(x·c_in [1, n, C, h, w], c_noise) → v``: ``cond`` alone when ``uncond`` is None, else both in one batch."""
     config, unet, dtype = refiner.config, refiner.unet, refiner.dtype
     branches = (cond[None] if uncond is None else torch.stack([uncond, cond])).to(dtype)
     batch = len(branches)
@@ -79,8 +78,7 @@ def sample_pass(refiner: "VideoRefiner", cond: torch.Tensor, scales: torch.Tenso
 
 def denoise(refiner: "VideoRefiner", noise: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None,
             scales: torch.Tensor, progress: bool = False) -> torch.Tensor:
-    """Euler sampling from ``noise`` ``[1, n, C, h, w]`` (unit variance) → float32 latents of that shape; ``uncond``
-    None runs one branch, otherwise both, their denoised latents mixed per frame by ``scales``."""
+    """Euler sampling from unit-variance ``noise [1, n, C, h, w]`` → float32 latents; branches mixed by ``scales``."""
     config = refiner.config
     predict = unet_predictor(refiner, cond, uncond)
     scales = scales.to(cond.device).view(1, -1, 1, 1, 1)

@@ -81,8 +81,7 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
 
 
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
-    """Generate the rollouts of a checked configuration (:func:`generate_spec`) and write them under ``out_dir``;
-    return the summary."""
+    """Generate the rollouts of a checked :class:`GenerateSpec`, write them under ``out_dir`` and return the summary."""
     t_start = time.perf_counter()
     # 1. the input files (context, trajectory: read in step 2, once the context frames are counted; the checkpoints'
     # in step 2, still before any model loads), then the output names and folder: no file read, nothing heavy imported

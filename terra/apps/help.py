@@ -23,8 +23,7 @@ MOVED = "docs/moved-names.md"  # old setting names
 
 @dataclass(frozen=True)
 class Page:
-    """What an app's page adds to its config file: its console script, docs page, sections ``(title, text)``, the
-    choices that exist (computed when the page is asked for) and its exit codes."""
+    """What an app's page adds to its config file: console script, docs page, sections, choices and exit codes."""
 
     prog: str
     docs: str
@@ -174,8 +173,7 @@ def opening_comment(text: str) -> str:
 
 
 def documented_settings(text: str) -> str:
-    """A config file's settings with their comments: the file without its opening comment, its ``defaults`` list and
-    its ``hydra`` block."""
+    """A config file's settings with their comments, without its opening comment, ``defaults`` and ``hydra`` block."""
     kept, block, opening = [], None, True
     for line in text.splitlines():
         if opening and line.startswith("#"):
@@ -192,8 +190,7 @@ def documented_settings(text: str) -> str:
 
 
 def config_groups(text: str) -> dict[str, str]:
-    """The configuration groups a config file's defaults list picks (``model: demo``), each with its options (the
-    files of ``conf/<group>/``) and the one picked by default."""
+    """The configuration groups a config file's defaults list picks, each with its options and its default."""
     defaults = (yaml.safe_load(text) or {}).get("defaults") or []
     groups = {}
     for entry in defaults:
@@ -213,8 +210,7 @@ def _literal(text: str) -> str:
 
 
 def page_template(config_name: str, prog: str | None = None) -> str:
-    """The Hydra help template of ``conf/<config_name>.yaml``: its page (:data:`PAGES`), every literal ``$`` doubled
-    (Hydra fills the template as a ``string.Template``)."""
+    """The Hydra help template of ``conf/<config_name>.yaml``: its page, every literal ``$`` doubled."""
     page = PAGES.get(config_name)
     if page is None or (prog is not None and page.prog != prog):
         return foreign_page(config_name, prog)
@@ -239,8 +235,7 @@ def page_template(config_name: str, prog: str | None = None) -> str:
 
 
 def foreign_page(config_name: str, prog: str | None) -> str:
-    """The page of ``prog`` run with a config that is not its own: what that means, and the config as Hydra composed
-    it (Hydra's ``$CONFIG``, not resolved), with ``prog``'s exit codes and docs page."""
+    """The page of ``prog`` run with a config not its own: the config as composed, exit codes and docs page."""
     own = next((page for page in PAGES.values() if page.prog == prog), None)
     prog = prog or "this app"
     parts = [_literal(textwrap.fill(
@@ -266,8 +261,7 @@ def _indented(body: str) -> str:
 
 
 def register_help() -> None:
-    """Hydra's help config ``hydra/help=terra`` and its resolver
-    ``terra_help``, which makes the running app's page (once registered, again a no-op)."""
+    """Register Hydra's help config ``hydra/help=terra`` and its resolver ``terra_help`` (idempotent)."""
     if not OmegaConf.has_resolver("terra_help"):
         OmegaConf.register_new_resolver("terra_help", page_template)
     ConfigStore.instance().store(group="hydra/help", name="terra", provider="terra", node={

@@ -18,8 +18,7 @@ PROG = "terra-prepare-logs"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_driving_logs", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split; (4)
-    tokenize them and write the shards; (5) the summary."""
+    """Settings; tokenizer and index; clips still to do; tokenize and write shards; summary."""
     # 1. the settings, checked once: no torch yet, nothing written
     check_added_settings(PROG, cfg=cfg)
     spec = prepare_spec(cfg)

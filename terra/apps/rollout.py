@@ -18,8 +18,7 @@ PROG = "terra-rollout"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="rollout", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    """(1) the settings, checked once; (2) the output folder's lock, taken once; (3) plan, generate and write; (4)
-    the summary."""
+    """Settings; the output folder's lock; plan, generate and write; summary."""
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."), cfg=cfg)
     move_settings(cfg, PROG)  # old setting names in a user's config file
     spec = batch_spec(cfg)  # no torch yet: a bad setting is one line in about a second

@@ -92,8 +92,7 @@ def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") 
 
 
 def check_added_settings(command: str, allowed: Sequence[str] = (), cfg: DictConfig | None = None) -> None:
-    """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have (the app
-    would ignore it), except under the prefixes ``allowed`` (free-form mappings such as ``backend.options.``)."""
+    """Refuse ``+key=value`` overrides that add a setting the config lacks, except under the prefixes ``allowed``."""
     overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
     for override in overrides:
         key = override.key_or_group
@@ -125,8 +124,7 @@ def _hydra_message(err: BaseException, command: str) -> str:
 
 
 class _TaskFailed(BaseException):
-    """An exception of a :func:`task`, carried past Hydra's job runner (which catches only ``Exception`` and writes
-    "Error executing job ..." on stderr) to :func:`run_app`."""
+    """A :func:`task`'s exception, carried past Hydra's job runner to :func:`run_app`."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(error)
@@ -161,8 +159,7 @@ def remove_empty_run_dir() -> None:
 
 
 def flags_error(arguments: Sequence[str], prog: str) -> str | None:
-    """Why Hydra's own command line would refuse ``arguments`` (an unknown ``--flag``, a flag's bad value), in one
-    line, or None; checked before Hydra reads them, which would print its usage first."""
+    """Why Hydra's command line would refuse ``arguments`` (unknown flag, bad value), in one line, or None."""
     parser = get_args_parser()
     parser.exit_on_error = False
     try:
@@ -176,8 +173,7 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
 
 
 def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -> str | None:
-    """Why a config of the user's (``--config-dir``, ``--config-name``) cannot run ``prog``: the settings of the
-    app's own config it lacks, in one line; None when it has them all or none was given."""
+    """Why the user's config cannot run ``prog`` (the app's settings it lacks), in one line, or None."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery

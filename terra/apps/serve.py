@@ -43,8 +43,7 @@ def websocket_protocol() -> type | str:
 
 
 def bind(settings: ServeSettings) -> socket.socket:
-    """The server's socket, bound to ``serve.host:serve.port`` but not yet listening; a port in use or an address
-    this machine does not have is one line."""
+    """The server's socket, bound to ``serve.host:serve.port``, not yet listening; a bind failure is one line."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]

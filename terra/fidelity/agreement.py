@@ -28,8 +28,7 @@ def _check_pair(world: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def lane_reading(frame: np.ndarray) -> float:
-    """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead as the lane detector reads it
-    in ``frame``; NaN when it finds no lane."""
+    """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead in ``frame``; NaN: no lane."""
     lane = find_lane(frame)
     return float("nan") if lane is None else lane.lateral(LOOKAHEAD_M)
 
@@ -48,8 +47,7 @@ class LaneAgreement:
 
 
 def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: str | None = None) -> LaneAgreement:
-    """The lane detector's reading of each world frame and of the true frame at the same pose (on torch's
-    ``device``, every frame at once; None: numpy, frame by frame)."""
+    """Lane readings of each world frame and the true frame at its pose (``device`` None: numpy, frame by frame)."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     if device is not None:
         from terra.fidelity.batched import lane_readings
@@ -75,8 +73,7 @@ class LaneSummary:
 
 def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
                  bootstrap: Bootstrap = Bootstrap()) -> LaneSummary:
-    """:class:`LaneSummary` over the frames of ``drives``, resampling ``clusters`` (one label per drive: its
-    scenario)."""
+    """:class:`LaneSummary` over the frames of ``drives``, resampling ``clusters`` (one label per drive)."""
     if len(drives) != len(clusters) or not drives:
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
     labels = [label for drive, label in zip(drives, clusters) for _ in range(len(drive.world))]
@@ -94,8 +91,7 @@ def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
 
 def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray, horizons: Sequence[int] = HORIZONS,
                    device: str | None = None) -> dict[int, dict[str, float]]:
-    """PSNR (dB, capped at ``PSNR_CAP_DB`` for identical frames) and SSIM of the world's frame against the true one
-    at each horizon the drive reaches (on torch's ``device``; None: numpy and scikit-image)."""
+    """PSNR (dB, capped at ``PSNR_CAP_DB``) and SSIM of world against true frame at each horizon the drive reaches."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     reached = [h for h in horizons if 1 <= h <= len(world_frames)]
     if not reached:
@@ -112,8 +108,7 @@ def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray, horizons: 
 
 def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Sequence[Hashable],
                     bootstrap: Bootstrap = Bootstrap()) -> dict[int, dict[str, Interval]]:
-    """Per horizon, the mean PSNR and SSIM over the drives that reach it (:func:`frame_fidelity`'s results), with
-    intervals over ``clusters`` (one label per drive)."""
+    """Per horizon, mean PSNR and SSIM over the drives reaching it, with intervals over ``clusters``."""
     if len(drives) != len(clusters):
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
     horizons = sorted({h for drive in drives for h in drive})
@@ -126,16 +121,14 @@ def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Seq
 
 @dataclass(frozen=True)
 class Lag:
-    """The lag (steps) at which the world's frames best match the true frames, and the mean PSNR (dB) at every lag
-    from ``-max_lag`` to ``max_lag`` (``curve[lag + max_lag]``)."""
+    """The lag (steps) where world frames best match true ones, and mean PSNR (dB) per lag: ``curve[lag + max_lag]``."""
 
     lag: int
     curve: np.ndarray
 
     @property
     def prominence_db(self) -> float:
-        """How far the best lag stands above the median lag (dB): near 0 for a world whose frames match no moment of
-        the drive better than any other (a frozen or gray world), where the lag means nothing."""
+        """How far the best lag stands above the median lag (dB); near 0 the lag means nothing."""
         return float(self.curve.max() - np.median(self.curve))
 
     @property
@@ -146,8 +139,7 @@ class Lag:
 
 def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int = MAX_LAG,
                  device: str | None = None) -> Lag:
-    """The shift k maximising the mean PSNR of world frame t against true frame t - k over the frames both have;
-    ties go to the smallest |k|."""
+    """The shift k maximising the mean PSNR of world frame t against true frame t - k; ties to the smallest |k|."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     steps = len(world_frames)
     if 3 * (steps - max_lag) < steps:
@@ -169,8 +161,7 @@ def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int
 
 
 def _lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, block: int = 32) -> np.ndarray:
-    """``[T, 2 max_lag + 1]``: the sum of squared differences of world frame t and true frame t - k (column k +
-    max_lag; NaN where there is no such true frame), of uint8 frames ``[T, pixels]``."""
+    """``[T, 2 max_lag + 1]`` sums of squared differences of world frame t and true frame t - k (NaN: none)."""
     steps, pixels = world.shape
     out = np.full((steps, 2 * max_lag + 1), np.nan)
     lags = np.arange(-max_lag, max_lag + 1)
@@ -200,8 +191,7 @@ def _best_lags(curves: np.ndarray, lags: np.ndarray) -> np.ndarray:
 
 
 def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The lag of the drives' mean PSNR curve (each drive's :func:`temporal_lag`), with its interval over
-    ``clusters`` (one label per drive): the lag that maximises each replicate's mean curve."""
+    """The lag of the drives' mean PSNR curve, with its interval over ``clusters`` (one label per drive)."""
     if len(lags) != len(clusters) or not lags:
         raise ValueError(f"one cluster label per drive ({len(lags)} drives, {len(clusters)} labels)")
     if len({len(lag.curve) for lag in lags}) > 1:
@@ -214,8 +204,7 @@ def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bo
 
 
 def frame_changes(frames: np.ndarray, device: str | None = None) -> np.ndarray:
-    """``[T]``: the mean squared difference (grey levels^2) of each of ``frames [T + 1, H, W, 3]`` but the first
-    from the frame before it (on torch's ``device``; None: numpy)."""
+    """``[T]`` mean squared difference (grey levels^2) of each of ``frames [T + 1, H, W, 3]`` from the one before."""
     if device is not None:
         from terra.fidelity.batched import frame_changes as changes
 

@@ -78,8 +78,7 @@ def _make_taps(shape: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor) -
 
 
 def _interpolate(flat: torch.Tensor, where: tuple, cval: float, shared: bool = True) -> torch.Tensor:
-    """``flat [N, cells]`` read bilinearly at ``where``'s points (the same points for every row, any shape, or ``[N,
-    P]`` one row's each when not ``shared``), as ``interpolate``, in float64."""
+    """``flat [N, cells]`` read bilinearly at ``where`` (shared points, or ``[N, P]`` per row), in float64."""
     (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1), inside = where
 
     def read(index: torch.Tensor) -> torch.Tensor:
@@ -170,8 +169,7 @@ def _search(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor) -> tuple[to
 
 def _align(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor, motion: torch.Tensor,
            ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``_align`` of every pair at once: motions, matches, cells compared and which pairs were aligned (``ok`` and
-    neither textureless nor unobservable nor out of view)."""
+    """``_align`` of every pair at once: motions, matches, cells compared and which pairs were aligned."""
     points, cell = grid.points, grid.grid.level
     template = later.flatten(1)[:, grid.template]
     grad_x, grad_y = (g.flatten(1)[:, grid.template] for g in torch.gradient(
@@ -225,8 +223,7 @@ def luminance(frames: torch.Tensor) -> torch.Tensor:
 
 def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_match: float, device: str,
                    min_sky_luminance: float = MIN_SKY_LUMINANCE) -> list[Motion | None]:
-    """``estimate_motion`` from ``frames[i]`` to ``frames[j]`` of each pair ``(i, j)`` of ``frames [F, H, W, 3]``,
-    on ``device``, every pair at once (:data:`PAIRS_AT_ONCE` at a time); each frame's ground grids made once."""
+    """``estimate_motion`` for each pair ``(i, j)`` of ``frames [F, H, W, 3]`` on ``device``, many pairs at once."""
     if not pairs:
         return []
     height, width = frames.shape[1:3]
@@ -264,8 +261,7 @@ def frame_changes(frames: np.ndarray, device: str) -> np.ndarray:
 
 
 def lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, device: str) -> np.ndarray:
-    """``_lagged_squares`` of uint8 frames ``[T, pixels]`` on ``device``: the same exact sums (float64 holds every
-    product and partial sum of uint8 frames exactly, in any order)."""
+    """``_lagged_squares`` of uint8 frames ``[T, pixels]`` on ``device``: the same exact sums in float64."""
     steps = len(world)
     with torch.inference_mode():
         where = torch.device(device)
@@ -293,8 +289,7 @@ def estimate_steps(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int,
 
 
 def lane_readings(frames: np.ndarray, ahead: float, device: str, min_points: int = 12) -> np.ndarray:
-    """``find_lane`` of each of uint8 ``frames [T, H, W, 3]`` on ``device``, read ``ahead`` metres ahead (NaN: no
-    lane found): the same markings, the median's outliers left out, the same weighted line."""
+    """``find_lane`` of each of uint8 ``frames [T, H, W, 3]`` on ``device``, ``ahead`` m ahead (NaN: no lane)."""
     height, width = frames.shape[1:3]
     band = ground_rows(height, width)
     where = torch.device(device)

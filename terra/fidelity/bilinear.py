@@ -9,8 +9,7 @@ import numpy as np
 
 
 class Taps(NamedTuple):
-    """Where bilinear interpolation reads a grid for a set of points (:func:`taps`): the four corners' flat indices,
-    the weights along rows and columns, and which points lie inside the grid."""
+    """Where bilinear interpolation reads a grid: corners' flat indices, row and column weights, points inside."""
 
     corners: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     weights: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -32,8 +32,7 @@ class Following:
 
 @dataclass(frozen=True)
 class FollowingFit:
-    """Gains and slopes of recovered on commanded motion per component (``dx``, ``dyaw``), and the share of steps
-    recovered, each with its interval."""
+    """Gains and slopes of recovered on commanded ``dx`` and ``dyaw``, and the share recovered, with intervals."""
 
     gain: dict[str, Interval]
     slope: dict[str, Interval]
@@ -70,8 +69,7 @@ def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MA
 
 def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],
                      bootstrap: Bootstrap = Bootstrap()) -> FollowingFit:
-    """Gains and slopes over every step of ``drives``, resampling ``clusters`` (one label per drive: its scenario,
-    so that the drives of a scenario are drawn together)."""
+    """Gains and slopes over every step of ``drives``, resampling ``clusters`` (one label per drive)."""
     if len(drives) != len(clusters) or not drives:
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
     labels = [label for drive, label in zip(drives, clusters) for _ in range(len(drive.commanded))]
@@ -105,8 +103,7 @@ def relative_gain(scenarios: Sequence[Hashable], commanded: np.ndarray, recovere
 
 def action_following(frames: np.ndarray, commanded: np.ndarray,
                      bootstrap: Bootstrap = Bootstrap()) -> tuple[Following, FollowingFit]:
-    """One drive: the per-step recovered and commanded motions and their gains and slopes, with intervals over
-    blocks of :data:`BLOCK_STEPS` consecutive steps."""
+    """One drive's recovered and commanded motions, gains and slopes, with intervals over :data:`BLOCK_STEPS` blocks."""
     drive = recover(frames, commanded)
     steps = len(drive.commanded)
     blocks = [Following(drive.commanded[i:i + BLOCK_STEPS], drive.recovered[i:i + BLOCK_STEPS],

@@ -124,16 +124,14 @@ def survival(horizons: Sequence[DriveHorizon], scenarios: Sequence[Hashable],
 
 
 def _times(curves: np.ndarray, share: float) -> np.ndarray:
-    """Per curve ``[R, steps]``, the time (s) of the first step after which at most ``1 - share`` survive (inf:
-    none; a tolerance keeps a share reached exactly, such as 5 of 10 drives, reached)."""
+    """Per curve ``[R, steps]``, the time (s) after which at most ``1 - share`` survive (inf: never)."""
     reached = curves <= 1.0 - share + 1e-9
     first = np.argmax(reached, axis=1)
     return np.where(reached.any(axis=1), STEP_S * (first + 1), np.inf)
 
 
 def _quantile_interval(estimate: float, replicates: np.ndarray, factor: float, level: float) -> Interval:
-    """The percentile interval of quantile ``replicates`` (inf where the curve does not reach the quantile, kept: no
-    interpolation across it), each side widened by ``factor`` when both it and the estimate are finite."""
+    """The percentile interval of quantile ``replicates`` (inf kept), each finite side widened by ``factor``."""
     tail = (1.0 - level) / 2
     low, high = np.quantile(replicates, [tail, 1.0 - tail], method="inverted_cdf")
     if not np.isfinite(factor):
@@ -145,8 +143,7 @@ def _quantile_interval(estimate: float, replicates: np.ndarray, factor: float, l
 
 
 def shown_seconds(value: float, longest_s: float) -> str:
-    """A horizon in seconds as the report writes it: ``inf`` (not reached within the drives) as at least the longest
-    drive."""
+    """A horizon in seconds as the report writes it; ``inf`` shown as at least the longest drive."""
     return f">= {longest_s:g} s" if not np.isfinite(value) else f"{value:.1f} s"
 
 

@@ -43,8 +43,7 @@ LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 @dataclass(frozen=True)
 class Motion:
-    """The camera's planar motion from one frame to the next, in the earlier frame's ego frame (metres, radians);
-    ``match``: the aligned grounds' normalised cross-correlation; ``cells``: ground cells compared."""
+    """Planar motion between frames in the earlier ego frame (m, rad), its ``match`` (NCC) and ``cells`` compared."""
 
     dx: float
     dy: float
@@ -73,8 +72,7 @@ def se2(dx: float, dy: float, dyaw: float) -> np.ndarray:
 
 
 class BirdsEye:
-    """A :class:`Level`'s ground grid for one image size: where each cell lies in the image, which cells the camera
-    sees (away from the view's edges by the blur), and the later frame's cells that are aligned (``points``)."""
+    """A :class:`Level`'s ground grid for one image size: cell positions, cells seen, aligned ``points``."""
 
     def __init__(self, height: int, width: int, level: Level) -> None:
         cam = camera(height, width)
@@ -119,8 +117,7 @@ def ladder(height: int, width: int) -> tuple[BirdsEye, ...]:
 
 def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MIN_MATCH,
                     min_sky_luminance: float = MIN_SKY_LUMINANCE) -> Motion | None:
-    """The planar motion of the camera from RGB frame ``before`` to ``after`` (``[H, W, 3]``), or None where it cannot
-    be told."""
+    """The camera's planar motion from RGB ``before`` to ``after`` (``[H, W, 3]``), or None where it cannot be told."""
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
@@ -129,15 +126,13 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
 
 def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH,
                      device: str | None = None) -> list[Motion | None]:
-    """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next: the same motions, each frame's
-    luminance and ground grids made once for the two pairs it belongs to (:func:`estimate_series`)."""
+    """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next."""
     return estimate_series([frames], min_match, device)[0]
 
 
 def estimate_series(series: Sequence[np.ndarray], min_match: float = MIN_MATCH,
                     device: str | None = None) -> list[list[Motion | None]]:
-    """:func:`estimate_motions` of each of ``series`` (``[T + 1, H, W, 3]``, frame t of each seen at one pose), each
-    motion shared among the series estimated once."""
+    """:func:`estimate_motions` of each of ``series`` (frame t of each at one pose), shared motions estimated once."""
     series = [np.asarray(frames) for frames in series]
     for frames in series:
         if frames.ndim != 4 or frames.shape[3] != 3 or len(frames) != len(series[0]):
@@ -183,8 +178,7 @@ def _pair_sources(series: Sequence[np.ndarray]) -> list[list[tuple[str, Any]]]:
 
 def _estimated_here(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int, tuple[int, int]]],
                     min_match: float) -> dict[tuple[int, int], Motion | None]:
-    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))``, in
-    numpy, pair by pair, each frame's ground kept for the next pair."""
+    """The motion of series s at step t between frames k and k' for each of ``steps``, in numpy, pair by pair."""
     found: dict[tuple[int, int], Motion | None] = {}
     grounds: dict[tuple[int, int], _Ground] = {}
     for s, t, firsts in steps:
@@ -195,8 +189,7 @@ def _estimated_here(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int
 
 
 class _Ground:
-    """One frame's luminance, its sky's mean luminance, and its ground grids (:meth:`BirdsEye.image`), each grid
-    made when first asked for."""
+    """One frame's luminance, its sky's mean luminance and its ground grids, each made when first asked for."""
 
     def __init__(self, frame: np.ndarray) -> None:
         self.grey = luminance(frame)
@@ -233,8 +226,7 @@ def _motion(before: _Ground, after: _Ground, min_match: float, min_sky_luminance
 
 
 def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: int = 3) -> np.ndarray | None:
-    """The coarse search's best motion over forward motion and yaw (no sideways motion), or None when no candidate
-    keeps enough of the ground in view."""
+    """The coarse search's best forward motion and yaw, or None when no candidate keeps enough ground in view."""
     template = template[::stride]
     candidates, where = search_taps(grid, stride)
     values = interpolate(earlier, where, np.nan)
@@ -249,8 +241,7 @@ def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: i
 
 @lru_cache(maxsize=8)
 def search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
-    """The coarse search's candidate motions ``[C, 3, 3]`` and the taps of every ``stride``-th template point moved
-    by each (``[C, points]``): the same for every frame pair of an image size, so made once."""
+    """The coarse search's candidate motions ``[C, 3, 3]`` and their taps ``[C, P]`` of every ``stride``-th point."""
     points = grid.points[::stride]
     candidates = np.array([se2(dx, 0.0, yaw) for dx in SEARCH_DX_M for yaw in SEARCH_DYAW_RAD])
     rot, shift = candidates[:, :2, :2], candidates[:, :2, 2]
@@ -312,8 +303,7 @@ def _correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def step_motions(poses: np.ndarray) -> np.ndarray:
-    """``[T, 3]`` planar motions ``(dx, dy, dyaw)`` between consecutive world poses ``[T + 1, 3]`` (x, y, yaw), each in
-    the ego frame of the earlier pose."""
+    """``[T, 3]`` motions ``(dx, dy, dyaw)`` between world poses ``[T + 1, 3]``, in the earlier pose's ego frame."""
     poses = np.asarray(poses, dtype=np.float64)
     delta = poses[1:, :2] - poses[:-1, :2]
     c, s = np.cos(poses[:-1, 2]), np.sin(poses[:-1, 2])

@@ -38,8 +38,7 @@ MAPPING_KEYS = ("x", "y", "yaw", "t", "timestamp", "rate_hz")  # a "trajectory" 
 
 @dataclass(frozen=True)
 class Manoeuvre:
-    """A named manoeuvre as a trajectory names it: its world-frame motion (from the origin, heading +x), the frames
-    it covers, its name and parameters (checked; terra-generate drives the same in its built-in scene)."""
+    """A named manoeuvre: its world-frame motion (from the origin, heading +x), frames, name and checked parameters."""
 
     motion: EgoTrajectory
     frames: int
@@ -72,8 +71,7 @@ def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.nda
 
 
 def manoeuvre_motion(name: str, num_frames: int, **params: float) -> Manoeuvre:
-    """A named manoeuvre over ``num_frames`` frames (parameters as :func:`manoeuvre_trajectory`), its motion 3 s
-    past them: what its actions and a road's routes are taken from."""
+    """A named manoeuvre over ``num_frames`` frames, its motion running 3 s past them."""
     if (isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral)
             or not 1 <= num_frames <= MAX_FRAMES):
         raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 and at most {MAX_FRAMES} "
@@ -109,8 +107,7 @@ def check_input_files(context: str | Sequence[str] | None, trajectory: str | Pat
 
 
 def read_trajectory_file(path: Path) -> Any:
-    """A trajectory file's content by its suffix: a CSV as an :class:`EgoTrajectory`, a JSON file's value, a
-    ``.npy`` array; one line for another suffix."""
+    """A trajectory file's content by suffix: CSV → :class:`EgoTrajectory`, JSON → its value, ``.npy`` → an array."""
     suffix = path.suffix.lower()
     if suffix not in TRAJECTORY_SUFFIXES:
         raise TerraInputError(f"trajectory file {path} has an unknown type; use .json, .csv or .npy")
@@ -133,8 +130,7 @@ def trajectory_file_errors(source: str) -> Iterator[None]:
 
 
 def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None, source: str) -> int:
-    """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more (the length check in
-    :func:`validate_actions` still sees a trajectory that is too short)."""
+    """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more."""
     own = trajectory.num_frames()
     if num_frames is None and own > MAX_FRAMES:
         raise TerraInputError(f"{source}: spans {own} frames at {FRAME_RATE_HZ:g} Hz, more than the {MAX_FRAMES} "
@@ -169,8 +165,7 @@ def actions_from_value(value: Any, source: str, num_frames: int | None, skip: in
 
 
 def actions_of(motion: Any, source: str, num_frames: int | None) -> Any:
-    """``[T, 6, 3]`` actions of what :func:`motion_of` found, not yet checked as a whole (the callers check them
-    once)."""
+    """``[T, 6, 3]`` actions of what :func:`motion_of` found, not yet checked as a whole."""
     if isinstance(motion, Manoeuvre):
         return actions_from_trajectory(motion.motion, motion.frames)
     if isinstance(motion, EgoTrajectory):
@@ -230,8 +225,7 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
 
 
 def trajectory_action(trajectory: Any, source: str = "action trajectory") -> np.ndarray:
-    """One frame's checked ``[6, 3]`` action from the car's path from now on in the current ego frame: a mapping
-    ``{"x", "y"[, "yaw"][, "t" | "rate_hz"]}`` or points ``[[x, y], ...]`` at 10 Hz, its first point the car now."""
+    """One frame's checked ``[6, 3]`` action from the car's path ahead in its ego frame (a mapping or 10 Hz points)."""
     return actions_from_value({"trajectory": trajectory}, source, 1)[0]
 
 

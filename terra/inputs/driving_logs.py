@@ -95,8 +95,7 @@ def open_clip(folder: Path) -> Clip:
 
 
 def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
-    """A clip's trajectory file: a world-frame :class:`EgoTrajectory`, or checked per-frame actions ``[T, 6, 3]``
-    (from actions or instruction trajectories), read by readers."""
+    """A clip's trajectory file: a world-frame :class:`EgoTrajectory` or checked per-frame actions ``[T, 6, 3]``."""
     source = str(path)
     with trajectory_file_errors(source):
         value = read_trajectory_file(path)
@@ -133,8 +132,7 @@ def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndar
 
 
 def resample(frames: Iterable[tuple[float | None, Any]], kept: Resampled) -> Iterator[Any]:
-    """Of ``(time, frame)`` pairs in time order, the frame nearest each 10 Hz tick from the first frame's time up to
-    the last's (the earlier on a tie), as they arrive; ``kept`` records each tick and frame index."""
+    """The frame nearest each 10 Hz tick of time-ordered ``(time, frame)`` pairs; ``kept`` records them."""
     first = previous = None  # previous: (time, index, frame)
     tick = 0
     for index, (time, frame) in enumerate(frames):
@@ -185,8 +183,7 @@ def frame_times(trajectory: EgoTrajectory, kept: Resampled, shared_clock: bool) 
 
 
 def _starting_at(trajectory: EgoTrajectory, start: float) -> EgoTrajectory:
-    """The same motion from ``start`` on (an interpolated first pose, then the later samples), so that
-    :meth:`EgoTrajectory.instruction_trajs` puts frame 0 at ``start``; poses from ``start`` on are unchanged."""
+    """The same motion from ``start`` on, so that frame 0 of its instruction trajectories lies at ``start``."""
     if start <= trajectory.t[0] + TIME_SLACK_S:
         return trajectory
     later = trajectory.t > start
@@ -226,8 +223,7 @@ def _image_times(clip: Clip, frame_rate_hz: float) -> np.ndarray:
 
 
 def _video_frames(path: Path) -> Iterator[tuple[float | None, Any]]:
-    """``(time in seconds, PyAV frame)`` of every frame of a video, in presentation order; one line for a video that
-    cannot be decoded or holds fewer frames than its header says (a truncated file)."""
+    """``(seconds, PyAV frame)`` of every frame of a video in order; one line for an undecodable or truncated video."""
     import av
 
     with open_input_file(path, "video", MAX_VIDEO_BYTES) as fh:

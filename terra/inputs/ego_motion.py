@@ -14,8 +14,7 @@ STRAIGHT = 1e-9  # a curvature (1/m) below this drives a straight line
 
 
 def to_ego(points: Any, pose: Any) -> np.ndarray:
-    """World points ``[..., 2]`` in the ego frame of world ``pose`` ``[..., 3]`` (broadcast: one pose per batch of
-    points, e.g. ``pose[:, None]`` for ``points [T, M, 2]``)."""
+    """World points ``[..., 2]`` in the ego frame of world ``pose [..., 3]`` (broadcast)."""
     pose = np.asarray(pose, dtype=np.float64)
     c, s = np.cos(pose[..., 2]), np.sin(pose[..., 2])
     d = np.asarray(points, dtype=np.float64) - pose[..., :2]
@@ -37,8 +36,7 @@ def compose(pose: Any, relative: Any) -> np.ndarray:
 
 
 def along_arc(curvature: float, distance: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(x, y, yaw)`` after ``distance`` metres (any shape) along the circle of ``curvature`` (1/m, left positive)
-    from the origin, heading +x."""
+    """``(x, y, yaw)`` after ``distance`` m along the circle of ``curvature`` (1/m, left positive) from the origin."""
     distance = np.asarray(distance, dtype=np.float64)
     if abs(curvature) < STRAIGHT:
         return distance, np.zeros_like(distance), np.zeros_like(distance)
@@ -47,8 +45,7 @@ def along_arc(curvature: float, distance: Any) -> tuple[np.ndarray, np.ndarray, 
 
 
 def action_arc(action: np.ndarray) -> tuple[float, float, float]:
-    """Curvature, arc length and time of the circular arc from the origin (heading +x) to an action's first point
-    (``[6, 3]`` rows ``[y, x, time]``)."""
+    """Curvature, length and time of the arc from the origin to the first point of an action ``[6, 3]``."""
     y0, x0, t0 = (float(v) for v in action[0])
     chord = math.hypot(x0, y0)
     if chord < 1e-6 or t0 <= 0:

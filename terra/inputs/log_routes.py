@@ -19,8 +19,7 @@ ROUTE_SOURCES = ("road", "driven_path")  # the routes setting of terra-prepare-l
 
 @dataclass(frozen=True)
 class ClipRoutes:
-    """Where a clip's routes come from, read and checked before its frames are decoded: its road along its
-    trajectory, or (``road`` None) the path its trajectory drives."""
+    """Where a clip's routes come from: its road along its trajectory, or (``road`` None) the path it drives."""
 
     trajectory: EgoTrajectory
     road: Road | None = None
@@ -33,8 +32,7 @@ class ClipRoutes:
 
 
 def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> ClipRoutes | None:
-    """The routes of ``clip`` by ``source`` (:data:`ROUTE_SOURCES`), its road read and checked; None where the clip
-    has none (no road)."""
+    """The routes of ``clip`` by ``source`` (:data:`ROUTE_SOURCES`); None where the clip has no road."""
     if source == "driven_path":
         if not isinstance(motion, EgoTrajectory):
             raise TerraInputError(f"{clip.trajectory.name}: routes=driven_path needs the car's world poses, but it "
@@ -54,8 +52,7 @@ def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> 
 
 
 def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
-    """Routes ``[T, points, 3]`` of the poses at ``ticks`` along ``road``, the trajectory's samples past the last
-    tick choosing the branch at a fork beyond the clip; one line when no frame has a lane near it."""
+    """Routes ``[T, points, 3]`` along ``road`` at the poses at ``ticks``; one line when no frame is near a lane."""
     later = trajectory.t > ticks[-1]  # the car's path beyond the clip
     routes, told = told_routes_along(road, trajectory.poses_at(ticks), points,
                                      np.stack([trajectory.x[later], trajectory.y[later]], axis=-1))
@@ -70,8 +67,7 @@ def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points
 
 
 def driven_path_routes(trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
-    """Routes ``[T, points, 3]`` of the poses at ``ticks``: the trajectory's own path from each pose, at the route's
-    distances along it, in the pose's ego frame; no route where the recorded path ahead falls short of them."""
+    """Routes ``[T, points, 3]`` along the trajectory's own path from each pose at ``ticks``, in its ego frame."""
     xy = np.stack([trajectory.x, trajectory.y], axis=-1)
     along = np.concatenate([[0.0], np.cumsum(np.hypot(*np.diff(xy, axis=0).T))])  # the path's arc length
     poses = trajectory.poses_at(ticks)

@@ -51,8 +51,7 @@ def routes_needed(num_context: int, num_frames: int) -> int:
 
 
 def manoeuvre_actions(name: str, num_context: int, num_frames: int, **params: float) -> np.ndarray:
-    """Actions of a named manoeuvre for a rollout (``params`` as
-    :func:`terra.inputs.trajectory.manoeuvre_trajectory`)."""
+    """Actions of a named manoeuvre for a rollout (``params`` as :func:`manoeuvre_trajectory`)."""
     return actions_for_manoeuvre(name, actions_needed(num_context, num_frames) + 1, **params)
 
 
@@ -84,8 +83,7 @@ def trajectory_actions(
     trajectory: Any, num_context: int, num_frames: int, source: str = "trajectory",
     base: Path | None = None, skip: int = 0, no_route: str = "it takes no route",
 ) -> np.ndarray:
-    """The actions of :func:`trajectory_inputs`, for a caller whose rollouts take no route from the trajectory: one
-    that carries routes is one line ending in ``no_route``, the caller's reason."""
+    """The actions of :func:`trajectory_inputs`; routes in the trajectory are one line ending in ``no_route``."""
     given = trajectory_inputs(trajectory, num_context, num_frames, 0, source, base, skip)
     if given.unused_routes:
         raise TerraInputError(f"{source}: the trajectory carries routes, but {no_route}; leave them out")
@@ -132,6 +130,5 @@ def _too_few(source: str, given: int, num_context: int, num_frames: int, skip: i
 
 def rollout_requests(codes: np.ndarray, actions: np.ndarray, num_frames: int, seeds: Sequence[int],
                      overlap: int, routes: np.ndarray | None = None) -> list[RolloutRequest]:
-    """One request per seed over the same encoded context, checked actions and routes (one per frame, for a model
-    with route slots; None: no route)."""
+    """One request per seed over one encoded context, with checked actions and routes (None: no route)."""
     return [RolloutRequest(codes, actions, num_frames, seed=seed, overlap=overlap, routes=routes) for seed in seeds]

@@ -65,8 +65,7 @@ def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> Give
 
 
 def road_of_setting(value: Any, setting: str = "road") -> Road:
-    """The road a ``road=`` setting gives, read and checked at once: a road file (``.json``, ``.csv``), AlpaSim's
-    map (a ``.zip`` or a folder of its parquet tables), or inline JSON (a polyline ``[[x, y], ...]`` or lanes)."""
+    """The road a ``road=`` setting gives: a road file, AlpaSim's map (``.zip`` or folder) or inline JSON."""
     if not isinstance(value, str):
         return road_from_json(list(value) if isinstance(value, tuple) else value, setting)
     text = value

@@ -165,8 +165,7 @@ MAX_MANOEUVRE_S = MAX_FRAMES / FRAME_RATE_HZ + 10.0  # longest synthesised traje
 
 
 def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str, float]:
-    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers in :data:`MANOEUVRE_RANGES`) and
-    return them as floats."""
+    """Manoeuvre parameters checked against :data:`MANOEUVRE_RANGES`, as floats."""
     if params is None:
         return {}
     if not hasattr(params, "items"):
