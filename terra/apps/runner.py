@@ -1,5 +1,4 @@
-"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve``, and the Hydra
-scripts (evaluation, training, scoring)."""
+"""What the Hydra apps and scripts share: configs, resolvers, error lines and how each ends."""
 
 from __future__ import annotations
 

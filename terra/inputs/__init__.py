@@ -1,7 +1,4 @@
-"""What a user gives, turned into what the model takes: trajectories and actions in every accepted form
-(:mod:`terra.inputs.actions`, :mod:`terra.inputs.trajectory`), the routes a trajectory carries
-(:mod:`terra.inputs.routes`), context frames (:mod:`terra.inputs.context`) and rollout requests
-(:mod:`terra.inputs.requests`)."""
+"""What a user gives, turned into what the model takes: actions, trajectories, routes, context frames, requests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Actions ``[T, 6, 3]`` (float32) for the world model from every trajectory form a user may have.
 
-``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the ego trajectory from frame ``t``. Forms: instruction
-trajectories ``[T, >=60, 2|3]``, a world-frame ego trajectory, actions ``[T, 6, 3]``, a named manoeuvre."""
+``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the ego trajectory that starts at frame ``t``."""
 
 from __future__ import annotations
 
