@@ -23,7 +23,7 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_jsonable(dataclasses.asdict(value))
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensors
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
         value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray):
         return value.tolist()

@@ -100,7 +100,7 @@ class Mp4Encoding:
         return -(-width // block) * block, -(-height // block) * block
 
 
-# imageio.get_writer(path, fps=10) → imageio-ffmpeg's write_frames (imageio/plugins/ffmpeg.py, imageio_ffmpeg/_io.py)
+# as imageio.get_writer(path, fps=10) encodes
 MP4_ENCODING = Mp4Encoding(codec="libx264", pix_fmt="yuv420p", crf=None, macro_block_size=16)
 
 
@@ -160,7 +160,7 @@ def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list
     paths = []
     for index, frame in enumerate(frames):
         target = directory / PNG_PATTERN.format(index)
-        with atomic_output(target) as tmp:  # creates the folder
+        with atomic_output(target) as tmp:
             iio.imwrite(tmp, frame, extension=".png")
         paths.append(target)
     stale = re.compile(r"^frame_(\d{5})\.png$")

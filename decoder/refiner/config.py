@@ -11,9 +11,7 @@ from terra.core.errors import TerraInputError
 GUIDANCE_MODES = ("published", "zero_frames")
 ARITHMETIC_MODES = ("published", "float32")
 DECODER_MID_RES_BLOCKS = 2  # the temporal decoder's mid block, whatever vae_layers_per_block is
-# The GroupNorms of every UNet res block (spatial and temporal, norm1 and norm2): Terra's ``normalization`` is a
-# ``GroupNorm32`` with torch's default epsilon (video_refiner/modules/diffusionmodules/util.py); diffusers builds
-# those of its CrossAttnDown/CrossAttnUp/UpBlockSpatioTemporal blocks with 1e-6 (72 of the published UNet's 88).
+# Every UNet res block's GroupNorm: Terra's ``GroupNorm32`` has torch's default epsilon; diffusers would build 1e-6.
 UNET_RES_BLOCK_EPS = 1e-5
 
 

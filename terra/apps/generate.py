@@ -83,8 +83,7 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked :class:`GenerateSpec`, write them under ``out_dir`` and return the summary."""
     t_start = time.perf_counter()
-    # 1. the input files (context, trajectory: read in step 2, once the context frames are counted; the checkpoints'
-    # in step 2, still before any model loads), then the output names and folder: no file read, nothing heavy imported
+    # 1. the input files checked, the output names and folder: nothing read, nothing heavy imported
     check_input_files(spec.context, spec.trajectory)
     road = None if spec.road is None else road_of_setting(spec.road)  # read and checked before anything loads
     names = spec.output.names(spec.num_samples)  # planned once: claimed here, written in step 5

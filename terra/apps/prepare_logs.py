@@ -37,8 +37,7 @@ def _main(cfg: DictConfig) -> None:
         set_threads(spec.num_threads)
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index, damaged = open_index(spec, tokenizer)
-        # 3. the clips: those the index lists, whole and made from the same inputs, are done; each other one gets
-        # its split
+        # 3. the clips not yet done, each with its split
         made_of = checkpoint_digest(spec.tokenizer)
         inputs = {folder.name: clip_inputs(spec, folder, made_of) for folder in spec.clips}
         redo = clips_to_redo(index, damaged, inputs)

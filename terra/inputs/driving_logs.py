@@ -22,7 +22,7 @@ from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame
 
 TRAJECTORY_STEM = "trajectory"
-ROAD_FILES = ("road.json", "road.csv")  # a clip's road (module docstring), never its trajectory
+ROAD_FILES = ("road.json", "road.csv")  # a clip's road, never its trajectory
 CLIPGT_MAPS = ("clipgt", "clipgt.zip")  # AlpaSim's map: a folder of its parquet tables, or their zip
 TIMESTAMPS_FILE = "timestamps.txt"
 MAX_TICK_OFFSET_S = 0.06  # a kept frame lies at most this far from its 10 Hz tick
