@@ -160,7 +160,7 @@ def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list
     paths = []
     for index, frame in enumerate(frames):
         target = directory / PNG_PATTERN.format(index)
-        with atomic_output(target) as tmp:
+        with atomic_output(target) as tmp:  # creates the folder
             iio.imwrite(tmp, frame, extension=".png")
         paths.append(target)
     stale = re.compile(r"^frame_(\d{5})\.png$")
