@@ -1,8 +1,4 @@
-"""From codes to videos: batched decoding, GIF/MP4/PNG writers, grids, overlays and the JSON sidecar.
-
-The names load on first use, so the writers (and their fps and output checks) are importable without torch,
-which only :mod:`terra.decoder.frames` needs.
-"""
+"""From codes to videos: batched decoding, GIF/MP4/PNG writers, grids, overlays and the JSON sidecar."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Annotations drawn onto frames: context/generated borders with labels, and the commanded trajectory.
-
-The trajectory inset is a bird's-eye view in the bottom-right corner: the ego car sits at the bottom
-centre facing up, and the 6 action points ``[y (left), x (forward), time]`` of the frame are drawn as a
-polyline from it (x up, y to the left, one metre per pixel scale shared by both axes). Frame ``t`` shows
-``actions[t]``, i.e. where the car is commanded to go from that frame on; a frame after the last action (the last
-frame) shows the car and its route alone. Given ``routes``, the inset also draws
-frame ``t``'s told route, its points ``[y, x, ...]`` in the same ego frame (terra/contract/routes.py's layout), as a
-line of :data:`ROUTE_COLOR` under the path, labelled "route" above the inset; a frame without a route (NaN rows)
-gets none.
-"""
+"""Annotations drawn onto frames: context/generated borders with labels, and the commanded trajectory."""
 
 from __future__ import annotations
 
@@ -85,13 +75,7 @@ class Inset:
 
 def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: float = INSET_FRACTION,
                     routes: np.ndarray | None = None) -> np.ndarray:
-    """Copy of ``frames`` with a bird's-eye inset of each frame's commanded path (``actions [T, 6, 3]``) and, given
-    ``routes`` (``[T', K, 2|3]`` ``[y, x(, s)]``, NaN rows: no route), each frame's told route beside it.
-
-    Frames beyond the last action row get the inset without a path. The scale fits the largest point of the whole
-    clip's paths and of its routes' points within :data:`ROUTE_FIT_M` of the car; a route beyond the inset is cut at
-    its edge.
-    """
+    """``frames`` copied, with an inset of each path (``actions [T, 6, 3]``) and route (``routes [T', K, 2|3]``)."""
     frames = check_frames(frames).copy()
     actions = np.asarray(actions, dtype=np.float64)
     if actions.ndim != 3 or actions.shape[2] != 3 or not np.all(np.isfinite(actions)):
@@ -120,8 +104,7 @@ def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: flo
 
 
 def _reach(actions: np.ndarray, routes: np.ndarray | None) -> float:
-    """Metres the inset's height spans: 1.1 times the farthest coordinate of the paths and of the told routes'
-    points within :data:`ROUTE_FIT_M` of the car."""
+    """Metres the inset's height spans: 1.1 x the farthest point of the paths and routes near the car."""
     reach = np.abs(actions[..., :2]).max(initial=0.0)
     if routes is not None:
         near = routes[..., :2][np.hypot(routes[..., 0], routes[..., 1]) <= ROUTE_FIT_M]  # NaN rows compare False
@@ -130,8 +113,7 @@ def _reach(actions: np.ndarray, routes: np.ndarray | None) -> float:
 
 
 def _draw_route(layer: Image.Image, inset: Inset, route: np.ndarray, font: ImageFont.ImageFont) -> None:
-    """``route`` (``[K, 2|3]``, ego ``[y, x(, s)]``) onto ``layer`` in :data:`ROUTE_COLOR`, cut at the inset's edge,
-    and its label above the inset."""
+    """``route`` (``[K, 2|3]``, ego ``[y, x(, s)]``) drawn onto ``layer``, cut at the inset's edge, with its label."""
     box = Image.new("RGBA", (inset.size + 1, inset.size + 1), (0, 0, 0, 0))  # drawn here, clipped to the inset
     points = [(px - inset.x0, py - inset.y0) for px, py in inset.pixels(route, clamp=False)]
     ImageDraw.Draw(box).line(points, fill=ROUTE_COLOR + (255,), width=3, joint="curve")

@@ -23,7 +23,7 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_jsonable(dataclasses.asdict(value))
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensors
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
         value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray):
         return value.tolist()
@@ -47,8 +47,7 @@ def write_sidecar(
     timings: dict[str, float] | None = None,
     **extra: Any,
 ) -> Path:
-    """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds any further fields (the CLI adds
-    the backend, device and dtype that ran, which the config may give as ``auto``)."""
+    """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds further fields."""
     record = {
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seed": seed,

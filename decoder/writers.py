@@ -1,21 +1,4 @@
-"""Video writers: GIF, MP4 (H.264), PNG sequences and grids of several rollouts. Every write is atomic.
-
-Frames are uint8 ``[T, H, W, 3]`` RGB at :data:`MIN_FPS` to :data:`MAX_FPS` frames per second. Files are
-written under a temporary name in the target folder and renamed when complete, so an interrupted run never
-leaves a truncated video under the final name. A write the system refuses (a full disk, a file-size limit, a
-read-only folder) raises :class:`TerraInputError` naming the file, and leaves no temporary file behind.
-
-What each output gets, for every model and every entry point (terra-generate, batch rollouts, terra-serve's
-downloads, grids), so a toolkit run compares with Terra's published ACT-Bench videos:
-
-- **pixels**: :func:`terra.decoder.frames.images_to_uint8`, Terra's quantisation (a floor of ``255 * (x + 1) / 2``);
-- **MP4**: :data:`MP4_ENCODING`, what Terra's ``imageio.get_writer(path, fps=10)`` runs with imageio-ffmpeg's
-  defaults: libx264 with no quality flag (x264's own CRF 23: imageio passes ``quality=None`` on, so its
-  documented quality 5 never reaches ffmpeg), yuv420p, and a frame whose width or height is not a multiple of 16
-  scaled up to one (ffmpeg's ``scale`` filter, bicubic), as imageio's ``macro_block_size=16`` does. The same
-  frames give the same bytes as imageio's writer with the same ffmpeg binary (tests/decoder/test_decoder.py);
-- **GIF**: Pillow's palette per frame (lossy colours; Terra writes no GIF); **PNG**: the pixels, lossless.
-"""
+"""Video writers: GIF, MP4 (H.264), PNG sequences and grids of several rollouts. Every write is atomic."""
 
 from __future__ import annotations
 
@@ -76,8 +59,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, loop: int = 0) -> Path:
-    """Looping GIF (``loop=0``: forever). GIF stores delays in 1/100 s, so fps is rounded to that grid;
-    Pillow merges consecutive identical frames into one longer frame."""
+    """Looping GIF (``loop=0``: forever)."""
     frames, fps = check_frames(frames), check_fps(fps)
     images = [Image.fromarray(frame, "RGB") for frame in frames]
     with atomic_output(path) as tmp, tmp.open("wb") as fh:  # Pillow itself: a failed write raises once, here
@@ -87,9 +69,7 @@ def write_gif(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0, lo
 
 
 def ffmpeg_exe() -> str:
-    """The ffmpeg binary MP4 output runs (imageio-ffmpeg's, or ``IMAGEIO_FFMPEG_EXE``); one error line when there is
-    none that runs. Imported here, not at module load, so GIF and PNG output work where imageio-ffmpeg is missing;
-    runs check it before any work when MP4 is asked for (terra/config/outputs.py)."""
+    """The ffmpeg binary for MP4 output (imageio-ffmpeg's, or ``IMAGEIO_FFMPEG_EXE``); one error line when none runs."""
     try:
         import imageio_ffmpeg
     except ImportError:
@@ -107,8 +87,7 @@ def ffmpeg_exe() -> str:
 
 @dataclass(frozen=True)
 class Mp4Encoding:
-    """The encoder settings of an MP4: ffmpeg's video codec, pixel format, CRF (``None``: the codec's default, no
-    flag) and the macro-block size a frame's width and height are scaled up to a multiple of (1: never scaled)."""
+    """An MP4's encoder settings: codec, pixel format, CRF (None: the codec's default), macro-block size (1: none)."""
 
     codec: str
     pix_fmt: str
@@ -121,14 +100,13 @@ class Mp4Encoding:
         return -(-width // block) * block, -(-height // block) * block
 
 
-# imageio.get_writer(path, fps=10) → imageio-ffmpeg's write_frames (imageio/plugins/ffmpeg.py, imageio_ffmpeg/_io.py)
+# as imageio.get_writer(path, fps=10) encodes
 MP4_ENCODING = Mp4Encoding(codec="libx264", pix_fmt="yuv420p", crf=None, macro_block_size=16)
 
 
 def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.PathLike,
                 encoding: Mp4Encoding = MP4_ENCODING) -> list[str]:
-    """ffmpeg's arguments for raw RGB frames of ``width`` x ``height`` on stdin → ``path``: imageio-ffmpeg's
-    command for the same settings (log level aside: errors only, captured by :func:`write_mp4`)."""
+    """ffmpeg's arguments for raw RGB ``width`` x ``height`` frames on stdin → ``path``, as imageio-ffmpeg's."""
     command = [exe, "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}", "-pix_fmt", "rgb24",
                "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
                "-vcodec", encoding.codec, "-pix_fmt", encoding.pix_fmt]
@@ -141,12 +119,7 @@ def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.Pa
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) -> Path:
-    """H.264 MP4 encoded as :data:`MP4_ENCODING` says (Terra's imageio writer; see the module's docstring), by
-    imageio-ffmpeg's ffmpeg binary (:func:`ffmpeg_exe`).
-
-    ffmpeg runs here with its messages captured, so a failed encode (a full disk) is one error line naming
-    the file, never a truncated video or ffmpeg's log on stderr.
-    """
+    """H.264 MP4 encoded as :data:`MP4_ENCODING` says, by :func:`ffmpeg_exe`."""
     exe = ffmpeg_exe()
     frames, fps = check_frames(frames), check_fps(fps)
     height, width = frames.shape[1:3]
@@ -171,8 +144,7 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) ->
 
 
 def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes:
-    """One uint8 ``[H, W, 3]`` frame → the bytes of a JPEG (``quality`` 1-100) or PNG file (fast compression, the
-    pixels lossless): frames sent over the wire (terra-serve, terra-alpasim)."""
+    """One uint8 ``[H, W, 3]`` frame → JPEG (``quality`` 1-100) or lossless PNG bytes."""
     buffer = io.BytesIO()
     if image_format == "jpeg":
         Image.fromarray(rgb).save(buffer, format="JPEG", quality=quality)
@@ -213,10 +185,7 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) 
 
 
 def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: int = 4) -> np.ndarray:
-    """Tile rollouts ``[T_i, H, W, 3]`` frame by frame into one video (row-major, ``gap`` black pixels).
-
-    Shorter rollouts hold their last frame; empty cells of the last row stay black.
-    """
+    """Tile rollouts ``[T_i, H, W, 3]`` frame by frame into one video (row-major, ``gap`` black pixels)."""
     if not rollouts:
         raise TerraInputError("a grid needs at least one rollout")
     videos = [check_frames(v, f"rollout {i}") for i, v in enumerate(rollouts)]

@@ -1,10 +1,4 @@
-"""The interface of every image tokenizer, and saving/loading in the ``config.json`` + safetensors format.
-
-An :class:`ImageTokenizer` maps images ``[B, 3, H, W]`` in [-1, 1] to integer codes ``[B, h, w]`` and back.
-A saved tokenizer is a folder with ``config.json`` (its ``model_type`` picks the class) and
-``model.safetensors``; :func:`load_tokenizer` opens such a folder, a Hub id (``org/name`` or
-``org/name/subfolder``, only when a network exists) or, for VQ-16, LlamaGen's original ``.pt`` file.
-"""
+"""The interface of every image tokenizer, and saving/loading in the ``config.json`` + safetensors format."""
 
 from __future__ import annotations
 
@@ -42,11 +36,7 @@ class TrainOutput:
 
 
 class ImageTokenizer(nn.Module, metaclass=ABCMeta):
-    """Base class: conv encoder → quantiser → codes; codes → embedding → conv decoder.
-
-    Subclasses set ``model_type``, build ``encoder``/``decoder`` from ``config`` and implement
-    :meth:`latent_to_codes` / :meth:`codes_to_latent` and :meth:`forward` (training).
-    """
+    """Base class: conv encoder → quantiser → codes; codes → embedding → conv decoder."""
 
     model_type: ClassVar[str] = ""
 
@@ -118,10 +108,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
     # ------------------------------------------------------------------------------ public encode/decode
     @torch.no_grad()
     def encode(self, images: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
-        """Images ``[B, 3, H, W]`` in [-1, 1] → codes ``[B, h, w]`` (int64, on the model's device).
-
-        ``batch_size`` bounds how many images go through the network at once (memory on large inputs).
-        """
+        """Images ``[B, 3, H, W]`` in [-1, 1] → codes ``[B, h, w]`` (int64, on the model's device)."""
         if not torch.is_tensor(images) or images.ndim != 4 or images.shape[1] != 3:
             shape = list(images.shape) if torch.is_tensor(images) else type(images).__name__
             raise TerraInputError(f"images must be a tensor [B, 3, H, W] in [-1, 1], got {shape}; "
@@ -181,8 +168,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str, fix: str) -> "ImageTokenizer":
-        """A new tokenizer of this class (random weights) from ``config``; a config its modules cannot be built
-        from is one line naming ``source`` (where the config came from) and ``fix`` (how to mend it)."""
+        """A new tokenizer of this class (random weights) from ``config``; a bad config is one line."""
         try:
             return cls(config)
         except TerraInputError:
@@ -211,8 +197,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         return model.to(device=device, dtype=dtype).eval()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Load weights strictly (after :func:`terra.tokenizer.checkpoint_keys.clean`); mismatches, integer or
-        non-finite weights raise one line."""
+        """Load weights strictly; mismatched, integer or non-finite weights raise one line."""
         converted = checkpoint_keys.clean(state_dict)
         expected = self.state_dict()
         missing = sorted(set(expected) - set(converted))

@@ -1,10 +1,4 @@
-"""Cleaning published tokenizer state dicts before a strict load.
-
-Both families' modules carry their checkpoints' names: LlamaGen's VQ-16 names (tokenizer/modules.py) and
-Open-MAGVIT2's, which Terra's LFQ tokenizer uses (tokenizer/magvit2.py). So nothing is renamed; only
-wrapper prefixes and training-time statistics are removed. A checkpoint with other names needs a mapping
-here and nowhere else.
-"""
+"""Cleaning published tokenizer state dicts before a strict load."""
 
 from __future__ import annotations
 

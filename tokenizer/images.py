@@ -1,17 +1,4 @@
-"""Loading context frames: image files, folders, globs, video files or arrays → model-sized tensors.
-
-Every frame is converted to RGB, fitted to the target size (tokenizer/resize.py: cover and centre-crop, or
-stretch), then scaled to [-1, 1]. Frames too small to carry a scene (upscaling by more than
-:data:`terra.tokenizer.resize.MAX_UPSCALE`, e.g. a 1x1 image) are rejected, and so are images whose header claims
-more than :data:`MAX_PIXELS` pixels (checked before they are decoded). Only regular files are opened (a FIFO
-or a device would block forever). Folders and globs are read in sorted file-name order; with ``last_n`` only
-the frames kept are decoded. Bad input raises :class:`terra.core.errors.TerraInputError` naming the file and the fix.
-
-An image goes to the one decoder its first bytes name, of the few formats read here (:data:`FILE_FORMATS` for files
-on the user's disk, :data:`UPLOAD_FORMATS` for a client's bytes), never to Pillow's guess over every format it knows:
-its EPS decoder runs Ghostscript on the file, and its other plugins were never meant for a stranger's bytes. A GIF
-is read only as a video (:data:`terra.core.media.VIDEO_SUFFIXES`), by Pillow's GIF decoder alone.
-"""
+"""Loading context frames: image files, folders, globs, video files or arrays → model-sized tensors."""
 
 from __future__ import annotations
 
@@ -50,12 +37,7 @@ def load_images(
     sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
     resize: str = "crop",
 ) -> torch.Tensor:
-    """Frames from files/folders/globs/videos/arrays → float tensor ``[N, 3, H, W]`` in [-1, 1].
-
-    ``image_size`` is ``(H, W)`` (pass ``tokenizer.image_size``); ``last_n`` keeps only the last N frames;
-    ``resize`` is ``crop`` (cover, then center-crop: keeps the aspect ratio) or ``stretch`` (straight to the
-    size, as Terra's own code feeds its tokenizer).
-    """
+    """Frames from files/folders/globs/videos/arrays → float tensor ``[N, 3, H, W]`` in [-1, 1]."""
     return frames_to_tensor(load_frames(sources, image_size, last_n, resize))
 
 
@@ -122,8 +104,7 @@ def _read_file(path: Path) -> Iterator[tuple[str, Image.Image | Path]]:
 
 
 def _open_regular(path: Path) -> IO[bytes]:
-    """``path`` opened for reading if it is a regular file; opened without blocking, so a FIFO, a device or a
-    socket is refused at once instead of blocking the reader forever."""
+    """``path`` opened without blocking if it is a regular file; a FIFO, device or socket is refused at once."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -144,22 +125,18 @@ def _read_image(path: Path) -> Image.Image:
 
 
 def image_from_bytes(data: bytes, source: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """An encoded PNG or JPEG image (sent over the wire) → an RGB PIL image, after checking from its header that
-    it has at most ``max_pixels`` pixels; ``source`` names it in errors (terra-serve's uploads, terra-alpasim's
-    initial frames). Any other format is refused unread (module docstring)."""
+    """An encoded PNG or JPEG image → an RGB PIL image, refused from its header above ``max_pixels`` pixels."""
     return _decode(io.BytesIO(data), source, UPLOAD_FORMATS, max_pixels)
 
 
 def image_file_size(fh: IO[bytes], source: str) -> tuple[int, int]:
-    """Width and height of the context image file open in ``fh``, from its header alone, refused as
-    :func:`load_images` refuses it (its format, more than :data:`MAX_PIXELS` pixels)."""
+    """Width and height of the image in ``fh`` from its header, refused as :func:`load_images` refuses it."""
     with _opened(fh, source, FILE_FORMATS, MAX_PIXELS) as image:
         return image.size
 
 
 def sniff_format(head: bytes) -> str | None:
-    """The image format the first 12 bytes of a file announce, of PNG, JPEG, BMP, WEBP, TIFF and GIF (None for any
-    other)."""
+    """The image format a file's first 12 bytes announce (PNG, JPEG, BMP, WEBP, TIFF, GIF; None: other)."""
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "WEBP"
     return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
@@ -173,8 +150,7 @@ def _decode(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: in
 
 @contextmanager
 def _opened(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: int) -> Iterator[Image.Image]:
-    """The image in ``fh`` opened (not yet decoded) by the one decoder of ``formats`` its first bytes name, its size
-    checked from its header; any failure of that decoder, in the body too (``load``), is the one-line refusal."""
+    """The image in ``fh`` opened by the one decoder its first bytes name, size checked; any failure is one line."""
     kind = sniff_format(fh.read(12))
     fh.seek(0)
     if kind not in formats:
@@ -223,8 +199,7 @@ def _from_array(array: np.ndarray) -> Iterable[Image.Image]:
 
 
 def _read_video(path: Path, gif: bool) -> Iterator[Image.Image]:
-    """The frames of a video file: a GIF (by its first bytes) by Pillow, whose GIF decoder alone accepts those
-    bytes, any other by ffmpeg; the plugin is named, so imageio never falls back to Pillow's other formats."""
+    """The frames of a video file: a GIF by Pillow, any other by ffmpeg."""
     import imageio.v3 as iio
 
     try:

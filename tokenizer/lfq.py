@@ -1,23 +1,4 @@
-"""Terra's image tokenizer: the Open-MAGVIT2 (v1) LFQ model (``model_type: lfq_tokenizer``).
-
-``images → Encoder (tokenizer/magvit2.py) → sign quantiser (tokenizer/lfq_quantizer.py) → codes``, and
-``codes → ±1 bits → Decoder → images``; ``2 ** z_channels`` codes. Terra's published folders
-(``lfq_tokenizer_B_256`` and ``_ema`` on the Hub) load as they are: their ``config.json``::
-
-    {"auto_map": {...}, "model_type": "lfq_tokenizer",
-     "encoder_decoder_config": {"ch": 128, "in_channels": 3, "out_ch": 3, "z_channels": 18,
-                                "num_res_blocks": 2, "ch_mult": [1, 1, 2, 2, 4]},
-     "quantizer_config": {"dim": 18, "codebook_size": 262144, "batch_maximization_weight": 1.0,
-                          "sample_minimization_weight": 1.0}}
-
-and ``model.safetensors`` with the state-dict names of the module tree. ``auto_map`` (Terra's remote code)
-is dropped: nothing is executed from the folder, and a saved folder does not ship that code. Keys this
-class does not read (``resolution``, ``double_z``, ...) are kept for saving back.
-
-Keys of ours, all optional: ``image_size`` ``[H, W]`` (Terra runs at 288x512, the default), and the
-training weights in ``quantizer_config``: ``entropy_loss_weight`` (0.1, Open-MAGVIT2's ``codebook_weight``)
-and ``commitment_loss_weight`` (0.25, its ``commit_weight``).
-"""
+"""Terra's image tokenizer: the Open-MAGVIT2 (v1) LFQ model (``model_type: lfq_tokenizer``)."""
 
 from __future__ import annotations
 

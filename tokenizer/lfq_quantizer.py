@@ -1,17 +1,4 @@
-"""Lookup-free quantisation (LFQ): each latent channel is quantised to its sign, one bit per channel.
-
-Written after TencentARC/Open-MAGVIT2 ``taming/modules/vqvae/lookup_free_quantize.py`` (commit ec8fba5a).
-
-Bit order: channel 0 is the most significant bit, and a bit is 1 where the channel's value is positive, so
-``code = sum_c [z_c > 0] * 2 ** (C - 1 - c)``. The decoder input for a code is its bits mapped to
-``{-1, +1}``. The quantiser holds no weights (Terra's checkpoint has none for it).
-
-Training terms, as Open-MAGVIT2's quantiser defines them: the commitment ``mean((z - sign(z))²)`` and the
-entropy loss ``sample_minimization_weight × per-position entropy − batch_maximization_weight × codebook
-entropy``, where a position's code distribution is ``softmax(2 z·c / 0.01)`` over all ±1 codes ``c``. That
-distribution factorises over the bits (``p(bit_c = 1) = sigmoid(4 z_c / 0.01)``), which is how both
-entropies are computed here, exactly, without the ``[positions, 2**C]`` table Open-MAGVIT2 builds.
-"""
+"""Lookup-free quantisation (LFQ): each latent channel is quantised to its sign, one bit per channel."""
 
 from __future__ import annotations
 
@@ -87,13 +74,7 @@ class LookupFreeQuantizer(nn.Module):
 
 
 def entropies(bit_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position code entropy (mean over positions) and entropy of the position-averaged code distribution.
-
-    ``bit_logits`` ``[N, C]``: each bit's logit of being 1; a code's probability is the product of its bits'.
-    The per-position entropy is then the sum of the bits' entropies. For the average distribution the bits
-    split into a high and a low half: ``avg[hi, lo] = mean_n P_high[n, hi] * P_low[n, lo]``, one
-    ``[2**h, N] @ [N, 2**l]`` product, exact, in memory ``O(N * 2**(C/2) + 2**C)``.
-    """
+    """Per-position code entropy (mean over positions) and entropy of the position-averaged code distribution."""
     log_p1, log_p0 = F.logsigmoid(bit_logits), F.logsigmoid(-bit_logits)
     sample_entropy = -(log_p1.exp() * log_p1 + log_p0.exp() * log_p0).sum(-1).mean()
     high = bit_logits.shape[-1] // 2

@@ -1,22 +1,4 @@
-"""Open-MAGVIT2 (v1) convolutional encoder and decoder: the network of Terra's LFQ image tokenizer.
-
-Written after TencentARC/Open-MAGVIT2 ``taming/modules/diffusionmodules/improved_model.py`` (commit ec8fba5a).
-Unlike the VQGAN backbone of LlamaGen's VQ-16 (tokenizer/modules.py) it has residual blocks whose convs carry
-no bias, no attention anywhere, stride-2 3x3 convs (padding 1) for downsampling, depth-to-space for upsampling,
-``num_res_blocks`` residual blocks in the middle and at every level of encoder and decoder, and a 1x1 encoder
-output conv.
-
-The module tree carries the published state-dict names, so Terra's ``model.safetensors`` loads unrenamed::
-
-    encoder.conv_in, encoder.down.{i}.block.{j}.*, encoder.down.{i}.downsample, encoder.mid_block.{j}.*,
-    encoder.norm_out, encoder.conv_out,
-    decoder.conv_in, decoder.mid_block.{j}.*, decoder.up.{i}.block.{j}.*, decoder.up.{i}.upsample.conv1,
-    decoder.norm_out, decoder.conv_out
-
-with residual blocks ``norm1, conv1, norm2, conv2`` (+ ``nin_shortcut`` where the width changes). In both
-``down`` and ``up``, index ``i`` is resolution level ``i`` (0 = full resolution); the decoder runs ``up``
-from the coarsest level to the finest.
-"""
+"""Open-MAGVIT2 (v1) convolutional encoder and decoder: the network of Terra's LFQ image tokenizer."""
 
 from __future__ import annotations
 
@@ -34,11 +16,7 @@ def group_norm(channels: int) -> nn.GroupNorm:
 
 
 def depth_to_space(x: torch.Tensor, block_size: int = 2) -> torch.Tensor:
-    """``[B, s*s*C, H, W]`` → ``[B, C, s*H, s*W]`` in DCR order (depth, column, row).
-
-    Input channel ``(i * s + j) * C + c`` becomes output pixel ``(s*h + i, s*w + j)`` of channel ``c``. This
-    is not ``torch.nn.functional.pixel_shuffle``, whose channel order is ``c * s * s + i * s + j`` (CRD).
-    """
+    """``[B, s*s*C, H, W]`` → ``[B, C, s*H, s*W]`` in DCR order (depth, column, row)."""
     return rearrange(x, "b (i j c) h w -> b c (h i) (w j)", i=block_size, j=block_size)
 
 

@@ -1,13 +1,4 @@
-"""Convolutional encoder and decoder of LlamaGen's VQ-16 (VQGAN layout), used by tokenizer/vq.py.
-
-The module tree follows LlamaGen's VQ-16 exactly, so its checkpoints load with ``strict=True``:
-``conv_in``, ``conv_blocks.{i}.res.{j}`` (ResNet blocks: ``norm1, conv1, norm2, conv2`` and ``nin_shortcut``
-where channels change), ``conv_blocks.{i}.attn.{j}`` (``norm, q, k, v, proj_out``),
-``conv_blocks.{i}.downsample.conv`` / ``upsample.conv``, ``mid.{0,1,2}`` (res, attn, res), ``norm_out``,
-``conv_out``. The encoder's ``conv_blocks[i]`` is resolution level ``i`` (full resolution first); the
-decoder's ``conv_blocks[0]`` is the coarsest level, as in LlamaGen, and attention sits at the coarsest level
-only. (Terra's LFQ tokenizer is a different network: tokenizer/magvit2.py.)
-"""
+"""Convolutional encoder and decoder of LlamaGen's VQ-16 (VQGAN layout)."""
 
 from __future__ import annotations
 

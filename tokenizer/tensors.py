@@ -1,11 +1,4 @@
-"""Checks of tensors read from files, done once where a file is loaded: the dtype, finiteness and range.
-
-Weights (a world model's, the tokenizer's, the ACT-Estimator's) must be floating point where the model's are and
-finite; image codes (shards, tokenized clips) whole numbers inside the codebook; actions finite. A failure is one
-:class:`~terra.core.errors.TerraInputError` line naming the file and the tensor. The functions take torch tensors and
-numpy arrays alike (torch is not imported here); large tensors are scanned in chunks, so no full-size temporary
-is made.
-"""
+"""Checks of tensors read from files, done once where a file is loaded: the dtype, finiteness and range."""
 
 from __future__ import annotations
 
@@ -34,8 +27,7 @@ def _chunks(value: Any):
 
 
 def count_non_finite(value: Any) -> int:
-    """How many elements of a floating-point ``value`` are NaN or infinite. A chunk whose float64 sum is finite
-    has none (a NaN or infinity makes the sum non-finite), so only a bad chunk is counted element by element."""
+    """How many elements of a floating-point ``value`` are NaN or infinite."""
     if _is_torch(value):
         import torch
 
@@ -46,8 +38,7 @@ def count_non_finite(value: Any) -> int:
 
 
 def check_floats(value: Any, where: str, fix: str) -> None:
-    """Raise unless ``value`` is floating point and finite; ``where`` names the file and tensor, ``fix`` ends
-    the line."""
+    """Raise unless ``value`` is floating point and finite; ``where`` names the tensor, ``fix`` ends the line."""
     if not is_floating(value):
         raise TerraInputError(f"{where} holds {value.dtype} numbers where floating point is needed; {fix}")
     bad = count_non_finite(value)
@@ -56,8 +47,7 @@ def check_floats(value: Any, where: str, fix: str) -> None:
 
 
 def check_like(value: Any, model: Any, where: str, fix: str) -> None:
-    """Raise unless weight ``value`` may load into the model's tensor ``model``: floating point and finite where
-    the model's is floating point (a cast would hide integers), whole numbers where it holds counts."""
+    """Raise unless weight ``value`` may load into ``model``'s tensor: finite floats, or whole numbers for counts."""
     if is_floating(model):
         check_floats(value, where, fix)
     elif is_floating(value):

@@ -1,18 +1,4 @@
-"""Vector-quantised tokenizer in LlamaGen's VQ-16 layout (also used by Valeo's VaViM).
-
-``encoder → quant_conv (1x1, z_channels → codebook_embed_dim) → nearest l2-normalised codebook entry →
-post_quant_conv (1x1) → decoder``. Attention sits at the coarsest level of encoder and decoder, as in
-LlamaGen. The config mirrors LlamaGen's ``ModelArgs`` field names, plus ``ch``, ``num_res_blocks`` and
-``image_size``::
-
-    {"model_type": "vq_tokenizer", "codebook_size": 16384, "codebook_embed_dim": 8, "codebook_l2_norm": true,
-     "commit_loss_beta": 0.25, "entropy_loss_ratio": 0.0, "encoder_ch_mult": [1, 1, 2, 2, 4],
-     "decoder_ch_mult": [1, 1, 2, 2, 4], "z_channels": 256, "dropout_p": 0.0, "ch": 128, "num_res_blocks": 2,
-     "image_size": [288, 512]}
-
-Weights load strictly from our ``model.safetensors`` and from LlamaGen's original checkpoint (a torch file
-``{"model": state_dict}``, see :meth:`VQTokenizer.from_llamagen`).
-"""
+"""Vector-quantised tokenizer in LlamaGen's VQ-16 layout (also used by Valeo's VaViM)."""
 
 from __future__ import annotations
 
@@ -151,12 +137,7 @@ class VQTokenizer(ImageTokenizer):
 
     @classmethod
     def from_llamagen(cls, path: str | os.PathLike, **config: Any) -> "VQTokenizer":
-        """Load LlamaGen's original checkpoint; ``config`` overrides the VQ-16 defaults.
-
-        The file is a torch pickle ``{"ema"?: sd, "model": sd, "optimizer": ..., "args": Namespace, ...}``
-        (or ``{"state_dict": sd}``); like LlamaGen's own loader this prefers ``ema`` over ``model``. It is
-        read with ``weights_only=True``, allowing only ``argparse.Namespace`` beyond plain data.
-        """
+        """Load LlamaGen's original checkpoint; ``config`` overrides the VQ-16 defaults."""
         try:
             with torch.serialization.safe_globals([argparse.Namespace]):
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)

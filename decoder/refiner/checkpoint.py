@@ -1,9 +1,4 @@
-"""Reading ``refiner_model.pt`` and checking it against the refiner's tensors, with one-line errors.
-
-The published file is ``{"module": state_dict}`` (DeepSpeed/Lightning), its names prefixed ``_forward_module.``;
-Terra's ``load_video_refiner`` strips the prefix. It is read with ``weights_only=True`` (no code runs from the
-file) and memory-mapped, so loading does not copy 1.7 B parameters through RAM twice.
-"""
+"""Reading ``refiner_model.pt`` and checking it against the refiner's tensors, with one-line errors."""
 
 from __future__ import annotations
 
@@ -22,9 +17,7 @@ DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing
 
 
 def check_file(path: str | os.PathLike) -> Path:
-    """``path`` as a :class:`Path` when it names a non-empty file that is a whole zip archive, as ``torch.save``
-    writes (its end read, nothing loaded: a run checks it before any model loads); else one line saying where to
-    get it."""
+    """``path`` when it is a non-empty whole zip archive as ``torch.save`` writes (nothing loaded); else one line."""
     file = Path(path).expanduser()
     if file.is_dir():
         candidate = file / "refiner_model.pt"
@@ -59,8 +52,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def match_tensors(state_dict: Mapping[str, torch.Tensor], table: Mapping[str, tuple[str, tuple[int, ...]]],
                   source: str) -> dict[str, torch.Tensor]:
-    """The refiner's tensors of ``state_dict`` under module names (still in their published shapes); missing,
-    unknown (under the refiner's prefixes) or misshapen tensors raise one line."""
+    """``state_dict``'s tensors under module names; missing, unknown or misshapen tensors raise one line."""
     ours = {k: v for k, v in state_dict.items() if k.startswith(CHECKED_PREFIXES)}
     missing = sorted(set(table) - set(ours))
     unexpected = sorted(set(ours) - set(table))

@@ -1,19 +1,4 @@
-"""The video refiner's settings: network sizes and the published sampling recipe (:class:`RefinerConfig`).
-
-Facts from Terra's ``configs/video_refiner/inference.yaml`` and ``generate.py`` (turingmotors/ACT-Bench): a
-Stable Video Diffusion network (via OpenDriveLab/Vista) at 384x640, 25 frames per pass; a VideoUNet with
-``model_channels`` 320, ``channel_mult`` [1, 2, 4, 4], 2 res blocks, attention at the first three levels with
-64-channel heads, ``context_dim`` 1024, 8 input channels (noisy latent + conditioning latent), a 768-wide
-vector (three 256-wide sinusoidal embeddings); SD's autoencoder (ch 128, ch_mult [1, 2, 4, 4], 2 res blocks,
-4 latent channels) as the conditioning encoder, and SVD's temporal autoencoder, latent scale 0.18215.
-Sampling: EDM sigmas (0.002 .. 700, rho 7), 15 Euler steps, v-prediction with EDM noise conditioning,
-LinearPredictionGuider 1.5 → 3.0 over the 25 frames, fps_id 9, motion_bucket_id 127, cond_aug 0; the sampler
-keeps its sigmas as bf16 tensors and runs inside ``torch.autocast("cuda")`` (the dtypes this gives each quantity:
-decoder/refiner/sampler.py). The temporal decoder (``VideoDecoder``) has two res blocks in its mid block at any
-``num_res_blocks``.
-
-Nothing here imports diffusers: the dictionaries below are the keyword arguments of its classes.
-"""
+"""The video refiner's settings: network sizes and the published sampling recipe (:class:`RefinerConfig`)."""
 
 from __future__ import annotations
 
@@ -26,9 +11,7 @@ from terra.core.errors import TerraInputError
 GUIDANCE_MODES = ("published", "zero_frames")
 ARITHMETIC_MODES = ("published", "float32")
 DECODER_MID_RES_BLOCKS = 2  # the temporal decoder's mid block, whatever vae_layers_per_block is
-# The GroupNorms of every UNet res block (spatial and temporal, norm1 and norm2): Terra's ``normalization`` is a
-# ``GroupNorm32`` with torch's default epsilon (video_refiner/modules/diffusionmodules/util.py); diffusers builds
-# those of its CrossAttnDown/CrossAttnUp/UpBlockSpatioTemporal blocks with 1e-6 (72 of the published UNet's 88).
+# Every UNet res block's GroupNorm: Terra's ``GroupNorm32`` has torch's default epsilon; diffusers would build 1e-6.
 UNET_RES_BLOCK_EPS = 1e-5
 
 
@@ -59,8 +42,8 @@ class RefinerConfig:
     rho: float = 7.0
     min_guidance: float = 1.5  # guidance scale of the first frame of a pass ...
     max_guidance: float = 3.0  # ... and of the last; linear in between
-    guidance: str = "published"  # published | zero_frames (see decoder/refiner/sampler.py)
-    arithmetic: str = "published"  # published (Terra's dtypes) | float32 (see decoder/refiner/sampler.py)
+    guidance: str = "published"  # published | zero_frames
+    arithmetic: str = "published"  # published (Terra's dtypes) | float32
     fps_id: int = 9
     motion_bucket_id: int = 127
     cond_aug: float = 0.0

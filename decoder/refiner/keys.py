@@ -1,25 +1,4 @@
-"""Tensor names of Terra's ``refiner_model.pt`` (SVD / Vista layout) ↔ the diffusers modules of the refiner.
-
-:class:`terra.decoder.refiner.model.VideoRefiner` holds four parts; each maps to a prefix of the published state dict:
-
-=========================  ========================================  ===========================================
-part (diffusers class)     published prefix                          published module
-=========================  ========================================  ===========================================
-``unet``                   ``model.diffusion_model.``                VideoUNet (``input_blocks``, ``middle_block``,
-(UNetSpatioTemporal...)                                              ``output_blocks``, ``time_embed``, ...)
-``cond_time_stack_embed``  ``model.diffusion_model.cond_time_stack_  Vista's embedding for conditioning frames;
-(TimestepEmbedding)        embed.``                                  unused: the sampler's cond_mask is all zeros
-``cond_encoder``           ``conditioner.embedders.3.encoder.``      SD autoencoder (only its encoder is used)
-(AutoencoderKL)
-``temporal_vae``           ``first_stage_model.``                    SVD's temporal autoencoder (decoder used)
-(AutoencoderKLTemporal...)
-=========================  ========================================  ===========================================
-
-diffusers ships no converter for SVD checkpoints (its SVD script is not part of the wheel), so the names are
-mapped here, in one direction (diffusers → published) from which both loading and saving follow. Shapes agree
-except the autoencoders' mid-block attention projections: 1x1 convs ``[C, C, 1, 1]`` published, linear
-``[C, C]`` in diffusers.
-"""
+"""Tensor names of Terra's ``refiner_model.pt`` (SVD / Vista layout) ↔ the diffusers modules of the refiner."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Terra's video refiner built from diffusers modules: :class:`VideoRefiner` (networks, loading, saving, refine).
-
-One refinement (Terra's ``video_refiner_decode``): the codes of every frame are decoded by the image tokenizer,
-resized to the refiner's size and clamped to [-1, 1]; the conditioning encoder (SD's autoencoder, distribution
-mode, unscaled) turns each frame into a latent that is concatenated to the noisy latent (8 UNet input channels).
-Each pass of ``num_frames`` frames is sampled by :mod:`terra.decoder.refiner.sampler`; frames repeated by the next
-pass are dropped; the temporal autoencoder decodes the joined latents (divided by ``scale_factor``) to frames.
-The temporal decoder runs in float32, as the published first stage (never cast to bf16); the UNet and the
-conditioning encoder run in the refiner's dtype (bf16 on a GPU).
-"""
+"""Terra's video refiner built from diffusers modules: :class:`VideoRefiner` (networks, loading, saving, refine)."""
 
 from __future__ import annotations
 
@@ -86,13 +77,12 @@ class VideoRefiner(nn.Module):
                 for published, (name, shape) in table.items()}
 
     def save_published(self, path: str | os.PathLike) -> None:
-        """Write ``{"module": published_state_dict()}`` atomically (the published file's format)."""
+        """Write ``{"module": published_state_dict}`` atomically (the published file's format)."""
         with atomic_path(path) as tmp:
             torch.save({"module": self.published_state_dict()}, tmp)
 
     def prepare(self, device: str | torch.device, dtype: torch.dtype) -> "VideoRefiner":
-        """Move to ``device``: the UNet and conditioning encoder in ``dtype``, the temporal decoder in float32;
-        channels-last and ``torch.compile`` of the UNet as the config asks."""
+        """Move to ``device``: UNet and encoder in ``dtype``, temporal decoder in float32."""
         self.eval().requires_grad_(False)
         self.to(device=device, dtype=dtype)
         self.temporal_vae.float()
@@ -115,10 +105,7 @@ class VideoRefiner(nn.Module):
     @torch.inference_mode()
     def refine(self, codes: torch.Tensor | np.ndarray, tokenizer: ImageTokenizer, seed: int = 0,
                progress: bool = False) -> RefinedVideo:
-        """Codes ``[T, h, w]`` of a whole video (context frames included) → refined frames ``[T, H, W, 3]``.
-
-        The noise comes from a CPU generator seeded with ``seed``: the same seed gives the same frames.
-        """
+        """Codes ``[T, h, w]`` of a whole video (context frames included) → refined frames ``[T, H, W, 3]``."""
         config = self.config
         codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
         timings: dict[str, float] = {}
@@ -139,11 +126,7 @@ class VideoRefiner(nn.Module):
         return RefinedVideo(images_to_uint8(frames), timings)
 
     def decode_tokens(self, tokenizer: ImageTokenizer, codes: torch.Tensor) -> torch.Tensor:
-        """Codes → tokenizer images, resized (bilinear) to the refiner's size and clamped, on the refiner's device.
-
-        Decoded ``decode_batch`` frames at a time; on a GPU under autocast to the refiner's dtype (Terra decodes
-        under autocast too).
-        """
+        """Codes → tokenizer images, resized (bilinear) to the refiner's size and clamped, on the refiner's device."""
         size = (self.config.height, self.config.width)
         on_gpu = tokenizer.device.type == "cuda" and self.dtype != torch.float32
         out = []
@@ -165,11 +148,7 @@ class VideoRefiner(nn.Module):
         return torch.cat(out) if out else images.new_zeros(0, self.config.latent_channels, *self.config.latent_size)
 
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """Diffusion latents ``[T, C, h, w]`` → frames ``[T, 3, H, W]`` in [-1, 1] by the temporal decoder.
-
-        Windows of ``decode_frames`` frames sharing ``decode_overlap`` (averaged), as Vista's
-        ``decode_first_stage``; with Terra's one frame per call, ``decode_batch`` calls run as one batch.
-        """
+        """Diffusion latents ``[T, C, h, w]`` → frames ``[T, 3, H, W]`` in [-1, 1] by the temporal decoder."""
         config = self.config
         z = latents.float() / config.scale_factor
         if config.decode_frames == 1:  # independent single-frame calls: batch them

@@ -1,7 +1,5 @@
-"""Pure arithmetic of a refinement: which frames each pass covers, the per-frame guidance scale, the temporal
-decoder's windows. Worked out from Terra's ``generate.py`` (``video_refiner_decode``) and Vista's
-``DiffusionEngine.decode_first_stage``; tests check them against hand-computed values.
-"""
+"""Pure arithmetic of a refinement, as Terra's ``video_refiner_decode`` and Vista's ``decode_first_stage`` do it:
+which frames each pass covers, the per-frame guidance scale, the temporal decoder's windows."""
 
 from __future__ import annotations
 
@@ -9,13 +7,7 @@ import torch
 
 
 def plan_passes(num_frames: int, window: int, min_overlap: int) -> list[tuple[int, int, int]]:
-    """``(start, end, drop)`` per pass over a video of ``num_frames`` frames, ``window`` frames per pass.
-
-    The first pass covers ``[0, window)``; each next one starts ``min_overlap`` frames before the previous end,
-    but never so late that it would run past the video (then it ends at the last frame and shares more frames).
-    ``drop`` is how many leading frames of the pass repeat frames already produced: they are left out. A video
-    shorter than ``window`` is refined in one pass of its own length.
-    """
+    """``(start, end, drop)`` per pass over a video of ``num_frames`` frames, ``window`` frames per pass."""
     if num_frames <= window:
         return [(0, num_frames, 0)]
     passes = [(0, window, 0)]
@@ -27,18 +19,12 @@ def plan_passes(num_frames: int, window: int, min_overlap: int) -> list[tuple[in
 
 
 def guidance_scales(num_frames: int, window: int, min_scale: float, max_scale: float) -> torch.Tensor:
-    """Guidance scale per frame of a pass (float32 ``[num_frames]``): ``linspace(min, max, window)``, the
-    LinearPredictionGuider's ramp over the frames of a full pass; a shorter pass uses its first entries."""
+    """Per-frame guidance scale of a pass (float32 ``[num_frames]``): the head of ``linspace(min, max, window)``."""
     return torch.linspace(min_scale, max_scale, window, dtype=torch.float32)[:num_frames]
 
 
 def decode_windows(num_frames: int, frames_per_call: int, overlap: int) -> list[tuple[int, int, int]]:
-    """``(start, end, blend)`` per temporal-decoder call over ``num_frames`` latents.
-
-    With ``frames_per_call > overlap`` each call decodes ``frames_per_call`` frames and shares ``overlap`` with
-    the previous one; the first ``blend`` frames of its output are averaged with the previous call's last ones.
-    Otherwise (Terra: one frame per call) the calls are disjoint chunks and ``blend`` is 0.
-    """
+    """``(start, end, blend)`` per temporal-decoder call over ``num_frames`` latents."""
     if frames_per_call <= overlap:
         return [(s, min(s + frames_per_call, num_frames), 0) for s in range(0, num_frames, frames_per_call)]
     if num_frames <= overlap:

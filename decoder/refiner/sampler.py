@@ -1,42 +1,4 @@
-"""One refinement pass: Terra's Euler EDM sampler over the spatio-temporal UNet, with Terra's conditioning.
-
-Terra's sampler (Vista's ``EulerEDMSampler``, ``Denoiser`` with ``VScalingWithEDMcNoise`` and
-``EDMDiscretization``) is Euler's method on Karras/EDM sigmas with sigma_data 1, v-prediction, no churn and a
-final sigma of 0. With ``s`` a step's sigma and ``s'`` the next one:
-
-    c_skip = 1/(s²+1), c_out = -s/sqrt(s²+1), c_in = 1/sqrt(s²+1), c_noise = log(s)/4
-    denoised = v(x·c_in, c_noise)·c_out + x·c_skip          (guided: d_u + scale·(d_c - d_u), per frame)
-    x ← x + (s' - s)·(x - denoised)/s
-
-Arithmetic (``config.arithmetic``). ``published``: the dtypes of Terra's loop as its ``generate.py`` runs it, on a
-GPU inside ``torch.autocast("cuda")``, whose float32 list holds ``pow``, ``reciprocal`` (``1.0 / t``) and ``log``:
-
-* sigmas: the float32 schedule cast to bf16 (``prepare_sampling_loop``); ``s``, ``s'`` are bf16 tensors;
-* initial latent: the float32 noise cast to bf16, times ``sqrt(1 + s0²)`` (float32, read as bf16 by the in-place
-  bf16 product), rounded to bf16;
-* c_skip, c_out, c_in, c_noise: float32, from the bf16 sigma (autocast's float32 ``pow``/``reciprocal``/``log``);
-* UNet input ``x·c_in``, ``denoised``, the guided mix, ``(x - denoised)/s`` and the new ``x``: float32, since
-  sigma and the c_* are ``[N, 1, 1, 1]`` tensors there and bf16 with dimensions times float32 with dimensions is
-  float32 (so ``x`` is bf16 only before the first step; it is kept here as float32 holding those bf16 values);
-* ``dt = s' - s``: bf16, a bf16 subtraction (first of 4 steps: 70.5 - 700 = -628, not -629.5), then float32;
-* the UNet: Terra's bf16 weights under autocast's float16; here the refiner's dtype (not part of this setting).
-
-``float32``: the same, but the initial latent is the float32 noise times ``sqrt(1 + s0²)`` and ``dt`` is a float32
-subtraction. (On a CPU, where ``autocast("cuda")`` is off, Terra's code computes the c_* in bf16 as well; the GPU
-run is the one that made its results.)
-
-The UNet gets ``x·c_in`` with the conditioning latents concatenated on channels, a zero cross-attention context
-``[B, 1, context_dim]``, and the vector of three sinusoidal embeddings in the published conditioner's order:
-cond_aug, fps_id, motion_bucket_id.
-
-Guidance (``config.guidance``):
-
-* ``published``: Terra's ``generate.py`` builds the unconditional inputs with ``force_uc_zero_embeddings=[]``,
-  so they equal the conditional ones; LinearPredictionGuider's ``d_u + scale * (d_c - d_u)`` is then ``d_c``
-  whatever the scale. One UNet branch gives that exactly, at half the cost of two.
-* ``zero_frames``: classifier-free guidance as SVD trains for it, the unconditional branch with zeroed
-  conditioning latents; both branches go through one batched UNet call, and the per-frame scale applies.
-"""
+"""One refinement pass: Terra's Euler EDM sampler over the spatio-temporal UNet, with Terra's conditioning."""
 
 from __future__ import annotations
 
@@ -92,8 +54,7 @@ def conditioning_vector(config: RefinerConfig, batch: int, device: torch.device)
 
 
 def unet_predictor(refiner: "VideoRefiner", cond: torch.Tensor, uncond: torch.Tensor | None) -> Predictor:
-    """``(x·c_in [1, n, C, h, w], c_noise) → v [B, n, C, h, w]`` in the refiner's dtype: one branch (``cond``)
-    when ``uncond`` is None, else ``[uncond, cond]`` in one UNet batch."""
+    """``(x·c_in [1, n, C, h, w], c_noise) → v``: ``cond`` alone when ``uncond`` is None, else both in one batch."""
     config, unet, dtype = refiner.config, refiner.unet, refiner.dtype
     branches = (cond[None] if uncond is None else torch.stack([uncond, cond])).to(dtype)
     batch = len(branches)
@@ -109,10 +70,7 @@ def unet_predictor(refiner: "VideoRefiner", cond: torch.Tensor, uncond: torch.Te
 
 def sample_pass(refiner: "VideoRefiner", cond: torch.Tensor, scales: torch.Tensor, generator: torch.Generator,
                 progress: bool = False) -> torch.Tensor:
-    """Conditioning latents ``[n, C, h, w]`` of one pass → its sampled latents (float32, same shape).
-
-    The initial noise is drawn in float32 on the CPU from ``generator`` (reproducible on any device).
-    """
+    """Conditioning latents ``[n, C, h, w]`` of one pass → its sampled latents (float32, same shape)."""
     noise = torch.randn((1, *cond.shape), generator=generator, dtype=torch.float32).to(cond.device)
     uncond = None if refiner.config.guidance == "published" else torch.zeros_like(cond)
     return denoise(refiner, noise, cond, uncond, scales, progress)[0]
@@ -120,8 +78,7 @@ def sample_pass(refiner: "VideoRefiner", cond: torch.Tensor, scales: torch.Tenso
 
 def denoise(refiner: "VideoRefiner", noise: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None,
             scales: torch.Tensor, progress: bool = False) -> torch.Tensor:
-    """Euler sampling from ``noise`` ``[1, n, C, h, w]`` (unit variance) → float32 latents of that shape;
-    ``uncond`` None runs one branch, otherwise both, their denoised latents mixed per frame by ``scales``."""
+    """Euler sampling from unit-variance ``noise [1, n, C, h, w]`` → float32 latents; branches mixed by ``scales``."""
     config = refiner.config
     predict = unet_predictor(refiner, cond, uncond)
     scales = scales.to(cond.device).view(1, -1, 1, 1, 1)

@@ -1,5 +1,1 @@
-"""Every entry point on one floor: ``terra-generate`` (:mod:`terra.apps.generate`), ``terra-rollout``
-(:mod:`terra.apps.rollout`) and ``terra-serve`` (:mod:`terra.apps.serve`), with the runner they share
-(:mod:`terra.apps.runner`: configs, resolvers, how each ends). Each app's body reads as its steps: the checked
-spec (terra/config/), the pipeline, the requests, generation, the files.
-"""
+"""Every entry point (``terra-generate``, ``terra-rollout``, ``terra-serve``, ...) and the runner they share."""

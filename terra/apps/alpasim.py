@@ -1,11 +1,4 @@
-"""``terra-alpasim``: the world model as AlpaSim's video-model renderer, its ``WorldModelService`` over gRPC (Hydra
-app, conf/alpasim.yaml; the service: terra/alpasim/).
-
-Settings are checked and the port is bound before the model loads; a mistake, or a port in use, exits with code 2
-and one line on stderr. ``terra-alpasim: ... ready; WorldModelService on HOST:PORT`` is printed once it serves. On
-SIGINT/SIGTERM the server stops taking calls, lets the calls in flight end (a few seconds), and the process ends as
-every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143).
-"""
+"""``terra-alpasim``: the world model as AlpaSim's video-model renderer, its ``WorldModelService`` over gRPC."""
 
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ STOP_GRACE_S = 5.0  # calls in flight get this long to end when the server stops
 
 
 def serve(spec: RunSpec, settings: AlpasimSettings, model: str) -> None:
-    """Bind, load the model (terra/run.py, ``resolve_run``), serve until interrupted, then close everything."""
+    """Bind, load the model, serve until interrupted, then close everything."""
     from terra.alpasim.service import WorldModelServicer, bind, start
 
     server, port = bind(settings)  # before the model loads: a port in use is one line at once

@@ -1,12 +1,4 @@
-"""``terra-blend``: a fine-tune blended with its starting checkpoint (terra/training/blend.py).
-
-    terra-blend base=terra/assets/demo/world_model tuned=runs/left_hand/full_mix/model \
-        weight=0.8 output_dir=runs/left_hand/full_mix/blend80
-
-The blend loads wherever a world model does (``model.world_model=<output_dir>`` in ``terra-generate``, batch,
-sessions and the server, ``terra-evaluate``). It ends as every Hydra app does (terra/apps/runner.py): a bad
-setting, or two models that are not one architecture, is one line and exit code 2 with nothing written.
-"""
+"""``terra-blend``: a fine-tune blended with its starting checkpoint."""
 
 from __future__ import annotations
 

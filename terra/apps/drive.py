@@ -1,13 +1,4 @@
-"""``terra-drive``: driving policies in the loop with the world model (Hydra app, ``conf/drive.yaml``).
-
-(1) the settings, checked once before any model loads (terra/closedloop/study/settings.py: a run's,
-terra/closedloop/recording/settings.py, with ``world=both`` wrapped in the fidelity study's; policies named,
-scenarios listed, ranges, the output folder claimed apart from every input); (2) the worlds, the scenarios and the
-drives, recorded under ``output_dir`` (terra/closedloop/recording/drives.py: a video and JSON per drive, a manifest,
-resumable, the folder locked); with ``world=both`` in every world of the study and its report
-(terra/closedloop/study/drives.py). Exit codes as conf/drive.yaml says; a user mistake is one line
-(terra/apps/runner.py).
-"""
+"""``terra-drive``: driving policies in the loop with the world model."""
 
 from __future__ import annotations
 
@@ -25,9 +16,8 @@ from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script,
 from terra.config.moved import move_settings
 
 
-DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null (conf/drive.yaml), made only once held
-# A driver's failure is one line of its drive (terra/closedloop/policies/egodriver.py): gRPC's C core logs nothing of
-# its own (read when grpc loads, so set before anything imports it; the environment may still ask for its logs).
+DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null; made only once held
+# A driver's failure is one line of its drive: gRPC's C core logs nothing (read when grpc loads).
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
@@ -36,15 +26,13 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 def _main(cfg: DictConfig) -> None:
     from terra.closedloop.study.settings import terra_drive_settings
 
-    # free-form mappings: an engine's options, Ray's runtime_env, a NAVSIM agent's keyword arguments (conf/drive.yaml)
+    # free-form mappings: an engine's options, Ray's runtime_env, a NAVSIM agent's keyword arguments
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env.", "navsim_args."), cfg=cfg)
     move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))
-    # no model yet: a bad setting or output folder is one line; the command line is what a study's shard processes
-    # are given (shard_processes: terra/closedloop/study/processes.py)
-    # study=gpu (Hydra's choice of the preset, conf/study/) needs a GPU whatever the settings after it say
+    # no model yet: a bad setting is one line; study=gpu needs a GPU whatever the settings after it say
     settings = terra_drive_settings(cfg, out_dir, sys.argv[1:], HydraConfig.get().runtime.choices.get("study"))
 
     from terra.closedloop.study.drives import terra_drive

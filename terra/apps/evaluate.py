@@ -1,14 +1,4 @@
-"""``terra-evaluate``: a world model + tokenizer on held-out clips of the synthetic world → report.json and a table
-(terra/evaluation/, which documents the measurements).
-
-    terra-evaluate                                       # the shipped demo models, Transformers backend
-    terra-evaluate quality.num_clips=32 adherence.num_cases=20 out_dir=outputs/eval/demo
-
-It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
-torch is imported or any model loads. Each phase's results are kept in ``out_dir`` as it finishes
-(terra/evaluation/phases.py): Ctrl-C or SIGTERM exit 130 / 143 with a line naming what was kept and the command that
-resumes (this one, with ``out_dir`` set to the folder), which measures only the phases left.
-"""
+"""``terra-evaluate``: a world model + tokenizer on held-out clips of the synthetic world → report.json and a table."""
 
 from __future__ import annotations
 
@@ -40,9 +30,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def resume_command(arguments: list[str], folder: Path) -> str:
-    """The command that resumes a run started with ``arguments`` (renamed settings under their new names: the runner
-    moved them): the same, with ``out_dir`` set to the run's folder (the default names a new one each time),
-    quoted for Hydra where the path needs it and for the shell."""
+    """The command that resumes a run started with ``arguments``: the same, with ``out_dir`` set to the run's folder."""
     given = [arg for arg in arguments if arg.lstrip("+~").partition("=")[0] != "out_dir"]
     path = str(folder)
     if not re.fullmatch(r"[A-Za-z0-9_./+-]+", path):  # Hydra's quotes: a quote, and backslashes before one, escaped

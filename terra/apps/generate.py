@@ -1,13 +1,4 @@
-"""``terra-generate``: context frames + a trajectory → generated driving video (Hydra app, ``conf/generate.yaml``).
-
-The settings are checked once into a :class:`GenerateSpec` (:func:`generate_spec`); :func:`run` reads as its steps,
-each input checked once where it enters: (1) the input files, the output names and folder (before torch or
-Transformers is imported); (2) the run made concrete (terra/run.py, ``resolve_run``), the tokenizer, the
-context frames and the trajectory; (3) the world model; (4) requests → generate; (5) the files, as named in (1).
-A user mistake ends with exit code 2 and one line on stderr naming the input and the fix; Ctrl-C or SIGTERM
-stops the engine and exits with 130 / 143; either way no output file of the run is left behind
-(terra/apps/runner.py prints the line and sets the exit code).
-"""
+"""``terra-generate``: context frames + a trajectory → generated driving video."""
 
 from __future__ import annotations
 
@@ -35,8 +26,8 @@ from terra.inputs.actions import check_input_files
 from terra.inputs.routes import road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
-APP = "terra-generate"  # the app whose run folders these are (terra/config/output_dir.py)
-SETTINGS = {  # documented in conf/generate.yaml; num_frames, 1 .. max_num_frames, is checked against the cap
+APP = "terra-generate"
+SETTINGS = {  # num_frames, 1 .. max_num_frames, is checked against the cap
     "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
     "num_samples": Range(1, 256, 4, whole=True),
     "seed": SEED,
@@ -54,14 +45,14 @@ class GenerateSpec:
     seed: int
     context: str | list[str] | None  # None: frames rendered by terra.sim
     trajectory: str | None  # a trajectory file; None: the manoeuvre
-    road: str | list | None  # the road every frame's route is told from (terra/inputs/routes.py, road_of_setting)
+    road: str | list | None  # the road every frame's route is told from
     manoeuvre: str
     manoeuvre_params: dict[str, float]
     record: dict  # the settings as given, stored in the sidecar (with the backend and device that ran)
 
 
 def generate_spec(cfg: DictConfig) -> GenerateSpec:
-    """Every setting of ``conf/generate.yaml`` checked once, without reading a file or importing torch."""
+    """Every setting checked once, without reading a file or importing torch."""
     output = OutputSpec.from_mapping(select(cfg, "output"))
     values = check_settings(cfg, SETTINGS)
     num_frames, cap = select(cfg, "num_frames"), values["max_num_frames"]
@@ -90,11 +81,9 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
 
 
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
-    """Generate the rollouts of a checked configuration (:func:`generate_spec`) and write them under ``out_dir``;
-    return the summary."""
+    """Generate the rollouts of a checked :class:`GenerateSpec`, write them under ``out_dir`` and return the summary."""
     t_start = time.perf_counter()
-    # 1. the input files (context, trajectory: read in step 2, once the context frames are counted; the checkpoints'
-    # in step 2, still before any model loads), then the output names and folder: no file read, nothing heavy imported
+    # 1. the input files checked, the output names and folder: nothing read, nothing heavy imported
     check_input_files(spec.context, spec.trajectory)
     road = None if spec.road is None else road_of_setting(spec.road)  # read and checked before anything loads
     names = spec.output.names(spec.num_samples)  # planned once: claimed here, written in step 5
@@ -153,8 +142,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     elif actions is None:
         actions = manoeuvre_actions(spec.manoeuvre, len(images), num_frames, **spec.manoeuvre_params)
 
-    # 3. the world model, its engine sized for the samples when the run was resolved (one: a vLLM engine of one
-    # rollout, which verifies several passes a step: terra/generation/decoding.py, auto_passes_per_step)
+    # 3. the world model, its engine sized for the samples when the run was resolved
     pipeline = WorldModelPipeline.from_run(run, tokenizer)
     # 4. requests → generate (frames decoded now, or by the refiner once the engine's memory is free)
     try:
@@ -176,8 +164,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     output.record()
     record = copy.deepcopy(spec.record)
     record["backend"]["name"], record["device"] = run_settings.backend, run_settings.device  # what ran
-    record["backend"]["options"] = dict(pipeline.engine_options)  # as the engine ran: the memory preset's choices,
-    # its room for the samples (terra/generation/backends.py, engine_options)
+    record["backend"]["options"] = dict(pipeline.engine_options)  # as the engine ran
     s_per_frame = generate_s / (num_frames * spec.num_samples)
     stats = sum((result.pass_stats for result in results), PassStats())
     truth = None if ground_truth is None else ((ground_truth.permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
@@ -205,7 +192,7 @@ def _main(cfg: DictConfig) -> None:
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
             unmark_unused(out_dir)  # the files of a failed run are gone; so goes the marker that lists them
-            remove_empty_folders(created)  # Hydra's run folder, empty: terra/apps/runner.py's task removes it
+            remove_empty_folders(created)  # Hydra's run folder, empty
         raise
     remove_empty_run_dir()  # output.dir elsewhere: nothing was written into Hydra's run folder
     print(f"wrote {summary['generated_frames']} generated frames x {summary['samples']} sample(s) "
@@ -217,7 +204,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; how it ends (exit codes, one line on stderr) is terra/apps/runner.py's run_app."""
+    """Console-script entry point; how it ends (exit codes, one line on stderr) is :func:`run_app`'s."""
     np.set_printoptions(precision=3)
     run_app(_main, APP)
 

@@ -1,12 +1,4 @@
-"""Every app's ``--help`` page, made one way for all of them (terra/apps/runner.py asks for it).
-
-A page is Hydra's help template (``hydra/help=terra``, stored here), made by the resolver ``terra_help`` from the
-app's config file and its :class:`Page`: the config file's opening comment (what the app does, example commands),
-the page's sections (input formats, each pointing to its docs page for an example), the choices that exist,
-computed from the code that accepts them (policies, worlds, controls, manoeuvres, ...), the configuration groups
-its defaults list picks (``model=``, ``backend=``, presets), the settings as the config file documents them (each
-with its comment: range, meaning), the exit codes, and the docs page. Nothing here imports torch.
-"""
+"""Every app's ``--help`` page, made one way for all of them."""
 
 from __future__ import annotations
 
@@ -26,13 +18,12 @@ CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
               "error (--verbose shows its traceback).")
 WIDTH = 118  # a page's wrapped lines
-MOVED = "docs/moved-names.md"  # old setting names, still taken until 0.2.0 (terra/config/moved.py)
+MOVED = "docs/moved-names.md"  # old setting names
 
 
 @dataclass(frozen=True)
 class Page:
-    """What an app's page adds to its config file: its console script, docs page, sections ``(title, text)``,
-    the choices that exist (computed when the page is asked for) and its exit codes."""
+    """What an app's page adds to its config file: console script, docs page, sections, choices and exit codes."""
 
     prog: str
     docs: str
@@ -119,7 +110,7 @@ motion   trajectory.json / .csv / .npy (or the folder's only such file): world-f
          or at 10 Hz, or per-frame instruction_trajs [T, 60, 2|3] / actions [T, 6, 3], one per source frame
 An example: docs/train.md, "Driving logs" (the rules: terra/inputs/driving_logs.py)."""
 
-PAGES: dict[str, Page] = {  # config name (conf/<name>.yaml) -> its page
+PAGES: dict[str, Page] = {  # config name -> its page
     "generate": Page("terra-generate", "docs/generate.md", (
         ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),
         ("Settings of the groups",
@@ -182,8 +173,7 @@ def opening_comment(text: str) -> str:
 
 
 def documented_settings(text: str) -> str:
-    """A config file's settings with their comments: the file without its opening comment, its ``defaults`` list
-    and its ``hydra`` block."""
+    """A config file's settings with their comments, without its opening comment, ``defaults`` and ``hydra`` block."""
     kept, block, opening = [], None, True
     for line in text.splitlines():
         if opening and line.startswith("#"):
@@ -200,8 +190,7 @@ def documented_settings(text: str) -> str:
 
 
 def config_groups(text: str) -> dict[str, str]:
-    """The configuration groups a config file's defaults list picks (``model: demo``), each with its options (the
-    files of ``conf/<group>/``) and the one picked by default."""
+    """The configuration groups a config file's defaults list picks, each with its options and its default."""
     defaults = (yaml.safe_load(text) or {}).get("defaults") or []
     groups = {}
     for entry in defaults:
@@ -221,9 +210,7 @@ def _literal(text: str) -> str:
 
 
 def page_template(config_name: str, prog: str | None = None) -> str:
-    """The Hydra help template of ``conf/<config_name>.yaml``: its page (:data:`PAGES`), every literal ``$``
-    doubled (Hydra fills the template as a ``string.Template``). ``prog``, the console script asked for its page:
-    given a config that is not its own (``--config-name``, ``--config-dir``), :func:`foreign_page`."""
+    """The Hydra help template of ``conf/<config_name>.yaml``: its page, every literal ``$`` doubled."""
     page = PAGES.get(config_name)
     if page is None or (prog is not None and page.prog != prog):
         return foreign_page(config_name, prog)
@@ -248,8 +235,7 @@ def page_template(config_name: str, prog: str | None = None) -> str:
 
 
 def foreign_page(config_name: str, prog: str | None) -> str:
-    """The page of ``prog`` run with a config that is not its own: what that means, and the config as Hydra composed
-    it (Hydra's ``$CONFIG``, not resolved), with ``prog``'s exit codes and docs page."""
+    """The page of ``prog`` run with a config not its own: the config as composed, exit codes and docs page."""
     own = next((page for page in PAGES.values() if page.prog == prog), None)
     prog = prog or "this app"
     parts = [_literal(textwrap.fill(
@@ -263,7 +249,7 @@ def foreign_page(config_name: str, prog: str | None) -> str:
 
 
 def _rows(rows: dict[str, str]) -> str:
-    """``name  value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
+    """``name value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
     width = max(len(name) for name in rows)
     return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"  {name.ljust(width)}  ",
                                    subsequent_indent=" " * (width + 4), break_on_hyphens=False)
@@ -275,8 +261,7 @@ def _indented(body: str) -> str:
 
 
 def register_help() -> None:
-    """Hydra's help config ``hydra/help=terra`` (terra/apps/runner.py picks it when ``--help`` is asked for) and
-    its resolver ``terra_help``, which makes the running app's page (once registered, again a no-op)."""
+    """Register Hydra's help config ``hydra/help=terra`` and its resolver ``terra_help`` (idempotent)."""
     if not OmegaConf.has_resolver("terra_help"):
         OmegaConf.register_new_resolver("terra_help", page_template)
     ConfigStore.instance().store(group="hydra/help", name="terra", provider="terra", node={

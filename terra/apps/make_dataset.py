@@ -1,14 +1,5 @@
 """``terra-make-dataset``: render a dataset of random synthetic driving clips (frames, poses, instruction
-trajectories, actions, routes).
-
-    terra-make-dataset out_dir=data/clips num_clips=4000 num_frames=25 height=144 width=256
-    terra-make-dataset format=driving_logs out_dir=data/night_logs num_clips=300 num_frames=20 \
-        domain=night seed=1     # driving logs for terra-prepare-logs
-    terra-make-dataset recipe=long_drives out_dir=data/drives num_clips=1400 num_frames=200  # 20 s drives
-
-See conf/make_dataset.yaml for every option; the folder formats: terra/sim/dataset.py (``format=shards``) and
-terra/sim/logs.py (``format=driving_logs``).
-"""
+trajectories, actions, routes)."""
 
 from __future__ import annotations
 

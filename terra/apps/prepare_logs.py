@@ -1,22 +1,4 @@
-"""``terra-prepare-logs``: a folder of driving clips → tokenized training shards.
-
-    terra-prepare-logs logs=/data/drives output_dir=data/shards
-    terra-prepare-logs logs=/data/drives output_dir=data/terra_shards \
-        model=terra_v1 terra_root=/data/Terra device=cuda batch_size=128
-
-``model=terra_v1`` / ``terra_v2`` with ``terra_root`` picks the tokenizer that world model was trained with, as
-in ``terra-generate``; ``tokenizer=...`` / ``tokenizer.path=...`` name one directly (default: the demo
-tokenizer). The clip layout, timestamps, resampling, actions and split rule are terra/inputs/driving_logs.py's;
-each frame's route, from a clip's road (``road.json``, ``road.csv``, ``clipgt/``, ``clipgt.zip``) or with
-``routes=driven_path`` from the car's own path, terra/inputs/log_routes.py's; the shard format
-terra/training/shards.py's. Rerunning the same command resumes: clips already in
-``index.json`` are skipped, unless their folder, the tokenizer or the settings changed or their shard is not
-whole: those are made again, said in one line. A clip that cannot be used is one line on stderr and the run goes on.
-
-It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
-torch is imported and before anything is written; Ctrl-C or SIGTERM keep the shards written so far (exit 130 /
-143; a rerun resumes). One run per output folder at a time (terra/config/output_dir.py).
-"""
+"""``terra-prepare-logs``: a folder of driving clips → tokenized training shards."""
 
 from __future__ import annotations
 
@@ -36,8 +18,7 @@ PROG = "terra-prepare-logs"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_driving_logs", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    """(1) the settings; (2) the tokenizer and the output's index; (3) the clips still to do and their split;
-    (4) tokenize them and write the shards; (5) the summary."""
+    """Settings; tokenizer and index; clips still to do; tokenize and write shards; summary."""
     # 1. the settings, checked once: no torch yet, nothing written
     check_added_settings(PROG, cfg=cfg)
     spec = prepare_spec(cfg)
@@ -56,8 +37,7 @@ def _main(cfg: DictConfig) -> None:
         set_threads(spec.num_threads)
         tokenizer = load_tokenizer(spec.tokenizer, device=resolve_device(spec.device))
         index, damaged = open_index(spec, tokenizer)
-        # 3. the clips: those the index lists, whole and made from the same inputs, are done; each other one gets
-        # its split
+        # 3. the clips not yet done, each with its split
         made_of = checkpoint_digest(spec.tokenizer)
         inputs = {folder.name: clip_inputs(spec, folder, made_of) for folder in spec.clips}
         redo = clips_to_redo(index, damaged, inputs)

@@ -1,27 +1,4 @@
-"""What the Hydra apps share: ``terra-generate``, ``terra-rollout`` and ``terra-serve`` (terra/apps/), and the
-Hydra scripts of scripts/ (evaluation, training, scoring).
-
-* The configs: the repository's ``conf/`` folder is installed as the package ``terra.conf`` (``pyproject.toml``
-  maps it; a wheel holds it as ``terra/conf/``), so ``@hydra.main(config_path=CONFIG_PATH, ...)`` finds the same
-  files in an editable install, where they are ``conf/`` itself, and in a wheel install.
-* The resolvers ``${terra_asset:NAME}`` and ``${terra_snapshot:FOLDER}``, registered on import
-  (:func:`terra.config.assets.register_resolvers`).
-* :func:`run_app`: how every app ends on stderr (with no Hugging Face progress bars where terra/core/progress.py
-  draws none: off a terminal). A user mistake (:class:`TerraInputError`, Hydra's and
-  OmegaConf's errors: an unknown setting, a malformed override) is one line and exit code 2; Ctrl-C and
-  SIGTERM are one line and exit code 130 / 143 (the app removes its partial files on the way out); any other
-  error is a bug: one line and exit code 1, with the traceback only under ``--verbose`` or
-  ``HYDRA_FULL_ERROR=1``. Without ``--verbose`` vLLM logs warnings and errors only (``VLLM_LOGGING_LEVEL``, unless
-  the environment sets it). The project's own log records print as the app's other lines, ``<prog>: ...``
-  (:func:`program_voice`).
-* ``--help``: the app's page, made one way for every app (terra/apps/help.py): what it does, its input formats,
-  the choices that exist, its settings with their comments, exit codes and docs page.
-* :func:`check_added_settings`: ``+key=value`` overrides that add a setting no config has are refused
-  instead of silently ignored.
-* Renamed settings (terra/config/moved.py): an old name on the command line is given its new name here, before
-  Hydra reads the arguments, with one line on stderr; the apps that have those settings move old names a user's
-  config file set (``move_settings``) before checking their settings.
-"""
+"""What the Hydra apps and scripts share: configs, resolvers, error lines and how each ends."""
 
 from __future__ import annotations
 
@@ -105,9 +82,7 @@ def shielded() -> Iterator[None]:
 
 
 def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") -> str:
-    """The line refusing the setting ``key`` that no config has, with its near miss among the settings of ``node``
-    (the mapping at ``prefix``, ``key``'s leading part: the job's config, or the mapping that lacks ``key``; the
-    root's ``hydra`` block holds no setting)."""
+    """The line refusing the setting ``key`` no config has, with its near miss among the settings of ``node``."""
     parts = key[len(prefix):].split(".")
     while isinstance(node, (DictConfig, dict)) and len(parts) > 1 and parts[0] in node:
         node, prefix, parts = node[parts[0]], f"{prefix}{parts[0]}.", parts[1:]
@@ -116,9 +91,7 @@ def unknown_setting(key: str, command: str, node: Any = None, prefix: str = "") 
 
 
 def check_added_settings(command: str, allowed: Sequence[str] = (), cfg: DictConfig | None = None) -> None:
-    """Refuse ``+key=value`` overrides of the running Hydra job that add a setting its config does not have
-    (the app would ignore it), except under the prefixes ``allowed`` (free-form mappings such as
-    ``backend.options.``). ``command`` is how users start the app; ``cfg``, the job's config, names a near miss."""
+    """Refuse ``+key=value`` overrides that add a setting the config lacks, except under the prefixes ``allowed``."""
     overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
     for override in overrides:
         key = override.key_or_group
@@ -150,8 +123,7 @@ def _hydra_message(err: BaseException, command: str) -> str:
 
 
 class _TaskFailed(BaseException):
-    """An exception of a :func:`task`, carried past Hydra's job runner (which catches only ``Exception`` and
-    writes "Error executing job ..." on stderr) to :func:`run_app`."""
+    """A :func:`task`'s exception, carried past Hydra's job runner to :func:`run_app`."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(error)
@@ -159,9 +131,7 @@ class _TaskFailed(BaseException):
 
 
 def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Decorate an app's task function (under ``@hydra.main``) so that :func:`run_app` alone reports its errors; a
-    task that fails or is interrupted leaves no run folder of Hydra's behind (:func:`remove_empty_run_dir`: a config
-    that is not the app's own may name one, ``terra-drive --config-name generate``)."""
+    """Decorate an app's task so that :func:`run_app` alone reports its errors and a failed one leaves no run folder."""
 
     @functools.wraps(function)
     def wrapper(cfg: Any) -> None:
@@ -178,9 +148,7 @@ def task(function: Callable[[Any], None]) -> Callable[[Any], None]:
 
 
 def remove_empty_run_dir() -> None:
-    """Remove the running job's run folder (Hydra's ``hydra.run.dir``, made before the app runs) when it is empty,
-    with its empty parents below the working folder (``outputs/<date>/<time>`` → nothing left of ``outputs/``): only
-    folders made since the app started (by their change time), never the working folder or one that was there."""
+    """Remove the job's run folder when empty, with its empty parents made since the app started."""
     cwd, path = Path.cwd().resolve(), Path(HydraConfig.get().runtime.output_dir).resolve()
     while path != cwd and path.is_dir() and not any(path.iterdir()) and path.stat().st_ctime >= _STARTED_AT - 0.02:
         path.rmdir()
@@ -190,8 +158,7 @@ def remove_empty_run_dir() -> None:
 
 
 def flags_error(arguments: Sequence[str], prog: str) -> str | None:
-    """Why Hydra's own command line would refuse ``arguments`` (an unknown ``--flag``, a flag's bad value), in one
-    line, or None; checked before Hydra reads them, which would print its usage first."""
+    """Why Hydra's command line would refuse ``arguments`` (unknown flag, bad value), in one line, or None."""
     parser = get_args_parser()
     parser.exit_on_error = False
     try:
@@ -205,10 +172,7 @@ def flags_error(arguments: Sequence[str], prog: str) -> str | None:
 
 
 def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -> str | None:
-    """Why a config of the user's (``--config-dir``, ``--config-name``) cannot run ``prog``: the settings of the
-    app's own config (terra/apps/help.py's ``PAGES`` names it) it lacks, in one line; None when it has them all or
-    none was given. Composed as Hydra composes it (``app``'s search path, the user's overrides), before Hydra makes
-    its run folder, where a config without the app's ``hydra:`` block has Hydra write its ``.hydra`` folder and log."""
+    """Why the user's config cannot run ``prog`` (the app's settings it lacks), in one line, or None."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
@@ -235,9 +199,7 @@ def config_error(app: Callable[[], None], arguments: Sequence[str], prog: str) -
 
 
 def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
-    """``arguments`` with the overrides that pick ``prog``'s help page (terra/apps/help.py) among the user's own
-    overrides: Hydra takes its overrides as one run of arguments, so appended after ``--help`` they would be
-    "unrecognized arguments" when overrides come before it (``terra-generate num_frames=3 --help``)."""
+    """``arguments`` with the overrides that pick ``prog``'s help page placed before ``--help``."""
     page = ["hydra/help=terra", f"hydra.help.app_name={prog}"]
     given = get_args_parser().parse_known_args(list(arguments))[0].overrides
     at = arguments.index(given[0]) if given else len(arguments)
@@ -246,9 +208,7 @@ def with_help_page(arguments: Sequence[str], prog: str) -> list[str]:
 
 @contextmanager
 def program_voice(prog: str) -> Iterator[None]:
-    """The project's own log records (loggers under ``terra``, INFO and up) as lines on stderr in the program's voice,
-    ``<prog>: ...`` like its other lines, whatever Hydra's logging config does with the root logger (its
-    ``hydra_logging`` would print them as ``[date][HYDRA] ...``); as they were after the block."""
+    """The project's log records (``terra`` loggers, INFO and up) on stderr as ``<prog>: ...`` lines."""
     logger = logging.getLogger("terra")
     before = logger.handlers[:], logger.propagate, logger.level
     handler = logging.StreamHandler(sys.stderr)
@@ -263,9 +223,7 @@ def program_voice(prog: str) -> Iterator[None]:
 
 
 def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> Callable[[], None]:
-    """The console-script entry point ``prog`` (pyproject.toml's ``[project.scripts]``) of the ``@hydra.main``
-    function ``app``, which needs pyproject.toml's ``extras``: it runs :func:`run_app`, which says how the app
-    ends."""
+    """The console-script entry point ``prog`` of the ``@hydra.main`` function ``app``, which needs ``extras``."""
 
     def main() -> None:
         run_app(app, prog, extras)
@@ -275,13 +233,8 @@ def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] =
 
 
 def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) -> None:
-    """Run the ``@hydra.main`` function ``app`` (its task decorated with :func:`task`) and end as the module
-    docstring says: ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (exit 130 / 143)
-    or ``<prog>: internal error: ...`` (exit 1). ``prog`` is the app's console script, how users start it;
-    Hydra's errors point to its ``--help``. ``--verbose`` (taken out of the arguments before Hydra reads them)
-    or ``HYDRA_FULL_ERROR=1`` show the traceback of an internal error, and Hydra's of a config error. Renamed
-    settings on the command line are given their new names first (terra/config/moved.py); the packages of the
-    ``extras`` the app needs are checked before it runs (terra/config/extras.py; not for ``--help`` or ``--cfg``)."""
+    """Run ``app``; end with ``<prog>: error: ...`` (exit 2), ``<prog>: interrupted by SIGINT|SIGTERM`` (130 / 143)
+    or ``<prog>: internal error: ...`` (1); ``--verbose`` or ``HYDRA_FULL_ERROR=1`` show tracebacks."""
     global _STARTED_AT
     _STARTED_AT = time.time()
     verbose = "--verbose" in sys.argv[1:]
@@ -301,7 +254,7 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
-        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page (terra/apps/help.py)
+        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page
             sys.argv[1:] = with_help_page(sys.argv[1:], prog)
         if not any(arg.split("=")[0] in PRINTING_FLAGS for arg in sys.argv[1:]):
             check_extras(extras)  # make demo installs no extra: one line naming it, not a traceback

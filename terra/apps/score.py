@@ -1,16 +1,4 @@
-"""``terra-score``: ACT-Bench's score of a folder of generated videos, with the ACT-Estimator, in one command.
-
-    terra-score videos=generated_videos/terra samples=act_bench.jsonl \
-        estimator=ACT-Estimator output_dir=results/terra [batch_size=16 num_workers=8 device=auto]
-
-→ ``<output_dir>/summary.json`` (ACT-Bench's keys), ``results.jsonl`` (one row per sample, ACT-Bench's columns),
-``confusion_matrix.png`` and a one-screen summary on stdout. ``dry_run=true`` checks the samples, the videos and the
-estimator folder without loading weights and reports what is missing (terra/scoring/check.py). A thin Hydra wrapper
-(conf/score_actbench.yaml) around :mod:`terra.scoring`, which documents the matching, the preprocessing and the metrics.
-The settings are checked before torch is imported (terra/scoring/settings.py); like every Hydra app
-(terra/apps/runner.py) a user error, a missing or short video included, is one line and exit code 2, and nothing is
-written into ``output_dir`` unless the whole run succeeds.
-"""
+"""``terra-score``: ACT-Bench's score of a folder of generated videos, with the ACT-Estimator, in one command."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""``terra-serve``: the world model behind HTTP and WebSocket, and a page to drive it (Hydra app, conf/serve.yaml).
-
-Settings are checked and the port is bound before the model loads; a mistake, or a port in use, exits with code 2
-and one line on stderr. The server listens once the model is loaded (connections are refused until then), so
-``GET /health`` answers 200 as soon as anything answers, and ``ready; open http://...`` is printed once it
-listens. On SIGINT/SIGTERM
-open sockets get a close frame (1001, "server shutting down") before the server stops; then the process ends
-as every app does on an interrupt (terra/apps/runner.py, ``run_app``: exit 130 / 143). A WebSocket handshake the
-server cannot take (a header line over 8 KiB or more than 128 header lines: 431; a request line too long: 414; any
-other it cannot read: 400) is answered at once and its connection closed (:func:`websocket_protocol`).
-"""
+"""``terra-serve``: the world model behind HTTP and WebSocket, and a page to drive it."""
 
 from __future__ import annotations
 
@@ -35,11 +25,7 @@ BAD_HANDSHAKE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConte
 
 
 def websocket_protocol() -> type | str:
-    """uvicorn's WebSocket protocol with websockets' sans-I/O implementation (uvicorn's default when websockets is
-    installed), made to send the answer websockets gives a handshake it refuses before the app sees it: uvicorn
-    leaves that answer unsent (uvicorn 0.54, websockets 17), so a handshake of 3,000 subprotocols or a 51 KB header
-    got no answer until the client gave up. "auto" where uvicorn has no such implementation (before 0.35: its
-    websockets protocol answers by itself)."""
+    """uvicorn's websockets sans-I/O protocol, made to send the answer websockets gives a handshake it refuses."""
     try:
         from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
     except ImportError:
@@ -57,8 +43,7 @@ def websocket_protocol() -> type | str:
 
 
 def bind(settings: ServeSettings) -> socket.socket:
-    """The server's socket, bound to ``serve.host:serve.port`` but not yet listening; a port in use or an address
-    this machine does not have is one line."""
+    """The server's socket, bound to ``serve.host:serve.port``, not yet listening; a bind failure is one line."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
@@ -72,7 +57,7 @@ def bind(settings: ServeSettings) -> socket.socket:
 
 
 def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
-    """(1) the run made concrete and its pipeline (terra/run.py, ``resolve_run``), (2) the session service."""
+    """(1) the run made concrete and its pipeline, (2) the session service."""
     # torch, Transformers, FastAPI and uvicorn load only once the settings are known to be good
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run

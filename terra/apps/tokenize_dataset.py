@@ -1,12 +1,4 @@
-"""``terra-tokenize``: encode every frame of a clip dataset with an image tokenizer into one tokenized-clips file.
-
-    terra-tokenize dataset=data/clips tokenizer_path=models/tokenizer out=data/tokens.safetensors
-
-Writes ``codes [N, T, h, w]``, ``actions [N, T, 6, 3]``, ``poses [N, T, 3]`` and the dataset's ``routes [N, T, M, 3]``
-(terra/sim/tokens.py) for ``terra-train``; the settings are conf/tokenize_dataset.yaml's, the work
-terra/training/tokenize.py's. It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and
-exit code 2.
-"""
+"""``terra-tokenize``: encode every frame of a clip dataset with an image tokenizer into one tokenized-clips file."""
 
 from __future__ import annotations
 

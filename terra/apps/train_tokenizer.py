@@ -1,12 +1,5 @@
 """``terra-train-tokenizer``: train an image tokenizer (LFQ or VQ-16) on a folder of images or on the synthetic
-world (terra/training/tokenizer_run.py documents the losses, the budget and resuming; conf/train_tokenizer.yaml
-the settings).
-
-    terra-train-tokenizer train.max_minutes=9 train.output_dir=outputs/demo_tokenizer
-
-It ends as every Hydra app does (terra/apps/runner.py): a bad setting is one line and exit code 2, found before
-torch is imported.
-"""
+world."""
 
 from __future__ import annotations
 
@@ -21,8 +14,7 @@ PROG = "terra-train-tokenizer"  # the console script, named in error lines
 @hydra.main(config_path=CONFIG_PATH, config_name="train_tokenizer", version_base=None)
 @task
 def _main(cfg: DictConfig) -> None:
-    """(1) the settings, checked once (terra/training/tokenizer_settings.py); (2) train (or resume) until the step
-    or time budget, then export."""
+    """(1) the settings, checked once; (2) train (or resume) until the step or time budget, then export."""
     check_added_settings(PROG, cfg=cfg)
     from terra.training.tokenizer_settings import tokenizer_train_spec
 

@@ -1,26 +1,5 @@
 """A world's frames against the true renders at the same poses: what a detector reads, how close the pixels are, and
-how late the world is.
-
-Given the frames a world produced along a drive and the synthetic world's renders at the drive's very poses
-(``render(scene, pose)``, terra/sim/renderer.py), so that any difference is the world's and not the drive's:
-
-* **perception agreement** (:func:`lane_agreement`, :func:`lane_summary`): the project's lane detector
-  (:func:`terra.fidelity.lanes.find_lane`) reads the lane centre's lateral position :data:`LOOKAHEAD_M` ahead
-  in both frames; across drives, the world's reading is regressed on the truth's within each drive (1 for a
-  faithful world, 0 for a world whose lane does not move with the car, -1 for a mirrored one), beside the error and
-  the share of frames in which a lane is found at all;
-* **frame fidelity** (:func:`frame_fidelity`, :func:`horizon_summary`): PSNR and SSIM (terra/metrics.py) of the
-  world's frame against the true one at :data:`HORIZONS` steps after the context;
-* **temporal lag** (:func:`temporal_lag`, :func:`lag_summary`): the shift k in ``[-MAX_LAG, MAX_LAG]`` steps at
-  which the world's frame t best matches the true frame t - k (highest mean PSNR): 0 for a faithful world, 10 for
-  frames a second late; with how far that best lag stands out (a frozen world's curve is flat);
-* **repeated frames** (:func:`frame_changes`, :func:`repeated`): how much each frame changed from the one before, in
-  the world and in the truth: a step whose world frame changed less than :data:`REPEATED` (a tenth) as much as the
-  true frame while the car moved shows the previous frame again, or one hardly different (a stutter, a video that
-  stops); a world of the truth at slightly other poses, or under other light, changes as much as the truth.
-
-Frames are uint8 ``[T, H, W, 3]``; ``frames[k]`` is the frame k + 1 steps after the context (horizon k + 1).
-"""
+how late the world is."""
 
 from __future__ import annotations
 
@@ -49,8 +28,7 @@ def _check_pair(world: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def lane_reading(frame: np.ndarray) -> float:
-    """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead as the lane detector reads it
-    in ``frame``; NaN when it finds no lane."""
+    """The lane centre's lateral offset (m, left positive) :data:`LOOKAHEAD_M` ahead in ``frame``; NaN: no lane."""
     lane = find_lane(frame)
     return float("nan") if lane is None else lane.lateral(LOOKAHEAD_M)
 
@@ -69,8 +47,7 @@ class LaneAgreement:
 
 
 def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: str | None = None) -> LaneAgreement:
-    """The lane detector's reading of each world frame and of the true frame at the same pose (on torch's
-    ``device``, every frame at once; None: numpy, frame by frame)."""
+    """Lane readings of each world frame and the true frame at its pose (``device`` None: numpy, frame by frame)."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     if device is not None:
         from terra.fidelity.batched import lane_readings
@@ -82,9 +59,7 @@ def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: st
 
 @dataclass(frozen=True)
 class LaneSummary:
-    """Across drives: the slope of the world's reading on the truth's within drives (each drive's own intercept: does
-    the reading move with the car, rather than do drives that start farther left read farther left), the mean
-    absolute error (m), and the share of frames in which a lane was found in the world's and in the true frames."""
+    """Across drives: the slope of the world's reading on the truth's within drives (each drive its own intercept)."""
 
     slope: Interval
     mean_abs_error_m: Interval
@@ -98,8 +73,7 @@ class LaneSummary:
 
 def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
                  bootstrap: Bootstrap = Bootstrap()) -> LaneSummary:
-    """:class:`LaneSummary` over the frames of ``drives``, resampling ``clusters`` (one label per drive: its
-    scenario)."""
+    """:class:`LaneSummary` over the frames of ``drives``, resampling ``clusters`` (one label per drive)."""
     if len(drives) != len(clusters) or not drives:
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
     labels = [label for drive, label in zip(drives, clusters) for _ in range(len(drive.world))]
@@ -117,8 +91,7 @@ def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
 
 def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray, horizons: Sequence[int] = HORIZONS,
                    device: str | None = None) -> dict[int, dict[str, float]]:
-    """PSNR (dB, capped at ``PSNR_CAP_DB`` for identical frames) and SSIM of the world's frame against the true one
-    at each horizon the drive reaches (on torch's ``device``; None: numpy and scikit-image)."""
+    """PSNR (dB, capped at ``PSNR_CAP_DB``) and SSIM of world against true frame at each horizon the drive reaches."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     reached = [h for h in horizons if 1 <= h <= len(world_frames)]
     if not reached:
@@ -135,8 +108,7 @@ def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray, horizons: 
 
 def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Sequence[Hashable],
                     bootstrap: Bootstrap = Bootstrap()) -> dict[int, dict[str, Interval]]:
-    """Per horizon, the mean PSNR and SSIM over the drives that reach it (:func:`frame_fidelity`'s results), with
-    intervals over ``clusters`` (one label per drive)."""
+    """Per horizon, mean PSNR and SSIM over the drives reaching it, with intervals over ``clusters``."""
     if len(drives) != len(clusters):
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
     horizons = sorted({h for drive in drives for h in drive})
@@ -149,16 +121,14 @@ def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Seq
 
 @dataclass(frozen=True)
 class Lag:
-    """The lag (steps) at which the world's frames best match the true frames, and the mean PSNR (dB) at every lag
-    from ``-max_lag`` to ``max_lag`` (``curve[lag + max_lag]``)."""
+    """The lag (steps) where world frames best match true ones, and mean PSNR (dB) per lag: ``curve[lag + max_lag]``."""
 
     lag: int
     curve: np.ndarray
 
     @property
     def prominence_db(self) -> float:
-        """How far the best lag stands above the median lag (dB): near 0 for a world whose frames match no moment
-        of the drive better than any other (a frozen or gray world), where the lag means nothing."""
+        """How far the best lag stands above the median lag (dB); near 0 the lag means nothing."""
         return float(self.curve.max() - np.median(self.curve))
 
     @property
@@ -169,9 +139,7 @@ class Lag:
 
 def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int = MAX_LAG,
                  device: str | None = None) -> Lag:
-    """The shift k maximising the mean PSNR of world frame t against true frame t - k over the frames both have;
-    ties go to the smallest |k|. Every lag is compared over at least a third of the drive, so a drive needs
-    ``1.5 max_lag`` frames. ``device``: torch's, where the squared differences are summed (None: numpy)."""
+    """The shift k maximising the mean PSNR of world frame t against true frame t - k; ties to the smallest |k|."""
     world_frames, true_frames = _check_pair(world_frames, true_frames)
     steps = len(world_frames)
     if 3 * (steps - max_lag) < steps:
@@ -193,13 +161,7 @@ def temporal_lag(world_frames: np.ndarray, true_frames: np.ndarray, max_lag: int
 
 
 def _lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, block: int = 32) -> np.ndarray:
-    """``[T, 2 max_lag + 1]``: the sum of squared differences of world frame t and true frame t - k (column
-    k + max_lag; NaN where there is no such true frame), of uint8 frames ``[T, pixels]``.
-
-    As ``|w|^2 + |b|^2 - 2 w.b``, the dot products of a block of world frames with the true frames within
-    ``max_lag`` of them being one matrix product. Exact: in float64, every product and partial sum is an integer
-    below 2^53 (up to 10^11 values a frame), whatever the order of summation. The blocks are made in two float64
-    buffers made once (a fresh array of a block's size costs more in page faults than its product)."""
+    """``[T, 2 max_lag + 1]`` sums of squared differences of world frame t and true frame t - k (NaN: none)."""
     steps, pixels = world.shape
     out = np.full((steps, 2 * max_lag + 1), np.nan)
     lags = np.arange(-max_lag, max_lag + 1)
@@ -229,8 +191,7 @@ def _best_lags(curves: np.ndarray, lags: np.ndarray) -> np.ndarray:
 
 
 def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The lag of the drives' mean PSNR curve (each drive's :func:`temporal_lag`), with its interval over
-    ``clusters`` (one label per drive): the lag that maximises each replicate's mean curve."""
+    """The lag of the drives' mean PSNR curve, with its interval over ``clusters`` (one label per drive)."""
     if len(lags) != len(clusters) or not lags:
         raise ValueError(f"one cluster label per drive ({len(lags)} drives, {len(clusters)} labels)")
     if len({len(lag.curve) for lag in lags}) > 1:
@@ -243,8 +204,7 @@ def lag_summary(lags: Sequence[Lag], clusters: Sequence[Hashable], bootstrap: Bo
 
 
 def frame_changes(frames: np.ndarray, device: str | None = None) -> np.ndarray:
-    """``[T]``: the mean squared difference (grey levels^2) of each of ``frames [T + 1, H, W, 3]`` but the first from
-    the frame before it (on torch's ``device``; None: numpy)."""
+    """``[T]`` mean squared difference (grey levels^2) of each of ``frames [T + 1, H, W, 3]`` from the one before."""
     if device is not None:
         from terra.fidelity.batched import frame_changes as changes
 
@@ -254,9 +214,8 @@ def frame_changes(frames: np.ndarray, device: str | None = None) -> np.ndarray:
 
 
 def repeated(world_change: np.ndarray, truth_change: np.ndarray, commanded_dx: np.ndarray) -> np.ndarray:
-    """``[T]``: 1 where the car moved (:data:`MOVING_M`) and the world's frame changed less than :data:`REPEATED` as
-    much as the true frame did, 0 where it moved and changed more, NaN where the car did not move or the truth did not
-    change (nothing to repeat)."""
+    """``[T]``: 1 where the car moved and the world's frame changed under :data:`REPEATED` x the true frame's change,
+    0 where it changed more, NaN where the car did not move."""
     world, truth = np.asarray(world_change, float), np.asarray(truth_change, float)
     judged = (np.asarray(commanded_dx, float) > MOVING_M) & (truth > 0)
     return np.where(judged, (world < REPEATED * truth).astype(float), np.nan)

@@ -1,7 +1,5 @@
-"""The frame measurements in torch on a run's device, many frames at once: the odometry of frame pairs (the method of
-terra/fidelity/odometry.py, step by step, every pair at once), the lane readings, frame changes, PSNR and SSIM, and the
-temporal lag's squared differences. The same numbers as the numpy
-path within float tolerance (tests/fidelity/test_batched.py)."""
+"""The frame measurements in torch, many frames at once: odometry of frame pairs, lane readings, frame changes,
+PSNR and SSIM, lagged squared differences; the numpy path's numbers within float tolerance."""
 
 from __future__ import annotations
 
@@ -66,7 +64,7 @@ def _taps(where: Taps, device: torch.device) -> tuple:
 
 
 def _make_taps(shape: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor) -> tuple:
-    """terra/fidelity/bilinear.py's ``taps`` in torch."""
+    """``taps`` in torch."""
     height, width = shape
     inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
     rows, cols = torch.where(inside, rows, 0.0), torch.where(inside, cols, 0.0)
@@ -80,8 +78,7 @@ def _make_taps(shape: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor) -
 
 
 def _interpolate(flat: torch.Tensor, where: tuple, cval: float, shared: bool = True) -> torch.Tensor:
-    """``flat [N, cells]`` read bilinearly at ``where``'s points (the same points for every row, any shape, or
-    ``[N, P]`` one row's each when not ``shared``), as terra/fidelity/bilinear.py's ``interpolate``, in float64."""
+    """``flat [N, cells]`` read bilinearly at ``where`` (shared points, or ``[N, P]`` per row), in float64."""
     (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1), inside = where
 
     def read(index: torch.Tensor) -> torch.Tensor:
@@ -148,7 +145,7 @@ def _masked_correlation(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) ->
 
 
 def _warp(grid: _Grid, earlier: torch.Tensor, motion: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """terra/fidelity/odometry.py's ``_warp`` of each pair: values, forward distance, seen (``[N, P]``)."""
+    """``_warp`` of each pair: values, forward distance, seen (``[N, P]``)."""
     px, py = grid.points[:, 0], grid.points[:, 1]
     x = motion[:, 0, 0, None] * px + motion[:, 0, 1, None] * py + motion[:, 0, 2, None]
     y = motion[:, 1, 0, None] * px + motion[:, 1, 1, None] * py + motion[:, 1, 2, None]
@@ -172,8 +169,7 @@ def _search(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor) -> tuple[to
 
 def _align(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor, motion: torch.Tensor,
            ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """terra/fidelity/odometry.py's ``_align`` of every pair at once: motions, matches, cells compared and which
-    pairs were aligned (``ok`` and neither textureless nor unobservable nor out of view)."""
+    """``_align`` of every pair at once: motions, matches, cells compared and which pairs were aligned."""
     points, cell = grid.points, grid.grid.level
     template = later.flatten(1)[:, grid.template]
     grad_x, grad_y = (g.flatten(1)[:, grid.template] for g in torch.gradient(
@@ -227,9 +223,7 @@ def luminance(frames: torch.Tensor) -> torch.Tensor:
 
 def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_match: float, device: str,
                    min_sky_luminance: float = MIN_SKY_LUMINANCE) -> list[Motion | None]:
-    """terra/fidelity/odometry.py's ``estimate_motion`` from ``frames[i]`` to ``frames[j]`` of each pair ``(i, j)``
-    of ``frames [F, H, W, 3]``, on ``device``, every pair at once (:data:`PAIRS_AT_ONCE` at a time); each frame's
-    ground grids made once."""
+    """``estimate_motion`` for each pair ``(i, j)`` of ``frames [F, H, W, 3]`` on ``device``, many pairs at once."""
     if not pairs:
         return []
     height, width = frames.shape[1:3]
@@ -260,15 +254,14 @@ def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_mat
 
 
 def frame_changes(frames: np.ndarray, device: str) -> np.ndarray:
-    """terra/fidelity/agreement.py's ``frame_changes`` of uint8 ``frames [T + 1, H, W, 3]`` on ``device``."""
+    """``frame_changes`` of uint8 ``frames [T + 1, H, W, 3]`` on ``device``."""
     with torch.inference_mode():
         frames = _tensor(frames, torch.device(device)).float()
         return ((frames[1:] - frames[:-1]) ** 2).flatten(1).mean(1).double().cpu().numpy()
 
 
 def lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, device: str) -> np.ndarray:
-    """terra/fidelity/agreement.py's ``_lagged_squares`` of uint8 frames ``[T, pixels]`` on ``device``: the same
-    exact sums (float64 holds every product and partial sum of uint8 frames exactly, in any order)."""
+    """``_lagged_squares`` of uint8 frames ``[T, pixels]`` on ``device``: the same exact sums in float64."""
     steps = len(world)
     with torch.inference_mode():
         where = torch.device(device)
@@ -284,8 +277,7 @@ def lagged_squares(world: np.ndarray, truth: np.ndarray, max_lag: int, device: s
 
 def estimate_steps(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int, tuple[int, int]]],
                    min_match: float, device: str) -> dict[tuple[int, int], Motion | None]:
-    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))``
-    (terra/fidelity/odometry.py's ``estimate_series``), every pair at once on ``device``."""
+    """Series s's motion at step t between its frames k and k', for each ``(s, t, (k, k'))`` of ``steps``."""
     frames = sorted({(s, k) for s, _, firsts in steps for k in firsts})
     index = {key: i for i, key in enumerate(frames)}
     if not frames:
@@ -297,8 +289,7 @@ def estimate_steps(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int,
 
 
 def lane_readings(frames: np.ndarray, ahead: float, device: str, min_points: int = 12) -> np.ndarray:
-    """terra/fidelity/lanes.py's ``find_lane`` of each of uint8 ``frames [T, H, W, 3]`` on ``device``, read ``ahead``
-    metres ahead (NaN: no lane found): the same markings, the median's outliers left out, the same weighted line."""
+    """``find_lane`` of each of uint8 ``frames [T, H, W, 3]`` on ``device``, ``ahead`` m ahead (NaN: no lane)."""
     height, width = frames.shape[1:3]
     band = ground_rows(height, width)
     where = torch.device(device)
@@ -327,9 +318,7 @@ SSIM_WINDOW, SSIM_K1, SSIM_K2 = 7, 0.01, 0.03  # scikit-image's defaults (a unif
 
 
 def psnr_ssim(frames: np.ndarray, reference: np.ndarray, device: str) -> tuple[list[float], list[float]]:
-    """terra/metrics.py's PSNR and SSIM of uint8 ``frames [T, H, W, 3]`` against ``reference`` on ``device``: the
-    mean squared error, and scikit-image's SSIM (its 7 x 7 window's statistics over the pixels it keeps, the
-    borders it crops never read), colour channels averaged."""
+    """PSNR and SSIM of uint8 ``frames [T, H, W, 3]`` against ``reference`` on ``device``, as scikit-image has them."""
     where = torch.device(device)
     with torch.inference_mode():
         x, y = (_tensor(a, where).double().permute(0, 3, 1, 2) for a in (frames, reference))

@@ -1,5 +1,5 @@
 """Bilinear reads of a 2-D grid at many points, bit for bit scipy's ``map_coordinates(order=1, mode="constant")``
-without its per-point cost: the odometry's (terra/fidelity/odometry.py)."""
+without its per-point cost: the odometry's."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import numpy as np
 
 
 class Taps(NamedTuple):
-    """Where bilinear interpolation reads a grid for a set of points (:func:`taps`): the four corners' flat indices,
-    the weights along rows and columns, and which points lie inside the grid."""
+    """Where bilinear interpolation reads a grid: corners' flat indices, row and column weights, points inside."""
 
     corners: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     weights: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -18,10 +17,8 @@ class Taps(NamedTuple):
 
 
 def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
-    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's
-    ``map_coordinates(order=1, mode="constant")`` takes them (scipy/ndimage/src/ni_interpolation.c and
-    ni_splines.c): a point beyond the first or last cell's centre (or NaN) is outside, the weights are
-    ``1 - (x - floor(x))`` and one minus that, and a point on the last row or column mirrors its second tap."""
+    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's order-1
+    ``map_coordinates(mode="constant")`` takes them."""
     height, width = shape
     inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
     rows, cols = np.where(inside, rows, 0.0), np.where(inside, cols, 0.0)
@@ -35,10 +32,7 @@ def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
 
 
 def interpolate(grid: np.ndarray, where: Taps, cval: float) -> np.ndarray:
-    """``grid`` (2-D) read bilinearly at the points of ``where``, ``cval`` outside: bit for bit scipy's
-    ``map_coordinates(grid, ..., order=1, mode="constant", cval=cval)`` in float64 (its sum, corner by corner in
-    row-major order, each value times its row weight, then its column weight), without scipy's per-point cost; taps
-    made once serve every grid of their shape."""
+    """``grid`` (2-D) read bilinearly at ``where``, ``cval`` outside, as scipy's ``map_coordinates(order=1)``."""
     flat = grid.ravel()
     (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1) = where.corners, where.weights
     total = 0.0 + flat[c00] * row_w0 * col_w0

@@ -1,23 +1,4 @@
-"""Action following: does the world's video move the way the car was commanded to move?
-
-Per step of a drive, the planar motion recovered from two consecutive frames of the world
-(:func:`terra.fidelity.odometry.estimate_motion`, weight-free) against the motion the drive commanded between the
-two poses (:func:`terra.fidelity.odometry.step_motions` of the drive's poses). Over many steps the recovered motion
-is regressed on the commanded one, forward motion and yaw apart: the **gain** (slope through the origin, recovered
-= gain x commanded: 1 for a faithful world, 0 for a frozen one, -1 in yaw for a mirrored one) and the **slope**
-with an intercept (immune to a constant offset, but 0 when the commanded motion does not vary).
-
-The odometry is not exact: on true renders its gain is 1.00 to 1.01 forward and up to 1.03 in yaw, varying from
-scene to scene, which puts a world 10 % too slow at 0.91 and one that turns 15 % too little at 0.88
-(benchmarks/fidelity.md). When the drive also holds the motion recovered from the **true** frames at the same
-poses (``reference``), the gain is the world's regression on the commanded motion over the truth's, on the same
-steps: ``sum(commanded * recovered) / sum(commanded * reference)``, so that the odometry's own gain on that scene
-divides out (a faithful world 1.000 [0.998, 1.008], the 10 % slow one 0.902, the under-turning one 0.856). For a
-world model the true frames are taken through its tokenizer first (terra/closedloop/worlds.py, ``reference_frames``):
-the odometry reads the motion of the demo tokenizer's reconstructions of true frames as 0.6 to 0.9 of it, step by
-step 0.1 to 1.8, which a world model cannot do better than. Intervals: over blocks of :data:`BLOCK_STEPS` steps
-within one drive (:func:`action_following`), over scenarios across drives (:func:`following_slopes`).
-"""
+"""Action following: does the world's video move the way the car was commanded to move?"""
 
 from __future__ import annotations
 
@@ -35,9 +16,8 @@ COMPONENTS = {"dx": 0, "dyaw": 2}  # what is regressed: forward motion (m) and y
 
 @dataclass(frozen=True)
 class Following:
-    """One drive's steps: ``commanded`` and ``recovered`` motions ``[T, 3]`` (dx, dy, dyaw; NaN rows where the
-    odometry refused the frames), the odometry's ``match [T]`` (NaN there too) and, when measured, the motion
-    recovered from the true frames at the same poses (``reference [T, 3]``)."""
+    """One drive's steps: ``commanded`` and ``recovered`` motions ``[T, 3]`` (dx, dy, dyaw; NaN where the odometry
+    refused the frames) and the odometry's ``match [T]``."""
 
     commanded: np.ndarray
     recovered: np.ndarray
@@ -52,8 +32,7 @@ class Following:
 
 @dataclass(frozen=True)
 class FollowingFit:
-    """Gains and slopes of recovered on commanded motion per component (``dx``, ``dyaw``), and the share of steps
-    recovered, each with its interval."""
+    """Gains and slopes of recovered on commanded ``dx`` and ``dyaw``, and the share recovered, with intervals."""
 
     gain: dict[str, Interval]
     slope: dict[str, Interval]
@@ -68,10 +47,7 @@ class FollowingFit:
 
 def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MATCH,
             reference: np.ndarray | None = None, device: str | None = None) -> Following:
-    """The motion recovered between each pair of consecutive ``frames [T + 1, H, W, 3]`` (frame t seen at pose t,
-    frame 0 the last context frame) beside the ``commanded [T, 3]`` motions from pose t to pose t + 1; with the
-    true renders at the same poses (``reference``, frames like ``frames``), the motion recovered from them too;
-    ``device``: torch's, where the odometry runs (None: numpy)."""
+    """The motion recovered between consecutive ``frames [T + 1, H, W, 3]`` beside the ``commanded [T, 3]`` motions."""
     frames, commanded = np.asarray(frames), np.asarray(commanded, dtype=np.float64)
     if frames.ndim != 4 or commanded.shape != (len(frames) - 1, 3):
         raise ValueError(f"action following needs frames [T + 1, H, W, 3] and commanded motions [T, 3] "
@@ -93,9 +69,7 @@ def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MA
 
 def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],
                      bootstrap: Bootstrap = Bootstrap()) -> FollowingFit:
-    """Gains and slopes over every step of ``drives``, resampling ``clusters`` (one label per drive: its scenario,
-    so that the drives of a scenario are drawn together). A drive without a ``reference`` is its own: its gain is
-    on the commanded motion alone."""
+    """Gains and slopes over every step of ``drives``, resampling ``clusters`` (one label per drive)."""
     if len(drives) != len(clusters) or not drives:
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
     labels = [label for drive, label in zip(drives, clusters) for _ in range(len(drive.commanded))]
@@ -112,9 +86,7 @@ def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],
 
 def relative_gain(scenarios: Sequence[Hashable], commanded: np.ndarray, recovered: np.ndarray,
                   reference: np.ndarray, bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """``sum(commanded * recovered) / sum(commanded * reference)`` over the steps where all three are known: the
-    gain through the origin of ``recovered`` on ``commanded`` over that of ``reference`` (the truth's recovered
-    motion, or the commanded itself: the plain gain), with its interval over ``scenarios`` (one label per step)."""
+    """``sum(commanded * recovered) / sum(commanded * reference)`` over the steps where all three are known."""
     commanded, recovered, reference = (np.asarray(v, dtype=np.float64) for v in (commanded, recovered, reference))
     keep = np.isfinite(commanded) & np.isfinite(recovered) & np.isfinite(reference)
     clusters = Clusters.of(scenarios)
@@ -131,8 +103,7 @@ def relative_gain(scenarios: Sequence[Hashable], commanded: np.ndarray, recovere
 
 def action_following(frames: np.ndarray, commanded: np.ndarray,
                      bootstrap: Bootstrap = Bootstrap()) -> tuple[Following, FollowingFit]:
-    """One drive: the per-step recovered and commanded motions and their gains and slopes, with intervals over
-    blocks of :data:`BLOCK_STEPS` consecutive steps."""
+    """One drive's recovered and commanded motions, gains and slopes, with intervals over :data:`BLOCK_STEPS` blocks."""
     drive = recover(frames, commanded)
     steps = len(drive.commanded)
     blocks = [Following(drive.commanded[i:i + BLOCK_STEPS], drive.recovered[i:i + BLOCK_STEPS],

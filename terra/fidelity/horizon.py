@@ -1,31 +1,4 @@
-"""The fidelity horizon: for how long a world's road stays the true road, as a survival curve over drives.
-
-A world model without a map cannot know the road beyond what its context showed, so over a long drive even a good
-one draws a road of its own: the question its user needs answered is for how many seconds it stays a simulator.
-Per drive, every frame of the world is compared with the true render at the same pose (terra/fidelity/agreement.py,
-terra/fidelity/following.py), and the frame has **departed** when
-
-* the lane read :data:`~terra.fidelity.agreement.LOOKAHEAD_M` (10 m) ahead is more than :data:`DEPARTURE_LANE_M`
-  (0.5 m) from the reference frame's (the true frame at the same pose; for a world model, through its tokenizer:
-  terra/closedloop/outcomes/frames.py), or the world shows no lane where the reference does: a lane follower steering by
-  that lane would be put more than half way to its lane's line (0.85 m from the centre: terra/closedloop/outcomes/
-  truth.py), while the truth rendered at poses jittered by 5 cm and 0.2 degree stays within 0.1 m
-  (tests/fidelity/test_horizon.py); or
-* over the last :data:`MOMENT_STEPS` steps (0.5 s) the car moved (more than :data:`MOVING_M` a step, 3 m/s) and
-  the forward motion recovered from the world's frames is off the motion recovered from the reference frames at the
-  same poses (the true renders; for a world model, through its tokenizer: terra/fidelity/following.py) by more than
-  :data:`DEPARTURE_MOTION` (half) of it: a video that stops or races, not one whose steps are uneven (the odometry
-  reads single steps of the demo tokenizer's frames at 0.1 to 1.8 of their motion, their sums over 0.5 s closer).
-
-A frame where the true frame shows no lane, or the odometry recovers no motion, departs by neither rule. The
-drive's road **departs** at the first frame of :data:`MOMENT_STEPS` (0.5 s) departed frames in a row: a moment of
-a misread lane or of a repeated frame is not a departure (a video repeating every fifth frame never departs; its
-repeats are the verdict's ``repeated_frames``). Its **horizon** is the time of that frame after the last context
-frame; a drive that never departs is censored at its length. Over drives, the horizon is a Kaplan-Meier survival
-curve (censored drives count while they last), summarised by its median (half the drives have departed) and its
-10th percentile (one in ten has), each with a cluster-bootstrap interval over scenarios (terra/stats.py) widened
-for their number; a quantile the curve does not reach within the drives is "at least" the longest drive.
-"""
+"""The fidelity horizon: for how long a world's road stays the true road, as a survival curve over drives."""
 
 from __future__ import annotations
 
@@ -47,7 +20,7 @@ QUANTILES = {"median": 0.5, "p10": 0.1}  # share of drives departed
 
 
 def departed_frames(lanes: LaneAgreement, following: Following) -> np.ndarray:
-    """``[T]`` bool: which frames of a drive have departed from the truth (the module's two rules)."""
+    """``[T]`` bool: frames departed (lane off by :data:`DEPARTURE_LANE_M`, or motion by :data:`DEPARTURE_MOTION`)."""
     error = lanes.world - lanes.truth
     seen = np.isfinite(lanes.truth)
     with np.errstate(invalid="ignore"):
@@ -102,9 +75,8 @@ def drive_horizon(lanes: LaneAgreement, following: Following) -> DriveHorizon:
 
 @dataclass(frozen=True)
 class Survival:
-    """Drives' horizons as a survival curve: the share of drives not yet departed after each step (``curve``), its
-    median and 10th percentile (s; ``inf``: not reached within the drives) with intervals over scenarios, how many
-    drives and scenarios it rests on, how many departed, and the longest drive (s)."""
+    """Drives' horizons as a survival curve (``curve``), its median and 10th percentile (s; ``inf``: not reached) with
+    intervals over scenarios."""
 
     median: Interval
     p10: Interval
@@ -123,8 +95,7 @@ class Survival:
 def survival(horizons: Sequence[DriveHorizon], scenarios: Sequence[Hashable],
              bootstrap: Bootstrap = Bootstrap()) -> Survival:
     """The Kaplan-Meier curve of ``horizons`` (one scenario label per drive), its median and 10th percentile with
-    intervals: percentile intervals of the quantiles over scenario resamplings, widened for the scenarios' number
-    (terra/stats.py, ``few_clusters_factor``); a bound the curve does not reach is ``inf``."""
+    intervals over scenario resamplings."""
     if len(horizons) != len(scenarios) or not horizons:
         raise ValueError(f"one scenario label per drive ({len(horizons)} drives, {len(scenarios)} labels)")
     clusters = Clusters.of(scenarios)
@@ -153,16 +124,14 @@ def survival(horizons: Sequence[DriveHorizon], scenarios: Sequence[Hashable],
 
 
 def _times(curves: np.ndarray, share: float) -> np.ndarray:
-    """Per curve ``[R, steps]``, the time (s) of the first step after which at most ``1 - share`` survive (inf: none;
-    a tolerance keeps a share reached exactly, such as 5 of 10 drives, reached)."""
+    """Per curve ``[R, steps]``, the time (s) after which at most ``1 - share`` survive (inf: never)."""
     reached = curves <= 1.0 - share + 1e-9
     first = np.argmax(reached, axis=1)
     return np.where(reached.any(axis=1), STEP_S * (first + 1), np.inf)
 
 
 def _quantile_interval(estimate: float, replicates: np.ndarray, factor: float, level: float) -> Interval:
-    """The percentile interval of quantile ``replicates`` (inf where the curve does not reach the quantile, kept:
-    no interpolation across it), each side widened by ``factor`` when both it and the estimate are finite."""
+    """The percentile interval of quantile ``replicates`` (inf kept), each finite side widened by ``factor``."""
     tail = (1.0 - level) / 2
     low, high = np.quantile(replicates, [tail, 1.0 - tail], method="inverted_cdf")
     if not np.isfinite(factor):
@@ -174,8 +143,7 @@ def _quantile_interval(estimate: float, replicates: np.ndarray, factor: float, l
 
 
 def shown_seconds(value: float, longest_s: float) -> str:
-    """A horizon in seconds as the report writes it: ``inf`` (not reached within the drives) as at least the
-    longest drive."""
+    """A horizon in seconds as the report writes it; ``inf`` shown as at least the longest drive."""
     return f">= {longest_s:g} s" if not np.isfinite(value) else f"{value:.1f} s"
 
 

@@ -1,12 +1,4 @@
-"""The ego lane seen in a camera frame: lane markings found by colour, projected onto the road, fitted as a line.
-
-Classical vision, no learning: pixels of the ground near the car are classified by colour as the yellow dashed centre
-line or the white edge line (the markings of terra/sim/renderer.py), projected onto the road plane through the front
-camera (terra/sim/camera.py: a pinhole of known field of view, height and pitch), and each marking's points, shifted
-by its known distance from the lane's centre, vote for that centre's lateral position as a line ahead (least
-squares). It serves two wings: the camera-only lane follower (terra/closedloop/policies/vision.py) and the fidelity
-report's lane agreement (terra/fidelity/agreement.py).
-"""
+"""The ego lane seen in a camera frame: lane markings found by colour, projected onto the road, fitted as a line."""
 
 from __future__ import annotations
 
@@ -39,15 +31,13 @@ def ground_points(height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.n
 
 @lru_cache(maxsize=8)
 def ground_rows(height: int, width: int) -> slice:
-    """The band of image rows holding every valid pixel of :func:`ground_points` (cached): the detectors read these
-    rows alone, so that the sky above the band costs nothing."""
+    """The band of image rows holding every valid pixel of :func:`ground_points` (cached)."""
     rows = np.flatnonzero(ground_points(height, width)[2].any(axis=1))
     return slice(int(rows[0]), int(rows[-1]) + 1) if rows.size else slice(0, 0)
 
 
 def channel_extremes(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The brightest and the darkest channel of each pixel of ``rgb [..., 3]`` (channel by channel: numpy's
-    reduction over an axis of 3 is some 30 times slower)."""
+    """The brightest and the darkest channel of each pixel of ``rgb [..., 3]``."""
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     return np.maximum(np.maximum(r, g), b), np.minimum(np.minimum(r, g), b)
 
@@ -66,15 +56,13 @@ class LaneEstimate:
 
 
 def yellow_marking(rgb: np.ndarray) -> np.ndarray:
-    """Which pixels of ``rgb`` (float ``[H, W, 3]``) have the yellow centre line's colour (not the gravel
-    shoulder's)."""
+    """Which pixels of float ``rgb [H, W, 3]`` have the yellow centre line's colour."""
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     return (r > 140) & (g > 110) & (r - b > 100) & (g - b > 80)
 
 
 def find_lane(frame: np.ndarray, min_points: int = 12, edge_line: bool = True) -> LaneEstimate | None:
-    """The ego lane's centre line seen in ``frame`` (uint8 ``[H, W, 3]``), or None when too few markings show;
-    ``edge_line=False`` reads the yellow centre line alone."""
+    """The ego lane's centre line in uint8 ``frame [H, W, 3]``, or None when too few markings show."""
     band = ground_rows(*frame.shape[:2])
     rgb = frame[band].astype(np.float32)
     fwd, left, valid = (arr[band] for arr in ground_points(*frame.shape[:2]))

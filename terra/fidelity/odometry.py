@@ -1,31 +1,4 @@
-"""Weight-free visual odometry on the road plane: the ego motion between two consecutive frames of the front camera.
-
-The camera is the synthetic world's (terra/sim/renderer.py: a pinhole ``CAMERA_HEIGHT_M`` above the ground, pitched
-down by ``CAMERA_PITCH_RAD``, ``CAMERA_HFOV_RAD`` wide, at any image size), so every pixel below the horizon shows a
-known point of the ground plane. Both frames' luminance is resampled onto a bird's-eye grid of the ground in the ego
-frame (inverse perspective mapping) and blurred there by a Gaussian of fixed size in metres: a blur in the image
-would be wide on far ground and narrow on near ground, a pattern fixed to the camera that pulls every estimate
-towards no motion. A planar rigid motion ``(dx, dy, dyaw)`` of the car (x forward, y left, in the ego frame of the
-earlier frame) moves each ground point of the later frame to a known ground point of the earlier one; the motion is
-the one under which the two grounds match:
-
-1. a coarse search over forward motion and yaw at the coarsest grid (lane dashes repeat every 10 m and the fields'
-   squares every 16 m, so a local method alone can lock onto the wrong dash);
-2. inverse-compositional Lucas-Kanade (Baker & Matthews 2004) over the later frame's grid, coarse to fine,
-   Huber-weighted so that what is not ground (poles, parked cars, trees) does not pull. Haze pulls a point's colour
-   towards the haze's as it recedes (Koschmieder's law, which the renderer's fog follows): each Gauss-Newton step
-   also fits a brightness offset and, to first order in the change of the point's depth, a gain and an offset
-   proportional to that change (least squares with a weak prior, so that they vanish when nothing recedes); left
-   out, they bias the forward motion by -4 % (benchmarks/fidelity.md, "Fidelity measurements").
-
-The estimate is refused (None) when the later frame's ground has no texture to track (a uniform frame), when the
-motion is unobservable from it (the normal matrix is singular), when too little of the ground stays in view, when
-the aligned grounds do not match (normalised cross-correlation below ``min_match``: frames of noise, a cut), and at
-night (a sky darker than :data:`MIN_SKY_LUMINANCE`): the ground is then lit by the car's own headlights
-(terra/sim/lighting.py), a pattern that moves with the camera and pulls the estimate towards no motion (the forward
-gain on night renders is 0.27, benchmarks/fidelity.md). The motion is the camera's, which the renderer puts at the car's
-pose, so it is the car's.
-"""
+"""Weight-free visual odometry on the road plane: the ego motion between two consecutive frames of the front camera."""
 
 from __future__ import annotations
 
@@ -43,9 +16,8 @@ from terra.sim.renderer import camera
 
 @dataclass(frozen=True)
 class Level:
-    """One grid of the coarse-to-fine ladder: cells of ``cell_x`` x ``cell_y`` metres covering ``near_m`` to
-    ``far_m`` ahead and ``half_width_m`` to each side, a Gaussian blur of ``blur_m``; the later frame's cells up to
-    ``template_far_m`` are aligned (farther ground is too coarse in the image along the view)."""
+    """One grid of the coarse-to-fine ladder: ``cell_x`` x ``cell_y`` m cells from ``near_m`` to ``far_m`` ahead,
+    ``half_width_m`` to each side, blurred by ``blur_m``."""
 
     cell_x: float
     cell_y: float
@@ -71,8 +43,7 @@ LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 @dataclass(frozen=True)
 class Motion:
-    """The camera's planar motion from one frame to the next, in the earlier frame's ego frame (metres, radians);
-    ``match``: the aligned grounds' normalised cross-correlation; ``cells``: ground cells compared."""
+    """Planar motion between frames in the earlier ego frame (m, rad), its ``match`` (NCC) and ``cells`` compared."""
 
     dx: float
     dy: float
@@ -101,8 +72,7 @@ def se2(dx: float, dy: float, dyaw: float) -> np.ndarray:
 
 
 class BirdsEye:
-    """A :class:`Level`'s ground grid for one image size: where each cell lies in the image, which cells the camera
-    sees (away from the view's edges by the blur), and the later frame's cells that are aligned (``points``)."""
+    """A :class:`Level`'s ground grid for one image size: cell positions, cells seen, aligned ``points``."""
 
     def __init__(self, height: int, width: int, level: Level) -> None:
         cam = camera(height, width)
@@ -147,9 +117,7 @@ def ladder(height: int, width: int) -> tuple[BirdsEye, ...]:
 
 def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MIN_MATCH,
                     min_sky_luminance: float = MIN_SKY_LUMINANCE) -> Motion | None:
-    """The planar motion of the camera from frame ``before`` to frame ``after`` (``[H, W, 3]`` RGB of the synthetic
-    world's camera), or None where it cannot be told (see the module's docstring; ``min_sky_luminance=0`` measures
-    night frames too, as scripts/bench/benchmark_fidelity.py does to show why they are refused)."""
+    """The camera's planar motion from RGB ``before`` to ``after`` (``[H, W, 3]``), or None where it cannot be told."""
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or before.ndim != 3 or before.shape[2] != 3:
         raise ValueError(f"frames must be two [H, W, 3] images of one size (got {before.shape} and {after.shape})")
@@ -158,19 +126,13 @@ def estimate_motion(before: np.ndarray, after: np.ndarray, min_match: float = MI
 
 def estimate_motions(frames: np.ndarray, min_match: float = MIN_MATCH,
                      device: str | None = None) -> list[Motion | None]:
-    """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next: the same motions, each frame's
-    luminance and ground grids made once for the two pairs it belongs to (:func:`estimate_series`)."""
+    """:func:`estimate_motion` from each of ``frames [T + 1, H, W, 3]`` to the next."""
     return estimate_series([frames], min_match, device)[0]
 
 
 def estimate_series(series: Sequence[np.ndarray], min_match: float = MIN_MATCH,
                     device: str | None = None) -> list[list[Motion | None]]:
-    """:func:`estimate_motions` of each of ``series`` (frames ``[T + 1, H, W, 3]`` of one drive, frame t of each
-    seen at the same pose: a world's and the truth's), the same motions with each motion estimated once among pairs of
-    frames equal byte for byte: a pair an earlier series shows at the same step, or the pair before (a world that
-    shows one frame again and again); a frame shown again keeps its ground. ``device``: torch's device for every
-    pair at once (terra/fidelity/batched.py); None: numpy, series by series, pair by pair (each frame's ground serves
-    the two pairs it belongs to while it is in cache)."""
+    """:func:`estimate_motions` of each of ``series`` (frame t of each at one pose), shared motions estimated once."""
     series = [np.asarray(frames) for frames in series]
     for frames in series:
         if frames.ndim != 4 or frames.shape[3] != 3 or len(frames) != len(series[0]):
@@ -197,9 +159,7 @@ NEW, SHOWN, AGAIN = "new", "shown", "again"  # a pair estimated, shown by an ear
 
 
 def _pair_sources(series: Sequence[np.ndarray]) -> list[list[tuple[str, Any]]]:
-    """Where each series' motion at each step comes from: ``(NEW, (k, k'))`` estimated between the first frames of the
-    runs of equal frames that frames t and t + 1 are in, ``(SHOWN, o)`` series o's at the same step, ``(AGAIN,
-    None)`` the step before's."""
+    """Where each series' motion at each step comes from: ``(NEW, (k, k'))`` estimated, or ``(SHOWN, o)`` series o's."""
     sources = []
     for s, frames in enumerate(series):
         again = [t > 0 and frames[t].tobytes() == frames[t - 1].tobytes() for t in range(len(frames))]
@@ -218,8 +178,7 @@ def _pair_sources(series: Sequence[np.ndarray]) -> list[list[tuple[str, Any]]]:
 
 def _estimated_here(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int, tuple[int, int]]],
                     min_match: float) -> dict[tuple[int, int], Motion | None]:
-    """The motion of series s at step t between its frames k and k' of each of ``steps`` ``(s, t, (k, k'))``, in
-    numpy, pair by pair, each frame's ground kept for the next pair."""
+    """The motion of series s at step t between frames k and k' for each of ``steps``, in numpy, pair by pair."""
     found: dict[tuple[int, int], Motion | None] = {}
     grounds: dict[tuple[int, int], _Ground] = {}
     for s, t, firsts in steps:
@@ -230,8 +189,7 @@ def _estimated_here(series: Sequence[np.ndarray], steps: Sequence[tuple[int, int
 
 
 class _Ground:
-    """One frame's luminance, its sky's mean luminance, and its ground grids (:meth:`BirdsEye.image`), each grid made
-    when first asked for."""
+    """One frame's luminance, its sky's mean luminance and its ground grids, each made when first asked for."""
 
     def __init__(self, frame: np.ndarray) -> None:
         self.grey = luminance(frame)
@@ -268,8 +226,7 @@ def _motion(before: _Ground, after: _Ground, min_match: float, min_sky_luminance
 
 
 def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: int = 3) -> np.ndarray | None:
-    """The coarse search's best motion over forward motion and yaw (no sideways motion), or None when no candidate
-    keeps enough of the ground in view."""
+    """The coarse search's best forward motion and yaw, or None when no candidate keeps enough ground in view."""
     template = template[::stride]
     candidates, where = search_taps(grid, stride)
     values = interpolate(earlier, where, np.nan)
@@ -284,8 +241,7 @@ def _search(grid: BirdsEye, earlier: np.ndarray, template: np.ndarray, stride: i
 
 @lru_cache(maxsize=8)
 def search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
-    """The coarse search's candidate motions ``[C, 3, 3]`` and the taps of every ``stride``-th template point moved
-    by each (``[C, points]``): the same for every frame pair of an image size, so made once."""
+    """The coarse search's candidate motions ``[C, 3, 3]`` and their taps ``[C, P]`` of every ``stride``-th point."""
     points = grid.points[::stride]
     candidates = np.array([se2(dx, 0.0, yaw) for dx in SEARCH_DX_M for yaw in SEARCH_DYAW_RAD])
     rot, shift = candidates[:, :2, :2], candidates[:, :2, 2]
@@ -296,8 +252,7 @@ def search_taps(grid: BirdsEye, stride: int) -> tuple[np.ndarray, Taps]:
 
 def _align(grid: BirdsEye, earlier: np.ndarray, later: np.ndarray,
            motion: np.ndarray) -> tuple[np.ndarray, float, int] | None:
-    """Inverse-compositional Gauss-Newton from ``motion`` with the brightness model of the module's docstring; the
-    motion, the match and the cells compared, or None when the ground has no texture or the motion is unobservable."""
+    """Inverse-compositional Gauss-Newton from ``motion``: the motion, the match and the cells compared, or None."""
     points = grid.points
     template = later[grid.template]
     grad_x, grad_y = (g[grid.template] for g in np.gradient(np.nan_to_num(later), grid.level.cell_x,
@@ -348,8 +303,7 @@ def _correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def step_motions(poses: np.ndarray) -> np.ndarray:
-    """``[T, 3]`` planar motions ``(dx, dy, dyaw)`` between consecutive world poses ``[T + 1, 3]`` (x, y, yaw), each in
-    the ego frame of the earlier pose: what :func:`estimate_motion` recovers from the frames seen at those poses."""
+    """``[T, 3]`` motions ``(dx, dy, dyaw)`` between world poses ``[T + 1, 3]``, in the earlier pose's ego frame."""
     poses = np.asarray(poses, dtype=np.float64)
     delta = poses[1:, :2] - poses[:-1, :2]
     c, s = np.cos(poses[:-1, 2]), np.sin(poses[:-1, 2])

@@ -1,10 +1,4 @@
-"""What a user gives, turned into what the model takes: trajectories and actions in every accepted form
-(:mod:`terra.inputs.actions`, :mod:`terra.inputs.trajectory`), the routes a trajectory carries
-(:mod:`terra.inputs.routes`), context frames (:mod:`terra.inputs.context`) and rollout requests
-(:mod:`terra.inputs.requests`). Each input is read and checked once here, at the edge; the
-model's side of the contract is terra/contract/actions.py. Nothing here names a backend. The names below load
-on first use, so the trajectory checks are importable without torch.
-"""
+"""What a user gives, turned into what the model takes: actions, trajectories, routes, context frames, requests."""
 
 from __future__ import annotations
 

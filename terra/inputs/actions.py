@@ -1,24 +1,6 @@
-"""Actions for the world model from every trajectory form a user may have (docs/ARCHITECTURE.md, "Actions").
+"""Actions ``[T, 6, 3]`` (float32) for the world model from every trajectory form a user may have.
 
-The model's action for frame ``t`` is ``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the
-ego trajectory that starts at frame ``t`` (the contract: terra/contract/actions.py).
-
-Accepted inputs, all turned into ``actions [T, 6, 3]`` (float32):
-
-* per-frame instruction trajectories ``[T, >=60, 2|3]`` (ACT-Bench / Terra's format);
-* a world-frame ego trajectory: columns ``x, y[, yaw]`` sampled at 10 Hz, or with timestamps ``t``;
-* an actions array ``[T, 6, 3]``;
-* a named manoeuvre (see :data:`terra.inputs.trajectory.MANOEUVRES`).
-
-Files: ``.npy`` (arrays, told apart by shape), ``.json`` (an object with one of the keys ``actions``,
-``instruction_trajs``, ``trajectory`` or ``manoeuvre``, and optionally a ``road`` or ``ego_routes``, which
-terra/inputs/routes.py reads; any other key is refused with a guess at the one meant; or a bare array), ``.csv``
-(a header row naming ``x, y`` and optionally ``t``/``timestamp`` and ``yaw``; UTF-8 with or without a byte-order
-mark). Files are read through terra/config/files.py (regular files of bounded size, strict JSON); every number must
-be a number (not a string or a boolean: terra/contract/actions.py, ``finite_array``), finite and within the ranges
-of terra/inputs/trajectory.py and terra/contract/actions.py. A run's input files are checked once before anything
-loads (:func:`check_input_files`: the trajectory file with the context frames' paths), and read once later.
-"""
+``a_t[k] = [y, x, time]`` of point ``9 + 10 k`` (k = 0..5) of the ego trajectory that starts at frame ``t``."""
 
 from __future__ import annotations
 
@@ -55,8 +37,7 @@ MAPPING_KEYS = ("x", "y", "yaw", "t", "timestamp", "rate_hz")  # a "trajectory" 
 
 @dataclass(frozen=True)
 class Manoeuvre:
-    """A named manoeuvre as a trajectory names it: its world-frame motion (from the origin, heading +x), the frames
-    it covers, its name and parameters (checked; terra-generate drives the same in its built-in scene)."""
+    """A named manoeuvre: its world-frame motion (from the origin, heading +x), frames, name and checked parameters."""
 
     motion: EgoTrajectory
     frames: int
@@ -89,8 +70,7 @@ def actions_for_manoeuvre(name: str, num_frames: int, **params: float) -> np.nda
 
 
 def manoeuvre_motion(name: str, num_frames: int, **params: float) -> Manoeuvre:
-    """A named manoeuvre over ``num_frames`` frames (parameters as :func:`manoeuvre_trajectory`), its motion 3 s
-    past them: what its actions and a road's routes are taken from."""
+    """A named manoeuvre over ``num_frames`` frames, its motion running 3 s past them."""
     if (isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral)
             or not 1 <= num_frames <= MAX_FRAMES):
         raise TerraInputError(f"a manoeuvre needs a whole number of frames, at least 1 and at most {MAX_FRAMES} "
@@ -101,17 +81,12 @@ def manoeuvre_motion(name: str, num_frames: int, **params: float) -> Manoeuvre:
 
 
 def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
-    """Read any supported trajectory file and return ``[T, 6, 3]`` actions.
-
-    ``num_frames`` is the number of frames that need an action; it sizes a manoeuvre and is checked against
-    the file's length for the other forms.
-    """
+    """Read any supported trajectory file and return ``[T, 6, 3]`` actions."""
     return load_trajectory(path, num_frames)[1]
 
 
 def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[Any, np.ndarray]:
-    """A trajectory file read once: its content (:func:`read_trajectory_file`; a JSON object's other keys, such as
-    its ``routes``, are the caller's) and its checked ``[T, 6, 3]`` actions (``num_frames`` as :func:`load_actions`)."""
+    """A trajectory file read once: its content and its checked ``[T, 6, 3]`` actions."""
     path = Path(path)
     source = str(path)
     with trajectory_file_errors(source):
@@ -121,11 +96,7 @@ def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[An
 
 
 def check_input_files(context: str | Sequence[str] | None, trajectory: str | Path | None) -> None:
-    """A run's input files as they can be checked before anything loads, nothing decoded: the ``context`` paths (a
-    folder, a regular file or a glob that matches: terra/config/files.py, ``check_context_paths``; a FIFO or a typo
-    fails at once) and the ``trajectory`` file, a known type and a regular file of at most
-    :data:`~terra.config.files.MAX_TRAJECTORY_BYTES` (its content is read once, when the rollout's frames are known:
-    :func:`load_trajectory`). None: no such input."""
+    """The ``context`` paths and ``trajectory`` file checked before anything loads, nothing decoded (None: no input)."""
     if context is not None:
         check_context_paths(context)
     if trajectory is not None:
@@ -135,8 +106,7 @@ def check_input_files(context: str | Sequence[str] | None, trajectory: str | Pat
 
 
 def read_trajectory_file(path: Path) -> Any:
-    """A trajectory file's content by its suffix: a CSV as an :class:`EgoTrajectory`, a JSON file's value, a
-    ``.npy`` array; one line for another suffix. Wrap the call in :func:`trajectory_file_errors`."""
+    """A trajectory file's content by suffix: CSV → :class:`EgoTrajectory`, JSON → its value, ``.npy`` → an array."""
     suffix = path.suffix.lower()
     if suffix not in TRAJECTORY_SUFFIXES:
         raise TerraInputError(f"trajectory file {path} has an unknown type; use .json, .csv or .npy")
@@ -159,8 +129,7 @@ def trajectory_file_errors(source: str) -> Iterator[None]:
 
 
 def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None, source: str) -> int:
-    """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more (the length
-    check in :func:`validate_actions` still sees a trajectory that is too short)."""
+    """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more."""
     own = trajectory.num_frames()
     if num_frames is None and own > MAX_FRAMES:
         raise TerraInputError(f"{source}: spans {own} frames at {FRAME_RATE_HZ:g} Hz, more than the {MAX_FRAMES} "
@@ -189,16 +158,13 @@ def load_npy(path: Path) -> np.ndarray:
 
 def actions_from_value(value: Any, source: str, num_frames: int | None, skip: int = 0,
                        min_frames: int = 1) -> np.ndarray:
-    """Checked actions from a decoded JSON value or array, told apart by keys or shape (the forms of the module
-    docstring); ``num_frames`` sizes a manoeuvre and caps a trajectory's frames, the first ``skip`` frames are
-    dropped, and at least ``min_frames`` must remain."""
+    """Checked actions from a decoded JSON value or array less the first ``skip`` frames; ``min_frames`` must remain."""
     return validate_actions(actions_of(motion_of(value, source, num_frames), source, num_frames)[skip:], source,
                             min_frames)
 
 
 def actions_of(motion: Any, source: str, num_frames: int | None) -> Any:
-    """``[T, 6, 3]`` actions of what :func:`motion_of` found, not yet checked as a whole (the callers check them
-    once)."""
+    """``[T, 6, 3]`` actions of what :func:`motion_of` found, not yet checked as a whole."""
     if isinstance(motion, Manoeuvre):
         return actions_from_trajectory(motion.motion, motion.frames)
     if isinstance(motion, EgoTrajectory):
@@ -207,10 +173,7 @@ def actions_of(motion: Any, source: str, num_frames: int | None) -> Any:
 
 
 def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool = True) -> Any:
-    """What a trajectory value holds, told apart by keys or shape (the forms of the module docstring): a
-    world-frame :class:`EgoTrajectory`, a :class:`Manoeuvre`, or per-frame actions not yet checked as a whole
-    (:func:`actions_of` makes actions of each). ``num_frames`` sizes a manoeuvre; ``manoeuvre=False`` refuses one (a
-    driving log needs its recorded motion). A key of an object that is neither a form nor a route is one line."""
+    """A trajectory value as an :class:`EgoTrajectory`, a :class:`Manoeuvre` or per-frame actions not yet checked."""
     if isinstance(value, EgoTrajectory):  # a CSV file, as read_trajectory_file returns it
         return value
     if isinstance(value, dict):
@@ -261,10 +224,7 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
 
 
 def trajectory_action(trajectory: Any, source: str = "action trajectory") -> np.ndarray:
-    """One frame's checked ``[6, 3]`` action from the car's path from now on in the current ego frame: a mapping
-    ``{"x", "y"[, "yaw"][, "t" | "rate_hz"]}`` or points ``[[x, y], ...]`` at 10 Hz, its first point the car now.
-    How a session's trajectory action (terra/session/driver_input.py) becomes the next frame's action: as
-    ``terra-generate`` reads a trajectory."""
+    """One frame's checked ``[6, 3]`` action from the car's path ahead in its ego frame (a mapping or 10 Hz points)."""
     return actions_from_value({"trajectory": trajectory}, source, 1)[0]
 
 

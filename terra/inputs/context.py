@@ -19,12 +19,7 @@ def load_context(
     sources: str | os.PathLike | Sequence[str], image_size: tuple[int, int], num_context: int | None,
     base: Path | None = None, resize: str = "crop",
 ) -> tuple[torch.Tensor, list[str]]:
-    """The last ``num_context`` frames (None: all) of a folder, glob, video or list of images, resized for the
-    tokenizer: images ``[N, 3, H, W]`` in [-1, 1] and the sources read.
-
-    With ``base`` (batch samples), ``sources`` are image paths, relative ones taken from ``base``. ``resize``
-    is ``crop`` or ``stretch`` (:func:`terra.tokenizer.resize.fit_frame`; the tokenizer's config group says which).
-    """
+    """The last ``num_context`` frames (None: all), resized: images ``[N, 3, H, W]`` in [-1, 1] and the sources read."""
     from terra.tokenizer.images import load_images
 
     if base is not None:

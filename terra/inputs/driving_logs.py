@@ -1,51 +1,4 @@
-"""Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame.
-
-The rules of ``terra-prepare-logs logs=DIR output_dir=DIR`` (terra/apps/prepare_logs.py):
-
-* **Clips.** Every sub-folder of ``logs`` (not hidden, in name order) is one clip, and its folder name is the
-  clip's id in the shards. Files directly in ``logs``, hidden files and anything in deeper folders are not read.
-* **Frames.** A clip folder holds either its frames as images (the types tokenizer/images.py reads:
-  ``*.png``, ``*.jpg``, ``*.jpeg``, ``*.bmp``, ``*.webp``, ``*.tif``, ``*.tiff``; in file-name order) or exactly one
-  video (``*.mp4``, ``*.mov``, ``*.avi``, ``*.mkv``, ``*.webm``, ``*.gif``), never both. A video's frames carry the
-  container's timestamps. An image folder's frames are at ``frame_rate_hz`` (default 10) frames per second from 0 s,
-  unless the folder holds ``timestamps.txt``: one time in seconds per line (blank lines ignored), the n-th line for the
-  n-th image in name order, strictly increasing. A video clip holding ``timestamps.txt`` is refused.
-* **Trajectory.** One file per clip: ``trajectory.json``, ``trajectory.csv`` or ``trajectory.npy`` (at most
-  one of them); without such a file, the clip's only ``*.json``/``*.csv``/``*.npy`` file. Its forms are those
-  of terra/inputs/actions.py, except a manoeuvre (no recording):
-
-  - a world-frame ego trajectory (``x, y[, yaw]`` in metres and radians, with timestamps ``t`` in seconds or
-    at 10 Hz: a CSV, a JSON ``{"trajectory": ...}``, an ``[N, 2|3]`` array). Its clock: with
-    ``timestamps.txt`` the frames' times and the trajectory's ``t`` are on one clock as given (e.g. both Unix
-    seconds); otherwise the trajectory's first sample is taken at the clip's first frame. The trajectory must
-    cover every kept frame (from the first to the last 10 Hz tick below, 1 ms of slack), and beyond its last
-    sample it continues at its final speed and yaw rate (terra/inputs/trajectory.py), so it needs no 3 s of
-    poses past the clip;
-  - per-frame ``instruction_trajs`` ``[T, 60, 2|3]`` or actions ``[T, 6, 3]`` (JSON key or ``.npy`` array):
-    one entry per **source** frame (per image or per decoded video frame), resampled with the frames.
-* **Road** (optional, read only with ``routes=road``, terra/inputs/log_routes.py): ``road.json`` or ``road.csv``, a
-  road file of terra/roads/files.py (lane centrelines, x first) in the trajectory's world frame, or AlpaSim's map as
-  a ``clipgt/`` folder or ``clipgt.zip`` of its parquet tables (terra/roads/clipgt.py), in that same frame; at most
-  one of them. A road file is never taken for the trajectory.
-* **Resampling.** The kept frames are the 10 Hz ticks (terra/contract/actions.py, ``FRAME_RATE_HZ``) from the
-  clip's first frame to its last: at each tick, the source frame nearest in time (the earlier on a tie), which
-  must lie within 0.06 s of the tick (else the clip has dropped frames, or fewer than about 8 per second). A
-  clip spans at most 10,000 ticks (1000 s) and needs at least ``min_frames`` (default 2).
-* **Actions.** The action of kept frame ``t`` is the model's ``[6, 3]`` (docs/ARCHITECTURE.md, "Actions"):
-  where the car goes from frame ``t`` on, computed from the trajectory at tick ``t``'s time (the nominal 10 Hz
-  time, not the picked frame's own), exactly as ``load_actions`` computes a trajectory's frames; a per-frame
-  form gives the entry of the picked source frame. ``actions[t]`` is stored beside frame ``t``'s codes.
-* **Resizing.** Kept frames are fitted to the tokenizer's size by tokenizer/resize.py (``tokenizer.resize``:
-  ``crop`` or ``stretch``), as ``terra-generate`` fits its context frames.
-* **Splits.** A clip is ``val`` when the first 8 bytes of the SHA-256 of its id, read as a fraction of 2^64,
-  fall below ``val_fraction`` (default 0.05), else ``train``: the same on every run and machine, whatever the
-  other clips. When a run would leave the folder with no ``val`` clip among at least 2 clips (and
-  ``val_fraction`` > 0), its usable new clip of the smallest such fraction goes to ``val``
-  (terra/training/prepare_logs.py).
-* **Shards.** terra/training/shards.py: ``index.json`` and ``{train,val}-NNNNN.safetensors`` of up to
-  ``shard_clips`` clips each. A rerun skips the clips the index lists; a clip that cannot be used (a rule
-  above broken, a file unreadable) is skipped with one line and written nowhere.
-"""
+"""Driving logs: a folder of recorded clips → frames at the model's 10 Hz and one action per frame."""
 
 from __future__ import annotations
 
@@ -69,7 +22,7 @@ from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame
 
 TRAJECTORY_STEM = "trajectory"
-ROAD_FILES = ("road.json", "road.csv")  # a clip's road (module docstring), never its trajectory
+ROAD_FILES = ("road.json", "road.csv")  # a clip's road, never its trajectory
 CLIPGT_MAPS = ("clipgt", "clipgt.zip")  # AlpaSim's map: a folder of its parquet tables, or their zip
 TIMESTAMPS_FILE = "timestamps.txt"
 MAX_TICK_OFFSET_S = 0.06  # a kept frame lies at most this far from its 10 Hz tick
@@ -80,7 +33,7 @@ MAX_VIDEO_BYTES = 1 << 40
 
 @dataclass(frozen=True)
 class Clip:
-    """One clip folder's files, laid out as the module docstring says."""
+    """One clip folder's files."""
 
     images: tuple[Path, ...]  # in name order; empty for a video clip
     video: Path | None
@@ -142,8 +95,7 @@ def open_clip(folder: Path) -> Clip:
 
 
 def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
-    """A clip's trajectory file: a world-frame :class:`EgoTrajectory`, or checked per-frame actions
-    ``[T, 6, 3]`` (from actions or instruction trajectories), read by terra/inputs/actions.py's readers."""
+    """A clip's trajectory file: a world-frame :class:`EgoTrajectory` or checked per-frame actions ``[T, 6, 3]``."""
     source = str(path)
     with trajectory_file_errors(source):
         value = read_trajectory_file(path)
@@ -157,9 +109,7 @@ def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
 
 def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate_hz: float,
                 kept: Resampled) -> Iterator[Callable[[], np.ndarray]]:
-    """The clip's frames at 10 Hz (module docstring) as they are kept, each as a call that reads it and fits it
-    to ``image_size`` (uint8 ``[H, W, 3]``), so that a caller may run several at once; ``kept`` records their
-    ticks and source frames. A bad frame or video raises one line (from the call, for an image)."""
+    """The clip's 10 Hz frames as calls that each read one and fit it to ``image_size`` (uint8 ``[H, W, 3]``)."""
     if clip.video is not None:
         for frame in resample(_video_frames(clip.video), kept):
             yield partial(_fit_video_frame, frame, str(clip.video), image_size, resize)
@@ -170,20 +120,19 @@ def clip_frames(clip: Clip, image_size: tuple[int, int], resize: str, frame_rate
 
 
 def _fit_video_frame(frame: Any, source: str, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """A decoded PyAV frame fitted by tokenizer/resize.py."""
+    """A decoded PyAV frame fitted to ``image_size``."""
     return fit_frame(frame.to_image(), image_size, source, resize)
 
 
 def _read_image(path: Path, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """An image file read and fitted as context frames are (tokenizer/images.py, which loads torch)."""
+    """An image file read and fitted as context frames are."""
     from terra.tokenizer.images import load_frames
 
     return load_frames([path], image_size, resize=resize)[0]
 
 
 def resample(frames: Iterable[tuple[float | None, Any]], kept: Resampled) -> Iterator[Any]:
-    """Of ``(time, frame)`` pairs in time order, the frame nearest each 10 Hz tick from the first frame's time
-    up to the last's (the earlier on a tie), as they arrive; ``kept`` records each tick and frame index."""
+    """The frame nearest each 10 Hz tick of time-ordered ``(time, frame)`` pairs; ``kept`` records them."""
     first = previous = None  # previous: (time, index, frame)
     tick = 0
     for index, (time, frame) in enumerate(frames):
@@ -210,7 +159,7 @@ def resample(frames: Iterable[tuple[float | None, Any]], kept: Resampled) -> Ite
 
 
 def clip_actions(motion: EgoTrajectory | np.ndarray, kept: Resampled, shared_clock: bool) -> np.ndarray:
-    """Actions ``[T, 6, 3]`` of the kept frames from :func:`read_motion`'s result (module docstring)."""
+    """Actions ``[T, 6, 3]`` of the kept frames from :func:`read_motion`'s result."""
     if isinstance(motion, np.ndarray):
         if len(motion) != kept.source_frames:
             raise TerraInputError(f"its trajectory file holds {len(motion)} per-frame entries for "
@@ -221,7 +170,7 @@ def clip_actions(motion: EgoTrajectory | np.ndarray, kept: Resampled, shared_clo
 
 
 def frame_times(trajectory: EgoTrajectory, kept: Resampled, shared_clock: bool) -> np.ndarray:
-    """The kept frames' 10 Hz ticks on the trajectory's clock (module docstring), which it must cover."""
+    """The kept frames' 10 Hz ticks on the trajectory's clock, which it must cover."""
     ticks = np.asarray(kept.times)
     if not shared_clock:
         ticks = ticks - ticks[0] + trajectory.t[0]
@@ -234,8 +183,7 @@ def frame_times(trajectory: EgoTrajectory, kept: Resampled, shared_clock: bool) 
 
 
 def _starting_at(trajectory: EgoTrajectory, start: float) -> EgoTrajectory:
-    """The same motion from ``start`` on (an interpolated first pose, then the later samples), so that
-    :meth:`EgoTrajectory.instruction_trajs` puts frame 0 at ``start``; poses from ``start`` on are unchanged."""
+    """The same motion from ``start`` on, so that frame 0 of its instruction trajectories lies at ``start``."""
     if start <= trajectory.t[0] + TIME_SLACK_S:
         return trajectory
     later = trajectory.t > start
@@ -275,8 +223,7 @@ def _image_times(clip: Clip, frame_rate_hz: float) -> np.ndarray:
 
 
 def _video_frames(path: Path) -> Iterator[tuple[float | None, Any]]:
-    """``(time in seconds, PyAV frame)`` of every frame of a video, in presentation order; one line for a video
-    that cannot be decoded or holds fewer frames than its header says (a truncated file)."""
+    """``(seconds, PyAV frame)`` of every frame of a video in order; one line for an undecodable or truncated video."""
     import av
 
     with open_input_file(path, "video", MAX_VIDEO_BYTES) as fh:

@@ -1,19 +1,4 @@
-"""Ego motion in the plane: poses, the frames they are given in, and how an action moves the car.
-
-A pose is ``(x, y, yaw)`` in metres and radians; in an ego frame x points forward and y to the left, yaw turns
-counter-clockwise (docs/ARCHITECTURE.md, "Actions"). The one place the package moves points and poses between
-frames (:func:`to_ego`, :func:`to_world`, :func:`compose`; a rotation is a composition with a pose at the origin)
-and drives circular arcs (:func:`along_arc`):
-
-* the renderer places the ground and the objects in view (terra/sim/), a synthetic clip's trajectory is put on
-  the road (terra/sim/clips.py), a trajectory becomes per-frame instruction trajectories
-  (terra/inputs/trajectory.py);
-* an action's own motion: the arc from the car through the action's first point (:func:`action_arc`), driven at
-  the speed that reaches it in time (:func:`ego_motion`, :func:`speed_of`, :func:`advance_pose`): how a session
-  moves the car (terra/session/; the driving loop's car follows the whole plan instead, terra/closedloop/car/motion.py);
-* the other way, a session's trajectory (the car's path from now on) becomes the next frame's action by
-  :func:`terra.inputs.actions.trajectory_action`, the rule every trajectory form goes through.
-"""
+"""Ego motion in the plane: poses, the frames they are given in, and how an action moves the car."""
 
 from __future__ import annotations
 
@@ -29,8 +14,7 @@ STRAIGHT = 1e-9  # a curvature (1/m) below this drives a straight line
 
 
 def to_ego(points: Any, pose: Any) -> np.ndarray:
-    """World points ``[..., 2]`` in the ego frame of world ``pose`` ``[..., 3]`` (broadcast: one pose per batch of
-    points, e.g. ``pose[:, None]`` for ``points [T, M, 2]``)."""
+    """World points ``[..., 2]`` in the ego frame of world ``pose [..., 3]`` (broadcast)."""
     pose = np.asarray(pose, dtype=np.float64)
     c, s = np.cos(pose[..., 2]), np.sin(pose[..., 2])
     d = np.asarray(points, dtype=np.float64) - pose[..., :2]
@@ -52,8 +36,7 @@ def compose(pose: Any, relative: Any) -> np.ndarray:
 
 
 def along_arc(curvature: float, distance: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(x, y, yaw)`` after ``distance`` metres (any shape) along the circle of ``curvature`` (1/m, left positive)
-    from the origin, heading +x."""
+    """``(x, y, yaw)`` after ``distance`` m along the circle of ``curvature`` (1/m, left positive) from the origin."""
     distance = np.asarray(distance, dtype=np.float64)
     if abs(curvature) < STRAIGHT:
         return distance, np.zeros_like(distance), np.zeros_like(distance)
@@ -62,8 +45,7 @@ def along_arc(curvature: float, distance: Any) -> tuple[np.ndarray, np.ndarray, 
 
 
 def action_arc(action: np.ndarray) -> tuple[float, float, float]:
-    """Curvature, arc length and time of the circular arc from the origin (heading +x) to an action's first point
-    (``[6, 3]`` rows ``[y, x, time]``)."""
+    """Curvature, length and time of the arc from the origin to the first point of an action ``[6, 3]``."""
     y0, x0, t0 = (float(v) for v in action[0])
     chord = math.hypot(x0, y0)
     if chord < 1e-6 or t0 <= 0:
@@ -74,11 +56,7 @@ def action_arc(action: np.ndarray) -> tuple[float, float, float]:
 
 
 def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> Pose:
-    """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame.
-
-    Follows the arc through the origin and the action's first point at the speed that reaches it in time: exact
-    for a drive action at constant speed (terra/session/driver_input.py), an estimate for any other action.
-    """
+    """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame."""
     curvature, length, t0 = action_arc(action)
     x, y, yaw = along_arc(curvature, length / t0 * dt)
     return float(x), float(y), float(yaw)

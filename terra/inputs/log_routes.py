@@ -1,21 +1,4 @@
-"""Each kept frame's route of a driving-log clip (terra/inputs/driving_logs.py), for ``terra-prepare-logs``'s shards.
-
-Two sources, chosen by the run's ``routes`` setting (:data:`ROUTE_SOURCES`):
-
-* ``road`` (the default): the clip's road (``road.json``, ``road.csv``, ``clipgt/`` or ``clipgt.zip``, read by
-  terra/roads/'s readers, :func:`clip_routes`), followed from each frame's pose by the one route follower,
-  terra/roads/follow.py, with the trajectory's later poses choosing the branch at a fork (:func:`road_routes`). A
-  frame with no lane near the car has no route (NaN rows, terra/contract/routes.py); a road that gives no frame of
-  the clip a route is refused (it is almost surely in another frame than the trajectory). A clip without a road has
-  no routes.
-* ``driven_path``: the path the trajectory drives from each frame's pose on, as its route (:func:`driven_path_routes`).
-  It tells the model where the car goes, so a model trained on it follows its route trivially: use it only where no
-  map exists. A frame whose recorded path ahead is shorter than the route's reach (80 m) has no route, rather than a
-  road that seems to end where the recording does.
-
-Either way the routes need the car's world poses: a clip whose trajectory file gives per-frame actions has none to
-place a road at, and is refused in one line naming its road or trajectory file, before its frames are decoded.
-"""
+"""Each kept frame's route of a driving-log clip, for ``terra-prepare-logs``'s shards."""
 
 from __future__ import annotations
 
@@ -31,13 +14,12 @@ from terra.inputs.trajectory import EgoTrajectory
 from terra.roads import Road, read_clipgt, read_road_file, told_routes_along
 from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
 
-ROUTE_SOURCES = ("road", "driven_path")  # conf/prepare_driving_logs.yaml's routes
+ROUTE_SOURCES = ("road", "driven_path")  # the routes setting of terra-prepare-logs
 
 
 @dataclass(frozen=True)
 class ClipRoutes:
-    """Where a clip's routes come from, read and checked before its frames are decoded: its road along its
-    trajectory, or (``road`` None) the path its trajectory drives."""
+    """Where a clip's routes come from: its road along its trajectory, or (``road`` None) the path it drives."""
 
     trajectory: EgoTrajectory
     road: Road | None = None
@@ -50,8 +32,7 @@ class ClipRoutes:
 
 
 def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> ClipRoutes | None:
-    """The routes of ``clip`` by ``source`` (:data:`ROUTE_SOURCES`), its road read and checked; None where the clip
-    has none (no road). One line naming the road or trajectory file when they cannot be used."""
+    """The routes of ``clip`` by ``source`` (:data:`ROUTE_SOURCES`); None where the clip has no road."""
     if source == "driven_path":
         if not isinstance(motion, EgoTrajectory):
             raise TerraInputError(f"{clip.trajectory.name}: routes=driven_path needs the car's world poses, but it "
@@ -71,8 +52,7 @@ def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> 
 
 
 def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
-    """Routes ``[T, points, 3]`` of the poses at ``ticks`` along ``road``, the trajectory's samples past the last
-    tick choosing the branch at a fork beyond the clip; one line when no frame has a lane near it."""
+    """Routes ``[T, points, 3]`` along ``road`` at the poses at ``ticks``; one line when no frame is near a lane."""
     later = trajectory.t > ticks[-1]  # the car's path beyond the clip
     routes, told = told_routes_along(road, trajectory.poses_at(ticks), points,
                                      np.stack([trajectory.x[later], trajectory.y[later]], axis=-1))
@@ -87,8 +67,7 @@ def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points
 
 
 def driven_path_routes(trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
-    """Routes ``[T, points, 3]`` of the poses at ``ticks``: the trajectory's own path from each pose, at the route's
-    distances along it, in the pose's ego frame; no route where the recorded path ahead falls short of them."""
+    """Routes ``[T, points, 3]`` along the trajectory's own path from each pose at ``ticks``, in its ego frame."""
     xy = np.stack([trajectory.x, trajectory.y], axis=-1)
     along = np.concatenate([[0.0], np.cumsum(np.hypot(*np.diff(xy, axis=0).T))])  # the path's arc length
     poses = trajectory.poses_at(ticks)

@@ -1,13 +1,4 @@
-"""From a trajectory to a rollout's actions, routes and requests, the same way for every entry point.
-
-Frame ``t`` of a trajectory is context frame ``t``; ``actions[t]`` conditions frame ``t + 1``
-(docs/ARCHITECTURE.md, "Actions"), so a rollout of ``num_frames`` after ``num_context`` frames needs
-``num_context + num_frames - 1`` actions, and ``num_context + num_frames`` routes, one per frame. A JSON trajectory
-(a file or a mapping) may carry routes beside its trajectory form (terra/inputs/routes.py): a ``road`` in its world
-frame, followed at each frame's pose, or ``ego_routes``, one route per frame in that frame's ego frame, x first
-(``routes``, rows ``[y, x]``, is their old name); CSV and NPY trajectories carry none. Each function here reads and
-checks its input once and returns checked values; requests carry them on as they are.
-"""
+"""From a trajectory to a rollout's actions, routes and requests, the same way for every entry point."""
 
 from __future__ import annotations
 
@@ -36,16 +27,8 @@ UNUSED_ROUTES = f"{NO_ROUTE_SLOTS}, so it runs without them"
 
 @dataclass(frozen=True)
 class RolloutInputs:
-    """What a trajectory gives a rollout, checked: ``actions`` ``[>= num_context + num_frames - 1, 6, 3]`` and
-    ``routes`` ``[>= num_context + num_frames, K, 3]`` (None: none given, or a model without route slots);
-    ``unused_routes``: routes were given but the model has no route slots; ``old_routes``: they were given under
-    the old name ``routes`` (terra/inputs/routes.py, ``MOVED_ROUTES``); the caller says each in one line.
-    ``manoeuvre``: the named manoeuvre the trajectory is, where it is one (terra-generate drives it in its built-in
-    scene, as ``manoeuvre=``). ``route_source``: where ``routes`` came from, as outputs name it (the sidecars,
-    terra/outputs.py's ``route_record``): the mapping and key that gave them (``bend.json: road``,
-    ``sample 'a': ego_routes``); None without routes. ``no_route``: the trajectory gives its route as null: no
-    route, not even its built-in scene's road. ``route_told``: whether each frame's route was told, else why not
-    (terra/contract/routes.py's verdicts; None without routes)."""
+    """What a trajectory gives a rollout, checked: ``actions [>= num_context + num_frames - 1, 6, 3]`` and
+    ``routes [>= num_context + num_frames, K, 3]`` (None: none given, or a model without route slots)."""
 
     actions: np.ndarray
     routes: np.ndarray | None = None
@@ -63,13 +46,12 @@ def actions_needed(num_context: int, num_frames: int) -> int:
 
 
 def routes_needed(num_context: int, num_frames: int) -> int:
-    """Routes a rollout takes: one per frame, context frames first (terra/generation/rollout.py, RolloutRequest)."""
+    """Routes a rollout takes: one per frame, context frames first."""
     return num_context + num_frames
 
 
 def manoeuvre_actions(name: str, num_context: int, num_frames: int, **params: float) -> np.ndarray:
-    """Actions of a named manoeuvre for a rollout (``params`` as
-    :func:`terra.inputs.trajectory.manoeuvre_trajectory`)."""
+    """Actions of a named manoeuvre for a rollout (``params`` as :func:`manoeuvre_trajectory`)."""
     return actions_for_manoeuvre(name, actions_needed(num_context, num_frames) + 1, **params)
 
 
@@ -77,15 +59,7 @@ def trajectory_inputs(
     trajectory: Any, num_context: int, num_frames: int, route_tokens: int = 0, source: str = "trajectory",
     base: Path | None = None, skip: int = 0, beside: GivenRoutes | None = None,
 ) -> RolloutInputs:
-    """Actions and routes for a rollout from any accepted trajectory: a file (.json/.csv/.npy, relative to ``base``),
-    read once, a mapping with one of :data:`TRAJECTORY_KEYS` (and optionally a road or ego routes), or an array (see
-    :func:`terra.inputs.actions.actions_from_value`). ``route_tokens`` is the model's route slots per frame (its
-    ``num_route_tokens``), which the routes are checked against (see :func:`with_routes`); ``beside``: routes given
-    next to the trajectory (a batch sample's), refused when its file gives routes too.
-
-    ``skip`` drops the trajectory's first frames, actions and routes alike: they belong to context frames that are
-    not used (ACT-Bench samples give them from their first context frame on).
-    """
+    """Actions and routes from a trajectory file (relative to ``base``), mapping or array, less its first ``skip``."""
     need = actions_needed(num_context, num_frames)
     file = isinstance(trajectory, (str, os.PathLike))
     if file:
@@ -109,8 +83,7 @@ def trajectory_actions(
     trajectory: Any, num_context: int, num_frames: int, source: str = "trajectory",
     base: Path | None = None, skip: int = 0, no_route: str = "it takes no route",
 ) -> np.ndarray:
-    """The actions of :func:`trajectory_inputs`, for a caller whose rollouts take no route from the trajectory: one
-    that carries routes is one line ending in ``no_route``, the caller's reason."""
+    """The actions of :func:`trajectory_inputs`; routes in the trajectory are one line ending in ``no_route``."""
     given = trajectory_inputs(trajectory, num_context, num_frames, 0, source, base, skip)
     if given.unused_routes:
         raise TerraInputError(f"{source}: the trajectory carries routes, but {no_route}; leave them out")
@@ -119,11 +92,7 @@ def trajectory_actions(
 
 def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int, num_frames: int, route_tokens: int,
                 skip: int = 0, motion: Any = None) -> RolloutInputs:
-    """Checked ``actions`` with the routes given beside them (None: none), checked once here against a model of
-    ``route_tokens`` route slots, one per frame from frame 0, the first ``skip`` then dropped: a road followed at the
-    poses of ``motion`` (what :func:`terra.inputs.actions.motion_of` found; terra/inputs/routes.py, ``road_routes``),
-    or routes per frame (terra/contract/routes.py, ``validate_routes``: shape, numbers, reach, ahead of the car) and
-    enough of them. For a model without route slots they are not used (:attr:`RolloutInputs.unused_routes`)."""
+    """Checked ``actions`` with their routes (None: none) checked against a model of ``route_tokens`` route slots."""
     if given is None:
         return RolloutInputs(actions)
     if given.value is None:
@@ -161,6 +130,5 @@ def _too_few(source: str, given: int, num_context: int, num_frames: int, skip: i
 
 def rollout_requests(codes: np.ndarray, actions: np.ndarray, num_frames: int, seeds: Sequence[int],
                      overlap: int, routes: np.ndarray | None = None) -> list[RolloutRequest]:
-    """One request per seed over the same encoded context, checked actions and routes (one per frame, for a model
-    with route slots; None: no route)."""
+    """One request per seed over one encoded context, with checked actions and routes (None: no route)."""
     return [RolloutRequest(codes, actions, num_frames, seed=seed, overlap=overlap, routes=routes) for seed in seeds]

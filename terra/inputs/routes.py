@@ -1,22 +1,5 @@
 """The routes a trajectory carries, as a person writes them: a road in the trajectory's own world frame, or each
-frame's route in its ego frame, x first like every other point (docs/generate.md, "Routes").
-
-Beside its trajectory form (terra/inputs/actions.py), a JSON trajectory (a file, a batch sample, a mapping given
-from Python) may give one of:
-
-* ``road``: lane centrelines in the trajectory's world frame, x first: one polyline ``[[x, y], ...]`` or a list of
-  lanes (terra/roads/files.py). Every frame's route is computed at its pose (terra/roads/follow.py,
-  ``routes_along``), the trajectory's later poses choosing the branch at a fork. It needs the trajectory's world
-  poses: a ``trajectory`` (x, y) or a ``manoeuvre`` (driven from the origin, heading +x);
-* ``ego_routes``: one route per frame from frame 0, ``[K, 2]`` rows ``[x, y]`` (x forward, y left, in that frame's
-  ego frame, point ``k`` at ``80 m * (k + 1) / K`` along the road) or ``[K, 3]`` rows ``[x, y, s]``;
-* ``routes``: ``ego_routes``' old name, rows ``[y, x]`` (the contract's order, terra/contract/routes.py), taken until
-  0.2.0 (:data:`MOVED_ROUTES` says so in one line).
-
-``null`` gives no route. A route given per frame must lie ahead of its car (terra/contract/routes.py,
-``check_ahead``). Each key is read here once; :func:`road_routes` and the contract's ``validate_routes`` check the
-values against the model's K.
-"""
+frame's route in its ego frame, x first like every other point."""
 
 from __future__ import annotations
 
@@ -46,9 +29,7 @@ ROUTE_FORMS = ('"road": [[x, y], ...] (the road in the trajectory\'s world frame
 
 @dataclass(frozen=True)
 class GivenRoutes:
-    """The routes a mapping gives: under ``key`` (one of :data:`GIVEN_ROUTE_KEYS`), ``value`` a checked
-    :class:`~terra.roads.Road` for a road, None for null (no route), else the per-frame routes as given (checked
-    against the model's K by ``validate_routes``); ``where`` names the mapping (``bend.json``, ``sample 7``)."""
+    """The routes a mapping gives under ``key``: a :class:`~terra.roads.Road`, None (no route) or per-frame routes."""
 
     key: str
     value: Any
@@ -66,9 +47,7 @@ class GivenRoutes:
 
 
 def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> GivenRoutes | None:
-    """The routes ``mapping`` gives (None: no key gives any; a key given null: ``value`` None, no route, not even
-    a scene's road), a road read now (inline, or a path as ``road=`` takes it, relative to ``base``:
-    :func:`road_of_setting`); more than one of :data:`GIVEN_ROUTE_KEYS` is one line."""
+    """The routes ``mapping`` gives (None: no key gives any), a road read relative to ``base``."""
     present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
     if len(present) > 1:
         raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
@@ -86,8 +65,7 @@ def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> Give
 
 
 def road_of_setting(value: Any, setting: str = "road") -> Road:
-    """The road a ``road=`` setting gives, read and checked at once: a road file (``.json``, ``.csv``), AlpaSim's map
-    (a ``.zip`` or a folder of its parquet tables), or inline JSON (a polyline ``[[x, y], ...]`` or lanes)."""
+    """The road a ``road=`` setting gives: a road file, AlpaSim's map (``.zip`` or folder) or inline JSON."""
     if not isinstance(value, str):
         return road_from_json(list(value) if isinstance(value, tuple) else value, setting)
     text = value
@@ -110,11 +88,7 @@ def road_of_setting(value: Any, setting: str = "road") -> Road:
 
 def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
                 source: str) -> tuple[np.ndarray, list[str]]:
-    """Routes ``[frames, K, 3]`` along ``road`` at the poses of ``motion``'s first ``frames`` frames (10 Hz from its
-    first sample; past its last, at its final speed and yaw rate), its samples after them the points the car is
-    known to pass at a fork; and whether each frame was told its route (terra/roads/follow.py, ``told_route_at``). A
-    road no frame's pose lies on is one line: the road and the trajectory are then in different frames (or x and y
-    swapped)."""
+    """Routes ``[frames, K, 3]`` along ``road`` at ``motion``'s 10 Hz poses, and which frames were told their route."""
     times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
     later = motion.t > times[-1]
     routes, told = told_routes_along(road, motion.poses_at(times), route_tokens,

@@ -1,12 +1,5 @@
-"""The JSONL format of samples (ACT-Bench's and Terra's own): each line parsed into a :class:`Sample` and checked
-as one record, nothing read from disk but the JSONL itself.
-
-The batch (terra/batch/, where the two formats are described for users) and the closed loop's scenarios
-(terra/closedloop/scenarios.py) both read it. Lines are read with terra/config/'s strict JSON (no NaN, no
-``1e400``, no 400-digit integers, no nesting deeper than the stack); a line that cannot be used becomes a sample
-with ``error`` set (one line), so the caller decides whether it fails alone or stops the run. What a sample's
-files hold is checked by its reader (terra/batch/samples.py).
-"""
+"""The JSONL format of samples (ACT-Bench's and Terra's own): each line parsed into a :class:`Sample` and checked as
+one record, nothing read from disk but the JSONL itself."""
 
 from __future__ import annotations
 
@@ -56,12 +49,7 @@ class Sample:
 
 
 def read_samples(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Sample]:
-    """Parse JSONL file(s) into :class:`Sample` entries; malformed or invalid lines get ``error`` set.
-
-    Blank lines are skipped (they still count for line numbers and indices). A second line with an
-    already-seen ``sample_id`` is an error. A missing, unreadable or non-regular file raises
-    :class:`TerraInputError`.
-    """
+    """Parse JSONL file(s) into :class:`Sample` entries; malformed or invalid lines get ``error`` set."""
     files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
     samples: list[Sample] = []
     seen: dict[str, Sample] = {}  # str(sample_id) -> its first line: 7 and "7" name the same files

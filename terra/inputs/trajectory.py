@@ -1,11 +1,4 @@
-"""Ego trajectories in a world frame, and named manoeuvres that synthesise them.
-
-An :class:`EgoTrajectory` is a time-stamped 2-D pose track ``(t, x, y, yaw)`` (metres, radians, x forward
-at yaw 0, y to the left). :meth:`EgoTrajectory.instruction_trajs` turns it into the per-frame future
-trajectories of ACT-Bench (docs/ARCHITECTURE.md, "Actions") from which terra/inputs/actions.py takes the
-model's actions. Beyond its last sample a trajectory continues at its final speed and yaw rate, so a clip of
-``T`` frames needs only ``T`` frames' worth of poses rather than 3 s more.
-"""
+"""Ego trajectories in a world frame, and named manoeuvres that synthesise them."""
 
 from __future__ import annotations
 
@@ -19,8 +12,7 @@ from terra.contract.actions import FRAME_RATE_HZ, FUTURE_POINTS, FUTURE_RATE_HZ,
 from terra.core.errors import TerraInputError, past
 from terra.inputs.ego_motion import to_ego
 
-# Sane world-frame trajectories: a car, in metres and seconds (wrong units fail here, not as odd videos);
-# MAX_SPEED_MPS (terra/contract/actions.py) bounds the speed between two samples.
+# Sane world-frame trajectories of a car, in metres and seconds; MAX_SPEED_MPS bounds the speed between samples.
 MAX_COORDINATE_M = 1e7  # x, y (projected map coordinates included)
 MAX_TIME_S = 1e10  # timestamps (Unix seconds included)
 MAX_YAW_RAD = 1e4  # unwrapped yaw
@@ -156,12 +148,11 @@ MANOEUVRES = (
     "lane_change_left",
     "lane_change_right",
 )
-# Not a manoeuvre of the car's own frame: keeping the ego lane along a synthetic scene's road, bends and all
-# (terra/sim/clips.py), so only where that road exists: terra-generate's built-in context, the training drives.
+# Keeping the ego lane along a synthetic scene's road: only where that road exists.
 FOLLOW_LANE = "follow_lane"
 
 
-# User-settable manoeuvre parameters and their sane ranges (a car on a road; conf/generate.yaml lists them).
+# User-settable manoeuvre parameters and their sane ranges.
 MANOEUVRE_RANGES = {
     "speed_kmh": Range(0, 250, 30),
     "radius_m": Range(2, 10_000, 30),
@@ -174,12 +165,7 @@ MAX_MANOEUVRE_S = MAX_FRAMES / FRAME_RATE_HZ + 10.0  # longest synthesised traje
 
 
 def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str, float]:
-    """Validate manoeuvre parameters (names of :data:`MANOEUVRE_PARAMS`, numbers in :data:`MANOEUVRE_RANGES`)
-    and return them as floats.
-
-    Parameters set to ``None`` are left out (the manoeuvre's default applies). ``source`` names where they
-    came from: ``manoeuvre_params`` (the CLI's settings, named ``manoeuvre_params.KEY``) or a file.
-    """
+    """Manoeuvre parameters checked against :data:`MANOEUVRE_RANGES`, as floats."""
     if params is None:
         return {}
     if not hasattr(params, "items"):
@@ -208,13 +194,7 @@ def manoeuvre_trajectory(
     change_s: float = 3.0,
     rate_hz: float = 100.0,
 ) -> EgoTrajectory:
-    """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x.
-
-    ``straight`` keeps ``speed_kmh``; ``curve_left/right`` follow a circle of ``radius_m``;
-    ``accelerate``/``decelerate`` change speed by ``accel_mps2`` (between 0 and the top speed of
-    :data:`MANOEUVRE_RANGES`); ``stop`` brakes to a standstill at ``accel_mps2``; ``lane_change_left/right``
-    move one ``lane_width_m`` sideways over ``change_s`` seconds along a smooth S-curve.
-    """
+    """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x."""
     if name not in MANOEUVRES:
         raise TerraInputError(f"unknown manoeuvre {shown(name)}; choose one of: {', '.join(MANOEUVRES)}")
     Range(0, MAX_MANOEUVRE_S, 10, low_open=True).check(duration_s, "manoeuvre duration_s")
