@@ -1,13 +1,4 @@
-"""A client of the WorldModelService that calls it as AlpaSim's runtime does (for scripts/bench/benchmark_alpasim.py,
-smoke runs against a server, and the tests' fake runtime in tests/alpasim/).
-
-AlpaSim's runtime (its services/video_model_service.py and events/video_model/prefetch.py) makes one
-``start_session`` per rollout with one FTheta camera, the camera's first recorded frame as a JPEG, its mounting, the
-scene's HD map and a text prompt, and no seed; then chunks of the rig's poses (the local frame, quaternion w first,
-microseconds), a short first chunk and longer later ones, each starting one frame after the last; then
-``close_session`` with the id as a plain string. :class:`RuntimeClient` makes those calls; :func:`trajectory` gives
-a chunk's poses along a path (:func:`straight`, :func:`curve`).
-"""
+"""A client of the WorldModelService that calls it as AlpaSim's runtime does."""
 
 from __future__ import annotations
 
@@ -70,7 +61,7 @@ def trajectory(path: Path, frames: Sequence[int], anchor_us: int = ANCHOR_US) ->
 
 
 class BearerToken(grpc.UnaryUnaryClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call's metadata (terra/alpasim/service.py, ``TokenCheck``)."""
+    """Adds ``authorization: Bearer <token>`` to every call's metadata."""
 
     def __init__(self, token: str) -> None:
         self.metadata = ("authorization", f"Bearer {token}")
@@ -81,8 +72,7 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor):
 
 
 class RuntimeClient:
-    """The runtime's calls on a channel to ``address`` (``host:port``) with AlpaSim's 64 MiB message limits;
-    ``token``: the server's ``alpasim.token``, sent with every call as ``authorization: Bearer <token>``."""
+    """The runtime's calls on a channel to ``address`` (``host:port``) with AlpaSim's 64 MiB message limits."""
 
     def __init__(self, address: str, timeout_s: float = 600.0, token: str | None = None) -> None:
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

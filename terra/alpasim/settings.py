@@ -1,5 +1,4 @@
-"""``terra-alpasim`` settings (the ``alpasim`` block of conf/alpasim.yaml and the shared run settings), checked
-before any model loads."""
+"""``terra-alpasim`` settings, checked before any model loads."""
 
 from __future__ import annotations
 
@@ -66,7 +65,7 @@ class AlpasimSettings:
 
 
 def alpasim_spec(cfg: DictConfig) -> tuple[RunSpec, AlpasimSettings]:
-    """The run's shared settings and the server's own, from conf/alpasim.yaml and the command line."""
+    """The run's shared settings and the server's own, from `alpasim` and the command line."""
     settings = AlpasimSettings.from_mapping(select(cfg, "alpasim"))
     spec = run_spec(cfg)
     if spec.num_context != 1:

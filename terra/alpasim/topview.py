@@ -1,11 +1,5 @@
-"""The HD-map condition frames (``debug_options.return_hdmap_frames``): what each frame's route slots were told, drawn.
-
-A top view at the camera's size: the rig at the bottom centre facing up (x forward up, y left to the left, one scale
-on both axes: :data:`VIEW_AHEAD_M` ahead of the rig and :data:`VIEW_BEHIND_M` behind it over the picture's height),
-the map's lane centrelines (grey) and road boundaries (light grey) in view, and the route the frame was told: a
-polyline from the rig through its points (yellow, a dot at each), the contract's ``(y, x)`` in the rig's frame
-(terra/contract/routes.py). A frame told no route shows "no route" in its top-left corner.
-"""
+"""The HD-map condition frames (``debug_options.return_hdmap_frames``): what each frame's route slots were told,
+drawn."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Where a run computes: the device name checked (without torch), ``auto`` resolved once torch is loaded, the
-dtype ``auto`` stands for, torch's CPU threads and the CPU cores this process may use. The one home of these rules
-for every wing."""
+"""Where a run computes: the device name checked (without torch), ``auto`` resolved once torch is loaded, the dtype
+``auto`` stands for, torch's CPU threads and the CPU cores this process may use."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def check_device(value: Any) -> str:
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise).
-    ``device`` is a checked name (:func:`check_device`); a run resolves it once."""
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise)."""
     import torch
 
     if device == "auto":
@@ -59,7 +57,7 @@ def set_threads(num_threads: int | None) -> None:
 
 def usable_cores() -> int:
     """The CPU cores this process may use: its CPU affinity (taskset, Slurm), no more than its cgroup's CPU quota
-    (containers, Kubernetes) rounded up, at least one; never the host's count alone."""
+    (containers, Kubernetes) rounded up, at least one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpu_quota()
     return max(1, min(cores, math.ceil(quota)) if quota is not None else cores)
@@ -67,7 +65,7 @@ def usable_cores() -> int:
 
 def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
     """The CPUs' worth of time a second that the cgroup under ``root`` allows (cgroup v2's ``cpu.max``, v1's
-    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without a quota."""
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``)."""
     try:
         if (root / "cpu.max").exists():
             quota, period = (root / "cpu.max").read_text().split()[:2]

@@ -9,8 +9,8 @@ from typing import Iterable
 
 
 def missing_folders(path: str | os.PathLike) -> list[Path]:
-    """``path`` (made absolute) and its parents that do not exist yet, deepest first: what a run may create and
-    must remove. A dangling link counts as existing, so nothing is ever removed through one."""
+    """``path`` (made absolute) and its parents that do not exist yet, deepest first: what a run may create and must
+    remove."""
     folder = Path(os.path.abspath(Path(path).expanduser()))
     missing = []
     while not os.path.lexists(folder) and folder != folder.parent:

@@ -1,13 +1,4 @@
-"""Progress as every run shows it, one rule for the apps and the Python API.
-
-* A bar (tqdm) only where someone watches it: stderr is a terminal, or a Jupyter kernel draws tqdm's widgets
-  (:func:`shows_bars`). A pipe, a log file, CI or ``nohup`` gets no bar, whose redraws would fill it.
-* Off a terminal a long run says how far it is instead: :class:`Progress` prints a line on stdout at most once a
-  ``every_s`` (a minute) and a last one when it ends, if it ran that long: done of total, the time so far and the
-  time left at the rate so far. Short runs stay quiet; a notebook keeps its widgets alone.
-
-tqdm is imported when a bar or a line is made, so importing this module costs nothing.
-"""
+"""Progress as every run shows it, one rule for the apps and the Python API."""
 
 from __future__ import annotations
 
@@ -36,7 +27,7 @@ def shows_bars(progress: bool = True) -> bool:
 
 def prints_lines(progress: bool = True) -> bool:
     """Whether a run that asks for ``progress`` prints progress lines: when stdout is not a terminal (a log, CI,
-    ``nohup``) or no bar shows; never in a notebook, which shows bars."""
+    ``nohup``) or no bar shows."""
     return bool(progress) and not in_notebook() and not (sys.stdout.isatty() and sys.stderr.isatty())
 
 
@@ -61,9 +52,7 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """A count of ``unit`` towards ``total``, named ``desc``: a tqdm bar where :func:`shows_bars`, progress lines
-    where :func:`prints_lines` (both with ``enabled``; lines only with ``lines``, for the one count of a run that
-    tells its progress); ``bar_options`` go to tqdm. Use it as tqdm: ``update``, ``set_postfix``, ``close`` (or
-    ``with``), :meth:`counted` for an iterable; ``every_s`` None is :data:`EVERY_S`."""
+    where :func:`prints_lines` (both with ``enabled``."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", enabled: bool = True,
                  lines: bool = True, every_s: float | None = None, **bar_options: Any) -> None:
@@ -117,8 +106,8 @@ class Progress:
         self.last, self.said = time.monotonic(), self.n
 
     def close(self) -> None:
-        """End the bar; a last line if lines were printed or the run lasted ``every_s`` (unless the last line
-        printed says it already)."""
+        """End the bar; a last line if lines were printed or the run lasted ``every_s`` (unless the last line printed
+        says it already)."""
         self.bar.close()
         long = self.said is not None or time.monotonic() - self.started >= self.every_s
         if self.lines and long and self.said != self.n:

@@ -1,6 +1,5 @@
 """The held-out data ``terra-evaluate`` measures on: scene seeds the training clips never used, frame-quality clips
-and manoeuvre-adherence cases (terra/evaluation/__init__.py says how they are drawn), from the checked settings
-(terra/evaluation/settings.py)."""
+and manoeuvre-adherence cases, from the checked settings."""
 
 from __future__ import annotations
 
@@ -26,8 +25,8 @@ from terra.sim.clips import (
 
 
 def clip_routes(clip: Clip, route_tokens: int) -> np.ndarray | None:
-    """The road ahead of each of ``clip``'s frames as a world model of ``route_tokens`` route slots is told it (its
-    scene is known: terra/sim/clips.py); None for a model without route slots."""
+    """The road ahead of each of ``clip``'s frames as a world model of ``route_tokens`` route slots is told it; None
+    for a model without route slots."""
     return resample_routes(clip.routes, route_tokens) if route_tokens and clip.routes is not None else None
 
 

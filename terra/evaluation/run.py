@@ -1,7 +1,5 @@
-"""``terra-evaluate``'s run: the phases (the two measurements on the held-out data, each kept in the output folder as
-it finishes and reused by a later run into it: terra/evaluation/phases.py), the targets, ``report.json`` (written
-atomically) and the table printed at the end. The pipeline is built as every app builds it (terra/pipeline.py,
-``resolve_run`` + ``WorldModelPipeline.from_run``), and only when a phase is left to measure."""
+"""``terra-evaluate``'s run: the phases, the targets, ``report.json`` (written atomically) and the table printed at
+the end."""
 
 from __future__ import annotations
 
@@ -33,15 +31,8 @@ PROG = "terra-evaluate"  # its stage lines start with the console script's name
 
 
 def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_command: str | None = None) -> dict:
-    """Evaluate as ``spec`` says (terra/evaluation/settings.py, ``evaluate_spec``), keeping each phase's results in
-    ``out_dir`` as it finishes and reusing those an earlier run left there with the same inputs
-    (terra/evaluation/phases.py); write ``<out_dir>/report.json`` atomically and return the report.
-
-    ``pipeline`` is built from ``spec.run`` when none is given and a phase is left to measure; a pipeline built
-    here is closed at the end. The run holds the folder's lock throughout (one run into it at a time). An
-    interrupted run (Ctrl-C, SIGTERM) says on stderr what it kept and how to resume: with ``resume_command`` (the
-    app's command line, out_dir set), else by a run with the same spec.
-    """
+    """Evaluate as ``spec`` says, keeping each phase's results in ``out_dir`` as it finishes and reusing those an
+    earlier run left there with the same inputs."""
     t_start = time.perf_counter()
     phases: list[Phase] = []  # planned, then each marked done as it is kept: what an interrupted run tells
     with spec.output.hold(REPORT):
@@ -61,7 +52,7 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_c
 
 def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: list[Phase]) -> tuple[dict, float]:
     """Plan the phases into ``phases`` (each kept one said in a line), build the pipeline if one is left to measure
-    and none was given, measure them; the report's header and phases, and the seconds the pipeline took to load."""
+    and none was given, measure them."""
     t_start = time.perf_counter()
     own = pipeline is None
     if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
@@ -193,8 +184,7 @@ def _tell(line: str) -> None:
 
 
 def _stage_lines(progress: bool):
-    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log
-    (terra/core/progress.py, ``announce``)."""
+    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log."""
     return lambda line: announce(f"{PROG}: {line}", progress)
 
 

@@ -1,11 +1,4 @@
-"""The settings of ``terra-evaluate`` (conf/evaluate.yaml), checked once, before torch is imported.
-
-:func:`evaluate_spec` turns the Hydra config into a frozen :class:`EvaluateSpec`: the model and engine settings as
-the :class:`~terra.config.spec.RunSpec` every app shares (:func:`~terra.config.spec.run_spec`: checkpoints, device,
-dtype, backend, sampling, ``num_context``, ``num_threads``), this app's own numbers, manoeuvres and ranges, and
-the output folder claimed (terra/config/output_dir.py). Everything after it (terra/evaluation/cases.py, run.py)
-takes the values as given; what needs the world model's config.json (its window) is checked where it is read.
-"""
+"""The settings of ``terra-evaluate``, checked once, before torch is imported."""
 
 from __future__ import annotations
 
@@ -104,13 +97,13 @@ class EvaluateSpec:
 
     @property
     def rollouts_in_flight(self) -> int:
-        """The most rollouts one ``generate`` call carries: a measurement sends all of its rollouts at once
-        (terra/evaluation/measure.py), an adherence case two per pair."""
+        """The most rollouts one ``generate`` call carries: a measurement sends all of its rollouts at once, an
+        adherence case two per pair."""
         return max(self.quality.num_clips, 2 * self.adherence.num_cases * len(self.adherence.pairs))
 
 
 def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
-    """Every setting of conf/evaluate.yaml checked once, without importing torch, and ``out_dir`` claimed; one
+    """Every setting of `evaluate` checked once, without importing torch, and ``out_dir`` claimed; one
     :class:`TerraInputError` line for a bad one."""
     values = check_settings(cfg, SETTINGS)
     if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:

@@ -1,20 +1,4 @@
-"""A road a person writes: lane centrelines in a trajectory's own world frame, x first like every other input.
-
-JSON (:func:`road_from_json`, the value of a ``road`` key; :func:`read_road_file` for a ``road.json`` holding
-``{"road": ...}`` or the value alone):
-
-* one polyline ``[[x, y], [x, y], ...]`` (a lane, in its driving direction), or
-* a list of lanes, each a polyline or ``{"points": [[x, y], ...], "successors": [j, ...]}`` (``j``: the 0-based
-  indices of the lanes it leads into; without ``successors`` a lane is chained by geometry, terra/roads/road.py).
-
-CSV (:func:`road_from_csv`, ``road.csv``): a header naming columns ``x``, ``y`` and optionally ``lane`` (a label;
-the rows of one label, in file order, are one lane).
-
-x, y are metres in the world frame of the trajectory the road goes with (x forward at yaw 0, y left). Numbers must
-be numbers (Python's or numpy's): strings and booleans are refused, every error one :class:`TerraInputError` line
-naming the key, the index or the row; the rest is checked once, as every road is, by :class:`Road`.
-:func:`write_road_file` writes a road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
-"""
+"""A road a person writes: lane centrelines in a trajectory's own world frame, x first like every other input."""
 
 from __future__ import annotations
 
@@ -41,8 +25,8 @@ MAX_FILE_BYTES = 256 * 2**20  # a road file of MAX_POINTS points is well under t
 
 
 def road_from_json(value: Any, source: str = "road") -> Road:
-    """The road of a JSON value: one polyline or a list of lanes (module docstring); ``source`` names it in
-    errors (``trajectory.json: road``)."""
+    """The road of a JSON value: one polyline or a list of lanes (module docstring); ``source`` names it in errors
+    (``trajectory.json: road``)."""
     if not isinstance(value, list) or not value:
         raise TerraInputError(f"{source}: must be a polyline [[x, y], ...] or a list of lanes, got "
                               f"{_shown(value)}")

@@ -1,21 +1,4 @@
-"""The one place a world-frame road becomes ego routes: each pose's route in the contract's layout
-(terra/contract/routes.py).
-
-:func:`route_at` takes the lane the car is in, the nearest centreline (within :data:`MAX_LANE_DISTANCE_M`) whose
-direction is within :data:`MAX_HEADING_RAD` of the car's, and follows it from the car's nearest centreline point
-through the lanes it leads into, to the contract's distances (``route_distances(K)``, up to 80 m). Where a lane leads
-into several, it follows the branch nearest the points the caller knows the car will pass (``ahead``: later poses of
-its trajectory, AlpaSim's chunk of rig poses), when one branch is nearer than the others by
-:data:`AHEAD_MARGIN_M`; else the straightest branch (the least turn over its first :data:`STRAIGHT_WINDOW_M`).
-The same points choose the car's lane where another comes within :data:`LANE_TIE_M` of the nearest (just past a
-fork, where both branches still run side by side; astride a lane line).
-Where the road ends before a point's distance, the point stays at the road's end (as ``Scene.route`` does); a road
-ending within :data:`MIN_ROAD_AHEAD_M` tells no route. No lane near the car, or a road without lanes: the contract's
-"no route" rows (NaN), which the model embeds as such; :func:`told_route_at` says which. A frame's work is bounded
-whatever the map: at most :data:`MAX_LANE_VISITS` lanes followed and as many looked at along branches,
-:data:`MAX_BRANCHES` weighed at a fork, no lane twice in a route.
-:func:`routes_along` does it for every pose of a trajectory, each pose's ``ahead`` being the poses after it.
-"""
+"""The one place a world-frame road becomes ego routes: each pose's route in the contract's layout."""
 
 from __future__ import annotations
 
@@ -40,9 +23,7 @@ MIN_ROAD_AHEAD_M = ROUTE_HORIZON_M / 2  # a road ending nearer than this ahead t
 
 def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray | None = None) -> np.ndarray:
     """The route ``[K, 3]`` (``K = route_tokens``) of world ``pose`` ``(x, y, yaw)`` along ``road``: ego ``(y, x)``
-    of the followed centreline at ``route_distances(K)``, or ``no_route`` rows where no lane is near. ``ahead``:
-    world points ``[M, 2]`` (or poses ``[M, 3]``) the car is known to pass after ``pose``, which choose the branch
-    at a fork."""
+    of the followed centreline at ``route_distances(K)``, or ``no_route`` rows where no lane is near."""
     return told_route_at(road, pose, route_tokens, ahead)[0]
 
 
@@ -70,8 +51,8 @@ def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
 def routes_along(road: Road, poses: np.ndarray, route_tokens: int,
                  ahead_poses: np.ndarray | None = None) -> np.ndarray:
     """Routes ``[T, K, 3]`` of a trajectory's world ``poses`` ``[T, 3]``: pose ``t``'s :func:`route_at` with the
-    poses after it (then ``ahead_poses``, points ``[M, 2]`` or poses ``[M, 3]`` known beyond the trajectory) as the
-    points it is known to pass."""
+    poses after it (then ``ahead_poses``, points ``[M, 2]`` or poses ``[M, 3]`` known beyond the trajectory) as
+    the points it is known to pass."""
     return told_routes_along(road, poses, route_tokens, ahead_poses)[0]
 
 
@@ -93,7 +74,7 @@ def told_routes_along(road: Road, poses: np.ndarray, route_tokens: int,
 
 def nearest_lane(road: Road, pose: np.ndarray) -> tuple[float, float] | None:
     """How far world ``pose``'s nearest lane point is (m), and how far that lane's heading there is from the car's
-    (degrees), over every lane (for an error line: it reads all the road's points); None without lanes."""
+    (degrees), over every lane (for an error line: it reads all the road's points)."""
     if not len(road.segment_starts):
         return None
     pose = _pose(pose)
@@ -125,10 +106,7 @@ def _pose(pose: np.ndarray) -> np.ndarray:
 
 def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _Budget) -> tuple[int, float] | None:
     """(lane, arc length) of the car's point on its lane: the nearest centreline point within
-    :data:`MAX_LANE_DISTANCE_M` on a lane heading within :data:`MAX_HEADING_RAD` of ``pose``; where other lanes
-    come within :data:`LANE_TIE_M` of that (just past a fork, astride a lane line), the one of the
-    :data:`MAX_BRANCHES` nearest whose road ahead the ``ahead`` points follow, when they tell. None where no lane
-    is near."""
+    :data:`MAX_LANE_DISTANCE_M` on a lane heading within :data:`MAX_HEADING_RAD` of ``pose``."""
     if not len(road) or np.abs(pose[:2]).max() > MAX_COORDINATE_M + road.cells.cell_m:
         return None
     first = road.segment_starts[road.cells.near(pose[:2])]
@@ -161,7 +139,7 @@ def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _B
 def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.ndarray | None,
             budget: _Budget) -> tuple[np.ndarray, float]:
     """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, through the lanes it
-    leads into (each once), those past the road's end at its end; and how far the road reaches."""
+    leads into (each once), those past the road's end at its end."""
     lanes, offsets = [lane], [-s0]  # the route distance at which each followed lane starts
     visited, reach, hops = {lane}, road.lengths[lane] - s0, _Budget()
     while reach < distances[-1] and hops.take():
@@ -187,7 +165,7 @@ def _options(road: Road, lane: int, visited: set[int]) -> list[int]:
 
 def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | None, budget: _Budget) -> int | None:
     """The lane followed after ``lane``: its one successor, or at a fork the branch ``ahead`` takes, else the
-    straightest; None at the road's end (or where every lane it leads into is ``visited``)."""
+    straightest."""
     options = _options(road, lane, visited)
     if len(options) <= 1:
         return options[0] if options else None
@@ -201,7 +179,7 @@ def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | Non
 
 def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]) -> int | None:
     """The branch (index) the ``ahead`` points within :data:`ROUTE_HORIZON_M` of ``place`` (at most
-    :data:`MAX_KNOWN_POINTS` of them) lie nearest, by :data:`AHEAD_MARGIN_M` at least; None when none does."""
+    :data:`MAX_KNOWN_POINTS` of them) lie nearest, by :data:`AHEAD_MARGIN_M` at least."""
     known = ahead[np.hypot(*(ahead - place).T) <= ROUTE_HORIZON_M]
     if not len(known):
         return None

@@ -1,9 +1,4 @@
-"""The settings of a scoring run, checked once, before torch is imported (conf/score_actbench.yaml).
-
-:func:`scoring_settings` turns the Hydra config into a frozen :class:`ScoringSettings`; everything after it takes
-the values as given. Inputs that need reading (the samples' rows, the videos, the estimator's files) are checked
-where they are read (terra/scoring/samples.py, videos.py, estimator.py), still before any video is decoded.
-"""
+"""The settings of a scoring run, checked once, before torch is imported."""
 
 from __future__ import annotations
 
