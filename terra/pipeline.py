@@ -235,7 +235,8 @@ class WorldModelPipeline:
         on_frame: FrameCallback | None = None,
         decode: bool = True,
     ) -> list[RolloutResult]:
-        """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``."""
+        """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
+        without it ``frames`` stay None for :meth:`refine` once the engine is closed)."""
         sampling = self.backend.as_run(sampling)
         start = time.perf_counter()
         states = self.backend.run_rollouts(requests, sampling, progress=progress, on_frame=on_frame)

@@ -28,7 +28,8 @@ def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None
     decoding, guesses and block for at most ``streams`` rollouts in flight of that model, vLLM's request path, the
     engine's options fitted to the ``memory`` preset with the refiner beside the engine unless ``refine_after``:
     the app refines once the engine is closed, as terra-generate does, and a vLLM engine's room for
-    ``max_rollouts`` rollouts in flight with its passes a step."""
+    ``max_rollouts`` rollouts in flight with its passes a step; None: the backend's options decide), then
+    ``decoder=refiner``'s settings checked on the device chosen."""
     place = "off" if spec.decoder == "tokenizer" else "after" if refine_after else "shared"
     run = resolve_backend_run(spec, streams, model, place, max_rollouts)
     return ResolvedRun(**vars(run), refiner=refiner_settings(run.spec, run.refiner_device))

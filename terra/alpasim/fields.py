@@ -27,7 +27,7 @@ def quoted(value: Any) -> str:
 
 
 def client_id(value: Any, field: str) -> str:
-    """``value`` if it is an id (:data:`ID_PATTERN`: 1 to 128 letters, digits and ``."""
+    """``value`` if it is an id (:data:`ID_PATTERN`: 1 to 128 letters, digits and ``. _ : / @ + = -``)."""
     if isinstance(value, str) and ID_PATTERN.fullmatch(value):
         return value
     size = f" ({len(value)} characters)" if isinstance(value, str) and len(value) > QUOTE_CHARS else ""

@@ -49,7 +49,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def moved_modules(package: str, moved: Mapping[str, str], home: str | None = None) -> dict[str, str]:
     """Make ``package.OLD`` import as ``home.NEW`` for each ``OLD: NEW`` of ``moved`` (``home``: ``package`` by
-    default, for a move within the package."""
+    default, for a move within the package; another package for a move down a floor)."""
     home = home or package
     table = {f"{package}.{old}": f"{home}.{new}" for old, new in moved.items()}
     finder = next((f for f in sys.meta_path if isinstance(f, _MovedModules)), None)

@@ -52,7 +52,8 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """A count of ``unit`` towards ``total``, named ``desc``: a tqdm bar where :func:`shows_bars`, progress lines
-    where :func:`prints_lines` (both with ``enabled``."""
+    where :func:`prints_lines` (both with ``enabled``; lines only with ``lines``, for the one count of a run that
+    tells its progress)."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", enabled: bool = True,
                  lines: bool = True, every_s: float | None = None, **bar_options: Any) -> None:

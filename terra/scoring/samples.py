@@ -1,5 +1,5 @@
 """ACT-Bench's samples, as scoring reads them: JSONL rows with ``sample_id``, ``label`` and ``reference_traj``
-(ACT-Bench's ``act_bench.jsonl``."""
+(ACT-Bench's ``act_bench.jsonl``; a folder means every ``*.jsonl`` in it, in name order)."""
 
 from __future__ import annotations
 

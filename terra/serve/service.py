@@ -78,7 +78,8 @@ class SessionService:
 
     async def create(self, spec: Any) -> Entry:
         """Open a session from a spec ``{"context": {...}, "seed": 0, "sampling": {...}, "num_context": 3,
-        "max_frames": 100}`` (all optional."""
+        "max_frames": 100}`` (all optional; the context is ``{"builtin": {manoeuvre, scene, speed_kmh}}``,
+        ``{"images": [base64 | data URL, ...], "actions"?, "speed_kmh"?}`` or ``{"codes": [...], ...}``)."""
         if not isinstance(spec, dict):
             raise TerraInputError("the body must be a JSON object, e.g. {\"context\": {\"builtin\": {}}}")
         unknown = sorted(set(spec) - SPEC_KEYS)
