@@ -1,6 +1,5 @@
-"""Frames → files, for ``terra-generate`` and the batch writer alike: what is drawn on the frames
-(:func:`shown_frames`), one file per format (:func:`write_formats`), and a ``terra-generate`` run's videos, grid
-and sidecar (:func:`write_outputs`), of which nothing stays when the run fails or is interrupted while writing."""
+"""Frames → files for ``terra-generate`` and the batch writer: overlays, one file per format, and a run's videos,
+grid and sidecar (nothing stays when writing fails)."""
 
 from __future__ import annotations
 

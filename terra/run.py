@@ -1,6 +1,4 @@
-"""A run made concrete once for this process: :func:`resolve_run` and the :class:`ResolvedRun` it makes, which
-:meth:`~terra.pipeline.WorldModelPipeline.from_run` builds and the apps carry (``terra-generate``, ``-serve``,
-``-rollout`` and its Ray actors, ``-drive``, ``-evaluate``, ``-alpasim``)."""
+"""A run made concrete once for this process: :func:`resolve_run` and the :class:`ResolvedRun` the apps carry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""AlpaSim's rig poses → the actions of Terra's frames: one frame per pose, at Terra's 10 frames a second."""
+"""AlpaSim's rig poses → the actions of Terra's frames: one frame per pose, at Terra's 10 frames a second.
+
+A pose is read as ``(x, y, yaw)`` in the rollout's local ENU frame (quaternion w first, timestamps in µs). Poses
+must be 100 ms apart; beyond a chunk's last pose the car goes on at its last speed and yaw rate."""
 
 from __future__ import annotations
 
@@ -69,8 +72,8 @@ class RigTrack:
         self.frames = 0  # frames rendered after the initial one
 
     def plan(self, times_us: np.ndarray, poses: np.ndarray) -> Chunk:
-        """Check a chunk's timestamps ``[m]`` (µs) and planar ``poses`` ``[m, 3]`` against the track and give its
-        frames' actions (the module docstring's rules)."""
+        """Check a chunk's timestamps ``[m]`` (µs) and planar ``poses`` ``[m, 3]`` against the track; its frames'
+        actions."""
         times_us = np.asarray(times_us, dtype=np.int64)
         if not len(times_us):
             raise TerraInputError("rig_trajectory holds no poses; send one pose per frame to render")

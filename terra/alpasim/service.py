@@ -37,7 +37,7 @@ REFUSALS_LOGGED_EVERY_S = 60.0  # calls without the token: one log line counting
 
 
 def answered(method: Callable) -> Callable:
-    """A servicer method whose refusals become gRPC statuses with one line (the module docstring)."""
+    """A servicer method whose refusals become gRPC statuses with one line."""
 
     @functools.wraps(method)
     def wrapper(self, request, context: grpc.ServicerContext):

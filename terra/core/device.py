@@ -1,5 +1,4 @@
-"""Where a run computes: the device name checked (without torch), ``auto`` resolved once torch is loaded, the dtype
-``auto`` stands for, torch's CPU threads and the CPU cores this process may use."""
+"""Where a run computes: device name, ``auto`` device and dtype, torch's CPU threads and the usable CPU cores."""
 
 from __future__ import annotations
 

@@ -87,6 +87,6 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
     try:
         yield path
     finally:
-        path.unlink(missing_ok=True)  # while still locked: see the module docstring
+        path.unlink(missing_ok=True)  # while still locked, so no second run locks a deleted file
         os.close(fd)
         remove_empty_folders(created)

@@ -1,5 +1,5 @@
-"""The Ray cluster of a run with ``executor=ray``: joined (or a local one started for the run), its actors sized, and
-Ray's errors as one line."""
+"""The Ray cluster of a run with ``executor=ray``: joined or started locally, its actors sized, Ray's errors as one
+line."""
 
 from __future__ import annotations
 

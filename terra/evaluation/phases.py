@@ -48,8 +48,7 @@ def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def phase_inputs(spec: EvaluateSpec, engine: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Each measured phase's inputs (the module docstring), in run order; ``engine``: the resolved ``backend`` and
-    ``device``."""
+    """Each measured phase's inputs, in run order; ``engine``: the resolved ``backend`` and ``device``."""
     run = spec.run
     shared = {"world_model": checkpoint_digest(run.world_model), "tokenizer": checkpoint_digest(run.tokenizer),
               **engine, "dtype": run.dtype, **_flat(run.output_settings()), "horizon": spec.horizon,

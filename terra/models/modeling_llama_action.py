@@ -1,4 +1,7 @@
-"""Terra's world model for Transformers: a Llama decoder over interleaved image tokens and action slots."""
+"""Terra's world model for Transformers: a Llama decoder over interleaved image tokens and action slots.
+
+Parameter names match Terra's checkpoints. Every position ``p`` gets ``spatio[p % S] + temporal[p // S]`` added to
+its embedding; RoPE uses the same ``p``."""
 
 from __future__ import annotations
 
@@ -165,7 +168,13 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits over the interleaved sequence; see the module docstring for the two input styles."""
+        """Logits over the interleaved sequence.
+
+        Args:
+            input_ids: image tokens only ``[B, T*P]`` (the model interleaves ``actions`` ``[B, T*A, 3]`` and
+                ``routes`` ``[B, T*K, 3]``), or the interleaved sequence with ``action_token_id`` at every slot.
+            conditions: with interleaved ``input_ids``, the slots' values in order ``[B, n, 3]``.
+            position_ids: window positions, with interleaved ``input_ids``."""
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass input_ids (image tokens, or interleaved ids) or inputs_embeds")

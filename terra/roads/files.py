@@ -1,4 +1,7 @@
-"""A road a person writes: lane centrelines in a trajectory's own world frame, x first like every other input."""
+"""A road a person writes: lane centrelines in a trajectory's own world frame (metres, x forward at yaw 0, y left).
+
+JSON: one polyline ``[[x, y], ...]`` or a list of lanes, each a polyline or ``{"points": [...], "successors": [j,
+...]}``. CSV: columns ``x``, ``y`` and optionally ``lane`` (rows of one label form one lane)."""
 
 from __future__ import annotations
 
@@ -25,8 +28,7 @@ MAX_FILE_BYTES = 256 * 2**20  # a road file of MAX_POINTS points is well under t
 
 
 def road_from_json(value: Any, source: str = "road") -> Road:
-    """The road of a JSON value: one polyline or a list of lanes (module docstring); ``source`` names it in errors
-    (``trajectory.json: road``)."""
+    """The road of a JSON value; ``source`` names it in errors (``trajectory.json: road``)."""
     if not isinstance(value, list) or not value:
         raise TerraInputError(f"{source}: must be a polyline [[x, y], ...] or a list of lanes, got "
                               f"{_shown(value)}")
@@ -50,7 +52,7 @@ def road_from_json(value: Any, source: str = "road") -> Road:
 
 
 def road_from_csv(text: str, source: str = "road.csv") -> Road:
-    """The road of a CSV text with columns ``x``, ``y`` and optionally ``lane`` (module docstring)."""
+    """The road of a CSV text with columns ``x``, ``y`` and optionally ``lane``."""
     try:
         return _road_from_csv(csv.reader(io.StringIO(text)), source)
     except csv.Error as err:
@@ -88,7 +90,7 @@ def _road_from_csv(reader: Any, source: str) -> Road:
 
 
 def read_road_file(path: str | Path) -> Road:
-    """The road of a ``.json`` or ``.csv`` road file (module docstring)."""
+    """The road of a ``.json`` or ``.csv`` road file."""
     path = Path(path)
     if not path.is_file():
         raise TerraInputError(f"road file {path}: {'is not a regular file' if path.exists() else 'does not exist'}")

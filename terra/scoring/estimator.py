@@ -1,5 +1,5 @@
-"""ACT-Bench's ACT-Estimator: ``VideoActionEstimator`` with its Inception-I3D backbone, in plain torch, and
-:meth:`VideoActionEstimator.from_pretrained` for a folder of published weights (no remote code)."""
+"""ACT-Bench's ACT-Estimator (``VideoActionEstimator``, Inception-I3D backbone) in plain torch, loaded from published
+weights."""
 
 from __future__ import annotations
 

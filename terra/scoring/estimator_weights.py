@@ -1,6 +1,5 @@
-"""The ACT-Estimator's published weights: the file of a folder (:func:`weights_file`), its tensors read without
-running code (:func:`read_weights`: safetensors, or ``torch.load`` with ``weights_only``) and matched to the
-estimator's names (:func:`match_weights`)."""
+"""The ACT-Estimator's published weights: found in a folder, read without running code, matched to the estimator's
+names."""
 
 from __future__ import annotations
 

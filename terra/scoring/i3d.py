@@ -1,6 +1,4 @@
-"""Inception-v1 I3D (Carreira & Zisserman, 2017) up to its ``Mixed_5c`` end point, as ACT-Bench's ACT-Estimator uses
-it for its backbone, in plain torch: TensorFlow's SAME padding as I3D's port computes it, the Inception blocks of
-:data:`MIXED`, children named as the published weights name them."""
+"""Inception-v1 I3D (Carreira & Zisserman, 2017) up to ``Mixed_5c``, in plain torch, named as the published weights."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a scoring run writes into its output folder, all or nothing:"""
+"""What a scoring run writes into its output folder, all or nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Bytes in and out of the server: the binary frame message, uploads, session videos (frames as JPEG/PNG:
-:func:`terra.decoder.writers.encode_image`)."""
+"""Bytes in and out of the server: the binary frame message, uploads, session videos.
+
+A frame message is ``uint32 big-endian header length | header JSON (UTF-8) | image bytes``."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ _DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,", re.ASCII)
 
 
 def frame_message(header: dict[str, Any], image: bytes) -> bytes:
-    """The binary WebSocket message of one frame (module docstring)."""
+    """The binary WebSocket message of one frame."""
     text = json_text(header, separators=(",", ":")).encode()
     return struct.pack(">I", len(text)) + text + image
 
