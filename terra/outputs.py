@@ -69,7 +69,7 @@ def write_outputs(
 ) -> list[Path]:
     """Write every rollout's videos and one sidecar describing the run, drawn and timed as ``output`` says and named
     as ``names`` (``output.names(len(results))``, claimed by the app) plans."""
-    out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app (terra/config/output_dir.py)
+    out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app
     files: list[Path] = []
     new_folders = [out_dir / name for name in names.folders if not (out_dir / name).exists()]
     try:

@@ -119,17 +119,13 @@ class WorldModelPipeline:
             tokenizer_batch_size = moved_value(TOKENIZER_BATCH_SIZE, decode_batch_size)
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
-        # the options the backend was built with (terra/generation/resolve.py, engine_options): what a run records
+        # the options the backend was built with: what a run records
         self.engine_options = dict(engine_options or {})
         self.device = device
-        # frames per tokenizer call, encoding and decoding: as many whole frames as ``tokenizer_pixels`` hold (at
-        # least one), the run's memory preset's (terra/config/memory.py, tokenizer_pixels; by default what fits
-        # beside vLLM's own 90 %)
+        # frames per tokenizer call: as many whole frames as ``tokenizer_pixels`` hold, at least one
         frame = int(tokenizer.image_size[0]) * int(tokenizer.image_size[1])
         self.tokenizer_batch_size = tokenizer_batch_size or max(1, tokenizer_pixels // max(1, frame))
-        # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
-        # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
-        # writer threads decoding 288x512 frames at once ran the H100 out of memory: benchmarks/rollout.md).
+        # one tokenizer call at a time across threads, so its activations fit beside a vLLM engine
         self._tokenizer_lock = threading.Lock()
         self._refiner_lock = threading.Lock()
 
@@ -142,7 +138,7 @@ class WorldModelPipeline:
         spec = run.spec
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(run.model, tok)
-        if spec.backend == "vllm":  # the slow part of a start, said before it (benchmarks/durations.md)
+        if spec.backend == "vllm":  # the slow part of a start, said before it
             how_long = "1-5 min on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
             announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
         backend = build_backend(run)

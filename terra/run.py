@@ -14,7 +14,7 @@ from terra.refiner import RefinerSettings, refiner_settings
 class ResolvedRun(BackendRun):
     """A run as this process makes it, once (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds."""
 
-    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
+    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device
 
 
 def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,

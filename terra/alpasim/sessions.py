@@ -113,7 +113,7 @@ class SessionTable:
         self.settings = settings
         self.sampling = pipeline.backend.as_run(sampling)  # auto: as the run chose it
         self.overlap = overlap
-        self.resize = resize  # how the initial frame fits the tokenizer: crop | stretch (tokenizer/images.py)
+        self.resize = resize  # how the initial frame fits the tokenizer: crop | stretch
         self.engine = SessionEngine(pipeline.backend)
         self.sessions: dict[str, AlpasimSession] = {}
         self._lock = threading.Lock()  # guards sessions and _opening

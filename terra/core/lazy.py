@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in terra/config/moved.py
+REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in terra.config.moved
 
 
 def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable[[str], Any]]:

@@ -38,7 +38,7 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_c
     with spec.output.hold(REPORT):
         try:
             report, load_s = _evaluate(spec, pipeline, phases)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as terra/apps/runner.py's Interrupted
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the app runner's Interrupted
             _tell(_interrupted_line(spec, phases, resume_command))
             raise
         report["targets"] = _targets(spec.targets, report)
@@ -55,7 +55,7 @@ def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: l
     and none was given, measure them."""
     t_start = time.perf_counter()
     own = pipeline is None
-    if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
+    if own:  # threads, device, backend, a vLLM engine's decoding, the window: once
         resolved = resolve_run(spec.run, spec.rollouts_in_flight)
         engine = {"backend": resolved.spec.backend, "device": resolved.spec.device}
         sampling = resolved.spec.sampling

@@ -14,9 +14,9 @@ from terra.core.errors import TerraInputError
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
 
-REPORT = "report.json"  # in out_dir, beside each phase's results as it finished (terra/evaluation/phases.py)
-APP = "terra-evaluate"  # the app whose run folders these are (terra/config/output_dir.py)
-SETTINGS = {  # documented in conf/evaluate.yaml; num_context and num_threads are run_spec's
+REPORT = "report.json"  # in out_dir, beside each phase's results as it finished
+APP = "terra-evaluate"  # the app whose run folders these are
+SETTINGS = {  # documented in the evaluate config; num_context and num_threads are run_spec's
     "horizon": Range(1, 1000, 10, whole=True),
     "seed": SEED,
     "quality.num_clips": Range(0, 100_000, 32, whole=True),
@@ -72,7 +72,7 @@ class Targets:
     """The report's pass/fail lines."""
 
     direction_accuracy_pct: float  # curve_left/curve_right cases correct
-    mean_psnr_db: float  # over the first generated frames (terra/evaluation/measure.py, TARGET_STEPS)
+    mean_psnr_db: float  # over the first generated frames
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class EvaluateSpec:
     horizon: int  # frames generated after the context
     seed: int  # rollout k of a measurement samples with seed + k
     progress: bool
-    domain: str  # terra/sim/scene.py's DOMAINS: the scenes of both measurements
+    domain: str  # one of the scene DOMAINS: the scenes of both measurements
     quality: QualitySpec
     adherence: AdherenceSpec
     exclude_training: ExcludedTraining

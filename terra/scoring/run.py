@@ -55,7 +55,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
     bf16 = settings.dtype == "bfloat16" or (settings.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     classes, waypoints = np.zeros(len(paths), np.int64), np.zeros((len(paths), num_frames, 2), np.float32)
-    progress = Progress(len(paths), "videos scored", "video", enabled=settings.progress)  # terra/core/progress.py
+    progress = Progress(len(paths), "videos scored", "video", enabled=settings.progress)
     with torch.inference_mode(), progress:
         for indices, frames, errors in loader:
             if errors:

@@ -35,7 +35,7 @@ class RequestGuard:
         self.any_address = self.bound in ("0.0.0.0", "[::]")  # every interface: any IP literal reaches it
         self.loopback = is_loopback(settings.host)
         self.hosts = [split_host(entry) for entry in settings.allowed_hosts]
-        self.origins = set(settings.allowed_origins)  # normalised as browsers send them (terra/serve/settings.py)
+        self.origins = set(settings.allowed_origins)  # normalised as browsers send them
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

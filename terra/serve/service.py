@@ -43,7 +43,7 @@ class Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     waiting: int = 0
-    sockets: set = field(default_factory=set)  # open socket connections (terra/serve/sockets.py)
+    sockets: set = field(default_factory=set)  # open socket connections
 
     def touch(self) -> None:
         self.last_used = time.monotonic()

@@ -125,7 +125,7 @@ def jacobi_unavailable() -> str | None:
     return None
 
 
-PASSES_PER_STEP = "terra_passes_per_step"  # the key of vLLM's additional_config that terra/vllm/jacobi_runner.py reads
+PASSES_PER_STEP = "terra_passes_per_step"  # the key of vLLM's additional_config that jacobi_runner reads
 JACOBI_WORKER = "terra.vllm.jacobi_runner.JacobiWorker"
 
 
