@@ -131,10 +131,7 @@ class WorldModelPipeline:
 
     @classmethod
     def from_run(cls, run: ResolvedRun, tokenizer: ImageTokenizer | None = None) -> "WorldModelPipeline":
-        """The one builder of every app's pipeline (terra-generate, -serve, -rollout and its Ray actors, -drive,
-        -evaluate, :meth:`from_pretrained`): the tokenizer loaded (or the one given), the pair checked, then the
-        world model loaded on ``run``'s backend, built as the run resolved it, with the engine options the run
-        resolved (a vLLM engine's room among them)."""
+        """The pipeline of a resolved run: the tokenizer (or ``tokenizer``) and the world model on the run's backend."""
         spec = run.spec
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(run.model, tok)
@@ -160,9 +157,7 @@ class WorldModelPipeline:
         num_threads: int | str | None = DEFAULT_THREADS,
         **backend_options,
     ) -> "WorldModelPipeline":
-        """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
-        the Python API's edge, so the arguments are checked here, then :func:`resolve_run` and :meth:`from_run`
-        run."""
+        """Load a tokenizer (or take a loaded one) and a world-model checkpoint, check they fit, build the backend."""
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),

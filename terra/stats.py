@@ -14,7 +14,7 @@ PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate and its bootstrap percentile interval at ``level``."""
+    """A point estimate and its bootstrap percentile interval at ``level``; NaN bounds when no replicate had a value."""
 
     estimate: float
     low: float
@@ -259,11 +259,8 @@ def pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def mmrv_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The mean maximum rank violation of ranking by ``a`` where ``b`` is the reference, rows ``[R, P]``: per policy
-    i the largest ``|b_i - b_j|`` over the policies j that ``a`` orders otherwise than ``b`` (``a_i < a_j`` but
-    not ``b_i < b_j``, or the reverse), averaged over the policies and divided by the spread of ``b`` (max - min),
-    so that 0 is a faithful ranking and 1 the worst (Li et al. 2024, "Evaluating real-world robot manipulation
-    policies in simulation", SIMPLER, over success rates, which span 1)."""
+    """The mean maximum rank violation of ranking by ``a`` against the reference ``b``, rows ``[R, P]``: 0 faithful,
+        1 the worst; NaN for a row with a NaN or without spread in ``b``."""
     gap = np.abs(b[:, :, None] - b[:, None, :])
     violated = (a[:, :, None] < a[:, None, :]) != (b[:, :, None] < b[:, None, :])
     worst = np.where(violated, gap, 0.0).max(2).mean(1)
@@ -307,10 +304,8 @@ def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootst
 
 
 def few_clusters_factor(clusters: int, level: float = 0.95) -> float:
-    """How much wider than the bootstrap's an interval over ``clusters`` scenarios must be drawn: the bootstrap's
-    spread of a mean is too narrow by ``sqrt((C - 1) / C)`` and its normal tails too short for C scenarios, so the
-    interval is widened by ``sqrt(C / (C - 1)) t_{C-1} / z`` (Student's t with C - 1 degrees of freedom against
-    the normal quantile at ``level``): 1.87 for 4 scenarios, 1.29 for 8, 1.10 for 32."""
+    """How much wider than the bootstrap's an interval over ``clusters`` scenarios must be: ``sqrt(C / (C - 1))
+        t_{C-1} / z``."""
     from scipy.stats import norm, t
 
     if clusters < 2:

@@ -162,10 +162,8 @@ def _direction(vector: np.ndarray) -> np.ndarray:
 
 
 def _connections(lanes: tuple[Lane, ...], curve: _Polylines, source: str) -> tuple[tuple[int, ...], ...]:
-    """Each lane's successors as lane indices, straightest first (the least turn from the lane's last
-    ``STRAIGHT_WINDOW_M / 4`` to the successor's first :data:`STRAIGHT_WINDOW_M`): the stated ones (ids of lanes
-    not on the road are dropped: a map cut at its edge names lanes beyond it), else the lanes its end leads into
-    by :data:`CHAIN_GAP_M` and :data:`CHAIN_HEADING_RAD`."""
+    """Each lane's successors as lane indices, straightest first: the stated ones on the road, else those its end
+        leads into."""
     index: dict[str, int] = {}
     for i, lane in enumerate(lanes):
         if index.setdefault(lane.id, i) != i:

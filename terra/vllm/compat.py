@@ -130,9 +130,8 @@ JACOBI_WORKER = "terra.vllm.jacobi_runner.JacobiWorker"
 
 
 def jacobi_engine_kwargs(draft_tokens: int, passes_per_step: int = 1) -> dict[str, Any]:
-    """Engine arguments that give every decode step ``draft_tokens`` (>= 1) draft slots a request, filled by
-    :mod:`terra.vllm.jacobi_state`, and run ``passes_per_step`` verifying passes in each step whose batch replays
-    a full CUDA graph (:mod:`terra.vllm.jacobi_runner`)."""
+    """Engine arguments for ``draft_tokens`` (>= 1) draft slots a request and ``passes_per_step`` verifying passes a
+        step."""
     from terra.core.errors import TerraInputError
 
     why = jacobi_unavailable()
@@ -151,9 +150,7 @@ def engine_passes_per_step(vllm_config: Any) -> int:
 
 
 def embed_inputs_again(runner: Any, input_batch: Any) -> None:
-    """Recompute the step's input embeddings from ``input_batch.input_ids`` into the buffer the runner's CUDA graph
-    reads, through the call the runner's own step made (a multimodal model's embeddings are computed outside the
-    graph): ``ModelState.get_mm_embeddings`` in 0.26, ``prepare_inputs_embeds`` since 0.3x."""
+    """Recompute the step's input embeddings into the buffer the runner's CUDA graph reads."""
     if not runner.supports_mm_inputs:
         return
     state = runner.model_state
@@ -180,9 +177,7 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 
 
 
 def check_jacobi_engine(vllm_config: Any) -> None:
-    """Fail with one line when a started engine will not run the draft slots through :mod:`terra.vllm.jacobi_state`:
-    the V1 runner never asks the model for its sampler, and without asynchronous scheduling the engine core never
-    hands drafts written on the device to the scheduler."""
+    """Fail with one line when a started engine will not run the draft slots through the Jacobi model state."""
     from terra.core.errors import TerraInputError
 
     if not vllm_config.use_v2_model_runner:
